@@ -1,0 +1,326 @@
+"""The public Python client: enqueue (one or many), look up jobs, queue figures, and the
+dead-letter operations. The HTTP API and the CLI are thin shells over it; a Django or
+Flask app uses it directly::
+
+    from runner import Client
+    client = Client.from_config()                # ./runner.toml + environment
+    job = client.enqueue("send_email", {"user_id": 7, "to": "a@b.c", "template": "welcome"})
+    client.get(job.id).as_dict()["status"]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner import codec, store, templates
+from runner import config as config_mod
+from runner.connection import UNAVAILABLE
+from runner.errors import (
+    FieldError,
+    IdempotencyConflict,
+    JobNotFound,
+    RedisUnavailable,
+    RunnerError,
+    ValidationFailed,
+)
+from runner.keys import QueueKeys
+from runner.registry import Function
+from runner.runtime import Runtime
+from runner.schemas import UpgradeFailed
+from runner.scripts import NewJob
+
+MAX_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: str
+    type: str
+    version: int
+    queue: str
+    status: str
+    duplicate: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type, "version": self.version, "queue": self.queue,
+                "status": self.status, "duplicate": self.duplicate}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One job to enqueue."""
+
+    type: str
+    payload: Any
+    version: int | None = None
+    delay_s: float | None = None
+    run_at: float | None = None  # epoch seconds
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    fn: Function
+    job: NewJob
+
+
+class Client:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    @classmethod
+    def from_config(cls, path: str | Path | None = None) -> Client:
+        return cls(Runtime.create(config_mod.load(path)))
+
+    # --- enqueue -------------------------------------------------------------------
+
+    def prepare(self, req: Request, now_ms: int) -> _Prepared:
+        """Validate and encode one job; raises before anything touches Redis."""
+        fn = self.runtime.registry.get(req.type)
+        version = req.version if req.version is not None else fn.versions.newest
+        fn.versions.validate(req.payload, version)
+        payload = req.payload
+        try:
+            if req.idempotency_key is not None:
+                ikey = str(req.idempotency_key)
+                if not ikey or len(ikey.encode()) > templates.MAX_KEY_BYTES:
+                    raise templates.TemplateError(
+                        f"an idempotency key must be 1 to {templates.MAX_KEY_BYTES} bytes"
+                    )
+            elif fn.idempotency_key is not None:
+                ikey = fn.idempotency_key.render(payload)
+            else:
+                ikey = ""
+            rkey = fn.resource_key.render(payload) if fn.resource_key is not None else ""
+        except templates.TemplateError as exc:
+            raise ValidationFailed(fn.name, version, [FieldError("$", str(exc))]) from None
+        run_at_ms = 0
+        if req.run_at is not None:
+            run_at_ms = int(req.run_at * 1000)
+        elif req.delay_s:
+            if req.delay_s < 0:
+                raise ValidationFailed(fn.name, version, [FieldError("$", "delay must be >= 0")])
+            run_at_ms = now_ms + int(req.delay_s * 1000)
+        body = codec.dumps(payload)
+        job = NewJob(
+            id=store.new_id(), type=fn.name, version=version, payload=body,
+            max_attempts=fn.max_attempts, run_at_ms=run_at_ms, idem_key=ikey,
+            payload_hash=codec.canonical_hash(version, payload) if ikey else "-",
+            resource_key=rkey,
+        )
+        return _Prepared(fn=fn, job=job)
+
+    def enqueue(
+        self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
+        run_at: float | None = None, idempotency_key: str | None = None,
+    ) -> Enqueued:
+        """Validate and enqueue one job. A duplicate key returns the first job
+        (``duplicate=True``); the same key with another payload raises IdempotencyConflict."""
+        req = Request(type, payload, version, delay, run_at, idempotency_key)
+        out = self.enqueue_many([req])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def enqueue_many(
+        self, requests: Iterable[Request], batch: int = MAX_BATCH
+    ) -> list[Enqueued | RunnerError]:
+        """Validate and enqueue many jobs, in batches of one script call per queue each.
+
+        Returns one entry per request, in order: the Enqueued job or the error that refused
+        it (ValidationFailed, UnknownFunction, UnknownVersion, IdempotencyConflict).
+        Redis going away raises RedisUnavailable; batches sent before it are kept.
+        """
+        results: list[Enqueued | RunnerError] = []
+        pending: list[tuple[int, _Prepared]] = []
+        now = store.now_ms()
+        for req in requests:
+            try:
+                pending.append((len(results), self.prepare(req, now)))
+                results.append(RunnerError("pending"))
+            except RunnerError as exc:
+                results.append(exc)
+            if len(pending) >= batch:
+                self._send(pending, results)
+                pending = []
+                now = store.now_ms()
+        if pending:
+            self._send(pending, results)
+        return results
+
+    def _send(self, pending: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
+        rt = self.runtime
+        by_queue: dict[str, list[tuple[int, _Prepared]]] = {}
+        for item in pending:
+            by_queue.setdefault(item[1].fn.queue, []).append(item)
+        idem_ms = int(rt.config.retention.idempotency_s * 1000)
+        now = store.now_ms()
+        try:
+            order = list(by_queue.items())
+            if len(order) == 1:
+                queue, items = order[0]
+                replies = [rt.scripts.enqueue(rt.keys[queue], [p.job for _, p in items], now, idem_ms)]
+            else:
+                batch = rt.scripts.batch()
+                for queue, items in order:
+                    rt.scripts.enqueue(rt.keys[queue], [p.job for _, p in items], now, idem_ms, pipe=batch)
+                replies = batch.execute()
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        for (queue, items), reply in zip(order, replies, strict=True):
+            for n, (index, prep) in enumerate(items):
+                code, job_id, status = int(reply[3 * n]), reply[3 * n + 1], reply[3 * n + 2]
+                if code < 0:
+                    results[index] = IdempotencyConflict(prep.job.idem_key, job_id)
+                else:
+                    results[index] = Enqueued(
+                        id=job_id, type=prep.fn.name, version=prep.job.version, queue=queue,
+                        status=status, duplicate=code == 0,
+                    )
+
+    # --- reading -------------------------------------------------------------------
+
+    def _keys(self, queue: str) -> QueueKeys:
+        if queue not in self.runtime.keys:
+            raise JobNotFound(f"queue {queue!r}")
+        return self.runtime.keys[queue]
+
+    def get(self, job_id: str) -> store.Job:
+        """The job record, from whichever queue holds it."""
+        rt = self.runtime
+        if not job_id or len(job_id) > 200:
+            raise JobNotFound(job_id)
+        try:
+            pipe = rt.redis.pipeline(transaction=False)
+            for k in rt.keys.values():
+                pipe.type(k.job(job_id))
+            kinds = pipe.execute()
+            for (queue, k), kind in zip(rt.keys.items(), kinds, strict=True):
+                if kind == "hash":
+                    return store.Job(job_id, queue, rt.redis.hgetall(k.job(job_id)))
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        raise JobNotFound(job_id)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters."""
+        rt = self.runtime
+        try:
+            pipe = rt.redis.pipeline(transaction=False)
+            for k in rt.keys.values():
+                pipe.llen(k.ready)
+                pipe.zcard(k.leases)
+                pipe.zcard(k.scheduled)
+                pipe.zcard(k.dead)
+                pipe.hgetall(k.stats)
+            raw = pipe.execute()
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        out: dict[str, dict[str, Any]] = {}
+        for i, queue in enumerate(rt.keys):
+            ready, processing, scheduled, dead, counters = raw[5 * i: 5 * i + 5]
+            out[queue] = {
+                "ready": ready, "processing": processing, "scheduled": scheduled, "dead": dead,
+                "counters": {k: int(v) for k, v in counters.items()},
+            }
+        return out
+
+    def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[store.Job]]:
+        """The dead-letter list of a queue, newest first: (total, page)."""
+        k = self._keys(queue)
+        rt = self.runtime
+        try:
+            total = rt.redis.zcard(k.dead)
+            ids = rt.redis.zrevrange(k.dead, offset, offset + max(limit, 1) - 1)
+            pipe = rt.redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(k.job(job_id))
+            records = pipe.execute()
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return total, [store.Job(i, queue, r) for i, r in zip(ids, records, strict=True)]
+
+    # --- dead-letter operations ----------------------------------------------------
+
+    def requeue(
+        self, queue: str, job_id: str, payload: Any = None, version: int | None = None
+    ) -> store.Job:
+        """Move a dead job back to ready with a fresh attempt budget. The payload (the
+        stored one or the edited one) is validated and must lift to the newest version;
+        an invalid one stays dead and the errors are raised."""
+        k = self._keys(queue)
+        rt = self.runtime
+        try:
+            fields = rt.redis.hgetall(k.job(job_id)) if rt.redis.type(k.job(job_id)) == "hash" else {}
+            in_dead = rt.redis.zscore(k.dead, job_id) is not None
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        if not fields or not in_dead:
+            raise JobNotFound(job_id)
+        type_ = fields.get("type") or ""
+        fn = rt.registry.get(type_)
+        if payload is None:
+            try:
+                payload = codec.loads(fields.get("payload") or "")
+            except codec.DecodeError:
+                raise ValidationFailed(type_, 0, [FieldError("$", "the stored payload is not JSON; send an edited payload")]) from None
+        if version is None:
+            version = int(fields.get("version") or 0) if payload is not None else fn.versions.newest
+            if version == 0:
+                version = fn.versions.newest
+        try:
+            fn.versions.lift(payload, version)
+        except UpgradeFailed as exc:
+            raise ValidationFailed(type_, version, [FieldError("$", str(exc))]) from None
+        try:
+            code = rt.scripts.requeue(k, job_id, store.now_ms(), codec.dumps(payload), str(version))
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        if int(code) < 0:
+            raise JobNotFound(job_id)
+        return store.Job(job_id, queue, rt.redis.hgetall(k.job(job_id)))
+
+    def delete_dead(self, queue: str, job_id: str) -> None:
+        k = self._keys(queue)
+        try:
+            code = self.runtime.scripts.remove(k, job_id)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        if int(code) < 0:
+            raise JobNotFound(job_id)
+
+    def dead_ids(self, queue: str) -> list[str]:
+        return list(self.runtime.redis.zrange(self._keys(queue).dead, 0, -1))
+
+    def purge_dead(self, queue: str) -> int:
+        """Delete every dead job of a queue; returns how many."""
+        n = 0
+        for job_id in self.dead_ids(queue):
+            try:
+                self.delete_dead(queue, job_id)
+                n += 1
+            except JobNotFound:
+                pass
+        return n
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.runtime.redis.ping())
+        except UNAVAILABLE:
+            return False
+
+    def wait(self, job_id: str, timeout_s: float = 10.0, statuses: Sequence[str] = ("done", "dead")) -> store.Job:
+        """Poll until the job reaches one of ``statuses`` (tests, scripts and the CLI)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id)
+            if job.status in statuses or time.monotonic() > deadline:
+                return job
+            time.sleep(0.02)
+
+
+__all__ = ["Client", "Enqueued", "Request"]

@@ -1,0 +1,329 @@
+"""runner.toml + environment -> one frozen Config; every error names the file, the key and
+what was expected.
+
+Environment overrides (they win over the file): REDIS_URL, RUNNER_REDIS_PREFIX,
+RUNNER_REDIS_TLS_VERIFY, RUNNER_REDIS_CA_CERT, RUNNER_API_TOKEN, RUNNER_API_AUTH,
+RUNNER_LOG_LEVEL, RUNNER_LOG_FORMAT, RUNNER_GRACE_PERIOD, RUNNER_FUNCTIONS_DIR,
+RUNNER_SCHEMAS_DIR.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.errors import ConfigError
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+JITTER_MODES = ("full", "equal", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    base_s: float = 1.0
+    cap_s: float = 300.0
+    jitter: str = "full"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    name: str
+    visibility_timeout_s: float = 30.0
+    concurrency: int = 16
+    max_attempts: int = 5
+    backoff: Backoff = field(default_factory=Backoff)
+    # The longest TIMEOUT a function on this queue may declare (see registry.check_timeout).
+    max_timeout_s: float = 0.0
+    # Jobs claimed per round trip when the queue is deep.
+    batch: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    url: str = DEFAULT_REDIS_URL
+    prefix: str = "runner"
+    tls_verify: bool = True
+    ca_cert: str | None = None
+    # Set when the url came from the file or REDIS_URL rather than the default.
+    configured: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    max_body_bytes: int = 1_048_576
+    token: str | None = None
+    auth: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    done_s: float = 86_400.0
+    dead_s: float = 604_800.0
+    idempotency_s: float = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    grace_period_s: float = 25.0
+    scheduler_interval_s: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: str = "INFO"
+    format: str = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    root: Path
+    source: str
+    redis: RedisConfig
+    queues: Mapping[str, QueueConfig]
+    api: ApiConfig
+    retention: Retention
+    worker: WorkerConfig
+    log: LogConfig
+    functions_dir: Path
+    schemas_dir: Path
+
+    def queue(self, name: str) -> QueueConfig:
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise ConfigError(f"no queue {name!r} in {self.source} (have: {sorted(self.queues)})")
+
+
+# --- a tiny typed reader: each section is a table of key -> (checker, description) ---
+
+Checker = Callable[[Any], bool]
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _pos_num(v: Any) -> bool:
+    return _is_num(v) and v > 0
+
+
+def _nonneg_num(v: Any) -> bool:
+    return _is_num(v) and v >= 0
+
+
+def _pos_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _check_table(
+    source: str, where: str, table: Any, spec: Mapping[str, tuple[Checker, str]]
+) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [{where}] must be a table, got {type(table).__name__}")
+    for key, value in table.items():
+        if key not in spec:
+            raise ConfigError(
+                f"{source}: unknown key {where}.{key} (expected one of: {', '.join(sorted(spec))})"
+            )
+        check, expected = spec[key]
+        if not check(value):
+            raise ConfigError(f"{source}: {where}.{key} must be {expected}, got {value!r}")
+    return table
+
+
+_QUEUE_SPEC: dict[str, tuple[Checker, str]] = {
+    "visibility_timeout": (lambda v: _is_num(v) and v >= 1, "a number of seconds >= 1"),
+    "concurrency": (_pos_int, "a positive integer"),
+    "max_attempts": (_pos_int, "a positive integer"),
+    "backoff": (lambda v: isinstance(v, dict), "a table {base, cap, jitter}"),
+    "max_timeout": (_pos_num, "a positive number of seconds"),
+    "batch": (lambda v: _pos_int(v) and v <= 1000, "an integer from 1 to 1000"),
+}
+_BACKOFF_SPEC: dict[str, tuple[Checker, str]] = {
+    "base": (_nonneg_num, "a number of seconds >= 0"),
+    "cap": (_nonneg_num, "a number of seconds >= 0"),
+    "jitter": (lambda v: v in JITTER_MODES, f"one of {', '.join(JITTER_MODES)}"),
+}
+_SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
+    "redis": {
+        "url": (_str, "a redis://, rediss://, unix://, redis+sentinel:// or redis+cluster:// URL"),
+        "prefix": (lambda v: _str(v) and "{" not in v and "}" not in v, "a string without braces"),
+        "tls_verify": (_bool, "true or false"),
+        "ca_cert": (_str, "a path to a PEM file"),
+    },
+    "api": {
+        "max_body_bytes": (_pos_int, "a positive integer"),
+        "auth": (_bool, "true or false (false switches bearer-token auth off)"),
+    },
+    "retention": {
+        "done": (_nonneg_num, "a number of seconds >= 0"),
+        "dead": (_nonneg_num, "a number of seconds >= 0"),
+        "idempotency": (_nonneg_num, "a number of seconds >= 0"),
+    },
+    "worker": {
+        "grace_period": (_nonneg_num, "a number of seconds >= 0"),
+        "scheduler_interval": (_pos_num, "a positive number of seconds"),
+    },
+    "log": {
+        "level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "DEBUG/INFO/WARNING/ERROR"),
+        "format": (lambda v: v in ("json", "text"), "json or text"),
+    },
+    "functions": {
+        "dir": (_str, "a folder path"),
+        "schemas": (_str, "a folder path"),
+    },
+}
+
+
+def _queue(source: str, name: str, raw: Any) -> QueueConfig:
+    t = _check_table(source, f"queues.{name}", raw, _QUEUE_SPEC)
+    b = _check_table(source, f"queues.{name}.backoff", t.get("backoff", {}), _BACKOFF_SPEC)
+    vt = float(t.get("visibility_timeout", 30.0))
+    backoff = Backoff(
+        base_s=float(b.get("base", 1.0)), cap_s=float(b.get("cap", 300.0)),
+        jitter=str(b.get("jitter", "full")),
+    )
+    if backoff.cap_s < backoff.base_s:
+        raise ConfigError(f"{source}: queues.{name}.backoff.cap must be >= base")
+    return QueueConfig(
+        name=name,
+        visibility_timeout_s=vt,
+        concurrency=int(t.get("concurrency", 16)),
+        max_attempts=int(t.get("max_attempts", 5)),
+        backoff=backoff,
+        max_timeout_s=float(t.get("max_timeout", vt * 10)),
+        batch=int(t.get("batch", 64)),
+    )
+
+
+def _env_bool(name: str, value: str) -> bool:
+    low = value.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"environment: {name} must be true or false, got {value!r}")
+
+
+def _env_num(name: str, value: str) -> float:
+    try:
+        out = float(value)
+    except ValueError:
+        raise ConfigError(f"environment: {name} must be a number, got {value!r}") from None
+    if out < 0:
+        raise ConfigError(f"environment: {name} must be >= 0, got {value!r}")
+    return out
+
+
+def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, str]) -> Config:
+    """Build a Config from a parsed TOML document and an environment."""
+    allowed = {*_SPECS, "queues"}
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(
+                f"{source}: unknown section [{key}] (expected one of: {', '.join(sorted(allowed))})"
+            )
+    sec = {name: _check_table(source, name, data.get(name, {}), spec) for name, spec in _SPECS.items()}
+
+    raw_queues = data.get("queues", {"default": {}})
+    if not isinstance(raw_queues, dict) or not raw_queues:
+        raise ConfigError(f"{source}: [queues] must define at least one queue, e.g. [queues.fast]")
+    queues: dict[str, QueueConfig] = {}
+    for name, raw in raw_queues.items():
+        if not name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"{source}: queue name {name!r} must be letters, digits, - or _")
+        queues[name] = _queue(source, name, raw)
+
+    r = sec["redis"]
+    url = env.get("REDIS_URL") or r.get("url")
+    redis = RedisConfig(
+        url=url or DEFAULT_REDIS_URL,
+        prefix=env.get("RUNNER_REDIS_PREFIX") or r.get("prefix", "runner"),
+        tls_verify=(
+            _env_bool("RUNNER_REDIS_TLS_VERIFY", env["RUNNER_REDIS_TLS_VERIFY"])
+            if "RUNNER_REDIS_TLS_VERIFY" in env
+            else r.get("tls_verify", True)
+        ),
+        ca_cert=env.get("RUNNER_REDIS_CA_CERT") or r.get("ca_cert"),
+        configured=bool(url),
+    )
+    if "{" in redis.prefix or "}" in redis.prefix:
+        raise ConfigError("environment: RUNNER_REDIS_PREFIX must not contain braces")
+
+    a = sec["api"]
+    api = ApiConfig(
+        max_body_bytes=int(a.get("max_body_bytes", 1_048_576)),
+        token=env.get("RUNNER_API_TOKEN") or None,
+        auth=(
+            _env_bool("RUNNER_API_AUTH", env["RUNNER_API_AUTH"])
+            if "RUNNER_API_AUTH" in env
+            else a.get("auth", True)
+        ),
+    )
+    rt = sec["retention"]
+    w = sec["worker"]
+    lg = sec["log"]
+    level = env.get("RUNNER_LOG_LEVEL", lg.get("level", "INFO")).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"environment: RUNNER_LOG_LEVEL must be DEBUG/INFO/WARNING/ERROR, got {level!r}")
+    fmt = env.get("RUNNER_LOG_FORMAT", lg.get("format", "json"))
+    if fmt not in ("json", "text"):
+        raise ConfigError(f"environment: RUNNER_LOG_FORMAT must be json or text, got {fmt!r}")
+    f = sec["functions"]
+    return Config(
+        root=root,
+        source=source,
+        redis=redis,
+        queues=queues,
+        api=api,
+        retention=Retention(
+            done_s=float(rt.get("done", 86_400)),
+            dead_s=float(rt.get("dead", 604_800)),
+            idempotency_s=float(rt.get("idempotency", 86_400)),
+        ),
+        worker=WorkerConfig(
+            grace_period_s=(
+                _env_num("RUNNER_GRACE_PERIOD", env["RUNNER_GRACE_PERIOD"])
+                if "RUNNER_GRACE_PERIOD" in env
+                else float(w.get("grace_period", 25.0))
+            ),
+            scheduler_interval_s=float(w.get("scheduler_interval", 0.5)),
+        ),
+        log=LogConfig(level=level, format=fmt),
+        functions_dir=root / (env.get("RUNNER_FUNCTIONS_DIR") or f.get("dir", "functions")),
+        schemas_dir=root / (env.get("RUNNER_SCHEMAS_DIR") or f.get("schemas", "schemas")),
+    )
+
+
+def load(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Load runner.toml (default: ./runner.toml, or RUNNER_CONFIG) with environment overrides.
+
+    A missing file is allowed: the defaults plus the environment make a one-queue setup.
+    """
+    env = os.environ if env is None else env
+    p = Path(path or env.get("RUNNER_CONFIG") or "runner.toml")
+    source = str(p)
+    if p.exists():
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{source}: not UTF-8 text") from None
+    elif path is not None:
+        raise ConfigError(f"{source}: no such file")
+    else:
+        data = {}
+    return parse(data, p.resolve().parent, source, env)

@@ -1,0 +1,58 @@
+"""The ``ctx`` a handler receives: who the job is, its deadline, a bound logger, lease
+extension and a checkpoint that survives a crash."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner import codec
+from runner.errors import StaleLease
+
+
+@dataclass(slots=True)
+class Context:
+    job_id: str
+    type: str
+    version: int
+    queue: str
+    attempt: int
+    max_attempts: int
+    token: str
+    deadline: float  # epoch seconds after which the attempt is timed out
+    idempotency_key: str | None
+    resource_key: str | None
+    logger: logging.LoggerAdapter[logging.Logger]
+    _checkpoint: Any = None
+    _save: Callable[[str], bool] | None = field(default=None, repr=False)
+    _extend: Callable[[], bool] | None = field(default=None, repr=False)
+
+    @property
+    def checkpoint(self) -> Any:
+        """The last checkpoint saved by an earlier attempt of this job (or this one)."""
+        return self._checkpoint
+
+    def save_checkpoint(self, data: Any) -> None:
+        """Save progress (any JSON value), fenced by the claim token.
+
+        Raises StaleLease when this worker no longer owns the job: stop working then.
+        """
+        body = codec.dumps(data)
+        if self._save is not None and not self._save(body):
+            raise StaleLease(f"job {self.job_id}: lease lost, checkpoint refused")
+        self._checkpoint = data
+
+    def extend_lease(self) -> None:
+        """Renew the lease now (it is also renewed in the background while the handler runs).
+
+        Raises StaleLease when the lease was already lost.
+        """
+        if self._extend is not None and not self._extend():
+            raise StaleLease(f"job {self.job_id}: lease lost")
+
+    @property
+    def remaining_s(self) -> float:
+        return max(0.0, self.deadline - time.time())

@@ -1,0 +1,120 @@
+"""The one exception tree of runner.
+
+    RunnerError                    base of everything runner raises on purpose
+    ├── ConfigError                runner.toml or the environment is wrong (names file and key)
+    ├── FunctionLoadError          a function file or its schemas cannot be loaded
+    ├── UnknownFunction            no function of that type is loaded
+    ├── UnknownVersion             the type has no schema for that payload version
+    ├── ValidationFailed           a payload does not match its schema (carries every error)
+    ├── IdempotencyConflict        the key is taken by a job with another payload
+    ├── JobNotFound                no record for that id
+    ├── StaleLease                 the worker's claim token no longer owns the job
+    └── RedisUnavailable           Redis could not be reached (the call wrote nothing)
+
+Handler control flow, raised by user code and caught by the executor:
+
+    Retry(delay=...)               try again after ``delay`` seconds
+    PermanentFailure("why")        straight to the dead-letter queue
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class RunnerError(Exception):
+    """Base of every error runner raises on purpose."""
+
+
+class ConfigError(RunnerError):
+    """Configuration is invalid; the message names the file, the key and what was expected."""
+
+
+class FunctionLoadError(RunnerError):
+    """A function file or one of its schemas cannot be loaded."""
+
+    def __init__(self, path: str, message: str, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        where = f"{path}:{line}" if line else path
+        super().__init__(f"{where}: {message}")
+
+
+class UnknownFunction(RunnerError):
+    def __init__(self, type_: str) -> None:
+        self.type = type_
+        super().__init__(f"unknown function {type_!r}")
+
+
+class UnknownVersion(RunnerError):
+    def __init__(self, type_: str, version: int, known: list[int]) -> None:
+        self.type = type_
+        self.version = version
+        self.known = known
+        super().__init__(f"{type_!r} has no schema version {version} (known: {known})")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One validation error: where in the payload (JSON path) and what is wrong."""
+
+    path: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "message": self.message}
+
+
+class ValidationFailed(RunnerError):
+    def __init__(self, type_: str, version: int, errors: list[FieldError]) -> None:
+        self.type = type_
+        self.version = version
+        self.errors = errors
+        detail = "; ".join(f"{e.path}: {e.message}" for e in errors[:5])
+        super().__init__(f"payload of {type_} v{version} is invalid: {detail}")
+
+
+class IdempotencyConflict(RunnerError):
+    def __init__(self, key: str, job_id: str) -> None:
+        self.key = key
+        self.job_id = job_id
+        super().__init__(f"idempotency key {key!r} is taken by job {job_id} with another payload")
+
+
+class JobNotFound(RunnerError):
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job {job_id!r}")
+
+
+class StaleLease(RunnerError):
+    """The claim token no longer owns the job: its lease lapsed and it was reclaimed."""
+
+
+class RedisUnavailable(RunnerError):
+    """Redis could not be reached; nothing was written."""
+
+
+class Retry(Exception):
+    """Raise from a handler to try again after ``delay`` seconds (None: the backoff)."""
+
+    def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason)
+
+
+class PermanentFailure(Exception):
+    """Raise from a handler to send the job straight to the dead-letter queue."""
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """The error record kept on a job: type, message, trimmed traceback."""
+    import traceback
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(tb) > 4000:
+        tb = tb[:1000] + "\n  ...\n" + tb[-2900:]
+    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": tb}

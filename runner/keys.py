@@ -1,0 +1,91 @@
+"""The only place a Redis key string is built.
+
+Every key of one queue carries the queue's hash tag, so each Lua script touches one
+slot and the layout runs unchanged on Redis Cluster::
+
+    <prefix>:{<queue>}:ready          LIST    job ids ready to run (LPUSH in, RPOP out)
+    <prefix>:{<queue>}:leases         ZSET    claimed job ids -> lease deadline (ms)
+    <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying and deferred ids -> due (ms)
+    <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
+    <prefix>:{<queue>}:notify         LIST    wake-up tokens for idle workers (bounded)
+    <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
+    <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
+    <prefix>:{<queue>}:job:<id>       HASH    the job record (see store.py)
+    <prefix>:{<queue>}:idem:<key>     STRING  "<job id> <payload hash> [done]", expires
+    <prefix>:{<queue>}:lock:<res>     STRING  resource lock: the holder's claim token, expires
+
+A job id never moves between queues, so a job's record lives under its queue's tag.
+Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
+``job:``/``idem:``/``lock:`` prefixes as KEYS and append the id: the prefix carries the
+tag, so the resulting key is in the same slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    prefix: str
+    queue: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{self.queue}}}:"
+
+    @property
+    def ready(self) -> str:
+        return self.base + "ready"
+
+    @property
+    def leases(self) -> str:
+        return self.base + "leases"
+
+    @property
+    def scheduled(self) -> str:
+        return self.base + "scheduled"
+
+    @property
+    def dead(self) -> str:
+        return self.base + "dead"
+
+    @property
+    def notify(self) -> str:
+        return self.base + "notify"
+
+    @property
+    def stats(self) -> str:
+        return self.base + "stats"
+
+    def throughput(self, minute: int) -> str:
+        return f"{self.base}tput:{minute}"
+
+    @property
+    def job_prefix(self) -> str:
+        return self.base + "job:"
+
+    @property
+    def idem_prefix(self) -> str:
+        return self.base + "idem:"
+
+    @property
+    def lock_prefix(self) -> str:
+        return self.base + "lock:"
+
+    def job(self, job_id: str) -> str:
+        return self.job_prefix + job_id
+
+    def idem(self, key: str) -> str:
+        return self.idem_prefix + key
+
+    def lock(self, resource: str) -> str:
+        return self.lock_prefix + resource
+
+    def pattern(self) -> str:
+        """A SCAN pattern for every key of this queue (tests and `runner check`)."""
+        return self.base.replace("{", "\\{").replace("}", "\\}") + "*"
+
+
+def for_queue(prefix: str, queue: str) -> QueueKeys:
+    return QueueKeys(prefix=prefix, queue=queue)

@@ -1,0 +1,52 @@
+-- ack: finish claimed jobs as done, fenced by their claim tokens. The result, the
+-- idempotency completion mark, the lock release and the counters are written in this
+-- one step, so no crash can split them.
+--
+-- KEYS[1] leases       ZSET  id -> lease deadline ms
+-- KEYS[2] stats        HASH
+-- KEYS[3] job prefix   (string)
+-- KEYS[4] lock prefix  (string)
+-- KEYS[5] idem prefix  (string)
+-- KEYS[6] throughput   HASH  this minute's counters
+-- ARGV[1] now_ms
+-- ARGV[2] done retention, ms
+-- ARGV[3] idempotency retention, ms
+-- ARGV[4] n; then per job 5 fields:
+--   id, token, result (JSON, '' none), history entry (JSON), stats fields (space-separated)
+--
+-- Returns one code per job: 1 done, -1 refused (lease lost: nothing changed).
+local now, done_ttl, idem_ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local out = {}
+local finished = 0
+for i = 0, n - 1 do
+  local b = 5 + i * 5
+  local id, token, result, entry, fields = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  local jk = KEYS[3] .. id
+  if not owns(jk, token) then
+    out[#out + 1] = -1
+  else
+    local f = redis.call('HMGET', jk, 'idem_key', 'resource_key')
+    redis.call('HSET', jk, 'status', 'done', 'finished_ms', now, 'result', result)
+    redis.call('HDEL', jk, 'token', 'error')
+    append_history(jk, entry)
+    redis.call('ZREM', KEYS[1], id)
+    release_lock(KEYS[4], f[2], token)
+    if f[1] and f[1] ~= '' then
+      local ik = KEYS[5] .. f[1]
+      local held = redis.call('GET', ik)
+      local hash = '-'
+      if held then hash = string.match(held, '^%S+ (%S+)') or '-' end
+      redis.call('SET', ik, id .. ' ' .. hash .. ' done', 'PX', idem_ttl)
+    end
+    redis.call('PEXPIRE', jk, done_ttl)
+    bump(fields)
+    finished = finished + 1
+    out[#out + 1] = 1
+  end
+end
+if finished > 0 then
+  redis.call('HINCRBY', KEYS[6], 'done', finished)
+  redis.call('PEXPIRE', KEYS[6], 21600000)
+end
+flush(KEYS[2])
+return out

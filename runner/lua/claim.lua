@@ -1,0 +1,123 @@
+-- claim: move up to n ready jobs to in-flight, each with a lease deadline and a fresh
+-- claim token. On the way it settles what must never reach a handler: a missing or
+-- malformed record goes to the dead-letter set, a job whose idempotency key already
+-- completed is marked done as a duplicate, and a job whose resource lock is held is
+-- deferred to scheduled without spending an attempt.
+--
+-- KEYS[1] ready        LIST
+-- KEYS[2] leases       ZSET  id -> lease deadline ms
+-- KEYS[3] scheduled    ZSET  id -> due ms
+-- KEYS[4] dead         ZSET  id -> time of death ms
+-- KEYS[5] stats        HASH
+-- KEYS[6] job prefix   (string)
+-- KEYS[7] lock prefix  (string)
+-- KEYS[8] idem prefix  (string)
+-- ARGV[1] now_ms
+-- ARGV[2] n, the most jobs to claim
+-- ARGV[3] lease, ms
+-- ARGV[4] token base (unique per call; the token is base .. ':' .. index)
+-- ARGV[5] deferral base delay, ms
+-- ARGV[6] deferral cap, ms
+-- ARGV[7] a random number in [0, 1) for deferral jitter
+-- ARGV[8] dead retention, ms
+-- ARGV[9] done retention, ms
+--
+-- Returns a flat list, 12 values per claimed job:
+--   id, token, attempt, type, version, payload, max_attempts, idem_key,
+--   resource_key, ready_ms, created_ms, checkpoint
+local now = tonumber(ARGV[1])
+local n = tonumber(ARGV[2])
+local lease = tonumber(ARGV[3])
+local base = ARGV[4]
+local dbase, dcap = tonumber(ARGV[5]), tonumber(ARGV[6])
+local rnd = tonumber(ARGV[7])
+local dead_ttl, done_ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
+local out = {}
+
+local function bury_raw(jk, id, reason)
+  redis.call('HSET', jk, 'status', 'dead', 'reason', reason, 'finished_ms', now)
+  redis.call('ZADD', KEYS[4], now, id)
+  redis.call('PEXPIRE', jk, dead_ttl)
+  redis.call('HINCRBY', KEYS[5], 'dead|?', 1)
+end
+
+local i = 0
+local popped = 0
+-- Bound the work per call: strays and deferrals do not count as claims.
+while i < n and popped < n * 4 do
+  local id = redis.call('RPOP', KEYS[1])
+  if not id then break end
+  popped = popped + 1
+  local jk = KEYS[6] .. id
+  local kind = redis.call('TYPE', jk)['ok']
+  if kind == 'none' then
+    bury_raw(jk, id, 'malformed record: no job record for this id')
+  elseif kind ~= 'hash' then
+    redis.call('RENAME', jk, jk .. ':corrupt')
+    bury_raw(jk, id, 'malformed record: a Redis ' .. kind .. ' instead of a hash; kept at ' .. jk .. ':corrupt')
+  else
+    local f = redis.call('HMGET', jk, 'type', 'version', 'payload', 'status', 'attempt',
+      'max_attempts', 'idem_key', 'resource_key', 'ready_ms', 'created_ms', 'checkpoint')
+    local missing = {}
+    if not f[1] then missing[#missing + 1] = 'type' end
+    if not f[2] then missing[#missing + 1] = 'version' end
+    if not f[3] then missing[#missing + 1] = 'payload' end
+    if not f[4] then missing[#missing + 1] = 'status' end
+    if #missing > 0 then
+      bury_raw(jk, id, 'malformed record: missing field(s) ' .. table.concat(missing, ', '))
+    elseif f[4] ~= 'queued' then
+      -- A stray id (the record is done, dead or elsewhere): drop it, never run it twice.
+      redis.call('HINCRBY', KEYS[5], 'stray', 1)
+    else
+      local typ = f[1]
+      local ikey = f[7] or ''
+      local rkey = f[8] or ''
+      local settled = false
+      if ikey ~= '' then
+        local held = redis.call('GET', KEYS[8] .. ikey)
+        if held then
+          local hid, _, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
+          if state == 'done' and hid ~= id then
+            redis.call('HSET', jk, 'status', 'done', 'duplicate_of', hid, 'finished_ms', now)
+            redis.call('PEXPIRE', jk, done_ttl)
+            redis.call('HINCRBY', KEYS[5], 'duplicates|' .. typ, 1)
+            settled = true
+          end
+        end
+      end
+      local token = base .. ':' .. i
+      if not settled and rkey ~= '' then
+        local got = redis.call('SET', KEYS[7] .. rkey, token, 'NX', 'PX', lease)
+        if not got then
+          local d = redis.call('HINCRBY', jk, 'deferrals', 1)
+          local delay = math.min(dcap, dbase * math.pow(2, math.min(d - 1, 12)))
+          local r = (rnd + i * 0.618033988749895) % 1
+          delay = math.floor(delay * (0.5 + 0.5 * r)) + 1
+          redis.call('HSET', jk, 'status', 'scheduled', 'ready_ms', now + delay)
+          redis.call('ZADD', KEYS[3], now + delay, id)
+          redis.call('HINCRBY', KEYS[5], 'deferred|' .. typ, 1)
+          settled = true
+        end
+      end
+      if not settled then
+        local attempt = redis.call('HINCRBY', jk, 'attempt', 1)
+        redis.call('HSET', jk, 'status', 'processing', 'token', token, 'started_ms', now)
+        redis.call('ZADD', KEYS[2], now + lease, id)
+        out[#out + 1] = id
+        out[#out + 1] = token
+        out[#out + 1] = attempt
+        out[#out + 1] = typ
+        out[#out + 1] = f[2]
+        out[#out + 1] = f[3]
+        out[#out + 1] = f[6] or ''
+        out[#out + 1] = ikey
+        out[#out + 1] = rkey
+        out[#out + 1] = f[9] or ''
+        out[#out + 1] = f[10] or ''
+        out[#out + 1] = f[11] or ''
+        i = i + 1
+      end
+    end
+  end
+end
+return out

@@ -1,0 +1,69 @@
+-- enqueue: accept a batch of new jobs, each to ready (now) or scheduled (later),
+-- with an atomic idempotency check-and-set.
+--
+-- KEYS[1] ready        LIST
+-- KEYS[2] scheduled    ZSET  id -> due ms
+-- KEYS[3] notify       LIST
+-- KEYS[4] stats        HASH
+-- KEYS[5] job prefix   (string; the job key is prefix .. id)
+-- KEYS[6] idem prefix  (string; the idempotency key is prefix .. key)
+-- ARGV[1] now_ms
+-- ARGV[2] idempotency retention, ms
+-- ARGV[3] n, the number of jobs; then 9 fields per job:
+--   id, type, version, payload (JSON), max_attempts, run_at_ms (0: now),
+--   idempotency key ('' none), payload hash, resource key ('' none)
+--
+-- Returns, per job, three values: code, job id, status.
+--   1  created: the new id and its status (queued | scheduled)
+--   0  duplicate: the id and status of the job that holds the key, same payload
+--  -1  conflict: the id of the job that holds the key with another payload
+local now = tonumber(ARGV[1])
+local idem_ttl = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local out = {}
+local woke = false
+for i = 0, n - 1 do
+  local b = 4 + i * 9
+  local id, typ, ver, payload = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local max_attempts, run_at = ARGV[b + 4], tonumber(ARGV[b + 5])
+  local ikey, phash, rkey = ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
+  local dup = false
+  if ikey ~= '' then
+    local held = redis.call('GET', KEYS[6] .. ikey)
+    if held then
+      local hid, hhash = string.match(held, '^(%S+) (%S+)')
+      local st = redis.call('HGET', KEYS[5] .. hid, 'status') or 'expired'
+      if hhash == phash then
+        out[#out + 1] = 0
+      else
+        out[#out + 1] = -1
+      end
+      out[#out + 1] = hid
+      out[#out + 1] = st
+      dup = true
+    else
+      redis.call('SET', KEYS[6] .. ikey, id .. ' ' .. phash, 'PX', idem_ttl)
+    end
+  end
+  if not dup then
+    local status = 'queued'
+    if run_at > now then status = 'scheduled' end
+    local jk = KEYS[5] .. id
+    redis.call('HSET', jk, 'type', typ, 'version', ver, 'payload', payload,
+      'status', status, 'attempt', 0, 'max_attempts', max_attempts,
+      'created_ms', now, 'enqueued_ms', now, 'ready_ms', math.max(now, run_at),
+      'idem_key', ikey, 'resource_key', rkey, 'deferrals', 0)
+    if status == 'queued' then
+      redis.call('LPUSH', KEYS[1], id)
+      woke = true
+    else
+      redis.call('ZADD', KEYS[2], run_at, id)
+    end
+    redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, 1)
+    out[#out + 1] = 1
+    out[#out + 1] = id
+    out[#out + 1] = status
+  end
+end
+if woke then wake(KEYS[3]) end
+return out

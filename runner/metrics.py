@@ -1,0 +1,36 @@
+"""Names of the cluster-wide counters kept in each queue's stats hash, and the histogram
+buckets. The worker adds them to the scripts it already calls (no extra round trip);
+/metrics, `runner stats` and the dashboard read the same hash.
+
+    enqueued|<type>            accepted jobs
+    succeeded|<type>           done by a handler
+    retried|<type>             transient failures scheduled for another attempt
+    dead|<type>                buried (any reason)
+    duplicates|<type>          done without running: the idempotency key had completed
+    deferred|<type>            claims put back because the resource lock was held
+    lost|<type>                lapsed leases put back to ready
+    lat|<type>|<le_ms>         enqueue(ready)-to-start latency, per bucket (not cumulative)
+    lat_sum|<type>             sum of those latencies, ms
+    run|<type>|<le_ms>         handler run time, per bucket
+    run_sum|<type>             sum of run times, ms
+"""
+
+from __future__ import annotations
+
+import bisect
+
+BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+
+
+def bucket(ms: float) -> str:
+    i = bisect.bisect_left(BUCKETS_MS, ms)
+    return str(BUCKETS_MS[i]) if i < len(BUCKETS_MS) else "inf"
+
+
+def timing_fields(type_: str, latency_ms: float, run_ms: float) -> str:
+    lat = max(0, int(latency_ms))
+    run = max(0, int(run_ms))
+    return (
+        f"lat|{type_}|{bucket(lat)} lat_sum|{type_}={lat} "
+        f"run|{type_}|{bucket(run)} run_sum|{type_}={run}"
+    )

@@ -1,0 +1,274 @@
+"""functions/ + schemas/ -> an immutable snapshot of the loaded functions.
+
+A snapshot is built whole and swapped in by reference, so a job that started on one
+snapshot finishes on the code it started with. A broken file never stops the others
+from loading: its error is kept in the snapshot (with path and line) and, on a reload,
+the function keeps its last good version.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import inspect
+import itertools
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from runner import templates
+from runner.config import JITTER_MODES, Backoff, Config, QueueConfig
+from runner.errors import FunctionLoadError, UnknownFunction
+from runner.schemas import Versions, load_versions
+
+OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF")
+_generation = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Function:
+    name: str
+    path: str
+    doc: str
+    queue: str
+    max_attempts: int
+    timeout_s: float
+    backoff: Backoff
+    idempotency_key: templates.Template | None
+    resource_key: templates.Template | None
+    handle: Callable[..., Any]
+    is_async: bool
+    versions: Versions
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "type": self.name,
+            "doc": self.doc,
+            "queue": self.queue,
+            "max_attempts": self.max_attempts,
+            "timeout": self.timeout_s,
+            "backoff": {"base": self.backoff.base_s, "cap": self.backoff.cap_s,
+                        "jitter": self.backoff.jitter},
+            "idempotency_key": self.idempotency_key.source if self.idempotency_key else None,
+            "resource_key": self.resource_key.source if self.resource_key else None,
+            "async": self.is_async,
+            "versions": sorted(self.versions.schemas),
+            "newest_version": self.versions.newest,
+            "has_upgrade": self.versions.upgrade is not None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Registry:
+    functions: Mapping[str, Function] = field(default_factory=dict)
+    errors: Mapping[str, FunctionLoadError] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def get(self, name: str) -> Function:
+        try:
+            return self.functions[name]
+        except KeyError:
+            raise UnknownFunction(name) from None
+
+    def for_queue(self, queue: str) -> list[Function]:
+        return [f for f in self.functions.values() if f.queue == queue]
+
+    @staticmethod
+    def of(*functions: Function) -> Registry:
+        return Registry(functions={f.name: f for f in functions})
+
+
+def _assign_lines(source: str) -> dict[str, int]:
+    lines: dict[str, int] = {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return lines
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        for t in targets:
+            if isinstance(t, ast.Name):
+                lines.setdefault(t.id, node.lineno)
+    return lines
+
+
+def _import(path: Path) -> ModuleType:
+    name = f"runner_functions.{path.stem}_{next(_generation)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FunctionLoadError(str(path), "cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(name, None)
+        raise FunctionLoadError(str(path), f"syntax error: {exc.msg}", exc.lineno) from None
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        tb = exc.__traceback__
+        line = None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == str(path):
+                line = tb.tb_lineno
+            tb = tb.tb_next
+        raise FunctionLoadError(str(path), f"import failed: {type(exc).__name__}: {exc}", line) from None
+    return module
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
+    """Load one function file and its schemas; raise FunctionLoadError naming the file."""
+    source = path.read_text(encoding="utf-8", errors="replace")
+    lines = _assign_lines(source)
+    module = _import(path)
+    p = str(path)
+
+    def fail(message: str, name: str | None = None) -> FunctionLoadError:
+        return FunctionLoadError(p, message, lines.get(name) if name else None)
+
+    for name in vars(module):
+        if name.isupper() and name not in OPTIONS:
+            close = difflib.get_close_matches(name, OPTIONS, n=1, cutoff=0.75)
+            if close:
+                raise fail(f"{name} is not an option; did you mean {close[0]}?", name)
+
+    handle = getattr(module, "handle", None)
+    if not callable(handle):
+        raise fail("no handle(payload, ctx) function")
+    params = [
+        q for q in inspect.signature(handle).parameters.values()
+        if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(params) != 2:
+        raise FunctionLoadError(p, "handle must take exactly (payload, ctx)", handle.__code__.co_firstlineno)
+
+    queue_name = getattr(module, "QUEUE", None)
+    if queue_name is None:
+        queue_name = next(iter(config.queues))
+    if not isinstance(queue_name, str):
+        raise fail(f"QUEUE must be a string, got {queue_name!r}", "QUEUE")
+    if queue_name not in config.queues:
+        raise fail(
+            f"QUEUE {queue_name!r} is not defined in {config.source} (have: {', '.join(config.queues)})",
+            "QUEUE",
+        )
+    queue: QueueConfig = config.queues[queue_name]
+
+    max_attempts = getattr(module, "MAX_ATTEMPTS", queue.max_attempts)
+    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
+        raise fail(f"MAX_ATTEMPTS must be a positive integer, got {max_attempts!r}", "MAX_ATTEMPTS")
+
+    timeout = getattr(module, "TIMEOUT", min(queue.visibility_timeout_s, queue.max_timeout_s))
+    if not _num(timeout) or timeout <= 0:
+        raise fail(f"TIMEOUT must be a positive number of seconds, got {timeout!r}", "TIMEOUT")
+    if timeout > queue.max_timeout_s:
+        raise fail(
+            f"TIMEOUT {timeout} s does not fit queue {queue_name!r}: its max_timeout is "
+            f"{queue.max_timeout_s:g} s (10 x visibility_timeout unless set); use a queue with a "
+            "longer lease or raise queues." + queue_name + ".max_timeout",
+            "TIMEOUT",
+        )
+
+    backoff = queue.backoff
+    raw_backoff = getattr(module, "BACKOFF", None)
+    if raw_backoff is not None:
+        if not isinstance(raw_backoff, dict) or set(raw_backoff) - {"base", "cap", "jitter"}:
+            raise fail("BACKOFF must be a dict with keys base, cap, jitter", "BACKOFF")
+        base = raw_backoff.get("base", backoff.base_s)
+        cap = raw_backoff.get("cap", backoff.cap_s)
+        jitter = raw_backoff.get("jitter", backoff.jitter)
+        if not (_num(base) and _num(cap) and 0 <= base <= cap) or jitter not in JITTER_MODES:
+            raise fail(f"BACKOFF needs 0 <= base <= cap and jitter in {JITTER_MODES}", "BACKOFF")
+        backoff = Backoff(float(base), float(cap), str(jitter))
+
+    upgrade = getattr(module, "upgrade", None)
+    if upgrade is not None and not callable(upgrade):
+        raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
+
+    folder = config.schemas_dir / path.stem
+    schemas = load_versions(folder)
+    if not schemas:
+        raise fail(f"no schema: expected {folder}/v1.json")
+    versions = Versions(type=path.stem, schemas=schemas, upgrade=upgrade)
+    warnings: list[str] = []
+    if len(schemas) > 1 and upgrade is None:
+        warnings.append(f"{p}: several schema versions but no upgrade(); older jobs cannot run")
+
+    newest = schemas[versions.newest].document
+    tpls: dict[str, templates.Template | None] = {}
+    for opt in ("IDEMPOTENCY_KEY", "RESOURCE_KEY"):
+        raw = getattr(module, opt, None)
+        if raw is None:
+            tpls[opt] = None
+            continue
+        try:
+            tpl = templates.parse(raw)
+        except templates.TemplateError as exc:
+            raise fail(f"{opt}: {exc}", opt) from None
+        for fld in tpl.fields:
+            if not templates.schema_has(newest, fld):
+                raise fail(
+                    f"{opt} names field {fld!r}, which the v{versions.newest} schema does not declare",
+                    opt,
+                )
+        tpls[opt] = tpl
+
+    if timeout > queue.visibility_timeout_s:
+        warnings.append(
+            f"{p}: TIMEOUT {timeout} s is longer than queue {queue_name!r}'s visibility timeout "
+            f"({queue.visibility_timeout_s:g} s); it relies on lease renewal"
+        )
+    fn = Function(
+        name=path.stem,
+        path=p,
+        doc=(inspect.getdoc(module) or "").strip(),
+        queue=queue_name,
+        max_attempts=int(max_attempts),
+        timeout_s=float(timeout),
+        backoff=backoff,
+        idempotency_key=tpls["IDEMPOTENCY_KEY"],
+        resource_key=tpls["RESOURCE_KEY"],
+        handle=handle,
+        is_async=inspect.iscoroutinefunction(handle),
+        versions=versions,
+    )
+    return fn, warnings
+
+
+def load(config: Config, previous: Registry | None = None) -> Registry:
+    """Load every ``functions/*.py`` (not starting with ``_``)."""
+    functions: dict[str, Function] = {}
+    errors: dict[str, FunctionLoadError] = {}
+    warnings: list[str] = []
+    folder = config.functions_dir
+    if not folder.is_dir():
+        return Registry(errors={str(folder): FunctionLoadError(str(folder), "no functions folder")})
+    for path in sorted(folder.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        if not path.stem.isidentifier():
+            errors[str(path)] = FunctionLoadError(str(path), "the file stem must be a Python identifier")
+            continue
+        try:
+            fn, w = load_function(path, config)
+        except FunctionLoadError as exc:
+            errors[str(path)] = exc
+            if previous is not None and path.stem in previous.functions:
+                functions[path.stem] = previous.functions[path.stem]
+            continue
+        except Exception as exc:  # an option check that blew up on user data
+            errors[str(path)] = FunctionLoadError(str(path), f"{type(exc).__name__}: {exc}")
+            continue
+        functions[fn.name] = fn
+        warnings.extend(w)
+    return Registry(functions=functions, errors=errors, warnings=tuple(warnings))

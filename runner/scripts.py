@@ -1,0 +1,220 @@
+"""Loads lua/ once and gives one typed method per atomic transition.
+
+Each script is sent by SHA (EVALSHA, reloaded on NOSCRIPT by redis-py's Script) with the
+shared helpers of ``lua/_lib.lua`` prepended. Batch methods take sequences so one
+round trip settles many jobs; the ``*_args`` helpers let a caller queue several scripts
+on one pipeline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+from runner.keys import QueueKeys
+
+NAMES = (
+    "enqueue", "claim", "renew", "ack", "retry", "bury", "release",
+    "reclaim", "promote", "requeue", "remove", "checkpoint", "trim",
+)
+
+
+def _source(name: str) -> str:
+    return (Path(__file__).parent / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job as the enqueue script takes it (already validated and encoded)."""
+
+    id: str
+    type: str
+    version: int
+    payload: str
+    max_attempts: int
+    run_at_ms: int
+    idem_key: str
+    payload_hash: str
+    resource_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    id: str
+    token: str
+    result: str
+    history: str
+    stats: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAt:
+    id: str
+    token: str
+    due_ms: int
+    error: str
+    history: str
+    stats: str
+
+
+@dataclass(frozen=True, slots=True)
+class Burial:
+    id: str
+    token: str
+    reason: str
+    error: str
+    history: str
+    refund: bool
+    stats: str
+
+
+class Batch:
+    """Script calls queued on one pipeline: one round trip, no SCRIPT EXISTS check.
+
+    A call answered NOSCRIPT (Redis restarted or flushed its script cache) is loaded and
+    sent again on its own; a call that ran is never sent twice.
+    """
+
+    def __init__(self, scripts: Scripts) -> None:
+        self.scripts = scripts
+        self.calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+
+    def add(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        self.calls.append((name, keys, args))
+
+    def execute(self) -> list[Any]:
+        if not self.calls:
+            return []
+        sc = self.scripts
+        pipe = sc.client.pipeline(transaction=False)
+        for name, keys, args in self.calls:
+            pipe.evalsha(sc.shas[name], len(keys), *keys, *args)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                name, keys, args = self.calls[i]
+                replies[i] = sc.call(name, keys, args)
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
+
+
+class Scripts:
+    """The scripts of one Redis client, sent by SHA and loaded again on NOSCRIPT."""
+
+    def __init__(self, client: Any) -> None:
+        lib = _source("_lib")
+        self.client = client
+        self.sources = {name: lib + "\n" + _source(name) for name in NAMES}
+        self.shas = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in self.sources.items()}
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except NoScriptError:
+            self.client.script_load(self.sources[name])
+            return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+
+    def batch(self) -> Batch:
+        return Batch(self)
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None) -> Any:
+        if pipe is not None:
+            pipe.add(name, keys, args)
+            return None
+        return self.call(name, keys, args)
+
+    def enqueue(
+        self, k: QueueKeys, jobs: Sequence[NewJob], now_ms: int, idem_ttl_ms: int, pipe: Batch | None = None
+    ) -> Any:
+        args: list[Any] = [now_ms, idem_ttl_ms, len(jobs)]
+        for j in jobs:
+            args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms,
+                     j.idem_key, j.payload_hash, j.resource_key]
+        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix)
+        return self._run("enqueue", keys, args, pipe)
+
+    def claim(
+        self, k: QueueKeys, *, now_ms: int, n: int, lease_ms: int, token_base: str,
+        defer_base_ms: int, defer_cap_ms: int, rnd: float, dead_ttl_ms: int, done_ttl_ms: int,
+        pipe: Batch | None = None,
+    ) -> Any:
+        keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lock_prefix,
+                k.idem_prefix)
+        args = (now_ms, n, lease_ms, token_base, defer_base_ms, defer_cap_ms, rnd, dead_ttl_ms,
+                done_ttl_ms)
+        return self._run("claim", keys, args, pipe)
+
+    def renew(
+        self, k: QueueKeys, owned: Sequence[tuple[str, str]], now_ms: int, lease_ms: int,
+        pipe: Batch | None = None,
+    ) -> Any:
+        args: list[Any] = [now_ms, lease_ms, len(owned)]
+        for job_id, token in owned:
+            args += [job_id, token]
+        return self._run("renew", (k.leases, k.job_prefix, k.lock_prefix), args, pipe)
+
+    def ack(
+        self, k: QueueKeys, acks: Sequence[Ack], now_ms: int, done_ttl_ms: int, idem_ttl_ms: int,
+        pipe: Batch | None = None,
+    ) -> Any:
+        args: list[Any] = [now_ms, done_ttl_ms, idem_ttl_ms, len(acks)]
+        for a in acks:
+            args += [a.id, a.token, a.result, a.history, a.stats]
+        keys = (k.leases, k.stats, k.job_prefix, k.lock_prefix, k.idem_prefix,
+                k.throughput(now_ms // 60_000))
+        return self._run("ack", keys, args, pipe)
+
+    def retry(self, k: QueueKeys, items: Sequence[RetryAt], now_ms: int, pipe: Batch | None = None) -> Any:
+        args: list[Any] = [now_ms, len(items)]
+        for r in items:
+            args += [r.id, r.token, r.due_ms, r.error, r.history, r.stats]
+        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lock_prefix)
+        return self._run("retry", keys, args, pipe)
+
+    def bury(
+        self, k: QueueKeys, items: Sequence[Burial], now_ms: int, dead_ttl_ms: int,
+        pipe: Batch | None = None,
+    ) -> Any:
+        args: list[Any] = [now_ms, dead_ttl_ms, len(items)]
+        for b in items:
+            args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
+        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lock_prefix)
+        return self._run("bury", keys, args, pipe)
+
+    def release(
+        self, k: QueueKeys, owned: Sequence[tuple[str, str]], now_ms: int, pipe: Batch | None = None
+    ) -> Any:
+        args: list[Any] = [now_ms, len(owned)]
+        for job_id, token in owned:
+            args += [job_id, token]
+        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lock_prefix)
+        return self._run("release", keys, args, pipe)
+
+    def reclaim(self, k: QueueKeys, now_ms: int, limit: int, dead_ttl_ms: int) -> Any:
+        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lock_prefix)
+        return self._run("reclaim", keys, (now_ms, limit, dead_ttl_ms))
+
+    def promote(self, k: QueueKeys, now_ms: int, limit: int) -> Any:
+        keys = (k.scheduled, k.ready, k.notify, k.job_prefix)
+        return self._run("promote", keys, (now_ms, limit))
+
+    def requeue(
+        self, k: QueueKeys, job_id: str, now_ms: int, payload: str = "", version: str = ""
+    ) -> Any:
+        keys = (k.dead, k.ready, k.notify, k.job(job_id))
+        return self._run("requeue", keys, (now_ms, job_id, payload, version))
+
+    def remove(self, k: QueueKeys, job_id: str) -> Any:
+        return self._run("remove", (k.dead, k.job(job_id)), (job_id,))
+
+    def checkpoint(self, k: QueueKeys, job_id: str, token: str, data: str) -> Any:
+        return self._run("checkpoint", (k.job(job_id),), (token, data))
+
+    def trim(self, k: QueueKeys, cutoff_ms: int) -> Any:
+        return self._run("trim", (k.dead,), (cutoff_ms,))

@@ -1,0 +1,98 @@
+"""Job records in and out of Redis: the hash fields of a record and their decoding.
+
+A record is a Redis hash under ``<prefix>:{<queue>}:job:<id>`` with these fields:
+
+    type, version, payload (JSON), status, attempt, max_attempts,
+    created_ms, enqueued_ms, ready_ms, started_ms, finished_ms,
+    token (while processing), idem_key, resource_key, deferrals,
+    error (JSON: type, message, traceback), reason (dead only),
+    history (comma-joined JSON entries, one per attempt), result (JSON),
+    checkpoint (JSON), duplicate_of (done as a duplicate of that job)
+
+Statuses: queued, scheduled, processing, retrying, done, dead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runner import codec
+
+STATUSES = ("queued", "scheduled", "processing", "retrying", "done", "dead")
+
+
+def new_id() -> str:
+    """Time-ordered, unique job id: 12 hex digits of ms since epoch + 10 random hex."""
+    return f"{int(time.time() * 1000):012x}{os.urandom(5).hex()}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _int(v: Any, default: int = 0) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def _json(v: Any) -> Any:
+    if v is None or v == "":
+        return None
+    try:
+        return codec.loads(v)
+    except codec.DecodeError:
+        return {"unparsable": str(v)[:200]}
+
+
+def _ts(v: Any) -> float | None:
+    ms = _int(v, 0)
+    return ms / 1000 if ms else None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    queue: str
+    fields: Mapping[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        f = self.fields
+        history_raw = f.get("history") or ""
+        try:
+            history = codec.loads("[" + history_raw + "]") if history_raw else []
+        except codec.DecodeError:
+            history = [{"unparsable": history_raw[:200]}]
+        return {
+            "id": self.id,
+            "type": f.get("type"),
+            "version": _int(f.get("version"), 0) or None,
+            "queue": self.queue,
+            "status": f.get("status"),
+            "attempt": _int(f.get("attempt")),
+            "max_attempts": _int(f.get("max_attempts")),
+            "payload": _json(f.get("payload")),
+            "created_at": _ts(f.get("created_ms")),
+            "enqueued_at": _ts(f.get("enqueued_ms")),
+            "ready_at": _ts(f.get("ready_ms")),
+            "started_at": _ts(f.get("started_ms")),
+            "finished_at": _ts(f.get("finished_ms")),
+            "idempotency_key": f.get("idem_key") or None,
+            "resource_key": f.get("resource_key") or None,
+            "deferrals": _int(f.get("deferrals")),
+            "last_error": _json(f.get("error")),
+            "reason": f.get("reason") or None,
+            "history": history,
+            "result": _json(f.get("result")),
+            "checkpoint": _json(f.get("checkpoint")),
+            "duplicate_of": f.get("duplicate_of") or None,
+        }
+
+    @property
+    def status(self) -> str | None:
+        return self.fields.get("status")
