@@ -1,0 +1,227 @@
+"""Test harness: real Redis-protocol servers on free ports, started by the suite.
+
+- ``server``: the embedded Valkey that ``pip install`` brings (one per session).
+- ``any_server``: parametrised over that Valkey and Debian's redis-server 7.0 when it is
+  installed (CI installs it; with CI=true a missing one is an error, not a skip).
+- ``project``: a fresh project folder (fixture functions + schemas + runner.toml) with a
+  unique key prefix, its Runtime and Client, and ``spawn_worker`` for subprocess workers.
+
+Never sleep to synchronise: use ``wait_for`` with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import config as config_mod
+from runner.client import Client
+from runner.embedded import Server, debian_binary
+from runner.runtime import Runtime
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).parent.parent
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or pred}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("valkey"), appendonly=True).start()
+    yield s
+    s.stop()
+
+
+def _redis7(tmp_path_factory: pytest.TempPathFactory) -> Server | None:
+    binary = debian_binary()
+    if binary is None:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI must install Debian's redis-server (apt-get install redis-server)")
+        return None
+    return Server(tmp_path_factory.mktemp("redis7"), binary=binary, appendonly=True).start()
+
+
+@pytest.fixture(scope="session")
+def redis7_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server | None]:
+    s = _redis7(tmp_path_factory)
+    yield s
+    if s is not None:
+        s.stop()
+
+
+@pytest.fixture(params=["valkey", "redis7"])
+def any_server(request: pytest.FixtureRequest, server: Server) -> Server:
+    if request.param == "valkey":
+        return server
+    s = request.getfixturevalue("redis7_server")
+    if s is None:
+        pytest.skip("Debian's redis-server is not installed here")
+    return s
+
+
+DEFAULT_TOML = """
+[redis]
+prefix = "{prefix}"
+
+[queues.fast]
+visibility_timeout = {vt}
+concurrency = 8
+max_attempts = 3
+backoff = {{ base = 0.01, cap = 0.05, jitter = "full" }}
+
+[queues.slow]
+visibility_timeout = {slow_vt}
+concurrency = 2
+max_attempts = 3
+
+[retention]
+done = 3600
+dead = 3600
+idempotency = 3600
+
+[worker]
+grace_period = {grace}
+scheduler_interval = 0.05
+
+[log]
+level = "INFO"
+format = "json"
+"""
+
+
+@dataclass
+class Project:
+    root: Path
+    server: Server
+    prefix: str
+    records: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _runtime: Runtime | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        env.update({
+            "REDIS_URL": self.server.url,
+            "RECORD_DIR": str(self.records),
+            "OUTBOX_DIR": str(self.root / "outbox"),
+            "REPORTS_DIR": str(self.root / "reports"),
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def config(self) -> config_mod.Config:
+        return config_mod.load(self.root / "runner.toml", env=self.env)
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            self._runtime = Runtime.create(self.config())
+        return self._runtime
+
+    @property
+    def client(self) -> Client:
+        return Client(self.runtime)
+
+    def write_config(self, vt: float = 2, slow_vt: float = 10, grace: float = 5, extra: str = "") -> None:
+        text = DEFAULT_TOML.format(prefix=self.prefix, vt=vt, slow_vt=slow_vt, grace=grace) + extra
+        (self.root / "runner.toml").write_text(text)
+        self._runtime = None
+
+    def spawn_worker(
+        self, *queues: str, env: dict[str, str] | None = None, log_name: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        args = [sys.executable, "-m", "runner.cli", "--config", str(self.root / "runner.toml"), "worker"]
+        for q in queues:
+            args += ["--queue", q]
+        log = open(self.root / (log_name or f"worker-{len(self.procs)}.log"), "ab")  # noqa: SIM115
+        proc = subprocess.Popen(args, cwd=self.root, env={**self.env, **(env or {})},
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def keys(self, queue: str = "fast") -> Any:
+        return self.runtime.keys[queue]
+
+    def runs(self, job_id: str) -> list[str]:
+        p = self.records / job_id
+        return p.read_text().splitlines() if p.exists() else []
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def make_project(root: Path, server: Server) -> Project:
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(FIXTURES / "functions", root / "functions", dirs_exist_ok=True)
+    shutil.copytree(FIXTURES / "schemas", root / "schemas", dirs_exist_ok=True)
+    records = root / "records"
+    records.mkdir(exist_ok=True)
+    p = Project(root=root, server=server, prefix=f"t{uuid.uuid4().hex[:10]}", records=records)
+    p.write_config()
+    return p
+
+
+@pytest.fixture
+def project(tmp_path: Path, server: Server) -> Iterator[Project]:
+    p = make_project(tmp_path / "project", server)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+@pytest.fixture
+def any_project(tmp_path: Path, any_server: Server) -> Iterator[Project]:
+    p = make_project(tmp_path / "project", any_server)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+def structures(project: Project, queue: str = "fast") -> dict[str, list[str]]:
+    """Where every job id of a queue is: ready, leases, scheduled, dead."""
+    k = project.keys(queue)
+    r = project.runtime.redis
+    return {
+        "ready": r.lrange(k.ready, 0, -1),
+        "leases": r.zrange(k.leases, 0, -1),
+        "scheduled": r.zrange(k.scheduled, 0, -1),
+        "dead": r.zrange(k.dead, 0, -1),
+    }
+
+
+def assert_no_job_in_two_structures(project: Project, queue: str = "fast") -> None:
+    seen: dict[str, str] = {}
+    for name, ids in structures(project, queue).items():
+        for i in ids:
+            assert i not in seen, f"job {i} is in both {seen[i]} and {name}"
+            seen[i] = name

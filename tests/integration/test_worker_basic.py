@@ -1,0 +1,93 @@
+"""A subprocess worker runs jobs end to end: success, retry, dead, async, timeout."""
+
+from __future__ import annotations
+
+from conftest import Project, assert_no_job_in_two_structures, wait_for
+
+
+def test_job_runs_to_done_with_result(any_project: Project) -> None:
+    """A valid job is run once by a real worker and its result is kept."""
+    c = any_project.client
+    job = c.enqueue("record", {"n": 7})
+    any_project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=15).as_dict()
+    assert rec["status"] == "done"
+    assert rec["result"] == {"n": 7, "attempt": 1}
+    assert len(any_project.runs(job.id)) == 1
+    assert [h["outcome"] for h in rec["history"]] == ["done"]
+    assert_no_job_in_two_structures(any_project)
+
+
+def test_transient_failures_retry_then_succeed(project: Project) -> None:
+    """Two planned failures are retried with backoff; the third attempt succeeds."""
+    c = project.client
+    job = c.enqueue("record", {"n": 1, "fail_times": 2})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=15).as_dict()
+    assert rec["status"] == "done"
+    assert rec["attempt"] == 3
+    assert [h["outcome"] for h in rec["history"]] == ["retry", "retry", "done"]
+    assert rec["history"][0]["error"]["message"] == "planned failure on attempt 1"
+
+
+def test_exhausted_attempts_go_dead_with_last_error(project: Project) -> None:
+    """After MAX_ATTEMPTS failures the job is dead with its last error and full history."""
+    c = project.client
+    job = c.enqueue("record", {"n": 1, "fail_times": 99})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=15).as_dict()
+    assert rec["status"] == "dead"
+    assert rec["reason"] == "max attempts reached"
+    assert rec["attempt"] == 4
+    assert rec["last_error"]["type"] == "RuntimeError"
+    assert "planned failure on attempt 4" in rec["last_error"]["traceback"]
+    assert len(rec["history"]) == 4
+    total, page = c.dead("fast")
+    assert total == 1 and page[0].id == job.id
+
+
+def test_permanent_failure_skips_retries(project: Project) -> None:
+    c = project.client
+    job = c.enqueue("perm", {})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=15).as_dict()
+    assert rec["status"] == "dead"
+    assert rec["reason"] == "permanent failure"
+    assert rec["attempt"] == 1
+
+
+def test_async_handler_and_timeout(project: Project) -> None:
+    """An async handler runs; a sync handler past TIMEOUT is interrupted and retried."""
+    c = project.client
+    a = c.enqueue("asyncfn", {"sleep": 0.01})
+    t = c.enqueue("sleepy", {"sleep": 3})
+    project.spawn_worker("fast")
+    assert c.wait(a.id, timeout_s=15).as_dict()["result"] == {"async": True, "attempt": 1}
+    rec = c.wait(t.id, timeout_s=20).as_dict()
+    assert rec["status"] == "dead"
+    assert rec["last_error"]["type"] == "JobTimeout"
+    assert rec["attempt"] == 2
+
+
+def test_delayed_job_waits(project: Project) -> None:
+    """A delayed job is scheduled, then runs once due."""
+    import time
+
+    c = project.client
+    t0 = time.time()
+    job = c.enqueue("record", {"n": 2}, delay=1.0)
+    assert job.status == "scheduled"
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=15).as_dict()
+    assert rec["status"] == "done"
+    assert rec["started_at"] >= t0 + 0.95
+
+
+def test_routing_slow_worker_runs_only_slow(project: Project) -> None:
+    c = project.client
+    fast = c.enqueue("record", {"n": 3})
+    slow = c.enqueue("slow", {"seconds": 0.01})
+    project.spawn_worker("slow")
+    assert c.wait(slow.id, timeout_s=15).status == "done"
+    assert c.get(fast.id).status == "queued"
+    wait_for(lambda: True)
