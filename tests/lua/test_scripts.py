@@ -1,0 +1,253 @@
+"""Each Lua transition: state before, call, state after, return code. Time is driven by
+passing now_ms, so leases and due times are exact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conftest import Project, assert_no_job_in_two_structures, structures
+from runner.scripts import Ack, Burial, NewJob, RetryAt
+
+NOW = 1_800_000_000_000
+LEASE = 1_000
+
+
+def new(job_id: str, *, run_at: int = 0, idem: str = "", phash: str = "-", res: str = "",
+        type_: str = "noop", max_attempts: int = 3) -> NewJob:
+    return NewJob(id=job_id, type=type_, version=1, payload='{"a":1}', max_attempts=max_attempts,
+                  run_at_ms=run_at, idem_key=idem, payload_hash=phash, resource_key=res)
+
+
+def claim(p: Project, n: int = 10, now: int = NOW, base: str = "w.1") -> list[list[Any]]:
+    reply = p.runtime.scripts.claim(
+        p.keys(), now_ms=now, n=n, lease_ms=LEASE, token_base=base, defer_base_ms=100,
+        defer_cap_ms=1000, rnd=0.5, dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000,
+    )
+    return [reply[i:i + 12] for i in range(0, len(reply), 12)]
+
+
+def enqueue(p: Project, *jobs: NewJob, now: int = NOW) -> list[Any]:
+    return p.runtime.scripts.enqueue(p.keys(), list(jobs), now, 60_000)
+
+
+def rec(p: Project, job_id: str) -> dict[str, str]:
+    return p.runtime.redis.hgetall(p.keys().job(job_id))
+
+
+@pytest.fixture
+def p(any_project: Project) -> Project:
+    return any_project
+
+
+def test_enqueue_now_and_later(p: Project) -> None:
+    """A job due now is queued in ready; a later one is scheduled at its due time."""
+    out = enqueue(p, new("a"), new("b", run_at=NOW + 5000))
+    assert out == [1, "a", "queued", 1, "b", "scheduled"]
+    s = structures(p)
+    assert s["ready"] == ["a"] and s["scheduled"] == ["b"]
+    assert p.runtime.redis.zscore(p.keys().scheduled, "b") == NOW + 5000
+    assert rec(p, "a")["status"] == "queued" and rec(p, "a")["attempt"] == "0"
+    assert p.runtime.redis.llen(p.keys().notify) == 1
+
+
+def test_enqueue_idempotency_duplicate_and_conflict(p: Project) -> None:
+    """Same key + same hash returns the first job; another hash is a conflict; no new record."""
+    assert enqueue(p, new("a", idem="k", phash="h1"))[0] == 1
+    assert enqueue(p, new("b", idem="k", phash="h1")) == [0, "a", "queued"]
+    assert enqueue(p, new("c", idem="k", phash="h2")) == [-1, "a", "queued"]
+    assert not rec(p, "b") and not rec(p, "c")
+    assert structures(p)["ready"] == ["a"]
+
+
+def test_claim_sets_lease_token_and_attempt(p: Project) -> None:
+    enqueue(p, new("a"), new("b"))
+    got = claim(p, n=1)
+    assert [g[0] for g in got] == ["a"]  # FIFO
+    job_id, token, attempt = got[0][:3]
+    assert token == "w.1:0" and attempt == 1
+    r = rec(p, "a")
+    assert r["status"] == "processing" and r["token"] == token
+    assert p.runtime.redis.zscore(p.keys().leases, "a") == NOW + LEASE
+    assert structures(p)["ready"] == ["b"]
+    assert_no_job_in_two_structures(p)
+
+
+def test_ack_is_fenced_by_token(p: Project) -> None:
+    """An ack with a wrong token is refused and changes nothing; the right one finishes."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    assert sc.ack(p.keys(), [Ack("a", "stale", '"x"', "{}", "")], NOW, 100_000, 100_000) == [-1]
+    assert rec(p, "a")["status"] == "processing"
+    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', '{"attempt":1}', "succeeded|noop")],
+                  NOW + 5, 100_000, 100_000) == [1]
+    r = rec(p, "a")
+    assert r["status"] == "done" and r["result"] == '"ok"' and "token" not in r
+    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "dead": []}
+    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000
+    assert p.runtime.redis.hget(p.keys().stats, "succeeded|noop") == "1"
+    # A second ack of the same claim is refused (already done).
+    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', "", "")], NOW, 100_000, 100_000) == [-1]
+
+
+def test_retry_schedules_and_promote_moves_due(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    err = '{"type":"E","message":"m"}'
+    assert sc.retry(p.keys(), [RetryAt("a", job[1], NOW + 500, err, '{"attempt":1}', "retried|noop")], NOW) == [1]
+    assert rec(p, "a")["status"] == "retrying"
+    assert structures(p)["scheduled"] == ["a"]
+    assert sc.promote(p.keys(), NOW + 499, 100) == [0, NOW + 500]
+    assert sc.promote(p.keys(), NOW + 500, 100) == [1, -1]
+    assert rec(p, "a")["status"] == "queued" and structures(p)["ready"] == ["a"]
+    (again,) = claim(p, now=NOW + 600, base="w.2")
+    assert again[2] == 2  # second attempt
+
+
+def test_bury_with_refund_gives_the_attempt_back(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    assert sc.bury(p.keys(), [Burial("a", job[1], "invalid payload", '{"type":"InvalidJob"}', "", True, "dead|noop")],
+                   NOW, 100_000) == [1]
+    r = rec(p, "a")
+    assert r["status"] == "dead" and r["reason"] == "invalid payload" and r["attempt"] == "0"
+    assert structures(p)["dead"] == ["a"]
+
+
+def test_release_returns_to_front_without_spending_an_attempt(p: Project) -> None:
+    enqueue(p, new("a"), new("b"))
+    (job,) = claim(p, n=1)
+    assert p.runtime.scripts.release(p.keys(), [(job[0], job[1])], NOW) == [1]
+    assert rec(p, "a")["attempt"] == "0" and rec(p, "a")["status"] == "queued"
+    got = claim(p, n=1, base="w.2")
+    assert got[0][0] == "a"  # released job runs next
+
+
+def test_renew_extends_only_owned_leases(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    assert sc.renew(p.keys(), [("a", job[1]), ("a", "bogus")], NOW + 900, LEASE) == [1, -1]
+    assert p.runtime.redis.zscore(p.keys().leases, "a") == NOW + 900 + LEASE
+
+
+def test_reclaim_counts_a_lapsed_lease_as_an_attempt(p: Project) -> None:
+    """A lapsed lease goes back to ready; at max_attempts it is buried as worker lost."""
+    enqueue(p, new("a", max_attempts=2))
+    sc = p.runtime.scripts
+    (job,) = claim(p)
+    assert sc.reclaim(p.keys(), NOW + LEASE - 1, 100, 100_000) == [0, 0]  # not yet
+    assert sc.reclaim(p.keys(), NOW + LEASE, 100, 100_000) == [1, 0]
+    assert rec(p, "a")["status"] == "queued"
+    # The stale worker's ack is refused after the reclaim.
+    assert sc.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW + LEASE, 1000, 1000) == [-1]
+    (job2,) = claim(p, now=NOW + 2 * LEASE, base="w.2")
+    assert job2[2] == 2
+    assert sc.reclaim(p.keys(), NOW + 4 * LEASE, 100, 100_000) == [0, 1]
+    r = rec(p, "a")
+    assert r["status"] == "dead" and r["reason"] == "worker lost"
+    assert '"outcome":"worker lost"' in r["history"]
+    assert_no_job_in_two_structures(p)
+
+
+def test_resource_lock_defers_without_spending_an_attempt(p: Project) -> None:
+    """A second job on a held resource is deferred to scheduled; attempt stays 0."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"))
+    got = claim(p)
+    assert [g[0] for g in got] == ["a"]
+    rb = rec(p, "b")
+    assert rb["status"] == "scheduled" and rb["attempt"] == "0" and rb["deferrals"] == "1"
+    lock = p.keys().lock("r1")
+    assert p.runtime.redis.get(lock) == got[0][1]
+    # Ack releases the lock (compare-and-delete).
+    p.runtime.scripts.ack(p.keys(), [Ack("a", got[0][1], "", "", "")], NOW, 1000, 1000)
+    assert p.runtime.redis.get(lock) is None
+
+
+def test_release_lock_only_by_holder(p: Project) -> None:
+    """A holder whose lock expired and was retaken cannot delete the new holder's lock."""
+    enqueue(p, new("a", res="r1"))
+    (job,) = claim(p)
+    r = p.runtime.redis
+    r.set(p.keys().lock("r1"), "someone-else")
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 1000, 1000)
+    assert r.get(p.keys().lock("r1")) == "someone-else"
+
+
+def test_reclaim_releases_the_resource_lock(p: Project) -> None:
+    enqueue(p, new("a", res="r1"))
+    claim(p)
+    p.runtime.scripts.reclaim(p.keys(), NOW + LEASE, 100, 100_000)
+    assert p.runtime.redis.get(p.keys().lock("r1")) is None
+
+
+def test_completed_idempotency_key_makes_a_later_job_a_duplicate(p: Project) -> None:
+    """A job whose key already completed under another job is done without running."""
+    enqueue(p, new("a", idem="k", phash="h"))
+    (job,) = claim(p)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000, 100_000)
+    assert p.runtime.redis.get(p.keys().idem("k")) == "a h done"
+    # Another producer pushes a second job with the same key (bypassing enqueue's check).
+    r = p.runtime.redis
+    r.hset(p.keys().job("b"), mapping={"type": "noop", "version": 1, "payload": "{}", "status": "queued",
+                                       "attempt": 0, "max_attempts": 3, "idem_key": "k"})
+    r.lpush(p.keys().ready, "b")
+    assert claim(p, base="w.2") == []
+    rb = rec(p, "b")
+    assert rb["status"] == "done" and rb["duplicate_of"] == "a"
+
+
+@pytest.mark.parametrize("setup,reason", [
+    (lambda r, k: r.set(k.job("x"), "not a hash"), "a Redis string instead of a hash"),
+    (lambda r, k: r.hset(k.job("x"), mapping={"type": "noop", "status": "queued"}), "missing field(s) version, payload"),
+    (lambda r, k: None, "no job record for this id"),
+])
+def test_malformed_records_are_buried_with_a_reason(p: Project, setup: Any, reason: str) -> None:
+    r = p.runtime.redis
+    k = p.keys()
+    setup(r, k)
+    r.lpush(k.ready, "x")
+    enqueue(p, new("ok"))
+    got = claim(p)
+    assert [g[0] for g in got] == ["ok"]  # the good job behind it still runs
+    assert structures(p)["dead"] == ["x"]
+    assert reason in rec(p, "x")["reason"]
+
+
+def test_stray_id_of_a_done_job_is_dropped_not_rerun(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000, 100_000)
+    p.runtime.redis.lpush(p.keys().ready, "a")
+    assert claim(p, base="w.2") == []
+    assert rec(p, "a")["status"] == "done"
+
+
+def test_requeue_and_remove_dead(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    sc.bury(p.keys(), [Burial("a", job[1], "permanent failure", "", "", False, "")], NOW, 100_000)
+    assert sc.requeue(p.keys(), "b", NOW) == -1
+    assert sc.requeue(p.keys(), "a", NOW, '{"a":2}', "1") == 1
+    r = rec(p, "a")
+    assert r["status"] == "queued" and r["attempt"] == "0" and r["payload"] == '{"a":2}'
+    assert p.runtime.redis.ttl(p.keys().job("a")) == -1
+    (job,) = claim(p, base="w.2")
+    sc.bury(p.keys(), [Burial("a", job[1], "x", "", "", False, "")], NOW, 100_000)
+    assert sc.remove(p.keys(), "a") == 1
+    assert not rec(p, "a") and structures(p)["dead"] == []
+    assert sc.remove(p.keys(), "a") == -1
+
+
+def test_checkpoint_is_fenced(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    assert sc.checkpoint(p.keys(), "a", "bad", '{"i":1}') == -1
+    assert sc.checkpoint(p.keys(), "a", job[1], '{"i":1}') == 1
+    assert rec(p, "a")["checkpoint"] == '{"i":1}'
