@@ -1,7 +1,7 @@
 """IDEMPOTENCY_KEY / RESOURCE_KEY templates: ``"{user_id}:{template}"`` over a payload.
 
-Only plain field names (dotted for nested objects) are allowed: no attribute access, no
-indexing, no conversions or format specs, so payload data can never reach str.format's
+Only plain field names (dotted for nested objects, no dunder names) are allowed: no
+attribute access (values are looked up as dict keys only), no indexing, no conversions or format specs, so payload data can never reach str.format's
 attribute lookup. Values must be strings, numbers or booleans.
 """
 
@@ -69,7 +69,7 @@ def parse(source: str) -> Template:
             continue
         if conv or spec:
             raise TemplateError(f"template {source!r}: conversions and format specs are not allowed")
-        if not _FIELD.match(field):
+        if not _FIELD.match(field) or any(part.startswith("__") for part in field.split(".")):
             raise TemplateError(
                 f"template {source!r}: {{{field}}} must be a field name (dotted for nested fields)"
             )

@@ -1,0 +1,67 @@
+"""runner.toml + environment -> Config; every error names the file, the key and what was expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner import config
+from runner.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "runner.toml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_config_loads(tmp_path: Path) -> None:
+    cfg = config.load(Path(__file__).parents[2] / "runner.toml", env={})
+    assert set(cfg.queues) == {"fast", "slow"}
+    assert cfg.queues["fast"].visibility_timeout_s == 30
+    assert cfg.queues["slow"].visibility_timeout_s == 900
+    assert cfg.queues["fast"].backoff.jitter == "full"
+    assert cfg.retention.done_s == 86400 and cfg.retention.dead_s == 604800
+    assert cfg.worker.grace_period_s < 30
+
+
+def test_env_overrides(tmp_path: Path) -> None:
+    p = write(tmp_path, '[redis]\nurl = "redis://a:1/0"\n[queues.q]\n')
+    cfg = config.load(p, env={"REDIS_URL": "rediss://u:pw@h:2/0", "RUNNER_API_TOKEN": "t",
+                              "RUNNER_REDIS_TLS_VERIFY": "false", "RUNNER_LOG_LEVEL": "debug"})
+    assert cfg.redis.url == "rediss://u:pw@h:2/0" and cfg.redis.configured
+    assert cfg.api.token == "t" and cfg.redis.tls_verify is False
+    assert cfg.log.level == "DEBUG"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[queues.fast]\nvisibilty_timeout = 3\n", "unknown key queues.fast.visibilty_timeout"),
+    ("[queues.fast]\nconcurrency = \"8\"\n", "queues.fast.concurrency must be a positive integer"),
+    ("[queues.fast]\nbackoff = { base = 1, jitter = \"weird\" }\n", "queues.fast.backoff.jitter must be one of"),
+    ("[redis]\nprefix = \"a{b}\"\n", "redis.prefix must be a string without braces"),
+    ("[bogus]\nx = 1\n", "unknown section [bogus]"),
+    ("[queues]\n", "must define at least one queue"),
+    ("[queues.fast]\nvisibility_timeout = 0.5\n", "visibility_timeout must be a number of seconds >= 1"),
+    ("[api]\nmax_body_bytes = -1\n", "api.max_body_bytes must be a positive integer"),
+    ("[queues.fast\n", "not valid TOML"),
+])
+def test_bad_config_names_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        config.load(p, env={})
+    assert str(p) in str(err.value)
+    assert needle in str(err.value)
+
+
+def test_bad_env_is_named(tmp_path: Path) -> None:
+    p = write(tmp_path, "[queues.q]\n")
+    with pytest.raises(ConfigError, match="RUNNER_REDIS_TLS_VERIFY"):
+        config.load(p, env={"RUNNER_REDIS_TLS_VERIFY": "maybe"})
+    with pytest.raises(ConfigError, match="RUNNER_GRACE_PERIOD"):
+        config.load(p, env={"RUNNER_GRACE_PERIOD": "soon"})
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        config.load(tmp_path / "nope.toml", env={})

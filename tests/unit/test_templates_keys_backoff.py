@@ -1,0 +1,61 @@
+"""Key templates refuse injection; the key layout shares one hash tag per queue; backoff bounds."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runner import backoff, keys, templates
+from runner.config import Backoff
+
+
+def test_template_renders_plain_and_nested_fields() -> None:
+    t = templates.parse("{user_id}:{meta.kind}")
+    assert t.render({"user_id": 7, "meta": {"kind": "a"}}) == "7:a"
+    assert templates.parse("{flag}").render({"flag": True}) == "true"
+
+
+@pytest.mark.parametrize("bad", [
+    "{user.__class__}", "{0}", "{x!r}", "{x:>99999}", "{x[0]}", "{}", "no fields", "{a.__dict__}",
+])
+def test_template_refuses_injection(bad: str) -> None:
+    with pytest.raises(templates.TemplateError):
+        templates.parse(bad)
+
+
+def test_template_value_must_be_scalar_and_present() -> None:
+    t = templates.parse("{x}")
+    with pytest.raises(templates.TemplateError, match="must be a string"):
+        t.render({"x": {"y": 1}})
+    with pytest.raises(templates.TemplateError, match="no field"):
+        t.render({})
+    with pytest.raises(templates.TemplateError, match="over"):
+        t.render({"x": "a" * 1000})
+
+
+def test_schema_has_nested() -> None:
+    s = {"properties": {"a": {"properties": {"b": {}}}}}
+    assert templates.schema_has(s, "a.b") and not templates.schema_has(s, "a.c")
+
+
+def test_every_queue_key_shares_the_hash_tag() -> None:
+    k = keys.for_queue("app", "fast")
+    all_keys = [k.ready, k.leases, k.scheduled, k.dead, k.notify, k.stats, k.job("x"),
+                k.idem("{evil}"), k.lock("user:1"), k.throughput(5)]
+    for key in all_keys:
+        assert key.startswith("app:{fast}:")
+
+
+@pytest.mark.parametrize("jitter", ["full", "equal", "none"])
+def test_backoff_is_capped_and_grows(jitter: str) -> None:
+    p = Backoff(base_s=1.0, cap_s=30.0, jitter=jitter)
+    rnd = random.Random(1)
+    for attempt in range(1, 40):
+        d = backoff.delay_s(p, attempt, rnd)
+        ceiling = min(30.0, 2 ** (attempt - 1))
+        assert 0 <= d <= ceiling
+        if jitter == "none":
+            assert d == ceiling
+        if jitter == "equal":
+            assert d >= ceiling / 2
