@@ -1,16 +1,36 @@
-"""Redis clients from a RedisConfig: plain, TLS (rediss://), unix sockets.
+"""Redis clients from a RedisConfig: a single server, Redis Cluster or Sentinel, each
+plain or over TLS, with an ACL user and password when the URL carries them.
+
+    redis://[user:pass@]host:port/db               one server
+    rediss://[user:pass@]host:port/db              one server over TLS (PaaS add-ons)
+    unix:///path/to/redis.sock?db=0                one server on a unix socket
+    redis+cluster://[user:pass@]h1:p1,h2:p2        Redis Cluster (any reachable nodes)
+    rediss+cluster://...                           the same over TLS
+    redis+sentinel://[user:pass@]s1:p1,s2:p2/<master>?db=0   a master found by Sentinel
+    rediss+sentinel://...                          the same over TLS (to master and sentinels)
+
+TLS: ``tls_verify = false`` (or RUNNER_REDIS_TLS_VERIFY=false) accepts a self-signed
+certificate, ``ca_cert`` names the CA to verify against.
 
 Client-side retries are off on purpose: a script call that failed on the wire may or may
 not have run, and blindly sending it again could apply it twice. Every loop that talks
-to Redis handles ConnectionError itself, with backoff and jitter.
+to Redis handles ConnectionError itself, with backoff and jitter. (Cluster redirects,
+MOVED and ASK, are still followed: the node refused the command, nothing ran.)
+
+Replies are decoded as UTF-8 with ``surrogateescape``: bytes that are not UTF-8 (a
+corrupt record, a hostile producer) decode to lone surrogates instead of raising in the
+middle of a claim, and encode back to the very same bytes, so such a job can still be
+settled under its own id.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
 from runner.config import RedisConfig
@@ -18,23 +38,25 @@ from runner.errors import ConfigError
 
 # Exceptions that mean "Redis is not reachable right now".
 UNAVAILABLE: tuple[type[BaseException], ...] = (
-    redis.ConnectionError,
+    redis.ConnectionError,  # includes Sentinel's MasterNotFoundError
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
     redis.exceptions.ReadOnlyError,  # a replica promoted away under us during failover
+    ClusterDownError,  # a cluster mid-failover (includes MasterDownError)
+    SlotNotCoveredError,
+    TryAgainError,  # a slot being migrated
     ConnectionError,
     OSError,
 )
 
+SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",
+           "redis+sentinel://", "rediss+sentinel://")
 
-def connect(cfg: RedisConfig, **overrides: Any) -> redis.Redis:
-    url = cfg.url
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(
-            f"redis.url must start with redis://, rediss:// or unix://, got {url.split('://')[0]}://"
-        )
-    kwargs: dict[str, Any] = {
+
+def _base_kwargs() -> dict[str, Any]:
+    return {
         "decode_responses": True,
+        "encoding_errors": "surrogateescape",
         "socket_connect_timeout": 5,
         "socket_timeout": 15,
         "socket_keepalive": True,
@@ -42,11 +64,101 @@ def connect(cfg: RedisConfig, **overrides: Any) -> redis.Redis:
         "retry": Retry(NoBackoff(), 0),
         "client_name": "runner",
     }
+
+
+def _tls_kwargs(cfg: RedisConfig) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"ssl": True}
+    if not cfg.tls_verify:
+        kwargs["ssl_cert_reqs"] = "none"
+        kwargs["ssl_check_hostname"] = False
+    if cfg.ca_cert:
+        kwargs["ssl_ca_certs"] = cfg.ca_cert
+    return kwargs
+
+
+def _hosts(netloc: str, what: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """``user:pass@h1:p1,h2:p2`` -> ([(h1, p1), (h2, p2)], user, password)."""
+    user = password = None
+    if "@" in netloc:
+        auth, netloc = netloc.rsplit("@", 1)
+        user, _, password = auth.partition(":")
+        user, password = unquote(user) or None, unquote(password) or None
+    out: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"redis.url: {what} node {part!r} must be host:port")
+        out.append((host.strip("[]"), int(port)))
+    return out, user, password
+
+
+def connect(cfg: RedisConfig, **overrides: Any) -> Any:
+    """A client for ``cfg.url``: redis.Redis, or RedisCluster for a cluster URL."""
+    url = cfg.url
+    if not url.startswith(SCHEMES):
+        raise ConfigError(
+            f"redis.url must start with one of {', '.join(SCHEMES)}; got {url.split('://')[0]}://"
+        )
+    if "+cluster://" in url:
+        return _cluster(cfg, url, overrides)
+    if "+sentinel://" in url:
+        return _sentinel(cfg, url, overrides)
+    kwargs = _base_kwargs()
     if url.startswith("rediss://"):
-        if not cfg.tls_verify:
-            kwargs["ssl_cert_reqs"] = "none"
-            kwargs["ssl_check_hostname"] = False
-        if cfg.ca_cert:
-            kwargs["ssl_ca_certs"] = cfg.ca_cert
+        kwargs.update(_tls_kwargs(cfg))
+        kwargs.pop("ssl")  # implied by the scheme
     kwargs.update(overrides)
     return redis.Redis.from_url(url, **kwargs)
+
+
+def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
+    from redis.cluster import ClusterNode, RedisCluster
+
+    parts = urlsplit(url)
+    nodes, user, password = _hosts(parts.netloc, "cluster")
+    kwargs = _base_kwargs()
+    # The cluster client takes its retry policy itself: none, for the reason above.
+    retry = kwargs.pop("retry")
+    kwargs.pop("health_check_interval")
+    if url.startswith("rediss+"):
+        kwargs.update(_tls_kwargs(cfg))
+    if user:
+        kwargs["username"] = user
+    if password:
+        kwargs["password"] = password
+    kwargs.update(overrides)
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,
+        require_full_coverage=True, **kwargs,
+    )
+
+
+def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    sentinels, user, password = _hosts(parts.netloc, "sentinel")
+    service = unquote(parts.path.strip("/")) or "mymaster"
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    kwargs = _base_kwargs()
+    if url.startswith("rediss+"):
+        kwargs.update(_tls_kwargs(cfg))
+    try:
+        kwargs["db"] = int(query.get("db", "0"))
+    except ValueError:
+        raise ConfigError(f"redis.url: db must be an integer, got {query['db']!r}") from None
+    if user:
+        kwargs["username"] = user
+    if password:
+        kwargs["password"] = password
+    kwargs.update(overrides)
+    # Sentinels are asked with the same timeouts and TLS settings, and their own password
+    # when the URL names one (?sentinel_password=...).
+    sentinel_kwargs = {k: v for k, v in kwargs.items()
+                       if k.startswith(("socket_", "ssl")) or k == "decode_responses"}
+    if "sentinel_password" in query:
+        sentinel_kwargs["password"] = query["sentinel_password"]
+    if "sentinel_username" in query:
+        sentinel_kwargs["username"] = query["sentinel_username"]
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs)
+    return sentinel.master_for(service, **kwargs)
