@@ -13,6 +13,7 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:job:<id>       HASH    the job record (see store.py)
     <prefix>:{<queue>}:idem:<key>     STRING  "<job id> <payload hash> [done]", expires
     <prefix>:{<queue>}:lock:<res>     STRING  resource lock: the holder's claim token, expires
+    <prefix>:{<queue>}:lock:<res>:waiters LIST  deferred job ids, woken FIFO on release
 
 A job id never moves between queues, so a job's record lives under its queue's tag.
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the

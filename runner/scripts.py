@@ -167,14 +167,14 @@ class Scripts:
         for a in acks:
             args += [a.id, a.token, a.result, a.history, a.stats]
         keys = (k.leases, k.stats, k.job_prefix, k.lock_prefix, k.idem_prefix,
-                k.throughput(now_ms // 60_000))
+                k.throughput(now_ms // 60_000), k.scheduled, k.ready, k.notify)
         return self._run("ack", keys, args, pipe)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], now_ms: int, pipe: Batch | None = None) -> Any:
         args: list[Any] = [now_ms, len(items)]
         for r in items:
             args += [r.id, r.token, r.due_ms, r.error, r.history, r.stats]
-        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lock_prefix)
+        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lock_prefix, k.ready, k.notify)
         return self._run("retry", keys, args, pipe)
 
     def bury(
@@ -184,7 +184,7 @@ class Scripts:
         args: list[Any] = [now_ms, dead_ttl_ms, len(items)]
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
-        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lock_prefix)
+        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lock_prefix, k.scheduled, k.ready, k.notify)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -193,11 +193,11 @@ class Scripts:
         args: list[Any] = [now_ms, len(owned)]
         for job_id, token in owned:
             args += [job_id, token]
-        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lock_prefix)
+        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lock_prefix, k.scheduled)
         return self._run("release", keys, args, pipe)
 
     def reclaim(self, k: QueueKeys, now_ms: int, limit: int, dead_ttl_ms: int) -> Any:
-        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lock_prefix)
+        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lock_prefix, k.scheduled)
         return self._run("reclaim", keys, (now_ms, limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, now_ms: int, limit: int) -> Any:

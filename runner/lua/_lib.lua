@@ -12,12 +12,27 @@ local function append_history(job_key, entry)
   end
 end
 
--- Compare-and-delete: drop the resource lock only if this claim token holds it.
-local function release_lock(lock_prefix, resource, token)
+-- Compare-and-delete: drop the resource lock only if this claim token holds it, then
+-- wake the longest-waiting deferred job of that resource (FIFO, so no waiter starves):
+-- it moves from scheduled to the consumer end of ready. Stale waiter ids (already
+-- promoted by their fallback timer, or finished) are skipped.
+local function release_lock(lock_prefix, resource, token, scheduled_key, ready_key, notify_key, job_prefix)
   if resource and resource ~= '' and token and token ~= '' then
     local k = lock_prefix .. resource
-    if redis.call('GET', k) == token then
-      redis.call('DEL', k)
+    local holder = redis.call('GET', k)
+    if holder == token or not holder then
+      if holder then redis.call('DEL', k) end
+      local wk = k .. ':waiters'
+      for _ = 1, 16 do
+        local w = redis.call('LPOP', wk)
+        if not w then break end
+        if redis.call('ZREM', scheduled_key, w) == 1 then
+          redis.call('HSET', job_prefix .. w, 'status', 'queued')
+          redis.call('RPUSH', ready_key, w)
+          if redis.call('LLEN', notify_key) < 64 then redis.call('LPUSH', notify_key, '1') end
+          break
+        end
+      end
     end
   end
 end

@@ -8,6 +8,9 @@
 -- KEYS[4] lock prefix  (string)
 -- KEYS[5] idem prefix  (string)
 -- KEYS[6] throughput   HASH  this minute's counters
+-- KEYS[7] scheduled    ZSET  (to wake a job waiting on a released resource)
+-- KEYS[8] ready        LIST
+-- KEYS[9] notify       LIST
 -- ARGV[1] now_ms
 -- ARGV[2] done retention, ms
 -- ARGV[3] idempotency retention, ms
@@ -30,7 +33,7 @@ for i = 0, n - 1 do
     redis.call('HDEL', jk, 'token', 'error')
     append_history(jk, entry)
     redis.call('ZREM', KEYS[1], id)
-    release_lock(KEYS[4], f[2], token)
+    release_lock(KEYS[4], f[2], token, KEYS[7], KEYS[8], KEYS[9], KEYS[3])
     if f[1] and f[1] ~= '' then
       local ik = KEYS[5] .. f[1]
       local held = redis.call('GET', ik)

@@ -5,6 +5,9 @@
 -- KEYS[3] stats        HASH
 -- KEYS[4] job prefix   (string)
 -- KEYS[5] lock prefix  (string)
+-- KEYS[6] scheduled    ZSET  (to wake a job waiting on a released resource)
+-- KEYS[7] ready        LIST
+-- KEYS[8] notify       LIST
 -- ARGV[1] now_ms
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -31,7 +34,7 @@ for i = 0, n - 1 do
     append_history(jk, entry)
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZADD', KEYS[2], now, id)
-    release_lock(KEYS[5], rkey, token)
+    release_lock(KEYS[5], rkey, token, KEYS[6], KEYS[7], KEYS[8], KEYS[4])
     redis.call('PEXPIRE', jk, dead_ttl)
     bump(fields)
     out[#out + 1] = 1

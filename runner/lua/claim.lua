@@ -2,7 +2,8 @@
 -- claim token. On the way it settles what must never reach a handler: a missing or
 -- malformed record goes to the dead-letter set, a job whose idempotency key already
 -- completed is marked done as a duplicate, and a job whose resource lock is held is
--- deferred to scheduled without spending an attempt.
+-- deferred to scheduled without spending an attempt, and queued on the resource's
+-- waiter list (FIFO) so the holder's release wakes it.
 --
 -- KEYS[1] ready        LIST
 -- KEYS[2] leases       ZSET  id -> lease deadline ms
@@ -95,6 +96,11 @@ while i < n and popped < n * 4 do
           delay = math.floor(delay * (0.5 + 0.5 * r)) + 1
           redis.call('HSET', jk, 'status', 'scheduled', 'ready_ms', now + delay)
           redis.call('ZADD', KEYS[3], now + delay, id)
+          -- Queue behind the holder: its release wakes the first waiter at once; the
+          -- scheduled entry is only the fallback timer.
+          local wk = KEYS[7] .. rkey .. ':waiters'
+          redis.call('RPUSH', wk, id)
+          redis.call('PEXPIRE', wk, 3600000)
           redis.call('HINCRBY', KEYS[5], 'deferred|' .. typ, 1)
           settled = true
         end

@@ -10,6 +10,7 @@
 -- KEYS[5] stats        HASH
 -- KEYS[6] job prefix   (string)
 -- KEYS[7] lock prefix  (string)
+-- KEYS[8] scheduled    ZSET  (to wake a job waiting on a released resource)
 -- ARGV[1] now_ms
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -26,7 +27,6 @@ for _, id in ipairs(ids) do
     if f[6] == 'processing' then
       local attempt = tonumber(f[1]) or 0
       local max = tonumber(f[2]) or 1
-      release_lock(KEYS[7], f[4], f[3])
       redis.call('HDEL', jk, 'token')
       append_history(jk, '{"attempt":' .. attempt .. ',"outcome":"worker lost","at_ms":' .. now .. '}')
       local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
@@ -42,6 +42,9 @@ for _, id in ipairs(ids) do
         redis.call('HINCRBY', KEYS[5], 'lost|' .. (f[5] or '?'), 1)
         requeued = requeued + 1
       end
+      -- After the requeue, so a job that waited on this resource runs before the
+      -- reclaimed holder takes it again (waiters are served first).
+      release_lock(KEYS[7], f[4], f[3], KEYS[8], KEYS[2], KEYS[4], KEYS[6])
     end
   end
 end

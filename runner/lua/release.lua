@@ -6,6 +6,7 @@
 -- KEYS[3] notify       LIST
 -- KEYS[4] job prefix   (string)
 -- KEYS[5] lock prefix  (string)
+-- KEYS[6] scheduled    ZSET  (to wake a job waiting on a released resource)
 -- ARGV[1] now_ms
 -- ARGV[2] n; then per job: id, token
 --
@@ -26,7 +27,7 @@ for i = 0, n - 1 do
     redis.call('ZREM', KEYS[1], id)
     -- RPUSH: the consumer end of ready, so a released job runs next.
     redis.call('RPUSH', KEYS[2], id)
-    release_lock(KEYS[5], rkey, token)
+    release_lock(KEYS[5], rkey, token, KEYS[6], KEYS[2], KEYS[3], KEYS[4])
     any = true
     out[#out + 1] = 1
   end

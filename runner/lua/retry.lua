@@ -5,6 +5,8 @@
 -- KEYS[3] stats        HASH
 -- KEYS[4] job prefix   (string)
 -- KEYS[5] lock prefix  (string)
+-- KEYS[6] ready        LIST  (to wake a job waiting on a released resource)
+-- KEYS[7] notify       LIST
 -- ARGV[1] now_ms
 -- ARGV[2] n; then per job 6 fields:
 --   id, token, due_ms, error (JSON), history entry (JSON), stats fields (space-separated)
@@ -25,7 +27,7 @@ for i = 0, n - 1 do
     append_history(jk, entry)
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZADD', KEYS[2], due, id)
-    release_lock(KEYS[5], rkey, token)
+    release_lock(KEYS[5], rkey, token, KEYS[2], KEYS[6], KEYS[7], KEYS[4])
     bump(fields)
     out[#out + 1] = 1
   end

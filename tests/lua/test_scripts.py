@@ -155,7 +155,8 @@ def test_reclaim_counts_a_lapsed_lease_as_an_attempt(p: Project) -> None:
 
 
 def test_resource_lock_defers_without_spending_an_attempt(p: Project) -> None:
-    """A second job on a held resource is deferred to scheduled; attempt stays 0."""
+    """A second job on a held resource is deferred to scheduled with attempt 0; the
+    holder's release wakes it."""
     enqueue(p, new("a", res="r1"), new("b", res="r1"))
     got = claim(p)
     assert [g[0] for g in got] == ["a"]
@@ -163,9 +164,12 @@ def test_resource_lock_defers_without_spending_an_attempt(p: Project) -> None:
     assert rb["status"] == "scheduled" and rb["attempt"] == "0" and rb["deferrals"] == "1"
     lock = p.keys().lock("r1")
     assert p.runtime.redis.get(lock) == got[0][1]
-    # Ack releases the lock (compare-and-delete).
+    # Ack releases the lock (compare-and-delete) and wakes the first waiter at once.
     p.runtime.scripts.ack(p.keys(), [Ack("a", got[0][1], "", "", "")], NOW, 1000, 1000)
     assert p.runtime.redis.get(lock) is None
+    assert structures(p)["ready"] == ["b"] and structures(p)["scheduled"] == []
+    assert rec(p, "b")["status"] == "queued"
+    assert_no_job_in_two_structures(p)
 
 
 def test_release_lock_only_by_holder(p: Project) -> None:

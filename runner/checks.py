@@ -1,0 +1,221 @@
+"""`runner check`: every problem in config, functions and schemas, the Redis settings,
+and the deploy gate.
+
+The deploy gate reads the jobs waiting in Redis (ready, in flight, scheduled or
+retrying, dead; in every queue) and fails when any carry a type or payload version that
+the functions on disk cannot accept or upgrade: an unknown type, a version newer than
+the newest schema, or an older version with no ``upgrade()``. Run it in the release
+phase of a deploy, with the new code, before the new workers start.
+
+It reads without SCAN: LRANGE/ZRANGE of each structure in chunks, then one pipelined
+HMGET of ``type`` and ``version`` per chunk. It is a snapshot: a job that moves between
+two structures while the scan runs may be seen twice or not at all, which only matters
+for jobs that were runnable anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from runner import config as config_mod
+from runner import registry as registry_mod
+from runner.config import Config
+from runner.errors import ConfigError
+from runner.guard import redis_risks
+from runner.registry import Registry
+
+CHUNK = 1000
+
+# Structure -> the name a user knows it by.
+STATES = ("queued", "processing", "scheduled", "dead")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    where: str  # a file (with its line), "redis" or "deploy gate"
+    message: str
+    severity: str = "error"  # or "warning"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"where": self.where, "message": self.message, "severity": self.severity}
+
+
+@dataclass(frozen=True, slots=True)
+class Stranded:
+    """Waiting jobs of one (queue, state, type, version) that the code on disk cannot run."""
+
+    queue: str
+    state: str
+    type: str
+    version: str
+    count: int
+    problem: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"queue": self.queue, "state": self.state, "type": self.type,
+                "version": self.version, "count": self.count, "problem": self.problem}
+
+
+@dataclass(slots=True)
+class Report:
+    config: Config | None = None
+    registry: Registry | None = None
+    problems: list[Problem] = field(default_factory=list)
+    stranded: list[Stranded] = field(default_factory=list)
+    scanned: int = 0
+    redis_checked: bool = False
+
+    def errors(self, strict: bool = False) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error" or strict]
+
+    def failed(self, strict: bool = False) -> bool:
+        return bool(self.errors(strict) or self.stranded)
+
+    def as_dict(self) -> dict[str, Any]:
+        reg = self.registry
+        return {
+            "ok": not self.failed(),
+            "config": self.config.source if self.config else None,
+            "queues": list(self.config.queues) if self.config else [],
+            "functions": sorted(reg.functions) if reg else [],
+            "problems": [p.as_dict() for p in self.problems],
+            "redis_checked": self.redis_checked,
+            "scanned": self.scanned,
+            "stranded": [s.as_dict() for s in self.stranded],
+        }
+
+
+def redact(url: str) -> str:
+    """A Redis URL fit for logs: the password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+# --- config, functions, schemas ----------------------------------------------------
+
+
+def check_files(path: str | Path | None, env: Mapping[str, str] | None = None) -> Report:
+    """Load the config and every function and schema; collect every problem."""
+    report = Report()
+    try:
+        cfg = config_mod.load(path, env=os.environ if env is None else env)
+    except ConfigError as exc:
+        report.problems.append(Problem("config", str(exc)))
+        return report
+    report.config = cfg
+    reg = registry_mod.load(cfg)
+    report.registry = reg
+    for err in reg.errors.values():
+        report.problems.append(Problem(f"{err.path}:{err.line}" if err.line else err.path, err.message))
+    for w in reg.warnings:
+        where, _, message = w.partition(": ")
+        report.problems.append(Problem(where, message, "warning"))
+    report.problems.extend(orphan_schemas(cfg))
+    return report
+
+
+def orphan_schemas(cfg: Config) -> list[Problem]:
+    """Schema folders with no function file: usually a renamed or deleted function."""
+    if not cfg.schemas_dir.is_dir():
+        return []
+    out = []
+    for folder in sorted(cfg.schemas_dir.iterdir()):
+        if folder.is_dir() and not folder.name.startswith((".", "_")) \
+                and not (cfg.functions_dir / f"{folder.name}.py").exists():
+            out.append(Problem(str(folder), f"no function file {cfg.functions_dir / folder.name}.py "
+                                            "uses these schemas", "warning"))
+    return out
+
+
+# --- Redis settings ----------------------------------------------------------------
+
+
+def check_redis_settings(client: Any) -> list[Problem]:
+    """Settings under which Redis could evict or lose jobs, as warnings."""
+    return [Problem("redis", risk, "warning") for risk in redis_risks(client)]
+
+
+# --- the deploy gate ---------------------------------------------------------------
+
+
+def classify(reg: Registry, type_: str, version_raw: str) -> str | None:
+    """Why the functions of ``reg`` cannot run a job of this type and version (None: they can)."""
+    fn = reg.functions.get(type_)
+    if fn is None:
+        return f"unknown type: no function {type_!r} on disk"
+    try:
+        version = int(version_raw)
+    except ValueError:
+        return f"malformed version {version_raw!r}"
+    known = sorted(fn.versions.schemas)
+    newest = fn.versions.newest
+    if version > newest:
+        return f"version {version} is newer than the newest schema (v{newest})"
+    if version not in fn.versions.schemas:
+        return f"no schema for version {version} (have {', '.join(f'v{v}' for v in known)})"
+    if version < newest and fn.versions.upgrade is None:
+        return f"v{version} needs an upgrade() to reach v{newest}, and {fn.path} has none"
+    return None
+
+
+def _ids(redis: Any, key: str, is_list: bool) -> Iterator[list[str]]:
+    start = 0
+    while True:
+        end = start + CHUNK - 1
+        chunk = redis.lrange(key, start, end) if is_list else redis.zrange(key, start, end)
+        if not chunk:
+            return
+        yield chunk
+        if len(chunk) < CHUNK:
+            return
+        start += CHUNK
+
+
+def scan(runtime: Any, queue: str, fields: tuple[str, ...] = ("type", "version")) -> Iterator[
+    tuple[str, str, list[str | None]]
+]:
+    """Every waiting job of a queue as (state, id, [field values]); records gone are skipped."""
+    k = runtime.keys[queue]
+    r = runtime.redis
+    structures = (("queued", k.ready, True), ("processing", k.leases, False),
+                  ("scheduled", k.scheduled, False), ("dead", k.dead, False))
+    for state, key, is_list in structures:
+        for chunk in _ids(r, key, is_list):
+            pipe = r.pipeline(transaction=False)
+            for job_id in chunk:
+                pipe.hmget(k.job(job_id), list(fields))
+            for job_id, values in zip(chunk, pipe.execute(), strict=True):
+                if values[0] is not None:
+                    yield state, job_id, values
+
+
+def deploy_gate(runtime: Any, reg: Registry) -> tuple[int, list[Stranded]]:
+    """(jobs scanned, groups the functions of ``reg`` cannot run)."""
+    scanned = 0
+    groups: Counter[tuple[str, str, str, str]] = Counter()
+    problems: dict[tuple[str, str], str | None] = {}
+    for queue in runtime.keys:
+        for state, _job_id, (type_, version) in scan(runtime, queue):
+            scanned += 1
+            t, v = type_ or "", version or ""
+            if (t, v) not in problems:
+                problems[(t, v)] = classify(reg, t, v)
+            if problems[(t, v)] is not None:
+                groups[(queue, state, t, v)] += 1
+    stranded = [
+        Stranded(queue=q, state=s, type=t, version=v, count=n, problem=problems[(t, v)] or "")
+        for (q, s, t, v), n in sorted(groups.items(), key=lambda kv: (kv[0][0], STATES.index(kv[0][1]),
+                                                                      kv[0][2], kv[0][3]))
+    ]
+    return scanned, stranded

@@ -1,0 +1,101 @@
+"""`runner new NAME`: write a function file and its v1 schema that load and run as they are.
+
+The scaffold is a working example rather than a blank page: a docstring, the options a
+function usually sets, a handler that uses ``ctx`` and returns a result, and a schema
+that rejects what the handler cannot take. Nothing outside the two new files is touched.
+"""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.config import Config
+from runner.errors import RunnerError
+
+
+class ScaffoldError(RunnerError):
+    """The name is not usable or the files exist already."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scaffolded:
+    function: Path
+    schema: Path
+
+
+FUNCTION_TEMPLATE = '''"""{title}: describe what this job does and what it touches.
+
+Enqueue it with:  runner enqueue {name} '{{"name": "world"}}'
+"""
+
+from __future__ import annotations
+
+from runner import Context, PermanentFailure
+
+QUEUE = "{queue}"  # a queue defined in runner.toml
+MAX_ATTEMPTS = {max_attempts}  # tries (with backoff between them) before the dead-letter list
+TIMEOUT = {timeout:g}  # seconds the handler may run
+# IDEMPOTENCY_KEY = "{{name}}"  # enqueueing the same key twice returns the first job
+# RESOURCE_KEY = "greeting:{{name}}"  # jobs with the same key never run at once
+
+
+def handle(payload: dict, ctx: Context) -> dict:
+    """The payload was validated against schemas/{name}/v1.json before it got here."""
+    if payload["name"] == "nobody":
+        # A failure no retry can fix: straight to the dead-letter list with this reason.
+        raise PermanentFailure("there is nobody to greet")
+    ctx.logger.info("greeting %s (attempt %d)", payload["name"], ctx.attempt)
+    return {{"greeting": f"Hello, {{payload['name']}}!"}}
+'''
+
+SCHEMA_TEMPLATE = """{{
+  "$schema": "https://json-schema.org/draft/2020-12/schema",
+  "title": "{name} v1",
+  "type": "object",
+  "properties": {{
+    "name": {{"type": "string", "minLength": 1, "maxLength": 200}}
+  }},
+  "required": ["name"],
+  "additionalProperties": false
+}}
+"""
+
+
+def check_name(name: str) -> None:
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise ScaffoldError(
+            f"{name!r} is not a usable function name: use letters, digits and _ "
+            "(a Python identifier), e.g. send_invoice"
+        )
+    if name.startswith("_"):
+        raise ScaffoldError(f"{name!r} starts with _, and files starting with _ are not loaded as functions")
+
+
+def scaffold(config: Config, name: str, queue: str | None = None, force: bool = False) -> Scaffolded:
+    """Write functions/NAME.py and schemas/NAME/v1.json; refuse to overwrite unless forced."""
+    check_name(name)
+    queue_name = queue or next(iter(config.queues))
+    q = config.queue(queue_name)
+    fn_path = config.functions_dir / f"{name}.py"
+    schema_dir = config.schemas_dir / name
+    schema_path = schema_dir / "v1.json"
+    if not force:
+        taken = [str(p) for p in (fn_path, schema_dir) if p.exists()]
+        if taken:
+            raise ScaffoldError(f"{' and '.join(taken)} already exist(s); pick another name or pass --force")
+    # A TIMEOUT the queue can hold without relying on lease renewal, so the scaffold
+    # loads without a warning on any queue.
+    timeout = min(30.0, q.visibility_timeout_s, q.max_timeout_s)
+    fn_path.parent.mkdir(parents=True, exist_ok=True)
+    schema_dir.mkdir(parents=True, exist_ok=True)
+    fn_path.write_text(
+        FUNCTION_TEMPLATE.format(
+            title=name.replace("_", " ").capitalize(), name=name, queue=queue_name,
+            max_attempts=q.max_attempts, timeout=timeout,
+        ),
+        encoding="utf-8",
+    )
+    schema_path.write_text(SCHEMA_TEMPLATE.format(name=name), encoding="utf-8")
+    return Scaffolded(function=fn_path, schema=schema_path)

@@ -1,0 +1,76 @@
+"""Request bodies: media type, size limit and strict JSON, checked in that order.
+
+The size limit is checked from Content-Length before a byte is read, and enforced while
+reading a body sent without one (chunked), so an oversized body is never held whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+
+from runner import codec
+from runner.web.problems import Problem
+
+_CHUNK = 64 * 1024
+NO_BODY = object()
+
+
+def is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _too_large(limit: int) -> Problem:
+    return Problem(413, "payload-too-large", f"the body is over api.max_body_bytes ({limit} bytes)",
+                   title="Payload too large", max_body_bytes=limit)
+
+
+def _has_body(req: falcon.Request) -> bool:
+    if req.content_length:
+        return True
+    return "chunked" in (req.get_header("Transfer-Encoding") or "").lower()
+
+
+def read_raw(req: falcon.Request, limit: int) -> bytes:
+    length = req.content_length  # falcon answers 400 itself for a malformed header
+    if length is not None:
+        if length > limit:
+            raise _too_large(limit)
+        return req.bounded_stream.read(length) if length else b""
+    if "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
+        return b""
+    # No length: the server de-chunks; read until EOF, but never past the limit.
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        chunk = req.stream.read(min(_CHUNK, limit + 1 - size))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+    return b"".join(parts)
+
+
+def read_json(req: falcon.Request, limit: int, *, optional: bool = False) -> Any:
+    """The decoded JSON body; with ``optional``, NO_BODY when the request has none."""
+    if optional and not _has_body(req):
+        return NO_BODY
+    if not is_json(req.content_type):
+        raise Problem(415, "unsupported-media-type",
+                      f"send the body as application/json (got {req.content_type or 'no Content-Type'})",
+                      title="Unsupported media type")
+    raw = read_raw(req, limit)
+    if not raw.strip():
+        if optional:
+            return NO_BODY
+        raise Problem(400, "invalid-json", "the body is empty; send a JSON payload", title="Invalid JSON")
+    try:
+        return codec.loads(raw)
+    except codec.DecodeError as exc:
+        raise Problem(400, "invalid-json", f"the body is not valid JSON: {exc}", title="Invalid JSON") from None

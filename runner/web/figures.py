@@ -1,0 +1,192 @@
+"""Read the cluster-wide figures from Redis: queue structures, the stats hashes and the
+per-minute throughput series (layouts in keys.py and metrics.py). Read-only; /metrics,
+/queues and the dashboard all read through here, so every web process shows the whole
+cluster and they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner import metrics
+from runner.runtime import Runtime
+
+COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deferred", "lost")
+# The stats hash says "?" for jobs buried before their type could be read (malformed).
+MALFORMED = "?"
+_LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))
+_LE_INDEX = {str(b): i for i, b in enumerate(metrics.BUCKETS_MS)} | {"inf": len(metrics.BUCKETS_MS)}
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Per-bucket counts (not cumulative) over ``metrics.BUCKETS_MS`` plus +Inf; sum in ms."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(_LE_MS))
+    sum_ms: int = 0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound in ms, cumulative count); the last bound is +Inf."""
+        out: list[tuple[float, int]] = []
+        total = 0
+        for le, n in zip(_LE_MS, self.counts, strict=True):
+            total += n
+            out.append((le, total))
+        return out
+
+    def quantile(self, q: float) -> float | None:
+        """Estimate like PromQL's histogram_quantile: linear within the bucket, in ms."""
+        total = self.count
+        if total == 0:
+            return None
+        rank = q * total
+        lower, seen = 0.0, 0
+        for le, n in zip(_LE_MS, self.counts, strict=True):
+            if n and seen + n >= rank:
+                if le == float("inf"):
+                    return lower  # beyond the top bound: the top bound is all we know
+                return lower + (le - lower) * (rank - seen) / n
+            seen += n
+            if le != float("inf"):
+                lower = le
+        return lower
+
+    def summary(self) -> dict[str, Any]:
+        n = self.count
+        return {
+            "count": n,
+            "mean_ms": round(self.sum_ms / n, 3) if n else None,
+            "p50_ms": _round(self.quantile(0.5)),
+            "p95_ms": _round(self.quantile(0.95)),
+            "p99_ms": _round(self.quantile(0.99)),
+        }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+@dataclass(slots=True)
+class FunctionFigures:
+    name: str
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    latency: Histogram = field(default_factory=Histogram)
+    run: Histogram = field(default_factory=Histogram)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.counters, "latency": self.latency.summary(), "run_time": self.run.summary()}
+
+
+@dataclass(slots=True)
+class QueueFigures:
+    name: str
+    ready: int = 0
+    processing: int = 0
+    lease_expired: int = 0
+    scheduled: int = 0
+    scheduled_due: int = 0
+    dead: int = 0
+    oldest_ready_age_s: float | None = None
+    stray: int = 0
+    functions: dict[str, FunctionFigures] = field(default_factory=dict)
+
+    def function(self, name: str) -> FunctionFigures:
+        f = self.functions.get(name)
+        if f is None:
+            f = self.functions[name] = FunctionFigures(name)
+        return f
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_stats(q: QueueFigures, raw: Mapping[str, str]) -> None:
+    """Fold one queue's stats hash into ``q``; unknown fields are skipped (newer writers)."""
+    for name, value in raw.items():
+        parts = name.split("|")
+        if len(parts) == 1:
+            if name == "stray":
+                q.stray = _int(value)
+            continue
+        kind, fn = parts[0], parts[1]
+        if len(parts) == 2:
+            if kind in COUNTERS:
+                q.function(fn).counters[kind] = _int(value)
+            elif kind == "lat_sum":
+                q.function(fn).latency.sum_ms = _int(value)
+            elif kind == "run_sum":
+                q.function(fn).run.sum_ms = _int(value)
+        elif len(parts) == 3 and kind in ("lat", "run") and parts[2] in _LE_INDEX:
+            f = q.function(fn)
+            h = f.latency if kind == "lat" else f.run
+            h.counts[_LE_INDEX[parts[2]]] = _int(value)
+
+
+def read_queues(rt: Runtime, now_ms: int) -> list[QueueFigures]:
+    """Every configured queue's figures, in two pipelined round trips.
+
+    Functions loaded now appear even before they have run (with zeros), so a scrape sees
+    a counter from its first value.
+    """
+    keys = rt.keys
+    pipe = rt.redis.pipeline(transaction=False)
+    for k in keys.values():
+        pipe.llen(k.ready)
+        pipe.zcard(k.leases)
+        pipe.zcount(k.leases, "-inf", now_ms)
+        pipe.zcard(k.scheduled)
+        pipe.zcount(k.scheduled, "-inf", now_ms)
+        pipe.zcard(k.dead)
+        pipe.lindex(k.ready, -1)  # RPOP end: the next job a worker takes
+        pipe.hgetall(k.stats)
+    raw = pipe.execute()
+    out: list[QueueFigures] = []
+    oldest: list[tuple[QueueFigures, str]] = []
+    for i, name in enumerate(keys):
+        ready, leases, expired, sched, due, dead, next_id, stats = raw[8 * i: 8 * i + 8]
+        q = QueueFigures(name, ready=ready, processing=leases, lease_expired=expired,
+                         scheduled=sched, scheduled_due=due, dead=dead)
+        parse_stats(q, stats)
+        out.append(q)
+        if next_id:
+            oldest.append((q, next_id))
+    for fn in rt.registry.functions.values():
+        for q in out:
+            if q.name == fn.queue:
+                q.function(fn.name)
+    if oldest:
+        pipe = rt.redis.pipeline(transaction=False)
+        for q, job_id in oldest:
+            pipe.hget(keys[q.name].job(job_id), "ready_ms")
+        for (q, _), ready_ms in zip(oldest, pipe.execute(), strict=True):
+            if ready_ms:
+                q.oldest_ready_age_s = max(0.0, (now_ms - _int(ready_ms)) / 1000)
+    return out
+
+
+def read_throughput(rt: Runtime, minutes: int, now_ms: int) -> dict[str, Any]:
+    """Per queue, each field of the per-minute hashes ("done", ...) as a series over the
+    last ``minutes`` minutes, oldest first; a minute with no hash counts 0."""
+    last = now_ms // 60_000
+    span = list(range(last - minutes + 1, last + 1))
+    pipe = rt.redis.pipeline(transaction=False)
+    for k in rt.keys.values():
+        for m in span:
+            pipe.hgetall(k.throughput(m))
+    raw = pipe.execute()
+    queues: dict[str, dict[str, list[int]]] = {}
+    for i, name in enumerate(rt.keys):
+        hashes = raw[i * len(span): (i + 1) * len(span)]
+        fields = {"done"} | {f for h in hashes for f in h}
+        queues[name] = {f: [_int(h.get(f)) for h in hashes] for f in sorted(fields)}
+    return {"minutes": [m * 60 for m in span], "queues": queues}

@@ -1,0 +1,171 @@
+"""Every HTTP error as one JSON shape: RFC 9457 problem details (application/problem+json).
+
+    {"type": "urn:runner:problem:<slug>", "title": "...", "status": 422,
+     "detail": "...", "instance": "/jobs/send_email", ...extension members}
+
+``type`` is stable and meant for code; ``title`` is the same for every problem of a type;
+``detail`` is for humans. Extension members: ``errors`` (422: every validation error with
+its JSON path), ``job_id`` (404 job, 409 the job holding the key), ``idempotency_key``,
+``parameter``, ``known_versions``, ``allowed_methods`` (405). Falcon's own errors (no
+route, wrong method, bad header) go through the same serializer.
+"""
+
+from __future__ import annotations
+
+import http
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import falcon
+import redis
+
+from runner import codec
+from runner.errors import (
+    FieldError,
+    IdempotencyConflict,
+    JobNotFound,
+    RedisUnavailable,
+    UnknownFunction,
+    UnknownVersion,
+    ValidationFailed,
+)
+
+MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:runner:problem:"
+log = logging.getLogger("runner.web")
+
+# Slugs for errors falcon raises itself, by status code.
+_FALCON_SLUGS = {
+    400: "bad-request",
+    401: "unauthorized",
+    404: "not-found",
+    405: "method-not-allowed",
+    411: "length-required",
+    413: "payload-too-large",
+    414: "uri-too-long",
+    415: "unsupported-media-type",
+    431: "headers-too-large",
+    500: "internal-error",
+    503: "unavailable",
+}
+
+# Redis errors that mean "not reachable now": a 503, never a 500.
+REDIS_DOWN: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,
+    RedisUnavailable,
+)
+
+
+class Problem(falcon.HTTPError):
+    """An HTTP error with a stable ``slug`` and extension members."""
+
+    def __init__(
+        self, status: int, slug: str, detail: str, *, title: str | None = None,
+        headers: dict[str, str] | None = None, **extra: Any,
+    ) -> None:
+        super().__init__(
+            falcon.code_to_http_status(status),
+            title=title or http.HTTPStatus(status).phrase,
+            description=detail,
+            headers=headers,
+        )
+        self.slug = slug
+        self.extra = extra
+
+
+def field_errors(errors: Iterable[FieldError]) -> list[dict[str, str]]:
+    return [e.as_dict() for e in errors]
+
+
+def invalid(detail: str, errors: list[FieldError], **extra: Any) -> Problem:
+    return Problem(422, "invalid-payload", detail, title="Invalid payload",
+                   errors=field_errors(errors), **extra)
+
+
+def body_of(req: falcon.Request, exc: falcon.HTTPError) -> dict[str, Any]:
+    code = exc.status_code
+    if isinstance(exc, Problem):
+        slug, extra = exc.slug, exc.extra
+    else:
+        slug, extra = _FALCON_SLUGS.get(code, f"http-{code}"), {}
+        if code == 405:
+            allow = (exc.headers or {}).get("Allow", "")
+            extra = {"allowed_methods": [m.strip() for m in allow.split(",") if m.strip()]}
+    title = exc.title or http.HTTPStatus(code).phrase
+    if not isinstance(exc, Problem) and title[:3].isdigit():
+        # Falcon titles its own errors "404 Not Found"; keep the title the bare phrase.
+        title = http.HTTPStatus(code).phrase
+    detail = exc.description or title
+    out: dict[str, Any] = {"type": TYPE_PREFIX + slug, "title": title, "status": code,
+                           "detail": detail, "instance": req.path}
+    out.update(extra)
+    return out
+
+
+def serialize(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError) -> None:
+    """The app's error serializer: always problem+json, whatever the client accepts."""
+    resp.content_type = MEDIA_TYPE
+    resp.data = codec.dumpb(body_of(req, exc))
+
+
+# --- runner's exceptions -> problems -----------------------------------------------------
+
+
+def _unknown_function(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, UnknownFunction)
+    raise Problem(404, "unknown-function", f"no function of type {ex.type!r} is loaded; see GET /functions",
+                  title="Unknown function", function=ex.type)
+
+
+def _unknown_version(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, UnknownVersion)
+    raise Problem(422, "unknown-version", str(ex), title="Unknown payload version",
+                  errors=[{"path": "$", "message": str(ex)}], known_versions=ex.known)
+
+
+def _validation(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, ValidationFailed)
+    raise invalid(f"the payload does not match {ex.type} v{ex.version} ({len(ex.errors)} error(s))",
+                  ex.errors, version=ex.version)
+
+
+def _conflict(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, IdempotencyConflict)
+    raise Problem(409, "idempotency-conflict",
+                  f"idempotency key {ex.key!r} is held by job {ex.job_id}, enqueued with another payload",
+                  title="Idempotency conflict", job_id=ex.job_id, idempotency_key=ex.key)
+
+
+def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, JobNotFound)
+    raise Problem(404, "job-not-found", f"no job {ex.job_id!r}", title="Job not found", job_id=ex.job_id)
+
+
+def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    log.warning("%s %s: Redis unreachable: %s", req.method, req.path, ex)
+    raise Problem(503, "redis-unavailable", "Redis is unreachable; nothing was written. Retry shortly.",
+                  title="Redis unavailable", headers={"Retry-After": "1"})
+
+
+def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    log.exception("%s %s failed", req.method, req.path)
+    raise Problem(500, "internal-error", "an unexpected error; the web process log has the traceback",
+                  title="Internal error")
+
+
+def install(app: falcon.App) -> None:
+    """Register the serializer and the handlers (falcon picks the most specific by MRO)."""
+    app.set_error_serializer(serialize)
+    # Falcon's default handlers for its own HTTPError/HTTPStatus stay (more specific by MRO)
+    # and call the serializer above.
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(UnknownFunction, _unknown_function)
+    app.add_error_handler(UnknownVersion, _unknown_version)
+    app.add_error_handler(ValidationFailed, _validation)
+    app.add_error_handler(IdempotencyConflict, _conflict)
+    app.add_error_handler(JobNotFound, _not_found)
+    app.add_error_handler(REDIS_DOWN, _redis_down)

@@ -1,0 +1,92 @@
+"""Validation before enqueue and at claim, and upgrades of queued payloads, through a real worker."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import REPO, Project, wait_for
+from runner.errors import UnknownFunction, UnknownVersion, ValidationFailed
+
+
+def use_examples(project: Project) -> None:
+    """Put the shipped send_email example into the project, at v1 only."""
+    shutil.copy(REPO / "functions" / "send_email.py", project.root / "functions")
+    (project.root / "schemas" / "send_email").mkdir()
+    shutil.copy(REPO / "schemas" / "send_email" / "v1.json", project.root / "schemas" / "send_email")
+
+
+def redis_keys(project: Project) -> list[str]:
+    return sorted(project.runtime.redis.scan_iter(match=f"{project.prefix}:*"))
+
+
+def test_invalid_payload_is_refused_and_nothing_is_written(project: Project) -> None:
+    c = project.client
+    with pytest.raises(ValidationFailed) as err:
+        c.enqueue("record", {"n": "seven", "sleep": "x"})
+    assert {e.path for e in err.value.errors} == {"$.n", "$.sleep"}
+    with pytest.raises(UnknownFunction):
+        c.enqueue("nope", {})
+    with pytest.raises(UnknownVersion):
+        c.enqueue("record", {}, version=9)
+    assert redis_keys(project) == []
+
+
+def test_v1_job_queued_before_v2_runs_as_v2(project: Project) -> None:
+    """A team deploys schema v2 + upgrade() while v1 jobs wait; they run as v2."""
+    use_examples(project)
+    # send_email's IDEMPOTENCY_KEY names fields v1 also has; v1 is the newest here.
+    job = project.client.enqueue("send_email", {"user_id": 5, "to": "ann@example.com", "template": "welcome"})
+    assert job.version == 1
+    shutil.copy(REPO / "schemas" / "send_email" / "v2.json", project.root / "schemas" / "send_email")
+    project._runtime = None  # a deploy: fresh processes load v2
+    assert project.client.runtime.registry.get("send_email").versions.newest == 2
+    project.spawn_worker("fast")
+    rec = project.client.wait(job.id, timeout_s=15).as_dict()
+    assert rec["status"] == "done", rec
+    assert rec["result"] == {"sent_to": ["ann@example.com"], "via": "outbox"}
+    mail = json.loads((project.root / "outbox" / "5_welcome.json").read_text())
+    assert mail["body"] == "Welcome aboard, ann!"
+
+
+def test_bad_payload_from_another_producer_is_dead_with_errors_and_no_attempt(project: Project) -> None:
+    r = project.runtime.redis
+    k = project.keys()
+    r.hset(k.job("foreign1"), mapping={"type": "record", "version": 1, "payload": '{"n": "x"}',
+                                         "status": "queued", "attempt": 0, "max_attempts": 3})
+    r.hset(k.job("foreign2"), mapping={"type": "ghost", "version": 1, "payload": "{}",
+                                         "status": "queued", "attempt": 0, "max_attempts": 3})
+    r.hset(k.job("foreign3"), mapping={"type": "record", "version": 4, "payload": "{}",
+                                         "status": "queued", "attempt": 0, "max_attempts": 3})
+    r.hset(k.job("foreign4"), mapping={"type": "record", "version": 1, "payload": "{nope",
+                                         "status": "queued", "attempt": 0, "max_attempts": 3})
+    r.lpush(k.ready, "foreign1", "foreign2", "foreign3", "foreign4")
+    good = project.client.enqueue("record", {"n": 1})
+    project.spawn_worker("fast")
+    assert project.client.wait(good.id, timeout_s=15).status == "done"
+    c = project.client
+    recs = {i: c.wait(i, timeout_s=10).as_dict() for i in ("foreign1", "foreign2", "foreign3", "foreign4")}
+    assert recs["foreign1"]["reason"] == "invalid payload"
+    assert recs["foreign1"]["last_error"]["errors"] == [{"path": "$.n", "message": '"x" is not of type "integer"'}]
+    assert recs["foreign2"]["reason"] == "unknown type"
+    assert recs["foreign3"]["reason"] == "unknown version"
+    assert recs["foreign4"]["reason"] == "malformed record"
+    for rec in recs.values():
+        assert rec["status"] == "dead" and rec["attempt"] == 0
+        assert project.runs(rec["id"]) == []
+
+
+def test_requeue_validates_edited_payload(project: Project) -> None:
+    c = project.client
+    job = c.enqueue("record", {"n": 1, "fail_times": 99})
+    project.spawn_worker("fast")
+    assert c.wait(job.id, timeout_s=15).status == "dead"
+    with pytest.raises(ValidationFailed):
+        c.requeue("fast", job.id, payload={"n": "bad"})
+    assert c.get(job.id).status == "dead"
+    c.requeue("fast", job.id, payload={"n": 2})
+    rec = c.wait(job.id, timeout_s=15).as_dict()
+    assert rec["status"] == "done" and rec["result"] == {"n": 2, "attempt": 1}
+    wait_for(lambda: c.stats()["fast"]["dead"] == 0)
