@@ -32,6 +32,7 @@ from runner import codec, metrics, store
 from runner.config import QueueConfig
 from runner.connection import UNAVAILABLE
 from runner.context import Context
+from runner.errors import describe
 from runner.execute import Claimed, Dead, Done, JobTimeout, Outcome, RetryLater, resolve, run
 from runner.faults import fault
 from runner.outage import Outage
@@ -213,14 +214,26 @@ class QueueRunner:
                     return
                 if self.stop_claiming.is_set():
                     self.outbox.put(Settlement(owned, Release()))
-                else:
-                    self.outbox.put(self._execute(owned))
+                    continue
+                try:
+                    settlement = self._execute(owned)
+                except BaseException as exc:  # a late timeout, or a bug: never strand a claim
+                    settlement = Settlement(owned, self._unexpected(owned.job, exc))
+                self.outbox.put(settlement)
             except JobTimeout:
-                continue  # a timeout that landed after its handler returned
+                continue  # a timeout that landed between two jobs
             finally:
                 with self.cond:
                     self.busy = max(0, self.busy - 1)
                     self.cond.notify()
+
+    @staticmethod
+    def _unexpected(job: Claimed, exc: BaseException) -> Outcome:
+        log.exception("job %s: unexpected error outside the handler", job.id, exc_info=exc)
+        err = describe(exc)
+        if job.attempt >= job.max_attempts:
+            return Dead(reason="max attempts reached", error=err, refund=False)
+        return RetryLater(delay_s=1.0, error=err)
 
     def _execute(self, owned: Owned) -> Settlement:
         job = owned.job
