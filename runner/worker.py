@@ -24,6 +24,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,7 @@ log = logging.getLogger("runner.worker")
 joblog = logging.getLogger("runner.job")
 
 CLAIM_FIELDS = 12
+SUMMARY_EVERY_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,8 @@ class QueueRunner:
         self.idem_ttl_ms = int(ret.idempotency_s * 1000)
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
         self.processed = 0
+        self._tally: Counter[str] = Counter()
+        self._next_summary = time.monotonic() + SUMMARY_EVERY_S
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -367,15 +371,31 @@ class QueueRunner:
                         log.warning("job %s: lease lost before it settled (%s); another worker "
                                     "owns it now", s.owned.job.id, type(s.outcome).__name__)
         self.processed += len(batch)
-        if joblog.isEnabledFor(logging.INFO):
-            for s in batch:
+        # Successes log at DEBUG (a line per job at INFO would cost more than the job);
+        # retries and dead letters always log, and a summary line goes out every minute.
+        verbose = joblog.isEnabledFor(logging.DEBUG)
+        for s in batch:
+            self._tally[type(s.outcome).__name__] += 1
+            if verbose or not isinstance(s.outcome, Done | Release):
                 self._log(s)
+        if time.monotonic() >= self._next_summary:
+            self._summarise()
+
+    def _summarise(self) -> None:
+        t = self._tally
+        if sum(t.values()):
+            log.info("queue %s: %d done, %d retried, %d dead, %d released in the last %.0f s",
+                     self.q.name, t["Done"], t["RetryLater"], t["Dead"], t["Release"], SUMMARY_EVERY_S,
+                     extra={"queue": self.q.name, "done": t["Done"], "retried": t["RetryLater"],
+                            "dead": t["Dead"], "released": t["Release"]})
+        t.clear()
+        self._next_summary = time.monotonic() + SUMMARY_EVERY_S
 
     def _log(self, s: Settlement) -> None:
         job = s.owned.job
         o = s.outcome
         outcome = {Done: "done", RetryLater: "retry", Dead: "dead", Release: "released"}[type(o)]
-        level = logging.INFO if isinstance(o, Done | Release) else logging.WARNING
+        level = logging.DEBUG if isinstance(o, Done) else logging.INFO if isinstance(o, Release) else logging.WARNING
         extra = {
             "job_id": job.id, "type": job.type, "version": job.version_raw, "queue": job.queue,
             "attempt": job.attempt, "idempotency_key": job.idem_key or None,
