@@ -36,6 +36,7 @@ backoff = {{ base = 0.01, cap = 0.05, jitter = "full" }}
 visibility_timeout = {slow_vt}
 concurrency = 2
 max_attempts = 3
+max_timeout = 60
 
 [retention]
 done = 3600

@@ -1,0 +1,109 @@
+"""Fencing: once a lease is lost (the job was reclaimed and claimed again), every
+settlement from the old claim is refused with -1 and changes nothing in Redis."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
+from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_log, worker_log
+
+from runner.keys import QueueKeys
+from runner.scripts import Ack, Burial, NewJob, RetryAt, Scripts
+
+T0 = 1_700_000_000_000
+LEASE = 1_000
+
+
+def _claim(sc: Scripts, k: QueueKeys, now: int, base: str) -> list[Any]:
+    return list(sc.claim(k, now_ms=now, n=1, lease_ms=LEASE, token_base=base, defer_base_ms=50,
+                         defer_cap_ms=500, rnd=0.5, dead_ttl_ms=10**7, done_ttl_ms=10**7))
+
+
+def _snapshot(project: Project, k: QueueKeys, job_id: str) -> tuple[Any, ...]:
+    r = project.runtime.redis
+    return (
+        r.hgetall(k.job(job_id)),
+        structures(project),
+        r.zrange(k.leases, 0, -1, withscores=True),
+        r.hgetall(k.stats),
+        r.get(k.lock("res:1")),
+    )
+
+
+def test_stale_settlements_are_refused_and_change_nothing(project: Project) -> None:
+    """Claim (token A), let the lease lapse, reclaim, claim again (token B): ack, retry,
+    bury, release, renew and checkpoint under A all return -1 and leave the record, the
+    structures, the lease deadline, the counters and the resource lock untouched; B still
+    settles."""
+    sc = project.runtime.scripts
+    k = project.keys("fast")
+    job = NewJob(id="job1", type="record", version=1, payload='{"n":1}', max_attempts=5,
+                 run_at_ms=0, idem_key="", payload_hash="-", resource_key="res:1")
+    assert sc.enqueue(k, [job], T0, 10**7)[0] == 1
+
+    first = _claim(sc, k, T0, "w1.1")
+    token_a = first[1]
+    assert first[0] == "job1" and token_a == "w1.1:0"
+    # The lease lapses without a renewal; the scheduler takes the job back.
+    assert list(sc.reclaim(k, T0 + LEASE + 1, 100, 10**7)) == [1, 0]
+    second = _claim(sc, k, T0 + LEASE + 2, "w2.1")
+    token_b = second[1]
+    assert second[0] == "job1" and token_b != token_a and second[2] == 2
+
+    before = _snapshot(project, k, "job1")
+    now = T0 + LEASE + 3
+    stale_calls = {
+        "ack": lambda: sc.ack(k, [Ack("job1", token_a, '{"x":1}', '{"attempt":1}', "succeeded|record")],
+                              now, 10**7, 10**7),
+        "retry": lambda: sc.retry(k, [RetryAt("job1", token_a, now + 10, '{"type":"E"}', "{}", "retried|record")],
+                                  now),
+        "bury": lambda: sc.bury(k, [Burial("job1", token_a, "why", "", "", False, "dead|record")], now, 10**7),
+        "release": lambda: sc.release(k, [("job1", token_a)], now),
+        "renew": lambda: sc.renew(k, [("job1", token_a)], now, LEASE),
+        "checkpoint": lambda: [sc.checkpoint(k, "job1", token_a, '{"step":9}')],
+    }
+    for name, call in stale_calls.items():
+        assert [int(c) for c in call()] == [-1], name
+        assert _snapshot(project, k, "job1") == before, f"a refused {name} changed Redis"
+
+    # The current owner is unaffected.
+    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", '{"attempt":2}', "")], now, 10**7, 10**7)] == [1]
+    assert project.runtime.redis.hget(k.job("job1"), "status") == "done"
+    assert project.runtime.redis.get(k.lock("res:1")) is None
+    # And once done, even the right token cannot settle it a second time.
+    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", "", "")], now, 10**7, 10**7)] == [-1]
+    assert [int(c) for c in sc.release(k, [("job1", token_b)], now)] == [-1]
+    assert_no_job_in_two_structures(project)
+
+
+def test_a_frozen_worker_loses_its_lease_and_its_ack_is_refused(project: Project) -> None:
+    """End to end: worker 1 runs a job and is frozen (SIGSTOP) past the visibility
+    timeout; worker 2 reclaims and completes it; worker 1 is thawed, its handler returns
+    and its ack is refused: the record keeps worker 2's result, finish time and history."""
+    configure(project, vt=1, concurrency=2)
+    c = project.client
+    job = c.enqueue("record", {"n": 5, "sleep": 0.6})
+    w1 = project.spawn_worker("fast")
+    wait_for(lambda: len(project.runs(job.id)) == 1, timeout=15, what="worker 1 to start the job")
+    w1.send_signal(signal.SIGSTOP)
+    try:
+        w2 = project.spawn_worker("fast")
+        done = wait_final(project, [job.id], timeout=20)[job.id]
+        assert done["status"] == "done"
+        assert done["result"] == {"n": 5, "attempt": 2}
+        assert outcomes(done) == ["worker lost", "done"]
+        second_pid = project.runs(job.id)[1].split()[1]
+        assert second_pid == str(w2.pid)
+        k = project.keys("fast")
+        before = project.runtime.redis.hgetall(k.job(job.id))
+    finally:
+        w1.send_signal(signal.SIGCONT)
+    # Worker 1's handler wakes up, returns, and its ack is refused.
+    wait_log(worker_log(project, w1), "lease lost before it settled", timeout=15)
+    assert project.runtime.redis.hgetall(k.job(job.id)) == before
+    assert rec(project, job.id)["result"] == {"n": 5, "attempt": 2}
+    assert w1.poll() is None, "worker 1 must keep running after a refused ack"
+    assert_quiet(project)
+    assert_no_job_in_two_structures(project)
