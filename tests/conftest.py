@@ -11,6 +11,7 @@ Never sleep to synchronise: use ``wait_for`` with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -172,10 +173,8 @@ class Project:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
         for p in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def make_project(root: Path, server: Server) -> Project:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -9,11 +10,12 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import Project, wait_for
 from runner import config as config_mod
 from runner.client import Client
 from runner.errors import IdempotencyConflict
 from runner.runtime import Runtime
+
+from conftest import Project, wait_for
 
 
 def _enqueue_in_process(cfg_path: str, env: dict[str, str], key: str, out: multiprocessing.Queue) -> None:
@@ -82,7 +84,7 @@ def test_jobs_on_one_resource_never_overlap(project: Project) -> None:
         assert c.wait(i, timeout_s=60).status == "done"
     spans = intervals(project, ids)
     assert len(spans) == 30
-    for (_, end, _), (start, _, _) in zip(spans, spans[1:], strict=False):
+    for (_, end, _), (start, _, _) in itertools.pairwise(spans):
         assert start >= end, "two handlers were inside the resource at once"
     recs = [c.get(i).as_dict() for i in ids]
     assert all(r["attempt"] == 1 for r in recs)

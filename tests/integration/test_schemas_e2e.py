@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from conftest import REPO, Project, wait_for
 from runner.errors import UnknownFunction, UnknownVersion, ValidationFailed
+
+from conftest import REPO, Project, wait_for
 
 
 def use_examples(project: Project) -> None:

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from conftest import Project, assert_no_job_in_two_structures, structures
 from runner.scripts import Ack, Burial, NewJob, RetryAt
+
+from conftest import Project, assert_no_job_in_two_structures, structures
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
@@ -65,7 +66,7 @@ def test_claim_sets_lease_token_and_attempt(p: Project) -> None:
     enqueue(p, new("a"), new("b"))
     got = claim(p, n=1)
     assert [g[0] for g in got] == ["a"]  # FIFO
-    job_id, token, attempt = got[0][:3]
+    _job_id, token, attempt = got[0][:3]
     assert token == "w.1:0" and attempt == 1
     r = rec(p, "a")
     assert r["status"] == "processing" and r["token"] == token
@@ -207,7 +208,8 @@ def test_completed_idempotency_key_makes_a_later_job_a_duplicate(p: Project) -> 
 
 @pytest.mark.parametrize("setup,reason", [
     (lambda r, k: r.set(k.job("x"), "not a hash"), "a Redis string instead of a hash"),
-    (lambda r, k: r.hset(k.job("x"), mapping={"type": "noop", "status": "queued"}), "missing field(s) version, payload"),
+    (lambda r, k: r.hset(k.job("x"), mapping={"type": "noop", "status": "queued"}),
+     "missing field(s) version, payload"),
     (lambda r, k: None, "no job record for this id"),
 ])
 def test_malformed_records_are_buried_with_a_reason(p: Project, setup: Any, reason: str) -> None:
