@@ -120,11 +120,21 @@ class Client:
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict."""
-        req = Request(type, payload, version, delay, run_at, idempotency_key)
-        out = self.enqueue_many([req])[0]
-        if isinstance(out, Exception):
-            raise out
-        return out
+        rt = self.runtime
+        now = store.now_ms()
+        prep = self.prepare(Request(type, payload, version, delay, run_at, idempotency_key), now)
+        queue = prep.fn.queue
+        try:
+            reply = rt.scripts.enqueue(
+                rt.keys[queue], [prep.job], now, int(rt.config.retention.idempotency_s * 1000)
+            )
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        code, job_id, status = int(reply[0]), reply[1], reply[2]
+        if code < 0:
+            raise IdempotencyConflict(prep.job.idem_key, job_id)
+        return Enqueued(id=job_id, type=prep.fn.name, version=prep.job.version, queue=queue,
+                        status=status, duplicate=code == 0)
 
     def enqueue_many(
         self, requests: Iterable[Request], batch: int = MAX_BATCH
