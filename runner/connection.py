@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
@@ -53,8 +54,29 @@ SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+clust
            "redis+sentinel://", "rediss+sentinel://")
 
 
+class _Packer(HiredisRespSerializer):
+    """hiredis packs str arguments as strict UTF-8; an id or field that came back from
+    Redis as surrogate-escaped bytes is packed again as those very bytes."""
+
+    def pack(self, *args: Any) -> list[bytes]:
+        try:
+            return super().pack(*args)  # type: ignore[no-any-return]
+        except UnicodeEncodeError:
+            raw = tuple(a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a for a in args)
+            return super().pack(*raw)  # type: ignore[arg-type, no-any-return]
+
+
+def _packer() -> dict[str, Any]:
+    try:
+        import hiredis  # noqa: F401
+    except ImportError:  # redis-py's own packer honours encoding_errors already
+        return {}
+    return {"command_packer": _Packer()}
+
+
 def _base_kwargs() -> dict[str, Any]:
     return {
+        **_packer(),
         "decode_responses": True,
         "encoding_errors": "surrogateescape",
         "socket_connect_timeout": 5,
@@ -120,6 +142,10 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     # The cluster client takes its retry policy itself: none, for the reason above.
     retry = kwargs.pop("retry")
     kwargs.pop("health_check_interval")
+    # The cluster client builds its own connections: the packer rides on their class
+    # (over TLS redis-py picks the class itself and packs strictly).
+    if kwargs.pop("command_packer", None) is not None and not url.startswith("rediss+"):
+        kwargs["connection_class"] = _PackingConnection
     if url.startswith("rediss+"):
         kwargs.update(_tls_kwargs(cfg))
     if user:
@@ -128,9 +154,15 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         kwargs["password"] = password
     kwargs.update(overrides)
     return RedisCluster(
-        startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,
+        startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,  # type: ignore[no-untyped-call]
         require_full_coverage=True, **kwargs,
     )
+
+
+class _PackingConnection(redis.Connection):
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", _Packer())
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
 
 
 def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
@@ -160,5 +192,5 @@ def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         sentinel_kwargs["password"] = query["sentinel_password"]
     if "sentinel_username" in query:
         sentinel_kwargs["username"] = query["sentinel_username"]
-    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs)
-    return sentinel.master_for(service, **kwargs)
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
+    return sentinel.master_for(service, **kwargs)  # type: ignore[no-untyped-call]

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from conftest import Project, make_project, structures, wait_for
 
 from runner.embedded import Server
+
+from conftest import Project, make_project, structures, wait_for
 
 CRASH_FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -8,8 +8,9 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import Project, assert_no_job_in_two_structures, structures
 from crashkit import assert_quiet, configure, outcomes, rec, wait_exit, wait_final
+
+from conftest import Project, assert_no_job_in_two_structures, structures
 
 # point -> (state right after the kill, handler runs in the end, history outcomes in the end)
 SINGLE = {

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import subprocess
 
-from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 from crashkit import add_crash_fixtures, assert_quiet, configure, kill, outcomes, rec, wait_final
+
+from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 
 
 def test_lease_renewal_keeps_a_long_handler_from_being_taken(project: Project) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import signal
 import time
 
-from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 from crashkit import (
     assert_quiet,
     configure,
@@ -19,6 +18,8 @@ from crashkit import (
     wait_log,
     worker_log,
 )
+
+from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 
 
 def test_sigterm_finishes_running_jobs_and_leaves_the_rest_untouched(project: Project) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_log, worker_log
 
 from runner.keys import QueueKeys
 from runner.scripts import Ack, Burial, NewJob, RetryAt, Scripts
+
+from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 
 T0 = 1_700_000_000_000
 LEASE = 1_000

@@ -1,0 +1,171 @@
+"""Malformed records in Redis (written by a buggy or hostile producer, or damaged): each
+ends in the dead-letter set with a reason, never reaches a handler, and the worker keeps
+serving the good jobs around it. Nothing is lost."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from crashkit import configure, lock_keys, wait_final
+
+from runner.keys import QueueKeys
+
+from conftest import Project, assert_no_job_in_two_structures, wait_for
+
+Raw = redis.Redis
+
+
+def _raw(project: Project) -> Raw:
+    return redis.Redis.from_url(project.server.url)  # bytes in, bytes out
+
+
+def _good_fields(**over: Any) -> dict[str, Any]:
+    now = int(time.time() * 1000)
+    fields: dict[str, Any] = {
+        "type": "record", "version": 1, "payload": '{"n": 1}', "status": "queued",
+        "attempt": 0, "max_attempts": 3, "created_ms": now, "enqueued_ms": now,
+        "ready_ms": now, "idem_key": "", "resource_key": "", "deferrals": 0,
+    }
+    fields.update(over)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _hash(**over: Any) -> Callable[[Raw, bytes], None]:
+    def write(r: Raw, key: bytes) -> None:
+        r.hset(key, mapping=_good_fields(**over))
+
+    return write
+
+
+# id -> (how the record is written, expected reason prefix)
+CASES: dict[bytes, tuple[Callable[[Raw, bytes], None], str]] = {
+    b"m-none": (lambda r, k: None, "malformed record: no job record"),
+    b"m-string": (lambda r, k: r.set(k, "garbage"), "malformed record: a Redis string"),
+    b"m-list": (lambda r, k: r.rpush(k, "a", "b"), "malformed record: a Redis list"),
+    b"m-zset": (lambda r, k: r.zadd(k, {"a": 1}), "malformed record: a Redis zset"),
+    b"m-missing": (_hash(version=None, payload=None), "malformed record: missing field(s) version, payload"),
+    b"m-empty-hash-ish": (lambda r, k: r.hset(k, "x", "1"), "malformed record: missing field(s)"),
+    b"m-notjson": (_hash(payload="{not json"), "malformed record"),
+    b"m-bad-version": (_hash(version="abc"), "malformed record"),
+    b"m-unknown-type": (_hash(type="nope"), "unknown type"),
+    b"m-unknown-version": (_hash(version=99), "unknown version"),
+    b"m-invalid": (_hash(payload='{"n": "not an int"}'), "invalid payload"),
+    b"m-array": (_hash(payload="[1, 2, 3]"), "invalid payload"),
+    b"m-deep": (_hash(payload="[" * 2000 + "]" * 2000), "malformed record"),
+    b"m-bytes-payload": (_hash(payload=b"\xff\xfe{\x00"), "malformed record"),
+    b"m-bytes-type": (_hash(type=b"rec\xfford"), "unknown type"),
+    b"\xff\xfe\x00\x01 random bytes id": (lambda r, k: None, "malformed record: no job record"),
+    b"\xc3\x28bytes-id-with-record": (_hash(), ""),  # a valid record under a non-UTF-8 id runs
+}
+
+
+def _plant(project: Project, raw: Raw, k: QueueKeys, job_id: bytes, write: Callable[[Raw, bytes], None]) -> None:
+    key = k.job_prefix.encode() + job_id
+    write(raw, key)
+    raw.lpush(k.ready.encode(), job_id)
+
+
+def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(project: Project) -> None:
+    """Every malformation above, planted between good jobs, one worker: each bad one ends
+    dead with its reason (and never reaches the handler), every good one is done, the
+    worker is still up, and no id is left in flight or in two structures."""
+    configure(project, vt=1, concurrency=2, batch=4)
+    c = project.client
+    k = project.keys("fast")
+    raw = _raw(project)
+    good = [c.enqueue("record", {"n": 0}).id]
+    for job_id, (write, _) in CASES.items():
+        _plant(project, raw, k, job_id, write)
+        good.append(c.enqueue("record", {"n": len(good)}).id)
+    w = project.spawn_worker("fast")
+    assert all(r["status"] == "done" for r in wait_final(project, good, timeout=30).values())
+
+    def all_settled() -> bool:
+        for job_id in CASES:
+            st = raw.hget(k.job_prefix.encode() + job_id, "status")
+            if st not in (b"dead", b"done"):
+                return False
+        return True
+
+    wait_for(all_settled, timeout=20, what="every malformed record to settle")
+    dead = set(raw.zrange(k.dead.encode(), 0, -1))
+    for job_id, (_, reason) in CASES.items():
+        f = raw.hgetall(k.job_prefix.encode() + job_id)
+        if not reason:
+            assert f[b"status"] == b"done", job_id
+            continue
+        assert f[b"status"] == b"dead", job_id
+        assert job_id in dead, job_id
+        assert f[b"reason"].decode(errors="replace").startswith(reason), (job_id, f[b"reason"])
+        # Never handed to a handler, and it spent no attempt.
+        assert int(f.get(b"attempt", b"0")) == 0, (job_id, f)
+    assert not (set(project.records.iterdir()) - {project.records / g for g in good}
+                - {p for p in project.records.iterdir() if p.name.startswith("\udcc3")}), "a bad record ran"
+    assert raw.type(k.job_prefix.encode() + b"m-string:corrupt") == b"string", "the damaged value is kept"
+    assert w.poll() is None, "the worker must keep running"
+    assert raw.llen(k.ready) == 0 and raw.zcard(k.leases) == 0 and raw.zcard(k.scheduled) == 0
+    assert lock_keys(project) == []
+    # The dead-letter list is readable through the client even with undecodable ids.
+    total, _page = c.dead("fast", limit=100)
+    assert total == len([1 for _, reason in CASES.values() if reason])
+
+
+_LUA_INT = (
+    "engine bug: claim.lua runs HINCRBY on a non-integer 'attempt' or 'deferrals' and the script errors "
+    "after RPOP: the id is lost (in no structure) and the jobs claimed before it in the "
+    "call are orphaned until their lease lapses"
+)
+_PY_INT = (
+    "engine bug: worker._claim int()s max_attempts/ready_ms/created_ms of the whole batch; "
+    "one bad field raises after the claim, orphaning every job of the batch (each loses an "
+    "attempt as 'worker lost'); the bad one ends 'worker lost', not 'malformed record'"
+)
+_STATUS = (
+    "engine bug: claim.lua drops an id whose status is not 'queued' as a stray, even an "
+    "unknown status: the record is left in no structure instead of dead"
+)
+BUGS = {
+    "attempt-not-integer": pytest.param(_hash(attempt="abc"), marks=pytest.mark.xfail(strict=True, reason=_LUA_INT)),
+    "deferrals-not-integer": pytest.param(
+        _hash(deferrals="many", resource_key="busy"), marks=pytest.mark.xfail(strict=True, reason=_LUA_INT)
+    ),
+    "max-attempts-not-integer": pytest.param(
+        _hash(max_attempts="x"), marks=pytest.mark.xfail(strict=True, reason=_PY_INT)
+    ),
+    "ready-ms-not-integer": pytest.param(_hash(ready_ms="soon"), marks=pytest.mark.xfail(strict=True, reason=_PY_INT)),
+    "unknown-status": pytest.param(_hash(status="weird"), marks=pytest.mark.xfail(strict=True, reason=_STATUS)),
+}
+
+
+@pytest.mark.parametrize("write", list(BUGS.values()), ids=list(BUGS))
+def test_record_with_a_wrong_typed_field_goes_dead_not_lost(
+    project: Project, write: Callable[[Raw, bytes], None]
+) -> None:
+    """A record whose bookkeeping fields have the wrong type: it must end dead with a
+    reason, and the good jobs claimed in the same batch must run exactly once, without a
+    lost lease."""
+    configure(project, vt=1, concurrency=4, batch=8)
+    c = project.client
+    k = project.keys("fast")
+    raw = _raw(project)
+    good = [c.enqueue("record", {"n": i}).id for i in range(3)]
+    _plant(project, raw, k, b"bad", write)
+    raw.set(k.lock("busy"), "someone-else", px=60_000)  # a held resource lock (deferral path)
+    good += [c.enqueue("record", {"n": i}).id for i in range(3, 6)]
+    w = project.spawn_worker("fast")
+    final = wait_final(project, good, timeout=20)
+    for job_id, r in final.items():
+        assert r["status"] == "done"
+        assert [h["outcome"] for h in r["history"]] == ["done"], (job_id, r["history"])
+    # FIFO: the bad record was claimed before the later good jobs, so it is settled by now.
+    wait_for(lambda: raw.hget(k.job_prefix.encode() + b"bad", "status") in (b"dead", b"done"),
+             timeout=3, what="the bad record to be buried")
+    f = raw.hgetall(k.job_prefix.encode() + b"bad")
+    assert f[b"status"] == b"dead" and f[b"reason"].startswith(b"malformed record"), f
+    assert raw.zscore(k.dead, "bad") is not None
+    assert w.poll() is None
+    assert_no_job_in_two_structures(project)
