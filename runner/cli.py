@@ -9,8 +9,8 @@ Exit codes (the same for every subcommand):
     2  usage or configuration error (bad option, runner.toml, missing token)
     3  Redis unreachable
 
-While `runner dev` runs its embedded Redis, the client commands of the same project
-(enqueue, job, stats, dead) talk to that server.
+While `runner dev` runs its embedded Redis, the commands of the same project that talk
+to Redis (enqueue, job, stats, dead, check) use that server.
 """
 
 from __future__ import annotations
@@ -570,8 +570,14 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
         from runner.registry import Registry
         from runner.runtime import Runtime
 
+        from runner.embedded import session_url
+
         reg = report.registry or Registry()
-        rt = Runtime.create(report.config, reg=reg)
+        cfg = report.config
+        url = session_url(cfg)
+        if url is not None:
+            cfg = replace(cfg, redis=replace(cfg.redis, url=url))
+        rt = Runtime.create(cfg, reg=reg)
         try:
             report.problems.extend(checks.check_redis_settings(rt.redis))
             report.scanned, report.stranded = checks.deploy_gate(rt, reg)

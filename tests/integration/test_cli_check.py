@@ -1,0 +1,110 @@
+"""`runner check` against a real server: the deploy gate counts the waiting jobs (queued,
+scheduled, dead) that the functions on disk can no longer run, the Redis settings are
+checked, and the exit codes follow the cli docstring."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from runner import checks
+from runner.cli import cli
+from runner.embedded import Server, free_port
+from runner.worker import Worker
+
+from conftest import Project, wait_for
+
+V2 = '{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}'
+
+
+def check(project: Project, *args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, ["--config", str(project.root / "runner.toml"), "check", *args],
+                              env={**project.env, **(env or {})}, catch_exceptions=False)
+
+
+def test_the_deploy_gate_counts_stranded_jobs_by_queue_state_type_and_version(
+    project: Project, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the code on disk changes, every waiting job it cannot run is counted: a deleted
+    function (queued and dead jobs), a version newer than the newest schema, and v1 jobs once
+    a v2 schema arrives without an upgrade(); adding the upgrade() clears those."""
+    monkeypatch.setattr(checks, "CHUNK", 3)  # several chunks per structure
+    c = project.client
+    r = project.runtime.redis
+    k = project.keys()
+    dead = c.enqueue("perm", {}).id
+    worker = Worker(project.runtime, ["fast"])
+    worker.start()
+    wait_for(lambda: c.get(dead).status == "dead", what="the perm job to die")
+    worker.stop(1)
+    ready = [c.enqueue("record", {"n": i}).id for i in range(4)]
+    for i in range(2):
+        c.enqueue("record", {"n": i}, delay=3600)
+    c.enqueue("noop", {})
+
+    clean = check(project, "--json")
+    assert clean.exit_code == 0, clean.stdout
+    assert json.loads(clean.stdout)["stranded"] == []
+
+    fns = project.root / "functions"
+    (fns / "noop.py").unlink()
+    (fns / "perm.py").unlink()
+    (project.root / "schemas" / "record" / "v2.json").write_text(V2)
+    r.hset(k.job(ready[0]), "version", "9")
+
+    failed = check(project, "--json")
+    assert failed.exit_code == 1
+    got = {(s["queue"], s["state"], s["type"], s["version"]): (s["count"], s["problem"])
+           for s in json.loads(failed.stdout)["stranded"]}
+    assert set(got) == {
+        ("fast", "queued", "noop", "1"), ("fast", "queued", "record", "1"),
+        ("fast", "queued", "record", "9"), ("fast", "scheduled", "record", "1"),
+        ("fast", "dead", "perm", "1"),
+    }
+    assert got[("fast", "queued", "record", "1")][0] == 3
+    assert got[("fast", "scheduled", "record", "1")][0] == 2
+    assert "newer than the newest schema (v2)" in got[("fast", "queued", "record", "9")][1]
+    assert "needs an upgrade() to reach v2" in got[("fast", "queued", "record", "1")][1]
+    assert "unknown type" in got[("fast", "dead", "perm", "1")][1]
+
+    human = check(project)
+    assert human.exit_code == 1
+    assert "deploy gate: 8 waiting job(s) the functions on disk cannot run" in human.stdout
+    assert any(line.split()[:5] == ["fast", "scheduled", "record", "1", "2"] for line in human.stdout.splitlines())
+
+    with (fns / "record.py").open("a") as f:
+        f.write("\n\ndef upgrade(payload, from_version):\n    return payload\n")
+    after = json.loads(check(project, "--json").stdout)
+    assert {(s["type"], s["version"]) for s in after["stranded"]} == {("noop", "1"), ("record", "9"),
+                                                                      ("perm", "1")}
+
+
+def test_risky_redis_settings_warn_and_fail_with_strict(project: Project, tmp_path: Path) -> None:
+    """A Redis that may evict or lose jobs is a warning; --strict makes it an error."""
+    with Server(tmp_path / "risky", appendonly=False, extra=["--maxmemory-policy", "allkeys-lru"]) as risky:
+        env = {"REDIS_URL": risky.url}
+        warned = check(project, env=env)
+        assert warned.exit_code == 0, warned.stdout
+        assert "maxmemory-policy is allkeys-lru" in warned.stdout
+        assert "persistence is off" in warned.stdout
+        assert check(project, "--strict", env=env).exit_code == 1
+
+
+def test_unreachable_redis_is_exit_3_unless_offline(project: Project) -> None:
+    env = {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    down = check(project, env=env)
+    assert down.exit_code == 3 and "deploy gate did not run" in down.stdout
+    assert check(project, "--offline", env=env).exit_code == 0
+
+
+def test_broken_files_and_config_are_listed(project: Project) -> None:
+    (project.root / "functions" / "oops.py").write_text("def handle(p, ctx):\n    return (\n")
+    broken = check(project, "--offline")
+    assert broken.exit_code == 1 and "oops.py:2: syntax error" in broken.stdout
+    (project.root / "runner.toml").write_text("[queues.fast]\nconcurrency = 0\n")
+    bad_config = check(project)
+    assert bad_config.exit_code == 2
+    assert "queues.fast.concurrency must be a positive integer" in bad_config.stdout
