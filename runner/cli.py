@@ -567,10 +567,9 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
     if report.config is None:
         code = EXIT_CONFIG
     elif not offline:
+        from runner.embedded import session_url
         from runner.registry import Registry
         from runner.runtime import Runtime
-
-        from runner.embedded import session_url
 
         reg = report.registry or Registry()
         cfg = report.config
