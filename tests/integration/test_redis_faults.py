@@ -1,0 +1,115 @@
+"""Redis going away, as producers and the retry loop see it: a clear RedisUnavailable
+(CLI exit 3, HTTP 503 with a problem body), nothing half-written, and a backoff with
+jitter and a ceiling, logged once when the outage starts and once when it ends."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runner.client import Request
+from runner.embedded import Server
+from runner.errors import RedisUnavailable
+from runner.outage import Outage
+
+from conftest import REPO, Project, make_project
+
+
+class _Recorder(threading.Event):
+    """A stop event that records how long each backoff would have slept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(float(timeout or 0))
+        return False
+
+
+def test_outage_backoff_is_exponential_jittered_and_capped(caplog: pytest.LogCaptureFixture) -> None:
+    """Twenty failures: each wait lies in [ceiling/2, ceiling] of a doubling ceiling capped
+    at 5 s; waits differ between two loops (jitter); one warning at the start, one at the
+    end of the outage, nothing in between."""
+    log = logging.getLogger("test.outage")
+    runs = []
+    with caplog.at_level(logging.WARNING, logger="test.outage"):
+        for _ in range(2):
+            o, ev = Outage("fetcher", log), _Recorder()
+            for _ in range(20):
+                o.failed(ConnectionError("down"), ev)
+            o.ok()
+            runs.append(ev.waits)
+    for waits in runs:
+        for i, w in enumerate(waits, start=1):
+            ceiling = min(5.0, 0.05 * 2 ** min(i, 10))
+            assert ceiling / 2 <= w <= ceiling, (i, w)
+        assert max(waits) <= 5.0 and sum(waits) > 20  # capped, and not a busy loop
+    assert runs[0] != runs[1], "no jitter: two loops slept the same"
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 4
+    assert "Redis unavailable" in msgs[0] and "reachable again after 20 failed tries" in msgs[1]
+
+
+@pytest.fixture
+def down_project(tmp_path: Path) -> Iterator[Project]:
+    """A project whose Redis has been stopped."""
+    srv = Server(tmp_path / "redis", appendonly=True).start()
+    p = make_project(tmp_path / "p", srv)
+    p.client.enqueue("record", {"n": 1})  # connect once while it is up
+    srv.stop()
+    yield p
+    p.stop_all()
+
+
+def test_client_raises_redis_unavailable(down_project: Project) -> None:
+    """Every client call that needs Redis raises RedisUnavailable (never a raw socket
+    error); validation errors still come first and need no Redis."""
+    c = down_project.client
+    with pytest.raises(RedisUnavailable):
+        c.enqueue("record", {"n": 2})
+    with pytest.raises(RedisUnavailable):
+        c.enqueue_many([Request("record", {"n": i}) for i in range(3)])
+    with pytest.raises(RedisUnavailable):
+        c.get("0123456789abcdef")
+    with pytest.raises(RedisUnavailable):
+        c.stats()
+    with pytest.raises(RedisUnavailable):
+        c.dead("fast")
+    assert c.ping() is False
+    from runner.errors import ValidationFailed
+
+    with pytest.raises(ValidationFailed):
+        c.enqueue("record", {"n": "not an int"})
+
+
+def test_cli_enqueue_exits_3_when_redis_is_down(down_project: Project) -> None:
+    p = down_project
+    out = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), "enqueue", "record", '{"n": 1}'],
+        cwd=p.root, env={**p.env, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        capture_output=True, timeout=60,
+    )
+    assert out.returncode == 3, out.stderr
+    assert b"Redis unavailable" in out.stderr
+
+
+def test_http_enqueue_is_503_when_redis_is_down(down_project: Project) -> None:
+    """POST /jobs/{type} answers 503 with a problem body; /healthz says why."""
+    falcon_testing = pytest.importorskip("falcon.testing")
+    from runner.web import create_app
+
+    app = create_app(down_project.runtime)
+    client = falcon_testing.TestClient(app)
+    r = client.simulate_post("/jobs/record", json={"n": 1})
+    assert r.status_code == 503, r.text
+    assert "unreachable" in r.json.get("detail", r.text)
+    h = client.simulate_get("/healthz")
+    assert h.status_code == 503
