@@ -1,4 +1,5 @@
-"""Request bodies: media type, size limit and strict JSON, checked in that order.
+"""Bodies in and out: a request's media type, size limit and strict JSON (checked in that
+order), query parameters, and JSON responses.
 
 The size limit is checked from Content-Length before a byte is read, and enforced while
 reading a body sent without one (chunked), so an oversized body is never held whole.
@@ -6,6 +7,7 @@ reading a body sent without one (chunked), so an oversized body is never held wh
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import falcon
@@ -74,3 +76,40 @@ def read_json(req: falcon.Request, limit: int, *, optional: bool = False) -> Any
         return codec.loads(raw)
     except codec.DecodeError as exc:
         raise Problem(400, "invalid-json", f"the body is not valid JSON: {exc}", title="Invalid JSON") from None
+
+
+def send(resp: falcon.Response, obj: Any, status: int = 200) -> None:
+    resp.status = falcon.code_to_http_status(status)
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = codec.dumpb(obj)
+
+
+def _bad_param(name: str, expected: str) -> Problem:
+    return Problem(400, "invalid-parameter", f"query parameter {name!r} must be {expected}",
+                   title="Invalid parameter", parameter=name)
+
+
+def int_param(req: falcon.Request, name: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    raw = req.get_param(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _bad_param(name, f"an integer from {lo} to {hi}") from None
+    if not lo <= value <= hi:
+        raise _bad_param(name, f"an integer from {lo} to {hi}")
+    return value
+
+
+def seconds_param(req: falcon.Request, name: str, hi: float) -> float | None:
+    raw = req.get_param(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _bad_param(name, f"a number of seconds from 0 to {hi:g}") from None
+    if not math.isfinite(value) or not 0 <= value <= hi:
+        raise _bad_param(name, f"a number of seconds from 0 to {hi:g}")
+    return value

@@ -61,6 +61,7 @@ class Histogram:
         n = self.count
         return {
             "count": n,
+            "sum_ms": self.sum_ms,
             "mean_ms": round(self.sum_ms / n, 3) if n else None,
             "p50_ms": _round(self.quantile(0.5)),
             "p95_ms": _round(self.quantile(0.95)),
@@ -175,8 +176,9 @@ def read_queues(rt: Runtime, now_ms: int) -> list[QueueFigures]:
 
 
 def read_throughput(rt: Runtime, minutes: int, now_ms: int) -> dict[str, Any]:
-    """Per queue, each field of the per-minute hashes ("done", ...) as a series over the
-    last ``minutes`` minutes, oldest first; a minute with no hash counts 0."""
+    """Per queue, each field of the per-minute hashes ("done", and any other the writers
+    add) as a series over the last ``minutes`` minutes, oldest first, with ``times`` the
+    start of each minute in epoch seconds; a minute with no hash counts 0."""
     last = now_ms // 60_000
     span = list(range(last - minutes + 1, last + 1))
     pipe = rt.redis.pipeline(transaction=False)
@@ -189,4 +191,4 @@ def read_throughput(rt: Runtime, minutes: int, now_ms: int) -> dict[str, Any]:
         hashes = raw[i * len(span): (i + 1) * len(span)]
         fields = {"done"} | {f for h in hashes for f in h}
         queues[name] = {f: [_int(h.get(f)) for h in hashes] for f in sorted(fields)}
-    return {"minutes": [m * 60 for m in span], "queues": queues}
+    return {"times": [m * 60 for m in span], "queues": queues}

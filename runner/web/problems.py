@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import http
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import falcon
@@ -92,14 +92,18 @@ def body_of(req: falcon.Request, exc: falcon.HTTPError) -> dict[str, Any]:
         slug, extra = exc.slug, exc.extra
     else:
         slug, extra = _FALCON_SLUGS.get(code, f"http-{code}"), {}
-        if code == 405:
-            allow = (exc.headers or {}).get("Allow", "")
-            extra = {"allowed_methods": [m.strip() for m in allow.split(",") if m.strip()]}
     title = exc.title or http.HTTPStatus(code).phrase
     if not isinstance(exc, Problem) and title[:3].isdigit():
         # Falcon titles its own errors "404 Not Found"; keep the title the bare phrase.
         title = http.HTTPStatus(code).phrase
     detail = exc.description or title
+    if code == 405 and not isinstance(exc, Problem):
+        headers = exc.headers if isinstance(exc.headers, Mapping) else {}
+        allowed = [m.strip() for m in headers.get("Allow", "").split(",") if m.strip()]
+        extra = {"allowed_methods": allowed}
+        detail = f"{req.method} is not allowed here; use {', '.join(allowed)}"
+    elif code == 404 and not isinstance(exc, Problem):
+        detail = f"no such path {req.path!r}; see GET /openapi.json"
     out: dict[str, Any] = {"type": TYPE_PREFIX + slug, "title": title, "status": code,
                            "detail": detail, "instance": req.path}
     out.update(extra)
@@ -157,7 +161,7 @@ def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, param
                   title="Internal error")
 
 
-def install(app: falcon.App) -> None:
+def install(app: falcon.App[falcon.Request, falcon.Response]) -> None:
     """Register the serializer and the handlers (falcon picks the most specific by MRO)."""
     app.set_error_serializer(serialize)
     # Falcon's default handlers for its own HTTPError/HTTPStatus stay (more specific by MRO)
@@ -168,4 +172,5 @@ def install(app: falcon.App) -> None:
     app.add_error_handler(ValidationFailed, _validation)
     app.add_error_handler(IdempotencyConflict, _conflict)
     app.add_error_handler(JobNotFound, _not_found)
-    app.add_error_handler(REDIS_DOWN, _redis_down)
+    for exc_type in REDIS_DOWN:
+        app.add_error_handler(exc_type, _redis_down)

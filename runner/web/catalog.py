@@ -1,0 +1,106 @@
+"""Read-only views: GET /functions, /functions/{type}, /queues, /throughput and /healthz.
+
+Each request reads ``runtime.registry`` afresh: `runner dev` swaps it on reload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+
+from runner import store
+from runner.connection import UNAVAILABLE
+from runner.registry import Function, Registry
+from runner.runtime import Runtime
+from runner.web.body import int_param, send
+from runner.web.figures import read_queues, read_throughput
+from runner.web.problems import Problem
+
+
+def describe(fn: Function, with_schemas: bool = False) -> dict[str, Any]:
+    out = fn.describe()
+    if with_schemas:
+        out["schemas"] = [
+            {"version": v, "schema": dict(s.document)} for v, s in sorted(fn.versions.schemas.items())
+        ]
+    return out
+
+
+def load_errors(reg: Registry) -> list[dict[str, Any]]:
+    return [{"path": e.path, "line": e.line, "message": e.message} for e in reg.errors.values()]
+
+
+class Functions:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        reg = self.rt.registry
+        schemas = req.get_param_as_bool("schemas", default=False)
+        send(resp, {
+            "functions": [describe(f, schemas) for _, f in sorted(reg.functions.items())],
+            "errors": load_errors(reg),
+            "warnings": list(reg.warnings),
+        })
+
+
+class FunctionItem:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        send(resp, describe(self.rt.registry.get(name), with_schemas=True))
+
+
+class Queues:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        rt = self.rt
+        out = []
+        for q in read_queues(rt, store.now_ms()):
+            cfg = rt.config.queues[q.name]
+            out.append({
+                "name": q.name,
+                "ready": q.ready,
+                "processing": q.processing,
+                "lease_expired": q.lease_expired,
+                "scheduled": q.scheduled,
+                "scheduled_due": q.scheduled_due,
+                "dead": q.dead,
+                "oldest_ready_age_s": q.oldest_ready_age_s,
+                "visibility_timeout_s": cfg.visibility_timeout_s,
+                "concurrency": cfg.concurrency,
+                "max_attempts": cfg.max_attempts,
+                "functions": {name: f.as_dict() for name, f in sorted(q.functions.items())},
+            })
+        send(resp, {"queues": out})
+
+
+class Throughput:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        minutes = int_param(req, "minutes", 1, 360, 60) or 60
+        send(resp, read_throughput(self.rt, minutes, store.now_ms()))
+
+
+class Health:
+    """Liveness plus Redis reachability. 503 means the process is alive but cannot reach
+    Redis: take it out of rotation, do not restart it (it reconnects by itself)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        try:
+            self.rt.redis.ping()
+        except UNAVAILABLE as exc:
+            raise Problem(503, "redis-unavailable", f"the web process is up but Redis is unreachable: {exc}",
+                          title="Redis unavailable", headers={"Retry-After": "1"},
+                          checks={"web": "ok", "redis": "unreachable"}) from None
+        resp.cache_control = ["no-store"]
+        send(resp, {"status": "ok", "checks": {"web": "ok", "redis": "ok"}})

@@ -1,0 +1,77 @@
+"""The dead-letter views: GET /dead/{queue} (newest first, paginated), POST
+/dead/{queue}/{id}/requeue (optionally with an edited payload and version; an invalid
+one stays dead and gets a 422) and DELETE /dead/{queue}/{id}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+
+from runner.client import Client
+from runner.errors import FieldError, UnknownFunction
+from runner.web.body import NO_BODY, int_param, read_json, send
+from runner.web.problems import Problem, invalid
+
+MAX_PAGE = 500
+
+
+def _queue(client: Client, queue: str) -> str:
+    if queue not in client.runtime.keys:
+        raise Problem(404, "unknown-queue", f"no queue {queue!r} (have: {', '.join(client.runtime.keys)})",
+                      title="Unknown queue", queue=queue)
+    return queue
+
+
+def _requeue_body(body: Any) -> tuple[Any, int | None]:
+    """(payload or None to keep the stored one, version or None)."""
+    if body is NO_BODY or body is None:
+        return None, None
+    if not isinstance(body, dict):
+        raise invalid("send {} or {\"payload\": ..., \"version\": N}", [FieldError("$", "must be an object")])
+    errors = [FieldError(f"$.{k}", "unknown member; expected payload and version") for k in body
+              if k not in ("payload", "version")]
+    version = body.get("version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 1):
+        errors.append(FieldError("$.version", "must be a positive integer"))
+    if errors:
+        raise invalid("the requeue request is malformed", errors)
+    return body.get("payload"), version
+
+
+class DeadList:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
+        offset = int_param(req, "offset", 0, 10_000_000, 0) or 0
+        limit = int_param(req, "limit", 1, MAX_PAGE, 50) or 50
+        total, jobs = self.client.dead(_queue(self.client, queue), offset, limit)
+        send(resp, {"queue": queue, "total": total, "offset": offset, "limit": limit,
+                    "jobs": [j.as_dict() for j in jobs]})
+
+
+class DeadRequeue:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, queue: str, job_id: str) -> None:
+        _queue(self.client, queue)
+        body = read_json(req, self.client.runtime.config.api.max_body_bytes, optional=True)
+        payload, version = _requeue_body(body)
+        try:
+            job = self.client.requeue(queue, job_id, payload, version)
+        except UnknownFunction as exc:
+            # The job exists; its function does not (any more): it stays dead.
+            raise invalid(f"the job's function {exc.type!r} is not loaded; it stays dead",
+                          [FieldError("$", str(exc))]) from None
+        send(resp, job.as_dict())
+
+
+class DeadItem:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, queue: str, job_id: str) -> None:
+        self.client.delete_dead(_queue(self.client, queue), job_id)
+        resp.status = falcon.HTTP_204

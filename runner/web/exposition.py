@@ -1,0 +1,140 @@
+"""GET /metrics: the cluster-wide figures in Prometheus text format.
+
+A custom collector reads Redis on every scrape (figures.py) instead of keeping
+process-global counters, so any web process answers for the whole cluster and a
+restart loses nothing. Names (label ``queue``, and ``function`` where per function):
+
+    runner_redis_up                              1 when Redis answered this scrape
+    runner_queue_ready_jobs                      waiting in the ready list
+    runner_queue_in_flight_jobs                  claimed, lease held
+    runner_queue_lease_expired_jobs              in flight past their lease, not reclaimed yet
+    runner_queue_scheduled_jobs                  delayed, retrying or deferred
+    runner_queue_scheduled_due_jobs              scheduled and already due, not promoted yet
+    runner_queue_dead_jobs                       in the dead-letter set
+    runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
+    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deferred,lost}_total
+    runner_jobs_stray_total                      ready ids dropped because their record was settled
+    runner_job_latency_seconds                   histogram: ready to started
+    runner_job_run_seconds                       histogram: handler run time
+    runner_functions_loaded, runner_function_load_errors
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import falcon
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from runner import store
+from runner.connection import UNAVAILABLE
+from runner.runtime import Runtime
+from runner.web.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
+
+log = logging.getLogger("runner.web")
+
+_COUNTER_HELP = {
+    "enqueued": "Jobs accepted.",
+    "succeeded": "Jobs a handler finished.",
+    "retried": "Failed attempts scheduled for another try.",
+    "dead": "Jobs moved to the dead-letter set, for any reason.",
+    "duplicates": "Jobs settled without running: their idempotency key had completed.",
+    "deferred": "Claims put back because the job's resource lock was held.",
+    "lost": "Lapsed leases put back to ready (the worker died or stalled).",
+}
+_GAUGES = (
+    ("ready", "runner_queue_ready_jobs", "Jobs waiting in the ready list."),
+    ("processing", "runner_queue_in_flight_jobs", "Jobs claimed by a worker."),
+    ("lease_expired", "runner_queue_lease_expired_jobs", "In-flight jobs past their lease, not reclaimed yet."),
+    ("scheduled", "runner_queue_scheduled_jobs", "Delayed, retrying or deferred jobs."),
+    ("scheduled_due", "runner_queue_scheduled_due_jobs", "Scheduled jobs already due, not promoted yet."),
+    ("dead", "runner_queue_dead_jobs", "Jobs in the dead-letter set."),
+)
+
+
+def _label(fn: str) -> str:
+    # "_malformed" cannot be a function: files starting with "_" are never loaded.
+    return "_malformed" if fn == MALFORMED else fn
+
+
+def _buckets(h: Histogram) -> list[tuple[str, float]]:
+    return [("+Inf" if le == float("inf") else repr(le / 1000), float(n)) for le, n in h.cumulative()]
+
+
+class RunnerCollector:
+    """Reads ``runtime`` (and its current registry) on every collect."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        rt = self.rt
+        reg = rt.registry
+        up = GaugeMetricFamily("runner_redis_up", "1 when Redis answered this scrape, else 0.")
+        try:
+            queues = read_queues(rt, store.now_ms())
+        except UNAVAILABLE as exc:
+            log.warning("/metrics: Redis unreachable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from self._queue_metrics(queues)
+        yield from self._function_metrics(queues)
+        loaded = GaugeMetricFamily("runner_functions_loaded", "Functions loaded by this web process.")
+        loaded.add_metric([], len(reg.functions))
+        yield loaded
+        errors = GaugeMetricFamily("runner_function_load_errors", "Function files that failed to load.")
+        errors.add_metric([], len(reg.errors))
+        yield errors
+
+    def _queue_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
+        for attr, name, doc in _GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=["queue"])
+            for q in queues:
+                g.add_metric([q.name], getattr(q, attr))
+            yield g
+        age = GaugeMetricFamily("runner_queue_oldest_ready_age_seconds",
+                                "Seconds the next job to run has waited (0 when none waits).", labels=["queue"])
+        stray = CounterMetricFamily("runner_jobs_stray", "Ready ids dropped: their record was already settled.",
+                                    labels=["queue"])
+        for q in queues:
+            age.add_metric([q.name], q.oldest_ready_age_s or 0.0)
+            stray.add_metric([q.name], q.stray)
+        yield age
+        yield stray
+
+    def _function_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
+        labels = ["queue", "function"]
+        counters = {c: CounterMetricFamily(f"runner_jobs_{c}", _COUNTER_HELP[c], labels=labels) for c in COUNTERS}
+        latency = HistogramMetricFamily("runner_job_latency_seconds",
+                                        "Time from ready (enqueued or due) to a worker starting it.", labels=labels)
+        run = HistogramMetricFamily("runner_job_run_seconds", "Handler run time of finished jobs.", labels=labels)
+        for q in queues:
+            for fn in sorted(q.functions.values(), key=lambda f: f.name):
+                lv = [q.name, _label(fn.name)]
+                for c in COUNTERS:
+                    counters[c].add_metric(lv, fn.counters[c])
+                latency.add_metric(lv, _buckets(fn.latency), fn.latency.sum_ms / 1000)
+                run.add_metric(lv, _buckets(fn.run), fn.run.sum_ms / 1000)
+        yield from counters.values()
+        yield latency
+        yield run
+
+
+class Metrics:
+    """GET /metrics; OpenMetrics when the scraper asks for it, else the text format."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RunnerCollector(runtime))
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        encoder, content_type = choose_encoder(req.get_header("Accept") or "")
+        resp.data = encoder(self.registry)
+        resp.content_type = content_type
+        resp.cache_control = ["no-store"]

@@ -1,0 +1,138 @@
+"""GET /openapi.json: an OpenAPI 3.1 document generated from the loaded functions.
+
+Each function gets its own enqueue operation (POST /jobs/<type>) whose request body is
+its newest payload schema, so generated clients and fuzzers see the real payloads. The
+document is rebuilt when the registry object changes (hot reload swaps it whole).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import falcon
+
+from runner import __version__, codec
+from runner.registry import Function, Registry
+from runner.runtime import Runtime
+from runner.templates import MAX_KEY_BYTES
+from runner.web import auth, shapes
+from runner.web.jobs import MAX_DELAY_S
+
+_JSON = "application/json"
+_ref, _ok, _problem = shapes.ref, shapes.ok, shapes.problem
+
+
+def _rebase(node: Any, base: str) -> Any:
+    """Point a payload schema's local $refs ("#/$defs/x") at where it now lives."""
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if k == "$id":
+                continue  # its own base URI would take the refs away from this document
+            if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+                out[k] = base + v[1:]
+            else:
+                out[k] = _rebase(v, base)
+        return out
+    if isinstance(node, list):
+        return [_rebase(v, base) for v in node]
+    return node
+
+
+def _payload_name(fn: Function) -> str:
+    return f"{fn.name}_v{fn.versions.newest}"
+
+
+def _enqueue_op(fn: Function) -> dict[str, Any]:
+    versions = sorted(fn.versions.schemas)
+    params: list[dict[str, Any]] = [
+        {"name": "version", "in": "query", "required": False,
+         "description": f"Payload version (default: the newest, {fn.versions.newest}).",
+         "schema": {"type": "integer", "enum": versions}},
+        {"name": "delay", "in": "query", "required": False,
+         "description": "Seconds to wait before the job may run.",
+         "schema": {"type": "number", "minimum": 0, "maximum": MAX_DELAY_S}},
+        {"name": "run_at", "in": "query", "required": False,
+         "description": "Epoch seconds at which the job may run (instead of delay).",
+         "schema": {"type": "number", "minimum": 0, "maximum": 1e11}},
+        {"name": "Idempotency-Key", "in": "header", "required": False,
+         "description": "A second enqueue with the same key returns the first job (200); "
+                        "the same key with another payload is a 409."
+                        + (f" Default: the template {fn.idempotency_key.source!r}." if fn.idempotency_key else ""),
+         "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES}},
+    ]
+    doc = fn.doc.splitlines()[0] if fn.doc else f"Enqueue a {fn.name} job."
+    return {
+        "operationId": f"enqueue_{fn.name}",
+        "summary": doc,
+        "description": f"Validate the payload against {fn.name} v{fn.versions.newest} (or ?version=) and "
+                       f"enqueue it on queue {fn.queue!r}.",
+        "tags": ["jobs"],
+        "parameters": params,
+        "requestBody": {"required": True, "content": {_JSON: {"schema": _ref(_payload_name(fn))}}},
+        "responses": {
+            "202": _ok("Accepted: a new job", "Enqueued"),
+            "200": _ok("A duplicate: the job that already holds the idempotency key", "Enqueued"),
+            "400": _problem("Malformed JSON, query parameter or header"),
+            "409": _problem("The idempotency key is held by a job with another payload"),
+            "413": _problem("The body is over api.max_body_bytes"),
+            "415": _problem("The body is not application/json"),
+            "422": _problem("The payload does not validate: every error with its JSON path"),
+        },
+    }
+
+
+def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
+    schemas: dict[str, Any] = dict(shapes.COMPONENTS)
+    paths: dict[str, Any] = {}
+    for name, fn in sorted(reg.functions.items()):
+        pname = _payload_name(fn)
+        schemas[pname] = _rebase(dict(fn.versions.schema(fn.versions.newest).document),
+                                 f"#/components/schemas/{pname}")
+        paths[f"/jobs/{name}"] = {"post": _enqueue_op(fn)}
+    paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions)))
+    secured = auth.required(rt.config.api)
+    if secured:
+        for path, item in paths.items():
+            for op in item.values():
+                if path == "/healthz":
+                    op["security"] = []
+                else:
+                    op["responses"]["401"] = _problem("Missing or wrong bearer token")
+    for item in paths.values():
+        for op in item.values():
+            op["responses"].setdefault("503", _problem("Redis is unreachable; nothing was written"))
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "runner", "version": __version__,
+                 "description": "Enqueue and inspect jobs. Every error is application/problem+json "
+                                "(RFC 9457)."},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if secured:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+class OpenApi:
+    """Serves the document, rebuilt only when the registry object was swapped."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self._lock = threading.Lock()
+        self._cached: tuple[Registry, bytes] | None = None
+
+    def document(self) -> bytes:
+        reg = self.rt.registry
+        with self._lock:
+            # Holding the registry itself (not its id) keeps the comparison sound.
+            if self._cached is None or self._cached[0] is not reg:
+                self._cached = (reg, codec.dumpb(build(self.rt, reg)))
+            return self._cached[1]
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = self.document()

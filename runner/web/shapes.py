@@ -1,0 +1,195 @@
+"""The JSON shapes of the API for the OpenAPI document: component schemas and every path
+but the per-function enqueue operations (openapi.py adds those)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.store import STATUSES
+
+_JSON = "application/json"
+_PROBLEM = "application/problem+json"
+
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_OPT_STR = {"type": ["string", "null"]}
+_OPT_INT = {"type": ["integer", "null"]}
+_OPT_NUM = {"type": ["number", "null"]}
+_ANY: dict[str, Any] = {}
+
+
+def _obj(props: dict[str, Any], required: list[str] | None = None, extra: bool = False) -> dict[str, Any]:
+    return {"type": "object", "properties": props,
+            "required": list(props) if required is None else required, "additionalProperties": extra}
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+_TIMING = _obj({"count": _INT, "sum_ms": _INT, "mean_ms": _OPT_NUM, "p50_ms": _OPT_NUM, "p95_ms": _OPT_NUM,
+                "p99_ms": _OPT_NUM})
+
+COMPONENTS: dict[str, Any] = {
+    "Problem": {
+        "type": "object",
+        "description": "RFC 9457 problem details; `type` is stable, `detail` is for humans.",
+        "properties": {
+            "type": {"type": "string", "format": "uri"},
+            "title": _STR, "status": _INT, "detail": _STR, "instance": _STR,
+            "errors": {"type": "array", "items": ref("FieldError")},
+            "job_id": _STR,
+        },
+        "required": ["type", "title", "status", "detail", "instance"],
+        "additionalProperties": True,
+    },
+    "FieldError": _obj({"path": {"type": "string", "description": "JSON path into the payload, e.g. $.to[0]"},
+                        "message": _STR}),
+    "Enqueued": _obj({"id": _STR, "type": _STR, "version": _INT, "queue": _STR,
+                      "status": {"type": "string", "description": "queued or scheduled; for a duplicate, the "
+                                 "first job's status (expired once its record is gone)"},
+                      "duplicate": {"type": "boolean"}}),
+    "Job": _obj({
+        "id": _STR, "type": _OPT_STR, "version": _OPT_INT, "queue": _STR,
+        "status": {"type": ["string", "null"], "enum": [*STATUSES, None]},
+        "attempt": _INT, "max_attempts": _INT, "payload": _ANY,
+        "created_at": _OPT_NUM, "enqueued_at": _OPT_NUM, "ready_at": _OPT_NUM, "started_at": _OPT_NUM,
+        "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
+        "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
+        "checkpoint": _ANY, "duplicate_of": _OPT_STR,
+    }),
+    "Function": _obj({
+        "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
+        "backoff": _obj({"base": _NUM, "cap": _NUM, "jitter": _STR}),
+        "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "async": {"type": "boolean"},
+        "versions": {"type": "array", "items": _INT}, "newest_version": _INT, "has_upgrade": {"type": "boolean"},
+        "schemas": {"type": "array", "items": _obj({"version": _INT, "schema": {"type": "object"}})},
+    }, required=["type", "queue", "max_attempts", "timeout", "versions", "newest_version"]),
+    "FunctionList": _obj({
+        "functions": {"type": "array", "items": ref("Function")},
+        "errors": {"type": "array", "items": _obj({"path": _STR, "line": _OPT_INT, "message": _STR})},
+        "warnings": {"type": "array", "items": _STR},
+    }),
+    "FunctionFigures": _obj({
+        "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
+        "deferred": _INT, "lost": _INT, "latency": _TIMING, "run_time": _TIMING,
+    }),
+    "Queue": _obj({
+        "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,
+        "scheduled_due": _INT, "dead": _INT, "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
+        "concurrency": _INT, "max_attempts": _INT,
+        "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
+    }),
+    "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),
+    "Throughput": _obj({
+        "times": {"type": "array", "items": _INT, "description": "start of each minute, epoch seconds"},
+        "queues": {"type": "object", "additionalProperties": {
+            "type": "object", "additionalProperties": {"type": "array", "items": _INT}}},
+    }),
+    "DeadPage": _obj({"queue": _STR, "total": _INT, "offset": _INT, "limit": _INT,
+                      "jobs": {"type": "array", "items": ref("Job")}}),
+    "RequeueRequest": _obj({"payload": {"description": "an edited payload (default: the stored one)"},
+                            "version": {"type": "integer", "minimum": 1}}, required=[]),
+    "Health": _obj({"status": {"const": "ok"}, "checks": {"type": "object"}}),
+}
+
+
+def problem(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {_PROBLEM: {"schema": ref("Problem")}}}
+
+
+def ok(description: str, schema: str, media: str = _JSON) -> dict[str, Any]:
+    return {"description": description, "content": {media: {"schema": ref(schema)}}}
+
+
+def _path_param(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": schema, "description": description}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+def _enum_or_str(values: list[str]) -> dict[str, Any]:
+    return {"type": "string", "enum": values} if values else {"type": "string"}
+
+
+def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
+    queue = _path_param("queue", _enum_or_str(queues), "a configured queue")
+    job_id = _path_param("id", {"type": "string", "minLength": 1, "maxLength": 200}, "a job id")
+    bad = problem("A malformed query parameter")
+    return {
+        "/jobs/{id}": {"get": {
+            "operationId": "get_job", "tags": ["jobs"], "summary": "One job: status, attempts, history, result",
+            "parameters": [job_id],
+            "responses": {"200": ok("The job", "Job"), "404": problem("No such job")},
+        }},
+        "/functions": {"get": {
+            "operationId": "list_functions", "tags": ["functions"],
+            "summary": "Every loaded function with its queue, options and schema versions",
+            "parameters": [_query("schemas", {"type": "boolean"}, "include every schema version")],
+            "responses": {"200": ok("The functions and any load errors", "FunctionList"), "400": bad},
+        }},
+        "/functions/{type}": {"get": {
+            "operationId": "get_function", "tags": ["functions"], "summary": "One function with its schemas",
+            "parameters": [_path_param("type", _enum_or_str(functions), "a function type")],
+            "responses": {"200": ok("The function", "Function"), "404": problem("No such function")},
+        }},
+        "/queues": {"get": {
+            "operationId": "list_queues", "tags": ["queues"],
+            "summary": "Per queue: ready, processing, scheduled, dead, and per-function figures",
+            "responses": {"200": ok("Cluster-wide queue figures", "QueueList")},
+        }},
+        "/throughput": {"get": {
+            "operationId": "throughput", "tags": ["queues"], "summary": "Jobs done per minute, per queue",
+            "parameters": [_query("minutes", {"type": "integer", "minimum": 1, "maximum": 360},
+                                  "how many minutes back (default 60)")],
+            "responses": {"200": ok("One series per queue", "Throughput"), "400": bad},
+        }},
+        "/dead/{queue}": {"get": {
+            "operationId": "list_dead", "tags": ["dead letters"], "summary": "Dead jobs, newest first",
+            "parameters": [queue,
+                           _query("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000}, "skip"),
+                           _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size")],
+            "responses": {"200": ok("One page", "DeadPage"), "400": bad, "404": problem("No such queue")},
+        }},
+        "/dead/{queue}/{id}/requeue": {"post": {
+            "operationId": "requeue_dead", "tags": ["dead letters"],
+            "summary": "Move a dead job back to ready, optionally with an edited, validated payload",
+            "parameters": [queue, job_id],
+            "requestBody": {"required": False, "content": {_JSON: {"schema": ref("RequeueRequest")}}},
+            "responses": {
+                "200": ok("Requeued", "Job"), "400": problem("Malformed JSON"),
+                "404": problem("No such queue, or no such job in its dead-letter set"),
+                "413": problem("The body is over api.max_body_bytes"),
+                "415": problem("The body is not application/json"),
+                "422": problem("The payload does not validate; the job stays dead"),
+            },
+        }},
+        "/dead/{queue}/{id}": {"delete": {
+            "operationId": "delete_dead", "tags": ["dead letters"], "summary": "Delete a dead job and its record",
+            "parameters": [queue, job_id],
+            "responses": {"204": {"description": "Deleted"},
+                          "404": problem("No such queue, or no such job in its dead-letter set")},
+        }},
+        "/openapi.json": {"get": {
+            "operationId": "openapi", "tags": ["meta"], "summary": "This document",
+            "responses": {"200": {"description": "OpenAPI 3.1", "content": {_JSON: {"schema": {"type": "object"}}}}},
+        }},
+        "/metrics": {"get": {
+            "operationId": "metrics", "tags": ["meta"], "summary": "Prometheus text format, cluster-wide",
+            "responses": {"200": {"description": "Metrics", "content": {
+                "text/plain": {"schema": {"type": "string"}},
+                "application/openmetrics-text": {"schema": {"type": "string"}}}}},
+        }},
+        "/healthz": {"get": {
+            "operationId": "health", "tags": ["meta"], "summary": "Liveness and Redis reachability (no auth)",
+            "responses": {"200": ok("Alive, Redis reachable", "Health"),
+                          "503": problem("Alive, but Redis is unreachable")},
+        }},
+        "/": {"get": {
+            "operationId": "dashboard", "tags": ["meta"], "summary": "The dashboard",
+            "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
+        }},
+    }

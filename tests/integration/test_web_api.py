@@ -1,0 +1,246 @@
+"""The HTTP API through a real gunicorn: enqueue to result, idempotency, dead-letter
+operations, and every error status with its problem+json body."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from openapi_spec_validator import validate as validate_openapi
+from test_web_support import Web, gunicorn
+
+from runner.embedded import Server
+
+from conftest import Project, make_project, wait_for
+
+TOKEN = "t0ken-for-tests"
+PROBLEM = "application/problem+json"
+
+
+def assert_problem(r: requests.Response, status: int, slug: str) -> dict[str, Any]:
+    """One stable shape for every error."""
+    assert r.status_code == status, r.text
+    assert r.headers["Content-Type"] == PROBLEM
+    body: dict[str, Any] = r.json()
+    assert body["type"] == f"urn:runner:problem:{slug}", body
+    assert body["status"] == status
+    assert body["title"] and body["detail"] and body["instance"].startswith("/")
+    return body
+
+
+def job_when(web: Web, job_id: str, statuses: tuple[str, ...] = ("done", "dead")) -> dict[str, Any]:
+    def settled() -> dict[str, Any] | None:
+        rec: dict[str, Any] = web.get(f"/jobs/{job_id}").json()
+        return rec if rec["status"] in statuses else None
+
+    out: dict[str, Any] = wait_for(settled, timeout=20, interval=0.02, what=f"job {job_id} in {statuses}")
+    return out
+
+
+@pytest.fixture
+def web(project: Project) -> Iterator[Web]:
+    project.write_config(extra="\n[api]\nmax_body_bytes = 2048\n")
+    with gunicorn(project, token=TOKEN) as w:
+        yield w
+
+
+def test_enqueue_runs_and_the_job_shows_its_result(project: Project, web: Web) -> None:
+    """POST /jobs/{type} -> 202 with the job; a worker runs it; GET /jobs/{id} shows it done
+    with its result, attempts and history."""
+    r = web.post("/jobs/record", json={"n": 7})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job == {"id": job["id"], "type": "record", "version": 1, "queue": "fast", "status": "queued",
+                   "duplicate": False}
+    assert r.headers["Location"] == f"/jobs/{job['id']}"
+    delayed = web.post("/jobs/record?delay=0.3&version=1", json={"n": 8}).json()
+    assert delayed["status"] == "scheduled"
+    project.spawn_worker("fast")
+    rec = job_when(web, job["id"])
+    assert rec["status"] == "done" and rec["result"] == {"n": 7, "attempt": 1}
+    assert rec["attempt"] == 1 and [h["outcome"] for h in rec["history"]] == ["done"]
+    assert rec["payload"] == {"n": 7} and rec["started_at"] >= rec["enqueued_at"]
+    assert job_when(web, delayed["id"])["result"] == {"n": 8, "attempt": 1}
+    assert len(project.runs(job["id"])) == 1
+
+
+def test_duplicate_key_returns_the_first_job_and_another_payload_conflicts(web: Web) -> None:
+    """Same Idempotency-Key and payload -> 200 with the first id; another payload -> 409
+    naming the job that holds the key. The function's own template works the same way."""
+    first = web.post("/jobs/record", json={"n": 1}, headers={"Idempotency-Key": "order-1"})
+    assert first.status_code == 202
+    again = web.post("/jobs/record", json={"n": 1}, headers={"Idempotency-Key": "order-1"})
+    assert again.status_code == 200
+    assert again.json()["id"] == first.json()["id"] and again.json()["duplicate"] is True
+    clash = web.post("/jobs/record", json={"n": 2}, headers={"Idempotency-Key": "order-1"})
+    body = assert_problem(clash, 409, "idempotency-conflict")
+    assert body["job_id"] == first.json()["id"] and body["idempotency_key"] == "order-1"
+    t1 = web.post("/jobs/idem", json={"k": "a", "v": 1})
+    t2 = web.post("/jobs/idem", json={"k": "a", "v": 1})
+    assert (t1.status_code, t2.status_code) == (202, 200) and t1.json()["id"] == t2.json()["id"]
+    assert_problem(web.post("/jobs/idem", json={"k": "a", "v": 2}), 409, "idempotency-conflict")
+
+
+def test_every_error_status_has_its_problem_body(web: Web) -> None:
+    """400, 401, 404, 405, 409 (above), 413, 415 and 422, all application/problem+json."""
+    # 401: missing, wrong and non-bearer credentials; /healthz and the dashboard shell are open.
+    r = web.get("/queues", auth=False)
+    assert_problem(r, 401, "unauthorized")
+    assert r.headers["WWW-Authenticate"].startswith("Bearer")
+    assert_problem(web.get("/queues", headers={"Authorization": "Bearer nope"}), 401, "unauthorized")
+    assert_problem(web.get("/queues", headers={"Authorization": f"Basic {TOKEN}"}), 401, "unauthorized")
+    assert_problem(web.get("/no/such/path", auth=False), 401, "unauthorized")
+    assert_problem(web.get("/metrics", auth=False), 401, "unauthorized")
+    assert_problem(web.post("/jobs/record", auth=False, json={}), 401, "unauthorized")
+    assert web.get("/healthz", auth=False).status_code == 200
+    assert web.get("/", auth=False).headers["Content-Type"].startswith("text/html")
+    # 404: unknown function, job, queue, path.
+    assert assert_problem(web.post("/jobs/nope", json={}), 404, "unknown-function")["function"] == "nope"
+    assert assert_problem(web.get("/jobs/0123abc"), 404, "job-not-found")["job_id"] == "0123abc"
+    assert_problem(web.get("/functions/nope"), 404, "unknown-function")
+    assert_problem(web.get("/dead/nope"), 404, "unknown-queue")
+    assert_problem(web.get("/no/such/path"), 404, "not-found")
+    # 405, with the methods that are allowed.
+    r = web.call("DELETE", "/queues")
+    assert "GET" in assert_problem(r, 405, "method-not-allowed")["allowed_methods"]
+    assert "GET" in r.headers["Allow"]
+    # 415 and 400.
+    assert_problem(web.post("/jobs/record", data="{}", headers={"Content-Type": "text/plain"}),
+                   415, "unsupported-media-type")
+    assert_problem(web.post("/jobs/record", data=b"{}"), 415, "unsupported-media-type")
+    json_ct = {"Content-Type": "application/json"}
+    assert_problem(web.post("/jobs/record", data="{not json", headers=json_ct), 400, "invalid-json")
+    assert_problem(web.post("/jobs/record", data="", headers=json_ct), 400, "invalid-json")
+    assert_problem(web.post("/jobs/record", data=b"\xff\xfe", headers=json_ct), 400, "invalid-json")
+    for query in ("delay=-1", "delay=abc", "delay=inf", "version=x", "version=0", "delay=1&run_at=5"):
+        assert_problem(web.post(f"/jobs/record?{query}", json={}), 400, "invalid-parameter")
+    assert_problem(web.get("/dead/fast?limit=0"), 400, "invalid-parameter")
+    assert_problem(web.post("/jobs/record", json={}, headers={"Idempotency-Key": "k" * 600}),
+                   400, "invalid-header")
+    # 422: every validation error with its JSON path; an unknown version lists the known ones.
+    body = assert_problem(web.post("/jobs/record", json={"n": "x", "fail_times": [1]}), 422, "invalid-payload")
+    assert sorted(e["path"] for e in body["errors"]) == ["$.fail_times", "$.n"]
+    assert all(e["message"] for e in body["errors"])
+    body = assert_problem(web.post("/jobs/idem", json=[]), 422, "invalid-payload")
+    assert body["errors"][0]["path"] == "$"
+    assert assert_problem(web.post("/jobs/record?version=9", json={}), 422,
+                          "unknown-version")["known_versions"] == [1]
+    # Nothing refused above reached Redis.
+    assert web.get("/queues").json()["queues"][0]["ready"] == 0
+
+
+def test_body_limit_is_checked_before_reading_and_while_reading(web: Web) -> None:
+    """413 from Content-Length alone, before one byte of the body is sent; and a chunked
+    body with no length is cut off once it passes api.max_body_bytes."""
+    host, port = web.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(
+            f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n".encode()
+        )
+        head = s.recv(65536).decode("latin-1")  # the body was never sent: no read may wait for it
+    assert head.startswith("HTTP/1.1 413"), head
+    assert PROBLEM in head and "payload-too-large" in head
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"n": 1, "pad": "'
+        for _ in range(8):
+            yield b"x" * 1024
+        yield b'"}'
+
+    r = web.post("/jobs/record", data=chunks(), headers={"Content-Type": "application/json"})
+    assert assert_problem(r, 413, "payload-too-large")["max_body_bytes"] == 2048
+
+    def small() -> Iterator[bytes]:
+        yield b'{"n": '
+        yield b"5}"
+
+    assert web.post("/jobs/record", data=small(), headers={"Content-Type": "application/json"}).status_code == 202
+
+
+def test_dead_letter_list_requeue_and_delete(project: Project, web: Web) -> None:
+    """GET /dead/{queue} is newest first and paginated; an invalid edited payload gets a 422
+    and the job stays dead; a valid one is requeued and runs; DELETE removes a dead job."""
+    ids = [web.post("/jobs/perm", json={}).json()["id"] for _ in range(3)]
+    flaky = web.post("/jobs/record", json={"n": 3, "fail_times": 99}).json()["id"]
+    project.spawn_worker("fast")
+    for i in [*ids, flaky]:
+        job_when(web, i)
+    page = web.get("/dead/fast?limit=2").json()
+    assert page["total"] == 4 and page["limit"] == 2 and len(page["jobs"]) == 2
+    rest = web.get("/dead/fast?limit=2&offset=2").json()["jobs"]
+    listed = [j["id"] for j in page["jobs"] + rest]
+    assert sorted(listed) == sorted([*ids, flaky])
+    died = [j["finished_at"] for j in page["jobs"] + rest]
+    assert died == sorted(died, reverse=True)
+    rec = next(j for j in page["jobs"] + rest if j["id"] == flaky)
+    assert rec["reason"] == "max attempts reached" and rec["attempt"] == 4
+    assert rec["last_error"]["type"] == "RuntimeError" and rec["payload"]["fail_times"] == 99
+
+    bad = web.post(f"/dead/fast/{flaky}/requeue", json={"payload": {"n": "three"}})
+    assert assert_problem(bad, 422, "invalid-payload")["errors"][0]["path"] == "$.n"
+    assert_problem(web.post(f"/dead/fast/{flaky}/requeue", json={"payload": {}, "version": 5}),
+                   422, "unknown-version")
+    assert_problem(web.post(f"/dead/fast/{flaky}/requeue", json={"paylod": {}}), 422, "invalid-payload")
+    assert web.get(f"/jobs/{flaky}").json()["status"] == "dead"
+
+    ok = web.post(f"/dead/fast/{flaky}/requeue", json={"payload": {"n": 3, "fail_times": 0}})
+    assert ok.status_code == 200 and ok.json()["attempt"] in (0, 1)  # a worker may have it already
+    done = job_when(web, flaky, ("done",))
+    assert done["result"] == {"n": 3, "attempt": 1}
+    assert_problem(web.post(f"/dead/fast/{flaky}/requeue"), 404, "job-not-found")
+
+    plain = web.post(f"/dead/fast/{ids[0]}/requeue")  # no body: the stored payload as it is
+    assert plain.status_code == 200
+    job_when(web, ids[0], ("dead",))
+    assert web.call("DELETE", f"/dead/fast/{ids[1]}").status_code == 204
+    assert_problem(web.call("DELETE", f"/dead/fast/{ids[1]}"), 404, "job-not-found")
+    assert_problem(web.get(f"/jobs/{ids[1]}"), 404, "job-not-found")
+
+
+def test_openapi_document_is_valid_and_generated_from_the_functions(web: Web) -> None:
+    """/openapi.json validates as OpenAPI 3.1 and has one enqueue operation per function,
+    whose request body is that function's newest schema."""
+    doc = web.get("/openapi.json").json()
+    validate_openapi(doc)
+    assert doc["openapi"].startswith("3.1")
+    functions = [f["type"] for f in web.get("/functions").json()["functions"]]
+    for name in functions:
+        op = doc["paths"][f"/jobs/{name}"]["post"]
+        assert op["operationId"] == f"enqueue_{name}"
+        ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
+        newest = web.get(f"/functions/{name}").json()["schemas"][-1]["schema"]
+        assert schema == newest
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert doc["paths"]["/healthz"]["get"]["security"] == []
+
+
+def test_redis_unreachable_is_a_503_with_nothing_half_written(tmp_path: Path) -> None:
+    """With Redis down, enqueue answers 503 (and /healthz says so) and writes nothing; once
+    Redis is back the same web process serves again without a restart."""
+    with Server(tmp_path / "redis") as own:
+        project = make_project(tmp_path / "project", own)
+        try:
+            with gunicorn(project) as web:
+                first = web.post("/jobs/record", json={"n": 1}).json()["id"]
+                own.stop()
+                r = web.post("/jobs/record", json={"n": 2})
+                assert_problem(r, 503, "redis-unavailable")
+                assert r.headers["Retry-After"] == "1"
+                assert_problem(web.get("/healthz"), 503, "redis-unavailable")
+                assert_problem(web.get("/queues"), 503, "redis-unavailable")
+                assert "runner_redis_up 0.0" in web.get("/metrics").text
+                own.start()
+                third = wait_for(lambda: web.post("/jobs/record", json={"n": 3}), timeout=10,
+                                 what="enqueue to work again")
+                assert third.status_code == 202
+                ready = project.runtime.redis.lrange(project.keys("fast").ready, 0, -1)
+                assert ready == [third.json()["id"], first]
+        finally:
+            if project._runtime is not None:
+                project._runtime.close()
