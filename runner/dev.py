@@ -1,0 +1,415 @@
+"""`runner dev`: the web app, workers for every queue and the scheduler in one process
+around one Runtime, a file watcher that hot-reloads, and an embedded Redis when none
+answers.
+
+Start order (stop is the reverse): Redis first, since everything talks to it; then the
+Runtime; the web app (so requests are taken while workers start); the workers with
+their scheduler; the watcher last, so no reload races a half-started process. On stop
+the web app goes first (no new work), the workers finish running jobs within the grace
+period and hand the rest back, then Redis goes down.
+
+Reload rules (functions/, schemas/, runner.toml):
+
+- A reload builds a new registry snapshot and swaps ``runtime.registry``: the web app
+  reads it per request and each job takes one reference when it starts, so running jobs
+  finish on the code they started with and no job is lost or run twice.
+- A broken file (syntax error, bad option, invalid schema) is logged with path and line;
+  its function keeps its last good version and everything else keeps serving.
+- A new file is a new job type at once, for the API too.
+- A deleted file stops accepting jobs (404). Its queued jobs are not run on code that no
+  longer exists: a worker moves each to the dead-letter list with reason "unknown type",
+  attempt not counted. When a function of that name comes back (same session or a later
+  `runner dev`), its parked jobs are requeued by themselves.
+- runner.toml: reloaded and checked; a broken one is logged and the last good one stays.
+  Changed queues or worker settings restart the workers gracefully (new workers start
+  first, the old ones finish their running jobs). Switching Redis needs a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue as stdqueue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from runner import config as config_mod
+from runner.config import Config
+from runner.connection import UNAVAILABLE, connect
+from runner.embedded import ProjectServer
+from runner.errors import ConfigError, RunnerError
+
+log = logging.getLogger("runner.dev")
+
+REQUEUE_RECHECK_S = 2.0  # a job claimed just before a function came back is buried just after
+CATCH_UP_S = 1.0  # far longer than the watcher takes to set up its watches
+
+
+def reachable(cfg: Config) -> bool:
+    try:
+        client = connect(cfg.redis, socket_connect_timeout=0.5, socket_timeout=1.0)
+    except ConfigError:
+        return False
+    try:
+        return bool(client.ping())
+    except UNAVAILABLE:
+        return False
+    except Exception:  # e.g. a password Redis refuses: not usable either
+        return False
+    finally:
+        client.close()
+
+
+class Watcher:
+    """Two watchfiles threads feeding one queue of changed paths: functions/ and schemas/
+    recursively, and the config file's folder (not the file itself: an editor that saves
+    by rename would end a watch on the file)."""
+
+    def __init__(self, cfg: Config, config_file: Path, sink: stdqueue.Queue[set[Path] | None]) -> None:
+        self.cfg = cfg
+        self.config_file = config_file
+        self.sink = sink
+        self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _is_code(self, path: Path) -> bool:
+        if "__pycache__" in path.parts or path.name.startswith("."):
+            return False
+        return (path.suffix == ".py" and path.is_relative_to(self.cfg.functions_dir)) or \
+            (path.suffix == ".json" and path.is_relative_to(self.cfg.schemas_dir))
+
+    def start(self) -> None:
+        code_dirs = [str(self.cfg.functions_dir), str(self.cfg.schemas_dir)]
+        self._threads = [
+            threading.Thread(target=self._run, name="watch-code", daemon=True,
+                             args=(code_dirs, True, self._is_code)),
+            threading.Thread(target=self._run, name="watch-config", daemon=True,
+                             args=([str(self.config_file.parent)], False,
+                                   lambda p: p.name == self.config_file.name)),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, paths: list[str], recursive: bool, keep: Callable[[Path], bool]) -> None:
+        from watchfiles import watch
+
+        # step: how long the folder must stay quiet before a batch is handed over; an
+        # editor's save (write, rename, chmod) lands in one batch.
+        for changes in watch(*paths, recursive=recursive, stop_event=self.stop_event, debounce=1600,
+                             step=50, rust_timeout=500, yield_on_timeout=False, raise_interrupt=False,
+                             watch_filter=lambda _c, p: keep(Path(p))):
+            self.sink.put({Path(p) for _c, p in changes})
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self._threads:
+            t.join(timeout=3)
+
+
+class Dev:
+    """The `runner dev` supervisor: start, watch and reload, stop."""
+
+    def __init__(self, cfg: Config, config_path: str | None, host: str = "127.0.0.1", port: int = 8000,
+                 force_embedded: bool = False) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.config_file = Path(cfg.source).resolve()
+        self.host = host
+        self.port = port
+        self.force_embedded = force_embedded
+        # The Redis settings as written (dev may have swapped in the embedded server's URL).
+        self._configured_redis = (cfg.redis.url, cfg.redis.prefix)
+        self.embedded: ProjectServer | None = None
+        self.rt: Any = None
+        self.web: Any = None
+        self.worker: Any = None
+        self.watcher: Watcher | None = None
+        self.changes: stdqueue.Queue[set[Path] | None] = stdqueue.Queue()
+        self.stopping = threading.Event()
+        self._signals = 0
+        self._recheck: tuple[float, set[str]] | None = None
+        # The watcher needs a moment to set up its watches; a change made in that moment
+        # is caught by comparing the files against what the first load saw.
+        self._loaded_files: dict[Path, int] = {}
+        self._catch_up_at: float | None = None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def run(self) -> int:
+        from runner.logs import setup
+
+        setup(self.cfg.log, force_format="text")
+        logging.getLogger("watchfiles").setLevel(logging.WARNING)  # we log each reload ourselves
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            self.start()
+        except (RunnerError, OSError) as exc:
+            log.error("runner dev cannot start: %s", exc)
+            self.stop()
+            return 2
+        try:
+            self._loop()
+        finally:
+            self.stop()
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second signal: exiting now; running jobs go back to their queue when "
+                        "their lease lapses")
+            if self.embedded is not None:
+                self.embedded.stop(kill=False)
+            os._exit(130)
+        log.info("%s: shutting down (running jobs finish, within %gs; again to force)",
+                 signal.Signals(signum).name, self.cfg.worker.grace_period_s)
+        self.stopping.set()
+        self.changes.put(None)
+
+    def start(self) -> None:
+        from runner.checks import redact
+        from runner.runtime import Runtime
+        from runner.web import create_app
+        from runner.webserver import DevServer
+        from runner.worker import Worker
+
+        cfg = self.cfg
+        if self.force_embedded or not reachable(cfg):
+            if not self.force_embedded:
+                log.info("no Redis answers at %s: starting the embedded one", redact(cfg.redis.url))
+            self.embedded = ProjectServer(cfg)
+            url = self.embedded.start()
+            log.info("embedded Redis %s (data in %s)", url, self.embedded.data_dir)
+        else:
+            url = cfg.redis.url
+            log.info("using Redis at %s", redact(url))
+        self.cfg = cfg = self._dev_config(cfg, url)
+        for d in (cfg.functions_dir, cfg.schemas_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        _fresh_bytecode()
+        self._loaded_files = self._files()
+        self.rt = Runtime.create(cfg)
+        self._report(None, self.rt.registry)
+        self.web = DevServer(create_app(self.rt), self.host, self.port)
+        self.web.start()
+        self.worker = Worker(self.rt, list(cfg.queues))
+        self.worker.start()
+        self.watcher = Watcher(cfg, self.config_file, self.changes)
+        self.watcher.start()
+        self._catch_up_at = time.monotonic() + CATCH_UP_S
+        self._requeue_parked(set(self.rt.registry.functions))
+        log.info("serving http://%s:%d (dashboard at /) ; watching %s, %s and %s",
+                 self.host, self.web.port, _rel(cfg.functions_dir), _rel(cfg.schemas_dir),
+                 _rel(self.config_file))
+
+    def stop(self) -> None:
+        for part, name in ((self.watcher, "watcher"), (self.web, "web")):
+            if part is not None:
+                with _logged(f"stopping {name}"):
+                    part.stop()
+        self.watcher = self.web = None
+        if self.worker is not None:
+            with _logged("stopping the workers"):
+                self.worker.stop(self.cfg.worker.grace_period_s)
+            self.worker = None
+        if self.rt is not None:
+            self.rt.close()
+            self.rt = None
+        if self.embedded is not None:
+            self.embedded.stop()
+            self.embedded = None
+            log.info("embedded Redis stopped")
+        log.info("runner dev stopped")
+
+    def _dev_config(self, cfg: Config, url: str) -> Config:
+        """The config as dev runs it: the Redis actually in use, and no API token needed."""
+        cfg = replace(cfg, redis=replace(cfg.redis, url=url))
+        if not cfg.api.token and cfg.api.auth:
+            cfg = replace(cfg, api=replace(cfg.api, auth=False))
+        return cfg
+
+    # --- reloading -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            deadlines = [t for t in (self._catch_up_at, self._recheck and self._recheck[0]) if t]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            try:
+                batch = self.changes.get(timeout=timeout)
+            except stdqueue.Empty:
+                batch = set()
+            if batch is None:
+                break
+            # Coalesce whatever else is already queued into one reload.
+            while True:
+                try:
+                    more = self.changes.get_nowait()
+                except stdqueue.Empty:
+                    break
+                if more is None:
+                    return
+                batch |= more
+            now = time.monotonic()
+            if self._catch_up_at is not None and now >= self._catch_up_at:
+                self._catch_up_at = None
+                batch |= self._missed()
+            if batch:
+                with _logged("reload"):
+                    self.apply(batch)
+            if self._recheck is not None and now >= self._recheck[0]:
+                names, self._recheck = self._recheck[1], None
+                self._requeue_parked(names, again=False)
+
+    def _files(self) -> dict[Path, int]:
+        """Every watched file with its mtime (ns), and the folders (a deletion shows there)."""
+        cfg = self.cfg
+        found = [*cfg.functions_dir.glob("*.py"), *cfg.schemas_dir.rglob("*.json"), self.config_file,
+                 cfg.functions_dir, cfg.schemas_dir, *(p for p in cfg.schemas_dir.iterdir() if p.is_dir())]
+        out = {}
+        for p in found:
+            with contextlib.suppress(OSError):
+                out[p] = p.stat().st_mtime_ns
+        return out
+
+    def _missed(self) -> set[Path]:
+        """Files changed between the first load and the moment the watcher was surely up."""
+        now = self._files()
+        before = self._loaded_files
+        changed = {p for p in now.keys() | before.keys() if now.get(p) != before.get(p)}
+        if changed:
+            log.info("catching up on %d change(s) made while starting", len(changed))
+        return changed
+
+    def apply(self, paths: Iterable[Path]) -> None:
+        paths = set(paths)
+        t0 = time.perf_counter()
+        old = self.rt.registry
+        if any(p.resolve() == self.config_file for p in paths) and not self._reload_config():
+            return
+        self._loaded_files = self._files()
+        new = self.rt.reload()
+        ms = (time.perf_counter() - t0) * 1000
+        changed = sorted(_rel(p) for p in paths if p.resolve() != self.config_file)
+        log.info("reloaded in %.0f ms (%s): %d function(s)%s", ms, ", ".join(changed) or "runner.toml",
+                 len(new.functions), f", {len(new.errors)} not loaded" if new.errors else "")
+        self._report(old, new)
+        back = set(new.functions) - set(old.functions)
+        if back:
+            self._requeue_parked(back)
+
+    def _reload_config(self) -> bool:
+        from runner.keys import for_queue
+        from runner.worker import Worker
+
+        try:
+            fresh = config_mod.load(self.config_path)
+        except ConfigError as exc:
+            log.error("runner.toml not reloaded, the last good one stays: %s", exc)
+            return False
+        current = self.cfg
+        if (fresh.redis.url, fresh.redis.prefix) != self._configured_redis:
+            log.warning("the Redis settings changed: restart `runner dev` to switch; still using %s",
+                        current.redis.url)
+        fresh = replace(self._dev_config(fresh, current.redis.url), redis=current.redis)
+        self.cfg = fresh
+        self.rt.config = fresh
+        # Keys of dropped queues stay until their runners have stopped.
+        self.rt.keys = {**self.rt.keys, **{q: for_queue(fresh.redis.prefix, q) for q in fresh.queues}}
+        if fresh.queues != current.queues or fresh.worker != current.worker \
+                or fresh.retention != current.retention:
+            log.info("queues or worker settings changed: restarting the workers (%s)",
+                     ", ".join(fresh.queues))
+            old = self.worker
+            self.worker = Worker(self.rt, list(fresh.queues))
+            self.worker.start()
+
+            def retire() -> None:
+                old.stop(current.worker.grace_period_s)
+                self.rt.keys = {q: for_queue(fresh.redis.prefix, q) for q in self.cfg.queues}
+
+            threading.Thread(target=retire, name="retire-workers", daemon=True).start()
+        else:
+            log.info("runner.toml reloaded")
+        return True
+
+    def _report(self, old: Any, new: Any) -> None:
+        """Log what a reload changed: each new or different error with path and line, fixes,
+        removed functions, new warnings."""
+        old_errors = {} if old is None else {p: str(e) for p, e in old.errors.items()}
+        for path, err in new.errors.items():
+            if old_errors.get(path) != str(err):
+                stem = Path(path).stem
+                kept = " (its last good version keeps running)" if old is not None and \
+                    stem in new.functions else ""
+                log.error("not loaded: %s%s", err, kept)
+        for path in old_errors.keys() - new.errors.keys():
+            log.info("fixed: %s", _rel(Path(path)))
+        if old is not None:
+            for name in sorted(set(old.functions) - set(new.functions)):
+                log.warning("function %s removed: new jobs are refused; queued ones are parked in the "
+                            "dead-letter list (reason \"unknown type\") until it comes back", name)
+            for name in sorted(set(new.functions) - set(old.functions)):
+                log.info("function %s added (queue %s)", name, new.functions[name].queue)
+        seen = set(() if old is None else old.warnings)
+        for w in new.warnings:
+            if w not in seen:
+                log.warning("%s", w)
+
+    def _requeue_parked(self, names: set[str], again: bool = True) -> None:
+        """Requeue the dead jobs of ``names`` that were parked as "unknown type"."""
+        from runner.checks import scan
+        from runner.client import Client
+
+        if not names:
+            return
+        client = Client(self.rt)
+        n = 0
+        try:
+            for queue in list(self.rt.keys):
+                for state, job_id, (type_, reason) in scan(self.rt, queue, ("type", "reason")):
+                    if state == "dead" and reason == "unknown type" and type_ in names:
+                        try:
+                            client.requeue(queue, job_id)
+                            n += 1
+                        except RunnerError as exc:
+                            log.warning("parked job %s stays dead: %s", job_id, exc)
+        except UNAVAILABLE as exc:
+            log.warning("cannot requeue parked jobs now: %s", exc)
+        if n:
+            log.info("requeued %d parked job(s) of %s", n, ", ".join(sorted(names)))
+        if again:
+            pending = self._recheck[1] if self._recheck else set()
+            self._recheck = (time.monotonic() + REQUEUE_RECHECK_S, pending | names)
+
+
+def _fresh_bytecode() -> None:
+    """Function files must be compiled from their source on every reload: a cached .pyc
+    is keyed by the source's mtime in whole seconds and its size, so two saves within a
+    second that keep the size would load the old code. Everything imported after this
+    point looks for bytecode in a folder that does not exist and writes none."""
+    sys.dont_write_bytecode = True
+    sys.pycache_prefix = str(Path("/nonexistent-runner-dev-pycache") / str(os.getpid()))
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Any:
+    """One failure in a step of dev is logged with its traceback, not fatal."""
+    try:
+        yield
+    except Exception:
+        log.exception("%s failed", what)

@@ -1,0 +1,246 @@
+"""`runner dev` as a user runs it: a subprocess on a fresh project folder holding the shipped
+examples, driven over HTTP while its files are edited, added, broken, fixed and deleted;
+and the embedded Redis it starts when none answers, which keeps jobs across restarts and
+never outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from runner.embedded import Server, free_port
+
+from conftest import REPO, Project, make_project, wait_for
+
+SLOWPOKE = '''"""Sleeps, then says which code ran it."""
+import os
+import time
+
+QUEUE = "fast"
+TIMEOUT = 15
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{ctx.attempt}\\n")
+    time.sleep(payload.get("seconds", 0))
+    return {"code": "old"}
+'''
+
+HELLO = '''"""Greets."""
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    return {"greeting": "GREETING " + payload["name"]}
+'''
+HELLO_SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+                "properties": {"name": {"type": "string"}}, "required": ["name"]}
+BROKEN_HELLO = '"""Greets."""\nQUEUE = "fast"\ndef handle(payload, ctx)\n    return {}\n'
+
+
+class Dev:
+    """One `runner dev` process with its log in the project folder."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root = root
+        self.port = free_port()
+        self.log_path = root / f"dev-{self.port}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runner.cli", "--config", str(root / "runner.toml"), "dev",
+             "--port", str(self.port)],
+            cwd=root, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+        wait_for(self._up, timeout=30, interval=0.05, what="runner dev to serve /healthz")
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"runner dev exited with {self.proc.returncode}:\n{self.log()}")
+        # The log line is the signal that the watcher is up too.
+        return "runner.dev: serving http://" in self.log()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def post(self, type_: str, payload: Any, **params: Any) -> requests.Response:
+        return requests.post(f"{self.base}/jobs/{type_}", json=payload, params=params, timeout=5)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        r = requests.get(f"{self.base}/jobs/{job_id}", timeout=5)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def run(self, type_: str, payload: Any, timeout: float = 10.0) -> dict[str, Any]:
+        r = self.post(type_, payload)
+        assert r.status_code == 202, r.text
+        return self.finished(r.json()["id"], timeout)
+
+    def finished(self, job_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        return dict(wait_for(lambda: (j := self.job(job_id))["status"] in ("done", "dead") and j,
+                             timeout=timeout, interval=0.02, what=f"job {job_id} to finish"))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def examples(tmp_path: Path, server: Server) -> Project:
+    """A fresh project folder with the shipped examples (functions/ and schemas/ of the repo)."""
+    p = make_project(tmp_path / "app", server)
+    for folder in ("functions", "schemas"):
+        shutil.rmtree(p.root / folder)
+        shutil.copytree(REPO / folder, p.root / folder)
+    p.write_config(vt=2, slow_vt=60, grace=5)
+    (p.root / "functions" / "slowpoke.py").write_text(SLOWPOKE)
+    (p.root / "schemas" / "slowpoke").mkdir()
+    (p.root / "schemas" / "slowpoke" / "v1.json").write_text(json.dumps({"type": "object"}))
+    return p
+
+
+def email(user_id: int) -> dict[str, Any]:
+    return {"user_id": user_id, "to": ["ada@example.com"], "name": "Ada", "template": "welcome"}
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_hot_reload_edits_additions_errors_fixes_and_a_long_job(examples: Project) -> None:
+    """Edits take effect within seconds; a new file is a new job type over HTTP; a syntax
+    error is logged with path and line while the rest keeps serving; fixing it brings it
+    back; a job running across a reload finishes once, on its old code."""
+    dev = Dev(examples.root, examples.env)
+    fns, schemas = examples.root / "functions", examples.root / "schemas"
+    try:
+        assert dev.run("send_email", email(1))["result"]["via"] == "outbox"
+
+        long_job = dev.post("slowpoke", {"seconds": 2.5}).json()["id"]
+        wait_for(lambda: dev.job(long_job)["status"] == "processing", what="the long job to start")
+        edit(fns / "slowpoke.py", '"old"', '"new"')
+        edit(fns / "send_email.py", '"via": sent_via}', '"via": sent_via + "+edited"}')
+        user = iter(range(100, 10_000))
+        wait_for(lambda: dev.run("send_email", email(next(user)))["result"]["via"] == "outbox+edited",
+                 timeout=5, what="the edited send_email to run")
+        old = dev.finished(long_job)
+        assert old["status"] == "done" and old["result"] == {"code": "old"}
+        assert old["attempt"] == 1 and len(old["history"]) == 1
+        assert examples.runs(long_job) == ["1"], "the long job ran more than once"
+        assert dev.run("slowpoke", {})["result"] == {"code": "new"}
+
+        (schemas / "hello").mkdir()
+        (schemas / "hello" / "v1.json").write_text(json.dumps(HELLO_SCHEMA))
+        (fns / "hello.py").write_text(HELLO)
+        wait_for(lambda: dev.post("hello", {"name": "x"}).status_code == 202, timeout=5,
+                 what="the new function to be enqueueable")
+        assert dev.run("hello", {"name": "Bo"})["result"] == {"greeting": "GREETING Bo"}
+        assert dev.post("hello", {"nom": "x"}).status_code == 422
+
+        (fns / "hello.py").write_text(BROKEN_HELLO)
+        wait_for(lambda: "hello.py:3: syntax error" in dev.log(), timeout=5, what="the syntax error log line")
+        assert dev.run("send_email", email(2))["result"]["via"] == "outbox+edited"
+        assert dev.run("hello", {"name": "Cy"})["result"] == {"greeting": "GREETING Cy"}  # last good
+
+        (fns / "hello.py").write_text(HELLO.replace("GREETING ", "Hi "))
+        wait_for(lambda: dev.run("hello", {"name": "Di"})["result"] == {"greeting": "Hi Di"}, timeout=5,
+                 what="the fixed function to run")
+        assert "fixed: functions/hello.py" in dev.log()
+    finally:
+        code = dev.stop()
+    assert code == 0, dev.log()
+    assert "runner dev stopped" in dev.log()
+
+
+def test_deleted_function_refuses_new_jobs_and_its_parked_jobs_return_with_it(examples: Project) -> None:
+    """Deleting a file makes its type unknown (404); a job already queued is parked in the
+    dead-letter list as "unknown type" without spending an attempt, and runs once the file
+    comes back."""
+    dev = Dev(examples.root, examples.env)
+    path = examples.root / "functions" / "slowpoke.py"
+    try:
+        parked = dev.post("slowpoke", {}, delay=1.5).json()["id"]
+        saved = path.read_text()
+        path.unlink()
+        wait_for(lambda: dev.post("slowpoke", {}).status_code == 404, timeout=5, interval=0.05,
+                 what="the type to go")
+        dead = wait_for(lambda: (j := dev.job(parked))["status"] == "dead" and j, timeout=10,
+                        what="the queued job to be parked")
+        assert dead["reason"] == "unknown type"
+        path.write_text(saved)
+        back = wait_for(lambda: (j := dev.job(parked))["status"] == "done" and j, timeout=10,
+                        what="the parked job to run once its function is back")
+        assert back["result"] == {"code": "old"}
+        assert examples.runs(parked) == ["1"]
+        assert "function slowpoke removed" in dev.log()
+    finally:
+        assert dev.stop() == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose: it serves nothing and holds no port.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_embedded_redis_keeps_jobs_across_restarts_and_never_outlives_dev(tmp_path: Path) -> None:
+    """With no Redis answering at the configured URL, dev starts the packaged server with
+    its data under .runner/redis; a job queued before a restart runs after it; SIGTERM,
+    Ctrl-C and SIGKILL of dev all take the server down."""
+    root = tmp_path / "fresh"
+    shutil.copytree(REPO / "functions", root / "functions")
+    shutil.copytree(REPO / "schemas", root / "schemas")
+    closed = free_port()
+    (root / "runner.toml").write_text(
+        f'[redis]\nurl = "redis://127.0.0.1:{closed}/0"\n\n[queues.fast]\nvisibility_timeout = 5\n\n'
+        '[queues.slow]\nvisibility_timeout = 60\n\n[worker]\ngrace_period = 5\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_") and k != "REDIS_URL"}
+    env.update({"OUTBOX_DIR": str(root / "outbox"), "PYTHONUNBUFFERED": "1"})
+
+    def session() -> dict[str, Any]:
+        return dict(json.loads((root / ".runner" / "dev.json").read_text()))
+
+    first = Dev(root, env)
+    assert "starting the embedded one" in first.log()
+    server_pid = session()["server_pid"]
+    job_id = first.post("send_email", email(7), delay=3).json()["id"]
+    # The other commands of the project find the embedded server by themselves.
+    stats = subprocess.run([sys.executable, "-m", "runner.cli", "stats", "--json"], cwd=root, env=env,
+                           capture_output=True, timeout=30)
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["fast"]["scheduled"] == 1
+    assert first.stop(signal.SIGINT) == 0  # Ctrl-C
+    wait_for(lambda: not _alive(server_pid), timeout=5, what="the embedded server to stop")
+    assert not (root / ".runner" / "dev.json").exists()
+
+    second = Dev(root, env)
+    try:
+        done = second.finished(job_id, timeout=15)
+        assert done["status"] == "done" and done["attempt"] == 1
+    finally:
+        assert second.stop() == 0
+    assert (root / ".runner" / "redis").is_dir()
+
+    third = Dev(root, env)
+    pid = session()["server_pid"]
+    third.proc.kill()
+    third.proc.wait(timeout=10)
+    wait_for(lambda: not _alive(pid), timeout=5, what="the server to die with its parent")
