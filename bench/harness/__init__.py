@@ -1,0 +1,1 @@
+"""The benchmark harness: servers, processes, systems, scenarios and reports."""

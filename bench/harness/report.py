@@ -1,0 +1,198 @@
+"""Results out: bench/results/latest.json (+ a dated copy), latest.md, latest.png."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from harness.systems import BENCH
+
+RESULTS = BENCH / "results"
+
+
+def _num(v: float, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:,.{digits}f}"
+
+
+def cell(s: dict[str, float] | None, digits: int = 0) -> str:
+    if not s:
+        return "n/a"
+    if s["min"] == s["max"]:
+        return _num(s["median"], digits)
+    return f"{_num(s['median'], digits)} ({_num(s['min'], digits)}-{_num(s['max'], digits)})"
+
+
+def ratio(runner: dict[str, float] | None, other: dict[str, float] | None, lower_better: bool = False) -> str:
+    if not runner or not other or not other["median"] or not runner["median"]:
+        return "n/a"
+    r = other["median"] / runner["median"] if lower_better else runner["median"] / other["median"]
+    return f"{r:.2f}x"
+
+
+def main_table(res: dict[str, Any]) -> list[str]:
+    systems = res["systems"]
+    rn = systems.get("runner", {})
+    out = [
+        "| system | mode | drain jobs/s | runner ÷ | enqueue 1-by-1 jobs/s | runner ÷ | "
+        "enqueue batch jobs/s | runner ÷ | p50 / p99 ms at 500/s | Redis cmds/job (scripts) | "
+        "worker CPU ms/job | worker RSS MB | Redis CPU ms/job |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in systems.items():
+        lat = s.get("latency") or {}
+        over = s.get("over_capacity")
+        latcell = "over capacity" if over else (
+            f"{cell(lat.get('p50_ms'), 2)} / {cell(lat.get('p99_ms'), 2)}" if lat else "n/a")
+        cmds = s.get("commands_per_job")
+        scr = s.get("script_calls_per_job")
+        cmdcell = f"{_num(cmds['median'], 1)}" if cmds else "n/a"
+        if scr and scr["median"] >= 0.05:
+            cmdcell += f" ({_num(scr['median'], 2)})"
+        out.append(
+            f"| {s['label']} | {s.get('note', '')} | {cell(s.get('drain'))} | "
+            f"{'' if name == 'runner' else ratio(rn.get('drain'), s.get('drain'))} | "
+            f"{cell(s.get('enqueue_single'))} | "
+            f"{'' if name == 'runner' else ratio(rn.get('enqueue_single'), s.get('enqueue_single'))} | "
+            f"{cell(s.get('enqueue_batch'))} | "
+            f"{'' if name == 'runner' else ratio(rn.get('enqueue_batch'), s.get('enqueue_batch'))} | "
+            f"{latcell} | {cmdcell} | {cell(s.get('worker_cpu_ms_per_job'), 3)} | "
+            f"{cell(s.get('worker_rss_mb'))} | {cell(s.get('redis_cpu_ms_per_job'), 3)} |"
+        )
+    return out
+
+
+def _pairs_table(title: str, rows: dict[str, dict[str, Any]], cols: list[tuple[str, str, int]]) -> list[str]:
+    out = [f"**{title}**", "", "| | " + " | ".join(c[1] for c in cols) + " |",
+           "|---|" + "---|" * len(cols)]
+    for label, r in rows.items():
+        if not isinstance(r, dict):
+            continue
+        out.append(f"| {label} | " + " | ".join(cell(r.get(c[0]), c[2]) for c in cols) + " |")
+    return [*out, ""]
+
+
+def extras_md(x: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    v = x.get("validation")
+    if v:
+        out += ["**Validation cost per payload (compiled validators, issue 3)**", "",
+                "| schema | valid: is_valid µs | valid: validate µs | invalid: every error µs (errors) |",
+                "|---|---|---|---|"]
+        for r in v["schemas"]:
+            out.append(f"| {r['schema']} | {r['valid_is_valid_us']:.2f} | {r['valid_validate_us']:.2f} | "
+                       f"{r['invalid_all_errors_us']:.1f} ({r['invalid_error_count']}) |")
+        out += ["", f"One Redis PING round trip: {v['redis_ping_us']:.0f} µs; the whole client-side "
+                f"prepare of a send_email v2 job (validate, templates, payload hash, encode): "
+                f"{v.get('prepare_send_email_us', float('nan')):.1f} µs.", ""]
+    cols = [("drain", "drain jobs/s", 0), ("enqueue_single", "enqueue 1-by-1 jobs/s", 0),
+            ("enqueue_batch", "enqueue batch jobs/s", 0), ("commands_per_job", "Redis cmds/job", 1),
+            ("worker_cpu_ms_per_job", "worker CPU ms/job", 3)]
+    if x.get("guarded"):
+        out += _pairs_table("Idempotency keys + resource locks vs plain jobs (issue 4)", x["guarded"], cols)
+    if x.get("mix"):
+        out += _pairs_table("Fast queue beside long jobs on the slow queue", x["mix"],
+                            [("drain", "fast drain jobs/s", 0), ("p50_ms", "fast p50 ms", 2),
+                             ("p99_ms", "fast p99 ms", 2)])
+    m = x.get("metrics")
+    if m:
+        rows = {k: v for k, v in m.items() if isinstance(v, dict)}
+        out += _pairs_table("Metrics on vs neutralised (issue 7)", rows,
+                            [("drain", "drain jobs/s", 0), ("enqueue_single", "enqueue 1-by-1 jobs/s", 0),
+                             ("worker_cpu_ms_per_job", "worker CPU ms/job", 3),
+                             ("redis_cpu_ms_per_job", "Redis CPU ms/job", 3),
+                             ("commands_per_job", "Redis cmds/job", 1),
+                             ("script_server_share", "script share of Redis CPU", 2)])
+        if "overhead_pct" in m:
+            out += [f"Drain throughput cost of metrics: {m['overhead_pct']:.1f} %.", ""]
+    rp = x.get("redis_py")
+    if rp:
+        out += ["**redis-py: pinned vs newest**", "",
+                "| redis-py | PING µs | SET µs | EVALSHA µs | pipelined GET µs/cmd | PING µs, pure-Python parser "
+                "| PING µs, RESP3 | runner drain jobs/s | runner enqueue 1-by-1 jobs/s |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in rp.values():
+            rt = r.get("roundtrip", {})
+            d = rt.get("default", {})
+            out.append(
+                f"| {rt.get('redis_py', '?')} | {_num(d.get('ping_us'), 1)} | {_num(d.get('set_us'), 1)} | "
+                f"{_num(d.get('evalsha_us'), 1)} | {_num(d.get('pipelined_get_us'), 2)} | "
+                f"{_num(rt.get('python_parser', {}).get('ping_us'), 1)} | "
+                f"{_num(rt.get('resp3', {}).get('ping_us'), 1)} | {cell(r.get('drain'))} | "
+                f"{cell(r.get('enqueue_single'))} |")
+        out.append("")
+    h = x.get("http")
+    if h:
+        out += ["**HTTP enqueue through gunicorn (issue 5)**", ""]
+        if "skipped" in h:
+            out += [f"Skipped: {h['skipped']}.", ""]
+        else:
+            out += [f"Server: `{h['server']}`, 2 runner workers draining meanwhile.", "",
+                    "| load | offered req/s | achieved req/s | p50 ms | p99 ms | errors / non-202 |",
+                    "|---|---|---|---|---|---|"]
+            for r in h.get("open_loop", []):
+                bad = r.get("errors", 0) + r.get("sent", 0) - r.get("ok", 0) - r.get("errors", 0)
+                out.append(f"| open loop (Python) | {_num(r.get('rate'))} | {_num(r.get('achieved'))} | "
+                           f"{_num(r.get('p50_ms'), 2)} | {_num(r.get('p99_ms'), 2)} | "
+                           f"{r.get('errors', '?')} / {bad} |")
+            w = h.get("wrk")
+            if w:
+                out.append(f"| wrk, {w['connections']} connections, closed loop | - | {_num(w['req_per_s'])} | "
+                           f"{_num(w['p50_ms'], 2)} | {_num(w['p99_ms'], 2)} | - / {w['non_2xx']} |")
+            out.append("")
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    lines = [
+        f"# Benchmark results, {res['date']}",
+        "",
+        f"Machine: {m['cpus']} cores, Python {m['python']}, server {m['redis']} (append-only off), "
+        f"same server for every system. Mode: {res['config']['mode']}, {res['config']['reps']} "
+        "repetition(s); medians with (min-max); `runner ÷` is runner's figure over the peer's "
+        "(above 1: runner is faster). Load average at start / end: "
+        f"{m.get('loadavg_start', '?')} / {m.get('loadavg_end', '?')} (other work on the machine "
+        "skews every figure; worker CPU per job is the steadiest).",
+        "",
+    ]
+    lines += main_table(res)
+    lines += ["", "Drain: jobs enqueued first, then 2 worker processes started; jobs/s from the first "
+              "job's start to the last's. Enqueue->start latency: idle workers, 500 jobs/s offered "
+              "open loop. Redis commands per job count the commands inside scripts too; the "
+              "figure in parentheses is script calls (EVALSHA) per job.", ""]
+    if res.get("runner_only"):
+        lines += ["## Runner-only scenarios", "", *extras_md(res["runner_only"])]
+    if res.get("profiles"):
+        lines += ["## Profiles (py-spy)", ""]
+        for name, p in res["profiles"].items():
+            views = p.items() if "buckets" not in p else [("", p)]
+            for mode, v in views:
+                if not isinstance(v, dict) or "buckets" not in v:
+                    continue
+                lines.append(f"**{name} {mode}** ({v['samples']} samples): " + ", ".join(
+                    f"{k} {s} %" for k, s in v["buckets"].items()))
+                lines.append("")
+                lines += [f"- {k}: {s} % self" for k, s in v["self"][:8]]
+                lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write(res: dict[str, Any], chart_python: str | None) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = res["date"].replace(":", "").replace("-", "")[:13]
+    latest = RESULTS / "latest.json"
+    latest.write_text(json.dumps(res, indent=1, default=str))
+    shutil.copy(latest, RESULTS / f"{stamp}.json")
+    (RESULTS / "latest.md").write_text(markdown(res))
+    if chart_python:
+        proc = subprocess.run([chart_python, str(BENCH / "harness" / "chart.py"), str(latest),
+                               str(RESULTS / "latest.png")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"chart not drawn: {proc.stderr.strip()[-300:]}")
+    return latest

