@@ -45,7 +45,11 @@ def read_raw(req: falcon.Request, limit: int) -> bytes:
         return req.bounded_stream.read(length) if length else b""
     if "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
         return b""
-    # No length: the server de-chunks; read until EOF, but never past the limit.
+    if not req.env.get("wsgi.input_terminated"):
+        # This server hands over the raw socket (no de-chunking, no EOF): reading would hang.
+        raise Problem(411, "length-required", "send a Content-Length with the body",
+                      title="Length required")
+    # No length: the server de-chunks and ends the stream; read to EOF, never past the limit.
     parts: list[bytes] = []
     size = 0
     while True:
@@ -87,6 +91,15 @@ def send(resp: falcon.Response, obj: Any, status: int = 200) -> None:
 def _bad_param(name: str, expected: str) -> Problem:
     return Problem(400, "invalid-parameter", f"query parameter {name!r} must be {expected}",
                    title="Invalid parameter", parameter=name)
+
+
+def only_params(req: falcon.Request, *allowed: str) -> None:
+    """Refuse unknown query parameters: a misspelt ``?dealy=60`` must not enqueue at once."""
+    unknown = sorted(set(req.params) - set(allowed))
+    if unknown:
+        expected = ", ".join(allowed) if allowed else "none"
+        raise Problem(400, "unknown-parameter", f"unknown query parameter(s) {', '.join(map(repr, unknown))} "
+                      f"(expected: {expected})", title="Unknown parameter", parameter=unknown[0])
 
 
 def int_param(req: falcon.Request, name: str, lo: int, hi: int, default: int | None = None) -> int | None:

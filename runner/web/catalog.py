@@ -13,7 +13,7 @@ from runner import store
 from runner.connection import UNAVAILABLE
 from runner.registry import Function, Registry
 from runner.runtime import Runtime
-from runner.web.body import int_param, send
+from runner.web.body import int_param, only_params, send
 from runner.web.figures import read_queues, read_throughput
 from runner.web.problems import Problem
 
@@ -36,6 +36,7 @@ class Functions:
         self.rt = runtime
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        only_params(req, "schemas")
         reg = self.rt.registry
         schemas = req.get_param_as_bool("schemas", default=False)
         send(resp, {
@@ -50,6 +51,7 @@ class FunctionItem:
         self.rt = runtime
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        only_params(req)
         send(resp, describe(self.rt.registry.get(name), with_schemas=True))
 
 
@@ -58,6 +60,7 @@ class Queues:
         self.rt = runtime
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        only_params(req)
         rt = self.rt
         out = []
         for q in read_queues(rt, store.now_ms()):
@@ -84,6 +87,7 @@ class Throughput:
         self.rt = runtime
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        only_params(req, "minutes")
         minutes = int_param(req, "minutes", 1, 360, 60) or 60
         send(resp, read_throughput(self.rt, minutes, store.now_ms()))
 

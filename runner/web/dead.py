@@ -10,7 +10,7 @@ import falcon
 
 from runner.client import Client
 from runner.errors import FieldError, UnknownFunction
-from runner.web.body import NO_BODY, int_param, read_json, send
+from runner.web.body import NO_BODY, int_param, only_params, read_json, send
 from runner.web.problems import Problem, invalid
 
 MAX_PAGE = 500
@@ -44,6 +44,7 @@ class DeadList:
         self.client = client
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
+        only_params(req, "offset", "limit")
         offset = int_param(req, "offset", 0, 10_000_000, 0) or 0
         limit = int_param(req, "limit", 1, MAX_PAGE, 50) or 50
         total, jobs = self.client.dead(_queue(self.client, queue), offset, limit)
@@ -57,6 +58,7 @@ class DeadRequeue:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, queue: str, job_id: str) -> None:
         _queue(self.client, queue)
+        only_params(req)
         body = read_json(req, self.client.runtime.config.api.max_body_bytes, optional=True)
         payload, version = _requeue_body(body)
         try:
@@ -73,5 +75,6 @@ class DeadItem:
         self.client = client
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, queue: str, job_id: str) -> None:
+        only_params(req)
         self.client.delete_dead(_queue(self.client, queue), job_id)
         resp.status = falcon.HTTP_204

@@ -7,7 +7,7 @@ import falcon
 
 from runner.client import Client
 from runner.templates import MAX_KEY_BYTES
-from runner.web.body import int_param, read_json, seconds_param, send
+from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.problems import Problem
 
 # A year and a day: a longer delay is almost surely a unit mistake (ms for s).
@@ -39,6 +39,7 @@ class Jobs:
         payload, the options and the key have passed every check."""
         rt = self.client.runtime
         fn = rt.registry.get(name)  # 404 before the body is read
+        only_params(req, "version", "delay", "run_at")
         payload = read_json(req, rt.config.api.max_body_bytes)
         version = int_param(req, "version", 1, 1_000_000)
         delay = seconds_param(req, "delay", MAX_DELAY_S)
@@ -54,4 +55,5 @@ class Jobs:
         send(resp, job.as_dict(), 200 if job.duplicate else 202)
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        only_params(req)
         send(resp, self.client.get(name).as_dict())

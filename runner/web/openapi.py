@@ -21,6 +21,8 @@ from runner.web.jobs import MAX_DELAY_S
 
 _JSON = "application/json"
 _ref, _ok, _problem = shapes.ref, shapes.ok, shapes.problem
+# Paths that ignore the query string.
+_NO_PARAMS = frozenset({"/", "/healthz", "/metrics", "/openapi.json"})
 
 
 def _rebase(node: Any, base: str) -> Any:
@@ -100,9 +102,14 @@ def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
                     op["security"] = []
                 else:
                     op["responses"]["401"] = _problem("Missing or wrong bearer token")
-    for item in paths.values():
+    for path, item in paths.items():
         for op in item.values():
-            op["responses"].setdefault("503", _problem("Redis is unreachable; nothing was written"))
+            responses = op["responses"]
+            if path not in _NO_PARAMS:
+                responses.setdefault("400", _problem("An unknown or malformed query parameter"))
+            if "requestBody" in op:
+                responses.setdefault("411", _problem("A chunked body this server cannot read; send Content-Length"))
+            responses.setdefault("503", _problem("Redis is unreachable; nothing was written"))
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "runner", "version": __version__,

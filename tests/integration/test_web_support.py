@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import gunicorn.config
 import requests
 
 from runner.embedded import free_port
@@ -42,6 +43,12 @@ class Web:
         return self.call("POST", path, **kw)
 
 
+# Newer gunicorn opens a control socket at one fixed path per user; parallel test servers
+# would fight over it.
+_NO_CONTROL = (["--no-control-socket"]
+               if any(s.name == "control_socket_disable" for s in gunicorn.config.KNOWN_SETTINGS) else [])
+
+
 @contextmanager
 def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | None = None,
              threads: int = 4) -> Iterator[Web]:
@@ -52,7 +59,7 @@ def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | N
     log = open(project.root / f"gunicorn-{port}.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", "1", "-k", "gthread",
-         "--threads", str(threads), "--graceful-timeout", "2", "runner.web.wsgi:app"],
+         "--threads", str(threads), "--graceful-timeout", "2", *_NO_CONTROL, "runner.web.wsgi:app"],
         cwd=project.root, env=full_env, stdout=log, stderr=subprocess.STDOUT,
     )
     web = Web(f"http://127.0.0.1:{port}", proc, token, requests.Session())

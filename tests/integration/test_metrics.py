@@ -1,0 +1,145 @@
+"""/metrics through a real gunicorn agrees with what the jobs did, with /queues and with
+`runner stats`: successes, retries, dead letters, duplicates, deferrals, the histograms,
+and the queue gauges."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from test_web_support import Web, gunicorn
+
+from runner import codec
+
+from conftest import Project, wait_for
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(web: Web) -> Samples:
+    r = web.get("/metrics")
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
+    out: Samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def fig(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def settled(web: Web, ids: list[str]) -> bool:
+    return all(web.get(f"/jobs/{i}").json()["status"] in ("done", "dead") for i in ids)
+
+
+def test_metrics_agree_with_the_jobs_run(project: Project) -> None:
+    """Counters per function (enqueued, succeeded, retried, dead, duplicates, deferred),
+    latency and run-time histograms, and the queue gauges match the jobs' own records."""
+    with gunicorn(project) as web:
+        post = web.post
+        record = [post("/jobs/record", json=p).json()["id"]
+                  for p in ({"n": 1}, {"n": 2}, {"n": 3, "fail_times": 1}, {"n": 4, "fail_times": 99})]
+        perm = post("/jobs/perm", json={}).json()["id"]
+        first = post("/jobs/idem", json={"k": "a"}).json()["id"]
+        assert post("/jobs/idem", json={"k": "a"}).json()["duplicate"] is True  # refused at enqueue
+        # A queued job whose key another job has completed since (as when two producers
+        # race across the retention window) is settled at claim without running.
+        dup = post("/jobs/idem", json={"k": "b"}).json()["id"]
+        k = project.keys("fast")
+        held = project.runtime.redis.get(k.idem("b"))
+        project.runtime.redis.set(k.idem("b"), "0000someother " + held.split()[1] + " done")
+        locked = [post("/jobs/resource", json={"r": "x", "hold": 0.2}).json()["id"] for _ in range(2)]
+        project.spawn_worker("fast")
+        ids = [*record, perm, first, dup, *locked]
+        wait_for(lambda: settled(web, ids), timeout=30, interval=0.05, what="every job to settle")
+
+        s = scrape(web)
+        fast = {"queue": "fast"}
+        assert fig(s, "runner_redis_up") == 1
+        assert fig(s, "runner_jobs_enqueued_total", **fast, function="record") == 4
+        assert fig(s, "runner_jobs_succeeded_total", **fast, function="record") == 3
+        assert fig(s, "runner_jobs_retried_total", **fast, function="record") == 1 + 3
+        assert fig(s, "runner_jobs_dead_total", **fast, function="record") == 1
+        assert fig(s, "runner_jobs_dead_total", **fast, function="perm") == 1
+        assert fig(s, "runner_jobs_enqueued_total", **fast, function="idem") == 2
+        assert fig(s, "runner_jobs_succeeded_total", **fast, function="idem") == 1
+        assert fig(s, "runner_jobs_duplicates_total", **fast, function="idem") == 1
+        assert web.get(f"/jobs/{dup}").json()["duplicate_of"] == "0000someother"
+        deferrals = sum(web.get(f"/jobs/{i}").json()["deferrals"] for i in locked)
+        assert deferrals >= 1
+        assert fig(s, "runner_jobs_deferred_total", **fast, function="resource") == deferrals
+        assert fig(s, "runner_jobs_lost_total", **fast, function="record") == 0
+        # Functions that never ran are exported with zeros, so rate() has a start.
+        assert fig(s, "runner_jobs_enqueued_total", queue="slow", function="slow") == 0
+
+        for hist in ("runner_job_latency_seconds", "runner_job_run_seconds"):
+            labels = {**fast, "function": "record"}
+            count = fig(s, f"{hist}_count", **labels)
+            assert count == 3  # one per successful run
+            assert fig(s, f"{hist}_bucket", **labels, le="+Inf") == count
+            assert fig(s, f"{hist}_sum", **labels) >= 0
+            buckets = sorted((float(dict(lv)["le"]), v) for (name, lv), v in s.items()
+                             if name == f"{hist}_bucket" and dict(lv)["function"] == "record")
+            assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
+        # The handler of record runs in well under a second: its run-time sits in a low bucket.
+        assert fig(s, "runner_job_run_seconds_bucket", **fast, function="record", le="1.0") == 3
+
+        assert fig(s, "runner_queue_dead_jobs", **fast) == 2
+        for gauge in ("ready", "in_flight", "scheduled", "lease_expired"):
+            assert fig(s, f"runner_queue_{gauge}_jobs", **fast) == 0
+
+        # /queues reads the same figures.
+        q = next(q for q in web.get("/queues").json()["queues"] if q["name"] == "fast")
+        assert q["dead"] == 2 and q["functions"]["record"]["succeeded"] == 3
+        assert q["functions"]["record"]["latency"]["count"] == 3
+
+        # So does `runner stats`.
+        out = subprocess.run([sys.executable, "-m", "runner.cli", "stats", "--json"], cwd=project.root,
+                             env={**project.env, "RUNNER_CONFIG": str(project.root / "runner.toml")},
+                             capture_output=True, timeout=30, check=True)
+        stats: dict[str, Any] = json.loads(out.stdout)
+        for queue, figures in stats.items():
+            for field, name in (("ready", "ready"), ("processing", "in_flight"), ("scheduled", "scheduled"),
+                                ("dead", "dead")):
+                assert figures[field] == fig(s, f"runner_queue_{name}_jobs", queue=queue)
+            for counter, value in figures["counters"].items():
+                kind, _, fn = counter.partition("|")
+                if kind in ("enqueued", "succeeded", "retried", "dead", "duplicates", "deferred", "lost"):
+                    label = "_malformed" if fn == "?" else fn
+                    assert fig(s, f"runner_jobs_{kind}_total", queue=queue, function=label) == value, counter
+
+
+def test_queue_gauges_show_waiting_due_and_expired_work(project: Project) -> None:
+    """With no worker: ready jobs and the age of the oldest, scheduled jobs that are already
+    due but not promoted, and leases past their deadline are all visible."""
+    with gunicorn(project) as web:
+        web.post("/jobs/noop", json={})
+        web.post("/jobs/noop?delay=0.05", json={})
+        r = project.runtime.redis
+        k = project.keys("fast")
+        r.zadd(k.leases, {"ghost": 1})  # a lease that lapsed long ago, as a dead worker leaves it
+
+        def due() -> Samples | None:
+            s = scrape(web)
+            return s if fig(s, "runner_queue_scheduled_due_jobs", queue="fast") == 1 else None
+
+        s = wait_for(due, timeout=5, what="the delayed job to fall due")
+        assert fig(s, "runner_queue_ready_jobs", queue="fast") == 1
+        assert fig(s, "runner_queue_scheduled_jobs", queue="fast") == 1
+        assert fig(s, "runner_queue_in_flight_jobs", queue="fast") == 1
+        assert fig(s, "runner_queue_lease_expired_jobs", queue="fast") == 1
+        assert fig(s, "runner_queue_oldest_ready_age_seconds", queue="fast") > 0
+        assert fig(s, "runner_queue_oldest_ready_age_seconds", queue="slow") == 0
+        assert fig(s, "runner_functions_loaded") == len(web.get("/functions").json()["functions"])
+
+        om = web.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.text.rstrip().endswith("# EOF")
+        tput = web.get("/throughput?minutes=5").json()
+        assert len(tput["times"]) == 5 and tput["queues"]["fast"]["done"] == [0] * 5
+        assert codec.loads(codec.dumps(tput)) == tput
