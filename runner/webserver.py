@@ -54,6 +54,10 @@ class GunicornApp(BaseApplication):  # type: ignore[misc]
     def load_config(self) -> None:
         for key, value in self.options.items():
             self.cfg.set(key, value)
+        if "control_socket_disable" in self.cfg.settings:
+            # Newer gunicorns open a control socket under $HOME by default: read-only on
+            # some platforms, and shared by every instance on a machine.
+            self.cfg.set("control_socket_disable", True)
         # The operator's overrides, as with the gunicorn command.
         parser = self.cfg.parser()
         env_args = parser.parse_args(self.cfg.get_cmd_args_from_env())
