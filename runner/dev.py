@@ -49,7 +49,6 @@ from runner.errors import ConfigError, RunnerError
 log = logging.getLogger("runner.dev")
 
 REQUEUE_RECHECK_S = 2.0  # a job claimed just before a function came back is buried just after
-CATCH_UP_S = 1.0  # far longer than the watcher takes to set up its watches
 
 
 def reachable(cfg: Config) -> bool:
@@ -85,27 +84,36 @@ class Watcher:
         return (path.suffix == ".py" and path.is_relative_to(self.cfg.functions_dir)) or \
             (path.suffix == ".json" and path.is_relative_to(self.cfg.schemas_dir))
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start both watchers and return once their watches are in place."""
         code_dirs = [str(self.cfg.functions_dir), str(self.cfg.schemas_dir)]
+        jobs = [(code_dirs, True, self._is_code),
+                ([str(self.config_file.parent)], False, lambda p: p.name == self.config_file.name)]
+        ready = [threading.Event() for _ in jobs]
         self._threads = [
-            threading.Thread(target=self._run, name="watch-code", daemon=True,
-                             args=(code_dirs, True, self._is_code)),
-            threading.Thread(target=self._run, name="watch-config", daemon=True,
-                             args=([str(self.config_file.parent)], False,
-                                   lambda p: p.name == self.config_file.name)),
+            threading.Thread(target=self._run, name=f"watch-{i}", daemon=True, args=(*job, ev))
+            for i, (job, ev) in enumerate(zip(jobs, ready, strict=True))
         ]
         for t in self._threads:
             t.start()
+        deadline = time.monotonic() + timeout_s
+        for ev in ready:
+            if not ev.wait(max(0.0, deadline - time.monotonic())):
+                log.warning("the file watcher is slow to start; changes may take a moment to show")
 
-    def _run(self, paths: list[str], recursive: bool, keep: Callable[[Path], bool]) -> None:
+    def _run(self, paths: list[str], recursive: bool, keep: Callable[[Path], bool],
+             ready: threading.Event) -> None:
         from watchfiles import watch
 
-        # step: how long the folder must stay quiet before a batch is handed over; an
-        # editor's save (write, rename, chmod) lands in one batch.
+        # step: how long the folder must stay quiet before a batch is handed over, so an
+        # editor's save (write, rename, chmod) lands in one batch. The first (empty) yield
+        # on a timeout comes after the watches are in place: that is the ready signal.
         for changes in watch(*paths, recursive=recursive, stop_event=self.stop_event, debounce=1600,
-                             step=50, rust_timeout=500, yield_on_timeout=False, raise_interrupt=False,
+                             step=50, rust_timeout=100, yield_on_timeout=True, raise_interrupt=False,
                              watch_filter=lambda _c, p: keep(Path(p))):
-            self.sink.put({Path(p) for _c, p in changes})
+            ready.set()
+            if changes:
+                self.sink.put({Path(p) for _c, p in changes})
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -135,10 +143,8 @@ class Dev:
         self.stopping = threading.Event()
         self._signals = 0
         self._recheck: tuple[float, set[str]] | None = None
-        # The watcher needs a moment to set up its watches; a change made in that moment
-        # is caught by comparing the files against what the first load saw.
+        # What the last load saw, to catch changes made before the watcher was up.
         self._loaded_files: dict[Path, int] = {}
-        self._catch_up_at: float | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -204,7 +210,10 @@ class Dev:
         self.worker.start()
         self.watcher = Watcher(cfg, self.config_file, self.changes)
         self.watcher.start()
-        self._catch_up_at = time.monotonic() + CATCH_UP_S
+        # Changes made between the first load and now were seen by no watcher.
+        missed = self._missed()
+        if missed:
+            self.changes.put(missed)
         self._requeue_parked(set(self.rt.registry.functions))
         log.info("serving http://%s:%d (dashboard at /) ; watching %s, %s and %s",
                  self.host, self.web.port, _rel(cfg.functions_dir), _rel(cfg.schemas_dir),
@@ -240,8 +249,7 @@ class Dev:
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            deadlines = [t for t in (self._catch_up_at, self._recheck and self._recheck[0]) if t]
-            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            timeout = None if self._recheck is None else max(0.0, self._recheck[0] - time.monotonic())
             try:
                 batch = self.changes.get(timeout=timeout)
             except stdqueue.Empty:
@@ -257,14 +265,10 @@ class Dev:
                 if more is None:
                     return
                 batch |= more
-            now = time.monotonic()
-            if self._catch_up_at is not None and now >= self._catch_up_at:
-                self._catch_up_at = None
-                batch |= self._missed()
             if batch:
                 with _logged("reload"):
                     self.apply(batch)
-            if self._recheck is not None and now >= self._recheck[0]:
+            if self._recheck is not None and time.monotonic() >= self._recheck[0]:
                 names, self._recheck = self._recheck[1], None
                 self._requeue_parked(names, again=False)
 
@@ -280,7 +284,7 @@ class Dev:
         return out
 
     def _missed(self) -> set[Path]:
-        """Files changed between the first load and the moment the watcher was surely up."""
+        """Files changed since the last load."""
         now = self._files()
         before = self._loaded_files
         changed = {p for p in now.keys() | before.keys() if now.get(p) != before.get(p)}

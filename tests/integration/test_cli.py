@@ -201,3 +201,11 @@ def test_the_console_script_runs_as_a_process(project: Project) -> None:
     refused = subprocess.run([*base, "enqueue", "record", '{"n": "x"}'], env=project.env,
                              capture_output=True, timeout=30)
     assert refused.returncode == 1 and b"$.n" in refused.stderr
+
+
+def test_web_refuses_to_start_without_a_token(project: Project, run: Invoke) -> None:
+    """Outside dev the API is never served open by accident: no RUNNER_API_TOKEN is exit 2,
+    unless runner.toml switches auth off explicitly."""
+    refused = run("web")
+    assert refused.exit_code == 2
+    assert "RUNNER_API_TOKEN" in refused.stderr and "auth = false" in refused.stderr

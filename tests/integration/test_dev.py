@@ -244,3 +244,29 @@ def test_embedded_redis_keeps_jobs_across_restarts_and_never_outlives_dev(tmp_pa
     third.proc.kill()
     third.proc.wait(timeout=10)
     wait_for(lambda: not _alive(pid), timeout=5, what="the server to die with its parent")
+
+
+def test_runner_toml_reload_adds_a_queue_and_a_broken_one_keeps_the_last_good(examples: Project) -> None:
+    """A broken runner.toml is logged and the last good one keeps serving; a new queue
+    restarts the workers gracefully and a function on it runs."""
+    dev = Dev(examples.root, examples.env)
+    toml = examples.root / "runner.toml"
+    try:
+        good = toml.read_text()
+        toml.write_text(good + "\n[queues.bulk]\nvisiblity_timeout = 5\n")
+        wait_for(lambda: "runner.toml not reloaded" in dev.log(), timeout=5, what="the config error")
+        assert "queues.bulk.visiblity_timeout" in dev.log()
+        assert dev.run("send_email", email(3))["status"] == "done"
+
+        (examples.root / "schemas" / "bulky").mkdir()
+        (examples.root / "schemas" / "bulky" / "v1.json").write_text(json.dumps({"type": "object"}))
+        (examples.root / "functions" / "bulky.py").write_text(
+            'QUEUE = "bulk"\n\n\ndef handle(payload, ctx):\n    return {"queue": ctx.queue}\n')
+        toml.write_text(good + "\n[queues.bulk]\nvisibility_timeout = 5\nconcurrency = 1\n")
+        wait_for(lambda: dev.post("bulky", {}).status_code == 202, timeout=5, interval=0.05,
+                 what="the function on the new queue")
+        assert dev.run("bulky", {})["result"] == {"queue": "bulk"}
+        assert "restarting the workers" in dev.log()
+        assert dev.run("send_email", email(4))["status"] == "done"
+    finally:
+        assert dev.stop() == 0
