@@ -71,6 +71,13 @@ class Settlement:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _int_or(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
 def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: Any = None) -> str:
     entry: dict[str, Any] = {"attempt": attempt, "outcome": outcome, "started_ms": started_ms,
                              "at_ms": now_ms}
@@ -192,10 +199,12 @@ class QueueRunner:
         batch: list[Owned] = []
         for i in range(0, len(reply), CLAIM_FIELDS):
             f = reply[i:i + CLAIM_FIELDS]
+            # claim.lua vouches for attempt and max_attempts; the timestamps are only
+            # figures, so a damaged one must not cost the batch.
             job = Claimed(
                 id=f[0], token=f[1], attempt=int(f[2]), type=f[3], version_raw=f[4],
                 payload_raw=f[5], max_attempts=int(f[6] or 1), idem_key=f[7],
-                resource_key=f[8], ready_ms=int(f[9] or now), created_ms=int(f[10] or now),
+                resource_key=f[8], ready_ms=_int_or(f[9], now), created_ms=_int_or(f[10], now),
                 checkpoint_raw=f[11], queue=qname, claimed_ms=now,
             )
             batch.append(Owned(job))

@@ -34,6 +34,8 @@ local dbase, dcap = tonumber(ARGV[5]), tonumber(ARGV[6])
 local rnd = tonumber(ARGV[7])
 local dead_ttl, done_ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
 local out = {}
+local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
+  done = true, dead = true}
 
 local function bury_raw(jk, id, reason)
   redis.call('HSET', jk, 'status', 'dead', 'reason', reason, 'finished_ms', now)
@@ -58,14 +60,26 @@ while i < n and popped < n * 4 do
     bury_raw(jk, id, 'malformed record: a Redis ' .. kind .. ' instead of a hash; kept at ' .. jk .. ':corrupt')
   else
     local f = redis.call('HMGET', jk, 'type', 'version', 'payload', 'status', 'attempt',
-      'max_attempts', 'idem_key', 'resource_key', 'ready_ms', 'created_ms', 'checkpoint')
+      'max_attempts', 'idem_key', 'resource_key', 'ready_ms', 'created_ms', 'checkpoint',
+      'deferrals')
     local missing = {}
     if not f[1] then missing[#missing + 1] = 'type' end
     if not f[2] then missing[#missing + 1] = 'version' end
     if not f[3] then missing[#missing + 1] = 'payload' end
     if not f[4] then missing[#missing + 1] = 'status' end
+    -- Counters the scripts do arithmetic on must be integers (absent means 0).
+    local badint = {}
+    for _, pair in ipairs({{5, 'attempt'}, {6, 'max_attempts'}, {9, 'ready_ms'}, {10, 'created_ms'},
+        {12, 'deferrals'}}) do
+      local v = f[pair[1]]
+      if v and not string.match(v, '^%-?%d+$') then badint[#badint + 1] = pair[2] end
+    end
     if #missing > 0 then
       bury_raw(jk, id, 'malformed record: missing field(s) ' .. table.concat(missing, ', '))
+    elseif #badint > 0 then
+      bury_raw(jk, id, 'malformed record: not an integer: ' .. table.concat(badint, ', '))
+    elseif not KNOWN[f[4]] then
+      bury_raw(jk, id, 'malformed record: unknown status ' .. string.format('%q', f[4]))
     elseif f[4] ~= 'queued' then
       -- A stray id (the record is done, dead or elsewhere): drop it, never run it twice.
       redis.call('HINCRBY', KEYS[5], 'stray', 1)

@@ -114,30 +114,17 @@ def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(proj
     assert total == len([1 for _, reason in CASES.values() if reason])
 
 
-_LUA_INT = (
-    "engine bug: claim.lua runs HINCRBY on a non-integer 'attempt' or 'deferrals' and the script errors "
-    "after RPOP: the id is lost (in no structure) and the jobs claimed before it in the "
-    "call are orphaned until their lease lapses"
-)
-_PY_INT = (
-    "engine bug: worker._claim int()s max_attempts/ready_ms/created_ms of the whole batch; "
-    "one bad field raises after the claim, orphaning every job of the batch (each loses an "
-    "attempt as 'worker lost'); the bad one ends 'worker lost', not 'malformed record'"
-)
-_STATUS = (
-    "engine bug: claim.lua drops an id whose status is not 'queued' as a stray, even an "
-    "unknown status: the record is left in no structure instead of dead"
-)
+# Records whose bookkeeping fields have the wrong type or an unknown status.
 BUGS = {
-    "attempt-not-integer": pytest.param(_hash(attempt="abc"), marks=pytest.mark.xfail(strict=True, reason=_LUA_INT)),
+    "attempt-not-integer": pytest.param(_hash(attempt="abc")),
     "deferrals-not-integer": pytest.param(
-        _hash(deferrals="many", resource_key="busy"), marks=pytest.mark.xfail(strict=True, reason=_LUA_INT)
+        _hash(deferrals="many", resource_key="busy")
     ),
     "max-attempts-not-integer": pytest.param(
-        _hash(max_attempts="x"), marks=pytest.mark.xfail(strict=True, reason=_PY_INT)
+        _hash(max_attempts="x")
     ),
-    "ready-ms-not-integer": pytest.param(_hash(ready_ms="soon"), marks=pytest.mark.xfail(strict=True, reason=_PY_INT)),
-    "unknown-status": pytest.param(_hash(status="weird"), marks=pytest.mark.xfail(strict=True, reason=_STATUS)),
+    "ready-ms-not-integer": pytest.param(_hash(ready_ms="soon")),
+    "unknown-status": pytest.param(_hash(status="weird")),
 }
 
 
