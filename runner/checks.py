@@ -182,15 +182,16 @@ def _ids(redis: Any, key: str, is_list: bool) -> Iterator[list[str]]:
         start += CHUNK
 
 
-def scan(runtime: Any, queue: str, fields: tuple[str, ...] = ("type", "version")) -> Iterator[
-    tuple[str, str, list[str | None]]
-]:
+def scan(runtime: Any, queue: str, fields: tuple[str, ...] = ("type", "version"),
+         states: tuple[str, ...] = STATES) -> Iterator[tuple[str, str, list[str | None]]]:
     """Every waiting job of a queue as (state, id, [field values]); records gone are skipped."""
     k = runtime.keys[queue]
     r = runtime.redis
     structures = (("queued", k.ready, True), ("processing", k.leases, False),
                   ("scheduled", k.scheduled, False), ("dead", k.dead, False))
     for state, key, is_list in structures:
+        if state not in states:
+            continue
         for chunk in _ids(r, key, is_list):
             pipe = r.pipeline(transaction=False)
             for job_id in chunk:

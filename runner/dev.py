@@ -155,17 +155,16 @@ class Dev:
         logging.getLogger("watchfiles").setLevel(logging.WARNING)  # we log each reload ourselves
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
+        code = 0
         try:
             self.start()
+            self._loop()
         except (RunnerError, OSError) as exc:
             log.error("runner dev cannot start: %s", exc)
-            self.stop()
-            return 2
-        try:
-            self._loop()
+            code = 2
         finally:
             self.stop()
-        return 0
+        return code
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._signals += 1
@@ -378,8 +377,8 @@ class Dev:
         n = 0
         try:
             for queue in list(self.rt.keys):
-                for state, job_id, (type_, reason) in scan(self.rt, queue, ("type", "reason")):
-                    if state == "dead" and reason == "unknown type" and type_ in names:
+                for _state, job_id, (type_, reason) in scan(self.rt, queue, ("type", "reason"), ("dead",)):
+                    if reason == "unknown type" and type_ in names:
                         try:
                             client.requeue(queue, job_id)
                             n += 1
