@@ -142,10 +142,9 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     # The cluster client takes its retry policy itself: none, for the reason above.
     retry = kwargs.pop("retry")
     kwargs.pop("health_check_interval")
-    # The cluster client builds its own connections: the packer rides on their class
-    # (over TLS redis-py picks the class itself and packs strictly).
-    if kwargs.pop("command_packer", None) is not None and not url.startswith("rediss+"):
-        kwargs["connection_class"] = _PackingConnection
+    # The cluster client builds its node clients itself and takes no command packer:
+    # on a cluster, bytes that are not UTF-8 decode as surrogates but are packed strictly.
+    kwargs.pop("command_packer", None)
     if url.startswith("rediss+"):
         kwargs.update(_tls_kwargs(cfg))
     if user:
@@ -157,12 +156,6 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,  # type: ignore[no-untyped-call]
         require_full_coverage=True, **kwargs,
     )
-
-
-class _PackingConnection(redis.Connection):
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("command_packer", _Packer())
-        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
 
 
 def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:

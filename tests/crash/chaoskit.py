@@ -99,7 +99,10 @@ class Chaos:
         self.fig = Figures()
         self.accepted: dict[str, str] = {}  # idempotency key -> job id
         self.payloads: dict[str, dict[str, Any]] = {}
-        self.server = Server(root / "redis", appendonly=True, extra=["--appendfsync", "always"])
+        # appendfsync always: an acknowledged write survives a SIGKILL of Redis. A small
+        # rewrite threshold keeps the append-only file, and so each restart, short.
+        self.server = Server(root / "redis", appendonly=True, extra=[
+            "--appendfsync", "always", "--auto-aof-rewrite-min-size", "8mb"])
         self.project: Project | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
         self.draining: list[subprocess.Popen[bytes]] = []
@@ -193,7 +196,7 @@ class Chaos:
             self.server.stop(kill=kill)
             self.fig.redis_restarts += 1
             self.fig.redis_sigkills += int(kill)
-            self.server.start()
+            self.server.start(timeout_s=60)
             self._next_restart = time.monotonic() + self.rnd.uniform(3, 7)
         while len(self.workers) < self.n_workers:
             self._spawn()
