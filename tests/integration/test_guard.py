@@ -1,0 +1,66 @@
+"""The Redis guard: a worker started against a Redis that could evict or lose jobs logs a
+loud warning naming the exact setting to change; against a safe Redis it says nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from runner.embedded import Server
+from runner.guard import redis_risks
+
+from conftest import Project, make_project, wait_for
+
+
+@pytest.fixture
+def risky(tmp_path: Path) -> Iterator[Server]:
+    s = Server(tmp_path / "risky", appendonly=False,
+               extra=["--maxmemory-policy", "allkeys-lru", "--maxmemory", "64mb"]).start()
+    yield s
+    s.stop(kill=True)
+
+
+def _worker_lines(p: Project, name: str) -> list[dict[str, object]]:
+    w = p.spawn_worker("fast", log_name=name)
+    log = p.root / name
+    wait_for(lambda: b"serving" in log.read_bytes(), timeout=15, what="the worker to start")
+    w.terminate()
+    w.wait(timeout=15)
+    out = []
+    for line in log.read_bytes().splitlines():
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return out
+
+
+def test_risky_redis_gets_a_loud_warning_naming_each_setting(tmp_path: Path, risky: Server) -> None:
+    p = make_project(tmp_path / "p", risky)
+    risks = redis_risks(p.runtime.redis)
+    assert len(risks) == 2
+    assert "maxmemory-policy is allkeys-lru" in risks[0] and "maxmemory-policy noeviction" in risks[0]
+    assert "persistence is off" in risks[1] and "appendonly yes" in risks[1]
+    lines = [r for r in _worker_lines(p, "risky.log") if "REDIS RISK" in str(r.get("msg"))]
+    assert len(lines) == 2
+    assert all(r["level"] == "warning" for r in lines)
+    text = " ".join(str(r["msg"]) for r in lines)
+    assert "set `maxmemory-policy noeviction`" in text and "set `appendonly yes`" in text
+
+
+def test_safe_redis_gets_no_warning(project: Project) -> None:
+    """The suite's server runs appendonly yes and noeviction."""
+    assert redis_risks(project.runtime.redis) == []
+    assert not [r for r in _worker_lines(project, "safe.log") if "REDIS RISK" in str(r.get("msg"))]
+
+
+def test_snapshots_alone_count_as_persistence(tmp_path: Path) -> None:
+    s = Server(tmp_path / "rdb", appendonly=False, extra=["--save", "60 1"]).start()
+    try:
+        p = make_project(tmp_path / "p", s)
+        assert redis_risks(p.runtime.redis) == []
+    finally:
+        s.stop(kill=True)

@@ -1,0 +1,134 @@
+"""Sentinel: a master, a replica and a sentinel, all started by the test. A worker on
+``redis+sentinel://host:port/<master>`` runs jobs, the master is SIGKILLed, Sentinel
+promotes the replica, and the same worker (and producer) carry on against the new
+master by themselves."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from runner.embedded import Server, bundled_binary, free_port
+from runner.errors import RedisUnavailable
+
+from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
+
+SERVICE = "jobs"
+
+
+@dataclass
+class Endpoint:
+    url: str
+
+
+@dataclass
+class Group:
+    master: Server
+    replica: Server
+    sentinel: subprocess.Popen[bytes]
+    sentinel_port: int
+
+    def master_port(self) -> int:
+        c = redis.Redis(port=self.sentinel_port, decode_responses=True)
+        try:
+            return int(c.sentinel_get_master_addr_by_name(SERVICE)[1])
+        finally:
+            c.close()
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Group]:
+    binary = bundled_binary()
+    master = Server(tmp_path / "master", binary=binary).start()
+    replica = Server(tmp_path / "replica", binary=binary,
+                     extra=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+        f"sentinel monitor {SERVICE} 127.0.0.1 {master.port} 1\n"
+        f"sentinel down-after-milliseconds {SERVICE} 600\n"
+        f"sentinel failover-timeout {SERVICE} 3000\n"
+        f"sentinel parallel-syncs {SERVICE} 1\n"
+    )
+    log = open(tmp_path / "sentinel.log", "ab")  # noqa: SIM115
+    sentinel = subprocess.Popen([binary, str(conf), "--sentinel"], stdout=log, stderr=subprocess.STDOUT)
+    g = Group(master, replica, sentinel, port)
+    try:
+        def ready() -> bool:
+            try:
+                c = redis.Redis(port=port, decode_responses=True)
+                replicas = c.sentinel_slaves(SERVICE)
+                c.close()
+                return bool(replicas) and g.master_port() == master.port
+            except redis.RedisError:
+                return False
+
+        wait_for(ready, timeout=20, interval=0.1, what="the sentinel to see master and replica")
+        yield g
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+        log.close()
+        replica.stop(kill=True)
+        master.stop(kill=True)
+
+
+@pytest.fixture
+def sproject(tmp_path: Path, group: Group) -> Iterator[Project]:
+    p = make_project(tmp_path / "p", Endpoint(f"redis+sentinel://127.0.0.1:{group.sentinel_port}/{SERVICE}?db=0"))  # type: ignore[arg-type]
+    p.write_config(vt=1)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+def _enqueue(p: Project, n: int) -> str:
+    """Enqueue, retrying while the failover is under way (the producer's own loop)."""
+    def attempt() -> str | None:
+        try:
+            return p.client.enqueue("record", {"n": n}).id
+        except RedisUnavailable:
+            return None
+
+    return str(wait_for(attempt, timeout=30, interval=0.1, what="the producer to reach the master"))
+
+
+def test_worker_follows_a_sentinel_failover(sproject: Project, group: Group) -> None:
+    """Jobs before the failover run on the first master; the master is SIGKILLed; jobs
+    after it run on the promoted replica, by the same worker process, with no restart.
+    Each job runs once and ends done."""
+    p = sproject
+    w = p.spawn_worker("fast")
+    before = [_enqueue(p, i) for i in range(10)]
+    for job_id in before:
+        assert p.client.wait(job_id, timeout_s=15).status == "done"
+    # Let the replica catch up, then lose the master.
+    m = redis.Redis(port=group.master.port)
+    m.wait(1, 5000)
+    m.close()
+    group.master.stop(kill=True)
+    wait_for(lambda: group.master_port() == group.replica.port, timeout=30, interval=0.1,
+             what="Sentinel to promote the replica")
+    after = [_enqueue(p, i) for i in range(10, 20)]
+    for job_id in before + after:
+        assert p.client.wait(job_id, timeout_s=30).status == "done", job_id
+        assert len(p.runs(job_id)) == 1
+    assert w.poll() is None, "the worker must survive the failover"
+    new_master = redis.Redis(port=group.replica.port, decode_responses=True)
+    assert new_master.info("replication")["role"] == "master"
+    new_master.close()
+    assert_no_job_in_two_structures(p)
+
+
+def test_sentinel_url_errors_are_clear(tmp_path: Path, group: Group) -> None:
+    """An unknown master name is a RedisUnavailable for a producer, not a hang."""
+    p = make_project(tmp_path / "q", Endpoint(f"redis+sentinel://127.0.0.1:{group.sentinel_port}/nope"))  # type: ignore[arg-type]
+    with pytest.raises(RedisUnavailable):
+        p.client.enqueue("record", {"n": 1})
