@@ -1,0 +1,150 @@
+"""Hostile input to the engine: payload data never reaches str.format attribute lookup,
+indexing, conversions or format specs through IDEMPOTENCY_KEY / RESOURCE_KEY templates,
+and random records a worker reads end dead with a reason, never crash the worker."""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runner import templates
+from runner.templates import TemplateError
+
+from conftest import Project, wait_for
+
+INJECTIONS = [
+    "{user.__class__}", "{user.__class__.__init__.__globals__}", "{0}", "{0.__class__}",
+    "{x!r}", "{x!s}", "{x!a}", "{x:>99999}", "{x:{y}}", "{x[0]}", "{x[__class__]}",
+    "{}", "{ x }", "{x.}", "{.x}", "{x..y}", "{__import__}", "{x:%}", "{{x}}", "{",
+    "}", "{x", "x}", "{x}{", "{\u0661}",
+]
+
+
+@pytest.mark.parametrize("source", INJECTIONS)
+def test_injection_templates_are_refused_or_inert(source: str) -> None:
+    """Every template either fails to parse with a TemplateError, or (dotted names only)
+    renders through plain dict lookups: an attribute name is just a missing key."""
+    try:
+        t = templates.parse(source)
+    except TemplateError:
+        return
+    for f in t.fields:
+        assert all(part.isidentifier() for part in f.split("."))
+    with pytest.raises(TemplateError):
+        t.render({"user": "bob", "x": "v"})  # a str has no key "__class__": no getattr
+
+
+def test_dunder_names_are_refused_at_load() -> None:
+    """Even as dictionary keys, dunder names are refused when the function loads."""
+    with pytest.raises(TemplateError):
+        templates.parse("{user.__class__}")
+    t = templates.parse("{user.name}")
+    assert t.render({"user": {"name": "bob"}}) == "bob"
+    with pytest.raises(TemplateError):
+        t.render({"user": "bob"})  # a str is not a mapping: no attribute lookup
+
+
+@pytest.mark.parametrize("value", [
+    "{0.__class__}", "{user.__class__.__mro__}", "%s%s%n", "$(rm -rf /)", "`id`", "\x00\n\r",
+    "🙂" * 10, "{x:>99999}",
+])
+def test_payload_values_are_copied_verbatim(value: str) -> None:
+    """Braces, format specs, shell syntax and control bytes in payload values are data."""
+    assert templates.parse("user:{u}").render({"u": value}) == "user:" + value
+
+
+@pytest.mark.parametrize("value", [None, [1], {"a": 1}, ["{0}"]])
+def test_non_scalar_values_are_refused(value: Any) -> None:
+    with pytest.raises(TemplateError):
+        templates.parse("{u}").render({"u": value})
+
+
+def test_a_huge_value_is_refused() -> None:
+    with pytest.raises(TemplateError, match="over"):
+        templates.parse("{u}").render({"u": "x" * 100_000})
+
+
+class _Trap(dict):  # type: ignore[type-arg]
+    """A payload mapping whose attributes must never be read."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("__") and name not in ("__class__", "__contains__", "__getitem__", "__len__",
+                                                  "__iter__", "__eq__", "__hash__"):
+            raise AssertionError(f"attribute {name} was read from payload data")
+        return super().__getattribute__(name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(source=st.text(alphabet=string.printable + "_.{}!:[]0", max_size=30),
+       payload=st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), st.integers(),
+                                                              st.booleans(), st.none()), max_size=4))
+def test_fuzzed_templates_only_ever_raise_template_error(source: str, payload: dict[str, Any]) -> None:
+    """Random template sources over random payloads: a str, or a TemplateError."""
+    try:
+        t = templates.parse(source)
+    except TemplateError:
+        return
+    try:
+        out = t.render(_Trap(payload))
+    except TemplateError:
+        return
+    assert isinstance(out, str)
+
+
+FIELDS = ["type", "version", "payload", "idem_key", "resource_key", "checkpoint"]
+PLAUSIBLE = [b"record", b"1", b"{}", b'{"n": 1}', b"0", b"", b"noop"]
+
+
+def _random_records(seed: int, n: int) -> list[dict[str, bytes]]:
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        rec = {}
+        for f in FIELDS:
+            roll = rnd.random()
+            if roll < 0.5:
+                rec[f] = rnd.choice(PLAUSIBLE)
+            elif roll < 0.85:
+                rec[f] = rnd.randbytes(rnd.randrange(13))
+        out.append(rec)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_records_never_crash_a_worker(project: Project, seed: int) -> None:
+    """Twenty random records (random bytes in any field, fields missing) between good
+    jobs: the good jobs all run, the worker stays up, and every random record ends done
+    or dead. Bookkeeping fields (attempt, max_attempts, ready_ms, created_ms) are left
+    out here: their wrong types are an engine bug pinned in
+    tests/crash/test_malformed_records.py."""
+    project.write_config(vt=1)
+    records = _random_records(seed, 20)
+    raw = redis.Redis.from_url(project.server.url)
+    k = project.keys("fast")
+    c = project.client
+    good = [c.enqueue("record", {"n": 0}).id]
+    planted: list[bytes] = []
+    for i, rec in enumerate(records):
+        rec["status"] = b"queued"
+        job_id = b"r%d-\xfe" % i
+        raw.hset(k.job_prefix.encode() + job_id, mapping={"deferrals": 0, **rec})
+        raw.lpush(k.ready, job_id)
+        planted.append(job_id)
+        good.append(c.enqueue("record", {"n": i}).id)
+    w = project.spawn_worker("fast")
+    for g in good:
+        assert c.wait(g, timeout_s=20).status == "done"
+    wait_for(lambda: all(raw.hget(k.job_prefix.encode() + j, "status") in (b"done", b"dead") for j in planted),
+             timeout=20, what="every random record to settle")
+    for j in planted:
+        f = raw.hgetall(k.job_prefix.encode() + j)
+        if f[b"status"] == b"dead":
+            assert f.get(b"reason"), f
+    assert w.poll() is None
+    assert raw.llen(k.ready) == 0 and raw.zcard(k.leases) == 0
