@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from chaoskit import Chaos
 
 
@@ -14,6 +15,7 @@ def _env(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
+@pytest.mark.timeout(int(_env("CHAOS_SECONDS", 25) * 2 + 240))
 def test_chaos_nothing_lost_nothing_doubled(tmp_path: Path) -> None:
     """Workers SIGKILLed and SIGTERMed, Redis restarted (gracefully and by SIGKILL) at
     random moments under load with idempotency keys, resource keys, transient failures

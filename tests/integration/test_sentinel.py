@@ -36,7 +36,7 @@ class Group:
     def master_port(self) -> int:
         c = redis.Redis(port=self.sentinel_port, decode_responses=True)
         try:
-            return int(c.sentinel_get_master_addr_by_name(SERVICE)[1])
+            return int(c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
         finally:
             c.close()
 
@@ -63,7 +63,7 @@ def group(tmp_path: Path) -> Iterator[Group]:
         def ready() -> bool:
             try:
                 c = redis.Redis(port=port, decode_responses=True)
-                replicas = c.sentinel_slaves(SERVICE)
+                replicas = c.execute_command("SENTINEL", "REPLICAS", SERVICE)
                 c.close()
                 return bool(replicas) and g.master_port() == master.port
             except redis.RedisError:
