@@ -1,0 +1,542 @@
+// The runner dashboard: plain JS over the HTTP API, no build step, no library.
+// Data from jobs (payloads, errors) is only ever set as text, never as HTML.
+// The API token lives in sessionStorage (this tab only) and travels as a header, never in a URL.
+"use strict";
+
+const TOKEN_KEY = "runner.token";
+const FINAL = new Set(["done", "dead"]);
+const COLORS = ["#2f6feb", "#e8590c", "#087443", "#9c36b5", "#c4320a", "#0b7285"];
+
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY) || "",
+  queues: [],
+  deadQueue: null,
+  deadOffset: 0,
+  deadLimit: 25,
+  lastFigures: null,       // previous /queues answer, for live latency deltas
+  latency: {},             // queue -> [{t, v}] points since the page opened
+  throughput: null,
+  watching: null,          // job id shown in the lookup, refreshed until final
+  editing: null,           // the dead job open in the edit dialog
+  deadSignature: "",       // what the dead-letter table shows now
+  loginOpen: false,
+};
+
+// --- small helpers --------------------------------------------------------------------
+
+const $ = (sel) => document.querySelector(sel);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else node[k] = v;
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function json(value) {
+  return JSON.stringify(value, null, 2);
+}
+
+function when(seconds) {
+  return seconds ? new Date(seconds * 1000).toLocaleString() : "—";
+}
+
+function age(seconds) {
+  if (seconds === null || seconds === undefined) return "—";
+  if (seconds < 1) return `${Math.round(seconds * 1000)} ms`;
+  if (seconds < 120) return `${seconds.toFixed(1)} s`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+function ms(v) {
+  return v === null || v === undefined ? "—" : `${v < 10 ? v.toFixed(1) : Math.round(v)} ms`;
+}
+
+function toast(text) {
+  const node = el("div", { text });
+  $("#toast").append(node);
+  setTimeout(() => node.remove(), 4000);
+}
+
+// --- the API ----------------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super((problem && (problem.detail || problem.title)) || `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem;
+  }
+}
+
+async function api(method, path, body) {
+  const headers = { Accept: "application/json" };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const init = { method, headers, cache: "no-store" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const resp = await fetch(path, init);
+  let data = null;
+  if (resp.status !== 204) data = await resp.json().catch(() => null);
+  if (resp.status === 401) {
+    showLogin(state.token ? "That token was refused." : "");
+    throw new ApiError(401, data);
+  }
+  if (!resp.ok) throw new ApiError(resp.status, data);
+  return data;
+}
+
+// --- sign-in --------------------------------------------------------------------------
+
+function showLogin(message) {
+  $("#login-error").textContent = message || "";
+  if (!state.loginOpen) {
+    state.loginOpen = true;
+    $("#login").showModal();
+    $("#token").focus();
+  }
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  state.token = $("#token").value.trim();
+  try {
+    await fetchWithToken();
+  } catch (err) {
+    return;
+  }
+  sessionStorage.setItem(TOKEN_KEY, state.token);
+  state.loginOpen = false;
+  $("#login").close();
+  $("#logout").hidden = false;
+  refreshAll();
+}
+
+async function fetchWithToken() {
+  const resp = await fetch("/queues", { headers: { Authorization: `Bearer ${state.token}` } });
+  if (resp.status === 401) {
+    $("#login-error").textContent = "That token was refused.";
+    throw new Error("refused");
+  }
+}
+
+function signOut() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  state.token = "";
+  $("#logout").hidden = true;
+  showLogin("");
+}
+
+// --- queues -----------------------------------------------------------------------------
+
+function cell(value, cls) {
+  return el("td", { class: cls || null, text: value });
+}
+
+function renderQueues(data) {
+  const body = $("#queue-table tbody");
+  const tput = state.throughput;
+  body.replaceChildren(...data.queues.map((q) => {
+    const series = tput && tput.queues[q.name] ? tput.queues[q.name].done : [];
+    const perMin = series.length ? series[series.length - 1] : 0;
+    return el("tr", { "data-queue": q.name },
+      el("td", {}, el("strong", { text: q.name })),
+      el("td", { "data-field": "ready", text: q.ready }),
+      el("td", { "data-field": "processing", text: q.processing }),
+      el("td", { "data-field": "lease_expired", class: q.lease_expired ? "bad" : null, text: q.lease_expired }),
+      el("td", { "data-field": "scheduled", text: q.scheduled }),
+      el("td", { "data-field": "scheduled_due", class: q.scheduled_due ? "warn" : null, text: q.scheduled_due }),
+      el("td", { "data-field": "dead", class: q.dead ? "bad" : null, text: q.dead }),
+      el("td", { "data-field": "oldest", text: age(q.oldest_ready_age_s) }),
+      el("td", { "data-field": "done_per_min", text: perMin }),
+      cell(`${q.visibility_timeout_s} s`),
+      cell(q.concurrency));
+  }));
+  const rows = [];
+  for (const q of data.queues) {
+    for (const [name, f] of Object.entries(q.functions)) {
+      rows.push(el("tr", { "data-function": name },
+        el("td", { text: name }), cell(q.name), cell(f.enqueued), cell(f.succeeded), cell(f.retried),
+        cell(f.dead, f.dead ? "bad" : null), cell(f.duplicates), cell(f.deferred), cell(f.lost, f.lost ? "warn" : null),
+        cell(`${ms(f.latency.p50_ms)} / ${ms(f.latency.p95_ms)}`),
+        cell(`${ms(f.run_time.p50_ms)} / ${ms(f.run_time.p95_ms)}`)));
+    }
+  }
+  $("#function-figures tbody").replaceChildren(...rows);
+  $("#queues-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  trackLatency(data);
+  syncDeadQueues(data.queues.map((q) => q.name));
+}
+
+// Mean latency of the jobs started between two refreshes, from the cumulative sums.
+function trackLatency(data) {
+  const now = Date.now() / 1000;
+  const totals = {};
+  for (const q of data.queues) {
+    let count = 0;
+    let sum = 0;
+    for (const f of Object.values(q.functions)) {
+      count += f.latency.count;
+      sum += f.latency.sum_ms;
+    }
+    totals[q.name] = { count, sum };
+  }
+  const prev = state.lastFigures;
+  if (prev) {
+    for (const [name, t] of Object.entries(totals)) {
+      const p = prev[name];
+      if (!p) continue;
+      const points = (state.latency[name] = state.latency[name] || []);
+      const dn = t.count - p.count;
+      points.push({ t: now, v: dn > 0 ? (t.sum - p.sum) / dn : null });
+      if (points.length > 300) points.shift();
+    }
+  }
+  state.lastFigures = totals;
+  drawChart($("#latency-chart"), Object.entries(state.latency).map(([name, pts]) => ({
+    name, points: pts.filter((p) => p.v !== null).map((p) => [p.t, p.v]),
+  })), "ms");
+}
+
+async function refreshQueues() {
+  const data = await api("GET", "/queues");
+  state.queues = data.queues;
+  renderQueues(data);
+}
+
+async function refreshThroughput() {
+  state.throughput = await api("GET", "/throughput?minutes=60");
+  const t = state.throughput;
+  drawChart($("#throughput-chart"), Object.entries(t.queues).map(([name, fields]) => ({
+    name, points: fields.done.map((v, i) => [t.times[i], v]),
+  })), "jobs");
+}
+
+// --- charts (plain canvas) --------------------------------------------------------------
+
+function drawChart(canvas, series, unit) {
+  const dpr = window.devicePixelRatio || 1;
+  const w = canvas.clientWidth || canvas.width;
+  const h = canvas.clientHeight || canvas.height;
+  canvas.width = w * dpr;
+  canvas.height = h * dpr;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  const pad = { l: 48, r: 12, t: 22, b: 22 };
+  const all = series.flatMap((s) => s.points);
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillStyle = "#667085";
+  if (!all.length) {
+    ctx.fillText("no data yet", pad.l, h / 2);
+    return;
+  }
+  const xs = all.map((p) => p[0]);
+  const x0 = Math.min(...xs);
+  const x1 = Math.max(...xs, x0 + 1);
+  const step = niceStep(Math.max(...all.map((p) => p[1])) / 4, unit === "jobs" ? 1 : 0.25);
+  const yMax = step * 4;
+  const X = (x) => pad.l + ((x - x0) / (x1 - x0)) * (w - pad.l - pad.r);
+  const Y = (y) => h - pad.b - (y / yMax) * (h - pad.t - pad.b);
+  ctx.strokeStyle = "#e4e7ec";
+  ctx.lineWidth = 1;
+  for (let i = 0; i <= 4; i++) {
+    const y = step * i;
+    ctx.beginPath();
+    ctx.moveTo(pad.l, Y(y));
+    ctx.lineTo(w - pad.r, Y(y));
+    ctx.stroke();
+    ctx.fillText(Number.isInteger(y) ? String(y) : y.toFixed(1), 4, Y(y) + 4);
+  }
+  ctx.fillText(unit, 4, pad.t - 8);
+  ctx.fillText(new Date(x0 * 1000).toLocaleTimeString(), pad.l, h - 6);
+  const end = new Date(x1 * 1000).toLocaleTimeString();
+  ctx.fillText(end, w - pad.r - ctx.measureText(end).width, h - 6);
+  let legendX = pad.l;
+  series.forEach((s, i) => {
+    const color = COLORS[i % COLORS.length];
+    ctx.strokeStyle = color;
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    s.points.forEach(([x, y], j) => (j ? ctx.lineTo(X(x), Y(y)) : ctx.moveTo(X(x), Y(y))));
+    ctx.stroke();
+    ctx.fillStyle = color;
+    // Dots too, so a series of one point (a quiet queue) still shows.
+    for (const [x, y] of s.points) {
+      if (y > 0 || s.points.length < 30) ctx.fillRect(X(x) - 2, Y(y) - 2, 4, 4);
+    }
+    ctx.fillRect(legendX, 6, 10, 10);
+    ctx.fillStyle = "#1d2430";
+    ctx.fillText(s.name, legendX + 14, 15);
+    legendX += ctx.measureText(s.name).width + 32;
+  });
+}
+
+// A round tick step: 1, 2 or 5 times a power of ten, and never below ``least``.
+function niceStep(raw, least) {
+  if (!(raw > least)) return least;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  const m = raw / p;
+  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+}
+
+// --- functions --------------------------------------------------------------------------
+
+function renderFunctions(data) {
+  $("#load-errors").replaceChildren(...data.errors.map((e) =>
+    el("p", { class: "error", text: `${e.path}${e.line ? ":" + e.line : ""}: ${e.message}` })));
+  $("#function-list").replaceChildren(...data.functions.map((f) => {
+    const opts = [
+      ["queue", f.queue], ["max attempts", f.max_attempts], ["timeout", `${f.timeout} s`],
+      ["backoff", `base ${f.backoff.base} s, cap ${f.backoff.cap} s, ${f.backoff.jitter} jitter`],
+      ["idempotency key", f.idempotency_key || "—"], ["resource key", f.resource_key || "—"],
+      ["versions", `${f.versions.join(", ")} (newest ${f.newest_version}${f.has_upgrade ? ", upgrade()" : ""})`],
+    ];
+    return el("div", { class: "fn", "data-function": f.type },
+      el("h3", {}, el("code", { text: f.type }), f.async ? el("span", { class: "muted", text: " async" }) : null),
+      f.doc ? el("p", { class: "muted", text: f.doc }) : null,
+      el("dl", {}, opts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })])),
+      (f.schemas || []).map((s) => el("details", {},
+        el("summary", { text: `schema v${s.version}` }), el("pre", { text: json(s.schema) }))));
+  }));
+}
+
+async function refreshFunctions() {
+  renderFunctions(await api("GET", "/functions?schemas=true"));
+}
+
+// --- dead letters -------------------------------------------------------------------------
+
+function syncDeadQueues(names) {
+  const select = $("#dead-queue");
+  if (select.options.length === names.length) return;
+  select.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
+  if (!state.deadQueue || !names.includes(state.deadQueue)) {
+    const withDead = state.queues.find((q) => q.dead > 0);
+    state.deadQueue = withDead ? withDead.name : names[0];
+  }
+  select.value = state.deadQueue;
+  refreshDead();
+}
+
+function deadRow(job) {
+  const err = job.last_error;
+  const errText = err ? `${err.type || "error"}: ${err.message || ""}` : "—";
+  const del = el("button", { type: "button", class: "danger delete", text: "Delete" });
+  del.addEventListener("click", () => deleteDead(job, del).catch((err) => toast(`Not deleted: ${err.message}`)));
+  return el("tr", { "data-job-id": job.id },
+    el("td", { text: when(job.finished_at) }),
+    el("td", {},
+      el("a", { href: "#job", text: job.id, onclick: () => lookUp(job.id) }),
+      el("div", { class: "muted", text: `${job.type} v${job.version}` })),
+    el("td", { "data-field": "reason", text: job.reason || "—" }),
+    el("td", { "data-field": "error" }, errText,
+      err && err.traceback ? el("details", {}, el("summary", { text: "traceback" }), el("pre", { text: err.traceback })) : null),
+    el("td", { "data-field": "attempts", text: `${job.attempt} / ${job.max_attempts}` }),
+    el("td", {}, el("pre", { "data-field": "payload", text: json(job.payload) })),
+    el("td", { class: "actions" },
+      el("button", { type: "button", class: "primary requeue", text: "Requeue",
+        onclick: () => requeue(job, null).catch((err) => toast(`Not requeued: ${err.message}`)) }),
+      el("button", { type: "button", class: "edit", text: "Edit & requeue", onclick: () => openEdit(job) }),
+      del));
+}
+
+async function refreshDead() {
+  if (!state.deadQueue) return;
+  const q = encodeURIComponent(state.deadQueue);
+  const page = await api("GET", `/dead/${q}?offset=${state.deadOffset}&limit=${state.deadLimit}`);
+  const from = page.total ? page.offset + 1 : 0;
+  $("#dead-total").textContent = `${from}–${page.offset + page.jobs.length} of ${page.total}`;
+  $("#dead-prev").disabled = page.offset === 0;
+  $("#dead-next").disabled = page.offset + page.jobs.length >= page.total;
+  const reasons = {};
+  for (const j of page.jobs) reasons[j.reason || "?"] = (reasons[j.reason || "?"] || 0) + 1;
+  $("#dead-reasons").replaceChildren(...Object.entries(reasons).map(([r, n]) => el("span", { text: `${r}: ${n}` })));
+  const body = $("#dead-table tbody");
+  // Re-render only when the page changed, so a row's buttons stay put between refreshes.
+  const signature = `${state.deadQueue} ${page.offset} ` + page.jobs.map((j) => `${j.id}:${j.attempt}`).join(",");
+  if (signature === state.deadSignature) return;
+  state.deadSignature = signature;
+  if (!page.jobs.length) {
+    body.replaceChildren(el("tr", {}, el("td", { colSpan: 7, class: "muted", text: "No dead jobs in this queue." })));
+    return;
+  }
+  body.replaceChildren(...page.jobs.map(deadRow));
+}
+
+async function requeue(job, edited) {
+  const path = `/dead/${encodeURIComponent(job.queue)}/${encodeURIComponent(job.id)}/requeue`;
+  await api("POST", path, edited || undefined);
+  toast(`Requeued ${job.id}`);
+  refreshDead();
+  lookUp(job.id);
+}
+
+async function deleteDead(job, button) {
+  // Two clicks: the first arms the button, so one stray click deletes nothing.
+  if (!button.classList.contains("armed")) {
+    button.classList.add("armed");
+    button.textContent = "Confirm delete";
+    setTimeout(() => { button.classList.remove("armed"); button.textContent = "Delete"; }, 4000);
+    return;
+  }
+  await api("DELETE", `/dead/${encodeURIComponent(job.queue)}/${encodeURIComponent(job.id)}`);
+  toast(`Deleted ${job.id}`);
+  refreshDead();
+}
+
+function openEdit(job) {
+  state.editing = job;
+  $("#edit-id").textContent = job.id;
+  $("#edit-version").value = job.version || "";
+  $("#edit-payload").value = json(job.payload);
+  $("#edit-errors").replaceChildren();
+  $("#edit").showModal();
+}
+
+async function submitEdit(event) {
+  event.preventDefault();
+  const job = state.editing;
+  const errors = $("#edit-errors");
+  let payload;
+  try {
+    payload = JSON.parse($("#edit-payload").value);
+  } catch (err) {
+    errors.replaceChildren(el("li", { text: `Not valid JSON: ${err.message}` }));
+    return;
+  }
+  const body = { payload };
+  const version = parseInt($("#edit-version").value, 10);
+  if (version > 0) body.version = version;
+  try {
+    await requeue(job, body);
+  } catch (err) {
+    const p = err.problem || {};
+    const items = (p.errors || []).map((e) => el("li", { text: `${e.path}: ${e.message}` }));
+    errors.replaceChildren(el("li", { text: err.message }), ...items);
+    return;
+  }
+  $("#edit").close();
+}
+
+// --- one job --------------------------------------------------------------------------------
+
+function lookUp(id) {
+  $("#job-id").value = id;
+  state.watching = id;
+  refreshJob();
+}
+
+async function refreshJob() {
+  const id = state.watching;
+  if (!id) return;
+  const view = $("#job-view");
+  let job;
+  try {
+    job = await api("GET", `/jobs/${encodeURIComponent(id)}`);
+  } catch (err) {
+    if (err.status === 404) {
+      view.replaceChildren(el("p", { class: "error", text: `No job ${id}.` }));
+      state.watching = null;
+      return;
+    }
+    throw err;
+  }
+  if (id !== state.watching) return;
+  const rows = [
+    ["status", el("span", { class: `status status-${job.status}`, "data-field": "status", text: job.status })],
+    ["type", `${job.type} v${job.version}`], ["queue", job.queue],
+    ["attempt", `${job.attempt} of ${job.max_attempts}`],
+    ["created", when(job.created_at)], ["ready", when(job.ready_at)], ["started", when(job.started_at)],
+    ["finished", when(job.finished_at)], ["idempotency key", job.idempotency_key || "—"],
+    ["resource key", job.resource_key || "—"], ["reason", job.reason || "—"],
+    ["duplicate of", job.duplicate_of || "—"],
+    ["payload", el("pre", { "data-field": "payload", text: json(job.payload) })],
+    ["result", el("pre", { "data-field": "result", text: json(job.result) })],
+    ["last error", job.last_error ? el("pre", { text: json(job.last_error) }) : "—"],
+    ["history", el("pre", { text: json(job.history) })],
+  ];
+  view.replaceChildren(el("table", { "data-job-id": job.id },
+    rows.map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", {}, v)))));
+  if (FINAL.has(job.status)) state.watching = null;
+}
+
+// --- wiring -----------------------------------------------------------------------------------
+
+async function refreshHealth() {
+  const pill = $("#health");
+  try {
+    const resp = await fetch("/healthz", { cache: "no-store" });
+    pill.textContent = resp.ok ? "Redis reachable" : "Redis unreachable";
+    pill.className = `pill ${resp.ok ? "ok" : "bad"}`;
+  } catch (err) {
+    pill.textContent = "web process unreachable";
+    pill.className = "pill bad";
+  }
+}
+
+function quietly(fn) {
+  return () => fn().catch((err) => {
+    if (err.status !== 401) console.warn(err);
+  });
+}
+
+function refreshAll() {
+  quietly(refreshThroughput)().then(quietly(refreshQueues));
+  quietly(refreshFunctions)();
+  quietly(refreshDead)();
+  quietly(refreshJob)();
+}
+
+function every(seconds, fn) {
+  setInterval(() => {
+    if (!state.loginOpen && !document.hidden) fn();
+  }, seconds * 1000);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("#login-form").addEventListener("submit", signIn);
+  $("#login").addEventListener("cancel", (e) => e.preventDefault());
+  $("#logout").addEventListener("click", signOut);
+  $("#logout").hidden = !state.token;
+  $("#edit-form").addEventListener("submit", submitEdit);
+  $("#edit-cancel").addEventListener("click", () => $("#edit").close());
+  $("#job-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const id = $("#job-id").value.trim();
+    if (id) lookUp(id);
+  });
+  $("#dead-queue").addEventListener("change", (e) => {
+    state.deadQueue = e.target.value;
+    state.deadOffset = 0;
+    quietly(refreshDead)();
+  });
+  $("#dead-prev").addEventListener("click", () => {
+    state.deadOffset = Math.max(0, state.deadOffset - state.deadLimit);
+    quietly(refreshDead)();
+  });
+  $("#dead-next").addEventListener("click", () => {
+    state.deadOffset += state.deadLimit;
+    quietly(refreshDead)();
+  });
+  refreshHealth();
+  refreshAll();
+  every(2, quietly(refreshQueues));
+  every(3, quietly(refreshDead));
+  every(1, quietly(refreshJob));
+  every(15, quietly(refreshThroughput));
+  every(30, quietly(refreshFunctions));
+  every(5, refreshHealth);
+});
