@@ -4,10 +4,12 @@
      "detail": "...", "instance": "/jobs/send_email", ...extension members}
 
 ``type`` is stable and meant for code; ``title`` is the same for every problem of a type;
-``detail`` is for humans. Extension members: ``errors`` (422: every validation error with
-its JSON path), ``job_id`` (404 job, 409 the job holding the key), ``idempotency_key``,
-``parameter``, ``known_versions``, ``allowed_methods`` (405). Falcon's own errors (no
-route, wrong method, bad header) go through the same serializer.
+``detail`` is for humans. Extension members, by problem: ``errors`` (422: every
+validation error with its JSON path), ``job_id`` (404 job; 409: the job holding the key),
+``idempotency_key`` (409), ``function``, ``queue`` (404), ``known_versions`` and
+``version`` (422), ``parameter`` / ``header`` (400), ``max_body_bytes`` (413),
+``allowed_methods`` (405). Falcon's own errors (no route, wrong method, bad header) go
+through the same serializer.
 """
 
 from __future__ import annotations

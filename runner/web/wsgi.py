@@ -7,6 +7,7 @@ Redis connection that a fork would then share between processes.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 from runner import config as config_mod
 from runner.logs import setup as setup_logs
 from runner.runtime import Runtime
+
+log = logging.getLogger("runner.web")
 
 
 class LazyApp:
@@ -28,7 +31,10 @@ class LazyApp:
 
                 cfg = config_mod.load()
                 setup_logs(cfg.log)
-                self._app = create_app(Runtime.create(cfg))
+                runtime = Runtime.create(cfg)
+                for err in runtime.registry.errors.values():
+                    log.error("function not loaded: %s", err)
+                self._app = create_app(runtime)
             return self._app
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:

@@ -8,12 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import falcon.testing
 import pytest
 import requests
 from openapi_spec_validator import validate as validate_openapi
 from test_web_support import Web, gunicorn
 
 from runner.embedded import Server
+from runner.web import create_app
 
 from conftest import Project, make_project, wait_for
 
@@ -166,6 +168,15 @@ def test_body_limit_is_checked_before_reading_and_while_reading(web: Web) -> Non
         yield b"5}"
 
     assert web.post("/jobs/record", data=small(), headers={"Content-Type": "application/json"}).status_code == 202
+
+
+def test_chunked_body_on_a_server_that_cannot_end_it_is_a_411(project: Project) -> None:
+    """A server that hands over the raw socket (the dev server) gets a 411 for a body
+    without a length instead of a read that never ends."""
+    client = falcon.testing.TestClient(create_app(project.runtime))
+    r = client.simulate_post("/jobs/record", headers={"Content-Type": "application/json",
+                                                      "Transfer-Encoding": "chunked"})
+    assert r.status_code == 411 and r.json["type"] == "urn:runner:problem:length-required"
 
 
 def test_dead_letter_list_requeue_and_delete(project: Project, web: Web) -> None:
