@@ -15,6 +15,7 @@ from openapi_spec_validator import validate as validate_openapi
 from test_web_support import Web, gunicorn
 
 from runner.embedded import Server
+from runner.registry import Registry
 from runner.web import create_app
 
 from conftest import Project, make_project, wait_for
@@ -177,6 +178,20 @@ def test_chunked_body_on_a_server_that_cannot_end_it_is_a_411(project: Project) 
     r = client.simulate_post("/jobs/record", headers={"Content-Type": "application/json",
                                                       "Transfer-Encoding": "chunked"})
     assert r.status_code == 411 and r.json["type"] == "urn:runner:problem:length-required"
+
+
+def test_the_app_follows_a_swapped_registry(project: Project) -> None:
+    """Hot reload swaps runtime.registry whole: the next request, /functions, the enqueue
+    route and /openapi.json all see the new set of functions."""
+    rt = project.runtime
+    client = falcon.testing.TestClient(create_app(rt))
+    assert client.simulate_post("/jobs/noop", json={}).status_code == 202
+    assert "/jobs/noop" in client.simulate_get("/openapi.json").json["paths"]
+    rt.registry = Registry.of(rt.registry.get("record"))
+    assert [f["type"] for f in client.simulate_get("/functions").json["functions"]] == ["record"]
+    assert client.simulate_post("/jobs/noop", json={}).status_code == 404
+    paths = client.simulate_get("/openapi.json").json["paths"]
+    assert "/jobs/noop" not in paths and "/jobs/record" in paths
 
 
 def test_dead_letter_list_requeue_and_delete(project: Project, web: Web) -> None:
