@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from runner.keys import QueueKeys
@@ -91,6 +92,10 @@ class Batch:
         if not self.calls:
             return []
         sc = self.scripts
+        if isinstance(sc.client, RedisCluster):
+            # A cluster pipeline refuses EVALSHA; a batch holds a few script calls (one per
+            # transition), each already covering many jobs, so one by one costs little.
+            return [sc.call(name, keys, args) for name, keys, args in self.calls]
         pipe = sc.client.pipeline(transaction=False)
         for name, keys, args in self.calls:
             pipe.evalsha(sc.shas[name], len(keys), *keys, *args)

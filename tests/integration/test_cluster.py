@@ -134,15 +134,8 @@ def test_a_cross_slot_script_is_refused(cproject: Project) -> None:
         r.eval("return 1", 2, fast.ready, slow.ready)
 
 
-BATCH_BUG = (
-    "scripts.py: redis-py refuses EVALSHA in a cluster pipeline ('Calling pipelined function "
-    "evalsha is blocked when running redis in cluster mode'), so Batch.execute raises on a "
-    "cluster and the worker's settler dies; fix: on a RedisCluster send a batch's few script "
-    "calls one by one through Scripts.call"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=BATCH_BUG)
 def test_scripts_and_batches_run_and_reload_after_a_script_flush(cproject: Project) -> None:
     """Scripts.call and a Batch (non-transactional cluster pipeline) work; after SCRIPT
     FLUSH on every master they answer NOSCRIPT and are loaded again transparently."""
@@ -166,7 +159,6 @@ def test_scripts_and_batches_run_and_reload_after_a_script_flush(cproject: Proje
     assert_no_job_in_two_structures(cproject)
 
 
-@pytest.mark.xfail(strict=True, reason=BATCH_BUG)
 def test_workers_run_both_queues_on_the_cluster(cproject: Project) -> None:
     """A real worker on ``redis+cluster://``: jobs of both queues run once and end done;
     a worker killed after its handler is reclaimed by the scheduler on the cluster."""
