@@ -17,10 +17,6 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def _read(name: str) -> bytes:
-    return resources.files("runner.web").joinpath("static", name).read_bytes()
-
-
 class Static:
     def __init__(self) -> None:
         folder = resources.files("runner.web").joinpath("static")

@@ -14,8 +14,8 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
     runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deferred,lost}_total
     runner_jobs_stray_total                      ready ids dropped because their record was settled
-    runner_job_latency_seconds                   histogram: ready to started
-    runner_job_run_seconds                       histogram: handler run time
+    runner_job_latency_seconds                   histogram: ready to started (successful attempts)
+    runner_job_run_seconds                       histogram: handler run time (successful attempts)
     runner_functions_loaded, runner_function_load_errors
 """
 
@@ -112,8 +112,10 @@ class RunnerCollector:
         labels = ["queue", "function"]
         counters = {c: CounterMetricFamily(f"runner_jobs_{c}", _COUNTER_HELP[c], labels=labels) for c in COUNTERS}
         latency = HistogramMetricFamily("runner_job_latency_seconds",
-                                        "Time from ready (enqueued or due) to a worker starting it.", labels=labels)
-        run = HistogramMetricFamily("runner_job_run_seconds", "Handler run time of finished jobs.", labels=labels)
+                                        "Time from ready (enqueued or due) to a worker starting it, "
+                                        "of attempts that succeeded.", labels=labels)
+        run = HistogramMetricFamily("runner_job_run_seconds", "Handler run time of attempts that succeeded.",
+                                    labels=labels)
         for q in queues:
             for fn in sorted(q.functions.values(), key=lambda f: f.name):
                 lv = [q.name, _label(fn.name)]
