@@ -142,7 +142,8 @@ class Dev:
         self.changes: stdqueue.Queue[set[Path] | None] = stdqueue.Queue()
         self.stopping = threading.Event()
         self._signals = 0
-        self._recheck: tuple[float, set[str]] | None = None
+        self.parked: stdqueue.Queue[set[str] | None] = stdqueue.Queue()
+        self._requeuer = threading.Thread(target=self._requeue_loop, name="requeue-parked", daemon=True)
         # What the last load saw, to catch changes made before the watcher was up.
         self._loaded_files: dict[Path, int] = {}
 
@@ -213,6 +214,7 @@ class Dev:
         missed = self._missed()
         if missed:
             self.changes.put(missed)
+        self._requeuer.start()
         self._requeue_parked(set(self.rt.registry.functions))
         log.info("serving http://%s:%d (dashboard at /) ; watching %s, %s and %s",
                  self.host, self.web.port, _rel(cfg.functions_dir), _rel(cfg.schemas_dir),
@@ -224,6 +226,10 @@ class Dev:
                 with _logged(f"stopping {name}"):
                     part.stop()
         self.watcher = self.web = None
+        self.stopping.set()
+        if self._requeuer.is_alive():
+            self.parked.put(None)
+            self._requeuer.join(timeout=5)
         if self.worker is not None:
             with _logged("stopping the workers"):
                 self.worker.stop(self.cfg.worker.grace_period_s)
@@ -248,11 +254,7 @@ class Dev:
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
-            timeout = None if self._recheck is None else max(0.0, self._recheck[0] - time.monotonic())
-            try:
-                batch = self.changes.get(timeout=timeout)
-            except stdqueue.Empty:
-                batch = set()
+            batch = self.changes.get()
             if batch is None:
                 break
             # Coalesce whatever else is already queued into one reload.
@@ -267,9 +269,6 @@ class Dev:
             if batch:
                 with _logged("reload"):
                     self.apply(batch)
-            if self._recheck is not None and time.monotonic() >= self._recheck[0]:
-                names, self._recheck = self._recheck[1], None
-                self._requeue_parked(names, again=False)
 
     def _files(self) -> dict[Path, int]:
         """Every watched file with its mtime (ns), and the folders (a deletion shows there)."""
@@ -366,18 +365,35 @@ class Dev:
             if w not in seen:
                 log.warning("%s", w)
 
-    def _requeue_parked(self, names: set[str], again: bool = True) -> None:
-        """Requeue the dead jobs of ``names`` that were parked as "unknown type"."""
+    def _requeue_parked(self, names: set[str]) -> None:
+        """Ask the requeuer to bring back the parked jobs of functions that (re)appeared."""
+        if names:
+            self.parked.put(set(names))
+
+    def _requeue_loop(self) -> None:
+        """Requeue dead jobs parked as "unknown type" whose function is loaded again; off
+        the reload path, as a long backlog takes a while. A second pass a little later
+        catches jobs a worker claimed just before the reload and buried just after it."""
+        while True:
+            names = self.parked.get()
+            if names is None:
+                return
+            self._requeue_pass(names)
+            if self.stopping.wait(REQUEUE_RECHECK_S):
+                return
+            self._requeue_pass(names)
+
+    def _requeue_pass(self, names: set[str]) -> None:
         from runner.checks import scan
         from runner.client import Client
 
-        if not names:
-            return
         client = Client(self.rt)
         n = 0
         try:
             for queue in list(self.rt.keys):
                 for _state, job_id, (type_, reason) in scan(self.rt, queue, ("type", "reason"), ("dead",)):
+                    if self.stopping.is_set():
+                        return
                     if reason == "unknown type" and type_ in names:
                         try:
                             client.requeue(queue, job_id)
@@ -386,11 +402,9 @@ class Dev:
                             log.warning("parked job %s stays dead: %s", job_id, exc)
         except UNAVAILABLE as exc:
             log.warning("cannot requeue parked jobs now: %s", exc)
-        if n:
-            log.info("requeued %d parked job(s) of %s", n, ", ".join(sorted(names)))
-        if again:
-            pending = self._recheck[1] if self._recheck else set()
-            self._recheck = (time.monotonic() + REQUEUE_RECHECK_S, pending | names)
+        finally:
+            if n:
+                log.info("requeued %d parked job(s) of %s", n, ", ".join(sorted(names)))
 
 
 def _fresh_bytecode() -> None:
