@@ -139,7 +139,10 @@ def test_wrong_password_is_refused_clearly(tmp_path: Path, tls: Tls) -> None:
 
 
 def test_plain_port_refuses_anonymous_clients(tls: Tls) -> None:
-    c = redis.Redis(port=tls.server.port)
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    c = redis.Redis(port=tls.server.port, retry=Retry(NoBackoff(), 0))
     with pytest.raises(redis.exceptions.RedisError):
         c.ping()
     c.close()
