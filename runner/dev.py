@@ -161,7 +161,7 @@ class Dev:
             self.start()
             self._loop()
         except (RunnerError, OSError) as exc:
-            log.error("runner dev cannot start: %s", exc)
+            log.error("runner dev: %s", exc)
             code = 2
         finally:
             self.stop()

@@ -189,7 +189,8 @@ class ProjectServer:
         self._stop_orphan()
         # Started from the main thread: the server's parent-death signal follows the
         # thread that forked it, and the main thread lives as long as the process.
-        self.server = Server(self.data_dir).start()
+        # A long append-only file takes a while to load; the server answers LOADING until then.
+        self.server = Server(self.data_dir).start(timeout_s=120)
         session_file(self.cfg).write_text(codec.dumps({
             "url": self.server.url, "pid": os.getpid(), "server_pid": self.server.proc.pid,
         }))
