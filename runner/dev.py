@@ -204,7 +204,11 @@ class Dev:
         self._loaded_files = self._files()
         self.rt = Runtime.create(cfg)
         self._report(None, self.rt.registry)
-        self.web = DevServer(create_app(self.rt), self.host, self.port)
+        try:
+            self.web = DevServer(create_app(self.rt), self.host, self.port)
+        except OSError as exc:
+            raise RunnerError(f"cannot serve on {self.host}:{self.port} ({exc.strerror}); "
+                              "pick another with --port or $PORT") from None
         self.web.start()
         self.worker = Worker(self.rt, list(cfg.queues))
         self.worker.start()
