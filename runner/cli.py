@@ -303,9 +303,10 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
                 send(batch)
     except (RedisUnavailable, *UNAVAILABLE) as exc:  # type: ignore[misc]
         first = batch[0][0] if batch else last_ok + 1
-        fail(f"Redis unavailable at line {first}: {exc}\nlines up to {last_ok} were sent; lines from "
-             f"{first} may or may not have been enqueued. Resume from line {first} (a function with an "
-             "IDEMPOTENCY_KEY makes the rerun safe).", EXIT_REDIS)
+        sent = f"lines 1 to {last_ok} were enqueued; " if last_ok else ""
+        fail(f"Redis unavailable at line {first}: {exc}\n{sent}the batch from line {first} may or may not "
+             f"have been. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
+             EXIT_REDIS)
     summary = {"enqueued": done, "duplicates": dup, "refused": refused}
     if as_json:
         emit(summary, True)
