@@ -305,7 +305,7 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
         first = batch[0][0] if batch else last_ok + 1
         sent = f"lines 1 to {last_ok} were enqueued; " if last_ok else ""
         fail(f"Redis unavailable at line {first}: {exc}\n{sent}the batch from line {first} may or may not "
-             f"have been. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
+             f"have been enqueued. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
              EXIT_REDIS)
     summary = {"enqueued": done, "duplicates": dup, "refused": refused}
     if as_json:
