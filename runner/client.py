@@ -260,8 +260,9 @@ class Client:
         self, queue: str, job_id: str, payload: Any = None, version: int | None = None
     ) -> store.Job:
         """Move a dead job back to ready with a fresh attempt budget. The payload (the
-        stored one or the edited one) is validated and must lift to the newest version;
-        an invalid one stays dead and the errors are raised."""
+        stored one at its stored version, or an edited one at ``version``, default the
+        newest) is validated and must lift to the newest version; an invalid one stays
+        dead and the errors are raised."""
         k = self._keys(queue)
         rt = self.runtime
         try:
@@ -274,14 +275,18 @@ class Client:
         type_ = fields.get("type") or ""
         fn = rt.registry.get(type_)
         if payload is None:
+            # The stored payload keeps its stored version (it is upgraded at claim).
             try:
                 payload = codec.loads(fields.get("payload") or "")
             except codec.DecodeError:
-                raise ValidationFailed(type_, 0, [FieldError("$", "the stored payload is not JSON; send an edited payload")]) from None
-        if version is None:
-            version = int(fields.get("version") or 0) if payload is not None else fn.versions.newest
-            if version == 0:
-                version = fn.versions.newest
+                problem = FieldError("$", "the stored payload is not JSON; send an edited payload")
+                raise ValidationFailed(type_, 0, [problem]) from None
+            if version is None:
+                stored = fields.get("version") or ""
+                version = int(stored) if stored.isdigit() else fn.versions.newest
+        elif version is None:
+            # An edited payload without a version is written against the newest schema.
+            version = fn.versions.newest
         try:
             fn.versions.lift(payload, version)
         except UpgradeFailed as exc:

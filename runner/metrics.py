@@ -7,9 +7,11 @@ buckets. The worker adds them to the scripts it already calls (no extra round tr
     retried|<type>             transient failures scheduled for another attempt
     dead|<type>                buried (any reason)
     duplicates|<type>          done without running: the idempotency key had completed
+    deduplicated|<type>        enqueues answered with the key's existing job
     deferred|<type>            claims put back because the resource lock was held
     lost|<type>                lapsed leases put back to ready
-    lat|<type>|<le_ms>         enqueue(ready)-to-start latency, per bucket (not cumulative)
+    lat|<type>|<le_ms>         ready-to-start latency of every run (done, retried or dead),
+                               per bucket (not cumulative)
     lat_sum|<type>             sum of those latencies, ms
     run|<type>|<le_ms>         handler run time, per bucket
     run_sum|<type>             sum of run times, ms

@@ -342,14 +342,17 @@ class QueueRunner:
             elif isinstance(o, RetryLater):
                 retries.append(RetryAt(
                     job.id, job.token, now + int(o.delay_s * 1000), codec.dumps(o.error),
-                    _history(job.attempt, "retry", s.started_ms, now, o.error), f"retried|{t}",
+                    _history(job.attempt, "retry", s.started_ms, now, o.error),
+                    f"retried|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000),
                 ))
                 retry_s.append(s)
             elif isinstance(o, Dead):
                 entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
                 burials.append(Burial(
                     job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "",
-                    entry, o.refund, f"dead|{t}",
+                    entry, o.refund,
+                    f"dead|{t}" if o.refund else
+                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000),
                 ))
                 bury_s.append(s)
             else:

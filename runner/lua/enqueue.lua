@@ -40,6 +40,7 @@ for i = 0, n - 1 do
       end
       out[#out + 1] = hid
       out[#out + 1] = st
+      if hhash == phash then redis.call('HINCRBY', KEYS[4], 'deduplicated|' .. typ, 1) end
       dup = true
     else
       redis.call('SET', KEYS[6] .. ikey, id .. ' ' .. phash, 'PX', idem_ttl)

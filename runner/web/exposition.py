@@ -12,7 +12,7 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_queue_scheduled_due_jobs              scheduled and already due, not promoted yet
     runner_queue_dead_jobs                       in the dead-letter set
     runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
-    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deferred,lost}_total
+    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,lost}_total
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
@@ -42,6 +42,7 @@ _COUNTER_HELP = {
     "retried": "Failed attempts scheduled for another try.",
     "dead": "Jobs moved to the dead-letter set, for any reason.",
     "duplicates": "Jobs settled without running: their idempotency key had completed.",
+    "deduplicated": "Enqueues answered with the existing job of their idempotency key.",
     "deferred": "Claims put back because the job's resource lock was held.",
     "lost": "Lapsed leases put back to ready (the worker died or stalled).",
 }

@@ -13,7 +13,7 @@ from typing import Any
 from runner import metrics
 from runner.runtime import Runtime
 
-COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deferred", "lost")
+COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "lost")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
 MALFORMED = "?"
 _LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))
