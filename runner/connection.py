@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.connection import HiredisRespSerializer
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import ClusterDownError, OutOfMemoryError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
 from runner.config import RedisConfig
@@ -46,6 +46,7 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     ClusterDownError,  # a cluster mid-failover (includes MasterDownError)
     SlotNotCoveredError,
     TryAgainError,  # a slot being migrated
+    OutOfMemoryError,  # maxmemory reached under noeviction: refused before it ran, wait it out
     ConnectionError,
     OSError,
 )
