@@ -106,7 +106,10 @@ def _import(path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        # Compile from the source bytes, never a cached .pyc: the cache is keyed on a
+        # whole-second mtime and the size, so two quick saves could load stale code.
+        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)
     except SyntaxError as exc:
         sys.modules.pop(name, None)
         raise FunctionLoadError(str(path), f"syntax error: {exc.msg}", exc.lineno) from None
