@@ -305,8 +305,14 @@ class QueueRunner:
             self._settle_now(batch)
 
     def _settle_now(self, batch: Sequence[Settlement]) -> None:
+        """Send a batch until it lands. Re-sending is safe: every script is fenced, so a
+        settlement that already applied is refused the second time. Any other error (an
+        ACL change, MISCONF, a bug) is retried with backoff too; after a few tries the
+        batch is split so one bad settlement cannot hold up the others, and one that
+        keeps failing is dropped from this worker: its lease lapses and it is reclaimed."""
         outage = Outage(f"{self.q.name} settler", log)
         give_up = threading.Event()
+        errors = 0
         while True:
             try:
                 self._send(batch)
@@ -316,6 +322,22 @@ class QueueRunner:
                 if self.stopped.is_set():
                     log.error("%s settler: Redis unavailable at exit; %d job(s) will be "
                               "reclaimed when their lease lapses", self.q.name, len(batch))
+                    return
+                outage.failed(exc, give_up)
+            except Exception as exc:
+                errors += 1
+                log.exception("%s settler: settling %d job(s) failed (%s); retrying",
+                              self.q.name, len(batch), exc)
+                if len(batch) > 1 and errors >= 3:
+                    for one in batch:
+                        self._settle_now([one])
+                    return
+                if errors >= 8 or self.stopped.is_set():
+                    with self.owned_lock:
+                        for one in batch:
+                            self.owned.pop(one.owned.job.id, None)
+                    log.error("%s settler: giving up on job(s) %s; they are reclaimed when their "
+                              "lease lapses", self.q.name, ", ".join(b.owned.job.id for b in batch))
                     return
                 outage.failed(exc, give_up)
 
@@ -448,6 +470,9 @@ class QueueRunner:
                 outage.ok()
                 next_renew = time.monotonic() + every
             except UNAVAILABLE as exc:
+                outage.failed(exc, self.stopped)
+            except Exception as exc:  # never let renewal die silently: leases would lapse
+                log.exception("%s renewer: renewing failed (%s); retrying", self.q.name, exc)
                 outage.failed(exc, self.stopped)
 
     def _enforce_timeouts(self) -> None:

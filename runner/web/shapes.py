@@ -73,7 +73,7 @@ COMPONENTS: dict[str, Any] = {
     }),
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
-        "deferred": _INT, "lost": _INT, "latency": _TIMING, "run_time": _TIMING,
+        "deduplicated": _INT, "deferred": _INT, "lost": _INT, "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,

@@ -53,14 +53,6 @@ def test_worker_waits_out_a_full_redis(tmp_path: Path) -> None:
             p.stop_all()
 
 
-SETTLER_DIES = (
-    "engine bug: QueueRunner._settle_now (and _renew_loop) catch only UNAVAILABLE; any "
-    "other error (here NOPERM) kills the settle thread, and the worker goes on claiming "
-    "jobs it can never settle: silent consumer death"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=SETTLER_DIES)
 def test_worker_survives_a_refused_settlement(tmp_path: Path) -> None:
     """The worker's ACL user loses EVALSHA while a handler runs (an operator's mistake),
     then gets it back: the refused ack is retried and lands, and new jobs run and settle
