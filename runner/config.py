@@ -40,6 +40,8 @@ class QueueConfig:
     max_timeout_s: float = 0.0
     # Jobs claimed per round trip when the queue is deep.
     batch: int = 64
+    # Jobs a worker may claim ahead of its free executors (default: concurrency).
+    prefetch: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,8 @@ _QUEUE_SPEC: dict[str, tuple[Checker, str]] = {
     "backoff": (lambda v: isinstance(v, dict), "a table {base, cap, jitter}"),
     "max_timeout": (_pos_num, "a positive number of seconds"),
     "batch": (lambda v: _pos_int(v) and v <= 1000, "an integer from 1 to 1000"),
+    "prefetch": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10000,
+                 "an integer from 0 to 10000"),
 }
 _BACKOFF_SPEC: dict[str, tuple[Checker, str]] = {
     "base": (_nonneg_num, "a number of seconds >= 0"),
@@ -205,6 +209,7 @@ def _queue(source: str, name: str, raw: Any) -> QueueConfig:
         backoff=backoff,
         max_timeout_s=float(t.get("max_timeout", vt * 10)),
         batch=int(t.get("batch", 64)),
+        prefetch=int(t.get("prefetch", t.get("concurrency", 16))),
     )
 
 

@@ -96,8 +96,14 @@ class QueueRunner:
         self.keys = runtime.keys[queue.name]
         self.loop = loop
         self.worker_id = worker_id
-        self.capacity = queue.concurrency
+        # Owned at once: one job per executor plus up to `prefetch` claimed ahead, so a
+        # deep queue is claimed in batches instead of one job per freed thread.
+        self.capacity = queue.concurrency + queue.prefetch
+        # Claim again once this much room opened up, or at once when no job is waiting
+        # for an executor (then a thread is idle and latency matters more than batching).
+        self.low_water = max(1, min(queue.batch, self.capacity // 2))
         self.busy = 0  # claimed and not yet returned by a handler
+        self.waiting = 0  # claimed and not yet picked up by an executor
         self.cond = threading.Condition()
         self.owned: dict[str, Owned] = {}
         self.owned_lock = threading.Lock()
@@ -160,9 +166,12 @@ class QueueRunner:
 
     def _free(self) -> int:
         with self.cond:
-            while self.busy >= self.capacity and not self.stop_claiming.is_set():
+            while not self.stop_claiming.is_set():
+                room = self.capacity - self.busy
+                if room >= self.low_water or (room > 0 and self.waiting == 0):
+                    return room
                 self.cond.wait(0.5)
-            return self.capacity - self.busy
+            return 0
 
     def _fetch_loop(self) -> None:
         outage = Outage(f"{self.q.name} fetcher", log)
@@ -213,6 +222,7 @@ class QueueRunner:
                 self.owned[o.job.id] = o
         with self.cond:
             self.busy += count
+            self.waiting += count
         for o in batch:
             self.inbox.put(o)
         return count
@@ -225,6 +235,10 @@ class QueueRunner:
                 owned = self.inbox.get()
                 if owned is None:
                     return
+                with self.cond:
+                    self.waiting -= 1
+                    if self.waiting == 0:
+                        self.cond.notify()
                 if self.stop_claiming.is_set():
                     self.outbox.put(Settlement(owned, Release()))
                     continue

@@ -208,7 +208,7 @@ class Chaos:
         self.server.start()
         try:
             self.project = new_project(self.root / "project", self.server)
-            configure(self.project, vt=1, concurrency=4, grace=2, max_attempts=8)
+            configure(self.project, vt=1, concurrency=4, grace=2, max_attempts=8, prefetch=4)
             for _ in range(self.n_workers):
                 self._spawn()
             producer = threading.Thread(target=self._produce, name="producer", daemon=True)

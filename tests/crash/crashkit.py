@@ -31,6 +31,7 @@ visibility_timeout = {vt}
 concurrency = {concurrency}
 max_attempts = {max_attempts}
 batch = {batch}
+prefetch = {prefetch}
 backoff = {{ base = 0.01, cap = 0.05, jitter = "full" }}
 
 [queues.slow]
@@ -56,11 +57,13 @@ format = "json"
 
 def configure(
     project: Project, *, vt: float = 1, slow_vt: float = 10, concurrency: int = 8,
-    max_attempts: int = 3, batch: int = 64, grace: float = 5,
+    max_attempts: int = 3, batch: int = 64, grace: float = 5, prefetch: int = 0,
 ) -> None:
-    """Write runner.toml with the knobs crash tests turn (short leases, small pools)."""
+    """Write runner.toml with the knobs crash tests turn (short leases, small pools). No
+    prefetch by default, so a kill strands only the jobs it names; the chaos and load
+    tests turn it on as shipped."""
     text = TOML.format(prefix=project.prefix, vt=vt, slow_vt=slow_vt, concurrency=concurrency,
-                       max_attempts=max_attempts, batch=batch, grace=grace)
+                       max_attempts=max_attempts, batch=batch, grace=grace, prefetch=prefetch)
     (project.root / "runner.toml").write_text(text)
     if project._runtime is not None:
         project._runtime.close()

@@ -59,7 +59,7 @@ def test_kill_at_fault_point_under_load(project: Project, point: str) -> None:
     number of passes: every job ends done, with exactly one successful attempt; a handler
     ran again only for an attempt the history shows as "worker lost"."""
     rnd = random.Random(point)
-    configure(project, vt=1, concurrency=4, batch=8)
+    configure(project, vt=1, concurrency=4, batch=8, prefetch=4)
     c = project.client
     ids = [c.enqueue("record", {"n": i, "sleep": 0.02}).id for i in range(40)]
     after = str(rnd.randint(1, 6))
