@@ -97,7 +97,7 @@ class Config:
         try:
             return self.queues[name]
         except KeyError:
-            raise ConfigError(f"no queue {name!r} in {self.source} (have: {sorted(self.queues)})")
+            raise ConfigError(f"no queue {name!r} in {self.source} (have: {sorted(self.queues)})") from None
 
 
 # --- a tiny typed reader: each section is a table of key -> (checker, description) ---

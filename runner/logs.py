@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from runner import codec
 from runner.config import LogConfig
@@ -42,7 +42,9 @@ def _jsonable(obj: Any) -> bool:
 
 
 class TextFormatter(logging.Formatter):
-    COLORS = {"DEBUG": "\033[2m", "INFO": "\033[36m", "WARNING": "\033[33m", "ERROR": "\033[31m"}
+    COLORS: ClassVar[dict[str, str]] = {
+        "DEBUG": "\033[2m", "INFO": "\033[36m", "WARNING": "\033[33m", "ERROR": "\033[31m",
+    }
 
     def __init__(self, color: bool) -> None:
         super().__init__()

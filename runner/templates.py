@@ -1,8 +1,9 @@
 """IDEMPOTENCY_KEY / RESOURCE_KEY templates: ``"{user_id}:{template}"`` over a payload.
 
 Only plain field names (dotted for nested objects, no dunder names) are allowed: no
-attribute access (values are looked up as dict keys only), no indexing, no conversions or format specs, so payload data can never reach str.format's
-attribute lookup. Values must be strings, numbers or booleans.
+attribute access (values are looked up as dict keys only), no indexing, no conversions
+or format specs, so payload data can never reach str.format's attribute lookup. Values
+must be strings, numbers or booleans.
 """
 
 from __future__ import annotations
