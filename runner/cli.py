@@ -118,8 +118,8 @@ def read_payload(raw: str | None) -> Any:
         except OSError as exc:
             fail(f"cannot read payload file: {exc}", EXIT_CONFIG)
     try:
-        return codec.loads(text)
-    except codec.DecodeError as exc:
+        return codec.loads_wire(text.encode("utf-8", "surrogatepass"))
+    except (codec.DecodeError, ValueError) as exc:
         fail(f"payload is not valid JSON: {exc}", EXIT_REFUSED)
 
 
@@ -291,8 +291,8 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
                 if not text:
                     continue
                 try:
-                    body = codec.loads(text)
-                except codec.DecodeError as exc:
+                    body = codec.loads_wire(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+                except (codec.DecodeError, ValueError) as exc:
                     refused.append({"line": n, "error": f"not valid JSON: {exc}", "kind": "DecodeError"})
                     continue
                 batch.append((n, Request(type_, body, version=version, delay_s=delay)))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from typing import Any
 
 import orjson
@@ -20,6 +22,39 @@ def dumpb(obj: Any) -> bytes:
 
 def loads(data: str | bytes) -> Any:
     return orjson.loads(data)
+
+
+_LONG_DIGITS = re.compile(rb"[0-9]{20,}")
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+
+
+def loads_wire(data: bytes) -> Any:
+    """Decode a request body strictly.
+
+    orjson already refuses NaN, infinities, lone surrogates, invalid UTF-8 and nesting
+    deeper than 1024; but it turns an integer too big for 64 bits into a float, losing
+    digits silently. Such a body (rare: it needs a run of 20+ digits) is parsed again
+    exactly and refused if an integer is out of range. Duplicate keys keep the last value;
+    the payload is stored re-encoded, so every reader downstream sees that one value.
+    """
+    value = orjson.loads(data)
+    if _LONG_DIGITS.search(data):
+        _check_ints(json.loads(data), "$")
+    return value
+
+
+def _check_ints(node: Any, path: str) -> None:
+    if isinstance(node, bool):
+        return
+    if isinstance(node, int):
+        if not INT_MIN <= node <= INT_MAX:
+            raise ValueError(f"integer at {path} does not fit in 64 bits")
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            _check_ints(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_ints(v, f"{path}[{i}]")
 
 
 def canonical_hash(version: int, payload: Any) -> str:

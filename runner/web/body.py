@@ -77,8 +77,8 @@ def read_json(req: falcon.Request, limit: int, *, optional: bool = False) -> Any
             return NO_BODY
         raise Problem(400, "invalid-json", "the body is empty; send a JSON payload", title="Invalid JSON")
     try:
-        return codec.loads(raw)
-    except codec.DecodeError as exc:
+        return codec.loads_wire(raw)
+    except (codec.DecodeError, ValueError) as exc:
         raise Problem(400, "invalid-json", f"the body is not valid JSON: {exc}", title="Invalid JSON") from None
 
 

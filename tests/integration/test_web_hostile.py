@@ -1,0 +1,114 @@
+"""Hostile HTTP input through a real gunicorn: every malformed request gets a clear 4xx
+problem body, nothing is written to Redis, and the server keeps serving."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import requests
+from test_web_support import Web, gunicorn
+
+from conftest import Project
+
+TOKEN = "hostile-t0ken"
+
+
+@pytest.fixture
+def web(project: Project) -> Iterator[Web]:
+    project.write_config(extra="\n[api]\nmax_body_bytes = 65536\n")
+    with gunicorn(project, token=TOKEN) as w:
+        yield w
+
+
+def post_raw(web: Web, body: bytes, content_type: str = "application/json", path: str = "/jobs/record",
+             headers: dict[str, str] | None = None) -> requests.Response:
+    h = {"Content-Type": content_type, **(headers or {})}
+    return web.post(path, data=body, headers=h)
+
+
+def nothing_written(project: Project) -> bool:
+    return not list(project.runtime.redis.scan_iter(match=f"{project.prefix}:*job:*"))
+
+
+@pytest.mark.parametrize("body,needle", [
+    (b"[" * 5000 + b"]" * 5000, "depth"),                         # deep nesting
+    (b'{"n": "\xff\xfe"}', "UTF-8"),                               # not UTF-8
+    (b'{"n": "\\ud800"}', "surrogate"),                             # lone surrogate
+    (b'{"n": 1e400}', "infinity"),                                  # giant float
+    (b'{"n": 123456789012345678901234567890}', "64 bits"),          # giant integer
+    (b'{"n": NaN}', "unexpected character"),
+    (b'{"n": 1,}', "JSON"),
+    (b"", "empty"),
+    (b"\x00\x01\x02", "JSON"),
+])
+def test_malformed_json_is_a_400_and_writes_nothing(project: Project, web: Web, body: bytes, needle: str) -> None:
+    r = post_raw(web, body)
+    assert r.status_code == 400, r.text
+    assert r.headers["Content-Type"] == "application/problem+json"
+    assert needle in r.json()["detail"]
+    assert nothing_written(project)
+
+
+@pytest.mark.parametrize("content_type", [
+    "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml",
+])
+def test_wrong_content_type_is_a_415(project: Project, web: Web, content_type: str) -> None:
+    r = post_raw(web, b'{"n": 1}', content_type)
+    assert r.status_code == 415
+    assert nothing_written(project)
+
+
+def test_valid_json_of_the_wrong_shape_is_a_422(project: Project, web: Web) -> None:
+    for body in (b"null", b"[1, 2]", b'"text"', b'{"n": 1.5}', b'{"n": 18446744073709551615000}'):
+        r = post_raw(web, body)
+        assert r.status_code in (400, 422), (body, r.text)
+    assert nothing_written(project)
+
+
+def test_duplicate_keys_keep_the_last_value_and_store_one(project: Project, web: Web) -> None:
+    r = post_raw(web, b'{"n": 1, "n": 2}')
+    assert r.status_code == 202
+    stored = web.get(f"/jobs/{r.json()['id']}").json()
+    assert stored["payload"] == {"n": 2}
+    assert project.runtime.redis.hget(project.keys().job(r.json()["id"]), "payload") == '{"n":2}'
+
+
+def test_oversized_idempotency_key_is_refused(project: Project, web: Web) -> None:
+    r = post_raw(web, b'{"n": 1}', headers={"Idempotency-Key": "k" * 5000})
+    assert r.status_code == 400
+    assert r.headers["Content-Type"] == "application/problem+json"
+    assert "Idempotency-Key" in r.json()["detail"]
+    assert nothing_written(project)
+
+
+def test_header_injection_is_refused_by_the_server(project: Project, web: Web) -> None:
+    """A CR/LF smuggled into a header never reaches the app as a second header."""
+    host, port = web.url.split("//")[1].split(":")
+    body = b'{"n": 1}'
+    req = (
+        f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nIdempotency-Key: a\rX-Evil: 1\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(req)
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert nothing_written(project)
+
+
+def test_unknown_paths_and_types_are_404_problems(web: Web) -> None:
+    for path in ("/jobs/..%2f..%2fetc%2fpasswd", "/jobs/__init__", "/jobs/record/extra", "/nope"):
+        r = web.post(path, json={"n": 1})
+        assert r.status_code in (404, 405), (path, r.status_code)
+        assert r.headers["Content-Type"] == "application/problem+json"
+
+
+def test_wrong_tokens_are_401_and_the_server_keeps_serving(project: Project, web: Web) -> None:
+    for header in ("Bearer wrong", "Bearer " + TOKEN + "x", "Basic " + TOKEN, TOKEN, "Bearer", ""):
+        r = web.post("/jobs/record", json={"n": 1}, auth=False, headers={"Authorization": header})
+        assert r.status_code == 401, header
+    assert nothing_written(project)
+    assert web.post("/jobs/record", json={"n": 1}).status_code == 202
