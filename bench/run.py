@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import platform
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -26,12 +27,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import extras, profile, report, scenarios, server, systems, venv
+from harness import systems  # first: it freezes the runner under test
+
+RUNNER_SNAPSHOT = systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
+
+from harness import extras, profile, report, scenarios, server, venv  # noqa: E402
 
 SIZES = {
     "full": {"reps": 3, "drain_n": 20000, "drain_cap_s": 20.0, "single_n": 10000, "batch_n": 20000,
              "enqueue_cap_s": 10.0, "lat_n": 2500, "rate": 500.0, "profile_n": 40000,
-             "http_rates": [1000.0, 2500.0, 5000.0], "http_s": 5.0, "wrk_s": 8},
+             "http_rates": [500.0, 1000.0, 5000.0], "http_s": 5.0, "wrk_s": 8},
     "quick": {"reps": 1, "drain_n": 5000, "drain_cap_s": 10.0, "single_n": 3000, "batch_n": 5000,
               "enqueue_cap_s": 5.0, "lat_n": 1000, "rate": 500.0, "profile_n": 15000,
               "http_rates": [1000.0, 2500.0], "http_s": 3.0, "wrk_s": 4},
@@ -137,6 +142,7 @@ def main() -> None:
             "machine": {**extras.env_info(), "redis": f"{redis.kind} {redis.version}",
                         "kernel": platform.release(), "loadavg_start": loadavg()},
             "config": {"mode": mode, **cfg},
+            "runner_source": {**systems.git_state(), "frozen_at_start": True},
         }
         res["systems"] = run_systems(env, chosen, cfg)
         if not a.no_extras and (wanted is None or "runner" in wanted):
@@ -167,7 +173,7 @@ def main() -> None:
                     "worker": attempt("profile worker", lambda: profile.worker(
                         env, rs, spy, cfg["profile_n"], out_dir)),
                     "producer": attempt("profile producer", lambda: profile.producer(
-                        env, rs, spy, cfg["single_n"], out_dir)),
+                        env, rs, spy, 2 * cfg["single_n"], out_dir)),
                 }
         res["elapsed_s"] = time.monotonic() - started
         res["machine"]["loadavg_end"] = loadavg()

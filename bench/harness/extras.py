@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from typing import Any
 from harness import scenarios, variants
 from harness.procs import Group
 from harness.scenarios import Env
-from harness.systems import BENCH, REPO, System, runner_system
+from harness.systems import BENCH, REPO, System, runner_src, runner_system
 
 # Example payloads for the shipped schemas: one valid and one invalid per version.
 EXAMPLES: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]] = {
@@ -48,7 +49,8 @@ def validation(env: Env) -> dict[str, Any]:
     from runner.client import Client, Request
     from runner.runtime import Runtime
 
-    cfg = config_mod.load(REPO / "runner.toml", env={"REDIS_URL": env.url})
+    repo = runner_src() / "repo" if runner_src() != REPO else REPO
+    cfg = config_mod.load(repo / "runner.toml", env={"REDIS_URL": env.url})
     reg = registry.load(cfg)
     rows = []
     for (typ, ver), (good, bad) in EXAMPLES.items():
@@ -167,19 +169,40 @@ def redis_py(env: Env, toml: Path, n: int, reps: int, cap_s: float) -> dict[str,
     envs = {"pinned": sys.executable}
     if new_py:
         envs["newest"] = new_py
-    for label, py in envs.items():
-        rt = subprocess.run([py, roundtrip, env.url], capture_output=True, text=True, timeout=300)
-        try:
-            out[label] = {"roundtrip": json.loads(rt.stdout)}
-        except json.JSONDecodeError:
-            out[label] = {"roundtrip": {"error": rt.stderr[-400:]}}
-        s = runner_system(toml, name=f"runner on redis-py {label}", python=py,
-                          env=variants.pythonpath(src))
-        drains = [scenarios.drain(env, s, n, cap_s) for _ in range(reps)]
-        singles = [scenarios.enqueue(env, s, min(n, 10000), "single", 10) or {} for _ in range(reps)]
-        out[label]["drain"] = scenarios.summary(drains, "jobs_per_s")
-        out[label]["enqueue_single"] = scenarios.summary(singles, "jobs_per_s")
-        out[label]["worker_cpu_ms_per_job"] = scenarios.summary(drains, "worker_cpu_ms_per_job")
+    trips: dict[str, list[dict[str, Any]]] = {label: [] for label in envs}
+    for _ in range(3):  # interleaved: one noisy moment must not decide the comparison
+        for label, py in envs.items():
+            rt = subprocess.run([py, roundtrip, env.url], capture_output=True, text=True, timeout=300)
+            try:
+                trips[label].append(json.loads(rt.stdout))
+            except json.JSONDecodeError:
+                trips[label].append({"error": rt.stderr[-400:]})
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {label: {"drain": [], "single": []} for label in envs}
+    built = {label: runner_system(toml, name=f"runner on redis-py {label}", python=py,
+                                  env=variants.pythonpath(src)) for label, py in envs.items()}
+    for _ in range(reps):
+        for label, s in built.items():
+            runs[label]["drain"].append(scenarios.drain(env, s, n, cap_s))
+            runs[label]["single"].append(scenarios.enqueue(env, s, min(n, 10000), "single", 10) or {})
+    for label in envs:
+        out[label] = {
+            "roundtrip": _median_trips(trips[label]),
+            "drain": scenarios.summary(runs[label]["drain"], "jobs_per_s"),
+            "enqueue_single": scenarios.summary(runs[label]["single"], "jobs_per_s"),
+            "worker_cpu_ms_per_job": scenarios.summary(runs[label]["drain"], "worker_cpu_ms_per_job"),
+        }
+    return out
+
+
+def _median_trips(trips: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [t for t in trips if "error" not in t]
+    if not ok:
+        return trips[0] if trips else {}
+    out: dict[str, Any] = {k: v for k, v in ok[0].items() if not isinstance(v, dict)}
+    for mode in ("default", "python_parser", "resp3"):
+        runs = [t[mode] for t in ok if isinstance(t.get(mode), dict) and "error" not in t[mode]]
+        if runs:
+            out[mode] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     return out
 
 
@@ -233,7 +256,7 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path) -> d
 def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -> dict[str, Any]:
     """POST /jobs/noop through gunicorn (runner web's defaults: 2 gthread workers x 8
     threads, keep-alive), with 2 runner workers draining meanwhile."""
-    if not (REPO / "runner" / "web" / "wsgi.py").exists():
+    if not (runner_src() / "runner" / "web" / "wsgi.py").exists():
         return {"skipped": "runner/web/wsgi.py does not exist yet"}
     from runner.embedded import free_port
 

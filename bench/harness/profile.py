@@ -1,7 +1,7 @@
 """Profiles of runner's hot paths with py-spy (sampling, from outside the process):
 
 - one worker process while two drain a deep queue: samples of the thread holding the
-  GIL (where the CPU goes), and of every thread, waiting included (where they wait);
+  GIL, i.e. where the worker's CPU goes;
 - the one-by-one producer (wall clock, idle included: the wait for Redis's reply is the
   point of the question).
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +38,14 @@ def _frame(f: str) -> tuple[str, str]:
 
 
 def bucket(file: str, fn: str) -> str:
-    """Where the time goes, in the terms of the question asked."""
-    if file.startswith(("redis/", "hiredis")) or "redis/" in file:
-        if fn in ("read_response", "_read_response", "read", "recv", "_readline", "readline") \
-                or ("read" in fn.lower() and "socket" in file):
-            return "redis-py: waiting for / reading replies"
-        return "redis-py: building and sending commands"
-    if "socket" in file or fn in ("recv", "recv_into", "sendall"):
-        return "socket I/O"
-    if file.startswith(("runner", "runner/")) or "runner" in file.split("/")[0:1]:
-        return "runner"
-    if "json" in file or "orjson" in fn:
-        return "JSON"
-    if "threading" in file or "queue" in file or fn in ("wait", "acquire", "get"):
-        return "threads and queues"
+    """Which layer a sampled frame belongs to."""
+    top = file.split("/")[0]
+    if top in ("runner", "redis", "falcon", "gunicorn", "hiredis", "benchprobe.py"):
+        return {"benchprobe.py": "the probe", "hiredis": "redis"}.get(top, top)
+    if top in ("threading.py", "queue.py") or fn in ("wait", "acquire"):
+        return "threads: waits and hand-offs"
+    if top.startswith(("socket", "selectors", "ssl")):
+        return "sockets"
     return "other"
 
 
@@ -90,9 +83,9 @@ def py_spy(bin_dir: Path) -> str | None:
 
 
 def worker(env: Env, sysm: System, spy: str, n: int, out_dir: Path) -> dict[str, Any]:
-    """Sample one of the two workers while they drain n jobs (CPU, then wall clock)."""
+    """Sample one of the two workers while they drain n jobs."""
     res: dict[str, Any] = {}
-    for mode in ("cpu", "wall"):
+    for mode in ("cpu",):
         scenarios.flush(env)
         probe = scenarios.fresh_dir(env.work, "probe")
         sysm.drive(env.url, probe, "enqueue", "--n", str(n), "--mode", "fast", timeout_s=120)
@@ -100,12 +93,10 @@ def worker(env: Env, sysm: System, spy: str, n: int, out_dir: Path) -> dict[str,
                               env.work / f"profile-{mode}")
         raw = out_dir / f"worker-{mode}.txt"
         try:
-            time.sleep(0.3)  # the interpreter is up; sampling covers import + drain
-            args = [spy, "record", "-p", str(group.pids[0]), "-r", "250", "-f", "raw", "-o", str(raw),
-                    "-d", "30", "--nonblocking"]
-            # cpu: only the thread holding the GIL (where a GIL-bound process spends its
-            # CPU); wall: every thread, waiting included.
-            args.append("--gil" if mode == "cpu" else "--idle")
+            scenarios.wait_count(probe, 1, 30, group)  # sample the drain, not the imports
+            # Only the thread holding the GIL: where a GIL-bound process spends its CPU.
+            args = [spy, "record", "-p", str(group.pids[0]), "-r", "1000", "-f", "raw", "-o", str(raw),
+                    "-d", "30", "--nonblocking", "--gil"]
             spy_proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             done = scenarios.wait_count(probe, n, 30, group)
             spy_proc.send_signal(2)  # SIGINT: py-spy writes what it has and exits

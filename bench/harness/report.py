@@ -67,6 +67,24 @@ def main_table(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def limits(res: dict[str, Any]) -> list[str]:
+    """Where runner's drain stands against the CPU it costs."""
+    r = res["systems"].get("runner")
+    if not r or not r.get("worker_cpu_ms_per_job") or not r.get("redis_cpu_ms_per_job") or not r.get("drain"):
+        return []
+    w, s, d = r["worker_cpu_ms_per_job"]["median"], r["redis_cpu_ms_per_job"]["median"], r["drain"]["median"]
+    cores = res["machine"]["cpus"] or 2
+    ceiling = cores * 1000 / (w + s)
+    return [
+        f"**What limits runner's drain.** Per job, the 2 workers spend {w:.3f} ms of CPU and the "
+        f"server {s:.3f} ms; at the measured {d:,.0f} jobs/s that is {w * d / 1000:.2f} + "
+        f"{s * d / 1000:.2f} of {cores} cores. Were CPU the only limit, {cores} cores would drain "
+        f"about {ceiling:,.0f} jobs/s; the gap is time spent waiting (round trips, thread "
+        "hand-offs inside a worker, and whatever else runs on the machine).",
+        "",
+    ]
+
+
 def _pairs_table(title: str, rows: dict[str, dict[str, Any]], cols: list[tuple[str, str, int]]) -> list[str]:
     out = [f"**{title}**", "", "| | " + " | ".join(c[1] for c in cols) + " |",
            "|---|" + "---|" * len(cols)]
@@ -79,6 +97,10 @@ def _pairs_table(title: str, rows: dict[str, dict[str, Any]], cols: list[tuple[s
 
 def extras_md(x: dict[str, Any]) -> list[str]:
     out: list[str] = []
+    failed = {k: v["error"] for k, v in x.items() if isinstance(v, dict) and "error" in v}
+    x = {k: v for k, v in x.items() if k not in failed}
+    for k, err in failed.items():
+        out += [f"**{k}**: failed in this run: {err}", ""]
     v = x.get("validation")
     if v:
         out += ["**Validation cost per payload (compiled validators, issue 3)**", "",
@@ -156,7 +178,10 @@ def markdown(res: dict[str, Any]) -> str:
         f"Machine: {m['cpus']} cores, Python {m['python']}, server {m['redis']} (append-only off), "
         f"same server for every system. Mode: {res['config']['mode']}, {res['config']['reps']} "
         "repetition(s); medians with (min-max); `runner ÷` is runner's figure over the peer's "
-        "(above 1: runner is faster). Load average at start / end: "
+        "(above 1: runner is faster). "
+        f"runner: commit {res.get('runner_source', {}).get('commit', '?')} (uncommitted changes in "
+        f"runner/: {res.get('runner_source', {}).get('runner_dirty', '?')}), frozen at the start of the run. "
+        "Load average at start / end: "
         f"{m.get('loadavg_start', '?')} / {m.get('loadavg_end', '?')} (other work on the machine "
         "skews every figure; worker CPU per job is the steadiest).",
         "",
@@ -166,6 +191,7 @@ def markdown(res: dict[str, Any]) -> str:
               "job's start to the last's. Enqueue->start latency: idle workers, 500 jobs/s offered "
               "open loop. Redis commands per job count the commands inside scripts too; the "
               "figure in parentheses is script calls (EVALSHA) per job.", ""]
+    lines += limits(res)
     if res.get("runner_only"):
         lines += ["## Runner-only scenarios", "", *extras_md(res["runner_only"])]
     if res.get("profiles"):

@@ -22,6 +22,35 @@ REPO = BENCH.parent
 WORKERS = 2
 
 
+def snapshot(dest: Path) -> Path:
+    """Freeze the runner under test: a copy of the package (and of the repository's
+    runner.toml, functions/ and schemas/) that every runner process of this run imports
+    first, so edits to the work tree during a run never mix two versions in one table."""
+    shutil.copytree(REPO / "runner", dest / "runner", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("functions", "schemas"):
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, dest / "repo" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "runner.toml", dest / "repo" / "runner.toml")
+    os.environ["BENCH_RUNNER_SRC"] = str(dest)
+    sys.path.insert(0, str(dest))
+    return dest
+
+
+def runner_src() -> Path:
+    """The frozen copy when the run made one, else the repository."""
+    src = os.environ.get("BENCH_RUNNER_SRC")
+    return Path(src) if src else REPO
+
+
+def git_state() -> dict[str, str]:
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return out.stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "runner_dirty": "yes" if git("status", "--porcelain", "--", "runner") else "no"}
+
+
 @dataclass
 class System:
     name: str
@@ -37,7 +66,8 @@ class System:
                if not k.startswith(("RUNNER_", "PYTHON", "VIRTUAL_ENV"))}
         env.update({
             "BENCH_REDIS_URL": url, "REDIS_URL": url, "BENCH_PROBE_DIR": str(probe_dir),
-            "PYTHONPATH": str(PEERS_DIR), "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": f"{runner_src()}:{PEERS_DIR}" if runner_src() != REPO else str(PEERS_DIR),
+            "PYTHONUNBUFFERED": "1",
         })
         env.update(self.env)
         return env
@@ -112,7 +142,8 @@ def runner_project(root: Path) -> Path:
         (root / "functions" / f"{name}.py").write_text(src)
         (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
         (root / "schemas" / name / "v1.json").write_text(json.dumps(schema, indent=2))
-    shipped = (REPO / "runner.toml").read_text()
+    shipped = (runner_src() / "repo" / "runner.toml" if runner_src() != REPO
+               else REPO / "runner.toml").read_text()
     lines = [ln for ln in shipped.splitlines() if not ln.startswith("url")]
     text = "\n".join(lines).replace('prefix = "runner"', 'prefix = "bench"')
     toml = root / "runner.toml"

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.systems import BENCH, PEERS_DIR, REPO
+from harness.systems import BENCH, PEERS_DIR, runner_src
 
 # (file, text, replacement): every one must apply, or the build is refused.
 METRICS_OFF = [
@@ -32,7 +32,7 @@ METRICS_OFF = [
 def copy_runner(dest: Path, patches: list[tuple[str, str, str]] | None = None) -> Path:
     """A copy of the runner package under dest/ (importable with PYTHONPATH=dest)."""
     shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(REPO / "runner", dest / "runner",
+    shutil.copytree(runner_src() / "runner", dest / "runner",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for rel, old, new in patches or []:
         p = dest / "runner" / rel
