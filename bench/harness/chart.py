@@ -19,7 +19,7 @@ def main() -> None:
     res = json.loads(Path(sys.argv[1]).read_text())
     systems = res["systems"]
     names = list(systems)
-    labels = [systems[n]["label"].split(" (")[0] for n in names]
+    labels = [systems[n]["label"].split(" (")[0].split(" + ")[0] for n in names]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.5))
     metrics = [("drain", "drain"), ("enqueue_single", "enqueue, one by one"),
                ("enqueue_batch", "enqueue, batch")]
@@ -55,7 +55,7 @@ def main() -> None:
     ax2.set_xscale("log")
     ax2.set_xlabel("ms (log scale)")
     ax2.set_title("Enqueue->start latency at 500 jobs/s offered")
-    ax2.legend(loc="lower right")
+    ax2.legend(loc="upper right")
     ax2.grid(axis="x", alpha=0.3)
     m = res["machine"]
     fig.suptitle(f"{res['date'][:10]}: {m['cpus']} cores, {m['redis']}, {res['config']['reps']} repetition(s)")

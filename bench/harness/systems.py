@@ -205,11 +205,11 @@ def peer_systems(python: str, url: str) -> list[System]:
     out: list[System] = []
 
     def add(name: str, dist: str, mode: str, cmds: list[list[str]]) -> None:
-        if dist not in v:
+        if dist not in v or name not in v:
             print(f"  skip {name}: not installed in the peers environment", flush=True)
             return
-        out.append(System(name=name, label=f"{name} {v[dist]}", python=python, worker_cmds=cmds,
-                          note=mode))
+        label = f"{name} {v[name]}" + (f" + {dist} {v[dist]}" if dist != name else "")
+        out.append(System(name=name, label=label, python=python, worker_cmds=cmds, note=mode))
 
     add("huey", "huey", "1 consumer, 2 worker processes (-k process -w 2), at-most-once",
         [[str(bin_dir / "huey_consumer"), "huey_app.huey", "-k", "process", "-w", str(WORKERS), "-q"]])
