@@ -23,56 +23,36 @@ tag, so the resulting key is in the same slot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
+    """Every key of one queue, built once (they are read on every script call)."""
+
     prefix: str
     queue: str
+    base: str = field(init=False)
+    ready: str = field(init=False)
+    leases: str = field(init=False)
+    scheduled: str = field(init=False)
+    dead: str = field(init=False)
+    notify: str = field(init=False)
+    stats: str = field(init=False)
+    job_prefix: str = field(init=False)
+    idem_prefix: str = field(init=False)
+    lock_prefix: str = field(init=False)
 
-    @property
-    def base(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:"
-
-    @property
-    def ready(self) -> str:
-        return self.base + "ready"
-
-    @property
-    def leases(self) -> str:
-        return self.base + "leases"
-
-    @property
-    def scheduled(self) -> str:
-        return self.base + "scheduled"
-
-    @property
-    def dead(self) -> str:
-        return self.base + "dead"
-
-    @property
-    def notify(self) -> str:
-        return self.base + "notify"
-
-    @property
-    def stats(self) -> str:
-        return self.base + "stats"
+    def __post_init__(self) -> None:
+        base = f"{self.prefix}:{{{self.queue}}}:"
+        for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
+                             ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
+                             ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
+                             ("lock_prefix", "lock:")):
+            object.__setattr__(self, name, base + suffix)
 
     def throughput(self, minute: int) -> str:
         return f"{self.base}tput:{minute}"
-
-    @property
-    def job_prefix(self) -> str:
-        return self.base + "job:"
-
-    @property
-    def idem_prefix(self) -> str:
-        return self.base + "idem:"
-
-    @property
-    def lock_prefix(self) -> str:
-        return self.base + "lock:"
 
     def job(self, job_id: str) -> str:
         return self.job_prefix + job_id

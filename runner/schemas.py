@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +107,10 @@ class Versions:
     type: str
     schemas: Mapping[int, Schema]
     upgrade: Upgrade | None
+    newest: int = field(init=False)  # computed once: it is read on every claim
 
-    @property
-    def newest(self) -> int:
-        return max(self.schemas)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "newest", max(self.schemas))
 
     def schema(self, version: int) -> Schema:
         try:

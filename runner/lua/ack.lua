@@ -25,10 +25,11 @@ for i = 0, n - 1 do
   local b = 5 + i * 5
   local id, token, result, entry, fields = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
   local jk = KEYS[3] .. id
-  if not owns(jk, token) then
+  -- The fence and the fields the ack needs, in one read.
+  local f = redis.call('HMGET', jk, 'idem_key', 'resource_key', 'status', 'token')
+  if f[3] ~= 'processing' or f[4] ~= token then
     out[#out + 1] = -1
   else
-    local f = redis.call('HMGET', jk, 'idem_key', 'resource_key')
     redis.call('HSET', jk, 'status', 'done', 'finished_ms', now, 'result', result)
     redis.call('HDEL', jk, 'token', 'error')
     append_history(jk, entry)

@@ -120,8 +120,9 @@ while i < n and popped < n * 4 do
         end
       end
       if not settled then
-        local attempt = redis.call('HINCRBY', jk, 'attempt', 1)
-        redis.call('HSET', jk, 'status', 'processing', 'token', token, 'started_ms', now)
+        local attempt = (tonumber(f[5]) or 0) + 1
+        redis.call('HSET', jk, 'status', 'processing', 'token', token, 'started_ms', now,
+          'attempt', attempt)
         redis.call('ZADD', KEYS[2], now + lease, id)
         out[#out + 1] = id
         out[#out + 1] = token
