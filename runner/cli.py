@@ -111,7 +111,7 @@ def read_payload(raw: str | None) -> Any:
     """A payload given as JSON text, @file, or - for standard input."""
     text = "{}" if raw is None else raw
     if text == "-":
-        text = click.get_text_stream("stdin").read()
+        text = sys.stdin.read()
     elif text.startswith("@"):
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
@@ -245,7 +245,7 @@ def _lines(source: str) -> Iterator[Iterator[tuple[int, bytes]]]:
     """Numbered lines of a file or stdin, with a progress bar on stderr (bytes of a file,
     lines of a stream)."""
     if source == "-":
-        stream: IO[bytes] = click.get_binary_stream("stdin")
+        stream: IO[bytes] = sys.stdin.buffer
         with click.progressbar(enumerate(stream, 1), label="enqueueing", file=sys.stderr,
                                show_pos=True) as lines:
             yield iter(lines)
