@@ -86,14 +86,17 @@ prefix = "{prefix}"
 
 [queues.fast]
 visibility_timeout = {vt}
-concurrency = 8
-max_attempts = 3
+concurrency = {concurrency}
+max_attempts = {max_attempts}
+batch = {batch}
+prefetch = {prefetch}
 backoff = {{ base = 0.01, cap = 0.05, jitter = "full" }}
 
 [queues.slow]
 visibility_timeout = {slow_vt}
 concurrency = 2
 max_attempts = 3
+max_timeout = 600
 
 [retention]
 done = 3600
@@ -144,9 +147,17 @@ class Project:
     def client(self) -> Client:
         return Client(self.runtime)
 
-    def write_config(self, vt: float = 2, slow_vt: float = 10, grace: float = 5, extra: str = "") -> None:
-        text = DEFAULT_TOML.format(prefix=self.prefix, vt=vt, slow_vt=slow_vt, grace=grace) + extra
+    def write_config(
+        self, vt: float = 2, slow_vt: float = 10, grace: float = 5, extra: str = "", *,
+        concurrency: int = 8, max_attempts: int = 3, batch: int = 64, prefetch: int = 8,
+    ) -> None:
+        text = DEFAULT_TOML.format(
+            prefix=self.prefix, vt=vt, slow_vt=slow_vt, grace=grace, concurrency=concurrency,
+            max_attempts=max_attempts, batch=batch, prefetch=prefetch,
+        ) + extra
         (self.root / "runner.toml").write_text(text)
+        if self._runtime is not None:
+            self._runtime.close()
         self._runtime = None
 
     def spawn_worker(

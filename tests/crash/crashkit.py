@@ -22,38 +22,6 @@ from conftest import Project, make_project, structures, wait_for
 
 CRASH_FIXTURES = Path(__file__).parent / "fixtures"
 
-TOML = """
-[redis]
-prefix = "{prefix}"
-
-[queues.fast]
-visibility_timeout = {vt}
-concurrency = {concurrency}
-max_attempts = {max_attempts}
-batch = {batch}
-prefetch = {prefetch}
-backoff = {{ base = 0.01, cap = 0.05, jitter = "full" }}
-
-[queues.slow]
-visibility_timeout = {slow_vt}
-concurrency = 2
-max_attempts = 3
-max_timeout = 60
-
-[retention]
-done = 3600
-dead = 3600
-idempotency = 3600
-
-[worker]
-grace_period = {grace}
-scheduler_interval = 0.05
-
-[log]
-level = "INFO"
-format = "json"
-"""
-
 
 def configure(
     project: Project, *, vt: float = 1, slow_vt: float = 10, concurrency: int = 8,
@@ -62,12 +30,8 @@ def configure(
     """Write runner.toml with the knobs crash tests turn (short leases, small pools). No
     prefetch by default, so a kill strands only the jobs it names; the chaos and load
     tests turn it on as shipped."""
-    text = TOML.format(prefix=project.prefix, vt=vt, slow_vt=slow_vt, concurrency=concurrency,
-                       max_attempts=max_attempts, batch=batch, grace=grace, prefetch=prefetch)
-    (project.root / "runner.toml").write_text(text)
-    if project._runtime is not None:
-        project._runtime.close()
-    project._runtime = None
+    project.write_config(vt=vt, slow_vt=slow_vt, grace=grace, concurrency=concurrency,
+                         max_attempts=max_attempts, batch=batch, prefetch=prefetch)
 
 
 def add_crash_fixtures(project: Project) -> None:
