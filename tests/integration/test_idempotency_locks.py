@@ -46,7 +46,7 @@ def test_concurrent_enqueues_with_one_key_create_one_job(project: Project) -> No
         t.join()
     for p in procs:
         p.join(30)
-        ids.append(q.get(timeout=5))
+        ids.append(q.get(timeout=30))
     assert len(ids) == 20 and len(set(ids)) == 1
     r = project.runtime.redis
     assert r.llen(project.keys().ready) == 1
