@@ -68,6 +68,15 @@ class _Prepared:
     job: NewJob
 
 
+def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enqueued | IdempotencyConflict:
+    """The n-th job's answer from the enqueue script: code, job id, status (see enqueue.lua)."""
+    code, job_id, status = int(reply[3 * n]), reply[3 * n + 1], reply[3 * n + 2]
+    if code < 0:
+        return IdempotencyConflict(prep.job.idem_key, job_id)
+    return Enqueued(id=job_id, type=prep.fn.name, version=prep.job.version, queue=queue,
+                    status=status, duplicate=code == 0)
+
+
 class Client:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -130,11 +139,10 @@ class Client:
             )
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
-        code, job_id, status = int(reply[0]), reply[1], reply[2]
-        if code < 0:
-            raise IdempotencyConflict(prep.job.idem_key, job_id)
-        return Enqueued(id=job_id, type=prep.fn.name, version=prep.job.version, queue=queue,
-                        status=status, duplicate=code == 0)
+        out = _outcome(prep, queue, reply, 0)
+        if isinstance(out, IdempotencyConflict):
+            raise out
+        return out
 
     def enqueue_many(
         self, requests: Iterable[Request], batch: int = MAX_BATCH
@@ -183,14 +191,7 @@ class Client:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
         for (queue, items), reply in zip(order, replies, strict=True):
             for n, (index, prep) in enumerate(items):
-                code, job_id, status = int(reply[3 * n]), reply[3 * n + 1], reply[3 * n + 2]
-                if code < 0:
-                    results[index] = IdempotencyConflict(prep.job.idem_key, job_id)
-                else:
-                    results[index] = Enqueued(
-                        id=job_id, type=prep.fn.name, version=prep.job.version, queue=queue,
-                        status=status, duplicate=code == 0,
-                    )
+                results[index] = _outcome(prep, queue, reply, n)
 
     # --- reading -------------------------------------------------------------------
 

@@ -199,22 +199,22 @@ def make_project(root: Path, server: Server) -> Project:
     return p
 
 
-@pytest.fixture
-def project(tmp_path: Path, server: Server) -> Iterator[Project]:
-    p = make_project(tmp_path / "project", server)
+def _project_on(root: Path, server: Server) -> Iterator[Project]:
+    p = make_project(root, server)
     yield p
     p.stop_all()
     if p._runtime is not None:
         p._runtime.close()
+
+
+@pytest.fixture
+def project(tmp_path: Path, server: Server) -> Iterator[Project]:
+    yield from _project_on(tmp_path / "project", server)
 
 
 @pytest.fixture
 def any_project(tmp_path: Path, any_server: Server) -> Iterator[Project]:
-    p = make_project(tmp_path / "project", any_server)
-    yield p
-    p.stop_all()
-    if p._runtime is not None:
-        p._runtime.close()
+    yield from _project_on(tmp_path / "project", any_server)
 
 
 def structures(project: Project, queue: str = "fast") -> dict[str, list[str]]:

@@ -12,6 +12,13 @@ local function append_history(job_key, entry)
   end
 end
 
+-- Wake idle workers, keeping the wake-up list short.
+local function wake(notify_key)
+  if redis.call('LLEN', notify_key) < 64 then
+    redis.call('LPUSH', notify_key, '1')
+  end
+end
+
 -- Compare-and-delete: drop the resource lock only if this claim token holds it, then
 -- wake the longest-waiting deferred job of that resource (FIFO, so no waiter starves):
 -- it moves from scheduled to the consumer end of ready. Stale waiter ids (already
@@ -29,7 +36,7 @@ local function release_lock(lock_prefix, resource, token, scheduled_key, ready_k
         if redis.call('ZREM', scheduled_key, w) == 1 then
           redis.call('HSET', job_prefix .. w, 'status', 'queued')
           redis.call('RPUSH', ready_key, w)
-          if redis.call('LLEN', notify_key) < 64 then redis.call('LPUSH', notify_key, '1') end
+          wake(notify_key)
           break
         end
       end
@@ -62,11 +69,4 @@ end
 local function owns(job_key, token)
   local f = redis.call('HMGET', job_key, 'status', 'token')
   return f[1] == 'processing' and f[2] == token
-end
-
--- Wake idle workers, keeping the wake-up list short.
-local function wake(notify_key)
-  if redis.call('LLEN', notify_key) < 64 then
-    redis.call('LPUSH', notify_key, '1')
-  end
 end
