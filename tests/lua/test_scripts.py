@@ -257,3 +257,27 @@ def test_checkpoint_is_fenced(p: Project) -> None:
     assert sc.checkpoint(p.keys(), "a", "bad", '{"i":1}') == -1
     assert sc.checkpoint(p.keys(), "a", job[1], '{"i":1}') == 1
     assert rec(p, "a")["checkpoint"] == '{"i":1}'
+
+
+def test_dead_retention_expires_records_and_trim_forgets_their_entries(p: Project) -> None:
+    """A dead record expires after the dead retention; trim drops the set entries older
+    than the cutoff and keeps the newer ones."""
+    enqueue(p, new("old"), new("new"))
+    sc = p.runtime.scripts
+    for job_id, at in (("old", NOW), ("new", NOW + 10_000)):
+        (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
+        assert sc.bury(p.keys(), [Burial(job_id, job[1], "x", "", "", False, "")], at, 50_000) == [1]
+        assert 0 < p.runtime.redis.pttl(p.keys().job(job_id)) <= 50_000
+    assert sc.trim(p.keys(), NOW + 5_000) == 1
+    assert structures(p)["dead"] == ["new"]
+
+
+def test_client_run_at_schedules_at_that_time(p: Project) -> None:
+    """enqueue(run_at=...) schedules the job at exactly that time, not before."""
+    import time
+
+    at = time.time() + 3600
+    job = p.client.enqueue("noop", {}, run_at=at)
+    assert job.status == "scheduled"
+    assert p.runtime.redis.zscore(p.keys().scheduled, job.id) == int(at * 1000)
+    assert p.runtime.scripts.promote(p.keys(), int(at * 1000) - 1, 100)[0] == 0
