@@ -206,13 +206,15 @@ class Client:
         if not job_id or len(job_id) > 200:
             raise JobNotFound(job_id)
         try:
+            # One round trip: the record is under exactly one queue's tag; a key of the
+            # wrong type (a damaged record) answers an error and counts as no record.
             pipe = rt.redis.pipeline(transaction=False)
             for k in rt.keys.values():
-                pipe.type(k.job(job_id))
-            kinds = pipe.execute()
-            for (queue, k), kind in zip(rt.keys.items(), kinds, strict=True):
-                if kind == "hash":
-                    return store.Job(job_id, queue, rt.redis.hgetall(k.job(job_id)))
+                pipe.hgetall(k.job(job_id))
+            records = pipe.execute(raise_on_error=False)
+            for queue, fields in zip(rt.keys, records, strict=True):
+                if fields and not isinstance(fields, Exception):
+                    return store.Job(job_id, queue, fields)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         raise JobNotFound(job_id)
