@@ -78,8 +78,9 @@ class Job:
             "max_attempts": _int(f.get("max_attempts")),
             "payload": _json(f.get("payload")),
             "created_at": _ts(f.get("created_ms")),
-            "enqueued_at": _ts(f.get("enqueued_ms")),
-            "ready_at": _ts(f.get("ready_ms")),
+            # The enqueue script leaves out times equal to created_ms.
+            "enqueued_at": _ts(f.get("enqueued_ms") or f.get("created_ms")),
+            "ready_at": _ts(f.get("ready_ms") or f.get("created_ms")),
             "started_at": _ts(f.get("started_ms")),
             "finished_at": _ts(f.get("finished_ms")),
             "idempotency_key": f.get("idem_key") or None,

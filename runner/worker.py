@@ -210,10 +210,11 @@ class QueueRunner:
             f = reply[i:i + CLAIM_FIELDS]
             # claim.lua vouches for attempt and max_attempts; the timestamps are only
             # figures, so a damaged one must not cost the batch.
+            created = _int_or(f[10], now)
             job = Claimed(
                 id=f[0], token=f[1], attempt=int(f[2]), type=f[3], version_raw=f[4],
                 payload_raw=f[5], max_attempts=int(f[6] or 1), idem_key=f[7],
-                resource_key=f[8], ready_ms=_int_or(f[9], now), created_ms=_int_or(f[10], now),
+                resource_key=f[8], ready_ms=_int_or(f[9], created), created_ms=created,
                 checkpoint_raw=f[11], queue=qname, claimed_ms=now,
             )
             batch.append(Owned(job))

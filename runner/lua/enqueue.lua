@@ -21,7 +21,8 @@ local now = tonumber(ARGV[1])
 local idem_ttl = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local out = {}
-local woke = false
+local ready = {}
+local counts = {}
 for i = 0, n - 1 do
   local b = 4 + i * 9
   local id, typ, ver, payload = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -47,24 +48,43 @@ for i = 0, n - 1 do
     end
   end
   if not dup then
+    -- Fields at their defaults are not written (attempt, deferrals: 0; enqueued_ms,
+    -- ready_ms: created_ms; idem_key, resource_key: none): readers supply them.
     local status = 'queued'
-    if run_at > now then status = 'scheduled' end
-    local jk = KEYS[5] .. id
-    redis.call('HSET', jk, 'type', typ, 'version', ver, 'payload', payload,
-      'status', status, 'attempt', 0, 'max_attempts', max_attempts,
-      'created_ms', now, 'enqueued_ms', now, 'ready_ms', math.max(now, run_at),
-      'idem_key', ikey, 'resource_key', rkey, 'deferrals', 0)
-    if status == 'queued' then
-      redis.call('LPUSH', KEYS[1], id)
-      woke = true
-    else
+    local f = {'type', typ, 'version', ver, 'payload', payload, 'status', status,
+      'max_attempts', max_attempts, 'created_ms', now}
+    if run_at > now then
+      status = 'scheduled'
+      f[8] = status
+      f[#f + 1] = 'ready_ms'
+      f[#f + 1] = run_at
       redis.call('ZADD', KEYS[2], run_at, id)
+    else
+      ready[#ready + 1] = id
     end
-    redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, 1)
+    if ikey ~= '' then
+      f[#f + 1] = 'idem_key'
+      f[#f + 1] = ikey
+    end
+    if rkey ~= '' then
+      f[#f + 1] = 'resource_key'
+      f[#f + 1] = rkey
+    end
+    redis.call('HSET', KEYS[5] .. id, unpack(f))
+    counts[typ] = (counts[typ] or 0) + 1
     out[#out + 1] = 1
     out[#out + 1] = id
     out[#out + 1] = status
   end
 end
-if woke then wake(KEYS[3]) end
+-- One push and one counter per type for the whole batch, in the order given.
+if #ready > 0 then
+  for i = 1, #ready, 1000 do
+    redis.call('LPUSH', KEYS[1], unpack(ready, i, math.min(i + 999, #ready)))
+  end
+  wake(KEYS[3])
+end
+for typ, c in pairs(counts) do
+  redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)
+end
 return out

@@ -168,8 +168,9 @@ def read_queues(rt: Runtime, now_ms: int) -> list[QueueFigures]:
     if oldest:
         pipe = rt.redis.pipeline(transaction=False)
         for q, job_id in oldest:
-            pipe.hget(keys[q.name].job(job_id), "ready_ms")
-        for (q, _), ready_ms in zip(oldest, pipe.execute(), strict=True):
+            pipe.hmget(keys[q.name].job(job_id), "ready_ms", "created_ms")
+        for (q, _), (ready, created) in zip(oldest, pipe.execute(), strict=True):
+            ready_ms = ready or created  # left out at enqueue when equal to created_ms
             if ready_ms:
                 q.oldest_ready_age_s = max(0.0, (now_ms - _int(ready_ms)) / 1000)
     return out

@@ -49,8 +49,21 @@ def test_enqueue_now_and_later(p: Project) -> None:
     s = structures(p)
     assert s["ready"] == ["a"] and s["scheduled"] == ["b"]
     assert p.runtime.redis.zscore(p.keys().scheduled, "b") == NOW + 5000
-    assert rec(p, "a")["status"] == "queued" and rec(p, "a")["attempt"] == "0"
+    # Fields at their defaults are left out: attempt 0, ready at creation, no keys.
+    assert rec(p, "a") == {"type": "noop", "version": "1", "payload": '{"a":1}', "status": "queued",
+                           "max_attempts": "3", "created_ms": str(NOW)}
+    assert rec(p, "b")["status"] == "scheduled" and rec(p, "b")["ready_ms"] == str(NOW + 5000)
     assert p.runtime.redis.llen(p.keys().notify) == 1
+
+
+def test_enqueue_batch_keeps_order_and_counts_once(p: Project) -> None:
+    """A batch lands in ready in the order given (the consumer end sees the first job
+    first), with its keys on the record and one counter bump per type."""
+    enqueue(p, new("a"), new("b", idem="k1", phash="h"), new("c", res="user:1"))
+    assert p.runtime.redis.lrange(p.keys().ready, 0, -1) == ["c", "b", "a"]
+    assert rec(p, "b")["idem_key"] == "k1" and "resource_key" not in rec(p, "b")
+    assert rec(p, "c")["resource_key"] == "user:1" and "idem_key" not in rec(p, "c")
+    assert p.runtime.redis.hget(p.keys().stats, "enqueued|noop") == "3"
 
 
 def test_enqueue_idempotency_duplicate_and_conflict(p: Project) -> None:
@@ -85,7 +98,8 @@ def test_ack_is_fenced_by_token(p: Project) -> None:
     assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', '{"attempt":1}', "succeeded|noop")],
                   NOW + 5, 100_000, 100_000) == [1]
     r = rec(p, "a")
-    assert r["status"] == "done" and r["result"] == '"ok"' and "token" not in r
+    # The token is emptied, so the settled claim can no longer act on the record.
+    assert r["status"] == "done" and r["result"] == '"ok"' and r.get("token", "") == ""
     assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "dead": []}
     assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000
     assert p.runtime.redis.hget(p.keys().stats, "succeeded|noop") == "1"
@@ -162,7 +176,7 @@ def test_resource_lock_defers_without_spending_an_attempt(p: Project) -> None:
     got = claim(p)
     assert [g[0] for g in got] == ["a"]
     rb = rec(p, "b")
-    assert rb["status"] == "scheduled" and rb["attempt"] == "0" and rb["deferrals"] == "1"
+    assert rb["status"] == "scheduled" and rb.get("attempt", "0") == "0" and rb["deferrals"] == "1"
     lock = p.keys().lock("r1")
     assert p.runtime.redis.get(lock) == got[0][1]
     # Ack releases the lock (compare-and-delete) and wakes the first waiter at once.

@@ -1,0 +1,96 @@
+"""The script transport: single calls go out on connections the Scripts keep for
+themselves (not through redis-py's per-command pool checks). These pin what that must
+not cost: NOSCRIPT reloads, error replies, dropped connections, threads and forks."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pytest
+from redis.exceptions import ResponseError
+
+from runner.scripts import NewJob
+
+from conftest import Project
+
+
+def _job(job_id: str) -> NewJob:
+    return NewJob(id=job_id, type="record", version=1, payload='{"n":1}', max_attempts=3,
+                  run_at_ms=0, idem_key="", payload_hash="-", resource_key="")
+
+
+def _enqueue(p: Project, job_id: str) -> Any:
+    return p.runtime.scripts.enqueue(p.keys(), [_job(job_id)], 1_000, 60_000)
+
+
+def test_a_flushed_script_cache_is_reloaded_and_the_call_runs_once(project: Project) -> None:
+    """After SCRIPT FLUSH the call answers NOSCRIPT, is loaded and sent again, and the job
+    is enqueued exactly once."""
+    _enqueue(project, "a")
+    project.runtime.redis.script_flush()
+    assert _enqueue(project, "b") == [1, "b", "queued"]
+    assert project.runtime.redis.lrange(project.keys().ready, 0, -1) == ["b", "a"]
+
+
+def test_an_error_reply_leaves_the_connection_in_step(project: Project) -> None:
+    """A script that fails in Redis raises, and the next call on the same connection reads
+    its own reply, not a leftover."""
+    k = project.keys()
+    project.runtime.redis.set(k.ready, "not a list")
+    with pytest.raises(ResponseError):
+        _enqueue(project, "a")
+    project.runtime.redis.delete(k.ready)
+    assert _enqueue(project, "b") == [1, "b", "queued"]
+
+
+def test_a_connection_killed_by_the_server_is_replaced(project: Project) -> None:
+    """CLIENT KILL of every runner connection: the next call fails at most once with a
+    connection error, then a fresh connection carries the calls again."""
+    _enqueue(project, "a")
+    r = project.runtime.redis
+    r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    try:
+        _enqueue(project, "b")
+    except Exception as exc:  # the killed socket may be noticed on this call
+        assert "Connection" in type(exc).__name__ or "Timeout" in type(exc).__name__, exc
+    assert _enqueue(project, "c") == [1, "c", "queued"]
+
+
+def test_threads_never_share_a_connection(project: Project) -> None:
+    """Eight threads enqueueing at once: every reply belongs to its own call."""
+    errors: list[str] = []
+
+    def run(t: int) -> None:
+        for i in range(200):
+            job_id = f"t{t}-{i}"
+            out = _enqueue(project, job_id)
+            if out != [1, job_id, "queued"]:
+                errors.append(f"{job_id}: {out}")
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert project.runtime.redis.llen(project.keys().ready) == 1600
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_uses_connections_of_its_own(project: Project) -> None:
+    """A child forked after the parent has called scripts must not read from the parent's
+    sockets: both keep enqueueing correctly."""
+    _enqueue(project, "parent-1")
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only when its own calls were answered right
+        try:
+            ok = all(_enqueue(project, f"child-{i}") == [1, f"child-{i}", "queued"] for i in range(50))
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    parent_ok = all(_enqueue(project, f"parent-{i}") == [1, f"parent-{i}", "queued"] for i in range(2, 52))
+    _, status = os.waitpid(pid, 0)
+    assert parent_ok and os.waitstatus_to_exitcode(status) == 0
+    assert project.runtime.redis.llen(project.keys().ready) == 101
