@@ -18,6 +18,7 @@ from typing import Any
 
 from runner import codec, store, templates
 from runner import config as config_mod
+from runner.combiner import Combiner
 from runner.connection import UNAVAILABLE
 from runner.errors import (
     FieldError,
@@ -80,6 +81,9 @@ def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enque
 class Client:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self._combiner: Combiner[_Prepared, Enqueued | IdempotencyConflict] = Combiner(
+            self._send_prepared, max_batch=MAX_BATCH
+        )
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> Client:
@@ -128,18 +132,11 @@ class Client:
         run_at: float | None = None, idempotency_key: str | None = None,
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
-        (``duplicate=True``); the same key with another payload raises IdempotencyConflict."""
-        rt = self.runtime
-        now = store.now_ms()
-        prep = self.prepare(Request(type, payload, version, delay, run_at, idempotency_key), now)
-        queue = prep.fn.queue
-        try:
-            reply = rt.scripts.enqueue(
-                rt.keys[queue], [prep.job], now, int(rt.config.retention.idempotency_s * 1000)
-            )
-        except UNAVAILABLE as exc:
-            raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
-        out = _outcome(prep, queue, reply, 0)
+        (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
+
+        Safe from many threads at once: calls that overlap share one round trip."""
+        prep = self.prepare(Request(type, payload, version, delay, run_at, idempotency_key), store.now_ms())
+        out = self._combiner.submit(prep)
         if isinstance(out, IdempotencyConflict):
             raise out
         return out
@@ -171,27 +168,34 @@ class Client:
         return results
 
     def _send(self, pending: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
+        for (index, _), out in zip(pending, self._send_prepared([p for _, p in pending]), strict=True):
+            results[index] = out
+
+    def _send_prepared(self, preps: Sequence[_Prepared]) -> list[Enqueued | IdempotencyConflict]:
+        """One round trip: one enqueue script call per queue the jobs go to."""
         rt = self.runtime
-        by_queue: dict[str, list[tuple[int, _Prepared]]] = {}
-        for item in pending:
-            by_queue.setdefault(item[1].fn.queue, []).append(item)
+        by_queue: dict[str, list[int]] = {}
+        for i, prep in enumerate(preps):
+            by_queue.setdefault(prep.fn.queue, []).append(i)
+        order = list(by_queue.items())
         idem_ms = int(rt.config.retention.idempotency_s * 1000)
         now = store.now_ms()
         try:
-            order = list(by_queue.items())
             if len(order) == 1:
-                queue, items = order[0]
-                replies = [rt.scripts.enqueue(rt.keys[queue], [p.job for _, p in items], now, idem_ms)]
+                queue, idx = order[0]
+                replies = [rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], now, idem_ms)]
             else:
                 batch = rt.scripts.batch()
-                for queue, items in order:
-                    rt.scripts.enqueue(rt.keys[queue], [p.job for _, p in items], now, idem_ms, pipe=batch)
+                for queue, idx in order:
+                    rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], now, idem_ms, pipe=batch)
                 replies = batch.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
-        for (queue, items), reply in zip(order, replies, strict=True):
-            for n, (index, prep) in enumerate(items):
-                results[index] = _outcome(prep, queue, reply, n)
+        out: list[Any] = [None] * len(preps)
+        for (queue, idx), reply in zip(order, replies, strict=True):
+            for n, i in enumerate(idx):
+                out[i] = _outcome(preps[i], queue, reply, n)
+        return out
 
     # --- reading -------------------------------------------------------------------
 

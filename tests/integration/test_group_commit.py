@@ -1,0 +1,69 @@
+"""One Client shared by many threads, as in a web process: overlapping enqueues share
+round trips (group commit), and every caller still gets exactly its own answer, with
+idempotency keys decided as if the calls had come one by one."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from runner.client import Client, Enqueued
+from runner.errors import IdempotencyConflict
+
+from conftest import Project, structures
+
+
+def test_shared_client_under_threads_answers_each_caller_and_loses_nothing(project: Project) -> None:
+    """24 threads x 40 calls on one Client, across two queues, with keys that repeat
+    (same payload: a duplicate of the first job) and clash (other payload: a conflict).
+    Every plain job lands once in its queue; each key holds exactly one job; and calls
+    really were batched (fewer enqueue script calls than jobs)."""
+    client = Client(project.runtime.__class__.create(project.config()))
+    redis = project.runtime.redis
+    redis.config_resetstat()
+    barrier = threading.Barrier(24)
+    answers: dict[tuple[int, int], Any] = {}
+
+    def run(t: int) -> None:
+        barrier.wait()
+        for i in range(40):
+            try:
+                if i % 10 == 0:  # a key shared by every thread, same payload
+                    answers[(t, i)] = client.enqueue("noop", {"k": i}, idempotency_key=f"shared-{i}")
+                elif i % 10 == 1:  # a key shared by every thread, each with its own payload
+                    answers[(t, i)] = client.enqueue("noop", {"t": t}, idempotency_key=f"clash-{i}")
+                elif i % 10 == 2:
+                    answers[(t, i)] = client.enqueue("slow", {"seconds": 0})
+                else:
+                    answers[(t, i)] = client.enqueue("noop", {"t": t, "i": i})
+            except IdempotencyConflict as exc:
+                answers[(t, i)] = exc
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(24)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+        assert not th.is_alive()
+    assert len(answers) == 24 * 40
+
+    for i in (0, 10, 20, 30):  # same key, same payload: one job, the rest duplicates of it
+        got = [answers[(t, i)] for t in range(24)]
+        assert all(isinstance(a, Enqueued) for a in got)
+        assert len({a.id for a in got}) == 1
+        assert sum(not a.duplicate for a in got) == 1
+    for i in (1, 11, 21, 31):  # same key, other payloads: one winner, 23 conflicts
+        got = [answers[(t, i)] for t in range(24)]
+        winners = [a for a in got if isinstance(a, Enqueued)]
+        assert len(winners) == 1 and not winners[0].duplicate
+        assert all(isinstance(a, IdempotencyConflict) for a in got if a is not winners[0])
+
+    created = [a for a in answers.values() if isinstance(a, Enqueued) and not a.duplicate]
+    fast_ids = {a.id for a in created if a.queue == "fast"}
+    slow_ids = {a.id for a in created if a.queue == "slow"}
+    assert len(slow_ids) == 24 * 4
+    assert len(fast_ids) == 24 * 28 + 4 + 4
+    assert sorted(structures(project, "fast")["ready"]) == sorted(fast_ids)
+    assert sorted(structures(project, "slow")["ready"]) == sorted(slow_ids)
+    calls = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert 0 < calls < len(answers), calls
