@@ -36,10 +36,10 @@ from harness import extras, profile, report, scenarios, server, venv  # noqa: E4
 SIZES = {
     "full": {"reps": 3, "drain_n": 20000, "drain_cap_s": 20.0, "single_n": 10000, "batch_n": 20000,
              "enqueue_cap_s": 10.0, "lat_n": 2500, "rate": 500.0, "profile_n": 40000,
-             "http_rates": [500.0, 1000.0, 5000.0], "http_s": 5.0, "wrk_s": 8},
+             "http_rates": [1000.0, 2500.0, 5000.0], "http_s": 5.0, "wrk_s": 8},
     "quick": {"reps": 1, "drain_n": 5000, "drain_cap_s": 10.0, "single_n": 3000, "batch_n": 5000,
               "enqueue_cap_s": 5.0, "lat_n": 1000, "rate": 500.0, "profile_n": 15000,
-              "http_rates": [1000.0, 2500.0], "http_s": 3.0, "wrk_s": 4},
+              "http_rates": [2500.0, 5000.0], "http_s": 3.0, "wrk_s": 4},
 }
 
 
@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--systems", help="comma-separated subset, e.g. runner,huey,dramatiq")
     ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
     ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
+    ap.add_argument("--extras", help="comma-separated subset of the runner-only scenarios: "
+                    "validation,guarded,mix,metrics,redis_py,http")
     ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
@@ -147,19 +149,28 @@ def main() -> None:
         res["systems"] = run_systems(env, chosen, cfg)
         if not a.no_extras and (wanted is None or "runner" in wanted):
             reps = cfg["reps"]
+            scenarios_x: dict[str, tuple[str, Callable[[], Any]]] = {
+                "validation": ("validation", lambda: extras.validation(env)),
+                "guarded": ("idempotency + locks", lambda: extras.guarded(
+                    env, systems.runner_system(toml), cfg["drain_n"], reps, cfg["drain_cap_s"])),
+                "mix": ("fast + slow", lambda: extras.mix(
+                    env, toml, cfg["drain_n"], cfg["lat_n"], max(1, reps - 1), cfg["drain_cap_s"])),
+                "metrics": ("metrics on/off", lambda: extras.metrics_cost(
+                    env, toml, cfg["drain_n"], reps, cfg["drain_cap_s"])),
+                "redis_py": ("redis-py versions", lambda: extras.redis_py(
+                    env, toml, cfg["drain_n"], reps, cfg["drain_cap_s"])),
+                "http": ("HTTP", lambda: extras.http(
+                    env, toml, cfg["http_rates"], cfg["http_s"], cfg["wrk_s"])),
+            }
+            only = set(a.extras.split(",")) if a.extras else set(scenarios_x)
+            unknown = only - set(scenarios_x)
+            if unknown:
+                raise SystemExit(f"--extras: unknown {', '.join(sorted(unknown))}")
             x: dict[str, Any] = {}
             print("runner-only scenarios", flush=True)
-            x["validation"] = attempt("validation", lambda: extras.validation(env))
-            x["guarded"] = attempt("idempotency + locks", lambda: extras.guarded(
-                env, systems.runner_system(toml), cfg["drain_n"], reps, cfg["drain_cap_s"]))
-            x["mix"] = attempt("fast + slow", lambda: extras.mix(
-                env, toml, cfg["drain_n"], cfg["lat_n"], max(1, reps - 1), cfg["drain_cap_s"]))
-            x["metrics"] = attempt("metrics on/off", lambda: extras.metrics_cost(
-                env, toml, cfg["drain_n"], reps, cfg["drain_cap_s"]))
-            x["redis_py"] = attempt("redis-py versions", lambda: extras.redis_py(
-                env, toml, cfg["drain_n"], reps, cfg["drain_cap_s"]))
-            x["http"] = attempt("HTTP", lambda: extras.http(
-                env, toml, cfg["http_rates"], cfg["http_s"], cfg["wrk_s"]))
+            for key, (what, fn) in scenarios_x.items():
+                if key in only:
+                    x[key] = attempt(what, fn)
             res["runner_only"] = x
         if not a.no_profile and (wanted is None or "runner" in wanted):
             spy = profile.py_spy(peers_py.parent)

@@ -221,18 +221,47 @@ def _wait_http(port: int, timeout_s: float) -> bool:
     return False
 
 
-def _wrk(port: int, token: str, seconds: int, connections: int, work: Path) -> dict[str, Any] | None:
+# wrk paces itself when given a rate: each of its threads keeps one schedule (due times
+# at 1/rate apart, per thread) and a free connection waits until the next due time. That
+# is an open loop as long as connections are free; latency is counted from the send.
+_PACE = """
+local ffi = require("ffi")
+ffi.cdef[[ typedef struct { long tv_sec; long tv_nsec; } bench_ts; int clock_gettime(int, bench_ts *); ]]
+local ts = ffi.new("bench_ts")
+local function now_ms()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
+local interval = %f
+local due = nil
+function delay()
+  local t = now_ms()
+  if due == nil or due < t - 1000 then due = t end  -- never burst to catch up a stall
+  due = due + interval
+  local d = due - t
+  if d < 0 then return 0 end
+  return d
+end
+"""
+
+
+def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
+         rate: float | None = None) -> dict[str, Any] | None:
+    """Closed loop (as fast as the connections go) or, with ``rate``, paced at that many
+    requests/s in all."""
     wrk = shutil.which("wrk")
     if wrk is None:
         return None
+    threads = 2
     script = work / "post.lua"
-    script.write_text(
-        'wrk.method = "POST"\nwrk.body = \'{"t": 0}\'\n'
-        'wrk.headers["Content-Type"] = "application/json"\n'
-        f'wrk.headers["Authorization"] = "Bearer {token}"\n'
-    )
+    text = ('wrk.method = "POST"\nwrk.body = \'{"t": 0}\'\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.headers["Authorization"] = "Bearer {token}"\n')
+    if rate:
+        text += _PACE % (threads * 1000.0 / rate)
+    script.write_text(text)
     proc = subprocess.run(
-        [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
+        [wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
          f"http://127.0.0.1:{port}/jobs/noop"],
         capture_output=True, text=True, timeout=seconds + 30,
     )
@@ -247,53 +276,68 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path) -> d
 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
-    return {"connections": connections, "seconds": seconds,
+    errs = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    return {"connections": connections, "seconds": seconds, "rate": rate,
             "req_per_s": float(rps.group(1)) if rps else float("nan"),
             "p50_ms": ms("50%"), "p99_ms": ms("99%"),
-            "non_2xx": int(non2xx.group(1)) if non2xx else 0}
+            "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+            "socket_errors": sum(int(g) for g in errs.groups()) if errs else 0}
 
 
 def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -> dict[str, Any]:
-    """POST /jobs/noop through gunicorn (runner web's defaults: 2 gthread workers x 8
-    threads, keep-alive), with 2 runner workers draining meanwhile."""
+    """POST /jobs/noop through `runner web` with its defaults (gunicorn, gthread workers,
+    keep-alive): first with the web server alone on the machine, then with 2 runner
+    workers draining the queue meanwhile. Load from wrk (C, so the generator takes little
+    of the 2 cores): paced at each rate, then closed loop over 32 connections. Without wrk,
+    the Python open-loop generator stands in (it needs most of a core itself)."""
     if not (runner_src() / "runner" / "web" / "wsgi.py").exists():
         return {"skipped": "runner/web/wsgi.py does not exist yet"}
     from runner.embedded import free_port
 
-    port = free_port()
     token = "bench-token"
     base = runner_system(toml)
     genv = base.environ(env.url, scenarios.fresh_dir(env.work, "probe"))
     genv.update({"RUNNER_API_TOKEN": token, "RUNNER_CONFIG": str(toml)})
-    gunicorn = [sys.executable, "-m", "gunicorn", "runner.web.wsgi:app", "-b", f"127.0.0.1:{port}",
-                "-w", "2", "-k", "gthread", "--threads", "8", "--keep-alive", "5",
-                "--log-level", "warning"]
-    scenarios.flush(env)
-    web = Group().start([gunicorn], genv, str(toml.parent), env.work / "gunicorn")
-    workers = Group().start(base.worker_cmds, genv, base.cwd, env.work / "http-workers")
-    out: dict[str, Any] = {"server": "gunicorn runner.web.wsgi:app -w 2 -k gthread --threads 8",
-                           "open_loop": []}
-    try:
-        if not _wait_http(port, 20):
-            return {"skipped": "gunicorn did not listen within 20 s; see gunicorn.0.log"}
-        loadgen = str(BENCH / "harness" / "loadgen.py")
-        # One request first, so each gunicorn worker has built its app before timing.
-        subprocess.run([sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", "50",
-                        "--seconds", "1", "--token", token], capture_output=True, timeout=60)
-        for rate in rates:
-            proc = subprocess.run(
-                [sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", str(rate),
-                 "--seconds", str(seconds), "--token", token],
-                capture_output=True, text=True, timeout=seconds + 90,
-            )
-            try:
-                out["open_loop"].append(json.loads(proc.stdout))
-            except json.JSONDecodeError:
-                out["open_loop"].append({"rate": rate, "error": proc.stderr[-400:]})
-        out["wrk"] = _wrk(port, token, wrk_s, 32, env.work)
-    finally:
-        web.stop()
-        workers.stop()
+    genv.pop("WEB_CONCURRENCY", None)
+    genv.pop("RUNNER_WEB_THREADS", None)
+    out: dict[str, Any] = {"server": "runner web (defaults)", "phases": {}}
+    for phase, draining in (("web alone", False), ("2 workers draining", True)):
+        port = free_port()
+        web_cmd = [*base.worker_cmds[0][: base.worker_cmds[0].index("worker")], "web",
+                   "--host", "127.0.0.1", "--port", str(port)]
+        scenarios.flush(env)
+        web = Group().start([web_cmd], genv, str(toml.parent), env.work / f"web-{int(draining)}")
+        workers = (Group().start(base.worker_cmds, genv, base.cwd, env.work / "http-workers")
+                   if draining else None)
+        runs: dict[str, Any] = {"paced": [], "closed": None}
+        try:
+            if not _wait_http(port, 20):
+                runs["skipped"] = "runner web did not listen within 20 s"
+                out["phases"][phase] = runs
+                continue
+            loadgen = str(BENCH / "harness" / "loadgen.py")
+            # A few requests first, so each gunicorn worker has built its app before timing.
+            subprocess.run([sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", "100",
+                            "--seconds", "1", "--token", token], capture_output=True, timeout=60)
+            for rate in rates:
+                if shutil.which("wrk"):
+                    runs["paced"].append(_wrk(port, token, max(2, int(seconds)), 128, env.work, rate=rate))
+                    continue
+                proc = subprocess.run(
+                    [sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", str(rate),
+                     "--seconds", str(seconds), "--token", token],
+                    capture_output=True, text=True, timeout=seconds + 90,
+                )
+                try:
+                    runs["paced"].append({**json.loads(proc.stdout), "generator": "python"})
+                except json.JSONDecodeError:
+                    runs["paced"].append({"rate": rate, "error": proc.stderr[-400:]})
+            runs["closed"] = _wrk(port, token, wrk_s, 32, env.work)
+        finally:
+            web.stop()
+            if workers is not None:
+                workers.stop()
+        out["phases"][phase] = runs
     return out
 
 

@@ -154,18 +154,30 @@ def extras_md(x: dict[str, Any]) -> list[str]:
         if "skipped" in h:
             out += [f"Skipped: {h['skipped']}.", ""]
         else:
-            out += [f"Server: `{h['server']}`, 2 runner workers draining meanwhile.", "",
-                    "| load | offered req/s | achieved req/s | p50 ms | p99 ms | errors / non-202 |",
-                    "|---|---|---|---|---|---|"]
-            for r in h.get("open_loop", []):
-                bad = r.get("errors", 0) + r.get("sent", 0) - r.get("ok", 0) - r.get("errors", 0)
-                out.append(f"| open loop (Python) | {_num(r.get('rate'))} | {_num(r.get('achieved'))} | "
-                           f"{_num(r.get('p50_ms'), 2)} | {_num(r.get('p99_ms'), 2)} | "
-                           f"{r.get('errors', '?')} / {bad} |")
-            w = h.get("wrk")
-            if w:
-                out.append(f"| wrk, {w['connections']} connections, closed loop | - | {_num(w['req_per_s'])} | "
-                           f"{_num(w['p50_ms'], 2)} | {_num(w['p99_ms'], 2)} | - / {w['non_2xx']} |")
+            out += [f"Server: `{h['server']}` (2 gunicorn processes x 8 threads), load from wrk.", "",
+                    "| phase | load | offered req/s | achieved req/s | p50 ms | p99 ms | errors / non-202 |",
+                    "|---|---|---|---|---|---|---|"]
+            for phase, runs in h.get("phases", {}).items():
+                if "skipped" in runs:
+                    out.append(f"| {phase} | skipped: {runs['skipped']} | | | | | |")
+                    continue
+                for r in runs.get("paced", []):
+                    if not r:
+                        continue
+                    if "error" in r:
+                        out.append(f"| {phase} | failed | {_num(r.get('rate'))} | | | | |")
+                        continue
+                    what = "open loop (Python)" if r.get("generator") == "python" else "wrk, paced, 128 conn."
+                    achieved = r.get("achieved", r.get("req_per_s"))
+                    bad = r.get("non_2xx", r.get("sent", 0) - r.get("ok", 0) - r.get("errors", 0))
+                    errs = r.get("socket_errors", r.get("errors", 0))
+                    out.append(f"| {phase} | {what} | {_num(r.get('rate'))} | {_num(achieved)} | "
+                               f"{_num(r.get('p50_ms'), 2)} | {_num(r.get('p99_ms'), 2)} | {errs} / {bad} |")
+                w = runs.get("closed")
+                if w:
+                    out.append(f"| {phase} | wrk, closed loop, {w['connections']} conn. | - | "
+                               f"{_num(w['req_per_s'])} | {_num(w['p50_ms'], 2)} | {_num(w['p99_ms'], 2)} | "
+                               f"{w.get('socket_errors', 0)} / {w['non_2xx']} |")
             out.append("")
     return out
 
