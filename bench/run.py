@@ -130,6 +130,7 @@ def main() -> None:
     wanted = set(a.systems.split(",")) if a.systems else None
 
     peers_py = venv.ensure()
+    venv.ensure_wrk()
     redis = server.start(a.server)
     work = server.tmpdir("bench-work-")
     env = scenarios.Env(redis, work)

@@ -47,3 +47,17 @@ def ensure(venv: Path = VENV) -> Path:
             print(f"  skip {req}: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
     stamp.write_text(digest)
     return py
+
+
+def ensure_wrk() -> str | None:
+    """wrk, the HTTP load generator (a Debian package): installed when missing and this
+    process may (root with apt-get); else None and the Python generator stands in."""
+    import os
+    import shutil
+
+    found = shutil.which("wrk")
+    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return found
+    print("installing wrk (apt-get) ...", flush=True)
+    subprocess.run(["apt-get", "install", "-y", "-q", "wrk"], capture_output=True, timeout=600)
+    return shutil.which("wrk")
