@@ -4,7 +4,8 @@ A record is a Redis hash under ``<prefix>:{<queue>}:job:<id>`` with these fields
 
     type, version, payload (JSON), status, attempt, max_attempts,
     created_ms, enqueued_ms, ready_ms, started_ms, finished_ms,
-    token (while processing), idem_key, resource_key, deferrals,
+    token (the claim token while processing; empty once settled),
+    idem_key, resource_key, deferrals,
     error (JSON: type, message, traceback), reason (dead only),
     history (comma-joined JSON entries, one per attempt), result (JSON),
     checkpoint (JSON), duplicate_of (done as a duplicate of that job)

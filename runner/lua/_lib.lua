@@ -1,14 +1,27 @@
 -- Shared helpers, prepended to every script by scripts.py (Lua scripts cannot import).
 -- None of them builds a key from anything but a prefix passed in KEYS.
 
--- Append one JSON history entry to the record's comma-joined history.
-local function append_history(job_key, entry)
+-- Add the history field to a list of HSET field/value pairs: the record's current
+-- comma-joined history (old; false/nil when none yet) with one more JSON entry. No
+-- entry, no field: the history is left as it is. The caller writes the history in the
+-- same HSET as the status, so the old value comes from the caller's fence read.
+local function with_history(set, old, entry)
   if entry == nil or entry == '' then return end
-  local old = redis.call('HGET', job_key, 'history')
+  set[#set + 1] = 'history'
   if old and old ~= '' then
-    redis.call('HSET', job_key, 'history', old .. ',' .. entry)
+    set[#set + 1] = old .. ',' .. entry
   else
-    redis.call('HSET', job_key, 'history', entry)
+    set[#set + 1] = entry
+  end
+end
+
+-- Run one variadic command (ZADD, ZREM, ...) over a flat list of arguments, in chunks
+-- (a multiple of `step`, so member/score pairs stay together) to keep within Lua's
+-- unpack limit. Nothing is sent for an empty list.
+local function call_many(cmd, key, args, step)
+  local chunk = 4000 - 4000 % step
+  for s = 1, #args, chunk do
+    redis.call(cmd, key, unpack(args, s, math.min(s + chunk - 1, #args)))
   end
 end
 
@@ -45,8 +58,9 @@ local function release_lock(lock_prefix, resource, token, scheduled_key, ready_k
 end
 
 -- Count every stats field named in a space-separated list ("field" adds 1,
--- "field=N" adds N); flush() writes the totals
--- with one HINCRBY per distinct field, however many jobs the batch held.
+-- "field=N" adds N); tally() counts one field given whole (it may hold spaces);
+-- flush() writes the totals with one HINCRBY per distinct field, however many jobs
+-- the batch held.
 local acc = {}
 local function bump(fields)
   if fields == nil or fields == '' then return end
@@ -59,14 +73,24 @@ local function bump(fields)
     end
   end
 end
+local function tally(field)
+  acc[field] = (acc[field] or 0) + 1
+end
 local function flush(stats_key)
   for f, n in pairs(acc) do
     redis.call('HINCRBY', stats_key, f, n)
   end
 end
 
--- The fence: the record must be processing under this very token.
+-- The fence: the record must be processing under this very token. A settled record's
+-- token is empty (or absent), and no claim hands out an empty one. fenced() returns
+-- the record's fields status, token and then those named (one HMGET for the fence and
+-- what the caller needs), or nil when the token does not own the record.
+local function fenced(job_key, token, ...)
+  local f = redis.call('HMGET', job_key, 'status', 'token', ...)
+  if f[1] ~= 'processing' or f[2] ~= token or token == '' then return nil end
+  return f
+end
 local function owns(job_key, token)
-  local f = redis.call('HMGET', job_key, 'status', 'token')
-  return f[1] == 'processing' and f[2] == token
+  return fenced(job_key, token) ~= nil
 end

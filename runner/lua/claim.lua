@@ -5,6 +5,11 @@
 -- deferred to scheduled without spending an attempt, and queued on the resource's
 -- waiter list (FIFO) so the holder's release wakes it.
 --
+-- Ids are popped from ready in rounds (RPOP with a count of what is still wanted), and
+-- every id popped is settled in this same call: claimed, buried, deferred, marked a
+-- duplicate, or dropped as a stray. At most n * 4 ids are popped per call. The leases
+-- of the claimed jobs are written with one variadic ZADD.
+--
 -- KEYS[1] ready        LIST
 -- KEYS[2] leases       ZSET  id -> lease deadline ms
 -- KEYS[3] scheduled    ZSET  id -> due ms
@@ -36,32 +41,43 @@ local dead_ttl, done_ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
 local out = {}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true}
+local FIELDS = {'type', 'version', 'payload', 'status', 'attempt', 'max_attempts', 'idem_key',
+  'resource_key', 'ready_ms', 'created_ms', 'checkpoint', 'deferrals'}
+
+-- Lease entries (deadline, id, ...) of the jobs claimed so far, not yet written.
+local leased = {}
+local function write_leases()
+  call_many('ZADD', KEYS[2], leased, 2)
+  leased = {}
+end
 
 local function bury_raw(jk, id, reason)
   redis.call('HSET', jk, 'status', 'dead', 'reason', reason, 'finished_ms', now)
   redis.call('ZADD', KEYS[4], now, id)
   redis.call('PEXPIRE', jk, dead_ttl)
-  redis.call('HINCRBY', KEYS[5], 'dead|?', 1)
+  tally('dead|?')
 end
 
 local i = 0
-local popped = 0
--- Bound the work per call: strays and deferrals do not count as claims.
-while i < n and popped < n * 4 do
-  local id = redis.call('RPOP', KEYS[1])
-  if not id then break end
-  popped = popped + 1
+-- Settle one popped id: claim it, or bury, defer, mark a duplicate or drop it.
+local function take(id)
   local jk = KEYS[6] .. id
-  local kind = redis.call('TYPE', jk)['ok']
-  if kind == 'none' then
-    bury_raw(jk, id, 'malformed record: no job record for this id')
-  elseif kind ~= 'hash' then
+  -- One read for the record. An error reply (WRONGTYPE) means the key is not a hash;
+  -- when every field is absent, EXISTS tells a missing record from a hash without them.
+  local f = redis.pcall('HMGET', jk, unpack(FIELDS))
+  local absent = not f.err
+  if absent then
+    for j = 1, #FIELDS do
+      if f[j] then absent = false break end
+    end
+  end
+  if f.err then
+    local kind = redis.call('TYPE', jk)['ok']
     redis.call('RENAME', jk, jk .. ':corrupt')
     bury_raw(jk, id, 'malformed record: a Redis ' .. kind .. ' instead of a hash; kept at ' .. jk .. ':corrupt')
+  elseif absent and redis.call('EXISTS', jk) == 0 then
+    bury_raw(jk, id, 'malformed record: no job record for this id')
   else
-    local f = redis.call('HMGET', jk, 'type', 'version', 'payload', 'status', 'attempt',
-      'max_attempts', 'idem_key', 'resource_key', 'ready_ms', 'created_ms', 'checkpoint',
-      'deferrals')
     local missing = {}
     if not f[1] then missing[#missing + 1] = 'type' end
     if not f[2] then missing[#missing + 1] = 'version' end
@@ -82,12 +98,17 @@ while i < n and popped < n * 4 do
       bury_raw(jk, id, 'malformed record: unknown status ' .. string.format('%q', f[4]))
     elseif f[4] ~= 'queued' then
       -- A stray id (the record is done, dead or elsewhere): drop it, never run it twice.
-      redis.call('HINCRBY', KEYS[5], 'stray', 1)
+      tally('stray')
     else
       local typ = f[1]
       local ikey = f[7] or ''
       local rkey = f[8] or ''
       local settled = false
+      if ikey ~= '' or rkey ~= '' then
+        -- The keys below are not the queue's own: should one of them fail (a wrong
+        -- type), the jobs claimed so far already hold their leases.
+        write_leases()
+      end
       if ikey ~= '' then
         local held = redis.call('GET', KEYS[8] .. ikey)
         if held then
@@ -95,7 +116,7 @@ while i < n and popped < n * 4 do
           if state == 'done' and hid ~= id then
             redis.call('HSET', jk, 'status', 'done', 'duplicate_of', hid, 'finished_ms', now)
             redis.call('PEXPIRE', jk, done_ttl)
-            redis.call('HINCRBY', KEYS[5], 'duplicates|' .. typ, 1)
+            tally('duplicates|' .. typ)
             settled = true
           end
         end
@@ -104,18 +125,18 @@ while i < n and popped < n * 4 do
       if not settled and rkey ~= '' then
         local got = redis.call('SET', KEYS[7] .. rkey, token, 'NX', 'PX', lease)
         if not got then
-          local d = redis.call('HINCRBY', jk, 'deferrals', 1)
+          local d = (tonumber(f[12]) or 0) + 1
           local delay = math.min(dcap, dbase * math.pow(2, math.min(d - 1, 12)))
           local r = (rnd + i * 0.618033988749895) % 1
           delay = math.floor(delay * (0.5 + 0.5 * r)) + 1
-          redis.call('HSET', jk, 'status', 'scheduled', 'ready_ms', now + delay)
+          redis.call('HSET', jk, 'status', 'scheduled', 'ready_ms', now + delay, 'deferrals', d)
           redis.call('ZADD', KEYS[3], now + delay, id)
           -- Queue behind the holder: its release wakes the first waiter at once; the
           -- scheduled entry is only the fallback timer.
           local wk = KEYS[7] .. rkey .. ':waiters'
           redis.call('RPUSH', wk, id)
           redis.call('PEXPIRE', wk, 3600000)
-          redis.call('HINCRBY', KEYS[5], 'deferred|' .. typ, 1)
+          tally('deferred|' .. typ)
           settled = true
         end
       end
@@ -123,7 +144,8 @@ while i < n and popped < n * 4 do
         local attempt = (tonumber(f[5]) or 0) + 1
         redis.call('HSET', jk, 'status', 'processing', 'token', token, 'started_ms', now,
           'attempt', attempt)
-        redis.call('ZADD', KEYS[2], now + lease, id)
+        leased[#leased + 1] = now + lease
+        leased[#leased + 1] = id
         out[#out + 1] = id
         out[#out + 1] = token
         out[#out + 1] = attempt
@@ -141,4 +163,18 @@ while i < n and popped < n * 4 do
     end
   end
 end
+
+local popped = 0
+-- Bound the work per call: strays and deferrals do not count as claims.
+while i < n and popped < n * 4 do
+  -- Pop no more than can still be claimed, so every id popped is settled here.
+  local want = math.min(n - i, n * 4 - popped)
+  local ids = redis.call('RPOP', KEYS[1], want)
+  if not ids then break end
+  popped = popped + #ids
+  for _, id in ipairs(ids) do take(id) end
+  if #ids < want then break end
+end
+write_leases()
+flush(KEYS[5])
 return out

@@ -19,34 +19,39 @@
 local now, limit, dead_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local requeued, buried = 0, 0
+local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = KEYS[6] .. id
-  if redis.call('TYPE', jk)['ok'] == 'hash' then
-    local f = redis.call('HMGET', jk, 'attempt', 'max_attempts', 'token', 'resource_key', 'type', 'status')
-    if f[6] == 'processing' then
-      local attempt = tonumber(f[1]) or 0
-      local max = tonumber(f[2]) or 1
-      redis.call('HDEL', jk, 'token')
-      append_history(jk, '{"attempt":' .. attempt .. ',"outcome":"worker lost","at_ms":' .. now .. '}')
-      local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
-      if attempt >= max then
-        redis.call('HSET', jk, 'status', 'dead', 'reason', 'worker lost', 'error', err, 'finished_ms', now)
-        redis.call('ZADD', KEYS[3], now, id)
-        redis.call('PEXPIRE', jk, dead_ttl)
-        redis.call('HINCRBY', KEYS[5], 'dead|' .. (f[5] or '?'), 1)
-        buried = buried + 1
-      else
-        redis.call('HSET', jk, 'status', 'queued', 'error', err, 'ready_ms', now)
-        redis.call('RPUSH', KEYS[2], id)
-        redis.call('HINCRBY', KEYS[5], 'lost|' .. (f[5] or '?'), 1)
-        requeued = requeued + 1
-      end
-      -- After the requeue, so a job that waited on this resource runs before the
-      -- reclaimed holder takes it again (waiters are served first).
-      release_lock(KEYS[7], f[4], f[3], KEYS[8], KEYS[2], KEYS[4], KEYS[6])
+  -- An error reply (not a hash) or no record: nothing to take back.
+  local f = redis.pcall('HMGET', jk, 'attempt', 'max_attempts', 'token', 'resource_key', 'type',
+    'status', 'history')
+  if not f.err and f[6] == 'processing' then
+    local attempt = tonumber(f[1]) or 0
+    local max = tonumber(f[2]) or 1
+    local set
+    if attempt >= max then
+      set = {'status', 'dead', 'reason', 'worker lost', 'error', err, 'finished_ms', now, 'token', ''}
+    else
+      set = {'status', 'queued', 'error', err, 'ready_ms', now, 'token', ''}
     end
+    with_history(set, f[7], '{"attempt":' .. attempt .. ',"outcome":"worker lost","at_ms":' .. now .. '}')
+    redis.call('HSET', jk, unpack(set))
+    if attempt >= max then
+      redis.call('ZADD', KEYS[3], now, id)
+      redis.call('PEXPIRE', jk, dead_ttl)
+      tally('dead|' .. (f[5] or '?'))
+      buried = buried + 1
+    else
+      redis.call('RPUSH', KEYS[2], id)
+      tally('lost|' .. (f[5] or '?'))
+      requeued = requeued + 1
+    end
+    -- After the requeue, so a job that waited on this resource runs before the
+    -- reclaimed holder takes it again (waiters are served first).
+    release_lock(KEYS[7], f[4], f[3], KEYS[8], KEYS[2], KEYS[4], KEYS[6])
   end
 end
 if requeued > 0 then wake(KEYS[4]) end
+flush(KEYS[5])
 return {requeued, buried}

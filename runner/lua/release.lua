@@ -13,24 +13,26 @@
 -- Returns one code per job: 1 released, -1 refused (lease lost: nothing changed).
 local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
-local any = false
+local ids = {}
 for i = 0, n - 1 do
   local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
   local jk = KEYS[4] .. id
-  if not owns(jk, token) then
+  local f = fenced(jk, token, 'resource_key', 'attempt')
+  if not f then
     out[#out + 1] = -1
   else
-    local rkey = redis.call('HGET', jk, 'resource_key')
-    redis.call('HSET', jk, 'status', 'queued', 'ready_ms', now)
-    redis.call('HINCRBY', jk, 'attempt', -1)
-    redis.call('HDEL', jk, 'token')
-    redis.call('ZREM', KEYS[1], id)
+    -- claim vouched that attempt is an integer before it handed the job out.
+    redis.call('HSET', jk, 'status', 'queued', 'ready_ms', now, 'attempt', (tonumber(f[4]) or 1) - 1,
+      'token', '')
     -- RPUSH: the consumer end of ready, so a released job runs next.
     redis.call('RPUSH', KEYS[2], id)
-    release_lock(KEYS[5], rkey, token, KEYS[6], KEYS[2], KEYS[3], KEYS[4])
-    any = true
+    release_lock(KEYS[5], f[3], token, KEYS[6], KEYS[2], KEYS[3], KEYS[4])
+    ids[#ids + 1] = id
     out[#out + 1] = 1
   end
 end
-if any then wake(KEYS[3]) end
+if #ids > 0 then
+  call_many('ZREM', KEYS[1], ids, 1)
+  wake(KEYS[3])
+end
 return out

@@ -3,13 +3,16 @@ passing now_ms, so leases and due times are exact."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runner.embedded import Server
 from runner.scripts import Ack, Burial, NewJob, RetryAt
 
-from conftest import Project, assert_no_job_in_two_structures, structures
+from conftest import Project, assert_no_job_in_two_structures, make_project, structures
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
@@ -295,3 +298,216 @@ def test_client_run_at_schedules_at_that_time(p: Project) -> None:
     assert job.status == "scheduled"
     assert p.runtime.redis.zscore(p.keys().scheduled, job.id) == int(at * 1000)
     assert p.runtime.scripts.promote(p.keys(), int(at * 1000) - 1, 100)[0] == 0
+
+
+# --- batches: one command for many jobs, and still one outcome per job ---------------
+
+
+def test_batch_claim_pops_several_ids_and_gives_each_its_own_lease(p: Project) -> None:
+    """One claim takes several jobs (with and without a resource key) in FIFO order; each
+    has its own token and lease; the jobs beyond n stay in ready, in order."""
+    enqueue(p, new("a"), new("b", res="r1"), new("c"), new("d"), new("e"))
+    got = claim(p, n=3)
+    assert [g[0] for g in got] == ["a", "b", "c"]
+    assert [g[1] for g in got] == ["w.1:0", "w.1:1", "w.1:2"]
+    r = p.runtime.redis
+    for job_id, token, attempt, *_ in got:
+        assert attempt == 1
+        assert rec(p, job_id)["status"] == "processing" and rec(p, job_id)["token"] == token
+        assert r.zscore(p.keys().leases, job_id) == NOW + LEASE
+    assert r.get(p.keys().lock("r1")) == "w.1:1"
+    assert structures(p)["ready"] == ["e", "d"]
+    assert rec(p, "d")["status"] == "queued"
+    assert_no_job_in_two_structures(p)
+
+
+def test_claim_pops_again_after_strays_within_its_bound(p: Project) -> None:
+    """Strays do not count as claims, so the claim pops again for the jobs still wanted,
+    but never more than n * 4 ids in one call; an id left in ready is untouched."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, *(new(f"s{i}") for i in range(5)), new("a"), new("b"))
+    for i in range(5):
+        r.hset(k.job(f"s{i}"), "status", "done")
+    assert claim(p, n=1) == []  # s0..s3 popped and dropped: the bound is 4
+    assert structures(p)["ready"] == ["b", "a", "s4"]
+    assert r.hget(k.stats, "stray") == "4"
+    got = claim(p, n=2, base="w.2")  # s4 dropped, then a and b in a second pop
+    assert [g[0] for g in got] == ["a", "b"]
+    assert structures(p)["ready"] == [] and sorted(structures(p)["leases"]) == ["a", "b"]
+    assert r.hget(k.stats, "stray") == "5"
+
+
+@pytest.mark.parametrize("setup,reason,corrupt", [
+    (lambda r, k: r.rpush(k.job("x"), "1"), "a Redis list instead of a hash", True),
+    (lambda r, k: r.zadd(k.job("x"), {"m": 1}), "a Redis zset instead of a hash", True),
+    (lambda r, k: r.hset(k.job("x"), "other", "1"), "missing field(s) type, version, payload, status", False),
+    (lambda r, k: None, "no job record for this id", False),
+])
+def test_malformed_record_in_a_batch_is_buried_and_the_rest_claimed(
+    p: Project, setup: Any, reason: str, corrupt: bool
+) -> None:
+    """A malformed record between good jobs is buried with its reason (a foreign value is
+    kept aside under :corrupt); the good jobs of the same claim run."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("a"))
+    setup(r, k)
+    r.lpush(k.ready, "x")
+    enqueue(p, new("b"))
+    got = claim(p, n=5)
+    assert [g[0] for g in got] == ["a", "b"]
+    assert structures(p)["dead"] == ["x"] and sorted(structures(p)["leases"]) == ["a", "b"]
+    dead = rec(p, "x")
+    assert dead["status"] == "dead" and reason in dead["reason"]
+    assert r.exists(k.job("x") + ":corrupt") == (1 if corrupt else 0)
+    assert r.hget(k.stats, "dead|?") == "1"
+
+
+def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
+    """A refused ack leaves the record, its lease, the stats and the other acks of the
+    batch as they were; the emptied token of a settled claim is refused too."""
+    enqueue(p, new("a"), new("b"))
+    got = claim(p)
+    r = p.runtime.redis
+    k = p.keys()
+    before = rec(p, "a")
+    stats_before = r.hgetall(k.stats)
+    codes = p.runtime.scripts.ack(k, [Ack("a", got[1][1], '"x"', '{"attempt":1}', "succeeded|noop"),
+                                      Ack("b", got[1][1], '"y"', '{"attempt":1}', "succeeded|noop")],
+                                  NOW, 100_000, 100_000)
+    assert codes == [-1, 1]
+    assert rec(p, "a") == before and r.pttl(k.job("a")) == -1
+    assert r.zscore(k.leases, "a") == NOW + LEASE
+    assert r.hget(k.stats, "succeeded|noop") == "1" and stats_before.get("succeeded|noop") is None
+    # b is settled: its token field is empty, and an empty token owns nothing.
+    assert rec(p, "b")["token"] == ""
+    sc = p.runtime.scripts
+    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000, 100_000) == [-1]
+    assert sc.renew(k, [("b", "")], NOW, LEASE) == [-1]
+    assert sc.checkpoint(k, "b", "", "{}") == -1
+    # A record damaged to processing with an empty token is not owned by '' either.
+    r.hset(k.job("b"), "status", "processing")
+    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000, 100_000) == [-1]
+
+
+def test_ack_writes_one_history_entry(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    entry = '{"attempt":1,"outcome":"done","started_ms":1,"at_ms":2}'
+    assert p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "null", entry, "")], NOW, 100_000, 100_000) == [1]
+    r = rec(p, "a")
+    assert r["history"] == entry
+    assert "error" not in r
+    assert p.client.get("a").as_dict()["history"] == [{"attempt": 1, "outcome": "done", "started_ms": 1,
+                                                        "at_ms": 2}]
+
+
+def test_history_after_retry_then_success_has_both_entries_in_order(p: Project) -> None:
+    """Each attempt adds its entry after the earlier ones; the success clears the error
+    of the failed attempt."""
+    enqueue(p, new("a"))
+    sc = p.runtime.scripts
+    k = p.keys()
+    (job,) = claim(p)
+    first = '{"attempt":1,"outcome":"retry"}'
+    assert sc.retry(k, [RetryAt("a", job[1], NOW + 10, '{"type":"E","message":"m"}', first, "")], NOW) == [1]
+    assert rec(p, "a")["history"] == first and rec(p, "a")["token"] == ""
+    assert sc.promote(k, NOW + 10, 100)[0] == 1
+    (job2,) = claim(p, now=NOW + 20, base="w.2")
+    assert job2[2] == 2
+    second = '{"attempt":2,"outcome":"done"}'
+    assert sc.ack(k, [Ack("a", job2[1], '"ok"', second, "")], NOW + 30, 100_000, 100_000) == [1]
+    r = rec(p, "a")
+    assert r["history"] == first + "," + second
+    assert "error" not in r and r["status"] == "done" and r["attempt"] == "2"
+    assert [h["attempt"] for h in p.client.get("a").as_dict()["history"]] == [1, 2]
+
+
+def test_batch_ack_removes_only_its_own_leases(p: Project) -> None:
+    """One ZREM for the batch: the leases of jobs outside it (or refused) stay, scores
+    and all."""
+    enqueue(p, *(new(c) for c in "abcd"))
+    got = {g[0]: g[1] for g in claim(p)}
+    sc = p.runtime.scripts
+    k = p.keys()
+    assert sc.renew(k, [("c", got["c"])], NOW + 500, LEASE) == [1]
+    codes = sc.ack(k, [Ack("a", got["a"], "", "", ""), Ack("d", "stale", "", "", ""),
+                       Ack("b", got["b"], "", "", "")], NOW + 600, 100_000, 100_000)
+    assert codes == [1, -1, 1]
+    r = p.runtime.redis
+    assert r.zrange(k.leases, 0, -1, withscores=True) == [("d", NOW + LEASE), ("c", NOW + 500 + LEASE)]
+    assert rec(p, "a")["status"] == "done" and rec(p, "b")["status"] == "done"
+    assert rec(p, "c")["status"] == "processing" and rec(p, "d")["status"] == "processing"
+    assert_no_job_in_two_structures(p)
+
+
+def test_batch_retry_and_bury_set_each_job_apart(p: Project) -> None:
+    """A retry batch schedules each job at its own due time and a bury batch buries each
+    with its own error and refund; jobs outside the batches keep their leases."""
+    enqueue(p, *(new(c) for c in "abcde"))
+    got = {g[0]: g[1] for g in claim(p)}
+    sc = p.runtime.scripts
+    k = p.keys()
+    assert sc.retry(k, [RetryAt("a", got["a"], NOW + 100, '{"type":"A"}', '{"n":"a"}', "retried|noop"),
+                        RetryAt("b", got["b"], NOW + 200, '{"type":"B"}', '{"n":"b"}', "retried|noop")],
+                    NOW) == [1, 1]
+    assert sc.bury(k, [Burial("c", got["c"], "bad", '{"type":"C"}', "", True, "dead|noop"),
+                       Burial("d", got["d"], "failed", "", '{"n":"d"}', False, "dead|noop")],
+                   NOW + 5, 100_000) == [1, 1]
+    r = p.runtime.redis
+    assert r.zrange(k.scheduled, 0, -1, withscores=True) == [("a", NOW + 100), ("b", NOW + 200)]
+    assert r.zrange(k.dead, 0, -1, withscores=True) == [("c", NOW + 5), ("d", NOW + 5)]
+    assert r.zrange(k.leases, 0, -1) == ["e"]
+    ra, rc, rd = rec(p, "a"), rec(p, "c"), rec(p, "d")
+    assert ra["status"] == "retrying" and ra["error"] == '{"type":"A"}' and ra["ready_ms"] == str(NOW + 100)
+    assert ra["history"] == '{"n":"a"}'
+    assert rc["status"] == "dead" and rc["attempt"] == "0" and rc["error"] == '{"type":"C"}'
+    assert "history" not in rc
+    assert rd["attempt"] == "1" and rd["reason"] == "failed" and "error" not in rd and rd["history"] == '{"n":"d"}'
+    assert 0 < r.pttl(k.job("d")) <= 100_000
+    assert r.hget(k.stats, "retried|noop") == "2" and r.hget(k.stats, "dead|noop") == "2"
+    assert_no_job_in_two_structures(p)
+
+
+@pytest.fixture(scope="module")
+def quiet_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of its own, so its command counts are this module's alone."""
+    s = Server(tmp_path_factory.mktemp("quiet"), appendonly=False).start()
+    yield s
+    s.stop()
+
+
+def _calls(r: Any) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): v["calls"] for name, v in r.info("commandstats").items()}
+
+
+def _inside(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Commands run inside the scripts between two readings (EVALSHA and INFO left out)."""
+    return {c: n - before.get(c, 0) for c, n in after.items()
+            if n != before.get(c, 0) and c not in ("evalsha", "eval", "info", "script|load")}
+
+
+def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server: Server) -> None:
+    """The common case (no keys, first attempt succeeds): claim reads and writes each
+    record once and pops and leases the batch with one command each; ack reads, writes
+    and expires each record once, and removes the batch's leases with one ZREM."""
+    proj = make_project(tmp_path / "project", quiet_server)
+    try:
+        enqueue(proj, *(new(f"j{i}") for i in range(20)))
+        r = proj.runtime.redis
+        claim(proj, n=1)  # loads the script
+        proj.runtime.scripts.ack(proj.keys(), [], NOW, 1000, 1000)
+        t0 = _calls(r)
+        got = claim(proj, n=10)
+        t1 = _calls(r)
+        acks = [Ack(g[0], g[1], "null", '{"attempt":1}', "succeeded|noop") for g in got]
+        assert proj.runtime.scripts.ack(proj.keys(), acks, NOW, 100_000, 100_000) == [1] * 10
+        t2 = _calls(r)
+    finally:
+        proj.stop_all()
+        proj.runtime.close()
+    assert len(got) == 10
+    assert _inside(t0, t1) == {"rpop": 1, "hmget": 10, "hset": 10, "zadd": 1}
+    # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
+    assert _inside(t1, t2) == {"hmget": 10, "hset": 10, "pexpire": 11, "zrem": 1, "hincrby": 2}
