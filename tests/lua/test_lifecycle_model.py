@@ -37,6 +37,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.now = 1_800_000_000_000
         self.jobs: set[str] = set()
         self.claims: dict[str, str] = {}   # job id -> current token
+        self.attempts: dict[str, int] = {}  # job id -> attempt of its latest claim
         self.stale: list[tuple[str, str]] = []
         self.seq = 0
 
@@ -59,12 +60,15 @@ class Lifecycle(RuleBasedStateMachine):
             jid, token, attempt = reply[i], reply[i + 1], int(reply[i + 2])
             assert 1 <= attempt <= 3
             self.claims[jid] = token
+            self.attempts[jid] = attempt
 
     @precondition(lambda self: bool(self.claims))
     @rule(data=st.data(), action=st.sampled_from(["ack", "retry", "bury", "release"]))
     def finish(self, data: st.DataObject, action: str) -> None:
         jid = data.draw(st.sampled_from(sorted(self.claims)))
         token = self.claims.pop(jid)
+        if action == "retry" and self.attempts[jid] >= 3:
+            action = "bury"  # as the worker does: the last attempt's failure is final
         if action == "ack":
             codes = self.sc.ack(self.k, [Ack(jid, token, "", "", "")], self.now, 10**9, 10**9)
         elif action == "retry":
