@@ -119,7 +119,9 @@ class _Lanes:
     A call pops an idle one (a list op, atomic under the GIL, so threads never share a
     connection), sends, reads, and pushes it back. The pool still owns them, so closing
     the client closes them too; a connection that failed mid-call is disconnected (it may
-    hold half a reply) and reconnects on its next use; a forked child starts afresh.
+    hold half a reply) and reconnects on its next use through its own ``connect()`` (a
+    Sentinel-managed one asks Sentinel for the master there); a forked child starts
+    afresh.
     """
 
     def __init__(self, pool: Any) -> None:
@@ -131,9 +133,11 @@ class _Lanes:
         if self.pid != os.getpid():  # a fork: the parent's sockets are not ours
             self.idle, self.pid = [], os.getpid()
         try:
-            return self.idle.pop()
+            conn = self.idle.pop()
         except IndexError:
             return self.pool.get_connection()
+        conn.connect()  # a no-op when connected
+        return conn
 
     def give(self, conn: Any) -> None:
         self.idle.append(conn)

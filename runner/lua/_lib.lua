@@ -35,7 +35,8 @@ end
 -- Compare-and-delete: drop the resource lock only if this claim token holds it, then
 -- wake the longest-waiting deferred job of that resource (FIFO, so no waiter starves):
 -- it moves from scheduled to the consumer end of ready. Stale waiter ids (already
--- promoted by their fallback timer, or finished) are skipped.
+-- promoted by their fallback timer, finished, or since scheduled for a retry: only a
+-- deferral leaves the status 'scheduled') are skipped.
 local function release_lock(lock_prefix, resource, token, scheduled_key, ready_key, notify_key, job_prefix)
   if resource and resource ~= '' and token and token ~= '' then
     local k = lock_prefix .. resource
@@ -46,7 +47,8 @@ local function release_lock(lock_prefix, resource, token, scheduled_key, ready_k
       for _ = 1, 16 do
         local w = redis.call('LPOP', wk)
         if not w then break end
-        if redis.call('ZREM', scheduled_key, w) == 1 then
+        if redis.call('HGET', job_prefix .. w, 'status') == 'scheduled'
+            and redis.call('ZREM', scheduled_key, w) == 1 then
           redis.call('HSET', job_prefix .. w, 'status', 'queued')
           redis.call('RPUSH', ready_key, w)
           wake(notify_key)

@@ -110,8 +110,10 @@ local function take(id)
         write_leases()
       end
       if ikey ~= '' then
-        local held = redis.call('GET', KEYS[8] .. ikey)
-        if held then
+        -- pcall: a damaged key (not a string) reads as no completion mark instead of
+        -- failing the call with ids already popped.
+        local held = redis.pcall('GET', KEYS[8] .. ikey)
+        if type(held) == 'string' then
           local hid, _, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
           if state == 'done' and hid ~= id then
             redis.call('HSET', jk, 'status', 'done', 'duplicate_of', hid, 'finished_ms', now)
@@ -134,8 +136,10 @@ local function take(id)
           -- Queue behind the holder: its release wakes the first waiter at once; the
           -- scheduled entry is only the fallback timer.
           local wk = KEYS[7] .. rkey .. ':waiters'
-          redis.call('RPUSH', wk, id)
-          redis.call('PEXPIRE', wk, 3600000)
+          -- pcall: with a damaged waiter list the fallback timer still wakes the job.
+          if type(redis.pcall('RPUSH', wk, id)) == 'number' then
+            redis.call('PEXPIRE', wk, 3600000)
+          end
           tally('deferred|' .. typ)
           settled = true
         end

@@ -30,8 +30,10 @@ for i = 0, n - 1 do
   local ikey, phash, rkey = ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
   local dup = false
   if ikey ~= '' then
-    local held = redis.call('GET', KEYS[6] .. ikey)
-    if held then
+    -- pcall: a key damaged to another type reads as free (the SET below replaces it)
+    -- rather than failing the batch part-way.
+    local held = redis.pcall('GET', KEYS[6] .. ikey)
+    if type(held) == 'string' then
       local hid, hhash = string.match(held, '^(%S+) (%S+)')
       local st = redis.call('HGET', KEYS[5] .. hid, 'status') or 'expired'
       if hhash == phash then

@@ -338,6 +338,54 @@ def test_claim_pops_again_after_strays_within_its_bound(p: Project) -> None:
     assert r.hget(k.stats, "stray") == "5"
 
 
+def test_a_retry_keeps_its_backoff_despite_a_stale_waiter_entry_of_its_own(p: Project) -> None:
+    """A job that once waited on its resource may have left its id on the waiter list.
+    When that job later fails and is scheduled for a retry, releasing its own lock must
+    not take the stale entry for a waiting job and queue it at once, skipping the backoff."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("b", res="r"))
+    r.rpush(k.lock("r") + ":waiters", "b")  # left over from an earlier deferral
+    (job,) = claim(p, n=1)
+    due = NOW + 60_000
+    assert p.runtime.scripts.retry(k, [RetryAt("b", job[1], due, '{"type":"E"}', '{"attempt":1}', "")],
+                                   NOW + 5) == [1]
+    assert rec(p, "b")["status"] == "retrying"
+    assert structures(p)["ready"] == [] and r.zscore(k.scheduled, "b") == due
+    assert r.get(k.lock("r")) is None
+
+
+def test_enqueue_heals_an_idempotency_key_damaged_to_another_type(p: Project) -> None:
+    """A damaged idempotency key reads as free: the batch is enqueued whole (no record
+    written without its ready entry) and the key holds the new job."""
+    r = p.runtime.redis
+    k = p.keys()
+    r.rpush(k.idem_prefix + "bad", "not a string")
+    assert enqueue(p, new("a"), new("b", idem="bad", phash="h")) == [1, "a", "queued", 1, "b", "queued"]
+    assert structures(p)["ready"] == ["b", "a"]
+    assert r.get(k.idem_prefix + "bad") == "b h"
+
+
+def test_damaged_idempotency_and_waiter_keys_cost_no_popped_job(p: Project) -> None:
+    """An idempotency key or a resource's waiter list damaged to another Redis type must
+    not fail a claim part-way (ids already popped would be lost): the job with the damaged
+    idempotency key runs, the one on a busy resource with a damaged waiter list is still
+    deferred (its fallback timer wakes it), and the rest of the batch is claimed."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("a"), new("b", idem="bad", phash="h"), new("c", res="busy"), new("d"))
+    r.delete(k.idem_prefix + "bad")
+    r.rpush(k.idem_prefix + "bad", "not a string")
+    r.hset(k.lock("busy") + ":waiters", "not", "a list")
+    r.set(k.lock("busy"), "someone-else")
+    got = claim(p, n=10)
+    assert [g[0] for g in got] == ["a", "b", "d"]
+    s = structures(p)
+    assert sorted(s["leases"]) == ["a", "b", "d"] and s["scheduled"] == ["c"] and s["ready"] == []
+    assert rec(p, "c")["status"] == "scheduled"
+    assert_no_job_in_two_structures(p)
+
+
 @pytest.mark.parametrize("setup,reason,corrupt", [
     (lambda r, k: r.rpush(k.job("x"), "1"), "a Redis list instead of a hash", True),
     (lambda r, k: r.zadd(k.job("x"), {"m": 1}), "a Redis zset instead of a hash", True),
