@@ -10,6 +10,9 @@ A record is a Redis hash under ``<prefix>:{<queue>}:job:<id>`` with these fields
     history (comma-joined JSON entries, one per attempt), result (JSON),
     checkpoint (JSON), duplicate_of (done as a duplicate of that job)
 
+A field at its default is not written: attempt and deferrals 0, enqueued_ms and ready_ms
+equal to created_ms, no idem_key or resource_key; readers supply the default.
+
 Statuses: queued, scheduled, processing, retrying, done, dead.
 """
 
