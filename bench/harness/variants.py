@@ -19,10 +19,12 @@ from harness.systems import BENCH, PEERS_DIR, runner_src
 METRICS_OFF = [
     ("lua/_lib.lua", "local function bump(fields)\n",
      "local function bump(fields)\n  if true then return end\n"),
+    ("lua/_lib.lua", "local function tally(field)\n",
+     "local function tally(field)\n  if true then return end\n"),
     ("lua/_lib.lua", "local function flush(stats_key)\n",
      "local function flush(stats_key)\n  if true then return end\n"),
-    ("lua/enqueue.lua", "    redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, 1)\n", ""),
-    ("lua/ack.lua", "  redis.call('HINCRBY', KEYS[6], 'done', finished)\n"
+    ("lua/enqueue.lua", "  redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)\n", ""),
+    ("lua/ack.lua", "  redis.call('HINCRBY', KEYS[6], 'done', #finished)\n"
                     "  redis.call('PEXPIRE', KEYS[6], 21600000)\n", ""),
     ("worker.py", 'fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)',
      'fields = ""'),
