@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -20,6 +20,22 @@ def _run_threads(n: int, target: object) -> None:
         t.start()
     for t in threads:
         t.join(timeout=30)
+        assert not t.is_alive(), "a caller was left waiting"
+
+
+def _queue_behind_a_held_send(c: Combiner[int, int], call: Callable[[int], object], n: int,
+                              gate: threading.Event) -> None:
+    """n callers at once while the first send waits on ``gate``: release it only once
+    the other n - 1 are queued, then wait for every caller to return."""
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while len(c._waiting) < n - 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gate.set()
+    for t in threads:
+        t.join(timeout=10)
         assert not t.is_alive(), "a caller was left waiting"
 
 
@@ -53,15 +69,7 @@ def test_overlapping_calls_share_sends_and_each_gets_its_own_answer() -> None:
     def call(i: int) -> None:
         got[i] = c.submit(i)
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(64)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 5
-    while len(c._waiting) < 63 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    gate.set()
-    for t in threads:
-        t.join(timeout=10)
+    _queue_behind_a_held_send(c, call, 64, gate)
     assert got == {i: i * i for i in range(64)}
     assert sum(sizes) == 64 and len(sizes) <= 3, sizes
 
@@ -76,15 +84,7 @@ def test_max_batch_bounds_a_send() -> None:
         return list(items)
 
     c = Combiner(send, max_batch=10)
-    threads = [threading.Thread(target=c.submit, args=(i,)) for i in range(40)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 5
-    while len(c._waiting) < 39 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    gate.set()
-    for t in threads:
-        t.join(timeout=10)
+    _queue_behind_a_held_send(c, c.submit, 40, gate)
     assert sum(sizes) == 40 and max(sizes) <= 10
 
 
