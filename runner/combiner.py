@@ -13,6 +13,7 @@ job, so a 202 keeps meaning "the job is in Redis".
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -44,8 +45,12 @@ class Combiner(Generic[T, R]):
         self._lock = threading.Lock()
         self._waiting: list[_Slot[T, R]] = []
         self._busy = False
+        self._pid = os.getpid()
 
     def submit(self, item: T) -> R:
+        if self._pid != os.getpid():
+            # A fork: a batch in flight in the parent has no leader here to finish it.
+            self._lock, self._waiting, self._busy, self._pid = threading.Lock(), [], False, os.getpid()
         slot: _Slot[T, R] = _Slot(item)
         with self._lock:
             self._waiting.append(slot)

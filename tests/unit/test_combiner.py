@@ -4,7 +4,9 @@ waiting)."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -150,3 +152,25 @@ def test_a_mismatched_reply_count_is_an_error_not_a_wrong_answer() -> None:
     c = Combiner(lambda items: [1, 2, 3])
     with pytest.raises(ValueError):
         c.submit(1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_wait_for_a_batch_of_its_parent() -> None:
+    """A fork taken while the parent had a batch in flight: the child's first call must
+    lead a batch of its own, not wait forever for a leader that exists only upstairs."""
+    gate = threading.Event()
+    c = Combiner(lambda items: (gate.wait(5), list(items))[1])
+    parent = threading.Thread(target=c.submit, args=(1,))
+    parent.start()
+    deadline = time.monotonic() + 5
+    while not c._busy and time.monotonic() < deadline:
+        time.sleep(0.001)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its call came back, within 2 s
+        signal.alarm(2)
+        gate.set()  # the child's own send must not block either
+        os._exit(0 if c.submit(7) == 7 else 1)
+    gate.set()
+    parent.join(timeout=5)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
