@@ -40,13 +40,19 @@ end
 local function release_lock(lock_prefix, resource, token, scheduled_key, ready_key, notify_key, job_prefix)
   if resource and resource ~= '' and token and token ~= '' then
     local k = lock_prefix .. resource
-    local holder = redis.call('GET', k)
+    -- pcall: a key damaged to another type is no one's lock; it is dropped, so the
+    -- resource cannot stay blocked, and the batch is not failed part-way.
+    local holder = redis.pcall('GET', k)
+    if type(holder) == 'table' then
+      redis.call('DEL', k)
+      holder = false
+    end
     if holder == token or not holder then
       if holder then redis.call('DEL', k) end
       local wk = k .. ':waiters'
       for _ = 1, 16 do
-        local w = redis.call('LPOP', wk)
-        if not w then break end
+        local w = redis.pcall('LPOP', wk)
+        if type(w) ~= 'string' then break end  -- empty, or damaged: the fallback timers wake them
         if redis.call('HGET', job_prefix .. w, 'status') == 'scheduled'
             and redis.call('ZREM', scheduled_key, w) == 1 then
           redis.call('HSET', job_prefix .. w, 'status', 'queued')

@@ -43,9 +43,11 @@ for i = 0, n - 1 do
     release_lock(KEYS[4], f[4], token, KEYS[7], KEYS[8], KEYS[9], KEYS[3])
     if f[3] and f[3] ~= '' then
       local ik = KEYS[5] .. f[3]
-      local held = redis.call('GET', ik)
+      -- pcall: a key damaged to another type must not fail the batch part-way; the SET
+      -- below replaces it.
+      local held = redis.pcall('GET', ik)
       local hash = '-'
-      if held then hash = string.match(held, '^%S+ (%S+)') or '-' end
+      if type(held) == 'string' then hash = string.match(held, '^%S+ (%S+)') or '-' end
       redis.call('SET', ik, id .. ' ' .. hash .. ' done', 'PX', idem_ttl)
     end
     redis.call('PEXPIRE', jk, done_ttl)

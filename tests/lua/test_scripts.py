@@ -355,6 +355,28 @@ def test_a_retry_keeps_its_backoff_despite_a_stale_waiter_entry_of_its_own(p: Pr
     assert r.get(k.lock("r")) is None
 
 
+def test_an_ack_batch_survives_damaged_lock_and_idempotency_keys(p: Project) -> None:
+    """Keys damaged to another Redis type must not fail an ack batch part-way (the jobs
+    before would be done but still hold leases, those after unsettled): every job of the
+    batch is done, the leases are gone, the damaged lock is dropped (it is no one's lock)
+    and the damaged idempotency key is replaced by the completion mark."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("a"), new("b", idem="bad", phash="h"), new("c", res="r"), new("d"))
+    got = {g[0]: g[1] for g in claim(p, n=10)}
+    assert sorted(got) == ["a", "b", "c", "d"]
+    r.delete(k.idem_prefix + "bad", k.lock("r"))
+    r.rpush(k.idem_prefix + "bad", "x")
+    r.hset(k.lock("r"), "x", "y")
+    r.hset(k.lock("r") + ":waiters", "x", "y")
+    acks = [Ack(i, got[i], "", "", "") for i in ("a", "b", "c", "d")]
+    assert p.runtime.scripts.ack(k, acks, NOW + 5, 100_000, 100_000) == [1, 1, 1, 1]
+    assert all(rec(p, i)["status"] == "done" for i in "abcd")
+    assert structures(p)["leases"] == []
+    assert r.exists(k.lock("r")) == 0
+    assert r.get(k.idem_prefix + "bad") == "b - done"  # the payload hash went with the damage
+
+
 def test_enqueue_heals_an_idempotency_key_damaged_to_another_type(p: Project) -> None:
     """A damaged idempotency key reads as free: the batch is enqueued whole (no record
     written without its ready entry) and the key holds the new job."""
