@@ -1,0 +1,26 @@
+"""Job records as the API shows them: fields the enqueue script leaves out at their
+default read back as that default."""
+
+from __future__ import annotations
+
+from runner.store import Job
+
+
+def test_a_record_written_without_its_defaults_reads_as_them() -> None:
+    """A fresh record carries only type, version, payload, status, max_attempts and
+    created_ms: attempt and deferrals read 0, enqueued_at and ready_at read created_at,
+    and there is no idempotency or resource key."""
+    d = Job("j1", "fast", {"type": "noop", "version": "1", "payload": '{"a":1}', "status": "queued",
+                           "max_attempts": "3", "created_ms": "1800000000000"}).as_dict()
+    assert d["attempt"] == 0 and d["deferrals"] == 0
+    assert d["created_at"] == d["enqueued_at"] == d["ready_at"] == 1_800_000_000.0
+    assert d["idempotency_key"] is None and d["resource_key"] is None
+    assert d["payload"] == {"a": 1} and d["history"] == []
+
+
+def test_written_times_win_over_the_defaults() -> None:
+    """A delayed job's ready_ms and a requeued job's enqueued_ms are kept as written."""
+    d = Job("j2", "fast", {"type": "noop", "version": "1", "payload": "{}", "status": "scheduled",
+                           "max_attempts": "3", "created_ms": "1000", "enqueued_ms": "2000",
+                           "ready_ms": "5000"}).as_dict()
+    assert (d["created_at"], d["enqueued_at"], d["ready_at"]) == (1.0, 2.0, 5.0)
