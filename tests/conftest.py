@@ -188,10 +188,13 @@ class Project:
                 p.wait(timeout=10)
 
 
-def make_project(root: Path, server: Server) -> Project:
+def make_project(root: Path, server: Server, examples: bool = False) -> Project:
+    """A project folder with the test fixtures' functions and schemas, or with the
+    repository's shipped examples (``examples=True``), as a user's project has them."""
     root.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(FIXTURES / "functions", root / "functions", dirs_exist_ok=True)
-    shutil.copytree(FIXTURES / "schemas", root / "schemas", dirs_exist_ok=True)
+    source = REPO if examples else FIXTURES
+    shutil.copytree(source / "functions", root / "functions", dirs_exist_ok=True)
+    shutil.copytree(source / "schemas", root / "schemas", dirs_exist_ok=True)
     records = root / "records"
     records.mkdir(exist_ok=True)
     p = Project(root=root, server=server, prefix=f"t{uuid.uuid4().hex[:10]}", records=records)

@@ -97,10 +97,7 @@ class Dev:
 @pytest.fixture
 def examples(tmp_path: Path, server: Server) -> Project:
     """A fresh project folder with the shipped examples (functions/ and schemas/ of the repo)."""
-    p = make_project(tmp_path / "app", server)
-    for folder in ("functions", "schemas"):
-        shutil.rmtree(p.root / folder)
-        shutil.copytree(REPO / folder, p.root / folder)
+    p = make_project(tmp_path / "app", server, examples=True)
     p.write_config(vt=2, slow_vt=60, grace=5)
     (p.root / "functions" / "slowpoke.py").write_text(SLOWPOKE)
     (p.root / "schemas" / "slowpoke").mkdir()

@@ -40,10 +40,7 @@ def live_members(pgid: int) -> list[int]:
 
 
 def test_procfile_processes_serve_run_jobs_and_stop_cleanly(tmp_path: Path, server: Server) -> None:
-    p = make_project(tmp_path / "app", server)
-    for folder in ("functions", "schemas"):
-        shutil.rmtree(p.root / folder)
-        shutil.copytree(REPO / folder, p.root / folder)
+    p = make_project(tmp_path / "app", server, examples=True)
     p.write_config(vt=5, slow_vt=60, grace=10)
     shutil.copy(REPO / "Procfile", p.root / "Procfile")
     procfile = parse_procfile((p.root / "Procfile").read_text())
