@@ -212,13 +212,19 @@ class Client:
         try:
             # One round trip: the record is under exactly one queue's tag; a key of the
             # wrong type (a damaged record) answers an error and counts as no record.
+            # The claim and done outcome are read with it: store.merge lays them over.
             pipe = rt.redis.pipeline(transaction=False)
             for k in rt.keys.values():
                 pipe.hgetall(k.job(job_id))
-            records = pipe.execute(raise_on_error=False)
-            for queue, fields in zip(rt.keys, records, strict=True):
+                pipe.hget(k.claims, job_id)
+                pipe.hget(k.done, job_id)
+            replies = pipe.execute(raise_on_error=False)
+            for i, queue in enumerate(rt.keys):
+                fields, claim, outcome = replies[3 * i: 3 * i + 3]
                 if fields and not isinstance(fields, Exception):
-                    return store.Job(job_id, queue, fields)
+                    claim = claim if isinstance(claim, str) else None
+                    outcome = outcome if isinstance(outcome, str) else None
+                    return store.Job(job_id, queue, store.merge(fields, claim, outcome))
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         raise JobNotFound(job_id)

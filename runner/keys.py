@@ -5,6 +5,9 @@ slot and the layout runs unchanged on Redis Cluster::
 
     <prefix>:{<queue>}:ready          LIST    job ids ready to run (LPUSH in, RPOP out)
     <prefix>:{<queue>}:leases         ZSET    claimed job ids -> lease deadline (ms)
+    <prefix>:{<queue>}:claims         HASH    claimed job id -> "<token> <attempt> <started_ms> <flags>"
+    <prefix>:{<queue>}:done           HASH    finished job id -> its outcome (see store.py)
+    <prefix>:{<queue>}:finished       ZSET    done job ids -> finish time (ms), for retention
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying and deferred ids -> due (ms)
     <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
     <prefix>:{<queue>}:notify         LIST    wake-up tokens for idle workers (bounded)
@@ -14,6 +17,12 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:idem:<key>     STRING  "<job id> <payload hash> [done]", expires
     <prefix>:{<queue>}:lock:<res>     STRING  resource lock: the holder's claim token, expires
     <prefix>:{<queue>}:lock:<res>:waiters LIST  deferred job ids, woken FIFO on release
+
+A claim and a success live in the queue's ``claims`` and ``done`` hashes, not in the
+record: a claim then costs one read of the record, and a success no write to it at all
+(store.py merges the three into one view). ``leases`` and ``claims`` always hold the
+same ids; ``finished`` and ``done`` too, and the scheduler deletes the record, the
+outcome and the index entry of a job past the done retention together.
 
 A job id never moves between queues, so a job's record lives under its queue's tag.
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
@@ -35,6 +44,9 @@ class QueueKeys:
     base: str = field(init=False)
     ready: str = field(init=False)
     leases: str = field(init=False)
+    claims: str = field(init=False)
+    done: str = field(init=False)
+    finished: str = field(init=False)
     scheduled: str = field(init=False)
     dead: str = field(init=False)
     notify: str = field(init=False)
@@ -46,6 +58,7 @@ class QueueKeys:
     def __post_init__(self) -> None:
         base = f"{self.prefix}:{{{self.queue}}}:"
         for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
+                             ("claims", "claims"), ("done", "done"), ("finished", "finished"),
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lock_prefix", "lock:")):

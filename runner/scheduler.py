@@ -1,5 +1,6 @@
 """The scheduler: promote due jobs (delayed, retrying, deferred) to ready, reclaim jobs
-whose lease lapsed, and trim expired dead-letter entries.
+whose lease lapsed, and trim expired dead-letter entries and done jobs past their
+retention (a success does not set a TTL on its record: see keys.py).
 
 It runs inside every worker process. Each move is one atomic script that re-checks the
 state it moves from, so any number of schedulers can run at once without moving a job
@@ -22,6 +23,7 @@ log = logging.getLogger("runner.scheduler")
 
 BATCH = 1000
 TRIM_EVERY_S = 60.0
+TRIM_ROUNDS = 25  # trim calls per queue and pass, BATCH * 2 done jobs each
 
 
 class Scheduler:
@@ -45,6 +47,7 @@ class Scheduler:
         wait = interval
         now = store.now_ms()
         trim = time.monotonic() - self._last_trim > TRIM_EVERY_S
+        more = False
         for k in self.rt.keys.values():
             while True:
                 moved, due = sc.promote(k, now, BATCH)
@@ -60,9 +63,16 @@ class Scheduler:
                 if int(requeued) + int(buried) < BATCH:
                     break
             if trim:
-                sc.trim(k, now - int(self.rt.config.retention.dead_s * 1000))
+                ret = self.rt.config.retention
+                dead_cut, done_cut = now - int(ret.dead_s * 1000), now - int(ret.done_s * 1000)
+                for _ in range(TRIM_ROUNDS):
+                    _, deleted = sc.trim(k, dead_cut, done_cut, BATCH * 2)
+                    if int(deleted) < BATCH * 2:
+                        break
+                else:
+                    more = True  # a backlog past retention: come back soon, not in a minute
         if trim:
-            self._last_trim = time.monotonic()
+            self._last_trim = time.monotonic() - (TRIM_EVERY_S if more else 0.0)
         return wait
 
     def _loop(self) -> None:

@@ -198,7 +198,7 @@ class Scripts:
         for j in jobs:
             args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms,
                      j.idem_key, j.payload_hash, j.resource_key]
-        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix)
+        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.done)
         return self._run("enqueue", keys, args, pipe)
 
     def claim(
@@ -207,7 +207,7 @@ class Scripts:
         pipe: Batch | None = None,
     ) -> Any:
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lock_prefix,
-                k.idem_prefix)
+                k.idem_prefix, k.claims, k.done)
         args = (now_ms, n, lease_ms, token_base, defer_base_ms, defer_cap_ms, rnd, dead_ttl_ms,
                 done_ttl_ms)
         return self._run("claim", keys, args, pipe)
@@ -219,24 +219,26 @@ class Scripts:
         args: list[Any] = [now_ms, lease_ms, len(owned)]
         for job_id, token in owned:
             args += [job_id, token]
-        return self._run("renew", (k.leases, k.job_prefix, k.lock_prefix), args, pipe)
+        return self._run("renew", (k.leases, k.job_prefix, k.lock_prefix, k.claims), args, pipe)
 
     def ack(
-        self, k: QueueKeys, acks: Sequence[Ack], now_ms: int, done_ttl_ms: int, idem_ttl_ms: int,
+        self, k: QueueKeys, acks: Sequence[Ack], now_ms: int, idem_ttl_ms: int,
         pipe: Batch | None = None,
     ) -> Any:
-        args: list[Any] = [now_ms, done_ttl_ms, idem_ttl_ms, len(acks)]
+        args: list[Any] = [now_ms, idem_ttl_ms, len(acks)]
         for a in acks:
             args += [a.id, a.token, a.result, a.history, a.stats]
         keys = (k.leases, k.stats, k.job_prefix, k.lock_prefix, k.idem_prefix,
-                k.throughput(now_ms // 60_000), k.scheduled, k.ready, k.notify)
+                k.throughput(now_ms // 60_000), k.scheduled, k.ready, k.notify, k.claims, k.done,
+                k.finished)
         return self._run("ack", keys, args, pipe)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], now_ms: int, pipe: Batch | None = None) -> Any:
         args: list[Any] = [now_ms, len(items)]
         for r in items:
             args += [r.id, r.token, r.due_ms, r.error, r.history, r.stats]
-        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lock_prefix, k.ready, k.notify)
+        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lock_prefix, k.ready, k.notify,
+                k.claims)
         return self._run("retry", keys, args, pipe)
 
     def bury(
@@ -246,7 +248,8 @@ class Scripts:
         args: list[Any] = [now_ms, dead_ttl_ms, len(items)]
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
-        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lock_prefix, k.scheduled, k.ready, k.notify)
+        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lock_prefix, k.scheduled, k.ready, k.notify,
+                k.claims)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -255,11 +258,12 @@ class Scripts:
         args: list[Any] = [now_ms, len(owned)]
         for job_id, token in owned:
             args += [job_id, token]
-        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lock_prefix, k.scheduled)
+        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lock_prefix, k.scheduled, k.claims)
         return self._run("release", keys, args, pipe)
 
     def reclaim(self, k: QueueKeys, now_ms: int, limit: int, dead_ttl_ms: int) -> Any:
-        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lock_prefix, k.scheduled)
+        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lock_prefix, k.scheduled,
+                k.claims)
         return self._run("reclaim", keys, (now_ms, limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, now_ms: int, limit: int) -> Any:
@@ -276,7 +280,10 @@ class Scripts:
         return self._run("remove", (k.dead, k.job(job_id)), (job_id,))
 
     def checkpoint(self, k: QueueKeys, job_id: str, token: str, data: str) -> Any:
-        return self._run("checkpoint", (k.job(job_id),), (token, data))
+        return self._run("checkpoint", (k.job(job_id), k.claims), (token, data, job_id))
 
-    def trim(self, k: QueueKeys, cutoff_ms: int) -> Any:
-        return self._run("trim", (k.dead,), (cutoff_ms,))
+    def trim(self, k: QueueKeys, dead_cutoff_ms: int, done_cutoff_ms: int, limit: int) -> Any:
+        """Returns [dead entries removed, done jobs deleted]; at most ``limit`` (<= 4000)
+        done jobs go per call."""
+        keys = (k.dead, k.finished, k.done, k.job_prefix)
+        return self._run("trim", keys, (dead_cutoff_ms, done_cutoff_ms, min(limit, 4000)))

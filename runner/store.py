@@ -13,6 +13,11 @@ A record is a Redis hash under ``<prefix>:{<queue>}:job:<id>`` with these fields
 A field at its default is not written: attempt and deferrals 0, enqueued_ms and ready_ms
 equal to created_ms, no idem_key or resource_key; readers supply the default.
 
+A claim and a success are not written to the record (see keys.py): while a job is claimed
+its entry in the queue's claims hash holds the token, the attempt and the start, and a
+done job's outcome in the done hash holds its finish, attempt, start, last history entry
+and result. ``merge`` lays both over the record, so a reader sees the fields above.
+
 Statuses: queued, scheduled, processing, retrying, done, dead.
 """
 
@@ -27,6 +32,32 @@ from typing import Any
 from runner import codec
 
 STATUSES = ("queued", "scheduled", "processing", "retrying", "done", "dead")
+
+
+def merge(record: Mapping[str, str], claim: str | None, outcome: str | None) -> dict[str, str]:
+    """The record as a reader sees it, with its claim or done outcome laid over it."""
+    fields = dict(record)
+    if not fields:
+        return fields  # no record (expired or deleted): nothing to lay over
+    if outcome:
+        head, _, rest = outcome.partition("\n")
+        entry, _, result = rest.partition("\n")
+        parts = head.split(" ")
+        if len(parts) == 3:
+            fields.update(status="done", finished_ms=parts[0], attempt=parts[1], started_ms=parts[2])
+        else:
+            fields.update(status="done")
+        if result:
+            fields["result"] = result
+        if entry:
+            old = fields.get("history")
+            fields["history"] = f"{old},{entry}" if old else entry
+        fields.pop("error", None)  # an earlier attempt's error is not a done job's last error
+    elif claim:
+        parts = claim.split(" ")
+        if len(parts) == 4:
+            fields.update(status="processing", token=parts[0], attempt=parts[1], started_ms=parts[2])
+    return fields
 
 
 def new_id() -> str:

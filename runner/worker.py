@@ -399,7 +399,7 @@ class QueueRunner:
         pipe = sc.batch()
         groups: list[list[Settlement]] = []
         if acks:
-            sc.ack(self.keys, acks, now, self.done_ttl_ms, self.idem_ttl_ms, pipe=pipe)
+            sc.ack(self.keys, acks, now, self.idem_ttl_ms, pipe=pipe)
             groups.append(ack_s)
         if retries:
             sc.retry(self.keys, retries, now, pipe=pipe)
@@ -509,7 +509,7 @@ class Worker:
     def __init__(self, runtime: Runtime, queues: Sequence[str]) -> None:
         self.rt = runtime
         self.queues = list(queues)
-        self.worker_id = f"{os.uname().nodename}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.worker_id = f"{os.uname().nodename.replace(' ', '_')}:{os.getpid()}:{os.urandom(3).hex()}"
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="asyncio", daemon=True)
         self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.loop, self.worker_id)

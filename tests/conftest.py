@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from runner import config as config_mod
+from runner import store
 from runner.client import Client
 from runner.embedded import Server, debian_binary
 from runner.runtime import Runtime
@@ -221,15 +222,39 @@ def any_project(tmp_path: Path, any_server: Server) -> Iterator[Project]:
 
 
 def structures(project: Project, queue: str = "fast") -> dict[str, list[str]]:
-    """Where every job id of a queue is: ready, leases, scheduled, dead."""
+    """Where every job id of a queue is: ready, leases, scheduled, dead, done (the done
+    outcomes). Claims and leases, and outcomes and their retention index, must hold the
+    same ids."""
     k = project.keys(queue)
     r = project.runtime.redis
+    leases, claims = r.zrange(k.leases, 0, -1), r.hkeys(k.claims)
+    done, finished = r.hkeys(k.done), r.zrange(k.finished, 0, -1)
+    assert sorted(leases) == sorted(claims), ("leases and claims differ", leases, claims)
+    assert sorted(done) == sorted(finished), ("done and its index differ", done, finished)
     return {
         "ready": r.lrange(k.ready, 0, -1),
-        "leases": r.zrange(k.leases, 0, -1),
+        "leases": leases,
         "scheduled": r.zrange(k.scheduled, 0, -1),
         "dead": r.zrange(k.dead, 0, -1),
+        "done": done,
     }
+
+
+def view(project: Project, job_id: str, queue: str = "fast") -> dict[str, str]:
+    """A job's record as readers see it: the hash with its claim or done outcome laid over."""
+    k = project.keys(queue)
+    r = project.runtime.redis
+    return store.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
+
+
+def raw_status(raw: Any, k: Any, job_id: bytes) -> bytes | None:
+    """A job's status read with a bytes client (ids that are not UTF-8): a done outcome or
+    a claim overrides the record's own field (see store.merge)."""
+    if raw.hexists(k.done.encode(), job_id):
+        return b"done"
+    if raw.hexists(k.claims.encode(), job_id):
+        return b"processing"
+    return raw.hget(k.job_prefix.encode() + job_id, "status")  # type: ignore[no-any-return]
 
 
 def assert_no_job_in_two_structures(project: Project, queue: str = "fast") -> None:

@@ -90,15 +90,31 @@ local function flush(stats_key)
   end
 end
 
--- The fence: the record must be processing under this very token. A settled record's
--- token is empty (or absent), and no claim hands out an empty one. fenced() returns
--- the record's fields status, token and then those named (one HMGET for the fence and
--- what the caller needs), or nil when the token does not own the record.
-local function fenced(job_key, token, ...)
-  local f = redis.call('HMGET', job_key, 'status', 'token', ...)
-  if f[1] ~= 'processing' or f[2] ~= token or token == '' then return nil end
-  return f
+-- Claims live in the queue's claims hash: id -> "<token> <attempt> <started_ms> <flags>",
+-- where flags holds 'i' when the record has an idempotency key and 'r' when it has a
+-- resource key ('-' neither), so a settling script reads the record only for those.
+-- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
+-- splits one (nil for none or a damaged one).
+local function hmget_many(key, ids)
+  local out = {}
+  for s = 1, #ids, 4000 do
+    local part = redis.call('HMGET', key, unpack(ids, s, math.min(s + 3999, #ids)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
 end
-local function owns(job_key, token)
-  return fenced(job_key, token) ~= nil
+local function parse_claim(raw)
+  if type(raw) ~= 'string' then return nil end
+  local tok, attempt, started, flags = string.match(raw, '^(%S+) (%d+) (%d+) (%S+)$')
+  if not tok then return nil end
+  return {token = tok, attempt = tonumber(attempt), started = started,
+    idem = string.find(flags, 'i', 1, true) ~= nil, res = string.find(flags, 'r', 1, true) ~= nil}
+end
+
+-- The fence: the job must hold a claim under this very token (no claim hands out an
+-- empty one). Returns the parsed claim, or nil when the token does not own the job.
+local function fence(raw, token)
+  local c = parse_claim(raw)
+  if not c or token == '' or c.token ~= token then return nil end
+  return c
 end

@@ -8,6 +8,7 @@
 -- KEYS[6] scheduled    ZSET  (to wake a job waiting on a released resource)
 -- KEYS[7] ready        LIST
 -- KEYS[8] notify       LIST
+-- KEYS[9] claims       HASH  id -> claim
 -- ARGV[1] now_ms
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -15,44 +16,46 @@
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
 --   a handler; 0: it counts), stats fields (space-separated)
 --
--- Each job costs one HMGET, one HSET and its PEXPIRE; the batch's leases and
--- dead-letter entries go in one variadic ZREM and one variadic ZADD, before any
--- resource lock is released.
+-- Each job costs one HMGET, one HSET and its PEXPIRE; the batch's fences, claims,
+-- leases and dead-letter entries go in one variadic HMGET, HDEL, ZREM and ZADD, before
+-- any resource lock is released.
 --
 -- Returns one code per job: 1 dead, -1 refused (lease lost: nothing changed).
 local now, dead_ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local ids, dead_ids, locks = {}, {}, {}
+local asked = {}
+for i = 0, n - 1 do asked[#asked + 1] = ARGV[4 + i * 7] end
+local held = hmget_many(KEYS[9], asked)
 for i = 0, n - 1 do
   local b = 4 + i * 7
   local id, token, reason, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], tonumber(ARGV[b + 5]), ARGV[b + 6]
   local jk = KEYS[4] .. id
-  local f = fenced(jk, token, 'resource_key', 'history', 'attempt')
-  if not f then
+  local c = fence(held[i + 1], token)
+  local f = c and redis.pcall('HMGET', jk, 'resource_key', 'history')
+  if not c or f.err then
     out[#out + 1] = -1
   else
-    local set = {'status', 'dead', 'reason', reason, 'finished_ms', now, 'token', ''}
+    held[i + 1] = false
+    local set = {'status', 'dead', 'reason', reason, 'finished_ms', now,
+      'attempt', c.attempt - refund, 'started_ms', c.started}
     if err ~= '' then
       set[#set + 1] = 'error'
       set[#set + 1] = err
     end
-    if refund > 0 then
-      -- claim vouched that attempt is an integer before it handed the job out.
-      set[#set + 1] = 'attempt'
-      set[#set + 1] = (tonumber(f[5]) or 0) - refund
-    end
-    with_history(set, f[4], entry)
+    with_history(set, f[2], entry)
     redis.call('HSET', jk, unpack(set))
     redis.call('PEXPIRE', jk, dead_ttl)
     ids[#ids + 1] = id
     dead_ids[#dead_ids + 1] = now
     dead_ids[#dead_ids + 1] = id
-    if f[3] and f[3] ~= '' then locks[#locks + 1] = {f[3], token} end
+    if f[1] and f[1] ~= '' then locks[#locks + 1] = {f[1], token} end
     bump(fields)
     out[#out + 1] = 1
   end
 end
+call_many('HDEL', KEYS[9], ids, 1)
 call_many('ZREM', KEYS[1], ids, 1)
 call_many('ZADD', KEYS[2], dead_ids, 2)
 for _, l in ipairs(locks) do

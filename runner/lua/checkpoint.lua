@@ -1,10 +1,12 @@
 -- checkpoint: save a running job's checkpoint, fenced by its claim token.
 --
 -- KEYS[1] job          HASH
+-- KEYS[2] claims       HASH  id -> claim
 -- ARGV[1] token
 -- ARGV[2] checkpoint (JSON)
+-- ARGV[3] job id
 --
 -- Returns 1 saved, -1 refused (lease lost).
-if not owns(KEYS[1], ARGV[1]) then return -1 end
+if not fence(redis.call('HGET', KEYS[2], ARGV[3]), ARGV[1]) then return -1 end
 redis.call('HSET', KEYS[1], 'checkpoint', ARGV[2])
 return 1

@@ -7,8 +7,12 @@
 --
 -- Ids are popped from ready in rounds (RPOP with a count of what is still wanted), and
 -- every id popped is settled in this same call: claimed, buried, deferred, marked a
--- duplicate, or dropped as a stray. At most n * 4 ids are popped per call. The leases
--- of the claimed jobs are written with one variadic ZADD.
+-- duplicate, or dropped as a stray. At most n * 4 ids are popped per call.
+--
+-- A claim costs one read of each record and no write to it: the claims (token, attempt,
+-- start) go in one variadic HSET on the claims hash and the leases in one variadic ZADD.
+-- An id that already holds a claim or a done outcome (or comes twice in one call) is a
+-- stray and is dropped, so no job runs twice.
 --
 -- KEYS[1] ready        LIST
 -- KEYS[2] leases       ZSET  id -> lease deadline ms
@@ -18,6 +22,8 @@
 -- KEYS[6] job prefix   (string)
 -- KEYS[7] lock prefix  (string)
 -- KEYS[8] idem prefix  (string)
+-- KEYS[9] claims       HASH  id -> "<token> <attempt> <started_ms> <flags>"
+-- KEYS[10] done        HASH  id -> outcome
 -- ARGV[1] now_ms
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] lease, ms
@@ -44,11 +50,13 @@ local KNOWN = {queued = true, scheduled = true, processing = true, retrying = tr
 local FIELDS = {'type', 'version', 'payload', 'status', 'attempt', 'max_attempts', 'idem_key',
   'resource_key', 'ready_ms', 'created_ms', 'checkpoint', 'deferrals'}
 
--- Lease entries (deadline, id, ...) of the jobs claimed so far, not yet written.
-local leased = {}
+-- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
+-- far, not yet written; taken[id] marks an id claimed in this call.
+local leased, claimed, taken = {}, {}, {}
 local function write_leases()
   call_many('ZADD', KEYS[2], leased, 2)
-  leased = {}
+  call_many('HSET', KEYS[9], claimed, 2)
+  leased, claimed = {}, {}
 end
 
 local function bury_raw(jk, id, reason)
@@ -146,10 +154,13 @@ local function take(id)
       end
       if not settled then
         local attempt = (tonumber(f[5]) or 0) + 1
-        redis.call('HSET', jk, 'status', 'processing', 'token', token, 'started_ms', now,
-          'attempt', attempt)
+        local flags = (ikey ~= '' and 'i' or '') .. (rkey ~= '' and 'r' or '')
+        if flags == '' then flags = '-' end
         leased[#leased + 1] = now + lease
         leased[#leased + 1] = id
+        claimed[#claimed + 1] = id
+        claimed[#claimed + 1] = token .. ' ' .. attempt .. ' ' .. now .. ' ' .. flags
+        taken[id] = true
         out[#out + 1] = id
         out[#out + 1] = token
         out[#out + 1] = attempt
@@ -176,7 +187,14 @@ while i < n and popped < n * 4 do
   local ids = redis.call('RPOP', KEYS[1], want)
   if not ids then break end
   popped = popped + #ids
-  for _, id in ipairs(ids) do take(id) end
+  local held, fin = hmget_many(KEYS[9], ids), hmget_many(KEYS[10], ids)
+  for j, id in ipairs(ids) do
+    if held[j] or fin[j] or taken[id] then
+      tally('stray')  -- claimed or finished already: never run it twice
+    else
+      take(id)
+    end
+  end
   if #ids < want then break end
 end
 write_leases()

@@ -7,6 +7,8 @@
 -- KEYS[4] stats        HASH
 -- KEYS[5] job prefix   (string; the job key is prefix .. id)
 -- KEYS[6] idem prefix  (string; the idempotency key is prefix .. key)
+-- KEYS[7] claims       HASH  (a duplicate's status: a claimed job is processing)
+-- KEYS[8] done         HASH  (a duplicate's status: a finished job is done)
 -- ARGV[1] now_ms
 -- ARGV[2] idempotency retention, ms
 -- ARGV[3] n, the number of jobs; then 9 fields per job:
@@ -36,6 +38,11 @@ for i = 0, n - 1 do
     if type(held) == 'string' then
       local hid, hhash = string.match(held, '^(%S+) (%S+)')
       local st = redis.call('HGET', KEYS[5] .. hid, 'status') or 'expired'
+      if redis.call('HEXISTS', KEYS[8], hid) == 1 then
+        st = 'done'
+      elseif redis.call('HEXISTS', KEYS[7], hid) == 1 then
+        st = 'processing'
+      end
       if hhash == phash then
         out[#out + 1] = 0
       else

@@ -11,6 +11,7 @@
 -- KEYS[6] job prefix   (string)
 -- KEYS[7] lock prefix  (string)
 -- KEYS[8] scheduled    ZSET  (to wake a job waiting on a released resource)
+-- KEYS[9] claims       HASH  id -> claim
 -- ARGV[1] now_ms
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -20,36 +21,42 @@ local now, limit, dead_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local requeued, buried = 0, 0
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
-for _, id in ipairs(ids) do
+local held = hmget_many(KEYS[9], ids)
+for j, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = KEYS[6] .. id
-  -- An error reply (not a hash) or no record: nothing to take back.
-  local f = redis.pcall('HMGET', jk, 'attempt', 'max_attempts', 'token', 'resource_key', 'type',
-    'status', 'history')
-  if not f.err and f[6] == 'processing' then
-    local attempt = tonumber(f[1]) or 0
-    local max = tonumber(f[2]) or 1
+  local c = parse_claim(held[j])
+  if held[j] then redis.call('HDEL', KEYS[9], id) end
+  -- An error reply (not a hash), no record or no claim: nothing to take back.
+  local f = redis.pcall('HMGET', jk, 'max_attempts', 'resource_key', 'type', 'history')
+  if c and not f.err and f[3] then
+    local attempt = c.attempt
+    local max = tonumber(f[1]) or 1
     local set
     if attempt >= max then
-      set = {'status', 'dead', 'reason', 'worker lost', 'error', err, 'finished_ms', now, 'token', ''}
+      set = {'status', 'dead', 'reason', 'worker lost', 'error', err, 'finished_ms', now}
     else
-      set = {'status', 'queued', 'error', err, 'ready_ms', now, 'token', ''}
+      set = {'status', 'queued', 'error', err, 'ready_ms', now}
     end
-    with_history(set, f[7], '{"attempt":' .. attempt .. ',"outcome":"worker lost","at_ms":' .. now .. '}')
+    set[#set + 1] = 'attempt'
+    set[#set + 1] = attempt
+    set[#set + 1] = 'started_ms'
+    set[#set + 1] = c.started
+    with_history(set, f[4], '{"attempt":' .. attempt .. ',"outcome":"worker lost","at_ms":' .. now .. '}')
     redis.call('HSET', jk, unpack(set))
     if attempt >= max then
       redis.call('ZADD', KEYS[3], now, id)
       redis.call('PEXPIRE', jk, dead_ttl)
-      tally('dead|' .. (f[5] or '?'))
+      tally('dead|' .. (f[3] or '?'))
       buried = buried + 1
     else
       redis.call('RPUSH', KEYS[2], id)
-      tally('lost|' .. (f[5] or '?'))
+      tally('lost|' .. (f[3] or '?'))
       requeued = requeued + 1
     end
     -- After the requeue, so a job that waited on this resource runs before the
     -- reclaimed holder takes it again (waiters are served first).
-    release_lock(KEYS[7], f[4], f[3], KEYS[8], KEYS[2], KEYS[4], KEYS[6])
+    release_lock(KEYS[7], f[2], c.token, KEYS[8], KEYS[2], KEYS[4], KEYS[6])
   end
 end
 if requeued > 0 then wake(KEYS[4]) end

@@ -7,6 +7,7 @@
 -- KEYS[4] job prefix   (string)
 -- KEYS[5] lock prefix  (string)
 -- KEYS[6] scheduled    ZSET  (to wake a job waiting on a released resource)
+-- KEYS[7] claims       HASH  id -> claim
 -- ARGV[1] now_ms
 -- ARGV[2] n; then per job: id, token
 --
@@ -14,24 +15,34 @@
 local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 local ids = {}
+local asked = {}
+for i = 0, n - 1 do asked[#asked + 1] = ARGV[3 + i * 2] end
+local held = hmget_many(KEYS[7], asked)
 for i = 0, n - 1 do
   local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
   local jk = KEYS[4] .. id
-  local f = fenced(jk, token, 'resource_key', 'attempt')
-  if not f then
+  local c = fence(held[i + 1], token)
+  if not c then
     out[#out + 1] = -1
   else
-    -- claim vouched that attempt is an integer before it handed the job out.
-    redis.call('HSET', jk, 'status', 'queued', 'ready_ms', now, 'attempt', (tonumber(f[4]) or 1) - 1,
-      'token', '')
+    held[i + 1] = false
+    -- The claim's attempt was never written to the record, so nothing is spent; the
+    -- record is still queued.
+    redis.pcall('HSET', jk, 'ready_ms', now)
     -- RPUSH: the consumer end of ready, so a released job runs next.
     redis.call('RPUSH', KEYS[2], id)
-    release_lock(KEYS[5], f[3], token, KEYS[6], KEYS[2], KEYS[3], KEYS[4])
+    if c.res then
+      local rkey = redis.pcall('HGET', jk, 'resource_key')
+      if type(rkey) == 'string' then
+        release_lock(KEYS[5], rkey, token, KEYS[6], KEYS[2], KEYS[3], KEYS[4])
+      end
+    end
     ids[#ids + 1] = id
     out[#out + 1] = 1
   end
 end
 if #ids > 0 then
+  call_many('HDEL', KEYS[7], ids, 1)
   call_many('ZREM', KEYS[1], ids, 1)
   wake(KEYS[3])
 end

@@ -3,6 +3,7 @@
 -- KEYS[1] leases       ZSET  id -> lease deadline ms
 -- KEYS[2] job prefix   (string)
 -- KEYS[3] lock prefix  (string)
+-- KEYS[4] claims       HASH  id -> claim
 -- ARGV[1] now_ms
 -- ARGV[2] lease, ms
 -- ARGV[3] n; then per job: id, token
@@ -13,16 +14,20 @@
 --  -2  renewed, but the resource lock is held by another token (it lapsed meanwhile)
 local now, lease, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
+local asked = {}
+for i = 0, n - 1 do asked[#asked + 1] = ARGV[4 + i * 2] end
+local held = hmget_many(KEYS[4], asked)
 for i = 0, n - 1 do
   local id, token = ARGV[4 + i * 2], ARGV[5 + i * 2]
   local jk = KEYS[2] .. id
-  if not owns(jk, token) or not redis.call('ZSCORE', KEYS[1], id) then
+  local c = fence(held[i + 1], token)
+  if not c or not redis.call('ZSCORE', KEYS[1], id) then
     out[#out + 1] = -1
   else
     redis.call('ZADD', KEYS[1], 'XX', now + lease, id)
     local code = 1
-    local rkey = redis.call('HGET', jk, 'resource_key')
-    if rkey and rkey ~= '' then
+    local rkey = c.res and redis.pcall('HGET', jk, 'resource_key')
+    if type(rkey) == 'string' and rkey ~= '' then
       local lk = KEYS[3] .. rkey
       local holder = redis.call('GET', lk)
       if holder == token then

@@ -28,6 +28,7 @@ from typing import Any
 import redis
 from crashkit import configure, lock_keys, new_project
 
+from runner import store
 from runner.client import Client, Request
 from runner.embedded import Server
 from runner.errors import RedisUnavailable
@@ -252,7 +253,10 @@ class Chaos:
                 pipe = r.pipeline(transaction=False)
                 for job_id in chunk:
                     pipe.hgetall(k.job(job_id))
-                out.update(zip(chunk, pipe.execute(), strict=True))
+                    pipe.hget(k.claims, job_id)
+                    pipe.hget(k.done, job_id)
+                got = pipe.execute()
+                out.update((job_id, store.merge(*got[3 * j: 3 * j + 3])) for j, job_id in enumerate(chunk))
         finally:
             r.close()
         return out

@@ -14,7 +14,7 @@ from crashkit import configure, lock_keys, wait_final
 
 from runner.keys import QueueKeys
 
-from conftest import Project, assert_no_job_in_two_structures, wait_for
+from conftest import Project, assert_no_job_in_two_structures, raw_status, wait_for
 
 Raw = redis.Redis
 
@@ -86,7 +86,7 @@ def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(proj
 
     def all_settled() -> bool:
         for job_id in CASES:
-            st = raw.hget(k.job_prefix.encode() + job_id, "status")
+            st = raw_status(raw, k, job_id)
             if st not in (b"dead", b"done"):
                 return False
         return True
@@ -96,7 +96,7 @@ def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(proj
     for job_id, (_, reason) in CASES.items():
         f = raw.hgetall(k.job_prefix.encode() + job_id)
         if not reason:
-            assert f[b"status"] == b"done", job_id
+            assert raw_status(raw, k, job_id) == b"done", job_id
             continue
         assert f[b"status"] == b"dead", job_id
         assert job_id in dead, job_id
@@ -149,7 +149,7 @@ def test_record_with_a_wrong_typed_field_goes_dead_not_lost(
         assert r["status"] == "done"
         assert [h["outcome"] for h in r["history"]] == ["done"], (job_id, r["history"])
     # FIFO: the bad record was claimed before the later good jobs, so it is settled by now.
-    wait_for(lambda: raw.hget(k.job_prefix.encode() + b"bad", "status") in (b"dead", b"done"),
+    wait_for(lambda: raw_status(raw, k, b"bad") in (b"dead", b"done"),
              timeout=3, what="the bad record to be buried")
     f = raw.hgetall(k.job_prefix.encode() + b"bad")
     assert f[b"status"] == b"dead" and f[b"reason"].startswith(b"malformed record"), f

@@ -11,7 +11,7 @@ from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_lo
 from runner.keys import QueueKeys
 from runner.scripts import Ack, Burial, NewJob, RetryAt, Scripts
 
-from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
+from conftest import Project, assert_no_job_in_two_structures, structures, view, wait_for
 
 T0 = 1_700_000_000_000
 LEASE = 1_000
@@ -25,7 +25,7 @@ def _claim(sc: Scripts, k: QueueKeys, now: int, base: str) -> list[Any]:
 def _snapshot(project: Project, k: QueueKeys, job_id: str) -> tuple[Any, ...]:
     r = project.runtime.redis
     return (
-        r.hgetall(k.job(job_id)),
+        view(project, job_id),
         structures(project),
         r.zrange(k.leases, 0, -1, withscores=True),
         r.hgetall(k.stats),
@@ -57,7 +57,7 @@ def test_stale_settlements_are_refused_and_change_nothing(project: Project) -> N
     now = T0 + LEASE + 3
     stale_calls = {
         "ack": lambda: sc.ack(k, [Ack("job1", token_a, '{"x":1}', '{"attempt":1}', "succeeded|record")],
-                              now, 10**7, 10**7),
+                              now, 10**7),
         "retry": lambda: sc.retry(k, [RetryAt("job1", token_a, now + 10, '{"type":"E"}', "{}", "retried|record")],
                                   now),
         "bury": lambda: sc.bury(k, [Burial("job1", token_a, "why", "", "", False, "dead|record")], now, 10**7),
@@ -70,11 +70,11 @@ def test_stale_settlements_are_refused_and_change_nothing(project: Project) -> N
         assert _snapshot(project, k, "job1") == before, f"a refused {name} changed Redis"
 
     # The current owner is unaffected.
-    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", '{"attempt":2}', "")], now, 10**7, 10**7)] == [1]
-    assert project.runtime.redis.hget(k.job("job1"), "status") == "done"
+    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", '{"attempt":2}', "")], now, 10**7)] == [1]
+    assert view(project, "job1")["status"] == "done"
     assert project.runtime.redis.get(k.lock("res:1")) is None
     # And once done, even the right token cannot settle it a second time.
-    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", "", "")], now, 10**7, 10**7)] == [-1]
+    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", "", "")], now, 10**7)] == [-1]
     assert [int(c) for c in sc.release(k, [("job1", token_b)], now)] == [-1]
     assert_no_job_in_two_structures(project)
 
@@ -97,13 +97,12 @@ def test_a_frozen_worker_loses_its_lease_and_its_ack_is_refused(project: Project
         assert outcomes(done) == ["worker lost", "done"]
         second_pid = project.runs(job.id)[1].split()[1]
         assert second_pid == str(w2.pid)
-        k = project.keys("fast")
-        before = project.runtime.redis.hgetall(k.job(job.id))
+        before = view(project, job.id)
     finally:
         w1.send_signal(signal.SIGCONT)
     # Worker 1's handler wakes up, returns, and its ack is refused.
     wait_log(worker_log(project, w1), "lease lost before it settled", timeout=15)
-    assert project.runtime.redis.hgetall(k.job(job.id)) == before
+    assert view(project, job.id) == before
     assert rec(project, job.id)["result"] == {"n": 5, "attempt": 2}
     assert w1.poll() is None, "worker 1 must keep running after a refused ack"
     assert_quiet(project)

@@ -150,7 +150,7 @@ def test_scripts_and_batches_run_and_reload_after_a_script_flush(cproject: Proje
     assert len(claimed) == 36
     rt.redis.execute_command("SCRIPT FLUSH", target_nodes=rt.redis.PRIMARIES)
     batch = sc.batch()
-    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 24, 12)], now, 60_000, 60_000,
+    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 24, 12)], now, 60_000,
            pipe=batch)
     sc.release(k, [(claimed[24], claimed[25])], now, pipe=batch)
     sc.renew(rt.keys["slow"], [("nope", "t:0")], now, 5000, pipe=batch)  # another slot, same pipeline

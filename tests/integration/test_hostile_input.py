@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from runner import templates
 from runner.templates import TemplateError
 
-from conftest import Project, wait_for
+from conftest import Project, raw_status, wait_for
 
 INJECTIONS = [
     "{user.__class__}", "{user.__class__.__init__.__globals__}", "{0}", "{0.__class__}",
@@ -140,11 +140,11 @@ def test_random_records_never_crash_a_worker(project: Project, seed: int) -> Non
     w = project.spawn_worker("fast")
     for g in good:
         assert c.wait(g, timeout_s=20).status == "done"
-    wait_for(lambda: all(raw.hget(k.job_prefix.encode() + j, "status") in (b"done", b"dead") for j in planted),
+    wait_for(lambda: all(raw_status(raw, k, j) in (b"done", b"dead") for j in planted),
              timeout=20, what="every random record to settle")
     for j in planted:
         f = raw.hgetall(k.job_prefix.encode() + j)
-        if f[b"status"] == b"dead":
+        if raw_status(raw, k, j) == b"dead":
             assert f.get(b"reason"), f
     assert w.poll() is None
     assert raw.llen(k.ready) == 0 and raw.zcard(k.leases) == 0

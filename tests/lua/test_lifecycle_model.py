@@ -18,9 +18,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from runner.scripts import Ack, Burial, NewJob, RetryAt
 
+from conftest import structures, view
+
 LEASE = 1000
 WHERE = {"queued": "ready", "processing": "leases", "scheduled": "scheduled", "retrying": "scheduled",
-         "dead": "dead"}
+         "dead": "dead", "done": "done"}
 
 
 class Lifecycle(RuleBasedStateMachine):
@@ -70,14 +72,14 @@ class Lifecycle(RuleBasedStateMachine):
         if action == "retry" and self.attempts[jid] >= 3:
             action = "bury"  # as the worker does: the last attempt's failure is final
         if action == "ack":
-            codes = self.sc.ack(self.k, [Ack(jid, token, "", "", "")], self.now, 10**9, 10**9)
+            codes = self.sc.ack(self.k, [Ack(jid, token, "", "", "")], self.now, 10**9)
         elif action == "retry":
             codes = self.sc.retry(self.k, [RetryAt(jid, token, self.now + 300, "{}", "", "")], self.now)
         elif action == "bury":
             codes = self.sc.bury(self.k, [Burial(jid, token, "x", "", "", False, "")], self.now, 10**9)
         else:
             codes = self.sc.release(self.k, [(jid, token)], self.now)
-        status = self.rt.redis.hget(self.k.job(jid), "status")
+        status = view(self.project, jid).get("status")
         if codes == [1]:
             assert status == {"ack": "done", "retry": "retrying", "bury": "dead", "release": "queued"}[action]
         else:
@@ -91,45 +93,36 @@ class Lifecycle(RuleBasedStateMachine):
         self.sc.reclaim(self.k, self.now, 100, 10**9)
         # Claims whose lease lapsed are now stale: their token must be refused.
         for jid, token in list(self.claims.items()):
-            if self.rt.redis.hget(self.k.job(jid), "token") != token:
+            if view(self.project, jid).get("token") != token:
                 self.stale.append((jid, self.claims.pop(jid)))
 
     @precondition(lambda self: bool(self.stale))
     @rule(data=st.data())
     def stale_ack_is_refused(self, data: st.DataObject) -> None:
         jid, token = data.draw(st.sampled_from(self.stale))
-        if self.rt.redis.hget(self.k.job(jid), "token") == token:
+        if view(self.project, jid).get("token") == token:
             return  # the same claim is current again (cannot happen: tokens are unique)
-        before = self.rt.redis.hgetall(self.k.job(jid))
-        assert self.sc.ack(self.k, [Ack(jid, token, "", "", "")], self.now, 10**9, 10**9) == [-1]
+        before = view(self.project, jid)
+        assert self.sc.ack(self.k, [Ack(jid, token, "", "", "")], self.now, 10**9) == [-1]
         assert self.sc.renew(self.k, [(jid, token)], self.now, LEASE) == [-1]
-        assert self.rt.redis.hgetall(self.k.job(jid)) == before
+        assert view(self.project, jid) == before
 
     @invariant()
     def every_job_is_where_its_status_says(self) -> None:
         if not hasattr(self, "k"):
             return
-        r = self.rt.redis
-        places = {
-            "ready": r.lrange(self.k.ready, 0, -1),
-            "leases": r.zrange(self.k.leases, 0, -1),
-            "scheduled": r.zrange(self.k.scheduled, 0, -1),
-            "dead": r.zrange(self.k.dead, 0, -1),
-        }
+        places = structures(self.project)  # also: claims match leases, outcomes their index
         seen: dict[str, str] = {}
         for name, ids in places.items():
             for i in ids:
                 assert i not in seen, f"{i} in {seen[i]} and {name}"
                 seen[i] = name
         for jid in self.jobs:
-            rec = r.hgetall(self.k.job(jid))
+            rec = view(self.project, jid)
             assert rec, f"job {jid} lost"
             status = rec["status"]
-            if status == "done":
-                assert jid not in seen
-            else:
-                assert seen.get(jid) == WHERE[status], (jid, status, seen.get(jid))
-                assert int(rec.get("attempt", 0)) <= 3  # absent until the first claim
+            assert seen.get(jid) == WHERE[status], (jid, status, seen.get(jid))
+            assert int(rec.get("attempt", 0)) <= 3  # absent until the first claim
 
 
 def test_lifecycle_state_machine(project: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from runner import store
 from runner.embedded import Server
 from runner.scripts import Ack, Burial, NewJob, RetryAt
 
@@ -37,6 +38,13 @@ def enqueue(p: Project, *jobs: NewJob, now: int = NOW) -> list[Any]:
 
 
 def rec(p: Project, job_id: str) -> dict[str, str]:
+    """The record as readers see it: with its claim or done outcome laid over."""
+    k, r = p.keys(), p.runtime.redis
+    return store.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
+
+
+def raw(p: Project, job_id: str) -> dict[str, str]:
+    """The record hash alone, as written."""
     return p.runtime.redis.hgetall(p.keys().job(job_id))
 
 
@@ -96,18 +104,21 @@ def test_ack_is_fenced_by_token(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
     sc = p.runtime.scripts
-    assert sc.ack(p.keys(), [Ack("a", "stale", '"x"', "{}", "")], NOW, 100_000, 100_000) == [-1]
+    assert sc.ack(p.keys(), [Ack("a", "stale", '"x"', "{}", "")], NOW, 100_000) == [-1]
     assert rec(p, "a")["status"] == "processing"
     assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', '{"attempt":1}', "succeeded|noop")],
-                  NOW + 5, 100_000, 100_000) == [1]
+                  NOW + 5, 100_000) == [1]
     r = rec(p, "a")
-    # The token is emptied, so the settled claim can no longer act on the record.
+    # The claim is gone, so the settled token can no longer act on the job.
     assert r["status"] == "done" and r["result"] == '"ok"' and r.get("token", "") == ""
-    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "dead": []}
-    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000
+    assert not p.runtime.redis.hexists(p.keys().claims, "a")
+    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "dead": [], "done": ["a"]}
+    # The record is left as it was written: no TTL; the retention index dates the outcome.
+    assert p.runtime.redis.pttl(p.keys().job("a")) == -1 and raw(p, "a")["status"] == "queued"
+    assert p.runtime.redis.zscore(p.keys().finished, "a") == NOW + 5
     assert p.runtime.redis.hget(p.keys().stats, "succeeded|noop") == "1"
     # A second ack of the same claim is refused (already done).
-    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', "", "")], NOW, 100_000, 100_000) == [-1]
+    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', "", "")], NOW, 100_000) == [-1]
 
 
 def test_retry_schedules_and_promote_moves_due(p: Project) -> None:
@@ -140,7 +151,8 @@ def test_release_returns_to_front_without_spending_an_attempt(p: Project) -> Non
     enqueue(p, new("a"), new("b"))
     (job,) = claim(p, n=1)
     assert p.runtime.scripts.release(p.keys(), [(job[0], job[1])], NOW) == [1]
-    assert rec(p, "a")["attempt"] == "0" and rec(p, "a")["status"] == "queued"
+    assert rec(p, "a").get("attempt", "0") == "0" and rec(p, "a")["status"] == "queued"
+    assert not p.runtime.redis.hexists(p.keys().claims, "a")
     got = claim(p, n=1, base="w.2")
     assert got[0][0] == "a"  # released job runs next
 
@@ -162,7 +174,7 @@ def test_reclaim_counts_a_lapsed_lease_as_an_attempt(p: Project) -> None:
     assert sc.reclaim(p.keys(), NOW + LEASE, 100, 100_000) == [1, 0]
     assert rec(p, "a")["status"] == "queued"
     # The stale worker's ack is refused after the reclaim.
-    assert sc.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW + LEASE, 1000, 1000) == [-1]
+    assert sc.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW + LEASE, 1000) == [-1]
     (job2,) = claim(p, now=NOW + 2 * LEASE, base="w.2")
     assert job2[2] == 2
     assert sc.reclaim(p.keys(), NOW + 4 * LEASE, 100, 100_000) == [0, 1]
@@ -183,7 +195,7 @@ def test_resource_lock_defers_without_spending_an_attempt(p: Project) -> None:
     lock = p.keys().lock("r1")
     assert p.runtime.redis.get(lock) == got[0][1]
     # Ack releases the lock (compare-and-delete) and wakes the first waiter at once.
-    p.runtime.scripts.ack(p.keys(), [Ack("a", got[0][1], "", "", "")], NOW, 1000, 1000)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", got[0][1], "", "", "")], NOW, 1000)
     assert p.runtime.redis.get(lock) is None
     assert structures(p)["ready"] == ["b"] and structures(p)["scheduled"] == []
     assert rec(p, "b")["status"] == "queued"
@@ -196,7 +208,7 @@ def test_release_lock_only_by_holder(p: Project) -> None:
     (job,) = claim(p)
     r = p.runtime.redis
     r.set(p.keys().lock("r1"), "someone-else")
-    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 1000, 1000)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 1000)
     assert r.get(p.keys().lock("r1")) == "someone-else"
 
 
@@ -211,7 +223,7 @@ def test_completed_idempotency_key_makes_a_later_job_a_duplicate(p: Project) -> 
     """A job whose key already completed under another job is done without running."""
     enqueue(p, new("a", idem="k", phash="h"))
     (job,) = claim(p)
-    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000, 100_000)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000)
     assert p.runtime.redis.get(p.keys().idem("k")) == "a h done"
     # Another producer pushes a second job with the same key (bypassing enqueue's check).
     r = p.runtime.redis
@@ -244,7 +256,7 @@ def test_malformed_records_are_buried_with_a_reason(p: Project, setup: Any, reas
 def test_stray_id_of_a_done_job_is_dropped_not_rerun(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
-    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000, 100_000)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000)
     p.runtime.redis.lpush(p.keys().ready, "a")
     assert claim(p, base="w.2") == []
     assert rec(p, "a")["status"] == "done"
@@ -285,8 +297,24 @@ def test_dead_retention_expires_records_and_trim_forgets_their_entries(p: Projec
         (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
         assert sc.bury(p.keys(), [Burial(job_id, job[1], "x", "", "", False, "")], at, 50_000) == [1]
         assert 0 < p.runtime.redis.pttl(p.keys().job(job_id)) <= 50_000
-    assert sc.trim(p.keys(), NOW + 5_000) == 1
+    assert sc.trim(p.keys(), NOW + 5_000, 0, 100) == [1, 0]
     assert structures(p)["dead"] == ["new"]
+
+
+def test_trim_deletes_done_jobs_past_retention_with_their_outcomes(p: Project) -> None:
+    """A done job past the done retention loses its record, outcome and index entry in one
+    step; a newer one keeps all three; the limit bounds one call."""
+    enqueue(p, new("a"), new("b"), new("c"))
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    for job_id, at in (("a", NOW), ("b", NOW + 1), ("c", NOW + 10_000)):
+        (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
+        assert sc.ack(k, [Ack(job_id, job[1], "", "", "")], at, 100_000) == [1]
+    assert sc.trim(k, 0, NOW + 5_000, 1) == [0, 1]
+    assert not r.exists(k.job("a")) and not r.hexists(k.done, "a")
+    assert rec(p, "b")["status"] == "done"
+    assert sc.trim(k, 0, NOW + 5_000, 100) == [0, 1]
+    assert not r.exists(k.job("b")) and not p.client.get("c").as_dict()["last_error"]
+    assert structures(p)["done"] == ["c"] and rec(p, "c")["status"] == "done"
 
 
 def test_client_run_at_schedules_at_that_time(p: Project) -> None:
@@ -370,7 +398,7 @@ def test_an_ack_batch_survives_damaged_lock_and_idempotency_keys(p: Project) -> 
     r.hset(k.lock("r"), "x", "y")
     r.hset(k.lock("r") + ":waiters", "x", "y")
     acks = [Ack(i, got[i], "", "", "") for i in ("a", "b", "c", "d")]
-    assert p.runtime.scripts.ack(k, acks, NOW + 5, 100_000, 100_000) == [1, 1, 1, 1]
+    assert p.runtime.scripts.ack(k, acks, NOW + 5, 100_000) == [1, 1, 1, 1]
     assert all(rec(p, i)["status"] == "done" for i in "abcd")
     assert structures(p)["leases"] == []
     assert r.exists(k.lock("r")) == 0
@@ -445,27 +473,27 @@ def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
     stats_before = r.hgetall(k.stats)
     codes = p.runtime.scripts.ack(k, [Ack("a", got[1][1], '"x"', '{"attempt":1}', "succeeded|noop"),
                                       Ack("b", got[1][1], '"y"', '{"attempt":1}', "succeeded|noop")],
-                                  NOW, 100_000, 100_000)
+                                  NOW, 100_000)
     assert codes == [-1, 1]
     assert rec(p, "a") == before and r.pttl(k.job("a")) == -1
     assert r.zscore(k.leases, "a") == NOW + LEASE
     assert r.hget(k.stats, "succeeded|noop") == "1" and stats_before.get("succeeded|noop") is None
     # b is settled: its token field is empty, and an empty token owns nothing.
-    assert rec(p, "b")["token"] == ""
+    assert rec(p, "b").get("token", "") == "" and not r.hexists(k.claims, "b")
     sc = p.runtime.scripts
-    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000, 100_000) == [-1]
+    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000) == [-1]
     assert sc.renew(k, [("b", "")], NOW, LEASE) == [-1]
     assert sc.checkpoint(k, "b", "", "{}") == -1
     # A record damaged to processing with an empty token is not owned by '' either.
     r.hset(k.job("b"), "status", "processing")
-    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000, 100_000) == [-1]
+    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000) == [-1]
 
 
 def test_ack_writes_one_history_entry(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
     entry = '{"attempt":1,"outcome":"done","started_ms":1,"at_ms":2}'
-    assert p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "null", entry, "")], NOW, 100_000, 100_000) == [1]
+    assert p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "null", entry, "")], NOW, 100_000) == [1]
     r = rec(p, "a")
     assert r["history"] == entry
     assert "error" not in r
@@ -482,12 +510,12 @@ def test_history_after_retry_then_success_has_both_entries_in_order(p: Project) 
     (job,) = claim(p)
     first = '{"attempt":1,"outcome":"retry"}'
     assert sc.retry(k, [RetryAt("a", job[1], NOW + 10, '{"type":"E","message":"m"}', first, "")], NOW) == [1]
-    assert rec(p, "a")["history"] == first and rec(p, "a")["token"] == ""
+    assert rec(p, "a")["history"] == first and rec(p, "a").get("token", "") == ""
     assert sc.promote(k, NOW + 10, 100)[0] == 1
     (job2,) = claim(p, now=NOW + 20, base="w.2")
     assert job2[2] == 2
     second = '{"attempt":2,"outcome":"done"}'
-    assert sc.ack(k, [Ack("a", job2[1], '"ok"', second, "")], NOW + 30, 100_000, 100_000) == [1]
+    assert sc.ack(k, [Ack("a", job2[1], '"ok"', second, "")], NOW + 30, 100_000) == [1]
     r = rec(p, "a")
     assert r["history"] == first + "," + second
     assert "error" not in r and r["status"] == "done" and r["attempt"] == "2"
@@ -503,7 +531,7 @@ def test_batch_ack_removes_only_its_own_leases(p: Project) -> None:
     k = p.keys()
     assert sc.renew(k, [("c", got["c"])], NOW + 500, LEASE) == [1]
     codes = sc.ack(k, [Ack("a", got["a"], "", "", ""), Ack("d", "stale", "", "", ""),
-                       Ack("b", got["b"], "", "", "")], NOW + 600, 100_000, 100_000)
+                       Ack("b", got["b"], "", "", "")], NOW + 600, 100_000)
     assert codes == [1, -1, 1]
     r = p.runtime.redis
     assert r.zrange(k.leases, 0, -1, withscores=True) == [("d", NOW + LEASE), ("c", NOW + 500 + LEASE)]
@@ -559,25 +587,28 @@ def _inside(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 
 def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server: Server) -> None:
-    """The common case (no keys, first attempt succeeds): claim reads and writes each
-    record once and pops and leases the batch with one command each; ack reads, writes
-    and expires each record once, and removes the batch's leases with one ZREM."""
+    """The common case (no keys, first attempt succeeds): claim reads each record once and
+    writes nothing to it; it pops, checks for strays (claims and outcomes), records the
+    claims and the leases with one command each for the batch. Ack touches no record: one
+    HMGET for the fences, one HSET for the outcomes, one ZADD for their retention index,
+    one HDEL and one ZREM for the claims and leases, whatever the batch size."""
     proj = make_project(tmp_path / "project", quiet_server)
     try:
         enqueue(proj, *(new(f"j{i}") for i in range(20)))
         r = proj.runtime.redis
         claim(proj, n=1)  # loads the script
-        proj.runtime.scripts.ack(proj.keys(), [], NOW, 1000, 1000)
+        proj.runtime.scripts.ack(proj.keys(), [], NOW, 1000)
         t0 = _calls(r)
         got = claim(proj, n=10)
         t1 = _calls(r)
         acks = [Ack(g[0], g[1], "null", '{"attempt":1}', "succeeded|noop") for g in got]
-        assert proj.runtime.scripts.ack(proj.keys(), acks, NOW, 100_000, 100_000) == [1] * 10
+        assert proj.runtime.scripts.ack(proj.keys(), acks, NOW, 100_000) == [1] * 10
         t2 = _calls(r)
     finally:
         proj.stop_all()
         proj.runtime.close()
     assert len(got) == 10
-    assert _inside(t0, t1) == {"rpop": 1, "hmget": 10, "hset": 10, "zadd": 1}
+    assert _inside(t0, t1) == {"rpop": 1, "hmget": 10 + 2, "hset": 1, "zadd": 1}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
-    assert _inside(t1, t2) == {"hmget": 10, "hset": 10, "pexpire": 11, "zrem": 1, "hincrby": 2}
+    assert _inside(t1, t2) == {"hmget": 1, "hset": 1, "zadd": 1, "hdel": 1, "zrem": 1, "pexpire": 1,
+                               "hincrby": 2}
