@@ -46,7 +46,10 @@ class Scheduler:
         interval = self.rt.config.worker.scheduler_interval_s
         wait = interval
         now = store.now_ms()
-        trim = time.monotonic() - self._last_trim > TRIM_EVERY_S
+        ret = self.rt.config.retention
+        # A short retention (dev, tests) is honoured to within a quarter of itself.
+        every = min(TRIM_EVERY_S, max(0.1, min(ret.done_s, ret.dead_s) / 4))
+        trim = time.monotonic() - self._last_trim > every
         more = False
         for k in self.rt.keys.values():
             while True:
@@ -63,7 +66,6 @@ class Scheduler:
                 if int(requeued) + int(buried) < BATCH:
                     break
             if trim:
-                ret = self.rt.config.retention
                 dead_cut, done_cut = now - int(ret.dead_s * 1000), now - int(ret.done_s * 1000)
                 for _ in range(TRIM_ROUNDS):
                     _, deleted = sc.trim(k, dead_cut, done_cut, BATCH * 2)
@@ -72,7 +74,7 @@ class Scheduler:
                 else:
                     more = True  # a backlog past retention: come back soon, not in a minute
         if trim:
-            self._last_trim = time.monotonic() - (TRIM_EVERY_S if more else 0.0)
+            self._last_trim = time.monotonic() - (every if more else 0.0)
         return wait
 
     def _loop(self) -> None:

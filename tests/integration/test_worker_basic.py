@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from runner.errors import JobNotFound
+
 from conftest import Project, assert_no_job_in_two_structures, wait_for
 
 
@@ -91,3 +95,30 @@ def test_routing_slow_worker_runs_only_slow(project: Project) -> None:
     assert c.wait(slow.id, timeout_s=15).status == "done"
     assert c.get(fast.id).status == "queued"
     wait_for(lambda: True)
+
+
+def test_done_jobs_are_deleted_after_the_done_retention(project: Project) -> None:
+    """A success sets no TTL on its record; the workers' scheduler deletes the record, the
+    outcome and its index entry once the done retention has passed, while a dead job
+    (its own retention) stays."""
+    toml = project.root / "runner.toml"
+    toml.write_text(toml.read_text().replace("done = 3600", "done = 1"))
+    if project._runtime is not None:  # the file was rewritten in place: read it again
+        project._runtime.close()
+        project._runtime = None
+    c = project.client
+    ok = [c.enqueue("record", {"n": i}).id for i in range(5)]
+    bad = c.enqueue("record", {"n": 9, "fail_times": 99}).id
+    project.spawn_worker("fast")
+    assert all(c.wait(i, timeout_s=15).status == "done" for i in ok)
+    assert c.wait(bad, timeout_s=15).status == "dead"
+    k, r = project.keys("fast"), project.runtime.redis
+
+    def gone() -> bool:
+        return not any(r.exists(k.job(i)) for i in ok)
+
+    wait_for(gone, timeout=10, what="the done records to be deleted past retention")
+    assert r.hlen(k.done) == 0 and r.zcard(k.finished) == 0
+    assert c.get(bad).status == "dead"
+    with pytest.raises(JobNotFound):
+        c.get(ok[0])

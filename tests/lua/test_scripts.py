@@ -262,6 +262,23 @@ def test_stray_id_of_a_done_job_is_dropped_not_rerun(p: Project) -> None:
     assert rec(p, "a")["status"] == "done"
 
 
+def test_stray_id_of_a_claimed_job_or_twice_in_ready_is_claimed_once(p: Project) -> None:
+    """An id pushed again while its job holds a claim, or twice before one claim call, is
+    dropped as a stray: the record still says queued, so only the claims hash and the
+    call's own memory can tell, and the job must not run twice."""
+    enqueue(p, new("a"), new("b"))
+    (job,) = claim(p, n=1)
+    assert job[0] == "a"
+    r, k = p.runtime.redis, p.keys()
+    r.rpush(k.ready, "a")  # a copy of the claimed one, at the consumer end
+    r.rpush(k.ready, "b")  # b twice
+    got = claim(p, n=10, base="w.2")
+    assert [g[0] for g in got] == ["b"]
+    assert r.hget(k.stats, "stray") == "2"
+    assert rec(p, "a")["token"] == job[1]  # the first claim still owns a
+    assert sorted(structures(p)["leases"]) == ["a", "b"]
+
+
 def test_requeue_and_remove_dead(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
