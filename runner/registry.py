@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import itertools
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,11 @@ from runner.schemas import Versions, load_versions
 
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF")
 _generation = itertools.count(1)
+# ast.parse is not thread-safe on CPython 3.11: two threads building ASTs at once can fail
+# with "SystemError: AST constructor recursion depth mismatch" (the depth counter is
+# per interpreter). Registries are loaded from many threads (a Runtime each), so parse
+# one at a time.
+_ast_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +91,8 @@ class Registry:
 def _assign_lines(source: str) -> dict[str, int]:
     lines: dict[str, int] = {}
     try:
-        tree = ast.parse(source)
+        with _ast_lock:
+            tree = ast.parse(source)
     except SyntaxError:
         return lines
     for node in tree.body:
