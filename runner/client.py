@@ -32,9 +32,13 @@ from runner.keys import QueueKeys
 from runner.registry import Function
 from runner.runtime import Runtime
 from runner.schemas import UpgradeFailed
-from runner.scripts import NewJob
+from runner.scripts import NewJob, Stream
 
 MAX_BATCH = 500
+# enqueue_many: jobs per script call, and calls in flight on its connection at once.
+# Smaller calls let the client prepare the next while Redis runs the last.
+STREAM_CHUNK = 100
+STREAM_WINDOW = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,13 @@ def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enque
         return IdempotencyConflict(prep.job.idem_key, job_id)
     return Enqueued(id=job_id, type=prep.fn.name, version=prep.job.version, queue=queue,
                     status=status, duplicate=code == 0)
+
+
+def _settle(answered: tuple[Any, Any], results: list[Any]) -> None:
+    """Hand each job of one streamed call its answer (see Client._stream)."""
+    (queue, items), reply = answered
+    for n, (index, prep) in enumerate(items):
+        results[index] = _outcome(prep, queue, reply, n)
 
 
 class Client:
@@ -144,32 +155,54 @@ class Client:
     def enqueue_many(
         self, requests: Iterable[Request], batch: int = MAX_BATCH
     ) -> list[Enqueued | RunnerError]:
-        """Validate and enqueue many jobs, in batches of one script call per queue each.
+        """Validate and enqueue many jobs: one script call per queue for every ``batch``
+        jobs (at most STREAM_CHUNK), streamed on one connection so that the next call is
+        prepared while Redis runs the last.
 
         Returns one entry per request, in order: the Enqueued job or the error that refused
         it (ValidationFailed, UnknownFunction, UnknownVersion, IdempotencyConflict).
-        Redis going away raises RedisUnavailable; batches sent before it are kept.
+        Redis going away raises RedisUnavailable; calls answered before it are kept, and
+        the at most STREAM_WINDOW calls then in flight may or may not have run.
         """
         results: list[Enqueued | RunnerError] = []
-        pending: list[tuple[int, _Prepared]] = []
+        size = max(1, min(batch, STREAM_CHUNK))
+        stream = self.runtime.scripts.stream()
+        chunk: list[tuple[int, _Prepared]] = []
         now = store.now_ms()
-        for req in requests:
-            try:
-                pending.append((len(results), self.prepare(req, now)))
-                results.append(RunnerError("pending"))
-            except RunnerError as exc:
-                results.append(exc)
-            if len(pending) >= batch:
-                self._send(pending, results)
-                pending = []
-                now = store.now_ms()
-        if pending:
-            self._send(pending, results)
+        try:
+            for req in requests:
+                try:
+                    chunk.append((len(results), self.prepare(req, now)))
+                    results.append(RunnerError("pending"))
+                except RunnerError as exc:
+                    results.append(exc)
+                if len(chunk) >= size:
+                    self._stream(stream, chunk, results)
+                    chunk = []
+                    now = store.now_ms()
+            if chunk:
+                self._stream(stream, chunk, results)
+            while len(stream):
+                _settle(stream.read(), results)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        finally:
+            stream.close()
         return results
 
-    def _send(self, pending: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
-        for (index, _), out in zip(pending, self._send_prepared([p for _, p in pending]), strict=True):
-            results[index] = out
+    def _stream(self, stream: Stream, chunk: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
+        """Send one call per queue for the chunk; read the oldest replies past the window."""
+        rt = self.runtime
+        by_queue: dict[str, list[tuple[int, _Prepared]]] = {}
+        for item in chunk:
+            by_queue.setdefault(item[1].fn.queue, []).append(item)
+        idem_ms = int(rt.config.retention.idempotency_s * 1000)
+        now = store.now_ms()
+        for queue, items in by_queue.items():
+            call = rt.scripts.enqueue_call(rt.keys[queue], [p.job for _, p in items], now, idem_ms)
+            stream.send(*call, tag=(queue, items))
+        while len(stream) > STREAM_WINDOW:
+            _settle(stream.read(), results)
 
     def _send_prepared(self, preps: Sequence[_Prepared]) -> list[Enqueued | IdempotencyConflict]:
         """One round trip: one enqueue script call per queue the jobs go to."""

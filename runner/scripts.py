@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +144,77 @@ class _Lanes:
         self.idle.append(conn)
 
 
+class Stream:
+    """Script calls sent one after another on one connection without waiting for each
+    reply, so the caller can prepare the next call while Redis runs the last one; replies
+    are read back in the order sent. ``read`` returns the oldest call's tag and reply.
+
+    A call answered NOSCRIPT did not run: it is loaded and sent again on its own when its
+    reply is read (after a SCRIPT FLUSH mid-stream a later call may then run first). Any
+    other failure drops the connection, with the replies still owed on it, and raises;
+    what those calls did is unknown, as for a single call whose reply was lost. Without
+    kept connections (Redis Cluster) each call is sent and read at once.
+    """
+
+    def __init__(self, scripts: Scripts) -> None:
+        self.scripts = scripts
+        self.pending: deque[tuple[str, Sequence[str], Sequence[Any], Any]] = deque()
+        self.ready: deque[tuple[Any, Any]] = deque()
+        self.conn: Any = None
+
+    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any) -> None:
+        sc = self.scripts
+        if sc._lanes is None:
+            self.ready.append((tag, sc.call(name, keys, args)))
+            return
+        if self.conn is None:
+            self.conn = sc._lanes.take()
+        try:
+            self.conn.send_command("EVALSHA", sc.shas[name], len(keys), *keys, *args)
+        except BaseException:
+            self._drop()
+            raise
+        self.pending.append((name, keys, args, tag))
+
+    def __len__(self) -> int:
+        return len(self.pending) + len(self.ready)
+
+    def read(self) -> tuple[Any, Any]:
+        if self.ready:
+            return self.ready.popleft()
+        name, keys, args, tag = self.pending.popleft()
+        try:
+            reply = self.conn.read_response()
+        except NoScriptError:
+            reply = self.scripts.call(name, keys, args)  # it did not run: load, run alone
+        except ResponseError:
+            self._drop()  # read whole, but the calls behind it are not the caller's to keep
+            raise
+        except BaseException:
+            self._drop()
+            raise
+        if not self.pending:
+            self.close()
+        return tag, reply
+
+    def close(self) -> None:
+        """Give the connection back; replies still owed make it unusable, so drop it."""
+        if self.conn is None:
+            return
+        if self.pending:
+            self._drop()
+            return
+        self.scripts._lanes.give(self.conn)  # type: ignore[union-attr]
+        self.conn = None
+
+    def _drop(self) -> None:
+        self.pending.clear()
+        if self.conn is not None:
+            self.conn.disconnect()
+            self.scripts._lanes.give(self.conn)  # type: ignore[union-attr]
+            self.conn = None
+
+
 class Scripts:
     """The scripts of one Redis client, sent by SHA and loaded again on NOSCRIPT."""
 
@@ -185,6 +257,9 @@ class Scripts:
     def batch(self) -> Batch:
         return Batch(self)
 
+    def stream(self) -> Stream:
+        return Stream(self)
+
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None) -> Any:
         if pipe is not None:
             pipe.add(name, keys, args)
@@ -194,12 +269,19 @@ class Scripts:
     def enqueue(
         self, k: QueueKeys, jobs: Sequence[NewJob], now_ms: int, idem_ttl_ms: int, pipe: Batch | None = None
     ) -> Any:
+        return self._run(*self.enqueue_call(k, jobs, now_ms, idem_ttl_ms), pipe)
+
+    @staticmethod
+    def enqueue_call(
+        k: QueueKeys, jobs: Sequence[NewJob], now_ms: int, idem_ttl_ms: int
+    ) -> tuple[str, tuple[str, ...], list[Any]]:
+        """The enqueue script's name, keys and arguments (for a Stream)."""
         args: list[Any] = [now_ms, idem_ttl_ms, len(jobs)]
         for j in jobs:
             args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms,
                      j.idem_key, j.payload_hash, j.resource_key]
         keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.done)
-        return self._run("enqueue", keys, args, pipe)
+        return "enqueue", keys, args
 
     def claim(
         self, k: QueueKeys, *, now_ms: int, n: int, lease_ms: int, token_base: str,

@@ -94,3 +94,85 @@ def test_a_forked_child_uses_connections_of_its_own(project: Project) -> None:
     _, status = os.waitpid(pid, 0)
     assert parent_ok and os.waitstatus_to_exitcode(status) == 0
     assert project.runtime.redis.llen(project.keys().ready) == 101
+
+
+def _send(stream: Any, p: Project, *ids: str) -> None:
+    stream.send(*p.runtime.scripts.enqueue_call(p.keys(), [_job(i) for i in ids], 1_000, 60_000),
+                tag=ids)
+
+
+def test_a_stream_reads_replies_in_the_order_sent(project: Project) -> None:
+    """Calls sent back to back without reading come back one reply each, in order, with
+    their tags; the jobs land in ready in that order; the connection is then reused."""
+    st = project.runtime.scripts.stream()
+    _send(st, project, "a", "b")
+    _send(st, project, "c")
+    _send(st, project, "d")
+    assert len(st) == 3
+    got = [st.read() for _ in range(3)]
+    assert [t for t, _ in got] == [("a", "b"), ("c",), ("d",)]
+    assert got[0][1] == [1, "a", "queued", 1, "b", "queued"]
+    assert project.runtime.redis.lrange(project.keys().ready, 0, -1) == ["d", "c", "b", "a"]
+    assert st.conn is None and len(project.runtime.scripts._lanes.idle) >= 1  # type: ignore[union-attr]
+    assert _enqueue(project, "e") == [1, "e", "queued"]
+
+
+def test_a_stream_after_script_flush_runs_every_call_once_in_order(project: Project) -> None:
+    """Every streamed call answered NOSCRIPT did not run: each is loaded and sent again
+    when its reply is read, so each job is enqueued exactly once, in order."""
+    _enqueue(project, "a")
+    project.runtime.redis.script_flush()
+    st = project.runtime.scripts.stream()
+    for i in "bcd":
+        _send(st, project, i)
+    assert [st.read()[1] for _ in range(3)] == [[1, i, "queued"] for i in "bcd"]
+    assert project.runtime.redis.lrange(project.keys().ready, 0, -1) == ["d", "c", "b", "a"]
+
+
+def test_a_stream_error_drops_the_connection_and_the_replies_still_owed(project: Project) -> None:
+    """An error reply raises and drops the connection with the replies still owed on it,
+    so the next call reads its own reply, not a leftover of the stream."""
+    k, r = project.keys(), project.runtime.redis
+    r.set(k.ready, "not a list")
+    st = project.runtime.scripts.stream()
+    _send(st, project, "a")
+    _send(st, project, "b")
+    with pytest.raises(ResponseError):
+        st.read()
+    assert len(st) == 0 and st.conn is None
+    r.delete(k.ready)
+    assert _enqueue(project, "c") == [1, "c", "queued"]
+    assert r.lrange(k.ready, 0, -1) == ["c"]
+
+
+def test_enqueue_many_streams_chunks_across_queues_and_keeps_request_order(project: Project) -> None:
+    """Far more jobs than one chunk, for two queues, with refusals in between: every
+    request gets its own answer in its own place, and each queue's ready list holds its
+    jobs in the order given."""
+    from runner.client import STREAM_CHUNK, Request
+    from runner.errors import UnknownFunction, ValidationFailed
+
+    reqs: list[Request] = []
+    for i in range(STREAM_CHUNK * 5 + 7):
+        if i % 97 == 3:
+            reqs.append(Request("nope", {}))
+        elif i % 89 == 5:
+            reqs.append(Request("record", {"n": "not a number"}))
+        else:
+            reqs.append(Request("record", {"n": i}) if i % 3 else Request("slow", {"seconds": i}))
+    out = project.client.enqueue_many(reqs, batch=10_000)
+    assert len(out) == len(reqs)
+    fast: list[str] = []
+    slow: list[str] = []
+    for req, res in zip(reqs, out, strict=True):
+        if req.type == "nope":
+            assert isinstance(res, UnknownFunction)
+        elif req.payload.get("n") == "not a number":
+            assert isinstance(res, ValidationFailed)
+        else:
+            assert not isinstance(res, Exception), res
+            assert res.queue == ("fast" if req.type == "record" else "slow") and not res.duplicate
+            (fast if res.queue == "fast" else slow).append(res.id)
+    r = project.runtime.redis
+    assert r.lrange(project.keys("fast").ready, 0, -1)[::-1] == fast
+    assert r.lrange(project.keys("slow").ready, 0, -1)[::-1] == slow
