@@ -24,6 +24,7 @@ Statuses: queued, scheduled, processing, retrying, done, dead.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,9 +61,34 @@ def merge(record: Mapping[str, str], claim: str | None, outcome: str | None) -> 
     return fields
 
 
+class _Entropy(threading.local):
+    """Random bytes read from the OS 4 KiB at a time, per thread: one getrandom() call per
+    800 ids instead of one per id (a syscall is a few microseconds on a VM)."""
+
+    buf = b""
+    pos = 0
+
+
+_entropy = _Entropy()
+
+
+def _fresh_entropy() -> None:
+    # A forked child must not hand out the random bytes its parent will use too.
+    global _entropy
+    _entropy = _Entropy()
+
+
+os.register_at_fork(after_in_child=_fresh_entropy)
+
+
 def new_id() -> str:
     """Time-ordered, unique job id: 12 hex digits of ms since epoch + 10 random hex."""
-    return f"{int(time.time() * 1000):012x}{os.urandom(5).hex()}"
+    e = _entropy
+    if e.pos + 5 > len(e.buf):
+        e.buf, e.pos = os.urandom(4096), 0
+    rnd = e.buf[e.pos:e.pos + 5]
+    e.pos += 5
+    return f"{int(time.time() * 1000):012x}{rnd.hex()}"
 
 
 def now_ms() -> int:

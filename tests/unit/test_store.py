@@ -24,3 +24,38 @@ def test_written_times_win_over_the_defaults() -> None:
                            "max_attempts": "3", "created_ms": "1000", "enqueued_ms": "2000",
                            "ready_ms": "5000"}).as_dict()
     assert (d["created_at"], d["enqueued_at"], d["ready_at"]) == (1.0, 2.0, 5.0)
+
+
+def test_new_ids_are_unique_across_threads_and_a_fork() -> None:
+    """Ids drawn from buffered randomness stay unique: many per thread, across threads, and
+    in a forked child, which must not reuse the bytes its parent still holds."""
+    import os
+    import threading
+
+    from runner import store
+
+    got: list[list[str]] = []
+
+    def draw() -> None:
+        got.append([store.new_id() for _ in range(5_000)])
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.new_id()  # this thread's buffer now holds bytes the child inherits
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.write(w, " ".join(store.new_id()[12:] for _ in range(50)).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    child = set(os.read(r, 1 << 16).decode().split())
+    os.close(r)
+    parent = {store.new_id()[12:] for _ in range(50)}
+    every = [i for ids in got for i in ids]
+    assert len(set(every)) == len(every) == 20_000
+    assert len(child) == 50 and not child & parent
+    assert all(len(i) == 22 and int(i, 16) >= 0 for i in every)
