@@ -54,7 +54,8 @@ def test_killed_workers_job_is_reclaimed_after_the_lease_not_before(project: Pro
 def test_poison_job_ends_dead_as_worker_lost(project: Project) -> None:
     """A job whose handler SIGKILLs its worker on every run: a supervisor keeps one worker
     alive (as a PaaS would). After MAX_ATTEMPTS (3) lost workers the job is dead with
-    reason "worker lost"; the jobs queued around it complete; the last worker stays up."""
+    reason "worker lost"; the jobs queued around it complete, each run once more only
+    when a lost worker took its ack along; the last worker stays up."""
     add_crash_fixtures(project)
     configure(project, vt=1, concurrency=1, batch=1)
     c = project.client
@@ -82,7 +83,11 @@ def test_poison_job_ends_dead_as_worker_lost(project: Project) -> None:
     assert deaths == 3
     others = wait_final(project, before + after, timeout=20)
     assert all(r["status"] == "done" for r in others.values())
-    assert all(len(project.runs(i)) == 1 for i in before + after)
+    # A job that finished just before the poison killed its worker may have lost its ack
+    # with it (acks go out in batches): it then ran once more after its lease lapsed, and
+    # its history says so. No other job runs twice.
+    for i in before + after:
+        assert len(project.runs(i)) == 1 + outcomes(others[i]).count("worker lost"), (i, others[i])
     assert current[0].poll() is None, "the worker serving after the burial must stay up"
     assert structures(project)["dead"] == [poison.id]
     assert_quiet(project)
