@@ -62,6 +62,7 @@ class Figures:
         rows = [
             ("jobs accepted", self.jobs),
             ("  done / dead", f"{self.done} / {self.dead}"),
+            ("  dead, by reason", ", ".join(f"{r}: {n}" for r, n in self.dead_reasons.most_common()) or "-"),
             ("duplicates suppressed at enqueue (same key)", self.duplicates_at_enqueue),
             ("duplicates suppressed at claim (key already done)", self.duplicates_at_claim),
             ("enqueue batches retried (Redis away)", self.enqueue_calls_retried),
