@@ -345,7 +345,7 @@ class Scripts:
 
     def reclaim(self, k: QueueKeys, now_ms: int, limit: int, dead_ttl_ms: int) -> Any:
         keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lock_prefix, k.scheduled,
-                k.claims)
+                k.claims, k.done)
         return self._run("reclaim", keys, (now_ms, limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, now_ms: int, limit: int) -> Any:

@@ -12,6 +12,7 @@
 -- KEYS[7] lock prefix  (string)
 -- KEYS[8] scheduled    ZSET  (to wake a job waiting on a released resource)
 -- KEYS[9] claims       HASH  id -> claim
+-- KEYS[10] done        HASH  id -> outcome (a lease left beside one is stray)
 -- ARGV[1] now_ms
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -21,15 +22,26 @@ local now, limit, dead_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local requeued, buried = 0, 0
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
-local held = hmget_many(KEYS[9], ids)
+local held, fin = hmget_many(KEYS[9], ids), hmget_many(KEYS[10], ids)
 for j, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = KEYS[6] .. id
   local c = parse_claim(held[j])
   if held[j] then redis.call('HDEL', KEYS[9], id) end
-  -- An error reply (not a hash), no record or no claim: nothing to take back.
-  local f = redis.pcall('HMGET', jk, 'max_attempts', 'resource_key', 'type', 'history')
-  if c and not f.err and f[3] then
+  -- An error reply (not a hash), no record, or a job that is done or elsewhere: nothing
+  -- to take back.
+  local f = redis.pcall('HMGET', jk, 'max_attempts', 'resource_key', 'type', 'history', 'status',
+    'attempt', 'token')
+  local live = not f.err and f[3] and not fin[j] and (f[5] == 'queued' or f[5] == 'processing')
+  if live and not c then
+    -- A damaged claim entry, or a claim an older release kept on the record (status
+    -- processing, the attempt already counted, the token there): the job is still taken
+    -- back, never dropped.
+    local legacy = f[5] == 'processing'
+    c = {attempt = (tonumber(f[6]) or 0) + (legacy and 0 or 1), started = now,
+      token = legacy and f[7] or ''}
+  end
+  if live then
     local attempt = c.attempt
     local max = tonumber(f[1]) or 1
     local set

@@ -279,6 +279,30 @@ def test_stray_id_of_a_claimed_job_or_twice_in_ready_is_claimed_once(p: Project)
     assert sorted(structures(p)["leases"]) == ["a", "b"]
 
 
+def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Project) -> None:
+    """A lapsed lease whose claim entry is garbage, or missing because an older release
+    kept the claim on the record (status processing), still brings its job back with the
+    attempt counted; a lease left beside a done outcome is dropped, never rerun."""
+    enqueue(p, new("a"), new("b"), new("c"))
+    got = {g[0]: g for g in claim(p, n=3)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.hset(k.claims, "a", "not a claim")
+    # b as an older release left it: no claim entry, the claim on the record
+    r.hdel(k.claims, "b")
+    r.hset(k.job("b"), mapping={"status": "processing", "token": "old:1", "attempt": 1})
+    assert sc.ack(k, [Ack("c", got["c"][1], "", "", "")], NOW, 100_000) == [1]
+    r.zadd(k.leases, {"c": NOW})  # a stray lease beside c's outcome
+    assert list(sc.reclaim(k, NOW + LEASE + 1, 100, 10**7)) == [2, 0]
+    assert sorted(r.lrange(k.ready, 0, -1)) == ["a", "b"]
+    for job_id in "ab":
+        v = rec(p, job_id)
+        assert v["status"] == "queued" and v["attempt"] == "1", v
+        assert v["history"].endswith(f'"outcome":"worker lost","at_ms":{NOW + LEASE + 1}}}')
+    assert rec(p, "c")["status"] == "done"
+    assert r.hlen(k.claims) == 0
+    assert_no_job_in_two_structures(p)
+
+
 def test_requeue_and_remove_dead(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
