@@ -111,6 +111,20 @@ local function parse_claim(raw)
     idem = string.find(flags, 'i', 1, true) ~= nil, res = string.find(flags, 'r', 1, true) ~= nil}
 end
 
+-- The claim entries of a batch whose ids stand in ARGV from index `first`, one every
+-- `stride` arguments (one HMGET for the whole batch).
+local function batch_claims(claims_key, first, stride, n)
+  local ids = {}
+  for i = 0, n - 1 do ids[#ids + 1] = ARGV[first + i * stride] end
+  return hmget_many(claims_key, ids)
+end
+
+-- Settled jobs give up their claims and leases: one HDEL and one ZREM for the batch.
+local function unclaim(claims_key, leases_key, ids)
+  call_many('HDEL', claims_key, ids, 1)
+  call_many('ZREM', leases_key, ids, 1)
+end
+
 -- The fence: the job must hold a claim under this very token (no claim hands out an
 -- empty one). Returns the parsed claim, or nil when the token does not own the job.
 local function fence(raw, token)

@@ -29,9 +29,7 @@
 -- Returns one code per job: 1 done, -1 refused (lease lost: nothing changed).
 local now, idem_ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-local ids = {}
-for i = 0, n - 1 do ids[#ids + 1] = ARGV[4 + i * 5] end
-local held = hmget_many(KEYS[10], ids)
+local held = batch_claims(KEYS[10], 4, 5, n)
 local finished, outcomes, index = {}, {}, {}
 for i = 0, n - 1 do
   local b = 4 + i * 5
@@ -69,8 +67,7 @@ end
 if #finished > 0 then
   call_many('HSET', KEYS[11], outcomes, 2)
   call_many('ZADD', KEYS[12], index, 2)
-  call_many('HDEL', KEYS[10], finished, 1)
-  call_many('ZREM', KEYS[1], finished, 1)
+  unclaim(KEYS[10], KEYS[1], finished)
   redis.call('HINCRBY', KEYS[6], 'done', #finished)
   redis.call('PEXPIRE', KEYS[6], 21600000)
 end

@@ -24,9 +24,7 @@
 local now, dead_ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local ids, dead_ids, locks = {}, {}, {}
-local asked = {}
-for i = 0, n - 1 do asked[#asked + 1] = ARGV[4 + i * 7] end
-local held = hmget_many(KEYS[9], asked)
+local held = batch_claims(KEYS[9], 4, 7, n)
 for i = 0, n - 1 do
   local b = 4 + i * 7
   local id, token, reason, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -55,8 +53,7 @@ for i = 0, n - 1 do
     out[#out + 1] = 1
   end
 end
-call_many('HDEL', KEYS[9], ids, 1)
-call_many('ZREM', KEYS[1], ids, 1)
+unclaim(KEYS[9], KEYS[1], ids)
 call_many('ZADD', KEYS[2], dead_ids, 2)
 for _, l in ipairs(locks) do
   release_lock(KEYS[5], l[1], l[2], KEYS[6], KEYS[7], KEYS[8], KEYS[4])

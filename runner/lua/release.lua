@@ -15,9 +15,7 @@
 local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 local ids = {}
-local asked = {}
-for i = 0, n - 1 do asked[#asked + 1] = ARGV[3 + i * 2] end
-local held = hmget_many(KEYS[7], asked)
+local held = batch_claims(KEYS[7], 3, 2, n)
 for i = 0, n - 1 do
   local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
   local jk = KEYS[4] .. id
@@ -42,8 +40,7 @@ for i = 0, n - 1 do
   end
 end
 if #ids > 0 then
-  call_many('HDEL', KEYS[7], ids, 1)
-  call_many('ZREM', KEYS[1], ids, 1)
+  unclaim(KEYS[7], KEYS[1], ids)
   wake(KEYS[3])
 end
 return out

@@ -14,9 +14,7 @@
 --  -2  renewed, but the resource lock is held by another token (it lapsed meanwhile)
 local now, lease, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-local asked = {}
-for i = 0, n - 1 do asked[#asked + 1] = ARGV[4 + i * 2] end
-local held = hmget_many(KEYS[4], asked)
+local held = batch_claims(KEYS[4], 4, 2, n)
 for i = 0, n - 1 do
   local id, token = ARGV[4 + i * 2], ARGV[5 + i * 2]
   local jk = KEYS[2] .. id

@@ -21,9 +21,7 @@
 local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 local ids, due_ids, locks = {}, {}, {}
-local asked = {}
-for i = 0, n - 1 do asked[#asked + 1] = ARGV[3 + i * 6] end
-local held = hmget_many(KEYS[8], asked)
+local held = batch_claims(KEYS[8], 3, 6, n)
 for i = 0, n - 1 do
   local b = 3 + i * 6
   local id, token, due, err, entry, fields = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
@@ -46,8 +44,7 @@ for i = 0, n - 1 do
     out[#out + 1] = 1
   end
 end
-call_many('HDEL', KEYS[8], ids, 1)
-call_many('ZREM', KEYS[1], ids, 1)
+unclaim(KEYS[8], KEYS[1], ids)
 call_many('ZADD', KEYS[2], due_ids, 2)
 for _, l in ipairs(locks) do
   release_lock(KEYS[5], l[1], l[2], KEYS[2], KEYS[6], KEYS[7], KEYS[4])

@@ -59,3 +59,25 @@ def test_new_ids_are_unique_across_threads_and_a_fork() -> None:
     assert len(set(every)) == len(every) == 20_000
     assert len(child) == 50 and not child & parent
     assert all(len(i) == 22 and int(i, 16) >= 0 for i in every)
+
+
+def test_merge_lays_a_claim_or_an_outcome_over_the_record_and_survives_garbage() -> None:
+    """A claim shows the job processing with its token, attempt and start; an outcome
+    shows it done with its result and one more history entry, and hides an earlier
+    attempt's error; a damaged claim is ignored and a damaged outcome still reads done."""
+    from runner import store
+
+    record = {"type": "t", "status": "queued", "attempt": "1", "history": '{"attempt":1}',
+              "error": '{"type":"E"}'}
+    claimed = store.merge(record, "w.1:0 2 1000 -", None)
+    assert claimed["status"] == "processing" and claimed["token"] == "w.1:0"
+    assert claimed["attempt"] == "2" and claimed["started_ms"] == "1000"
+    done = store.merge(record, None, '2000 2 1000\n{"attempt":2}\n{"ok":true}')
+    assert done["status"] == "done" and done["finished_ms"] == "2000" and done["result"] == '{"ok":true}'
+    assert done["history"] == '{"attempt":1},{"attempt":2}' and "error" not in done
+    view = store.Job("x", "fast", done).as_dict()
+    assert view["history"] == [{"attempt": 1}, {"attempt": 2}] and view["result"] == {"ok": True}
+    assert store.merge(record, "garbage", None)["status"] == "queued"
+    assert store.merge(record, None, "garbage")["status"] == "done"
+    assert store.merge({}, "w.1:0 2 1000 -", "2000 2 1000\n\n") == {}
+    assert record["status"] == "queued"  # the record itself is left as it was
