@@ -187,7 +187,15 @@ while i < n and popped < n * 4 do
   local ids = redis.call('RPOP', KEYS[1], want)
   if not ids then break end
   popped = popped + #ids
-  local held, fin = hmget_many(KEYS[9], ids), hmget_many(KEYS[10], ids)
+  local ok_h, held = pcall(hmget_many, KEYS[9], ids)
+  local ok_f, fin = pcall(hmget_many, KEYS[10], ids)
+  if not (ok_h and ok_f) then
+    -- The claims or done hash is damaged (another type). Its type cannot change within
+    -- this call, so this is the first round and nothing is claimed yet: put the ids
+    -- back at the consumer end, in order, and refuse, rather than lose them.
+    for j = #ids, 1, -1 do redis.call('RPUSH', KEYS[1], ids[j]) end
+    return redis.error_reply('claim refused: the claims or done hash of this queue is not a hash')
+  end
   for j, id in ipairs(ids) do
     if held[j] or fin[j] or taken[id] then
       tally('stray')  -- claimed or finished already: never run it twice

@@ -303,6 +303,23 @@ def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Proj
     assert_no_job_in_two_structures(p)
 
 
+def test_claim_with_a_damaged_claims_hash_refuses_and_loses_nothing(p: Project) -> None:
+    """With the queue's claims (or done) hash damaged to another type, claim raises a
+    clear error and leaves every popped id back in ready, in order; once the key is
+    repaired the jobs are claimed as usual."""
+    from redis.exceptions import ResponseError
+
+    enqueue(p, new("a"), new("b"), new("c"))
+    r, k = p.runtime.redis, p.keys()
+    for damaged in (k.claims, k.done):
+        r.set(damaged, "not a hash")
+        with pytest.raises(ResponseError, match="claims or done hash"):
+            claim(p, n=2)
+        assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"]
+        r.delete(damaged)
+    assert [g[0] for g in claim(p, n=3)] == ["a", "b", "c"]
+
+
 def test_requeue_and_remove_dead(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
