@@ -168,14 +168,17 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
 def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
     """Run the production web server (gunicorn) for the HTTP API and dashboard."""
     from runner.logs import setup
-    from runner.webserver import serve
+    from runner.webserver import PortInUse, serve
 
     cfg = load_config(ctx.obj["config"])
     if cfg.api.auth and not cfg.api.token:
         fail("refusing to serve the API without a token: set RUNNER_API_TOKEN, or switch auth off "
              f"explicitly with `[api] auth = false` in {cfg.source}", EXIT_CONFIG)
     setup(cfg.log)
-    serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))
+    try:
+        serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))
+    except PortInUse as exc:
+        fail(str(exc), EXIT_CONFIG)
 
 
 @cli.command()

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gunicorn.config
@@ -96,3 +97,45 @@ def test_gunicorn_serves_the_app_from_the_project_folder(project: Project) -> No
         assert "record" in names and "slow" in names
         health = web.get("/healthz")
         assert health.json() == {"status": "ok", "checks": {"web": "ok", "redis": "ok"}}
+
+
+def test_runner_web_listens_per_process_and_refuses_a_taken_port(project: Project) -> None:
+    """`runner web` gives each gunicorn process a listening socket of its own
+    (SO_REUSEPORT: the kernel spreads connections, so keep-alive clients cannot pile onto
+    one process), and a second `runner web` on the same port is refused with exit 2
+    instead of silently sharing the port."""
+    port = free_port()
+    env = {**project.env, "RUNNER_API_TOKEN": "t", "PORT": str(port), "WEB_CONCURRENCY": "2",
+           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL)}
+    base = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "web",
+            "--host", "127.0.0.1"]
+    log = open(project.root / "runner-web.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(base, cwd=project.root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, f"runner web exited; see {log.name}"
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_for(up, timeout=20, interval=0.05, what="runner web to answer")
+
+        def listeners() -> int:
+            # /proc/net/tcp: local address as hex ip:port, state 0A is LISTEN.
+            rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+            return sum(1 for r in rows if r.split()[1].endswith(f":{port:04X}") and r.split()[3] == "0A")
+
+        wait_for(lambda: listeners() == 2, timeout=10, what="one listening socket per process")
+        second = subprocess.run(base, cwd=project.root, env=env, capture_output=True, text=True, timeout=30)
+        assert second.returncode == 2, second.stderr
+        assert f"cannot listen on 127.0.0.1:{port}" in second.stderr
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
