@@ -168,7 +168,7 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
 def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
     """Run the production web server (gunicorn) for the HTTP API and dashboard."""
     from runner.logs import setup
-    from runner.webserver import PortInUse, serve
+    from runner.webserver import serve
 
     cfg = load_config(ctx.obj["config"])
     if cfg.api.auth and not cfg.api.token:
@@ -177,7 +177,7 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
     setup(cfg.log)
     try:
         serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))
-    except PortInUse as exc:
+    except ConfigError as exc:  # the port is taken
         fail(str(exc), EXIT_CONFIG)
 
 

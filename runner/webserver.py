@@ -14,6 +14,8 @@ workers share one Runtime and a reload is seen by both at once.
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import socket
 import socketserver
 import threading
@@ -23,6 +25,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from gunicorn.app.base import BaseApplication
 
 from runner.config import Config
+from runner.errors import ConfigError
 
 log = logging.getLogger("runner.web")
 
@@ -90,14 +93,18 @@ def _is_tcp(addr: str) -> bool:
     return not addr.startswith(("unix:", "fd://"))
 
 
-class PortInUse(Exception):
-    pass
+def _bind_overridden() -> bool:
+    args = shlex.split(os.environ.get("GUNICORN_CMD_ARGS", ""))
+    return any(a == "-b" or a.startswith(("--bind", "-b")) for a in args)
 
 
 def check_port_free(host: str, port: int) -> None:
     """Refuse a port that something already listens on. The workers bind with
     SO_REUSEPORT, so a second server on the same port would otherwise start without error
-    and silently take a share of the first one's connections; a plain bind fails."""
+    and silently take a share of the first one's connections; a plain bind fails. (A bind
+    given in GUNICORN_CMD_ARGS is gunicorn's to check.)"""
+    if _bind_overridden():
+        return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         # As gunicorn binds: a port left in TIME_WAIT by a server just stopped is free.
@@ -105,7 +112,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise PortInUse(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def serve(config: Config, host: str, port: int, workers: int, threads: int) -> None:
