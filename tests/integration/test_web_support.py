@@ -49,6 +49,16 @@ _NO_CONTROL = (["--no-control-socket"]
                if any(s.name == "control_socket_disable" for s in gunicorn.config.KNOWN_SETTINGS) else [])
 
 
+def _interrupt(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGINT: gunicorn's quick shutdown (the tests hold no request open); killed if it lingers."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | None = None,
              threads: int = 4) -> Iterator[Web]:
@@ -78,12 +88,7 @@ def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | N
         yield web
     finally:
         web.session.close()
-        proc.send_signal(signal.SIGINT)  # quick shutdown: the tests hold no request open
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _interrupt(proc, timeout=10)
         log.close()
 
 
@@ -132,10 +137,5 @@ def test_runner_web_listens_per_process_and_refuses_a_taken_port(project: Projec
         assert f"cannot listen on 127.0.0.1:{port}" in second.stderr
         assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _interrupt(proc, timeout=15)
         log.close()
