@@ -17,17 +17,28 @@
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
 --
+-- A claims or done hash damaged to another type would stop every claim, ack and reclaim
+-- of the queue; it is renamed aside to <key>:corrupt (kept for inspection, counted as
+-- "corrupt|claims" or "corrupt|done"), and the jobs it held are taken back by their
+-- leases like any other.
+--
 -- Returns {requeued, buried}.
 local now, limit, dead_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+for key, name in pairs({[KEYS[9]] = 'claims', [KEYS[10]] = 'done'}) do
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    redis.call('RENAME', key, key .. ':corrupt')
+    tally('corrupt|' .. name)
+  end
+end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local requeued, buried = 0, 0
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
 local held, fin = hmget_many(KEYS[9], ids), hmget_many(KEYS[10], ids)
+unclaim(KEYS[9], KEYS[1], ids)
 for j, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
   local jk = KEYS[6] .. id
   local c = parse_claim(held[j])
-  if held[j] then redis.call('HDEL', KEYS[9], id) end
   -- An error reply (not a hash), no record, or a job that is done or elsewhere: nothing
   -- to take back.
   local f = redis.pcall('HMGET', jk, 'max_attempts', 'resource_key', 'type', 'history', 'status',

@@ -320,6 +320,29 @@ def test_claim_with_a_damaged_claims_hash_refuses_and_loses_nothing(p: Project) 
     assert [g[0] for g in claim(p, n=3)] == ["a", "b", "c"]
 
 
+def test_reclaim_renames_a_damaged_claims_hash_aside_and_takes_its_jobs_back(p: Project) -> None:
+    """A claims hash overwritten with another type stops claims and acks; the scheduler's
+    reclaim renames it to <key>:corrupt, counts it, and takes the claimed job back when its
+    lease lapses (the attempt counted), after which claims work again."""
+    from redis.exceptions import ResponseError
+
+    enqueue(p, new("a"), new("b"))
+    (job,) = claim(p, n=1)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.delete(k.claims)
+    r.set(k.claims, "clobbered")
+    with pytest.raises(ResponseError):
+        claim(p, n=1, base="w.2")
+    with pytest.raises(ResponseError):
+        sc.ack(k, [Ack("a", job[1], "", "", "")], NOW, 100_000)
+    assert list(sc.reclaim(k, NOW + LEASE + 1, 100, 10**7)) == [1, 0]
+    assert r.get(k.claims + ":corrupt") == "clobbered" and r.hget(k.stats, "corrupt|claims") == "1"
+    assert rec(p, "a")["status"] == "queued" and rec(p, "a")["attempt"] == "1"
+    got = claim(p, n=2, now=NOW + LEASE + 2, base="w.3")
+    assert sorted(g[0] for g in got) == ["a", "b"] and {g[0]: g[2] for g in got}["a"] == 2
+    assert_no_job_in_two_structures(p)
+
+
 def test_requeue_and_remove_dead(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
