@@ -1,0 +1,44 @@
+"""Each script carries the helpers of _lib.lua it calls, and only those."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from runner.scripts import NAMES, _helpers, _source, assemble
+
+LIB = _source("_lib")
+HELPERS = dict(_helpers(LIB))
+
+
+def defined(src: str) -> set[str]:
+    return set(re.findall(r"^local (?:function )?([A-Za-z_]\w*)", src, re.M)) & set(HELPERS)
+
+
+def test_the_library_splits_into_its_top_level_definitions() -> None:
+    """Every column-0 ``local`` of the library is one helper, its comment included."""
+    assert set(HELPERS) == set(re.findall(r"^local (?:function )?([A-Za-z_]\w*)", LIB, re.M))
+    assert "Wake idle workers" in HELPERS["wake"]
+    assert HELPERS["flush"].rstrip().endswith("end")
+    # In order, the pieces hold every line of the library past its own header comment.
+    lines = [ln for ln in "\n".join(HELPERS.values()).splitlines() if ln.strip()]
+    lib_lines = [ln for ln in LIB.splitlines() if ln.strip()]
+    assert lines == lib_lines[len(lib_lines) - len(lines):]
+    assert all(ln.startswith("--") for ln in lib_lines[: len(lib_lines) - len(lines)])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_script_defines_every_helper_it_or_its_helpers_name(name: str) -> None:
+    have = defined(assemble(LIB, _source(name)))
+    texts = [_source(name)] + [HELPERS[h] for h in have]
+    named = {h for h in HELPERS for t in texts if re.search(rf"\b{h}\b", t)}
+    assert named <= have
+
+
+def test_a_script_leaves_out_what_it_never_names() -> None:
+    """enqueue wakes workers and nothing more; release_lock pulls in wake with it."""
+    assert defined(assemble(LIB, _source("enqueue"))) == {"wake"}
+    assert defined(assemble(LIB, "release_lock(a, b, c, d, e, f, g)")) == {"release_lock", "wake"}
+    assert defined(assemble(LIB, "tally('x') flush(k)")) == {"acc", "tally", "flush"}
+    assert defined(assemble(LIB, "return 1")) == set()
