@@ -23,9 +23,9 @@ METRICS_OFF = [
      "local function tally(field)\n  if true then return end\n"),
     ("lua/_lib.lua", "local function flush(stats_key)\n",
      "local function flush(stats_key)\n  if true then return end\n"),
-    ("lua/enqueue.lua", "  redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)\n", ""),
-    ("lua/ack.lua", "  redis.call('HINCRBY', KEYS[6], 'done', #finished)\n"
-                    "  redis.call('PEXPIRE', KEYS[6], 21600000)\n", ""),
+    ("lua/enqueue.lua", "  redis.pcall('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)\n", ""),
+    ("lua/ack.lua", "  if type(redis.pcall('HINCRBY', KEYS[6], 'done', #finished)) == 'number' then\n"
+                    "    redis.call('PEXPIRE', KEYS[6], 21600000)\n  end\n", ""),
     ("worker.py", 'fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)',
      'fields = ""'),
 ]

@@ -25,9 +25,12 @@ local function call_many(cmd, key, args, step)
   end
 end
 
--- Wake idle workers, keeping the wake-up list short.
+-- Wake idle workers, keeping the wake-up list short. pcall: a wake-up list damaged to
+-- another type must not fail a transition whose writes are already made (workers still
+-- poll on their own; the scheduler renames the key aside).
 local function wake(notify_key)
-  if redis.call('LLEN', notify_key) < 64 then
+  local len = redis.pcall('LLEN', notify_key)
+  if type(len) == 'number' and len < 64 then
     redis.call('LPUSH', notify_key, '1')
   end
 end
@@ -86,7 +89,9 @@ local function tally(field)
 end
 local function flush(stats_key)
   for f, n in pairs(acc) do
-    redis.call('HINCRBY', stats_key, f, n)
+    -- pcall: a stats hash damaged to another type loses these counts, never the
+    -- transition (its writes are made; the scheduler renames the key aside).
+    redis.pcall('HINCRBY', stats_key, f, n)
   end
 end
 

@@ -68,8 +68,10 @@ if #finished > 0 then
   call_many('HSET', KEYS[11], outcomes, 2)
   call_many('ZADD', KEYS[12], index, 2)
   unclaim(KEYS[10], KEYS[1], finished)
-  redis.call('HINCRBY', KEYS[6], 'done', #finished)
-  redis.call('PEXPIRE', KEYS[6], 21600000)
+  -- pcall: a damaged counter loses a count, never the acks (their writes are made).
+  if type(redis.pcall('HINCRBY', KEYS[6], 'done', #finished)) == 'number' then
+    redis.call('PEXPIRE', KEYS[6], 21600000)
+  end
 end
 flush(KEYS[2])
 return out

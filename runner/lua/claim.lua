@@ -189,12 +189,22 @@ while i < n and popped < n * 4 do
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, KEYS[9], ids)
   local ok_f, fin = pcall(hmget_many, KEYS[10], ids)
-  if not (ok_h and ok_f) then
-    -- The claims or done hash is damaged (another type). Its type cannot change within
-    -- this call, so this is the first round and nothing is claimed yet: put the ids
-    -- back at the consumer end, in order, and refuse, rather than lose them.
+  local damaged = not ok_h and 'claims' or not ok_f and 'done' or nil
+  if popped == #ids and not damaged then
+    -- First round: every other key of the queue that settling an id may write must be
+    -- of its type, or a write would fail with ids popped and not yet anywhere.
+    -- (A damaged stats hash only loses counts: see flush.)
+    for _, kn in ipairs({{2, 'leases'}, {3, 'scheduled'}, {4, 'dead'}}) do
+      if type(redis.pcall('ZSCORE', KEYS[kn[1]], '')) == 'table' then damaged = kn[2] break end
+    end
+  end
+  if damaged then
+    -- A key of the queue is damaged (another type). Types cannot change within this
+    -- call, so this is the first round and nothing is claimed yet: put the ids back at
+    -- the consumer end, in order, and refuse, rather than lose them. The scheduler's
+    -- reclaim renames the key aside.
     for j = #ids, 1, -1 do redis.call('RPUSH', KEYS[1], ids[j]) end
-    return redis.error_reply('claim refused: the claims or done hash of this queue is not a hash')
+    return redis.error_reply('claim refused: the ' .. damaged .. ' key of this queue holds the wrong Redis type')
   end
   for j, id in ipairs(ids) do
     if held[j] or fin[j] or taken[id] then

@@ -50,7 +50,7 @@ for i = 0, n - 1 do
       end
       out[#out + 1] = hid
       out[#out + 1] = st
-      if hhash == phash then redis.call('HINCRBY', KEYS[4], 'deduplicated|' .. typ, 1) end
+      if hhash == phash then redis.pcall('HINCRBY', KEYS[4], 'deduplicated|' .. typ, 1) end
       dup = true
     else
       redis.call('SET', KEYS[6] .. ikey, id .. ' ' .. phash, 'PX', idem_ttl)
@@ -94,6 +94,7 @@ if #ready > 0 then
   wake(KEYS[3])
 end
 for typ, c in pairs(counts) do
-  redis.call('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)
+  -- pcall: the jobs are in; a damaged stats hash must not turn that into an error.
+  redis.pcall('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)
 end
 return out

@@ -17,19 +17,33 @@
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
 --
--- A claims or done hash damaged to another type would stop every claim, ack and reclaim
--- of the queue; it is renamed aside to <key>:corrupt (kept for inspection, counted as
--- "corrupt|claims" or "corrupt|done"), and the jobs it held are taken back by their
--- leases like any other.
+-- A key of the queue damaged to another Redis type would stop every claim (or ack, or
+-- reclaim) of the queue; it is renamed aside to <key>:corrupt (kept for inspection,
+-- counted as "corrupt|<name>"), and the queue goes on. The jobs of a damaged claims
+-- hash are taken back by their leases like any other; with damaged leases, every job
+-- still holding a claim gets a lapsed lease and is taken back at once (an attempt
+-- counted: whether its worker lives is no longer known).
 --
 -- Returns {requeued, buried}.
 local now, limit, dead_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-for key, name in pairs({[KEYS[9]] = 'claims', [KEYS[10]] = 'done'}) do
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'hash' and kind ~= 'none' then
-    redis.call('RENAME', key, key .. ':corrupt')
-    tally('corrupt|' .. name)
+local relet = false
+for _, kn in ipairs({{KEYS[5], 'stats', 'hash'}, {KEYS[9], 'claims', 'hash'},
+    {KEYS[10], 'done', 'hash'}, {KEYS[1], 'leases', 'zset'}, {KEYS[2], 'ready', 'list'},
+    {KEYS[3], 'dead', 'zset'}, {KEYS[4], 'notify', 'list'}, {KEYS[8], 'scheduled', 'zset'}}) do
+  local kind = redis.call('TYPE', kn[1])['ok']
+  if kind ~= kn[3] and kind ~= 'none' then
+    redis.call('RENAME', kn[1], kn[1] .. ':corrupt')
+    tally('corrupt|' .. kn[2])
+    if kn[2] == 'leases' then relet = true end
   end
+end
+if relet then
+  local lapsed = {}
+  for _, id in ipairs(redis.call('HKEYS', KEYS[9])) do
+    lapsed[#lapsed + 1] = now
+    lapsed[#lapsed + 1] = id
+  end
+  call_many('ZADD', KEYS[1], lapsed, 2)
 end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local requeued, buried = 0, 0

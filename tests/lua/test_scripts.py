@@ -303,21 +303,72 @@ def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Proj
     assert_no_job_in_two_structures(p)
 
 
-def test_claim_with_a_damaged_claims_hash_refuses_and_loses_nothing(p: Project) -> None:
-    """With the queue's claims (or done) hash damaged to another type, claim raises a
-    clear error and leaves every popped id back in ready, in order; once the key is
-    repaired the jobs are claimed as usual."""
+def test_claim_with_a_damaged_queue_key_refuses_and_loses_nothing(p: Project) -> None:
+    """With any key of the queue that a claim may write (claims, done, leases, scheduled,
+    dead) damaged to another type, claim raises an error naming it and leaves
+    every popped id back in ready, in order; once the key is repaired the jobs are
+    claimed as usual."""
     from redis.exceptions import ResponseError
 
     enqueue(p, new("a"), new("b"), new("c"))
     r, k = p.runtime.redis, p.keys()
-    for damaged in (k.claims, k.done):
-        r.set(damaged, "not a hash")
-        with pytest.raises(ResponseError, match="claims or done hash"):
+    for name, damaged in (("claims", k.claims), ("done", k.done), ("leases", k.leases),
+                          ("scheduled", k.scheduled), ("dead", k.dead)):
+        r.delete(damaged)
+        r.set(damaged, "not the right type")
+        with pytest.raises(ResponseError, match=f"the {name} key of this queue holds the wrong"):
             claim(p, n=2)
-        assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"]
+        assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"], name
         r.delete(damaged)
     assert [g[0] for g in claim(p, n=3)] == ["a", "b", "c"]
+
+
+def test_reclaim_renames_damaged_leases_aside_and_takes_every_claimed_job_back(p: Project) -> None:
+    """A leases key overwritten with another type: the scheduler's reclaim renames it to
+    <key>:corrupt, counts it, and gives every job still holding a claim a lapsed lease,
+    so it is taken back at once (an attempt counted) instead of sitting claimed forever;
+    then the queue claims again."""
+    enqueue(p, new("a"), new("b"), new("c"))
+    claim(p, n=2)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.delete(k.leases)
+    r.set(k.leases, "clobbered")
+    assert list(sc.reclaim(k, NOW + 1, 100, 10**7)) == [2, 0]
+    assert r.get(k.leases + ":corrupt") == "clobbered" and r.hget(k.stats, "corrupt|leases") == "1"
+    assert {rec(p, j)["status"] for j in "ab"} == {"queued"} and rec(p, "a")["attempt"] == "1"
+    assert r.hlen(k.claims) == 0 and r.zcard(k.leases) == 0
+    got = claim(p, n=3, now=NOW + 2, base="w.2")
+    assert sorted(g[0] for g in got) == ["a", "b", "c"]
+    assert_no_job_in_two_structures(p)
+
+
+@pytest.mark.parametrize("name", ["stats", "notify", "ready", "dead", "scheduled"])
+def test_reclaim_renames_any_damaged_queue_key_aside(p: Project, name: str) -> None:
+    """Every structural key of the queue found with the wrong Redis type is renamed to
+    <key>:corrupt and counted (corrupt|<name>), after which enqueue and claim work."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    key = getattr(k, name)
+    r.set(key, "clobbered")
+    sc.reclaim(k, NOW, 100, 10**7)
+    assert r.get(key + ":corrupt") == "clobbered" and r.hget(k.stats, f"corrupt|{name}") == "1"
+    assert enqueue(p, new("a")) == [1, "a", "queued"]
+    assert [g[0] for g in claim(p)] == ["a"]
+
+
+def test_enqueue_and_ack_go_through_damaged_stats_and_wakeup_keys(p: Project) -> None:
+    """Counters and the wake-up list are not worth a transition: with them damaged to
+    another type, enqueue still answers "queued" (the job is in, so an error would make
+    the caller send it twice), a claim still claims and an ack still settles its job."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    for key in (k.stats, k.notify, k.throughput(NOW // 60_000)):
+        r.set(key, "clobbered")
+    assert enqueue(p, new("a"), new("b", idem="i", phash="h")) == [1, "a", "queued", 1, "b", "queued"]
+    assert enqueue(p, new("c", idem="i", phash="h")) == [0, "b", "queued"]
+    got = claim(p, n=2)
+    assert [g[0] for g in got] == ["a", "b"]
+    assert list(sc.ack(k, [Ack("a", got[0][1], "", "", "")], NOW, 100_000)) == [1]
+    assert rec(p, "a")["status"] == "done"
+    assert_no_job_in_two_structures(p)
 
 
 def test_reclaim_renames_a_damaged_claims_hash_aside_and_takes_its_jobs_back(p: Project) -> None:
@@ -669,8 +720,9 @@ def _inside(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server: Server) -> None:
     """The common case (no keys, first attempt succeeds): claim reads each record once and
-    writes nothing to it; it pops, checks for strays (claims and outcomes), records the
-    claims and the leases with one command each for the batch. Ack touches no record: one
+    writes nothing to it; it pops, checks for strays (claims and outcomes) and that the
+    keys it may write hold their types (one ZSCORE each for leases, scheduled, dead),
+    records the claims and the leases with one command each for the batch. Ack touches no record: one
     HMGET for the fences, one HSET for the outcomes, one ZADD for their retention index,
     one HDEL and one ZREM for the claims and leases, whatever the batch size."""
     proj = make_project(tmp_path / "project", quiet_server)
@@ -689,7 +741,7 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
         proj.stop_all()
         proj.runtime.close()
     assert len(got) == 10
-    assert _inside(t0, t1) == {"rpop": 1, "hmget": 10 + 2, "hset": 1, "zadd": 1}
+    assert _inside(t0, t1) == {"rpop": 1, "hmget": 10 + 2, "zscore": 3, "hset": 1, "zadd": 1}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
     assert _inside(t1, t2) == {"hmget": 1, "hset": 1, "zadd": 1, "hdel": 1, "zrem": 1, "pexpire": 1,
                                "hincrby": 2}
