@@ -190,6 +190,40 @@ class Client:
             stream.close()
         return results
 
+    def enqueue_all(self, requests: Sequence[Request]) -> list[Enqueued | IdempotencyConflict]:
+        """Validate every request first, then enqueue them all as ``enqueue_many`` does.
+
+        All or nothing at validation: one invalid payload raises ValidationFailed with the
+        errors of every invalid one, each path prefixed with its index (``$[3].to``), and
+        nothing is sent. An unknown type or version raises as for one job. After that, an
+        idempotency conflict is that job's answer, not the batch's; Redis going away
+        raises RedisUnavailable with the calls then in flight undetermined.
+        """
+        now = store.now_ms()
+        prepared: list[tuple[int, _Prepared]] = []
+        invalid: ValidationFailed | None = None
+        errors: list[FieldError] = []
+        for i, req in enumerate(requests):
+            try:
+                prepared.append((i, self.prepare(req, now)))
+            except ValidationFailed as exc:
+                invalid = invalid or exc
+                errors += [FieldError(f"$[{i}]{e.path[1:]}", e.message) for e in exc.errors]
+        if invalid is not None:
+            raise ValidationFailed(invalid.type, invalid.version, errors)
+        results: list[Any] = [None] * len(prepared)
+        stream = self.runtime.scripts.stream()
+        try:
+            for s in range(0, len(prepared), STREAM_CHUNK):
+                self._stream(stream, prepared[s:s + STREAM_CHUNK], results)
+            while len(stream):
+                _settle(stream.read(), results)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        finally:
+            stream.close()
+        return results
+
     def _stream(self, stream: Stream, chunk: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
         """Send one call per queue for the chunk; read the oldest replies past the window."""
         rt = self.runtime

@@ -18,7 +18,7 @@ from runner.web.catalog import FunctionItem, Functions, Health, Queues, Throughp
 from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
 from runner.web.exposition import Metrics
-from runner.web.jobs import Jobs
+from runner.web.jobs import JobBatch, Jobs
 from runner.web.openapi import OpenApi
 
 log = logging.getLogger("runner.web")
@@ -38,6 +38,7 @@ def create_app(runtime: Runtime) -> falcon.App[falcon.Request, falcon.Response]:
     problems.install(app)
     client = Client(runtime)
     app.add_route("/jobs/{name}", Jobs(client))
+    app.add_route("/jobs/{name}/batch", JobBatch(client))
     app.add_route("/functions", Functions(runtime))
     app.add_route("/functions/{name}", FunctionItem(runtime))
     app.add_route("/queues", Queues(runtime))

@@ -1,17 +1,22 @@
 """POST /jobs/{type} (enqueue) and GET /jobs/{id} (one job). Both share one route, as
-the path segment is a function type for POST and a job id for GET."""
+the path segment is a function type for POST and a job id for GET. POST
+/jobs/{type}/batch enqueues many jobs of one type in one request."""
 
 from __future__ import annotations
 
 import falcon
 
-from runner.client import Client
+from runner.client import Client, Request
+from runner.errors import IdempotencyConflict
 from runner.templates import MAX_KEY_BYTES
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
-from runner.web.problems import Problem
+from runner.web.problems import Problem, body_of, conflict
 
 # A year and a day: a longer delay is almost surely a unit mistake (ms for s).
 MAX_DELAY_S = 366 * 86_400.0
+# Jobs per batch request: enough to amortise a request many times over, few enough that
+# one request holds a gunicorn thread for milliseconds, not seconds.
+MAX_BATCH_JOBS = 1000
 
 
 def idempotency_key(req: falcon.Request) -> str | None:
@@ -30,6 +35,17 @@ def idempotency_key(req: falcon.Request) -> str | None:
     return key
 
 
+def timing(req: falcon.Request) -> tuple[int | None, float | None, float | None]:
+    """The version, delay and run_at query parameters of an enqueue."""
+    version = int_param(req, "version", 1, 1_000_000)
+    delay = seconds_param(req, "delay", MAX_DELAY_S)
+    run_at = seconds_param(req, "run_at", 1e11)
+    if delay is not None and run_at is not None:
+        raise Problem(400, "invalid-parameter", "give either delay or run_at, not both",
+                      title="Invalid parameter", parameter="run_at")
+    return version, delay, run_at
+
+
 class Jobs:
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -41,12 +57,7 @@ class Jobs:
         fn = rt.registry.get(name)  # 404 before the body is read
         only_params(req, "version", "delay", "run_at")
         payload = read_json(req, rt.config.api.max_body_bytes)
-        version = int_param(req, "version", 1, 1_000_000)
-        delay = seconds_param(req, "delay", MAX_DELAY_S)
-        run_at = seconds_param(req, "run_at", 1e11)
-        if delay is not None and run_at is not None:
-            raise Problem(400, "invalid-parameter", "give either delay or run_at, not both",
-                          title="Invalid parameter", parameter="run_at")
+        version, delay, run_at = timing(req)
         key = idempotency_key(req)
         job = self.client.enqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
                                   idempotency_key=key)
@@ -57,3 +68,32 @@ class Jobs:
     def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
         only_params(req)
         send(resp, self.client.get(name).as_dict())
+
+
+class JobBatch:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+        """Validate every payload of a JSON array, then enqueue them all: 202 with one
+        answer per payload, in order. One invalid payload is a 422 naming every error by
+        index, and nothing is enqueued. Per-job idempotency keys come from the function's
+        template; a job whose key is held with another payload gets a 409 problem as its
+        answer while the others go in."""
+        rt = self.client.runtime
+        fn = rt.registry.get(name)
+        only_params(req, "version", "delay", "run_at")
+        if req.get_header("Idempotency-Key") is not None:
+            raise Problem(400, "invalid-header", "a batch takes no Idempotency-Key; the function's "
+                          "IDEMPOTENCY_KEY template keys each job", title="Invalid header",
+                          header="Idempotency-Key")
+        payloads = read_json(req, rt.config.api.max_body_bytes)
+        if not isinstance(payloads, list) or not 1 <= len(payloads) <= MAX_BATCH_JOBS:
+            raise Problem(400, "invalid-batch", f"send a JSON array of 1 to {MAX_BATCH_JOBS} payloads",
+                          title="Invalid batch")
+        version, delay, run_at = timing(req)
+        answers = self.client.enqueue_all(
+            [Request(fn.name, p, version, delay, run_at) for p in payloads])
+        jobs = [body_of(req, conflict(a)) if isinstance(a, IdempotencyConflict) else a.as_dict()
+                for a in answers]
+        send(resp, {"jobs": jobs}, 202)

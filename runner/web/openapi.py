@@ -17,7 +17,7 @@ from runner.registry import Function, Registry
 from runner.runtime import Runtime
 from runner.templates import MAX_KEY_BYTES
 from runner.web import auth, shapes
-from runner.web.jobs import MAX_DELAY_S
+from runner.web.jobs import MAX_BATCH_JOBS, MAX_DELAY_S
 
 _JSON = "application/json"
 _ref, _ok, _problem = shapes.ref, shapes.ok, shapes.problem
@@ -46,9 +46,9 @@ def _payload_name(fn: Function) -> str:
     return f"{fn.name}_v{fn.versions.newest}"
 
 
-def _enqueue_op(fn: Function) -> dict[str, Any]:
+def _timing_params(fn: Function) -> list[dict[str, Any]]:
     versions = sorted(fn.versions.schemas)
-    params: list[dict[str, Any]] = [
+    return [
         {"name": "version", "in": "query", "required": False,
          "description": f"Payload version (default: the newest, {fn.versions.newest}).",
          "schema": {"type": "integer", "enum": versions}},
@@ -58,6 +58,12 @@ def _enqueue_op(fn: Function) -> dict[str, Any]:
         {"name": "run_at", "in": "query", "required": False,
          "description": "Epoch seconds at which the job may run (instead of delay).",
          "schema": {"type": "number", "minimum": 0, "maximum": 1e11}},
+    ]
+
+
+def _enqueue_op(fn: Function) -> dict[str, Any]:
+    params: list[dict[str, Any]] = [
+        *_timing_params(fn),
         {"name": "Idempotency-Key", "in": "header", "required": False,
          "description": "A second enqueue with the same key returns the first job (200); "
                         "the same key with another payload is a 409."
@@ -85,6 +91,30 @@ def _enqueue_op(fn: Function) -> dict[str, Any]:
     }
 
 
+def _batch_op(fn: Function) -> dict[str, Any]:
+    return {
+        "operationId": f"enqueue_{fn.name}_batch",
+        "summary": f"Enqueue up to {MAX_BATCH_JOBS} {fn.name} jobs in one request.",
+        "description": f"Validate every payload against {fn.name} v{fn.versions.newest} (or ?version=), then "
+                       f"enqueue them all on queue {fn.queue!r}. One invalid payload is a 422 naming every "
+                       "error by index ($[i]...), and nothing is enqueued. Each job is keyed by the "
+                       "function's IDEMPOTENCY_KEY template, if any; a job whose key is held with another "
+                       "payload gets a 409 problem as its answer while the others go in.",
+        "tags": ["jobs"],
+        "parameters": _timing_params(fn),
+        "requestBody": {"required": True, "content": {_JSON: {"schema": {
+            "type": "array", "minItems": 1, "maxItems": MAX_BATCH_JOBS, "items": _ref(_payload_name(fn))}}}},
+        "responses": {
+            "202": _ok("One answer per payload, in order: the job, or a 409 problem", "EnqueuedBatch"),
+            "400": _problem("Malformed JSON, not an array of 1 to "
+                            f"{MAX_BATCH_JOBS} payloads, a query parameter or an Idempotency-Key header"),
+            "413": _problem("The body is over api.max_body_bytes"),
+            "415": _problem("The body is not application/json"),
+            "422": _problem("A payload does not validate: every error, with its index and JSON path"),
+        },
+    }
+
+
 def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
     schemas: dict[str, Any] = dict(shapes.COMPONENTS)
     paths: dict[str, Any] = {}
@@ -93,6 +123,7 @@ def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
         schemas[pname] = _rebase(dict(fn.versions.schema(fn.versions.newest).document),
                                  f"#/components/schemas/{pname}")
         paths[f"/jobs/{name}"] = {"post": _enqueue_op(fn)}
+        paths[f"/jobs/{name}/batch"] = {"post": _batch_op(fn)}
     paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions)))
     secured = auth.required(rt.config.api)
     if secured:

@@ -139,11 +139,15 @@ def _validation(req: falcon.Request, resp: falcon.Response, ex: Exception, param
                   ex.errors, version=ex.version)
 
 
+def conflict(ex: IdempotencyConflict) -> Problem:
+    return Problem(409, "idempotency-conflict",
+                   f"idempotency key {ex.key!r} is held by job {ex.job_id}, enqueued with another payload",
+                   title="Idempotency conflict", job_id=ex.job_id, idempotency_key=ex.key)
+
+
 def _conflict(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, IdempotencyConflict)
-    raise Problem(409, "idempotency-conflict",
-                  f"idempotency key {ex.key!r} is held by job {ex.job_id}, enqueued with another payload",
-                  title="Idempotency conflict", job_id=ex.job_id, idempotency_key=ex.key)
+    raise conflict(ex)
 
 
 def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:

@@ -50,6 +50,7 @@ COMPONENTS: dict[str, Any] = {
                       "status": {"type": "string", "description": "queued or scheduled; for a duplicate, the "
                                  "first job's status (expired once its record is gone)"},
                       "duplicate": {"type": "boolean"}}),
+    "EnqueuedBatch": _obj({"jobs": {"type": "array", "items": {"oneOf": [ref("Enqueued"), ref("Problem")]}}}),
     "Job": _obj({
         "id": _STR, "type": _OPT_STR, "version": _OPT_INT, "queue": _STR,
         "status": {"type": ["string", "null"], "enum": [*STATUSES, None]},

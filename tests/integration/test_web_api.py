@@ -88,6 +88,46 @@ def test_duplicate_key_returns_the_first_job_and_another_payload_conflicts(web: 
     assert_problem(web.post("/jobs/idem", json={"k": "a", "v": 2}), 409, "idempotency-conflict")
 
 
+def test_a_batch_enqueues_every_payload_or_none(project: Project, web: Web) -> None:
+    """POST /jobs/{type}/batch: 202 with one answer per payload, in order, and every job
+    runs once. One invalid payload is a 422 naming each error by index, with nothing
+    enqueued; the function's key template keys each job, so a held key answers that job
+    with its first id (a duplicate) or a 409 problem while the others go in."""
+    r = web.post("/jobs/record/batch", json=[{"n": i} for i in range(150)])
+    assert r.status_code == 202, r.text
+    jobs = r.json()["jobs"]
+    assert [j["type"] for j in jobs] == ["record"] * 150 and len({j["id"] for j in jobs}) == 150
+    assert {(j["status"], j["duplicate"]) for j in jobs} == {("queued", False)}
+    later = web.post("/jobs/record/batch?delay=30", json=[{"n": 1000}]).json()["jobs"]
+    assert later[0]["status"] == "scheduled"
+    body = assert_problem(web.post("/jobs/record/batch", json=[{"n": 1}, {"n": "x"}, {"n": 2, "sleep": "s"}]),
+                          422, "invalid-payload")
+    assert sorted(e["path"] for e in body["errors"]) == ["$[1].n", "$[2].sleep"]
+    assert web.get("/queues").json()["queues"][0]["ready"] == 150
+    first = web.post("/jobs/idem", json={"k": "a", "v": 1}).json()
+    keyed = web.post("/jobs/idem/batch", json=[{"k": "a", "v": 1}, {"k": "b", "v": 1}, {"k": "a", "v": 2}])
+    assert keyed.status_code == 202, keyed.text
+    dup, fresh, clash = keyed.json()["jobs"]
+    assert dup["id"] == first["id"] and dup["duplicate"] is True
+    assert fresh["status"] == "queued" and fresh["duplicate"] is False
+    assert clash["status"] == 409 and clash["type"] == "urn:runner:problem:idempotency-conflict"
+    assert clash["job_id"] == first["id"]
+    # Refused whole: not an array, empty, too long, a header key, an unknown type or version.
+    for bad in ('{"n": 1}', "[]", "[" + ",".join(["0"] * 1001) + "]"):  # the last in 2,048 bytes
+        assert_problem(web.post("/jobs/record/batch", data=bad, headers={"Content-Type": "application/json"}),
+                       400, "invalid-batch")
+    assert_problem(web.post("/jobs/record/batch", json=[{}], headers={"Idempotency-Key": "k"}),
+                   400, "invalid-header")
+    assert_problem(web.post("/jobs/nope/batch", json=[{}]), 404, "unknown-function")
+    assert_problem(web.post("/jobs/record/batch?version=9", json=[{}]), 422, "unknown-version")
+    assert web.get("/queues").json()["queues"][0]["ready"] == 152
+    project.spawn_worker("fast")
+    for j in jobs[::30]:
+        assert job_when(web, j["id"])["result"]["n"] == int(web.get(f"/jobs/{j['id']}").json()["payload"]["n"])
+    wait_for(lambda: web.get("/queues").json()["queues"][0]["ready"] == 0, timeout=20, what="drained")
+    assert all(len(project.runs(j["id"])) == 1 for j in jobs[::10])
+
+
 def test_every_error_status_has_its_problem_body(web: Web) -> None:
     """400, 401, 404, 405, 409 (above), 413, 415 and 422, all application/problem+json."""
     # 401: missing, wrong and non-bearer credentials; /healthz and the dashboard shell are open.
@@ -244,6 +284,8 @@ def test_openapi_document_is_valid_and_generated_from_the_functions(web: Web) ->
     for name in functions:
         op = doc["paths"][f"/jobs/{name}"]["post"]
         assert op["operationId"] == f"enqueue_{name}"
+        batch = doc["paths"][f"/jobs/{name}/batch"]["post"]["requestBody"]["content"]["application/json"]
+        assert batch["schema"]["items"] == op["requestBody"]["content"]["application/json"]["schema"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         schema = doc["components"]["schemas"][ref.rsplit("/", 1)[-1]]
         newest = web.get(f"/functions/{name}").json()["schemas"][-1]["schema"]
