@@ -246,15 +246,17 @@ end
 
 
 def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
-         rate: float | None = None) -> dict[str, Any] | None:
+         rate: float | None = None, batch: int = 0) -> dict[str, Any] | None:
     """Closed loop (as fast as the connections go) or, with ``rate``, paced at that many
-    requests/s in all."""
+    requests/s in all. With ``batch``, each request carries that many jobs to the batch
+    route."""
     wrk = shutil.which("wrk")
     if wrk is None:
         return None
     threads = 2
     script = work / "post.lua"
-    text = ('wrk.method = "POST"\nwrk.body = \'{"t": 0}\'\n'
+    body = "[" + ", ".join(['{"t": 0}'] * batch) + "]" if batch else '{"t": 0}'
+    text = ('wrk.method = "POST"\nwrk.body = \'' + body + '\'\n'
             'wrk.headers["Content-Type"] = "application/json"\n'
             f'wrk.headers["Authorization"] = "Bearer {token}"\n')
     if rate:
@@ -262,7 +264,7 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
     script.write_text(text)
     proc = subprocess.run(
         [wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
-         f"http://127.0.0.1:{port}/jobs/noop"],
+         f"http://127.0.0.1:{port}/jobs/noop" + ("/batch" if batch else "")],
         capture_output=True, text=True, timeout=seconds + 30,
     )
     text = proc.stdout
@@ -277,7 +279,7 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
     errs = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-    return {"connections": connections, "seconds": seconds, "rate": rate,
+    return {"connections": connections, "seconds": seconds, "rate": rate, "batch": batch,
             "req_per_s": float(rps.group(1)) if rps else float("nan"),
             "p50_ms": ms("50%"), "p99_ms": ms("99%"),
             "non_2xx": int(non2xx.group(1)) if non2xx else 0,
@@ -287,7 +289,8 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
 def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -> dict[str, Any]:
     """POST /jobs/noop through `runner web` with its defaults (gunicorn, gthread workers,
     keep-alive): first with the web server alone on the machine, then with 2 runner
-    workers draining the queue meanwhile. Load from wrk (C, so the generator takes little
+    workers draining the queue meanwhile; alone, also POST /jobs/noop/batch with 100 jobs
+    per request. Load from wrk (C, so the generator takes little
     of the 2 cores): paced at each rate, then closed loop over 32 connections. Without wrk,
     the Python open-loop generator stands in (it needs most of a core itself)."""
     if not (runner_src() / "runner" / "web" / "wsgi.py").exists():
@@ -333,6 +336,9 @@ def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -
                 except json.JSONDecodeError:
                     runs["paced"].append({"rate": rate, "error": proc.stderr[-400:]})
             runs["closed"] = _wrk(port, token, wrk_s, 32, env.work)
+            if not draining:
+                # The batch route: 100 jobs per request, so jobs/s is 100x the requests.
+                runs["batch"] = _wrk(port, token, wrk_s, 32, env.work, batch=100)
         finally:
             web.stop()
             if workers is not None:

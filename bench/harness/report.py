@@ -178,6 +178,12 @@ def extras_md(x: dict[str, Any]) -> list[str]:
                     out.append(f"| {phase} | wrk, closed loop, {w['connections']} conn. | - | "
                                f"{_num(w['req_per_s'])} | {_num(w['p50_ms'], 2)} | {_num(w['p99_ms'], 2)} | "
                                f"{w.get('socket_errors', 0)} / {w['non_2xx']} |")
+                b = runs.get("batch")
+                if b:
+                    out.append(f"| {phase} | wrk, closed loop, {b['connections']} conn., "
+                               f"{b['batch']} jobs per request (batch route) | - | {_num(b['req_per_s'])} "
+                               f"(**{_num(b['req_per_s'] * b['batch'])} jobs/s**) | {_num(b['p50_ms'], 2)} | "
+                               f"{_num(b['p99_ms'], 2)} | {b.get('socket_errors', 0)} / {b['non_2xx']} |")
             out.append("")
     return out
 
