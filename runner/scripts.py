@@ -1,8 +1,8 @@
 """Loads lua/ once and gives one typed method per atomic transition.
 
 Each script is sent by SHA (EVALSHA, loaded again on NOSCRIPT) with the shared helpers of
-``lua/_lib.lua`` that it uses prepended. Batch methods take sequences so one round trip settles many
-jobs; a ``pipe`` argument queues a call on a Batch instead of sending it.
+``lua/_lib.lua`` that it uses prepended. Batch methods take sequences so one round trip
+settles many jobs; a ``pipe`` argument queues a call on a Batch instead of sending it.
 
 A single call goes out on a connection of the Scripts' own (see ``_Lanes``): redis-py's
 pool checks every connection it hands out with a poll() and wraps each command in retry
