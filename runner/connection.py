@@ -25,17 +25,38 @@ settled under its own id.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
-from redis.connection import HiredisRespSerializer
-from redis.exceptions import ClusterDownError, OutOfMemoryError, SlotNotCoveredError, TryAgainError
+from redis.connection import DefaultParser, HiredisRespSerializer
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from runner.config import RedisConfig
 from runner.errors import ConfigError
+
+
+class PersistenceFailed(ResponseError):
+    """MISCONF: Redis refuses every write because it cannot persist (a full disk, a
+    failing RDB or AOF write). The command did not run; like an outage, it is waited out,
+    and it clears by itself once Redis can write again."""
+
+
+class _Parser(DefaultParser):  # type: ignore[misc, valid-type]
+    """redis-py's reply parser, with MISCONF raised as PersistenceFailed instead of a
+    bare ResponseError (which the loops would take for a bug and log with tracebacks)."""
+
+    EXCEPTION_CLASSES: ClassVar[dict[str, Any]] = {**DefaultParser.EXCEPTION_CLASSES,
+                                                    "MISCONF": PersistenceFailed}
+
 
 # Exceptions that mean "Redis is not reachable right now".
 UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -47,6 +68,7 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     SlotNotCoveredError,
     TryAgainError,  # a slot being migrated
     OutOfMemoryError,  # maxmemory reached under noeviction: refused before it ran, wait it out
+    PersistenceFailed,  # MISCONF: writes refused until Redis can persist again
     ConnectionError,
     OSError,
 )
@@ -86,6 +108,9 @@ def _base_kwargs() -> dict[str, Any]:
         "health_check_interval": 15,
         "retry": Retry(NoBackoff(), 0),
         "client_name": "runner",
+        # Not passed on by RedisCluster (its nodes keep redis-py's parser): there MISCONF
+        # stays a ResponseError, which the loops retry with backoff all the same.
+        "parser_class": _Parser,
     }
 
 

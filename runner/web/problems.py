@@ -23,6 +23,7 @@ import falcon
 import redis
 
 from runner import codec
+from runner.connection import PersistenceFailed
 from runner.errors import (
     FieldError,
     IdempotencyConflict,
@@ -58,6 +59,8 @@ REDIS_DOWN: tuple[type[Exception], ...] = (
     redis.exceptions.TimeoutError,
     redis.exceptions.BusyLoadingError,
     redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+    PersistenceFailed,
     RedisUnavailable,
 )
 
@@ -157,7 +160,10 @@ def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, params
 
 def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     log.warning("%s %s: Redis unreachable: %s", req.method, req.path, ex)
-    raise Problem(503, "redis-unavailable", "Redis is unreachable; nothing was written. Retry shortly.",
+    cause = ex.__cause__ if isinstance(ex, RedisUnavailable) and ex.__cause__ else ex
+    why = "refuses writes" if isinstance(cause, (PersistenceFailed, redis.exceptions.OutOfMemoryError)) \
+        else "is unreachable"
+    raise Problem(503, "redis-unavailable", f"Redis {why}; nothing was written. Retry shortly.",
                   title="Redis unavailable", headers={"Retry-After": "1"})
 
 

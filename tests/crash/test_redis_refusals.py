@@ -53,6 +53,46 @@ def test_worker_waits_out_a_full_redis(tmp_path: Path) -> None:
             p.stop_all()
 
 
+def test_worker_waits_out_redis_refusing_writes_it_cannot_persist(tmp_path: Path) -> None:
+    """MISCONF (a snapshot failed, so Redis refuses every write): the worker treats it as
+    an outage, with one warning and no tracebacks, and settles the running job once Redis
+    can persist again; producers get RedisUnavailable meanwhile."""
+    with own_server(tmp_path / "redis", extra=["--enable-protected-configs", "yes"]) as srv:
+        p = new_project(tmp_path / "p", srv)
+        try:
+            configure(p, vt=3, concurrency=2)
+            c = p.client
+            w = p.spawn_worker("fast")
+            a = c.enqueue("record", {"n": 1, "sleep": 0.8}).id
+            wait_for(lambda: p.runs(a), timeout=15, what="the handler to start")
+            admin = _admin(srv)
+            gone = tmp_path / "gone"
+            gone.mkdir()
+            admin.config_set("dir", str(gone))
+            gone.rmdir()  # the next snapshot cannot be written
+            admin.config_set("save", "3600 1")  # writes stop on a failed snapshot only with snapshots on
+            admin.config_set("stop-writes-on-bgsave-error", "yes")
+            admin.bgsave()
+            wait_for(lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "err", timeout=10,
+                     what="a failed snapshot")
+            with pytest.raises(RedisUnavailable):
+                c.enqueue("record", {"n": 2})
+            _refused(p, worker_log(p, w), "Redis unavailable")
+            admin.config_set("dir", str(tmp_path))
+            admin.bgsave()
+            wait_for(lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "ok", timeout=10,
+                     what="a good snapshot")
+            b = c.enqueue("record", {"n": 3}).id
+            final = wait_final(p, [a, b], timeout=20)
+            assert all(r["status"] == "done" for r in final.values())
+            assert len(p.runs(a)) <= 2 and len(p.runs(b)) == 1
+            assert w.poll() is None
+            assert "Traceback" not in worker_log(p, w).read_text(errors="replace")
+            assert_no_job_in_two_structures(p)
+        finally:
+            p.stop_all()
+
+
 def test_worker_survives_a_refused_settlement(tmp_path: Path) -> None:
     """The worker's ACL user loses EVALSHA while a handler runs (an operator's mistake),
     then gets it back: the refused ack is retried and lands, and new jobs run and settle
