@@ -286,11 +286,32 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
             "socket_errors": sum(int(g) for g in errs.groups()) if errs else 0}
 
 
+def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
+    """wrk closed loop against hello_app under gunicorn with `runner web`'s settings (2
+    gthread processes x 8 threads, a socket each, keep-alive 5 s)."""
+    if not shutil.which("wrk"):
+        return None
+    from runner.embedded import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "gunicorn", "-w", "2", "-k", "gthread", "--threads", "8", "--reuse-port",
+           "--keep-alive", "5", "-b", f"127.0.0.1:{port}", "hello_app:app"]
+    genv = {k: v for k, v in os.environ.items() if k != "GUNICORN_CMD_ARGS"}
+    web = Group().start([cmd], genv, str(BENCH / "harness"), env.work / "hello")
+    try:
+        if not _wait_http(port, 20):
+            return None
+        return _wrk(port, token, wrk_s, 32, env.work)
+    finally:
+        web.stop()
+
+
 def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -> dict[str, Any]:
     """POST /jobs/noop through `runner web` with its defaults (gunicorn, gthread workers,
     keep-alive): first with the web server alone on the machine, then with 2 runner
     workers draining the queue meanwhile; alone, also POST /jobs/noop/batch with 100 jobs
-    per request. Load from wrk (C, so the generator takes little
+    per request. First, for reference, a hello-world app under the same gunicorn settings.
+    Load from wrk (C, so the generator takes little
     of the 2 cores): paced at each rate, then closed loop over 32 connections. Without wrk,
     the Python open-loop generator stands in (it needs most of a core itself)."""
     if not (runner_src() / "runner" / "web" / "wsgi.py").exists():
@@ -303,7 +324,8 @@ def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -
     genv.update({"RUNNER_API_TOKEN": token, "RUNNER_CONFIG": str(toml)})
     genv.pop("WEB_CONCURRENCY", None)
     genv.pop("RUNNER_WEB_THREADS", None)
-    out: dict[str, Any] = {"server": "runner web (defaults)", "phases": {}}
+    out: dict[str, Any] = {"server": "runner web (defaults)", "phases": {},
+                           "reference": _hello(env, token, wrk_s)}
     for phase, draining in (("web alone", False), ("2 workers draining", True)):
         port = free_port()
         web_cmd = [*base.worker_cmds[0][: base.worker_cmds[0].index("worker")], "web",

@@ -157,6 +157,12 @@ def extras_md(x: dict[str, Any]) -> list[str]:
             out += [f"Server: `{h['server']}` (2 gunicorn processes x 8 threads), load from wrk.", "",
                     "| phase | load | offered req/s | achieved req/s | p50 ms | p99 ms | errors / non-202 |",
                     "|---|---|---|---|---|---|---|"]
+            ref = h.get("reference")
+            if ref:
+                out.append(f"| reference: hello-world WSGI app, same gunicorn settings | wrk, closed loop, "
+                           f"{ref['connections']} conn. | - | {_num(ref['req_per_s'])} | "
+                           f"{_num(ref['p50_ms'], 2)} | {_num(ref['p99_ms'], 2)} | "
+                           f"{ref.get('socket_errors', 0)} / {ref['non_2xx']} |")
             for phase, runs in h.get("phases", {}).items():
                 if "skipped" in runs:
                     out.append(f"| {phase} | skipped: {runs['skipped']} | | | | | |")
