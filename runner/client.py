@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from runner import codec, store, templates
 from runner import config as config_mod
@@ -67,8 +67,7 @@ class Request:
     idempotency_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
+class _Prepared(NamedTuple):  # one per job on the enqueue path: see NewJob
     fn: Function
     job: NewJob
 
@@ -104,13 +103,19 @@ class Client:
 
     def prepare(self, req: Request, now_ms: int) -> _Prepared:
         """Validate and encode one job; raises before anything touches Redis."""
-        fn = self.runtime.registry.get(req.type)
-        version = req.version if req.version is not None else fn.versions.newest
-        fn.versions.validate(req.payload, version)
-        payload = req.payload
+        return self._prepare(req.type, req.payload, req.version, req.delay_s, req.run_at,
+                             req.idempotency_key, now_ms)
+
+    def _prepare(
+        self, type_: str, payload: Any, version_: int | None, delay_s: float | None,
+        run_at: float | None, idempotency_key: str | None, now_ms: int,
+    ) -> _Prepared:
+        fn = self.runtime.registry.get(type_)
+        version = version_ if version_ is not None else fn.versions.newest
+        fn.versions.validate(payload, version)
         try:
-            if req.idempotency_key is not None:
-                ikey = str(req.idempotency_key)
+            if idempotency_key is not None:
+                ikey = str(idempotency_key)
                 if not ikey or len(ikey.encode()) > templates.MAX_KEY_BYTES:
                     raise templates.TemplateError(
                         f"an idempotency key must be 1 to {templates.MAX_KEY_BYTES} bytes"
@@ -123,12 +128,12 @@ class Client:
         except templates.TemplateError as exc:
             raise ValidationFailed(fn.name, version, [FieldError("$", str(exc))]) from None
         run_at_ms = 0
-        if req.run_at is not None:
-            run_at_ms = int(req.run_at * 1000)
-        elif req.delay_s:
-            if req.delay_s < 0:
+        if run_at is not None:
+            run_at_ms = int(run_at * 1000)
+        elif delay_s:
+            if delay_s < 0:
                 raise ValidationFailed(fn.name, version, [FieldError("$", "delay must be >= 0")])
-            run_at_ms = now_ms + int(req.delay_s * 1000)
+            run_at_ms = now_ms + int(delay_s * 1000)
         body = codec.dumps(payload)
         job = NewJob(
             id=store.new_id(), type=fn.name, version=version, payload=body,
@@ -146,7 +151,7 @@ class Client:
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
 
         Safe from many threads at once: calls that overlap share one round trip."""
-        prep = self.prepare(Request(type, payload, version, delay, run_at, idempotency_key), store.now_ms())
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, store.now_ms())
         out = self._combiner.submit(prep)
         if isinstance(out, IdempotencyConflict):
             raise out

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
@@ -74,9 +74,12 @@ def assemble(lib: str, body: str) -> str:
     return "\n".join([*used, body])
 
 
-@dataclass(frozen=True, slots=True)
-class NewJob:
-    """One job as the enqueue script takes it (already validated and encoded)."""
+class NewJob(NamedTuple):
+    """One job as the enqueue script takes it (already validated and encoded).
+
+    A NamedTuple, not a frozen dataclass like the other values: one is built per job on
+    the enqueue path, where a frozen dataclass's __init__ (an object.__setattr__ per
+    field) cost about a fifth of a batch's client time per job."""
 
     id: str
     type: str
