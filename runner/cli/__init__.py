@@ -1,0 +1,26 @@
+"""The `runner` command: each subcommand parses, builds a runtime, makes one core call and
+maps the outcome to an exit code. Tables for people by default; ``--json`` for scripts.
+
+Exit codes (the same for every subcommand):
+
+    0  success
+    1  refused: an invalid payload, a conflict, no such job, a failed check,
+       a line of --jsonl or a job of a bulk operation that was refused
+    2  usage or configuration error (bad option, runner.toml, missing token)
+    3  Redis unreachable
+
+While `runner dev` runs its embedded Redis, the commands of the same project that talk
+to Redis (enqueue, job, stats, dead, check) use that server.
+"""
+
+from __future__ import annotations
+
+from runner.cli import dead, jobs, processes, project  # noqa: F401  (each registers its commands)
+from runner.cli.root import cli
+
+
+def main() -> None:
+    cli()
+
+
+__all__ = ["cli", "main"]

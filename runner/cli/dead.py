@@ -1,0 +1,169 @@
+"""`runner dead ls|requeue|purge`: the dead-letter lists, one job or in bulk."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from runner.cli.root import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_REFUSED,
+    build_runtime,
+    cli,
+    emit,
+    fail,
+    read_payload,
+    redis_errors,
+    refusal,
+    table,
+)
+from runner.errors import (
+    JobNotFound,
+    RedisUnavailable,
+    RunnerError,
+)
+
+
+@cli.group()
+def dead() -> None:
+    """Dead-letter operations: ls, requeue, purge."""
+
+
+def _queues(rt: Any, queue: str | None) -> list[str]:
+    if queue is None:
+        return list(rt.config.queues)
+    if queue not in rt.config.queues:
+        fail(f"no queue {queue!r} in {rt.config.source} (have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
+    return [queue]
+
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return ""
+    s = max(0.0, time.time() - ts)
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
+
+
+@dead.command("ls")
+@click.option("--queue", "-q", default=None, help="One queue (default: every queue).")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--offset", type=int, default=0)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dead_ls(ctx: click.Context, queue: str | None, limit: int, offset: int, as_json: bool) -> None:
+    """List dead jobs, newest first, with the reason and last error."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    client = Client(rt)
+    data: dict[str, Any] = {}
+    rows = []
+    with redis_errors():
+        for q in _queues(rt, queue):
+            total, page = client.dead(q, offset=offset, limit=limit)
+            jobs = [j.as_dict() for j in page]
+            data[q] = {"total": total, "jobs": jobs}
+            for j in jobs:
+                err = j["last_error"] or {}
+                rows.append((q, j["id"], j["type"], j["version"], _ago(j["finished_at"]), j["reason"],
+                             (f"{err.get('type')}: {err.get('message')}" if err else "")[:80]))
+    totals = ", ".join(f"{q}: {d['total']}" for q, d in data.items())
+    emit(data, as_json, table(("queue", "id", "type", "v", "died", "reason", "last error"), rows)
+         + f"\ndead jobs: {totals}")
+
+
+def _targets(client: Any, rt: Any, ids: tuple[str, ...], queue: str | None, all_: bool) -> list[tuple[str, str]]:
+    """(queue, id) pairs for a bulk command: the given ids (queue found per id) or --all."""
+    if all_ == bool(ids):
+        raise click.UsageError("give job ids or --all (not both)")
+    if all_:
+        return [(q, i) for q in _queues(rt, queue) for i in client.dead_ids(q)]
+    out = []
+    for i in ids:
+        if queue is not None:
+            out.append((_queues(rt, queue)[0], i))
+            continue
+        try:
+            out.append((client.get(i).queue, i))
+        except JobNotFound:
+            out.append(("", i))
+    return out
+
+
+def _bulk(label: str, targets: list[tuple[str, str]], op: Any) -> tuple[int, list[dict[str, Any]]]:
+    ok, refused = 0, []
+    with click.progressbar(targets, label=label, file=sys.stderr, show_pos=True) as bar:
+        for q, i in bar:
+            try:
+                if not q:
+                    raise JobNotFound(i)
+                op(q, i)
+                ok += 1
+            except RedisUnavailable:
+                raise
+            except RunnerError as exc:
+                refused.append({"id": i, "queue": q or None, **refusal(exc)})
+    return ok, refused
+
+
+def _report_bulk(verb: str, ok: int, refused: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        emit({verb: ok, "refused": refused}, True)
+    else:
+        click.echo(f"{verb} {ok} job(s)" + (f"; {len(refused)} refused" if refused else ""))
+        for r in refused:
+            click.secho(f"{r['id']}: {r['error']}", fg="red", err=True)
+            for e in r.get("errors", []):
+                click.echo(f"    {e['path']}: {e['message']}", err=True)
+    sys.exit(EXIT_REFUSED if refused else EXIT_OK)
+
+
+@dead.command("requeue")
+@click.argument("ids", nargs=-1)
+@click.option("--queue", "-q", default=None, help="The queue (default: found per job; with --all: every queue).")
+@click.option("--all", "all_", is_flag=True, help="Every dead job (of --queue, or of every queue).")
+@click.option("--payload", default=None, metavar="JSON|@FILE|-", help="An edited payload (one job only).")
+@click.option("--version", "version", type=int, default=None, help="The version of the edited payload.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dead_requeue(ctx: click.Context, ids: tuple[str, ...], queue: str | None, all_: bool,
+                 payload: str | None, version: int | None, as_json: bool) -> None:
+    """Move dead jobs back to their queue with a fresh attempt budget. Each payload is
+    validated (and upgraded) first; an invalid one stays dead and its errors are shown."""
+    from runner.client import Client
+
+    if (payload is not None or version is not None) and (all_ or len(ids) != 1):
+        raise click.UsageError("--payload and --version edit one job: give exactly one id")
+    body = read_payload(payload) if payload is not None else None
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    client = Client(rt)
+    with redis_errors():
+        targets = _targets(client, rt, ids, queue, all_)
+        ok, refused = _bulk("requeueing", targets, lambda q, i: client.requeue(q, i, body, version))
+    _report_bulk("requeued", ok, refused, as_json)
+
+
+@dead.command("purge")
+@click.argument("ids", nargs=-1)
+@click.option("--queue", "-q", default=None, help="The queue (default: found per job; with --all: every queue).")
+@click.option("--all", "all_", is_flag=True, help="Every dead job (of --queue, or of every queue).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation of --all.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dead_purge(ctx: click.Context, ids: tuple[str, ...], queue: str | None, all_: bool, yes: bool,
+               as_json: bool) -> None:
+    """Delete dead jobs for good."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    client = Client(rt)
+    with redis_errors():
+        targets = _targets(client, rt, ids, queue, all_)
+        if all_ and targets and not yes:
+            click.confirm(f"delete {len(targets)} dead job(s) for good?", abort=True, err=True)
+        ok, refused = _bulk("purging", targets, client.delete_dead)
+    _report_bulk("purged", ok, refused, as_json)

@@ -1,0 +1,197 @@
+"""Commands on jobs: `runner enqueue` (one payload or --jsonl lines), `runner job` and
+`runner stats`."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from runner import codec
+from runner.cli.root import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_REDIS,
+    EXIT_REFUSED,
+    JSONL_BATCH,
+    build_runtime,
+    cli,
+    emit,
+    fail,
+    print_validation,
+    read_payload,
+    redis_errors,
+    refusal,
+    table,
+)
+from runner.connection import UNAVAILABLE
+from runner.errors import (
+    RedisUnavailable,
+    RunnerError,
+    ValidationFailed,
+)
+
+
+@cli.command()
+@click.argument("type_", metavar="TYPE")
+@click.argument("payload", required=False)
+@click.option("--version", "version", type=int, default=None, help="Payload version (default: newest).")
+@click.option("--delay", type=float, default=None, help="Seconds to wait before running.")
+@click.option("--idempotency-key", default=None)
+@click.option("--jsonl", "jsonl", default=None, metavar="FILE|-",
+              help="Enqueue one job per line (each line a payload), in batches, with progress.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def enqueue(
+    ctx: click.Context, type_: str, payload: str | None, version: int | None,
+    delay: float | None, idempotency_key: str | None, jsonl: str | None, as_json: bool,
+) -> None:
+    """Validate and enqueue a job; PAYLOAD is JSON, @file, or - for stdin (default {})."""
+    from runner.client import Client
+
+    if jsonl is not None:
+        if payload is not None or idempotency_key is not None:
+            raise click.UsageError("--jsonl takes the payloads from its lines: give no PAYLOAD "
+                                   "and no --idempotency-key (the function's template applies)")
+        rt = build_runtime(ctx.obj["config"], client_only=True)
+        sys.exit(enqueue_lines(Client(rt), type_, jsonl, version, delay, as_json))
+    body = read_payload(payload)
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            job = Client(rt).enqueue(type_, body, version=version, delay=delay,
+                                     idempotency_key=idempotency_key)
+        except ValidationFailed as exc:
+            if as_json:
+                emit(refusal(exc), True)
+            print_validation(exc)
+            sys.exit(EXIT_REFUSED)
+        except RedisUnavailable:
+            raise
+        except RunnerError as exc:
+            if as_json:
+                emit(refusal(exc), True)
+            fail(str(exc), EXIT_REFUSED)
+    dup = " (duplicate: the key's first job)" if job.duplicate else ""
+    emit(job.as_dict(), as_json, f"{job.id} {job.type} v{job.version} -> {job.queue} {job.status}{dup}")
+
+
+@contextlib.contextmanager
+def _lines(source: str) -> Iterator[Iterator[tuple[int, bytes]]]:
+    """Numbered lines of a file or stdin, with a progress bar on stderr (bytes of a file,
+    lines of a stream)."""
+    if source == "-":
+        stream: IO[bytes] = sys.stdin.buffer
+        with click.progressbar(enumerate(stream, 1), label="enqueueing", file=sys.stderr,
+                               show_pos=True) as lines:
+            yield iter(lines)
+        return
+    try:
+        f = open(source, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        fail(f"cannot read {source}: {exc}", EXIT_CONFIG)
+    size = Path(source).stat().st_size
+    with f, click.progressbar(length=size, label="enqueueing", file=sys.stderr) as bar:
+        def gen() -> Iterator[tuple[int, bytes]]:
+            for n, raw in enumerate(f, 1):
+                bar.update(len(raw))
+                yield n, raw
+        yield gen()
+
+
+def enqueue_lines(client: Any, type_: str, source: str, version: int | None, delay: float | None,
+                  as_json: bool) -> int:
+    """One job per line, JSONL_BATCH lines per round of scripts; every refused line reported."""
+    from runner.client import Request
+
+    done = dup = 0
+    last_ok = 0
+    refused: list[dict[str, Any]] = []
+
+    def send(batch: list[tuple[int, Request]]) -> None:
+        nonlocal done, dup, last_ok
+        results = client.enqueue_many([r for _, r in batch])
+        for (n, _), res in zip(batch, results, strict=True):
+            if isinstance(res, RunnerError):
+                refused.append({"line": n, **refusal(res)})
+            else:
+                done += 1
+                dup += int(res.duplicate)
+        last_ok = batch[-1][0]
+
+    batch: list[tuple[int, Request]] = []
+    try:
+        with _lines(source) as lines:
+            for n, raw in lines:
+                text = raw.strip()
+                if not text:
+                    continue
+                try:
+                    body = codec.loads_wire(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+                except (codec.DecodeError, ValueError) as exc:
+                    refused.append({"line": n, "error": f"not valid JSON: {exc}", "kind": "DecodeError"})
+                    continue
+                batch.append((n, Request(type_, body, version=version, delay_s=delay)))
+                if len(batch) >= JSONL_BATCH:
+                    send(batch)
+                    batch = []
+            if batch:
+                send(batch)
+    except (RedisUnavailable, *UNAVAILABLE) as exc:  # type: ignore[misc]
+        first = batch[0][0] if batch else last_ok + 1
+        sent = f"lines 1 to {last_ok} were enqueued; " if last_ok else ""
+        fail(f"Redis unavailable at line {first}: {exc}\n{sent}the batch from line {first} may or may not "
+             f"have been enqueued. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
+             EXIT_REDIS)
+    summary = {"enqueued": done, "duplicates": dup, "refused": refused}
+    if as_json:
+        emit(summary, True)
+    else:
+        click.echo(f"enqueued {done} job(s) of {type_}" + (f" ({dup} duplicate(s))" if dup else "")
+                   + (f"; {len(refused)} line(s) refused" if refused else ""))
+        for r in refused:
+            click.secho(f"line {r['line']}: {r['error']}", fg="red", err=True)
+            for e in r.get("errors", []):
+                click.echo(f"    {e['path']}: {e['message']}", err=True)
+    return EXIT_REFUSED if refused else EXIT_OK
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show one job."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            record = Client(rt).get(job_id).as_dict()
+        except RedisUnavailable:
+            raise
+        except RunnerError as exc:
+            fail(str(exc), EXIT_REFUSED)
+    human = "\n".join(f"{k:>16}: {codec.dumps(v) if isinstance(v, dict | list) else v}"
+                      for k, v in record.items())
+    emit(record, as_json, human)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Queue figures (cluster-wide)."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        figures = Client(rt).stats()
+    rows = [(q, f["ready"], f["processing"], f["scheduled"], f["dead"],
+             sum(v for k, v in f["counters"].items() if k.startswith("succeeded|")))
+            for q, f in figures.items()]
+    emit(figures, as_json, table(("queue", "ready", "processing", "scheduled", "dead", "succeeded"), rows))

@@ -1,0 +1,80 @@
+"""The long-running commands: `runner worker`, `runner web` and `runner dev`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from runner.cli.root import (
+    EXIT_CONFIG,
+    build_runtime,
+    cli,
+    fail,
+    load_config,
+)
+from runner.errors import (
+    ConfigError,
+)
+
+
+@cli.command()
+@click.option("--queue", "-q", "queues", multiple=True, help="Queue(s) to serve (default: all).")
+@click.pass_context
+def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
+    """Run a production worker (the scheduler runs inside it)."""
+    from runner.guard import warn_redis_settings
+    from runner.logs import setup
+    from runner.worker import Worker
+
+    rt = build_runtime(ctx.obj["config"])
+    setup(rt.config.log)
+    names = list(queues) or list(rt.config.queues)
+    for q in names:
+        if q not in rt.config.queues:
+            fail(f"configuration error: no queue {q!r} in {rt.config.source} "
+                 f"(have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
+    for err in rt.registry.errors.values():
+        logging.getLogger("runner").error("function not loaded: %s", err)
+    warn_redis_settings(rt)
+    Worker(rt, names).run()
+
+
+@cli.command()
+@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option("--port", envvar="PORT", type=int, default=8000, show_default=True, help="Also $PORT.")
+@click.option("--workers", envvar="WEB_CONCURRENCY", type=int, default=2, show_default=True,
+              help="gunicorn worker processes; also $WEB_CONCURRENCY.")
+@click.option("--threads", envvar="RUNNER_WEB_THREADS", type=int, default=8, show_default=True,
+              help="Threads per worker process; also $RUNNER_WEB_THREADS.")
+@click.pass_context
+def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
+    """Run the production web server (gunicorn) for the HTTP API and dashboard."""
+    from runner.logs import setup
+    from runner.webserver import serve
+
+    cfg = load_config(ctx.obj["config"])
+    if cfg.api.auth and not cfg.api.token:
+        fail("refusing to serve the API without a token: set RUNNER_API_TOKEN, or switch auth off "
+             f"explicitly with `[api] auth = false` in {cfg.source}", EXIT_CONFIG)
+    setup(cfg.log)
+    try:
+        serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))
+    except ConfigError as exc:  # the port is taken
+        fail(str(exc), EXIT_CONFIG)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="PORT", type=int, default=8000, show_default=True, help="Also $PORT.")
+@click.option("--embedded", is_flag=True, help="Use the embedded Redis even when one is configured and up.")
+@click.pass_context
+def dev(ctx: click.Context, host: str, port: int, embedded: bool) -> None:
+    """Web + workers for every queue + scheduler, with hot reload; starts an embedded Redis
+    when none is reachable."""
+    from runner.dev import Dev
+
+    cfg = load_config(ctx.obj["config"])
+    code = Dev(cfg, ctx.obj["config"], host=host, port=port, force_embedded=embedded).run()
+    sys.exit(code)

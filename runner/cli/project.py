@@ -1,0 +1,145 @@
+"""Commands on the project: `runner functions`, `runner new` and `runner check`."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from runner.cli.root import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_REDIS,
+    EXIT_REFUSED,
+    cli,
+    emit,
+    fail,
+    load_config,
+    table,
+)
+from runner.connection import UNAVAILABLE
+from runner.errors import (
+    ConfigError,
+)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def functions(ctx: click.Context, as_json: bool) -> None:
+    """Discovered functions, their queues and schema versions, and what failed to load."""
+    from runner import registry
+
+    cfg = load_config(ctx.obj["config"])
+    reg = registry.load(cfg)
+    data = {
+        "functions": [f.describe() for f in reg.functions.values()],
+        "errors": [str(e) for e in reg.errors.values()],
+    }
+    rows = []
+    for f in reg.functions.values():
+        d = f.describe()
+        opts = f"attempts={d['max_attempts']} timeout={d['timeout']:g}s"
+        if d["idempotency_key"]:
+            opts += f" idem={d['idempotency_key']}"
+        if d["resource_key"]:
+            opts += f" resource={d['resource_key']}"
+        rows.append((f.name, f.queue, ",".join(f"v{v}" for v in d["versions"]), opts))
+    lines = [table(("type", "queue", "versions", "options"), rows)]
+    lines += [click.style(f"not loaded: {e}", fg="red") for e in reg.errors.values()]
+    emit(data, as_json, "\n".join(lines))
+    if reg.errors:
+        sys.exit(EXIT_REFUSED)
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--queue", "-q", default=None, help="Queue of the new function (default: the first in runner.toml).")
+@click.option("--force", is_flag=True, help="Overwrite existing files.")
+@click.pass_context
+def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
+    """Scaffold functions/NAME.py and schemas/NAME/v1.json, ready to run."""
+    from runner.scaffold import ScaffoldError, scaffold
+
+    cfg = load_config(ctx.obj["config"])
+    try:
+        made = scaffold(cfg, name, queue=queue, force=force)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_CONFIG)
+    except ScaffoldError as exc:
+        fail(str(exc), EXIT_REFUSED)
+    click.echo(f"created {made.function}\ncreated {made.schema}\n"
+               f"try it: runner enqueue {name} '{{\"name\": \"world\"}}'")
+
+
+@cli.command()
+@click.option("--strict", is_flag=True, help="Warnings (risky Redis settings, function warnings) fail too.")
+@click.option("--offline", is_flag=True, help="Skip Redis: no settings check, no deploy gate.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> None:
+    """Check config, functions and schemas, the Redis settings, and (deploy gate) that every
+    job waiting in Redis can be run by the functions on disk. Non-zero on any error."""
+    from runner import checks
+
+    report = checks.check_files(ctx.obj["config"])
+    code = EXIT_OK
+    if report.config is None:
+        code = EXIT_CONFIG
+    elif not offline:
+        from runner.embedded import session_url
+        from runner.registry import Registry
+        from runner.runtime import Runtime
+
+        reg = report.registry or Registry()
+        cfg = report.config
+        url = session_url(cfg)
+        if url is not None:
+            cfg = replace(cfg, redis=replace(cfg.redis, url=url))
+        rt = Runtime.create(cfg, reg=reg)
+        try:
+            report.problems.extend(checks.check_redis_settings(rt.redis))
+            report.scanned, report.stranded = checks.deploy_gate(rt, reg)
+            report.redis_checked = True
+        except UNAVAILABLE as exc:
+            report.problems.append(checks.Problem(
+                "redis", f"cannot reach {checks.redact(report.config.redis.url)}: {exc} "
+                "(the deploy gate did not run; --offline skips it)"))
+            code = EXIT_REDIS
+        finally:
+            rt.close()
+    if code == EXIT_OK and report.failed(strict):
+        code = EXIT_REFUSED
+    if as_json:
+        emit({**report.as_dict(), "ok": code == EXIT_OK}, True)
+    else:
+        click.echo(render_check(report, strict, code))
+    sys.exit(code)
+
+
+def render_check(report: Any, strict: bool, code: int) -> str:
+    out = []
+    if report.config is not None:
+        out.append(f"config     {report.config.source}: queues {', '.join(report.config.queues)}")
+    if report.registry is not None:
+        names = sorted(report.registry.functions)
+        out.append(f"functions  {len(names)} loaded: {', '.join(names) or '-'}")
+    for p in report.problems:
+        color = "red" if p.severity == "error" or strict else "yellow"
+        out.append(click.style(f"{p.severity:<10} {p.where}: {p.message}", fg=color))
+    if report.redis_checked:
+        out.append(f"redis      {report.scanned} waiting job(s) scanned")
+        if report.stranded:
+            total = sum(s.count for s in report.stranded)
+            out.append(click.style(f"deploy gate: {total} waiting job(s) the functions on disk cannot run:",
+                                   fg="red"))
+            rows = [(s.queue, s.state, s.type, s.version, s.count, s.problem) for s in report.stranded]
+            out.append(table(("queue", "state", "type", "version", "count", "problem"), rows))
+            out.append("fix: restore the function or schema, add an upgrade(), or clear them with "
+                       "`runner dead purge`")
+        else:
+            out.append("deploy gate: every waiting job can run")
+    out.append(click.style("ok", fg="green") if code == EXIT_OK else click.style("check failed", fg="red"))
+    return "\n".join(out)
