@@ -72,6 +72,8 @@ class Settlement:
 
 
 def _int_or(value: Any, default: int) -> int:
+    if not value:  # a field at its default comes back empty: no exception for the common case
+        return default
     try:
         return int(value)
     except (TypeError, ValueError):
