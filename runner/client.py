@@ -11,7 +11,7 @@ Flask app uses it directly::
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -170,29 +170,18 @@ class Client:
         the at most STREAM_WINDOW calls then in flight may or may not have run.
         """
         results: list[Enqueued | RunnerError] = []
-        size = max(1, min(batch, STREAM_CHUNK))
-        stream = self.runtime.scripts.stream()
-        chunk: list[tuple[int, _Prepared]] = []
-        now = store.now_ms()
-        try:
+
+        def prepared() -> Iterator[tuple[int, _Prepared]]:
             for req in requests:
                 try:
-                    chunk.append((len(results), self.prepare(req, now)))
-                    results.append(RunnerError("pending"))
+                    item = (len(results), self.prepare(req, store.now_ms()))
                 except RunnerError as exc:
                     results.append(exc)
-                if len(chunk) >= size:
-                    self._stream(stream, chunk, results)
-                    chunk = []
-                    now = store.now_ms()
-            if chunk:
-                self._stream(stream, chunk, results)
-            while len(stream):
-                _settle(stream.read(), results)
-        except UNAVAILABLE as exc:
-            raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
-        finally:
-            stream.close()
+                    continue
+                results.append(RunnerError("pending"))
+                yield item
+
+        self._send_streamed(prepared(), max(1, min(batch, STREAM_CHUNK)), results)
         return results
 
     def enqueue_all(self, requests: Sequence[Request]) -> list[Enqueued | IdempotencyConflict]:
@@ -217,17 +206,28 @@ class Client:
         if invalid is not None:
             raise ValidationFailed(invalid.type, invalid.version, errors)
         results: list[Any] = [None] * len(prepared)
+        self._send_streamed(prepared, STREAM_CHUNK, results)
+        return results
+
+    def _send_streamed(self, prepared: Iterable[tuple[int, _Prepared]], size: int, results: list[Any]) -> None:
+        """Send the jobs in chunks of ``size`` on one stream, as they come, and put each
+        answer at its index in ``results``."""
         stream = self.runtime.scripts.stream()
+        chunk: list[tuple[int, _Prepared]] = []
         try:
-            for s in range(0, len(prepared), STREAM_CHUNK):
-                self._stream(stream, prepared[s:s + STREAM_CHUNK], results)
+            for item in prepared:
+                chunk.append(item)
+                if len(chunk) >= size:
+                    self._stream(stream, chunk, results)
+                    chunk = []
+            if chunk:
+                self._stream(stream, chunk, results)
             while len(stream):
                 _settle(stream.read(), results)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
         finally:
             stream.close()
-        return results
 
     def _stream(self, stream: Stream, chunk: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
         """Send one call per queue for the chunk; read the oldest replies past the window."""
