@@ -47,6 +47,32 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+PROTECTED_CONFIGS = ["--enable-protected-configs", "yes"]  # server args: CONFIG SET dir
+
+
+def refuse_writes(r: Any, scratch: Path) -> None:
+    """Make a server (started with PROTECTED_CONFIGS) refuse every write with MISCONF, as
+    it does when it cannot persist: snapshots on, and the next one fails because its
+    directory is gone."""
+    gone = scratch / "gone"
+    gone.mkdir()
+    r.config_set("dir", str(gone))
+    gone.rmdir()
+    r.config_set("save", "3600 1")  # writes stop on a failed snapshot only with snapshots on
+    r.config_set("stop-writes-on-bgsave-error", "yes")
+    r.bgsave()
+    wait_for(lambda: r.info("persistence")["rdb_last_bgsave_status"] == "err", timeout=10,
+             what="a failed snapshot")
+
+
+def take_writes_again(r: Any, scratch: Path) -> None:
+    """Undo refuse_writes: a snapshot that succeeds lifts the refusal."""
+    r.config_set("dir", str(scratch))
+    r.bgsave()
+    wait_for(lambda: r.info("persistence")["rdb_last_bgsave_status"] == "ok", timeout=10,
+             what="a good snapshot")
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = Server(tmp_path_factory.mktemp("valkey"), appendonly=True).start()

@@ -13,7 +13,14 @@ from crashkit import configure, new_project, outcomes, own_server, wait_final, w
 from runner.embedded import Server
 from runner.errors import RedisUnavailable
 
-from conftest import Project, assert_no_job_in_two_structures, wait_for
+from conftest import (
+    PROTECTED_CONFIGS,
+    Project,
+    assert_no_job_in_two_structures,
+    refuse_writes,
+    take_writes_again,
+    wait_for,
+)
 
 
 def _admin(srv: Server) -> redis.Redis:
@@ -57,7 +64,7 @@ def test_worker_waits_out_redis_refusing_writes_it_cannot_persist(tmp_path: Path
     """MISCONF (a snapshot failed, so Redis refuses every write): the worker treats it as
     an outage, with one warning and no tracebacks, and settles the running job once Redis
     can persist again; producers get RedisUnavailable meanwhile."""
-    with own_server(tmp_path / "redis", extra=["--enable-protected-configs", "yes"]) as srv:
+    with own_server(tmp_path / "redis", extra=PROTECTED_CONFIGS) as srv:
         p = new_project(tmp_path / "p", srv)
         try:
             configure(p, vt=3, concurrency=2)
@@ -66,22 +73,11 @@ def test_worker_waits_out_redis_refusing_writes_it_cannot_persist(tmp_path: Path
             a = c.enqueue("record", {"n": 1, "sleep": 0.8}).id
             wait_for(lambda: p.runs(a), timeout=15, what="the handler to start")
             admin = _admin(srv)
-            gone = tmp_path / "gone"
-            gone.mkdir()
-            admin.config_set("dir", str(gone))
-            gone.rmdir()  # the next snapshot cannot be written
-            admin.config_set("save", "3600 1")  # writes stop on a failed snapshot only with snapshots on
-            admin.config_set("stop-writes-on-bgsave-error", "yes")
-            admin.bgsave()
-            wait_for(lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "err", timeout=10,
-                     what="a failed snapshot")
+            refuse_writes(admin, tmp_path)
             with pytest.raises(RedisUnavailable):
                 c.enqueue("record", {"n": 2})
             _refused(p, worker_log(p, w), "Redis unavailable")
-            admin.config_set("dir", str(tmp_path))
-            admin.bgsave()
-            wait_for(lambda: admin.info("persistence")["rdb_last_bgsave_status"] == "ok", timeout=10,
-                     what="a good snapshot")
+            take_writes_again(admin, tmp_path)
             b = c.enqueue("record", {"n": 3}).id
             final = wait_final(p, [a, b], timeout=20)
             assert all(r["status"] == "done" for r in final.values())

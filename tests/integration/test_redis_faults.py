@@ -19,7 +19,7 @@ from runner.embedded import Server
 from runner.errors import RedisUnavailable
 from runner.outage import Outage
 
-from conftest import REPO, Project, make_project, wait_for
+from conftest import PROTECTED_CONFIGS, REPO, Project, make_project, refuse_writes, take_writes_again
 
 
 class _Recorder(threading.Event):
@@ -122,30 +122,19 @@ def test_redis_refusing_writes_it_cannot_persist_is_an_outage(tmp_path: Path) ->
     falcon_testing = pytest.importorskip("falcon.testing")
     from runner.web import create_app
 
-    srv = Server(tmp_path / "redis", extra=["--enable-protected-configs", "yes"]).start()
+    srv = Server(tmp_path / "redis", extra=PROTECTED_CONFIGS).start()
     p = make_project(tmp_path / "p", srv)
     try:
         r, c = p.runtime.redis, p.client
         c.enqueue("record", {"n": 1})
-        gone = tmp_path / "gone"
-        gone.mkdir()
-        r.config_set("dir", str(gone))
-        gone.rmdir()  # the next snapshot cannot be written
-        r.config_set("save", "3600 1")  # writes stop on a failed snapshot only with snapshots on
-        r.config_set("stop-writes-on-bgsave-error", "yes")
-        r.bgsave()
-        wait_for(lambda: r.info("persistence")["rdb_last_bgsave_status"] == "err", timeout=10,
-                 what="a failed snapshot")
+        refuse_writes(r, tmp_path)
         with pytest.raises(RedisUnavailable, match="persist"):
             c.enqueue("record", {"n": 2})
         web = falcon_testing.TestClient(create_app(p.runtime))
         resp = web.simulate_post("/jobs/record", json={"n": 3})
         assert resp.status_code == 503, resp.text
         assert "refuses writes" in resp.json["detail"] and resp.headers["Retry-After"] == "1"
-        r.config_set("dir", str(tmp_path))
-        r.bgsave()
-        wait_for(lambda: r.info("persistence")["rdb_last_bgsave_status"] == "ok", timeout=10,
-                 what="a good snapshot")
+        take_writes_again(r, tmp_path)
         assert c.enqueue("record", {"n": 4}).status == "queued"
         assert r.llen(p.keys().ready) == 2
     finally:
