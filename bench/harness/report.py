@@ -159,10 +159,7 @@ def extras_md(x: dict[str, Any]) -> list[str]:
                     "|---|---|---|---|---|---|---|"]
             ref = h.get("reference")
             if ref:
-                out.append(f"| reference: hello-world WSGI app, same gunicorn settings | wrk, closed loop, "
-                           f"{ref['connections']} conn. | - | {_num(ref['req_per_s'])} | "
-                           f"{_num(ref['p50_ms'], 2)} | {_num(ref['p99_ms'], 2)} | "
-                           f"{ref.get('socket_errors', 0)} / {ref['non_2xx']} |")
+                out.append(_closed_row("reference: hello-world WSGI app, same gunicorn settings", ref))
             for phase, runs in h.get("phases", {}).items():
                 if "skipped" in runs:
                     out.append(f"| {phase} | skipped: {runs['skipped']} | | | | | |")
@@ -179,19 +176,22 @@ def extras_md(x: dict[str, Any]) -> list[str]:
                     errs = r.get("socket_errors", r.get("errors", 0))
                     out.append(f"| {phase} | {what} | {_num(r.get('rate'))} | {_num(achieved)} | "
                                f"{_num(r.get('p50_ms'), 2)} | {_num(r.get('p99_ms'), 2)} | {errs} / {bad} |")
-                w = runs.get("closed")
-                if w:
-                    out.append(f"| {phase} | wrk, closed loop, {w['connections']} conn. | - | "
-                               f"{_num(w['req_per_s'])} | {_num(w['p50_ms'], 2)} | {_num(w['p99_ms'], 2)} | "
-                               f"{w.get('socket_errors', 0)} / {w['non_2xx']} |")
-                b = runs.get("batch")
-                if b:
-                    out.append(f"| {phase} | wrk, closed loop, {b['connections']} conn., "
-                               f"{b['batch']} jobs per request (batch route) | - | {_num(b['req_per_s'])} "
-                               f"(**{_num(b['req_per_s'] * b['batch'])} jobs/s**) | {_num(b['p50_ms'], 2)} | "
-                               f"{_num(b['p99_ms'], 2)} | {b.get('socket_errors', 0)} / {b['non_2xx']} |")
+                if runs.get("closed"):
+                    out.append(_closed_row(phase, runs["closed"]))
+                if runs.get("batch"):
+                    out.append(_closed_row(phase, runs["batch"]))
             out.append("")
     return out
+
+
+def _closed_row(phase: str, w: dict[str, Any]) -> str:
+    """A table row for a closed-loop wrk run (with ``batch``, jobs per request too)."""
+    load, achieved = f"wrk, closed loop, {w['connections']} conn.", _num(w["req_per_s"])
+    if w.get("batch"):
+        load += f", {w['batch']} jobs per request (batch route)"
+        achieved += f" (**{_num(w['req_per_s'] * w['batch'])} jobs/s**)"
+    return (f"| {phase} | {load} | - | {achieved} | {_num(w['p50_ms'], 2)} | {_num(w['p99_ms'], 2)} | "
+            f"{w.get('socket_errors', 0)} / {w['non_2xx']} |")
 
 
 def markdown(res: dict[str, Any]) -> str:
