@@ -4,6 +4,7 @@ worker dies, so it never silently stops consuming."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,28 @@ def _refused(p: Project, w_log: Path, needle: str) -> None:
              what=f"the worker to meet {needle!r}")
 
 
-def test_worker_waits_out_a_full_redis(tmp_path: Path) -> None:
-    """maxmemory reached (noeviction): the handler's ack is refused with OOM; the worker
-    backs off and acks once memory is back; producers get RedisUnavailable meanwhile."""
-    with own_server(tmp_path / "redis") as srv:
+def _fill_memory(admin: redis.Redis, scratch: Path) -> None:
+    admin.config_set("maxmemory", 1)  # every write is refused from now on
+
+
+def _free_memory(admin: redis.Redis, scratch: Path) -> None:
+    admin.config_set("maxmemory", 0)
+
+
+@pytest.mark.parametrize("refuse,restore,needle,extra", [
+    pytest.param(_fill_memory, _free_memory, "maxmemory", [], id="memory full (OOM)"),
+    pytest.param(refuse_writes, take_writes_again, "Redis unavailable", PROTECTED_CONFIGS,
+                 id="cannot persist (MISCONF)"),
+])
+def test_worker_waits_out_redis_refusing_writes(
+    tmp_path: Path, refuse: Callable[[redis.Redis, Path], None],
+    restore: Callable[[redis.Redis, Path], None], needle: str, extra: list[str],
+) -> None:
+    """Redis refusing every write while a handler runs: maxmemory reached under
+    noeviction (OOM), or a failed snapshot (MISCONF). The worker treats it as an outage,
+    with no tracebacks, backs off and settles the running job once writes are taken
+    again; producers get RedisUnavailable meanwhile."""
+    with own_server(tmp_path / "redis", extra=extra) as srv:
         p = new_project(tmp_path / "p", srv)
         try:
             configure(p, vt=3, concurrency=2)
@@ -44,43 +63,15 @@ def test_worker_waits_out_a_full_redis(tmp_path: Path) -> None:
             a = c.enqueue("record", {"n": 1, "sleep": 0.8}).id
             wait_for(lambda: p.runs(a), timeout=15, what="the handler to start")
             admin = _admin(srv)
-            admin.config_set("maxmemory", 1)  # every write is refused from now on
+            refuse(admin, tmp_path)
             with pytest.raises(RedisUnavailable):
                 c.enqueue("record", {"n": 2})
-            _refused(p, worker_log(p, w), "maxmemory")
-            admin.config_set("maxmemory", 0)
+            _refused(p, worker_log(p, w), needle)
+            restore(admin, tmp_path)
             b = c.enqueue("record", {"n": 3}).id
             final = wait_final(p, [a, b], timeout=20)
             assert all(r["status"] == "done" for r in final.values())
             assert outcomes(final[b]) == ["done"]
-            assert len(p.runs(a)) <= 2 and len(p.runs(b)) == 1
-            assert w.poll() is None
-            assert_no_job_in_two_structures(p)
-        finally:
-            p.stop_all()
-
-
-def test_worker_waits_out_redis_refusing_writes_it_cannot_persist(tmp_path: Path) -> None:
-    """MISCONF (a snapshot failed, so Redis refuses every write): the worker treats it as
-    an outage, with one warning and no tracebacks, and settles the running job once Redis
-    can persist again; producers get RedisUnavailable meanwhile."""
-    with own_server(tmp_path / "redis", extra=PROTECTED_CONFIGS) as srv:
-        p = new_project(tmp_path / "p", srv)
-        try:
-            configure(p, vt=3, concurrency=2)
-            c = p.client
-            w = p.spawn_worker("fast")
-            a = c.enqueue("record", {"n": 1, "sleep": 0.8}).id
-            wait_for(lambda: p.runs(a), timeout=15, what="the handler to start")
-            admin = _admin(srv)
-            refuse_writes(admin, tmp_path)
-            with pytest.raises(RedisUnavailable):
-                c.enqueue("record", {"n": 2})
-            _refused(p, worker_log(p, w), "Redis unavailable")
-            take_writes_again(admin, tmp_path)
-            b = c.enqueue("record", {"n": 3}).id
-            final = wait_final(p, [a, b], timeout=20)
-            assert all(r["status"] == "done" for r in final.values())
             assert len(p.runs(a)) <= 2 and len(p.runs(b)) == 1
             assert w.poll() is None
             assert "Traceback" not in worker_log(p, w).read_text(errors="replace")
