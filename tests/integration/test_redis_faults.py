@@ -102,7 +102,8 @@ def test_cli_enqueue_exits_3_when_redis_is_down(down_project: Project) -> None:
 
 
 def test_http_enqueue_is_503_when_redis_is_down(down_project: Project) -> None:
-    """POST /jobs/{type} answers 503 with a problem body; /healthz says why."""
+    """POST /jobs/{type} and its batch route answer 503 with a problem body; /healthz
+    says why."""
     falcon_testing = pytest.importorskip("falcon.testing")
     from runner.web import create_app
 
@@ -111,6 +112,9 @@ def test_http_enqueue_is_503_when_redis_is_down(down_project: Project) -> None:
     r = client.simulate_post("/jobs/record", json={"n": 1})
     assert r.status_code == 503, r.text
     assert "unreachable" in r.json.get("detail", r.text)
+    batch = client.simulate_post("/jobs/record/batch", json=[{"n": 1}, {"n": 2}])
+    assert batch.status_code == 503, batch.text
+    assert batch.headers["Retry-After"] == "1"
     h = client.simulate_get("/healthz")
     assert h.status_code == 503
 
