@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from runner import codec, store, templates
 from runner import config as config_mod
-from runner.combiner import Combiner
+from runner.combiner import AsyncCombiner, Combiner
 from runner.connection import UNAVAILABLE
 from runner.errors import (
     FieldError,
@@ -94,6 +94,9 @@ class Client:
         self._combiner: Combiner[_Prepared, Enqueued | IdempotencyConflict] = Combiner(
             self._send_prepared, max_batch=MAX_BATCH
         )
+        self._async_combiner: AsyncCombiner[_Prepared, Enqueued | IdempotencyConflict] = AsyncCombiner(
+            self._send_prepared, max_batch=MAX_BATCH
+        )
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> Client:
@@ -153,6 +156,20 @@ class Client:
         Safe from many threads at once: calls that overlap share one round trip."""
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, store.now_ms())
         out = self._combiner.submit(prep)
+        if isinstance(out, IdempotencyConflict):
+            raise out
+        return out
+
+    async def aenqueue(
+        self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
+        run_at: float | None = None, idempotency_key: str | None = None,
+    ) -> Enqueued:
+        """``enqueue`` for asyncio code (an ASGI app, a FastAPI route): the same checks and
+        answers, without blocking the event loop. Validation runs in the caller; the
+        round trip runs on a thread of the client's own, and calls that overlap, from any
+        number of tasks, share one."""
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, store.now_ms())
+        out = await self._async_combiner.submit(prep)
         if isinstance(out, IdempotencyConflict):
             raise out
         return out

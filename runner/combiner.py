@@ -9,13 +9,20 @@ ever waits for a timer, so a lone request is not delayed at all.
 
 Each caller still gets its answer only after Redis has run the script that holds its
 job, so a 202 keeps meaning "the job is in Redis".
+
+``AsyncCombiner`` does the same for coroutines (the web process's event loop): one
+thread of its own sends a batch while the loop goes on taking requests, then takes
+everything that queued meanwhile as the next batch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -85,3 +92,79 @@ class Combiner(Generic[T, R]):
         for s in batch[1:]:  # the first is this thread (it led) or was woken to lead
             if not s.lead:
                 s.wake.release()
+
+
+class AsyncCombiner(Generic[T, R]):
+    """``await submit(item)`` from any event loop: items that queue while a batch is in
+    flight go out together as the next one. The sends run on one thread of the
+    combiner's own, so a slow or unreachable Redis holds up enqueues but never the loop
+    (other requests, /healthz). Answers go back to each caller's loop in one wake-up per
+    loop and batch, not one per caller."""
+
+    def __init__(self, send: Callable[[Sequence[T]], Sequence[R]], max_batch: int = 256,
+                 name: str = "runner-commit") -> None:
+        self._send = send
+        self._max = max_batch
+        self._name = name
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._busy = False
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+
+    async def submit(self, item: T) -> R:
+        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if self._pid != os.getpid():  # a fork: the parent's sender thread is not here
+                self._waiting, self._busy, self._pool, self._pid = [], False, None, os.getpid()
+            self._waiting.append((item, fut))
+            start = not self._busy
+            self._busy = True
+            if start and self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix=self._name)
+            pool = self._pool
+        if start:
+            assert pool is not None
+            pool.submit(self._drain)
+        return await fut
+
+    def _drain(self) -> None:
+        """On the sender thread: send batches until nothing waits."""
+        while True:
+            with self._lock:
+                batch = self._waiting[: self._max]
+                del self._waiting[: self._max]
+                if not batch:
+                    self._busy = False
+                    return
+            error: BaseException | None = None
+            results: Sequence[R] = ()
+            try:
+                results = self._send([item for item, _ in batch])
+                if len(results) != len(batch):
+                    raise ValueError(f"send answered {len(results)} results for {len(batch)} items")
+            except BaseException as exc:  # every caller of the batch hears of it
+                error = exc
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[R], R | None]]] = {}
+            for n, (_, fut) in enumerate(batch):
+                by_loop.setdefault(fut.get_loop(), []).append((fut, None if error else results[n]))
+            for loop, answers in by_loop.items():
+                # A closed loop raises RuntimeError: nobody waits for those answers any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_answer, answers, error)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def _answer(answers: list[tuple[asyncio.Future[R], R | None]], error: BaseException | None) -> None:
+    for fut, result in answers:
+        if fut.cancelled():  # the caller went away (a client hung up); the batch ran all the same
+            continue
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]

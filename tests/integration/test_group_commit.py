@@ -4,11 +4,14 @@ idempotency keys decided as if the calls had come one by one."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
+import pytest
+
 from runner.client import Client, Enqueued
-from runner.errors import IdempotencyConflict
+from runner.errors import IdempotencyConflict, ValidationFailed
 
 from conftest import Project, structures
 
@@ -67,3 +70,45 @@ def test_shared_client_under_threads_answers_each_caller_and_loses_nothing(proje
     assert sorted(structures(project, "slow")["ready"]) == sorted(slow_ids)
     calls = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     assert 0 < calls < len(answers), calls
+
+
+def test_aenqueue_from_many_tasks_shares_round_trips_and_answers_each(project: Project) -> None:
+    """``Client.aenqueue``: 400 tasks on one event loop, across two queues, with a key
+    that repeats (one job, the rest duplicates) and one that clashes (one winner, the
+    rest conflicts). Every plain job lands once; the calls shared round trips; and an
+    invalid payload is refused before anything is sent."""
+    client = Client(project.runtime.__class__.create(project.config()))
+    redis = project.runtime.redis
+    redis.config_resetstat()
+
+    async def one(i: int) -> Any:
+        try:
+            if i % 10 == 0:
+                return await client.aenqueue("noop", {"k": 1}, idempotency_key="shared")
+            if i % 10 == 1:
+                return await client.aenqueue("noop", {"i": i}, idempotency_key="clash")
+            if i % 10 == 2:
+                return await client.aenqueue("slow", {"seconds": 0})
+            return await client.aenqueue("noop", {"i": i})
+        except IdempotencyConflict as exc:
+            return exc
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(one(i) for i in range(400)))
+
+    answers = asyncio.run(main())
+    shared = [answers[i] for i in range(0, 400, 10)]
+    assert len({a.id for a in shared}) == 1 and sum(not a.duplicate for a in shared) == 1
+    clash = [answers[i] for i in range(1, 400, 10)]
+    assert sum(isinstance(a, Enqueued) for a in clash) == 1
+    assert sum(isinstance(a, IdempotencyConflict) for a in clash) == 39
+    created = [a for a in answers if isinstance(a, Enqueued) and not a.duplicate]
+    assert sorted(structures(project, "slow")["ready"]) == sorted(a.id for a in created if a.queue == "slow")
+    assert sorted(structures(project, "fast")["ready"]) == sorted(a.id for a in created if a.queue == "fast")
+    assert len(created) == 400 - 39 - 39
+    calls = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert 0 < calls < 100, calls
+
+    with pytest.raises(ValidationFailed):
+        asyncio.run(client.aenqueue("slow", {"seconds": "no"}))
+    assert len(structures(project, "slow")["ready"]) == 40

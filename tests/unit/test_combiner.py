@@ -4,6 +4,7 @@ waiting)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from runner.combiner import Combiner
+from runner.combiner import AsyncCombiner, Combiner
 
 
 def _run_threads(n: int, target: object) -> None:
@@ -174,3 +175,166 @@ def test_a_forked_child_does_not_wait_for_a_batch_of_its_parent() -> None:
     parent.join(timeout=5)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# --- AsyncCombiner: the same for coroutines, sent from a thread of its own -------------
+
+
+def _held(sizes: list[int], gate: threading.Event, answer: Callable[[int], int] = lambda i: i * i,
+          ) -> Callable[[Sequence[int]], list[int]]:
+    def send(items: Sequence[int]) -> list[int]:
+        sizes.append(len(items))
+        gate.wait(5)
+        return [answer(i) for i in items]
+    return send
+
+
+async def _queued(c: AsyncCombiner[int, int], n: int) -> None:
+    """Until n items wait behind the send in flight (yielding to the loop meanwhile)."""
+    deadline = time.monotonic() + 5
+    while len(c._waiting) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+
+
+def test_async_lone_calls_go_out_alone() -> None:
+    batches: list[list[int]] = []
+
+    def send(items: Sequence[int]) -> list[int]:
+        batches.append(list(items))
+        return [i * 10 for i in items]
+
+    c = AsyncCombiner(send)
+
+    async def main() -> list[int]:
+        return [await c.submit(i) for i in range(3)]
+
+    assert asyncio.run(main()) == [0, 10, 20]
+    assert batches == [[0], [1], [2]]
+    c.close()
+
+
+def test_async_overlapping_calls_share_sends_and_the_loop_keeps_running() -> None:
+    """64 tasks while the first send is held: they go out in at most 3 sends, each task
+    gets its own answer, and the loop went on running other work during the held send."""
+    sizes: list[int] = []
+    gate = threading.Event()
+    c = AsyncCombiner(_held(sizes, gate))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not gate.is_set():
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    async def main() -> list[int]:
+        tick = asyncio.create_task(ticker())
+        tasks = [asyncio.create_task(c.submit(i)) for i in range(64)]
+        await _queued(c, 63)
+        await asyncio.sleep(0.05)  # the send is still held: the ticker must keep ticking
+        held_ticks = ticks
+        gate.set()
+        out = await asyncio.gather(*tasks)
+        await tick
+        assert held_ticks > 3
+        return out
+
+    assert asyncio.run(main()) == [i * i for i in range(64)]
+    assert sum(sizes) == 64 and len(sizes) <= 3, sizes
+    c.close()
+
+
+def test_async_max_batch_bounds_a_send() -> None:
+    sizes: list[int] = []
+    gate = threading.Event()
+    c = AsyncCombiner(_held(sizes, gate, lambda i: i), max_batch=10)
+
+    async def main() -> list[int]:
+        tasks = [asyncio.create_task(c.submit(i)) for i in range(40)]
+        await _queued(c, 39)
+        gate.set()
+        return await asyncio.gather(*tasks)
+
+    assert asyncio.run(main()) == list(range(40))
+    assert sum(sizes) == 40 and max(sizes) <= 10
+    c.close()
+
+
+def test_async_an_error_reaches_every_caller_of_its_batch_and_the_next_batch_works() -> None:
+    fail = {"on": True}
+
+    def send(items: Sequence[int]) -> list[int]:
+        if fail["on"]:
+            raise ConnectionError("Redis went away")
+        return list(items)
+
+    c = AsyncCombiner(send)
+
+    async def main() -> list[object]:
+        return await asyncio.gather(*(c.submit(i) for i in range(16)), return_exceptions=True)
+
+    got = asyncio.run(main())
+    assert len(got) == 16 and all(isinstance(g, ConnectionError) for g in got)
+    fail["on"] = False
+    assert asyncio.run(main()) == list(range(16))
+    with pytest.raises(ValueError):
+        asyncio.run(AsyncCombiner(lambda items: [1, 2, 3]).submit(1))
+    c.close()
+
+
+def test_async_callers_on_two_loops_each_hear_on_their_own_loop() -> None:
+    """Two threads, each with its event loop, share one combiner: every answer comes back
+    to the loop that asked, and a caller that gave up does not hold up the rest."""
+    sizes: list[int] = []
+    gate = threading.Event()
+    c = AsyncCombiner(_held(sizes, gate, lambda i: -i))
+    results: dict[str, list[object]] = {}
+    barrier = threading.Barrier(2)
+
+    def run(name: str, base: int) -> None:
+        async def main() -> list[object]:
+            loop = asyncio.get_running_loop()
+            tasks = [asyncio.create_task(c.submit(base + i)) for i in range(20)]
+            quitter = asyncio.create_task(c.submit(base + 99))
+            await asyncio.sleep(0.01)
+            quitter.cancel()
+            await asyncio.to_thread(barrier.wait, 5)
+            gate.set()
+            out = await asyncio.gather(*tasks)
+            assert asyncio.get_running_loop() is loop
+            return [*out, quitter.cancelled()]
+        results[name] = asyncio.run(main())
+
+    threads = [threading.Thread(target=run, args=(n, b)) for n, b in (("a", 0), ("b", 1000))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    assert results["a"] == [-i for i in range(20)] + [True]
+    assert results["b"] == [-(1000 + i) for i in range(20)] + [True]
+    assert sum(sizes) == 42  # the cancelled calls were sent all the same
+    c.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_async_a_forked_child_sends_its_own_batches() -> None:
+    """A fork taken while a send is held: the child's sender thread did not survive the
+    fork, so its first call must start a new one instead of waiting for it."""
+    gate = threading.Event()
+    c = AsyncCombiner(lambda items: (gate.wait(5), list(items))[1])
+    parent = threading.Thread(target=lambda: asyncio.run(c.submit(1)))
+    parent.start()
+    deadline = time.monotonic() + 5
+    while not c._busy and time.monotonic() < deadline:
+        time.sleep(0.001)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(2)
+        gate.set()
+        os._exit(0 if asyncio.run(c.submit(7)) == 7 else 1)
+    gate.set()
+    parent.join(timeout=5)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    c.close()
