@@ -1,11 +1,12 @@
-"""Serving the WSGI app: gunicorn for `runner web`, a threaded server for `runner dev`.
+"""Serving the ASGI app: gunicorn with uvicorn workers for `runner web`, uvicorn on a
+thread for `runner dev`.
 
 `runner web` runs gunicorn programmatically: the config is loaded once in the master (so a
 broken runner.toml fails before any fork), and each worker process builds its own Runtime
-(Redis connections must not cross a fork) and serves ``create_app(runtime)``. Settings fit
-a PaaS: bind 0.0.0.0:$PORT, $WEB_CONCURRENCY processes of gthread workers, and a graceful
-timeout well under the usual 30 s between SIGTERM and SIGKILL. GUNICORN_CMD_ARGS still
-overrides any of them.
+(Redis connections must not cross a fork) and serves ``create_app(runtime)`` on an event
+loop (uvloop, and httptools for HTTP/1.1 parsing, when installed). Settings fit a PaaS:
+bind 0.0.0.0:$PORT, $WEB_CONCURRENCY worker processes, and a graceful timeout well under
+the usual 30 s between SIGTERM and SIGKILL. GUNICORN_CMD_ARGS still overrides any of them.
 
 `runner dev` serves the same app from a thread of its own process, so the app and the
 workers share one Runtime and a reload is seen by both at once.
@@ -13,16 +14,20 @@ workers share one Runtime and a reload is seen by both at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shlex
+import signal
 import socket
-import socketserver
+import sys
 import threading
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from typing import Any, ClassVar
 
+import uvicorn
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from uvicorn_worker import UvicornWorker
 
 from runner.config import Config
 from runner.errors import ConfigError
@@ -33,11 +38,35 @@ log = logging.getLogger("runner.web")
 GRACEFUL_TIMEOUT_S = 20
 
 
+class Worker(UvicornWorker):  # type: ignore[misc]
+    """gunicorn's uvicorn worker, without the Server header (it names the software), and
+    with gunicorn's quick shutdown: on SIGINT or SIGQUIT to the master, each worker gets
+    a SIGQUIT, which the stock worker only notes, so it was killed after the whole
+    graceful timeout. Here it closes at once. (SIGTERM stays graceful: uvicorn finishes
+    the requests in flight.)"""
+
+    CONFIG_KWARGS: ClassVar[dict[str, Any]] = {"loop": "auto", "http": "auto", "server_header": False}
+
+    async def _serve(self) -> None:
+        self.config.app = self.wsgi
+        server = uvicorn.Server(config=self.config)
+
+        def quit_now() -> None:
+            server.should_exit = server.force_exit = True
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_now)
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+
 def gunicorn_options(host: str, port: int, workers: int, threads: int) -> dict[str, Any]:
     return {
         "bind": f"{host}:{port}",
         "workers": workers,
-        "worker_class": "gthread",
+        "worker_class": "runner.webserver.Worker",
+        # Not gunicorn's threads (an event loop serves the requests): the size of each
+        # process's pool for blocking work, passed to create_app.
         "threads": threads,
         # Each worker process listens on a socket of its own and the kernel spreads new
         # connections over them. With one shared socket, whichever process is idle takes
@@ -86,7 +115,7 @@ class GunicornApp(BaseApplication):  # type: ignore[misc]
         runtime = Runtime.create(self.config)
         for err in runtime.registry.errors.values():
             log.error("function not loaded: %s", err)
-        return create_app(runtime)
+        return create_app(runtime, threads=self.cfg.threads)
 
 
 def _is_tcp(addr: str) -> bool:
@@ -124,32 +153,45 @@ def serve(config: Config, host: str, port: int, workers: int, threads: int) -> N
 # --- dev ---------------------------------------------------------------------------------
 
 
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _QuietReads(logging.Filter):
+    """Access log lines of reads (the dashboard polls) only at DEBUG; the rest at INFO."""
 
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        # Reads (the dashboard polls) at DEBUG, everything else at INFO.
-        level = logging.DEBUG if self.command in ("GET", "HEAD") else logging.INFO
-        log.log(level, "%s %s", self.address_string(), format % args)
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 1 and args[1] in ("GET", "HEAD"):
+            return log.isEnabledFor(logging.DEBUG)
+        return True
 
 
 class DevServer:
-    """A threaded WSGI server on its own thread, with start()/stop()."""
+    """uvicorn on its own thread and event loop, with start()/stop(). The socket is bound
+    here, so a taken port fails at once and port 0 gets a real port."""
 
     def __init__(self, app: Any, host: str, port: int) -> None:
-        self.server = make_server(host, port, app, server_class=_ThreadingServer,
-                                  handler_class=_QuietHandler)
-        self.port = int(self.server.server_address[1])
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="http", daemon=True)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((host, port))
+        except OSError:
+            self.sock.close()
+            raise
+        self.port = int(self.sock.getsockname()[1])
+        access = logging.getLogger("uvicorn.access")
+        if not any(isinstance(f, _QuietReads) for f in access.filters):
+            access.addFilter(_QuietReads())
+        config = uvicorn.Config(app, lifespan="off", log_config=None, server_header=False,
+                                timeout_graceful_shutdown=2, timeout_keep_alive=5)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self.sock]))
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.should_exit = True
         self._thread.join(timeout=5)
+        self.sock.close()

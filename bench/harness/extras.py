@@ -288,13 +288,13 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
 
 def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
     """wrk closed loop against hello_app under gunicorn with `runner web`'s settings (2
-    gthread processes x 8 threads, a socket each, keep-alive 5 s)."""
+    processes of its uvicorn worker class, a socket each, keep-alive 5 s)."""
     if not shutil.which("wrk"):
         return None
     from runner.embedded import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "gunicorn", "-w", "2", "-k", "gthread", "--threads", "8", "--reuse-port",
+    cmd = [sys.executable, "-m", "gunicorn", "-w", "2", "-k", "runner.webserver.Worker", "--reuse-port",
            "--keep-alive", "5", "-b", f"127.0.0.1:{port}", "hello_app:app"]
     genv = {k: v for k, v in os.environ.items() if k != "GUNICORN_CMD_ARGS"}
     web = Group().start([cmd], genv, str(BENCH / "harness"), env.work / "hello")
@@ -307,15 +307,15 @@ def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
 
 
 def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -> dict[str, Any]:
-    """POST /jobs/noop through `runner web` with its defaults (gunicorn, gthread workers,
+    """POST /jobs/noop through `runner web` with its defaults (gunicorn, uvicorn workers,
     keep-alive): first with the web server alone on the machine, then with 2 runner
     workers draining the queue meanwhile; alone, also POST /jobs/noop/batch with 100 jobs
     per request. First, for reference, a hello-world app under the same gunicorn settings.
     Load from wrk (C, so the generator takes little
     of the 2 cores): paced at each rate, then closed loop over 32 connections. Without wrk,
     the Python open-loop generator stands in (it needs most of a core itself)."""
-    if not (runner_src() / "runner" / "web" / "wsgi.py").exists():
-        return {"skipped": "runner/web/wsgi.py does not exist yet"}
+    if not (runner_src() / "runner" / "webserver.py").exists():
+        return {"skipped": "runner/webserver.py does not exist yet"}
     from runner.embedded import free_port
 
     token = "bench-token"

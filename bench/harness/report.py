@@ -154,12 +154,12 @@ def extras_md(x: dict[str, Any]) -> list[str]:
         if "skipped" in h:
             out += [f"Skipped: {h['skipped']}.", ""]
         else:
-            out += [f"Server: `{h['server']}` (2 gunicorn processes x 8 threads), load from wrk.", "",
+            out += [f"Server: `{h['server']}` (2 gunicorn processes, uvicorn workers), load from wrk.", "",
                     "| phase | load | offered req/s | achieved req/s | p50 ms | p99 ms | errors / non-202 |",
                     "|---|---|---|---|---|---|---|"]
             ref = h.get("reference")
             if ref:
-                out.append(_closed_row("reference: hello-world WSGI app, same gunicorn settings", ref))
+                out.append(_closed_row("reference: hello-world ASGI app, same gunicorn settings", ref))
             for phase, runs in h.get("phases", {}).items():
                 if "skipped" in runs:
                     out.append(f"| {phase} | skipped: {runs['skipped']} | | | | | |")

@@ -1,15 +1,24 @@
-"""The HTTP API and dashboard: ``create_app(runtime)`` returns a Falcon WSGI app.
+"""The HTTP API and dashboard: ``create_app(runtime)`` returns a Falcon ASGI app.
 
-gunicorn serves it through ``runner.web.wsgi:app``; `runner dev` builds it around its
-own runtime. Routes read ``runtime.registry`` on every request, never a cached copy, as
-a reload swaps it. Every error is problem+json (problems.py).
+`runner web` serves it from gunicorn's uvicorn workers, and ``runner.web.asgi:app`` is
+the same app for any ASGI server; `runner dev` builds it around its own runtime. Routes
+read ``runtime.registry`` on every request, never a cached copy, as a reload swaps it.
+Every error is problem+json (problems.py).
+
+ASGI rather than WSGI for the cost of a request: under gunicorn's threaded WSGI worker
+the server's own work per request (parsing in Python, a thread hand-off per request)
+cost as much CPU as the app. On the event loop the enqueue route validates inline and
+joins the client's group commit; anything else that blocks (Redis reads, dead-letter
+operations, batches, the metrics scrape) runs on a small thread pool (offload.py).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import falcon
+import falcon.asgi
 
 from runner.client import Client
 from runner.runtime import Runtime
@@ -19,40 +28,77 @@ from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
 from runner.web.exposition import Metrics
 from runner.web.jobs import JobBatch, Jobs
+from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
 
 log = logging.getLogger("runner.web")
 
 
+# Threads per process for blocking work (see offload.py); the enqueue route needs none.
+DEFAULT_THREADS = 8
+
+
+async def _no_body() -> dict[str, object]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+class _AnnouncedTooLarge:
+    """A body whose Content-Length is over the limit gets its 413 at once. falcon.asgi
+    waits for the body's first chunk before it routes, so a client that sends the headers
+    and then waits (``Expect: 100-continue``, or a slow one) would hold the request open;
+    here such a request goes on as if its body were empty, and read_raw refuses it by its
+    announced length. The body itself is never read."""
+
+    def __init__(self, app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            # Any iterable of iterable pairs, by the spec: what is read here is kept.
+            headers = scope["headers"]
+            if type(headers) is not list:
+                headers = scope["headers"] = list(headers)
+            for i, pair in enumerate(headers):
+                if type(pair) is not tuple:
+                    pair = headers[i] = tuple(pair)
+                if pair[0] == b"content-length":
+                    if pair[1].isdigit() and int(pair[1]) > self.limit:
+                        receive = _no_body
+                    break
+        await self.app(scope, receive, send)
+
+
 class _Headers:
-    def process_response(self, req: falcon.Request, resp: falcon.Response, resource: object,
+    async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: object,
                          req_succeeded: bool) -> None:
         resp.set_header("X-Content-Type-Options", "nosniff")
 
 
-def create_app(runtime: Runtime) -> falcon.App[falcon.Request, falcon.Response]:
+def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTooLarge:
     api = runtime.config.api
     if not auth.required(api):
         log.warning("the HTTP API is open: no token (RUNNER_API_TOKEN) or auth switched off")
-    app = falcon.App(middleware=[*auth.middleware(api), _Headers()])
+    app = falcon.asgi.App(middleware=[*auth.middleware(api), _Headers()])
     problems.install(app)
     client = Client(runtime)
-    app.add_route("/jobs/{name}", Jobs(client))
-    app.add_route("/jobs/{name}/batch", JobBatch(client))
+    offload = Offload(threads)
+    app.add_route("/jobs/{name}", Jobs(client, offload))
+    app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/functions", Functions(runtime))
     app.add_route("/functions/{name}", FunctionItem(runtime))
-    app.add_route("/queues", Queues(runtime))
-    app.add_route("/throughput", Throughput(runtime))
-    app.add_route("/dead/{queue}", DeadList(client))
-    app.add_route("/dead/{queue}/{job_id}", DeadItem(client))
-    app.add_route("/dead/{queue}/{job_id}/requeue", DeadRequeue(client))
+    app.add_route("/queues", Queues(runtime, offload))
+    app.add_route("/throughput", Throughput(runtime, offload))
+    app.add_route("/dead/{queue}", DeadList(client, offload))
+    app.add_route("/dead/{queue}/{job_id}", DeadItem(client, offload))
+    app.add_route("/dead/{queue}/{job_id}/requeue", DeadRequeue(client, offload))
     app.add_route("/openapi.json", OpenApi(runtime))
-    app.add_route("/metrics", Metrics(runtime))
-    app.add_route("/healthz", Health(runtime))
+    app.add_route("/metrics", Metrics(runtime, offload))
+    app.add_route("/healthz", Health(runtime, offload))
     static = Static()
     app.add_route("/", static)
     app.add_route("/static/{name}", static, suffix="file")
-    return app
+    return _AnnouncedTooLarge(app, api.max_body_bytes)
 
 
 __all__ = ["create_app"]

@@ -12,6 +12,7 @@ import hmac
 from typing import Any
 
 import falcon
+import falcon.asgi
 
 from runner.config import ApiConfig
 from runner.web.problems import Problem
@@ -30,7 +31,7 @@ class BearerAuth:
     def __init__(self, token: str) -> None:
         self._expected = token.encode()
 
-    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         path = req.path
         if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
             return
@@ -38,7 +39,7 @@ class BearerAuth:
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise _unauthorized("send the API token as 'Authorization: Bearer <token>'", "missing")
-        # WSGI header strings are latin-1 over the raw bytes, so this gets the bytes sent;
+        # Header strings are latin-1 over the raw bytes, so this gets the bytes sent;
         # compare_digest keeps the time independent of where they differ.
         if not hmac.compare_digest(given.strip().encode("latin-1", "replace"), self._expected):
             raise _unauthorized("the bearer token is wrong", "wrong")

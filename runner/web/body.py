@@ -11,11 +11,11 @@ import math
 from typing import Any
 
 import falcon
+import falcon.asgi
 
 from runner import codec
 from runner.web.problems import Problem
 
-_CHUNK = 64 * 1024
 NO_BODY = object()
 
 
@@ -37,33 +37,21 @@ def _has_body(req: falcon.Request) -> bool:
     return "chunked" in (req.get_header("Transfer-Encoding") or "").lower()
 
 
-def read_raw(req: falcon.Request, limit: int) -> bytes:
+async def read_raw(req: falcon.asgi.Request, limit: int) -> bytes:
     length = req.content_length  # falcon answers 400 itself for a malformed header
-    if length is not None:
-        if length > limit:
-            raise _too_large(limit)
-        return req.bounded_stream.read(length) if length else b""
-    if "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
+    if length is not None and length > limit:
+        raise _too_large(limit)
+    if not length and "chunked" not in (req.get_header("Transfer-Encoding") or "").lower():
         return b""
-    if not req.env.get("wsgi.input_terminated"):
-        # This server hands over the raw socket (no de-chunking, no EOF): reading would hang.
-        raise Problem(411, "length-required", "send a Content-Length with the body",
-                      title="Length required")
-    # No length: the server de-chunks and ends the stream; read to EOF, never past the limit.
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        chunk = req.stream.read(min(_CHUNK, limit + 1 - size))
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-    return b"".join(parts)
+    # The server ends the stream at Content-Length, or de-chunks a body sent without one
+    # and ends it at the last chunk: never read past the limit either way.
+    raw = await req.stream.read(limit + 1)
+    if len(raw) > limit:
+        raise _too_large(limit)
+    return raw
 
 
-def read_json(req: falcon.Request, limit: int, *, optional: bool = False) -> Any:
+async def read_json(req: falcon.asgi.Request, limit: int, *, optional: bool = False) -> Any:
     """The decoded JSON body; with ``optional``, NO_BODY when the request has none."""
     if optional and not _has_body(req):
         return NO_BODY
@@ -71,7 +59,7 @@ def read_json(req: falcon.Request, limit: int, *, optional: bool = False) -> Any
         raise Problem(415, "unsupported-media-type",
                       f"send the body as application/json (got {req.content_type or 'no Content-Type'})",
                       title="Unsupported media type")
-    raw = read_raw(req, limit)
+    raw = await read_raw(req, limit)
     if not raw.strip():
         if optional:
             return NO_BODY

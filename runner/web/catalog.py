@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import falcon
+import falcon.asgi
 
 from runner import store
 from runner.connection import UNAVAILABLE
@@ -15,6 +16,7 @@ from runner.registry import Function, Registry
 from runner.runtime import Runtime
 from runner.web.body import int_param, only_params, send
 from runner.web.figures import read_queues, read_throughput
+from runner.web.offload import Offload
 from runner.web.problems import Problem
 
 
@@ -35,7 +37,7 @@ class Functions:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req, "schemas")
         reg = self.rt.registry
         schemas = req.get_param_as_bool("schemas", default=False)
@@ -50,20 +52,21 @@ class FunctionItem:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         only_params(req)
         send(resp, describe(self.rt.registry.get(name), with_schemas=True))
 
 
 class Queues:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, offload: Offload) -> None:
         self.rt = runtime
+        self.offload = offload
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req)
         rt = self.rt
         out = []
-        for q in read_queues(rt, store.now_ms()):
+        for q in await self.offload(read_queues, rt, store.now_ms()):
             cfg = rt.config.queues[q.name]
             out.append({
                 "name": q.name,
@@ -83,25 +86,27 @@ class Queues:
 
 
 class Throughput:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, offload: Offload) -> None:
         self.rt = runtime
+        self.offload = offload
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req, "minutes")
         minutes = int_param(req, "minutes", 1, 360, 60) or 60
-        send(resp, read_throughput(self.rt, minutes, store.now_ms()))
+        send(resp, await self.offload(read_throughput, self.rt, minutes, store.now_ms()))
 
 
 class Health:
     """Liveness plus Redis reachability. 503 means the process is alive but cannot reach
     Redis: take it out of rotation, do not restart it (it reconnects by itself)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, offload: Offload) -> None:
         self.rt = runtime
+        self.offload = offload
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         try:
-            self.rt.redis.ping()
+            await self.offload(self.rt.redis.ping)
         except UNAVAILABLE as exc:
             raise Problem(503, "redis-unavailable", f"the web process is up but Redis is unreachable: {exc}",
                           title="Redis unavailable", headers={"Retry-After": "1"},

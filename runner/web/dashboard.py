@@ -7,6 +7,7 @@ from __future__ import annotations
 from importlib import resources
 
 import falcon
+import falcon.asgi
 
 from runner.web.problems import Problem
 
@@ -33,8 +34,8 @@ class Static:
         resp.cache_control = ["no-cache"]
         resp.set_header("Content-Security-Policy", CSP)
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         self._send(resp, "index.html")
 
-    def on_get_file(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+    async def on_get_file(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         self._send(resp, name)

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import falcon
+import falcon.asgi
 
 from runner.client import Client
 from runner.errors import FieldError, UnknownFunction
 from runner.web.body import NO_BODY, int_param, only_params, read_json, send
+from runner.web.offload import Offload
 from runner.web.problems import Problem, invalid
 
 MAX_PAGE = 500
@@ -40,29 +42,31 @@ def _requeue_body(body: Any) -> tuple[Any, int | None]:
 
 
 class DeadList:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, offload: Offload) -> None:
         self.client = client
+        self.offload = offload
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, queue: str) -> None:
         only_params(req, "offset", "limit")
         offset = int_param(req, "offset", 0, 10_000_000, 0) or 0
         limit = int_param(req, "limit", 1, MAX_PAGE, 50) or 50
-        total, jobs = self.client.dead(_queue(self.client, queue), offset, limit)
+        total, jobs = await self.offload(self.client.dead, _queue(self.client, queue), offset, limit)
         send(resp, {"queue": queue, "total": total, "offset": offset, "limit": limit,
                     "jobs": [j.as_dict() for j in jobs]})
 
 
 class DeadRequeue:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, offload: Offload) -> None:
         self.client = client
+        self.offload = offload
 
-    def on_post(self, req: falcon.Request, resp: falcon.Response, queue: str, job_id: str) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, queue: str, job_id: str) -> None:
         _queue(self.client, queue)
         only_params(req)
-        body = read_json(req, self.client.runtime.config.api.max_body_bytes, optional=True)
+        body = await read_json(req, self.client.runtime.config.api.max_body_bytes, optional=True)
         payload, version = _requeue_body(body)
         try:
-            job = self.client.requeue(queue, job_id, payload, version)
+            job = await self.offload(self.client.requeue, queue, job_id, payload, version)
         except UnknownFunction as exc:
             # The job exists; its function does not (any more): it stays dead.
             raise invalid(f"the job's function {exc.type!r} is not loaded; it stays dead",
@@ -71,10 +75,11 @@ class DeadRequeue:
 
 
 class DeadItem:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, offload: Offload) -> None:
         self.client = client
+        self.offload = offload
 
-    def on_delete(self, req: falcon.Request, resp: falcon.Response, queue: str, job_id: str) -> None:
+    async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, queue: str, job_id: str) -> None:
         only_params(req)
-        self.client.delete_dead(_queue(self.client, queue), job_id)
+        await self.offload(self.client.delete_dead, _queue(self.client, queue), job_id)
         resp.status = falcon.HTTP_204

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterator
 
 import falcon
+import falcon.asgi
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
@@ -33,6 +34,7 @@ from runner import store
 from runner.connection import UNAVAILABLE
 from runner.runtime import Runtime
 from runner.web.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
+from runner.web.offload import Offload
 
 log = logging.getLogger("runner.web")
 
@@ -132,12 +134,13 @@ class RunnerCollector:
 class Metrics:
     """GET /metrics; OpenMetrics when the scraper asks for it, else the text format."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, offload: Offload) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RunnerCollector(runtime))
+        self.offload = offload
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         encoder, content_type = choose_encoder(req.get_header("Accept") or "")
-        resp.data = encoder(self.registry)
+        resp.data = await self.offload(encoder, self.registry)  # the collector reads Redis
         resp.content_type = content_type
         resp.cache_control = ["no-store"]

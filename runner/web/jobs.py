@@ -5,17 +5,19 @@ the path segment is a function type for POST and a job id for GET. POST
 from __future__ import annotations
 
 import falcon
+import falcon.asgi
 
 from runner.client import Client, Request
 from runner.errors import IdempotencyConflict
 from runner.templates import MAX_KEY_BYTES
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
+from runner.web.offload import Offload
 from runner.web.problems import Problem, body_of, conflict
 
 # A year and a day: a longer delay is almost surely a unit mistake (ms for s).
 MAX_DELAY_S = 366 * 86_400.0
 # Jobs per batch request: enough to amortise a request many times over, few enough that
-# one request holds a gunicorn thread for milliseconds, not seconds.
+# one request holds a thread of the web process for milliseconds, not seconds.
 MAX_BATCH_JOBS = 1000
 
 
@@ -23,7 +25,7 @@ def idempotency_key(req: falcon.Request) -> str | None:
     raw = req.get_header("Idempotency-Key")
     if raw is None:
         return None
-    # WSGI hands headers over as latin-1 text of the raw bytes; keys are UTF-8.
+    # Headers come as latin-1 text of the raw bytes; keys are UTF-8.
     data = raw.encode("latin-1", "replace")
     try:
         key = data.decode("utf-8")
@@ -47,34 +49,37 @@ def timing(req: falcon.Request) -> tuple[int | None, float | None, float | None]
 
 
 class Jobs:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, offload: Offload) -> None:
         self.client = client
+        self.offload = offload
 
-    def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         """Validate and enqueue. 202 new, 200 duplicate; nothing touches Redis before the
         payload, the options and the key have passed every check."""
         rt = self.client.runtime
         fn = rt.registry.get(name)  # 404 before the body is read
         only_params(req, "version", "delay", "run_at")
-        payload = read_json(req, rt.config.api.max_body_bytes)
+        payload = await read_json(req, rt.config.api.max_body_bytes)
         version, delay, run_at = timing(req)
         key = idempotency_key(req)
-        job = self.client.enqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
-                                  idempotency_key=key)
+        job = await self.client.aenqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
+                                         idempotency_key=key)
         if not job.duplicate:
             resp.location = f"/jobs/{job.id}"
         send(resp, job.as_dict(), 200 if job.duplicate else 202)
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         only_params(req)
-        send(resp, self.client.get(name).as_dict())
+        job = await self.offload(self.client.get, name)
+        send(resp, job.as_dict())
 
 
 class JobBatch:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, offload: Offload) -> None:
         self.client = client
+        self.offload = offload
 
-    def on_post(self, req: falcon.Request, resp: falcon.Response, name: str) -> None:
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         """Validate every payload of a JSON array, then enqueue them all: 202 with one
         answer per payload, in order. One invalid payload is a 422 naming every error by
         index, and nothing is enqueued. Per-job idempotency keys come from the function's
@@ -87,13 +92,14 @@ class JobBatch:
             raise Problem(400, "invalid-header", "a batch takes no Idempotency-Key; the function's "
                           "IDEMPOTENCY_KEY template keys each job", title="Invalid header",
                           header="Idempotency-Key")
-        payloads = read_json(req, rt.config.api.max_body_bytes)
+        payloads = await read_json(req, rt.config.api.max_body_bytes)
         if not isinstance(payloads, list) or not 1 <= len(payloads) <= MAX_BATCH_JOBS:
             raise Problem(400, "invalid-batch", f"send a JSON array of 1 to {MAX_BATCH_JOBS} payloads",
                           title="Invalid batch")
         version, delay, run_at = timing(req)
-        answers = self.client.enqueue_all(
-            [Request(fn.name, p, version, delay, run_at) for p in payloads])
+        # Up to a thousand validations and a few round trips: on a thread, not the loop.
+        answers = await self.offload(
+            self.client.enqueue_all, [Request(fn.name, p, version, delay, run_at) for p in payloads])
         jobs = [body_of(req, conflict(a)) if isinstance(a, IdempotencyConflict) else a.as_dict()
                 for a in answers]
         send(resp, {"jobs": jobs}, 202)

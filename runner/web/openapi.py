@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import falcon
+import falcon.asgi
 
 from runner import __version__, codec
 from runner.registry import Function, Registry
@@ -171,6 +172,6 @@ class OpenApi:
                 self._cached = (reg, codec.dumpb(build(self.rt, reg)))
             return self._cached[1]
 
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         resp.content_type = falcon.MEDIA_JSON
         resp.data = self.document()

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import falcon
+import falcon.asgi
 import redis
 
 from runner import codec
@@ -124,19 +125,19 @@ def serialize(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError)
 # --- runner's exceptions -> problems -----------------------------------------------------
 
 
-def _unknown_function(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+async def _unknown_function(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, UnknownFunction)
     raise Problem(404, "unknown-function", f"no function of type {ex.type!r} is loaded; see GET /functions",
                   title="Unknown function", function=ex.type)
 
 
-def _unknown_version(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+async def _unknown_version(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, UnknownVersion)
     raise Problem(422, "unknown-version", str(ex), title="Unknown payload version",
                   errors=[{"path": "$", "message": str(ex)}], known_versions=ex.known)
 
 
-def _validation(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+async def _validation(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, ValidationFailed)
     raise invalid(f"the payload does not match {ex.type} v{ex.version} ({len(ex.errors)} error(s))",
                   ex.errors, version=ex.version)
@@ -148,17 +149,17 @@ def conflict(ex: IdempotencyConflict) -> Problem:
                    title="Idempotency conflict", job_id=ex.job_id, idempotency_key=ex.key)
 
 
-def _conflict(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+async def _conflict(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, IdempotencyConflict)
     raise conflict(ex)
 
 
-def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+async def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, JobNotFound)
     raise Problem(404, "job-not-found", f"no job {ex.job_id!r}", title="Job not found", job_id=ex.job_id)
 
 
-def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     log.warning("%s %s: Redis unreachable: %s", req.method, req.path, ex)
     cause = ex.__cause__ if isinstance(ex, RedisUnavailable) and ex.__cause__ else ex
     why = "refuses writes" if isinstance(cause, (PersistenceFailed, redis.exceptions.OutOfMemoryError)) \
@@ -167,13 +168,13 @@ def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception, param
                   title="Redis unavailable", headers={"Retry-After": "1"})
 
 
-def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+async def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     log.exception("%s %s failed", req.method, req.path)
     raise Problem(500, "internal-error", "an unexpected error; the web process log has the traceback",
                   title="Internal error")
 
 
-def install(app: falcon.App[falcon.Request, falcon.Response]) -> None:
+def install(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]) -> None:
     """Register the serializer and the handlers (falcon picks the most specific by MRO)."""
     app.set_error_serializer(serialize)
     # Falcon's default handlers for its own HTTPError/HTTPStatus stay (more specific by MRO)

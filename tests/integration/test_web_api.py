@@ -211,13 +211,22 @@ def test_body_limit_is_checked_before_reading_and_while_reading(web: Web) -> Non
     assert web.post("/jobs/record", data=small(), headers={"Content-Type": "application/json"}).status_code == 202
 
 
-def test_chunked_body_on_a_server_that_cannot_end_it_is_a_411(project: Project) -> None:
-    """A server that hands over the raw socket (the dev server) gets a 411 for a body
-    without a length instead of a read that never ends."""
-    client = falcon.testing.TestClient(create_app(project.runtime))
-    r = client.simulate_post("/jobs/record", headers={"Content-Type": "application/json",
-                                                      "Transfer-Encoding": "chunked"})
-    assert r.status_code == 411 and r.json["type"] == "urn:runner:problem:length-required"
+def test_an_oversized_body_awaiting_100_continue_gets_its_413_instead(web: Web) -> None:
+    """A client that announces a body over the limit and waits for ``100 Continue`` gets
+    the 413 as the first and only answer: it is never invited to send the body."""
+    host, port = web.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(
+            f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 4096\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
+        raw = b""
+        while b"payload-too-large" not in raw:
+            chunk = s.recv(65536)
+            assert chunk, raw
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 413"), raw[:200]
+    assert b"100 Continue" not in raw
 
 
 def test_the_app_follows_a_swapped_registry(project: Project) -> None:

@@ -1,4 +1,4 @@
-"""A real gunicorn serving ``runner.web.wsgi:app`` for a test project, shared by the web,
+"""A real gunicorn (with runner's uvicorn worker) serving ``runner.web.asgi:app`` for a test project, shared by the web,
 metrics and dashboard tests; plus the smoke test that the command line works as the
 Procfile uses it (cwd = the project, configuration from the environment)."""
 
@@ -60,16 +60,15 @@ def _interrupt(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 @contextmanager
-def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | None = None,
-             threads: int = 4) -> Iterator[Web]:
+def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | None = None) -> Iterator[Web]:
     port = free_port()
     full_env = {**project.env, "RUNNER_CONFIG": str(project.root / "runner.toml"), **(env or {})}
     if token:
         full_env["RUNNER_API_TOKEN"] = token
     log = open(project.root / f"gunicorn-{port}.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", "1", "-k", "gthread",
-         "--threads", str(threads), "--graceful-timeout", "2", *_NO_CONTROL, "runner.web.wsgi:app"],
+        [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", "1", "-k", "runner.webserver.Worker",
+         "--graceful-timeout", "2", *_NO_CONTROL, "runner.web.asgi:app"],
         cwd=project.root, env=full_env, stdout=log, stderr=subprocess.STDOUT,
     )
     web = Web(f"http://127.0.0.1:{port}", proc, token, requests.Session())
@@ -93,7 +92,7 @@ def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | N
 
 
 def test_gunicorn_serves_the_app_from_the_project_folder(project: Project) -> None:
-    """`gunicorn runner.web.wsgi:app` in a project folder serves its functions; the app
+    """`gunicorn -k runner.webserver.Worker runner.web.asgi:app` in a project folder serves its functions; the app
     is built lazily in the worker, from runner.toml and the environment."""
     with gunicorn(project) as web:
         r = web.get("/functions")
