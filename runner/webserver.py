@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import uvicorn
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
 from runner.config import Config
@@ -38,14 +39,83 @@ log = logging.getLogger("runner.web")
 GRACEFUL_TIMEOUT_S = 20
 
 
-class Worker(UvicornWorker):  # type: ignore[misc]
-    """gunicorn's uvicorn worker, without the Server header (it names the software), and
-    with gunicorn's quick shutdown: on SIGINT or SIGQUIT to the master, each worker gets
-    a SIGQUIT, which the stock worker only notes, so it was killed after the whole
-    graceful timeout. Here it closes at once. (SIGTERM stays graceful: uvicorn finishes
-    the requests in flight.)"""
+# The request line and headers of one request. gunicorn capped them (a 4 KiB line, 100
+# fields of 8 KiB); uvicorn's httptools protocol has no cap of its own and held a 100 MB
+# header in memory. Proxies in front are stricter still (commonly 8 to 32 KiB).
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
 
-    CONFIG_KWARGS: ClassVar[dict[str, Any]] = {"loop": "auto", "http": "auto", "server_header": False}
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol (httptools), with a cap on the request head: past
+    MAX_HEAD_BYTES or MAX_HEADERS the client gets a 431 problem and the connection is
+    closed.
+
+    httptools gathers a header's bytes before it hands the header over, so the bytes are
+    counted as they arrive: every chunk that ends with the head still incomplete counts
+    whole, but the chunk in which the head began does not (it may also hold the end of a
+    pipelined request before it). A head is thus never refused below the cap, and memory
+    stays within the cap plus a chunk or two."""
+
+    _in_head = False
+    _first_chunk = False
+    _head_bytes = 0
+    _refused = False
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._first_chunk, self._head_bytes = True, True, 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            self._refused = True
+            raise _HeadTooLarge  # httptools stops; uvicorn answers through send_400_response
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._in_head or self.transport.is_closing():
+            return
+        if self._first_chunk:
+            self._first_chunk = False
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refused = True
+            self.send_400_response("")
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:
+            super().send_400_response(msg)
+            return
+        body = (b'{"type":"urn:runner:problem:headers-too-large","title":"Request Header Fields Too Large",'
+                b'"status":431,"detail":"the request line and headers must be under %d bytes, in at most '
+                b'%d fields"}' % (MAX_HEAD_BYTES, MAX_HEADERS))
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                             b"content-type: application/problem+json\r\nconnection: close\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
+
+
+class Worker(UvicornWorker):  # type: ignore[misc]
+    """gunicorn's uvicorn worker, with the capped request head (HttpProtocol), without
+    the Server header (it names the software), and two fixes to process handling:
+
+    - gunicorn's quick shutdown: on SIGINT or SIGQUIT to the master each worker gets a
+      SIGQUIT, which the stock worker only notes, so it was killed after the whole
+      graceful timeout. Here it closes at once. (SIGTERM stays graceful: uvicorn
+      finishes the requests in flight.)
+    - a worker whose master is gone shuts down instead of serving on."""
+
+    CONFIG_KWARGS: ClassVar[dict[str, Any]] = {"loop": "auto", "http": HttpProtocol, "server_header": False}
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
@@ -54,8 +124,19 @@ class Worker(UvicornWorker):  # type: ignore[misc]
         def quit_now() -> None:
             server.should_exit = server.force_exit = True
 
+        async def watch_master() -> None:
+            # The stock worker never looks: with its master killed (SIGKILL, the OOM
+            # killer) it would serve on, orphaned, holding the port.
+            while not server.should_exit:
+                if os.getppid() != self.ppid:
+                    self.log.warning("the master (pid %s) is gone: shutting down", self.ppid)
+                    server.should_exit = True
+                await asyncio.sleep(1)
+
         asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_now)
+        watcher = asyncio.create_task(watch_master())
         await server.serve(sockets=self.sockets)
+        watcher.cancel()
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
@@ -180,7 +261,7 @@ class DevServer:
         access = logging.getLogger("uvicorn.access")
         if not any(isinstance(f, _QuietReads) for f in access.filters):
             access.addFilter(_QuietReads())
-        config = uvicorn.Config(app, lifespan="off", log_config=None, server_header=False,
+        config = uvicorn.Config(app, http=HttpProtocol, lifespan="off", log_config=None, server_header=False,
                                 timeout_graceful_shutdown=2, timeout_keep_alive=5)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)

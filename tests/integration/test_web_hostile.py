@@ -3,6 +3,7 @@ problem body, nothing is written to Redis, and the server keeps serving."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterator
 
@@ -112,3 +113,34 @@ def test_wrong_tokens_are_401_and_the_server_keeps_serving(project: Project, web
         assert r.status_code == 401, header
     assert nothing_written(project)
     assert web.post("/jobs/record", json={"n": 1}).status_code == 202
+
+
+def _head(web: Web, head: bytes) -> bytes:
+    """Send a raw request head (and no body); what the server answers before it closes."""
+    host, port = web.url.split("//")[1].split(":")
+    out = b""
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(head)  # refused mid-send: the answer, if any, is still to be read
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+                if b"\r\n\r\n" in out and b"connection: close" not in out.lower():
+                    break
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return out
+
+
+def test_oversized_request_heads_get_a_431_and_nothing_is_held(project: Project, web: Web) -> None:
+    """Too many header fields, or a head past 64 KiB (here a single 8 MB header, sent in
+    one go), get a 431 problem; a head just under the cap is served."""
+    start = f"GET /queues HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n".encode()
+    many = _head(web, start + b"".join(b"X-%d: 1\r\n" % i for i in range(150)) + b"\r\n")
+    assert many.startswith(b"HTTP/1.1 431"), many[:200]
+    assert b"urn:runner:problem:headers-too-large" in many
+    huge = _head(web, start + b"X-Big: " + b"a" * 8_000_000 + b"\r\n\r\n")
+    assert huge == b"" or huge.startswith(b"HTTP/1.1 431"), huge[:200]
+    fine = _head(web, start + b"X-Big: " + b"a" * 60_000 + b"\r\n\r\n")
+    assert fine.startswith(b"HTTP/1.1 200"), fine[:200]
+    assert web.get("/healthz").status_code == 200

@@ -4,6 +4,8 @@ Procfile uses it (cwd = the project, configuration from the environment)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import gunicorn.config
+import pytest
 import requests
 
 from runner.embedded import free_port
@@ -138,3 +141,53 @@ def test_runner_web_listens_per_process_and_refuses_a_taken_port(project: Projec
     finally:
         _interrupt(proc, timeout=15)
         log.close()
+
+
+def test_workers_of_a_killed_master_shut_down(project: Project) -> None:
+    """SIGKILL to `runner web` (the gunicorn master) leaves its workers orphaned: they see
+    it and exit within seconds instead of serving on, holding the port."""
+    port = free_port()
+    env = {**project.env, "RUNNER_API_TOKEN": "t", "PORT": str(port), "WEB_CONCURRENCY": "2",
+           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL)}
+    cmd = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "web",
+           "--host", "127.0.0.1"]
+    log = open(project.root / "runner-web-kill.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, cwd=project.root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    workers: list[int] = []
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, f"runner web exited; see {log.name}"
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_for(up, timeout=20, interval=0.05, what="runner web to answer")
+
+        def children() -> list[int]:
+            path = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+            return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+        workers = wait_for(lambda: (c := children()) and len(c) == 2 and c, timeout=10, what="2 workers")
+        proc.kill()
+        proc.wait()
+
+        def gone() -> bool:
+            return not any(Path(f"/proc/{w}").exists() and "zombie" not in _state(w) for w in workers)
+
+        wait_for(gone, timeout=10, interval=0.1, what="the orphaned workers to exit")
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    finally:
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+        log.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return "zombie"
+    return next((ln for ln in status.splitlines() if ln.startswith("State:")), "").lower()
