@@ -14,7 +14,9 @@ from typing import Any, ClassVar
 from runner import codec
 from runner.config import LogConfig
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# Record attributes that are not fields: the standard ones, and the ANSI-coloured copy of
+# the message that uvicorn attaches to its own records.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

@@ -258,6 +258,9 @@ class DevServer:
             self.sock.close()
             raise
         self.port = int(self.sock.getsockname()[1])
+        server_log = logging.getLogger("uvicorn.error")
+        if server_log.level == logging.NOTSET:  # its start-up lines repeat what runner dev says
+            server_log.setLevel(logging.WARNING)
         access = logging.getLogger("uvicorn.access")
         if not any(isinstance(f, _QuietReads) for f in access.filters):
             access.addFilter(_QuietReads())
