@@ -10,6 +10,7 @@ Flask app uses it directly::
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -91,8 +92,11 @@ def _settle(answered: tuple[Any, Any], results: list[Any]) -> None:
 class Client:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        # Threads that call enqueue wait on each round trip: their calls poll for the
+        # reply before sleeping (scripts._Spin). The asyncio path does not: its sender
+        # thread would hold the GIL against the event loop.
         self._combiner: Combiner[_Prepared, Enqueued | IdempotencyConflict] = Combiner(
-            self._send_prepared, max_batch=MAX_BATCH
+            functools.partial(self._send_prepared, spin=True), max_batch=MAX_BATCH
         )
         self._async_combiner: AsyncCombiner[_Prepared, Enqueued | IdempotencyConflict] = AsyncCombiner(
             self._send_prepared, max_batch=MAX_BATCH
@@ -260,7 +264,7 @@ class Client:
         while len(stream) > STREAM_WINDOW:
             _settle(stream.read(), results)
 
-    def _send_prepared(self, preps: Sequence[_Prepared]) -> list[Enqueued | IdempotencyConflict]:
+    def _send_prepared(self, preps: Sequence[_Prepared], spin: bool = False) -> list[Enqueued | IdempotencyConflict]:
         """One round trip: one enqueue script call per queue the jobs go to."""
         rt = self.runtime
         by_queue: dict[str, list[int]] = {}
@@ -272,7 +276,8 @@ class Client:
         try:
             if len(order) == 1:
                 queue, idx = order[0]
-                replies = [rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], now, idem_ms)]
+                replies = [rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], now, idem_ms,
+                                              spin=spin)]
             else:
                 batch = rt.scripts.batch()
                 for queue, idx in order:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import select
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,6 +186,50 @@ class _Lanes:
         self.idle.append(conn)
 
 
+class _Spin:
+    """Polls a connection for its reply for up to BUDGET_S before the read that sleeps.
+
+    A blocking read puts the thread to sleep and the reply has to wake it: on the 2-core
+    VMs measured, that wake-up was most of a loopback round trip (a PING took 82-95 us
+    with a blocking read, 28 us polling). A caller making one call at a time (a producer
+    enqueueing job by job) waits on every round trip, so it polls for a moment first;
+    the CPU spent is at most the wait it saves. When replies keep taking longer than the
+    budget (a distant Redis), polling stops for the next SKIP calls and is then tried
+    again. Polling only watches the socket: the read itself, and every error, are the
+    connection's own, as without it."""
+
+    BUDGET_S = 100e-6
+    MISSES = 16  # in a row, before a pause
+    SKIP = 500
+
+    def __init__(self) -> None:
+        self.misses = 0
+        self.skip = 0
+
+    def wait(self, conn: Any) -> None:
+        # Counters shared by threads without a lock: a lost update only shifts a pause.
+        if self.skip:
+            self.skip -= 1
+            return
+        sock = getattr(conn, "_sock", None)
+        if sock is None:
+            return
+        poller = getattr(conn, "_runner_poll", None)
+        if poller is None or poller[0] is not sock:
+            poller = (sock, select.poll())
+            poller[1].register(sock, select.POLLIN)
+            conn._runner_poll = poller
+        poll = poller[1].poll
+        deadline = time.perf_counter() + self.BUDGET_S
+        while not poll(0):
+            if time.perf_counter() > deadline:
+                self.misses += 1
+                if self.misses >= self.MISSES:
+                    self.misses, self.skip = 0, self.SKIP
+                return
+        self.misses = 0
+
+
 class Stream:
     """Script calls sent one after another on one connection without waiting for each
     reply, so the caller can prepare the next call while Redis runs the last one; replies
@@ -265,8 +311,11 @@ class Scripts:
         self.shas = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in self.sources.items()}
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
+        self._spin = _Spin()
 
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False) -> Any:
+        """One script call. With ``spin``, wait for the reply by polling for a moment
+        before sleeping on it (see _Spin): for a caller that makes one call at a time."""
         if self._lanes is None:
             try:
                 return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
@@ -278,6 +327,8 @@ class Scripts:
         try:
             try:
                 conn.send_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+                if spin:
+                    self._spin.wait(conn)
                 reply = conn.read_response()
             except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
                 conn.send_command("SCRIPT", "LOAD", self.sources[name])
@@ -300,16 +351,18 @@ class Scripts:
     def stream(self) -> Stream:
         return Stream(self)
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None) -> Any:
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None,
+             spin: bool = False) -> Any:
         if pipe is not None:
             pipe.add(name, keys, args)
             return None
-        return self.call(name, keys, args)
+        return self.call(name, keys, args, spin=spin)
 
     def enqueue(
-        self, k: QueueKeys, jobs: Sequence[NewJob], now_ms: int, idem_ttl_ms: int, pipe: Batch | None = None
+        self, k: QueueKeys, jobs: Sequence[NewJob], now_ms: int, idem_ttl_ms: int, pipe: Batch | None = None,
+        spin: bool = False,
     ) -> Any:
-        return self._run(*self.enqueue_call(k, jobs, now_ms, idem_ttl_ms), pipe)
+        return self._run(*self.enqueue_call(k, jobs, now_ms, idem_ttl_ms), pipe, spin)
 
     @staticmethod
     def enqueue_call(

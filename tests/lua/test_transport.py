@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from runner.scripts import NewJob
@@ -176,3 +177,70 @@ def test_enqueue_many_streams_chunks_across_queues_and_keeps_request_order(proje
     r = project.runtime.redis
     assert r.lrange(project.keys("fast").ready, 0, -1)[::-1] == fast
     assert r.lrange(project.keys("slow").ready, 0, -1)[::-1] == slow
+
+
+def _spin_enqueue(p: Project, job_id: str) -> Any:
+    return p.runtime.scripts.enqueue(p.keys(), [_job(job_id)], 1_000, 60_000, spin=True)
+
+
+def test_polling_for_a_reply_reads_the_same_replies_and_errors(project: Project) -> None:
+    """A call that polls for its reply reads its own reply, through a NOSCRIPT reload, an
+    error reply and a dropped connection alike."""
+    assert _spin_enqueue(project, "a") == [1, "a", "queued"]
+    project.runtime.redis.script_flush()
+    assert _spin_enqueue(project, "b") == [1, "b", "queued"]
+    project.runtime.redis.set(project.keys().ready, "not a list")
+    with pytest.raises(ResponseError):
+        _spin_enqueue(project, "c")
+    project.runtime.redis.delete(project.keys().ready)
+    project.runtime.redis.client_kill_filter(_type="normal", skipme=True)
+    with pytest.raises(RedisConnectionError):
+        _spin_enqueue(project, "d")  # the kept connection was closed under it: nothing ran
+    assert _spin_enqueue(project, "e") == [1, "e", "queued"]
+    assert project.runtime.redis.lrange(project.keys().ready, 0, -1) == ["e"]
+
+
+def test_polling_pauses_while_replies_keep_coming_late(project: Project) -> None:
+    """Replies held up past the polling budget (the server paused): after MISSES of them
+    in a row the calls stop polling for the next SKIP calls; every reply is still read."""
+    spin = project.runtime.scripts._spin
+    admin = project.runtime.redis
+    for i in range(spin.MISSES):
+        admin.execute_command("CLIENT", "PAUSE", 5, "WRITE")  # the script writes: it waits 5 ms
+        assert _spin_enqueue(project, f"late{i}") == [1, f"late{i}", "queued"]
+    assert spin.skip == spin.SKIP and spin.misses == 0
+    assert _spin_enqueue(project, "next") == [1, "next", "queued"]
+    assert spin.skip == spin.SKIP - 1
+
+
+def test_the_poll_returns_at_once_when_the_reply_is_there_and_after_the_budget_when_not() -> None:
+    import socket
+    import time
+
+    from runner.scripts import _Spin
+
+    class Conn:
+        def __init__(self, sock: socket.socket) -> None:
+            self._sock = sock
+
+    a, b = socket.socketpair()
+    try:
+        spin = _Spin()
+        spin.misses = 3
+        b.sendall(b"+OK\r\n")
+        t = time.perf_counter()
+        spin.wait(Conn(a))
+        assert time.perf_counter() - t < 0.05 and spin.misses == 0
+        a.recv(16)
+        t = time.perf_counter()
+        spin.wait(Conn(a))
+        assert time.perf_counter() - t >= spin.BUDGET_S and spin.misses == 1
+        conn = Conn(a)
+        for _ in range(spin.MISSES - 1):  # one miss is counted already
+            spin.wait(conn)
+        assert spin.skip == spin.SKIP
+        spin.wait(conn)  # skipped: no polling at all
+        assert spin.skip == spin.SKIP - 1 and spin.misses == 0
+    finally:
+        a.close()
+        b.close()
