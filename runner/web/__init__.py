@@ -71,7 +71,7 @@ class _AnnouncedTooLarge:
 
 class _Headers:
     async def process_response(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, resource: object,
-                         req_succeeded: bool) -> None:
+                               req_succeeded: bool) -> None:
         resp.set_header("X-Content-Type-Options", "nosniff")
 
 

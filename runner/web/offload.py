@@ -30,10 +30,4 @@ class Offload:
             # Lazily, in the process that serves: gunicorn builds the app after its fork.
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="runner-web")
             self._pid = os.getpid()
-        call = functools.partial(fn, *args, **kwargs) if kwargs else functools.partial(fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
