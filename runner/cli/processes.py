@@ -47,10 +47,11 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
 @click.option("--workers", envvar="WEB_CONCURRENCY", type=int, default=2, show_default=True,
               help="gunicorn worker processes; also $WEB_CONCURRENCY.")
 @click.option("--threads", envvar="RUNNER_WEB_THREADS", type=int, default=8, show_default=True,
-              help="Threads per worker process; also $RUNNER_WEB_THREADS.")
+              help="Threads per worker process for what blocks (Redis reads, dead-letter "
+              "operations, batches; enqueues need none); also $RUNNER_WEB_THREADS.")
 @click.pass_context
 def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
-    """Run the production web server (gunicorn) for the HTTP API and dashboard."""
+    """Run the production web server (gunicorn, uvicorn workers) for the HTTP API and dashboard."""
     from runner.logs import setup
     from runner.webserver import serve
 
