@@ -176,21 +176,28 @@ def test_every_error_status_has_its_problem_body(web: Web) -> None:
     assert web.get("/queues").json()["queues"][0]["ready"] == 0
 
 
-def test_body_limit_is_checked_before_reading_and_while_reading(web: Web) -> None:
-    """413 from Content-Length alone, before one byte of the body is sent; and a chunked
-    body with no length is cut off once it passes api.max_body_bytes."""
+def _head_only(web: Web, headers: str) -> bytes:
+    """POST the head of a request to /jobs/record (with ``headers``) and never its body;
+    what the server answers, read until the 413's problem type."""
     host, port = web.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as s:
         s.sendall(
             f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n".encode()
+            f"Content-Type: application/json\r\n{headers}\r\n".encode()
         )
-        # The body is never sent: a server that waited for it would time this out.
         raw = b""
         while b"payload-too-large" not in raw:
             chunk = s.recv(65536)
             assert chunk, raw
             raw += chunk
+    return raw
+
+
+def test_body_limit_is_checked_before_reading_and_while_reading(web: Web) -> None:
+    """413 from Content-Length alone, before one byte of the body is sent; and a chunked
+    body with no length is cut off once it passes api.max_body_bytes."""
+    # The body is never sent: a server that waited for it would time this out.
+    raw = _head_only(web, "Content-Length: 50000000\r\n")
     text = raw.decode("latin-1")
     assert text.startswith("HTTP/1.1 413"), text
     assert PROBLEM in text
@@ -214,17 +221,7 @@ def test_body_limit_is_checked_before_reading_and_while_reading(web: Web) -> Non
 def test_an_oversized_body_awaiting_100_continue_gets_its_413_instead(web: Web) -> None:
     """A client that announces a body over the limit and waits for ``100 Continue`` gets
     the 413 as the first and only answer: it is never invited to send the body."""
-    host, port = web.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(
-            f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 4096\r\nExpect: 100-continue\r\n\r\n".encode()
-        )
-        raw = b""
-        while b"payload-too-large" not in raw:
-            chunk = s.recv(65536)
-            assert chunk, raw
-            raw += chunk
+    raw = _head_only(web, "Content-Length: 4096\r\nExpect: 100-continue\r\n")
     assert raw.startswith(b"HTTP/1.1 413"), raw[:200]
     assert b"100 Continue" not in raw
 

@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -106,83 +108,139 @@ def test_gunicorn_serves_the_app_from_the_project_folder(project: Project) -> No
         assert health.json() == {"status": "ok", "checks": {"web": "ok", "redis": "ok"}}
 
 
+@dataclass
+class RunnerWeb:
+    """`runner web` as the Procfile runs it (cwd = the project), answering on ``port``."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    cmd: list[str]
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def workers(self) -> list[int]:
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+@contextmanager
+def runner_web(project: Project, name: str, workers: int = 2) -> Iterator[RunnerWeb]:
+    """Started and answering /healthz; SIGINT at the end (its workers SIGKILLed if a
+    test left them orphaned)."""
+    port = free_port()
+    env = {**project.env, "RUNNER_API_TOKEN": "t", "PORT": str(port), "WEB_CONCURRENCY": str(workers),
+           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL)}
+    cmd = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "web",
+           "--host", "127.0.0.1"]
+    log = open(project.root / f"{name}.log", "ab")  # noqa: SIM115
+    web = RunnerWeb(subprocess.Popen(cmd, cwd=project.root, env=env, stdout=log, stderr=subprocess.STDOUT),
+                    port, cmd, env)
+    children: list[int] = []
+    try:
+        def up() -> bool:
+            assert web.proc.poll() is None, f"runner web exited; see {log.name}"
+            try:
+                return requests.get(web.url + "/healthz", timeout=5).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_for(up, timeout=20, interval=0.05, what="runner web to answer")
+        children = wait_for(lambda: (c := web.workers()) and len(c) == workers and c, timeout=10,
+                            what=f"{workers} workers")
+        yield web
+    finally:
+        if web.proc.poll() is None:
+            _interrupt(web.proc, timeout=15)
+        for w in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+        log.close()
+
+
 def test_runner_web_listens_per_process_and_refuses_a_taken_port(project: Project) -> None:
     """`runner web` gives each gunicorn process a listening socket of its own
     (SO_REUSEPORT: the kernel spreads connections, so keep-alive clients cannot pile onto
     one process), and a second `runner web` on the same port is refused with exit 2
     instead of silently sharing the port."""
-    port = free_port()
-    env = {**project.env, "RUNNER_API_TOKEN": "t", "PORT": str(port), "WEB_CONCURRENCY": "2",
-           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL)}
-    base = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "web",
-            "--host", "127.0.0.1"]
-    log = open(project.root / "runner-web.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(base, cwd=project.root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        def up() -> bool:
-            assert proc.poll() is None, f"runner web exited; see {log.name}"
-            try:
-                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        wait_for(up, timeout=20, interval=0.05, what="runner web to answer")
-
+    with runner_web(project, "runner-web") as web:
         def listeners() -> int:
             # /proc/net/tcp: local address as hex ip:port, state 0A is LISTEN.
             rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
-            return sum(1 for r in rows if r.split()[1].endswith(f":{port:04X}") and r.split()[3] == "0A")
+            return sum(1 for r in rows if r.split()[1].endswith(f":{web.port:04X}") and r.split()[3] == "0A")
 
         wait_for(lambda: listeners() == 2, timeout=10, what="one listening socket per process")
-        second = subprocess.run(base, cwd=project.root, env=env, capture_output=True, text=True, timeout=30)
+        second = subprocess.run(web.cmd, cwd=project.root, env=web.env, capture_output=True, text=True,
+                                timeout=30)
         assert second.returncode == 2, second.stderr
-        assert f"cannot listen on 127.0.0.1:{port}" in second.stderr
-        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
-    finally:
-        _interrupt(proc, timeout=15)
-        log.close()
+        assert f"cannot listen on 127.0.0.1:{web.port}" in second.stderr
+        assert requests.get(web.url + "/healthz", timeout=5).status_code == 200
 
 
 def test_workers_of_a_killed_master_shut_down(project: Project) -> None:
     """SIGKILL to `runner web` (the gunicorn master) leaves its workers orphaned: they see
     it and exit within seconds instead of serving on, holding the port."""
-    port = free_port()
-    env = {**project.env, "RUNNER_API_TOKEN": "t", "PORT": str(port), "WEB_CONCURRENCY": "2",
-           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL)}
-    cmd = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "web",
-           "--host", "127.0.0.1"]
-    log = open(project.root / "runner-web-kill.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=project.root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    workers: list[int] = []
-    try:
-        def up() -> bool:
-            assert proc.poll() is None, f"runner web exited; see {log.name}"
-            try:
-                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        wait_for(up, timeout=20, interval=0.05, what="runner web to answer")
-
-        def children() -> list[int]:
-            path = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-            return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-        workers = wait_for(lambda: (c := children()) and len(c) == 2 and c, timeout=10, what="2 workers")
-        proc.kill()
-        proc.wait()
+    with runner_web(project, "runner-web-kill") as web:
+        workers = web.workers()
+        web.proc.kill()
+        web.proc.wait()
 
         def gone() -> bool:
             return not any(Path(f"/proc/{w}").exists() and "zombie" not in _state(w) for w in workers)
 
         wait_for(gone, timeout=10, interval=0.1, what="the orphaned workers to exit")
         with pytest.raises(requests.ConnectionError):
-            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-    finally:
-        for w in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(w, signal.SIGKILL)
-        log.close()
+            requests.get(web.url + "/healthz", timeout=2)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_every_202_is_in_redis_when_the_web_process_stops_under_load(project: Project, how: str) -> None:
+    """Eight clients enqueue as fast as they can while `runner web` is stopped: by SIGTERM
+    (graceful) or by SIGKILL to the master and its workers (a crash). Every job answered
+    202 is in the ready list (no worker runs here), and none twice; under SIGTERM no
+    request in flight gets anything but its 202 (new connections are refused)."""
+    accepted: list[str] = []
+    refused: list[int] = []
+    stop = threading.Event()
+
+    with runner_web(project, f"runner-web-{how}") as web:
+        def client() -> None:
+            session = requests.Session()
+            while not stop.is_set():
+                try:
+                    r = session.post(web.url + "/jobs/noop", json={}, timeout=5,
+                                     headers={"Authorization": "Bearer t"})
+                except requests.RequestException:
+                    session = requests.Session()
+                    time.sleep(0.005)
+                    continue
+                if r.status_code == 202:
+                    accepted.append(r.json()["id"])
+                else:
+                    refused.append(r.status_code)
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(accepted) >= 300, timeout=20, what="300 jobs accepted")
+        if how == "SIGTERM":
+            web.proc.terminate()
+        else:
+            for pid in [*web.workers(), web.proc.pid]:
+                os.kill(pid, signal.SIGKILL)
+        web.proc.wait(timeout=30)
+        time.sleep(0.3)
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    ready = project.runtime.redis.lrange(project.keys().ready, 0, -1)
+    assert len(accepted) >= 300
+    assert len(set(ready)) == len(ready)
+    assert set(accepted) <= set(ready), f"{len(set(accepted) - set(ready))} accepted jobs are not in Redis"
+    if how == "SIGTERM":
+        assert refused == []
 
 
 def _state(pid: int) -> str:
