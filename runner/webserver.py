@@ -30,8 +30,10 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
+from runner import codec
 from runner.config import Config
 from runner.errors import ConfigError
+from runner.web.problems import MEDIA_TYPE, TYPE_PREFIX
 
 log = logging.getLogger("runner.web")
 
@@ -44,6 +46,11 @@ GRACEFUL_TIMEOUT_S = 20
 # header in memory. Proxies in front are stricter still (commonly 8 to 32 KiB).
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
+_HEAD_TOO_LARGE = codec.dumpb({
+    "type": TYPE_PREFIX + "headers-too-large", "title": "Request Header Fields Too Large", "status": 431,
+    "detail": f"the request line and headers must be under {MAX_HEAD_BYTES} bytes, in at most "
+              f"{MAX_HEADERS} fields",
+})
 
 
 class _HeadTooLarge(Exception):
@@ -96,12 +103,9 @@ class HttpProtocol(HttpToolsProtocol):
         if not self._refused:
             super().send_400_response(msg)
             return
-        body = (b'{"type":"urn:runner:problem:headers-too-large","title":"Request Header Fields Too Large",'
-                b'"status":431,"detail":"the request line and headers must be under %d bytes, in at most '
-                b'%d fields"}' % (MAX_HEAD_BYTES, MAX_HEADERS))
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                             b"content-type: application/problem+json\r\nconnection: close\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: %s\r\n"
+                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+                             % (MEDIA_TYPE.encode(), len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE))
         self.transport.close()
 
 
@@ -189,14 +193,10 @@ class GunicornApp(BaseApplication):  # type: ignore[misc]
             self.cfg.set("reuse_port", False)
 
     def load(self) -> Any:
-        # Runs in each worker after the fork: its own Redis connections and registry.
-        from runner.runtime import Runtime
-        from runner.web import create_app
+        # Runs in each worker after the fork.
+        from runner.web import app_for
 
-        runtime = Runtime.create(self.config)
-        for err in runtime.registry.errors.values():
-            log.error("function not loaded: %s", err)
-        return create_app(runtime, threads=self.cfg.threads)
+        return app_for(self.config, threads=self.cfg.threads)
 
 
 def _is_tcp(addr: str) -> bool:

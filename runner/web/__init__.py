@@ -21,6 +21,7 @@ import falcon
 import falcon.asgi
 
 from runner.client import Client
+from runner.config import Config
 from runner.runtime import Runtime
 from runner.web import auth, problems
 from runner.web.catalog import FunctionItem, Functions, Health, Queues, Throughput
@@ -101,4 +102,13 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     return _AnnouncedTooLarge(app, api.max_body_bytes)
 
 
-__all__ = ["create_app"]
+def app_for(config: Config, threads: int = DEFAULT_THREADS) -> _AnnouncedTooLarge:
+    """The app of a serving process, around a Runtime of its own (built after any fork:
+    Redis connections must not cross one); function files that failed are logged."""
+    runtime = Runtime.create(config)
+    for err in runtime.registry.errors.values():
+        log.error("function not loaded: %s", err)
+    return create_app(runtime, threads)
+
+
+__all__ = ["app_for", "create_app"]

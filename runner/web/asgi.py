@@ -8,16 +8,12 @@ connection that a fork would then share between processes.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runner import config as config_mod
 from runner.logs import setup as setup_logs
-from runner.runtime import Runtime
-
-log = logging.getLogger("runner.web")
 
 ASGIApp = Callable[[dict[str, Any], Callable[..., Awaitable[Any]], Callable[..., Awaitable[Any]]],
                    Awaitable[None]]
@@ -31,14 +27,11 @@ class LazyApp:
     def build(self) -> ASGIApp:
         with self._lock:
             if self._app is None:
-                from runner.web import create_app
+                from runner.web import app_for
 
                 cfg = config_mod.load()
                 setup_logs(cfg.log)
-                runtime = Runtime.create(cfg)
-                for err in runtime.registry.errors.values():
-                    log.error("function not loaded: %s", err)
-                self._app = create_app(runtime)
+                self._app = app_for(cfg)
             return self._app
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
