@@ -82,6 +82,13 @@ def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enque
                     status=status, duplicate=code == 0)
 
 
+def _one(out: Enqueued | IdempotencyConflict) -> Enqueued:
+    """A single enqueue's answer: the job, or its idempotency conflict raised."""
+    if isinstance(out, IdempotencyConflict):
+        raise out
+    return out
+
+
 def _settle(answered: tuple[Any, Any], results: list[Any]) -> None:
     """Hand each job of one streamed call its answer (see Client._stream)."""
     (queue, items), reply = answered
@@ -159,10 +166,7 @@ class Client:
 
         Safe from many threads at once: calls that overlap share one round trip."""
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, store.now_ms())
-        out = self._combiner.submit(prep)
-        if isinstance(out, IdempotencyConflict):
-            raise out
-        return out
+        return _one(self._combiner.submit(prep))
 
     async def aenqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
@@ -173,10 +177,7 @@ class Client:
         round trip runs on a thread of the client's own, and calls that overlap, from any
         number of tasks, share one."""
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, store.now_ms())
-        out = await self._async_combiner.submit(prep)
-        if isinstance(out, IdempotencyConflict):
-            raise out
-        return out
+        return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(
         self, requests: Iterable[Request], batch: int = MAX_BATCH
