@@ -33,7 +33,7 @@ from typing import Any
 
 import requests
 
-from runner.embedded import Server, free_port
+from runner.store.embedded import Server, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = '''"""Returns the mark of the code that ran it."""

@@ -7,7 +7,6 @@ The public API: handlers raise ``Retry`` or ``PermanentFailure`` and receive a
 from __future__ import annotations
 
 from runner.client import Client, Enqueued, Request
-from runner.context import Context
 from runner.errors import (
     ConfigError,
     FieldError,
@@ -23,6 +22,7 @@ from runner.errors import (
     UnknownVersion,
     ValidationFailed,
 )
+from runner.worker.context import Context
 
 __version__ = "0.1.0"
 

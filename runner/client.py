@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from runner import codec, store, templates
 from runner import config as config_mod
-from runner.combiner import AsyncCombiner, Combiner
-from runner.connection import UNAVAILABLE
+from runner.catalog import templates
+from runner.catalog.registry import Function
+from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     FieldError,
     IdempotencyConflict,
@@ -29,11 +29,12 @@ from runner.errors import (
     RunnerError,
     ValidationFailed,
 )
-from runner.keys import QueueKeys
-from runner.registry import Function
 from runner.runtime import Runtime
-from runner.schemas import UpgradeFailed
-from runner.scripts import NewJob, Stream
+from runner.store import codec, records
+from runner.store.combiner import AsyncCombiner, Combiner
+from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
+from runner.store.scripts import NewJob, Stream
 
 MAX_BATCH = 500
 # enqueue_many: jobs per script call, and calls in flight on its connection at once.
@@ -150,7 +151,7 @@ class Client:
             run_at_ms = now_ms + int(delay_s * 1000)
         body = codec.dumps(payload)
         job = NewJob(
-            id=store.new_id(), type=fn.name, version=version, payload=body,
+            id=records.new_id(), type=fn.name, version=version, payload=body,
             max_attempts=fn.max_attempts, run_at_ms=run_at_ms, idem_key=ikey,
             payload_hash=codec.canonical_hash(version, payload) if ikey else "-",
             resource_key=rkey,
@@ -165,7 +166,7 @@ class Client:
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
 
         Safe from many threads at once: calls that overlap share one round trip."""
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, store.now_ms())
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, records.now_ms())
         return _one(self._combiner.submit(prep))
 
     async def aenqueue(
@@ -176,7 +177,7 @@ class Client:
         answers, without blocking the event loop. Validation runs in the caller; the
         round trip runs on a thread of the client's own, and calls that overlap, from any
         number of tasks, share one."""
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, store.now_ms())
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, records.now_ms())
         return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(
@@ -196,7 +197,7 @@ class Client:
         def prepared() -> Iterator[tuple[int, _Prepared]]:
             for req in requests:
                 try:
-                    item = (len(results), self.prepare(req, store.now_ms()))
+                    item = (len(results), self.prepare(req, records.now_ms()))
                 except RunnerError as exc:
                     results.append(exc)
                     continue
@@ -215,7 +216,7 @@ class Client:
         idempotency conflict is that job's answer, not the batch's; Redis going away
         raises RedisUnavailable with the calls then in flight undetermined.
         """
-        now = store.now_ms()
+        now = records.now_ms()
         prepared: list[tuple[int, _Prepared]] = []
         invalid: ValidationFailed | None = None
         errors: list[FieldError] = []
@@ -258,7 +259,7 @@ class Client:
         for item in chunk:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
         idem_ms = int(rt.config.retention.idempotency_s * 1000)
-        now = store.now_ms()
+        now = records.now_ms()
         for queue, items in by_queue.items():
             call = rt.scripts.enqueue_call(rt.keys[queue], [p.job for _, p in items], now, idem_ms)
             stream.send(*call, tag=(queue, items))
@@ -273,7 +274,7 @@ class Client:
             by_queue.setdefault(prep.fn.queue, []).append(i)
         order = list(by_queue.items())
         idem_ms = int(rt.config.retention.idempotency_s * 1000)
-        now = store.now_ms()
+        now = records.now_ms()
         try:
             if len(order) == 1:
                 queue, idx = order[0]
@@ -299,7 +300,7 @@ class Client:
             raise JobNotFound(f"queue {queue!r}")
         return self.runtime.keys[queue]
 
-    def get(self, job_id: str) -> store.Job:
+    def get(self, job_id: str) -> records.Job:
         """The job record, from whichever queue holds it."""
         rt = self.runtime
         if not job_id or len(job_id) > 200:
@@ -307,7 +308,7 @@ class Client:
         try:
             # One round trip: the record is under exactly one queue's tag; a key of the
             # wrong type (a damaged record) answers an error and counts as no record.
-            # The claim and done outcome are read with it: store.merge lays them over.
+            # The claim and done outcome are read with it: records.merge lays them over.
             pipe = rt.redis.pipeline(transaction=False)
             for k in rt.keys.values():
                 pipe.hgetall(k.job(job_id))
@@ -319,7 +320,7 @@ class Client:
                 if fields and not isinstance(fields, Exception):
                     claim = claim if isinstance(claim, str) else None
                     outcome = outcome if isinstance(outcome, str) else None
-                    return store.Job(job_id, queue, store.merge(fields, claim, outcome))
+                    return records.Job(job_id, queue, records.merge(fields, claim, outcome))
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         raise JobNotFound(job_id)
@@ -347,7 +348,7 @@ class Client:
             }
         return out
 
-    def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[store.Job]]:
+    def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
         """The dead-letter list of a queue, newest first: (total, page)."""
         k = self._keys(queue)
         rt = self.runtime
@@ -357,16 +358,16 @@ class Client:
             pipe = rt.redis.pipeline(transaction=False)
             for job_id in ids:
                 pipe.hgetall(k.job(job_id))
-            records = pipe.execute()
+            rows = pipe.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
-        return total, [store.Job(i, queue, r) for i, r in zip(ids, records, strict=True)]
+        return total, [records.Job(i, queue, r) for i, r in zip(ids, rows, strict=True)]
 
     # --- dead-letter operations ----------------------------------------------------
 
     def requeue(
         self, queue: str, job_id: str, payload: Any = None, version: int | None = None
-    ) -> store.Job:
+    ) -> records.Job:
         """Move a dead job back to ready with a fresh attempt budget. The payload (the
         stored one at its stored version, or an edited one at ``version``, default the
         newest) is validated and must lift to the newest version; an invalid one stays
@@ -400,12 +401,12 @@ class Client:
         except UpgradeFailed as exc:
             raise ValidationFailed(type_, version, [FieldError("$", str(exc))]) from None
         try:
-            code = rt.scripts.requeue(k, job_id, store.now_ms(), codec.dumps(payload), str(version))
+            code = rt.scripts.requeue(k, job_id, records.now_ms(), codec.dumps(payload), str(version))
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if int(code) < 0:
             raise JobNotFound(job_id)
-        return store.Job(job_id, queue, rt.redis.hgetall(k.job(job_id)))
+        return records.Job(job_id, queue, rt.redis.hgetall(k.job(job_id)))
 
     def delete_dead(self, queue: str, job_id: str) -> None:
         k = self._keys(queue)
@@ -436,7 +437,7 @@ class Client:
         except UNAVAILABLE:
             return False
 
-    def wait(self, job_id: str, timeout_s: float = 10.0, statuses: Sequence[str] = ("done", "dead")) -> store.Job:
+    def wait(self, job_id: str, timeout_s: float = 10.0, statuses: Sequence[str] = ("done", "dead")) -> records.Job:
         """Poll until the job reaches one of ``statuses`` (tests, scripts and the CLI)."""
         deadline = time.monotonic() + timeout_s
         while True:

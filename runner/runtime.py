@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import connection, registry
+from runner.catalog import registry
+from runner.catalog.registry import Registry
 from runner.config import Config
-from runner.keys import QueueKeys, for_queue
-from runner.registry import Registry
-from runner.scripts import Scripts
+from runner.store import connection
+from runner.store.keys import QueueKeys, for_queue
+from runner.store.scripts import Scripts
 
 
 @dataclass(slots=True)

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 
 from runner import config as config_mod
-from runner import store
 from runner.client import Client
-from runner.embedded import Server, debian_binary
 from runner.runtime import Runtime
+from runner.store import records
+from runner.store.embedded import Server, debian_binary
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
@@ -270,12 +270,12 @@ def view(project: Project, job_id: str, queue: str = "fast") -> dict[str, str]:
     """A job's record as readers see it: the hash with its claim or done outcome laid over."""
     k = project.keys(queue)
     r = project.runtime.redis
-    return store.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
+    return records.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
 
 
 def raw_status(raw: Any, k: Any, job_id: bytes) -> bytes | None:
     """A job's status read with a bytes client (ids that are not UTF-8): a done outcome or
-    a claim overrides the record's own field (see store.merge)."""
+    a claim overrides the record's own field (see records.merge)."""
     if raw.hexists(k.done.encode(), job_id):
         return b"done"
     if raw.hexists(k.claims.encode(), job_id):

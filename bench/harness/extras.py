@@ -45,7 +45,7 @@ def validation(env: Env) -> dict[str, Any]:
     """Cost per payload of validating the example schemas (compiled validators), next to
     the cost of one Redis round trip and of the whole client-side prepare step."""
     from runner import config as config_mod
-    from runner import registry
+    from runner.catalog import registry
     from runner.client import Client, Request
     from runner.runtime import Runtime
 
@@ -291,10 +291,10 @@ def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
     processes of its uvicorn worker class, a socket each, keep-alive 5 s)."""
     if not shutil.which("wrk"):
         return None
-    from runner.embedded import free_port
+    from runner.store.embedded import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "gunicorn", "-w", "2", "-k", "runner.webserver.Worker", "--reuse-port",
+    cmd = [sys.executable, "-m", "gunicorn", "-w", "2", "-k", "runner.web.server.Worker", "--reuse-port",
            "--keep-alive", "5", "-b", f"127.0.0.1:{port}", "hello_app:app"]
     genv = {k: v for k, v in os.environ.items() if k != "GUNICORN_CMD_ARGS"}
     web = Group().start([cmd], genv, str(BENCH / "harness"), env.work / "hello")
@@ -314,9 +314,9 @@ def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -
     Load from wrk (C, so the generator takes little
     of the 2 cores): paced at each rate, then closed loop over 32 connections. Without wrk,
     the Python open-loop generator stands in (it needs most of a core itself)."""
-    if not (runner_src() / "runner" / "webserver.py").exists():
-        return {"skipped": "runner/webserver.py does not exist yet"}
-    from runner.embedded import free_port
+    if not (runner_src() / "runner" / "web" / "server.py").exists():
+        return {"skipped": "runner/web/server.py does not exist yet"}
+    from runner.store.embedded import free_port
 
     token = "bench-token"
     base = runner_system(toml)

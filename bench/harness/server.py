@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from runner.embedded import Server, bundled_binary
+from runner.store.embedded import Server, bundled_binary
 
 # Commands the harness itself sends; never charged to a system.
 HARNESS = {"info", "config|resetstat", "flushall", "ping", "config|get", "config|set",

@@ -11,7 +11,6 @@ from typing import IO, Any
 
 import click
 
-from runner import codec
 from runner.cli.root import (
     EXIT_CONFIG,
     EXIT_OK,
@@ -28,12 +27,13 @@ from runner.cli.root import (
     refusal,
     table,
 )
-from runner.connection import UNAVAILABLE
 from runner.errors import (
     RedisUnavailable,
     RunnerError,
     ValidationFailed,
 )
+from runner.store import codec
+from runner.store.connection import UNAVAILABLE
 
 
 @cli.command()

@@ -24,9 +24,9 @@ from runner.errors import (
 @click.pass_context
 def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     """Run a production worker (the scheduler runs inside it)."""
-    from runner.guard import warn_redis_settings
-    from runner.logs import setup
-    from runner.worker import Worker
+    from runner.observe.logs import setup
+    from runner.store.guard import warn_redis_settings
+    from runner.worker.worker import Worker
 
     rt = build_runtime(ctx.obj["config"])
     setup(rt.config.log)
@@ -52,8 +52,8 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
 @click.pass_context
 def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
     """Run the production web server (gunicorn, uvicorn workers) for the HTTP API and dashboard."""
-    from runner.logs import setup
-    from runner.webserver import serve
+    from runner.observe.logs import setup
+    from runner.web.server import serve
 
     cfg = load_config(ctx.obj["config"])
     if cfg.api.auth and not cfg.api.token:
@@ -74,7 +74,7 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
 def dev(ctx: click.Context, host: str, port: int, embedded: bool) -> None:
     """Web + workers for every queue + scheduler, with hot reload; starts an embedded Redis
     when none is reachable."""
-    from runner.dev import Dev
+    from runner.dev.supervisor import Dev
 
     cfg = load_config(ctx.obj["config"])
     code = Dev(cfg, ctx.obj["config"], host=host, port=port, force_embedded=embedded).run()

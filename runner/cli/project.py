@@ -19,10 +19,10 @@ from runner.cli.root import (
     load_config,
     table,
 )
-from runner.connection import UNAVAILABLE
 from runner.errors import (
     ConfigError,
 )
+from runner.store.connection import UNAVAILABLE
 
 
 @cli.command()
@@ -30,7 +30,7 @@ from runner.errors import (
 @click.pass_context
 def functions(ctx: click.Context, as_json: bool) -> None:
     """Discovered functions, their queues and schema versions, and what failed to load."""
-    from runner import registry
+    from runner.catalog import registry
 
     cfg = load_config(ctx.obj["config"])
     reg = registry.load(cfg)
@@ -61,7 +61,7 @@ def functions(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
     """Scaffold functions/NAME.py and schemas/NAME/v1.json, ready to run."""
-    from runner.scaffold import ScaffoldError, scaffold
+    from runner.catalog.scaffold import ScaffoldError, scaffold
 
     cfg = load_config(ctx.obj["config"])
     try:
@@ -82,16 +82,16 @@ def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
 def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> None:
     """Check config, functions and schemas, the Redis settings, and (deploy gate) that every
     job waiting in Redis can be run by the functions on disk. Non-zero on any error."""
-    from runner import checks
+    from runner.catalog import checks
 
     report = checks.check_files(ctx.obj["config"])
     code = EXIT_OK
     if report.config is None:
         code = EXIT_CONFIG
     elif not offline:
-        from runner.embedded import session_url
-        from runner.registry import Registry
+        from runner.catalog.registry import Registry
         from runner.runtime import Runtime
+        from runner.store.embedded import session_url
 
         reg = report.registry or Registry()
         cfg = report.config

@@ -13,15 +13,15 @@ from typing import Any, NoReturn
 
 import click
 
-from runner import codec
 from runner import config as config_mod
-from runner.connection import UNAVAILABLE
 from runner.errors import (
     ConfigError,
     RedisUnavailable,
     RunnerError,
     ValidationFailed,
 )
+from runner.store import codec
+from runner.store.connection import UNAVAILABLE
 
 EXIT_OK, EXIT_REFUSED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 JSONL_BATCH = 500
@@ -45,7 +45,7 @@ def build_runtime(path: str | None, client_only: bool = False) -> Any:
 
     cfg = load_config(path)
     if client_only:
-        from runner.embedded import session_url
+        from runner.store.embedded import session_url
 
         url = session_url(cfg)
         if url is not None:

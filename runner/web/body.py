@@ -13,7 +13,7 @@ from typing import Any
 import falcon
 import falcon.asgi
 
-from runner import codec
+from runner.store import codec
 from runner.web.problems import Problem
 
 NO_BODY = object()

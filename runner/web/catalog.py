@@ -10,10 +10,10 @@ from typing import Any
 import falcon
 import falcon.asgi
 
-from runner import store
-from runner.connection import UNAVAILABLE
-from runner.registry import Function, Registry
+from runner.catalog.registry import Function, Registry
 from runner.runtime import Runtime
+from runner.store import records
+from runner.store.connection import UNAVAILABLE
 from runner.web.body import int_param, only_params, send
 from runner.web.figures import read_queues, read_throughput
 from runner.web.offload import Offload
@@ -66,7 +66,7 @@ class Queues:
         only_params(req)
         rt = self.rt
         out = []
-        for q in await self.offload(read_queues, rt, store.now_ms()):
+        for q in await self.offload(read_queues, rt, records.now_ms()):
             cfg = rt.config.queues[q.name]
             out.append({
                 "name": q.name,
@@ -93,7 +93,7 @@ class Throughput:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req, "minutes")
         minutes = int_param(req, "minutes", 1, 360, 60) or 60
-        send(resp, await self.offload(read_throughput, self.rt, minutes, store.now_ms()))
+        send(resp, await self.offload(read_throughput, self.rt, minutes, records.now_ms()))
 
 
 class Health:

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from runner import store
-from runner.connection import UNAVAILABLE
 from runner.runtime import Runtime
+from runner.store import records
+from runner.store.connection import UNAVAILABLE
 from runner.web.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
 from runner.web.offload import Offload
 
@@ -78,7 +78,7 @@ class RunnerCollector:
         reg = rt.registry
         up = GaugeMetricFamily("runner_redis_up", "1 when Redis answered this scrape, else 0.")
         try:
-            queues = read_queues(rt, store.now_ms())
+            queues = read_queues(rt, records.now_ms())
         except UNAVAILABLE as exc:
             log.warning("/metrics: Redis unreachable: %s", exc)
             up.add_metric([], 0)

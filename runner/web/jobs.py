@@ -7,9 +7,9 @@ from __future__ import annotations
 import falcon
 import falcon.asgi
 
+from runner.catalog.templates import MAX_KEY_BYTES
 from runner.client import Client, Request
 from runner.errors import IdempotencyConflict
-from runner.templates import MAX_KEY_BYTES
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.offload import Offload
 from runner.web.problems import Problem, body_of, conflict

@@ -13,10 +13,11 @@ from typing import Any
 import falcon
 import falcon.asgi
 
-from runner import __version__, codec
-from runner.registry import Function, Registry
+from runner import __version__
+from runner.catalog.registry import Function, Registry
+from runner.catalog.templates import MAX_KEY_BYTES
 from runner.runtime import Runtime
-from runner.templates import MAX_KEY_BYTES
+from runner.store import codec
 from runner.web import auth, shapes
 from runner.web.jobs import MAX_BATCH_JOBS, MAX_DELAY_S
 

@@ -23,8 +23,6 @@ import falcon
 import falcon.asgi
 import redis
 
-from runner import codec
-from runner.connection import PersistenceFailed
 from runner.errors import (
     FieldError,
     IdempotencyConflict,
@@ -34,6 +32,8 @@ from runner.errors import (
     UnknownVersion,
     ValidationFailed,
 )
+from runner.store import codec
+from runner.store.connection import PersistenceFailed
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:runner:problem:"

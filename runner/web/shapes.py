@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runner.store import STATUSES
+from runner.store.records import STATUSES
 
 _JSON = "application/json"
 _PROBLEM = "application/problem+json"

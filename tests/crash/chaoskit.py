@@ -28,10 +28,10 @@ from typing import Any
 import redis
 from crashkit import configure, lock_keys, new_project
 
-from runner import store
 from runner.client import Client, Request
-from runner.embedded import Server
 from runner.errors import RedisUnavailable
+from runner.store import records
+from runner.store.embedded import Server
 
 from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 
@@ -257,7 +257,7 @@ class Chaos:
                     pipe.hget(k.claims, job_id)
                     pipe.hget(k.done, job_id)
                 got = pipe.execute()
-                out.update((job_id, store.merge(*got[3 * j: 3 * j + 3])) for j, job_id in enumerate(chunk))
+                out.update((job_id, records.merge(*got[3 * j: 3 * j + 3])) for j, job_id in enumerate(chunk))
         finally:
             r.close()
         return out

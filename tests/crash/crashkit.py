@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from runner.embedded import Server
+from runner.store.embedded import Server
 
 from conftest import Project, make_project, structures, wait_for
 

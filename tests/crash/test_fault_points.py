@@ -1,4 +1,4 @@
-"""SIGKILL a real worker at each named fault point (runner/faults.py) and check that
+"""SIGKILL a real worker at each named fault point (runner/worker/faults.py) and check that
 the job is never lost, never left in two structures, and runs again only where the
 contract allows it (killed after the handler returned, before the ack)."""
 
@@ -87,9 +87,9 @@ def test_kill_at_fault_point_under_load(project: Project, point: str) -> None:
 
 def test_fault_points_are_known() -> None:
     """The points this file covers are exactly the ones the worker calls."""
-    from runner.faults import POINTS
+    from runner.worker.faults import POINTS
 
     assert set(SINGLE) == set(POINTS)
-    src = (Path(__file__).parents[2] / "runner" / "worker.py").read_text()
+    src = (Path(__file__).parents[2] / "runner" / "worker" / "worker.py").read_text()
     for p in POINTS:
         assert f'fault("{p}")' in src

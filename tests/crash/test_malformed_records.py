@@ -12,7 +12,7 @@ import pytest
 import redis
 from crashkit import configure, lock_keys, wait_final
 
-from runner.keys import QueueKeys
+from runner.store.keys import QueueKeys
 
 from conftest import Project, assert_no_job_in_two_structures, raw_status, wait_for
 

@@ -11,8 +11,8 @@ import pytest
 import redis
 from crashkit import configure, new_project, outcomes, own_server, wait_final, wait_log, worker_log
 
-from runner.embedded import Server
 from runner.errors import RedisUnavailable
+from runner.store.embedded import Server
 
 from conftest import (
     PROTECTED_CONFIGS,

@@ -8,8 +8,8 @@ from typing import Any
 
 from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_log, worker_log
 
-from runner.keys import QueueKeys
-from runner.scripts import Ack, Burial, NewJob, RetryAt, Scripts
+from runner.store.keys import QueueKeys
+from runner.store.scripts import Ack, Burial, NewJob, RetryAt, Scripts
 
 from conftest import Project, assert_no_job_in_two_structures, structures, view, wait_for
 

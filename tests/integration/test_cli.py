@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from runner.cli import cli
-from runner.embedded import free_port
-from runner.worker import Worker
+from runner.store.embedded import free_port
+from runner.worker.worker import Worker
 
 from conftest import Project, wait_for
 

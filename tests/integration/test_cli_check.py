@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from runner import checks
+from runner.catalog import checks
 from runner.cli import cli
-from runner.embedded import Server, free_port
-from runner.worker import Worker
+from runner.store.embedded import Server, free_port
+from runner.worker.worker import Worker
 
 from conftest import Project, wait_for
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.embedded import Server, debian_binary
-from runner.guard import redis_risks
-from runner.keys import for_queue
-from runner.scripts import Ack, NewJob
+from runner.store.embedded import Server, debian_binary
+from runner.store.guard import redis_risks
+from runner.store.keys import for_queue
+from runner.store.scripts import Ack, NewJob
 
 from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
 

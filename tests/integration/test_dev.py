@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from runner.embedded import Server, free_port
+from runner.store.embedded import Server, free_port
 
 from conftest import REPO, Project, make_project, wait_for
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from runner.embedded import Server
-from runner.guard import redis_risks
+from runner.store.embedded import Server
+from runner.store.guard import redis_risks
 
 from conftest import Project, make_project, wait_for
 

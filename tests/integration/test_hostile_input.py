@@ -13,8 +13,8 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner import templates
-from runner.templates import TemplateError
+from runner.catalog import templates
+from runner.catalog.templates import TemplateError
 
 from conftest import Project, raw_status, wait_for
 

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from test_web_support import Web, gunicorn
 
-from runner import codec
+from runner.store import codec
 
 from conftest import Project, wait_for
 

@@ -19,7 +19,7 @@ from typing import Any
 import requests
 from honcho.environ import parse_procfile
 
-from runner.embedded import Server, free_port
+from runner.store.embedded import Server, free_port
 
 from conftest import REPO, make_project, wait_for
 

@@ -17,8 +17,8 @@ import redis
 
 from runner import config as config_mod
 from runner.client import Client
-from runner.embedded import Server, debian_binary, free_port
 from runner.runtime import Runtime
+from runner.store.embedded import Server, debian_binary, free_port
 
 from conftest import Project, wait_for
 

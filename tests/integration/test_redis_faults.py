@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from runner.client import Request
-from runner.embedded import Server
 from runner.errors import RedisUnavailable
-from runner.outage import Outage
+from runner.store.embedded import Server
+from runner.store.outage import Outage
 
 from conftest import PROTECTED_CONFIGS, REPO, Project, make_project, refuse_writes, take_writes_again
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.embedded import Server, bundled_binary, free_port
 from runner.errors import RedisUnavailable
+from runner.store.embedded import Server, bundled_binary, free_port
 
 from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
 

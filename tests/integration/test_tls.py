@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from runner.embedded import Server, debian_binary, free_port
 from runner.errors import RedisUnavailable
+from runner.store.embedded import Server, debian_binary, free_port
 
 from conftest import Project, make_project
 

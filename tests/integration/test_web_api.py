@@ -14,8 +14,8 @@ import requests
 from openapi_spec_validator import validate as validate_openapi
 from test_web_support import Web, gunicorn
 
-from runner.embedded import Server
-from runner.registry import Registry
+from runner.catalog.registry import Registry
+from runner.store.embedded import Server
 from runner.web import create_app
 
 from conftest import Project, make_project, wait_for

@@ -21,7 +21,7 @@ import gunicorn.config
 import pytest
 import requests
 
-from runner.embedded import free_port
+from runner.store.embedded import free_port
 
 from conftest import Project, wait_for
 
@@ -72,7 +72,7 @@ def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | N
         full_env["RUNNER_API_TOKEN"] = token
     log = open(project.root / f"gunicorn-{port}.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", "1", "-k", "runner.webserver.Worker",
+        [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{port}", "-w", "1", "-k", "runner.web.server.Worker",
          "--graceful-timeout", "2", *_NO_CONTROL, "runner.web.asgi:app"],
         cwd=project.root, env=full_env, stdout=log, stderr=subprocess.STDOUT,
     )
@@ -97,7 +97,7 @@ def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | N
 
 
 def test_gunicorn_serves_the_app_from_the_project_folder(project: Project) -> None:
-    """`gunicorn -k runner.webserver.Worker runner.web.asgi:app` in a project folder serves its functions; the app
+    """`gunicorn -k runner.web.server.Worker runner.web.asgi:app` in a project folder serves its functions; the app
     is built lazily in the worker, from runner.toml and the environment."""
     with gunicorn(project) as web:
         r = web.get("/functions")

@@ -16,7 +16,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from runner.scripts import Ack, Burial, NewJob, RetryAt
+from runner.store.scripts import Ack, Burial, NewJob, RetryAt
 
 from conftest import structures, view
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from runner import store
-from runner.embedded import Server
-from runner.scripts import Ack, Burial, NewJob, RetryAt
+from runner.store import records
+from runner.store.embedded import Server
+from runner.store.scripts import Ack, Burial, NewJob, RetryAt
 
 from conftest import Project, assert_no_job_in_two_structures, make_project, structures
 
@@ -40,7 +40,7 @@ def enqueue(p: Project, *jobs: NewJob, now: int = NOW) -> list[Any]:
 def rec(p: Project, job_id: str) -> dict[str, str]:
     """The record as readers see it: with its claim or done outcome laid over."""
     k, r = p.keys(), p.runtime.redis
-    return store.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
+    return records.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
 
 
 def raw(p: Project, job_id: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from runner.scripts import NewJob
+from runner.store.scripts import NewJob
 
 from conftest import Project
 
@@ -217,7 +217,7 @@ def test_the_poll_returns_at_once_when_the_reply_is_there_and_after_the_budget_w
     import socket
     import time
 
-    from runner.scripts import _Spin
+    from runner.store.scripts import _Spin
 
     class Conn:
         def __init__(self, sock: socket.socket) -> None:

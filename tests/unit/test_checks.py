@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import checks, registry
 from runner import config as config_mod
+from runner.catalog import checks, registry
 
 TOML = """
 [queues.fast]

@@ -1,4 +1,4 @@
-"""Group commit (runner/combiner.py): overlapping calls share one send, every caller gets
+"""Group commit (runner/store/combiner.py): overlapping calls share one send, every caller gets
 its own answer or its batch's error, and the lead always passes on (no caller is left
 waiting)."""
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from runner.combiner import AsyncCombiner, Combiner
+from runner.store.combiner import AsyncCombiner, Combiner
 
 
 def _run_threads(n: int, target: object) -> None:

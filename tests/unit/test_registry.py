@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import config, registry
+from runner import config
+from runner.catalog import registry
+from runner.catalog.schemas import UpgradeFailed
 from runner.errors import UnknownVersion, ValidationFailed
-from runner.schemas import UpgradeFailed
 
 TOML = """
 [queues.fast]

@@ -3,7 +3,7 @@ default read back as that default."""
 
 from __future__ import annotations
 
-from runner.store import Job
+from runner.store.records import Job
 
 
 def test_a_record_written_without_its_defaults_reads_as_them() -> None:
@@ -32,29 +32,29 @@ def test_new_ids_are_unique_across_threads_and_a_fork() -> None:
     import os
     import threading
 
-    from runner import store
+    from runner.store import records
 
     got: list[list[str]] = []
 
     def draw() -> None:
-        got.append([store.new_id() for _ in range(5_000)])
+        got.append([records.new_id() for _ in range(5_000)])
 
     threads = [threading.Thread(target=draw) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    store.new_id()  # this thread's buffer now holds bytes the child inherits
+    records.new_id()  # this thread's buffer now holds bytes the child inherits
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its next ids, to the parent
-        os.write(w, " ".join(store.new_id()[12:] for _ in range(50)).encode())
+        os.write(w, " ".join(records.new_id()[12:] for _ in range(50)).encode())
         os._exit(0)
     os.close(w)
     os.waitpid(pid, 0)
     child = set(os.read(r, 1 << 16).decode().split())
     os.close(r)
-    parent = {store.new_id()[12:] for _ in range(50)}
+    parent = {records.new_id()[12:] for _ in range(50)}
     every = [i for ids in got for i in ids]
     assert len(set(every)) == len(every) == 20_000
     assert len(child) == 50 and not child & parent
@@ -65,19 +65,19 @@ def test_merge_lays_a_claim_or_an_outcome_over_the_record_and_survives_garbage()
     """A claim shows the job processing with its token, attempt and start; an outcome
     shows it done with its result and one more history entry, and hides an earlier
     attempt's error; a damaged claim is ignored and a damaged outcome still reads done."""
-    from runner import store
+    from runner.store import records
 
     record = {"type": "t", "status": "queued", "attempt": "1", "history": '{"attempt":1}',
               "error": '{"type":"E"}'}
-    claimed = store.merge(record, "w.1:0 2 1000 -", None)
+    claimed = records.merge(record, "w.1:0 2 1000 -", None)
     assert claimed["status"] == "processing" and claimed["token"] == "w.1:0"
     assert claimed["attempt"] == "2" and claimed["started_ms"] == "1000"
-    done = store.merge(record, None, '2000 2 1000\n{"attempt":2}\n{"ok":true}')
+    done = records.merge(record, None, '2000 2 1000\n{"attempt":2}\n{"ok":true}')
     assert done["status"] == "done" and done["finished_ms"] == "2000" and done["result"] == '{"ok":true}'
     assert done["history"] == '{"attempt":1},{"attempt":2}' and "error" not in done
-    view = store.Job("x", "fast", done).as_dict()
+    view = records.Job("x", "fast", done).as_dict()
     assert view["history"] == [{"attempt": 1}, {"attempt": 2}] and view["result"] == {"ok": True}
-    assert store.merge(record, "garbage", None)["status"] == "queued"
-    assert store.merge(record, None, "garbage")["status"] == "done"
-    assert store.merge({}, "w.1:0 2 1000 -", "2000 2 1000\n\n") == {}
+    assert records.merge(record, "garbage", None)["status"] == "queued"
+    assert records.merge(record, None, "garbage")["status"] == "done"
+    assert records.merge({}, "w.1:0 2 1000 -", "2000 2 1000\n\n") == {}
     assert record["status"] == "queued"  # the record itself is left as it was

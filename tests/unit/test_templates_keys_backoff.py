@@ -6,8 +6,10 @@ import random
 
 import pytest
 
-from runner import backoff, keys, templates
+from runner.catalog import templates
 from runner.config import Backoff
+from runner.store import keys
+from runner.worker import backoff
 
 
 def test_template_renders_plain_and_nested_fields() -> None:

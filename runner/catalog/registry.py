@@ -21,10 +21,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from runner import templates
+from runner.catalog import templates
+from runner.catalog.schemas import Versions, load_versions
 from runner.config import JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
-from runner.schemas import Versions, load_versions
 
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF")
 _generation = itertools.count(1)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runner import backoff, codec
-from runner.context import Context
+from runner.catalog.registry import Function, Registry
+from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     PermanentFailure,
     Retry,
@@ -23,8 +23,9 @@ from runner.errors import (
     ValidationFailed,
     describe,
 )
-from runner.registry import Function, Registry
-from runner.schemas import UpgradeFailed
+from runner.store import codec
+from runner.worker import backoff
+from runner.worker.context import Context
 
 log = logging.getLogger("runner.job")
 

@@ -24,11 +24,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from runner import config as config_mod
-from runner import registry as registry_mod
+from runner.catalog import registry as registry_mod
+from runner.catalog.registry import Registry
 from runner.config import Config
 from runner.errors import ConfigError
-from runner.guard import redis_risks
-from runner.registry import Registry
+from runner.store.guard import redis_risks
 
 CHUNK = 1000
 

@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any, ClassVar
 
-from runner import codec
 from runner.config import LogConfig
+from runner.store import codec
 
 # Record attributes that are not fields: the standard ones, and the ANSI-coloured copy of
 # the message that uvicorn attaches to its own records.

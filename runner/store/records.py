@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner import codec
+from runner.store import codec
 
 STATUSES = ("queued", "scheduled", "processing", "retrying", "done", "dead")
 

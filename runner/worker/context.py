@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import codec
 from runner.errors import StaleLease
+from runner.store import codec
 
 
 @dataclass(slots=True)

@@ -14,10 +14,10 @@ import logging
 import threading
 import time
 
-from runner import store
-from runner.connection import UNAVAILABLE
-from runner.outage import Outage
 from runner.runtime import Runtime
+from runner.store import records
+from runner.store.connection import UNAVAILABLE
+from runner.store.outage import Outage
 
 log = logging.getLogger("runner.scheduler")
 
@@ -45,7 +45,7 @@ class Scheduler:
         sc = self.rt.scripts
         interval = self.rt.config.worker.scheduler_interval_s
         wait = interval
-        now = store.now_ms()
+        now = records.now_ms()
         ret = self.rt.config.retention
         # A short retention (dev, tests) is honoured to within a quarter of itself.
         every = min(TRIM_EVERY_S, max(0.1, min(ret.done_s, ret.dead_s) / 4))
@@ -57,7 +57,7 @@ class Scheduler:
                 if int(moved) < BATCH:
                     break
             if int(due) >= 0:
-                wait = min(wait, max(0.002, (int(due) - store.now_ms()) / 1000))
+                wait = min(wait, max(0.002, (int(due) - records.now_ms()) / 1000))
             while True:
                 requeued, buried = sc.reclaim(k, now, BATCH, int(self.rt.config.retention.dead_s * 1000))
                 if int(requeued) or int(buried):

@@ -30,9 +30,9 @@ from typing import IO, Any
 
 import redis
 
-from runner import codec
 from runner.config import Config
 from runner.errors import RunnerError
+from runner.store import codec
 
 log = logging.getLogger("runner.embedded")
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
-from runner.keys import QueueKeys
+from runner.store.keys import QueueKeys
 
 NAMES = (
     "enqueue", "claim", "renew", "ack", "retry", "bury", "release",

@@ -42,9 +42,9 @@ from typing import Any
 
 from runner import config as config_mod
 from runner.config import Config
-from runner.connection import UNAVAILABLE, connect
-from runner.embedded import ProjectServer
 from runner.errors import ConfigError, RunnerError
+from runner.store.connection import UNAVAILABLE, connect
+from runner.store.embedded import ProjectServer
 
 log = logging.getLogger("runner.dev")
 
@@ -150,7 +150,7 @@ class Dev:
     # --- lifecycle -------------------------------------------------------------------
 
     def run(self) -> int:
-        from runner.logs import setup
+        from runner.observe.logs import setup
 
         setup(self.cfg.log, force_format="text")
         logging.getLogger("watchfiles").setLevel(logging.WARNING)  # we log each reload ourselves
@@ -181,11 +181,11 @@ class Dev:
         self.changes.put(None)
 
     def start(self) -> None:
-        from runner.checks import redact
+        from runner.catalog.checks import redact
         from runner.runtime import Runtime
         from runner.web import create_app
-        from runner.webserver import DevServer
-        from runner.worker import Worker
+        from runner.web.server import DevServer
+        from runner.worker.worker import Worker
 
         cfg = self.cfg
         if self.force_embedded or not reachable(cfg):
@@ -312,8 +312,8 @@ class Dev:
             self._requeue_parked(back)
 
     def _reload_config(self) -> bool:
-        from runner.keys import for_queue
-        from runner.worker import Worker
+        from runner.store.keys import for_queue
+        from runner.worker.worker import Worker
 
         try:
             fresh = config_mod.load(self.config_path)
@@ -388,7 +388,7 @@ class Dev:
             self._requeue_pass(names)
 
     def _requeue_pass(self, names: set[str]) -> None:
-        from runner.checks import scan
+        from runner.catalog.checks import scan
         from runner.client import Client
 
         client = Client(self.rt)

@@ -30,9 +30,9 @@ from gunicorn.arbiter import Arbiter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
-from runner import codec
 from runner.config import Config
 from runner.errors import ConfigError
+from runner.store import codec
 from runner.web.problems import MEDIA_TYPE, TYPE_PREFIX
 
 log = logging.getLogger("runner.web")
@@ -149,7 +149,7 @@ def gunicorn_options(host: str, port: int, workers: int, threads: int) -> dict[s
     return {
         "bind": f"{host}:{port}",
         "workers": workers,
-        "worker_class": "runner.webserver.Worker",
+        "worker_class": "runner.web.server.Worker",
         # Not gunicorn's threads (an event loop serves the requests): the size of each
         # process's pool for blocking work, passed to create_app.
         "threads": threads,

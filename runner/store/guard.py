@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from runner.connection import UNAVAILABLE
+from runner.store.connection import UNAVAILABLE
 
 log = logging.getLogger("runner.guard")
 

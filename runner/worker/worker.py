@@ -29,17 +29,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import codec, metrics, store
 from runner.config import QueueConfig
-from runner.connection import UNAVAILABLE
-from runner.context import Context
 from runner.errors import describe
-from runner.execute import Claimed, Dead, Done, JobTimeout, Outcome, RetryLater, resolve, run
-from runner.faults import fault
-from runner.outage import Outage
+from runner.observe import metrics
 from runner.runtime import Runtime
-from runner.scheduler import Scheduler
-from runner.scripts import Ack, Burial, RetryAt
+from runner.store import codec, records
+from runner.store.connection import UNAVAILABLE
+from runner.store.outage import Outage
+from runner.store.scripts import Ack, Burial, RetryAt
+from runner.worker.context import Context
+from runner.worker.execute import Claimed, Dead, Done, JobTimeout, Outcome, RetryLater, resolve, run
+from runner.worker.faults import fault
+from runner.worker.scheduler import Scheduler
 
 log = logging.getLogger("runner.worker")
 joblog = logging.getLogger("runner.job")
@@ -196,7 +197,7 @@ class QueueRunner:
 
     def _claim(self, n: int) -> int:
         self._seq += 1
-        now = store.now_ms()
+        now = records.now_ms()
         reply = self.rt.scripts.claim(
             self.keys, now_ms=now, n=n, lease_ms=self.lease_ms,
             token_base=f"{self.worker_id}.{self._seq}", defer_base_ms=50, defer_cap_ms=5000,
@@ -272,7 +273,7 @@ class QueueRunner:
         if isinstance(resolved, Dead):
             return Settlement(owned, resolved)
         fn, payload, version = resolved
-        started_ms = store.now_ms()
+        started_ms = records.now_ms()
         ctx = Context(
             job_id=job.id, type=job.type, version=version, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
@@ -359,7 +360,7 @@ class QueueRunner:
                 outage.failed(exc, give_up)
 
     def _send(self, batch: Sequence[Settlement]) -> None:
-        now = store.now_ms()
+        now = records.now_ms()
         acks: list[Ack] = []
         retries: list[RetryAt] = []
         burials: list[Burial] = []
@@ -462,7 +463,7 @@ class QueueRunner:
     # --- renewer ---------------------------------------------------------------------
 
     def _renew_one(self, job: Claimed) -> bool:
-        codes = self.rt.scripts.renew(self.keys, [(job.id, job.token)], store.now_ms(), self.lease_ms)
+        codes = self.rt.scripts.renew(self.keys, [(job.id, job.token)], records.now_ms(), self.lease_ms)
         return int(codes[0]) > 0
 
     def _renew_loop(self) -> None:
@@ -478,7 +479,7 @@ class QueueRunner:
             try:
                 for i in range(0, len(owned), 500):
                     chunk = owned[i:i + 500]
-                    codes = self.rt.scripts.renew(self.keys, chunk, store.now_ms(), self.lease_ms)
+                    codes = self.rt.scripts.renew(self.keys, chunk, records.now_ms(), self.lease_ms)
                     with self.owned_lock:
                         for (job_id, _), code in zip(chunk, codes, strict=True):
                             if int(code) == -1 and job_id in self.owned:
