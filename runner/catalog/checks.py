@@ -1,38 +1,31 @@
 """`runner check`: every problem in config, functions and schemas, the Redis settings,
 and the deploy gate.
 
-The deploy gate reads the jobs waiting in Redis (ready, in flight, scheduled or
-retrying, dead; in every queue) and fails when any carry a type or payload version that
-the functions on disk cannot accept or upgrade: an unknown type, a version newer than
-the newest schema, or an older version with no ``upgrade()``. Run it in the release
-phase of a deploy, with the new code, before the new workers start.
+The deploy gate takes the jobs waiting in Redis, counted per (queue, state, type,
+version) by the store (store/census.py), and fails when any carry a type or payload
+version that the functions on disk cannot accept or upgrade: an unknown type, a version
+newer than the newest schema, or an older version with no ``upgrade()``. Run it in the
+release phase of a deploy, with the new code, before the new workers start.
 
-It reads without SCAN: LRANGE/ZRANGE of each structure in chunks, then one pipelined
-HMGET of ``type`` and ``version`` per chunk. It is a snapshot: a job that moves between
-two structures while the scan runs may be seen twice or not at all, which only matters
-for jobs that were runnable anyway.
+Nothing here talks to Redis: the command that runs the check reads the counts and the
+server's settings and hands them over.
 """
 
 from __future__ import annotations
 
 import os
-from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from runner import config as config_mod
 from runner.catalog import registry as registry_mod
 from runner.catalog.registry import Registry
 from runner.config import Config
 from runner.errors import ConfigError
-from runner.store.guard import redis_risks
 
-CHUNK = 1000
-
-# Structure -> the name a user knows it by.
+# The states a waiting job can be in, as a user knows them (see store/census.py).
 STATES = ("queued", "processing", "scheduled", "dead")
 
 
@@ -91,17 +84,6 @@ class Report:
         }
 
 
-def redact(url: str) -> str:
-    """A Redis URL fit for logs: the password replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-
-
 # --- config, functions, schemas ----------------------------------------------------
 
 
@@ -138,14 +120,6 @@ def orphan_schemas(cfg: Config) -> list[Problem]:
     return out
 
 
-# --- Redis settings ----------------------------------------------------------------
-
-
-def check_redis_settings(client: Any) -> list[Problem]:
-    """Settings under which Redis could evict or lose jobs, as warnings."""
-    return [Problem("redis", risk, "warning") for risk in redis_risks(client)]
-
-
 # --- the deploy gate ---------------------------------------------------------------
 
 
@@ -169,54 +143,16 @@ def classify(reg: Registry, type_: str, version_raw: str) -> str | None:
     return None
 
 
-def _ids(redis: Any, key: str, is_list: bool) -> Iterator[list[str]]:
-    start = 0
-    while True:
-        end = start + CHUNK - 1
-        chunk = redis.lrange(key, start, end) if is_list else redis.zrange(key, start, end)
-        if not chunk:
-            return
-        yield chunk
-        if len(chunk) < CHUNK:
-            return
-        start += CHUNK
-
-
-def scan(runtime: Any, queue: str, fields: tuple[str, ...] = ("type", "version"),
-         states: tuple[str, ...] = STATES) -> Iterator[tuple[str, str, list[str | None]]]:
-    """Every waiting job of a queue as (state, id, [field values]); records gone are skipped."""
-    k = runtime.keys[queue]
-    r = runtime.redis
-    structures = (("queued", k.ready, True), ("processing", k.leases, False),
-                  ("scheduled", k.scheduled, False), ("dead", k.dead, False))
-    for state, key, is_list in structures:
-        if state not in states:
-            continue
-        for chunk in _ids(r, key, is_list):
-            pipe = r.pipeline(transaction=False)
-            for job_id in chunk:
-                pipe.hmget(k.job(job_id), list(fields))
-            for job_id, values in zip(chunk, pipe.execute(), strict=True):
-                if values[0] is not None:
-                    yield state, job_id, values
-
-
-def deploy_gate(runtime: Any, reg: Registry) -> tuple[int, list[Stranded]]:
-    """(jobs scanned, groups the functions of ``reg`` cannot run)."""
-    scanned = 0
-    groups: Counter[tuple[str, str, str, str]] = Counter()
+def gate(reg: Registry, groups: Mapping[tuple[str, str, str, str], int]) -> list[Stranded]:
+    """The groups of waiting jobs, counted per (queue, state, type, version), that the
+    functions of ``reg`` cannot run, in a stable order."""
     problems: dict[tuple[str, str], str | None] = {}
-    for queue in runtime.keys:
-        for state, _job_id, (type_, version) in scan(runtime, queue):
-            scanned += 1
-            t, v = type_ or "", version or ""
-            if (t, v) not in problems:
-                problems[(t, v)] = classify(reg, t, v)
-            if problems[(t, v)] is not None:
-                groups[(queue, state, t, v)] += 1
-    stranded = [
-        Stranded(queue=q, state=s, type=t, version=v, count=n, problem=problems[(t, v)] or "")
-        for (q, s, t, v), n in sorted(groups.items(), key=lambda kv: (kv[0][0], STATES.index(kv[0][1]),
-                                                                      kv[0][2], kv[0][3]))
-    ]
-    return scanned, stranded
+    stranded = []
+    for (q, s, t, v), n in sorted(groups.items(), key=lambda kv: (kv[0][0], STATES.index(kv[0][1]),
+                                                                    kv[0][2], kv[0][3])):
+        if (t, v) not in problems:
+            problems[(t, v)] = classify(reg, t, v)
+        why = problems[(t, v)]
+        if why is not None:
+            stranded.append(Stranded(queue=q, state=s, type=t, version=v, count=n, problem=why))
+    return stranded

@@ -1,5 +1,6 @@
 """The `runner` command: each subcommand parses, builds a runtime, makes one core call and
 maps the outcome to an exit code. Tables for people by default; ``--json`` for scripts.
+The top of the stack: it may import every layer, and nothing imports it.
 
 Exit codes (the same for every subcommand):
 

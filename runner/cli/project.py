@@ -91,7 +91,10 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
     elif not offline:
         from runner.catalog.registry import Registry
         from runner.runtime import Runtime
+        from runner.store.census import waiting_versions
+        from runner.store.connection import redact
         from runner.store.embedded import session_url
+        from runner.store.guard import redis_risks
 
         reg = report.registry or Registry()
         cfg = report.config
@@ -100,12 +103,13 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
             cfg = replace(cfg, redis=replace(cfg.redis, url=url))
         rt = Runtime.create(cfg, reg=reg)
         try:
-            report.problems.extend(checks.check_redis_settings(rt.redis))
-            report.scanned, report.stranded = checks.deploy_gate(rt, reg)
+            report.problems.extend(checks.Problem("redis", risk, "warning") for risk in redis_risks(rt.redis))
+            report.scanned, groups = waiting_versions(rt.redis, rt.keys)
+            report.stranded = checks.gate(reg, groups)
             report.redis_checked = True
         except UNAVAILABLE as exc:
             report.problems.append(checks.Problem(
-                "redis", f"cannot reach {checks.redact(report.config.redis.url)}: {exc} "
+                "redis", f"cannot reach {redact(report.config.redis.url)}: {exc} "
                 "(the deploy gate did not run; --offline skips it)"))
             code = EXIT_REDIS
         finally:

@@ -181,8 +181,8 @@ class Dev:
         self.changes.put(None)
 
     def start(self) -> None:
-        from runner.catalog.checks import redact
         from runner.runtime import Runtime
+        from runner.store.connection import redact
         from runner.web import create_app
         from runner.web.server import DevServer
         from runner.worker.worker import Worker
@@ -388,14 +388,14 @@ class Dev:
             self._requeue_pass(names)
 
     def _requeue_pass(self, names: set[str]) -> None:
-        from runner.catalog.checks import scan
         from runner.client import Client
+        from runner.store.census import scan
 
         client = Client(self.rt)
         n = 0
         try:
-            for queue in list(self.rt.keys):
-                for _state, job_id, (type_, reason) in scan(self.rt, queue, ("type", "reason"), ("dead",)):
+            for queue, k in list(self.rt.keys.items()):
+                for _state, job_id, (type_, reason) in scan(self.rt.redis, k, ("type", "reason"), ("dead",)):
                     if self.stopping.is_set():
                         return
                     if reason == "unknown type" and type_ in names:

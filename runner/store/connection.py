@@ -26,7 +26,7 @@ settled under its own id.
 from __future__ import annotations
 
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -213,3 +213,14 @@ def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         sentinel_kwargs["username"] = query["sentinel_username"]
     sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
     return sentinel.master_for(service, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def redact(url: str) -> str:
+    """A Redis URL fit for logs: the password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))

@@ -10,6 +10,11 @@ the server's own work per request (parsing in Python, a thread hand-off per requ
 cost as much CPU as the app. On the event loop the enqueue route validates inline and
 joins the client's group commit; anything else that blocks (Redis reads, dead-letter
 operations, batches, the metrics scrape) runs on a small thread pool (offload.py).
+The server that runs it (gunicorn with uvicorn workers, or uvicorn on a thread for dev)
+is server.py.
+
+May import: runner.config, runner.errors, runner.client, runner.runtime, the store, the
+catalog, observe and itself; never the worker, the CLI or dev.
 """
 
 from __future__ import annotations

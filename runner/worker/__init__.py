@@ -1,0 +1,10 @@
+"""The worker: claims jobs, runs their handlers, settles the outcomes, keeps leases.
+
+Owns the per-process orchestrator (worker.py), a queue's runner and its parts
+(fetching, executing, settling, renewing), turning a claimed job into an outcome
+(execute.py), the handler's ``ctx`` (context.py), the scheduler (scheduler.py), retry
+delays (backoff.py) and the crash tests' fault points (faults.py).
+
+May import: runner.config, runner.errors, runner.runtime, the store, the catalog,
+observe and itself. Knows nothing of the web app, the CLI or dev.
+"""

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from runner.catalog import checks
 from runner.cli import cli
+from runner.store import census
 from runner.store.embedded import Server, free_port
 from runner.worker.worker import Worker
 
@@ -31,7 +31,7 @@ def test_the_deploy_gate_counts_stranded_jobs_by_queue_state_type_and_version(
     """After the code on disk changes, every waiting job it cannot run is counted: a deleted
     function (queued and dead jobs), a version newer than the newest schema, and v1 jobs once
     a v2 schema arrives without an upgrade(); adding the upgrade() clears those."""
-    monkeypatch.setattr(checks, "CHUNK", 3)  # several chunks per structure
+    monkeypatch.setattr(census, "CHUNK", 3)  # several chunks per structure
     c = project.client
     r = project.runtime.redis
     k = project.keys()

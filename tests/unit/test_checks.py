@@ -10,6 +10,7 @@ import pytest
 
 from runner import config as config_mod
 from runner.catalog import checks, registry
+from runner.store.connection import redact
 
 TOML = """
 [queues.fast]
@@ -100,6 +101,6 @@ def test_the_gate_rule(reg: registry.Registry, type_: str, version: str, problem
 
 
 def test_redact_hides_the_password_only() -> None:
-    assert checks.redact("rediss://:s3cret@host.example:6380/0") == "rediss://:***@host.example:6380/0"
-    assert checks.redact("redis://user:pw@h/1") == "redis://user:***@h/1"
-    assert checks.redact("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert redact("rediss://:s3cret@host.example:6380/0") == "rediss://:***@host.example:6380/0"
+    assert redact("redis://user:pw@h/1") == "redis://user:***@h/1"
+    assert redact("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
