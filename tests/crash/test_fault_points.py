@@ -90,6 +90,6 @@ def test_fault_points_are_known() -> None:
     from runner.worker.faults import POINTS
 
     assert set(SINGLE) == set(POINTS)
-    src = (Path(__file__).parents[2] / "runner" / "worker" / "worker.py").read_text()
+    src = "".join(f.read_text() for f in (Path(__file__).parents[2] / "runner" / "worker").glob("*.py"))
     for p in POINTS:
         assert f'fault("{p}")' in src

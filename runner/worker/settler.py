@@ -1,0 +1,221 @@
+"""The settler: sends finished runs' outcomes (ack, retry, bury, release) in batches,
+one pipeline of fenced scripts per batch, and logs and counts what it settled."""
+
+from __future__ import annotations
+
+import logging
+import queue as stdqueue
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from runner.config import QueueConfig
+from runner.observe import metrics
+from runner.runtime import Runtime
+from runner.store import codec, records
+from runner.store.connection import UNAVAILABLE
+from runner.store.outage import Outage
+from runner.store.scripts import Ack, Burial, RetryAt
+from runner.worker.execute import Dead, Done, RetryLater
+from runner.worker.faults import fault
+from runner.worker.ledger import Ledger, Release, Settlement
+
+log = logging.getLogger("runner.worker")
+joblog = logging.getLogger("runner.job")
+
+SUMMARY_EVERY_S = 60.0
+MAX_BATCH = 500
+
+
+def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: Any = None) -> str:
+    entry: dict[str, Any] = {"attempt": attempt, "outcome": outcome, "started_ms": started_ms,
+                             "at_ms": now_ms}
+    if error is not None:
+        entry["error"] = {"type": error.get("type"), "message": error.get("message")}
+    return codec.dumps(entry)
+
+
+class Settler:
+    def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
+                 outbox: stdqueue.SimpleQueue[Settlement | None]) -> None:
+        self.rt = runtime
+        self.q = queue
+        self.keys = runtime.keys[queue.name]
+        self.ledger = ledger
+        self.outbox = outbox
+        ret = runtime.config.retention
+        self.dead_ttl_ms = int(ret.dead_s * 1000)
+        self.idem_ttl_ms = int(ret.idempotency_s * 1000)
+        # Set once nothing more will be settled through the outbox: a send that fails
+        # then is not retried for ever.
+        self.closing = threading.Event()
+        self.processed = 0
+        self._tally: Counter[str] = Counter()
+        self._next_summary = time.monotonic() + SUMMARY_EVERY_S
+        self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-settle", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Settle everything already in the outbox, then stop."""
+        self.outbox.put(None)
+        self._thread.join(timeout=10)
+        self.closing.set()
+
+    def _loop(self) -> None:
+        done = False
+        while not done:
+            first = self.outbox.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    nxt = self.outbox.get_nowait()
+                except stdqueue.Empty:
+                    break
+                if nxt is None:
+                    done = True
+                    break
+                batch.append(nxt)
+            self.settle(batch)
+
+    def settle(self, batch: Sequence[Settlement]) -> None:
+        """Send a batch until it lands. Re-sending is safe: every script is fenced, so a
+        settlement that already applied is refused the second time. Any other error (an
+        ACL change, MISCONF, a bug) is retried with backoff too; after a few tries the
+        batch is split so one bad settlement cannot hold up the others, and one that
+        keeps failing is dropped from this worker: its lease lapses and it is reclaimed."""
+        outage = Outage(f"{self.q.name} settler", log)
+        give_up = threading.Event()
+        errors = 0
+        while True:
+            try:
+                self._send(batch)
+                outage.ok()
+                return
+            except UNAVAILABLE as exc:
+                if self.closing.is_set():
+                    log.error("%s settler: Redis unavailable at exit; %d job(s) will be "
+                              "reclaimed when their lease lapses", self.q.name, len(batch))
+                    return
+                outage.failed(exc, give_up)
+            except Exception as exc:
+                errors += 1
+                log.exception("%s settler: settling %d job(s) failed (%s); retrying",
+                              self.q.name, len(batch), exc)
+                if len(batch) > 1 and errors >= 3:
+                    for one in batch:
+                        self.settle([one])
+                    return
+                if errors >= 8 or self.closing.is_set():
+                    self.ledger.forget(b.owned for b in batch)
+                    log.error("%s settler: giving up on job(s) %s; they are reclaimed when their "
+                              "lease lapses", self.q.name, ", ".join(b.owned.job.id for b in batch))
+                    return
+                outage.failed(exc, give_up)
+
+    def _send(self, batch: Sequence[Settlement]) -> None:
+        now = records.now_ms()
+        acks: list[Ack] = []
+        retries: list[RetryAt] = []
+        burials: list[Burial] = []
+        releases: list[tuple[str, str]] = []
+        ack_s: list[Settlement] = []
+        retry_s: list[Settlement] = []
+        bury_s: list[Settlement] = []
+        release_s: list[Settlement] = []
+        for s in batch:
+            job = s.owned.job
+            o = s.outcome
+            t = job.type
+            if isinstance(o, Done):
+                lat = (s.started_ms or now) - job.ready_ms
+                fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)
+                acks.append(Ack(job.id, job.token, o.result,
+                                _history(job.attempt, "done", s.started_ms, now), fields))
+                ack_s.append(s)
+            elif isinstance(o, RetryLater):
+                retries.append(RetryAt(
+                    job.id, job.token, now + int(o.delay_s * 1000), codec.dumps(o.error),
+                    _history(job.attempt, "retry", s.started_ms, now, o.error),
+                    f"retried|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000),
+                ))
+                retry_s.append(s)
+            elif isinstance(o, Dead):
+                entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
+                burials.append(Burial(
+                    job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "",
+                    entry, o.refund,
+                    f"dead|{t}" if o.refund else
+                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000),
+                ))
+                bury_s.append(s)
+            else:
+                releases.append((job.id, job.token))
+                release_s.append(s)
+        sc = self.rt.scripts
+        pipe = sc.batch()
+        groups: list[list[Settlement]] = []
+        if acks:
+            sc.ack(self.keys, acks, now, self.idem_ttl_ms, pipe=pipe)
+            groups.append(ack_s)
+        if retries:
+            sc.retry(self.keys, retries, now, pipe=pipe)
+            groups.append(retry_s)
+        if burials:
+            sc.bury(self.keys, burials, now, self.dead_ttl_ms, pipe=pipe)
+            groups.append(bury_s)
+        if releases:
+            sc.release(self.keys, releases, now, pipe=pipe)
+            groups.append(release_s)
+        replies = pipe.execute()
+        fault("after_ack")
+        settled = []
+        for group, codes in zip(groups, replies, strict=True):
+            for s, code in zip(group, codes, strict=True):
+                settled.append(s.owned)
+                if int(code) < 0:
+                    log.warning("job %s: lease lost before it settled (%s); another worker "
+                                "owns it now", s.owned.job.id, type(s.outcome).__name__)
+        self.ledger.forget(settled)
+        self.processed += len(batch)
+        # Successes log at DEBUG (a line per job at INFO would cost more than the job);
+        # retries and dead letters always log, and a summary line goes out every minute.
+        verbose = joblog.isEnabledFor(logging.DEBUG)
+        for s in batch:
+            self._tally[type(s.outcome).__name__] += 1
+            if verbose or not isinstance(s.outcome, Done | Release):
+                self._log(s)
+        if time.monotonic() >= self._next_summary:
+            self._summarise()
+
+    def _summarise(self) -> None:
+        t = self._tally
+        if sum(t.values()):
+            log.info("queue %s: %d done, %d retried, %d dead, %d released in the last %.0f s",
+                     self.q.name, t["Done"], t["RetryLater"], t["Dead"], t["Release"], SUMMARY_EVERY_S,
+                     extra={"queue": self.q.name, "done": t["Done"], "retried": t["RetryLater"],
+                            "dead": t["Dead"], "released": t["Release"]})
+        t.clear()
+        self._next_summary = time.monotonic() + SUMMARY_EVERY_S
+
+    def _log(self, s: Settlement) -> None:
+        job = s.owned.job
+        o = s.outcome
+        outcome = {Done: "done", RetryLater: "retry", Dead: "dead", Release: "released"}[type(o)]
+        level = logging.DEBUG if isinstance(o, Done) else logging.INFO if isinstance(o, Release) else logging.WARNING
+        extra = {
+            "job_id": job.id, "type": job.type, "version": job.version_raw, "queue": job.queue,
+            "attempt": job.attempt, "idempotency_key": job.idem_key or None,
+            "resource_key": job.resource_key or None, "duration_ms": round(s.run_s * 1000, 3),
+            "outcome": outcome,
+        }
+        if isinstance(o, Dead):
+            extra["reason"] = o.reason
+        if isinstance(o, RetryLater | Dead) and o.error:
+            extra["error"] = f"{o.error.get('type')}: {o.error.get('message')}"
+        joblog.log(level, "job %s %s", job.id, outcome, extra=extra)
