@@ -116,14 +116,14 @@ class Client:
 
     # --- enqueue -------------------------------------------------------------------
 
-    def prepare(self, req: Request, now_ms: int) -> _Prepared:
+    def prepare(self, req: Request) -> _Prepared:
         """Validate and encode one job; raises before anything touches Redis."""
         return self._prepare(req.type, req.payload, req.version, req.delay_s, req.run_at,
-                             req.idempotency_key, now_ms)
+                             req.idempotency_key)
 
     def _prepare(
         self, type_: str, payload: Any, version_: int | None, delay_s: float | None,
-        run_at: float | None, idempotency_key: str | None, now_ms: int,
+        run_at: float | None, idempotency_key: str | None,
     ) -> _Prepared:
         fn = self.runtime.registry.get(type_)
         version = version_ if version_ is not None else fn.versions.newest
@@ -142,19 +142,21 @@ class Client:
             rkey = fn.resource_key.render(payload) if fn.resource_key is not None else ""
         except templates.TemplateError as exc:
             raise ValidationFailed(fn.name, version, [FieldError("$", str(exc))]) from None
-        run_at_ms = 0
+        # A delay runs on the server's clock (enqueue.lua adds it to TIME); run_at is the
+        # caller's own absolute time.
+        run_at_ms = delay_ms = 0
         if run_at is not None:
             run_at_ms = int(run_at * 1000)
         elif delay_s:
             if delay_s < 0:
                 raise ValidationFailed(fn.name, version, [FieldError("$", "delay must be >= 0")])
-            run_at_ms = now_ms + int(delay_s * 1000)
+            delay_ms = int(delay_s * 1000)
         body = codec.dumps(payload)
         job = NewJob(
             id=records.new_id(), type=fn.name, version=version, payload=body,
-            max_attempts=fn.max_attempts, run_at_ms=run_at_ms, idem_key=ikey,
-            payload_hash=codec.canonical_hash(version, payload) if ikey else "-",
-            resource_key=rkey,
+            max_attempts=fn.max_attempts, run_at_ms=run_at_ms, delay_ms=delay_ms, idem_key=ikey,
+            payload_hash=codec.canonical_hash(fn.name, version, payload) if ikey else "-",
+            resource_key=rkey, limits=f"1 r:{rkey}" if rkey else "",
         )
         return _Prepared(fn=fn, job=job)
 
@@ -166,7 +168,7 @@ class Client:
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
 
         Safe from many threads at once: calls that overlap share one round trip."""
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, records.now_ms())
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key)
         return _one(self._combiner.submit(prep))
 
     async def aenqueue(
@@ -177,7 +179,7 @@ class Client:
         answers, without blocking the event loop. Validation runs in the caller; the
         round trip runs on a thread of the client's own, and calls that overlap, from any
         number of tasks, share one."""
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, records.now_ms())
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key)
         return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(
@@ -197,7 +199,7 @@ class Client:
         def prepared() -> Iterator[tuple[int, _Prepared]]:
             for req in requests:
                 try:
-                    item = (len(results), self.prepare(req, records.now_ms()))
+                    item = (len(results), self.prepare(req))
                 except RunnerError as exc:
                     results.append(exc)
                     continue
@@ -216,13 +218,12 @@ class Client:
         idempotency conflict is that job's answer, not the batch's; Redis going away
         raises RedisUnavailable with the calls then in flight undetermined.
         """
-        now = records.now_ms()
         prepared: list[tuple[int, _Prepared]] = []
         invalid: ValidationFailed | None = None
         errors: list[FieldError] = []
         for i, req in enumerate(requests):
             try:
-                prepared.append((i, self.prepare(req, now)))
+                prepared.append((i, self.prepare(req)))
             except ValidationFailed as exc:
                 invalid = invalid or exc
                 errors += [FieldError(f"$[{i}]{e.path[1:]}", e.message) for e in exc.errors]
@@ -258,10 +259,8 @@ class Client:
         by_queue: dict[str, list[tuple[int, _Prepared]]] = {}
         for item in chunk:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
-        idem_ms = int(rt.config.retention.idempotency_s * 1000)
-        now = records.now_ms()
         for queue, items in by_queue.items():
-            call = rt.scripts.enqueue_call(rt.keys[queue], [p.job for _, p in items], now, idem_ms)
+            call = rt.scripts.enqueue_call(rt.keys[queue], [p.job for _, p in items])
             stream.send(*call, tag=(queue, items))
         while len(stream) > STREAM_WINDOW:
             _settle(stream.read(), results)
@@ -273,17 +272,14 @@ class Client:
         for i, prep in enumerate(preps):
             by_queue.setdefault(prep.fn.queue, []).append(i)
         order = list(by_queue.items())
-        idem_ms = int(rt.config.retention.idempotency_s * 1000)
-        now = records.now_ms()
         try:
             if len(order) == 1:
                 queue, idx = order[0]
-                replies = [rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], now, idem_ms,
-                                              spin=spin)]
+                replies = [rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], spin=spin)]
             else:
                 batch = rt.scripts.batch()
                 for queue, idx in order:
-                    rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], now, idem_ms, pipe=batch)
+                    rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], pipe=batch)
                 replies = batch.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
@@ -401,7 +397,8 @@ class Client:
         except UpgradeFailed as exc:
             raise ValidationFailed(type_, version, [FieldError("$", str(exc))]) from None
         try:
-            code = rt.scripts.requeue(k, job_id, records.now_ms(), codec.dumps(payload), str(version))
+            code = rt.scripts.requeue(k, job_id, codec.dumps(payload), str(version),
+                                      codec.canonical_hash(type_, version, payload))
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if int(code) < 0:

@@ -20,6 +20,7 @@ from runner.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 JITTER_MODES = ("full", "equal", "none")
+ISOLATIONS = ("thread", "process")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,11 @@ class QueueConfig:
     batch: int = 64
     # Jobs a worker may claim ahead of its free executors (default: concurrency).
     prefetch: int = 16
+    # Where handlers run by default: threads of the worker, or warm child processes.
+    isolation: str = "thread"
+    # Child processes are replaced after this many jobs, or once above this RSS.
+    max_jobs_per_child: int = 1000
+    max_rss_mb: float = 1024.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,11 @@ class Retention:
 class WorkerConfig:
     grace_period_s: float = 25.0
     scheduler_interval_s: float = 0.5
+    # How long a job whose type or version no worker here knows waits for one that does
+    # (a rolling deploy) before it goes dead.
+    unknown_grace_s: float = 900.0
+    # Seconds past TIMEOUT before a stuck child is killed or a stuck thread abandoned.
+    timeout_grace_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +165,9 @@ _QUEUE_SPEC: dict[str, tuple[Checker, str]] = {
     "batch": (lambda v: _pos_int(v) and v <= 1000, "an integer from 1 to 1000"),
     "prefetch": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10000,
                  "an integer from 0 to 10000"),
+    "isolation": (lambda v: v in ISOLATIONS, "thread or process"),
+    "max_jobs_per_child": (_pos_int, "a positive integer"),
+    "max_rss_mb": (_pos_num, "a positive number of megabytes"),
 }
 _BACKOFF_SPEC: dict[str, tuple[Checker, str]] = {
     "base": (_nonneg_num, "a number of seconds >= 0"),
@@ -179,6 +193,8 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
     "worker": {
         "grace_period": (_nonneg_num, "a number of seconds >= 0"),
         "scheduler_interval": (_pos_num, "a positive number of seconds"),
+        "unknown_grace": (_nonneg_num, "a number of seconds >= 0"),
+        "timeout_grace": (_pos_num, "a positive number of seconds"),
     },
     "log": {
         "level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "DEBUG/INFO/WARNING/ERROR"),
@@ -210,6 +226,9 @@ def _queue(source: str, name: str, raw: Any) -> QueueConfig:
         max_timeout_s=float(t.get("max_timeout", vt * 10)),
         batch=int(t.get("batch", 64)),
         prefetch=int(t.get("prefetch", t.get("concurrency", 16))),
+        isolation=str(t.get("isolation", "thread")),
+        max_jobs_per_child=int(t.get("max_jobs_per_child", 1000)),
+        max_rss_mb=float(t.get("max_rss_mb", 1024.0)),
     )
 
 
@@ -305,6 +324,8 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
                 else float(w.get("grace_period", 25.0))
             ),
             scheduler_interval_s=float(w.get("scheduler_interval", 0.5)),
+            unknown_grace_s=float(w.get("unknown_grace", 900.0)),
+            timeout_grace_s=float(w.get("timeout_grace", 1.0)),
         ),
         log=LogConfig(level=level, format=fmt),
         functions_dir=root / (env.get("RUNNER_FUNCTIONS_DIR") or f.get("dir", "functions")),

@@ -15,6 +15,11 @@ Handler control flow, raised by user code and caught by the executor:
 
     Retry(delay=...)               try again after ``delay`` seconds
     PermanentFailure("why")        straight to the dead-letter queue
+
+Raised into a handler by the worker (BaseException, so ``except Exception`` in a handler
+cannot swallow it):
+
+    JobTimeout                     the handler ran past its TIMEOUT
 """
 
 from __future__ import annotations
@@ -108,6 +113,11 @@ class Retry(Exception):
 
 class PermanentFailure(Exception):
     """Raise from a handler to send the job straight to the dead-letter queue."""
+
+
+class JobTimeout(BaseException):
+    """The handler ran past its TIMEOUT. A BaseException, like KeyboardInterrupt: a
+    handler's ``except Exception`` must not turn a timed-out attempt into a success."""
 
 
 def describe(exc: BaseException) -> dict[str, Any]:

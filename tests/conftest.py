@@ -118,6 +118,7 @@ max_attempts = {max_attempts}
 batch = {batch}
 prefetch = {prefetch}
 backoff = {{ base = 0.01, cap = 0.05, jitter = "full" }}
+{fast_extra}
 
 [queues.slow]
 visibility_timeout = {slow_vt}
@@ -133,6 +134,7 @@ idempotency = 3600
 [worker]
 grace_period = {grace}
 scheduler_interval = 0.05
+{worker_extra}
 
 [log]
 level = "INFO"
@@ -177,10 +179,13 @@ class Project:
     def write_config(
         self, vt: float = 2, slow_vt: float = 10, grace: float = 5, extra: str = "", *,
         concurrency: int = 8, max_attempts: int = 3, batch: int = 64, prefetch: int = 8,
+        worker: str = "", fast: str = "",
     ) -> None:
+        """runner.toml for the test; ``worker`` and ``fast`` add lines to its [worker] and
+        [queues.fast] tables, ``extra`` appends tables of its own."""
         text = DEFAULT_TOML.format(
             prefix=self.prefix, vt=vt, slow_vt=slow_vt, grace=grace, concurrency=concurrency,
-            max_attempts=max_attempts, batch=batch, prefetch=prefetch,
+            max_attempts=max_attempts, batch=batch, prefetch=prefetch, worker_extra=worker, fast_extra=fast,
         ) + extra
         (self.root / "runner.toml").write_text(text)
         if self._runtime is not None:

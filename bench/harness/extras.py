@@ -69,7 +69,7 @@ def validation(env: Env) -> dict[str, Any]:
     out: dict[str, Any] = {"schemas": rows}
     if "send_email" in reg.functions:
         req = Request("send_email", EXAMPLES[("send_email", 2)][0])
-        out["prepare_send_email_us"] = _ns(lambda: client.prepare(req, 0)) / 1000
+        out["prepare_send_email_us"] = _ns(lambda: client.prepare(req)) / 1000
     r = env.redis.client()
     out["redis_ping_us"] = _ns(r.ping) / 1000
     client.runtime.close()

@@ -156,3 +156,22 @@ def gate(reg: Registry, groups: Mapping[tuple[str, str, str, str], int]) -> list
         if why is not None:
             stranded.append(Stranded(queue=q, state=s, type=t, version=v, count=n, problem=why))
     return stranded
+
+
+def behind(reg: Registry, workers: list[Any]) -> list[Problem]:
+    """Live workers (from the store's roster) that do not know a function or version on
+    disk for a queue they serve: during a rolling deploy they hand such jobs back until a
+    newer worker takes them (up to ``[worker] unknown_grace``), so the new code is not
+    live until they are replaced."""
+    out = []
+    for w in workers:
+        for fn in reg.functions.values():
+            if fn.queue not in w.queues:
+                continue
+            known = w.functions.get(fn.name)
+            if known is None or known < fn.versions.newest:
+                what = f"{fn.name} v{fn.versions.newest}" if known is not None else f"function {fn.name}"
+                out.append(Problem("deploy gate", f"worker {w.id} (serving {fn.queue}) does not know {what} "
+                                   f"(it has {'v' + str(known) if known is not None else 'none'}): it hands "
+                                   "such jobs back until a newer worker takes them; replace it", "warning"))
+    return out

@@ -12,7 +12,6 @@ import ast
 import difflib
 import importlib.util
 import inspect
-import itertools
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -23,11 +22,14 @@ from typing import Any
 
 from runner.catalog import templates
 from runner.catalog.schemas import Versions, load_versions
-from runner.config import JITTER_MODES, Backoff, Config, QueueConfig
+from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
 
-OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF")
-_generation = itertools.count(1)
+OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF", "ISOLATION",
+           "MEMORY_MB")
+# Function modules are executed under one lock: two Runtimes loading the same file at
+# once would otherwise swap each other's sys.modules entry mid-import.
+_import_lock = threading.RLock()
 # ast.parse is not thread-safe on CPython 3.11: two threads building ASTs at once can fail
 # with "SystemError: AST constructor recursion depth mismatch" (the depth counter is
 # per interpreter). Registries are loaded from many threads (a Runtime each), so parse
@@ -49,6 +51,8 @@ class Function:
     handle: Callable[..., Any]
     is_async: bool
     versions: Versions
+    isolation: str = "thread"
+    memory_mb: float | None = None  # process isolation: the handler's memory cap
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -62,6 +66,8 @@ class Function:
             "idempotency_key": self.idempotency_key.source if self.idempotency_key else None,
             "resource_key": self.resource_key.source if self.resource_key else None,
             "async": self.is_async,
+            "isolation": self.isolation,
+            "memory_mb": self.memory_mb,
             "versions": sorted(self.versions.schemas),
             "newest_version": self.versions.newest,
             "has_upgrade": self.versions.upgrade is not None,
@@ -106,22 +112,36 @@ def _assign_lines(source: str) -> dict[str, int]:
 
 
 def _import(path: Path) -> ModuleType:
-    name = f"runner_functions.{path.stem}_{next(_generation)}"
+    # One name per function file, replaced by each load: running jobs keep the module they
+    # started with through their function's globals, and sys.modules keeps one per file.
+    name = f"runner_functions.{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise FunctionLoadError(str(path), "cannot be imported")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    with _import_lock:
+        before = sys.modules.get(name)
+        sys.modules[name] = module
+        try:
+            return _exec(path, name, module)
+        except FunctionLoadError:
+            # The last good version keeps serving: so does its module entry.
+            if before is not None:
+                sys.modules[name] = before
+            else:
+                sys.modules.pop(name, None)
+            raise
+
+
+def _exec(path: Path, name: str, module: ModuleType) -> ModuleType:
     try:
         # Compile from the source bytes, never a cached .pyc: the cache is keyed on a
         # whole-second mtime and the size, so two quick saves could load stale code.
         code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
         exec(code, module.__dict__)
     except SyntaxError as exc:
-        sys.modules.pop(name, None)
         raise FunctionLoadError(str(path), f"syntax error: {exc.msg}", exc.lineno) from None
     except Exception as exc:
-        sys.modules.pop(name, None)
         tb = exc.__traceback__
         line = None
         while tb is not None:
@@ -201,6 +221,16 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
             raise fail(f"BACKOFF needs 0 <= base <= cap and jitter in {JITTER_MODES}", "BACKOFF")
         backoff = Backoff(float(base), float(cap), str(jitter))
 
+    isolation = getattr(module, "ISOLATION", queue.isolation)
+    if isolation not in ISOLATIONS:
+        raise fail(f"ISOLATION must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}", "ISOLATION")
+    memory_mb = getattr(module, "MEMORY_MB", None)
+    if memory_mb is not None:
+        if not _num(memory_mb) or memory_mb < 16:
+            raise fail(f"MEMORY_MB must be a number of megabytes >= 16, got {memory_mb!r}", "MEMORY_MB")
+        if isolation != "process":
+            raise fail('MEMORY_MB caps a child process: it needs ISOLATION = "process"', "MEMORY_MB")
+
     upgrade = getattr(module, "upgrade", None)
     if upgrade is not None and not callable(upgrade):
         raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
@@ -251,8 +281,25 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         handle=handle,
         is_async=inspect.iscoroutinefunction(handle),
         versions=versions,
+        isolation=str(isolation),
+        memory_mb=float(memory_mb) if memory_mb is not None else None,
     )
     return fn, warnings
+
+
+def _fresh_helpers(folder: Path) -> None:
+    """Helper modules next to the functions (``functions/_shared.py``, imported by name
+    as ``import _shared``) are importable, and imported afresh by every load: a module of
+    the folder left in sys.modules from the last load would keep its old code."""
+    root = str(folder.resolve())
+    with _import_lock:
+        if root not in sys.path:
+            sys.path.append(root)
+        for name, mod in list(sys.modules.items()):
+            file = getattr(mod, "__file__", None)
+            if file and not name.startswith("runner_functions.") and \
+                    str(Path(file).resolve()).startswith(root + "/"):
+                del sys.modules[name]
 
 
 def load(config: Config, previous: Registry | None = None) -> Registry:
@@ -263,6 +310,7 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
     folder = config.functions_dir
     if not folder.is_dir():
         return Registry(errors={str(folder): FunctionLoadError(str(folder), "no functions folder")})
+    _fresh_helpers(folder)
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
@@ -276,8 +324,10 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
             if previous is not None and path.stem in previous.functions:
                 functions[path.stem] = previous.functions[path.stem]
             continue
-        except Exception as exc:  # an option check that blew up on user data
+        except Exception as exc:  # a check that blew up on user data (a builtin as handle, ...)
             errors[str(path)] = FunctionLoadError(str(path), f"{type(exc).__name__}: {exc}")
+            if previous is not None and path.stem in previous.functions:
+                functions[path.stem] = previous.functions[path.stem]
             continue
         functions[fn.name] = fn
         warnings.extend(w)

@@ -3,7 +3,7 @@
 Only plain field names (dotted for nested objects, no dunder names) are allowed: no
 attribute access (values are looked up as dict keys only), no indexing, no conversions
 or format specs, so payload data can never reach str.format's attribute lookup. Values
-must be strings, numbers or booleans.
+must be strings, numbers or booleans; numbers render canonically (7.0 as 7).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class Template:
                 value = value[name]
             if isinstance(value, bool):
                 out.append("true" if value else "false")
+            elif isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+                out.append(str(int(value)))  # 7.0 is the JSON number 7: one key, one resource
             elif isinstance(value, str | int | float):
                 out.append(str(value))
             else:

@@ -91,6 +91,7 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
     elif not offline:
         from runner.catalog.registry import Registry
         from runner.runtime import Runtime
+        from runner.store import roster
         from runner.store.census import waiting_versions
         from runner.store.connection import redact
         from runner.store.embedded import session_url
@@ -101,11 +102,13 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
         url = session_url(cfg)
         if url is not None:
             cfg = replace(cfg, redis=replace(cfg.redis, url=url))
-        rt = Runtime.create(cfg, reg=reg)
+        rt = None
         try:
+            rt = Runtime.create(cfg, reg=reg)
             report.problems.extend(checks.Problem("redis", risk, "warning") for risk in redis_risks(rt.redis))
             report.scanned, groups = waiting_versions(rt.redis, rt.keys)
             report.stranded = checks.gate(reg, groups)
+            report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
             report.redis_checked = True
         except UNAVAILABLE as exc:
             report.problems.append(checks.Problem(
@@ -113,7 +116,8 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
                 "(the deploy gate did not run; --offline skips it)"))
             code = EXIT_REDIS
         finally:
-            rt.close()
+            if rt is not None:
+                rt.close()
     if code == EXIT_OK and report.failed(strict):
         code = EXIT_REFUSED
     if as_json:

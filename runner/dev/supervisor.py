@@ -17,9 +17,11 @@ Reload rules (functions/, schemas/, runner.toml):
   its function keeps its last good version and everything else keeps serving.
 - A new file is a new job type at once, for the API too.
 - A deleted file stops accepting jobs (404). Its queued jobs are not run on code that no
-  longer exists: a worker moves each to the dead-letter list with reason "unknown type",
-  attempt not counted. When a function of that name comes back (same session or a later
-  `runner dev`), its parked jobs are requeued by themselves.
+  longer exists: a worker hands each back to wait, attempt not counted, as it does for a
+  type it does not know in a rolling deploy (up to `[worker] unknown_grace`, then dead as
+  "unknown type"). When a function of that name comes back (same session or a later
+  `runner dev`), its waiting jobs are made due at once, and jobs it left dead as "unknown
+  type" are requeued.
 - runner.toml: reloaded and checked; a broken one is logged and the last good one stays.
   Changed queues or worker settings restart the workers gracefully (new workers start
   first, the old ones finish their running jobs). Switching Redis needs a restart.
@@ -341,10 +343,17 @@ class Dev:
         n = 0
         try:
             for queue, k in list(self.rt.keys.items()):
-                for _state, job_id, (type_, reason) in scan(self.rt.redis, k, ("type", "reason"), ("dead",)):
+                for state, job_id, (type_, reason) in scan(self.rt.redis, k, ("type", "reason"),
+                                                            ("scheduled", "dead")):
                     if self.stopping.is_set():
                         return
-                    if reason == "unknown type" and type_ in names:
+                    if type_ not in names:
+                        continue
+                    if state == "scheduled":
+                        # Handed back while its function was away: due now (XX: only if
+                        # it is still waiting there; promote moves it on).
+                        n += int(self.rt.redis.zadd(k.scheduled, {job_id: 0}, xx=True, ch=True))
+                    elif reason == "unknown type":
                         try:
                             client.requeue(queue, job_id)
                             n += 1

@@ -57,7 +57,21 @@ def _check_ints(node: Any, path: str) -> None:
             _check_ints(v, f"{path}[{i}]")
 
 
-def canonical_hash(version: int, payload: Any) -> str:
-    """Stable hash of a payload (sorted keys), to tell a duplicate from a conflict."""
-    body = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
-    return hashlib.blake2b(b"%d:" % version + body, digest_size=16).hexdigest()
+def canonical(value: Any) -> Any:
+    """The value with every integral float as an integer (7.0 -> 7): JSON does not tell
+    them apart, and a schema's "integer" accepts both, so they are one request."""
+    if isinstance(value, float):
+        # Only where the integer is a JSON integer this codec writes (64 bits).
+        return int(value) if value.is_integer() and abs(value) < 2**63 else value
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [canonical(v) for v in value]
+    return value
+
+
+def canonical_hash(type_: str, version: int, payload: Any) -> str:
+    """Stable hash of a request (function, version, payload with sorted keys and canonical
+    numbers), to tell a duplicate from a conflict."""
+    body = orjson.dumps(canonical(payload), option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(b"%s:%d:" % (type_.encode(), version) + body, digest_size=16).hexdigest()

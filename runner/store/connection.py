@@ -34,6 +34,7 @@ from redis.connection import DefaultParser, HiredisRespSerializer
 from redis.exceptions import (
     ClusterDownError,
     OutOfMemoryError,
+    RedisClusterException,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -178,10 +179,15 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     if password:
         kwargs["password"] = password
     kwargs.update(overrides)
-    return RedisCluster(
-        startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,  # type: ignore[no-untyped-call]
-        require_full_coverage=True, **kwargs,
-    )
+    try:
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,  # type: ignore[no-untyped-call]
+            require_full_coverage=True, **kwargs,
+        )
+    except RedisClusterException as exc:
+        # The client reads the cluster's layout at once: no node answering is an outage
+        # like any other, not a bug.
+        raise redis.ConnectionError(str(exc)) from exc
 
 
 def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
@@ -216,11 +222,12 @@ def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
 
 
 def redact(url: str) -> str:
-    """A Redis URL fit for logs: the password replaced by ***."""
+    """A Redis URL fit for logs: the password replaced by ***. Works on the multi-host
+    netlocs of cluster and sentinel URLs too (``user:pw@h1:p1,h2:p2``), which the
+    standard library cannot parse into a port."""
     parts = urlsplit(url)
-    if parts.password is None:
+    auth, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in auth:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    user = auth.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))

@@ -14,9 +14,12 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
     <prefix>:{<queue>}:job:<id>       HASH    the job record (see store.py)
-    <prefix>:{<queue>}:idem:<key>     STRING  "<job id> <payload hash> [done]", expires
-    <prefix>:{<queue>}:lock:<res>     STRING  resource lock: the holder's claim token, expires
-    <prefix>:{<queue>}:lock:<res>:waiters LIST  deferred job ids, woken FIFO on release
+    <prefix>:{<queue>}:idem:<type>:<key>  STRING  "<job id> <payload hash> [done]"; no expiry
+                                              until its job completes (then the retention)
+    <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline
+                                              ms, "=<id>" -> end of a slot reserved for a woken job
+    <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
+    <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
 
 A claim and a success live in the queue's ``claims`` and ``done`` hashes, not in the
 record: a claim then costs one read of the record, and a success no write to it at all
@@ -26,8 +29,9 @@ outcome and the index entry of a job past the done retention together.
 
 A job id never moves between queues, so a job's record lives under its queue's tag.
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
-``job:``/``idem:``/``lock:`` prefixes as KEYS and append the id: the prefix carries the
-tag, so the resulting key is in the same slot.
+``job:``/``idem:``/``lim:``/``tput:`` prefixes as KEYS and append the id, key or
+minute: the prefix carries the tag, so the resulting key is in the same slot. A limit
+key is "r:<resource>" for a RESOURCE_KEY (limit 1); see _lib.lua.
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ class QueueKeys:
     stats: str = field(init=False)
     job_prefix: str = field(init=False)
     idem_prefix: str = field(init=False)
-    lock_prefix: str = field(init=False)
+    lim_prefix: str = field(init=False)
+    limwait: str = field(init=False)
+    tput_prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
         base = f"{self.prefix}:{{{self.queue}}}:"
@@ -61,20 +67,20 @@ class QueueKeys:
                              ("claims", "claims"), ("done", "done"), ("finished", "finished"),
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
-                             ("lock_prefix", "lock:")):
+                             ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:")):
             object.__setattr__(self, name, base + suffix)
 
     def throughput(self, minute: int) -> str:
-        return f"{self.base}tput:{minute}"
+        return f"{self.tput_prefix}{minute}"
 
     def job(self, job_id: str) -> str:
         return self.job_prefix + job_id
 
-    def idem(self, key: str) -> str:
-        return self.idem_prefix + key
+    def idem(self, type_: str, key: str) -> str:
+        return f"{self.idem_prefix}{type_}:{key}"
 
-    def lock(self, resource: str) -> str:
-        return self.lock_prefix + resource
+    def limit(self, key: str) -> str:
+        return self.lim_prefix + key
 
     def pattern(self) -> str:
         """A SCAN pattern for every key of this queue (tests and `runner check`)."""

@@ -18,7 +18,8 @@ its entry in the queue's claims hash holds the token, the attempt and the start,
 done job's outcome in the done hash holds its finish, attempt, start, last history entry
 and result. ``merge`` lays both over the record, so a reader sees the fields above.
 
-Statuses: queued, scheduled, processing, retrying, done, dead.
+Statuses: queued, scheduled, processing, retrying, deferred (parked on a full limit), done,
+dead.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from runner.store import codec
 
-STATUSES = ("queued", "scheduled", "processing", "retrying", "done", "dead")
+STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead")
 
 
 def merge(record: Mapping[str, str], claim: str | None, outcome: str | None) -> dict[str, str]:

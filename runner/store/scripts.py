@@ -27,7 +27,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from runner.store.keys import QueueKeys
 
 NAMES = (
-    "enqueue", "claim", "renew", "ack", "retry", "bury", "release",
+    "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim",
 )
 
@@ -87,10 +87,13 @@ class NewJob(NamedTuple):
     version: int
     payload: str
     max_attempts: int
-    run_at_ms: int
+    run_at_ms: int  # absolute, the caller's clock (0: none)
+    delay_ms: int  # relative to the server's clock (0: none)
     idem_key: str
     payload_hash: str
     resource_key: str
+    limits: str  # "<n> <key>" lines (see _lib.lua), '' none
+    meta: str = ""  # a small JSON object of annotations, '' none
 
 
 # The settlements below are NamedTuples too: one per job on the worker's path (see NewJob).
@@ -105,10 +108,11 @@ class Ack(NamedTuple):
 class RetryAt(NamedTuple):
     id: str
     token: str
-    due_ms: int
+    delay_ms: int
     error: str
     history: str
     stats: str
+    refund: bool = False  # handed back without spending an attempt
 
 
 class Burial(NamedTuple):
@@ -119,6 +123,21 @@ class Burial(NamedTuple):
     history: str
     refund: bool
     stats: str
+
+
+class Hand(NamedTuple):
+    """A release: ``now`` back to ready, or ``later`` once the lease lapses (the handler
+    may still be running); see release.lua."""
+
+    id: str
+    token: str
+    mode: str = "now"
+    history: str = ""
+
+
+def _clock(now_ms: int | None) -> int | str:
+    """The scripts' clock argument: '' (the server's TIME) unless a test passes its own."""
+    return "" if now_ms is None else now_ms
 
 
 class Batch:
@@ -359,106 +378,119 @@ class Scripts:
         return self.call(name, keys, args, spin=spin)
 
     def enqueue(
-        self, k: QueueKeys, jobs: Sequence[NewJob], now_ms: int, idem_ttl_ms: int, pipe: Batch | None = None,
-        spin: bool = False,
+        self, k: QueueKeys, jobs: Sequence[NewJob], pipe: Batch | None = None, spin: bool = False,
+        now_ms: int | None = None,
     ) -> Any:
-        return self._run(*self.enqueue_call(k, jobs, now_ms, idem_ttl_ms), pipe, spin)
+        return self._run(*self.enqueue_call(k, jobs, now_ms), pipe, spin)
 
     @staticmethod
     def enqueue_call(
-        k: QueueKeys, jobs: Sequence[NewJob], now_ms: int, idem_ttl_ms: int
+        k: QueueKeys, jobs: Sequence[NewJob], now_ms: int | None = None
     ) -> tuple[str, tuple[str, ...], list[Any]]:
         """The enqueue script's name, keys and arguments (for a Stream)."""
-        args: list[Any] = [now_ms, idem_ttl_ms, len(jobs)]
+        args: list[Any] = [_clock(now_ms), len(jobs)]
         for j in jobs:
-            args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms,
-                     j.idem_key, j.payload_hash, j.resource_key]
+            args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms, j.delay_ms,
+                     j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta]
         keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.done)
         return "enqueue", keys, args
 
     def claim(
-        self, k: QueueKeys, *, now_ms: int, n: int, lease_ms: int, token_base: str,
-        defer_base_ms: int, defer_cap_ms: int, rnd: float, dead_ttl_ms: int, done_ttl_ms: int,
-        pipe: Batch | None = None,
+        self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
+        done_ttl_ms: int, pipe: Batch | None = None, now_ms: int | None = None,
     ) -> Any:
-        keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lock_prefix,
-                k.idem_prefix, k.claims, k.done)
-        args = (now_ms, n, lease_ms, token_base, defer_base_ms, defer_cap_ms, rnd, dead_ttl_ms,
-                done_ttl_ms)
+        """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
+        (see claim.lua)."""
+        keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
+                k.idem_prefix, k.claims, k.done, k.limwait, k.notify)
+        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms)
         return self._run("claim", keys, args, pipe)
 
-    def renew(
-        self, k: QueueKeys, owned: Sequence[tuple[str, str]], now_ms: int, lease_ms: int,
-        pipe: Batch | None = None,
+    def start(
+        self, k: QueueKeys, owned: Sequence[tuple[str, str]], pipe: Batch | None = None,
+        now_ms: int | None = None,
     ) -> Any:
-        args: list[Any] = [now_ms, lease_ms, len(owned)]
+        args: list[Any] = [_clock(now_ms), len(owned)]
         for job_id, token in owned:
             args += [job_id, token]
-        return self._run("renew", (k.leases, k.job_prefix, k.lock_prefix, k.claims), args, pipe)
+        return self._run("start", (k.claims,), args, pipe)
+
+    def renew(
+        self, k: QueueKeys, owned: Sequence[tuple[str, str]], lease_ms: int, pipe: Batch | None = None,
+        now_ms: int | None = None,
+    ) -> Any:
+        args: list[Any] = [_clock(now_ms), lease_ms, len(owned)]
+        for job_id, token in owned:
+            args += [job_id, token]
+        return self._run("renew", (k.leases, k.job_prefix, k.lim_prefix, k.claims), args, pipe)
 
     def ack(
-        self, k: QueueKeys, acks: Sequence[Ack], now_ms: int, idem_ttl_ms: int,
-        pipe: Batch | None = None,
+        self, k: QueueKeys, acks: Sequence[Ack], idem_ttl_ms: int, pipe: Batch | None = None,
+        now_ms: int | None = None,
     ) -> Any:
-        args: list[Any] = [now_ms, idem_ttl_ms, len(acks)]
+        args: list[Any] = [_clock(now_ms), idem_ttl_ms, len(acks)]
         for a in acks:
             args += [a.id, a.token, a.result, a.history, a.stats]
-        keys = (k.leases, k.stats, k.job_prefix, k.lock_prefix, k.idem_prefix,
-                k.throughput(now_ms // 60_000), k.scheduled, k.ready, k.notify, k.claims, k.done,
-                k.finished)
+        keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
+                k.ready, k.notify, k.claims, k.done, k.finished, k.limwait)
         return self._run("ack", keys, args, pipe)
 
-    def retry(self, k: QueueKeys, items: Sequence[RetryAt], now_ms: int, pipe: Batch | None = None) -> Any:
-        args: list[Any] = [now_ms, len(items)]
+    def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
+              now_ms: int | None = None) -> Any:
+        args: list[Any] = [_clock(now_ms), len(items)]
         for r in items:
-            args += [r.id, r.token, r.due_ms, r.error, r.history, r.stats]
-        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lock_prefix, k.ready, k.notify,
-                k.claims)
+            args += [r.id, r.token, r.delay_ms, r.error, r.history, 1 if r.refund else 0, r.stats]
+        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lim_prefix, k.ready, k.notify,
+                k.claims, k.limwait)
         return self._run("retry", keys, args, pipe)
 
     def bury(
-        self, k: QueueKeys, items: Sequence[Burial], now_ms: int, dead_ttl_ms: int,
-        pipe: Batch | None = None,
+        self, k: QueueKeys, items: Sequence[Burial], dead_ttl_ms: int, pipe: Batch | None = None,
+        now_ms: int | None = None,
     ) -> Any:
-        args: list[Any] = [now_ms, dead_ttl_ms, len(items)]
+        args: list[Any] = [_clock(now_ms), dead_ttl_ms, len(items)]
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
-        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lock_prefix, k.scheduled, k.ready, k.notify,
-                k.claims)
+        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
+                k.claims, k.limwait)
         return self._run("bury", keys, args, pipe)
 
     def release(
-        self, k: QueueKeys, owned: Sequence[tuple[str, str]], now_ms: int, pipe: Batch | None = None
+        self, k: QueueKeys, items: Sequence[Hand | tuple[str, str]], pipe: Batch | None = None,
+        now_ms: int | None = None,
     ) -> Any:
-        args: list[Any] = [now_ms, len(owned)]
-        for job_id, token in owned:
-            args += [job_id, token]
-        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lock_prefix, k.scheduled, k.claims)
+        args: list[Any] = [_clock(now_ms), len(items)]
+        for item in items:
+            h = item if isinstance(item, Hand) else Hand(*item)
+            args += [h.id, h.token, h.mode, h.history]
+        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.claims, k.limwait)
         return self._run("release", keys, args, pipe)
 
-    def reclaim(self, k: QueueKeys, now_ms: int, limit: int, dead_ttl_ms: int) -> Any:
-        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lock_prefix, k.scheduled,
-                k.claims, k.done)
-        return self._run("reclaim", keys, (now_ms, limit, dead_ttl_ms))
+    def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
+        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
+                k.claims, k.done, k.limwait, k.idem_prefix)
+        return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
 
-    def promote(self, k: QueueKeys, now_ms: int, limit: int) -> Any:
-        keys = (k.scheduled, k.ready, k.notify, k.job_prefix)
-        return self._run("promote", keys, (now_ms, limit))
+    def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
+        """Returns [jobs moved, ms until the next due job or sweep (-1: none)]."""
+        keys = (k.scheduled, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.limwait)
+        return self._run("promote", keys, (_clock(now_ms), limit))
 
     def requeue(
-        self, k: QueueKeys, job_id: str, now_ms: int, payload: str = "", version: str = ""
+        self, k: QueueKeys, job_id: str, payload: str = "", version: str = "", payload_hash: str = "",
+        history: str = "", now_ms: int | None = None,
     ) -> Any:
-        keys = (k.dead, k.ready, k.notify, k.job(job_id))
-        return self._run("requeue", keys, (now_ms, job_id, payload, version))
+        keys = (k.dead, k.ready, k.notify, k.job(job_id), k.idem_prefix)
+        return self._run("requeue", keys, (_clock(now_ms), job_id, payload, version, payload_hash, history))
 
     def remove(self, k: QueueKeys, job_id: str) -> Any:
-        return self._run("remove", (k.dead, k.job(job_id)), (job_id,))
+        return self._run("remove", (k.dead, k.job(job_id), k.idem_prefix), (job_id,))
 
     def checkpoint(self, k: QueueKeys, job_id: str, token: str, data: str) -> Any:
         return self._run("checkpoint", (k.job(job_id), k.claims), (token, data, job_id))
 
-    def trim(self, k: QueueKeys, dead_cutoff_ms: int, done_cutoff_ms: int, limit: int) -> Any:
+    def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, now_ms: int | None = None) -> Any:
         """Returns [dead entries removed, done jobs deleted]; at most ``limit`` (<= 4000)
-        done jobs go per call."""
+        of each go per call."""
         keys = (k.dead, k.finished, k.done, k.job_prefix)
-        return self._run("trim", keys, (dead_cutoff_ms, done_cutoff_ms, min(limit, 4000)))
+        return self._run("trim", keys, (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000)))

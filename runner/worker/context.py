@@ -1,5 +1,6 @@
 """The ``ctx`` a handler receives: who the job is, its deadline, a bound logger, lease
-extension and a checkpoint that survives a crash."""
+extension, a checkpoint that survives a crash, and what the worker has learnt while the
+handler runs (a lost resource lock)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from typing import Any
 
 from runner.errors import StaleLease
 from runner.store import codec
+
+
+@dataclass(slots=True)
+class Flags:
+    """What the worker tells a running handler, set from other threads (or, for a child
+    process, from messages its parent sends)."""
+
+    lock_lost: bool = False
 
 
 @dataclass(slots=True)
@@ -29,6 +38,7 @@ class Context:
     _checkpoint: Any = None
     _save: Callable[[str], bool] | None = field(default=None, repr=False)
     _extend: Callable[[], bool] | None = field(default=None, repr=False)
+    _flags: Flags = field(default_factory=Flags, repr=False)
 
     @property
     def checkpoint(self) -> Any:
@@ -52,6 +62,13 @@ class Context:
         """
         if self._extend is not None and not self._extend():
             raise StaleLease(f"job {self.job_id}: lease lost")
+
+    @property
+    def lock_lost(self) -> bool:
+        """True once the job's resource (or concurrency) slot went to another job: its lease
+        lapsed while this handler ran (a stall longer than the visibility timeout). The
+        exclusion RESOURCE_KEY promised no longer holds; stop, or fence writes with ``token``."""
+        return self._flags.lock_lost
 
     @property
     def remaining_s(self) -> float:

@@ -1,22 +1,24 @@
 """One claimed job -> one Outcome: decode, check the type and version, validate and
-upgrade the payload, run the handler under its timeout, and classify what happened.
+upgrade the payload, run the handler, and classify what happened.
 
-Nothing here talks to Redis; the worker settles the Outcome in batches.
+Nothing here talks to Redis or enforces a timeout: the executor that calls ``run`` does
+(a thread's timer, or the parent of a child process); the worker settles the Outcome in
+batches. The same code runs in a worker's thread and in an isolated child process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runner.catalog.registry import Function, Registry
 from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
+    JobTimeout,
     PermanentFailure,
     Retry,
     UnknownVersion,
@@ -26,12 +28,6 @@ from runner.errors import (
 from runner.store import codec
 from runner.worker import backoff
 from runner.worker.context import Context
-
-log = logging.getLogger("runner.job")
-
-
-class JobTimeout(Exception):
-    """The handler ran past its TIMEOUT."""
 
 
 @dataclass(slots=True)
@@ -49,7 +45,13 @@ class Claimed:
     created_ms: int
     checkpoint_raw: str
     queue: str
-    claimed_ms: int
+    claimed_ms: int  # the server's clock at the claim
+    started: bool = True  # its attempt was spent at the claim (not prefetched)
+    received: float = field(default_factory=time.monotonic)  # this host's monotonic clock then
+
+    def as_message(self) -> dict[str, Any]:
+        """The job as a child process receives it."""
+        return {f: getattr(self, f) for f in self.__slots__ if f != "received"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ class Done:
 class RetryLater:
     delay_s: float
     error: dict[str, Any]
+    refund: bool = False  # handed back without spending the attempt (a deferral)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +75,51 @@ class Dead:
 
 Outcome = Done | RetryLater | Dead
 
+# A job whose type or version this worker does not know goes back for a newer worker
+# (a rolling deploy) after these many seconds, doubling up to the cap.
+DEFER_BASE_S, DEFER_CAP_S = 1.0, 30.0
+
+
+def to_message(o: Outcome) -> dict[str, Any]:
+    if isinstance(o, Done):
+        return {"kind": "done", "result": o.result}
+    if isinstance(o, RetryLater):
+        return {"kind": "retry", "delay_s": o.delay_s, "error": o.error, "refund": o.refund}
+    return {"kind": "dead", "reason": o.reason, "error": o.error, "refund": o.refund}
+
+
+def from_message(m: dict[str, Any]) -> Outcome:
+    kind = m.get("kind")
+    if kind == "done":
+        return Done(result=str(m.get("result") or ""))
+    if kind == "retry":
+        return RetryLater(delay_s=float(m["delay_s"]), error=m["error"], refund=bool(m.get("refund")))
+    return Dead(reason=str(m["reason"]), error=m.get("error"), refund=bool(m.get("refund")))
+
 
 def _dead_input(reason: str, message: str, **extra: Any) -> Dead:
     return Dead(reason=reason, error={"type": "InvalidJob", "message": message, **extra}, refund=True)
 
 
-def resolve(job: Claimed, registry: Registry) -> tuple[Function, dict[str, Any], int] | Dead:
-    """Turn a claimed record into (function, payload at the newest version, version) or a
-    Dead outcome that never reaches a handler and spends no attempt."""
+def _unknown(job: Claimed, reason: str, message: str, grace_s: float, now_ms: int) -> Outcome:
+    """A worker that does not know a job's type or version (yet) hands it back for a newer
+    one, spending no attempt, until ``grace_s`` after the enqueue; then it goes dead."""
+    age_s = (now_ms - job.created_ms) / 1000
+    if age_s >= grace_s:
+        return _dead_input(reason, f"{message} (waited {age_s:.0f} s for a worker that knows it)")
+    delay = min(DEFER_CAP_S, DEFER_BASE_S * 2 ** min(max(job.attempt - 1, 0), 5), max(0.05, grace_s - age_s))
+    err = {"type": "InvalidJob", "message": f"{message}; handed back for a newer worker", "traceback": ""}
+    return RetryLater(delay_s=delay, error=err, refund=True)
+
+
+def resolve(job: Claimed, registry: Registry, unknown_grace_s: float = 0.0,
+            now_ms: int = 0) -> tuple[Function, dict[str, Any], int] | Outcome:
+    """Turn a claimed record into (function, payload at the newest version, version), or an
+    outcome that never reaches a handler and spends no attempt: dead for a record that
+    cannot run, handed back for a type or version this worker does not know yet."""
     fn = registry.functions.get(job.type)
     if fn is None:
-        return _dead_input("unknown type", f"no function {job.type!r} is loaded")
+        return _unknown(job, "unknown type", f"no function {job.type!r} is loaded", unknown_grace_s, now_ms)
     try:
         version = int(job.version_raw)
     except ValueError:
@@ -94,6 +131,8 @@ def resolve(job: Claimed, registry: Registry) -> tuple[Function, dict[str, Any],
     try:
         lifted = fn.versions.lift(payload, version)
     except UnknownVersion as exc:
+        if version > fn.versions.newest:
+            return _unknown(job, "unknown version", str(exc), unknown_grace_s, now_ms)
         return _dead_input("unknown version", str(exc))
     except ValidationFailed as exc:
         return _dead_input(
@@ -105,9 +144,11 @@ def resolve(job: Claimed, registry: Registry) -> tuple[Function, dict[str, Any],
     return fn, lifted, fn.versions.newest
 
 
-def failure(fn: Function, job: Claimed, exc: BaseException) -> Outcome:
-    """Classify a handler's exception."""
-    err = describe(exc)
+def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] | None = None) -> Outcome:
+    """Classify a handler's exception (or an executor's verdict on it)."""
+    err = err or describe(exc)
+    if isinstance(exc, JobTimeout) and not str(exc):
+        err["message"] = f"ran past TIMEOUT {fn.timeout_s:g} s"
     if isinstance(exc, PermanentFailure):
         return Dead(reason="permanent failure", error=err, refund=False)
     if job.attempt >= job.max_attempts:
@@ -120,18 +161,14 @@ def failure(fn: Function, job: Claimed, exc: BaseException) -> Outcome:
 _rnd = random.Random()
 
 
-def call(
-    fn: Function, payload: dict[str, Any], ctx: Context, loop: asyncio.AbstractEventLoop | None
-) -> Any:
-    """Run the handler; async handlers run on the worker's event loop under wait_for."""
+def call(fn: Function, payload: dict[str, Any], ctx: Context, loop: asyncio.AbstractEventLoop | None) -> Any:
+    """Run the handler; an async one runs on ``loop`` (the executor's own) under its TIMEOUT."""
     if fn.is_async:
-        if loop is None:
-            return asyncio.run(asyncio.wait_for(fn.handle(payload, ctx), ctx.remaining_s))
-        fut = asyncio.run_coroutine_threadsafe(
-            asyncio.wait_for(fn.handle(payload, ctx), ctx.remaining_s), loop
-        )
+        coro = asyncio.wait_for(fn.handle(payload, ctx), max(0.001, ctx.remaining_s))
         try:
-            return fut.result()
+            if loop is None:
+                return asyncio.run(coro)
+            return loop.run_until_complete(coro)
         except TimeoutError:
             raise JobTimeout(f"ran past TIMEOUT {fn.timeout_s:g} s") from None
     return fn.handle(payload, ctx)
@@ -145,9 +182,7 @@ def run(
     started = time.perf_counter()
     try:
         result = guard(lambda: call(fn, payload, ctx, loop))
-    except JobTimeout as exc:
-        return failure(fn, job, exc), time.perf_counter() - started
-    except Exception as exc:
+    except (Exception, JobTimeout) as exc:
         return failure(fn, job, exc), time.perf_counter() - started
     elapsed = time.perf_counter() - started
     try:

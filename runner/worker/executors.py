@@ -1,9 +1,19 @@
-"""The executors: ``concurrency`` threads that take claimed runs off the inbox, run the
-handler under its timeout (execute.py) and hand the outcome to the settler."""
+"""The executors: ``concurrency`` slots, each a thread that takes claimed runs off the
+inbox and hands the outcome to the settler. A function's ISOLATION says where its handler
+runs: in the slot's thread (with an event loop of the slot's own for async handlers, so
+one that blocks its loop stalls only its own slot), or in the slot's warm child process
+(isolation.py), which the thread only feeds and watches.
+
+Thread isolation cannot stop a handler stuck in a C call: the renewer raises JobTimeout
+in it at TIMEOUT, and TIMEOUT plus the grace later gives the run up (``abandon``): its
+attempt fails as a timeout, its lease is let go, and a new thread takes its slot. The
+stuck thread's eventual result is dropped.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import queue as stdqueue
 import threading
@@ -11,14 +21,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runner.catalog.registry import Function
 from runner.config import QueueConfig
-from runner.errors import describe
+from runner.errors import JobTimeout, describe
 from runner.runtime import Runtime
-from runner.store import codec, records
+from runner.store import codec
 from runner.worker.context import Context
-from runner.worker.execute import Claimed, Dead, JobTimeout, Outcome, RetryLater, resolve, run
+from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, failure, resolve
+from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
-from runner.worker.ledger import Ledger, Owned, Release, Settlement
+from runner.worker.isolation import Slot
+from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
 
 log = logging.getLogger("runner.worker")
 joblog = logging.getLogger("runner.job")
@@ -26,63 +39,150 @@ joblog = logging.getLogger("runner.job")
 
 class Executors:
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
-                 inbox: stdqueue.SimpleQueue[Owned | None], outbox: stdqueue.SimpleQueue[Settlement | None],
-                 loop: asyncio.AbstractEventLoop | None, renew_one: Callable[[Claimed], bool]) -> None:
+                 inbox: stdqueue.SimpleQueue[Run | None], outbox: stdqueue.SimpleQueue[Settlement | None],
+                 renew_one: Callable[[Claimed], bool]) -> None:
         self.rt = runtime
         self.q = queue
         self.keys = runtime.keys[queue.name]
         self.ledger = ledger
         self.inbox = inbox
         self.outbox = outbox
-        self.loop = loop
         self.renew_one = renew_one
+        self.grace_s = runtime.config.worker.timeout_grace_s
         self.releasing = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, name=f"{queue.name}-exec-{i}", daemon=True)
-                         for i in range(queue.concurrency)]
+        self.abandoned = 0
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._slots = [Slot(queue, runtime.config.source, self.grace_s) for _ in range(queue.concurrency)]
+        self._free_slots: list[int] = list(range(queue.concurrency))
 
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        for i in range(self.q.concurrency):
+            self._spawn(i)
+        if any(f.isolation == "process" for f in self.rt.registry.for_queue(self.q.name)):
+            # Warm children in the background: the first process job should not wait for
+            # an interpreter to start and import the functions.
+            threading.Thread(target=self._warm, name=f"{self.q.name}-warm", daemon=True).start()
 
-    def stop(self, grace_s: float) -> list[Owned]:
-        """Release what has not started, let running handlers finish within ``grace_s``;
-        returns the runs still running after it."""
+    def _warm(self) -> None:
+        gen = id(self.rt.registry)
+        for slot in self._slots:
+            if self.releasing.is_set():
+                return
+            try:
+                slot.warm(gen)
+            except OSError as exc:
+                log.warning("%s: could not start a child process: %s", self.q.name, exc)
+
+    def _spawn(self, index: int) -> None:
+        t = threading.Thread(target=self._loop, args=(index,), name=f"{self.q.name}-exec-{index}", daemon=True)
+        with self._lock:
+            self._threads.append(t)
+        t.start()
+
+    def stop(self, grace_s: float) -> None:
+        """Hand back what has not started, let running handlers finish within ``grace_s``,
+        then stop the rest: a child is killed and its job handed back at once; a thread
+        cannot be stopped, so its job is handed back once its lease lapses (this process
+        will be gone by then), never while the handler may still run."""
         self.releasing.set()
-        for _ in self._threads:
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
             self.inbox.put(None)
         deadline = time.monotonic() + grace_s
-        for t in self._threads:
+        for t in threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
-        return self.ledger.running()
-
-    def _loop(self) -> None:
+        still = self.ledger.running()
+        if still:
+            log.warning("%s: %d job(s) still running after the grace period of %g s; stopping them",
+                        self.q.name, len(still), grace_s)
+        for r in still:
+            if r.child_pid is not None:
+                self._slot_of(r).kill()
+                self.outbox.put(Settlement(r, Release("now", "interrupted")))
+            else:
+                self.outbox.put(Settlement(r, Release("later", "interrupted")))
+        # Claims that reached the inbox after the stop sentinels.
         while True:
             try:
-                owned = self.inbox.get()
-                if owned is None:
+                left = self.inbox.get_nowait()
+            except stdqueue.Empty:
+                break
+            if left is not None:
+                self.ledger.picked()
+                self.ledger.returned()
+                self.outbox.put(Settlement(left, Release()))
+        for slot in self._slots:
+            slot.close()
+
+    def _slot_of(self, run: Run) -> Slot:
+        for slot in self._slots:
+            if slot.child is not None and slot.child.pid == run.child_pid:
+                return slot
+        return Slot(self.q, self.rt.config.source, self.grace_s)  # already gone: a no-op kill
+
+    def abandon(self, run: Run) -> None:
+        """Give up a thread run stuck TIMEOUT plus the grace past its deadline (see the
+        module docstring). Called by the renewer."""
+        with self.ledger.lock:
+            if run.abandoned:
+                return
+            run.abandoned = True
+            index = run.slot
+        fn = self.rt.registry.functions.get(run.job.type)
+        exc = JobTimeout(f"abandoned: still running {self.grace_s:g} s past its TIMEOUT in a C call "
+                         'that cannot be interrupted; ISOLATION = "process" kills such a handler')
+        outcome = failure(fn, run.job, exc) if fn is not None else Dead("max attempts reached", describe(exc), False)
+        self.abandoned += 1
+        log.warning("job %s: abandoned %g s past its TIMEOUT (stuck in a C call); its slot goes to a new "
+                    "thread", run.job.id, self.grace_s, extra={"job_id": run.job.id, "type": run.job.type})
+        self.outbox.put(Settlement(run, outcome, extra={"abandoned": True}))
+        self.ledger.returned()
+        if index is not None and not self.releasing.is_set():
+            self._spawn(index)
+
+    def _loop(self, index: int) -> None:
+        loop: asyncio.AbstractEventLoop | None = None
+        try:
+            while True:
+                run = self.inbox.get()
+                if run is None:
                     return
                 self.ledger.picked()
                 if self.releasing.is_set():
-                    self.outbox.put(Settlement(owned, Release()))
+                    self.outbox.put(Settlement(run, Release()))
+                    self.ledger.returned()
                     continue
+                run.slot = index
+                if not run.job.started:
+                    self.outbox.put(Settlement(run, Start()))
                 try:
-                    settlement = self._execute(owned)
+                    if loop is None:
+                        loop = asyncio.new_event_loop()
+                    settlement = self._execute(run, index, loop)
                 except BaseException as exc:  # a late timeout, or a bug: never strand a claim
-                    settlement = Settlement(owned, _unexpected(owned.job, exc))
+                    settlement = Settlement(run, _unexpected(run.job, exc))
+                if run.abandoned:
+                    return  # settled by abandon(); a new thread has this slot
                 self.outbox.put(settlement)
-            except JobTimeout:
-                continue  # a timeout that landed between two jobs
-            finally:
                 self.ledger.returned()
+        finally:
+            if loop is not None:
+                loop.close()
 
-    def _execute(self, owned: Owned) -> Settlement:
-        job = owned.job
+    def _execute(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
+        job = run.job
         registry = self.rt.registry  # one snapshot per job: a reload never changes it mid-run
-        resolved = resolve(job, registry)
-        if isinstance(resolved, Dead):
-            return Settlement(owned, resolved)
+        grace = self.rt.config.worker.unknown_grace_s
+        fn = registry.functions.get(job.type)
+        if fn is not None and fn.isolation == "process":
+            return self._in_child(run, fn, index, id(registry), grace)
+        resolved = resolve(job, registry, grace, self._server_now(job))
+        if isinstance(resolved, Done | RetryLater | Dead):
+            return Settlement(run, resolved)
         fn, payload, version = resolved
-        started_ms = records.now_ms()
+        started_ms = self._server_now(job)
         ctx = Context(
             job_id=job.id, type=job.type, version=version, queue=job.queue,
             attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
@@ -93,23 +193,59 @@ class Executors:
             _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
             _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
             _extend=lambda: self.renew_one(job),
+            _flags=run.flags,
         )
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:
-                owned.thread_id = threading.get_ident()
-                owned.deadline = time.monotonic() + fn.timeout_s
+                run.thread_id = threading.get_ident()
+                run.deadline = time.monotonic() + fn.timeout_s
             try:
                 fault("mid_handler")
                 return body()
             finally:
                 with self.ledger.lock:
-                    owned.thread_id = None
-                    owned.deadline = None
+                    run.thread_id = None
+                    run.deadline = None
+                    # A timeout raised just as the handler returned must not land in this
+                    # loop instead: the renewer only raises one while thread_id is set.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
-        outcome, run_s = run(fn, payload, job, ctx, self.loop, guard)
+        outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard)
         fault("after_handler")
-        return Settlement(owned, outcome, run_s=run_s, started_ms=started_ms)
+        return Settlement(run, outcome, run_s=run_s, started_ms=started_ms)
+
+    def _in_child(self, run: Run, fn: Function, index: int, generation: int, grace: float) -> Settlement:
+        job = run.job
+        started_ms = self._server_now(job)
+
+        def on_started(pid: int) -> None:
+            with self.ledger.lock:
+                run.child_pid = pid
+            fault("mid_handler")
+
+        def on_rpc(msg: dict[str, Any]) -> bool:
+            if msg.get("call") == "checkpoint":
+                return int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, str(msg.get("data")))) > 0
+            if msg.get("call") == "extend":
+                return self.renew_one(job)
+            return False
+
+        extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job)}
+        try:
+            outcome, run_s = self._slots[index].run(job, fn, generation, extra, on_started, on_rpc,
+                                                     lambda: {"lock_lost": run.flags.lock_lost})
+        finally:
+            with self.ledger.lock:
+                run.child_pid = None
+        fault("after_handler")
+        return Settlement(run, outcome, run_s=run_s, started_ms=started_ms)
+
+    @staticmethod
+    def _server_now(job: Claimed) -> int:
+        """The server's clock now, from the claim's server time and the time since (this
+        host's clock may be off; its monotonic clock measures the interval well)."""
+        return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
 
 
 def _unexpected(job: Claimed, exc: BaseException) -> Outcome:
@@ -118,3 +254,4 @@ def _unexpected(job: Claimed, exc: BaseException) -> Outcome:
     if job.attempt >= job.max_attempts:
         return Dead(reason="max attempts reached", error=err, refund=False)
     return RetryLater(delay_s=1.0, error=err)
+

@@ -1,25 +1,27 @@
 """The fetcher: claims batches of ready jobs while the queue's runner has room, and
-blocks on the queue's notify list when there is nothing to claim (no polling)."""
+blocks on the queue's notify list when there is nothing to claim (no polling).
+
+A claim tells Redis how many of its jobs go to executors that are free now: those spend
+their attempt at once, the rest are prefetched and spend it when they start. A claim
+that lands after the stop began (Redis was slow) is handed straight back."""
 
 from __future__ import annotations
 
 import logging
 import queue as stdqueue
-import random
 import threading
 
 from runner.config import QueueConfig
 from runner.runtime import Runtime
-from runner.store import records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
 from runner.worker.execute import Claimed
 from runner.worker.faults import fault
-from runner.worker.ledger import Ledger, Owned
+from runner.worker.ledger import Ledger, Release, Run, Settlement
 
 log = logging.getLogger("runner.worker")
 
-CLAIM_FIELDS = 12
+CLAIM_FIELDS = 13
 
 
 def _int_or(value: object, default: int) -> int:
@@ -33,12 +35,14 @@ def _int_or(value: object, default: int) -> int:
 
 class Fetcher:
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
-                 inbox: stdqueue.SimpleQueue[Owned | None], worker_id: str) -> None:
+                 inbox: stdqueue.SimpleQueue[Run | None], outbox: stdqueue.SimpleQueue[Settlement | None],
+                 worker_id: str) -> None:
         self.rt = runtime
         self.q = queue
         self.keys = runtime.keys[queue.name]
         self.ledger = ledger
         self.inbox = inbox
+        self.outbox = outbox
         self.worker_id = worker_id
         ret = runtime.config.retention
         self.done_ttl_ms = int(ret.done_s * 1000)
@@ -52,23 +56,31 @@ class Fetcher:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop claiming; returns once no claim is in flight (or after 5 s)."""
+        """Stop claiming (a claim in flight may still land: see join)."""
         self.stopping.set()
         self.ledger.wake()
-        self._thread.join(timeout=5)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for a claim in flight to land (it hands its jobs back); True when none is."""
+        self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
 
     def _loop(self) -> None:
         outage = Outage(f"{self.q.name} fetcher", log)
         r = self.rt.redis
         while not self.stopping.is_set():
-            free = self.ledger.room(self.stopping)
+            free, idle = self.ledger.room(self.stopping)
             if self.stopping.is_set():
                 break
             try:
                 fault("before_claim")
-                got = self.claim(min(free, self.q.batch))
+                got, held = self.claim(min(free, self.q.batch), idle)
                 outage.ok()
-                if got == 0:
+                if held:
+                    # The next job is under limits and may only be claimed to start at once:
+                    # wait for an executor to free up, not for new jobs.
+                    self.ledger.executor_free(self.stopping)
+                elif got == 0:
                     r.blpop([self.keys.notify], timeout=1)
             except UNAVAILABLE as exc:
                 outage.failed(exc, self.stopping)
@@ -76,21 +88,22 @@ class Fetcher:
                 log.exception("%s fetcher: unexpected error; continuing", self.q.name)
                 self.stopping.wait(0.5)
 
-    def claim(self, n: int) -> int:
+    def claim(self, n: int, start: int) -> tuple[int, bool]:
+        """Claim up to ``n`` jobs, ``start`` of them to start at once; returns (how many,
+        whether the claim stopped at a job that needs a free executor)."""
         self._seq += 1
-        now = records.now_ms()
         reply = self.rt.scripts.claim(
-            self.keys, now_ms=now, n=n, lease_ms=self.lease_ms,
-            token_base=f"{self.worker_id}.{self._seq}", defer_base_ms=50, defer_cap_ms=5000,
-            rnd=random.random(), dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms,
+            self.keys, n=n, start=start, lease_ms=self.lease_ms, token_base=f"{self.worker_id}.{self._seq}",
+            dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms,
         )
-        count = len(reply) // CLAIM_FIELDS
+        now, held = int(reply[0]), int(reply[1]) == 1  # the server's clock; see claim.lua
+        count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
-            return 0
+            return 0, held
         fault("after_claim")
         qname = self.q.name
-        batch: list[Owned] = []
-        for i in range(0, len(reply), CLAIM_FIELDS):
+        batch: list[Run] = []
+        for i in range(2, len(reply), CLAIM_FIELDS):
             f = reply[i:i + CLAIM_FIELDS]
             # claim.lua vouches for attempt and max_attempts; the timestamps are only
             # figures, so a damaged one must not cost the batch.
@@ -99,10 +112,18 @@ class Fetcher:
                 id=f[0], token=f[1], attempt=int(f[2]), type=f[3], version_raw=f[4],
                 payload_raw=f[5], max_attempts=int(f[6] or 1), idem_key=f[7],
                 resource_key=f[8], ready_ms=_int_or(f[9], created), created_ms=created,
-                checkpoint_raw=f[11], queue=qname, claimed_ms=now,
+                checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] == 1,
             )
-            batch.append(Owned(job))
+            batch.append(Run(job))
         self.ledger.claimed(batch)
-        for o in batch:
-            self.inbox.put(o)
-        return count
+        if self.stopping.is_set():
+            # The stop began while this claim was in flight: nothing will run these.
+            for r in batch:
+                self.ledger.picked()
+                self.ledger.returned()
+                self.outbox.put(Settlement(r, Release()))
+            log.info("%s fetcher: %d job(s) claimed during the stop; handed back", qname, count)
+            return count, held
+        for r in batch:
+            self.inbox.put(r)
+        return count, held

@@ -4,6 +4,11 @@ Every part of a queue's runner reads or writes it: the fetcher adds what it clai
 waits here for room, the executors mark a run started and finished, the renewer walks it
 to renew leases and enforce timeouts, the settler takes a run out once Redis has its
 outcome. Nothing here talks to Redis.
+
+A run is one claim: (job id, claim token). The same job claimed twice by this worker
+(its first lease lapsed while the handler still ran, and it came back) is two runs, each
+renewed, timed and settled on its own; the refused settlement of the first can never
+touch the second.
 """
 
 from __future__ import annotations
@@ -13,38 +18,58 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.worker.context import Flags
 from runner.worker.execute import Claimed, Outcome
+
+
+@dataclass(slots=True)
+class Run:
+    job: Claimed
+    thread_id: int | None = None  # the executor thread running the handler (thread isolation)
+    child_pid: int | None = None  # the child process running it (process isolation)
+    deadline: float | None = None  # monotonic: TIMEOUT ends here
+    lost: bool = False  # the lease went to another claim
+    timed_out: bool = False  # the timeout was raised in its thread
+    abandoned: bool = False  # still running TIMEOUT plus the grace later: given up
+    slot: int | None = None  # the executor slot running it
+    flags: Flags = field(default_factory=Flags)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.job.id, self.job.token)
 
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """Hand the job back without spending an attempt (shutdown)."""
+    """Hand the job back without spending an attempt: ``now`` when its handler never
+    started or is known to have stopped, ``later`` (at the end of its lease) when it may
+    still be running."""
+
+    mode: str = "now"
+    note: str = ""  # a history entry's outcome ("interrupted"), or none
 
 
-@dataclass(slots=True)
-class Owned:
-    job: Claimed
-    thread_id: int | None = None
-    deadline: float | None = None  # monotonic
-    lost: bool = False
-    timed_out: bool = False
+@dataclass(frozen=True, slots=True)
+class Start:
+    """A prefetched run's handler started: its attempt counts from now on."""
 
 
 @dataclass(slots=True)
 class Settlement:
-    owned: Owned
-    outcome: Outcome | Release
+    run: Run
+    outcome: Outcome | Release | Start
     run_s: float = 0.0
     started_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Ledger:
-    """Owned runs by job id, and the count of claimed runs not yet returned by a handler
-    (``busy``) and not yet picked up by an executor (``waiting``)."""
+    """Held runs by (id, token), and the count of claimed runs not yet returned by a
+    handler (``busy``) and not yet picked up by an executor (``waiting``)."""
 
-    def __init__(self, capacity: int, low_water: int) -> None:
-        # Owned at once: one job per executor plus up to `prefetch` claimed ahead, so a
+    def __init__(self, concurrency: int, capacity: int, low_water: int) -> None:
+        self.concurrency = concurrency
+        # Held at once: one job per executor plus up to `prefetch` claimed ahead, so a
         # deep queue is claimed in batches instead of one job per freed thread.
         self.capacity = capacity
         # Claim again once this much room opened up, or at once when no job is waiting
@@ -53,27 +78,33 @@ class Ledger:
         self.busy = 0
         self.waiting = 0
         self.cond = threading.Condition()
-        self.owned: dict[str, Owned] = {}
+        self.runs: dict[tuple[str, str], Run] = {}
         self.lock = threading.Lock()
 
-    def room(self, stop: threading.Event) -> int:
-        """Block until there is room worth a claim (or ``stop`` is set: then 0)."""
+    def room(self, stop: threading.Event) -> tuple[int, int]:
+        """Block until there is room worth a claim (or ``stop`` is set: then 0); returns
+        (jobs to claim at most, of which this many go to executors free now)."""
         with self.cond:
             while not stop.is_set():
                 room = self.capacity - self.busy
                 if room >= self.low_water or (room > 0 and self.waiting == 0):
-                    return room
+                    return room, max(0, self.concurrency - self.busy)
                 self.cond.wait(0.5)
-            return 0
+            return 0, 0
+
+    def executor_free(self, stop: threading.Event, timeout_s: float = 1.0) -> None:
+        """Block until an executor is free with nothing waiting for it (or ``timeout_s``)."""
+        with self.cond:
+            self.cond.wait_for(lambda: stop.is_set() or self.busy < self.concurrency, timeout_s)
 
     def wake(self) -> None:
         with self.cond:
             self.cond.notify_all()
 
-    def claimed(self, batch: list[Owned]) -> None:
+    def claimed(self, batch: list[Run]) -> None:
         with self.lock:
-            for o in batch:
-                self.owned[o.job.id] = o
+            for r in batch:
+                self.runs[r.key] = r
         with self.cond:
             self.busy += len(batch)
             self.waiting += len(batch)
@@ -86,28 +117,32 @@ class Ledger:
                 self.cond.notify()
 
     def returned(self) -> None:
-        """A run left its executor (finished, released or failed outside the handler)."""
+        """A run left its executor (finished, released, abandoned or failed outside the
+        handler)."""
         with self.cond:
             self.busy = max(0, self.busy - 1)
             self.cond.notify()
 
-    def forget(self, runs: Iterable[Owned]) -> None:
+    def forget(self, runs: Iterable[Run]) -> None:
         with self.lock:
-            for o in runs:
-                self.owned.pop(o.job.id, None)
+            for r in runs:
+                if self.runs.get(r.key) is r:
+                    del self.runs[r.key]
 
-    def running(self) -> list[Owned]:
+    def holds(self, run: Run) -> bool:
         with self.lock:
-            return [o for o in self.owned.values() if o.thread_id is not None]
+            return self.runs.get(run.key) is run
 
-    def renewable(self) -> list[tuple[str, str]]:
+    def running(self) -> list[Run]:
+        """Runs whose handler is running now (in a thread or a child)."""
         with self.lock:
-            return [(o.job.id, o.job.token) for o in self.owned.values() if not o.lost]
+            return [r for r in self.runs.values()
+                    if (r.thread_id is not None or r.child_pid is not None) and not r.abandoned]
 
-    def mark_lost(self, job_id: str) -> bool:
+    def renewable(self) -> list[Run]:
         with self.lock:
-            o = self.owned.get(job_id)
-            if o is None:
-                return False
-            o.lost = True
-            return True
+            return [r for r in self.runs.values() if not r.lost and not r.abandoned]
+
+    def snapshot(self) -> list[Run]:
+        with self.lock:
+            return list(self.runs.values())

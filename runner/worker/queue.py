@@ -1,11 +1,11 @@
 """One queue's runner: four parts around two in-process queues, started and stopped
 in an order that keeps every claim settled or leased.
 
-    fetcher ──claim batch──> inbox ──> executors (concurrency) ──> outbox ──> settler
-       ^  idle: BLPOP on the queue's notify list              ack/retry/bury/release,
-       └──────────────── room freed when a handler returns        one pipeline per batch
-    renewer: renews every owned lease (and resource lock) every visibility_timeout/3,
-             and interrupts handlers that pass their TIMEOUT
+    fetcher ──claim batch──> inbox ──> executors (concurrency slots) ──> outbox ──> settler
+       ^  idle: BLPOP on the queue's notify list                 ack/retry/bury/release,
+       └──────────────── room freed when a handler returns          one pipeline per batch
+    renewer: renews every held run's lease (and limit slots) every visibility_timeout/3,
+             and enforces TIMEOUT on handlers in threads
 
 The ledger (ledger.py) is what they share: the runs held and the room left. Claims and
 settlements are batched, so a deep queue costs a few round trips per batch, not per
@@ -15,33 +15,36 @@ and changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue as stdqueue
+import time
 
 from runner.config import QueueConfig
 from runner.runtime import Runtime
 from runner.worker.executors import Executors
 from runner.worker.fetcher import Fetcher
-from runner.worker.ledger import Ledger, Owned, Release, Settlement
+from runner.worker.ledger import Ledger, Run, Settlement
 from runner.worker.renewer import Renewer
 from runner.worker.settler import Settler
 
 log = logging.getLogger("runner.worker")
 
+# How long the stop waits for a claim still in flight (bounded by the socket timeout).
+CLAIM_LANDING_S = 16.0
+
 
 class QueueRunner:
-    def __init__(self, runtime: Runtime, queue: QueueConfig, loop: asyncio.AbstractEventLoop | None,
-                 worker_id: str) -> None:
+    def __init__(self, runtime: Runtime, queue: QueueConfig, worker_id: str) -> None:
         self.q = queue
         capacity = queue.concurrency + queue.prefetch
-        self.ledger = Ledger(capacity, low_water=max(1, min(queue.batch, capacity // 2)))
-        inbox: stdqueue.SimpleQueue[Owned | None] = stdqueue.SimpleQueue()
+        self.ledger = Ledger(queue.concurrency, capacity, low_water=max(1, min(queue.batch, capacity // 2)))
+        inbox: stdqueue.SimpleQueue[Run | None] = stdqueue.SimpleQueue()
         outbox: stdqueue.SimpleQueue[Settlement | None] = stdqueue.SimpleQueue()
         self.renewer = Renewer(runtime, queue, self.ledger)
         self.settler = Settler(runtime, queue, self.ledger, outbox)
-        self.executors = Executors(runtime, queue, self.ledger, inbox, outbox, loop, self.renewer.renew_one)
-        self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, worker_id)
+        self.executors = Executors(runtime, queue, self.ledger, inbox, outbox, self.renewer.renew_one)
+        self.renewer.abandon = self.executors.abandon
+        self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outbox, worker_id)
 
     @property
     def processed(self) -> int:
@@ -56,14 +59,15 @@ class QueueRunner:
         self.fetcher.start()
 
     def stop(self, grace_s: float) -> None:
-        """Stop claiming, release what has not started, let running handlers finish
-        within ``grace_s``, release the rest, then flush every settlement. The renewer
-        stops last: leases stay alive until their jobs are settled."""
+        """Stop claiming; hand back what has not started; let running handlers finish
+        within ``grace_s`` and stop the rest (executors.stop says how); wait for a claim
+        still in flight to land and hand it back; then flush every settlement. The
+        renewer stops last: leases stay alive until their jobs are settled."""
         self.fetcher.stop()
-        still = self.executors.stop(grace_s)
-        if still:
-            log.warning("%s: %d job(s) still running after the grace period; releasing them",
-                        self.q.name, len(still))
-            self.settler.settle([Settlement(o, Release()) for o in still])
+        self.executors.stop(grace_s)
+        t0 = time.monotonic()
+        if not self.fetcher.join(CLAIM_LANDING_S):
+            log.warning("%s: a claim is still in flight after %.0f s; its jobs come back when their "
+                        "lease lapses, without spending an attempt", self.q.name, time.monotonic() - t0)
         self.settler.stop()
         self.renewer.stop()

@@ -1,5 +1,12 @@
-"""The lease renewer: renews every owned lease (and resource lock) every third of the
-visibility timeout, and interrupts handlers that pass their TIMEOUT."""
+"""The lease renewer: renews every held run's lease (and limit slots) every third of the
+visibility timeout, tells a handler when its resource slot went to another job, and
+enforces TIMEOUT on handlers that run in threads: JobTimeout raised in the thread at
+TIMEOUT, the run given up TIMEOUT plus the grace later.
+
+It is a thread of the worker process: a handler that holds the GIL in one long C call
+stops it too. It notices when it comes back late and says so, naming the fix
+(``ISOLATION = "process"``: the worker then never runs handler code).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +14,20 @@ import ctypes
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from runner.config import QueueConfig
+from runner.errors import JobTimeout
 from runner.runtime import Runtime
-from runner.store import records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.worker.execute import Claimed, JobTimeout
-from runner.worker.ledger import Ledger
+from runner.worker.execute import Claimed
+from runner.worker.ledger import Ledger, Run
 
 log = logging.getLogger("runner.worker")
 
 CHUNK = 500
+TICK_S = 0.1
 
 
 class Renewer:
@@ -28,6 +37,8 @@ class Renewer:
         self.keys = runtime.keys[queue.name]
         self.ledger = ledger
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
+        self.grace_s = runtime.config.worker.timeout_grace_s
+        self.abandon: Callable[[Run], None] = lambda run: None
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-renew", daemon=True)
 
@@ -39,25 +50,29 @@ class Renewer:
         self._thread.join(timeout=2)
 
     def renew_one(self, job: Claimed) -> bool:
-        codes = self.rt.scripts.renew(self.keys, [(job.id, job.token)], records.now_ms(), self.lease_ms)
+        codes = self.rt.scripts.renew(self.keys, [(job.id, job.token)], self.lease_ms)
         return int(codes[0]) > 0
 
     def _loop(self) -> None:
         outage = Outage(f"{self.q.name} renewer", log)
         every = max(0.2, self.q.visibility_timeout_s / 3)
+        late_after = max(1.0, every)
         next_renew = time.monotonic() + every
-        while not self.stopping.wait(0.1):
-            self._enforce_timeouts()
-            if time.monotonic() < next_renew:
+        last = time.monotonic()
+        while not self.stopping.wait(TICK_S):
+            now = time.monotonic()
+            if now - last > late_after and self.ledger.running():
+                log.warning(
+                    "%s: lease renewal ran %.1f s late: a handler held the GIL (a long C call), so this "
+                    "worker could not renew its leases; set ISOLATION = \"process\" on such a function so "
+                    "its handler runs in a child process", self.q.name, now - last - TICK_S,
+                    extra={"queue": self.q.name, "late_s": round(now - last - TICK_S, 3)})
+            last = now
+            self._enforce_timeouts(now)
+            if now < next_renew:
                 continue
-            owned = self.ledger.renewable()
             try:
-                for i in range(0, len(owned), CHUNK):
-                    chunk = owned[i:i + CHUNK]
-                    codes = self.rt.scripts.renew(self.keys, chunk, records.now_ms(), self.lease_ms)
-                    for (job_id, _), code in zip(chunk, codes, strict=True):
-                        if int(code) == -1 and self.ledger.mark_lost(job_id):
-                            log.warning("job %s: lease lost (reclaimed elsewhere)", job_id)
+                self.renew(self.ledger.renewable())
                 outage.ok()
                 next_renew = time.monotonic() + every
             except UNAVAILABLE as exc:
@@ -66,13 +81,35 @@ class Renewer:
                 log.exception("%s renewer: renewing failed (%s); retrying", self.q.name, exc)
                 outage.failed(exc, self.stopping)
 
-    def _enforce_timeouts(self) -> None:
-        now = time.monotonic()
+    def renew(self, runs: list[Run]) -> None:
+        for i in range(0, len(runs), CHUNK):
+            chunk = runs[i:i + CHUNK]
+            codes = self.rt.scripts.renew(self.keys, [r.key for r in chunk], self.lease_ms)
+            for r, code in zip(chunk, codes, strict=True):
+                c = int(code)
+                # A run settled while this renewal was in flight is refused too: that is
+                # not a lost lease, so only runs still held are reported.
+                if c == -1 and not r.lost and self.ledger.holds(r):
+                    r.lost = True
+                    log.warning("job %s: lease lost (reclaimed elsewhere); its result will be refused "
+                                "unless nobody ran it since", r.job.id, extra={"job_id": r.job.id})
+                elif c == -2 and not r.flags.lock_lost:
+                    r.flags.lock_lost = True
+                    log.warning("job %s: its resource slot went to another job (its lease had lapsed); "
+                                "the handler sees ctx.lock_lost", r.job.id, extra={"job_id": r.job.id})
+
+    def _enforce_timeouts(self, now: float) -> None:
+        late: list[Run] = []
         with self.ledger.lock:
-            for o in self.ledger.owned.values():
-                if o.thread_id is not None and o.deadline is not None and now > o.deadline \
-                        and not o.timed_out:
-                    o.timed_out = True
+            for r in self.ledger.runs.values():
+                if r.thread_id is None or r.deadline is None or r.abandoned:
+                    continue
+                if now > r.deadline and not r.timed_out:
+                    r.timed_out = True
                     exc = ctypes.py_object(JobTimeout)
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(o.thread_id), exc)
-                    log.warning("job %s: past its TIMEOUT; interrupting the handler", o.job.id)
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(r.thread_id), exc)
+                    log.warning("job %s: past its TIMEOUT; interrupting the handler", r.job.id)
+                elif r.timed_out and now > r.deadline + self.grace_s:
+                    late.append(r)
+        for r in late:
+            self.abandon(r)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from runner.runtime import Runtime
-from runner.store import records
+from runner.store import roster
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
 
@@ -27,11 +28,13 @@ TRIM_ROUNDS = 25  # trim calls per queue and pass, BATCH * 2 done jobs each
 
 
 class Scheduler:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, member: Callable[[], roster.Member] | None = None) -> None:
         self.rt = runtime
+        self.member = member  # this worker's roster entry, written every HEARTBEAT_S
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._last_trim = 0.0
+        self._next_beat = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -42,34 +45,36 @@ class Scheduler:
 
     def tick(self) -> float:
         """One pass over every queue; returns seconds until the next due job (capped)."""
+        if self.member is not None and time.monotonic() >= self._next_beat:
+            roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member())
+            self._next_beat = time.monotonic() + roster.HEARTBEAT_S
         sc = self.rt.scripts
         interval = self.rt.config.worker.scheduler_interval_s
         wait = interval
-        now = records.now_ms()
         ret = self.rt.config.retention
+        dead_ms, done_ms = int(ret.dead_s * 1000), int(ret.done_s * 1000)
         # A short retention (dev, tests) is honoured to within a quarter of itself.
         every = min(TRIM_EVERY_S, max(0.1, min(ret.done_s, ret.dead_s) / 4))
         trim = time.monotonic() - self._last_trim > every
         more = False
         for k in self.rt.keys.values():
             while True:
-                moved, due = sc.promote(k, now, BATCH)
+                moved, due_in = sc.promote(k, BATCH)
                 if int(moved) < BATCH:
                     break
-            if int(due) >= 0:
-                wait = min(wait, max(0.002, (int(due) - records.now_ms()) / 1000))
+            if int(due_in) >= 0:
+                wait = min(wait, max(0.002, int(due_in) / 1000))
             while True:
-                requeued, buried = sc.reclaim(k, now, BATCH, int(self.rt.config.retention.dead_s * 1000))
+                requeued, buried = sc.reclaim(k, BATCH, dead_ms)
                 if int(requeued) or int(buried):
                     log.warning("queue %s: reclaimed %s lapsed lease(s), %s buried as worker lost",
                                 k.queue, requeued, buried)
                 if int(requeued) + int(buried) < BATCH:
                     break
             if trim:
-                dead_cut, done_cut = now - int(ret.dead_s * 1000), now - int(ret.done_s * 1000)
                 for _ in range(TRIM_ROUNDS):
-                    _, deleted = sc.trim(k, dead_cut, done_cut, BATCH * 2)
-                    if int(deleted) < BATCH * 2:
+                    dead, deleted = sc.trim(k, dead_ms, done_ms, BATCH * 2)
+                    if int(deleted) < BATCH * 2 and int(dead) < BATCH * 2:
                         break
                 else:
                     more = True  # a backlog past retention: come back soon, not in a minute

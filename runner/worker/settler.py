@@ -1,5 +1,7 @@
-"""The settler: sends finished runs' outcomes (ack, retry, bury, release) in batches,
-one pipeline of fenced scripts per batch, and logs and counts what it settled."""
+"""The settler: sends finished runs' outcomes (ack, retry, bury, release) and the start
+marks of prefetched runs in batches, one pipeline of fenced scripts per batch, and logs
+and counts what it settled. A start mark whose run settles in the same batch is dropped:
+the settlement says the run started."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.store.scripts import Ack, Burial, RetryAt
+from runner.store.scripts import Ack, Burial, Hand, RetryAt
 from runner.worker.execute import Dead, Done, RetryLater
 from runner.worker.faults import fault
-from runner.worker.ledger import Ledger, Release, Settlement
+from runner.worker.ledger import Ledger, Release, Settlement, Start
 
 log = logging.getLogger("runner.worker")
 joblog = logging.getLogger("runner.job")
@@ -112,38 +114,51 @@ class Settler:
                         self.settle([one])
                     return
                 if errors >= 8 or self.closing.is_set():
-                    self.ledger.forget(b.owned for b in batch)
+                    self.ledger.forget(b.run for b in batch if not isinstance(b.outcome, Start))
                     log.error("%s settler: giving up on job(s) %s; they are reclaimed when their "
-                              "lease lapses", self.q.name, ", ".join(b.owned.job.id for b in batch))
+                              "lease lapses", self.q.name, ", ".join(b.run.job.id for b in batch))
                     return
                 outage.failed(exc, give_up)
 
     def _send(self, batch: Sequence[Settlement]) -> None:
-        now = records.now_ms()
+        now = records.now_ms()  # figures only (history entries): transitions use the server's clock
         acks: list[Ack] = []
         retries: list[RetryAt] = []
         burials: list[Burial] = []
-        releases: list[tuple[str, str]] = []
+        releases: list[Hand] = []
+        starts: list[tuple[str, str]] = []
+        start_s: list[Settlement] = []
         ack_s: list[Settlement] = []
         retry_s: list[Settlement] = []
         bury_s: list[Settlement] = []
         release_s: list[Settlement] = []
+        final = {s.run.key for s in batch if not isinstance(s.outcome, Start)}
         for s in batch:
-            job = s.owned.job
+            job = s.run.job
             o = s.outcome
             t = job.type
-            if isinstance(o, Done):
+            extra = f" abandoned|{t}" if s.extra.get("abandoned") else ""
+            if isinstance(o, Start):
+                if s.run.key not in final:
+                    starts.append((job.id, job.token))
+                    start_s.append(s)
+            elif isinstance(o, Done):
                 lat = (s.started_ms or now) - job.ready_ms
                 fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)
                 acks.append(Ack(job.id, job.token, o.result,
                                 _history(job.attempt, "done", s.started_ms, now), fields))
                 ack_s.append(s)
             elif isinstance(o, RetryLater):
-                retries.append(RetryAt(
-                    job.id, job.token, now + int(o.delay_s * 1000), codec.dumps(o.error),
-                    _history(job.attempt, "retry", s.started_ms, now, o.error),
-                    f"retried|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000),
-                ))
+                if o.refund:
+                    retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error), "",
+                                           f"deferred|{t}", refund=True))
+                else:
+                    retries.append(RetryAt(
+                        job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
+                        _history(job.attempt, "retry", s.started_ms, now, o.error),
+                        f"retried|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000)
+                        + extra,
+                    ))
                 retry_s.append(s)
             elif isinstance(o, Dead):
                 entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
@@ -151,42 +166,52 @@ class Settler:
                     job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "",
                     entry, o.refund,
                     f"dead|{t}" if o.refund else
-                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000),
+                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra,
                 ))
                 bury_s.append(s)
             else:
-                releases.append((job.id, job.token))
+                note = codec.dumps({"attempt": job.attempt, "outcome": o.note, "at_ms": now}) if o.note else ""
+                releases.append(Hand(job.id, job.token, o.mode, note))
                 release_s.append(s)
         sc = self.rt.scripts
         pipe = sc.batch()
         groups: list[list[Settlement]] = []
+        if starts:
+            sc.start(self.keys, starts, pipe=pipe)
+            groups.append(start_s)
         if acks:
-            sc.ack(self.keys, acks, now, self.idem_ttl_ms, pipe=pipe)
+            sc.ack(self.keys, acks, self.idem_ttl_ms, pipe=pipe)
             groups.append(ack_s)
         if retries:
-            sc.retry(self.keys, retries, now, pipe=pipe)
+            sc.retry(self.keys, retries, pipe=pipe)
             groups.append(retry_s)
         if burials:
-            sc.bury(self.keys, burials, now, self.dead_ttl_ms, pipe=pipe)
+            sc.bury(self.keys, burials, self.dead_ttl_ms, pipe=pipe)
             groups.append(bury_s)
         if releases:
-            sc.release(self.keys, releases, now, pipe=pipe)
+            sc.release(self.keys, releases, pipe=pipe)
             groups.append(release_s)
         replies = pipe.execute()
         fault("after_ack")
         settled = []
         for group, codes in zip(groups, replies, strict=True):
             for s, code in zip(group, codes, strict=True):
-                settled.append(s.owned)
+                if isinstance(s.outcome, Start):
+                    continue  # a lost lease shows in the renewal and the settlement
+                settled.append(s.run)
                 if int(code) < 0:
                     log.warning("job %s: lease lost before it settled (%s); another worker "
-                                "owns it now", s.owned.job.id, type(s.outcome).__name__)
+                                "owns it now", s.run.job.id, type(s.outcome).__name__)
+                elif int(code) == 2:
+                    log.info("job %s: its lease had lapsed, but the run finished: recorded as done",
+                             s.run.job.id)
         self.ledger.forget(settled)
-        self.processed += len(batch)
+        finished = [s for s in batch if not isinstance(s.outcome, Start)]
+        self.processed += len(finished)
         # Successes log at DEBUG (a line per job at INFO would cost more than the job);
         # retries and dead letters always log, and a summary line goes out every minute.
         verbose = joblog.isEnabledFor(logging.DEBUG)
-        for s in batch:
+        for s in finished:
             self._tally[type(s.outcome).__name__] += 1
             if verbose or not isinstance(s.outcome, Done | Release):
                 self._log(s)
@@ -204,9 +229,11 @@ class Settler:
         self._next_summary = time.monotonic() + SUMMARY_EVERY_S
 
     def _log(self, s: Settlement) -> None:
-        job = s.owned.job
+        job = s.run.job
         o = s.outcome
         outcome = {Done: "done", RetryLater: "retry", Dead: "dead", Release: "released"}[type(o)]
+        if isinstance(o, RetryLater) and o.refund:
+            outcome = "handed back"
         level = logging.DEBUG if isinstance(o, Done) else logging.INFO if isinstance(o, Release) else logging.WARNING
         extra = {
             "job_id": job.id, "type": job.type, "version": job.version_raw, "queue": job.queue,

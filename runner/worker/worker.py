@@ -1,18 +1,20 @@
-"""The worker process: a QueueRunner per queue it serves (queue.py), one scheduler and
-an event loop for async handlers, under one orchestrator; SIGTERM/SIGINT stop it
-gracefully, a second signal exits at once."""
+"""The worker process: a QueueRunner per queue it serves (queue.py) and one scheduler,
+under one orchestrator; SIGTERM/SIGINT stop it gracefully, a second signal exits at once."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from runner.runtime import Runtime
+from runner.store import roster
+from runner.store.connection import UNAVAILABLE
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
 
@@ -27,18 +29,15 @@ class Worker:
         self.rt = runtime
         self.queues = list(queues)
         self.worker_id = f"{os.uname().nodename.replace(' ', '_')}:{os.getpid()}:{os.urandom(3).hex()}"
-        self.loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="asyncio", daemon=True)
-        self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.loop, self.worker_id)
-                        for q in self.queues]
-        self.scheduler = Scheduler(runtime)
+        self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.worker_id) for q in self.queues]
+        self.started_ms = int(time.time() * 1000)
+        self.scheduler = Scheduler(runtime, self._member)
         self.stop_event = threading.Event()
         self._signals = 0
 
     def start(self) -> None:
         # The scheduler first, so due and lapsed jobs move before the first claim;
         # the runners last, once everything they rely on is up.
-        self._loop_thread.start()
         self.scheduler.start()
         for r in self.runners:
             r.start()
@@ -53,8 +52,16 @@ class Worker:
         for t in threads:
             t.join()
         self.scheduler.stop()
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        with contextlib.suppress(*UNAVAILABLE):
+            roster.leave(self.rt.redis, self.rt.config.redis.prefix, self.worker_id)
         log.info("worker %s stopped", self.worker_id)
+
+    def _member(self) -> roster.Member:
+        reg = self.rt.registry
+        return roster.Member(
+            id=self.worker_id, host=os.uname().nodename, pid=os.getpid(), queues=tuple(self.queues),
+            functions={f.name: f.versions.newest for f in reg.functions.values() if f.queue in self.queues},
+            started_ms=self.started_ms, seen_ms=0)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._signals += 1

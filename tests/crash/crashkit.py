@@ -25,13 +25,14 @@ CRASH_FIXTURES = Path(__file__).parent / "fixtures"
 
 def configure(
     project: Project, *, vt: float = 1, slow_vt: float = 10, concurrency: int = 8,
-    max_attempts: int = 3, batch: int = 64, grace: float = 5, prefetch: int = 0,
+    max_attempts: int = 3, batch: int = 64, grace: float = 5, prefetch: int = 0, isolation: str = "thread",
 ) -> None:
     """Write runner.toml with the knobs crash tests turn (short leases, small pools). No
     prefetch by default, so a kill strands only the jobs it names; the chaos and load
     tests turn it on as shipped."""
     project.write_config(vt=vt, slow_vt=slow_vt, grace=grace, concurrency=concurrency,
-                         max_attempts=max_attempts, batch=batch, prefetch=prefetch)
+                         max_attempts=max_attempts, batch=batch, prefetch=prefetch,
+                         fast=f'isolation = "{isolation}"')
 
 
 def add_crash_fixtures(project: Project) -> None:
@@ -82,12 +83,12 @@ def wait_final(project: Project, ids: Iterable[str], timeout: float = 30.0) -> d
 
 
 def lock_keys(project: Project, queue: str = "fast") -> list[str]:
+    """Limit keys (resource locks) with a slot still held or reserved."""
     k = project.keys(queue)
-    pattern = k.lock_prefix.replace("{", "\\{").replace("}", "\\}") + "*"
-    # Held locks only: a resource's ":waiters" list (deferred ids, woken FIFO on release)
-    # may keep stale ids by design; they are skipped when popped and the list expires.
-    return [key for key in project.runtime.redis.scan_iter(match=pattern, count=1000)
-            if not key.endswith(":waiters")]
+    pattern = k.lim_prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+    r = project.runtime.redis
+    return [key for key in r.scan_iter(match=pattern, count=1000)
+            if not key.endswith(":w") and r.type(key) == "zset" and r.zcard(key) > 0]
 
 
 def assert_quiet(project: Project, queue: str = "fast") -> None:

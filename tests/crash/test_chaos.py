@@ -15,20 +15,23 @@ def _env(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
-@pytest.mark.timeout(int(_env("CHAOS_SECONDS", 25) * 2 + 240))
-def test_chaos_nothing_lost_nothing_doubled(tmp_path: Path) -> None:
+@pytest.mark.timeout(int(_env("CHAOS_SECONDS", 20) * 2 + 240))
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_chaos_nothing_lost_nothing_doubled(tmp_path: Path, isolation: str) -> None:
     """Workers SIGKILLed and SIGTERMed, Redis restarted (gracefully and by SIGKILL) at
     random moments under load with idempotency keys, resource keys, transient failures
-    and slow jobs: every accepted job ends done or dead, none is lost, no handler runs
-    beyond what the history accounts for, no idempotency key has two jobs' effects, and
-    no job, lease or lock is left behind."""
+    and slow jobs, with handlers in threads and in child processes: every accepted job
+    ends done or dead, none is lost, no handler runs beyond what the history accounts
+    for, no idempotency key has two jobs' effects, and no job, lease or lock is left
+    behind."""
     chaos = Chaos(
         tmp_path,
-        jobs=int(_env("CHAOS_JOBS", 1500)),
-        seconds=_env("CHAOS_SECONDS", 25),
+        jobs=int(_env("CHAOS_JOBS", 1200)),
+        seconds=_env("CHAOS_SECONDS", 20),
         workers=int(_env("CHAOS_WORKERS", 3)),
         faults=True,
         seed=int(_env("CHAOS_SEED", 8)),
+        isolation=isolation,
     )
     fig = chaos.run()
     print("\n" + fig.table())

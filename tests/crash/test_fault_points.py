@@ -74,11 +74,14 @@ def test_kill_at_fault_point_under_load(project: Project, point: str) -> None:
         runs = len(project.runs(job_id))
         assert r["status"] == "done", (job_id, r)
         assert hist.count("done") == 1 and hist[-1] == "done"
-        assert set(hist[:-1]) <= {"worker lost"}
-        assert r["attempt"] == len(hist)
+        # "lost unstarted": claimed ahead of a free thread, its start mark not in Redis when
+        # the worker died; it may have run, and spent no attempt (once per job).
+        assert set(hist[:-1]) <= {"worker lost", "lost unstarted"}
+        assert hist.count("lost unstarted") <= 1
+        assert r["attempt"] == len(hist) - hist.count("lost unstarted")
         assert 1 <= runs <= len(hist), (job_id, runs, hist)
         assert runs <= 2
-        lost += hist.count("worker lost")
+        lost += hist.count("worker lost") + hist.count("lost unstarted")
     if point in ("after_claim", "mid_handler", "after_handler"):
         assert lost >= 1, "the kill should have orphaned at least one claimed job"
     assert_quiet(project)

@@ -19,6 +19,13 @@ from conftest import Project, assert_no_job_in_two_structures, raw_status, wait_
 Raw = redis.Redis
 
 
+def _configure(project: Project, *, concurrency: int, batch: int) -> None:
+    """crashkit.configure's knobs (a 1 s lease, no prefetch), and unknown types and
+    versions go dead at once (unknown_grace = 0) rather than being handed back for a newer
+    worker: no worker will ever know these."""
+    project.write_config(vt=1, concurrency=concurrency, batch=batch, prefetch=0, worker="unknown_grace = 0")
+
+
 def _raw(project: Project) -> Raw:
     return redis.Redis.from_url(project.server.url)  # bytes in, bytes out
 
@@ -70,10 +77,11 @@ def _plant(project: Project, raw: Raw, k: QueueKeys, job_id: bytes, write: Calla
 
 
 def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(project: Project) -> None:
-    """Every malformation above, planted between good jobs, one worker: each bad one ends
-    dead with its reason (and never reaches the handler), every good one is done, the
-    worker is still up, and no id is left in flight or in two structures."""
-    configure(project, vt=1, concurrency=2, batch=4)
+    """Every malformation above, planted between good jobs, one worker (unknown_grace = 0:
+    an unknown type or version is not waited for): each bad one ends dead with its reason
+    (and never reaches the handler), every good one is done, the worker is still up, and
+    no id is left in flight or in two structures."""
+    _configure(project, concurrency=2, batch=4)
     c = project.client
     k = project.keys("fast")
     raw = _raw(project)
@@ -118,7 +126,7 @@ def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(proj
 BUGS = {
     "attempt-not-integer": pytest.param(_hash(attempt="abc")),
     "deferrals-not-integer": pytest.param(
-        _hash(deferrals="many", resource_key="busy")
+        _hash(deferrals="many", resource_key="busy", limits="1 r:busy")
     ),
     "max-attempts-not-integer": pytest.param(
         _hash(max_attempts="x")
@@ -141,7 +149,8 @@ def test_record_with_a_wrong_typed_field_goes_dead_not_lost(
     raw = _raw(project)
     good = [c.enqueue("record", {"n": i}).id for i in range(3)]
     _plant(project, raw, k, b"bad", write)
-    raw.set(k.lock("busy"), "someone-else", px=60_000)  # a held resource lock (deferral path)
+    # A held slot of the resource's limit: the record would be parked (deferral path).
+    raw.zadd(k.limit("r:busy"), {"someone-else": int(time.time() * 1000) + 60_000})
     good += [c.enqueue("record", {"n": i}).id for i in range(3, 6)]
     w = project.spawn_worker("fast")
     final = wait_final(project, good, timeout=20)

@@ -50,9 +50,10 @@ def test_sigterm_finishes_running_jobs_and_leaves_the_rest_untouched(project: Pr
 
 
 def test_job_past_the_grace_period_is_released_without_an_attempt(project: Project) -> None:
-    """A handler that outlives a 1 s grace period: the worker exits soon after it, and the
-    job is back at the head of ready with its attempt given back (no history entry)."""
-    configure(project, vt=10, concurrency=2, grace=1)
+    """A handler (in a thread) that outlives a 1 s grace period: the worker exits soon after
+    it; the job keeps its lease until it lapses (its handler may have been running until the
+    exit), then goes back to ready with its attempt given back and "interrupted" on record."""
+    configure(project, vt=2, concurrency=2, grace=1)
     c = project.client
     job = c.enqueue("record", {"n": 1, "sleep": 6})
     w = project.spawn_worker("fast")
@@ -61,10 +62,13 @@ def test_job_past_the_grace_period_is_released_without_an_attempt(project: Proje
     w.send_signal(signal.SIGTERM)
     wait_exit(w, 10)
     assert time.monotonic() - t0 < 4
-    r = rec(project, job.id)
-    assert r["status"] == "queued" and r["attempt"] == 0 and r["history"] == []
-    assert structures(project)["ready"] == [job.id]
+    assert structures(project)["leases"] == [job.id], "handed back while its handler could still run"
     assert any("grace period" in str(x.get("msg")) for x in log_records(worker_log(project, w)))
+    k = project.keys()
+    project.runtime.scripts.reclaim(k, 100, 10**7, now_ms=int(time.time() * 1000) + 10_000)
+    r = rec(project, job.id)
+    assert r["status"] == "queued" and r["attempt"] == 0 and outcomes(r) == ["interrupted"]
+    assert structures(project)["ready"] == [job.id]
     assert_no_job_in_two_structures(project)
 
 

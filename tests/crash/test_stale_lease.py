@@ -1,5 +1,7 @@
 """Fencing: once a lease is lost (the job was reclaimed and claimed again), every
-settlement from the old claim is refused with -1 and changes nothing in Redis."""
+settlement from the old claim is refused with -1 and changes nothing in Redis. (Before
+another claim takes the job, the old claim's ack is a late success instead: see
+tests/lua/test_scripts.py.)"""
 
 from __future__ import annotations
 
@@ -9,17 +11,21 @@ from typing import Any
 from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_log, worker_log
 
 from runner.store.keys import QueueKeys
-from runner.store.scripts import Ack, Burial, NewJob, RetryAt, Scripts
+from runner.store.scripts import Ack, Burial, Hand, NewJob, RetryAt, Scripts
 
 from conftest import Project, assert_no_job_in_two_structures, structures, view, wait_for
 
 T0 = 1_700_000_000_000
 LEASE = 1_000
+LIMIT = "r:res:1"  # the limit key of resource "res:1"
 
 
 def _claim(sc: Scripts, k: QueueKeys, now: int, base: str) -> list[Any]:
-    return list(sc.claim(k, now_ms=now, n=1, lease_ms=LEASE, token_base=base, defer_base_ms=50,
-                         defer_cap_ms=500, rnd=0.5, dead_ttl_ms=10**7, done_ttl_ms=10**7))
+    """The one job claimed (the reply's time and held-back flag dropped)."""
+    reply = list(sc.claim(k, n=1, start=1, lease_ms=LEASE, token_base=base, dead_ttl_ms=10**7,
+                          done_ttl_ms=10**7, now_ms=now))
+    assert reply[0] == now
+    return reply[2:]
 
 
 def _snapshot(project: Project, k: QueueKeys, job_id: str) -> tuple[Any, ...]:
@@ -28,41 +34,50 @@ def _snapshot(project: Project, k: QueueKeys, job_id: str) -> tuple[Any, ...]:
         view(project, job_id),
         structures(project),
         r.zrange(k.leases, 0, -1, withscores=True),
+        r.hgetall(k.claims),
         r.hgetall(k.stats),
-        r.get(k.lock("res:1")),
+        r.zrange(k.limit(LIMIT), 0, -1, withscores=True),
+        r.lrange(k.limit(LIMIT) + ":w", 0, -1),
     )
 
 
 def test_stale_settlements_are_refused_and_change_nothing(project: Project) -> None:
     """Claim (token A), let the lease lapse, reclaim, claim again (token B): ack, retry,
-    bury, release, renew and checkpoint under A all return -1 and leave the record, the
-    structures, the lease deadline, the counters and the resource lock untouched; B still
-    settles."""
+    bury, release (now and later), start, renew and checkpoint under A all return -1 and
+    leave the record, the structures, the lease deadline, the claim, the counters and the
+    resource's limit slot untouched; B still settles."""
     sc = project.runtime.scripts
     k = project.keys("fast")
     job = NewJob(id="job1", type="record", version=1, payload='{"n":1}', max_attempts=5,
-                 run_at_ms=0, idem_key="", payload_hash="-", resource_key="res:1")
-    assert sc.enqueue(k, [job], T0, 10**7)[0] == 1
+                 run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-", resource_key="res:1",
+                 limits=f"1 {LIMIT}")
+    assert sc.enqueue(k, [job], now_ms=T0)[0] == 1
 
     first = _claim(sc, k, T0, "w1.1")
     token_a = first[1]
     assert first[0] == "job1" and token_a == "w1.1:0"
     # The lease lapses without a renewal; the scheduler takes the job back.
-    assert list(sc.reclaim(k, T0 + LEASE + 1, 100, 10**7)) == [1, 0]
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=T0 + LEASE + 1)) == [1, 0]
     second = _claim(sc, k, T0 + LEASE + 2, "w2.1")
     token_b = second[1]
     assert second[0] == "job1" and token_b != token_a and second[2] == 2
+    assert project.runtime.redis.zscore(k.limit(LIMIT), token_b) == T0 + LEASE + 2 + LEASE
 
     before = _snapshot(project, k, "job1")
     now = T0 + LEASE + 3
     stale_calls = {
         "ack": lambda: sc.ack(k, [Ack("job1", token_a, '{"x":1}', '{"attempt":1}', "succeeded|record")],
-                              now, 10**7),
-        "retry": lambda: sc.retry(k, [RetryAt("job1", token_a, now + 10, '{"type":"E"}', "{}", "retried|record")],
-                                  now),
-        "bury": lambda: sc.bury(k, [Burial("job1", token_a, "why", "", "", False, "dead|record")], now, 10**7),
-        "release": lambda: sc.release(k, [("job1", token_a)], now),
-        "renew": lambda: sc.renew(k, [("job1", token_a)], now, LEASE),
+                              10**7, now_ms=now),
+        "retry": lambda: sc.retry(k, [RetryAt("job1", token_a, 10, '{"type":"E"}', "{}", "retried|record")],
+                                  now_ms=now),
+        "refunded retry": lambda: sc.retry(k, [RetryAt("job1", token_a, 10, "{}", "", "", refund=True)],
+                                           now_ms=now),
+        "bury": lambda: sc.bury(k, [Burial("job1", token_a, "why", "", "", False, "dead|record")], 10**7,
+                                now_ms=now),
+        "release": lambda: sc.release(k, [("job1", token_a)], now_ms=now),
+        "release later": lambda: sc.release(k, [Hand("job1", token_a, "later")], now_ms=now),
+        "start": lambda: sc.start(k, [("job1", token_a)], now_ms=now),
+        "renew": lambda: sc.renew(k, [("job1", token_a)], LEASE, now_ms=now),
         "checkpoint": lambda: [sc.checkpoint(k, "job1", token_a, '{"step":9}')],
     }
     for name, call in stale_calls.items():
@@ -70,12 +85,13 @@ def test_stale_settlements_are_refused_and_change_nothing(project: Project) -> N
         assert _snapshot(project, k, "job1") == before, f"a refused {name} changed Redis"
 
     # The current owner is unaffected.
-    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", '{"attempt":2}', "")], now, 10**7)] == [1]
+    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", '{"attempt":2}', "")], 10**7, now_ms=now)] == [1]
     assert view(project, "job1")["status"] == "done"
-    assert project.runtime.redis.get(k.lock("res:1")) is None
-    # And once done, even the right token cannot settle it a second time.
-    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", "", "")], now, 10**7)] == [-1]
-    assert [int(c) for c in sc.release(k, [("job1", token_b)], now)] == [-1]
+    assert project.runtime.redis.zcard(k.limit(LIMIT)) == 0
+    # And once done, neither token can settle it again (not even as a late success).
+    for token in (token_b, token_a):
+        assert [int(c) for c in sc.ack(k, [Ack("job1", token, "", "", "")], 10**7, now_ms=now)] == [-1]
+    assert [int(c) for c in sc.release(k, [("job1", token_b)], now_ms=now)] == [-1]
     assert_no_job_in_two_structures(project)
 
 

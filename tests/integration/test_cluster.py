@@ -114,12 +114,14 @@ def test_client_is_a_cluster_client(cproject: Project) -> None:
 
 def test_every_key_of_a_queue_is_in_one_slot(cproject: Project) -> None:
     """The queue's hash tag puts its lists, sets, counters, records, idempotency keys and
-    locks in one slot; two queues may live on different masters."""
+    limit keys (holders, waiter lists, the sweep's index) in one slot; two queues may live
+    on different masters."""
     r = cproject.runtime.redis
     for q in ("fast", "slow"):
         k = for_queue(cproject.prefix, q)
-        keys = [k.ready, k.leases, k.scheduled, k.dead, k.notify, k.stats, k.throughput(1),
-                k.job("abc"), k.idem("user:7"), k.lock("res:1"), k.lock("res:1") + ":waiters"]
+        keys = [k.ready, k.leases, k.claims, k.done, k.finished, k.scheduled, k.dead, k.notify, k.stats,
+                k.throughput(1), k.job("abc"), k.idem("record", "user:7"), k.limit("r:res:1"),
+                k.limit("r:res:1") + ":w", k.limwait]
         slots = {r.keyslot(key) for key in keys}
         assert len(slots) == 1, (q, slots)
 
@@ -137,25 +139,28 @@ def test_a_cross_slot_script_is_refused(cproject: Project) -> None:
 
 
 def test_scripts_and_batches_run_and_reload_after_a_script_flush(cproject: Project) -> None:
-    """Scripts.call and a Batch (non-transactional cluster pipeline) work; after SCRIPT
-    FLUSH on every master they answer NOSCRIPT and are loaded again transparently."""
+    """Scripts.call and a Batch (non-transactional cluster pipeline) work, on the clock of
+    the master that holds the queue (TIME inside the script); after SCRIPT FLUSH on every
+    master they answer NOSCRIPT and are loaded again transparently."""
     rt = cproject.runtime
     sc, k = rt.scripts, rt.keys["fast"]
-    now = int(time.time() * 1000)
-    jobs = [NewJob(f"j{i}", "record", 1, '{"n":1}', 3, 0, "", "-", "") for i in range(3)]
-    assert [int(x) for x in sc.enqueue(k, jobs, now, 60_000)[::3]] == [1, 1, 1]
+    before = int(time.time() * 1000)
+    jobs = [NewJob(f"j{i}", "record", 1, '{"n":1}', 3, 0, 0, "", "-", "", "") for i in range(3)]
+    assert [int(x) for x in sc.enqueue(k, jobs)[::3]] == [1, 1, 1]
     rt.redis.execute_command("SCRIPT FLUSH", target_nodes=rt.redis.PRIMARIES)
-    claimed = sc.claim(k, now_ms=now, n=3, lease_ms=5000, token_base="t", defer_base_ms=10,
-                       defer_cap_ms=100, rnd=0.5, dead_ttl_ms=60_000, done_ttl_ms=60_000)
-    assert len(claimed) == 36
+    reply = sc.claim(k, n=3, start=3, lease_ms=5000, token_base="t", dead_ttl_ms=60_000, done_ttl_ms=60_000)
+    now, claimed = int(reply[0]), reply[2:]
+    assert len(claimed) == 3 * 13
+    assert abs(now - before) < 60_000  # the node's clock, not a test clock
+    assert int(rt.redis.zscore(k.leases, claimed[0]) or 0) == now + 5000
     rt.redis.execute_command("SCRIPT FLUSH", target_nodes=rt.redis.PRIMARIES)
     batch = sc.batch()
-    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 24, 12)], now, 60_000,
-           pipe=batch)
-    sc.release(k, [(claimed[24], claimed[25])], now, pipe=batch)
-    sc.renew(rt.keys["slow"], [("nope", "t:0")], now, 5000, pipe=batch)  # another slot, same pipeline
+    sc.start(k, [(claimed[0], claimed[1])], pipe=batch)
+    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 26, 13)], 60_000, pipe=batch)
+    sc.release(k, [(claimed[26], claimed[27])], pipe=batch)
+    sc.renew(rt.keys["slow"], [("nope", "t:0")], 5000, pipe=batch)  # another slot, same pipeline
     replies = batch.execute()
-    assert [[int(c) for c in r] for r in replies] == [[1, 1], [1], [-1]]
+    assert [[int(c) for c in r] for r in replies] == [[0], [1, 1], [1], [-1]]
     assert_no_job_in_two_structures(cproject)
 
 

@@ -161,9 +161,9 @@ def test_hot_reload_edits_additions_errors_fixes_and_a_long_job(examples: Projec
 
 
 def test_deleted_function_refuses_new_jobs_and_its_parked_jobs_return_with_it(examples: Project) -> None:
-    """Deleting a file makes its type unknown (404); a job already queued is parked in the
-    dead-letter list as "unknown type" without spending an attempt, and runs once the file
-    comes back."""
+    """Deleting a file makes its type unknown (404); a job already queued waits for it (handed
+    back, no attempt spent) instead of running on code that no longer exists, and runs
+    promptly once the file comes back."""
     dev = Dev(examples.root, examples.env)
     path = examples.root / "functions" / "slowpoke.py"
     try:
@@ -172,12 +172,12 @@ def test_deleted_function_refuses_new_jobs_and_its_parked_jobs_return_with_it(ex
         path.unlink()
         wait_for(lambda: dev.post("slowpoke", {}).status_code == 404, timeout=5, interval=0.05,
                  what="the type to go")
-        dead = wait_for(lambda: (j := dev.job(parked))["status"] == "dead" and j, timeout=10,
-                        what="the queued job to be parked")
-        assert dead["reason"] == "unknown type"
+        waiting = wait_for(lambda: (j := dev.job(parked))["deferrals"] >= 1 and j, timeout=10,
+                           what="the queued job to be handed back")
+        assert waiting["status"] == "scheduled" and waiting["attempt"] == 0
         path.write_text(saved)
-        back = wait_for(lambda: (j := dev.job(parked))["status"] == "done" and j, timeout=10,
-                        what="the parked job to run once its function is back")
+        back = wait_for(lambda: (j := dev.job(parked))["status"] == "done" and j, timeout=5,
+                        what="the waiting job to run once its function is back")
         assert back["result"] == {"code": "old"}
         assert examples.runs(parked) == ["1"]
         assert "function slowpoke removed" in dev.log()

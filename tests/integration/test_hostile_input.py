@@ -122,8 +122,9 @@ def test_random_records_never_crash_a_worker(project: Project, seed: int) -> Non
     jobs: the good jobs all run, the worker stays up, and every random record ends done
     or dead. Bookkeeping fields (attempt, max_attempts, ready_ms, created_ms) are left
     out here: their wrong types are an engine bug pinned in
-    tests/crash/test_malformed_records.py."""
-    project.write_config(vt=1)
+    tests/crash/test_malformed_records.py. An unknown type goes dead at once here
+    (unknown_grace = 0) rather than waiting for a newer worker."""
+    project.write_config(vt=1, worker="unknown_grace = 0")
     records = _random_records(seed, 20)
     raw = redis.Redis.from_url(project.server.url)
     k = project.keys("fast")

@@ -101,8 +101,8 @@ def test_lock_of_a_killed_holder_is_taken_over_after_its_ttl_not_before(project:
     a = c.enqueue("resource", {"r": "x", "hold": 30})
     w1 = project.spawn_worker("fast")
     wait_for(lambda: c.get(a.id).status == "processing", what="A started")
-    lock = project.keys().lock("res:x")
-    holder = project.runtime.redis.get(lock)
+    lock = project.keys().limit("r:res:x")
+    holder = project.runtime.redis.zrange(lock, 0, -1)
     assert holder
     b = c.enqueue("resource", {"r": "x", "hold": 0.01})
     project.spawn_worker("fast")

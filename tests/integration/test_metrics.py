@@ -51,8 +51,8 @@ def test_metrics_agree_with_the_jobs_run(project: Project) -> None:
         # race across the retention window) is settled at claim without running.
         dup = post("/jobs/idem", json={"k": "b"}).json()["id"]
         k = project.keys("fast")
-        held = project.runtime.redis.get(k.idem("b"))
-        project.runtime.redis.set(k.idem("b"), "0000someother " + held.split()[1] + " done")
+        held = project.runtime.redis.get(k.idem("idem", "b"))
+        project.runtime.redis.set(k.idem("idem", "b"), "0000someother " + held.split()[1] + " done")
         locked = [post("/jobs/resource", json={"r": "x", "hold": 0.2}).json()["id"] for _ in range(2)]
         project.spawn_worker("fast")
         ids = [*record, perm, first, dup, *locked]

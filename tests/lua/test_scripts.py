@@ -1,5 +1,6 @@
 """Each Lua transition: state before, call, state after, return code. Time is driven by
-passing now_ms, so leases and due times are exact."""
+passing now_ms (the scripts' test clock), so leases, due times and retentions are exact;
+the tests of the server's clock pass none and read TIME around the call."""
 
 from __future__ import annotations
 
@@ -11,30 +12,47 @@ import pytest
 
 from runner.store import records
 from runner.store.embedded import Server
-from runner.store.scripts import Ack, Burial, NewJob, RetryAt
+from runner.store.scripts import Ack, Burial, Hand, NewJob, RetryAt
 
 from conftest import Project, assert_no_job_in_two_structures, make_project, structures
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
+HEAD = 2  # a claim reply starts with its time and whether it held a limited job back
+FIELDS = 13  # values per claimed job in a claim reply, after HEAD
+RESERVE_MS = 10_000  # how long a woken job's slot is kept for it (_lib.lua)
+SWEEP_MS = 1_000  # how soon promote looks again at a limit with parked jobs (_lib.lua)
 
 
-def new(job_id: str, *, run_at: int = 0, idem: str = "", phash: str = "-", res: str = "",
-        type_: str = "noop", max_attempts: int = 3) -> NewJob:
+def new(job_id: str, *, run_at: int = 0, delay: int = 0, idem: str = "", phash: str = "-", res: str = "",
+        limits: str | None = None, type_: str = "noop", max_attempts: int = 3) -> NewJob:
+    """A job as the client builds it: a resource key is limit 1 on "r:<resource>"."""
+    if limits is None:
+        limits = f"1 r:{res}" if res else ""
     return NewJob(id=job_id, type=type_, version=1, payload='{"a":1}', max_attempts=max_attempts,
-                  run_at_ms=run_at, idem_key=idem, payload_hash=phash, resource_key=res)
+                  run_at_ms=run_at, delay_ms=delay, idem_key=idem, payload_hash=phash, resource_key=res,
+                  limits=limits)
 
 
-def claim(p: Project, n: int = 10, now: int = NOW, base: str = "w.1") -> list[list[Any]]:
-    reply = p.runtime.scripts.claim(
-        p.keys(), now_ms=now, n=n, lease_ms=LEASE, token_base=base, defer_base_ms=100,
-        defer_cap_ms=1000, rnd=0.5, dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000,
-    )
-    return [reply[i:i + 12] for i in range(0, len(reply), 12)]
+def claim_reply(p: Project, n: int = 10, now: int | None = NOW, base: str = "w.1",
+                start: int | None = None) -> list[Any]:
+    """The raw claim reply: time, held back (1 | 0), then FIELDS values per job; ``start``
+    of the n jobs start at once (all unless told)."""
+    return list(p.runtime.scripts.claim(
+        p.keys(), n=n, start=n if start is None else start, lease_ms=LEASE, token_base=base,
+        dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000, now_ms=now,
+    ))
 
 
-def enqueue(p: Project, *jobs: NewJob, now: int = NOW) -> list[Any]:
-    return p.runtime.scripts.enqueue(p.keys(), list(jobs), now, 60_000)
+def claim(p: Project, n: int = 10, now: int = NOW, base: str = "w.1", start: int | None = None) -> list[list[Any]]:
+    """The claimed jobs, FIELDS values each: id, token, attempt, ..., started (1 | 0)."""
+    reply = claim_reply(p, n, now, base, start)
+    assert reply[0] == now and reply[1] in (0, 1)  # the claim's time is the clock it ran on
+    return [reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS)]
+
+
+def enqueue(p: Project, *jobs: NewJob, now: int | None = NOW) -> list[Any]:
+    return list(p.runtime.scripts.enqueue(p.keys(), list(jobs), now_ms=now))
 
 
 def rec(p: Project, job_id: str) -> dict[str, str]:
@@ -48,9 +66,27 @@ def raw(p: Project, job_id: str) -> dict[str, str]:
     return p.runtime.redis.hgetall(p.keys().job(job_id))
 
 
+def parked(p: Project, key: str) -> list[str]:
+    """The ids parked on a limit key, oldest first."""
+    return p.runtime.redis.lrange(p.keys().limit(key) + ":w", 0, -1)
+
+
+def holders(p: Project, key: str) -> dict[str, float]:
+    """A limit key's holders: claim token (or "=<id>", a reserved slot) -> deadline ms."""
+    return dict(p.runtime.redis.zrange(p.keys().limit(key), 0, -1, withscores=True))
+
+
+def server_ms(p: Project) -> int:
+    s, us = p.runtime.redis.time()
+    return int(s) * 1000 + int(us) // 1000
+
+
 @pytest.fixture
 def p(any_project: Project) -> Project:
     return any_project
+
+
+# --- enqueue ---------------------------------------------------------------------------
 
 
 def test_enqueue_now_and_later(p: Project) -> None:
@@ -67,23 +103,94 @@ def test_enqueue_now_and_later(p: Project) -> None:
     assert p.runtime.redis.llen(p.keys().notify) == 1
 
 
+def test_a_delay_counts_from_the_scripts_clock_and_run_at_is_absolute(p: Project) -> None:
+    """delay_ms is added to the clock the script runs on; run_at_ms is a time of its own and
+    wins over a delay; a run_at already past is due now."""
+    out = enqueue(p, new("d", delay=1500), new("both", run_at=NOW + 5000, delay=1500),
+                  new("past", run_at=NOW - 1))
+    assert out == [1, "d", "scheduled", 1, "both", "scheduled", 1, "past", "queued"]
+    r, k = p.runtime.redis, p.keys()
+    assert r.zscore(k.scheduled, "d") == NOW + 1500 and rec(p, "d")["ready_ms"] == str(NOW + 1500)
+    assert r.zscore(k.scheduled, "both") == NOW + 5000
+    assert structures(p)["ready"] == ["past"]
+
+
 def test_enqueue_batch_keeps_order_and_counts_once(p: Project) -> None:
     """A batch lands in ready in the order given (the consumer end sees the first job
-    first), with its keys on the record and one counter bump per type."""
+    first), with its keys and limits on the record and one counter bump per type."""
     enqueue(p, new("a"), new("b", idem="k1", phash="h"), new("c", res="user:1"))
     assert p.runtime.redis.lrange(p.keys().ready, 0, -1) == ["c", "b", "a"]
-    assert rec(p, "b")["idem_key"] == "k1" and "resource_key" not in rec(p, "b")
-    assert rec(p, "c")["resource_key"] == "user:1" and "idem_key" not in rec(p, "c")
+    rb, rc = rec(p, "b"), rec(p, "c")
+    assert rb["idem_key"] == "k1" and rb["idem_hash"] == "h" and "resource_key" not in rb and "limits" not in rb
+    assert rc["resource_key"] == "user:1" and rc["limits"] == "1 r:user:1" and "idem_key" not in rc
+    assert "idem_hash" not in rc
     assert p.runtime.redis.hget(p.keys().stats, "enqueued|noop") == "3"
 
 
 def test_enqueue_idempotency_duplicate_and_conflict(p: Project) -> None:
-    """Same key + same hash returns the first job; another hash is a conflict; no new record."""
+    """Same key + same hash returns the first job; another hash is a conflict; no new record.
+    The key names the job and its hash, with no expiry while the job is unfinished."""
     assert enqueue(p, new("a", idem="k", phash="h1"))[0] == 1
     assert enqueue(p, new("b", idem="k", phash="h1")) == [0, "a", "queued"]
     assert enqueue(p, new("c", idem="k", phash="h2")) == [-1, "a", "queued"]
     assert not rec(p, "b") and not rec(p, "c")
     assert structures(p)["ready"] == ["a"]
+    r, k = p.runtime.redis, p.keys()
+    assert r.get(k.idem("noop", "k")) == "a h1" and r.pttl(k.idem("noop", "k")) == -1
+    assert r.hget(k.stats, "deduplicated|noop") == "1"
+
+
+def test_idempotency_keys_are_per_function(p: Project) -> None:
+    """The same key sent to two functions is two requests: each function's key names its
+    own job, and neither is a duplicate or a conflict of the other."""
+    assert enqueue(p, new("a", idem="k", phash="h")) == [1, "a", "queued"]
+    assert enqueue(p, new("b", idem="k", phash="h", type_="other")) == [1, "b", "queued"]
+    assert enqueue(p, new("c", idem="k", phash="h2", type_="other")) == [-1, "b", "queued"]
+    r, k = p.runtime.redis, p.keys()
+    assert r.get(k.idem("noop", "k")) == "a h" and r.get(k.idem("other", "k")) == "b h"
+
+
+def test_the_clients_request_hash_is_canonical_and_names_the_function(p: Project) -> None:
+    """The payload hash the client sends is codec.canonical_hash(type, version, payload):
+    key order and 7.0 vs 7 do not make another request; another payload does."""
+    from runner.errors import IdempotencyConflict
+    from runner.store import codec
+
+    first = p.client.enqueue("noop", {"a": 7.0, "b": [1]}, idempotency_key="k")
+    again = p.client.enqueue("noop", {"b": [1.0], "a": 7}, idempotency_key="k")
+    assert again.duplicate and again.id == first.id
+    assert raw(p, first.id)["idem_hash"] == codec.canonical_hash("noop", 1, {"a": 7, "b": [1]})
+    assert p.runtime.redis.get(p.keys().idem("noop", "k")) == f"{first.id} {raw(p, first.id)['idem_hash']}"
+    with pytest.raises(IdempotencyConflict):
+        p.client.enqueue("noop", {"a": 8}, idempotency_key="k")
+
+
+def test_a_duplicate_reports_the_status_of_the_job_holding_the_key(p: Project) -> None:
+    """A duplicate answers with where the first job is now: scheduled, processing (claimed),
+    deferred (parked on a full limit) or done."""
+    enqueue(p, new("hold", res="r1"))
+    assert [g[0] for g in claim(p)] == ["hold"]
+    enqueue(p, new("s", idem="ks", phash="h", delay=5000), new("w", idem="kw", phash="h", res="r1"),
+            new("c", idem="kc", phash="h"))
+    got = claim(p, base="w.2")
+    assert [g[0] for g in got] == ["c"]  # w is parked behind the holder
+    assert enqueue(p, new("x1", idem="ks", phash="h"), new("x2", idem="kw", phash="h"),
+                   new("x3", idem="kc", phash="h")) == [0, "s", "scheduled", 0, "w", "deferred",
+                                                        0, "c", "processing"]
+    assert p.runtime.scripts.ack(p.keys(), [Ack("c", got[0][1], "", "", "")], 100_000, now_ms=NOW) == [1]
+    assert enqueue(p, new("x4", idem="kc", phash="h")) == [0, "c", "done"]
+
+
+def test_a_key_naming_a_job_that_no_longer_exists_is_taken_over(p: Project) -> None:
+    """A key whose job record is gone (deleted by hand, or lost) is stale: the new job
+    takes it instead of being answered with a job nobody can read."""
+    r, k = p.runtime.redis, p.keys()
+    r.set(k.idem("noop", "k"), "gone h")
+    assert enqueue(p, new("a", idem="k", phash="h")) == [1, "a", "queued"]
+    assert r.get(k.idem("noop", "k")) == "a h"
+
+
+# --- claim -----------------------------------------------------------------------------
 
 
 def test_claim_sets_lease_token_and_attempt(p: Project) -> None:
@@ -91,12 +198,96 @@ def test_claim_sets_lease_token_and_attempt(p: Project) -> None:
     got = claim(p, n=1)
     assert [g[0] for g in got] == ["a"]  # FIFO
     _job_id, token, attempt = got[0][:3]
-    assert token == "w.1:0" and attempt == 1
+    assert token == "w.1:0" and attempt == 1 and got[0][12] == 1
+    assert got[0][3:12] == ["noop", "1", '{"a":1}', "3", "", "", "", str(NOW), ""]
     r = rec(p, "a")
     assert r["status"] == "processing" and r["token"] == token
+    assert p.runtime.redis.hget(p.keys().claims, "a") == f"{token} 1 {NOW} -"
     assert p.runtime.redis.zscore(p.keys().leases, "a") == NOW + LEASE
     assert structures(p)["ready"] == ["b"]
     assert_no_job_in_two_structures(p)
+
+
+def test_claim_replies_with_its_time_even_when_it_claims_nothing(p: Project) -> None:
+    """The first value of a claim reply is the time it ran at, so a worker can date its
+    jobs by the server's clock; an empty queue answers with that and "held back: 0"."""
+    assert claim_reply(p) == [NOW, 0]
+    before = server_ms(p)
+    at, held = claim_reply(p, now=None)
+    assert before <= at <= server_ms(p) and held == 0
+
+
+def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Project) -> None:
+    """Of n claimed jobs, the first `start` go to free executors (started 1: the attempt
+    counts at once); the rest are claimed ahead (started 0, claim flag 'p'). start.lua marks
+    them started (fenced: 1 marked, 0 started already, -1 lease lost). A lapsed lease of
+    a started job counts its attempt; of one still prefetched it is refunded once (record
+    field refunds, history "lost unstarted", no error), and counts the second time."""
+    enqueue(p, new("a"), new("b"), new("c"))
+    got = {g[0]: g for g in claim(p, n=3, start=1)}
+    assert {j: (g[2], g[12]) for j, g in got.items()} == {"a": (1, 1), "b": (1, 0), "c": (1, 0)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    tb, tc = got["b"][1], got["c"][1]
+    assert r.hget(k.claims, "b") == f"{tb} 1 {NOW} p" and rec(p, "b")["status"] == "processing"
+    assert sc.start(k, [("b", tb), ("c", "bogus")], now_ms=NOW + 5) == [1, -1]
+    assert r.hget(k.claims, "b") == f"{tb} 1 {NOW + 5} -"  # started now: the start time moves
+    assert r.hget(k.claims, "c") == f"{tc} 1 {NOW} p"
+    assert sc.start(k, [("b", tb), ("a", got["a"][1])], now_ms=NOW + 6) == [0, 0]
+
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [3, 0]
+    assert raw(p, "a")["attempt"] == "1" and raw(p, "b")["attempt"] == "1"
+    assert '"outcome":"worker lost"' in raw(p, "b")["history"]
+    rc = raw(p, "c")
+    unstarted = f'{{"attempt":1,"outcome":"lost unstarted","at_ms":{NOW + LEASE}}}'
+    assert rc["attempt"] == "0" and rc["refunds"] == "1" and rc["history"] == unstarted and "error" not in rc
+    assert rc["status"] == "queued" and rc["lost_token"].split()[0] == tc
+    assert r.hget(k.stats, "lost|noop") == "2" and r.hget(k.stats, "unspent|noop") == "1"
+
+    # c again, prefetched again and lost again: this time the attempt counts.
+    (again,) = claim(p, n=1, start=0, now=NOW + 2 * LEASE, base="w.2")
+    assert again[0] == "c" and again[2] == 1 and again[12] == 0
+    assert list(sc.reclaim(k, 1, 10**7, now_ms=NOW + 3 * LEASE)) == [1, 0]
+    rc = raw(p, "c")
+    assert rc["attempt"] == "1" and rc["refunds"] == "1" and "WorkerLost" in rc["error"]
+    assert rc["history"] == unstarted + f',{{"attempt":1,"outcome":"worker lost","at_ms":{NOW + 3 * LEASE}}}'
+
+
+def test_a_prefetched_job_that_settles_spends_its_attempt(p: Project) -> None:
+    """A prefetched job settled without a start mark ran all the same: a retry counts its
+    attempt (the next claim is attempt 2) and an ack records attempt 1."""
+    enqueue(p, new("a"), new("b"))
+    got = {g[0]: g for g in claim(p, n=2, start=0)}
+    sc, k = p.runtime.scripts, p.keys()
+    assert sc.retry(k, [RetryAt("a", got["a"][1], 0, '{"type":"E"}', "", "")], now_ms=NOW + 1) == [1]
+    assert sc.ack(k, [Ack("b", got["b"][1], "", "", "")], 100_000, now_ms=NOW + 1) == [1]
+    assert raw(p, "a")["attempt"] == "1" and rec(p, "b")["attempt"] == "1"
+    assert sc.promote(k, 100, now_ms=NOW + 1) == [1, -1]
+    (again,) = claim(p, now=NOW + 2, base="w.2")
+    assert again[0] == "a" and again[2] == 2
+
+
+def test_a_limited_job_is_never_prefetched(p: Project) -> None:
+    """A job under limits met beyond the first `start` jobs goes back to the consumer end of
+    ready, with what the claim popped after it, in order, and the claim stops, saying so
+    (held back: 1, so the worker waits for a free executor rather than for new jobs): the
+    job holds no slot it cannot use yet, is not parked and spends nothing."""
+    enqueue(p, new("a"), new("b", res="r1"), new("c"), new("d"))
+    reply = claim_reply(p, n=4, start=1)
+    assert reply[:2] == [NOW, 1]
+    got = [reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS)]
+    assert [(g[0], g[12]) for g in got] == [("a", 1)]
+    assert structures(p)["ready"] == ["d", "c", "b"]
+    rb = raw(p, "b")
+    assert rb["status"] == "queued" and "deferrals" not in rb and "attempt" not in rb
+    assert holders(p, "r:r1") == {} and parked(p, "r:r1") == []
+    reply = claim_reply(p, n=4, start=4, base="w.2")
+    assert reply[1] == 0
+    got = [reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS)]
+    assert [g[0] for g in got] == ["b", "c", "d"] and holders(p, "r:r1") == {"w.2:0": NOW + LEASE}
+    assert_no_job_in_two_structures(p)
+
+
+# --- settling: ack, retry, bury, release, renew ------------------------------------------
 
 
 def test_ack_is_fenced_by_token(p: Project) -> None:
@@ -104,10 +295,10 @@ def test_ack_is_fenced_by_token(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
     sc = p.runtime.scripts
-    assert sc.ack(p.keys(), [Ack("a", "stale", '"x"', "{}", "")], NOW, 100_000) == [-1]
+    assert sc.ack(p.keys(), [Ack("a", "stale", '"x"', "{}", "")], 100_000, now_ms=NOW) == [-1]
     assert rec(p, "a")["status"] == "processing"
-    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', '{"attempt":1}', "succeeded|noop")],
-                  NOW + 5, 100_000) == [1]
+    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', '{"attempt":1}', "succeeded|noop")], 100_000,
+                  now_ms=NOW + 5) == [1]
     r = rec(p, "a")
     # The claim is gone, so the settled token can no longer act on the job.
     assert r["status"] == "done" and r["result"] == '"ok"' and r.get("token", "") == ""
@@ -117,23 +308,48 @@ def test_ack_is_fenced_by_token(p: Project) -> None:
     assert p.runtime.redis.pttl(p.keys().job("a")) == -1 and raw(p, "a")["status"] == "queued"
     assert p.runtime.redis.zscore(p.keys().finished, "a") == NOW + 5
     assert p.runtime.redis.hget(p.keys().stats, "succeeded|noop") == "1"
+    # The minute's throughput counter is the minute of the ack's clock, kept for 6 hours.
+    tput = p.keys().throughput((NOW + 5) // 60_000)
+    assert p.runtime.redis.hget(tput, "done") == "1" and 0 < p.runtime.redis.pttl(tput) <= 6 * 3600 * 1000
     # A second ack of the same claim is refused (already done).
-    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', "", "")], NOW, 100_000) == [-1]
+    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', "", "")], 100_000, now_ms=NOW) == [-1]
 
 
 def test_retry_schedules_and_promote_moves_due(p: Project) -> None:
+    """A retry's delay counts from the script's clock; promote moves the job once it is due
+    and answers how long until the next due job."""
     enqueue(p, new("a"))
     (job,) = claim(p)
     sc = p.runtime.scripts
     err = '{"type":"E","message":"m"}'
-    assert sc.retry(p.keys(), [RetryAt("a", job[1], NOW + 500, err, '{"attempt":1}', "retried|noop")], NOW) == [1]
-    assert rec(p, "a")["status"] == "retrying"
+    assert sc.retry(p.keys(), [RetryAt("a", job[1], 500, err, '{"attempt":1}', "retried|noop")],
+                    now_ms=NOW) == [1]
+    assert rec(p, "a")["status"] == "retrying" and rec(p, "a")["ready_ms"] == str(NOW + 500)
     assert structures(p)["scheduled"] == ["a"]
-    assert sc.promote(p.keys(), NOW + 499, 100) == [0, NOW + 500]
-    assert sc.promote(p.keys(), NOW + 500, 100) == [1, -1]
+    assert p.runtime.redis.zscore(p.keys().scheduled, "a") == NOW + 500
+    assert sc.promote(p.keys(), 100, now_ms=NOW + 300) == [0, 200]
+    assert sc.promote(p.keys(), 100, now_ms=NOW + 500) == [1, -1]
     assert rec(p, "a")["status"] == "queued" and structures(p)["ready"] == ["a"]
     (again,) = claim(p, now=NOW + 600, base="w.2")
     assert again[2] == 2  # second attempt
+
+
+def test_a_refunded_retry_hands_the_job_back_without_spending_its_attempt(p: Project) -> None:
+    """A retry with refund (a worker that cannot run the job yet, a handler's RateLimited)
+    schedules it without counting the attempt, counted as a deferral; no error is kept."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    assert sc.retry(p.keys(), [RetryAt("a", job[1], 250, '{"type":"R"}', "", "deferred|noop", refund=True)],
+                    now_ms=NOW) == [1]
+    ra = raw(p, "a")
+    assert ra["status"] == "scheduled" and ra["deferrals"] == "1" and ra["ready_ms"] == str(NOW + 250)
+    assert "attempt" not in ra and "error" not in ra
+    assert p.runtime.redis.zscore(p.keys().scheduled, "a") == NOW + 250
+    assert p.runtime.redis.hget(p.keys().stats, "deferred|noop") == "1"
+    assert sc.promote(p.keys(), 100, now_ms=NOW + 250)[0] == 1
+    (again,) = claim(p, now=NOW + 251, base="w.2")
+    assert again[2] == 1
 
 
 def test_bury_with_refund_gives_the_attempt_back(p: Project) -> None:
@@ -141,98 +357,506 @@ def test_bury_with_refund_gives_the_attempt_back(p: Project) -> None:
     (job,) = claim(p)
     sc = p.runtime.scripts
     assert sc.bury(p.keys(), [Burial("a", job[1], "invalid payload", '{"type":"InvalidJob"}', "", True, "dead|noop")],
-                   NOW, 100_000) == [1]
+                   100_000, now_ms=NOW) == [1]
     r = rec(p, "a")
     assert r["status"] == "dead" and r["reason"] == "invalid payload" and r["attempt"] == "0"
     assert structures(p)["dead"] == ["a"]
+    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000
 
 
 def test_release_returns_to_front_without_spending_an_attempt(p: Project) -> None:
+    """A release ("now") puts the job at the consumer end of ready with its attempt
+    unspent; a history entry given with it is appended."""
     enqueue(p, new("a"), new("b"))
     (job,) = claim(p, n=1)
-    assert p.runtime.scripts.release(p.keys(), [(job[0], job[1])], NOW) == [1]
-    assert rec(p, "a").get("attempt", "0") == "0" and rec(p, "a")["status"] == "queued"
+    note = '{"attempt":1,"outcome":"released","at_ms":5}'
+    assert p.runtime.scripts.release(p.keys(), [Hand(job[0], job[1], "now", note)], now_ms=NOW + 5) == [1]
+    ra = rec(p, "a")
+    assert ra.get("attempt", "0") == "0" and ra["status"] == "queued"
+    assert ra["history"] == note and ra["ready_ms"] == str(NOW + 5)
     assert not p.runtime.redis.hexists(p.keys().claims, "a")
     got = claim(p, n=1, base="w.2")
-    assert got[0][0] == "a"  # released job runs next
+    assert got[0][0] == "a" and got[0][2] == 1  # released job runs next, as its first attempt
+    # A plain (id, token) pair is a release "now" too.
+    assert p.runtime.scripts.release(p.keys(), [(got[0][0], got[0][1])], now_ms=NOW + 6) == [1]
+    assert structures(p)["ready"] == ["b", "a"]
+
+
+def test_release_later_keeps_the_lease_and_reclaim_requeues_without_spending(p: Project) -> None:
+    """A release "later" (the handler may still run: a thread at shutdown) marks the claim
+    'x' and keeps its lease, so nobody can start the job meanwhile; once the lease lapses,
+    reclaim puts it back without spending the attempt, with history "interrupted"."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert sc.release(k, [Hand("a", job[1], "later")], now_ms=NOW + 5) == [1]
+    assert r.hget(k.claims, "a") == f"{job[1]} 1 {NOW} x"
+    assert r.zscore(k.leases, "a") == NOW + LEASE and rec(p, "a")["status"] == "processing"
+    assert claim(p, base="w.2") == [] and structures(p)["ready"] == []
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [1, 0]
+    ra = raw(p, "a")
+    assert ra["status"] == "queued" and ra["attempt"] == "0" and "error" not in ra
+    assert ra["history"] == f'{{"attempt":1,"outcome":"interrupted","at_ms":{NOW + LEASE}}}'
+    assert r.hget(k.stats, "unspent|noop") == "1" and r.hget(k.stats, "lost|noop") is None
+    (again,) = claim(p, now=NOW + LEASE + 1, base="w.3")
+    assert again[0] == "a" and again[2] == 1
 
 
 def test_renew_extends_only_owned_leases(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
     sc = p.runtime.scripts
-    assert sc.renew(p.keys(), [("a", job[1]), ("a", "bogus")], NOW + 900, LEASE) == [1, -1]
+    assert sc.renew(p.keys(), [("a", job[1]), ("a", "bogus")], LEASE, now_ms=NOW + 900) == [1, -1]
     assert p.runtime.redis.zscore(p.keys().leases, "a") == NOW + 900 + LEASE
 
 
+def test_renew_extends_the_limit_slot_and_reports_one_lost_to_another_holder(p: Project) -> None:
+    """A renewal extends the job's limit slots with its lease. When the slot lapsed and
+    another job took it (a stalled renewer), the lease is still renewed but the reply is -2:
+    the handler no longer has its exclusion; once the slot is free again a renewal takes
+    it back (1)."""
+    enqueue(p, new("a", res="r1"))
+    (a,) = claim(p)
+    sc, k = p.runtime.scripts, p.keys()
+    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=NOW + 500) == [1]
+    assert holders(p, "r:r1") == {a[1]: NOW + 500 + LEASE}
+    # a's renewer stalls: its slot lapses and b takes it before any reclaim runs.
+    late = NOW + 500 + LEASE + 1
+    enqueue(p, new("b", res="r1"), now=late)
+    (b,) = claim(p, now=late, base="w.2")
+    assert b[0] == "b" and holders(p, "r:r1") == {b[1]: late + LEASE}
+    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=late + 1) == [-2]
+    assert p.runtime.redis.zscore(k.leases, "a") == late + 1 + LEASE
+    assert holders(p, "r:r1") == {b[1]: late + LEASE}
+    assert sc.ack(k, [Ack("b", b[1], "", "", "")], 100_000, now_ms=late + 2) == [1]
+    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=late + 3) == [1]
+    assert holders(p, "r:r1") == {a[1]: late + 3 + LEASE}
+
+
 def test_reclaim_counts_a_lapsed_lease_as_an_attempt(p: Project) -> None:
-    """A lapsed lease goes back to ready; at max_attempts it is buried as worker lost."""
+    """A lapsed lease goes back to ready, the lapsed token kept as lost_token; at
+    max_attempts it is buried as worker lost. Once another claim holds the job, the stale
+    worker's ack is refused."""
     enqueue(p, new("a", max_attempts=2))
     sc = p.runtime.scripts
     (job,) = claim(p)
-    assert sc.reclaim(p.keys(), NOW + LEASE - 1, 100, 100_000) == [0, 0]  # not yet
-    assert sc.reclaim(p.keys(), NOW + LEASE, 100, 100_000) == [1, 0]
-    assert rec(p, "a")["status"] == "queued"
-    # The stale worker's ack is refused after the reclaim.
-    assert sc.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW + LEASE, 1000) == [-1]
+    assert sc.reclaim(p.keys(), 100, 100_000, now_ms=NOW + LEASE - 1) == [0, 0]  # not yet
+    assert sc.reclaim(p.keys(), 100, 100_000, now_ms=NOW + LEASE) == [1, 0]
+    assert rec(p, "a")["status"] == "queued" and raw(p, "a")["lost_token"].split()[0] == job[1]
     (job2,) = claim(p, now=NOW + 2 * LEASE, base="w.2")
     assert job2[2] == 2
-    assert sc.reclaim(p.keys(), NOW + 4 * LEASE, 100, 100_000) == [0, 1]
+    assert sc.ack(p.keys(), [Ack("a", job[1], "", "", "")], 1000, now_ms=NOW + 2 * LEASE) == [-1]
+    assert rec(p, "a")["token"] == job2[1]
+    assert sc.reclaim(p.keys(), 100, 100_000, now_ms=NOW + 4 * LEASE) == [0, 1]
     r = rec(p, "a")
-    assert r["status"] == "dead" and r["reason"] == "worker lost"
+    assert r["status"] == "dead" and r["reason"] == "worker lost" and r["lost_token"].split()[0] == job2[1]
     assert '"outcome":"worker lost"' in r["history"]
+    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000
     assert_no_job_in_two_structures(p)
 
 
-def test_resource_lock_defers_without_spending_an_attempt(p: Project) -> None:
-    """A second job on a held resource is deferred to scheduled with attempt 0; the
-    holder's release wakes it."""
+# --- late success: a lapsed lease whose run still finished --------------------------------
+
+
+def test_a_late_ack_records_the_job_done_when_nobody_claimed_it_since(p: Project) -> None:
+    """The lease lapsed while the handler still ran and the job waits in ready: the ack of
+    the lapsed token (the record's lost_token) is a late success (2): the job is done with
+    that result, and its id left in ready is dropped as a stray by the next claim."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [1, 0]
+    entry = '{"attempt":1,"outcome":"done"}'
+    assert sc.ack(k, [Ack("a", job[1], '"late"', entry, "succeeded|noop")], 100_000,
+                  now_ms=NOW + LEASE + 5) == [2]
+    ra = rec(p, "a")
+    assert ra["status"] == "done" and ra["result"] == '"late"' and ra["attempt"] == "1"
+    assert ra["history"].endswith("," + entry) and "lost_token" not in raw(p, "a")
+    assert r.zscore(k.finished, "a") == NOW + LEASE + 5
+    assert r.hget(k.stats, "late|noop") == "1" and r.hget(k.stats, "succeeded|noop") == "1"
+    assert structures(p)["ready"] == ["a"]  # still there: the claim drops it
+    assert claim(p, now=NOW + LEASE + 6, base="w.2") == []
+    assert r.hget(k.stats, "stray") == "1"
+    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "dead": [], "done": ["a"]}
+    assert sc.ack(k, [Ack("a", job[1], '"again"', "", "")], 100_000, now_ms=NOW + LEASE + 7) == [-1]
+
+
+def test_a_late_ack_revives_a_job_buried_as_worker_lost(p: Project) -> None:
+    """On its last attempt a lapsed lease buries the job as worker lost and frees its
+    idempotency key; the late ack of that run takes the job out of the dead-letter set,
+    keeps its record (no expiry) and marks the key done for it again."""
+    enqueue(p, new("a", max_attempts=1, idem="k", phash="h"))
+    (job,) = claim(p)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [0, 1]
+    assert r.get(k.idem("noop", "k")) is None and r.pttl(k.job("a")) > 0
+    assert sc.ack(k, [Ack("a", job[1], '"late"', "", "")], 100_000, now_ms=NOW + LEASE + 5) == [2]
+    s = structures(p)
+    assert s["dead"] == [] and s["done"] == ["a"]
+    ra = rec(p, "a")
+    assert ra["status"] == "done" and "reason" not in ra and ra["result"] == '"late"'
+    assert r.pttl(k.job("a")) == -1
+    assert r.get(k.idem("noop", "k")) == "a h done" and 0 < r.pttl(k.idem("noop", "k")) <= 100_000
+
+
+def test_a_late_ack_is_refused_when_the_job_settled_otherwise(p: Project) -> None:
+    """A lapsed token acks late only while the job waits for a new run: after another
+    claim settled it (done), or when it died for another reason, the ack is -1 and
+    nothing changes."""
+    enqueue(p, new("a"), new("b"))
+    got = {g[0]: g[1] for g in claim(p)}
+    k, sc = p.keys(), p.runtime.scripts
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [2, 0]
+    again = {g[0]: g[1] for g in claim(p, now=NOW + LEASE + 1, base="w.2")}
+    assert sc.ack(k, [Ack("a", again["a"], '"second"', "", "")], 100_000, now_ms=NOW + LEASE + 2) == [1]
+    assert sc.bury(k, [Burial("b", again["b"], "failed", "", "", False, "")], 100_000,
+                   now_ms=NOW + LEASE + 2) == [1]
+    before = (rec(p, "a"), rec(p, "b"), structures(p))
+    assert sc.ack(k, [Ack("a", got["a"], '"first"', "", ""), Ack("b", got["b"], '"first"', "", "")],
+                  100_000, now_ms=NOW + LEASE + 3) == [-1, -1]
+    assert (rec(p, "a"), rec(p, "b"), structures(p)) == before
+    assert rec(p, "a")["result"] == '"second"'
+
+
+@pytest.mark.parametrize("lapse", ["prefetched", "later"])
+def test_a_late_ack_after_a_refunded_lapse_records_the_attempt_that_ran(p: Project, lapse: str) -> None:
+    """A run whose lapse spent nothing (claimed ahead with its start mark lost, or given up
+    at shutdown with the handler running) that still finishes is done as the attempt it
+    ran as (1), not as attempt 0."""
+    enqueue(p, new("a"))
+    (job,) = claim(p, n=1, start=0 if lapse == "prefetched" else 1)
+    k, sc = p.keys(), p.runtime.scripts
+    if lapse == "later":
+        assert sc.release(k, [Hand("a", job[1], "later")], now_ms=NOW + 1) == [1]
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [1, 0]
+    assert sc.ack(k, [Ack("a", job[1], '"late"', "", "")], 100_000, now_ms=NOW + LEASE + 5) == [2]
+    ra = rec(p, "a")
+    assert ra["status"] == "done" and ra["attempt"] == "1"
+
+
+def test_a_late_ack_is_refused_once_the_job_was_claimed_again_since(p: Project) -> None:
+    """Run 1's lease lapses; run 2 claims the job, fails and is retried; once the retry is
+    due the job waits in ready again. Run 1's ack must not make it done: another claim ran
+    the job since (the record now holds attempt 2's start and error)."""
+    enqueue(p, new("a"))
+    (first,) = claim(p)
+    k, sc = p.keys(), p.runtime.scripts
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [1, 0]
+    (second,) = claim(p, now=NOW + LEASE + 1, base="w.2")
+    assert second[2] == 2
+    assert sc.retry(k, [RetryAt("a", second[1], 10, '{"type":"E"}', '{"attempt":2}', "")],
+                    now_ms=NOW + LEASE + 2) == [1]
+    assert sc.promote(k, 100, now_ms=NOW + LEASE + 12)[0] == 1
+    assert sc.ack(k, [Ack("a", first[1], '"first"', "", "")], 100_000, now_ms=NOW + LEASE + 13) == [-1]
+    assert rec(p, "a")["status"] == "queued"
+
+
+# --- limits: parking, waking, reservations, the sweep -----------------------------------
+
+
+def test_a_full_limit_parks_the_job_without_spending_an_attempt(p: Project) -> None:
+    """A second job on a held resource is parked: status deferred, attempt 0, deferrals
+    +1, only in the limit's waiter list (not in ready, not scheduled), its key named in
+    limwait for the sweep. The holder's ack frees the slot and wakes it at once: the slot
+    is reserved for it and it goes to the consumer end of ready."""
     enqueue(p, new("a", res="r1"), new("b", res="r1"))
     got = claim(p)
     assert [g[0] for g in got] == ["a"]
-    rb = rec(p, "b")
-    assert rb["status"] == "scheduled" and rb.get("attempt", "0") == "0" and rb["deferrals"] == "1"
-    lock = p.keys().lock("r1")
-    assert p.runtime.redis.get(lock) == got[0][1]
-    # Ack releases the lock (compare-and-delete) and wakes the first waiter at once.
-    p.runtime.scripts.ack(p.keys(), [Ack("a", got[0][1], "", "", "")], NOW, 1000)
-    assert p.runtime.redis.get(lock) is None
+    r, k = p.runtime.redis, p.keys()
+    rb = raw(p, "b")
+    assert rb["status"] == "deferred" and rb.get("attempt", "0") == "0" and rb["deferrals"] == "1"
+    assert parked(p, "r:r1") == ["b"]
+    s = structures(p)
+    assert s["ready"] == [] and s["scheduled"] == [] and s["leases"] == ["a"]
+    assert r.zscore(k.limwait, "r:r1") == NOW + SWEEP_MS
+    assert holders(p, "r:r1") == {got[0][1]: NOW + LEASE}
+    assert r.hget(k.stats, "deferred|noop") == "1"
+    # Ack frees the slot and hands it to the first parked job.
+    assert p.runtime.scripts.ack(k, [Ack("a", got[0][1], "", "", "")], 1000, now_ms=NOW + 5) == [1]
+    assert holders(p, "r:r1") == {"=b": NOW + 5 + RESERVE_MS}
     assert structures(p)["ready"] == ["b"] and structures(p)["scheduled"] == []
-    assert rec(p, "b")["status"] == "queued"
+    assert rec(p, "b")["status"] == "queued" and raw(p, "b")["ready_ms"] == str(NOW + 5)
+    assert parked(p, "r:r1") == [] and r.zscore(k.limwait, "r:r1") is None
+    (b,) = claim(p, now=NOW + 6, base="w.2")
+    assert b[0] == "b" and b[2] == 1  # parking spent no attempt
+    assert holders(p, "r:r1") == {b[1]: NOW + 6 + LEASE} and "woken" not in raw(p, "b")
     assert_no_job_in_two_structures(p)
 
 
-def test_release_lock_only_by_holder(p: Project) -> None:
-    """A holder whose lock expired and was retaken cannot delete the new holder's lock."""
-    enqueue(p, new("a", res="r1"))
-    (job,) = claim(p)
-    r = p.runtime.redis
-    r.set(p.keys().lock("r1"), "someone-else")
-    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 1000)
-    assert r.get(p.keys().lock("r1")) == "someone-else"
+def test_a_job_under_two_limits_takes_a_slot_of_each_or_none(p: Project) -> None:
+    """A job under several limits is claimed only when every one has a free slot; parked on
+    the full one, it holds no slot of the others. A limit of n admits n holders."""
+    lim = "2 shared\n1 r:x"
+    enqueue(p, new("a", limits=lim), new("b", limits="1 r:x"), new("c", limits=lim), new("d", limits="2 shared"))
+    got = {g[0]: g[1] for g in claim(p)}
+    assert sorted(got) == ["a", "d"]
+    assert set(holders(p, "shared")) == {got["a"], got["d"]} and set(holders(p, "r:x")) == {got["a"]}
+    assert parked(p, "r:x") == ["b", "c"] and parked(p, "shared") == []
+    assert raw(p, "c")["status"] == "deferred"
 
 
-def test_reclaim_releases_the_resource_lock(p: Project) -> None:
+def test_a_release_frees_only_its_own_slot(p: Project) -> None:
+    """A holder whose slot lapsed and was taken by another job (no reclaim ran yet) still
+    settles its claim, but its release cannot take the new holder's slot."""
     enqueue(p, new("a", res="r1"))
+    (a,) = claim(p)
+    late = NOW + LEASE + 1
+    enqueue(p, new("b", res="r1"), now=late)
+    (b,) = claim(p, now=late, base="w.2")
+    assert holders(p, "r:r1") == {b[1]: late + LEASE}
+    assert p.runtime.scripts.ack(p.keys(), [Ack("a", a[1], "", "", "")], 1000, now_ms=late + 1) == [1]
+    assert holders(p, "r:r1") == {b[1]: late + LEASE}
+
+
+def _settle_a(p: Project, how: str, token: str, at: int) -> None:
+    sc, k = p.runtime.scripts, p.keys()
+    if how == "ack":
+        assert sc.ack(k, [Ack("a", token, "", "", "")], 1000, now_ms=at) == [1]
+    elif how == "retry":
+        assert sc.retry(k, [RetryAt("a", token, 60_000, '{"type":"E"}', "", "")], now_ms=at) == [1]
+    elif how == "bury":
+        assert sc.bury(k, [Burial("a", token, "failed", "", "", False, "")], 1000, now_ms=at) == [1]
+    elif how == "release":
+        assert sc.release(k, [("a", token)], now_ms=at) == [1]
+    else:
+        assert list(sc.reclaim(k, 100, 1000, now_ms=at)) == [1, 0]
+
+
+@pytest.mark.parametrize("how", ["ack", "retry", "bury", "release", "reclaim"])
+def test_every_settlement_frees_the_slot_and_wakes_the_first_parked_job(p: Project, how: str) -> None:
+    """Whichever way the holder settles (ack, retry, bury, release, a reclaimed lease), its
+    slot is freed and handed to the first parked job, which is next out of ready; a holder
+    that went back to ready itself is behind it, and parks when it is claimed."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"), new("c", res="r1"))
+    (a,) = claim(p)
+    assert parked(p, "r:r1") == ["b", "c"]
+    at = NOW + LEASE if how == "reclaim" else NOW + 5
+    _settle_a(p, how, a[1], at)
+    assert holders(p, "r:r1") == {"=b": at + RESERVE_MS}
+    assert parked(p, "r:r1") == ["c"] and rec(p, "b")["status"] == "queued"
+    (b,) = claim(p, n=1, now=at + 1, base="w.2")
+    assert b[0] == "b" and holders(p, "r:r1") == {b[1]: at + 1 + LEASE}
+    if how in ("release", "reclaim"):
+        assert claim(p, now=at + 2, base="w.3") == []
+        assert parked(p, "r:r1") == ["c", "a"] and raw(p, "a")["status"] == "deferred"
+    assert_no_job_in_two_structures(p)
+
+
+def test_parked_jobs_wake_in_order_and_a_reserved_slot_beats_a_newcomer(p: Project) -> None:
+    """Each parked job has one waiter entry, whatever the claims meanwhile; the first
+    parked is the first woken; a newcomer popped before the woken job finds the slot
+    reserved and parks behind the others, and the woken job takes its slot."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"), new("c", res="r1"))
+    (a,) = claim(p)
+    for i in range(3):
+        assert claim(p, base=f"w.x{i}") == []
+    assert parked(p, "r:r1") == ["b", "c"]
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert sc.ack(k, [Ack("a", a[1], "", "", "")], 1000, now_ms=NOW + 5) == [1]
+    assert structures(p)["ready"] == ["b"] and parked(p, "r:r1") == ["c"]
+    # A newcomer d reaches the consumer end first (pushed there by hand).
+    enqueue(p, new("d", res="r1"), now=NOW + 6)
+    r.delete(k.ready)
+    r.rpush(k.ready, "b", "d")
+    got = claim(p, n=1, now=NOW + 7, base="w.2")
+    assert [g[0] for g in got] == ["b"]  # d parked, which is no claim: the call went on to b
+    assert parked(p, "r:r1") == ["c", "d"] and raw(p, "d")["status"] == "deferred"
+    assert holders(p, "r:r1") == {got[0][1]: NOW + 7 + LEASE}
+    assert sc.ack(k, [Ack("b", got[0][1], "", "", "")], 1000, now_ms=NOW + 8) == [1]
+    assert parked(p, "r:r1") == ["d"] and structures(p)["ready"] == ["c"]
+    assert holders(p, "r:r1") == {"=c": NOW + 8 + RESERVE_MS}
+
+
+def test_a_woken_job_that_lost_its_reserved_slot_goes_back_to_the_head(p: Project) -> None:
+    """A reservation lasts RESERVE_MS: a woken job claimed after that may find its slot
+    taken; it parks again at the head of the line (it was first), not behind the others."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"), new("c", res="r1"))
+    (a,) = claim(p)
+    r, k = p.runtime.redis, p.keys()
+    assert p.runtime.scripts.ack(k, [Ack("a", a[1], "", "", "")], 1000, now_ms=NOW + 5) == [1]
+    assert raw(p, "b")["woken"] == "1"
+    later = NOW + 5 + RESERVE_MS + 1
+    enqueue(p, new("d", res="r1"), now=later)
+    r.delete(k.ready)
+    r.rpush(k.ready, "b", "d")  # d is popped first, after b's reservation lapsed
+    got = claim(p, n=2, now=later, base="w.2")
+    assert [g[0] for g in got] == ["d"]
+    assert parked(p, "r:r1") == ["b", "c"]
+    rb = raw(p, "b")
+    assert rb["status"] == "deferred" and rb["deferrals"] == "2" and "woken" not in rb
+
+
+def test_a_stray_id_of_a_parked_job_is_dropped_not_run(p: Project) -> None:
+    """A parked job's id found in ready (pushed again by hand) is a stray: the job stays
+    parked, once, and does not run past its limit."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"))
     claim(p)
-    p.runtime.scripts.reclaim(p.keys(), NOW + LEASE, 100, 100_000)
-    assert p.runtime.redis.get(p.keys().lock("r1")) is None
+    p.runtime.redis.rpush(p.keys().ready, "b")
+    assert claim(p, base="w.2") == []
+    assert p.runtime.redis.hget(p.keys().stats, "stray") == "1"
+    assert parked(p, "r:r1") == ["b"] and raw(p, "b")["status"] == "deferred"
 
 
-def test_completed_idempotency_key_makes_a_later_job_a_duplicate(p: Project) -> None:
-    """A job whose key already completed under another job is done without running."""
+def test_promote_sweeps_a_limit_whose_holder_lapsed_without_a_release(p: Project) -> None:
+    """The holder's worker died and no reclaim has run: promote's sweep of limwait wakes the
+    parked job once the holder's slot lapsed. Until then each sweep finds the limit full
+    and looks again SWEEP_MS later; promote answers the ms until that next sweep."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"))
+    (a,) = claim(p)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=NOW + 900) == [1]  # a's slot lasts to NOW + 1900
+    assert sc.promote(k, 100, now_ms=NOW + 400) == [0, SWEEP_MS - 400]
+    assert sc.promote(k, 100, now_ms=NOW + SWEEP_MS) == [0, SWEEP_MS]  # swept: still full
+    assert parked(p, "r:r1") == ["b"] and r.zscore(k.limwait, "r:r1") == NOW + 2 * SWEEP_MS
+    assert sc.promote(k, 100, now_ms=NOW + 2 * SWEEP_MS) == [0, -1]
+    assert structures(p)["ready"] == ["b"] and parked(p, "r:r1") == []
+    assert holders(p, "r:r1") == {"=b": NOW + 2 * SWEEP_MS + RESERVE_MS}
+    assert r.zscore(k.limwait, "r:r1") is None
+    assert rec(p, "b")["status"] == "queued"
+
+
+def test_the_sweep_drops_a_stale_waiter_entry_and_then_wakes_the_job_behind_it(p: Project) -> None:
+    """A waiter entry whose job is gone (its record deleted) cannot say what the limit is:
+    the sweep drops it and looks again at once; the next sweep wakes the job behind it."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"))
+    claim(p)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.lpush(k.limit("r:r1") + ":w", "ghost")
+    after = NOW + LEASE + 1  # a's slot lapsed
+    assert sc.promote(k, 100, now_ms=after) == [0, 0]
+    assert parked(p, "r:r1") == ["b"]
+    assert sc.promote(k, 100, now_ms=after) == [0, -1]
+    assert structures(p)["ready"] == ["b"] and parked(p, "r:r1") == []
+
+
+def test_a_retry_keeps_its_backoff_despite_a_stale_waiter_entry_of_its_own(p: Project) -> None:
+    """A job may find its own id left on its limit's waiter list. When it fails and is
+    scheduled for a retry, releasing its own slot must not take the stale entry for a
+    parked job and queue it at once, skipping the backoff (nor reserve it a slot)."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("b", res="r"))
+    r.rpush(k.limit("r:r") + ":w", "b")  # a stale entry
+    (job,) = claim(p, n=1)
+    assert p.runtime.scripts.retry(k, [RetryAt("b", job[1], 60_000, '{"type":"E"}', '{"attempt":1}', "")],
+                                   now_ms=NOW + 5) == [1]
+    assert rec(p, "b")["status"] == "retrying"
+    assert structures(p)["ready"] == [] and r.zscore(k.scheduled, "b") == NOW + 5 + 60_000
+    assert holders(p, "r:r") == {} and parked(p, "r:r") == []
+
+
+# --- idempotency keys --------------------------------------------------------------------
+
+
+def test_a_key_has_no_expiry_until_its_job_completes_then_the_retention(p: Project) -> None:
+    """While its job is unfinished (scheduled, claimed, retrying) the key never expires, so
+    a second request cannot slip in under a slow job; the ack marks it done for the
+    idempotency retention, and later requests are answered with the done job."""
+    enqueue(p, new("a", idem="k", phash="h", delay=100))
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    ik = k.idem("noop", "k")
+    assert r.pttl(ik) == -1
+    sc.promote(k, 100, now_ms=NOW + 100)
+    (job,) = claim(p, now=NOW + 100)
+    assert sc.retry(k, [RetryAt("a", job[1], 0, '{"type":"E"}', "", "")], now_ms=NOW + 101) == [1]
+    assert r.get(ik) == "a h" and r.pttl(ik) == -1
+    sc.promote(k, 100, now_ms=NOW + 101)
+    (job,) = claim(p, now=NOW + 102, base="w.2")
+    assert sc.ack(k, [Ack("a", job[1], "", "", "")], 50_000, now_ms=NOW + 103) == [1]
+    assert r.get(ik) == "a h done" and 0 < r.pttl(ik) <= 50_000
+    assert enqueue(p, new("b", idem="k", phash="h")) == [0, "a", "done"]
+    assert enqueue(p, new("c", idem="k", phash="other")) == [-1, "a", "done"]
+
+
+def test_ack_marks_the_key_done_only_while_it_still_names_the_job(p: Project) -> None:
+    """A key that names another job by the time of the ack (it was freed and taken
+    meanwhile) is that job's: the ack leaves it as it is."""
     enqueue(p, new("a", idem="k", phash="h"))
     (job,) = claim(p)
-    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000)
-    assert p.runtime.redis.get(p.keys().idem("k")) == "a h done"
-    # Another producer pushes a second job with the same key (bypassing enqueue's check).
+    r, k = p.runtime.redis, p.keys()
+    r.set(k.idem("noop", "k"), "z h2")
+    assert p.runtime.scripts.ack(k, [Ack("a", job[1], "", "", "")], 50_000, now_ms=NOW) == [1]
+    assert r.get(k.idem("noop", "k")) == "z h2" and r.pttl(k.idem("noop", "k")) == -1
+
+
+def test_bury_frees_the_key_of_its_job_only(p: Project) -> None:
+    """A dead job's key is freed (a failed request may be sent again); a key that names
+    another job is not touched."""
+    enqueue(p, new("a", idem="k1", phash="h"), new("b", idem="k2", phash="h"))
+    got = {g[0]: g[1] for g in claim(p)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.set(k.idem("noop", "k2"), "other h")
+    assert sc.bury(k, [Burial("a", got["a"], "failed", "", "", False, ""),
+                       Burial("b", got["b"], "failed", "", "", False, "")], 100_000, now_ms=NOW) == [1, 1]
+    assert r.get(k.idem("noop", "k1")) is None and r.get(k.idem("noop", "k2")) == "other h"
+    assert enqueue(p, new("c", idem="k1", phash="h")) == [1, "c", "queued"]
+
+
+def test_claim_marks_a_duplicate_only_for_the_same_payload(p: Project) -> None:
+    """A job whose key already completed under another job is done without running when
+    its payload hash is that job's (or it has none recorded, as an older producer writes
+    it); with another payload it is a request of its own and runs."""
+    enqueue(p, new("a", idem="k", phash="h"))
+    (job,) = claim(p)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], 100_000, now_ms=NOW)
+    assert p.runtime.redis.get(p.keys().idem("noop", "k")) == "a h done"
+    # Other producers push jobs with the same key (bypassing enqueue's check).
     r = p.runtime.redis
-    r.hset(p.keys().job("b"), mapping={"type": "noop", "version": 1, "payload": "{}", "status": "queued",
-                                       "attempt": 0, "max_attempts": 3, "idem_key": "k"})
-    r.lpush(p.keys().ready, "b")
-    assert claim(p, base="w.2") == []
-    rb = rec(p, "b")
-    assert rb["status"] == "done" and rb["duplicate_of"] == "a"
+    base = {"type": "noop", "version": 1, "payload": "{}", "status": "queued", "max_attempts": 3, "idem_key": "k"}
+    r.hset(p.keys().job("b"), mapping={**base, "idem_hash": "h"})
+    r.hset(p.keys().job("c"), mapping={**base, "idem_hash": "other"})
+    r.hset(p.keys().job("d"), mapping=base)
+    r.lpush(p.keys().ready, "b", "c", "d")
+    got = claim(p, base="w.2")
+    assert [g[0] for g in got] == ["c"]
+    for dup in "bd":
+        rd = rec(p, dup)
+        assert rd["status"] == "done" and rd["duplicate_of"] == "a"
+        assert 0 < r.pttl(p.keys().job(dup)) <= 10_000_000
+    assert r.hget(p.keys().stats, "duplicates|noop") == "2"
+
+
+def test_requeue_takes_its_key_back_or_goes_back_without_it(p: Project) -> None:
+    """A requeued dead job takes its key again when it is free (with the hash of the payload
+    it goes back with); when another job took the key meanwhile, it goes back without a
+    key (2), and its history says why, before the requeue's own entry."""
+    enqueue(p, new("a", idem="k1", phash="h1"), new("b", idem="k2", phash="h2"))
+    got = {g[0]: g[1] for g in claim(p)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert sc.bury(k, [Burial("a", got["a"], "x", "", "", False, ""),
+                       Burial("b", got["b"], "x", "", "", False, "")], 100_000, now_ms=NOW) == [1, 1]
+    assert enqueue(p, new("c", idem="k2", phash="h3")) == [1, "c", "queued"]
+    assert sc.requeue(k, "a", '{"a":2}', "1", "h9", now_ms=NOW + 1) == 1
+    assert r.get(k.idem("noop", "k1")) == "a h9" and r.pttl(k.idem("noop", "k1")) == -1
+    assert raw(p, "a")["idem_hash"] == "h9" and raw(p, "a")["idem_key"] == "k1"
+    entry = '{"outcome":"requeued","by":"test"}'
+    assert sc.requeue(k, "b", history=entry, now_ms=NOW + 2) == 2
+    rb = raw(p, "b")
+    assert "idem_key" not in rb and "idem_hash" not in rb and rb["status"] == "queued"
+    note = ('{"outcome":"key dropped","message":"idempotency key k2 is held by another job",'
+            f'"at_ms":{NOW + 2}}}')
+    assert rb["history"] == note + "," + entry
+    assert r.get(k.idem("noop", "k2")) == "c h3"
+    # A requeue without a new hash keeps the stored one.
+    (a,) = [g for g in claim(p, now=NOW + 3, base="w.2") if g[0] == "a"]
+    assert sc.bury(k, [Burial("a", a[1], "x", "", "", False, "")], 100_000, now_ms=NOW + 4) == [1]
+    assert sc.requeue(k, "a", now_ms=NOW + 5) == 1
+    assert r.get(k.idem("noop", "k1")) == "a h9"
+
+
+def test_remove_frees_a_key_that_still_names_the_job(p: Project) -> None:
+    """Deleting a dead job deletes its key if it still names the job, never another job's."""
+    enqueue(p, new("a", idem="k1", phash="h"), new("b", idem="k2", phash="h"))
+    got = {g[0]: g[1] for g in claim(p)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    sc.bury(k, [Burial(i, got[i], "x", "", "", False, "") for i in "ab"], 100_000, now_ms=NOW)
+    r.set(k.idem("noop", "k1"), "a h")  # as if the job had taken it back
+    r.set(k.idem("noop", "k2"), "other h")
+    assert sc.remove(k, "a") == 1 and sc.remove(k, "b") == 1
+    assert r.get(k.idem("noop", "k1")) is None and r.get(k.idem("noop", "k2")) == "other h"
+
+
+# --- what must never reach a handler: malformed records, strays ---------------------------
 
 
 @pytest.mark.parametrize("setup,reason", [
@@ -256,7 +880,7 @@ def test_malformed_records_are_buried_with_a_reason(p: Project, setup: Any, reas
 def test_stray_id_of_a_done_job_is_dropped_not_rerun(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
-    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], NOW, 100_000)
+    p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], 100_000, now_ms=NOW)
     p.runtime.redis.lpush(p.keys().ready, "a")
     assert claim(p, base="w.2") == []
     assert rec(p, "a")["status"] == "done"
@@ -290,17 +914,21 @@ def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Proj
     # b as an older release left it: no claim entry, the claim on the record
     r.hdel(k.claims, "b")
     r.hset(k.job("b"), mapping={"status": "processing", "token": "old:1", "attempt": 1})
-    assert sc.ack(k, [Ack("c", got["c"][1], "", "", "")], NOW, 100_000) == [1]
+    assert sc.ack(k, [Ack("c", got["c"][1], "", "", "")], 100_000, now_ms=NOW) == [1]
     r.zadd(k.leases, {"c": NOW})  # a stray lease beside c's outcome
-    assert list(sc.reclaim(k, NOW + LEASE + 1, 100, 10**7)) == [2, 0]
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE + 1)) == [2, 0]
     assert sorted(r.lrange(k.ready, 0, -1)) == ["a", "b"]
     for job_id in "ab":
         v = rec(p, job_id)
         assert v["status"] == "queued" and v["attempt"] == "1", v
         assert v["history"].endswith(f'"outcome":"worker lost","at_ms":{NOW + LEASE + 1}}}')
+    assert raw(p, "b")["lost_token"].split()[0] == "old:1"  # the legacy claim's token can still ack late
     assert rec(p, "c")["status"] == "done"
     assert r.hlen(k.claims) == 0
     assert_no_job_in_two_structures(p)
+
+
+# --- damaged keys: refused or healed, never a lost job -----------------------------------
 
 
 def test_claim_with_a_damaged_queue_key_refuses_and_loses_nothing(p: Project) -> None:
@@ -333,7 +961,7 @@ def test_reclaim_renames_damaged_leases_aside_and_takes_every_claimed_job_back(p
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     r.delete(k.leases)
     r.set(k.leases, "clobbered")
-    assert list(sc.reclaim(k, NOW + 1, 100, 10**7)) == [2, 0]
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + 1)) == [2, 0]
     assert r.get(k.leases + ":corrupt") == "clobbered" and r.hget(k.stats, "corrupt|leases") == "1"
     assert {rec(p, j)["status"] for j in "ab"} == {"queued"} and rec(p, "a")["attempt"] == "1"
     assert r.hlen(k.claims) == 0 and r.zcard(k.leases) == 0
@@ -342,14 +970,14 @@ def test_reclaim_renames_damaged_leases_aside_and_takes_every_claimed_job_back(p
     assert_no_job_in_two_structures(p)
 
 
-@pytest.mark.parametrize("name", ["stats", "notify", "ready", "dead", "scheduled"])
+@pytest.mark.parametrize("name", ["stats", "notify", "ready", "dead", "scheduled", "limwait"])
 def test_reclaim_renames_any_damaged_queue_key_aside(p: Project, name: str) -> None:
     """Every structural key of the queue found with the wrong Redis type is renamed to
     <key>:corrupt and counted (corrupt|<name>), after which enqueue and claim work."""
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     key = getattr(k, name)
     r.set(key, "clobbered")
-    sc.reclaim(k, NOW, 100, 10**7)
+    sc.reclaim(k, 100, 10**7, now_ms=NOW)
     assert r.get(key + ":corrupt") == "clobbered" and r.hget(k.stats, f"corrupt|{name}") == "1"
     assert enqueue(p, new("a")) == [1, "a", "queued"]
     assert [g[0] for g in claim(p)] == ["a"]
@@ -366,7 +994,7 @@ def test_enqueue_and_ack_go_through_damaged_stats_and_wakeup_keys(p: Project) ->
     assert enqueue(p, new("c", idem="i", phash="h")) == [0, "b", "queued"]
     got = claim(p, n=2)
     assert [g[0] for g in got] == ["a", "b"]
-    assert list(sc.ack(k, [Ack("a", got[0][1], "", "", "")], NOW, 100_000)) == [1]
+    assert list(sc.ack(k, [Ack("a", got[0][1], "", "", "")], 100_000, now_ms=NOW)) == [1]
     assert rec(p, "a")["status"] == "done"
     assert_no_job_in_two_structures(p)
 
@@ -385,8 +1013,8 @@ def test_reclaim_renames_a_damaged_claims_hash_aside_and_takes_its_jobs_back(p: 
     with pytest.raises(ResponseError):
         claim(p, n=1, base="w.2")
     with pytest.raises(ResponseError):
-        sc.ack(k, [Ack("a", job[1], "", "", "")], NOW, 100_000)
-    assert list(sc.reclaim(k, NOW + LEASE + 1, 100, 10**7)) == [1, 0]
+        sc.ack(k, [Ack("a", job[1], "", "", "")], 100_000, now_ms=NOW)
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE + 1)) == [1, 0]
     assert r.get(k.claims + ":corrupt") == "clobbered" and r.hget(k.stats, "corrupt|claims") == "1"
     assert rec(p, "a")["status"] == "queued" and rec(p, "a")["attempt"] == "1"
     got = claim(p, n=2, now=NOW + LEASE + 2, base="w.3")
@@ -394,147 +1022,118 @@ def test_reclaim_renames_a_damaged_claims_hash_aside_and_takes_its_jobs_back(p: 
     assert_no_job_in_two_structures(p)
 
 
-def test_requeue_and_remove_dead(p: Project) -> None:
-    enqueue(p, new("a"))
-    (job,) = claim(p)
-    sc = p.runtime.scripts
-    sc.bury(p.keys(), [Burial("a", job[1], "permanent failure", "", "", False, "")], NOW, 100_000)
-    assert sc.requeue(p.keys(), "b", NOW) == -1
-    assert sc.requeue(p.keys(), "a", NOW, '{"a":2}', "1") == 1
-    r = rec(p, "a")
-    assert r["status"] == "queued" and r["attempt"] == "0" and r["payload"] == '{"a":2}'
-    assert p.runtime.redis.ttl(p.keys().job("a")) == -1
-    (job,) = claim(p, base="w.2")
-    sc.bury(p.keys(), [Burial("a", job[1], "x", "", "", False, "")], NOW, 100_000)
-    assert sc.remove(p.keys(), "a") == 1
-    assert not rec(p, "a") and structures(p)["dead"] == []
-    assert sc.remove(p.keys(), "a") == -1
-
-
-def test_checkpoint_is_fenced(p: Project) -> None:
-    enqueue(p, new("a"))
-    (job,) = claim(p)
-    sc = p.runtime.scripts
-    assert sc.checkpoint(p.keys(), "a", "bad", '{"i":1}') == -1
-    assert sc.checkpoint(p.keys(), "a", job[1], '{"i":1}') == 1
-    assert rec(p, "a")["checkpoint"] == '{"i":1}'
-
-
-def test_dead_retention_expires_records_and_trim_forgets_their_entries(p: Project) -> None:
-    """A dead record expires after the dead retention; trim drops the set entries older
-    than the cutoff and keeps the newer ones."""
-    enqueue(p, new("old"), new("new"))
-    sc = p.runtime.scripts
-    for job_id, at in (("old", NOW), ("new", NOW + 10_000)):
-        (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
-        assert sc.bury(p.keys(), [Burial(job_id, job[1], "x", "", "", False, "")], at, 50_000) == [1]
-        assert 0 < p.runtime.redis.pttl(p.keys().job(job_id)) <= 50_000
-    assert sc.trim(p.keys(), NOW + 5_000, 0, 100) == [1, 0]
-    assert structures(p)["dead"] == ["new"]
-
-
-def test_trim_deletes_done_jobs_past_retention_with_their_outcomes(p: Project) -> None:
-    """A done job past the done retention loses its record, outcome and index entry in one
-    step; a newer one keeps all three; the limit bounds one call."""
-    enqueue(p, new("a"), new("b"), new("c"))
-    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
-    for job_id, at in (("a", NOW), ("b", NOW + 1), ("c", NOW + 10_000)):
-        (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
-        assert sc.ack(k, [Ack(job_id, job[1], "", "", "")], at, 100_000) == [1]
-    assert sc.trim(k, 0, NOW + 5_000, 1) == [0, 1]
-    assert not r.exists(k.job("a")) and not r.hexists(k.done, "a")
-    assert rec(p, "b")["status"] == "done"
-    assert sc.trim(k, 0, NOW + 5_000, 100) == [0, 1]
-    assert not r.exists(k.job("b")) and not p.client.get("c").as_dict()["last_error"]
-    assert structures(p)["done"] == ["c"] and rec(p, "c")["status"] == "done"
-
-
-def test_client_run_at_schedules_at_that_time(p: Project) -> None:
-    """enqueue(run_at=...) schedules the job at exactly that time, not before."""
-    import time
-
-    at = time.time() + 3600
-    job = p.client.enqueue("noop", {}, run_at=at)
-    assert job.status == "scheduled"
-    assert p.runtime.redis.zscore(p.keys().scheduled, job.id) == int(at * 1000)
-    assert p.runtime.scripts.promote(p.keys(), int(at * 1000) - 1, 100)[0] == 0
-
-
-# --- batches: one command for many jobs, and still one outcome per job ---------------
-
-
-def test_batch_claim_pops_several_ids_and_gives_each_its_own_lease(p: Project) -> None:
-    """One claim takes several jobs (with and without a resource key) in FIFO order; each
-    has its own token and lease; the jobs beyond n stay in ready, in order."""
-    enqueue(p, new("a"), new("b", res="r1"), new("c"), new("d"), new("e"))
-    got = claim(p, n=3)
-    assert [g[0] for g in got] == ["a", "b", "c"]
-    assert [g[1] for g in got] == ["w.1:0", "w.1:1", "w.1:2"]
+def test_an_ack_batch_survives_a_damaged_idempotency_key(p: Project) -> None:
+    """An idempotency key damaged to another Redis type must not fail an ack batch
+    part-way (the jobs before would be done but still hold leases, those after
+    unsettled): every job of the batch is done and the leases are gone. The damaged key
+    is nobody's mark: the next request with that key is accepted and takes it."""
     r = p.runtime.redis
-    for job_id, token, attempt, *_ in got:
-        assert attempt == 1
-        assert rec(p, job_id)["status"] == "processing" and rec(p, job_id)["token"] == token
-        assert r.zscore(p.keys().leases, job_id) == NOW + LEASE
-    assert r.get(p.keys().lock("r1")) == "w.1:1"
-    assert structures(p)["ready"] == ["e", "d"]
-    assert rec(p, "d")["status"] == "queued"
+    k = p.keys()
+    enqueue(p, new("a"), new("b", idem="bad", phash="h"), new("d"))
+    got = {g[0]: g[1] for g in claim(p, n=10)}
+    assert sorted(got) == ["a", "b", "d"]
+    r.delete(k.idem("noop", "bad"))
+    r.rpush(k.idem("noop", "bad"), "x")
+    acks = [Ack(i, got[i], "", "", "") for i in ("a", "b", "d")]
+    assert p.runtime.scripts.ack(k, acks, 100_000, now_ms=NOW + 5) == [1, 1, 1]
+    assert all(rec(p, i)["status"] == "done" for i in "abd")
+    assert structures(p)["leases"] == []
+    assert enqueue(p, new("e", idem="bad", phash="h")) == [1, "e", "queued"]
+    assert r.get(k.idem("noop", "bad")) == "e h"
+
+
+def _damage_limit(p: Project, key: str, which: str) -> None:
+    r, k = p.runtime.redis, p.keys()
+    target = k.limit(key) + (":w" if which == "waiters" else "")
+    r.delete(target)
+    r.hset(target, "not", "the right type")
+
+
+def _settle_all(p: Project, how: str, got: dict[str, str]) -> list[Any]:
+    sc, k, ids = p.runtime.scripts, p.keys(), ("a", "c", "d")
+    if how == "ack":
+        return list(sc.ack(k, [Ack(i, got[i], "", "", "") for i in ids], 100_000, now_ms=NOW + 5))
+    if how == "retry":
+        return list(sc.retry(k, [RetryAt(i, got[i], 10, "{}", "", "") for i in ids], now_ms=NOW + 5))
+    if how == "bury":
+        return list(sc.bury(k, [Burial(i, got[i], "x", "", "", False, "") for i in ids], 100_000,
+                            now_ms=NOW + 5))
+    if how == "release":
+        return list(sc.release(k, [(i, got[i]) for i in ids], now_ms=NOW + 5))
+    return list(sc.renew(k, [(i, got[i]) for i in ids], LEASE, now_ms=NOW + 5))
+
+
+@pytest.mark.parametrize("how", ["ack", "retry", "bury", "release", "renew"])
+def test_a_batch_survives_a_damaged_limit_key(p: Project, how: str) -> None:
+    """A limit's holders key damaged to another Redis type must not fail a settling batch
+    (or a renewal) part-way: the call answers for every job, and the jobs of the batch
+    without that limit settle (or are renewed) as usual."""
+    enqueue(p, new("a"), new("c", res="r"), new("d"))
+    got = {g[0]: g[1] for g in claim(p, n=10)}
+    _damage_limit(p, "r:r", "holders")
+    codes = _settle_all(p, how, got)
+    assert len(codes) == 3 and codes[0] == codes[2] == 1
+    if how != "renew":
+        assert not {"a", "d"} & set(p.runtime.redis.hkeys(p.keys().claims))
+
+
+@pytest.mark.parametrize("which", ["holders", "waiters"])
+def test_the_sweep_survives_a_damaged_limit_key(p: Project, which: str) -> None:
+    """A limit key with parked jobs damaged to another Redis type must not fail promote
+    (the scheduler's tick would stop there, before reclaim): scheduled jobs still move and
+    the call answers."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"), new("s", delay=SWEEP_MS))
+    claim(p)
+    _damage_limit(p, "r:r1", which)
+    moved, _due = p.runtime.scripts.promote(p.keys(), 100, now_ms=NOW + SWEEP_MS)
+    assert moved == 1
+
+
+def test_reclaim_with_a_damaged_limit_key_loses_no_job(p: Project) -> None:
+    """A limit key damaged to another Redis type must cost no reclaimed job: every lapsed
+    lease of the batch comes back to ready."""
+    enqueue(p, new("a"), new("c", res="r"), new("d"))
+    claim(p, n=10)
+    _damage_limit(p, "r:r", "holders")
+    assert list(p.runtime.scripts.reclaim(p.keys(), 100, 10**7, now_ms=NOW + LEASE)) == [3, 0]
+    assert sorted(structures(p)["ready"]) == ["a", "c", "d"]
+
+
+def test_a_damaged_idempotency_key_costs_no_popped_job(p: Project) -> None:
+    """An idempotency key damaged to another Redis type must not fail a claim part-way
+    (ids already popped would be lost): it reads as no completion mark, the job with it
+    runs and so does the rest of the batch."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("a"), new("b", idem="bad", phash="h"), new("d"))
+    r.delete(k.idem("noop", "bad"))
+    r.rpush(k.idem("noop", "bad"), "not a string")
+    got = claim(p, n=10)
+    assert [g[0] for g in got] == ["a", "b", "d"]
+    s = structures(p)
+    assert sorted(s["leases"]) == ["a", "b", "d"] and s["ready"] == []
     assert_no_job_in_two_structures(p)
 
 
-def test_claim_pops_again_after_strays_within_its_bound(p: Project) -> None:
-    """Strays do not count as claims, so the claim pops again for the jobs still wanted,
-    but never more than n * 4 ids in one call; an id left in ready is untouched."""
+@pytest.mark.parametrize("which", ["holders", "waiters"])
+def test_a_damaged_limit_key_costs_no_popped_job(p: Project, which: str) -> None:
+    """A limit's holders key or waiter list damaged to another Redis type must not fail a
+    claim part-way: the jobs around it are claimed, and the job under that limit is not
+    lost (back in ready, or parked on a waiter list that is a list)."""
     r = p.runtime.redis
     k = p.keys()
-    enqueue(p, *(new(f"s{i}") for i in range(5)), new("a"), new("b"))
-    for i in range(5):
-        r.hset(k.job(f"s{i}"), "status", "done")
-    assert claim(p, n=1) == []  # s0..s3 popped and dropped: the bound is 4
-    assert structures(p)["ready"] == ["b", "a", "s4"]
-    assert r.hget(k.stats, "stray") == "4"
-    got = claim(p, n=2, base="w.2")  # s4 dropped, then a and b in a second pop
-    assert [g[0] for g in got] == ["a", "b"]
-    assert structures(p)["ready"] == [] and sorted(structures(p)["leases"]) == ["a", "b"]
-    assert r.hget(k.stats, "stray") == "5"
-
-
-def test_a_retry_keeps_its_backoff_despite_a_stale_waiter_entry_of_its_own(p: Project) -> None:
-    """A job that once waited on its resource may have left its id on the waiter list.
-    When that job later fails and is scheduled for a retry, releasing its own lock must
-    not take the stale entry for a waiting job and queue it at once, skipping the backoff."""
-    r = p.runtime.redis
-    k = p.keys()
-    enqueue(p, new("b", res="r"))
-    r.rpush(k.lock("r") + ":waiters", "b")  # left over from an earlier deferral
-    (job,) = claim(p, n=1)
-    due = NOW + 60_000
-    assert p.runtime.scripts.retry(k, [RetryAt("b", job[1], due, '{"type":"E"}', '{"attempt":1}', "")],
-                                   NOW + 5) == [1]
-    assert rec(p, "b")["status"] == "retrying"
-    assert structures(p)["ready"] == [] and r.zscore(k.scheduled, "b") == due
-    assert r.get(k.lock("r")) is None
-
-
-def test_an_ack_batch_survives_damaged_lock_and_idempotency_keys(p: Project) -> None:
-    """Keys damaged to another Redis type must not fail an ack batch part-way (the jobs
-    before would be done but still hold leases, those after unsettled): every job of the
-    batch is done, the leases are gone, the damaged lock is dropped (it is no one's lock)
-    and the damaged idempotency key is replaced by the completion mark."""
-    r = p.runtime.redis
-    k = p.keys()
-    enqueue(p, new("a"), new("b", idem="bad", phash="h"), new("c", res="r"), new("d"))
-    got = {g[0]: g[1] for g in claim(p, n=10)}
-    assert sorted(got) == ["a", "b", "c", "d"]
-    r.delete(k.idem_prefix + "bad", k.lock("r"))
-    r.rpush(k.idem_prefix + "bad", "x")
-    r.hset(k.lock("r"), "x", "y")
-    r.hset(k.lock("r") + ":waiters", "x", "y")
-    acks = [Ack(i, got[i], "", "", "") for i in ("a", "b", "c", "d")]
-    assert p.runtime.scripts.ack(k, acks, NOW + 5, 100_000) == [1, 1, 1, 1]
-    assert all(rec(p, i)["status"] == "done" for i in "abcd")
-    assert structures(p)["leases"] == []
-    assert r.exists(k.lock("r")) == 0
-    assert r.get(k.idem_prefix + "bad") == "b - done"  # the payload hash went with the damage
+    enqueue(p, new("a"), new("c", res="busy"), new("d"))
+    r.zadd(k.limit("r:busy"), {"someone-else": NOW + 60_000})  # held: c is to be parked
+    _damage_limit(p, "r:busy", which)
+    got = claim(p, n=10)
+    wk = k.limit("r:busy") + ":w"
+    ids = [g[0] for g in got]
+    # The damaged key is renamed aside: with damaged holders the limit starts afresh and
+    # c is claimed; with a damaged waiter list c is parked on a fresh one.
+    assert ids == (["a", "c", "d"] if which == "holders" else ["a", "d"])
+    assert which == "holders" or (r.type(wk) == "list" and r.lrange(wk, 0, -1) == ["c"])
+    assert r.exists(k.limit("r:busy") + (":corrupt" if which == "holders" else ":w:corrupt")) == 1
+    assert_no_job_in_two_structures(p)
 
 
 def test_enqueue_heals_an_idempotency_key_damaged_to_another_type(p: Project) -> None:
@@ -542,30 +1141,10 @@ def test_enqueue_heals_an_idempotency_key_damaged_to_another_type(p: Project) ->
     written without its ready entry) and the key holds the new job."""
     r = p.runtime.redis
     k = p.keys()
-    r.rpush(k.idem_prefix + "bad", "not a string")
+    r.rpush(k.idem("noop", "bad"), "not a string")
     assert enqueue(p, new("a"), new("b", idem="bad", phash="h")) == [1, "a", "queued", 1, "b", "queued"]
     assert structures(p)["ready"] == ["b", "a"]
-    assert r.get(k.idem_prefix + "bad") == "b h"
-
-
-def test_damaged_idempotency_and_waiter_keys_cost_no_popped_job(p: Project) -> None:
-    """An idempotency key or a resource's waiter list damaged to another Redis type must
-    not fail a claim part-way (ids already popped would be lost): the job with the damaged
-    idempotency key runs, the one on a busy resource with a damaged waiter list is still
-    deferred (its fallback timer wakes it), and the rest of the batch is claimed."""
-    r = p.runtime.redis
-    k = p.keys()
-    enqueue(p, new("a"), new("b", idem="bad", phash="h"), new("c", res="busy"), new("d"))
-    r.delete(k.idem_prefix + "bad")
-    r.rpush(k.idem_prefix + "bad", "not a string")
-    r.hset(k.lock("busy") + ":waiters", "not", "a list")
-    r.set(k.lock("busy"), "someone-else")
-    got = claim(p, n=10)
-    assert [g[0] for g in got] == ["a", "b", "d"]
-    s = structures(p)
-    assert sorted(s["leases"]) == ["a", "b", "d"] and s["scheduled"] == ["c"] and s["ready"] == []
-    assert rec(p, "c")["status"] == "scheduled"
-    assert_no_job_in_two_structures(p)
+    assert r.get(k.idem("noop", "bad")) == "b h"
 
 
 @pytest.mark.parametrize("setup,reason,corrupt", [
@@ -594,6 +1173,153 @@ def test_malformed_record_in_a_batch_is_buried_and_the_rest_claimed(
     assert r.hget(k.stats, "dead|?") == "1"
 
 
+# --- dead letters, checkpoints, retention --------------------------------------------------
+
+
+def test_requeue_and_remove_dead(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    sc.bury(p.keys(), [Burial("a", job[1], "permanent failure", "", "", False, "")], 100_000, now_ms=NOW)
+    assert sc.requeue(p.keys(), "b", now_ms=NOW) == -1
+    assert sc.requeue(p.keys(), "a", '{"a":2}', "1", now_ms=NOW + 1) == 1
+    r = rec(p, "a")
+    assert r["status"] == "queued" and r["attempt"] == "0" and r["payload"] == '{"a":2}'
+    assert r["ready_ms"] == str(NOW + 1) and r["enqueued_ms"] == str(NOW + 1) and "reason" not in r
+    assert p.runtime.redis.ttl(p.keys().job("a")) == -1
+    (job,) = claim(p, base="w.2")
+    assert job[2] == 1  # a fresh attempt budget
+    sc.bury(p.keys(), [Burial("a", job[1], "x", "", "", False, "")], 100_000, now_ms=NOW)
+    assert sc.remove(p.keys(), "a") == 1
+    assert not rec(p, "a") and structures(p)["dead"] == []
+    assert sc.remove(p.keys(), "a") == -1
+
+
+def test_checkpoint_is_fenced(p: Project) -> None:
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    sc = p.runtime.scripts
+    assert sc.checkpoint(p.keys(), "a", "bad", '{"i":1}') == -1
+    assert sc.checkpoint(p.keys(), "a", job[1], '{"i":1}') == 1
+    assert rec(p, "a")["checkpoint"] == '{"i":1}'
+
+
+def test_trim_forgets_dead_entries_past_the_retention_with_their_records(p: Project) -> None:
+    """A dead record expires after the dead retention; trim, given the same retention,
+    drops the dead-letter entries older than that together with their records (should
+    one still be there), keeps the newer ones, and is bounded per call."""
+    enqueue(p, new("old1"), new("old2"), new("new"))
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    for job_id, at in (("old1", NOW), ("old2", NOW + 1), ("new", NOW + 10_000)):
+        (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
+        assert sc.bury(k, [Burial(job_id, job[1], "x", "", "", False, "")], 50_000, now_ms=at) == [1]
+        assert 0 < r.pttl(k.job(job_id)) <= 50_000
+    later = NOW + 55_000  # old1 and old2 are past 50 s, new is not
+    assert sc.trim(k, 50_000, 10**9, 1, now_ms=later) == [1, 0]
+    assert sorted(structures(p)["dead"]) == ["new", "old2"] and not r.exists(k.job("old1"))
+    assert sc.trim(k, 50_000, 10**9, 100, now_ms=later) == [1, 0]
+    assert structures(p)["dead"] == ["new"] and not r.exists(k.job("old2")) and r.exists(k.job("new"))
+    assert sc.trim(k, 50_000, 10**9, 100, now_ms=later) == [0, 0]
+
+
+def test_trim_deletes_done_jobs_past_retention_with_their_outcomes(p: Project) -> None:
+    """A done job past the done retention loses its record, outcome and index entry in one
+    step; a newer one keeps all three; the limit bounds one call."""
+    enqueue(p, new("a"), new("b"), new("c"))
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    for job_id, at in (("a", NOW), ("b", NOW + 1), ("c", NOW + 10_000)):
+        (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
+        assert sc.ack(k, [Ack(job_id, job[1], "", "", "")], 100_000, now_ms=at) == [1]
+    later = NOW + 10_000  # a and b finished more than 5 s before, c just now
+    assert sc.trim(k, 10**9, 5_000, 1, now_ms=later) == [0, 1]
+    assert not r.exists(k.job("a")) and not r.hexists(k.done, "a")
+    assert rec(p, "b")["status"] == "done"
+    assert sc.trim(k, 10**9, 5_000, 100, now_ms=later) == [0, 1]
+    assert not r.exists(k.job("b")) and not p.client.get("c").as_dict()["last_error"]
+    assert structures(p)["done"] == ["c"] and rec(p, "c")["status"] == "done"
+
+
+def test_client_run_at_schedules_at_that_time(p: Project) -> None:
+    """enqueue(run_at=...) schedules the job at exactly that time, not before."""
+    import time
+
+    at = time.time() + 3600
+    job = p.client.enqueue("noop", {}, run_at=at)
+    assert job.status == "scheduled"
+    assert p.runtime.redis.zscore(p.keys().scheduled, job.id) == int(at * 1000)
+    assert p.runtime.scripts.promote(p.keys(), 100, now_ms=int(at * 1000) - 1) == [0, 1]
+
+
+# --- the server's clock ----------------------------------------------------------------------
+
+
+def test_scripts_run_on_the_servers_clock_when_no_test_clock_is_passed(p: Project) -> None:
+    """Without now_ms every script reads TIME: a delay counts from the server's time, a
+    claim replies with it and leases from it, a retry's delay and an ack's finish time and
+    throughput minute are the server's too."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    t0 = server_ms(p)
+    assert enqueue(p, new("later", delay=60_000), new("a"), now=None)[2] == "scheduled"
+    t1 = server_ms(p)
+    due = int(r.zscore(k.scheduled, "later") or 0)
+    assert t0 + 60_000 <= due <= t1 + 60_000
+    assert t0 <= int(raw(p, "a")["created_ms"]) <= t1
+    reply = claim_reply(p, now=None)
+    at, (job,) = reply[0], [reply[HEAD:]]
+    assert t1 <= at <= server_ms(p) and job[0] == "a"
+    assert r.zscore(k.leases, "a") == at + LEASE
+    assert r.hget(k.claims, "a") == f"{job[1]} 1 {at} -"
+    assert sc.retry(k, [RetryAt("a", job[1], 500, '{"type":"E"}', "", "")]) == [1]
+    failed = int(raw(p, "a")["finished_ms"])
+    assert at <= failed and r.zscore(k.scheduled, "a") == failed + 500
+    r.zadd(k.scheduled, {"a": 0})  # due at once
+    assert sc.promote(k, 100)[0] == 1
+    again = claim_reply(p, now=None, base="w.2")[HEAD:]
+    assert sc.ack(k, [Ack("a", again[1], "", "", "")], 100_000) == [1]
+    finished = int(r.zscore(k.finished, "a") or 0)
+    assert failed <= finished <= server_ms(p)
+    assert r.hget(k.throughput(finished // 60_000), "done") == "1"
+
+
+# --- batches: one command for many jobs, and still one outcome per job ---------------
+
+
+def test_batch_claim_pops_several_ids_and_gives_each_its_own_lease(p: Project) -> None:
+    """One claim takes several jobs (with and without a resource key) in FIFO order; each
+    has its own token and lease; the jobs beyond n stay in ready, in order."""
+    enqueue(p, new("a"), new("b", res="r1"), new("c"), new("d"), new("e"))
+    got = claim(p, n=3)
+    assert [g[0] for g in got] == ["a", "b", "c"]
+    assert [g[1] for g in got] == ["w.1:0", "w.1:1", "w.1:2"]
+    r = p.runtime.redis
+    for job_id, token, attempt, *_ in got:
+        assert attempt == 1
+        assert rec(p, job_id)["status"] == "processing" and rec(p, job_id)["token"] == token
+        assert r.zscore(p.keys().leases, job_id) == NOW + LEASE
+    assert holders(p, "r:r1") == {"w.1:1": NOW + LEASE}
+    assert r.hget(p.keys().claims, "b") == f"w.1:1 1 {NOW} r"  # 'r': the settler reads its limits
+    assert structures(p)["ready"] == ["e", "d"]
+    assert rec(p, "d")["status"] == "queued"
+    assert_no_job_in_two_structures(p)
+
+
+def test_claim_pops_again_after_strays_within_its_bound(p: Project) -> None:
+    """Strays do not count as claims, so the claim pops again for the jobs still wanted,
+    but never more than n * 4 ids in one call; an id left in ready is untouched."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, *(new(f"s{i}") for i in range(5)), new("a"), new("b"))
+    for i in range(5):
+        r.hset(k.job(f"s{i}"), "status", "done")
+    assert claim(p, n=1) == []  # s0..s3 popped and dropped: the bound is 4
+    assert structures(p)["ready"] == ["b", "a", "s4"]
+    assert r.hget(k.stats, "stray") == "4"
+    got = claim(p, n=2, base="w.2")  # s4 dropped, then a and b in a second pop
+    assert [g[0] for g in got] == ["a", "b"]
+    assert structures(p)["ready"] == [] and sorted(structures(p)["leases"]) == ["a", "b"]
+    assert r.hget(k.stats, "stray") == "5"
+
+
 def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
     """A refused ack leaves the record, its lease, the stats and the other acks of the
     batch as they were; the emptied token of a settled claim is refused too."""
@@ -605,7 +1331,7 @@ def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
     stats_before = r.hgetall(k.stats)
     codes = p.runtime.scripts.ack(k, [Ack("a", got[1][1], '"x"', '{"attempt":1}', "succeeded|noop"),
                                       Ack("b", got[1][1], '"y"', '{"attempt":1}', "succeeded|noop")],
-                                  NOW, 100_000)
+                                  100_000, now_ms=NOW)
     assert codes == [-1, 1]
     assert rec(p, "a") == before and r.pttl(k.job("a")) == -1
     assert r.zscore(k.leases, "a") == NOW + LEASE
@@ -613,19 +1339,21 @@ def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
     # b is settled: its token field is empty, and an empty token owns nothing.
     assert rec(p, "b").get("token", "") == "" and not r.hexists(k.claims, "b")
     sc = p.runtime.scripts
-    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000) == [-1]
-    assert sc.renew(k, [("b", "")], NOW, LEASE) == [-1]
+    assert sc.ack(k, [Ack("b", "", "", "", "")], 100_000, now_ms=NOW) == [-1]
+    assert sc.renew(k, [("b", "")], LEASE, now_ms=NOW) == [-1]
+    assert sc.start(k, [("b", "")], now_ms=NOW) == [-1]
+    assert sc.release(k, [Hand("b", "", "later")], now_ms=NOW) == [-1]
     assert sc.checkpoint(k, "b", "", "{}") == -1
     # A record damaged to processing with an empty token is not owned by '' either.
     r.hset(k.job("b"), "status", "processing")
-    assert sc.ack(k, [Ack("b", "", "", "", "")], NOW, 100_000) == [-1]
+    assert sc.ack(k, [Ack("b", "", "", "", "")], 100_000, now_ms=NOW) == [-1]
 
 
 def test_ack_writes_one_history_entry(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
     entry = '{"attempt":1,"outcome":"done","started_ms":1,"at_ms":2}'
-    assert p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "null", entry, "")], NOW, 100_000) == [1]
+    assert p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "null", entry, "")], 100_000, now_ms=NOW) == [1]
     r = rec(p, "a")
     assert r["history"] == entry
     assert "error" not in r
@@ -641,13 +1369,13 @@ def test_history_after_retry_then_success_has_both_entries_in_order(p: Project) 
     k = p.keys()
     (job,) = claim(p)
     first = '{"attempt":1,"outcome":"retry"}'
-    assert sc.retry(k, [RetryAt("a", job[1], NOW + 10, '{"type":"E","message":"m"}', first, "")], NOW) == [1]
+    assert sc.retry(k, [RetryAt("a", job[1], 10, '{"type":"E","message":"m"}', first, "")], now_ms=NOW) == [1]
     assert rec(p, "a")["history"] == first and rec(p, "a").get("token", "") == ""
-    assert sc.promote(k, NOW + 10, 100)[0] == 1
+    assert sc.promote(k, 100, now_ms=NOW + 10)[0] == 1
     (job2,) = claim(p, now=NOW + 20, base="w.2")
     assert job2[2] == 2
     second = '{"attempt":2,"outcome":"done"}'
-    assert sc.ack(k, [Ack("a", job2[1], '"ok"', second, "")], NOW + 30, 100_000) == [1]
+    assert sc.ack(k, [Ack("a", job2[1], '"ok"', second, "")], 100_000, now_ms=NOW + 30) == [1]
     r = rec(p, "a")
     assert r["history"] == first + "," + second
     assert "error" not in r and r["status"] == "done" and r["attempt"] == "2"
@@ -661,15 +1389,42 @@ def test_batch_ack_removes_only_its_own_leases(p: Project) -> None:
     got = {g[0]: g[1] for g in claim(p)}
     sc = p.runtime.scripts
     k = p.keys()
-    assert sc.renew(k, [("c", got["c"])], NOW + 500, LEASE) == [1]
+    assert sc.renew(k, [("c", got["c"])], LEASE, now_ms=NOW + 500) == [1]
     codes = sc.ack(k, [Ack("a", got["a"], "", "", ""), Ack("d", "stale", "", "", ""),
-                       Ack("b", got["b"], "", "", "")], NOW + 600, 100_000)
+                       Ack("b", got["b"], "", "", "")], 100_000, now_ms=NOW + 600)
     assert codes == [1, -1, 1]
     r = p.runtime.redis
     assert r.zrange(k.leases, 0, -1, withscores=True) == [("d", NOW + LEASE), ("c", NOW + 500 + LEASE)]
     assert rec(p, "a")["status"] == "done" and rec(p, "b")["status"] == "done"
     assert rec(p, "c")["status"] == "processing" and rec(p, "d")["status"] == "processing"
+    assert r.hget(k.throughput((NOW + 600) // 60_000), "done") == "2"
     assert_no_job_in_two_structures(p)
+
+
+def _settle_twice(p: Project, how: str, token: str) -> Any:
+    sc, k = p.runtime.scripts, p.keys()
+    if how == "ack":
+        return sc.ack(k, [Ack("a", token, "", '{"n":1}', "settled|noop")] * 2, 100_000, now_ms=NOW)
+    if how == "retry":
+        return sc.retry(k, [RetryAt("a", token, 10, "{}", '{"n":1}', "settled|noop")] * 2, now_ms=NOW)
+    if how == "bury":
+        return sc.bury(k, [Burial("a", token, "x", "", '{"n":1}', False, "settled|noop")] * 2, 100_000,
+                       now_ms=NOW)
+    return sc.release(k, [Hand("a", token, "now", '{"n":1}')] * 2, now_ms=NOW)
+
+
+@pytest.mark.parametrize("how", ["ack", "retry", "bury", "release"])
+def test_the_same_claim_twice_in_one_batch_settles_once(p: Project, how: str) -> None:
+    """A batch holding one claim twice (ack.lua: "the same claim twice in one batch settles
+    once") settles it once: the second copy is refused, counts nothing and adds no second
+    history entry or ready entry."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    r, k = p.runtime.redis, p.keys()
+    assert list(_settle_twice(p, how, job[1])) == [1, -1]
+    assert r.hget(k.stats, "settled|noop") in (None, "1")
+    assert rec(p, "a")["history"] == '{"n":1}'
+    assert len(r.lrange(k.ready, 0, -1)) <= 1
 
 
 def test_batch_retry_and_bury_set_each_job_apart(p: Project) -> None:
@@ -679,12 +1434,12 @@ def test_batch_retry_and_bury_set_each_job_apart(p: Project) -> None:
     got = {g[0]: g[1] for g in claim(p)}
     sc = p.runtime.scripts
     k = p.keys()
-    assert sc.retry(k, [RetryAt("a", got["a"], NOW + 100, '{"type":"A"}', '{"n":"a"}', "retried|noop"),
-                        RetryAt("b", got["b"], NOW + 200, '{"type":"B"}', '{"n":"b"}', "retried|noop")],
-                    NOW) == [1, 1]
+    assert sc.retry(k, [RetryAt("a", got["a"], 100, '{"type":"A"}', '{"n":"a"}', "retried|noop"),
+                        RetryAt("b", got["b"], 200, '{"type":"B"}', '{"n":"b"}', "retried|noop")],
+                    now_ms=NOW) == [1, 1]
     assert sc.bury(k, [Burial("c", got["c"], "bad", '{"type":"C"}', "", True, "dead|noop"),
                        Burial("d", got["d"], "failed", "", '{"n":"d"}', False, "dead|noop")],
-                   NOW + 5, 100_000) == [1, 1]
+                   100_000, now_ms=NOW + 5) == [1, 1]
     r = p.runtime.redis
     assert r.zrange(k.scheduled, 0, -1, withscores=True) == [("a", NOW + 100), ("b", NOW + 200)]
     assert r.zrange(k.dead, 0, -1, withscores=True) == [("c", NOW + 5), ("d", NOW + 5)]
@@ -698,6 +1453,12 @@ def test_batch_retry_and_bury_set_each_job_apart(p: Project) -> None:
     assert 0 < r.pttl(k.job("d")) <= 100_000
     assert r.hget(k.stats, "retried|noop") == "2" and r.hget(k.stats, "dead|noop") == "2"
     assert_no_job_in_two_structures(p)
+
+
+def test_promote_takes_any_limit(p: Project) -> None:
+    """ARGV[2] is the most jobs to move: any positive count is a valid one."""
+    enqueue(p, new("a", delay=10))
+    assert p.runtime.scripts.promote(p.keys(), 30, now_ms=NOW + 10) == [1, -1]
 
 
 @pytest.fixture(scope="module")
@@ -724,24 +1485,30 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     keys it may write hold their types (one ZSCORE each for leases, scheduled, dead),
     records the claims and the leases with one command each for the batch. Ack touches no record: one
     HMGET for the fences, one HSET for the outcomes, one ZADD for their retention index,
-    one HDEL and one ZREM for the claims and leases, whatever the batch size."""
+    one HDEL and one ZREM for the claims and leases, whatever the batch size. On the
+    server's clock each call adds one TIME, nothing else."""
     proj = make_project(tmp_path / "project", quiet_server)
     try:
-        enqueue(proj, *(new(f"j{i}") for i in range(20)))
+        enqueue(proj, *(new(f"j{i}") for i in range(40)))
         r = proj.runtime.redis
+        sc, k = proj.runtime.scripts, proj.keys()
         claim(proj, n=1)  # loads the script
-        proj.runtime.scripts.ack(proj.keys(), [], NOW, 1000)
-        t0 = _calls(r)
-        got = claim(proj, n=10)
-        t1 = _calls(r)
-        acks = [Ack(g[0], g[1], "null", '{"attempt":1}', "succeeded|noop") for g in got]
-        assert proj.runtime.scripts.ack(proj.keys(), acks, NOW, 100_000) == [1] * 10
-        t2 = _calls(r)
+        sc.ack(k, [], 1000, now_ms=NOW)
+        phases = []
+        for now in (NOW, None):
+            t0 = _calls(r)
+            reply = claim_reply(proj, n=10, now=now, base=f"w.{now}")
+            got = [reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS)]
+            t1 = _calls(r)
+            acks = [Ack(g[0], g[1], "null", '{"attempt":1}', "succeeded|noop") for g in got]
+            assert sc.ack(k, acks, 100_000, now_ms=now) == [1] * 10
+            t2 = _calls(r)
+            phases.append((_inside(t0, t1), _inside(t1, t2)))
     finally:
         proj.stop_all()
         proj.runtime.close()
-    assert len(got) == 10
-    assert _inside(t0, t1) == {"rpop": 1, "hmget": 10 + 2, "zscore": 3, "hset": 1, "zadd": 1}
+    claim_cost = {"rpop": 1, "hmget": 10 + 2, "zscore": 3, "hset": 1, "zadd": 1}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
-    assert _inside(t1, t2) == {"hmget": 1, "hset": 1, "zadd": 1, "hdel": 1, "zrem": 1, "pexpire": 1,
-                               "hincrby": 2}
+    ack_cost = {"hmget": 1, "hset": 1, "zadd": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 2}
+    assert phases[0] == (claim_cost, ack_cost)
+    assert phases[1] == ({**claim_cost, "time": 1}, {**ack_cost, "time": 1})

@@ -16,14 +16,16 @@ from runner.store.scripts import NewJob
 
 from conftest import Project
 
+NOW = 1_800_000_000_000  # the scripts' test clock
+
 
 def _job(job_id: str) -> NewJob:
     return NewJob(id=job_id, type="record", version=1, payload='{"n":1}', max_attempts=3,
-                  run_at_ms=0, idem_key="", payload_hash="-", resource_key="")
+                  run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-", resource_key="", limits="")
 
 
 def _enqueue(p: Project, job_id: str) -> Any:
-    return p.runtime.scripts.enqueue(p.keys(), [_job(job_id)], 1_000, 60_000)
+    return p.runtime.scripts.enqueue(p.keys(), [_job(job_id)], now_ms=NOW)
 
 
 def test_a_flushed_script_cache_is_reloaded_and_the_call_runs_once(project: Project) -> None:
@@ -98,8 +100,7 @@ def test_a_forked_child_uses_connections_of_its_own(project: Project) -> None:
 
 
 def _send(stream: Any, p: Project, *ids: str) -> None:
-    stream.send(*p.runtime.scripts.enqueue_call(p.keys(), [_job(i) for i in ids], 1_000, 60_000),
-                tag=ids)
+    stream.send(*p.runtime.scripts.enqueue_call(p.keys(), [_job(i) for i in ids], now_ms=NOW), tag=ids)
 
 
 def test_a_stream_reads_replies_in_the_order_sent(project: Project) -> None:
@@ -180,7 +181,7 @@ def test_enqueue_many_streams_chunks_across_queues_and_keeps_request_order(proje
 
 
 def _spin_enqueue(p: Project, job_id: str) -> Any:
-    return p.runtime.scripts.enqueue(p.keys(), [_job(job_id)], 1_000, 60_000, spin=True)
+    return p.runtime.scripts.enqueue(p.keys(), [_job(job_id)], spin=True, now_ms=NOW)
 
 
 def test_polling_for_a_reply_reads_the_same_replies_and_errors(project: Project) -> None:

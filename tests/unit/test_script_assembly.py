@@ -37,8 +37,20 @@ def test_a_script_defines_every_helper_it_or_its_helpers_name(name: str) -> None
 
 
 def test_a_script_leaves_out_what_it_never_names() -> None:
-    """enqueue wakes workers and nothing more; release_lock pulls in wake with it."""
-    assert defined(assemble(LIB, _source("enqueue"))) == {"wake"}
-    assert defined(assemble(LIB, "release_lock(a, b, c, d, e, f, g)")) == {"release_lock", "wake"}
+    """enqueue reads the clock, names idempotency keys and wakes workers, nothing more;
+    release_limits pulls in what waking a parked job needs; the clock needs nothing."""
+    assert defined(assemble(LIB, _source("enqueue"))) == {"clock", "idem_key", "wake"}
+    assert defined(assemble(LIB, "release_limits(a, b, c, d, e, f, g, h)")) == {
+        "release_limits", "parse_limits", "wake_parked", "purge_holders", "heal_limit", "RESERVE_MS", "wake"}
     assert defined(assemble(LIB, "tally('x') flush(k)")) == {"acc", "tally", "flush"}
+    assert defined(assemble(LIB, "clock(ARGV[1])")) == {"clock"}
     assert defined(assemble(LIB, "return 1")) == set()
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("remove", "checkpoint")])
+def test_every_script_with_a_time_reads_it_through_the_clock(name: str) -> None:
+    """A script that writes a deadline, due time or retention takes it from clock() (the
+    server's TIME unless a test passes its own), and its header says so."""
+    body = _source(name)
+    assert re.search(r"\bclock\(ARGV\[1\]\)", body), name
+    assert re.search(r"^-- ARGV\[1\] now, ms \(''", body, re.M), name

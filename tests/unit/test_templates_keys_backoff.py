@@ -43,10 +43,22 @@ def test_schema_has_nested() -> None:
 
 def test_every_queue_key_shares_the_hash_tag() -> None:
     k = keys.for_queue("app", "fast")
-    all_keys = [k.ready, k.leases, k.scheduled, k.dead, k.notify, k.stats, k.job("x"),
-                k.idem("{evil}"), k.lock("user:1"), k.throughput(5)]
+    all_keys = [k.ready, k.leases, k.claims, k.done, k.finished, k.scheduled, k.dead, k.notify, k.stats,
+                k.job("x"), k.idem("noop", "{evil}"), k.limit("r:user:1"), k.limit("r:user:1") + ":w",
+                k.limwait, k.throughput(5)]
     for key in all_keys:
         assert key.startswith("app:{fast}:")
+
+
+def test_keys_built_inside_scripts_are_their_prefix_and_a_suffix() -> None:
+    """claim, reclaim and promote build job, idempotency, limit and throughput keys from
+    the prefixes they get in KEYS; the helpers build the very same strings."""
+    k = keys.for_queue("app", "fast")
+    assert k.job("x") == k.job_prefix + "x"
+    assert k.idem("noop", "user:7") == k.idem_prefix + "noop:user:7" == "app:{fast}:idem:noop:user:7"
+    assert k.idem("noop", "k") != k.idem("other", "k")  # one function's keys never meet another's
+    assert k.limit("r:res") == k.lim_prefix + "r:res" == "app:{fast}:lim:r:res"
+    assert k.throughput(29_000_000) == k.tput_prefix + "29000000" == "app:{fast}:tput:29000000"
 
 
 @pytest.mark.parametrize("jitter", ["full", "equal", "none"])

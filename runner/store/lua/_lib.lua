@@ -1,6 +1,17 @@
 -- Shared helpers, prepended to every script by scripts.py (Lua scripts cannot import).
 -- None of them builds a key from anything but a prefix passed in KEYS.
 
+-- The time of this call, in ms: the server's (TIME), so deadlines written by a worker on
+-- one host are judged by a scheduler on another against the same clock. A test may pass
+-- its own clock as a positive number; production passes '' (Redis 7 replicates a
+-- script's effects, so reading TIME before writing is safe).
+local function clock(arg)
+  local t = tonumber(arg)
+  if t and t > 0 then return t end
+  local s = redis.call('TIME')
+  return tonumber(s[1]) * 1000 + math.floor(tonumber(s[2]) / 1000)
+end
+
 -- Add the history field to a list of HSET field/value pairs: the record's current
 -- comma-joined history (old; false/nil when none yet) with one more JSON entry. No
 -- entry, no field: the history is left as it is. The caller writes the history in the
@@ -35,37 +46,104 @@ local function wake(notify_key)
   end
 end
 
--- Compare-and-delete: drop the resource lock only if this claim token holds it, then
--- wake the longest-waiting deferred job of that resource (FIFO, so no waiter starves):
--- it moves from scheduled to the consumer end of ready. Stale waiter ids (already
--- promoted by their fallback timer, finished, or since scheduled for a retry: only a
--- deferral leaves the status 'scheduled') are skipped.
-local function release_lock(lock_prefix, resource, token, scheduled_key, ready_key, notify_key, job_prefix)
-  if resource and resource ~= '' and token and token ~= '' then
-    local k = lock_prefix .. resource
-    -- pcall: a key damaged to another type is no one's lock; it is dropped, so the
-    -- resource cannot stay blocked, and the batch is not failed part-way.
-    local holder = redis.pcall('GET', k)
-    if type(holder) == 'table' then
-      redis.call('DEL', k)
-      holder = false
-    end
-    if holder == token or not holder then
-      if holder then redis.call('DEL', k) end
-      local wk = k .. ':waiters'
-      for _ = 1, 16 do
-        local w = redis.pcall('LPOP', wk)
-        if type(w) ~= 'string' then break end  -- empty, or damaged: the fallback timers wake them
-        if redis.call('HGET', job_prefix .. w, 'status') == 'scheduled'
-            and redis.call('ZREM', scheduled_key, w) == 1 then
-          redis.call('HSET', job_prefix .. w, 'status', 'queued')
-          redis.call('RPUSH', ready_key, w)
-          wake(notify_key)
-          break
-        end
-      end
+-- Limits: a job's `limits` field holds one "<n> <key>" line per limit it is under (a
+-- RESOURCE_KEY is limit 1 on "r:<resource>"). Each limit key has a holders set,
+--   <lim prefix><key>      ZSET  claim token -> lease deadline ms; "=<job id>" -> the
+--                                 end of a slot reserved for a woken waiter
+--   <lim prefix><key>:w    LIST  ids of jobs parked until a slot frees, oldest first
+-- and the queue's `limwait` ZSET names the keys with parked jobs (the scheduler's sweep
+-- wakes what a lost release would strand). A job is parked once (one entry per waiting
+-- job); a release hands its slot to the first parked job by reserving it, so the woken job
+-- gets the slot and no later arrival can take it first.
+local RESERVE_MS = 10000
+
+local function parse_limits(raw)
+  local out = {}
+  if type(raw) ~= 'string' or raw == '' then return out end
+  for line in string.gmatch(raw, '[^\n]+') do
+    local n, key = string.match(line, '^(%d+) (.+)$')
+    if n then out[#out + 1] = {n = tonumber(n), key = key} end
+  end
+  return out
+end
+
+-- A limit's keys damaged to another Redis type would fail every transition of the jobs
+-- under it, with ids already popped or unclaimed: they are renamed aside to
+-- <key>:corrupt (what a damaged waiter list held is gone with it, as for ready) and the
+-- limit starts afresh.
+local function heal_limit(k)
+  for _, kk in ipairs({{k, 'zset'}, {k .. ':w', 'list'}}) do
+    local kind = redis.call('TYPE', kk[1])['ok']
+    if kind ~= kk[2] and kind ~= 'none' then redis.call('RENAME', kk[1], kk[1] .. ':corrupt') end
+  end
+end
+
+-- Drop holders whose lease lapsed (their worker died and nobody released them).
+local function purge_holders(k, now)
+  heal_limit(k)
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+end
+
+-- Wake parked jobs of one limit key while it has free slots: each woken job gets a
+-- reserved slot and goes to the consumer end of ready. Stale entries (a job cancelled,
+-- requeued or otherwise no longer parked) are skipped. Returns how many were woken.
+local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notify_key, limwait_key)
+  local k = lim_prefix .. key
+  local wk = k .. ':w'
+  purge_holders(k, now)
+  local woke = 0
+  for _ = 1, 64 do
+    if redis.call('ZCARD', k) >= n then break end
+    local w = redis.pcall('LPOP', wk)
+    if type(w) ~= 'string' then break end
+    local jk = job_prefix .. w
+    if redis.call('HGET', jk, 'status') == 'deferred' then
+      redis.call('ZADD', k, now + RESERVE_MS, '=' .. w)
+      redis.call('HSET', jk, 'status', 'queued', 'ready_ms', now, 'woken', '1')
+      redis.call('RPUSH', ready_key, w)
+      woke = woke + 1
     end
   end
+  if woke > 0 then wake(notify_key) end
+  if limwait_key and redis.call('EXISTS', wk) == 0 then redis.call('ZREM', limwait_key, key) end
+  return woke
+end
+
+-- Give back every slot a claim token holds and wake the next parked job of each key.
+local function release_limits(lim_prefix, raw, token, now, job_prefix, ready_key, notify_key, limwait_key)
+  for _, l in ipairs(parse_limits(raw)) do
+    heal_limit(lim_prefix .. l.key)
+    redis.call('ZREM', lim_prefix .. l.key, token)
+    wake_parked(lim_prefix, l.key, l.n, now, job_prefix, ready_key, notify_key, limwait_key)
+  end
+end
+
+-- Take a slot of every limit for this claim, or none: returns nil when all were taken,
+-- else the limit that is full (the job is parked on it).
+local function acquire_limits(lim_prefix, limits, id, token, now, lease)
+  for _, l in ipairs(limits) do
+    local k = lim_prefix .. l.key
+    purge_holders(k, now)
+    local mine = redis.call('ZSCORE', k, '=' .. id) and 1 or 0
+    if redis.call('ZCARD', k) - mine >= l.n then return l end
+  end
+  for _, l in ipairs(limits) do
+    local k = lim_prefix .. l.key
+    redis.call('ZREM', k, '=' .. id)
+    redis.call('ZADD', k, now + lease, token)
+  end
+  return nil
+end
+
+-- Park a job on a full limit: it leaves every structure but the key's waiter list. A job
+-- that was woken before and lost its reserved slot goes back to the head of the line.
+local function park(lim_prefix, l, id, jk, deferrals, woken, now, limwait_key)
+  heal_limit(lim_prefix .. l.key)
+  local wk = lim_prefix .. l.key .. ':w'
+  redis.call('HSET', jk, 'status', 'deferred', 'deferrals', deferrals + 1)
+  redis.call('HDEL', jk, 'woken')
+  if woken then redis.call('LPUSH', wk, id) else redis.call('RPUSH', wk, id) end
+  redis.call('ZADD', limwait_key, 'NX', now + 1000, l.key)
 end
 
 -- Count every stats field named in a space-separated list ("field" adds 1,
@@ -96,8 +174,11 @@ local function flush(stats_key)
 end
 
 -- Claims live in the queue's claims hash: id -> "<token> <attempt> <started_ms> <flags>",
--- where flags holds 'i' when the record has an idempotency key and 'r' when it has a
--- resource key ('-' neither), so a settling script reads the record only for those.
+-- where flags holds 'i' when the record has an idempotency key, 'r' when it is under
+-- limits (a resource or concurrency key), so a settling script reads the record only for
+-- those; 'p' while the job is claimed ahead of a free executor and has not started (its
+-- attempt is not spent until it does), 'x' once its worker gave it up at shutdown with the
+-- handler still running ('-': none of these).
 -- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
 -- splits one (nil for none or a damaged one).
 local function hmget_many(key, ids)
@@ -112,8 +193,9 @@ local function parse_claim(raw)
   if type(raw) ~= 'string' then return nil end
   local tok, attempt, started, flags = string.match(raw, '^(%S+) (%d+) (%d+) (%S+)$')
   if not tok then return nil end
-  return {token = tok, attempt = tonumber(attempt), started = started,
-    idem = string.find(flags, 'i', 1, true) ~= nil, res = string.find(flags, 'r', 1, true) ~= nil}
+  return {token = tok, attempt = tonumber(attempt), started = started, flags = flags,
+    idem = string.find(flags, 'i', 1, true) ~= nil, res = string.find(flags, 'r', 1, true) ~= nil,
+    prefetched = string.find(flags, 'p', 1, true) ~= nil, exiting = string.find(flags, 'x', 1, true) ~= nil}
 end
 
 -- The claim entries of a batch whose ids stand in ARGV from index `first`, one every
@@ -136,4 +218,26 @@ local function fence(raw, token)
   local c = parse_claim(raw)
   if not c or token == '' or c.token ~= token then return nil end
   return c
+end
+
+-- A claim entry as written: "<token> <attempt> <started_ms> <flags>".
+local function claim_entry(token, attempt, started, idem, limited, prefetched, exiting)
+  local flags = (idem and 'i' or '') .. (limited and 'r' or '') .. (prefetched and 'p' or '') ..
+    (exiting and 'x' or '')
+  if flags == '' then flags = '-' end
+  return token .. ' ' .. attempt .. ' ' .. started .. ' ' .. flags
+end
+
+-- The namespaced key of an idempotency key: one function's keys never meet another's.
+local function idem_key(idem_prefix, typ, key)
+  return idem_prefix .. typ .. ':' .. key
+end
+
+-- Let go of an idempotency key if it still names this job (a job that died or was
+-- deleted: the key is free for a new request). Never touches another job's key.
+local function free_idem(idem_prefix, typ, key, id)
+  if not key or key == '' or not typ then return end
+  local ik = idem_key(idem_prefix, typ, key)
+  local held = redis.pcall('GET', ik)
+  if type(held) == 'string' and string.match(held, '^(%S+)') == id then redis.call('DEL', ik) end
 end

@@ -1,15 +1,18 @@
--- bury: move claimed jobs to the dead-letter set with a reason (fenced).
+-- bury: move claimed jobs to the dead-letter set with a reason (fenced). A dead job's
+-- idempotency key is freed (a key remembers a completed request; a failed one may be
+-- sent again), and its limit slots are released.
 --
 -- KEYS[1] leases       ZSET
 -- KEYS[2] dead         ZSET  id -> time of death ms
 -- KEYS[3] stats        HASH
 -- KEYS[4] job prefix   (string)
--- KEYS[5] lock prefix  (string)
--- KEYS[6] scheduled    ZSET  (to wake a job waiting on a released resource)
--- KEYS[7] ready        LIST
+-- KEYS[5] limit prefix (string)
+-- KEYS[6] idem prefix  (string)
+-- KEYS[7] ready        LIST  (a job woken by a freed slot goes here)
 -- KEYS[8] notify       LIST
 -- KEYS[9] claims       HASH  id -> claim
--- ARGV[1] now_ms
+-- KEYS[10] limwait     ZSET  limit keys with parked jobs
+-- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
 --   id, token, reason, error (JSON, '' none), history entry (JSON, '' none),
@@ -18,24 +21,26 @@
 --
 -- Each job costs one HMGET, one HSET and its PEXPIRE; the batch's fences, claims,
 -- leases and dead-letter entries go in one variadic HMGET, HDEL, ZREM and ZADD, before
--- any resource lock is released.
+-- any limit slot is released.
 --
 -- Returns one code per job: 1 dead, -1 refused (lease lost: nothing changed).
-local now, dead_ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, dead_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-local ids, dead_ids, locks = {}, {}, {}
+local ids, dead_ids, slots = {}, {}, {}
+local seen = {}
 local held = batch_claims(KEYS[9], 4, 7, n)
 for i = 0, n - 1 do
   local b = 4 + i * 7
   local id, token, reason, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], tonumber(ARGV[b + 5]), ARGV[b + 6]
   local jk = KEYS[4] .. id
-  local c = fence(held[i + 1], token)
-  local f = c and redis.pcall('HMGET', jk, 'resource_key', 'history')
+  -- The same claim twice in one batch settles once (seen), refused the second time.
+  local c = not seen[id] and fence(held[i + 1], token)
+  local f = c and redis.pcall('HMGET', jk, 'limits', 'history', 'type', 'idem_key')
   if not c or f.err then
     out[#out + 1] = -1
   else
-    held[i + 1] = false
+    seen[id] = true
     local set = {'status', 'dead', 'reason', reason, 'finished_ms', now,
       'attempt', c.attempt - refund, 'started_ms', c.started}
     if err ~= '' then
@@ -45,18 +50,19 @@ for i = 0, n - 1 do
     with_history(set, f[2], entry)
     redis.call('HSET', jk, unpack(set))
     redis.call('PEXPIRE', jk, dead_ttl)
+    free_idem(KEYS[6], f[3], f[4], id)
     ids[#ids + 1] = id
     dead_ids[#dead_ids + 1] = now
     dead_ids[#dead_ids + 1] = id
-    if f[1] and f[1] ~= '' then locks[#locks + 1] = {f[1], token} end
+    if f[1] then slots[#slots + 1] = {f[1], token} end
     bump(fields)
     out[#out + 1] = 1
   end
 end
 unclaim(KEYS[9], KEYS[1], ids)
 call_many('ZADD', KEYS[2], dead_ids, 2)
-for _, l in ipairs(locks) do
-  release_lock(KEYS[5], l[1], l[2], KEYS[6], KEYS[7], KEYS[8], KEYS[4])
+for _, s in ipairs(slots) do
+  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[7], KEYS[8], KEYS[10])
 end
 flush(KEYS[3])
 return out

@@ -1,18 +1,24 @@
 -- claim: move up to n ready jobs to in-flight, each with a lease deadline and a fresh
 -- claim token. On the way it settles what must never reach a handler: a missing or
 -- malformed record goes to the dead-letter set, a job whose idempotency key already
--- completed is marked done as a duplicate, and a job whose resource lock is held is
--- deferred to scheduled without spending an attempt, and queued on the resource's
--- waiter list (FIFO) so the holder's release wakes it.
+-- completed (another job, the same payload) is marked done as a duplicate, and a job
+-- under a full limit (resource or concurrency key) is parked on that limit's waiter list
+-- without spending an attempt, to be woken by the release that frees a slot.
+--
+-- The first k jobs claimed go to executors that are free now: their attempt is spent at
+-- once. The rest are claimed ahead (prefetched): their claims carry 'p' and spend nothing
+-- until the worker marks them started (start.lua). A job under limits is never
+-- prefetched: reaching one past the first k puts it back at the consumer end of ready
+-- and ends the call, so no prefetched job holds a slot it cannot use yet.
 --
 -- Ids are popped from ready in rounds (RPOP with a count of what is still wanted), and
--- every id popped is settled in this same call: claimed, buried, deferred, marked a
--- duplicate, or dropped as a stray. At most n * 4 ids are popped per call.
+-- every id popped is settled in this same call: claimed, buried, parked, marked a
+-- duplicate, put back, or dropped as a stray. At most n * 4 ids are popped per call.
 --
 -- A claim costs one read of each record and no write to it: the claims (token, attempt,
--- start) go in one variadic HSET on the claims hash and the leases in one variadic ZADD.
--- An id that already holds a claim or a done outcome (or comes twice in one call) is a
--- stray and is dropped, so no job runs twice.
+-- start, flags) go in one variadic HSET on the claims hash and the leases in one
+-- variadic ZADD. An id that already holds a claim or a done outcome (or comes twice in
+-- one call) is a stray and is dropped, so no job runs twice.
 --
 -- KEYS[1] ready        LIST
 -- KEYS[2] leases       ZSET  id -> lease deadline ms
@@ -20,35 +26,37 @@
 -- KEYS[4] dead         ZSET  id -> time of death ms
 -- KEYS[5] stats        HASH
 -- KEYS[6] job prefix   (string)
--- KEYS[7] lock prefix  (string)
+-- KEYS[7] limit prefix (string; see parse_limits in _lib.lua)
 -- KEYS[8] idem prefix  (string)
 -- KEYS[9] claims       HASH  id -> "<token> <attempt> <started_ms> <flags>"
 -- KEYS[10] done        HASH  id -> outcome
--- ARGV[1] now_ms
+-- KEYS[11] limwait     ZSET  limit keys with parked jobs -> next sweep ms
+-- KEYS[12] notify      LIST  (a job woken by a freed reserved slot)
+-- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
--- ARGV[3] lease, ms
--- ARGV[4] token base (unique per call; the token is base .. ':' .. index)
--- ARGV[5] deferral base delay, ms
--- ARGV[6] deferral cap, ms
--- ARGV[7] a random number in [0, 1) for deferral jitter
--- ARGV[8] dead retention, ms
--- ARGV[9] done retention, ms
+-- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
+-- ARGV[4] lease, ms
+-- ARGV[5] token base (unique per call; the token is base .. ':' .. index)
+-- ARGV[6] dead retention, ms
+-- ARGV[7] done retention, ms
 --
--- Returns a flat list, 12 values per claimed job:
+-- Returns a flat list: the server time of the claim (ms); 1 when the call stopped at a job
+-- under limits that no free executor could start (0 otherwise: the worker then waits for
+-- a free executor, not for new jobs); then 13 values per claimed job:
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
---   resource_key, ready_ms, created_ms, checkpoint
-local now = tonumber(ARGV[1])
+--   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched)
+local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
-local lease = tonumber(ARGV[3])
-local base = ARGV[4]
-local dbase, dcap = tonumber(ARGV[5]), tonumber(ARGV[6])
-local rnd = tonumber(ARGV[7])
-local dead_ttl, done_ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
-local out = {}
+local k_start = tonumber(ARGV[3])
+local lease = tonumber(ARGV[4])
+local base = ARGV[5]
+local dead_ttl, done_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
-  done = true, dead = true}
+  done = true, dead = true, deferred = true}
 local FIELDS = {'type', 'version', 'payload', 'status', 'attempt', 'max_attempts', 'idem_key',
-  'resource_key', 'ready_ms', 'created_ms', 'checkpoint', 'deferrals'}
+  'resource_key', 'ready_ms', 'created_ms', 'checkpoint', 'deferrals', 'limits', 'woken', 'idem_hash',
+  'lost_token'}
 
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
@@ -67,7 +75,8 @@ local function bury_raw(jk, id, reason)
 end
 
 local i = 0
--- Settle one popped id: claim it, or bury, defer, mark a duplicate or drop it.
+local stop = false  -- set by take() for a job that must go back to ready
+-- Settle one popped id: claim it, or bury, park, mark a duplicate, put back or drop it.
 local function take(id)
   local jk = KEYS[6] .. id
   -- One read for the record. An error reply (WRONGTYPE) means the key is not a hash;
@@ -83,105 +92,109 @@ local function take(id)
     local kind = redis.call('TYPE', jk)['ok']
     redis.call('RENAME', jk, jk .. ':corrupt')
     bury_raw(jk, id, 'malformed record: a Redis ' .. kind .. ' instead of a hash; kept at ' .. jk .. ':corrupt')
+    return
   elseif absent and redis.call('EXISTS', jk) == 0 then
     bury_raw(jk, id, 'malformed record: no job record for this id')
-  else
-    local missing = {}
-    if not f[1] then missing[#missing + 1] = 'type' end
-    if not f[2] then missing[#missing + 1] = 'version' end
-    if not f[3] then missing[#missing + 1] = 'payload' end
-    if not f[4] then missing[#missing + 1] = 'status' end
-    -- Counters the scripts do arithmetic on must be integers (absent means 0).
-    local badint = {}
-    for _, pair in ipairs({{5, 'attempt'}, {6, 'max_attempts'}, {9, 'ready_ms'}, {10, 'created_ms'},
-        {12, 'deferrals'}}) do
-      local v = f[pair[1]]
-      if v and not string.match(v, '^%-?%d+$') then badint[#badint + 1] = pair[2] end
-    end
-    if #missing > 0 then
-      bury_raw(jk, id, 'malformed record: missing field(s) ' .. table.concat(missing, ', '))
-    elseif #badint > 0 then
-      bury_raw(jk, id, 'malformed record: not an integer: ' .. table.concat(badint, ', '))
-    elseif not KNOWN[f[4]] then
-      bury_raw(jk, id, 'malformed record: unknown status ' .. string.format('%q', f[4]))
-    elseif f[4] ~= 'queued' then
-      -- A stray id (the record is done, dead or elsewhere): drop it, never run it twice.
-      tally('stray')
-    else
-      local typ = f[1]
-      local ikey = f[7] or ''
-      local rkey = f[8] or ''
-      local settled = false
-      if ikey ~= '' or rkey ~= '' then
-        -- The keys below are not the queue's own: should one of them fail (a wrong
-        -- type), the jobs claimed so far already hold their leases.
-        write_leases()
-      end
-      if ikey ~= '' then
-        -- pcall: a damaged key (not a string) reads as no completion mark instead of
-        -- failing the call with ids already popped.
-        local held = redis.pcall('GET', KEYS[8] .. ikey)
-        if type(held) == 'string' then
-          local hid, _, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
-          if state == 'done' and hid ~= id then
-            redis.call('HSET', jk, 'status', 'done', 'duplicate_of', hid, 'finished_ms', now)
-            redis.call('PEXPIRE', jk, done_ttl)
-            tally('duplicates|' .. typ)
-            settled = true
+    return
+  end
+  local missing = {}
+  if not f[1] then missing[#missing + 1] = 'type' end
+  if not f[2] then missing[#missing + 1] = 'version' end
+  if not f[3] then missing[#missing + 1] = 'payload' end
+  if not f[4] then missing[#missing + 1] = 'status' end
+  -- Counters the scripts do arithmetic on must be integers (absent means 0).
+  local badint = {}
+  for _, pair in ipairs({{5, 'attempt'}, {6, 'max_attempts'}, {9, 'ready_ms'}, {10, 'created_ms'},
+      {12, 'deferrals'}}) do
+    local v = f[pair[1]]
+    if v and not string.match(v, '^%-?%d+$') then badint[#badint + 1] = pair[2] end
+  end
+  if #missing > 0 then
+    bury_raw(jk, id, 'malformed record: missing field(s) ' .. table.concat(missing, ', '))
+    return
+  elseif #badint > 0 then
+    bury_raw(jk, id, 'malformed record: not an integer: ' .. table.concat(badint, ', '))
+    return
+  elseif not KNOWN[f[4]] then
+    bury_raw(jk, id, 'malformed record: unknown status ' .. string.format('%q', f[4]))
+    return
+  elseif f[4] ~= 'queued' then
+    -- A stray id (the record is done, dead or elsewhere): drop it, never run it twice.
+    tally('stray')
+    return
+  end
+  local typ = f[1]
+  local ikey = f[7] or ''
+  local limits = parse_limits(f[13])
+  local starts = i < k_start
+  if #limits > 0 and not starts then
+    -- Never prefetch a job under limits: it goes back where the next claim takes it first.
+    stop = true
+    return
+  end
+  if ikey ~= '' or #limits > 0 then
+    -- The keys below are not the queue's own: should one of them fail (a wrong
+    -- type), the jobs claimed so far already hold their leases.
+    write_leases()
+  end
+  if ikey ~= '' then
+    -- A completed key of another job with this very payload: this job is its duplicate
+    -- (two producers raced around an expiry, or one wrote the record itself). pcall: a
+    -- damaged key reads as no completion mark instead of failing the call.
+    local held = redis.pcall('GET', idem_key(KEYS[8], typ, ikey))
+    if type(held) == 'string' then
+      local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
+      if state == 'done' and hid ~= id and (not f[15] or f[15] == hhash) then
+        redis.call('HSET', jk, 'status', 'done', 'duplicate_of', hid, 'finished_ms', now)
+        redis.call('PEXPIRE', jk, done_ttl)
+        for _, l in ipairs(limits) do
+          -- A slot reserved for it when it was woken goes to the next parked job.
+          if redis.call('ZREM', KEYS[7] .. l.key, '=' .. id) == 1 then
+            wake_parked(KEYS[7], l.key, l.n, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11])
           end
         end
-      end
-      local token = base .. ':' .. i
-      if not settled and rkey ~= '' then
-        local got = redis.call('SET', KEYS[7] .. rkey, token, 'NX', 'PX', lease)
-        if not got then
-          local d = (tonumber(f[12]) or 0) + 1
-          local delay = math.min(dcap, dbase * math.pow(2, math.min(d - 1, 12)))
-          local r = (rnd + i * 0.618033988749895) % 1
-          delay = math.floor(delay * (0.5 + 0.5 * r)) + 1
-          redis.call('HSET', jk, 'status', 'scheduled', 'ready_ms', now + delay, 'deferrals', d)
-          redis.call('ZADD', KEYS[3], now + delay, id)
-          -- Queue behind the holder: its release wakes the first waiter at once; the
-          -- scheduled entry is only the fallback timer.
-          local wk = KEYS[7] .. rkey .. ':waiters'
-          -- pcall: with a damaged waiter list the fallback timer still wakes the job.
-          if type(redis.pcall('RPUSH', wk, id)) == 'number' then
-            redis.call('PEXPIRE', wk, 3600000)
-          end
-          tally('deferred|' .. typ)
-          settled = true
-        end
-      end
-      if not settled then
-        local attempt = (tonumber(f[5]) or 0) + 1
-        local flags = (ikey ~= '' and 'i' or '') .. (rkey ~= '' and 'r' or '')
-        if flags == '' then flags = '-' end
-        leased[#leased + 1] = now + lease
-        leased[#leased + 1] = id
-        claimed[#claimed + 1] = id
-        claimed[#claimed + 1] = token .. ' ' .. attempt .. ' ' .. now .. ' ' .. flags
-        taken[id] = true
-        out[#out + 1] = id
-        out[#out + 1] = token
-        out[#out + 1] = attempt
-        out[#out + 1] = typ
-        out[#out + 1] = f[2]
-        out[#out + 1] = f[3]
-        out[#out + 1] = f[6] or ''
-        out[#out + 1] = ikey
-        out[#out + 1] = rkey
-        out[#out + 1] = f[9] or ''
-        out[#out + 1] = f[10] or ''
-        out[#out + 1] = f[11] or ''
-        i = i + 1
+        tally('duplicates|' .. typ)
+        return
       end
     end
   end
+  local token = base .. ':' .. i
+  if #limits > 0 then
+    local full = acquire_limits(KEYS[7], limits, id, token, now, lease)
+    if full then
+      park(KEYS[7], full, id, jk, tonumber(f[12]) or 0, f[14] == '1', now, KEYS[11])
+      tally('deferred|' .. typ)
+      return
+    end
+    if f[14] then redis.call('HDEL', jk, 'woken') end
+  end
+  local attempt = (tonumber(f[5]) or 0) + 1
+  -- A run of an earlier claim can no longer finish as a late success: this one owns it.
+  if f[16] then redis.call('HDEL', jk, 'lost_token') end
+  leased[#leased + 1] = now + lease
+  leased[#leased + 1] = id
+  claimed[#claimed + 1] = id
+  claimed[#claimed + 1] = claim_entry(token, attempt, now, ikey ~= '', #limits > 0, not starts)
+  taken[id] = true
+  out[#out + 1] = id
+  out[#out + 1] = token
+  out[#out + 1] = attempt
+  out[#out + 1] = typ
+  out[#out + 1] = f[2]
+  out[#out + 1] = f[3]
+  out[#out + 1] = f[6] or ''
+  out[#out + 1] = ikey
+  out[#out + 1] = f[8] or ''
+  out[#out + 1] = f[9] or ''
+  out[#out + 1] = f[10] or ''
+  out[#out + 1] = f[11] or ''
+  out[#out + 1] = starts and 1 or 0
+  i = i + 1
 end
 
 local popped = 0
--- Bound the work per call: strays and deferrals do not count as claims.
-while i < n and popped < n * 4 do
+-- Bound the work per call: strays, parked jobs and duplicates do not count as claims.
+while i < n and popped < n * 4 and not stop do
   -- Pop no more than can still be claimed, so every id popped is settled here.
   local want = math.min(n - i, n * 4 - popped)
   local ids = redis.call('RPOP', KEYS[1], want)
@@ -211,6 +224,13 @@ while i < n and popped < n * 4 do
       tally('stray')  -- claimed or finished already: never run it twice
     else
       take(id)
+      if stop then
+        out[2] = 1
+        -- Put back this job and what this round popped after it, in order: the first
+        -- pushed to the consumer end is the last taken.
+        for q = #ids, j, -1 do redis.call('RPUSH', KEYS[1], ids[q]) end
+        break
+      end
     end
   end
   if #ids < want then break end

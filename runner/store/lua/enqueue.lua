@@ -6,78 +6,85 @@
 -- KEYS[3] notify       LIST
 -- KEYS[4] stats        HASH
 -- KEYS[5] job prefix   (string; the job key is prefix .. id)
--- KEYS[6] idem prefix  (string; the idempotency key is prefix .. key)
+-- KEYS[6] idem prefix  (string; a key is prefix .. type .. ':' .. idempotency key)
 -- KEYS[7] claims       HASH  (a duplicate's status: a claimed job is processing)
 -- KEYS[8] done         HASH  (a duplicate's status: a finished job is done)
--- ARGV[1] now_ms
--- ARGV[2] idempotency retention, ms
--- ARGV[3] n, the number of jobs; then 9 fields per job:
---   id, type, version, payload (JSON), max_attempts, run_at_ms (0: now),
---   idempotency key ('' none), payload hash, resource key ('' none)
+-- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
+-- ARGV[2] n, the number of jobs; then 12 fields per job:
+--   id, type, version, payload (JSON), max_attempts,
+--   run_at_ms (absolute, the caller's clock; 0 none), delay_ms (relative to the server's
+--   clock; 0 none), idempotency key ('' none), payload hash, resource key ('' none),
+--   limits ("<n> <key>" lines, '' none), meta (a JSON object, '' none)
+--
+-- An idempotency key has no expiry while its job is unfinished (so it cannot lapse under a
+-- delayed or retrying job and let a second request in); the ack of that job starts its
+-- retention, and a job that dies or is deleted frees it.
 --
 -- Returns, per job, three values: code, job id, status.
 --   1  created: the new id and its status (queued | scheduled)
 --   0  duplicate: the id and status of the job that holds the key, same payload
 --  -1  conflict: the id of the job that holds the key with another payload
-local now = tonumber(ARGV[1])
-local idem_ttl = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
+local now = clock(ARGV[1])
+local n = tonumber(ARGV[2])
 local out = {}
 local ready = {}
 local counts = {}
 for i = 0, n - 1 do
-  local b = 4 + i * 9
+  local b = 3 + i * 12
   local id, typ, ver, payload = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local max_attempts, run_at = ARGV[b + 4], tonumber(ARGV[b + 5])
-  local ikey, phash, rkey = ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
+  local max_attempts, run_at, delay = ARGV[b + 4], tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
+  local ikey, phash, rkey, limits, meta = ARGV[b + 7], ARGV[b + 8], ARGV[b + 9], ARGV[b + 10], ARGV[b + 11]
+  local due = 0
+  if run_at > 0 then due = run_at elseif delay > 0 then due = now + delay end
   local dup = false
   if ikey ~= '' then
+    local ik = idem_key(KEYS[6], typ, ikey)
     -- pcall: a key damaged to another type reads as free (the SET below replaces it)
     -- rather than failing the batch part-way.
-    local held = redis.pcall('GET', KEYS[6] .. ikey)
+    local held = redis.pcall('GET', ik)
     if type(held) == 'string' then
-      local hid, hhash = string.match(held, '^(%S+) (%S+)')
-      local st = redis.call('HGET', KEYS[5] .. hid, 'status') or 'expired'
-      if redis.call('HEXISTS', KEYS[8], hid) == 1 then
+      local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
+      local st
+      if state == 'done' or redis.call('HEXISTS', KEYS[8], hid or '') == 1 then
         st = 'done'
-      elseif redis.call('HEXISTS', KEYS[7], hid) == 1 then
+      elseif redis.call('HEXISTS', KEYS[7], hid or '') == 1 then
         st = 'processing'
-      end
-      if hhash == phash then
-        out[#out + 1] = 0
       else
-        out[#out + 1] = -1
+        st = redis.call('HGET', KEYS[5] .. (hid or ''), 'status')
       end
-      out[#out + 1] = hid
-      out[#out + 1] = st
-      if hhash == phash then redis.pcall('HINCRBY', KEYS[4], 'deduplicated|' .. typ, 1) end
-      dup = true
-    else
-      redis.call('SET', KEYS[6] .. ikey, id .. ' ' .. phash, 'PX', idem_ttl)
+      if st then
+        out[#out + 1] = hhash == phash and 0 or -1
+        out[#out + 1] = hid
+        out[#out + 1] = st
+        if hhash == phash then redis.pcall('HINCRBY', KEYS[4], 'deduplicated|' .. typ, 1) end
+        dup = true
+      end
+      -- Else the key names a job that no longer exists: it is stale, and taken over.
     end
+    if not dup then redis.call('SET', ik, id .. ' ' .. phash) end
   end
   if not dup then
     -- Fields at their defaults are not written (attempt, deferrals: 0; enqueued_ms,
-    -- ready_ms: created_ms; idem_key, resource_key: none): readers supply them.
+    -- ready_ms: created_ms; idem_key, resource_key, limits, meta: none): readers supply them.
     local status = 'queued'
     local f = {'type', typ, 'version', ver, 'payload', payload, 'status', status,
       'max_attempts', max_attempts, 'created_ms', now}
-    if run_at > now then
+    if due > now then
       status = 'scheduled'
       f[8] = status
       f[#f + 1] = 'ready_ms'
-      f[#f + 1] = run_at
-      redis.call('ZADD', KEYS[2], run_at, id)
+      f[#f + 1] = due
+      redis.call('ZADD', KEYS[2], due, id)
     else
       ready[#ready + 1] = id
     end
-    if ikey ~= '' then
-      f[#f + 1] = 'idem_key'
-      f[#f + 1] = ikey
-    end
-    if rkey ~= '' then
-      f[#f + 1] = 'resource_key'
-      f[#f + 1] = rkey
+    local ihash = ikey ~= '' and phash or ''
+    for _, kv in ipairs({{'idem_key', ikey}, {'idem_hash', ihash}, {'resource_key', rkey}, {'limits', limits},
+        {'meta', meta}}) do
+      if kv[2] ~= '' then
+        f[#f + 1] = kv[1]
+        f[#f + 1] = kv[2]
+      end
     end
     redis.call('HSET', KEYS[5] .. id, unpack(f))
     counts[typ] = (counts[typ] or 0) + 1

@@ -1,14 +1,18 @@
--- promote: move due jobs (delayed, retrying, deferred) from scheduled to ready.
+-- promote: move due jobs (delayed, retrying, handed back) from scheduled to ready, and
+-- sweep the limit keys with parked jobs: a key whose holders lapsed without a release
+-- (their worker died before any reclaim) wakes its parked jobs here, so none is stranded.
 --
 -- KEYS[1] scheduled    ZSET  id -> due ms
 -- KEYS[2] ready        LIST
 -- KEYS[3] notify       LIST
 -- KEYS[4] job prefix   (string)
--- ARGV[1] now_ms
--- ARGV[2] the most jobs to move in this call
+-- KEYS[5] limit prefix (string)
+-- KEYS[6] limwait      ZSET  limit keys with parked jobs -> next sweep ms
+-- ARGV[1] now, ms ('' for the server's clock)
+-- ARGV[2] the most jobs to move in this call (and a twentieth as many keys to sweep)
 --
--- Returns {moved, next due ms or -1 when nothing is scheduled}.
-local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- Returns {moved, ms until the next due job (or the next sweep), -1 when none}.
+local now, limit = clock(ARGV[1]), tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local moved = 0
 for _, id in ipairs(ids) do
@@ -30,7 +34,33 @@ for _, id in ipairs(ids) do
   end
 end
 if moved > 0 then wake(KEYS[3]) end
-local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+-- The sweep: each due key wakes what its free slots allow; the limit is read off the
+-- first parked job's record.
+for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, math.max(1, math.floor(limit / 20)))) do
+  heal_limit(KEYS[5] .. key)
+  local first = redis.call('LINDEX', KEYS[5] .. key .. ':w', 0)
+  local n = nil
+  if first then
+    for _, l in ipairs(parse_limits(redis.call('HGET', KEYS[4] .. first, 'limits') or nil)) do
+      if l.key == key then n = l.n end
+    end
+  end
+  if n then
+    wake_parked(KEYS[5], key, n, now, KEYS[4], KEYS[2], KEYS[3], KEYS[6])
+    if redis.call('EXISTS', KEYS[5] .. key .. ':w') == 1 then redis.call('ZADD', KEYS[6], now + 1000, key) end
+  elseif first then
+    redis.call('LPOP', KEYS[5] .. key .. ':w')  -- a stale entry: the next sweep looks again
+    redis.call('ZADD', KEYS[6], now, key)
+  else
+    redis.call('ZREM', KEYS[6], key)
+  end
+end
 local due = -1
-if nxt[2] then due = tonumber(nxt[2]) end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if nxt[2] then due = math.max(0, tonumber(nxt[2]) - now) end
+local sweep = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+if sweep[2] then
+  local s = math.max(0, tonumber(sweep[2]) - now)
+  if due < 0 or s < due then due = s end
+end
 return {moved, due}

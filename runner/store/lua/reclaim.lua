@@ -1,7 +1,12 @@
 -- reclaim: take back jobs whose lease lapsed (their worker died or froze). A lapsed
--- lease counts as an attempt: a job that keeps killing its worker ends dead with
--- reason "worker lost" instead of crash-looping. The lapsed claim's resource lock is
--- released with it.
+-- lease counts as an attempt when the handler had started: a job that keeps killing its
+-- worker ends dead with reason "worker lost" instead of crash-looping. It spends none
+--   - for a job claimed ahead that had not started ('p'), once: should it lapse
+--     unstarted again, it counts (so a handler that kills its worker before its start
+--     mark lands cannot loop for ever);
+--   - for a job its worker gave up at shutdown with the handler still running ('x').
+-- The lapsed claim's limit slots are released with it, and its token is kept on the
+-- record as lost_token: should that run still finish, its ack is a late success.
 --
 -- KEYS[1] leases       ZSET  id -> lease deadline ms
 -- KEYS[2] ready        LIST
@@ -9,11 +14,13 @@
 -- KEYS[4] notify       LIST
 -- KEYS[5] stats        HASH
 -- KEYS[6] job prefix   (string)
--- KEYS[7] lock prefix  (string)
--- KEYS[8] scheduled    ZSET  (to wake a job waiting on a released resource)
+-- KEYS[7] limit prefix (string)
+-- KEYS[8] scheduled    ZSET  (checked for damage)
 -- KEYS[9] claims       HASH  id -> claim
 -- KEYS[10] done        HASH  id -> outcome (a lease left beside one is stray)
--- ARGV[1] now_ms
+-- KEYS[11] limwait     ZSET  limit keys with parked jobs
+-- KEYS[12] idem prefix (string)
+-- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
 --
@@ -25,11 +32,12 @@
 -- counted: whether its worker lives is no longer known).
 --
 -- Returns {requeued, buried}.
-local now, limit, dead_ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, limit, dead_ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local relet = false
 for _, kn in ipairs({{KEYS[5], 'stats', 'hash'}, {KEYS[9], 'claims', 'hash'},
     {KEYS[10], 'done', 'hash'}, {KEYS[1], 'leases', 'zset'}, {KEYS[2], 'ready', 'list'},
-    {KEYS[3], 'dead', 'zset'}, {KEYS[4], 'notify', 'list'}, {KEYS[8], 'scheduled', 'zset'}}) do
+    {KEYS[3], 'dead', 'zset'}, {KEYS[4], 'notify', 'list'}, {KEYS[8], 'scheduled', 'zset'},
+    {KEYS[11], 'limwait', 'zset'}}) do
   local kind = redis.call('TYPE', kn[1])['ok']
   if kind ~= kn[3] and kind ~= 'none' then
     redis.call('RENAME', kn[1], kn[1] .. ':corrupt')
@@ -55,8 +63,8 @@ for j, id in ipairs(ids) do
   local c = parse_claim(held[j])
   -- An error reply (not a hash), no record, or a job that is done or elsewhere: nothing
   -- to take back.
-  local f = redis.pcall('HMGET', jk, 'max_attempts', 'resource_key', 'type', 'history', 'status',
-    'attempt', 'token')
+  local f = redis.pcall('HMGET', jk, 'max_attempts', 'limits', 'type', 'history', 'status',
+    'attempt', 'token', 'refunds', 'idem_key')
   local live = not f.err and f[3] and not fin[j] and (f[5] == 'queued' or f[5] == 'processing')
   if live and not c then
     -- A damaged claim entry, or a claim an older release kept on the record (status
@@ -64,36 +72,65 @@ for j, id in ipairs(ids) do
     -- back, never dropped.
     local legacy = f[5] == 'processing'
     c = {attempt = (tonumber(f[6]) or 0) + (legacy and 0 or 1), started = now,
-      token = legacy and f[7] or ''}
+      token = legacy and f[7] or '', prefetched = false, exiting = false}
   end
   if live then
-    local attempt = c.attempt
+    local refunds = tonumber(f[8]) or 0
     local max = tonumber(f[1]) or 1
+    local spend, entry, outcome = true, nil, 'worker lost'
+    if c.exiting then
+      spend, outcome = false, 'interrupted'
+    elseif c.prefetched and refunds < 1 then
+      -- Claimed ahead, no start mark: it may never have started (or its mark was lost
+      -- with the worker). On record, without spending the attempt.
+      spend, outcome = false, 'lost unstarted'
+    end
+    local attempt = spend and c.attempt or (tonumber(f[6]) or 0)
     local set
-    if attempt >= max then
+    if spend and attempt >= max then
       set = {'status', 'dead', 'reason', 'worker lost', 'error', err, 'finished_ms', now}
-    else
+    elseif spend then
       set = {'status', 'queued', 'error', err, 'ready_ms', now}
+    else
+      set = {'status', 'queued', 'ready_ms', now}
+      if c.prefetched then
+        set[#set + 1] = 'refunds'
+        set[#set + 1] = refunds + 1
+      end
+    end
+    if c.token ~= '' then
+      -- "<token> <attempt> <started_ms>": should this run still finish, its ack is a late
+      -- success recorded as the attempt that ran (ack.lua).
+      set[#set + 1] = 'lost_token'
+      set[#set + 1] = c.token .. ' ' .. c.attempt .. ' ' .. c.started
     end
     set[#set + 1] = 'attempt'
     set[#set + 1] = attempt
-    set[#set + 1] = 'started_ms'
-    set[#set + 1] = c.started
-    with_history(set, f[4], '{"attempt":' .. attempt .. ',"outcome":"worker lost","at_ms":' .. now .. '}')
+    if spend then
+      set[#set + 1] = 'started_ms'
+      set[#set + 1] = c.started
+    end
+    if outcome then
+      entry = '{"attempt":' .. c.attempt .. ',"outcome":"' .. outcome .. '","at_ms":' .. now .. '}'
+    end
+    with_history(set, f[4], entry)
     redis.call('HSET', jk, unpack(set))
-    if attempt >= max then
+    if spend and attempt >= max then
       redis.call('ZADD', KEYS[3], now, id)
       redis.call('PEXPIRE', jk, dead_ttl)
+      free_idem(KEYS[12], f[3], f[9], id)
       tally('dead|' .. (f[3] or '?'))
       buried = buried + 1
     else
       redis.call('RPUSH', KEYS[2], id)
-      tally('lost|' .. (f[3] or '?'))
+      tally((spend and 'lost|' or 'unspent|') .. (f[3] or '?'))
       requeued = requeued + 1
     end
-    -- After the requeue, so a job that waited on this resource runs before the
-    -- reclaimed holder takes it again (waiters are served first).
-    release_lock(KEYS[7], f[2], c.token, KEYS[8], KEYS[2], KEYS[4], KEYS[6])
+    -- After the requeue, so a job parked on this limit runs before the reclaimed job
+    -- takes the slot again (the first parked job gets the freed slot reserved).
+    if c.token ~= '' then
+      release_limits(KEYS[7], f[2], c.token, now, KEYS[6], KEYS[2], KEYS[4], KEYS[11])
+    end
   end
 end
 if requeued > 0 then wake(KEYS[4]) end

@@ -1,46 +1,65 @@
--- release: hand claimed jobs back to the front of ready without spending an attempt
--- (graceful shutdown, or jobs claimed but never started). Fenced.
+-- release: hand claimed jobs back without spending an attempt (fenced), in one of two
+-- ways:
+--   now    to the front of ready at once: the job never started, or its handler is known
+--          to have stopped (its child process was killed at shutdown)
+--   later  the handler may still be running (a thread at shutdown): the claim is marked
+--          'x' and keeps its lease, so nobody can start the job while that process
+--          lives; once the lease lapses, reclaim puts it back without spending the attempt
 --
 -- KEYS[1] leases       ZSET
 -- KEYS[2] ready        LIST
 -- KEYS[3] notify       LIST
 -- KEYS[4] job prefix   (string)
--- KEYS[5] lock prefix  (string)
--- KEYS[6] scheduled    ZSET  (to wake a job waiting on a released resource)
--- KEYS[7] claims       HASH  id -> claim
--- ARGV[1] now_ms
--- ARGV[2] n; then per job: id, token
+-- KEYS[5] limit prefix (string)
+-- KEYS[6] claims       HASH  id -> claim
+-- KEYS[7] limwait      ZSET  limit keys with parked jobs
+-- ARGV[1] now, ms ('' for the server's clock)
+-- ARGV[2] n; then per job: id, token, mode (now | later), history entry ('' none)
 --
 -- Returns one code per job: 1 released, -1 refused (lease lost: nothing changed).
-local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local out = {}
-local ids = {}
-local held = batch_claims(KEYS[7], 3, 2, n)
+local ids, marked = {}, {}
+local seen = {}
+local held = batch_claims(KEYS[6], 3, 4, n)
 for i = 0, n - 1 do
-  local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
+  local b = 3 + i * 4
+  local id, token, mode, entry = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local jk = KEYS[4] .. id
-  local c = fence(held[i + 1], token)
+  -- The same claim twice in one batch settles once (seen), refused the second time.
+  local c = not seen[id] and fence(held[i + 1], token)
   if not c then
     out[#out + 1] = -1
+  elseif mode == 'later' then
+    seen[id] = true
+    marked[#marked + 1] = id
+    marked[#marked + 1] = c.token .. ' ' .. c.attempt .. ' ' .. c.started .. ' ' .. string.gsub(c.flags, '-', '') .. 'x'
+    out[#out + 1] = 1
   else
-    held[i + 1] = false
+    seen[id] = true
     -- The claim's attempt was never written to the record, so nothing is spent; the
     -- record is still queued.
-    redis.pcall('HSET', jk, 'ready_ms', now)
+    local set = {'ready_ms', now}
+    if entry ~= '' then
+      local old = redis.pcall('HGET', jk, 'history')
+      with_history(set, type(old) == 'string' and old or nil, entry)
+    end
+    redis.pcall('HSET', jk, unpack(set))
     -- RPUSH: the consumer end of ready, so a released job runs next.
     redis.call('RPUSH', KEYS[2], id)
     if c.res then
-      local rkey = redis.pcall('HGET', jk, 'resource_key')
-      if type(rkey) == 'string' then
-        release_lock(KEYS[5], rkey, token, KEYS[6], KEYS[2], KEYS[3], KEYS[4])
+      local limits = redis.pcall('HGET', jk, 'limits')
+      if type(limits) == 'string' then
+        release_limits(KEYS[5], limits, token, now, KEYS[4], KEYS[2], KEYS[3], KEYS[7])
       end
     end
     ids[#ids + 1] = id
     out[#out + 1] = 1
   end
 end
+call_many('HSET', KEYS[6], marked, 2)
 if #ids > 0 then
-  unclaim(KEYS[7], KEYS[1], ids)
+  unclaim(KEYS[6], KEYS[1], ids)
   wake(KEYS[3])
 end
 return out

@@ -1,39 +1,42 @@
--- renew: extend the leases (and resource locks) of jobs this worker still owns.
+-- renew: extend the leases (and limit slots) of jobs this worker still owns.
 --
 -- KEYS[1] leases       ZSET  id -> lease deadline ms
 -- KEYS[2] job prefix   (string)
--- KEYS[3] lock prefix  (string)
+-- KEYS[3] limit prefix (string)
 -- KEYS[4] claims       HASH  id -> claim
--- ARGV[1] now_ms
+-- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] lease, ms
 -- ARGV[3] n; then per job: id, token
 --
 -- Returns one code per job:
 --   1  renewed
 --  -1  refused: the job is no longer processing under this token (lease lost)
---  -2  renewed, but the resource lock is held by another token (it lapsed meanwhile)
-local now, lease, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+--  -2  renewed, but a limit slot it held went to another job meanwhile (its slot's lease
+--      lapsed and the limit is full): the handler no longer has the exclusion it had
+local now, lease, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local held = batch_claims(KEYS[4], 4, 2, n)
 for i = 0, n - 1 do
   local id, token = ARGV[4 + i * 2], ARGV[5 + i * 2]
-  local jk = KEYS[2] .. id
   local c = fence(held[i + 1], token)
   if not c or not redis.call('ZSCORE', KEYS[1], id) then
     out[#out + 1] = -1
   else
     redis.call('ZADD', KEYS[1], 'XX', now + lease, id)
     local code = 1
-    local rkey = c.res and redis.pcall('HGET', jk, 'resource_key')
-    if type(rkey) == 'string' and rkey ~= '' then
-      local lk = KEYS[3] .. rkey
-      local holder = redis.call('GET', lk)
-      if holder == token then
-        redis.call('PEXPIRE', lk, lease)
-      elseif not holder then
-        redis.call('SET', lk, token, 'PX', lease)
+    local raw = c.res and redis.pcall('HGET', KEYS[2] .. id, 'limits')
+    for _, l in ipairs(parse_limits(type(raw) == 'string' and raw or nil)) do
+      local k = KEYS[3] .. l.key
+      heal_limit(k)
+      if redis.call('ZSCORE', k, token) then
+        redis.call('ZADD', k, 'XX', now + lease, token)
       else
-        code = -2
+        purge_holders(k, now)
+        if redis.call('ZCARD', k) < l.n then
+          redis.call('ZADD', k, now + lease, token)
+        else
+          code = -2
+        end
       end
     end
     out[#out + 1] = code

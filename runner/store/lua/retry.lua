@@ -1,53 +1,70 @@
--- retry: a claimed job failed transiently; schedule its next attempt (fenced).
+-- retry: claimed jobs go back to scheduled for a later attempt (fenced): a transient
+-- failure (the attempt is spent), or a job handed back without spending one (a worker
+-- that does not know its type or version yet, a handler's RateLimited).
 --
 -- KEYS[1] leases       ZSET
 -- KEYS[2] scheduled    ZSET  id -> due ms
 -- KEYS[3] stats        HASH
 -- KEYS[4] job prefix   (string)
--- KEYS[5] lock prefix  (string)
--- KEYS[6] ready        LIST  (to wake a job waiting on a released resource)
+-- KEYS[5] limit prefix (string)
+-- KEYS[6] ready        LIST  (a job woken by a freed slot goes here)
 -- KEYS[7] notify       LIST
 -- KEYS[8] claims       HASH  id -> claim
--- ARGV[1] now_ms
--- ARGV[2] n; then per job 6 fields:
---   id, token, due_ms, error (JSON), history entry (JSON), stats fields (space-separated)
+-- KEYS[9] limwait      ZSET  limit keys with parked jobs
+-- ARGV[1] now, ms ('' for the server's clock)
+-- ARGV[2] n; then per job 7 fields:
+--   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
+--   refund (1: no attempt spent; the job is counted as a deferral), stats fields
 --
 -- Each job costs one HMGET and one HSET of its record (the attempt, its start and the
 -- history move from the claim to the record); the batch's fences, claims, leases and
--- scheduled entries go in one variadic HMGET, HDEL, ZREM and ZADD, before any resource
--- lock is released.
+-- scheduled entries go in one variadic HMGET, HDEL, ZREM and ZADD, before any limit
+-- slot is released.
 --
 -- Returns one code per job: 1 scheduled, -1 refused (lease lost: nothing changed).
-local now, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local out = {}
-local ids, due_ids, locks = {}, {}, {}
-local held = batch_claims(KEYS[8], 3, 6, n)
+local ids, due_ids, slots = {}, {}, {}
+local seen = {}
+local held = batch_claims(KEYS[8], 3, 7, n)
 for i = 0, n - 1 do
-  local b = 3 + i * 6
-  local id, token, due, err, entry, fields = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
+  local b = 3 + i * 7
+  local id, token, delay, err = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
+  local entry, refund, fields = ARGV[b + 4], ARGV[b + 5] == '1', ARGV[b + 6]
   local jk = KEYS[4] .. id
-  local c = fence(held[i + 1], token)
-  local f = c and redis.pcall('HMGET', jk, 'resource_key', 'history')
+  -- The same claim twice in one batch settles once (seen), refused the second time.
+  local c = not seen[id] and fence(held[i + 1], token)
+  local f = c and redis.pcall('HMGET', jk, 'limits', 'history', 'deferrals')
   if not c or f.err then
     out[#out + 1] = -1
   else
-    held[i + 1] = false
-    local set = {'status', 'retrying', 'error', err, 'ready_ms', due, 'finished_ms', now,
-      'attempt', c.attempt, 'started_ms', c.started}
+    seen[id] = true
+    local due = now + delay
+    local set = {'status', refund and 'scheduled' or 'retrying', 'ready_ms', due}
+    if refund then
+      set[#set + 1] = 'deferrals'
+      set[#set + 1] = (tonumber(f[3]) or 0) + 1
+    else
+      for _, kv in ipairs({{'error', err}, {'finished_ms', now}, {'attempt', c.attempt},
+          {'started_ms', c.started}}) do
+        set[#set + 1] = kv[1]
+        set[#set + 1] = kv[2]
+      end
+    end
     with_history(set, f[2], entry)
     redis.call('HSET', jk, unpack(set))
     ids[#ids + 1] = id
     due_ids[#due_ids + 1] = due
     due_ids[#due_ids + 1] = id
-    if f[1] and f[1] ~= '' then locks[#locks + 1] = {f[1], token} end
+    if f[1] then slots[#slots + 1] = {f[1], token} end
     bump(fields)
     out[#out + 1] = 1
   end
 end
 unclaim(KEYS[8], KEYS[1], ids)
 call_many('ZADD', KEYS[2], due_ids, 2)
-for _, l in ipairs(locks) do
-  release_lock(KEYS[5], l[1], l[2], KEYS[2], KEYS[6], KEYS[7], KEYS[4])
+for _, s in ipairs(slots) do
+  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[6], KEYS[7], KEYS[9])
 end
 flush(KEYS[3])
 return out

@@ -1,0 +1,26 @@
+-- start: the handlers of prefetched jobs have started; their claims lose the 'p' mark, so
+-- their attempts count from now on (a reclaim after this spends one). Fenced.
+--
+-- KEYS[1] claims       HASH  id -> "<token> <attempt> <started_ms> <flags>"
+-- ARGV[1] now, ms ('' for the server's clock): the start time written
+-- ARGV[2] n; then per job: id, token
+--
+-- Returns one code per job: 1 marked, 0 started already, -1 refused (lease lost).
+local now, n = clock(ARGV[1]), tonumber(ARGV[2])
+local out, entries = {}, {}
+local held = batch_claims(KEYS[1], 3, 2, n)
+for i = 0, n - 1 do
+  local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
+  local c = fence(held[i + 1], token)
+  if not c then
+    out[#out + 1] = -1
+  elseif not c.prefetched then
+    out[#out + 1] = 0
+  else
+    entries[#entries + 1] = id
+    entries[#entries + 1] = claim_entry(token, c.attempt, now, c.idem, c.res, false, c.exiting)
+    out[#out + 1] = 1
+  end
+end
+call_many('HSET', KEYS[1], entries, 2)
+return out

@@ -1,0 +1,170 @@
+"""A warm child process that runs handlers for one executor slot of a worker
+(``ISOLATION = "process"``); started by isolation.py as ``python -m runner.worker.child``.
+
+The child loads the functions once at start (so a job pays no import), then takes one job
+at a time from its parent over a socket: it validates and upgrades the payload, runs the
+handler and answers the outcome. It never talks to Redis: ``ctx.save_checkpoint`` and
+``ctx.extend_lease`` are messages to the parent, which holds the lease. Messages are
+length-framed JSON (multiprocessing's Connection bytes, never its pickles).
+
+Limits it applies to itself, per job: TIMEOUT as a SIGALRM that raises JobTimeout in the
+handler (the parent kills the child when a C call never lets it run), and MEMORY_MB as
+RLIMIT_DATA above what the warm child already uses (an allocation past it fails, and the
+attempt fails as "memory limit"). A reader thread takes the parent's messages while the
+handler runs, and exits the process at once when the parent is gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import resource
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from runner import config as config_mod
+from runner.catalog import registry as registry_mod
+from runner.catalog.registry import Registry
+from runner.errors import JobTimeout
+from runner.observe.logs import setup as setup_logs
+from runner.store import codec
+from runner.worker.context import Context, Flags
+from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
+
+log = logging.getLogger("runner.job")
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def data_bytes() -> int:
+    """The process's data segment (heap and private mappings), as RLIMIT_DATA counts it."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class Child:
+    def __init__(self, conn: Connection, registry: Registry) -> None:
+        self.conn = conn
+        self.registry = registry
+        self.send_lock = threading.Lock()
+        self.replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.flags = Flags()
+        self.jobs = 0
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = codec.dumpb(msg)
+        with self.send_lock:
+            self.conn.send_bytes(data)
+
+    def rpc(self, call: str, **args: Any) -> bool:
+        self.send({"op": "rpc", "call": call, **args})
+        return bool(self.replies.get().get("ok"))
+
+    def read_loop(self) -> None:
+        """The parent's messages while a handler runs; EOF means the parent is gone."""
+        while True:
+            try:
+                msg = codec.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                os._exit(0)
+            op = msg.get("op")
+            if op == "flag":
+                self.flags.lock_lost = bool(msg.get("lock_lost", self.flags.lock_lost))
+            elif op == "reply":
+                self.replies.put(msg)
+            else:
+                self.jobs_in.put(msg)
+
+    def serve(self) -> None:
+        self.jobs_in: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        threading.Thread(target=self.read_loop, name="parent", daemon=True).start()
+        self.send({"op": "ready", "pid": os.getpid()})
+        while True:
+            msg = self.jobs_in.get()
+            if msg.get("op") == "exit":
+                return
+            if msg.get("op") == "run":
+                out = self.run_one(msg)
+                self.jobs += 1
+                self.send({"op": "outcome", **out, "rss_mb": round(rss_mb(), 1)})
+
+    def run_one(self, msg: dict[str, Any]) -> dict[str, Any]:
+        job = Claimed(**msg["job"])
+        resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
+        if isinstance(resolved, Done | RetryLater | Dead):
+            return {"outcome": to_message(resolved), "run_s": 0.0}
+        fn, payload, version = resolved
+        self.flags = Flags()
+        ctx = Context(
+            job_id=job.id, type=job.type, version=version, queue=job.queue,
+            attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
+            deadline=time.time() + fn.timeout_s,
+            idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
+            logger=logging.LoggerAdapter(log, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
+            _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
+            _save=lambda body: self.rpc("checkpoint", data=body),
+            _extend=lambda: self.rpc("extend"),
+            _flags=self.flags,
+        )
+        limit = resource.getrlimit(resource.RLIMIT_DATA)
+        if fn.memory_mb:
+            resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(fn.memory_mb * 2**20), limit[1]))
+
+        def guard(body: Any) -> Any:
+            signal.setitimer(signal.ITIMER_REAL, max(0.001, fn.timeout_s))
+            try:
+                return body()
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+
+        try:
+            outcome, run_s = run(fn, payload, job, ctx, None, guard)
+        finally:
+            resource.setrlimit(resource.RLIMIT_DATA, limit)
+        if fn.memory_mb and isinstance(outcome, RetryLater | Dead) and outcome.error \
+                and outcome.error.get("type") == "MemoryError":
+            err = {**outcome.error, "type": "MemoryLimit",
+                   "message": f"memory limit: the handler went over MEMORY_MB = {fn.memory_mb:g}"}
+            outcome = RetryLater(outcome.delay_s, err) if isinstance(outcome, RetryLater) else \
+                Dead(outcome.reason, err, outcome.refund)
+        return {"outcome": to_message(outcome), "run_s": run_s}
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise JobTimeout("ran past its TIMEOUT")
+
+
+def main() -> None:
+    _die_with_parent()
+    fd = int(sys.argv[1])
+    if os.getppid() == 1:  # the worker died before the death signal was armed
+        os._exit(0)
+    cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
+    setup_logs(cfg.log)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's to handle
+    conn = Connection(fd)
+    Child(conn, registry_mod.load(cfg)).serve()
+
+
+if __name__ == "__main__":
+    main()

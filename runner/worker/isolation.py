@@ -1,0 +1,214 @@
+"""Process isolation, the worker's side: one warm child process per executor slot
+(child.py), started by spawning a fresh interpreter (never a fork of this threaded
+process), fed one job at a time, and killed when it must be.
+
+The worker process holds the leases and never runs handler code for these jobs, so a
+handler that holds the GIL, blocks in C, leaks memory or crashes its interpreter cannot
+stop lease renewal or take other jobs down:
+
+- past TIMEOUT plus ``[worker] timeout_grace`` the child is killed: the attempt fails as
+  a timeout (JobTimeout), and the next job gets a new child;
+- a child that dies (segfault, ``os._exit``, the OOM killer) fails only its job's attempt,
+  "executor crashed" with the signal or exit code;
+- children are replaced after ``max_jobs_per_child`` jobs, above ``max_rss_mb``, and when
+  the functions were reloaded (`runner dev`), so new jobs run new code while a running
+  job finishes on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from runner.catalog.registry import Function
+from runner.config import QueueConfig
+from runner.errors import JobTimeout
+from runner.store import codec
+from runner.worker.execute import Claimed, Outcome, failure, from_message
+
+log = logging.getLogger("runner.worker")
+
+START_TIMEOUT_S = 60.0  # a child imports the functions before it says it is ready
+
+
+class ExecutorCrashed(Exception):
+    """The child process running the handler died."""
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class ChildProcess:
+    """One child and the socket to it."""
+
+    def __init__(self, config_source: str, generation: int) -> None:
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        if Path(config_source).exists():
+            env["RUNNER_CONFIG"] = str(Path(config_source).resolve())
+        self.generation = generation
+        self.jobs = 0
+        self.rss_mb = 0.0
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "runner.worker.child", str(child.fileno())],
+                                         pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
+        self.sock = parent
+        self.conn = Connection(os.dup(parent.fileno()))
+        parent.close()
+        self.ready = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        if self.ready:
+            return
+        if not self.conn.poll(timeout_s):
+            self.kill()
+            raise ExecutorCrashed(f"the child process did not start within {timeout_s:g} s")
+        try:
+            msg = codec.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            raise ExecutorCrashed(f"the child process exited at start ({describe_exit(self.exit_code())})") from None
+        if msg.get("op") != "ready":
+            self.kill()
+            raise ExecutorCrashed(f"the child process said {msg!r} at start")
+        self.ready = True
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.conn.send_bytes(codec.dumpb(msg))
+
+    def exit_code(self, timeout_s: float = 5.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.conn.close()
+
+    def retire(self) -> None:
+        """Ask the child to exit once idle (it is)."""
+        with contextlib.suppress(OSError):
+            self.send({"op": "exit"})
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.conn.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+class Slot:
+    """The child of one executor slot: started when first needed (or warmed at start),
+    replaced when it died, was killed or is due for recycling."""
+
+    def __init__(self, queue: QueueConfig, config_source: str, timeout_grace_s: float) -> None:
+        self.q = queue
+        self.config_source = config_source
+        self.grace_s = timeout_grace_s
+        self.child: ChildProcess | None = None
+
+    def warm(self, generation: int) -> None:
+        if self.child is None or not self.child.alive() or self.child.generation != generation:
+            self.replace(generation)
+
+    def replace(self, generation: int) -> None:
+        if self.child is not None:
+            if self.child.alive():
+                self.child.retire()
+            self.child = None
+        self.child = ChildProcess(self.config_source, generation)
+
+    def close(self) -> None:
+        if self.child is not None:
+            if self.child.ready:
+                self.child.retire()
+            else:
+                self.child.kill()
+            self.child = None
+
+    def kill(self) -> None:
+        if self.child is not None:
+            self.child.kill()
+            self.child = None
+
+    def run(self, job: Claimed, fn: Function, generation: int, extra: dict[str, Any],
+            on_started: Callable[[int], None], on_rpc: Callable[[dict[str, Any]], bool],
+            flags: Callable[[], dict[str, Any]]) -> tuple[Outcome, float]:
+        """Run one job in this slot's child; returns (outcome, run seconds). Every way the
+        child can fail becomes the attempt's outcome; the slot is ready for the next job."""
+        self.warm(generation)
+        child = self.child
+        assert child is not None
+        started = time.perf_counter()
+        try:
+            child.wait_ready()
+            on_started(child.pid)
+            child.send({"op": "run", "job": job.as_message(), **extra})
+        except (ExecutorCrashed, OSError) as exc:
+            self.kill()
+            return failure(fn, job, ExecutorCrashed(f"executor crashed: {exc}")), time.perf_counter() - started
+        deadline = time.monotonic() + fn.timeout_s + self.grace_s
+        sent: dict[str, Any] = {}
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                timeout = JobTimeout(f"ran past TIMEOUT {fn.timeout_s:g} s; its child process was killed "
+                                     f"{self.grace_s:g} s later")
+                return failure(fn, job, timeout), time.perf_counter() - started
+            now_flags = flags()
+            if now_flags != sent:
+                with contextlib.suppress(OSError):
+                    child.send({"op": "flag", **now_flags})
+                sent = now_flags
+            try:
+                if not child.conn.poll(min(left, 0.1)):
+                    continue
+                msg = codec.loads(child.conn.recv_bytes())
+            except (EOFError, OSError):
+                code = child.exit_code()
+                self.child = None
+                crash = ExecutorCrashed(f"executor crashed: the child process running the handler was "
+                                        f"{describe_exit(code)}")
+                return failure(fn, job, crash), time.perf_counter() - started
+            op = msg.get("op")
+            if op == "rpc":
+                ok = on_rpc(msg)
+                with contextlib.suppress(OSError):
+                    child.send({"op": "reply", "ok": ok})
+            elif op == "outcome":
+                child.jobs += 1
+                child.rss_mb = float(msg.get("rss_mb") or 0)
+                if child.jobs >= self.q.max_jobs_per_child or child.rss_mb > self.q.max_rss_mb:
+                    log.info("recycling the child process %d after %d job(s) at %.0f MB", child.pid,
+                             child.jobs, child.rss_mb)
+                    self.replace(generation)
+                return from_message(msg["outcome"]), float(msg.get("run_s") or 0.0)

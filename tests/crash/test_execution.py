@@ -1,0 +1,391 @@
+"""Execution that cannot lose its lease: what a worker guarantees when a handler is slow,
+CPU-bound, blocking, leaking memory or crashing its interpreter, each driven through
+real worker processes on a real server.
+
+- A lease lost while the handler still runs costs one more run, never a cascade.
+- Under ``ISOLATION = "process"`` the handler runs in a child process: a handler that
+  holds the GIL longer than the lease runs once; TIMEOUT kills a stuck child; MEMORY_MB
+  caps it; a child that dies fails only its own attempt ("executor crashed").
+- An attempt is spent when a handler starts: jobs a dead worker had prefetched spend none.
+- A handler that finished but whose ack was refused (its lease lapsed on the last attempt)
+  is recorded as done, not buried.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+from crashkit import (
+    add_crash_fixtures,
+    assert_quiet,
+    configure,
+    kill,
+    log_records,
+    outcomes,
+    rec,
+    wait_exit,
+    wait_final,
+    worker_log,
+)
+
+from conftest import Project, assert_no_job_in_two_structures, wait_for
+
+
+def marks(project: Project, job_id: str, what: str) -> list[list[str]]:
+    return [line.split() for line in project.runs(job_id) if line.startswith(what + " ")]
+
+
+def force_lease_loss(project: Project, queue: str = "fast") -> None:
+    """Take back every claimed job of the queue now, as the scheduler does once a lease
+    has lapsed, by running the reclaim with a clock an hour ahead (the test clock)."""
+    sc = project.runtime.scripts
+    k = project.keys(queue)
+    requeued, buried = (int(x) for x in sc.reclaim(k, 100, 10**7, now_ms=int(time.time() * 1000) + 3_600_000))
+    assert requeued + buried >= 1, "no lease to take back"
+
+
+@pytest.fixture
+def crash_project(project: Project) -> Project:
+    add_crash_fixtures(project)
+    return project
+
+
+def test_a_lease_lost_on_a_healthy_worker_costs_one_more_run(crash_project: Project) -> None:
+    """The lease of a running job is taken back while its handler still runs and the same
+    worker claims the job again: the first run's ack is refused, the second run is renewed,
+    acknowledged and done. Two runs in all, never a cascade into "worker lost"."""
+    project = crash_project
+    configure(project, vt=1, concurrency=2, prefetch=2)
+    job = project.client.enqueue("held", {"sleep": 2.0}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: marks(project, job, "start"), timeout=15, what="the first run to start")
+    force_lease_loss(project)
+    final = wait_final(project, [job], timeout=30)[job]
+    assert final["status"] == "done", final
+    assert final["attempt"] == 2
+    assert len(marks(project, job, "start")) == 2, project.runs(job)
+    assert outcomes(final) == ["worker lost", "done"]
+    assert_quiet(project)
+
+
+def test_a_gil_holding_handler_runs_once_under_process_isolation(crash_project: Project) -> None:
+    """A handler that holds the GIL for seconds in one C call, on a queue with a 1 s lease
+    and two workers: its worker never runs handler code, so the lease is renewed on time
+    and the job runs exactly once, in one attempt."""
+    project = crash_project
+    configure(project, vt=1, concurrency=2)
+    job = project.client.enqueue("gil", {"n": 26}).id
+    project.spawn_worker("fast")
+    project.spawn_worker("fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done", final
+    assert final["attempt"] == 1 and outcomes(final) == ["done"]
+    assert len(marks(project, job, "start")) == 1, project.runs(job)
+    assert_quiet(project)
+
+
+def test_thread_mode_says_when_the_gil_held_up_renewal(crash_project: Project) -> None:
+    """The same handler under thread isolation: the renewer comes back late, and says how
+    late and that ISOLATION = "process" is the fix."""
+    project = crash_project
+    fn = project.root / "functions" / "gil.py"
+    fn.write_text(fn.read_text().replace('ISOLATION = "process"', 'ISOLATION = "thread"'))
+    configure(project, vt=1, concurrency=2)
+    project.client.enqueue("gil", {"n": 26})
+    w = project.spawn_worker("fast")
+
+    def warned() -> dict[str, Any] | None:
+        return next((r for r in log_records(worker_log(project, w))
+                     if "late" in str(r.get("msg")) and 'ISOLATION = "process"' in str(r.get("msg"))), None)
+
+    wait_for(warned, timeout=30, what="the renewer's late warning")
+
+
+@pytest.mark.parametrize("mode", ["sleep", "recv", "swallow"])
+def test_timeout_kills_a_stuck_child_and_the_next_job_runs(crash_project: Project, mode: str) -> None:
+    """TIMEOUT = 1 under process isolation: a handler asleep for an hour, one blocked in
+    recv() and one that catches every Exception are each stopped within TIMEOUT plus the
+    kill grace, fail their attempt as a timeout, and the next job runs."""
+    project = crash_project
+    configure(project, vt=5, concurrency=1)
+    c = project.client
+    stuck = c.enqueue("stuck", {"mode": mode}).id
+    after = c.enqueue("one", {}).id
+    project.spawn_worker("fast")
+    final = wait_final(project, [stuck, after], timeout=30)
+    s = final[stuck]
+    assert s["status"] == "dead" and s["reason"] == "max attempts reached", s
+    assert s["last_error"]["type"] == "JobTimeout", s["last_error"]
+    took = s["finished_at"] - s["started_at"]
+    assert 1.0 <= took < 3.5, f"stopped after {took:.2f} s"
+    assert final[after]["status"] == "done"
+    assert_quiet(project)
+
+
+def test_timeout_in_thread_mode_cannot_be_swallowed(crash_project: Project) -> None:
+    """Under thread isolation the timeout is raised in the handler's thread as an error that
+    `except Exception` does not catch: the swallowing handler still fails as a timeout."""
+    project = crash_project
+    fn = project.root / "functions" / "stuck.py"
+    fn.write_text(fn.read_text().replace('ISOLATION = "process"', 'ISOLATION = "thread"'))
+    configure(project, vt=5, concurrency=1)
+    job = project.client.enqueue("stuck", {"mode": "swallow"}).id
+    project.spawn_worker("fast")
+    final = wait_final(project, [job], timeout=20)[job]
+    assert final["status"] == "dead" and final["last_error"]["type"] == "JobTimeout", final
+    assert final["finished_at"] - final["started_at"] < 3.0
+
+
+def test_thread_mode_abandons_a_handler_stuck_in_a_c_call(crash_project: Project) -> None:
+    """Under thread isolation nothing can interrupt time.sleep(3600): TIMEOUT plus the grace
+    later the run is abandoned (its attempt fails as a timeout, its lease is given up), its
+    slot is replaced so the next job runs, and the worker logs and counts it."""
+    project = crash_project
+    fn = project.root / "functions" / "stuck.py"
+    fn.write_text(fn.read_text().replace('ISOLATION = "process"', 'ISOLATION = "thread"'))
+    configure(project, vt=5, concurrency=1)
+    c = project.client
+    stuck = c.enqueue("stuck", {"mode": "sleep"}).id
+    after = c.enqueue("one", {}).id
+    w = project.spawn_worker("fast")
+    final = wait_final(project, [stuck, after], timeout=30)
+    assert final[stuck]["status"] == "dead" and final[stuck]["last_error"]["type"] == "JobTimeout"
+    assert "abandoned" in final[stuck]["last_error"]["message"]
+    assert final[after]["status"] == "done"
+    assert any("abandoned" in str(r.get("msg")) for r in log_records(worker_log(project, w)))
+    assert c.stats()["fast"]["counters"].get("abandoned|stuck") == 1
+    assert w.poll() is None
+
+
+def test_memory_limit_fails_the_attempt_and_other_jobs_run(crash_project: Project) -> None:
+    """MEMORY_MB = 128 and a handler that allocates 1 GiB: the attempt fails with "memory
+    limit", the worker lives on and the next job runs."""
+    project = crash_project
+    configure(project, vt=5, concurrency=1)
+    c = project.client
+    hog = c.enqueue("hog", {}).id
+    after = c.enqueue("one", {}).id
+    w = project.spawn_worker("fast")
+    final = wait_final(project, [hog, after], timeout=30)
+    assert final[hog]["status"] == "dead"
+    assert "memory limit" in final[hog]["last_error"]["message"], final[hog]["last_error"]
+    assert final[after]["status"] == "done"
+    assert w.poll() is None
+    # Within the cap it runs.
+    small = c.enqueue("hog", {"mb": 16}).id
+    assert wait_final(project, [small], timeout=20)[small]["status"] == "done"
+
+
+@pytest.mark.parametrize(("mode", "cause"), [("segv", "SIGSEGV"), ("exit", "exit code 3")])
+def test_a_crashing_child_fails_only_its_attempt(crash_project: Project, mode: str, cause: str) -> None:
+    """A segfault and an os._exit(3) in the handler: each attempt fails with "executor
+    crashed" naming the signal or exit code, the job retries by policy (2 attempts) and
+    ends dead; the worker process lives and runs the other jobs meanwhile."""
+    project = crash_project
+    configure(project, vt=5, concurrency=2)
+    c = project.client
+    crash = c.enqueue("crasher", {"mode": mode}).id
+    others = [c.enqueue("one", {}).id for _ in range(5)]
+    w = project.spawn_worker("fast")
+    final = wait_final(project, [crash, *others], timeout=30)
+    f = final[crash]
+    assert f["status"] == "dead" and f["attempt"] == 2, f
+    assert "executor crashed" in f["last_error"]["message"] and cause in f["last_error"]["message"], f
+    assert all(final[o]["status"] == "done" for o in others)
+    assert w.poll() is None
+    assert_quiet(project)
+
+
+def test_prefetched_jobs_of_a_dead_worker_spend_no_attempt(crash_project: Project) -> None:
+    """A poison job (it kills its worker) claimed together with four prefetched jobs, every
+    one allowed a single attempt: the poison ends dead as "worker lost", and the four, which
+    never started, run on the next worker and end done with attempt 1."""
+    project = crash_project
+    configure(project, vt=1, concurrency=1, prefetch=4, batch=8)
+    c = project.client
+    poison = c.enqueue("poison1", {}).id
+    others = [c.enqueue("one", {}).id for _ in range(4)]
+    first = project.spawn_worker("fast")
+    assert wait_exit(first, 20) == -signal.SIGKILL
+    project.spawn_worker("fast")
+    final = wait_final(project, [poison, *others], timeout=30)
+    assert final[poison]["status"] == "dead" and final[poison]["reason"] == "worker lost"
+    for o in others:
+        assert final[o]["status"] == "done" and final[o]["attempt"] == 1, final[o]
+        assert project.runs(o) == [f"1 {project.procs[1].pid}"]
+    assert_quiet(project)
+
+
+def test_a_finished_last_attempt_whose_ack_was_refused_is_done(crash_project: Project) -> None:
+    """The only attempt's lease is taken back while its handler runs (so it is buried as
+    "worker lost"), then the handler finishes: the run is known to have finished, so the
+    job is done, its result kept, and its idempotency key completed."""
+    project = crash_project
+    configure(project, vt=1, concurrency=1)
+    c = project.client
+    job = c.enqueue("lastgasp", {"k": "g1", "sleep": 1.5}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: project.runs(job), timeout=15, what="the handler to start")
+    force_lease_loss(project)
+    wait_for(lambda: len(project.runs(job)) == 2, timeout=15, what="the handler to finish")
+    final = wait_for(lambda: (r := rec(project, job))["status"] == "done" and r, timeout=15,
+                     what="the late success to be recorded")
+    assert final["result"] == {"k": "g1"}
+    again = c.enqueue("lastgasp", {"k": "g1", "sleep": 1.5})
+    assert again.duplicate and again.id == job and again.status == "done"
+    assert_no_job_in_two_structures(project)
+
+
+def test_shutdown_never_hands_back_a_job_whose_handler_still_runs(crash_project: Project) -> None:
+    """SIGTERM with a grace period shorter than the running handler (thread isolation): the
+    job is not given to another worker while the first one's handler is still running; it
+    runs again only after that worker has exited, and no attempt is spent on the shutdown."""
+    project = crash_project
+    configure(project, vt=2, concurrency=1, grace=0.5)
+    c = project.client
+    job = c.enqueue("held", {"sleep": 3.0, "beat": True}).id
+    first = project.spawn_worker("fast")
+    wait_for(lambda: marks(project, job, "start"), timeout=15, what="the handler to start")
+    second = project.spawn_worker("fast")
+    wait_for(lambda: any("serving" in str(x.get("msg")) for x in log_records(worker_log(project, second))),
+             timeout=15, what="the second worker to serve")
+    first.send_signal(signal.SIGTERM)
+    assert wait_exit(first, 15) == 0
+    exited = time.time()  # the handler's thread ran until here at the latest
+    final = wait_final(project, [job], timeout=30)[job]
+    assert final["status"] == "done"
+    starts = marks(project, job, "start")
+    assert len(starts) == 2
+    assert float(starts[1][3]) > exited, "the job was handed on before its first handler stopped"
+    assert outcomes(final) == ["interrupted", "done"] and final["attempt"] == 1, "the shutdown spent an attempt"
+
+
+def test_a_claim_that_lands_during_shutdown_is_handed_back(crash_project: Project) -> None:
+    """A claim still in flight when SIGTERM arrives (the server paused writes for 7 s, longer
+    than the worker waits for its fetcher) lands after the executors stopped: its jobs are
+    handed back at once, unspent, and the next worker runs each in its first attempt."""
+    import threading
+
+    project = crash_project
+    configure(project, vt=2, concurrency=2)
+    w = project.spawn_worker("fast")
+    wait_for(lambda: any("serving" in str(x.get("msg")) for x in log_records(worker_log(project, w))),
+             timeout=15, what="the worker to serve")
+    project.runtime.redis.execute_command("CLIENT", "PAUSE", "7000", "WRITE")
+    # The enqueue waits behind the pause too, so it goes from a thread; it was sent before
+    # the fetcher's next claim, so the claim that follows the pause takes its jobs.
+    ids: list[str] = []
+    t = threading.Thread(target=lambda: ids.extend(project.client.enqueue("one", {}).id for _ in range(3)))
+    t.start()
+    time.sleep(1.5)  # the fetcher's idle wait (1 s) ends and its claim waits on the pause
+    w.send_signal(signal.SIGTERM)
+    assert wait_exit(w, 30) == 0
+    t.join(timeout=30)
+    project.spawn_worker("fast")
+    final = wait_final(project, ids, timeout=30)
+    for job_id in ids:
+        assert final[job_id]["status"] == "done" and final[job_id]["attempt"] == 1, final[job_id]
+    assert_quiet(project)
+
+
+def test_worker_keeps_serving_after_each_isolation_failure(crash_project: Project) -> None:
+    """One worker, one of each failure in a row (timeout, memory, segfault, exit): every
+    job ends where it should and the worker is the same process at the end."""
+    project = crash_project
+    configure(project, vt=5, concurrency=2)
+    c = project.client
+    ids = [c.enqueue("stuck", {"mode": "sleep"}).id, c.enqueue("hog", {}).id,
+           c.enqueue("crasher", {"mode": "segv"}).id, c.enqueue("crasher", {"mode": "exit"}).id]
+    ok = [c.enqueue("one", {}).id for _ in range(4)]
+    w = project.spawn_worker("fast")
+    final = wait_final(project, ids + ok, timeout=60)
+    assert [final[i]["status"] for i in ids] == ["dead"] * 4
+    assert all(final[i]["status"] == "done" for i in ok)
+    assert w.poll() is None
+    kill(w)
+
+
+GUARDED = '''"""Holds resource g while it runs and records whether it lost it."""
+import os
+import time
+
+QUEUE = "fast"
+RESOURCE_KEY = "g:{g}"
+TIMEOUT = 8
+
+
+def handle(payload, ctx):
+    end = time.time() + payload["hold"]
+    while time.time() < end and not ctx.lock_lost:
+        time.sleep(0.02)
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"lock_lost={ctx.lock_lost}\\n")
+'''
+
+BLOCKER = '''"""An async handler that blocks its event loop (time.sleep, not await), or one that awaits."""
+import asyncio
+import os
+import time
+
+QUEUE = "fast"
+TIMEOUT = 8
+
+
+async def handle(payload, ctx):
+    if payload.get("block"):
+        time.sleep(payload["block"])
+    else:
+        await asyncio.sleep(0.01)
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{time.time()}\\n")
+'''
+
+
+def _add(project: Project, name: str, source: str, props: str) -> None:
+    (project.root / "functions" / f"{name}.py").write_text(source)
+    (project.root / "schemas" / name).mkdir(exist_ok=True)
+    (project.root / "schemas" / name / "v1.json").write_text(
+        '{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "properties": {' + props + "}}")
+    project._runtime = None
+
+
+def test_a_handler_is_told_when_its_resource_went_to_another_job(crash_project: Project) -> None:
+    """While a handler holds resource g, its slot is taken by someone else (as after a stall
+    longer than the lease): at the next renewal ctx.lock_lost turns true and the handler
+    can stop; the worker logs it."""
+    project = crash_project
+    _add(project, "guarded", GUARDED, '"g": {"type": "string"}, "hold": {"type": "number"}')
+    configure(project, vt=1, concurrency=1)
+    job = project.client.enqueue("guarded", {"g": "x", "hold": 6}).id
+    w = project.spawn_worker("fast")
+    r = project.runtime.redis
+    slot = project.keys().limit("r:g:x")
+    wait_for(lambda: r.zcard(slot) == 1 and not r.zscore(slot, "=" + job), timeout=15, what="the slot to be held")
+    # Another claim takes the slot: the holder's entry gives way to another token.
+    r.delete(slot)
+    r.zadd(slot, {"someone-else": int(time.time() * 1000) + 60_000})
+    done = wait_final(project, [job], timeout=20)[job]
+    assert done["status"] == "done"
+    assert project.runs(job) == ["lock_lost=True"]
+    assert any("resource slot went to another job" in str(x.get("msg")) for x in log_records(worker_log(project, w)))
+
+
+def test_an_async_handler_that_blocks_its_loop_stalls_no_other(crash_project: Project) -> None:
+    """Async handlers run on an event loop per executor slot: one that blocks its loop for
+    3 s (time.sleep inside async def) holds only its own slot; quick async jobs started
+    after it finish long before it does."""
+    project = crash_project
+    _add(project, "blocker", BLOCKER, '"block": {"type": "number"}')
+    configure(project, vt=5, concurrency=4)
+    c = project.client
+    slow = c.enqueue("blocker", {"block": 3}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: c.get(slow).status == "processing", timeout=15, what="the blocking job to start")
+    quick = [c.enqueue("blocker", {}).id for _ in range(6)]
+    final = wait_final(project, [slow, *quick], timeout=30)
+    slow_end = float(project.runs(slow)[0])
+    assert all(final[q]["status"] == "done" for q in quick)
+    assert max(float(project.runs(q)[0]) for q in quick) < slow_end - 1.0
