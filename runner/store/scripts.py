@@ -446,10 +446,11 @@ class Scripts:
         return self._run("promote", keys, (now_ms, limit))
 
     def requeue(
-        self, k: QueueKeys, job_id: str, now_ms: int, payload: str = "", version: str = ""
+        self, k: QueueKeys, job_id: str, now_ms: int, payload: str = "", version: str = "",
+        entry: str = "",
     ) -> Any:
         keys = (k.dead, k.ready, k.notify, k.job(job_id))
-        return self._run("requeue", keys, (now_ms, job_id, payload, version))
+        return self._run("requeue", keys, (now_ms, job_id, payload, version, entry))
 
     def remove(self, k: QueueKeys, job_id: str) -> Any:
         return self._run("remove", (k.dead, k.job(job_id)), (job_id,))

@@ -411,6 +411,22 @@ def test_requeue_and_remove_dead(p: Project) -> None:
     assert sc.remove(p.keys(), "a") == -1
 
 
+def test_requeue_appends_who_requeued_to_the_history(p: Project) -> None:
+    """An entry given to requeue goes after the attempts already in the history, in the
+    same step; without one the history is left as it was."""
+    enqueue(p, new("a"), new("b"))
+    sc = p.runtime.scripts
+    for job in claim(p, n=2):
+        sc.bury(p.keys(), [Burial(job[0], job[1], "permanent failure", "", '{"attempt":1}', False, "")],
+                NOW, 100_000)
+    entry = '{"outcome":"requeued","by":"ops","at_ms":%d}' % NOW
+    assert sc.requeue(p.keys(), "a", NOW, "", "", entry) == 1
+    assert rec(p, "a")["history"] == '{"attempt":1},' + entry
+    assert sc.requeue(p.keys(), "b", NOW) == 1
+    assert rec(p, "b")["history"] == '{"attempt":1}'
+    assert sc.requeue(p.keys(), "a", NOW, "", "", entry) == -1  # no longer dead: nothing appended
+    assert rec(p, "a")["history"] == '{"attempt":1},' + entry
+
 def test_checkpoint_is_fenced(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)

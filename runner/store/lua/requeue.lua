@@ -9,6 +9,7 @@
 -- ARGV[2] job id
 -- ARGV[3] payload (JSON, '' to keep)
 -- ARGV[4] version ('' to keep)
+-- ARGV[5] history entry (JSON, '' for none): who requeued it, appended to the history
 --
 -- Returns 1 requeued, -1 not in the dead-letter set.
 local now, id = tonumber(ARGV[1]), ARGV[2]
@@ -19,6 +20,11 @@ redis.call('HSET', KEYS[4], 'status', 'queued', 'attempt', 0, 'ready_ms', now,
 redis.call('HDEL', KEYS[4], 'reason', 'finished_ms', 'token')
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[4], 'payload', ARGV[3]) end
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], 'version', ARGV[4]) end
+if ARGV[5] and ARGV[5] ~= '' then
+  local set = {}
+  with_history(set, redis.call('HGET', KEYS[4], 'history'), ARGV[5])
+  redis.call('HSET', KEYS[4], unpack(set))
+end
 redis.call('PERSIST', KEYS[4])
 redis.call('LPUSH', KEYS[2], id)
 wake(KEYS[3])
