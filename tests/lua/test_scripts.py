@@ -419,7 +419,7 @@ def test_requeue_appends_who_requeued_to_the_history(p: Project) -> None:
     for job in claim(p, n=2):
         sc.bury(p.keys(), [Burial(job[0], job[1], "permanent failure", "", '{"attempt":1}', False, "")],
                 NOW, 100_000)
-    entry = '{"outcome":"requeued","by":"ops","at_ms":%d}' % NOW
+    entry = f'{{"outcome":"requeued","by":"ops","at_ms":{NOW}}}'
     assert sc.requeue(p.keys(), "a", NOW, "", "", entry) == 1
     assert rec(p, "a")["history"] == '{"attempt":1},' + entry
     assert sc.requeue(p.keys(), "b", NOW) == 1
