@@ -15,7 +15,7 @@ Every route needs one scope, from ROUTES, looked up by method and path before ro
 A missing or unknown token is a 401; a known one without the scope a 403 naming the
 scope it lacks. A path that is no route needs ``read`` to GET and ``operate`` for
 anything else, so a scoped token learns nothing of which paths exist, and a route served
-without an entry in ROUTES (tests/unit/test_access.py walks the router) would be no more
+without an entry in ROUTES (tests/integration/test_access.py walks the router) would be no more
 open than ``operate``. With auth off (``[api] auth = false``, or no token configured) the
 caller is ANONYMOUS, with every scope. The token a request came with is
 ``req.context.token``, whose name goes on record for what it does.
