@@ -86,7 +86,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     api = runtime.config.api
     if not api.secured:
         log.warning("the HTTP API is open: no token (RUNNER_API_TOKEN, [api.tokens]) or auth switched off")
-    app = falcon.asgi.App(middleware=[*auth.middleware(api), _Headers()])
+    app = falcon.asgi.App(middleware=[*auth.middleware(runtime), _Headers()])
     problems.install(app)
     client = Client(runtime)
     offload = Offload(threads)
@@ -100,7 +100,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     app.add_route("/dead/{queue}/{job_id}", DeadItem(client, offload))
     app.add_route("/dead/{queue}/{job_id}/requeue", DeadRequeue(client, offload))
     app.add_route("/audit", Audit(client, offload))
-    app.add_route("/whoami", auth.WhoAmI(api))
+    app.add_route("/whoami", auth.WhoAmI(runtime))
     app.add_route("/openapi.json", OpenApi(runtime))
     app.add_route("/metrics", Metrics(runtime, offload))
     app.add_route("/healthz", Health(runtime, offload))

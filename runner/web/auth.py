@@ -26,12 +26,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import falcon
 import falcon.asgi
 
 from runner.config import SCOPES, ApiConfig, ApiToken
+from runner.runtime import Runtime
 from runner.web.body import only_params, send
 from runner.web.problems import Problem
 
@@ -123,6 +125,17 @@ def route_scope(method: str, template: str) -> str | None:
     return scope if explicit else None
 
 
+def identify(tokens: Sequence[tuple[ApiToken, bytes]], presented: bytes) -> ApiToken | None:
+    """The token whose digest is the presented token's: every digest is compared, in
+    constant time each, whichever matches."""
+    given = hashlib.sha256(presented).digest()
+    found = None
+    for token, expected in tokens:
+        if hmac.compare_digest(given, expected):
+            found = token
+    return found
+
+
 def allows(token: ApiToken, scope: str) -> bool:
     if scope in (PUBLIC, SIGNED_IN) or scope in token.scopes:
         return True
@@ -130,23 +143,25 @@ def allows(token: ApiToken, scope: str) -> bool:
 
 
 class Access:
-    """Falcon middleware; runs before routing, so unknown paths do not leak either."""
+    """Falcon middleware; runs before routing, so unknown paths do not leak either. It
+    follows ``runtime.config`` (`runner dev` swaps it when runner.toml changes)."""
 
-    def __init__(self, api: ApiConfig) -> None:
-        self.secured = api.secured
-        self.tokens = [(t, t.digest) for t in api.tokens if t.digest is not None]
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._api: ApiConfig | None = None
+        self.secured = False
+        self.tokens: list[tuple[ApiToken, bytes]] = []
+        self._follow()
 
-    def identify(self, presented: bytes) -> ApiToken | None:
-        """The token whose digest is the presented one's: every digest is compared, in
-        constant time each, whichever matches."""
-        given = hashlib.sha256(presented).digest()
-        found = None
-        for token, expected in self.tokens:
-            if hmac.compare_digest(given, expected):
-                found = token
-        return found
+    def _follow(self) -> None:
+        api = self.runtime.config.api
+        if api is not self._api:
+            self.secured = api.secured
+            self.tokens = [(t, t.digest) for t in api.tokens if t.digest is not None]
+            self._api = api
 
     async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        self._follow()
         if not self.secured:
             req.context.token = ANONYMOUS
             return
@@ -163,7 +178,7 @@ class Access:
                                     "'Authorization: Bearer <token>', and rotate the one just sent", "missing")
             raise _unauthorized("send an API token as 'Authorization: Bearer <token>'", "missing")
         # Header strings are latin-1 over the raw bytes, so this hashes the bytes sent.
-        token = self.identify(given.encode("latin-1", "replace"))
+        token = identify(self.tokens, given.encode("latin-1", "replace"))
         if token is None:
             raise _unauthorized("the bearer token is not one of this server's tokens", "wrong")
         req.context.token = token
@@ -199,15 +214,16 @@ class WhoAmI:
     """GET /whoami: the token's name and scopes, for the dashboard to show and to hide
     what they do not allow. Any known token may ask, whatever its scopes."""
 
-    def __init__(self, api: ApiConfig) -> None:
-        self.secured = api.secured
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req)
         token: ApiToken = req.context.token
         resp.cache_control = ["no-store"]
-        send(resp, {"name": token.name, "scopes": sorted(token.scopes), "auth": self.secured})
+        send(resp, {"name": token.name, "scopes": sorted(token.scopes),
+                    "auth": self.runtime.config.api.secured})
 
 
-def middleware(api: ApiConfig) -> list[Any]:
-    return [Access(api)]
+def middleware(runtime: Runtime) -> list[Any]:
+    return [Access(runtime)]

@@ -12,15 +12,18 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import falcon
+import falcon.testing
 import requests
 from click.testing import CliRunner
 from openapi_spec_validator import validate as validate_openapi
 from test_web_api import assert_problem
 from test_web_support import RunnerWeb, runner_web
 
+from runner import config as config_mod
 from runner.cli import cli
 from runner.store import audit
 from runner.web import auth, create_app
@@ -302,3 +305,22 @@ def test_the_audit_trail_is_bounded_and_newest_first(project: Project, monkeypat
     c.requeue("fast", job)
     assert c.get(job).as_dict()["history"] == history
     assert c.audit()[0] == 5 and c.audit()[1][0]["by"] == "op7"
+
+
+def test_the_app_follows_a_reloaded_config(project: Project) -> None:
+    """`runner dev` swaps runtime.config when runner.toml changes: a token added there is
+    needed and works from the next request on, and the API is open again once it goes."""
+    rt = project.runtime
+    client = falcon.testing.TestClient(create_app(rt))
+    assert client.simulate_get("/queues").status_code == 200  # no token configured: open
+    assert client.simulate_get("/whoami").json == {"name": "anonymous", "scopes": ["enqueue", "operate", "read"],
+                                                   "auth": False}
+    open_api = rt.config.api
+    (project.root / "tokens.toml").write_text("[queues.fast]\n[queues.slow]\n" + TOKENS)
+    rt.config = replace(rt.config, api=config_mod.load(project.root / "tokens.toml", env=ENV).api)
+    assert client.simulate_get("/queues").status_code == 401
+    ops = {"Authorization": f"Bearer {SECRETS['ops']}"}
+    assert client.simulate_get("/queues", headers=ops).status_code == 200
+    assert client.simulate_get("/whoami", headers=ops).json["name"] == "ops"
+    rt.config = replace(rt.config, api=open_api)
+    assert client.simulate_get("/queues").status_code == 200
