@@ -180,7 +180,8 @@ class Access:
         # Header strings are latin-1 over the raw bytes, so this hashes the bytes sent.
         token = identify(self.tokens, given.encode("latin-1", "replace"))
         if token is None:
-            raise _unauthorized("the bearer token is not one of this server's tokens", "wrong")
+            raise _unauthorized("the bearer token is not one of this server's tokens: check it, or make one "
+                                "with `runner token new` and add it to runner.toml", "wrong")
         req.context.token = token
         if not allows(token, scope):
             raise _forbidden(token, scope, req)

@@ -41,6 +41,7 @@ COMPONENTS: dict[str, Any] = {
             "errors": {"type": "array", "items": ref("FieldError")},
             "job_id": _STR,
             "scope": {"type": "string", "description": "403: the scope the token lacks"},
+            "token_name": {"type": "string", "description": "403: the token's name"},
         },
         "required": ["type", "title", "status", "detail", "instance"],
         "additionalProperties": True,
