@@ -11,6 +11,7 @@ Flask app uses it directly::
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from runner.errors import (
     ValidationFailed,
 )
 from runner.runtime import Runtime
-from runner.store import codec, records
+from runner.store import audit as audit_log
+from runner.store import codec, keys, records
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
@@ -41,6 +43,8 @@ MAX_BATCH = 500
 # Smaller calls let the client prepare the next while Redis runs the last.
 STREAM_CHUNK = 100
 STREAM_WINDOW = 2
+
+auditlog = logging.getLogger("runner.audit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,14 +366,19 @@ class Client:
     # --- dead-letter operations ----------------------------------------------------
 
     def requeue(
-        self, queue: str, job_id: str, payload: Any = None, version: int | None = None
+        self, queue: str, job_id: str, payload: Any = None, version: int | None = None, *,
+        by: str | None = None,
     ) -> records.Job:
         """Move a dead job back to ready with a fresh attempt budget. The payload (the
         stored one at its stored version, or an edited one at ``version``, default the
         newest) is validated and must lift to the newest version; an invalid one stays
-        dead and the errors are raised."""
+        dead and the errors are raised.
+
+        ``by`` (a token's name, ``cli:<user>``) puts the requeue on record: an entry in the
+        job's history, written in the same step, then the audit trail and the log."""
         k = self._keys(queue)
         rt = self.runtime
+        edited = payload is not None
         try:
             fields = rt.redis.hgetall(k.job(job_id)) if rt.redis.type(k.job(job_id)) == "hash" else {}
             in_dead = rt.redis.zscore(k.dead, job_id) is not None
@@ -396,16 +405,23 @@ class Client:
             fn.versions.lift(payload, version)
         except UpgradeFailed as exc:
             raise ValidationFailed(type_, version, [FieldError("$", str(exc))]) from None
+        now = records.now_ms()
+        mark = {"edited": True} if edited else {}
+        entry = codec.dumps({"outcome": "requeued", "by": by, "at_ms": now, **mark}) if by is not None else ""
         try:
             code = rt.scripts.requeue(k, job_id, codec.dumps(payload), str(version),
-                                      codec.canonical_hash(type_, version, payload))
+                                      codec.canonical_hash(type_, version, payload), entry)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if int(code) < 0:
             raise JobNotFound(job_id)
+        if by is not None:
+            self._on_record(by, "requeue", queue, now, job_id=job_id, type=type_, **mark)
         return records.Job(job_id, queue, rt.redis.hgetall(k.job(job_id)))
 
-    def delete_dead(self, queue: str, job_id: str) -> None:
+    def delete_dead(self, queue: str, job_id: str, *, by: str | None = None) -> None:
+        """Delete a dead job and its record; ``by`` puts it on the audit trail and the log
+        (the job's own history goes with it)."""
         k = self._keys(queue)
         try:
             code = self.runtime.scripts.remove(k, job_id)
@@ -413,12 +429,15 @@ class Client:
             raise RedisUnavailable(str(exc)) from exc
         if int(code) < 0:
             raise JobNotFound(job_id)
+        if by is not None:
+            self._on_record(by, "delete", queue, records.now_ms(), job_id=job_id)
 
     def dead_ids(self, queue: str) -> list[str]:
         return list(self.runtime.redis.zrange(self._keys(queue).dead, 0, -1))
 
-    def purge_dead(self, queue: str) -> int:
-        """Delete every dead job of a queue; returns how many."""
+    def purge_dead(self, queue: str, *, by: str | None = None) -> int:
+        """Delete every dead job of a queue; returns how many. ``by`` puts the purge on
+        record as one entry with the count."""
         n = 0
         for job_id in self.dead_ids(queue):
             try:
@@ -426,7 +445,30 @@ class Client:
                 n += 1
             except JobNotFound:
                 pass
+        if by is not None:
+            self._on_record(by, "purge", queue, records.now_ms(), count=n)
         return n
+
+    # --- the audit trail -----------------------------------------------------------
+
+    def _on_record(self, by: str, action: str, queue: str, now_ms: int, **detail: Any) -> None:
+        """An operator's action, after it was done: on the audit trail and in the log."""
+        entry = {"at_ms": now_ms, "by": by, "action": action, "queue": queue, **detail}
+        auditlog.info("%s by %s: %s %s", action, by, queue, detail.get("job_id", ""),
+                      extra={"audit": action, "by": by, "queue": queue, **detail})
+        try:
+            audit_log.record(self.runtime.redis, keys.audit(self.runtime.config.redis.prefix), entry)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    def audit(self, offset: int = 0, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
+        """Who did what, newest first: (entries held, one page). The trail is capped
+        (store/audit.py MAX_ENTRIES); the log keeps every entry."""
+        try:
+            return audit_log.read(self.runtime.redis, keys.audit(self.runtime.config.redis.prefix),
+                                  offset, limit)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
 
     def ping(self) -> bool:
         try:

@@ -5,11 +5,17 @@ Environment overrides (they win over the file): REDIS_URL, RUNNER_REDIS_PREFIX,
 RUNNER_REDIS_TLS_VERIFY, RUNNER_REDIS_CA_CERT, RUNNER_API_TOKEN, RUNNER_API_AUTH,
 RUNNER_LOG_LEVEL, RUNNER_LOG_FORMAT, RUNNER_GRACE_PERIOD, RUNNER_FUNCTIONS_DIR,
 RUNNER_SCHEMAS_DIR.
+
+API tokens: ``[api.tokens.NAME]`` tables, each with ``scopes`` and its secret in an
+environment variable (``env``) or as a hash (``hash = "sha256:<hex>"``); RUNNER_API_TOKEN is
+one more token, named "default", with every scope. Only SHA-256 digests are kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -60,11 +66,41 @@ class RedisConfig:
     configured: bool = False
 
 
+# What a token may do: enqueue any function ("enqueue") or one ("enqueue:<type>"), read
+# everything, or operate (requeue, delete, purge, cancel, pause, resume).
+SCOPES = ("enqueue", "read", "operate")
+# The name RUNNER_API_TOKEN goes by, in the audit trail and the dashboard.
+DEFAULT_TOKEN = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    """One bearer token: its name (on record for what it does) and scopes, and the SHA-256
+    of its secret. The secret itself is never kept."""
+
+    name: str
+    scopes: frozenset[str]
+    # None while the environment variable ``env`` is not set: no request matches it, and
+    # `runner web` and `runner check` refuse the config.
+    digest: bytes | None
+    env: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
     max_body_bytes: int = 1_048_576
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # RUNNER_API_TOKEN, also in tokens
     auth: bool = True
+    tokens: tuple[ApiToken, ...] = ()
+
+    @property
+    def secured(self) -> bool:
+        """Requests need a token: auth is on and at least one token is configured."""
+        return self.auth and bool(self.tokens)
+
+    def unset(self) -> list[ApiToken]:
+        """Tokens whose environment variable is not set."""
+        return [t for t in self.tokens if t.digest is None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +220,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
     "api": {
         "max_body_bytes": (_pos_int, "a positive integer"),
         "auth": (_bool, "true or false (false switches bearer-token auth off)"),
+        "tokens": (lambda v: isinstance(v, dict), "tables [api.tokens.NAME] with scopes and env or hash"),
     },
     "retention": {
         "done": (_nonneg_num, "a number of seconds >= 0"),
@@ -230,6 +267,75 @@ def _queue(source: str, name: str, raw: Any) -> QueueConfig:
         max_jobs_per_child=int(t.get("max_jobs_per_child", 1000)),
         max_rss_mb=float(t.get("max_rss_mb", 1024.0)),
     )
+
+
+_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+_TOKEN_SPEC: dict[str, tuple[Checker, str]] = {
+    "env": (lambda v: _str(v) and "=" not in v, "the name of the environment variable that holds the token"),
+    "hash": (lambda v: isinstance(v, str) and _HASH.fullmatch(v.lower()) is not None,
+             '"sha256:<64 hex digits>" (`runner token new` prints it)'),
+    "scopes": (lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
+               'a non-empty list of scopes, e.g. ["read", "operate"]'),
+}
+
+
+def scope_error(scope: str) -> str | None:
+    """Why ``scope`` is not a scope (None: it is one)."""
+    if scope in SCOPES or (scope.startswith("enqueue:") and scope[len("enqueue:"):].isidentifier()):
+        return None
+    return f"unknown scope {scope!r} (expected enqueue, enqueue:<type>, read or operate)"
+
+
+def digest(secret: str) -> bytes:
+    """What is kept of a token: the SHA-256 of its UTF-8 bytes."""
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+def _token(source: str, name: str, raw: Any, env: Mapping[str, str]) -> ApiToken:
+    where = f"api.tokens.{name}"
+    if not name.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(f"{source}: token name {name!r} must be letters, digits, - or _")
+    t = _check_table(source, where, raw, _TOKEN_SPEC)
+    if ("env" in t) == ("hash" in t):
+        raise ConfigError(f"{source}: {where} needs exactly one of env (the variable that holds the "
+                          'token) or hash ("sha256:<hex>", from `runner token new`)')
+    if "scopes" not in t:
+        raise ConfigError(f'{source}: {where}.scopes is missing: list what the token may do, e.g. ["read"]')
+    for scope in t["scopes"]:
+        why = scope_error(scope)
+        if why:
+            raise ConfigError(f"{source}: {where}.scopes: {why}")
+    if "hash" in t:
+        return ApiToken(name, frozenset(t["scopes"]), bytes.fromhex(t["hash"].lower()[len("sha256:"):]))
+    secret = env.get(t["env"]) or ""
+    return ApiToken(name, frozenset(t["scopes"]), digest(secret) if secret else None, env=t["env"])
+
+
+def _tokens(source: str, raw: Mapping[str, Any], env: Mapping[str, str]) -> tuple[ApiToken, ...]:
+    """[api.tokens.*] and RUNNER_API_TOKEN; two tokens with one secret would blur who did what."""
+    out = [_token(source, name, table, env) for name, table in raw.items()]
+    if env.get("RUNNER_API_TOKEN"):
+        if DEFAULT_TOKEN in raw:
+            raise ConfigError(f"{source}: api.tokens.{DEFAULT_TOKEN}: the name {DEFAULT_TOKEN!r} is "
+                              "RUNNER_API_TOKEN's; rename the table")
+        out.append(ApiToken(DEFAULT_TOKEN, frozenset(SCOPES), digest(env["RUNNER_API_TOKEN"]),
+                            env="RUNNER_API_TOKEN"))
+    seen: dict[bytes, str] = {}
+    for t in out:
+        label = "RUNNER_API_TOKEN" if t.env == "RUNNER_API_TOKEN" else f"api.tokens.{t.name}"
+        if t.digest is not None and t.digest in seen:
+            raise ConfigError(f"{source}: {label} has the same secret as {seen[t.digest]}; "
+                              "give each token its own (`runner token new`)")
+        if t.digest is not None:
+            seen[t.digest] = label
+    return tuple(out)
+
+
+def unset_secrets(cfg: Config) -> list[str]:
+    """A line per token whose environment variable is not set: `runner web` refuses to
+    serve with one (no request could use it), and `runner check` reports it."""
+    return [f"{cfg.source}: api.tokens.{t.name}.env: the variable {t.env} is not set; set it to the "
+            "token, or remove the table" for t in cfg.api.unset()]
 
 
 def _env_bool(name: str, value: str) -> bool:
@@ -295,6 +401,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
             if "RUNNER_API_AUTH" in env
             else a.get("auth", True)
         ),
+        tokens=_tokens(source, a.get("tokens", {}), env),
     )
     rt = sec["retention"]
     w = sec["worker"]

@@ -104,7 +104,24 @@ def check_files(path: str | Path | None, env: Mapping[str, str] | None = None) -
         where, _, message = w.partition(": ")
         report.problems.append(Problem(where, message, "warning"))
     report.problems.extend(orphan_schemas(cfg))
+    report.problems.extend(token_problems(cfg, reg))
     return report
+
+
+def token_problems(cfg: Config, reg: Registry) -> list[Problem]:
+    """API tokens that cannot work as written: a secret's variable not set, or a scope
+    ``enqueue:<type>`` naming no function (a function that failed to load is already
+    reported, so it is not named twice)."""
+    out = [Problem("config", line) for line in config_mod.unset_secrets(cfg)] if cfg.api.auth else []
+    for t in cfg.api.tokens:
+        for scope in sorted(t.scopes):
+            name = scope.partition(":")[2]
+            if name and name not in reg.functions and not (cfg.functions_dir / f"{name}.py").exists():
+                have = ", ".join(sorted(reg.functions)) or "none"
+                out.append(Problem("config", f"{cfg.source}: api.tokens.{t.name}.scopes: {scope} names no "
+                                             f"function (have: {have}); fix the name or add "
+                                             f"{cfg.functions_dir / name}.py"))
+    return out
 
 
 def orphan_schemas(cfg: Config) -> list[Problem]:

@@ -1,4 +1,5 @@
-"""`runner dead ls|requeue|purge`: the dead-letter lists, one job or in bulk."""
+"""`runner dead ls|requeue|purge`: the dead-letter lists, one job or in bulk. Each
+requeue and purge goes on record as ``cli:<user>`` (the job's history, the audit trail)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from runner.cli.root import (
     cli,
     emit,
     fail,
+    operator,
     read_payload,
     redis_errors,
     refusal,
@@ -143,7 +145,8 @@ def dead_requeue(ctx: click.Context, ids: tuple[str, ...], queue: str | None, al
     client = Client(rt)
     with redis_errors():
         targets = _targets(client, rt, ids, queue, all_)
-        ok, refused = _bulk("requeueing", targets, lambda q, i: client.requeue(q, i, body, version))
+        by = operator()
+        ok, refused = _bulk("requeueing", targets, lambda q, i: client.requeue(q, i, body, version, by=by))
     _report_bulk("requeued", ok, refused, as_json)
 
 
@@ -165,5 +168,6 @@ def dead_purge(ctx: click.Context, ids: tuple[str, ...], queue: str | None, all_
         targets = _targets(client, rt, ids, queue, all_)
         if all_ and targets and not yes:
             click.confirm(f"delete {len(targets)} dead job(s) for good?", abort=True, err=True)
-        ok, refused = _bulk("purging", targets, client.delete_dead)
+        by = operator()
+        ok, refused = _bulk("purging", targets, lambda q, i: client.delete_dead(q, i, by=by))
     _report_bulk("purged", ok, refused, as_json)

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from runner import config as config_mod
 from runner.cli.root import (
     EXIT_CONFIG,
     build_runtime,
@@ -56,9 +57,12 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
     from runner.web.server import serve
 
     cfg = load_config(ctx.obj["config"])
-    if cfg.api.auth and not cfg.api.token:
-        fail("refusing to serve the API without a token: set RUNNER_API_TOKEN, or switch auth off "
-             f"explicitly with `[api] auth = false` in {cfg.source}", EXIT_CONFIG)
+    if cfg.api.auth and not cfg.api.tokens:
+        fail("refusing to serve the API without a token: set RUNNER_API_TOKEN, add [api.tokens.NAME] "
+             f"(`runner token new`), or switch auth off explicitly with `[api] auth = false` in {cfg.source}",
+             EXIT_CONFIG)
+    if cfg.api.auth and (unset := config_mod.unset_secrets(cfg)):
+        fail("configuration error: " + "; ".join(unset), EXIT_CONFIG)
     setup(cfg.log)
     try:
         serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))

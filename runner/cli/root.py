@@ -5,6 +5,7 @@ scripts)."""
 from __future__ import annotations
 
 import contextlib
+import getpass
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -65,6 +66,15 @@ def redis_errors() -> Iterator[None]:
         fail(f"Redis unavailable: {exc}", EXIT_REDIS)
     except UNAVAILABLE as exc:
         fail(f"Redis unavailable: {exc}", EXIT_REDIS)
+
+
+def operator() -> str:
+    """Who the CLI's dead-letter actions go on record as: ``cli:<user>``."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name, no passwd entry (some containers)
+        user = "unknown"
+    return f"cli:{user}"
 
 
 def emit(data: Any, as_json: bool, human: str | None = None) -> None:

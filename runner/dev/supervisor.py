@@ -196,9 +196,10 @@ class Dev:
         log.info("runner dev stopped")
 
     def _dev_config(self, cfg: Config, url: str) -> Config:
-        """The config as dev runs it: the Redis actually in use, and no API token needed."""
+        """The config as dev runs it: the Redis actually in use, and no API token needed
+        unless one is usable (RUNNER_API_TOKEN, or [api.tokens] with its secret at hand)."""
         cfg = replace(cfg, redis=replace(cfg.redis, url=url))
-        if not cfg.api.token and cfg.api.auth:
+        if cfg.api.auth and all(t.digest is None for t in cfg.api.tokens):
             cfg = replace(cfg, api=replace(cfg.api, auth=False))
         return cfg
 

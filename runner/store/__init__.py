@@ -4,8 +4,8 @@ Owns every key string (keys.py), the atomic transitions (lua/*.lua, one per file
 their typed callers (scripts.py), the job record's fields and how a reader sees them
 (records.py), the JSON codec (codec.py), clients for a single server, Cluster and
 Sentinel (connection.py), group commit (combiner.py), waiting out outages (outage.py),
-the Redis guard (guard.py), what waits in a queue (census.py) and the embedded server
-(embedded.py).
+the Redis guard (guard.py), what waits in a queue (census.py), the audit trail
+(audit.py) and the embedded server (embedded.py).
 
 May import: runner.config, runner.errors and itself. Knows nothing of functions
 (catalog), workers, the web app, the CLI or dev.

@@ -21,6 +21,11 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
 
+One key is global, outside every queue's tag (its own slot on Redis Cluster)::
+
+    <prefix>:audit                    LIST    who did what (requeue, delete, purge), newest
+                                              first, capped (see audit.py)
+
 A claim and a success live in the queue's ``claims`` and ``done`` hashes, not in the
 record: a claim then costs one read of the record, and a success no write to it at all
 (store.py merges the three into one view). ``leases`` and ``claims`` always hold the
@@ -85,6 +90,10 @@ class QueueKeys:
     def pattern(self) -> str:
         """A SCAN pattern for every key of this queue (tests and `runner check`)."""
         return self.base.replace("{", "\\{").replace("}", "\\}") + "*"
+
+
+def audit(prefix: str) -> str:
+    return f"{prefix}:audit"
 
 
 def for_queue(prefix: str, queue: str) -> QueueKeys:

@@ -29,6 +29,7 @@ from runner.client import Client
 from runner.config import Config
 from runner.runtime import Runtime
 from runner.web import auth, problems
+from runner.web.audit import Audit
 from runner.web.catalog import FunctionItem, Functions, Health, Queues, Throughput
 from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
@@ -83,9 +84,9 @@ class _Headers:
 
 def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTooLarge:
     api = runtime.config.api
-    if not auth.required(api):
-        log.warning("the HTTP API is open: no token (RUNNER_API_TOKEN) or auth switched off")
-    app = falcon.asgi.App(middleware=[*auth.middleware(api), _Headers()])
+    if not api.secured:
+        log.warning("the HTTP API is open: no token (RUNNER_API_TOKEN, [api.tokens]) or auth switched off")
+    app = falcon.asgi.App(middleware=[*auth.middleware(runtime), _Headers()])
     problems.install(app)
     client = Client(runtime)
     offload = Offload(threads)
@@ -98,6 +99,8 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     app.add_route("/dead/{queue}", DeadList(client, offload))
     app.add_route("/dead/{queue}/{job_id}", DeadItem(client, offload))
     app.add_route("/dead/{queue}/{job_id}/requeue", DeadRequeue(client, offload))
+    app.add_route("/audit", Audit(client, offload))
+    app.add_route("/whoami", auth.WhoAmI(runtime))
     app.add_route("/openapi.json", OpenApi(runtime))
     app.add_route("/metrics", Metrics(runtime, offload))
     app.add_route("/healthz", Health(runtime, offload))

@@ -1,48 +1,190 @@
-"""Bearer-token auth for the API: ``Authorization: Bearer <token>``, compared in constant time.
+"""Who is calling and what they may do: bearer tokens, and the one scope of every route.
 
-With ``api.auth`` on and a token set (RUNNER_API_TOKEN), every request needs the token but
-/healthz and the dashboard's static shell (``/`` and ``/static/*``), which carry no data:
-the dashboard's script asks for the token and sends it as a header on every API call.
-Without a token the API is open; `runner web` refuses to start that way outside dev.
+A request names its token in ``Authorization: Bearer <token>``, never in the URL (a URL
+ends up in logs, proxies and browser histories). The token is hashed once (SHA-256) and
+that digest compared with every configured token's digest, each with
+``hmac.compare_digest`` and without stopping at a match, so the time taken says nothing
+of which token matched or how close a guess came, however many tokens there are.
+
+Every route needs one scope, from ROUTES, looked up by method and path before routing:
+
+    enqueue:{}  POST /jobs/{type}, /jobs/{type}/batch: "enqueue" or "enqueue:<that type>"
+    read        every GET but /healthz, /whoami and the dashboard's static shell
+    operate     requeue, delete, purge, cancel, pause and resume, bulk actions
+
+A missing or unknown token is a 401; a known one without the scope a 403 naming the
+scope it lacks. A path that is no route needs ``read`` to GET and ``operate`` for
+anything else, so a scoped token learns nothing of which paths exist, and a route served
+without an entry in ROUTES (tests/integration/test_access.py walks the router) would be no more
+open than ``operate``. With auth off (``[api] auth = false``, or no token configured) the
+caller is ANONYMOUS, with every scope. The token a request came with is
+``req.context.token``, whose name goes on record for what it does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import falcon
 import falcon.asgi
 
-from runner.config import ApiConfig
+from runner.config import SCOPES, ApiConfig, ApiToken
+from runner.runtime import Runtime
+from runner.web.body import only_params, send
 from runner.web.problems import Problem
 
-PUBLIC_PATHS = frozenset({"/healthz", "/"})
-PUBLIC_PREFIXES = ("/static/",)
+PUBLIC = "public"          # no token needed
+SIGNED_IN = "signed-in"    # any known token, whatever its scopes
+ENQUEUE = "enqueue:{}"     # "enqueue", or "enqueue:" + the function type in the path
+READ, OPERATE = "read", "operate"
+
+# (method, path, scope); "{}" stands for one path segment. Looked up by method and path,
+# so a route is covered by its line here whatever its resource or its field names.
+ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("GET", "/healthz", PUBLIC),
+    ("GET", "/", PUBLIC),
+    ("GET", "/static/{}", PUBLIC),
+    ("GET", "/whoami", SIGNED_IN),
+    ("POST", "/jobs/{}", ENQUEUE),
+    ("POST", "/jobs/{}/batch", ENQUEUE),
+    ("GET", "/jobs/{}", READ),
+    ("GET", "/functions", READ),
+    ("GET", "/functions/{}", READ),
+    ("GET", "/queues", READ),
+    ("GET", "/throughput", READ),
+    ("GET", "/dead/{}", READ),
+    ("GET", "/openapi.json", READ),
+    ("GET", "/metrics", READ),
+    ("GET", "/audit", READ),
+    ("POST", "/dead/{}/{}/requeue", OPERATE),
+    ("DELETE", "/dead/{}/{}", OPERATE),
+    # Not served yet: the routes of the next round, here so that each has its scope the
+    # day it lands.
+    ("GET", "/jobs", READ),                          # the job lists
+    ("DELETE", "/jobs/{}", OPERATE),                 # cancel
+    ("GET", "/schedules", READ),
+    ("POST", "/queues/{}/pause", OPERATE),
+    ("POST", "/queues/{}/resume", OPERATE),
+    ("POST", "/functions/{}/pause", OPERATE),
+    ("POST", "/functions/{}/resume", OPERATE),
+    ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
+)
+
+ANONYMOUS = ApiToken("anonymous", frozenset(SCOPES), None)
+
+_FIELD = re.compile(r"\{[^}]*\}")
+_WILD = "{}"
 
 
-def required(api: ApiConfig) -> bool:
-    return bool(api.auth and api.token)
+def _segments(path: str) -> tuple[str, ...]:
+    return tuple(path.split("/")[1:])
 
 
-class BearerAuth:
-    """Falcon middleware; runs before routing, so unknown paths do not leak either."""
+def _table() -> dict[tuple[str, int], list[tuple[tuple[str, ...], str]]]:
+    table: dict[tuple[str, int], list[tuple[tuple[str, ...], str]]] = {}
+    for method, path, scope in ROUTES:
+        segs = _segments(path)
+        table.setdefault((method, len(segs)), []).append((segs, scope))
+    for rows in table.values():
+        rows.sort(key=lambda row: row[0].count(_WILD))  # literal segments win: /jobs/x/batch
+    return table
 
-    def __init__(self, token: str) -> None:
-        self._expected = token.encode()
+
+_TABLE = _table()
+
+
+def lookup(method: str, path: str) -> tuple[str, bool]:
+    """The scope a request needs, resolved ("enqueue:send_email"), and whether a line of
+    ROUTES gave it (False: the fallback for paths that are no route). A segment written
+    as a URI template field ("{id}") matches only a "{}" of ROUTES."""
+    segs = _segments(path)
+    for pattern, scope in _TABLE.get((method, len(segs)), ()):
+        values = []
+        for want, got in zip(pattern, segs, strict=True):
+            if want == _WILD:
+                if not got:
+                    break
+                values.append(got)
+            elif want != got:
+                break
+        else:
+            if scope == ENQUEUE:
+                return "enqueue" if _FIELD.fullmatch(values[0]) else f"enqueue:{values[0]}", True
+            return scope, True
+    return (READ if method in ("GET", "HEAD", "OPTIONS") else OPERATE), False
+
+
+def route_scope(method: str, template: str) -> str | None:
+    """The scope ROUTES gives a route by its URI template ("/dead/{queue}/{job_id}"); None
+    when no line covers it."""
+    scope, explicit = lookup(method, _FIELD.sub(_WILD, template))
+    return scope if explicit else None
+
+
+def identify(tokens: Sequence[tuple[ApiToken, bytes]], presented: bytes) -> ApiToken | None:
+    """The token whose digest is the presented token's: every digest is compared, in
+    constant time each, whichever matches."""
+    given = hashlib.sha256(presented).digest()
+    found = None
+    for token, expected in tokens:
+        if hmac.compare_digest(given, expected):
+            found = token
+    return found
+
+
+def allows(token: ApiToken, scope: str) -> bool:
+    if scope in (PUBLIC, SIGNED_IN) or scope in token.scopes:
+        return True
+    return scope.startswith("enqueue:") and "enqueue" in token.scopes
+
+
+class Access:
+    """Falcon middleware; runs before routing, so unknown paths do not leak either. It
+    follows ``runtime.config`` (`runner dev` swaps it when runner.toml changes)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._api: ApiConfig | None = None
+        self.secured = False
+        self.tokens: list[tuple[ApiToken, bytes]] = []
+        self._follow()
+
+    def _follow(self) -> None:
+        api = self.runtime.config.api
+        if api is not self._api:
+            self.secured = api.secured
+            self.tokens = [(t, t.digest) for t in api.tokens if t.digest is not None]
+            self._api = api
 
     async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        path = req.path
-        if path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+        self._follow()
+        if not self.secured:
+            req.context.token = ANONYMOUS
+            return
+        scope, _ = lookup(req.method, req.path)
+        req.context.token = None
+        if scope == PUBLIC:
             return
         header = req.get_header("Authorization") or ""
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            raise _unauthorized("send the API token as 'Authorization: Bearer <token>'", "missing")
-        # Header strings are latin-1 over the raw bytes, so this gets the bytes sent;
-        # compare_digest keeps the time independent of where they differ.
-        if not hmac.compare_digest(given.strip().encode("latin-1", "replace"), self._expected):
-            raise _unauthorized("the bearer token is wrong", "wrong")
+        kind, _, given = header.partition(" ")
+        given = given.strip()
+        if kind.lower() != "bearer" or not given:
+            if "access_token" in req.params or "token" in req.params:
+                raise _unauthorized("a token is never accepted in a URL (it ends up in logs): send "
+                                    "'Authorization: Bearer <token>', and rotate the one just sent", "missing")
+            raise _unauthorized("send an API token as 'Authorization: Bearer <token>'", "missing")
+        # Header strings are latin-1 over the raw bytes, so this hashes the bytes sent.
+        token = identify(self.tokens, given.encode("latin-1", "replace"))
+        if token is None:
+            raise _unauthorized("the bearer token is not one of this server's tokens: check it, or make one "
+                                "with `runner token new` and add it to runner.toml", "wrong")
+        req.context.token = token
+        if not allows(token, scope):
+            raise _forbidden(token, scope, req)
 
 
 def _unauthorized(detail: str, why: str) -> Problem:
@@ -51,5 +193,38 @@ def _unauthorized(detail: str, why: str) -> Problem:
                    headers={"WWW-Authenticate": challenge})
 
 
-def middleware(api: ApiConfig) -> list[Any]:
-    return [BearerAuth(api.token)] if required(api) and api.token else []
+def _forbidden(token: ApiToken, scope: str, req: falcon.asgi.Request) -> Problem:
+    either = " (or enqueue)" if scope.startswith("enqueue:") else ""
+    has = ", ".join(sorted(token.scopes)) or "none"
+    return Problem(
+        403, "forbidden",
+        f"the token {token.name!r} lacks the scope {scope!r}{either} that {req.method} {req.path} needs "
+        f"(it has: {has}); use a token with that scope, or add it to [api.tokens.{token.name}] scopes",
+        title="Forbidden", scope=scope, token_name=token.name,
+        headers={"WWW-Authenticate": f'Bearer realm="runner", error="insufficient_scope", scope="{scope}"'},
+    )
+
+
+def caller(req: falcon.Request) -> str:
+    """The name that goes on record for what this request does."""
+    token: ApiToken | None = getattr(req.context, "token", None)
+    return token.name if token is not None else ANONYMOUS.name
+
+
+class WhoAmI:
+    """GET /whoami: the token's name and scopes, for the dashboard to show and to hide
+    what they do not allow. Any known token may ask, whatever its scopes."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        only_params(req)
+        token: ApiToken = req.context.token
+        resp.cache_control = ["no-store"]
+        send(resp, {"name": token.name, "scopes": sorted(token.scopes),
+                    "auth": self.runtime.config.api.secured})
+
+
+def middleware(runtime: Runtime) -> list[Any]:
+    return [Access(runtime)]

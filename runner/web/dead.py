@@ -1,6 +1,7 @@
 """The dead-letter views: GET /dead/{queue} (newest first, paginated), POST
 /dead/{queue}/{id}/requeue (optionally with an edited payload and version; an invalid
-one stays dead and gets a 422) and DELETE /dead/{queue}/{id}."""
+one stays dead and gets a 422) and DELETE /dead/{queue}/{id}. A requeue and a delete go
+on record under the caller's token name (see client.Client.requeue)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import falcon.asgi
 
 from runner.client import Client
 from runner.errors import FieldError, UnknownFunction
+from runner.web.auth import caller
 from runner.web.body import NO_BODY, int_param, only_params, read_json, send
 from runner.web.offload import Offload
 from runner.web.problems import Problem, invalid
@@ -66,7 +68,7 @@ class DeadRequeue:
         body = await read_json(req, self.client.runtime.config.api.max_body_bytes, optional=True)
         payload, version = _requeue_body(body)
         try:
-            job = await self.offload(self.client.requeue, queue, job_id, payload, version)
+            job = await self.offload(self.client.requeue, queue, job_id, payload, version, by=caller(req))
         except UnknownFunction as exc:
             # The job exists; its function does not (any more): it stays dead.
             raise invalid(f"the job's function {exc.type!r} is not loaded; it stays dead",
@@ -81,5 +83,5 @@ class DeadItem:
 
     async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, queue: str, job_id: str) -> None:
         only_params(req)
-        await self.offload(self.client.delete_dead, _queue(self.client, queue), job_id)
+        await self.offload(self.client.delete_dead, _queue(self.client, queue), job_id, by=caller(req))
         resp.status = falcon.HTTP_204

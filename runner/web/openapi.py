@@ -117,6 +117,24 @@ def _batch_op(fn: Function) -> dict[str, Any]:
     }
 
 
+def _mark_scope(op: dict[str, Any], scope: str, secured: bool) -> None:
+    """The operation's scope (auth.ROUTES), as ``x-runner-scope`` and, with auth on, as
+    its security requirement: one of the listed scopes is enough."""
+    if scope == auth.PUBLIC:
+        op["security"] = []
+        return
+    if scope == auth.SIGNED_IN:
+        needed: list[list[str]] = [[]]
+    else:
+        op["x-runner-scope"] = scope
+        needed = [["enqueue"], [scope]] if scope.startswith("enqueue:") else [[scope]]
+    if secured:
+        op["security"] = [{"bearer": names} for names in needed]
+        op["responses"]["401"] = _problem("Missing or unknown bearer token")
+        if scope != auth.SIGNED_IN:
+            op["responses"]["403"] = _problem(f"The token lacks the scope {scope}")
+
+
 def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
     schemas: dict[str, Any] = dict(shapes.COMPONENTS)
     paths: dict[str, Any] = {}
@@ -127,14 +145,10 @@ def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
         paths[f"/jobs/{name}"] = {"post": _enqueue_op(fn)}
         paths[f"/jobs/{name}/batch"] = {"post": _batch_op(fn)}
     paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions)))
-    secured = auth.required(rt.config.api)
-    if secured:
-        for path, item in paths.items():
-            for op in item.values():
-                if path == "/healthz":
-                    op["security"] = []
-                else:
-                    op["responses"]["401"] = _problem("Missing or wrong bearer token")
+    secured = rt.config.api.secured
+    for path, item in paths.items():
+        for method, op in item.items():
+            _mark_scope(op, auth.lookup(method.upper(), path)[0], secured)
     for path, item in paths.items():
         for op in item.values():
             responses = op["responses"]

@@ -8,8 +8,8 @@
 validation error with its JSON path), ``job_id`` (404 job; 409: the job holding the key),
 ``idempotency_key`` (409), ``function``, ``queue`` (404), ``known_versions`` and
 ``version`` (422), ``parameter`` / ``header`` (400), ``max_body_bytes`` (413),
-``allowed_methods`` (405). Falcon's own errors (no route, wrong method, bad header) go
-through the same serializer.
+``allowed_methods`` (405), ``scope`` and ``token_name`` (403: the scope the token lacks).
+Falcon's own errors (no route, wrong method, bad header) go through the same serializer.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ COMPONENTS: dict[str, Any] = {
             "title": _STR, "status": _INT, "detail": _STR, "instance": _STR,
             "errors": {"type": "array", "items": ref("FieldError")},
             "job_id": _STR,
+            "scope": {"type": "string", "description": "403: the scope the token lacks"},
+            "token_name": {"type": "string", "description": "403: the token's name"},
         },
         "required": ["type", "title", "status", "detail", "instance"],
         "additionalProperties": True,
@@ -94,6 +96,15 @@ COMPONENTS: dict[str, Any] = {
     "RequeueRequest": _obj({"payload": {"description": "an edited payload (default: the stored one)"},
                             "version": {"type": "integer", "minimum": 1}}, required=[]),
     "Health": _obj({"status": {"const": "ok"}, "checks": {"type": "object"}}),
+    "AuditEntry": _obj({
+        "at": _OPT_NUM, "by": _STR,
+        "action": {"type": "string", "description": "requeue, delete, purge, ..."},
+        "queue": _STR, "job_id": _STR, "type": _STR, "edited": {"type": "boolean"}, "count": _INT,
+    }, required=["at", "by", "action"], extra=True),
+    "AuditPage": _obj({"total": _INT, "offset": _INT, "limit": _INT,
+                       "entries": {"type": "array", "items": ref("AuditEntry")}}),
+    "WhoAmI": _obj({"name": _STR, "scopes": {"type": "array", "items": _STR},
+                    "auth": {"type": "boolean", "description": "false: the API is open to anyone"}}),
 }
 
 
@@ -174,6 +185,18 @@ def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
             "parameters": [queue, job_id],
             "responses": {"204": {"description": "Deleted"},
                           "404": problem("No such queue, or no such job in its dead-letter set")},
+        }},
+        "/audit": {"get": {
+            "operationId": "audit", "tags": ["meta"],
+            "summary": "Who did what (requeue, delete, purge), newest first; bounded",
+            "parameters": [_query("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000}, "skip"),
+                           _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size")],
+            "responses": {"200": ok("One page of the audit trail", "AuditPage"), "400": bad},
+        }},
+        "/whoami": {"get": {
+            "operationId": "whoami", "tags": ["meta"],
+            "summary": "The calling token's name and scopes (any token may ask)",
+            "responses": {"200": ok("The token", "WhoAmI")},
         }},
         "/openapi.json": {"get": {
             "operationId": "openapi", "tags": ["meta"], "summary": "This document",

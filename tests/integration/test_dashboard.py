@@ -1,9 +1,11 @@
 """The dashboard in headless Chromium against a real gunicorn and a real worker: sign in
 with the token, see the queues and a dead job, requeue it with an edited payload (an
-invalid edit is refused and the job stays dead), and see it complete."""
+invalid edit is refused and the job stays dead), and see it complete; and with scoped
+tokens, see only what their scopes allow."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -134,3 +136,58 @@ def test_dashboard_requeues_a_dead_job_with_an_edited_payload(project: Project, 
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
     job = project.client.get(dead).as_dict()
     assert job["status"] == "done" and job["payload"] == {"n": 5, "fail_times": 0}
+
+
+SUPPORT, PRODUCER = "support-token", "producer-token"
+SCOPED = f"""
+[api.tokens.support]
+hash = "sha256:{hashlib.sha256(SUPPORT.encode()).hexdigest()}"
+scopes = ["read"]
+
+[api.tokens.producer]
+hash = "sha256:{hashlib.sha256(PRODUCER.encode()).hexdigest()}"
+scopes = ["enqueue:record"]
+"""
+
+
+def test_the_page_shows_only_what_the_tokens_scopes_allow(project: Project, browser: Any) -> None:
+    """Signed in with a read-only token, the page names the token and its scopes, shows the
+    queues and the dead job, and offers no requeue, edit or delete; signed in with a token
+    that may only enqueue, it shows no data at all and says why."""
+    from selenium.webdriver.common.by import By
+
+    project.write_config(extra=SCOPED)
+    dead = project.client.enqueue("perm", {}).id
+    project.spawn_worker("fast")
+    until("the job to die", lambda: project.client.get(dead).status == "dead")
+    with gunicorn(project) as web:  # no RUNNER_API_TOKEN: only the tokens of runner.toml
+        d = browser
+        d.get(web.url + "/")
+
+        def sign_in(secret: str) -> None:
+            login = until("the sign-in prompt", lambda: d.find_element(By.ID, "login"))
+            until("the prompt to open", login.is_displayed)
+            field = d.find_element(By.ID, "token")
+            field.clear()
+            field.send_keys(secret)
+            d.find_element(By.ID, "login-submit").click()
+            until("the prompt to close", lambda: not login.is_displayed())
+
+        sign_in(SUPPORT)
+        who = d.find_element(By.ID, "whoami")
+        until("the token's name and scopes", lambda: who.text == "support · read")
+        row_css = f'#dead-table tr[data-job-id="{dead}"]'
+        row = until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
+        assert row.find_element(By.CSS_SELECTOR, '[data-field="reason"]').text == "permanent failure"
+        buttons = row.find_elements(By.CSS_SELECTOR, "td.actions button")
+        assert len(buttons) == 3 and not any(b.is_displayed() for b in buttons)
+        assert "read-only" in d.find_element(By.ID, "scope-note").text
+        assert d.find_element(By.ID, "queues").is_displayed()
+
+        d.find_element(By.ID, "logout").click()
+        sign_in(PRODUCER)
+        until("the producer's name", lambda: who.text == "producer · enqueue:record")
+        assert not d.find_element(By.ID, "queues").is_displayed()
+        assert not d.find_element(By.ID, "dead").is_displayed()
+        assert "cannot read" in d.find_element(By.ID, "scope-note").text
+    assert project.client.get(dead).status == "dead"

@@ -1,10 +1,14 @@
 """Property-based run of the API against its own /openapi.json (schemathesis), through a
 real gunicorn: generated valid and invalid requests for every operation find no 5xx and
-no response that breaks the document (status code, content type, body schema, headers)."""
+no response that breaks the document (status code, content type, body schema, headers);
+and with a token lacking each scope, no operation that needs it answers anything but a
+403 naming it."""
 
 from __future__ import annotations
 
+import hashlib
 import time
+from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -65,3 +69,54 @@ def test_api_conforms_to_its_openapi_document(project: Project) -> None:
                     assert mode is GenerationMode.NEGATIVE, op.label
                 assert time.monotonic() - start < BUDGET_S, "schemathesis run over its time budget"
         assert tried > len(ops) * 5
+
+
+# Each token lacks one scope (or enqueue for every function but one).
+LACKING = {"no-enqueue": ["read", "operate"], "no-read": ["enqueue", "operate"],
+           "no-operate": ["enqueue", "read"], "one-function": ["enqueue:noop", "read", "operate"]}
+SCOPE_EXAMPLES = 5
+
+
+def _allowed(scopes: list[str], scope: str) -> bool:
+    return scope in scopes or (scope.startswith("enqueue:") and "enqueue" in scopes)
+
+
+def _scoped_run(op: Any, web: Any, name: str, scope: str, refused: dict[str, int]) -> Any:
+    """A property over op's valid requests, sent with the token ``name``."""
+    ok = _allowed(LACKING[name], scope)
+
+    @given(case=op.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    @settings(max_examples=SCOPE_EXAMPLES, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    def run(case: schemathesis.Case) -> None:
+        r = case.call(base_url=web.url, headers={"Authorization": f"Bearer {name}"}, session=web.session)
+        if ok:
+            assert r.status_code not in (401, 403), (name, case.method, case.formatted_path, r.text)
+            return
+        assert r.status_code == 403, (name, case.method, case.formatted_path, r.status_code, r.text)
+        body: dict[str, Any] = r.json()
+        assert body["scope"] == scope and body["token_name"] == name, body
+        refused[name] += 1
+
+    return run
+
+
+def test_no_operation_answers_without_its_scope(project: Project) -> None:
+    """Generated valid requests to every operation, sent with tokens that lack one scope
+    each: an operation needing that scope answers a 403 problem naming it, whatever the
+    request; the others never answer 401 or 403."""
+    toml = "".join(f'\n[api.tokens.{name}]\nhash = "sha256:{hashlib.sha256(name.encode()).hexdigest()}"\n'
+                   f"scopes = {scopes!r}\n".replace("'", '"') for name, scopes in LACKING.items())
+    project.write_config(extra=toml)
+    with gunicorn(project, token=TOKEN) as web:
+        schema = schemathesis.openapi.from_url(web.url + "/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"})
+        start = time.monotonic()
+        refused: dict[str, int] = dict.fromkeys(LACKING, 0)
+        for op in [r.ok() for r in schema.get_all_operations()]:
+            scope = op.definition.raw.get("x-runner-scope")
+            if scope is None:
+                continue  # /healthz, / and /whoami need no scope
+            for name in LACKING:
+                _scoped_run(op, web, name, scope, refused)()
+                assert time.monotonic() - start < BUDGET_S, "schemathesis run over its time budget"
+        assert all(n >= SCOPE_EXAMPLES for n in refused.values()), refused

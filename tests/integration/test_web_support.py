@@ -127,12 +127,13 @@ class RunnerWeb:
 
 
 @contextmanager
-def runner_web(project: Project, name: str, workers: int = 2) -> Iterator[RunnerWeb]:
+def runner_web(project: Project, name: str, workers: int = 2, env: dict[str, str] | None = None
+               ) -> Iterator[RunnerWeb]:
     """Started and answering /healthz; SIGINT at the end (its workers SIGKILLed if a
-    test left them orphaned)."""
+    test left them orphaned). ``env`` adds to (or, with "", unsets) its environment."""
     port = free_port()
     env = {**project.env, "RUNNER_API_TOKEN": "t", "PORT": str(port), "WEB_CONCURRENCY": str(workers),
-           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL)}
+           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL), **(env or {})}
     cmd = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "web",
            "--host", "127.0.0.1"]
     log = open(project.root / f"{name}.log", "ab")  # noqa: SIM115

@@ -1512,3 +1512,20 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     ack_cost = {"hmget": 1, "hset": 1, "zadd": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 2}
     assert phases[0] == (claim_cost, ack_cost)
     assert phases[1] == ({**claim_cost, "time": 1}, {**ack_cost, "time": 1})
+
+
+def test_requeue_appends_who_requeued_to_the_history(p: Project) -> None:
+    """An entry given to requeue goes after the attempts already in the history, in the
+    same step; without one the history is left as it was."""
+    enqueue(p, new("a"), new("b"))
+    sc = p.runtime.scripts
+    for job in claim(p, n=2):
+        sc.bury(p.keys(), [Burial(job[0], job[1], "permanent failure", "", '{"attempt":1}', False, "")],
+                100_000, now_ms=NOW)
+    entry = f'{{"outcome":"requeued","by":"ops","at_ms":{NOW}}}'
+    assert sc.requeue(p.keys(), "a", history=entry, now_ms=NOW) == 1
+    assert rec(p, "a")["history"] == '{"attempt":1},' + entry
+    assert sc.requeue(p.keys(), "b", now_ms=NOW) == 1
+    assert rec(p, "b")["history"] == '{"attempt":1}'
+    assert sc.requeue(p.keys(), "a", history=entry, now_ms=NOW) == -1  # no longer dead: nothing appended
+    assert rec(p, "a")["history"] == '{"attempt":1},' + entry

@@ -1,6 +1,8 @@
 // The runner dashboard: plain JS over the HTTP API, no build step, no library.
 // Data from jobs (payloads, errors) is only ever set as text, never as HTML.
 // The API token lives in sessionStorage (this tab only) and travels as a header, never in a URL.
+// What the page shows follows the token's scopes (GET /whoami): no read, no data; no operate,
+// no requeue or delete buttons.
 "use strict";
 
 const TOKEN_KEY = "runner.token";
@@ -20,6 +22,7 @@ const state = {
   editing: null,           // the dead job open in the edit dialog
   deadSignature: "",       // what the dead-letter table shows now
   loginOpen: false,
+  me: null,                // GET /whoami: the token's name and scopes
 };
 
 // --- small helpers --------------------------------------------------------------------
@@ -112,8 +115,9 @@ function showLogin(message) {
 async function signIn(event) {
   event.preventDefault();
   state.token = $("#token").value.trim();
+  let me;
   try {
-    await fetchWithToken();
+    me = await fetchWithToken();
   } catch (err) {
     return;
   }
@@ -121,22 +125,51 @@ async function signIn(event) {
   state.loginOpen = false;
   $("#login").close();
   $("#logout").hidden = false;
+  applyScopes(me);
   refreshAll();
 }
 
 async function fetchWithToken() {
-  const resp = await fetch("/queues", { headers: { Authorization: `Bearer ${state.token}` } });
-  if (resp.status === 401) {
-    $("#login-error").textContent = "That token was refused.";
+  const resp = await fetch("/whoami", { headers: { Authorization: `Bearer ${state.token}` }, cache: "no-store" });
+  if (!resp.ok) {
+    $("#login-error").textContent = resp.status === 401 ? "That token was refused." : `HTTP ${resp.status}`;
     throw new Error("refused");
   }
+  return resp.json();
 }
 
 function signOut() {
   sessionStorage.removeItem(TOKEN_KEY);
   state.token = "";
+  state.me = null;
   $("#logout").hidden = true;
+  $("#whoami").hidden = true;
   showLogin("");
+}
+
+// --- scopes -----------------------------------------------------------------------------
+
+function can(scope) {
+  return Boolean(state.me && state.me.scopes.includes(scope));
+}
+
+// Hides what the token may not do (app.css keys off the body's classes), and says why.
+function applyScopes(me) {
+  state.me = me;
+  document.body.classList.toggle("no-read", !can("read"));
+  document.body.classList.toggle("no-operate", !can("operate"));
+  const who = $("#whoami");
+  who.textContent = me.auth ? `${me.name} · ${me.scopes.join(", ") || "no scopes"}` : "open API";
+  who.hidden = false;
+  const limits = [];
+  if (!can("read")) limits.push("this token cannot read queues, jobs or dead letters");
+  else if (!can("operate")) limits.push("read-only: requeue and delete need a token with the operate scope");
+  $("#scope-note").textContent = limits.join("; ");
+  $("#scope-note").hidden = !limits.length;
+}
+
+async function whoAmI() {
+  applyScopes(await api("GET", "/whoami"));
 }
 
 // --- queues -----------------------------------------------------------------------------
@@ -494,6 +527,7 @@ function quietly(fn) {
 }
 
 function refreshAll() {
+  if (!can("read")) return;
   quietly(refreshThroughput)().then(quietly(refreshQueues));
   quietly(refreshFunctions)();
   quietly(refreshDead)();
@@ -502,7 +536,7 @@ function refreshAll() {
 
 function every(seconds, fn) {
   setInterval(() => {
-    if (!state.loginOpen && !document.hidden) fn();
+    if (!state.loginOpen && !document.hidden && can("read")) fn();
   }, seconds * 1000);
 }
 
@@ -532,11 +566,11 @@ document.addEventListener("DOMContentLoaded", () => {
     quietly(refreshDead)();
   });
   refreshHealth();
-  refreshAll();
+  setInterval(() => document.hidden || refreshHealth(), 5000);  // no token needed
+  quietly(whoAmI)().then(refreshAll);
   every(2, quietly(refreshQueues));
   every(3, quietly(refreshDead));
   every(1, quietly(refreshJob));
   every(15, quietly(refreshThroughput));
   every(30, quietly(refreshFunctions));
-  every(5, refreshHealth);
 });
