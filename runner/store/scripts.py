@@ -91,6 +91,7 @@ class NewJob(NamedTuple):
     idem_key: str
     payload_hash: str
     resource_key: str
+    meta: str = ""  # a JSON object of extra top-level fields of the job view ('' none)
 
 
 # The settlements below are NamedTuples too: one per job on the worker's path (see NewJob).
@@ -372,7 +373,7 @@ class Scripts:
         args: list[Any] = [now_ms, idem_ttl_ms, len(jobs)]
         for j in jobs:
             args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms,
-                     j.idem_key, j.payload_hash, j.resource_key]
+                     j.idem_key, j.payload_hash, j.resource_key, j.meta]
         keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.done)
         return "enqueue", keys, args
 

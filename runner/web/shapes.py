@@ -31,6 +31,16 @@ def ref(name: str) -> dict[str, str]:
 _TIMING = _obj({"count": _INT, "sum_ms": _INT, "mean_ms": _OPT_NUM, "p50_ms": _OPT_NUM, "p95_ms": _OPT_NUM,
                 "p99_ms": _OPT_NUM})
 
+# A job record's meta lays extra fields at the top level of the job view: a tick of a
+# schedule carries these two; other producers may add their own (hence extra=True).
+_JOB_META: dict[str, Any] = {
+    "schedule": {"type": "string", "description": "The schedule whose tick enqueued this job"},
+    "tick": {"type": "string", "description": "The tick's time, ISO 8601 UTC"},
+}
+_JOB_FIELDS = ["id", "type", "version", "queue", "status", "attempt", "max_attempts", "payload", "created_at",
+               "enqueued_at", "ready_at", "started_at", "finished_at", "idempotency_key", "resource_key",
+               "deferrals", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of"]
+
 COMPONENTS: dict[str, Any] = {
     "Problem": {
         "type": "object",
@@ -59,7 +69,7 @@ COMPONENTS: dict[str, Any] = {
         "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
         "checkpoint": _ANY, "duplicate_of": _OPT_STR,
-    }),
+    } | _JOB_META, required=_JOB_FIELDS, extra=True),
     "Function": _obj({
         "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
         "backoff": _obj({"base": _NUM, "cap": _NUM, "jitter": _STR}),

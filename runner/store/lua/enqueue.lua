@@ -11,9 +11,10 @@
 -- KEYS[8] done         HASH  (a duplicate's status: a finished job is done)
 -- ARGV[1] now_ms
 -- ARGV[2] idempotency retention, ms
--- ARGV[3] n, the number of jobs; then 9 fields per job:
+-- ARGV[3] n, the number of jobs; then 10 fields per job:
 --   id, type, version, payload (JSON), max_attempts, run_at_ms (0: now),
---   idempotency key ('' none), payload hash, resource key ('' none)
+--   idempotency key ('' none), payload hash, resource key ('' none),
+--   meta (a small JSON object of extra top-level fields; '' none)
 --
 -- Returns, per job, three values: code, job id, status.
 --   1  created: the new id and its status (queued | scheduled)
@@ -26,10 +27,10 @@ local out = {}
 local ready = {}
 local counts = {}
 for i = 0, n - 1 do
-  local b = 4 + i * 9
+  local b = 4 + i * 10
   local id, typ, ver, payload = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local max_attempts, run_at = ARGV[b + 4], tonumber(ARGV[b + 5])
-  local ikey, phash, rkey = ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
+  local ikey, phash, rkey, meta = ARGV[b + 6], ARGV[b + 7], ARGV[b + 8], ARGV[b + 9]
   local dup = false
   if ikey ~= '' then
     -- pcall: a key damaged to another type reads as free (the SET below replaces it)
@@ -78,6 +79,10 @@ for i = 0, n - 1 do
     if rkey ~= '' then
       f[#f + 1] = 'resource_key'
       f[#f + 1] = rkey
+    end
+    if meta ~= '' then
+      f[#f + 1] = 'meta'
+      f[#f + 1] = meta
     end
     redis.call('HSET', KEYS[5] .. id, unpack(f))
     counts[typ] = (counts[typ] or 0) + 1
