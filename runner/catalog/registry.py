@@ -21,12 +21,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from runner.catalog import schedules as schedules_mod
 from runner.catalog import templates
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
 
-OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF")
+OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF",
+           *schedules_mod.OPTIONS)
 _generation = itertools.count(1)
 # ast.parse is not thread-safe on CPython 3.11: two threads building ASTs at once can fail
 # with "SystemError: AST constructor recursion depth mismatch" (the depth counter is
@@ -49,6 +51,7 @@ class Function:
     handle: Callable[..., Any]
     is_async: bool
     versions: Versions
+    schedules: tuple[schedules_mod.Schedule, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -65,6 +68,7 @@ class Function:
             "versions": sorted(self.versions.schemas),
             "newest_version": self.versions.newest,
             "has_upgrade": self.versions.upgrade is not None,
+            "schedules": [s.describe() for s in self.schedules],
         }
 
 
@@ -82,6 +86,10 @@ class Registry:
 
     def for_queue(self, queue: str) -> list[Function]:
         return [f for f in self.functions.values() if f.queue == queue]
+
+    def schedules(self) -> list[schedules_mod.Schedule]:
+        """Every schedule of every loaded function, by id."""
+        return sorted((s for f in self.functions.values() for s in f.schedules), key=lambda s: s.id)
 
     @staticmethod
     def of(*functions: Function) -> Registry:
@@ -233,6 +241,11 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
                 )
         tpls[opt] = tpl
 
+    scheds, sched_warnings = schedules_mod.parse(
+        module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
+        resource_key=tpls["RESOURCE_KEY"], fail=fail,
+    )
+    warnings += [f"{p}: {w}" for w in sched_warnings]
     if timeout > queue.visibility_timeout_s:
         warnings.append(
             f"{p}: TIMEOUT {timeout} s is longer than queue {queue_name!r}'s visibility timeout "
@@ -251,6 +264,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         handle=handle,
         is_async=inspect.iscoroutinefunction(handle),
         versions=versions,
+        schedules=scheds,
     )
     return fn, warnings
 

@@ -76,7 +76,10 @@ COMPONENTS: dict[str, Any] = {
         "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "async": {"type": "boolean"},
         "versions": {"type": "array", "items": _INT}, "newest_version": _INT, "has_upgrade": {"type": "boolean"},
         "schemas": {"type": "array", "items": _obj({"version": _INT, "schema": {"type": "object"}})},
+        "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
     }, required=["type", "queue", "max_attempts", "timeout", "versions", "newest_version"]),
+    "ScheduleDefinition": _obj({"id": _STR, "function": _STR, "queue": _STR, "cron": _STR, "tz": _STR,
+                                "payload": _ANY, "missed": _STR, "overlap": _STR}),
     "FunctionList": _obj({
         "functions": {"type": "array", "items": ref("Function")},
         "errors": {"type": "array", "items": _obj({"path": _STR, "line": _OPT_INT, "message": _STR})},
