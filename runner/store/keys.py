@@ -17,12 +17,19 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:idem:<key>     STRING  "<job id> <payload hash> [done]", expires
     <prefix>:{<queue>}:lock:<res>     STRING  resource lock: the holder's claim token, expires
     <prefix>:{<queue>}:lock:<res>:waiters LIST  deferred job ids, woken FIFO on release
+    <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
+    <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
+    <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
 
 A claim and a success live in the queue's ``claims`` and ``done`` hashes, not in the
 record: a claim then costs one read of the record, and a success no write to it at all
 (store.py merges the three into one view). ``leases`` and ``claims`` always hold the
 same ids; ``finished`` and ``done`` too, and the scheduler deletes the record, the
 outcome and the index entry of a job past the done retention together.
+
+A schedule's keys live under its function's queue tag, so a tick's check and its job's
+enqueue are one script in one slot (see lua/tick.lua); a removed schedule's state stays
+a week as a tombstone, so a worker with an older definition cannot bring it back.
 
 A job id never moves between queues, so a job's record lives under its queue's tag.
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
@@ -54,6 +61,8 @@ class QueueKeys:
     job_prefix: str = field(init=False)
     idem_prefix: str = field(init=False)
     lock_prefix: str = field(init=False)
+    schedules: str = field(init=False)
+    schedule_prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
         base = f"{self.prefix}:{{{self.queue}}}:"
@@ -61,7 +70,8 @@ class QueueKeys:
                              ("claims", "claims"), ("done", "done"), ("finished", "finished"),
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
-                             ("lock_prefix", "lock:")):
+                             ("lock_prefix", "lock:"), ("schedules", "schedules"),
+                             ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 
     def throughput(self, minute: int) -> str:
@@ -76,6 +86,9 @@ class QueueKeys:
     def lock(self, resource: str) -> str:
         return self.lock_prefix + resource
 
+    def schedule(self, schedule_id: str) -> str:
+        return self.schedule_prefix + schedule_id
+
     def pattern(self) -> str:
         """A SCAN pattern for every key of this queue (tests and `runner check`)."""
         return self.base.replace("{", "\\{").replace("}", "\\}") + "*"
@@ -83,3 +96,8 @@ class QueueKeys:
 
 def for_queue(prefix: str, queue: str) -> QueueKeys:
     return QueueKeys(prefix=prefix, queue=queue)
+
+
+def clock_offset(prefix: str) -> str:
+    """Tests only: milliseconds the schedules' clock runs ahead of the server's."""
+    return f"{prefix}:test:clock_offset_ms"
