@@ -13,7 +13,8 @@ import signal
 _POINT = os.environ.get("RUNNER_FAULT", "")
 _after = int(os.environ.get("RUNNER_FAULT_AFTER", "0") or 0)
 
-POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
+POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack",
+          "before_tick", "after_tick")
 
 
 def fault(point: str) -> None:

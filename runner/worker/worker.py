@@ -15,6 +15,7 @@ from typing import Any
 from runner.runtime import Runtime
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
+from runner.worker.ticker import Ticker
 
 log = logging.getLogger("runner.worker")
 
@@ -32,6 +33,7 @@ class Worker:
         self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.loop, self.worker_id)
                         for q in self.queues]
         self.scheduler = Scheduler(runtime)
+        self.ticker = Ticker(runtime)
         self.stop_event = threading.Event()
         self._signals = 0
 
@@ -40,12 +42,14 @@ class Worker:
         # the runners last, once everything they rely on is up.
         self._loop_thread.start()
         self.scheduler.start()
+        self.ticker.start()  # schedules' ticks: jobs like any other, for the runners to take
         for r in self.runners:
             r.start()
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
 
     def stop(self, grace_s: float | None = None) -> None:
         grace = self.rt.config.worker.grace_period_s if grace_s is None else grace_s
+        self.ticker.stop()  # first: no new ticks while the running jobs finish
         # Runners stop in parallel (each within the same grace), then the scheduler.
         threads = [threading.Thread(target=r.stop, args=(grace,)) for r in self.runners]
         for t in threads:
