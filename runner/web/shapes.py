@@ -106,6 +106,20 @@ COMPONENTS: dict[str, Any] = {
     "RequeueRequest": _obj({"payload": {"description": "an edited payload (default: the stored one)"},
                             "version": {"type": "integer", "minimum": 1}}, required=[]),
     "Health": _obj({"status": {"const": "ok"}, "checks": {"type": "object"}}),
+    "Schedule": _obj({
+        "id": _STR, "function": _STR, "queue": _STR, "cron": _STR, "tz": _STR, "payload": _ANY,
+        "missed": {"type": "string", "enum": ["skip", "latest", "all"]},
+        "overlap": {"type": "string", "enum": ["skip", "allow"]},
+        "next": {"type": "string", "description": "the next tick by the server's clock, ISO 8601 UTC"},
+        "last": {"type": ["string", "null"], "description": "the last tick that fired, ISO 8601 UTC"},
+        "last_job": {"oneOf": [{"type": "null"}, _obj({"id": _STR, "status": _STR})]},
+        "state": {"type": "string", "enum": ["active", "pending", "superseded"],
+                  "description": "active: the workers fire this definition; pending: none registered it "
+                                 "yet; superseded: another release's definition is in force"},
+        "late_s": _OPT_NUM,
+        "counts": _obj({"fired": _INT, "missed": _INT, "overlap": _INT, "manual": _INT}),
+    }),
+    "ScheduleList": _obj({"schedules": {"type": "array", "items": ref("Schedule")}}),
 }
 
 
@@ -186,6 +200,11 @@ def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
             "parameters": [queue, job_id],
             "responses": {"204": {"description": "Deleted"},
                           "404": problem("No such queue, or no such job in its dead-letter set")},
+        }},
+        "/schedules": {"get": {
+            "operationId": "list_schedules", "tags": ["schedules"],
+            "summary": "Every schedule (SCHEDULE in a function file) with its next and last tick and last job",
+            "responses": {"200": ok("The schedules, by id", "ScheduleList")},
         }},
         "/openapi.json": {"get": {
             "operationId": "openapi", "tags": ["meta"], "summary": "This document",
