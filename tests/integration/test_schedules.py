@@ -157,3 +157,24 @@ def test_an_older_function_file_never_fires_a_changed_or_removed_schedule(projec
     finally:
         v2.stop_all()
         v3.stop_all()
+
+
+def test_hot_reload_in_dev_adds_and_removes_a_schedule(project: Project) -> None:
+    """In `runner dev`, saving SCHEDULE into a function file starts its ticks within a
+    second or two; deleting it retires the schedule at once, and no tick fires after."""
+    from test_dev import Dev
+
+    add_function(project, "beat", "")
+    dev = Dev(project.root, {**project.env, **TEST_ENV})
+    path = project.root / "functions" / "beat.py"
+    try:
+        path.write_text(path.read_text().replace('QUEUE = "fast"', 'QUEUE = "fast"\nSCHEDULE = "* * * * * *"'))
+        wait_for(lambda: len(ticks(project, "beat")) >= 2, timeout=10, what="the new schedule's ticks")
+        path.write_text(path.read_text().replace('SCHEDULE = "* * * * * *"', ""))
+        r, k = project.runtime.redis, project.keys()
+        wait_for(lambda: r.hget(k.schedule("beat"), "def") == "", timeout=10, what="the schedule to be retired")
+        retired_at = int(r.hget(k.schedule("beat"), "def_at"))
+        assert all(ms(x[:-1]) <= retired_at for x in ticks(project, "beat"))
+        assert "schedule beat: tick" in dev.log()
+    finally:
+        dev.stop()
