@@ -50,6 +50,15 @@ def registered(redis: Any, keys: Iterable[QueueKeys]) -> dict[str, dict[str, str
     return {k.queue: dict(h) for k, h in zip(ks, pipe.execute(), strict=True)}
 
 
+def handled_ticks(redis: Any, pairs: Iterable[tuple[QueueKeys, str]]) -> list[int | None]:
+    """The last handled tick of each (queue keys, schedule id), in one round trip: a cheap
+    look before building tick scripts for ticks another ticker may have fired already."""
+    pipe = redis.pipeline(transaction=False)
+    for k, sid in pairs:
+        pipe.hget(k.schedule(sid), "tick")
+    return [_int(v) for v in pipe.execute(raise_on_error=False)]
+
+
 @dataclass(frozen=True, slots=True)
 class State:
     """What Redis holds about one schedule; times in epoch ms, None when never."""

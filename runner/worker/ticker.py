@@ -35,11 +35,14 @@ from __future__ import annotations
 
 import heapq
 import logging
+import random
 import threading
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from runner.catalog.registry import Registry
 from runner.catalog.schedules import Schedule, Step, Timeline, iso, plan
@@ -47,7 +50,7 @@ from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.store.schedules import TOMBSTONE_S, ServerClock, registered
+from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, registered
 from runner.store.scripts import NewJob
 from runner.worker.faults import fault
 
@@ -55,6 +58,7 @@ log = logging.getLogger("runner.ticker")
 
 WAKE_S = 0.5
 BATCH = 250  # tick script calls per pipelined round trip
+LANES = 2  # round trips in flight at once
 ADOPT_CHUNK = 500
 LOG_EACH = 10  # a pass that fires more ticks than this logs one summary line
 
@@ -84,6 +88,7 @@ class Ticker:
         self._born_ms = 0
         self._heap: list[_Entry] = []
         self._seq = 0
+        self._lanes = ThreadPoolExecutor(LANES, thread_name_prefix="ticker-send")
 
     def start(self) -> None:
         self._thread.start()
@@ -91,6 +96,7 @@ class Ticker:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._lanes.shutdown(wait=False)
 
     # --- one pass ------------------------------------------------------------------
 
@@ -152,50 +158,88 @@ class Ticker:
                      f", {retired} retired" if retired else "")
 
     def _fire(self, due: Sequence[_Entry], now: int) -> None:
-        rt = self.rt
         plans: dict[tuple[int, int, str], list[Step]] = {}  # shared by schedules on one timeline
-        calls: list[tuple[_Entry, Step, NewJob]] = []
-        for e in due:
-            s = e.schedule
-            key = (id(e.line), e.floor_ms, s.missed)
+        calls: list[tuple[_Entry, Step]] = []
+        # Every ticker has the same due ticks; each starts at a random point of the list, so
+        # that two tickers mostly fire different ticks instead of racing for the same ones
+        # (the loser's calls are refused, but they cost it as much to build and send).
+        turn = random.randrange(len(due))
+        for e in [*due[turn:], *due[:turn]]:
+            key = (id(e.line), e.floor_ms, e.schedule.missed)
             steps = plans.get(key)
             if steps is None:
-                steps = plans[key] = plan(e.line, s.missed, e.floor_ms, now)
-            for st in steps:
-                meta = codec.dumps({"schedule": s.id, "tick": iso(st.tick_ms)})
-                job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
-                             max_attempts=s.max_attempts, run_at_ms=0, idem_key="", payload_hash="-",
-                             resource_key=s.resource_key, meta=meta)
-                calls.append((e, st, job))
+                steps = plans[key] = plan(e.line, e.schedule.missed, e.floor_ms, now)
+            calls.extend((e, st) for st in steps)
         fired: list[tuple[Schedule, Step, str]] = []
         dropped: set[int] = set()
-        for start in range(0, len(calls), BATCH):
-            chunk = calls[start:start + BATCH]
-            batch = rt.scripts.batch()
-            for e, st, job in chunk:
-                s = e.schedule
-                rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="fire" if st.fire else "skip",
-                                tick_ms=st.tick_ms, digest=s.digest, born_ms=self._born_ms, overlap=s.overlap,
-                                missed=st.missed, late_ms=max(0, st.late_ms), now_ms=now, pipe=batch)
-            fault("before_tick")
-            replies = batch.execute()
-            fault("after_tick")
-            for (e, st, job), reply in zip(chunk, replies, strict=True):
-                code = int(reply[0])
-                if code == -3:
-                    if e.seq not in dropped:
-                        log.info("schedule %s: a newer deploy holds its definition (or removed it); "
-                                 "this worker no longer fires it", e.schedule.id)
-                    dropped.add(e.seq)
-                    continue
-                e.floor_ms = max(e.floor_ms, st.tick_ms, int(reply[1]) if code == -2 else 0)
-                if code == 1:
-                    fired.append((e.schedule, st, job.id))
+        # LANES batches in flight at once, on connections of their own: one is built and
+        # sent while Redis runs another (a burst of 10,000 ticks took 0.9 s one batch at a
+        # time, about half of it waiting for replies).
+        # Once a whole batch comes back refused, another ticker is firing the ticks ahead:
+        # from then on each batch first looks which of its ticks are still unhandled (one
+        # cheap read each) and builds tick scripts for those only.
+        pending: deque[Future[list[tuple[_Entry, Step, str, Any]]]] = deque()
+        look = False
+        for i in range(0, len(calls), BATCH):
+            pending.append(self._lanes.submit(self._send, calls[i:i + BATCH], look))
+            if len(pending) >= LANES:
+                look = self._settle(pending.popleft().result(), fired, dropped) or look
+        while pending:
+            self._settle(pending.popleft().result(), fired, dropped)
         for e in due:
             if e.seq not in dropped:
                 e.next_ms = e.line.next_after(e.floor_ms)
                 heapq.heappush(self._heap, e)
         self._report(fired)
+
+    def _send(self, chunk: Sequence[tuple[_Entry, Step]], look: bool) -> list[tuple[_Entry, Step, str, Any]]:
+        """One pipelined round trip of tick scripts; each batch reads the clock again, so its
+        jobs' creation time and lateness are those of its own round trip."""
+        rt = self.rt
+        if look:
+            done = handled_ticks(rt.redis, [(rt.keys[e.schedule.queue], e.schedule.id) for e, _ in chunk])
+            for (e, st), tick in zip(chunk, done, strict=True):
+                if tick is not None and tick >= st.tick_ms:
+                    e.floor_ms = max(e.floor_ms, tick)
+            chunk = [(e, st) for (e, st), tick in zip(chunk, done, strict=True) if tick is None or tick < st.tick_ms]
+            if not chunk:
+                return []
+        sent = self.clock.now_ms()
+        batch = rt.scripts.batch()
+        ids = []
+        for e, st in chunk:
+            s = e.schedule
+            job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
+                         max_attempts=s.max_attempts, run_at_ms=0, idem_key="", payload_hash="-",
+                         resource_key=s.resource_key,
+                         meta=codec.dumps({"schedule": s.id, "tick": iso(st.tick_ms)}))
+            ids.append(job.id)
+            rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="fire" if st.fire else "skip", tick_ms=st.tick_ms,
+                            digest=s.digest, born_ms=self._born_ms, overlap=s.overlap, missed=st.missed,
+                            late_ms=max(0, sent - st.tick_ms), now_ms=sent, pipe=batch)
+        fault("before_tick")
+        replies = batch.execute()
+        fault("after_tick")
+        return [(e, st, job_id, reply) for (e, st), job_id, reply in zip(chunk, ids, replies, strict=True)]
+
+    @staticmethod
+    def _settle(answers: list[tuple[_Entry, Step, str, Any]], fired: list[tuple[Schedule, Step, str]],
+                dropped: set[int]) -> bool:
+        """Apply one batch's answers; True when every tick of it was refused as handled."""
+        refused = 0
+        for e, st, job_id, reply in answers:
+            code = int(reply[0])
+            if code == -3:
+                if e.seq not in dropped:
+                    log.info("schedule %s: a newer deploy holds its definition (or removed it); "
+                             "this worker no longer fires it", e.schedule.id)
+                dropped.add(e.seq)
+                continue
+            e.floor_ms = max(e.floor_ms, st.tick_ms, int(reply[1]) if code == -2 else 0)
+            refused += code == -2
+            if code == 1:
+                fired.append((e.schedule, st, job_id))
+        return bool(answers) and refused == len(answers)
 
     @staticmethod
     def _report(fired: list[tuple[Schedule, Step, str]]) -> None:
