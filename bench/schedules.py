@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import server, ticks  # noqa: E402
+from harness import server, ticks
 
 
 def main() -> None:
