@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from schedulekit import TEST_ENV, add_function, iso, log_has, ms, server_ms, set_clock, ticks
 
 from conftest import Project, wait_for
@@ -37,6 +38,7 @@ def expected(first_after_ms: int, last_ms: int, step_ms: int) -> list[str]:
     return [iso(t) or "" for t in range(start, last_ms + 1, step_ms)]
 
 
+@pytest.mark.timeout(SECONDS + 120)
 def test_every_tick_once_under_sigkill_chaos(project: Project) -> None:
     add_function(project, "every2", 'SCHEDULE = "*/2 * * * * *"\nMISSED = "all"')
     add_function(project, "minutely", 'SCHEDULE = "* * * * *"\nMISSED = "all"')
