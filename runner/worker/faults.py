@@ -13,8 +13,7 @@ import signal
 _POINT = os.environ.get("RUNNER_FAULT", "")
 _after = int(os.environ.get("RUNNER_FAULT_AFTER", "0") or 0)
 
-POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack",
-          "before_tick", "after_tick")
+POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
 
 
 def fault(point: str) -> None:
