@@ -31,7 +31,7 @@ from harness import systems  # first: it freezes the runner under test
 
 RUNNER_SNAPSHOT = systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
 
-from harness import extras, profile, report, scenarios, server, venv  # noqa: E402
+from harness import extras, profile, report, scenarios, server, ticks, venv  # noqa: E402
 
 SIZES = {
     "full": {"reps": 3, "drain_n": 20000, "drain_cap_s": 20.0, "single_n": 10000, "batch_n": 20000,
@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
     ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
     ap.add_argument("--extras", help="comma-separated subset of the runner-only scenarios: "
-                    "validation,guarded,mix,metrics,redis_py,http")
+                    "validation,guarded,mix,metrics,redis_py,http,schedules")
     ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
@@ -162,6 +162,7 @@ def main() -> None:
                     env, toml, cfg["drain_n"], reps, cfg["drain_cap_s"])),
                 "http": ("HTTP", lambda: extras.http(
                     env, toml, cfg["http_rates"], cfg["http_s"], cfg["wrk_s"])),
+                "schedules": ("schedules", lambda: ticks.run(env.url, env.work, 10_000, max(2, reps), 20.0)),
             }
             only = set(a.extras.split(",")) if a.extras else set(scenarios_x)
             unknown = only - set(scenarios_x)

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from runner import config as config_mod
 from runner.catalog import templates
 from runner.catalog.registry import Function
+from runner.catalog.schedules import Schedule, iso
 from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     FieldError,
@@ -28,6 +29,7 @@ from runner.errors import (
     JobNotFound,
     RedisUnavailable,
     RunnerError,
+    UnknownSchedule,
     ValidationFailed,
 )
 from runner.runtime import Runtime
@@ -36,6 +38,7 @@ from runner.store import codec, keys, records
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
+from runner.store.schedules import ServerClock, State, read_states
 from runner.store.scripts import NewJob, Stream
 
 MAX_BATCH = 500
@@ -469,6 +472,45 @@ class Client:
                                   offset, limit)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+    # --- schedules -----------------------------------------------------------------
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """Every schedule of the loaded functions, by id: its definition, the next tick by
+        the server's clock, the last tick that fired and the last job with its status,
+        and its counts (see _schedule_view)."""
+        rt = self.runtime
+        scheds = rt.registry.schedules()
+        wanted: dict[str, tuple[QueueKeys, list[str]]] = {}
+        for s in scheds:
+            wanted.setdefault(s.queue, (rt.keys[s.queue], []))[1].append(s.id)
+        try:
+            now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
+            states = read_states(rt.redis, wanted) if scheds else {}
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return [_schedule_view(s, states.get(s.id), now) for s in scheds]
+
+    def trigger(self, schedule_id: str) -> Enqueued:
+        """Enqueue one tick of a schedule now (to try it by hand): its job carries the
+        schedule, the time as its tick and ``"trigger": "manual"``; the schedule's own
+        ticks go on as before."""
+        rt = self.runtime
+        scheds = rt.registry.schedules()
+        s = next((x for x in scheds if x.id == schedule_id), None)
+        if s is None:
+            raise UnknownSchedule(schedule_id, [x.id for x in scheds])
+        try:
+            now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
+            meta = codec.dumps({"schedule": s.id, "tick": iso(now), "trigger": "manual"})
+            job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
+                         max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
+                         resource_key=s.resource_key, limits=f"1 r:{s.resource_key}" if s.resource_key else "",
+                         meta=meta)
+            reply = rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="manual", tick_ms=now, digest=s.digest,
+                                    born_ms=now, overlap=s.overlap, missed=0, late_ms=0, now_ms=now)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return Enqueued(id=reply[1], type=s.function, version=s.version, queue=s.queue, status=reply[2])
 
     def ping(self) -> bool:
         try:
@@ -484,6 +526,25 @@ class Client:
             if job.status in statuses or time.monotonic() > deadline:
                 return job
             time.sleep(0.02)
+
+
+def _schedule_view(s: Schedule, st: State | None, now_ms: int) -> dict[str, Any]:
+    """One schedule as `runner schedules --json`, GET /schedules and the dashboard show it.
+
+    ``state`` says whether the workers fire this definition: "active" (Redis holds it),
+    "pending" (no worker has registered it yet) or "superseded" (Redis holds another: a
+    different release of the function file is running)."""
+    st = st or State(digest=None, tick_ms=None, fired_ms=None, job_id=None, job_status=None, late_ms=None)
+    state = "pending" if not st.digest else "active" if st.digest == s.digest else "superseded"
+    return {
+        **s.describe(),
+        "next": iso(s.timeline.next_after(now_ms)),
+        "last": iso(st.fired_ms),
+        "last_job": {"id": st.job_id, "status": st.job_status} if st.job_id else None,
+        "state": state,
+        "late_s": st.late_ms / 1000 if st.late_ms is not None else None,
+        "counts": {"fired": st.fired, "missed": st.missed, "overlap": st.overlapped, "manual": st.manual},
+    }
 
 
 __all__ = ["Client", "Enqueued", "Request"]

@@ -8,6 +8,7 @@
     ├── ValidationFailed           a payload does not match its schema (carries every error)
     ├── IdempotencyConflict        the key is taken by a job with another payload
     ├── JobNotFound                no record for that id
+    ├── UnknownSchedule            no loaded function declares a schedule of that id
     ├── StaleLease                 the worker's claim token no longer owns the job
     └── RedisUnavailable           Redis could not be reached (the call wrote nothing)
 
@@ -92,6 +93,14 @@ class JobNotFound(RunnerError):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         super().__init__(f"no job {job_id!r}")
+
+
+class UnknownSchedule(RunnerError):
+    def __init__(self, schedule_id: str, known: list[str]) -> None:
+        self.schedule_id = schedule_id
+        hint = f" (have: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''})" if known else \
+            " (no function declares a SCHEDULE)"
+        super().__init__(f"no schedule {schedule_id!r}{hint}; `runner schedules` lists them")
 
 
 class StaleLease(RunnerError):

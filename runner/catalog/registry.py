@@ -20,13 +20,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from runner.catalog import schedules as schedules_mod
 from runner.catalog import templates
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
 
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF", "ISOLATION",
-           "MEMORY_MB")
+           "MEMORY_MB", *schedules_mod.OPTIONS)
 # Function modules are executed under one lock: two Runtimes loading the same file at
 # once would otherwise swap each other's sys.modules entry mid-import.
 _import_lock = threading.RLock()
@@ -53,6 +54,7 @@ class Function:
     versions: Versions
     isolation: str = "thread"
     memory_mb: float | None = None  # process isolation: the handler's memory cap
+    schedules: tuple[schedules_mod.Schedule, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -71,6 +73,7 @@ class Function:
             "versions": sorted(self.versions.schemas),
             "newest_version": self.versions.newest,
             "has_upgrade": self.versions.upgrade is not None,
+            "schedules": [s.describe() for s in self.schedules],
         }
 
 
@@ -88,6 +91,10 @@ class Registry:
 
     def for_queue(self, queue: str) -> list[Function]:
         return [f for f in self.functions.values() if f.queue == queue]
+
+    def schedules(self) -> list[schedules_mod.Schedule]:
+        """Every schedule of every loaded function, by id."""
+        return sorted((s for f in self.functions.values() for s in f.schedules), key=lambda s: s.id)
 
     @staticmethod
     def of(*functions: Function) -> Registry:
@@ -263,6 +270,11 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
                 )
         tpls[opt] = tpl
 
+    scheds, sched_warnings = schedules_mod.parse(
+        module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
+        resource_key=tpls["RESOURCE_KEY"], fail=fail,
+    )
+    warnings += [f"{p}: {w}" for w in sched_warnings]
     if timeout > queue.visibility_timeout_s:
         warnings.append(
             f"{p}: TIMEOUT {timeout} s is longer than queue {queue_name!r}'s visibility timeout "
@@ -283,6 +295,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         versions=versions,
         isolation=str(isolation),
         memory_mb=float(memory_mb) if memory_mb is not None else None,
+        schedules=scheds,
     )
     return fn, warnings
 

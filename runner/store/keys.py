@@ -6,31 +6,39 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:ready          LIST    job ids ready to run (LPUSH in, RPOP out)
     <prefix>:{<queue>}:leases         ZSET    claimed job ids -> lease deadline (ms)
     <prefix>:{<queue>}:claims         HASH    claimed job id -> "<token> <attempt> <started_ms> <flags>"
-    <prefix>:{<queue>}:done           HASH    finished job id -> its outcome (see store.py)
+    <prefix>:{<queue>}:done           HASH    finished job id -> its outcome (see records.py)
     <prefix>:{<queue>}:finished       ZSET    done job ids -> finish time (ms), for retention
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying and deferred ids -> due (ms)
     <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
     <prefix>:{<queue>}:notify         LIST    wake-up tokens for idle workers (bounded)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
-    <prefix>:{<queue>}:job:<id>       HASH    the job record (see store.py)
+    <prefix>:{<queue>}:job:<id>       HASH    the job record (see records.py)
     <prefix>:{<queue>}:idem:<type>:<key>  STRING  "<job id> <payload hash> [done]"; no expiry
                                               until its job completes (then the retention)
     <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline
                                               ms, "=<id>" -> end of a slot reserved for a woken job
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
+    <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
+    <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
 
 One key is global, outside every queue's tag (its own slot on Redis Cluster)::
 
     <prefix>:audit                    LIST    who did what (requeue, delete, purge), newest
                                               first, capped (see audit.py)
+    <prefix>:workers                  HASH    live workers: what they serve and know (roster.py)
+    <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
 
 A claim and a success live in the queue's ``claims`` and ``done`` hashes, not in the
 record: a claim then costs one read of the record, and a success no write to it at all
-(store.py merges the three into one view). ``leases`` and ``claims`` always hold the
+(records.py merges the three into one view). ``leases`` and ``claims`` always hold the
 same ids; ``finished`` and ``done`` too, and the scheduler deletes the record, the
 outcome and the index entry of a job past the done retention together.
+
+A schedule's keys live under its function's queue tag, so a tick's check and its job's
+enqueue are one script in one slot (see lua/tick.lua); a removed schedule's state stays
+a week as a tombstone, so a worker with an older definition cannot bring it back.
 
 A job id never moves between queues, so a job's record lives under its queue's tag.
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
@@ -65,6 +73,8 @@ class QueueKeys:
     lim_prefix: str = field(init=False)
     limwait: str = field(init=False)
     tput_prefix: str = field(init=False)
+    schedules: str = field(init=False)
+    schedule_prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
         base = f"{self.prefix}:{{{self.queue}}}:"
@@ -72,7 +82,8 @@ class QueueKeys:
                              ("claims", "claims"), ("done", "done"), ("finished", "finished"),
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
-                             ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:")):
+                             ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
+                             ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 
     def throughput(self, minute: int) -> str:
@@ -87,6 +98,9 @@ class QueueKeys:
     def limit(self, key: str) -> str:
         return self.lim_prefix + key
 
+    def schedule(self, schedule_id: str) -> str:
+        return self.schedule_prefix + schedule_id
+
     def pattern(self) -> str:
         """A SCAN pattern for every key of this queue (tests and `runner check`)."""
         return self.base.replace("{", "\\{").replace("}", "\\}") + "*"
@@ -98,3 +112,8 @@ def audit(prefix: str) -> str:
 
 def for_queue(prefix: str, queue: str) -> QueueKeys:
     return QueueKeys(prefix=prefix, queue=queue)
+
+
+def clock_offset(prefix: str) -> str:
+    """Tests only: milliseconds the schedules' clock runs ahead of the server's."""
+    return f"{prefix}:test:clock_offset_ms"

@@ -8,7 +8,9 @@ A record is a Redis hash under ``<prefix>:{<queue>}:job:<id>`` with these fields
     idem_key, resource_key, deferrals,
     error (JSON: type, message, traceback), reason (dead only),
     history (comma-joined JSON entries, one per attempt), result (JSON),
-    checkpoint (JSON), duplicate_of (done as a duplicate of that job)
+    checkpoint (JSON), duplicate_of (done as a duplicate of that job),
+    meta (JSON object: extra fields a producer attached, e.g. a schedule's id and tick;
+    laid at the top level of the job view, never over a field above)
 
 A field at its default is not written: attempt and deferrals 0, enqueued_ms and ready_ms
 equal to created_ms, no idem_key or resource_key; readers supply the default.
@@ -130,7 +132,7 @@ class Job:
             history = codec.loads("[" + history_raw + "]") if history_raw else []
         except codec.DecodeError:
             history = [{"unparsable": history_raw[:200]}]
-        return {
+        view = {
             "id": self.id,
             "type": f.get("type"),
             "version": _int(f.get("version"), 0) or None,
@@ -155,6 +157,11 @@ class Job:
             "checkpoint": _json(f.get("checkpoint")),
             "duplicate_of": f.get("duplicate_of") or None,
         }
+        meta = _json(f.get("meta"))
+        if isinstance(meta, dict):
+            for key, value in meta.items():
+                view.setdefault(key, value)
+        return view
 
     @property
     def status(self) -> str | None:

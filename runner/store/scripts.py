@@ -29,7 +29,11 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim",
+    "tick", "adopt",
 )
+# Scripts sent as several files in a row: a schedule's tick is its guard, then the
+# enqueue script itself, so a tick's job is written as every other job is.
+COMPOSED = {"tick": ("tick", "enqueue")}
 
 
 def _source(name: str) -> str:
@@ -326,7 +330,8 @@ class Scripts:
     def __init__(self, client: Any) -> None:
         lib = _source("_lib")
         self.client = client
-        self.sources = {name: assemble(lib, _source(name)) for name in NAMES}
+        self.sources = {name: assemble(lib, "\n".join(_source(part) for part in COMPOSED.get(name, (name,))))
+                        for name in NAMES}
         self.shas = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in self.sources.items()}
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
@@ -494,3 +499,24 @@ class Scripts:
         of each go per call."""
         keys = (k.dead, k.finished, k.done, k.job_prefix)
         return self._run("trim", keys, (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000)))
+
+    def tick(
+        self, k: QueueKeys, schedule_id: str, job: NewJob, *, mode: str, tick_ms: int, digest: str,
+        born_ms: int, overlap: str, missed: int, late_ms: int, now_ms: int, pipe: Batch | None = None,
+    ) -> Any:
+        """One tick of one schedule (see lua/tick.lua): returns [code, id, status]."""
+        _, keys, args = self.enqueue_call(k, [job], now_ms)
+        keys = (*keys, k.schedule(schedule_id), k.job_prefix, k.claims, k.done)
+        args += [mode, tick_ms, digest, born_ms, overlap, missed, late_ms, job.id]
+        return self._run("tick", keys, args, pipe)
+
+    def adopt(
+        self, k: QueueKeys, born_ms: int, tombstone_ms: int, defined: Sequence[tuple[str, str]],
+        retire: Sequence[str],
+    ) -> Any:
+        """Take over or retire schedule definitions of one queue (see lua/adopt.lua)."""
+        args: list[Any] = [born_ms, tombstone_ms, len(defined)]
+        for schedule_id, digest in defined:
+            args += [schedule_id, digest]
+        args += [len(retire), *retire]
+        return self._run("adopt", (k.schedules, k.schedule_prefix), args)

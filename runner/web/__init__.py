@@ -37,6 +37,7 @@ from runner.web.exposition import Metrics
 from runner.web.jobs import JobBatch, Jobs
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
+from runner.web.schedules import Schedules
 
 log = logging.getLogger("runner.web")
 
@@ -101,6 +102,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     app.add_route("/dead/{queue}/{job_id}/requeue", DeadRequeue(client, offload))
     app.add_route("/audit", Audit(client, offload))
     app.add_route("/whoami", auth.WhoAmI(runtime))
+    app.add_route("/schedules", Schedules(client, offload))
     app.add_route("/openapi.json", OpenApi(runtime))
     app.add_route("/metrics", Metrics(runtime, offload))
     app.add_route("/healthz", Health(runtime, offload))

@@ -17,6 +17,11 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
     runner_functions_loaded, runner_function_load_errors
+    runner_schedule_ticks_fired_total            ticks that enqueued their job (label schedule, function)
+    runner_schedule_ticks_skipped_total          ticks skipped, by reason: missed (MISSED) or overlap (OVERLAP)
+    runner_schedule_manual_triggers_total        `runner schedules trigger`
+    runner_schedule_late_seconds_total           how late the fired ticks were, summed (by the server clock)
+    runner_schedule_last_late_seconds            how late the last fired tick was
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from prometheus_client.exposition import choose_encoder
 from runner.runtime import Runtime
 from runner.store import records
 from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
+from runner.store.schedules import read_states
 from runner.web.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
 from runner.web.offload import Offload
 
@@ -88,6 +95,7 @@ class RunnerCollector:
         yield up
         yield from self._queue_metrics(queues)
         yield from self._function_metrics(queues)
+        yield from self._schedule_metrics()
         loaded = GaugeMetricFamily("runner_functions_loaded", "Functions loaded by this web process.")
         loaded.add_metric([], len(reg.functions))
         yield loaded
@@ -129,6 +137,39 @@ class RunnerCollector:
         yield from counters.values()
         yield latency
         yield run
+
+
+    def _schedule_metrics(self) -> Iterator[Metric]:
+        rt = self.rt
+        scheds = rt.registry.schedules()
+        if not scheds:
+            return
+        wanted: dict[str, tuple[QueueKeys, list[str]]] = {}
+        for sc in scheds:
+            wanted.setdefault(sc.queue, (rt.keys[sc.queue], []))[1].append(sc.id)
+        states = read_states(rt.redis, wanted)
+        labels = ["schedule", "function"]
+        fired = CounterMetricFamily("runner_schedule_ticks_fired", "Schedule ticks that enqueued their job.",
+                                    labels=labels)
+        skipped = CounterMetricFamily("runner_schedule_ticks_skipped", "Schedule ticks skipped: missed during "
+                                      "a downtime (MISSED) or while the last job ran (OVERLAP).",
+                                      labels=[*labels, "reason"])
+        manual = CounterMetricFamily("runner_schedule_manual_triggers", "Ticks run by hand "
+                                     "(runner schedules trigger).", labels=labels)
+        late = CounterMetricFamily("runner_schedule_late_seconds", "How late fired ticks were enqueued, "
+                                   "summed (server clock).", labels=labels)
+        last = GaugeMetricFamily("runner_schedule_last_late_seconds", "How late the last fired tick was.",
+                                 labels=labels)
+        for sc in scheds:
+            st = states[sc.id]
+            lv = [sc.id, sc.function]
+            fired.add_metric(lv, st.fired)
+            skipped.add_metric([*lv, "missed"], st.missed)
+            skipped.add_metric([*lv, "overlap"], st.overlapped)
+            manual.add_metric(lv, st.manual)
+            late.add_metric(lv, st.late_sum_ms / 1000)
+            last.add_metric(lv, (st.late_ms or 0) / 1000)
+        yield from (fired, skipped, manual, late, last)
 
 
 class Metrics:

@@ -31,6 +31,16 @@ def ref(name: str) -> dict[str, str]:
 _TIMING = _obj({"count": _INT, "sum_ms": _INT, "mean_ms": _OPT_NUM, "p50_ms": _OPT_NUM, "p95_ms": _OPT_NUM,
                 "p99_ms": _OPT_NUM})
 
+# A job record's meta lays extra fields at the top level of the job view: a tick of a
+# schedule carries these two; other producers may add their own (hence extra=True).
+_JOB_META: dict[str, Any] = {
+    "schedule": {"type": "string", "description": "The schedule whose tick enqueued this job"},
+    "tick": {"type": "string", "description": "The tick's time, ISO 8601 UTC"},
+}
+_JOB_FIELDS = ["id", "type", "version", "queue", "status", "attempt", "max_attempts", "payload", "created_at",
+               "enqueued_at", "ready_at", "started_at", "finished_at", "idempotency_key", "resource_key",
+               "deferrals", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of"]
+
 COMPONENTS: dict[str, Any] = {
     "Problem": {
         "type": "object",
@@ -61,7 +71,7 @@ COMPONENTS: dict[str, Any] = {
         "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
         "checkpoint": _ANY, "duplicate_of": _OPT_STR,
-    }),
+    } | _JOB_META, required=_JOB_FIELDS, extra=True),
     "Function": _obj({
         "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
         "backoff": _obj({"base": _NUM, "cap": _NUM, "jitter": _STR}),
@@ -69,7 +79,10 @@ COMPONENTS: dict[str, Any] = {
         "isolation": {"type": "string", "enum": ["thread", "process"]}, "memory_mb": _OPT_NUM,
         "versions": {"type": "array", "items": _INT}, "newest_version": _INT, "has_upgrade": {"type": "boolean"},
         "schemas": {"type": "array", "items": _obj({"version": _INT, "schema": {"type": "object"}})},
+        "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
     }, required=["type", "queue", "max_attempts", "timeout", "versions", "newest_version"]),
+    "ScheduleDefinition": _obj({"id": _STR, "function": _STR, "queue": _STR, "cron": _STR, "tz": _STR,
+                                "payload": _ANY, "missed": _STR, "overlap": _STR}),
     "FunctionList": _obj({
         "functions": {"type": "array", "items": ref("Function")},
         "errors": {"type": "array", "items": _obj({"path": _STR, "line": _OPT_INT, "message": _STR})},
@@ -105,6 +118,20 @@ COMPONENTS: dict[str, Any] = {
                        "entries": {"type": "array", "items": ref("AuditEntry")}}),
     "WhoAmI": _obj({"name": _STR, "scopes": {"type": "array", "items": _STR},
                     "auth": {"type": "boolean", "description": "false: the API is open to anyone"}}),
+    "Schedule": _obj({
+        "id": _STR, "function": _STR, "queue": _STR, "cron": _STR, "tz": _STR, "payload": _ANY,
+        "missed": {"type": "string", "enum": ["skip", "latest", "all"]},
+        "overlap": {"type": "string", "enum": ["skip", "allow"]},
+        "next": {"type": "string", "description": "the next tick by the server's clock, ISO 8601 UTC"},
+        "last": {"type": ["string", "null"], "description": "the last tick that fired, ISO 8601 UTC"},
+        "last_job": {"oneOf": [{"type": "null"}, _obj({"id": _STR, "status": _STR})]},
+        "state": {"type": "string", "enum": ["active", "pending", "superseded"],
+                  "description": "active: the workers fire this definition; pending: none registered it "
+                                 "yet; superseded: another release's definition is in force"},
+        "late_s": _OPT_NUM,
+        "counts": _obj({"fired": _INT, "missed": _INT, "overlap": _INT, "manual": _INT}),
+    }),
+    "ScheduleList": _obj({"schedules": {"type": "array", "items": ref("Schedule")}}),
 }
 
 
@@ -197,6 +224,11 @@ def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
             "operationId": "whoami", "tags": ["meta"],
             "summary": "The calling token's name and scopes (any token may ask)",
             "responses": {"200": ok("The token", "WhoAmI")},
+        }},
+        "/schedules": {"get": {
+            "operationId": "list_schedules", "tags": ["schedules"],
+            "summary": "Every schedule (SCHEDULE in a function file) with its next and last tick and last job",
+            "responses": {"200": ok("The schedules, by id", "ScheduleList")},
         }},
         "/openapi.json": {"get": {
             "operationId": "openapi", "tags": ["meta"], "summary": "This document",

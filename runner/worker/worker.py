@@ -17,6 +17,7 @@ from runner.store import roster
 from runner.store.connection import UNAVAILABLE
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
+from runner.worker.ticker import Ticker
 
 log = logging.getLogger("runner.worker")
 
@@ -32,6 +33,7 @@ class Worker:
         self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.worker_id) for q in self.queues]
         self.started_ms = int(time.time() * 1000)
         self.scheduler = Scheduler(runtime, self._member)
+        self.ticker = Ticker(runtime)
         self.stop_event = threading.Event()
         self._signals = 0
 
@@ -39,12 +41,14 @@ class Worker:
         # The scheduler first, so due and lapsed jobs move before the first claim;
         # the runners last, once everything they rely on is up.
         self.scheduler.start()
+        self.ticker.start()  # schedules' ticks: jobs like any other, for the runners to take
         for r in self.runners:
             r.start()
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
 
     def stop(self, grace_s: float | None = None) -> None:
         grace = self.rt.config.worker.grace_period_s if grace_s is None else grace_s
+        self.ticker.stop()  # first: no new ticks while the running jobs finish
         # Runners stop in parallel (each within the same grace), then the scheduler.
         threads = [threading.Thread(target=r.stop, args=(grace,)) for r in self.runners]
         for t in threads:

@@ -127,6 +127,18 @@ def test_enqueue_batch_keeps_order_and_counts_once(p: Project) -> None:
     assert p.runtime.redis.hget(p.keys().stats, "enqueued|noop") == "3"
 
 
+def test_enqueue_writes_meta_only_when_given(p: Project) -> None:
+    """A job's meta (a small JSON object) is written to its record only when non-empty, and
+    the job view lays its keys at the top level without shadowing a record field."""
+    enqueue(p, new("a"), new("b")._replace(meta='{"schedule":"s1","tick":"2026-01-01T00:00:00Z","id":"x"}'))
+    assert "meta" not in raw(p, "a")
+    assert raw(p, "b")["meta"] == '{"schedule":"s1","tick":"2026-01-01T00:00:00Z","id":"x"}'
+    view = records.Job("b", "fast", rec(p, "b")).as_dict()
+    assert view["schedule"] == "s1" and view["tick"] == "2026-01-01T00:00:00Z"
+    assert view["id"] == "b"  # meta never shadows a record field
+    assert "schedule" not in records.Job("a", "fast", rec(p, "a")).as_dict()
+
+
 def test_enqueue_idempotency_duplicate_and_conflict(p: Project) -> None:
     """Same key + same hash returns the first job; another hash is a conflict; no new record.
     The key names the job and its hash, with no expiry while the job is unfinished."""

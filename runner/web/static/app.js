@@ -350,6 +350,34 @@ async function refreshFunctions() {
   renderFunctions(await api("GET", "/functions?schemas=true"));
 }
 
+// --- schedules ----------------------------------------------------------------------------
+
+function renderSchedules(data) {
+  $("#schedules-empty").hidden = data.schedules.length > 0;
+  $("#schedule-table tbody").replaceChildren(...data.schedules.map((s) => {
+    const job = s.last_job;
+    const jobCell = job
+      ? el("td", { "data-field": "last_job" },
+        el("a", { href: "#job", text: job.id, onclick: () => lookUp(job.id) }), " ",
+        el("span", { class: `status status-${job.status}`, "data-field": "last_job_status", text: job.status }))
+      : el("td", { "data-field": "last_job", text: "—" });
+    return el("tr", { "data-schedule": s.id },
+      el("td", { "data-field": "id" }, el("code", { text: s.id }),
+        s.id !== s.function ? el("span", { class: "muted", text: ` ${s.function}` }) : null),
+      el("td", { "data-field": "cron" }, el("code", { text: s.cron })),
+      el("td", { "data-field": "tz", text: s.tz }),
+      el("td", { "data-field": "next", text: s.next }),
+      el("td", { "data-field": "last", text: s.last || "—" }),
+      jobCell,
+      el("td", { "data-field": "state", class: s.state === "active" ? null : "warn", text: s.state }),
+      el("td", { "data-field": "counts", text: `${s.counts.fired} / ${s.counts.missed} / ${s.counts.overlap}` }));
+  }));
+}
+
+async function refreshSchedules() {
+  renderSchedules(await api("GET", "/schedules"));
+}
+
 // --- dead letters -------------------------------------------------------------------------
 
 function syncDeadQueues(names) {
@@ -530,6 +558,7 @@ function refreshAll() {
   if (!can("read")) return;
   quietly(refreshThroughput)().then(quietly(refreshQueues));
   quietly(refreshFunctions)();
+  quietly(refreshSchedules)();
   quietly(refreshDead)();
   quietly(refreshJob)();
 }
@@ -570,6 +599,7 @@ document.addEventListener("DOMContentLoaded", () => {
   quietly(whoAmI)().then(refreshAll);
   every(2, quietly(refreshQueues));
   every(3, quietly(refreshDead));
+  every(2, quietly(refreshSchedules));
   every(1, quietly(refreshJob));
   every(15, quietly(refreshThroughput));
   every(30, quietly(refreshFunctions));

@@ -1,0 +1,180 @@
+"""Schedules through real worker processes and a real server: ticks after a downtime
+under each MISSED policy, OVERLAP with a long job, daylight saving time in Madrid and New
+York, and deploys where an older function file runs beside a newer one. The clock every
+scheduler reads is the server's, shifted by the test (see schedulekit.set_clock)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from schedulekit import (
+    LONG,
+    TEST_ENV,
+    add_function,
+    at,
+    jobs_of,
+    log_has,
+    ms,
+    set_clock,
+    sibling,
+    ticks,
+)
+
+from conftest import Project, wait_for
+
+B = "2030-01-01T00:00"  # a base time: ticks below are B + seconds
+
+
+def t(seconds: int) -> str:
+    return at(f"2030-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}")
+
+
+def start(project: Project, n_schedules: int, name: str = "worker.log") -> None:
+    project.spawn_worker("fast", env=TEST_ENV, log_name=name)
+    wait_for(lambda: log_has(project, f"schedules: {n_schedules} active", name), timeout=30,
+             what="the worker to adopt its schedules")
+
+
+def stop(project: Project) -> None:
+    for p in project.procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+
+
+def test_missed_ticks_after_a_downtime_of_three_ticks(project: Project) -> None:
+    """Every 30 s; the only worker is down while the ticks at +60, +90 and +120 pass and
+    comes back at +138 (the +120 tick is 18 s late, past its 15 s grace). skip drops the
+    three; latest runs +120 once; all runs each, oldest first. Then +150 runs on time."""
+    for policy in ("skip", "latest", "all"):
+        add_function(project, f"m_{policy}", f'SCHEDULE = "*/30 * * * * *"\nMISSED = "{policy}"')
+    set_clock(project, ms(B) + 20_000)
+    start(project, 3)
+    set_clock(project, ms(B) + 29_700)
+    wait_for(lambda: all(ticks(project, f"m_{p}") == [t(30)] for p in ("skip", "latest", "all")),
+             timeout=15, what="the first tick of each")
+    stop(project)
+    set_clock(project, ms(B) + 138_000)
+    start(project, 3, "worker-2.log")
+    wait_for(lambda: ticks(project, "m_all") == [t(30), t(60), t(90), t(120)], timeout=15,
+             what="all to run each missed tick")
+    wait_for(lambda: ticks(project, "m_latest") == [t(30), t(120)], timeout=5, what="latest to run +120")
+    set_clock(project, ms(B) + 149_700)
+    wait_for(lambda: all(t(150) in ticks(project, f"m_{p}") for p in ("skip", "latest", "all")),
+             timeout=15, what="the next tick on time")
+    assert ticks(project, "m_skip") == [t(30), t(150)]
+    assert ticks(project, "m_latest") == [t(30), t(120), t(150)]
+    assert ticks(project, "m_all") == [t(30), t(60), t(90), t(120), t(150)]
+    r, k = project.runtime.redis, project.keys()
+    assert r.hget(k.schedule("m_skip"), "n_missed") == "3"
+    assert r.hget(k.schedule("m_latest"), "n_missed") == "2"
+
+
+def test_overlap_skip_skips_a_tick_while_the_last_job_runs(project: Project) -> None:
+    """OVERLAP = "skip": the +60 tick finds the +30 job still running and is skipped;
+    once it finished, +90 runs. OVERLAP = "allow" runs both ticks side by side."""
+    add_function(project, "long_skip", 'SCHEDULE = "*/30 * * * * *"\nOVERLAP = "skip"', LONG)
+    add_function(project, "long_allow", 'SCHEDULE = "*/30 * * * * *"\nOVERLAP = "allow"', LONG)
+    set_clock(project, ms(B) + 20_000)
+    start(project, 2)
+    set_clock(project, ms(B) + 29_700)
+    wait_for(lambda: {j["status"] for j in jobs_of(project)} == {"processing"} and len(jobs_of(project)) == 2,
+             timeout=15, what="both +30 jobs to be running")
+    set_clock(project, ms(B) + 59_700)
+    wait_for(lambda: ticks(project, "long_allow") == [t(30), t(60)], timeout=15, what="allow to run +60")
+    r, k = project.runtime.redis, project.keys()
+    wait_for(lambda: r.hget(k.schedule("long_skip"), "n_overlap") == "1", timeout=5, what="the overlap skip")
+    assert ticks(project, "long_skip") == [t(30)]
+    (project.records / "release").write_text("")
+    wait_for(lambda: all(j["status"] == "done" for j in jobs_of(project)), timeout=30, what="the jobs to finish")
+    set_clock(project, ms(B) + 89_700)
+    wait_for(lambda: ticks(project, "long_skip") == [t(30), t(90)], timeout=15, what="skip to run +90")
+
+
+def test_dst_transitions_in_madrid_and_new_york(project: Project) -> None:
+    """Through a real worker, the clock jumped over each transition (MISSED = "all" runs
+    every tick in between): 02:30 in Madrid and New York runs once on the spring-forward
+    day (at the jump) and once on the fall-back day, and 01:30 in New York once too."""
+    add_function(project, "madrid", 'SCHEDULE = [{"cron": "30 2 * * *", "tz": "Europe/Madrid"}]\nMISSED = "all"')
+    add_function(project, "new_york", 'SCHEDULE = "30 1 * * *"\nSCHEDULE_TZ = "America/New_York"\nMISSED = "all"')
+    set_clock(project, ms("2026-03-06T12:00"))
+    start(project, 2)
+    set_clock(project, ms("2026-03-31T12:00"))
+    wait_for(lambda: at("2026-03-31T00:30") in ticks(project, "madrid"), timeout=15, what="spring ticks")
+
+    def window(schedule: str, a: str, b: str) -> list[str]:
+        return [x for x in ticks(project, schedule) if at(a) <= x <= at(b)]
+
+    assert window("madrid", "2026-03-28T12:00", "2026-03-30T12:00") == [at("2026-03-29T01:00"),
+                                                                       at("2026-03-30T00:30")]
+    assert window("new_york", "2026-03-07T12:00", "2026-03-09T12:00") == [at("2026-03-08T06:30"),
+                                                                         at("2026-03-09T05:30")]
+    set_clock(project, ms("2026-11-03T12:00"))
+    wait_for(lambda: at("2026-11-03T06:30") in ticks(project, "new_york"), timeout=15, what="autumn ticks")
+    assert window("madrid", "2026-10-24T12:00", "2026-10-26T12:00") == [at("2026-10-25T00:30"),
+                                                                       at("2026-10-26T01:30")]
+    assert window("new_york", "2026-10-31T12:00", "2026-11-02T12:00") == [at("2026-11-01T05:30"),
+                                                                         at("2026-11-02T06:30")]
+    for schedule in ("madrid", "new_york"):
+        all_ticks = ticks(project, schedule)
+        assert len(all_ticks) == len(set(all_ticks)), "a tick ran twice"
+
+
+def test_an_older_function_file_never_fires_a_changed_or_removed_schedule(project: Project,
+                                                                           tmp_path: Path) -> None:
+    """Three releases of one app share Redis: v1 fires every second with payload v=1; v2,
+    started later, changes the payload, and from its start every tick carries v=2 although
+    v1 still runs; v3 removes SCHEDULE, and from its start no tick fires at all."""
+    add_function(project, "beat", 'SCHEDULE = "* * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}')
+    v2 = sibling(project, tmp_path / "v2")
+    add_function(v2, "beat", 'SCHEDULE = "* * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}')
+    v3 = sibling(project, tmp_path / "v3")
+    add_function(v3, "beat", "")
+    try:
+        start(project, 1)
+        wait_for(lambda: len(ticks(project, "beat")) >= 2, timeout=15, what="v1's ticks")
+        v2.spawn_worker("fast", env=TEST_ENV, log_name="worker.log")
+        wait_for(lambda: log_has(v2, "schedules: 1 active"), timeout=30, what="v2 to take over")
+        wait_for(lambda: log_has(project, "a newer deploy holds its definition"), timeout=15,
+                 what="v1 to be refused")
+        state = project.runtime.redis.hgetall(project.keys().schedule("beat"))
+        since = int(state["def_at"])
+        wait_for(lambda: sum(1 for j in jobs_of(project) if j["payload"] == {"v": 2}) >= 2, timeout=15,
+                 what="v2's ticks")
+        for j in jobs_of(project):
+            if ms(j["tick"][:-1]) > since:
+                assert j["payload"] == {"v": 2}, j
+        v3.spawn_worker("fast", env=TEST_ENV, log_name="worker.log")
+        wait_for(lambda: log_has(v3, "1 retired"), timeout=30, what="v3 to retire the schedule")
+        retired = project.runtime.redis.hgetall(project.keys().schedule("beat"))
+        assert retired["def"] == "" and project.runtime.redis.hgetall(project.keys().schedules) == {}
+        wait_for(lambda: log_has(v2, "a newer deploy holds its definition"), timeout=15, what="v2 to be refused")
+        last = max(ticks(project, "beat"))
+        assert ms(last[:-1]) <= int(retired["def_at"])
+        all_ticks = ticks(project, "beat")
+        assert len(all_ticks) == len(set(all_ticks)), "a tick ran twice"
+    finally:
+        v2.stop_all()
+        v3.stop_all()
+
+
+def test_hot_reload_in_dev_adds_and_removes_a_schedule(project: Project) -> None:
+    """In `runner dev`, saving SCHEDULE into a function file starts its ticks within a
+    second or two; deleting it retires the schedule at once, and no tick fires after."""
+    from test_dev import Dev
+
+    add_function(project, "beat", "")
+    dev = Dev(project.root, {**project.env, **TEST_ENV})
+    path = project.root / "functions" / "beat.py"
+    try:
+        path.write_text(path.read_text().replace('QUEUE = "fast"', 'QUEUE = "fast"\nSCHEDULE = "* * * * * *"'))
+        wait_for(lambda: len(ticks(project, "beat")) >= 2, timeout=10, what="the new schedule's ticks")
+        path.write_text(path.read_text().replace('SCHEDULE = "* * * * * *"', ""))
+        r, k = project.runtime.redis, project.keys()
+        wait_for(lambda: r.hget(k.schedule("beat"), "def") == "", timeout=10, what="the schedule to be retired")
+        retired_at = int(r.hget(k.schedule("beat"), "def_at"))
+        assert all(ms(x[:-1]) <= retired_at for x in ticks(project, "beat"))
+        assert "schedule beat: tick" in dev.log()
+    finally:
+        dev.stop()

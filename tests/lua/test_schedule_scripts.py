@@ -1,0 +1,118 @@
+"""The schedule transitions, on Valkey and Redis 7.0: a tick (tick.lua, with the enqueue
+script appended) and a deploy's takeover (adopt.lua). State before, call, state after,
+return code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runner.store import records
+from runner.store.scripts import NewJob
+
+from conftest import Project, structures
+
+NOW = 1_800_000_000_000
+MIN = 60_000
+
+
+@pytest.fixture
+def p(any_project: Project) -> Project:
+    return any_project
+
+
+def job(job_id: str) -> NewJob:
+    return NewJob(id=job_id, type="noop", version=1, payload="{}", max_attempts=3, run_at_ms=0, delay_ms=0,
+                  idem_key="", payload_hash="-", resource_key="", limits="", meta='{"schedule":"s","tick":"t"}')
+
+
+def tick(p: Project, job_id: str, tick_ms: int, *, mode: str = "fire", digest: str = "d1", born: int = NOW,
+         overlap: str = "allow", missed: int = 0, late: int = 5) -> list[Any]:
+    return list(p.runtime.scripts.tick(p.keys(), "s", job(job_id), mode=mode, tick_ms=tick_ms, digest=digest,
+                                       born_ms=born, overlap=overlap, missed=missed, late_ms=late, now_ms=NOW))
+
+
+def state(p: Project) -> dict[str, str]:
+    return p.runtime.redis.hgetall(p.keys().schedule("s"))  # type: ignore[no-any-return]
+
+
+def test_a_tick_fires_once(p: Project) -> None:
+    """The first call for a tick enqueues its job (an ordinary job, with its meta); a
+    second call for the same tick, or an earlier one, is refused and writes nothing."""
+    assert tick(p, "j1", NOW) == [1, "j1", "queued"]
+    assert tick(p, "j2", NOW) == [-2, str(NOW), "handled"]
+    assert tick(p, "j3", NOW - MIN) == [-2, str(NOW), "handled"]
+    assert structures(p)["ready"] == ["j1"]
+    view = records.Job("j1", "fast", p.runtime.redis.hgetall(p.keys().job("j1"))).as_dict()
+    assert view["schedule"] == "s" and view["status"] == "queued" and view["max_attempts"] == 3
+    st = state(p)
+    assert (st["def"], st["tick"], st["fired"], st["job"], st["n_fired"], st["late_ms"]) == (
+        "d1", str(NOW), str(NOW), "j1", "1", "5")
+    assert p.runtime.redis.hget(p.keys().stats, "enqueued|noop") == "1"
+
+
+def test_a_skip_records_the_tick_and_counts_the_missed(p: Project) -> None:
+    assert tick(p, "j1", NOW, mode="skip", missed=3) == [2, "", "skipped"]
+    assert tick(p, "j2", NOW) == [-2, str(NOW), "handled"]
+    assert structures(p)["ready"] == []
+    assert state(p)["n_missed"] == "3" and "job" not in state(p)
+    assert tick(p, "j3", NOW + MIN, missed=1) == [1, "j3", "queued"]
+    assert state(p)["n_missed"] == "4"
+
+
+def test_overlap_skip_waits_for_the_last_job(p: Project) -> None:
+    """OVERLAP skip: a tick while the last job is queued (or claimed) is skipped and
+    counted; once that job is done, the next tick fires."""
+    assert tick(p, "j1", NOW, overlap="skip")[0] == 1
+    assert tick(p, "j2", NOW + MIN, overlap="skip") == [3, "j1", "queued"]
+    assert state(p)["n_overlap"] == "1" and state(p)["tick"] == str(NOW + MIN)
+    p.runtime.redis.hset(p.keys().claims, "j1", "tok 1 1 -")
+    assert tick(p, "j3", NOW + 2 * MIN, overlap="skip") == [3, "j1", "processing"]
+    p.runtime.redis.hdel(p.keys().claims, "j1")
+    p.runtime.redis.hset(p.keys().done, "j1", "x")
+    assert tick(p, "j4", NOW + 3 * MIN, overlap="skip") == [1, "j4", "queued"]
+    assert tick(p, "j5", NOW + 4 * MIN, overlap="allow") == [1, "j5", "queued"]
+
+
+def test_another_definition_is_refused(p: Project) -> None:
+    """A tick under a definition the state does not hold (a newer deploy's, or a removed
+    schedule's tombstone) enqueues nothing."""
+    assert tick(p, "j1", NOW)[0] == 1
+    assert tick(p, "j2", NOW + MIN, digest="old") == [-3, "d1", "superseded"]
+    k = p.keys()
+    assert p.runtime.scripts.adopt(k, NOW + 10, 60_000, [], ["s"]) == [1]
+    assert tick(p, "j3", NOW + 2 * MIN) == [-3, "", "superseded"]
+    assert structures(p)["ready"] == ["j1"]
+
+
+def test_manual_trigger_ignores_order_and_overlap(p: Project) -> None:
+    assert tick(p, "j1", NOW, overlap="skip")[0] == 1
+    assert tick(p, "m1", NOW - MIN, mode="manual", overlap="skip") == [1, "m1", "queued"]
+    st = state(p)
+    assert st["job"] == "m1" and st["tick"] == str(NOW) and st["n_manual"] == "1"
+
+
+def test_adopt_newest_wins_and_retires_what_it_no_longer_defines(p: Project) -> None:
+    """The most recently loaded definition takes over; an older one is told it lost; a
+    schedule the newest code removed is retired (a tombstone that expires), unless a
+    still newer definition holds it."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    assert sc.adopt(k, NOW, 60_000, [("s", "d1"), ("t", "d1")], []) == [1, NOW, "d1", 1, NOW, "d1"]
+    assert r.hgetall(k.schedules) == {"s": "d1", "t": "d1"}
+    tick(p, "j1", NOW + MIN)
+    # The same definition again (a restart): the floor is its last handled tick.
+    assert sc.adopt(k, NOW + 5, 60_000, [("s", "d1")], []) == [1, NOW + MIN, "d1"]
+    # A deploy changes s and removes t: it takes over from the tick it was born at.
+    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [("s", "d2")], ["t"]) == [1, NOW + 2 * MIN, "d2", 1]
+    assert r.hgetall(k.schedules) == {"s": "d2"}
+    assert 0 < r.pttl(k.schedule("t")) <= 60_000 and r.pttl(k.schedule("s")) == -1
+    # A worker still on the old code adopts later (a reconnect) but was born before: it lost.
+    assert sc.adopt(k, NOW, 60_000, [("s", "d1"), ("t", "d1")], []) == [0, NOW + 2 * MIN, "d2",
+                                                                         0, NOW + 2 * MIN, ""]
+    # A rollback started later wins again, and brings t back.
+    assert sc.adopt(k, NOW + 3 * MIN, 60_000, [("s", "d1"), ("t", "d1")], []) == [
+        1, NOW + 3 * MIN, "d1", 1, NOW + 3 * MIN, "d1"]
+    assert r.pttl(k.schedule("t")) == -1
+    # Retiring is refused where a newer definition holds the schedule.
+    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["s"]) == [0]
