@@ -210,7 +210,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
     if not schemas:
         raise fail(f"no schema: expected {folder}/v1.json")
     versions = Versions(type=path.stem, schemas=schemas, upgrade=upgrade)
-    warnings: list[str] = []
+    warnings: list[str] = [w for v in sorted(schemas) for w in schemas[v].warnings]
     if len(schemas) > 1 and upgrade is None:
         warnings.append(f"{p}: several schema versions but no upgrade(); older jobs cannot run")
 
