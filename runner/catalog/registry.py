@@ -78,7 +78,8 @@ class Registry:
         try:
             return self.functions[name]
         except KeyError:
-            raise UnknownFunction(name) from None
+            broken = next((e.shown() for p, e in self.errors.items() if Path(p).stem == name), None)
+            raise UnknownFunction(name, sorted(self.functions), broken) from None
 
     def for_queue(self, queue: str) -> list[Function]:
         return [f for f in self.functions.values() if f.queue == queue]
