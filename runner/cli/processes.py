@@ -37,7 +37,7 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
                  f"(have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
     for err in rt.registry.errors.values():
         logging.getLogger("runner").error("function not loaded: %s", err)
-    warn_redis_settings(rt)
+    warn_redis_settings(rt.redis)
     Worker(rt, names).run()
 
 

@@ -51,13 +51,13 @@ BROKEN_HELLO = '"""Greets."""\nQUEUE = "fast"\ndef handle(payload, ctx)\n    ret
 class Dev:
     """One `runner dev` process with its log in the project folder."""
 
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
+    def __init__(self, root: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> None:
         self.root = root
         self.port = free_port()
         self.log_path = root / f"dev-{self.port}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner.cli", "--config", str(root / "runner.toml"), "dev",
-             "--port", str(self.port)],
+             "--port", str(self.port), *args],
             cwd=root, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
         )
         self.base = f"http://127.0.0.1:{self.port}"
