@@ -17,6 +17,7 @@ from runner.cli.root import (
     cli,
     emit,
     fail,
+    print_refused,
     read_payload,
     redis_errors,
     refusal,
@@ -117,9 +118,7 @@ def _report_bulk(verb: str, ok: int, refused: list[dict[str, Any]], as_json: boo
     else:
         click.echo(f"{verb} {ok} job(s)" + (f"; {len(refused)} refused" if refused else ""))
         for r in refused:
-            click.secho(f"{r['id']}: {r['error']}", fg="red", err=True)
-            for e in r.get("errors", []):
-                click.echo(f"    {e['path']}: {e['message']}", err=True)
+            print_refused(r["id"], r)
     sys.exit(EXIT_REFUSED if refused else EXIT_OK)
 
 

@@ -22,6 +22,7 @@ from runner.cli.root import (
     cli,
     emit,
     fail,
+    print_refused,
     print_validation,
     read_payload,
     redis_errors,
@@ -46,7 +47,7 @@ MAX_DELAY_S = 366 * 86_400.0
 @click.argument("type_", metavar="TYPE")
 @click.argument("payload", required=False)
 @click.option("--version", "version", type=int, default=None, help="Payload version (default: newest).")
-@click.option("--delay", type=click.FloatRange(0, MAX_DELAY_S), default=None, metavar="SECONDS",
+@click.option("--delay", type=float, default=None, metavar="SECONDS", callback=lambda c, p, v: delay_s(v),
               help="Seconds to wait before running (0 to a year).")
 @click.option("--idempotency-key", default=None)
 @click.option("--jsonl", "jsonl", default=None, metavar="FILE|-",
@@ -164,12 +165,7 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
         click.echo(f"enqueued {done} job(s) of {type_}" + (f" ({dup} duplicate(s))" if dup else "")
                    + (f"; {len(refused)} line(s) refused" if refused else ""))
         for r in refused:
-            errors = r.get("errors", [])
-            # A validation error's message repeats its errors: show them once, one a line.
-            head = f"invalid payload for {type_}" if errors else r["error"]
-            click.secho(f"line {r['line']}: {head}", fg="red", err=True)
-            for e in errors:
-                click.echo(f"    {e['path']}: {e['message']}", err=True)
+            print_refused(f"line {r['line']}", r)
     return EXIT_REFUSED if refused else EXIT_OK
 
 
@@ -214,6 +210,14 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     human = where.line() + "\n" + table(
         ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried"), rows)
     emit({"redis": where.as_dict(), "queues": queues}, as_json, human)
+
+
+def delay_s(value: float | None) -> float | None:
+    """--delay: seconds from 0 to a year and a day (a usage error otherwise, exit 2)."""
+    if value is not None and not 0 <= value <= MAX_DELAY_S:
+        raise click.BadParameter(f"must be a number of seconds from 0 to {MAX_DELAY_S:.0f} (a year and a day), "
+                                 f"got {value:g}")
+    return value
 
 
 def refused_text(exc: RunnerError) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 
@@ -14,27 +15,21 @@ from runner.cli.root import (
     cli,
     fail,
     load_config,
+    target,
+    target_config,
 )
-from runner.config import Config
+from runner.cli.target import Target
 from runner.errors import (
     ConfigError,
 )
 
 
-def guard(cfg: Config) -> None:
-    """The Redis guard at the start of a process, on a connection of its own (gunicorn's
-    master must not hold one across its forks)."""
-    from runner.store.connection import connect
+def guard(where: Target, client: Any) -> None:
+    """At the start of a process: which Redis it talks to, and the Redis guard's warnings."""
     from runner.store.guard import warn_redis_settings
 
-    try:
-        client = connect(cfg.redis, socket_connect_timeout=2, socket_timeout=5)
-    except ConfigError as exc:
-        fail(f"configuration error: {exc}", EXIT_CONFIG)
-    try:
-        warn_redis_settings(client)
-    finally:
-        client.close()
+    logging.getLogger("runner").info("Redis at %s (%s), prefix %s", where.url, where.source, where.prefix)
+    warn_redis_settings(client)
 
 
 @cli.command(cls=RedisCommand, follow_dev=False)
@@ -43,7 +38,6 @@ def guard(cfg: Config) -> None:
 def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     """Run a production worker (the scheduler runs inside it)."""
     from runner.observe.logs import setup
-    from runner.store.guard import warn_redis_settings
     from runner.worker.worker import Worker
 
     rt = build_runtime(ctx.obj["config"])
@@ -55,7 +49,7 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
                  f"(have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
     for err in rt.registry.errors.values():
         logging.getLogger("runner").error("function not loaded: %s", err)
-    warn_redis_settings(rt.redis)
+    guard(target(ctx), rt.redis)
     Worker(rt, names).run()
 
 
@@ -71,14 +65,23 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
 def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
     """Run the production web server (gunicorn, uvicorn workers) for the HTTP API and dashboard."""
     from runner.observe.logs import setup
+    from runner.store.connection import connect
     from runner.web.server import serve
 
-    cfg = load_config(ctx.obj["config"])
+    cfg, where = target_config(ctx.obj["config"], client_only=False)
     if cfg.api.auth and not cfg.api.token:
         fail("refusing to serve the API without a token: set RUNNER_API_TOKEN, or switch auth off "
              f"explicitly with `[api] auth = false` in {cfg.source}", EXIT_CONFIG)
     setup(cfg.log)
-    guard(cfg)
+    try:
+        # A connection of its own, closed before gunicorn forks its workers.
+        client = connect(cfg.redis, socket_connect_timeout=2, socket_timeout=5)
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", EXIT_CONFIG)
+    try:
+        guard(where, client)
+    finally:
+        client.close()
     try:
         serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))
     except ConfigError as exc:  # the port is taken

@@ -125,7 +125,7 @@ def render_check(report: Any, strict: bool, code: int, where: Any = None) -> str
     if report.config is not None:
         out.append(f"config     {report.config.source}: queues {', '.join(report.config.queues)}")
     if where is not None:
-        out.append(f"redis      {where.url} ({where.source})")
+        out.append(f"server     {where.url} ({where.source})")
     if report.registry is not None:
         names = sorted(report.registry.functions)
         out.append(f"functions  {len(names)} loaded: {', '.join(names) or '-'}")

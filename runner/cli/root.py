@@ -107,6 +107,16 @@ def print_validation(exc: ValidationFailed) -> None:
         click.echo(f"  {e.path}: {e.message}", err=True)
 
 
+def print_refused(label: str, refused: dict[str, Any]) -> None:
+    """One refused line or job of a bulk command: its message, then each validation error
+    on a line of its own (the message of a validation failure would repeat them)."""
+    errors = refused.get("errors", [])
+    head = str(refused["error"]).split(": ", 1)[0] if errors else refused["error"]
+    click.secho(f"{label}: {head}", fg="red", err=True)
+    for e in errors:
+        click.echo(f"    {e['path']}: {e['message']}", err=True)
+
+
 def refusal(exc: RunnerError) -> dict[str, Any]:
     out: dict[str, Any] = {"error": str(exc), "kind": type(exc).__name__}
     if isinstance(exc, ValidationFailed):

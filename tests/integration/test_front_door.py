@@ -224,6 +224,7 @@ def test_an_oversized_body_sent_whole_before_reading_gets_its_413(project: Proje
         assert urllib.request.urlopen(ok, timeout=10).status == 202
         log = (project.root / "web-413.log").read_text()
         assert f"Listening at: http://127.0.0.1:{web.port}" in log
+        assert f"Redis at {project.server.url} (REDIS_URL)" in log
 
 
 # --- 6. the smaller stumbles ----------------------------------------------------------------
@@ -262,6 +263,30 @@ def test_jsonl_reports_each_refused_line_once_in_line_order(project: Project) ->
     report = json.loads(cli(project.root, project.env, "enqueue", "record", "--jsonl", "-", "--json",
                             stdin="\n".join(lines) + "\n").stdout)
     assert [r["line"] for r in report["refused"]] == [2, 3, 5, 6]
+
+
+def test_a_refused_requeue_prints_each_error_once(project: Project) -> None:
+    """`runner dead requeue --payload` with an invalid edit names the job and lists each
+    validation error once, under it; the job stays dead."""
+    job = project.client.enqueue("record", {"n": 1, "fail_times": 99})
+    project.spawn_worker("fast")
+    assert project.client.wait(job.id, timeout_s=15).status == "dead"
+    out = cli(project.root, project.env, "dead", "requeue", job.id, "--payload", '{"n": "x"}')
+    assert out.returncode == 1
+    assert f"{job.id}: payload of record v1 is invalid" in out.stderr
+    assert out.stderr.count('"x" is not of type "integer"') == 1
+    assert project.client.get(job.id).status == "dead"
+
+
+def test_worker_and_web_say_which_redis_at_start(project: Project) -> None:
+    """The first lines of `runner worker` name the server it talks to and where that came
+    from, as `runner web`'s do (below, in the 413 test's server log)."""
+    w = project.spawn_worker("fast", log_name="which.log")
+    log = project.root / "which.log"
+    wait_for(lambda: b"serving" in log.read_bytes(), timeout=15, what="the worker to start")
+    w.terminate()
+    w.wait(timeout=15)
+    assert f"Redis at {project.server.url} (REDIS_URL), prefix {project.prefix}" in log.read_text()
 
 
 def test_config_errors_give_the_line_and_a_likely_key(project: Project) -> None:
