@@ -73,8 +73,9 @@ def unavailable(exc: BaseException) -> NoReturn:
     ctx = click.get_current_context(silent=True)
     where: Target | None = ctx.meta.get(_TARGET) if ctx is not None else None
     at = f" at {where.url} (from {where.source})" if where is not None else ""
+    dev = "unset REDIS_URL and run" if where is not None and where.source == "REDIS_URL" else "run"
     fail(f"Redis unavailable{at}: {exc}\nStart a Redis there, point REDIS_URL (or [redis] url in "
-         "runner.toml) at one that runs, or run `runner dev`, which starts one of its own.", EXIT_REDIS)
+         f"runner.toml) at one that runs, or {dev} `runner dev`, which starts one of its own.", EXIT_REDIS)
 
 
 @contextlib.contextmanager
@@ -166,6 +167,8 @@ class RedisCommand(click.Command):
 
 
 class RootGroup(click.Group):
+    """`runner`: its --help ends with the rule that picks a Redis, and the one it picks now."""
+
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)
         formatter.write_paragraph()
