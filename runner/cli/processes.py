@@ -28,7 +28,10 @@ def guard(where: Target, client: Any) -> None:
     """At the start of a process: which Redis it talks to, and the Redis guard's warnings."""
     from runner.store.guard import warn_redis_settings
 
-    logging.getLogger("runner").info("Redis at %s (%s), prefix %s", where.url, where.source, where.prefix)
+    log = logging.getLogger("runner")
+    log.info("Redis at %s (%s), prefix %s", where.url, where.source, where.prefix)
+    if where.note:
+        log.warning("%s", where.note.strip("()"))
     warn_redis_settings(client)
 
 

@@ -47,15 +47,20 @@ class Target:
 def resolve(cfg: Config, config_named: bool, follow_dev: bool = True) -> tuple[Config, Target]:
     """The config a command runs with (the Redis URL swapped for dev's embedded server's
     when the rule says so) and the Target to show."""
-    session = dev_session(cfg) if follow_dev else None
+    session = dev_session(cfg)
     explicit = cfg.redis.url_source == "REDIS_URL" or (config_named and cfg.redis.url_source == "file")
     prefix = cfg.redis.prefix
-    if session is not None and not explicit:
+    if session is not None and follow_dev and not explicit:
         source = f"the embedded server of the `runner dev` running for this project, pid {session.pid}"
         return replace(cfg, redis=replace(cfg.redis, url=session.url)), Target(session.url, source, prefix)
     note = None
     if session is not None:
-        undo = "unset REDIS_URL" if cfg.redis.url_source == "REDIS_URL" else "leave out --config"
+        if not follow_dev:
+            undo = f"this command never follows one; REDIS_URL={session.url} points it there"
+        elif cfg.redis.url_source == "REDIS_URL":
+            undo = "unset REDIS_URL to talk to it"
+        else:
+            undo = "leave out --config to talk to it"
         note = (f"(not used: the embedded server at {session.url} of the `runner dev` running for this project, "
-                f"pid {session.pid}; {undo} to talk to it)")
+                f"pid {session.pid}; {undo})")
     return cfg, Target(redact(cfg.redis.url), cfg.redis_origin(), prefix, note)

@@ -153,8 +153,8 @@ def test_web_and_check_run_the_guard_at_start(tmp_path: Path, foreign: Server) -
 
 def test_an_explicit_redis_url_or_config_wins_over_a_running_dev(tmp_path: Path, server: Server) -> None:
     """While `runner dev` runs its embedded server, the project's commands follow it unless
-    REDIS_URL or a --config file naming a Redis says otherwise; `--help` and `runner stats`
-    say which server it is and why."""
+    REDIS_URL or a --config file naming a Redis says otherwise (`runner worker` never
+    does); `--help` and `runner stats` say which server it is and why."""
     root = fresh(tmp_path / "app")
     env = user_env(root)
     dev = Dev(root, env)
@@ -166,6 +166,9 @@ def test_an_explicit_redis_url_or_config_wins_over_a_running_dev(tmp_path: Path,
         human = cli(root, env, "stats").stdout.splitlines()
         assert human[0].startswith(f"redis: {embedded} (") and "runner dev" in human[0]
         assert embedded in cli(root, env, "enqueue", "--help").stdout
+        # Processes never follow dev, and say so.
+        worker_help = " ".join(cli(root, env, "worker", "--help").stdout.split())
+        assert f"REDIS_URL={embedded} points it there" in worker_help
 
         prefix = f"t{os.getpid()}"
         explicit = user_env(root, REDIS_URL=server.url, RUNNER_REDIS_PREFIX=prefix)
