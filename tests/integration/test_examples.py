@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,13 @@ from conftest import REPO, Project, make_project
 
 
 @pytest.fixture
-def examples(tmp_path: Path, server: Server) -> Project:
-    return make_project(tmp_path / "app", server, examples=True)
+def examples(tmp_path: Path, server: Server) -> Iterator[Project]:
+    """A project with the repository's functions/ and schemas/; its workers stopped after."""
+    p = make_project(tmp_path / "app", server, examples=True)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
 
 
 def cli(p: Project, *args: str) -> subprocess.CompletedProcess[str]:
