@@ -13,11 +13,12 @@ one more token, named "default", with every scope. Only SHA-256 digests are kept
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ class RedisConfig:
     ca_cert: str | None = None
     # Set when the url came from the file or REDIS_URL rather than the default.
     configured: bool = False
+    # Where the url came from: "REDIS_URL", "file" ([redis] url) or "default".
+    url_source: str = "default"
 
 
 # What a token may do: enqueue any function ("enqueue") or one ("enqueue:<type>"), read
@@ -140,11 +143,19 @@ class Config:
     functions_dir: Path
     schemas_dir: Path
 
+    def redis_origin(self) -> str:
+        """Where the Redis URL came from, as messages name it."""
+        if self.redis.url_source == "REDIS_URL":
+            return "REDIS_URL"
+        if self.redis.url_source == "file":
+            return f"[redis] url in {self.source}"
+        return "the default: nothing configured"
+
     def queue(self, name: str) -> QueueConfig:
         try:
             return self.queues[name]
         except KeyError:
-            raise ConfigError(f"no queue {name!r} in {self.source} (have: {sorted(self.queues)})") from None
+            raise ConfigError(f"no queue {name!r} in {self.source} (have: {', '.join(self.queues)})") from None
 
 
 # --- a tiny typed reader: each section is a table of key -> (checker, description) ---
@@ -176,19 +187,27 @@ def _bool(v: Any) -> bool:
     return isinstance(v, bool)
 
 
+def _likely(name: str, known: Iterable[str]) -> str:
+    """"; did you mean X?" for a probable misspelling of a known name, else nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def _check_table(
     source: str, where: str, table: Any, spec: Mapping[str, tuple[Checker, str]]
 ) -> dict[str, Any]:
+    path = tuple(where.split("."))
     if not isinstance(table, dict):
-        raise ConfigError(f"{source}: [{where}] must be a table, got {type(table).__name__}")
+        raise ConfigError(f"{source}: [{where}] must be a table, got {type(table).__name__}", path)
     for key, value in table.items():
         if key not in spec:
             raise ConfigError(
-                f"{source}: unknown key {where}.{key} (expected one of: {', '.join(sorted(spec))})"
+                f"{source}: unknown key {where}.{key}{_likely(key, spec)} "
+                f"(expected one of: {', '.join(sorted(spec))})", (*path, key)
             )
         check, expected = spec[key]
         if not check(value):
-            raise ConfigError(f"{source}: {where}.{key} must be {expected}, got {value!r}")
+            raise ConfigError(f"{source}: {where}.{key} must be {expected}, got {value!r}", (*path, key))
     return table
 
 
@@ -253,7 +272,7 @@ def _queue(source: str, name: str, raw: Any) -> QueueConfig:
         jitter=str(b.get("jitter", "full")),
     )
     if backoff.cap_s < backoff.base_s:
-        raise ConfigError(f"{source}: queues.{name}.backoff.cap must be >= base")
+        raise ConfigError(f"{source}: queues.{name}.backoff.cap must be >= base", ("queues", name, "backoff"))
     return QueueConfig(
         name=name,
         visibility_timeout_s=vt,
@@ -363,7 +382,8 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
     for key in data:
         if key not in allowed:
             raise ConfigError(
-                f"{source}: unknown section [{key}] (expected one of: {', '.join(sorted(allowed))})"
+                f"{source}: unknown section [{key}]{_likely(key, allowed)} "
+                f"(expected one of: {', '.join(sorted(allowed))})", (key,)
             )
     sec = {name: _check_table(source, name, data.get(name, {}), spec) for name, spec in _SPECS.items()}
 
@@ -373,11 +393,12 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
     queues: dict[str, QueueConfig] = {}
     for name, raw in raw_queues.items():
         if not name.replace("_", "").replace("-", "").isalnum():
-            raise ConfigError(f"{source}: queue name {name!r} must be letters, digits, - or _")
+            raise ConfigError(f"{source}: queue name {name!r} must be letters, digits, - or _", ("queues", name))
         queues[name] = _queue(source, name, raw)
 
     r = sec["redis"]
     url = env.get("REDIS_URL") or r.get("url")
+    url_source = "REDIS_URL" if env.get("REDIS_URL") else "file" if url else "default"
     redis = RedisConfig(
         url=url or DEFAULT_REDIS_URL,
         prefix=env.get("RUNNER_REDIS_PREFIX") or r.get("prefix", "runner"),
@@ -388,6 +409,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
         ),
         ca_cert=env.get("RUNNER_REDIS_CA_CERT") or r.get("ca_cert"),
         configured=bool(url),
+        url_source=url_source,
     )
     if "{" in redis.prefix or "}" in redis.prefix:
         raise ConfigError("environment: RUNNER_REDIS_PREFIX must not contain braces")
@@ -448,9 +470,11 @@ def load(path: Path | str | None = None, env: Mapping[str, str] | None = None) -
     env = os.environ if env is None else env
     p = Path(path or env.get("RUNNER_CONFIG") or "runner.toml")
     source = str(p)
+    text = ""
     if p.exists():
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
+            text = p.read_text(encoding="utf-8")
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source}: not valid TOML: {exc}") from None
         except UnicodeDecodeError:
@@ -459,4 +483,41 @@ def load(path: Path | str | None = None, env: Mapping[str, str] | None = None) -
         raise ConfigError(f"{source}: no such file")
     else:
         data = {}
-    return parse(data, p.resolve().parent, source, env)
+    try:
+        return parse(data, p.resolve().parent, source, env)
+    except ConfigError as exc:
+        line = key_line(text, exc.key) if exc.key else None
+        prefix = f"{source}: "
+        if line is None or not str(exc).startswith(prefix):
+            raise
+        raise ConfigError(f"{source}:{line}: {str(exc)[len(prefix):]}", exc.key) from None
+
+
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_ASSIGN = re.compile(r"^\s*([A-Za-z0-9_\-.\"' ]+?)\s*=")
+
+
+def _dotted(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in raw.split("."))
+
+
+def key_line(text: str, key: tuple[str, ...]) -> int | None:
+    """The line (from 1) of a key or section of a TOML text: its own ``key =`` line, or the
+    line of the inline table that holds it, or its ``[section]`` header. Best effort (a
+    key inside a multi-line value is not found); only for pointing at an error."""
+    table: tuple[str, ...] = ()
+    header_line = None
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _HEADER.match(line)
+        if m:
+            table = _dotted(m.group(1))
+            if table == key and header_line is None:
+                header_line = n
+            continue
+        m = _ASSIGN.match(line)
+        if not m:
+            continue
+        full = (*table, *_dotted(m.group(1)))
+        if full == key or (len(full) < len(key) and key[:len(full)] == full and "{" in line):
+            return n
+    return header_line

@@ -25,7 +25,9 @@ cannot swallow it):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -34,7 +36,14 @@ class RunnerError(Exception):
 
 
 class ConfigError(RunnerError):
-    """Configuration is invalid; the message names the file, the key and what was expected."""
+    """Configuration is invalid; the message names the file, the key and what was expected.
+
+    ``key`` is the dotted path of the offending key (or section) in the file, when there
+    is one, so the loader can add its line."""
+
+    def __init__(self, message: str, key: tuple[str, ...] | None = None) -> None:
+        self.key = key
+        super().__init__(message)
 
 
 class FunctionLoadError(RunnerError):
@@ -47,11 +56,26 @@ class FunctionLoadError(RunnerError):
         where = f"{path}:{line}" if line else path
         super().__init__(f"{where}: {message}")
 
+    def shown(self) -> str:
+        """The message with the path relative to the current folder when it lies there,
+        as a user typed it (``functions/hello.py:3: ...``)."""
+        try:
+            path = str(Path(self.path).resolve().relative_to(Path.cwd().resolve()))
+        except ValueError:
+            path = self.path
+        return f"{path}:{self.line}: {self.message}" if self.line else f"{path}: {self.message}"
+
 
 class UnknownFunction(RunnerError):
-    def __init__(self, type_: str) -> None:
+    def __init__(self, type_: str, known: Sequence[str] = (), broken: str | None = None) -> None:
         self.type = type_
-        super().__init__(f"unknown function {type_!r}")
+        self.known = list(known)
+        self.broken = broken
+        if broken:
+            detail = f"its file did not load: {broken}"
+        else:
+            detail = f"loaded: {', '.join(self.known)}" if self.known else "no function is loaded"
+        super().__init__(f"unknown function {type_!r} ({detail})")
 
 
 class UnknownVersion(RunnerError):
@@ -59,7 +83,7 @@ class UnknownVersion(RunnerError):
         self.type = type_
         self.version = version
         self.known = known
-        super().__init__(f"{type_!r} has no schema version {version} (known: {known})")
+        super().__init__(f"{type_!r} has no schema version {version} (known: {', '.join(map(str, known))})")
 
 
 @dataclass(frozen=True, slots=True)

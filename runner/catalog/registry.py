@@ -87,7 +87,8 @@ class Registry:
         try:
             return self.functions[name]
         except KeyError:
-            raise UnknownFunction(name) from None
+            broken = next((e.shown() for p, e in self.errors.items() if Path(p).stem == name), None)
+            raise UnknownFunction(name, sorted(self.functions), broken) from None
 
     def for_queue(self, queue: str) -> list[Function]:
         return [f for f in self.functions.values() if f.queue == queue]
@@ -247,7 +248,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
     if not schemas:
         raise fail(f"no schema: expected {folder}/v1.json")
     versions = Versions(type=path.stem, schemas=schemas, upgrade=upgrade)
-    warnings: list[str] = []
+    warnings: list[str] = [w for v in sorted(schemas) for w in schemas[v].warnings]
     if len(schemas) > 1 and upgrade is None:
         warnings.append(f"{p}: several schema versions but no upgrade(); older jobs cannot run")
 

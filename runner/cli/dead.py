@@ -13,11 +13,13 @@ from runner.cli.root import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_REFUSED,
+    RedisCommand,
     build_runtime,
     cli,
     emit,
     fail,
     operator,
+    print_refused,
     read_payload,
     redis_errors,
     refusal,
@@ -50,7 +52,7 @@ def _ago(ts: float | None) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.0f}h ago"
 
 
-@dead.command("ls")
+@dead.command("ls", cls=RedisCommand)
 @click.option("--queue", "-q", default=None, help="One queue (default: every queue).")
 @click.option("--limit", type=int, default=50, show_default=True)
 @click.option("--offset", type=int, default=0)
@@ -118,13 +120,11 @@ def _report_bulk(verb: str, ok: int, refused: list[dict[str, Any]], as_json: boo
     else:
         click.echo(f"{verb} {ok} job(s)" + (f"; {len(refused)} refused" if refused else ""))
         for r in refused:
-            click.secho(f"{r['id']}: {r['error']}", fg="red", err=True)
-            for e in r.get("errors", []):
-                click.echo(f"    {e['path']}: {e['message']}", err=True)
+            print_refused(r["id"], r)
     sys.exit(EXIT_REFUSED if refused else EXIT_OK)
 
 
-@dead.command("requeue")
+@dead.command("requeue", cls=RedisCommand)
 @click.argument("ids", nargs=-1)
 @click.option("--queue", "-q", default=None, help="The queue (default: found per job; with --all: every queue).")
 @click.option("--all", "all_", is_flag=True, help="Every dead job (of --queue, or of every queue).")
@@ -150,7 +150,7 @@ def dead_requeue(ctx: click.Context, ids: tuple[str, ...], queue: str | None, al
     _report_bulk("requeued", ok, refused, as_json)
 
 
-@dead.command("purge")
+@dead.command("purge", cls=RedisCommand)
 @click.argument("ids", nargs=-1)
 @click.option("--queue", "-q", default=None, help="The queue (default: found per job; with --all: every queue).")
 @click.option("--all", "all_", is_flag=True, help="Every dead job (of --queue, or of every queue).")

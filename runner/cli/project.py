@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from typing import Any
 
 import click
@@ -13,6 +12,7 @@ from runner.cli.root import (
     EXIT_OK,
     EXIT_REDIS,
     EXIT_REFUSED,
+    RedisCommand,
     cli,
     emit,
     fail,
@@ -74,7 +74,7 @@ def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
                f"try it: runner enqueue {name} '{{\"name\": \"world\"}}'")
 
 
-@cli.command()
+@cli.command(cls=RedisCommand)
 @click.option("--strict", is_flag=True, help="Warnings (risky Redis settings, function warnings) fail too.")
 @click.option("--offline", is_flag=True, help="Skip Redis: no settings check, no deploy gate.")
 @click.option("--json", "as_json", is_flag=True)
@@ -86,22 +86,19 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
 
     report = checks.check_files(ctx.obj["config"])
     code = EXIT_OK
+    where = None
     if report.config is None:
         code = EXIT_CONFIG
     elif not offline:
         from runner.catalog.registry import Registry
+        from runner.cli.target import resolve
         from runner.runtime import Runtime
         from runner.store import roster
         from runner.store.census import waiting_versions
-        from runner.store.connection import redact
-        from runner.store.embedded import session_url
         from runner.store.guard import redis_risks
 
         reg = report.registry or Registry()
-        cfg = report.config
-        url = session_url(cfg)
-        if url is not None:
-            cfg = replace(cfg, redis=replace(cfg.redis, url=url))
+        cfg, where = resolve(report.config, config_named=ctx.obj["config"] is not None)
         rt = None
         try:
             rt = Runtime.create(cfg, reg=reg)
@@ -112,7 +109,7 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
             report.redis_checked = True
         except UNAVAILABLE as exc:
             report.problems.append(checks.Problem(
-                "redis", f"cannot reach {redact(report.config.redis.url)}: {exc} "
+                "redis", f"cannot reach {where.url} ({where.source}): {exc} "
                 "(the deploy gate did not run; --offline skips it)"))
             code = EXIT_REDIS
         finally:
@@ -123,14 +120,16 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
     if as_json:
         emit({**report.as_dict(), "ok": code == EXIT_OK}, True)
     else:
-        click.echo(render_check(report, strict, code))
+        click.echo(render_check(report, strict, code, where))
     sys.exit(code)
 
 
-def render_check(report: Any, strict: bool, code: int) -> str:
+def render_check(report: Any, strict: bool, code: int, where: Any = None) -> str:
     out = []
     if report.config is not None:
         out.append(f"config     {report.config.source}: queues {', '.join(report.config.queues)}")
+    if where is not None:
+        out.append(f"server     {where.url} ({where.source})")
     if report.registry is not None:
         names = sorted(report.registry.functions)
         out.append(f"functions  {len(names)} loaded: {', '.join(names) or '-'}")

@@ -8,13 +8,13 @@ import contextlib
 import getpass
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from runner import config as config_mod
+from runner.cli.target import RULE, Target, resolve
 from runner.errors import (
     ConfigError,
     RedisUnavailable,
@@ -26,6 +26,7 @@ from runner.store.connection import UNAVAILABLE
 
 EXIT_OK, EXIT_REFUSED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 JSONL_BATCH = 500
+_TARGET = "runner.target"  # the context's meta key of the server a command talks to
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -40,21 +41,42 @@ def load_config(path: str | None) -> config_mod.Config:
         fail(f"configuration error: {exc}", EXIT_CONFIG)
 
 
+def target_config(path: str | None, client_only: bool = True) -> tuple[config_mod.Config, Target]:
+    """The config of a command with the Redis it talks to (see target.py), remembered for
+    the messages of redis_errors()."""
+    cfg, where = resolve(load_config(path), config_named=path is not None, follow_dev=client_only)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_TARGET] = where
+    return cfg, where
+
+
+def target(ctx: click.Context) -> Target:
+    """The server this command talks to (set by build_runtime or target_config)."""
+    where: Target = ctx.meta[_TARGET]
+    return where
+
+
 def build_runtime(path: str | None, client_only: bool = False) -> Any:
-    """The Runtime of a command; client commands follow a running `runner dev`'s embedded Redis."""
+    """The Runtime of a command; client commands follow a running `runner dev`'s embedded
+    Redis unless REDIS_URL or the --config file names a server."""
     from runner.runtime import Runtime
 
-    cfg = load_config(path)
-    if client_only:
-        from runner.store.embedded import session_url
-
-        url = session_url(cfg)
-        if url is not None:
-            cfg = replace(cfg, redis=replace(cfg.redis, url=url))
+    cfg, _ = target_config(path, client_only)
     try:
         return Runtime.create(cfg)
     except ConfigError as exc:
         fail(f"configuration error: {exc}", EXIT_CONFIG)
+
+
+def unavailable(exc: BaseException) -> NoReturn:
+    """Exit 3, saying where the command looked and how to get a Redis."""
+    ctx = click.get_current_context(silent=True)
+    where: Target | None = ctx.meta.get(_TARGET) if ctx is not None else None
+    at = f" at {where.url} (from {where.source})" if where is not None else ""
+    dev = "unset REDIS_URL and run" if where is not None and where.source == "REDIS_URL" else "run"
+    fail(f"Redis unavailable{at}: {exc}\nStart a Redis there, point REDIS_URL (or [redis] url in "
+         f"runner.toml) at one that runs, or {dev} `runner dev`, which starts one of its own.", EXIT_REDIS)
 
 
 @contextlib.contextmanager
@@ -63,9 +85,9 @@ def redis_errors() -> Iterator[None]:
     try:
         yield
     except RedisUnavailable as exc:
-        fail(f"Redis unavailable: {exc}", EXIT_REDIS)
+        unavailable(exc)
     except UNAVAILABLE as exc:
-        fail(f"Redis unavailable: {exc}", EXIT_REDIS)
+        unavailable(exc)
 
 
 def operator() -> str:
@@ -96,6 +118,16 @@ def print_validation(exc: ValidationFailed) -> None:
         click.echo(f"  {e.path}: {e.message}", err=True)
 
 
+def print_refused(label: str, refused: dict[str, Any]) -> None:
+    """One refused line or job of a bulk command: its message, then each validation error
+    on a line of its own (the message of a validation failure would repeat them)."""
+    errors = refused.get("errors", [])
+    head = str(refused["error"]).split(": ", 1)[0] if errors else refused["error"]
+    click.secho(f"{label}: {head}", fg="red", err=True)
+    for e in errors:
+        click.echo(f"    {e['path']}: {e['message']}", err=True)
+
+
 def refusal(exc: RunnerError) -> dict[str, Any]:
     out: dict[str, Any] = {"error": str(exc), "kind": type(exc).__name__}
     if isinstance(exc, ValidationFailed):
@@ -119,9 +151,46 @@ def read_payload(raw: str | None) -> Any:
         fail(f"payload is not valid JSON: {exc}", EXIT_REFUSED)
 
 
-@click.group()
+def _here_and_now(ctx: click.Context, follow_dev: bool) -> str:
+    """The server a command would talk to now, for its --help; never fails the help."""
+    path = ctx.find_root().params.get("config_path")
+    try:
+        cfg = config_mod.load(path)
+    except ConfigError as exc:
+        return f"Redis: cannot tell, the configuration is broken ({exc})."
+    _, where = resolve(cfg, config_named=path is not None, follow_dev=follow_dev)
+    note = f" {where.note}" if where.note else ""
+    return f"Redis here and now: {where.url} ({where.source}).{note}"
+
+
+class RedisCommand(click.Command):
+    """A command that talks to Redis: its --help ends with which server, and why."""
+
+    def __init__(self, *args: Any, follow_dev: bool = True, **kwargs: Any) -> None:
+        self.follow_dev = follow_dev
+        super().__init__(*args, **kwargs)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        formatter.write_paragraph()
+        formatter.write_text(_here_and_now(ctx, self.follow_dev))
+
+
+class RootGroup(click.Group):
+    """`runner`: its --help ends with the rule that picks a Redis, and the one it picks now."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)
+        formatter.write_paragraph()
+        formatter.write_text(RULE)
+        formatter.write_paragraph()
+        formatter.write_text(_here_and_now(ctx, True))
+
+
+@click.group(cls=RootGroup)
 @click.option("--config", "config_path", envvar="RUNNER_CONFIG", default=None,
-              help="Path to runner.toml (default: ./runner.toml).")
+              help="Path to runner.toml (default: ./runner.toml). A [redis] url in it wins over a "
+              "running `runner dev`.")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None) -> None:
     """runner: functions in functions/, schemas in schemas/, jobs in Redis."""

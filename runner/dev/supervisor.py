@@ -46,8 +46,9 @@ from runner import config as config_mod
 from runner.config import Config
 from runner.dev.watcher import Watcher
 from runner.errors import ConfigError, RunnerError
-from runner.store.connection import UNAVAILABLE, connect
+from runner.store.connection import UNAVAILABLE, connect, redact
 from runner.store.embedded import ProjectServer
+from runner.store.guard import warn_redis_settings
 
 log = logging.getLogger("runner.dev")
 
@@ -130,27 +131,19 @@ class Dev:
 
     def start(self) -> None:
         from runner.runtime import Runtime
-        from runner.store.connection import redact
         from runner.web import create_app
         from runner.web.server import DevServer
         from runner.worker.worker import Worker
 
+        url = self._choose_redis()
         cfg = self.cfg
-        if self.force_embedded or not reachable(cfg):
-            if not self.force_embedded:
-                log.info("no Redis answers at %s: starting the embedded one", redact(cfg.redis.url))
-            self.embedded = ProjectServer(cfg)
-            url = self.embedded.start()
-            log.info("embedded Redis %s (data in %s)", url, self.embedded.data_dir)
-        else:
-            url = cfg.redis.url
-            log.info("using Redis at %s", redact(url))
         self.cfg = cfg = self._dev_config(cfg, url)
         for d in (cfg.functions_dir, cfg.schemas_dir):
             d.mkdir(parents=True, exist_ok=True)
         _fresh_bytecode()
         self._loaded_files = self._files()
         self.rt = Runtime.create(cfg)
+        warn_redis_settings(self.rt.redis)
         self._report(None, self.rt.registry)
         try:
             self.web = DevServer(create_app(self.rt), self.host, self.port)
@@ -171,6 +164,57 @@ class Dev:
         log.info("serving http://%s:%d (dashboard at /) ; watching %s, %s and %s",
                  self.host, self.web.port, _rel(cfg.functions_dir), _rel(cfg.schemas_dir),
                  _rel(self.config_file))
+
+    def _choose_redis(self) -> str:
+        """The URL dev runs on: the configured server when one is configured and answers,
+        else the embedded one. Nothing configured means embedded even when something
+        answers on the default port: that is some other app's server as often as not."""
+        cfg = self.cfg
+        origin = cfg.redis_origin()
+        if self.force_embedded:
+            log.info("--embedded: starting the embedded Redis")
+        elif not cfg.redis.configured:
+            log.info("no Redis configured (REDIS_URL, or [redis] url in runner.toml): starting the embedded one")
+            if reachable(cfg):
+                log.info("(a Redis answers at %s: set REDIS_URL or [redis] url to use it instead)",
+                         redact(cfg.redis.url))
+        elif not reachable(cfg):
+            log.warning("no Redis answers at %s (from %s): starting the embedded one instead",
+                        redact(cfg.redis.url), origin)
+        else:
+            self._announce_shared(cfg, origin)
+            return cfg.redis.url
+        server = ProjectServer(cfg)
+        url = server.start()
+        self.embedded = server
+        log.info("embedded Redis %s (data in %s); the `runner` commands of this project use it while "
+                 "dev runs", url, _rel(server.data_dir))
+        return url
+
+    def _announce_shared(self, cfg: Config, origin: str) -> None:
+        """Say loudly which server dev is about to share, and what is in it already."""
+        from runner.store.guard import holdings
+
+        log.warning("using the Redis at %s (from %s): a server that runner dev did not start, which other "
+                    "apps may share", redact(cfg.redis.url), origin)
+        client = connect(cfg.redis, socket_connect_timeout=2, socket_timeout=5)
+        try:
+            held = holdings(client, cfg.redis.prefix)
+        except Exception as exc:  # ACLs may refuse SCAN or INFO: say so, and go on
+            log.warning("cannot tell what it holds: %s", exc)
+        else:
+            prefix = cfg.redis.prefix
+            if held.under_prefix:
+                what = (f"{held.under_prefix}{'+' if held.capped else ''} key(s) under the prefix {prefix!r} "
+                        "already (jobs of an earlier session, or of another app with the same prefix: "
+                        "[redis] prefix keeps apps apart)")
+            else:
+                what = f"no key under the prefix {prefix!r} yet"
+            log.warning("it is %s and holds %s, and %d key(s) in all", held.software, what, held.total)
+        finally:
+            client.close()
+        log.warning("for a private server instead: runner dev --embedded (its data under %s)",
+                    _rel(ProjectServer(cfg).data_dir))
 
     def stop(self) -> None:
         for part, name in ((self.watcher, "watcher"), (self.web, "web")):
@@ -304,7 +348,7 @@ class Dev:
                 stem = Path(path).stem
                 kept = " (its last good version keeps running)" if old is not None and \
                     stem in new.functions else ""
-                log.error("not loaded: %s%s", err, kept)
+                log.error("not loaded: %s%s", err.shown(), kept)
         for path in old_errors.keys() - new.errors.keys():
             log.info("fixed: %s", _rel(Path(path)))
         if old is not None:

@@ -1,5 +1,7 @@
-"""Observability: structured logs (logs.py) and the names of the cluster-wide counters
-and histogram buckets the scripts keep (metrics.py).
+"""Observability: structured logs (logs.py), the names of the cluster-wide counters
+and histogram buckets the scripts keep (metrics.py), and reading those figures back for
+/metrics, GET /queues, the dashboard and `runner stats` (figures.py, through the Redis
+client of the runtime it is handed).
 
 May import: runner.config, runner.errors, the store's codec and itself.
 """

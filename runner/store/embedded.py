@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -156,16 +157,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def session_url(cfg: Config) -> str | None:
-    """The URL of the embedded Redis of a `runner dev` running for this project, if any."""
+@dataclass(frozen=True, slots=True)
+class DevSession:
+    """A `runner dev` running for a project with its embedded Redis (.runner/dev.json)."""
+
+    url: str
+    pid: int
+
+
+def dev_session(cfg: Config) -> DevSession | None:
+    """The `runner dev` whose embedded Redis serves this project, if one is running."""
     try:
         data = codec.loads(session_file(cfg).read_bytes())
-    except (OSError, codec.DecodeError):
+        found = DevSession(url=data["url"], pid=int(data["pid"]))
+    except (OSError, codec.DecodeError, KeyError, TypeError, ValueError):
         return None
-    if not isinstance(data, dict) or not _alive(int(data.get("pid", 0) or 0)):
-        return None
-    url = data.get("url")
-    return url if isinstance(url, str) else None
+    return found if isinstance(found.url, str) and _alive(found.pid) else None
+
+
+def session_url(cfg: Config) -> str | None:
+    """The URL of the embedded Redis of a `runner dev` running for this project, if any."""
+    found = dev_session(cfg)
+    return None if found is None else found.url
 
 
 class ProjectServer:
@@ -176,24 +189,36 @@ class ProjectServer:
         self.data_dir = cfg.root / STATE_DIR / "redis"
         self.server: Any = None
         self._lock: IO[str] | None = None
+        self._wrote_session = False
 
     def start(self) -> str:
+        """Take the project's lock, start the server and write the session file. A refusal
+        or a failure leaves nothing behind and touches nothing of the `runner dev` that
+        holds the lock: its server and session file are its own."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         lock = open(self.data_dir / "dev.lock", "w")  # noqa: SIM115 - held until stop()
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise RunnerError(f"another `runner dev` is using {self.data_dir}; stop it first") from None
+            holder = dev_session(self.cfg)
+            pid = f" (pid {holder.pid}, Redis at {holder.url})" if holder else ""
+            raise RunnerError(f"another `runner dev` is using {self.data_dir}{pid}; stop it first, or use "
+                              "it: the other `runner` commands of this project talk to its server") from None
         self._lock = lock
-        self._stop_orphan()
-        # Started from the main thread: the server's parent-death signal follows the
-        # thread that forked it, and the main thread lives as long as the process.
-        # A long append-only file takes a while to load; the server answers LOADING until then.
-        self.server = Server(self.data_dir).start(timeout_s=120)
-        session_file(self.cfg).write_text(codec.dumps({
-            "url": self.server.url, "pid": os.getpid(), "server_pid": self.server.proc.pid,
-        }))
+        try:
+            self._stop_orphan()
+            # Started from the main thread: the server's parent-death signal follows the
+            # thread that forked it, and the main thread lives as long as the process.
+            # A long append-only file takes a while to load; the server answers LOADING until then.
+            self.server = Server(self.data_dir).start(timeout_s=120)
+            session_file(self.cfg).write_text(codec.dumps({
+                "url": self.server.url, "pid": os.getpid(), "server_pid": self.server.proc.pid,
+            }))
+            self._wrote_session = True
+        except BaseException:
+            self.stop()
+            raise
         return str(self.server.url)
 
     def _stop_orphan(self) -> None:
@@ -224,8 +249,13 @@ class ProjectServer:
         if self.server is not None:
             self.server.stop(kill=kill)
             self.server = None
-        with contextlib.suppress(OSError):
-            session_file(self.cfg).unlink()
+        if self._wrote_session:
+            # Only the session this process wrote: another `runner dev` may hold the project.
+            with contextlib.suppress(OSError):
+                mine = dev_session(self.cfg)
+                if mine is not None and mine.pid == os.getpid():
+                    session_file(self.cfg).unlink()
+            self._wrote_session = False
         if self._lock is not None:
             self._lock.close()
             self._lock = None

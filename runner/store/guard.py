@@ -1,8 +1,12 @@
-"""The Redis guard: settings under which Redis could evict or lose jobs."""
+"""The Redis guard, run wherever a process starts: settings under which Redis could
+evict or lose jobs, and what a server already holds (so `runner dev` can say whose
+server it is about to share)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from runner.store.connection import UNAVAILABLE
@@ -37,12 +41,42 @@ def redis_risks(client: Any) -> list[str]:
     return risks
 
 
-def warn_redis_settings(runtime: Any) -> list[str]:
+def warn_redis_settings(client: Any) -> list[str]:
+    """Log each risk as a loud warning; Redis down at start-up is a warning, not fatal."""
     try:
-        risks = redis_risks(runtime.redis)
+        risks = redis_risks(client)
     except UNAVAILABLE as exc:
         log.warning("cannot check Redis settings now: %s", exc)
         return []
     for r in risks:
         log.warning("REDIS RISK: %s", r)
     return risks
+
+
+# Keys counted under a prefix before giving up: enough to tell "empty" from "in use"
+# without walking a big server's whole keyspace at start-up.
+KEY_COUNT_CAP = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """Who a server is and what it holds: ``software`` as "Redis 7.0.15" or "Valkey
+    9.1.0"; keys under the prefix (at most KEY_COUNT_CAP counted) and in all."""
+
+    software: str
+    under_prefix: int
+    capped: bool
+    total: int
+
+
+def holdings(client: Any, prefix: str) -> Holdings:
+    """Read with INFO, DBSIZE and a bounded SCAN; raises what the client raises."""
+    info: Any = client.info("server")
+    if info and all(isinstance(v, dict) for v in info.values()):  # a cluster client: one dict per node
+        info = next(iter(info.values()))
+    name = "Valkey" if info.get("server_name") == "valkey" or "valkey_version" in info else "Redis"
+    version = info.get("valkey_version") or info.get("redis_version") or "?"
+    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + ":*"
+    found = sum(1 for _ in itertools.islice(client.scan_iter(match=pattern, count=1000), KEY_COUNT_CAP))
+    return Holdings(software=f"{name} {version}", under_prefix=found, capped=found >= KEY_COUNT_CAP,
+                    total=int(client.dbsize()))

@@ -11,11 +11,11 @@ import falcon
 import falcon.asgi
 
 from runner.catalog.registry import Function, Registry
+from runner.observe.figures import queue_view, read_queues, read_throughput
 from runner.runtime import Runtime
 from runner.store import records
 from runner.store.connection import UNAVAILABLE
 from runner.web.body import int_param, only_params, send
-from runner.web.figures import read_queues, read_throughput
 from runner.web.offload import Offload
 from runner.web.problems import Problem
 
@@ -65,23 +65,8 @@ class Queues:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req)
         rt = self.rt
-        out = []
-        for q in await self.offload(read_queues, rt, records.now_ms()):
-            cfg = rt.config.queues[q.name]
-            out.append({
-                "name": q.name,
-                "ready": q.ready,
-                "processing": q.processing,
-                "lease_expired": q.lease_expired,
-                "scheduled": q.scheduled,
-                "scheduled_due": q.scheduled_due,
-                "dead": q.dead,
-                "oldest_ready_age_s": q.oldest_ready_age_s,
-                "visibility_timeout_s": cfg.visibility_timeout_s,
-                "concurrency": cfg.concurrency,
-                "max_attempts": cfg.max_attempts,
-                "functions": {name: f.as_dict() for name, f in sorted(q.functions.items())},
-            })
+        figures = await self.offload(read_queues, rt, records.now_ms())
+        out = [queue_view(q, rt.config.queues[q.name]) for q in figures]
         send(resp, {"queues": out})
 
 

@@ -35,12 +35,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
+from runner.observe.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
 from runner.runtime import Runtime
 from runner.store import records
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.schedules import read_states
-from runner.web.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
 from runner.web.offload import Offload
 
 log = logging.getLogger("runner.web")

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import uvicorn
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.glogging import Logger
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
@@ -57,6 +58,32 @@ class _HeadTooLarge(Exception):
     pass
 
 
+# A response sent before its request's body was read (a 413, a 401, a 404 before the body)
+# on a connection that is to close: the rest of the body is read and dropped before the
+# close, as nginx's lingering close does. Closing a socket with unread data sends a reset,
+# and a client that sends its whole body before it reads (urllib, most SDKs) then loses
+# the response it was sent. Bounded: at most this many bytes, this many seconds in all, and
+# this long without a byte.
+LINGER_BYTES = 64 * 1024 * 1024
+LINGER_S = 10.0
+LINGER_IDLE_S = 2.0
+
+
+class _LingeringClose:
+    """The transport as a request's cycle sees it: ``close()`` waits for the request's body
+    to be read first (HttpProtocol.linger); everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: HttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.linger()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol (httptools), with a cap on the request head: past
     MAX_HEAD_BYTES or MAX_HEADERS the client gets a 431 problem and the connection is
@@ -72,10 +99,58 @@ class HttpProtocol(HttpToolsProtocol):
     _first_chunk = False
     _head_bytes = 0
     _refused = False
+    _body_read = False
+    _linger_left = 0
+    _linger_until = 0.0
+    _linger_timer: asyncio.TimerHandle | None = None
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._first_chunk, self._head_bytes = True, True, 0
+        self._body_read = False
+
+    def on_message_complete(self) -> None:
+        self._body_read = True
+        super().on_message_complete()
+
+    def linger(self) -> None:
+        """Close once the request's body is in (at once if it is): until then the
+        response is followed by a FIN, and whatever else arrives is read and dropped."""
+        transport = self.transport
+        if self._body_read or transport.is_closing() or not transport.can_write_eof():
+            transport.close()
+            return
+        if self._linger_timer is not None:
+            return
+        transport.write_eof()
+        self._linger_left = LINGER_BYTES
+        self._linger_until = self.loop.time() + LINGER_S
+        self.flow.resume_reading()
+        self._linger_rearm()
+
+    def _linger_rearm(self) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        self._linger_timer = self.loop.call_at(min(self._linger_until, self.loop.time() + LINGER_IDLE_S),
+                                               self.transport.close)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, _LingeringClose):
+            self.cycle.transport = _LingeringClose(self.transport, self)  # type: ignore[assignment]
+
+    def on_response_complete(self) -> None:
+        if self._linger_timer is not None:
+            # Closing: no keep-alive timer, no pipelined request.
+            self.server_state.total_requests += 1
+            return
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        super().connection_lost(exc)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self.headers) >= MAX_HEADERS:
@@ -83,11 +158,14 @@ class HttpProtocol(HttpToolsProtocol):
             raise _HeadTooLarge  # httptools stops; uvicorn answers through send_400_response
         super().on_header(name, value)
 
-    def on_headers_complete(self) -> None:
-        self._in_head = False
-        super().on_headers_complete()
-
     def data_received(self, data: bytes) -> None:
+        if self._linger_timer is not None:
+            self._linger_left -= len(data)
+            if self._linger_left <= 0:
+                self.transport.close()
+            else:
+                self._linger_rearm()
+            return
         super().data_received(data)
         if not self._in_head or self.transport.is_closing():
             return
@@ -165,8 +243,20 @@ def gunicorn_options(host: str, port: int, workers: int, threads: int) -> dict[s
         "keepalive": 5,
         "accesslog": None,
         "errorlog": "-",
+        "logger_class": "runner.web.server.GunicornLog",
         "proc_name": "runner-web",
     }
+
+
+class GunicornLog(Logger):  # type: ignore[misc]
+    """gunicorn's logger, with an address in its "Listening at" line: with reuse_port the
+    master holds no socket (each worker binds its own), and gunicorn's line named none."""
+
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        if msg.startswith("Listening at:") and args and not args[0]:
+            where = ", ".join(f"http://{b}" if _is_tcp(b) else b for b in self.cfg.bind)
+            args = (f"{where}, a socket per worker process", *args[1:])
+        super().info(msg, *args, **kwargs)
 
 
 class GunicornApp(BaseApplication):  # type: ignore[misc]
@@ -257,6 +347,9 @@ class DevServer:
         except OSError:
             self.sock.close()
             raise
+        # Listening now, not when the server thread gets to it: a client that connects
+        # right after `runner dev` says it serves waits in the backlog, never refused.
+        self.sock.listen(128)
         self.port = int(self.sock.getsockname()[1])
         server_log = logging.getLogger("uvicorn.error")
         if server_log.level == logging.NOTSET:  # its start-up lines repeat what runner dev says

@@ -124,10 +124,11 @@ def test_job_and_stats_show_tables_or_json(project: Project, run: Invoke) -> Non
     assert "status: queued" in run("job", job_id).stdout
     assert run("job", "no-such-job").exit_code == 1
     stats = run("stats", "--json")
-    assert out_json(stats)["fast"]["ready"] == 1
+    assert out_json(stats)["queues"][0]["name"] == "fast" and out_json(stats)["queues"][0]["ready"] == 1
     table = run("stats").stdout.splitlines()
-    assert table[0].split() == ["queue", "ready", "processing", "scheduled", "dead", "succeeded"]
-    assert table[1].split()[:2] == ["fast", "1"]
+    assert table[0].startswith(f"redis: {project.server.url} (REDIS_URL)")
+    assert table[1].split() == ["queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried"]
+    assert table[2].split()[:2] == ["fast", "1"]
 
 
 def test_dead_ls_requeue_with_an_edited_payload_and_purge(project: Project, run: Invoke) -> None:

@@ -51,13 +51,13 @@ BROKEN_HELLO = '"""Greets."""\nQUEUE = "fast"\ndef handle(payload, ctx)\n    ret
 class Dev:
     """One `runner dev` process with its log in the project folder."""
 
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
+    def __init__(self, root: Path, env: dict[str, str], args: tuple[str, ...] = ()) -> None:
         self.root = root
         self.port = free_port()
         self.log_path = root / f"dev-{self.port}.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner.cli", "--config", str(root / "runner.toml"), "dev",
-             "--port", str(self.port)],
+             "--port", str(self.port), *args],
             cwd=root, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
         )
         self.base = f"http://127.0.0.1:{self.port}"
@@ -223,7 +223,7 @@ def test_embedded_redis_keeps_jobs_across_restarts_and_never_outlives_dev(tmp_pa
     stats = subprocess.run([sys.executable, "-m", "runner.cli", "stats", "--json"], cwd=root, env=env,
                            capture_output=True, timeout=30)
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["fast"]["scheduled"] == 1
+    assert json.loads(stats.stdout)["queues"][0]["scheduled"] == 1
     assert first.stop(signal.SIGINT) == 0  # Ctrl-C
     wait_for(lambda: not _alive(server_pid), timeout=5, what="the embedded server to stop")
     assert not (root / ".runner" / "dev.json").exists()

@@ -105,15 +105,16 @@ def test_metrics_agree_with_the_jobs_run(project: Project) -> None:
                              env={**project.env, "RUNNER_CONFIG": str(project.root / "runner.toml")},
                              capture_output=True, timeout=30, check=True)
         stats: dict[str, Any] = json.loads(out.stdout)
-        for queue, figures in stats.items():
+        assert stats["queues"] == web.get("/queues").json()["queues"]
+        for figures in stats["queues"]:
+            queue = figures["name"]
             for field, name in (("ready", "ready"), ("processing", "in_flight"), ("scheduled", "scheduled"),
                                 ("dead", "dead")):
                 assert figures[field] == fig(s, f"runner_queue_{name}_jobs", queue=queue)
-            for counter, value in figures["counters"].items():
-                kind, _, fn = counter.partition("|")
-                if kind in ("enqueued", "succeeded", "retried", "dead", "duplicates", "deferred", "lost"):
+            for fn, counters in figures["functions"].items():
+                for kind in ("enqueued", "succeeded", "retried", "dead", "duplicates", "deferred", "lost"):
                     label = "_malformed" if fn == "?" else fn
-                    assert fig(s, f"runner_jobs_{kind}_total", queue=queue, function=label) == value, counter
+                    assert fig(s, f"runner_jobs_{kind}_total", queue=queue, function=label) == counters[kind], kind
 
 
 def test_queue_gauges_show_waiting_due_and_expired_work(project: Project) -> None:

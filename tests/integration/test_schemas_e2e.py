@@ -95,3 +95,33 @@ def test_requeue_validates_edited_payload(project: Project) -> None:
     rec = c.wait(job.id, timeout_s=15).as_dict()
     assert rec["status"] == "done" and rec["result"] == {"n": 2, "attempt": 1}
     wait_for(lambda: c.stats()["fast"]["dead"] == 0)
+
+
+def test_standard_formats_are_asserted_at_enqueue_and_at_claim(project: Project) -> None:
+    """`"format": "email"` (and every standard format: uri, date-time, uuid, ...) is a
+    check, not a note: a bad address is refused at enqueue, over the CLI and the client,
+    and a job carrying one that another producer wrote dies at claim as "invalid payload"."""
+    import subprocess
+    import sys
+
+    use_examples(project)
+    shutil.copy(REPO / "schemas" / "send_email" / "v2.json", project.root / "schemas" / "send_email")
+    bad = {"user_id": 5, "to": ["not-an-email"], "name": "Ann", "template": "welcome"}
+    refused = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                              "enqueue", "send_email", json.dumps(bad)],
+                             env=project.env, capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1
+    assert '$.to[0]: "not-an-email" is not a "email"' in refused.stderr
+    with pytest.raises(ValidationFailed):
+        project.client.enqueue("send_email", bad)
+    assert redis_keys(project) == []
+
+    r, k = project.runtime.redis, project.keys()
+    r.hset(k.job("foreign-email"), mapping={"type": "send_email", "version": 2, "payload": json.dumps(bad),
+                                              "status": "queued", "attempt": 0, "max_attempts": 3})
+    r.lpush(k.ready, "foreign-email")
+    project.spawn_worker("fast")
+    rec = project.client.wait("foreign-email", timeout_s=15).as_dict()
+    assert rec["status"] == "dead" and rec["reason"] == "invalid payload"
+    assert rec["last_error"]["errors"] == [{"path": "$.to[0]", "message": '"not-an-email" is not a "email"'}]
+    assert not (project.root / "outbox").exists()

@@ -142,3 +142,23 @@ def test_missing_upgrade_is_reported(tmp_path: Path) -> None:
     assert any("no upgrade()" in w for w in reg.warnings)
     with pytest.raises(UpgradeFailed):
         reg.get("fn").versions.lift({"uid": 1}, 1)
+
+
+def test_formats_are_asserted_and_an_unknown_one_is_a_warning(tmp_path: Path) -> None:
+    """Every standard format is checked by the compiled validator; a format no validator
+    knows (a typo, or a vendor's own) loads with a warning naming it, as it checks nothing."""
+    doc = {"type": "object", "properties": {
+        "to": {"type": "string", "format": "email"}, "at": {"type": "string", "format": "date-time"},
+        "id": {"type": "string", "format": "uuid"}, "url": {"type": "string", "format": "uri"},
+        "typo": {"type": "string", "format": "emial"}}}
+    reg = load_one(tmp_path, GOOD, {"ok/v1.json": SCHEMA, "fn/v1.json": doc})
+    versions = reg.get("fn").versions
+    good = {"to": "a@example.com", "at": "2026-12-01T10:00:00Z", "id": "0b8f4c1e-8d2a-4c4e-9f1a-2b3c4d5e6f70",
+            "url": "https://example.com/x", "typo": "anything"}
+    versions.validate(good, 1)
+    for field, value in (("to", "not-an-email"), ("at", "yesterday"), ("id", "123"), ("url", "no scheme")):
+        with pytest.raises(ValidationFailed) as err:
+            versions.validate({**good, field: value}, 1)
+        assert [e.path for e in err.value.errors] == [f"$.{field}"]
+    (warning,) = [w for w in reg.warnings if "emial" in w]
+    assert "fn/v1.json" in warning and "did you mean email?" in warning

@@ -1,17 +1,29 @@
 """Read the cluster-wide figures from Redis: queue structures, the stats hashes and the
 per-minute throughput series (layouts in keys.py and metrics.py). Read-only; /metrics,
-/queues and the dashboard all read through here, so every web process shows the whole
-cluster and they agree.
+GET /queues, the dashboard and `runner stats` all read through here, so every process
+shows the whole cluster and they agree. ``queue_view`` is the one documented shape of a
+queue's figures, for GET /queues and `runner stats --json` alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from runner.config import QueueConfig
 from runner.observe import metrics
-from runner.runtime import Runtime
+
+
+class Source(Protocol):
+    """What the readers need of a Runtime: its Redis client, queue keys and registry."""
+
+    @property
+    def redis(self) -> Any: ...
+    @property
+    def keys(self) -> Mapping[str, Any]: ...
+    @property
+    def registry(self) -> Any: ...
 
 COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "lost")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
@@ -133,7 +145,7 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str]) -> None:
             h.counts[_LE_INDEX[parts[2]]] = _int(value)
 
 
-def read_queues(rt: Runtime, now_ms: int) -> list[QueueFigures]:
+def read_queues(rt: Source, now_ms: int) -> list[QueueFigures]:
     """Every configured queue's figures, in two pipelined round trips.
 
     Functions loaded now appear even before they have run (with zeros), so a scrape sees
@@ -176,7 +188,25 @@ def read_queues(rt: Runtime, now_ms: int) -> list[QueueFigures]:
     return out
 
 
-def read_throughput(rt: Runtime, minutes: int, now_ms: int) -> dict[str, Any]:
+def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
+    """One queue's figures as GET /queues and `runner stats --json` show them."""
+    return {
+        "name": q.name,
+        "ready": q.ready,
+        "processing": q.processing,
+        "lease_expired": q.lease_expired,
+        "scheduled": q.scheduled,
+        "scheduled_due": q.scheduled_due,
+        "dead": q.dead,
+        "oldest_ready_age_s": q.oldest_ready_age_s,
+        "visibility_timeout_s": cfg.visibility_timeout_s,
+        "concurrency": cfg.concurrency,
+        "max_attempts": cfg.max_attempts,
+        "functions": {name: f.as_dict() for name, f in sorted(q.functions.items())},
+    }
+
+
+def read_throughput(rt: Source, minutes: int, now_ms: int) -> dict[str, Any]:
     """Per queue, each field of the per-minute hashes ("done", and any other the writers
     add) as a series over the last ``minutes`` minutes, oldest first, with ``times`` the
     start of each minute in epoch seconds; a minute with no hash counts 0."""
