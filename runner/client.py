@@ -309,23 +309,20 @@ class Client:
         if not job_id or len(job_id) > 200:
             raise JobNotFound(job_id)
         try:
-            # One round trip: the record is under exactly one queue's tag; a key of the
-            # wrong type (a damaged record) answers an error and counts as no record.
-            # The claim and done outcome are read with it: records.merge lays them over.
-            pipe = rt.redis.pipeline(transaction=False)
+            # One round trip: a job lives under exactly one queue's tag; one read-only script
+            # per queue returns its record, state, claim and done outcome (lookup.lua). A
+            # key of the wrong type (a damaged record) counts as no record.
+            batch = rt.scripts.batch()
             for k in rt.keys.values():
-                pipe.hgetall(k.job(job_id))
-                pipe.hget(k.claims, job_id)
-                pipe.hget(k.done, job_id)
-            replies = pipe.execute(raise_on_error=False)
-            for i, queue in enumerate(rt.keys):
-                fields, claim, outcome = replies[3 * i: 3 * i + 3]
-                if fields and not isinstance(fields, Exception):
-                    claim = claim if isinstance(claim, str) else None
-                    outcome = outcome if isinstance(outcome, str) else None
-                    return records.Job(job_id, queue, records.merge(fields, claim, outcome))
+                rt.scripts.lookup(k, job_id, pipe=batch)
+            replies = batch.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        for queue, (record, state, claim, outcome) in zip(rt.keys, replies, strict=True):
+            record = record if isinstance(record, str) and not record.startswith("\0") else None
+            fields = records.view(job_id, record, state or [], claim or None, outcome or None)
+            if fields:
+                return records.Job(job_id, queue, fields)
         raise JobNotFound(job_id)
 
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -360,11 +357,18 @@ class Client:
             ids = rt.redis.zrevrange(k.dead, offset, offset + max(limit, 1) - 1)
             pipe = rt.redis.pipeline(transaction=False)
             for job_id in ids:
-                pipe.hgetall(k.job(job_id))
-            rows = pipe.execute()
+                pipe.get(k.job(job_id))
+                pipe.hgetall(k.state(job_id))
+            rows = pipe.execute(raise_on_error=False)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
-        return total, [records.Job(i, queue, r) for i, r in zip(ids, rows, strict=True)]
+        jobs = []
+        for n, job_id in enumerate(ids):
+            rec, state = rows[2 * n], rows[2 * n + 1]
+            rec = rec if isinstance(rec, str) else None
+            state = state if isinstance(state, dict) else {}
+            jobs.append(records.Job(job_id, queue, records.view(job_id, rec, state, None, None)))
+        return total, jobs
 
     # --- dead-letter operations ----------------------------------------------------
 
@@ -383,7 +387,7 @@ class Client:
         rt = self.runtime
         edited = payload is not None
         try:
-            fields = rt.redis.hgetall(k.job(job_id)) if rt.redis.type(k.job(job_id)) == "hash" else {}
+            fields = self._stored(k, job_id)
             in_dead = rt.redis.zscore(k.dead, job_id) is not None
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
@@ -420,7 +424,18 @@ class Client:
             raise JobNotFound(job_id)
         if by is not None:
             self._on_record(by, "requeue", queue, now, job_id=job_id, type=type_, **mark)
-        return records.Job(job_id, queue, rt.redis.hgetall(k.job(job_id)))
+        return self.get(job_id)
+
+    def _stored(self, k: QueueKeys, job_id: str) -> dict[str, str]:
+        """A job's record and state as stored (a record of the release before this one is
+        a hash holding both: the scripts convert it when they next touch it)."""
+        r = self.runtime.redis
+        kind = r.type(k.job(job_id))
+        if kind == "hash":
+            return dict(r.hgetall(k.job(job_id)))
+        if kind != "string":
+            return {}
+        return records.view(job_id, r.get(k.job(job_id)), r.hgetall(k.state(job_id)), None, None)
 
     def delete_dead(self, queue: str, job_id: str, *, by: str | None = None) -> None:
         """Delete a dead job and its record; ``by`` puts it on the audit trail and the log
@@ -485,7 +500,7 @@ class Client:
             wanted.setdefault(s.queue, (rt.keys[s.queue], []))[1].append(s.id)
         try:
             now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
-            states = read_states(rt.redis, wanted) if scheds else {}
+            states = read_states(rt.redis, wanted, rt.scripts) if scheds else {}
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         return [_schedule_view(s, states.get(s.id), now) for s in scheds]

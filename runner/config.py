@@ -109,6 +109,9 @@ class ApiConfig:
 @dataclass(frozen=True, slots=True)
 class Retention:
     done_s: float = 86_400.0
+    # The most done jobs a queue keeps (they go a quarter at a time: see lua/_lib.lua),
+    # so a busy queue's memory is bounded whatever its rate.
+    done_max: int = 1_000_000
     dead_s: float = 604_800.0
     idempotency_s: float = 86_400.0
 
@@ -243,6 +246,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
     },
     "retention": {
         "done": (_nonneg_num, "a number of seconds >= 0"),
+        "done_max": (_pos_int, "a positive integer (done jobs kept per queue)"),
         "dead": (_nonneg_num, "a number of seconds >= 0"),
         "idempotency": (_nonneg_num, "a number of seconds >= 0"),
     },
@@ -443,6 +447,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
         api=api,
         retention=Retention(
             done_s=float(rt.get("done", 86_400)),
+            done_max=int(rt.get("done_max", 1_000_000)),
             dead_s=float(rt.get("dead", 604_800)),
             idempotency_s=float(rt.get("idempotency", 86_400)),
         ),

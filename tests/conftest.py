@@ -252,40 +252,60 @@ def any_project(tmp_path: Path, any_server: Server) -> Iterator[Project]:
     yield from _project_on(tmp_path / "project", any_server)
 
 
+def done_ids(r: Any, k: Any) -> list[str]:
+    """The ids with a done outcome in any generation kept (see _lib.lua: done_gen); every
+    id of a generation is in its log too."""
+    gen = int(r.hget(k.done_meta, "gen") or 0)
+    out: list[str] = []
+    for g in range(gen, gen - 4, -1):
+        pipe = r.pipeline(transaction=True)  # one snapshot: the worker writes both at once
+        pipe.hkeys(k.done(g))
+        pipe.lrange(k.done(g) + ":log", 0, -1)
+        ids, log = pipe.execute()
+        assert sorted(ids) == sorted(log), ("a done generation and its log differ", g, ids, log)
+        out += ids
+    return out
+
+
 def structures(project: Project, queue: str = "fast") -> dict[str, list[str]]:
-    """Where every job id of a queue is: ready, leases, scheduled, dead, done (the done
-    outcomes). Claims and leases, and outcomes and their retention index, must hold the
-    same ids."""
+    """Where every job id of a queue is: ready, leases, scheduled, parked (on a limit's
+    waiter list), dead, done (the done outcomes). Claims and leases must hold the same ids."""
     k = project.keys(queue)
     r = project.runtime.redis
     leases, claims = r.zrange(k.leases, 0, -1), r.hkeys(k.claims)
-    done, finished = r.hkeys(k.done), r.zrange(k.finished, 0, -1)
     assert sorted(leases) == sorted(claims), ("leases and claims differ", leases, claims)
-    assert sorted(done) == sorted(finished), ("done and its index differ", done, finished)
+    parked: list[str] = []
+    for key in r.zrange(k.limwait, 0, -1):
+        parked += r.lrange(k.limit(key) + ":w", 0, -1)
     return {
         "ready": r.lrange(k.ready, 0, -1),
         "leases": leases,
         "scheduled": r.zrange(k.scheduled, 0, -1),
+        "parked": parked,
         "dead": r.zrange(k.dead, 0, -1),
-        "done": done,
+        "done": done_ids(r, k),
     }
 
 
 def view(project: Project, job_id: str, queue: str = "fast") -> dict[str, str]:
-    """A job's record as readers see it: the hash with its claim or done outcome laid over."""
-    k = project.keys(queue)
-    r = project.runtime.redis
-    return records.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
+    """A job as readers see it: record, state, claim or done outcome in one view."""
+    rec, state, claim, outcome = project.runtime.scripts.lookup(project.keys(queue), job_id)
+    rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
+    return records.view(job_id, rec, state or [], claim or None, outcome or None)
 
 
 def raw_status(raw: Any, k: Any, job_id: bytes) -> bytes | None:
     """A job's status read with a bytes client (ids that are not UTF-8): a done outcome or
-    a claim overrides the record's own field (see records.merge)."""
-    if raw.hexists(k.done.encode(), job_id):
+    a claim overrides the state's own field (see records.view)."""
+    gen = int(raw.hget(k.done_meta.encode(), "gen") or 0)
+    if any(raw.hexists(k.done(g).encode(), job_id) for g in range(gen, gen - 4, -1)):
         return b"done"
     if raw.hexists(k.claims.encode(), job_id):
         return b"processing"
-    return raw.hget(k.job_prefix.encode() + job_id, "status")  # type: ignore[no-any-return]
+    jk = k.job_prefix.encode() + job_id
+    if not raw.exists(jk, jk + b":s"):  # a buried id without a record keeps its state alone
+        return None
+    return raw.hget(jk + b":s", "status") or b"queued"  # type: ignore[no-any-return]
 
 
 def assert_no_job_in_two_structures(project: Project, queue: str = "fast") -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from runner.catalog.schedules import iso
 from runner.store.keys import clock_offset
 
-from conftest import Project, view
+from conftest import Project, done_ids, view
 
 TEST_ENV = {"RUNNER_TEST_SCHEDULES": "1"}
 OPEN_SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}
@@ -74,19 +74,20 @@ def set_clock(project: Project, now_ms: int) -> None:
 
 
 def jobs_of(project: Project, queue: str = "fast") -> list[dict[str, Any]]:
-    """Every job of a queue that a schedule enqueued: its id, schedule, tick, payload."""
+    """Every job of a queue that a schedule enqueued: its id, schedule, tick, payload (a
+    done job keeps none: QUICK returns its payload, so its result stands in)."""
     k = project.keys(queue)
     r = project.runtime.redis
     pattern = k.job_prefix.replace("{", "\\{").replace("}", "\\}") + "*"
-    keys = list(r.scan_iter(match=pattern, count=1000))
+    ids = {key[len(k.job_prefix):] for key in r.scan_iter(match=pattern, count=1000) if not key.endswith(":s")}
     out = []
-    for key in keys:
-        job_id = key[len(k.job_prefix):]
+    for job_id in sorted(ids | set(done_ids(r, k))):
         rec = view(project, job_id, queue)
         if rec.get("meta"):
             m = json.loads(rec["meta"])
             out.append({"id": job_id, "schedule": m.get("schedule"), "tick": m.get("tick"),
-                        "trigger": m.get("trigger"), "payload": json.loads(rec.get("payload") or "null"),
+                        "trigger": m.get("trigger"),
+                        "payload": json.loads(rec.get("payload") or rec.get("result") or "null"),
                         "status": rec.get("status")})
     return out
 

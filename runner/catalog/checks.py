@@ -26,7 +26,7 @@ from runner.config import Config
 from runner.errors import ConfigError
 
 # The states a waiting job can be in, as a user knows them (see store/census.py).
-STATES = ("queued", "processing", "scheduled", "dead")
+STATES = ("waiting", "queued", "processing", "scheduled", "dead")  # "waiting": any (the census)
 
 
 @dataclass(frozen=True, slots=True)

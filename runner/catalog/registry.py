@@ -27,7 +27,7 @@ from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
 
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF", "ISOLATION",
-           "MEMORY_MB", *schedules_mod.OPTIONS)
+           "MEMORY_MB", "KEEP_RESULT", *schedules_mod.OPTIONS)
 # Function modules are executed under one lock: two Runtimes loading the same file at
 # once would otherwise swap each other's sys.modules entry mid-import.
 _import_lock = threading.RLock()
@@ -54,6 +54,7 @@ class Function:
     versions: Versions
     isolation: str = "thread"
     memory_mb: float | None = None  # process isolation: the handler's memory cap
+    keep_result_s: float | None = None  # KEEP_RESULT: a done job's outcome kept this long on its own
     schedules: tuple[schedules_mod.Schedule, ...] = ()
 
     def describe(self) -> dict[str, Any]:
@@ -70,6 +71,7 @@ class Function:
             "async": self.is_async,
             "isolation": self.isolation,
             "memory_mb": self.memory_mb,
+            "keep_result": self.keep_result_s,
             "versions": sorted(self.versions.schemas),
             "newest_version": self.versions.newest,
             "has_upgrade": self.versions.upgrade is not None,
@@ -239,6 +241,10 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         if isolation != "process":
             raise fail('MEMORY_MB caps a child process: it needs ISOLATION = "process"', "MEMORY_MB")
 
+    keep_result = getattr(module, "KEEP_RESULT", None)
+    if keep_result is not None and (not _num(keep_result) or keep_result <= 0):
+        raise fail(f"KEEP_RESULT must be a positive number of seconds, got {keep_result!r}", "KEEP_RESULT")
+
     upgrade = getattr(module, "upgrade", None)
     if upgrade is not None and not callable(upgrade):
         raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
@@ -296,6 +302,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         versions=versions,
         isolation=str(isolation),
         memory_mb=float(memory_mb) if memory_mb is not None else None,
+        keep_result_s=float(keep_result) if keep_result is not None else None,
         schedules=scheds,
     )
     return fn, warnings

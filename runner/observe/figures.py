@@ -180,9 +180,14 @@ def read_queues(rt: Source, now_ms: int) -> list[QueueFigures]:
     if oldest:
         pipe = rt.redis.pipeline(transaction=False)
         for q, job_id in oldest:
-            pipe.hmget(keys[q.name].job(job_id), "ready_ms", "created_ms")
-        for (q, _), (ready, created) in zip(oldest, pipe.execute(), strict=True):
-            ready_ms = ready or created  # left out at enqueue when equal to created_ms
+            pipe.hget(keys[q.name].state(job_id), "ready_ms")
+            pipe.get(keys[q.name].job(job_id))
+        got = pipe.execute(raise_on_error=False)
+        for (q, _), ready, record in zip(oldest, got[::2], got[1::2], strict=True):
+            # A job that waits untouched has no state: it became ready at creation.
+            # (The record string's fifth field is created_ms: see store/records.py.)
+            parts = record.split("\x1f", 5) if isinstance(record, str) else []
+            ready_ms = ready if isinstance(ready, str) else parts[4] if len(parts) > 5 else None
             if ready_ms:
                 q.oldest_ready_age_s = max(0.0, (now_ms - _int(ready_ms)) / 1000)
     return out

@@ -1,11 +1,12 @@
-"""What waits in a queue, read off Redis: every job of ready, leases, scheduled and
-dead with some of its record's fields, and the counts per (queue, state, type, version)
-that the deploy gate judges (catalog/checks.py).
+"""What waits in a queue, read off Redis, for the deploy gate (catalog/checks.py):
 
-It reads without SCAN: LRANGE/ZRANGE of each structure in chunks, then one pipelined
-HMGET per chunk. It is a snapshot: a job that moves between two structures while the
-read runs may be seen twice or not at all, which only matters for jobs that were
-runnable anyway.
+- ``counts``: the census the scripts keep, jobs not done per (type, version) in each
+  queue's ``census`` hash; one HGETALL per queue whatever the depth;
+- ``scan`` and ``waiting_versions``: every job of ready, leases, scheduled and dead with
+  some of its fields, read without SCAN (LRANGE/ZRANGE in chunks, then one pipelined read
+  per chunk): the slow, exact answer per state (`runner check --scan`). It is a snapshot:
+  a job that moves between two structures while it runs may be seen twice or not at all,
+  which only matters for jobs that were runnable anyway.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from runner.store import records
 from runner.store.keys import QueueKeys
 
 CHUNK = 1000
@@ -44,8 +46,14 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
         for chunk in _ids(redis, key, is_list):
             pipe = redis.pipeline(transaction=False)
             for job_id in chunk:
-                pipe.hmget(k.job(job_id), list(fields))
-            for job_id, values in zip(chunk, pipe.execute(), strict=True):
+                pipe.get(k.job(job_id))
+                pipe.hgetall(k.state(job_id))
+            replies = pipe.execute(raise_on_error=False)
+            for n, job_id in enumerate(chunk):
+                rec, st = replies[2 * n], replies[2 * n + 1]
+                view = records.view(job_id, rec if isinstance(rec, str) else None,
+                                    st if isinstance(st, dict) else {}, None, None)
+                values = [view.get(f) for f in fields]
                 if values[0] is not None:
                     yield state, job_id, values
 
@@ -59,3 +67,20 @@ def waiting_versions(redis: Any, keys: Mapping[str, QueueKeys]) -> tuple[int, Co
             read += 1
             groups[(queue, state, type_ or "", version or "")] += 1
     return read, groups
+
+
+def counts(redis: Any, keys: Mapping[str, QueueKeys]) -> tuple[int, Counter[tuple[str, str, str, str]]]:
+    """(jobs counted, counts per (queue, "waiting", type, version)) from the census the
+    scripts keep: O(1) in the depth of the queues."""
+    pipe = redis.pipeline(transaction=False)
+    for k in keys.values():
+        pipe.hgetall(k.census)
+    total = 0
+    groups: Counter[tuple[str, str, str, str]] = Counter()
+    for queue, fields in zip(keys, pipe.execute(), strict=True):
+        for field, n in fields.items():
+            type_, _, version = field.rpartition("|")
+            if int(n) > 0:
+                groups[(queue, "waiting", type_, version)] += int(n)
+                total += int(n)
+    return total, groups

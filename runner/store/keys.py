@@ -6,14 +6,18 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:ready          LIST    job ids ready to run (LPUSH in, RPOP out)
     <prefix>:{<queue>}:leases         ZSET    claimed job ids -> lease deadline (ms)
     <prefix>:{<queue>}:claims         HASH    claimed job id -> "<token> <attempt> <started_ms> <flags>"
-    <prefix>:{<queue>}:done           HASH    finished job id -> its outcome (see records.py)
-    <prefix>:{<queue>}:finished       ZSET    done job ids -> finish time (ms), for retention
+    <prefix>:{<queue>}:donegen        HASH    the current done generation: gen, since, n
+    <prefix>:{<queue>}:done:<gen>     HASH    done job id -> its outcome (see _lib.lua)
+    <prefix>:{<queue>}:done:<gen>:log LIST    the generation's done ids, newest first
+    <prefix>:{<queue>}:res:<id>       STRING  an outcome kept on its own (KEEP_RESULT), expires
+    <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate)
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying and deferred ids -> due (ms)
     <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
     <prefix>:{<queue>}:notify         LIST    wake-up tokens for idle workers (bounded)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
-    <prefix>:{<queue>}:job:<id>       HASH    the job record (see records.py)
+    <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
+    <prefix>:{<queue>}:job:<id>:s     HASH    its state once it has one (status, attempt, history...)
     <prefix>:{<queue>}:idem:<type>:<key>  STRING  "<job id> <payload hash> [done]"; no expiry
                                               until its job completes (then the retention)
     <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline
@@ -30,11 +34,11 @@ One key is global, outside every queue's tag (its own slot on Redis Cluster)::
     <prefix>:workers                  HASH    live workers: what they serve and know (roster.py)
     <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
 
-A claim and a success live in the queue's ``claims`` and ``done`` hashes, not in the
-record: a claim then costs one read of the record, and a success no write to it at all
-(records.py merges the three into one view). ``leases`` and ``claims`` always hold the
-same ids; ``finished`` and ``done`` too, and the scheduler deletes the record, the
-outcome and the index entry of a job past the done retention together.
+A claim lives in the queue's ``claims`` hash, not in the record: a claim costs a read of
+the record and no write to it. A success deletes the record and its state, and keeps
+a short outcome in the current done generation (a quarter of the retention, or of the
+count bound; four are kept, the oldest dropped whole). records.py lays record, state,
+claim and outcome into one view. ``leases`` and ``claims`` always hold the same ids.
 
 A schedule's keys live under its function's queue tag, so a tick's check and its job's
 enqueue are one script in one slot (see lua/tick.lua); a removed schedule's state stays
@@ -62,8 +66,10 @@ class QueueKeys:
     ready: str = field(init=False)
     leases: str = field(init=False)
     claims: str = field(init=False)
-    done: str = field(init=False)
-    finished: str = field(init=False)
+    done_meta: str = field(init=False)
+    done_prefix: str = field(init=False)
+    res_prefix: str = field(init=False)
+    census: str = field(init=False)
     scheduled: str = field(init=False)
     dead: str = field(init=False)
     notify: str = field(init=False)
@@ -79,7 +85,8 @@ class QueueKeys:
     def __post_init__(self) -> None:
         base = f"{self.prefix}:{{{self.queue}}}:"
         for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
-                             ("claims", "claims"), ("done", "done"), ("finished", "finished"),
+                             ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
+                             ("res_prefix", "res:"), ("census", "census"),
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
@@ -91,6 +98,12 @@ class QueueKeys:
 
     def job(self, job_id: str) -> str:
         return self.job_prefix + job_id
+
+    def state(self, job_id: str) -> str:
+        return self.job_prefix + job_id + ":s"
+
+    def done(self, gen: int) -> str:
+        return f"{self.done_prefix}{gen}"
 
     def idem(self, type_: str, key: str) -> str:
         return f"{self.idem_prefix}{type_}:{key}"

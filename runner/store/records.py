@@ -1,24 +1,26 @@
-"""Job records in and out of Redis: the hash fields of a record and their decoding.
+"""Job records in and out of Redis, and the one view a reader sees of a job.
 
-A record is a Redis hash under ``<prefix>:{<queue>}:job:<id>`` with these fields:
+A job is two keys under its queue's tag (the layout is drawn in lua/_lib.lua):
 
-    type, version, payload (JSON), status, attempt, max_attempts,
-    created_ms, enqueued_ms, ready_ms, started_ms, finished_ms,
-    token (the claim token while processing; empty once settled),
-    idem_key, resource_key, deferrals,
-    error (JSON: type, message, traceback), reason (dead only),
-    history (comma-joined JSON entries, one per attempt), result (JSON),
-    checkpoint (JSON), duplicate_of (done as a duplicate of that job),
-    meta (JSON object: extra fields a producer attached, e.g. a schedule's id and tick;
-    laid at the top level of the job view, never over a field above)
+    job:<id>     STRING  "1" then, separated by \x1f: type, version, max_attempts,
+                         created_ms, idem_key, idem_hash, resource_key, limits, meta, payload
+    job:<id>:s   HASH    its state, once it has one: status (absent: queued), attempt,
+                         ready_ms, enqueued_ms, started_ms, finished_ms, error (JSON), reason
+                         (dead only), history (comma-joined JSON entries, one per attempt),
+                         checkpoint (JSON), deferrals, woken, lost_token, refunds
 
-A field at its default is not written: attempt and deferrals 0, enqueued_ms and ready_ms
-equal to created_ms, no idem_key or resource_key; readers supply the default.
+A job that waits untouched is the string alone. While a job is claimed its entry in the
+queue's claims hash holds the token, the attempt and the start. A done job keeps
+neither key: its outcome, "<type> <version> <attempt> <started_ms> +<run ms>
+[<duplicate of>]\n<history>\n<result>[\n<meta>]" (no lines after the first when all are
+empty; a null result is left out), sits in a done generation (or on its own for
+KEEP_RESULT). ``view`` lays them into the fields below, so readers need not know:
 
-A claim and a success are not written to the record (see keys.py): while a job is claimed
-its entry in the queue's claims hash holds the token, the attempt and the start, and a
-done job's outcome in the done hash holds its finish, attempt, start, last history entry
-and result. ``merge`` lays both over the record, so a reader sees the fields above.
+    type, version, payload, status, attempt, max_attempts, created_ms, enqueued_ms,
+    ready_ms, started_ms, finished_ms, idem_key, resource_key, deferrals, error, reason,
+    history, result, checkpoint, duplicate_of, meta (a JSON object of extra fields a
+    producer attached, e.g. a schedule's id and tick; laid at the top level of the job
+    view, never over a field above)
 
 Statuses: queued, scheduled, processing, retrying, deferred (parked on a full limit), done,
 dead.
@@ -26,38 +28,86 @@ dead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runner.store import codec
 
 STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead")
+SEP = "\x1f"
+RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "idem_hash", "resource_key",
+                 "limits", "meta")
 
 
-def merge(record: Mapping[str, str], claim: str | None, outcome: str | None) -> dict[str, str]:
-    """The record as a reader sees it, with its claim or done outcome laid over it."""
-    fields = dict(record)
-    if not fields:
-        return fields  # no record (expired or deleted): nothing to lay over
+def encode(fields: Mapping[str, Any]) -> str:
+    """A record string (what enqueue.lua writes), for tests and tools that plant jobs; a
+    record without created_ms is created now."""
+    fields = {"created_ms": now_ms(), **fields}
+    return SEP.join(["1", *(str(fields.get(f, "")) for f in RECORD_FIELDS), str(fields.get("payload", ""))])
+
+
+def parse(record: str | None) -> dict[str, str] | None:
+    """The fields of a record string; None for anything else."""
+    if not record or not record.startswith("1" + SEP):
+        return None
+    parts = record[2:].split(SEP, len(RECORD_FIELDS))
+    if len(parts) != len(RECORD_FIELDS) + 1:
+        return None
+    out = {k: v for k, v in zip(RECORD_FIELDS, parts, strict=False) if v != ""}
+    out["payload"] = parts[-1]
+    return out
+
+
+def _done_entry(attempt: str, started: str, finished: str) -> str:
+    return f'{{"attempt":{attempt},"outcome":"done","started_ms":{started},"at_ms":{finished}}}'
+
+
+def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[str], claim: str | None,
+         outcome: str | None) -> dict[str, str]:
+    """The job as a reader sees it: record, state, claim or done outcome in one set of
+    fields (empty when Redis holds nothing of it)."""
+    if not isinstance(state, Mapping):
+        state = dict(zip(state[::2], state[1::2], strict=True))
     if outcome:
         head, _, rest = outcome.partition("\n")
-        entry, _, result = rest.partition("\n")
+        history, _, rest = rest.partition("\n")
+        result, _, meta = rest.partition("\n")
         parts = head.split(" ")
-        if len(parts) == 3:
-            fields.update(status="done", finished_ms=parts[0], attempt=parts[1], started_ms=parts[2])
-        else:
-            fields.update(status="done")
+        fields: dict[str, str] = {"status": "done"}
+        if len(parts) >= 5:
+            finished = parts[4]
+            if finished.startswith("+"):  # written as milliseconds after the start
+                with contextlib.suppress(ValueError):
+                    finished = str(int(parts[3]) + int(finished[1:]))
+            fields.update(type=parts[0], version=parts[1], attempt=parts[2], started_ms=parts[3],
+                          finished_ms=finished)
+            if len(parts) >= 6:
+                fields["duplicate_of"] = parts[5]
+            else:
+                entry = _done_entry(parts[2], parts[3], finished)
+                history = f"{history},{entry}" if history else entry
+        if history:
+            fields["history"] = history
         if result:
             fields["result"] = result
-        if entry:
-            old = fields.get("history")
-            fields["history"] = f"{old},{entry}" if old else entry
-        fields.pop("error", None)  # an earlier attempt's error is not a done job's last error
-    elif claim:
+        if meta:
+            fields["meta"] = meta
+        with contextlib.suppress(ValueError):
+            fields["created_ms"] = str(int(job_id[:12], 16))  # the id begins with its creation
+        return fields
+    rec = parse(record)
+    if rec is None:
+        if record is None and not state:
+            return {}
+        rec = {}
+    fields = {**rec, **{k: v for k, v in state.items() if k not in ("woken", "lost_token", "refunds")}}
+    fields.setdefault("status", "queued")
+    if claim:
         parts = claim.split(" ")
         if len(parts) == 4:
             fields.update(status="processing", token=parts[0], attempt=parts[1], started_ms=parts[2])

@@ -83,30 +83,35 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def read_states(redis: Any, wanted: Mapping[str, tuple[QueueKeys, Iterable[str]]]) -> dict[str, State]:
+def read_states(redis: Any, wanted: Mapping[str, tuple[QueueKeys, Iterable[str]]],
+                scripts: Any) -> dict[str, State]:
     """The states of the given schedules (queue -> its keys and schedule ids), with each
-    last job's status, in two pipelined round trips."""
+    last job's status, in two pipelined round trips (the second one lookup per last job)."""
+    from runner.store import records
+
     pairs = [(k, sid) for k, ids in wanted.values() for sid in ids]
     pipe = redis.pipeline(transaction=False)
     for k, sid in pairs:
         pipe.hgetall(k.schedule(sid))
     raw = pipe.execute(raise_on_error=False)
-    pipe = redis.pipeline(transaction=False)
+    batch = scripts.batch()
     for (k, _), h in zip(pairs, raw, strict=True):
         job = h.get("job") if isinstance(h, dict) else None
         if job:
-            pipe.hexists(k.done, job)
-            pipe.hexists(k.claims, job)
-            pipe.hget(k.job(job), "status")
-    found = iter(pipe.execute(raise_on_error=False))
+            scripts.lookup(k, job, pipe=batch)
+    found = iter(batch.execute())
     out: dict[str, State] = {}
     for (_, sid), h in zip(pairs, raw, strict=True):
         h = h if isinstance(h, dict) else {}
         status = None
         if h.get("job"):
-            done, claimed, st = next(found), next(found), next(found)
-            status = "done" if done == 1 else "processing" if claimed == 1 else (
-                st if isinstance(st, str) else "expired")
+            reply = next(found)
+            fields: dict[str, str] = {}
+            if isinstance(reply, list) and len(reply) == 4:
+                rec, state, claim, outcome = reply
+                rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
+                fields = records.view(h["job"], rec, state or [], claim or None, outcome or None)
+            status = fields.get("status") or "expired"
         out[sid] = State(
             digest=h.get("def"), tick_ms=_int(h.get("tick")), fired_ms=_int(h.get("fired")),
             job_id=h.get("job") or None, job_status=status, late_ms=_int(h.get("late_ms")),

@@ -28,7 +28,7 @@ from runner.store.keys import QueueKeys
 
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
-    "reclaim", "promote", "requeue", "remove", "checkpoint", "trim",
+    "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
     "tick", "adopt",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
@@ -105,8 +105,9 @@ class Ack(NamedTuple):
     id: str
     token: str
     result: str
-    history: str
+    census: str  # "<type>|<version>": the job leaves the deploy gate's count
     stats: str
+    keep_ms: int = 0  # KEEP_RESULT: the outcome also kept on its own this long
 
 
 class RetryAt(NamedTuple):
@@ -397,18 +398,18 @@ class Scripts:
         for j in jobs:
             args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms, j.delay_ms,
                      j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta]
-        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.done)
+        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census)
         return "enqueue", keys, args
 
     def claim(
         self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
-        done_ttl_ms: int, pipe: Batch | None = None, now_ms: int | None = None,
+        done_ttl_ms: int, done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
     ) -> Any:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua)."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
-                k.idem_prefix, k.claims, k.done, k.limwait, k.notify)
-        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms)
+                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census)
+        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
         return self._run("claim", keys, args, pipe)
 
     def start(
@@ -430,14 +431,14 @@ class Scripts:
         return self._run("renew", (k.leases, k.job_prefix, k.lim_prefix, k.claims), args, pipe)
 
     def ack(
-        self, k: QueueKeys, acks: Sequence[Ack], idem_ttl_ms: int, pipe: Batch | None = None,
-        now_ms: int | None = None,
+        self, k: QueueKeys, acks: Sequence[Ack], idem_ttl_ms: int, done_ttl_ms: int = 86_400_000,
+        done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
     ) -> Any:
-        args: list[Any] = [_clock(now_ms), idem_ttl_ms, len(acks)]
+        args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks)]
         for a in acks:
-            args += [a.id, a.token, a.result, a.history, a.stats]
+            args += [a.id, a.token, a.result, a.census, a.stats, a.keep_ms]
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
-                k.ready, k.notify, k.claims, k.done, k.finished, k.limwait)
+                k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix)
         return self._run("ack", keys, args, pipe)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
@@ -473,7 +474,7 @@ class Scripts:
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
         keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
-                k.claims, k.done, k.limwait, k.idem_prefix)
+                k.claims, k.done_meta, k.limwait, k.idem_prefix)
         return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
@@ -485,20 +486,25 @@ class Scripts:
         self, k: QueueKeys, job_id: str, payload: str = "", version: str = "", payload_hash: str = "",
         history: str = "", now_ms: int | None = None,
     ) -> Any:
-        keys = (k.dead, k.ready, k.notify, k.job(job_id), k.idem_prefix)
+        keys = (k.dead, k.ready, k.notify, k.job(job_id), k.idem_prefix, k.census)
         return self._run("requeue", keys, (_clock(now_ms), job_id, payload, version, payload_hash, history))
 
     def remove(self, k: QueueKeys, job_id: str) -> Any:
-        return self._run("remove", (k.dead, k.job(job_id), k.idem_prefix), (job_id,))
+        return self._run("remove", (k.dead, k.job(job_id), k.idem_prefix, k.census), (job_id,))
 
     def checkpoint(self, k: QueueKeys, job_id: str, token: str, data: str) -> Any:
         return self._run("checkpoint", (k.job(job_id), k.claims), (token, data, job_id))
 
-    def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, now_ms: int | None = None) -> Any:
-        """Returns [dead entries removed, done jobs deleted]; at most ``limit`` (<= 4000)
-        of each go per call."""
-        keys = (k.dead, k.finished, k.done, k.job_prefix)
-        return self._run("trim", keys, (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000)))
+    def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, done_max: int = 1_000_000,
+             now_ms: int | None = None) -> Any:
+        """Returns [dead entries removed (at most ``limit``, <= 4000), the done generation]."""
+        keys = (k.dead, k.done_meta, k.done_prefix, k.job_prefix, k.census)
+        return self._run("trim", keys, (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000), done_max))
+
+    def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None) -> Any:
+        """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
+        keys = (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
+        return self._run("lookup", keys, (job_id,), pipe)
 
     def tick(
         self, k: QueueKeys, schedule_id: str, job: NewJob, *, mode: str, tick_ms: int, digest: str,
@@ -506,7 +512,7 @@ class Scripts:
     ) -> Any:
         """One tick of one schedule (see lua/tick.lua): returns [code, id, status]."""
         _, keys, args = self.enqueue_call(k, [job], now_ms)
-        keys = (*keys, k.schedule(schedule_id), k.job_prefix, k.claims, k.done)
+        keys = (*keys, k.schedule(schedule_id), k.job_prefix, k.claims, k.done_meta)
         args += [mode, tick_ms, digest, born_ms, overlap, missed, late_ms, job.id]
         return self._run("tick", keys, args, pipe)
 

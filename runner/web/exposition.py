@@ -147,7 +147,7 @@ class RunnerCollector:
         wanted: dict[str, tuple[QueueKeys, list[str]]] = {}
         for sc in scheds:
             wanted.setdefault(sc.queue, (rt.keys[sc.queue], []))[1].append(sc.id)
-        states = read_states(rt.redis, wanted)
+        states = read_states(rt.redis, wanted, rt.scripts)
         labels = ["schedule", "function"]
         fired = CounterMetricFamily("runner_schedule_ticks_fired", "Schedule ticks that enqueued their job.",
                                     labels=labels)

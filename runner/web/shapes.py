@@ -76,7 +76,7 @@ COMPONENTS: dict[str, Any] = {
         "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
         "backoff": _obj({"base": _NUM, "cap": _NUM, "jitter": _STR}),
         "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "async": {"type": "boolean"},
-        "isolation": {"type": "string", "enum": ["thread", "process"]}, "memory_mb": _OPT_NUM,
+        "isolation": {"type": "string", "enum": ["thread", "process"]}, "memory_mb": _OPT_NUM, "keep_result": _OPT_NUM,
         "versions": {"type": "array", "items": _INT}, "newest_version": _INT, "has_upgrade": {"type": "boolean"},
         "schemas": {"type": "array", "items": _obj({"version": _INT, "schema": {"type": "object"}})},
         "schedules": {"type": "array", "items": ref("ScheduleDefinition")},

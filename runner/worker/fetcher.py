@@ -21,7 +21,7 @@ from runner.worker.ledger import Ledger, Release, Run, Settlement
 
 log = logging.getLogger("runner.worker")
 
-CLAIM_FIELDS = 13
+CLAIM_FIELDS = 14
 
 
 def _int_or(value: object, default: int) -> int:
@@ -46,6 +46,7 @@ class Fetcher:
         self.worker_id = worker_id
         ret = runtime.config.retention
         self.done_ttl_ms = int(ret.done_s * 1000)
+        self.done_max = ret.done_max
         self.dead_ttl_ms = int(ret.dead_s * 1000)
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
         self.stopping = threading.Event()
@@ -94,7 +95,7 @@ class Fetcher:
         self._seq += 1
         reply = self.rt.scripts.claim(
             self.keys, n=n, start=start, lease_ms=self.lease_ms, token_base=f"{self.worker_id}.{self._seq}",
-            dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms,
+            dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms, done_max=self.done_max,
         )
         now, held = int(reply[0]), int(reply[1]) == 1  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
@@ -112,7 +113,7 @@ class Fetcher:
                 id=f[0], token=f[1], attempt=int(f[2]), type=f[3], version_raw=f[4],
                 payload_raw=f[5], max_attempts=int(f[6] or 1), idem_key=f[7],
                 resource_key=f[8], ready_ms=_int_or(f[9], created), created_ms=created,
-                checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] == 1,
+                checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] == 1, meta_raw=f[13],
             )
             batch.append(Run(job))
         self.ledger.claimed(batch)

@@ -73,8 +73,8 @@ class Scheduler:
                     break
             if trim:
                 for _ in range(TRIM_ROUNDS):
-                    dead, deleted = sc.trim(k, dead_ms, done_ms, BATCH * 2)
-                    if int(deleted) < BATCH * 2 and int(dead) < BATCH * 2:
+                    dead, _gen = sc.trim(k, dead_ms, done_ms, BATCH * 2, ret.done_max)
+                    if int(dead) < BATCH * 2:
                         break
                 else:
                     more = True  # a backlog past retention: come back soon, not in a minute

@@ -50,6 +50,8 @@ class Settler:
         ret = runtime.config.retention
         self.dead_ttl_ms = int(ret.dead_s * 1000)
         self.idem_ttl_ms = int(ret.idempotency_s * 1000)
+        self.done_ttl_ms = int(ret.done_s * 1000)
+        self.done_max = ret.done_max
         # Set once nothing more will be settled through the outbox: a send that fails
         # then is not retried for ever.
         self.closing = threading.Event()
@@ -145,8 +147,14 @@ class Settler:
             elif isinstance(o, Done):
                 lat = (s.started_ms or now) - job.ready_ms
                 fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)
-                acks.append(Ack(job.id, job.token, o.result,
-                                _history(job.attempt, "done", s.started_ms, now), fields))
+                fn = self.rt.registry.functions.get(t)
+                keep = int(fn.keep_result_s * 1000) if fn is not None and fn.keep_result_s else 0
+                # A producer's extra fields (a schedule's tick...) stay with the outcome, on
+                # a line of their own (JSON texts hold no raw newline).
+                # A null result is left out (read back as null): most handlers return None.
+                result = "" if o.result == "null" else o.result
+                result = f"{result}\n{job.meta_raw}" if job.meta_raw else result
+                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep))
                 ack_s.append(s)
             elif isinstance(o, RetryLater):
                 if o.refund:
@@ -180,7 +188,7 @@ class Settler:
             sc.start(self.keys, starts, pipe=pipe)
             groups.append(start_s)
         if acks:
-            sc.ack(self.keys, acks, self.idem_ttl_ms, pipe=pipe)
+            sc.ack(self.keys, acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe)
             groups.append(ack_s)
         if retries:
             sc.retry(self.keys, retries, pipe=pipe)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from runner.cli import cli
-from runner.store import census
+from runner.store import census, records
 from runner.store.embedded import Server, free_port
 from runner.worker.worker import Worker
 
@@ -53,9 +53,15 @@ def test_the_deploy_gate_counts_stranded_jobs_by_queue_state_type_and_version(
     (fns / "noop.py").unlink()
     (fns / "perm.py").unlink()
     (project.root / "schemas" / "record" / "v2.json").write_text(V2)
-    r.hset(k.job(ready[0]), "version", "9")
+    # A job from a newer release (one that knows v9), written as its enqueue writes it: the
+    # record says v9 and the census counts it under v9.
+    rec = records.parse(r.get(k.job(ready[0])))
+    assert rec is not None
+    r.set(k.job(ready[0]), records.encode({**rec, "version": "9"}))
+    r.hincrby(k.census, "record|1", -1)
+    r.hincrby(k.census, "record|9", 1)
 
-    failed = check(project, "--json")
+    failed = check(project, "--json", "--scan")
     assert failed.exit_code == 1
     got = {(s["queue"], s["state"], s["type"], s["version"]): (s["count"], s["problem"])
            for s in json.loads(failed.stdout)["stranded"]}
@@ -70,10 +76,19 @@ def test_the_deploy_gate_counts_stranded_jobs_by_queue_state_type_and_version(
     assert "needs an upgrade() to reach v2" in got[("fast", "queued", "record", "1")][1]
     assert "unknown type" in got[("fast", "dead", "perm", "1")][1]
 
-    human = check(project)
+    human = check(project, "--scan")
     assert human.exit_code == 1
     assert "deploy gate: 8 waiting job(s) the functions on disk cannot run" in human.stdout
     assert any(line.split()[:5] == ["fast", "scheduled", "record", "1", "2"] for line in human.stdout.splitlines())
+
+    # Without --scan the gate answers from the census: the same jobs, one count per
+    # (type, version) whatever the state, and the same verdict.
+    quick = check(project, "--json")
+    assert quick.exit_code == 1
+    got = {(s["queue"], s["state"], s["type"], s["version"]): s["count"]
+           for s in json.loads(quick.stdout)["stranded"]}
+    assert got == {("fast", "waiting", "noop", "1"): 1, ("fast", "waiting", "record", "1"): 5,
+                   ("fast", "waiting", "record", "9"): 1, ("fast", "waiting", "perm", "1"): 1}
 
     with (fns / "record.py").open("a") as f:
         f.write("\n\ndef upgrade(payload, from_version):\n    return payload\n")

@@ -119,9 +119,10 @@ def test_every_key_of_a_queue_is_in_one_slot(cproject: Project) -> None:
     r = cproject.runtime.redis
     for q in ("fast", "slow"):
         k = for_queue(cproject.prefix, q)
-        keys = [k.ready, k.leases, k.claims, k.done, k.finished, k.scheduled, k.dead, k.notify, k.stats,
-                k.throughput(1), k.job("abc"), k.idem("record", "user:7"), k.limit("r:res:1"),
-                k.limit("r:res:1") + ":w", k.limwait]
+        keys = [k.ready, k.leases, k.claims, k.done_meta, k.done(0), k.done(0) + ":log", k.res_prefix + "abc",
+                k.census, k.scheduled, k.dead, k.notify, k.stats, k.throughput(1), k.job("abc"),
+                k.state("abc"), k.idem("record", "user:7"), k.limit("r:res:1"), k.limit("r:res:1") + ":w",
+                k.limwait]
         slots = {r.keyslot(key) for key in keys}
         assert len(slots) == 1, (q, slots)
 
@@ -150,14 +151,14 @@ def test_scripts_and_batches_run_and_reload_after_a_script_flush(cproject: Proje
     rt.redis.execute_command("SCRIPT FLUSH", target_nodes=rt.redis.PRIMARIES)
     reply = sc.claim(k, n=3, start=3, lease_ms=5000, token_base="t", dead_ttl_ms=60_000, done_ttl_ms=60_000)
     now, claimed = int(reply[0]), reply[2:]
-    assert len(claimed) == 3 * 13
+    assert len(claimed) == 3 * 14
     assert abs(now - before) < 60_000  # the node's clock, not a test clock
     assert int(rt.redis.zscore(k.leases, claimed[0]) or 0) == now + 5000
     rt.redis.execute_command("SCRIPT FLUSH", target_nodes=rt.redis.PRIMARIES)
     batch = sc.batch()
     sc.start(k, [(claimed[0], claimed[1])], pipe=batch)
-    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 26, 13)], 60_000, pipe=batch)
-    sc.release(k, [(claimed[26], claimed[27])], pipe=batch)
+    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 28, 14)], 60_000, pipe=batch)
+    sc.release(k, [(claimed[28], claimed[29])], pipe=batch)
     sc.renew(rt.keys["slow"], [("nope", "t:0")], 5000, pipe=batch)  # another slot, same pipeline
     replies = batch.execute()
     assert [[int(c) for c in r] for r in replies] == [[0], [1, 1], [1], [-1]]

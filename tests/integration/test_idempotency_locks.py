@@ -14,6 +14,7 @@ from runner import config as config_mod
 from runner.client import Client
 from runner.errors import IdempotencyConflict
 from runner.runtime import Runtime
+from runner.store import records
 
 from conftest import Project, wait_for
 
@@ -91,7 +92,7 @@ def test_jobs_on_one_resource_never_overlap(project: Project) -> None:
         assert start >= end, "two handlers were inside the resource at once"
     recs = [c.get(i).as_dict() for i in ids]
     assert all(r["attempt"] == 1 for r in recs)
-    assert sum(r["deferrals"] for r in recs) > 0
+    # A finished job keeps no deferral count (a compact outcome); the counter has them.
     assert int(project.runtime.redis.hget(project.keys().stats, "deferred|resource") or 0) > 0
 
 
@@ -113,7 +114,8 @@ def test_lock_of_a_killed_holder_is_taken_over_after_its_ttl_not_before(project:
     assert rec_b["status"] == "done"
     # The lock lived until A's lease lapsed: at least vt minus one renewal period after the kill.
     assert rec_b["started_at"] >= killed_at + 2 * (2 / 3) - 0.1
-    assert rec_b["deferrals"] >= 1 and rec_b["attempt"] == 1
+    assert rec_b["attempt"] == 1
+    assert int(project.runtime.redis.hget(project.keys().stats, "deferred|resource") or 0) >= 1
 
 
 def test_crash_after_handler_before_ack_reruns_at_most_once(project: Project) -> None:
@@ -139,8 +141,8 @@ def test_job_whose_key_already_completed_is_acknowledged_without_running(project
     assert c.wait(first.id, timeout_s=15).status == "done"
     r = project.runtime.redis
     k = project.keys()
-    r.hset(k.job("dup1"), mapping={"type": "idem", "version": 1, "payload": '{"k": "k1"}', "status": "queued",
-                                   "attempt": 0, "max_attempts": 3, "idem_key": "k1"})
+    r.set(k.job("dup1"), records.encode({"type": "idem", "version": 1, "payload": '{"k": "k1"}',
+                                         "max_attempts": 3, "idem_key": "k1"}))
     r.lpush(k.ready, "dup1")
     rec = c.wait("dup1", timeout_s=15).as_dict()
     assert rec["status"] == "done" and rec["duplicate_of"] == first.id

@@ -69,7 +69,7 @@ def test_runner_schedules_lists_and_triggers(project: Project) -> None:
     assert job["type"] == "report" and job["status"] == "queued"
     done = project.client.wait(job["id"], timeout_s=15).as_dict()
     assert done["status"] == "done" and done["schedule"] == "report" and done["trigger"] == "manual"
-    assert done["payload"] == {"kind": "daily"}
+    assert done["result"] == {"kind": "daily"}  # the handler returns its payload (a done job keeps none)
     row = listing(project)
     assert row["last_job"]["id"] == job["id"] and row["last"] == at("2030-01-01T00:00:30")
     assert row["counts"]["manual"] == 1 and row["counts"]["fired"] == 1

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from runner.errors import UnknownFunction, UnknownVersion, ValidationFailed
+from runner.store import records
 
 from conftest import REPO, Project, wait_for
 
@@ -117,8 +118,8 @@ def test_standard_formats_are_asserted_at_enqueue_and_at_claim(project: Project)
     assert redis_keys(project) == []
 
     r, k = project.runtime.redis, project.keys()
-    r.hset(k.job("foreign-email"), mapping={"type": "send_email", "version": 2, "payload": json.dumps(bad),
-                                              "status": "queued", "attempt": 0, "max_attempts": 3})
+    r.set(k.job("foreign-email"), records.encode({"type": "send_email", "version": 2, "payload": json.dumps(bad),
+                                                 "max_attempts": 3}))
     r.lpush(k.ready, "foreign-email")
     project.spawn_worker("fast")
     rec = project.client.wait("foreign-email", timeout_s=15).as_dict()

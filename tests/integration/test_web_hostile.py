@@ -11,6 +11,8 @@ import pytest
 import requests
 from test_web_support import Web, gunicorn
 
+from runner.store import records
+
 from conftest import Project
 
 TOKEN = "hostile-t0ken"
@@ -73,7 +75,8 @@ def test_duplicate_keys_keep_the_last_value_and_store_one(project: Project, web:
     assert r.status_code == 202
     stored = web.get(f"/jobs/{r.json()['id']}").json()
     assert stored["payload"] == {"n": 2}
-    assert project.runtime.redis.hget(project.keys().job(r.json()["id"]), "payload") == '{"n":2}'
+    stored_rec = records.parse(project.runtime.redis.get(project.keys().job(r.json()["id"])))
+    assert stored_rec is not None and stored_rec["payload"] == '{"n":2}'
 
 
 def test_oversized_idempotency_key_is_refused(project: Project, web: Web) -> None:

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from runner.client import Client
 from runner.errors import IdempotencyConflict
 from runner.runtime import Runtime
-from runner.store import codec
+from runner.store import codec, records
 from runner.store.scripts import Ack, Burial, RetryAt
 
 from conftest import Project
@@ -59,8 +59,13 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
             self.now += 10
             return self.now
 
+        def _view(self, job_id: str) -> dict[str, str]:
+            rec, st, claim, outcome = self.rt.scripts.lookup(self.k, job_id)
+            rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
+            return records.view(job_id, rec, st or [], claim or None, outcome or None)
+
         def _status(self, job_id: str) -> str | None:
-            return self.c.get(job_id).status if self.r.exists(self.k.job(job_id)) else None
+            return self._view(job_id).get("status")
 
         @rule(fn=st.sampled_from(FUNCTIONS), key=st.sampled_from(KEYS), payload=st.sampled_from(PAYLOADS))
         def enqueue(self, fn: str, key: str, payload: dict[str, Any]) -> None:
@@ -87,7 +92,7 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
             self.rt.scripts.promote(self.k, 100, now_ms=self._tick())
             reply = self.rt.scripts.claim(self.k, n=n, start=n, lease_ms=LEASE, token_base=f"w.{next(self.seq)}",
                                           dead_ttl_ms=10**9, done_ttl_ms=10**9, now_ms=self._tick())
-            for i in range(2, len(reply), 13):
+            for i in range(2, len(reply), 14):
                 self.claimed[reply[i]] = reply[i + 1]
 
         def _one(self, data: st.DataObject) -> tuple[str, str] | None:
@@ -149,7 +154,7 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
         @invariant()
         def duplicates_only_of_completed_jobs(self) -> None:
             for job_id in self.jobs:
-                of = self.r.hget(self.k.job(job_id), "duplicate_of") if job_id not in self.purged else None
+                of = self._view(job_id).get("duplicate_of") if job_id not in self.purged else None
                 if of:
                     assert self._status(of) == "done", f"{job_id} settled as a duplicate of unfinished {of}"
                     assert self.jobs[of]["fn"] == self.jobs[job_id]["fn"]

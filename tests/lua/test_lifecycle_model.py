@@ -70,10 +70,10 @@ class Lifecycle(RuleBasedStateMachine):
         reply = self.sc.claim(self.k, n=n, start=start, lease_ms=LEASE, token_base=f"c{self.seq}",
                               dead_ttl_ms=10**9, done_ttl_ms=10**9, now_ms=self.now)
         assert reply[0] == self.now and reply[1] in (0, 1)  # time, held back
-        for i in range(2, len(reply), 13):
+        for i in range(2, len(reply), 14):
             jid, token, attempt, started = reply[i], reply[i + 1], int(reply[i + 2]), int(reply[i + 12])
             assert 1 <= attempt <= 3
-            assert started == (1 if (i - 2) // 13 < start else 0)
+            assert started == (1 if (i - 2) // 14 < start else 0)
             assert not (jid in self.limited and not started), f"{jid} is under a limit and was prefetched"
             self.claims[jid] = token
             self.attempts[jid] = attempt
@@ -135,7 +135,7 @@ class Lifecycle(RuleBasedStateMachine):
         assert self.sc.renew(self.k, [(jid, token)], LEASE, now_ms=self.now) == [-1]
         assert self.sc.start(self.k, [(jid, token)], now_ms=self.now) == [-1]
         assert view(self.project, jid) == before
-        lost = self.rt.redis.hget(self.k.job(jid), "lost_token")
+        lost = self.rt.redis.hget(self.k.state(jid), "lost_token")
         code = self.sc.ack(self.k, [Ack(jid, token, "", "", "")], 10**9, now_ms=self.now)
         if code == [2]:
             # A late success: the lapsed run's token, the job waiting in ready or buried

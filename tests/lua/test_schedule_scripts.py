@@ -11,7 +11,7 @@ import pytest
 from runner.store import records
 from runner.store.scripts import NewJob
 
-from conftest import Project, structures
+from conftest import Project, structures, view
 
 NOW = 1_800_000_000_000
 MIN = 60_000
@@ -44,8 +44,8 @@ def test_a_tick_fires_once(p: Project) -> None:
     assert tick(p, "j2", NOW) == [-2, str(NOW), "handled"]
     assert tick(p, "j3", NOW - MIN) == [-2, str(NOW), "handled"]
     assert structures(p)["ready"] == ["j1"]
-    view = records.Job("j1", "fast", p.runtime.redis.hgetall(p.keys().job("j1"))).as_dict()
-    assert view["schedule"] == "s" and view["status"] == "queued" and view["max_attempts"] == 3
+    job = records.Job("j1", "fast", view(p, "j1")).as_dict()
+    assert job["schedule"] == "s" and job["status"] == "queued" and job["max_attempts"] == 3
     st = state(p)
     assert (st["def"], st["tick"], st["fired"], st["job"], st["n_fired"], st["late_ms"]) == (
         "d1", str(NOW), str(NOW), "j1", "1", "5")
@@ -70,7 +70,9 @@ def test_overlap_skip_waits_for_the_last_job(p: Project) -> None:
     p.runtime.redis.hset(p.keys().claims, "j1", "tok 1 1 -")
     assert tick(p, "j3", NOW + 2 * MIN, overlap="skip") == [3, "j1", "processing"]
     p.runtime.redis.hdel(p.keys().claims, "j1")
-    p.runtime.redis.hset(p.keys().done, "j1", "x")
+    # Done: the record and its state go, the outcome sits in a done generation.
+    p.runtime.redis.delete(p.keys().job("j1"), p.keys().state("j1"))
+    p.runtime.redis.hset(p.keys().done(0), "j1", "noop 1 1 0 0\n\n")
     assert tick(p, "j4", NOW + 3 * MIN, overlap="skip") == [1, "j4", "queued"]
     assert tick(p, "j5", NOW + 4 * MIN, overlap="allow") == [1, "j5", "queued"]
 

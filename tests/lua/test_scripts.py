@@ -14,12 +14,12 @@ from runner.store import records
 from runner.store.embedded import Server
 from runner.store.scripts import Ack, Burial, Hand, NewJob, RetryAt
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, structures
+from conftest import Project, assert_no_job_in_two_structures, done_ids, make_project, structures, view
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
 HEAD = 2  # a claim reply starts with its time and whether it held a limited job back
-FIELDS = 13  # values per claimed job in a claim reply, after HEAD
+FIELDS = 14  # values per claimed job in a claim reply, after HEAD
 RESERVE_MS = 10_000  # how long a woken job's slot is kept for it (_lib.lua)
 SWEEP_MS = 1_000  # how soon promote looks again at a limit with parked jobs (_lib.lua)
 
@@ -56,14 +56,45 @@ def enqueue(p: Project, *jobs: NewJob, now: int | None = NOW) -> list[Any]:
 
 
 def rec(p: Project, job_id: str) -> dict[str, str]:
-    """The record as readers see it: with its claim or done outcome laid over."""
-    k, r = p.keys(), p.runtime.redis
-    return records.merge(r.hgetall(k.job(job_id)), r.hget(k.claims, job_id), r.hget(k.done, job_id))
+    """The job as readers see it: record and state, with its claim or done outcome laid over."""
+    return view(p, job_id)
 
 
 def raw(p: Project, job_id: str) -> dict[str, str]:
-    """The record hash alone, as written."""
-    return p.runtime.redis.hgetall(p.keys().job(job_id))
+    """The record string's fields and the state hash, as written (no claim, no outcome)."""
+    r, k = p.runtime.redis, p.keys()
+    return records.view(job_id, r.get(k.job(job_id)), r.hgetall(k.state(job_id)), None, None)
+
+
+def state(p: Project, job_id: str) -> dict[str, str]:
+    """The state hash alone (absent while the job waits untouched)."""
+    return p.runtime.redis.hgetall(p.keys().state(job_id))
+
+
+DEAD_GRACE = 3_600_000  # a dead job's keys expire this long after the dead retention (_lib.lua: rec_expire)
+
+
+def outcome(p: Project, job_id: str) -> str | None:
+    """A done job's outcome as written, from whichever done generation holds it."""
+    r, k = p.runtime.redis, p.keys()
+    gen = int(r.hget(k.done_meta, "gen") or 0)
+    for g in range(gen, gen - 4, -1):
+        o = r.hget(k.done(g), job_id)
+        if o is not None:
+            return o  # type: ignore[no-any-return]
+    return None
+
+
+def kept(p: Project, job_id: str) -> dict[str, str]:
+    """What a done job's outcome alone keeps, as readers see it (no record, no state)."""
+    o = outcome(p, job_id)
+    assert o is not None, f"no done outcome for {job_id}"
+    return records.view(job_id, None, {}, None, o)
+
+
+def done_entry(attempt: int, started: int, finished: int) -> str:
+    """The history entry a done job's view adds for its successful attempt (records.view)."""
+    return f'{{"attempt":{attempt},"outcome":"done","started_ms":{started},"at_ms":{finished}}}'
 
 
 def parked(p: Project, key: str) -> list[str]:
@@ -249,10 +280,10 @@ def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Projec
     assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [3, 0]
     assert raw(p, "a")["attempt"] == "1" and raw(p, "b")["attempt"] == "1"
     assert '"outcome":"worker lost"' in raw(p, "b")["history"]
-    rc = raw(p, "c")
+    rc, sc_ = raw(p, "c"), state(p, "c")
     unstarted = f'{{"attempt":1,"outcome":"lost unstarted","at_ms":{NOW + LEASE}}}'
-    assert rc["attempt"] == "0" and rc["refunds"] == "1" and rc["history"] == unstarted and "error" not in rc
-    assert rc["status"] == "queued" and rc["lost_token"].split()[0] == tc
+    assert rc["attempt"] == "0" and sc_["refunds"] == "1" and rc["history"] == unstarted and "error" not in rc
+    assert rc["status"] == "queued" and sc_["lost_token"].split()[0] == tc
     assert r.hget(k.stats, "lost|noop") == "2" and r.hget(k.stats, "unspent|noop") == "1"
 
     # c again, prefetched again and lost again: this time the attempt counts.
@@ -260,7 +291,7 @@ def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Projec
     assert again[0] == "c" and again[2] == 1 and again[12] == 0
     assert list(sc.reclaim(k, 1, 10**7, now_ms=NOW + 3 * LEASE)) == [1, 0]
     rc = raw(p, "c")
-    assert rc["attempt"] == "1" and rc["refunds"] == "1" and "WorkerLost" in rc["error"]
+    assert rc["attempt"] == "1" and state(p, "c")["refunds"] == "1" and "WorkerLost" in rc["error"]
     assert rc["history"] == unstarted + f',{{"attempt":1,"outcome":"worker lost","at_ms":{NOW + 3 * LEASE}}}'
 
 
@@ -309,16 +340,21 @@ def test_ack_is_fenced_by_token(p: Project) -> None:
     sc = p.runtime.scripts
     assert sc.ack(p.keys(), [Ack("a", "stale", '"x"', "{}", "")], 100_000, now_ms=NOW) == [-1]
     assert rec(p, "a")["status"] == "processing"
-    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', '{"attempt":1}', "succeeded|noop")], 100_000,
+    assert p.runtime.redis.hget(p.keys().census, "noop|1") == "1"
+    assert sc.ack(p.keys(), [Ack("a", job[1], '"ok"', "noop|1", "succeeded|noop")], 100_000,
                   now_ms=NOW + 5) == [1]
     r = rec(p, "a")
     # The claim is gone, so the settled token can no longer act on the job.
     assert r["status"] == "done" and r["result"] == '"ok"' and r.get("token", "") == ""
     assert not p.runtime.redis.hexists(p.keys().claims, "a")
-    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "dead": [], "done": ["a"]}
-    # The record is left as it was written: no TTL; the retention index dates the outcome.
-    assert p.runtime.redis.pttl(p.keys().job("a")) == -1 and raw(p, "a")["status"] == "queued"
-    assert p.runtime.redis.zscore(p.keys().finished, "a") == NOW + 5
+    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "parked": [], "dead": [], "done": ["a"]}
+    # A done job keeps neither key: its outcome, in the current done generation, dates it.
+    assert not p.runtime.redis.exists(p.keys().job("a"), p.keys().state("a"))
+    assert kept(p, "a") | {"created_ms": "-"} == {
+        "status": "done", "type": "noop", "version": "1", "attempt": "1", "started_ms": str(NOW),
+        "finished_ms": str(NOW + 5), "result": '"ok"', "history": done_entry(1, NOW, NOW + 5), "created_ms": "-"}
+    assert r["finished_ms"] == str(NOW + 5) and r["type"] == "noop" and r["attempt"] == "1"
+    assert p.runtime.redis.hget(p.keys().census, "noop|1") is None  # no longer counted as not done
     assert p.runtime.redis.hget(p.keys().stats, "succeeded|noop") == "1"
     # The minute's throughput counter is the minute of the ack's clock, kept for 6 hours.
     tput = p.keys().throughput((NOW + 5) // 60_000)
@@ -373,7 +409,8 @@ def test_bury_with_refund_gives_the_attempt_back(p: Project) -> None:
     r = rec(p, "a")
     assert r["status"] == "dead" and r["reason"] == "invalid payload" and r["attempt"] == "0"
     assert structures(p)["dead"] == ["a"]
-    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000
+    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000 + DEAD_GRACE
+    assert 0 < p.runtime.redis.pttl(p.keys().state("a")) <= 100_000 + DEAD_GRACE
 
 
 def test_release_returns_to_front_without_spending_an_attempt(p: Project) -> None:
@@ -454,16 +491,18 @@ def test_reclaim_counts_a_lapsed_lease_as_an_attempt(p: Project) -> None:
     (job,) = claim(p)
     assert sc.reclaim(p.keys(), 100, 100_000, now_ms=NOW + LEASE - 1) == [0, 0]  # not yet
     assert sc.reclaim(p.keys(), 100, 100_000, now_ms=NOW + LEASE) == [1, 0]
-    assert rec(p, "a")["status"] == "queued" and raw(p, "a")["lost_token"].split()[0] == job[1]
+    assert rec(p, "a")["status"] == "queued" and state(p, "a")["lost_token"].split()[0] == job[1]
     (job2,) = claim(p, now=NOW + 2 * LEASE, base="w.2")
     assert job2[2] == 2
     assert sc.ack(p.keys(), [Ack("a", job[1], "", "", "")], 1000, now_ms=NOW + 2 * LEASE) == [-1]
     assert rec(p, "a")["token"] == job2[1]
     assert sc.reclaim(p.keys(), 100, 100_000, now_ms=NOW + 4 * LEASE) == [0, 1]
     r = rec(p, "a")
-    assert r["status"] == "dead" and r["reason"] == "worker lost" and r["lost_token"].split()[0] == job2[1]
+    assert r["status"] == "dead" and r["reason"] == "worker lost"
+    assert state(p, "a")["lost_token"].split()[0] == job2[1]
     assert '"outcome":"worker lost"' in r["history"]
-    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000
+    assert 0 < p.runtime.redis.pttl(p.keys().job("a")) <= 100_000 + DEAD_GRACE
+    assert 0 < p.runtime.redis.pttl(p.keys().state("a")) <= 100_000 + DEAD_GRACE
     assert_no_job_in_two_structures(p)
 
 
@@ -478,36 +517,41 @@ def test_a_late_ack_records_the_job_done_when_nobody_claimed_it_since(p: Project
     (job,) = claim(p)
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [1, 0]
-    entry = '{"attempt":1,"outcome":"done"}'
-    assert sc.ack(k, [Ack("a", job[1], '"late"', entry, "succeeded|noop")], 100_000,
+    lost = f'{{"attempt":1,"outcome":"worker lost","at_ms":{NOW + LEASE}}}'
+    assert sc.ack(k, [Ack("a", job[1], '"late"', "noop|1", "succeeded|noop")], 100_000,
                   now_ms=NOW + LEASE + 5) == [2]
     ra = rec(p, "a")
     assert ra["status"] == "done" and ra["result"] == '"late"' and ra["attempt"] == "1"
-    assert ra["history"].endswith("," + entry) and "lost_token" not in raw(p, "a")
-    assert r.zscore(k.finished, "a") == NOW + LEASE + 5
+    # The run that finished is the one whose lease lapsed: its start, the ack's finish.
+    assert ra["started_ms"] == str(NOW) and ra["finished_ms"] == str(NOW + LEASE + 5)
+    assert ra["history"] == lost + "," + done_entry(1, NOW, NOW + LEASE + 5)
+    assert not r.exists(k.job("a"), k.state("a"))  # lost_token and all: the job is done
+    assert r.hget(k.census, "noop|1") is None
     assert r.hget(k.stats, "late|noop") == "1" and r.hget(k.stats, "succeeded|noop") == "1"
     assert structures(p)["ready"] == ["a"]  # still there: the claim drops it
     assert claim(p, now=NOW + LEASE + 6, base="w.2") == []
     assert r.hget(k.stats, "stray") == "1"
-    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "dead": [], "done": ["a"]}
-    assert sc.ack(k, [Ack("a", job[1], '"again"', "", "")], 100_000, now_ms=NOW + LEASE + 7) == [-1]
+    assert structures(p) == {"ready": [], "leases": [], "scheduled": [], "parked": [], "dead": [], "done": ["a"]}
+    assert sc.ack(k, [Ack("a", job[1], '"again"', "noop|1", "")], 100_000, now_ms=NOW + LEASE + 7) == [-1]
+    assert rec(p, "a")["result"] == '"late"' and done_ids(r, k) == ["a"]
 
 
 def test_a_late_ack_revives_a_job_buried_as_worker_lost(p: Project) -> None:
     """On its last attempt a lapsed lease buries the job as worker lost and frees its
     idempotency key; the late ack of that run takes the job out of the dead-letter set,
-    keeps its record (no expiry) and marks the key done for it again."""
+    leaves no expiring dead copy of it behind (record and state go, the outcome stays) and
+    marks the key done for it again."""
     enqueue(p, new("a", max_attempts=1, idem="k", phash="h"))
     (job,) = claim(p)
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [0, 1]
-    assert r.get(k.idem("noop", "k")) is None and r.pttl(k.job("a")) > 0
-    assert sc.ack(k, [Ack("a", job[1], '"late"', "", "")], 100_000, now_ms=NOW + LEASE + 5) == [2]
+    assert r.get(k.idem("noop", "k")) is None and r.pttl(k.job("a")) > 0 and r.pttl(k.state("a")) > 0
+    assert sc.ack(k, [Ack("a", job[1], '"late"', "noop|1", "")], 100_000, now_ms=NOW + LEASE + 5) == [2]
     s = structures(p)
     assert s["dead"] == [] and s["done"] == ["a"]
     ra = rec(p, "a")
     assert ra["status"] == "done" and "reason" not in ra and ra["result"] == '"late"'
-    assert r.pttl(k.job("a")) == -1
+    assert not r.exists(k.job("a"), k.state("a")) and outcome(p, "a") is not None
     assert r.get(k.idem("noop", "k")) == "a h done" and 0 < r.pttl(k.idem("noop", "k")) <= 100_000
 
 
@@ -591,7 +635,7 @@ def test_a_full_limit_parks_the_job_without_spending_an_attempt(p: Project) -> N
     assert parked(p, "r:r1") == [] and r.zscore(k.limwait, "r:r1") is None
     (b,) = claim(p, now=NOW + 6, base="w.2")
     assert b[0] == "b" and b[2] == 1  # parking spent no attempt
-    assert holders(p, "r:r1") == {b[1]: NOW + 6 + LEASE} and "woken" not in raw(p, "b")
+    assert holders(p, "r:r1") == {b[1]: NOW + 6 + LEASE} and "woken" not in state(p, "b")
     assert_no_job_in_two_structures(p)
 
 
@@ -686,7 +730,7 @@ def test_a_woken_job_that_lost_its_reserved_slot_goes_back_to_the_head(p: Projec
     (a,) = claim(p)
     r, k = p.runtime.redis, p.keys()
     assert p.runtime.scripts.ack(k, [Ack("a", a[1], "", "", "")], 1000, now_ms=NOW + 5) == [1]
-    assert raw(p, "b")["woken"] == "1"
+    assert state(p, "b")["woken"] == "1"
     later = NOW + 5 + RESERVE_MS + 1
     enqueue(p, new("d", res="r1"), now=later)
     r.delete(k.ready)
@@ -695,7 +739,7 @@ def test_a_woken_job_that_lost_its_reserved_slot_goes_back_to_the_head(p: Projec
     assert [g[0] for g in got] == ["d"]
     assert parked(p, "r:r1") == ["b", "c"]
     rb = raw(p, "b")
-    assert rb["status"] == "deferred" and rb["deferrals"] == "2" and "woken" not in rb
+    assert rb["status"] == "deferred" and rb["deferrals"] == "2" and "woken" not in state(p, "b")
 
 
 def test_a_stray_id_of_a_parked_job_is_dropped_not_run(p: Project) -> None:
@@ -807,25 +851,32 @@ def test_bury_frees_the_key_of_its_job_only(p: Project) -> None:
 def test_claim_marks_a_duplicate_only_for_the_same_payload(p: Project) -> None:
     """A job whose key already completed under another job is done without running when
     its payload hash is that job's (or it has none recorded, as an older producer writes
-    it); with another payload it is a request of its own and runs."""
+    it); with another payload it is a request of its own and runs. A duplicate keeps no
+    record: its outcome names the job it duplicates. (d is a hash record of the previous
+    release, converted when claim reads it.)"""
     enqueue(p, new("a", idem="k", phash="h"))
     (job,) = claim(p)
     p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], 100_000, now_ms=NOW)
     assert p.runtime.redis.get(p.keys().idem("noop", "k")) == "a h done"
     # Other producers push jobs with the same key (bypassing enqueue's check).
-    r = p.runtime.redis
-    base = {"type": "noop", "version": 1, "payload": "{}", "status": "queued", "max_attempts": 3, "idem_key": "k"}
-    r.hset(p.keys().job("b"), mapping={**base, "idem_hash": "h"})
-    r.hset(p.keys().job("c"), mapping={**base, "idem_hash": "other"})
-    r.hset(p.keys().job("d"), mapping=base)
-    r.lpush(p.keys().ready, "b", "c", "d")
+    r, k = p.runtime.redis, p.keys()
+    base = {"type": "noop", "version": 1, "payload": "{}", "max_attempts": 3, "idem_key": "k"}
+    r.set(k.job("b"), records.encode({**base, "idem_hash": "h"}))
+    r.set(k.job("c"), records.encode({**base, "idem_hash": "other"}))
+    r.hset(k.job("d"), mapping={**base, "status": "queued"})  # the previous release's layout
+    r.hset(k.census, "noop|1", 3)  # as their producers would have counted them
+    r.lpush(k.ready, "b", "c", "d")
     got = claim(p, base="w.2")
     assert [g[0] for g in got] == ["c"]
     for dup in "bd":
         rd = rec(p, dup)
         assert rd["status"] == "done" and rd["duplicate_of"] == "a"
-        assert 0 < r.pttl(p.keys().job(dup)) <= 10_000_000
-    assert r.hget(p.keys().stats, "duplicates|noop") == "2"
+        assert not r.exists(k.job(dup), k.state(dup))
+        kd = kept(p, dup)
+        assert (kd["type"], kd["version"], kd["duplicate_of"], kd["attempt"]) == ("noop", "1", "a", "0")
+        assert "result" not in kd and "history" not in kd
+    assert rec(p, "c")["status"] == "processing" and raw(p, "c")["idem_hash"] == "other"
+    assert r.hget(k.stats, "duplicates|noop") == "2" and r.hget(k.census, "noop|1") == "1"
 
 
 def test_requeue_takes_its_key_back_or_goes_back_without_it(p: Project) -> None:
@@ -872,7 +923,7 @@ def test_remove_frees_a_key_that_still_names_the_job(p: Project) -> None:
 
 
 @pytest.mark.parametrize("setup,reason", [
-    (lambda r, k: r.set(k.job("x"), "not a hash"), "a Redis string instead of a hash"),
+    (lambda r, k: r.set(k.job("x"), "not a record"), 'not a record of this runner ("not a record")'),
     (lambda r, k: r.hset(k.job("x"), mapping={"type": "noop", "status": "queued"}),
      "missing field(s) version, payload"),
     (lambda r, k: None, "no job record for this id"),
@@ -923,10 +974,12 @@ def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Proj
     got = {g[0]: g for g in claim(p, n=3)}
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     r.hset(k.claims, "a", "not a claim")
-    # b as an older release left it: no claim entry, the claim on the record
+    # b as an older release left it: no claim entry, a hash record holding the claim
     r.hdel(k.claims, "b")
-    r.hset(k.job("b"), mapping={"status": "processing", "token": "old:1", "attempt": 1})
-    assert sc.ack(k, [Ack("c", got["c"][1], "", "", "")], 100_000, now_ms=NOW) == [1]
+    r.delete(k.job("b"))
+    r.hset(k.job("b"), mapping={"type": "noop", "version": 1, "payload": '{"a":1}', "max_attempts": 3,
+                                "created_ms": NOW, "status": "processing", "token": "old:1", "attempt": 1})
+    assert sc.ack(k, [Ack("c", got["c"][1], "", "noop|1", "")], 100_000, now_ms=NOW) == [1]
     r.zadd(k.leases, {"c": NOW})  # a stray lease beside c's outcome
     assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE + 1)) == [2, 0]
     assert sorted(r.lrange(k.ready, 0, -1)) == ["a", "b"]
@@ -934,7 +987,8 @@ def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Proj
         v = rec(p, job_id)
         assert v["status"] == "queued" and v["attempt"] == "1", v
         assert v["history"].endswith(f'"outcome":"worker lost","at_ms":{NOW + LEASE + 1}}}')
-    assert raw(p, "b")["lost_token"].split()[0] == "old:1"  # the legacy claim's token can still ack late
+    assert r.type(k.job("b")) == "string" and records.parse(r.get(k.job("b")))["payload"] == '{"a":1}'
+    assert state(p, "b")["lost_token"].split()[0] == "old:1"  # the legacy claim's token can still ack late
     assert rec(p, "c")["status"] == "done"
     assert r.hlen(k.claims) == 0
     assert_no_job_in_two_structures(p)
@@ -944,23 +998,26 @@ def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Proj
 
 
 def test_claim_with_a_damaged_queue_key_refuses_and_loses_nothing(p: Project) -> None:
-    """With any key of the queue that a claim may write (claims, done, leases, scheduled,
-    dead) damaged to another type, claim raises an error naming it and leaves
-    every popped id back in ready, in order; once the key is repaired the jobs are
-    claimed as usual."""
+    """With any key of the queue that a claim may write or must read (claims, done meta,
+    leases, scheduled, dead) damaged to another type, claim raises an error naming it and
+    leaves every popped id back in ready, in order; once the key is repaired the jobs are
+    claimed as usual. (The first id has no record: settling it asks the done generations
+    whether it is a done job's stray, so the done meta key is read.)"""
     from redis.exceptions import ResponseError
 
     enqueue(p, new("a"), new("b"), new("c"))
     r, k = p.runtime.redis, p.keys()
-    for name, damaged in (("claims", k.claims), ("done", k.done), ("leases", k.leases),
+    r.rpush(k.ready, "ghost")
+    for name, damaged in (("claims", k.claims), ("done", k.done_meta), ("leases", k.leases),
                           ("scheduled", k.scheduled), ("dead", k.dead)):
         r.delete(damaged)
         r.set(damaged, "not the right type")
-        with pytest.raises(ResponseError, match=f"the {name} key of this queue holds the wrong"):
+        with pytest.raises(ResponseError, match=f"the {name}[a-z ]* key of this queue holds the wrong"):
             claim(p, n=2)
-        assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"], name
+        assert r.lrange(k.ready, 0, -1) == ["c", "b", "a", "ghost"], name
         r.delete(damaged)
     assert [g[0] for g in claim(p, n=3)] == ["a", "b", "c"]
+    assert structures(p)["dead"] == ["ghost"]
 
 
 def test_reclaim_renames_damaged_leases_aside_and_takes_every_claimed_job_back(p: Project) -> None:
@@ -1159,17 +1216,31 @@ def test_enqueue_heals_an_idempotency_key_damaged_to_another_type(p: Project) ->
     assert r.get(k.idem("noop", "bad")) == "b h"
 
 
+def _record(**fields: Any) -> str:
+    return records.encode({"type": "noop", "version": 1, "payload": "{}", "max_attempts": 3, **fields})
+
+
 @pytest.mark.parametrize("setup,reason,corrupt", [
-    (lambda r, k: r.rpush(k.job("x"), "1"), "a Redis list instead of a hash", True),
-    (lambda r, k: r.zadd(k.job("x"), {"m": 1}), "a Redis zset instead of a hash", True),
-    (lambda r, k: r.hset(k.job("x"), "other", "1"), "missing field(s) type, version, payload, status", False),
-    (lambda r, k: None, "no job record for this id", False),
+    (lambda r, k: r.rpush(k.job("x"), "1"), "a Redis list instead of a string", ":corrupt"),
+    (lambda r, k: r.zadd(k.job("x"), {"m": 1}), "a Redis zset instead of a string", ":corrupt"),
+    (lambda r, k: r.sadd(k.job("x"), "m"), "a Redis set instead of a string", ":corrupt"),
+    (lambda r, k: r.set(k.job("x"), "1\x1fnoop\x1f1"), "not a record of this runner", ""),
+    (lambda r, k: r.set(k.job("x"), _record(type="")), "missing field(s) type", ""),
+    (lambda r, k: r.set(k.job("x"), _record(max_attempts="three")), "not an integer: max_attempts", ""),
+    (lambda r, k: (r.set(k.job("x"), _record()), r.set(k.state("x"), "s")),
+     "its state is not a hash", ":s:corrupt"),
+    (lambda r, k: (r.set(k.job("x"), _record()), r.hset(k.state("x"), "attempt", "1.5")),
+     "not an integer: attempt", ""),
+    (lambda r, k: (r.set(k.job("x"), _record()), r.hset(k.state("x"), "status", "zombie")),
+     'unknown status "zombie"', ""),
+    (lambda r, k: r.hset(k.job("x"), "other", "1"), "missing field(s) type, version, payload, status", ""),
+    (lambda r, k: None, "no job record for this id", ""),
 ])
 def test_malformed_record_in_a_batch_is_buried_and_the_rest_claimed(
-    p: Project, setup: Any, reason: str, corrupt: bool
+    p: Project, setup: Any, reason: str, corrupt: str
 ) -> None:
-    """A malformed record between good jobs is buried with its reason (a foreign value is
-    kept aside under :corrupt); the good jobs of the same claim run."""
+    """A malformed record (or state) between good jobs is buried with its reason (a foreign
+    value is kept aside under :corrupt); the good jobs of the same claim run."""
     r = p.runtime.redis
     k = p.keys()
     enqueue(p, new("a"))
@@ -1181,7 +1252,8 @@ def test_malformed_record_in_a_batch_is_buried_and_the_rest_claimed(
     assert structures(p)["dead"] == ["x"] and sorted(structures(p)["leases"]) == ["a", "b"]
     dead = rec(p, "x")
     assert dead["status"] == "dead" and reason in dead["reason"]
-    assert r.exists(k.job("x") + ":corrupt") == (1 if corrupt else 0)
+    assert r.exists(k.job("x") + ":corrupt") == (corrupt == ":corrupt")
+    assert r.exists(k.job("x") + ":s:corrupt") == (corrupt == ":s:corrupt")
     assert r.hget(k.stats, "dead|?") == "1"
 
 
@@ -1225,30 +1297,46 @@ def test_trim_forgets_dead_entries_past_the_retention_with_their_records(p: Proj
     for job_id, at in (("old1", NOW), ("old2", NOW + 1), ("new", NOW + 10_000)):
         (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
         assert sc.bury(k, [Burial(job_id, job[1], "x", "", "", False, "")], 50_000, now_ms=at) == [1]
-        assert 0 < r.pttl(k.job(job_id)) <= 50_000
+        assert 0 < r.pttl(k.job(job_id)) <= 50_000 + DEAD_GRACE
+        assert 0 < r.pttl(k.state(job_id)) <= 50_000 + DEAD_GRACE
+    assert r.hget(k.census, "noop|1") == "3"  # dead jobs are not done
     later = NOW + 55_000  # old1 and old2 are past 50 s, new is not
     assert sc.trim(k, 50_000, 10**9, 1, now_ms=later) == [1, 0]
-    assert sorted(structures(p)["dead"]) == ["new", "old2"] and not r.exists(k.job("old1"))
+    assert sorted(structures(p)["dead"]) == ["new", "old2"] and not r.exists(k.job("old1"), k.state("old1"))
     assert sc.trim(k, 50_000, 10**9, 100, now_ms=later) == [1, 0]
-    assert structures(p)["dead"] == ["new"] and not r.exists(k.job("old2")) and r.exists(k.job("new"))
+    assert structures(p)["dead"] == ["new"] and not r.exists(k.job("old2"), k.state("old2"))
+    assert r.exists(k.job("new")) and r.exists(k.state("new"))
+    assert r.hget(k.census, "noop|1") == "1"  # trimmed jobs leave the census
     assert sc.trim(k, 50_000, 10**9, 100, now_ms=later) == [0, 0]
 
 
 def test_trim_deletes_done_jobs_past_retention_with_their_outcomes(p: Project) -> None:
-    """A done job past the done retention loses its record, outcome and index entry in one
-    step; a newer one keeps all three; the limit bounds one call."""
+    """Done outcomes live in generations of a quarter of the retention each: an ack starts
+    a new one when the current one is that old, and so does trim on an idle queue; with the
+    fifth the oldest goes whole (outcome and log). So a done job past the retention is gone
+    (records, state and outcome: nothing of it is left), a newer one keeps its outcome."""
+    from runner.errors import JobNotFound
+
     enqueue(p, new("a"), new("b"), new("c"))
     sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    keep = 20_000  # generations of 5 s
     for job_id, at in (("a", NOW), ("b", NOW + 1), ("c", NOW + 10_000)):
         (job,) = claim(p, n=1, now=at, base=f"w.{job_id}")
-        assert sc.ack(k, [Ack(job_id, job[1], "", "", "")], 100_000, now_ms=at) == [1]
-    later = NOW + 10_000  # a and b finished more than 5 s before, c just now
-    assert sc.trim(k, 10**9, 5_000, 1, now_ms=later) == [0, 1]
-    assert not r.exists(k.job("a")) and not r.hexists(k.done, "a")
-    assert rec(p, "b")["status"] == "done"
-    assert sc.trim(k, 10**9, 5_000, 100, now_ms=later) == [0, 1]
-    assert not r.exists(k.job("b")) and not p.client.get("c").as_dict()["last_error"]
+        assert sc.ack(k, [Ack(job_id, job[1], "", "noop|1", "")], 100_000, done_ttl_ms=keep, now_ms=at) == [1]
+        assert not r.exists(k.job(job_id), k.state(job_id))
+    assert r.hkeys(k.done(0)) == ["a", "b"] and r.hkeys(k.done(1)) == ["c"]  # c began generation 1
+    assert sc.trim(k, 10**9, keep, 100, now_ms=NOW + 14_999) == [0, 1]  # generation 1 is not 5 s old
+    assert sc.trim(k, 10**9, keep, 100, now_ms=NOW + 15_000) == [0, 2]
+    assert sc.trim(k, 10**9, keep, 100, now_ms=NOW + 20_000) == [0, 3]
+    assert sorted(done_ids(r, k)) == ["a", "b", "c"] and rec(p, "a")["status"] == "done"
+    assert sc.trim(k, 10**9, keep, 100, now_ms=NOW + 25_000) == [0, 4]  # a and b are 25 s old
+    assert not r.exists(k.done(0), k.done(0) + ":log")
+    assert rec(p, "a") == {} and rec(p, "b") == {}
+    with pytest.raises(JobNotFound):
+        p.client.get("a")
     assert structures(p)["done"] == ["c"] and rec(p, "c")["status"] == "done"
+    assert not p.client.get("c").as_dict()["last_error"]
+    assert r.hget(k.census, "noop|1") is None
 
 
 def test_client_run_at_schedules_at_that_time(p: Project) -> None:
@@ -1287,8 +1375,8 @@ def test_scripts_run_on_the_servers_clock_when_no_test_clock_is_passed(p: Projec
     r.zadd(k.scheduled, {"a": 0})  # due at once
     assert sc.promote(k, 100)[0] == 1
     again = claim_reply(p, now=None, base="w.2")[HEAD:]
-    assert sc.ack(k, [Ack("a", again[1], "", "", "")], 100_000) == [1]
-    finished = int(r.zscore(k.finished, "a") or 0)
+    assert sc.ack(k, [Ack("a", again[1], "", "noop|1", "")], 100_000) == [1]
+    finished = int(rec(p, "a")["finished_ms"])
     assert failed <= finished <= server_ms(p)
     assert r.hget(k.throughput(finished // 60_000), "done") == "1"
 
@@ -1322,7 +1410,7 @@ def test_claim_pops_again_after_strays_within_its_bound(p: Project) -> None:
     k = p.keys()
     enqueue(p, *(new(f"s{i}") for i in range(5)), new("a"), new("b"))
     for i in range(5):
-        r.hset(k.job(f"s{i}"), "status", "done")
+        r.hset(k.state(f"s{i}"), "status", "done")
     assert claim(p, n=1) == []  # s0..s3 popped and dropped: the bound is 4
     assert structures(p)["ready"] == ["b", "a", "s4"]
     assert r.hget(k.stats, "stray") == "4"
@@ -1341,8 +1429,8 @@ def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
     k = p.keys()
     before = rec(p, "a")
     stats_before = r.hgetall(k.stats)
-    codes = p.runtime.scripts.ack(k, [Ack("a", got[1][1], '"x"', '{"attempt":1}', "succeeded|noop"),
-                                      Ack("b", got[1][1], '"y"', '{"attempt":1}', "succeeded|noop")],
+    codes = p.runtime.scripts.ack(k, [Ack("a", got[1][1], '"x"', "noop|1", "succeeded|noop"),
+                                      Ack("b", got[1][1], '"y"', "noop|1", "succeeded|noop")],
                                   100_000, now_ms=NOW)
     assert codes == [-1, 1]
     assert rec(p, "a") == before and r.pttl(k.job("a")) == -1
@@ -1351,26 +1439,32 @@ def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
     # b is settled: its token field is empty, and an empty token owns nothing.
     assert rec(p, "b").get("token", "") == "" and not r.hexists(k.claims, "b")
     sc = p.runtime.scripts
-    assert sc.ack(k, [Ack("b", "", "", "", "")], 100_000, now_ms=NOW) == [-1]
+    assert sc.ack(k, [Ack("b", "", "", "noop|1", "")], 100_000, now_ms=NOW) == [-1]
     assert sc.renew(k, [("b", "")], LEASE, now_ms=NOW) == [-1]
     assert sc.start(k, [("b", "")], now_ms=NOW) == [-1]
     assert sc.release(k, [Hand("b", "", "later")], now_ms=NOW) == [-1]
     assert sc.checkpoint(k, "b", "", "{}") == -1
-    # A record damaged to processing with an empty token is not owned by '' either.
-    r.hset(k.job("b"), "status", "processing")
+    # A job whose state was damaged to processing, with an empty token, is not owned by '' either.
+    r.set(k.job("b"), records.encode({"type": "noop", "version": 1, "payload": "{}", "max_attempts": 3}))
+    r.hset(k.state("b"), mapping={"status": "processing", "token": ""})
     assert sc.ack(k, [Ack("b", "", "", "", "")], 100_000, now_ms=NOW) == [-1]
 
 
 def test_ack_writes_one_history_entry(p: Project) -> None:
+    """A first attempt's success has no earlier history: the outcome keeps none, and the
+    view shows one entry, the success, dated by the outcome's start and finish."""
     enqueue(p, new("a"))
     (job,) = claim(p)
-    entry = '{"attempt":1,"outcome":"done","started_ms":1,"at_ms":2}'
-    assert p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "null", entry, "")], 100_000, now_ms=NOW) == [1]
+    assert p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "null", "noop|1", "")], 100_000,
+                                 now_ms=NOW + 2) == [1]
+    ka = kept(p, "a")
+    assert ka["history"] == done_entry(1, NOW, NOW + 2) and ka["result"] == "null"
+    assert not p.runtime.redis.exists(p.keys().job("a"), p.keys().state("a"))
     r = rec(p, "a")
-    assert r["history"] == entry
+    assert r["history"] == done_entry(1, NOW, NOW + 2)
     assert "error" not in r
-    assert p.client.get("a").as_dict()["history"] == [{"attempt": 1, "outcome": "done", "started_ms": 1,
-                                                        "at_ms": 2}]
+    assert p.client.get("a").as_dict()["history"] == [{"attempt": 1, "outcome": "done", "started_ms": NOW,
+                                                        "at_ms": NOW + 2}]
 
 
 def test_history_after_retry_then_success_has_both_entries_in_order(p: Project) -> None:
@@ -1386,10 +1480,11 @@ def test_history_after_retry_then_success_has_both_entries_in_order(p: Project) 
     assert sc.promote(k, 100, now_ms=NOW + 10)[0] == 1
     (job2,) = claim(p, now=NOW + 20, base="w.2")
     assert job2[2] == 2
-    second = '{"attempt":2,"outcome":"done"}'
-    assert sc.ack(k, [Ack("a", job2[1], '"ok"', second, "")], 100_000, now_ms=NOW + 30) == [1]
+    assert sc.ack(k, [Ack("a", job2[1], '"ok"', "noop|1", "")], 100_000, now_ms=NOW + 30) == [1]
+    ka = kept(p, "a")  # the history of the attempts before the success is in the outcome
+    assert ka["history"] == first + "," + done_entry(2, NOW + 20, NOW + 30) and ka["result"] == '"ok"'
     r = rec(p, "a")
-    assert r["history"] == first + "," + second
+    assert r["history"] == first + "," + done_entry(2, NOW + 20, NOW + 30)
     assert "error" not in r and r["status"] == "done" and r["attempt"] == "2"
     assert [h["attempt"] for h in p.client.get("a").as_dict()["history"]] == [1, 2]
 
@@ -1416,7 +1511,7 @@ def test_batch_ack_removes_only_its_own_leases(p: Project) -> None:
 def _settle_twice(p: Project, how: str, token: str) -> Any:
     sc, k = p.runtime.scripts, p.keys()
     if how == "ack":
-        return sc.ack(k, [Ack("a", token, "", '{"n":1}', "settled|noop")] * 2, 100_000, now_ms=NOW)
+        return sc.ack(k, [Ack("a", token, "", "noop|1", "settled|noop")] * 2, 100_000, now_ms=NOW)
     if how == "retry":
         return sc.retry(k, [RetryAt("a", token, 10, "{}", '{"n":1}', "settled|noop")] * 2, now_ms=NOW)
     if how == "bury":
@@ -1429,13 +1524,17 @@ def _settle_twice(p: Project, how: str, token: str) -> Any:
 def test_the_same_claim_twice_in_one_batch_settles_once(p: Project, how: str) -> None:
     """A batch holding one claim twice (ack.lua: "the same claim twice in one batch settles
     once") settles it once: the second copy is refused, counts nothing and adds no second
-    history entry or ready entry."""
-    enqueue(p, new("a"))
-    (job,) = claim(p)
+    history entry, ready entry or done outcome (nor uncounts the job twice)."""
+    enqueue(p, new("a"), new("b"))
+    (job, _b) = claim(p)
     r, k = p.runtime.redis, p.keys()
     assert list(_settle_twice(p, how, job[1])) == [1, -1]
     assert r.hget(k.stats, "settled|noop") in (None, "1")
-    assert rec(p, "a")["history"] == '{"n":1}'
+    if how == "ack":  # an ack takes no history entry: the view adds the success's own
+        assert rec(p, "a")["history"] == done_entry(1, NOW, NOW)
+        assert done_ids(r, k) == ["a"] and r.hget(k.census, "noop|1") == "1"
+    else:
+        assert rec(p, "a")["history"] == '{"n":1}'
     assert len(r.lrange(k.ready, 0, -1)) <= 1
 
 
@@ -1462,7 +1561,8 @@ def test_batch_retry_and_bury_set_each_job_apart(p: Project) -> None:
     assert rc["status"] == "dead" and rc["attempt"] == "0" and rc["error"] == '{"type":"C"}'
     assert "history" not in rc
     assert rd["attempt"] == "1" and rd["reason"] == "failed" and "error" not in rd and rd["history"] == '{"n":"d"}'
-    assert 0 < r.pttl(k.job("d")) <= 100_000
+    assert 0 < r.pttl(k.job("d")) <= 100_000 + DEAD_GRACE and 0 < r.pttl(k.state("d")) <= 100_000 + DEAD_GRACE
+    assert r.pttl(k.job("a")) == -1 and r.pttl(k.state("a")) == -1  # a retried job does not expire
     assert r.hget(k.stats, "retried|noop") == "2" and r.hget(k.stats, "dead|noop") == "2"
     assert_no_job_in_two_structures(p)
 
@@ -1492,12 +1592,15 @@ def _inside(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 
 def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server: Server) -> None:
-    """The common case (no keys, first attempt succeeds): claim reads each record once and
-    writes nothing to it; it pops, checks for strays (claims and outcomes) and that the
+    """The common case (no keys, first attempt succeeds): claim reads each record once (a
+    GET of the record string; a job that waits untouched has no state hash to read) and
+    writes nothing to it; it pops, checks for strays (one HMGET of the claims) and that the
     keys it may write hold their types (one ZSCORE each for leases, scheduled, dead),
-    records the claims and the leases with one command each for the batch. Ack touches no record: one
-    HMGET for the fences, one HSET for the outcomes, one ZADD for their retention index,
-    one HDEL and one ZREM for the claims and leases, whatever the batch size. On the
+    records the claims and the leases with one command each for the batch. Ack reads no
+    record, whatever the batch size: one HMGET for the fences, one HMGET of the done
+    generation (and, the first time, one HSET to begin it), one HSET and one LPUSH for the
+    outcomes, one HINCRBY for the generation's count, one DEL of the records and states,
+    one HDEL and one ZREM for the claims and leases, one HINCRBY for the census. On the
     server's clock each call adds one TIME, nothing else."""
     proj = make_project(tmp_path / "project", quiet_server)
     try:
@@ -1512,17 +1615,20 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
             reply = claim_reply(proj, n=10, now=now, base=f"w.{now}")
             got = [reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS)]
             t1 = _calls(r)
-            acks = [Ack(g[0], g[1], "null", '{"attempt":1}', "succeeded|noop") for g in got]
+            acks = [Ack(g[0], g[1], "null", "noop|1", "succeeded|noop") for g in got]
             assert sc.ack(k, acks, 100_000, now_ms=now) == [1] * 10
             t2 = _calls(r)
             phases.append((_inside(t0, t1), _inside(t1, t2)))
     finally:
         proj.stop_all()
         proj.runtime.close()
-    claim_cost = {"rpop": 1, "hmget": 10 + 2, "zscore": 3, "hset": 1, "zadd": 1}
+    # Per job: a GET of the record and an HMGET of its state (absent for a job that waited
+    # untouched, but only reading tells); per batch one RPOP, the claims' HMGET, the
+    # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD of the leases.
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 11, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
-    ack_cost = {"hmget": 1, "hset": 1, "zadd": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 2}
-    assert phases[0] == (claim_cost, ack_cost)
+    ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 4}
+    assert phases[0] == (claim_cost, {**ack_cost, "hset": 2})  # the first ack begins generation 0
     assert phases[1] == ({**claim_cost, "time": 1}, {**ack_cost, "time": 1})
 
 

@@ -37,9 +37,11 @@ def test_a_script_defines_every_helper_it_or_its_helpers_name(name: str) -> None
 
 
 def test_a_script_leaves_out_what_it_never_names() -> None:
-    """enqueue reads the clock, names idempotency keys and wakes workers, nothing more;
+    """enqueue reads the clock, names idempotency keys, writes a record, counts it in the
+    census and wakes workers, nothing more;
     release_limits pulls in what waking a parked job needs; the clock needs nothing."""
-    assert defined(assemble(LIB, _source("enqueue"))) == {"clock", "idem_key", "wake"}
+    assert defined(assemble(LIB, _source("enqueue"))) == {"clock", "idem_key", "wake", "REC", "rec_encode",
+                                                          "census"}
     assert defined(assemble(LIB, "release_limits(a, b, c, d, e, f, g, h)")) == {
         "release_limits", "parse_limits", "wake_parked", "purge_holders", "heal_limit", "RESERVE_MS", "wake"}
     assert defined(assemble(LIB, "tally('x') flush(k)")) == {"acc", "tally", "flush"}
@@ -47,9 +49,9 @@ def test_a_script_leaves_out_what_it_never_names() -> None:
     assert defined(assemble(LIB, "return 1")) == set()
 
 
-# remove and checkpoint write no time; tick and adopt are given the server's time by the
+# remove, checkpoint and lookup write no time; tick and adopt are given the server's time by the
 # ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py).
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("remove", "checkpoint", "tick", "adopt")])
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("remove", "checkpoint", "lookup", "tick", "adopt")])
 def test_every_script_with_a_time_reads_it_through_the_clock(name: str) -> None:
     """A script that writes a deadline, due time or retention takes it from clock() (the
     server's TIME unless a test passes its own), and its header says so."""

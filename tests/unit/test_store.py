@@ -61,23 +61,30 @@ def test_new_ids_are_unique_across_threads_and_a_fork() -> None:
     assert all(len(i) == 22 and int(i, 16) >= 0 for i in every)
 
 
-def test_merge_lays_a_claim_or_an_outcome_over_the_record_and_survives_garbage() -> None:
+def test_view_lays_a_claim_or_an_outcome_over_the_record_and_survives_garbage() -> None:
     """A claim shows the job processing with its token, attempt and start; an outcome
-    shows it done with its result and one more history entry, and hides an earlier
+    shows it done with its result, meta and one more history entry, and hides an earlier
     attempt's error; a damaged claim is ignored and a damaged outcome still reads done."""
     from runner.store import records
 
-    record = {"type": "t", "status": "queued", "attempt": "1", "history": '{"attempt":1}',
-              "error": '{"type":"E"}'}
-    claimed = records.merge(record, "w.1:0 2 1000 -", None)
+    record = records.encode({"type": "t", "version": 1, "max_attempts": 3, "created_ms": 5, "payload": "{}"})
+    state = {"attempt": "1", "history": '{"attempt":1}', "error": '{"type":"E"}'}
+    assert records.parse(record) == {"type": "t", "version": "1", "max_attempts": "3", "created_ms": "5",
+                                     "payload": "{}"}
+    queued = records.view("x", record, {}, None, None)
+    assert queued["status"] == "queued" and queued["payload"] == "{}"
+    claimed = records.view("x", record, state, "w.1:0 2 1000 -", None)
     assert claimed["status"] == "processing" and claimed["token"] == "w.1:0"
     assert claimed["attempt"] == "2" and claimed["started_ms"] == "1000"
-    done = records.merge(record, None, '2000 2 1000\n{"attempt":2}\n{"ok":true}')
+    done = records.view("x", None, {}, None, 't 1 2 1000 2000\n{"attempt":1}\n{"ok":true}\n{"schedule":"s"}')
     assert done["status"] == "done" and done["finished_ms"] == "2000" and done["result"] == '{"ok":true}'
-    assert done["history"] == '{"attempt":1},{"attempt":2}' and "error" not in done
-    view = records.Job("x", "fast", done).as_dict()
-    assert view["history"] == [{"attempt": 1}, {"attempt": 2}] and view["result"] == {"ok": True}
-    assert records.merge(record, "garbage", None)["status"] == "queued"
-    assert records.merge(record, None, "garbage")["status"] == "done"
-    assert records.merge({}, "w.1:0 2 1000 -", "2000 2 1000\n\n") == {}
-    assert record["status"] == "queued"  # the record itself is left as it was
+    assert done["history"].startswith('{"attempt":1},{"attempt":2,"outcome":"done"') and "error" not in done
+    job = records.Job("x", "fast", done).as_dict()
+    assert [h["attempt"] for h in job["history"]] == [1, 2] and job["result"] == {"ok": True}
+    assert job["schedule"] == "s" and job["type"] == "t"
+    dup = records.view("x", None, {}, None, "t 1 0 0 2000 first\n\n")
+    assert dup["duplicate_of"] == "first" and "history" not in dup
+    assert records.view("x", record, state, "garbage", None)["status"] == "queued"
+    assert records.view("x", None, {}, None, "garbage")["status"] == "done"
+    assert records.view("x", None, {}, None, None) == {}
+    assert records.parse("garbage") is None and records.parse(None) is None

@@ -43,8 +43,9 @@ def test_schema_has_nested() -> None:
 
 def test_every_queue_key_shares_the_hash_tag() -> None:
     k = keys.for_queue("app", "fast")
-    all_keys = [k.ready, k.leases, k.claims, k.done, k.finished, k.scheduled, k.dead, k.notify, k.stats,
-                k.job("x"), k.idem("noop", "{evil}"), k.limit("r:user:1"), k.limit("r:user:1") + ":w",
+    all_keys = [k.ready, k.leases, k.claims, k.done_meta, k.done(3), k.res_prefix, k.census, k.scheduled,
+                k.dead, k.notify, k.stats, k.job("x"), k.state("x"),
+                k.idem("noop", "{evil}"), k.limit("r:user:1"), k.limit("r:user:1") + ":w",
                 k.limwait, k.throughput(5)]
     for key in all_keys:
         assert key.startswith("app:{fast}:")

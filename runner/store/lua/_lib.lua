@@ -96,10 +96,10 @@ local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notif
     if redis.call('ZCARD', k) >= n then break end
     local w = redis.pcall('LPOP', wk)
     if type(w) ~= 'string' then break end
-    local jk = job_prefix .. w
-    if redis.call('HGET', jk, 'status') == 'deferred' then
+    local sk = job_prefix .. w .. ':s'
+    if redis.pcall('HGET', sk, 'status') == 'deferred' then
       redis.call('ZADD', k, now + RESERVE_MS, '=' .. w)
-      redis.call('HSET', jk, 'status', 'queued', 'ready_ms', now, 'woken', '1')
+      redis.call('HSET', sk, 'status', 'queued', 'ready_ms', now, 'woken', '1')
       redis.call('RPUSH', ready_key, w)
       woke = woke + 1
     end
@@ -140,8 +140,8 @@ end
 local function park(lim_prefix, l, id, jk, deferrals, woken, now, limwait_key)
   heal_limit(lim_prefix .. l.key)
   local wk = lim_prefix .. l.key .. ':w'
-  redis.call('HSET', jk, 'status', 'deferred', 'deferrals', deferrals + 1)
-  redis.call('HDEL', jk, 'woken')
+  redis.call('HSET', jk .. ':s', 'status', 'deferred', 'deferrals', deferrals + 1)
+  redis.call('HDEL', jk .. ':s', 'woken')
   if woken then redis.call('LPUSH', wk, id) else redis.call('RPUSH', wk, id) end
   redis.call('ZADD', limwait_key, 'NX', now + 1000, l.key)
 end
@@ -178,7 +178,8 @@ end
 -- limits (a resource or concurrency key), so a settling script reads the record only for
 -- those; 'p' while the job is claimed ahead of a free executor and has not started (its
 -- attempt is not spent until it does), 'x' once its worker gave it up at shutdown with the
--- handler still running ('-': none of these).
+-- handler still running, 's' when the job has a state hash (a history, an error, a
+-- checkpoint: see the records below) ('-': none of these).
 -- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
 -- splits one (nil for none or a damaged one).
 local function hmget_many(key, ids)
@@ -195,7 +196,8 @@ local function parse_claim(raw)
   if not tok then return nil end
   return {token = tok, attempt = tonumber(attempt), started = started, flags = flags,
     idem = string.find(flags, 'i', 1, true) ~= nil, res = string.find(flags, 'r', 1, true) ~= nil,
-    prefetched = string.find(flags, 'p', 1, true) ~= nil, exiting = string.find(flags, 'x', 1, true) ~= nil}
+    prefetched = string.find(flags, 'p', 1, true) ~= nil, exiting = string.find(flags, 'x', 1, true) ~= nil,
+    state = string.find(flags, 's', 1, true) ~= nil}
 end
 
 -- The claim entries of a batch whose ids stand in ARGV from index `first`, one every
@@ -220,10 +222,11 @@ local function fence(raw, token)
   return c
 end
 
--- A claim entry as written: "<token> <attempt> <started_ms> <flags>".
-local function claim_entry(token, attempt, started, idem, limited, prefetched, exiting)
-  local flags = (idem and 'i' or '') .. (limited and 'r' or '') .. (prefetched and 'p' or '') ..
-    (exiting and 'x' or '')
+-- A claim entry as written: "<token> <attempt> <started_ms> <flags>"; f holds the flags
+-- (the fields of parse_claim: idem, res, prefetched, exiting, state).
+local function claim_entry(token, attempt, started, f)
+  local flags = (f.idem and 'i' or '') .. (f.res and 'r' or '') .. (f.prefetched and 'p' or '') ..
+    (f.exiting and 'x' or '') .. (f.state and 's' or '')
   if flags == '' then flags = '-' end
   return token .. ' ' .. attempt .. ' ' .. started .. ' ' .. flags
 end
@@ -240,4 +243,151 @@ local function free_idem(idem_prefix, typ, key, id)
   local ik = idem_key(idem_prefix, typ, key)
   local held = redis.pcall('GET', ik)
   if type(held) == 'string' and string.match(held, '^(%S+)') == id then redis.call('DEL', ik) end
+end
+
+-- Records. A job is two keys under its queue's tag:
+--   <job prefix><id>     STRING  "1" then, separated by \31 (US): type, version,
+--                                max_attempts, created_ms, idem_key, idem_hash,
+--                                resource_key, limits, meta, and the payload (JSON) last
+--   <job prefix><id>:s   HASH    its state once it has one: status (absent: queued),
+--                                attempt, ready_ms, started_ms, finished_ms, error,
+--                                reason, history, checkpoint, deferrals, woken,
+--                                lost_token, refunds (absent fields: their defaults)
+-- A job that waits untouched is the string alone (one key, no hash: the payload is the
+-- bulk of it). A done job keeps neither: its outcome goes to the done generations.
+local REC = {'type', 'version', 'max_attempts', 'created_ms', 'idem_key', 'idem_hash', 'resource_key',
+  'limits', 'meta'}
+local LEGACY = {'type', 'version', 'payload', 'max_attempts', 'created_ms', 'idem_key', 'idem_hash',
+  'resource_key', 'limits', 'meta', 'status', 'attempt', 'ready_ms', 'started_ms', 'finished_ms', 'error',
+  'reason', 'history', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'refunds', 'token', 'duplicate_of',
+  'enqueued_ms'}
+
+local function rec_parse(s)
+  if type(s) ~= 'string' or string.sub(s, 1, 2) ~= '1\31' then return nil end
+  local t, pos = {}, 3
+  for _, name in ipairs(REC) do
+    local e = string.find(s, '\31', pos, true)
+    if not e then return nil end
+    t[name] = string.sub(s, pos, e - 1)
+    pos = e + 1
+  end
+  t.payload = string.sub(s, pos)
+  return t
+end
+
+local function rec_encode(t)
+  local parts = {'1'}
+  for _, name in ipairs(REC) do parts[#parts + 1] = t[name] or '' end
+  parts[#parts + 1] = t.payload or ''
+  return table.concat(parts, '\31')
+end
+
+-- Read a job's record: (record, nil), or (nil, why) for a missing or malformed one. A
+-- record of the release before this one (a hash holding record and state) is converted
+-- in place first, so jobs queued before an upgrade run. A key of another type is renamed
+-- aside to <key>:corrupt.
+local function rec_load(jk)
+  local s = redis.pcall('GET', jk)
+  if type(s) == 'table' and s.err then
+    local kind = redis.call('TYPE', jk)['ok']
+    if kind ~= 'hash' then
+      redis.call('RENAME', jk, jk .. ':corrupt')
+      return nil, 'malformed record: a Redis ' .. kind .. ' instead of a string; kept at ' .. jk .. ':corrupt'
+    end
+    local v = redis.call('HMGET', jk, unpack(LEGACY))
+    local f = {}
+    for i, name in ipairs(LEGACY) do f[name] = v[i] end
+    local missing = {}
+    for _, name in ipairs({'type', 'version', 'payload', 'status'}) do
+      if not f[name] then missing[#missing + 1] = name end
+    end
+    if #missing > 0 then return nil, 'malformed record: missing field(s) ' .. table.concat(missing, ', ') end
+    local ttl = redis.call('PTTL', jk)
+    redis.call('DEL', jk)
+    redis.call('SET', jk, rec_encode({type = f.type, version = f.version, max_attempts = f.max_attempts or '1',
+      created_ms = f.created_ms or '0', idem_key = f.idem_key, idem_hash = f.idem_hash,
+      resource_key = f.resource_key, limits = f.limits or (f.resource_key and f.resource_key ~= '' and
+      '1 r:' .. f.resource_key) or '', meta = f.meta, payload = f.payload}))
+    local set = {}
+    for i = 11, #LEGACY do
+      local name = LEGACY[i]
+      -- (A legacy claim's token stays in the state: reclaim reads it for the late ack.)
+      if f[name] and not (name == 'status' and f[name] == 'queued') then
+        set[#set + 1] = name
+        set[#set + 1] = f[name]
+      end
+    end
+    if #set > 0 then redis.call('HSET', jk .. ':s', unpack(set)) end
+    if ttl > 0 then
+      redis.call('PEXPIRE', jk, ttl)
+      if #set > 0 then redis.call('PEXPIRE', jk .. ':s', ttl) end
+    end
+    s = redis.call('GET', jk)
+  end
+  if not s then return nil, 'malformed record: no job record for this id' end
+  local rec = rec_parse(s)
+  if not rec then return nil, 'malformed record: not a record of this runner (' .. string.format('%q', string.sub(s, 1, 40)) .. ')' end
+  return rec, nil
+end
+
+-- Both keys of a dead job expire an hour after the dead retention: the scheduler's trim
+-- deletes them at the retention (and uncounts them in the census); the expiry only
+-- bounds their life should no scheduler run.
+local function rec_expire(jk, ms)
+  if ms > 0 then
+    redis.call('PEXPIRE', jk, ms + 3600000)
+    redis.call('PEXPIRE', jk .. ':s', ms + 3600000)
+  end
+end
+
+-- The census: jobs not done, per "<type>|<version>", for the deploy gate (one HGETALL,
+-- whatever the depth). Counted at enqueue, uncounted when a job is done or deleted.
+local function census(key, field, n)
+  if not field or field == '|' then return end
+  local v = redis.pcall('HINCRBY', key, field, n)
+  if type(v) == 'number' and v <= 0 then redis.call('HDEL', key, field) end
+end
+
+-- Done jobs: their outcomes live in generations of hashes, <done prefix><gen>, id ->
+-- "<type> <version> <attempt> <started_ms> +<run ms>[\n<history (retried jobs)>\n<result>[\n<meta>]]",
+-- with <done prefix><gen>:log listing the ids newest first. The meta hash holds the
+-- current generation, when it began and how many it holds; a new one begins once it holds
+-- a quarter of the count bound or is a quarter of the retention old, and the fifth
+-- oldest goes at once (UNLINK: freed in the background). So a done job is kept between
+-- three quarters and all of both bounds, and a lookup reads at most four hashes.
+local DONE_GENS = 4
+local function done_gen(meta_key, done_prefix, now, keep_ms, keep_n)
+  local m = redis.call('HMGET', meta_key, 'gen', 'since', 'n')
+  local gen, since, n = tonumber(m[1]) or 0, tonumber(m[2]) or now, tonumber(m[3]) or 0
+  if not m[1] then
+    redis.call('HSET', meta_key, 'gen', 0, 'since', now, 'n', 0)
+  elseif n >= math.max(1, math.ceil(keep_n / DONE_GENS)) or now - since >= keep_ms / DONE_GENS then
+    gen = gen + 1
+    redis.call('HSET', meta_key, 'gen', gen, 'since', now, 'n', 0)
+    local old = done_prefix .. (gen - DONE_GENS)
+    redis.call('UNLINK', old, old .. ':log')
+  end
+  return gen
+end
+
+local function done_put(meta_key, done_prefix, gen, ids, values)
+  if #ids == 0 then return end
+  local pairs_ = {}
+  for i, id in ipairs(ids) do
+    pairs_[#pairs_ + 1] = id
+    pairs_[#pairs_ + 1] = values[i]
+  end
+  call_many('HSET', done_prefix .. gen, pairs_, 2)
+  call_many('LPUSH', done_prefix .. gen .. ':log', ids, 1)
+  redis.call('HINCRBY', meta_key, 'n', #ids)
+end
+
+-- Whether an id has a done outcome in any generation kept.
+local function done_has(meta_key, done_prefix, id)
+  local gen = tonumber(redis.call('HGET', meta_key, 'gen')) or 0
+  for g = gen, gen - DONE_GENS + 1, -1 do
+    -- pcall: a damaged generation reads as holding no outcome (the id is buried, not lost).
+    if redis.pcall('HEXISTS', done_prefix .. g, id) == 1 then return true end
+  end
+  return false
 end

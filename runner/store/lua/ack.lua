@@ -12,20 +12,25 @@
 -- KEYS[8] ready        LIST  (a job woken by a freed slot goes here)
 -- KEYS[9] notify       LIST
 -- KEYS[10] claims      HASH  id -> claim
--- KEYS[11] done        HASH  id -> outcome
--- KEYS[12] finished    ZSET  id -> finish time ms
+-- KEYS[11] done meta   HASH  the current done generation (done_gen in _lib.lua)
+-- KEYS[12] done prefix (string; a generation's hash is prefix .. gen, its log prefix .. gen .. ':log')
 -- KEYS[13] limwait     ZSET  limit keys with parked jobs
+-- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
+-- KEYS[15] result prefix (string; a result kept longer is prefix .. id)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
--- ARGV[3] n; then per job 5 fields:
---   id, token, result (JSON, '' none), history entry (JSON), stats fields (space-separated)
+-- ARGV[3] done retention, ms
+-- ARGV[4] done count bound (the most done jobs kept)
+-- ARGV[5] n; then per job 6 fields:
+--   id, token, result (JSON, '' none), "<type>|<version>" (the census field), stats fields
+--   (space-separated), ms to keep the result on its own (KEEP_RESULT; 0 none)
 --
--- A success does not write the record: the outcome goes to the done hash as
--- "<finished_ms> <attempt> <started_ms>\n<history entry>\n<result>" (JSON texts never
--- hold a raw newline), and records.py shows record and outcome as one. For a job without
--- idempotency key or limits the whole batch costs one HMGET (the fences), one HSET (the
--- outcomes), one ZADD (the retention index), one HDEL and one ZREM, whatever its size;
--- a key or a limit adds one HMGET of the record, the completion mark and the release.
+-- A success deletes the record: what a done job keeps is its outcome in the current done
+-- generation, "<type> <version> <attempt> <started_ms> <finished_ms>\n<history>\n<result>"
+-- (the history only for a job that has one: retried, deferred...; JSON texts never hold a
+-- raw newline), and records.py shows it as the job. For a job without idempotency key,
+-- limits or state the whole batch costs one HMGET (the fences), one DEL, one HSET and one
+-- LPUSH (the outcomes), one HDEL and one ZREM, whatever its size.
 --
 -- A late success: when the claim is gone because its lease lapsed while the handler
 -- still ran (reclaim keeps the lapsed token as lost_token), and nobody has claimed the job
@@ -34,11 +39,14 @@
 --
 -- Returns one code per job: 1 done, 2 done late (see above), -1 refused (lease lost to
 -- another claim, or the job settled otherwise: nothing changed).
-local now, idem_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, idem_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
+local done_ttl, done_max = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 local seen = {}
-local held = batch_claims(KEYS[10], 4, 5, n)
-local finished, outcomes, index = {}, {}, {}
+local held = batch_claims(KEYS[10], 6, 6, n)
+local finished, outcomes, gone = {}, {}, {}
+local done_ids = {}
+local uncounted = {}  -- census field -> jobs done in this batch
 
 -- The completion mark goes on the key only while the key still names this job. A late
 -- success (its job was buried, which freed the key) takes the key back if it is free.
@@ -55,37 +63,55 @@ local function complete_idem(typ, ikey, id, free_hash)
   end
 end
 
-local function late(id, token, entry, result, claimed_by_another)
+-- The finish is written as "+<ms after the start>" (a few digits, not thirteen), and
+-- an empty history and result take no bytes at all: a done job's outcome is what a
+-- queue keeps most of.
+local function outcome(typ, ver, attempt, started, history, result)
+  local head = typ .. ' ' .. ver .. ' ' .. attempt .. ' ' .. started .. ' +' .. (now - (tonumber(started) or now))
+  if (history or '') == '' and result == '' then return head end
+  return head .. '\n' .. (history or '') .. '\n' .. result
+end
+
+local function keep(id, value, ms)
+  if ms > 0 then redis.call('SET', KEYS[15] .. id, value, 'PX', ms) end
+end
+
+local function late(id, token, result, field, keep_ms, claimed_by_another)
   if claimed_by_another then return false end
   local jk = KEYS[3] .. id
-  local f = redis.pcall('HMGET', jk, 'lost_token', 'status', 'reason', 'type', 'idem_key', 'idem_hash')
+  local sk = jk .. ':s'
+  local f = redis.pcall('HMGET', sk, 'lost_token', 'status', 'reason', 'history')
   if f.err or type(f[1]) ~= 'string' then return false end
   local lost, attempt, started = string.match(f[1], '^(%S+) (%d+) (%d+)$')
-  if lost ~= token or redis.call('HEXISTS', KEYS[11], id) == 1 then return false end
-  if not (f[2] == 'queued' or (f[2] == 'dead' and f[3] == 'worker lost')) then return false end
-  if f[2] == 'dead' then
-    redis.call('ZREM', KEYS[7], id)
-    redis.call('PERSIST', jk)
+  if lost ~= token then return false end
+  if not (f[2] == nil or f[2] == false or f[2] == 'queued' or (f[2] == 'dead' and f[3] == 'worker lost')) then
+    return false
   end
-  -- The id may still wait in ready: claim drops it as a stray (it has a done outcome).
-  redis.call('HSET', jk, 'status', 'done')
-  redis.call('HDEL', jk, 'reason', 'lost_token')
-  outcomes[#outcomes + 1] = id
-  outcomes[#outcomes + 1] = now .. ' ' .. attempt .. ' ' .. started .. '\n' .. entry .. '\n' .. result
-  index[#index + 1] = now
-  index[#index + 1] = id
-  complete_idem(f[4], f[5], id, f[6] or '-')
-  tally('late|' .. (f[4] or '?'))
+  local rec = rec_load(jk)
+  if not rec then return false end
+  if f[2] == 'dead' then redis.call('ZREM', KEYS[7], id) end
+  -- The id may still wait in ready: claim drops it as a stray (it has no record).
+  local value = outcome(rec.type, rec.version, attempt, started, f[4], result)
+  done_ids[#done_ids + 1] = id
+  outcomes[#outcomes + 1] = value
+  keep(id, value, keep_ms)
+  gone[#gone + 1] = jk
+  gone[#gone + 1] = sk
+  complete_idem(rec.type, rec.idem_key, id, rec.idem_hash ~= '' and rec.idem_hash or '-')
+  uncounted[field] = (uncounted[field] or 0) + 1
+  tally('late|' .. rec.type)
   return true
 end
 
 for i = 0, n - 1 do
-  local b = 4 + i * 5
-  local id, token, result, entry, fields = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  local b = 6 + i * 6
+  local id, token, result, field, fields, keep_ms = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
+    tonumber(ARGV[b + 5])
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
   if not c then
-    if late(id, token, entry, result, type(held[i + 1]) == 'string') then
+    if not seen[id] and late(id, token, result, field, keep_ms, type(held[i + 1]) == 'string') then
+      seen[id] = true
       bump(fields)
       out[#out + 1] = 2
     else
@@ -93,32 +119,40 @@ for i = 0, n - 1 do
     end
   else
     seen[id] = true
-    outcomes[#outcomes + 1] = id
-    outcomes[#outcomes + 1] = now .. ' ' .. c.attempt .. ' ' .. c.started .. '\n' .. entry .. '\n' .. result
-    index[#index + 1] = now
-    index[#index + 1] = id
-    finished[#finished + 1] = id
+    local jk = KEYS[3] .. id
+    local typ, ver = string.match(field, '^(.*)|(.*)$')
+    local history = c.state and redis.pcall('HGET', jk .. ':s', 'history') or nil
+    if type(history) ~= 'string' then history = nil end
     if c.idem or c.res then
-      local jk = KEYS[3] .. id
-      -- pcall: a record damaged to another type has no keys to settle.
-      local f = redis.pcall('HMGET', jk, 'idem_key', 'limits', 'type')
-      if f.err then f = {false, false, false} end
-      release_limits(KEYS[4], f[2], token, now, KEYS[3], KEYS[8], KEYS[9], KEYS[13])
-      complete_idem(f[3], f[1], id)
+      local rec = rec_load(jk)
+      if rec then
+        release_limits(KEYS[4], rec.limits, token, now, KEYS[3], KEYS[8], KEYS[9], KEYS[13])
+        complete_idem(rec.type, rec.idem_key, id)
+      end
     end
+    local value = outcome(typ or '?', ver or '?', c.attempt, c.started, history, result)
+    done_ids[#done_ids + 1] = id
+    outcomes[#outcomes + 1] = value
+    keep(id, value, keep_ms)
+    finished[#finished + 1] = id
+    gone[#gone + 1] = jk
+    gone[#gone + 1] = jk .. ':s'
+    uncounted[field] = (uncounted[field] or 0) + 1
     bump(fields)
     out[#out + 1] = 1
   end
 end
-if #outcomes > 0 then
-  call_many('HSET', KEYS[11], outcomes, 2)
-  call_many('ZADD', KEYS[12], index, 2)
+if #done_ids > 0 then
+  local gen = done_gen(KEYS[11], KEYS[12], now, done_ttl, done_max)
+  done_put(KEYS[11], KEYS[12], gen, done_ids, outcomes)
+  for s = 1, #gone, 4000 do redis.call('DEL', unpack(gone, s, math.min(s + 3999, #gone))) end
   unclaim(KEYS[10], KEYS[1], finished)
   -- pcall: a damaged counter loses a count, never the acks (their writes are made).
   local tk = KEYS[6] .. math.floor(now / 60000)
-  if type(redis.pcall('HINCRBY', tk, 'done', #outcomes / 2)) == 'number' then
+  if type(redis.pcall('HINCRBY', tk, 'done', #done_ids)) == 'number' then
     redis.call('PEXPIRE', tk, 21600000)
   end
 end
+for field, c in pairs(uncounted) do census(KEYS[14], field, -c) end
 flush(KEYS[2])
 return out

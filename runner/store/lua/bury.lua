@@ -19,7 +19,7 @@
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
 --   a handler; 0: it counts), stats fields (space-separated)
 --
--- Each job costs one HMGET, one HSET and its PEXPIRE; the batch's fences, claims,
+-- Each job costs one HMGET, one HSET of its state and two PEXPIREs (record and state); the batch's fences, claims,
 -- leases and dead-letter entries go in one variadic HMGET, HDEL, ZREM and ZADD, before
 -- any limit slot is released.
 --
@@ -34,9 +34,10 @@ for i = 0, n - 1 do
   local id, token, reason, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], tonumber(ARGV[b + 5]), ARGV[b + 6]
   local jk = KEYS[4] .. id
+  local sk = jk .. ':s'
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
-  local f = c and redis.pcall('HMGET', jk, 'limits', 'history', 'type', 'idem_key')
+  local f = c and redis.pcall('HMGET', sk, 'history')
   if not c or f.err then
     out[#out + 1] = -1
   else
@@ -47,14 +48,15 @@ for i = 0, n - 1 do
       set[#set + 1] = 'error'
       set[#set + 1] = err
     end
-    with_history(set, f[2], entry)
-    redis.call('HSET', jk, unpack(set))
-    redis.call('PEXPIRE', jk, dead_ttl)
-    free_idem(KEYS[6], f[3], f[4], id)
+    with_history(set, f[1], entry)
+    redis.call('HSET', sk, unpack(set))
+    rec_expire(jk, dead_ttl)
+    local rec = (c.idem or c.res) and rec_load(jk) or nil
+    if rec then free_idem(KEYS[6], rec.type, rec.idem_key, id) end
     ids[#ids + 1] = id
     dead_ids[#dead_ids + 1] = now
     dead_ids[#dead_ids + 1] = id
-    if f[1] then slots[#slots + 1] = {f[1], token} end
+    if rec and c.res then slots[#slots + 1] = {rec.limits, token} end
     bump(fields)
     out[#out + 1] = 1
   end

@@ -1,9 +1,9 @@
 -- claim: move up to n ready jobs to in-flight, each with a lease deadline and a fresh
 -- claim token. On the way it settles what must never reach a handler: a missing or
 -- malformed record goes to the dead-letter set, a job whose idempotency key already
--- completed (another job, the same payload) is marked done as a duplicate, and a job
--- under a full limit (resource or concurrency key) is parked on that limit's waiter list
--- without spending an attempt, to be woken by the release that frees a slot.
+-- completed (another job, the same payload) is done as a duplicate, and a job under a
+-- full limit (resource or concurrency key) is parked on that limit's waiter list without
+-- spending an attempt, to be woken by the release that frees a slot.
 --
 -- The first k jobs claimed go to executors that are free now: their attempt is spent at
 -- once. The rest are claimed ahead (prefetched): their claims carry 'p' and spend nothing
@@ -15,23 +15,26 @@
 -- every id popped is settled in this same call: claimed, buried, parked, marked a
 -- duplicate, put back, or dropped as a stray. At most n * 4 ids are popped per call.
 --
--- A claim costs one read of each record and no write to it: the claims (token, attempt,
--- start, flags) go in one variadic HSET on the claims hash and the leases in one
--- variadic ZADD. An id that already holds a claim or a done outcome (or comes twice in
--- one call) is a stray and is dropped, so no job runs twice.
+-- A claim costs two reads per job (the record string and its state hash, when it has
+-- one) and no write to them: the claims (token, attempt, start, flags) go in one variadic
+-- HSET on the claims hash and the leases in one variadic ZADD. An id that already holds a
+-- claim, has no record because it is done, or comes twice in one call is a stray and is
+-- dropped, so no job runs twice.
 --
 -- KEYS[1] ready        LIST
 -- KEYS[2] leases       ZSET  id -> lease deadline ms
 -- KEYS[3] scheduled    ZSET  id -> due ms
 -- KEYS[4] dead         ZSET  id -> time of death ms
 -- KEYS[5] stats        HASH
--- KEYS[6] job prefix   (string)
+-- KEYS[6] job prefix   (string; see the records in _lib.lua)
 -- KEYS[7] limit prefix (string; see parse_limits in _lib.lua)
 -- KEYS[8] idem prefix  (string)
 -- KEYS[9] claims       HASH  id -> "<token> <attempt> <started_ms> <flags>"
--- KEYS[10] done        HASH  id -> outcome
+-- KEYS[10] done meta   HASH  the current done generation (see done_gen in _lib.lua)
 -- KEYS[11] limwait     ZSET  limit keys with parked jobs -> next sweep ms
 -- KEYS[12] notify      LIST  (a job woken by a freed reserved slot)
+-- KEYS[13] done prefix (string; a generation's hash is prefix .. gen)
+-- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -39,24 +42,23 @@
 -- ARGV[5] token base (unique per call; the token is base .. ':' .. index)
 -- ARGV[6] dead retention, ms
 -- ARGV[7] done retention, ms
+-- ARGV[8] done count bound (the most done jobs kept)
 --
 -- Returns a flat list: the server time of the claim (ms); 1 when the call stopped at a job
 -- under limits that no free executor could start (0 otherwise: the worker then waits for
--- a free executor, not for new jobs); then 13 values per claimed job:
+-- a free executor, not for new jobs); then 14 values per claimed job:
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
---   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched)
+--   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched), meta
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local k_start = tonumber(ARGV[3])
 local lease = tonumber(ARGV[4])
 local base = ARGV[5]
-local dead_ttl, done_ttl = tonumber(ARGV[6]), tonumber(ARGV[7])
+local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true}
-local FIELDS = {'type', 'version', 'payload', 'status', 'attempt', 'max_attempts', 'idem_key',
-  'resource_key', 'ready_ms', 'created_ms', 'checkpoint', 'deferrals', 'limits', 'woken', 'idem_hash',
-  'lost_token'}
+local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token'}
 
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
@@ -68,9 +70,9 @@ local function write_leases()
 end
 
 local function bury_raw(jk, id, reason)
-  redis.call('HSET', jk, 'status', 'dead', 'reason', reason, 'finished_ms', now)
+  redis.call('HSET', jk .. ':s', 'status', 'dead', 'reason', reason, 'finished_ms', now)
   redis.call('ZADD', KEYS[4], now, id)
-  redis.call('PEXPIRE', jk, dead_ttl)
+  rec_expire(jk, dead_ttl)
   tally('dead|?')
 end
 
@@ -79,53 +81,47 @@ local stop = false  -- set by take() for a job that must go back to ready
 -- Settle one popped id: claim it, or bury, park, mark a duplicate, put back or drop it.
 local function take(id)
   local jk = KEYS[6] .. id
-  -- One read for the record. An error reply (WRONGTYPE) means the key is not a hash;
-  -- when every field is absent, EXISTS tells a missing record from a hash without them.
-  local f = redis.pcall('HMGET', jk, unpack(FIELDS))
-  local absent = not f.err
-  if absent then
-    for j = 1, #FIELDS do
-      if f[j] then absent = false break end
+  local rec, why = rec_load(jk)
+  if not rec then
+    if done_has(KEYS[10], KEYS[13], id) then
+      tally('stray')  -- done already (its record is gone with it): never run it twice
+    else
+      bury_raw(jk, id, why)
     end
+    return
   end
+  local sk = jk .. ':s'
+  -- pcall: a state key of another type is a damaged record, buried with its reason.
+  local f = redis.pcall('HMGET', sk, unpack(STATE))
   if f.err then
-    local kind = redis.call('TYPE', jk)['ok']
-    redis.call('RENAME', jk, jk .. ':corrupt')
-    bury_raw(jk, id, 'malformed record: a Redis ' .. kind .. ' instead of a hash; kept at ' .. jk .. ':corrupt')
-    return
-  elseif absent and redis.call('EXISTS', jk) == 0 then
-    bury_raw(jk, id, 'malformed record: no job record for this id')
+    redis.call('RENAME', sk, sk .. ':corrupt')
+    bury_raw(jk, id, 'malformed record: its state is not a hash; kept at ' .. sk .. ':corrupt')
     return
   end
-  local missing = {}
-  if not f[1] then missing[#missing + 1] = 'type' end
-  if not f[2] then missing[#missing + 1] = 'version' end
-  if not f[3] then missing[#missing + 1] = 'payload' end
-  if not f[4] then missing[#missing + 1] = 'status' end
+  local status = f[1] or 'queued'
   -- Counters the scripts do arithmetic on must be integers (absent means 0).
   local badint = {}
-  for _, pair in ipairs({{5, 'attempt'}, {6, 'max_attempts'}, {9, 'ready_ms'}, {10, 'created_ms'},
-      {12, 'deferrals'}}) do
-    local v = f[pair[1]]
-    if v and not string.match(v, '^%-?%d+$') then badint[#badint + 1] = pair[2] end
+  for _, pair in ipairs({{f[2], 'attempt'}, {rec.max_attempts, 'max_attempts'}, {f[3], 'ready_ms'},
+      {rec.created_ms, 'created_ms'}, {f[5], 'deferrals'}}) do
+    if pair[1] and not string.match(pair[1], '^%-?%d+$') then badint[#badint + 1] = pair[2] end
   end
-  if #missing > 0 then
-    bury_raw(jk, id, 'malformed record: missing field(s) ' .. table.concat(missing, ', '))
+  if rec.type == '' or rec.version == '' then
+    bury_raw(jk, id, 'malformed record: missing field(s) ' .. (rec.type == '' and 'type' or 'version'))
     return
   elseif #badint > 0 then
     bury_raw(jk, id, 'malformed record: not an integer: ' .. table.concat(badint, ', '))
     return
-  elseif not KNOWN[f[4]] then
-    bury_raw(jk, id, 'malformed record: unknown status ' .. string.format('%q', f[4]))
+  elseif not KNOWN[status] then
+    bury_raw(jk, id, 'malformed record: unknown status ' .. string.format('%q', status))
     return
-  elseif f[4] ~= 'queued' then
-    -- A stray id (the record is done, dead or elsewhere): drop it, never run it twice.
+  elseif status ~= 'queued' then
+    -- A stray id (the record is dead or elsewhere): drop it, never run it twice.
     tally('stray')
     return
   end
-  local typ = f[1]
-  local ikey = f[7] or ''
-  local limits = parse_limits(f[13])
+  local typ = rec.type
+  local ikey = rec.idem_key
+  local limits = parse_limits(rec.limits)
   local starts = i < k_start
   if #limits > 0 and not starts then
     -- Never prefetch a job under limits: it goes back where the next claim takes it first.
@@ -144,9 +140,12 @@ local function take(id)
     local held = redis.pcall('GET', idem_key(KEYS[8], typ, ikey))
     if type(held) == 'string' then
       local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
-      if state == 'done' and hid ~= id and (not f[15] or f[15] == hhash) then
-        redis.call('HSET', jk, 'status', 'done', 'duplicate_of', hid, 'finished_ms', now)
-        redis.call('PEXPIRE', jk, done_ttl)
+      if state == 'done' and hid ~= id and (rec.idem_hash == '' or rec.idem_hash == hhash) then
+        local gen = done_gen(KEYS[10], KEYS[13], now, done_ttl, done_max)
+        done_put(KEYS[10], KEYS[13], gen, {id}, {typ .. ' ' .. rec.version .. ' ' .. (f[2] or 0) .. ' 0 ' .. now ..
+          ' ' .. hid .. '\n\n'})
+        redis.call('DEL', jk, sk)
+        census(KEYS[14], typ .. '|' .. rec.version, -1)
         for _, l in ipairs(limits) do
           -- A slot reserved for it when it was woken goes to the next parked job.
           if redis.call('ZREM', KEYS[7] .. l.key, '=' .. id) == 1 then
@@ -162,33 +161,39 @@ local function take(id)
   if #limits > 0 then
     local full = acquire_limits(KEYS[7], limits, id, token, now, lease)
     if full then
-      park(KEYS[7], full, id, jk, tonumber(f[12]) or 0, f[14] == '1', now, KEYS[11])
+      park(KEYS[7], full, id, jk, tonumber(f[5]) or 0, f[6] == '1', now, KEYS[11])
       tally('deferred|' .. typ)
       return
     end
-    if f[14] then redis.call('HDEL', jk, 'woken') end
+    if f[6] then redis.call('HDEL', sk, 'woken') end
   end
-  local attempt = (tonumber(f[5]) or 0) + 1
+  local attempt = (tonumber(f[2]) or 0) + 1
   -- A run of an earlier claim can no longer finish as a late success: this one owns it.
-  if f[16] then redis.call('HDEL', jk, 'lost_token') end
+  if f[7] then redis.call('HDEL', sk, 'lost_token') end
+  local stateful = false  -- a state hash (history, error, checkpoint): settling reads it
+  for q = 1, #STATE do
+    if f[q] then stateful = true end
+  end
   leased[#leased + 1] = now + lease
   leased[#leased + 1] = id
   claimed[#claimed + 1] = id
-  claimed[#claimed + 1] = claim_entry(token, attempt, now, ikey ~= '', #limits > 0, not starts)
+  claimed[#claimed + 1] = claim_entry(token, attempt, now, {idem = ikey ~= '', res = #limits > 0,
+    prefetched = not starts, state = stateful})
   taken[id] = true
   out[#out + 1] = id
   out[#out + 1] = token
   out[#out + 1] = attempt
   out[#out + 1] = typ
-  out[#out + 1] = f[2]
-  out[#out + 1] = f[3]
-  out[#out + 1] = f[6] or ''
+  out[#out + 1] = rec.version
+  out[#out + 1] = rec.payload
+  out[#out + 1] = rec.max_attempts
   out[#out + 1] = ikey
-  out[#out + 1] = f[8] or ''
-  out[#out + 1] = f[9] or ''
-  out[#out + 1] = f[10] or ''
-  out[#out + 1] = f[11] or ''
+  out[#out + 1] = rec.resource_key
+  out[#out + 1] = f[3] or ''
+  out[#out + 1] = rec.created_ms
+  out[#out + 1] = f[4] or ''
   out[#out + 1] = starts and 1 or 0
+  out[#out + 1] = rec.meta or ''
   i = i + 1
 end
 
@@ -201,8 +206,7 @@ while i < n and popped < n * 4 and not stop do
   if not ids then break end
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, KEYS[9], ids)
-  local ok_f, fin = pcall(hmget_many, KEYS[10], ids)
-  local damaged = not ok_h and 'claims' or not ok_f and 'done' or nil
+  local damaged = not ok_h and 'claims' or nil
   if popped == #ids and not damaged then
     -- First round: every other key of the queue that settling an id may write must be
     -- of its type, or a write would fail with ids popped and not yet anywhere.
@@ -210,6 +214,8 @@ while i < n and popped < n * 4 and not stop do
     for _, kn in ipairs({{2, 'leases'}, {3, 'scheduled'}, {4, 'dead'}}) do
       if type(redis.pcall('ZSCORE', KEYS[kn[1]], '')) == 'table' then damaged = kn[2] break end
     end
+    -- The done generations' meta hash: read for every id without a record.
+    if not damaged and type(redis.pcall('HGET', KEYS[10], 'gen')) == 'table' then damaged = 'done generation' end
   end
   if damaged then
     -- A key of the queue is damaged (another type). Types cannot change within this
@@ -220,8 +226,8 @@ while i < n and popped < n * 4 and not stop do
     return redis.error_reply('claim refused: the ' .. damaged .. ' key of this queue holds the wrong Redis type')
   end
   for j, id in ipairs(ids) do
-    if held[j] or fin[j] or taken[id] then
-      tally('stray')  -- claimed or finished already: never run it twice
+    if held[j] or taken[id] then
+      tally('stray')  -- claimed already: never run it twice
     else
       take(id)
       if stop then

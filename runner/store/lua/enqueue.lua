@@ -8,7 +8,7 @@
 -- KEYS[5] job prefix   (string; the job key is prefix .. id)
 -- KEYS[6] idem prefix  (string; a key is prefix .. type .. ':' .. idempotency key)
 -- KEYS[7] claims       HASH  (a duplicate's status: a claimed job is processing)
--- KEYS[8] done         HASH  (a duplicate's status: a finished job is done)
+-- KEYS[8] census       HASH  "<type>|<version>" -> jobs not done (the deploy gate)
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
 -- ARGV[2] n, the number of jobs; then 12 fields per job:
 --   id, type, version, payload (JSON), max_attempts,
@@ -28,7 +28,7 @@ local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local out = {}
 local ready = {}
-local counts = {}
+local counts, versions = {}, {}
 for i = 0, n - 1 do
   local b = 3 + i * 12
   local id, typ, ver, payload = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -45,12 +45,12 @@ for i = 0, n - 1 do
     if type(held) == 'string' then
       local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
       local st
-      if state == 'done' or redis.call('HEXISTS', KEYS[8], hid or '') == 1 then
+      if state == 'done' then
         st = 'done'
       elseif redis.call('HEXISTS', KEYS[7], hid or '') == 1 then
         st = 'processing'
-      else
-        st = redis.call('HGET', KEYS[5] .. (hid or ''), 'status')
+      elseif redis.call('EXISTS', KEYS[5] .. (hid or '')) == 1 then
+        st = redis.call('HGET', KEYS[5] .. hid .. ':s', 'status') or 'queued'
       end
       if st then
         out[#out + 1] = hhash == phash and 0 or -1
@@ -64,30 +64,21 @@ for i = 0, n - 1 do
     if not dup then redis.call('SET', ik, id .. ' ' .. phash) end
   end
   if not dup then
-    -- Fields at their defaults are not written (attempt, deferrals: 0; enqueued_ms,
-    -- ready_ms: created_ms; idem_key, resource_key, limits, meta: none): readers supply them.
+    -- The record is one string; a job due now has no state hash at all (see _lib.lua).
+    local jk = KEYS[5] .. id
+    redis.call('SET', jk, rec_encode({type = typ, version = ver, max_attempts = max_attempts, created_ms = now,
+      idem_key = ikey, idem_hash = ikey ~= '' and phash or '', resource_key = rkey, limits = limits,
+      meta = meta, payload = payload}))
     local status = 'queued'
-    local f = {'type', typ, 'version', ver, 'payload', payload, 'status', status,
-      'max_attempts', max_attempts, 'created_ms', now}
     if due > now then
       status = 'scheduled'
-      f[8] = status
-      f[#f + 1] = 'ready_ms'
-      f[#f + 1] = due
+      redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)
       redis.call('ZADD', KEYS[2], due, id)
     else
       ready[#ready + 1] = id
     end
-    local ihash = ikey ~= '' and phash or ''
-    for _, kv in ipairs({{'idem_key', ikey}, {'idem_hash', ihash}, {'resource_key', rkey}, {'limits', limits},
-        {'meta', meta}}) do
-      if kv[2] ~= '' then
-        f[#f + 1] = kv[1]
-        f[#f + 1] = kv[2]
-      end
-    end
-    redis.call('HSET', KEYS[5] .. id, unpack(f))
     counts[typ] = (counts[typ] or 0) + 1
+    versions[typ .. '|' .. ver] = (versions[typ .. '|' .. ver] or 0) + 1
     out[#out + 1] = 1
     out[#out + 1] = id
     out[#out + 1] = status
@@ -104,4 +95,5 @@ for typ, c in pairs(counts) do
   -- pcall: the jobs are in; a damaged stats hash must not turn that into an error.
   redis.pcall('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)
 end
+for field, c in pairs(versions) do census(KEYS[8], field, c) end
 return out

@@ -18,17 +18,15 @@ local moved = 0
 for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = KEYS[4] .. id
-  local kind = redis.call('TYPE', jk)['ok']
-  if kind == 'hash' then
-    local st = redis.call('HGET', jk, 'status')
-    if st == 'scheduled' or st == 'retrying' then
-      redis.call('HSET', jk, 'status', 'queued')
-    end
-    -- Any other state is handed to claim, which buries a malformed record with a
-    -- reason and drops a stray id; promote never decides that on its own.
-    redis.call('LPUSH', KEYS[2], id)
-    moved = moved + 1
-  elseif kind ~= 'none' then
+  -- pcall: a state key of another type is claim's to bury, with the reason.
+  local st = redis.pcall('HGET', jk .. ':s', 'status')
+  if st == 'scheduled' or st == 'retrying' then
+    redis.call('HSET', jk .. ':s', 'status', 'queued')
+  end
+  -- Any other state is handed to claim, which buries a malformed record with a reason
+  -- and drops a stray id; promote never decides that on its own. A job with neither
+  -- record nor state is gone (deleted): nothing to move.
+  if st or redis.call('EXISTS', jk) == 1 then
     redis.call('LPUSH', KEYS[2], id)
     moved = moved + 1
   end
@@ -41,7 +39,8 @@ for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 
   local first = redis.call('LINDEX', KEYS[5] .. key .. ':w', 0)
   local n = nil
   if first then
-    for _, l in ipairs(parse_limits(redis.call('HGET', KEYS[4] .. first, 'limits') or nil)) do
+    local rec = rec_load(KEYS[4] .. first)
+    for _, l in ipairs(parse_limits(rec and rec.limits or nil)) do
       if l.key == key then n = l.n end
     end
   end

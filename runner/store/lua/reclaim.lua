@@ -17,7 +17,7 @@
 -- KEYS[7] limit prefix (string)
 -- KEYS[8] scheduled    ZSET  (checked for damage)
 -- KEYS[9] claims       HASH  id -> claim
--- KEYS[10] done        HASH  id -> outcome (a lease left beside one is stray)
+-- KEYS[10] done meta   HASH  (checked for damage)
 -- KEYS[11] limwait     ZSET  limit keys with parked jobs
 -- KEYS[12] idem prefix (string)
 -- ARGV[1] now, ms ('' for the server's clock)
@@ -35,7 +35,7 @@
 local now, limit, dead_ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local relet = false
 for _, kn in ipairs({{KEYS[5], 'stats', 'hash'}, {KEYS[9], 'claims', 'hash'},
-    {KEYS[10], 'done', 'hash'}, {KEYS[1], 'leases', 'zset'}, {KEYS[2], 'ready', 'list'},
+    {KEYS[10], 'done meta', 'hash'}, {KEYS[1], 'leases', 'zset'}, {KEYS[2], 'ready', 'list'},
     {KEYS[3], 'dead', 'zset'}, {KEYS[4], 'notify', 'list'}, {KEYS[8], 'scheduled', 'zset'},
     {KEYS[11], 'limwait', 'zset'}}) do
   local kind = redis.call('TYPE', kn[1])['ok']
@@ -56,16 +56,20 @@ end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local requeued, buried = 0, 0
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
-local held, fin = hmget_many(KEYS[9], ids), hmget_many(KEYS[10], ids)
+local held = hmget_many(KEYS[9], ids)
 unclaim(KEYS[9], KEYS[1], ids)
 for j, id in ipairs(ids) do
   local jk = KEYS[6] .. id
+  local sk = jk .. ':s'
   local c = parse_claim(held[j])
-  -- An error reply (not a hash), no record, or a job that is done or elsewhere: nothing
-  -- to take back.
-  local f = redis.pcall('HMGET', jk, 'max_attempts', 'limits', 'type', 'history', 'status',
-    'attempt', 'token', 'refunds', 'idem_key')
-  local live = not f.err and f[3] and not fin[j] and (f[5] == 'queued' or f[5] == 'processing')
+  -- No record (done, or gone), a malformed one, or a job elsewhere: nothing to take back.
+  local rec = rec_load(jk)
+  local s = rec and redis.pcall('HMGET', sk, 'history', 'status', 'attempt', 'token', 'refunds')
+  local f = {}
+  if rec and not s.err then
+    f = {rec.max_attempts, rec.limits, rec.type, s[1], s[2] or 'queued', s[3], s[4], s[5], rec.idem_key}
+  end
+  local live = f[3] and (f[5] == 'queued' or f[5] == 'processing')
   if live and not c then
     -- A damaged claim entry, or a claim an older release kept on the record (status
     -- processing, the attempt already counted, the token there): the job is still taken
@@ -114,10 +118,11 @@ for j, id in ipairs(ids) do
       entry = '{"attempt":' .. c.attempt .. ',"outcome":"' .. outcome .. '","at_ms":' .. now .. '}'
     end
     with_history(set, f[4], entry)
-    redis.call('HSET', jk, unpack(set))
+    redis.call('HSET', sk, unpack(set))
+    if f[7] then redis.call('HDEL', sk, 'token') end  -- a legacy claim's token, now lost_token
     if spend and attempt >= max then
       redis.call('ZADD', KEYS[3], now, id)
-      redis.call('PEXPIRE', jk, dead_ttl)
+      rec_expire(jk, dead_ttl)
       free_idem(KEYS[12], f[3], f[9], id)
       tally('dead|' .. (f[3] or '?'))
       buried = buried + 1

@@ -33,25 +33,27 @@ for i = 0, n - 1 do
   elseif mode == 'later' then
     seen[id] = true
     marked[#marked + 1] = id
-    marked[#marked + 1] = c.token .. ' ' .. c.attempt .. ' ' .. c.started .. ' ' .. string.gsub(c.flags, '-', '') .. 'x'
+    marked[#marked + 1] = claim_entry(c.token, c.attempt, c.started, {idem = c.idem, res = c.res,
+      prefetched = c.prefetched, exiting = true, state = c.state})
     out[#out + 1] = 1
   else
     seen[id] = true
-    -- The claim's attempt was never written to the record, so nothing is spent; the
-    -- record is still queued.
-    local set = {'ready_ms', now}
-    if entry ~= '' then
-      local old = redis.pcall('HGET', jk, 'history')
-      with_history(set, type(old) == 'string' and old or nil, entry)
+    -- The claim's attempt was never written to the state, so nothing is spent; the job
+    -- is still queued.
+    -- Only a job that has a state hash (or a history entry to write) gets one.
+    if c.state or entry ~= '' then
+      local set = {'ready_ms', now}
+      if entry ~= '' then
+        local old = redis.pcall('HGET', jk .. ':s', 'history')
+        with_history(set, type(old) == 'string' and old or nil, entry)
+      end
+      redis.pcall('HSET', jk .. ':s', unpack(set))
     end
-    redis.pcall('HSET', jk, unpack(set))
     -- RPUSH: the consumer end of ready, so a released job runs next.
     redis.call('RPUSH', KEYS[2], id)
     if c.res then
-      local limits = redis.pcall('HGET', jk, 'limits')
-      if type(limits) == 'string' then
-        release_limits(KEYS[5], limits, token, now, KEYS[4], KEYS[2], KEYS[3], KEYS[7])
-      end
+      local rec = rec_load(jk)
+      if rec then release_limits(KEYS[5], rec.limits, token, now, KEYS[4], KEYS[2], KEYS[3], KEYS[7]) end
     end
     ids[#ids + 1] = id
     out[#out + 1] = 1

@@ -24,8 +24,8 @@ for i = 0, n - 1 do
   else
     redis.call('ZADD', KEYS[1], 'XX', now + lease, id)
     local code = 1
-    local raw = c.res and redis.pcall('HGET', KEYS[2] .. id, 'limits')
-    for _, l in ipairs(parse_limits(type(raw) == 'string' and raw or nil)) do
+    local rec = c.res and rec_load(KEYS[2] .. id) or nil
+    for _, l in ipairs(parse_limits(rec and rec.limits or nil)) do
       local k = KEYS[3] .. l.key
       heal_limit(k)
       if redis.call('ZSCORE', k, token) then

@@ -6,8 +6,9 @@
 -- KEYS[1] dead         ZSET
 -- KEYS[2] ready        LIST
 -- KEYS[3] notify       LIST
--- KEYS[4] job          HASH  the record
+-- KEYS[4] job          STRING  the record (its state hash is KEYS[4] .. ':s')
 -- KEYS[5] idem prefix  (string)
+-- KEYS[6] census       HASH  jobs not done per "<type>|<version>"
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] payload (JSON, '' to keep)
@@ -17,35 +18,42 @@
 --
 -- Returns 1 requeued, 2 requeued without its idempotency key, -1 not in the dead-letter set.
 local now, id = clock(ARGV[1]), ARGV[2]
-if redis.call('ZREM', KEYS[1], id) == 0 then return -1 end
-if redis.call('TYPE', KEYS[4])['ok'] ~= 'hash' then return -1 end
+if redis.call('ZSCORE', KEYS[1], id) == false then return -1 end
+local rec = rec_load(KEYS[4])
+if not rec then return -1 end
+redis.call('ZREM', KEYS[1], id)
+local sk = KEYS[4] .. ':s'
 local code = 1
-local f = redis.call('HMGET', KEYS[4], 'type', 'idem_key', 'idem_hash', 'history')
-local set = {'status', 'queued', 'attempt', 0, 'ready_ms', now, 'enqueued_ms', now, 'deferrals', 0}
+local history = redis.call('HGET', sk, 'history')
+local set = {'attempt', 0, 'ready_ms', now, 'enqueued_ms', now, 'deferrals', 0}
 local entry = ARGV[6]
-if f[2] and f[2] ~= '' then
-  local hash = ARGV[5] ~= '' and ARGV[5] or (f[3] or '-')
-  local ik = idem_key(KEYS[5], f[1], f[2])
+if rec.idem_key ~= '' then
+  local hash = ARGV[5] ~= '' and ARGV[5] or (rec.idem_hash ~= '' and rec.idem_hash or '-')
+  local ik = idem_key(KEYS[5], rec.type, rec.idem_key)
   local mark = redis.pcall('GET', ik)
   if not mark or (type(mark) == 'string' and string.match(mark, '^(%S+)') == id) then
     redis.call('SET', ik, id .. ' ' .. hash)
-    set[#set + 1] = 'idem_hash'
-    set[#set + 1] = hash
+    rec.idem_hash = hash
   else
     code = 2
-    redis.call('HDEL', KEYS[4], 'idem_key', 'idem_hash')
-    local note = '{"outcome":"key dropped","message":"idempotency key ' .. cjson.encode(f[2]):sub(2, -2) ..
+    local note = '{"outcome":"key dropped","message":"idempotency key ' .. cjson.encode(rec.idem_key):sub(2, -2) ..
       ' is held by another job","at_ms":' .. now .. '}'
-    with_history(set, f[4], note)
-    f[4] = set[#set]
+    rec.idem_key, rec.idem_hash = '', ''
+    with_history(set, history, note)
+    history = set[#set]
   end
 end
-if entry ~= '' then with_history(set, f[4], entry) end
-redis.call('HSET', KEYS[4], unpack(set))
-redis.call('HDEL', KEYS[4], 'reason', 'finished_ms', 'token', 'lost_token', 'refunds')
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[4], 'payload', ARGV[3]) end
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], 'version', ARGV[4]) end
-redis.call('PERSIST', KEYS[4])
+if entry ~= '' then with_history(set, history, entry) end
+if ARGV[3] ~= '' or ARGV[4] ~= '' then
+  census(KEYS[6], rec.type .. '|' .. rec.version, -1)
+  if ARGV[3] ~= '' then rec.payload = ARGV[3] end
+  if ARGV[4] ~= '' then rec.version = ARGV[4] end
+  census(KEYS[6], rec.type .. '|' .. rec.version, 1)
+end
+redis.call('SET', KEYS[4], rec_encode(rec))  -- SET drops the dead retention's expiry
+redis.call('HDEL', sk, 'status', 'reason', 'finished_ms', 'token', 'lost_token', 'refunds', 'error')
+redis.call('HSET', sk, unpack(set))
+redis.call('PERSIST', sk)
 redis.call('LPUSH', KEYS[2], id)
 wake(KEYS[3])
 return code

@@ -16,8 +16,8 @@
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
 --   refund (1: no attempt spent; the job is counted as a deferral), stats fields
 --
--- Each job costs one HMGET and one HSET of its record (the attempt, its start and the
--- history move from the claim to the record); the batch's fences, claims, leases and
+-- Each job costs one HMGET and one HSET of its state hash (the attempt, its start and the
+-- history move from the claim to the state); the batch's fences, claims, leases and
 -- scheduled entries go in one variadic HMGET, HDEL, ZREM and ZADD, before any limit
 -- slot is released.
 --
@@ -32,9 +32,10 @@ for i = 0, n - 1 do
   local id, token, delay, err = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], ARGV[b + 5] == '1', ARGV[b + 6]
   local jk = KEYS[4] .. id
+  local sk = jk .. ':s'
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
-  local f = c and redis.pcall('HMGET', jk, 'limits', 'history', 'deferrals')
+  local f = c and redis.pcall('HMGET', sk, 'history', 'deferrals')
   if not c or f.err then
     out[#out + 1] = -1
   else
@@ -43,7 +44,7 @@ for i = 0, n - 1 do
     local set = {'status', refund and 'scheduled' or 'retrying', 'ready_ms', due}
     if refund then
       set[#set + 1] = 'deferrals'
-      set[#set + 1] = (tonumber(f[3]) or 0) + 1
+      set[#set + 1] = (tonumber(f[2]) or 0) + 1
     else
       for _, kv in ipairs({{'error', err}, {'finished_ms', now}, {'attempt', c.attempt},
           {'started_ms', c.started}}) do
@@ -51,12 +52,15 @@ for i = 0, n - 1 do
         set[#set + 1] = kv[2]
       end
     end
-    with_history(set, f[2], entry)
-    redis.call('HSET', jk, unpack(set))
+    with_history(set, f[1], entry)
+    redis.call('HSET', sk, unpack(set))
     ids[#ids + 1] = id
     due_ids[#due_ids + 1] = due
     due_ids[#due_ids + 1] = id
-    if f[1] then slots[#slots + 1] = {f[1], token} end
+    if c.res then
+      local rec = rec_load(jk)
+      if rec then slots[#slots + 1] = {rec.limits, token} end
+    end
     bump(fields)
     out[#out + 1] = 1
   end

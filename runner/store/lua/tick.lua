@@ -10,7 +10,7 @@
 --                                  fired, job, late_ms, n_fired, n_missed, n_overlap, n_manual
 -- KEYS[#KEYS-2] job prefix   (string; the last job's record is prefix .. id)
 -- KEYS[#KEYS-1] claims       HASH  (the last job is processing while it has a claim)
--- KEYS[#KEYS]   done         HASH  (the last job is done once it has an outcome)
+-- KEYS[#KEYS]   done meta    HASH  (unused: a done job has no record left)
 -- ARGV[1..n]    as enqueue.lua, for one job
 -- ARGV[#ARGV-7] mode: 'fire', 'skip' (record the tick as handled, enqueue nothing) or
 --               'manual' (runner schedules trigger: enqueue now, the tick order untouched)
@@ -52,13 +52,15 @@ if g_mode == 'skip' then
   return {2, '', 'skipped'}
 end
 if g_mode == 'fire' and g_overlap == 'skip' and g[3] then
+  -- A job with no record is done (or gone); else its claim, else its state, says.
   local st
-  if redis.call('HEXISTS', g_done, g[3]) == 1 then
-    st = 'done'
-  elseif redis.call('HEXISTS', g_claims, g[3]) == 1 then
+  if redis.call('HEXISTS', g_claims, g[3]) == 1 then
     st = 'processing'
+  elseif redis.call('EXISTS', g_jobs .. g[3]) == 1 then
+    st = redis.pcall('HGET', g_jobs .. g[3] .. ':s', 'status')
+    if type(st) ~= 'string' then st = 'queued' end
   else
-    st = redis.pcall('HGET', g_jobs .. g[3], 'status')
+    st = 'done'
   end
   if st == 'queued' or st == 'scheduled' or st == 'retrying' or st == 'processing' then
     redis.call('HSET', g_state, 'tick', g_tick)

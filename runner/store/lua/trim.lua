@@ -1,29 +1,35 @@
 -- trim: forget dead-letter entries past the dead retention (their records go too), and
--- delete done jobs past theirs: the record, the outcome and the index entry together.
--- Both are bounded per call, whatever the backlog.
+-- start a new done generation when the current one is a quarter of the retention old
+-- (done_gen in _lib.lua: acks start one too, but an idle queue must age as well). Bounded
+-- per call, whatever the backlog.
 --
 -- KEYS[1] dead         ZSET  id -> time of death ms
--- KEYS[2] finished     ZSET  id -> finish time ms
--- KEYS[3] done         HASH  id -> outcome
+-- KEYS[2] done meta    HASH  the current done generation
+-- KEYS[3] done prefix  (string)
 -- KEYS[4] job prefix   (string)
+-- KEYS[5] census       HASH  jobs not done per "<type>|<version>"
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] done retention, ms
--- ARGV[4] the most entries of each kind to remove in this call (<= 4000)
+-- ARGV[4] the most dead entries to remove in this call (<= 4000)
+-- ARGV[5] done count bound
 --
--- Returns {dead entries removed, done jobs deleted}.
+-- Returns {dead entries removed, the current done generation}.
 local now = clock(ARGV[1])
 local limit = tonumber(ARGV[4])
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0, limit)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, limit)
-for _, group in ipairs({dead, ids}) do
-  if #group > 0 then
-    local jobs = {}
-    for j, id in ipairs(group) do jobs[j] = KEYS[4] .. id end
-    redis.call('DEL', unpack(jobs))  -- the caller keeps the limit within unpack's
+if #dead > 0 then
+  local gone = {}
+  for _, id in ipairs(dead) do
+    local jk = KEYS[4] .. id
+    local s = redis.pcall('GET', jk)
+    local rec = type(s) == 'string' and rec_parse(s) or nil
+    if rec then census(KEYS[5], rec.type .. '|' .. rec.version, -1) end
+    gone[#gone + 1] = jk
+    gone[#gone + 1] = jk .. ':s'
   end
+  redis.call('DEL', unpack(gone))  -- the caller keeps the limit within unpack's
 end
 call_many('ZREM', KEYS[1], dead, 1)
-call_many('HDEL', KEYS[3], ids, 1)
-call_many('ZREM', KEYS[2], ids, 1)
-return {#dead, #ids}
+local gen = done_gen(KEYS[2], KEYS[3], now, tonumber(ARGV[3]), tonumber(ARGV[5]))
+return {#dead, gen}

@@ -1,0 +1,175 @@
+"""Redis memory per job and the deploy gate's cost, for runner on its own server.
+
+- queued: bytes of used_memory per waiting job, for a job with a 206-byte payload (the
+  payload of the issue's comparison), enqueued one batch at a time;
+- done: bytes still held per finished job once a worker drained them (default retention,
+  well below the count bound), the outcome answering `runner job ID`;
+- steady state: what a queue sustaining 1,000 jobs/s holds under the shipped retention
+  (the done count bound times the bytes per done job), and the same for KEEP_RESULT;
+- deploy gate: `runner check` (the census) and `runner check --scan` (every waiting job
+  read) timed at a depth of --gate-jobs, and the census read alone (the part that could
+  grow with depth; the rest is the command's start-up and its catalog and Redis checks).
+
+Usage: python bench/memory.py [--jobs 20000] [--gate-jobs 1000000] [--rounds 3]
+[--server auto|redis|valkey]; prints a summary and writes bench/results/memory.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import server
+
+from runner import config as config_mod
+from runner.client import Client, Request
+from runner.runtime import Runtime
+from runner.store import census
+from runner.worker.worker import Worker
+
+PAD = "x" * 194  # {"pad":"<194 x>"} is 206 bytes of JSON
+NOOP = '''"""A no-op: returns nothing."""
+
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    return None
+'''
+KEPT = NOOP.replace('QUEUE = "fast"', 'QUEUE = "fast"\nKEEP_RESULT = 86400')
+SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+          "properties": {"pad": {"type": "string"}}, "additionalProperties": False}
+
+
+def project(root: Path, url: str) -> Path:
+    for name, src in (("noop", NOOP), ("kept", KEPT)):
+        (root / "functions").mkdir(parents=True, exist_ok=True)
+        (root / "functions" / f"{name}.py").write_text(src)
+        (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
+        (root / "schemas" / name / "v1.json").write_text(json.dumps(SCHEMA))
+    toml = root / "runner.toml"
+    toml.write_text(f'[redis]\nurl = "{url}"\nprefix = "mem"\n\n[queues.fast]\n\n[log]\nlevel = "WARNING"\n')
+    return toml
+
+
+def used(rt: Runtime) -> int:
+    return int(rt.redis.info("memory")["used_memory"])
+
+
+def enqueue(c: Client, type_: str, n: int) -> None:
+    body = {"pad": PAD}
+    c.enqueue_many(Request(type_, body) for _ in range(n))
+
+
+def drain(rt: Runtime, timeout_s: float = 300) -> None:
+    k = rt.keys["fast"]
+    w = Worker(rt, ["fast"])
+    w.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if rt.redis.llen(k.ready) == 0 and rt.redis.zcard(k.leases) == 0:
+                break
+            time.sleep(0.05)
+    finally:
+        w.stop(5)
+
+
+def one_round(url: str, root: Path, n: int, type_: str) -> dict[str, float]:
+    rt = Runtime.create(config_mod.load(project(root, url)))
+    try:
+        rt.redis.flushall()
+        c = Client(rt)
+        enqueue(c, type_, 10)  # the queue's own keys (stats, census...) exist before the baseline
+        drain(rt)
+        time.sleep(0.2)
+        base = used(rt)
+        enqueue(c, type_, n)
+        queued = (used(rt) - base) / n
+        drain(rt)
+        done = (used(rt) - base) / n
+        return {"queued": queued, "done": done}
+    finally:
+        rt.close()
+
+
+def gate(url: str, root: Path, depth: int) -> dict[str, Any]:
+    toml = project(root, url)
+    rt = Runtime.create(config_mod.load(toml))
+    try:
+        rt.redis.flushall()
+        c = Client(rt)
+        t0 = time.perf_counter()
+        body = {"pad": PAD}
+        c.enqueue_many(Request("noop", body) for _ in range(depth))
+        fill_s = time.perf_counter() - t0
+        reads = []
+        for _ in range(5):
+            t = time.perf_counter()
+            total, _ = census.counts(rt.redis, rt.keys)
+            reads.append(time.perf_counter() - t)
+        assert total == depth, (total, depth)
+    finally:
+        rt.close()
+    out: dict[str, Any] = {"depth": depth, "fill_s": round(fill_s, 1),
+                           "census_read_ms": round(statistics.median(reads) * 1000, 2)}
+    for label, args in (("census", []), ("scan", ["--scan"])):
+        times = []
+        for _ in range(3 if label == "census" else 1):
+            t = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(toml), "check", "--json",
+                                   *args], capture_output=True, text=True, cwd=root)
+            times.append(time.perf_counter() - t)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        out[f"{label}_s"] = round(statistics.median(times), 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=20_000)
+    ap.add_argument("--gate-jobs", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
+    a = ap.parse_args()
+    redis = server.start(a.server)
+    work = server.tmpdir("bench-memory-")
+    try:
+        print(f"server: {redis.kind} {redis.version}; scratch: {work}", flush=True)
+        res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                               "redis": f"{redis.kind} {redis.version}", "jobs": a.jobs, "payload_bytes": 206}
+        for type_ in ("noop", "kept"):
+            rounds = [one_round(redis.url, work, a.jobs, type_) for _ in range(a.rounds)]
+            res[type_] = {m: {"median": round(statistics.median(r[m] for r in rounds), 1),
+                              "min": round(min(r[m] for r in rounds), 1), "max": round(max(r[m] for r in rounds), 1)}
+                          for m in ("queued", "done")}
+            print(f"{type_}: queued {res[type_]['queued']['median']:.0f} B/job, "
+                  f"done {res[type_]['done']['median']:.0f} B/job", flush=True)
+        done_max = config_mod.Retention().done_max
+        res["steady_1000_per_s_mb"] = round(done_max * res["noop"]["done"]["median"] / 1e6, 1)
+        print(f"steady state at 1,000 jobs/s (done_max {done_max:,}): "
+              f"{res['steady_1000_per_s_mb']:.0f} MB of done outcomes", flush=True)
+        if a.gate_jobs:
+            res["gate"] = gate(redis.url, work, a.gate_jobs)
+            g = res["gate"]
+            print(f"deploy gate at {g['depth']:,} waiting jobs: census read {g['census_read_ms']} ms, "
+                  f"`runner check` {g['census_s'] * 1000:.0f} ms, "
+                  f"scan {g['scan_s']:.1f} s", flush=True)
+    finally:
+        redis.stop()
+    out = Path(__file__).resolve().parent / "results" / "memory.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
