@@ -134,6 +134,11 @@ class Settler:
         release_s: list[Settlement] = []
         final = {s.run.key for s in batch if not isinstance(s.outcome, Start)}
         for s in batch:
+            # Before the send: a renewal answered after this ack landed is refused, and
+            # the renewer must not take that for a lease lost elsewhere.
+            if s.run.key in final:
+                s.run.settling = True
+        for s in batch:
             job = s.run.job
             o = s.outcome
             t = job.type

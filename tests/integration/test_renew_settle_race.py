@@ -12,12 +12,13 @@ from collections.abc import Iterable
 
 import pytest
 
-from conftest import Project, structures
 from runner.worker.execute import Done
 from runner.worker.fetcher import Fetcher
 from runner.worker.ledger import Ledger, Run, Settlement
 from runner.worker.renewer import Renewer
 from runner.worker.settler import Settler
+
+from conftest import Project, structures
 
 JOBS = 40
 
