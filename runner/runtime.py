@@ -7,14 +7,15 @@ down. The registry is replaced whole on reload; readers take one reference per j
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.catalog import registry
-from runner.catalog.registry import Registry
 from runner.config import Config
 from runner.store import connection
 from runner.store.keys import QueueKeys, for_queue
 from runner.store.scripts import Scripts
+
+if TYPE_CHECKING:
+    from runner.catalog.registry import Registry
 
 
 @dataclass(slots=True)
@@ -22,22 +23,38 @@ class Runtime:
     config: Config
     redis: Any
     scripts: Scripts
-    registry: Registry
     keys: dict[str, QueueKeys] = field(default_factory=dict)
+    _registry: Registry | None = None
 
     @classmethod
-    def create(cls, config: Config, reg: Registry | None = None, **redis_overrides: Any) -> Runtime:
+    def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False,
+               **redis_overrides: Any) -> Runtime:
+        """``lazy``: load functions/ and schemas/ on first use of ``registry``, for the
+        commands that may never need them (`runner job`, `runner stats`): importing every
+        handler and compiling every schema would be most of their run time."""
         client = connection.connect(config.redis, **redis_overrides)
-        return cls(
-            config=config,
-            redis=client,
-            scripts=Scripts(client),
-            registry=reg if reg is not None else registry.load(config),
-            keys={q: for_queue(config.redis.prefix, q) for q in config.queues},
-        )
+        rt = cls(config=config, redis=client, scripts=Scripts(client),
+                 keys={q: for_queue(config.redis.prefix, q) for q in config.queues}, _registry=reg)
+        if not lazy:
+            rt.registry  # noqa: B018  (loaded now: a process starts with its functions)
+        return rt
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            from runner.catalog import registry
+
+            self._registry = registry.load(self.config)
+        return self._registry
+
+    @registry.setter
+    def registry(self, reg: Registry) -> None:
+        self._registry = reg
 
     def reload(self) -> Registry:
         """Load functions/ and schemas/ again; broken files keep their last good version."""
+        from runner.catalog import registry
+
         self.registry = registry.load(self.config, previous=self.registry)
         return self.registry
 

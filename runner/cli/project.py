@@ -22,7 +22,6 @@ from runner.cli.root import (
 from runner.errors import (
     ConfigError,
 )
-from runner.store.connection import UNAVAILABLE
 
 
 @cli.command()
@@ -95,6 +94,7 @@ def check(ctx: click.Context, strict: bool, offline: bool, as_json: bool) -> Non
         from runner.runtime import Runtime
         from runner.store import roster
         from runner.store.census import waiting_versions
+        from runner.store.connection import UNAVAILABLE
         from runner.store.guard import redis_risks
 
         reg = report.registry or Registry()
