@@ -22,22 +22,30 @@ if TYPE_CHECKING:
 class Runtime:
     config: Config
     redis: Any
-    scripts: Scripts
     keys: dict[str, QueueKeys] = field(default_factory=dict)
     _registry: Registry | None = None
+    _scripts: Scripts | None = None
 
     @classmethod
     def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False,
                **redis_overrides: Any) -> Runtime:
-        """``lazy``: load functions/ and schemas/ on first use of ``registry``, for the
-        commands that may never need them (`runner job`, `runner stats`): importing every
-        handler and compiling every schema would be most of their run time."""
+        """``lazy``: load functions/ and schemas/ and assemble the scripts on first use of
+        ``registry`` and ``scripts``, for the commands that may never need them (`runner
+        job`, `runner stats`): importing every handler, compiling every schema and
+        assembling every Lua script would be most of their run time."""
         client = connection.connect(config.redis, **redis_overrides)
-        rt = cls(config=config, redis=client, scripts=Scripts(client),
+        rt = cls(config=config, redis=client,
                  keys={q: for_queue(config.redis.prefix, q) for q in config.queues}, _registry=reg)
-        if not lazy:
-            rt.registry  # noqa: B018  (loaded now: a process starts with its functions)
+        if not lazy:  # a process starts with its functions and scripts ready
+            rt.registry  # noqa: B018
+            rt.scripts  # noqa: B018
         return rt
+
+    @property
+    def scripts(self) -> Scripts:
+        if self._scripts is None:
+            self._scripts = Scripts(self.redis)
+        return self._scripts
 
     @property
     def registry(self) -> Registry:
