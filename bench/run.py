@@ -3,6 +3,7 @@
     python bench/run.py            # full: 3 repetitions, about 20 minutes on 2 cores
     python bench/run.py --quick    # 1 repetition, smaller counts, a few minutes
     python bench/run.py --systems runner,huey --no-extras --no-profile
+    python bench/run.py --work incr,sleep      # also drain with handlers that do I/O
 
 It installs the peers into bench/.venv-peers (pinned in bench/requirements-peers*.txt),
 starts its own Redis server on a free port (Debian's redis-server when installed, else
@@ -31,15 +32,15 @@ from harness import systems  # first: it freezes the runner under test
 
 RUNNER_SNAPSHOT = systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
 
-from harness import extras, profile, report, scenarios, server, ticks, venv  # noqa: E402
+from harness import extras, profile, report, scenarios, server, startup, ticks, venv  # noqa: E402
 
 SIZES = {
     "full": {"reps": 3, "drain_n": 20000, "drain_cap_s": 20.0, "single_n": 10000, "batch_n": 20000,
              "enqueue_cap_s": 10.0, "lat_n": 2500, "rate": 500.0, "profile_n": 40000,
-             "http_rates": [1000.0, 2500.0, 5000.0], "http_s": 5.0, "wrk_s": 8},
+             "http_rates": [1000.0, 2500.0, 5000.0], "http_s": 5.0, "wrk_s": 8, "cli_rounds": 15},
     "quick": {"reps": 1, "drain_n": 5000, "drain_cap_s": 10.0, "single_n": 3000, "batch_n": 5000,
               "enqueue_cap_s": 5.0, "lat_n": 1000, "rate": 500.0, "profile_n": 15000,
-              "http_rates": [2500.0, 5000.0], "http_s": 3.0, "wrk_s": 4},
+              "http_rates": [2500.0, 5000.0], "http_s": 3.0, "wrk_s": 4, "cli_rounds": 7},
 }
 
 
@@ -66,9 +67,16 @@ def brief(r: Any, key: str, digits: int = 0) -> str:
     return f"{r[key]:,.{digits}f}"
 
 
+# The handler's work besides the no-op (see bench/peers/benchprobe.py): each is a drain
+# of its own, every system side by side.
+WORK = {"incr": "one Redis INCR", "sleep": "1 ms sleep"}
+
+
 def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict[str, Any]) -> dict[str, Any]:
+    work: list[str] = cfg.get("work", [])
     runs: dict[str, dict[str, list[Any]]] = {
-        s.name: {"drain": [], "single": [], "batch": [], "latency": []} for s in all_systems
+        s.name: {"drain": [], "single": [], "batch": [], "latency": [], **{f"drain_{w}": [] for w in work}}
+        for s in all_systems
     }
     for rep in range(cfg["reps"]):
         print(f"repetition {rep + 1}/{cfg['reps']}", flush=True)
@@ -83,6 +91,9 @@ def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict
                 env, s, cfg["batch_n"], "batch", cfg["enqueue_cap_s"])))
             r["latency"].append(attempt(f"{s.name} latency", lambda s=s: scenarios.latency(
                 env, s, cfg["lat_n"], cfg["rate"])))
+            for w in work:
+                r[f"drain_{w}"].append(attempt(f"{s.name} drain, {WORK[w]}", lambda s=s, w=w: scenarios.drain(
+                    env, s.with_env(BENCH_WORK=w), cfg["drain_n"], cfg["drain_cap_s"])))
             print(f"{s.name:>9}: drain {brief(r['drain'][-1], 'jobs_per_s')}/s, enqueue "
                   f"{brief(r['single'][-1], 'jobs_per_s')}/s, batch {brief(r['batch'][-1], 'jobs_per_s')}/s, "
                   f"p50 {brief(r['latency'][-1], 'p50_ms', 2)} p99 {brief(r['latency'][-1], 'p99_ms', 2)} ms "
@@ -108,6 +119,10 @@ def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict
             "worker_rss_mb": scenarios.summary(ok, "worker_rss_mb"),
             "runs": r,
         }
+        for w in work:
+            ok_w = [d for d in r[f"drain_{w}"] if d and "error" not in d]
+            out[s.name][f"drain_{w}"] = scenarios.summary(ok_w, "jobs_per_s")
+            out[s.name][f"worker_cpu_ms_per_job_{w}"] = scenarios.summary(ok_w, "worker_cpu_ms_per_job")
     return out
 
 
@@ -117,9 +132,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, help="repetitions (default: 3, quick: 1)")
     ap.add_argument("--systems", help="comma-separated subset, e.g. runner,huey,dramatiq")
     ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
+    ap.add_argument("--work", default="incr,sleep",
+                    help="handlers that do I/O, each drained by every system: incr,sleep (or none)")
     ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
     ap.add_argument("--extras", help="comma-separated subset of the runner-only scenarios: "
-                    "validation,guarded,mix,metrics,redis_py,http,schedules")
+                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup")
     ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
@@ -127,6 +144,9 @@ def main() -> None:
     cfg = dict(SIZES[mode])
     if a.reps:
         cfg["reps"] = a.reps
+    cfg["work"] = [] if a.work in ("", "none") else a.work.split(",")
+    if set(cfg["work"]) - set(WORK):
+        raise SystemExit(f"--work: unknown {', '.join(sorted(set(cfg['work']) - set(WORK)))}")
     wanted = set(a.systems.split(",")) if a.systems else None
 
     peers_py = venv.ensure()
@@ -138,7 +158,13 @@ def main() -> None:
     print(f"server: {redis.kind} {redis.version} at {redis.url}; scratch: {work}", flush=True)
     try:
         toml = systems.runner_project(work / "project")
-        everyone = [systems.runner_system(toml), *systems.peer_systems(str(peers_py), redis.url)]
+        # runner twice: the shipped thread executors, and the fast queue's handlers in
+        # child processes (ISOLATION = "process"), next to Celery's prefork pool.
+        process = systems.runner_system(
+            systems.isolated_project(toml), system_name="runner-process",
+            label=f"runner {systems.runner_version()}, isolation = \"process\"",
+            note="2 processes x 16 child processes (isolation = \"process\"), at-least-once")
+        everyone = [systems.runner_system(toml), process, *systems.peer_systems(str(peers_py), redis.url)]
         chosen = [s for s in everyone if wanted is None or s.name in wanted]
         res: dict[str, Any] = {
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -163,6 +189,9 @@ def main() -> None:
                 "http": ("HTTP", lambda: extras.http(
                     env, toml, cfg["http_rates"], cfg["http_s"], cfg["wrk_s"])),
                 "schedules": ("schedules", lambda: ticks.run(env.url, env.work, 10_000, max(2, reps), 20.0)),
+                "startup": ("start-up", lambda: startup.run(
+                    env, systems.runner_system(toml), [s for s in chosen if s.name != "runner-process"],
+                    cfg["cli_rounds"], max(3, reps))),
             }
             only = set(a.extras.split(",")) if a.extras else set(scenarios_x)
             unknown = only - set(scenarios_x)

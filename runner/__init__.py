@@ -6,7 +6,8 @@ The public API: handlers raise ``Retry`` or ``PermanentFailure`` and receive a
 
 from __future__ import annotations
 
-from runner.client import Client, Enqueued, Request
+from typing import TYPE_CHECKING, Any
+
 from runner.errors import (
     ConfigError,
     FieldError,
@@ -23,7 +24,27 @@ from runner.errors import (
     UnknownVersion,
     ValidationFailed,
 )
-from runner.worker.context import Context
+
+if TYPE_CHECKING:
+    from runner.client import Client, Enqueued, Request
+    from runner.worker.context import Context
+
+# Loaded on first use (PEP 562): `import runner` (every CLI call, every handler's
+# `raise runner.Retry`) must not pay for the client's Redis, catalog and codec imports.
+_LAZY = {"Client": "runner.client", "Enqueued": "runner.client", "Request": "runner.client",
+         "Context": "runner.worker.context"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runner' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

@@ -13,8 +13,6 @@ one more token, named "default", with every scope. Only SHA-256 digests are kept
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import os
 import re
 import tomllib
@@ -192,6 +190,8 @@ def _bool(v: Any) -> bool:
 
 def _likely(name: str, known: Iterable[str]) -> str:
     """"; did you mean X?" for a probable misspelling of a known name, else nothing."""
+    import difflib  # here: only a typo pays for it
+
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
     return f"; did you mean {close[0]}?" if close else ""
 
@@ -311,6 +311,8 @@ def scope_error(scope: str) -> str | None:
 
 def digest(secret: str) -> bytes:
     """What is kept of a token: the SHA-256 of its UTF-8 bytes."""
+    import hashlib  # here: loading a config without tokens (every CLI call) skips it
+
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
 
 

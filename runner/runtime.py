@@ -7,37 +7,62 @@ down. The registry is replaced whole on reload; readers take one reference per j
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.catalog import registry
-from runner.catalog.registry import Registry
 from runner.config import Config
 from runner.store import connection
 from runner.store.keys import QueueKeys, for_queue
 from runner.store.scripts import Scripts
+
+if TYPE_CHECKING:
+    from runner.catalog.registry import Registry
 
 
 @dataclass(slots=True)
 class Runtime:
     config: Config
     redis: Any
-    scripts: Scripts
-    registry: Registry
     keys: dict[str, QueueKeys] = field(default_factory=dict)
+    _registry: Registry | None = None
+    _scripts: Scripts | None = None
 
     @classmethod
-    def create(cls, config: Config, reg: Registry | None = None, **redis_overrides: Any) -> Runtime:
+    def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False,
+               **redis_overrides: Any) -> Runtime:
+        """``lazy``: load functions/ and schemas/ and assemble the scripts on first use of
+        ``registry`` and ``scripts``, for the commands that may never need them (`runner
+        job`, `runner stats`): importing every handler, compiling every schema and
+        assembling every Lua script would be most of their run time."""
         client = connection.connect(config.redis, **redis_overrides)
-        return cls(
-            config=config,
-            redis=client,
-            scripts=Scripts(client),
-            registry=reg if reg is not None else registry.load(config),
-            keys={q: for_queue(config.redis.prefix, q) for q in config.queues},
-        )
+        rt = cls(config=config, redis=client,
+                 keys={q: for_queue(config.redis.prefix, q) for q in config.queues}, _registry=reg)
+        if not lazy:  # a process starts with its functions and scripts ready
+            rt.registry  # noqa: B018
+            rt.scripts  # noqa: B018
+        return rt
+
+    @property
+    def scripts(self) -> Scripts:
+        if self._scripts is None:
+            self._scripts = Scripts(self.redis)
+        return self._scripts
+
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            from runner.catalog import registry
+
+            self._registry = registry.load(self.config)
+        return self._registry
+
+    @registry.setter
+    def registry(self, reg: Registry) -> None:
+        self._registry = reg
 
     def reload(self) -> Registry:
         """Load functions/ and schemas/ again; broken files keep their last good version."""
+        from runner.catalog import registry
+
         self.registry = registry.load(self.config, previous=self.registry)
         return self.registry
 

@@ -114,7 +114,7 @@ def producer(env: Env, sysm: System, spy: str, n: int, out_dir: Path) -> dict[st
     probe = scenarios.fresh_dir(env.work, "probe")
     raw = out_dir / "producer-wall.txt"
     cmd = [spy, "record", "-r", "500", "-f", "raw", "-o", str(raw), "--idle", "--",
-           sysm.python, str(PEERS_DIR / "drive.py"), sysm.name, "enqueue", "--n", str(n),
+           sysm.python, str(PEERS_DIR / "drive.py"), sysm.producer or sysm.name, "enqueue", "--n", str(n),
            "--mode", "single", "--max-seconds", "30"]
     subprocess.run(cmd, env=sysm.environ(env.url, probe), cwd=sysm.cwd, capture_output=True,
                    timeout=120)

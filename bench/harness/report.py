@@ -67,6 +67,32 @@ def main_table(res: dict[str, Any]) -> list[str]:
     return out
 
 
+WORK_LABELS = {"incr": "one Redis INCR", "sleep": "1 ms sleep"}
+
+
+def io_table(res: dict[str, Any]) -> list[str]:
+    """Drain with handlers that do I/O, next to the no-op: jobs/s, runner's ratio over
+    each system, and the workers' CPU per job."""
+    systems = res["systems"]
+    work = [w for w in WORK_LABELS if any(s.get(f"drain_{w}") for s in systems.values())]
+    if not work:
+        return []
+    rn = systems.get("runner", {})
+    head = ["no-op drain jobs/s", "worker CPU ms/job"]
+    for w in work:
+        head += [f"{WORK_LABELS[w]}: drain jobs/s", "runner ÷", "worker CPU ms/job"]
+    out = ["**Handlers that do I/O** (the same drain; each job's handler makes one Redis INCR round "
+           "trip, or sleeps 1 ms)", "", "| system | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for name, s in systems.items():
+        row = [cell(s.get("drain")), cell(s.get("worker_cpu_ms_per_job"), 3)]
+        for w in work:
+            row += [cell(s.get(f"drain_{w}")),
+                    "" if name == "runner" else ratio(rn.get(f"drain_{w}"), s.get(f"drain_{w}")),
+                    cell(s.get(f"worker_cpu_ms_per_job_{w}"), 3)]
+        out.append(f"| {s['label']} | " + " | ".join(row) + " |")
+    return [*out, ""]
+
+
 def limits(res: dict[str, Any]) -> list[str]:
     """Where runner's drain stands against the CPU it costs."""
     r = res["systems"].get("runner")
@@ -181,6 +207,14 @@ def extras_md(x: dict[str, Any]) -> list[str]:
                 if runs.get("batch"):
                     out.append(_closed_row(phase, runs["batch"]))
             out.append("")
+            closed = (h.get("phases", {}).get("web alone") or {}).get("closed")
+            if ref and closed and ref.get("req_per_s"):
+                out += [f"Enqueue route over the hello-world app, closed loop, same run: "
+                        f"{closed['req_per_s'] / ref['req_per_s'] * 100:.0f} %.", ""]
+    if x.get("startup"):
+        from harness import startup
+
+        out += startup.markdown(x["startup"])
     return out
 
 
@@ -215,6 +249,7 @@ def markdown(res: dict[str, Any]) -> str:
               "job's start to the last's. Enqueue->start latency: idle workers, 500 jobs/s offered "
               "open loop. Redis commands per job count the commands inside scripts too; the "
               "figure in parentheses is script calls (EVALSHA) per job.", ""]
+    lines += io_table(res)
     lines += limits(res)
     if res.get("runner_only"):
         lines += ["## Runner-only scenarios", "", *extras_md(res["runner_only"])]

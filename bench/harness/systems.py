@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,11 @@ class System:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str = str(PEERS_DIR)
     note: str = ""
+    producer: str = ""  # drive.py's name for its producer, when not the system's name
+
+    def with_env(self, **extra: str) -> System:
+        """The same system, its workers started with these variables too."""
+        return replace(self, env={**self.env, **extra})
 
     def environ(self, url: str, probe_dir: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
@@ -74,7 +79,7 @@ class System:
 
     def drive(self, url: str, probe_dir: Path, *args: str, timeout_s: float = 120.0) -> dict[str, Any]:
         """Run bench/peers/drive.py in this system's environment; its JSON answer."""
-        cmd = [self.python, str(PEERS_DIR / "drive.py"), self.name, *args]
+        cmd = [self.python, str(PEERS_DIR / "drive.py"), self.producer or self.name, *args]
         proc = subprocess.run(cmd, env=self.environ(url, probe_dir), cwd=self.cwd,
                               capture_output=True, text=True, timeout=timeout_s)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -89,13 +94,14 @@ class System:
 
 NOOP = '''"""A no-op job for the benchmark: it only tells the probe that it started."""
 
-from benchprobe import hit
+from benchprobe import hit, work
 
 QUEUE = "fast"
 
 
 def handle(payload, ctx):
     hit(payload.get("t", 0.0))
+    work()  # $BENCH_WORK: nothing, one Redis INCR, or a 1 ms sleep
 '''
 
 GUARDED = '''"""A no-op job with an idempotency key and a resource lock (distinct per job)."""
@@ -151,6 +157,18 @@ def runner_project(root: Path) -> Path:
     return toml
 
 
+def isolated_project(toml: Path, isolation: str = "process") -> Path:
+    """A runner.toml beside ``toml`` (same functions) whose fast queue runs its handlers
+    with the given isolation (the shipped fast queue runs them in threads)."""
+    text = toml.read_text()
+    head = "[queues.fast]\n"
+    if head not in text:
+        raise RuntimeError(f"no [queues.fast] table in {toml}")
+    out = toml.with_name(f"runner-{isolation}.toml")
+    out.write_text(text.replace(head, f'{head}isolation = "{isolation}"\n', 1))
+    return out
+
+
 def runner_version(python: str = sys.executable, extra_env: dict[str, str] | None = None) -> str:
     code = ("import importlib.metadata as m, redis; "
             "print(m.version('runner'), redis.__version__)")
@@ -163,6 +181,7 @@ def runner_version(python: str = sys.executable, extra_env: dict[str, str] | Non
 def runner_system(
     toml: Path, name: str = "runner", python: str | None = None, queues: tuple[str, ...] = ("fast",),
     env: dict[str, str] | None = None, label: str | None = None, workers: int = WORKERS,
+    system_name: str = "runner", note: str | None = None,
 ) -> System:
     """Two `runner worker --queue fast` processes (the console script), or, with another
     interpreter or source tree, the same command as ``python -m runner.cli``."""
@@ -173,11 +192,11 @@ def runner_system(
     for q in queues:
         cmd += ["--queue", q]
     return System(
-        name="runner", label=label or f"{name} {runner_version(py, env)}", python=py,
+        name=system_name, label=label or f"{name} {runner_version(py, env)}", python=py,
         worker_cmds=[cmd] * workers, env={"RUNNER_CONFIG": str(toml), **(env or {})},
-        cwd=str(toml.parent),
-        note=f"{workers} processes x 16 threads (shipped defaults), at-least-once, "
-             "schema validation on",
+        cwd=str(toml.parent), producer="runner",
+        note=note or f"{workers} processes x 16 threads (shipped defaults), at-least-once, "
+                     "schema validation on",
     )
 
 

@@ -1,7 +1,7 @@
 """Other builds of runner, for the runner-only comparisons:
 
 - a copy of the runner package as it is, and a copy with the metrics neutralised (the
-  stats HINCRBYs in the scripts and the per-job timing fields in the worker), both run
+  stats HINCRBYs in the scripts and the per-job timing fields the worker's settler sends), both run
   the same way (``python -m runner.cli`` with the copy first on PYTHONPATH);
 - a virtual environment with the newest redis-py, to weigh the pin on redis<7.
 """
@@ -17,16 +17,16 @@ from harness.systems import BENCH, PEERS_DIR, runner_src
 
 # (file, text, replacement): every one must apply, or the build is refused.
 METRICS_OFF = [
-    ("lua/_lib.lua", "local function bump(fields)\n",
+    ("store/lua/_lib.lua", "local function bump(fields)\n",
      "local function bump(fields)\n  if true then return end\n"),
-    ("lua/_lib.lua", "local function tally(field)\n",
+    ("store/lua/_lib.lua", "local function tally(field)\n",
      "local function tally(field)\n  if true then return end\n"),
-    ("lua/_lib.lua", "local function flush(stats_key)\n",
+    ("store/lua/_lib.lua", "local function flush(stats_key)\n",
      "local function flush(stats_key)\n  if true then return end\n"),
-    ("lua/enqueue.lua", "  redis.pcall('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)\n", ""),
-    ("lua/ack.lua", "  if type(redis.pcall('HINCRBY', KEYS[6], 'done', #finished)) == 'number' then\n"
-                    "    redis.call('PEXPIRE', KEYS[6], 21600000)\n  end\n", ""),
-    ("worker.py", 'fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)',
+    ("store/lua/enqueue.lua", "  redis.pcall('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)\n", ""),
+    ("store/lua/ack.lua", "  if type(redis.pcall('HINCRBY', tk, 'done', #outcomes / 2)) == 'number' then\n"
+                          "    redis.call('PEXPIRE', tk, 21600000)\n  end\n", ""),
+    ("worker/settler.py", 'fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)',
      'fields = ""'),
 ]
 

@@ -6,11 +6,12 @@ import os
 from typing import Any
 
 from arq.connections import RedisSettings
-from benchprobe import hit
+from benchprobe import awork, hit
 
 
 async def noop(ctx: Any, t: float = 0.0) -> None:
     hit(t)
+    await awork()
 
 
 class WorkerSettings:

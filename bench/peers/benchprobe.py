@@ -8,6 +8,13 @@ rewrites ``$BENCH_PROBE_DIR/<pid>.json`` (write, then rename) at most every 50 m
 the figures change. Lock-free on the job's side (``next()`` on a counter and a list
 append are atomic in CPython), so it costs every system about the same, very little.
 Standard library only: it runs in every system's environment.
+
+The handler's own work, the same for every system, is chosen by $BENCH_WORK: empty (the
+no-op), ``incr`` (one Redis INCR round trip on a connection of the thread's own, as a
+real handler makes one call to something) or ``sleep`` (1 ms of waiting, as for a slow
+downstream). Sync handlers call ``work()``; async ones ``await awork()`` (redis-py's
+asyncio client, ``asyncio.sleep``), so an event loop is never blocked by the benchmark.
+redis-py is imported only for ``incr``: every system's environment has it.
 """
 
 from __future__ import annotations
@@ -66,9 +73,51 @@ def _after_fork() -> None:
     global _started, _counter, _first, _last, _lat, _start_lock
     _started, _counter, _first, _last, _lat = False, itertools.count(1), 0.0, 0.0, []
     _start_lock = threading.Lock()
+    _local.__dict__.clear()  # a connection is never shared across a fork
+    _aclients.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+_WORK = os.environ.get("BENCH_WORK", "")
+if _WORK not in ("", "incr", "sleep"):
+    raise ValueError(f"BENCH_WORK must be empty, incr or sleep, got {_WORK!r}")
+_local = threading.local()
+_aclients: dict[int, object] = {}
+
+
+def _conn() -> object:
+    c = getattr(_local, "redis", None)
+    if c is None:
+        import redis
+
+        c = _local.redis = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"], single_connection_client=True)
+    return c
+
+
+def work() -> None:
+    """The handler's work ($BENCH_WORK), from a sync handler."""
+    if _WORK == "incr":
+        _conn().incr("bench:probe:incr")  # type: ignore[attr-defined]
+    elif _WORK == "sleep":
+        time.sleep(0.001)
+
+
+async def awork() -> None:
+    """The handler's work ($BENCH_WORK), from an async handler: awaited, never blocking."""
+    import asyncio
+
+    if _WORK == "incr":
+        loop = id(asyncio.get_running_loop())
+        c = _aclients.get(loop)
+        if c is None:
+            import redis.asyncio
+
+            c = _aclients[loop] = redis.asyncio.Redis.from_url(os.environ["BENCH_REDIS_URL"])
+        await c.incr("bench:probe:incr")  # type: ignore[attr-defined]
+    elif _WORK == "sleep":
+        await asyncio.sleep(0.001)
 
 
 def hit(t: float | None = None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from benchprobe import hit
+from benchprobe import awork, hit
 
 URL = os.environ["BENCH_REDIS_URL"]
 QUEUE = "bench"
@@ -14,3 +14,4 @@ CONCURRENCY = 10
 
 async def process(job: Any, token: str) -> None:
     hit(job.data.get("t", 0.0))
+    await awork()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from benchprobe import hit
+from benchprobe import hit, work
 from celery import Celery
 
 app = Celery("bench", broker=os.environ["BENCH_REDIS_URL"])
@@ -15,3 +15,4 @@ app.conf.update(task_ignore_result=True, broker_connection_retry_on_startup=True
 @app.task
 def noop(t: float = 0.0) -> None:
     hit(t)
+    work()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import dramatiq
-from benchprobe import hit
+from benchprobe import hit, work
 from dramatiq.brokers.redis import RedisBroker
 
 broker = RedisBroker(url=os.environ["BENCH_REDIS_URL"])
@@ -15,3 +15,4 @@ dramatiq.set_broker(broker)
 @dramatiq.actor(max_retries=0)
 def noop(t: float = 0.0) -> None:
     hit(t)
+    work()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from benchprobe import hit
+from benchprobe import hit, work
 from huey import RedisHuey
 
 huey = RedisHuey("bench", url=os.environ["BENCH_REDIS_URL"], blocking=True, results=False)
@@ -13,3 +13,4 @@ huey = RedisHuey("bench", url=os.environ["BENCH_REDIS_URL"], blocking=True, resu
 @huey.task()
 def noop(t: float = 0.0) -> None:
     hit(t)
+    work()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from benchprobe import hit
+from benchprobe import hit, work
 
 
 def noop(t: float = 0.0) -> None:
     hit(t)
+    work()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from benchprobe import hit
+from benchprobe import awork, hit
 from taskiq_redis import RedisStreamBroker
 
 broker = RedisStreamBroker(os.environ["BENCH_REDIS_URL"], consumer_id="0")
@@ -17,3 +17,4 @@ broker = RedisStreamBroker(os.environ["BENCH_REDIS_URL"], consumer_id="0")
 @broker.task
 async def noop(t: float = 0.0) -> None:
     hit(t)
+    await awork()

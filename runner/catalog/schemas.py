@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import jsonschema_rs
 import orjson
 
 from runner.errors import FieldError, FunctionLoadError, UnknownVersion, ValidationFailed
@@ -78,6 +76,10 @@ def load_schema(path: Path, version: int) -> Schema:
         raise FunctionLoadError(
             str(path), f"$schema must be JSON Schema draft 2020-12, got {declared!r}"
         )
+    # Here, not at the top: the client and the CLI import this module, and only a
+    # registry load needs the metaschema check (jsonschema is the slowest import we have).
+    import jsonschema
+
     try:
         jsonschema.Draft202012Validator.check_schema(doc)
     except jsonschema.SchemaError as exc:
@@ -90,6 +92,8 @@ def load_schema(path: Path, version: int) -> Schema:
 def _compile(doc: dict[str, Any], path: Path) -> tuple[Any, tuple[str, ...]]:
     """The validator, asserting formats; a format it does not know is a warning (it checks
     nothing), found by compiling strictly first."""
+    import jsonschema_rs
+
     warnings: list[str] = []
     try:
         jsonschema_rs.Draft202012Validator(doc, validate_formats=True, ignore_unknown_formats=False)

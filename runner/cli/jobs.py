@@ -36,8 +36,6 @@ from runner.errors import (
     UnknownFunction,
     ValidationFailed,
 )
-from runner.store import codec
-from runner.store.connection import UNAVAILABLE
 
 # As the HTTP API's ?delay=: a longer delay is almost surely a unit mistake (ms for s).
 MAX_DELAY_S = 366 * 86_400.0
@@ -115,6 +113,8 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
                   as_json: bool) -> int:
     """One job per line, JSONL_BATCH lines per round of scripts; every refused line reported."""
     from runner.client import Request
+    from runner.store import codec
+    from runner.store.connection import UNAVAILABLE
 
     done = dup = 0
     last_ok = 0
@@ -176,6 +176,7 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
 def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Show one job."""
     from runner.client import Client
+    from runner.store import codec
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
@@ -202,7 +203,8 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     rt = build_runtime(ctx.obj["config"], client_only=True)
     where = target(ctx)
     with redis_errors():
-        figures = read_queues(rt, now_ms())
+        # The table sums over functions: only --json lists each loaded function.
+        figures = read_queues(rt, now_ms(), loaded_functions=as_json)
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
     rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["dead"],
              sum(f["succeeded"] for f in q["functions"].values()),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
@@ -27,6 +26,8 @@ from runner.errors import (
 
 def guard(where: Target, client: Any) -> None:
     """At the start of a process: which Redis it talks to, and the Redis guard's warnings."""
+    import logging
+
     from runner.store.guard import warn_redis_settings
 
     log = logging.getLogger("runner")
@@ -41,6 +42,8 @@ def guard(where: Target, client: Any) -> None:
 @click.pass_context
 def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     """Run a production worker (the scheduler runs inside it)."""
+    import logging
+
     from runner.observe.logs import setup
     from runner.worker.worker import Worker
 

@@ -22,7 +22,6 @@ from runner.cli.root import (
 from runner.errors import (
     ConfigError,
 )
-from runner.store.connection import UNAVAILABLE
 
 
 @cli.command()
@@ -97,6 +96,7 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
         from runner.runtime import Runtime
         from runner.store import roster
         from runner.store.census import counts, waiting_versions
+        from runner.store.connection import UNAVAILABLE
         from runner.store.guard import redis_risks
 
         reg = report.registry or Registry()

@@ -5,7 +5,6 @@ scripts)."""
 from __future__ import annotations
 
 import contextlib
-import getpass
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,8 +20,6 @@ from runner.errors import (
     RunnerError,
     ValidationFailed,
 )
-from runner.store import codec
-from runner.store.connection import UNAVAILABLE
 
 EXIT_OK, EXIT_REFUSED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 JSONL_BATCH = 500
@@ -59,12 +56,13 @@ def target(ctx: click.Context) -> Target:
 
 def build_runtime(path: str | None, client_only: bool = False) -> Any:
     """The Runtime of a command; client commands follow a running `runner dev`'s embedded
-    Redis unless REDIS_URL or the --config file names a server."""
+    Redis unless REDIS_URL or the --config file names a server, and load functions/ and
+    schemas/ only once they use them (`runner job` never does)."""
     from runner.runtime import Runtime
 
     cfg, _ = target_config(path, client_only)
     try:
-        return Runtime.create(cfg)
+        return Runtime.create(cfg, lazy=client_only)
     except ConfigError as exc:
         fail(f"configuration error: {exc}", EXIT_CONFIG)
 
@@ -86,12 +84,20 @@ def redis_errors() -> Iterator[None]:
         yield
     except RedisUnavailable as exc:
         unavailable(exc)
-    except UNAVAILABLE as exc:
-        unavailable(exc)
+    except Exception as exc:
+        # Imported here: a command that got this far has loaded redis-py already, and
+        # one that never talks to Redis (every --help) must not pay for it.
+        from runner.store.connection import UNAVAILABLE
+
+        if isinstance(exc, UNAVAILABLE):
+            unavailable(exc)
+        raise
 
 
 def operator() -> str:
     """Who the CLI's dead-letter actions go on record as: ``cli:<user>``."""
+    import getpass
+
     try:
         user = getpass.getuser()
     except (OSError, KeyError):  # no login name, no passwd entry (some containers)
@@ -101,6 +107,8 @@ def operator() -> str:
 
 def emit(data: Any, as_json: bool, human: str | None = None) -> None:
     if as_json or human is None:
+        from runner.store import codec
+
         click.echo(codec.dumpb(data).decode())
     else:
         click.echo(human)
@@ -137,6 +145,8 @@ def refusal(exc: RunnerError) -> dict[str, Any]:
 
 def read_payload(raw: str | None) -> Any:
     """A payload given as JSON text, @file, or - for standard input."""
+    from runner.store import codec
+
     text = "{}" if raw is None else raw
     if text == "-":
         text = sys.stdin.read()

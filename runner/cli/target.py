@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.config import Config
-from runner.store.connection import redact
-from runner.store.embedded import dev_session
+from runner.store.session import dev_session
+from runner.store.urls import redact
 
 RULE = ("Redis: REDIS_URL, else the [redis] url of the --config file; else, while `runner dev` runs "
         "its embedded server for this project, that one; else the [redis] url of ./runner.toml, "

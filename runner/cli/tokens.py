@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import secrets
-
 import click
 
 from runner import config as config_mod
@@ -44,6 +42,8 @@ def token_new(name: str, scope_args: tuple[str, ...], env_var: str | None, as_js
             raise click.UsageError(why)
     if env_var is not None and (not env_var or "=" in env_var or '"' in env_var):
         raise click.UsageError(f"--env {env_var!r} is not an environment variable's name")
+    import secrets
+
     secret = PREFIX + secrets.token_urlsafe(32)
     hex_digest = config_mod.digest(secret).hex()
     lines = toml_lines(name, scopes, None if env_var else hex_digest, env_var)

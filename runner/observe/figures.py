@@ -145,11 +145,13 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str]) -> None:
             h.counts[_LE_INDEX[parts[2]]] = _int(value)
 
 
-def read_queues(rt: Source, now_ms: int) -> list[QueueFigures]:
+def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[QueueFigures]:
     """Every configured queue's figures, in two pipelined round trips.
 
     Functions loaded now appear even before they have run (with zeros), so a scrape sees
-    a counter from its first value.
+    a counter from its first value; ``loaded_functions=False`` leaves them out (only the
+    functions with counts appear) for a reader that sums them and should not load the
+    registry for that.
     """
     keys = rt.keys
     pipe = rt.redis.pipeline(transaction=False)
@@ -173,7 +175,7 @@ def read_queues(rt: Source, now_ms: int) -> list[QueueFigures]:
         out.append(q)
         if next_id:
             oldest.append((q, next_id))
-    for fn in rt.registry.functions.values():
+    for fn in rt.registry.functions.values() if loaded_functions else ():
         for q in out:
             if q.name == fn.queue:
                 q.function(fn.name)

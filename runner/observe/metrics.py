@@ -24,9 +24,11 @@ import bisect
 BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 
 
+_LABELS = (*map(str, BUCKETS_MS), "inf")  # made once: two per settled job
+
+
 def bucket(ms: float) -> str:
-    i = bisect.bisect_left(BUCKETS_MS, ms)
-    return str(BUCKETS_MS[i]) if i < len(BUCKETS_MS) else "inf"
+    return _LABELS[bisect.bisect_left(BUCKETS_MS, ms)]
 
 
 def timing_fields(type_: str, latency_ms: float, run_ms: float) -> str:

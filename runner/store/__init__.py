@@ -5,7 +5,8 @@ their typed callers (scripts.py), the job record's fields and how a reader sees 
 (records.py), the JSON codec (codec.py), clients for a single server, Cluster and
 Sentinel (connection.py), group commit (combiner.py), waiting out outages (outage.py),
 the Redis guard (guard.py), what waits in a queue (census.py), the audit trail
-(audit.py) and the embedded server (embedded.py).
+(audit.py), the embedded server (embedded.py), the session file of a running `runner dev`
+(session.py) and Redis URLs as text (urls.py).
 
 May import: runner.config, runner.errors and itself. Knows nothing of functions
 (catalog), workers, the web app, the CLI or dev.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from typing import Any
 
@@ -39,6 +37,8 @@ def loads_wire(data: bytes) -> Any:
     """
     value = orjson.loads(data)
     if _LONG_DIGITS.search(data):
+        import json  # the rare path: digits long enough to lose precision
+
         _check_ints(json.loads(data), "$")
     return value
 
@@ -73,5 +73,7 @@ def canonical(value: Any) -> Any:
 def canonical_hash(type_: str, version: int, payload: Any) -> str:
     """Stable hash of a request (function, version, payload with sorted keys and canonical
     numbers), to tell a duplicate from a conflict."""
+    import hashlib  # a dict look-up per call; keeps hashlib out of every CLI start
+
     body = orjson.dumps(canonical(payload), option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(b"%s:%d:" % (type_.encode(), version) + body, digest_size=16).hexdigest()

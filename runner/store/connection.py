@@ -26,7 +26,7 @@ settled under its own id.
 from __future__ import annotations
 
 from typing import Any, ClassVar
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -43,6 +43,9 @@ from redis.retry import Retry
 
 from runner.config import RedisConfig
 from runner.errors import ConfigError
+from runner.store.urls import redact
+
+__all__ = ["UNAVAILABLE", "connect", "redact"]
 
 
 class PersistenceFailed(ResponseError):
@@ -220,14 +223,3 @@ def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
     return sentinel.master_for(service, **kwargs)  # type: ignore[no-untyped-call]
 
-
-def redact(url: str) -> str:
-    """A Redis URL fit for logs: the password replaced by ***. Works on the multi-host
-    netlocs of cluster and sentinel URLs too (``user:pw@h1:p1,h2:p2``), which the
-    standard library cannot parse into a port."""
-    parts = urlsplit(url)
-    auth, at, hosts = parts.netloc.rpartition("@")
-    if not at or ":" not in auth:
-        return url
-    user = auth.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))

@@ -25,15 +25,13 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
-
-import redis
 
 from runner.config import Config
 from runner.errors import RunnerError
 from runner.store import codec
+from runner.store.session import STATE_DIR, _alive, dev_session, session_file
 
 log = logging.getLogger("runner.embedded")
 
@@ -77,6 +75,8 @@ class Server:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> Server:
+        import redis  # here: reading a dev session (every CLI call) needs no redis-py
+
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
@@ -140,47 +140,6 @@ def debian_binary() -> str | None:
     return shutil.which("redis-server")
 
 
-STATE_DIR = ".runner"
-
-
-def session_file(cfg: Config) -> Path:
-    return cfg.root / STATE_DIR / "dev.json"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-@dataclass(frozen=True, slots=True)
-class DevSession:
-    """A `runner dev` running for a project with its embedded Redis (.runner/dev.json)."""
-
-    url: str
-    pid: int
-
-
-def dev_session(cfg: Config) -> DevSession | None:
-    """The `runner dev` whose embedded Redis serves this project, if one is running."""
-    try:
-        data = codec.loads(session_file(cfg).read_bytes())
-        found = DevSession(url=data["url"], pid=int(data["pid"]))
-    except (OSError, codec.DecodeError, KeyError, TypeError, ValueError):
-        return None
-    return found if isinstance(found.url, str) and _alive(found.pid) else None
-
-
-def session_url(cfg: Config) -> str | None:
-    """The URL of the embedded Redis of a `runner dev` running for this project, if any."""
-    found = dev_session(cfg)
-    return None if found is None else found.url
-
-
 class ProjectServer:
     """The packaged server with its data under .runner/redis, one `runner dev` at a time."""
 
@@ -230,6 +189,8 @@ class ProjectServer:
             return
         if not _alive(server_pid):
             return
+        import redis
+
         client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
         try:
             info: dict[str, Any] = client.info("server")  # type: ignore[assignment]

@@ -83,6 +83,8 @@ def _bad_param(name: str, expected: str) -> Problem:
 
 def only_params(req: falcon.Request, *allowed: str) -> None:
     """Refuse unknown query parameters: a misspelt ``?dealy=60`` must not enqueue at once."""
+    if not req.query_string:  # most requests: no parameters to parse
+        return
     unknown = sorted(set(req.params) - set(allowed))
     if unknown:
         expected = ", ".join(allowed) if allowed else "none"

@@ -39,6 +39,8 @@ def idempotency_key(req: falcon.Request) -> str | None:
 
 def timing(req: falcon.Request) -> tuple[int | None, float | None, float | None]:
     """The version, delay and run_at query parameters of an enqueue."""
+    if not req.query_string:
+        return None, None, None
     version = int_param(req, "version", 1, 1_000_000)
     delay = seconds_param(req, "delay", MAX_DELAY_S)
     run_at = seconds_param(req, "run_at", 1e11)

@@ -207,8 +207,11 @@ class Executors:
                 with self.ledger.lock:
                     run.thread_id = None
                     run.deadline = None
+                    raised = run.timed_out
+                if raised:
                     # A timeout raised just as the handler returned must not land in this
-                    # loop instead: the renewer only raises one while thread_id is set.
+                    # loop instead. The renewer raises one only while thread_id is set and
+                    # marks timed_out first, under the lock: no mark, nothing to clear.
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
         outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard)

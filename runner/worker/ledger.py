@@ -31,6 +31,7 @@ class Run:
     lost: bool = False  # the lease went to another claim
     timed_out: bool = False  # the timeout was raised in its thread
     abandoned: bool = False  # still running TIMEOUT plus the grace later: given up
+    settling: bool = False  # its outcome is on its way to Redis: a refused renewal is no loss
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
 

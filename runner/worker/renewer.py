@@ -88,8 +88,10 @@ class Renewer:
             for r, code in zip(chunk, codes, strict=True):
                 c = int(code)
                 # A run settled while this renewal was in flight is refused too: that is
-                # not a lost lease, so only runs still held are reported.
-                if c == -1 and not r.lost and self.ledger.holds(r):
+                # not a lost lease. The settler marks a run before it sends the outcome, so
+                # one whose ack landed first is known here even before it leaves the ledger;
+                # if its lease was lost after all, the settler's refused ack says so.
+                if c == -1 and not r.lost and not r.settling and self.ledger.holds(r):
                     r.lost = True
                     log.warning("job %s: lease lost (reclaimed elsewhere); its result will be refused "
                                 "unless nobody ran it since", r.job.id, extra={"job_id": r.job.id})

@@ -134,7 +134,16 @@ class Settler:
         retry_s: list[Settlement] = []
         bury_s: list[Settlement] = []
         release_s: list[Settlement] = []
-        final = {s.run.key for s in batch if not isinstance(s.outcome, Start)}
+        started = False
+        for s in batch:
+            if isinstance(s.outcome, Start):
+                started = True
+            else:
+                # Before the send: a renewal answered after this ack landed is refused,
+                # and the renewer must not take that for a lease lost elsewhere.
+                s.run.settling = True
+        # Only a batch with start marks needs the set (most batches of a deep queue have none).
+        final = {s.run.key for s in batch if not isinstance(s.outcome, Start)} if started else set()
         for s in batch:
             job = s.run.job
             o = s.outcome

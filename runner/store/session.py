@@ -1,0 +1,54 @@
+"""The session file of a running `runner dev` (.runner/dev.json): which embedded server
+serves the project, so the project's other commands talk to it. Reading it is every CLI
+call's first step, so it stays apart from embedded.py, which starts servers and needs
+subprocess, sockets and redis-py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.config import Config
+from runner.store import codec
+
+STATE_DIR = ".runner"
+
+
+def session_file(cfg: Config) -> Path:
+    return cfg.root / STATE_DIR / "dev.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class DevSession:
+    """A `runner dev` running for a project with its embedded Redis (.runner/dev.json)."""
+
+    url: str
+    pid: int
+
+
+def dev_session(cfg: Config) -> DevSession | None:
+    """The `runner dev` whose embedded Redis serves this project, if one is running."""
+    try:
+        data = codec.loads(session_file(cfg).read_bytes())
+        found = DevSession(url=data["url"], pid=int(data["pid"]))
+    except (OSError, codec.DecodeError, KeyError, TypeError, ValueError):
+        return None
+    return found if isinstance(found.url, str) and _alive(found.pid) else None
+
+
+def session_url(cfg: Config) -> str | None:
+    """The URL of the embedded Redis of a `runner dev` running for this project, if any."""
+    found = dev_session(cfg)
+    return None if found is None else found.url
