@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from runner.catalog.registry import Function
+from runner.client import Client
 from runner.config import QueueConfig
-from runner.errors import JobTimeout, describe
+from runner.errors import JobTimeout, RunnerError, describe
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.worker.context import Context
@@ -55,6 +56,7 @@ class Executors:
         self._threads: list[threading.Thread] = []
         self._slots = [Slot(queue, runtime.config.source, self.grace_s) for _ in range(queue.concurrency)]
         self._free_slots: list[int] = list(range(queue.concurrency))
+        self._enqueuer: Client | None = None
 
     def start(self) -> None:
         for i in range(self.q.concurrency):
@@ -115,6 +117,14 @@ class Executors:
                 self.outbox.put(Settlement(left, Release()))
         for slot in self._slots:
             slot.close()
+
+    def _client(self) -> Client:
+        """The client a handler's ``ctx.enqueue`` uses: one per queue's executors, on the
+        worker's own connection, made at the first follow-up."""
+        with self._lock:
+            if self._enqueuer is None:
+                self._enqueuer = Client(self.rt)
+            return self._enqueuer
 
     def _slot_of(self, run: Run) -> Slot:
         for slot in self._slots:
@@ -194,6 +204,7 @@ class Executors:
             _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
             _extend=lambda: self.renew_one(job),
             _flags=run.flags,
+            _enqueue=lambda *args, **options: self._client().enqueue(*args, **options),
         )
 
         def guard(body: Callable[[], Any]) -> Any:
@@ -224,11 +235,17 @@ class Executors:
                 run.child_pid = pid
             fault("mid_handler")
 
-        def on_rpc(msg: dict[str, Any]) -> bool:
+        def on_rpc(msg: dict[str, Any]) -> Any:
             if msg.get("call") == "checkpoint":
                 return int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, str(msg.get("data")))) > 0
             if msg.get("call") == "extend":
                 return self.renew_one(job)
+            if msg.get("call") == "enqueue":
+                try:
+                    return self._client().enqueue(str(msg.get("type")), msg.get("payload"),
+                                                  **(msg.get("options") or {})).as_dict()
+                except RunnerError as exc:
+                    return {"error": str(exc)}
             return False
 
         extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job)}
