@@ -39,6 +39,7 @@ class Context:
     idempotency_key: str | None
     resource_key: str | None
     logger: logging.LoggerAdapter[logging.Logger]
+    traceparent: str | None = None  # the producer's W3C trace context, when it sent one
     _checkpoint: Any = None
     _save: Callable[[str], bool] | None = field(default=None, repr=False)
     _extend: Callable[[], bool] | None = field(default=None, repr=False)

@@ -47,6 +47,7 @@ class Claimed:
     queue: str
     claimed_ms: int  # the server's clock at the claim
     started: bool = True  # its attempt was spent at the claim (not prefetched)
+    traceparent: str = ""  # the producer's W3C trace context, read only by a worker that traces
     received: float = field(default_factory=time.monotonic)  # this host's monotonic clock then
 
     def as_message(self) -> dict[str, Any]:

@@ -198,6 +198,7 @@ class Executors:
             attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
             deadline=time.time() + fn.timeout_s,
             idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
+            traceparent=job.traceparent or None,
             logger=logging.LoggerAdapter(joblog, {"job_id": job.id, "type": job.type,
                                                    "attempt": job.attempt}),
             _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,

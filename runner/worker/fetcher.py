@@ -13,6 +13,7 @@ import threading
 
 from runner.config import QueueConfig
 from runner.runtime import Runtime
+from runner.store import tracecontext
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
 from runner.worker.execute import Claimed
@@ -48,6 +49,9 @@ class Fetcher:
         self.done_ttl_ms = int(ret.done_s * 1000)
         self.dead_ttl_ms = int(ret.dead_s * 1000)
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
+        # A worker that traces reads each claimed job's trace context (one more round trip
+        # per claimed batch); one that does not never pays for it.
+        self.trace_context = False
         self.stopping = threading.Event()
         self._seq = 0
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-fetch", daemon=True)
@@ -115,6 +119,10 @@ class Fetcher:
                 checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] == 1,
             )
             batch.append(Run(job))
+        if self.trace_context:
+            for r, tp in zip(batch, tracecontext.read(self.rt.redis, self.keys, [r.job.id for r in batch]),
+                             strict=True):
+                r.job.traceparent = tp
         self.ledger.claimed(batch)
         if self.stopping.is_set():
             # The stop began while this claim was in flight: nothing will run these.
