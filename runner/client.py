@@ -32,6 +32,7 @@ from runner.errors import (
     UnknownSchedule,
     ValidationFailed,
 )
+from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
 from runner.store import codec, keys, records, tracecontext
@@ -176,6 +177,13 @@ class Client:
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
 
         Safe from many threads at once: calls that overlap share one round trip."""
+        if tracing.enabled():  # one check when tracing is off; the span only when on
+            with tracing.enqueue_span(type) as span:
+                tp = traceparent or tracing.current_traceparent()
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                out = _one(self._combiner.submit(prep))
+                tracing.annotate(span, id=out.id, queue=out.queue)
+                return out
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
         return _one(self._combiner.submit(prep))
 
@@ -187,6 +195,13 @@ class Client:
         answers, without blocking the event loop. Validation runs in the caller; the
         round trip runs on a thread of the client's own, and calls that overlap, from any
         number of tasks, share one."""
+        if tracing.enabled():
+            with tracing.enqueue_span(type) as span:
+                tp = traceparent or tracing.current_traceparent()
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                out = _one(await self._async_combiner.submit(prep))
+                tracing.annotate(span, id=out.id, queue=out.queue)
+                return out
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
         return _one(await self._async_combiner.submit(prep))
 

@@ -25,6 +25,7 @@ from runner.catalog.registry import Function
 from runner.client import Client
 from runner.config import QueueConfig
 from runner.errors import JobTimeout, RunnerError, describe
+from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.worker.context import Context
@@ -182,6 +183,18 @@ class Executors:
                 loop.close()
 
     def _execute(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
+        if not tracing.enabled():
+            return self._execute_one(run, index, loop)
+        job = run.job
+        with tracing.run_span(job.traceparent, job.id, job.type, job.attempt, job.queue, job.ready_ms) as span:
+            settlement = self._execute_one(run, index, loop)
+            o = settlement.outcome
+            name = "done" if isinstance(o, Done) else "retry" if isinstance(o, RetryLater) else "dead"
+            tracing.outcome(span, name, getattr(o, "error", None))
+            run.trace = tracing.context_of(span)
+            return settlement
+
+    def _execute_one(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
         job = run.job
         registry = self.rt.registry  # one snapshot per job: a reload never changes it mid-run
         grace = self.rt.config.worker.unknown_grace_s

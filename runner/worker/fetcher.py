@@ -12,6 +12,7 @@ import queue as stdqueue
 import threading
 
 from runner.config import QueueConfig
+from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import tracecontext
 from runner.store.connection import UNAVAILABLE
@@ -51,7 +52,7 @@ class Fetcher:
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
         # A worker that traces reads each claimed job's trace context (one more round trip
         # per claimed batch); one that does not never pays for it.
-        self.trace_context = False
+        self.trace_context = tracing.installed()
         self.stopping = threading.Event()
         self._seq = 0
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-fetch", daemon=True)
@@ -119,7 +120,7 @@ class Fetcher:
                 checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] == 1,
             )
             batch.append(Run(job))
-        if self.trace_context:
+        if self.trace_context and tracing.enabled():
             for r, tp in zip(batch, tracecontext.read(self.rt.redis, self.keys, [r.job.id for r in batch]),
                              strict=True):
                 r.job.traceparent = tp

@@ -33,6 +33,7 @@ class Run:
     abandoned: bool = False  # still running TIMEOUT plus the grace later: given up
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
+    trace: Any = None  # the run span's context, for the settle span (tracing on only)
 
     @property
     def key(self) -> tuple[str, str]:

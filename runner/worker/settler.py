@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runner.config import QueueConfig
-from runner.observe import metrics
+from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
@@ -96,7 +96,10 @@ class Settler:
         errors = 0
         while True:
             try:
-                self._send(batch)
+                traced = [(s.run.trace, s.run.job.id, type(s.outcome).__name__.lower())
+                          for s in batch if s.run.trace is not None] if tracing.enabled() else []
+                with tracing.settle_spans(traced):
+                    self._send(batch)
                 outage.ok()
                 return
             except UNAVAILABLE as exc:
