@@ -32,9 +32,10 @@ from runner.errors import (
     UnknownSchedule,
     ValidationFailed,
 )
+from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
-from runner.store import codec, keys, records
+from runner.store import codec, keys, records, tracecontext
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
@@ -74,6 +75,7 @@ class Request:
     delay_s: float | None = None
     run_at: float | None = None  # epoch seconds
     idempotency_key: str | None = None
+    traceparent: str | None = None  # W3C trace context of the producer (see store/tracecontext.py)
 
 
 class _Prepared(NamedTuple):  # one per job on the enqueue path: see NewJob
@@ -126,11 +128,11 @@ class Client:
     def prepare(self, req: Request) -> _Prepared:
         """Validate and encode one job; raises before anything touches Redis."""
         return self._prepare(req.type, req.payload, req.version, req.delay_s, req.run_at,
-                             req.idempotency_key)
+                             req.idempotency_key, req.traceparent)
 
     def _prepare(
         self, type_: str, payload: Any, version_: int | None, delay_s: float | None,
-        run_at: float | None, idempotency_key: str | None,
+        run_at: float | None, idempotency_key: str | None, traceparent: str | None = None,
     ) -> _Prepared:
         fn = self.runtime.registry.get(type_)
         version = version_ if version_ is not None else fn.versions.newest
@@ -163,30 +165,44 @@ class Client:
             id=records.new_id(), type=fn.name, version=version, payload=body,
             max_attempts=fn.max_attempts, run_at_ms=run_at_ms, delay_ms=delay_ms, idem_key=ikey,
             payload_hash=codec.canonical_hash(fn.name, version, payload) if ikey else "-",
-            resource_key=rkey, limits=f"1 r:{rkey}" if rkey else "",
+            resource_key=rkey, limits=f"1 r:{rkey}" if rkey else "", meta=tracecontext.meta_for(traceparent),
         )
         return _Prepared(fn=fn, job=job)
 
     def enqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
-        run_at: float | None = None, idempotency_key: str | None = None,
+        run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
 
         Safe from many threads at once: calls that overlap share one round trip."""
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key)
+        if tracing.enabled():  # one check when tracing is off; the span only when on
+            with tracing.enqueue_span(type) as span:
+                tp = traceparent or tracing.current_traceparent()
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                out = _one(self._combiner.submit(prep))
+                tracing.annotate(span, id=out.id, queue=out.queue)
+                return out
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
         return _one(self._combiner.submit(prep))
 
     async def aenqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
-        run_at: float | None = None, idempotency_key: str | None = None,
+        run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
     ) -> Enqueued:
         """``enqueue`` for asyncio code (an ASGI app, a FastAPI route): the same checks and
         answers, without blocking the event loop. Validation runs in the caller; the
         round trip runs on a thread of the client's own, and calls that overlap, from any
         number of tasks, share one."""
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key)
+        if tracing.enabled():
+            with tracing.enqueue_span(type) as span:
+                tp = traceparent or tracing.current_traceparent()
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                out = _one(await self._async_combiner.submit(prep))
+                tracing.annotate(span, id=out.id, queue=out.queue)
+                return out
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
         return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(

@@ -110,6 +110,9 @@ class Retention:
     # The most done jobs a queue keeps (they go a quarter at a time: see lua/_lib.lua),
     # so a busy queue's memory is bounded whatever its rate.
     done_max: int = 1_000_000
+    # Keep each done job's payload with its outcome (the payload's bytes per done job):
+    # for debugging and for the test harness's assertions; off by default.
+    done_payload: bool = False
     dead_s: float = 604_800.0
     idempotency_s: float = 86_400.0
 
@@ -247,6 +250,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
     "retention": {
         "done": (_nonneg_num, "a number of seconds >= 0"),
         "done_max": (_pos_int, "a positive integer (done jobs kept per queue)"),
+        "done_payload": (_bool, "true or false (keep a finished job's payload with its outcome)"),
         "dead": (_nonneg_num, "a number of seconds >= 0"),
         "idempotency": (_nonneg_num, "a number of seconds >= 0"),
     },
@@ -450,6 +454,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
         retention=Retention(
             done_s=float(rt.get("done", 86_400)),
             done_max=int(rt.get("done_max", 1_000_000)),
+            done_payload=bool(rt.get("done_payload", False)),
             dead_s=float(rt.get("dead", 604_800)),
             idempotency_s=float(rt.get("idempotency", 86_400)),
         ),

@@ -12,7 +12,7 @@ A job is two keys under its queue's tag (the layout is drawn in lua/_lib.lua):
 A job that waits untouched is the string alone. While a job is claimed its entry in the
 queue's claims hash holds the token, the attempt and the start. A done job keeps
 neither key: its outcome, "<type> <version> <attempt> <started_ms> +<run ms>
-[<duplicate of>]\n<history>\n<result>[\n<meta>]" (no lines after the first when all are
+[<duplicate of>]\n<history>\n<result>[\n<meta>[\n<payload>]]" (no lines after the first when all are
 empty; a null result is left out), sits in a done generation (or on its own for
 KEEP_RESULT). ``view`` lays them into the fields below, so readers need not know:
 
@@ -76,7 +76,8 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
     if outcome:
         head, _, rest = outcome.partition("\n")
         history, _, rest = rest.partition("\n")
-        result, _, meta = rest.partition("\n")
+        result, _, rest = rest.partition("\n")
+        meta, _, payload = rest.partition("\n")
         parts = head.split(" ")
         fields: dict[str, str] = {"status": "done"}
         if len(parts) >= 5:
@@ -97,6 +98,8 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
             fields["result"] = result
         if meta:
             fields["meta"] = meta
+        if payload:  # kept only under [retention] done_payload = true
+            fields["payload"] = payload
         with contextlib.suppress(ValueError):
             fields["created_ms"] = str(int(job_id[:12], 16))  # the id begins with its creation
         return fields

@@ -31,7 +31,8 @@ from typing import Any
 from runner import config as config_mod
 from runner.catalog import registry as registry_mod
 from runner.catalog.registry import Registry
-from runner.errors import JobTimeout
+from runner.client import Enqueued
+from runner.errors import JobTimeout, RunnerError
 from runner.observe.logs import setup as setup_logs
 from runner.store import codec
 from runner.worker.context import Context, Flags
@@ -75,8 +76,18 @@ class Child:
             self.conn.send_bytes(data)
 
     def rpc(self, call: str, **args: Any) -> bool:
+        return bool(self.ask(call, **args).get("ok"))
+
+    def ask(self, call: str, **args: Any) -> dict[str, Any]:
         self.send({"op": "rpc", "call": call, **args})
-        return bool(self.replies.get().get("ok"))
+        return self.replies.get()
+
+    def enqueue(self, type_: str, payload: Any, **options: Any) -> Enqueued:
+        """A follow-up job, enqueued by the parent (this process never talks to Redis)."""
+        value = self.ask("enqueue", type=type_, payload=payload, options=options).get("value") or {}
+        if "error" in value:
+            raise RunnerError(str(value["error"]))
+        return Enqueued(**value)
 
     def read_loop(self) -> None:
         """The parent's messages while a handler runs; EOF means the parent is gone."""
@@ -88,6 +99,7 @@ class Child:
             op = msg.get("op")
             if op == "flag":
                 self.flags.lock_lost = bool(msg.get("lock_lost", self.flags.lock_lost))
+                self.flags.cancelled = bool(msg.get("cancelled", self.flags.cancelled))
             elif op == "reply":
                 self.replies.put(msg)
             else:
@@ -118,11 +130,13 @@ class Child:
             attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
             deadline=time.time() + fn.timeout_s,
             idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
+            traceparent=job.traceparent or None,
             logger=logging.LoggerAdapter(log, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
             _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
             _save=lambda body: self.rpc("checkpoint", data=body),
             _extend=lambda: self.rpc("extend"),
             _flags=self.flags,
+            _enqueue=self.enqueue,
         )
         limit = resource.getrlimit(resource.RLIMIT_DATA)
         if fn.memory_mb:

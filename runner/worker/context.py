@@ -1,6 +1,9 @@
 """The ``ctx`` a handler receives: who the job is, its deadline, a bound logger, lease
-extension, a checkpoint that survives a crash, and what the worker has learnt while the
-handler runs (a lost resource lock)."""
+extension, a checkpoint that survives a crash, progress, follow-up jobs, and what the
+worker has learnt while the handler runs (a lost resource lock, a cancel request).
+
+The worker and ``runner.testing.run_inline`` build the same Context; they differ only in
+the callables behind it (Redis and a client there, a recorder in inline mode)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ class Flags:
     process, from messages its parent sends)."""
 
     lock_lost: bool = False
+    cancelled: bool = False
 
 
 @dataclass(slots=True)
@@ -35,10 +39,13 @@ class Context:
     idempotency_key: str | None
     resource_key: str | None
     logger: logging.LoggerAdapter[logging.Logger]
+    traceparent: str | None = None  # the producer's W3C trace context, when it sent one
     _checkpoint: Any = None
     _save: Callable[[str], bool] | None = field(default=None, repr=False)
     _extend: Callable[[], bool] | None = field(default=None, repr=False)
     _flags: Flags = field(default_factory=Flags, repr=False)
+    _progress: Callable[[Any], None] | None = field(default=None, repr=False)
+    _enqueue: Callable[..., Any] | None = field(default=None, repr=False)
 
     @property
     def checkpoint(self) -> Any:
@@ -73,3 +80,25 @@ class Context:
     @property
     def remaining_s(self) -> float:
         return max(0.0, self.deadline - time.time())
+
+    @property
+    def cancelled(self) -> bool:
+        """True once someone asked this job to stop: return (or raise) at the next safe point."""
+        return self._flags.cancelled
+
+    def progress(self, value: Any) -> None:
+        """Report progress (a number such as 0.4, or a small JSON object). Never fails the job:
+        progress is advice to whoever watches, not state the job depends on."""
+        body = codec.dumps(value)  # JSON only, as everything a job leaves behind
+        if self._progress is not None:
+            self._progress(value)
+        else:
+            self.logger.debug("progress %s", body)
+
+    def enqueue(self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
+                idempotency_key: str | None = None) -> Any:
+        """Enqueue a follow-up job, validated like any other; returns what the client
+        returns (an ``Enqueued``)."""
+        if self._enqueue is None:
+            raise RuntimeError("this context cannot enqueue (no client was given)")
+        return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key)

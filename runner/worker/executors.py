@@ -22,8 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from runner.catalog.registry import Function
+from runner.client import Client
 from runner.config import QueueConfig
-from runner.errors import JobTimeout, describe
+from runner.errors import JobTimeout, RunnerError, describe
+from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.worker.context import Context
@@ -55,6 +57,7 @@ class Executors:
         self._threads: list[threading.Thread] = []
         self._slots = [Slot(queue, runtime.config.source, self.grace_s) for _ in range(queue.concurrency)]
         self._free_slots: list[int] = list(range(queue.concurrency))
+        self._enqueuer: Client | None = None
 
     def start(self) -> None:
         for i in range(self.q.concurrency):
@@ -116,6 +119,14 @@ class Executors:
         for slot in self._slots:
             slot.close()
 
+    def _client(self) -> Client:
+        """The client a handler's ``ctx.enqueue`` uses: one per queue's executors, on the
+        worker's own connection, made at the first follow-up."""
+        with self._lock:
+            if self._enqueuer is None:
+                self._enqueuer = Client(self.rt)
+            return self._enqueuer
+
     def _slot_of(self, run: Run) -> Slot:
         for slot in self._slots:
             if slot.child is not None and slot.child.pid == run.child_pid:
@@ -172,6 +183,18 @@ class Executors:
                 loop.close()
 
     def _execute(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
+        if not tracing.enabled():
+            return self._execute_one(run, index, loop)
+        job = run.job
+        with tracing.run_span(job.traceparent, job.id, job.type, job.attempt, job.queue, job.ready_ms) as span:
+            settlement = self._execute_one(run, index, loop)
+            o = settlement.outcome
+            name = "done" if isinstance(o, Done) else "retry" if isinstance(o, RetryLater) else "dead"
+            tracing.outcome(span, name, getattr(o, "error", None))
+            run.trace = tracing.context_of(span)
+            return settlement
+
+    def _execute_one(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
         job = run.job
         registry = self.rt.registry  # one snapshot per job: a reload never changes it mid-run
         grace = self.rt.config.worker.unknown_grace_s
@@ -188,12 +211,14 @@ class Executors:
             attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
             deadline=time.time() + fn.timeout_s,
             idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
+            traceparent=job.traceparent or None,
             logger=logging.LoggerAdapter(joblog, {"job_id": job.id, "type": job.type,
                                                    "attempt": job.attempt}),
             _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
             _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
             _extend=lambda: self.renew_one(job),
             _flags=run.flags,
+            _enqueue=lambda *args, **options: self._client().enqueue(*args, **options),
         )
 
         def guard(body: Callable[[], Any]) -> Any:
@@ -227,11 +252,17 @@ class Executors:
                 run.child_pid = pid
             fault("mid_handler")
 
-        def on_rpc(msg: dict[str, Any]) -> bool:
+        def on_rpc(msg: dict[str, Any]) -> Any:
             if msg.get("call") == "checkpoint":
                 return int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, str(msg.get("data")))) > 0
             if msg.get("call") == "extend":
                 return self.renew_one(job)
+            if msg.get("call") == "enqueue":
+                try:
+                    return self._client().enqueue(str(msg.get("type")), msg.get("payload"),
+                                                  **(msg.get("options") or {})).as_dict()
+                except RunnerError as exc:
+                    return {"error": str(exc)}
             return False
 
         extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job)}

@@ -12,7 +12,9 @@ import queue as stdqueue
 import threading
 
 from runner.config import QueueConfig
+from runner.observe import tracing
 from runner.runtime import Runtime
+from runner.store import tracecontext
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
 from runner.worker.execute import Claimed
@@ -49,6 +51,9 @@ class Fetcher:
         self.done_max = ret.done_max
         self.dead_ttl_ms = int(ret.dead_s * 1000)
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
+        # A worker that traces reads each claimed job's trace context (one more round trip
+        # per claimed batch); one that does not never pays for it.
+        self.trace_context = tracing.installed()
         self.stopping = threading.Event()
         self._seq = 0
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-fetch", daemon=True)
@@ -116,6 +121,10 @@ class Fetcher:
                 checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] == 1, meta_raw=f[13],
             )
             batch.append(Run(job))
+        if self.trace_context and tracing.enabled():
+            for r in batch:
+                if r.job.meta_raw:
+                    r.job.traceparent = tracecontext.parse(r.job.meta_raw)
         self.ledger.claimed(batch)
         if self.stopping.is_set():
             # The stop began while this claim was in flight: nothing will run these.

@@ -160,7 +160,7 @@ class Slot:
             self.child = None
 
     def run(self, job: Claimed, fn: Function, generation: int, extra: dict[str, Any],
-            on_started: Callable[[int], None], on_rpc: Callable[[dict[str, Any]], bool],
+            on_started: Callable[[int], None], on_rpc: Callable[[dict[str, Any]], Any],
             flags: Callable[[], dict[str, Any]]) -> tuple[Outcome, float]:
         """Run one job in this slot's child; returns (outcome, run seconds). Every way the
         child can fail becomes the attempt's outcome; the slot is ready for the next job."""
@@ -201,9 +201,10 @@ class Slot:
                 return failure(fn, job, crash), time.perf_counter() - started
             op = msg.get("op")
             if op == "rpc":
-                ok = on_rpc(msg)
+                answer = on_rpc(msg)
                 with contextlib.suppress(OSError):
-                    child.send({"op": "reply", "ok": ok})
+                    child.send({"op": "reply", "ok": bool(answer),
+                                "value": answer if isinstance(answer, dict) else None})
             elif op == "outcome":
                 child.jobs += 1
                 child.rss_mb = float(msg.get("rss_mb") or 0)

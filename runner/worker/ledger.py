@@ -34,6 +34,7 @@ class Run:
     settling: bool = False  # its outcome is on its way to Redis: a refused renewal is no loss
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
+    trace: Any = None  # the run span's context, for the settle span (tracing on only)
 
     @property
     def key(self) -> tuple[str, str]:

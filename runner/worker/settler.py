@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runner.config import QueueConfig
-from runner.observe import metrics
+from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
@@ -52,6 +52,7 @@ class Settler:
         self.idem_ttl_ms = int(ret.idempotency_s * 1000)
         self.done_ttl_ms = int(ret.done_s * 1000)
         self.done_max = ret.done_max
+        self.keep_payload = ret.done_payload
         # Set once nothing more will be settled through the outbox: a send that fails
         # then is not retried for ever.
         self.closing = threading.Event()
@@ -98,7 +99,10 @@ class Settler:
         errors = 0
         while True:
             try:
-                self._send(batch)
+                traced = [(s.run.trace, s.run.job.id, type(s.outcome).__name__.lower())
+                          for s in batch if s.run.trace is not None] if tracing.enabled() else []
+                with tracing.settle_spans(traced):
+                    self._send(batch)
                 outage.ok()
                 return
             except UNAVAILABLE as exc:
@@ -162,7 +166,10 @@ class Settler:
                 # a line of their own (JSON texts hold no raw newline).
                 # A null result is left out (read back as null): most handlers return None.
                 result = "" if o.result == "null" else o.result
-                result = f"{result}\n{job.meta_raw}" if job.meta_raw else result
+                if self.keep_payload:
+                    result = f"{result}\n{job.meta_raw}\n{job.payload_raw}"
+                elif job.meta_raw:
+                    result = f"{result}\n{job.meta_raw}"
                 acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep))
                 ack_s.append(s)
             elif isinstance(o, RetryLater):

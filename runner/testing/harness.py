@@ -1,0 +1,174 @@
+"""What the pytest plugin's fixtures are made of: a project (runner.toml, functions/ and
+schemas/) bound to a private server under a key prefix of its own, an in-process worker
+that drains what is queued, and ``assert_enqueued``.
+
+Jobs are found by walking the job records of the test's own prefix (a SCAN): fine for a
+test's handful of jobs, and it sees every enqueue, whoever made it (the client, a
+handler's follow-up, the app under test through its own ``Client.from_config()``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from runner import config as config_mod
+from runner.client import Client
+from runner.config import Config
+from runner.runtime import Runtime
+from runner.store import codec, records
+from runner.store.keys import QueueKeys
+from runner.worker.worker import Worker
+
+FINAL = ("done", "dead")
+WAITING = ("scheduled", "retrying", "deferred")
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """A job as ``drain`` left it: "done", "dead", or "retry" (due again after the drain)."""
+
+    id: str
+    type: str
+    status: str
+    payload: Any
+    attempt: int
+    result: Any = None
+    error: Any = None
+    reason: str | None = None
+
+
+def project_env(url: str, prefix: str) -> dict[str, str]:
+    """The environment that points a project (and the app under test) at the test server."""
+    return {"REDIS_URL": url, "RUNNER_REDIS_PREFIX": prefix}
+
+
+def load_config(root: Path, env: Mapping[str, str]) -> Config:
+    toml = root / "runner.toml"
+    if toml.exists():
+        return config_mod.load(toml, env=env)
+    return config_mod.parse({}, root.resolve(), str(toml), env)
+
+
+def done_ids(redis: Any, k: QueueKeys) -> list[str]:
+    """The ids with an outcome in the done generations kept (their logs list them)."""
+    gen = int(redis.hget(k.done_meta, "gen") or 0)
+    pipe = redis.pipeline(transaction=False)
+    for g in range(gen, gen - 4, -1):
+        pipe.lrange(k.done(g) + ":log", 0, -1)
+    return [i for ids in pipe.execute() for i in ids]
+
+
+class Harness:
+    """One test's project on the session's server, under a fresh key prefix."""
+
+    def __init__(self, root: Path, url: str, env: Mapping[str, str]) -> None:
+        self.root = root
+        self.prefix = f"t{uuid.uuid4().hex[:12]}"
+        self.env = {**env, **project_env(url, self.prefix)}
+        cfg = load_config(root, self.env)
+        # Done jobs keep their payloads here, so assert_enqueued sees the jobs a drain ran.
+        self.config = replace(cfg, retention=replace(cfg.retention, done_payload=True))
+        self.runtime = Runtime.create(self.config)
+        self.client = Client(self.runtime)
+        self._worker: Worker | None = None
+        self._reported: dict[str, tuple[str, int]] = {}
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop(grace_s=5.0)
+            self._worker = None
+        self.runtime.close()
+
+    # --- looking jobs up ---------------------------------------------------------
+
+    def jobs(self) -> Iterator[records.Job]:
+        rt = self.runtime
+        for k in rt.keys.values():
+            pattern = k.job("*")
+            stem = pattern[:-1]
+            ids = {key[len(stem):] for key in rt.redis.scan_iter(match=pattern, count=500)
+                   if not key.endswith(":s")}
+            ids |= set(done_ids(rt.redis, k))
+            for job_id in sorted(ids):
+                try:
+                    yield self.client.get(job_id)
+                except Exception:  # retention removed it between the scan and the read
+                    continue
+
+    def enqueued(self, type_: str, payload_subset: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        want = dict(payload_subset or {})
+        out = []
+        for job in self.jobs():
+            view = job.as_dict()
+            payload = view.get("payload")
+            if view.get("type") != type_ or not isinstance(payload, dict):
+                continue
+            if all(k in payload and payload[k] == v for k, v in want.items()):
+                out.append(view)
+        return sorted(out, key=lambda v: str(v.get("created_at")))
+
+    def assert_enqueued(self, type_: str, payload_subset: Mapping[str, Any] | None = None, *,
+                        count: int | None = None) -> list[dict[str, Any]]:
+        """The jobs of ``type_`` whose payload holds every key of ``payload_subset`` with
+        that value; fails unless there is at least one (exactly ``count`` when given)."""
+        found = self.enqueued(type_, payload_subset)
+        if (count is None and not found) or (count is not None and len(found) != count):
+            seen = sorted({str(j.as_dict().get("type")) for j in self.jobs()})
+            want = "at least one" if count is None else str(count)
+            raise AssertionError(
+                f"expected {want} {type_} job(s) with payload ⊇ {codec.dumps(dict(payload_subset or {}))}, "
+                f"found {len(found)}; job types present: {seen or 'none'}"
+            )
+        return found
+
+    # --- running them ------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._worker is None:
+            self._worker = Worker(self.runtime, list(self.config.queues))
+            self._worker.start()
+
+    def drain(self, timeout: float = 10.0) -> list[JobOutcome]:
+        """Run every queued job (and the follow-ups they enqueue, and retries due within
+        ``timeout``) until nothing is left to run; returns the outcome of each job that
+        reached a new state, oldest first. Jobs still running at the timeout fail it."""
+        self._start()
+        deadline = time.time() + timeout
+        while True:
+            pending = [j for j in self.jobs() if not self._settled(j, deadline)]
+            if not pending:
+                break
+            if time.time() > deadline:
+                raise AssertionError(f"drain: {len(pending)} job(s) still pending after {timeout:g} s: "
+                                     + ", ".join(f"{j.id} ({j.status})" for j in pending[:5]))
+            time.sleep(0.02)
+        return self._news()
+
+    @staticmethod
+    def _settled(job: records.Job, deadline: float) -> bool:
+        if job.status in FINAL:
+            return True
+        if job.status in WAITING:
+            due_ms = int(job.fields.get("ready_ms") or 0)
+            return due_ms > deadline * 1000  # not due before the drain would give up
+        return False
+
+    def _news(self) -> list[JobOutcome]:
+        out = []
+        for job in self.jobs():
+            view = job.as_dict()
+            mark = (str(job.status), int(view.get("attempt") or 0))
+            if job.status not in FINAL + WAITING or self._reported.get(job.id) == mark:
+                continue
+            self._reported[job.id] = mark
+            out.append((str(view.get("created_at")), JobOutcome(
+                id=job.id, type=str(view.get("type")), status=job.status if job.status in FINAL else "retry",
+                payload=view.get("payload"), attempt=mark[1], result=view.get("result"),
+                error=view.get("last_error"), reason=view.get("reason"),
+            )))
+        return [o for _, o in sorted(out, key=lambda x: x[0])]

