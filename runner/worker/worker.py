@@ -73,13 +73,15 @@ class Worker:
             log.warning("second signal: exiting now; running jobs are reclaimed when their lease lapses")
             os._exit(1)
         log.info("signal %s: stopping gracefully", signal.Signals(signum).name)
-        self.stop_event.set()
+        # Only a counter here: Event.set() in a handler can deadlock on the lock the main
+        # thread holds inside Event.wait(); the main loop below looks every 0.2 s.
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT (main thread only)."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.start()
-        while not self.stop_event.wait(1.0):
+        while not self._signals and not self.stop_event.wait(0.2):
             pass
+        self.stop_event.set()
         self.stop()
