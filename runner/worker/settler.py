@@ -170,7 +170,8 @@ class Settler:
                     result = f"{result}\n{job.meta_raw}\n{job.payload_raw}"
                 elif job.meta_raw:
                     result = f"{result}\n{job.meta_raw}"
-                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep))
+                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep,
+                                tuple(s.run.followups)))
                 ack_s.append(s)
             elif isinstance(o, RetryLater):
                 if o.refund:
