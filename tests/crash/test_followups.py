@@ -126,3 +126,32 @@ def test_relay_is_idempotent_by_child_id(project: Project) -> None:
     assert rt.redis.llen(project.keys("slow").ready) == 2
     assert rt.redis.llen(outbox) == 0
     assert c.get(pid).status == "done"
+
+
+def test_followups_of_an_isolated_handler_come_with_the_ack(project: Project) -> None:
+    """Under ISOLATION = "process" the child hands its follow-ups to its parent, which holds
+    them on the run: a failed attempt leaves none, the successful one each once."""
+    configure(project, vt=1, concurrency=2, isolation="process")
+    add_functions(project)
+    c = project.client
+    ids = [c.enqueue("parent", {"fail_times": i % 2}).id for i in range(4)]
+    project.spawn_worker("fast")
+    final = wait_final(project, ids, timeout=40)
+    for pid in ids:
+        kids = final[pid]["result"]["children"]
+        for i in range(2):
+            wait_for(lambda pid=pid, i=i: leaf_ids(project, pid, i), timeout=20, what=f"leaf {pid} {i}")
+            assert leaf_ids(project, pid, i) == {kids[i]}
+
+
+def test_an_invalid_followup_fails_the_handler_at_once(project: Project) -> None:
+    """ctx.enqueue validates at the call: an unknown function raises in the handler (the
+    parent's run fails), nothing is held."""
+    configure(project, vt=1, concurrency=1, max_attempts=1)
+    add_functions(project)
+    c = project.client
+    pid = c.enqueue("parent", {"to": "no_such_function"}).id
+    project.spawn_worker("fast")
+    final = wait_final(project, [pid], timeout=20)[pid]
+    assert final["status"] == "dead"
+    assert "no_such_function" in final["last_error"]["message"]
