@@ -106,9 +106,10 @@ def _job_fields(j: NewJob) -> list[Any]:
             j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta]
 
 
-def followup_id(parent_id: str, index: int) -> str:
-    """A follow-up's id: its parent's and its place among the parent's follow-ups, the
-    same on every attempt, so the ack (or a relay) writes it at most once."""
+def followup_id(parent_id: str, index: int | str) -> str:
+    """A follow-up's id: its parent's and its place among the parent's follow-ups ("s"
+    and "f" for the ON_SUCCESS and ON_FAILURE jobs), the same on every attempt, so the
+    ack (or a relay) writes it at most once."""
     return f"{parent_id}.{index}"
 
 
@@ -148,6 +149,7 @@ class Burial(NamedTuple):
     history: str
     refund: bool
     stats: str
+    followups: tuple[Followup, ...] = ()  # ON_FAILURE: the destination's job
 
 
 class Hand(NamedTuple):
@@ -158,6 +160,18 @@ class Hand(NamedTuple):
     token: str
     mode: str = "now"
     history: str = ""
+
+
+def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
+    """The follow-ups of a batch as ack.lua and bury.lua take them: m, then per follow-up
+    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields."""
+    follow: list[Any] = []
+    m = 0
+    for i, item in enumerate(items, 1):
+        for f in item.followups:
+            follow += [i, "" if f.queue == k.queue else f.queue, *_job_fields(f.job)]
+            m += 1
+    return [m, *follow]
 
 
 def _clock(now_ms: int | None) -> int | str:
@@ -454,14 +468,9 @@ class Scripts:
         done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
     ) -> Any:
         args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks)]
-        follow: list[Any] = []
-        m = 0
-        for i, a in enumerate(acks, 1):
+        for a in acks:
             args += [a.id, a.token, a.result, a.census, a.stats, a.keep_ms]
-            for f in a.followups:
-                follow += [i, "" if f.queue == k.queue else f.queue, *_job_fields(f.job)]
-                m += 1
-        args += [m, *follow]
+        args += _followup_args(k, acks)
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
                 k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix,
                 k.scheduled, k.outbox)
@@ -493,8 +502,9 @@ class Scripts:
         args: list[Any] = [_clock(now_ms), dead_ttl_ms, len(items)]
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
+        args += _followup_args(k, items)
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
-                k.claims, k.limwait)
+                k.claims, k.limwait, k.scheduled, k.census, k.done_meta, k.done_prefix, k.outbox)
         return self._run("bury", keys, args, pipe)
 
     def release(
