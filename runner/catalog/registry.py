@@ -24,10 +24,15 @@ from runner.catalog import schedules as schedules_mod
 from runner.catalog import templates
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
-from runner.errors import FunctionLoadError, UnknownFunction
+from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
 
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF", "ISOLATION",
-           "MEMORY_MB", "KEEP_RESULT", *schedules_mod.OPTIONS)
+           "MEMORY_MB", "KEEP_RESULT", "ON_SUCCESS", "ON_FAILURE",
+           *schedules_mod.OPTIONS)
+# What an ON_SUCCESS / ON_FAILURE destination receives (the shape its schema must take).
+DESTINATION_JOB = {"id": "0", "type": "t", "version": 1, "attempt": 1, "queue": "q"}
+DESTINATION_RECORDS = {"ON_SUCCESS": {"job": DESTINATION_JOB, "result": None},
+                       "ON_FAILURE": {"job": DESTINATION_JOB, "error": {"type": "E", "message": "m"}}}
 # Function modules are executed under one lock: two Runtimes loading the same file at
 # once would otherwise swap each other's sys.modules entry mid-import.
 _import_lock = threading.RLock()
@@ -56,6 +61,8 @@ class Function:
     memory_mb: float | None = None  # process isolation: the handler's memory cap
     keep_result_s: float | None = None  # KEEP_RESULT: a done job's outcome kept this long on its own
     schedules: tuple[schedules_mod.Schedule, ...] = ()
+    on_success: str | None = None  # ON_SUCCESS: a function that gets {"job", "result"} after a success
+    on_failure: str | None = None  # ON_FAILURE: one that gets {"job", "error"} when the job goes dead
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -72,6 +79,8 @@ class Function:
             "isolation": self.isolation,
             "memory_mb": self.memory_mb,
             "keep_result": self.keep_result_s,
+            "on_success": self.on_success,
+            "on_failure": self.on_failure,
             "versions": sorted(self.versions.schemas),
             "newest_version": self.versions.newest,
             "has_upgrade": self.versions.upgrade is not None,
@@ -245,6 +254,13 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
     if keep_result is not None and (not _num(keep_result) or keep_result <= 0):
         raise fail(f"KEEP_RESULT must be a positive number of seconds, got {keep_result!r}", "KEEP_RESULT")
 
+    dests: dict[str, str | None] = {}
+    for opt in ("ON_SUCCESS", "ON_FAILURE"):
+        dest = getattr(module, opt, None)
+        if dest is not None and not (isinstance(dest, str) and dest.isidentifier()):
+            raise fail(f"{opt} must name a function (a string), got {dest!r}", opt)
+        dests[opt] = dest
+
     upgrade = getattr(module, "upgrade", None)
     if upgrade is not None and not callable(upgrade):
         raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
@@ -304,8 +320,27 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         memory_mb=float(memory_mb) if memory_mb is not None else None,
         keep_result_s=float(keep_result) if keep_result is not None else None,
         schedules=scheds,
+        on_success=dests["ON_SUCCESS"],
+        on_failure=dests["ON_FAILURE"],
     )
     return fn, warnings
+
+
+def _destination_error(fn: Function, functions: Mapping[str, Function]) -> FunctionLoadError | None:
+    """A destination must be a loaded function whose newest schema takes the record it
+    will be sent (checked at load, so `runner check` and a worker both refuse it)."""
+    for opt, dest in (("ON_SUCCESS", fn.on_success), ("ON_FAILURE", fn.on_failure)):
+        if dest is None:
+            continue
+        target = functions.get(dest)
+        if target is None:
+            return FunctionLoadError(fn.path, f"{opt} names no function: {dest!r}")
+        try:
+            target.versions.validate(DESTINATION_RECORDS[opt], target.versions.newest)
+        except ValidationFailed as exc:
+            return FunctionLoadError(fn.path, f"{opt}: the v{target.versions.newest} schema of {dest!r} "
+                                              f"rejects the record it would get: {exc}")
+    return None
 
 
 def _fresh_helpers(folder: Path) -> None:
@@ -352,4 +387,9 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
             continue
         functions[fn.name] = fn
         warnings.extend(w)
+    for name, fn in list(functions.items()):
+        err = _destination_error(fn, functions)
+        if err is not None:
+            errors[fn.path] = err
+            del functions[name]
     return Registry(functions=functions, errors=errors, warnings=tuple(warnings))

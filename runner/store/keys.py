@@ -24,6 +24,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               ms, "=<id>" -> end of a slot reserved for a woken job
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
+    <prefix>:{<queue>}:outbox         LIST    follow-ups for other queues (JSON), written by an
+                                              ack, moved by the relay (worker/relay.py)
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
     <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
 
@@ -79,6 +81,7 @@ class QueueKeys:
     lim_prefix: str = field(init=False)
     limwait: str = field(init=False)
     tput_prefix: str = field(init=False)
+    outbox: str = field(init=False)
     schedules: str = field(init=False)
     schedule_prefix: str = field(init=False)
 
@@ -90,6 +93,7 @@ class QueueKeys:
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
+                             ("outbox", "outbox"),
                              ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 

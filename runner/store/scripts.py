@@ -29,7 +29,7 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt",
+    "tick", "adopt", "relay",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.
@@ -100,6 +100,26 @@ class NewJob(NamedTuple):
     meta: str = ""  # a small JSON object of annotations, '' none
 
 
+def _job_fields(j: NewJob) -> list[Any]:
+    """The 12 fields of one job as enqueue.lua (and ack's follow-ups, relay.lua) take them."""
+    return [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms, j.delay_ms,
+            j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta]
+
+
+def followup_id(parent_id: str, index: int | str) -> str:
+    """A follow-up's id: its parent's and its place among the parent's follow-ups ("s"
+    and "f" for the ON_SUCCESS and ON_FAILURE jobs), the same on every attempt, so the
+    ack (or a relay) writes it at most once."""
+    return f"{parent_id}.{index}"
+
+
+class Followup(NamedTuple):
+    """A job a handler enqueued (``ctx.enqueue``), written with its parent's ack."""
+
+    queue: str  # its function's queue; another than the parent's goes through the outbox
+    job: NewJob
+
+
 # The settlements below are NamedTuples too: one per job on the worker's path (see NewJob).
 class Ack(NamedTuple):
     id: str
@@ -108,6 +128,7 @@ class Ack(NamedTuple):
     census: str  # "<type>|<version>": the job leaves the deploy gate's count
     stats: str
     keep_ms: int = 0  # KEEP_RESULT: the outcome also kept on its own this long
+    followups: tuple[Followup, ...] = ()
 
 
 class RetryAt(NamedTuple):
@@ -128,6 +149,7 @@ class Burial(NamedTuple):
     history: str
     refund: bool
     stats: str
+    followups: tuple[Followup, ...] = ()  # ON_FAILURE: the destination's job
 
 
 class Hand(NamedTuple):
@@ -138,6 +160,18 @@ class Hand(NamedTuple):
     token: str
     mode: str = "now"
     history: str = ""
+
+
+def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
+    """The follow-ups of a batch as ack.lua and bury.lua take them: m, then per follow-up
+    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields."""
+    follow: list[Any] = []
+    m = 0
+    for i, item in enumerate(items, 1):
+        for f in item.followups:
+            follow += [i, "" if f.queue == k.queue else f.queue, *_job_fields(f.job)]
+            m += 1
+    return [m, *follow]
 
 
 def _clock(now_ms: int | None) -> int | str:
@@ -396,8 +430,7 @@ class Scripts:
         """The enqueue script's name, keys and arguments (for a Stream)."""
         args: list[Any] = [_clock(now_ms), len(jobs)]
         for j in jobs:
-            args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms, j.delay_ms,
-                     j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta]
+            args += _job_fields(j)
         keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census)
         return "enqueue", keys, args
 
@@ -437,9 +470,21 @@ class Scripts:
         args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks)]
         for a in acks:
             args += [a.id, a.token, a.result, a.census, a.stats, a.keep_ms]
+        args += _followup_args(k, acks)
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
-                k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix)
+                k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix,
+                k.scheduled, k.outbox)
         return self._run("ack", keys, args, pipe)
+
+    def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
+        """Place follow-ups from another queue's outbox into queue ``k``, each once by id:
+        ``entries`` hold the 12 enqueue fields each (see relay.lua)."""
+        args: list[Any] = [_clock(now_ms), len(entries)]
+        for e in entries:
+            args += list(e)
+        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census,
+                k.done_meta, k.done_prefix)
+        return self._run("relay", keys, args)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
               now_ms: int | None = None) -> Any:
@@ -457,8 +502,9 @@ class Scripts:
         args: list[Any] = [_clock(now_ms), dead_ttl_ms, len(items)]
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
+        args += _followup_args(k, items)
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
-                k.claims, k.limwait)
+                k.claims, k.limwait, k.scheduled, k.census, k.done_meta, k.done_prefix, k.outbox)
         return self._run("bury", keys, args, pipe)
 
     def release(

@@ -97,8 +97,10 @@ class Context:
 
     def enqueue(self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
                 idempotency_key: str | None = None) -> Any:
-        """Enqueue a follow-up job, validated like any other; returns what the client
-        returns (an ``Enqueued``)."""
+        """Enqueue a follow-up job, validated now like any other (an invalid one raises
+        here). It is written with this run's success, in the same step as the ack: a run
+        that fails or crashes leaves none. Returns an ``Enqueued`` with status "pending"
+        and the follow-up's id (the same on every attempt of this job)."""
         if self._enqueue is None:
             raise RuntimeError("this context cannot enqueue (no client was given)")
         return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key)

@@ -22,12 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 from runner.catalog.registry import Function
-from runner.client import Client
+from runner.client import Client, Enqueued, Request
 from runner.config import QueueConfig
 from runner.errors import JobTimeout, RunnerError, describe
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
+from runner.store.scripts import Followup, followup_id
 from runner.worker.context import Context
 from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, failure, resolve
 from runner.worker.execute import run as run_handler
@@ -127,6 +128,19 @@ class Executors:
                 self._enqueuer = Client(self.rt)
             return self._enqueuer
 
+    def _hold(self, run: Run, type_: str, payload: Any, *, version: int | None = None,
+              delay: float | None = None, idempotency_key: str | None = None) -> Enqueued:
+        """``ctx.enqueue``: validate the follow-up now (the handler sees a bad one at once)
+        and hold it on the run; the ack writes it in its own step (see ack.lua), so a
+        failed or crashed run leaves none. Its id is the parent's and its index: the
+        same on every attempt."""
+        prep = self._client().prepare(Request(type_, payload, version=version, delay_s=delay,
+                                              idempotency_key=idempotency_key))
+        with self.ledger.lock:
+            job = prep.job._replace(id=followup_id(run.job.id, len(run.followups)))
+            run.followups.append(Followup(prep.fn.queue, job))
+        return Enqueued(id=job.id, type=prep.fn.name, version=job.version, queue=prep.fn.queue, status="pending")
+
     def _slot_of(self, run: Run) -> Slot:
         for slot in self._slots:
             if slot.child is not None and slot.child.pid == run.child_pid:
@@ -218,7 +232,7 @@ class Executors:
             _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
             _extend=lambda: self.renew_one(job),
             _flags=run.flags,
-            _enqueue=lambda *args, **options: self._client().enqueue(*args, **options),
+            _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
         )
 
         def guard(body: Callable[[], Any]) -> Any:
@@ -259,8 +273,8 @@ class Executors:
                 return self.renew_one(job)
             if msg.get("call") == "enqueue":
                 try:
-                    return self._client().enqueue(str(msg.get("type")), msg.get("payload"),
-                                                  **(msg.get("options") or {})).as_dict()
+                    return self._hold(run, str(msg.get("type")), msg.get("payload"),
+                                      **(msg.get("options") or {})).as_dict()
                 except RunnerError as exc:
                     return {"error": str(exc)}
             return False

@@ -14,6 +14,8 @@ _POINT = os.environ.get("RUNNER_FAULT", "")
 _after = int(os.environ.get("RUNNER_FAULT_AFTER", "0") or 0)
 
 POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
+# Off a job's path: the relay of follow-ups to other queues (worker/relay.py).
+RELAY_POINTS = ("before_relay",)
 
 
 def fault(point: str) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.store.scripts import Followup
 from runner.worker.context import Flags
 from runner.worker.execute import Claimed, Outcome
 
@@ -35,6 +36,8 @@ class Run:
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
+    # ctx.enqueue's jobs, held until the ack, which writes them (a failed run drops them)
+    followups: list[Followup] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 """The scheduler: promote due jobs (delayed, retrying, deferred) to ready, reclaim jobs
 whose lease lapsed, and trim expired dead-letter entries and done jobs past their
-retention (a success does not set a TTL on its record: see keys.py).
+retention (a success does not set a TTL on its record: see keys.py), and relay
+follow-ups that acks left in an outbox for another queue (relay.py).
 
 It runs inside every worker process. Each move is one atomic script that re-checks the
 state it moves from, so any number of schedulers can run at once without moving a job
@@ -19,6 +20,7 @@ from runner.runtime import Runtime
 from runner.store import roster
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
+from runner.worker import relay
 
 log = logging.getLogger("runner.scheduler")
 
@@ -64,6 +66,8 @@ class Scheduler:
                     break
             if int(due_in) >= 0:
                 wait = min(wait, max(0.002, int(due_in) / 1000))
+            if relay.drain(self.rt, k) >= relay.BATCH:
+                wait = 0.002  # more waiting: come back at once
             while True:
                 requeued, buried = sc.reclaim(k, BATCH, dead_ms)
                 if int(requeued) or int(buried):

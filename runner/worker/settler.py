@@ -13,14 +13,16 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from runner.client import Client, Request
 from runner.config import QueueConfig
+from runner.errors import RunnerError
 from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.store.scripts import Ack, Burial, Hand, RetryAt
-from runner.worker.execute import Dead, Done, RetryLater
+from runner.store.scripts import Ack, Burial, Followup, Hand, RetryAt, followup_id
+from runner.worker.execute import Claimed, Dead, Done, RetryLater
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Settlement, Start
 
@@ -59,6 +61,7 @@ class Settler:
         self.processed = 0
         self._tally: Counter[str] = Counter()
         self._next_summary = time.monotonic() + SUMMARY_EVERY_S
+        self._client: Client | None = None  # builds destinations' jobs (ON_SUCCESS, ON_FAILURE)
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-settle", daemon=True)
 
     def start(self) -> None:
@@ -170,7 +173,11 @@ class Settler:
                     result = f"{result}\n{job.meta_raw}\n{job.payload_raw}"
                 elif job.meta_raw:
                     result = f"{result}\n{job.meta_raw}"
-                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep))
+                follow = tuple(s.run.followups)
+                if fn is not None and fn.on_success:
+                    body = codec.loads(o.result) if o.result else None
+                    follow += self._destination(fn.on_success, "s", job, {"result": body})
+                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow))
                 ack_s.append(s)
             elif isinstance(o, RetryLater):
                 if o.refund:
@@ -191,6 +198,7 @@ class Settler:
                     entry, o.refund,
                     f"dead|{t}" if o.refund else
                     f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra,
+                    self._on_failure(job, o.error),
                 ))
                 bury_s.append(s)
             else:
@@ -241,6 +249,26 @@ class Settler:
                 self._log(s)
         if time.monotonic() >= self._next_summary:
             self._summarise()
+
+    def _on_failure(self, job: Claimed, error: Any) -> tuple[Followup, ...]:
+        fn = self.rt.registry.functions.get(job.type)
+        if fn is None or not fn.on_failure:
+            return ()
+        return self._destination(fn.on_failure, "f", job, {"error": error})
+
+    def _destination(self, dest: str, tag: str, job: Claimed, body: dict[str, Any]) -> tuple[Followup, ...]:
+        """The job an ON_SUCCESS / ON_FAILURE destination gets, written in the settling
+        script's own step (ack.lua, bury.lua) under an id that step writes once."""
+        if self._client is None:
+            self._client = Client(self.rt)
+        record = {"job": {"id": job.id, "type": job.type, "version": int(job.version_raw or 0),
+                          "attempt": job.attempt, "queue": job.queue}, **body}
+        try:
+            prep = self._client.prepare(Request(dest, record))
+        except RunnerError as exc:  # its schema was checked at load; a result it rejects
+            log.error("job %s: not sent to %s: %s", job.id, dest, exc, extra={"job_id": job.id})
+            return ()
+        return (Followup(prep.fn.queue, prep.job._replace(id=followup_id(job.id, tag))),)
 
     def _summarise(self) -> None:
         t = self._tally

@@ -37,11 +37,13 @@ def test_a_script_defines_every_helper_it_or_its_helpers_name(name: str) -> None
 
 
 def test_a_script_leaves_out_what_it_never_names() -> None:
-    """enqueue reads the clock, names idempotency keys, writes a record, counts it in the
-    census and wakes workers, nothing more;
+    """enqueue reads the clock, names idempotency keys, writes a record (through the
+    job writer it shares with ack and relay), counts it in the census and wakes workers,
+    nothing more (not the follow-ups' check by id);
     release_limits pulls in what waking a parked job needs; the clock needs nothing."""
     assert defined(assemble(LIB, _source("enqueue"))) == {"clock", "idem_key", "wake", "REC", "rec_encode",
-                                                          "census"}
+                                                          "census", "jobs_acc", "job_put", "job_fields",
+                                                          "jobs_flush"}
     assert defined(assemble(LIB, "release_limits(a, b, c, d, e, f, g, h)")) == {
         "release_limits", "parse_limits", "wake_parked", "purge_holders", "heal_limit", "RESERVE_MS", "wake"}
     assert defined(assemble(LIB, "tally('x') flush(k)")) == {"acc", "tally", "flush"}

@@ -391,3 +391,87 @@ local function done_has(meta_key, done_prefix, id)
   end
   return false
 end
+
+-- Writing a new job, shared by enqueue, the follow-ups an ack writes and the relay. Q
+-- holds the queue's keys: ready, scheduled, stats, job (prefix), idem (prefix), claims;
+-- put gathers what a batch writes once (ready ids, enqueued and census counts), and
+-- jobs_flush() writes it. j holds the enqueue fields (see enqueue.lua). Returns code, id,
+-- status: 1 created, 0 duplicate of the key's job, -1 conflict with it.
+local function jobs_acc()
+  return {ready = {}, counts = {}, versions = {}}
+end
+
+local function job_put(Q, now, j, put)
+  local due = 0
+  if j.run_at > 0 then due = j.run_at elseif j.delay > 0 then due = now + j.delay end
+  if j.ikey ~= '' then
+    local ik = idem_key(Q.idem, j.type, j.ikey)
+    -- pcall: a key damaged to another type reads as free (the SET below replaces it)
+    -- rather than failing the batch part-way.
+    local held = redis.pcall('GET', ik)
+    if type(held) == 'string' then
+      local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
+      local st
+      if state == 'done' then
+        st = 'done'
+      elseif redis.call('HEXISTS', Q.claims, hid or '') == 1 then
+        st = 'processing'
+      elseif redis.call('EXISTS', Q.job .. (hid or '')) == 1 then
+        st = redis.call('HGET', Q.job .. hid .. ':s', 'status') or 'queued'
+      end
+      if st then
+        if hhash == j.phash then redis.pcall('HINCRBY', Q.stats, 'deduplicated|' .. j.type, 1) end
+        return hhash == j.phash and 0 or -1, hid, st
+      end
+      -- Else the key names a job that no longer exists: it is stale, and taken over.
+    end
+    redis.call('SET', ik, j.id .. ' ' .. j.phash)
+  end
+  -- The record is one string; a job due now has no state hash at all (see above).
+  local jk = Q.job .. j.id
+  redis.call('SET', jk, rec_encode({type = j.type, version = j.version, max_attempts = j.max_attempts,
+    created_ms = now, idem_key = j.ikey, idem_hash = j.ikey ~= '' and j.phash or '', resource_key = j.rkey,
+    limits = j.limits, meta = j.meta, payload = j.payload}))
+  local status = 'queued'
+  if due > now then
+    status = 'scheduled'
+    redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)
+    redis.call('ZADD', Q.scheduled, due, j.id)
+  else
+    put.ready[#put.ready + 1] = j.id
+  end
+  put.counts[j.type] = (put.counts[j.type] or 0) + 1
+  local field = j.type .. '|' .. j.version
+  put.versions[field] = (put.versions[field] or 0) + 1
+  return 1, j.id, status
+end
+
+-- The 12 enqueue fields of one job from ARGV at b (the order of enqueue.lua), or from
+-- a list t at b (a relayed outbox entry).
+local function job_fields(t, b)
+  return {id = t[b], type = t[b + 1], version = t[b + 2], payload = t[b + 3], max_attempts = t[b + 4],
+    run_at = tonumber(t[b + 5]) or 0, delay = tonumber(t[b + 6]) or 0, ikey = t[b + 7], phash = t[b + 8],
+    rkey = t[b + 9], limits = t[b + 10], meta = t[b + 11]}
+end
+
+-- A follow-up is written once by its id (parent id and index, see scripts.py): one whose
+-- record exists (queued, running, dead) or whose outcome is kept is not written again.
+local function job_known(Q, id)
+  return redis.call('EXISTS', Q.job .. id) == 1 or done_has(Q.done_meta, Q.done, id)
+end
+
+local function jobs_flush(Q, put, notify_key, census_key)
+  local ready = put.ready
+  -- One push and one counter per type for the whole batch, in the order given.
+  if #ready > 0 then
+    for i = 1, #ready, 1000 do
+      redis.call('LPUSH', Q.ready, unpack(ready, i, math.min(i + 999, #ready)))
+    end
+    wake(notify_key)
+  end
+  for typ, c in pairs(put.counts) do
+    -- pcall: the jobs are in; a damaged stats hash must not turn that into an error.
+    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)
+  end
+  for field, c in pairs(put.versions) do census(census_key, field, c) end
+end

@@ -17,6 +17,8 @@
 -- KEYS[13] limwait     ZSET  limit keys with parked jobs
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
 -- KEYS[15] result prefix (string; a result kept longer is prefix .. id)
+-- KEYS[16] scheduled   ZSET  (a delayed follow-up goes here)
+-- KEYS[17] outbox      LIST  follow-ups for other queues, JSON, until the relay moves them
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
@@ -24,6 +26,14 @@
 -- ARGV[5] n; then per job 6 fields:
 --   id, token, result (JSON, '' none), "<type>|<version>" (the census field), stats fields
 --   (space-separated), ms to keep the result on its own (KEEP_RESULT; 0 none)
+-- then m, the follow-ups (ctx.enqueue); per follow-up 14 fields: the index of its parent
+--   in this batch (1-based), its queue ('' this one), then the 12 fields of enqueue.lua
+--
+-- Follow-ups are written only for a parent whose ack lands here (1 or 2), in this same
+-- step: a failed or refused run leaves none. A follow-up of this queue is written as
+-- enqueue writes a job; one of another queue (another slot) goes to the outbox, whose
+-- relay places it there (relay.lua). Either is written once by its id (job_known): the
+-- id is the parent's and the follow-up's index, the same on every attempt.
 --
 -- A success deletes the record: what a done job keeps is its outcome in the current done
 -- generation, "<type> <version> <attempt> <started_ms> <finished_ms>\n<history>\n<result>"
@@ -154,5 +164,24 @@ if #done_ids > 0 then
   end
 end
 for field, c in pairs(uncounted) do census(KEYS[14], field, -c) end
+local fb = 6 + n * 6
+local m = tonumber(ARGV[fb]) or 0
+if m > 0 then
+  local Q = {ready = KEYS[8], scheduled = KEYS[16], stats = KEYS[2], job = KEYS[3], idem = KEYS[5],
+    claims = KEYS[10], done_meta = KEYS[11], done = KEYS[12]}
+  local put = jobs_acc()
+  for i = 0, m - 1 do
+    local b = fb + 1 + i * 14
+    if (out[tonumber(ARGV[b])] or -1) > 0 then
+      if ARGV[b + 1] == '' then
+        local j = job_fields(ARGV, b + 2)
+        if not job_known(Q, j.id) then job_put(Q, now, j, put) end
+      else
+        redis.call('RPUSH', KEYS[17], cjson.encode({unpack(ARGV, b + 1, b + 13)}))
+      end
+    end
+  end
+  jobs_flush(Q, put, KEYS[9], KEYS[14])
+end
 flush(KEYS[2])
 return out

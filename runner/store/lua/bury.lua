@@ -12,12 +12,19 @@
 -- KEYS[8] notify       LIST
 -- KEYS[9] claims       HASH  id -> claim
 -- KEYS[10] limwait     ZSET  limit keys with parked jobs
+-- KEYS[11] scheduled   ZSET  (an ON_FAILURE destination's job, when delayed)
+-- KEYS[12] census      HASH
+-- KEYS[13] done meta   HASH
+-- KEYS[14] done prefix (string)
+-- KEYS[15] outbox      LIST  (a destination in another queue: see ack.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
 --   id, token, reason, error (JSON, '' none), history entry (JSON, '' none),
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
 --   a handler; 0: it counts), stats fields (space-separated)
+-- then m, ON_FAILURE jobs, 14 fields each as ack.lua's follow-ups: written only for a job
+--   buried here, in this step, once by id
 --
 -- Each job costs one HMGET, one HSET of its state and two PEXPIREs (record and state); the batch's fences, claims,
 -- leases and dead-letter entries go in one variadic HMGET, HDEL, ZREM and ZADD, before
@@ -65,6 +72,25 @@ unclaim(KEYS[9], KEYS[1], ids)
 call_many('ZADD', KEYS[2], dead_ids, 2)
 for _, s in ipairs(slots) do
   release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[7], KEYS[8], KEYS[10])
+end
+local fb = 4 + n * 7
+local m = tonumber(ARGV[fb]) or 0
+if m > 0 then
+  local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6],
+    claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
+  local put = jobs_acc()
+  for i = 0, m - 1 do
+    local b = fb + 1 + i * 14
+    if (out[tonumber(ARGV[b])] or -1) > 0 then
+      if ARGV[b + 1] == '' then
+        local j = job_fields(ARGV, b + 2)
+        if not job_known(Q, j.id) then job_put(Q, now, j, put) end
+      else
+        redis.call('RPUSH', KEYS[15], cjson.encode({unpack(ARGV, b + 1, b + 13)}))
+      end
+    end
+  end
+  jobs_flush(Q, put, KEYS[8], KEYS[12])
 end
 flush(KEYS[3])
 return out

@@ -1,0 +1,35 @@
+-- relay: place follow-ups that another queue's ack put in its outbox (see ack.lua) into
+-- this queue, each once by its id: a relay that died after placing them and before
+-- taking them off the outbox places nothing the second time.
+--
+-- KEYS[1] ready        LIST
+-- KEYS[2] scheduled    ZSET  id -> due ms
+-- KEYS[3] notify       LIST
+-- KEYS[4] stats        HASH
+-- KEYS[5] job prefix   (string)
+-- KEYS[6] idem prefix  (string)
+-- KEYS[7] claims       HASH
+-- KEYS[8] census       HASH
+-- KEYS[9] done meta    HASH
+-- KEYS[10] done prefix (string)
+-- ARGV[1] now, ms ('' for the server's clock)
+-- ARGV[2] n; then the 12 fields of enqueue.lua per job
+--
+-- Returns one code per job: 1 placed, 0 already known (or its idempotency key's job
+-- stands), -1 its idempotency key holds another payload (not placed).
+local now = clock(ARGV[1])
+local n = tonumber(ARGV[2])
+local Q = {ready = KEYS[1], scheduled = KEYS[2], stats = KEYS[4], job = KEYS[5], idem = KEYS[6],
+  claims = KEYS[7], done_meta = KEYS[9], done = KEYS[10]}
+local put = jobs_acc()
+local out = {}
+for i = 0, n - 1 do
+  local j = job_fields(ARGV, 3 + i * 12)
+  if job_known(Q, j.id) then
+    out[#out + 1] = 0
+  else
+    out[#out + 1] = (job_put(Q, now, j, put))
+  end
+end
+jobs_flush(Q, put, KEYS[3], KEYS[8])
+return out

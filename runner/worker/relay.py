@@ -1,0 +1,61 @@
+"""The relay: moves follow-ups that an ack wrote to its queue's outbox (they belong to
+another queue, another slot on Redis Cluster) into their queue, then off the outbox.
+
+Placing is idempotent by the follow-up's id (relay.lua), so a relay that dies between
+placing and removing, or two workers' relays racing over one outbox, place each once.
+It runs in every worker's scheduler loop."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from runner.runtime import Runtime
+from runner.store import codec
+from runner.store.keys import QueueKeys
+from runner.worker.faults import fault
+
+log = logging.getLogger("runner.scheduler")
+
+BATCH = 200
+
+
+def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
+    """Write the follow-ups of these outbox entries into their queues; returns the entries
+    done with (placed, already there, or refused), which may leave the outbox. An entry
+    for a queue this worker does not know stays for a worker that does."""
+    by_queue: dict[str, list[tuple[str, list[str]]]] = {}
+    finished: list[str] = []
+    for raw in entries:
+        try:
+            queue, *fields = codec.loads(raw)
+        except (codec.DecodeError, ValueError, TypeError):
+            log.error("outbox: dropping a malformed entry %.80r", raw)
+            finished.append(raw)
+            continue
+        if queue not in rt.keys or len(fields) != 12:
+            log.warning("outbox: a follow-up for queue %r waits for a worker that knows it", queue)
+            continue
+        by_queue.setdefault(queue, []).append((raw, fields))
+    for queue, items in by_queue.items():
+        codes = rt.scripts.relay(rt.keys[queue], [f for _, f in items])
+        for (raw, fields), code in zip(items, codes, strict=True):
+            if int(code) < 0:
+                log.warning("follow-up %s: its idempotency key holds another payload; not enqueued", fields[0])
+            finished.append(raw)
+    return finished
+
+
+def drain(rt: Runtime, k: QueueKeys) -> int:
+    """One pass over a queue's outbox (at most BATCH entries); returns how many left it."""
+    entries = rt.redis.lrange(k.outbox, 0, BATCH - 1)
+    if not entries:
+        return 0
+    fault("before_relay")
+    finished = place(rt, entries)
+    if finished:
+        pipe = rt.redis.pipeline(transaction=False)
+        for raw in finished:
+            pipe.lrem(k.outbox, 1, raw)
+        pipe.execute()
+    return len(finished)

@@ -1,0 +1,78 @@
+"""ON_SUCCESS / ON_FAILURE: a destination gets the job and its result when the job's ack
+lands, or the job and its error when it goes dead, each once (written in the settling
+step); a destination that names no function, or whose schema cannot take the record,
+refuses the function at load."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from conftest import Project, wait_for
+
+SOURCE = '''
+import os
+QUEUE = "fast"
+MAX_ATTEMPTS = 2
+BACKOFF = {"base": 0.01, "cap": 0.02, "jitter": "full"}
+ON_SUCCESS = "got_result"
+ON_FAILURE = "got_error"
+
+def handle(payload, ctx):
+    if payload.get("fail"):
+        raise RuntimeError("boom")
+    return {"doubled": payload["n"] * 2}
+'''
+
+SINK = '''
+import json, os
+QUEUE = "{queue}"
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "{name}-" + payload["job"]["id"]), "a") as f:
+        f.write(json.dumps(payload) + "\\n")
+'''
+
+
+def write(project: Project, name: str, src: str, schema: str = '{"type": "object"}') -> None:
+    (project.root / "functions" / f"{name}.py").write_text(textwrap.dedent(src))
+    (project.root / "schemas" / name).mkdir(exist_ok=True)
+    (project.root / "schemas" / name / "v1.json").write_text(schema)
+    project._runtime = None
+
+
+def lines(project: Project, name: str, job_id: str) -> list[dict]:
+    p = project.records / f"{name}-{job_id}"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_destinations_get_the_result_or_the_error_once(project: Project) -> None:
+    project.write_config(vt=2)
+    write(project, "source", SOURCE)
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    write(project, "got_error", SINK.format(queue="slow", name="got_error"))  # across queues: the outbox
+    c = project.client
+    ok = c.enqueue("source", {"n": 21}).id
+    bad = c.enqueue("source", {"fail": True}).id
+    project.spawn_worker("fast", "slow")
+    wait_for(lambda: lines(project, "got_result", ok), timeout=20, what="the success record")
+    wait_for(lambda: lines(project, "got_error", bad), timeout=20, what="the failure record")
+    [got] = lines(project, "got_result", ok)
+    assert got["result"] == {"doubled": 42}
+    assert got["job"] == {"id": ok, "type": "source", "version": 1, "attempt": 1, "queue": "fast"}
+    [err] = lines(project, "got_error", bad)
+    assert err["job"]["attempt"] == 2 and err["error"]["message"] == "boom"
+    assert not lines(project, "got_error", ok) and not lines(project, "got_result", bad)
+
+
+def test_a_destination_must_exist_and_take_the_record(project: Project) -> None:
+    write(project, "source", SOURCE)
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"),
+          '{"type": "object", "required": ["order_id"]}')
+    reg = project.runtime.registry
+    assert "source" not in reg.functions
+    errors = " ".join(str(e) for e in reg.errors.values())
+    assert "ON_SUCCESS" in errors and "rejects the record" in errors
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    errors = " ".join(str(e) for e in project.runtime.registry.errors.values())
+    assert "ON_FAILURE names no function: 'got_error'" in errors
