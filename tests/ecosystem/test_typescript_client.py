@@ -45,7 +45,7 @@ def web(project: Project) -> Iterator[str]:
     def up() -> bool:
         try:
             return requests.get(f"{base}/healthz", timeout=1).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # accepted, not yet serving
             return False
 
     try:

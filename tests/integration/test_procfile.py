@@ -65,7 +65,7 @@ def test_procfile_processes_serve_run_jobs_and_stop_cleanly(tmp_path: Path, serv
         assert honcho.poll() is None, log_path.read_text()
         try:
             return requests.get(base + "/healthz", timeout=1).status_code == 200
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # accepted, not yet serving
             return False
 
     def job(job_id: str) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def runner_web(project: Project, name: str, workers: int = 2, env: dict[str, str
             assert web.proc.poll() is None, f"runner web exited; see {log.name}"
             try:
                 return requests.get(web.url + "/healthz", timeout=5).status_code == 200
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # accepted, not yet serving
                 return False
 
         wait_for(up, timeout=20, interval=0.05, what="runner web to answer")
