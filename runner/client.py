@@ -148,7 +148,7 @@ class Client:
                 ikey = fn.idempotency_key.render(payload)
             else:
                 ikey = ""
-            rkey = fn.resource_key.render(payload) if fn.resource_key is not None else ""
+            rkey, lims = fn.render_limits(payload)
         except templates.TemplateError as exc:
             raise ValidationFailed(fn.name, version, [FieldError("$", str(exc))]) from None
         # A delay runs on the server's clock (enqueue.lua adds it to TIME); run_at is the
@@ -165,7 +165,7 @@ class Client:
             id=records.new_id(), type=fn.name, version=version, payload=body,
             max_attempts=fn.max_attempts, run_at_ms=run_at_ms, delay_ms=delay_ms, idem_key=ikey,
             payload_hash=codec.canonical_hash(fn.name, version, payload) if ikey else "-",
-            resource_key=rkey, limits=f"1 r:{rkey}" if rkey else "", meta=tracecontext.meta_for(traceparent),
+            resource_key=rkey, limits=lims, meta=tracecontext.meta_for(traceparent),
         )
         return _Prepared(fn=fn, job=job)
 
@@ -535,7 +535,7 @@ class Client:
             meta = codec.dumps({"schedule": s.id, "tick": iso(now), "trigger": "manual"})
             job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
                          max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
-                         resource_key=s.resource_key, limits=f"1 r:{s.resource_key}" if s.resource_key else "",
+                         resource_key=s.resource_key, limits=s.limits,
                          meta=meta)
             reply = rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="manual", tick_ms=now, digest=s.digest,
                                     born_ms=now, overlap=s.overlap, missed=0, late_ms=0, now_ms=now)

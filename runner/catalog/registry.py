@@ -20,14 +20,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from runner.catalog import limits, templates
 from runner.catalog import schedules as schedules_mod
-from runner.catalog import templates
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
 
-OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF", "ISOLATION",
-           "MEMORY_MB", "KEEP_RESULT", *schedules_mod.OPTIONS)
+OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "BACKOFF",
+           "ISOLATION", "MEMORY_MB", "KEEP_RESULT", *schedules_mod.OPTIONS)
 # Function modules are executed under one lock: two Runtimes loading the same file at
 # once would otherwise swap each other's sys.modules entry mid-import.
 _import_lock = threading.RLock()
@@ -56,6 +56,15 @@ class Function:
     memory_mb: float | None = None  # process isolation: the handler's memory cap
     keep_result_s: float | None = None  # KEEP_RESULT: a done job's outcome kept this long on its own
     schedules: tuple[schedules_mod.Schedule, ...] = ()
+    concurrency: limits.Concurrency | None = None  # CONCURRENCY: running jobs at most
+
+    @property
+    def flow(self) -> limits.Flow:
+        return limits.Flow(resource_key=self.resource_key, concurrency=self.concurrency)
+
+    def render_limits(self, payload: Any) -> tuple[str, str]:
+        """(resource key, limits) of one job of this function (see catalog.limits)."""
+        return self.flow.render(self.name, payload)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -68,6 +77,7 @@ class Function:
                         "jitter": self.backoff.jitter},
             "idempotency_key": self.idempotency_key.source if self.idempotency_key else None,
             "resource_key": self.resource_key.source if self.resource_key else None,
+            "concurrency": self.concurrency.describe() if self.concurrency else None,
             "async": self.is_async,
             "isolation": self.isolation,
             "memory_mb": self.memory_mb,
@@ -277,9 +287,23 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
                 )
         tpls[opt] = tpl
 
+    concurrency = None
+    if getattr(module, "CONCURRENCY", None) is not None:
+        try:
+            concurrency = limits.parse_concurrency(module.CONCURRENCY)
+        except ValueError as exc:
+            raise fail(f"CONCURRENCY {exc}", "CONCURRENCY") from None
+        for fld in concurrency.key.fields if concurrency.key else ():
+            if not templates.schema_has(newest, fld):
+                raise fail(
+                    f"CONCURRENCY key names field {fld!r}, which the v{versions.newest} schema does not declare",
+                    "CONCURRENCY",
+                )
+    flow = limits.Flow(resource_key=tpls["RESOURCE_KEY"], concurrency=concurrency)
+
     scheds, sched_warnings = schedules_mod.parse(
         module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
-        resource_key=tpls["RESOURCE_KEY"], fail=fail,
+        flow=flow, fail=fail,
     )
     warnings += [f"{p}: {w}" for w in sched_warnings]
     if timeout > queue.visibility_timeout_s:
@@ -304,6 +328,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         memory_mb=float(memory_mb) if memory_mb is not None else None,
         keep_result_s=float(keep_result) if keep_result is not None else None,
         schedules=scheds,
+        concurrency=concurrency,
     )
     return fn, warnings
 
