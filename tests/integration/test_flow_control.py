@@ -1,0 +1,147 @@
+"""Flow control through real worker processes on a real server: CONCURRENCY caps the
+running jobs of a function cluster-wide (and per rendered key), uses every slot it has,
+keeps one key's backlog from delaying another key's job, and a SIGKILLed worker's slots
+free within its lease."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from runner.client import Request
+
+from conftest import Project, wait_for
+
+SCHEMA = """{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+ "properties": {"tenant": {"type": "string"}, "hold": {"type": "number"}}}"""
+
+LIMITED = '''"""Holds a slot while it sleeps; records enter (at once) and enter/exit (at the end)."""
+import os
+import time
+QUEUE = "fast"
+CONCURRENCY = {concurrency}
+
+
+def handle(payload, ctx):
+    start = time.time()
+    folder = os.environ["RECORD_DIR"]
+    with open(os.path.join(folder, ctx.job_id + ".in"), "a") as f:
+        f.write(f"{{start}}\\n")
+    time.sleep(payload.get("hold", 0) if ctx.attempt == 1 else 0)
+    with open(os.path.join(folder, ctx.job_id), "a") as f:
+        f.write(f"{{start}} {{time.time()}}\\n")
+'''
+
+
+def add_limited(project: Project, concurrency: str) -> None:
+    (project.root / "functions" / "limited.py").write_text(LIMITED.format(concurrency=concurrency))
+    folder = project.root / "schemas" / "limited"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "v1.json").write_text(SCHEMA)
+    project._runtime = None
+
+
+def spans(project: Project, ids: list[str]) -> list[tuple[float, float]]:
+    out = []
+    for i in ids:
+        (line,) = project.runs(i)
+        a, b = line.split()
+        out.append((float(a), float(b)))
+    return out
+
+
+def most_at_once(sp: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in sp] + [(b, -1) for _, b in sp])  # an exit sorts before a tie's enter
+    now = peak = 0
+    for _, d in events:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
+def all_done(project: Project, ids: list[str]) -> bool:
+    return all(project.runs(i) for i in ids)
+
+
+def started_at(project: Project, job_id: str) -> float | None:
+    p = project.records / f"{job_id}.in"
+    return float(p.read_text().split()[0]) if p.exists() else None
+
+
+def test_concurrency_3_never_runs_more_than_3_and_uses_all_3(project: Project) -> None:
+    """CONCURRENCY = 3 over 200 short jobs on 4 workers of 8 threads: never more than 3
+    inside the handler at once, and 3 at once at some point."""
+    add_limited(project, "3")
+    ids = [e.id for e in project.client.enqueue_many(  # type: ignore[union-attr]
+        Request("limited", {"hold": 0.03}) for _ in range(200))]
+    for _ in range(4):
+        project.spawn_worker("fast")
+    wait_for(lambda: all_done(project, ids), timeout=120, interval=0.2, what="200 limited jobs")
+    assert most_at_once(spans(project, ids)) == 3
+
+
+def test_a_per_key_limit_of_2_holds_for_each_of_10_tenants(project: Project) -> None:
+    """CONCURRENCY = {"key": "{tenant}", "limit": 2}, 10 tenants of 8 jobs: at most 2 of
+    one tenant at once, some tenant at 2, and tenants run side by side."""
+    add_limited(project, '{"key": "{tenant}", "limit": 2}')
+    by_tenant = {f"t{t}": [e.id for e in project.client.enqueue_many(  # type: ignore[union-attr]
+        Request("limited", {"tenant": f"t{t}", "hold": 0.1}) for _ in range(8))] for t in range(10)}
+    for _ in range(4):
+        project.spawn_worker("fast")
+    every = [i for ids in by_tenant.values() for i in ids]
+    wait_for(lambda: all_done(project, every), timeout=120, interval=0.2, what="80 keyed jobs")
+    peaks = {t: most_at_once(spans(project, ids)) for t, ids in by_tenant.items()}
+    assert max(peaks.values()) == 2, peaks
+    assert most_at_once(spans(project, every)) > 2
+
+
+def test_one_tenants_backlog_does_not_delay_another_tenants_job(project: Project) -> None:
+    """Tenant a has 5,000 jobs queued under a per-tenant limit of 2, tenant b one behind
+    them: a worker that starts on this backlog starts b's job within a second of a's first
+    (a's jobs are parked on a's own list in a few claims, not scanned at n * 4 a call)."""
+    add_limited(project, '{"key": "{tenant}", "limit": 2}')
+    c = project.client
+    for _ in range(5):
+        c.enqueue_many(Request("limited", {"tenant": "a", "hold": 0.05}) for _ in range(1000))
+    b = c.enqueue("limited", {"tenant": "b"})
+    project.spawn_worker("fast")  # one: no other worker's start-up competes for the cores
+    start = wait_for(lambda: started_at(project, b.id), timeout=30, what="tenant b's job to start")
+    first = min(float(p.read_text().split()[0]) for p in project.records.glob("*.in"))
+    assert start - first < 1.0, f"tenant b's job started {start - first:.2f} s after tenant a's first"
+
+
+def test_a_backlog_arriving_at_running_workers_does_not_delay_another_tenant(project: Project) -> None:
+    """The same with the workers running while tenant a's 5,000 jobs arrive: b's job,
+    enqueued after them, starts within a second of its enqueue."""
+    add_limited(project, '{"key": "{tenant}", "limit": 2}')
+    for _ in range(4):
+        project.spawn_worker("fast")
+    c = project.client
+    first = c.enqueue("limited", {"tenant": "a", "hold": 0.05})
+    wait_for(lambda: started_at(project, first.id), timeout=30, what="the workers to run a job")
+    for _ in range(5):
+        c.enqueue_many(Request("limited", {"tenant": "a", "hold": 0.05}) for _ in range(1000))
+    sent = time.time()
+    b = c.enqueue("limited", {"tenant": "b"})
+    start = wait_for(lambda: started_at(project, b.id), timeout=30, what="tenant b's job to start")
+    assert start - sent < 1.0, f"tenant b's job started {start - sent:.2f} s after it was enqueued"
+
+
+def test_a_killed_workers_slots_free_within_its_lease(project: Project) -> None:
+    """A worker holding both slots of CONCURRENCY = 2 is SIGKILLed: a job parked on the
+    limit starts on another worker within the lease (2 s) of the kill."""
+    project.write_config(vt=2)
+    add_limited(project, "2")
+    c = project.client
+    victim = project.spawn_worker("fast")
+    holders = [c.enqueue("limited", {"hold": 60}).id for _ in range(2)]
+    wait_for(lambda: all(started_at(project, i) for i in holders), timeout=30, what="both slots held")
+    project.spawn_worker("fast")
+    waiter = c.enqueue("limited", {}).id
+    time.sleep(0.5)
+    assert started_at(project, waiter) is None, "the limit let a third job in"
+    os.kill(victim.pid, signal.SIGKILL)
+    killed = time.time()
+    start = wait_for(lambda: started_at(project, waiter), timeout=30, what="the parked job to start")
+    assert start - killed < 2.0 + 1.0, f"the slots freed {start - killed:.2f} s after the kill"
