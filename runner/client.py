@@ -364,6 +364,51 @@ class Client:
             }
         return out
 
+    def _pause_target(self, queue: str | None, function: str | None) -> tuple[QueueKeys, str | None]:
+        """The queue a pause names: a queue, or the queue of a function (UnknownFunction
+        when it is not loaded here)."""
+        if function is not None:
+            return self._keys(self.runtime.registry.get(function).queue), function
+        if queue is None:
+            raise ValueError("pause a queue or a function")
+        return self._keys(queue), None
+
+    def pause(self, queue: str | None = None, *, function: str | None = None) -> None:
+        """Pause a queue (workers claim nothing from it) or one function (its jobs are held,
+        queued, spending nothing); running jobs finish. Every worker obeys at its next claim."""
+        k, fn = self._pause_target(queue, function)
+        try:
+            now = ServerClock(self.runtime.redis, self.runtime.config.redis.prefix).now_ms()
+            self.runtime.redis.hset(k.paused, "queue" if fn is None else f"fn:{fn}", now)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    def resume(self, queue: str | None = None, *, function: str | None = None) -> int:
+        """Lift a pause; a function's held jobs go back to the front of ready in their order.
+        Returns how many were put back."""
+        k, fn = self._pause_target(queue, function)
+        moved, first = 0, True
+        try:
+            while True:
+                got, left = self.runtime.scripts.resume(k, fn, first)
+                moved, first = moved + int(got), False
+                if not int(left):
+                    return moved
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    def paused(self) -> dict[str, dict[str, Any]]:
+        """Per queue: whether it is paused and which of its functions are."""
+        rt = self.runtime
+        try:
+            pipe = rt.redis.pipeline(transaction=False)
+            for k in rt.keys.values():
+                pipe.hgetall(k.paused)
+            raw = pipe.execute()
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return {q: pause_view(h) for q, h in zip(rt.keys, raw, strict=True)}
+
     def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
         """The dead-letter list of a queue, newest first: (total, page)."""
         k = self._keys(queue)
@@ -579,3 +624,8 @@ def _schedule_view(s: Schedule, st: State | None, now_ms: int) -> dict[str, Any]
 
 
 __all__ = ["Client", "Enqueued", "Request"]
+
+
+def pause_view(raw: dict[str, str]) -> dict[str, Any]:
+    """A queue's pause hash as shown: {"paused": bool, "paused_functions": [type, ...]}."""
+    return {"paused": "queue" in raw, "paused_functions": sorted(f[3:] for f in raw if f.startswith("fn:"))}

@@ -24,6 +24,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               ms, "=<id>" -> end of a slot reserved for a woken job
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
+    <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
+    <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
     <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
 
@@ -78,6 +80,8 @@ class QueueKeys:
     idem_prefix: str = field(init=False)
     lim_prefix: str = field(init=False)
     limwait: str = field(init=False)
+    paused: str = field(init=False)
+    held_prefix: str = field(init=False)
     tput_prefix: str = field(init=False)
     schedules: str = field(init=False)
     schedule_prefix: str = field(init=False)
@@ -90,11 +94,15 @@ class QueueKeys:
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
+                             ("paused", "paused"), ("held_prefix", "held:"),
                              ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 
     def throughput(self, minute: int) -> str:
         return f"{self.tput_prefix}{minute}"
+
+    def held(self, type_: str) -> str:
+        return self.held_prefix + type_
 
     def job(self, job_id: str) -> str:
         return self.job_prefix + job_id

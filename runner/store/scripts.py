@@ -29,7 +29,7 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt",
+    "tick", "adopt", "resume",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.
@@ -408,7 +408,8 @@ class Scripts:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua)."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
-                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census)
+                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
+                k.paused, k.held_prefix)
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
         return self._run("claim", keys, args, pipe)
 
@@ -481,6 +482,13 @@ class Scripts:
         """Returns [jobs moved, ms until the next due job or sweep (-1: none)]."""
         keys = (k.scheduled, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.limwait)
         return self._run("promote", keys, (_clock(now_ms), limit))
+
+    def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
+        """Lift a pause (a queue's, or one function's: None is the queue) and put back up to
+        ``limit`` held jobs; returns [moved, still held] (see resume.lua)."""
+        field = "queue" if function is None else f"fn:{function}"
+        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else "")
+        return self._run("resume", keys, (field, 1 if first else 0, limit))
 
     def requeue(
         self, k: QueueKeys, job_id: str, payload: str = "", version: str = "", payload_hash: str = "",

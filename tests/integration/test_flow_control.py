@@ -145,3 +145,47 @@ def test_a_killed_workers_slots_free_within_its_lease(project: Project) -> None:
     killed = time.time()
     start = wait_for(lambda: started_at(project, waiter), timeout=30, what="the parked job to start")
     assert start - killed < 2.0 + 1.0, f"the slots freed {start - killed:.2f} s after the kill"
+
+
+def test_a_paused_queue_claims_nothing_within_a_second_and_resume_restarts_it(project: Project) -> None:
+    """`pause` on a queue with a job running: the running job finishes, jobs enqueued after
+    the pause do not start (a second later either), and resume starts them all."""
+    add_limited(project, "None")
+    for _ in range(2):
+        project.spawn_worker("fast")
+    c = project.client
+    running = c.enqueue("limited", {"hold": 1.5}).id
+    wait_for(lambda: started_at(project, running), timeout=30, what="the running job to start")
+    c.pause("fast")
+    assert c.paused()["fast"] == {"paused": True, "paused_functions": []}
+    waiting = [c.enqueue("limited", {}).id for _ in range(5)]
+    wait_for(lambda: project.runs(running), timeout=10, what="the running job to finish")
+    time.sleep(1.0)
+    assert not any(started_at(project, i) for i in waiting), "a paused queue started a job"
+    c.resume("fast")
+    wait_for(lambda: all_done(project, waiting), timeout=10, what="the jobs to run after resume")
+    assert c.paused()["fast"]["paused"] is False
+
+
+def test_a_paused_function_holds_its_jobs_in_order_and_spends_no_attempt(project: Project) -> None:
+    """Pausing one function holds its jobs (status deferred, attempt 0) while another
+    function of the queue runs; resume runs the held jobs in the order they came."""
+    add_limited(project, "None")
+    project.write_config(concurrency=1, prefetch=0)
+    project.spawn_worker("fast")
+    c = project.client
+    c.pause(function="limited")
+    held = []
+    for _ in range(4):
+        held.append(c.enqueue("limited", {}).id)
+        time.sleep(0.01)
+    other = c.enqueue("record", {"n": 1}).id
+    wait_for(lambda: project.runs(other), timeout=30, what="the other function's job to run")
+    wait_for(lambda: all(c.get(i).status == "deferred" for i in held), timeout=5, what="held jobs")
+    assert all(c.get(i).as_dict()["attempt"] == 0 for i in held)
+    assert not any(started_at(project, i) for i in held)
+    assert c.paused()["fast"]["paused_functions"] == ["limited"]
+    assert c.resume(function="limited") == 4
+    wait_for(lambda: all_done(project, held), timeout=20, what="the held jobs to run after resume")
+    starts = [started_at(project, i) for i in held]
+    assert starts == sorted(starts), "held jobs ran out of order"  # type: ignore[type-var]

@@ -36,6 +36,9 @@
 -- KEYS[12] notify      LIST  (a job woken by a freed reserved slot)
 -- KEYS[13] done prefix (string; a generation's hash is prefix .. gen)
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
+-- KEYS[15] paused      HASH  "queue" | "fn:<type>" -> paused since ms (a paused queue
+--                            claims nothing; a paused function's jobs are held)
+-- KEYS[16] held prefix (string; a paused function's held ids: LIST prefix .. type)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -44,6 +47,9 @@
 -- ARGV[6] dead retention, ms
 -- ARGV[7] done retention, ms
 -- ARGV[8] done count bound (the most done jobs kept)
+--
+-- A job of a paused function is held: it moves to the function's held list, oldest first,
+-- with status 'deferred' and no attempt spent, until resume.lua puts it back.
 --
 -- Returns a flat list: the server time of the claim (ms); 1 when the call stopped at a job
 -- under limits that no free executor could start (the worker then waits for a free
@@ -62,6 +68,15 @@ local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true}
 local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token'}
+
+-- Pauses: one small read per call. pcall: a damaged pause hash pauses nothing.
+local paused = {}
+local praw = redis.pcall('HGETALL', KEYS[15])
+if type(praw) == 'table' and not praw.err then
+  for j = 1, #praw, 2 do paused[praw[j]] = true end
+end
+if paused['queue'] then return out end
+local any_paused = next(paused) ~= nil
 
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
@@ -127,6 +142,12 @@ local function take(id)
     return
   end
   local typ = rec.type
+  if any_paused and paused['fn:' .. typ] then
+    redis.call('HSET', sk, 'status', 'deferred')
+    redis.call('RPUSH', KEYS[16] .. typ, id)
+    tally('paused|' .. typ)  -- held back by a pause
+    return
+  end
   local ikey = rec.idem_key
   local limits = parse_limits(rec.limits)
   local starts = i < k_start
