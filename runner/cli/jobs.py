@@ -208,9 +208,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
     rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["dead"],
              sum(f["succeeded"] for f in q["functions"].values()),
-             sum(f["retried"] for f in q["functions"].values())) for q in queues]
+             sum(f["retried"] for f in q["functions"].values()),
+             "queue" if q["paused"] else ", ".join(q["paused_functions"]) or "-") for q in queues]
     human = where.line() + "\n" + table(
-        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried"), rows)
+        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "paused"), rows)
     emit({"redis": where.as_dict(), "queues": queues}, as_json, human)
 
 

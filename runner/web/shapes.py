@@ -155,6 +155,13 @@ def _enum_or_str(values: list[str]) -> dict[str, Any]:
     return {"type": "string", "enum": values} if values else {"type": "string"}
 
 
+def _paused_ok(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": {"type": "object", "properties": {
+        "queue": {"type": "string"}, "function": {"type": "string"}, "paused": {"type": "boolean"},
+        "paused_functions": {"type": "array", "items": {"type": "string"}},
+        "resumed_jobs": {"type": "integer"}}}}}}
+
+
 def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
     queue = _path_param("queue", _enum_or_str(queues), "a configured queue")
     job_id = _path_param("id", {"type": "string", "minLength": 1, "maxLength": 200}, "a job id")
@@ -181,6 +188,20 @@ def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
             "summary": "Per queue: ready, processing, scheduled, dead, and per-function figures",
             "responses": {"200": ok("Cluster-wide queue figures", "QueueList")},
         }},
+        **{f"/queues/{{queue}}/{verb}": {"post": {
+            "operationId": f"{verb}_queue", "tags": ["queues"],
+            "summary": "Pause the queue: workers claim nothing from it; running jobs finish" if verb == "pause"
+            else "Lift the queue's pause",
+            "parameters": [queue],
+            "responses": {"200": _paused_ok("The queue's pause state"), "404": problem("No such queue")},
+        }} for verb in ("pause", "resume")},
+        **{f"/functions/{{type}}/{verb}": {"post": {
+            "operationId": f"{verb}_function", "tags": ["functions"],
+            "summary": "Pause the function: its jobs are held, queued, spending nothing" if verb == "pause"
+            else "Lift the function's pause: its held jobs go back in order",
+            "parameters": [_path_param("type", _enum_or_str(functions), "a function type")],
+            "responses": {"200": _paused_ok("The function's pause state"), "404": problem("No such function")},
+        }} for verb in ("pause", "resume")},
         "/throughput": {"get": {
             "operationId": "throughput", "tags": ["queues"], "summary": "Jobs done per minute, per queue",
             "parameters": [_query("minutes", {"type": "integer", "minimum": 1, "maximum": 360},

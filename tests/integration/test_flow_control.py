@@ -9,7 +9,13 @@ import os
 import signal
 import time
 
+import falcon.testing
+from click.testing import CliRunner
+from openapi_spec_validator import validate as validate_openapi
+
+from runner.cli import cli
 from runner.client import Request
+from runner.web import create_app
 
 from conftest import Project, wait_for
 
@@ -189,3 +195,45 @@ def test_a_paused_function_holds_its_jobs_in_order_and_spends_no_attempt(project
     wait_for(lambda: all_done(project, held), timeout=20, what="the held jobs to run after resume")
     starts = [started_at(project, i) for i in held]
     assert starts == sorted(starts), "held jobs ran out of order"  # type: ignore[type-var]
+
+
+def test_pause_and_resume_over_http_and_the_cli_show_in_queues_and_stats(project: Project) -> None:
+    """POST /queues/{q}/pause|resume and /functions/{type}/pause|resume change what GET
+    /queues and `runner stats` show; `runner pause` / `runner resume` do the same; the
+    routes are in /openapi.json; an unknown queue or function is a 404 / a refusal."""
+    add_limited(project, "None")
+    app = falcon.testing.TestClient(create_app(project.runtime))
+
+    def queue_state() -> tuple[bool, list[str]]:
+        (q,) = [q for q in app.simulate_get("/queues").json["queues"] if q["name"] == "fast"]
+        return q["paused"], q["paused_functions"]
+
+    assert app.simulate_post("/queues/fast/pause").json == {"queue": "fast", "paused": True, "paused_functions": []}
+    assert queue_state() == (True, [])
+    assert app.simulate_post("/functions/limited/pause").json["paused"] is True
+    assert queue_state() == (True, ["limited"])
+    assert app.simulate_post("/queues/fast/resume").status_code == 200
+    resumed = app.simulate_post("/functions/limited/resume").json
+    assert resumed == {"function": "limited", "queue": "fast", "paused": False, "resumed_jobs": 0}
+    assert queue_state() == (False, [])
+    assert app.simulate_post("/queues/nope/pause").status_code == 404
+    assert app.simulate_post("/functions/nope/pause").status_code == 404
+    doc = app.simulate_get("/openapi.json").json
+    validate_openapi(doc)
+    assert "post" in doc["paths"]["/functions/{type}/pause"] and "post" in doc["paths"]["/queues/{queue}/resume"]
+
+    def run(*args: str) -> str:
+        out = CliRunner().invoke(cli, ["--config", str(project.root / "runner.toml"), *args],
+                                 env=project.env, catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    assert run("pause", "--function", "limited") == "paused function limited\n"
+    assert run("pause", "fast") == "paused queue fast\n"
+    (row,) = [line for line in run("stats").splitlines() if line.startswith("fast")]
+    assert row.split()[-1] == "queue"
+    run("resume", "fast")
+    (row,) = [line for line in run("stats").splitlines() if line.startswith("fast")]
+    assert row.split()[-1] == "limited"
+    assert "0 held job(s) back" in run("resume", "--function", "limited")
+    assert queue_state() == (False, [])
