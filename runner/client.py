@@ -409,6 +409,34 @@ class Client:
             raise RedisUnavailable(str(exc)) from exc
         return {q: pause_view(h) for q, h in zip(rt.keys, raw, strict=True)}
 
+    def flow(self, type_: str) -> dict[str, Any]:
+        """A function's flow control now: paused or not, jobs held by its pause, and its
+        concurrency limit with the slots in use and jobs parked on it (counted for a
+        function-wide limit; a per-key limit has a key of its own per tenant)."""
+        fn = self.runtime.registry.get(type_)
+        k = self._keys(fn.queue)
+        conc = fn.concurrency
+        lim = k.limit(f"c:{fn.name}")
+        try:
+            pipe = self.runtime.redis.pipeline(transaction=False)
+            pipe.hexists(k.paused, f"fn:{fn.name}")
+            pipe.llen(k.held(fn.name))
+            pipe.time()
+            pipe.zrange(lim, 0, -1, withscores=True)
+            pipe.llen(lim + ":w")
+            paused, held, (sec, usec), holders, waiting = pipe.execute(raise_on_error=False)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        out: dict[str, Any] = {"paused": bool(paused), "held_by_pause": int(held), "concurrency": None}
+        if conc is not None:
+            now_ms = int(sec) * 1000 + int(usec) // 1000
+            keyed = conc.key is not None
+            # Holders past their lease are dead workers' slots, freed at the next claim.
+            out["concurrency"] = {**conc.describe(),
+                                  "running": None if keyed else sum(1 for _, end in holders if end > now_ms),
+                                  "waiting": None if keyed else int(waiting)}
+        return out
+
     def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
         """The dead-letter list of a queue, newest first: (total, page)."""
         k = self._keys(queue)

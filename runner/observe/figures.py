@@ -25,7 +25,9 @@ class Source(Protocol):
     @property
     def registry(self) -> Any: ...
 
-COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "lost")
+# deferred: held back by a full limit (resource or concurrency); paused: by a pause.
+COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "paused",
+            "lost")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
 MALFORMED = "?"
 _LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))

@@ -95,7 +95,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     app.add_route("/jobs/{name}", Jobs(client, offload))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/functions", Functions(runtime))
-    app.add_route("/functions/{name}", FunctionItem(runtime))
+    app.add_route("/functions/{name}", FunctionItem(client, offload))
     app.add_route("/queues", Queues(runtime, offload))
     app.add_route("/queues/{queue}/pause", QueuePause(client, offload, resume=False))
     app.add_route("/queues/{queue}/resume", QueuePause(client, offload, resume=True))

@@ -80,6 +80,10 @@ COMPONENTS: dict[str, Any] = {
         "versions": {"type": "array", "items": _INT}, "newest_version": _INT, "has_upgrade": {"type": "boolean"},
         "schemas": {"type": "array", "items": _obj({"version": _INT, "schema": {"type": "object"}})},
         "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
+        "concurrency": {"type": ["object", "null"], "properties": {"limit": _INT, "key": _OPT_STR}},
+        "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
+            "type": ["object", "null"],
+            "properties": {"limit": _INT, "key": _OPT_STR, "running": _OPT_INT, "waiting": _OPT_INT}}}),
     }, required=["type", "queue", "max_attempts", "timeout", "versions", "newest_version"]),
     "ScheduleDefinition": _obj({"id": _STR, "function": _STR, "queue": _STR, "cron": _STR, "tz": _STR,
                                 "payload": _ANY, "missed": _STR, "overlap": _STR}),
@@ -90,12 +94,13 @@ COMPONENTS: dict[str, Any] = {
     }),
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
-        "deduplicated": _INT, "deferred": _INT, "lost": _INT, "latency": _TIMING, "run_time": _TIMING,
+        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "lost": _INT, "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,
         "scheduled_due": _INT, "dead": _INT, "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
-        "concurrency": _INT, "max_attempts": _INT,
+        "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
+        "paused_functions": {"type": "array", "items": _STR},
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
     }),
     "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),

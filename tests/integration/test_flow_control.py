@@ -237,3 +237,31 @@ def test_pause_and_resume_over_http_and_the_cli_show_in_queues_and_stats(project
     assert row.split()[-1] == "limited"
     assert "0 held job(s) back" in run("resume", "--function", "limited")
     assert queue_state() == (False, [])
+
+
+def test_get_function_and_metrics_show_limits_use_and_holds_by_reason(project: Project) -> None:
+    """GET /functions/{type} shows CONCURRENCY with the slots in use and the jobs parked on
+    it, and the pause; /metrics counts held-back claims per function and reason (deferred:
+    a full limit, paused: a pause) and shows a paused queue."""
+    add_limited(project, "1")
+    app = falcon.testing.TestClient(create_app(project.runtime))
+    c = project.client
+    project.spawn_worker("fast")
+    first = c.enqueue("limited", {"hold": 30}).id
+    wait_for(lambda: started_at(project, first), timeout=30, what="the slot to be taken")
+    c.enqueue("limited", {})
+    flow = wait_for(lambda: (f := app.simulate_get("/functions/limited").json["flow"])["concurrency"]["waiting"]
+                    and f, timeout=10, what="a job parked on the limit")
+    assert flow == {"paused": False, "held_by_pause": 0,
+                    "concurrency": {"limit": 1, "key": None, "running": 1, "waiting": 1}}
+    c.pause(function="limited")
+    c.enqueue("limited", {})
+    wait_for(lambda: app.simulate_get("/functions/limited").json["flow"]["held_by_pause"] == 1, timeout=10,
+             what="a job held by the pause")
+    c.pause("fast")
+    text = app.simulate_get("/metrics").text
+    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line and not line.startswith("#")}
+    assert lines['runner_jobs_deferred_total{function="limited",queue="fast"}'] >= 1
+    assert lines['runner_jobs_paused_total{function="limited",queue="fast"}'] == 1
+    assert lines['runner_queue_paused{queue="fast"}'] == 1
