@@ -1,9 +1,11 @@
-"""RESOURCE_KEY and CONCURRENCY -> the ``limits`` a job carries into Redis.
+"""RESOURCE_KEY, CONCURRENCY and RATE_LIMIT -> the ``limits`` a job carries into Redis.
 
 A job's limits are "<n> <key>" lines (claim.lua takes a slot of each, or parks the job
 on the first full one): ``RESOURCE_KEY`` is limit 1 on ``r:<rendered>``, ``CONCURRENCY =
 N`` is limit N on ``c:<type>`` (every job of the function), and ``CONCURRENCY = {"key":
-template, "limit": N}`` is limit N on ``c:<type>:<rendered>``. Every producer (client,
+template, "limit": N}`` is limit N on ``c:<type>:<rendered>``. ``RATE_LIMIT = {"limit": N,
+"period": S}`` is the line "N/<period ms> q:<type>" (a token bucket: see _lib.lua), with
+an optional "key" template making it ``q:<type>:<rendered>``. Every producer (client,
 ticker, manual trigger) builds them here, so a limit means the same whoever enqueued.
 """
 
@@ -28,11 +30,22 @@ class Concurrency:
 
 
 @dataclass(frozen=True, slots=True)
+class Rate:
+    limit: int
+    period_s: float
+    key: templates.Template | None = None  # None: one bucket for the whole function
+
+    def describe(self) -> dict[str, Any]:
+        return {"limit": self.limit, "period": self.period_s, "key": self.key.source if self.key else None}
+
+
+@dataclass(frozen=True, slots=True)
 class Flow:
     """What limits a function's jobs: its resource template and its concurrency."""
 
     resource_key: templates.Template | None = None
     concurrency: Concurrency | None = None
+    rate: Rate | None = None
 
     def render(self, type_: str, payload: Mapping[str, Any]) -> tuple[str, str]:
         """(resource key, limits) of one job; TemplateError when the payload cannot
@@ -43,6 +56,10 @@ class Flow:
         if c is not None:
             key = f"c:{type_}" if c.key is None else f"c:{type_}:{c.key.render(payload)}"
             lines.append(f"{c.limit} {key}")
+        r = self.rate
+        if r is not None:
+            key = f"q:{type_}" if r.key is None else f"q:{type_}:{r.key.render(payload)}"
+            lines.append(f"{r.limit}/{max(1, round(r.period_s * 1000))} {key}")
         return rkey, "\n".join(lines)
 
 
@@ -66,3 +83,19 @@ def parse_concurrency(raw: Any) -> Concurrency:
     if isinstance(raw, int) and not isinstance(raw, bool):
         return Concurrency(limit=_limit(raw))
     raise ValueError(f'must be an integer N or {{"key": template, "limit": N}}, got {raw!r}')
+
+
+def parse_rate(raw: Any) -> Rate:
+    """RATE_LIMIT = {"limit": N, "period": S[, "key": template]}; ValueError says what is wrong."""
+    if not isinstance(raw, Mapping) or not {"limit", "period"} <= set(raw) or set(raw) - {"limit", "period", "key"}:
+        raise ValueError(f'must be a dict with "limit" and "period" (seconds) and an optional "key", got {raw!r}')
+    period = raw["period"]
+    if not isinstance(period, int | float) or isinstance(period, bool) or not 0.001 <= period <= 86_400 * 366:
+        raise ValueError(f"period must be a number of seconds from 0.001 to a year, got {period!r}")
+    tpl = None
+    if raw.get("key") is not None:
+        try:
+            tpl = templates.parse(raw["key"])
+        except templates.TemplateError as exc:
+            raise ValueError(f"key: {exc}") from None
+    return Rate(limit=_limit(raw["limit"]), period_s=float(period), key=tpl)

@@ -26,7 +26,8 @@ from runner.catalog.schemas import Versions, load_versions
 from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
 
-OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "BACKOFF",
+OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "RATE_LIMIT",
+           "BACKOFF",
            "ISOLATION", "MEMORY_MB", "KEEP_RESULT", *schedules_mod.OPTIONS)
 # Function modules are executed under one lock: two Runtimes loading the same file at
 # once would otherwise swap each other's sys.modules entry mid-import.
@@ -57,10 +58,11 @@ class Function:
     keep_result_s: float | None = None  # KEEP_RESULT: a done job's outcome kept this long on its own
     schedules: tuple[schedules_mod.Schedule, ...] = ()
     concurrency: limits.Concurrency | None = None  # CONCURRENCY: running jobs at most
+    rate: limits.Rate | None = None  # RATE_LIMIT: starts per period at most
 
     @property
     def flow(self) -> limits.Flow:
-        return limits.Flow(resource_key=self.resource_key, concurrency=self.concurrency)
+        return limits.Flow(resource_key=self.resource_key, concurrency=self.concurrency, rate=self.rate)
 
     def render_limits(self, payload: Any) -> tuple[str, str]:
         """(resource key, limits) of one job of this function (see catalog.limits)."""
@@ -78,6 +80,7 @@ class Function:
             "idempotency_key": self.idempotency_key.source if self.idempotency_key else None,
             "resource_key": self.resource_key.source if self.resource_key else None,
             "concurrency": self.concurrency.describe() if self.concurrency else None,
+            "rate_limit": self.rate.describe() if self.rate else None,
             "async": self.is_async,
             "isolation": self.isolation,
             "memory_mb": self.memory_mb,
@@ -299,7 +302,17 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
                     f"CONCURRENCY key names field {fld!r}, which the v{versions.newest} schema does not declare",
                     "CONCURRENCY",
                 )
-    flow = limits.Flow(resource_key=tpls["RESOURCE_KEY"], concurrency=concurrency)
+    rate = None
+    if getattr(module, "RATE_LIMIT", None) is not None:
+        try:
+            rate = limits.parse_rate(module.RATE_LIMIT)
+        except ValueError as exc:
+            raise fail(f"RATE_LIMIT {exc}", "RATE_LIMIT") from None
+        for fld in rate.key.fields if rate.key else ():
+            if not templates.schema_has(newest, fld):
+                raise fail(f"RATE_LIMIT key names field {fld!r}, which the v{versions.newest} schema does not declare",
+                           "RATE_LIMIT")
+    flow = limits.Flow(resource_key=tpls["RESOURCE_KEY"], concurrency=concurrency, rate=rate)
 
     scheds, sched_warnings = schedules_mod.parse(
         module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
@@ -329,6 +342,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         keep_result_s=float(keep_result) if keep_result is not None else None,
         schedules=scheds,
         concurrency=concurrency,
+        rate=rate,
     )
     return fn, warnings
 

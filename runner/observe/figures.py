@@ -25,9 +25,10 @@ class Source(Protocol):
     @property
     def registry(self) -> Any: ...
 
-# deferred: held back by a full limit (resource or concurrency); paused: by a pause.
+# Claims held back, by reason: deferred (a full resource or concurrency limit), paused (a
+# pause), ratelimited (no rate token due yet).
 COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "paused",
-            "lost")
+            "ratelimited", "lost")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
 MALFORMED = "?"
 _LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))

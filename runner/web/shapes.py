@@ -81,6 +81,7 @@ COMPONENTS: dict[str, Any] = {
         "schemas": {"type": "array", "items": _obj({"version": _INT, "schema": {"type": "object"}})},
         "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
         "concurrency": {"type": ["object", "null"], "properties": {"limit": _INT, "key": _OPT_STR}},
+        "rate_limit": {"type": ["object", "null"], "properties": {"limit": _INT, "period": _NUM, "key": _OPT_STR}},
         "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
             "type": ["object", "null"],
             "properties": {"limit": _INT, "key": _OPT_STR, "running": _OPT_INT, "waiting": _OPT_INT}}}),
@@ -94,7 +95,8 @@ COMPONENTS: dict[str, Any] = {
     }),
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
-        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "lost": _INT, "latency": _TIMING, "run_time": _TIMING,
+        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT,
+        "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,

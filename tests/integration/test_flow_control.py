@@ -72,7 +72,8 @@ def all_done(project: Project, ids: list[str]) -> bool:
 
 def started_at(project: Project, job_id: str) -> float | None:
     p = project.records / f"{job_id}.in"
-    return float(p.read_text().split()[0]) if p.exists() else None
+    parts = p.read_text().split() if p.exists() else []  # (empty while being written)
+    return float(parts[0]) if parts else None
 
 
 def test_concurrency_3_never_runs_more_than_3_and_uses_all_3(project: Project) -> None:
@@ -265,3 +266,42 @@ def test_get_function_and_metrics_show_limits_use_and_holds_by_reason(project: P
     assert lines['runner_jobs_deferred_total{function="limited",queue="fast"}'] >= 1
     assert lines['runner_jobs_paused_total{function="limited",queue="fast"}'] == 1
     assert lines['runner_queue_paused{queue="fast"}'] == 1
+
+
+RATED = '''"""Records its start; rate limited."""
+import os
+import time
+QUEUE = "fast"
+RATE_LIMIT = {"limit": 20, "period": 1}
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + ".in"), "a") as f:
+        f.write(f"{time.time()} {ctx.attempt}\\n")
+'''
+
+
+def test_a_rate_limit_of_20_a_second_gives_200_starts_in_10_s_spread_evenly(project: Project) -> None:
+    """RATE_LIMIT 20 per second over 260 jobs on 4 workers: after the first second's
+    burst of 20, the next 10 s hold 200 +- 5 starts, about 20 in each second, all on
+    their first attempt (held-back jobs spend none), each job held back at most once."""
+    (project.root / "functions" / "rated.py").write_text(RATED)
+    (project.root / "schemas" / "rated").mkdir()
+    (project.root / "schemas" / "rated" / "v1.json").write_text(SCHEMA)
+    project._runtime = None
+    ids = [e.id for e in project.client.enqueue_many(  # type: ignore[union-attr]
+        Request("rated", {}) for _ in range(260))]
+    for _ in range(4):
+        project.spawn_worker("fast")
+    wait_for(lambda: sum(started_at(project, i) is not None for i in ids) >= 240, timeout=60, interval=0.2,
+             what="240 rated starts")
+    lines = [parts for i in ids if (p := project.records / f"{i}.in").exists() and (parts := p.read_text().split())]
+    assert all(attempt == "1" for _, attempt in lines)
+    starts = sorted(float(t) for t, _ in lines)
+    t0 = starts[0]
+    window = [t for t in starts if t0 + 1 <= t < t0 + 11]
+    assert 195 <= len(window) <= 205, len(window)
+    per_second = [sum(1 for t in window if t0 + 1 + s <= t < t0 + 2 + s) for s in range(10)]
+    assert all(16 <= n <= 24 for n in per_second), per_second
+    # Each held-back job was scheduled once, for its own token: no retrying storm.
+    assert project.client.stats()["fast"]["counters"]["ratelimited|rated"] <= len(ids)

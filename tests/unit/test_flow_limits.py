@@ -49,3 +49,21 @@ def test_a_schedule_carries_the_limits_of_its_payload(tmp_path: Path) -> None:
     assert isinstance(reg, registry.Registry)
     (s,) = reg.get("fn").schedules
     assert s.limits == "1 c:fn"
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("5", 'must be a dict with "limit" and "period"'),
+    ('{"limit": 5}', 'must be a dict with "limit" and "period"'),
+    ('{"limit": 0, "period": 1}', "the limit must be an integer from 1"),
+    ('{"limit": 5, "period": 0}', "period must be a number of seconds"),
+    ('{"limit": 5, "period": 1, "key": "a:{nope}"}', "names field 'nope'"),
+])
+def test_a_bad_rate_limit_is_a_load_error(tmp_path: Path, value: str, needle: str) -> None:
+    msg = error_of(load_one(tmp_path, f"\nRATE_LIMIT = {value}\n" + GOOD))
+    assert needle in msg and "RATE_LIMIT" in msg and "fn.py:2:" in msg
+
+
+def test_a_rate_limit_compiles_into_a_bucket_line(tmp_path: Path) -> None:
+    reg = load_one(tmp_path, 'RATE_LIMIT = {"limit": 5, "period": 1.5, "key": "u{user_id}"}\nCONCURRENCY = 2\n' + GOOD)
+    assert reg.get("fn").render_limits({"user_id": 3}) == ("", "2 c:fn\n5/1500 q:fn:u3")
+    assert reg.get("fn").describe()["rate_limit"] == {"limit": 5, "period": 1.5, "key": "u{user_id}"}

@@ -67,6 +67,35 @@ local function parse_limits(raw)
   return out
 end
 
+-- Rate limits share the field: a line "<n>/<period ms> <key>" (which parse_limits skips)
+-- is a token bucket of n starts per period on the STRING <lim prefix><key>, kept as GCRA's
+-- theoretical arrival time (ms): a burst of n, then one start every period / n.
+local function parse_rates(raw)
+  local out = {}
+  if type(raw) ~= 'string' or raw == '' then return out end
+  for line in string.gmatch(raw, '[^\n]+') do
+    local n, p, key = string.match(line, '^(%d+)/(%d+) (.+)$')
+    if n and tonumber(n) > 0 then out[#out + 1] = {n = tonumber(n), period = tonumber(p), key = key} end
+  end
+  return out
+end
+
+-- Take the next token of a rate for one start: 0 when it is due now, else the ms it is
+-- due at. Either way it is this job's (reserved), so held-back jobs are spread one per
+-- token instead of all waking for the same one. The key expires once the bucket is full
+-- again. (SET replaces a key damaged to another type: the bucket starts afresh.)
+local function take_rate(lim_prefix, r, now)
+  local k = lim_prefix .. r.key
+  local step = r.period / r.n
+  local raw = redis.pcall('GET', k)
+  local tat = type(raw) == 'string' and tonumber(raw) or now
+  if tat < now then tat = now end
+  local at = tat - (r.period - step)
+  redis.call('SET', k, string.format('%.3f', tat + step), 'PX', math.ceil(tat + step - now) + 1)
+  if at <= now then return 0 end
+  return math.ceil(at)
+end
+
 -- A limit's keys damaged to another Redis type would fail every transition of the jobs
 -- under it, with ids already popped or unclaimed: they are renamed aside to
 -- <key>:corrupt (what a damaged waiter list held is gone with it, as for ready) and the
@@ -252,7 +281,7 @@ end
 --   <job prefix><id>:s   HASH    its state once it has one: status (absent: queued),
 --                                attempt, ready_ms, started_ms, finished_ms, error,
 --                                reason, history, checkpoint, deferrals, woken,
---                                lost_token, refunds (absent fields: their defaults)
+--                                lost_token, refunds, rated (absent fields: their defaults)
 -- A job that waits untouched is the string alone (one key, no hash: the payload is the
 -- bulk of it). A done job keeps neither: its outcome goes to the done generations.
 local REC = {'type', 'version', 'max_attempts', 'created_ms', 'idem_key', 'idem_hash', 'resource_key',

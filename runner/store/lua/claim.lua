@@ -48,6 +48,9 @@
 -- ARGV[7] done retention, ms
 -- ARGV[8] done count bound (the most done jobs kept)
 --
+-- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
+-- scheduled for when its (reserved) token is due, spending no attempt.
+--
 -- A job of a paused function is held: it moves to the function's held list, oldest first,
 -- with status 'deferred' and no attempt spent, until resume.lua puts it back.
 --
@@ -67,7 +70,7 @@ local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonum
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true}
-local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token'}
+local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated'}
 
 -- Pauses: one small read per call. pcall: a damaged pause hash pauses nothing.
 local paused = {}
@@ -150,8 +153,9 @@ local function take(id)
   end
   local ikey = rec.idem_key
   local limits = parse_limits(rec.limits)
+  local rates = parse_rates(rec.limits)
   local starts = i < k_start
-  if #limits > 0 and not starts then
+  if (#limits > 0 or #rates > 0) and not starts then
     -- Never prefetch a job under limits: it goes back where the next claim takes it first.
     stop = true
     return
@@ -186,6 +190,20 @@ local function take(id)
     end
   end
   local token = base .. ':' .. i
+  local rated_now = false  -- a token taken for this start, kept should the job park below
+  if #rates > 0 and f[8] ~= '1' then
+    local due = 0
+    for _, r in ipairs(rates) do due = math.max(due, take_rate(KEYS[7], r, now)) end
+    if due > 0 then
+      -- Held back until its token is due: scheduled for then, no attempt spent; 'rated'
+      -- says the token is already its own.
+      redis.call('HSET', sk, 'status', 'scheduled', 'ready_ms', due, 'rated', '1')
+      redis.call('ZADD', KEYS[3], due, id)
+      tally('ratelimited|' .. typ)
+      return
+    end
+    rated_now = true
+  end
   if #limits > 0 then
     local full = nil
     if f[6] ~= '1' then
@@ -198,6 +216,7 @@ local function take(id)
     full = full or acquire_limits(KEYS[7], limits, id, token, now, lease)
     if full then
       full_keys[full.key] = true
+      if rated_now then redis.call('HSET', sk, 'rated', '1') end
       park(KEYS[7], full, id, jk, tonumber(f[5]) or 0, f[6] == '1', now, KEYS[11])
       tally('deferred|' .. typ)
       return
@@ -207,6 +226,7 @@ local function take(id)
   local attempt = (tonumber(f[2]) or 0) + 1
   -- A run of an earlier claim can no longer finish as a late success: this one owns it.
   if f[7] then redis.call('HDEL', sk, 'lost_token') end
+  if f[8] then redis.call('HDEL', sk, 'rated') end  -- a later attempt takes a token of its own
   local stateful = false  -- a state hash (history, error, checkpoint): settling reads it
   for q = 1, #STATE do
     if f[q] then stateful = true end
