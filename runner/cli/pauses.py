@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from runner.cli.root import EXIT_REFUSED, RedisCommand, build_runtime, cli, fail, redis_errors
-from runner.client import Client
 from runner.errors import UnknownFunction
 
 
-def _client(ctx: click.Context, queue: str | None, function: str | None) -> Client:
+def _client(ctx: click.Context, queue: str | None, function: str | None) -> Any:
+    from runner.client import Client  # (the CLI imports no Redis client until a command runs)
+
     if (queue is None) == (function is None):
         raise click.UsageError("name a QUEUE or --function TYPE (one of them)")
     rt = build_runtime(ctx.obj["config"], client_only=True)  # the registry loads only for --function

@@ -118,6 +118,7 @@ class RetryAt(NamedTuple):
     history: str
     stats: str
     refund: bool = False  # handed back without spending an attempt
+    rate_limited: bool = False  # a handler's RateLimited: a refund up to its bound (retry.lua)
 
 
 class Burial(NamedTuple):
@@ -446,7 +447,8 @@ class Scripts:
               now_ms: int | None = None) -> Any:
         args: list[Any] = [_clock(now_ms), len(items)]
         for r in items:
-            args += [r.id, r.token, r.delay_ms, r.error, r.history, 1 if r.refund else 0, r.stats]
+            args += [r.id, r.token, r.delay_ms, r.error, r.history, 2 if r.rate_limited else 1 if r.refund else 0,
+                     r.stats]
         keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lim_prefix, k.ready, k.notify,
                 k.claims, k.limwait)
         return self._run("retry", keys, args, pipe)

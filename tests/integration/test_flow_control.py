@@ -5,6 +5,7 @@ free within its lease."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -305,3 +306,43 @@ def test_a_rate_limit_of_20_a_second_gives_200_starts_in_10_s_spread_evenly(proj
     assert all(16 <= n <= 24 for n in per_second), per_second
     # Each held-back job was scheduled once, for its own token: no retrying storm.
     assert project.client.stats()["fast"]["counters"]["ratelimited|rated"] <= len(ids)
+
+
+THROTTLED = '''"""Told "too many requests" on its first two runs."""
+import os
+import time
+import runner
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    p = os.path.join(os.environ["RECORD_DIR"], ctx.job_id + ".in")
+    with open(p, "a") as f:
+        f.write(f"{time.time()} {ctx.attempt}\\n")
+    with open(p) as f:
+        if len(f.readlines()) <= 2:
+            raise runner.RateLimited(retry_after=1)
+    return "ok"
+'''
+
+
+def test_rate_limited_from_a_handler_puts_the_job_back_without_spending_an_attempt(project: Project) -> None:
+    """A handler with MAX_ATTEMPTS = 1 raises RateLimited(retry_after=1) twice: the job
+    runs a third time and is done on attempt 1, each run at least a second after the one
+    before, with two "rate limited" entries in its history."""
+    (project.root / "functions" / "throttled.py").write_text(THROTTLED)
+    (project.root / "schemas" / "throttled").mkdir()
+    (project.root / "schemas" / "throttled" / "v1.json").write_text(SCHEMA)
+    project._runtime = None
+    c = project.client
+    job = c.enqueue("throttled", {}).id
+    project.spawn_worker("fast")
+    done = wait_for(lambda: (j := c.get(job).as_dict())["status"] in ("done", "dead") and j, timeout=30,
+                    what="the throttled job to finish")
+    assert done["status"] == "done" and done["attempt"] == 1, done
+    runs = [line.split() for line in (project.records / f"{job}.in").read_text().splitlines()]
+    assert [a for _, a in runs] == ["1", "1", "1"]
+    times = [float(t) for t, _ in runs]
+    assert all(b - a >= 0.95 for a, b in itertools.pairwise(times)), times
+    assert [h["outcome"] for h in done["history"]] == ["rate limited", "rate limited", "done"]

@@ -1664,3 +1664,24 @@ def test_claim_parks_a_full_keys_backlog_past_its_bound_and_reaches_another_key(
     assert [g[0] for g in got] == ["b"]
     assert r.llen(k.lim_prefix + "c:t:a:w") == 300
     assert r.lrange(k.lim_prefix + "c:t:a:w", 0, 2) == ["a0", "a1", "a2"]  # in arrival order
+
+
+def test_a_handlers_rate_limited_is_free_100_times_then_spends_the_attempt(p: Project) -> None:
+    """retry with refund mode 2 (RateLimited): no attempt spent and a history entry while
+    the job's count is within 100; the 101st is an ordinary retry that spends its attempt."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("a"))
+    (job,) = claim(p, n=1)
+    back = RetryAt("a", job[1], 1000, '{"type":"RateLimited"}', '{"outcome":"rate limited"}', "ratelimited|noop",
+                   refund=True, rate_limited=True)
+    assert p.runtime.scripts.retry(k, [back], now_ms=NOW) == [1]
+    assert rec(p, "a")["status"] == "scheduled" and "attempt" not in raw(p, "a")
+    assert r.hget(k.state("a"), "ratelimits") == "1" and r.hget(k.stats, "ratelimited|noop") == "1"
+    r.hset(k.state("a"), "ratelimits", 100)
+    r.zrem(k.scheduled, "a")
+    r.hset(k.state("a"), "status", "queued")
+    r.rpush(k.ready, "a")
+    (job,) = claim(p, n=1, base="w.2")
+    assert p.runtime.scripts.retry(k, [back._replace(token=job[1])], now_ms=NOW) == [1]
+    assert rec(p, "a")["status"] == "retrying" and raw(p, "a")["attempt"] == "1"

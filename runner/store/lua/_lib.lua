@@ -56,6 +56,8 @@ end
 -- job); a release hands its slot to the first parked job by reserving it, so the woken job
 -- gets the slot and no later arrival can take it first.
 local RESERVE_MS = 10000
+-- A handler's RateLimited is free this many times per job (retry.lua); then it counts.
+local RATE_LIMITED_FREE = 100
 
 local function parse_limits(raw)
   local out = {}
@@ -281,7 +283,8 @@ end
 --   <job prefix><id>:s   HASH    its state once it has one: status (absent: queued),
 --                                attempt, ready_ms, started_ms, finished_ms, error,
 --                                reason, history, checkpoint, deferrals, woken,
---                                lost_token, refunds, rated (absent fields: their defaults)
+--                                lost_token, refunds, rated, ratelimits (absent fields:
+--                                their defaults)
 -- A job that waits untouched is the string alone (one key, no hash: the payload is the
 -- bulk of it). A done job keeps neither: its outcome goes to the done generations.
 local REC = {'type', 'version', 'max_attempts', 'created_ms', 'idem_key', 'idem_hash', 'resource_key',
