@@ -23,6 +23,7 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline
                                               ms, "=<id>" -> end of a slot reserved for a woken job
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
+    <prefix>:{<queue>}:lim:q:<...>    STRING  a RATE_LIMIT bucket: GCRA arrival time (ms), expires when full
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
     <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
     <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
@@ -50,7 +51,8 @@ A job id never moves between queues, so a job's record lives under its queue's t
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
 ``job:``/``idem:``/``lim:``/``tput:`` prefixes as KEYS and append the id, key or
 minute: the prefix carries the tag, so the resulting key is in the same slot. A limit
-key is "r:<resource>" for a RESOURCE_KEY (limit 1); see _lib.lua.
+key is "r:<resource>" for a RESOURCE_KEY (limit 1), "c:<type>[:<key>]" for CONCURRENCY and
+"q:<type>[:<key>]" for a RATE_LIMIT bucket; see catalog/limits.py and _lib.lua.
 """
 
 from __future__ import annotations
