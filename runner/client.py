@@ -76,6 +76,7 @@ class Request:
     run_at: float | None = None  # epoch seconds
     idempotency_key: str | None = None
     traceparent: str | None = None  # W3C trace context of the producer (see store/tracecontext.py)
+    priority: int | None = None  # 0-9, higher first; None: the function's PRIORITY
 
 
 class _Prepared(NamedTuple):  # one per job on the enqueue path: see NewJob
@@ -128,14 +129,18 @@ class Client:
     def prepare(self, req: Request) -> _Prepared:
         """Validate and encode one job; raises before anything touches Redis."""
         return self._prepare(req.type, req.payload, req.version, req.delay_s, req.run_at,
-                             req.idempotency_key, req.traceparent)
+                             req.idempotency_key, req.traceparent, req.priority)
 
     def _prepare(
         self, type_: str, payload: Any, version_: int | None, delay_s: float | None,
         run_at: float | None, idempotency_key: str | None, traceparent: str | None = None,
+        priority: int | None = None,
     ) -> _Prepared:
         fn = self.runtime.registry.get(type_)
         version = version_ if version_ is not None else fn.versions.newest
+        prio = fn.priority if priority is None else priority
+        if not isinstance(prio, int) or isinstance(prio, bool) or not 0 <= prio <= 9:
+            raise ValidationFailed(fn.name, version, [FieldError("$", f"priority must be 0 to 9, got {prio!r}")])
         fn.versions.validate(payload, version)
         try:
             if idempotency_key is not None:
@@ -165,13 +170,14 @@ class Client:
             id=records.new_id(), type=fn.name, version=version, payload=body,
             max_attempts=fn.max_attempts, run_at_ms=run_at_ms, delay_ms=delay_ms, idem_key=ikey,
             payload_hash=codec.canonical_hash(fn.name, version, payload) if ikey else "-",
-            resource_key=rkey, limits=lims, meta=tracecontext.meta_for(traceparent),
+            resource_key=rkey, limits=lims, meta=tracecontext.meta_for(traceparent), priority=prio,
         )
         return _Prepared(fn=fn, job=job)
 
     def enqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
         run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
+        priority: int | None = None,
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
@@ -180,16 +186,17 @@ class Client:
         if tracing.enabled():  # one check when tracing is off; the span only when on
             with tracing.enqueue_span(type) as span:
                 tp = traceparent or tracing.current_traceparent()
-                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority)
                 out = _one(self._combiner.submit(prep))
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority)
         return _one(self._combiner.submit(prep))
 
     async def aenqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
         run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
+        priority: int | None = None,
     ) -> Enqueued:
         """``enqueue`` for asyncio code (an ASGI app, a FastAPI route): the same checks and
         answers, without blocking the event loop. Validation runs in the caller; the
@@ -198,11 +205,11 @@ class Client:
         if tracing.enabled():
             with tracing.enqueue_span(type) as span:
                 tp = traceparent or tracing.current_traceparent()
-                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority)
                 out = _one(await self._async_combiner.submit(prep))
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority)
         return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(

@@ -27,7 +27,7 @@ from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction
 
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "RATE_LIMIT",
-           "BACKOFF",
+           "PRIORITY", "BACKOFF",
            "ISOLATION", "MEMORY_MB", "KEEP_RESULT", *schedules_mod.OPTIONS)
 # Function modules are executed under one lock: two Runtimes loading the same file at
 # once would otherwise swap each other's sys.modules entry mid-import.
@@ -59,6 +59,7 @@ class Function:
     schedules: tuple[schedules_mod.Schedule, ...] = ()
     concurrency: limits.Concurrency | None = None  # CONCURRENCY: running jobs at most
     rate: limits.Rate | None = None  # RATE_LIMIT: starts per period at most
+    priority: int = 0  # PRIORITY: 0-9, higher first (an enqueue may override)
 
     @property
     def flow(self) -> limits.Flow:
@@ -81,6 +82,7 @@ class Function:
             "resource_key": self.resource_key.source if self.resource_key else None,
             "concurrency": self.concurrency.describe() if self.concurrency else None,
             "rate_limit": self.rate.describe() if self.rate else None,
+            "priority": self.priority,
             "async": self.is_async,
             "isolation": self.isolation,
             "memory_mb": self.memory_mb,
@@ -313,6 +315,9 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
                 raise fail(f"RATE_LIMIT key names field {fld!r}, which the v{versions.newest} schema does not declare",
                            "RATE_LIMIT")
     flow = limits.Flow(resource_key=tpls["RESOURCE_KEY"], concurrency=concurrency, rate=rate)
+    priority = getattr(module, "PRIORITY", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
+        raise fail(f"PRIORITY must be an integer from 0 to 9, got {priority!r}", "PRIORITY")
 
     scheds, sched_warnings = schedules_mod.parse(
         module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
@@ -343,6 +348,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         schedules=scheds,
         concurrency=concurrency,
         rate=rate,
+        priority=priority,
     )
     return fn, warnings
 

@@ -170,12 +170,13 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
         pipe.lindex(k.ready, -1)  # RPOP end: the next job a worker takes
         pipe.hgetall(k.stats)
         pipe.hgetall(k.paused)
+        pipe.zcard(k.prio)
     raw = pipe.execute()
     out: list[QueueFigures] = []
     oldest: list[tuple[QueueFigures, str]] = []
     for i, name in enumerate(keys):
-        ready, leases, expired, sched, due, dead, next_id, stats, paused = raw[9 * i: 9 * i + 9]
-        q = QueueFigures(name, ready=ready, processing=leases, lease_expired=expired,
+        ready, leases, expired, sched, due, dead, next_id, stats, paused, prio = raw[10 * i: 10 * i + 10]
+        q = QueueFigures(name, ready=ready + prio, processing=leases, lease_expired=expired,
                          scheduled=sched, scheduled_due=due, dead=dead, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")))
         parse_stats(q, stats)

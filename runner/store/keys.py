@@ -25,6 +25,7 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
     <prefix>:{<queue>}:lim:q:<...>    STRING  a RATE_LIMIT bucket: GCRA arrival time (ms), expires when full
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
+    <prefix>:{<queue>}:prio           ZSET    ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
     <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
     <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
@@ -83,6 +84,7 @@ class QueueKeys:
     lim_prefix: str = field(init=False)
     limwait: str = field(init=False)
     paused: str = field(init=False)
+    prio: str = field(init=False)
     held_prefix: str = field(init=False)
     tput_prefix: str = field(init=False)
     schedules: str = field(init=False)
@@ -96,7 +98,7 @@ class QueueKeys:
                              ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
-                             ("paused", "paused"), ("held_prefix", "held:"),
+                             ("paused", "paused"), ("held_prefix", "held:"), ("prio", "prio"),
                              ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 

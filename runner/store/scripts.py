@@ -98,6 +98,7 @@ class NewJob(NamedTuple):
     resource_key: str
     limits: str  # "<n> <key>" lines (see _lib.lua), '' none
     meta: str = ""  # a small JSON object of annotations, '' none
+    priority: int = 0  # 1-9: the queue's priority set, served first (enqueue.lua); 0 plain ready
 
 
 # The settlements below are NamedTuples too: one per job on the worker's path (see NewJob).
@@ -398,8 +399,9 @@ class Scripts:
         args: list[Any] = [_clock(now_ms), len(jobs)]
         for j in jobs:
             args += [j.id, j.type, j.version, j.payload, j.max_attempts, j.run_at_ms, j.delay_ms,
-                     j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta]
-        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census)
+                     j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta, j.priority]
+        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census,
+                k.prio)
         return "enqueue", keys, args
 
     def claim(
@@ -410,7 +412,7 @@ class Scripts:
         (see claim.lua)."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
                 k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
-                k.paused, k.held_prefix)
+                k.paused, k.held_prefix, k.prio)
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
         return self._run("claim", keys, args, pipe)
 

@@ -346,3 +346,35 @@ def test_rate_limited_from_a_handler_puts_the_job_back_without_spending_an_attem
     times = [float(t) for t, _ in runs]
     assert all(b - a >= 0.95 for a, b in itertools.pairwise(times)), times
     assert [h["outcome"] for h in done["history"]] == ["rate limited", "rate limited", "done"]
+
+
+def test_a_high_priority_job_behind_10000_plain_ones_starts_next(project: Project) -> None:
+    """One worker of one thread busy with a job; 10,000 plain jobs queue up, then one of
+    priority 9: it is the next job to start."""
+    project.write_config(concurrency=1, prefetch=0)
+    add_limited(project, "None")
+    c = project.client
+    project.spawn_worker("fast")
+    busy = c.enqueue("limited", {"hold": 1.0}).id
+    wait_for(lambda: started_at(project, busy), timeout=30, what="the worker to be busy")
+    for _ in range(10):
+        c.enqueue_many(Request("limited", {}) for _ in range(1000))
+    high = c.enqueue("limited", {}, priority=9).id
+    assert c.stats()["fast"]["ready"] >= 10_000
+    start = wait_for(lambda: started_at(project, high), timeout=30, what="the high-priority job to start")
+    others = [float(p.read_text().split()[0]) for p in project.records.glob("*.in")
+              if p.stem not in (busy, high) and p.read_text().split()]
+    assert all(t > start for t in others), "a plain job started before the high-priority one"
+
+
+def test_priority_over_http_and_the_cli_and_a_bad_one_is_refused(project: Project) -> None:
+    """?priority= and --priority put the job in the priority set; 10 is refused."""
+    add_limited(project, "None")
+    app = falcon.testing.TestClient(create_app(project.runtime))
+    assert app.simulate_post("/jobs/limited?priority=5", json={}).status_code == 202
+    assert app.simulate_post("/jobs/limited?priority=10", json={}).status_code == 400
+    out = CliRunner().invoke(cli, ["--config", str(project.root / "runner.toml"), "enqueue", "limited", "{}",
+                                   "--priority", "7"], env=project.env, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    r = project.runtime.redis
+    assert sorted(-int(s // 1e13) for _, s in r.zrange(project.keys().prio, 0, -1, withscores=True)) == [5, 7]

@@ -1624,8 +1624,11 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
         proj.runtime.close()
     # Per job: a GET of the record and an HMGET of its state (absent for a job that waited
     # untouched, but only reading tells); per batch one RPOP, the claims' HMGET, the
-    # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD of the leases.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 11, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1}
+    # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD of the leases;
+    # flow control adds one HGETALL of the pauses per call and one EXISTS of the priority
+    # set per pop, whatever the batch size.
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 11, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1,
+                  "hgetall": 1, "exists": 1}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 4}
     assert phases[0] == (claim_cost, {**ack_cost, "hset": 2})  # the first ack begins generation 0

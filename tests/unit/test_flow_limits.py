@@ -67,3 +67,15 @@ def test_a_rate_limit_compiles_into_a_bucket_line(tmp_path: Path) -> None:
     reg = load_one(tmp_path, 'RATE_LIMIT = {"limit": 5, "period": 1.5, "key": "u{user_id}"}\nCONCURRENCY = 2\n' + GOOD)
     assert reg.get("fn").render_limits({"user_id": 3}) == ("", "2 c:fn\n5/1500 q:fn:u3")
     assert reg.get("fn").describe()["rate_limit"] == {"limit": 5, "period": 1.5, "key": "u{user_id}"}
+
+
+@pytest.mark.parametrize("value", ["10", "-1", "True", '"5"'])
+def test_a_bad_priority_is_a_load_error(tmp_path: Path, value: str) -> None:
+    msg = error_of(load_one(tmp_path, f"\nPRIORITY = {value}\n" + GOOD))
+    assert "PRIORITY must be an integer from 0 to 9" in msg and "fn.py:2:" in msg
+
+
+def test_priority_is_a_function_default(tmp_path: Path) -> None:
+    reg = load_one(tmp_path, "PRIORITY = 4\n" + GOOD)
+    assert reg.get("fn").priority == 4 and reg.get("fn").describe()["priority"] == 4
+    assert reg.get("ok").priority == 0

@@ -39,6 +39,8 @@
 -- KEYS[15] paused      HASH  "queue" | "fn:<type>" -> paused since ms (a paused queue
 --                            claims nothing; a paused function's jobs are held)
 -- KEYS[16] held prefix (string; a paused function's held ids: LIST prefix .. type)
+-- KEYS[17] prio        ZSET  ready ids of priority 1-9 (see enqueue.lua): popped before
+--                            ready, strictly (no aging)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -261,7 +263,19 @@ local popped = 0
 while i < n and popped < n * 4 + cheap and not stop do
   -- Pop no more than can still be claimed, so every id popped is settled here.
   local want = math.min(n - i, n * 4 + cheap - popped)
-  local ids = redis.call('RPOP', KEYS[1], want)
+  local ids = false
+  if redis.call('EXISTS', KEYS[17]) == 1 then
+    local got = redis.call('ZPOPMIN', KEYS[17], want)
+    ids = {}
+    for j = 1, #got, 2 do ids[#ids + 1] = got[j] end
+    if #ids < want then
+      local more = redis.call('RPOP', KEYS[1], want - #ids)
+      if more then for _, x in ipairs(more) do ids[#ids + 1] = x end end
+    end
+    if #ids == 0 then ids = false end
+  else
+    ids = redis.call('RPOP', KEYS[1], want)
+  end
   if not ids then break end
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, KEYS[9], ids)

@@ -9,12 +9,15 @@
 -- KEYS[6] idem prefix  (string; a key is prefix .. type .. ':' .. idempotency key)
 -- KEYS[7] claims       HASH  (a duplicate's status: a claimed job is processing)
 -- KEYS[8] census       HASH  "<type>|<version>" -> jobs not done (the deploy gate)
+-- KEYS[9] prio         ZSET  ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
--- ARGV[2] n, the number of jobs; then 12 fields per job:
+-- ARGV[2] n, the number of jobs; then 13 fields per job:
 --   id, type, version, payload (JSON), max_attempts,
 --   run_at_ms (absolute, the caller's clock; 0 none), delay_ms (relative to the server's
 --   clock; 0 none), idempotency key ('' none), payload hash, resource key ('' none),
---   limits ("<n> <key>" lines, '' none), meta (a JSON object, '' none)
+--   limits ("<n> <key>" lines, '' none), meta (a JSON object, '' none), priority (0-9; a
+--   job of 1-9 due now goes to the priority set, served before ready, highest first and
+--   in arrival order within a priority; 0 is plain ready)
 --
 -- An idempotency key has no expiry while its job is unfinished (so it cannot lapse under a
 -- delayed or retrying job and let a second request in); the ack of that job starts its
@@ -29,8 +32,9 @@ local n = tonumber(ARGV[2])
 local out = {}
 local ready = {}
 local counts, versions = {}, {}
+local prio_n = 0
 for i = 0, n - 1 do
-  local b = 3 + i * 12
+  local b = 3 + i * 13
   local id, typ, ver, payload = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local max_attempts, run_at, delay = ARGV[b + 4], tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
   local ikey, phash, rkey, limits, meta = ARGV[b + 7], ARGV[b + 8], ARGV[b + 9], ARGV[b + 10], ARGV[b + 11]
@@ -74,6 +78,9 @@ for i = 0, n - 1 do
       status = 'scheduled'
       redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)
       redis.call('ZADD', KEYS[2], due, id)
+    elseif (tonumber(ARGV[b + 12]) or 0) > 0 then
+      redis.call('ZADD', KEYS[9], -tonumber(ARGV[b + 12]) * 1e13 + now, id)
+      prio_n = prio_n + 1
     else
       ready[#ready + 1] = id
     end
@@ -89,6 +96,8 @@ if #ready > 0 then
   for i = 1, #ready, 1000 do
     redis.call('LPUSH', KEYS[1], unpack(ready, i, math.min(i + 999, #ready)))
   end
+  wake(KEYS[3])
+elseif prio_n > 0 then
   wake(KEYS[3])
 end
 for typ, c in pairs(counts) do
