@@ -76,6 +76,7 @@ class Request:
     run_at: float | None = None  # epoch seconds
     idempotency_key: str | None = None
     traceparent: str | None = None  # W3C trace context of the producer (see store/tracecontext.py)
+    priority: int | None = None  # 0-9, higher first; None: the function's PRIORITY
 
 
 class _Prepared(NamedTuple):  # one per job on the enqueue path: see NewJob
@@ -128,14 +129,18 @@ class Client:
     def prepare(self, req: Request) -> _Prepared:
         """Validate and encode one job; raises before anything touches Redis."""
         return self._prepare(req.type, req.payload, req.version, req.delay_s, req.run_at,
-                             req.idempotency_key, req.traceparent)
+                             req.idempotency_key, req.traceparent, req.priority)
 
     def _prepare(
         self, type_: str, payload: Any, version_: int | None, delay_s: float | None,
         run_at: float | None, idempotency_key: str | None, traceparent: str | None = None,
+        priority: int | None = None,
     ) -> _Prepared:
         fn = self.runtime.registry.get(type_)
         version = version_ if version_ is not None else fn.versions.newest
+        prio = fn.priority if priority is None else priority
+        if not isinstance(prio, int) or isinstance(prio, bool) or not 0 <= prio <= 9:
+            raise ValidationFailed(fn.name, version, [FieldError("$", f"priority must be 0 to 9, got {prio!r}")])
         fn.versions.validate(payload, version)
         try:
             if idempotency_key is not None:
@@ -148,7 +153,7 @@ class Client:
                 ikey = fn.idempotency_key.render(payload)
             else:
                 ikey = ""
-            rkey = fn.resource_key.render(payload) if fn.resource_key is not None else ""
+            rkey, lims = fn.render_limits(payload)
         except templates.TemplateError as exc:
             raise ValidationFailed(fn.name, version, [FieldError("$", str(exc))]) from None
         # A delay runs on the server's clock (enqueue.lua adds it to TIME); run_at is the
@@ -165,13 +170,14 @@ class Client:
             id=records.new_id(), type=fn.name, version=version, payload=body,
             max_attempts=fn.max_attempts, run_at_ms=run_at_ms, delay_ms=delay_ms, idem_key=ikey,
             payload_hash=codec.canonical_hash(fn.name, version, payload) if ikey else "-",
-            resource_key=rkey, limits=f"1 r:{rkey}" if rkey else "", meta=tracecontext.meta_for(traceparent),
+            resource_key=rkey, limits=lims, meta=tracecontext.meta_for(traceparent), priority=prio,
         )
         return _Prepared(fn=fn, job=job)
 
     def enqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
         run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
+        priority: int | None = None,
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
@@ -180,16 +186,17 @@ class Client:
         if tracing.enabled():  # one check when tracing is off; the span only when on
             with tracing.enqueue_span(type) as span:
                 tp = traceparent or tracing.current_traceparent()
-                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority)
                 out = _one(self._combiner.submit(prep))
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority)
         return _one(self._combiner.submit(prep))
 
     async def aenqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
         run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
+        priority: int | None = None,
     ) -> Enqueued:
         """``enqueue`` for asyncio code (an ASGI app, a FastAPI route): the same checks and
         answers, without blocking the event loop. Validation runs in the caller; the
@@ -198,11 +205,11 @@ class Client:
         if tracing.enabled():
             with tracing.enqueue_span(type) as span:
                 tp = traceparent or tracing.current_traceparent()
-                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp)
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority)
                 out = _one(await self._async_combiner.submit(prep))
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent)
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority)
         return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(
@@ -362,6 +369,79 @@ class Client:
                 "ready": ready, "processing": processing, "scheduled": scheduled, "dead": dead,
                 "counters": {k: int(v) for k, v in counters.items()},
             }
+        return out
+
+    def _pause_target(self, queue: str | None, function: str | None) -> tuple[QueueKeys, str | None]:
+        """The queue a pause names: a queue, or the queue of a function (UnknownFunction
+        when it is not loaded here)."""
+        if function is not None:
+            return self._keys(self.runtime.registry.get(function).queue), function
+        if queue is None:
+            raise ValueError("pause a queue or a function")
+        return self._keys(queue), None
+
+    def pause(self, queue: str | None = None, *, function: str | None = None) -> None:
+        """Pause a queue (workers claim nothing from it) or one function (its jobs are held,
+        queued, spending nothing); running jobs finish. Every worker obeys at its next claim."""
+        k, fn = self._pause_target(queue, function)
+        try:
+            now = ServerClock(self.runtime.redis, self.runtime.config.redis.prefix).now_ms()
+            self.runtime.redis.hset(k.paused, "queue" if fn is None else f"fn:{fn}", now)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    def resume(self, queue: str | None = None, *, function: str | None = None) -> int:
+        """Lift a pause; a function's held jobs go back to the front of ready in their order.
+        Returns how many were put back."""
+        k, fn = self._pause_target(queue, function)
+        moved, first = 0, True
+        try:
+            while True:
+                got, left = self.runtime.scripts.resume(k, fn, first)
+                moved, first = moved + int(got), False
+                if not int(left):
+                    return moved
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    def paused(self) -> dict[str, dict[str, Any]]:
+        """Per queue: whether it is paused and which of its functions are."""
+        rt = self.runtime
+        try:
+            pipe = rt.redis.pipeline(transaction=False)
+            for k in rt.keys.values():
+                pipe.hgetall(k.paused)
+            raw = pipe.execute()
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return {q: pause_view(h) for q, h in zip(rt.keys, raw, strict=True)}
+
+    def flow(self, type_: str) -> dict[str, Any]:
+        """A function's flow control now: paused or not, jobs held by its pause, and its
+        concurrency limit with the slots in use and jobs parked on it (counted for a
+        function-wide limit; a per-key limit has a key of its own per tenant)."""
+        fn = self.runtime.registry.get(type_)
+        k = self._keys(fn.queue)
+        conc = fn.concurrency
+        lim = k.limit(f"c:{fn.name}")
+        try:
+            pipe = self.runtime.redis.pipeline(transaction=False)
+            pipe.hexists(k.paused, f"fn:{fn.name}")
+            pipe.llen(k.held(fn.name))
+            pipe.time()
+            pipe.zrange(lim, 0, -1, withscores=True)
+            pipe.llen(lim + ":w")
+            paused, held, (sec, usec), holders, waiting = pipe.execute(raise_on_error=False)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        out: dict[str, Any] = {"paused": bool(paused), "held_by_pause": int(held), "concurrency": None}
+        if conc is not None:
+            now_ms = int(sec) * 1000 + int(usec) // 1000
+            keyed = conc.key is not None
+            # Holders past their lease are dead workers' slots, freed at the next claim.
+            out["concurrency"] = {**conc.describe(),
+                                  "running": None if keyed else sum(1 for _, end in holders if end > now_ms),
+                                  "waiting": None if keyed else int(waiting)}
         return out
 
     def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
@@ -535,7 +615,7 @@ class Client:
             meta = codec.dumps({"schedule": s.id, "tick": iso(now), "trigger": "manual"})
             job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
                          max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
-                         resource_key=s.resource_key, limits=f"1 r:{s.resource_key}" if s.resource_key else "",
+                         resource_key=s.resource_key, limits=s.limits,
                          meta=meta)
             reply = rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="manual", tick_ms=now, digest=s.digest,
                                     born_ms=now, overlap=s.overlap, missed=0, late_ms=0, now_ms=now)
@@ -579,3 +659,8 @@ def _schedule_view(s: Schedule, st: State | None, now_ms: int) -> dict[str, Any]
 
 
 __all__ = ["Client", "Enqueued", "Request"]
+
+
+def pause_view(raw: dict[str, str]) -> dict[str, Any]:
+    """A queue's pause hash as shown: {"paused": bool, "paused_functions": [type, ...]}."""
+    return {"paused": "queue" in raw, "paused_functions": sorted(f[3:] for f in raw if f.startswith("fn:"))}

@@ -15,6 +15,7 @@
 Handler control flow, raised by user code and caught by the executor:
 
     Retry(delay=...)               try again after ``delay`` seconds
+    RateLimited(retry_after=...)   put back for that long without spending the attempt
     PermanentFailure("why")        straight to the dead-letter queue
 
 Raised into a handler by the worker (BaseException, so ``except Exception`` in a handler
@@ -140,6 +141,17 @@ class Retry(Exception):
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
         self.delay = delay
+        self.reason = reason
+        super().__init__(reason)
+
+
+class RateLimited(Exception):
+    """Raise from a handler when a downstream said "too many requests": the job goes back
+    for ``retry_after`` seconds without spending its attempt, with a history entry. Free
+    up to 100 times per job (see retry.lua); past that each counts as an attempt, as a Retry."""
+
+    def __init__(self, retry_after: float = 1.0, reason: str = "rate limited") -> None:
+        self.retry_after = retry_after
         self.reason = reason
         super().__init__(reason)
 

@@ -20,14 +20,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from runner.catalog import limits, templates
 from runner.catalog import schedules as schedules_mod
-from runner.catalog import templates
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
 
-OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "BACKOFF", "ISOLATION",
-           "MEMORY_MB", "KEEP_RESULT", "ON_SUCCESS", "ON_FAILURE",
+OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "RATE_LIMIT",
+           "PRIORITY", "BACKOFF", "ISOLATION", "MEMORY_MB", "KEEP_RESULT", "ON_SUCCESS", "ON_FAILURE",
            *schedules_mod.OPTIONS)
 # What an ON_SUCCESS / ON_FAILURE destination receives (the shape its schema must take).
 DESTINATION_JOB = {"id": "0", "type": "t", "version": 1, "attempt": 1, "queue": "q"}
@@ -63,6 +63,17 @@ class Function:
     schedules: tuple[schedules_mod.Schedule, ...] = ()
     on_success: str | None = None  # ON_SUCCESS: a function that gets {"job", "result"} after a success
     on_failure: str | None = None  # ON_FAILURE: one that gets {"job", "error"} when the job goes dead
+    concurrency: limits.Concurrency | None = None  # CONCURRENCY: running jobs at most
+    rate: limits.Rate | None = None  # RATE_LIMIT: starts per period at most
+    priority: int = 0  # PRIORITY: 0-9, higher first (an enqueue may override)
+
+    @property
+    def flow(self) -> limits.Flow:
+        return limits.Flow(resource_key=self.resource_key, concurrency=self.concurrency, rate=self.rate)
+
+    def render_limits(self, payload: Any) -> tuple[str, str]:
+        """(resource key, limits) of one job of this function (see catalog.limits)."""
+        return self.flow.render(self.name, payload)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -75,6 +86,9 @@ class Function:
                         "jitter": self.backoff.jitter},
             "idempotency_key": self.idempotency_key.source if self.idempotency_key else None,
             "resource_key": self.resource_key.source if self.resource_key else None,
+            "concurrency": self.concurrency.describe() if self.concurrency else None,
+            "rate_limit": self.rate.describe() if self.rate else None,
+            "priority": self.priority,
             "async": self.is_async,
             "isolation": self.isolation,
             "memory_mb": self.memory_mb,
@@ -293,9 +307,36 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
                 )
         tpls[opt] = tpl
 
+    concurrency = None
+    if getattr(module, "CONCURRENCY", None) is not None:
+        try:
+            concurrency = limits.parse_concurrency(module.CONCURRENCY)
+        except ValueError as exc:
+            raise fail(f"CONCURRENCY {exc}", "CONCURRENCY") from None
+        for fld in concurrency.key.fields if concurrency.key else ():
+            if not templates.schema_has(newest, fld):
+                raise fail(
+                    f"CONCURRENCY key names field {fld!r}, which the v{versions.newest} schema does not declare",
+                    "CONCURRENCY",
+                )
+    rate = None
+    if getattr(module, "RATE_LIMIT", None) is not None:
+        try:
+            rate = limits.parse_rate(module.RATE_LIMIT)
+        except ValueError as exc:
+            raise fail(f"RATE_LIMIT {exc}", "RATE_LIMIT") from None
+        for fld in rate.key.fields if rate.key else ():
+            if not templates.schema_has(newest, fld):
+                raise fail(f"RATE_LIMIT key names field {fld!r}, which the v{versions.newest} schema does not declare",
+                           "RATE_LIMIT")
+    flow = limits.Flow(resource_key=tpls["RESOURCE_KEY"], concurrency=concurrency, rate=rate)
+    priority = getattr(module, "PRIORITY", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
+        raise fail(f"PRIORITY must be an integer from 0 to 9, got {priority!r}", "PRIORITY")
+
     scheds, sched_warnings = schedules_mod.parse(
         module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
-        resource_key=tpls["RESOURCE_KEY"], fail=fail,
+        flow=flow, fail=fail,
     )
     warnings += [f"{p}: {w}" for w in sched_warnings]
     if timeout > queue.visibility_timeout_s:
@@ -322,6 +363,9 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         schedules=scheds,
         on_success=dests["ON_SUCCESS"],
         on_failure=dests["ON_FAILURE"],
+        concurrency=concurrency,
+        rate=rate,
+        priority=priority,
     )
     return fn, warnings
 

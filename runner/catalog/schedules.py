@@ -47,7 +47,7 @@ from typing import Any
 import cronsim
 import orjson
 
-from runner.catalog import templates
+from runner.catalog import limits, templates
 from runner.catalog.schemas import Versions
 from runner.errors import FunctionLoadError, ValidationFailed
 
@@ -175,6 +175,7 @@ class Schedule:
     missed: str
     overlap: str
     digest: str  # of the definition; a worker whose definition differs never fires it (see ticker)
+    limits: str = ""  # "<n> <key>" lines its jobs carry (see catalog.limits)
 
     @property
     def timeline(self) -> Timeline:
@@ -223,7 +224,7 @@ def _digest(*parts: Any) -> str:
 
 def parse(
     module: Any, *, function: str, queue: str, max_attempts: int, versions: Versions,
-    resource_key: templates.Template | None, fail: Callable[[str, str | None], FunctionLoadError],
+    flow: limits.Flow, fail: Callable[[str, str | None], FunctionLoadError],
 ) -> tuple[tuple[Schedule, ...], list[str]]:
     """The schedules a function module declares (none without SCHEDULE), and warnings.
     ``fail(message, option)`` builds the error that names the file and the option's line."""
@@ -302,13 +303,13 @@ def parse(
             raise fail(f"{label} does not validate against the v{versions.newest} schema: {problems}",
                        opt) from None
         try:
-            rkey = resource_key.render(payload) if resource_key is not None else ""
+            rkey, lims = flow.render(function, payload)
         except templates.TemplateError as exc:
-            raise fail(f"{label}: RESOURCE_KEY cannot be rendered: {exc}", opt) from None
+            raise fail(f"{label}: RESOURCE_KEY or CONCURRENCY key cannot be rendered: {exc}", opt) from None
         out.append(Schedule(
             id=sid, function=function, queue=queue, cron=cron, tz=tz, payload=payload,
             payload_json=payload_json, version=versions.newest, max_attempts=max_attempts,
-            resource_key=rkey, missed=str(missed), overlap=str(overlap),
+            resource_key=rkey, missed=str(missed), overlap=str(overlap), limits=lims,
             digest=_digest(sid, function, queue, cron, tz, payload_json, versions.newest, missed, overlap),
         ))
     return tuple(out), warnings

@@ -16,7 +16,7 @@ to Redis (enqueue, job, stats, dead, check) use that server.
 
 from __future__ import annotations
 
-from runner.cli import dead, jobs, processes, project, schedules, tokens  # noqa: F401  (each registers its commands)
+from runner.cli import dead, jobs, pauses, processes, project, schedules, tokens  # noqa: F401  (each registers its commands)
 from runner.cli.root import cli
 
 

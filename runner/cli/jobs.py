@@ -48,13 +48,15 @@ MAX_DELAY_S = 366 * 86_400.0
 @click.option("--delay", type=float, default=None, metavar="SECONDS", callback=lambda c, p, v: delay_s(v),
               help="Seconds to wait before running (0 to a year).")
 @click.option("--idempotency-key", default=None)
+@click.option("--priority", type=click.IntRange(0, 9), default=None,
+              help="0-9, higher first (default: the function's PRIORITY).")
 @click.option("--jsonl", "jsonl", default=None, metavar="FILE|-",
               help="Enqueue one job per line (each line a payload), in batches, with progress.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def enqueue(
     ctx: click.Context, type_: str, payload: str | None, version: int | None,
-    delay: float | None, idempotency_key: str | None, jsonl: str | None, as_json: bool,
+    delay: float | None, idempotency_key: str | None, priority: int | None, jsonl: str | None, as_json: bool,
 ) -> None:
     """Validate and enqueue a job; PAYLOAD is JSON, @file, or - for stdin (default {})."""
     from runner.client import Client
@@ -70,7 +72,7 @@ def enqueue(
     with redis_errors():
         try:
             job = Client(rt).enqueue(type_, body, version=version, delay=delay,
-                                     idempotency_key=idempotency_key)
+                                     idempotency_key=idempotency_key, priority=priority)
         except ValidationFailed as exc:
             if as_json:
                 emit(refusal(exc), True)
@@ -208,9 +210,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
     rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["dead"],
              sum(f["succeeded"] for f in q["functions"].values()),
-             sum(f["retried"] for f in q["functions"].values())) for q in queues]
+             sum(f["retried"] for f in q["functions"].values()),
+             "queue" if q["paused"] else ", ".join(q["paused_functions"]) or "-") for q in queues]
     human = where.line() + "\n" + table(
-        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried"), rows)
+        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "paused"), rows)
     emit({"redis": where.as_dict(), "queues": queues}, as_json, human)
 
 

@@ -25,7 +25,10 @@ class Source(Protocol):
     @property
     def registry(self) -> Any: ...
 
-COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "lost")
+# Claims held back, by reason: deferred (a full resource or concurrency limit), paused (a
+# pause), ratelimited (no rate token due yet).
+COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "paused",
+            "ratelimited", "lost")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
 MALFORMED = "?"
 _LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))
@@ -107,6 +110,8 @@ class QueueFigures:
     dead: int = 0
     oldest_ready_age_s: float | None = None
     stray: int = 0
+    paused: bool = False
+    paused_functions: list[str] = field(default_factory=list)
     functions: dict[str, FunctionFigures] = field(default_factory=dict)
 
     def function(self, name: str) -> FunctionFigures:
@@ -164,13 +169,16 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
         pipe.zcard(k.dead)
         pipe.lindex(k.ready, -1)  # RPOP end: the next job a worker takes
         pipe.hgetall(k.stats)
+        pipe.hgetall(k.paused)
+        pipe.zcard(k.prio)
     raw = pipe.execute()
     out: list[QueueFigures] = []
     oldest: list[tuple[QueueFigures, str]] = []
     for i, name in enumerate(keys):
-        ready, leases, expired, sched, due, dead, next_id, stats = raw[8 * i: 8 * i + 8]
-        q = QueueFigures(name, ready=ready, processing=leases, lease_expired=expired,
-                         scheduled=sched, scheduled_due=due, dead=dead)
+        ready, leases, expired, sched, due, dead, next_id, stats, paused, prio = raw[10 * i: 10 * i + 10]
+        q = QueueFigures(name, ready=ready + prio, processing=leases, lease_expired=expired,
+                         scheduled=sched, scheduled_due=due, dead=dead, paused="queue" in paused,
+                         paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")))
         parse_stats(q, stats)
         out.append(q)
         if next_id:
@@ -206,6 +214,8 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "scheduled_due": q.scheduled_due,
         "dead": q.dead,
         "oldest_ready_age_s": q.oldest_ready_age_s,
+        "paused": q.paused,
+        "paused_functions": q.paused_functions,
         "visibility_timeout_s": cfg.visibility_timeout_s,
         "concurrency": cfg.concurrency,
         "max_attempts": cfg.max_attempts,

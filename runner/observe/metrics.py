@@ -8,7 +8,9 @@ buckets. The worker adds them to the scripts it already calls (no extra round tr
     dead|<type>                buried (any reason)
     duplicates|<type>          done without running: the idempotency key had completed
     deduplicated|<type>        enqueues answered with the key's existing job
-    deferred|<type>            claims put back because the resource lock was held
+    deferred|<type>            claims held back by a full limit (resource or CONCURRENCY)
+    paused|<type>              claims held back by the function's pause
+    ratelimited|<type>         claims held back by RATE_LIMIT (scheduled for their token)
     lost|<type>                lapsed leases put back to ready
     lat|<type>|<le_ms>         ready-to-start latency of every run (done, retried or dead),
                                per bucket (not cumulative)

@@ -23,9 +23,13 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline
                                               ms, "=<id>" -> end of a slot reserved for a woken job
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
+    <prefix>:{<queue>}:lim:q:<...>    STRING  a RATE_LIMIT bucket: GCRA arrival time (ms), expires when full
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
     <prefix>:{<queue>}:outbox         LIST    follow-ups for other queues (JSON), written by an
                                               ack, moved by the relay (worker/relay.py)
+    <prefix>:{<queue>}:prio           ZSET    ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
+    <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
+    <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
     <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
 
@@ -50,7 +54,8 @@ A job id never moves between queues, so a job's record lives under its queue's t
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
 ``job:``/``idem:``/``lim:``/``tput:`` prefixes as KEYS and append the id, key or
 minute: the prefix carries the tag, so the resulting key is in the same slot. A limit
-key is "r:<resource>" for a RESOURCE_KEY (limit 1); see _lib.lua.
+key is "r:<resource>" for a RESOURCE_KEY (limit 1), "c:<type>[:<key>]" for CONCURRENCY and
+"q:<type>[:<key>]" for a RATE_LIMIT bucket; see catalog/limits.py and _lib.lua.
 """
 
 from __future__ import annotations
@@ -80,6 +85,9 @@ class QueueKeys:
     idem_prefix: str = field(init=False)
     lim_prefix: str = field(init=False)
     limwait: str = field(init=False)
+    paused: str = field(init=False)
+    prio: str = field(init=False)
+    held_prefix: str = field(init=False)
     tput_prefix: str = field(init=False)
     outbox: str = field(init=False)
     schedules: str = field(init=False)
@@ -94,11 +102,15 @@ class QueueKeys:
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
                              ("outbox", "outbox"),
+                             ("paused", "paused"), ("held_prefix", "held:"), ("prio", "prio"),
                              ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 
     def throughput(self, minute: int) -> str:
         return f"{self.tput_prefix}{minute}"
+
+    def held(self, type_: str) -> str:
+        return self.held_prefix + type_
 
     def job(self, job_id: str) -> str:
         return self.job_prefix + job_id

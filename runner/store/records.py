@@ -108,7 +108,7 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
         if record is None and not state:
             return {}
         rec = {}
-    fields = {**rec, **{k: v for k, v in state.items() if k not in ("woken", "lost_token", "refunds")}}
+    fields = {**rec, **{k: v for k, v in state.items() if k not in ("woken", "lost_token", "refunds", "rated")}}
     fields.setdefault("status", "queued")
     if claim:
         parts = claim.split(" ")

@@ -29,7 +29,7 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "relay",
+    "tick", "adopt", "relay", "resume",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.
@@ -98,6 +98,7 @@ class NewJob(NamedTuple):
     resource_key: str
     limits: str  # "<n> <key>" lines (see _lib.lua), '' none
     meta: str = ""  # a small JSON object of annotations, '' none
+    priority: int = 0  # 1-9: the queue's priority set, served first (enqueue.lua); 0 plain ready
 
 
 def _job_fields(j: NewJob) -> list[Any]:
@@ -139,6 +140,7 @@ class RetryAt(NamedTuple):
     history: str
     stats: str
     refund: bool = False  # handed back without spending an attempt
+    rate_limited: bool = False  # a handler's RateLimited: a refund up to its bound (retry.lua)
 
 
 class Burial(NamedTuple):
@@ -430,8 +432,10 @@ class Scripts:
         """The enqueue script's name, keys and arguments (for a Stream)."""
         args: list[Any] = [_clock(now_ms), len(jobs)]
         for j in jobs:
-            args += _job_fields(j)
-        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census)
+            # The 12 job fields, then the priority (follow-ups and relayed jobs run at 0).
+            args += [*_job_fields(j), j.priority]
+        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census,
+                k.prio)
         return "enqueue", keys, args
 
     def claim(
@@ -441,7 +445,8 @@ class Scripts:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua)."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
-                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census)
+                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
+                k.paused, k.held_prefix, k.prio)
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
         return self._run("claim", keys, args, pipe)
 
@@ -490,7 +495,8 @@ class Scripts:
               now_ms: int | None = None) -> Any:
         args: list[Any] = [_clock(now_ms), len(items)]
         for r in items:
-            args += [r.id, r.token, r.delay_ms, r.error, r.history, 1 if r.refund else 0, r.stats]
+            args += [r.id, r.token, r.delay_ms, r.error, r.history, 2 if r.rate_limited else 1 if r.refund else 0,
+                     r.stats]
         keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lim_prefix, k.ready, k.notify,
                 k.claims, k.limwait)
         return self._run("retry", keys, args, pipe)
@@ -527,6 +533,13 @@ class Scripts:
         """Returns [jobs moved, ms until the next due job or sweep (-1: none)]."""
         keys = (k.scheduled, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.limwait)
         return self._run("promote", keys, (_clock(now_ms), limit))
+
+    def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
+        """Lift a pause (a queue's, or one function's: None is the queue) and put back up to
+        ``limit`` held jobs; returns [moved, still held] (see resume.lua)."""
+        field = "queue" if function is None else f"fn:{function}"
+        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else "")
+        return self._run("resume", keys, (field, 1 if first else 0, limit))
 
     def requeue(
         self, k: QueueKeys, job_id: str, payload: str = "", version: str = "", payload_hash: str = "",

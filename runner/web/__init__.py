@@ -37,6 +37,7 @@ from runner.web.exposition import Metrics
 from runner.web.jobs import JobBatch, Jobs
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
+from runner.web.pauses import FunctionPause, QueuePause
 from runner.web.schedules import Schedules
 
 log = logging.getLogger("runner.web")
@@ -94,8 +95,12 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     app.add_route("/jobs/{name}", Jobs(client, offload))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/functions", Functions(runtime))
-    app.add_route("/functions/{name}", FunctionItem(runtime))
+    app.add_route("/functions/{name}", FunctionItem(client, offload))
     app.add_route("/queues", Queues(runtime, offload))
+    app.add_route("/queues/{queue}/pause", QueuePause(client, offload, resume=False))
+    app.add_route("/queues/{queue}/resume", QueuePause(client, offload, resume=True))
+    app.add_route("/functions/{name}/pause", FunctionPause(client, offload, resume=False))
+    app.add_route("/functions/{name}/resume", FunctionPause(client, offload, resume=True))
     app.add_route("/throughput", Throughput(runtime, offload))
     app.add_route("/dead/{queue}", DeadList(client, offload))
     app.add_route("/dead/{queue}/{job_id}", DeadItem(client, offload))

@@ -62,15 +62,15 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("GET", "/audit", READ),
     ("POST", "/dead/{}/{}/requeue", OPERATE),
     ("DELETE", "/dead/{}/{}", OPERATE),
+    ("POST", "/queues/{}/pause", OPERATE),
+    ("POST", "/queues/{}/resume", OPERATE),
+    ("POST", "/functions/{}/pause", OPERATE),
+    ("POST", "/functions/{}/resume", OPERATE),
     # Not served yet: the routes of the next round, here so that each has its scope the
     # day it lands.
     ("GET", "/jobs", READ),                          # the job lists
     ("DELETE", "/jobs/{}", OPERATE),                 # cancel
     ("GET", "/schedules", READ),
-    ("POST", "/queues/{}/pause", OPERATE),
-    ("POST", "/queues/{}/resume", OPERATE),
-    ("POST", "/functions/{}/pause", OPERATE),
-    ("POST", "/functions/{}/resume", OPERATE),
     ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
 )
 

@@ -11,6 +11,7 @@ import falcon
 import falcon.asgi
 
 from runner.catalog.registry import Function, Registry
+from runner.client import Client
 from runner.observe.figures import queue_view, read_queues, read_throughput
 from runner.runtime import Runtime
 from runner.store import records
@@ -49,12 +50,14 @@ class Functions:
 
 
 class FunctionItem:
-    def __init__(self, runtime: Runtime) -> None:
-        self.rt = runtime
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         only_params(req)
-        send(resp, describe(self.rt.registry.get(name), with_schemas=True))
+        fn = self.client.runtime.registry.get(name)
+        send(resp, {**describe(fn, with_schemas=True), "flow": await self.offload(self.client.flow, name)})
 
 
 class Queues:

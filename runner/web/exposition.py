@@ -12,7 +12,7 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_queue_scheduled_due_jobs              scheduled and already due, not promoted yet
     runner_queue_dead_jobs                       in the dead-letter set
     runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
-    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,lost}_total
+    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost}_total
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
@@ -52,7 +52,9 @@ _COUNTER_HELP = {
     "dead": "Jobs moved to the dead-letter set, for any reason.",
     "duplicates": "Jobs settled without running: their idempotency key had completed.",
     "deduplicated": "Enqueues answered with the existing job of their idempotency key.",
-    "deferred": "Claims put back because the job's resource lock was held.",
+    "deferred": "Claims held back without spending an attempt: a full resource or CONCURRENCY limit.",
+    "paused": "Claims held back without spending an attempt: the function is paused.",
+    "ratelimited": "Claims held back without spending an attempt: no RATE_LIMIT token was due.",
     "lost": "Lapsed leases put back to ready (the worker died or stalled).",
 }
 _GAUGES = (
@@ -62,6 +64,7 @@ _GAUGES = (
     ("scheduled", "runner_queue_scheduled_jobs", "Delayed, retrying or deferred jobs."),
     ("scheduled_due", "runner_queue_scheduled_due_jobs", "Scheduled jobs already due, not promoted yet."),
     ("dead", "runner_queue_dead_jobs", "Jobs in the dead-letter set."),
+    ("paused", "runner_queue_paused", "1 while the queue is paused (runner pause), else 0."),
 )
 
 
@@ -107,7 +110,7 @@ class RunnerCollector:
         for attr, name, doc in _GAUGES:
             g = GaugeMetricFamily(name, doc, labels=["queue"])
             for q in queues:
-                g.add_metric([q.name], getattr(q, attr))
+                g.add_metric([q.name], float(getattr(q, attr)))
             yield g
         age = GaugeMetricFamily("runner_queue_oldest_ready_age_seconds",
                                 "Seconds the next job to run has waited (0 when none waits).", labels=["queue"])

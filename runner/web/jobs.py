@@ -60,12 +60,13 @@ class Jobs:
         payload, the options and the key have passed every check."""
         rt = self.client.runtime
         fn = rt.registry.get(name)  # 404 before the body is read
-        only_params(req, "version", "delay", "run_at")
+        only_params(req, "version", "delay", "run_at", "priority")
         payload = await read_json(req, rt.config.api.max_body_bytes)
         version, delay, run_at = timing(req)
+        priority = int_param(req, "priority", 0, 9, None)
         key = idempotency_key(req)
         job = await self.client.aenqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
-                                         idempotency_key=key)
+                                         idempotency_key=key, priority=priority)
         if not job.duplicate:
             resp.location = f"/jobs/{job.id}"
         send(resp, job.as_dict(), 200 if job.duplicate else 202)

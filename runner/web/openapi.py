@@ -66,6 +66,9 @@ def _timing_params(fn: Function) -> list[dict[str, Any]]:
 def _enqueue_op(fn: Function) -> dict[str, Any]:
     params: list[dict[str, Any]] = [
         *_timing_params(fn),
+        {"name": "priority", "in": "query", "required": False,
+         "description": f"0-9, higher first within the queue (default: the function's PRIORITY, {fn.priority}).",
+         "schema": {"type": "integer", "minimum": 0, "maximum": 9}},
         {"name": "Idempotency-Key", "in": "header", "required": False,
          "description": "A second enqueue with the same key returns the first job (200); "
                         "the same key with another payload is a 409."

@@ -80,6 +80,11 @@ COMPONENTS: dict[str, Any] = {
         "versions": {"type": "array", "items": _INT}, "newest_version": _INT, "has_upgrade": {"type": "boolean"},
         "schemas": {"type": "array", "items": _obj({"version": _INT, "schema": {"type": "object"}})},
         "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
+        "concurrency": {"type": ["object", "null"], "properties": {"limit": _INT, "key": _OPT_STR}},
+        "rate_limit": {"type": ["object", "null"], "properties": {"limit": _INT, "period": _NUM, "key": _OPT_STR}},
+        "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
+            "type": ["object", "null"],
+            "properties": {"limit": _INT, "key": _OPT_STR, "running": _OPT_INT, "waiting": _OPT_INT}}}),
     }, required=["type", "queue", "max_attempts", "timeout", "versions", "newest_version"]),
     "ScheduleDefinition": _obj({"id": _STR, "function": _STR, "queue": _STR, "cron": _STR, "tz": _STR,
                                 "payload": _ANY, "missed": _STR, "overlap": _STR}),
@@ -90,12 +95,14 @@ COMPONENTS: dict[str, Any] = {
     }),
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
-        "deduplicated": _INT, "deferred": _INT, "lost": _INT, "latency": _TIMING, "run_time": _TIMING,
+        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT,
+        "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,
         "scheduled_due": _INT, "dead": _INT, "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
-        "concurrency": _INT, "max_attempts": _INT,
+        "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
+        "paused_functions": {"type": "array", "items": _STR},
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
     }),
     "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),
@@ -155,6 +162,13 @@ def _enum_or_str(values: list[str]) -> dict[str, Any]:
     return {"type": "string", "enum": values} if values else {"type": "string"}
 
 
+def _paused_ok(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": {"type": "object", "properties": {
+        "queue": {"type": "string"}, "function": {"type": "string"}, "paused": {"type": "boolean"},
+        "paused_functions": {"type": "array", "items": {"type": "string"}},
+        "resumed_jobs": {"type": "integer"}}}}}}
+
+
 def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
     queue = _path_param("queue", _enum_or_str(queues), "a configured queue")
     job_id = _path_param("id", {"type": "string", "minLength": 1, "maxLength": 200}, "a job id")
@@ -181,6 +195,20 @@ def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
             "summary": "Per queue: ready, processing, scheduled, dead, and per-function figures",
             "responses": {"200": ok("Cluster-wide queue figures", "QueueList")},
         }},
+        **{f"/queues/{{queue}}/{verb}": {"post": {
+            "operationId": f"{verb}_queue", "tags": ["queues"],
+            "summary": "Pause the queue: workers claim nothing from it; running jobs finish" if verb == "pause"
+            else "Lift the queue's pause",
+            "parameters": [queue],
+            "responses": {"200": _paused_ok("The queue's pause state"), "404": problem("No such queue")},
+        }} for verb in ("pause", "resume")},
+        **{f"/functions/{{type}}/{verb}": {"post": {
+            "operationId": f"{verb}_function", "tags": ["functions"],
+            "summary": "Pause the function: its jobs are held, queued, spending nothing" if verb == "pause"
+            else "Lift the function's pause: its held jobs go back in order",
+            "parameters": [_path_param("type", _enum_or_str(functions), "a function type")],
+            "responses": {"200": _paused_ok("The function's pause state"), "404": problem("No such function")},
+        }} for verb in ("pause", "resume")},
         "/throughput": {"get": {
             "operationId": "throughput", "tags": ["queues"], "summary": "Jobs done per minute, per queue",
             "parameters": [_query("minutes", {"type": "integer", "minimum": 1, "maximum": 360},

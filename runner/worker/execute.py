@@ -20,6 +20,7 @@ from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     JobTimeout,
     PermanentFailure,
+    RateLimited,
     Retry,
     UnknownVersion,
     ValidationFailed,
@@ -66,6 +67,7 @@ class RetryLater:
     delay_s: float
     error: dict[str, Any]
     refund: bool = False  # handed back without spending the attempt (a deferral)
+    rate_limited: bool = False  # a handler's RateLimited: refunded up to a bound (retry.lua)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,8 @@ def to_message(o: Outcome) -> dict[str, Any]:
     if isinstance(o, Done):
         return {"kind": "done", "result": o.result}
     if isinstance(o, RetryLater):
-        return {"kind": "retry", "delay_s": o.delay_s, "error": o.error, "refund": o.refund}
+        return {"kind": "retry", "delay_s": o.delay_s, "error": o.error, "refund": o.refund,
+                "rate_limited": o.rate_limited}
     return {"kind": "dead", "reason": o.reason, "error": o.error, "refund": o.refund}
 
 
@@ -95,7 +98,8 @@ def from_message(m: dict[str, Any]) -> Outcome:
     if kind == "done":
         return Done(result=str(m.get("result") or ""))
     if kind == "retry":
-        return RetryLater(delay_s=float(m["delay_s"]), error=m["error"], refund=bool(m.get("refund")))
+        return RetryLater(delay_s=float(m["delay_s"]), error=m["error"], refund=bool(m.get("refund")),
+                          rate_limited=bool(m.get("rate_limited")))
     return Dead(reason=str(m["reason"]), error=m.get("error"), refund=bool(m.get("refund")))
 
 
@@ -153,6 +157,9 @@ def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] 
         err["message"] = f"ran past TIMEOUT {fn.timeout_s:g} s"
     if isinstance(exc, PermanentFailure):
         return Dead(reason="permanent failure", error=err, refund=False)
+    if isinstance(exc, RateLimited) and job.attempt <= job.max_attempts:
+        # Not a failure of the job: back for retry_after, spending nothing (bounded in retry.lua).
+        return RetryLater(delay_s=max(0.0, float(exc.retry_after)), error=err, refund=True, rate_limited=True)
     if job.attempt >= job.max_attempts:
         return Dead(reason="max attempts reached", error=err, refund=False)
     if isinstance(exc, Retry) and exc.delay is not None:

@@ -24,6 +24,7 @@ from runner.worker.ledger import Ledger, Release, Run, Settlement
 log = logging.getLogger("runner.worker")
 
 CLAIM_FIELDS = 14
+HELD, BOUNDED = 1, 2  # why a claim stopped short (see claim.lua)
 
 
 def _int_or(value: object, default: int) -> int:
@@ -82,7 +83,11 @@ class Fetcher:
                 fault("before_claim")
                 got, held = self.claim(min(free, self.q.batch), idle)
                 outage.ok()
-                if held:
+                if held == BOUNDED:
+                    # The claim parked a run of jobs under full limits: what follows them
+                    # in ready (another key's job) must not wait for a wake-up.
+                    continue
+                if held == HELD:
                     # The next job is under limits and may only be claimed to start at once:
                     # wait for an executor to free up, not for new jobs.
                     self.ledger.executor_free(self.stopping)
@@ -94,15 +99,16 @@ class Fetcher:
                 log.exception("%s fetcher: unexpected error; continuing", self.q.name)
                 self.stopping.wait(0.5)
 
-    def claim(self, n: int, start: int) -> tuple[int, bool]:
+    def claim(self, n: int, start: int) -> tuple[int, int]:
         """Claim up to ``n`` jobs, ``start`` of them to start at once; returns (how many,
-        whether the claim stopped at a job that needs a free executor)."""
+        why it stopped: HELD at a job that needs a free executor, BOUNDED at its bound of
+        ids popped, 0 otherwise)."""
         self._seq += 1
         reply = self.rt.scripts.claim(
             self.keys, n=n, start=start, lease_ms=self.lease_ms, token_base=f"{self.worker_id}.{self._seq}",
             dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms, done_max=self.done_max,
         )
-        now, held = int(reply[0]), int(reply[1]) == 1  # the server's clock; see claim.lua
+        now, held = int(reply[0]), int(reply[1])  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
             return 0, held

@@ -180,7 +180,11 @@ class Settler:
                 acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow))
                 ack_s.append(s)
             elif isinstance(o, RetryLater):
-                if o.refund:
+                if o.rate_limited:
+                    retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
+                                           _history(job.attempt, "rate limited", s.started_ms, now, o.error),
+                                           f"ratelimited|{t}", refund=True, rate_limited=True))
+                elif o.refund:
                     retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error), "",
                                            f"deferred|{t}", refund=True))
                 else:

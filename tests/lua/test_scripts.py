@@ -36,7 +36,7 @@ def new(job_id: str, *, run_at: int = 0, delay: int = 0, idem: str = "", phash: 
 
 def claim_reply(p: Project, n: int = 10, now: int | None = NOW, base: str = "w.1",
                 start: int | None = None) -> list[Any]:
-    """The raw claim reply: time, held back (1 | 0), then FIELDS values per job; ``start``
+    """The raw claim reply: time, why it stopped short (0 | 1 held | 2 bounded), then FIELDS values per job; ``start``
     of the n jobs start at once (all unless told)."""
     return list(p.runtime.scripts.claim(
         p.keys(), n=n, start=n if start is None else start, lease_ms=LEASE, token_base=base,
@@ -47,7 +47,7 @@ def claim_reply(p: Project, n: int = 10, now: int | None = NOW, base: str = "w.1
 def claim(p: Project, n: int = 10, now: int = NOW, base: str = "w.1", start: int | None = None) -> list[list[Any]]:
     """The claimed jobs, FIELDS values each: id, token, attempt, ..., started (1 | 0)."""
     reply = claim_reply(p, n, now, base, start)
-    assert reply[0] == now and reply[1] in (0, 1)  # the claim's time is the clock it ran on
+    assert reply[0] == now and reply[1] in (0, 1, 2)  # the claim's time is the clock it ran on
     return [reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS)]
 
 
@@ -1411,7 +1411,7 @@ def test_claim_pops_again_after_strays_within_its_bound(p: Project) -> None:
     enqueue(p, *(new(f"s{i}") for i in range(5)), new("a"), new("b"))
     for i in range(5):
         r.hset(k.state(f"s{i}"), "status", "done")
-    assert claim(p, n=1) == []  # s0..s3 popped and dropped: the bound is 4
+    assert claim_reply(p, n=1) == [NOW, 2]  # s0..s3 popped and dropped: the bound is 4, said as 2
     assert structures(p)["ready"] == ["b", "a", "s4"]
     assert r.hget(k.stats, "stray") == "4"
     got = claim(p, n=2, base="w.2")  # s4 dropped, then a and b in a second pop
@@ -1624,8 +1624,11 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
         proj.runtime.close()
     # Per job: a GET of the record and an HMGET of its state (absent for a job that waited
     # untouched, but only reading tells); per batch one RPOP, the claims' HMGET, the
-    # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD of the leases.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 11, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1}
+    # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD of the leases;
+    # flow control adds one HGETALL of the pauses per call and one EXISTS of the priority
+    # set per pop, whatever the batch size.
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 11, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1,
+                  "hgetall": 1, "exists": 1}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 4}
     assert phases[0] == (claim_cost, {**ack_cost, "hset": 2})  # the first ack begins generation 0
@@ -1647,3 +1650,41 @@ def test_requeue_appends_who_requeued_to_the_history(p: Project) -> None:
     assert rec(p, "b")["history"] == '{"attempt":1}'
     assert sc.requeue(p.keys(), "a", history=entry, now_ms=NOW) == -1  # no longer dead: nothing appended
     assert rec(p, "a")["history"] == '{"attempt":1},' + entry
+
+
+def test_claim_parks_a_full_keys_backlog_past_its_bound_and_reaches_another_key(p: Project) -> None:
+    """300 jobs of a key at its limit, then one of another key: one claim of n = 1 parks
+    the first 4 by asking and up to 256 more as known full (the bound widens for them),
+    says it stopped at its bound (2); the next claim parks the rest and claims the other
+    key's job."""
+    r = p.runtime.redis
+    k = p.keys()
+    r.zadd(k.lim_prefix + "c:t:a", {"other": NOW + 60_000})
+    enqueue(p, *(new(f"a{i}", limits="1 c:t:a") for i in range(300)), new("b", limits="1 c:t:b"))
+    assert claim_reply(p, n=1) == [NOW, 2]
+    assert r.llen(k.lim_prefix + "c:t:a:w") == 4 + 256
+    got = claim(p, n=1, base="w.2")
+    assert [g[0] for g in got] == ["b"]
+    assert r.llen(k.lim_prefix + "c:t:a:w") == 300
+    assert r.lrange(k.lim_prefix + "c:t:a:w", 0, 2) == ["a0", "a1", "a2"]  # in arrival order
+
+
+def test_a_handlers_rate_limited_is_free_100_times_then_spends_the_attempt(p: Project) -> None:
+    """retry with refund mode 2 (RateLimited): no attempt spent and a history entry while
+    the job's count is within 100; the 101st is an ordinary retry that spends its attempt."""
+    r = p.runtime.redis
+    k = p.keys()
+    enqueue(p, new("a"))
+    (job,) = claim(p, n=1)
+    back = RetryAt("a", job[1], 1000, '{"type":"RateLimited"}', '{"outcome":"rate limited"}', "ratelimited|noop",
+                   refund=True, rate_limited=True)
+    assert p.runtime.scripts.retry(k, [back], now_ms=NOW) == [1]
+    assert rec(p, "a")["status"] == "scheduled" and "attempt" not in raw(p, "a")
+    assert r.hget(k.state("a"), "ratelimits") == "1" and r.hget(k.stats, "ratelimited|noop") == "1"
+    r.hset(k.state("a"), "ratelimits", 100)
+    r.zrem(k.scheduled, "a")
+    r.hset(k.state("a"), "status", "queued")
+    r.rpush(k.ready, "a")
+    (job,) = claim(p, n=1, base="w.2")
+    assert p.runtime.scripts.retry(k, [back._replace(token=job[1])], now_ms=NOW) == [1]
+    assert rec(p, "a")["status"] == "retrying" and raw(p, "a")["attempt"] == "1"

@@ -56,6 +56,8 @@ end
 -- job); a release hands its slot to the first parked job by reserving it, so the woken job
 -- gets the slot and no later arrival can take it first.
 local RESERVE_MS = 10000
+-- A handler's RateLimited is free this many times per job (retry.lua); then it counts.
+local RATE_LIMITED_FREE = 100
 
 local function parse_limits(raw)
   local out = {}
@@ -65,6 +67,35 @@ local function parse_limits(raw)
     if n then out[#out + 1] = {n = tonumber(n), key = key} end
   end
   return out
+end
+
+-- Rate limits share the field: a line "<n>/<period ms> <key>" (which parse_limits skips)
+-- is a token bucket of n starts per period on the STRING <lim prefix><key>, kept as GCRA's
+-- theoretical arrival time (ms): a burst of n, then one start every period / n.
+local function parse_rates(raw)
+  local out = {}
+  if type(raw) ~= 'string' or raw == '' then return out end
+  for line in string.gmatch(raw, '[^\n]+') do
+    local n, p, key = string.match(line, '^(%d+)/(%d+) (.+)$')
+    if n and tonumber(n) > 0 then out[#out + 1] = {n = tonumber(n), period = tonumber(p), key = key} end
+  end
+  return out
+end
+
+-- Take the next token of a rate for one start: 0 when it is due now, else the ms it is
+-- due at. Either way it is this job's (reserved), so held-back jobs are spread one per
+-- token instead of all waking for the same one. The key expires once the bucket is full
+-- again. (SET replaces a key damaged to another type: the bucket starts afresh.)
+local function take_rate(lim_prefix, r, now)
+  local k = lim_prefix .. r.key
+  local step = r.period / r.n
+  local raw = redis.pcall('GET', k)
+  local tat = type(raw) == 'string' and tonumber(raw) or now
+  if tat < now then tat = now end
+  local at = tat - (r.period - step)
+  redis.call('SET', k, string.format('%.3f', tat + step), 'PX', math.ceil(tat + step - now) + 1)
+  if at <= now then return 0 end
+  return math.ceil(at)
 end
 
 -- A limit's keys damaged to another Redis type would fail every transition of the jobs
@@ -252,7 +283,8 @@ end
 --   <job prefix><id>:s   HASH    its state once it has one: status (absent: queued),
 --                                attempt, ready_ms, started_ms, finished_ms, error,
 --                                reason, history, checkpoint, deferrals, woken,
---                                lost_token, refunds (absent fields: their defaults)
+--                                lost_token, refunds, rated, ratelimits (absent fields:
+--                                their defaults)
 -- A job that waits untouched is the string alone (one key, no hash: the payload is the
 -- bulk of it). A done job keeps neither: its outcome goes to the done generations.
 local REC = {'type', 'version', 'max_attempts', 'created_ms', 'idem_key', 'idem_hash', 'resource_key',
@@ -437,6 +469,10 @@ local function job_put(Q, now, j, put)
     status = 'scheduled'
     redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)
     redis.call('ZADD', Q.scheduled, due, j.id)
+  elseif (j.priority or 0) > 0 and Q.prio then
+    -- The priority set: highest first, then arrival (the claim serves it before ready).
+    redis.call('ZADD', Q.prio, -j.priority * 1e13 + now, j.id)
+    put.prio = true
   else
     put.ready[#put.ready + 1] = j.id
   end
@@ -467,6 +503,8 @@ local function jobs_flush(Q, put, notify_key, census_key)
     for i = 1, #ready, 1000 do
       redis.call('LPUSH', Q.ready, unpack(ready, i, math.min(i + 999, #ready)))
     end
+    wake(notify_key)
+  elseif put.prio then
     wake(notify_key)
   end
   for typ, c in pairs(put.counts) do

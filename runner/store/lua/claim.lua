@@ -13,7 +13,8 @@
 --
 -- Ids are popped from ready in rounds (RPOP with a count of what is still wanted), and
 -- every id popped is settled in this same call: claimed, buried, parked, marked a
--- duplicate, put back, or dropped as a stray. At most n * 4 ids are popped per call.
+-- duplicate, put back, or dropped as a stray. At most n * 4 ids are popped per call, and
+-- up to 256 more parked on a key already found full in the call.
 --
 -- A claim costs two reads per job (the record string and its state hash, when it has
 -- one) and no write to them: the claims (token, attempt, start, flags) go in one variadic
@@ -35,6 +36,11 @@
 -- KEYS[12] notify      LIST  (a job woken by a freed reserved slot)
 -- KEYS[13] done prefix (string; a generation's hash is prefix .. gen)
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
+-- KEYS[15] paused      HASH  "queue" | "fn:<type>" -> paused since ms (a paused queue
+--                            claims nothing; a paused function's jobs are held)
+-- KEYS[16] held prefix (string; a paused function's held ids: LIST prefix .. type)
+-- KEYS[17] prio        ZSET  ready ids of priority 1-9 (see enqueue.lua): popped before
+--                            ready, strictly (no aging)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -44,9 +50,17 @@
 -- ARGV[7] done retention, ms
 -- ARGV[8] done count bound (the most done jobs kept)
 --
+-- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
+-- scheduled for when its (reserved) token is due, spending no attempt.
+--
+-- A job of a paused function is held: it moves to the function's held list, oldest first,
+-- with status 'deferred' and no attempt spent, until resume.lua puts it back.
+--
 -- Returns a flat list: the server time of the claim (ms); 1 when the call stopped at a job
--- under limits that no free executor could start (0 otherwise: the worker then waits for
--- a free executor, not for new jobs); then 14 values per claimed job:
+-- under limits that no free executor could start (the worker then waits for a free
+-- executor, not for new jobs), 2 when it stopped at its bound of popped ids short of n
+-- claims (parked jobs, strays: ready may hold more, so the worker claims again at once
+-- rather than wait for a wake-up), 0 otherwise; then 14 values per claimed job:
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
 --   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched), meta
 local now = clock(ARGV[1])
@@ -58,7 +72,16 @@ local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonum
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true}
-local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token'}
+local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated'}
+
+-- Pauses: one small read per call. pcall: a damaged pause hash pauses nothing.
+local paused = {}
+local praw = redis.pcall('HGETALL', KEYS[15])
+if type(praw) == 'table' and not praw.err then
+  for j = 1, #praw, 2 do paused[praw[j]] = true end
+end
+if paused['queue'] then return out end
+local any_paused = next(paused) ~= nil
 
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
@@ -76,6 +99,10 @@ local function bury_raw(jk, id, reason)
   tally('dead|?')
 end
 
+-- Limit keys found full in this call: only this call's own claims change them meanwhile
+-- (and those only add holders), so the next job of the key parks without asking again.
+local full_keys = {}
+local cheap = 0  -- ids parked on such a key (see the bound below)
 local i = 0
 local stop = false  -- set by take() for a job that must go back to ready
 -- Settle one popped id: claim it, or bury, park, mark a duplicate, put back or drop it.
@@ -120,10 +147,17 @@ local function take(id)
     return
   end
   local typ = rec.type
+  if any_paused and paused['fn:' .. typ] then
+    redis.call('HSET', sk, 'status', 'deferred')
+    redis.call('RPUSH', KEYS[16] .. typ, id)
+    tally('paused|' .. typ)  -- held back by a pause
+    return
+  end
   local ikey = rec.idem_key
   local limits = parse_limits(rec.limits)
+  local rates = parse_rates(rec.limits)
   local starts = i < k_start
-  if #limits > 0 and not starts then
+  if (#limits > 0 or #rates > 0) and not starts then
     -- Never prefetch a job under limits: it goes back where the next claim takes it first.
     stop = true
     return
@@ -158,9 +192,33 @@ local function take(id)
     end
   end
   local token = base .. ':' .. i
+  local rated_now = false  -- a token taken for this start, kept should the job park below
+  if #rates > 0 and f[8] ~= '1' then
+    local due = 0
+    for _, r in ipairs(rates) do due = math.max(due, take_rate(KEYS[7], r, now)) end
+    if due > 0 then
+      -- Held back until its token is due: scheduled for then, no attempt spent; 'rated'
+      -- says the token is already its own.
+      redis.call('HSET', sk, 'status', 'scheduled', 'ready_ms', due, 'rated', '1')
+      redis.call('ZADD', KEYS[3], due, id)
+      tally('ratelimited|' .. typ)
+      return
+    end
+    rated_now = true
+  end
   if #limits > 0 then
-    local full = acquire_limits(KEYS[7], limits, id, token, now, lease)
+    local full = nil
+    if f[6] ~= '1' then
+      -- (A woken job may hold a reserved slot of a key that looks full: it always asks.)
+      for _, l in ipairs(limits) do
+        if full_keys[l.key] then full = l break end
+      end
+      if full and cheap < 256 then cheap = cheap + 1 end
+    end
+    full = full or acquire_limits(KEYS[7], limits, id, token, now, lease)
     if full then
+      full_keys[full.key] = true
+      if rated_now then redis.call('HSET', sk, 'rated', '1') end
       park(KEYS[7], full, id, jk, tonumber(f[5]) or 0, f[6] == '1', now, KEYS[11])
       tally('deferred|' .. typ)
       return
@@ -170,6 +228,7 @@ local function take(id)
   local attempt = (tonumber(f[2]) or 0) + 1
   -- A run of an earlier claim can no longer finish as a late success: this one owns it.
   if f[7] then redis.call('HDEL', sk, 'lost_token') end
+  if f[8] then redis.call('HDEL', sk, 'rated') end  -- a later attempt takes a token of its own
   local stateful = false  -- a state hash (history, error, checkpoint): settling reads it
   for q = 1, #STATE do
     if f[q] then stateful = true end
@@ -199,10 +258,24 @@ end
 
 local popped = 0
 -- Bound the work per call: strays, parked jobs and duplicates do not count as claims.
-while i < n and popped < n * 4 and not stop do
+-- A job parked on a key already known full (a few writes) widens the bound by one, up
+-- to 256, so one key's backlog in ready is parked in few calls, not n * 4 at a time.
+while i < n and popped < n * 4 + cheap and not stop do
   -- Pop no more than can still be claimed, so every id popped is settled here.
-  local want = math.min(n - i, n * 4 - popped)
-  local ids = redis.call('RPOP', KEYS[1], want)
+  local want = math.min(n - i, n * 4 + cheap - popped)
+  local ids = false
+  if redis.call('EXISTS', KEYS[17]) == 1 then
+    local got = redis.call('ZPOPMIN', KEYS[17], want)
+    ids = {}
+    for j = 1, #got, 2 do ids[#ids + 1] = got[j] end
+    if #ids < want then
+      local more = redis.call('RPOP', KEYS[1], want - #ids)
+      if more then for _, x in ipairs(more) do ids[#ids + 1] = x end end
+    end
+    if #ids == 0 then ids = false end
+  else
+    ids = redis.call('RPOP', KEYS[1], want)
+  end
   if not ids then break end
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, KEYS[9], ids)
@@ -241,6 +314,7 @@ while i < n and popped < n * 4 and not stop do
   end
   if #ids < want then break end
 end
+if not stop and i < n and popped >= n * 4 + cheap then out[2] = 2 end
 write_leases()
 flush(KEYS[5])
 return out

@@ -9,12 +9,15 @@
 -- KEYS[6] idem prefix  (string; a key is prefix .. type .. ':' .. idempotency key)
 -- KEYS[7] claims       HASH  (a duplicate's status: a claimed job is processing)
 -- KEYS[8] census       HASH  "<type>|<version>" -> jobs not done (the deploy gate)
+-- KEYS[9] prio         ZSET  ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
--- ARGV[2] n, the number of jobs; then 12 fields per job:
+-- ARGV[2] n, the number of jobs; then 13 fields per job:
 --   id, type, version, payload (JSON), max_attempts,
 --   run_at_ms (absolute, the caller's clock; 0 none), delay_ms (relative to the server's
 --   clock; 0 none), idempotency key ('' none), payload hash, resource key ('' none),
---   limits ("<n> <key>" lines, '' none), meta (a JSON object, '' none)
+--   limits ("<n> <key>" lines, '' none), meta (a JSON object, '' none), priority (0-9; a
+--   job of 1-9 due now goes to the priority set, served before ready, highest first and
+--   in arrival order within a priority; 0 is plain ready)
 --
 -- An idempotency key has no expiry while its job is unfinished (so it cannot lapse under a
 -- delayed or retrying job and let a second request in); the ack of that job starts its
@@ -26,11 +29,15 @@
 --  -1  conflict: the id of the job that holds the key with another payload
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
-local Q = {ready = KEYS[1], scheduled = KEYS[2], stats = KEYS[4], job = KEYS[5], idem = KEYS[6], claims = KEYS[7]}
+local Q = {ready = KEYS[1], scheduled = KEYS[2], stats = KEYS[4], job = KEYS[5], idem = KEYS[6], claims = KEYS[7],
+  prio = KEYS[9]}
 local put = jobs_acc()
 local out = {}
 for i = 0, n - 1 do
-  local code, id, status = job_put(Q, now, job_fields(ARGV, 3 + i * 12), put)
+  local b = 3 + i * 13
+  local j = job_fields(ARGV, b)
+  j.priority = tonumber(ARGV[b + 12]) or 0
+  local code, id, status = job_put(Q, now, j, put)
   out[#out + 1] = code
   out[#out + 1] = id
   out[#out + 1] = status

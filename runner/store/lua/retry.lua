@@ -14,7 +14,9 @@
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job 7 fields:
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
---   refund (1: no attempt spent; the job is counted as a deferral), stats fields
+--   refund (1: no attempt spent; the job is counted as a deferral; 2: a handler's
+--   RateLimited, no attempt spent for the first RATE_LIMITED_FREE of the job, the
+--   attempt spent after that, as any retry), stats fields
 --
 -- Each job costs one HMGET and one HSET of its state hash (the attempt, its start and the
 -- history move from the claim to the state); the batch's fences, claims, leases and
@@ -35,12 +37,17 @@ for i = 0, n - 1 do
   local sk = jk .. ':s'
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
-  local f = c and redis.pcall('HMGET', sk, 'history', 'deferrals')
+  local f = c and redis.pcall('HMGET', sk, 'history', 'deferrals', 'ratelimits')
   if not c or f.err then
     out[#out + 1] = -1
   else
     seen[id] = true
     local due = now + delay
+    if ARGV[b + 5] == '2' then
+      local used = (tonumber(f[3]) or 0) + 1
+      redis.call('HSET', sk, 'ratelimits', used)
+      refund = used <= RATE_LIMITED_FREE
+    end
     local set = {'status', refund and 'scheduled' or 'retrying', 'ready_ms', due}
     if refund then
       set[#set + 1] = 'deferrals'

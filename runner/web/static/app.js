@@ -195,7 +195,9 @@ function renderQueues(data) {
       el("td", { "data-field": "oldest", text: age(q.oldest_ready_age_s) }),
       el("td", { "data-field": "done_per_min", text: perMin }),
       cell(`${q.visibility_timeout_s} s`),
-      cell(q.concurrency));
+      cell(q.concurrency),
+      el("td", { "data-field": "paused", class: q.paused || (q.paused_functions || []).length ? "warn" : null,
+                 text: q.paused ? "queue" : (q.paused_functions || []).join(", ") }));
   }));
   const rows = [];
   for (const q of data.queues) {

@@ -1,0 +1,32 @@
+-- resume: lift the pause of a queue or of one function of it, and put that function's
+-- held jobs back at the consumer end of ready in the order they were held (oldest taken
+-- first), at most ARGV[3] of them per call: the caller calls again while some remain.
+-- A held id whose job is no longer held (deleted meanwhile) is dropped.
+--
+-- KEYS[1] paused       HASH  "queue" | "fn:<type>" -> paused since ms
+-- KEYS[2] ready        LIST
+-- KEYS[3] notify       LIST
+-- KEYS[4] job prefix   (string)
+-- KEYS[5] held         LIST  the function's held ids, oldest first ('' for the queue)
+-- ARGV[1] field        "queue" | "fn:<type>"
+-- ARGV[2] first call   1 lifts the pause, 0 only moves more held ids
+-- ARGV[3] the most ids moved in this call
+--
+-- Returns {ids moved, ids still held}.
+if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], ARGV[1]) end
+local moved = 0
+if KEYS[5] ~= '' then
+  -- Take the newest first to the consumer end, so the oldest ends up taken first.
+  for _ = 1, tonumber(ARGV[3]) do
+    local id = redis.call('RPOP', KEYS[5])
+    if not id then break end
+    local sk = KEYS[4] .. id .. ':s'
+    if redis.pcall('HGET', sk, 'status') == 'deferred' then
+      redis.call('HSET', sk, 'status', 'queued')
+      redis.call('RPUSH', KEYS[2], id)
+      moved = moved + 1
+    end
+  end
+end
+wake(KEYS[3])
+return {moved, KEYS[5] ~= '' and redis.call('LLEN', KEYS[5]) or 0}

@@ -1,0 +1,81 @@
+"""CONCURRENCY is checked at load with errors naming file and line, and every producer
+compiles RESOURCE_KEY and CONCURRENCY into the same limits lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner.catalog import limits, registry, templates
+from tests.unit.test_registry import GOOD, error_of, load_one
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("0", "the limit must be an integer from 1"),
+    ("True", "must be an integer N or"),
+    ('"3"', "must be an integer N or"),
+    ('{"limit": 2}', 'exactly the keys "key" and "limit"'),
+    ('{"key": "t:{user_id}", "limit": 2, "x": 1}', 'exactly the keys "key" and "limit"'),
+    ('{"key": "t:{nope}", "limit": 2}', "names field 'nope'"),
+    ('{"key": "plain", "limit": 2}', "names no payload field"),
+    ('{"key": "t:{user_id}", "limit": 2.5}', "the limit must be an integer"),
+])
+def test_a_bad_concurrency_is_a_load_error(tmp_path: Path, value: str, needle: str) -> None:
+    reg = load_one(tmp_path, f"\nCONCURRENCY = {value}\n" + GOOD)
+    msg = error_of(reg)
+    assert needle in msg and "CONCURRENCY" in msg
+    assert "fn.py:2:" in msg
+
+
+def test_concurrency_and_resource_compile_into_limits(tmp_path: Path) -> None:
+    reg = load_one(tmp_path, 'RESOURCE_KEY = "u{user_id}"\nCONCURRENCY = {"key": "n{name}", "limit": 2}\n' + GOOD)
+    fn = reg.get("fn")
+    assert fn.render_limits({"user_id": 7, "name": "a"}) == ("u7", "1 r:u7\n2 c:fn:na")
+    assert fn.describe()["concurrency"] == {"limit": 2, "key": "n{name}"}
+    assert reg.get("ok").render_limits({"user_id": 1}) == ("", "")
+
+
+def test_a_global_concurrency_is_one_key_per_function() -> None:
+    flow = limits.Flow(concurrency=limits.Concurrency(limit=3))
+    assert flow.render("send", {"x": 1}) == ("", "3 c:send")
+    keyed = limits.Flow(concurrency=limits.Concurrency(limit=2, key=templates.parse("{t}")))
+    with pytest.raises(templates.TemplateError):
+        keyed.render("send", {})
+
+
+def test_a_schedule_carries_the_limits_of_its_payload(tmp_path: Path) -> None:
+    reg = load_one(tmp_path, 'CONCURRENCY = 1\nSCHEDULE = "* * * * *"\nSCHEDULE_PAYLOAD = {"user_id": 1}\n' + GOOD)
+    assert isinstance(reg, registry.Registry)
+    (s,) = reg.get("fn").schedules
+    assert s.limits == "1 c:fn"
+
+
+@pytest.mark.parametrize("value,needle", [
+    ("5", 'must be a dict with "limit" and "period"'),
+    ('{"limit": 5}', 'must be a dict with "limit" and "period"'),
+    ('{"limit": 0, "period": 1}', "the limit must be an integer from 1"),
+    ('{"limit": 5, "period": 0}', "period must be a number of seconds"),
+    ('{"limit": 5, "period": 1, "key": "a:{nope}"}', "names field 'nope'"),
+])
+def test_a_bad_rate_limit_is_a_load_error(tmp_path: Path, value: str, needle: str) -> None:
+    msg = error_of(load_one(tmp_path, f"\nRATE_LIMIT = {value}\n" + GOOD))
+    assert needle in msg and "RATE_LIMIT" in msg and "fn.py:2:" in msg
+
+
+def test_a_rate_limit_compiles_into_a_bucket_line(tmp_path: Path) -> None:
+    reg = load_one(tmp_path, 'RATE_LIMIT = {"limit": 5, "period": 1.5, "key": "u{user_id}"}\nCONCURRENCY = 2\n' + GOOD)
+    assert reg.get("fn").render_limits({"user_id": 3}) == ("", "2 c:fn\n5/1500 q:fn:u3")
+    assert reg.get("fn").describe()["rate_limit"] == {"limit": 5, "period": 1.5, "key": "u{user_id}"}
+
+
+@pytest.mark.parametrize("value", ["10", "-1", "True", '"5"'])
+def test_a_bad_priority_is_a_load_error(tmp_path: Path, value: str) -> None:
+    msg = error_of(load_one(tmp_path, f"\nPRIORITY = {value}\n" + GOOD))
+    assert "PRIORITY must be an integer from 0 to 9" in msg and "fn.py:2:" in msg
+
+
+def test_priority_is_a_function_default(tmp_path: Path) -> None:
+    reg = load_one(tmp_path, "PRIORITY = 4\n" + GOOD)
+    assert reg.get("fn").priority == 4 and reg.get("fn").describe()["priority"] == 4
+    assert reg.get("ok").priority == 0
