@@ -10,6 +10,8 @@
     ├── JobNotFound                no record for that id
     ├── UnknownSchedule            no loaded function declares a schedule of that id
     ├── StaleLease                 the worker's claim token no longer owns the job
+    ├── JobFailed                  a called job ended dead (carries the job's error)
+    ├── StillRunning               a call's or result's timeout passed before the job ended
     └── RedisUnavailable           Redis could not be reached (the call wrote nothing)
 
 Handler control flow, raised by user code and caught by the executor:
@@ -129,6 +131,26 @@ class UnknownSchedule(RunnerError):
 
 class StaleLease(RunnerError):
     """The claim token no longer owns the job: its lease lapsed and it was reclaimed."""
+
+
+class JobFailed(RunnerError):
+    """A job waited for (``Client.call``, ``Client.result``) ended dead."""
+
+    def __init__(self, job_id: str, error: Any, reason: str | None = None) -> None:
+        self.job_id = job_id
+        self.error = error
+        self.reason = reason
+        message = error.get("message") if isinstance(error, dict) else None
+        super().__init__(f"job {job_id} failed: {message or reason or 'dead'}")
+
+
+class StillRunning(RunnerError):
+    """The wait's timeout passed before the job ended; it may still end later."""
+
+    def __init__(self, job_id: str, status: str | None) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} is still {status or 'pending'}")
 
 
 class RedisUnavailable(RunnerError):

@@ -40,6 +40,8 @@ from runner.store import codec
 
 STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead")
 SEP = "\x1f"
+WAITED = "waited"  # the meta field that asks for the job's end to be published
+ENDED = ("done", "dead")
 RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "idem_hash", "resource_key",
                  "limits", "meta")
 
@@ -213,7 +215,8 @@ class Job:
         meta = _json(f.get("meta"))
         if isinstance(meta, dict):
             for key, value in meta.items():
-                view.setdefault(key, value)
+                if key != WAITED:  # the waiters' mark (see waiter.py), not the producer's
+                    view.setdefault(key, value)
         return view
 
     @property

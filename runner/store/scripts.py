@@ -29,7 +29,7 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt",
+    "tick", "adopt", "watch",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.
@@ -438,7 +438,8 @@ class Scripts:
         for a in acks:
             args += [a.id, a.token, a.result, a.census, a.stats, a.keep_ms]
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
-                k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix)
+                k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix,
+                k.ended)
         return self._run("ack", keys, args, pipe)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
@@ -458,7 +459,7 @@ class Scripts:
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
-                k.claims, k.limwait)
+                k.claims, k.limwait, k.ended)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -474,7 +475,7 @@ class Scripts:
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
         keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
-                k.claims, k.done_meta, k.limwait, k.idem_prefix)
+                k.claims, k.done_meta, k.limwait, k.idem_prefix, k.ended)
         return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
@@ -505,6 +506,11 @@ class Scripts:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
         keys = (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
         return self._run("lookup", keys, (job_id,), pipe)
+
+    def watch(self, k: QueueKeys, job_id: str) -> Any:
+        """Mark a job as waited for, so its end is published (see watch.lua): 1, or 0
+        when it has no record (ended, or no such job)."""
+        return self._run("watch", (k.job(job_id), k.claims), (job_id,))
 
     def tick(
         self, k: QueueKeys, schedule_id: str, job: NewJob, *, mode: str, tick_ms: int, digest: str,

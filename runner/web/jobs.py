@@ -1,6 +1,8 @@
 """POST /jobs/{type} (enqueue) and GET /jobs/{id} (one job). Both share one route, as
 the path segment is a function type for POST and a job id for GET. POST
-/jobs/{type}/batch enqueues many jobs of one type in one request."""
+/jobs/{type}/batch enqueues many jobs of one type in one request. Either single-job
+route takes ``?wait=S`` (call and wait): it answers once the job ended, or after S
+seconds with the usual answer."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import falcon.asgi
 from runner.catalog.templates import MAX_KEY_BYTES
 from runner.client import Client, Request
 from runner.errors import IdempotencyConflict
+from runner.store.records import ENDED
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.offload import Offload
 from runner.web.problems import Problem, body_of, conflict
@@ -60,19 +63,31 @@ class Jobs:
         payload, the options and the key have passed every check."""
         rt = self.client.runtime
         fn = rt.registry.get(name)  # 404 before the body is read
-        only_params(req, "version", "delay", "run_at")
+        only_params(req, "version", "delay", "run_at", "wait")
         payload = await read_json(req, rt.config.api.max_body_bytes)
         version, delay, run_at = timing(req)
+        wait = seconds_param(req, "wait", rt.config.api.max_wait_s) if req.query_string else None
         key = idempotency_key(req)
         job = await self.client.aenqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
-                                         idempotency_key=key)
+                                         idempotency_key=key, waited=wait is not None)
+        if wait is not None:
+            # 200 with the job's end when it comes within the wait, else the usual answer.
+            # A duplicate is another request's job, enqueued perhaps without the mark.
+            ended = await self.client.asettle(job.id, wait, watch=job.duplicate)
+            if ended.status in ENDED:
+                send(resp, ended.as_dict(), 200)
+                return
         if not job.duplicate:
             resp.location = f"/jobs/{job.id}"
         send(resp, job.as_dict(), 200 if job.duplicate else 202)
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
-        only_params(req)
-        job = await self.offload(self.client.get, name)
+        only_params(req, "wait")
+        wait = seconds_param(req, "wait", self.client.runtime.config.api.max_wait_s) if req.query_string else None
+        if wait is None:
+            job = await self.offload(self.client.get, name)
+        else:
+            job = await self.client.asettle(name, wait)
         send(resp, job.as_dict())
 
 

@@ -162,8 +162,10 @@ def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
     return {
         "/jobs/{id}": {"get": {
             "operationId": "get_job", "tags": ["jobs"], "summary": "One job: status, attempts, history, result",
-            "parameters": [job_id],
-            "responses": {"200": ok("The job", "Job"), "404": problem("No such job")},
+            "parameters": [job_id, _query("wait", {"type": "number", "minimum": 0},
+                                          "seconds to wait for the job to end (up to api.max_wait)")],
+            "responses": {"200": ok("The job (once ended, or at the end of the wait)", "Job"),
+                          "400": problem("A malformed query parameter"), "404": problem("No such job")},
         }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],

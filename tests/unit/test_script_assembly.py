@@ -49,9 +49,12 @@ def test_a_script_leaves_out_what_it_never_names() -> None:
     assert defined(assemble(LIB, "return 1")) == set()
 
 
-# remove, checkpoint and lookup write no time; tick and adopt are given the server's time by the
-# ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py).
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in ("remove", "checkpoint", "lookup", "tick", "adopt")])
+# remove, checkpoint, lookup and watch write no time; tick and adopt are given the server's time
+# by the ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py).
+_TIMELESS = ("remove", "checkpoint", "lookup", "tick", "adopt", "watch")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in _TIMELESS])
 def test_every_script_with_a_time_reads_it_through_the_clock(name: str) -> None:
     """A script that writes a deadline, due time or retention takes it from clock() (the
     server's TIME unless a test passes its own), and its header says so."""

@@ -17,6 +17,7 @@
 -- KEYS[13] limwait     ZSET  limit keys with parked jobs
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
 -- KEYS[15] result prefix (string; a result kept longer is prefix .. id)
+-- KEYS[16] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
@@ -46,6 +47,7 @@ local seen = {}
 local held = batch_claims(KEYS[10], 6, 6, n)
 local finished, outcomes, gone = {}, {}, {}
 local done_ids = {}
+local ended = {}  -- waited jobs done in this batch
 local uncounted = {}  -- census field -> jobs done in this batch
 
 -- The completion mark goes on the key only while the key still names this job. A late
@@ -100,6 +102,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
   complete_idem(rec.type, rec.idem_key, id, rec.idem_hash ~= '' and rec.idem_hash or '-')
   uncounted[field] = (uncounted[field] or 0) + 1
   tally('late|' .. rec.type)
+  if waited(rec.meta) then ended[#ended + 1] = id end
   return true
 end
 
@@ -138,6 +141,7 @@ for i = 0, n - 1 do
     gone[#gone + 1] = jk
     gone[#gone + 1] = jk .. ':s'
     uncounted[field] = (uncounted[field] or 0) + 1
+    if c.waited then ended[#ended + 1] = id end
     bump(fields)
     out[#out + 1] = 1
   end
@@ -155,4 +159,5 @@ if #done_ids > 0 then
 end
 for field, c in pairs(uncounted) do census(KEYS[14], field, -c) end
 flush(KEYS[2])
+announce(KEYS[16], ended)
 return out

@@ -12,6 +12,7 @@
 -- KEYS[8] notify       LIST
 -- KEYS[9] claims       HASH  id -> claim
 -- KEYS[10] limwait     ZSET  limit keys with parked jobs
+-- KEYS[11] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -28,6 +29,7 @@ local now, dead_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local ids, dead_ids, slots = {}, {}, {}
 local seen = {}
+local ended = {}  -- waited jobs buried in this batch
 local held = batch_claims(KEYS[9], 4, 7, n)
 for i = 0, n - 1 do
   local b = 4 + i * 7
@@ -57,6 +59,7 @@ for i = 0, n - 1 do
     dead_ids[#dead_ids + 1] = now
     dead_ids[#dead_ids + 1] = id
     if rec and c.res then slots[#slots + 1] = {rec.limits, token} end
+    if c.waited then ended[#ended + 1] = id end
     bump(fields)
     out[#out + 1] = 1
   end
@@ -67,4 +70,5 @@ for _, s in ipairs(slots) do
   release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[7], KEYS[8], KEYS[10])
 end
 flush(KEYS[3])
+announce(KEYS[11], ended)
 return out

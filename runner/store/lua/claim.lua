@@ -178,7 +178,7 @@ local function take(id)
   leased[#leased + 1] = id
   claimed[#claimed + 1] = id
   claimed[#claimed + 1] = claim_entry(token, attempt, now, {idem = ikey ~= '', res = #limits > 0,
-    prefetched = not starts, state = stateful})
+    prefetched = not starts, state = stateful, waited = waited(rec.meta)})
   taken[id] = true
   out[#out + 1] = id
   out[#out + 1] = token
