@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import (
+    Cancelled,
     ConfigError,
     FieldError,
     FunctionLoadError,
     IdempotencyConflict,
+    JobEnded,
     JobFailed,
     JobNotFound,
     JobTimeout,
@@ -51,6 +53,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancelled",
     "Client",
     "ConfigError",
     "Context",
@@ -58,6 +61,7 @@ __all__ = [
     "FieldError",
     "FunctionLoadError",
     "IdempotencyConflict",
+    "JobEnded",
     "JobFailed",
     "JobNotFound",
     "JobTimeout",

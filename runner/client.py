@@ -28,6 +28,7 @@ from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     FieldError,
     IdempotencyConflict,
+    JobEnded,
     JobFailed,
     JobNotFound,
     RedisUnavailable,
@@ -562,6 +563,25 @@ class Client:
         except UNAVAILABLE:
             return False
 
+    # --- cancel -------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a job (see lua/cancel.lua): "cancelled" when it had not started (it never
+        will), "requested" when it runs (its handler sees ctx.cancelled within 2 s).
+        Raises JobEnded for a job that ended already, JobNotFound for no such job."""
+        rt = self.runtime
+        queue = self.get(job_id).queue
+        ttl_ms = int(rt.config.retention.done_s * 1000)
+        try:
+            code, status = rt.scripts.cancel(rt.keys[queue], job_id, ttl_ms)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        if int(code) == -2:
+            raise JobEnded(job_id, status)
+        if int(code) == -1:
+            raise JobNotFound(job_id)
+        return "cancelled" if int(code) == 1 else "requested"
+
     # --- call and wait ------------------------------------------------------------
 
     def settle(self, job_id: str, timeout_s: float, *, watch: bool = True) -> records.Job:
@@ -659,7 +679,7 @@ def _ended(job: records.Job) -> Any:
     view = job.as_dict()
     if job.status == "done":
         return view.get("result")
-    if job.status == "dead":
+    if job.status in ("dead", "cancelled"):
         raise JobFailed(job.id, view.get("last_error"), view.get("reason"))
     raise StillRunning(job.id, job.status)
 

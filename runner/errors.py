@@ -10,7 +10,8 @@
     ├── JobNotFound                no record for that id
     ├── UnknownSchedule            no loaded function declares a schedule of that id
     ├── StaleLease                 the worker's claim token no longer owns the job
-    ├── JobFailed                  a called job ended dead (carries the job's error)
+    ├── JobFailed                  a called job ended dead or cancelled (carries its error)
+    ├── JobEnded                   a cancel of a job that ended already (its status)
     ├── StillRunning               a call's or result's timeout passed before the job ended
     └── RedisUnavailable           Redis could not be reached (the call wrote nothing)
 
@@ -18,6 +19,8 @@ Handler control flow, raised by user code and caught by the executor:
 
     Retry(delay=...)               try again after ``delay`` seconds
     PermanentFailure("why")        straight to the dead-letter queue
+    Cancelled                      the job was cancelled: it ends cancelled, never retried
+                                   (``ctx.raise_if_cancelled()`` raises it)
 
 Raised into a handler by the worker (BaseException, so ``except Exception`` in a handler
 cannot swallow it):
@@ -144,6 +147,15 @@ class JobFailed(RunnerError):
         super().__init__(f"job {job_id} failed: {message or reason or 'dead'}")
 
 
+class JobEnded(RunnerError):
+    """A cancel came too late: the job ended already (done, dead or cancelled)."""
+
+    def __init__(self, job_id: str, status: str) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} has ended already ({status})")
+
+
 class StillRunning(RunnerError):
     """The wait's timeout passed before the job ended; it may still end later."""
 
@@ -168,6 +180,11 @@ class Retry(Exception):
 
 class PermanentFailure(Exception):
     """Raise from a handler to send the job straight to the dead-letter queue."""
+
+
+class Cancelled(Exception):
+    """Raise from a handler (or let ``ctx.raise_if_cancelled()`` raise it) once
+    ``ctx.cancelled`` is true: the job ends cancelled, not retried."""
 
 
 class JobTimeout(BaseException):

@@ -1,5 +1,6 @@
-"""`runner call`: enqueue a job, wait for its end (pushed, see store/waiter.py) and
-print its result: exit 0 done, 1 dead, 4 still running at the timeout."""
+"""Calling a function and controlling a job: `runner call` enqueues a job, waits for its
+end (pushed, see store/waiter.py) and prints its result (exit 0 done, 1 dead or
+cancelled, 4 still running at the timeout); `runner cancel` cancels jobs."""
 
 from __future__ import annotations
 
@@ -58,12 +59,37 @@ def call(ctx: click.Context, type_: str, payload: str | None, timeout_s: float, 
     if ended.status == "done":
         emit(view if as_json else view.get("result"), True)
         sys.exit(EXIT_OK)
-    if ended.status == "dead":
+    if ended.status in ("dead", "cancelled"):
         if as_json:
             emit(view, True)
         error = view.get("last_error") or {}
-        fail(f"job {job.id} is dead: {error.get('message') or view.get('reason')}", EXIT_REFUSED)
+        fail(f"job {job.id} is {ended.status}: {error.get('message') or view.get('reason')}", EXIT_REFUSED)
     if as_json:
         emit(view, True)
     fail(f"job {job.id} is still {ended.status} after {timeout_s:g} s; `runner job {job.id}` shows it later",
          EXIT_PENDING)
+
+
+@cli.command(cls=RedisCommand)
+@click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def cancel(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> None:
+    """Cancel jobs: one not started ends cancelled at once, a running one is asked to stop.
+    Exit 1 when any was refused (ended already, no such job)."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    client = Client(rt)
+    answers: list[dict[str, str]] = []
+    with redis_errors():
+        for job_id in job_ids:
+            try:
+                answers.append({"id": job_id, "cancel": client.cancel(job_id)})
+            except RedisUnavailable:
+                raise
+            except RunnerError as exc:
+                answers.append({"id": job_id, "error": str(exc)})
+    human = "\n".join(f"{a['id']} {a.get('cancel') or a.get('error')}" for a in answers)
+    emit(answers, as_json, human)
+    sys.exit(EXIT_REFUSED if any("error" in a for a in answers) else EXIT_OK)

@@ -23,7 +23,7 @@ KEEP_RESULT). ``view`` lays them into the fields below, so readers need not know
     view, never over a field above)
 
 Statuses: queued, scheduled, processing, retrying, deferred (parked on a full limit), done,
-dead.
+dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from typing import Any
 
 from runner.store import codec
 
-STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead")
+STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead", "cancelled")
 SEP = "\x1f"
 WAITED = "waited"  # the meta field that asks for the job's end to be published
-ENDED = ("done", "dead")
+ENDED = ("done", "dead", "cancelled")
 RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "idem_hash", "resource_key",
                  "limits", "meta")
 

@@ -29,7 +29,7 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "watch",
+    "tick", "adopt", "watch", "cancel",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.
@@ -408,7 +408,7 @@ class Scripts:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua)."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
-                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census)
+                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census, k.ended)
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
         return self._run("claim", keys, args, pipe)
 
@@ -459,7 +459,7 @@ class Scripts:
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
-                k.claims, k.limwait, k.ended)
+                k.claims, k.limwait, k.ended, k.census)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -506,6 +506,13 @@ class Scripts:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
         keys = (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
         return self._run("lookup", keys, (job_id,), pipe)
+
+    def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None) -> Any:
+        """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), -1 no
+        such job, -2 ended already."""
+        keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
+                k.census, k.ended)
+        return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms))
 
     def watch(self, k: QueueKeys, job_id: str) -> Any:
         """Mark a job as waited for, so its end is published (see watch.lua): 1, or 0

@@ -11,7 +11,7 @@ import falcon.asgi
 
 from runner.catalog.templates import MAX_KEY_BYTES
 from runner.client import Client, Request
-from runner.errors import IdempotencyConflict
+from runner.errors import IdempotencyConflict, JobEnded
 from runner.store.records import ENDED
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.offload import Offload
@@ -89,6 +89,17 @@ class Jobs:
         else:
             job = await self.client.asettle(name, wait)
         send(resp, job.as_dict())
+
+
+    async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        """Cancel: 200 {"id", "cancel": "cancelled" | "requested"}; 409 once ended."""
+        only_params(req)
+        try:
+            outcome = await self.offload(self.client.cancel, name)
+        except JobEnded as exc:
+            raise Problem(409, "job-ended", f"job {name} has ended already ({exc.status})",
+                          title="Job ended", job_status=exc.status) from None
+        send(resp, {"id": name, "cancel": outcome})
 
 
 class JobBatch:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.errors import StaleLease
+from runner.errors import Cancelled, StaleLease
 from runner.store import codec
 
 
@@ -85,6 +85,12 @@ class Context:
     def cancelled(self) -> bool:
         """True once someone asked this job to stop: return (or raise) at the next safe point."""
         return self._flags.cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise Cancelled once someone asked this job to stop: the job then ends cancelled
+        (not retried). Call it at the handler's safe points."""
+        if self._flags.cancelled:
+            raise Cancelled(f"job {self.job_id} was cancelled")
 
     def progress(self, value: Any) -> None:
         """Report progress (a number such as 0.4, or a small JSON object). Never fails the job:

@@ -18,6 +18,7 @@ from typing import Any
 from runner.catalog.registry import Function, Registry
 from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
+    Cancelled,
     JobTimeout,
     PermanentFailure,
     Retry,
@@ -76,6 +77,7 @@ class Dead:
 
 
 Outcome = Done | RetryLater | Dead
+CANCELLED = "cancelled"  # the Dead reason of a run that stopped on a cancel request
 
 # A job whose type or version this worker does not know goes back for a newer worker
 # (a rolling deploy) after these many seconds, doubling up to the cap.
@@ -153,6 +155,8 @@ def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] 
         err["message"] = f"ran past TIMEOUT {fn.timeout_s:g} s"
     if isinstance(exc, PermanentFailure):
         return Dead(reason="permanent failure", error=err, refund=False)
+    if isinstance(exc, Cancelled):  # bury.lua ends a burial of this reason cancelled
+        return Dead(reason=CANCELLED, error=err, refund=False)
     if job.attempt >= job.max_attempts:
         return Dead(reason="max attempts reached", error=err, refund=False)
     if isinstance(exc, Retry) and exc.delay is not None:

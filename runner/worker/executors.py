@@ -165,6 +165,12 @@ class Executors:
                     self.outbox.put(Settlement(run, Release()))
                     self.ledger.returned()
                     continue
+                if not run.job.started and run.lost:
+                    # Claimed ahead and lost before it started (a cancel takes a prefetched
+                    # job's claim; the renewal said so): it is no longer this worker's to run.
+                    self.ledger.forget([run])
+                    self.ledger.returned()
+                    continue
                 run.slot = index
                 if not run.job.started:
                     self.outbox.put(Settlement(run, Start()))
@@ -268,7 +274,8 @@ class Executors:
         extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job)}
         try:
             outcome, run_s = self._slots[index].run(job, fn, generation, extra, on_started, on_rpc,
-                                                     lambda: {"lock_lost": run.flags.lock_lost})
+                                                     lambda: {"lock_lost": run.flags.lock_lost,
+                                                              "cancelled": run.flags.cancelled})
         finally:
             with self.ledger.lock:
                 run.child_pid = None

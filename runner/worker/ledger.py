@@ -34,6 +34,7 @@ class Run:
     settling: bool = False  # its outcome is on its way to Redis: a refused renewal is no loss
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
+    cancelled_at: float | None = None  # time.monotonic() of the cancel request seen
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
 
     @property

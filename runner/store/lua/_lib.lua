@@ -180,7 +180,8 @@ end
 -- attempt is not spent until it does), 'x' once its worker gave it up at shutdown with the
 -- handler still running, 's' when the job has a state hash (a history, an error, a
 -- checkpoint: see the records below), 'w' when someone waits for its end (the settling
--- script then publishes its id; see waited below) ('-': none of these).
+-- script then publishes its id; see waited below), 'c' once a cancel asked the run to stop
+-- (cancel.lua; renew tells the worker) ('-': none of these).
 -- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
 -- splits one (nil for none or a damaged one).
 local function hmget_many(key, ids)
@@ -198,7 +199,8 @@ local function parse_claim(raw)
   return {token = tok, attempt = tonumber(attempt), started = started, flags = flags,
     idem = string.find(flags, 'i', 1, true) ~= nil, res = string.find(flags, 'r', 1, true) ~= nil,
     prefetched = string.find(flags, 'p', 1, true) ~= nil, exiting = string.find(flags, 'x', 1, true) ~= nil,
-    state = string.find(flags, 's', 1, true) ~= nil, waited = string.find(flags, 'w', 1, true) ~= nil}
+    state = string.find(flags, 's', 1, true) ~= nil, waited = string.find(flags, 'w', 1, true) ~= nil,
+    cancel = string.find(flags, 'c', 1, true) ~= nil}
 end
 
 -- The claim entries of a batch whose ids stand in ARGV from index `first`, one every
@@ -224,10 +226,10 @@ local function fence(raw, token)
 end
 
 -- A claim entry as written: "<token> <attempt> <started_ms> <flags>"; f holds the flags
--- (the fields of parse_claim: idem, res, prefetched, exiting, state, waited).
+-- (the fields of parse_claim: idem, res, prefetched, exiting, state, waited, cancel).
 local function claim_entry(token, attempt, started, f)
   local flags = (f.idem and 'i' or '') .. (f.res and 'r' or '') .. (f.prefetched and 'p' or '') ..
-    (f.exiting and 'x' or '') .. (f.state and 's' or '') .. (f.waited and 'w' or '')
+    (f.exiting and 'x' or '') .. (f.state and 's' or '') .. (f.waited and 'w' or '') .. (f.cancel and 'c' or '')
   if flags == '' then flags = '-' end
   return token .. ' ' .. attempt .. ' ' .. started .. ' ' .. flags
 end

@@ -35,6 +35,7 @@
 -- KEYS[12] notify      LIST  (a job woken by a freed reserved slot)
 -- KEYS[13] done prefix (string; a generation's hash is prefix .. gen)
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
+-- KEYS[15] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -57,8 +58,9 @@ local base = ARGV[5]
 local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
-  done = true, dead = true, deferred = true}
-local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token'}
+  done = true, dead = true, deferred = true, cancelled = true}
+local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token',
+  'cancel_requested'}
 
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
@@ -121,6 +123,18 @@ local function take(id)
   end
   local typ = rec.type
   local ikey = rec.idem_key
+  if f[8] then
+    -- A run asked to stop came back (its worker died, or it failed and is retried): the
+    -- cancel stands, and the job ends cancelled instead of running again.
+    redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
+    redis.call('HDEL', sk, 'cancel_requested')
+    rec_expire(jk, done_ttl)
+    free_idem(KEYS[8], typ, ikey, id)
+    census(KEYS[14], typ .. '|' .. rec.version, -1)
+    if waited(rec.meta) then announce(KEYS[15], {id}) end
+    tally('cancelled|' .. typ)
+    return
+  end
   local limits = parse_limits(rec.limits)
   local starts = i < k_start
   if #limits > 0 and not starts then

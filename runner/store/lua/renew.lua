@@ -13,6 +13,8 @@
 --  -1  refused: the job is no longer processing under this token (lease lost)
 --  -2  renewed, but a limit slot it held went to another job meanwhile (its slot's lease
 --      lapsed and the limit is full): the handler no longer has the exclusion it had
+--   3  renewed, and a cancel asked this run to stop (cancel.lua): the worker sets
+--      ctx.cancelled (a lost slot is then told on a later renewal)
 local now, lease, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local held = batch_claims(KEYS[4], 4, 2, n)
@@ -39,6 +41,7 @@ for i = 0, n - 1 do
         end
       end
     end
+    if c.cancel then code = 3 end
     out[#out + 1] = code
   end
 end
