@@ -7,7 +7,9 @@ A job is two keys under its queue's tag (the layout is drawn in lua/_lib.lua):
     job:<id>:s   HASH    its state, once it has one: status (absent: queued), attempt,
                          ready_ms, enqueued_ms, started_ms, finished_ms, error (JSON), reason
                          (dead only), history (comma-joined JSON entries, one per attempt),
-                         checkpoint (JSON), deferrals, woken, lost_token, refunds
+                         checkpoint (JSON), deferrals, woken, lost_token, refunds,
+                         progress (JSON, the last ctx.progress sent with a renewal),
+                         cancel_requested (a running job asked to stop)
 
 A job that waits untouched is the string alone. While a job is claimed its entry in the
 queue's claims hash holds the token, the attempt and the start. A done job keeps
@@ -210,6 +212,7 @@ class Job:
             "history": history,
             "result": _json(f.get("result")),
             "checkpoint": _json(f.get("checkpoint")),
+            "progress": _json(f.get("progress")),
             "duplicate_of": f.get("duplicate_of") or None,
         }
         meta = _json(f.get("meta"))

@@ -422,12 +422,13 @@ class Scripts:
         return self._run("start", (k.claims,), args, pipe)
 
     def renew(
-        self, k: QueueKeys, owned: Sequence[tuple[str, str]], lease_ms: int, pipe: Batch | None = None,
-        now_ms: int | None = None,
+        self, k: QueueKeys, owned: Sequence[tuple[str, str] | tuple[str, str, str]], lease_ms: int,
+        pipe: Batch | None = None, now_ms: int | None = None,
     ) -> Any:
+        """``owned``: (id, token) or (id, token, progress JSON) per job (see renew.lua)."""
         args: list[Any] = [_clock(now_ms), lease_ms, len(owned)]
-        for job_id, token in owned:
-            args += [job_id, token]
+        for item in owned:
+            args += [item[0], item[1], item[2] if len(item) > 2 else ""]
         return self._run("renew", (k.leases, k.job_prefix, k.lim_prefix, k.claims), args, pipe)
 
     def ack(

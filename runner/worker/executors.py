@@ -28,7 +28,7 @@ from runner.errors import JobTimeout, RunnerError, describe
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
-from runner.worker.context import Context
+from runner.worker.context import Context, progress_view
 from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, failure, resolve
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
@@ -224,6 +224,7 @@ class Executors:
             _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
             _extend=lambda: self.renew_one(job),
             _flags=run.flags,
+            _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda *args, **options: self._client().enqueue(*args, **options),
         )
 
@@ -263,6 +264,9 @@ class Executors:
                 return int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, str(msg.get("data")))) > 0
             if msg.get("call") == "extend":
                 return self.renew_one(job)
+            if msg.get("call") == "progress":
+                run.progress = codec.dumps(progress_view(msg.get("value")))
+                return True
             if msg.get("call") == "enqueue":
                 try:
                     return self._client().enqueue(str(msg.get("type")), msg.get("payload"),

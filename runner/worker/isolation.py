@@ -210,7 +210,9 @@ class Slot:
                                         f"{describe_exit(code)}")
                 return failure(fn, job, crash), time.perf_counter() - started
             op = msg.get("op")
-            if op == "rpc":
+            if op == "progress":  # no reply: the child does not wait for it
+                on_rpc({"call": "progress", "value": msg.get("value")})
+            elif op == "rpc":
                 answer = on_rpc(msg)
                 with contextlib.suppress(OSError):
                     child.send({"op": "reply", "ok": bool(answer),

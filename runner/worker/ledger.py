@@ -35,6 +35,7 @@ class Run:
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
     cancelled_at: float | None = None  # time.monotonic() of the cancel request seen
+    progress: str = ""  # the latest ctx.progress() not yet sent (JSON), sent with the renewal
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
 
     @property

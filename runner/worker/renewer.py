@@ -87,7 +87,17 @@ class Renewer:
     def renew(self, runs: list[Run]) -> None:
         for i in range(0, len(runs), CHUNK):
             chunk = runs[i:i + CHUNK]
-            codes = self.rt.scripts.renew(self.keys, [r.key for r in chunk], self.lease_ms)
+            # The latest progress of each run rides along (ctx.progress is batched here).
+            sent = [r.progress for r in chunk]
+            for r in chunk:
+                r.progress = ""
+            try:
+                codes = self.rt.scripts.renew(self.keys, [(*r.key, p) for r, p in zip(chunk, sent, strict=True)],
+                                              self.lease_ms)
+            except BaseException:
+                for r, p in zip(chunk, sent, strict=True):
+                    r.progress = r.progress or p  # not sent: the next renewal takes it
+                raise
             for r, code in zip(chunk, codes, strict=True):
                 c = int(code)
                 # A run settled while this renewal was in flight is refused too: that is
