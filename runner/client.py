@@ -40,7 +40,7 @@ from runner.errors import (
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
-from runner.store import codec, keys, records, tracecontext
+from runner.store import codec, keys, listing, records, tracecontext
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
@@ -562,6 +562,19 @@ class Client:
             return bool(self.runtime.redis.ping())
         except UNAVAILABLE:
             return False
+
+    def jobs(self, status: str, *, queue: str | None = None, type: str | None = None, limit: int = 50,
+             cursor: str | None = None) -> listing.Page:
+        """One page of jobs in ``status`` (see store/listing.py), newest first; pass the
+        page's cursor for the next. Raises ValueError for an unknown status or cursor."""
+        if status not in listing.LISTED:
+            raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
+        rt = self.runtime
+        queues = [(q, self._keys(q)) for q in ([queue] if queue else list(rt.keys))]
+        try:
+            return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
 
     # --- cancel -------------------------------------------------------------------
 

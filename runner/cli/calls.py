@@ -93,3 +93,33 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> None:
     human = "\n".join(f"{a['id']} {a.get('cancel') or a.get('error')}" for a in answers)
     emit(answers, as_json, human)
     sys.exit(EXIT_REFUSED if any("error" in a for a in answers) else EXIT_OK)
+
+
+@cli.command(cls=RedisCommand)
+@click.option("--status", default="queued", show_default=True,
+              type=click.Choice(["queued", "scheduled", "processing", "done", "dead", "cancelled"]))
+@click.option("--type", "type_", default=None, help="Only jobs of this function type.")
+@click.option("--queue", default=None, help="Only this queue (default: every queue).")
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", default=None, help="The cursor a previous page printed.")
+@click.option("--json", "as_json", is_flag=True, help='{"jobs": [...], "cursor": ...}')
+@click.pass_context
+def jobs(ctx: click.Context, status: str, type_: str | None, queue: str | None, limit: int, cursor: str | None,
+         as_json: bool) -> None:
+    """List jobs in a status, newest first, a page at a time."""
+    from runner.cli.root import table
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            page = Client(rt).jobs(status, queue=queue, type=type_, limit=limit, cursor=cursor)
+        except RedisUnavailable:
+            raise
+        except (ValueError, RunnerError) as exc:
+            fail(str(exc), EXIT_REFUSED)
+    views = [j.as_dict() for j in page.jobs]
+    rows = [(v["id"], v.get("queue", ""), v.get("type", ""), v.get("status", ""), v.get("attempt", "")) for v in views]
+    human = table(("id", "queue", "type", "status", "attempt"), rows) + (
+        f"\nnext page: runner jobs --status {status} --cursor {page.cursor}" if page.cursor else "")
+    emit({"jobs": views, "cursor": page.cursor}, as_json, human)

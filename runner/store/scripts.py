@@ -408,7 +408,8 @@ class Scripts:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua)."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
-                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census, k.ended)
+                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census, k.ended,
+                k.cancelled)
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
         return self._run("claim", keys, args, pipe)
 
@@ -460,7 +461,7 @@ class Scripts:
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
-                k.claims, k.limwait, k.ended, k.census)
+                k.claims, k.limwait, k.ended, k.census, k.cancelled)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -500,7 +501,7 @@ class Scripts:
     def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, done_max: int = 1_000_000,
              now_ms: int | None = None) -> Any:
         """Returns [dead entries removed (at most ``limit``, <= 4000), the done generation]."""
-        keys = (k.dead, k.done_meta, k.done_prefix, k.job_prefix, k.census)
+        keys = (k.dead, k.done_meta, k.done_prefix, k.job_prefix, k.census, k.cancelled)
         return self._run("trim", keys, (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000), done_max))
 
     def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None) -> Any:
@@ -512,7 +513,7 @@ class Scripts:
         """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), -1 no
         such job, -2 ended already."""
         keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
-                k.census, k.ended)
+                k.census, k.ended, k.cancelled)
         return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms))
 
     def watch(self, k: QueueKeys, job_id: str) -> Any:

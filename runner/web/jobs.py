@@ -12,6 +12,7 @@ import falcon.asgi
 from runner.catalog.templates import MAX_KEY_BYTES
 from runner.client import Client, Request
 from runner.errors import IdempotencyConflict, JobEnded
+from runner.store.listing import LISTED
 from runner.store.records import ENDED
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.offload import Offload
@@ -100,6 +101,33 @@ class Jobs:
             raise Problem(409, "job-ended", f"job {name} has ended already ({exc.status})",
                           title="Job ended", job_status=exc.status) from None
         send(resp, {"id": name, "cancel": outcome})
+
+
+class JobList:
+    """GET /jobs?status=&queue=&type=&limit=&cursor=: one page, newest first (status
+    queued unless given)."""
+
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        only_params(req, "status", "queue", "type", "limit", "cursor")
+        status = req.get_param("status") or "queued"
+        if status not in LISTED:
+            raise Problem(400, "invalid-parameter", f"query parameter 'status' must be one of {', '.join(LISTED)}",
+                          title="Invalid parameter", parameter="status")
+        queue = req.get_param("queue") or None
+        if queue is not None and queue not in self.client.runtime.keys:
+            raise Problem(404, "not-found", f"no queue {queue!r}", title="Not found")
+        limit = int_param(req, "limit", 1, 500, 50) or 50
+        try:
+            page = await self.offload(lambda: self.client.jobs(
+                status, queue=queue, type=req.get_param("type") or None, limit=limit,
+                cursor=req.get_param("cursor") or None))
+        except ValueError as exc:
+            raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None
+        send(resp, {"jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor})
 
 
 class JobBatch:

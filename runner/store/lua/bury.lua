@@ -14,6 +14,7 @@
 -- KEYS[10] limwait     ZSET  limit keys with parked jobs
 -- KEYS[11] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- KEYS[12] census      HASH  (a cancelled job leaves it)
+-- KEYS[13] cancelled   ZSET  cancelled ids -> time ms
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -64,6 +65,7 @@ for i = 0, n - 1 do
     ids[#ids + 1] = id
     if cancelled then
       redis.call('HDEL', sk, 'cancel_requested')
+      redis.call('ZADD', KEYS[13], now, id)
       local r = rec or rec_load(jk)
       if r then census(KEYS[12], r.type .. '|' .. r.version, -1) end
     else

@@ -19,6 +19,7 @@
 -- KEYS[7] idem prefix  (string)
 -- KEYS[8] census       HASH
 -- KEYS[9] ended        channel  (see waited in _lib.lua)
+-- KEYS[10] cancelled   ZSET    cancelled ids -> time of the cancel ms (the job list's index)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -33,6 +34,7 @@ local function finish(rec)
   redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
   redis.call('HDEL', sk, 'cancel_requested')
   redis.call('ZREM', KEYS[4], id)
+  redis.call('ZADD', KEYS[10], now, id)
   rec_expire(jk, ttl)
   free_idem(KEYS[7], rec.type, rec.idem_key, id)
   census(KEYS[8], rec.type .. '|' .. rec.version, -1)

@@ -36,6 +36,7 @@
 -- KEYS[13] done prefix (string; a generation's hash is prefix .. gen)
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
 -- KEYS[15] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
+-- KEYS[16] cancelled   ZSET  cancelled ids -> time ms (a job cancelled while it ran, back)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -129,6 +130,7 @@ local function take(id)
     redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
     redis.call('HDEL', sk, 'cancel_requested')
     rec_expire(jk, done_ttl)
+    redis.call('ZADD', KEYS[16], now, id)
     free_idem(KEYS[8], typ, ikey, id)
     census(KEYS[14], typ .. '|' .. rec.version, -1)
     if waited(rec.meta) then announce(KEYS[15], {id}) end
