@@ -71,26 +71,53 @@ def call(ctx: click.Context, type_: str, payload: str | None, timeout_s: float, 
 
 
 @cli.command(cls=RedisCommand)
-@click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
+@click.argument("job_ids", metavar="[ID]...", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every job in --status (of --type, in --queue).")
+@click.option("--status", default="queued", show_default=True, type=click.Choice(["queued", "scheduled"]),
+              help="With --all: the jobs to cancel.")
+@click.option("--type", "type_", default=None, help="With --all: only jobs of this function type.")
+@click.option("--queue", default=None, help="With --all: only this queue.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def cancel(ctx: click.Context, job_ids: tuple[str, ...], as_json: bool) -> None:
+def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str, type_: str | None,
+           queue: str | None, as_json: bool) -> None:
     """Cancel jobs: one not started ends cancelled at once, a running one is asked to stop.
     Exit 1 when any was refused (ended already, no such job)."""
     from runner.client import Client
 
+    if bool(job_ids) == all_:
+        raise click.UsageError("give job ids, or --all (with --status, --type, --queue), not both")
     rt = build_runtime(ctx.obj["config"], client_only=True)
     client = Client(rt)
     answers: list[dict[str, str]] = []
+
+    def one(job_id: str) -> None:
+        try:
+            answers.append({"id": job_id, "cancel": client.cancel(job_id)})
+        except RedisUnavailable:
+            raise
+        except RunnerError as exc:
+            answers.append({"id": job_id, "error": str(exc)})
+
     with redis_errors():
         for job_id in job_ids:
-            try:
-                answers.append({"id": job_id, "cancel": client.cancel(job_id)})
-            except RedisUnavailable:
-                raise
-            except RunnerError as exc:
-                answers.append({"id": job_id, "error": str(exc)})
+            one(job_id)
+        if all_:
+            # The ids first, then the cancels: a cancel moves a job out of the list being
+            # paged (scheduled at once), which would shift the pages under the cursor.
+            found: list[str] = []
+            cursor: str | None = None
+            while True:
+                page = client.jobs(status, queue=queue, type=type_, limit=500, cursor=cursor)
+                found += [j.id for j in page.jobs]
+                cursor = page.cursor
+                if cursor is None:
+                    break
+            for job_id in dict.fromkeys(found):
+                one(job_id)
     human = "\n".join(f"{a['id']} {a.get('cancel') or a.get('error')}" for a in answers)
+    if all_ and not as_json:
+        human += ("\n" if human else "") + f"cancelled {sum('cancel' in a for a in answers)} job(s)"
     emit(answers, as_json, human)
     sys.exit(EXIT_REFUSED if any("error" in a for a in answers) else EXIT_OK)
 

@@ -26,6 +26,10 @@ from runner.store.keys import QueueKeys
 
 LISTED = ("queued", "scheduled", "processing", "done", "dead", "cancelled")
 SCAN_MAX = 1000
+# The statuses each index may show: an id can outlive its status there (a cancelled job's
+# id stays in ready until a claim drops it), and such an id is left out.
+SHOWN = {"queued": ("queued",), "scheduled": ("scheduled", "retrying"), "processing": ("processing",),
+         "done": ("done",), "dead": ("dead",), "cancelled": ("cancelled",)}
 DONE_GENS = 4  # as _lib.lua keeps
 
 
@@ -93,8 +97,9 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
         for job_id, (rec, state, claim, outcome) in zip(ids, batch.execute(), strict=True):
             rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
             fields = records.view(job_id, rec, state or [], claim or None, outcome or None)
-            if not fields or (type_ is not None and fields.get("type") != type_):
-                continue  # gone since (a live index), or of another type
+            if not fields or fields.get("status", "queued") not in SHOWN[status] or (
+                    type_ is not None and fields.get("type") != type_):
+                continue  # gone or moved on since (a live index), or of another type
             jobs.append(records.Job(job_id, queue, fields))
         if exhausted:
             qi, pos, gen = qi + 1, 0, None

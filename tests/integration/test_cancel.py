@@ -159,3 +159,25 @@ def test_delete_cancels_and_a_finished_job_is_409(project: Project, web: Web) ->
     cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
                           "cancel", done["id"]], env=project.env, capture_output=True, text=True, timeout=60)
     assert cli.returncode == 1 and "ended already" in cli.stdout, (cli.stdout, cli.stderr)
+
+
+def test_runner_cancel_all_of_a_type_in_a_status(project: Project) -> None:
+    """`runner cancel --all --type T --status queued` cancels every queued job of that
+    type and no other; --status scheduled does the same for delayed ones."""
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+
+    client = project.client
+    mine = [client.enqueue("record", {"n": i}).id for i in range(30)]
+    other = [client.enqueue("noop", {"i": i}).id for i in range(5)]
+    later = [client.enqueue("record", {"n": i}, delay=600).id for i in range(7)]
+    base = ["--config", str(project.root / "runner.toml"), "cancel", "--all", "--type", "record"]
+    out = CliRunner().invoke(cli, [*base, "--status", "queued"], env=project.env, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "cancelled 30 job(s)" in out.stdout
+    out = CliRunner().invoke(cli, [*base, "--status", "scheduled"], env=project.env, catch_exceptions=False)
+    assert out.exit_code == 0 and "cancelled 7 job(s)" in out.stdout, out.output
+    assert {status(project, i) for i in mine + later} == {"cancelled"}
+    assert {status(project, i) for i in other} == {"queued"}
+    assert client.jobs("queued").jobs and {j.id for j in client.jobs("queued").jobs} == set(other)
