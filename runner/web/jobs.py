@@ -120,10 +120,14 @@ class JobList:
         queue = req.get_param("queue") or None
         if queue is not None and queue not in self.client.runtime.keys:
             raise Problem(404, "not-found", f"no queue {queue!r}", title="Not found")
+        type_ = req.get_param("type") or None
+        if type_ is not None and type_ not in self.client.runtime.registry.functions:
+            raise Problem(400, "invalid-parameter", "query parameter 'type' must be a loaded function type",
+                          title="Invalid parameter", parameter="type")
         limit = int_param(req, "limit", 1, 500, 50) or 50
         try:
             page = await self.offload(lambda: self.client.jobs(
-                status, queue=queue, type=req.get_param("type") or None, limit=limit,
+                status, queue=queue, type=type_, limit=limit,
                 cursor=req.get_param("cursor") or None))
         except ValueError as exc:
             raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None

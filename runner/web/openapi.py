@@ -150,7 +150,7 @@ def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
                                  f"#/components/schemas/{pname}")
         paths[f"/jobs/{name}"] = {"post": _enqueue_op(fn, rt.config.api.max_wait_s)}
         paths[f"/jobs/{name}/batch"] = {"post": _batch_op(fn)}
-    paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions)))
+    paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions), rt.config.api.max_wait_s))
     secured = rt.config.api.secured
     for path, item in paths.items():
         for method, op in item.items():

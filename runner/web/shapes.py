@@ -155,14 +155,14 @@ def _enum_or_str(values: list[str]) -> dict[str, Any]:
     return {"type": "string", "enum": values} if values else {"type": "string"}
 
 
-def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
+def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> dict[str, Any]:
     queue = _path_param("queue", _enum_or_str(queues), "a configured queue")
     job_id = _path_param("id", {"type": "string", "minLength": 1, "maxLength": 200}, "a job id")
     bad = problem("A malformed query parameter")
     return {
         "/jobs/{id}": {"get": {
             "operationId": "get_job", "tags": ["jobs"], "summary": "One job: status, attempts, history, result",
-            "parameters": [job_id, _query("wait", {"type": "number", "minimum": 0},
+            "parameters": [job_id, _query("wait", {"type": "number", "minimum": 0, "maximum": max_wait_s},
                                           "seconds to wait for the job to end (up to api.max_wait)")],
             "responses": {"200": ok("The job (once ended, or at the end of the wait)", "Job"),
                           "400": problem("A malformed query parameter"), "404": problem("No such job")},
