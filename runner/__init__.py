@@ -9,10 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import (
+    Cancelled,
     ConfigError,
     FieldError,
     FunctionLoadError,
     IdempotencyConflict,
+    JobEnded,
+    JobFailed,
     JobNotFound,
     JobTimeout,
     PermanentFailure,
@@ -21,6 +24,7 @@ from runner.errors import (
     Retry,
     RunnerError,
     StaleLease,
+    StillRunning,
     UnknownFunction,
     UnknownVersion,
     ValidationFailed,
@@ -50,6 +54,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancelled",
     "Client",
     "ConfigError",
     "Context",
@@ -57,6 +62,8 @@ __all__ = [
     "FieldError",
     "FunctionLoadError",
     "IdempotencyConflict",
+    "JobEnded",
+    "JobFailed",
     "JobNotFound",
     "JobTimeout",
     "PermanentFailure",
@@ -66,6 +73,7 @@ __all__ = [
     "Retry",
     "RunnerError",
     "StaleLease",
+    "StillRunning",
     "UnknownFunction",
     "UnknownVersion",
     "ValidationFailed",

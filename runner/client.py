@@ -10,6 +10,8 @@ Flask app uses it directly::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -26,21 +28,25 @@ from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     FieldError,
     IdempotencyConflict,
+    JobEnded,
+    JobFailed,
     JobNotFound,
     RedisUnavailable,
     RunnerError,
+    StillRunning,
     UnknownSchedule,
     ValidationFailed,
 )
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
-from runner.store import codec, keys, records, tracecontext
+from runner.store import codec, keys, listing, records, tracecontext
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.schedules import ServerClock, State, read_states
 from runner.store.scripts import NewJob, Stream
+from runner.store.waiter import wait_until
 
 MAX_BATCH = 500
 # enqueue_many: jobs per script call, and calls in flight on its connection at once.
@@ -135,6 +141,7 @@ class Client:
         self, type_: str, payload: Any, version_: int | None, delay_s: float | None,
         run_at: float | None, idempotency_key: str | None, traceparent: str | None = None,
         priority: int | None = None,
+        waited: bool = False,
     ) -> _Prepared:
         fn = self.runtime.registry.get(type_)
         version = version_ if version_ is not None else fn.versions.newest
@@ -166,11 +173,14 @@ class Client:
                 raise ValidationFailed(fn.name, version, [FieldError("$", "delay must be >= 0")])
             delay_ms = int(delay_s * 1000)
         body = codec.dumps(payload)
+        meta = tracecontext.meta_for(traceparent)
+        if waited:  # the exact text the scripts look for (see waited in _lib.lua)
+            meta = '{"' + records.WAITED + '":1' + ("," + meta[1:] if meta else "}")
         job = NewJob(
             id=records.new_id(), type=fn.name, version=version, payload=body,
             max_attempts=fn.max_attempts, run_at_ms=run_at_ms, delay_ms=delay_ms, idem_key=ikey,
             payload_hash=codec.canonical_hash(fn.name, version, payload) if ikey else "-",
-            resource_key=rkey, limits=lims, meta=tracecontext.meta_for(traceparent), priority=prio,
+            resource_key=rkey, limits=lims, meta=meta, priority=prio,
         )
         return _Prepared(fn=fn, job=job)
 
@@ -178,25 +188,31 @@ class Client:
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
         run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
         priority: int | None = None,
+        waited: bool = False,
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
 
-        Safe from many threads at once: calls that overlap share one round trip."""
+        Safe from many threads at once: calls that overlap share one round trip. With
+        ``waited``, the job's end is published for the waits of ``settle`` and ``call``.
+        """
         if tracing.enabled():  # one check when tracing is off; the span only when on
             with tracing.enqueue_span(type) as span:
                 tp = traceparent or tracing.current_traceparent()
-                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority)
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority,
+                                     waited)
                 out = _one(self._combiner.submit(prep))
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority)
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority,
+                             waited)
         return _one(self._combiner.submit(prep))
 
     async def aenqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
         run_at: float | None = None, idempotency_key: str | None = None, traceparent: str | None = None,
         priority: int | None = None,
+        waited: bool = False,
     ) -> Enqueued:
         """``enqueue`` for asyncio code (an ASGI app, a FastAPI route): the same checks and
         answers, without blocking the event loop. Validation runs in the caller; the
@@ -205,11 +221,13 @@ class Client:
         if tracing.enabled():
             with tracing.enqueue_span(type) as span:
                 tp = traceparent or tracing.current_traceparent()
-                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority)
+                prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority,
+                                     waited)
                 out = _one(await self._async_combiner.submit(prep))
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
-        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority)
+        prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority,
+                             waited)
         return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(
@@ -629,6 +647,120 @@ class Client:
         except UNAVAILABLE:
             return False
 
+    def jobs(self, status: str, *, queue: str | None = None, type: str | None = None, limit: int = 50,
+             cursor: str | None = None) -> listing.Page:
+        """One page of jobs in ``status`` (see store/listing.py), newest first; pass the
+        page's cursor for the next. Raises ValueError for an unknown status or cursor."""
+        if status not in listing.LISTED:
+            raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
+        rt = self.runtime
+        queues = [(q, self._keys(q)) for q in ([queue] if queue else list(rt.keys))]
+        try:
+            return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    # --- cancel -------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a job (see lua/cancel.lua): "cancelled" when it had not started (it never
+        will), "requested" when it runs (its handler sees ctx.cancelled within 2 s).
+        Raises JobEnded for a job that ended already, JobNotFound for no such job."""
+        rt = self.runtime
+        queue = self.get(job_id).queue
+        ttl_ms = int(rt.config.retention.done_s * 1000)
+        try:
+            code, status = rt.scripts.cancel(rt.keys[queue], job_id, ttl_ms)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        if int(code) == -2:
+            raise JobEnded(job_id, status)
+        if int(code) == -1:
+            raise JobNotFound(job_id)
+        return "cancelled" if int(code) == 1 else "requested"
+
+    # --- call and wait ------------------------------------------------------------
+
+    def settle(self, job_id: str, timeout_s: float, *, watch: bool = True) -> records.Job:
+        """The job once it ended (done or dead), or as it is when ``timeout_s`` passes.
+
+        Pushed, not polled: the wait registers with the process's one subscriber (see
+        store/waiter.py) and reads the job after subscribing and after each notice. With
+        ``watch`` the job is marked as waited for first (one round trip), so its end is
+        published even when it was enqueued without ``waited``."""
+        deadline = time.monotonic() + timeout_s
+        seen: list[records.Job] = []
+
+        def check() -> bool:
+            seen[:] = [self.get(job_id)]
+            return seen[0].status in records.ENDED
+
+        def mark() -> None:
+            if not check():  # ended already: nothing to mark
+                self._watch(job_id, seen[0].queue)
+
+        wait_until(self.runtime.waiter, deadline, check, mark if watch else None, job_id)
+        return seen[-1] if seen else self.get(job_id)
+
+    def _watch(self, job_id: str, queue: str) -> None:
+        rt = self.runtime
+        try:
+            rt.scripts.watch(rt.keys[queue], job_id)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+
+    async def asettle(self, job_id: str, timeout_s: float, *, watch: bool = True) -> records.Job:
+        """``settle`` for asyncio code: the wait is a future of the event loop, woken by
+        the process's one subscriber; only the reads run on threads."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout_s
+        event = asyncio.Event()
+
+        def poke() -> None:
+            loop.call_soon_threadsafe(event.set)
+
+        waiter = self.runtime.waiter
+        waiter.add(job_id, poke)
+        try:
+            await asyncio.to_thread(waiter.ready, timeout_s)
+            job = await asyncio.to_thread(self.get, job_id)
+            if watch and job.status not in records.ENDED:
+                await asyncio.to_thread(self._watch, job_id, job.queue)
+                job = await asyncio.to_thread(self.get, job_id)
+            while job.status not in records.ENDED:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), left)
+                event.clear()
+                # Redis away: the subscription coming back pokes the wait again.
+                with contextlib.suppress(RedisUnavailable):
+                    job = await asyncio.to_thread(self.get, job_id)
+            return job
+        finally:
+            waiter.discard(job_id, poke)
+
+    def result(self, job_id: str, timeout: float = 30.0) -> Any:
+        """The job's result once it is done; raises JobFailed when it ends dead and
+        StillRunning when ``timeout`` seconds pass first."""
+        return _ended(self.settle(job_id, timeout))
+
+    async def aresult(self, job_id: str, timeout: float = 30.0) -> Any:
+        return _ended(await self.asettle(job_id, timeout))
+
+    def call(self, type: str, payload: Any, *, timeout: float = 30.0, version: int | None = None,
+             idempotency_key: str | None = None) -> Any:
+        """Enqueue and wait for the result (a serverless invoke): as ``result``."""
+        job = self.enqueue(type, payload, version=version, idempotency_key=idempotency_key, waited=True)
+        # A duplicate is another request's job: it may not carry the waited mark.
+        return _ended(self.settle(job.id, timeout, watch=job.duplicate))
+
+    async def acall(self, type: str, payload: Any, *, timeout: float = 30.0, version: int | None = None,
+                    idempotency_key: str | None = None) -> Any:
+        job = await self.aenqueue(type, payload, version=version, idempotency_key=idempotency_key, waited=True)
+        return _ended(await self.asettle(job.id, timeout, watch=job.duplicate))
+
     def wait(self, job_id: str, timeout_s: float = 10.0, statuses: Sequence[str] = ("done", "dead")) -> records.Job:
         """Poll until the job reaches one of ``statuses`` (tests, scripts and the CLI)."""
         deadline = time.monotonic() + timeout_s
@@ -637,6 +769,16 @@ class Client:
             if job.status in statuses or time.monotonic() > deadline:
                 return job
             time.sleep(0.02)
+
+
+def _ended(job: records.Job) -> Any:
+    """A waited job's result, or its end raised (JobFailed, StillRunning)."""
+    view = job.as_dict()
+    if job.status == "done":
+        return view.get("result")
+    if job.status in ("dead", "cancelled"):
+        raise JobFailed(job.id, view.get("last_error"), view.get("reason"))
+    raise StillRunning(job.id, job.status)
 
 
 def _schedule_view(s: Schedule, st: State | None, now_ms: int) -> dict[str, Any]:

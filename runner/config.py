@@ -90,6 +90,7 @@ class ApiToken:
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
     max_body_bytes: int = 1_048_576
+    max_wait_s: float = 30.0  # the longest ?wait= a request may hold (call and wait)
     token: str | None = field(default=None, repr=False)  # RUNNER_API_TOKEN, also in tokens
     auth: bool = True
     tokens: tuple[ApiToken, ...] = ()
@@ -244,6 +245,8 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
     },
     "api": {
         "max_body_bytes": (_pos_int, "a positive integer"),
+        "max_wait": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 3600,
+                     "a number of seconds from 0 to 3600"),
         "auth": (_bool, "true or false (false switches bearer-token auth off)"),
         "tokens": (lambda v: isinstance(v, dict), "tables [api.tokens.NAME] with scopes and env or hash"),
     },
@@ -427,6 +430,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
     a = sec["api"]
     api = ApiConfig(
         max_body_bytes=int(a.get("max_body_bytes", 1_048_576)),
+        max_wait_s=float(a.get("max_wait", 30.0)),
         token=env.get("RUNNER_API_TOKEN") or None,
         auth=(
             _env_bool("RUNNER_API_AUTH", env["RUNNER_API_AUTH"])

@@ -10,6 +10,9 @@
     ├── JobNotFound                no record for that id
     ├── UnknownSchedule            no loaded function declares a schedule of that id
     ├── StaleLease                 the worker's claim token no longer owns the job
+    ├── JobFailed                  a called job ended dead or cancelled (carries its error)
+    ├── JobEnded                   a cancel of a job that ended already (its status)
+    ├── StillRunning               a call's or result's timeout passed before the job ended
     └── RedisUnavailable           Redis could not be reached (the call wrote nothing)
 
 Handler control flow, raised by user code and caught by the executor:
@@ -17,6 +20,8 @@ Handler control flow, raised by user code and caught by the executor:
     Retry(delay=...)               try again after ``delay`` seconds
     RateLimited(retry_after=...)   put back for that long without spending the attempt
     PermanentFailure("why")        straight to the dead-letter queue
+    Cancelled                      the job was cancelled: it ends cancelled, never retried
+                                   (``ctx.raise_if_cancelled()`` raises it)
 
 Raised into a handler by the worker (BaseException, so ``except Exception`` in a handler
 cannot swallow it):
@@ -132,6 +137,35 @@ class StaleLease(RunnerError):
     """The claim token no longer owns the job: its lease lapsed and it was reclaimed."""
 
 
+class JobFailed(RunnerError):
+    """A job waited for (``Client.call``, ``Client.result``) ended dead."""
+
+    def __init__(self, job_id: str, error: Any, reason: str | None = None) -> None:
+        self.job_id = job_id
+        self.error = error
+        self.reason = reason
+        message = error.get("message") if isinstance(error, dict) else None
+        super().__init__(f"job {job_id} failed: {message or reason or 'dead'}")
+
+
+class JobEnded(RunnerError):
+    """A cancel came too late: the job ended already (done, dead or cancelled)."""
+
+    def __init__(self, job_id: str, status: str) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} has ended already ({status})")
+
+
+class StillRunning(RunnerError):
+    """The wait's timeout passed before the job ended; it may still end later."""
+
+    def __init__(self, job_id: str, status: str | None) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} is still {status or 'pending'}")
+
+
 class RedisUnavailable(RunnerError):
     """Redis could not be reached; nothing was written."""
 
@@ -158,6 +192,11 @@ class RateLimited(Exception):
 
 class PermanentFailure(Exception):
     """Raise from a handler to send the job straight to the dead-letter queue."""
+
+
+class Cancelled(Exception):
+    """Raise from a handler (or let ``ctx.raise_if_cancelled()`` raise it) once
+    ``ctx.cancelled`` is true: the job ends cancelled, not retried."""
 
 
 class JobTimeout(BaseException):

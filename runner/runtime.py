@@ -13,6 +13,7 @@ from runner.config import Config
 from runner.store import connection
 from runner.store.keys import QueueKeys, for_queue
 from runner.store.scripts import Scripts
+from runner.store.waiter import Waiter
 
 if TYPE_CHECKING:
     from runner.catalog.registry import Registry
@@ -25,6 +26,7 @@ class Runtime:
     keys: dict[str, QueueKeys] = field(default_factory=dict)
     _registry: Registry | None = None
     _scripts: Scripts | None = None
+    _waiter: Waiter | None = None
 
     @classmethod
     def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False,
@@ -48,6 +50,16 @@ class Runtime:
         return self._scripts
 
     @property
+    def waiter(self) -> Waiter:
+        """The process's one subscriber for waits on job ends (built on first use; a
+        forked child builds its own, as the parent's connection is not its to use)."""
+        import os
+
+        if self._waiter is None or self._waiter.pid != os.getpid():
+            self._waiter = Waiter(self.redis, [k.ended for k in self.keys.values()])
+        return self._waiter
+
+    @property
     def registry(self) -> Registry:
         if self._registry is None:
             from runner.catalog import registry
@@ -67,4 +79,6 @@ class Runtime:
         return self.registry
 
     def close(self) -> None:
+        if self._waiter is not None:
+            self._waiter.stop()
         self.redis.close()

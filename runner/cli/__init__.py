@@ -9,6 +9,7 @@ Exit codes (the same for every subcommand):
        a line of --jsonl or a job of a bulk operation that was refused
     2  usage or configuration error (bad option, runner.toml, missing token)
     3  Redis unreachable
+    4  `runner call`: the job had not ended when the timeout passed
 
 While `runner dev` runs its embedded Redis, the commands of the same project that talk
 to Redis (enqueue, job, stats, dead, check) use that server.
@@ -16,7 +17,7 @@ to Redis (enqueue, job, stats, dead, check) use that server.
 
 from __future__ import annotations
 
-from runner.cli import dead, jobs, pauses, processes, project, schedules, tokens  # noqa: F401  (each registers its commands)
+from runner.cli import calls, dead, jobs, pauses, processes, project, schedules, tokens  # noqa: F401  (each registers its commands)
 from runner.cli.root import cli
 
 

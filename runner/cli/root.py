@@ -22,6 +22,7 @@ from runner.errors import (
 )
 
 EXIT_OK, EXIT_REFUSED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
+EXIT_PENDING = 4  # `runner call`: the job had not ended at the timeout
 JSONL_BATCH = 500
 _TARGET = "runner.target"  # the context's meta key of the server a command talks to
 

@@ -13,7 +13,10 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate)
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying and deferred ids -> due (ms)
     <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
+    <prefix>:{<queue>}:cancelled      ZSET    cancelled ids -> time of the cancel (ms), trimmed
+                                              at the done retention (the job list's index)
     <prefix>:{<queue>}:notify         LIST    wake-up tokens for idle workers (bounded)
+    <prefix>:{<queue>}:ended          channel ids of waited-for jobs that ended (space-joined)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
@@ -79,7 +82,9 @@ class QueueKeys:
     census: str = field(init=False)
     scheduled: str = field(init=False)
     dead: str = field(init=False)
+    cancelled: str = field(init=False)
     notify: str = field(init=False)
+    ended: str = field(init=False)
     stats: str = field(init=False)
     job_prefix: str = field(init=False)
     idem_prefix: str = field(init=False)
@@ -98,7 +103,8 @@ class QueueKeys:
         for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),
-                             ("scheduled", "scheduled"), ("dead", "dead"), ("notify", "notify"),
+                             ("scheduled", "scheduled"), ("dead", "dead"), ("cancelled", "cancelled"),
+                             ("notify", "notify"), ("ended", "ended"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
                              ("outbox", "outbox"),

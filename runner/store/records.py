@@ -7,7 +7,9 @@ A job is two keys under its queue's tag (the layout is drawn in lua/_lib.lua):
     job:<id>:s   HASH    its state, once it has one: status (absent: queued), attempt,
                          ready_ms, enqueued_ms, started_ms, finished_ms, error (JSON), reason
                          (dead only), history (comma-joined JSON entries, one per attempt),
-                         checkpoint (JSON), deferrals, woken, lost_token, refunds
+                         checkpoint (JSON), deferrals, woken, lost_token, refunds,
+                         progress (JSON, the last ctx.progress sent with a renewal),
+                         cancel_requested (a running job asked to stop)
 
 A job that waits untouched is the string alone. While a job is claimed its entry in the
 queue's claims hash holds the token, the attempt and the start. A done job keeps
@@ -23,7 +25,7 @@ KEEP_RESULT). ``view`` lays them into the fields below, so readers need not know
     view, never over a field above)
 
 Statuses: queued, scheduled, processing, retrying, deferred (parked on a full limit), done,
-dead.
+dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ from typing import Any
 
 from runner.store import codec
 
-STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead")
+STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead", "cancelled")
 SEP = "\x1f"
+WAITED = "waited"  # the meta field that asks for the job's end to be published
+ENDED = ("done", "dead", "cancelled")
 RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "idem_hash", "resource_key",
                  "limits", "meta")
 
@@ -208,12 +212,14 @@ class Job:
             "history": history,
             "result": _json(f.get("result")),
             "checkpoint": _json(f.get("checkpoint")),
+            "progress": _json(f.get("progress")),
             "duplicate_of": f.get("duplicate_of") or None,
         }
         meta = _json(f.get("meta"))
         if isinstance(meta, dict):
             for key, value in meta.items():
-                view.setdefault(key, value)
+                if key != WAITED:  # the waiters' mark (see waiter.py), not the producer's
+                    view.setdefault(key, value)
         return view
 
     @property

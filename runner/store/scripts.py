@@ -29,7 +29,7 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "relay", "resume",
+    "tick", "adopt", "relay", "resume", "watch", "cancel",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.
@@ -446,7 +446,7 @@ class Scripts:
         (see claim.lua)."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
                 k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
-                k.paused, k.held_prefix, k.prio)
+                k.paused, k.held_prefix, k.prio, k.ended, k.cancelled)
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
         return self._run("claim", keys, args, pipe)
 
@@ -460,12 +460,13 @@ class Scripts:
         return self._run("start", (k.claims,), args, pipe)
 
     def renew(
-        self, k: QueueKeys, owned: Sequence[tuple[str, str]], lease_ms: int, pipe: Batch | None = None,
-        now_ms: int | None = None,
+        self, k: QueueKeys, owned: Sequence[tuple[str, str] | tuple[str, str, str]], lease_ms: int,
+        pipe: Batch | None = None, now_ms: int | None = None,
     ) -> Any:
+        """``owned``: (id, token) or (id, token, progress JSON) per job (see renew.lua)."""
         args: list[Any] = [_clock(now_ms), lease_ms, len(owned)]
-        for job_id, token in owned:
-            args += [job_id, token]
+        for item in owned:
+            args += [item[0], item[1], item[2] if len(item) > 2 else ""]
         return self._run("renew", (k.leases, k.job_prefix, k.lim_prefix, k.claims), args, pipe)
 
     def ack(
@@ -478,7 +479,7 @@ class Scripts:
         args += _followup_args(k, acks)
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
                 k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix,
-                k.scheduled, k.outbox)
+                k.scheduled, k.outbox, k.ended)
         return self._run("ack", keys, args, pipe)
 
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
@@ -510,7 +511,8 @@ class Scripts:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
         args += _followup_args(k, items)
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
-                k.claims, k.limwait, k.scheduled, k.census, k.done_meta, k.done_prefix, k.outbox)
+                k.claims, k.limwait, k.scheduled, k.census, k.done_meta, k.done_prefix, k.outbox, k.ended,
+                k.cancelled)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -526,7 +528,7 @@ class Scripts:
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
         keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
-                k.claims, k.done_meta, k.limwait, k.idem_prefix)
+                k.claims, k.done_meta, k.limwait, k.idem_prefix, k.ended)
         return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
@@ -557,13 +559,25 @@ class Scripts:
     def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, done_max: int = 1_000_000,
              now_ms: int | None = None) -> Any:
         """Returns [dead entries removed (at most ``limit``, <= 4000), the done generation]."""
-        keys = (k.dead, k.done_meta, k.done_prefix, k.job_prefix, k.census)
+        keys = (k.dead, k.done_meta, k.done_prefix, k.job_prefix, k.census, k.cancelled)
         return self._run("trim", keys, (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000), done_max))
 
     def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None) -> Any:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
         keys = (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
         return self._run("lookup", keys, (job_id,), pipe)
+
+    def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None) -> Any:
+        """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), -1 no
+        such job, -2 ended already."""
+        keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
+                k.census, k.ended, k.cancelled)
+        return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms))
+
+    def watch(self, k: QueueKeys, job_id: str) -> Any:
+        """Mark a job as waited for, so its end is published (see watch.lua): 1, or 0
+        when it has no record (ended, or no such job)."""
+        return self._run("watch", (k.job(job_id), k.claims), (job_id,))
 
     def tick(
         self, k: QueueKeys, schedule_id: str, job: NewJob, *, mode: str, tick_ms: int, digest: str,

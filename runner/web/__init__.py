@@ -34,7 +34,7 @@ from runner.web.catalog import FunctionItem, Functions, Health, Queues, Throughp
 from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
 from runner.web.exposition import Metrics
-from runner.web.jobs import JobBatch, Jobs
+from runner.web.jobs import JobBatch, JobList, Jobs
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
 from runner.web.pauses import FunctionPause, QueuePause
@@ -92,6 +92,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     problems.install(app)
     client = Client(runtime)
     offload = Offload(threads)
+    app.add_route("/jobs", JobList(client, offload))
     app.add_route("/jobs/{name}", Jobs(client, offload))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/functions", Functions(runtime))

@@ -1,6 +1,8 @@
 """POST /jobs/{type} (enqueue) and GET /jobs/{id} (one job). Both share one route, as
 the path segment is a function type for POST and a job id for GET. POST
-/jobs/{type}/batch enqueues many jobs of one type in one request."""
+/jobs/{type}/batch enqueues many jobs of one type in one request. Either single-job
+route takes ``?wait=S`` (call and wait): it answers once the job ended, or after S
+seconds with the usual answer."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import falcon.asgi
 
 from runner.catalog.templates import MAX_KEY_BYTES
 from runner.client import Client, Request
-from runner.errors import IdempotencyConflict
+from runner.errors import IdempotencyConflict, JobEnded
+from runner.store.listing import LISTED
+from runner.store.records import ENDED
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.offload import Offload
 from runner.web.problems import Problem, body_of, conflict
@@ -60,21 +64,75 @@ class Jobs:
         payload, the options and the key have passed every check."""
         rt = self.client.runtime
         fn = rt.registry.get(name)  # 404 before the body is read
-        only_params(req, "version", "delay", "run_at", "priority")
+        only_params(req, "version", "delay", "run_at", "priority", "wait")
         payload = await read_json(req, rt.config.api.max_body_bytes)
         version, delay, run_at = timing(req)
         priority = int_param(req, "priority", 0, 9, None)
+        wait = seconds_param(req, "wait", rt.config.api.max_wait_s) if req.query_string else None
         key = idempotency_key(req)
         job = await self.client.aenqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
-                                         idempotency_key=key, priority=priority)
+                                         idempotency_key=key, priority=priority, waited=wait is not None)
+        if wait is not None:
+            # 200 with the job's end when it comes within the wait, else the usual answer.
+            # A duplicate is another request's job, enqueued perhaps without the mark.
+            ended = await self.client.asettle(job.id, wait, watch=job.duplicate)
+            if ended.status in ENDED:
+                send(resp, ended.as_dict(), 200)
+                return
         if not job.duplicate:
             resp.location = f"/jobs/{job.id}"
         send(resp, job.as_dict(), 200 if job.duplicate else 202)
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
-        only_params(req)
-        job = await self.offload(self.client.get, name)
+        only_params(req, "wait")
+        wait = seconds_param(req, "wait", self.client.runtime.config.api.max_wait_s) if req.query_string else None
+        if wait is None:
+            job = await self.offload(self.client.get, name)
+        else:
+            job = await self.client.asettle(name, wait)
         send(resp, job.as_dict())
+
+
+    async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        """Cancel: 200 {"id", "cancel": "cancelled" | "requested"}; 409 once ended."""
+        only_params(req)
+        try:
+            outcome = await self.offload(self.client.cancel, name)
+        except JobEnded as exc:
+            raise Problem(409, "job-ended", f"job {name} has ended already ({exc.status})",
+                          title="Job ended", job_status=exc.status) from None
+        send(resp, {"id": name, "cancel": outcome})
+
+
+class JobList:
+    """GET /jobs?status=&queue=&type=&limit=&cursor=: one page, newest first (status
+    queued unless given)."""
+
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        only_params(req, "status", "queue", "type", "limit", "cursor")
+        status = req.get_param("status") or "queued"
+        if status not in LISTED:
+            raise Problem(400, "invalid-parameter", f"query parameter 'status' must be one of {', '.join(LISTED)}",
+                          title="Invalid parameter", parameter="status")
+        queue = req.get_param("queue") or None
+        if queue is not None and queue not in self.client.runtime.keys:
+            raise Problem(404, "not-found", f"no queue {queue!r}", title="Not found")
+        type_ = req.get_param("type") or None
+        if type_ is not None and type_ not in self.client.runtime.registry.functions:
+            raise Problem(400, "invalid-parameter", "query parameter 'type' must be a loaded function type",
+                          title="Invalid parameter", parameter="type")
+        limit = int_param(req, "limit", 1, 500, 50) or 50
+        try:
+            page = await self.offload(lambda: self.client.jobs(
+                status, queue=queue, type=type_, limit=limit,
+                cursor=req.get_param("cursor") or None))
+        except ValueError as exc:
+            raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None
+        send(resp, {"jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor})
 
 
 class JobBatch:

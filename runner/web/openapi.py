@@ -63,12 +63,16 @@ def _timing_params(fn: Function) -> list[dict[str, Any]]:
     ]
 
 
-def _enqueue_op(fn: Function) -> dict[str, Any]:
+def _enqueue_op(fn: Function, max_wait_s: float) -> dict[str, Any]:
     params: list[dict[str, Any]] = [
         *_timing_params(fn),
         {"name": "priority", "in": "query", "required": False,
          "description": f"0-9, higher first within the queue (default: the function's PRIORITY, {fn.priority}).",
          "schema": {"type": "integer", "minimum": 0, "maximum": 9}},
+        {"name": "wait", "in": "query", "required": False,
+         "description": "Call and wait: seconds to wait for the job to end. 200 with the ended job "
+                        "(done with its result, or dead with its error) when it ends in time, else 202.",
+         "schema": {"type": "number", "minimum": 0, "maximum": max_wait_s}},
         {"name": "Idempotency-Key", "in": "header", "required": False,
          "description": "A second enqueue with the same key returns the first job (200); "
                         "the same key with another payload is a 409."
@@ -86,7 +90,9 @@ def _enqueue_op(fn: Function) -> dict[str, Any]:
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref(_payload_name(fn))}}},
         "responses": {
             "202": _ok("Accepted: a new job", "Enqueued"),
-            "200": _ok("A duplicate: the job that already holds the idempotency key", "Enqueued"),
+            "200": {"description": "A duplicate: the job that already holds the idempotency key "
+                                   "(Enqueued); or, with ?wait=, the job once ended (Job)",
+                    "content": {_JSON: {"schema": {"oneOf": [_ref("Enqueued"), _ref("Job")]}}}},
             "400": _problem("Malformed JSON, query parameter or header"),
             "409": _problem("The idempotency key is held by a job with another payload"),
             "413": _problem("The body is over api.max_body_bytes"),
@@ -145,9 +151,9 @@ def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
         pname = _payload_name(fn)
         schemas[pname] = _rebase(dict(fn.versions.schema(fn.versions.newest).document),
                                  f"#/components/schemas/{pname}")
-        paths[f"/jobs/{name}"] = {"post": _enqueue_op(fn)}
+        paths[f"/jobs/{name}"] = {"post": _enqueue_op(fn, rt.config.api.max_wait_s)}
         paths[f"/jobs/{name}/batch"] = {"post": _batch_op(fn)}
-    paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions)))
+    paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions), rt.config.api.max_wait_s))
     secured = rt.config.api.secured
     for path, item in paths.items():
         for method, op in item.items():

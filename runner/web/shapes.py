@@ -169,15 +169,44 @@ def _paused_ok(description: str) -> dict[str, Any]:
         "resumed_jobs": {"type": "integer"}}}}}}
 
 
-def paths(queues: list[str], functions: list[str]) -> dict[str, Any]:
+def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> dict[str, Any]:
     queue = _path_param("queue", _enum_or_str(queues), "a configured queue")
     job_id = _path_param("id", {"type": "string", "minLength": 1, "maxLength": 200}, "a job id")
     bad = problem("A malformed query parameter")
     return {
         "/jobs/{id}": {"get": {
             "operationId": "get_job", "tags": ["jobs"], "summary": "One job: status, attempts, history, result",
+            "parameters": [job_id, _query("wait", {"type": "number", "minimum": 0, "maximum": max_wait_s},
+                                          "seconds to wait for the job to end (up to api.max_wait)")],
+            "responses": {"200": ok("The job (once ended, or at the end of the wait)", "Job"),
+                          "400": problem("A malformed query parameter"), "404": problem("No such job")},
+        }, "delete": {
+            "operationId": "cancel_job", "tags": ["jobs"],
+            "summary": "Cancel: a job not started ends cancelled, a running one is asked to stop",
             "parameters": [job_id],
-            "responses": {"200": ok("The job", "Job"), "404": problem("No such job")},
+            "responses": {"200": {"description": "cancelled, or a stop requested", "content": {_JSON: {
+                              "schema": _obj({"id": {"type": "string"},
+                                              "cancel": {"type": "string", "enum": ["cancelled", "requested"]}},
+                                             ["id", "cancel"])}}},
+                          "404": problem("No such job"), "409": problem("The job has ended already")},
+        }},
+        "/jobs": {"get": {
+            "operationId": "list_jobs", "tags": ["jobs"], "summary": "One page of jobs in a status, newest first",
+            "parameters": [
+                {"name": "status", "in": "query", "required": False,
+                 "description": "the status listed (default queued)",
+                 "schema": {"type": "string", "enum": ["queued", "scheduled", "processing", "done", "dead",
+                                                       "cancelled"]}},
+                _query("queue", _enum_or_str(queues), "one queue (default: every queue, one after another)"),
+                _query("type", _enum_or_str(functions), "one function type"),
+                _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "jobs per page (50)"),
+                _query("cursor", {"type": "string"}, "the cursor of the previous page"),
+            ],
+            "responses": {"200": {"description": "The page and the cursor of the next (null: the last)",
+                                  "content": {_JSON: {"schema": _obj({
+                                      "jobs": {"type": "array", "items": ref("Job")},
+                                      "cursor": {"type": ["string", "null"]}}, ["jobs", "cursor"])}}},
+                          "400": bad, "404": problem("No such queue")},
         }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],

@@ -136,6 +136,7 @@ class Child:
             _save=lambda body: self.rpc("checkpoint", data=body),
             _extend=lambda: self.rpc("extend"),
             _flags=self.flags,
+            _progress=lambda value: self.send({"op": "progress", "value": value}),
             _enqueue=self.enqueue,
         )
         limit = resource.getrlimit(resource.RLIMIT_DATA)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.errors import StaleLease
+from runner.errors import Cancelled, StaleLease
 from runner.store import codec
 
 
@@ -24,6 +24,13 @@ class Flags:
 
     lock_lost: bool = False
     cancelled: bool = False
+
+
+def progress_view(value: Any) -> Any:
+    """A report as readers see it: a bare number is a percentage without a message."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {"percent": value, "message": None}
+    return value
 
 
 @dataclass(slots=True)
@@ -86,14 +93,23 @@ class Context:
         """True once someone asked this job to stop: return (or raise) at the next safe point."""
         return self._flags.cancelled
 
-    def progress(self, value: Any) -> None:
-        """Report progress (a number such as 0.4, or a small JSON object). Never fails the job:
-        progress is advice to whoever watches, not state the job depends on."""
-        body = codec.dumps(value)  # JSON only, as everything a job leaves behind
+    def raise_if_cancelled(self) -> None:
+        """Raise Cancelled once someone asked this job to stop: the job then ends cancelled
+        (not retried). Call it at the handler's safe points."""
+        if self._flags.cancelled:
+            raise Cancelled(f"job {self.job_id} was cancelled")
+
+    def progress(self, percent: Any, message: str | None = None) -> None:
+        """Report progress: a percentage (0 to 100) and an optional message, shown as
+        ``progress`` by GET /jobs/{id} and `runner job` within 2 s. Batched: the latest
+        report rides on the next lease renewal, so a call costs no round trip. Never fails
+        the job: progress is advice to whoever watches, not state the job depends on."""
+        value = percent if message is None else {"percent": percent, "message": message}
+        codec.dumps(value)  # JSON only, as everything a job leaves behind
         if self._progress is not None:
             self._progress(value)
         else:
-            self.logger.debug("progress %s", body)
+            self.logger.debug("progress %s", value)
 
     def enqueue(self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
                 idempotency_key: str | None = None) -> Any:

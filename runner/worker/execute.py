@@ -18,6 +18,7 @@ from typing import Any
 from runner.catalog.registry import Function, Registry
 from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
+    Cancelled,
     JobTimeout,
     PermanentFailure,
     RateLimited,
@@ -78,6 +79,7 @@ class Dead:
 
 
 Outcome = Done | RetryLater | Dead
+CANCELLED = "cancelled"  # the Dead reason of a run that stopped on a cancel request
 
 # A job whose type or version this worker does not know goes back for a newer worker
 # (a rolling deploy) after these many seconds, doubling up to the cap.
@@ -157,6 +159,8 @@ def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] 
         err["message"] = f"ran past TIMEOUT {fn.timeout_s:g} s"
     if isinstance(exc, PermanentFailure):
         return Dead(reason="permanent failure", error=err, refund=False)
+    if isinstance(exc, Cancelled):  # bury.lua ends a burial of this reason cancelled
+        return Dead(reason=CANCELLED, error=err, refund=False)
     if isinstance(exc, RateLimited) and job.attempt <= job.max_attempts:
         # Not a failure of the job: back for retry_after, spending nothing (bounded in retry.lua).
         return RetryLater(delay_s=max(0.0, float(exc.retry_after)), error=err, refund=True, rate_limited=True)

@@ -29,7 +29,7 @@ from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.store.scripts import Followup, followup_id
-from runner.worker.context import Context
+from runner.worker.context import Context, progress_view
 from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, failure, resolve
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
@@ -179,6 +179,12 @@ class Executors:
                     self.outbox.put(Settlement(run, Release()))
                     self.ledger.returned()
                     continue
+                if not run.job.started and run.lost:
+                    # Claimed ahead and lost before it started (a cancel takes a prefetched
+                    # job's claim; the renewal said so): it is no longer this worker's to run.
+                    self.ledger.forget([run])
+                    self.ledger.returned()
+                    continue
                 run.slot = index
                 if not run.job.started:
                     self.outbox.put(Settlement(run, Start()))
@@ -232,6 +238,7 @@ class Executors:
             _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
             _extend=lambda: self.renew_one(job),
             _flags=run.flags,
+            _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
         )
 
@@ -271,6 +278,9 @@ class Executors:
                 return int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, str(msg.get("data")))) > 0
             if msg.get("call") == "extend":
                 return self.renew_one(job)
+            if msg.get("call") == "progress":
+                run.progress = codec.dumps(progress_view(msg.get("value")))
+                return True
             if msg.get("call") == "enqueue":
                 try:
                     return self._hold(run, str(msg.get("type")), msg.get("payload"),
@@ -282,7 +292,8 @@ class Executors:
         extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job)}
         try:
             outcome, run_s = self._slots[index].run(job, fn, generation, extra, on_started, on_rpc,
-                                                     lambda: {"lock_lost": run.flags.lock_lost})
+                                                     lambda: {"lock_lost": run.flags.lock_lost,
+                                                              "cancelled": run.flags.cancelled})
         finally:
             with self.ledger.lock:
                 run.child_pid = None

@@ -34,7 +34,7 @@ from runner.catalog.registry import Function
 from runner.config import QueueConfig
 from runner.errors import JobTimeout
 from runner.store import codec
-from runner.worker.execute import Claimed, Outcome, failure, from_message
+from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, from_message
 
 log = logging.getLogger("runner.worker")
 
@@ -177,6 +177,7 @@ class Slot:
             return failure(fn, job, ExecutorCrashed(f"executor crashed: {exc}")), time.perf_counter() - started
         deadline = time.monotonic() + fn.timeout_s + self.grace_s
         sent: dict[str, Any] = {}
+        cancel_seen: float | None = None
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -185,6 +186,15 @@ class Slot:
                                      f"{self.grace_s:g} s later")
                 return failure(fn, job, timeout), time.perf_counter() - started
             now_flags = flags()
+            if now_flags.get("cancelled"):
+                # Asked to stop: a handler that does not within the grace is killed, and the
+                # job ends cancelled as if it had stopped.
+                cancel_seen = cancel_seen or time.monotonic()
+                if time.monotonic() - cancel_seen > self.grace_s:
+                    self.kill()
+                    return (Dead(reason=CANCELLED, error={"type": "Cancelled", "message": "cancelled; its "
+                                 f"child process was killed {self.grace_s:g} s later"}, refund=False),
+                            time.perf_counter() - started)
             if now_flags != sent:
                 with contextlib.suppress(OSError):
                     child.send({"op": "flag", **now_flags})
@@ -200,7 +210,9 @@ class Slot:
                                         f"{describe_exit(code)}")
                 return failure(fn, job, crash), time.perf_counter() - started
             op = msg.get("op")
-            if op == "rpc":
+            if op == "progress":  # no reply: the child does not wait for it
+                on_rpc({"call": "progress", "value": msg.get("value")})
+            elif op == "rpc":
                 answer = on_rpc(msg)
                 with contextlib.suppress(OSError):
                     child.send({"op": "reply", "ok": bool(answer),

@@ -35,6 +35,8 @@ class Run:
     settling: bool = False  # its outcome is on its way to Redis: a refused renewal is no loss
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
+    cancelled_at: float | None = None  # time.monotonic() of the cancel request seen
+    progress: str = ""  # the latest ctx.progress() not yet sent (JSON), sent with the renewal
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
     # ctx.enqueue's jobs, held until the ack, which writes them (a failed run drops them)
     followups: list[Followup] = field(default_factory=list)

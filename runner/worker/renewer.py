@@ -1,5 +1,7 @@
 """The lease renewer: renews every held run's lease (and limit slots) every third of the
-visibility timeout, tells a handler when its resource slot went to another job, and
+visibility timeout (at least every CANCEL_S, so a cancel request rides along and reaches
+the handler within 2 s), tells a handler when its resource slot went to another job or
+that it was asked to stop (ctx.cancelled), and
 enforces TIMEOUT on handlers that run in threads: JobTimeout raised in the thread at
 TIMEOUT, the run given up TIMEOUT plus the grace later.
 
@@ -28,6 +30,7 @@ log = logging.getLogger("runner.worker")
 
 CHUNK = 500
 TICK_S = 0.1
+CANCEL_S = 1.0  # the longest between renewals: a cancel request is read with them
 
 
 class Renewer:
@@ -55,7 +58,7 @@ class Renewer:
 
     def _loop(self) -> None:
         outage = Outage(f"{self.q.name} renewer", log)
-        every = max(0.2, self.q.visibility_timeout_s / 3)
+        every = max(0.2, min(self.q.visibility_timeout_s / 3, CANCEL_S))
         late_after = max(1.0, every)
         next_renew = time.monotonic() + every
         last = time.monotonic()
@@ -84,7 +87,17 @@ class Renewer:
     def renew(self, runs: list[Run]) -> None:
         for i in range(0, len(runs), CHUNK):
             chunk = runs[i:i + CHUNK]
-            codes = self.rt.scripts.renew(self.keys, [r.key for r in chunk], self.lease_ms)
+            # The latest progress of each run rides along (ctx.progress is batched here).
+            sent = [r.progress for r in chunk]
+            for r in chunk:
+                r.progress = ""
+            try:
+                codes = self.rt.scripts.renew(self.keys, [(*r.key, p) for r, p in zip(chunk, sent, strict=True)],
+                                              self.lease_ms)
+            except BaseException:
+                for r, p in zip(chunk, sent, strict=True):
+                    r.progress = r.progress or p  # not sent: the next renewal takes it
+                raise
             for r, code in zip(chunk, codes, strict=True):
                 c = int(code)
                 # A run settled while this renewal was in flight is refused too: that is
@@ -95,6 +108,11 @@ class Renewer:
                     r.lost = True
                     log.warning("job %s: lease lost (reclaimed elsewhere); its result will be refused "
                                 "unless nobody ran it since", r.job.id, extra={"job_id": r.job.id})
+                elif c == 3 and not r.flags.cancelled:
+                    r.flags.cancelled = True
+                    r.cancelled_at = time.monotonic()
+                    log.info("job %s: cancelled; the handler sees ctx.cancelled", r.job.id,
+                             extra={"job_id": r.job.id})
                 elif c == -2 and not r.flags.lock_lost:
                     r.flags.lock_lost = True
                     log.warning("job %s: its resource slot went to another job (its lease had lapsed); "

@@ -355,7 +355,7 @@ def test_a_high_priority_job_behind_10000_plain_ones_starts_next(project: Projec
     add_limited(project, "None")
     c = project.client
     project.spawn_worker("fast")
-    busy = c.enqueue("limited", {"hold": 1.0}).id
+    busy = c.enqueue("limited", {"hold": 5.0}).id  # outlasts the enqueue of 10,000 on a slow machine
     wait_for(lambda: started_at(project, busy), timeout=30, what="the worker to be busy")
     for _ in range(10):
         c.enqueue_many(Request("limited", {}) for _ in range(1000))

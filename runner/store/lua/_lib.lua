@@ -210,7 +210,9 @@ end
 -- those; 'p' while the job is claimed ahead of a free executor and has not started (its
 -- attempt is not spent until it does), 'x' once its worker gave it up at shutdown with the
 -- handler still running, 's' when the job has a state hash (a history, an error, a
--- checkpoint: see the records below) ('-': none of these).
+-- checkpoint: see the records below), 'w' when someone waits for its end (the settling
+-- script then publishes its id; see waited below), 'c' once a cancel asked the run to stop
+-- (cancel.lua; renew tells the worker) ('-': none of these).
 -- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
 -- splits one (nil for none or a damaged one).
 local function hmget_many(key, ids)
@@ -228,7 +230,8 @@ local function parse_claim(raw)
   return {token = tok, attempt = tonumber(attempt), started = started, flags = flags,
     idem = string.find(flags, 'i', 1, true) ~= nil, res = string.find(flags, 'r', 1, true) ~= nil,
     prefetched = string.find(flags, 'p', 1, true) ~= nil, exiting = string.find(flags, 'x', 1, true) ~= nil,
-    state = string.find(flags, 's', 1, true) ~= nil}
+    state = string.find(flags, 's', 1, true) ~= nil, waited = string.find(flags, 'w', 1, true) ~= nil,
+    cancel = string.find(flags, 'c', 1, true) ~= nil}
 end
 
 -- The claim entries of a batch whose ids stand in ARGV from index `first`, one every
@@ -254,10 +257,10 @@ local function fence(raw, token)
 end
 
 -- A claim entry as written: "<token> <attempt> <started_ms> <flags>"; f holds the flags
--- (the fields of parse_claim: idem, res, prefetched, exiting, state).
+-- (the fields of parse_claim: idem, res, prefetched, exiting, state, waited, cancel).
 local function claim_entry(token, attempt, started, f)
   local flags = (f.idem and 'i' or '') .. (f.res and 'r' or '') .. (f.prefetched and 'p' or '') ..
-    (f.exiting and 'x' or '') .. (f.state and 's' or '')
+    (f.exiting and 'x' or '') .. (f.state and 's' or '') .. (f.waited and 'w' or '') .. (f.cancel and 'c' or '')
   if flags == '' then flags = '-' end
   return token .. ' ' .. attempt .. ' ' .. started .. ' ' .. flags
 end
@@ -512,4 +515,17 @@ local function jobs_flush(Q, put, notify_key, census_key)
     redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)
   end
   for field, c in pairs(put.versions) do census(census_key, field, c) end
+end
+
+-- Waiting for a job's end: a caller that waits (call and wait, GET ?wait) marks the job
+-- with "waited":1 in its record's meta (at enqueue, or later by watch.lua), claim copies
+-- that into the claim's 'w' flag, and the script that ends the job publishes its id on
+-- the queue's ended channel. A job nobody waits for costs no command at all.
+local function waited(meta)
+  return type(meta) == 'string' and string.find(meta, '"waited":1', 1, true) ~= nil
+end
+
+-- Publish the ids of jobs that ended in this call, one message for the batch.
+local function announce(channel, ids)
+  if #ids > 0 then redis.call('PUBLISH', channel, table.concat(ids, ' ')) end
 end

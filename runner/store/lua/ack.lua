@@ -19,6 +19,7 @@
 -- KEYS[15] result prefix (string; a result kept longer is prefix .. id)
 -- KEYS[16] scheduled   ZSET  (a delayed follow-up goes here)
 -- KEYS[17] outbox      LIST  follow-ups for other queues, JSON, until the relay moves them
+-- KEYS[18] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
@@ -56,6 +57,7 @@ local seen = {}
 local held = batch_claims(KEYS[10], 6, 6, n)
 local finished, outcomes, gone = {}, {}, {}
 local done_ids = {}
+local ended = {}  -- waited jobs done in this batch
 local uncounted = {}  -- census field -> jobs done in this batch
 
 -- The completion mark goes on the key only while the key still names this job. A late
@@ -110,6 +112,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
   complete_idem(rec.type, rec.idem_key, id, rec.idem_hash ~= '' and rec.idem_hash or '-')
   uncounted[field] = (uncounted[field] or 0) + 1
   tally('late|' .. rec.type)
+  if waited(rec.meta) then ended[#ended + 1] = id end
   return true
 end
 
@@ -148,6 +151,7 @@ for i = 0, n - 1 do
     gone[#gone + 1] = jk
     gone[#gone + 1] = jk .. ':s'
     uncounted[field] = (uncounted[field] or 0) + 1
+    if c.waited then ended[#ended + 1] = id end
     bump(fields)
     out[#out + 1] = 1
   end
@@ -184,4 +188,5 @@ if m > 0 then
   jobs_flush(Q, put, KEYS[9], KEYS[14])
 end
 flush(KEYS[2])
+announce(KEYS[18], ended)
 return out

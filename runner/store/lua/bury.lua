@@ -13,10 +13,12 @@
 -- KEYS[9] claims       HASH  id -> claim
 -- KEYS[10] limwait     ZSET  limit keys with parked jobs
 -- KEYS[11] scheduled   ZSET  (an ON_FAILURE destination's job, when delayed)
--- KEYS[12] census      HASH
+-- KEYS[12] census      HASH  (a cancelled job leaves it)
 -- KEYS[13] done meta   HASH
 -- KEYS[14] done prefix (string)
 -- KEYS[15] outbox      LIST  (a destination in another queue: see ack.lua)
+-- KEYS[16] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
+-- KEYS[17] cancelled   ZSET  cancelled ids -> time ms
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -30,11 +32,16 @@
 -- leases and dead-letter entries go in one variadic HMGET, HDEL, ZREM and ZADD, before
 -- any limit slot is released.
 --
--- Returns one code per job: 1 dead, -1 refused (lease lost: nothing changed).
+-- A burial with reason "cancelled" (the handler stopped on a cancel request) ends the job
+-- cancelled instead: the same state, status cancelled, outside the dead-letter set, and it
+-- leaves the census (it never runs again).
+--
+-- Returns one code per job: 1 dead (or cancelled), -1 refused (lease lost: nothing changed).
 local now, dead_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local ids, dead_ids, slots = {}, {}, {}
 local seen = {}
+local ended = {}  -- waited jobs buried in this batch
 local held = batch_claims(KEYS[9], 4, 7, n)
 for i = 0, n - 1 do
   local b = 4 + i * 7
@@ -49,7 +56,8 @@ for i = 0, n - 1 do
     out[#out + 1] = -1
   else
     seen[id] = true
-    local set = {'status', 'dead', 'reason', reason, 'finished_ms', now,
+    local cancelled = reason == 'cancelled'
+    local set = {'status', cancelled and 'cancelled' or 'dead', 'reason', reason, 'finished_ms', now,
       'attempt', c.attempt - refund, 'started_ms', c.started}
     if err ~= '' then
       set[#set + 1] = 'error'
@@ -61,9 +69,17 @@ for i = 0, n - 1 do
     local rec = (c.idem or c.res) and rec_load(jk) or nil
     if rec then free_idem(KEYS[6], rec.type, rec.idem_key, id) end
     ids[#ids + 1] = id
-    dead_ids[#dead_ids + 1] = now
-    dead_ids[#dead_ids + 1] = id
+    if cancelled then
+      redis.call('HDEL', sk, 'cancel_requested')
+      redis.call('ZADD', KEYS[17], now, id)
+      local r = rec or rec_load(jk)
+      if r then census(KEYS[12], r.type .. '|' .. r.version, -1) end
+    else
+      dead_ids[#dead_ids + 1] = now
+      dead_ids[#dead_ids + 1] = id
+    end
     if rec and c.res then slots[#slots + 1] = {rec.limits, token} end
+    if c.waited then ended[#ended + 1] = id end
     bump(fields)
     out[#out + 1] = 1
   end
@@ -93,4 +109,5 @@ if m > 0 then
   jobs_flush(Q, put, KEYS[8], KEYS[12])
 end
 flush(KEYS[3])
+announce(KEYS[16], ended)
 return out

@@ -41,6 +41,8 @@
 -- KEYS[16] held prefix (string; a paused function's held ids: LIST prefix .. type)
 -- KEYS[17] prio        ZSET  ready ids of priority 1-9 (see enqueue.lua): popped before
 --                            ready, strictly (no aging)
+-- KEYS[18] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
+-- KEYS[19] cancelled   ZSET  cancelled ids -> time ms (a job cancelled while it ran, back)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -71,8 +73,9 @@ local base = ARGV[5]
 local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
-  done = true, dead = true, deferred = true}
-local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated'}
+  done = true, dead = true, deferred = true, cancelled = true}
+local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated',
+  'cancel_requested'}
 
 -- Pauses: one small read per call. pcall: a damaged pause hash pauses nothing.
 local paused = {}
@@ -154,6 +157,19 @@ local function take(id)
     return
   end
   local ikey = rec.idem_key
+  if f[9] then
+    -- A run asked to stop came back (its worker died, or it failed and is retried): the
+    -- cancel stands, and the job ends cancelled instead of running again.
+    redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
+    redis.call('HDEL', sk, 'cancel_requested')
+    rec_expire(jk, done_ttl)
+    redis.call('ZADD', KEYS[19], now, id)
+    free_idem(KEYS[8], typ, ikey, id)
+    census(KEYS[14], typ .. '|' .. rec.version, -1)
+    if waited(rec.meta) then announce(KEYS[18], {id}) end
+    tally('cancelled|' .. typ)
+    return
+  end
   local limits = parse_limits(rec.limits)
   local rates = parse_rates(rec.limits)
   local starts = i < k_start
@@ -237,7 +253,7 @@ local function take(id)
   leased[#leased + 1] = id
   claimed[#claimed + 1] = id
   claimed[#claimed + 1] = claim_entry(token, attempt, now, {idem = ikey ~= '', res = #limits > 0,
-    prefetched = not starts, state = stateful})
+    prefetched = not starts, state = stateful, waited = waited(rec.meta)})
   taken[id] = true
   out[#out + 1] = id
   out[#out + 1] = token

@@ -20,6 +20,7 @@
 -- KEYS[10] done meta   HASH  (checked for damage)
 -- KEYS[11] limwait     ZSET  limit keys with parked jobs
 -- KEYS[12] idem prefix (string)
+-- KEYS[13] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -55,6 +56,7 @@ if relet then
 end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 local requeued, buried = 0, 0
+local ended = {}  -- waited jobs buried as "worker lost"
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
 local held = hmget_many(KEYS[9], ids)
 unclaim(KEYS[9], KEYS[1], ids)
@@ -126,6 +128,7 @@ for j, id in ipairs(ids) do
       free_idem(KEYS[12], f[3], f[9], id)
       tally('dead|' .. (f[3] or '?'))
       buried = buried + 1
+      if waited(rec.meta) then ended[#ended + 1] = id end
     else
       redis.call('RPUSH', KEYS[2], id)
       tally((spend and 'lost|' or 'unspent|') .. (f[3] or '?'))
@@ -140,4 +143,5 @@ for j, id in ipairs(ids) do
 end
 if requeued > 0 then wake(KEYS[4]) end
 flush(KEYS[5])
+announce(KEYS[13], ended)
 return {requeued, buried}

@@ -34,7 +34,7 @@ for i = 0, n - 1 do
     seen[id] = true
     marked[#marked + 1] = id
     marked[#marked + 1] = claim_entry(c.token, c.attempt, c.started, {idem = c.idem, res = c.res,
-      prefetched = c.prefetched, exiting = true, state = c.state})
+      prefetched = c.prefetched, exiting = true, state = c.state, waited = c.waited, cancel = c.cancel})
     out[#out + 1] = 1
   else
     seen[id] = true

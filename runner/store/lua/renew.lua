@@ -6,23 +6,27 @@
 -- KEYS[4] claims       HASH  id -> claim
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] lease, ms
--- ARGV[3] n; then per job: id, token
+-- ARGV[3] n; then per job: id, token, progress (JSON written to the state's progress
+--   field, fenced; '' none: ctx.progress is batched onto the renewal)
 --
 -- Returns one code per job:
 --   1  renewed
 --  -1  refused: the job is no longer processing under this token (lease lost)
 --  -2  renewed, but a limit slot it held went to another job meanwhile (its slot's lease
 --      lapsed and the limit is full): the handler no longer has the exclusion it had
+--   3  renewed, and a cancel asked this run to stop (cancel.lua): the worker sets
+--      ctx.cancelled (a lost slot is then told on a later renewal)
 local now, lease, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-local held = batch_claims(KEYS[4], 4, 2, n)
+local held = batch_claims(KEYS[4], 4, 3, n)
 for i = 0, n - 1 do
-  local id, token = ARGV[4 + i * 2], ARGV[5 + i * 2]
+  local id, token, progress = ARGV[4 + i * 3], ARGV[5 + i * 3], ARGV[6 + i * 3]
   local c = fence(held[i + 1], token)
   if not c or not redis.call('ZSCORE', KEYS[1], id) then
     out[#out + 1] = -1
   else
     redis.call('ZADD', KEYS[1], 'XX', now + lease, id)
+    if progress ~= '' then redis.call('HSET', KEYS[2] .. id .. ':s', 'progress', progress) end
     local code = 1
     local rec = c.res and rec_load(KEYS[2] .. id) or nil
     for _, l in ipairs(parse_limits(rec and rec.limits or nil)) do
@@ -39,6 +43,7 @@ for i = 0, n - 1 do
         end
       end
     end
+    if c.cancel then code = 3 end
     out[#out + 1] = code
   end
 end

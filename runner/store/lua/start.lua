@@ -18,7 +18,7 @@ for i = 0, n - 1 do
     out[#out + 1] = 0
   else
     entries[#entries + 1] = id
-    entries[#entries + 1] = claim_entry(token, c.attempt, now, {idem = c.idem, res = c.res, exiting = c.exiting, state = c.state})
+    entries[#entries + 1] = claim_entry(token, c.attempt, now, {idem = c.idem, res = c.res, exiting = c.exiting, state = c.state, waited = c.waited, cancel = c.cancel})
     out[#out + 1] = 1
   end
 end

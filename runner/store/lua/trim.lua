@@ -8,6 +8,8 @@
 -- KEYS[3] done prefix  (string)
 -- KEYS[4] job prefix   (string)
 -- KEYS[5] census       HASH  jobs not done per "<type>|<version>"
+-- KEYS[6] cancelled    ZSET  cancelled ids -> time of the cancel ms (entries past the done
+--                            retention go, with their records; cancelled jobs left the census)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] done retention, ms
@@ -31,5 +33,15 @@ if #dead > 0 then
   redis.call('DEL', unpack(gone))  -- the caller keeps the limit within unpack's
 end
 call_many('ZREM', KEYS[1], dead, 1)
+local old = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, limit)
+if #old > 0 then
+  local gone = {}
+  for _, id in ipairs(old) do
+    gone[#gone + 1] = KEYS[4] .. id
+    gone[#gone + 1] = KEYS[4] .. id .. ':s'
+  end
+  redis.call('DEL', unpack(gone))
+  call_many('ZREM', KEYS[6], old, 1)
+end
 local gen = done_gen(KEYS[2], KEYS[3], now, tonumber(ARGV[3]), tonumber(ARGV[5]))
 return {#dead, gen}

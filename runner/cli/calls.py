@@ -1,0 +1,152 @@
+"""Calling a function and controlling a job: `runner call` enqueues a job, waits for its
+end (pushed, see store/waiter.py) and prints its result (exit 0 done, 1 dead or
+cancelled, 4 still running at the timeout); `runner cancel` cancels jobs."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from runner.cli.jobs import refused_text
+from runner.cli.root import (
+    EXIT_OK,
+    EXIT_PENDING,
+    EXIT_REFUSED,
+    RedisCommand,
+    build_runtime,
+    cli,
+    emit,
+    fail,
+    print_validation,
+    read_payload,
+    redis_errors,
+)
+from runner.errors import RedisUnavailable, RunnerError, ValidationFailed
+
+
+@cli.command(cls=RedisCommand)
+@click.argument("type_", metavar="TYPE")
+@click.argument("payload", required=False)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, 86_400), default=30.0, show_default=True,
+              metavar="SECONDS", help="How long to wait for the job to end.")
+@click.option("--version", "version", type=int, default=None, help="Payload version (default: newest).")
+@click.option("--idempotency-key", default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the whole job, not only its result.")
+@click.pass_context
+def call(ctx: click.Context, type_: str, payload: str | None, timeout_s: float, version: int | None,
+         idempotency_key: str | None, as_json: bool) -> None:
+    """Enqueue a job and wait for it; print its result (PAYLOAD as for `runner enqueue`)."""
+    from runner.client import Client
+
+    body = read_payload(payload)
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    client = Client(rt)
+    with redis_errors():
+        try:
+            job = client.enqueue(type_, body, version=version, idempotency_key=idempotency_key, waited=True)
+            ended = client.settle(job.id, timeout_s, watch=job.duplicate)
+        except ValidationFailed as exc:
+            print_validation(exc)
+            sys.exit(EXIT_REFUSED)
+        except RedisUnavailable:
+            raise
+        except RunnerError as exc:
+            fail(refused_text(exc), EXIT_REFUSED)
+        finally:
+            rt.close()
+    view = ended.as_dict()
+    if ended.status == "done":
+        emit(view if as_json else view.get("result"), True)
+        sys.exit(EXIT_OK)
+    if ended.status in ("dead", "cancelled"):
+        if as_json:
+            emit(view, True)
+        error = view.get("last_error") or {}
+        fail(f"job {job.id} is {ended.status}: {error.get('message') or view.get('reason')}", EXIT_REFUSED)
+    if as_json:
+        emit(view, True)
+    fail(f"job {job.id} is still {ended.status} after {timeout_s:g} s; `runner job {job.id}` shows it later",
+         EXIT_PENDING)
+
+
+@cli.command(cls=RedisCommand)
+@click.argument("job_ids", metavar="[ID]...", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every job in --status (of --type, in --queue).")
+@click.option("--status", default="queued", show_default=True, type=click.Choice(["queued", "scheduled"]),
+              help="With --all: the jobs to cancel.")
+@click.option("--type", "type_", default=None, help="With --all: only jobs of this function type.")
+@click.option("--queue", default=None, help="With --all: only this queue.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str, type_: str | None,
+           queue: str | None, as_json: bool) -> None:
+    """Cancel jobs: one not started ends cancelled at once, a running one is asked to stop.
+    Exit 1 when any was refused (ended already, no such job)."""
+    from runner.client import Client
+
+    if bool(job_ids) == all_:
+        raise click.UsageError("give job ids, or --all (with --status, --type, --queue), not both")
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    client = Client(rt)
+    answers: list[dict[str, str]] = []
+
+    def one(job_id: str) -> None:
+        try:
+            answers.append({"id": job_id, "cancel": client.cancel(job_id)})
+        except RedisUnavailable:
+            raise
+        except RunnerError as exc:
+            answers.append({"id": job_id, "error": str(exc)})
+
+    with redis_errors():
+        for job_id in job_ids:
+            one(job_id)
+        if all_:
+            # The ids first, then the cancels: a cancel moves a job out of the list being
+            # paged (scheduled at once), which would shift the pages under the cursor.
+            found: list[str] = []
+            cursor: str | None = None
+            while True:
+                page = client.jobs(status, queue=queue, type=type_, limit=500, cursor=cursor)
+                found += [j.id for j in page.jobs]
+                cursor = page.cursor
+                if cursor is None:
+                    break
+            for job_id in dict.fromkeys(found):
+                one(job_id)
+    human = "\n".join(f"{a['id']} {a.get('cancel') or a.get('error')}" for a in answers)
+    if all_ and not as_json:
+        human += ("\n" if human else "") + f"cancelled {sum('cancel' in a for a in answers)} job(s)"
+    emit(answers, as_json, human)
+    sys.exit(EXIT_REFUSED if any("error" in a for a in answers) else EXIT_OK)
+
+
+@cli.command(cls=RedisCommand)
+@click.option("--status", default="queued", show_default=True,
+              type=click.Choice(["queued", "scheduled", "processing", "done", "dead", "cancelled"]))
+@click.option("--type", "type_", default=None, help="Only jobs of this function type.")
+@click.option("--queue", default=None, help="Only this queue (default: every queue).")
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", default=None, help="The cursor a previous page printed.")
+@click.option("--json", "as_json", is_flag=True, help='{"jobs": [...], "cursor": ...}')
+@click.pass_context
+def jobs(ctx: click.Context, status: str, type_: str | None, queue: str | None, limit: int, cursor: str | None,
+         as_json: bool) -> None:
+    """List jobs in a status, newest first, a page at a time."""
+    from runner.cli.root import table
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            page = Client(rt).jobs(status, queue=queue, type=type_, limit=limit, cursor=cursor)
+        except RedisUnavailable:
+            raise
+        except (ValueError, RunnerError) as exc:
+            fail(str(exc), EXIT_REFUSED)
+    views = [j.as_dict() for j in page.jobs]
+    rows = [(v["id"], v.get("queue", ""), v.get("type", ""), v.get("status", ""), v.get("attempt", "")) for v in views]
+    human = table(("id", "queue", "type", "status", "attempt"), rows) + (
+        f"\nnext page: runner jobs --status {status} --cursor {page.cursor}" if page.cursor else "")
+    emit({"jobs": views, "cursor": page.cursor}, as_json, human)

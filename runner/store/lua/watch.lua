@@ -1,0 +1,28 @@
+-- watch: mark a job as waited for (see waited in _lib.lua), so its end is published: its
+-- record's meta for every claim to come, and its claim entry while it runs. A caller
+-- subscribes first, then watches, then reads the job: an end after the watch is
+-- published, an end before it is seen by the read.
+--
+-- KEYS[1] job          STRING  the record
+-- KEYS[2] claims       HASH    id -> claim
+-- ARGV[1] job id
+--
+-- Returns 1 marked (or marked already), 0 no record (ended, or no such job).
+local jk, id = KEYS[1], ARGV[1]
+local rec = rec_load(jk)
+if not rec then return 0 end
+if not waited(rec.meta) then
+  local meta = rec.meta or ''
+  if meta == '' or meta == '{}' then
+    rec.meta = '{"waited":1}'
+  else
+    rec.meta = '{"waited":1,' .. string.sub(meta, 2)
+  end
+  redis.call('SET', jk, rec_encode(rec), 'KEEPTTL')
+end
+local c = parse_claim(redis.call('HGET', KEYS[2], id))
+if c and not c.waited then
+  c.waited = true
+  redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, c))
+end
+return 1

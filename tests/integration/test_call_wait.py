@@ -1,0 +1,179 @@
+"""Call and wait: a caller gets a job's end pushed to it (one subscriber per process),
+over the Python client, HTTP (?wait=) and `runner call`."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from test_web_support import Web, gunicorn
+
+from runner import JobFailed, StillRunning
+
+from conftest import Project, wait_for
+
+TOKEN = "t0ken-for-tests"
+
+
+def pubsub_clients(project: Project) -> int:
+    """Connections of this server in pub/sub mode (CLIENT LIST flag P)."""
+    return sum(1 for c in project.runtime.redis.client_list() if "P" in c["flags"])
+
+
+@pytest.fixture
+def web(project: Project) -> Iterator[Web]:
+    project.write_config(extra="\n[api]\nmax_wait = 30\n")
+    with gunicorn(project, token=TOKEN) as w:
+        yield w
+
+
+def test_call_returns_the_result_and_raises_for_a_dead_job(project: Project) -> None:
+    """client.call enqueues and returns the handler's result as soon as it is done; a job
+    that dies raises JobFailed with its error; a timeout first raises StillRunning."""
+    project.spawn_worker("fast", "slow")
+    client = project.client
+    t0 = time.monotonic()
+    assert client.call("noop", {"x": 1}, timeout=20) == {"x": 1}
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(JobFailed) as failed:
+        client.call("perm", {}, timeout=20)
+    assert "can never succeed" in str(failed.value)
+    with pytest.raises(StillRunning):
+        client.call("slow", {"seconds": 5}, timeout=0.5)
+
+
+def test_post_wait_answers_200_with_the_end_or_202_after_the_wait(project: Project, web: Web) -> None:
+    """POST /jobs/{type}?wait=5: a fast job answers 200 with its result, a job that dies
+    answers 200 with status dead and its error, and a 10 s job answers the usual 202 with
+    Location once the 5 s are up."""
+    project.spawn_worker("fast", "slow")
+    r = web.post("/jobs/noop?wait=5", json={"n": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "done" and r.json()["result"] == {"n": 1}
+    assert "waited" not in r.json()  # the waiters' mark is not a field of the job
+
+    r = web.post("/jobs/perm?wait=5", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "dead"
+    assert "can never succeed" in r.json()["last_error"]["message"]
+
+    t0 = time.monotonic()
+    r = web.post("/jobs/slow?wait=5", json={"seconds": 10})
+    took = time.monotonic() - t0
+    assert r.status_code == 202, r.text
+    assert 4.5 < took < 9, took
+    assert r.headers["Location"] == f"/jobs/{r.json()['id']}"
+
+
+def test_get_wait_answers_once_a_job_enqueued_without_waiting_ends(project: Project, web: Web) -> None:
+    """GET /jobs/{id}?wait=S on a job enqueued plainly (no mark) still gets its end pushed:
+    the wait marks the job (watch.lua) and answers as soon as it is done; a wait over
+    api.max_wait is a 400."""
+    r = web.post("/jobs/slow", json={"seconds": 1})
+    job_id = r.json()["id"]
+    assert web.get(f"/jobs/{job_id}?wait=31").status_code == 400
+    project.spawn_worker("slow")
+    t0 = time.monotonic()
+    got = web.get(f"/jobs/{job_id}?wait=8")
+    assert got.status_code == 200 and got.json()["status"] == "done", got.text
+    assert time.monotonic() - t0 < 7
+    assert got.json()["result"] == {"slept": 1}
+
+
+def test_200_concurrent_waits_share_one_subscriber_connection(project: Project) -> None:
+    """Two hundred waits at once in one process (asyncio tasks) cost one pub/sub
+    connection, and each ends with its own job's result."""
+    client = project.client
+    before = pubsub_clients(project)
+
+    async def many() -> list[Any]:
+        jobs = [await client.aenqueue("noop", {"i": i}, waited=True) for i in range(200)]
+        waits = [asyncio.ensure_future(client.aresult(j.id, timeout=60)) for j in jobs]
+        await asyncio.sleep(0.5)  # every wait registered and subscribed before any job runs
+        during.append(pubsub_clients(project))
+        project.spawn_worker("fast")
+        return list(await asyncio.gather(*waits))
+
+    during: list[int] = []
+    results = asyncio.run(many())
+    assert results == [{"i": i} for i in range(200)]
+    assert during == [before + 1]
+
+
+def test_runner_call_exit_codes(project: Project) -> None:
+    """`runner call TYPE JSON`: prints the result and exits 0 when done, exits 1 with the
+    error when dead, 4 when still running at --timeout."""
+    project.spawn_worker("fast", "slow")
+    base = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "call"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *args], env=project.env, capture_output=True, text=True, timeout=60)
+
+    ok = run("noop", '{"a": 1}', "--timeout", "20")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == '{"a":1}' or ok.stdout.strip() == '{"a": 1}'
+    dead = run("perm", "{}", "--timeout", "20")
+    assert dead.returncode == 1, dead.stderr
+    assert "can never succeed" in dead.stderr
+    slow = run("slow", '{"seconds": 5}', "--timeout", "0.5")
+    assert slow.returncode == 4, slow.stderr
+    assert "still" in slow.stderr
+
+
+def test_a_wait_across_a_redis_restart_still_ends_right(tmp_path: Any) -> None:
+    """Redis restarts while a call waits: the subscriber reconnects, reads the job again,
+    and the wait ends with the result rather than at its timeout."""
+    from runner.store.embedded import Server
+
+    from conftest import make_project
+
+    with Server(tmp_path / "redis", appendonly=True) as own:
+        project = make_project(tmp_path / "p", own)
+        try:
+            client = project.client
+            job = client.enqueue("slow", {"seconds": 3}, waited=True)
+            got: list[Any] = []
+            import threading
+
+            t = threading.Thread(target=lambda: got.append(client.settle(job.id, 40)))
+            t.start()
+            wait_for(lambda: pubsub_clients(project) == 1, what="the subscriber")
+            project.spawn_worker("slow")
+            wait_for(lambda: client.get(job.id).status == "processing", timeout=15, what="the job to start")
+            own.restart()
+            t.join(timeout=45)
+            assert got and got[0].status == "done", got
+            assert got[0].as_dict()["result"] == {"slept": 3}
+        finally:
+            project.stop_all()
+            project.runtime.close()
+
+
+def test_only_waited_jobs_are_published(project: Project) -> None:
+    """The ack and bury scripts publish the ids of waited jobs alone: a job nobody waits
+    for ends with no notice at all."""
+    client = project.client
+    ps = project.runtime.redis.pubsub()
+    ps.subscribe(project.keys("fast").ended)
+    wait_for(lambda: ps.get_message(timeout=0.1), what="the subscription")
+    plain = [client.enqueue("noop", {"i": i}).id for i in range(20)]
+    waited = client.enqueue("noop", {"w": 1}, waited=True).id
+    dying = client.enqueue("perm", {}, waited=True).id
+    project.spawn_worker("fast")
+    heard: list[str] = []
+
+    def both() -> bool:
+        msg = ps.get_message(timeout=0.1)
+        if msg and msg["type"] == "message":
+            heard.extend(msg["data"].split())
+        return {waited, dying} <= set(heard)
+
+    wait_for(both, timeout=20, what="both notices")
+    wait_for(lambda: all(client.get(i).status == "done" for i in plain), what="the plain jobs")
+    assert not set(heard) & set(plain)
+    ps.close()
