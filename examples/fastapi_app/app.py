@@ -33,9 +33,20 @@ async def signup(body: Signup, runner: RunnerClient) -> dict[str, Any]:
     return {"job": job.id, "status": job.status}
 
 
+@app.post("/signup/now")
+async def signup_now(body: Signup, runner: RunnerClient) -> dict[str, Any]:
+    """Call and wait: the handler's result within the request (pushed, not polled)."""
+    try:
+        result = await runner.acall("send_email", {"user_id": body.user_id, "to": [body.email],
+                                                   "name": body.name, "template": "welcome"}, timeout=10)
+    except ValidationFailed as exc:
+        raise HTTPException(422, [e.as_dict() for e in exc.errors]) from None
+    return {"result": result}
+
+
 @app.get("/jobs/{job_id}")
 async def job_status(job_id: str, runner: RunnerClient) -> dict[str, Any]:
-    """Poll this for the outcome: the client has no call-and-wait."""
+    """A job's state, for a caller that did not wait."""
     try:
         job = await run_in_threadpool(runner.get, job_id)  # a blocking read: off the event loop
     except JobNotFound:

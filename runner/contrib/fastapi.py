@@ -10,9 +10,9 @@
         return {"job": job.id}
 
 ``aenqueue`` validates in the route and shares round trips between concurrent requests
-without blocking the event loop. The client has no call-and-wait (``acall``): a route
-that needs the result returns the job id, and the caller polls ``GET /jobs/{id}`` (or
-the app's own status route, reading ``runner.get(id)`` in a thread).
+without blocking the event loop; ``await runner.acall(type, payload, timeout=10)``
+enqueues and waits for the handler's result within the request (the end is pushed
+over one subscriber per process, not polled).
 """
 
 from __future__ import annotations

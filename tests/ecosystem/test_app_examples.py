@@ -125,6 +125,9 @@ def test_fastapi_example_end_to_end(server: Server, tmp_path: Path, monkeypatch:
             done = wait_for(lambda: (j := http.get(f"/jobs/{job_id}").json())["status"] == "done" and j,
                             timeout=30, what="the signup email")
             assert done["result"] == {"sent_to": ["ada@example.com"], "via": "outbox"}
+            now = http.post("/signup/now", json={"user_id": 2, "email": "bo@example.com", "name": "Bo"})
+            assert now.status_code == 200, now.text
+            assert now.json() == {"result": {"sent_to": ["bo@example.com"], "via": "outbox"}}
     finally:
         worker.terminate()
         worker.wait(timeout=30)
