@@ -82,6 +82,7 @@ COMPONENTS: dict[str, Any] = {
         "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
         "concurrency": {"type": ["object", "null"], "properties": {"limit": _INT, "key": _OPT_STR}},
         "rate_limit": {"type": ["object", "null"], "properties": {"limit": _INT, "period": _NUM, "key": _OPT_STR}},
+        "priority": _INT, "on_success": _OPT_STR, "on_failure": _OPT_STR,
         "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
             "type": ["object", "null"],
             "properties": {"limit": _INT, "key": _OPT_STR, "running": _OPT_INT, "waiting": _OPT_INT}}}),
