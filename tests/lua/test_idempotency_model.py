@@ -64,6 +64,17 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
             rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
             return records.view(job_id, rec, st or [], claim or None, outcome or None)
 
+        def _views(self, ids: list[str]) -> dict[str, dict[str, str]]:
+            """Many jobs' views in one round trip (an invariant reads every job)."""
+            batch = self.rt.scripts.batch()
+            for job_id in ids:
+                self.rt.scripts.lookup(self.k, job_id, pipe=batch)
+            out = {}
+            for job_id, (rec, state, claim, outcome) in zip(ids, batch.execute(), strict=True):
+                rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
+                out[job_id] = records.view(job_id, rec, state or [], claim or None, outcome or None)
+            return out
+
         def _status(self, job_id: str) -> str | None:
             return self._view(job_id).get("status")
 
@@ -145,18 +156,18 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
 
         @invariant()
         def nothing_is_lost(self) -> None:
-            for job_id in self.jobs:
-                if job_id in self.purged:
-                    continue
-                status = self._status(job_id)
+            views = self._views([i for i in self.jobs if i not in self.purged])
+            for job_id, v in views.items():
+                status = v.get("status")
                 assert status in ("queued", "scheduled", "retrying", "processing", "done", "dead"), (job_id, status)
 
         @invariant()
         def duplicates_only_of_completed_jobs(self) -> None:
+            views = self._views(list(self.jobs))
             for job_id in self.jobs:
-                of = self._view(job_id).get("duplicate_of") if job_id not in self.purged else None
+                of = views[job_id].get("duplicate_of") if job_id not in self.purged else None
                 if of:
-                    assert self._status(of) == "done", f"{job_id} settled as a duplicate of unfinished {of}"
+                    assert views[of].get("status") == "done", f"{job_id} settled as a duplicate of unfinished {of}"
                     assert self.jobs[of]["fn"] == self.jobs[job_id]["fn"]
 
     return Idempotency
