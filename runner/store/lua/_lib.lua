@@ -517,6 +517,26 @@ local function jobs_flush(Q, put, notify_key, census_key)
   for field, c in pairs(put.versions) do census(census_key, field, c) end
 end
 
+-- The follow-ups of a batch of settled jobs (ack: ctx.enqueue and ON_SUCCESS; bury:
+-- ON_FAILURE), ARGV from fb: m, then 14 fields each (the settled job's place in the
+-- batch, its queue or '' for this one, the 12 job fields). Written only for jobs whose
+-- settle landed (out[place] > 0), each once by its id; another queue's go to the outbox.
+local function write_followups(Q, now, out, fb, m, outbox_key, notify_key, census_key)
+  local put = jobs_acc()
+  for i = 0, m - 1 do
+    local b = fb + 1 + i * 14
+    if (out[tonumber(ARGV[b])] or -1) > 0 then
+      if ARGV[b + 1] == '' then
+        local j = job_fields(ARGV, b + 2)
+        if not job_known(Q, j.id) then job_put(Q, now, j, put) end
+      else
+        redis.call('RPUSH', outbox_key, cjson.encode({unpack(ARGV, b + 1, b + 13)}))
+      end
+    end
+  end
+  jobs_flush(Q, put, notify_key, census_key)
+end
+
 -- Waiting for a job's end: a caller that waits (call and wait, GET ?wait) marks the job
 -- with "waited":1 in its record's meta (at enqueue, or later by watch.lua), claim copies
 -- that into the claim's 'w' flag, and the script that ends the job publishes its id on

@@ -173,19 +173,7 @@ local m = tonumber(ARGV[fb]) or 0
 if m > 0 then
   local Q = {ready = KEYS[8], scheduled = KEYS[16], stats = KEYS[2], job = KEYS[3], idem = KEYS[5],
     claims = KEYS[10], done_meta = KEYS[11], done = KEYS[12]}
-  local put = jobs_acc()
-  for i = 0, m - 1 do
-    local b = fb + 1 + i * 14
-    if (out[tonumber(ARGV[b])] or -1) > 0 then
-      if ARGV[b + 1] == '' then
-        local j = job_fields(ARGV, b + 2)
-        if not job_known(Q, j.id) then job_put(Q, now, j, put) end
-      else
-        redis.call('RPUSH', KEYS[17], cjson.encode({unpack(ARGV, b + 1, b + 13)}))
-      end
-    end
-  end
-  jobs_flush(Q, put, KEYS[9], KEYS[14])
+  write_followups(Q, now, out, fb, m, KEYS[17], KEYS[9], KEYS[14])
 end
 flush(KEYS[2])
 announce(KEYS[18], ended)

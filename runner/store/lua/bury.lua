@@ -94,19 +94,7 @@ local m = tonumber(ARGV[fb]) or 0
 if m > 0 then
   local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6],
     claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
-  local put = jobs_acc()
-  for i = 0, m - 1 do
-    local b = fb + 1 + i * 14
-    if (out[tonumber(ARGV[b])] or -1) > 0 then
-      if ARGV[b + 1] == '' then
-        local j = job_fields(ARGV, b + 2)
-        if not job_known(Q, j.id) then job_put(Q, now, j, put) end
-      else
-        redis.call('RPUSH', KEYS[15], cjson.encode({unpack(ARGV, b + 1, b + 13)}))
-      end
-    end
-  end
-  jobs_flush(Q, put, KEYS[8], KEYS[12])
+  write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12])
 end
 flush(KEYS[3])
 announce(KEYS[16], ended)
