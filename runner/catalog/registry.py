@@ -289,23 +289,24 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         warnings.append(f"{p}: several schema versions but no upgrade(); older jobs cannot run")
 
     newest = schemas[versions.newest].document
+
+    def declared(opt: str, what: str, tpl: templates.Template | None) -> None:
+        # A key template over a field the newest schema lacks would render from nothing.
+        for fld in tpl.fields if tpl else ():
+            if not templates.schema_has(newest, fld):
+                raise fail(f"{what} names field {fld!r}, which the v{versions.newest} schema does not declare", opt)
+
     tpls: dict[str, templates.Template | None] = {}
     for opt in ("IDEMPOTENCY_KEY", "RESOURCE_KEY"):
         raw = getattr(module, opt, None)
+        tpls[opt] = None
         if raw is None:
-            tpls[opt] = None
             continue
         try:
-            tpl = templates.parse(raw)
+            tpls[opt] = templates.parse(raw)
         except templates.TemplateError as exc:
             raise fail(f"{opt}: {exc}", opt) from None
-        for fld in tpl.fields:
-            if not templates.schema_has(newest, fld):
-                raise fail(
-                    f"{opt} names field {fld!r}, which the v{versions.newest} schema does not declare",
-                    opt,
-                )
-        tpls[opt] = tpl
+        declared(opt, opt, tpls[opt])
 
     concurrency = None
     if getattr(module, "CONCURRENCY", None) is not None:
@@ -313,22 +314,14 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
             concurrency = limits.parse_concurrency(module.CONCURRENCY)
         except ValueError as exc:
             raise fail(f"CONCURRENCY {exc}", "CONCURRENCY") from None
-        for fld in concurrency.key.fields if concurrency.key else ():
-            if not templates.schema_has(newest, fld):
-                raise fail(
-                    f"CONCURRENCY key names field {fld!r}, which the v{versions.newest} schema does not declare",
-                    "CONCURRENCY",
-                )
+        declared("CONCURRENCY", "CONCURRENCY key", concurrency.key)
     rate = None
     if getattr(module, "RATE_LIMIT", None) is not None:
         try:
             rate = limits.parse_rate(module.RATE_LIMIT)
         except ValueError as exc:
             raise fail(f"RATE_LIMIT {exc}", "RATE_LIMIT") from None
-        for fld in rate.key.fields if rate.key else ():
-            if not templates.schema_has(newest, fld):
-                raise fail(f"RATE_LIMIT key names field {fld!r}, which the v{versions.newest} schema does not declare",
-                           "RATE_LIMIT")
+        declared("RATE_LIMIT", "RATE_LIMIT key", rate.key)
     flow = limits.Flow(resource_key=tpls["RESOURCE_KEY"], concurrency=concurrency, rate=rate)
     priority = getattr(module, "PRIORITY", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
