@@ -24,7 +24,6 @@ import resource
 import signal
 import sys
 import threading
-import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -35,7 +34,7 @@ from runner.client import Enqueued
 from runner.errors import JobTimeout, RunnerError
 from runner.observe.logs import setup as setup_logs
 from runner.store import codec
-from runner.worker.context import Context, Flags
+from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
 
 log = logging.getLogger("runner.job")
@@ -125,14 +124,8 @@ class Child:
             return {"outcome": to_message(resolved), "run_s": 0.0}
         fn, payload, version = resolved
         self.flags = Flags()
-        ctx = Context(
-            job_id=job.id, type=job.type, version=version, queue=job.queue,
-            attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
-            deadline=time.time() + fn.timeout_s,
-            idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
-            traceparent=job.traceparent or None,
-            logger=logging.LoggerAdapter(log, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
-            _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
+        ctx = for_job(
+            job, version, fn.timeout_s, log,
             _save=lambda body: self.rpc("checkpoint", data=body),
             _extend=lambda: self.rpc("extend"),
             _flags=self.flags,

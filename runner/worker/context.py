@@ -120,3 +120,19 @@ class Context:
         if self._enqueue is None:
             raise RuntimeError("this context cannot enqueue (no client was given)")
         return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key)
+
+
+def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, **hooks: Any) -> Context:
+    """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in
+    an isolated child alike; ``hooks`` are the ones that differ there (_save, _extend,
+    _flags, _progress, _enqueue)."""
+    return Context(
+        job_id=job.id, type=job.type, version=version, queue=job.queue,
+        attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
+        deadline=time.time() + timeout_s,
+        idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
+        traceparent=job.traceparent or None,
+        logger=logging.LoggerAdapter(logger, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
+        _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
+        **hooks,
+    )

@@ -29,7 +29,7 @@ from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.store.scripts import Followup, followup_id
-from runner.worker.context import Context, progress_view
+from runner.worker.context import for_job, progress_view
 from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, failure, resolve
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
@@ -226,15 +226,8 @@ class Executors:
             return Settlement(run, resolved)
         fn, payload, version = resolved
         started_ms = self._server_now(job)
-        ctx = Context(
-            job_id=job.id, type=job.type, version=version, queue=job.queue,
-            attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
-            deadline=time.time() + fn.timeout_s,
-            idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
-            traceparent=job.traceparent or None,
-            logger=logging.LoggerAdapter(joblog, {"job_id": job.id, "type": job.type,
-                                                   "attempt": job.attempt}),
-            _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
+        ctx = for_job(
+            job, version, fn.timeout_s, joblog,
             _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
             _extend=lambda: self.renew_one(job),
             _flags=run.flags,
