@@ -167,6 +167,25 @@ class Executors:
         if index is not None and not self.releasing.is_set():
             self._spawn(index)
 
+    def _started(self, run: Run) -> bool:
+        """Mark a prefetched run started and wait for Redis to confirm its claim before
+        the handler runs: a cancel or a lapsed lease may have taken the claim since it
+        was prefetched, and then the run is dropped here. The mark rides in the
+        settler's next batch (no round trip of its own). During a stop the run is
+        handed back instead of waiting on."""
+        mark = Start()
+        self.outbox.put(Settlement(run, mark))
+        while not mark.answered.wait(0.2):
+            if self.releasing.is_set():
+                self.outbox.put(Settlement(run, Release()))
+                self.ledger.returned()
+                return False
+        if not mark.ok:
+            self.ledger.forget([run])
+            self.ledger.returned()
+            return False
+        return True
+
     def _loop(self, index: int) -> None:
         loop: asyncio.AbstractEventLoop | None = None
         try:
@@ -185,9 +204,9 @@ class Executors:
                     self.ledger.forget([run])
                     self.ledger.returned()
                     continue
+                if not run.job.started and not self._started(run):
+                    continue
                 run.slot = index
-                if not run.job.started:
-                    self.outbox.put(Settlement(run, Start()))
                 try:
                     if loop is None:
                         loop = asyncio.new_event_loop()

@@ -56,9 +56,18 @@ class Release:
     note: str = ""  # a history entry's outcome ("interrupted"), or none
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Start:
-    """A prefetched run's handler started: its attempt counts from now on."""
+    """A prefetched run is about to start: its attempt counts from now on. The executor
+    waits for the answer before it runs the handler, so a claim taken away meanwhile (a
+    cancel, a lapsed lease) is never run; the settler batches these with the outcomes."""
+
+    answered: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+
+    def answer(self, ok: bool) -> None:
+        self.ok = ok
+        self.answered.set()
 
 
 @dataclass(slots=True)

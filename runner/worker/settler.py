@@ -41,6 +41,14 @@ def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: An
     return codec.dumps(entry)
 
 
+def _refuse_starts(batch: Sequence[Settlement]) -> None:
+    """Start marks that could not be sent: their executors must not run the handlers
+    (the claims stay prefetched and are reclaimed without spending an attempt)."""
+    for s in batch:
+        if isinstance(s.outcome, Start) and not s.outcome.answered.is_set():
+            s.outcome.answer(False)
+
+
 class Settler:
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
                  outbox: stdqueue.SimpleQueue[Settlement | None]) -> None:
@@ -112,6 +120,7 @@ class Settler:
                 if self.closing.is_set():
                     log.error("%s settler: Redis unavailable at exit; %d job(s) will be "
                               "reclaimed when their lease lapses", self.q.name, len(batch))
+                    _refuse_starts(batch)
                     return
                 outage.failed(exc, give_up)
             except Exception as exc:
@@ -124,6 +133,7 @@ class Settler:
                     return
                 if errors >= 8 or self.closing.is_set():
                     self.ledger.forget(b.run for b in batch if not isinstance(b.outcome, Start))
+                    _refuse_starts(batch)
                     log.error("%s settler: giving up on job(s) %s; they are reclaimed when their "
                               "lease lapses", self.q.name, ", ".join(b.run.job.id for b in batch))
                     return
@@ -160,6 +170,8 @@ class Settler:
                 if s.run.key not in final:
                     starts.append((job.id, job.token))
                     start_s.append(s)
+                else:  # its executor gave up waiting and handed it back (a stop)
+                    o.answer(False)
             elif isinstance(o, Done):
                 lat = (s.started_ms or now) - job.ready_ms
                 fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)
@@ -233,7 +245,9 @@ class Settler:
         for group, codes in zip(groups, replies, strict=True):
             for s, code in zip(group, codes, strict=True):
                 if isinstance(s.outcome, Start):
-                    continue  # a lost lease shows in the renewal and the settlement
+                    # Refused: the claim is gone (a cancel, a lapsed lease); never run it.
+                    s.outcome.answer(int(code) >= 0)
+                    continue
                 settled.append(s.run)
                 if int(code) < 0:
                     log.warning("job %s: lease lost before it settled (%s); another worker "

@@ -30,14 +30,15 @@ def handle(payload, ctx):
     with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
         f.write("started\\n")
     end = time.time() + payload["seconds"]
-    while time.time() < end:
+    release = payload.get("until")  # a file whose appearance ends the run early
+    while time.time() < end and not (release and os.path.exists(release)):
         if payload.get("cooperate", True):
             ctx.raise_if_cancelled()
         time.sleep(0.02)
     return {{"ran": payload["seconds"]}}
 '''
 SCHEMA = ('{"$schema":"https://json-schema.org/draft/2020-12/schema","type":"object",'
-          '"properties":{"seconds":{"type":"number"},"cooperate":{"type":"boolean"}},"required":["seconds"]}')
+          '"properties":{"seconds":{"type":"number"},"cooperate":{"type":"boolean"},"until":{"type":"string"}},"required":["seconds"]}')
 
 
 def add_coop(project: Project, extra: str = "") -> None:
@@ -102,6 +103,35 @@ def test_a_prefetched_job_is_never_started(project: Project) -> None:
     time.sleep(0.5)
     assert project.runs(ahead) == []
     assert status(project, ahead) == "cancelled"
+
+
+def test_a_prefetched_job_cancelled_as_its_executor_frees_never_starts(project: Project) -> None:
+    """The executor frees up a moment after the cancel of the job it claimed ahead, well
+    before any renewal could tell the worker: the job still never starts (its start is
+    confirmed against its claim before the handler runs) and ends cancelled."""
+    add_coop(project)
+    project.write_config(grace=1, extra="")
+    text = (project.root / "runner.toml").read_text().replace(
+        "[queues.slow]\nvisibility_timeout = 10\nconcurrency = 2", "[queues.slow]\nvisibility_timeout = 10\n"
+        "concurrency = 1\nprefetch = 4")
+    (project.root / "runner.toml").write_text(text)
+    client = project.client
+    flag = project.root / "release-busy"
+    for attempt in range(3):  # each round: a busy job, one claimed ahead
+        flag.unlink(missing_ok=True)
+        busy = client.enqueue("coop", {"seconds": 30, "until": str(flag)}).id
+        ahead = client.enqueue("coop", {"seconds": 0.1}).id
+        if attempt == 0:
+            project.spawn_worker("slow")
+        wait_for(lambda b=busy: project.runs(b), timeout=20, what="the busy job to start")
+        wait_for(lambda a=ahead: project.runtime.redis.hget(project.keys("slow").claims, a), timeout=10,
+                 what="the prefetch")
+        assert client.cancel(ahead) == "cancelled"
+        flag.touch()  # the executor is free at once
+        wait_for(lambda b=busy: status(project, b) == "done", timeout=10, what="the busy job to end")
+        time.sleep(0.3)
+        assert project.runs(ahead) == [], f"round {attempt}: a cancelled job started"
+        assert status(project, ahead) == "cancelled"
 
 
 def test_a_running_job_sees_the_cancel_within_2_s_and_ends_cancelled(project: Project) -> None:
