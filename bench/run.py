@@ -32,7 +32,7 @@ from harness import systems  # first: it freezes the runner under test
 
 RUNNER_SNAPSHOT = systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
 
-from harness import extras, profile, report, scenarios, server, startup, ticks, venv  # noqa: E402
+from harness import extras, flow, profile, report, scenarios, server, startup, ticks, venv  # noqa: E402
 
 SIZES = {
     "full": {"reps": 3, "drain_n": 20000, "drain_cap_s": 20.0, "single_n": 10000, "batch_n": 20000,
@@ -136,7 +136,7 @@ def main() -> None:
                     help="handlers that do I/O, each drained by every system: incr,sleep (or none)")
     ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
     ap.add_argument("--extras", help="comma-separated subset of the runner-only scenarios: "
-                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup")
+                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup,flow")
     ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
@@ -192,6 +192,7 @@ def main() -> None:
                 "startup": ("start-up", lambda: startup.run(
                     env, systems.runner_system(toml), [s for s in chosen if s.name != "runner-process"],
                     cfg["cli_rounds"], max(3, reps))),
+                "flow": ("flow control", lambda: flow.run(env, cfg["drain_n"], reps, cfg["drain_cap_s"])),
             }
             only = set(a.extras.split(",")) if a.extras else set(scenarios_x)
             unknown = only - set(scenarios_x)

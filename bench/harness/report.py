@@ -215,6 +215,10 @@ def extras_md(x: dict[str, Any]) -> list[str]:
         from harness import startup
 
         out += startup.markdown(x["startup"])
+    if x.get("flow"):
+        from harness import flow
+
+        out += flow.markdown(x["flow"])
     return out
 
 

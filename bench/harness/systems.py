@@ -129,6 +129,38 @@ def handle(payload, ctx):
     time.sleep(payload["s"])
 '''
 
+# Flow control (issue 22): a per-key concurrency limit over FLOW_KEYS keys (2 x 100 = 200
+# slots, well above the 32 threads of 2 workers) and a global rate limit far above capacity.
+FLOW_KEYS = 100
+FLOW_KEY_LIMIT = 2
+FLOW_RATE = 1_000_000  # starts per second
+
+KEYED = f'''"""A no-op job with a per-key concurrency limit: at most {FLOW_KEY_LIMIT} running per key."""
+
+from benchprobe import hit, work
+
+QUEUE = "fast"
+CONCURRENCY = {{"key": "tenant:{{k}}", "limit": {FLOW_KEY_LIMIT}}}
+
+
+def handle(payload, ctx):
+    hit(payload.get("t", 0.0))
+    work()
+'''
+
+RATED = f'''"""A no-op job with a global rate limit far above what the workers can start."""
+
+from benchprobe import hit, work
+
+QUEUE = "fast"
+RATE_LIMIT = {{"limit": {FLOW_RATE}, "period": 1}}
+
+
+def handle(payload, ctx):
+    hit(payload.get("t", 0.0))
+    work()
+'''
+
 SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
           "properties": {"t": {"type": "number"}}, "additionalProperties": False}
 GUARDED_SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
@@ -154,6 +186,17 @@ def runner_project(root: Path) -> Path:
     text = "\n".join(lines).replace('prefix = "runner"', 'prefix = "bench"')
     toml = root / "runner.toml"
     toml.write_text(text + '\n\n[log]\nlevel = "WARNING"\n')
+    return toml
+
+
+def flow_project(root: Path) -> Path:
+    """runner_project's folder plus the flow-controlled no-ops (noop_keyed: per-key
+    CONCURRENCY; noop_rated: RATE_LIMIT), so one worker setup serves all three drains."""
+    toml = runner_project(root)
+    for name, src, schema in (("noop_keyed", KEYED, GUARDED_SCHEMA), ("noop_rated", RATED, SCHEMA)):
+        (root / "functions" / f"{name}.py").write_text(src)
+        (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
+        (root / "schemas" / name / "v1.json").write_text(json.dumps(schema, indent=2))
     return toml
 
 

@@ -11,7 +11,8 @@ schedule never waits for a slow call), each carrying its enqueue time for the la
 probe, and prints {"n", "seconds", "late_max_ms"}. Every loop is bounded by --n and
 --max-seconds.
 
-Environment: BENCH_REDIS_URL; for runner also RUNNER_CONFIG (the project's runner.toml).
+Environment: BENCH_REDIS_URL; for runner also RUNNER_CONFIG (the project's runner.toml),
+BENCH_RUNNER_TYPE (the function, default noop) and BENCH_RUNNER_KEYS (the payload's key).
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ def runner_producer() -> tuple[SyncSend, SyncBatch | None]:
 
     client = Client.from_config(os.environ["RUNNER_CONFIG"])
     job_type = os.environ.get("BENCH_RUNNER_TYPE", "noop")
-    keyed = job_type != "noop"
+    # The payload's "k": "unique" (one per job), "none", or a number N (N keys in turn,
+    # so jobs spread evenly over them). A type other than the no-op defaults to unique.
+    keys = os.environ.get("BENCH_RUNNER_KEYS", "none" if job_type == "noop" else "unique")
+    spread = int(keys) if keys.isdigit() else 0
     seq = [0]
 
     def payload(t: float) -> dict[str, Any]:
-        if not keyed:
+        if keys == "none":
             return {"t": t}
         seq[0] += 1
+        if spread:
+            return {"t": t, "k": f"t{seq[0] % spread}"}
         return {"t": t, "k": f"{os.getpid()}-{seq[0]}"}
 
     def send(t: float) -> None:
