@@ -47,6 +47,18 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+# The long randomised runs (chaos, the hypothesis models, the API fuzz) are bounded in the
+# default run; RUNNER_TEST_FULL=1 runs them all at full size, and each one's own variable
+# (CHAOS_SECONDS, MODEL_EXAMPLES, ...) still wins over both.
+FULL = os.environ.get("RUNNER_TEST_FULL") == "1"
+
+
+def size(name: str, default: float, full: float) -> float:
+    """A test's size: its variable if set, else the full or the bounded default."""
+    value = os.environ.get(name)
+    return float(value) if value else (full if FULL else default)
+
+
 PROTECTED_CONFIGS = ["--enable-protected-configs", "yes"]  # server args: CONFIG SET dir
 
 

@@ -24,12 +24,12 @@ from schemathesis.checks import (
 from schemathesis.specs.openapi.checks import negative_data_rejection
 from test_web_support import gunicorn
 
-from conftest import Project
+from conftest import FULL, Project, size
 
 TOKEN = "fuzz-token"
-EXAMPLES = 10
+EXAMPLES = int(size("FUZZ_EXAMPLES", 6, 50))
 # Bounds the whole run well under a minute on two cores whatever the generator does.
-BUDGET_S = 55.0
+BUDGET_S = 55.0 if not FULL else 600.0
 CONFORMANCE = [not_a_server_error, status_code_conformance, content_type_conformance,
                response_schema_conformance, response_headers_conformance]
 
@@ -76,7 +76,7 @@ def test_api_conforms_to_its_openapi_document(project: Project) -> None:
 # Each token lacks one scope (or enqueue for every function but one).
 LACKING = {"no-enqueue": ["read", "operate"], "no-read": ["enqueue", "operate"],
            "no-operate": ["enqueue", "read"], "one-function": ["enqueue:noop", "read", "operate"]}
-SCOPE_EXAMPLES = 5
+SCOPE_EXAMPLES = int(size("FUZZ_EXAMPLES", 6, 50)) // 2
 
 
 def _allowed(scopes: list[str], scope: str) -> bool:

@@ -27,7 +27,7 @@ from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.scripts import Ack, Burial, RetryAt
 
-from conftest import Project
+from conftest import Project, size
 
 LEASE = 60_000
 FUNCTIONS = ("idem", "noop")  # both on the fast queue
@@ -181,6 +181,6 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
 def test_idempotency_holds_under_random_interleavings(project: Project) -> None:
     run_state_machine_as_test(
         machine_for(project),
-        settings=settings(max_examples=60, stateful_step_count=30, deadline=None,
+        settings=settings(max_examples=int(size("MODEL_EXAMPLES", 25, 300)), stateful_step_count=30, deadline=None,
                           suppress_health_check=list(HealthCheck)),
     )

@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from runner.store.scripts import Ack, Burial, Hand, NewJob, RetryAt
 
-from conftest import structures, view
+from conftest import size, structures, view
 
 LEASE = 1000
 LIMIT = "r:r"  # the limit key of resource "r"
@@ -188,6 +188,6 @@ class Lifecycle(RuleBasedStateMachine):
 def test_lifecycle_state_machine(project: Any) -> None:
     Lifecycle.project = project
     run = Lifecycle.TestCase
-    run.settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
+    run.settings = settings(max_examples=int(size("MODEL_EXAMPLES", 20, 200)), stateful_step_count=40, deadline=None,
                             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     run().runTest()
