@@ -53,6 +53,8 @@ MAX_BATCH = 500
 # Smaller calls let the client prepare the next while Redis runs the last.
 STREAM_CHUNK = 100
 STREAM_WINDOW = 2
+# How long a cancel of a job claimed ahead waits to learn whether its worker dropped it.
+CANCEL_AHEAD_S = 2.0
 
 auditlog = logging.getLogger("runner.audit")
 
@@ -677,7 +679,30 @@ class Client:
             raise JobEnded(job_id, status)
         if int(code) == -1:
             raise JobNotFound(job_id)
+        if int(code) == 3:
+            return self._cancelled_ahead(queue, job_id)
         return "cancelled" if int(code) == 1 else "requested"
+
+    def _cancelled_ahead(self, queue: str, job_id: str) -> str:
+        """A job a worker had claimed ahead: that worker drops it ("cancelled") unless it
+        was starting it at that instant ("requested": its handler is told). Which way
+        it went shows within milliseconds; a worker that is gone leaves the job to its
+        lease, after which it ends cancelled without running ("requested" meanwhile)."""
+        k = self.runtime.keys[queue]
+        deadline = time.monotonic() + CANCEL_AHEAD_S
+        while True:
+            try:
+                claim = self.runtime.redis.hget(k.claims, job_id)
+            except UNAVAILABLE as exc:
+                raise RedisUnavailable(str(exc)) from exc
+            if claim is None:
+                if self.get(job_id).status == "cancelled":
+                    return "cancelled"
+            elif "p" not in claim.split(" ")[-1]:
+                return "requested"  # it started: a cancel of a running job
+            if time.monotonic() > deadline:
+                return "requested"
+            time.sleep(0.005)
 
     # --- call and wait ------------------------------------------------------------
 

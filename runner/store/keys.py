@@ -17,6 +17,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               at the done retention (the job list's index)
     <prefix>:{<queue>}:notify         LIST    wake-up tokens for idle workers (bounded)
     <prefix>:{<queue>}:ended          channel ids of waited-for jobs that ended (space-joined)
+    <prefix>:{<queue>}:cancels        channel "<id> <token>" of prefetched claims a cancel took
+                                              (their worker drops them; see lua/cancel.lua)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
@@ -85,6 +87,7 @@ class QueueKeys:
     cancelled: str = field(init=False)
     notify: str = field(init=False)
     ended: str = field(init=False)
+    cancels: str = field(init=False)
     stats: str = field(init=False)
     job_prefix: str = field(init=False)
     idem_prefix: str = field(init=False)
@@ -104,7 +107,7 @@ class QueueKeys:
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),
                              ("scheduled", "scheduled"), ("dead", "dead"), ("cancelled", "cancelled"),
-                             ("notify", "notify"), ("ended", "ended"),
+                             ("notify", "notify"), ("ended", "ended"), ("cancels", "cancels"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
                              ("outbox", "outbox"),

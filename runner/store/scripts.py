@@ -517,13 +517,17 @@ class Scripts:
 
     def release(
         self, k: QueueKeys, items: Sequence[Hand | tuple[str, str]], pipe: Batch | None = None,
-        now_ms: int | None = None,
+        now_ms: int | None = None, done_ttl_ms: int = 86_400_000,
     ) -> Any:
+        """Hand claims back (see release.lua); ``done_ttl_ms`` keeps a job that a cancel
+        took while it waited to start, which ends cancelled instead."""
         args: list[Any] = [_clock(now_ms), len(items)]
         for item in items:
             h = item if isinstance(item, Hand) else Hand(*item)
             args += [h.id, h.token, h.mode, h.history]
-        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.claims, k.limwait)
+        args.append(done_ttl_ms)
+        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.claims, k.limwait,
+                k.idem_prefix, k.census, k.cancelled, k.ended)
         return self._run("release", keys, args, pipe)
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
@@ -568,10 +572,10 @@ class Scripts:
         return self._run("lookup", keys, (job_id,), pipe)
 
     def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None) -> Any:
-        """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), -1 no
-        such job, -2 ended already."""
+        """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), 3
+        claimed ahead (its worker drops it), -1 no such job, -2 ended already."""
         keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
-                k.census, k.ended, k.cancelled)
+                k.census, k.ended, k.cancelled, k.cancels)
         return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms))
 
     def watch(self, k: QueueKeys, job_id: str) -> Any:

@@ -6,6 +6,9 @@ channels of every queue and pokes the waits registered for each id it hears of; 
 then reads the job to see how it ended. Every (re)subscription pokes every wait too:
 an end published while the connection was down (a Redis restart) is never heard, so each
 wait reads its job again once the subscription is back.
+
+A worker process uses the same subscriber with ``on_message`` for the queues' cancels
+channels (a cancel of a job it claimed ahead).
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ READ_S = 1.0  # a read's timeout, so a stop is seen
 class Waiter:
     """The waits of one process: job id -> the pokes of its waits."""
 
-    def __init__(self, redis: Any, channels: Sequence[str]) -> None:
+    def __init__(self, redis: Any, channels: Sequence[str],
+                 on_message: Callable[[list[str]], None] | None = None) -> None:
         self.redis = redis
         self.channels = tuple(channels)
+        self.on_message = on_message  # every message's words, instead of poking waits
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._waits: dict[str, set[Poke]] = {}
@@ -62,9 +67,11 @@ class Waiter:
                 self._thread.start()
         return self._subscribed.wait(timeout_s)
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stop listening; ``wait`` for the thread (up to a read's timeout), or leave it
+        to end on its own (a daemon thread, gone with the process)."""
         self._stopped.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout=READ_S + 1)
 
     def _poke(self, job_ids: Sequence[str] | None) -> None:
@@ -115,7 +122,10 @@ class Waiter:
                 if isinstance(data, bytes):
                     data = data.decode()
                 if isinstance(data, str):
-                    self._poke(data.split())
+                    if self.on_message is not None:
+                        self.on_message(data.split())
+                    else:
+                        self._poke(data.split())
 
 
 def wait_until(waiter: Waiter, deadline: float, check: Callable[[], bool], watch: Callable[[], None] | None,

@@ -116,7 +116,8 @@ class Executors:
             if left is not None:
                 self.ledger.picked()
                 self.ledger.returned()
-                self.outbox.put(Settlement(left, Release()))
+                if self.ledger.pick(left):
+                    self.outbox.put(Settlement(left, Release()))
         for slot in self._slots:
             slot.close()
 
@@ -167,25 +168,6 @@ class Executors:
         if index is not None and not self.releasing.is_set():
             self._spawn(index)
 
-    def _started(self, run: Run) -> bool:
-        """Mark a prefetched run started and wait for Redis to confirm its claim before
-        the handler runs: a cancel or a lapsed lease may have taken the claim since it
-        was prefetched, and then the run is dropped here. The mark rides in the
-        settler's next batch (no round trip of its own). During a stop the run is
-        handed back instead of waiting on."""
-        mark = Start()
-        self.outbox.put(Settlement(run, mark))
-        while not mark.answered.wait(0.2):
-            if self.releasing.is_set():
-                self.outbox.put(Settlement(run, Release()))
-                self.ledger.returned()
-                return False
-        if not mark.ok:
-            self.ledger.forget([run])
-            self.ledger.returned()
-            return False
-        return True
-
     def _loop(self, index: int) -> None:
         loop: asyncio.AbstractEventLoop | None = None
         try:
@@ -194,6 +176,9 @@ class Executors:
                 if run is None:
                     return
                 self.ledger.picked()
+                if not self.ledger.pick(run):
+                    self.ledger.returned()  # a cancel took it; its hand-back is on its way
+                    continue
                 if self.releasing.is_set():
                     self.outbox.put(Settlement(run, Release()))
                     self.ledger.returned()
@@ -204,9 +189,9 @@ class Executors:
                     self.ledger.forget([run])
                     self.ledger.returned()
                     continue
-                if not run.job.started and not self._started(run):
-                    continue
                 run.slot = index
+                if not run.job.started:
+                    self.outbox.put(Settlement(run, Start()))
                 try:
                     if loop is None:
                         loop = asyncio.new_event_loop()

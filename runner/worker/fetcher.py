@@ -137,7 +137,8 @@ class Fetcher:
             for r in batch:
                 self.ledger.picked()
                 self.ledger.returned()
-                self.outbox.put(Settlement(r, Release()))
+                if self.ledger.pick(r):
+                    self.outbox.put(Settlement(r, Release()))
             log.info("%s fetcher: %d job(s) claimed during the stop; handed back", qname, count)
             return count, held
         for r in batch:

@@ -37,6 +37,8 @@ class Run:
     flags: Flags = field(default_factory=Flags)
     cancelled_at: float | None = None  # time.monotonic() of the cancel request seen
     progress: str = ""  # the latest ctx.progress() not yet sent (JSON), sent with the renewal
+    picked: bool = False  # an executor took it: from here a cancel is a request to the handler
+    doomed: bool = False  # a cancel took it while claimed ahead: handed back, never started
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
     # ctx.enqueue's jobs, held until the ack, which writes them (a failed run drops them)
     followups: list[Followup] = field(default_factory=list)
@@ -56,18 +58,9 @@ class Release:
     note: str = ""  # a history entry's outcome ("interrupted"), or none
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Start:
-    """A prefetched run is about to start: its attempt counts from now on. The executor
-    waits for the answer before it runs the handler, so a claim taken away meanwhile (a
-    cancel, a lapsed lease) is never run; the settler batches these with the outcomes."""
-
-    answered: threading.Event = field(default_factory=threading.Event)
-    ok: bool = False
-
-    def answer(self, ok: bool) -> None:
-        self.ok = ok
-        self.answered.set()
+    """A prefetched run's handler started: its attempt counts from now on."""
 
 
 @dataclass(slots=True)
@@ -144,6 +137,27 @@ class Ledger:
             for r in runs:
                 if self.runs.get(r.key) is r:
                     del self.runs[r.key]
+
+    def pick(self, run: Run) -> bool:
+        """An executor takes the run; False when a cancel took it first (see doom)."""
+        with self.lock:
+            if run.doomed:
+                return False
+            run.picked = True
+            return True
+
+    def doom(self, run: Run) -> bool:
+        """A cancel took this run: True when no executor has taken it yet, so it never
+        starts (the caller hands it back); False when its handler may be running."""
+        with self.lock:
+            if run.picked or run.doomed or self.runs.get(run.key) is not run:
+                return False
+            run.doomed = True
+            return True
+
+    def find(self, job_id: str, token: str) -> Run | None:
+        with self.lock:
+            return self.runs.get((job_id, token))
 
     def holds(self, run: Run) -> bool:
         with self.lock:

@@ -23,7 +23,7 @@ from runner.config import QueueConfig
 from runner.runtime import Runtime
 from runner.worker.executors import Executors
 from runner.worker.fetcher import Fetcher
-from runner.worker.ledger import Ledger, Run, Settlement
+from runner.worker.ledger import Ledger, Release, Run, Settlement
 from runner.worker.renewer import Renewer
 from runner.worker.settler import Settler
 
@@ -44,7 +44,29 @@ class QueueRunner:
         self.settler = Settler(runtime, queue, self.ledger, outbox)
         self.executors = Executors(runtime, queue, self.ledger, inbox, outbox, self.renewer.renew_one)
         self.renewer.abandon = self.executors.abandon
+        self.renewer.cancelled = self.cancelled
+        self.settler.cancelled = self.cancelled
         self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outbox, worker_id)
+        self.outbox = outbox
+
+    def cancel_ahead(self, job_id: str, token: str) -> None:
+        """A cancel took a claim (the cancels channel): drop it if it is ours and has not
+        started."""
+        run = self.ledger.find(job_id, token)
+        if run is not None:
+            self.cancelled(run)
+
+    def cancelled(self, run: Run) -> None:
+        """A cancel reached a run, by the cancels channel, a renewal or a start mark: one
+        no executor has taken is handed back, never started (release.lua ends it
+        cancelled); a running one's handler is told (ctx.cancelled)."""
+        if self.ledger.doom(run):
+            self.outbox.put(Settlement(run, Release()))
+            log.info("job %s: cancelled before it started", run.job.id, extra={"job_id": run.job.id})
+        elif not run.flags.cancelled and self.ledger.holds(run):
+            run.flags.cancelled = True
+            run.cancelled_at = time.monotonic()
+            log.info("job %s: cancelled; the handler sees ctx.cancelled", run.job.id, extra={"job_id": run.job.id})
 
     @property
     def processed(self) -> int:

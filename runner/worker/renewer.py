@@ -42,6 +42,7 @@ class Renewer:
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
         self.grace_s = runtime.config.worker.timeout_grace_s
         self.abandon: Callable[[Run], None] = lambda run: None
+        self.cancelled: Callable[[Run], None] = lambda run: None  # a cancel reached this run
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-renew", daemon=True)
 
@@ -108,11 +109,8 @@ class Renewer:
                     r.lost = True
                     log.warning("job %s: lease lost (reclaimed elsewhere); its result will be refused "
                                 "unless nobody ran it since", r.job.id, extra={"job_id": r.job.id})
-                elif c == 3 and not r.flags.cancelled:
-                    r.flags.cancelled = True
-                    r.cancelled_at = time.monotonic()
-                    log.info("job %s: cancelled; the handler sees ctx.cancelled", r.job.id,
-                             extra={"job_id": r.job.id})
+                elif c == 3 and not r.flags.cancelled and not r.doomed:
+                    self.cancelled(r)
                 elif c == -2 and not r.flags.lock_lost:
                     r.flags.lock_lost = True
                     log.warning("job %s: its resource slot went to another job (its lease had lapsed); "

@@ -10,7 +10,7 @@ import queue as stdqueue
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runner.client import Client, Request
@@ -24,7 +24,7 @@ from runner.store.outage import Outage
 from runner.store.scripts import Ack, Burial, Followup, Hand, RetryAt, followup_id
 from runner.worker.execute import Claimed, Dead, Done, RetryLater
 from runner.worker.faults import fault
-from runner.worker.ledger import Ledger, Release, Settlement, Start
+from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
 
 log = logging.getLogger("runner.worker")
 joblog = logging.getLogger("runner.job")
@@ -39,14 +39,6 @@ def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: An
     if error is not None:
         entry["error"] = {"type": error.get("type"), "message": error.get("message")}
     return codec.dumps(entry)
-
-
-def _refuse_starts(batch: Sequence[Settlement]) -> None:
-    """Start marks that could not be sent: their executors must not run the handlers
-    (the claims stay prefetched and are reclaimed without spending an attempt)."""
-    for s in batch:
-        if isinstance(s.outcome, Start) and not s.outcome.answered.is_set():
-            s.outcome.answer(False)
 
 
 class Settler:
@@ -70,6 +62,7 @@ class Settler:
         self._tally: Counter[str] = Counter()
         self._next_summary = time.monotonic() + SUMMARY_EVERY_S
         self._client: Client | None = None  # builds destinations' jobs (ON_SUCCESS, ON_FAILURE)
+        self.cancelled: Callable[[Run], None] = lambda run: None  # a start mark found a cancel
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-settle", daemon=True)
 
     def start(self) -> None:
@@ -120,7 +113,6 @@ class Settler:
                 if self.closing.is_set():
                     log.error("%s settler: Redis unavailable at exit; %d job(s) will be "
                               "reclaimed when their lease lapses", self.q.name, len(batch))
-                    _refuse_starts(batch)
                     return
                 outage.failed(exc, give_up)
             except Exception as exc:
@@ -133,7 +125,6 @@ class Settler:
                     return
                 if errors >= 8 or self.closing.is_set():
                     self.ledger.forget(b.run for b in batch if not isinstance(b.outcome, Start))
-                    _refuse_starts(batch)
                     log.error("%s settler: giving up on job(s) %s; they are reclaimed when their "
                               "lease lapses", self.q.name, ", ".join(b.run.job.id for b in batch))
                     return
@@ -170,8 +161,6 @@ class Settler:
                 if s.run.key not in final:
                     starts.append((job.id, job.token))
                     start_s.append(s)
-                else:  # its executor gave up waiting and handed it back (a stop)
-                    o.answer(False)
             elif isinstance(o, Done):
                 lat = (s.started_ms or now) - job.ready_ms
                 fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)
@@ -237,7 +226,7 @@ class Settler:
             sc.bury(self.keys, burials, self.dead_ttl_ms, pipe=pipe)
             groups.append(bury_s)
         if releases:
-            sc.release(self.keys, releases, pipe=pipe)
+            sc.release(self.keys, releases, pipe=pipe, done_ttl_ms=self.done_ttl_ms)
             groups.append(release_s)
         replies = pipe.execute()
         fault("after_ack")
@@ -245,9 +234,9 @@ class Settler:
         for group, codes in zip(groups, replies, strict=True):
             for s, code in zip(group, codes, strict=True):
                 if isinstance(s.outcome, Start):
-                    # Refused: the claim is gone (a cancel, a lapsed lease); never run it.
-                    s.outcome.answer(int(code) >= 0)
-                    continue
+                    if int(code) == 2:  # cancelled while claimed ahead, as it started
+                        self.cancelled(s.run)
+                    continue  # a lost lease shows in the renewal and the settlement
                 settled.append(s.run)
                 if int(code) < 0:
                     log.warning("job %s: lease lost before it settled (%s); another worker "

@@ -15,11 +15,16 @@ from typing import Any
 from runner.runtime import Runtime
 from runner.store import roster
 from runner.store.connection import UNAVAILABLE
+from runner.store.waiter import Waiter
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
 from runner.worker.ticker import Ticker
 
 log = logging.getLogger("runner.worker")
+
+# How long the start waits for the cancels subscription (Redis away: it goes on, and the
+# renewals carry cancels until the subscription is up).
+CANCELS_READY_S = 2.0
 
 
 class Worker:
@@ -34,14 +39,23 @@ class Worker:
         self.started_ms = int(time.time() * 1000)
         self.scheduler = Scheduler(runtime, self._member)
         self.ticker = Ticker(runtime)
+        # Cancels of jobs claimed ahead, pushed (a renewal would tell within a second,
+        # but an executor may free up sooner): one subscription for every queue.
+        self.cancels = Waiter(runtime.redis, [r.fetcher.keys.cancels for r in self.runners], self._cancel_ahead)
         self.stop_event = threading.Event()
         self._signals = 0
+
+    def _cancel_ahead(self, words: list[str]) -> None:
+        if len(words) == 2:
+            for r in self.runners:
+                r.cancel_ahead(words[0], words[1])
 
     def start(self) -> None:
         # The scheduler first, so due and lapsed jobs move before the first claim;
         # the runners last, once everything they rely on is up.
         self.scheduler.start()
         self.ticker.start()  # schedules' ticks: jobs like any other, for the runners to take
+        self.cancels.ready(CANCELS_READY_S)
         for r in self.runners:
             r.start()
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queues))
@@ -56,6 +70,7 @@ class Worker:
         for t in threads:
             t.join()
         self.scheduler.stop()
+        self.cancels.stop(wait=False)
         with contextlib.suppress(*UNAVAILABLE):
             roster.leave(self.rt.redis, self.rt.config.redis.prefix, self.worker_id)
         log.info("worker %s stopped", self.worker_id)

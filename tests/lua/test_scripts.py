@@ -309,6 +309,33 @@ def test_a_prefetched_job_that_settles_spends_its_attempt(p: Project) -> None:
     assert again[0] == "a" and again[2] == 2
 
 
+def test_a_cancel_of_a_job_claimed_ahead_leaves_it_to_its_worker(p: Project) -> None:
+    """cancel.lua cannot end a prefetched job (its worker may be starting it): it flags
+    the claim 'c', publishes "<id> <token>" on the cancels channel and answers 3. The
+    worker's hand-back (release, mode now) then ends it cancelled, not queued; had the
+    worker started it instead, its start mark answers 2 (tell the handler)."""
+    enqueue(p, new("a"), new("b"))
+    got = {g[0]: g for g in claim(p, n=2, start=0)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    sub = r.pubsub()
+    sub.subscribe(k.cancels)
+    assert sub.get_message(timeout=2)["type"] == "subscribe"
+    assert list(sc.cancel(k, "a", 60_000, now_ms=NOW + 1)) == [3, "queued"]
+    assert list(sc.cancel(k, "b", 60_000, now_ms=NOW + 1)) == [3, "queued"]
+    heard = [sub.get_message(timeout=2)["data"] for _ in range(2)]
+    assert heard == [f"a {got['a'][1]}", f"b {got['b'][1]}"]
+    sub.close()
+    assert r.hget(k.claims, "a").endswith("c") and state(p, "a")["cancel_requested"] == "1"
+    # a: dropped by its worker before it started.
+    assert sc.release(k, [("a", got["a"][1])], now_ms=NOW + 2, done_ttl_ms=60_000) == [1]
+    assert rec(p, "a")["status"] == "cancelled" and r.hget(k.claims, "a") is None
+    assert r.zscore(k.cancelled, "a") == NOW + 2 and r.lrange(k.ready, 0, -1) == []
+    assert 0 < r.pttl(k.job("a")) <= 60_000 + 3_600_000
+    # b: its worker had started it that instant: the start mark says so.
+    assert sc.start(k, [("b", got["b"][1])], now_ms=NOW + 2) == [2]
+    assert list(sc.cancel(k, "b", 60_000, now_ms=NOW + 3)) == [2, "processing"]
+
+
 def test_a_limited_job_is_never_prefetched(p: Project) -> None:
     """A job under limits met beyond the first `start` jobs goes back to the consumer end of
     ready, with what the claim popped after it, in order, and the claim stops, saying so

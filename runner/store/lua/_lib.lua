@@ -549,3 +549,18 @@ end
 local function announce(channel, ids)
   if #ids > 0 then redis.call('PUBLISH', channel, table.concat(ids, ' ')) end
 end
+
+-- A job that never ran (or whose run stopped) ends cancelled: a terminal status in its
+-- state, kept with its record for the retention given, indexed in the cancelled set,
+-- its idempotency key freed and the census told. Its claim, lease and queue entries
+-- are the caller's to remove.
+local function end_cancelled(jk, id, rec, now, ttl, idem_prefix, census_key, cancelled_key, ended)
+  local sk = jk .. ':s'
+  redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
+  redis.call('HDEL', sk, 'cancel_requested')
+  redis.call('ZADD', cancelled_key, now, id)
+  rec_expire(jk, ttl)
+  free_idem(idem_prefix, rec.type, rec.idem_key, id)
+  census(census_key, rec.type .. '|' .. rec.version, -1)
+  if waited(rec.meta) then announce(ended, {id}) end
+end

@@ -4,8 +4,13 @@
 -- status in its state hash, kept (record and state) for the retention given, like a dead
 -- job but outside the dead-letter set. Its id may still sit in ready or on a limit's
 -- waiter list: claim and the limit wake-up skip any job whose status is not queued or
--- deferred, so it never runs. A job claimed ahead (prefetched, not started) loses its
--- claim here, so its worker's start is refused. A running job gets the 'c' flag in its
+-- deferred, so it never runs. A job claimed ahead (prefetched, not started) cannot be
+-- ended here without a race: its worker may be starting it this instant. Its claim gets
+-- the 'c' flag and its id and token are published on the queue's cancels channel; the
+-- worker holding it drops it if its handler has not started (it hands the claim back,
+-- and the next claim ends the job cancelled: see claim.lua) or tells the handler, as for
+-- a running job, if it just did. A worker that misses the notice hears it from its next
+-- renewal or start mark. A running job gets the 'c' flag in its
 -- claim entry (fenced by that claim's token: a later claim starts without it) and
 -- cancel_requested in its state, so the renewal tells its worker and a reclaim after a
 -- crash cancels it instead of running it again.
@@ -20,25 +25,21 @@
 -- KEYS[8] census       HASH
 -- KEYS[9] ended        channel  (see waited in _lib.lua)
 -- KEYS[10] cancelled   ZSET    cancelled ids -> time of the cancel ms (the job list's index)
+-- KEYS[11] cancels     channel "<id> <token>" of prefetched claims cancelled
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
 --
--- Returns {code, status}: 1 cancelled, 2 stop requested (running), -1 no such job,
+-- Returns {code, status}: 1 cancelled, 2 stop requested (running), 3 claimed ahead: its
+-- worker drops it (the caller reads the job to learn which way it went), -1 no such job,
 -- -2 ended already (status done, dead or cancelled).
 local now, id, ttl = clock(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local jk = KEYS[1]
 local sk = jk .. ':s'
 
 local function finish(rec)
-  redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
-  redis.call('HDEL', sk, 'cancel_requested')
   redis.call('ZREM', KEYS[4], id)
-  redis.call('ZADD', KEYS[10], now, id)
-  rec_expire(jk, ttl)
-  free_idem(KEYS[7], rec.type, rec.idem_key, id)
-  census(KEYS[8], rec.type .. '|' .. rec.version, -1)
-  if waited(rec.meta) then announce(KEYS[9], {id}) end
+  end_cancelled(jk, id, rec, now, ttl, KEYS[7], KEYS[8], KEYS[10], KEYS[9])
   return {1, 'cancelled'}
 end
 
@@ -49,16 +50,16 @@ if not rec then
 end
 local c = parse_claim(redis.call('HGET', KEYS[2], id))
 if c then
-  if c.prefetched then
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZREM', KEYS[3], id)
-    return finish(rec)
-  end
   if not c.cancel then
     c.cancel = true
+    c.state = true  -- it has one from here on (cancel_requested)
     redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, c))
   end
   redis.call('HSET', sk, 'cancel_requested', '1')
+  if c.prefetched then
+    redis.call('PUBLISH', KEYS[11], id .. ' ' .. c.token)
+    return {3, 'queued'}
+  end
   return {2, 'processing'}
 end
 local status = redis.pcall('HGET', sk, 'status')

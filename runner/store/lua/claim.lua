@@ -160,13 +160,7 @@ local function take(id)
   if f[9] then
     -- A run asked to stop came back (its worker died, or it failed and is retried): the
     -- cancel stands, and the job ends cancelled instead of running again.
-    redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
-    redis.call('HDEL', sk, 'cancel_requested')
-    rec_expire(jk, done_ttl)
-    redis.call('ZADD', KEYS[19], now, id)
-    free_idem(KEYS[8], typ, ikey, id)
-    census(KEYS[14], typ .. '|' .. rec.version, -1)
-    if waited(rec.meta) then announce(KEYS[18], {id}) end
+    end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[14], KEYS[19], KEYS[18])
     tally('cancelled|' .. typ)
     return
   end

@@ -1,7 +1,9 @@
 -- release: hand claimed jobs back without spending an attempt (fenced), in one of two
 -- ways:
 --   now    to the front of ready at once: the job never started, or its handler is known
---          to have stopped (its child process was killed at shutdown)
+--          to have stopped (its child process was killed at shutdown); a claim that a
+--          cancel took while it waited to start (flag 'c', see cancel.lua) ends the job
+--          cancelled instead
 --   later  the handler may still be running (a thread at shutdown): the claim is marked
 --          'x' and keeps its lease, so nobody can start the job while that process
 --          lives; once the lease lapses, reclaim puts it back without spending the attempt
@@ -13,11 +15,17 @@
 -- KEYS[5] limit prefix (string)
 -- KEYS[6] claims       HASH  id -> claim
 -- KEYS[7] limwait      ZSET  limit keys with parked jobs
+-- KEYS[8] idem prefix  (string)
+-- KEYS[9] census       HASH
+-- KEYS[10] cancelled   ZSET  cancelled ids -> time ms
+-- KEYS[11] ended       channel
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job: id, token, mode (now | later), history entry ('' none)
+-- ARGV[last] the done retention, ms (a cancelled job's)
 --
 -- Returns one code per job: 1 released, -1 refused (lease lost: nothing changed).
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
+local done_ttl = tonumber(ARGV[3 + n * 4]) or 86400000
 local out = {}
 local ids, marked = {}, {}
 local seen = {}
@@ -35,6 +43,12 @@ for i = 0, n - 1 do
     marked[#marked + 1] = id
     marked[#marked + 1] = claim_entry(c.token, c.attempt, c.started, {idem = c.idem, res = c.res,
       prefetched = c.prefetched, exiting = true, state = c.state, waited = c.waited, cancel = c.cancel})
+    out[#out + 1] = 1
+  elseif c.cancel and c.prefetched then
+    seen[id] = true
+    local rec = rec_load(jk)
+    if rec then end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[9], KEYS[10], KEYS[11]) end
+    ids[#ids + 1] = id
     out[#out + 1] = 1
   else
     seen[id] = true

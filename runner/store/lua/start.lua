@@ -5,7 +5,9 @@
 -- ARGV[1] now, ms ('' for the server's clock): the start time written
 -- ARGV[2] n; then per job: id, token
 --
--- Returns one code per job: 1 marked, 0 started already, -1 refused (lease lost).
+-- Returns one code per job: 1 marked, 2 marked but a cancel asked it to stop (it was
+-- cancelled while claimed ahead, and its worker had not heard yet), 0 started already,
+-- -1 refused (lease lost).
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local out, entries = {}, {}
 local held = batch_claims(KEYS[1], 3, 2, n)
@@ -19,7 +21,7 @@ for i = 0, n - 1 do
   else
     entries[#entries + 1] = id
     entries[#entries + 1] = claim_entry(token, c.attempt, now, {idem = c.idem, res = c.res, exiting = c.exiting, state = c.state, waited = c.waited, cancel = c.cancel})
-    out[#out + 1] = 1
+    out[#out + 1] = c.cancel and 2 or 1
   end
 end
 call_many('HSET', KEYS[1], entries, 2)
