@@ -246,10 +246,10 @@ end
 
 
 def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
-         rate: float | None = None, batch: int = 0) -> dict[str, Any] | None:
+         rate: float | None = None, batch: int = 0, query: str = "") -> dict[str, Any] | None:
     """Closed loop (as fast as the connections go) or, with ``rate``, paced at that many
     requests/s in all. With ``batch``, each request carries that many jobs to the batch
-    route."""
+    route; ``query`` is appended to the path (``?wait=5``)."""
     wrk = shutil.which("wrk")
     if wrk is None:
         return None
@@ -264,7 +264,7 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
     script.write_text(text)
     proc = subprocess.run(
         [wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
-         f"http://127.0.0.1:{port}/jobs/noop" + ("/batch" if batch else "")],
+         f"http://127.0.0.1:{port}/jobs/noop" + ("/batch" if batch else "") + query],
         capture_output=True, text=True, timeout=seconds + 30,
     )
     text = proc.stdout
