@@ -13,6 +13,7 @@ real worker processes on a real server.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from typing import Any
@@ -389,3 +390,38 @@ def test_an_async_handler_that_blocks_its_loop_stalls_no_other(crash_project: Pr
     slow_end = float(project.runs(slow)[0])
     assert all(final[q]["status"] == "done" for q in quick)
     assert max(float(project.runs(q)[0]) for q in quick) < slow_end - 1.0
+
+
+WHOAMI = '''"""Answers with the pid of the process that ran it."""
+import os
+
+QUEUE = "fast"
+ISOLATION = "process"
+
+
+def handle(payload, ctx):
+    return {"pid": os.getpid()}
+'''
+
+
+@pytest.mark.parametrize("limit", ["max_jobs_per_child = 3", "max_rss_mb = 1"])
+def test_children_are_recycled_after_their_job_count_or_above_their_memory(
+        crash_project: Project, limit: str) -> None:
+    """Jobs one after the other in one slot: with max_jobs_per_child = 3 each child runs
+    three and the next job gets a new one; with max_rss_mb = 1 (any interpreter is over
+    it) every job gets a new child. The worker goes on serving throughout."""
+    project = crash_project
+    (project.root / "functions" / "whoami.py").write_text(WHOAMI)
+    (project.root / "schemas" / "whoami").mkdir(exist_ok=True)
+    (project.root / "schemas" / "whoami" / "v1.json").write_text('{"type": "object"}')
+    project.write_config(vt=5, concurrency=1, prefetch=0, fast=f'isolation = "process"\n{limit}')
+    ids = [project.client.enqueue("whoami", {"i": i}).id for i in range(7)]
+    project.spawn_worker("fast")
+    final = wait_final(project, ids, timeout=90)
+    assert all(final[i]["status"] == "done" for i in ids), final
+    pids = [project.client.get(i).as_dict()["result"]["pid"] for i in ids]
+    runs = [len(list(g)) for _, g in itertools.groupby(pids)]
+    if "max_jobs_per_child" in limit:
+        assert runs == [3, 3, 1], pids
+    else:
+        assert runs == [1] * 7, pids
