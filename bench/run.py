@@ -163,7 +163,8 @@ def main() -> None:
         process = systems.runner_system(
             systems.isolated_project(toml), system_name="runner-process",
             label=f"runner {systems.runner_version()}, isolation = \"process\"",
-            note="2 processes x 16 child processes (isolation = \"process\"), at-least-once")
+            note=f"2 processes x {systems.PROCESS_CONCURRENCY} child processes (isolation = \"process\", "
+                 "as the shipped slow queue), at-least-once")
         everyone = [systems.runner_system(toml), process, *systems.peer_systems(str(peers_py), redis.url)]
         chosen = [s for s in everyone if wanted is None or s.name in wanted]
         res: dict[str, Any] = {

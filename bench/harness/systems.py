@@ -200,15 +200,31 @@ def flow_project(root: Path) -> Path:
     return toml
 
 
+PROCESS_CONCURRENCY = 2  # children per worker process: the shipped slow queue's
+
+
 def isolated_project(toml: Path, isolation: str = "process") -> Path:
     """A runner.toml beside ``toml`` (same functions) whose fast queue runs its handlers
-    with the given isolation (the shipped fast queue runs them in threads)."""
+    with the given isolation (the shipped fast queue runs them in threads). In process
+    mode each worker process gets the shipped slow queue's 2 children: a child runs one
+    job at a time in its own interpreter, so children beyond the cores only compete for
+    them (measured: 2 x 2 children drained about 50 % more no-ops than 2 x 4)."""
     text = toml.read_text()
     head = "[queues.fast]\n"
     if head not in text:
         raise RuntimeError(f"no [queues.fast] table in {toml}")
     out = toml.with_name(f"runner-{isolation}.toml")
-    out.write_text(text.replace(head, f'{head}isolation = "{isolation}"\n', 1))
+    text = text.replace(head, f'{head}isolation = "{isolation}"\n', 1)
+    if isolation == "process":
+        fast = text.index(head)
+        end = text.find("\n[", fast + len(head))
+        table = text[fast:end if end > 0 else len(text)]
+        if "concurrency = " not in table:
+            raise RuntimeError(f"no concurrency in the [queues.fast] table of {toml}")
+        new = "\n".join(f"concurrency = {PROCESS_CONCURRENCY}" if ln.startswith("concurrency = ") else ln
+                        for ln in table.split("\n"))
+        text = text.replace(table, new, 1)
+    out.write_text(text)
     return out
 
 
