@@ -15,7 +15,7 @@ _after = int(os.environ.get("RUNNER_FAULT_AFTER", "0") or 0)
 
 POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
 # Off a job's path: the relay of follow-ups to other queues (worker/relay.py).
-RELAY_POINTS = ("before_relay",)
+RELAY_POINTS = ("before_relay", "after_relay")
 
 
 def fault(point: str) -> None:

@@ -53,6 +53,7 @@ def drain(rt: Runtime, k: QueueKeys) -> int:
         return 0
     fault("before_relay")
     finished = place(rt, entries)
+    fault("after_relay")  # placed, not yet off the outbox: the next pass places nothing twice
     if finished:
         pipe = rt.redis.pipeline(transaction=False)
         for raw in finished:

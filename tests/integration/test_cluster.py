@@ -191,3 +191,58 @@ def test_workers_run_both_queues_on_the_cluster(cproject: Project) -> None:
 
 def test_guard_reads_cluster_settings(cproject: Project) -> None:
     assert isinstance(redis_risks(cproject.runtime.redis), list)
+
+
+PARENT = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    return {"children": [ctx.enqueue("leaf_slow", {"parent": ctx.job_id, "i": i}).id for i in range(2)]}
+'''
+LEAF = '''
+import os
+QUEUE = "slow"
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], f"leaf-{payload['parent']}-{payload['i']}"), "a") as f:
+        f.write(ctx.job_id + "\\n")
+'''
+
+
+def test_a_cross_queue_followup_arrives_once_with_the_relay_killed(cproject: Project) -> None:
+    """Parents on `fast` enqueue two follow-ups each to a function on `slow`, a queue on
+    another master: the acks write them to fast's outbox, and the relay moves them across
+    slots. One worker is SIGKILLed just before its first relay, the next just after its
+    relay placed them (before it took them off the outbox); a third finishes. Every
+    follow-up runs exactly once, under the id its parent was given."""
+    p = cproject
+    for name, src in (("parent", PARENT), ("leaf_slow", LEAF)):
+        (p.root / "functions" / f"{name}.py").write_text(src)
+        (p.root / "schemas" / name).mkdir(exist_ok=True)
+        (p.root / "schemas" / name / "v1.json").write_text('{"type": "object"}')
+    p.write_config(vt=1, concurrency=2)
+    r = p.runtime.redis
+    fast, slow = p.keys("fast"), p.keys("slow")
+    if r.nodes_manager.get_node_from_slot(r.keyslot(fast.ready)).name == \
+            r.nodes_manager.get_node_from_slot(r.keyslot(slow.ready)).name:
+        pytest.skip("fast and slow hash to one master")
+    c = p.client
+    parents = [c.enqueue("parent", {"n": i}).id for i in range(6)]
+    w1 = p.spawn_worker("fast", env={"RUNNER_FAULT": "before_relay"})
+    assert w1.wait(timeout=30) == -9
+    assert r.llen(fast.outbox) >= 2  # acks landed; their follow-ups wait in the outbox
+    w2 = p.spawn_worker("fast", env={"RUNNER_FAULT": "after_relay"})
+    assert w2.wait(timeout=30) == -9
+    assert r.llen(slow.ready) >= 2 and r.llen(fast.outbox) >= 2  # placed, not yet removed
+    p.spawn_worker("fast", "slow")
+    for pid in parents:
+        assert c.wait(pid, timeout_s=30).status == "done", pid
+    kids = {pid: c.get(pid).as_dict()["result"]["children"] for pid in parents}
+    wait_for(lambda: r.llen(fast.outbox) == 0, timeout=20, what="the outbox drained")
+    for pid, ids in kids.items():
+        for i, kid in enumerate(ids):
+            assert c.wait(kid, timeout_s=30).status == "done", kid
+            ran = (p.records / f"leaf-{pid}-{i}").read_text().split()
+            assert ran == [kid], (pid, i, ran)
+    assert_no_job_in_two_structures(p)
+    assert_no_job_in_two_structures(p, "slow")
