@@ -139,6 +139,10 @@ class Client:
         return self._prepare(req.type, req.payload, req.version, req.delay_s, req.run_at,
                              req.idempotency_key, req.traceparent, req.priority)
 
+    def prepare_type(self, type_: str, payload: Any) -> _Prepared:
+        """``prepare`` for a job with every option at its default."""
+        return self._prepare(type_, payload, None, None, None, None)
+
     def _prepare(
         self, type_: str, payload: Any, version_: int | None, delay_s: float | None,
         run_at: float | None, idempotency_key: str | None, traceparent: str | None = None,
@@ -230,6 +234,10 @@ class Client:
                 return out
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority,
                              waited)
+        return _one(await self._async_combiner.submit(prep))
+
+    async def asend(self, prep: _Prepared) -> Enqueued:
+        """The write half of ``aenqueue``, for a job ``prepare`` made (the HTTP fast lane)."""
         return _one(await self._async_combiner.submit(prep))
 
     def enqueue_many(

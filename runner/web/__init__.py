@@ -34,6 +34,7 @@ from runner.web.catalog import FunctionItem, Functions, Health, Queues, Throughp
 from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
 from runner.web.exposition import Metrics
+from runner.web.fastlane import FastLane
 from runner.web.jobs import JobBatch, JobList, Jobs
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
@@ -84,11 +85,13 @@ class _Headers:
         resp.set_header("X-Content-Type-Options", "nosniff")
 
 
-def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTooLarge:
+def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     api = runtime.config.api
     if not api.secured:
         log.warning("the HTTP API is open: no token (RUNNER_API_TOKEN, [api.tokens]) or auth switched off")
-    app = falcon.asgi.App(middleware=[*auth.middleware(runtime), _Headers()])
+    access = auth.Access(runtime)
+    middleware: list[Any] = [access, _Headers()]
+    app = falcon.asgi.App(middleware=middleware)
     problems.install(app)
     client = Client(runtime)
     offload = Offload(threads)
@@ -115,10 +118,10 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> _AnnouncedTo
     static = Static()
     app.add_route("/", static)
     app.add_route("/static/{name}", static, suffix="file")
-    return _AnnouncedTooLarge(app, api.max_body_bytes)
+    return FastLane(_AnnouncedTooLarge(app, api.max_body_bytes), runtime, client, access, api.max_body_bytes)
 
 
-def app_for(config: Config, threads: int = DEFAULT_THREADS) -> _AnnouncedTooLarge:
+def app_for(config: Config, threads: int = DEFAULT_THREADS) -> FastLane:
     """The app of a serving process, around a Runtime of its own (built after any fork:
     Redis connections must not cross one); function files that failed are logged."""
     runtime = Runtime.create(config)

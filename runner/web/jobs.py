@@ -15,6 +15,7 @@ from runner.errors import IdempotencyConflict, JobEnded
 from runner.store.listing import LISTED
 from runner.store.records import ENDED
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
+from runner.web.fastlane import ENQUEUE_ERROR
 from runner.web.offload import Offload
 from runner.web.problems import Problem, body_of, conflict
 
@@ -70,6 +71,9 @@ class Jobs:
         priority = int_param(req, "priority", 0, 9, None)
         wait = seconds_param(req, "wait", rt.config.api.max_wait_s) if req.query_string else None
         key = idempotency_key(req)
+        failed = req.scope.get(ENQUEUE_ERROR)
+        if failed is not None:  # the fast lane tried this enqueue: never twice
+            raise failed
         job = await self.client.aenqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
                                          idempotency_key=key, priority=priority, waited=wait is not None)
         if wait is not None:

@@ -326,3 +326,43 @@ def test_redis_unreachable_is_a_503_with_nothing_half_written(tmp_path: Path) ->
         finally:
             if project._runtime is not None:
                 project._runtime.close()
+
+
+def test_the_enqueue_fast_lane_answers_as_the_route_does_and_never_writes_twice(project: Project) -> None:
+    """A plain POST /jobs/{type} is answered by the fast lane (no falcon objects); the
+    same request with a query parameter goes through the falcon route. Both give the same
+    status, headers and body shape. A refusal found before the write (a bad payload, a
+    wrong token) is the route's own answer; an error of the write itself (a key holding
+    another payload) is rendered by the route without a second write."""
+    rt = project.runtime
+    lane = create_app(rt)
+    inner, routed_to = lane.app, []
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            routed_to.append(scope["path"] + ("?" if scope.get("query_string") else ""))
+        await inner(scope, receive, send)
+
+    lane.app = counting
+    client = falcon.testing.TestClient(lane)
+    fast = client.simulate_post("/jobs/noop", json={})
+    routed = client.simulate_post("/jobs/noop?version=1", json={})
+    assert routed_to == ["/jobs/noop?"]  # the plain one never reached the route
+    for r in (fast, routed):
+        assert r.status_code == 202, r.text
+        assert r.headers["location"] == f"/jobs/{r.json['id']}"
+        assert r.headers["content-type"] == "application/json"
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert set(fast.json) == set(routed.json) and fast.json["status"] == "queued"
+    assert {k.lower() for k in fast.headers} == {k.lower() for k in routed.headers}
+    bad = client.simulate_post("/jobs/record", json={"n": "x"})
+    assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
+    first = client.simulate_post("/jobs/idem", json={"k": "a", "v": 1})
+    assert first.status_code == 202, first.text
+    before = rt.redis.hgetall(rt.keys["fast"].census)
+    clash = client.simulate_post("/jobs/idem", json={"k": "a", "v": 2})
+    assert clash.status_code == 409 and clash.json["job_id"] == first.json["id"], clash.text
+    assert rt.redis.hgetall(rt.keys["fast"].census) == before  # nothing written, once or twice
+    same = client.simulate_post("/jobs/idem", json={"k": "a", "v": 1})
+    assert same.status_code == 200 and same.json["duplicate"] and "location" not in same.headers
+    assert routed_to == ["/jobs/noop?", "/jobs/record", "/jobs/idem"]  # the refusals; the clash
