@@ -441,13 +441,14 @@ class Scripts:
     def claim(
         self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
+        max_ages: str = "",
     ) -> Any:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
-        (see claim.lua)."""
+        (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
                 k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
                 k.paused, k.held_prefix, k.prio, k.ended, k.cancelled)
-        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
+        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages)
         return self._run("claim", keys, args, pipe)
 
     def start(

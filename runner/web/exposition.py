@@ -12,7 +12,7 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_queue_scheduled_due_jobs              scheduled and already due, not promoted yet
     runner_queue_dead_jobs                       in the dead-letter set
     runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
-    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost}_total
+    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired}_total
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
@@ -56,6 +56,7 @@ _COUNTER_HELP = {
     "paused": "Claims held back without spending an attempt: the function is paused.",
     "ratelimited": "Claims held back without spending an attempt: no RATE_LIMIT token was due.",
     "lost": "Lapsed leases put back to ready (the worker died or stalled).",
+    "expired": "Jobs buried without running: not started within their function's MAX_AGE.",
 }
 _GAUGES = (
     ("ready", "runner_queue_ready_jobs", "Jobs waiting in the ready list."),

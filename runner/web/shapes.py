@@ -82,7 +82,7 @@ COMPONENTS: dict[str, Any] = {
         "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
         "concurrency": {"type": ["object", "null"], "properties": {"limit": _INT, "key": _OPT_STR}},
         "rate_limit": {"type": ["object", "null"], "properties": {"limit": _INT, "period": _NUM, "key": _OPT_STR}},
-        "priority": _INT, "on_success": _OPT_STR, "on_failure": _OPT_STR,
+        "priority": _INT, "on_success": _OPT_STR, "on_failure": _OPT_STR, "max_age": _OPT_NUM,
         "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
             "type": ["object", "null"],
             "properties": {"limit": _INT, "key": _OPT_STR, "running": _OPT_INT, "waiting": _OPT_INT}}}),
@@ -96,7 +96,7 @@ COMPONENTS: dict[str, Any] = {
     }),
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
-        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT,
+        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT, "expired": _INT,
         "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({

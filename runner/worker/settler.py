@@ -22,7 +22,7 @@ from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
 from runner.store.scripts import Ack, Burial, Followup, Hand, RetryAt, followup_id
-from runner.worker.execute import Claimed, Dead, Done, RetryLater
+from runner.worker.execute import EXPIRED, Claimed, Dead, Done, RetryLater
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
 
@@ -197,11 +197,13 @@ class Settler:
                     ))
                 retry_s.append(s)
             elif isinstance(o, Dead):
-                entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
+                # An expiry spends no attempt, yet the history says why the job never ran.
+                entry = "" if o.refund and o.reason != EXPIRED else \
+                    _history(job.attempt, o.reason, s.started_ms, now, o.error)
                 burials.append(Burial(
                     job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "",
                     entry, o.refund,
-                    f"dead|{t}" if o.refund else
+                    f"dead|{t} expired|{t}" if o.reason == EXPIRED else f"dead|{t}" if o.refund else
                     f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra,
                     self._on_failure(job, o.error),
                 ))
