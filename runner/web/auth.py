@@ -52,6 +52,8 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/jobs/{}", ENQUEUE),
     ("POST", "/jobs/{}/batch", ENQUEUE),
     ("GET", "/jobs/{}", READ),
+    ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
+    ("GET", "/groups/{}", READ),
     ("GET", "/functions", READ),
     ("GET", "/functions/{}", READ),
     ("GET", "/queues", READ),
@@ -71,7 +73,6 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("GET", "/jobs", READ),                          # the job lists
     ("DELETE", "/jobs/{}", OPERATE),                 # cancel
     ("GET", "/schedules", READ),
-    ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
 )
 
 SCOPE_MEMO = 1024

@@ -36,10 +36,18 @@ _TIMING = _obj({"count": _INT, "sum_ms": _INT, "mean_ms": _OPT_NUM, "p50_ms": _O
 _JOB_META: dict[str, Any] = {
     "schedule": {"type": "string", "description": "The schedule whose tick enqueued this job"},
     "tick": {"type": "string", "description": "The tick's time, ISO 8601 UTC"},
+    "member": {"type": "integer", "description": "A group's member: its place in the group, from 1"},
 }
 _JOB_FIELDS = ["id", "type", "version", "queue", "status", "attempt", "max_attempts", "payload", "created_at",
                "enqueued_at", "ready_at", "started_at", "finished_at", "idempotency_key", "resource_key",
                "deferrals", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of"]
+_GROUP_JOB = {
+    "type": "object", "required": ["type", "payload"], "additionalProperties": False,
+    "properties": {"type": {"type": "string", "minLength": 1}, "payload": {},
+                   "version": {"type": "integer", "minimum": 1}, "delay": {"type": "number", "minimum": 0},
+                   "run_at": {"type": "number", "minimum": 0}, "priority": {"type": "integer", "minimum": 0,
+                                                                            "maximum": 9}},
+}
 
 COMPONENTS: dict[str, Any] = {
     "Problem": {
@@ -72,6 +80,20 @@ COMPONENTS: dict[str, Any] = {
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
         "checkpoint": _ANY, "duplicate_of": _OPT_STR,
     } | _JOB_META, required=_JOB_FIELDS, extra=True),
+    "GroupRequest": _obj({"members": {"type": "array", "minItems": 1, "items": _GROUP_JOB,
+                                      "description": "jobs of one queue"},
+                          "then": _GROUP_JOB | {"description": "runs once after every member finished; its "
+                                                "payload (an object) gets the group field in front"}}),
+    "GroupCreated": _obj({"id": _STR, "queue": _STR, "members": {"type": "array", "items": _STR},
+                          "then": _obj({"id": _STR, "type": _STR, "queue": _STR, "status": _STR})}),
+    "Group": _obj({
+        "id": _STR, "queue": _STR, "total": _INT, "done": _INT, "dead": _INT, "cancelled": _INT,
+        "pending": _INT, "sealed": {"type": "boolean"}, "complete": {"type": "boolean"},
+        "created_at": _OPT_NUM, "completed_at": _OPT_NUM,
+        "then": _obj({"id": _STR, "type": _STR, "queue": _STR, "status": {
+            "type": ["string", "null"], "description": "waiting until the last member finished, then the "
+            "then-job's status (pending while it is relayed to another queue)"}}),
+    }),
     "Function": _obj({
         "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
         "backoff": _obj({"base": _NUM, "cap": _NUM, "jitter": _STR}),
@@ -208,6 +230,25 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                                       "jobs": {"type": "array", "items": ref("Job")},
                                       "cursor": {"type": ["string", "null"]}}, ["jobs", "cursor"])}}},
                           "400": bad, "404": problem("No such queue")},
+        }},
+        "/groups": {"post": {
+            "operationId": "create_group", "tags": ["groups"],
+            "summary": "Fan-out/fan-in: members of one queue, and a then-job that runs once after them all",
+            "requestBody": {"required": True, "content": {_JSON: {"schema": ref("GroupRequest")}}},
+            "responses": {
+                "202": ok("Accepted: the group, its member ids in order and its then-job", "GroupCreated"),
+                "400": problem("Malformed JSON, or not an object"),
+                "413": problem("The body is over api.max_body_bytes"),
+                "415": problem("The body is not application/json"),
+                "422": problem("The group cannot run (members on several queues, a payload, the then-job...): "
+                               "every problem with its path; nothing was written"),
+            },
+        }},
+        "/groups/{id}": {"get": {
+            "operationId": "get_group", "tags": ["groups"],
+            "summary": "A group's progress: members done, dead, pending, and its then-job",
+            "parameters": [_path_param("id", {"type": "string", "minLength": 1, "maxLength": 200}, "a group id")],
+            "responses": {"200": ok("The group", "Group"), "404": problem("No such group")},
         }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],
