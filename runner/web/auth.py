@@ -9,6 +9,7 @@ of which token matched or how close a guess came, however many tokens there are.
 Every route needs one scope, from ROUTES, looked up by method and path before routing:
 
     enqueue:{}  POST /jobs/{type}, /jobs/{type}/batch: "enqueue" or "enqueue:<that type>"
+    enqueue     POST /groups (its members may be of any types)
     read        every GET but /healthz, /whoami and the dashboard's static shell
     operate     requeue, delete, purge, cancel, pause and resume, bulk actions
 

@@ -40,7 +40,8 @@ _JOB_META: dict[str, Any] = {
 }
 _JOB_FIELDS = ["id", "type", "version", "queue", "status", "attempt", "max_attempts", "payload", "created_at",
                "enqueued_at", "ready_at", "started_at", "finished_at", "idempotency_key", "resource_key",
-               "deferrals", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of"]
+               "deferrals", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of",
+               "parent", "children", "group"]
 _GROUP_JOB = {
     "type": "object", "required": ["type", "payload"], "additionalProperties": False,
     "properties": {"type": {"type": "string", "minLength": 1}, "payload": {},
@@ -79,6 +80,11 @@ COMPONENTS: dict[str, Any] = {
         "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
         "checkpoint": _ANY, "duplicate_of": _OPT_STR,
+        "parent": {"type": ["string", "null"], "description": "The job whose ctx.enqueue, ON_SUCCESS or "
+                   "ON_FAILURE wrote this one (from its id: <parent>.<i>, .s, .f)"},
+        "children": {"type": "array", "items": _STR, "description": "The follow-ups and destination "
+                     "jobs this job wrote (when its ack or burial landed)"},
+        "group": {"type": ["string", "null"], "description": "The group of a member or then-job"},
     } | _JOB_META, required=_JOB_FIELDS, extra=True),
     "GroupRequest": _obj({"members": {"type": "array", "minItems": 1, "items": _GROUP_JOB,
                                       "description": "jobs of one queue"},
@@ -244,10 +250,11 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                                "every problem with its path; nothing was written"),
             },
         }},
-        "/groups/{id}": {"get": {
+        "/groups/{group_id}": {"get": {
             "operationId": "get_group", "tags": ["groups"],
             "summary": "A group's progress: members done, dead, pending, and its then-job",
-            "parameters": [_path_param("id", {"type": "string", "minLength": 1, "maxLength": 200}, "a group id")],
+            "parameters": [_path_param("group_id", {"type": "string", "minLength": 1, "maxLength": 200},
+                                       "a group id")],
             "responses": {"200": ok("The group", "Group"), "404": problem("No such group")},
         }},
         "/functions": {"get": {

@@ -207,10 +207,14 @@ class Settler:
                 if fn is not None and fn.on_success:
                     body = codec.loads(o.result) if o.result else None
                     follow += self._destination(fn.on_success, "s", job, {"result": body})
+                meta = job.meta_raw
+                if follow:  # the outcome names its children (GET /jobs/{id})
+                    meta = codec.dumps({**(codec.loads(meta) if meta else {}),
+                                        records.CHILDREN: [f.job.id for f in follow]})
                 if self.keep_payload:
-                    result = f"{result}\n{job.meta_raw}\n{job.payload_raw}"
-                elif job.meta_raw:
-                    result = f"{result}\n{job.meta_raw}"
+                    result = f"{result}\n{meta}\n{job.payload_raw}"
+                elif meta:
+                    result = f"{result}\n{meta}"
                 acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow,
                                 _member_done(job, o.result)))
                 ack_s.append(s)

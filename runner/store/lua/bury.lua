@@ -27,7 +27,7 @@
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
 --   a handler; 0: it counts), stats fields (space-separated)
 -- then m, ON_FAILURE jobs, 14 fields each as ack.lua's follow-ups: written only for a job
---   buried here, in this step, once by id
+--   buried here, in this step, once by id (their ids go in its state as 'children')
 -- then g, the group members among the jobs, 5 fields each as in ack.lua (status dead or
 --   cancelled): each counted down in this step, once
 --
@@ -96,7 +96,20 @@ local fb = 4 + n * 7
 local m = tonumber(ARGV[fb]) or 0
 local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6],
   claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
-if m > 0 then write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12]) end
+if m > 0 then
+  write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12])
+  -- A dead job keeps its state: its children (the ON_FAILURE job) go there, for readers.
+  local kids = {}
+  for i = 0, m - 1 do
+    local b = fb + 1 + i * 14
+    local place = tonumber(ARGV[b])
+    if (out[place] or -1) > 0 then
+      local pid = ARGV[4 + (place - 1) * 7]
+      kids[pid] = (kids[pid] and kids[pid] .. ',' or '') .. ARGV[b + 2]
+    end
+  end
+  for pid, ids in pairs(kids) do redis.call('HSET', KEYS[4] .. pid .. ':s', 'children', ids) end
+end
 local gb = fb + 1 + m * 14
 if (tonumber(ARGV[gb]) or 0) > 0 then
   group_members({group = KEYS[18], Q = Q, notify = KEYS[8], census = KEYS[12], outbox = KEYS[15]}, now, out, gb)
