@@ -124,14 +124,15 @@ COMPONENTS: dict[str, Any] = {
     }),
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
-        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT, "expired": _INT,
+        "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT,
+        "expired": _INT, "followups": _INT, "relayed": _INT,
         "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,
         "scheduled_due": _INT, "dead": _INT, "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
         "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
-        "paused_functions": {"type": "array", "items": _STR},
+        "paused_functions": {"type": "array", "items": _STR}, "groups_completed": _INT,
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
     }),
     "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),

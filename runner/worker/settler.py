@@ -215,6 +215,8 @@ class Settler:
                     result = f"{result}\n{meta}\n{job.payload_raw}"
                 elif meta:
                     result = f"{result}\n{meta}"
+                if follow:  # counted with the ack, so only for an ack that lands
+                    fields += f" followups|{t}={len(follow)}"
                 acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow,
                                 _member_done(job, o.result)))
                 ack_s.append(s)
@@ -238,13 +240,13 @@ class Settler:
                 # An expiry spends no attempt, yet the history says why the job never ran.
                 entry = "" if o.refund and o.reason != EXPIRED else \
                     _history(job.attempt, o.reason, s.started_ms, now, o.error)
-                burials.append(Burial(
-                    job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "",
-                    entry, o.refund,
-                    f"dead|{t} expired|{t}" if o.reason == EXPIRED else f"dead|{t}" if o.refund else
-                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra,
-                    self._on_failure(job, o.error), _member_dead(job, o),
-                ))
+                follow = self._on_failure(job, o.error)
+                stats = f"dead|{t} expired|{t}" if o.reason == EXPIRED else f"dead|{t}" if o.refund else \
+                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra
+                if follow:
+                    stats += f" followups|{t}={len(follow)}"
+                burials.append(Burial(job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "", entry,
+                                      o.refund, stats, follow, _member_dead(job, o)))
                 bury_s.append(s)
             else:
                 note = codec.dumps({"attempt": job.attempt, "outcome": o.note, "at_ms": now}) if o.note else ""

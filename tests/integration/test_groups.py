@@ -146,5 +146,7 @@ def test_post_groups_and_get_its_progress(fns: Project) -> None:
     assert bad.status_code == 422 and bad.json["type"] == "urn:runner:problem:invalid-group"
     assert {e["path"] for e in bad.json["errors"]} >= {"$.members[0].payload", "$.members[1].idempotency_key",
                                                        "$.then.type"}
+    metrics = client.simulate_get("/metrics").text
+    assert 'runner_groups_completed_total{queue="fast"} 1.0' in metrics
     missing = client.simulate_get("/groups/gnope")
     assert missing.status_code == 404 and missing.json["type"] == "urn:runner:problem:group-not-found"

@@ -601,7 +601,7 @@ local function group_fire(G, now, gid)
     redis.call('PEXPIRE', gk, keep)
     redis.call('PEXPIRE', gk .. ':o', keep)
   end
-  tally('groups_completed|' .. t[3])
+  tally('groups_completed')
 end
 
 -- One member finished (status done, dead or cancelled; its outcome JSON): counted once,
