@@ -105,6 +105,19 @@ def test_a_big_groups_outcomes_are_read_by_the_handler(fns: Project, monkeypatch
     assert [o["result"]["n"] for o in run["outcomes"]] == list(range(30))
 
 
+def test_an_isolated_then_handler_reads_the_outcomes_through_its_worker(fns: Project,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ISOLATION = "process" the child asks its parent for the outcomes."""
+    monkeypatch.setattr(groups, "INLINE_BYTES", 10)
+    write(fns, "merge_iso", 'ISOLATION = "process"\n' + MERGE.format(queue="fast"))
+    c = fns.client
+    g = c.group([Request("part", {"n": i}) for i in range(3)], then=Request("merge_iso", {}))
+    fns.spawn_worker("fast")
+    wait_for(lambda: runs(fns, g.then_id), timeout=30, what="the then-job")
+    [run] = runs(fns, g.then_id)
+    assert [o["result"]["n"] for o in run["outcomes"]] == [0, 1, 2]
+
+
 def test_a_group_that_cannot_run_is_refused_whole(fns: Project) -> None:
     c = fns.client
     r = fns.runtime.redis
