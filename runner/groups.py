@@ -15,7 +15,8 @@ reads them with ``ctx.group_outcomes(group_id)`` (or ``Client.group_outcomes``),
 group's outcomes hash, kept for the done retention after the group completes.
 
 There is no polling task: each member's settle (ack, bury, the lease reclaim's "worker
-lost", a cancel) counts it down in its own script step, once (lua/_lib.lua: group_settle),
+lost", a cancel ended by cancel.lua, the claim or a release) counts it down in its own
+script step, once (lua/_lib.lua: group_settle),
 and the step that finishes the last member writes the then-job. So the members must
 share one queue (one hash tag, one Cluster slot); a request whose members run on several
 queues is refused. The then-job may run on any queue: on another it goes through the

@@ -474,7 +474,7 @@ class Scripts:
         (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
                 k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
-                k.paused, k.held_prefix, k.prio, k.ended, k.cancelled)
+                k.paused, k.held_prefix, k.prio, k.ended, k.cancelled, k.group_prefix, k.outbox)
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages)
         return self._run("claim", keys, args, pipe)
 
@@ -557,7 +557,8 @@ class Scripts:
             args += [h.id, h.token, h.mode, h.history]
         args.append(done_ttl_ms)
         keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.claims, k.limwait,
-                k.idem_prefix, k.census, k.cancelled, k.ended)
+                k.idem_prefix, k.census, k.cancelled, k.ended, k.group_prefix, k.scheduled, k.stats, k.done_meta,
+                k.done_prefix, k.outbox)
         return self._run("release", keys, args, pipe)
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:

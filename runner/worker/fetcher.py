@@ -151,7 +151,8 @@ class Fetcher:
             fn = self.rt.registry.functions.get(r.job.type)
             self.ledger.picked()
             self.ledger.returned()
-            self.outbox.put(Settlement(r, expired(r.job, fn.max_age_s if fn else None), started_ms=now))
+            if self.ledger.pick(r):  # (a cancel that took it first hands it back itself)
+                self.outbox.put(Settlement(r, expired(r.job, fn.max_age_s if fn else None), started_ms=now))
         buried = {id(r) for r in late}
         for r in batch:
             if id(r) not in buried:

@@ -35,8 +35,9 @@ def new(job_id: str, type_: str = "noop", limits: str = "", meta: str = "") -> A
                   idem_key="", payload_hash="-", resource_key="", limits=limits, meta=meta)
 
 
-def claim(p: Project, now: int, max_ages: str = "", n: int = 10) -> list[list[Any]]:
-    reply = list(p.runtime.scripts.claim(p.keys(), n=n, start=n, lease_ms=LEASE, token_base="w.1",
+def claim(p: Project, now: int, max_ages: str = "", n: int = 10, start: int | None = None) -> list[list[Any]]:
+    reply = list(p.runtime.scripts.claim(p.keys(), n=n, start=n if start is None else start, lease_ms=LEASE,
+                                         token_base=f"w.{now}",
                                          dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000, now_ms=now,
                                          max_ages=max_ages))
     return [reply[i:i + FIELDS] for i in range(2, len(reply), FIELDS)]
@@ -231,3 +232,25 @@ def test_cancelling_a_queued_member_counts_it_cancelled(p: Project) -> None:
     ack(p, j, "g6", 2)
     g = then_payload(p, "g6")["group"]
     assert [o["status"] for o in g["outcomes"]] == ["cancelled", "done"] and g["cancelled"] == 1
+
+
+def test_a_cancel_completed_by_the_claim_or_a_release_counts_the_member_cancelled(p: Project) -> None:
+    """A running member asked to stop whose worker died ends cancelled at its next claim; a
+    member claimed ahead and cancelled ends cancelled when its worker hands it back: each
+    counts down once, as cancelled."""
+    from runner.store.scripts import Hand
+
+    make_group(p, "g7", ["a", "b"])
+    sc, k = p.runtime.scripts, p.keys()
+    [a] = claim(p, NOW + 1, n=1)
+    [b] = claim(p, NOW + 1, n=1, start=0)  # claimed ahead, not started
+    assert list(sc.cancel(k, "a", 60_000, now_ms=NOW + 2)) == [2, "processing"]
+    assert list(sc.cancel(k, "b", 60_000, now_ms=NOW + 2)) == [3, "queued"]
+    assert sc.release(k, [Hand("b", b[1])], now_ms=NOW + 3) == [1]
+    assert group_hash(p, "g7")["cancelled"] == "1"
+    assert list(sc.reclaim(k, 100, 10_000_000, now_ms=NOW + 2 + LEASE)) == [1, 0]  # a's worker died
+    assert claim(p, NOW + 3 + LEASE) == []  # a ends cancelled instead of running again
+    h = group_hash(p, "g7")
+    assert (h["cancelled"], h["left"]) == ("2", "0") and a[0] == "a"
+    g = then_payload(p, "g7")["group"]
+    assert [o["status"] for o in g["outcomes"]] == ["cancelled", "cancelled"]

@@ -43,6 +43,8 @@
 --                            ready, strictly (no aging)
 -- KEYS[18] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- KEYS[19] cancelled   ZSET  cancelled ids -> time ms (a job cancelled while it ran, back)
+-- KEYS[20] group prefix (string; such a job of a group counts down: group_settle in _lib.lua)
+-- KEYS[21] outbox      LIST  (its group's then-job, when that runs on another queue)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -192,6 +194,11 @@ local function take(id)
     -- A run asked to stop came back (its worker died, or it failed and is retried): the
     -- cancel stands, and the job ends cancelled instead of running again.
     end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[14], KEYS[19], KEYS[18])
+    if KEYS[20] then
+      group_cancelled({group = KEYS[20], notify = KEYS[12], census = KEYS[14], outbox = KEYS[21],
+        Q = {ready = KEYS[1], scheduled = KEYS[3], stats = KEYS[5], job = KEYS[6], idem = KEYS[8], claims = KEYS[9],
+          done_meta = KEYS[10], done = KEYS[13]}}, now, id, rec)
+    end
     tally('cancelled|' .. typ)
     return
   end
