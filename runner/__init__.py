@@ -13,7 +13,9 @@ from runner.errors import (
     ConfigError,
     FieldError,
     FunctionLoadError,
+    GroupNotFound,
     IdempotencyConflict,
+    InvalidGroup,
     JobEnded,
     JobFailed,
     JobNotFound,
@@ -32,12 +34,13 @@ from runner.errors import (
 
 if TYPE_CHECKING:
     from runner.client import Client, Enqueued, Request
+    from runner.groups import Group
     from runner.worker.context import Context
 
 # Loaded on first use (PEP 562): `import runner` (every CLI call, every handler's
 # `raise runner.Retry`) must not pay for the client's Redis, catalog and codec imports.
 _LAZY = {"Client": "runner.client", "Enqueued": "runner.client", "Request": "runner.client",
-         "Context": "runner.worker.context"}
+         "Context": "runner.worker.context", "Group": "runner.groups"}
 
 
 def __getattr__(name: str) -> Any:
@@ -61,7 +64,10 @@ __all__ = [
     "Enqueued",
     "FieldError",
     "FunctionLoadError",
+    "Group",
+    "GroupNotFound",
     "IdempotencyConflict",
+    "InvalidGroup",
     "JobEnded",
     "JobFailed",
     "JobNotFound",

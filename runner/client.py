@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from runner import config as config_mod
+from runner import groups
 from runner.catalog import templates
 from runner.catalog.registry import Function
 from runner.catalog.schedules import Schedule, iso
 from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     FieldError,
+    GroupNotFound,
     IdempotencyConflict,
     JobEnded,
     JobFailed,
@@ -41,6 +43,7 @@ from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
 from runner.store import codec, keys, listing, records, tracecontext
+from runner.store import groups as group_store
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
@@ -346,6 +349,50 @@ class Client:
             for n, i in enumerate(idx):
                 out[i] = _outcome(preps[i], queue, reply, n)
         return out
+
+    # --- groups: fan-out/fan-in (see groups.py) -------------------------------------
+
+    def group(self, members: Sequence[Request], then: Request) -> groups.Group:
+        """Enqueue ``members`` (one queue) and a ``then`` job that runs once, after every
+        member finished, with their outcomes in its payload's "group" field. Everything is
+        validated first (InvalidGroup with every problem, nothing written)."""
+        return groups.create(self, members, then)
+
+    def _group_state(self, group_id: str) -> group_store.GroupState:
+        if not group_id or len(group_id) > 200:
+            raise GroupNotFound(group_id)
+        try:
+            state = group_store.read(self.runtime.redis, self.runtime.keys, group_id)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        if state is None:
+            raise GroupNotFound(group_id)
+        return state
+
+    def get_group(self, group_id: str) -> dict[str, Any]:
+        """A group's progress (GET /groups/{id}): total, done, dead, cancelled, pending, and
+        the then-job with its status ("waiting" until the last member finished)."""
+        state = self._group_state(group_id)
+        view = state.view()
+        queue, then_id, then_type = state.then
+        status: str | None = "waiting"
+        if state.complete:
+            try:
+                status = self.get(then_id).status
+            except JobNotFound:
+                status = "pending"  # on its way through the outbox to its queue
+        view["then"] = {"id": then_id, "type": then_type, "queue": queue, "status": status}
+        return view
+
+    def group_outcomes(self, group_id: str) -> list[Any]:
+        """Every member's outcome in member order (None for one not finished yet): what the
+        then-job's payload carries, read from Redis for a group too big to carry them."""
+        state = self._group_state(group_id)
+        try:
+            return list(group_store.outcomes(self.runtime.redis, self.runtime.keys[state.queue], group_id,
+                                             state.total))
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
 
     # --- reading -------------------------------------------------------------------
 

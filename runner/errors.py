@@ -6,8 +6,11 @@
     ├── UnknownFunction            no function of that type is loaded
     ├── UnknownVersion             the type has no schema for that payload version
     ├── ValidationFailed           a payload does not match its schema (carries every error)
+    │   └── InvalidGroup           a group request that cannot run (members on several
+    │                              queues, a member's payload, the then-job...): every error
     ├── IdempotencyConflict        the key is taken by a job with another payload
     ├── JobNotFound                no record for that id
+    ├── GroupNotFound              no group of that id (never created, or past its retention)
     ├── UnknownSchedule            no loaded function declares a schedule of that id
     ├── StaleLease                 the worker's claim token no longer owns the job
     ├── JobFailed                  a called job ended dead or cancelled (carries its error)
@@ -112,6 +115,16 @@ class ValidationFailed(RunnerError):
         super().__init__(f"payload of {type_} v{version} is invalid: {detail}")
 
 
+class InvalidGroup(ValidationFailed):
+    """A group request refused before anything is written: every problem, each with its
+    path into the request (``$.members[3].payload.to``, ``$.then``)."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        super().__init__("group", 0, errors)
+        detail = "; ".join(f"{e.path}: {e.message}" for e in errors[:5])
+        self.args = (f"invalid group: {detail}",)
+
+
 class IdempotencyConflict(RunnerError):
     def __init__(self, key: str, job_id: str) -> None:
         self.key = key
@@ -123,6 +136,12 @@ class JobNotFound(RunnerError):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         super().__init__(f"no job {job_id!r}")
+
+
+class GroupNotFound(RunnerError):
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        super().__init__(f"no group {group_id!r}")
 
 
 class UnknownSchedule(RunnerError):

@@ -28,7 +28,7 @@ from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
 
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "RATE_LIMIT",
            "PRIORITY", "BACKOFF", "ISOLATION", "MEMORY_MB", "KEEP_RESULT", "ON_SUCCESS", "ON_FAILURE",
-           *schedules_mod.OPTIONS)
+           "MAX_AGE", *schedules_mod.OPTIONS)
 # What an ON_SUCCESS / ON_FAILURE destination receives (the shape its schema must take).
 DESTINATION_JOB = {"id": "0", "type": "t", "version": 1, "attempt": 1, "queue": "q"}
 DESTINATION_RECORDS = {"ON_SUCCESS": {"job": DESTINATION_JOB, "result": None},
@@ -66,6 +66,7 @@ class Function:
     concurrency: limits.Concurrency | None = None  # CONCURRENCY: running jobs at most
     rate: limits.Rate | None = None  # RATE_LIMIT: starts per period at most
     priority: int = 0  # PRIORITY: 0-9, higher first (an enqueue may override)
+    max_age_s: float | None = None  # MAX_AGE: an attempt not started this long after the enqueue expires
 
     @property
     def flow(self) -> limits.Flow:
@@ -95,6 +96,7 @@ class Function:
             "keep_result": self.keep_result_s,
             "on_success": self.on_success,
             "on_failure": self.on_failure,
+            "max_age": self.max_age_s,
             "versions": sorted(self.versions.schemas),
             "newest_version": self.versions.newest,
             "has_upgrade": self.versions.upgrade is not None,
@@ -268,6 +270,10 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
     if keep_result is not None and (not _num(keep_result) or keep_result <= 0):
         raise fail(f"KEEP_RESULT must be a positive number of seconds, got {keep_result!r}", "KEEP_RESULT")
 
+    max_age = getattr(module, "MAX_AGE", None)
+    if max_age is not None and (not _num(max_age) or max_age <= 0):
+        raise fail(f"MAX_AGE must be a positive number of seconds, got {max_age!r}", "MAX_AGE")
+
     dests: dict[str, str | None] = {}
     for opt in ("ON_SUCCESS", "ON_FAILURE"):
         dest = getattr(module, opt, None)
@@ -359,6 +365,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         concurrency=concurrency,
         rate=rate,
         priority=priority,
+        max_age_s=float(max_age) if max_age is not None else None,
     )
     return fn, warnings
 

@@ -28,7 +28,7 @@ class Source(Protocol):
 # Claims held back, by reason: deferred (a full resource or concurrency limit), paused (a
 # pause), ratelimited (no rate token due yet).
 COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "paused",
-            "ratelimited", "lost")
+            "ratelimited", "lost", "expired", "followups", "relayed")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
 MALFORMED = "?"
 _LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))
@@ -110,6 +110,7 @@ class QueueFigures:
     dead: int = 0
     oldest_ready_age_s: float | None = None
     stray: int = 0
+    groups_completed: int = 0
     paused: bool = False
     paused_functions: list[str] = field(default_factory=list)
     functions: dict[str, FunctionFigures] = field(default_factory=dict)
@@ -135,6 +136,8 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str]) -> None:
         if len(parts) == 1:
             if name == "stray":
                 q.stray = _int(value)
+            elif name == "groups_completed":
+                q.groups_completed = _int(value)
             continue
         kind, fn = parts[0], parts[1]
         if len(parts) == 2:
@@ -216,6 +219,7 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "oldest_ready_age_s": q.oldest_ready_age_s,
         "paused": q.paused,
         "paused_functions": q.paused_functions,
+        "groups_completed": q.groups_completed,
         "visibility_timeout_s": cfg.visibility_timeout_s,
         "concurrency": cfg.concurrency,
         "max_attempts": cfg.max_attempts,

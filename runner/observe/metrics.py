@@ -12,6 +12,11 @@ buckets. The worker adds them to the scripts it already calls (no extra round tr
     paused|<type>              claims held back by the function's pause
     ratelimited|<type>         claims held back by RATE_LIMIT (scheduled for their token)
     lost|<type>                lapsed leases put back to ready
+    expired|<type>             jobs buried unrun: not started within the function's MAX_AGE
+    followups|<type>           follow-ups (ctx.enqueue, ON_SUCCESS, ON_FAILURE) this function's
+                               jobs wrote, counted in the step that settled them
+    relayed|<type>             jobs of this function placed from another queue's outbox
+    groups_completed           (per queue) groups whose last member settled here: then-jobs written
     lat|<type>|<le_ms>         ready-to-start latency of every run (done, retried or dead),
                                per bucket (not cumulative)
     lat_sum|<type>             sum of those latencies, ms

@@ -32,6 +32,9 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
     <prefix>:{<queue>}:outbox         LIST    follow-ups for other queues (JSON), written by an
                                               ack, moved by the relay (worker/relay.py)
+    <prefix>:{<queue>}:group:<id>     HASH    a group (fan-in): total, left, done, dead, cancelled,
+                                              sealed, then (its then-job), ... (see _lib.lua)
+    <prefix>:{<queue>}:group:<id>:o   HASH    member index -> its outcome (JSON)
     <prefix>:{<queue>}:prio           ZSET    ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
     <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
     <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
@@ -98,6 +101,7 @@ class QueueKeys:
     held_prefix: str = field(init=False)
     tput_prefix: str = field(init=False)
     outbox: str = field(init=False)
+    group_prefix: str = field(init=False)
     schedules: str = field(init=False)
     schedule_prefix: str = field(init=False)
 
@@ -110,7 +114,7 @@ class QueueKeys:
                              ("notify", "notify"), ("ended", "ended"), ("cancels", "cancels"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
-                             ("outbox", "outbox"),
+                             ("outbox", "outbox"), ("group_prefix", "group:"),
                              ("paused", "paused"), ("held_prefix", "held:"), ("prio", "prio"),
                              ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
@@ -135,6 +139,12 @@ class QueueKeys:
 
     def limit(self, key: str) -> str:
         return self.lim_prefix + key
+
+    def group(self, group_id: str) -> str:
+        return self.group_prefix + group_id
+
+    def group_outcomes(self, group_id: str) -> str:
+        return self.group_prefix + group_id + ":o"
 
     def schedule(self, schedule_id: str) -> str:
         return self.schedule_prefix + schedule_id

@@ -9,7 +9,8 @@ A job is two keys under its queue's tag (the layout is drawn in lua/_lib.lua):
                          (dead only), history (comma-joined JSON entries, one per attempt),
                          checkpoint (JSON), deferrals, woken, lost_token, refunds,
                          progress (JSON, the last ctx.progress sent with a renewal),
-                         cancel_requested (a running job asked to stop)
+                         cancel_requested (a running job asked to stop), children (a dead
+                         job's ON_FAILURE job, written by its burial)
 
 A job that waits untouched is the string alone. While a job is claimed its entry in the
 queue's claims hash holds the token, the attempt and the start. A done job keeps
@@ -20,9 +21,10 @@ KEEP_RESULT). ``view`` lays them into the fields below, so readers need not know
 
     type, version, payload, status, attempt, max_attempts, created_ms, enqueued_ms,
     ready_ms, started_ms, finished_ms, idem_key, resource_key, deferrals, error, reason,
-    history, result, checkpoint, duplicate_of, meta (a JSON object of extra fields a
-    producer attached, e.g. a schedule's id and tick; laid at the top level of the job
-    view, never over a field above)
+    history, result, checkpoint, duplicate_of, children (a dead job's follow-ups, comma
+    joined), meta (a JSON object of extra fields a producer attached, e.g. a schedule's id
+    and tick, a group member's group and number, a done job's children; laid at the top
+    level of the job view, never over a field above)
 
 Statuses: queued, scheduled, processing, retrying, deferred (parked on a full limit), done,
 dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
@@ -43,6 +45,8 @@ from runner.store import codec
 STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead", "cancelled")
 SEP = "\x1f"
 WAITED = "waited"  # the meta field that asks for the job's end to be published
+CHILDREN = "children"  # a done job's follow-ups, in its outcome's meta (a dead one's: its state)
+GROUP = "group"  # a group's member or then-job: the group id, in its meta
 ENDED = ("done", "dead", "cancelled")
 RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "idem_hash", "resource_key",
                  "limits", "meta")
@@ -151,6 +155,15 @@ def new_id() -> str:
     return f"{int(time.time() * 1000):012x}{rnd.hex()}"
 
 
+def parent_of(job_id: str) -> str | None:
+    """The job that wrote this one, read off its id: a follow-up is "<parent>.<i>", an
+    ON_SUCCESS / ON_FAILURE job "<parent>.s" / "<parent>.f" (scripts.followup_id)."""
+    parent, dot, tail = job_id.rpartition(".")
+    if dot and parent and (tail.isdigit() or tail in ("s", "f")):
+        return parent
+    return None
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -214,11 +227,18 @@ class Job:
             "checkpoint": _json(f.get("checkpoint")),
             "progress": _json(f.get("progress")),
             "duplicate_of": f.get("duplicate_of") or None,
+            "parent": parent_of(self.id),
+            "children": f["children"].split(",") if f.get("children") else [],
+            "group": None,
         }
         meta = _json(f.get("meta"))
         if isinstance(meta, dict):
+            if isinstance(meta.get(CHILDREN), list) and not view["children"]:
+                view["children"] = [str(c) for c in meta[CHILDREN]]
+            if isinstance(meta.get(GROUP), str):
+                view["group"] = meta[GROUP]
             for key, value in meta.items():
-                if key != WAITED:  # the waiters' mark (see waiter.py), not the producer's
+                if key not in (WAITED, CHILDREN, GROUP):  # the waiters' mark is not the producer's
                     view.setdefault(key, value)
         return view
 

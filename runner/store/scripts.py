@@ -29,7 +29,7 @@ from runner.store.keys import QueueKeys
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "relay", "resume", "watch", "cancel",
+    "tick", "adopt", "relay", "resume", "watch", "cancel", "group",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.
@@ -107,6 +107,12 @@ def _job_fields(j: NewJob) -> list[Any]:
             j.idem_key, j.payload_hash, j.resource_key, j.limits, j.meta]
 
 
+def job_entry(queue: str, j: NewJob) -> list[str]:
+    """A job as a list of its queue ('' the script's own) and its 12 fields, all strings:
+    the shape of an outbox entry (relay.py) and of a group's then-job (group.lua)."""
+    return [queue, *(str(v) for v in _job_fields(j))]
+
+
 def followup_id(parent_id: str, index: int | str) -> str:
     """A follow-up's id: its parent's and its place among the parent's follow-ups ("s"
     and "f" for the ON_SUCCESS and ON_FAILURE jobs), the same on every attempt, so the
@@ -121,6 +127,15 @@ class Followup(NamedTuple):
     job: NewJob
 
 
+class Member(NamedTuple):
+    """A settled job's place in its group (its record's meta): counted down with the settle."""
+
+    group: str
+    number: int  # 1-based, the member's place in the group
+    status: str  # done, dead or cancelled
+    outcome: str  # JSON: {"id", "status", "result"} or {"id", "status", "reason", "error"}
+
+
 # The settlements below are NamedTuples too: one per job on the worker's path (see NewJob).
 class Ack(NamedTuple):
     id: str
@@ -130,6 +145,7 @@ class Ack(NamedTuple):
     stats: str
     keep_ms: int = 0  # KEEP_RESULT: the outcome also kept on its own this long
     followups: tuple[Followup, ...] = ()
+    member: Member | None = None  # a group's member: counted down in the ack's step
 
 
 class RetryAt(NamedTuple):
@@ -152,6 +168,7 @@ class Burial(NamedTuple):
     refund: bool
     stats: str
     followups: tuple[Followup, ...] = ()  # ON_FAILURE: the destination's job
+    member: Member | None = None
 
 
 class Hand(NamedTuple):
@@ -174,6 +191,16 @@ def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
             follow += [i, "" if f.queue == k.queue else f.queue, *_job_fields(f.job)]
             m += 1
     return [m, *follow]
+
+
+def _member_args(items: Sequence[Ack | Burial]) -> list[Any]:
+    """The group members of a batch as ack.lua and bury.lua take them: g, then per member
+    its index in the batch (1-based), group id, index in the group, status, outcome."""
+    out: list[Any] = []
+    for i, item in enumerate(items, 1):
+        if item.member is not None:
+            out += [i, *item.member]
+    return [len(out) // 5, *out]
 
 
 def _clock(now_ms: int | None) -> int | str:
@@ -441,13 +468,14 @@ class Scripts:
     def claim(
         self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
+        max_ages: str = "",
     ) -> Any:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
-        (see claim.lua)."""
+        (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE."""
         keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
                 k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
-                k.paused, k.held_prefix, k.prio, k.ended, k.cancelled)
-        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max)
+                k.paused, k.held_prefix, k.prio, k.ended, k.cancelled, k.group_prefix, k.outbox)
+        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages)
         return self._run("claim", keys, args, pipe)
 
     def start(
@@ -477,9 +505,10 @@ class Scripts:
         for a in acks:
             args += [a.id, a.token, a.result, a.census, a.stats, a.keep_ms]
         args += _followup_args(k, acks)
+        args += _member_args(acks)
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
                 k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix,
-                k.scheduled, k.outbox, k.ended)
+                k.scheduled, k.outbox, k.ended, k.group_prefix)
         return self._run("ack", keys, args, pipe)
 
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
@@ -510,9 +539,10 @@ class Scripts:
         for b in items:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
         args += _followup_args(k, items)
+        args += _member_args(items)
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
                 k.claims, k.limwait, k.scheduled, k.census, k.done_meta, k.done_prefix, k.outbox, k.ended,
-                k.cancelled)
+                k.cancelled, k.group_prefix)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -527,12 +557,14 @@ class Scripts:
             args += [h.id, h.token, h.mode, h.history]
         args.append(done_ttl_ms)
         keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.claims, k.limwait,
-                k.idem_prefix, k.census, k.cancelled, k.ended)
+                k.idem_prefix, k.census, k.cancelled, k.ended, k.group_prefix, k.scheduled, k.stats, k.done_meta,
+                k.done_prefix, k.outbox)
         return self._run("release", keys, args, pipe)
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
         keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
-                k.claims, k.done_meta, k.limwait, k.idem_prefix, k.ended)
+                k.claims, k.done_meta, k.limwait, k.idem_prefix, k.ended, k.group_prefix, k.done_prefix, k.census,
+                k.outbox)
         return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
@@ -575,8 +607,23 @@ class Scripts:
         """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), 3
         claimed ahead (its worker drops it), -1 no such job, -2 ended already."""
         keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
-                k.census, k.ended, k.cancelled, k.cancels)
+                k.census, k.ended, k.cancelled, k.cancels, k.group_prefix, k.job_prefix,
+                k.ready, k.notify, k.stats, k.outbox)
         return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms))
+
+    def group(
+        self, k: QueueKeys, group_id: str, members: Sequence[NewJob], *, first: bool, seal: bool, then: str,
+        inline_bytes: int, keep_ms: int, pipe: Batch | None = None, now_ms: int | None = None,
+    ) -> Any:
+        """Write one chunk of a group's members (see group.lua): [code, status per member];
+        ``then`` is the then-job as a JSON list (queue, 12 fields), read on the first chunk."""
+        args: list[Any] = [_clock(now_ms), group_id, 1 if first else 0, 1 if seal else 0, then, inline_bytes,
+                           keep_ms, len(members)]
+        for j in members:
+            args += [*_job_fields(j), j.priority]
+        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census, k.prio,
+                k.group_prefix, k.done_meta, k.done_prefix, k.outbox)
+        return self._run("group", keys, args, pipe)
 
     def watch(self, k: QueueKeys, job_id: str) -> Any:
         """Mark a job as waited for, so its end is published (see watch.lua): 1, or 0

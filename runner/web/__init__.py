@@ -35,6 +35,7 @@ from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
 from runner.web.exposition import Metrics
 from runner.web.fastlane import FastLane
+from runner.web.groups import GroupItem, Groups
 from runner.web.jobs import JobBatch, JobList, Jobs
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
@@ -98,6 +99,8 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     app.add_route("/jobs", JobList(client, offload))
     app.add_route("/jobs/{name}", Jobs(client, offload))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
+    app.add_route("/groups", Groups(client, offload))
+    app.add_route("/groups/{group_id}", GroupItem(client, offload))
     app.add_route("/functions", Functions(runtime))
     app.add_route("/functions/{name}", FunctionItem(client, offload))
     app.add_route("/queues", Queues(runtime, offload))

@@ -9,6 +9,7 @@ of which token matched or how close a guess came, however many tokens there are.
 Every route needs one scope, from ROUTES, looked up by method and path before routing:
 
     enqueue:{}  POST /jobs/{type}, /jobs/{type}/batch: "enqueue" or "enqueue:<that type>"
+    enqueue     POST /groups (its members may be of any types)
     read        every GET but /healthz, /whoami and the dashboard's static shell
     operate     requeue, delete, purge, cancel, pause and resume, bulk actions
 
@@ -51,6 +52,8 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/jobs/{}", ENQUEUE),
     ("POST", "/jobs/{}/batch", ENQUEUE),
     ("GET", "/jobs/{}", READ),
+    ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
+    ("GET", "/groups/{}", READ),
     ("GET", "/functions", READ),
     ("GET", "/functions/{}", READ),
     ("GET", "/queues", READ),
@@ -70,7 +73,6 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("GET", "/jobs", READ),                          # the job lists
     ("DELETE", "/jobs/{}", OPERATE),                 # cancel
     ("GET", "/schedules", READ),
-    ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
 )
 
 SCOPE_MEMO = 1024

@@ -12,7 +12,8 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_queue_scheduled_due_jobs              scheduled and already due, not promoted yet
     runner_queue_dead_jobs                       in the dead-letter set
     runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
-    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost}_total
+    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed}_total
+    runner_groups_completed_total                groups whose last member settled (then-job written), per queue
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
@@ -56,6 +57,9 @@ _COUNTER_HELP = {
     "paused": "Claims held back without spending an attempt: the function is paused.",
     "ratelimited": "Claims held back without spending an attempt: no RATE_LIMIT token was due.",
     "lost": "Lapsed leases put back to ready (the worker died or stalled).",
+    "expired": "Jobs buried without running: not started within their function's MAX_AGE.",
+    "followups": "Follow-up jobs (ctx.enqueue, ON_SUCCESS, ON_FAILURE) this function's jobs wrote as they settled.",
+    "relayed": "Jobs of this function placed from another queue's outbox by the relay.",
 }
 _GAUGES = (
     ("ready", "runner_queue_ready_jobs", "Jobs waiting in the ready list."),
@@ -116,11 +120,15 @@ class RunnerCollector:
                                 "Seconds the next job to run has waited (0 when none waits).", labels=["queue"])
         stray = CounterMetricFamily("runner_jobs_stray", "Ready ids dropped: their record was already settled.",
                                     labels=["queue"])
+        groups = CounterMetricFamily("runner_groups_completed", "Groups whose last member settled in this queue "
+                                     "(their then-job written).", labels=["queue"])
         for q in queues:
             age.add_metric([q.name], q.oldest_ready_age_s or 0.0)
             stray.add_metric([q.name], q.stray)
+            groups.add_metric([q.name], q.groups_completed)
         yield age
         yield stray
+        yield groups
 
     def _function_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
         labels = ["queue", "function"]

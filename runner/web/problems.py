@@ -8,7 +8,7 @@
 validation error with its JSON path), ``job_id`` (404 job; 409: the job holding the key),
 ``idempotency_key`` (409), ``function``, ``queue`` (404), ``known_versions`` and
 ``version`` (422), ``parameter`` / ``header`` (400), ``max_body_bytes`` (413),
-``allowed_methods`` (405), ``scope`` and ``token_name`` (403: the scope the token lacks).
+``group_id`` (404 group), ``allowed_methods`` (405), ``scope`` and ``token_name`` (403: the scope the token lacks).
 Falcon's own errors (no route, wrong method, bad header) go through the same serializer.
 """
 
@@ -26,6 +26,7 @@ import redis
 from runner.errors import (
     FieldError,
     IdempotencyConflict,
+    InvalidGroup,
     JobNotFound,
     RedisUnavailable,
     UnknownFunction,
@@ -143,6 +144,12 @@ async def _validation(req: falcon.Request, resp: falcon.Response, ex: Exception,
                   ex.errors, version=ex.version)
 
 
+async def _invalid_group(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, InvalidGroup)
+    raise Problem(422, "invalid-group", f"the group cannot run ({len(ex.errors)} problem(s)); nothing was written",
+                  title="Invalid group", errors=field_errors(ex.errors))
+
+
 def conflict(ex: IdempotencyConflict) -> Problem:
     return Problem(409, "idempotency-conflict",
                    f"idempotency key {ex.key!r} is held by job {ex.job_id}, enqueued with another payload",
@@ -183,6 +190,7 @@ def install(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]) -> 
     app.add_error_handler(UnknownFunction, _unknown_function)
     app.add_error_handler(UnknownVersion, _unknown_version)
     app.add_error_handler(ValidationFailed, _validation)
+    app.add_error_handler(InvalidGroup, _invalid_group)
     app.add_error_handler(IdempotencyConflict, _conflict)
     app.add_error_handler(JobNotFound, _not_found)
     for exc_type in REDIS_DOWN:

@@ -36,10 +36,19 @@ _TIMING = _obj({"count": _INT, "sum_ms": _INT, "mean_ms": _OPT_NUM, "p50_ms": _O
 _JOB_META: dict[str, Any] = {
     "schedule": {"type": "string", "description": "The schedule whose tick enqueued this job"},
     "tick": {"type": "string", "description": "The tick's time, ISO 8601 UTC"},
+    "member": {"type": "integer", "description": "A group's member: its place in the group, from 1"},
 }
 _JOB_FIELDS = ["id", "type", "version", "queue", "status", "attempt", "max_attempts", "payload", "created_at",
                "enqueued_at", "ready_at", "started_at", "finished_at", "idempotency_key", "resource_key",
-               "deferrals", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of"]
+               "deferrals", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of",
+               "parent", "children", "group"]
+_GROUP_JOB = {
+    "type": "object", "required": ["type", "payload"], "additionalProperties": False,
+    "properties": {"type": {"type": "string", "minLength": 1}, "payload": {},
+                   "version": {"type": "integer", "minimum": 1}, "delay": {"type": "number", "minimum": 0},
+                   "run_at": {"type": "number", "minimum": 0}, "priority": {"type": "integer", "minimum": 0,
+                                                                            "maximum": 9}},
+}
 
 COMPONENTS: dict[str, Any] = {
     "Problem": {
@@ -71,7 +80,26 @@ COMPONENTS: dict[str, Any] = {
         "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
         "checkpoint": _ANY, "duplicate_of": _OPT_STR,
+        "parent": {"type": ["string", "null"], "description": "The job whose ctx.enqueue, ON_SUCCESS or "
+                   "ON_FAILURE wrote this one (from its id: <parent>.<i>, .s, .f)"},
+        "children": {"type": "array", "items": _STR, "description": "The follow-ups and destination "
+                     "jobs this job wrote (when its ack or burial landed)"},
+        "group": {"type": ["string", "null"], "description": "The group of a member or then-job"},
     } | _JOB_META, required=_JOB_FIELDS, extra=True),
+    "GroupRequest": _obj({"members": {"type": "array", "minItems": 1, "items": _GROUP_JOB,
+                                      "description": "jobs of one queue"},
+                          "then": _GROUP_JOB | {"description": "runs once after every member finished; its "
+                                                "payload (an object) gets the group field in front"}}),
+    "GroupCreated": _obj({"id": _STR, "queue": _STR, "members": {"type": "array", "items": _STR},
+                          "then": _obj({"id": _STR, "type": _STR, "queue": _STR, "status": _STR})}),
+    "Group": _obj({
+        "id": _STR, "queue": _STR, "total": _INT, "done": _INT, "dead": _INT, "cancelled": _INT,
+        "pending": _INT, "sealed": {"type": "boolean"}, "complete": {"type": "boolean"},
+        "created_at": _OPT_NUM, "completed_at": _OPT_NUM,
+        "then": _obj({"id": _STR, "type": _STR, "queue": _STR, "status": {
+            "type": ["string", "null"], "description": "waiting until the last member finished, then the "
+            "then-job's status (pending while it is relayed to another queue)"}}),
+    }),
     "Function": _obj({
         "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
         "backoff": _obj({"base": _NUM, "cap": _NUM, "jitter": _STR}),
@@ -82,7 +110,7 @@ COMPONENTS: dict[str, Any] = {
         "schedules": {"type": "array", "items": ref("ScheduleDefinition")},
         "concurrency": {"type": ["object", "null"], "properties": {"limit": _INT, "key": _OPT_STR}},
         "rate_limit": {"type": ["object", "null"], "properties": {"limit": _INT, "period": _NUM, "key": _OPT_STR}},
-        "priority": _INT, "on_success": _OPT_STR, "on_failure": _OPT_STR,
+        "priority": _INT, "on_success": _OPT_STR, "on_failure": _OPT_STR, "max_age": _OPT_NUM,
         "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
             "type": ["object", "null"],
             "properties": {"limit": _INT, "key": _OPT_STR, "running": _OPT_INT, "waiting": _OPT_INT}}}),
@@ -97,13 +125,14 @@ COMPONENTS: dict[str, Any] = {
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
         "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT,
+        "expired": _INT, "followups": _INT, "relayed": _INT,
         "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,
         "scheduled_due": _INT, "dead": _INT, "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
         "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
-        "paused_functions": {"type": "array", "items": _STR},
+        "paused_functions": {"type": "array", "items": _STR}, "groups_completed": _INT,
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
     }),
     "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),
@@ -208,6 +237,26 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                                       "jobs": {"type": "array", "items": ref("Job")},
                                       "cursor": {"type": ["string", "null"]}}, ["jobs", "cursor"])}}},
                           "400": bad, "404": problem("No such queue")},
+        }},
+        "/groups": {"post": {
+            "operationId": "create_group", "tags": ["groups"],
+            "summary": "Fan-out/fan-in: members of one queue, and a then-job that runs once after them all",
+            "requestBody": {"required": True, "content": {_JSON: {"schema": ref("GroupRequest")}}},
+            "responses": {
+                "202": ok("Accepted: the group, its member ids in order and its then-job", "GroupCreated"),
+                "400": problem("Malformed JSON, or not an object"),
+                "413": problem("The body is over api.max_body_bytes"),
+                "415": problem("The body is not application/json"),
+                "422": problem("The group cannot run (members on several queues, a payload, the then-job...): "
+                               "every problem with its path; nothing was written"),
+            },
+        }},
+        "/groups/{group_id}": {"get": {
+            "operationId": "get_group", "tags": ["groups"],
+            "summary": "A group's progress: members done, dead, pending, and its then-job",
+            "parameters": [_path_param("group_id", {"type": "string", "minLength": 1, "maxLength": 200},
+                                       "a group id")],
+            "responses": {"200": ok("The group", "Group"), "404": problem("No such group")},
         }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],

@@ -91,6 +91,13 @@ class Child:
             raise RunnerError(str(value["error"]))
         return Enqueued(**value)
 
+    def group_outcomes(self, group_id: str) -> list[Any]:
+        """A group's outcomes, read by the parent."""
+        value = self.ask("group_outcomes", group=group_id).get("value") or {}
+        if "error" in value:
+            raise RunnerError(str(value["error"]))
+        return list(value.get("outcomes") or [])
+
     def read_loop(self) -> None:
         """The parent's messages while a handler runs; EOF means the parent is gone."""
         while True:
@@ -134,6 +141,7 @@ class Child:
             _flags=self.flags,
             _progress=lambda value: self.send({"op": "progress", "value": value}),
             _enqueue=self.enqueue,
+            _group=self.group_outcomes,
         )
         limit = resource.getrlimit(resource.RLIMIT_DATA)
         if fn.memory_mb:

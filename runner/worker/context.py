@@ -53,6 +53,7 @@ class Context:
     _flags: Flags = field(default_factory=Flags, repr=False)
     _progress: Callable[[Any], None] | None = field(default=None, repr=False)
     _enqueue: Callable[..., Any] | None = field(default=None, repr=False)
+    _group: Callable[[str], list[Any]] | None = field(default=None, repr=False)
 
     @property
     def checkpoint(self) -> Any:
@@ -122,10 +123,18 @@ class Context:
         return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key)
 
 
+    def group_outcomes(self, group_id: str) -> list[Any]:
+        """Every member's outcome of a group, in member order: for a then-job whose payload
+        carries ``"outcomes": null`` (a group too big to carry them; see runner/groups.py)."""
+        if self._group is None:
+            raise RuntimeError("this context cannot read groups (no client was given)")
+        return self._group(group_id)
+
+
 def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, **hooks: Any) -> Context:
     """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in
     an isolated child alike; ``hooks`` are the ones that differ there (_save, _extend,
-    _flags, _progress, _enqueue)."""
+    _flags, _progress, _enqueue, _group)."""
     return Context(
         job_id=job.id, type=job.type, version=version, queue=job.queue,
         attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,

@@ -80,6 +80,7 @@ class Dead:
 
 Outcome = Done | RetryLater | Dead
 CANCELLED = "cancelled"  # the Dead reason of a run that stopped on a cancel request
+EXPIRED = "expired"  # the Dead reason of a job not started within its MAX_AGE (claim.lua)
 
 # A job whose type or version this worker does not know goes back for a newer worker
 # (a rolling deploy) after these many seconds, doubling up to the cap.
@@ -103,6 +104,14 @@ def from_message(m: dict[str, Any]) -> Outcome:
         return RetryLater(delay_s=float(m["delay_s"]), error=m["error"], refund=bool(m.get("refund")),
                           rate_limited=bool(m.get("rate_limited")))
     return Dead(reason=str(m["reason"]), error=m.get("error"), refund=bool(m.get("refund")))
+
+
+def expired(job: Claimed, max_age_s: float | None) -> Dead:
+    """The end of a job that claim.lua found past its MAX_AGE: dead, never run, no attempt spent."""
+    age_s = max(0.0, (job.claimed_ms - job.created_ms) / 1000)
+    limit = f"MAX_AGE {max_age_s:g} s" if max_age_s else "its MAX_AGE"
+    return Dead(reason=EXPIRED, error={"type": "Expired", "message": f"not started within {limit} of its "
+                                       f"enqueue (it waited {age_s:.1f} s)"}, refund=True)
 
 
 def _dead_input(reason: str, message: str, **extra: Any) -> Dead:

@@ -237,6 +237,7 @@ class Executors:
             _flags=run.flags,
             _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
+            _group=lambda group_id: self._client().group_outcomes(group_id),
         )
 
         def guard(body: Callable[[], Any]) -> Any:
@@ -282,6 +283,11 @@ class Executors:
                 try:
                     return self._hold(run, str(msg.get("type")), msg.get("payload"),
                                       **(msg.get("options") or {})).as_dict()
+                except RunnerError as exc:
+                    return {"error": str(exc)}
+            if msg.get("call") == "group_outcomes":
+                try:
+                    return {"outcomes": self._client().group_outcomes(str(msg.get("group")))}
                 except RunnerError as exc:
                     return {"error": str(exc)}
             return False

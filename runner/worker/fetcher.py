@@ -17,7 +17,7 @@ from runner.runtime import Runtime
 from runner.store import tracecontext
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.worker.execute import Claimed
+from runner.worker.execute import Claimed, expired
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement
 
@@ -25,6 +25,7 @@ log = logging.getLogger("runner.worker")
 
 CLAIM_FIELDS = 14
 HELD, BOUNDED = 1, 2  # why a claim stopped short (see claim.lua)
+EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (claim.lua)
 
 
 def _int_or(value: object, default: int) -> int:
@@ -57,6 +58,7 @@ class Fetcher:
         self.trace_context = tracing.installed()
         self.stopping = threading.Event()
         self._seq = 0
+        self._ages: tuple[object, str] = (None, "")  # (registry, its MAX_AGE argument)
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-fetch", daemon=True)
 
     def start(self) -> None:
@@ -107,6 +109,7 @@ class Fetcher:
         reply = self.rt.scripts.claim(
             self.keys, n=n, start=start, lease_ms=self.lease_ms, token_base=f"{self.worker_id}.{self._seq}",
             dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms, done_max=self.done_max,
+            max_ages=self._max_ages(),
         )
         now, held = int(reply[0]), int(reply[1])  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
@@ -115,6 +118,7 @@ class Fetcher:
         fault("after_claim")
         qname = self.q.name
         batch: list[Run] = []
+        late: list[Run] = []  # past their MAX_AGE: buried, never run
         for i in range(2, len(reply), CLAIM_FIELDS):
             f = reply[i:i + CLAIM_FIELDS]
             # claim.lua vouches for attempt and max_attempts; the timestamps are only
@@ -124,9 +128,11 @@ class Fetcher:
                 id=f[0], token=f[1], attempt=int(f[2]), type=f[3], version_raw=f[4],
                 payload_raw=f[5], max_attempts=int(f[6] or 1), idem_key=f[7],
                 resource_key=f[8], ready_ms=_int_or(f[9], created), created_ms=created,
-                checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] == 1, meta_raw=f[13],
+                checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] != 0, meta_raw=f[13],
             )
             batch.append(Run(job))
+            if f[12] == EXPIRED:
+                late.append(batch[-1])
         if self.trace_context and tracing.enabled():
             for r in batch:
                 if r.job.meta_raw:
@@ -141,6 +147,22 @@ class Fetcher:
                     self.outbox.put(Settlement(r, Release()))
             log.info("%s fetcher: %d job(s) claimed during the stop; handed back", qname, count)
             return count, held
+        for r in late:
+            fn = self.rt.registry.functions.get(r.job.type)
+            self.ledger.picked()
+            self.ledger.returned()
+            if self.ledger.pick(r):  # (a cancel that took it first hands it back itself)
+                self.outbox.put(Settlement(r, expired(r.job, fn.max_age_s if fn else None), started_ms=now))
+        buried = {id(r) for r in late}
         for r in batch:
-            self.inbox.put(r)
+            if id(r) not in buried:
+                self.inbox.put(r)
         return count, held
+
+    def _max_ages(self) -> str:
+        """The claim's MAX_AGE argument for the functions loaded now (rebuilt on a reload)."""
+        reg = self.rt.registry
+        if self._ages[0] is not reg:
+            self._ages = (reg, " ".join(f"{fn.name}={int(fn.max_age_s * 1000)}"
+                                        for fn in reg.for_queue(self.q.name) if fn.max_age_s))
+        return self._ages[1]

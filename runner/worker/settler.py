@@ -21,8 +21,8 @@ from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.store.scripts import Ack, Burial, Followup, Hand, RetryAt, followup_id
-from runner.worker.execute import Claimed, Dead, Done, RetryLater
+from runner.store.scripts import Ack, Burial, Followup, Hand, Member, RetryAt, followup_id
+from runner.worker.execute import CANCELLED, EXPIRED, Claimed, Dead, Done, RetryLater
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
 
@@ -39,6 +39,39 @@ def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: An
     if error is not None:
         entry["error"] = {"type": error.get("type"), "message": error.get("message")}
     return codec.dumps(entry)
+
+
+def _group_of(job: Claimed) -> tuple[str, int] | None:
+    """The group id and member number a group's member carries in its meta (see groups.py)."""
+    raw = job.meta_raw
+    if not raw or '"member"' not in raw:  # most jobs: no parse
+        return None
+    try:
+        meta = codec.loads(raw)
+    except codec.DecodeError:
+        return None
+    group, number = meta.get("group"), meta.get("member")
+    if isinstance(group, str) and isinstance(number, int) and not isinstance(number, bool):
+        return group, number
+    return None
+
+
+def _member_done(job: Claimed, result: str) -> Member | None:
+    where = _group_of(job)
+    if where is None:
+        return None
+    return Member(*where, "done", f'{{"id":{codec.dumps(job.id)},"status":"done","result":{result or "null"}}}')
+
+
+def _member_dead(job: Claimed, o: Dead) -> Member | None:
+    where = _group_of(job)
+    if where is None:
+        return None
+    status = "cancelled" if o.reason == CANCELLED else "dead"
+    # Type and message only: the then-job gets every member's outcome, the traceback
+    # stays on the member's own record.
+    err = {"type": o.error.get("type"), "message": o.error.get("message")} if o.error else None
+    return Member(*where, status, codec.dumps({"id": job.id, "status": status, "reason": o.reason, "error": err}))
 
 
 class Settler:
@@ -170,15 +203,22 @@ class Settler:
                 # a line of their own (JSON texts hold no raw newline).
                 # A null result is left out (read back as null): most handlers return None.
                 result = "" if o.result == "null" else o.result
-                if self.keep_payload:
-                    result = f"{result}\n{job.meta_raw}\n{job.payload_raw}"
-                elif job.meta_raw:
-                    result = f"{result}\n{job.meta_raw}"
                 follow = tuple(s.run.followups)
                 if fn is not None and fn.on_success:
                     body = codec.loads(o.result) if o.result else None
                     follow += self._destination(fn.on_success, "s", job, {"result": body})
-                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow))
+                meta = job.meta_raw
+                if follow:  # the outcome names its children (GET /jobs/{id})
+                    meta = codec.dumps({**(codec.loads(meta) if meta else {}),
+                                        records.CHILDREN: [f.job.id for f in follow]})
+                if self.keep_payload:
+                    result = f"{result}\n{meta}\n{job.payload_raw}"
+                elif meta:
+                    result = f"{result}\n{meta}"
+                if follow:  # counted with the ack, so only for an ack that lands
+                    fields += f" followups|{t}={len(follow)}"
+                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow,
+                                _member_done(job, o.result)))
                 ack_s.append(s)
             elif isinstance(o, RetryLater):
                 if o.rate_limited:
@@ -197,14 +237,16 @@ class Settler:
                     ))
                 retry_s.append(s)
             elif isinstance(o, Dead):
-                entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
-                burials.append(Burial(
-                    job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "",
-                    entry, o.refund,
-                    f"dead|{t}" if o.refund else
-                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra,
-                    self._on_failure(job, o.error),
-                ))
+                # An expiry spends no attempt, yet the history says why the job never ran.
+                entry = "" if o.refund and o.reason != EXPIRED else \
+                    _history(job.attempt, o.reason, s.started_ms, now, o.error)
+                follow = self._on_failure(job, o.error)
+                stats = f"dead|{t} expired|{t}" if o.reason == EXPIRED else f"dead|{t}" if o.refund else \
+                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra
+                if follow:
+                    stats += f" followups|{t}={len(follow)}"
+                burials.append(Burial(job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "", entry,
+                                      o.refund, stats, follow, _member_dead(job, o)))
                 bury_s.append(s)
             else:
                 note = codec.dumps({"attempt": job.attempt, "outcome": o.note, "at_ms": now}) if o.note else ""

@@ -105,6 +105,8 @@ def test_cross_queue_followup_survives_a_kill_before_the_relay(project: Project)
     for i in range(2):
         assert leaf_ids(project, pid, i) == {kids[i]}
         assert c.wait(kids[i], 10).status == "done"
+        assert c.get(kids[i]).as_dict()["parent"] == pid
+    assert c.get(pid).as_dict()["children"] == kids
 
 
 def test_relay_is_idempotent_by_child_id(project: Project) -> None:

@@ -25,6 +25,7 @@ from test_web_support import RunnerWeb, runner_web
 
 from runner import config as config_mod
 from runner.cli import cli
+from runner.client import Request
 from runner.store import audit
 from runner.web import auth, create_app
 from runner.worker.worker import Worker
@@ -95,10 +96,11 @@ def test_each_token_gets_what_its_scopes_allow_and_a_403_naming_the_scope_elsewh
     each write; an operate token requeues and deletes. Every 403 names the scope missing;
     the OpenAPI document marks each operation's scope."""
     requeue_me, delete_me = dead_jobs(project, 2)
+    group = project.client.group([Request("record", {"n": 1})], then=Request("noop", {}))
     with serving(project, "access") as web:
         doc = call(web, SECRETS["support"], "GET", "/openapi.json").json()
         validate_openapi(doc)
-        ops = operations(doc, {"queue": "fast", "id": requeue_me, "type": "record"})
+        ops = operations(doc, {"queue": "fast", "id": requeue_me, "type": "record", "group_id": group.id})
         scopes = {s for _, _, s in ops}
         assert {"read", "operate", "enqueue:record", "enqueue:noop"} <= scopes
         for path, item in doc["paths"].items():

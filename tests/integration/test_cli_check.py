@@ -123,3 +123,22 @@ def test_broken_files_and_config_are_listed(project: Project) -> None:
     bad_config = check(project)
     assert bad_config.exit_code == 2
     assert "queues.fast.concurrency must be a positive integer" in bad_config.stdout
+
+
+def test_a_destination_whose_schema_rejects_the_record_fails_the_check(project: Project) -> None:
+    """`runner check` fails (exit 1) on an ON_SUCCESS / ON_FAILURE destination whose newest
+    schema cannot take the record it would get ({"job": ..., "result" | "error": ...}),
+    naming the option and the destination; a schema that takes it passes."""
+    fns, schemas = project.root / "functions", project.root / "schemas"
+    (fns / "source.py").write_text('QUEUE = "fast"\nON_SUCCESS = "sink"\nON_FAILURE = "sink"\n\n'
+                                   "def handle(payload, ctx):\n    return 1\n")
+    (schemas / "source").mkdir()
+    (schemas / "source" / "v1.json").write_text('{"type": "object"}')
+    (fns / "sink.py").write_text('QUEUE = "fast"\n\ndef handle(payload, ctx):\n    pass\n')
+    (schemas / "sink").mkdir()
+    (schemas / "sink" / "v1.json").write_text('{"type": "object", "required": ["order_id"]}')
+    failed = check(project, "--offline")
+    assert failed.exit_code == 1, failed.stdout
+    assert "source.py" in failed.stdout and "ON_SUCCESS: the v1 schema of 'sink' rejects the record" in failed.stdout
+    (schemas / "sink" / "v1.json").write_text('{"type": "object", "required": ["job"]}')
+    assert check(project, "--offline").exit_code == 0

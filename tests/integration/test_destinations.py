@@ -63,6 +63,16 @@ def test_destinations_get_the_result_or_the_error_once(project: Project) -> None
     [err] = lines(project, "got_error", bad)
     assert err["job"]["attempt"] == 2 and err["error"]["message"] == "boom"
     assert not lines(project, "got_error", ok) and not lines(project, "got_result", bad)
+    # Both ways in GET /jobs/{id}: the source names its child, the child its parent.
+    assert c.get(ok).as_dict()["children"] == [f"{ok}.s"]
+    assert c.get(bad).as_dict()["children"] == [f"{bad}.f"]
+    assert c.wait(f"{ok}.s", 10).as_dict()["parent"] == ok
+    assert c.wait(f"{bad}.f", 10).as_dict()["parent"] == bad
+    assert c.get(ok).as_dict()["parent"] is None and c.get(ok).as_dict()["group"] is None
+    # Counted once per landed settle: each source job wrote one; the error went through the relay.
+    stats = c.stats()
+    assert stats["fast"]["counters"].get("followups|source") == 2
+    assert stats["slow"]["counters"].get("relayed|got_error") == 1
 
 
 def test_a_destination_must_exist_and_take_the_record(project: Project) -> None:

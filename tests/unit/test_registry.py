@@ -52,7 +52,15 @@ def test_good_function_loads_with_defaults(tmp_path: Path) -> None:
     reg = registry.load(project(tmp_path, {"ok": GOOD}))
     fn = reg.get("ok")
     assert fn.queue == "fast" and fn.timeout_s == 30 and fn.versions.newest == 1
+    assert fn.max_age_s is None and fn.describe()["max_age"] is None
     assert not reg.errors
+
+
+def test_max_age_is_kept_and_described(tmp_path: Path) -> None:
+    """MAX_AGE (seconds, int or float) is on the function and in its description."""
+    reg = load_one(tmp_path, 'MAX_AGE = 1.5\ndef handle(p, c):\n    pass\n')
+    fn = reg.get("fn")
+    assert fn.max_age_s == 1.5 and fn.describe()["max_age"] == 1.5
 
 
 @pytest.mark.parametrize("src,needle,line", [
@@ -66,6 +74,9 @@ def test_good_function_loads_with_defaults(tmp_path: Path) -> None:
     ('IDEMPOTENCY_KEY = "{missing}"\ndef handle(p, c):\n    pass\n', "names field 'missing'", 1),
     ('RESOURCE_KEY = "{x.__class__}"\ndef handle(p, c):\n    pass\n', "RESOURCE_KEY", 1),
     ('BACKOFF = {"base": 5, "cap": 1}\ndef handle(p, c):\n    pass\n', "BACKOFF needs", 1),
+    ('MAX_AGE = 0\ndef handle(p, c):\n    pass\n', "MAX_AGE must be a positive number of seconds", 1),
+    ('MAX_AGE = "1h"\ndef handle(p, c):\n    pass\n', "MAX_AGE must be a positive number of seconds", 1),
+    ('MAX_AG = 60\ndef handle(p, c):\n    pass\n', "did you mean MAX_AGE?", 1),
     ('x = 1\n', "no handle(payload, ctx) function", None),
     ('def handle(payload):\n    pass\n', "handle must take exactly (payload, ctx)", 1),
     ('def handle(p, c)\n    pass\n', "syntax error", 1),

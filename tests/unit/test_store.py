@@ -3,6 +3,7 @@ default read back as that default."""
 
 from __future__ import annotations
 
+from runner.store import records
 from runner.store.records import Job
 
 
@@ -79,7 +80,7 @@ def test_view_lays_a_claim_or_an_outcome_over_the_record_and_survives_garbage() 
     done = records.view("x", None, {}, None, 't 1 2 1000 2000\n{"attempt":1}\n{"ok":true}\n{"schedule":"s"}')
     assert done["status"] == "done" and done["finished_ms"] == "2000" and done["result"] == '{"ok":true}'
     assert done["history"].startswith('{"attempt":1},{"attempt":2,"outcome":"done"') and "error" not in done
-    job = records.Job("x", "fast", done).as_dict()
+    job = Job("x", "fast", done).as_dict()
     assert [h["attempt"] for h in job["history"]] == [1, 2] and job["result"] == {"ok": True}
     assert job["schedule"] == "s" and job["type"] == "t"
     dup = records.view("x", None, {}, None, "t 1 0 0 2000 first\n\n")
@@ -88,3 +89,20 @@ def test_view_lays_a_claim_or_an_outcome_over_the_record_and_survives_garbage() 
     assert records.view("x", None, {}, None, "garbage")["status"] == "done"
     assert records.view("x", None, {}, None, None) == {}
     assert records.parse("garbage") is None and records.parse(None) is None
+
+
+def test_a_jobs_parent_is_read_off_its_id() -> None:
+    """Follow-ups are "<parent>.<i>", destinations "<parent>.s" / ".f"; a group's then-job
+    ("<group>.then") and any other id have none."""
+    assert records.parent_of("abc.0") == "abc" and records.parent_of("abc.12") == "abc"
+    assert records.parent_of("abc.1.s") == "abc.1" and records.parent_of("abc.f") == "abc"
+    assert [records.parent_of(i) for i in ("abc", "gabc.then", ".0", "abc.x")] == [None] * 4
+
+
+def test_the_job_view_shows_children_and_group_apart_from_other_meta() -> None:
+    done = Job("p", "fast", {"status": "done", "meta": '{"children":["p.0","p.s"],"tick":"t"}'}).as_dict()
+    assert done["children"] == ["p.0", "p.s"] and done["tick"] == "t" and done["group"] is None
+    dead = Job("p", "fast", {"status": "dead", "children": "p.f"}).as_dict()
+    assert dead["children"] == ["p.f"]
+    member = Job("m", "fast", {"meta": '{"group":"g1","member":3}'}).as_dict()
+    assert (member["group"], member["member"], member["parent"], member["children"]) == ("g1", 3, None, [])

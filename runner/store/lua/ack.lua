@@ -20,6 +20,7 @@
 -- KEYS[16] scheduled   ZSET  (a delayed follow-up goes here)
 -- KEYS[17] outbox      LIST  follow-ups for other queues, JSON, until the relay moves them
 -- KEYS[18] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
+-- KEYS[19] group prefix (string; a group's state, see group_settle in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
@@ -29,6 +30,8 @@
 --   (space-separated), ms to keep the result on its own (KEEP_RESULT; 0 none)
 -- then m, the follow-ups (ctx.enqueue); per follow-up 14 fields: the index of its parent
 --   in this batch (1-based), its queue ('' this one), then the 12 fields of enqueue.lua
+-- then g, the group members among the jobs; per member 5 fields: its index in this batch,
+--   its group id, its index in the group, 'done', its outcome (JSON)
 --
 -- Follow-ups are written only for a parent whose ack lands here (1 or 2), in this same
 -- step: a failed or refused run leaves none. A follow-up of this queue is written as
@@ -170,10 +173,13 @@ end
 for field, c in pairs(uncounted) do census(KEYS[14], field, -c) end
 local fb = 6 + n * 6
 local m = tonumber(ARGV[fb]) or 0
-if m > 0 then
-  local Q = {ready = KEYS[8], scheduled = KEYS[16], stats = KEYS[2], job = KEYS[3], idem = KEYS[5],
-    claims = KEYS[10], done_meta = KEYS[11], done = KEYS[12]}
-  write_followups(Q, now, out, fb, m, KEYS[17], KEYS[9], KEYS[14])
+local Q = {ready = KEYS[8], scheduled = KEYS[16], stats = KEYS[2], job = KEYS[3], idem = KEYS[5],
+  claims = KEYS[10], done_meta = KEYS[11], done = KEYS[12]}
+if m > 0 then write_followups(Q, now, out, fb, m, KEYS[17], KEYS[9], KEYS[14]) end
+-- A member's countdown in this same step: its group learns of the success exactly once.
+local gb = fb + 1 + m * 14
+if (tonumber(ARGV[gb]) or 0) > 0 then
+  group_members({group = KEYS[19], Q = Q, notify = KEYS[9], census = KEYS[14], outbox = KEYS[17]}, now, out, gb)
 end
 flush(KEYS[2])
 announce(KEYS[18], ended)

@@ -19,6 +19,7 @@
 -- KEYS[15] outbox      LIST  (a destination in another queue: see ack.lua)
 -- KEYS[16] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- KEYS[17] cancelled   ZSET  cancelled ids -> time ms
+-- KEYS[18] group prefix (string; see group_settle in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -26,7 +27,9 @@
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
 --   a handler; 0: it counts), stats fields (space-separated)
 -- then m, ON_FAILURE jobs, 14 fields each as ack.lua's follow-ups: written only for a job
---   buried here, in this step, once by id
+--   buried here, in this step, once by id (their ids go in its state as 'children')
+-- then g, the group members among the jobs, 5 fields each as in ack.lua (status dead or
+--   cancelled): each counted down in this step, once
 --
 -- Each job costs one HMGET, one HSET of its state and two PEXPIREs (record and state); the batch's fences, claims,
 -- leases and dead-letter entries go in one variadic HMGET, HDEL, ZREM and ZADD, before
@@ -91,10 +94,25 @@ for _, s in ipairs(slots) do
 end
 local fb = 4 + n * 7
 local m = tonumber(ARGV[fb]) or 0
+local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6],
+  claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
 if m > 0 then
-  local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6],
-    claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
   write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12])
+  -- A dead job keeps its state: its children (the ON_FAILURE job) go there, for readers.
+  local kids = {}
+  for i = 0, m - 1 do
+    local b = fb + 1 + i * 14
+    local place = tonumber(ARGV[b])
+    if (out[place] or -1) > 0 then
+      local pid = ARGV[4 + (place - 1) * 7]
+      kids[pid] = (kids[pid] and kids[pid] .. ',' or '') .. ARGV[b + 2]
+    end
+  end
+  for pid, ids in pairs(kids) do redis.call('HSET', KEYS[4] .. pid .. ':s', 'children', ids) end
+end
+local gb = fb + 1 + m * 14
+if (tonumber(ARGV[gb]) or 0) > 0 then
+  group_members({group = KEYS[18], Q = Q, notify = KEYS[8], census = KEYS[12], outbox = KEYS[15]}, now, out, gb)
 end
 flush(KEYS[3])
 announce(KEYS[16], ended)

@@ -26,6 +26,12 @@
 -- KEYS[9] ended        channel  (see waited in _lib.lua)
 -- KEYS[10] cancelled   ZSET    cancelled ids -> time of the cancel ms (the job list's index)
 -- KEYS[11] cancels     channel "<id> <token>" of prefetched claims cancelled
+-- KEYS[12] group prefix (string; a group's member cancelled here counts down: group_settle in _lib.lua)
+-- KEYS[13] job prefix  (string; a complete group's then-job is written here)
+-- KEYS[14] ready       LIST
+-- KEYS[15] notify      LIST
+-- KEYS[16] stats       HASH
+-- KEYS[17] outbox      LIST
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -40,6 +46,12 @@ local sk = jk .. ':s'
 local function finish(rec)
   redis.call('ZREM', KEYS[4], id)
   end_cancelled(jk, id, rec, now, ttl, KEYS[7], KEYS[8], KEYS[10], KEYS[9])
+  if KEYS[12] then
+    group_cancelled({group = KEYS[12], notify = KEYS[15], census = KEYS[8], outbox = KEYS[17],
+      Q = {ready = KEYS[14], scheduled = KEYS[4], stats = KEYS[16], job = KEYS[13], idem = KEYS[7], claims = KEYS[2],
+        done_meta = KEYS[5], done = KEYS[6]}}, now, id, rec)
+    flush(KEYS[16])
+  end
   return {1, 'cancelled'}
 end
 

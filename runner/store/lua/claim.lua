@@ -43,6 +43,8 @@
 --                            ready, strictly (no aging)
 -- KEYS[18] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- KEYS[19] cancelled   ZSET  cancelled ids -> time ms (a job cancelled while it ran, back)
+-- KEYS[20] group prefix (string; such a job of a group counts down: group_settle in _lib.lua)
+-- KEYS[21] outbox      LIST  (its group's then-job, when that runs on another queue)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -51,9 +53,15 @@
 -- ARGV[6] dead retention, ms
 -- ARGV[7] done retention, ms
 -- ARGV[8] done count bound (the most done jobs kept)
+-- ARGV[9] MAX_AGE of this queue's functions that have one, "<type>=<ms> ..." ('' none)
 --
 -- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
 -- scheduled for when its (reserved) token is due, spending no attempt.
+--
+-- MAX_AGE: a job whose attempt would start more than its function's MAX_AGE after its
+-- enqueue (created_ms, the server's clock) is claimed as expired (started = 2, no limit
+-- taken): its worker buries it at once, reason "expired", without running it, so it dies
+-- as any other job (ON_FAILURE, the dead-letter set) and spends no attempt.
 --
 -- A job of a paused function is held: it moves to the function's held list, oldest first,
 -- with status 'deferred' and no attempt spent, until resume.lua puts it back.
@@ -64,7 +72,8 @@
 -- claims (parked jobs, strays: ready may hold more, so the worker claims again at once
 -- rather than wait for a wake-up), 0 otherwise; then 14 values per claimed job:
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
---   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched), meta
+--   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched,
+--   2 expired: bury it), meta
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local k_start = tonumber(ARGV[3])
@@ -76,6 +85,8 @@ local KNOWN = {queued = true, scheduled = true, processing = true, retrying = tr
   done = true, dead = true, deferred = true, cancelled = true}
 local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated',
   'cancel_requested'}
+local max_age = {}
+for typ, ms in string.gmatch(ARGV[9] or '', '(%S+)=(%d+)') do max_age[typ] = tonumber(ms) end
 
 -- Pauses: one small read per call. pcall: a damaged pause hash pauses nothing.
 local paused = {}
@@ -108,6 +119,28 @@ local full_keys = {}
 local cheap = 0  -- ids parked on such a key (see the bound below)
 local i = 0
 local stop = false  -- set by take() for a job that must go back to ready
+-- Claim a job past its MAX_AGE as expired: a claim like any other (so its burial is
+-- fenced), taking no limit and marked started = 2 for the worker.
+local function expire(id, rec, f, sk)
+  if f[7] then redis.call('HDEL', sk, 'lost_token') end
+  local stateful = false
+  for q = 1, #STATE do
+    if f[q] then stateful = true end
+  end
+  local token = base .. ':' .. i
+  leased[#leased + 1] = now + lease
+  leased[#leased + 1] = id
+  claimed[#claimed + 1] = id
+  claimed[#claimed + 1] = claim_entry(token, (tonumber(f[2]) or 0) + 1, now, {idem = rec.idem_key ~= '',
+    state = stateful, waited = waited(rec.meta)})
+  taken[id] = true
+  for _, v in ipairs({id, token, (tonumber(f[2]) or 0) + 1, rec.type, rec.version, rec.payload, rec.max_attempts,
+      rec.idem_key, rec.resource_key, f[3] or '', rec.created_ms, f[4] or '', 2, rec.meta or ''}) do
+    out[#out + 1] = v
+  end
+  i = i + 1
+end
+
 -- Settle one popped id: claim it, or bury, park, mark a duplicate, put back or drop it.
 local function take(id)
   local jk = KEYS[6] .. id
@@ -161,9 +194,15 @@ local function take(id)
     -- A run asked to stop came back (its worker died, or it failed and is retried): the
     -- cancel stands, and the job ends cancelled instead of running again.
     end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[14], KEYS[19], KEYS[18])
+    if KEYS[20] then
+      group_cancelled({group = KEYS[20], notify = KEYS[12], census = KEYS[14], outbox = KEYS[21],
+        Q = {ready = KEYS[1], scheduled = KEYS[3], stats = KEYS[5], job = KEYS[6], idem = KEYS[8], claims = KEYS[9],
+          done_meta = KEYS[10], done = KEYS[13]}}, now, id, rec)
+    end
     tally('cancelled|' .. typ)
     return
   end
+  if max_age[typ] and now - tonumber(rec.created_ms) > max_age[typ] then return expire(id, rec, f, sk) end
   local limits = parse_limits(rec.limits)
   local rates = parse_rates(rec.limits)
   local starts = i < k_start

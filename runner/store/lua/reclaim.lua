@@ -21,6 +21,10 @@
 -- KEYS[11] limwait     ZSET  limit keys with parked jobs
 -- KEYS[12] idem prefix (string)
 -- KEYS[13] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
+-- KEYS[14] group prefix (string; a member buried here counts down: group_settle in _lib.lua)
+-- KEYS[15] done prefix (string)
+-- KEYS[16] census      HASH
+-- KEYS[17] outbox      LIST  (a complete group's then-job on another queue)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -60,6 +64,10 @@ local ended = {}  -- waited jobs buried as "worker lost"
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
 local held = hmget_many(KEYS[9], ids)
 unclaim(KEYS[9], KEYS[1], ids)
+local G = {group = KEYS[14], notify = KEYS[4], census = KEYS[16], outbox = KEYS[17],
+  Q = {ready = KEYS[2], scheduled = KEYS[8], stats = KEYS[5], job = KEYS[6], idem = KEYS[12], claims = KEYS[9],
+    done_meta = KEYS[10], done = KEYS[15]}}
+local lost = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing"}'
 for j, id in ipairs(ids) do
   local jk = KEYS[6] .. id
   local sk = jk .. ':s'
@@ -129,6 +137,11 @@ for j, id in ipairs(ids) do
       tally('dead|' .. (f[3] or '?'))
       buried = buried + 1
       if waited(rec.meta) then ended[#ended + 1] = id end
+      local gid, idx = group_of(rec.meta)
+      if gid and KEYS[14] then
+        group_settle(G, now, gid, idx, 'dead', '{"id":' .. cjson.encode(id) ..
+          ',"status":"dead","reason":"worker lost","error":' .. lost .. '}')
+      end
     else
       redis.call('RPUSH', KEYS[2], id)
       tally((spend and 'lost|' or 'unspent|') .. (f[3] or '?'))

@@ -15,8 +15,8 @@
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then the 12 fields of enqueue.lua per job
 --
--- Returns one code per job: 1 placed, 0 already known (or its idempotency key's job
--- stands), -1 its idempotency key holds another payload (not placed).
+-- Returns one code per job: 1 placed (counted as relayed|<type>), 0 already known (or its
+-- idempotency key's job stands), -1 its idempotency key holds another payload (not placed).
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local Q = {ready = KEYS[1], scheduled = KEYS[2], stats = KEYS[4], job = KEYS[5], idem = KEYS[6],
@@ -28,8 +28,11 @@ for i = 0, n - 1 do
   if job_known(Q, j.id) then
     out[#out + 1] = 0
   else
-    out[#out + 1] = (job_put(Q, now, j, put))
+    local code = job_put(Q, now, j, put)
+    if code == 1 then tally('relayed|' .. j.type) end
+    out[#out + 1] = code
   end
 end
 jobs_flush(Q, put, KEYS[3], KEYS[8])
+flush(KEYS[4])
 return out

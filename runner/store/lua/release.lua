@@ -19,6 +19,12 @@
 -- KEYS[9] census       HASH
 -- KEYS[10] cancelled   ZSET  cancelled ids -> time ms
 -- KEYS[11] ended       channel
+-- KEYS[12] group prefix (string; a cancelled job of a group counts down: group_settle in _lib.lua)
+-- KEYS[13] scheduled   ZSET  (its group's then-job, when delayed)
+-- KEYS[14] stats       HASH
+-- KEYS[15] done meta   HASH
+-- KEYS[16] done prefix (string)
+-- KEYS[17] outbox      LIST  (its group's then-job, when that runs on another queue)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job: id, token, mode (now | later), history entry ('' none)
 -- ARGV[last] the done retention, ms (a cancelled job's)
@@ -47,7 +53,14 @@ for i = 0, n - 1 do
   elseif c.cancel and c.prefetched then
     seen[id] = true
     local rec = rec_load(jk)
-    if rec then end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[9], KEYS[10], KEYS[11]) end
+    if rec then
+      end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[9], KEYS[10], KEYS[11])
+      if KEYS[12] then
+        group_cancelled({group = KEYS[12], notify = KEYS[3], census = KEYS[9], outbox = KEYS[17],
+          Q = {ready = KEYS[2], scheduled = KEYS[13], stats = KEYS[14], job = KEYS[4], idem = KEYS[8],
+            claims = KEYS[6], done_meta = KEYS[15], done = KEYS[16]}}, now, id, rec)
+      end
+    end
     ids[#ids + 1] = id
     out[#out + 1] = 1
   else
@@ -78,4 +91,5 @@ if #ids > 0 then
   unclaim(KEYS[6], KEYS[1], ids)
   wake(KEYS[3])
 end
+if KEYS[14] then flush(KEYS[14]) end
 return out

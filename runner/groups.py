@@ -1,0 +1,174 @@
+"""Fan-out/fan-in: ``Client.group([Request, ...], then=Request(...))`` and POST /groups.
+
+The members run as independent jobs; the then-job runs once, after every member has
+finished (done, dead or cancelled), with the members' outcomes in front of its own
+payload, in member order::
+
+    {"group": {"id": "g...", "total": 3, "done": 2, "dead": 1, "cancelled": 0,
+               "outcomes": [{"id": "...", "status": "done", "result": ...},
+                            {"id": "...", "status": "dead", "reason": "max attempts reached",
+                             "error": {"type": "...", "message": "..."}}, ...]},
+     ...the then request's own fields...}
+
+``outcomes`` is null once they pass INLINE_BYTES together (a big group): the handler
+reads them with ``ctx.group_outcomes(group_id)`` (or ``Client.group_outcomes``), from the
+group's outcomes hash, kept for the done retention after the group completes.
+
+There is no polling task: each member's settle (ack, bury, the lease reclaim's "worker
+lost", a cancel ended by cancel.lua, the claim or a release) counts it down in its own
+script step, once (lua/_lib.lua: group_settle),
+and the step that finishes the last member writes the then-job. So the members must
+share one queue (one hash tag, one Cluster slot); a request whose members run on several
+queues is refused. The then-job may run on any queue: on another it goes through the
+members' queue's outbox and the relay, like a follow-up.
+
+Everything is validated before anything is written; the members are then written in
+chunks of CHUNK, in one round trip, and the last chunk seals the group (an unsealed group
+never fires: a request that failed half-way leaves the members already written to run,
+and no then-job). Members and the then-job take no idempotency key (the group is the
+unit: each member counts once in it), so a function's IDEMPOTENCY_KEY does not apply to
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from runner.errors import (
+    FieldError,
+    InvalidGroup,
+    RedisUnavailable,
+    RunnerError,
+    UnknownFunction,
+    UnknownVersion,
+    ValidationFailed,
+)
+from runner.store import codec, records
+from runner.store.connection import UNAVAILABLE
+from runner.store.scripts import NewJob, job_entry
+
+if TYPE_CHECKING:
+    from runner.client import Client, Request, _Prepared
+
+MAX_MEMBERS = 100_000
+CHUNK = 500  # members per script call: each call's work stays small
+INLINE_BYTES = 256 * 1024  # outcomes up to this size ride in the then-job's payload
+FIELD = "group"  # the then payload's field that carries the group
+
+# What the then-job's schema must take: both shapes of the group field.
+_SAMPLE_OUTCOMES: tuple[list[dict[str, Any]] | None, ...] = (
+    [{"id": "0", "status": "done", "result": None},
+     {"id": "1", "status": "dead", "reason": "permanent failure", "error": {"type": "E", "message": "m"}}],
+    None,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    id: str
+    queue: str
+    members: tuple[str, ...]
+    then_id: str
+    then_type: str
+    then_queue: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "queue": self.queue, "members": list(self.members),
+                "then": {"id": self.then_id, "type": self.then_type, "queue": self.then_queue,
+                         "status": "waiting"}}
+
+
+def new_id() -> str:
+    """A group id: "g" and a job-style id (time-ordered, unique), never a job's."""
+    return "g" + records.new_id()
+
+
+def then_id(group_id: str) -> str:
+    return f"{group_id}.then"
+
+
+def sample(group_id: str, outcomes: list[dict[str, Any]] | None) -> dict[str, Any]:
+    return {"id": group_id, "total": 2, "done": 1, "dead": 1, "cancelled": 0, "outcomes": outcomes}
+
+
+def _meta(meta: str, **fields: Any) -> str:
+    base = codec.loads(meta) if meta else {}
+    return codec.dumps({**base, **fields})
+
+
+def _prepared(client: Client, req: Request, path: str, errors: list[FieldError]) -> _Prepared | None:
+    """One job validated, its problems added to ``errors`` under ``path``."""
+    if req.idempotency_key is not None:
+        errors.append(FieldError(path, "a group's job takes no idempotency key"))
+        return None
+    try:
+        return client.prepare(req)
+    except ValidationFailed as exc:
+        errors += [FieldError(f"{path}.payload{e.path[1:]}", e.message) for e in exc.errors]
+    except (UnknownFunction, UnknownVersion) as exc:
+        errors.append(FieldError(f"{path}.type", str(exc)))
+    return None
+
+
+def build(client: Client, members: Sequence[Request], then: Request) -> tuple[Group, list[NewJob], NewJob]:
+    """Validate a group and build its jobs; raises InvalidGroup with every problem."""
+    errors: list[FieldError] = []
+    if not 1 <= len(members) <= MAX_MEMBERS:
+        errors.append(FieldError("$.members", f"a group has 1 to {MAX_MEMBERS} members, not {len(members)}"))
+    gid = new_id()
+    jobs: list[NewJob] = []
+    queues: dict[str, int] = {}
+    for i, req in enumerate(members):
+        prep = _prepared(client, req, f"$.members[{i}]", errors)
+        if prep is None:
+            continue
+        queues.setdefault(prep.fn.queue, i)
+        jobs.append(prep.job._replace(idem_key="", payload_hash="-",
+                                      meta=_meta(prep.job.meta, group=gid, member=i + 1)))
+    if len(queues) > 1:
+        (q0, _), (q1, i1) = sorted(queues.items(), key=lambda item: item[1])[:2]
+        errors.append(FieldError(f"$.members[{i1}].type", f"runs on queue {q1!r}, member 0 on {q0!r}: a "
+                                 "group's members share one queue (its countdown is one step in that queue)"))
+    then_prep = None
+    if not isinstance(then.payload, dict):
+        errors.append(FieldError("$.then.payload", f"must be a JSON object (it gets the {FIELD!r} field)"))
+    elif FIELD in then.payload:
+        errors.append(FieldError(f"$.then.payload.{FIELD}", "is the group's own field: leave it out"))
+    else:
+        for outcomes in _SAMPLE_OUTCOMES:
+            then_prep = _prepared(client, replace(then, payload={FIELD: sample(gid, outcomes), **then.payload}),
+                                  "$.then", errors)
+            if then_prep is None:
+                break
+    if errors or then_prep is None or not queues:
+        raise InvalidGroup(errors)
+    queue = next(iter(queues))
+    then_job = then_prep.job._replace(id=then_id(gid), payload=codec.dumps(then.payload), idem_key="",
+                                      payload_hash="-", meta=_meta(then_prep.job.meta, group=gid))
+    group = Group(id=gid, queue=queue, members=tuple(j.id for j in jobs), then_id=then_job.id,
+                  then_type=then_prep.fn.name, then_queue=then_prep.fn.queue)
+    return group, jobs, then_job
+
+
+def create(client: Client, members: Sequence[Request], then: Request) -> Group:
+    """Validate, then write every member and seal the group in one round trip."""
+    group, jobs, then_job = build(client, members, then)
+    rt = client.runtime
+    k = rt.keys[group.queue]
+    entry = codec.dumps(job_entry("" if group.then_queue == group.queue else group.then_queue, then_job))
+    keep_ms = int(rt.config.retention.done_s * 1000)
+    chunks = [jobs[i:i + CHUNK] for i in range(0, len(jobs), CHUNK)]
+    try:
+        batch = rt.scripts.batch()
+        for n, chunk in enumerate(chunks):
+            rt.scripts.group(k, group.id, chunk, first=n == 0, seal=n == len(chunks) - 1, then=entry,
+                             inline_bytes=INLINE_BYTES, keep_ms=keep_ms, pipe=batch)
+        replies = batch.execute()
+    except UNAVAILABLE as exc:
+        raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+    refused = [r for r in replies if int(r[0]) < 0]
+    if refused:  # an id collision or a group gone mid-write: never expected
+        raise RunnerError(f"group {group.id}: refused by Redis ({refused[0][0]})")
+    return group

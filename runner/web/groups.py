@@ -1,0 +1,103 @@
+"""POST /groups (fan-out/fan-in; scope enqueue) and GET /groups/{id} (its progress).
+
+The body names every job as ``{"type", "payload", "version"?, "delay"?, "run_at"?,
+"priority"?}``: ``{"members": [job, ...], "then": job}``. Everything is validated before
+anything is written (422 with every problem, each with its path into the body); the
+answer is 202 with the group id, the member ids in order and the then-job's id."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import falcon
+import falcon.asgi
+
+from runner.client import Client, Request
+from runner.errors import FieldError, GroupNotFound, InvalidGroup
+from runner.web.body import only_params, read_json, send
+from runner.web.jobs import MAX_DELAY_S
+from runner.web.offload import Offload
+from runner.web.problems import Problem
+
+JOB_FIELDS = ("type", "payload", "version", "delay", "run_at", "priority")
+
+
+def _number(value: Any, lo: float, hi: float, integral: bool = False) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if integral and not isinstance(value, int):
+        return False
+    return math.isfinite(value) and lo <= value <= hi
+
+
+def request_of(obj: Any, path: str, errors: list[FieldError]) -> Request | None:
+    """One job of the body as a Request, or None with its problems in ``errors``."""
+    if not isinstance(obj, dict):
+        errors.append(FieldError(path, "must be an object {\"type\", \"payload\", ...}"))
+        return None
+    before = len(errors)
+    for name in sorted(set(obj) - set(JOB_FIELDS)):
+        errors.append(FieldError(f"{path}.{name}", f"unknown field (expected: {', '.join(JOB_FIELDS)})"))
+    if not isinstance(obj.get("type"), str) or not obj["type"]:
+        errors.append(FieldError(f"{path}.type", "must name a function"))
+    if "payload" not in obj:
+        errors.append(FieldError(f"{path}.payload", "is required"))
+    checks = (("version", 1, 1_000_000, True), ("delay", 0, MAX_DELAY_S, False), ("run_at", 0, 1e11, False),
+              ("priority", 0, 9, True))
+    for name, lo, hi, integral in checks:
+        if obj.get(name) is not None and not _number(obj[name], lo, hi, integral):
+            errors.append(FieldError(f"{path}.{name}", f"must be {'an integer' if integral else 'a number'} "
+                                     f"from {lo:g} to {hi:g}"))
+    if obj.get("delay") is not None and obj.get("run_at") is not None:
+        errors.append(FieldError(f"{path}.run_at", "give either delay or run_at, not both"))
+    if len(errors) > before:
+        return None
+    return Request(obj["type"], obj["payload"], version=obj.get("version"), delay_s=obj.get("delay"),
+                   run_at=obj.get("run_at"), priority=obj.get("priority"))
+
+
+class Groups:
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        only_params(req)
+        body = await read_json(req, self.client.runtime.config.api.max_body_bytes)
+        if not isinstance(body, dict):
+            raise Problem(400, "invalid-group", 'send a JSON object {"members": [...], "then": {...}}',
+                          title="Invalid group")
+        errors: list[FieldError] = [FieldError(f"$.{name}", "unknown field (expected: members, then)")
+                                    for name in sorted(set(body) - {"members", "then"})]
+        raw = body.get("members")
+        members: list[Request] = []
+        if not isinstance(raw, list) or not raw:
+            errors.append(FieldError("$.members", "must be a non-empty array of jobs"))
+        else:
+            for i, obj in enumerate(raw):
+                r = request_of(obj, f"$.members[{i}]", errors)
+                if r is not None:
+                    members.append(r)
+        then = request_of(body.get("then"), "$.then", errors)
+        if errors or then is None:
+            raise InvalidGroup(errors)
+        # Up to thousands of validations and a round trip: on a thread, not the loop.
+        group = await self.offload(self.client.group, members, then)
+        resp.location = f"/groups/{group.id}"
+        send(resp, group.as_dict(), 202)
+
+
+class GroupItem:
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, group_id: str) -> None:
+        only_params(req)
+        try:
+            view = await self.offload(self.client.get_group, group_id)
+        except GroupNotFound:
+            raise Problem(404, "group-not-found", f"no group {group_id!r}", title="Group not found",
+                          group_id=group_id) from None
+        send(resp, view)

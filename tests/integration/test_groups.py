@@ -1,0 +1,165 @@
+"""Groups through a real worker and the HTTP API: the members run, the then-job runs once
+after the last one finished and sees every outcome in member order (inline, or read from
+Redis for a big group); GET /groups/{id} shows the progress; a group that cannot run is
+refused whole, with every problem, before anything is written."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import falcon.testing
+import pytest
+
+from runner import groups
+from runner.client import Request
+from runner.errors import InvalidGroup
+from runner.web import create_app
+
+from conftest import Project, wait_for
+
+PART = '''
+import runner
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    if payload.get("fail"):
+        raise runner.PermanentFailure("no " + str(payload["n"]))
+    return {"n": payload["n"]}
+'''
+
+MERGE = '''
+import json, os
+QUEUE = "{queue}"
+
+def handle(payload, ctx):
+    group = payload["group"]
+    outcomes = group["outcomes"] if group["outcomes"] is not None else ctx.group_outcomes(group["id"])
+    with open(os.path.join(os.environ["RECORD_DIR"], "merge-" + ctx.job_id), "a") as f:
+        f.write(json.dumps({{"payload": payload, "outcomes": outcomes}}) + "\\n")
+'''
+
+STRICT = '{"type": "object", "properties": {"label": {"type": "string"}}, "additionalProperties": false}'
+
+
+def write(project: Project, name: str, src: str, schema: str = '{"type": "object"}') -> None:
+    (project.root / "functions" / f"{name}.py").write_text(textwrap.dedent(src))
+    (project.root / "schemas" / name).mkdir(exist_ok=True)
+    (project.root / "schemas" / name / "v1.json").write_text(schema)
+    project._runtime = None
+
+
+def runs(project: Project, then_id: str) -> list[dict]:
+    p: Path = project.records / f"merge-{then_id}"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+@pytest.fixture
+def fns(project: Project) -> Project:
+    write(project, "part", PART)
+    write(project, "merge", MERGE.format(queue="fast"))
+    write(project, "merge_slow", MERGE.format(queue="slow"))
+    write(project, "strict", MERGE.format(queue="fast"), STRICT)
+    return project
+
+
+def test_then_runs_once_after_every_member_with_their_outcomes(fns: Project) -> None:
+    """Five members (one dies), the then-job on another queue (through the outbox): it runs
+    once, with its own fields and the five outcomes in member order; the members and the
+    then-job show their group."""
+    c = fns.client
+    members = [Request("part", {"n": i, "fail": i == 2}) for i in range(5)]
+    g = c.group(members, then=Request("merge_slow", {"label": "x"}))
+    assert g.then_id == f"{g.id}.then" and len(g.members) == 5 and g.queue == "fast"
+    view = c.get_group(g.id)
+    assert (view["total"], view["pending"], view["complete"]) == (5, 5, False)
+    assert view["then"] == {"id": g.then_id, "type": "merge_slow", "queue": "slow", "status": "waiting"}
+    fns.spawn_worker("fast", "slow")
+    wait_for(lambda: runs(fns, g.then_id), timeout=30, what="the then-job")
+    [run] = runs(fns, g.then_id)
+    assert run["payload"]["label"] == "x"
+    assert [o["id"] for o in run["outcomes"]] == list(g.members)
+    assert [o["status"] for o in run["outcomes"]] == ["done", "done", "dead", "done", "done"]
+    assert run["outcomes"][3]["result"] == {"n": 3}
+    assert run["outcomes"][2]["error"] == {"type": "PermanentFailure", "message": "no 2"}
+    assert run["outcomes"][2]["reason"] == "permanent failure"
+    assert c.wait(g.then_id, 10).status == "done"
+    view = c.get_group(g.id)
+    assert (view["done"], view["dead"], view["pending"], view["complete"]) == (4, 1, 0, True)
+    assert view["then"]["status"] == "done"
+    assert c.get(g.members[0]).as_dict()["group"] == g.id
+    assert c.get(g.then_id).as_dict()["group"] == g.id
+    assert c.group_outcomes(g.id) == run["outcomes"]
+
+
+def test_a_big_groups_outcomes_are_read_by_the_handler(fns: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the inline bound the payload carries no outcomes; ctx.group_outcomes reads them."""
+    monkeypatch.setattr(groups, "INLINE_BYTES", 10)
+    c = fns.client
+    g = c.group([Request("part", {"n": i}) for i in range(30)], then=Request("merge", {}))
+    fns.spawn_worker("fast")
+    wait_for(lambda: runs(fns, g.then_id), timeout=30, what="the then-job")
+    [run] = runs(fns, g.then_id)
+    assert run["payload"]["group"]["outcomes"] is None
+    assert [o["result"]["n"] for o in run["outcomes"]] == list(range(30))
+
+
+def test_an_isolated_then_handler_reads_the_outcomes_through_its_worker(fns: Project,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ISOLATION = "process" the child asks its parent for the outcomes."""
+    monkeypatch.setattr(groups, "INLINE_BYTES", 10)
+    write(fns, "merge_iso", 'ISOLATION = "process"\n' + MERGE.format(queue="fast"))
+    c = fns.client
+    g = c.group([Request("part", {"n": i}) for i in range(3)], then=Request("merge_iso", {}))
+    fns.spawn_worker("fast")
+    wait_for(lambda: runs(fns, g.then_id), timeout=30, what="the then-job")
+    [run] = runs(fns, g.then_id)
+    assert [o["result"]["n"] for o in run["outcomes"]] == [0, 1, 2]
+
+
+def test_a_group_that_cannot_run_is_refused_whole(fns: Project) -> None:
+    c = fns.client
+    r = fns.runtime.redis
+    before = r.dbsize()
+    with pytest.raises(InvalidGroup) as exc:
+        c.group([Request("part", {"n": 1}), Request("record", {}), Request("nope", {}),
+                 Request("part", {"n": 1}, idempotency_key="k")], then=Request("merge", {"group": 1}))
+    paths = {e.path: e.message for e in exc.value.errors}
+    assert "$.members[2].type" in paths and "$.members[3]" in paths and "$.then.payload.group" in paths
+    with pytest.raises(InvalidGroup) as exc:
+        c.group([Request("part", {"n": 1}), Request("slow", {"seconds": 0})], then=Request("merge", {}))
+    assert "share one queue" in exc.value.errors[0].message
+    with pytest.raises(InvalidGroup) as exc:  # its schema cannot take the group field
+        c.group([Request("part", {"n": 1})], then=Request("strict", {"label": "x"}))
+    assert exc.value.errors[0].path.startswith("$.then.payload")
+    assert r.dbsize() == before  # nothing written
+
+
+def test_post_groups_and_get_its_progress(fns: Project) -> None:
+    """POST /groups answers 202 with the group, member and then ids; GET /groups/{id}
+    shows the progress; a bad body is a 422 naming each problem; an unknown id a 404."""
+    client = falcon.testing.TestClient(create_app(fns.runtime))
+    body = {"members": [{"type": "part", "payload": {"n": i}} for i in range(3)],
+            "then": {"type": "merge", "payload": {"label": "y"}, "delay": 0}}
+    r = client.simulate_post("/groups", json=body)
+    assert r.status_code == 202, r.text
+    g = r.json
+    assert r.headers["Location"] == f"/groups/{g['id']}" and len(g["members"]) == 3
+    assert g["then"] == {"id": f"{g['id']}.then", "type": "merge", "queue": "fast", "status": "waiting"}
+    fns.spawn_worker("fast")
+    wait_for(lambda: client.simulate_get(f"/groups/{g['id']}").json["then"]["status"] == "done", timeout=30,
+             what="the group to complete")
+    view = client.simulate_get(f"/groups/{g['id']}").json
+    assert (view["total"], view["done"], view["dead"], view["pending"]) == (3, 3, 0, 0)
+    job = client.simulate_get(f"/jobs/{g['members'][1]}").json
+    assert job["group"] == g["id"]
+    bad = client.simulate_post("/groups", json={"members": [{"type": "part"}, {"type": "part", "payload": {},
+                                                             "idempotency_key": "k"}], "then": {}})
+    assert bad.status_code == 422 and bad.json["type"] == "urn:runner:problem:invalid-group"
+    assert {e["path"] for e in bad.json["errors"]} >= {"$.members[0].payload", "$.members[1].idempotency_key",
+                                                       "$.then.type"}
+    metrics = client.simulate_get("/metrics").text
+    assert 'runner_groups_completed_total{queue="fast"} 1.0' in metrics
+    missing = client.simulate_get("/groups/gnope")
+    assert missing.status_code == 404 and missing.json["type"] == "urn:runner:problem:group-not-found"

@@ -1,0 +1,92 @@
+"""MAX_AGE through a real worker: a job that waited past its function's MAX_AGE behind a
+busy queue goes dead as "expired" (its handler never runs, no attempt spent, ON_FAILURE
+fires, the history says why); a job started in time runs as usual."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from conftest import Project, wait_for
+
+BLOCKER = '''
+import os, time
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    deadline = time.monotonic() + 20
+    open(os.path.join(os.environ["RECORD_DIR"], "blocker-started"), "w").close()
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "release")):
+        if time.monotonic() > deadline:
+            raise RuntimeError("never released")
+        time.sleep(0.01)
+'''
+
+FRESH = '''
+import os
+QUEUE = "fast"
+MAX_AGE = 0.3
+ON_FAILURE = "notice"
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "ran-" + ctx.job_id), "w") as f:
+        f.write("ran")
+    return {"ok": True}
+'''
+
+NOTICE = '''
+import json, os
+QUEUE = "slow"
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "notice-" + payload["job"]["id"]), "w") as f:
+        f.write(json.dumps(payload))
+'''
+
+
+def write(project: Project, name: str, src: str) -> None:
+    (project.root / "functions" / f"{name}.py").write_text(textwrap.dedent(src))
+    (project.root / "schemas" / name).mkdir(exist_ok=True)
+    (project.root / "schemas" / name / "v1.json").write_text('{"type": "object"}')
+    project._runtime = None
+
+
+def server_ms(project: Project) -> int:
+    s, us = project.runtime.redis.time()
+    return int(s) * 1000 + int(us) // 1000
+
+
+def test_a_job_past_max_age_expires_unrun_and_one_in_time_runs(project: Project) -> None:
+    project.write_config(concurrency=1, prefetch=0)
+    for name, src in (("blocker", BLOCKER), ("fresh", FRESH), ("notice", NOTICE)):
+        write(project, name, src)
+    c = project.client
+    assert c.runtime.registry.get("fresh").describe()["max_age"] == 0.3
+    project.spawn_worker("fast", "slow")
+    assert c.wait(c.enqueue("noop", {}).id, 20).status == "done"  # the worker serves
+
+    on_time = c.enqueue("fresh", {}).id
+    assert c.wait(on_time, 20).status == "done"
+    assert (project.records / f"ran-{on_time}").exists()
+
+    c.enqueue("blocker", {})
+    wait_for(lambda: (project.records / "blocker-started").exists(), timeout=20, what="the blocker to start")
+    late = c.enqueue("fresh", {}).id
+    created_ms = int(c.get(late).as_dict()["created_at"] * 1000)
+    # Past MAX_AGE by the server's clock while the only executor is busy, then unblock.
+    wait_for(lambda: server_ms(project) - created_ms > 400, timeout=5, what="MAX_AGE to pass")
+    (project.records / "release").touch()
+
+    job = c.wait(late, 20).as_dict()
+    assert job["status"] == "dead" and job["reason"] == "expired", job
+    assert job["attempt"] == 0  # it never ran: no attempt spent
+    assert job["last_error"]["type"] == "Expired" and "MAX_AGE 0.3 s" in job["last_error"]["message"]
+    assert [h["outcome"] for h in job["history"]] == ["expired"]
+    assert not (project.records / f"ran-{late}").exists()
+    assert late in c.dead_ids("fast")
+    notice = wait_for(lambda: (project.records / f"notice-{late}").exists() and
+                      json.loads((project.records / f"notice-{late}").read_text()), timeout=20,
+                      what="the ON_FAILURE destination")
+    assert notice["error"]["type"] == "Expired"
+    counters = c.stats()["fast"]["counters"]
+    assert counters.get("expired|fresh") == 1 and counters.get("dead|fresh") == 1
