@@ -660,6 +660,24 @@ class Client:
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
 
+    def by_idempotency_key(self, key: str, *, type: str | None = None) -> list[records.Job]:
+        """The jobs holding idempotency key ``key``: of function ``type``, or of any
+        loaded function (a key is per type, so several may hold the same one). One round
+        trip for the keys, one lookup per job found; a key whose job is gone finds none.
+        Raises UnknownFunction for a type not loaded."""
+        rt = self.runtime
+        fns = [rt.registry.get(type)] if type is not None else list(rt.registry.functions.values())
+        candidates = [(fn.name, rt.keys[fn.queue]) for fn in fns if fn.queue in rt.keys]
+        try:
+            found = listing.holders(rt.redis, candidates, key) if candidates else []
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        jobs = []
+        for _, job_id in found:
+            with contextlib.suppress(JobNotFound):
+                jobs.append(self.get(job_id))
+        return jobs
+
     # --- cancel -------------------------------------------------------------------
 
     def cancel(self, job_id: str) -> str:

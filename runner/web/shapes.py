@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.catalog.templates import MAX_KEY_BYTES
 from runner.store.records import STATUSES
 
 _JSON = "application/json"
@@ -71,6 +72,9 @@ COMPONENTS: dict[str, Any] = {
         "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
         "checkpoint": _ANY, "duplicate_of": _OPT_STR,
+        "worker": {"type": "string", "description": "While processing: the worker holding the job"},
+        "lease_expires_at": {"type": "number", "description": "While processing, in a job list: when the "
+                                                              "worker's lease runs out unless renewed"},
     } | _JOB_META, required=_JOB_FIELDS, extra=True),
     "Function": _obj({
         "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
@@ -193,7 +197,13 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
         }},
         "/jobs": {"get": {
             "operationId": "list_jobs", "tags": ["jobs"], "summary": "One page of jobs in a status, newest first",
+            "description": "With idempotency_key: the jobs holding that key instead (of the function type "
+                           "given, or of any loaded function), whatever their status, on one page; the key is "
+                           "looked up as the enqueue stored it, so no status, queue, limit or cursor goes "
+                           "with it.",
             "parameters": [
+                _query("idempotency_key", {"type": "string", "maxLength": MAX_KEY_BYTES},
+                       "find the jobs holding this idempotency key (with type: of that function only)"),
                 {"name": "status", "in": "query", "required": False,
                  "description": "the status listed (default queued)",
                  "schema": {"type": "string", "enum": ["queued", "scheduled", "processing", "done", "dead",
