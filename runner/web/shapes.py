@@ -105,7 +105,9 @@ COMPONENTS: dict[str, Any] = {
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,
-        "scheduled_due": _INT, "dead": _INT, "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
+        "scheduled_due": _INT, "dead": _INT,
+        "cancelled": {"type": "integer", "description": "cancelled jobs still kept (the done retention)"},
+        "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
         "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
         "paused_functions": {"type": "array", "items": _STR},
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},

@@ -10,6 +10,8 @@ from click.testing import CliRunner
 
 from runner.cli import cli
 from runner.client import Request
+from runner.observe.figures import read_queues
+from runner.store import records
 
 from conftest import Project, wait_for
 
@@ -43,7 +45,8 @@ def test_10000_queued_jobs_page_correctly_newest_first(project: Project) -> None
 
 def test_every_status_lists_with_a_type_filter_and_the_cli(project: Project) -> None:
     """done, dead, scheduled and cancelled jobs each list under their status, newest
-    first; a type filter keeps only that type; `runner jobs --json` pages the same way."""
+    first (and the queue figures count the cancelled ones); a type filter keeps only that
+    type; `runner jobs --json` pages the same way."""
     client = project.client
     later = client.enqueue("record", {"n": 1}, delay=600).id
     gone = client.enqueue("record", {"n": 2}).id
@@ -55,6 +58,8 @@ def test_every_status_lists_with_a_type_filter_and_the_cli(project: Project) -> 
              timeout=20, what="the jobs to end")
     assert [j.id for j in client.jobs("scheduled").jobs] == [later]
     assert [j.id for j in client.jobs("cancelled").jobs] == [gone]
+    figures = {q.name: q for q in read_queues(project.runtime, records.now_ms())}
+    assert (figures["fast"].cancelled, figures["slow"].cancelled) == (1, 0)  # the queue figures count them
     assert [j.id for j in client.jobs("dead").jobs] == [dead]
     got = client.jobs("done", type="noop", limit=100).jobs
     assert sorted(j.id for j in got) == sorted(done)
