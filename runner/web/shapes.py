@@ -221,6 +221,23 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                                       "cursor": {"type": ["string", "null"]}}, ["jobs", "cursor"])}}},
                           "400": bad, "404": problem("No such queue")},
         }},
+        "/events": {"get": {
+            "operationId": "events", "tags": ["meta"],
+            "summary": "Live updates as server-sent events: queue figures as they change, and watched jobs",
+            "description": "text/event-stream. Events: health {redis}, first and on change; queues {queues, "
+                           "full}: every queue first (as GET /queues), then the queues whose figures changed; "
+                           "job: a watched job (as GET /jobs/{id}) first and whenever it changed; job-gone "
+                           "{id}: a watched job that does not exist. A stream ends after a few minutes and "
+                           "the server's retry field says when to reconnect; a comment line comes every few "
+                           "seconds when nothing else does.",
+            "parameters": [{"name": "job", "in": "query", "required": False, "style": "form", "explode": True,
+                            "description": "a job id to watch (repeatable, up to 20)",
+                            "schema": {"type": "array", "maxItems": 20,
+                                       "items": {"type": "string", "minLength": 1, "maxLength": 200}}}],
+            "responses": {"200": {"description": "The stream", "content": {
+                              "text/event-stream": {"schema": {"type": "string"}}}},
+                          "400": bad, "503": problem("This process watches too many jobs already")},
+        }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],
             "summary": "Every loaded function with its queue, options and schema versions",
