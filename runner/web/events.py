@@ -27,7 +27,7 @@ import falcon.asgi
 
 from runner.store import codec
 from runner.web.body import only_params
-from runner.web.hub import MAX_WATCHED, Hub, Stream, TooManyWatched
+from runner.web.hub import MAX_WATCHED, Hub, TooManyWatched
 from runner.web.problems import Problem
 
 STREAM_S = 300.0
@@ -47,21 +47,25 @@ class Events:
         if len(jobs) > MAX_JOBS or any(not j or len(j) > MAX_ID for j in jobs):
             raise Problem(400, "invalid-parameter", f"query parameter 'job' takes 1 to {MAX_JOBS} job ids "
                           f"of 1 to {MAX_ID} characters", title="Invalid parameter", parameter="job")
-        try:
-            stream = self.hub.open(jobs)
-        except TooManyWatched:
+        if self.hub.too_many(jobs):
             raise Problem(503, "too-many-watched", f"this web process already watches {MAX_WATCHED} jobs "
                           "for its event streams; try again later", title="Too many watched jobs",
-                          headers={"Retry-After": "10"}) from None
+                          headers={"Retry-After": "10"})
         resp.cache_control = ["no-store"]
         resp.set_header("X-Accel-Buffering", "no")  # nginx: pass each event on at once
-        resp.sse = self._emit(stream)
+        resp.sse = self._emit(jobs)
 
-    async def _emit(self, stream: Stream) -> AsyncIterator[falcon.asgi.SSEvent | None]:
+    async def _emit(self, jobs: list[str]) -> AsyncIterator[falcon.asgi.SSEvent | None]:
+        # The stream opens here, not in on_get: only a generator that started runs its
+        # finally, so only here is every stream opened sure to be closed.
+        yield falcon.asgi.SSEvent(retry=RETRY_MS)
+        try:
+            stream = self.hub.open(jobs)
+        except TooManyWatched:  # taken meanwhile by another page: come back later
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STREAM_S
         try:
-            yield falcon.asgi.SSEvent(retry=RETRY_MS)
             while True:
                 left = deadline - loop.time()
                 if left <= 0:

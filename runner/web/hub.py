@@ -99,7 +99,7 @@ class Hub:
         if self.draining:
             stream.end()
             return stream
-        if len(self._watched() | stream.jobs) > MAX_WATCHED:
+        if self.too_many(stream.jobs):
             raise TooManyWatched
         self.streams.add(stream)
         loop = asyncio.get_running_loop()
@@ -110,6 +110,10 @@ class Hub:
         assert self._wake is not None
         self._wake.set()  # a new page gets its first figures now, not at the next tick
         return stream
+
+    def too_many(self, jobs: Iterable[str]) -> bool:
+        """Would watching these too take the process past MAX_WATCHED ids?"""
+        return len(self._watched() | frozenset(jobs)) > MAX_WATCHED
 
     def close(self, stream: Stream) -> None:
         stream.ended = True

@@ -226,3 +226,23 @@ def test_a_graceful_shutdown_ends_the_open_streams(project: Project) -> None:
         assert f.ended(timeout=5)
         web.proc.wait(timeout=10)
         assert time.monotonic() - started < 10  # the graceful timeout is 20 s
+
+
+def test_a_process_watches_a_bounded_number_of_jobs(project: Project, monkeypatch: Any) -> None:
+    """Past the process's bound on watched jobs a new stream is a 503 with Retry-After
+    (the ids are read every tick); ids already watched by another page cost nothing more."""
+    monkeypatch.setattr(hub, "MAX_WATCHED", 2)
+    app = create_app(project.runtime)
+    server = DevServer(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        with feed(url, None, "?job=a&job=b") as f:
+            f.next("job-gone")
+            wait_for(lambda: len(app.hub.streams) == 1, timeout=5, what="the first stream")
+            refused = requests.get(url + "/events?job=c", timeout=10)
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "10", refused.text
+            with feed(url, None, "?job=b") as same:
+                assert same.next("job-gone") == {"id": "b"}
+    finally:
+        server.stop()
