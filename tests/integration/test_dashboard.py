@@ -447,8 +447,10 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         job = queued
 
         # The fields of workflows, as GET /jobs/{id} may carry them: links when they name jobs.
-        shown = {**web.get(f"/jobs/{job}").json(), "parent": HOSTILE, "children": ["child-1", {"id": HOSTILE}],
-                 "group": {"id": HOSTILE, "size": 3}}
+        # Shown under an id of its own, so that the stream's news of the real job cannot
+        # replace it.
+        shown = {**web.get(f"/jobs/{job}").json(), "id": "with-workflow-fields", "parent": HOSTILE,
+                 "children": ["child-1", {"id": HOSTILE}], "group": {"id": HOSTILE, "size": 3}}
         d.execute_script("page.id = arguments[0].id; onJob(arguments[0]);", shown)
         parents = view.find_elements(By.CSS_SELECTOR, "a[data-job-link]")
         assert [a.text for a in parents] == [HOSTILE, "child-1", HOSTILE]
