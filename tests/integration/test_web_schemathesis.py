@@ -30,11 +30,11 @@ TOKEN = "fuzz-token"
 EXAMPLES = 10
 # Bounds the whole run well under a minute on two cores whatever the generator does.
 BUDGET_S = 55.0
+CONFORMANCE = [not_a_server_error, status_code_conformance, content_type_conformance,
+               response_schema_conformance, response_headers_conformance]
 # An event stream never ends by itself, and a case reads its whole body: test_events.py
 # covers it (its scope too).
 STREAM = "/events"
-CONFORMANCE = [not_a_server_error, status_code_conformance, content_type_conformance,
-               response_schema_conformance, response_headers_conformance]
 
 
 def test_api_conforms_to_its_openapi_document(project: Project) -> None:
