@@ -403,25 +403,36 @@ class Client:
 
     def get(self, job_id: str) -> records.Job:
         """The job record, from whichever queue holds it."""
-        rt = self.runtime
         if not job_id or len(job_id) > 200:
             raise JobNotFound(job_id)
+        job = self.get_many([job_id]).get(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def get_many(self, job_ids: Sequence[str]) -> dict[str, records.Job]:
+        """The jobs of these ids that exist, by id, in one round trip."""
+        rt = self.runtime
         try:
-            # One round trip: a job lives under exactly one queue's tag; one read-only script
-            # per queue returns its record, state, claim and done outcome (lookup.lua). A
-            # key of the wrong type (a damaged record) counts as no record.
+            # A job lives under exactly one queue's tag; one read-only script per queue
+            # returns its record, state, claim and done outcome (lookup.lua). A key of the
+            # wrong type (a damaged record) counts as no record.
             batch = rt.scripts.batch()
-            for k in rt.keys.values():
-                rt.scripts.lookup(k, job_id, pipe=batch)
-            replies = batch.execute()
+            for job_id in job_ids:
+                for k in rt.keys.values():
+                    rt.scripts.lookup(k, job_id, pipe=batch)
+            replies = iter(batch.execute())
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
-        for queue, (record, state, claim, outcome) in zip(rt.keys, replies, strict=True):
-            record = record if isinstance(record, str) and not record.startswith("\0") else None
-            fields = records.view(job_id, record, state or [], claim or None, outcome or None)
-            if fields:
-                return records.Job(job_id, queue, fields)
-        raise JobNotFound(job_id)
+        out: dict[str, records.Job] = {}
+        for job_id in job_ids:
+            for queue in rt.keys:
+                record, state, claim, outcome = next(replies)
+                record = record if isinstance(record, str) and not record.startswith("\0") else None
+                fields = records.view(job_id, record, state or [], claim or None, outcome or None)
+                if fields and job_id not in out:
+                    out[job_id] = records.Job(job_id, queue, fields)
+        return out
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters."""
@@ -716,6 +727,24 @@ class Client:
             return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+
+    def by_idempotency_key(self, key: str, *, type: str | None = None) -> list[records.Job]:
+        """The jobs holding idempotency key ``key``: of function ``type``, or of any
+        loaded function (a key is per type, so several may hold the same one). One round
+        trip for the keys, one lookup per job found; a key whose job is gone finds none.
+        Raises UnknownFunction for a type not loaded."""
+        rt = self.runtime
+        fns = [rt.registry.get(type)] if type is not None else list(rt.registry.functions.values())
+        candidates = [(fn.name, rt.keys[fn.queue]) for fn in fns if fn.queue in rt.keys]
+        try:
+            found = listing.holders(rt.redis, candidates, key) if candidates else []
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        jobs = []
+        for _, job_id in found:
+            with contextlib.suppress(JobNotFound):
+                jobs.append(self.get(job_id))
+        return jobs
 
     # --- cancel -------------------------------------------------------------------
 

@@ -108,6 +108,7 @@ class QueueFigures:
     scheduled: int = 0
     scheduled_due: int = 0
     dead: int = 0
+    cancelled: int = 0
     oldest_ready_age_s: float | None = None
     stray: int = 0
     groups_completed: int = 0
@@ -174,13 +175,14 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
         pipe.hgetall(k.stats)
         pipe.hgetall(k.paused)
         pipe.zcard(k.prio)
+        pipe.zcard(k.cancelled)
     raw = pipe.execute()
     out: list[QueueFigures] = []
     oldest: list[tuple[QueueFigures, str]] = []
     for i, name in enumerate(keys):
-        ready, leases, expired, sched, due, dead, next_id, stats, paused, prio = raw[10 * i: 10 * i + 10]
+        ready, leases, expired, sched, due, dead, next_id, stats, paused, prio, cancelled = raw[11 * i: 11 * i + 11]
         q = QueueFigures(name, ready=ready + prio, processing=leases, lease_expired=expired,
-                         scheduled=sched, scheduled_due=due, dead=dead, paused="queue" in paused,
+                         scheduled=sched, scheduled_due=due, dead=dead, cancelled=cancelled, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")))
         parse_stats(q, stats)
         out.append(q)
@@ -216,6 +218,7 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "scheduled": q.scheduled,
         "scheduled_due": q.scheduled_due,
         "dead": q.dead,
+        "cancelled": q.cancelled,
         "oldest_ready_age_s": q.oldest_ready_age_s,
         "paused": q.paused,
         "paused_functions": q.paused_functions,

@@ -3,7 +3,7 @@ cursor for the next page. Each status reads its own index (nothing is scanned):
 
     queued      ready LIST (LPUSH in, so index 0 is the newest)
     scheduled   scheduled ZSET (delayed and retrying jobs), latest due first
-    processing  leases ZSET, latest deadline first
+    processing  leases ZSET, latest deadline first (each job shows its lease deadline)
     dead        dead ZSET, latest death first
     cancelled   cancelled ZSET, latest cancel first
     done        the done generations' logs, newest generation first
@@ -13,6 +13,9 @@ bounded whatever the depth; a type filter may return a short (even empty) page w
 cursor to go on from. Without ``queue`` the queues are listed one after another.
 Offsets are positions in a live index: a job that moves between two pages may be shown
 twice or not at all, as in any live listing.
+
+``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
+``idem:<type>:<key>`` key, whose value starts with the holding job's id.
 """
 
 from __future__ import annotations
@@ -58,11 +61,12 @@ def decode_cursor(cursor: str) -> tuple[int, int, int | None]:
 
 
 def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None
-         ) -> tuple[list[str], int, int | None, bool]:
-    """Up to n ids from ``pos``: (ids, next pos, next gen, exhausted)."""
+         ) -> tuple[list[str], int, int | None, bool, dict[str, float]]:
+    """Up to n ids from ``pos``: (ids, next pos, next gen, exhausted, lease deadlines in
+    ms of processing ids)."""
     if status == "queued":
         ids = redis.lrange(k.ready, pos, pos + n - 1)
-        return ids, pos + len(ids), None, len(ids) < n
+        return ids, pos + len(ids), None, len(ids) < n, {}
     if status == "done":
         current = int(redis.hget(k.done_meta, "gen") or 0)
         floor = max(current - DONE_GENS + 1, 0)
@@ -75,10 +79,15 @@ def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | Non
                 gen, pos = gen - 1, 0
             else:
                 pos += len(got)
-        return out, pos, gen, gen < floor
-    key = {"scheduled": k.scheduled, "processing": k.leases, "dead": k.dead, "cancelled": k.cancelled}[status]
+        return out, pos, gen, gen < floor, {}
+    if status == "processing":
+        # The lease deadline is the score: read with the id, it costs nothing more.
+        pairs = redis.zrevrange(k.leases, pos, pos + n - 1, withscores=True)
+        ids = [i for i, _ in pairs]
+        return ids, pos + len(ids), None, len(ids) < n, dict(pairs)
+    key = {"scheduled": k.scheduled, "dead": k.dead, "cancelled": k.cancelled}[status]
     ids = redis.zrevrange(key, pos, pos + n - 1)
-    return ids, pos + len(ids), None, len(ids) < n
+    return ids, pos + len(ids), None, len(ids) < n, {}
 
 
 def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: str, type_: str | None,
@@ -89,7 +98,7 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
     while qi < len(queues) and len(jobs) < limit and budget > 0:
         queue, k = queues[qi]
         # Never more ids than the page has room for, so nothing read is left unshown.
-        ids, pos, gen, exhausted = _ids(redis, k, status, pos, min(budget, limit - len(jobs)), gen)
+        ids, pos, gen, exhausted, leases = _ids(redis, k, status, pos, min(budget, limit - len(jobs)), gen)
         budget -= len(ids)
         batch = scripts.batch()
         for job_id in ids:
@@ -100,9 +109,24 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
             if not fields or fields.get("status", "queued") not in SHOWN[status] or (
                     type_ is not None and fields.get("type") != type_):
                 continue  # gone or moved on since (a live index), or of another type
+            if job_id in leases:
+                fields["lease_ms"] = str(int(leases[job_id]))
             jobs.append(records.Job(job_id, queue, fields))
         if exhausted:
             qi, pos, gen = qi + 1, 0, None
     if qi >= len(queues):
         return Page(jobs, None)
     return Page(jobs, encode_cursor(qi, pos, gen))
+
+
+def holders(redis: Any, candidates: list[tuple[str, QueueKeys]], key: str) -> list[tuple[str, str]]:
+    """(type, job id) for each candidate function (type, its queue's keys) whose
+    idempotency key ``key`` is held, in one round trip."""
+    pipe = redis.pipeline(transaction=False)
+    for type_, k in candidates:
+        pipe.get(k.idem(type_, key))
+    out = []
+    for (type_, _), value in zip(candidates, pipe.execute(), strict=True):
+        if isinstance(value, str) and value:
+            out.append((type_, value.split(" ", 1)[0]))  # "<job id> <payload hash> [done]"
+    return out

@@ -189,6 +189,13 @@ def _ts(v: Any) -> float | None:
     return ms / 1000 if ms else None
 
 
+def worker_of(token: str) -> str:
+    """The worker id in a claim token: the worker passes "<worker id>.<claim number>" as
+    the token base and claim.lua appends ":<index>" (a host name may hold dots, the
+    number none)."""
+    return token.rsplit(":", 1)[0].rsplit(".", 1)[0]
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     id: str
@@ -231,6 +238,11 @@ class Job:
             "children": f["children"].split(",") if f.get("children") else [],
             "group": None,
         }
+        if f.get("token"):
+            # Only while claimed: which worker holds it and, in a job list, until when.
+            view["worker"] = worker_of(f["token"])
+            if f.get("lease_ms"):
+                view["lease_expires_at"] = _ts(f["lease_ms"])
         meta = _json(f.get("meta"))
         if isinstance(meta, dict):
             if isinstance(meta.get(CHILDREN), list) and not view["children"]:

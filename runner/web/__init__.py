@@ -10,6 +10,7 @@ the server's own work per request (parsing in Python, a thread hand-off per requ
 cost as much CPU as the app. On the event loop the enqueue route validates inline and
 joins the client's group commit; anything else that blocks (Redis reads, dead-letter
 operations, batches, the metrics scrape) runs on a small thread pool (offload.py).
+GET /events streams to every connected page from one read loop per process (hub.py).
 The server that runs it (gunicorn with uvicorn workers, or uvicorn on a thread for dev)
 is server.py.
 
@@ -33,9 +34,11 @@ from runner.web.audit import Audit
 from runner.web.catalog import FunctionItem, Functions, Health, Queues, Throughput
 from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
+from runner.web.events import Events
 from runner.web.exposition import Metrics
 from runner.web.fastlane import FastLane
 from runner.web.groups import GroupItem, Groups
+from runner.web.hub import Hub
 from runner.web.jobs import JobBatch, JobList, Jobs
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
@@ -58,11 +61,19 @@ class _AnnouncedTooLarge:
     waits for the body's first chunk before it routes, so a client that sends the headers
     and then waits (``Expect: 100-continue``, or a slow one) would hold the request open;
     here such a request goes on as if its body were empty, and read_raw refuses it by its
-    announced length. The body itself is never read."""
+    announced length. The body itself is never read.
 
-    def __init__(self, app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response], limit: int) -> None:
+    ``drain()`` is what the server calls as its graceful shutdown begins (server.py): the
+    event streams end, as they would otherwise hold the shutdown to its timeout."""
+
+    def __init__(self, app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response], limit: int,
+                 hub: Hub) -> None:
         self.app = app
         self.limit = limit
+        self.hub = hub
+
+    def drain(self) -> None:
+        self.hub.drain()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -97,6 +108,8 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     client = Client(runtime)
     offload = Offload(threads)
     app.add_route("/jobs", JobList(client, offload))
+    hub = Hub(client, offload)
+    app.add_route("/events", Events(hub))
     app.add_route("/jobs/{name}", Jobs(client, offload))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/groups", Groups(client, offload))
@@ -121,7 +134,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     static = Static()
     app.add_route("/", static)
     app.add_route("/static/{name}", static, suffix="file")
-    return FastLane(_AnnouncedTooLarge(app, api.max_body_bytes), runtime, client, access, api.max_body_bytes)
+    return FastLane(_AnnouncedTooLarge(app, api.max_body_bytes, hub), runtime, client, access, api.max_body_bytes)
 
 
 def app_for(config: Config, threads: int = DEFAULT_THREADS) -> FastLane:

@@ -34,6 +34,12 @@ class LazyApp:
                 self._app = app_for(cfg)
             return self._app
 
+    def drain(self) -> None:
+        """The server's graceful shutdown begins: the built app ends its event streams."""
+        drain = getattr(self._app, "drain", None)
+        if drain is not None:
+            drain()
+
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]],
                        send: Callable[..., Awaitable[Any]]) -> None:
         await (self._app or self.build())(scope, receive, send)

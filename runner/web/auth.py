@@ -62,6 +62,7 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("GET", "/openapi.json", READ),
     ("GET", "/metrics", READ),
     ("GET", "/audit", READ),
+    ("GET", "/events", READ),
     ("POST", "/dead/{}/{}/requeue", OPERATE),
     ("DELETE", "/dead/{}/{}", OPERATE),
     ("POST", "/queues/{}/pause", OPERATE),

@@ -53,6 +53,12 @@ class FastLane:
         self.access = access
         self.limit = limit
 
+    def drain(self) -> None:
+        """The server's graceful shutdown began (see _AnnouncedTooLarge.drain)."""
+        drain = getattr(self.app, "drain", None)
+        if drain is not None:
+            drain()
+
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         if (scope["type"] != "http" or scope["method"] != "POST" or scope.get("query_string")

@@ -110,14 +110,23 @@ class Jobs:
 
 class JobList:
     """GET /jobs?status=&queue=&type=&limit=&cursor=: one page, newest first (status
-    queued unless given)."""
+    queued unless given). GET /jobs?idempotency_key=K[&type=T]: the jobs holding that
+    key, whatever their status (the dashboard's search), on one page."""
 
     def __init__(self, client: Client, offload: Offload) -> None:
         self.client = client
         self.offload = offload
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        only_params(req, "status", "queue", "type", "limit", "cursor")
+        only_params(req, "status", "queue", "type", "limit", "cursor", "idempotency_key")
+        type_ = req.get_param("type") or None
+        if type_ is not None and type_ not in self.client.runtime.registry.functions:
+            raise Problem(400, "invalid-parameter", "query parameter 'type' must be a loaded function type",
+                          title="Invalid parameter", parameter="type")
+        key = req.get_param("idempotency_key")
+        if key is not None:
+            await self._by_key(req, resp, key, type_)
+            return
         status = req.get_param("status") or "queued"
         if status not in LISTED:
             raise Problem(400, "invalid-parameter", f"query parameter 'status' must be one of {', '.join(LISTED)}",
@@ -125,10 +134,6 @@ class JobList:
         queue = req.get_param("queue") or None
         if queue is not None and queue not in self.client.runtime.keys:
             raise Problem(404, "not-found", f"no queue {queue!r}", title="Not found")
-        type_ = req.get_param("type") or None
-        if type_ is not None and type_ not in self.client.runtime.registry.functions:
-            raise Problem(400, "invalid-parameter", "query parameter 'type' must be a loaded function type",
-                          title="Invalid parameter", parameter="type")
         limit = int_param(req, "limit", 1, 500, 50) or 50
         try:
             page = await self.offload(lambda: self.client.jobs(
@@ -137,6 +142,19 @@ class JobList:
         except ValueError as exc:
             raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None
         send(resp, {"jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor})
+
+    async def _by_key(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, key: str,
+                      type_: str | None) -> None:
+        # A lookup, not a listing: a status, queue or cursor would filter nothing.
+        for name in ("status", "queue", "limit", "cursor"):
+            if req.get_param(name) is not None:
+                raise Problem(400, "invalid-parameter", f"query parameter {name!r} does not go with "
+                              "idempotency_key (give type, or nothing)", title="Invalid parameter", parameter=name)
+        if not key or len(key.encode()) > MAX_KEY_BYTES:
+            raise Problem(400, "invalid-parameter", f"query parameter 'idempotency_key' must be 1 to "
+                          f"{MAX_KEY_BYTES} bytes", title="Invalid parameter", parameter="idempotency_key")
+        jobs = await self.offload(lambda: self.client.by_idempotency_key(key, type=type_))
+        send(resp, {"jobs": [j.as_dict() for j in jobs], "cursor": None})
 
 
 class JobBatch:

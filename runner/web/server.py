@@ -187,6 +187,22 @@ class HttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server, which tells the app (its ``drain()``, when it has one) as soon as
+    the graceful shutdown begins: uvicorn waits for open responses to finish, and an
+    event stream never finishes by itself."""
+
+    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        super().__init__(config)
+        self.app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = getattr(self.app, "drain", None)
+        if drain is not None:
+            drain()
+        await super().shutdown(sockets)
+
+
 class Worker(UvicornWorker):  # type: ignore[misc]
     """gunicorn's uvicorn worker, with the capped request head (HttpProtocol), without
     the Server header (it names the software), and two fixes to process handling:
@@ -201,7 +217,7 @@ class Worker(UvicornWorker):  # type: ignore[misc]
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        server = uvicorn.Server(config=self.config)
+        server = Server(self.config, self.wsgi)
 
         def quit_now() -> None:
             server.should_exit = server.force_exit = True
@@ -359,7 +375,7 @@ class DevServer:
             access.addFilter(_QuietReads())
         config = uvicorn.Config(app, http=HttpProtocol, lifespan="off", log_config=None, server_header=False,
                                 timeout_graceful_shutdown=2, timeout_keep_alive=5)
-        self.server = uvicorn.Server(config)
+        self.server = Server(config, app)
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
 
     def _serve(self) -> None:

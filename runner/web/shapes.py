@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.catalog.templates import MAX_KEY_BYTES
 from runner.store.records import STATUSES
 
 _JSON = "application/json"
@@ -85,6 +86,9 @@ COMPONENTS: dict[str, Any] = {
         "children": {"type": "array", "items": _STR, "description": "The follow-ups and destination "
                      "jobs this job wrote (when its ack or burial landed)"},
         "group": {"type": ["string", "null"], "description": "The group of a member or then-job"},
+        "worker": {"type": "string", "description": "While processing: the worker holding the job"},
+        "lease_expires_at": {"type": "number", "description": "While processing, in a job list: when the "
+                                                              "worker's lease runs out unless renewed"},
     } | _JOB_META, required=_JOB_FIELDS, extra=True),
     "GroupRequest": _obj({"members": {"type": "array", "minItems": 1, "items": _GROUP_JOB,
                                       "description": "jobs of one queue"},
@@ -130,7 +134,9 @@ COMPONENTS: dict[str, Any] = {
     }),
     "Queue": _obj({
         "name": _STR, "ready": _INT, "processing": _INT, "lease_expired": _INT, "scheduled": _INT,
-        "scheduled_due": _INT, "dead": _INT, "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
+        "scheduled_due": _INT, "dead": _INT,
+        "cancelled": {"type": "integer", "description": "cancelled jobs still kept (the done retention)"},
+        "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
         "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
         "paused_functions": {"type": "array", "items": _STR}, "groups_completed": _INT,
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
@@ -222,7 +228,13 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
         }},
         "/jobs": {"get": {
             "operationId": "list_jobs", "tags": ["jobs"], "summary": "One page of jobs in a status, newest first",
+            "description": "With idempotency_key: the jobs holding that key instead (of the function type "
+                           "given, or of any loaded function), whatever their status, on one page; the key is "
+                           "looked up as the enqueue stored it, so no status, queue, limit or cursor goes "
+                           "with it.",
             "parameters": [
+                _query("idempotency_key", {"type": "string", "maxLength": MAX_KEY_BYTES},
+                       "find the jobs holding this idempotency key (with type: of that function only)"),
                 {"name": "status", "in": "query", "required": False,
                  "description": "the status listed (default queued)",
                  "schema": {"type": "string", "enum": ["queued", "scheduled", "processing", "done", "dead",
@@ -257,6 +269,23 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
             "parameters": [_path_param("group_id", {"type": "string", "minLength": 1, "maxLength": 200},
                                        "a group id")],
             "responses": {"200": ok("The group", "Group"), "404": problem("No such group")},
+        }},
+        "/events": {"get": {
+            "operationId": "events", "tags": ["meta"],
+            "summary": "Live updates as server-sent events: queue figures as they change, and watched jobs",
+            "description": "text/event-stream. Events: health {redis}, first and on change; queues {queues, "
+                           "full}: every queue first (as GET /queues), then the queues whose figures changed; "
+                           "job: a watched job (as GET /jobs/{id}) first and whenever it changed; job-gone "
+                           "{id}: a watched job that does not exist. A stream ends after a few minutes and "
+                           "the server's retry field says when to reconnect; a comment line comes every few "
+                           "seconds when nothing else does.",
+            "parameters": [{"name": "job", "in": "query", "required": False, "style": "form", "explode": True,
+                            "description": "a job id to watch (repeatable, up to 20)",
+                            "schema": {"type": "array", "maxItems": 20,
+                                       "items": {"type": "string", "minLength": 1, "maxLength": 200}}}],
+            "responses": {"200": {"description": "The stream", "content": {
+                              "text/event-stream": {"schema": {"type": "string"}}}},
+                          "400": bad, "503": problem("This process watches too many jobs already")},
         }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],

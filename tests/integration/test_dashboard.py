@@ -1,12 +1,18 @@
 """The dashboard in headless Chromium against a real gunicorn and a real worker: sign in
 with the token, see the queues and a dead job, requeue it with an edited payload (an
-invalid edit is refused and the job stays dead), and see it complete; and with scoped
-tokens, see only what their scopes allow."""
+invalid edit is refused and the job stays dead), and see it complete; with scoped
+tokens, see only what their scopes allow; job lists, search, cancel, bulk actions with
+their progress, updates pushed without a reload, and job data shown as text only.
+
+Screenshots go to $DASHBOARD_SCREENSHOTS when set (a CI artifact), else to the test's
+temporary folder."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +43,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,2400"):
         opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for script_errors()
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     try:
         yield driver
@@ -192,3 +199,271 @@ def test_the_page_shows_only_what_the_tokens_scopes_allow(project: Project, brow
         assert not d.find_element(By.ID, "dead").is_displayed()
         assert "cannot read" in d.find_element(By.ID, "scope-note").text
     assert project.client.get(dead).status == "dead"
+
+
+# --- job lists, search, actions, live updates ----------------------------------------------
+
+
+def screenshot(d: Any, tmp_path: Path, name: str) -> Path:
+    folder = Path(os.environ.get("DASHBOARD_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    d.execute_script("window.scrollTo(0, 0)")
+    path = folder / name
+    d.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def click(d: Any, element: Any) -> None:
+    """Click, with the element first scrolled to the middle of the window (not under the
+    page's sticky header, where the click would land on the header)."""
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    element.click()
+
+
+def script_errors(d: Any) -> list[str]:
+    """What the page's scripts logged as errors (a failed fetch the page handles, such as
+    a 404 for an unknown id, is the browser's own line, not an error of the page)."""
+    return [e["message"] for e in d.get_log("browser")
+            if e["level"] == "SEVERE" and "Failed to load resource" not in e["message"]]
+
+
+def signed_in(d: Any, web: Any, token: str = TOKEN) -> None:
+    from selenium.webdriver.common.by import By
+
+    d.get(web.url + "/")
+    login = until("the sign-in prompt", lambda: d.find_element(By.ID, "login"))
+    until("the prompt to open", login.is_displayed)
+    d.find_element(By.ID, "token").send_keys(token)
+    click(d, d.find_element(By.ID, "login-submit"))
+    until("the prompt to close", lambda: not login.is_displayed())
+    until("the event stream", lambda: d.find_element(By.ID, "live").text == "live")
+
+
+def listed(d: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    rows = d.find_elements(By.CSS_SELECTOR, "#job-table tbody tr[data-job-id]")
+    return [r.get_attribute("data-job-id") for r in rows]
+
+
+def tab_count(d: Any, status: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    text: str = d.find_element(By.CSS_SELECTOR, f'#status-tabs [data-count="{status}"]').text
+    return text
+
+
+def shown_status(d: Any, job_id: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    text: str = d.find_element(By.CSS_SELECTOR, f'#job-view table[data-job-id="{job_id}"] [data-field="status"]').text
+    return text
+
+
+def find(d: Any, text: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    box = d.find_element(By.ID, "search")
+    box.clear()
+    box.send_keys(text)
+    click(d, d.find_element(By.ID, "search-go"))
+
+
+def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Project, browser: Any,
+                                                                 tmp_path: Path) -> None:
+    """The queued list shows the jobs newest first with the count on its tab; a job enqueued
+    while the page is open appears, and the count follows, without a reload and without the
+    page reading the figures itself (they come through the event stream). The search finds a
+    job by idempotency key and by id, and says so when neither matches. Cancel on a job's
+    page (two clicks) cancels it through DELETE /jobs/{id}; the cancelled list shows it. The
+    open job's page follows it to done once a worker runs it."""
+    from selenium.webdriver.common.by import By
+
+    with gunicorn(project, token=TOKEN) as web:
+        ids = [web.post("/jobs/record", json={"n": i}).json()["id"] for i in range(3)]
+        keyed = web.post("/jobs/idem", json={"k": "order-42"}).json()["id"]
+        d = browser
+        signed_in(d, web)
+        until("the queued list, newest first", lambda: listed(d) == [keyed, *ids[::-1]])
+        until("the queued count", lambda: tab_count(d, "queued") == "4")
+
+        d.execute_script("window.sameDocument = true; performance.clearResourceTimings()")
+        new = web.post("/jobs/record", json={"n": 99}).json()["id"]
+        until("the new job at the top of the list", lambda: listed(d)[:1] == [new])
+        until("the count to follow", lambda: tab_count(d, "queued") == "5")
+        assert d.execute_script("return window.sameDocument") is True  # no reload
+        read = d.execute_script("return performance.getEntriesByType('resource')"
+                                ".map((e) => new URL(e.name).pathname)")
+        assert "/jobs" in read and "/queues" not in read, read  # the list read again; figures pushed
+
+        find(d, "order-42")
+        until("the keyed job's page", lambda: shown_status(d, keyed) == "queued")
+        key = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="idempotency_key"]').text
+        assert key == "order-42"
+        assert "by idempotency key" in d.find_element(By.ID, "search-result").text
+        find(d, ids[0])
+        until("the job found by id", lambda: shown_status(d, ids[0]) == "queued")
+        find(d, "no-such-job-or-key")
+        until("a search that finds nothing",
+              lambda: "No job has the id or idempotency key" in d.find_element(By.ID, "search-result").text)
+
+        click(d, d.find_element(By.CSS_SELECTOR, f'#job-table a[data-job-link="{ids[1]}"]'))
+        cancel_css = f'#job-view:has(table[data-job-id="{ids[1]}"]) button[data-action="cancel"]'
+        click(d, until("the cancel button", lambda: d.find_element(By.CSS_SELECTOR, cancel_css)))
+        until("the button to arm", lambda: d.find_element(By.CSS_SELECTOR, cancel_css).text == "Confirm cancel")
+        assert web.get(f"/jobs/{ids[1]}").json()["status"] == "queued"  # one click changes nothing
+        click(d, d.find_element(By.CSS_SELECTOR, cancel_css))
+        until("the job cancelled", lambda: shown_status(d, ids[1]) == "cancelled")
+        assert web.get(f"/jobs/{ids[1]}").json()["status"] == "cancelled"
+        click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="cancelled"]'))
+        until("the cancelled list", lambda: listed(d) == [ids[1]])
+        until("the cancelled count", lambda: tab_count(d, "cancelled") == "1")
+
+        find(d, ids[0])
+        until("the job's page", lambda: shown_status(d, ids[0]) == "queued")
+        project.spawn_worker("fast")
+        until("the open job to finish, pushed", lambda: shown_status(d, ids[0]) == "done")
+        result = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="result"]').text
+        assert '"n": 0' in result
+        history = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="history"]').text
+        assert "done" in history
+        until("the queued count to drain", lambda: tab_count(d, "queued") == "0")
+        assert d.execute_script("return window.sameDocument") is True
+        screenshot(d, tmp_path, "dashboard-jobs.png")
+        assert script_errors(d) == []
+
+
+def dead_jobs(project: Project, type_: str, n: int, payload: dict[str, Any] | None = None) -> list[str]:
+    from runner.worker.worker import Worker
+
+    c = project.client
+    ids = [c.enqueue(type_, payload or {}).id for _ in range(n)]
+    worker = Worker(project.runtime, ["fast"])
+    worker.start()
+    try:
+        wait_for(lambda: all(c.get(i).status == "dead" for i in ids), timeout=30, what="the jobs to die")
+    finally:
+        worker.stop(2)
+    return ids
+
+
+def test_bulk_requeue_and_cancel_of_a_filtered_set_with_confirmation_and_progress(
+        project: Project, browser: Any, tmp_path: Path) -> None:
+    """Dead jobs filtered by type: "Requeue all" reads the set page by page, asks (naming
+    how many), then requeues each through the dead-letter route, counting "n of m" up to
+    the end; the job of another type stays dead. "Cancel all" on the queued list, declined
+    at the confirmation, changes nothing; confirmed, cancels every one."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    perm = dead_jobs(project, "perm", 30)
+    other = dead_jobs(project, "record", 1, {"fail_times": 99})[0]
+    with gunicorn(project, token=TOKEN) as web:
+        d = browser
+        signed_in(d, web)
+        click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="dead"]'))
+        until("the dead count", lambda: tab_count(d, "dead") == "31")
+        until("the type filter's choices",
+              lambda: d.find_elements(By.CSS_SELECTOR, '#filter-type option[value="perm"]'))
+        Select(d.find_element(By.ID, "filter-type")).select_by_value("perm")
+        until("a page of dead perm jobs", lambda: len(listed(d)) == 25 and other not in listed(d))
+
+        # Every text the progress shows, in order, as the page shows it.
+        d.execute_script("""
+            window.progressSeen = [];
+            new MutationObserver(() => window.progressSeen.push(document.querySelector('#bulk-text').textContent))
+              .observe(document.querySelector('#bulk-text'), {childList: true, characterData: true, subtree: true});""")
+        click(d, d.find_element(By.ID, "bulk-requeue"))
+        dialog = d.find_element(By.ID, "bulk-dialog")
+        until("the confirmation", dialog.is_displayed)
+        assert d.find_element(By.ID, "bulk-title").text == "Requeue 30 dead jobs?"
+        assert "type perm" in d.find_element(By.ID, "bulk-summary").text
+        click(d, d.find_element(By.ID, "bulk-yes"))
+        until("the bulk requeue to finish", lambda: d.find_element(By.ID, "bulk-text").text == "requeued: 30 of 30")
+        counts = [int(m.group(1)) for t in d.execute_script("return window.progressSeen")
+                  if (m := re.search(r"(\d+) of 30", t))]
+        assert counts == sorted(counts) and counts[-1] == 30 and len(set(counts)) >= 3, counts
+        for job_id in perm:
+            job = web.get(f"/jobs/{job_id}").json()
+            assert job["status"] == "queued" and job["history"][-1]["outcome"] == "requeued", job
+        assert web.get(f"/jobs/{other}").json()["status"] == "dead"
+        until("the dead count to follow", lambda: tab_count(d, "dead") == "1")
+        until("the emptied list", lambda: "No dead jobs" in d.find_element(By.ID, "job-table").text)
+        screenshot(d, tmp_path, "dashboard-bulk.png")
+
+        click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="queued"]'))
+        until("the requeued jobs, queued", lambda: len(listed(d)) == 25)
+        click(d, d.find_element(By.ID, "bulk-cancel"))
+        until("the confirmation", dialog.is_displayed)
+        assert d.find_element(By.ID, "bulk-title").text == "Cancel 30 queued jobs?"
+        click(d, d.find_element(By.ID, "bulk-no"))
+        until("the confirmation to close", lambda: not dialog.is_displayed())
+        assert all(web.get(f"/jobs/{i}").json()["status"] == "queued" for i in perm)
+        click(d, d.find_element(By.ID, "bulk-cancel"))
+        until("the confirmation", dialog.is_displayed)
+        click(d, d.find_element(By.ID, "bulk-yes"))
+        until("the bulk cancel to finish", lambda: d.find_element(By.ID, "bulk-text").text == "cancelled: 30 of 30")
+        assert all(web.get(f"/jobs/{i}").json()["status"] == "cancelled" for i in perm)
+        until("the cancelled count", lambda: tab_count(d, "cancelled") == "30")
+        assert script_errors(d) == []
+
+
+HOSTILE = '<img src=x onerror="window.injected=1"><script>window.injected=2</script><b id="injected">b</b>'
+
+
+def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: Any) -> None:
+    """Payloads, results, idempotency keys and the parent, children and group fields are
+    user data: the page shows them as text, wherever they appear (list, search, job page),
+    and no element or script of theirs comes to life. Links to related jobs stay links to
+    this page's job view."""
+    from selenium.webdriver.common.by import By
+
+    project.spawn_worker("fast")  # not the slow queue: its job stays queued
+    with gunicorn(project, token=TOKEN) as web:
+        hostile = {"Idempotency-Key": HOSTILE}
+        done = web.post("/jobs/noop", json={"note": HOSTILE, HOSTILE: [HOSTILE]}, headers=hostile).json()["id"]
+        queued = web.post("/jobs/slow", json={"seconds": 1, "note": HOSTILE}, headers=hostile).json()["id"]
+        until("the job to finish", lambda: web.get(f"/jobs/{done}").json()["status"] == "done")
+        d = browser
+        signed_in(d, web)
+        row = until("the queued job's row",
+                    lambda: d.find_element(By.CSS_SELECTOR, f'#job-table tr[data-job-id="{queued}"]'))
+        assert row.find_element(By.CSS_SELECTOR, '[data-field="idempotency_key"]').text == HOSTILE
+
+        find(d, HOSTILE)  # a key per function: both hold it
+        found = until("both jobs found", lambda: len(d.find_elements(By.CSS_SELECTOR, "#search-result li")) == 2)
+        assert found
+        assert "by idempotency key (noop)" in d.find_element(By.ID, "search-result").text
+        click(d, d.find_element(By.CSS_SELECTOR, f'#search-result a[data-job-link="{done}"]'))
+        until("the done job's page", lambda: shown_status(d, done) == "done")
+        view = d.find_element(By.ID, "job-view")
+        as_json = json.dumps(HOSTILE)  # as the page shows a string in JSON
+        assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="result"]').text
+        click(d, d.find_element(By.CSS_SELECTOR, f'#search-result a[data-job-link="{queued}"]'))
+        until("the queued job's page", lambda: shown_status(d, queued) == "queued")
+        assert view.find_element(By.CSS_SELECTOR, '[data-field="idempotency_key"]').text == HOSTILE
+        assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="payload"]').text
+        job = queued
+
+        # The fields of workflows, as GET /jobs/{id} may carry them: links when they name jobs.
+        # Shown under an id of its own, so that the stream's news of the real job cannot
+        # replace it.
+        shown = {**web.get(f"/jobs/{job}").json(), "id": "with-workflow-fields", "parent": HOSTILE,
+                 "children": ["child-1", {"id": HOSTILE}], "group": {"id": HOSTILE, "size": 3}}
+        d.execute_script("page.id = arguments[0].id; onJob(arguments[0]);", shown)
+        parents = view.find_elements(By.CSS_SELECTOR, "a[data-job-link]")
+        assert [a.text for a in parents] == [HOSTILE, "child-1", HOSTILE]
+        for a in parents:
+            assert a.get_attribute("href").startswith(web.url + "/#job/"), a.get_attribute("href")
+        group = view.find_element(By.CSS_SELECTOR, "a[data-group-link]")
+        assert group.text == HOSTILE
+        counted = d.execute_script(
+            "return document.querySelectorAll('main img, main script, #injected, main b').length")
+        assert counted == 0
+        assert d.execute_script("return window.injected") is None
+
+        click(d, view.find_element(By.CSS_SELECTOR, 'a[data-job-link="child-1"]'))
+        until("the child's page (no such job here)",
+              lambda: d.find_element(By.CSS_SELECTOR, '#job-view [data-job-gone="child-1"]'))
+        assert script_errors(d) == []

@@ -10,6 +10,8 @@ from click.testing import CliRunner
 
 from runner.cli import cli
 from runner.client import Request
+from runner.observe.figures import read_queues
+from runner.store import records
 
 from conftest import Project, wait_for
 
@@ -43,7 +45,8 @@ def test_10000_queued_jobs_page_correctly_newest_first(project: Project) -> None
 
 def test_every_status_lists_with_a_type_filter_and_the_cli(project: Project) -> None:
     """done, dead, scheduled and cancelled jobs each list under their status, newest
-    first; a type filter keeps only that type; `runner jobs --json` pages the same way."""
+    first (and the queue figures count the cancelled ones); a type filter keeps only that
+    type; `runner jobs --json` pages the same way."""
     client = project.client
     later = client.enqueue("record", {"n": 1}, delay=600).id
     gone = client.enqueue("record", {"n": 2}).id
@@ -55,6 +58,8 @@ def test_every_status_lists_with_a_type_filter_and_the_cli(project: Project) -> 
              timeout=20, what="the jobs to end")
     assert [j.id for j in client.jobs("scheduled").jobs] == [later]
     assert [j.id for j in client.jobs("cancelled").jobs] == [gone]
+    figures = {q.name: q for q in read_queues(project.runtime, records.now_ms())}
+    assert (figures["fast"].cancelled, figures["slow"].cancelled) == (1, 0)  # the queue figures count them
     assert [j.id for j in client.jobs("dead").jobs] == [dead]
     got = client.jobs("done", type="noop", limit=100).jobs
     assert sorted(j.id for j in got) == sorted(done)
@@ -83,3 +88,49 @@ def test_get_jobs_over_http_pages_and_refuses_bad_parameters(project: Project) -
         assert web.get("/jobs?status=nope").status_code == 400
         assert web.get("/jobs?status=queued&cursor=zzz").status_code == 400
         assert web.get("/jobs?status=queued&queue=nope").status_code == 404
+
+
+def test_jobs_are_found_by_idempotency_key_over_http(project: Project) -> None:
+    """GET /jobs?idempotency_key=K finds the jobs holding K (a key is per function: two
+    types may hold the same one), ?type= narrows it to one function, and the key still
+    finds its job once done. A key held by nobody finds nothing; a status, queue or
+    cursor alongside, an unknown type or an oversized key are problems."""
+    from test_web_support import gunicorn
+
+    from runner.catalog.templates import MAX_KEY_BYTES
+
+    keyed = project.client.enqueue("idem", {"k": "order-7"}).id
+    other = project.client.enqueue("record", {"n": 1}, idempotency_key="order-7").id
+    with gunicorn(project) as web:
+        both = web.get("/jobs?idempotency_key=order-7").json()
+        assert sorted(j["id"] for j in both["jobs"]) == sorted([keyed, other]) and both["cursor"] is None
+        one = web.get("/jobs?idempotency_key=order-7&type=idem").json()["jobs"]
+        assert [(j["id"], j["status"], j["idempotency_key"]) for j in one] == [(keyed, "queued", "order-7")]
+        assert web.get("/jobs?idempotency_key=order-8").json() == {"jobs": [], "cursor": None}
+        for extra in ("status=queued", "queue=fast", "cursor=x", "limit=5"):
+            r = web.get(f"/jobs?idempotency_key=order-7&{extra}")
+            assert r.status_code == 400 and r.json()["parameter"] == extra.split("=")[0], r.text
+        assert web.get("/jobs?idempotency_key=order-7&type=nope").status_code == 400
+        assert web.get("/jobs?idempotency_key=" + "k" * (MAX_KEY_BYTES + 1)).status_code == 400
+
+        project.spawn_worker("fast")
+        wait_for(lambda: project.client.get(keyed).status == "done", timeout=20, what="the keyed job to run")
+        done = web.get("/jobs?idempotency_key=order-7&type=idem").json()["jobs"]
+        assert [(j["id"], j["status"]) for j in done] == [(keyed, "done")]
+
+
+def test_processing_jobs_list_their_worker_and_lease(project: Project) -> None:
+    """A running job, listed under processing, names the worker holding it (as the
+    worker roster names it) and when its lease runs out; GET /jobs/{id} names the worker."""
+    from runner.store import roster
+
+    job = project.client.enqueue("slow", {"seconds": 5}).id
+    project.spawn_worker("slow")
+    listed = wait_for(lambda: project.client.jobs("processing", queue="slow").jobs, timeout=20,
+                      what="the job to start")
+    view = listed[0].as_dict()
+    members = roster.read(project.runtime.redis, project.runtime.config.redis.prefix)
+    assert view["id"] == job and view["worker"] in {m.id for m in members}
+    assert time.time() < view["lease_expires_at"] < time.time() + 11  # the slow queue's 10 s lease
+    assert project.client.get(job).as_dict()["worker"] == view["worker"]
+    project.stop_all()

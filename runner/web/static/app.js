@@ -2,11 +2,12 @@
 // Data from jobs (payloads, errors) is only ever set as text, never as HTML.
 // The API token lives in sessionStorage (this tab only) and travels as a header, never in a URL.
 // What the page shows follows the token's scopes (GET /whoami): no read, no data; no operate,
-// no requeue or delete buttons.
+// no requeue, cancel or delete buttons.
+// This file: helpers, sign-in, the queue, schedule, dead-letter and function panels, and the
+// wiring. Updates come pushed through the event stream (live.js), not by polling.
 "use strict";
 
 const TOKEN_KEY = "runner.token";
-const FINAL = new Set(["done", "dead"]);
 const COLORS = ["#2f6feb", "#e8590c", "#087443", "#9c36b5", "#c4320a", "#0b7285"];
 
 const state = {
@@ -18,7 +19,6 @@ const state = {
   lastFigures: null,       // previous /queues answer, for live latency deltas
   latency: {},             // queue -> [{t, v}] points since the page opened
   throughput: null,
-  watching: null,          // job id shown in the lookup, refreshed until final
   editing: null,           // the dead job open in the edit dialog
   deadSignature: "",       // what the dead-letter table shows now
   loginOpen: false,
@@ -64,6 +64,30 @@ function age(seconds) {
 
 function ms(v) {
   return v === null || v === undefined ? "—" : `${v < 10 ? v.toFixed(1) : Math.round(v)} ms`;
+}
+
+// A link to a job's page. The id goes into the fragment URI-encoded: it can never make a
+// javascript: URL or leave this page.
+function jobLink(id, text) {
+  return el("a", { href: `#job/${encodeURIComponent(id)}`, class: "job-link", "data-job-link": id, text: text || id });
+}
+
+// A done job keeps no attempt budget: its attempt alone then.
+function attempts(job) {
+  return job.max_attempts ? `${job.attempt} of ${job.max_attempts}` : String(job.attempt);
+}
+
+function statusBadge(status) {
+  return el("span", { class: `status status-${status}`, "data-field": "status", text: status || "?" });
+}
+
+// ctx.progress(percent, message): a bar and its message.
+function progressBar(p) {
+  const pct = typeof p.percent === "number" ? Math.max(0, Math.min(100, p.percent)) : null;
+  return el("span", { class: "progress", "data-field": "progress" },
+    pct === null ? null : el("progress", { max: 100, value: pct }),
+    pct === null ? null : ` ${Math.round(pct)}%`,
+    p.message ? el("span", { class: "muted", text: ` ${p.message}` }) : null);
 }
 
 function toast(text) {
@@ -127,6 +151,7 @@ async function signIn(event) {
   $("#logout").hidden = false;
   applyScopes(me);
   refreshAll();
+  liveStart();
 }
 
 async function fetchWithToken() {
@@ -139,6 +164,7 @@ async function fetchWithToken() {
 }
 
 function signOut() {
+  liveStop();
   sessionStorage.removeItem(TOKEN_KEY);
   state.token = "";
   state.me = null;
@@ -213,6 +239,7 @@ function renderQueues(data) {
   $("#queues-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   trackLatency(data);
   syncDeadQueues(data.queues.map((q) => q.name));
+  jobsFollowQueues(data.queues);
 }
 
 // Mean latency of the jobs started between two refreshes, from the cumulative sums.
@@ -360,7 +387,7 @@ function renderSchedules(data) {
     const job = s.last_job;
     const jobCell = job
       ? el("td", { "data-field": "last_job" },
-        el("a", { href: "#job", text: job.id, onclick: () => lookUp(job.id) }), " ",
+        jobLink(job.id), " ",
         el("span", { class: `status status-${job.status}`, "data-field": "last_job_status", text: job.status }))
       : el("td", { "data-field": "last_job", text: "—" });
     return el("tr", { "data-schedule": s.id },
@@ -402,7 +429,7 @@ function deadRow(job) {
   return el("tr", { "data-job-id": job.id },
     el("td", { text: when(job.finished_at) }),
     el("td", {},
-      el("a", { href: "#job", text: job.id, onclick: () => lookUp(job.id) }),
+      jobLink(job.id),
       el("div", { class: "muted", text: `${job.type} v${job.version}` })),
     el("td", { "data-field": "reason", text: job.reason || "—" }),
     el("td", { "data-field": "error" }, errText,
@@ -494,48 +521,6 @@ async function submitEdit(event) {
   $("#edit").close();
 }
 
-// --- one job --------------------------------------------------------------------------------
-
-function lookUp(id) {
-  $("#job-id").value = id;
-  state.watching = id;
-  refreshJob();
-}
-
-async function refreshJob() {
-  const id = state.watching;
-  if (!id) return;
-  const view = $("#job-view");
-  let job;
-  try {
-    job = await api("GET", `/jobs/${encodeURIComponent(id)}`);
-  } catch (err) {
-    if (err.status === 404) {
-      view.replaceChildren(el("p", { class: "error", text: `No job ${id}.` }));
-      state.watching = null;
-      return;
-    }
-    throw err;
-  }
-  if (id !== state.watching) return;
-  const rows = [
-    ["status", el("span", { class: `status status-${job.status}`, "data-field": "status", text: job.status })],
-    ["type", `${job.type} v${job.version}`], ["queue", job.queue],
-    ["attempt", `${job.attempt} of ${job.max_attempts}`],
-    ["created", when(job.created_at)], ["ready", when(job.ready_at)], ["started", when(job.started_at)],
-    ["finished", when(job.finished_at)], ["idempotency key", job.idempotency_key || "—"],
-    ["resource key", job.resource_key || "—"], ["reason", job.reason || "—"],
-    ["duplicate of", job.duplicate_of || "—"],
-    ["payload", el("pre", { "data-field": "payload", text: json(job.payload) })],
-    ["result", el("pre", { "data-field": "result", text: json(job.result) })],
-    ["last error", job.last_error ? el("pre", { text: json(job.last_error) }) : "—"],
-    ["history", el("pre", { text: json(job.history) })],
-  ];
-  view.replaceChildren(el("table", { "data-job-id": job.id },
-    rows.map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", {}, v)))));
-  if (FINAL.has(job.status)) state.watching = null;
-}
-
 // --- wiring -----------------------------------------------------------------------------------
 
 async function refreshHealth() {
@@ -562,7 +547,35 @@ function refreshAll() {
   quietly(refreshFunctions)();
   quietly(refreshSchedules)();
   quietly(refreshDead)();
-  quietly(refreshJob)();
+  quietly(refreshJobs)();
+  route();
+}
+
+// Calls fn at most once per ms, and once more after the last call of a burst, so the
+// final state of a burst of changes is always fetched.
+function throttle(fn, ms) {
+  let last = 0;
+  let timer = null;
+  return () => {
+    const wait = last + ms - Date.now();
+    if (wait <= 0) {
+      last = Date.now();
+      fn();
+    } else if (!timer) {
+      timer = setTimeout(() => { timer = null; last = Date.now(); fn(); }, wait);
+    }
+  };
+}
+
+// What the stream says changed, read again: the stream carries the figures and the open
+// job; the lists and the schedules come from their own routes, at most every second or two.
+const refreshDeadSoon = throttle(quietly(() => refreshDead()), 1000);
+const refreshSchedulesSoon = throttle(quietly(() => refreshSchedules()), 2000);
+
+// #job/<id> opens that job's page.
+function route() {
+  const m = /^#job\/(.+)$/.exec(location.hash);
+  if (m && can("read")) showJob(decodeURIComponent(m[1]));
 }
 
 function every(seconds, fn) {
@@ -578,11 +591,11 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#logout").hidden = !state.token;
   $("#edit-form").addEventListener("submit", submitEdit);
   $("#edit-cancel").addEventListener("click", () => $("#edit").close());
-  $("#job-form").addEventListener("submit", (e) => {
-    e.preventDefault();
-    const id = $("#job-id").value.trim();
-    if (id) lookUp(id);
+  window.addEventListener("hashchange", () => {
+    route();
+    if (location.hash.startsWith("#job/")) $("#job").scrollIntoView();
   });
+  initJobs();
   $("#dead-queue").addEventListener("change", (e) => {
     state.deadQueue = e.target.value;
     state.deadOffset = 0;
@@ -598,11 +611,8 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   refreshHealth();
   setInterval(() => document.hidden || refreshHealth(), 5000);  // no token needed
-  quietly(whoAmI)().then(refreshAll);
-  every(2, quietly(refreshQueues));
-  every(3, quietly(refreshDead));
-  every(2, quietly(refreshSchedules));
-  every(1, quietly(refreshJob));
+  quietly(whoAmI)().then(() => { refreshAll(); liveStart(); });
+  // Slow-moving panels; everything else follows the event stream.
   every(15, quietly(refreshThroughput));
   every(30, quietly(refreshFunctions));
 });
