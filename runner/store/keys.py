@@ -32,6 +32,8 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
     <prefix>:{<queue>}:outbox         LIST    follow-ups for other queues (JSON), written by an
                                               ack, moved by the relay (worker/relay.py)
+    <prefix>:{<queue>}:lost           LIST    ids the reclaim buried as "worker lost": their
+                                              ON_FAILURE jobs, which the scheduler writes
     <prefix>:{<queue>}:group:<id>     HASH    a group (fan-in): total, left, done, dead, cancelled,
                                               sealed, then (its then-job), ... (see _lib.lua)
     <prefix>:{<queue>}:group:<id>:o   HASH    member index -> its outcome (JSON)
@@ -101,6 +103,7 @@ class QueueKeys:
     held_prefix: str = field(init=False)
     tput_prefix: str = field(init=False)
     outbox: str = field(init=False)
+    lost: str = field(init=False)
     group_prefix: str = field(init=False)
     schedules: str = field(init=False)
     schedule_prefix: str = field(init=False)
@@ -114,7 +117,7 @@ class QueueKeys:
                              ("notify", "notify"), ("ended", "ended"), ("cancels", "cancels"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
-                             ("outbox", "outbox"), ("group_prefix", "group:"),
+                             ("outbox", "outbox"), ("lost", "lost"), ("group_prefix", "group:"),
                              ("paused", "paused"), ("held_prefix", "held:"), ("prio", "prio"),
                              ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)

@@ -564,7 +564,7 @@ class Scripts:
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
         keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
                 k.claims, k.done_meta, k.limwait, k.idem_prefix, k.ended, k.group_prefix, k.done_prefix, k.census,
-                k.outbox)
+                k.outbox, k.lost)
         return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from runner.client import Client, Request
+from runner.errors import JobNotFound, RunnerError
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.store.keys import QueueKeys
+from runner.store.scripts import followup_id, job_entry
 from runner.worker.faults import fault
 
 log = logging.getLogger("runner.scheduler")
@@ -60,3 +63,35 @@ def drain(rt: Runtime, k: QueueKeys) -> int:
             pipe.lrem(k.outbox, 1, raw)
         pipe.execute()
     return len(finished)
+
+
+def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
+    """ON_FAILURE for jobs the reclaim buried as "worker lost" (reclaim.lua lists them):
+    no worker settled them, so nobody wrote their destination with the burial. It is
+    written here, to the same id a settler would give it (<id>.f) and placed once by that
+    id, so a pass that dies midway, or two schedulers at once, write it once. Returns how
+    many ids left the list."""
+    ids = rt.redis.lrange(k.lost, 0, BATCH - 1)
+    for job_id in ids:
+        try:
+            job = client.get(job_id).as_dict()
+        except JobNotFound:
+            continue  # trimmed meanwhile: nothing left to tell
+        fn = rt.registry.functions.get(str(job["type"]))
+        if fn is None or not fn.on_failure or job["status"] != "dead":
+            continue
+        record = {"job": {"id": job_id, "type": job["type"], "version": job["version"] or 0,
+                          "attempt": job["attempt"], "queue": k.queue}, "error": job["last_error"]}
+        try:
+            prep = client.prepare(Request(fn.on_failure, record))
+        except RunnerError as exc:  # its schema was checked at load; a record it rejects
+            log.error("job %s: not sent to %s: %s", job_id, fn.on_failure, exc, extra={"job_id": job_id})
+            continue
+        dest = prep.job._replace(id=followup_id(job_id, "f"))
+        rt.scripts.relay(rt.keys[prep.fn.queue], [job_entry(prep.fn.queue, dest)[1:]])
+    if ids:
+        pipe = rt.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.lrem(k.lost, 1, job_id)
+        pipe.execute()
+    return len(ids)

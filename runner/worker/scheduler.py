@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from runner.client import Client
 from runner.runtime import Runtime
 from runner.store import roster
 from runner.store.connection import UNAVAILABLE
@@ -36,6 +37,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._last_trim = 0.0
+        self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths
         self._next_beat = 0.0
 
     def start(self) -> None:
@@ -68,13 +70,20 @@ class Scheduler:
                 wait = min(wait, max(0.002, int(due_in) / 1000))
             if relay.drain(self.rt, k) >= relay.BATCH:
                 wait = 0.002  # more waiting: come back at once
+            lost = trim  # now and then, for a list a dead scheduler left
             while True:
                 requeued, buried = sc.reclaim(k, BATCH, dead_ms)
                 if int(requeued) or int(buried):
                     log.warning("queue %s: reclaimed %s lapsed lease(s), %s buried as worker lost",
                                 k.queue, requeued, buried)
+                lost = lost or int(buried) > 0
                 if int(requeued) + int(buried) < BATCH:
                     break
+            if lost:
+                if self._client is None:
+                    self._client = Client(self.rt)
+                while relay.lost_destinations(self.rt, self._client, k) >= relay.BATCH:
+                    pass
             if trim:
                 for _ in range(TRIM_ROUNDS):
                     dead, _gen = sc.trim(k, dead_ms, done_ms, BATCH * 2, ret.done_max)

@@ -86,3 +86,41 @@ def test_a_destination_must_exist_and_take_the_record(project: Project) -> None:
     write(project, "got_result", SINK.format(queue="fast", name="got_result"))
     errors = " ".join(str(e) for e in project.runtime.registry.errors.values())
     assert "ON_FAILURE names no function: 'got_error'" in errors
+
+
+KILLER = '''
+import os, signal
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+ON_FAILURE = "got_error"
+
+def handle(payload, ctx):
+    os.kill(os.getpid(), signal.SIGKILL)  # takes its worker down: nobody settles it
+'''
+
+
+def test_a_job_buried_as_worker_lost_still_reaches_its_on_failure(project: Project) -> None:
+    """A job that kills its worker on its last attempt is buried by the reclaim ("worker
+    lost"), not by a settler: its ON_FAILURE job is still written, once, with the error."""
+    project.write_config(vt=1)
+    write(project, "killer", KILLER)
+    write(project, "got_error", SINK.format(queue="fast", name="got_error"))
+    c = project.client
+    job = c.enqueue("killer", {}).id
+    w = project.spawn_worker("fast")
+    assert w.wait(timeout=20) == -9
+    project.spawn_worker("fast")
+    wait_for(lambda: lines(project, "got_error", job), timeout=30, what="the failure record")
+    assert c.get(job).status == "dead" and c.get(job).as_dict()["reason"] == "worker lost"
+    [err] = lines(project, "got_error", job)
+    assert err["job"] == {"id": job, "type": "killer", "version": 1, "attempt": 1, "queue": "fast"}
+    assert err["error"]["type"] == "WorkerLost"
+    assert c.wait(f"{job}.f", 10).status == "done"
+    rt = project.runtime
+    wait_for(lambda: rt.redis.llen(project.keys("fast").lost) == 0, timeout=10, what="the lost list drained")
+    # A second pass over the same id (a scheduler that died before clearing it) writes nothing new.
+    from runner.worker import relay
+
+    rt.redis.rpush(project.keys("fast").lost, job)
+    assert relay.lost_destinations(rt, c, project.keys("fast")) == 1
+    assert len(lines(project, "got_error", job)) == 1 and c.get(f"{job}.f").status == "done"

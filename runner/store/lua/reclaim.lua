@@ -25,6 +25,8 @@
 -- KEYS[15] done prefix (string)
 -- KEYS[16] census      HASH
 -- KEYS[17] outbox      LIST  (a complete group's then-job on another queue)
+-- KEYS[18] lost        LIST  ids buried here, for their ON_FAILURE destinations: no
+--                            worker settled them, so the scheduler writes those jobs
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -136,6 +138,7 @@ for j, id in ipairs(ids) do
       free_idem(KEYS[12], f[3], f[9], id)
       tally('dead|' .. (f[3] or '?'))
       buried = buried + 1
+      if KEYS[18] then redis.call('RPUSH', KEYS[18], id) end
       if waited(rec.meta) then ended[#ended + 1] = id end
       local gid, idx = group_of(rec.meta)
       if gid and KEYS[14] then
