@@ -209,9 +209,9 @@ def test_a_page_that_goes_away_is_dropped(project: Project, monkeypatch: Any) ->
         url = f"http://127.0.0.1:{server.port}"
         with feed(url, None) as f:
             f.next("queues")
-            assert len(app.hub.streams) == 1
-        wait_for(lambda: not app.hub.streams, timeout=5, what="the stream to be dropped")
-        wait_for(lambda: app.hub._task is not None and app.hub._task.done(), timeout=5, what="the loop to stop")
+            assert len(app.app.hub.streams) == 1
+        wait_for(lambda: not app.app.hub.streams, timeout=5, what="the stream to be dropped")
+        wait_for(lambda: app.app.hub._task is not None and app.app.hub._task.done(), timeout=5, what="the loop to stop")
     finally:
         server.stop()
 
@@ -239,7 +239,7 @@ def test_a_process_watches_a_bounded_number_of_jobs(project: Project, monkeypatc
         url = f"http://127.0.0.1:{server.port}"
         with feed(url, None, "?job=a&job=b") as f:
             f.next("job-gone")
-            wait_for(lambda: len(app.hub.streams) == 1, timeout=5, what="the first stream")
+            wait_for(lambda: len(app.app.hub.streams) == 1, timeout=5, what="the first stream")
             refused = requests.get(url + "/events?job=c", timeout=10)
             assert refused.status_code == 503 and refused.headers["Retry-After"] == "10", refused.text
             with feed(url, None, "?job=b") as same:
