@@ -17,7 +17,7 @@ to Redis (enqueue, job, stats, dead, check) use that server.
 
 from __future__ import annotations
 
-from runner.cli import calls, dead, jobs, pauses, processes, project, schedules, tokens  # noqa: F401  (each registers its commands)
+# The subcommands' modules are imported on first use (root.COMMANDS).
 from runner.cli.root import cli
 
 

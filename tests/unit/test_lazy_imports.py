@@ -59,3 +59,17 @@ def test_help_names_its_redis_without_redis_py() -> None:
                          check=True).stdout
     assert "Redis here and now: redis://127.0.0.1:1/0" in out
     assert out.splitlines()[-1] == "False"
+
+
+def test_the_command_map_names_every_command_and_its_module() -> None:
+    """root.COMMANDS (what the lazy root group imports per command) matches what the
+    command modules register."""
+    import importlib
+
+    from runner.cli.root import COMMANDS, cli
+
+    for module in set(COMMANDS.values()):
+        importlib.import_module(f"runner.cli.{module}")
+    assert sorted(cli.commands) == sorted(COMMANDS)
+    assert {n: c.callback.__module__ for n, c in cli.commands.items() if c.callback} == {
+        n: f"runner.cli.{m}" for n, m in COMMANDS.items()}
