@@ -43,9 +43,7 @@ def test_the_client_loads_no_schema_compiler_and_no_web_or_worker() -> None:
     but compiles no schema until a registry is loaded, and knows no web, worker or dev."""
     loaded = loaded_after("import runner; runner.Client")
     assert "redis" in loaded
-    # The client imports the catalog's types (and so cronsim, which is light), not its loads.
-    unwanted = [m for m in (*HEAVY, *CORE) if m not in ("cronsim", "runner.catalog.registry")]
-    assert sorted(m for m in unwanted if m in loaded) == []
+    assert sorted(m for m in (*HEAVY, *CORE) if m in loaded) == []
 
 
 def test_help_names_its_redis_without_redis_py() -> None:
