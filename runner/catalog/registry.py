@@ -12,6 +12,7 @@ import ast
 import difflib
 import importlib.util
 import inspect
+import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -385,14 +386,27 @@ def _fresh_helpers(folder: Path) -> None:
     as ``import _shared``) are importable, and imported afresh by every load: a module of
     the folder left in sys.modules from the last load would keep its old code."""
     root = str(folder.resolve())
+    dirs: dict[str, str] = {}
     with _import_lock:
         if root not in sys.path:
             sys.path.append(root)
         for name, mod in list(sys.modules.items()):
             file = getattr(mod, "__file__", None)
-            if file and not name.startswith("runner_functions.") and \
-                    str(Path(file).resolve()).startswith(root + "/"):
+            if file and not name.startswith("runner_functions.") and _resolved(file, dirs).startswith(root + "/"):
                 del sys.modules[name]
+
+
+def _resolved(file: str, dirs: dict[str, str]) -> str:
+    """The real path of a module's file, as Path.resolve() gives it, resolving each
+    directory once (``dirs``): hundreds of modules share a few dozen, and resolving
+    every file on its own was most of a load. A file that is no symlink is its real
+    directory joined with its name."""
+    head, tail = os.path.split(file)
+    real = dirs.get(head)
+    if real is None:
+        real = dirs[head] = os.path.realpath(head)
+    path = os.path.join(real, tail)
+    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 def load(config: Config, previous: Registry | None = None) -> Registry:
