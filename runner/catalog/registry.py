@@ -23,6 +23,7 @@ from typing import Any
 
 from runner.catalog import limits, templates
 from runner.catalog import schedules as schedules_mod
+from runner.catalog.checked import Checked
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
@@ -190,7 +191,7 @@ def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
+def load_function(path: Path, config: Config, checked: Checked | None = None) -> tuple[Function, list[str]]:
     """Load one function file and its schemas; raise FunctionLoadError naming the file."""
     source = path.read_text(encoding="utf-8", errors="replace")
     lines = _assign_lines(source)
@@ -281,7 +282,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
 
     folder = config.schemas_dir / path.stem
-    schemas = load_versions(folder)
+    schemas = load_versions(folder, checked)
     if not schemas:
         raise fail(f"no schema: expected {folder}/v1.json")
     versions = Versions(type=path.stem, schemas=schemas, upgrade=upgrade)
@@ -418,6 +419,7 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
     if not folder.is_dir():
         return Registry(errors={str(folder): FunctionLoadError(str(folder), "no functions folder")})
     _fresh_helpers(folder)
+    checked = Checked.open(config)
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
@@ -425,7 +427,7 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
             errors[str(path)] = FunctionLoadError(str(path), "the file stem must be a Python identifier")
             continue
         try:
-            fn, w = load_function(path, config)
+            fn, w = load_function(path, config, checked)
         except FunctionLoadError as exc:
             errors[str(path)] = exc
             if previous is not None and path.stem in previous.functions:
@@ -443,4 +445,5 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
         if err is not None:
             errors[fn.path] = err
             del functions[name]
+    checked.save()
     return Registry(functions=functions, errors=errors, warnings=tuple(warnings))
