@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,7 +94,8 @@ class Checked:
         if self.file is None or self.seen == self.known:
             return
         body = orjson.dumps({"format": FORMAT, "versions": self.versions, "schemas": self.seen})
-        tmp = self.file.with_name(f"{FILE}.{os.getpid()}.tmp")
+        # A name of this thread's own: registries load in several threads and processes.
+        tmp = self.file.with_name(f"{FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(body)
