@@ -71,11 +71,6 @@ class Checked:
                              if isinstance(v, list) and all(isinstance(w, str) for w in v)}
         return cls(file if versions is not None else None, versions, known)
 
-    @classmethod
-    def off(cls) -> Checked:
-        """Nothing known, nothing kept: every schema is checked and compiled at load."""
-        return cls(None, None, {})
-
     def vouched(self, path: Path, text: str) -> tuple[str, ...] | None:
         """The warnings of this schema file when this very text passed before, else None."""
         k = key(path, text)
