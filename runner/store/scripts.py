@@ -93,11 +93,33 @@ def assemble(lib: str, body: str) -> str:
 
 
 @functools.cache
-def _assembled() -> dict[str, str]:
-    """Every script as sent, assembled once per process (the files are package data)."""
-    lib = _source("_lib")
-    return {name: assemble(lib, "\n".join(_source(part) for part in COMPOSED.get(name, (name,))))
-            for name in NAMES}
+def _lib() -> str:
+    return _source("_lib")
+
+
+class _Sources(dict[str, str]):
+    """Every script as sent, assembled on first use and then kept for the process (the
+    files are package data): `runner job` needs one script of the twenty-odd."""
+
+    def __missing__(self, name: str) -> str:
+        if name not in NAMES:
+            raise KeyError(name)
+        src = assemble(_lib(), "\n".join(_source(part) for part in COMPOSED.get(name, (name,))))
+        self[name] = src
+        return src
+
+
+class _Shas(dict[str, str]):
+    def __missing__(self, name: str) -> str:
+        sha = hashlib.sha1(_SOURCES[name].encode()).hexdigest()
+        self[name] = sha
+        return sha
+
+
+# Shared by every Scripts of the process; a miss fills one entry (two threads missing at
+# once compute the same text).
+_SOURCES = _Sources()
+_SHAS = _Shas()
 
 
 class NewJob(NamedTuple):
@@ -387,8 +409,8 @@ class Scripts:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.sources = _assembled()
-        self.shas = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in self.sources.items()}
+        self.sources = _SOURCES
+        self.shas = _SHAS
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._spin = _Spin()
@@ -424,6 +446,11 @@ class Scripts:
             raise
         lanes.give(conn)
         return reply
+
+    def prepare(self) -> None:
+        """Assemble every script now (a process that runs them all, before its first job)."""
+        for name in NAMES:
+            self.shas[name]
 
     def batch(self) -> Batch:
         return Batch(self)
