@@ -18,14 +18,11 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runner import config as config_mod
 from runner import groups
 from runner.catalog import templates
-from runner.catalog.registry import Function
-from runner.catalog.schedules import Schedule, iso
-from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
     FieldError,
     GroupNotFound,
@@ -50,6 +47,12 @@ from runner.store.keys import QueueKeys
 from runner.store.schedules import ServerClock, State, read_states
 from runner.store.scripts import NewJob, Stream
 from runner.store.waiter import wait_until
+
+if TYPE_CHECKING:
+    # The catalog's loader (and the cron parser behind its schedules) comes with the first
+    # registry loaded, not with the client: reading jobs loads none.
+    from runner.catalog.registry import Function
+    from runner.catalog.schedules import Schedule
 
 MAX_BATCH = 500
 # enqueue_many: jobs per script call, and calls in flight on its connection at once.
@@ -403,9 +406,11 @@ class Client:
 
     def get(self, job_id: str) -> records.Job:
         """The job record, from whichever queue holds it."""
-        if not job_id or len(job_id) > 200:
-            raise JobNotFound(job_id)
-        job = self.get_many([job_id]).get(job_id)
+        rt = self.runtime
+        try:
+            job = records.lookup(rt.scripts, rt.keys, job_id)
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
         if job is None:
             raise JobNotFound(job_id)
         return job
@@ -414,25 +419,9 @@ class Client:
         """The jobs of these ids that exist, by id, in one round trip."""
         rt = self.runtime
         try:
-            # A job lives under exactly one queue's tag; one read-only script per queue
-            # returns its record, state, claim and done outcome (lookup.lua). A key of the
-            # wrong type (a damaged record) counts as no record.
-            batch = rt.scripts.batch()
-            for job_id in job_ids:
-                for k in rt.keys.values():
-                    rt.scripts.lookup(k, job_id, pipe=batch)
-            replies = iter(batch.execute())
+            return records.lookup_many(rt.scripts, rt.keys, [i for i in job_ids if i and len(i) <= 200])
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
-        out: dict[str, records.Job] = {}
-        for job_id in job_ids:
-            for queue in rt.keys:
-                record, state, claim, outcome = next(replies)
-                record = record if isinstance(record, str) and not record.startswith("\0") else None
-                fields = records.view(job_id, record, state or [], claim or None, outcome or None)
-                if fields and job_id not in out:
-                    out[job_id] = records.Job(job_id, queue, fields)
-        return out
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters."""
@@ -590,6 +579,8 @@ class Client:
         elif version is None:
             # An edited payload without a version is written against the newest schema.
             version = fn.versions.newest
+        from runner.catalog.schemas import UpgradeFailed  # loaded with the registry above
+
         try:
             fn.versions.lift(payload, version)
         except UpgradeFailed as exc:
@@ -696,6 +687,8 @@ class Client:
         s = next((x for x in scheds if x.id == schedule_id), None)
         if s is None:
             raise UnknownSchedule(schedule_id, [x.id for x in scheds])
+        from runner.catalog.schedules import iso  # loaded with the registry above
+
         try:
             now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
             meta = codec.dumps({"schedule": s.id, "tick": iso(now), "trigger": "manual"})
@@ -896,6 +889,8 @@ def _schedule_view(s: Schedule, st: State | None, now_ms: int) -> dict[str, Any]
     ``state`` says whether the workers fire this definition: "active" (Redis holds it),
     "pending" (no worker has registered it yet) or "superseded" (Redis holds another: a
     different release of the function file is running)."""
+    from runner.catalog.schedules import iso  # loaded with the registry that holds ``s``
+
     st = st or State(digest=None, tick_ms=None, fired_ms=None, job_id=None, job_status=None, late_ms=None)
     state = "pending" if not st.digest else "active" if st.digest == s.digest else "superseded"
     return {

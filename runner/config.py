@@ -24,6 +24,9 @@ from typing import Any
 from runner.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# The project's own files beside runner.toml: `runner dev`'s session and embedded server,
+# and the schema check cache.
+STATE_DIR = ".runner"
 JITTER_MODES = ("full", "equal", "none")
 ISOLATIONS = ("thread", "process")
 

@@ -40,7 +40,7 @@ class Runtime:
                  keys={q: for_queue(config.redis.prefix, q) for q in config.queues}, _registry=reg)
         if not lazy:  # a process starts with its functions and scripts ready
             rt.registry  # noqa: B018
-            rt.scripts  # noqa: B018
+            rt.scripts.prepare()
         return rt
 
     @property

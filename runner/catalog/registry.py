@@ -12,6 +12,7 @@ import ast
 import difflib
 import importlib.util
 import inspect
+import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ from typing import Any
 
 from runner.catalog import limits, templates
 from runner.catalog import schedules as schedules_mod
+from runner.catalog.checked import Checked
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
 from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
@@ -191,7 +193,7 @@ def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
-def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
+def load_function(path: Path, config: Config, checked: Checked | None = None) -> tuple[Function, list[str]]:
     """Load one function file and its schemas; raise FunctionLoadError naming the file."""
     source = path.read_text(encoding="utf-8", errors="replace")
     lines = _assign_lines(source)
@@ -286,7 +288,7 @@ def load_function(path: Path, config: Config) -> tuple[Function, list[str]]:
         raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
 
     folder = config.schemas_dir / path.stem
-    schemas = load_versions(folder)
+    schemas = load_versions(folder, checked)
     if not schemas:
         raise fail(f"no schema: expected {folder}/v1.json")
     versions = Versions(type=path.stem, schemas=schemas, upgrade=upgrade)
@@ -392,14 +394,27 @@ def _fresh_helpers(folder: Path) -> None:
     as ``import _shared``) are importable, and imported afresh by every load: a module of
     the folder left in sys.modules from the last load would keep its old code."""
     root = str(folder.resolve())
+    dirs: dict[str, str] = {}
     with _import_lock:
         if root not in sys.path:
             sys.path.append(root)
         for name, mod in list(sys.modules.items()):
             file = getattr(mod, "__file__", None)
-            if file and not name.startswith("runner_functions.") and \
-                    str(Path(file).resolve()).startswith(root + "/"):
+            if file and not name.startswith("runner_functions.") and _resolved(file, dirs).startswith(root + "/"):
                 del sys.modules[name]
+
+
+def _resolved(file: str, dirs: dict[str, str]) -> str:
+    """The real path of a module's file, as Path.resolve() gives it, resolving each
+    directory once (``dirs``): hundreds of modules share a few dozen, and resolving
+    every file on its own was most of a load. A file that is no symlink is its real
+    directory joined with its name."""
+    head, tail = os.path.split(file)
+    real = dirs.get(head)
+    if real is None:
+        real = dirs[head] = os.path.realpath(head)
+    path = os.path.join(real, tail)
+    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 def load(config: Config, previous: Registry | None = None) -> Registry:
@@ -411,6 +426,7 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
     if not folder.is_dir():
         return Registry(errors={str(folder): FunctionLoadError(str(folder), "no functions folder")})
     _fresh_helpers(folder)
+    checked = Checked.open(config)
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
@@ -418,7 +434,7 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
             errors[str(path)] = FunctionLoadError(str(path), "the file stem must be a Python identifier")
             continue
         try:
-            fn, w = load_function(path, config)
+            fn, w = load_function(path, config, checked)
         except FunctionLoadError as exc:
             errors[str(path)] = exc
             if previous is not None and path.stem in previous.functions:
@@ -436,4 +452,5 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
         if err is not None:
             errors[fn.path] = err
             del functions[name]
+    checked.save()
     return Registry(functions=functions, errors=errors, warnings=tuple(warnings))

@@ -2,7 +2,9 @@
 
 Schemas are JSON Schema draft 2020-12, checked against the metaschema once at load and
 compiled once (a Rust validator: well under a microsecond for the examples), never per job.
-The one compiled validator serves enqueue and claim alike.
+The one compiled validator serves enqueue and claim alike. A schema file whose very text
+passed both before (the check cache, checked.py) is not checked again, and is compiled
+on first use.
 
 ``format`` is asserted, not only annotated (draft 2020-12 leaves that to the validator; a
 schema author who writes ``"format": "email"`` expects a check): every format of the
@@ -17,11 +19,14 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from runner.errors import FieldError, FunctionLoadError, UnknownVersion, ValidationFailed
+
+if TYPE_CHECKING:
+    from runner.catalog.checked import Checked
 
 _VERSION_FILE = re.compile(r"^v([1-9][0-9]*)\.json$")
 # The formats of JSON Schema draft 2020-12, each asserted by the compiled validator.
@@ -43,24 +48,43 @@ class Schema:
     version: int
     path: str
     document: Mapping[str, Any]
-    validator: Any
+    # None until first use for a schema the check cache vouched for (checked.py).
+    compiled: Any = None
     warnings: tuple[str, ...] = ()
 
+    @property
+    def validator(self) -> Any:
+        if self.compiled is None:
+            # It compiled before: the same document, the same compiler (see checked.py).
+            try:
+                compiled = _rs().Draft202012Validator(self.document, validate_formats=True)
+            except Exception as exc:
+                raise FunctionLoadError(self.path, f"schema does not compile: {exc}") from None
+            object.__setattr__(self, "compiled", compiled)  # two threads at once: either wins
+        return self.compiled
+
     def errors(self, payload: Any) -> list[FieldError]:
-        if self.validator.is_valid(payload):
+        validator = self.compiled if self.compiled is not None else self.validator
+        if validator.is_valid(payload):
             return []
         return sorted(
             (FieldError(json_path(e.instance_path), e.message)
-             for e in self.validator.iter_errors(payload)),
+             for e in validator.iter_errors(payload)),
             key=lambda e: (e.path, e.message),
         )
+
+
+def _rs() -> Any:
+    import jsonschema_rs
+
+    return jsonschema_rs
 
 
 def _line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def load_schema(path: Path, version: int) -> Schema:
+def load_schema(path: Path, version: int, checked: Checked | None = None) -> Schema:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -76,6 +100,9 @@ def load_schema(path: Path, version: int) -> Schema:
         raise FunctionLoadError(
             str(path), f"$schema must be JSON Schema draft 2020-12, got {declared!r}"
         )
+    vouched = checked.vouched(path, text) if checked is not None else None
+    if vouched is not None:  # this very text passed the check and compiled before
+        return Schema(version=version, path=str(path), document=doc, warnings=vouched)
     # Here, not at the top: the client and the CLI import this module, and only a
     # registry load needs the metaschema check (jsonschema is the slowest import we have).
     import jsonschema
@@ -86,17 +113,18 @@ def load_schema(path: Path, version: int) -> Schema:
         where = json_path(exc.absolute_path)
         raise FunctionLoadError(str(path), f"invalid schema at {where}: {exc.message}") from None
     compiled, warnings = _compile(doc, path)
-    return Schema(version=version, path=str(path), document=doc, validator=compiled, warnings=warnings)
+    if checked is not None:
+        checked.passed(path, text, warnings)
+    return Schema(version=version, path=str(path), document=doc, compiled=compiled, warnings=warnings)
 
 
 def _compile(doc: dict[str, Any], path: Path) -> tuple[Any, tuple[str, ...]]:
     """The validator, asserting formats; a format it does not know is a warning (it checks
     nothing), found by compiling strictly first."""
-    import jsonschema_rs
-
+    rs = _rs()
     warnings: list[str] = []
     try:
-        jsonschema_rs.Draft202012Validator(doc, validate_formats=True, ignore_unknown_formats=False)
+        rs.Draft202012Validator(doc, validate_formats=True, ignore_unknown_formats=False)
     except Exception as exc:
         m = _UNKNOWN_FORMAT.search(str(exc))
         if m is None:  # the compiler's own errors (e.g. a bad regex)
@@ -105,13 +133,13 @@ def _compile(doc: dict[str, Any], path: Path) -> tuple[Any, tuple[str, ...]]:
         hint = f"; did you mean {close[0]}?" if close else f" (checked: {', '.join(FORMATS)})"
         warnings.append(f"{path}: unknown format {m.group(1)!r} checks nothing{hint}")
     try:
-        compiled = jsonschema_rs.Draft202012Validator(doc, validate_formats=True)
+        compiled = rs.Draft202012Validator(doc, validate_formats=True)
     except Exception as exc:
         raise FunctionLoadError(str(path), f"schema does not compile: {exc}") from None
     return compiled, tuple(warnings)
 
 
-def load_versions(folder: Path) -> dict[int, Schema]:
+def load_versions(folder: Path, checked: Checked | None = None) -> dict[int, Schema]:
     """Every ``v<N>.json`` of a function's schema folder; versions must run 1..N."""
     found: dict[int, Schema] = {}
     if not folder.is_dir():
@@ -122,7 +150,7 @@ def load_versions(folder: Path) -> dict[int, Schema]:
         m = _VERSION_FILE.match(p.name)
         if not m:
             raise FunctionLoadError(str(p), "schema files are named v1.json, v2.json, ...")
-        found[int(m.group(1))] = load_schema(p, int(m.group(1)))
+        found[int(m.group(1))] = load_schema(p, int(m.group(1)), checked)
     if found:
         expected = list(range(1, max(found) + 1))
         if sorted(found) != expected:

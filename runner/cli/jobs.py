@@ -31,6 +31,7 @@ from runner.cli.root import (
     target,
 )
 from runner.errors import (
+    JobNotFound,
     RedisUnavailable,
     RunnerError,
     UnknownFunction,
@@ -177,17 +178,15 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
 @click.pass_context
 def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Show one job."""
-    from runner.client import Client
-    from runner.store import codec
+    # The lookup itself, not the Client: this command needs none of its other imports.
+    from runner.store import codec, records
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
-        try:
-            record = Client(rt).get(job_id).as_dict()
-        except RedisUnavailable:
-            raise
-        except RunnerError as exc:
-            fail(str(exc), EXIT_REFUSED)
+        found = records.lookup(rt.scripts, rt.keys, job_id)
+    if found is None:
+        fail(str(JobNotFound(job_id)), EXIT_REFUSED)
+    record = found.as_dict()
     human = "\n".join(f"{k:>16}: {codec.dumps(v) if isinstance(v, dict | list) else v}"
                       for k, v in record.items())
     emit(record, as_json, human)

@@ -5,6 +5,7 @@ scripts)."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -187,8 +188,41 @@ class RedisCommand(click.Command):
         formatter.write_text(_here_and_now(ctx, self.follow_dev))
 
 
+# Which module defines each subcommand. A module is imported when one of its commands is
+# looked up (invoked, or listed by --help), so a command pays for its own module only.
+# Each module registers its commands on `cli` as it is imported.
+COMMANDS = {
+    "call": "calls", "cancel": "calls", "jobs": "calls",
+    "dead": "dead",
+    "enqueue": "jobs", "job": "jobs", "stats": "jobs",
+    "pause": "pauses", "resume": "pauses",
+    "worker": "processes", "web": "processes", "dev": "processes",
+    "functions": "project", "new": "project", "check": "project",
+    "schedules": "schedules",
+    "token": "tokens",
+}
+
+
 class RootGroup(click.Group):
-    """`runner`: its --help ends with the rule that picks a Redis, and the one it picks now."""
+    """`runner`: its subcommands loaded on first use (COMMANDS); its --help ends with the
+    rule that picks a Redis, and the one it picks now."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(f"runner.cli.{COMMANDS[cmd_name]}")
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                            list[str]]:
+        if args and args[0] not in self.commands and args[0] not in COMMANDS:
+            # No such command: click suggests the closest of the ones registered, so
+            # register them all first (a typo's cost only).
+            for module in sorted(set(COMMANDS.values())):
+                importlib.import_module(f"runner.cli.{module}")
+        return super().resolve_command(ctx, args)
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from runner.config import Config
+from runner.config import STATE_DIR, Config
 from runner.errors import RunnerError
 from runner.store import codec
-from runner.store.session import STATE_DIR, _alive, dev_session, session_file
+from runner.store.session import _alive, dev_session, session_file
 
 log = logging.getLogger("runner.embedded")
 

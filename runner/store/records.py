@@ -38,9 +38,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.store import codec
+
+if TYPE_CHECKING:
+    from runner.store.keys import QueueKeys
+    from runner.store.scripts import Scripts
 
 STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead", "cancelled")
 SEP = "\x1f"
@@ -257,3 +261,41 @@ class Job:
     @property
     def status(self) -> str | None:
         return self.fields.get("status")
+
+
+def lookup(scripts: Scripts, keys: Mapping[str, QueueKeys], job_id: str) -> Job | None:
+    """The job, from whichever queue holds it (None: no such job), in one round trip."""
+    if not job_id or len(job_id) > 200:
+        return None
+    return lookup_many(scripts, keys, [job_id]).get(job_id)
+
+
+def lookup_many(scripts: Scripts, keys: Mapping[str, QueueKeys], job_ids: Sequence[str]) -> dict[str, Job]:
+    """The jobs of these ids that exist, by id, in one round trip: a job lives under
+    exactly one queue's tag; one read-only script per queue returns its record, state,
+    claim and done outcome (lookup.lua). A key of the wrong type (a damaged record)
+    counts as no record. Redis errors are the caller's."""
+    batch = scripts.batch()
+    for job_id in job_ids:
+        for k in keys.values():
+            scripts.lookup(k, job_id, pipe=batch)
+    replies = iter(batch.execute())
+    out: dict[str, Job] = {}
+    for job_id in job_ids:
+        for queue in keys:
+            record, state, claim, outcome = next(replies)
+            record = record if isinstance(record, str) and not record.startswith("\0") else None
+            fields = view(job_id, record, state or [], claim or None, outcome or None)
+            if fields and job_id not in out:
+                out[job_id] = Job(job_id, queue, fields)
+    return out
+    batch = scripts.batch()
+    for k in keys.values():
+        scripts.lookup(k, job_id, pipe=batch)
+    replies = batch.execute()
+    for queue, (record, state, claim, outcome) in zip(keys, replies, strict=True):
+        record = record if isinstance(record, str) and not record.startswith("\0") else None
+        fields = view(job_id, record, state or [], claim or None, outcome or None)
+        if fields:
+            return Job(job_id, queue, fields)
+    return None

@@ -11,6 +11,7 @@ and event layers, which together cost about a third of an enqueue round trip.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -61,22 +62,64 @@ def _helpers(lib: str) -> list[tuple[str, str]]:
     return [(name, "\n".join(text)) for name, text in blocks]
 
 
+_WORD = re.compile(r"\w+")
+
+
+@functools.lru_cache(maxsize=4)
+def _library(lib: str) -> tuple[list[tuple[str, str]], dict[str, set[str]]]:
+    """The helpers of a library and the helpers each one names, worked out once per text."""
+    helpers = _helpers(lib)
+    names = {name for name, _ in helpers}
+    return helpers, {name: names.intersection(_WORD.findall(src)) for name, src in helpers}
+
+
 def assemble(lib: str, body: str) -> str:
     """The script as sent: the helpers ``body`` names, and the ones they name, in their
     order in the library, then the body. Every helper defined is a closure Redis builds
     on each call (about 0.2 us apiece), so a script carries only what it can call;
     naming one in a comment just includes it."""
-    helpers = _helpers(lib)
+    # A helper is named where it stands as a whole word: the words of each text, found
+    # once, rather than a search per helper per text (that was most of a CLI call's time).
+    helpers, refs = _library(lib)
+    todo = list(refs.keys() & set(_WORD.findall(body)))
     wanted: set[str] = set()
-    texts = [body]
-    while texts:
-        text = texts.pop()
-        for name, src in helpers:
-            if name not in wanted and re.search(rf"\b{name}\b", text):
-                wanted.add(name)
-                texts.append(src)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += refs[name] - wanted
     used = [src for name, src in helpers if name in wanted]
     return "\n".join([*used, body])
+
+
+@functools.cache
+def _lib() -> str:
+    return _source("_lib")
+
+
+class _Sources(dict[str, str]):
+    """Every script as sent, assembled on first use and then kept for the process (the
+    files are package data): `runner job` needs one script of the twenty-odd."""
+
+    def __missing__(self, name: str) -> str:
+        if name not in NAMES:
+            raise KeyError(name)
+        src = assemble(_lib(), "\n".join(_source(part) for part in COMPOSED.get(name, (name,))))
+        self[name] = src
+        return src
+
+
+class _Shas(dict[str, str]):
+    def __missing__(self, name: str) -> str:
+        sha = hashlib.sha1(_SOURCES[name].encode()).hexdigest()
+        self[name] = sha
+        return sha
+
+
+# Shared by every Scripts of the process; a miss fills one entry (two threads missing at
+# once compute the same text).
+_SOURCES = _Sources()
+_SHAS = _Shas()
 
 
 class NewJob(NamedTuple):
@@ -392,11 +435,9 @@ class Scripts:
     """The scripts of one Redis client, sent by SHA and loaded again on NOSCRIPT."""
 
     def __init__(self, client: Any) -> None:
-        lib = _source("_lib")
         self.client = client
-        self.sources = {name: assemble(lib, "\n".join(_source(part) for part in COMPOSED.get(name, (name,))))
-                        for name in NAMES}
-        self.shas = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in self.sources.items()}
+        self.sources = _SOURCES
+        self.shas = _SHAS
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._spin = _Spin()
@@ -432,6 +473,11 @@ class Scripts:
             raise
         lanes.give(conn)
         return reply
+
+    def prepare(self) -> None:
+        """Assemble every script now (a process that runs them all, before its first job)."""
+        for name in NAMES:
+            self.shas[name]
 
     def batch(self) -> Batch:
         return Batch(self)

@@ -10,10 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.config import Config
+from runner.config import STATE_DIR, Config
 from runner.store import codec
-
-STATE_DIR = ".runner"
 
 
 def session_file(cfg: Config) -> Path:

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,9 @@ class ChildProcess:
     """One child and the socket to it."""
 
     def __init__(self, config_source: str, generation: int) -> None:
+        # Here, not at the top: a worker whose functions all run in threads never needs it.
+        from multiprocessing.connection import Connection
+
         parent, child = socket.socketpair()
         env = dict(os.environ)
         if Path(config_source).exists():

@@ -43,9 +43,57 @@ def test_the_client_loads_no_schema_compiler_and_no_web_or_worker() -> None:
     but compiles no schema until a registry is loaded, and knows no web, worker or dev."""
     loaded = loaded_after("import runner; runner.Client")
     assert "redis" in loaded
-    # The client imports the catalog's types (and so cronsim, which is light), not its loads.
-    unwanted = [m for m in (*HEAVY, *CORE) if m not in ("cronsim", "runner.catalog.registry")]
-    assert sorted(m for m in unwanted if m in loaded) == []
+    assert sorted(m for m in (*HEAVY, *CORE) if m in loaded) == []
+
+
+def loaded_by_command(*args: str) -> set[str]:
+    """The modules a `runner` command has imported when it exits (Redis unreachable: the
+    commands that talk to it get as far as their first round trip, then exit 3)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "REDIS_URL": "redis://127.0.0.1:1/0"}
+    code = (f"import sys, runpy, json; sys.argv = ['runner', *{list(args)!r}]\n"
+            "try:\n    runpy.run_module('runner.cli', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+                         check=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+# Everything a command that only reads Redis must not import: the web, worker, schema,
+# file-watching and metrics dependencies, the client, the catalog's loader.
+NOT_FOR_READING = (*HEAVY, *CORE, "runner.client", "runner.worker", "opentelemetry")
+
+
+def command_modules(loaded: set[str]) -> list[str]:
+    return sorted(m for m in loaded if m.startswith("runner.cli.") and m not in ("runner.cli.root",
+                                                                                   "runner.cli.target"))
+
+
+@pytest.mark.parametrize("args,module", [
+    (["--help"], None),
+    (["job", "--help"], "runner.cli.jobs"),
+    (["worker", "--help"], "runner.cli.processes"),
+    (["dead", "ls", "--help"], "runner.cli.dead"),
+])
+def test_help_imports_no_redis_no_asyncio_and_only_its_command(args: list[str], module: str | None) -> None:
+    """--help, of the root or of any command, loads no Redis client (nor asyncio, which
+    redis-py brings) and none of the heavy dependencies; a command's help imports that
+    command's module and no other."""
+    loaded = loaded_by_command(*args)
+    assert sorted(m for m in (*HEAVY, *CORE, "redis", "asyncio", "runner.client") if m in loaded) == []
+    if module is not None:
+        assert command_modules(loaded) == [module]
+
+
+@pytest.mark.parametrize("args", [["stats"], ["job", "0123456789abcdef012345"], ["stats", "--json"]])
+def test_reading_commands_import_redis_but_no_schema_client_or_worker(args: list[str]) -> None:
+    """`runner stats` and `runner job ID` load redis-py and their own command module, but
+    neither jsonschema nor the schema compiler, the function loader, the client, the
+    worker, the web app nor the other commands."""
+    loaded = loaded_by_command(*args)
+    assert "redis" in loaded
+    assert sorted(m for m in NOT_FOR_READING if any(x == m or x.startswith(m + ".") for x in loaded)) == []
+    assert command_modules(loaded) == ["runner.cli.jobs"]
 
 
 def test_help_names_its_redis_without_redis_py() -> None:
@@ -59,3 +107,17 @@ def test_help_names_its_redis_without_redis_py() -> None:
                          check=True).stdout
     assert "Redis here and now: redis://127.0.0.1:1/0" in out
     assert out.splitlines()[-1] == "False"
+
+
+def test_the_command_map_names_every_command_and_its_module() -> None:
+    """root.COMMANDS (what the lazy root group imports per command) matches what the
+    command modules register."""
+    import importlib
+
+    from runner.cli.root import COMMANDS, cli
+
+    for module in set(COMMANDS.values()):
+        importlib.import_module(f"runner.cli.{module}")
+    assert sorted(cli.commands) == sorted(COMMANDS)
+    assert {n: c.callback.__module__ for n, c in cli.commands.items() if c.callback} == {
+        n: f"runner.cli.{m}" for n, m in COMMANDS.items()}

@@ -173,3 +173,21 @@ def test_formats_are_asserted_and_an_unknown_one_is_a_warning(tmp_path: Path) ->
         assert [e.path for e in err.value.errors] == [f"$.{field}"]
     (warning,) = [w for w in reg.warnings if "emial" in w]
     assert "fn/v1.json" in warning and "did you mean email?" in warning
+
+
+def test_a_module_file_resolves_as_path_resolve_does(tmp_path: Path) -> None:
+    """_fresh_helpers resolves each directory once; the answer is Path.resolve()'s, through
+    symlinked folders and files, missing files and every module loaded now."""
+    import os
+    import sys
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "x.py").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "y.py").symlink_to(tmp_path / "real" / "x.py")
+    files = [str(tmp_path / "link" / "x.py"), str(tmp_path / "y.py"), str(tmp_path / "link" / "gone.py"),
+             f"{tmp_path}/link//x.py", "relative.py"]
+    files += [m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)]
+    dirs: dict[str, str] = {}
+    assert [registry._resolved(f, dirs) for f in files] == [str(Path(f).resolve()) for f in files]
+    assert os.path.realpath(tmp_path / "real") in dirs.values()
