@@ -31,6 +31,7 @@ from runner.errors import (
     JobEnded,
     JobFailed,
     JobNotFound,
+    NotReplicated,
     RedisUnavailable,
     RunnerError,
     StillRunning,
@@ -99,11 +100,23 @@ def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enque
                     status=status, duplicate=code == 0)
 
 
-def _one(out: Enqueued | IdempotencyConflict) -> Enqueued:
-    """A single enqueue's answer: the job, or its idempotency conflict raised."""
-    if isinstance(out, IdempotencyConflict):
+# One caller's answer from a combined round trip: its job, or why not.
+_Answer = Enqueued | IdempotencyConflict | NotReplicated
+
+
+def _one(out: _Answer) -> Enqueued:
+    """A single enqueue's answer: the job, or its refusal (idempotency conflict, not
+    replicated) raised."""
+    if isinstance(out, IdempotencyConflict | NotReplicated):
         raise out
     return out
+
+
+def _unconfirmed(exc: NotReplicated, replies: Sequence[Any] | None = None) -> NotReplicated:
+    """``exc`` naming the jobs of the enqueue replies (code, id, status per job) it holds."""
+    replies = exc.replies if replies is None else replies
+    ids = [str(i) for reply in replies for i in reply[1::3]]
+    return NotReplicated(exc.acked, exc.wanted, exc.timeout_s, job_ids=ids, replies=replies)
 
 
 def _settle(answered: tuple[Any, Any], results: list[Any]) -> None:
@@ -119,10 +132,10 @@ class Client:
         # Threads that call enqueue wait on each round trip: their calls poll for the
         # reply before sleeping (scripts._Spin). The asyncio path does not: its sender
         # thread would hold the GIL against the event loop.
-        self._combiner: Combiner[_Prepared, Enqueued | IdempotencyConflict] = Combiner(
+        self._combiner: Combiner[_Prepared, _Answer] = Combiner(
             functools.partial(self._send_prepared, spin=True), max_batch=MAX_BATCH
         )
-        self._async_combiner: AsyncCombiner[_Prepared, Enqueued | IdempotencyConflict] = AsyncCombiner(
+        self._async_combiner: AsyncCombiner[_Prepared, _Answer] = AsyncCombiner(
             self._send_prepared, max_batch=MAX_BATCH
         )
 
@@ -192,6 +205,8 @@ class Client:
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
+        With ``[redis] wait_replicas``, it returns once that many replicas hold the job,
+        and raises NotReplicated (the job written, but not confirmed) when they do not.
 
         Safe from many threads at once: calls that overlap share one round trip. With
         ``waited``, the job's end is published for the waits of ``settle`` and ``call``.
@@ -240,7 +255,10 @@ class Client:
         Returns one entry per request, in order: the Enqueued job or the error that refused
         it (ValidationFailed, UnknownFunction, UnknownVersion, IdempotencyConflict).
         Redis going away raises RedisUnavailable; calls answered before it are kept, and
-        the at most STREAM_WINDOW calls then in flight may or may not have run.
+        the at most STREAM_WINDOW calls then in flight may or may not have run. With
+        ``[redis] wait_replicas``, each call is confirmed by the replicas before its
+        answer is read; the first that is not raises NotReplicated naming its jobs (the
+        calls answered before it were confirmed; those in flight are undetermined).
         """
         results: list[Enqueued | RunnerError] = []
 
@@ -264,7 +282,8 @@ class Client:
         errors of every invalid one, each path prefixed with its index (``$[3].to``), and
         nothing is sent. An unknown type or version raises as for one job. After that, an
         idempotency conflict is that job's answer, not the batch's; Redis going away
-        raises RedisUnavailable with the calls then in flight undetermined.
+        raises RedisUnavailable with the calls then in flight undetermined, and replicas
+        short of ``wait_replicas`` raise NotReplicated (as ``enqueue_many``).
         """
         prepared: list[tuple[int, _Prepared]] = []
         invalid: ValidationFailed | None = None
@@ -298,6 +317,8 @@ class Client:
                 _settle(stream.read(), results)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        except NotReplicated as exc:
+            raise _unconfirmed(exc) from None
         finally:
             stream.close()
 
@@ -309,13 +330,16 @@ class Client:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
         for queue, items in by_queue.items():
             call = rt.scripts.enqueue_call(rt.keys[queue], [p.job for _, p in items])
-            stream.send(*call, tag=(queue, items))
+            stream.send(*call, tag=(queue, items), durable=True)
         while len(stream) > STREAM_WINDOW:
             _settle(stream.read(), results)
 
-    def _send_prepared(self, preps: Sequence[_Prepared], spin: bool = False) -> list[Enqueued | IdempotencyConflict]:
-        """One round trip: one enqueue script call per queue the jobs go to."""
+    def _send_prepared(self, preps: Sequence[_Prepared], spin: bool = False) -> list[_Answer]:
+        """One round trip: one enqueue script call per queue the jobs go to (and one WAIT
+        after them all, with ``wait_replicas``: then each caller short of replicas is
+        answered NotReplicated for its own job)."""
         rt = self.runtime
+        short: NotReplicated | None = None
         by_queue: dict[str, list[int]] = {}
         for i, prep in enumerate(preps):
             by_queue.setdefault(prep.fn.queue, []).append(i)
@@ -331,10 +355,14 @@ class Client:
                 replies = batch.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        except NotReplicated as exc:
+            replies, short = exc.replies, exc
         out: list[Any] = [None] * len(preps)
         for (queue, idx), reply in zip(order, replies, strict=True):
             for n, i in enumerate(idx):
                 out[i] = _outcome(preps[i], queue, reply, n)
+                if short is not None and not isinstance(out[i], IdempotencyConflict):
+                    out[i] = _unconfirmed(short, [reply[3 * n: 3 * n + 3]])
         return out
 
     # --- reading -------------------------------------------------------------------
@@ -639,6 +667,8 @@ class Client:
                                     born_ms=now, overlap=s.overlap, missed=0, late_ms=0, now_ms=now)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        except NotReplicated as exc:
+            raise _unconfirmed(exc) from None
         return Enqueued(id=reply[1], type=s.function, version=s.version, queue=s.queue, status=reply[2])
 
     def ping(self) -> bool:

@@ -46,7 +46,8 @@ class Runtime:
     @property
     def scripts(self) -> Scripts:
         if self._scripts is None:
-            self._scripts = Scripts(self.redis)
+            r = self.config.redis
+            self._scripts = Scripts(self.redis, replicas=r.wait_replicas, replica_timeout_s=r.wait_timeout_s)
         return self._scripts
 
     @property
