@@ -31,6 +31,7 @@ from runner.cli.root import (
     target,
 )
 from runner.errors import (
+    NotReplicated,
     RedisUnavailable,
     RunnerError,
     UnknownFunction,
@@ -79,6 +80,10 @@ def enqueue(
             print_validation(exc)
             sys.exit(EXIT_REFUSED)
         except RedisUnavailable:
+            raise
+        except NotReplicated as exc:  # exit 3 (redis_errors); the job id on stdout for --json
+            if as_json:
+                emit(refusal(exc), True)
             raise
         except RunnerError as exc:
             if as_json:
@@ -151,6 +156,13 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
                     batch = []
             if batch:
                 send(batch)
+    except NotReplicated as exc:
+        first = batch[0][0] if batch else last_ok + 1
+        sent = f"lines 1 to {last_ok} were enqueued and confirmed; " if last_ok else ""
+        fail(f"not replicated at line {first}: only {exc.acked} of {exc.wanted} replica(s) confirmed within "
+             f"{exc.timeout_s:g} s.\n{sent}the batch from line {first} was written to the master but may be lost "
+             f"in a failover. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
+             EXIT_REDIS)
     except (RedisUnavailable, *UNAVAILABLE) as exc:  # type: ignore[misc]
         first = batch[0][0] if batch else last_ok + 1
         sent = f"lines 1 to {last_ok} were enqueued; " if last_ok else ""
