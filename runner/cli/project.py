@@ -104,7 +104,8 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
         rt = None
         try:
             rt = Runtime.create(cfg, reg=reg)
-            report.problems.extend(checks.Problem("redis", risk, "warning") for risk in redis_risks(rt.redis))
+            report.problems.extend(checks.Problem("redis", risk, "warning") for risk in
+                                   redis_risks(rt.redis, cfg.redis.wait_replicas))
             if scan:
                 report.scanned, groups = waiting_versions(rt.redis, rt.keys)
             else:

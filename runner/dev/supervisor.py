@@ -143,7 +143,7 @@ class Dev:
         _fresh_bytecode()
         self._loaded_files = self._files()
         self.rt = Runtime.create(cfg)
-        warn_redis_settings(self.rt.redis)
+        warn_redis_settings(self.rt.redis, cfg.redis.wait_replicas)
         self._report(None, self.rt.registry)
         try:
             self.web = DevServer(create_app(self.rt), self.host, self.port)

@@ -218,3 +218,9 @@ def test_wait_replicas_waits_on_the_master_that_holds_the_queue(cproject: Projec
     waits = sum(int(n.get("cmdstat_wait", {}).get("calls", 0))
                 for n in p.runtime.redis.info("commandstats", target_nodes=p.runtime.redis.PRIMARIES).values())
     assert waits >= 1 + 1 + 2
+
+
+def test_guard_counts_the_replicas_of_every_master(cproject: Project) -> None:
+    """On a cluster without replicas, wait_replicas = 1 is flagged (the fewest of any master)."""
+    risks = redis_risks(cproject.runtime.redis, wait_replicas=1)
+    assert any("0 connected replica(s)" in r for r in risks), risks
