@@ -30,6 +30,9 @@ ISOLATIONS = ("thread", "process")
 # wait_replicas: more than a deployment could have is a typo; a timeout of 0 would make
 # WAIT block for ever, and a long one holds every producer as long when a replica is down.
 MAX_REPLICAS = 16
+# Past this, a partition's share of the slots gets small and a worker's idle cost (a
+# waiting connection per partition on Redis Cluster) large.
+MAX_PARTITIONS = 64
 MAX_WAIT_TIMEOUT_S = 60.0
 
 
@@ -58,6 +61,8 @@ class QueueConfig:
     # Child processes are replaced after this many jobs, or once above this RSS.
     max_jobs_per_child: int = 1000
     max_rss_mb: float = 1024.0
+    # Hash tags the queue's keys are spread over (see docs/partitions.md); 1: one, as ever.
+    partitions: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +245,7 @@ _QUEUE_SPEC: dict[str, tuple[Checker, str]] = {
     "isolation": (lambda v: v in ISOLATIONS, "thread or process"),
     "max_jobs_per_child": (_pos_int, "a positive integer"),
     "max_rss_mb": (_pos_num, "a positive number of megabytes"),
+    "partitions": (lambda v: _pos_int(v) and v <= MAX_PARTITIONS, f"an integer from 1 to {MAX_PARTITIONS}"),
 }
 _BACKOFF_SPEC: dict[str, tuple[Checker, str]] = {
     "base": (_nonneg_num, "a number of seconds >= 0"),
@@ -310,6 +316,7 @@ def _queue(source: str, name: str, raw: Any) -> QueueConfig:
         isolation=str(t.get("isolation", "thread")),
         max_jobs_per_child=int(t.get("max_jobs_per_child", 1000)),
         max_rss_mb=float(t.get("max_rss_mb", 1024.0)),
+        partitions=int(t.get("partitions", 1)),
     )
 
 

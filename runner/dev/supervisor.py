@@ -305,7 +305,7 @@ class Dev:
             self._requeue_parked(back)
 
     def _reload_config(self) -> bool:
-        from runner.store.keys import for_queue
+        from runner.runtime import layout
         from runner.worker.worker import Worker
 
         try:
@@ -321,7 +321,8 @@ class Dev:
         self.cfg = fresh
         self.rt.config = fresh
         # Keys of dropped queues stay until their runners have stopped.
-        self.rt.keys = {**self.rt.keys, **{q: for_queue(fresh.redis.prefix, q) for q in fresh.queues}}
+        keys, parts = layout(fresh)
+        self.rt.keys, self.rt.parts = {**self.rt.keys, **keys}, {**self.rt.parts, **parts}
         if fresh.queues != current.queues or fresh.worker != current.worker \
                 or fresh.retention != current.retention:
             log.info("queues or worker settings changed: restarting the workers (%s)",
@@ -332,7 +333,7 @@ class Dev:
 
             def retire() -> None:
                 old.stop(current.worker.grace_period_s)
-                self.rt.keys = {q: for_queue(fresh.redis.prefix, q) for q in self.cfg.queues}
+                self.rt.keys, self.rt.parts = layout(self.cfg)
 
             threading.Thread(target=retire, name="retire-workers", daemon=True).start()
         else:
