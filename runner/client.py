@@ -15,10 +15,10 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from runner import config as config_mod
 from runner.catalog import templates
@@ -41,7 +41,7 @@ from runner.errors import (
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
-from runner.store import codec, keys, listing, records, tracecontext
+from runner.store import codec, keys, listing, records, routing, tracecontext
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
@@ -56,6 +56,7 @@ STREAM_CHUNK = 100
 STREAM_WINDOW = 2
 
 auditlog = logging.getLogger("runner.audit")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,7 @@ class Client:
         self._async_combiner: AsyncCombiner[_Prepared, _Answer] = AsyncCombiner(
             self._send_prepared, max_batch=MAX_BATCH
         )
+        self._spread = routing.Spread()  # where jobs without a route go (partitioned queues)
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> Client:
@@ -323,19 +325,30 @@ class Client:
             stream.close()
 
     def _stream(self, stream: Stream, chunk: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
-        """Send one call per queue for the chunk; read the oldest replies past the window."""
+        """Send one call per queue partition for the chunk; read the oldest replies past
+        the window."""
         rt = self.runtime
         by_queue: dict[str, list[tuple[int, _Prepared]]] = {}
         for item in chunk:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
         for queue, items in by_queue.items():
-            call = rt.scripts.enqueue_call(rt.keys[queue], [p.job for _, p in items])
-            stream.send(*call, tag=(queue, items), durable=True)
+            for k, sub in self._partitioned(queue, items, lambda item: item[1].job):
+                call = rt.scripts.enqueue_call(k, [p.job for _, p in sub])
+                stream.send(*call, tag=(queue, sub), durable=True)
         while len(stream) > STREAM_WINDOW:
             _settle(stream.read(), results)
 
+    def _partitioned(self, queue: str, items: Sequence[_T],
+                     job: Callable[[_T], NewJob]) -> list[tuple[QueueKeys, list[_T]]]:
+        """``items`` of one queue by the partition their jobs go to (see store/routing.py)."""
+        parts = self.runtime.parts[queue]
+        if len(parts) == 1:
+            return [(parts[0], list(items))]
+        groups = routing.split([job(i) for i in items], len(parts), self._spread)
+        return [(parts[p], [items[i] for i in idx]) for p, idx in groups.items()]
+
     def _send_prepared(self, preps: Sequence[_Prepared], spin: bool = False) -> list[_Answer]:
-        """One round trip: one enqueue script call per queue the jobs go to (and one WAIT
+        """One round trip: one enqueue script call per queue partition the jobs go to (and one WAIT
         after them all, with ``wait_replicas``: then each caller short of replicas is
         answered NotReplicated for its own job)."""
         rt = self.runtime
@@ -343,22 +356,23 @@ class Client:
         by_queue: dict[str, list[int]] = {}
         for i, prep in enumerate(preps):
             by_queue.setdefault(prep.fn.queue, []).append(i)
-        order = list(by_queue.items())
+        order = [(queue, k, sub) for queue, idx in by_queue.items()
+                 for k, sub in self._partitioned(queue, idx, lambda i: preps[i].job)]
         try:
             if len(order) == 1:
-                queue, idx = order[0]
-                replies = [rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], spin=spin)]
+                _, k, idx = order[0]
+                replies = [rt.scripts.enqueue(k, [preps[i].job for i in idx], spin=spin)]
             else:
                 batch = rt.scripts.batch()
-                for queue, idx in order:
-                    rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], pipe=batch)
+                for _, k, idx in order:
+                    rt.scripts.enqueue(k, [preps[i].job for i in idx], pipe=batch)
                 replies = batch.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
         except NotReplicated as exc:
             replies, short = exc.replies, exc
         out: list[Any] = [None] * len(preps)
-        for (queue, idx), reply in zip(order, replies, strict=True):
+        for (queue, _, idx), reply in zip(order, replies, strict=True):
             for n, i in enumerate(idx):
                 out[i] = _outcome(preps[i], queue, reply, n)
                 if short is not None and not isinstance(out[i], IdempotencyConflict):
@@ -377,29 +391,33 @@ class Client:
         rt = self.runtime
         if not job_id or len(job_id) > 200:
             raise JobNotFound(job_id)
+        every = [k for parts in rt.parts.values() for k in parts]
         try:
-            # One round trip: a job lives under exactly one queue's tag; one read-only script
-            # per queue returns its record, state, claim and done outcome (lookup.lua). A
-            # key of the wrong type (a damaged record) counts as no record.
+            # One round trip: a job lives under exactly one tag (its queue's, or one of its
+            # queue's partitions'); one read-only script per tag returns its record, state,
+            # claim and done outcome (lookup.lua). A key of the wrong type (a damaged
+            # record) counts as no record.
             batch = rt.scripts.batch()
-            for k in rt.keys.values():
+            for k in every:
                 rt.scripts.lookup(k, job_id, pipe=batch)
             replies = batch.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
-        for queue, (record, state, claim, outcome) in zip(rt.keys, replies, strict=True):
+        for k, (record, state, claim, outcome) in zip(every, replies, strict=True):
             record = record if isinstance(record, str) and not record.startswith("\0") else None
             fields = records.view(job_id, record, state or [], claim or None, outcome or None)
             if fields:
-                return records.Job(job_id, queue, fields)
+                return records.Job(job_id, k.queue, fields)
         raise JobNotFound(job_id)
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters."""
+        """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters;
+        summed over a partitioned queue's partitions, which "partitions" lists one by one."""
         rt = self.runtime
+        every = [k for parts in rt.parts.values() for k in parts]
         try:
             pipe = rt.redis.pipeline(transaction=False)
-            for k in rt.keys.values():
+            for k in every:
                 pipe.llen(k.ready)
                 pipe.zcard(k.leases)
                 pipe.zcard(k.scheduled)
@@ -409,12 +427,20 @@ class Client:
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         out: dict[str, dict[str, Any]] = {}
-        for i, queue in enumerate(rt.keys):
+        for i, k in enumerate(every):
             ready, processing, scheduled, dead, counters = raw[5 * i: 5 * i + 5]
-            out[queue] = {
-                "ready": ready, "processing": processing, "scheduled": scheduled, "dead": dead,
-                "counters": {k: int(v) for k, v in counters.items()},
-            }
+            one = {"ready": ready, "processing": processing, "scheduled": scheduled, "dead": dead,
+                   "counters": {name: int(v) for name, v in counters.items()}}
+            q = out.get(k.queue)
+            if q is None:
+                out[k.queue] = q = {**one, "counters": dict(one["counters"])}
+            else:
+                for f in ("ready", "processing", "scheduled", "dead"):
+                    q[f] += one[f]
+                for name, v in one["counters"].items():
+                    q["counters"][name] = q["counters"].get(name, 0) + v
+            if len(rt.parts[k.queue]) > 1:
+                q.setdefault("partitions", []).append({"partition": k.partition, "tag": k.tag, **one})
         return out
 
     def _pause_target(self, queue: str | None, function: str | None) -> tuple[QueueKeys, str | None]:
