@@ -35,6 +35,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 
 from runner.errors import NotReplicated
+from runner.store import routing
 from runner.store.keys import QueueKeys
 
 NAMES = (
@@ -177,12 +178,15 @@ class Hand(NamedTuple):
 
 def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
     """The follow-ups of a batch as ack.lua and bury.lua take them: m, then per follow-up
-    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields."""
+    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields. A
+    follow-up of this queue that routes to another of its partitions goes the way of
+    another queue's (the outbox, then the relay), so its keys are met where they live."""
     follow: list[Any] = []
     m = 0
     for i, item in enumerate(items, 1):
         for f in item.followups:
-            follow += [i, "" if f.queue == k.queue else f.queue, *_job_fields(f.job)]
+            here = f.queue == k.queue and (k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
+            follow += [i, "" if here else f.queue, *_job_fields(f.job)]
             m += 1
     return [m, *follow]
 
