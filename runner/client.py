@@ -388,6 +388,11 @@ class Client:
 
     def get(self, job_id: str) -> records.Job:
         """The job record, from whichever queue holds it."""
+        k, fields = self._find(job_id)
+        return records.Job(job_id, k.queue, fields)
+
+    def _find(self, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
+        """The keys of the queue (partition) that holds a job, and the job as readers see it."""
         rt = self.runtime
         if not job_id or len(job_id) > 200:
             raise JobNotFound(job_id)
@@ -407,7 +412,7 @@ class Client:
             record = record if isinstance(record, str) and not record.startswith("\0") else None
             fields = records.view(job_id, record, state or [], claim or None, outcome or None)
             if fields:
-                return records.Job(job_id, k.queue, fields)
+                return k, fields
         raise JobNotFound(job_id)
 
     def stats(self) -> dict[str, dict[str, Any]]:
@@ -458,7 +463,10 @@ class Client:
         k, fn = self._pause_target(queue, function)
         try:
             now = ServerClock(self.runtime.redis, self.runtime.config.redis.prefix).now_ms()
-            self.runtime.redis.hset(k.paused, "queue" if fn is None else f"fn:{fn}", now)
+            pipe = self.runtime.redis.pipeline(transaction=False)
+            for part in self.runtime.parts[k.queue]:  # each partition's claim reads its own
+                pipe.hset(part.paused, "queue" if fn is None else f"fn:{fn}", now)
+            pipe.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
 
@@ -466,18 +474,22 @@ class Client:
         """Lift a pause; a function's held jobs go back to the front of ready in their order.
         Returns how many were put back."""
         k, fn = self._pause_target(queue, function)
-        moved, first = 0, True
+        moved = 0
         try:
-            while True:
-                got, left = self.runtime.scripts.resume(k, fn, first)
-                moved, first = moved + int(got), False
-                if not int(left):
-                    return moved
+            for part in self.runtime.parts[k.queue]:
+                first = True
+                while True:
+                    got, left = self.runtime.scripts.resume(part, fn, first)
+                    moved, first = moved + int(got), False
+                    if not int(left):
+                        break
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        return moved
 
     def paused(self) -> dict[str, dict[str, Any]]:
-        """Per queue: whether it is paused and which of its functions are."""
+        """Per queue: whether it is paused and which of its functions are (a pause is
+        written to every partition of a queue; its home partition's is read)."""
         rt = self.runtime
         try:
             pipe = rt.redis.pipeline(transaction=False)
@@ -494,16 +506,21 @@ class Client:
         function-wide limit; a per-key limit has a key of its own per tenant)."""
         fn = self.runtime.registry.get(type_)
         k = self._keys(fn.queue)
+        parts = self.runtime.parts[fn.queue]
         conc = fn.concurrency
-        lim = k.limit(f"c:{fn.name}")
+        # A function-wide limit lives in the partition its key routes every job of it to.
+        limit_keys = parts[routing.partition_of(f"c:{fn.name}", len(parts))]
+        lim = limit_keys.limit(f"c:{fn.name}")
         try:
             pipe = self.runtime.redis.pipeline(transaction=False)
             pipe.hexists(k.paused, f"fn:{fn.name}")
-            pipe.llen(k.held(fn.name))
             pipe.time()
             pipe.zrange(lim, 0, -1, withscores=True)
             pipe.llen(lim + ":w")
-            paused, held, (sec, usec), holders, waiting = pipe.execute(raise_on_error=False)
+            for part in parts:
+                pipe.llen(part.held(fn.name))
+            paused, (sec, usec), holders, waiting, *held_each = pipe.execute(raise_on_error=False)
+            held = sum(int(n) for n in held_each)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         out: dict[str, Any] = {"paused": bool(paused), "held_by_pause": int(held), "concurrency": None}
@@ -517,14 +534,25 @@ class Client:
         return out
 
     def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
-        """The dead-letter list of a queue, newest first: (total, page)."""
-        k = self._keys(queue)
+        """The dead-letter list of a queue, newest first (over all its partitions): (total, page)."""
+        self._keys(queue)
         rt = self.runtime
+        parts = rt.parts[queue]
+        end = offset + max(limit, 1) - 1
         try:
-            total = rt.redis.zcard(k.dead)
-            ids = rt.redis.zrevrange(k.dead, offset, offset + max(limit, 1) - 1)
             pipe = rt.redis.pipeline(transaction=False)
-            for job_id in ids:
+            for part in parts:
+                pipe.zcard(part.dead)
+                pipe.zrevrange(part.dead, 0 if len(parts) > 1 else offset, end, withscores=True)
+            got = pipe.execute()
+            total = sum(int(n) for n in got[::2])
+            # Each partition's newest, merged by time of death; one partition is already a page.
+            merged = sorted(((score, job_id, part) for part, rows in zip(parts, got[1::2], strict=True)
+                             for job_id, score in rows), key=lambda x: -x[0])
+            page = merged if len(parts) == 1 else merged[offset:end + 1]
+            ids = [job_id for _, job_id, _ in page]
+            pipe = rt.redis.pipeline(transaction=False)
+            for _, job_id, k in page:
                 pipe.get(k.job(job_id))
                 pipe.hgetall(k.state(job_id))
             rows = pipe.execute(raise_on_error=False)
@@ -551,7 +579,7 @@ class Client:
 
         ``by`` (a token's name, ``cli:<user>``) puts the requeue on record: an entry in the
         job's history, written in the same step, then the audit trail and the log."""
-        k = self._keys(queue)
+        k = self._dead_in(queue, job_id)
         rt = self.runtime
         edited = payload is not None
         try:
@@ -608,7 +636,7 @@ class Client:
     def delete_dead(self, queue: str, job_id: str, *, by: str | None = None) -> None:
         """Delete a dead job and its record; ``by`` puts it on the audit trail and the log
         (the job's own history goes with it)."""
-        k = self._keys(queue)
+        k = self._dead_in(queue, job_id)
         try:
             code = self.runtime.scripts.remove(k, job_id)
         except UNAVAILABLE as exc:
@@ -619,7 +647,24 @@ class Client:
             self._on_record(by, "delete", queue, records.now_ms(), job_id=job_id)
 
     def dead_ids(self, queue: str) -> list[str]:
-        return list(self.runtime.redis.zrange(self._keys(queue).dead, 0, -1))
+        self._keys(queue)
+        return [i for part in self.runtime.parts[queue] for i in self.runtime.redis.zrange(part.dead, 0, -1)]
+
+    def _dead_in(self, queue: str, job_id: str) -> QueueKeys:
+        """The partition of ``queue`` whose dead letters hold ``job_id`` (the queue's home
+        partition when none does: the operation then finds no such job, as before)."""
+        k = self._keys(queue)
+        parts = self.runtime.parts[queue]
+        if len(parts) == 1:
+            return k
+        try:
+            pipe = self.runtime.redis.pipeline(transaction=False)
+            for part in parts:
+                pipe.zscore(part.dead, job_id)
+            found = pipe.execute()
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return next((part for part, score in zip(parts, found, strict=True) if score is not None), k)
 
     def purge_dead(self, queue: str, *, by: str | None = None) -> int:
         """Delete every dead job of a queue; returns how many. ``by`` puts the purge on
@@ -710,7 +755,11 @@ class Client:
         if status not in listing.LISTED:
             raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
         rt = self.runtime
-        queues = [(q, self._keys(q)) for q in ([queue] if queue else list(rt.keys))]
+        names = [queue] if queue else list(rt.keys)
+        for q in names:
+            self._keys(q)  # an unknown queue is refused
+        # A partitioned queue's partitions are listed one after another, as queues are.
+        queues = [(q, k) for q in names for k in rt.parts[q]]
         try:
             return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor)
         except UNAVAILABLE as exc:
@@ -723,10 +772,10 @@ class Client:
         will), "requested" when it runs (its handler sees ctx.cancelled within 2 s).
         Raises JobEnded for a job that ended already, JobNotFound for no such job."""
         rt = self.runtime
-        queue = self.get(job_id).queue
+        k, _ = self._find(job_id)
         ttl_ms = int(rt.config.retention.done_s * 1000)
         try:
-            code, status = rt.scripts.cancel(rt.keys[queue], job_id, ttl_ms)
+            code, status = rt.scripts.cancel(k, job_id, ttl_ms)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if int(code) == -2:
@@ -760,8 +809,10 @@ class Client:
 
     def _watch(self, job_id: str, queue: str) -> None:
         rt = self.runtime
+        # A partitioned queue: the mark goes beside the job, in the partition that holds it.
+        k = rt.keys[queue] if len(rt.parts[queue]) == 1 else self._find(job_id)[0]
         try:
-            rt.scripts.watch(rt.keys[queue], job_id)
+            rt.scripts.watch(k, job_id)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
 

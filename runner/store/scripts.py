@@ -664,7 +664,10 @@ class Scripts:
         """Lift a pause (a queue's, or one function's: None is the queue) and put back up to
         ``limit`` held jobs; returns [moved, still held] (see resume.lua)."""
         field = "queue" if function is None else f"fn:{function}"
-        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else "")
+        # A queue's resume holds no list: the bare held: prefix names none (held lists are
+        # held:<type>), so the script finds it empty, and unlike '' it is in the queue's
+        # slot, which Redis Cluster requires of every key.
+        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else k.held_prefix)
         return self._run("resume", keys, (field, 1 if first else 0, limit))
 
     def requeue(

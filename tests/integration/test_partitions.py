@@ -212,3 +212,46 @@ def test_three_partitions_to_six_under_load_loses_nothing(pproject: Project) -> 
         assert len(p.runs(job_id)) == 1
     if old_rt is not None:
         old_rt.close()
+
+
+def test_operations_cover_every_partition(pproject: Project) -> None:
+    """A pause holds every partition; resume lifts it everywhere; a queued job in any
+    partition can be cancelled and is listed; dead letters of all partitions are one
+    newest-first list, and requeue and delete find the job's partition; the figures
+    (`runner stats`, /metrics) sum the partitions."""
+    from runner.observe.figures import read_queues
+    from runner.store import records
+
+    p = pproject
+    c = p.client
+    c.pause("fast")
+    queued = [c.enqueue("record", {"n": i}).id for i in range(12)]
+    perm = [c.enqueue("perm", {}).id for _ in range(12)]
+    assert len({_partition_of(p, i) for i in queued}) == 6
+    assert all(p.runtime.redis.hexists(k.paused, "queue") for k in p.runtime.parts["fast"])
+    (fig,) = [q for q in read_queues(p.runtime, records.now_ms()) if q.name == "fast"]
+    assert fig.ready == 24 and fig.paused
+    listed = c.jobs("queued", queue="fast", limit=100)
+    assert {j.id for j in listed.jobs} == set(queued + perm)
+    away = next(i for i in queued if _partition_of(p, i) != p.runtime.keys["fast"].partition)
+    assert c.cancel(away) == "cancelled"
+    p.spawn_worker("fast")
+    time.sleep(1.0)  # paused: nothing may run, in any partition
+    assert not any(p.runs(i) for i in queued)
+    c.resume("fast")
+    for job_id in queued:
+        assert c.wait(job_id, timeout_s=20, statuses=("done", "cancelled")).status == (
+            "cancelled" if job_id == away else "done")
+    for job_id in perm:
+        assert c.wait(job_id, timeout_s=20).status == "dead"
+    total, page = c.dead("fast", limit=5)
+    assert total == 12 and len(page) == 5
+    whole = c.dead("fast", limit=50)[1]
+    assert {j.id for j in whole} == set(perm)
+    deaths = [int(j.as_dict().get("ended_ms") or 0) for j in whole]
+    assert deaths == sorted(deaths, reverse=True) or not any(deaths)
+    again = [i for i in perm if _partition_of(p, i) != p.runtime.keys["fast"].partition][:2]
+    assert c.requeue("fast", again[0]).status in ("queued", "processing", "dead")
+    c.delete_dead("fast", again[1])
+    assert c.wait(again[0], timeout_s=20).status == "dead"
+    assert c.dead("fast", limit=50)[0] == 11
