@@ -388,7 +388,8 @@ class Dev:
         client = Client(self.rt)
         n = 0
         try:
-            for queue, k in list(self.rt.keys.items()):
+            for k in [k for parts in self.rt.parts.values() for k in parts]:
+                queue = k.queue
                 for state, job_id, (type_, reason) in scan(self.rt.redis, k, ("type", "reason"),
                                                             ("scheduled", "dead")):
                     if self.stopping.is_set():

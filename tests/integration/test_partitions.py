@@ -82,7 +82,8 @@ def test_six_partitions_spread_over_every_master(pproject: Project) -> None:
 
 def test_enqueues_are_routed_and_spread_and_read_back(pproject: Project) -> None:
     """Keyless jobs fill every partition (each round trip's to the next); a job is found by
-    id in whichever partition holds it; stats sum the partitions and list each."""
+    id in whichever partition holds it; stats and the deploy gate's census sum the
+    partitions, and stats list each."""
     c = pproject.client
     ids = [c.enqueue("record", {"n": i}).id for i in range(60)]
     ids += [j.id for j in c.enqueue_many([Request("record", {"n": i}) for i in range(600)])
@@ -93,6 +94,11 @@ def test_enqueues_are_routed_and_spread_and_read_back(pproject: Project) -> None
     st = c.stats()["fast"]
     assert st["ready"] == 660 and sum(x["ready"] for x in st["partitions"]) == 660
     assert sorted(x["partition"] for x in st["partitions"]) == list(range(6))
+    # The deploy gate (`runner check`) counts every partition's census.
+    from runner.store.census import counts
+
+    every = [k for parts in pproject.runtime.parts.values() for k in parts]
+    assert counts(pproject.runtime.redis, every)[0] == 660
 
 
 def test_idempotency_holds_across_partitions(pproject: Project) -> None:
