@@ -15,10 +15,10 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from runner import config as config_mod
 from runner import groups
@@ -30,6 +30,7 @@ from runner.errors import (
     JobEnded,
     JobFailed,
     JobNotFound,
+    NotReplicated,
     RedisUnavailable,
     RunnerError,
     StillRunning,
@@ -39,7 +40,7 @@ from runner.errors import (
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
-from runner.store import codec, keys, listing, records, tracecontext
+from runner.store import codec, keys, listing, records, routing, tracecontext
 from runner.store import groups as group_store
 from runner.store.combiner import AsyncCombiner, Combiner
 from runner.store.connection import UNAVAILABLE
@@ -63,6 +64,7 @@ STREAM_WINDOW = 2
 CANCEL_AHEAD_S = 2.0
 
 auditlog = logging.getLogger("runner.audit")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +109,23 @@ def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enque
                     status=status, duplicate=code == 0)
 
 
-def _one(out: Enqueued | IdempotencyConflict) -> Enqueued:
-    """A single enqueue's answer: the job, or its idempotency conflict raised."""
-    if isinstance(out, IdempotencyConflict):
+# One caller's answer from a combined round trip: its job, or why not.
+_Answer = Enqueued | IdempotencyConflict | NotReplicated
+
+
+def _one(out: _Answer) -> Enqueued:
+    """A single enqueue's answer: the job, or its refusal (idempotency conflict, not
+    replicated) raised."""
+    if isinstance(out, IdempotencyConflict | NotReplicated):
         raise out
     return out
+
+
+def _unconfirmed(exc: NotReplicated, replies: Sequence[Any] | None = None) -> NotReplicated:
+    """``exc`` naming the jobs of the enqueue replies (code, id, status per job) it holds."""
+    replies = exc.replies if replies is None else replies
+    ids = [str(i) for reply in replies for i in reply[1::3]]
+    return NotReplicated(exc.acked, exc.wanted, exc.timeout_s, job_ids=ids, replies=replies)
 
 
 def _settle(answered: tuple[Any, Any], results: list[Any]) -> None:
@@ -127,12 +141,13 @@ class Client:
         # Threads that call enqueue wait on each round trip: their calls poll for the
         # reply before sleeping (scripts._Spin). The asyncio path does not: its sender
         # thread would hold the GIL against the event loop.
-        self._combiner: Combiner[_Prepared, Enqueued | IdempotencyConflict] = Combiner(
+        self._combiner: Combiner[_Prepared, _Answer] = Combiner(
             functools.partial(self._send_prepared, spin=True), max_batch=MAX_BATCH
         )
-        self._async_combiner: AsyncCombiner[_Prepared, Enqueued | IdempotencyConflict] = AsyncCombiner(
+        self._async_combiner: AsyncCombiner[_Prepared, _Answer] = AsyncCombiner(
             self._send_prepared, max_batch=MAX_BATCH
         )
+        self._spread = routing.Spread()  # where jobs without a route go (partitioned queues)
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> Client:
@@ -204,6 +219,8 @@ class Client:
     ) -> Enqueued:
         """Validate and enqueue one job. A duplicate key returns the first job
         (``duplicate=True``); the same key with another payload raises IdempotencyConflict.
+        With ``[redis] wait_replicas``, it returns once that many replicas hold the job,
+        and raises NotReplicated (the job written, but not confirmed) when they do not.
 
         Safe from many threads at once: calls that overlap share one round trip. With
         ``waited``, the job's end is published for the waits of ``settle`` and ``call``.
@@ -256,7 +273,10 @@ class Client:
         Returns one entry per request, in order: the Enqueued job or the error that refused
         it (ValidationFailed, UnknownFunction, UnknownVersion, IdempotencyConflict).
         Redis going away raises RedisUnavailable; calls answered before it are kept, and
-        the at most STREAM_WINDOW calls then in flight may or may not have run.
+        the at most STREAM_WINDOW calls then in flight may or may not have run. With
+        ``[redis] wait_replicas``, each call is confirmed by the replicas before its
+        answer is read; the first that is not raises NotReplicated naming its jobs (the
+        calls answered before it were confirmed; those in flight are undetermined).
         """
         results: list[Enqueued | RunnerError] = []
 
@@ -280,7 +300,8 @@ class Client:
         errors of every invalid one, each path prefixed with its index (``$[3].to``), and
         nothing is sent. An unknown type or version raises as for one job. After that, an
         idempotency conflict is that job's answer, not the batch's; Redis going away
-        raises RedisUnavailable with the calls then in flight undetermined.
+        raises RedisUnavailable with the calls then in flight undetermined, and replicas
+        short of ``wait_replicas`` raise NotReplicated (as ``enqueue_many``).
         """
         prepared: list[tuple[int, _Prepared]] = []
         invalid: ValidationFailed | None = None
@@ -314,43 +335,64 @@ class Client:
                 _settle(stream.read(), results)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        except NotReplicated as exc:
+            raise _unconfirmed(exc) from None
         finally:
             stream.close()
 
     def _stream(self, stream: Stream, chunk: Sequence[tuple[int, _Prepared]], results: list[Any]) -> None:
-        """Send one call per queue for the chunk; read the oldest replies past the window."""
+        """Send one call per queue partition for the chunk; read the oldest replies past
+        the window."""
         rt = self.runtime
         by_queue: dict[str, list[tuple[int, _Prepared]]] = {}
         for item in chunk:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
         for queue, items in by_queue.items():
-            call = rt.scripts.enqueue_call(rt.keys[queue], [p.job for _, p in items])
-            stream.send(*call, tag=(queue, items))
+            for k, sub in self._partitioned(queue, items, lambda item: item[1].job):
+                call = rt.scripts.enqueue_call(k, [p.job for _, p in sub])
+                stream.send(*call, tag=(queue, sub), durable=True)
         while len(stream) > STREAM_WINDOW:
             _settle(stream.read(), results)
 
-    def _send_prepared(self, preps: Sequence[_Prepared], spin: bool = False) -> list[Enqueued | IdempotencyConflict]:
-        """One round trip: one enqueue script call per queue the jobs go to."""
+    def _partitioned(self, queue: str, items: Sequence[_T],
+                     job: Callable[[_T], NewJob]) -> list[tuple[QueueKeys, list[_T]]]:
+        """``items`` of one queue by the partition their jobs go to (see store/routing.py)."""
+        parts = self.runtime.parts[queue]
+        if len(parts) == 1:
+            return [(parts[0], list(items))]
+        groups = routing.split([job(i) for i in items], len(parts), self._spread)
+        return [(parts[p], [items[i] for i in idx]) for p, idx in groups.items()]
+
+    def _send_prepared(self, preps: Sequence[_Prepared], spin: bool = False) -> list[_Answer]:
+        """One round trip: one enqueue script call per queue partition the jobs go to (and one WAIT
+        after them all, with ``wait_replicas``: then each caller short of replicas is
+        answered NotReplicated for its own job)."""
         rt = self.runtime
+        short: NotReplicated | None = None
         by_queue: dict[str, list[int]] = {}
         for i, prep in enumerate(preps):
             by_queue.setdefault(prep.fn.queue, []).append(i)
-        order = list(by_queue.items())
+        order = [(queue, k, sub) for queue, idx in by_queue.items()
+                 for k, sub in self._partitioned(queue, idx, lambda i: preps[i].job)]
         try:
             if len(order) == 1:
-                queue, idx = order[0]
-                replies = [rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], spin=spin)]
+                _, k, idx = order[0]
+                replies = [rt.scripts.enqueue(k, [preps[i].job for i in idx], spin=spin)]
             else:
                 batch = rt.scripts.batch()
-                for queue, idx in order:
-                    rt.scripts.enqueue(rt.keys[queue], [preps[i].job for i in idx], pipe=batch)
+                for _, k, idx in order:
+                    rt.scripts.enqueue(k, [preps[i].job for i in idx], pipe=batch)
                 replies = batch.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        except NotReplicated as exc:
+            replies, short = exc.replies, exc
         out: list[Any] = [None] * len(preps)
-        for (queue, idx), reply in zip(order, replies, strict=True):
+        for (queue, _, idx), reply in zip(order, replies, strict=True):
             for n, i in enumerate(idx):
                 out[i] = _outcome(preps[i], queue, reply, n)
+                if short is not None and not isinstance(out[i], IdempotencyConflict):
+                    out[i] = _unconfirmed(short, [reply[3 * n: 3 * n + 3]])
         return out
 
     # --- groups: fan-out/fan-in (see groups.py) -------------------------------------
@@ -406,29 +448,43 @@ class Client:
 
     def get(self, job_id: str) -> records.Job:
         """The job record, from whichever queue holds it."""
+        k, fields = self._find(job_id)
+        return records.Job(job_id, k.queue, fields)
+
+    def _find(self, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
+        """The keys of the queue (partition) that holds a job, and the job as readers see it."""
         rt = self.runtime
+        if not job_id or len(job_id) > 200:
+            raise JobNotFound(job_id)
         try:
-            job = records.lookup(rt.scripts, rt.keys, job_id)
+            found = records.lookup_many(rt.scripts, self._every(), [job_id]).get(job_id)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
-        if job is None:
+        if found is None:
             raise JobNotFound(job_id)
-        return job
+        return found
+
+    def _every(self) -> list[QueueKeys]:
+        """The keys of every queue's every partition."""
+        return [k for parts in self.runtime.parts.values() for k in parts]
 
     def get_many(self, job_ids: Sequence[str]) -> dict[str, records.Job]:
         """The jobs of these ids that exist, by id, in one round trip."""
-        rt = self.runtime
         try:
-            return records.lookup_many(rt.scripts, rt.keys, [i for i in job_ids if i and len(i) <= 200])
+            found = records.lookup_many(self.runtime.scripts, self._every(),
+                                        [i for i in job_ids if i and len(i) <= 200])
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        return {i: records.Job(i, k.queue, fields) for i, (k, fields) in found.items()}
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters."""
+        """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters;
+        summed over a partitioned queue's partitions, which "partitions" lists one by one."""
         rt = self.runtime
+        every = [k for parts in rt.parts.values() for k in parts]
         try:
             pipe = rt.redis.pipeline(transaction=False)
-            for k in rt.keys.values():
+            for k in every:
                 pipe.llen(k.ready)
                 pipe.zcard(k.leases)
                 pipe.zcard(k.scheduled)
@@ -438,12 +494,20 @@ class Client:
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         out: dict[str, dict[str, Any]] = {}
-        for i, queue in enumerate(rt.keys):
+        for i, k in enumerate(every):
             ready, processing, scheduled, dead, counters = raw[5 * i: 5 * i + 5]
-            out[queue] = {
-                "ready": ready, "processing": processing, "scheduled": scheduled, "dead": dead,
-                "counters": {k: int(v) for k, v in counters.items()},
-            }
+            one = {"ready": ready, "processing": processing, "scheduled": scheduled, "dead": dead,
+                   "counters": {name: int(v) for name, v in counters.items()}}
+            q = out.get(k.queue)
+            if q is None:
+                out[k.queue] = q = {**one, "counters": dict(one["counters"])}
+            else:
+                for f in ("ready", "processing", "scheduled", "dead"):
+                    q[f] += one[f]
+                for name, v in one["counters"].items():
+                    q["counters"][name] = q["counters"].get(name, 0) + v
+            if len(rt.parts[k.queue]) > 1:
+                q.setdefault("partitions", []).append({"partition": k.partition, "tag": k.tag, **one})
         return out
 
     def _pause_target(self, queue: str | None, function: str | None) -> tuple[QueueKeys, str | None]:
@@ -461,7 +525,10 @@ class Client:
         k, fn = self._pause_target(queue, function)
         try:
             now = ServerClock(self.runtime.redis, self.runtime.config.redis.prefix).now_ms()
-            self.runtime.redis.hset(k.paused, "queue" if fn is None else f"fn:{fn}", now)
+            pipe = self.runtime.redis.pipeline(transaction=False)
+            for part in self.runtime.parts[k.queue]:  # each partition's claim reads its own
+                pipe.hset(part.paused, "queue" if fn is None else f"fn:{fn}", now)
+            pipe.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
 
@@ -469,18 +536,22 @@ class Client:
         """Lift a pause; a function's held jobs go back to the front of ready in their order.
         Returns how many were put back."""
         k, fn = self._pause_target(queue, function)
-        moved, first = 0, True
+        moved = 0
         try:
-            while True:
-                got, left = self.runtime.scripts.resume(k, fn, first)
-                moved, first = moved + int(got), False
-                if not int(left):
-                    return moved
+            for part in self.runtime.parts[k.queue]:
+                first = True
+                while True:
+                    got, left = self.runtime.scripts.resume(part, fn, first)
+                    moved, first = moved + int(got), False
+                    if not int(left):
+                        break
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        return moved
 
     def paused(self) -> dict[str, dict[str, Any]]:
-        """Per queue: whether it is paused and which of its functions are."""
+        """Per queue: whether it is paused and which of its functions are (a pause is
+        written to every partition of a queue; its home partition's is read)."""
         rt = self.runtime
         try:
             pipe = rt.redis.pipeline(transaction=False)
@@ -497,16 +568,21 @@ class Client:
         function-wide limit; a per-key limit has a key of its own per tenant)."""
         fn = self.runtime.registry.get(type_)
         k = self._keys(fn.queue)
+        parts = self.runtime.parts[fn.queue]
         conc = fn.concurrency
-        lim = k.limit(f"c:{fn.name}")
+        # A function-wide limit lives in the partition its key routes every job of it to.
+        limit_keys = parts[routing.partition_of(f"c:{fn.name}", len(parts))]
+        lim = limit_keys.limit(f"c:{fn.name}")
         try:
             pipe = self.runtime.redis.pipeline(transaction=False)
             pipe.hexists(k.paused, f"fn:{fn.name}")
-            pipe.llen(k.held(fn.name))
             pipe.time()
             pipe.zrange(lim, 0, -1, withscores=True)
             pipe.llen(lim + ":w")
-            paused, held, (sec, usec), holders, waiting = pipe.execute(raise_on_error=False)
+            for part in parts:
+                pipe.llen(part.held(fn.name))
+            paused, (sec, usec), holders, waiting, *held_each = pipe.execute(raise_on_error=False)
+            held = sum(int(n) for n in held_each)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         out: dict[str, Any] = {"paused": bool(paused), "held_by_pause": int(held), "concurrency": None}
@@ -520,14 +596,25 @@ class Client:
         return out
 
     def dead(self, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
-        """The dead-letter list of a queue, newest first: (total, page)."""
-        k = self._keys(queue)
+        """The dead-letter list of a queue, newest first (over all its partitions): (total, page)."""
+        self._keys(queue)
         rt = self.runtime
+        parts = rt.parts[queue]
+        end = offset + max(limit, 1) - 1
         try:
-            total = rt.redis.zcard(k.dead)
-            ids = rt.redis.zrevrange(k.dead, offset, offset + max(limit, 1) - 1)
             pipe = rt.redis.pipeline(transaction=False)
-            for job_id in ids:
+            for part in parts:
+                pipe.zcard(part.dead)
+                pipe.zrevrange(part.dead, 0 if len(parts) > 1 else offset, end, withscores=True)
+            got = pipe.execute()
+            total = sum(int(n) for n in got[::2])
+            # Each partition's newest, merged by time of death; one partition is already a page.
+            merged = sorted(((score, job_id, part) for part, rows in zip(parts, got[1::2], strict=True)
+                             for job_id, score in rows), key=lambda x: -x[0])
+            page = merged if len(parts) == 1 else merged[offset:end + 1]
+            ids = [job_id for _, job_id, _ in page]
+            pipe = rt.redis.pipeline(transaction=False)
+            for _, job_id, k in page:
                 pipe.get(k.job(job_id))
                 pipe.hgetall(k.state(job_id))
             rows = pipe.execute(raise_on_error=False)
@@ -554,7 +641,7 @@ class Client:
 
         ``by`` (a token's name, ``cli:<user>``) puts the requeue on record: an entry in the
         job's history, written in the same step, then the audit trail and the log."""
-        k = self._keys(queue)
+        k = self._dead_in(queue, job_id)
         rt = self.runtime
         edited = payload is not None
         try:
@@ -613,7 +700,7 @@ class Client:
     def delete_dead(self, queue: str, job_id: str, *, by: str | None = None) -> None:
         """Delete a dead job and its record; ``by`` puts it on the audit trail and the log
         (the job's own history goes with it)."""
-        k = self._keys(queue)
+        k = self._dead_in(queue, job_id)
         try:
             code = self.runtime.scripts.remove(k, job_id)
         except UNAVAILABLE as exc:
@@ -624,7 +711,24 @@ class Client:
             self._on_record(by, "delete", queue, records.now_ms(), job_id=job_id)
 
     def dead_ids(self, queue: str) -> list[str]:
-        return list(self.runtime.redis.zrange(self._keys(queue).dead, 0, -1))
+        self._keys(queue)
+        return [i for part in self.runtime.parts[queue] for i in self.runtime.redis.zrange(part.dead, 0, -1)]
+
+    def _dead_in(self, queue: str, job_id: str) -> QueueKeys:
+        """The partition of ``queue`` whose dead letters hold ``job_id`` (the queue's home
+        partition when none does: the operation then finds no such job, as before)."""
+        k = self._keys(queue)
+        parts = self.runtime.parts[queue]
+        if len(parts) == 1:
+            return k
+        try:
+            pipe = self.runtime.redis.pipeline(transaction=False)
+            for part in parts:
+                pipe.zscore(part.dead, job_id)
+            found = pipe.execute()
+        except UNAVAILABLE as exc:
+            raise RedisUnavailable(str(exc)) from exc
+        return next((part for part, score in zip(parts, found, strict=True) if score is not None), k)
 
     def purge_dead(self, queue: str, *, by: str | None = None) -> int:
         """Delete every dead job of a queue; returns how many. ``by`` puts the purge on
@@ -700,6 +804,8 @@ class Client:
                                     born_ms=now, overlap=s.overlap, missed=0, late_ms=0, now_ms=now)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        except NotReplicated as exc:
+            raise _unconfirmed(exc) from None
         return Enqueued(id=reply[1], type=s.function, version=s.version, queue=s.queue, status=reply[2])
 
     def ping(self) -> bool:
@@ -715,7 +821,11 @@ class Client:
         if status not in listing.LISTED:
             raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
         rt = self.runtime
-        queues = [(q, self._keys(q)) for q in ([queue] if queue else list(rt.keys))]
+        names = [queue] if queue else list(rt.keys)
+        for q in names:
+            self._keys(q)  # an unknown queue is refused
+        # A partitioned queue's partitions are listed one after another, as queues are.
+        queues = [(q, k) for q in names for k in rt.parts[q]]
         try:
             return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor)
         except UNAVAILABLE as exc:
@@ -746,10 +856,10 @@ class Client:
         will), "requested" when it runs (its handler sees ctx.cancelled within 2 s).
         Raises JobEnded for a job that ended already, JobNotFound for no such job."""
         rt = self.runtime
-        queue = self.get(job_id).queue
+        k, _ = self._find(job_id)
         ttl_ms = int(rt.config.retention.done_s * 1000)
         try:
-            code, status = rt.scripts.cancel(rt.keys[queue], job_id, ttl_ms)
+            code, status = rt.scripts.cancel(k, job_id, ttl_ms)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if int(code) == -2:
@@ -757,15 +867,14 @@ class Client:
         if int(code) == -1:
             raise JobNotFound(job_id)
         if int(code) == 3:
-            return self._cancelled_ahead(queue, job_id)
+            return self._cancelled_ahead(k, job_id)
         return "cancelled" if int(code) == 1 else "requested"
 
-    def _cancelled_ahead(self, queue: str, job_id: str) -> str:
+    def _cancelled_ahead(self, k: QueueKeys, job_id: str) -> str:
         """A job a worker had claimed ahead: that worker drops it ("cancelled") unless it
         was starting it at that instant ("requested": its handler is told). Which way
         it went shows within milliseconds; a worker that is gone leaves the job to its
         lease, after which it ends cancelled without running ("requested" meanwhile)."""
-        k = self.runtime.keys[queue]
         deadline = time.monotonic() + CANCEL_AHEAD_S
         while True:
             try:
@@ -806,8 +915,10 @@ class Client:
 
     def _watch(self, job_id: str, queue: str) -> None:
         rt = self.runtime
+        # A partitioned queue: the mark goes beside the job, in the partition that holds it.
+        k = rt.keys[queue] if len(rt.parts[queue]) == 1 else self._find(job_id)[0]
         try:
-            rt.scripts.watch(rt.keys[queue], job_id)
+            rt.scripts.watch(k, job_id)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
 

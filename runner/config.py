@@ -2,7 +2,8 @@
 what was expected.
 
 Environment overrides (they win over the file): REDIS_URL, RUNNER_REDIS_PREFIX,
-RUNNER_REDIS_TLS_VERIFY, RUNNER_REDIS_CA_CERT, RUNNER_API_TOKEN, RUNNER_API_AUTH,
+RUNNER_REDIS_TLS_VERIFY, RUNNER_REDIS_CA_CERT, RUNNER_REDIS_WAIT_REPLICAS,
+RUNNER_REDIS_WAIT_TIMEOUT, RUNNER_API_TOKEN, RUNNER_API_AUTH,
 RUNNER_LOG_LEVEL, RUNNER_LOG_FORMAT, RUNNER_GRACE_PERIOD, RUNNER_FUNCTIONS_DIR,
 RUNNER_SCHEMAS_DIR.
 
@@ -29,6 +30,13 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 STATE_DIR = ".runner"
 JITTER_MODES = ("full", "equal", "none")
 ISOLATIONS = ("thread", "process")
+# wait_replicas: more than a deployment could have is a typo; a timeout of 0 would make
+# WAIT block for ever, and a long one holds every producer as long when a replica is down.
+MAX_REPLICAS = 16
+# Past this, a partition's share of the slots gets small and a worker's idle cost (a
+# waiting connection per partition on Redis Cluster) large.
+MAX_PARTITIONS = 64
+MAX_WAIT_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,8 @@ class QueueConfig:
     # a job, ten times the thread executor's whole cost. max_rss_mb catches leaks.
     max_jobs_per_child: int = 20000
     max_rss_mb: float = 1024.0
+    # Hash tags the queue's keys are spread over (see docs/partitions.md); 1: one, as ever.
+    partitions: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,11 @@ class RedisConfig:
     configured: bool = False
     # Where the url came from: "REDIS_URL", "file" ([redis] url) or "default".
     url_source: str = "default"
+    # An enqueue is answered only once this many replicas hold it (WAIT after the script);
+    # 0 sends no WAIT at all. wait_timeout_s bounds that wait; past it the caller gets
+    # NotReplicated rather than an answer that a failover could take back.
+    wait_replicas: int = 0
+    wait_timeout_s: float = 1.0
 
 
 # What a token may do: enqueue any function ("enqueue") or one ("enqueue:<type>"), read
@@ -235,6 +250,7 @@ _QUEUE_SPEC: dict[str, tuple[Checker, str]] = {
     "isolation": (lambda v: v in ISOLATIONS, "thread or process"),
     "max_jobs_per_child": (_pos_int, "a positive integer"),
     "max_rss_mb": (_pos_num, "a positive number of megabytes"),
+    "partitions": (lambda v: _pos_int(v) and v <= MAX_PARTITIONS, f"an integer from 1 to {MAX_PARTITIONS}"),
 }
 _BACKOFF_SPEC: dict[str, tuple[Checker, str]] = {
     "base": (_nonneg_num, "a number of seconds >= 0"),
@@ -247,6 +263,10 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
         "prefix": (lambda v: _str(v) and "{" not in v and "}" not in v, "a string without braces"),
         "tls_verify": (_bool, "true or false"),
         "ca_cert": (_str, "a path to a PEM file"),
+        "wait_replicas": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_REPLICAS,
+                          f"an integer from 0 to {MAX_REPLICAS} (replicas that must hold an enqueue)"),
+        "wait_timeout": (lambda v: _is_num(v) and 0.001 <= v <= MAX_WAIT_TIMEOUT_S,
+                         f"a number of seconds from 0.001 to {MAX_WAIT_TIMEOUT_S:g}"),
     },
     "api": {
         "max_body_bytes": (_pos_int, "a positive integer"),
@@ -301,6 +321,7 @@ def _queue(source: str, name: str, raw: Any) -> QueueConfig:
         isolation=str(t.get("isolation", "thread")),
         max_jobs_per_child=int(t.get("max_jobs_per_child", 20000)),
         max_rss_mb=float(t.get("max_rss_mb", 1024.0)),
+        partitions=int(t.get("partitions", 1)),
     )
 
 
@@ -394,6 +415,23 @@ def _env_num(name: str, value: str) -> float:
     return out
 
 
+def _env_int(name: str, value: str, most: int) -> int:
+    try:
+        out = int(value)
+    except ValueError:
+        raise ConfigError(f"environment: {name} must be an integer, got {value!r}") from None
+    if not 0 <= out <= most:
+        raise ConfigError(f"environment: {name} must be from 0 to {most}, got {value!r}")
+    return out
+
+
+def _env_timeout(name: str, value: str) -> float:
+    out = _env_num(name, value)
+    if not 0.001 <= out <= MAX_WAIT_TIMEOUT_S:
+        raise ConfigError(f"environment: {name} must be from 0.001 to {MAX_WAIT_TIMEOUT_S:g} seconds, got {value!r}")
+    return out
+
+
 def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, str]) -> Config:
     """Build a Config from a parsed TOML document and an environment."""
     allowed = {*_SPECS, "queues"}
@@ -428,6 +466,16 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
         ca_cert=env.get("RUNNER_REDIS_CA_CERT") or r.get("ca_cert"),
         configured=bool(url),
         url_source=url_source,
+        wait_replicas=(
+            _env_int("RUNNER_REDIS_WAIT_REPLICAS", env["RUNNER_REDIS_WAIT_REPLICAS"], MAX_REPLICAS)
+            if "RUNNER_REDIS_WAIT_REPLICAS" in env
+            else int(r.get("wait_replicas", 0))
+        ),
+        wait_timeout_s=(
+            _env_timeout("RUNNER_REDIS_WAIT_TIMEOUT", env["RUNNER_REDIS_WAIT_TIMEOUT"])
+            if "RUNNER_REDIS_WAIT_TIMEOUT" in env
+            else float(r.get("wait_timeout", 1.0))
+        ),
     )
     if "{" in redis.prefix or "}" in redis.prefix:
         raise ConfigError("environment: RUNNER_REDIS_PREFIX must not contain braces")

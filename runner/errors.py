@@ -16,7 +16,9 @@
     ├── JobFailed                  a called job ended dead or cancelled (carries its error)
     ├── JobEnded                   a cancel of a job that ended already (its status)
     ├── StillRunning               a call's or result's timeout passed before the job ended
-    └── RedisUnavailable           Redis could not be reached (the call wrote nothing)
+    ├── RedisUnavailable           Redis could not be reached (the call wrote nothing)
+    └── NotReplicated              written to the master, but fewer replicas than
+                                   [redis] wait_replicas confirmed it in time
 
 Handler control flow, raised by user code and caught by the executor:
 
@@ -187,6 +189,32 @@ class StillRunning(RunnerError):
 
 class RedisUnavailable(RunnerError):
     """Redis could not be reached; nothing was written."""
+
+
+class NotReplicated(RunnerError):
+    """The enqueue ran on the master, but fewer than ``wanted`` replicas confirmed it within
+    the timeout ([redis] wait_replicas, wait_timeout): the job exists now, yet a failover
+    before replication catches up could lose it. Not a RedisUnavailable: something was
+    written. Retrying with the same idempotency key is safe (a duplicate answers with the
+    first job); without one, a retry may run the job twice.
+
+    ``job_ids`` are the jobs the answer was for; ``replies`` are the scripts' own replies
+    (the store layer hands them up so that each caller can be told about its own job)."""
+
+    def __init__(self, acked: int, wanted: int, timeout_s: float, job_ids: Sequence[str] = (),
+                 replies: Sequence[Any] = ()) -> None:
+        self.acked = acked
+        self.wanted = wanted
+        self.timeout_s = timeout_s
+        self.job_ids = list(job_ids)
+        self.replies = list(replies)
+        which = f"job {self.job_ids[0]}" if len(self.job_ids) == 1 else \
+            f"{len(self.job_ids)} jobs" if self.job_ids else "the write"
+        super().__init__(
+            f"{which} was written to the Redis master but only {acked} of {wanted} replica(s) confirmed "
+            f"it within {timeout_s:g} s, so a failover now could lose it. Retry with the same idempotency "
+            "key (safe: a duplicate returns the first job), and check the replicas (INFO replication)"
+        )
 
 
 class Retry(Exception):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
 from runner.store import connection
-from runner.store.keys import QueueKeys, for_queue
+from runner.store.keys import QueueKeys, for_partitions, home_partition
 from runner.store.scripts import Scripts
 from runner.store.waiter import Waiter
 
@@ -19,11 +19,20 @@ if TYPE_CHECKING:
     from runner.catalog.registry import Registry
 
 
+def layout(config: Config) -> tuple[dict[str, QueueKeys], dict[str, tuple[QueueKeys, ...]]]:
+    """Each queue's home partition keys, and every partition's, by index."""
+    parts = {q: for_partitions(config.redis.prefix, q, c.partitions) for q, c in config.queues.items()}
+    return {q: p[home_partition(q, len(p))] for q, p in parts.items()}, parts
+
+
 @dataclass(slots=True)
 class Runtime:
     config: Config
     redis: Any
+    # Each queue's home partition (its own tag: with partitions = 1, its only one)...
     keys: dict[str, QueueKeys] = field(default_factory=dict)
+    # ...and every partition, by index (see docs/partitions.md).
+    parts: dict[str, tuple[QueueKeys, ...]] = field(default_factory=dict)
     _registry: Registry | None = None
     _scripts: Scripts | None = None
     _waiter: Waiter | None = None
@@ -36,8 +45,8 @@ class Runtime:
         job`, `runner stats`): importing every handler, compiling every schema and
         assembling every Lua script would be most of their run time."""
         client = connection.connect(config.redis, **redis_overrides)
-        rt = cls(config=config, redis=client,
-                 keys={q: for_queue(config.redis.prefix, q) for q in config.queues}, _registry=reg)
+        keys, parts = layout(config)
+        rt = cls(config=config, redis=client, keys=keys, parts=parts, _registry=reg)
         if not lazy:  # a process starts with its functions and scripts ready
             rt.registry  # noqa: B018
             rt.scripts.prepare()
@@ -46,7 +55,8 @@ class Runtime:
     @property
     def scripts(self) -> Scripts:
         if self._scripts is None:
-            self._scripts = Scripts(self.redis)
+            r = self.config.redis
+            self._scripts = Scripts(self.redis, replicas=r.wait_replicas, replica_timeout_s=r.wait_timeout_s)
         return self._scripts
 
     @property
@@ -56,7 +66,7 @@ class Runtime:
         import os
 
         if self._waiter is None or self._waiter.pid != os.getpid():
-            self._waiter = Waiter(self.redis, [k.ended for k in self.keys.values()])
+            self._waiter = Waiter(self.redis, [k.ended for parts in self.parts.values() for k in parts])
         return self._waiter
 
     @property

@@ -22,7 +22,7 @@ from runner.cli.root import (
     read_payload,
     redis_errors,
 )
-from runner.errors import RedisUnavailable, RunnerError, ValidationFailed
+from runner.errors import NotReplicated, RedisUnavailable, RunnerError, ValidationFailed
 
 
 @cli.command(cls=RedisCommand)
@@ -49,7 +49,7 @@ def call(ctx: click.Context, type_: str, payload: str | None, timeout_s: float, 
         except ValidationFailed as exc:
             print_validation(exc)
             sys.exit(EXIT_REFUSED)
-        except RedisUnavailable:
+        except (RedisUnavailable, NotReplicated):
             raise
         except RunnerError as exc:
             fail(refused_text(exc), EXIT_REFUSED)

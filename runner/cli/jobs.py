@@ -32,6 +32,7 @@ from runner.cli.root import (
 )
 from runner.errors import (
     JobNotFound,
+    NotReplicated,
     RedisUnavailable,
     RunnerError,
     UnknownFunction,
@@ -80,6 +81,10 @@ def enqueue(
             print_validation(exc)
             sys.exit(EXIT_REFUSED)
         except RedisUnavailable:
+            raise
+        except NotReplicated as exc:  # exit 3 (redis_errors); the job id on stdout for --json
+            if as_json:
+                emit(refusal(exc), True)
             raise
         except RunnerError as exc:
             if as_json:
@@ -152,6 +157,13 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
                     batch = []
             if batch:
                 send(batch)
+    except NotReplicated as exc:
+        first = batch[0][0] if batch else last_ok + 1
+        sent = f"lines 1 to {last_ok} were enqueued and confirmed; " if last_ok else ""
+        fail(f"not replicated at line {first}: only {exc.acked} of {exc.wanted} replica(s) confirmed within "
+             f"{exc.timeout_s:g} s.\n{sent}the batch from line {first} was written to the master but may be lost "
+             f"in a failover. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
+             EXIT_REDIS)
     except (RedisUnavailable, *UNAVAILABLE) as exc:  # type: ignore[misc]
         first = batch[0][0] if batch else last_ok + 1
         sent = f"lines 1 to {last_ok} were enqueued; " if last_ok else ""
@@ -183,7 +195,7 @@ def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
-        found = records.lookup(rt.scripts, rt.keys, job_id)
+        found = records.lookup(rt.scripts, [k for parts in rt.parts.values() for k in parts], job_id)
     if found is None:
         fail(str(JobNotFound(job_id)), EXIT_REFUSED)
     record = found.as_dict()

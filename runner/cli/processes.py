@@ -24,7 +24,7 @@ from runner.errors import (
 )
 
 
-def guard(where: Target, client: Any) -> None:
+def guard(where: Target, client: Any, wait_replicas: int = 0) -> None:
     """At the start of a process: which Redis it talks to, and the Redis guard's warnings."""
     import logging
 
@@ -34,7 +34,7 @@ def guard(where: Target, client: Any) -> None:
     log.info("Redis at %s (%s), prefix %s", where.url, where.source, where.prefix)
     if where.note:
         log.warning("%s", where.note.strip("()"))
-    warn_redis_settings(client)
+    warn_redis_settings(client, wait_replicas)
 
 
 @cli.command(cls=RedisCommand, follow_dev=False)
@@ -56,7 +56,7 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
                  f"(have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
     for err in rt.registry.errors.values():
         logging.getLogger("runner").error("function not loaded: %s", err)
-    guard(target(ctx), rt.redis)
+    guard(target(ctx), rt.redis, rt.config.redis.wait_replicas)
     Worker(rt, names).run()
 
 
@@ -89,7 +89,7 @@ def web(ctx: click.Context, host: str, port: int, workers: int, threads: int) ->
     except ConfigError as exc:
         fail(f"configuration error: {exc}", EXIT_CONFIG)
     try:
-        guard(where, client)
+        guard(where, client, cfg.redis.wait_replicas)
     finally:
         client.close()
     try:

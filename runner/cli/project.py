@@ -104,11 +104,13 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
         rt = None
         try:
             rt = Runtime.create(cfg, reg=reg)
-            report.problems.extend(checks.Problem("redis", risk, "warning") for risk in redis_risks(rt.redis))
+            report.problems.extend(checks.Problem("redis", risk, "warning") for risk in
+                                   redis_risks(rt.redis, cfg.redis.wait_replicas))
+            every = [k for parts in rt.parts.values() for k in parts]  # the gate counts every partition
             if scan:
-                report.scanned, groups = waiting_versions(rt.redis, rt.keys)
+                report.scanned, groups = waiting_versions(rt.redis, every)
             else:
-                report.scanned, groups = counts(rt.redis, rt.keys)
+                report.scanned, groups = counts(rt.redis, every)
             report.stranded = checks.gate(reg, groups)
             report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
             report.redis_checked = True

@@ -17,6 +17,7 @@ from runner import config as config_mod
 from runner.cli.target import RULE, Target, resolve
 from runner.errors import (
     ConfigError,
+    NotReplicated,
     RedisUnavailable,
     RunnerError,
     ValidationFailed,
@@ -81,11 +82,15 @@ def unavailable(exc: BaseException) -> NoReturn:
 
 @contextlib.contextmanager
 def redis_errors() -> Iterator[None]:
-    """Redis going away anywhere in a command is exit code 3, with one readable line."""
+    """Redis going away anywhere in a command is exit code 3, with one readable line; so is
+    an enqueue that too few replicas confirmed ([redis] wait_replicas)."""
     try:
         yield
     except RedisUnavailable as exc:
         unavailable(exc)
+    except NotReplicated as exc:
+        # Exit 3 as for an outage: the remedy is the same (retry once Redis is whole again).
+        fail(f"not replicated: {exc}", EXIT_REDIS)
     except Exception as exc:
         # Imported here: a command that got this far has loaded redis-py already, and
         # one that never talks to Redis (every --help) must not pay for it.
@@ -142,6 +147,8 @@ def refusal(exc: RunnerError) -> dict[str, Any]:
     out: dict[str, Any] = {"error": str(exc), "kind": type(exc).__name__}
     if isinstance(exc, ValidationFailed):
         out["errors"] = [e.as_dict() for e in exc.errors]
+    if isinstance(exc, NotReplicated):
+        out["job_ids"] = exc.job_ids
     return out
 
 

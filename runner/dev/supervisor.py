@@ -143,7 +143,7 @@ class Dev:
         _fresh_bytecode()
         self._loaded_files = self._files()
         self.rt = Runtime.create(cfg)
-        warn_redis_settings(self.rt.redis)
+        warn_redis_settings(self.rt.redis, cfg.redis.wait_replicas)
         self._report(None, self.rt.registry)
         try:
             self.web = DevServer(create_app(self.rt), self.host, self.port)
@@ -305,7 +305,7 @@ class Dev:
             self._requeue_parked(back)
 
     def _reload_config(self) -> bool:
-        from runner.store.keys import for_queue
+        from runner.runtime import layout
         from runner.worker.worker import Worker
 
         try:
@@ -321,7 +321,8 @@ class Dev:
         self.cfg = fresh
         self.rt.config = fresh
         # Keys of dropped queues stay until their runners have stopped.
-        self.rt.keys = {**self.rt.keys, **{q: for_queue(fresh.redis.prefix, q) for q in fresh.queues}}
+        keys, parts = layout(fresh)
+        self.rt.keys, self.rt.parts = {**self.rt.keys, **keys}, {**self.rt.parts, **parts}
         if fresh.queues != current.queues or fresh.worker != current.worker \
                 or fresh.retention != current.retention:
             log.info("queues or worker settings changed: restarting the workers (%s)",
@@ -332,7 +333,7 @@ class Dev:
 
             def retire() -> None:
                 old.stop(current.worker.grace_period_s)
-                self.rt.keys = {q: for_queue(fresh.redis.prefix, q) for q in self.cfg.queues}
+                self.rt.keys, self.rt.parts = layout(self.cfg)
 
             threading.Thread(target=retire, name="retire-workers", daemon=True).start()
         else:
@@ -387,7 +388,8 @@ class Dev:
         client = Client(self.rt)
         n = 0
         try:
-            for queue, k in list(self.rt.keys.items()):
+            for k in [k for parts in self.rt.parts.values() for k in parts]:
+                queue = k.queue
                 for state, job_id, (type_, reason) in scan(self.rt.redis, k, ("type", "reason"),
                                                             ("scheduled", "dead")):
                     if self.stopping.is_set():

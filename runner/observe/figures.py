@@ -7,7 +7,7 @@ queue's figures, for GET /queues and `runner stats --json` alike.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,6 +22,8 @@ class Source(Protocol):
     def redis(self) -> Any: ...
     @property
     def keys(self) -> Mapping[str, Any]: ...
+    @property
+    def parts(self) -> Mapping[str, Sequence[Any]]: ...
     @property
     def registry(self) -> Any: ...
 
@@ -163,8 +165,9 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
     registry for that.
     """
     keys = rt.keys
+    every = [k for parts in rt.parts.values() for k in parts]
     pipe = rt.redis.pipeline(transaction=False)
-    for k in keys.values():
+    for k in every:
         pipe.llen(k.ready)
         pipe.zcard(k.leases)
         pipe.zcount(k.leases, "-inf", now_ms)
@@ -177,34 +180,55 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
         pipe.zcard(k.prio)
         pipe.zcard(k.cancelled)
     raw = pipe.execute()
+    # A partitioned queue's figures are its partitions' summed: every count and histogram
+    # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
+    sums: dict[str, list[Any]] = {}
+    oldest: list[tuple[str, Any, str]] = []
+    for i, k in enumerate(every):
+        row = raw[11 * i: 11 * i + 11]
+        if row[6]:
+            oldest.append((k.queue, k, row[6]))
+        acc = sums.get(k.queue)
+        if acc is None:
+            sums[k.queue] = [*row[:6], dict(row[7]), row[8], row[9], row[10]]
+            continue
+        for j in range(6):
+            acc[j] += row[j]
+        for name, value in row[7].items():
+            acc[6][name] = str(_int(acc[6].get(name)) + _int(value))
+        acc[8] += row[9]
+        acc[9] += row[10]
+        if k is keys[k.queue]:
+            acc[7] = row[8]
     out: list[QueueFigures] = []
-    oldest: list[tuple[QueueFigures, str]] = []
-    for i, name in enumerate(keys):
-        ready, leases, expired, sched, due, dead, next_id, stats, paused, prio, cancelled = raw[11 * i: 11 * i + 11]
+    by_name: dict[str, QueueFigures] = {}
+    for name in keys:
+        ready, leases, expired, sched, due, dead, stats, paused, prio, cancelled = sums[name]
         q = QueueFigures(name, ready=ready + prio, processing=leases, lease_expired=expired,
                          scheduled=sched, scheduled_due=due, dead=dead, cancelled=cancelled, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")))
         parse_stats(q, stats)
         out.append(q)
-        if next_id:
-            oldest.append((q, next_id))
+        by_name[name] = q
     for fn in rt.registry.functions.values() if loaded_functions else ():
         for q in out:
             if q.name == fn.queue:
                 q.function(fn.name)
     if oldest:
         pipe = rt.redis.pipeline(transaction=False)
-        for q, job_id in oldest:
-            pipe.hget(keys[q.name].state(job_id), "ready_ms")
-            pipe.get(keys[q.name].job(job_id))
+        for _, k, job_id in oldest:
+            pipe.hget(k.state(job_id), "ready_ms")
+            pipe.get(k.job(job_id))
         got = pipe.execute(raise_on_error=False)
-        for (q, _), ready, record in zip(oldest, got[::2], got[1::2], strict=True):
+        for (name, _, _), ready, record in zip(oldest, got[::2], got[1::2], strict=True):
             # A job that waits untouched has no state: it became ready at creation.
             # (The record string's fifth field is created_ms: see store/records.py.)
             parts = record.split("\x1f", 5) if isinstance(record, str) else []
             ready_ms = ready if isinstance(ready, str) else parts[4] if len(parts) > 5 else None
             if ready_ms:
-                q.oldest_ready_age_s = max(0.0, (now_ms - _int(ready_ms)) / 1000)
+                q = by_name[name]
+                age = max(0.0, (now_ms - _int(ready_ms)) / 1000)
+                q.oldest_ready_age_s = max(q.oldest_ready_age_s or 0.0, age)
     return out
 
 
@@ -237,13 +261,21 @@ def read_throughput(rt: Source, minutes: int, now_ms: int) -> dict[str, Any]:
     last = now_ms // 60_000
     span = list(range(last - minutes + 1, last + 1))
     pipe = rt.redis.pipeline(transaction=False)
-    for k in rt.keys.values():
+    every = [k for parts in rt.parts.values() for k in parts]
+    for k in every:
         for m in span:
             pipe.hgetall(k.throughput(m))
     raw = pipe.execute()
-    queues: dict[str, dict[str, list[int]]] = {}
-    for i, name in enumerate(rt.keys):
+    per_queue: dict[str, list[dict[str, int]]] = {}
+    for i, k in enumerate(every):  # a partitioned queue's minutes add up
         hashes = raw[i * len(span): (i + 1) * len(span)]
+        acc = per_queue.setdefault(k.queue, [{} for _ in span])
+        for m, h in enumerate(hashes):
+            for f, v in h.items():
+                acc[m][f] = acc[m].get(f, 0) + _int(v)
+    queues: dict[str, dict[str, list[int]]] = {}
+    for name in rt.keys:
+        hashes = per_queue[name]
         fields = {"done"} | {f for h in hashes for f in h}
-        queues[name] = {f: [_int(h.get(f)) for h in hashes] for f in sorted(fields)}
+        queues[name] = {f: [h.get(f, 0) for h in hashes] for f in sorted(fields)}
     return {"times": [m * 60 for m in span], "queues": queues}

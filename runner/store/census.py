@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from runner.store import records
@@ -58,26 +58,37 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
                     yield state, job_id, values
 
 
-def waiting_versions(redis: Any, keys: Mapping[str, QueueKeys]) -> tuple[int, Counter[tuple[str, str, str, str]]]:
-    """(jobs read, counts per (queue, state, type, version)) over every queue."""
+Keys = Mapping[str, QueueKeys] | Iterable[QueueKeys]
+
+
+def _each(keys: Keys) -> list[QueueKeys]:
+    """Queue keys given by queue name, or as they come (every partition of a queue)."""
+    return list(keys.values()) if isinstance(keys, Mapping) else list(keys)
+
+
+def waiting_versions(redis: Any, keys: Keys) -> tuple[int, Counter[tuple[str, str, str, str]]]:
+    """(jobs read, counts per (queue, state, type, version)) over every queue (and every
+    partition given: their counts add up under their queue's name)."""
     read = 0
     groups: Counter[tuple[str, str, str, str]] = Counter()
-    for queue, k in keys.items():
+    for k in _each(keys):
         for state, _job_id, (type_, version) in scan(redis, k):
             read += 1
-            groups[(queue, state, type_ or "", version or "")] += 1
+            groups[(k.queue, state, type_ or "", version or "")] += 1
     return read, groups
 
 
-def counts(redis: Any, keys: Mapping[str, QueueKeys]) -> tuple[int, Counter[tuple[str, str, str, str]]]:
+def counts(redis: Any, keys: Keys) -> tuple[int, Counter[tuple[str, str, str, str]]]:
     """(jobs counted, counts per (queue, "waiting", type, version)) from the census the
     scripts keep: O(1) in the depth of the queues."""
+    each = _each(keys)
     pipe = redis.pipeline(transaction=False)
-    for k in keys.values():
+    for k in each:
         pipe.hgetall(k.census)
     total = 0
     groups: Counter[tuple[str, str, str, str]] = Counter()
-    for queue, fields in zip(keys, pipe.execute(), strict=True):
+    for k, fields in zip(each, pipe.execute(), strict=True):
+        queue = k.queue
         for field, n in fields.items():
             type_, _, version = field.rpartition("|")
             if int(n) > 0:

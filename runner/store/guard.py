@@ -14,9 +14,18 @@ from runner.store.connection import UNAVAILABLE
 log = logging.getLogger("runner.guard")
 
 
-def redis_risks(client: Any) -> list[str]:
-    """Each risk with the exact setting to change; empty when Redis is safe for jobs."""
+def redis_risks(client: Any, wait_replicas: int = 0) -> list[str]:
+    """Each risk with the exact setting to change; empty when Redis is safe for jobs.
+    ``wait_replicas``: [redis] wait_replicas, checked against the replicas connected now."""
     risks: list[str] = []
+    if wait_replicas:
+        have = connected_replicas(client)
+        if have < wait_replicas:
+            risks.append(
+                f"[redis] wait_replicas is {wait_replicas} but the master has {have} connected replica(s): "
+                "every enqueue will be refused (NotReplicated, HTTP 503) until enough replicas are "
+                "connected; add replicas or lower wait_replicas"
+            )
     try:
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
         aof = client.config_get("appendonly").get("appendonly")
@@ -41,10 +50,20 @@ def redis_risks(client: Any) -> list[str]:
     return risks
 
 
-def warn_redis_settings(client: Any) -> list[str]:
+def connected_replicas(client: Any) -> int:
+    """Replicas connected to the master (on Redis Cluster, the fewest of any master's)."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        per_node: Any = client.info("replication", target_nodes=RedisCluster.PRIMARIES)
+        return min((int(v.get("connected_slaves", 0)) for v in per_node.values()), default=0)
+    return int(client.info("replication").get("connected_slaves", 0))
+
+
+def warn_redis_settings(client: Any, wait_replicas: int = 0) -> list[str]:
     """Log each risk as a loud warning; Redis down at start-up is a warning, not fatal."""
     try:
-        risks = redis_risks(client)
+        risks = redis_risks(client, wait_replicas)
     except UNAVAILABLE as exc:
         log.warning("cannot check Redis settings now: %s", exc)
         return []

@@ -43,6 +43,12 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
     <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
 
+A queue with ``partitions = N`` (see docs/partitions.md) has this whole set once per
+partition, each under the partition's own tag (``partition_tags``): ``{<queue>}`` for the
+partition whose share of the slots holds that tag's slot (the home partition; with N = 1
+the only one, so the layout is unchanged), ``{<queue>:<s>}`` for the others. A job lives
+in one partition for its whole life; every script touches one partition's keys.
+
 One key is global, outside every queue's tag (its own slot on Redis Cluster)::
 
     <prefix>:audit                    LIST    who did what (requeue, delete, purge), newest
@@ -72,13 +78,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+# A partition's searched tag keeps this many slots away from either end of its share, so
+# a split of the slots that rounds its boundaries otherwise still holds it.
+SLOT_MARGIN = 2
+
 
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
-    """Every key of one queue, built once (they are read on every script call)."""
+    """Every key of one queue (of one of its partitions), built once (they are read on
+    every script call). ``tag`` is the hash tag, the queue's name unless a partition's."""
 
     prefix: str
     queue: str
+    tag: str = ""
+    partition: int = 0
+    partitions: int = 1  # of the queue
     base: str = field(init=False)
     ready: str = field(init=False)
     leases: str = field(init=False)
@@ -109,7 +125,9 @@ class QueueKeys:
     schedule_prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
-        base = f"{self.prefix}:{{{self.queue}}}:"
+        if not self.tag:
+            object.__setattr__(self, "tag", self.queue)
+        base = f"{self.prefix}:{{{self.tag}}}:"
         for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),
@@ -162,7 +180,43 @@ def audit(prefix: str) -> str:
 
 
 def for_queue(prefix: str, queue: str) -> QueueKeys:
+    """The keys of a queue of one partition (or of a queue's home partition's tag)."""
     return QueueKeys(prefix=prefix, queue=queue)
+
+
+def slot_range(i: int, n: int) -> tuple[int, int]:
+    """The ``i``-th of ``n`` equal shares of the cluster's slots: [first, end)."""
+    return i * REDIS_CLUSTER_HASH_SLOTS // n, (i + 1) * REDIS_CLUSTER_HASH_SLOTS // n
+
+
+def partition_tags(queue: str, n: int) -> tuple[str, ...]:
+    """The hash tags of a queue's ``n`` partitions, partition ``i``'s slot in the ``i``-th
+    share of the slots: the queue's own name for the share that holds its slot, else
+    ``<queue>:<s>`` with the smallest ``s`` whose slot lies inside the share (SLOT_MARGIN
+    from its ends). A pure function of (queue, n): every process computes the same."""
+    home = home_partition(queue, n)
+    out: list[str] = []
+    for i in range(n):
+        if i == home:
+            out.append(queue)
+            continue
+        lo, hi = slot_range(i, n)
+        s = 1
+        while not lo + SLOT_MARGIN <= key_slot(f"{queue}:{s}".encode()) < hi - SLOT_MARGIN:
+            s += 1
+        out.append(f"{queue}:{s}")
+    return tuple(out)
+
+
+def home_partition(queue: str, n: int) -> int:
+    """The partition that keeps the queue's own tag (and its keys of before partitions)."""
+    return key_slot(queue.encode()) * n // REDIS_CLUSTER_HASH_SLOTS
+
+
+def for_partitions(prefix: str, queue: str, n: int) -> tuple[QueueKeys, ...]:
+    """The keys of each of a queue's ``n`` partitions, by partition index."""
+    return tuple(QueueKeys(prefix=prefix, queue=queue, tag=t, partition=i, partitions=n)
+                 for i, t in enumerate(partition_tags(queue, n)))
 
 
 def clock_offset(prefix: str) -> str:

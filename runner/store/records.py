@@ -36,7 +36,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -263,31 +263,36 @@ class Job:
         return self.fields.get("status")
 
 
-def lookup(scripts: Scripts, keys: Mapping[str, QueueKeys], job_id: str) -> Job | None:
-    """The job, from whichever queue holds it (None: no such job), in one round trip."""
+def lookup(scripts: Scripts, keys: Iterable[QueueKeys], job_id: str) -> Job | None:
+    """The job, from whichever queue (or partition) of ``keys`` holds it (None: no such
+    job), in one round trip."""
     if not job_id or len(job_id) > 200:
         return None
-    return lookup_many(scripts, keys, [job_id]).get(job_id)
+    found = lookup_many(scripts, keys, [job_id]).get(job_id)
+    return Job(job_id, found[0].queue, found[1]) if found else None
 
 
-def lookup_many(scripts: Scripts, keys: Mapping[str, QueueKeys], job_ids: Sequence[str]) -> dict[str, Job]:
-    """The jobs of these ids that exist, by id, in one round trip: a job lives under
-    exactly one queue's tag; one read-only script per queue returns its record, state,
-    claim and done outcome (lookup.lua). A key of the wrong type (a damaged record)
-    counts as no record. Redis errors are the caller's."""
+def lookup_many(scripts: Scripts, keys: Iterable[QueueKeys],
+                job_ids: Sequence[str]) -> dict[str, tuple[QueueKeys, dict[str, str]]]:
+    """The jobs of these ids that exist, by id: the keys of the queue (partition) that
+    holds each, and the job as readers see it, in one round trip. A job lives under
+    exactly one tag (its queue's, or one of its queue's partitions'); one read-only script
+    per tag returns its record, state, claim and done outcome (lookup.lua). A key of the
+    wrong type (a damaged record) counts as no record. Redis errors are the caller's."""
+    every = list(keys)
     batch = scripts.batch()
     for job_id in job_ids:
-        for k in keys.values():
+        for k in every:
             scripts.lookup(k, job_id, pipe=batch)
     replies = iter(batch.execute())
-    out: dict[str, Job] = {}
+    out: dict[str, tuple[QueueKeys, dict[str, str]]] = {}
     for job_id in job_ids:
-        for queue in keys:
+        for k in every:
             record, state, claim, outcome = next(replies)
             record = record if isinstance(record, str) and not record.startswith("\0") else None
             fields = view(job_id, record, state or [], claim or None, outcome or None)
             if fields and job_id not in out:
-                out[job_id] = Job(job_id, queue, fields)
+                out[job_id] = (k, fields)
     return out
     batch = scripts.batch()
     for k in keys.values():

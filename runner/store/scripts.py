@@ -7,10 +7,20 @@ settles many jobs; a ``pipe`` argument queues a call on a Batch instead of sendi
 A single call goes out on a connection of the Scripts' own (see ``_Lanes``): redis-py's
 pool checks every connection it hands out with a poll() and wraps each command in retry
 and event layers, which together cost about a third of an enqueue round trip.
+
+Durable calls (the enqueue and a schedule's tick) are followed by ``WAIT replicas
+timeout`` on the same connection, sent with the script in one write, when the Scripts
+were built with ``replicas`` > 0: WAIT counts the replicas that hold every write of its
+own connection, so it must follow the script there, and pipelined it costs no round trip
+of its own. Fewer replicas than asked raise NotReplicated, with the scripts' replies (the
+script did run). With ``replicas`` = 0 no WAIT is ever sent. Every other transition (ack,
+retry, claim...) stays asynchronous: one lost in a failover re-runs a job at most, which
+at-least-once allows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -23,8 +33,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 
+from runner.errors import NotReplicated
+from runner.store import routing
 from runner.store.keys import QueueKeys
 
 NAMES = (
@@ -226,12 +238,15 @@ class Hand(NamedTuple):
 
 def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
     """The follow-ups of a batch as ack.lua and bury.lua take them: m, then per follow-up
-    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields."""
+    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields. A
+    follow-up of this queue that routes to another of its partitions goes the way of
+    another queue's (the outbox, then the relay), so its keys are met where they live."""
     follow: list[Any] = []
     m = 0
     for i, item in enumerate(items, 1):
         for f in item.followups:
-            follow += [i, "" if f.queue == k.queue else f.queue, *_job_fields(f.job)]
+            here = f.queue == k.queue and (k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
+            follow += [i, "" if here else f.queue, *_job_fields(f.job)]
             m += 1
     return [m, *follow]
 
@@ -256,33 +271,54 @@ class Batch:
 
     A call answered NOSCRIPT (Redis restarted or flushed its script cache) is loaded and
     sent again on its own; a call that ran is never sent twice.
+
+    A durable call makes the batch end with one WAIT (see the module's docstring); when
+    it falls short, execute raises NotReplicated carrying every reply.
     """
 
     def __init__(self, scripts: Scripts) -> None:
         self.scripts = scripts
-        self.calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+        self.calls: list[tuple[str, Sequence[str], Sequence[Any], bool]] = []
 
-    def add(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
-        self.calls.append((name, keys, args))
+    def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
+        self.calls.append((name, keys, args, durable))
 
     def execute(self) -> list[Any]:
         if not self.calls:
             return []
         sc = self.scripts
+        acked: list[int] = []
         if isinstance(sc.client, RedisCluster):
             # A cluster pipeline refuses EVALSHA; a batch holds a few script calls (one per
             # transition), each already covering many jobs, so one by one costs little.
-            return [sc.call(name, keys, args) for name, keys, args in self.calls]
+            # Each durable call waits on its own node: WAIT counts that node's replicas.
+            replies: list[Any] = []
+            for name, keys, args, durable in self.calls:
+                reply, n = sc.counted(name, keys, args, durable=durable)
+                replies.append(reply)
+                acked += [] if n is None else [n]
+            sc.confirm(acked, replies)
+            return replies
+        wait = sc.wait if any(c[3] for c in self.calls) else None
         pipe = sc.client.pipeline(transaction=False)
-        for name, keys, args in self.calls:
+        for name, keys, args, _ in self.calls:
             pipe.evalsha(sc.shas[name], len(keys), *keys, *args)
-        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if wait is not None:
+            pipe.execute_command(*wait)
+        replies = pipe.execute(raise_on_error=False)
+        last = replies.pop() if wait is not None else None
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
-                name, keys, args = self.calls[i]
-                replies[i] = sc.call(name, keys, args)
+                name, keys, args, durable = self.calls[i]
+                replies[i], n = sc.counted(name, keys, args, durable=durable)
+                acked += [] if n is None else [n]
             elif isinstance(reply, Exception):
                 raise reply
+        if isinstance(last, Exception):  # after the scripts' own errors, which say more
+            raise last
+        if last is not None:
+            acked.append(int(last))
+        sc.confirm(acked, replies)
         return replies
 
 
@@ -362,7 +398,7 @@ class _Spin:
 
 class Stream:
     """Script calls sent one after another on one connection without waiting for each
-    reply, so the caller can prepare the next call while Redis runs the last one; replies
+    reply, so the caller can prepare the next call while Redis runs the last; replies
     are read back in the order sent. ``read`` returns the oldest call's tag and reply.
 
     A call answered NOSCRIPT did not run: it is loaded and sent again on its own when its
@@ -370,39 +406,50 @@ class Stream:
     other failure drops the connection, with the replies still owed on it, and raises;
     what those calls did is unknown, as for a single call whose reply was lost. Without
     kept connections (Redis Cluster) each call is sent and read at once.
+
+    A durable call is followed by its own WAIT, so each reply read is confirmed by itself
+    (a WAIT blocks its connection, so calls sent behind it run once it is answered); one
+    that falls short raises NotReplicated from ``read``, with that call's reply.
     """
 
     def __init__(self, scripts: Scripts) -> None:
         self.scripts = scripts
-        self.pending: deque[tuple[str, Sequence[str], Sequence[Any], Any]] = deque()
-        self.ready: deque[tuple[Any, Any]] = deque()
+        self.pending: deque[tuple[str, Sequence[str], Sequence[Any], Any, bool]] = deque()
+        self.ready: deque[tuple[Any, Any, int | None]] = deque()
         self.conn: Any = None
 
-    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any) -> None:
+    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False) -> None:
         sc = self.scripts
         if sc._lanes is None:
-            self.ready.append((tag, sc.call(name, keys, args)))
+            self.ready.append((tag, *sc.counted(name, keys, args, durable=durable)))
             return
         if self.conn is None:
             self.conn = sc._lanes.take()
         try:
-            self.conn.send_command("EVALSHA", sc.shas[name], len(keys), *keys, *args)
+            sc._send(self.conn, name, keys, args, durable)
         except BaseException:
             self._drop()
             raise
-        self.pending.append((name, keys, args, tag))
+        self.pending.append((name, keys, args, tag, durable))
 
     def __len__(self) -> int:
         return len(self.pending) + len(self.ready)
 
     def read(self) -> tuple[Any, Any]:
         if self.ready:
-            return self.ready.popleft()
-        name, keys, args, tag = self.pending.popleft()
+            tag, reply, acked = self.ready.popleft()
+        else:
+            tag, reply, acked = self._read_next()
+        self.scripts.confirm([] if acked is None else [acked], [reply])
+        return tag, reply
+
+    def _read_next(self) -> tuple[Any, Any, int | None]:
+        name, keys, args, tag, durable = self.pending.popleft()
         try:
-            reply = self.conn.read_response()
-        except NoScriptError:
-            reply = self.scripts.call(name, keys, args)  # it did not run: load, run alone
+            try:
+                reply, acked = self.scripts._read(self.conn, durable)
+            except NoScriptError:  # it did not run: load, run alone
+                reply, acked = self.scripts.counted(name, keys, args, durable=durable)
         except ResponseError:
             self._drop()  # read whole, but the calls behind it are not the caller's to keep
             raise
@@ -411,7 +458,7 @@ class Stream:
             raise
         if not self.pending:
             self.close()
-        return tag, reply
+        return tag, reply, acked
 
     def close(self) -> None:
         """Give the connection back; replies still owed make it unusable, so drop it."""
@@ -432,38 +479,64 @@ class Stream:
 
 
 class Scripts:
-    """The scripts of one Redis client, sent by SHA and loaded again on NOSCRIPT."""
+    """The scripts of one Redis client, sent by SHA and loaded again on NOSCRIPT.
 
-    def __init__(self, client: Any) -> None:
+    ``replicas`` > 0: durable calls return only once that many replicas confirmed them
+    within ``replica_timeout_s`` (see the module's docstring)."""
+
+    def __init__(self, client: Any, replicas: int = 0, replica_timeout_s: float = 1.0) -> None:
         self.client = client
         self.sources = _SOURCES
         self.shas = _SHAS
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._spin = _Spin()
+        self.replicas = replicas
+        self.replica_timeout_s = replica_timeout_s
+        # The command itself; None: no WAIT is sent.
+        self.wait: tuple[str, int, int] | None = (
+            ("WAIT", replicas, max(1, round(replica_timeout_s * 1000))) if replicas > 0 else None
+        )
 
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False) -> Any:
+    def confirm(self, acked: Sequence[int], replies: Sequence[Any]) -> None:
+        """Raise NotReplicated when any WAIT answered fewer replicas than asked."""
+        if acked and min(acked) < self.replicas:
+            raise NotReplicated(min(acked), self.replicas, self.replica_timeout_s, replies=replies)
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
+             durable: bool = False) -> Any:
         """One script call. With ``spin``, wait for the reply by polling for a moment
-        before sleeping on it (see _Spin): for a caller that makes one call at a time."""
+        before sleeping on it (see _Spin): for a caller that makes one call at a time.
+        With ``durable``, confirmed by the replicas (NotReplicated when it is not)."""
+        reply, acked = self.counted(name, keys, args, spin=spin, durable=durable)
+        self.confirm([] if acked is None else [acked], [reply])
+        return reply
+
+    def counted(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
+                durable: bool = False) -> tuple[Any, int | None]:
+        """One script call and, when durable and WAIT is on, the replicas that confirmed it
+        (None: no WAIT was sent)."""
         if self._lanes is None:
+            if durable and self.wait is not None:
+                return self._call_on_node(name, keys, args)
             try:
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
             except NoScriptError:
                 self.client.script_load(self.sources[name])
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args)
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
         lanes = self._lanes
         conn = lanes.take()
         try:
             try:
-                conn.send_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+                self._send(conn, name, keys, args, durable)
                 if spin:
                     self._spin.wait(conn)
-                reply = conn.read_response()
+                out = self._read(conn, durable)
             except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
                 conn.send_command("SCRIPT", "LOAD", self.sources[name])
                 conn.read_response()
-                conn.send_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
-                reply = conn.read_response()
+                self._send(conn, name, keys, args, durable)
+                out = self._read(conn, durable)
         except ResponseError:
             lanes.give(conn)  # an error reply was read whole: the connection is in step
             raise
@@ -472,7 +545,57 @@ class Scripts:
             lanes.give(conn)
             raise
         lanes.give(conn)
-        return reply
+        return out
+
+    def _send(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool) -> None:
+        """The EVALSHA, and the WAIT behind it when durable, in one write."""
+        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        if durable and self.wait is not None:
+            conn.send_packed_command(conn.pack_commands([cmd, self.wait]))
+        else:
+            conn.send_command(*cmd)
+
+    def _read(self, conn: Any, durable: bool) -> tuple[Any, int | None]:
+        """The script's reply and, when a WAIT followed it, WAIT's count. An error reply is
+        raised only once both are read, so the connection stays in step."""
+        if not (durable and self.wait is not None):
+            return conn.read_response(), None
+        try:
+            reply = conn.read_response()
+        except ResponseError:
+            # The script's error says more (READONLY on a replica, where WAIT errs too).
+            with contextlib.suppress(ResponseError):
+                conn.read_response()
+            raise
+        return reply, int(conn.read_response())
+
+    def _call_on_node(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, int]:
+        """A durable call on Redis Cluster: the script and its WAIT pipelined on one
+        connection of the master that holds the slot (RedisCluster would send each on a
+        connection of its choosing, and a WAIT elsewhere confirms nothing)."""
+        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        assert self.wait is not None
+        for attempt in range(3):
+            node = self.client.get_node_from_key(keys[0])
+            pipe = node.redis_connection.pipeline(transaction=False)
+            pipe.execute_command(*cmd)
+            pipe.execute_command(*self.wait)
+            reply, acked = pipe.execute(raise_on_error=False)
+            if isinstance(reply, NoScriptError):
+                node.redis_connection.script_load(self.sources[name])
+                continue
+            if isinstance(reply, (MovedError, AskError)) and attempt < 2:
+                # The slot moved (a failover, a resharding): nothing ran; learn the layout again.
+                self.client.nodes_manager.initialize()
+                continue
+            if isinstance(reply, (MovedError, AskError)):
+                raise TryAgainError(str(reply))  # type: ignore[no-untyped-call]
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            return reply, int(acked)
+        raise TryAgainError(f"{name}: the slot of {keys[0]!r} kept moving")  # type: ignore[no-untyped-call]
 
     def prepare(self) -> None:
         """Assemble every script now (a process that runs them all, before its first job)."""
@@ -486,17 +609,18 @@ class Scripts:
         return Stream(self)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None,
-             spin: bool = False) -> Any:
+             spin: bool = False, durable: bool = False) -> Any:
         if pipe is not None:
-            pipe.add(name, keys, args)
+            pipe.add(name, keys, args, durable)
             return None
-        return self.call(name, keys, args, spin=spin)
+        return self.call(name, keys, args, spin=spin, durable=durable)
 
     def enqueue(
         self, k: QueueKeys, jobs: Sequence[NewJob], pipe: Batch | None = None, spin: bool = False,
         now_ms: int | None = None,
     ) -> Any:
-        return self._run(*self.enqueue_call(k, jobs, now_ms), pipe, spin)
+        """Durable: with replicas set, returns once they hold the jobs (else NotReplicated)."""
+        return self._run(*self.enqueue_call(k, jobs, now_ms), pipe, spin, durable=True)
 
     @staticmethod
     def enqueue_call(
@@ -622,7 +746,10 @@ class Scripts:
         """Lift a pause (a queue's, or one function's: None is the queue) and put back up to
         ``limit`` held jobs; returns [moved, still held] (see resume.lua)."""
         field = "queue" if function is None else f"fn:{function}"
-        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else "")
+        # A queue's resume holds no list: the bare held: prefix names none (held lists are
+        # held:<type>), so the script finds it empty, and unlike '' it is in the queue's
+        # slot, which Redis Cluster requires of every key.
+        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else k.held_prefix)
         return self._run("resume", keys, (field, 1 if first else 0, limit))
 
     def requeue(
@@ -680,11 +807,12 @@ class Scripts:
         self, k: QueueKeys, schedule_id: str, job: NewJob, *, mode: str, tick_ms: int, digest: str,
         born_ms: int, overlap: str, missed: int, late_ms: int, now_ms: int, pipe: Batch | None = None,
     ) -> Any:
-        """One tick of one schedule (see lua/tick.lua): returns [code, id, status]."""
+        """One tick of one schedule (see lua/tick.lua): returns [code, id, status]. Durable,
+        as an enqueue is."""
         _, keys, args = self.enqueue_call(k, [job], now_ms)
         keys = (*keys, k.schedule(schedule_id), k.job_prefix, k.claims, k.done_meta)
         args += [mode, tick_ms, digest, born_ms, overlap, missed, late_ms, job.id]
-        return self._run("tick", keys, args, pipe)
+        return self._run("tick", keys, args, pipe, durable=True)
 
     def adopt(
         self, k: QueueKeys, born_ms: int, tombstone_ms: int, defined: Sequence[tuple[str, str]],

@@ -88,7 +88,7 @@ class Harness:
 
     def jobs(self) -> Iterator[records.Job]:
         rt = self.runtime
-        for k in rt.keys.values():
+        for k in (k for parts in rt.parts.values() for k in parts):
             pattern = k.job("*")
             stem = pattern[:-1]
             ids = {key[len(stem):] for key in rt.redis.scan_iter(match=pattern, count=500)

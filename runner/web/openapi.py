@@ -98,6 +98,9 @@ def _enqueue_op(fn: Function, max_wait_s: float) -> dict[str, Any]:
             "413": _problem("The body is over api.max_body_bytes"),
             "415": _problem("The body is not application/json"),
             "422": _problem("The payload does not validate: every error with its JSON path"),
+            "503": _problem("Redis is unreachable (nothing was written), or, with [redis] wait_replicas, "
+                            "the job was written but too few replicas confirmed it in time (not-replicated: "
+                            "retry with the same Idempotency-Key)"),
         },
     }
 
@@ -122,6 +125,9 @@ def _batch_op(fn: Function) -> dict[str, Any]:
             "413": _problem("The body is over api.max_body_bytes"),
             "415": _problem("The body is not application/json"),
             "422": _problem("A payload does not validate: every error, with its index and JSON path"),
+            "503": _problem("Redis is unreachable, or, with [redis] wait_replicas, jobs were written but too "
+                            "few replicas confirmed them in time (not-replicated, naming job_ids): a retry "
+                            "is safe when the function has an IDEMPOTENCY_KEY"),
         },
     }
 

@@ -8,7 +8,10 @@
 validation error with its JSON path), ``job_id`` (404 job; 409: the job holding the key),
 ``idempotency_key`` (409), ``function``, ``queue`` (404), ``known_versions`` and
 ``version`` (422), ``parameter`` / ``header`` (400), ``max_body_bytes`` (413),
-``group_id`` (404 group), ``allowed_methods`` (405), ``scope`` and ``token_name`` (403: the scope the token lacks).
+``group_id`` (404 group), ``allowed_methods`` (405), ``scope`` and ``token_name`` (403: the
+scope the token lacks), ``job_ids``, ``replicas_acked`` and ``replicas_wanted`` (503
+not-replicated: the jobs were written to the master, but too few replicas confirmed them
+in time).
 Falcon's own errors (no route, wrong method, bad header) go through the same serializer.
 """
 
@@ -28,6 +31,7 @@ from runner.errors import (
     IdempotencyConflict,
     InvalidGroup,
     JobNotFound,
+    NotReplicated,
     RedisUnavailable,
     UnknownFunction,
     UnknownVersion,
@@ -175,6 +179,19 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
                   title="Redis unavailable", headers={"Retry-After": "1"})
 
 
+async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, NotReplicated)
+    log.warning("%s %s: %s", req.method, req.path, ex)
+    which = f"job {ex.job_ids[0]}" if len(ex.job_ids) == 1 else f"{len(ex.job_ids)} job(s)"
+    raise Problem(503, "not-replicated",
+                  f"{which} written to the Redis master, but only {ex.acked} of {ex.wanted} replica(s) "
+                  f"confirmed within {ex.timeout_s:g} s: the job exists but a failover now could lose it. "
+                  "Retrying with the same Idempotency-Key is safe (a duplicate returns the first job); "
+                  "without a key a retry may enqueue it twice.",
+                  title="Not replicated", headers={"Retry-After": "1"}, job_ids=ex.job_ids,
+                  replicas_acked=ex.acked, replicas_wanted=ex.wanted)
+
+
 async def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     log.exception("%s %s failed", req.method, req.path)
     raise Problem(500, "internal-error", "an unexpected error; the web process log has the traceback",
@@ -193,5 +210,6 @@ def install(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]) -> 
     app.add_error_handler(InvalidGroup, _invalid_group)
     app.add_error_handler(IdempotencyConflict, _conflict)
     app.add_error_handler(JobNotFound, _not_found)
+    app.add_error_handler(NotReplicated, _not_replicated)
     for exc_type in REDIS_DOWN:
         app.add_error_handler(exc_type, _redis_down)

@@ -51,6 +51,7 @@ class Claimed:
     started: bool = True  # its attempt was spent at the claim (not prefetched)
     meta_raw: str = ""  # extra fields a producer attached (JSON object), kept with the outcome
     traceparent: str = ""  # the producer's W3C trace context (in meta), read only by a worker that traces
+    partition: int = 0  # of its queue (docs/partitions.md): where it settles
     received: float = field(default_factory=time.monotonic)  # this host's monotonic clock then
 
     def as_message(self) -> dict[str, Any]:

@@ -46,7 +46,7 @@ class Executors:
                  renew_one: Callable[[Claimed], bool]) -> None:
         self.rt = runtime
         self.q = queue
-        self.keys = runtime.keys[queue.name]
+        self.parts = runtime.parts[queue.name]
         self.ledger = ledger
         self.inbox = inbox
         self.outbox = outbox
@@ -232,7 +232,8 @@ class Executors:
         started_ms = self._server_now(job)
         ctx = for_job(
             job, version, fn.timeout_s, joblog,
-            _save=lambda body: int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, body)) > 0,
+            _save=lambda body: int(self.rt.scripts.checkpoint(self.parts[job.partition], job.id, job.token,
+                                                              body)) > 0,
             _extend=lambda: self.renew_one(job),
             _flags=run.flags,
             _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
@@ -273,7 +274,8 @@ class Executors:
 
         def on_rpc(msg: dict[str, Any]) -> Any:
             if msg.get("call") == "checkpoint":
-                return int(self.rt.scripts.checkpoint(self.keys, job.id, job.token, str(msg.get("data")))) > 0
+                return int(self.rt.scripts.checkpoint(self.parts[job.partition], job.id, job.token,
+                                                      str(msg.get("data")))) > 0
             if msg.get("call") == "extend":
                 return self.renew_one(job)
             if msg.get("call") == "progress":

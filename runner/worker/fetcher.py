@@ -1,6 +1,10 @@
 """The fetcher: claims batches of ready jobs while the queue's runner has room, and
 blocks on the queue's notify list when there is nothing to claim (no polling).
 
+A partitioned queue (docs/partitions.md) is claimed from partition by partition in turn,
+so none starves; only after a whole round of empty answers does the fetcher block, on
+every partition at once (see Bell).
+
 A claim tells Redis how many of its jobs go to executors that are free now: those spend
 their attempt at once, the rest are prefetched and spend it when they start. A claim
 that lands after the stop began (Redis was slow) is handed straight back."""
@@ -10,12 +14,17 @@ from __future__ import annotations
 import logging
 import queue as stdqueue
 import threading
+from collections.abc import Sequence
+from typing import Any
+
+from redis.cluster import RedisCluster
 
 from runner.config import QueueConfig
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import tracecontext
 from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
 from runner.worker.execute import Claimed, expired
 from runner.worker.faults import fault
@@ -37,13 +46,67 @@ def _int_or(value: object, default: int) -> int:
         return default
 
 
+class Bell:
+    """Waits until any partition of a queue has news (a token on its notify list).
+
+    One partition, or all partitions on one server (a single Redis, Sentinel): one BLPOP
+    over every notify list. Redis Cluster refuses a BLPOP over several slots, so there each
+    partition gets a thread of its own blocked on its list, and ``wait`` hears whichever
+    rings first. ``wait`` returns the partition that rang, or None at the timeout."""
+
+    def __init__(self, client: Any, parts: Sequence[QueueKeys], name: str) -> None:
+        self.client = client
+        self.parts = parts
+        self.by_key = {k.notify: i for i, k in enumerate(parts)}
+        self.name = name
+        self.rung: stdqueue.SimpleQueue[int] = stdqueue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        if len(parts) > 1 and isinstance(client, RedisCluster):
+            self.threads = [threading.Thread(target=self._listen, args=(i,), name=f"{name}-bell-{i}", daemon=True)
+                            for i in range(len(parts))]
+            for t in self.threads:
+                t.start()
+
+    def wait(self, timeout_s: float) -> int | None:
+        if not self.threads:
+            got = self.client.blpop([k.notify for k in self.parts], timeout=timeout_s)
+            return self.by_key.get(got[0]) if got else None
+        try:
+            first = self.rung.get(timeout=timeout_s)
+        except stdqueue.Empty:
+            return None
+        while True:  # rings that queued up meanwhile are the same news
+            try:
+                self.rung.get_nowait()
+            except stdqueue.Empty:
+                return first
+
+    def _listen(self, i: int) -> None:
+        outage = Outage(f"{self.name} bell {i}", log)
+        notify = self.parts[i].notify
+        while not self.stopping.is_set():
+            try:
+                if self.client.blpop([notify], timeout=1):
+                    self.rung.put(i)
+                outage.ok()
+            except UNAVAILABLE as exc:
+                outage.failed(exc, self.stopping)
+            except Exception:
+                log.exception("%s bell %d: unexpected error; continuing", self.name, i)
+                self.stopping.wait(0.5)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
 class Fetcher:
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
                  inbox: stdqueue.SimpleQueue[Run | None], outbox: stdqueue.SimpleQueue[Settlement | None],
                  worker_id: str) -> None:
         self.rt = runtime
         self.q = queue
-        self.keys = runtime.keys[queue.name]
+        self.parts = runtime.parts[queue.name]
         self.ledger = ledger
         self.inbox = inbox
         self.outbox = outbox
@@ -59,14 +122,19 @@ class Fetcher:
         self.stopping = threading.Event()
         self._seq = 0
         self._ages: tuple[object, str] = (None, "")  # (registry, its MAX_AGE argument)
+        self._next = 0  # the partition claimed from next
+        self._bell: Bell | None = None
         self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-fetch", daemon=True)
 
     def start(self) -> None:
+        self._bell = Bell(self.rt.redis, self.parts, self.q.name)
         self._thread.start()
 
     def stop(self) -> None:
         """Stop claiming (a claim in flight may still land: see join)."""
         self.stopping.set()
+        if self._bell is not None:
+            self._bell.stop()
         self.ledger.wake()
 
     def join(self, timeout_s: float) -> bool:
@@ -76,38 +144,45 @@ class Fetcher:
 
     def _loop(self) -> None:
         outage = Outage(f"{self.q.name} fetcher", log)
-        r = self.rt.redis
+        assert self._bell is not None
+        n = len(self.parts)
+        empty = 0  # partitions in a row that had nothing to claim
         while not self.stopping.is_set():
             free, idle = self.ledger.room(self.stopping)
             if self.stopping.is_set():
                 break
             try:
                 fault("before_claim")
-                got, held = self.claim(min(free, self.q.batch), idle)
+                got, held = self.claim(min(free, self.q.batch), idle, self._next)
                 outage.ok()
                 if held == BOUNDED:
                     # The claim parked a run of jobs under full limits: what follows them
                     # in ready (another key's job) must not wait for a wake-up.
                     continue
+                self._next = (self._next + 1) % n  # the next claim goes to the next partition
+                empty = empty + 1 if got == 0 and held != HELD else 0
                 if held == HELD:
                     # The next job is under limits and may only be claimed to start at once:
                     # wait for an executor to free up, not for new jobs.
                     self.ledger.executor_free(self.stopping)
-                elif got == 0:
-                    r.blpop([self.keys.notify], timeout=1)
+                elif empty >= n:
+                    empty = 0
+                    rang = self._bell.wait(1)
+                    if rang is not None:
+                        self._next = rang
             except UNAVAILABLE as exc:
                 outage.failed(exc, self.stopping)
             except Exception:
                 log.exception("%s fetcher: unexpected error; continuing", self.q.name)
                 self.stopping.wait(0.5)
 
-    def claim(self, n: int, start: int) -> tuple[int, int]:
-        """Claim up to ``n`` jobs, ``start`` of them to start at once; returns (how many,
-        why it stopped: HELD at a job that needs a free executor, BOUNDED at its bound of
-        ids popped, 0 otherwise)."""
+    def claim(self, n: int, start: int, partition: int = 0) -> tuple[int, int]:
+        """Claim up to ``n`` jobs, ``start`` of them to start at once, from one partition;
+        returns (how many, why it stopped: HELD at a job that needs a free executor,
+        BOUNDED at its bound of ids popped, 0 otherwise)."""
         self._seq += 1
         reply = self.rt.scripts.claim(
-            self.keys, n=n, start=start, lease_ms=self.lease_ms, token_base=f"{self.worker_id}.{self._seq}",
+            self.parts[partition], n=n, start=start, lease_ms=self.lease_ms, token_base=f"{self.worker_id}.{self._seq}",
             dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms, done_max=self.done_max,
             max_ages=self._max_ages(),
         )
@@ -129,6 +204,7 @@ class Fetcher:
                 payload_raw=f[5], max_attempts=int(f[6] or 1), idem_key=f[7],
                 resource_key=f[8], ready_ms=_int_or(f[9], created), created_ms=created,
                 checkpoint_raw=f[11], queue=qname, claimed_ms=now, started=f[12] != 0, meta_raw=f[13],
+                partition=partition,
             )
             batch.append(Run(job))
             if f[12] == EXPIRED:

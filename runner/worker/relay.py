@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from runner.client import Client, Request
 from runner.errors import JobNotFound, RunnerError
 from runner.runtime import Runtime
-from runner.store import codec
+from runner.store import codec, routing
 from runner.store.keys import QueueKeys
 from runner.store.scripts import followup_id, job_entry
 from runner.worker.faults import fault
@@ -41,12 +41,23 @@ def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
             continue
         by_queue.setdefault(queue, []).append((raw, fields))
     for queue, items in by_queue.items():
-        codes = rt.scripts.relay(rt.keys[queue], [f for _, f in items])
-        for (raw, fields), code in zip(items, codes, strict=True):
-            if int(code) < 0:
-                log.warning("follow-up %s: its idempotency key holds another payload; not enqueued", fields[0])
-            finished.append(raw)
+        parts = rt.parts[queue]
+        by_part: dict[int, list[tuple[str, list[str]]]] = {}
+        for raw, fields in items:  # a follow-up goes where its keys route it, as any job
+            key = routing.route_of(fields[1], fields[7], fields[10]) if len(parts) > 1 else ""
+            by_part.setdefault(routing.partition_of(key, len(parts)) if key else rt.keys[queue].partition,
+                               []).append((raw, fields))
+        for p, some in by_part.items():
+            _relay(rt, parts[p], some, finished)
     return finished
+
+
+def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str]) -> None:
+    codes = rt.scripts.relay(k, [f for _, f in items])
+    for (raw, fields), code in zip(items, codes, strict=True):
+        if int(code) < 0:
+            log.warning("follow-up %s: its idempotency key holds another payload; not enqueued", fields[0])
+        finished.append(raw)
 
 
 def drain(rt: Runtime, k: QueueKeys) -> int:

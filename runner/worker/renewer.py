@@ -22,6 +22,7 @@ from runner.config import QueueConfig
 from runner.errors import JobTimeout
 from runner.runtime import Runtime
 from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
 from runner.worker.execute import Claimed
 from runner.worker.ledger import Ledger, Run
@@ -37,7 +38,7 @@ class Renewer:
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger) -> None:
         self.rt = runtime
         self.q = queue
-        self.keys = runtime.keys[queue.name]
+        self.parts = runtime.parts[queue.name]
         self.ledger = ledger
         self.lease_ms = int(queue.visibility_timeout_s * 1000)
         self.grace_s = runtime.config.worker.timeout_grace_s
@@ -54,7 +55,7 @@ class Renewer:
         self._thread.join(timeout=2)
 
     def renew_one(self, job: Claimed) -> bool:
-        codes = self.rt.scripts.renew(self.keys, [(job.id, job.token)], self.lease_ms)
+        codes = self.rt.scripts.renew(self.parts[job.partition], [(job.id, job.token)], self.lease_ms)
         return int(codes[0]) > 0
 
     def _loop(self) -> None:
@@ -86,6 +87,16 @@ class Renewer:
                 outage.failed(exc, self.stopping)
 
     def renew(self, runs: list[Run]) -> None:
+        if len(self.parts) == 1:
+            self._renew(self.parts[0], runs)
+            return
+        by_part: dict[int, list[Run]] = {}
+        for r in runs:  # a lease lives in the partition its job was claimed from
+            by_part.setdefault(r.job.partition, []).append(r)
+        for p, some in by_part.items():
+            self._renew(self.parts[p], some)
+
+    def _renew(self, k: QueueKeys, runs: list[Run]) -> None:
         for i in range(0, len(runs), CHUNK):
             chunk = runs[i:i + CHUNK]
             # The latest progress of each run rides along (ctx.progress is batched here).
@@ -93,7 +104,7 @@ class Renewer:
             for r in chunk:
                 r.progress = ""
             try:
-                codes = self.rt.scripts.renew(self.keys, [(*r.key, p) for r, p in zip(chunk, sent, strict=True)],
+                codes = self.rt.scripts.renew(k, [(*r.key, p) for r, p in zip(chunk, sent, strict=True)],
                                               self.lease_ms)
             except BaseException:
                 for r, p in zip(chunk, sent, strict=True):

@@ -48,7 +48,8 @@ class Scheduler:
         self._thread.join(timeout=5)
 
     def tick(self) -> float:
-        """One pass over every queue; returns seconds until the next due job (capped)."""
+        """One pass over every queue (every partition of each); returns seconds until the
+        next due job (capped)."""
         if self.member is not None and time.monotonic() >= self._next_beat:
             roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member())
             self._next_beat = time.monotonic() + roster.HEARTBEAT_S
@@ -61,7 +62,7 @@ class Scheduler:
         every = min(TRIM_EVERY_S, max(0.1, min(ret.done_s, ret.dead_s) / 4))
         trim = time.monotonic() - self._last_trim > every
         more = False
-        for k in self.rt.keys.values():
+        for k in (k for parts in self.rt.parts.values() for k in parts):  # every partition of every queue
             while True:
                 moved, due_in = sc.promote(k, BATCH)
                 if int(moved) < BATCH:

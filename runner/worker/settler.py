@@ -20,8 +20,9 @@ from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
-from runner.store.scripts import Ack, Burial, Followup, Hand, Member, RetryAt, followup_id
+from runner.store.scripts import Ack, Batch, Burial, Followup, Hand, Member, RetryAt, followup_id
 from runner.worker.execute import CANCELLED, EXPIRED, Claimed, Dead, Done, RetryLater
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
@@ -79,7 +80,6 @@ class Settler:
                  outbox: stdqueue.SimpleQueue[Settlement | None]) -> None:
         self.rt = runtime
         self.q = queue
-        self.keys = runtime.keys[queue.name]
         self.ledger = ledger
         self.outbox = outbox
         ret = runtime.config.retention
@@ -165,6 +165,47 @@ class Settler:
 
     def _send(self, batch: Sequence[Settlement]) -> None:
         now = records.now_ms()  # figures only (history entries): transitions use the server's clock
+        parts = self.rt.parts[self.q.name]
+        by_part: dict[int, list[Settlement]] = {}
+        for s in batch:  # a run settles in the partition it was claimed from
+            by_part.setdefault(s.run.job.partition if len(parts) > 1 else 0, []).append(s)
+        pipe = self.rt.scripts.batch()
+        groups: list[list[Settlement]] = []
+        for p, sub in by_part.items():
+            self._add_calls(parts[p], sub, now, pipe, groups)
+        replies = pipe.execute()
+        fault("after_ack")
+        settled = []
+        for group, codes in zip(groups, replies, strict=True):
+            for s, code in zip(group, codes, strict=True):
+                if isinstance(s.outcome, Start):
+                    if int(code) == 2:  # cancelled while claimed ahead, as it started
+                        self.cancelled(s.run)
+                    continue  # a lost lease shows in the renewal and the settlement
+                settled.append(s.run)
+                if int(code) < 0:
+                    log.warning("job %s: lease lost before it settled (%s); another worker "
+                                "owns it now", s.run.job.id, type(s.outcome).__name__)
+                elif int(code) == 2:
+                    log.info("job %s: its lease had lapsed, but the run finished: recorded as done",
+                             s.run.job.id)
+        self.ledger.forget(settled)
+        finished = [s for s in batch if not isinstance(s.outcome, Start)]
+        self.processed += len(finished)
+        # Successes log at DEBUG (a line per job at INFO would cost more than the job);
+        # retries and dead letters always log, and a summary line goes out every minute.
+        verbose = joblog.isEnabledFor(logging.DEBUG)
+        for s in finished:
+            self._tally[type(s.outcome).__name__] += 1
+            if verbose or not isinstance(s.outcome, Done | Release):
+                self._log(s)
+        if time.monotonic() >= self._next_summary:
+            self._summarise()
+
+    def _add_calls(self, k: QueueKeys, batch: Sequence[Settlement], now: int, pipe: Batch,
+                   groups: list[list[Settlement]]) -> None:
+        """Queue one partition's settlements on ``pipe``: a script call per transition,
+        and each call's settlements, in order, on ``groups``."""
         acks: list[Ack] = []
         retries: list[RetryAt] = []
         burials: list[Burial] = []
@@ -253,51 +294,21 @@ class Settler:
                 releases.append(Hand(job.id, job.token, o.mode, note))
                 release_s.append(s)
         sc = self.rt.scripts
-        pipe = sc.batch()
-        groups: list[list[Settlement]] = []
         if starts:
-            sc.start(self.keys, starts, pipe=pipe)
+            sc.start(k, starts, pipe=pipe)
             groups.append(start_s)
         if acks:
-            sc.ack(self.keys, acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe)
+            sc.ack(k, acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe)
             groups.append(ack_s)
         if retries:
-            sc.retry(self.keys, retries, pipe=pipe)
+            sc.retry(k, retries, pipe=pipe)
             groups.append(retry_s)
         if burials:
-            sc.bury(self.keys, burials, self.dead_ttl_ms, pipe=pipe)
+            sc.bury(k, burials, self.dead_ttl_ms, pipe=pipe)
             groups.append(bury_s)
         if releases:
-            sc.release(self.keys, releases, pipe=pipe, done_ttl_ms=self.done_ttl_ms)
+            sc.release(k, releases, pipe=pipe, done_ttl_ms=self.done_ttl_ms)
             groups.append(release_s)
-        replies = pipe.execute()
-        fault("after_ack")
-        settled = []
-        for group, codes in zip(groups, replies, strict=True):
-            for s, code in zip(group, codes, strict=True):
-                if isinstance(s.outcome, Start):
-                    if int(code) == 2:  # cancelled while claimed ahead, as it started
-                        self.cancelled(s.run)
-                    continue  # a lost lease shows in the renewal and the settlement
-                settled.append(s.run)
-                if int(code) < 0:
-                    log.warning("job %s: lease lost before it settled (%s); another worker "
-                                "owns it now", s.run.job.id, type(s.outcome).__name__)
-                elif int(code) == 2:
-                    log.info("job %s: its lease had lapsed, but the run finished: recorded as done",
-                             s.run.job.id)
-        self.ledger.forget(settled)
-        finished = [s for s in batch if not isinstance(s.outcome, Start)]
-        self.processed += len(finished)
-        # Successes log at DEBUG (a line per job at INFO would cost more than the job);
-        # retries and dead letters always log, and a summary line goes out every minute.
-        verbose = joblog.isEnabledFor(logging.DEBUG)
-        for s in finished:
-            self._tally[type(s.outcome).__name__] += 1
-            if verbose or not isinstance(s.outcome, Done | Release):
-                self._log(s)
-        if time.monotonic() >= self._next_summary:
-            self._summarise()
 
     def _on_failure(self, job: Claimed, error: Any) -> tuple[Followup, ...]:
         fn = self.rt.registry.functions.get(job.type)

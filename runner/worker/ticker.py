@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from runner.catalog.registry import Registry
 from runner.catalog.schedules import Schedule, Step, Timeline, iso, plan
+from runner.errors import NotReplicated
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
@@ -218,7 +219,14 @@ class Ticker:
                             digest=s.digest, born_ms=self._born_ms, overlap=s.overlap, missed=st.missed,
                             late_ms=max(0, sent - st.tick_ms), now_ms=sent, pipe=batch)
         fault("before_tick")
-        replies = batch.execute()
+        try:
+            replies = batch.execute()
+        except NotReplicated as exc:
+            # The ticks ran and are recorded on the master; only their copy on the replicas is
+            # unconfirmed. Firing them again would be refused as handled, so warn and go on.
+            log.warning("schedules: %d tick(s) written but confirmed by %d of %d replica(s) in %g s; "
+                        "a failover now could lose them", len(chunk), exc.acked, exc.wanted, exc.timeout_s)
+            replies = exc.replies
         fault("after_tick")
         return [(e, st, job_id, reply) for (e, st), job_id, reply in zip(chunk, ids, replies, strict=True)]
 

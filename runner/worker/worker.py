@@ -41,7 +41,8 @@ class Worker:
         self.ticker = Ticker(runtime)
         # Cancels of jobs claimed ahead, pushed (a renewal would tell within a second,
         # but an executor may free up sooner): one subscription for every queue.
-        self.cancels = Waiter(runtime.redis, [r.fetcher.keys.cancels for r in self.runners], self._cancel_ahead)
+        self.cancels = Waiter(runtime.redis, [k.cancels for r in self.runners for k in r.fetcher.parts],
+                              self._cancel_ahead)
         self.stop_event = threading.Event()
         self._signals = 0
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from runner.client import Request
+from runner.errors import NotReplicated
 from runner.store.embedded import Server, debian_binary
 from runner.store.guard import redis_risks
 from runner.store.keys import for_queue
@@ -246,3 +248,33 @@ def test_a_cross_queue_followup_arrives_once_with_the_relay_killed(cproject: Pro
             assert ran == [kid], (pid, i, ran)
     assert_no_job_in_two_structures(p)
     assert_no_job_in_two_structures(p, "slow")
+
+def test_wait_replicas_waits_on_the_master_that_holds_the_queue(cproject: Project) -> None:
+    """With wait_replicas on Redis Cluster the WAIT follows the script on a connection of
+    the master that holds the queue's slot (a WAIT anywhere else confirms nothing). This
+    cluster has no replicas, so every enqueue path answers NotReplicated with 0 of 1, and
+    the job is on its master: a single enqueue, a stream, and a two-queue round trip."""
+    p = cproject
+    path = p.root / "runner.toml"
+    path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 0.05\n", 1))
+    p._runtime = None
+    c = p.client
+    with pytest.raises(NotReplicated) as one:
+        c.enqueue("record", {"n": 1})
+    assert (one.value.acked, one.value.wanted) == (0, 1)
+    assert c.get(one.value.job_ids[0]).status == "queued"
+    with pytest.raises(NotReplicated) as many:
+        c.enqueue_many([Request("record", {"n": i}) for i in range(3)])
+    assert len(many.value.job_ids) == 3
+    answers = c._send_prepared([c.prepare(Request("record", {"n": 2})), c.prepare(Request("slow", {"seconds": 0}))])
+    assert all(isinstance(a, NotReplicated) for a in answers)
+    assert c.get(answers[1].job_ids[0]).queue == "slow"  # type: ignore[union-attr]
+    waits = sum(int(n.get("cmdstat_wait", {}).get("calls", 0))
+                for n in p.runtime.redis.info("commandstats", target_nodes=p.runtime.redis.PRIMARIES).values())
+    assert waits >= 1 + 1 + 2
+
+
+def test_guard_counts_the_replicas_of_every_master(cproject: Project) -> None:
+    """On a cluster without replicas, wait_replicas = 1 is flagged (the fewest of any master)."""
+    risks = redis_risks(cproject.runtime.redis, wait_replicas=1)
+    assert any("0 connected replica(s)" in r for r in risks), risks

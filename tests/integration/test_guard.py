@@ -64,3 +64,11 @@ def test_snapshots_alone_count_as_persistence(tmp_path: Path) -> None:
         assert redis_risks(p.runtime.redis) == []
     finally:
         s.stop(kill=True)
+
+
+def test_wait_replicas_without_replicas_is_a_risk(project: Project) -> None:
+    """wait_replicas above the replicas connected now: every enqueue would be refused, so
+    the guard (worker start, `runner check`) says so and what to change."""
+    assert redis_risks(project.runtime.redis, wait_replicas=0) == []
+    (risk,) = redis_risks(project.runtime.redis, wait_replicas=1)
+    assert "wait_replicas is 1 but the master has 0 connected replica(s)" in risk and "NotReplicated" in risk

@@ -65,3 +65,25 @@ def test_bad_env_is_named(tmp_path: Path) -> None:
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such file"):
         config.load(tmp_path / "nope.toml", env={})
+
+
+def test_wait_replicas_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    """[redis] wait_replicas and wait_timeout (seconds); the environment wins; 0 (no WAIT)
+    is the default; a timeout of 0 (WAIT for ever) and a count out of range are refused."""
+    assert config.load(write(tmp_path, "[queues.q]\n"), env={}).redis.wait_replicas == 0
+    p = write(tmp_path, "[redis]\nwait_replicas = 1\nwait_timeout = 0.5\n[queues.q]\n")
+    cfg = config.load(p, env={})
+    assert (cfg.redis.wait_replicas, cfg.redis.wait_timeout_s) == (1, 0.5)
+    cfg = config.load(p, env={"RUNNER_REDIS_WAIT_REPLICAS": "2", "RUNNER_REDIS_WAIT_TIMEOUT": "2.5"})
+    assert (cfg.redis.wait_replicas, cfg.redis.wait_timeout_s) == (2, 2.5)
+    for text, needle in [("wait_timeout = 0", "redis.wait_timeout must be"),
+                         ("wait_replicas = -1", "redis.wait_replicas must be"),
+                         ("wait_replicas = true", "redis.wait_replicas must be")]:
+        bad = tmp_path / "bad"
+        bad.mkdir(exist_ok=True)
+        with pytest.raises(ConfigError, match=needle):
+            config.load(write(bad, f"[redis]\n{text}\n[queues.q]\n"), env={})
+    with pytest.raises(ConfigError, match="RUNNER_REDIS_WAIT_REPLICAS"):
+        config.load(p, env={"RUNNER_REDIS_WAIT_REPLICAS": "one"})
+    with pytest.raises(ConfigError, match="RUNNER_REDIS_WAIT_TIMEOUT"):
+        config.load(p, env={"RUNNER_REDIS_WAIT_TIMEOUT": "0"})

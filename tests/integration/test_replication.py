@@ -1,0 +1,279 @@
+"""``[redis] wait_replicas``: an enqueue is answered only once that many replicas hold it.
+
+A master and one replica, started by the test. With the replica up, every enqueue path
+(single, combined, many, all, asyncio, HTTP, CLI, a schedule's trigger) returns with the
+job already on the replica; with the replica stopped (SIGSTOP) it fails within the
+timeout with NotReplicated (HTTP 503 not-replicated, CLI exit 3), the job written to the
+master. With ``wait_replicas = 0`` no WAIT is sent at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import falcon.testing
+import pytest
+import redis
+from click.testing import CliRunner
+from schedulekit import add_function
+
+from runner.cli import cli
+from runner.client import Request
+from runner.errors import NotReplicated
+from runner.store.embedded import Server, bundled_binary, debian_binary
+from runner.web import create_app
+
+from conftest import Project, make_project, wait_for
+
+TIMEOUT_S = 0.25
+
+
+@dataclass
+class Pair:
+    master: Server
+    replica: Server
+
+    def client(self, server: Server) -> Any:
+        return redis.Redis(port=server.port, decode_responses=True)
+
+    def calls(self, command: str) -> int:
+        """How often the master has run ``command`` (INFO commandstats)."""
+        c = self.client(self.master)
+        try:
+            return int(c.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+        finally:
+            c.close()
+
+    def waits(self) -> int:
+        return self.calls("wait")
+
+    def reset_counts(self) -> None:
+        c = self.client(self.master)
+        c.config_resetstat()
+        c.close()
+
+    @contextlib.contextmanager
+    def replica_stopped(self) -> Iterator[None]:
+        """The replica's process stopped (SIGSTOP): connected, but it acknowledges nothing."""
+        assert self.replica.proc is not None
+        os.kill(self.replica.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.replica.proc.pid, signal.SIGCONT)
+
+
+def _online(master: Server) -> bool:
+    c = redis.Redis(port=master.port, decode_responses=True)
+    try:
+        info = c.info("replication")
+        return info.get("connected_slaves") == 1 and info["slave0"]["state"] == "online"
+    except (redis.RedisError, KeyError):
+        return False
+    finally:
+        c.close()
+
+
+def _caught_up(master: Server) -> bool:
+    """The replica has acknowledged every write of the master."""
+    c = redis.Redis(port=master.port, decode_responses=True)
+    try:
+        c.set("probe", 1)
+        return int(c.wait(1, 100)) == 1
+    finally:
+        c.close()
+
+
+def _pair(root: Path, binary: str) -> Iterator[Pair]:
+    # No 5 s wait for more replicas before the first full sync.
+    master = Server(root / "master", binary=binary, extra=["--repl-diskless-sync-delay", "0"]).start()
+    replica = Server(root / "replica", binary=binary,
+                     extra=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    try:
+        # Online is not enough: a replica's first acknowledgement comes up to a second later.
+        wait_for(lambda: _online(master) and _caught_up(master), timeout=20, interval=0.05,
+                 what="the replica to sync and acknowledge")
+        yield Pair(master, replica)
+    finally:
+        if replica.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(replica.proc.pid, signal.SIGCONT)
+        replica.stop(kill=True)
+        master.stop(kill=True)
+
+
+@pytest.fixture(params=["valkey", "redis7"])
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
+    binary = bundled_binary() if request.param == "valkey" else debian_binary()
+    if binary is None:
+        pytest.skip("Debian's redis-server is not installed here")
+    yield from _pair(tmp_path / "servers", binary)
+
+
+@pytest.fixture
+def valkey_pair(tmp_path: Path) -> Iterator[Pair]:
+    yield from _pair(tmp_path / "servers", bundled_binary())
+
+
+def durable(p: Project, replicas: int, timeout_s: float = TIMEOUT_S) -> Project:
+    """The project's runner.toml with wait_replicas and wait_timeout in [redis]."""
+    path = p.root / "runner.toml"
+    text = path.read_text().replace(
+        "[redis]\n", f"[redis]\nwait_replicas = {replicas}\nwait_timeout = {timeout_s}\n", 1)
+    path.write_text(text)
+    if p._runtime is not None:
+        p._runtime.close()
+    p._runtime = None
+    return p
+
+
+@pytest.fixture
+def rproject(tmp_path: Path, valkey_pair: Pair) -> Iterator[Project]:
+    p = make_project(tmp_path / "p", valkey_pair.master)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+def cli_run(p: Project, *args: str, env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(cli, ["--config", str(p.root / "runner.toml"), *args],
+                              env={**p.env, **(env or {})}, catch_exceptions=False)
+
+
+def test_no_wait_is_sent_without_wait_replicas(rproject: Project, valkey_pair: Pair) -> None:
+    """The default (wait_replicas = 0) sends no WAIT on any enqueue path: the master's
+    command counters show scripts run and not one WAIT."""
+    p = rproject
+    c = p.client
+    http = falcon.testing.TestClient(create_app(p.runtime))
+    valkey_pair.reset_counts()
+    c.enqueue("record", {"n": 1})
+    c.enqueue_many([Request("record", {"n": i}) for i in range(5)])
+    c.enqueue_all([Request("record", {"n": i}) for i in range(5)])
+    asyncio.run(c.aenqueue("record", {"n": 2}))
+    assert http.simulate_post("/jobs/record", json={"n": 3}).status_code == 202
+    assert http.simulate_post("/jobs/record/batch", json=[{"n": 4}, {"n": 5}]).status_code == 202
+    assert cli_run(p, "enqueue", "record", '{"n": 6}').exit_code == 0
+    assert c.stats()["fast"]["ready"] == 16
+    assert valkey_pair.calls("evalsha") >= 7 and valkey_pair.waits() == 0
+
+
+def test_every_enqueue_path_returns_with_the_job_on_the_replica(tmp_path: Path, pair: Pair) -> None:
+    """wait_replicas = 1, replica up: each path answers as usual, and the job is on the
+    replica the moment the answer is back (WAIT confirmed it); one WAIT per script call,
+    pipelined behind it. On Valkey 9 and Redis 7.0."""
+    p = durable(make_project(tmp_path / "p", pair.master), 1, timeout_s=5)
+    rep = pair.client(pair.replica)
+    k = p.keys()
+    c = p.client
+    http = falcon.testing.TestClient(create_app(p.runtime))
+    try:
+        def on_replica(*ids: str) -> None:
+            for job_id in ids:
+                assert rep.exists(k.job(job_id)), job_id
+
+        c.enqueue("record", {"n": 0})  # loads the script (its first call answers NOSCRIPT)
+        before = pair.waits()
+        on_replica(c.enqueue("record", {"n": 1}).id)
+        assert pair.waits() == before + 1
+        on_replica(*[j.id for j in c.enqueue_many([Request("record", {"n": i}) for i in range(250)])
+                     if not isinstance(j, Exception)])
+        on_replica(*[j.id for j in c.enqueue_all([Request("record", {"n": i}) for i in range(5)])])
+        on_replica(asyncio.run(c.aenqueue("record", {"n": 2})).id)
+        # One combined round trip for two queues: both scripts, then one WAIT.
+        both = c._send_prepared([c.prepare(Request("record", {"n": 3})), c.prepare(Request("slow", {"seconds": 0}))])
+        on_replica(both[0].id)  # type: ignore[union-attr]
+        assert rep.exists(p.keys("slow").job(both[1].id))  # type: ignore[union-attr]
+        r = http.simulate_post("/jobs/record", json={"n": 4})
+        assert r.status_code == 202, r.text
+        on_replica(r.json["id"])
+        r = http.simulate_post("/jobs/record/batch", json=[{"n": 5}, {"n": 6}])
+        assert r.status_code == 202, r.text
+        on_replica(*[j["id"] for j in r.json["jobs"]])
+        out = cli_run(p, "enqueue", "record", '{"n": 7}', "--json")
+        assert out.exit_code == 0, out.output
+        on_replica(json.loads(out.stdout)["id"])
+        # 250 jobs stream as 3 calls of 100, each with its WAIT.
+        assert pair.waits() >= before + 1 + 3 + 1 + 1 + 1 + 1 + 1 + 1
+    finally:
+        rep.close()
+        if p._runtime is not None:
+            p._runtime.close()
+
+
+def test_a_stopped_replica_fails_the_enqueue_with_not_replicated(rproject: Project, valkey_pair: Pair) -> None:
+    """Replica stopped: each enqueue path fails within about the timeout with NotReplicated
+    naming its job, which is on the master (written, not confirmed). HTTP answers 503
+    not-replicated with the job's id, never 202; the CLI exits 3. Once the replica is back,
+    the same idempotency key answers with the same job: the retry was safe."""
+    p = durable(rproject, 1)
+    c = p.client
+    http = falcon.testing.TestClient(create_app(p.runtime))
+    with valkey_pair.replica_stopped():
+        t0 = time.monotonic()
+        with pytest.raises(NotReplicated) as err:
+            c.enqueue("idem", {"k": "order-7", "v": 1})
+        took = time.monotonic() - t0
+        assert TIMEOUT_S * 0.9 <= took < TIMEOUT_S + 2, took
+        e = err.value
+        assert (e.acked, e.wanted) == (0, 1) and len(e.job_ids) == 1
+        assert "written to the Redis master" in str(e) and "idempotency key" in str(e)
+        assert c.get(e.job_ids[0]).status == "queued"  # on the master
+        first = e.job_ids[0]
+
+        with pytest.raises(NotReplicated) as many:
+            c.enqueue_many([Request("record", {"n": i}) for i in range(3)])
+        assert len(many.value.job_ids) == 3
+        with pytest.raises(NotReplicated):
+            asyncio.run(c.aenqueue("record", {"n": 1}))
+
+        r = http.simulate_post("/jobs/record", json={"n": 1})
+        assert r.status_code == 503, r.text
+        assert r.headers["Content-Type"] == "application/problem+json"
+        body = r.json
+        assert body["type"] == "urn:runner:problem:not-replicated" and body["status"] == 503
+        assert body["replicas_acked"] == 0 and body["replicas_wanted"] == 1
+        assert len(body["job_ids"]) == 1 and "Idempotency-Key" in body["detail"]
+        assert r.headers["Retry-After"] == "1"
+        assert c.get(body["job_ids"][0]).status == "queued"
+        r = http.simulate_post("/jobs/record/batch", json=[{"n": 1}, {"n": 2}])
+        assert r.status_code == 503 and len(r.json["job_ids"]) == 2, r.text
+
+        out = cli_run(p, "enqueue", "record", '{"n": 1}', "--json")
+        assert out.exit_code == 3, out.output
+        assert json.loads(out.stdout)["kind"] == "NotReplicated"
+        assert "not replicated" in out.stderr
+
+    wait_for(lambda: _caught_up(valkey_pair.master), timeout=20, what="the replica back")
+    again = c.enqueue("idem", {"k": "order-7", "v": 1})
+    assert again.duplicate and again.id == first
+
+
+def test_more_replicas_than_there_are(rproject: Project, valkey_pair: Pair) -> None:
+    """wait_replicas = 2 with one replica: the one that did confirm is counted, the enqueue
+    still fails; set through the environment (RUNNER_REDIS_WAIT_REPLICAS), which wins."""
+    p = rproject
+    env = {"RUNNER_REDIS_WAIT_REPLICAS": "2", "RUNNER_REDIS_WAIT_TIMEOUT": str(TIMEOUT_S)}
+    out = cli_run(p, "enqueue", "record", '{"n": 1}', env=env)
+    assert out.exit_code == 3 and "only 1 of 2 replica(s)" in out.stderr, out.output
+
+
+def test_a_schedules_trigger_waits_too(rproject: Project, valkey_pair: Pair) -> None:
+    """A schedule's tick goes through the same durable path: triggered by hand with the
+    replica stopped, it is NotReplicated naming its job; with the replica up it returns."""
+    add_function(rproject, "report", 'SCHEDULE = "0 * * * *"')
+    p = durable(rproject, 1)
+    assert p.client.trigger("report").status == "queued"
+    with valkey_pair.replica_stopped(), pytest.raises(NotReplicated) as err:
+        p.client.trigger("report")
+    assert len(err.value.job_ids) == 1

@@ -1,0 +1,73 @@
+"""Partition tags and routing (docs/partitions.md), without Redis."""
+
+from __future__ import annotations
+
+import pytest
+from redis.crc import key_slot
+
+from runner.store import routing
+from runner.store.keys import SLOT_MARGIN, for_partitions, for_queue, home_partition, partition_tags, slot_range
+from runner.store.scripts import NewJob
+
+
+def _job(limits: str = "", idem: str = "", type_: str = "t") -> NewJob:
+    return NewJob("id", type_, 1, "{}", 3, 0, 0, idem, "-", "", limits)
+
+
+def test_one_partition_is_the_layout_of_before() -> None:
+    """partitions = 1: the queue's own tag, the very keys of before."""
+    assert partition_tags("fast", 1) == ("fast",)
+    (k,) = for_partitions("runner", "fast", 1)
+    assert k.ready == for_queue("runner", "fast").ready == "runner:{fast}:ready"
+
+
+@pytest.mark.parametrize("queue", ["fast", "slow", "default", "q-1"])
+@pytest.mark.parametrize("n", [2, 3, 6, 8, 64])
+def test_each_partition_lies_in_its_share_of_the_slots(queue: str, n: int) -> None:
+    """Partition i's slot is in the i-th n-th of the slots (a searched tag away from the
+    share's ends); the queue's own tag is kept by the share that holds it."""
+    tags = partition_tags(queue, n)
+    assert len(set(tags)) == n and tags[home_partition(queue, n)] == queue
+    for i, tag in enumerate(tags):
+        lo, hi = slot_range(i, n)
+        slot = key_slot(tag.encode())
+        assert lo <= slot < hi, (i, tag, slot)
+        if tag != queue:
+            assert lo + SLOT_MARGIN <= slot < hi - SLOT_MARGIN and tag.startswith(queue + ":")
+
+
+def test_doubling_keeps_every_tag() -> None:
+    """3 -> 6 (and 2 -> 4 -> 8) keeps the tags of before: no job changes place."""
+    for queue in ("fast", "slow", "emails"):
+        assert set(partition_tags(queue, 3)) <= set(partition_tags(queue, 6))
+        assert set(partition_tags(queue, 2)) <= set(partition_tags(queue, 4)) <= set(partition_tags(queue, 8))
+
+
+def test_routing_takes_the_first_lock_key_then_the_idempotency_key() -> None:
+    """RESOURCE_KEY, then CONCURRENCY, then RATE_LIMIT (the order of the limit lines), then
+    the idempotency key, which is per function type; a job with none has no route."""
+    both = _job("1 r:acct-7\n4 c:t\n10/1000 q:t", idem="k1")
+    assert routing.route(both) == "r:acct-7"
+    assert routing.route(_job("4 c:t:7\n10/1000 q:t")) == "c:t:7"
+    assert routing.route(_job(idem="k1")) == "i:t:k1"
+    assert routing.route(_job(idem="k1", type_="u")) == "i:u:k1"
+    assert routing.route(_job()) == ""
+    assert routing.partition_of("r:acct-7", 6) == routing.partition_of("r:acct-7", 6) < 6
+
+
+def test_a_batch_goes_one_call_per_partition_and_keyless_jobs_together() -> None:
+    """Keyed jobs go where their key sends them; the keyless jobs of one batch go together
+    to one partition, the next batch's to the next."""
+    spread = routing.Spread()
+    jobs = [_job(idem=f"k{i}") for i in range(50)] + [_job() for _ in range(20)]
+    first = routing.split(jobs, 6, spread)
+    assert sorted(i for idx in first.values() for i in idx) == list(range(70))
+    for p, idx in first.items():
+        for i in idx:
+            if i < 50:
+                assert routing.partition_of(f"i:t:k{i}", 6) == p
+    loose = [p for p, idx in first.items() if 50 in idx]
+    assert all(i in first[loose[0]] for i in range(50, 70))
+    second = routing.split([_job()], 6, spread)
+    assert list(second) == [(loose[0] + 1) % 6]
+    assert routing.split(jobs, 1, spread) == {0: list(range(70))}
