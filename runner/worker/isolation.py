@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,10 +137,14 @@ class Slot:
         self.config_source = config_source
         self.grace_s = timeout_grace_s
         self.child: ChildProcess | None = None
+        # The start's background warm-up and the slot's first job may both find no child:
+        # one of them starts it, the other uses it (two would leak one).
+        self._starting = threading.Lock()
 
     def warm(self, generation: int) -> None:
-        if self.child is None or not self.child.alive() or self.child.generation != generation:
-            self.replace(generation)
+        with self._starting:
+            if self.child is None or not self.child.alive() or self.child.generation != generation:
+                self.replace(generation)
 
     def replace(self, generation: int) -> None:
         if self.child is not None:
