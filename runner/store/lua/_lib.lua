@@ -109,10 +109,21 @@ local function heal_limit(k)
   end
 end
 
+-- A command on a limit's holders: a key damaged to another type is renamed aside
+-- (heal_limit) and the command runs again on the fresh key. The common case costs no
+-- TYPE check.
+local function on_holders(cmd, k, ...)
+  local r = redis.pcall(cmd, k, ...)
+  if type(r) == 'table' and r.err then
+    heal_limit(k)
+    r = redis.call(cmd, k, ...)
+  end
+  return r
+end
+
 -- Drop holders whose lease lapsed (their worker died and nobody released them).
 local function purge_holders(k, now)
-  heal_limit(k)
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+  on_holders('ZREMRANGEBYSCORE', k, '-inf', now)
 end
 
 -- Wake parked jobs of one limit key while it has free slots: each woken job gets a
@@ -121,6 +132,14 @@ end
 local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notify_key, limwait_key)
   local k = lim_prefix .. key
   local wk = k .. ':w'
+  local parked = redis.pcall('LLEN', wk)
+  if type(parked) ~= 'number' or parked == 0 then
+    -- Nobody waits (the common case of a release): nothing to wake, and the key leaves
+    -- the sweep's index. A damaged waiter list is renamed aside.
+    if type(parked) ~= 'number' then heal_limit(k) end
+    if limwait_key then redis.call('ZREM', limwait_key, key) end
+    return 0
+  end
   purge_holders(k, now)
   local woke = 0
   for _ = 1, 64 do
@@ -143,24 +162,24 @@ end
 -- Give back every slot a claim token holds and wake the next parked job of each key.
 local function release_limits(lim_prefix, raw, token, now, job_prefix, ready_key, notify_key, limwait_key)
   for _, l in ipairs(parse_limits(raw)) do
-    heal_limit(lim_prefix .. l.key)
-    redis.call('ZREM', lim_prefix .. l.key, token)
+    on_holders('ZREM', lim_prefix .. l.key, token)
     wake_parked(lim_prefix, l.key, l.n, now, job_prefix, ready_key, notify_key, limwait_key)
   end
 end
 
 -- Take a slot of every limit for this claim, or none: returns nil when all were taken,
--- else the limit that is full (the job is parked on it).
-local function acquire_limits(lim_prefix, limits, id, token, now, lease)
+-- else the limit that is full (the job is parked on it). Only a woken job can hold a
+-- reserved slot ("=<id>", see wake_parked) to take over; another never looks for one.
+local function acquire_limits(lim_prefix, limits, id, token, now, lease, woken)
   for _, l in ipairs(limits) do
     local k = lim_prefix .. l.key
     purge_holders(k, now)
-    local mine = redis.call('ZSCORE', k, '=' .. id) and 1 or 0
+    local mine = woken and redis.call('ZSCORE', k, '=' .. id) and 1 or 0
     if redis.call('ZCARD', k) - mine >= l.n then return l end
   end
   for _, l in ipairs(limits) do
     local k = lim_prefix .. l.key
-    redis.call('ZREM', k, '=' .. id)
+    if woken then redis.call('ZREM', k, '=' .. id) end
     redis.call('ZADD', k, now + lease, token)
   end
   return nil

@@ -264,7 +264,7 @@ local function take(id)
       end
       if full and cheap < 256 then cheap = cheap + 1 end
     end
-    full = full or acquire_limits(KEYS[7], limits, id, token, now, lease)
+    full = full or acquire_limits(KEYS[7], limits, id, token, now, lease, f[6] == '1')
     if full then
       full_keys[full.key] = true
       if rated_now then redis.call('HSET', sk, 'rated', '1') end
