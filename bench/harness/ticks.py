@@ -95,6 +95,9 @@ def burst(url: str, work: Path, n: int = 10_000, rounds: int = 3, workers: int =
         t0 = time.monotonic()
         _wait(lambda: _adopted(log, workers, n), 120, f"{workers} workers to adopt {n} schedules")
         adopt_s = time.monotonic() - t0
+        # The ticks' jobs stay queued (a paused queue still takes jobs), so each one's
+        # record, and the time it was written, can be read after the round.
+        r.hset(f"{PREFIX}:{{fast}}:paused", "queue", _server_ms(r))
         out = []
         for k in range(1, rounds + 1):
             tick = base + k * 60_000
@@ -140,8 +143,10 @@ def _lateness(r: redis.Redis, n: int, tick: int) -> list[float]:
     ids = pipe.execute()
     pipe = r.pipeline(transaction=False)
     for job_id in ids:
-        pipe.hget(f"{PREFIX}:{{fast}}:job:{job_id}", "created_ms")
-    return [int(c) - tick for c in pipe.execute() if c is not None]
+        pipe.get(f"{PREFIX}:{{fast}}:job:{job_id}")
+    # A record is one string whose fifth field is created_ms (see runner/store/records.py).
+    created = [raw.split("\x1f", 5)[4] for raw in pipe.execute() if isinstance(raw, str)]
+    return [int(c) - tick for c in created if c.isdigit()]
 
 
 def idle(url: str, work: Path, counts: tuple[int, ...] = (0, 1_000, 10_000), seconds: float = 20.0) -> dict[str, Any]:
