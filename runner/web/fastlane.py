@@ -76,6 +76,8 @@ class FastLane:
             elif name == b"content-type":
                 content_type = value
             elif name == b"authorization":
+                if authorization is not None:  # falcon joins repeated ones: let it judge
+                    return await self.app(scope, receive, send)
                 authorization = value
             elif name in _SKIP:
                 return await self.app(scope, receive, send)

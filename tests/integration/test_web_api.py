@@ -366,3 +366,25 @@ def test_the_enqueue_fast_lane_answers_as_the_route_does_and_never_writes_twice(
     same = client.simulate_post("/jobs/idem", json={"k": "a", "v": 1})
     assert same.status_code == 200 and same.json["duplicate"] and "location" not in same.headers
     assert routed_to == ["/jobs/noop?", "/jobs/record", "/jobs/idem"]  # the refusals; the clash
+
+
+def test_the_fast_lane_leaves_a_request_with_two_authorization_headers_to_the_route(project: Project) -> None:
+    """Falcon reads repeated Authorization headers joined by a comma, which is no token it
+    knows: a 401. The fast lane must not judge the last one alone and enqueue."""
+    project.write_config(extra='\n[api.tokens.good]\nenv = "GOOD_TOKEN"\nscopes = ["enqueue"]\n')
+    import os
+
+    os.environ["GOOD_TOKEN"] = "good-token-123"
+    try:
+        rt = project.runtime
+        client = falcon.testing.TestClient(create_app(rt))
+        ok = client.simulate_post("/jobs/noop", json={}, headers={"Authorization": "Bearer good-token-123"})
+        assert ok.status_code == 202, ok.text
+        before = rt.redis.llen(rt.keys["fast"].ready)
+        both = client.simulate_request("POST", "/jobs/noop", body=b"{}", headers=[
+            ("Content-Type", "application/json"), ("Authorization", "Bearer bad"),
+            ("Authorization", "Bearer good-token-123")])
+        assert both.status_code == 401, both.text
+        assert rt.redis.llen(rt.keys["fast"].ready) == before
+    finally:
+        del os.environ["GOOD_TOKEN"]
