@@ -211,10 +211,9 @@ local function take(id)
     stop = true
     return
   end
-  if ikey ~= '' then
-    -- The key below is not the queue's own: should it fail, the jobs claimed so far
-    -- already hold their leases. (A limit's keys need no such flush: a damaged one is
-    -- renamed aside where a command on it fails, see on_holders in _lib.lua.)
+  if ikey ~= '' or #limits > 0 then
+    -- The keys below are not the queue's own: should one of them fail (a wrong
+    -- type), the jobs claimed so far already hold their leases.
     write_leases()
   end
   if ikey ~= '' then
