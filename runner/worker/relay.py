@@ -99,7 +99,8 @@ def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
             log.error("job %s: not sent to %s: %s", job_id, fn.on_failure, exc, extra={"job_id": job_id})
             continue
         dest = prep.job._replace(id=followup_id(job_id, "f"))
-        rt.scripts.relay(rt.keys[prep.fn.queue], [job_entry(prep.fn.queue, dest)[1:]])
+        # Placed as the outbox's entries are: in the partition its keys route it to.
+        place(rt, [codec.dumps(job_entry(prep.fn.queue, dest))])
     if ids:
         pipe = rt.redis.pipeline(transaction=False)
         for job_id in ids:
