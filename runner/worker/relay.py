@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from runner.client import Client, Request
 from runner.errors import JobNotFound, RunnerError
 from runner.runtime import Runtime
 from runner.store import codec, routing
 from runner.store.keys import QueueKeys
-from runner.store.scripts import followup_id, job_entry
+from runner.store.scripts import Followup, followup_id, job_entry
 from runner.worker.faults import fault
 
 log = logging.getLogger("runner.scheduler")
@@ -68,12 +69,33 @@ def drain(rt: Runtime, k: QueueKeys) -> int:
     fault("before_relay")
     finished = place(rt, entries)
     fault("after_relay")  # placed, not yet off the outbox: the next pass places nothing twice
-    if finished:
-        pipe = rt.redis.pipeline(transaction=False)
-        for raw in finished:
-            pipe.lrem(k.outbox, 1, raw)
-        pipe.execute()
+    _remove(rt, k.outbox, finished)
     return len(finished)
+
+
+def _remove(rt: Runtime, key: str, items: Sequence[str]) -> None:
+    """Take these entries off a list (one each), in one round trip."""
+    if items:
+        pipe = rt.redis.pipeline(transaction=False)
+        for item in items:
+            pipe.lrem(key, 1, item)
+        pipe.execute()
+
+
+def destination(client: Client, dest: str, tag: str, job_id: str, type_: str, version: int, attempt: int,
+                queue: str, body: dict[str, Any]) -> Followup | None:
+    """The job an ON_SUCCESS ("s") or ON_FAILURE ("f") destination gets: the source job
+    and its result or error, under the id <source>.<tag>, which is written once whoever
+    writes it (the settling script, or the lost list's pass below). None when the
+    destination's schema refuses the record (it was checked at load)."""
+    record = {"job": {"id": job_id, "type": type_, "version": version, "attempt": attempt, "queue": queue},
+              **body}
+    try:
+        prep = client.prepare(Request(dest, record))
+    except RunnerError as exc:
+        log.error("job %s: not sent to %s: %s", job_id, dest, exc, extra={"job_id": job_id})
+        return None
+    return Followup(prep.fn.queue, prep.job._replace(id=followup_id(job_id, tag)))
 
 
 def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
@@ -91,19 +113,9 @@ def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
         fn = rt.registry.functions.get(str(job["type"]))
         if fn is None or not fn.on_failure or job["status"] != "dead":
             continue
-        record = {"job": {"id": job_id, "type": job["type"], "version": job["version"] or 0,
-                          "attempt": job["attempt"], "queue": k.queue}, "error": job["last_error"]}
-        try:
-            prep = client.prepare(Request(fn.on_failure, record))
-        except RunnerError as exc:  # its schema was checked at load; a record it rejects
-            log.error("job %s: not sent to %s: %s", job_id, fn.on_failure, exc, extra={"job_id": job_id})
-            continue
-        dest = prep.job._replace(id=followup_id(job_id, "f"))
-        # Placed as the outbox's entries are: in the partition its keys route it to.
-        place(rt, [codec.dumps(job_entry(prep.fn.queue, dest))])
-    if ids:
-        pipe = rt.redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.lrem(k.lost, 1, job_id)
-        pipe.execute()
+        dest = destination(client, fn.on_failure, "f", job_id, str(job["type"]), job["version"] or 0,
+                           job["attempt"], k.queue, {"error": job["last_error"]})
+        if dest is not None:  # placed as the outbox's entries are: where its keys route it
+            place(rt, [codec.dumps(job_entry(dest.queue, dest.job))])
+    _remove(rt, k.lost, ids)
     return len(ids)

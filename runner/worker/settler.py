@@ -13,16 +13,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from runner.client import Client, Request
+from runner.client import Client
 from runner.config import QueueConfig
-from runner.errors import RunnerError
 from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
-from runner.store.scripts import Ack, Batch, Burial, Followup, Hand, Member, RetryAt, followup_id
+from runner.store.scripts import Ack, Batch, Burial, Followup, Hand, Member, RetryAt
+from runner.worker import relay
 from runner.worker.execute import CANCELLED, EXPIRED, Claimed, Dead, Done, RetryLater
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
@@ -317,18 +317,13 @@ class Settler:
         return self._destination(fn.on_failure, "f", job, {"error": error})
 
     def _destination(self, dest: str, tag: str, job: Claimed, body: dict[str, Any]) -> tuple[Followup, ...]:
-        """The job an ON_SUCCESS / ON_FAILURE destination gets, written in the settling
-        script's own step (ack.lua, bury.lua) under an id that step writes once."""
+        """The destination's job, written in the settling script's own step (ack.lua,
+        bury.lua) under an id that step writes once (see relay.destination)."""
         if self._client is None:
             self._client = Client(self.rt)
-        record = {"job": {"id": job.id, "type": job.type, "version": int(job.version_raw or 0),
-                          "attempt": job.attempt, "queue": job.queue}, **body}
-        try:
-            prep = self._client.prepare(Request(dest, record))
-        except RunnerError as exc:  # its schema was checked at load; a result it rejects
-            log.error("job %s: not sent to %s: %s", job.id, dest, exc, extra={"job_id": job.id})
-            return ()
-        return (Followup(prep.fn.queue, prep.job._replace(id=followup_id(job.id, tag))),)
+        f = relay.destination(self._client, dest, tag, job.id, job.type, int(job.version_raw or 0), job.attempt,
+                              job.queue, body)
+        return () if f is None else (f,)
 
     def _summarise(self) -> None:
         t = self._tally

@@ -48,6 +48,17 @@ def add_coop(project: Project, extra: str = "") -> None:
     project.write_config(grace=1)
 
 
+def one_slot_that_prefetches(project: Project) -> None:
+    """The coop function on a slow queue with one executor that claims jobs ahead."""
+    add_coop(project)
+    project.write_config(grace=1, extra="")
+    toml = project.root / "runner.toml"
+    head = "[queues.slow]\nvisibility_timeout = 10\nconcurrency = 2"
+    assert head in toml.read_text()
+    toml.write_text(toml.read_text().replace(head, "[queues.slow]\nvisibility_timeout = 10\nconcurrency = 1\n"
+                                             "prefetch = 4"))
+
+
 def status(project: Project, job_id: str) -> str | None:
     return project.client.get(job_id).status
 
@@ -80,12 +91,7 @@ def test_a_queued_and_a_scheduled_job_end_cancelled_and_never_run(project: Proje
 def test_a_prefetched_job_is_never_started(project: Project) -> None:
     """A job claimed ahead by a worker whose executors are busy is dropped by that worker
     on the cancel's notice: it never starts, and the job ends cancelled."""
-    add_coop(project)
-    project.write_config(grace=1, extra="")
-    text = (project.root / "runner.toml").read_text().replace(
-        "[queues.slow]\nvisibility_timeout = 10\nconcurrency = 2", "[queues.slow]\nvisibility_timeout = 10\n"
-        "concurrency = 1\nprefetch = 4")
-    (project.root / "runner.toml").write_text(text)
+    one_slot_that_prefetches(project)
     client = project.client
     busy = client.enqueue("coop", {"seconds": 30}).id
     ahead = client.enqueue("coop", {"seconds": 30}).id
@@ -106,12 +112,7 @@ def test_a_prefetched_job_cancelled_as_its_executor_frees_never_starts(project: 
     """The executor frees up a moment after the cancel of the job it claimed ahead, well
     before any renewal could tell the worker: the job still never starts (the worker
     drops it on the cancel's notice, and the answer waits for that) and ends cancelled."""
-    add_coop(project)
-    project.write_config(grace=1, extra="")
-    text = (project.root / "runner.toml").read_text().replace(
-        "[queues.slow]\nvisibility_timeout = 10\nconcurrency = 2", "[queues.slow]\nvisibility_timeout = 10\n"
-        "concurrency = 1\nprefetch = 4")
-    (project.root / "runner.toml").write_text(text)
+    one_slot_that_prefetches(project)
     client = project.client
     flag = project.root / "release-busy"
     for attempt in range(3):  # each round: a busy job, one claimed ahead
