@@ -13,9 +13,6 @@ same scenario inside a full run.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +24,7 @@ from harness import systems  # first: it freezes the runner under test
 
 systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
 
-from harness import extras, flow, scenarios, server  # noqa: E402
+from harness import flow, standalone  # noqa: E402
 
 
 class Size(NamedTuple):
@@ -49,31 +46,8 @@ def main() -> None:
     a = ap.parse_args()
     mode = "quick" if a.quick else "full"
     size = SIZES[mode]._replace(reps=a.reps) if a.reps else SIZES[mode]
-    redis = server.start(a.server)
-    work = server.tmpdir("bench-flow-")
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    try:
-        print(f"server: {redis.kind} {redis.version}; scratch: {work}; load {load}", flush=True)
-        res = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "mode": mode,
-               "machine": {**extras.env_info(), "redis": f"{redis.kind} {redis.version}",
-                           "kernel": platform.release(), "loadavg_start": load},
-               "runner_source": systems.git_state(),
-               **flow.run(scenarios.Env(redis, work), size.n, size.reps, size.cap_s)}
-        res["machine"]["loadavg_end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    finally:
-        redis.stop()
-    m = res["machine"]
-    md = "\n".join([f"# Flow control benchmark, {res['date']}", "",
-                    f"Mode: {mode}. Machine: {m['cpus']} cores, Python {m['python']}, {m['redis']}; "
-                    f"runner at commit {res['runner_source']['commit']}; load average at start / end: "
-                    f"{m['loadavg_start']} / {m['loadavg_end']}.", "", *flow.markdown(res)])
-    print(md)
-    if not a.no_write:
-        out = Path(__file__).resolve().parent / "results"
-        out.mkdir(exist_ok=True)
-        (out / "flow.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-        (out / "flow.md").write_text(md)
-        print(f"written: {out}/flow.json, flow.md", flush=True)
+    standalone.run("flow", "Flow control benchmark", mode, a.server, not a.no_write,
+                   lambda env: flow.run(env, size.n, size.reps, size.cap_s), flow.markdown)
 
 
 if __name__ == "__main__":

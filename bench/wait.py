@@ -10,9 +10,6 @@ Needs wrk (apt-get install wrk). Prints a table and writes bench/results/wait.{j
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +20,7 @@ from harness import systems  # first: it freezes the runner under test
 
 systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
 
-from harness import extras, scenarios, server, waits  # noqa: E402
+from harness import standalone, waits  # noqa: E402
 
 SIZES = {"full": (3, 10, 20000, 20.0), "quick": (1, 4, 5000, 10.0)}  # reps, seconds, drain n, cap
 
@@ -38,31 +35,8 @@ def main() -> None:
     mode = "quick" if a.quick else "full"
     reps, seconds, n, cap = SIZES[mode]
     reps = a.reps or reps
-    redis = server.start(a.server)
-    work = server.tmpdir("bench-wait-")
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    try:
-        print(f"server: {redis.kind} {redis.version}; scratch: {work}; load {load}", flush=True)
-        res = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "mode": mode,
-               "machine": {**extras.env_info(), "redis": f"{redis.kind} {redis.version}",
-                           "kernel": platform.release(), "loadavg_start": load},
-               "runner_source": systems.git_state(),
-               **waits.run(scenarios.Env(redis, work), n, reps, cap, seconds)}
-        res["machine"]["loadavg_end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    finally:
-        redis.stop()
-    m = res["machine"]
-    md = "\n".join([f"# Call and wait benchmark, {res['date']}", "",
-                    f"Mode: {mode}. Machine: {m['cpus']} cores, Python {m['python']}, {m['redis']}; "
-                    f"runner at commit {res['runner_source']['commit']}; load average at start / end: "
-                    f"{m['loadavg_start']} / {m['loadavg_end']}.", "", *waits.markdown(res)])
-    print(md)
-    if not a.no_write:
-        out = Path(__file__).resolve().parent / "results"
-        out.mkdir(exist_ok=True)
-        (out / "wait.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-        (out / "wait.md").write_text(md)
-        print(f"written: {out}/wait.json, wait.md", flush=True)
+    standalone.run("wait", "Call and wait benchmark", mode, a.server, not a.no_write,
+                   lambda env: waits.run(env, n, reps, cap, seconds), waits.markdown)
 
 
 if __name__ == "__main__":
