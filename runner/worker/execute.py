@@ -125,7 +125,11 @@ def _unknown(job: Claimed, reason: str, message: str, grace_s: float, now_ms: in
     age_s = (now_ms - job.created_ms) / 1000
     if age_s >= grace_s:
         return _dead_input(reason, f"{message} (waited {age_s:.0f} s for a worker that knows it)")
-    delay = min(DEFER_CAP_S, DEFER_BASE_S * 2 ** min(max(job.attempt - 1, 0), 5), max(0.05, grace_s - age_s))
+    # Jittered: at a fixed delay the job came due just as this worker's own idle wait
+    # (a one-second BLPOP) ended, so the worker that could not run it claimed it again
+    # every time, ahead of a newer worker that could.
+    base = DEFER_BASE_S * 2 ** min(max(job.attempt - 1, 0), 5) * random.uniform(0.5, 1.5)
+    delay = min(DEFER_CAP_S, base, max(0.05, grace_s - age_s))
     err = {"type": "InvalidJob", "message": f"{message}; handed back for a newer worker", "traceback": ""}
     return RetryLater(delay_s=delay, error=err, refund=True)
 
