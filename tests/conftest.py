@@ -232,6 +232,13 @@ class Project:
                 p.wait(timeout=10)
 
 
+@dataclass
+class Endpoint:
+    """A server a Project is made for by its URL alone (a cluster, a sentinel set, TLS)."""
+
+    url: str
+
+
 def make_project(root: Path, server: Server, examples: bool = False) -> Project:
     """A project folder with the test fixtures' functions and schemas, or with the
     repository's shipped examples (``examples=True``), as a user's project has them."""

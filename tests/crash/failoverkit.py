@@ -23,18 +23,11 @@ from runner.client import Client
 from runner.errors import NotReplicated, RedisUnavailable
 from runner.store.embedded import Server, bundled_binary, free_port
 
-from conftest import Project, make_project, wait_for
+from conftest import Endpoint, Project, make_project, wait_for
 
 SERVICE = "jobs"
 SENTINELS = 3
 PRODUCERS = 4
-
-
-@dataclass
-class Endpoint:
-    """What a Project needs of a server: its URL."""
-
-    url: str
 
 
 @dataclass

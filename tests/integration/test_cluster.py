@@ -11,7 +11,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from runner.store.guard import redis_risks
 from runner.store.keys import for_queue
 from runner.store.scripts import Ack, NewJob
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
+from conftest import Endpoint, Project, assert_no_job_in_two_structures, make_project, wait_for
 
 NODES = 3
 
@@ -53,13 +52,6 @@ def _cluster_port() -> int:
                 continue
         return port
     raise RuntimeError("no free port pair for a cluster node")
-
-
-@dataclass
-class Endpoint:
-    """What a Project needs of a server: its URL."""
-
-    url: str
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cluster import Endpoint, cluster  # noqa: F401  (the cluster fixture)
+from test_cluster import cluster  # noqa: F401  (the cluster fixture)
 
 from runner.client import Request
 from runner.errors import IdempotencyConflict
 from runner.store import routing
 from runner.store.embedded import Server
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
+from conftest import Endpoint, Project, assert_no_job_in_two_structures, make_project, wait_for
 
 # The drain's size: 2,000 by default, PARTITION_JOBS=20000 for the full run.
 JOBS = int(os.environ.get("PARTITION_JOBS", 2000))

@@ -16,14 +16,9 @@ import redis
 from runner.errors import RedisUnavailable
 from runner.store.embedded import Server, bundled_binary, free_port
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
+from conftest import Endpoint, Project, assert_no_job_in_two_structures, make_project, wait_for
 
 SERVICE = "jobs"
-
-
-@dataclass
-class Endpoint:
-    url: str
 
 
 @dataclass

@@ -17,7 +17,7 @@ import redis
 from runner.errors import RedisUnavailable
 from runner.store.embedded import Server, debian_binary, free_port
 
-from conftest import Project, make_project
+from conftest import Endpoint, Project, make_project
 
 PASSWORD = "s3cret-pass"
 
@@ -65,11 +65,6 @@ class Tls:
 
     def url(self, user: str = "runner", password: str = PASSWORD) -> str:
         return f"rediss://{user}:{password}@127.0.0.1:{self.tls_port}/0"
-
-
-@dataclass
-class Endpoint:
-    url: str
 
 
 @pytest.fixture(scope="module")
