@@ -356,11 +356,14 @@ class Client:
 
     def _partitioned(self, queue: str, items: Sequence[_T],
                      job: Callable[[_T], NewJob]) -> list[tuple[QueueKeys, list[_T]]]:
-        """``items`` of one queue by the partition their jobs go to (see store/routing.py)."""
+        """``items`` of one queue by the partition their jobs go to (see store/routing.py);
+        the current count's partitions only, never a draining one."""
+        self.runtime.discover_due(record=True)  # a producer's tags stay recorded (tagset.py)
         parts = self.runtime.parts[queue]
-        if len(parts) == 1:
+        n = parts[0].partitions
+        if n == 1:
             return [(parts[0], list(items))]
-        groups = routing.split([job(i) for i in items], len(parts), self._spread)
+        groups = routing.split([job(i) for i in items], n, self._spread)
         return [(parts[p], [items[i] for i in idx]) for p, idx in groups.items()]
 
     def _send_prepared(self, preps: Sequence[_Prepared], spin: bool = False) -> list[_Answer]:
@@ -465,7 +468,9 @@ class Client:
         return found
 
     def _every(self) -> list[QueueKeys]:
-        """The keys of every queue's every partition."""
+        """The keys of every queue's every partition (draining ones included: the tags
+        recorded are read again every tagset.RECORD_EVERY_S)."""
+        self.runtime.discover_due()
         return [k for parts in self.runtime.parts.values() for k in parts]
 
     def get_many(self, job_ids: Sequence[str]) -> dict[str, records.Job]:
@@ -481,7 +486,7 @@ class Client:
         """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters;
         summed over a partitioned queue's partitions, which "partitions" lists one by one."""
         rt = self.runtime
-        every = [k for parts in rt.parts.values() for k in parts]
+        every = self._every()
         try:
             pipe = rt.redis.pipeline(transaction=False)
             for k in every:
@@ -571,7 +576,7 @@ class Client:
         parts = self.runtime.parts[fn.queue]
         conc = fn.concurrency
         # A function-wide limit lives in the partition its key routes every job of it to.
-        limit_keys = parts[routing.partition_of(f"c:{fn.name}", len(parts))]
+        limit_keys = parts[routing.partition_of(f"c:{fn.name}", parts[0].partitions)]
         lim = limit_keys.limit(f"c:{fn.name}")
         try:
             pipe = self.runtime.redis.pipeline(transaction=False)

@@ -6,11 +6,15 @@ down. The registry is replaced whole on reload; readers take one reference per j
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
-from runner.store import connection
+from runner.store import connection, tagset
+from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys, for_partitions, home_partition
 from runner.store.scripts import Scripts
 from runner.store.waiter import Waiter
@@ -18,10 +22,12 @@ from runner.store.waiter import Waiter
 if TYPE_CHECKING:
     from runner.catalog.registry import Registry
 
+log = logging.getLogger("runner")
 
-def layout(config: Config) -> tuple[dict[str, QueueKeys], dict[str, tuple[QueueKeys, ...]]]:
+
+def layout(config: Config) -> tuple[dict[str, QueueKeys], dict[str, list[QueueKeys]]]:
     """Each queue's home partition keys, and every partition's, by index."""
-    parts = {q: for_partitions(config.redis.prefix, q, c.partitions) for q, c in config.queues.items()}
+    parts = {q: list(for_partitions(config.redis.prefix, q, c.partitions)) for q, c in config.queues.items()}
     return {q: p[home_partition(q, len(p))] for q, p in parts.items()}, parts
 
 
@@ -31,26 +37,71 @@ class Runtime:
     redis: Any
     # Each queue's home partition (its own tag: with partitions = 1, its only one)...
     keys: dict[str, QueueKeys] = field(default_factory=dict)
-    # ...and every partition, by index (see docs/partitions.md).
-    parts: dict[str, tuple[QueueKeys, ...]] = field(default_factory=dict)
+    # ...and every partition, by index (see docs/partitions.md): the current count's
+    # first, then those of other counts still recorded (draining; the list only grows,
+    # so an index a claimed job carries stays valid).
+    parts: dict[str, list[QueueKeys]] = field(default_factory=dict)
     _registry: Registry | None = None
     _scripts: Scripts | None = None
     _waiter: Waiter | None = None
+    _discovered_at: float = float("-inf")
+    _recorded_at: float = float("-inf")
+    _discovering: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False,
-               **redis_overrides: Any) -> Runtime:
+               record: bool = False, **redis_overrides: Any) -> Runtime:
         """``lazy``: load functions/ and schemas/ and assemble the scripts on first use of
         ``registry`` and ``scripts``, for the commands that may never need them (`runner
         job`, `runner stats`): importing every handler, compiling every schema and
-        assembling every Lua script would be most of their run time."""
+        assembling every Lua script would be most of their run time. ``record``: add this
+        process's partition tags to the queues' recorded sets (a process that routes or
+        serves jobs; a reader or `runner check` only reads them)."""
         client = connection.connect(config.redis, **redis_overrides)
         keys, parts = layout(config)
         rt = cls(config=config, redis=client, keys=keys, parts=parts, _registry=reg)
+        rt.discover(record=record)
         if not lazy:  # a process starts with its functions and scripts ready
             rt.registry  # noqa: B018
             rt.scripts.prepare()
         return rt
+
+    def discover(self, *, record: bool = False) -> list[QueueKeys]:
+        """Read the partition tags recorded for every queue (tagset.py), adding this
+        process's own with ``record``; the tags of other counts join ``parts`` as draining
+        partitions. Returns those new here. Redis away: nothing new, the next call retries."""
+        prefix = self.config.redis.prefix
+        with self._discovering:  # threads of one process (web threads, the scheduler) append once
+            now = time.monotonic()
+            try:
+                recorded = tagset.record_and_read(
+                    self.redis, prefix, {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items()},
+                    record=record)
+            except UNAVAILABLE as exc:
+                log.debug("partition tags not read (Redis unreachable): %s", exc)
+                return []
+            except Exception as exc:  # a damaged set must not stop a process: its own tags serve
+                log.warning("partition tags of %s not read: %s", ", ".join(self.parts), exc)
+                return []
+            self._discovered_at = now
+            if record:
+                self._recorded_at = now
+            new: list[QueueKeys] = []
+            for q, tags in recorded.items():
+                extra = tagset.draining_keys(prefix, q, self.parts[q], tags)
+                self.parts[q].extend(extra)
+                new += extra
+        if new and self._waiter is not None:
+            self._waiter.extend([k.ended for k in new])
+        return new
+
+    def discover_due(self, *, record: bool = False) -> list[QueueKeys]:
+        """``discover`` when the last one (that recorded, with ``record``) is older than
+        tagset.RECORD_EVERY_S: a producer records its tags at its first enqueue and then
+        that often; the check itself is one clock read."""
+        if time.monotonic() - (self._recorded_at if record else self._discovered_at) < tagset.RECORD_EVERY_S:
+            return []
+        return self.discover(record=record)
 
     @property
     def scripts(self) -> Scripts:

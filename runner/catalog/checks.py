@@ -21,6 +21,7 @@ from typing import Any
 
 from runner import config as config_mod
 from runner.catalog import registry as registry_mod
+from runner.catalog.partitioning import Change, split_keys
 from runner.catalog.registry import Registry
 from runner.config import Config
 from runner.errors import ConfigError
@@ -61,6 +62,7 @@ class Report:
     registry: Registry | None = None
     problems: list[Problem] = field(default_factory=list)
     stranded: list[Stranded] = field(default_factory=list)
+    partitions: list[Change] = field(default_factory=list)  # a partitioned or changed queue each
     scanned: int = 0
     redis_checked: bool = False
 
@@ -81,6 +83,7 @@ class Report:
             "redis_checked": self.redis_checked,
             "scanned": self.scanned,
             "stranded": [s.as_dict() for s in self.stranded],
+            "partitions": [c.as_dict() for c in self.partitions],
         }
 
 
@@ -105,6 +108,9 @@ def check_files(path: str | Path | None, env: Mapping[str, str] | None = None) -
         report.problems.append(Problem(where, message, "warning"))
     report.problems.extend(orphan_schemas(cfg))
     report.problems.extend(token_problems(cfg, reg))
+    for fn in sorted(reg.functions.values(), key=lambda f: f.name):
+        q = cfg.queues.get(fn.queue)
+        report.problems.extend(Problem(fn.path, w, "warning") for w in split_keys(fn, q.partitions if q else 1))
     return report
 
 

@@ -223,6 +223,14 @@ def stats(ctx: click.Context, as_json: bool) -> None:
              sum(f["succeeded"] for f in q["functions"].values()),
              sum(f["retried"] for f in q["functions"].values()),
              "queue" if q["paused"] else ", ".join(q["paused_functions"]) or "-") for q in queues]
+    # A partitioned queue's partitions, each under its queue's sums.
+    at = 0
+    for q in queues:
+        at += 1
+        for p in q["partitions"]:
+            rows.insert(at, (f"  {p['partition']} {{{p['tag']}}}", p["ready"], p["processing"], p["scheduled"],
+                             p["dead"], "", "", "draining" if p["draining"] else ""))
+            at += 1
     human = where.line() + "\n" + table(
         ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "paused"), rows)
     emit({"redis": where.as_dict(), "queues": queues}, as_json, human)

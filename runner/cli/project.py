@@ -112,6 +112,9 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
             else:
                 report.scanned, groups = counts(rt.redis, every)
             report.stranded = checks.gate(reg, groups)
+            report.partitions = _partition_changes(rt)
+            report.problems.extend(checks.Problem("partitions", m, "warning")
+                                   for m in (c.message() for c in report.partitions) if m)
             report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
             report.redis_checked = True
         except UNAVAILABLE as exc:
@@ -131,6 +134,18 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
     sys.exit(code)
 
 
+def _partition_changes(rt: Any) -> list[Any]:
+    """What the configured counts of partitions imply against the tags recorded in Redis."""
+    from runner.catalog.partitioning import changes
+    from runner.store import tagset
+    from runner.store.census import counts
+
+    own = {q: tuple(k.tag for k in p if not k.draining) for q, p in rt.parts.items()}
+    recorded = tagset.record_and_read(rt.redis, rt.config.redis.prefix, own, record=False)
+    jobs = {f"{k.queue}|{k.tag}": counts(rt.redis, [k])[0] for p in rt.parts.values() for k in p if k.draining}
+    return changes({q: c.partitions for q, c in rt.config.queues.items()}, own, recorded, jobs)
+
+
 def render_check(report: Any, strict: bool, code: int, where: Any = None) -> str:
     out = []
     if report.config is not None:
@@ -143,6 +158,13 @@ def render_check(report: Any, strict: bool, code: int, where: Any = None) -> str
     for p in report.problems:
         color = "red" if p.severity == "error" or strict else "yellow"
         out.append(click.style(f"{p.severity:<10} {p.where}: {p.message}", fg=color))
+    for c in report.partitions:
+        line = f"partitions {c.queue}: {c.partitions}"
+        if c.added:
+            line += f", new to Redis: {', '.join('{' + t + '}' for t in c.added)}"
+        if c.draining:
+            line += f", draining: {', '.join('{' + t + '}' for t in c.draining)} ({c.draining_jobs} job(s))"
+        out.append(line)
     if report.redis_checked:
         out.append(f"redis      {report.scanned} waiting job(s) scanned")
         if report.stranded:

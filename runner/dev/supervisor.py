@@ -323,6 +323,7 @@ class Dev:
         # Keys of dropped queues stay until their runners have stopped.
         keys, parts = layout(fresh)
         self.rt.keys, self.rt.parts = {**self.rt.keys, **keys}, {**self.rt.parts, **parts}
+        self.rt.discover(record=True)
         if fresh.queues != current.queues or fresh.worker != current.worker \
                 or fresh.retention != current.retention:
             log.info("queues or worker settings changed: restarting the workers (%s)",
@@ -334,6 +335,7 @@ class Dev:
             def retire() -> None:
                 old.stop(current.worker.grace_period_s)
                 self.rt.keys, self.rt.parts = layout(self.cfg)
+                self.rt.discover(record=True)
 
             threading.Thread(target=retire, name="retire-workers", daemon=True).start()
         else:

@@ -101,6 +101,23 @@ class FunctionFigures:
         return {**self.counters, "latency": self.latency.summary(), "run_time": self.run.summary()}
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionFigures:
+    """One partition of a partitioned queue (docs/partitions.md): where its jobs are."""
+
+    partition: int
+    tag: str
+    draining: bool  # of another count, served until it holds nothing
+    ready: int
+    processing: int
+    scheduled: int
+    dead: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"partition": self.partition, "tag": self.tag, "draining": self.draining, "ready": self.ready,
+                "processing": self.processing, "scheduled": self.scheduled, "dead": self.dead}
+
+
 @dataclass(slots=True)
 class QueueFigures:
     name: str
@@ -117,6 +134,7 @@ class QueueFigures:
     paused: bool = False
     paused_functions: list[str] = field(default_factory=list)
     functions: dict[str, FunctionFigures] = field(default_factory=dict)
+    partitions: list[PartitionFigures] = field(default_factory=list)  # of a queue of several
 
     def function(self, name: str) -> FunctionFigures:
         f = self.functions.get(name)
@@ -184,8 +202,13 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
     # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
     sums: dict[str, list[Any]] = {}
     oldest: list[tuple[str, Any, str]] = []
+    each: dict[str, list[PartitionFigures]] = {}
     for i, k in enumerate(every):
         row = raw[11 * i: 11 * i + 11]
+        if len(rt.parts[k.queue]) > 1:
+            each.setdefault(k.queue, []).append(PartitionFigures(
+                k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1], scheduled=row[3],
+                dead=row[5]))
         if row[6]:
             oldest.append((k.queue, k, row[6]))
         acc = sums.get(k.queue)
@@ -206,7 +229,8 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
         ready, leases, expired, sched, due, dead, stats, paused, prio, cancelled = sums[name]
         q = QueueFigures(name, ready=ready + prio, processing=leases, lease_expired=expired,
                          scheduled=sched, scheduled_due=due, dead=dead, cancelled=cancelled, paused="queue" in paused,
-                         paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")))
+                         paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")),
+                         partitions=each.get(name, []))
         parse_stats(q, stats)
         out.append(q)
         by_name[name] = q
@@ -251,6 +275,7 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "concurrency": cfg.concurrency,
         "max_attempts": cfg.max_attempts,
         "functions": {name: f.as_dict() for name, f in sorted(q.functions.items())},
+        "partitions": [p.as_dict() for p in q.partitions],
     }
 
 

@@ -42,12 +42,16 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
     <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
+    <prefix>:{<queue>}:partitions     SET     the hash tags any process routes the queue's jobs to
+                                              (tagset.py); kept under the queue's own tag
 
 A queue with ``partitions = N`` (see docs/partitions.md) has this whole set once per
 partition, each under the partition's own tag (``partition_tags``): ``{<queue>}`` for the
 partition whose share of the slots holds that tag's slot (the home partition; with N = 1
 the only one, so the layout is unchanged), ``{<queue>:<s>}`` for the others. A job lives
-in one partition for its whole life; every script touches one partition's keys.
+in one partition for its whole life; every script touches one partition's keys. A
+partition that the current count no longer has (``partitions`` changed) keeps its tag and
+is served until it drains: its keys come after the current ones, ``draining``.
 
 One key is global, outside every queue's tag (its own slot on Redis Cluster)::
 
@@ -140,6 +144,12 @@ class QueueKeys:
                              ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 
+    @property
+    def draining(self) -> bool:
+        """A partition of another count than this process's (after a change of
+        ``partitions``): served and read until it holds nothing, never routed to."""
+        return self.partition >= self.partitions
+
     def throughput(self, minute: int) -> str:
         return f"{self.tput_prefix}{minute}"
 
@@ -217,6 +227,11 @@ def for_partitions(prefix: str, queue: str, n: int) -> tuple[QueueKeys, ...]:
     """The keys of each of a queue's ``n`` partitions, by partition index."""
     return tuple(QueueKeys(prefix=prefix, queue=queue, tag=t, partition=i, partitions=n)
                  for i, t in enumerate(partition_tags(queue, n)))
+
+
+def partition_set(prefix: str, queue: str) -> str:
+    """The tags a queue's jobs are routed to by any process (tagset.py)."""
+    return f"{prefix}:{{{queue}}}:partitions"
 
 
 def clock_offset(prefix: str) -> str:

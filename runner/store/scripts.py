@@ -245,7 +245,8 @@ def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
     m = 0
     for i, item in enumerate(items, 1):
         for f in item.followups:
-            here = f.queue == k.queue and (k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
+            here = f.queue == k.queue and not k.draining and (
+                k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
             follow += [i, "" if here else f.queue, *_job_fields(f.job)]
             m += 1
     return [m, *follow]

@@ -43,12 +43,20 @@ class Waiter:
         self._lock = threading.Lock()
         self._waits: dict[str, set[Poke]] = {}
         self._subscribed = threading.Event()
+        self._more: list[str] = []  # channels to add, subscribed by the listening thread
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, job_id: str, poke: Poke) -> None:
         with self._lock:
             self._waits.setdefault(job_id, set()).add(poke)
+
+    def extend(self, channels: Sequence[str]) -> None:
+        """Listen to these channels too (a draining partition found after the start)."""
+        with self._lock:
+            new = [c for c in channels if c not in self.channels]
+            self.channels += tuple(new)
+            self._more += new
 
     def discard(self, job_id: str, poke: Poke) -> None:
         with self._lock:
@@ -89,7 +97,9 @@ class Waiter:
             pubsub = None
             try:
                 pubsub = self.redis.pubsub()
-                pubsub.subscribe(*self.channels)
+                with self._lock:
+                    channels, self._more = self.channels, []
+                pubsub.subscribe(*channels)
                 self._listen(pubsub)
             except UNAVAILABLE as exc:
                 log.debug("waiter: Redis unreachable, subscribing again: %s", exc)
@@ -107,6 +117,10 @@ class Waiter:
     def _listen(self, pubsub: Any) -> None:
         confirmed = 0
         while not self._stopped.is_set():
+            if self._more:  # a pubsub connection is this thread's alone: it subscribes
+                with self._lock:
+                    more, self._more = self._more, []
+                pubsub.subscribe(*more)
             msg = pubsub.get_message(timeout=READ_S)
             if msg is None:
                 continue

@@ -12,6 +12,9 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_queue_scheduled_due_jobs              scheduled and already due, not promoted yet
     runner_queue_dead_jobs                       in the dead-letter set
     runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
+    runner_partition_{ready,in_flight,scheduled,dead}_jobs   each partition of a queue of several
+                                                 (labels queue, partition, tag, draining); the
+                                                 runner_queue_* figures are their sums
     runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed}_total
     runner_groups_completed_total                groups whose last member settled (then-job written), per queue
     runner_jobs_stray_total                      ready ids dropped because their record was settled
@@ -129,6 +132,20 @@ class RunnerCollector:
         yield age
         yield stray
         yield groups
+        yield from self._partition_metrics(queues)
+
+    def _partition_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
+        labels = ["queue", "partition", "tag", "draining"]
+        for attr, name, doc in (("ready", "ready", "Jobs waiting in the partition's ready list."),
+                                ("processing", "in_flight", "Jobs of the partition claimed by a worker."),
+                                ("scheduled", "scheduled", "Delayed, retrying or deferred jobs of the partition."),
+                                ("dead", "dead", "Jobs in the partition's dead-letter set.")):
+            g = GaugeMetricFamily(f"runner_partition_{name}_jobs", doc, labels=labels)
+            for q in queues:
+                for p in q.partitions:
+                    g.add_metric([q.name, str(p.partition), p.tag, "1" if p.draining else "0"],
+                                 float(getattr(p, attr)))
+            yield g
 
     def _function_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
         labels = ["queue", "function"]

@@ -56,21 +56,30 @@ class Bell:
 
     def __init__(self, client: Any, parts: Sequence[QueueKeys], name: str) -> None:
         self.client = client
-        self.parts = parts
-        self.by_key = {k.notify: i for i, k in enumerate(parts)}
+        self.parts = parts  # the runtime's list: a draining partition found later joins it
         self.name = name
         self.rung: stdqueue.SimpleQueue[int] = stdqueue.SimpleQueue()
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
-        if len(parts) > 1 and isinstance(client, RedisCluster):
-            self.threads = [threading.Thread(target=self._listen, args=(i,), name=f"{name}-bell-{i}", daemon=True)
-                            for i in range(len(parts))]
-            for t in self.threads:
+        self.cluster = isinstance(client, RedisCluster)
+        self.by_key: dict[str, int] = {}
+        self._grow()
+
+    def _grow(self) -> None:
+        """Take in partitions added to ``parts`` since the last call."""
+        if len(self.by_key) == len(self.parts):
+            return
+        self.by_key = {k.notify: i for i, k in enumerate(self.parts)}
+        if self.cluster and len(self.parts) > 1:
+            for i in range(len(self.threads), len(self.parts)):
+                t = threading.Thread(target=self._listen, args=(i,), name=f"{self.name}-bell-{i}", daemon=True)
+                self.threads.append(t)
                 t.start()
 
     def wait(self, timeout_s: float) -> int | None:
+        self._grow()
         if not self.threads:
-            got = self.client.blpop([k.notify for k in self.parts], timeout=timeout_s)
+            got = self.client.blpop(list(self.by_key), timeout=timeout_s)
             return self.by_key.get(got[0]) if got else None
         try:
             first = self.rung.get(timeout=timeout_s)
@@ -145,9 +154,9 @@ class Fetcher:
     def _loop(self) -> None:
         outage = Outage(f"{self.q.name} fetcher", log)
         assert self._bell is not None
-        n = len(self.parts)
         empty = 0  # partitions in a row that had nothing to claim
         while not self.stopping.is_set():
+            n = len(self.parts)  # grows when a draining partition is found (Runtime.discover)
             free, idle = self.ledger.room(self.stopping)
             if self.stopping.is_set():
                 break

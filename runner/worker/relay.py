@@ -43,10 +43,11 @@ def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
         by_queue.setdefault(queue, []).append((raw, fields))
     for queue, items in by_queue.items():
         parts = rt.parts[queue]
+        n = parts[0].partitions  # routed over the current count (a draining one takes none)
         by_part: dict[int, list[tuple[str, list[str]]]] = {}
         for raw, fields in items:  # a follow-up goes where its keys route it, as any job
-            key = routing.route_of(fields[1], fields[7], fields[10]) if len(parts) > 1 else ""
-            by_part.setdefault(routing.partition_of(key, len(parts)) if key else rt.keys[queue].partition,
+            key = routing.route_of(fields[1], fields[7], fields[10]) if n > 1 else ""
+            by_part.setdefault(routing.partition_of(key, n) if key else rt.keys[queue].partition,
                                []).append((raw, fields))
         for p, some in by_part.items():
             _relay(rt, parts[p], some, finished)

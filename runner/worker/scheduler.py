@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 from runner.client import Client
 from runner.runtime import Runtime
-from runner.store import roster
+from runner.store import roster, tagset
 from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
 from runner.worker import relay
 
@@ -31,9 +32,12 @@ TRIM_ROUNDS = 25  # trim calls per queue and pass, BATCH * 2 done jobs each
 
 
 class Scheduler:
-    def __init__(self, runtime: Runtime, member: Callable[[], roster.Member] | None = None) -> None:
+    def __init__(self, runtime: Runtime, member: Callable[[], roster.Member] | None = None,
+                 found: Callable[[list[QueueKeys]], None] | None = None) -> None:
         self.rt = runtime
         self.member = member  # this worker's roster entry, written every HEARTBEAT_S
+        self.found = found  # told of draining partitions found after the start
+        self._empty_since: dict[tuple[str, str], float] = {}  # draining partitions seen empty
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
         self._last_trim = 0.0
@@ -53,6 +57,9 @@ class Scheduler:
         if self.member is not None and time.monotonic() >= self._next_beat:
             roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member())
             self._next_beat = time.monotonic() + roster.HEARTBEAT_S
+        new = self.rt.discover_due(record=True)
+        if new and self.found is not None:
+            self.found(new)
         sc = self.rt.scripts
         interval = self.rt.config.worker.scheduler_interval_s
         wait = interval
@@ -92,9 +99,25 @@ class Scheduler:
                         break
                 else:
                     more = True  # a backlog past retention: come back soon, not in a minute
+                if k.draining:
+                    self._retire(k, ret.done_s)
         if trim:
             self._last_trim = time.monotonic() - (every if more else 0.0)
         return wait
+
+    def _retire(self, k: QueueKeys, done_s: float) -> None:
+        """Stop recording a draining partition once it held nothing for a whole retention
+        (by then its done jobs' outcomes have gone too): processes started later leave it
+        out. This one keeps looking at it, which costs a claim now and then."""
+        if not tagset.drained(self.rt.redis, k):
+            self._empty_since.pop((k.queue, k.tag), None)
+            return
+        since = self._empty_since.setdefault((k.queue, k.tag), time.monotonic())
+        if time.monotonic() - since >= done_s:
+            tagset.retire(self.rt.redis, k)
+            if since != float("-inf"):
+                log.info("queue %s: partition {%s} has drained; no longer recorded", k.queue, k.tag)
+            self._empty_since[(k.queue, k.tag)] = float("-inf")  # said once
 
     def _loop(self) -> None:
         outage = Outage("scheduler", log)

@@ -15,6 +15,7 @@ from typing import Any
 from runner.runtime import Runtime
 from runner.store import roster
 from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
 from runner.store.waiter import Waiter
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
@@ -27,6 +28,12 @@ log = logging.getLogger("runner.worker")
 CANCELS_READY_S = 2.0
 
 
+def _announce(found: Sequence[QueueKeys]) -> None:
+    for k in found:
+        log.info("queue %s: serving partition {%s} of another partitions count until it drains "
+                 "(partitions = %d here)", k.queue, k.tag, k.partitions)
+
+
 class Worker:
     """Runs QueueRunners for the given queues and one scheduler; SIGTERM/SIGINT stop it
     gracefully, a second signal exits at once."""
@@ -35,9 +42,12 @@ class Worker:
         self.rt = runtime
         self.queues = list(queues)
         self.worker_id = f"{os.uname().nodename.replace(' ', '_')}:{os.getpid()}:{os.urandom(3).hex()}"
+        # This worker's partition tags recorded, and those of other counts still recorded
+        # served too, until they drain (store/tagset.py); the scheduler looks again later.
+        _announce(runtime.discover(record=True))
         self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.worker_id) for q in self.queues]
         self.started_ms = int(time.time() * 1000)
-        self.scheduler = Scheduler(runtime, self._member)
+        self.scheduler = Scheduler(runtime, self._member, self._partitions_found)
         self.ticker = Ticker(runtime)
         # Cancels of jobs claimed ahead, pushed (a renewal would tell within a second,
         # but an executor may free up sooner): one subscription for every queue.
@@ -45,6 +55,10 @@ class Worker:
                               self._cancel_ahead)
         self.stop_event = threading.Event()
         self._signals = 0
+
+    def _partitions_found(self, found: list[QueueKeys]) -> None:
+        _announce(found)
+        self.cancels.extend([k.cancels for k in found])
 
     def _cancel_ahead(self, words: list[str]) -> None:
         if len(words) == 2:

@@ -204,6 +204,19 @@ function cell(value, cls) {
   return el("td", { class: cls || null, text: value });
 }
 
+// A partitioned queue's partitions, one muted row each under the queue's sums.
+function partitionRows(q) {
+  return (q.partitions || []).map((p) => el("tr", { class: "partition", "data-queue-partition": `${q.name}/${p.partition}` },
+    el("td", { text: `\u21b3 ${p.partition} {${p.tag}}${p.draining ? " draining" : ""}` }),
+    el("td", { "data-field": "ready", text: p.ready }),
+    el("td", { "data-field": "processing", text: p.processing }),
+    el("td", {}),
+    el("td", { "data-field": "scheduled", text: p.scheduled }),
+    el("td", {}),
+    el("td", { "data-field": "dead", class: p.dead ? "bad" : null, text: p.dead }),
+    el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
+}
+
 function renderQueues(data) {
   const body = $("#queue-table tbody");
   const tput = state.throughput;
@@ -224,7 +237,7 @@ function renderQueues(data) {
       cell(q.concurrency),
       el("td", { "data-field": "paused", class: q.paused || (q.paused_functions || []).length ? "warn" : null,
                  text: q.paused ? "queue" : (q.paused_functions || []).join(", ") }));
-  }));
+  }).flatMap((row, i) => [row, ...partitionRows(data.queues[i])]));
   const rows = [];
   for (const q of data.queues) {
     for (const [name, f] of Object.entries(q.functions)) {

@@ -1,0 +1,123 @@
+"""Changing a queue's ``partitions`` on a live deployment (docs/partitions.md, "Changing
+N"): a count that drops tags (6 -> 4 on a cluster, 3 -> 1 on one server) strands no job,
+whether it was queued, delayed, retrying or running on a worker that died; producers still
+on the old count keep writing; `runner check` says what the change implies; a drained
+partition's tag leaves the recorded set after a retention."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from test_cluster import cluster, cproject  # noqa: F401  (a project on the local cluster)
+
+from runner.client import Client, Request
+from runner.store.keys import QueueKeys, partition_tags
+
+from conftest import Project, wait_for
+
+
+def _client_on(p: Project, partitions: int, done_s: int = 3600) -> Client:
+    """A client of its own on ``partitions``: a process that has not been restarted."""
+    p.write_config(vt=2, fast=f"partitions = {partitions}")
+    cfg = p.root / "runner.toml"
+    cfg.write_text(cfg.read_text().replace("done = 3600", f"done = {done_s}"))
+    return p.client
+
+
+def _check(p: Project) -> dict:  # type: ignore[type-arg]
+    out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"),
+                          "check", "--json"], cwd=p.root, env=p.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def test_six_partitions_to_four_strands_nothing(cproject: Project) -> None:  # noqa: F811
+    """On 6 partitions: queued, delayed, retrying and locked jobs, and jobs running on a
+    worker that is then SIGKILLed. The config goes to 4 (which drops two of the 6 tags);
+    only workers on 4 run from then on, and a producer still on 6 keeps writing: every
+    accepted job ends done, and the plain ones ran once."""
+    p = cproject
+    assert set(partition_tags("fast", 6)) - set(partition_tags("fast", 4)), "the change must drop a tag"
+    old = _client_on(p, 6)
+    old_rt = p._runtime
+    running = [old.enqueue("record", {"n": i, "sleep": 1.0}).id for i in range(12)]
+    doomed = p.spawn_worker("fast")
+    wait_for(lambda: all(p.runs(i) for i in running), timeout=20, what="the sleepers to start")
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    once = [j.id for j in old.enqueue_many([Request("record", {"n": i}) for i in range(300)])
+            if not isinstance(j, Exception)]
+    once += [old.enqueue("record", {"n": i}, delay=1.5).id for i in range(20)]
+    once += [old.enqueue("resource", {"r": f"r{i % 5}", "hold": 0.01}).id for i in range(20)]
+    retried = [old.enqueue("record", {"n": i, "fail_times": 1}).id for i in range(20)]
+    p._runtime = None
+    new = _client_on(p, 4)
+    p.spawn_worker("fast")
+    p.spawn_worker("fast")
+    for i in range(20):  # the old producer keeps writing to its tags, the new one to its own
+        once.append(old.enqueue("record", {"n": 1000 + i}).id)
+        once.append(new.enqueue("record", {"n": 2000 + i}).id)
+    for job_id in once + retried + running:
+        assert new.wait(job_id, timeout_s=40).status == "done", job_id
+    assert all(len(p.runs(i)) == 1 for i in once)
+    assert all(len(p.runs(i)) == 2 for i in retried)
+    from runner.store import tagset
+
+    draining = [k for k in new.runtime.parts["fast"] if k.draining]
+    assert {k.tag for k in draining} == set(partition_tags("fast", 6)) - set(partition_tags("fast", 4))
+    wait_for(lambda: all(tagset.drained(new.runtime.redis, k) for k in draining), timeout=20,
+             what="the dropped partitions to drain")
+    if old_rt is not None:
+        old_rt.close()
+
+
+def test_three_partitions_to_one_is_checked_drained_and_forgotten(project: Project) -> None:
+    """3 -> 1 on one server: `runner check` names the partitions the change drains and the
+    jobs they hold; a worker on 1 runs every job of the dropped tags (and GET-style lookups
+    find them meanwhile); once they held nothing for the retention, their tags leave the
+    recorded set and `runner check` has nothing to drain."""
+    from runner.store.keys import partition_set
+
+    p = project
+    old = _client_on(p, 3, done_s=1)
+    ids = [j.id for j in old.enqueue_many([Request("record", {"n": i}) for i in range(90)])
+           if not isinstance(j, Exception)]
+    p._runtime = None
+    new = _client_on(p, 1, done_s=1)
+    assert new.get(ids[0]).status == "queued"  # found in a tag this count lacks
+    report = _check(p)
+    (change,) = [c for c in report["partitions"] if c["queue"] == "fast"]
+    dropped = sorted(set(partition_tags("fast", 3)) - {"fast"})
+    assert sorted(change["draining"]) == dropped and change["partitions"] == 1
+    held = sum(new.runtime.redis.llen(QueueKeys(p.prefix, "fast", tag=t).ready) for t in dropped)
+    assert change["draining_jobs"] == held > 0
+    # The figures show each partition, the draining ones marked, and sum them all.
+    st = new.stats()["fast"]
+    assert st["ready"] == 90
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from runner.web.exposition import RunnerCollector
+
+    metrics = CollectorRegistry()
+    metrics.register(RunnerCollector(new.runtime))
+    text = generate_latest(metrics).decode()
+    for t in dropped:
+        (line,) = [x for x in text.splitlines() if x.startswith("runner_partition_ready_jobs{") and f'tag="{t}"' in x]
+        assert 'draining="1"' in line and float(line.rsplit(" ", 1)[1]) == new.runtime.redis.llen(
+            QueueKeys(p.prefix, "fast", tag=t).ready)
+    assert 'runner_queue_ready_jobs{queue="fast"} 90.0' in text
+    p.spawn_worker("fast")
+    for job_id in ids:
+        assert new.wait(job_id, timeout_s=30).status == "done"
+        assert len(p.runs(job_id)) == 1
+    r = new.runtime.redis
+    key = partition_set(p.prefix, "fast")
+    wait_for(lambda: r.smembers(key) == {"fast"}, timeout=30, interval=0.2,
+             what="the drained tags to leave the recorded set")
+    time.sleep(0.2)
+    p._runtime = None
+    assert not [c for c in _check(p)["partitions"] if c["draining"]]
