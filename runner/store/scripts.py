@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from runner.errors import NotReplicated
 from runner.store import routing
@@ -581,7 +583,17 @@ class Scripts:
             pipe = node.redis_connection.pipeline(transaction=False)
             pipe.execute_command(*cmd)
             pipe.execute_command(*self.wait)
-            reply, acked = pipe.execute(raise_on_error=False)
+            try:
+                reply, acked = pipe.execute(raise_on_error=False)
+            except (RedisConnectionError, RedisTimeoutError):
+                # The master is gone (killed, or failing over). RedisCluster learns a new
+                # layout after its own commands fail; this call bypasses it, so it asks
+                # itself, or it would keep sending to the dead master after the promotion.
+                with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+                    self.client.nodes_manager.initialize()
+                if attempt < 2 and self.client.get_node_from_key(keys[0]) is not node:
+                    continue  # a new master holds the slot: send it there
+                raise
             if isinstance(reply, NoScriptError):
                 node.redis_connection.script_load(self.sources[name])
                 continue

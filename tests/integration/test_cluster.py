@@ -5,20 +5,17 @@ via ``redis+cluster://``."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from clusterkit import local_cluster
 
 from runner.client import Request
 from runner.errors import NotReplicated
-from runner.store.embedded import Server, debian_binary
+from runner.store.embedded import Server
 from runner.store.guard import redis_risks
 from runner.store.keys import for_queue
 from runner.store.scripts import Ack, NewJob
@@ -28,65 +25,10 @@ from conftest import Endpoint, Project, assert_no_job_in_two_structures, make_pr
 NODES = 3
 
 
-def _tools() -> tuple[str, str]:
-    binary, cli = debian_binary(), shutil.which("redis-cli")
-    if binary is None or cli is None:
-        if os.environ.get("CI"):
-            raise RuntimeError("CI must install redis-server and redis-tools (redis-cli)")
-        pytest.skip("Debian's redis-server and redis-cli are not installed here")
-    return binary, cli
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    binary, cli = _tools()
-    root = tmp_path_factory.mktemp("cluster")
-    servers: list[Server] = []
-    try:
-        for i in range(NODES):
-            d = root / f"node{i}"
-            servers.append(Server(d, port=_cluster_port(), binary=binary, extra=[
-                "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
-                "--cluster-node-timeout", "2000",
-            ]).start())
-        subprocess.run(
-            [cli, "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )
-
-        def ok() -> bool:
-            for s in servers:
-                c = redis.Redis(port=s.port, decode_responses=True)
-                try:
-                    if c.cluster("info").get("cluster_state") != "ok":
-                        return False
-                finally:
-                    c.close()
-            return True
-
-        wait_for(ok, timeout=30, interval=0.1, what="cluster_state:ok")
+    with local_cluster(tmp_path_factory.mktemp("cluster"), masters=NODES) as servers:
         yield servers
-    finally:
-        for s in servers:
-            s.stop(kill=True)
 
 
 @pytest.fixture

@@ -467,3 +467,29 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         until("the child's page (no such job here)",
               lambda: d.find_element(By.CSS_SELECTOR, '#job-view [data-job-gone="child-1"]'))
         assert script_errors(d) == []
+
+
+def test_a_partitioned_queue_shows_each_partition_under_its_sums(project: Project, browser: Any) -> None:
+    """A queue of 3 partitions: its row holds the sums, and a row per partition under it
+    names the partition's tag and holds its own figures."""
+    from selenium.webdriver.common.by import By
+
+    project.write_config(fast="partitions = 3")
+    with gunicorn(project, token=TOKEN) as web:
+        for i in range(9):  # keyless: each enqueue's round trip goes to the next partition
+            assert web.post("/jobs/record", json={"n": i}).status_code == 202
+        d = browser
+        signed_in(d, web)
+
+        def ready(css: str) -> str:
+            text: str = d.find_element(By.CSS_SELECTOR, f'#queue-table tr{css} td[data-field="ready"]').text
+            return text
+
+        until("the queue's sums", lambda: ready('[data-queue="fast"]') == "9")
+        rows = [until(f"partition {i}", lambda i=i: d.find_element(   # type: ignore[misc]
+            By.CSS_SELECTOR, f'#queue-table tr[data-queue-partition="fast/{i}"]')) for i in range(3)]
+        tags = {k.partition: k.tag for k in project.runtime.parts["fast"]}
+        assert [r.text.split()[2] for r in rows] == ["{" + tags[i] + "}" for i in range(3)]
+        assert sum(int(ready(f'[data-queue-partition="fast/{i}"]')) for i in range(3)) == 9
+        assert not d.find_elements(By.CSS_SELECTOR, 'tr[data-queue-partition^="slow/"]')
+        assert not script_errors(d)

@@ -1,0 +1,88 @@
+"""A real local Redis Cluster (Debian's redis-server, created with ``redis-cli --cluster
+create``), with replicas when a test needs them: the integration tests' 3 masters and the
+failover tests' 3 masters with a replica each."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+
+from runner.store.embedded import Server, debian_binary
+
+from conftest import wait_for
+
+
+def tools() -> tuple[str, str]:
+    binary, cli = debian_binary(), shutil.which("redis-cli")
+    if binary is None or cli is None:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI must install redis-server and redis-tools (redis-cli)")
+        pytest.skip("Debian's redis-server and redis-cli are not installed here")
+    return binary, cli
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def cluster_ok(servers: list[Server]) -> bool:
+    for s in servers:
+        if s.proc is None or s.proc.poll() is not None:
+            continue
+        c = redis.Redis(port=s.port, decode_responses=True, socket_timeout=2)
+        try:
+            if c.cluster("info").get("cluster_state") != "ok":
+                return False
+        except redis.RedisError:
+            return False
+        finally:
+            c.close()
+    return True
+
+
+@contextmanager
+def local_cluster(root: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
+                  ) -> Iterator[list[Server]]:
+    """``masters`` masters with ``replicas`` replicas each, every slot covered; the servers
+    in the order ``redis-cli`` was given them (masters first)."""
+    binary, cli = tools()
+    servers: list[Server] = []
+    try:
+        for i in range(masters * (1 + replicas)):
+            d = root / f"node{i}"
+            servers.append(Server(d, port=cluster_port(), binary=binary, extra=[
+                "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+                "--cluster-node-timeout", str(node_timeout_ms),
+                "--repl-diskless-sync-delay", "0",
+            ]).start())
+        subprocess.run(
+            [cli, "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
+             "--cluster-replicas", str(replicas), "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        wait_for(lambda: cluster_ok(servers), timeout=30, interval=0.1, what="cluster_state:ok")
+        yield servers
+    finally:
+        for s in servers:
+            s.stop(kill=True)
