@@ -140,6 +140,13 @@ COMPONENTS: dict[str, Any] = {
         "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
         "paused_functions": {"type": "array", "items": _STR}, "groups_completed": _INT,
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
+        "partitions": {"type": "array", "items": ref("Partition"),
+                       "description": "each partition of a queue of several (empty for one)"},
+    }),
+    "Partition": _obj({
+        "partition": _INT, "tag": _STR,
+        "draining": {"type": "boolean", "description": "of another partitions count, served until it drains"},
+        "ready": _INT, "processing": _INT, "scheduled": _INT, "dead": _INT,
     }),
     "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),
     "Throughput": _obj({
