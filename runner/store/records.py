@@ -220,7 +220,8 @@ class Job:
             "queue": self.queue,
             "status": f.get("status"),
             "attempt": _int(f.get("attempt")),
-            "max_attempts": _int(f.get("max_attempts")),
+            # A finished job keeps a short outcome, without it: null, not a misleading 0.
+            "max_attempts": _int(f.get("max_attempts")) or None,
             "payload": _json(f.get("payload")),
             "created_at": _ts(f.get("created_ms")),
             # The enqueue script leaves out times equal to created_ms.

@@ -76,7 +76,7 @@ COMPONENTS: dict[str, Any] = {
     "Job": _obj({
         "id": _STR, "type": _OPT_STR, "version": _OPT_INT, "queue": _STR,
         "status": {"type": ["string", "null"], "enum": [*STATUSES, None]},
-        "attempt": _INT, "max_attempts": _INT, "payload": _ANY,
+        "attempt": _INT, "max_attempts": _OPT_INT, "payload": _ANY,
         "created_at": _OPT_NUM, "enqueued_at": _OPT_NUM, "ready_at": _OPT_NUM, "started_at": _OPT_NUM,
         "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,

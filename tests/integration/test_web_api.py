@@ -68,6 +68,7 @@ def test_enqueue_runs_and_the_job_shows_its_result(project: Project, web: Web) -
     assert rec["status"] == "done" and rec["result"] == {"n": 7, "attempt": 1}
     assert rec["attempt"] == 1 and [h["outcome"] for h in rec["history"]] == ["done"]
     assert rec["payload"] is None and rec["started_at"] >= rec["enqueued_at"]  # done keeps no payload
+    assert rec["max_attempts"] is None  # nor its attempt budget: not known, not a 0
     assert job_when(web, delayed["id"])["result"] == {"n": 8, "attempt": 1}
     assert len(project.runs(job["id"])) == 1
 
