@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from runner.store.scripts import NAMES, _helpers, _source, assemble
+from runner.store.sources import NAMES, _helpers, _source, assemble
 
 LIB = _source("_lib")
 HELPERS = dict(_helpers(LIB))
