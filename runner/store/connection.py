@@ -159,6 +159,8 @@ def connect(cfg: RedisConfig, **overrides: Any) -> Any:
     if url.startswith("rediss://"):
         kwargs.update(_tls_kwargs(cfg))
         kwargs.pop("ssl")  # implied by the scheme
+    if url.startswith("unix://"):
+        kwargs.pop("socket_keepalive")  # a TCP option: redis-py's unix connection refuses it
     kwargs.update(overrides)
     return redis.Redis.from_url(url, **kwargs)
 
