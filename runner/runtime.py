@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
-from runner.store import connection
 from runner.store.keys import QueueKeys, for_partitions, home_partition
-from runner.store.scripts import Scripts
-from runner.store.waiter import Waiter
 
 if TYPE_CHECKING:
     from runner.catalog.registry import Registry
+    from runner.store.records import ScriptRunner
+    from runner.store.scripts import Scripts
+    from runner.store.waiter import Waiter
 
 
 def layout(config: Config) -> tuple[dict[str, QueueKeys], dict[str, tuple[QueueKeys, ...]]]:
@@ -38,13 +38,27 @@ class Runtime:
     _waiter: Waiter | None = None
 
     @classmethod
-    def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False,
+    def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False, reader: bool = False,
                **redis_overrides: Any) -> Runtime:
         """``lazy``: load functions/ and schemas/ and assemble the scripts on first use of
         ``registry`` and ``scripts``, for the commands that may never need them (`runner
         job`, `runner stats`): importing every handler, compiling every schema and
-        assembling every Lua script would be most of their run time."""
-        client = connection.connect(config.redis, **redis_overrides)
+        assembling every Lua script would be most of their run time.
+
+        ``reader``: for a command that reads a little and exits, a connection of the store's
+        own (store/link.py) instead of redis-py's client when the URL allows one: importing
+        redis-py would cost such a command more than everything else it does. Its reads go
+        through ``redis`` (a pipeline of plain reads) and ``read_scripts``, never
+        ``scripts``."""
+        client = None
+        if reader and not redis_overrides:
+            from runner.store import link
+
+            client = link.from_config(config.redis)
+        if client is None:
+            from runner.store import connection
+
+            client = connection.connect(config.redis, **redis_overrides)
         keys, parts = layout(config)
         rt = cls(config=config, redis=client, keys=keys, parts=parts, _registry=reg)
         if not lazy:  # a process starts with its functions and scripts ready
@@ -55,9 +69,21 @@ class Runtime:
     @property
     def scripts(self) -> Scripts:
         if self._scripts is None:
+            from runner.store.scripts import Scripts
+
             r = self.config.redis
             self._scripts = Scripts(self.redis, replicas=r.wait_replicas, replica_timeout_s=r.wait_timeout_s)
         return self._scripts
+
+    @property
+    def read_scripts(self) -> ScriptRunner:
+        """What runs the read-only scripts (records.lookup): ``scripts``, or on a Link (a
+        ``reader`` runtime's) batches of the Link's own, which import no redis-py."""
+        from runner.store import link
+
+        if isinstance(self.redis, link.Link):
+            return link.Scripts(self.redis)
+        return self.scripts
 
     @property
     def waiter(self) -> Waiter:
@@ -66,6 +92,8 @@ class Runtime:
         import os
 
         if self._waiter is None or self._waiter.pid != os.getpid():
+            from runner.store.waiter import Waiter
+
             self._waiter = Waiter(self.redis, [k.ended for parts in self.parts.values() for k in parts])
         return self._waiter
 

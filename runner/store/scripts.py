@@ -32,7 +32,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 
 from runner.errors import NotReplicated
-from runner.store import routing
+from runner.store import records, routing
 from runner.store.keys import QueueKeys
 from runner.store.sources import NAMES, SHAS, SOURCES
 
@@ -676,8 +676,7 @@ class Scripts:
 
     def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None) -> Any:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
-        keys = (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
-        return self._run("lookup", keys, (job_id,), pipe)
+        return self._run("lookup", records.lookup_keys(k, job_id), (job_id,), pipe)
 
     def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None) -> Any:
         """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), 3
