@@ -7,22 +7,33 @@ down. The registry is replaced whole on reload; readers take one reference per j
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
-from runner.store import connection, tagset
-from runner.store.connection import UNAVAILABLE
+from runner.errors import RedisUnavailable
+from runner.store import tagset
 from runner.store.keys import QueueKeys, for_partitions, home_partition
-from runner.store.scripts import Scripts
-from runner.store.waiter import Waiter
 
 if TYPE_CHECKING:
     from runner.catalog.registry import Registry
+    from runner.store.records import ScriptRunner
+    from runner.store.scripts import Scripts
+    from runner.store.waiter import Waiter
 
 log = logging.getLogger("runner")
+
+
+def _outage(exc: Exception) -> bool:
+    """Whether ``exc`` says Redis is away (not imported for that: a reader may never load
+    redis-py, and then its errors cannot be redis-py's)."""
+    if isinstance(exc, RedisUnavailable):
+        return True
+    redis_mod = sys.modules.get("runner.store.connection")
+    return redis_mod is not None and isinstance(exc, redis_mod.UNAVAILABLE)
 
 
 def layout(config: Config) -> tuple[dict[str, QueueKeys], dict[str, list[QueueKeys]]]:
@@ -49,15 +60,30 @@ class Runtime:
     _discovering: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False,
+    def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False, reader: bool = False,
                record: bool = False, **redis_overrides: Any) -> Runtime:
         """``lazy``: load functions/ and schemas/ and assemble the scripts on first use of
         ``registry`` and ``scripts``, for the commands that may never need them (`runner
         job`, `runner stats`): importing every handler, compiling every schema and
-        assembling every Lua script would be most of their run time. ``record``: add this
-        process's partition tags to the queues' recorded sets (a process that routes or
-        serves jobs; a reader or `runner check` only reads them)."""
-        client = connection.connect(config.redis, **redis_overrides)
+        assembling every Lua script would be most of their run time.
+
+        ``reader``: for a command that reads a little and exits, a connection of the store's
+        own (store/link.py) instead of redis-py's client when the URL allows one: importing
+        redis-py would cost such a command more than everything else it does. Its reads go
+        through ``redis`` (a pipeline of plain reads) and ``read_scripts``, never
+        ``scripts``.
+
+        ``record``: add this process's partition tags to the queues' recorded sets (a
+        process that routes or serves jobs; a reader or `runner check` only reads them)."""
+        client = None
+        if reader and not redis_overrides:
+            from runner.store import link
+
+            client = link.from_config(config.redis)
+        if client is None:
+            from runner.store import connection
+
+            client = connection.connect(config.redis, **redis_overrides)
         keys, parts = layout(config)
         rt = cls(config=config, redis=client, keys=keys, parts=parts, _registry=reg)
         rt.discover(record=record)
@@ -77,11 +103,11 @@ class Runtime:
                 recorded = tagset.record_and_read(
                     self.redis, prefix, {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items()},
                     record=record)
-            except UNAVAILABLE as exc:
-                log.debug("partition tags not read (Redis unreachable): %s", exc)
-                return []
             except Exception as exc:  # a damaged set must not stop a process: its own tags serve
-                log.warning("partition tags of %s not read: %s", ", ".join(self.parts), exc)
+                if _outage(exc):
+                    log.debug("partition tags not read (Redis unreachable): %s", exc)
+                else:
+                    log.warning("partition tags of %s not read: %s", ", ".join(self.parts), exc)
                 return []
             self._discovered_at = now
             if record:
@@ -106,9 +132,21 @@ class Runtime:
     @property
     def scripts(self) -> Scripts:
         if self._scripts is None:
+            from runner.store.scripts import Scripts
+
             r = self.config.redis
             self._scripts = Scripts(self.redis, replicas=r.wait_replicas, replica_timeout_s=r.wait_timeout_s)
         return self._scripts
+
+    @property
+    def read_scripts(self) -> ScriptRunner:
+        """What runs the read-only scripts (records.lookup): ``scripts``, or on a Link (a
+        ``reader`` runtime's) batches of the Link's own, which import no redis-py."""
+        from runner.store import link
+
+        if isinstance(self.redis, link.Link):
+            return link.Scripts(self.redis)
+        return self.scripts
 
     @property
     def waiter(self) -> Waiter:
@@ -117,6 +155,8 @@ class Runtime:
         import os
 
         if self._waiter is None or self._waiter.pid != os.getpid():
+            from runner.store.waiter import Waiter
+
             self._waiter = Waiter(self.redis, [k.ended for parts in self.parts.values() for k in parts])
         return self._waiter
 

@@ -32,6 +32,16 @@ def _timed(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, float,
     return wall, cpu, proc.returncode
 
 
+def over(runs: list[float], base: list[float]) -> list[float]:
+    return [a - b for a, b in zip(runs, base, strict=True)]
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """The first and third quartile: the spread of the middle half."""
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return [q[0], q[2]]
+
+
 def cli(env: scenarios.Env, runner: System, rounds: int) -> dict[str, Any]:
     """Median wall and CPU ms of each command, and its difference over `python -c pass`."""
     scenarios.flush(env)
@@ -64,8 +74,10 @@ def cli(env: scenarios.Env, runner: System, rounds: int) -> dict[str, Any]:
             "wall_ms": scenarios.summary([{"v": v} for v in s["wall"]], "v"),
             "cpu_ms": scenarios.summary([{"v": v} for v in s["cpu"]], "v"),
             # Pair by pair (same round), so a slow moment of the machine cancels out.
-            "over_python_wall_ms": statistics.median(a - b for a, b in zip(s["wall"], py["wall"], strict=True)),
-            "over_python_cpu_ms": statistics.median(a - b for a, b in zip(s["cpu"], py["cpu"], strict=True)),
+            "over_python_wall_ms": statistics.median(over(s["wall"], py["wall"])),
+            "over_python_cpu_ms": statistics.median(over(s["cpu"], py["cpu"])),
+            "over_python_wall_quartiles_ms": quartiles(over(s["wall"], py["wall"])),
+            "over_python_cpu_quartiles_ms": quartiles(over(s["cpu"], py["cpu"])),
             "exit_codes": sorted(codes[name]),
         }
     return out
@@ -98,6 +110,10 @@ def run(env: scenarios.Env, runner: System, systems: list[System], rounds: int, 
     return {"cli": cli(env, runner, rounds), "worker_ready": worker_ready(env, systems, reps)}
 
 
+def _spread(q: list[float] | None) -> str:
+    return f" ({q[0]:.1f} to {q[1]:.1f})" if q else ""  # results of before kept no quartiles
+
+
 def markdown(x: dict[str, Any]) -> list[str]:
     from harness.report import cell
 
@@ -105,11 +121,13 @@ def markdown(x: dict[str, Any]) -> list[str]:
     c = x.get("cli")
     if c:
         out += [f"**Start-up of a command** ({c['rounds']} rounds, interleaved; each a fresh process)", "",
-                "| command | wall ms | CPU ms | over `python -c pass`: wall ms | CPU ms | exit |",
+                "| command | wall ms | CPU ms | over `python -c pass`: wall ms (middle half) | CPU ms "
+                "(middle half) | exit |",
                 "|---|---|---|---|---|---|"]
         for name, r in c["commands"].items():
             out.append(f"| `{name}` | {cell(r['wall_ms'], 1)} | {cell(r['cpu_ms'], 1)} | "
-                       f"{r['over_python_wall_ms']:.1f} | {r['over_python_cpu_ms']:.1f} | "
+                       f"{r['over_python_wall_ms']:.1f}{_spread(r.get('over_python_wall_quartiles_ms'))} | "
+                       f"{r['over_python_cpu_ms']:.1f}{_spread(r.get('over_python_cpu_quartiles_ms'))} | "
                        f"{','.join(map(str, r['exit_codes']))} |")
         out.append("")
     w = x.get("worker_ready")

@@ -193,9 +193,9 @@ def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     # The lookup itself, not the Client: this command needs none of its other imports.
     from runner.store import codec, records
 
-    rt = build_runtime(ctx.obj["config"], client_only=True)
+    rt = build_runtime(ctx.obj["config"], client_only=True, reader=True)
     with redis_errors():
-        found = records.lookup(rt.scripts, [k for parts in rt.parts.values() for k in parts], job_id)
+        found = records.lookup(rt.read_scripts, [k for parts in rt.parts.values() for k in parts], job_id)
     if found is None:
         fail(str(JobNotFound(job_id)), EXIT_REFUSED)
     record = found.as_dict()
@@ -210,14 +210,16 @@ def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Queue figures (cluster-wide), and which Redis they come from."""
-    from runner.observe.figures import queue_view, read_queues
-    from runner.store.records import now_ms
+    import time
 
-    rt = build_runtime(ctx.obj["config"], client_only=True)
+    from runner.observe.figures import queue_view, read_queues
+
+    rt = build_runtime(ctx.obj["config"], client_only=True, reader=True)
     where = target(ctx)
     with redis_errors():
-        # The table sums over functions: only --json lists each loaded function.
-        figures = read_queues(rt, now_ms(), loaded_functions=as_json)
+        # The table sums over functions: only --json lists each loaded function. The clock
+        # is read here, not with records.now_ms: the table needs no JSON codec (orjson).
+        figures = read_queues(rt, int(time.time() * 1000), loaded_functions=as_json)
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
     rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["dead"],
              sum(f["succeeded"] for f in q["functions"].values()),

@@ -57,15 +57,16 @@ def target(ctx: click.Context) -> Target:
     return where
 
 
-def build_runtime(path: str | None, client_only: bool = False) -> Any:
+def build_runtime(path: str | None, client_only: bool = False, reader: bool = False) -> Any:
     """The Runtime of a command; client commands follow a running `runner dev`'s embedded
     Redis unless REDIS_URL or the --config file names a server, and load functions/ and
-    schemas/ only once they use them (`runner job` never does)."""
+    schemas/ only once they use them (`runner job` never does). ``reader``: a command that
+    only reads, on a connection of the store's own when the URL allows (Runtime.create)."""
     from runner.runtime import Runtime
 
     cfg, _ = target_config(path, client_only)
     try:
-        return Runtime.create(cfg, lazy=client_only)
+        return Runtime.create(cfg, lazy=client_only, reader=reader)
     except ConfigError as exc:
         fail(f"configuration error: {exc}", EXIT_CONFIG)
 

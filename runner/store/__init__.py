@@ -1,12 +1,13 @@
 """The store: the only code that talks to Redis.
 
-Owns every key string (keys.py), the atomic transitions (lua/*.lua, one per file) and
-their typed callers (scripts.py), the job record's fields and how a reader sees them
-(records.py), the JSON codec (codec.py), clients for a single server, Cluster and
-Sentinel (connection.py), group commit (combiner.py), waiting out outages (outage.py),
-the Redis guard (guard.py), what waits in a queue (census.py), the audit trail
-(audit.py), the embedded server (embedded.py), the session file of a running `runner dev`
-(session.py) and Redis URLs as text (urls.py).
+Owns every key string (keys.py), the atomic transitions (lua/*.lua, one per file), their
+texts as sent (sources.py) and typed callers (scripts.py), the job record's fields and how
+a reader sees them (records.py), the JSON codec (codec.py), clients for a single server,
+Cluster and Sentinel (connection.py), the plain connection of the one-shot reading
+commands, which imports no redis-py (link.py), group commit (combiner.py), waiting out
+outages (outage.py), the Redis guard (guard.py), what waits in a queue (census.py), the
+audit trail (audit.py), the embedded server (embedded.py), the session file of a running
+`runner dev` (session.py) and Redis URLs as text (urls.py).
 
 May import: runner.config, runner.errors and itself. Knows nothing of functions
 (catalog), workers, the web app, the CLI or dev.

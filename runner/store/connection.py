@@ -43,6 +43,7 @@ from redis.retry import Retry
 
 from runner.config import RedisConfig
 from runner.errors import ConfigError
+from runner.store import link
 from runner.store.urls import redact
 
 __all__ = ["UNAVAILABLE", "connect", "redact"]
@@ -106,12 +107,12 @@ def _base_kwargs() -> dict[str, Any]:
         **_packer(),
         "decode_responses": True,
         "encoding_errors": "surrogateescape",
-        "socket_connect_timeout": 5,
-        "socket_timeout": 15,
+        "socket_connect_timeout": link.CONNECT_TIMEOUT_S,
+        "socket_timeout": link.TIMEOUT_S,
         "socket_keepalive": True,
         "health_check_interval": 15,
         "retry": Retry(NoBackoff(), 0),
-        "client_name": "runner",
+        "client_name": link.CLIENT_NAME,
         # Not passed on by RedisCluster (its nodes keep redis-py's parser): there MISCONF
         # stays a ResponseError, which the loops retry with backoff all the same.
         "parser_class": _Parser,
@@ -159,6 +160,8 @@ def connect(cfg: RedisConfig, **overrides: Any) -> Any:
     if url.startswith("rediss://"):
         kwargs.update(_tls_kwargs(cfg))
         kwargs.pop("ssl")  # implied by the scheme
+    if url.startswith("unix://"):
+        kwargs.pop("socket_keepalive")  # a TCP option: redis-py's unix connection refuses it
     kwargs.update(overrides)
     return redis.Redis.from_url(url, **kwargs)
 

@@ -80,9 +80,11 @@ key is "r:<resource>" for a RESOURCE_KEY (limit 1), "c:<type>[:<key>]" for CONCU
 
 from __future__ import annotations
 
+from binascii import crc_hqx
 from dataclasses import dataclass, field
 
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+# Redis Cluster's slots (its key space is split into this many).
+HASH_SLOTS = 16384
 
 # A partition's searched tag keeps this many slots away from either end of its share, so
 # a split of the slots that rounds its boundaries otherwise still holds it.
@@ -189,6 +191,19 @@ def audit(prefix: str) -> str:
     return f"{prefix}:audit"
 
 
+def key_slot(key: bytes) -> int:
+    """The cluster slot of a key, as Redis computes it: the CRC16 (XMODEM, which
+    ``crc_hqx`` is) of its hash tag, the part between the first ``{`` and the next ``}``
+    when that is not empty, else of the whole key. Here rather than redis-py's (the same
+    function): importing it would load all of redis-py for the commands that need none."""
+    start = key.find(b"{")
+    if start > -1:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1:end]
+    return crc_hqx(key, 0) % HASH_SLOTS
+
+
 def for_queue(prefix: str, queue: str) -> QueueKeys:
     """The keys of a queue of one partition (or of a queue's home partition's tag)."""
     return QueueKeys(prefix=prefix, queue=queue)
@@ -196,7 +211,7 @@ def for_queue(prefix: str, queue: str) -> QueueKeys:
 
 def slot_range(i: int, n: int) -> tuple[int, int]:
     """The ``i``-th of ``n`` equal shares of the cluster's slots: [first, end)."""
-    return i * REDIS_CLUSTER_HASH_SLOTS // n, (i + 1) * REDIS_CLUSTER_HASH_SLOTS // n
+    return i * HASH_SLOTS // n, (i + 1) * HASH_SLOTS // n
 
 
 def partition_tags(queue: str, n: int) -> tuple[str, ...]:
@@ -220,7 +235,7 @@ def partition_tags(queue: str, n: int) -> tuple[str, ...]:
 
 def home_partition(queue: str, n: int) -> int:
     """The partition that keeps the queue's own tag (and its keys of before partitions)."""
-    return key_slot(queue.encode()) * n // REDIS_CLUSTER_HASH_SLOTS
+    return key_slot(queue.encode()) * n // HASH_SLOTS
 
 
 def for_partitions(prefix: str, queue: str, n: int) -> tuple[QueueKeys, ...]:

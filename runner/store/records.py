@@ -38,13 +38,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runner.store import codec
 
 if TYPE_CHECKING:
     from runner.store.keys import QueueKeys
-    from runner.store.scripts import Scripts
 
 STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead", "cancelled")
 SEP = "\x1f"
@@ -264,7 +263,24 @@ class Job:
         return self.fields.get("status")
 
 
-def lookup(scripts: Scripts, keys: Iterable[QueueKeys], job_id: str) -> Job | None:
+class ScriptBatch(Protocol):
+    def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None: ...
+    def execute(self) -> list[Any]: ...
+
+
+class ScriptRunner(Protocol):
+    """What sends script calls in one round trip: scripts.Scripts over redis-py, or
+    link.Scripts over a connection of the store's own."""
+
+    def batch(self) -> ScriptBatch: ...
+
+
+def lookup_keys(k: QueueKeys, job_id: str) -> tuple[str, ...]:
+    """The KEYS of lookup.lua for one job."""
+    return (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
+
+
+def lookup(scripts: ScriptRunner, keys: Iterable[QueueKeys], job_id: str) -> Job | None:
     """The job, from whichever queue (or partition) of ``keys`` holds it (None: no such
     job), in one round trip."""
     if not job_id or len(job_id) > 200:
@@ -273,7 +289,7 @@ def lookup(scripts: Scripts, keys: Iterable[QueueKeys], job_id: str) -> Job | No
     return Job(job_id, found[0].queue, found[1]) if found else None
 
 
-def lookup_many(scripts: Scripts, keys: Iterable[QueueKeys],
+def lookup_many(scripts: ScriptRunner, keys: Iterable[QueueKeys],
                 job_ids: Sequence[str]) -> dict[str, tuple[QueueKeys, dict[str, str]]]:
     """The jobs of these ids that exist, by id: the keys of the queue (partition) that
     holds each, and the job as readers see it, in one round trip. A job lives under
@@ -284,7 +300,7 @@ def lookup_many(scripts: Scripts, keys: Iterable[QueueKeys],
     batch = scripts.batch()
     for job_id in job_ids:
         for k in every:
-            scripts.lookup(k, job_id, pipe=batch)
+            batch.add("lookup", lookup_keys(k, job_id), (job_id,))
     replies = iter(batch.execute())
     out: dict[str, tuple[QueueKeys, dict[str, str]]] = {}
     for job_id in job_ids:
@@ -295,13 +311,3 @@ def lookup_many(scripts: Scripts, keys: Iterable[QueueKeys],
             if fields and job_id not in out:
                 out[job_id] = (k, fields)
     return out
-    batch = scripts.batch()
-    for k in keys.values():
-        scripts.lookup(k, job_id, pipe=batch)
-    replies = batch.execute()
-    for queue, (record, state, claim, outcome) in zip(keys, replies, strict=True):
-        record = record if isinstance(record, str) and not record.startswith("\0") else None
-        fields = view(job_id, record, state or [], claim or None, outcome or None)
-        if fields:
-            return Job(job_id, queue, fields)
-    return None

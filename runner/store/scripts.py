@@ -1,7 +1,7 @@
-"""Loads lua/ once and gives one typed method per atomic transition.
+"""One typed method per atomic transition, sent through redis-py.
 
-Each script is sent by SHA (EVALSHA, loaded again on NOSCRIPT) with the shared helpers of
-``lua/_lib.lua`` that it uses prepended. Batch methods take sequences so one round trip
+Each script is sent by SHA (EVALSHA, loaded again on NOSCRIPT) as sources.py assembles it,
+with the shared helpers of ``lua/_lib.lua`` that it uses prepended. Batch methods take sequences so one round trip
 settles many jobs; a ``pipe`` argument queues a call on a Batch instead of sending it.
 
 A single call goes out on a connection of the Scripts' own (see ``_Lanes``): redis-py's
@@ -21,15 +21,11 @@ at-least-once allows.
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import os
-import re
 import select
 import time
 from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
@@ -38,102 +34,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from runner.errors import NotReplicated
-from runner.store import routing
+from runner.store import records, routing
 from runner.store.keys import QueueKeys
-
-NAMES = (
-    "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
-    "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "relay", "resume", "watch", "cancel", "group",
-)
-# Scripts sent as several files in a row: a schedule's tick is its guard, then the
-# enqueue script itself, so a tick's job is written as every other job is.
-COMPOSED = {"tick": ("tick", "enqueue")}
-
-
-def _source(name: str) -> str:
-    return (Path(__file__).parent / "lua" / f"{name}.lua").read_text(encoding="utf-8")
-
-
-_DEFINITION = re.compile(r"local (?:function )?([A-Za-z_]\w*)")
-
-
-def _helpers(lib: str) -> list[tuple[str, str]]:
-    """The top-level definitions of _lib.lua, in order: (name, text with its comment).
-    A definition starts at a ``local`` in column 0; column-0 comments and blank lines
-    before it belong to it; everything else (indented lines, ``end``) continues it."""
-    blocks: list[tuple[str, list[str]]] = []
-    pending: list[str] = []
-    for line in lib.splitlines():
-        m = _DEFINITION.match(line)
-        if m:
-            blocks.append((m.group(1), [*pending, line]))
-            pending = []
-        elif line.startswith("--") or not line.strip():
-            pending.append(line)
-        elif blocks:
-            blocks[-1][1].append(line)
-    return [(name, "\n".join(text)) for name, text in blocks]
-
-
-_WORD = re.compile(r"\w+")
-
-
-@functools.lru_cache(maxsize=4)
-def _library(lib: str) -> tuple[list[tuple[str, str]], dict[str, set[str]]]:
-    """The helpers of a library and the helpers each one names, worked out once per text."""
-    helpers = _helpers(lib)
-    names = {name for name, _ in helpers}
-    return helpers, {name: names.intersection(_WORD.findall(src)) for name, src in helpers}
-
-
-def assemble(lib: str, body: str) -> str:
-    """The script as sent: the helpers ``body`` names, and the ones they name, in their
-    order in the library, then the body. Every helper defined is a closure Redis builds
-    on each call (about 0.2 us apiece), so a script carries only what it can call;
-    naming one in a comment just includes it."""
-    # A helper is named where it stands as a whole word: the words of each text, found
-    # once, rather than a search per helper per text (that was most of a CLI call's time).
-    helpers, refs = _library(lib)
-    todo = list(refs.keys() & set(_WORD.findall(body)))
-    wanted: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name not in wanted:
-            wanted.add(name)
-            todo += refs[name] - wanted
-    used = [src for name, src in helpers if name in wanted]
-    return "\n".join([*used, body])
-
-
-@functools.cache
-def _lib() -> str:
-    return _source("_lib")
-
-
-class _Sources(dict[str, str]):
-    """Every script as sent, assembled on first use and then kept for the process (the
-    files are package data): `runner job` needs one script of the twenty-odd."""
-
-    def __missing__(self, name: str) -> str:
-        if name not in NAMES:
-            raise KeyError(name)
-        src = assemble(_lib(), "\n".join(_source(part) for part in COMPOSED.get(name, (name,))))
-        self[name] = src
-        return src
-
-
-class _Shas(dict[str, str]):
-    def __missing__(self, name: str) -> str:
-        sha = hashlib.sha1(_SOURCES[name].encode()).hexdigest()
-        self[name] = sha
-        return sha
-
-
-# Shared by every Scripts of the process; a miss fills one entry (two threads missing at
-# once compute the same text).
-_SOURCES = _Sources()
-_SHAS = _Shas()
+from runner.store.sources import NAMES, SHAS, SOURCES
 
 
 class NewJob(NamedTuple):
@@ -489,8 +392,8 @@ class Scripts:
 
     def __init__(self, client: Any, replicas: int = 0, replica_timeout_s: float = 1.0) -> None:
         self.client = client
-        self.sources = _SOURCES
-        self.shas = _SHAS
+        self.sources = SOURCES
+        self.shas = SHAS
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._spin = _Spin()
@@ -786,8 +689,7 @@ class Scripts:
 
     def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None) -> Any:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
-        keys = (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
-        return self._run("lookup", keys, (job_id,), pipe)
+        return self._run("lookup", records.lookup_keys(k, job_id), (job_id,), pipe)
 
     def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None) -> Any:
         """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), 3

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.config import STATE_DIR, Config
-from runner.store import codec
 
 
 def session_file(cfg: Config) -> Path:
@@ -39,9 +38,17 @@ class DevSession:
 def dev_session(cfg: Config) -> DevSession | None:
     """The `runner dev` whose embedded Redis serves this project, if one is running."""
     try:
-        data = codec.loads(session_file(cfg).read_bytes())
+        raw = session_file(cfg).read_bytes()
+    except OSError:
+        return None
+    # Here: most commands find no session file, and the codec (orjson) is a few ms of
+    # every `runner --help`.
+    from runner.store import codec
+
+    try:
+        data = codec.loads(raw)
         found = DevSession(url=data["url"], pid=int(data["pid"]))
-    except (OSError, codec.DecodeError, KeyError, TypeError, ValueError):
+    except (codec.DecodeError, KeyError, TypeError, ValueError):
         return None
     return found if isinstance(found.url, str) and _alive(found.pid) else None
 

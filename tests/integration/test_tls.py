@@ -141,3 +141,35 @@ def test_plain_port_refuses_anonymous_clients(tls: Tls) -> None:
     with pytest.raises(redis.exceptions.RedisError):
         c.ping()
     c.close()
+
+
+def test_the_one_shot_readers_connection_speaks_tls_as_redis_py_does(tls: Tls) -> None:
+    """The store's own connection of `runner stats` and `runner job` (store/link.py) over
+    rediss://: verified against the CA or in insecure mode, it connects as the ACL user; a
+    missing CA and a wrong password fail as redis-py's client fails, in kind and words."""
+    from runner.config import RedisConfig
+    from runner.store import connection, link
+
+    def outcome(cfg: RedisConfig, client: object) -> tuple[str, str]:
+        try:
+            who = client.execute_command("ACL", "WHOAMI")  # type: ignore[attr-defined]
+        except RedisUnavailable as exc:
+            return "unavailable", str(exc)
+        except connection.UNAVAILABLE as exc:
+            return "unavailable", str(exc)
+        finally:
+            client.close()  # type: ignore[attr-defined]
+        return "ok", who
+
+    cases = {
+        RedisConfig(url=tls.url(), ca_cert=str(tls.ca)): "ok",
+        RedisConfig(url=tls.url(), tls_verify=False): "ok",
+        RedisConfig(url=tls.url()): "unavailable",
+        RedisConfig(url=tls.url(password="wrong"), tls_verify=False): "unavailable",
+    }
+    for cfg, kind in cases.items():
+        ours = link.from_config(cfg)
+        assert ours is not None
+        got = outcome(cfg, ours)
+        assert got == outcome(cfg, connection.connect(cfg)), cfg
+        assert got[0] == kind and (kind == "unavailable" or got[1] == "runner"), (cfg, got)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from runner.store.embedded import Server
+
 REPO = Path(__file__).parent.parent.parent
 
 # Loaded by the web server, the worker, `runner check` and `runner dev`, never by parsing.
@@ -46,17 +48,20 @@ def test_the_client_loads_no_schema_compiler_and_no_web_or_worker() -> None:
     assert sorted(m for m in (*HEAVY, *CORE) if m in loaded) == []
 
 
-def loaded_by_command(*args: str) -> set[str]:
-    """The modules a `runner` command has imported when it exits (Redis unreachable: the
-    commands that talk to it get as far as their first round trip, then exit 3)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "REDIS_URL": "redis://127.0.0.1:1/0"}
-    code = (f"import sys, runpy, json; sys.argv = ['runner', *{list(args)!r}]\n"
-            "try:\n    runpy.run_module('runner.cli', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "print(json.dumps(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
-                         check=True).stdout
-    return set(json.loads(out.splitlines()[-1]))
+def loaded_by_command(*args: str, url: str = "redis://127.0.0.1:1/0", code: int | None = None) -> set[str]:
+    """The modules a `runner` command has imported when it exits (by default Redis is
+    unreachable: the commands that talk to it get as far as their first round trip, then
+    exit 3); ``code``: the exit code it must end with."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "REDIS_URL": url}
+    script = (f"import sys, runpy, json; sys.argv = ['runner', *{list(args)!r}]\n"
+              "try:\n    runpy.run_module('runner.cli', run_name='__main__')\n"
+              "except SystemExit as exc:\n    print('exit', exc.code)\n"
+              "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO,
+                         check=True).stdout.splitlines()
+    if code is not None:
+        assert f"exit {code}" in out or (code == 0 and not any(ln.startswith("exit ") for ln in out)), out
+    return set(json.loads(out[-1]))
 
 
 # Everything a command that only reads Redis must not import: the web, worker, schema,
@@ -86,13 +91,14 @@ def test_help_imports_no_redis_no_asyncio_and_only_its_command(args: list[str], 
 
 
 @pytest.mark.parametrize("args", [["stats"], ["job", "0123456789abcdef012345"], ["stats", "--json"]])
-def test_reading_commands_import_redis_but_no_schema_client_or_worker(args: list[str]) -> None:
-    """`runner stats` and `runner job ID` load redis-py and their own command module, but
-    neither jsonschema nor the schema compiler, the function loader, the client, the
-    worker, the web app nor the other commands."""
+def test_reading_commands_import_no_redis_py_schema_client_or_worker(args: list[str]) -> None:
+    """`runner stats` and `runner job ID` load their own command module and talk to Redis
+    on the store's own connection (store/link.py): neither redis-py (nor asyncio, which it
+    brings) nor jsonschema, the schema compiler, the function loader, the client, the
+    worker, the web app or the other commands, even when Redis does not answer."""
     loaded = loaded_by_command(*args)
-    assert "redis" in loaded
-    assert sorted(m for m in NOT_FOR_READING if any(x == m or x.startswith(m + ".") for x in loaded)) == []
+    assert sorted(m for m in (*NOT_FOR_READING, "redis", "asyncio")
+                  if any(x == m or x.startswith(m + ".") for x in loaded)) == []
     assert command_modules(loaded) == ["runner.cli.jobs"]
 
 
@@ -121,3 +127,20 @@ def test_the_command_map_names_every_command_and_its_module() -> None:
     assert sorted(cli.commands) == sorted(COMMANDS)
     assert {n: c.callback.__module__ for n, c in cli.commands.items() if c.callback} == {
         n: f"runner.cli.{m}" for n, m in COMMANDS.items()}
+
+
+def test_reading_commands_that_reach_redis_import_no_redis_py(server: Server) -> None:
+    """The same against a server that answers: `runner stats` reads its figures and
+    `runner job ID` finds a job (exit 0), and neither has imported redis-py when it exits,
+    so the saving cannot be lost without this failing."""
+    import redis
+
+    from runner.store.keys import for_queue
+    from runner.store.records import encode
+
+    r = redis.Redis(port=server.port)
+    r.set(for_queue("runner", "fast").job("0123456789abcdef012345"), encode({"type": "t", "version": 1}))
+    r.close()
+    for args in (["stats"], ["job", "0123456789abcdef012345"]):
+        loaded = loaded_by_command(*args, url=server.url, code=0)
+        assert sorted(m for m in ("redis", "asyncio", "ssl") if m in loaded) == [], args

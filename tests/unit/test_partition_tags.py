@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from runner.store import routing
+from runner.store import keys, routing
 from runner.store.keys import SLOT_MARGIN, for_partitions, for_queue, home_partition, partition_tags, slot_range
 from runner.store.scripts import NewJob
 
@@ -71,3 +73,19 @@ def test_a_batch_goes_one_call_per_partition_and_keyless_jobs_together() -> None
     second = routing.split([_job()], 6, spread)
     assert list(second) == [(loose[0] + 1) % 6]
     assert routing.split(jobs, 1, spread) == {0: list(range(70))}
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.binary(max_size=40), st.text(alphabet="{}ab:", max_size=12).map(str.encode)))
+def test_the_store_computes_slots_as_redis_py_does(key: bytes) -> None:
+    """keys.key_slot (the store's own, so that the commands that read no redis-py need
+    none) gives redis-py's slot for every key, hash tags, empty and unclosed braces
+    included."""
+    assert keys.key_slot(key) == key_slot(key)
+
+
+def test_the_slot_of_the_cluster_specs_example() -> None:
+    """The cluster specification's check value: CRC16 of "123456789" is 0x31C3."""
+    assert keys.key_slot(b"123456789") == 0x31C3 % keys.HASH_SLOTS
+    assert keys.key_slot(b"{user1000}.following") == keys.key_slot(b"user1000")
+    assert keys.key_slot(b"foo{}{bar}") != keys.key_slot(b"bar")  # an empty first tag: the whole key

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from runner.store.scripts import NAMES, _helpers, _source, assemble
+from runner.store.sources import NAMES, _helpers, _source, assemble
 
 LIB = _source("_lib")
 HELPERS = dict(_helpers(LIB))
@@ -64,3 +64,13 @@ def test_every_script_with_a_time_reads_it_through_the_clock(name: str) -> None:
     body = _source(name)
     assert re.search(r"\bclock\(ARGV\[1\]\)", body), name
     assert re.search(r"^-- ARGV\[1\] now, ms \(''", body, re.M), name
+
+
+def test_each_sha_is_the_sha1_of_the_text_sent() -> None:
+    """sources.SHAS (the interpreter's own SHA1 where it has one) is hashlib's SHA1 of each
+    script as sent, so EVALSHA finds what SCRIPT LOAD stored."""
+    import hashlib
+
+    from runner.store.sources import SHAS, SOURCES
+
+    assert {n: SHAS[n] for n in NAMES} == {n: hashlib.sha1(SOURCES[n].encode()).hexdigest() for n in NAMES}
