@@ -288,7 +288,8 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
 
 def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
     """wrk closed loop against hello_app under gunicorn with `runner web`'s settings (2
-    processes of its uvicorn worker class, a socket each, keep-alive 5 s)."""
+    processes of its uvicorn worker class, a socket each, keep-alive 5 s). The worker
+    class is the runner under test's (the frozen copy), as `runner web` serves it."""
     if not shutil.which("wrk"):
         return None
     from runner.store.embedded import free_port
@@ -297,6 +298,8 @@ def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
     cmd = [sys.executable, "-m", "gunicorn", "-w", "2", "-k", "runner.web.server.Worker", "--reuse-port",
            "--keep-alive", "5", "-b", f"127.0.0.1:{port}", "hello_app:app"]
     genv = {k: v for k, v in os.environ.items() if k != "GUNICORN_CMD_ARGS"}
+    if runner_src() != REPO:
+        genv["PYTHONPATH"] = str(runner_src())
     web = Group().start([cmd], genv, str(BENCH / "harness"), env.work / "hello")
     try:
         if not _wait_http(port, 20):

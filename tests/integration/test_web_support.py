@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -106,6 +108,55 @@ def test_gunicorn_serves_the_app_from_the_project_folder(project: Project) -> No
         assert "record" in names and "slow" in names
         health = web.get("/healthz")
         assert health.json() == {"status": "ok", "checks": {"web": "ok", "redis": "ok"}}
+
+
+def _data_segments_in(sock: socket.socket) -> int:
+    """The TCP segments with data that ``sock`` received (Linux: tcp_info.tcpi_data_segs_in)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+    if len(info) < 156:
+        pytest.skip("this kernel's tcp_info has no count of data segments")
+    return int(struct.unpack_from("I", info, 152)[0])
+
+
+def _exchange(sock: socket.socket, request: bytes) -> bytes:
+    """One request on a keep-alive connection, and its whole response (by Content-Length;
+    none for a HEAD)."""
+    sock.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0 if request.startswith(b"HEAD ") else int(
+        next(v for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:])
+             if k.strip().lower() == b"content-length"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_each_answer_leaves_the_server_in_one_write(project: Project) -> None:
+    """A response's head and body go out together: the client receives each small answer
+    (an enqueue's 202 from the fast lane, a 404 problem from the falcon app, a GET, and the
+    head alone of a HEAD, here a 405) as one TCP segment. uvicorn writes the head and the body apart,
+    which is two packets and two wake-ups of the client per request."""
+    with gunicorn(project, token="one-write") as web:
+        port = int(web.url.rsplit(":", 1)[1])
+        auth = b"Authorization: Bearer one-write\r\n"
+        body = b'{"n": 1}'
+        requests_ = [
+            b"POST /jobs/record HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+            b"POST /jobs/no_such_type HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+            b"GET /queues HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n",
+            b"HEAD /queues HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n",
+        ]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            for request, status in zip(requests_, (b"202", b"404", b"200", b"405"), strict=True):
+                before = _data_segments_in(sock)
+                answer = _exchange(sock, request)
+                assert answer.split(b" ", 2)[1] == status, answer
+                assert _data_segments_in(sock) - before == 1, (request[:30], answer)
 
 
 @dataclass
