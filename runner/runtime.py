@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from runner.store.waiter import Waiter
 
 log = logging.getLogger("runner")
+RETRY_S = 1.0  # after the recorded partition tags could not be read
 
 
 def _outage(exc: Exception) -> bool:
@@ -104,6 +105,9 @@ class Runtime:
                     self.redis, prefix, {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items()},
                     record=record)
             except Exception as exc:  # a damaged set must not stop a process: its own tags serve
+                # Look again in a second, not on every call: while Redis is away each
+                # enqueue would otherwise wait out a failed connection twice.
+                self._discovered_at = self._recorded_at = now - tagset.RECORD_EVERY_S + RETRY_S
                 if _outage(exc):
                     log.debug("partition tags not read (Redis unreachable): %s", exc)
                 else:

@@ -11,13 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import pytest
 from test_cluster import cluster, cproject  # noqa: F401  (a project on the local cluster)
 
 from runner.client import Client, Request
+from runner.store.embedded import Server
 from runner.store.keys import QueueKeys, partition_tags
 
-from conftest import Project, wait_for
+from conftest import Project, make_project, wait_for
 
 
 def _client_on(p: Project, partitions: int, done_s: int = 3600) -> Client:
@@ -121,3 +124,38 @@ def test_three_partitions_to_one_is_checked_drained_and_forgotten(project: Proje
     time.sleep(0.2)
     p._runtime = None
     assert not [c for c in _check(p)["partitions"] if c["draining"]]
+
+
+def test_the_recorded_tags_are_looked_for_once_a_second_while_redis_is_away(tmp_path: Path) -> None:
+    """With Redis away, a producer's enqueues do not each try the recorded set first (that
+    would double every failing call's wait); it tries again a second later, and once Redis
+    answers its tags are recorded."""
+    from runner.errors import RedisUnavailable
+    from runner.store.keys import partition_set
+
+    own = Server(tmp_path / "own").start()  # this test stops it
+    p = make_project(tmp_path / "p", own)
+    p.write_config(fast="partitions = 3")
+    rt = p.runtime
+    tries = []
+    real = rt.redis.pipeline
+
+    def counted(*a: object, **kw: object) -> object:
+        tries.append(time.monotonic())
+        return real(*a, **kw)
+
+    rt.redis.pipeline = counted  # type: ignore[method-assign]
+    p.server.stop()
+    try:
+        for _ in range(20):
+            with pytest.raises(RedisUnavailable):
+                p.client.enqueue("record", {"n": 1})
+        assert len(tries) <= 2, tries  # the first enqueue's look, at most one more a second on
+    finally:
+        p.server.start()
+    wait_for(lambda: p.runtime.redis.ping(), timeout=10)
+    time.sleep(1.1)
+    p.client.enqueue("record", {"n": 2})
+    assert rt.redis.smembers(partition_set(p.prefix, "fast")) == set(partition_tags("fast", 3))
+    rt.close()
+    own.stop(kill=True)
