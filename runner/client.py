@@ -843,7 +843,8 @@ class Client:
         Raises UnknownFunction for a type not loaded."""
         rt = self.runtime
         fns = [rt.registry.get(type)] if type is not None else list(rt.registry.functions.values())
-        candidates = [(fn.name, rt.keys[fn.queue]) for fn in fns if fn.queue in rt.keys]
+        # A key's job lives where its route sent it: on a partitioned queue, any partition.
+        candidates = [(fn.name, k) for fn in fns if fn.queue in rt.parts for k in rt.parts[fn.queue]]
         try:
             found = listing.holders(rt.redis, candidates, key) if candidates else []
         except UNAVAILABLE as exc:

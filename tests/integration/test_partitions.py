@@ -117,6 +117,11 @@ def test_idempotency_holds_across_partitions(pproject: Project) -> None:
         c.enqueue("idem", {"k": "k7", "v": 2})
     clash = c.enqueue_all([Request("idem", {"k": "k3", "v": 9})])
     assert isinstance(clash[0], IdempotencyConflict) and clash[0].job_id == first["k3"]
+    # Found by its key (the dashboard's search) in whichever partition holds it.
+    for i in (3, 7, 11, 19):
+        (held,) = c.by_idempotency_key(f"k{i}", type="idem")
+        assert held.id == first[f"k{i}"]
+    assert {j.id for j in c.by_idempotency_key("k5")} == {first["k5"]}
     # An explicit key routes as a template's does.
     a = c.enqueue("record", {"n": 1}, idempotency_key="order-1")
     b = c.enqueue("record", {"n": 1}, idempotency_key="order-1")
