@@ -8,7 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,19 +46,29 @@ def cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def cluster_ok(servers: list[Server]) -> bool:
+def _every(servers: list[Server], holds: Callable[[redis.Redis], bool]) -> bool:
+    """Whether ``holds`` is true of every running server (an error: not yet)."""
     for s in servers:
         if s.proc is None or s.proc.poll() is not None:
             continue
         c = redis.Redis(port=s.port, decode_responses=True, socket_timeout=2)
         try:
-            if c.cluster("info").get("cluster_state") != "ok":
+            if not holds(c):
                 return False
         except redis.RedisError:
             return False
         finally:
             c.close()
     return True
+
+
+def cluster_ok(servers: list[Server]) -> bool:
+    return _every(servers, lambda c: c.cluster("info").get("cluster_state") == "ok")
+
+
+def replicas_connected(masters: list[Server]) -> bool:
+    """Every master has a replica connected."""
+    return _every(masters, lambda c: int(c.info("replication").get("connected_slaves", 0)) >= 1)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from clusterkit import cluster_ok, local_cluster
+from clusterkit import cluster_ok, local_cluster, replicas_connected
 from failoverkit import Producers, Round
 
 from runner.client import Client
@@ -56,19 +56,6 @@ def _role(s: Server) -> tuple[str, int]:
         return str(info["role"]), int(info.get("master_port") or 0)
     finally:
         c.close()
-
-
-def _replicas_in_sync(masters: list[Server]) -> bool:
-    for m in masters:
-        c = redis.Redis(port=m.port, socket_timeout=2)
-        try:
-            if int(c.info("replication").get("connected_slaves", 0)) < 1:
-                return False
-        except redis.RedisError:
-            return False
-        finally:
-            c.close()
-    return True
 
 
 def _configure(p: Project, wait_replicas: int) -> None:
@@ -122,7 +109,7 @@ def cluster_round(root: Path, wait_replicas: int) -> ClusterRound:
     out = ClusterRound(wait_replicas, "kill")
     with local_cluster(root / "cluster", masters=3, replicas=1, node_timeout_ms=1000) as servers:
         masters, replicas = servers[:3], servers[3:]
-        wait_for(lambda: _replicas_in_sync(masters), timeout=30, interval=0.1, what="every master's replica")
+        wait_for(lambda: replicas_connected(masters), timeout=30, interval=0.1, what="every master's replica")
         p = make_project(root / "p", Endpoint("redis+cluster://" + ",".join(  # type: ignore[arg-type]
             f"127.0.0.1:{s.port}" for s in servers)))
         _configure(p, wait_replicas)
