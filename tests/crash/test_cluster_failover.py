@@ -142,11 +142,15 @@ def cluster_round(root: Path, wait_replicas: int) -> ClusterRound:
 def test_a_killed_cluster_master_loses_no_job_answered_with_wait_replicas(tmp_path: Path, wait_replicas: int) -> None:
     """SIGKILL the master of the queue's home partition under load: the cluster promotes
     its replica and the producers carry on by themselves (the other two partitions are
-    never refused); with wait_replicas = 1 every job answered OK is still there."""
+    never refused), reaching the heir within seconds; with wait_replicas = 1 every job
+    answered OK is still there."""
     r = cluster_round(tmp_path, wait_replicas)
     print("\n" + HEADER + "\n" + row(r))
     assert r.ok >= WARMUP
     assert r.ok_after > 0  # two masters of three were never down: enqueues went on
+    # The killed master's partition is answered by its heir soon after the promotion (a
+    # durable call that kept the old layout went to the dead master for 8 to 9 s).
+    assert r.again_s < 5.0, r
     if wait_replicas:
         assert r.missing == 0, r
 
