@@ -10,8 +10,11 @@ no job, whichever processes are still on the old count.
 A worker removes a draining tag once it saw the partition hold nothing (no job waiting,
 running, dead or passing through its outbox) for a whole retention. Its check and the
 removal are in two slots, so a producer still on the old count could write to it in
-between: producers add their tags again every ``RECORD_EVERY_S``, and every process
-reads the set that often, so such a job waits that long at most, never for ever.
+between. Such a job is still served by every worker that already knew the tag (a process
+never drops a partition it serves), and a producer adds its tags again at its first
+enqueue ``RECORD_EVERY_S`` after its last record, so later workers learn of it then. It
+takes a producer idle for a whole retention on an old count, whose one enqueue lands in
+that window, and every worker restarted before its next enqueue, to leave it unserved.
 """
 
 from __future__ import annotations
