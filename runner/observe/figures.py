@@ -26,6 +26,7 @@ class Source(Protocol):
     def parts(self) -> Mapping[str, Sequence[Any]]: ...
     @property
     def registry(self) -> Any: ...
+    def discover_due(self) -> Any: ...
 
 # Claims held back, by reason: deferred (a full resource or concurrency limit), paused (a
 # pause), ratelimited (no rate token due yet).
@@ -183,6 +184,7 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
     registry for that.
     """
     keys = rt.keys
+    rt.discover_due()  # a long-lived reader (a /metrics scrape) learns of draining partitions
     every = [k for parts in rt.parts.values() for k in parts]
     pipe = rt.redis.pipeline(transaction=False)
     for k in every:
@@ -285,6 +287,7 @@ def read_throughput(rt: Source, minutes: int, now_ms: int) -> dict[str, Any]:
     start of each minute in epoch seconds; a minute with no hash counts 0."""
     last = now_ms // 60_000
     span = list(range(last - minutes + 1, last + 1))
+    rt.discover_due()
     pipe = rt.redis.pipeline(transaction=False)
     every = [k for parts in rt.parts.values() for k in parts]
     for k in every:
