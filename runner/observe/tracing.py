@@ -11,6 +11,7 @@ off too, so a worker reads no trace contexts it would only drop.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,9 +30,23 @@ def installed() -> bool:
     return trace is not None
 
 
+# Read once: the API loads a provider named in the environment at its first look-up.
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+_MISSING = object()
+
+
 def enabled() -> bool:
-    """A tracer provider is configured (the SDK's, or any other than the API's default)."""
-    return trace is not None and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    """A tracer provider is configured (the SDK's, or any other than the API's default).
+
+    Asked for every job and every enqueue. While none is set, ``get_tracer_provider()``
+    looks the environment up on each call, a cost per job with the extra installed and
+    tracing off; the API sets its global provider at most once, so an unset one is read
+    directly and the full check runs only once a provider may exist."""
+    if trace is None:
+        return False
+    if getattr(trace, "_TRACER_PROVIDER", _MISSING) is None and not _PROVIDER_FROM_ENV:
+        return False
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def _tracer() -> Any:

@@ -127,10 +127,14 @@ class Ledger:
 
     def returned(self) -> None:
         """A run left its executor (finished, released, abandoned or failed outside the
-        handler)."""
+        handler). The fetcher, waiting in room() or executor_free(), is woken only when
+        its wait may be over: waking it for every finished job cost a thread switch per
+        job with handlers that block."""
         with self.cond:
             self.busy = max(0, self.busy - 1)
-            self.cond.notify()
+            room = self.capacity - self.busy
+            if room >= self.low_water or (room > 0 and self.waiting == 0) or self.busy < self.concurrency:
+                self.cond.notify()
 
     def forget(self, runs: Iterable[Run]) -> None:
         with self.lock:
