@@ -4,8 +4,8 @@ what was expected.
 Environment overrides (they win over the file): REDIS_URL, RUNNER_REDIS_PREFIX,
 RUNNER_REDIS_TLS_VERIFY, RUNNER_REDIS_CA_CERT, RUNNER_REDIS_WAIT_REPLICAS,
 RUNNER_REDIS_WAIT_TIMEOUT, RUNNER_API_TOKEN, RUNNER_API_AUTH,
-RUNNER_LOG_LEVEL, RUNNER_LOG_FORMAT, RUNNER_GRACE_PERIOD, RUNNER_FUNCTIONS_DIR,
-RUNNER_SCHEMAS_DIR.
+RUNNER_LOG_LEVEL, RUNNER_LOG_FORMAT, RUNNER_GRACE_PERIOD, RUNNER_CPU_AFFINITY,
+RUNNER_FUNCTIONS_DIR, RUNNER_SCHEMAS_DIR.
 
 API tokens: ``[api.tokens.NAME]`` tables, each with ``scopes`` and its secret in an
 environment variable (``env``) or as a hash (``hash = "sha256:<hex>"``); RUNNER_API_TOKEN is
@@ -147,6 +147,8 @@ class WorkerConfig:
     unknown_grace_s: float = 900.0
     # Seconds past TIMEOUT before a stuck child is killed or a stuck thread abandoned.
     timeout_grace_s: float = 1.0
+    # "auto": a `runner worker` process keeps its threads on one core (worker/affinity.py).
+    cpu_affinity: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +289,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
         "scheduler_interval": (_pos_num, "a positive number of seconds"),
         "unknown_grace": (_nonneg_num, "a number of seconds >= 0"),
         "timeout_grace": (_pos_num, "a positive number of seconds"),
+        "cpu_affinity": (lambda v: v in ("auto", "off"), '"auto" (one core per worker process) or "off"'),
     },
     "log": {
         "level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "DEBUG/INFO/WARNING/ERROR"),
@@ -403,6 +406,14 @@ def _env_bool(name: str, value: str) -> bool:
     if low in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"environment: {name} must be true or false, got {value!r}")
+
+
+def _cpu_affinity(from_env: str | None, from_file: object) -> str:
+    if from_env is None:
+        return str(from_file)  # checked with the file's other keys
+    if from_env not in ("auto", "off"):
+        raise ConfigError(f'environment: RUNNER_CPU_AFFINITY must be "auto" or "off", got {from_env!r}')
+    return from_env
 
 
 def _env_num(name: str, value: str) -> float:
@@ -524,6 +535,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
             scheduler_interval_s=float(w.get("scheduler_interval", 0.5)),
             unknown_grace_s=float(w.get("unknown_grace", 900.0)),
             timeout_grace_s=float(w.get("timeout_grace", 1.0)),
+            cpu_affinity=_cpu_affinity(env.get("RUNNER_CPU_AFFINITY"), w.get("cpu_affinity", "auto")),
         ),
         log=LogConfig(level=level, format=fmt),
         functions_dir=root / (env.get("RUNNER_FUNCTIONS_DIR") or f.get("dir", "functions")),

@@ -34,6 +34,7 @@ from runner.client import Enqueued
 from runner.errors import JobTimeout, RunnerError
 from runner.observe.logs import setup as setup_logs
 from runner.store import codec
+from runner.worker import affinity
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
 
@@ -173,6 +174,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 def main() -> None:
     _die_with_parent()
+    affinity.restore_original()  # the worker keeps to one core; its children spread out
     fd = int(sys.argv[1])
     if os.getppid() == 1:  # the worker died before the death signal was armed
         os._exit(0)

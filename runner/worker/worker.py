@@ -17,6 +17,7 @@ from runner.store import roster
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.waiter import Waiter
+from runner.worker.affinity import Affinity
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
 from runner.worker.ticker import Ticker
@@ -107,11 +108,17 @@ class Worker:
         # thread holds inside Event.wait(); the main loop below looks every 0.2 s.
 
     def run(self) -> None:
-        """Run until SIGTERM/SIGINT (main thread only)."""
+        """Run until SIGTERM/SIGINT (main thread only). A process of its own, so it keeps
+        to one core (affinity.py) unless ``[worker] cpu_affinity = "off"``."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        cores = Affinity() if self.rt.config.worker.cpu_affinity == "auto" else None
+        if cores is not None:
+            cores.start()
         self.start()
         while not self._signals and not self.stop_event.wait(0.2):
             pass
         self.stop_event.set()
         self.stop()
+        if cores is not None:
+            cores.stop()

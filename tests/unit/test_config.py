@@ -45,6 +45,7 @@ def test_env_overrides(tmp_path: Path) -> None:
     ("[queues.fast]\nvisibility_timeout = 0.5\n", "visibility_timeout must be a number of seconds >= 1"),
     ("[api]\nmax_body_bytes = -1\n", "api.max_body_bytes must be a positive integer"),
     ("[queues.fast\n", "not valid TOML"),
+    ("[worker]\ncpu_affinity = \"on\"\n", 'worker.cpu_affinity must be "auto"'),
 ])
 def test_bad_config_names_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
     p = write(tmp_path, text)
@@ -60,6 +61,15 @@ def test_bad_env_is_named(tmp_path: Path) -> None:
         config.load(p, env={"RUNNER_REDIS_TLS_VERIFY": "maybe"})
     with pytest.raises(ConfigError, match="RUNNER_GRACE_PERIOD"):
         config.load(p, env={"RUNNER_GRACE_PERIOD": "soon"})
+    with pytest.raises(ConfigError, match="RUNNER_CPU_AFFINITY"):
+        config.load(p, env={"RUNNER_CPU_AFFINITY": "yes"})
+
+
+def test_cpu_affinity_is_on_by_default_and_the_environment_wins(tmp_path: Path) -> None:
+    assert config.load(write(tmp_path, "[queues.q]\n"), env={}).worker.cpu_affinity == "auto"
+    p = write(tmp_path, "[queues.q]\n[worker]\ncpu_affinity = \"off\"\n")
+    assert config.load(p, env={}).worker.cpu_affinity == "off"
+    assert config.load(p, env={"RUNNER_CPU_AFFINITY": "auto"}).worker.cpu_affinity == "auto"
 
 
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
