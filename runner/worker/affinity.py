@@ -8,26 +8,32 @@ switches, against 15 us and 1.0 on one core. A worker whose handlers block on I/
 more on fewer cycles when its threads share one core; the cores left over go to the other
 worker processes and to Redis.
 
-Which core: at start, the least busy of the cores the process may use (its affinity
-mask, so `taskset` and cgroup cpusets are obeyed), skipping one that a sibling worker on
-this host already holds (an advisory lock file per core in the temporary directory; a
-killed process's lock goes with it). While running, when this process's threads wait for
-their core (the run delay in /proc's schedstat) and another core has room, it moves there;
-a move is followed by a pause, so two processes do not chase each other.
+Which core: at start, before any other thread exists (so every later thread inherits the
+mask), a core of the process's mask (so `taskset` and cgroup cpusets are obeyed) that no
+sibling holds. A sibling is another worker sharing this host's network namespace and
+temporary directory; each holds a core by binding an abstract unix socket named for the
+directory and the core, which needs no file and goes with the process, even a killed
+one. With every core held, or no socket to be had, a random core. While running, when
+other work takes a good share of this process's core and another core, held by no
+sibling, is clearly less loaded, it moves there; a move is followed by a pause, so two
+processes do not chase each other.
 
 Handlers that run in child processes (ISOLATION = "process") get the process's original
-mask back (child.py reads it from RUNNER_CPUS_ORIGINAL), so they spread over every core.
-Linux only; elsewhere, with one usable core, or with ``[worker] cpu_affinity = "off"``,
-nothing changes.
+mask back (child.py reads it from RUNNER_CPUS_ORIGINAL), and so does a child forked with
+os.fork() (multiprocessing's fork start method). A program a thread handler starts with
+subprocess keeps to the worker's core: give it ``preexec_fn=affinity.restore_original``
+or run such a handler in a child process. Linux only; elsewhere, with one usable core, or
+with ``[worker] cpu_affinity = "off"``, nothing changes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import logging
 import os
 import random
+import socket
 import tempfile
 import threading
 import time
@@ -40,10 +46,10 @@ log = logging.getLogger("runner.worker")
 ORIGINAL_ENV = "RUNNER_CPUS_ORIGINAL"
 CHECK_EVERY_S = 2.0
 PAUSE_AFTER_MOVE_S = 20.0
-# Move when this process's threads waited for their core this share of the interval...
-CROWDED = 0.15
-# ...and another core was idle at least this share of it.
-ROOMY = 0.5
+# Move when other work took this share of this process's core...
+CROWDED = 0.3
+# ...to a core whose load is lower by at least this share.
+BETTER_BY = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,45 +76,37 @@ def read_cpus(text: str) -> dict[int, CpuTimes]:
     return out
 
 
-def idle_shares(before: Mapping[int, CpuTimes], after: Mapping[int, CpuTimes]) -> dict[int, float]:
-    """Each core's idle share between two readings (1.0: idle throughout)."""
+def busy_shares(before: Mapping[int, CpuTimes], after: Mapping[int, CpuTimes]) -> dict[int, float]:
+    """Each core's busy share between two readings (0.0: idle throughout)."""
     out: dict[int, float] = {}
     for cpu, a in after.items():
         b = before.get(cpu)
         if b is None or a.total <= b.total:
             continue
-        out[cpu] = 1.0 - (a.busy - b.busy) / (a.total - b.total)
+        out[cpu] = (a.busy - b.busy) / (a.total - b.total)
     return out
 
 
-def pick(allowed: Iterable[int], idle: Mapping[int, float], taken: Iterable[int] = ()) -> int:
-    """The core to start on: the idlest allowed core no sibling holds (any allowed core
-    when every one is held); ties go to the lowest number."""
+def pick(allowed: Iterable[int], taken: Iterable[int] = (), rng: random.Random | None = None) -> int:
+    """The core to start on: one no sibling holds, at random (siblings that cannot see
+    each other's holds then spread instead of piling onto one); any core when every one
+    is held."""
     pool = sorted(allowed)
     held = set(taken)
-    free = [c for c in pool if c not in held] or pool
-    return max(free, key=lambda c: (idle.get(c, 0.0), -c))
+    return (rng or random).choice([c for c in pool if c not in held] or pool)
 
 
-def move_to(current: int, allowed: Iterable[int], idle: Mapping[int, float], waited: float) -> int | None:
-    """Where to move when this process's threads waited ``waited`` (a share of the
-    interval) for ``current``: the idlest other core if it had room, else nowhere."""
-    if waited < CROWDED:
+def move_to(current: int, candidates: Iterable[int], busy: Mapping[int, float], own: float) -> int | None:
+    """Where to move from ``current``, on which this process used the share ``own``:
+    the least loaded candidate, when other work took at least CROWDED of this core and
+    that candidate's load is lower by BETTER_BY; else nowhere."""
+    others_here = busy.get(current, 0.0) - own
+    if others_here < CROWDED:
         return None
-    others = [c for c in allowed if c != current and idle.get(c, 0.0) >= ROOMY]
-    if not others:
+    best = min((c for c in candidates if c != current and c in busy), key=lambda c: (busy[c], c), default=None)
+    if best is None or busy[best] > others_here - BETTER_BY:
         return None
-    return max(others, key=lambda c: (idle.get(c, 0.0), -c))
-
-
-def run_delay_s(pid: int) -> float:
-    """Seconds this process's threads have spent runnable but waiting for a core."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
-    return total / 1e9
+    return best
 
 
 def format_cpus(cpus: Iterable[int]) -> str:
@@ -119,17 +117,23 @@ def parse_cpus(text: str) -> set[int]:
     return {int(c) for c in text.split(",") if c.strip().isdigit()}
 
 
-class Affinity:
-    """Keeps this process on one core (see the module docstring); start()/stop()."""
+def _process_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
-    def __init__(self, lock_dir: str | None = None) -> None:
-        self.lock_dir = Path(lock_dir or tempfile.gettempdir())
+
+class Affinity:
+    """Keeps this process on one core (see the module docstring). start() pins at once,
+    from the calling thread, and starts the thread that may move it; stop()."""
+
+    def __init__(self) -> None:
         self.cpu: int | None = None
         self.moves = 0
         self._allowed: Sequence[int] = ()
-        self._lock_fd: int | None = None
+        self._hold: socket.socket | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._space = tempfile.gettempdir()
 
     @staticmethod
     def supported() -> bool:
@@ -137,11 +141,24 @@ class Affinity:
 
     def start(self) -> None:
         if not self.supported():
+            forget()
             return
         self._allowed = sorted(os.sched_getaffinity(0))
         if len(self._allowed) < 2:
+            forget()
             return
-        os.environ.setdefault(ORIGINAL_ENV, format_cpus(self._allowed))
+        os.environ[ORIGINAL_ENV] = format_cpus(self._allowed)
+        taken: set[int] = set()
+        cpu = pick(self._allowed)
+        # Siblings starting together may pick the same core: the one whose hold lands
+        # keeps it, the other picks again. Every core held: share one.
+        while cpu not in taken and not self._take(cpu):
+            taken.add(cpu)
+            cpu = pick(self._allowed, taken)
+        if not self._pin(cpu):
+            forget()
+            return
+        os.register_at_fork(after_in_child=restore_original)
         self._thread = threading.Thread(target=self._loop, name="cpu-affinity", daemon=True)
         self._thread.start()
 
@@ -149,7 +166,7 @@ class Affinity:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        self._unlock()
+        self._release()
 
     def _stat(self) -> dict[int, CpuTimes]:
         try:
@@ -158,72 +175,70 @@ class Affinity:
             return {}
 
     def _loop(self) -> None:
-        before = self._stat()
-        if self._stop.wait(0.1):
-            return
-        after = self._stat()
-        idle = idle_shares(before, after)
-        taken: set[int] = set()
-        cpu = pick(self._allowed, idle)
-        # Siblings starting together may pick the same core: the one that gets its lock
-        # keeps it, the other picks again. Every core held: share the idlest.
-        while cpu not in taken and not self._try_lock(cpu):
-            taken.add(cpu)
-            cpu = pick(self._allowed, idle, taken)
-        self._pin(cpu, "start")
         pause_until = 0.0
-        delay, stat = run_delay_s(os.getpid()), after
+        stat, cpu_s, at = self._stat(), _process_cpu_s(), time.monotonic()
         while not self._stop.wait(CHECK_EVERY_S):
-            now_delay, now_stat = run_delay_s(os.getpid()), self._stat()
-            waited = (now_delay - delay) / CHECK_EVERY_S
-            idle = idle_shares(stat, now_stat)
-            delay, stat = now_delay, now_stat
-            if time.monotonic() < pause_until or self.cpu is None:
+            now_stat, now_cpu_s, now = self._stat(), _process_cpu_s(), time.monotonic()
+            busy = busy_shares(stat, now_stat)
+            own = (now_cpu_s - cpu_s) / max(1e-3, now - at)
+            stat, cpu_s, at = now_stat, now_cpu_s, now
+            if now < pause_until or self.cpu is None:
                 continue
-            target = move_to(self.cpu, self._allowed, idle, waited)
-            if target is not None:
-                self._unlock()
-                self._try_lock(target)
-                self._pin(target, f"its threads waited {waited:.0%} of the time for core {self.cpu}")
+            here = self.cpu
+            target = move_to(here, self._allowed, busy, own)
+            if target is None or not self._take(target):
+                continue  # nowhere better, or a sibling holds it
+            if self._pin(target):
                 self.moves += 1
-                # Randomised, so two crowded processes that moved at once do not move back together.
-                pause_until = time.monotonic() + PAUSE_AFTER_MOVE_S * random.uniform(1.0, 1.5)
+                log.info("cpu affinity: moved from core %d to core %d (other work took %.0f%% of core %d)",
+                         here, target, 100 * (busy.get(here, 0.0) - own), here)
+            # Randomised, so two crowded processes that moved at once do not move back together.
+            pause_until = time.monotonic() + PAUSE_AFTER_MOVE_S * random.uniform(1.0, 1.5)
 
-    def _pin(self, cpu: int, why: str) -> None:
+    def _pin(self, cpu: int) -> bool:
+        """Every thread of the process on ``cpu``: a thread's mask is its own, and one
+        started while the others are being moved inherits its creator's, so the pass
+        repeats until it finds no thread it has not moved."""
+        done: set[int] = set()
         try:
             os.sched_setaffinity(0, {cpu})
-            # Every thread of the process: the mask of a running thread is its own.
-            for tid in os.listdir("/proc/self/task"):
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(int(tid), {cpu})
+            for _ in range(10):
+                tids = {int(t) for t in os.listdir("/proc/self/task")} - done
+                if not tids:
+                    break
+                for tid in tids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(tid, {cpu})
+                done |= tids
         except OSError as exc:
             log.info("cpu affinity: could not keep to core %d (%s); the threads run on any core", cpu, exc)
-            return
-        self.cpu = cpu
-        log.debug("cpu affinity: on core %d (%s)", cpu, why)
-
-    def _try_lock(self, cpu: int) -> bool:
-        """Hold core ``cpu``'s advisory lock (releasing any other); False when a sibling
-        holds it."""
-        path = self.lock_dir / f"runner-cpu-{cpu}.lock"
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-        except OSError:
-            return True  # no lock to be had: do not let it steer the choice
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
             return False
-        self._unlock()
-        self._lock_fd = fd
+        self.cpu = cpu
         return True
 
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = None
+    def _take(self, cpu: int) -> bool:
+        """Hold core ``cpu`` against siblings (releasing the core held before); False when
+        a sibling holds it. Without a socket to bind, nobody can hold one: True."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(f"\0runner-cpu:{self._space}:{cpu}")
+        except OSError as exc:
+            sock.close()
+            return exc.errno != errno.EADDRINUSE
+        self._release()
+        self._hold = sock
+        return True
+
+    def _release(self) -> None:
+        if self._hold is not None:
+            self._hold.close()
+            self._hold = None
+
+
+def forget() -> None:
+    """This process does not keep to a core: its children have nothing to restore (an
+    inherited mask from a worker above it would widen one narrowed since)."""
+    os.environ.pop(ORIGINAL_ENV, None)
 
 
 def restore_original() -> None:

@@ -17,7 +17,7 @@ from runner.store import roster
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.waiter import Waiter
-from runner.worker.affinity import Affinity
+from runner.worker import affinity
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
 from runner.worker.ticker import Ticker
@@ -112,9 +112,11 @@ class Worker:
         to one core (affinity.py) unless ``[worker] cpu_affinity = "off"``."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        cores = Affinity() if self.rt.config.worker.cpu_affinity == "auto" else None
+        cores = affinity.Affinity() if self.rt.config.worker.cpu_affinity == "auto" else None
         if cores is not None:
-            cores.start()
+            cores.start()  # before any thread of the worker's: each inherits the core
+        else:
+            affinity.forget()
         self.start()
         while not self._signals and not self.stop_event.wait(0.2):
             pass

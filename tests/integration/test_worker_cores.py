@@ -75,3 +75,23 @@ def test_a_child_process_handler_gets_every_core_back(project: Project, tmp_path
     job = project.client.enqueue("cores", {})
     done = wait_for(lambda: (j := project.client.get(job.id)).status == "done" and j, timeout=30)
     assert set(done.as_dict()["result"]) == os.sched_getaffinity(0)
+
+
+def test_a_mask_narrowed_above_the_worker_is_not_widened(project: Project, tmp_path: Path) -> None:
+    """A worker started on one core (taskset, or by a pinned worker's thread handler that
+    passed its variables on) keeps its children there too."""
+    (project.root / "functions" / "cores.py").write_text(CHILD_FN)
+    schemas = project.root / "schemas" / "cores"
+    schemas.mkdir(parents=True, exist_ok=True)
+    (schemas / "v1.json").write_text('{"type": "object"}')
+    mine = os.sched_getaffinity(0)
+    one = min(mine)
+    os.sched_setaffinity(0, {one})  # the spawned worker inherits it
+    try:
+        project.spawn_worker("slow", env={"TMPDIR": str(tmp_path),
+                                          "RUNNER_CPUS_ORIGINAL": ",".join(map(str, sorted(mine)))})
+    finally:
+        os.sched_setaffinity(0, mine)
+    job = project.client.enqueue("cores", {})
+    done = wait_for(lambda: (j := project.client.get(job.id)).status == "done" and j, timeout=30)
+    assert done.as_dict()["result"] == [one]
