@@ -64,15 +64,19 @@ class Renewer:
         late_after = max(1.0, every)
         next_renew = time.monotonic() + every
         last = time.monotonic()
+        ran = False  # a handler was running at the last tick
         while not self.stopping.wait(TICK_S):
             now = time.monotonic()
-            if now - last > late_after and self.ledger.running():
+            running = bool(self.ledger.running())
+            # The handler that held the GIL may have finished by the time this thread
+            # runs again (on one core it usually has): it was running before the gap.
+            if now - last > late_after and (ran or running):
                 log.warning(
                     "%s: lease renewal ran %.1f s late: a handler held the GIL (a long C call), so this "
                     "worker could not renew its leases; set ISOLATION = \"process\" on such a function so "
                     "its handler runs in a child process", self.q.name, now - last - TICK_S,
                     extra={"queue": self.q.name, "late_s": round(now - last - TICK_S, 3)})
-            last = now
+            last, ran = now, running
             self._enforce_timeouts(now)
             if now < next_renew:
                 continue

@@ -32,6 +32,9 @@ joblog = logging.getLogger("runner.job")
 
 SUMMARY_EVERY_S = 60.0
 MAX_BATCH = 500
+# A batch smaller than this may wait LINGER_S for more (see Settler._linger).
+LINGER_BELOW = 32
+LINGER_S = 0.001
 
 
 def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: Any = None) -> str:
@@ -114,16 +117,34 @@ class Settler:
             if first is None:
                 break
             batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    nxt = self.outbox.get_nowait()
-                except stdqueue.Empty:
-                    break
-                if nxt is None:
-                    done = True
-                    break
-                batch.append(nxt)
+            done = self._take(batch)
+            if not done and len(batch) < LINGER_BELOW and self._linger(batch):
+                # Handlers that block end one by one: sent at once, each batch held about
+                # 3 jobs and a prefetched run's start mark went out on its own. Waiting a
+                # moment gathers more settlements per script call, and most runs that
+                # start and end within it need no start mark at all.
+                time.sleep(LINGER_S)
+                done = self._take(batch)
             self.settle(batch)
+
+    def _take(self, batch: list[Settlement]) -> bool:
+        """Add what the outbox holds now to ``batch``; True when the stop sentinel came."""
+        while len(batch) < MAX_BATCH:
+            try:
+                nxt = self.outbox.get_nowait()
+            except stdqueue.Empty:
+                return False
+            if nxt is None:
+                return True
+            batch.append(nxt)
+        return False
+
+    def _linger(self, batch: Sequence[Settlement]) -> bool:
+        """Worth waiting LINGER_S before the send: claimed jobs wait for a free executor
+        (a backlog, where a settlement a millisecond later costs no one), or the batch
+        holds a start mark whose run may end within it. An idle queue's settlement goes
+        out at once: a caller may be waiting for it."""
+        return self.ledger.waiting > 0 or any(isinstance(s.outcome, Start) for s in batch)
 
     def settle(self, batch: Sequence[Settlement]) -> None:
         """Send a batch until it lands. Re-sending is safe: every script is fenced, so a
