@@ -34,7 +34,10 @@ SUMMARY_EVERY_S = 60.0
 MAX_BATCH = 500
 # A batch smaller than this may wait LINGER_S for more (see Settler._linger).
 LINGER_BELOW = 32
-LINGER_S = 0.001
+# 1 ms: 0.18 script calls per job with a handler making one Redis round trip; 3 ms: 0.135
+# and about 10 % more jobs/s (5 interleaved pairs). A worker killed in a backlog re-runs,
+# at least once as always, the jobs that finished in its last few milliseconds.
+LINGER_S = 0.003
 
 
 def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: Any = None) -> str:
