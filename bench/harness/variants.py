@@ -26,7 +26,8 @@ METRICS_OFF = [
     ("store/lua/_lib.lua", "    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)\n", ""),
     ("store/lua/ack.lua", "  if type(redis.pcall('HINCRBY', tk, 'done', #done_ids)) == 'number' then\n"
                           "    redis.call('PEXPIRE', tk, 21600000)\n  end\n", ""),
-    ("worker/settler.py", 'fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)',
+    ("worker/settler.py", "                totals.add(done_f)\n", ""),
+    ("worker/settler.py", 'fields = f"{done_f} " + metrics.timed(t, lat, s.run_s * 1000, totals)',
      'fields = ""'),
 ]
 

@@ -38,6 +38,36 @@ def bucket(ms: float) -> str:
     return _LABELS[bisect.bisect_left(BUCKETS_MS, ms)]
 
 
+class Totals:
+    """Stats fields summed over a batch of settlements, sent once with it ("field=N ...")
+    so the script counts the batch in one pass instead of parsing every job's fields."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, field: str, n: int = 1) -> None:
+        self.counts[field] = self.counts.get(field, 0) + n
+
+    def text(self) -> str:
+        return " ".join(f"{f}={n}" for f, n in self.counts.items())
+
+
+def timed(type_: str, latency_ms: float, run_ms: float, totals: Totals) -> str:
+    """timing_fields(), also added to ``totals``."""
+    lat = max(0, int(latency_ms))
+    run = max(0, int(run_ms))
+    lat_f, run_f = f"lat|{type_}|{bucket(lat)}", f"run|{type_}|{bucket(run)}"
+    c = totals.counts
+    c[lat_f] = c.get(lat_f, 0) + 1
+    c[run_f] = c.get(run_f, 0) + 1
+    lat_s, run_s = f"lat_sum|{type_}", f"run_sum|{type_}"
+    c[lat_s] = c.get(lat_s, 0) + lat
+    c[run_s] = c.get(run_s, 0) + run
+    return f"{lat_f} {lat_s}={lat} {run_f} {run_s}={run}"
+
+
 def timing_fields(type_: str, latency_ms: float, run_ms: float) -> str:
     lat = max(0, int(latency_ms))
     run = max(0, int(run_ms))

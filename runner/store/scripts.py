@@ -585,9 +585,11 @@ class Scripts:
 
     def ack(
         self, k: QueueKeys, acks: Sequence[Ack], idem_ttl_ms: int, done_ttl_ms: int = 86_400_000,
-        done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
+        done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None, totals: str = "",
     ) -> Any:
-        args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks)]
+        """``totals``: every ack's stats fields summed ("field=N ..."), counted at once when
+        the whole batch lands (see ack.lua); '' counts each ack's own."""
+        args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks), totals]
         for a in acks:
             args += [a.id, a.token, a.result, a.census, a.stats, a.keep_ms]
         args += _followup_args(k, acks)

@@ -240,6 +240,7 @@ class Settler:
         retry_s: list[Settlement] = []
         bury_s: list[Settlement] = []
         release_s: list[Settlement] = []
+        totals = metrics.Totals()  # the acks' stats fields, summed
         started = False
         for s in batch:
             if isinstance(s.outcome, Start):
@@ -261,7 +262,9 @@ class Settler:
                     start_s.append(s)
             elif isinstance(o, Done):
                 lat = (s.started_ms or now) - job.ready_ms
-                fields = f"succeeded|{t} " + metrics.timing_fields(t, lat, s.run_s * 1000)
+                done_f = f"succeeded|{t}"
+                totals.add(done_f)
+                fields = f"{done_f} " + metrics.timed(t, lat, s.run_s * 1000, totals)
                 fn = self.rt.registry.functions.get(t)
                 keep = int(fn.keep_result_s * 1000) if fn is not None and fn.keep_result_s else 0
                 # A producer's extra fields (a schedule's tick...) stay with the outcome, on
@@ -282,6 +285,7 @@ class Settler:
                     result = f"{result}\n{meta}"
                 if follow:  # counted with the ack, so only for an ack that lands
                     fields += f" followups|{t}={len(follow)}"
+                    totals.add(f"followups|{t}", len(follow))
                 acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow,
                                 _member_done(job, o.result)))
                 ack_s.append(s)
@@ -322,7 +326,7 @@ class Settler:
             sc.start(k, starts, pipe=pipe)
             groups.append(start_s)
         if acks:
-            sc.ack(k, acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe)
+            sc.ack(k, acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe, totals=totals.text())
             groups.append(ack_s)
         if retries:
             sc.retry(k, retries, pipe=pipe)

@@ -39,8 +39,11 @@ import json, os
 QUEUE = "slow"
 
 def handle(payload, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], "notice-" + payload["job"]["id"]), "w") as f:
+    # Written aside, then renamed: the test reads it as soon as the name appears.
+    path = os.path.join(os.environ["RECORD_DIR"], "notice-" + payload["job"]["id"])
+    with open(path + ".tmp", "w") as f:
         f.write(json.dumps(payload))
+    os.replace(path + ".tmp", path)
 '''
 
 

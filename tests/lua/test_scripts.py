@@ -1468,6 +1468,30 @@ def test_ack_with_a_wrong_token_changes_nothing(p: Project) -> None:
     sc = p.runtime.scripts
     assert sc.ack(k, [Ack("b", "", "", "noop|1", "")], 100_000, now_ms=NOW) == [-1]
     assert sc.renew(k, [("b", "")], LEASE, now_ms=NOW) == [-1]
+
+
+def test_ack_counts_the_batch_totals_only_when_every_ack_lands(p: Project) -> None:
+    """The worker sends a batch's stats fields summed as well as each job's: a batch that
+    lands whole is counted from the sum, in one pass; a batch with a refused ack is counted
+    from the fields of the acks that landed, never the sum (which holds the refused one's)."""
+    enqueue(p, new("a"), new("b"), new("c"))
+    got = {g[0]: g for g in claim(p)}
+    r = p.runtime.redis
+    k = p.keys()
+    sc = p.runtime.scripts
+    r.delete(k.stats)  # the enqueue's own count
+    fields = "succeeded|noop lat|noop|5 lat_sum|noop=4 run|noop|1 run_sum|noop=1"
+    # The sum says 2 runs, not the 3 the jobs' fields would add up to: the sum is what counts.
+    totals = "succeeded|noop=2 lat|noop|5=2 lat_sum|noop=8 run|noop|1=2 run_sum|noop=2"
+    assert sc.ack(k, [Ack("a", got["a"][1], "", "noop|1", fields)], 100_000, now_ms=NOW, totals=totals) == [1]
+    assert r.hgetall(k.stats) == {"succeeded|noop": "2", "lat|noop|5": "2", "lat_sum|noop": "8",
+                                  "run|noop|1": "2", "run_sum|noop": "2"}
+    r.delete(k.stats)
+    codes = sc.ack(k, [Ack("b", "not-its-token", "", "noop|1", fields), Ack("c", got["c"][1], "", "noop|1", fields)],
+                   100_000, now_ms=NOW, totals="succeeded|noop=100")
+    assert codes == [-1, 1]
+    assert r.hgetall(k.stats) == {"succeeded|noop": "1", "lat|noop|5": "1", "lat_sum|noop": "4",
+                                  "run|noop|1": "1", "run_sum|noop": "1"}
     assert sc.start(k, [("b", "")], now_ms=NOW) == [-1]
     assert sc.release(k, [Hand("b", "", "later")], now_ms=NOW) == [-1]
     assert sc.checkpoint(k, "b", "", "{}") == -1
@@ -1649,13 +1673,13 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     finally:
         proj.stop_all()
         proj.runtime.close()
-    # Per job: a GET of the record and an HMGET of its state (absent for a job that waited
-    # untouched, but only reading tells); per batch one RPOP, the claims' HMGET, the
+    # Per job: a GET of the record and an EXISTS of its state (absent for a job that waited
+    # untouched: no HMGET of its fields then); per batch one RPOP, the claims' HMGET, the
     # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD of the leases;
     # flow control adds one HGETALL of the pauses per call and one EXISTS of the priority
     # set per pop, whatever the batch size.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 11, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1,
-                  "hgetall": 1, "exists": 1}
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1,
+                  "hgetall": 1, "exists": 11}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 4}
     assert phases[0] == (claim_cost, {**ack_cost, "hset": 2})  # the first ack begins generation 0

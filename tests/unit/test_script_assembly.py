@@ -41,7 +41,8 @@ def test_a_script_leaves_out_what_it_never_names() -> None:
     job writer it shares with ack and relay), counts it in the census and wakes workers,
     nothing more (not the follow-ups' check by id);
     release_limits pulls in what waking a parked job needs; the clock needs nothing."""
-    assert defined(assemble(LIB, _source("enqueue"))) == {"clock", "idem_key", "wake", "REC", "rec_encode",
+    assert defined(assemble(LIB, _source("enqueue"))) == {"clock", "idem_key", "wake", "rec_encode", "now_text",
+                                                          "fmt_now_n",
                                                           "census", "jobs_acc", "job_put", "job_fields",
                                                           "jobs_flush"}
     assert defined(assemble(LIB, "release_limits(a, b, c, d, e, f, g, h)")) == {

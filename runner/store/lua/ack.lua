@@ -25,7 +25,11 @@
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
 -- ARGV[4] done count bound (the most done jobs kept)
--- ARGV[5] n; then per job 6 fields:
+-- ARGV[5] n
+-- ARGV[6] the stats fields of the whole batch, summed ("field=N ..."; '' none): counted
+--   at once when every job's ack lands, instead of each job's own (parsing those cost as
+--   much as the rest of an ack); any refusal falls back to the jobs' own fields
+-- then per job 6 fields:
 --   id, token, result (JSON, '' none), "<type>|<version>" (the census field), stats fields
 --   (space-separated), ms to keep the result on its own (KEEP_RESULT; 0 none)
 -- then m, the follow-ups (ctx.enqueue); per follow-up 14 fields: the index of its parent
@@ -57,11 +61,13 @@ local now, idem_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
 local done_ttl, done_max = tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 local seen = {}
-local held = batch_claims(KEYS[10], 6, 6, n)
+local totals = ARGV[6]
+local held = batch_claims(KEYS[10], 7, 6, n)
 local finished, outcomes, gone = {}, {}, {}
 local done_ids = {}
 local ended = {}  -- waited jobs done in this batch
 local uncounted = {}  -- census field -> jobs done in this batch
+local counted, refused = {}, false  -- the stats fields of the jobs whose ack landed; any refused
 
 -- The completion mark goes on the key only while the key still names this job. A late
 -- success (its job was buried, which freed the key) takes the key back if it is free.
@@ -120,7 +126,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
 end
 
 for i = 0, n - 1 do
-  local b = 6 + i * 6
+  local b = 7 + i * 6
   local id, token, result, field, fields, keep_ms = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
     tonumber(ARGV[b + 5])
   -- The same claim twice in one batch settles once (seen), refused the second time.
@@ -128,9 +134,10 @@ for i = 0, n - 1 do
   if not c then
     if not seen[id] and late(id, token, result, field, keep_ms, type(held[i + 1]) == 'string') then
       seen[id] = true
-      bump(fields)
+      counted[#counted + 1] = fields
       out[#out + 1] = 2
     else
+      refused = true
       out[#out + 1] = -1
     end
   else
@@ -146,7 +153,7 @@ for i = 0, n - 1 do
         complete_idem(rec.type, rec.idem_key, id)
       end
     end
-    local value = outcome(typ or '?', ver or '?', c.attempt, c.started, history, result)
+    local value = outcome(typ or '?', ver or '?', c.attempt_s, c.started, history, result)
     done_ids[#done_ids + 1] = id
     outcomes[#outcomes + 1] = value
     keep(id, value, keep_ms)
@@ -155,7 +162,7 @@ for i = 0, n - 1 do
     gone[#gone + 1] = jk .. ':s'
     uncounted[field] = (uncounted[field] or 0) + 1
     if c.waited then ended[#ended + 1] = id end
-    bump(fields)
+    counted[#counted + 1] = fields
     out[#out + 1] = 1
   end
 end
@@ -171,7 +178,12 @@ if #done_ids > 0 then
   end
 end
 for field, c in pairs(uncounted) do census(KEYS[14], field, -c) end
-local fb = 6 + n * 6
+if totals ~= '' and not refused then
+  bump(totals)
+else
+  for _, fields in ipairs(counted) do bump(fields) end
+end
+local fb = 7 + n * 6
 local m = tonumber(ARGV[fb]) or 0
 local Q = {ready = KEYS[8], scheduled = KEYS[16], stats = KEYS[2], job = KEYS[3], idem = KEYS[5],
   claims = KEYS[10], done_meta = KEYS[11], done = KEYS[12]}

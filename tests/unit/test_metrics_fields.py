@@ -1,0 +1,36 @@
+"""The stats fields a settlement carries, and their sum over a batch (sent once with it)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runner.observe import metrics
+
+
+def _add(counter: Counter[str], fields: str) -> None:
+    """How the scripts count a fields string (bump in _lib.lua): "f" adds 1, "f=N" adds N."""
+    for tok in fields.split():
+        name, eq, n = tok.rpartition("=")
+        if eq and n.isdigit():
+            counter[name] += int(n)
+        else:
+            counter[tok] += 1
+
+
+@given(st.lists(st.tuples(st.sampled_from(["noop", "send_email"]), st.floats(-5, 100_000), st.floats(0, 70_000)),
+                max_size=40))
+def test_the_batch_totals_count_what_every_jobs_fields_count(runs: list[tuple[str, float, float]]) -> None:
+    """timed() gives each job the same fields as timing_fields(), and the batch's totals
+    count exactly what counting each job's fields would."""
+    totals = metrics.Totals()
+    one_by_one: Counter[str] = Counter()
+    for type_, lat, run in runs:
+        fields = metrics.timed(type_, lat, run, totals)
+        assert fields == metrics.timing_fields(type_, lat, run)
+        _add(one_by_one, fields)
+    summed: Counter[str] = Counter()
+    _add(summed, totals.text())
+    assert summed == one_by_one
