@@ -26,8 +26,7 @@ METRICS_OFF = [
     ("store/lua/_lib.lua", "    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)\n", ""),
     ("store/lua/ack.lua", "  if type(redis.pcall('HINCRBY', tk, 'done', #done_ids)) == 'number' then\n"
                           "    redis.call('PEXPIRE', tk, 21600000)\n  end\n", ""),
-    ("worker/settler.py", "                totals.add(done_f)\n", ""),
-    ("worker/settler.py", 'fields = f"{done_f} " + metrics.timed(t, lat, s.run_s * 1000, totals)',
+    ("worker/settler.py", 'fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)',
      'fields = ""'),
 ]
 

@@ -54,18 +54,38 @@ class Totals:
         return " ".join(f"{f}={n}" for f, n in self.counts.items())
 
 
-def timed(type_: str, latency_ms: float, run_ms: float, totals: Totals) -> str:
-    """timing_fields(), also added to ``totals``."""
+class _TypeFields:
+    """One function type's field names, made once (two settled jobs of a type in three
+    share every one): its done counter, each bucket's latency and run field, the sums."""
+
+    __slots__ = ("done", "lat", "lat_sum", "run", "run_sum")
+
+    def __init__(self, type_: str) -> None:
+        self.done = f"succeeded|{type_}"
+        self.lat = [f"lat|{type_}|{b}" for b in _LABELS]
+        self.run = [f"run|{type_}|{b}" for b in _LABELS]
+        self.lat_sum, self.run_sum = f"lat_sum|{type_}", f"run_sum|{type_}"
+
+
+_TYPES: dict[str, _TypeFields] = {}
+
+
+def succeeded(type_: str, latency_ms: float, run_ms: float, totals: Totals) -> str:
+    """A done job's fields: "succeeded|<type>" and timing_fields(), also added to ``totals``."""
+    names = _TYPES.get(type_)
+    if names is None:
+        names = _TYPES[type_] = _TypeFields(type_)
     lat = max(0, int(latency_ms))
     run = max(0, int(run_ms))
-    lat_f, run_f = f"lat|{type_}|{bucket(lat)}", f"run|{type_}|{bucket(run)}"
+    lat_f = names.lat[bisect.bisect_left(BUCKETS_MS, lat)]
+    run_f = names.run[bisect.bisect_left(BUCKETS_MS, run)]
     c = totals.counts
+    c[names.done] = c.get(names.done, 0) + 1
     c[lat_f] = c.get(lat_f, 0) + 1
     c[run_f] = c.get(run_f, 0) + 1
-    lat_s, run_s = f"lat_sum|{type_}", f"run_sum|{type_}"
-    c[lat_s] = c.get(lat_s, 0) + lat
-    c[run_s] = c.get(run_s, 0) + run
-    return f"{lat_f} {lat_s}={lat} {run_f} {run_s}={run}"
+    c[names.lat_sum] = c.get(names.lat_sum, 0) + lat
+    c[names.run_sum] = c.get(names.run_sum, 0) + run
+    return f"{names.done} {lat_f} {names.lat_sum}={lat} {run_f} {names.run_sum}={run}"
 
 
 def timing_fields(type_: str, latency_ms: float, run_ms: float) -> str:

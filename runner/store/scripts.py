@@ -206,12 +206,11 @@ class Batch:
             sc.confirm(acked, replies)
             return replies
         wait = sc.wait if any(c[3] for c in self.calls) else None
-        pipe = sc.client.pipeline(transaction=False)
-        for name, keys, args, _ in self.calls:
-            pipe.evalsha(sc.shas[name], len(keys), *keys, *args)
+        cmds: list[tuple[Any, ...]] = [("EVALSHA", sc.shas[name], len(keys), *keys, *args)
+                                       for name, keys, args, _ in self.calls]
         if wait is not None:
-            pipe.execute_command(*wait)
-        replies = pipe.execute(raise_on_error=False)
+            cmds.append(wait)
+        replies = sc.pipelined(cmds)
         last = replies.pop() if wait is not None else None
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
@@ -452,6 +451,33 @@ class Scripts:
             raise
         lanes.give(conn)
         return out
+
+    def pipelined(self, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send commands in one write on a kept connection and read every reply; an error
+        reply takes its place in the list instead of being raised (a settle batch is one
+        or two script calls: redis-py's pipeline object cost more than the calls' own
+        packing). Without kept connections, redis-py's pipeline."""
+        if self._lanes is None:
+            pipe = self.client.pipeline(transaction=False)
+            for cmd in cmds:
+                pipe.execute_command(*cmd)
+            return list(pipe.execute(raise_on_error=False))
+        lanes = self._lanes
+        conn = lanes.take()
+        replies: list[Any] = []
+        try:
+            conn.send_packed_command(conn.pack_commands(cmds))
+            for _ in cmds:
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as exc:  # read whole: the connection stays in step
+                    replies.append(exc)
+        except BaseException:
+            conn.disconnect()  # it may owe replies
+            lanes.give(conn)
+            raise
+        lanes.give(conn)
+        return replies
 
     def _send(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool) -> None:
         """The EVALSHA, and the WAIT behind it when durable, in one write."""

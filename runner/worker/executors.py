@@ -34,7 +34,7 @@ from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, fail
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
 from runner.worker.isolation import Slot
-from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
+from runner.worker.ledger import START, Ledger, Release, Run, Settlement
 
 log = logging.getLogger("runner.worker")
 joblog = logging.getLogger("runner.job")
@@ -191,7 +191,7 @@ class Executors:
                     continue
                 run.slot = index
                 if not run.job.started:
-                    self.outbox.put(Settlement(run, Start()))
+                    self.outbox.put(Settlement(run, START))
                 try:
                     if loop is None:
                         loop = asyncio.new_event_loop()
@@ -225,11 +225,11 @@ class Executors:
         fn = registry.functions.get(job.type)
         if fn is not None and fn.isolation == "process":
             return self._in_child(run, fn, index, id(registry), grace)
-        resolved = resolve(job, registry, grace, self._server_now(job))
+        started_ms = self._server_now(job)  # (resolving takes microseconds: the same clock)
+        resolved = resolve(job, registry, grace, started_ms)
         if isinstance(resolved, Done | RetryLater | Dead):
             return Settlement(run, resolved)
         fn, payload, version = resolved
-        started_ms = self._server_now(job)
         ctx = for_job(
             job, version, fn.timeout_s, joblog,
             _save=lambda body: int(self.rt.scripts.checkpoint(self.parts[job.partition], job.id, job.token,

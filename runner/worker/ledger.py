@@ -22,6 +22,8 @@ from runner.store.scripts import Followup
 from runner.worker.context import Flags
 from runner.worker.execute import Claimed, Outcome
 
+_NOTHING, _ROOM, _EXECUTOR = 0, 1, 2  # what the fetcher waits for (Ledger._want)
+
 
 @dataclass(slots=True)
 class Run:
@@ -63,6 +65,9 @@ class Start:
     """A prefetched run's handler started: its attempt counts from now on."""
 
 
+START = Start()  # the one an executor sends (it carries nothing)
+
+
 @dataclass(slots=True)
 class Settlement:
     run: Run
@@ -87,6 +92,9 @@ class Ledger:
         self.busy = 0
         self.waiting = 0
         self.cond = threading.Condition()
+        # What the fetcher waits for in cond, if anything: notified only once it holds (a
+        # notify that wakes it to find too little room costs two thread switches).
+        self._want = _NOTHING
         self.runs: dict[tuple[str, str], Run] = {}
         self.lock = threading.Lock()
 
@@ -95,16 +103,28 @@ class Ledger:
         (jobs to claim at most, of which this many go to executors free now)."""
         with self.cond:
             while not stop.is_set():
-                room = self.capacity - self.busy
-                if room >= self.low_water or (room > 0 and self.waiting == 0):
-                    return room, max(0, self.concurrency - self.busy)
-                self.cond.wait(0.5)
+                if self._roomy():
+                    return self.capacity - self.busy, max(0, self.concurrency - self.busy)
+                self._want = _ROOM
+                try:
+                    self.cond.wait(0.5)
+                finally:
+                    self._want = _NOTHING
             return 0, 0
+
+    def _roomy(self) -> bool:
+        """Room worth a claim (under cond)."""
+        room = self.capacity - self.busy
+        return room >= self.low_water or (room > 0 and self.waiting == 0)
 
     def executor_free(self, stop: threading.Event, timeout_s: float = 1.0) -> None:
         """Block until an executor is free with nothing waiting for it (or ``timeout_s``)."""
         with self.cond:
-            self.cond.wait_for(lambda: stop.is_set() or self.busy < self.concurrency, timeout_s)
+            self._want = _EXECUTOR
+            try:
+                self.cond.wait_for(lambda: stop.is_set() or self.busy < self.concurrency, timeout_s)
+            finally:
+                self._want = _NOTHING
 
     def wake(self) -> None:
         with self.cond:
@@ -122,18 +142,18 @@ class Ledger:
         """An executor took a claimed run off the inbox."""
         with self.cond:
             self.waiting -= 1
-            if self.waiting == 0:
+            if self.waiting == 0 and self._want == _ROOM and self._roomy():
                 self.cond.notify()
 
     def returned(self) -> None:
         """A run left its executor (finished, released, abandoned or failed outside the
         handler). The fetcher, waiting in room() or executor_free(), is woken only when
-        its wait may be over: waking it for every finished job cost a thread switch per
-        job with handlers that block."""
+        what it waits for holds: waking it for every finished job cost a thread switch
+        per job with handlers that block."""
         with self.cond:
             self.busy = max(0, self.busy - 1)
-            room = self.capacity - self.busy
-            if room >= self.low_water or (room > 0 and self.waiting == 0) or self.busy < self.concurrency:
+            want = self._want
+            if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self.busy < self.concurrency):
                 self.cond.notify()
 
     def forget(self, runs: Iterable[Run]) -> None:

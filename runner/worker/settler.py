@@ -202,7 +202,7 @@ class Settler:
         settled = []
         for group, codes in zip(groups, replies, strict=True):
             for s, code in zip(group, codes, strict=True):
-                if isinstance(s.outcome, Start):
+                if type(s.outcome) is Start:
                     if int(code) == 2:  # cancelled while claimed ahead, as it started
                         self.cancelled(s.run)
                     continue  # a lost lease shows in the renewal and the settlement
@@ -214,15 +214,22 @@ class Settler:
                     log.info("job %s: its lease had lapsed, but the run finished: recorded as done",
                              s.run.job.id)
         self.ledger.forget(settled)
-        finished = [s for s in batch if not isinstance(s.outcome, Start)]
-        self.processed += len(finished)
+        self.processed += len(settled)
         # Successes log at DEBUG (a line per job at INFO would cost more than the job);
         # retries and dead letters always log, and a summary line goes out every minute.
         verbose = joblog.isEnabledFor(logging.DEBUG)
-        for s in finished:
-            self._tally[type(s.outcome).__name__] += 1
-            if verbose or not isinstance(s.outcome, Done | Release):
-                self._log(s)
+        done = 0
+        for s in batch:
+            o = s.outcome
+            if type(o) is Done:
+                done += 1
+                if verbose:
+                    self._log(s)
+            elif type(o) is not Start:
+                self._tally[type(o).__name__] += 1
+                if verbose or not isinstance(o, Release):
+                    self._log(s)
+        self._tally["Done"] += done
         if time.monotonic() >= self._next_summary:
             self._summarise()
 
@@ -243,28 +250,25 @@ class Settler:
         totals = metrics.Totals()  # the acks' stats fields, summed
         started = False
         for s in batch:
-            if isinstance(s.outcome, Start):
+            if type(s.outcome) is Start:
                 started = True
             else:
                 # Before the send: a renewal answered after this ack landed is refused,
                 # and the renewer must not take that for a lease lost elsewhere.
                 s.run.settling = True
         # Only a batch with start marks needs the set (most batches of a deep queue have none).
-        final = {s.run.key for s in batch if not isinstance(s.outcome, Start)} if started else set()
+        final = {id(s.run) for s in batch if type(s.outcome) is not Start} if started else set()
         for s in batch:
             job = s.run.job
             o = s.outcome
             t = job.type
-            extra = f" abandoned|{t}" if s.extra.get("abandoned") else ""
+            extra = f" abandoned|{t}" if s.extra and s.extra.get("abandoned") else ""
             if isinstance(o, Start):
-                if s.run.key not in final:
+                if id(s.run) not in final:
                     starts.append((job.id, job.token))
                     start_s.append(s)
             elif isinstance(o, Done):
-                lat = (s.started_ms or now) - job.ready_ms
-                done_f = f"succeeded|{t}"
-                totals.add(done_f)
-                fields = f"{done_f} " + metrics.timed(t, lat, s.run_s * 1000, totals)
+                fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)
                 fn = self.rt.registry.functions.get(t)
                 keep = int(fn.keep_result_s * 1000) if fn is not None and fn.keep_result_s else 0
                 # A producer's extra fields (a schedule's tick...) stay with the outcome, on

@@ -23,13 +23,13 @@ def _add(counter: Counter[str], fields: str) -> None:
 @given(st.lists(st.tuples(st.sampled_from(["noop", "send_email"]), st.floats(-5, 100_000), st.floats(0, 70_000)),
                 max_size=40))
 def test_the_batch_totals_count_what_every_jobs_fields_count(runs: list[tuple[str, float, float]]) -> None:
-    """timed() gives each job the same fields as timing_fields(), and the batch's totals
-    count exactly what counting each job's fields would."""
+    """succeeded() gives each job "succeeded|<type>" and the fields of timing_fields(), and
+    the batch's totals count exactly what counting each job's fields would."""
     totals = metrics.Totals()
     one_by_one: Counter[str] = Counter()
     for type_, lat, run in runs:
-        fields = metrics.timed(type_, lat, run, totals)
-        assert fields == metrics.timing_fields(type_, lat, run)
+        fields = metrics.succeeded(type_, lat, run, totals)
+        assert fields == f"succeeded|{type_} " + metrics.timing_fields(type_, lat, run)
         _add(one_by_one, fields)
     summed: Counter[str] = Counter()
     _add(summed, totals.text())
