@@ -286,10 +286,10 @@ def _wrk(port: int, token: str, seconds: int, connections: int, work: Path,
             "socket_errors": sum(int(g) for g in errs.groups()) if errs else 0}
 
 
-def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
-    """wrk closed loop against hello_app under gunicorn with `runner web`'s settings (2
-    processes of its uvicorn worker class, a socket each, keep-alive 5 s). The worker
-    class is the runner under test's (the frozen copy), as `runner web` serves it."""
+def _hello(env: Env) -> tuple[Group, int] | None:
+    """hello_app under gunicorn with `runner web`'s settings (2 processes of its uvicorn
+    worker class, a socket each, keep-alive 5 s), listening: (its group, its port). The
+    worker class is the runner under test's (the frozen copy), as `runner web` serves it."""
     if not shutil.which("wrk"):
         return None
     from runner.store.embedded import free_port
@@ -301,19 +301,42 @@ def _hello(env: Env, token: str, wrk_s: int) -> dict[str, Any] | None:
     if runner_src() != REPO:
         genv["PYTHONPATH"] = str(runner_src())
     web = Group().start([cmd], genv, str(BENCH / "harness"), env.work / "hello")
-    try:
-        if not _wait_http(port, 20):
-            return None
-        return _wrk(port, token, wrk_s, 32, env.work)
-    finally:
+    if not _wait_http(port, 20):
         web.stop()
+        return None
+    return web, port
 
 
-def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -> dict[str, Any]:
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median requests/s (an odd count: the middle one; even: the upper)."""
+    return sorted(runs, key=lambda r: r["req_per_s"])[len(runs) // 2]
+
+
+def _closed_pairs(env: Env, token: str, hello_port: int, web_port: int, wrk_s: int,
+                  pairs: int) -> dict[str, Any]:
+    """Closed loop against hello-world and the enqueue route in turn, ``pairs`` times, the
+    order swapped every pair: a single run of each wandered by 2x on these machines, and
+    the ratio with it. Returns the median run of each and every pair's ratio."""
+    hello: list[dict[str, Any]] = []
+    route: list[dict[str, Any]] = []
+    for i in range(pairs):
+        for which in (("hello", "route") if i % 2 == 0 else ("route", "hello")):
+            if which == "hello":
+                hello.append(_wrk(hello_port, token, wrk_s, 32, env.work) or {"req_per_s": float("nan")})
+            else:
+                scenarios.flush(env)  # every run starts on an empty queue
+                route.append(_wrk(web_port, token, wrk_s, 32, env.work) or {"req_per_s": float("nan")})
+    ratios = [r["req_per_s"] / h["req_per_s"] for h, r in zip(hello, route, strict=True) if h["req_per_s"]]
+    return {"reference": _median_run(hello), "closed": _median_run(route), "ratios": ratios,
+            "hello_runs": [h["req_per_s"] for h in hello], "route_runs": [r["req_per_s"] for r in route]}
+
+
+def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int, pairs: int = 5) -> dict[str, Any]:
     """POST /jobs/noop through `runner web` with its defaults (gunicorn, uvicorn workers,
     keep-alive): first with the web server alone on the machine, then with 2 runner
     workers draining the queue meanwhile; alone, also POST /jobs/noop/batch with 100 jobs
-    per request. First, for reference, a hello-world app under the same gunicorn settings.
+    per request. The web server alone is held against a hello-world app under the same
+    gunicorn settings, in ``pairs`` interleaved closed-loop pairs (see _closed_pairs).
     Load from wrk (C, so the generator takes little
     of the 2 cores): paced at each rate, then closed loop over 32 connections. Without wrk,
     the Python open-loop generator stands in (it needs most of a core itself)."""
@@ -327,48 +350,58 @@ def http(env: Env, toml: Path, rates: list[float], seconds: float, wrk_s: int) -
     genv.update({"RUNNER_API_TOKEN": token, "RUNNER_CONFIG": str(toml)})
     genv.pop("WEB_CONCURRENCY", None)
     genv.pop("RUNNER_WEB_THREADS", None)
-    out: dict[str, Any] = {"server": "runner web (defaults)", "phases": {},
-                           "reference": _hello(env, token, wrk_s)}
-    for phase, draining in (("web alone", False), ("2 workers draining", True)):
-        port = free_port()
-        web_cmd = [*base.worker_cmds[0][: base.worker_cmds[0].index("worker")], "web",
-                   "--host", "127.0.0.1", "--port", str(port)]
-        scenarios.flush(env)
-        web = Group().start([web_cmd], genv, str(toml.parent), env.work / f"web-{int(draining)}")
-        workers = (Group().start(base.worker_cmds, genv, base.cwd, env.work / "http-workers")
-                   if draining else None)
-        runs: dict[str, Any] = {"paced": [], "closed": None}
-        try:
-            if not _wait_http(port, 20):
-                runs["skipped"] = "runner web did not listen within 20 s"
-                out["phases"][phase] = runs
-                continue
-            loadgen = str(BENCH / "harness" / "loadgen.py")
-            # A few requests first, so each gunicorn worker has built its app before timing.
-            subprocess.run([sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", "100",
-                            "--seconds", "1", "--token", token], capture_output=True, timeout=60)
-            for rate in rates:
-                if shutil.which("wrk"):
-                    runs["paced"].append(_wrk(port, token, max(2, int(seconds)), 128, env.work, rate=rate))
+    out: dict[str, Any] = {"server": "runner web (defaults)", "phases": {}, "reference": None}
+    hello = _hello(env)
+    try:
+        for phase, draining in (("web alone", False), ("2 workers draining", True)):
+            port = free_port()
+            web_cmd = [*base.worker_cmds[0][: base.worker_cmds[0].index("worker")], "web",
+                       "--host", "127.0.0.1", "--port", str(port)]
+            scenarios.flush(env)
+            web = Group().start([web_cmd], genv, str(toml.parent), env.work / f"web-{int(draining)}")
+            workers = (Group().start(base.worker_cmds, genv, base.cwd, env.work / "http-workers")
+                       if draining else None)
+            runs: dict[str, Any] = {"paced": [], "closed": None}
+            try:
+                if not _wait_http(port, 20):
+                    runs["skipped"] = "runner web did not listen within 20 s"
+                    out["phases"][phase] = runs
                     continue
-                proc = subprocess.run(
-                    [sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", str(rate),
-                     "--seconds", str(seconds), "--token", token],
-                    capture_output=True, text=True, timeout=seconds + 90,
-                )
-                try:
-                    runs["paced"].append({**json.loads(proc.stdout), "generator": "python"})
-                except json.JSONDecodeError:
-                    runs["paced"].append({"rate": rate, "error": proc.stderr[-400:]})
-            runs["closed"] = _wrk(port, token, wrk_s, 32, env.work)
-            if not draining:
-                # The batch route: 100 jobs per request, so jobs/s is 100x the requests.
-                runs["batch"] = _wrk(port, token, wrk_s, 32, env.work, batch=100)
-        finally:
-            web.stop()
-            if workers is not None:
-                workers.stop()
-        out["phases"][phase] = runs
+                loadgen = str(BENCH / "harness" / "loadgen.py")
+                # A few requests first, so each gunicorn worker has built its app before timing.
+                subprocess.run([sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", "100",
+                                "--seconds", "1", "--token", token], capture_output=True, timeout=60)
+                for rate in rates:
+                    if shutil.which("wrk"):
+                        runs["paced"].append(_wrk(port, token, max(2, int(seconds)), 128, env.work, rate=rate))
+                        continue
+                    proc = subprocess.run(
+                        [sys.executable, loadgen, "127.0.0.1", str(port), "/jobs/noop", "--rate", str(rate),
+                         "--seconds", str(seconds), "--token", token],
+                        capture_output=True, text=True, timeout=seconds + 90,
+                    )
+                    try:
+                        runs["paced"].append({**json.loads(proc.stdout), "generator": "python"})
+                    except json.JSONDecodeError:
+                        runs["paced"].append({"rate": rate, "error": proc.stderr[-400:]})
+                if not draining and hello is not None:
+                    versus = _closed_pairs(env, token, hello[1], port, wrk_s, pairs)
+                    out["reference"] = versus.pop("reference")
+                    runs["closed"] = versus.pop("closed")
+                    out["versus_hello"] = versus
+                else:
+                    runs["closed"] = _wrk(port, token, wrk_s, 32, env.work)
+                if not draining:
+                    # The batch route: 100 jobs per request, so jobs/s is 100x the requests.
+                    runs["batch"] = _wrk(port, token, wrk_s, 32, env.work, batch=100)
+            finally:
+                web.stop()
+                if workers is not None:
+                    workers.stop()
+            out["phases"][phase] = runs
+    finally:
+        if hello is not None:
+            hello[0].stop()
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,16 @@ def extras_md(x: dict[str, Any]) -> list[str]:
                     out.append(_closed_row(phase, runs["batch"]))
             out.append("")
             closed = (h.get("phases", {}).get("web alone") or {}).get("closed")
-            if ref and closed and ref.get("req_per_s"):
+            vs = h.get("versus_hello")
+            if vs and vs.get("ratios"):
+                r = sorted(vs["ratios"])
+                out += [f"Enqueue route over the hello-world app, closed loop: "
+                        f"{statistics.median(r) * 100:.0f} % (median of {len(r)} interleaved pairs; "
+                        f"{r[0] * 100:.0f}-{r[-1] * 100:.0f} %). Runs, req/s: hello-world "
+                        f"{', '.join(f'{x:,.0f}' for x in vs['hello_runs'])}; enqueue "
+                        f"{', '.join(f'{x:,.0f}' for x in vs['route_runs'])}. The rows above show the "
+                        f"median run of each.", ""]
+            elif ref and closed and ref.get("req_per_s"):
                 out += [f"Enqueue route over the hello-world app, closed loop, same run: "
                         f"{closed['req_per_s'] / ref['req_per_s'] * 100:.0f} %.", ""]
     if x.get("startup"):
