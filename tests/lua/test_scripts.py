@@ -1739,3 +1739,29 @@ def test_a_handlers_rate_limited_is_free_100_times_then_spends_the_attempt(p: Pr
     (job,) = claim(p, n=1, base="w.2")
     assert p.runtime.scripts.retry(k, [back._replace(token=job[1])], now_ms=NOW) == [1]
     assert rec(p, "a")["status"] == "retrying" and raw(p, "a")["attempt"] == "1"
+
+
+def test_a_lease_deadline_keeps_every_digit_of_the_clock(p: Project) -> None:
+    """The lease deadline is the claim's time plus the lease, to the last digit, whatever
+    the clock given (a test's clock may carry a fraction): formatted once for the whole
+    batch, it must not be rounded to 14 digits."""
+    enqueue(p, new("a"), new("b"))
+    claim_reply(p, n=2, now=NOW + 0.25)
+    leases = p.runtime.redis.zrange(p.keys().leases, 0, -1, withscores=True)
+    assert leases == [("a", NOW + 0.25 + LEASE), ("b", NOW + 0.25 + LEASE)]
+
+
+def test_a_damaged_claim_attempt_is_written_back_as_a_number(p: Project) -> None:
+    """A claim entry whose attempt has leading zeros (damage; the scripts never write one)
+    is read as its number: the start mark and the done outcome write "7", not "007",
+    which would make the job's view invalid JSON."""
+    enqueue(p, new("a"), new("b"))
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    claim(p, n=2, start=0)  # both prefetched: their entries carry 'p'
+    r.hset(k.claims, mapping={"a": f"tok 007 {NOW} p", "b": f"tok 007 {NOW} p"})
+    assert sc.start(k, [("a", "tok")], now_ms=NOW) == [1]
+    assert r.hget(k.claims, "a") == f"tok 7 {NOW} -"
+    assert sc.ack(k, [Ack("b", "tok", "", "noop|1", "succeeded|noop")], 100_000, now_ms=NOW + 5) == [1]
+    assert (outcome(p, "b") or "").startswith("noop 1 7 ")
+    job = p.client.get("b").as_dict()
+    assert job["status"] == "done" and job["attempt"] == 7

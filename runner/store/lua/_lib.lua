@@ -247,8 +247,11 @@ local function parse_claim(raw)
   local tok, attempt, started, flags = string.match(raw, '^(%S+) (%d+) (%d+) (%S+)$')
   if not tok then return nil end
   -- attempt_s: the attempt as written, for text built from it (formatting a number costs
-  -- more than the rest of a settle). No flags ('-', most claims): every flag field nil.
-  local c = {token = tok, attempt = tonumber(attempt), attempt_s = attempt, started = started, flags = flags}
+  -- more than the rest of a settle), unless it has leading zeros (damage: "007" would be
+  -- no JSON number in a done job's view). No flags ('-', most claims): every flag field nil.
+  local n = tonumber(attempt)
+  local c = {token = tok, attempt = n, attempt_s = string.byte(attempt) == 48 and tostring(n) or attempt,
+    started = started, flags = flags}
   if flags ~= '-' then
     c.idem = string.find(flags, 'i', 1, true) ~= nil
     c.res = string.find(flags, 'r', 1, true) ~= nil

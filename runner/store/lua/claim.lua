@@ -88,8 +88,12 @@ local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woke
 local NO_STATE = {}  -- what HMGET of STATE reads of a job without a state hash
 local NONE = {}  -- the limits of a job under none
 -- Numbers are formatted on every use (a concat, an argument of redis.call): the ones every
--- claim of this call writes are formatted once.
-local now_s, deadline = tostring(now), tostring(now + lease)
+-- claim of this call writes are formatted once. now_s as a concatenation formats it; the
+-- deadline exactly, as redis.call sends a number (an integer's digits, else 17 digits).
+local now_s, deadline = tostring(now), now + lease
+if deadline == math.floor(deadline) and math.abs(deadline) < 2 ^ 53 then
+  deadline = string.format('%d', deadline)
+end
 local function int_or_absent(v)
   return not v or string.match(v, '^%-?%d+$') ~= nil
 end
