@@ -1,0 +1,43 @@
+"""Redis time per job of the transition scripts (see harness/scriptcost.py): enqueue,
+claim, start and ack through runner's Scripts API on the benchmark's own server, from
+INFO commandstats. Redis is one thread that every worker and web process shares: its
+time per job bounds what one server can drain, whatever the machines in front of it.
+
+Usage: python bench/scripts.py [--quick] [--reps N] [--server auto|redis|valkey]; full:
+5 repetitions of 20,000 jobs, quick: 3 of 5,000. Prints a table and writes
+bench/results/scripts.{json,md}. Run it on two commits to weigh a change to a script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import systems  # first: it freezes the runner under test
+
+systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
+
+from harness import scriptcost, standalone  # noqa: E402
+
+SIZES = {"full": (5, 20_000), "quick": (3, 5_000)}  # reps, jobs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
+    ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
+    a = ap.parse_args()
+    mode = "quick" if a.quick else "full"
+    reps, n = SIZES[mode]
+    standalone.run("scripts", "Redis time per job of the transition scripts", mode, a.server, not a.no_write,
+                   lambda env: scriptcost.run(env, n, a.reps or reps), scriptcost.markdown)
+
+
+if __name__ == "__main__":
+    main()
