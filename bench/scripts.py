@@ -3,9 +3,11 @@ claim, start and ack through runner's Scripts API on the benchmark's own server,
 INFO commandstats. Redis is one thread that every worker and web process shares: its
 time per job bounds what one server can drain, whatever the machines in front of it.
 
-Usage: python bench/scripts.py [--quick] [--reps N] [--server auto|redis|valkey]; full:
-5 repetitions of 20,000 jobs, quick: 3 of 5,000. Prints a table and writes
-bench/results/scripts.{json,md}. Run it on two commits to weigh a change to a script.
+Usage: python bench/scripts.py [--quick] [--reps N] [--server auto|redis|valkey]
+[--variant plain|keyed|rated]; full: 5 repetitions of 20,000 jobs, quick: 3 of 5,000.
+keyed and rated put the jobs under a per-key CONCURRENCY and a RATE_LIMIT, as bench/flow.py
+does. Prints a table and writes bench/results/scripts[-VARIANT].{json,md}. Run it on two
+commits to weigh a change to a script.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
+    ap.add_argument("--variant", choices=["plain", "keyed", "rated"], default="plain")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
     mode = "quick" if a.quick else "full"
     reps, n = SIZES[mode]
-    standalone.run("scripts", "Redis time per job of the transition scripts", mode, a.server, not a.no_write,
-                   lambda env: scriptcost.run(env, n, a.reps or reps), scriptcost.markdown)
+    name = "scripts" if a.variant == "plain" else f"scripts-{a.variant}"
+    standalone.run(name, "Redis time per job of the transition scripts", mode, a.server, not a.no_write,
+                   lambda env: scriptcost.run(env, n, a.reps or reps, a.variant), scriptcost.markdown)
 
 
 if __name__ == "__main__":

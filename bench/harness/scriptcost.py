@@ -24,13 +24,26 @@ PREFETCHED = 16  # of each claim: marked started afterwards, as a worker's prefe
 PHASES = ("enqueue", "claim", "start", "ack")
 
 
+# The flow-controlled variants (as bench/flow.py drains them): a per-key concurrency limit
+# of 2 over KEYS keys, and a global rate limit far above what the loop can start.
+KEYS = 100
+VARIANTS = {
+    "plain": "",
+    "keyed": 'CONCURRENCY = {"key": "tenant:{k}", "limit": 2}\n',
+    "rated": 'RATE_LIMIT = {"limit": 1_000_000, "period": 1}\n',
+}
+
+
 def _project(root: Path) -> Path:
     (root / "functions").mkdir(parents=True, exist_ok=True)
-    (root / "functions" / "noop.py").write_text('"""A no-op."""\nQUEUE = "fast"\n\n\n'
-                                                "def handle(payload, ctx):\n    return None\n")
-    (root / "schemas" / "noop").mkdir(parents=True, exist_ok=True)
-    (root / "schemas" / "noop" / "v1.json").write_text(json.dumps(
-        {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}))
+    for variant, options in VARIANTS.items():
+        name = "noop" if variant == "plain" else f"noop_{variant}"
+        (root / "functions" / f"{name}.py").write_text(f'"""A no-op."""\nQUEUE = "fast"\n{options}\n\n'
+                                                       "def handle(payload, ctx):\n    return None\n")
+        (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
+        (root / "schemas" / name / "v1.json").write_text(json.dumps(
+            {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+             "properties": {"k": {"type": "string"}}, "required": ["k"]}))
     toml = root / "runner.toml"
     toml.write_text('[redis]\nprefix = "bench"\n\n[queues.fast]\nvisibility_timeout = 30\nconcurrency = 16\n')
     return toml
@@ -40,7 +53,10 @@ def _script_usec(r: Any) -> float:
     return server.script_usec(server.Stats(r).commands())
 
 
-def run(env: Env, n: int, reps: int) -> dict[str, Any]:
+def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
+    """``variant``: plain no-op jobs, claimed all first (16 of each 32 prefetched, marked
+    started afterwards) and then acked; or keyed / rated (under a limit: never
+    prefetched), each batch of 32 claimed and then acked before the next."""
     from runner import config
     from runner.client import Client, Request
     from runner.observe import metrics
@@ -53,49 +69,64 @@ def run(env: Env, n: int, reps: int) -> dict[str, Any]:
     k = rt.keys["fast"]
     client = Client(rt)
     r = env.redis.client()
+    fn = "noop" if variant == "plain" else f"noop_{variant}"
+
+    def acks_of(batch: list[tuple[str, str, int]]) -> None:
+        if hasattr(metrics, "Totals"):
+            totals = metrics.Totals()
+            acks = [Ack(job_id, token, "", f"{fn}|1", metrics.succeeded(fn, 3, 0.2, totals))
+                    for job_id, token, _ in batch]
+            rt.scripts.ack(k, acks, 86_400_000, 86_400_000, 1_000_000, totals=totals.text())
+        else:  # a runner from before the batch totals (2026-12-02): each ack's fields
+            fields = f"succeeded|{fn} " + metrics.timing_fields(fn, 3, 0.2)
+            rt.scripts.ack(k, [Ack(job_id, token, "", f"{fn}|1", fields) for job_id, token, _ in batch],
+                           86_400_000, 86_400_000, 1_000_000)
+
+    def claim(label: str, start: int) -> list[tuple[str, str, int]]:
+        reply = rt.scripts.claim(k, n=BATCH, start=start, lease_ms=30_000, token_base=label,
+                                 dead_ttl_ms=604_800_000, done_ttl_ms=86_400_000)
+        return [(reply[i], reply[i + 1], int(reply[i + 12])) for i in range(2, len(reply), 14)]
+
     per_job: dict[str, list[float]] = {p: [] for p in PHASES}
     try:
         for rep in range(reps):
             r.flushall()
             rt.scripts.prepare()
-            t0 = _script_usec(r)
-            requests = [Request("noop", {"t": 1.5, "note": "a payload of a few fields"}) for _ in range(n)]
+            spent = dict.fromkeys(PHASES, 0.0)
+            t = _script_usec(r)
+            requests = [Request(fn, {"k": str(i % KEYS)}) for i in range(n)]
             for i in range(0, n, 100):
                 client.enqueue_all(requests[i:i + 100])
-            t1 = _script_usec(r)
+            spent["enqueue"], t = _script_usec(r) - t, _script_usec(r)
             claimed: list[tuple[str, str, int]] = []
             calls = 0
             while len(claimed) < n:
                 calls += 1
-                reply = rt.scripts.claim(k, n=BATCH, start=BATCH - PREFETCHED, lease_ms=30_000,
-                                         token_base=f"bench.{rep}.{calls}", dead_ttl_ms=604_800_000,
-                                         done_ttl_ms=86_400_000)
-                got = [(reply[i], reply[i + 1], int(reply[i + 12])) for i in range(2, len(reply), 14)]
+                got = claim(f"bench.{rep}.{calls}", BATCH - PREFETCHED if variant == "plain" else BATCH)
                 if not got:
                     raise RuntimeError(f"claim returned nothing with {n - len(claimed)} jobs left")
                 claimed += got
-            t2 = _script_usec(r)
-            ahead = [(job_id, token) for job_id, token, started in claimed if not started]
-            for i in range(0, len(ahead), PREFETCHED):
-                rt.scripts.start(k, ahead[i:i + PREFETCHED])
-            t3 = _script_usec(r)
-            for i in range(0, n, BATCH):
-                batch = claimed[i:i + BATCH]
-                if hasattr(metrics, "Totals"):
-                    totals = metrics.Totals()
-                    acks = [Ack(job_id, token, "", "noop|1", metrics.succeeded("noop", 3, 0.2, totals))
-                            for job_id, token, _ in batch]
-                    rt.scripts.ack(k, acks, 86_400_000, 86_400_000, 1_000_000, totals=totals.text())
-                else:  # a runner from before the batch totals (2026-12-02): each ack's fields
-                    fields = "succeeded|noop " + metrics.timing_fields("noop", 3, 0.2)
-                    rt.scripts.ack(k, [Ack(job_id, token, "", "noop|1", fields) for job_id, token, _ in batch],
-                                   86_400_000, 86_400_000, 1_000_000)
-            t4 = _script_usec(r)
-            for phase, usec in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                per_job[phase].append(usec / n)
+                if variant != "plain":  # the slots go back before the next batch is claimed
+                    now = _script_usec(r)
+                    spent["claim"] += now - t
+                    acks_of(got)
+                    t = _script_usec(r)
+                    spent["ack"] += t - now
+            if variant == "plain":
+                spent["claim"], t = _script_usec(r) - t, _script_usec(r)
+                ahead = [(job_id, token) for job_id, token, started in claimed if not started]
+                for i in range(0, len(ahead), PREFETCHED):
+                    rt.scripts.start(k, ahead[i:i + PREFETCHED])
+                spent["start"], t = _script_usec(r) - t, _script_usec(r)
+                for i in range(0, n, BATCH):
+                    acks_of(claimed[i:i + BATCH])
+                spent["ack"] = _script_usec(r) - t
+            for phase in PHASES:
+                per_job[phase].append(spent[phase] / n)
     finally:
         rt.close()
-    out: dict[str, Any] = {"jobs": n, "reps": reps, "batch": BATCH, "prefetched": PREFETCHED, "us_per_job": {}}
+    out: dict[str, Any] = {"jobs": n, "reps": reps, "batch": BATCH, "prefetched": PREFETCHED, "variant": variant,
+                           "us_per_job": {}}
     for phase, values in per_job.items():
         out["us_per_job"][phase] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
     out["us_per_job_total"] = sum(v["median"] for v in out["us_per_job"].values())
@@ -108,7 +139,12 @@ def markdown(res: dict[str, Any]) -> list[str]:
         v = res["us_per_job"][phase]
         rows.append(f"| {phase} | {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f}) |")
     rows.append(f"| all four | {res['us_per_job_total']:.2f} |")
-    return [f"{res['jobs']:,} no-op jobs, {res['reps']} repetitions; claims of {res['batch']} with "
-            f"{res['prefetched']} prefetched (start marks later, {res['prefetched']} a call), acks of "
-            f"{res['batch']}. The start row is per job of the whole run (half the jobs get a mark).", "",
-            *rows, ""]
+    variant = res.get("variant", "plain")
+    if variant == "plain":
+        how = (f"claims of {res['batch']} with {res['prefetched']} prefetched (start marks later, "
+               f"{res['prefetched']} a call), acks of {res['batch']}. The start row is per job of the whole "
+               "run (half the jobs get a mark)")
+    else:
+        how = (f"under {VARIANTS[variant].strip()} ({KEYS} keys: k = i % {KEYS}); each claim of "
+               f"{res['batch']} starts them all and is acked before the next claim")
+    return [f"{res['jobs']:,} no-op jobs, {res['reps']} repetitions, {variant}: {how}.", "", *rows, ""]
