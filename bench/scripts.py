@@ -7,7 +7,9 @@ Usage: python bench/scripts.py [--quick] [--reps N] [--server auto|redis|valkey]
 [--variant plain|keyed|rated]; full: 5 repetitions of 20,000 jobs, quick: 3 of 5,000.
 keyed and rated put the jobs under a per-key CONCURRENCY and a RATE_LIMIT, as bench/flow.py
 does. Prints a table and writes bench/results/scripts[-VARIANT].{json,md}. Run it on two
-commits to weigh a change to a script.
+commits to weigh a change to a script. With --instructions, the server's instructions per
+job instead, counted by callgrind (valgrind): exact from run to run, where a timing on
+these machines wanders by a third.
 """
 
 from __future__ import annotations
@@ -34,10 +36,22 @@ def main() -> None:
     ap.add_argument("--reps", type=int)
     ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
     ap.add_argument("--variant", choices=["plain", "keyed", "rated"], default="plain")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count the server's instructions per job under callgrind (needs valgrind)")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
     mode = "quick" if a.quick else "full"
     reps, n = SIZES[mode]
+    if a.instructions:
+        import shutil
+
+        from harness import server
+
+        binary = shutil.which("redis-server") or server.bundled_binary()
+        res = scriptcost.instructions(binary, 1000 if a.quick else 2000, a.variant, server.tmpdir("bench-cg-"))
+        print(f"{a.variant}: {res['instructions_per_job']:,.0f} server instructions per job "
+              f"(enqueue, claim, start and ack; {res['binary']})")
+        return
     name = "scripts" if a.variant == "plain" else f"scripts-{a.variant}"
     standalone.run(name, "Redis time per job of the transition scripts", mode, a.server, not a.no_write,
                    lambda env: scriptcost.run(env, n, a.reps or reps, a.variant), scriptcost.markdown)

@@ -148,3 +148,57 @@ def markdown(res: dict[str, Any]) -> list[str]:
         how = (f"under {VARIANTS[variant].strip()} ({KEYS} keys: k = i % {KEYS}); each claim of "
                f"{res['batch']} starts them all and is acked before the next claim")
     return [f"{res['jobs']:,} no-op jobs, {res['reps']} repetitions, {variant}: {how}.", "", *rows, ""]
+
+
+def _under_callgrind(binary: str, variant: str, n: int, work: Path) -> int:
+    """Instructions a fresh server executes for one run of ``n`` jobs (start-up included)."""
+    import socket
+    import subprocess
+    import time
+
+    import redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = work / f"callgrind-{variant}-{n}.out"
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
+                             "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(600):
+            try:
+                redis.Redis(port=port).ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+
+        class _Server:
+            def __init__(self) -> None:
+                self.url = url
+
+            def client(self) -> redis.Redis:
+                return redis.Redis.from_url(url, decode_responses=True)
+
+        run(Env(_Server(), work), n, 1, variant)  # type: ignore[arg-type]
+        redis.Redis(port=port).shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass  # SHUTDOWN closes the connection: the expected end
+    finally:
+        proc.wait(timeout=300)
+    for line in out.read_text().splitlines():
+        if line.startswith("totals:") or line.startswith("summary:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {out}")
+
+
+def instructions(binary: str, n: int, variant: str, work: Path) -> dict[str, Any]:
+    """Server instructions per job for enqueue, claim, start and ack together, counted by
+    callgrind: the same for the same binary, scripts and inputs whatever else the machine
+    does, so a change to a script shows even where timings drown in the machine's drift.
+    Two fresh servers, one running ``n`` jobs and one ``2n``: the difference over ``n``
+    leaves out start-up and the fixed costs."""
+    one = _under_callgrind(binary, variant, n, work)
+    two = _under_callgrind(binary, variant, 2 * n, work)
+    return {"variant": variant, "jobs": n, "binary": binary, "instructions_per_job": (two - one) / n}

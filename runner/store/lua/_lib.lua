@@ -62,6 +62,12 @@ local RATE_LIMITED_FREE = 100
 local function parse_limits(raw)
   local out = {}
   if type(raw) ~= 'string' or raw == '' then return out end
+  if not string.find(raw, '\n', 1, true) then
+    -- One line (a job under one limit, the common case): the loop's match, without the loop.
+    local n, key = string.match(raw, '^(%d+) (.+)$')
+    if n then out[1] = {n = tonumber(n), key = key} end
+    return out
+  end
   for line in string.gmatch(raw, '[^\n]+') do
     local n, key = string.match(line, '^(%d+) (.+)$')
     if n then out[#out + 1] = {n = tonumber(n), key = key} end
@@ -74,7 +80,8 @@ end
 -- theoretical arrival time (ms): a burst of n, then one start every period / n.
 local function parse_rates(raw)
   local out = {}
-  if type(raw) ~= 'string' or raw == '' then return out end
+  -- (Every rate line holds a '/'; a concurrency key may too, so one means a look.)
+  if type(raw) ~= 'string' or raw == '' or not string.find(raw, '/', 1, true) then return out end
   for line in string.gmatch(raw, '[^\n]+') do
     local n, p, key = string.match(line, '^(%d+)/(%d+) (.+)$')
     if n and tonumber(n) > 0 then out[#out + 1] = {n = tonumber(n), period = tonumber(p), key = key} end
@@ -173,9 +180,16 @@ end
 local function acquire_limits(lim_prefix, limits, id, token, now, lease, woken)
   for _, l in ipairs(limits) do
     local k = lim_prefix .. l.key
-    purge_holders(k, now)
+    -- Lapsed holders (their worker died before a reclaim released them) are purged only
+    -- when the key looks full: purging only lowers the count, so it never turns a free
+    -- slot into a full one (and it costs a command a start).
+    local count = on_holders('ZCARD', k)
     local mine = woken and redis.call('ZSCORE', k, '=' .. id) and 1 or 0
-    if redis.call('ZCARD', k) - mine >= l.n then return l end
+    if count - mine >= l.n then
+      purge_holders(k, now)
+      mine = woken and redis.call('ZSCORE', k, '=' .. id) and 1 or 0
+      if redis.call('ZCARD', k) - mine >= l.n then return l end
+    end
   end
   for _, l in ipairs(limits) do
     local k = lim_prefix .. l.key
