@@ -245,3 +245,33 @@ def test_the_poll_returns_at_once_when_the_reply_is_there_and_after_the_budget_w
     finally:
         a.close()
         b.close()
+
+
+def test_a_batch_after_script_flush_runs_every_call_once(project: Project) -> None:
+    """A settle batch goes out in one write on a kept connection: after SCRIPT FLUSH each
+    call answers NOSCRIPT, is loaded and sent again on its own, and runs once."""
+    sc, k = project.runtime.scripts, project.keys()
+    project.runtime.redis.script_flush()
+    batch = sc.batch()
+    sc.enqueue(k, [_job("a")], pipe=batch, now_ms=NOW)
+    sc.enqueue(k, [_job("b")], pipe=batch, now_ms=NOW)
+    assert batch.execute() == [[1, "a", "queued"], [1, "b", "queued"]]
+    assert project.runtime.redis.lrange(k.ready, 0, -1) == ["b", "a"]
+
+
+def test_a_batch_with_an_error_reply_raises_it_and_leaves_the_connection_in_step(project: Project) -> None:
+    """One call of a batch failing in Redis: every reply is read (the call after it ran),
+    the error is raised, and the next call on the kept connection reads its own reply."""
+    sc, k, r = project.runtime.scripts, project.keys(), project.runtime.redis
+    other = project.keys("slow")
+    r.set(k.ready, "not a list")
+    batch = sc.batch()
+    sc.enqueue(k, [_job("a")], pipe=batch, now_ms=NOW)
+    sc.enqueue(other, [_job("b")], pipe=batch, now_ms=NOW)
+    with pytest.raises(ResponseError):
+        batch.execute()
+    assert r.lrange(other.ready, 0, -1) == ["b"]
+    r.delete(k.ready)
+    for _ in range(3):  # whichever kept connection a call takes, it is in step
+        assert _enqueue(project, "c")[1] == "c"
+        r.delete(k.job("c"))
