@@ -678,6 +678,18 @@ def test_a_job_under_two_limits_takes_a_slot_of_each_or_none(p: Project) -> None
     assert raw(p, "c")["status"] == "deferred"
 
 
+def test_a_concurrency_key_with_a_slash_is_a_slot_not_a_rate(p: Project) -> None:
+    """A rendered key may hold '/' (a tenant "a/b"): the line is still a concurrency limit
+    (a rate line is "<n>/<period> <key>"), so the job takes a slot and no rate token, and a
+    second job on the full key parks."""
+    enqueue(p, new("a", limits="1 c:tenant:a/b"), new("b", limits="1 c:tenant:a/b"))
+    got = claim(p)
+    assert [g[0] for g in got] == ["a"]
+    assert holders(p, "c:tenant:a/b") == {got[0][1]: NOW + LEASE}
+    assert parked(p, "c:tenant:a/b") == ["b"]
+    assert p.runtime.redis.type(p.keys().limit("c:tenant:a/b")) == "zset"  # holders, not a rate's bucket
+
+
 def test_a_release_frees_only_its_own_slot(p: Project) -> None:
     """A holder whose slot lapsed and was taken by another job (no reclaim ran yet) still
     settles its claim, but its release cannot take the new holder's slot."""

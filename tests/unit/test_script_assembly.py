@@ -46,7 +46,8 @@ def test_a_script_leaves_out_what_it_never_names() -> None:
                                                           "census", "jobs_acc", "job_put", "job_fields",
                                                           "jobs_flush"}
     assert defined(assemble(LIB, "release_limits(a, b, c, d, e, f, g, h)")) == {
-        "release_limits", "parse_limits", "wake_parked", "purge_holders", "on_holders", "heal_limit", "RESERVE_MS",
+        "release_limits", "parse_limits", "LIMIT_LINE", "wake_parked", "purge_holders", "on_holders", "heal_limit",
+        "RESERVE_MS",
         "wake"}
     assert defined(assemble(LIB, "tally('x') flush(k)")) == {"acc", "tally", "flush"}
     assert defined(assemble(LIB, "clock(ARGV[1])")) == {"clock"}

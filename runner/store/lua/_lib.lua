@@ -59,17 +59,18 @@ local RESERVE_MS = 10000
 -- A handler's RateLimited is free this many times per job (retry.lua); then it counts.
 local RATE_LIMITED_FREE = 100
 
+local LIMIT_LINE = '^(%d+) (.+)$'
 local function parse_limits(raw)
   local out = {}
   if type(raw) ~= 'string' or raw == '' then return out end
   if not string.find(raw, '\n', 1, true) then
     -- One line (a job under one limit, the common case): the loop's match, without the loop.
-    local n, key = string.match(raw, '^(%d+) (.+)$')
+    local n, key = string.match(raw, LIMIT_LINE)
     if n then out[1] = {n = tonumber(n), key = key} end
     return out
   end
   for line in string.gmatch(raw, '[^\n]+') do
-    local n, key = string.match(line, '^(%d+) (.+)$')
+    local n, key = string.match(line, LIMIT_LINE)
     if n then out[#out + 1] = {n = tonumber(n), key = key} end
   end
   return out
@@ -300,12 +301,18 @@ local function fence(raw, token)
   return c
 end
 
--- A claim entry as written: "<token> <attempt> <started_ms> <flags>"; f holds the flags
--- (the fields of parse_claim: idem, res, prefetched, exiting, state, waited, cancel).
-local function claim_entry(token, attempt, started, f)
-  local flags = (f.idem and 'i' or '') .. (f.res and 'r' or '') .. (f.prefetched and 'p' or '') ..
-    (f.exiting and 'x' or '') .. (f.state and 's' or '') .. (f.waited and 'w' or '') .. (f.cancel and 'c' or '')
-  if flags == '' then flags = '-' end
+-- A claim entry as written: "<token> <attempt> <started_ms> <flags>", the flags made by
+-- claim_flags (in its order, '-' for none); flags_of(c) gives those of a parsed claim.
+-- The flags go positionally, not in a table: a claim writes an entry for every job.
+local function claim_flags(idem, res, prefetched, exiting, state, waited, cancel)
+  local flags = (idem and 'i' or '') .. (res and 'r' or '') .. (prefetched and 'p' or '') ..
+    (exiting and 'x' or '') .. (state and 's' or '') .. (waited and 'w' or '') .. (cancel and 'c' or '')
+  return flags == '' and '-' or flags
+end
+local function flags_of(c)
+  return claim_flags(c.idem, c.res, c.prefetched, c.exiting, c.state, c.waited, c.cancel)
+end
+local function claim_entry(token, attempt, started, flags)
   return token .. ' ' .. attempt .. ' ' .. started .. ' ' .. flags
 end
 

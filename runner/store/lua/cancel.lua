@@ -65,7 +65,7 @@ if c then
   if not c.cancel then
     c.cancel = true
     c.state = true  -- it has one from here on (cancel_requested)
-    redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, c))
+    redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, flags_of(c)))
   end
   redis.call('HSET', sk, 'cancel_requested', '1')
   if c.prefetched then

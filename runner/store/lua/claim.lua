@@ -90,7 +90,7 @@ local NONE = {}  -- the limits of a job under none
 -- Numbers are formatted on every use (a concat, an argument of redis.call): the ones every
 -- claim of this call writes are formatted once. now_s as a concatenation formats it; the
 -- deadline exactly, as redis.call sends a number (an integer's digits, else 17 digits).
-local now_s, deadline = tostring(now), now + lease
+local now_s, deadline = now_text(now), now + lease
 if deadline == math.floor(deadline) and math.abs(deadline) < 2 ^ 53 then
   deadline = string.format('%d', deadline)
 end
@@ -143,8 +143,8 @@ local function expire(id, rec, f, sk)
   leased[#leased + 1] = deadline
   leased[#leased + 1] = id
   claimed[#claimed + 1] = id
-  claimed[#claimed + 1] = claim_entry(token, (tonumber(f[2]) or 0) + 1, now, {idem = rec.idem_key ~= '',
-    state = stateful, waited = waited(rec.meta)})
+  claimed[#claimed + 1] = claim_entry(token, (tonumber(f[2]) or 0) + 1, now_s,
+    claim_flags(rec.idem_key ~= '', false, false, false, stateful, waited(rec.meta), false))
   taken[id] = true
   for _, v in ipairs({id, token, (tonumber(f[2]) or 0) + 1, rec.type, rec.version, rec.payload, rec.max_attempts,
       rec.idem_key, rec.resource_key, f[3] or '', rec.created_ms, f[4] or '', 2, rec.meta or ''}) do
@@ -307,14 +307,10 @@ local function take(id)
   local n_l = #leased
   leased[n_l + 1] = deadline
   leased[n_l + 2] = id
-  -- The entry claim_entry() writes, built here without its table (the flags in its order;
-  -- 'x' and 'c' never on a fresh claim), with the call's time formatted once.
-  local flags = (ikey ~= '' and 'i' or '') .. (#limits > 0 and 'r' or '') .. (starts and '' or 'p') ..
-    (stateful and 's' or '') .. (waited(rec.meta) and 'w' or '')
   local n_c = #claimed
   claimed[n_c + 1] = id
-  claimed[n_c + 2] = token .. ' ' .. (attempt == 1 and '1' or attempt) .. ' ' .. now_s .. ' ' ..
-    (flags == '' and '-' or flags)
+  claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
+    claim_flags(ikey ~= '', #limits > 0, not starts, false, stateful, waited(rec.meta), false))
   taken[id] = true
   local o = #out
   out[o + 1] = id

@@ -47,8 +47,8 @@ for i = 0, n - 1 do
   elseif mode == 'later' then
     seen[id] = true
     marked[#marked + 1] = id
-    marked[#marked + 1] = claim_entry(c.token, c.attempt, c.started, {idem = c.idem, res = c.res,
-      prefetched = c.prefetched, exiting = true, state = c.state, waited = c.waited, cancel = c.cancel})
+    c.exiting = true
+    marked[#marked + 1] = claim_entry(c.token, c.attempt, c.started, flags_of(c))
     out[#out + 1] = 1
   elseif c.cancel and c.prefetched then
     seen[id] = true

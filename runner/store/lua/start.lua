@@ -9,7 +9,7 @@
 -- cancelled while claimed ahead, and its worker had not heard yet), 0 started already,
 -- -1 refused (lease lost).
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
-local now_s = tostring(now)
+local now_s = now_text(now)
 local out, entries = {}, {}
 local held = batch_claims(KEYS[1], 3, 2, n)
 for i = 0, n - 1 do
@@ -20,10 +20,9 @@ for i = 0, n - 1 do
   elseif not c.prefetched then
     out[#out + 1] = 0
   else
-    -- claim_entry()'s text less the 'p', started now (the flags keep their order).
-    local flags = string.gsub(c.flags, 'p', '')
     entries[#entries + 1] = id
-    entries[#entries + 1] = token .. ' ' .. c.attempt_s .. ' ' .. now_s .. ' ' .. (flags == '' and '-' or flags)
+    entries[#entries + 1] = claim_entry(token, c.attempt_s, now_s,
+      claim_flags(c.idem, c.res, false, c.exiting, c.state, c.waited, c.cancel))
     out[#out + 1] = c.cancel and 2 or 1
   end
 end

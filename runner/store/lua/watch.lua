@@ -23,6 +23,6 @@ end
 local c = parse_claim(redis.call('HGET', KEYS[2], id))
 if c and not c.waited then
   c.waited = true
-  redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, c))
+  redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, flags_of(c)))
 end
 return 1
