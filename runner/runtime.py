@@ -6,7 +6,6 @@ down. The registry is replaced whole on reload; readers take one reference per j
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import time
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
     from runner.store.scripts import Scripts
     from runner.store.waiter import Waiter
 
-log = logging.getLogger("runner")
 RETRY_S = 1.0  # after the recorded partition tags could not be read
 
 
@@ -108,6 +106,10 @@ class Runtime:
                 # Look again in a second, not on every call: while Redis is away each
                 # enqueue would otherwise wait out a failed connection twice.
                 self._discovered_at = self._recorded_at = now - tagset.RECORD_EVERY_S + RETRY_S
+                # logging loads here: a CLI command that never fails here never pays its import.
+                import logging
+
+                log = logging.getLogger("runner")
                 if _outage(exc):
                     log.debug("partition tags not read (Redis unreachable): %s", exc)
                 else:
