@@ -149,6 +149,9 @@ class WorkerConfig:
     timeout_grace_s: float = 1.0
     # "auto": a `runner worker` process keeps its threads on one core (worker/affinity.py).
     cpu_affinity: str = "auto"
+    # A handler's return value is kept in Redis with its done job: at most this many bytes
+    # of JSON (as a request body), else the attempt fails (worker/execute.py).
+    max_result_bytes: int = 1_048_576
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +293,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
         "unknown_grace": (_nonneg_num, "a number of seconds >= 0"),
         "timeout_grace": (_pos_num, "a positive number of seconds"),
         "cpu_affinity": (lambda v: v in ("auto", "off"), '"auto" (one core per worker process) or "off"'),
+        "max_result_bytes": (_pos_int, "a positive integer (bytes of a handler's JSON result)"),
     },
     "log": {
         "level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "DEBUG/INFO/WARNING/ERROR"),
@@ -536,6 +540,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
             unknown_grace_s=float(w.get("unknown_grace", 900.0)),
             timeout_grace_s=float(w.get("timeout_grace", 1.0)),
             cpu_affinity=_cpu_affinity(env.get("RUNNER_CPU_AFFINITY"), w.get("cpu_affinity", "auto")),
+            max_result_bytes=int(w.get("max_result_bytes", 1_048_576)),
         ),
         log=LogConfig(level=level, format=fmt),
         functions_dir=root / (env.get("RUNNER_FUNCTIONS_DIR") or f.get("dir", "functions")),

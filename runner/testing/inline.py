@@ -115,8 +115,13 @@ def run_inline(
     ``ctx_overrides`` set what the handler's ``ctx`` shows: ``attempt`` (default 1),
     ``max_attempts`` (default the function's), ``job_id``, ``checkpoint`` (as left by an
     earlier attempt), ``idempotency_key``, ``resource_key``, ``cancelled`` and ``lock_lost``.
-    ``registry`` skips loading the project (a test that runs many jobs loads it once)."""
-    reg = registry if registry is not None else load_project(project)[1]
+    ``registry`` skips loading the project (a test that runs many jobs loads it once); the
+    result's size is then held to the default ``[worker] max_result_bytes``."""
+    if registry is None:
+        cfg, reg = load_project(project)
+        max_result = cfg.worker.max_result_bytes
+    else:
+        reg, max_result = registry, config_mod.WorkerConfig().max_result_bytes
     fn = reg.get(type)
     known = {"attempt", "max_attempts", "job_id", "checkpoint", "idempotency_key", "resource_key",
              "cancelled", "lock_lost"}
@@ -152,7 +157,7 @@ def run_inline(
                      cancelled=bool(ctx_overrides.get("cancelled"))),
         _progress=rec.progress.append, _enqueue=rec.enqueue,
     )
-    outcome, _ = run_handler(fn, lifted, job, ctx, None, lambda body: body())
+    outcome, _ = run_handler(fn, lifted, job, ctx, None, lambda body: body(), max_result)
     return _outcome(job.id, outcome, rec, lifted)
 
 

@@ -156,7 +156,7 @@ class Child:
                 signal.setitimer(signal.ITIMER_REAL, 0)
 
         try:
-            outcome, run_s = run(fn, payload, job, ctx, None, guard)
+            outcome, run_s = run(fn, payload, job, ctx, None, guard, int(msg.get("max_result_bytes") or 1_048_576))
         finally:
             resource.setrlimit(resource.RLIMIT_DATA, limit)
         if fn.memory_mb and isinstance(outcome, RetryLater | Dead) and outcome.error \

@@ -201,11 +201,18 @@ def call(fn: Function, payload: dict[str, Any], ctx: Context, loop: asyncio.Abst
     return fn.handle(payload, ctx)
 
 
+class ResultTooLarge(ValueError):
+    """A handler returned more JSON than ``[worker] max_result_bytes``."""
+
+
 def run(
     fn: Function, payload: dict[str, Any], job: Claimed, ctx: Context,
     loop: asyncio.AbstractEventLoop | None, guard: Callable[[Callable[[], Any]], Any],
+    max_result_bytes: int,
 ) -> tuple[Outcome, float]:
-    """Run the handler (inside ``guard``, which arms the timeout) -> (outcome, run seconds)."""
+    """Run the handler (inside ``guard``, which arms the timeout) -> (outcome, run seconds).
+    Its return value must encode to at most ``max_result_bytes`` of JSON: it is kept in
+    Redis with the done job, so a larger one fails the attempt (retried as any error)."""
     started = time.perf_counter()
     try:
         result = guard(lambda: call(fn, payload, ctx, loop))
@@ -213,8 +220,14 @@ def run(
         return failure(fn, job, exc), time.perf_counter() - started
     elapsed = time.perf_counter() - started
     try:
-        body = codec.dumps(result) if result is not None else ""
+        raw = codec.dumpb(result) if result is not None else b""
     except TypeError as exc:
         bad = TypeError(f"the handler's return value is not JSON: {exc}")
         return failure(fn, job, bad), elapsed
-    return Done(result=body), elapsed
+    if len(raw) > max_result_bytes:
+        big = ResultTooLarge(
+            f"the handler's return value is {len(raw):,} bytes of JSON, over [worker] max_result_bytes = "
+            f"{max_result_bytes:,}: store a large result elsewhere (a bucket, a table) and return a reference "
+            "to it, or raise the limit in runner.toml")
+        return failure(fn, job, big), elapsed
+    return Done(result=raw.decode()), elapsed

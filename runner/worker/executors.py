@@ -259,7 +259,7 @@ class Executors:
                     # marks timed_out first, under the lock: no mark, nothing to clear.
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
-        outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard)
+        outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, self.rt.config.worker.max_result_bytes)
         fault("after_handler")
         return Settlement(run, outcome, run_s=run_s, started_ms=started_ms)
 
@@ -294,7 +294,8 @@ class Executors:
                     return {"error": str(exc)}
             return False
 
-        extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job)}
+        extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job),
+                 "max_result_bytes": self.rt.config.worker.max_result_bytes}
         try:
             outcome, run_s = self._slots[index].run(job, fn, generation, extra, on_started, on_rpc,
                                                      lambda: {"lock_lost": run.flags.lock_lost,

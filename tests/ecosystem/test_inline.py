@@ -142,3 +142,18 @@ def test_ctx_enqueue_in_a_worker_enqueues_a_real_job(project: Project, isolation
 
     follow = wait_for(follow_done, timeout=15, what="the follow-up to run")
     assert follow.as_dict()["payload"] == {"from": job.id}
+
+
+def test_a_result_is_held_to_the_projects_max_result_bytes(tmp_path: Path) -> None:
+    """Inline, a result is bounded as a worker bounds it: by the project's runner.toml."""
+    (tmp_path / "functions").mkdir()
+    (tmp_path / "schemas" / "big").mkdir(parents=True)
+    (tmp_path / "functions" / "big.py").write_text('QUEUE = "q"\n\ndef handle(payload, ctx):\n'
+                                                   '    return "x" * payload["n"]\n')
+    (tmp_path / "schemas" / "big" / "v1.json").write_text('{"type": "object"}')
+    (tmp_path / "runner.toml").write_text("[queues.q]\n[worker]\nmax_result_bytes = 1000\n")
+    assert run_inline("big", {"n": 990}, project=tmp_path).status == "done"
+    out = run_inline("big", {"n": 1000}, project=tmp_path)
+    assert out.status == "retry"
+    assert out.error is not None and out.error["type"] == "ResultTooLarge"
+    assert "1,002 bytes" in out.error["message"] and "max_result_bytes = 1,000" in out.error["message"]

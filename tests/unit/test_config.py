@@ -46,6 +46,8 @@ def test_env_overrides(tmp_path: Path) -> None:
     ("[api]\nmax_body_bytes = -1\n", "api.max_body_bytes must be a positive integer"),
     ("[queues.fast\n", "not valid TOML"),
     ("[worker]\ncpu_affinity = \"on\"\n", 'worker.cpu_affinity must be "auto"'),
+    ("[queues.q]\n[worker]\nmax_result_bytes = 0\n", "worker.max_result_bytes must be a positive integer"),
+    ("[queues.q]\n[worker]\nmax_result_bytes = \"1MB\"\n", "worker.max_result_bytes must be a positive integer"),
 ])
 def test_bad_config_names_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
     p = write(tmp_path, text)
@@ -53,6 +55,12 @@ def test_bad_config_names_file_and_key(tmp_path: Path, text: str, needle: str) -
         config.load(p, env={})
     assert str(p) in str(err.value)
     assert needle in str(err.value)
+
+
+def test_a_result_is_bounded_by_a_mebibyte_unless_raised(tmp_path: Path) -> None:
+    assert config.load(write(tmp_path, "[queues.q]\n"), env={}).worker.max_result_bytes == 1_048_576
+    p = write(tmp_path, "[queues.q]\n[worker]\nmax_result_bytes = 8_000_000\n")
+    assert config.load(p, env={}).worker.max_result_bytes == 8_000_000
 
 
 def test_bad_env_is_named(tmp_path: Path) -> None:

@@ -1,0 +1,96 @@
+"""What a handler returns: JSON, kept with the done job, and bounded in size.
+
+A result is stored in Redis with the finished job and kept for the done retention (a day
+by default). A handler that returns a 20 MB string used to be stored whole and served
+back by GET /jobs/{id}; now a result over ``[worker] max_result_bytes`` (1 MiB by default,
+as a request body) fails the attempt with an error that says so and how to go on, in
+threads and in child processes alike, and nothing of it reaches Redis.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import Project, assert_no_job_in_two_structures
+
+RETURNS = '''
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+
+
+def handle(payload, ctx):
+    n = payload["n"]
+    if payload.get("kind") == "object":
+        return {{"when": object()}}
+    return "x" * n
+'''
+
+
+def _add_returns(p: Project, isolation: str = "thread") -> None:
+    (p.root / "functions" / "returns.py").write_text(RETURNS.format(isolation=isolation))
+    schema = p.root / "schemas" / "returns"
+    schema.mkdir(parents=True, exist_ok=True)
+    (schema / "v1.json").write_text(json.dumps({"type": "object", "required": ["n"]}))
+
+
+def _big_values(p: Project, limit: int) -> list[str]:
+    """Keys of the test's prefix holding a string or hash field longer than ``limit``."""
+    r = p.runtime.redis
+    out = []
+    for key in r.scan_iter(match=f"{p.prefix}*", count=1000):
+        kind = r.type(key)
+        big_string = kind in ("string", b"string") and r.strlen(key) > limit
+        big_field = kind in ("hash", b"hash") and any(r.hstrlen(key, f) > limit for f in r.hkeys(key))
+        if big_string or big_field:
+            out.append(key)
+    return out
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_result_over_the_limit_fails_the_attempt_and_stays_out_of_redis(project: Project, isolation: str) -> None:
+    """2 MB returned under the default limit: the job is not done; its last error names
+    the size, the setting and what to do; no value near that size is in Redis."""
+    project.write_config(max_attempts=1)
+    _add_returns(project, isolation)
+    c = project.client
+    job = c.enqueue("returns", {"n": 2_000_000})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert rec["status"] == "dead", rec["status"]
+    err = rec["last_error"]
+    assert err["type"] == "ResultTooLarge"
+    assert "2,000,002 bytes" in err["message"]
+    assert "max_result_bytes = 1,048,576" in err["message"]
+    assert "return a reference" in err["message"]
+    assert rec["result"] is None
+    assert _big_values(project, 1_000_000) == []
+    assert_no_job_in_two_structures(project)
+
+
+def test_a_raised_limit_keeps_a_large_result_whole(project: Project) -> None:
+    """With the limit raised in runner.toml, the same 2 MB result is kept and read back."""
+    project.write_config(worker="max_result_bytes = 4_000_000")
+    _add_returns(project)
+    c = project.client
+    job = c.enqueue("returns", {"n": 2_000_000})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert rec["status"] == "done"
+    assert rec["result"] == "x" * 2_000_000
+
+
+def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(project: Project) -> None:
+    """A return value JSON cannot hold (an object) is an error of the attempt, retried like
+    any other, and its message says what was wrong."""
+    project.write_config(max_attempts=2)
+    _add_returns(project)
+    c = project.client
+    job = c.enqueue("returns", {"n": 1, "kind": "object"})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert rec["status"] == "dead"
+    assert [h["outcome"] for h in rec["history"]] == ["retry", "max attempts reached"]
+    assert rec["last_error"]["type"] == "TypeError"
+    assert "the handler's return value is not JSON" in rec["last_error"]["message"]
