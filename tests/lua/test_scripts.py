@@ -509,6 +509,33 @@ def test_renew_extends_the_limit_slot_and_reports_one_lost_to_another_holder(p: 
     assert holders(p, "r:r1") == {a[1]: late + 3 + LEASE}
 
 
+def test_a_lapsed_slot_is_not_held_when_a_job_under_a_higher_limit_joined_beside_it(p: Project) -> None:
+    """Two jobs share a concurrency key with different limits (CONCURRENCY changed from 1
+    to 2 while a ran). a's renewer stalls past its lease and no reclaim runs; b, under 2,
+    is admitted beside a's lapsed slot (the key does not look full to it). a's late renewal
+    must report the slot lost (-2), not extend it: a needs the key to itself."""
+    enqueue(p, new("a", limits="1 c:noop"))
+    (a,) = claim(p)
+    late = NOW + LEASE + 1
+    enqueue(p, new("b", limits="2 c:noop"), now=late)
+    (b,) = claim(p, now=late, base="w.2")
+    assert b[0] == "b"
+    sc, k = p.runtime.scripts, p.keys()
+    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=late + 1) == [-2]
+    assert holders(p, "c:noop") == {b[1]: late + LEASE}
+
+
+def test_a_lapsed_slot_nobody_took_is_taken_back_by_a_late_renewal(p: Project) -> None:
+    """A stalled renewer whose slot lapsed, with no other job on the key: the renewal takes
+    the slot again (1), as a missing slot with room is."""
+    enqueue(p, new("a", limits="1 c:noop"))
+    (a,) = claim(p)
+    sc, k = p.runtime.scripts, p.keys()
+    late = NOW + LEASE + 5
+    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=late) == [1]
+    assert holders(p, "c:noop") == {a[1]: late + LEASE}
+
+
 def test_reclaim_counts_a_lapsed_lease_as_an_attempt(p: Project) -> None:
     """A lapsed lease goes back to ready, the lapsed token kept as lost_token; at
     max_attempts it is buried as worker lost. Once another claim holds the job, the stale
