@@ -509,11 +509,13 @@ def test_renew_extends_the_limit_slot_and_reports_one_lost_to_another_holder(p: 
     assert holders(p, "r:r1") == {a[1]: late + 3 + LEASE}
 
 
-def test_a_lapsed_slot_is_not_held_when_a_job_under_a_higher_limit_joined_beside_it(p: Project) -> None:
-    """Two jobs share a concurrency key with different limits (CONCURRENCY changed from 1
-    to 2 while a ran). a's renewer stalls past its lease and no reclaim runs; b, under 2,
-    is admitted beside a's lapsed slot (the key does not look full to it). a's late renewal
-    must report the slot lost (-2), not extend it: a needs the key to itself."""
+def test_a_late_renewal_of_a_slot_still_held_keeps_the_key_counting_it(p: Project) -> None:
+    """Claims purge lapsed holders only when a key looks full, so a slot still in the key
+    was counted by every admission since: a late renewal extends it as an on-time one
+    does (1). Two jobs with different limits on one key (CONCURRENCY changed while a ran):
+    b, under 2, joined beside a's lapsed slot; a's late renewal keeps its slot, so c, under
+    2, finds the key full and waits. Told lost and dropped instead, a's slot would stop
+    counting while a runs on, and c would make three."""
     enqueue(p, new("a", limits="1 c:noop"))
     (a,) = claim(p)
     late = NOW + LEASE + 1
@@ -521,13 +523,31 @@ def test_a_lapsed_slot_is_not_held_when_a_job_under_a_higher_limit_joined_beside
     (b,) = claim(p, now=late, base="w.2")
     assert b[0] == "b"
     sc, k = p.runtime.scripts, p.keys()
-    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=late + 1) == [-2]
-    assert holders(p, "c:noop") == {b[1]: late + LEASE}
+    assert sc.renew(k, [("a", a[1])], LEASE, now_ms=late + 1) == [1]
+    assert holders(p, "c:noop") == {a[1]: late + 1 + LEASE, b[1]: late + LEASE}
+    enqueue(p, new("c", limits="2 c:noop"), now=late + 2)
+    assert claim(p, now=late + 2, base="w.3") == []
+
+
+def test_a_late_renewal_beside_a_job_under_a_higher_limit_is_not_a_lost_slot(p: Project) -> None:
+    """a and c hold a key under limit 2; a's renewer runs late after b, under 3, joined
+    (there was room for b either way). a keeps its slot, and d, under 3, waits."""
+    enqueue(p, new("a", limits="2 c:noop"), new("c", limits="2 c:noop"))
+    got = {g[0]: g for g in claim(p)}
+    sc, k = p.runtime.scripts, p.keys()
+    late = NOW + LEASE + 1
+    assert sc.renew(k, [("c", got["c"][1])], LEASE, now_ms=late - 2) == [1]
+    enqueue(p, new("b", limits="3 c:noop"), now=late)
+    claim(p, now=late, base="w.2")
+    assert sc.renew(k, [("a", got["a"][1])], LEASE, now_ms=late + 1) == [1]
+    enqueue(p, new("d", limits="3 c:noop"), now=late + 2)
+    assert claim(p, now=late + 2, base="w.3") == []
+    assert len(holders(p, "c:noop")) == 3
 
 
 def test_a_lapsed_slot_nobody_took_is_taken_back_by_a_late_renewal(p: Project) -> None:
     """A stalled renewer whose slot lapsed, with no other job on the key: the renewal takes
-    the slot again (1), as a missing slot with room is."""
+    the slot again (1)."""
     enqueue(p, new("a", limits="1 c:noop"))
     (a,) = claim(p)
     sc, k = p.runtime.scripts, p.keys()

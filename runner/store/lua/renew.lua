@@ -12,8 +12,8 @@
 -- Returns one code per job:
 --   1  renewed
 --  -1  refused: the job is no longer processing under this token (lease lost)
---  -2  renewed, but a limit slot it held lapsed and the key has no room for it now
---      (another job took it meanwhile): the handler no longer has the exclusion it had
+--  -2  renewed, but a limit slot it held went to another job meanwhile (its slot's lease
+--      lapsed and the limit is full): the handler no longer has the exclusion it had
 --   3  renewed, and a cancel asked this run to stop (cancel.lua): the worker sets
 --      ctx.cancelled (a lost slot is then told on a later renewal)
 local now, lease, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -32,13 +32,12 @@ for i = 0, n - 1 do
     for _, l in ipairs(parse_limits(rec and rec.limits or nil)) do
       local k = KEYS[3] .. l.key
       heal_limit(k)
-      local held_until = tonumber(redis.call('ZSCORE', k, token))
-      if held_until and held_until > now then
+      -- A slot still in the key, even lapsed, was counted by every admission since (claims
+      -- purge lapsed holders only when a key looks full): extend it as on time, so the key
+      -- keeps counting the job that runs on.
+      if redis.call('ZSCORE', k, token) then
         redis.call('ZADD', k, 'XX', now + lease, token)
       else
-        -- Missing, or lapsed: a lapsed slot is not held. Claims purge lapsed holders only
-        -- when a key looks full, so a job under a higher limit on the same key may have
-        -- joined beside it; take a slot again only if the key has room for this limit.
         purge_holders(k, now)
         if redis.call('ZCARD', k) < l.n then
           redis.call('ZADD', k, now + lease, token)
