@@ -201,8 +201,9 @@ def call(fn: Function, payload: dict[str, Any], ctx: Context, loop: asyncio.Abst
     return fn.handle(payload, ctx)
 
 
-class ResultTooLarge(ValueError):
-    """A handler returned more JSON than ``[worker] max_result_bytes``."""
+class ResultTooLarge(PermanentFailure):
+    """A handler returned more JSON than ``[worker] max_result_bytes``: dead at once, as
+    running it again would only redo its work (and its side effects) for the same result."""
 
 
 def run(
@@ -212,7 +213,7 @@ def run(
 ) -> tuple[Outcome, float]:
     """Run the handler (inside ``guard``, which arms the timeout) -> (outcome, run seconds).
     Its return value must encode to at most ``max_result_bytes`` of JSON: it is kept in
-    Redis with the done job, so a larger one fails the attempt (retried as any error)."""
+    Redis with the done job, so a larger one sends the job to the dead letters."""
     started = time.perf_counter()
     try:
         result = guard(lambda: call(fn, payload, ctx, loop))

@@ -154,6 +154,6 @@ def test_a_result_is_held_to_the_projects_max_result_bytes(tmp_path: Path) -> No
     (tmp_path / "runner.toml").write_text("[queues.q]\n[worker]\nmax_result_bytes = 1000\n")
     assert run_inline("big", {"n": 990}, project=tmp_path).status == "done"
     out = run_inline("big", {"n": 1000}, project=tmp_path)
-    assert out.status == "retry"
+    assert out.status == "dead" and out.reason == "permanent failure"
     assert out.error is not None and out.error["type"] == "ResultTooLarge"
     assert "1,002 bytes" in out.error["message"] and "max_result_bytes = 1,000" in out.error["message"]

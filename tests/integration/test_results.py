@@ -50,15 +50,17 @@ def _big_values(p: Project, limit: int) -> list[str]:
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_result_over_the_limit_fails_the_attempt_and_stays_out_of_redis(project: Project, isolation: str) -> None:
-    """2 MB returned under the default limit: the job is not done; its last error names
-    the size, the setting and what to do; no value near that size is in Redis."""
-    project.write_config(max_attempts=1)
+    """2 MB returned under the default limit: the job is dead at its first attempt (running
+    it again would only redo its work and side effects); its last error names the size,
+    the setting and what to do; no value near that size is in Redis."""
+    project.write_config(max_attempts=3)
     _add_returns(project, isolation)
     c = project.client
     job = c.enqueue("returns", {"n": 2_000_000})
     project.spawn_worker("fast")
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead", rec["status"]
+    assert (rec["reason"], rec["attempt"]) == ("permanent failure", 1)
     err = rec["last_error"]
     assert err["type"] == "ResultTooLarge"
     assert "2,000,002 bytes" in err["message"]
