@@ -155,7 +155,7 @@ def run_inline(
         _checkpoint=ctx_overrides.get("checkpoint"), _save=rec.save, _extend=lambda: True,
         _flags=Flags(lock_lost=bool(ctx_overrides.get("lock_lost")),
                      cancelled=bool(ctx_overrides.get("cancelled"))),
-        _progress=rec.progress.append, _enqueue=rec.enqueue,
+        _progress=rec.progress.append, _enqueue=rec.enqueue, _max_bytes=max_result,
     )
     outcome, _ = run_handler(fn, lifted, job, ctx, None, lambda body: body(), max_result)
     return _outcome(job.id, outcome, rec, lifted)

@@ -143,6 +143,7 @@ class Child:
             _progress=lambda value: self.send({"op": "progress", "value": value}),
             _enqueue=self.enqueue,
             _group=self.group_outcomes,
+            _max_bytes=int(msg.get("max_result_bytes") or 1_048_576),
         )
         limit = resource.getrlimit(resource.RLIMIT_DATA)
         if fn.memory_mb:

@@ -16,6 +16,11 @@ from typing import Any
 from runner.errors import Cancelled, StaleLease
 from runner.store import codec
 
+# Progress rides on every lease renewal into the job's state: a message is shown cut to
+# this many characters, and a report whose JSON is still longer is dropped.
+PROGRESS_MESSAGE_CHARS = 1000
+PROGRESS_MAX_BYTES = 4096
+
 
 @dataclass(slots=True)
 class Flags:
@@ -54,6 +59,8 @@ class Context:
     _progress: Callable[[Any], None] | None = field(default=None, repr=False)
     _enqueue: Callable[..., Any] | None = field(default=None, repr=False)
     _group: Callable[[str], list[Any]] | None = field(default=None, repr=False)
+    # A checkpoint is kept in Redis with the job: held to [worker] max_result_bytes, as a result.
+    _max_bytes: int = field(default=1_048_576, repr=False)
 
     @property
     def checkpoint(self) -> Any:
@@ -65,7 +72,13 @@ class Context:
 
         Raises StaleLease when this worker no longer owns the job: stop working then.
         """
-        body = codec.dumps(data)
+        raw = codec.dumpb(data)
+        if len(raw) > self._max_bytes:
+            raise ValueError(
+                f"checkpoint of {len(raw):,} bytes of JSON is over [worker] max_result_bytes = {self._max_bytes:,}: "
+                "keep a checkpoint to where the work stands (a cursor, an offset, the ids done), or raise "
+                "the limit in runner.toml")
+        body = raw.decode()
         if self._save is not None and not self._save(body):
             raise StaleLease(f"job {self.job_id}: lease lost, checkpoint refused")
         self._checkpoint = data
@@ -104,9 +117,17 @@ class Context:
         """Report progress: a percentage (0 to 100) and an optional message, shown as
         ``progress`` by GET /jobs/{id} and `runner job` within 2 s. Batched: the latest
         report rides on the next lease renewal, so a call costs no round trip. Never fails
-        the job: progress is advice to whoever watches, not state the job depends on."""
+        the job: progress is advice to whoever watches, not state the job depends on. A
+        message is shown cut to its first 1,000 characters; a report whose JSON is over
+        4 KiB even so is dropped (a warning in the job's log), leaving the last one shown."""
+        if isinstance(message, str) and len(message) > PROGRESS_MESSAGE_CHARS:
+            message = message[:PROGRESS_MESSAGE_CHARS] + "\u2026"
         value = percent if message is None else {"percent": percent, "message": message}
-        codec.dumps(value)  # JSON only, as everything a job leaves behind
+        size = len(codec.dumpb(value))  # JSON only, as everything a job leaves behind
+        if size > PROGRESS_MAX_BYTES:
+            self.logger.warning("progress report of %d bytes of JSON dropped (at most %d)", size,
+                                PROGRESS_MAX_BYTES)
+            return
         if self._progress is not None:
             self._progress(value)
         else:

@@ -239,6 +239,7 @@ class Executors:
             _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
             _group=lambda group_id: self._client().group_outcomes(group_id),
+            _max_bytes=self.rt.config.worker.max_result_bytes,
         )
 
         def guard(body: Callable[[], Any]) -> Any:

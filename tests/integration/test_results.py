@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import Project, assert_no_job_in_two_structures
+from conftest import Project, assert_no_job_in_two_structures, wait_for
 
 RETURNS = '''
 QUEUE = "fast"
@@ -96,3 +96,69 @@ def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(project:
     assert [h["outcome"] for h in rec["history"]] == ["retry", "max attempts reached"]
     assert rec["last_error"]["type"] == "TypeError"
     assert "the handler's return value is not JSON" in rec["last_error"]["message"]
+
+
+SAVES = '''
+import time
+
+QUEUE = "fast"
+TIMEOUT = 15
+ISOLATION = "{isolation}"
+
+
+def handle(payload, ctx):
+    if payload.get("progress"):
+        ctx.progress(50, "m" * payload["n"])
+        ctx.progress({{"blob": "b" * payload["n"]}})  # not a percentage: over the bound, dropped
+        deadline = time.time() + 12
+        while not ctx.cancelled and time.time() < deadline:
+            time.sleep(0.02)
+        return None
+    ctx.save_checkpoint({{"cursor": "c" * payload["n"]}})
+    return "saved"
+'''
+
+
+def _add_saves(p: Project, isolation: str = "thread") -> None:
+    (p.root / "functions" / "saves.py").write_text(SAVES.format(isolation=isolation))
+    schema = p.root / "schemas" / "saves"
+    schema.mkdir(parents=True, exist_ok=True)
+    (schema / "v1.json").write_text(json.dumps({"type": "object", "required": ["n"]}))
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_checkpoint_over_the_limit_is_refused_with_a_clear_error(project: Project, isolation: str) -> None:
+    """A checkpoint is kept in Redis with the job, under the same bound as a result: a 2 MB
+    one raises in the handler (the attempt fails, retried as any error) and is not saved;
+    a small one is saved and the handler goes on."""
+    project.write_config(max_attempts=1)
+    _add_saves(project, isolation)
+    c = project.client
+    big, small = c.enqueue("saves", {"n": 2_000_000}), c.enqueue("saves", {"n": 10})
+    project.spawn_worker("fast")
+    rec = c.wait(big.id, timeout_s=30).as_dict()
+    assert rec["status"] == "dead" and rec["checkpoint"] is None
+    assert rec["last_error"]["type"] == "ValueError"
+    assert "checkpoint of 2,000,013 bytes" in rec["last_error"]["message"]
+    assert "max_result_bytes = 1,048,576" in rec["last_error"]["message"]
+    assert _big_values(project, 1_000_000) == []
+    done = c.wait(small.id, timeout_s=30).as_dict()
+    assert (done["status"], done["result"]) == ("done", "saved")  # its save went through
+
+
+def test_a_long_progress_message_is_cut_and_an_oversized_report_dropped(project: Project) -> None:
+    """Progress never fails a job: a 100,000-character message is shown cut to its first
+    1,000 characters, and a report whose JSON is over 4 KiB (not a percentage and a
+    message) is dropped, leaving the last one that fit."""
+    project.write_config(grace=1)
+    _add_saves(project)
+    c = project.client
+    job = c.enqueue("saves", {"n": 100_000, "progress": True})
+    project.spawn_worker("fast")
+    wait_for(lambda: c.get(job.id).as_dict().get("progress") is not None, timeout=15, what="a progress report")
+    shown = c.get(job.id).as_dict()["progress"]
+    assert shown["percent"] == 50
+    assert shown["message"] == "m" * 1000 + "…"
+    assert _big_values(project, 5_000) == []
+    c.cancel(job.id)
+    c.settle(job.id, 15)
