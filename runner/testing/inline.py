@@ -116,7 +116,7 @@ def run_inline(
     ``max_attempts`` (default the function's), ``job_id``, ``checkpoint`` (as left by an
     earlier attempt), ``idempotency_key``, ``resource_key``, ``cancelled`` and ``lock_lost``.
     ``registry`` skips loading the project (a test that runs many jobs loads it once); the
-    result's size is then held to the default ``[worker] max_result_bytes``."""
+    result and checkpoints are then held to the default ``[worker] max_result_bytes``."""
     if registry is None:
         cfg, reg = load_project(project)
         max_result = cfg.worker.max_result_bytes

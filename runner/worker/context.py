@@ -13,13 +13,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.errors import Cancelled, StaleLease
+from runner.errors import Cancelled, PermanentFailure, StaleLease
 from runner.store import codec
 
 # Progress rides on every lease renewal into the job's state: a message is shown cut to
 # this many characters, and a report whose JSON is still longer is dropped.
 PROGRESS_MESSAGE_CHARS = 1000
 PROGRESS_MAX_BYTES = 4096
+
+
+class CheckpointTooLarge(PermanentFailure, ValueError):
+    """A checkpoint over ``[worker] max_result_bytes``: not saved, and the job goes to the
+    dead letters, as a retry would resume from the checkpoint before and grow it again."""
 
 
 @dataclass(slots=True)
@@ -61,6 +66,7 @@ class Context:
     _group: Callable[[str], list[Any]] | None = field(default=None, repr=False)
     # A checkpoint is kept in Redis with the job: held to [worker] max_result_bytes, as a result.
     _max_bytes: int = field(default=1_048_576, repr=False)
+    _progress_warned: bool = field(default=False, repr=False)  # one warning per job, not per call
 
     @property
     def checkpoint(self) -> Any:
@@ -74,7 +80,7 @@ class Context:
         """
         raw = codec.dumpb(data)
         if len(raw) > self._max_bytes:
-            raise ValueError(
+            raise CheckpointTooLarge(
                 f"checkpoint of {len(raw):,} bytes of JSON is over [worker] max_result_bytes = {self._max_bytes:,}: "
                 "keep a checkpoint to where the work stands (a cursor, an offset, the ids done), or raise "
                 "the limit in runner.toml")
@@ -118,20 +124,28 @@ class Context:
         ``progress`` by GET /jobs/{id} and `runner job` within 2 s. Batched: the latest
         report rides on the next lease renewal, so a call costs no round trip. Never fails
         the job: progress is advice to whoever watches, not state the job depends on. A
-        message is shown cut to its first 1,000 characters; a report whose JSON is over
-        4 KiB even so is dropped (a warning in the job's log), leaving the last one shown."""
+        message is shown cut to its first 1,000 characters; a report that is not JSON, or
+        whose JSON is over 4 KiB even so, is dropped (the first with a warning in the job's
+        log), leaving the last one shown."""
         if isinstance(message, str) and len(message) > PROGRESS_MESSAGE_CHARS:
             message = message[:PROGRESS_MESSAGE_CHARS] + "\u2026"
         value = percent if message is None else {"percent": percent, "message": message}
-        size = len(codec.dumpb(value))  # JSON only, as everything a job leaves behind
+        try:
+            size = len(codec.dumpb(value))  # JSON only, as everything a job leaves behind
+        except TypeError as exc:  # a Decimal, bytes, a lone surrogate: not JSON
+            return self._drop_progress(f"progress report dropped: not JSON ({exc})")
         if size > PROGRESS_MAX_BYTES:
-            self.logger.warning("progress report of %d bytes of JSON dropped (at most %d)", size,
-                                PROGRESS_MAX_BYTES)
-            return
+            return self._drop_progress(f"progress report of {size} bytes of JSON dropped (at most "
+                                       f"{PROGRESS_MAX_BYTES})")
         if self._progress is not None:
             self._progress(value)
         else:
             self.logger.debug("progress %s", value)
+
+    def _drop_progress(self, why: str) -> None:
+        if not self._progress_warned:
+            self._progress_warned = True
+            self.logger.warning("%s; later ones that cannot be shown are dropped without a word", why)
 
     def enqueue(self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
                 idempotency_key: str | None = None) -> Any:

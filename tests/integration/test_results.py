@@ -99,7 +99,9 @@ def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(project:
 
 
 SAVES = '''
+import os
 import time
+from decimal import Decimal
 
 QUEUE = "fast"
 TIMEOUT = 15
@@ -107,6 +109,10 @@ ISOLATION = "{isolation}"
 
 
 def handle(payload, ctx):
+    if payload.get("odd"):  # values JSON cannot hold: the reports are dropped, the job goes on
+        ctx.progress(Decimal(1) / 4 * 100)
+        ctx.progress(50, "reading " + os.fsdecode(b"report-\\xff.csv"))
+        return "went on"
     if payload.get("progress"):
         ctx.progress(50, "m" * payload["n"])
         ctx.progress({{"blob": "b" * payload["n"]}})  # not a percentage: over the bound, dropped
@@ -129,16 +135,18 @@ def _add_saves(p: Project, isolation: str = "thread") -> None:
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_checkpoint_over_the_limit_is_refused_with_a_clear_error(project: Project, isolation: str) -> None:
     """A checkpoint is kept in Redis with the job, under the same bound as a result: a 2 MB
-    one raises in the handler (the attempt fails, retried as any error) and is not saved;
-    a small one is saved and the handler goes on."""
-    project.write_config(max_attempts=1)
+    one is not saved and the job is dead at once (a retry would resume from the checkpoint
+    before and grow it again), with an error that says what to keep instead; a small one
+    is saved and the handler goes on."""
+    project.write_config(max_attempts=3)
     _add_saves(project, isolation)
     c = project.client
     big, small = c.enqueue("saves", {"n": 2_000_000}), c.enqueue("saves", {"n": 10})
     project.spawn_worker("fast")
     rec = c.wait(big.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead" and rec["checkpoint"] is None
-    assert rec["last_error"]["type"] == "ValueError"
+    assert (rec["reason"], rec["attempt"]) == ("permanent failure", 1)
+    assert rec["last_error"]["type"] == "CheckpointTooLarge"
     assert "checkpoint of 2,000,013 bytes" in rec["last_error"]["message"]
     assert "max_result_bytes = 1,048,576" in rec["last_error"]["message"]
     assert _big_values(project, 1_000_000) == []
@@ -162,3 +170,15 @@ def test_a_long_progress_message_is_cut_and_an_oversized_report_dropped(project:
     assert _big_values(project, 5_000) == []
     c.cancel(job.id)
     c.settle(job.id, 15)
+
+
+def test_a_progress_report_json_cannot_hold_never_fails_the_job(project: Project) -> None:
+    """A Decimal percentage, a message with an undecodable file name in it: each report is
+    dropped (a warning in the job's log) and the handler goes on to its result."""
+    project.write_config(max_attempts=1)
+    _add_saves(project)
+    c = project.client
+    job = c.enqueue("saves", {"n": 1, "odd": True})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert (rec["status"], rec["result"]) == ("done", "went on"), rec["last_error"]
