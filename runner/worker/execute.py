@@ -206,6 +206,10 @@ class ResultTooLarge(PermanentFailure):
     running it again would only redo its work (and its side effects) for the same result."""
 
 
+class ResultNotJSON(PermanentFailure, TypeError):
+    """A handler returned a value JSON cannot hold: dead at once, for the same reason."""
+
+
 def run(
     fn: Function, payload: dict[str, Any], job: Claimed, ctx: Context,
     loop: asyncio.AbstractEventLoop | None, guard: Callable[[Callable[[], Any]], Any],
@@ -213,7 +217,8 @@ def run(
 ) -> tuple[Outcome, float]:
     """Run the handler (inside ``guard``, which arms the timeout) -> (outcome, run seconds).
     Its return value must encode to at most ``max_result_bytes`` of JSON: it is kept in
-    Redis with the done job, so a larger one sends the job to the dead letters."""
+    Redis with the done job, so a larger one, or one JSON cannot hold, sends the job to the
+    dead letters."""
     started = time.perf_counter()
     try:
         result = guard(lambda: call(fn, payload, ctx, loop))
@@ -223,7 +228,8 @@ def run(
     try:
         raw = codec.dumpb(result) if result is not None else b""
     except TypeError as exc:
-        bad = TypeError(f"the handler's return value is not JSON: {exc}")
+        bad = ResultNotJSON(f"the handler's return value is not JSON: {exc}; return dicts, lists, strings, "
+                            "numbers, booleans or None")
         return failure(fn, job, bad), elapsed
     if len(raw) > max_result_bytes:
         big = ResultTooLarge(

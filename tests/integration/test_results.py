@@ -84,8 +84,9 @@ def test_a_raised_limit_keeps_a_large_result_whole(project: Project) -> None:
 
 
 def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(project: Project) -> None:
-    """A return value JSON cannot hold (an object) is an error of the attempt, retried like
-    any other, and its message says what was wrong."""
+    """A return value JSON cannot hold (an object) sends the job to the dead letters at
+    once, as an oversized one does (the same code returns the same kind of value), and its
+    message says what was wrong."""
     project.write_config(max_attempts=2)
     _add_returns(project)
     c = project.client
@@ -93,8 +94,8 @@ def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(project:
     project.spawn_worker("fast")
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead"
-    assert [h["outcome"] for h in rec["history"]] == ["retry", "max attempts reached"]
-    assert rec["last_error"]["type"] == "TypeError"
+    assert (rec["reason"], rec["attempt"]) == ("permanent failure", 1)
+    assert rec["last_error"]["type"] == "ResultNotJSON"
     assert "the handler's return value is not JSON" in rec["last_error"]["message"]
 
 
