@@ -37,6 +37,8 @@ MAX_REPLICAS = 16
 # waiting connection per partition on Redis Cluster) large.
 MAX_PARTITIONS = 64
 MAX_WAIT_TIMEOUT_S = 60.0
+# [worker] max_result_bytes by default: a result or checkpoint as large as a request body.
+MAX_RESULT_BYTES = 1_048_576
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +151,9 @@ class WorkerConfig:
     timeout_grace_s: float = 1.0
     # "auto": a `runner worker` process keeps its threads on one core (worker/affinity.py).
     cpu_affinity: str = "auto"
-    # A handler's return value is kept in Redis with its done job: at most this many bytes
-    # of JSON (as a request body), else the attempt fails (worker/execute.py).
-    max_result_bytes: int = 1_048_576
+    # A handler's return value (and checkpoint) is kept in Redis with its job: at most this
+    # many bytes of JSON, else the job goes to the dead letters (worker/execute.py, context.py).
+    max_result_bytes: int = MAX_RESULT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,7 +542,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
             unknown_grace_s=float(w.get("unknown_grace", 900.0)),
             timeout_grace_s=float(w.get("timeout_grace", 1.0)),
             cpu_affinity=_cpu_affinity(env.get("RUNNER_CPU_AFFINITY"), w.get("cpu_affinity", "auto")),
-            max_result_bytes=int(w.get("max_result_bytes", 1_048_576)),
+            max_result_bytes=int(w.get("max_result_bytes", MAX_RESULT_BYTES)),
         ),
         log=LogConfig(level=level, format=fmt),
         functions_dir=root / (env.get("RUNNER_FUNCTIONS_DIR") or f.get("dir", "functions")),

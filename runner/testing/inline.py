@@ -121,7 +121,7 @@ def run_inline(
         cfg, reg = load_project(project)
         max_result = cfg.worker.max_result_bytes
     else:
-        reg, max_result = registry, config_mod.WorkerConfig().max_result_bytes
+        reg, max_result = registry, config_mod.MAX_RESULT_BYTES
     fn = reg.get(type)
     known = {"attempt", "max_attempts", "job_id", "checkpoint", "idempotency_key", "resource_key",
              "cancelled", "lock_lost"}

@@ -134,6 +134,7 @@ class Child:
         if isinstance(resolved, Done | RetryLater | Dead):
             return {"outcome": to_message(resolved), "run_s": 0.0}
         fn, payload, version = resolved
+        max_result = int(msg.get("max_result_bytes") or config_mod.MAX_RESULT_BYTES)
         self.flags = Flags()
         ctx = for_job(
             job, version, fn.timeout_s, log,
@@ -143,7 +144,7 @@ class Child:
             _progress=lambda value: self.send({"op": "progress", "value": value}),
             _enqueue=self.enqueue,
             _group=self.group_outcomes,
-            _max_bytes=int(msg.get("max_result_bytes") or 1_048_576),
+            _max_bytes=max_result,
         )
         limit = resource.getrlimit(resource.RLIMIT_DATA)
         if fn.memory_mb:
@@ -157,7 +158,7 @@ class Child:
                 signal.setitimer(signal.ITIMER_REAL, 0)
 
         try:
-            outcome, run_s = run(fn, payload, job, ctx, None, guard, int(msg.get("max_result_bytes") or 1_048_576))
+            outcome, run_s = run(fn, payload, job, ctx, None, guard, max_result)
         finally:
             resource.setrlimit(resource.RLIMIT_DATA, limit)
         if fn.memory_mb and isinstance(outcome, RetryLater | Dead) and outcome.error \

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.config import MAX_RESULT_BYTES
 from runner.errors import Cancelled, PermanentFailure, StaleLease
 from runner.store import codec
 
@@ -65,7 +66,7 @@ class Context:
     _enqueue: Callable[..., Any] | None = field(default=None, repr=False)
     _group: Callable[[str], list[Any]] | None = field(default=None, repr=False)
     # A checkpoint is kept in Redis with the job: held to [worker] max_result_bytes, as a result.
-    _max_bytes: int = field(default=1_048_576, repr=False)
+    _max_bytes: int = field(default=MAX_RESULT_BYTES, repr=False)
     _progress_warned: bool = field(default=False, repr=False)  # one warning per job, not per call
 
     @property
