@@ -144,3 +144,5 @@ def test_reading_commands_that_reach_redis_import_no_redis_py(server: Server) ->
     for args in (["stats"], ["job", "0123456789abcdef012345"]):
         loaded = loaded_by_command(*args, url=server.url, code=0)
         assert sorted(m for m in ("redis", "asyncio", "ssl") if m in loaded) == [], args
+        # Nor logging (with traceback and textwrap): the runtime logs only when Redis fails.
+        assert "logging" not in loaded, args
