@@ -230,6 +230,7 @@ class Executors:
         if isinstance(resolved, Done | RetryLater | Dead):
             return Settlement(run, resolved)
         fn, payload, version = resolved
+        max_result = self.rt.config.worker.max_result_bytes
         ctx = for_job(
             job, version, fn.timeout_s, joblog,
             _save=lambda body: int(self.rt.scripts.checkpoint(self.parts[job.partition], job.id, job.token,
@@ -239,7 +240,7 @@ class Executors:
             _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
             _group=lambda group_id: self._client().group_outcomes(group_id),
-            _max_bytes=self.rt.config.worker.max_result_bytes,
+            _max_bytes=max_result,
         )
 
         def guard(body: Callable[[], Any]) -> Any:
@@ -260,7 +261,7 @@ class Executors:
                     # marks timed_out first, under the lock: no mark, nothing to clear.
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
-        outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, self.rt.config.worker.max_result_bytes)
+        outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
         fault("after_handler")
         return Settlement(run, outcome, run_s=run_s, started_ms=started_ms)
 
