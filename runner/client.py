@@ -42,7 +42,9 @@ from runner.runtime import Runtime
 from runner.store import audit as audit_log
 from runner.store import codec, keys, listing, records, routing, tracecontext
 from runner.store import groups as group_store
-from runner.store.combiner import AsyncCombiner, Combiner
+from runner.store import link as link_mod
+from runner.store.aiolink import AsyncLink
+from runner.store.combiner import AsyncCombiner, Combiner, LoopCombiner
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.schedules import ServerClock, State, read_states
@@ -148,6 +150,11 @@ class Client:
             self._send_prepared, max_batch=MAX_BATCH
         )
         self._spread = routing.Spread()  # where jobs without a route go (partitioned queues)
+        # The asyncio path's own connection on the caller's event loop (aiolink.py), made
+        # on first use; None until then, False where the URL or [redis] wait_replicas
+        # leaves it to the thread above (Sentinel, Cluster, WAIT).
+        self._aiolink: AsyncLink | bool | None = None
+        self._loop_combiner: LoopCombiner[_Prepared, _Answer] = LoopCombiner(self._asend_prepared, MAX_BATCH)
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> Client:
@@ -252,16 +259,65 @@ class Client:
                 tp = traceparent or tracing.current_traceparent()
                 prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority,
                                      waited)
-                out = _one(await self._async_combiner.submit(prep))
+                out = _one(await self.asend(prep))
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority,
                              waited)
-        return _one(await self._async_combiner.submit(prep))
+        return _one(await self.asend(prep))
 
     async def asend(self, prep: _Prepared) -> Enqueued:
-        """The write half of ``aenqueue``, for a job ``prepare`` made (the HTTP fast lane)."""
+        """The write half of ``aenqueue``, for a job ``prepare`` made (the HTTP fast lane):
+        on the event loop's own connection where it can (see aiolink.py), else on the
+        thread of the client's own."""
+        link = self._aiolink
+        if link is None:
+            link = self._aiolink = self._make_aiolink()
+        if isinstance(link, AsyncLink) and link.usable() and not self.runtime.record_due():
+            return _one(await self._loop_combiner.submit(prep))
         return _one(await self._async_combiner.submit(prep))
+
+    def _make_aiolink(self) -> AsyncLink | bool:
+        cfg = self.runtime.config.redis
+        where = link_mod.address(cfg.url)
+        if where is None or cfg.wait_replicas > 0:
+            return False
+        return AsyncLink(where, tls_verify=cfg.tls_verify, ca_cert=cfg.ca_cert)
+
+    async def _asend_prepared(self, preps: Sequence[_Prepared]) -> list[_Answer]:
+        """``_send_prepared`` on the event loop's connection: one enqueue script call per
+        queue partition, pipelined in one write. A script Redis lost (a restart, SCRIPT
+        FLUSH) ran nowhere: it is loaded and sent again."""
+        link = self._aiolink
+        assert isinstance(link, AsyncLink)
+        scripts = self.runtime.scripts
+        sha = scripts.shas["enqueue"]
+        by_queue: dict[str, list[int]] = {}
+        for i, prep in enumerate(preps):
+            by_queue.setdefault(prep.fn.queue, []).append(i)
+        order = [(queue, k, sub) for queue, idx in by_queue.items()
+                 for k, sub in self._partitioned(queue, idx, lambda i: preps[i].job, discover=False)]
+        calls = []
+        for _, k, idx in order:
+            _, keys, args = scripts.enqueue_call(k, [preps[i].job for i in idx])
+            calls.append(("EVALSHA", sha, len(keys), *keys, *args))
+        try:
+            replies = await link.send(calls)
+            for n, reply in enumerate(replies):
+                if isinstance(reply, link_mod.ReplyError) and reply.code == "NOSCRIPT":
+                    _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources["enqueue"]), calls[n]])
+        except RedisUnavailable as exc:
+            raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        out: list[Any] = [None] * len(preps)
+        for (queue, _, idx), reply in zip(order, replies, strict=True):
+            if isinstance(reply, link_mod.ReplyError):
+                failure = link_mod.raised(reply)
+                if isinstance(failure, RedisUnavailable):
+                    raise RedisUnavailable(f"Redis is unreachable: {failure}") from reply
+                raise failure
+            for n, i in enumerate(idx):
+                out[i] = _outcome(preps[i], queue, reply, n)
+        return out
 
     def enqueue_many(
         self, requests: Iterable[Request], batch: int = MAX_BATCH
@@ -354,11 +410,14 @@ class Client:
         while len(stream) > STREAM_WINDOW:
             _settle(stream.read(), results)
 
-    def _partitioned(self, queue: str, items: Sequence[_T],
-                     job: Callable[[_T], NewJob]) -> list[tuple[QueueKeys, list[_T]]]:
+    def _partitioned(self, queue: str, items: Sequence[_T], job: Callable[[_T], NewJob],
+                     discover: bool = True) -> list[tuple[QueueKeys, list[_T]]]:
         """``items`` of one queue by the partition their jobs go to (see store/routing.py);
-        the current count's partitions only, never a draining one."""
-        self.runtime.discover_due(record=True)  # a producer's tags stay recorded (tagset.py)
+        the current count's partitions only, never a draining one. ``discover``: record
+        this producer's tags when due (tagset.py), a blocking round trip; the event loop's
+        path leaves that to the thread's (see asend)."""
+        if discover:
+            self.runtime.discover_due(record=True)
         parts = self.runtime.parts[queue]
         n = parts[0].partitions
         if n == 1:

@@ -127,6 +127,10 @@ class Runtime:
             self._waiter.extend([k.ended for k in new])
         return new
 
+    def record_due(self) -> bool:
+        """Whether a producer's next enqueue records its partition tags (see discover_due)."""
+        return time.monotonic() - self._recorded_at >= tagset.RECORD_EVERY_S
+
     def discover_due(self, *, record: bool = False) -> list[QueueKeys]:
         """``discover`` when the last one (that recorded, with ``record``) is older than
         tagset.RECORD_EVERY_S: a producer records its tags at its first enqueue and then

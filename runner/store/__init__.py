@@ -4,7 +4,8 @@ Owns every key string (keys.py), the atomic transitions (lua/*.lua, one per file
 texts as sent (sources.py) and typed callers (scripts.py), the job record's fields and how
 a reader sees them (records.py), the JSON codec (codec.py), clients for a single server,
 Cluster and Sentinel (connection.py), the plain connection of the one-shot reading
-commands, which imports no redis-py (link.py), group commit (combiner.py), waiting out
+commands, which imports no redis-py (link.py), and its twin on an event loop for the web
+process's enqueues (aiolink.py), group commit (combiner.py), waiting out
 outages (outage.py), the Redis guard (guard.py), what waits in a queue (census.py), the
 audit trail (audit.py), the embedded server (embedded.py), the session file of a running
 `runner dev` (session.py) and Redis URLs as text (urls.py).

@@ -12,7 +12,9 @@ job, so a 202 keeps meaning "the job is in Redis".
 
 ``AsyncCombiner`` does the same for coroutines (the web process's event loop): one
 thread of its own sends a batch while the loop goes on taking requests, then takes
-everything that queued meanwhile as the next batch.
+everything that queued meanwhile as the next batch. ``LoopCombiner`` does it on the
+event loop itself, for a send that is a coroutine (the loop's own connection,
+aiolink.py): no thread, no hand-off.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
@@ -168,3 +170,54 @@ def _answer(answers: list[tuple[asyncio.Future[R], R | None]], error: BaseExcept
             fut.set_exception(error)
         else:
             fut.set_result(result)  # type: ignore[arg-type]
+
+
+class LoopCombiner(Generic[T, R]):
+    """``await submit(item)`` on one event loop, for a coroutine ``send(items) ->
+    results``: the first caller's item goes out at once, and items that queue while a
+    batch is in flight go out together as the next. The batches run on a task of the
+    combiner's own, so a caller that goes away (a client hung up) cancels only its own
+    wait, never a batch that holds other callers' items."""
+
+    def __init__(self, send: Callable[[Sequence[T]], Awaitable[Sequence[R]]], max_batch: int = 256) -> None:
+        self._send = send
+        self._max = max_batch
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def submit(self, item: T) -> R:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[R] = loop.create_future()
+        if self._task is not None and self._task.get_loop() is not loop:
+            self._task, self._waiting = None, []  # a closed loop's batch: nobody waits for it here
+        self._waiting.append((item, fut))
+        if self._task is None:
+            self._task = loop.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._waiting:
+                batch = self._waiting[: self._max]
+                del self._waiting[: self._max]
+                try:
+                    results = await self._send([item for item, _ in batch])
+                    if len(results) != len(batch):
+                        raise ValueError(f"send answered {len(results)} results for {len(batch)} items")
+                except Exception as exc:  # every caller of the batch hears of it
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                except BaseException:  # the loop is going down: nobody is answered
+                    for _, fut in batch:
+                        fut.cancel()
+                    raise
+                for (_, fut), result in zip(batch, results, strict=True):
+                    if not fut.done():  # the caller went away; its item was sent all the same
+                        fut.set_result(result)
+        finally:
+            self._task = None
+            waiting, self._waiting = self._waiting, []  # empty, unless the drain was cancelled
+            for _, fut in waiting:
+                fut.cancel()

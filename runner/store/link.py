@@ -51,7 +51,7 @@ _LOST_ERR = frozenset({
 })
 # Error replies that connection.UNAVAILABLE counts as an outage.
 _OUTAGE = frozenset({"READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "OOM", "MISCONF"})
-_OLD_AUTH = ("wrong number of arguments for 'auth' command", "wrong number of arguments for 'AUTH' command")
+OLD_AUTH = ("wrong number of arguments for 'auth' command", "wrong number of arguments for 'AUTH' command")
 _MORE = object()  # hiredis: no whole reply read yet
 
 
@@ -64,18 +64,18 @@ class ReplyError(Exception):
         self.code = code
 
 
-def _reply_error(text: str) -> ReplyError:
+def reply_error(text: str) -> ReplyError:
     code = text.split(" ", 1)[0]
     return ReplyError(text[len(code) + 1:] if code in _CODES else text, code)
 
 
-def _lost(e: ReplyError) -> bool:
+def lost(e: ReplyError) -> bool:
     return e.code in _LOST or (e.code == "ERR" and str(e) in _LOST_ERR)
 
 
-def _raised(e: ReplyError) -> Exception:
+def raised(e: ReplyError) -> Exception:
     """The error a caller sees for an error reply: an outage, or the reply itself."""
-    return RedisUnavailable(str(e)) if e.code in _OUTAGE or _lost(e) else e
+    return RedisUnavailable(str(e)) if e.code in _OUTAGE or lost(e) else e
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,18 @@ def from_config(cfg: RedisConfig) -> Link | None:
     return None if where is None else Link(where, tls_verify=cfg.tls_verify, ca_cert=cfg.ca_cert)
 
 
-def _connect_error(where: str, exc: OSError) -> str:
+def hello_steps(a: Address, username: str | None) -> list[tuple[Any, ...]]:
+    """The commands that open a connection: AUTH, CLIENT SETNAME, SELECT."""
+    steps: list[tuple[Any, ...]] = []
+    if a.password:
+        steps.append(("AUTH", username, a.password) if username else ("AUTH", a.password))
+    steps.append(("CLIENT", "SETNAME", CLIENT_NAME))
+    if a.db:
+        steps.append(("SELECT", a.db))
+    return steps
+
+
+def connect_error(where: str, exc: OSError) -> str:
     """redis-py's words for a failed connect."""
     if not exc.args:
         return f"Error connecting to {where}."
@@ -142,7 +153,7 @@ def _connect_error(where: str, exc: OSError) -> str:
     return f"Error {exc.args[0]} connecting to {where}. {exc.args[1]}."
 
 
-def _pack(args: Sequence[Any]) -> bytes:
+def pack(args: Sequence[Any]) -> bytes:
     try:
         return hiredis.pack_command(tuple(args))  # type: ignore[no-any-return]
     except UnicodeEncodeError:
@@ -218,9 +229,9 @@ class Link:
         except TimeoutError:
             raise RedisUnavailable("Timeout connecting to server") from None
         except OSError as exc:
-            raise RedisUnavailable(_connect_error(a.where, exc)) from None
+            raise RedisUnavailable(connect_error(a.where, exc)) from None
         self._sock = sock
-        self._reader = hiredis.Reader(encoding="utf-8", errors="surrogateescape", replyError=_reply_error,
+        self._reader = hiredis.Reader(encoding="utf-8", errors="surrogateescape", replyError=reply_error,
                                       notEnoughData=_MORE)
         try:
             self._hello(a.username)
@@ -230,21 +241,15 @@ class Link:
 
     def _hello(self, username: str | None) -> None:
         """AUTH, CLIENT SETNAME and SELECT in one write, each reply checked in turn."""
-        a = self.address
-        steps: list[tuple[Any, ...]] = []
-        if a.password:
-            steps.append(("AUTH", username, a.password) if username else ("AUTH", a.password))
-        steps.append(("CLIENT", "SETNAME", CLIENT_NAME))
-        if a.db:
-            steps.append(("SELECT", a.db))
-        self._send(b"".join(_pack(s) for s in steps))
+        steps = hello_steps(self.address, username)
+        self._send(b"".join(pack(s) for s in steps))
         replies = [self._read() for _ in steps]
         for step, reply in zip(steps, replies, strict=True):
             if not isinstance(reply, ReplyError):
                 continue
-            if step[0] == "AUTH" and username and str(reply) in _OLD_AUTH:
+            if step[0] == "AUTH" and username and str(reply) in OLD_AUTH:
                 return self._hello(None)  # a server before Redis 6 takes the password alone
-            raise _raised(reply)
+            raise raised(reply)
         return None
 
     def close(self) -> None:
@@ -298,11 +303,11 @@ class Link:
         connection (a wrong password, LOADING), raised as RedisUnavailable."""
         if self._sock is None:
             self._open()
-        self._send(b"".join(_pack(c) for c in commands))
+        self._send(b"".join(pack(c) for c in commands))
         out: list[Any] = []
         for _ in commands:
             reply = self._read()
-            if isinstance(reply, ReplyError) and _lost(reply):
+            if isinstance(reply, ReplyError) and lost(reply):
                 self.close()  # the replies behind it are not read: start afresh
                 raise RedisUnavailable(str(reply))
             out.append(reply)
@@ -312,7 +317,7 @@ class Link:
         """One command; an error reply raised."""
         (reply,) = self.send([args])
         if isinstance(reply, ReplyError):
-            raise _raised(reply)
+            raise raised(reply)
         return reply
 
     def pipeline(self, transaction: bool = False) -> Pipeline:
@@ -383,7 +388,7 @@ class Pipeline:
         if raise_on_error:
             for i, r in enumerate(out):
                 if isinstance(r, ReplyError):
-                    raise _raised(_noted(r, i + 1, commands[i][0]))
+                    raise raised(_noted(r, i + 1, commands[i][0]))
         return out
 
 
@@ -430,5 +435,5 @@ class Batch:
                                            ("EVALSHA", SHAS[name], len(keys), *keys, *args)])
                 replies[i] = reply
             if isinstance(reply, ReplyError):
-                raise _raised(reply)
+                raise raised(reply)
         return replies

@@ -3,8 +3,8 @@ metrics scrape. Each runs on a small thread pool of the app's own, so a slow or
 unreachable Redis ties up those threads, never the loop that answers everything else.
 
 The enqueue route does not come here: it validates on the loop and hands the job to the
-client's group commit (``Client.aenqueue``), whose one thread sends whatever queued
-meanwhile in one round trip.
+client's group commit (``Client.asend``), which sends whatever queued meanwhile in one
+round trip on the loop's own connection (store/aiolink.py).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from runner.errors import (
     UnknownVersion,
     ValidationFailed,
 )
-from runner.store import codec
+from runner.store import codec, link
 from runner.store.connection import PersistenceFailed
 
 MEDIA_TYPE = "application/problem+json"
@@ -173,8 +173,9 @@ async def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, 
 async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     log.warning("%s %s: Redis unreachable: %s", req.method, req.path, ex)
     cause = ex.__cause__ if isinstance(ex, RedisUnavailable) and ex.__cause__ else ex
-    why = "refuses writes" if isinstance(cause, (PersistenceFailed, redis.exceptions.OutOfMemoryError)) \
-        else "is unreachable"
+    refused = isinstance(cause, (PersistenceFailed, redis.exceptions.OutOfMemoryError)) or (
+        isinstance(cause, link.ReplyError) and cause.code in ("MISCONF", "OOM"))  # the event loop's connection
+    why = "refuses writes" if refused else "is unreachable"
     raise Problem(503, "redis-unavailable", f"Redis {why}; nothing was written. Retry shortly.",
                   title="Redis unavailable", headers={"Retry-After": "1"})
 

@@ -5,6 +5,7 @@ failure comes with redis-py's words and kind, a flushed script cache is loaded a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
@@ -23,6 +24,7 @@ from runner.cli import cli
 from runner.config import RedisConfig
 from runner.errors import RedisUnavailable
 from runner.store import connection, link, records
+from runner.store.aiolink import AsyncLink
 from runner.store.embedded import Server, free_port
 from runner.store.sources import SHAS
 from runner.worker.worker import Worker
@@ -285,3 +287,120 @@ def test_the_reader_runtime_takes_a_link_only_where_the_url_allows(project: Proj
     rt = Runtime.create(other, lazy=True, reader=True)
     assert isinstance(rt.redis, redis.Redis) and rt.read_scripts is rt.scripts
     rt.close()
+
+
+# --- the event loop's connection (store/aiolink.py): the same connect and the same words
+
+def _async_outcome(url: str, *commands: tuple[Any, ...]) -> tuple[str, Any]:
+    """("unavailable" | "refused" | "ok", message or replies) of one send on an AsyncLink."""
+    where = link.address(url)
+    assert where is not None
+
+    async def run() -> list[Any]:
+        ours = AsyncLink(where)
+        try:
+            return await ours.send(list(commands))
+        finally:
+            ours.close()
+
+    try:
+        replies = asyncio.run(run())
+    except RedisUnavailable as exc:
+        return "unavailable", str(exc)
+    except link.ReplyError as exc:
+        return "refused", str(exc)
+    return "ok", replies
+
+
+def test_the_event_loops_connection_connects_and_fails_as_the_link_does(server: Server, guarded: Guarded) -> None:
+    """Every URL form connects as the URL says (the server sees the same name, db and
+    user as from the Link), and every failure of the Link's list is the same kind with
+    the same words."""
+    p, g = server.port, guarded.port
+    urls = [
+        f"redis://127.0.0.1:{p}/4?socket_timeout=3&socket_connect_timeout=1",
+        f"redis://alice:{ALICE}@127.0.0.1:{g}/3",
+        f"redis://127.0.0.1:{g}/2?password={PASSWORD}",
+        f"unix://alice:{ALICE}@{guarded.sock}?db=5",
+    ]
+    for url in urls:
+        theirs = link.from_config(_cfg(url))
+        assert theirs is not None
+        try:
+            kind, replies = _async_outcome(url, ("CLIENT", "INFO"), ("ACL", "WHOAMI"))
+            assert kind == "ok", (url, replies)
+            fields = dict(f.split("=", 1) for f in replies[0].split() if "=" in f)
+            assert (fields["name"], int(fields["db"]), replies[1]) == _seen(theirs), url
+        finally:
+            theirs.close()
+    failures = {
+        f"redis://127.0.0.1:{free_port()}/0": "unavailable",
+        "redis://no-such-host.invalid:6379/0": "unavailable",
+        f"unix://{guarded.sock}.missing": "unavailable",
+        f"redis://127.0.0.1:{g}/0": "unavailable",
+        f"redis://:wrong@127.0.0.1:{g}/0": "unavailable",
+        f"redis://bob:{ALICE}@127.0.0.1:{g}/0": "unavailable",
+        f"redis://:{PASSWORD}@127.0.0.1:{g}/999": "refused",
+    }
+    for url, kind in failures.items():
+        theirs = link.from_config(_cfg(url))
+        assert theirs is not None
+        try:
+            expected = _outcome(lambda: theirs.send([("LLEN", "k")]))  # noqa: B023
+        finally:
+            theirs.close()
+        got = _async_outcome(url, ("LLEN", "k"))
+        assert got == expected, url
+        assert got[0] == kind, (url, got)
+
+
+def test_the_event_loops_connection_times_out_as_the_link_does() -> None:
+    """A listener that accepts and says nothing: "Timeout reading from <host>:<port>"
+    after the URL's socket_timeout, and the loop is never blocked meanwhile."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        port = listener.getsockname()[1]
+        url = f"redis://127.0.0.1:{port}/0?socket_timeout=0.2"
+        where = link.address(url)
+        assert where is not None
+        ticks = 0
+
+        async def run() -> tuple[str, str]:
+            nonlocal ticks
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticker = asyncio.get_running_loop().create_task(tick())
+            try:
+                await AsyncLink(where).send([("LLEN", "k")])
+            except RedisUnavailable as exc:
+                return "unavailable", str(exc)
+            finally:
+                ticker.cancel()
+            return "ok", ""
+
+        assert asyncio.run(run()) == ("unavailable", f"Timeout reading from 127.0.0.1:{port}")
+        assert ticks >= 5  # the loop went on while the reply was awaited
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        listener.close()

@@ -1,0 +1,129 @@
+"""Enqueues from asyncio code (the web process's event loop, ``Client.aenqueue``) on the
+loop's own connection (store/aiolink.py): no thread hand-off, calls that overlap share a
+round trip, and every failure is the one the thread's path gives: Redis gone is
+RedisUnavailable at once, its return is served, a lost script cache is loaded again, a
+caller that goes away costs nobody else their answer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.client import Client, Enqueued
+from runner.errors import RedisUnavailable
+from runner.runtime import Runtime
+from runner.store.embedded import Server
+from runner.store.sources import SHAS
+
+from conftest import Project, make_project, structures
+
+
+def _client(project: Project) -> Client:
+    """A producer's client whose partition tags are recorded already: its asyncio
+    enqueues take the loop's path from the first (the thread's records them when due)."""
+    return Client(Runtime.create(project.config(), record=True))
+
+
+def _threads() -> set[str]:
+    return {t.name for t in threading.enumerate()}
+
+
+def test_asyncio_enqueues_share_round_trips_on_the_loop_with_no_thread(project: Project) -> None:
+    """200 tasks on one loop: every job lands once, the calls shared round trips, and no
+    sender thread was started for them."""
+    client = _client(project)
+    redis = project.runtime.redis
+    redis.config_resetstat()
+    before = _threads()
+
+    async def main() -> list[Enqueued]:
+        return await asyncio.gather(*(client.aenqueue("noop", {"i": i}) for i in range(200)))
+
+    got = asyncio.run(main())
+    assert sorted(structures(project)["ready"]) == sorted(e.id for e in got)
+    assert not any(name.startswith("runner-commit") for name in _threads() - before)
+    calls = redis.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert 0 < calls < 100, calls
+
+
+def test_redis_going_away_is_unavailable_at_once_and_its_return_is_served(tmp_path: Path) -> None:
+    """The server killed under a client that enqueued: the next asyncio enqueue raises
+    RedisUnavailable (nothing hangs); the server back on its port, the next one connects
+    again and its job is in Redis."""
+    server = Server(tmp_path / "own", appendonly=False).start()
+    project = make_project(tmp_path / "project", server)
+    try:
+        client = _client(project)
+
+        async def one(i: int) -> Enqueued:
+            return await asyncio.wait_for(client.aenqueue("noop", {"i": i}), 10)
+
+        async def main() -> tuple[Enqueued, BaseException, Enqueued]:
+            first = await one(1)
+            server.stop(kill=True)
+            try:
+                await one(2)
+            except RedisUnavailable as exc:
+                failed: BaseException = exc
+            else:
+                pytest.fail("an enqueue succeeded with Redis down")
+            server.start()
+            return first, failed, await one(3)
+
+        first, failed, third = asyncio.run(main())
+        assert str(failed).startswith("Redis is unreachable")
+        assert first.id != third.id
+        assert structures(project)["ready"] == [third.id]  # the server kept nothing on disk
+    finally:
+        project.stop_all()
+        server.stop(kill=True)
+
+
+def test_a_flushed_script_cache_is_loaded_again(project: Project) -> None:
+    """SCRIPT FLUSH between two asyncio enqueues (a restarted Redis): the second is
+    answered NOSCRIPT, loads the script and runs once."""
+    client = _client(project)
+    redis = project.runtime.redis
+
+    async def main() -> list[Enqueued]:
+        a = await client.aenqueue("noop", {"i": 1})
+        redis.script_flush()
+        return [a, await client.aenqueue("noop", {"i": 2})]
+
+    got = asyncio.run(main())
+    assert redis.script_exists(SHAS["enqueue"]) == [True]
+    assert sorted(structures(project)["ready"]) == sorted(e.id for e in got)
+
+
+def test_a_caller_that_goes_away_costs_the_others_nothing(project: Project) -> None:
+    """Of 50 overlapping enqueues, 10 are cancelled while in flight (their requests went
+    away): the other 40 are answered and in Redis; a cancelled one may have been written
+    (it was sent) but is never written twice; the path serves later calls as before."""
+    client = _client(project)
+
+    async def main() -> tuple[list[Any], Enqueued]:
+        tasks = [asyncio.ensure_future(client.aenqueue("noop", {"i": i})) for i in range(50)]
+        await asyncio.sleep(0)  # every task has submitted its job
+        for t in tasks[::5]:
+            t.cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return done, await client.aenqueue("noop", {"i": 99})
+
+    done, later = asyncio.run(main())
+    answered = [d for d in done if isinstance(d, Enqueued)]
+    assert len(answered) == 40 and all(isinstance(d, asyncio.CancelledError) for d in done[::5])
+    ready = structures(project)["ready"]
+    assert {e.id for e in answered} | {later.id} <= set(ready)
+    assert len(ready) == len(set(ready)) <= 51
+
+
+def test_a_client_serves_one_event_loop_after_another(project: Project) -> None:
+    """Two asyncio.run in turn with one client (scripts, tests, a CLI made of coroutines):
+    the second loop is served as the first; a loop that closed keeps nothing bound."""
+    client = _client(project)
+    ids = [asyncio.run(client.aenqueue("noop", {"i": i})).id for i in range(3)]
+    assert sorted(structures(project)["ready"]) == sorted(ids)
