@@ -206,6 +206,9 @@ class AsyncLink:
     def _reply(self, proto: _Protocol, reply: Any) -> None:
         if proto is not self._live:
             return  # a closed connection's late bytes
+        if not self._calls:  # nothing was asked: the stream is out of step, start afresh
+            self._fail(proto, RedisUnavailable(f"an unexpected reply from {self.address.where}"))
+            return
         call = self._calls[0]
         call.replies.append(reply)
         call.left -= 1
