@@ -102,6 +102,13 @@ class _Prepared(NamedTuple):  # one per job on the enqueue path: see NewJob
     job: NewJob
 
 
+def _too_large(size: int, limit: int) -> str:
+    """Why a payload of ``size`` bytes of JSON is refused, and what to do instead."""
+    return (f"the payload is {size:,} bytes of JSON, over [api] max_body_bytes = {limit:,} (the most one job "
+            "may carry, from any producer): keep large data elsewhere (object storage, a table) and pass a "
+            "reference to it, or raise the limit in runner.toml")
+
+
 def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enqueued | IdempotencyConflict:
     """The n-th job's answer from the enqueue script: code, job id, status (see enqueue.lua)."""
     code, job_id, status = int(reply[3 * n]), reply[3 * n + 1], reply[3 * n + 2]
@@ -162,10 +169,12 @@ class Client:
 
     # --- enqueue -------------------------------------------------------------------
 
-    def prepare(self, req: Request) -> _Prepared:
-        """Validate and encode one job; raises before anything touches Redis."""
+    def prepare(self, req: Request, *, bounded: bool = True) -> _Prepared:
+        """Validate and encode one job; raises before anything touches Redis. Without
+        ``bounded``, the payload may be over ``[api] max_body_bytes``: only for one the
+        runner builds itself from data already bounded (a destination's record)."""
         return self._prepare(req.type, req.payload, req.version, req.delay_s, req.run_at,
-                             req.idempotency_key, req.traceparent, req.priority)
+                             req.idempotency_key, req.traceparent, req.priority, bounded=bounded)
 
     def prepare_type(self, type_: str, payload: Any) -> _Prepared:
         """``prepare`` for a job with every option at its default."""
@@ -176,6 +185,7 @@ class Client:
         run_at: float | None, idempotency_key: str | None, traceparent: str | None = None,
         priority: int | None = None,
         waited: bool = False,
+        bounded: bool = True,
     ) -> _Prepared:
         fn = self.runtime.registry.get(type_)
         version = version_ if version_ is not None else fn.versions.newest
@@ -206,7 +216,7 @@ class Client:
             if delay_s < 0:
                 raise ValidationFailed(fn.name, version, [FieldError("$", "delay must be >= 0")])
             delay_ms = int(delay_s * 1000)
-        body = codec.dumps(payload)
+        body = self._encoded(fn.name, version, payload) if bounded else codec.dumps(payload)
         meta = tracecontext.meta_for(traceparent)
         if waited:  # the exact text the scripts look for (see waited in _lib.lua)
             meta = '{"' + records.WAITED + '":1' + ("," + meta[1:] if meta else "}")
@@ -217,6 +227,18 @@ class Client:
             resource_key=rkey, limits=lims, meta=meta, priority=prio,
         )
         return _Prepared(fn=fn, job=job)
+
+    def _encoded(self, type_: str, version: int, payload: Any) -> str:
+        """The payload's JSON, refused when it is over ``[api] max_body_bytes``: a job
+        from any producer (the client, a handler's ctx.enqueue, the CLI, a requeue with an
+        edited payload) is held to what a request body may carry, so a large one is
+        refused before it is written to Redis, kept with the job and handed to a worker.
+        The check is a length of the bytes the job is written with."""
+        raw = codec.dumpb(payload)
+        limit = self.runtime.config.api.max_body_bytes
+        if len(raw) > limit:
+            raise ValidationFailed(type_, version, [FieldError("$", _too_large(len(raw), limit))])
+        return raw.decode()
 
     def enqueue(
         self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
@@ -701,7 +723,8 @@ class Client:
         """Move a dead job back to ready with a fresh attempt budget. The payload (the
         stored one at its stored version, or an edited one at ``version``, default the
         newest) is validated and must lift to the newest version; an invalid one stays
-        dead and the errors are raised.
+        dead and the errors are raised. An edited payload is held to ``[api]
+        max_body_bytes`` as an enqueued one is.
 
         ``by`` (a token's name, ``cli:<user>``) puts the requeue on record: an entry in the
         job's history, written in the same step, then the audit trail and the log."""
@@ -736,11 +759,13 @@ class Client:
             fn.versions.lift(payload, version)
         except UpgradeFailed as exc:
             raise ValidationFailed(type_, version, [FieldError("$", str(exc))]) from None
+        # An edited payload is new data, held to the bound; the stored one is already in Redis.
+        body = self._encoded(type_, version, payload) if edited else codec.dumps(payload)
         now = records.now_ms()
         mark = {"edited": True} if edited else {}
         entry = codec.dumps({"outcome": "requeued", "by": by, "at_ms": now, **mark}) if by is not None else ""
         try:
-            code = rt.scripts.requeue(k, job_id, codec.dumps(payload), str(version),
+            code = rt.scripts.requeue(k, job_id, body, str(version),
                                       codec.canonical_hash(type_, version, payload), entry)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc

@@ -92,7 +92,9 @@ def destination(client: Client, dest: str, tag: str, job_id: str, type_: str, ve
     record = {"job": {"id": job_id, "type": type_, "version": version, "attempt": attempt, "queue": queue},
               **body}
     try:
-        prep = client.prepare(Request(dest, record))
+        # Not held to [api] max_body_bytes: the runner builds the record from a result
+        # already held to [worker] max_result_bytes, and a refusal would lose it.
+        prep = client.prepare(Request(dest, record), bounded=False)
     except RunnerError as exc:
         log.error("job %s: not sent to %s: %s", job_id, dest, exc, extra={"job_id": job_id})
         return None

@@ -124,3 +124,38 @@ def test_a_job_buried_as_worker_lost_still_reaches_its_on_failure(project: Proje
     rt.redis.rpush(project.keys("fast").lost, job)
     assert relay.lost_destinations(rt, c, project.keys("fast")) == 1
     assert len(lines(project, "got_error", job)) == 1 and c.get(f"{job}.f").status == "done"
+
+
+LARGE = '''
+QUEUE = "fast"
+ON_SUCCESS = "got_large"
+
+def handle(payload, ctx):
+    return "r" * payload["n"]
+'''
+
+LARGE_SINK = '''
+import os
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "got_large-" + payload["job"]["id"]), "w") as f:
+        f.write(str(len(payload["result"])))
+'''
+
+
+def test_a_result_at_its_limit_still_reaches_its_on_success(project: Project) -> None:
+    """A destination's record is built by the runner from a result already held to
+    [worker] max_result_bytes, so it is not held to [api] max_body_bytes as a producer's
+    payload is: a result of exactly 1 MiB of JSON (both limits at their default) makes a
+    record over 1 MiB, and it is still written and run."""
+    write(project, "large", LARGE)
+    write(project, "got_large", LARGE_SINK)
+    c = project.client
+    job = c.enqueue("large", {"n": 1_048_574}).id  # "r" * n is 1,048,576 bytes of JSON
+    project.spawn_worker("fast")
+    assert c.wait(job, 30).status == "done"
+    sink = project.records / f"got_large-{job}"
+    wait_for(sink.exists, timeout=20, what="the success record")
+    assert sink.read_text() == "1048574"
+    assert c.wait(f"{job}.s", 10).status == "done"
