@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,26 +82,29 @@ class AsyncLink:
         self._calls: collections.deque[_Call] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
         self._pid = os.getpid()
+        self._binding = threading.Lock()
 
     def usable(self) -> bool:
-        """Whether the running loop may use this link: the one it is bound to, or any once
-        that loop is closed or the process forked (the link then starts afresh)."""
+        """Whether the running loop may use this link: the first loop that asks takes it
+        for the link's life (a web process's one loop). Any other loop, even once the
+        first has closed, is refused (its calls take the caller's other path): a link
+        handed from loop to loop would race between their threads, and would open and
+        drop a connection per loop for code that runs ``asyncio.run`` per call. A forked
+        child starts afresh."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             return False
-        if self.loop is None or self.loop is running:
+        if self.loop is running:
             return True
-        if self.loop.is_closed() or self._pid != os.getpid():
-            self._reset()
-            return True
-        return False
-
-    def _reset(self) -> None:
-        """Forget the old loop's connection and calls (that loop answers nobody now)."""
-        self.loop, self._proto, self._live, self._connecting, self._timer = None, None, None, None, None
-        self._calls = collections.deque()
-        self._pid = os.getpid()
+        with self._binding:
+            if self._pid != os.getpid():  # the parent's connection is not this process's
+                self.loop, self._proto, self._live, self._connecting, self._timer = None, None, None, None, None
+                self._calls = collections.deque()
+                self._pid = os.getpid()
+            if self.loop is None:
+                self.loop = running
+            return self.loop is running
 
     # -- connecting ---------------------------------------------------------------------
 
@@ -178,8 +182,8 @@ class AsyncLink:
         """Every command in one write, then every reply, in order; an error reply is
         returned as a ReplyError, except those that mean a lost connection (a wrong
         password, LOADING), raised as RedisUnavailable (as link.Link.send)."""
-        if self.loop is None:
-            self.loop = asyncio.get_running_loop()
+        if self.loop is None and not self.usable():
+            raise RuntimeError("this link belongs to another event loop")
         proto = self._proto or await self._connected()
         replies = await self._write(proto, commands)
         for reply in replies:

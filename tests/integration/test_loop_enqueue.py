@@ -122,8 +122,46 @@ def test_a_caller_that_goes_away_costs_the_others_nothing(project: Project) -> N
 
 
 def test_a_client_serves_one_event_loop_after_another(project: Project) -> None:
-    """Two asyncio.run in turn with one client (scripts, tests, a CLI made of coroutines):
-    the second loop is served as the first; a loop that closed keeps nothing bound."""
+    """Ten asyncio.run in turn with one client (scripts, tests, async_to_sync): each is
+    answered, the later ones on the thread's path (the loop's connection stays with the
+    first loop), and no connection is opened per loop."""
     client = _client(project)
-    ids = [asyncio.run(client.aenqueue("noop", {"i": i})).id for i in range(3)]
+    redis = project.runtime.redis
+    before = len(redis.client_list())
+    ids = [asyncio.run(client.aenqueue("noop", {"i": i})).id for i in range(10)]
     assert sorted(structures(project)["ready"]) == sorted(ids)
+    assert len(redis.client_list()) - before <= 4  # the first loop's, the thread's: not one per loop
+
+
+def test_two_live_event_loops_in_two_threads_are_each_answered(project: Project) -> None:
+    """Loop A has submitted an enqueue and is busy before its batch goes out; loop B, in
+    another thread, enqueues meanwhile (async_to_sync in a threaded web server). Both are
+    answered and both jobs are in Redis: B never takes or drops A's waiting job."""
+    client = _client(project)
+    a_submitted, b_answered = threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        async def main() -> Any:
+            task = asyncio.ensure_future(client.aenqueue("noop", {"who": "A"}))
+            await asyncio.sleep(0)  # A's item waits; its batch has not gone out yet
+            a_submitted.set()
+            b_answered.wait(10)  # loop A busy for a moment
+            return await asyncio.wait_for(task, 10)
+
+        out["A"] = asyncio.run(main())
+
+    def thread_b() -> None:
+        a_submitted.wait(10)
+        try:
+            out["B"] = asyncio.run(asyncio.wait_for(client.aenqueue("noop", {"who": "B"}), 10))
+        finally:
+            b_answered.set()
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(out.get("A"), Enqueued) and isinstance(out.get("B"), Enqueued), out
+    assert sorted(structures(project)["ready"]) == sorted([out["A"].id, out["B"].id])
