@@ -119,13 +119,15 @@ def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enque
 
 
 # One caller's answer from a combined round trip: its job, or why not.
-_Answer = Enqueued | IdempotencyConflict | NotReplicated
+# On the event loop's path, also the failure of the one script call that held the job
+# (the other calls of its round trip may have been answered: see _asend_prepared).
+_Answer = Enqueued | IdempotencyConflict | NotReplicated | Exception
 
 
 def _one(out: _Answer) -> Enqueued:
     """A single enqueue's answer: the job, or its refusal (idempotency conflict, not
-    replicated) raised."""
-    if isinstance(out, IdempotencyConflict | NotReplicated):
+    replicated, its script call's failure) raised."""
+    if isinstance(out, Exception):
         raise out
     return out
 
@@ -324,21 +326,30 @@ class Client:
             _, keys, args = scripts.enqueue_call(k, [preps[i].job for i in idx])
             calls.append(("EVALSHA", sha, len(keys), *keys, *args))
         try:
-            replies = await link.send(calls)
-            for n, reply in enumerate(replies):
-                if isinstance(reply, link_mod.ReplyError) and reply.code == "NOSCRIPT":
-                    _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources["enqueue"]), calls[n]])
-        except RedisUnavailable as exc:
+            replies: list[Any] = await link.send(calls)
+        except RedisUnavailable as exc:  # no reply read: every call's outcome is unknown
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
+        # From here each call is answered on its own: a call that ran keeps its jobs'
+        # answers whatever befalls a later one (a reload cut off, an error reply).
+        lost: RedisUnavailable | None = None
+        for n, reply in enumerate(replies):
+            if isinstance(reply, link_mod.ReplyError) and reply.code == "NOSCRIPT":  # it ran nowhere
+                if lost is None:
+                    try:
+                        _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources["enqueue"]), calls[n]])
+                    except RedisUnavailable as exc:
+                        lost = RedisUnavailable(f"Redis is unreachable: {exc}")
+                replies[n] = lost if lost is not None else replies[n]
         out: list[Any] = [None] * len(preps)
         for (queue, _, idx), reply in zip(order, replies, strict=True):
+            failure: Exception | None = reply if isinstance(reply, RedisUnavailable) else None
             if isinstance(reply, link_mod.ReplyError):
                 failure = link_mod.raised(reply)
                 if isinstance(failure, RedisUnavailable):
-                    raise RedisUnavailable(f"Redis is unreachable: {failure}") from reply
-                raise failure
+                    failure = RedisUnavailable(f"Redis is unreachable: {failure}")
+                    failure.__cause__ = reply
             for n, i in enumerate(idx):
-                out[i] = _outcome(preps[i], queue, reply, n)
+                out[i] = failure if failure is not None else _outcome(preps[i], queue, reply, n)
         return out
 
     def enqueue_many(

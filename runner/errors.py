@@ -188,7 +188,8 @@ class StillRunning(RunnerError):
 
 
 class RedisUnavailable(RunnerError):
-    """Redis could not be reached; nothing was written."""
+    """Redis could not be reached or refused the write. Nothing was written, unless the
+    connection was lost after a write went out: then its outcome is unknown."""
 
 
 class NotReplicated(RunnerError):

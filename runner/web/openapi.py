@@ -98,7 +98,7 @@ def _enqueue_op(fn: Function, max_wait_s: float) -> dict[str, Any]:
             "413": _problem("The body is over api.max_body_bytes"),
             "415": _problem("The body is not application/json"),
             "422": _problem("The payload does not validate: every error with its JSON path"),
-            "503": _problem("Redis is unreachable (nothing was written), or, with [redis] wait_replicas, "
+            "503": _problem("Redis is unreachable (the request not confirmed), or, with [redis] wait_replicas, "
                             "the job was written but too few replicas confirmed it in time (not-replicated: "
                             "retry with the same Idempotency-Key)"),
         },
@@ -171,7 +171,7 @@ def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
                 responses.setdefault("400", _problem("An unknown or malformed query parameter"))
             if "requestBody" in op:
                 responses.setdefault("411", _problem("A chunked body this server cannot read; send Content-Length"))
-            responses.setdefault("503", _problem("Redis is unreachable; nothing was written"))
+            responses.setdefault("503", _problem("Redis is unreachable; the request was not confirmed"))
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "runner", "version": __version__,

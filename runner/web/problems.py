@@ -175,9 +175,13 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
     cause = ex.__cause__ if isinstance(ex, RedisUnavailable) and ex.__cause__ else ex
     refused = isinstance(cause, (PersistenceFailed, redis.exceptions.OutOfMemoryError)) or (
         isinstance(cause, link.ReplyError) and cause.code in ("MISCONF", "OOM"))  # the event loop's connection
-    why = "refuses writes" if refused else "is unreachable"
-    raise Problem(503, "redis-unavailable", f"Redis {why}; nothing was written. Retry shortly.",
-                  title="Redis unavailable", headers={"Retry-After": "1"})
+    # A refusal ran nothing; a connection lost after the request went out leaves its
+    # outcome unknown, and the answer must not promise otherwise.
+    detail = ("Redis refuses writes; nothing was written. Retry shortly." if refused else
+              "Redis is unreachable; the request was not confirmed (one cut off after it was sent may have "
+              "been written). Retry shortly: an enqueue retried with the same Idempotency-Key is never "
+              "written twice.")
+    raise Problem(503, "redis-unavailable", detail, title="Redis unavailable", headers={"Retry-After": "1"})
 
 
 async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:

@@ -165,3 +165,23 @@ def test_two_live_event_loops_in_two_threads_are_each_answered(project: Project)
         t.join(30)
     assert isinstance(out.get("A"), Enqueued) and isinstance(out.get("B"), Enqueued), out
     assert sorted(structures(project)["ready"]) == sorted([out["A"].id, out["B"].id])
+
+
+def test_each_caller_of_a_round_trip_is_answered_by_its_own_script_call(project: Project) -> None:
+    """Two jobs of two queues in one round trip, the second queue's ready list damaged
+    (a string where a list belongs): its call fails, and only its caller hears of it; the
+    other job was written and its caller gets its 202's answer, not an error that would
+    make a client retry a job already in Redis."""
+    client = _client(project)
+    redis = project.runtime.redis
+    redis.set(project.keys("slow").ready, "not a list")
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(client.aenqueue("noop", {"i": 1}), client.aenqueue("slow", {"seconds": 0}),
+                                    return_exceptions=True)
+
+    fast, slow = asyncio.run(main())
+    assert isinstance(fast, Enqueued), fast
+    assert structures(project)["ready"] == [fast.id]
+    assert isinstance(slow, Exception) and not isinstance(slow, Enqueued)
+    assert "WRONGTYPE" in str(slow)
