@@ -76,6 +76,8 @@ class Function:
 
     def render_limits(self, payload: Any) -> tuple[str, str]:
         """(resource key, limits) of one job of this function (see catalog.limits)."""
+        if self.resource_key is None and self.concurrency is None and self.rate is None:
+            return "", ""  # most functions: no Flow built per job
         return self.flow.render(self.name, payload)
 
     def describe(self) -> dict[str, Any]:
