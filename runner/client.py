@@ -477,13 +477,23 @@ class Client:
                 batch = rt.scripts.batch()
                 for _, k, idx in order:
                     rt.scripts.enqueue(k, [preps[i].job for i in idx], pipe=batch)
-                replies = batch.execute()
+                # Each call answers its own callers: one that ran keeps its jobs' answers
+                # whatever befalls a later one.
+                replies = batch.execute(raise_on_error=False)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
         except NotReplicated as exc:
             replies, short = exc.replies, exc
         out: list[Any] = [None] * len(preps)
         for (queue, _, idx), reply in zip(order, replies, strict=True):
+            if isinstance(reply, Exception):
+                failure = reply
+                if isinstance(reply, UNAVAILABLE):
+                    failure = RedisUnavailable(f"Redis is unreachable: {reply}")
+                    failure.__cause__ = reply
+                for i in idx:
+                    out[i] = failure
+                continue
             for n, i in enumerate(idx):
                 out[i] = _outcome(preps[i], queue, reply, n)
                 if short is not None and not isinstance(out[i], IdempotencyConflict):

@@ -189,7 +189,11 @@ class Batch:
     def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
         self.calls.append((name, keys, args, durable))
 
-    def execute(self) -> list[Any]:
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """Every call's reply, in order. With ``raise_on_error`` false, a call that failed
+        after the round trip went out (an error reply, its reload cut off) has its
+        exception in its place, so the calls that ran keep their answers; a failure before
+        any reply was read is raised all the same."""
         if not self.calls:
             return []
         sc = self.scripts
@@ -199,8 +203,14 @@ class Batch:
             # transition), each already covering many jobs, so one by one costs little.
             # Each durable call waits on its own node: WAIT counts that node's replicas.
             replies: list[Any] = []
-            for name, keys, args, durable in self.calls:
-                reply, n = sc.counted(name, keys, args, durable=durable)
+            for i, (name, keys, args, durable) in enumerate(self.calls):
+                try:
+                    reply, n = sc.counted(name, keys, args, durable=durable)
+                except Exception as exc:
+                    if raise_on_error or i == 0:
+                        raise
+                    replies.append(exc)
+                    continue
                 replies.append(reply)
                 acked += [] if n is None else [n]
             sc.confirm(acked, replies)
@@ -215,9 +225,15 @@ class Batch:
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
                 name, keys, args, durable = self.calls[i]
-                replies[i], n = sc.counted(name, keys, args, durable=durable)
+                try:
+                    replies[i], n = sc.counted(name, keys, args, durable=durable)
+                except Exception as exc:
+                    if raise_on_error:
+                        raise
+                    replies[i] = exc
+                    continue
                 acked += [] if n is None else [n]
-            elif isinstance(reply, Exception):
+            elif isinstance(reply, Exception) and raise_on_error:
                 raise reply
         if isinstance(last, Exception):  # after the scripts' own errors, which say more
             raise last

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runner.client import Client, Enqueued
+from runner.client import Client, Enqueued, Request
 from runner.errors import IdempotencyConflict, ValidationFailed
 
 from conftest import Project, structures
@@ -112,3 +112,19 @@ def test_aenqueue_from_many_tasks_shares_round_trips_and_answers_each(project: P
     with pytest.raises(ValidationFailed):
         asyncio.run(client.aenqueue("slow", {"seconds": "no"}))
     assert len(structures(project, "slow")["ready"]) == 40
+
+
+def test_each_caller_of_a_shared_round_trip_is_answered_by_its_own_script_call(project: Project) -> None:
+    """A group-commit round trip holding jobs of two queues (callers on many threads), the
+    second queue's ready list damaged (a string where a list belongs): only that call's
+    callers get its error; the other queue's jobs were written and their callers get
+    their jobs, not an error that would make them enqueue again."""
+    client = project.client
+    redis = project.runtime.redis
+    redis.set(project.keys("slow").ready, "not a list")
+    fast = [client.prepare(Request("noop", {"i": i})) for i in range(3)]
+    slow = [client.prepare(Request("slow", {"seconds": 0}))]
+    answers = client._send_prepared([*fast, *slow])  # the round trip the overlapping callers share
+    assert all(isinstance(a, Enqueued) for a in answers[:3]), answers
+    assert sorted(structures(project)["ready"]) == sorted(a.id for a in answers[:3])  # type: ignore[union-attr]
+    assert isinstance(answers[3], Exception) and "WRONGTYPE" in str(answers[3])
