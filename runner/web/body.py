@@ -85,11 +85,18 @@ def only_params(req: falcon.Request, *allowed: str) -> None:
     """Refuse unknown query parameters: a misspelt ``?dealy=60`` must not enqueue at once."""
     if not req.query_string:  # most requests: no parameters to parse
         return
-    unknown = sorted(set(req.params) - set(allowed))
+    params = req.params
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
         expected = ", ".join(allowed) if allowed else "none"
         raise Problem(400, "unknown-parameter", f"unknown query parameter(s) {', '.join(map(repr, unknown))} "
                       f"(expected: {expected})", title="Unknown parameter", parameter=unknown[0])
+    # ``?delay=abc&delay=`` would be read as one of its values and the other ignored: a
+    # delay meant would be none. Each parameter holds one value, given once.
+    for name in allowed:
+        if isinstance(params.get(name), list):
+            raise Problem(400, "invalid-parameter", f"query parameter {name!r} is given "
+                          f"{len(params[name])} times; give it once", title="Invalid parameter", parameter=name)
 
 
 def int_param(req: falcon.Request, name: str, lo: int, hi: int, default: int | None = None) -> int | None:

@@ -79,6 +79,20 @@ def test_duplicate_keys_keep_the_last_value_and_store_one(project: Project, web:
     assert stored_rec is not None and stored_rec["payload"] == '{"n":2}'
 
 
+@pytest.mark.parametrize("query", ["delay=abc&delay=", "delay=60&delay=0", "version=1&version=9",
+                                   "run_at=1&run_at=2", "delay=&delay=&run_at=90588647157"])
+def test_a_query_parameter_given_twice_is_refused(project: Project, web: Web, query: str) -> None:
+    """``?delay=abc&delay=`` used to pass as no delay at all (one of the two was read, the
+    other ignored): a job the caller meant to delay would run at once. A repeated
+    parameter is a 400 naming it, on one job and on a batch, and nothing is written."""
+    name = query.split("=", 1)[0]
+    for path, body in ((f"/jobs/record?{query}", b'{"n": 1}'), (f"/jobs/record/batch?{query}", b'[{"n": 1}]')):
+        r = post_raw(web, body, path=path)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        assert r.json()["parameter"] == name and "once" in r.json()["detail"], r.text
+    assert nothing_written(project)
+
+
 def test_oversized_idempotency_key_is_refused(project: Project, web: Web) -> None:
     r = post_raw(web, b'{"n": 1}', headers={"Idempotency-Key": "k" * 5000})
     assert r.status_code == 400
