@@ -127,7 +127,8 @@ class JobList:
         if key is not None:
             await self._by_key(req, resp, key, type_)
             return
-        status = req.get_param("status") or "queued"
+        status = req.get_param("status")
+        status = "queued" if status is None else status  # ?status= (empty) names no status: refused below
         if status not in LISTED:
             raise Problem(400, "invalid-parameter", f"query parameter 'status' must be one of {', '.join(LISTED)}",
                           title="Invalid parameter", parameter="status")

@@ -86,6 +86,8 @@ def test_get_jobs_over_http_pages_and_refuses_bad_parameters(project: Project) -
         assert [j["id"] for j in rest["jobs"]] == ids[:1]
         assert rest["cursor"] is None
         assert web.get("/jobs?status=nope").status_code == 400
+        assert web.get("/jobs?status=").status_code == 400  # an empty status is none of the listed
+        assert web.get("/jobs").json()["jobs"] == web.get("/jobs?status=queued").json()["jobs"]
         assert web.get("/jobs?status=queued&cursor=zzz").status_code == 400
         assert web.get("/jobs?status=queued&queue=nope").status_code == 404
 
