@@ -81,8 +81,9 @@ def _bad_param(name: str, expected: str) -> Problem:
                    title="Invalid parameter", parameter=name)
 
 
-def only_params(req: falcon.Request, *allowed: str) -> None:
-    """Refuse unknown query parameters: a misspelt ``?dealy=60`` must not enqueue at once."""
+def only_params(req: falcon.Request, *allowed: str, repeatable: tuple[str, ...] = ()) -> None:
+    """Refuse unknown query parameters: a misspelt ``?dealy=60`` must not enqueue at once;
+    and one given twice, unless ``repeatable`` names it (``/events?job=a&job=b``)."""
     if not req.query_string:  # most requests: no parameters to parse
         return
     params = req.params
@@ -94,14 +95,14 @@ def only_params(req: falcon.Request, *allowed: str) -> None:
     # ``?delay=abc&delay=`` would be read as one of its values and the other ignored: a
     # delay meant would be none. Each parameter holds one value, given once.
     for name in allowed:
-        if isinstance(params.get(name), list):
+        if name not in repeatable and isinstance(params.get(name), list):
             raise Problem(400, "invalid-parameter", f"query parameter {name!r} is given "
                           f"{len(params[name])} times; give it once", title="Invalid parameter", parameter=name)
 
 
 def int_param(req: falcon.Request, name: str, lo: int, hi: int, default: int | None = None) -> int | None:
-    raw = req.get_param(name)
-    if raw is None or raw == "":
+    raw = req.get_param(name)  # "?limit=" (empty) names no number: refused below, as the API document says
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -113,8 +114,8 @@ def int_param(req: falcon.Request, name: str, lo: int, hi: int, default: int | N
 
 
 def seconds_param(req: falcon.Request, name: str, hi: float) -> float | None:
-    raw = req.get_param(name)
-    if raw is None or raw == "":
+    raw = req.get_param(name)  # "?delay=" (empty) names no number: refused below
+    if raw is None:
         return None
     try:
         value = float(raw)

@@ -42,7 +42,7 @@ class Events:
         self.hub = hub
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        only_params(req, "job")
+        only_params(req, "job", repeatable=("job",))
         jobs = req.get_param_as_list("job") or []
         if len(jobs) > MAX_JOBS or any(not j or len(j) > MAX_ID for j in jobs):
             raise Problem(400, "invalid-parameter", f"query parameter 'job' takes 1 to {MAX_JOBS} job ids "

@@ -93,6 +93,19 @@ def test_a_query_parameter_given_twice_is_refused(project: Project, web: Web, qu
     assert nothing_written(project)
 
 
+@pytest.mark.parametrize("query", ["delay=", "run_at=", "version=", "delay=&run_at=90588647157"])
+def test_an_empty_number_parameter_is_refused(project: Project, web: Web, query: str) -> None:
+    """``?delay=`` names no number: it was read as no delay at all, beside a run_at too,
+    though the API document calls it a number. A 400 naming it, and nothing is written."""
+    name = query.split("=", 1)[0]
+    for path, body in ((f"/jobs/record?{query}", b'{"n": 1}'), (f"/jobs/record/batch?{query}", b'[{"n": 1}]')):
+        r = post_raw(web, body, path=path)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        assert r.json()["parameter"] == name, r.text
+    assert web.get("/jobs?limit=").status_code == 400
+    assert nothing_written(project)
+
+
 def test_oversized_idempotency_key_is_refused(project: Project, web: Web) -> None:
     r = post_raw(web, b'{"n": 1}', headers={"Idempotency-Key": "k" * 5000})
     assert r.status_code == 400
