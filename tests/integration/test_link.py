@@ -6,6 +6,7 @@ failure comes with redis-py's words and kind, a flushed script cache is loaded a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import socket
@@ -150,9 +151,9 @@ def test_each_failure_is_redis_pys_in_kind_and_words(server: Server, guarded: Gu
         assert ours[0] == kind, (url, ours)
 
 
-def test_a_server_that_never_answers_times_out_as_with_redis_py() -> None:
-    """A listener that accepts and says nothing: "Timeout reading from <host>:<port>"
-    after the URL's socket_timeout, from both clients."""
+@contextlib.contextmanager
+def _silent_server() -> Iterator[int]:
+    """A listener on a free port that accepts and never says anything: its port."""
     listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
     stop = threading.Event()
@@ -168,15 +169,21 @@ def test_a_server_that_never_answers_times_out_as_with_redis_py() -> None:
     t = threading.Thread(target=accept, daemon=True)
     t.start()
     try:
-        port = listener.getsockname()[1]
-        ours, theirs = _both(f"redis://127.0.0.1:{port}/0?socket_timeout=0.2")
-        assert ours == theirs == ("unavailable", f"Timeout reading from 127.0.0.1:{port}")
+        yield listener.getsockname()[1]
     finally:
         stop.set()
         t.join()
         for c in held:
             c.close()
         listener.close()
+
+
+def test_a_server_that_never_answers_times_out_as_with_redis_py() -> None:
+    """A listener that accepts and says nothing: "Timeout reading from <host>:<port>"
+    after the URL's socket_timeout, from both clients."""
+    with _silent_server() as port:
+        ours, theirs = _both(f"redis://127.0.0.1:{port}/0?socket_timeout=0.2")
+        assert ours == theirs == ("unavailable", f"Timeout reading from 127.0.0.1:{port}")
 
 
 def test_a_server_going_away_is_an_outage_and_its_return_is_served(tmp_path: Path) -> None:
@@ -357,36 +364,18 @@ def test_the_event_loops_connection_connects_and_fails_as_the_link_does(server: 
 def test_the_event_loops_connection_times_out_as_the_link_does() -> None:
     """A listener that accepts and says nothing: "Timeout reading from <host>:<port>"
     after the URL's socket_timeout, and the loop is never blocked meanwhile."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    try:
-        port = listener.getsockname()[1]
-        url = f"redis://127.0.0.1:{port}/0?socket_timeout=0.2"
-        where = link.address(url)
+    with _silent_server() as port:
+        where = link.address(f"redis://127.0.0.1:{port}/0?socket_timeout=0.2")
         assert where is not None
         ticks = 0
 
-        async def run() -> tuple[str, str]:
+        async def tick() -> None:
             nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
 
-            async def tick() -> None:
-                nonlocal ticks
-                while True:
-                    await asyncio.sleep(0.01)
-                    ticks += 1
-
+        async def run() -> tuple[str, str]:
             ticker = asyncio.get_running_loop().create_task(tick())
             try:
                 await AsyncLink(where).send([("LLEN", "k")])
@@ -398,9 +387,3 @@ def test_the_event_loops_connection_times_out_as_the_link_does() -> None:
 
         assert asyncio.run(run()) == ("unavailable", f"Timeout reading from 127.0.0.1:{port}")
         assert ticks >= 5  # the loop went on while the reply was awaited
-    finally:
-        stop.set()
-        t.join()
-        for c in held:
-            c.close()
-        listener.close()
