@@ -118,9 +118,9 @@ def _outcome(prep: _Prepared, queue: str, reply: Sequence[Any], n: int) -> Enque
                     status=status, duplicate=code == 0)
 
 
-# One caller's answer from a combined round trip: its job, or why not.
-# On the event loop's path, also the failure of the one script call that held the job
-# (the other calls of its round trip may have been answered: see _asend_prepared).
+# One caller's answer from a combined round trip: its job, or why not (a refusal, or the
+# failure of the one script call that held the job: the round trip's other calls may
+# have been answered).
 _Answer = Enqueued | IdempotencyConflict | NotReplicated | Exception
 
 
@@ -283,12 +283,12 @@ class Client:
                 tp = traceparent or tracing.current_traceparent()
                 prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, tp, priority,
                                      waited)
-                out = _one(await self.asend(prep))
+                out = await self.asend(prep)
                 tracing.annotate(span, id=out.id, queue=out.queue)
                 return out
         prep = self._prepare(type, payload, version, delay, run_at, idempotency_key, traceparent, priority,
                              waited)
-        return _one(await self.asend(prep))
+        return await self.asend(prep)
 
     async def asend(self, prep: _Prepared) -> Enqueued:
         """The write half of ``aenqueue``, for a job ``prepare`` made (the HTTP fast lane):

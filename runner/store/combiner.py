@@ -189,12 +189,12 @@ class LoopCombiner(Generic[T, R]):
     async def submit(self, item: T) -> R:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[R] = loop.create_future()
-        if self._pid != os.getpid():  # a fork: the parent's batch is not this process's
-            self._task, self._waiting, self._pid = None, [], os.getpid()
         if self._task is not None and self._task.get_loop() is not loop:
-            # One loop only (its callers make sure, see aiolink.AsyncLink.usable): another
-            # loop's items are never dropped here, nor sent from a loop not theirs.
-            raise RuntimeError("a LoopCombiner serves the one event loop that first used it")
+            if self._pid == os.getpid():
+                # One loop only (its callers make sure, see aiolink.AsyncLink.usable): another
+                # loop's items are never dropped here, nor sent from a loop not theirs.
+                raise RuntimeError("a LoopCombiner serves the one event loop that first used it")
+            self._task, self._waiting, self._pid = None, [], os.getpid()  # a fork: the parent's batch
         self._waiting.append((item, fut))
         if self._task is None:
             self._task = loop.create_task(self._drain())
