@@ -152,16 +152,7 @@ class AsyncLink:
         return proto
 
     def _tls(self) -> Any:
-        if not self.address.tls:
-            return None
-        import ssl
-
-        context = ssl.create_default_context()
-        context.check_hostname = self.tls_verify
-        context.verify_mode = ssl.CERT_REQUIRED if self.tls_verify else ssl.CERT_NONE
-        if self.ca_cert:
-            context.load_verify_locations(cafile=self.ca_cert)
-        return context
+        return link.tls_context(self.tls_verify, self.ca_cert) if self.address.tls else None
 
     async def _hello(self, proto: _Protocol, username: str | None) -> None:
         """AUTH, CLIENT SETNAME and SELECT in one write, each reply checked in turn (as

@@ -22,13 +22,16 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 import hiredis
 
 from runner.config import RedisConfig
 from runner.errors import RedisUnavailable
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = ["CLIENT_NAME", "CONNECT_TIMEOUT_S", "TIMEOUT_S", "Link", "Pipeline", "ReplyError", "Scripts", "from_config"]
 
@@ -144,6 +147,19 @@ def hello_steps(a: Address, username: str | None) -> list[tuple[Any, ...]]:
     return steps
 
 
+def tls_context(verify: bool, ca_cert: str | None) -> ssl.SSLContext:
+    """The TLS settings of a rediss:// URL as redis-py applies them (``ssl`` is imported
+    only here: a plain URL never loads it)."""
+    import ssl
+
+    context = ssl.create_default_context()
+    context.check_hostname = verify
+    context.verify_mode = ssl.CERT_REQUIRED if verify else ssl.CERT_NONE
+    if ca_cert:
+        context.load_verify_locations(cafile=ca_cert)
+    return context
+
+
 def connect_error(where: str, exc: OSError) -> str:
     """redis-py's words for a failed connect."""
     if not exc.args:
@@ -197,13 +213,7 @@ class Link:
         raise err if err is not None else OSError("socket.getaddrinfo returned an empty list")
 
     def _tls(self, sock: socket.socket) -> socket.socket:
-        import ssl
-
-        context = ssl.create_default_context()
-        context.check_hostname = self.tls_verify
-        context.verify_mode = ssl.CERT_REQUIRED if self.tls_verify else ssl.CERT_NONE
-        if self.ca_cert:
-            context.load_verify_locations(cafile=self.ca_cert)
+        context = tls_context(self.tls_verify, self.ca_cert)
         try:
             return context.wrap_socket(sock, server_hostname=self.address.host)
         except BaseException:
