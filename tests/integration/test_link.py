@@ -68,19 +68,22 @@ def _cfg(url: str) -> RedisConfig:
     return RedisConfig(url=url)
 
 
+def _identity(info: str, user: str) -> tuple[str, int, str]:
+    """A CLIENT INFO line and an ACL WHOAMI as (name, db, user)."""
+    fields = dict(f.split("=", 1) for f in info.split() if "=" in f)
+    return fields["name"], int(fields["db"]), user
+
+
 def _seen(client: Any) -> tuple[str, int, str]:
     """The client as the server sees it: its name, its db and its ACL user."""
-    info = client.execute_command("CLIENT", "INFO")
-    fields = dict(f.split("=", 1) for f in info.split() if "=" in f)
-    return fields["name"], int(fields["db"]), client.execute_command("ACL", "WHOAMI")
+    return _identity(client.execute_command("CLIENT", "INFO"), client.execute_command("ACL", "WHOAMI"))
 
 
-def test_every_url_form_connects_as_the_url_says(server: Server, guarded: Guarded) -> None:
-    """redis:// with and without a db, a password alone or a user and password (in the
-    URL or its query), unix:// with a db and a password, a timeout in the query: the
-    server sees the same client name, db and user as from redis-py's client."""
+def _url_forms(server: Server, guarded: Guarded) -> list[str]:
+    """Every URL form a Link takes: with and without a db, a password alone or a user and
+    password (in the URL or its query), unix:// with a db and a password, timeouts."""
     p, g = server.port, guarded.port
-    urls = [
+    return [
         server.url,
         f"redis://127.0.0.1:{p}",
         f"redis://127.0.0.1:{p}/4?socket_timeout=3&socket_connect_timeout=1",
@@ -91,6 +94,28 @@ def test_every_url_form_connects_as_the_url_says(server: Server, guarded: Guarde
         f"unix://alice:{ALICE}@{guarded.sock}?db=5",
         f"unix://{guarded.sock}?username=alice&password={ALICE}",
     ]
+
+
+def _failures(guarded: Guarded) -> dict[str, str]:
+    """URLs that cannot serve, and the kind of failure each is."""
+    g = guarded.port
+    return {
+        f"redis://127.0.0.1:{free_port()}/0": "unavailable",
+        "redis://no-such-host.invalid:6379/0": "unavailable",
+        f"unix://{guarded.sock}.missing": "unavailable",
+        f"redis://127.0.0.1:{g}/0": "unavailable",
+        f"redis://:wrong@127.0.0.1:{g}/0": "unavailable",
+        f"redis://alice:wrong@127.0.0.1:{g}/0": "unavailable",
+        f"redis://bob:{ALICE}@127.0.0.1:{g}/0": "unavailable",
+        f"redis://:{PASSWORD}@127.0.0.1:{g}/999": "refused",
+    }
+
+
+def test_every_url_form_connects_as_the_url_says(server: Server, guarded: Guarded) -> None:
+    """redis:// with and without a db, a password alone or a user and password (in the
+    URL or its query), unix:// with a db and a password, a timeout in the query: the
+    server sees the same client name, db and user as from redis-py's client."""
+    urls = _url_forms(server, guarded)
     for url in urls:
         ours = link.from_config(_cfg(url))
         assert ours is not None, url
@@ -133,18 +158,7 @@ def test_each_failure_is_redis_pys_in_kind_and_words(server: Server, guarded: Gu
     """No server on the port, a name that does not resolve, no socket file, no password,
     a wrong one, an unknown user: an outage (exit 3 in the CLI) with redis-py's message;
     a db out of range: a refusal with redis-py's message (as today, not an outage)."""
-    g = guarded.port
-    cases = {
-        f"redis://127.0.0.1:{free_port()}/0": "unavailable",
-        "redis://no-such-host.invalid:6379/0": "unavailable",
-        f"unix://{guarded.sock}.missing": "unavailable",
-        f"redis://127.0.0.1:{g}/0": "unavailable",
-        f"redis://:wrong@127.0.0.1:{g}/0": "unavailable",
-        f"redis://alice:wrong@127.0.0.1:{g}/0": "unavailable",
-        f"redis://bob:{ALICE}@127.0.0.1:{g}/0": "unavailable",
-        f"redis://:{PASSWORD}@127.0.0.1:{g}/999": "refused",
-        f"{server.url}?socket_timeout=5": "ok",
-    }
+    cases = {**_failures(guarded), f"{server.url}?socket_timeout=5": "ok"}
     for url, kind in cases.items():
         ours, theirs = _both(url)
         assert ours == theirs, url
@@ -321,35 +335,17 @@ def _async_outcome(url: str, *commands: tuple[Any, ...]) -> tuple[str, Any]:
 
 def test_the_event_loops_connection_connects_and_fails_as_the_link_does(server: Server, guarded: Guarded) -> None:
     """Every URL form connects as the URL says (the server sees the same name, db and
-    user as from the Link), and every failure of the Link's list is the same kind with
-    the same words."""
-    p, g = server.port, guarded.port
-    urls = [
-        f"redis://127.0.0.1:{p}/4?socket_timeout=3&socket_connect_timeout=1",
-        f"redis://alice:{ALICE}@127.0.0.1:{g}/3",
-        f"redis://127.0.0.1:{g}/2?password={PASSWORD}",
-        f"unix://alice:{ALICE}@{guarded.sock}?db=5",
-    ]
-    for url in urls:
+    user as through the Link), and every failure is the same kind with the same words."""
+    for url in _url_forms(server, guarded):
         theirs = link.from_config(_cfg(url))
         assert theirs is not None
         try:
             kind, replies = _async_outcome(url, ("CLIENT", "INFO"), ("ACL", "WHOAMI"))
             assert kind == "ok", (url, replies)
-            fields = dict(f.split("=", 1) for f in replies[0].split() if "=" in f)
-            assert (fields["name"], int(fields["db"]), replies[1]) == _seen(theirs), url
+            assert _identity(*replies) == _seen(theirs), url
         finally:
             theirs.close()
-    failures = {
-        f"redis://127.0.0.1:{free_port()}/0": "unavailable",
-        "redis://no-such-host.invalid:6379/0": "unavailable",
-        f"unix://{guarded.sock}.missing": "unavailable",
-        f"redis://127.0.0.1:{g}/0": "unavailable",
-        f"redis://:wrong@127.0.0.1:{g}/0": "unavailable",
-        f"redis://bob:{ALICE}@127.0.0.1:{g}/0": "unavailable",
-        f"redis://:{PASSWORD}@127.0.0.1:{g}/999": "refused",
-    }
-    for url, kind in failures.items():
+    for url, kind in _failures(guarded).items():
         theirs = link.from_config(_cfg(url))
         assert theirs is not None
         try:
