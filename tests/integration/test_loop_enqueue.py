@@ -7,7 +7,12 @@ caller that goes away costs nobody else their answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +190,49 @@ def test_each_caller_of_a_round_trip_is_answered_by_its_own_script_call(project:
     assert structures(project)["ready"] == [fast.id]
     assert isinstance(slow, Exception) and not isinstance(slow, Enqueued)
     assert "WRONGTYPE" in str(slow)
+
+
+def test_a_stalled_redis_fails_the_waiting_enqueues_within_the_timeout(tmp_path: Path) -> None:
+    """Redis stopped (SIGSTOP: the socket stays open, nothing answers) under asyncio
+    enqueues: each fails with RedisUnavailable within about the URL's socket_timeout
+    instead of waiting for ever, the loop serves other work meanwhile, and once Redis
+    resumes the next enqueue is written."""
+    server = Server(tmp_path / "own", appendonly=False).start()
+    project = make_project(tmp_path / "project", server)
+    assert server.proc is not None
+    pid = server.proc.pid
+    try:
+        cfg = project.config()
+        url = cfg.redis.url + ("&" if "?" in cfg.redis.url else "?") + "socket_timeout=0.5"
+        client = Client(Runtime.create(replace(cfg, redis=replace(cfg.redis, url=url)), record=True))
+
+        async def main() -> tuple[list[BaseException | Enqueued], float, int, Enqueued]:
+            await client.aenqueue("noop", {"i": 0})  # connected
+            os.kill(pid, signal.SIGSTOP)
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticker = asyncio.ensure_future(tick())
+            t0 = time.monotonic()
+            stalled = await asyncio.wait_for(asyncio.gather(
+                *(client.aenqueue("noop", {"i": i}) for i in range(1, 6)), return_exceptions=True), 10)
+            took = time.monotonic() - t0
+            ticker.cancel()
+            os.kill(pid, signal.SIGCONT)
+            return stalled, took, ticks, await asyncio.wait_for(client.aenqueue("noop", {"i": 9}), 10)
+
+        stalled, took, ticks, after = asyncio.run(main())
+        assert all(isinstance(e, RedisUnavailable) for e in stalled), stalled
+        assert took < 3.0, took  # the timeout (0.5 s), for the call in flight and the one behind it
+        assert ticks >= 10  # the event loop went on meanwhile
+        assert after.id in structures(project)["ready"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        project.stop_all()
+        server.stop(kill=True)
