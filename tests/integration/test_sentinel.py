@@ -104,9 +104,11 @@ def test_worker_follows_a_sentinel_failover(sproject: Project, group: Group) -> 
     before = [_enqueue(p, i) for i in range(10)]
     for job_id in before:
         assert p.client.wait(job_id, timeout_s=15).status == "done"
-    # Let the replica catch up, then lose the master.
+    # Let the replica catch up, then lose the master. WAIT gives up after its timeout
+    # and answers 0 on a loaded machine: ask until the replica holds every write, or
+    # the jobs the test checks after the failover were never on the replica.
     m = redis.Redis(port=group.master.port)
-    m.wait(1, 5000)
+    wait_for(lambda: m.wait(1, 1000) >= 1, timeout=30, interval=0.1, what="the replica to hold every write")
     m.close()
     group.master.stop(kill=True)
     wait_for(lambda: group.master_port() == group.replica.port, timeout=30, interval=0.1,
