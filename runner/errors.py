@@ -218,6 +218,34 @@ class NotReplicated(RunnerError):
         )
 
 
+def refusal_record(exc: RunnerError) -> dict[str, Any]:
+    """A refusal as JSON, to cross a child process's pipe (its ``ctx.enqueue``) and be
+    raised there again, by ``raise_refusal``, with its class and fields: a handler's
+    ``except ValidationFailed`` must work under either isolation."""
+    out: dict[str, Any] = {"error": str(exc)}
+    if type(exc) is ValidationFailed:
+        out.update(kind="validation", type=exc.type, version=exc.version, errors=[e.as_dict() for e in exc.errors])
+    elif type(exc) is UnknownFunction:
+        out.update(kind="unknown_function", type=exc.type, known=exc.known, broken=exc.broken)
+    elif type(exc) is UnknownVersion:
+        out.update(kind="unknown_version", type=exc.type, version=exc.version, known=exc.known)
+    return out
+
+
+def raise_refusal(record: dict[str, Any]) -> None:
+    """Raise what ``refusal_record`` wrote: its class when it is one of those, else a
+    RunnerError with the message."""
+    kind = record.get("kind")
+    if kind == "validation":
+        errors = [FieldError(str(e.get("path")), str(e.get("message"))) for e in record.get("errors") or ()]
+        raise ValidationFailed(str(record.get("type")), int(record.get("version") or 0), errors)
+    if kind == "unknown_function":
+        raise UnknownFunction(str(record.get("type")), record.get("known") or (), record.get("broken"))
+    if kind == "unknown_version":
+        raise UnknownVersion(str(record.get("type")), int(record.get("version") or 0), record.get("known") or [])
+    raise RunnerError(str(record.get("error")))
+
+
 class Retry(Exception):
     """Raise from a handler to try again after ``delay`` seconds (None: the backoff)."""
 

@@ -31,7 +31,7 @@ from runner import config as config_mod
 from runner.catalog import registry as registry_mod
 from runner.catalog.registry import Registry
 from runner.client import Enqueued
-from runner.errors import JobTimeout, RunnerError
+from runner.errors import JobTimeout, RunnerError, raise_refusal
 from runner.observe.logs import setup as setup_logs
 from runner.store import codec
 from runner.worker import affinity
@@ -89,7 +89,7 @@ class Child:
         """A follow-up job, enqueued by the parent (this process never talks to Redis)."""
         value = self.ask("enqueue", type=type_, payload=payload, options=options).get("value") or {}
         if "error" in value:
-            raise RunnerError(str(value["error"]))
+            raise_refusal(value)
         return Enqueued(**value)
 
     def group_outcomes(self, group_id: str) -> list[Any]:

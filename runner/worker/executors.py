@@ -24,7 +24,7 @@ from typing import Any
 from runner.catalog.registry import Function
 from runner.client import Client, Enqueued, Request
 from runner.config import QueueConfig
-from runner.errors import JobTimeout, RunnerError, describe
+from runner.errors import JobTimeout, RunnerError, describe, refusal_record
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
@@ -287,8 +287,8 @@ class Executors:
                 try:
                     return self._hold(run, str(msg.get("type")), msg.get("payload"),
                                       **(msg.get("options") or {})).as_dict()
-                except RunnerError as exc:
-                    return {"error": str(exc)}
+                except RunnerError as exc:  # raised again in the child with its class (child.py)
+                    return refusal_record(exc)
             if msg.get("call") == "group_outcomes":
                 try:
                     return {"outcomes": self._client().group_outcomes(str(msg.get("group")))}
