@@ -220,6 +220,45 @@ def test_a_server_going_away_is_an_outage_and_its_return_is_served(tmp_path: Pat
         s.stop(kill=True)
 
 
+def test_a_reply_nobody_asked_for_drops_the_loop_connection_and_the_next_call_is_served(server: Server) -> None:
+    """A real server speaking out of turn: after MONITOR, Redis sends a line for every
+    command anyone runs. With no call waiting on the loop's connection, such a reply
+    fails that connection (the stream is out of step) instead of raising inside the
+    protocol; the loop's exception handler hears nothing, and the next call connects
+    afresh and is answered."""
+    ours = AsyncLink(link.address(server.url))
+    other = redis.Redis.from_url(server.url)
+
+    async def scenario() -> tuple[Any, Any, list[dict[str, Any]]]:
+        loop = asyncio.get_running_loop()
+        raised: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: raised.append(context))
+        assert ours.usable()
+        first = await ours.send([("MONITOR",)])
+        monitored = ours._live
+        assert monitored is not None
+        other.ping()  # monitored: a reply no call of ours waits for
+        for _ in range(500):
+            if ours._live is not monitored:
+                break
+            await asyncio.sleep(0.01)
+        assert ours._live is None, "the out-of-step connection was kept"
+        assert monitored.transport is not None and monitored.transport.is_closing()
+        try:
+            second = await ours.send([("PING",), ("ECHO", "after")])
+        finally:
+            ours.close()
+        return first, second, raised
+
+    try:
+        first, second, raised = asyncio.run(scenario())
+    finally:
+        other.close()
+    assert first == ["OK"]
+    assert second == ["PONG", "after"]
+    assert raised == []
+
+
 def test_a_flushed_script_cache_is_loaded_again(project: Project) -> None:
     """`runner job` after a SCRIPT FLUSH (a restarted Redis): the lookup answers NOSCRIPT,
     is loaded and run in one more round trip, finds the same job as redis-py's Scripts,
