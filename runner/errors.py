@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 class RunnerError(Exception):
@@ -232,7 +232,7 @@ def refusal_record(exc: RunnerError) -> dict[str, Any]:
     return out
 
 
-def raise_refusal(record: dict[str, Any]) -> None:
+def raise_refusal(record: dict[str, Any]) -> NoReturn:
     """Raise what ``refusal_record`` wrote: its class when it is one of those, else a
     RunnerError with the message."""
     kind = record.get("kind")
