@@ -224,10 +224,12 @@ def _digest(*parts: Any) -> str:
 
 def parse(
     module: Any, *, function: str, queue: str, max_attempts: int, versions: Versions,
-    flow: limits.Flow, fail: Callable[[str, str | None], FunctionLoadError],
+    flow: limits.Flow, fail: Callable[[str, str | None], FunctionLoadError], max_payload_bytes: int,
 ) -> tuple[tuple[Schedule, ...], list[str]]:
     """The schedules a function module declares (none without SCHEDULE), and warnings.
-    ``fail(message, option)`` builds the error that names the file and the option's line."""
+    ``fail(message, option)`` builds the error that names the file and the option's line.
+    A payload is held to ``max_payload_bytes`` of JSON ([api] max_body_bytes), as every
+    producer's is."""
     raw = getattr(module, "SCHEDULE", None)
     warnings: list[str] = []
     if raw is None:
@@ -296,6 +298,11 @@ def parse(
             payload_json = _canonical(payload).decode()
         except TypeError as exc:
             raise fail(f"{label} is not JSON: {exc}", opt) from None
+        size = len(payload_json.encode())
+        if size > max_payload_bytes:
+            raise fail(f"{label} is {size:,} bytes of JSON, over [api] max_body_bytes = {max_payload_bytes:,} "
+                       "(the most one job may carry): keep large data elsewhere and put a reference in the "
+                       "payload, or raise the limit in runner.toml", opt)
         try:
             versions.validate(payload, versions.newest)
         except ValidationFailed as exc:

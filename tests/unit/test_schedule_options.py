@@ -80,6 +80,11 @@ def test_the_digest_changes_with_the_definition(tmp_path: Path) -> None:
     ('SCHEDULE = [{"cron": "* * * * *", "every": 5}]\n', "unknown key(s) every", 1),
     ('SCHEDULE = 15\n', "SCHEDULE must be a cron string", 1),
     ('SCHEDULEE = "* * * * *"\n', "SCHEDULEE is not an option; did you mean SCHEDULE?", 1),
+    # Held to what any producer's payload may carry ([api] max_body_bytes, 1 MiB by default).
+    ('SCHEDULE = "* * * * *"\nSCHEDULE_PAYLOAD = {"team": "a" * 2_000_000}\n',
+     "SCHEDULE_PAYLOAD is 2,000,011 bytes of JSON, over [api] max_body_bytes = 1,048,576", 2),
+    ('SCHEDULE = [{"cron": "* * * * *", "id": "big", "payload": {"team": "a" * 2_000_000}}]\n',
+     "SCHEDULE[0] payload is 2,000,011 bytes of JSON, over [api] max_body_bytes", 1),
 ])
 def test_a_bad_schedule_is_an_error_at_load_with_file_and_line(tmp_path: Path, src: str, needle: str,
                                                               line: int) -> None:
