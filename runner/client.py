@@ -626,9 +626,10 @@ class Client:
             raise ValueError("pause a queue or a function")
         return self._keys(queue), None
 
-    def pause(self, queue: str | None = None, *, function: str | None = None) -> None:
+    def pause(self, queue: str | None = None, *, function: str | None = None, by: str | None = None) -> None:
         """Pause a queue (workers claim nothing from it) or one function (its jobs are held,
-        queued, spending nothing); running jobs finish. Every worker obeys at its next claim."""
+        queued, spending nothing); running jobs finish. Every worker obeys at its next claim.
+        ``by`` (a token's name, ``cli:<user>``) puts the pause on the audit trail and the log."""
         k, fn = self._pause_target(queue, function)
         try:
             now = ServerClock(self.runtime.redis, self.runtime.config.redis.prefix).now_ms()
@@ -638,10 +639,12 @@ class Client:
             pipe.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        if by is not None:
+            self._on_record(by, "pause", k.queue, records.now_ms(), **({"function": fn} if fn else {}))
 
-    def resume(self, queue: str | None = None, *, function: str | None = None) -> int:
+    def resume(self, queue: str | None = None, *, function: str | None = None, by: str | None = None) -> int:
         """Lift a pause; a function's held jobs go back to the front of ready in their order.
-        Returns how many were put back."""
+        Returns how many were put back. ``by`` puts the resume on the audit trail and the log."""
         k, fn = self._pause_target(queue, function)
         moved = 0
         try:
@@ -654,6 +657,9 @@ class Client:
                         break
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
+        if by is not None:
+            self._on_record(by, "resume", k.queue, records.now_ms(), count=moved,
+                            **({"function": fn} if fn else {}))
         return moved
 
     def paused(self) -> dict[str, dict[str, Any]]:
@@ -962,21 +968,28 @@ class Client:
 
     # --- cancel -------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> str:
+    def cancel(self, job_id: str, *, by: str | None = None) -> str:
         """Cancel a job (see lua/cancel.lua): "cancelled" when it had not started (it never
         will), "requested" when it runs (its handler sees ctx.cancelled within 2 s).
-        Raises JobEnded for a job that ended already, JobNotFound for no such job."""
+        Raises JobEnded for a job that ended already, JobNotFound for no such job.
+
+        ``by`` (a token's name, ``cli:<user>``) puts the cancel on record: an entry in the
+        job's history, written in the same step, then the audit trail and the log."""
         rt = self.runtime
         k, _ = self._find(job_id)
         ttl_ms = int(rt.config.retention.done_s * 1000)
+        now = records.now_ms()
+        entry = codec.dumps({"outcome": "cancel", "by": by, "at_ms": now}) if by is not None else ""
         try:
-            code, status = rt.scripts.cancel(k, job_id, ttl_ms)
+            code, status = rt.scripts.cancel(k, job_id, ttl_ms, entry=entry)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if int(code) == -2:
             raise JobEnded(job_id, status)
         if int(code) == -1:
             raise JobNotFound(job_id)
+        if by is not None:
+            self._on_record(by, "cancel", k.queue, now, job_id=job_id)
         if int(code) == 3:
             return self._cancelled_ahead(k, job_id)
         return "cancelled" if int(code) == 1 else "requested"

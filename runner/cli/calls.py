@@ -18,6 +18,7 @@ from runner.cli.root import (
     cli,
     emit,
     fail,
+    operator,
     print_validation,
     read_payload,
     redis_errors,
@@ -90,10 +91,11 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     rt = build_runtime(ctx.obj["config"], client_only=True)
     client = Client(rt)
     answers: list[dict[str, str]] = []
+    by = operator()
 
     def one(job_id: str) -> None:
         try:
-            answers.append({"id": job_id, "cancel": client.cancel(job_id)})
+            answers.append({"id": job_id, "cancel": client.cancel(job_id, by=by)})
         except RedisUnavailable:
             raise
         except RunnerError as exc:

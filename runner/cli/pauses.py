@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from runner.cli.root import EXIT_REFUSED, RedisCommand, build_runtime, cli, fail, redis_errors
+from runner.cli.root import EXIT_REFUSED, RedisCommand, build_runtime, cli, fail, operator, redis_errors
 from runner.errors import UnknownFunction
 
 
@@ -34,7 +34,7 @@ def pause(ctx: click.Context, queue: str | None, function: str | None) -> None:
     client = _client(ctx, queue, function)
     with redis_errors():
         try:
-            client.pause(queue, function=function)
+            client.pause(queue, function=function, by=operator())
         except UnknownFunction as exc:
             fail(str(exc), EXIT_REFUSED)
     click.echo(f"paused {_named(queue, function)}")
@@ -49,7 +49,7 @@ def resume(ctx: click.Context, queue: str | None, function: str | None) -> None:
     client = _client(ctx, queue, function)
     with redis_errors():
         try:
-            moved = client.resume(queue, function=function)
+            moved = client.resume(queue, function=function, by=operator())
         except UnknownFunction as exc:
             fail(str(exc), EXIT_REFUSED)
     click.echo(f"resumed {_named(queue, function)}" + (f"; {moved} held job(s) back" if function else ""))

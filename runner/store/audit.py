@@ -1,7 +1,7 @@
 """The audit trail: one capped Redis list of who did what to which job, newest first.
 
 Each entry is a JSON object: ``at_ms``, ``by`` (a token's name, or ``cli:<user>``),
-``action`` (requeue, delete, purge, ...), ``queue`` and, for one job, ``job_id``, plus
+``action`` (requeue, delete, purge, cancel, pause, resume), ``queue`` and, for one job, ``job_id``, plus
 what the action adds (``edited``, ``count``). An entry is pushed and the list trimmed in
 one MULTI, so the list never holds more than MAX_ENTRIES whatever the writers.
 """

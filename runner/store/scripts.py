@@ -735,13 +735,15 @@ class Scripts:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
         return self._run("lookup", records.lookup_keys(k, job_id), (job_id,), pipe)
 
-    def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None) -> Any:
+    def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None,
+               entry: str = "") -> Any:
         """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), 3
-        claimed ahead (its worker drops it), -1 no such job, -2 ended already."""
+        claimed ahead (its worker drops it), -1 no such job, -2 ended already. ``entry``
+        (JSON) goes in the job's history when the cancel takes."""
         keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
                 k.census, k.ended, k.cancelled, k.cancels, k.group_prefix, k.job_prefix,
                 k.ready, k.notify, k.stats, k.outbox)
-        return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms))
+        return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms, entry))
 
     def group(
         self, k: QueueKeys, group_id: str, members: Sequence[NewJob], *, first: bool, seal: bool, then: str,

@@ -1,4 +1,4 @@
-"""GET /audit: who did what (requeue, delete, purge, ...), newest first, paginated. The
+"""GET /audit: who did what (requeue, delete, purge, cancel, pause, resume), newest first, paginated. The
 trail is a capped list (store/audit.py); every entry is also a log line."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from runner.client import Client, Request
 from runner.errors import IdempotencyConflict, JobEnded
 from runner.store.listing import LISTED
 from runner.store.records import ENDED
+from runner.web.auth import caller
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.fastlane import ENQUEUE_ERROR
 from runner.web.offload import Offload
@@ -101,7 +102,7 @@ class Jobs:
         """Cancel: 200 {"id", "cancel": "cancelled" | "requested"}; 409 once ended."""
         only_params(req)
         try:
-            outcome = await self.offload(self.client.cancel, name)
+            outcome = await self.offload(self.client.cancel, name, by=caller(req))
         except JobEnded as exc:
             raise Problem(409, "job-ended", f"job {name} has ended already ({exc.status})",
                           title="Job ended", job_status=exc.status) from None

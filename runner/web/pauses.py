@@ -7,6 +7,7 @@ import falcon
 import falcon.asgi
 
 from runner.client import Client
+from runner.web.auth import caller
 from runner.web.body import only_params, send
 from runner.web.offload import Offload
 from runner.web.problems import Problem
@@ -21,7 +22,7 @@ class QueuePause:
         if queue not in self.client.runtime.keys:
             raise Problem(404, "unknown-queue", f"no queue {queue!r} (have: {', '.join(self.client.runtime.keys)})",
                           title="Unknown queue", queue=queue)
-        await self.offload(self.client.resume if self.resume else self.client.pause, queue)
+        await self.offload(self.client.resume if self.resume else self.client.pause, queue, by=caller(req))
         send(resp, {"queue": queue, **(await self.offload(self.client.paused))[queue]})
 
 
@@ -32,7 +33,7 @@ class FunctionPause:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         only_params(req)
         c = self.client
-        moved = await self.offload(c.resume if self.resume else c.pause, None, function=name)
+        moved = await self.offload(c.resume if self.resume else c.pause, None, function=name, by=caller(req))
         queue = c.runtime.registry.get(name).queue
         out = {"function": name, "queue": queue, "paused": name in (await self.offload(c.paused))[queue][
             "paused_functions"]}

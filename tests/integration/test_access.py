@@ -267,6 +267,47 @@ def test_cli_actions_are_on_record_as_cli_and_the_user(project: Project) -> None
     assert trail[1]["edited"] is True and trail[1]["type"] == "perm"
 
 
+def test_cancel_pause_and_resume_are_on_record_with_the_token_name(project: Project) -> None:
+    """Every operate action is on record, not only the dead-letter ones: a cancel over
+    HTTP puts "by" in the job's history and an entry on the trail; a queue's and a
+    function's pause and resume each put an entry on the trail and a line in the log."""
+    c = project.client
+    later = c.enqueue("record", {"n": 1}, delay=600).id
+    with serving(project, "operate") as web:
+        r = call(web, SECRETS["ops"], "DELETE", f"/jobs/{later}")
+        assert r.status_code == 200 and r.json()["cancel"] == "cancelled", r.text
+        job = call(web, SECRETS["support"], "GET", f"/jobs/{later}").json()
+        assert job["status"] == "cancelled"
+        assert [(e["outcome"], e["by"]) for e in job["history"]] == [("cancel", "ops")], job["history"]
+        for path in ("/queues/fast/pause", "/queues/fast/resume", "/functions/record/pause",
+                     "/functions/record/resume"):
+            assert call(web, SECRETS["ops"], "POST", path).status_code == 200, path
+        trail = call(web, SECRETS["support"], "GET", "/audit").json()["entries"]
+    assert [(e["action"], e["by"], e["queue"], e.get("function"), e.get("job_id")) for e in trail] == [
+        ("resume", "ops", "fast", "record", None), ("pause", "ops", "fast", "record", None),
+        ("resume", "ops", "fast", None, None), ("pause", "ops", "fast", None, None),
+        ("cancel", "ops", "fast", None, later)]
+    log = (project.root / "operate.log").read_text()
+    lines = [json.loads(ln) for ln in log.splitlines() if ln.startswith("{")]
+    assert [ln["audit"] for ln in lines if ln.get("logger") == "runner.audit"] == [
+        "cancel", "pause", "resume", "pause", "resume"]
+
+
+def test_cli_cancel_pause_and_resume_are_on_record(project: Project) -> None:
+    """`runner cancel`, `runner pause` and `runner resume` record "cli:<user>" as the
+    dead-letter commands do."""
+    later = project.client.enqueue("record", {"n": 1}, delay=600).id
+    args = ["--config", str(project.root / "runner.toml")]
+    for argv in (["cancel", later], ["pause", "fast"], ["resume", "fast"]):
+        done = CliRunner().invoke(cli, [*args, *argv], env=project.env)
+        assert done.exit_code == 0, (argv, done.output)
+    who = f"cli:{getpass.getuser()}"
+    history = project.client.get(later).as_dict()["history"]
+    assert [(e["outcome"], e["by"]) for e in history] == [("cancel", who)]
+    _, trail = project.client.audit()
+    assert [(e["action"], e["by"]) for e in trail] == [("resume", who), ("pause", who), ("cancel", who)]
+
+
 def test_every_route_the_app_serves_has_its_scope_in_the_table(project: Project) -> None:
     """A route added without a line in auth.ROUTES fails here (walking falcon's router),
     before it is ever served under the fallback scope."""

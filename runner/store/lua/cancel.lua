@@ -35,6 +35,8 @@
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
+-- ARGV[4] history entry (JSON: who asked, see Client.cancel; '' none), added to the job's
+--         history unless it had ended already
 --
 -- Returns {code, status}: 1 cancelled, 2 stop requested (running), 3 claimed ahead: its
 -- worker drops it (the caller reads the job to learn which way it went), -1 no such job,
@@ -42,6 +44,14 @@
 local now, id, ttl = clock(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local jk = KEYS[1]
 local sk = jk .. ':s'
+
+-- Who asked, in the job's history (its state hash: a running job's claim has the 's'
+-- flag set below; a cancelled one gets its state in finish).
+local function note()
+  local set = {}
+  with_history(set, redis.call('HGET', sk, 'history'), ARGV[4])
+  if #set > 0 then redis.call('HSET', sk, unpack(set)) end
+end
 
 local function finish(rec)
   redis.call('ZREM', KEYS[4], id)
@@ -68,6 +78,7 @@ if c then
     redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, flags_of(c)))
   end
   redis.call('HSET', sk, 'cancel_requested', '1')
+  note()
   if c.prefetched then
     redis.call('PUBLISH', KEYS[11], id .. ' ' .. c.token)
     return {3, 'queued'}
@@ -78,4 +89,5 @@ local status = redis.pcall('HGET', sk, 'status')
 if type(status) == 'table' then return {-1, ''} end
 status = status or 'queued'
 if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
+note()
 return finish(rec)
