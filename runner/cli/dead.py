@@ -167,7 +167,10 @@ def dead_purge(ctx: click.Context, ids: tuple[str, ...], queue: str | None, all_
     with redis_errors():
         targets = _targets(client, rt, ids, queue, all_)
         if all_ and targets and not yes:
-            click.confirm(f"delete {len(targets)} dead job(s) for good?", abort=True, err=True)
+            try:
+                click.confirm(f"delete {len(targets)} dead job(s) for good?", abort=True, err=True)
+            except click.Abort:  # declined, or no answer to read (a script's run)
+                fail("not confirmed: nothing was deleted; pass --yes to delete without asking", EXIT_REFUSED)
         by = operator()
         ok, refused = _bulk("purging", targets, lambda q, i: client.delete_dead(q, i, by=by))
     _report_bulk("purged", ok, refused, as_json)

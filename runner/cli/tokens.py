@@ -35,6 +35,9 @@ def token_new(name: str, scope_args: tuple[str, ...], env_var: str | None, as_js
     that let it in. Rotate a token by adding a new one, deploying, then removing the old."""
     if not name.replace("_", "").replace("-", "").isalnum():
         raise click.UsageError(f"token name {name!r} must be letters, digits, - or _")
+    if name == config_mod.DEFAULT_TOKEN:
+        raise click.UsageError(f"the name {name!r} is RUNNER_API_TOKEN's (the token with every scope); "
+                               "pick another name for this one")
     scopes = list(dict.fromkeys(s.strip() for arg in scope_args for s in arg.split(",") if s.strip()))
     for scope in scopes:
         why = config_mod.scope_error(scope)

@@ -230,6 +230,11 @@ def test_runner_token_new_prints_lines_that_let_its_token_in(project: Project) -
     assert secret not in again.stdout
     refused = CliRunner().invoke(cli, ["token", "new", "ci", "--scope", "reed"])
     assert refused.exit_code == 2 and "unknown scope 'reed'" in refused.output
+    # "default" is RUNNER_API_TOKEN's name: lines under it would stop `runner web` from
+    # starting wherever that variable is set, so the name is refused here already.
+    reserved = CliRunner().invoke(cli, ["token", "new", "default", "--scope", "read"])
+    assert reserved.exit_code == 2 and "RUNNER_API_TOKEN" in reserved.output, reserved.output
+    assert "[api.tokens.default]" not in reserved.output
 
 
 def test_check_and_web_name_the_token_and_key_that_cannot_work(project: Project) -> None:

@@ -160,7 +160,11 @@ def test_dead_ls_requeue_with_an_edited_payload_and_purge(project: Project, run:
     run_worker_until(project, lambda: c.stats()["fast"]["dead"] == 3)
     one = run("dead", "purge", ids[2])
     assert one.exit_code == 0 and "purged 1 job(s)" in one.stdout
-    assert run("dead", "purge", "--all", input="n\n").exit_code == 1  # declined
+    declined = run("dead", "purge", "--all", input="n\n")
+    assert declined.exit_code == 1 and "nothing was deleted" in declined.output and "--yes" in declined.output
+    unasked = run("dead", "purge", "--all", input="")  # no terminal, no answer: a script's run
+    assert unasked.exit_code == 1 and "--yes" in unasked.output, unasked.output
+    assert c.stats()["fast"]["dead"] == 2
     assert run("dead", "purge", "--all", "--yes").exit_code == 0
     assert c.stats()["fast"]["dead"] == 0
     assert run("dead", "purge", "no-such-job").exit_code == 1
