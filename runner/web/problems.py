@@ -177,10 +177,17 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
         isinstance(cause, link.ReplyError) and cause.code in ("MISCONF", "OOM"))  # the event loop's connection
     # A refusal ran nothing; a connection lost after the request went out leaves its
     # outcome unknown, and the answer must not promise otherwise.
-    detail = ("Redis refuses writes; nothing was written. Retry shortly." if refused else
-              "Redis is unreachable; the request was not confirmed (one cut off after it was sent may have "
-              "been written). Retry shortly: an enqueue retried with the same Idempotency-Key is never "
-              "written twice.")
+    if req.method in ("GET", "HEAD"):  # a read changes nothing: nothing to be unsure of
+        detail = "Redis is unreachable. Retry shortly; GET /healthz says when it is back."
+    elif refused:
+        detail = "Redis refuses writes; nothing was written. Retry shortly."
+    elif (req.path.startswith("/jobs/") and req.method == "POST") or req.path == "/groups":
+        detail = ("Redis is unreachable; the request was not confirmed (one cut off after it was sent may "
+                  "have been written). Retry shortly: an enqueue retried with the same Idempotency-Key is "
+                  "never written twice.")
+    else:
+        detail = ("Redis is unreachable; the request was not confirmed (one cut off after it was sent may "
+                  "have been done). Retry shortly, then check the result: GET /jobs/{id}, GET /audit.")
     raise Problem(503, "redis-unavailable", detail, title="Redis unavailable", headers={"Retry-After": "1"})
 
 

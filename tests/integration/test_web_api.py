@@ -313,10 +313,13 @@ def test_redis_unreachable_is_a_503_with_nothing_half_written(tmp_path: Path) ->
                 first = web.post("/jobs/record", json={"n": 1}).json()["id"]
                 own.stop()
                 r = web.post("/jobs/record", json={"n": 2})
-                assert_problem(r, 503, "redis-unavailable")
+                body = assert_problem(r, 503, "redis-unavailable")
                 assert r.headers["Retry-After"] == "1"
+                assert "not confirmed" in body["detail"] and "Idempotency-Key" in body["detail"]
                 assert_problem(web.get("/healthz"), 503, "redis-unavailable")
-                assert_problem(web.get("/queues"), 503, "redis-unavailable")
+                read = assert_problem(web.get("/queues"), 503, "redis-unavailable")
+                # A read has no outcome to be unsure of, and no key to retry with.
+                assert "Idempotency-Key" not in read["detail"] and "Retry shortly" in read["detail"]
                 assert "runner_redis_up 0.0" in web.get("/metrics").text
                 own.start()
                 third = wait_for(lambda: web.post("/jobs/record", json={"n": 3}), timeout=10,
