@@ -933,13 +933,17 @@ class Client:
     def jobs(self, status: str, *, queue: str | None = None, type: str | None = None, limit: int = 50,
              cursor: str | None = None) -> listing.Page:
         """One page of jobs in ``status`` (see store/listing.py), newest first; pass the
-        page's cursor for the next. Raises ValueError for an unknown status or cursor."""
+        page's cursor for the next. Raises ValueError for an unknown status, queue or cursor,
+        UnknownFunction for a type not loaded."""
         if status not in listing.LISTED:
             raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
         rt = self.runtime
         names = [queue] if queue else list(rt.keys)
         for q in names:
-            self._keys(q)  # an unknown queue is refused
+            if q not in rt.keys:
+                raise ValueError(f"no queue {q!r} (queues: {', '.join(rt.keys)})")
+        if type is not None:
+            rt.registry.get(type)  # a type not loaded (a typo) is refused, naming the loaded ones
         # A partitioned queue's partitions are listed one after another, as queues are.
         queues = [(q, k) for q in names for k in rt.parts[q]]
         try:

@@ -82,6 +82,12 @@ def test_every_status_lists_with_a_type_filter_and_the_cli(project: Project) -> 
                                    "--type", "noop", "--json"], env=project.env, catch_exceptions=False)
     assert out.exit_code == 0, out.output
     assert sorted(j["id"] for j in json.loads(out.stdout)["jobs"]) == sorted(done)
+    # A typo in a filter is refused with what there is, not an empty page.
+    base = ["--config", str(project.root / "runner.toml"), "jobs"]
+    typo = CliRunner().invoke(cli, [*base, "--type", "nop"], env=project.env)
+    assert typo.exit_code == 1 and "unknown function 'nop'" in typo.output and "noop" in typo.output, typo.output
+    queue = CliRunner().invoke(cli, [*base, "--queue", "fats"], env=project.env)
+    assert queue.exit_code == 1 and "no queue 'fats' (queues: fast, slow)" in queue.output, queue.output
 
 
 def test_get_jobs_over_http_pages_and_refuses_bad_parameters(project: Project) -> None:
