@@ -87,7 +87,8 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     from runner.client import Client
 
     if bool(job_ids) == all_:
-        raise click.UsageError("give job ids, or --all (with --status, --type, --queue), not both")
+        raise click.UsageError("give job ids, or --all (with --status, --type, --queue), not both" if all_ else
+                               "give the ids of the jobs to cancel, or --all (with --status, --type, --queue)")
     rt = build_runtime(ctx.obj["config"], client_only=True)
     client = Client(rt)
     answers: list[dict[str, str]] = []

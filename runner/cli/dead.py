@@ -83,7 +83,7 @@ def dead_ls(ctx: click.Context, queue: str | None, limit: int, offset: int, as_j
 def _targets(client: Any, rt: Any, ids: tuple[str, ...], queue: str | None, all_: bool) -> list[tuple[str, str]]:
     """(queue, id) pairs for a bulk command: the given ids (queue found per id) or --all."""
     if all_ == bool(ids):
-        raise click.UsageError("give job ids or --all (not both)")
+        raise click.UsageError("give job ids or --all, not both" if all_ else "give job ids, or --all for every one")
     if all_:
         return [(q, i) for q in _queues(rt, queue) for i in client.dead_ids(q)]
     out = []

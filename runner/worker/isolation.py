@@ -46,12 +46,14 @@ class ExecutorCrashed(Exception):
 
 
 def describe_exit(code: int) -> str:
+    """How a child ended, to follow "the child process ...": "was killed by SIGKILL",
+    "exited with code 7"."""
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 class ChildProcess:
@@ -91,7 +93,7 @@ class ChildProcess:
         try:
             msg = codec.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
-            raise ExecutorCrashed(f"the child process exited at start ({describe_exit(self.exit_code())})") from None
+            raise ExecutorCrashed(f"the child process {describe_exit(self.exit_code())} at start") from None
         if msg.get("op") != "ready":
             self.kill()
             raise ExecutorCrashed(f"the child process said {msg!r} at start")
@@ -213,7 +215,7 @@ class Slot:
             except (EOFError, OSError):
                 code = child.exit_code()
                 self.child = None
-                crash = ExecutorCrashed(f"executor crashed: the child process running the handler was "
+                crash = ExecutorCrashed(f"executor crashed: the child process running the handler "
                                         f"{describe_exit(code)}")
                 return failure(fn, job, crash), time.perf_counter() - started
             op = msg.get("op")

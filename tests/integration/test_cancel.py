@@ -209,3 +209,5 @@ def test_runner_cancel_all_of_a_type_in_a_status(project: Project) -> None:
     assert {status(project, i) for i in mine + later} == {"cancelled"}
     assert {status(project, i) for i in other} == {"queued"}
     assert client.jobs("queued").jobs and {j.id for j in client.jobs("queued").jobs} == set(other)
+    bare = CliRunner().invoke(cli, base[:3], env=project.env)  # `runner cancel` and nothing to cancel
+    assert bare.exit_code == 2 and "give the ids of the jobs to cancel, or --all" in bare.output, bare.output
