@@ -947,7 +947,11 @@ class Client:
         # A partitioned queue's partitions are listed one after another, as queues are.
         queues = [(q, k) for q in names for k in rt.parts[q]]
         try:
-            return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor)
+            types_of: dict[str, list[str]] = {}
+            for fn in rt.registry.functions.values():
+                types_of.setdefault(fn.queue, []).append(fn.name)
+            return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor,
+                                {q: sorted(names) for q, names in types_of.items()})
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
 

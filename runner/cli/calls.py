@@ -74,7 +74,7 @@ def call(ctx: click.Context, type_: str, payload: str | None, timeout_s: float, 
 @cli.command(cls=RedisCommand)
 @click.argument("job_ids", metavar="[ID]...", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every job in --status (of --type, in --queue).")
-@click.option("--status", default="queued", show_default=True, type=click.Choice(["queued", "scheduled"]),
+@click.option("--status", default="queued", show_default=True, type=click.Choice(["queued", "scheduled", "deferred"]),
               help="With --all: the jobs to cancel.")
 @click.option("--type", "type_", default=None, help="With --all: only jobs of this function type.")
 @click.option("--queue", default=None, help="With --all: only this queue.")
@@ -127,7 +127,7 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
 
 @cli.command(cls=RedisCommand)
 @click.option("--status", default="queued", show_default=True,
-              type=click.Choice(["queued", "scheduled", "processing", "done", "dead", "cancelled"]))
+              type=click.Choice(["queued", "scheduled", "processing", "deferred", "done", "dead", "cancelled"]))
 @click.option("--type", "type_", default=None, help="Only jobs of this function type.")
 @click.option("--queue", default=None, help="Only this queue (default: every queue).")
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)

@@ -1,12 +1,16 @@
 """Job lists: one page of a queue's jobs in one status, newest first, with an opaque
 cursor for the next page. Each status reads its own index (nothing is scanned):
 
-    queued      ready LIST (LPUSH in, so index 0 is the newest)
+    queued      the priority ZSET (jobs of priority 1-9, in the order they will run), then
+                ready LIST (LPUSH in, so index 0 is the newest)
     scheduled   scheduled ZSET (delayed and retrying jobs), latest due first
     processing  leases ZSET, latest deadline first (each job shows its lease deadline)
     dead        dead ZSET, latest death first
     cancelled   cancelled ZSET, latest cancel first
     done        the done generations' logs, newest generation first
+    deferred    held back without spending an attempt: rate-limited ones in the scheduled
+                ZSET, then each paused function's held LIST, then each limit's waiters
+                (the limits with waiters are named by the limwait ZSET), oldest first
 
 A page reads at most SCAN_MAX ids of its index and one lookup per id, so its work is
 bounded whatever the depth; a type filter may return a short (even empty) page with a
@@ -21,18 +25,19 @@ twice or not at all, as in any live listing.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runner.store import codec, records
 from runner.store.keys import QueueKeys
 
-LISTED = ("queued", "scheduled", "processing", "done", "dead", "cancelled")
+LISTED = ("queued", "scheduled", "processing", "deferred", "done", "dead", "cancelled")
 SCAN_MAX = 1000
 # The statuses each index may show: an id can outlive its status there (a cancelled job's
 # id stays in ready until a claim drops it), and such an id is left out.
 SHOWN = {"queued": ("queued",), "scheduled": ("scheduled", "retrying"), "processing": ("processing",),
-         "done": ("done",), "dead": ("dead",), "cancelled": ("cancelled",)}
+         "done": ("done",), "dead": ("dead",), "cancelled": ("cancelled",), "deferred": ("deferred",)}
 DONE_GENS = 4  # as _lib.lua keeps
 
 
@@ -60,13 +65,55 @@ def decode_cursor(cursor: str) -> tuple[int, int, int | None]:
     return qi, pos, gen
 
 
-def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None
-         ) -> tuple[list[str], int, int | None, bool, dict[str, float]]:
+def _source(redis: Any, k: QueueKeys, status: str, index: int, held_types: Sequence[str]
+            ) -> tuple[str, str] | None:
+    """The ``index``-th index a status with several reads, as (kind, key): "zfwd" a ZSET
+    read in score order, "zrev" newest first, "list" a LIST; None past the last."""
+    if status == "queued":
+        return [("zfwd", k.prio), ("list", k.ready)][index] if index < 2 else None
+    if index == 0:
+        return "zrev", k.scheduled
+    if index <= len(held_types):
+        return "list", k.held(held_types[index - 1])
+    # A limit's waiters: the limwait member of this rank names it (a live set: a limit
+    # whose waiters all left since the last page moves the later ones up by one).
+    named = redis.zrange(k.limwait, index - 1 - len(held_types), index - 1 - len(held_types))
+    return ("list", k.limit(named[0]) + ":w") if named else None
+
+
+def _chained(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
+             held_types: Sequence[str]) -> tuple[list[str], int, int | None, bool]:
+    """Up to n ids from the indexes of ``status`` read one after another (see
+    _source); ``gen`` is the index being read."""
+    index = gen or 0
+    out: list[str] = []
+    while len(out) < n:
+        source = _source(redis, k, status, index, held_types)
+        if source is None:
+            return out, 0, index, True
+        kind, key = source
+        want = n - len(out)
+        if kind == "list":
+            got = redis.lrange(key, pos, pos + want - 1)
+        elif kind == "zfwd":
+            got = redis.zrange(key, pos, pos + want - 1)
+        else:
+            got = redis.zrevrange(key, pos, pos + want - 1)
+        out += got
+        if len(got) < want:  # this index is read to its end: the next one
+            index, pos = index + 1, 0
+        else:
+            pos += len(got)
+    return out, pos, index, False
+
+
+def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
+         held_types: Sequence[str] = ()) -> tuple[list[str], int, int | None, bool, dict[str, float]]:
     """Up to n ids from ``pos``: (ids, next pos, next gen, exhausted, lease deadlines in
     ms of processing ids)."""
-    if status == "queued":
-        ids = redis.lrange(k.ready, pos, pos + n - 1)
-        return ids, pos + len(ids), None, len(ids) < n, {}
+    if status in ("queued", "deferred"):
+        ids, pos, gen, exhausted = _chained(redis, k, status, pos, n, gen, held_types)
+        return ids, pos, gen, exhausted, {}
     if status == "done":
         current = int(redis.hget(k.done_meta, "gen") or 0)
         floor = max(current - DONE_GENS + 1, 0)
@@ -91,14 +138,17 @@ def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | Non
 
 
 def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: str, type_: str | None,
-         limit: int, cursor: str | None) -> Page:
+         limit: int, cursor: str | None, types_of: Mapping[str, Sequence[str]] | None = None) -> Page:
+    """One page; ``types_of`` names each queue's function types (whose held lists a
+    paused function fills)."""
     qi, pos, gen = decode_cursor(cursor) if cursor else (0, 0, None)
     jobs: list[records.Job] = []
     budget = SCAN_MAX
     while qi < len(queues) and len(jobs) < limit and budget > 0:
         queue, k = queues[qi]
         # Never more ids than the page has room for, so nothing read is left unshown.
-        ids, pos, gen, exhausted, leases = _ids(redis, k, status, pos, min(budget, limit - len(jobs)), gen)
+        ids, pos, gen, exhausted, leases = _ids(redis, k, status, pos, min(budget, limit - len(jobs)), gen,
+                                                (types_of or {}).get(queue, ()))
         budget -= len(ids)
         batch = scripts.batch()
         for job_id in ids:

@@ -153,3 +153,54 @@ def test_processing_jobs_list_their_worker_and_lease(project: Project) -> None:
     assert time.time() < view["lease_expires_at"] < time.time() + 11  # the slow queue's 10 s lease
     assert project.client.get(job).as_dict()["worker"] == view["worker"]
     project.stop_all()
+
+
+ONE_AT_A_TIME = '''
+import time
+
+QUEUE = "fast"
+CONCURRENCY = 1
+
+
+def handle(payload, ctx):
+    time.sleep(payload.get("sleep", 0))
+'''
+
+
+def test_priority_jobs_list_as_queued_and_held_back_jobs_as_deferred(project: Project) -> None:
+    """Every job waiting to run is in some list: a queued job of priority 1-9 (it waits in
+    the priority set, not in ready) lists as queued, ahead of the plain ones it will run
+    before; jobs held back by CONCURRENCY and a paused function's jobs list as deferred,
+    in `GET /jobs`, `runner jobs --status deferred`, and `runner cancel --all`."""
+    (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
+    (project.root / "schemas" / "one_at_a_time").mkdir()
+    (project.root / "schemas" / "one_at_a_time" / "v1.json").write_text(json.dumps({"type": "object"}))
+    c = project.client
+    plain = [c.enqueue("record", {"n": i}).id for i in range(3)]
+    urgent = c.enqueue("record", {"n": 9}, priority=9).id
+    queued = [j.id for j in c.jobs("queued", queue="fast").jobs]
+    assert queued == [urgent, *plain[::-1]], queued
+    for job_id in plain + [urgent]:
+        c.cancel(job_id)
+
+    c.pause(function="noop")
+    held = [c.enqueue("noop", {"i": i}).id for i in range(2)]
+    slow = [c.enqueue("one_at_a_time", {"sleep": 30 if i == 0 else 0}).id for i in range(3)]
+    project.spawn_worker("fast")
+    wait_for(lambda: {c.get(i).status for i in held + slow[1:]} == {"deferred"}, timeout=20,
+             what="the held-back jobs to be deferred")
+    deferred = {j.id for j in c.jobs("deferred").jobs}
+    assert deferred == set(held + slow[1:]), deferred
+    assert {j.id for j in c.jobs("deferred", type="noop").jobs} == set(held)
+    first = c.jobs("deferred", limit=1)
+    rest = c.jobs("deferred", limit=10, cursor=first.cursor)
+    assert len(first.jobs) == 1 and {j.id for j in first.jobs + rest.jobs} == deferred
+
+    base = ["--config", str(project.root / "runner.toml")]
+    shown = CliRunner().invoke(cli, [*base, "jobs", "--status", "deferred", "--json"], env=project.env)
+    assert shown.exit_code == 0, shown.output
+    assert {j["id"] for j in json.loads(shown.stdout)["jobs"]} == deferred
+    gone = CliRunner().invoke(cli, [*base, "cancel", "--all", "--status", "deferred", "--type", "noop"],
+                              env=project.env)
+    assert gone.exit_code == 0 and "cancelled 2 job(s)" in gone.stdout, gone.output
+    assert {c.get(i).status for i in held} == {"cancelled"}

@@ -14,7 +14,7 @@ const COUNTED = { queued: "ready", scheduled: "scheduled", processing: "processi
 const WHEN = { queued: ["created_at", "Created"], scheduled: ["ready_at", "Due"], processing: ["started_at", "Started"],
   done: ["finished_at", "Finished"], dead: ["finished_at", "Died"], cancelled: ["finished_at", "Cancelled"] };
 const BULK = {
-  cancel: { statuses: ["queued", "scheduled", "processing"], verb: "Cancel", past: "cancelled",
+  cancel: { statuses: ["queued", "scheduled", "processing", "deferred"], verb: "Cancel", past: "cancelled",
     act: (j) => api("DELETE", `/jobs/${encodeURIComponent(j.id)}`) },
   requeue: { statuses: ["dead"], verb: "Requeue", past: "requeued",
     act: (j) => api("POST", `/dead/${encodeURIComponent(j.queue)}/${encodeURIComponent(j.id)}/requeue`) },
