@@ -62,19 +62,22 @@ def test_a_skip_records_the_tick_and_counts_the_missed(p: Project) -> None:
 
 
 def test_overlap_skip_waits_for_the_last_job(p: Project) -> None:
-    """OVERLAP skip: a tick while the last job is queued (or claimed) is skipped and
-    counted; once that job is done, the next tick fires."""
+    """OVERLAP skip: a tick while the last job is queued, claimed or deferred is skipped
+    and counted; once that job is done, the next tick fires."""
     assert tick(p, "j1", NOW, overlap="skip")[0] == 1
     assert tick(p, "j2", NOW + MIN, overlap="skip") == [3, "j1", "queued"]
     assert state(p)["n_overlap"] == "1" and state(p)["tick"] == str(NOW + MIN)
     p.runtime.redis.hset(p.keys().claims, "j1", "tok 1 1 -")
     assert tick(p, "j3", NOW + 2 * MIN, overlap="skip") == [3, "j1", "processing"]
     p.runtime.redis.hdel(p.keys().claims, "j1")
+    # Held back by a limit or a paused function: still the last run, not started.
+    p.runtime.redis.hset(p.keys().state("j1"), "status", "deferred")
+    assert tick(p, "j3b", NOW + 3 * MIN, overlap="skip") == [3, "j1", "deferred"]
     # Done: the record and its state go, the outcome sits in a done generation.
     p.runtime.redis.delete(p.keys().job("j1"), p.keys().state("j1"))
     p.runtime.redis.hset(p.keys().done(0), "j1", "noop 1 1 0 0\n\n")
-    assert tick(p, "j4", NOW + 3 * MIN, overlap="skip") == [1, "j4", "queued"]
-    assert tick(p, "j5", NOW + 4 * MIN, overlap="allow") == [1, "j5", "queued"]
+    assert tick(p, "j4", NOW + 4 * MIN, overlap="skip") == [1, "j4", "queued"]
+    assert tick(p, "j5", NOW + 5 * MIN, overlap="allow") == [1, "j5", "queued"]
 
 
 def test_another_definition_is_refused(p: Project) -> None:

@@ -17,7 +17,8 @@
 -- ARGV[#ARGV-6] tick, ms (the tick's own time, not when it is handled)
 -- ARGV[#ARGV-5] the definition's digest
 -- ARGV[#ARGV-4] born, ms: when the caller's definition was loaded (server time)
--- ARGV[#ARGV-3] overlap: 'skip' (no fire while the last job is unfinished) or 'allow'
+-- ARGV[#ARGV-3] overlap: 'skip' (no fire while the last job is unfinished: queued, scheduled,
+--                  retrying, deferred or processing) or 'allow'
 -- ARGV[#ARGV-2] missed ticks this step passes over (counted)
 -- ARGV[#ARGV-1] how late the step is taken, ms
 -- ARGV[#ARGV]   the new job's id
@@ -62,7 +63,7 @@ if g_mode == 'fire' and g_overlap == 'skip' and g[3] then
   else
     st = 'done'
   end
-  if st == 'queued' or st == 'scheduled' or st == 'retrying' or st == 'processing' then
+  if st == 'queued' or st == 'scheduled' or st == 'retrying' or st == 'deferred' or st == 'processing' then
     redis.call('HSET', g_state, 'tick', g_tick)
     redis.call('HINCRBY', g_state, 'n_overlap', 1)
     return {3, g[3], st}
