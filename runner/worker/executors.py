@@ -155,15 +155,18 @@ class Executors:
             if run.abandoned:
                 return
             run.abandoned = True
-            index = run.slot
+            index, began = run.slot, run.began
         fn = self.rt.registry.functions.get(run.job.type)
-        exc = JobTimeout(f"abandoned: still running {self.grace_s:g} s past its TIMEOUT in a C call "
-                         'that cannot be interrupted; ISOLATION = "process" kills such a handler')
+        exc = JobTimeout(f"abandoned: still running {self.grace_s:g} s past its TIMEOUT (in a C call, or "
+                         'catching the timeout itself); ISOLATION = "process" kills such a handler')
         outcome = failure(fn, run.job, exc) if fn is not None else Dead("max attempts reached", describe(exc), False)
         self.abandoned += 1
-        log.warning("job %s: abandoned %g s past its TIMEOUT (stuck in a C call); its slot goes to a new "
-                    "thread", run.job.id, self.grace_s, extra={"job_id": run.job.id, "type": run.job.type})
-        self.outbox.put(Settlement(run, outcome, extra={"abandoned": True}))
+        log.warning("job %s: abandoned %g s past its TIMEOUT (stuck in a C call, or catching the timeout); its "
+                    "slot goes to a new thread", run.job.id, self.grace_s,
+                    extra={"job_id": run.job.id, "type": run.job.type})
+        # On record as run from its start to now, as a finished attempt is.
+        run_s, started_ms = (time.monotonic() - began[0], began[1]) if began is not None else (0.0, 0)
+        self.outbox.put(Settlement(run, outcome, run_s=run_s, started_ms=started_ms, extra={"abandoned": True}))
         self.ledger.returned()
         if index is not None and not self.releasing.is_set():
             self._spawn(index)
@@ -247,6 +250,7 @@ class Executors:
             with self.ledger.lock:
                 run.thread_id = threading.get_ident()
                 run.deadline = time.monotonic() + fn.timeout_s
+                run.began = (time.monotonic(), self._server_now(job))
             try:
                 fault("mid_handler")
                 return body()

@@ -31,6 +31,7 @@ class Run:
     thread_id: int | None = None  # the executor thread running the handler (thread isolation)
     child_pid: int | None = None  # the child process running it (process isolation)
     deadline: float | None = None  # monotonic: TIMEOUT ends here
+    began: tuple[float, int] | None = None  # the handler's start: monotonic, and the server's ms
     lost: bool = False  # the lease went to another claim
     timed_out: bool = False  # the timeout was raised in its thread
     abandoned: bool = False  # still running TIMEOUT plus the grace later: given up

@@ -155,6 +155,9 @@ def test_thread_mode_abandons_a_handler_stuck_in_a_c_call(crash_project: Project
     final = wait_final(project, [stuck, after], timeout=30)
     assert final[stuck]["status"] == "dead" and final[stuck]["last_error"]["type"] == "JobTimeout"
     assert "abandoned" in final[stuck]["last_error"]["message"]
+    # The attempt is on record as run from its start to its abandon, like any other.
+    entry = final[stuck]["history"][-1]
+    assert entry["started_ms"] > 0 and entry["at_ms"] - entry["started_ms"] >= 1000, entry
     assert final[after]["status"] == "done"
     assert any("abandoned" in str(r.get("msg")) for r in log_records(worker_log(project, w)))
     assert c.stats()["fast"]["counters"].get("abandoned|stuck") == 1
