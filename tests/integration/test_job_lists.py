@@ -180,7 +180,7 @@ def test_priority_jobs_list_as_queued_and_held_back_jobs_as_deferred(project: Pr
     urgent = c.enqueue("record", {"n": 9}, priority=9).id
     queued = [j.id for j in c.jobs("queued", queue="fast").jobs]
     assert queued == [urgent, *plain[::-1]], queued
-    for job_id in plain + [urgent]:
+    for job_id in [*plain, urgent]:
         c.cancel(job_id)
 
     c.pause(function="noop")
