@@ -946,12 +946,11 @@ class Client:
             rt.registry.get(type)  # a type not loaded (a typo) is refused, naming the loaded ones
         # A partitioned queue's partitions are listed one after another, as queues are.
         queues = [(q, k) for q in names for k in rt.parts[q]]
+        types_of: dict[str, list[str]] = {}  # each queue's function types (a paused one's jobs are held)
+        for fn in sorted(rt.registry.functions.values(), key=lambda f: f.name):
+            types_of.setdefault(fn.queue, []).append(fn.name)
         try:
-            types_of: dict[str, list[str]] = {}
-            for fn in rt.registry.functions.values():
-                types_of.setdefault(fn.queue, []).append(fn.name)
-            return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor,
-                                {q: sorted(names) for q, names in types_of.items()})
+            return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor, types_of)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
 
