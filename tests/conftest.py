@@ -11,6 +11,7 @@ Never sleep to synchronise: use ``wait_for`` with a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -34,6 +35,28 @@ from runner.store.embedded import Server, debian_binary
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
+
+
+class LoopTicks:
+    """Counts 10 ms turns of the running event loop while a test awaits something: a
+    count near the time awaited shows the loop was never blocked meanwhile."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            self.count += 1
+
+    async def __aenter__(self) -> LoopTicks:
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:

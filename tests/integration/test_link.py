@@ -30,7 +30,7 @@ from runner.store.embedded import Server, free_port
 from runner.store.sources import SHAS
 from runner.worker.worker import Worker
 
-from conftest import Project, wait_for
+from conftest import LoopTicks, Project, wait_for
 
 PASSWORD = "pw-default"
 ALICE = "pw-alice"
@@ -402,23 +402,15 @@ def test_the_event_loops_connection_times_out_as_the_link_does() -> None:
     with _silent_server() as port:
         where = link.address(f"redis://127.0.0.1:{port}/0?socket_timeout=0.2")
         assert where is not None
-        ticks = 0
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
+        ticks = LoopTicks()
 
         async def run() -> tuple[str, str]:
-            ticker = asyncio.get_running_loop().create_task(tick())
-            try:
-                await AsyncLink(where).send([("LLEN", "k")])
-            except RedisUnavailable as exc:
-                return "unavailable", str(exc)
-            finally:
-                ticker.cancel()
+            async with ticks:
+                try:
+                    await AsyncLink(where).send([("LLEN", "k")])
+                except RedisUnavailable as exc:
+                    return "unavailable", str(exc)
             return "ok", ""
 
         assert asyncio.run(run()) == ("unavailable", f"Timeout reading from 127.0.0.1:{port}")
-        assert ticks >= 5  # the loop went on while the reply was awaited
+        assert ticks.count >= 5  # the loop went on while the reply was awaited

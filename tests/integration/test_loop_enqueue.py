@@ -24,7 +24,7 @@ from runner.runtime import Runtime
 from runner.store.embedded import Server
 from runner.store.sources import SHAS
 
-from conftest import Project, make_project, structures
+from conftest import LoopTicks, Project, make_project, structures
 
 
 def _client(project: Project) -> Client:
@@ -209,22 +209,13 @@ def test_a_stalled_redis_fails_the_waiting_enqueues_within_the_timeout(tmp_path:
         async def main() -> tuple[list[BaseException | Enqueued], float, int, Enqueued]:
             await client.aenqueue("noop", {"i": 0})  # connected
             os.kill(pid, signal.SIGSTOP)
-            ticks = 0
-
-            async def tick() -> None:
-                nonlocal ticks
-                while True:
-                    await asyncio.sleep(0.01)
-                    ticks += 1
-
-            ticker = asyncio.ensure_future(tick())
-            t0 = time.monotonic()
-            stalled = await asyncio.wait_for(asyncio.gather(
-                *(client.aenqueue("noop", {"i": i}) for i in range(1, 6)), return_exceptions=True), 10)
-            took = time.monotonic() - t0
-            ticker.cancel()
+            async with LoopTicks() as ticks:
+                t0 = time.monotonic()
+                stalled = await asyncio.wait_for(asyncio.gather(
+                    *(client.aenqueue("noop", {"i": i}) for i in range(1, 6)), return_exceptions=True), 10)
+                took = time.monotonic() - t0
             os.kill(pid, signal.SIGCONT)
-            return stalled, took, ticks, await asyncio.wait_for(client.aenqueue("noop", {"i": 9}), 10)
+            return stalled, took, ticks.count, await asyncio.wait_for(client.aenqueue("noop", {"i": 9}), 10)
 
         stalled, took, ticks, after = asyncio.run(main())
         assert all(isinstance(e, RedisUnavailable) for e in stalled), stalled
