@@ -640,7 +640,7 @@ class Client:
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if by is not None:
-            self._on_record(by, "pause", k.queue, records.now_ms(), **({"function": fn} if fn else {}))
+            self._on_record(by, "pause", k.queue, **({"function": fn} if fn else {}))
 
     def resume(self, queue: str | None = None, *, function: str | None = None, by: str | None = None) -> int:
         """Lift a pause; a function's held jobs go back to the front of ready in their order.
@@ -658,7 +658,7 @@ class Client:
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if by is not None:
-            self._on_record(by, "resume", k.queue, records.now_ms(), count=moved,
+            self._on_record(by, "resume", k.queue, count=moved,
                             **({"function": fn} if fn else {}))
         return moved
 
@@ -788,9 +788,9 @@ class Client:
             raise ValidationFailed(type_, version, [FieldError("$", str(exc))]) from None
         # An edited payload is new data, held to the bound; the stored one is already in Redis.
         body = self._encoded(type_, version, payload) if edited else codec.dumps(payload)
-        now = records.now_ms()
         mark = {"edited": True} if edited else {}
-        entry = codec.dumps({"outcome": "requeued", "by": by, "at_ms": now, **mark}) if by is not None else ""
+        # Timed by the script (the server's clock), as the rest of the job's times are.
+        entry = codec.dumps({"outcome": "requeued", "by": by, **mark}) if by is not None else ""
         try:
             code = rt.scripts.requeue(k, job_id, body, str(version),
                                       codec.canonical_hash(type_, version, payload), entry)
@@ -799,7 +799,7 @@ class Client:
         if int(code) < 0:
             raise JobNotFound(job_id)
         if by is not None:
-            self._on_record(by, "requeue", queue, now, job_id=job_id, type=type_, **mark)
+            self._on_record(by, "requeue", queue, job_id=job_id, type=type_, **mark)
         return self.get(job_id)
 
     def _stored(self, k: QueueKeys, job_id: str) -> dict[str, str]:
@@ -824,7 +824,7 @@ class Client:
         if int(code) < 0:
             raise JobNotFound(job_id)
         if by is not None:
-            self._on_record(by, "delete", queue, records.now_ms(), job_id=job_id)
+            self._on_record(by, "delete", queue, job_id=job_id)
 
     def dead_ids(self, queue: str) -> list[str]:
         self._keys(queue)
@@ -857,17 +857,19 @@ class Client:
             except JobNotFound:
                 pass
         if by is not None:
-            self._on_record(by, "purge", queue, records.now_ms(), count=n)
+            self._on_record(by, "purge", queue, count=n)
         return n
 
     # --- the audit trail -----------------------------------------------------------
 
-    def _on_record(self, by: str, action: str, queue: str, now_ms: int, **detail: Any) -> None:
-        """An operator's action, after it was done: on the audit trail and in the log."""
-        entry = {"at_ms": now_ms, "by": by, "action": action, "queue": queue, **detail}
+    def _on_record(self, by: str, action: str, queue: str, **detail: Any) -> None:
+        """An operator's action, after it was done: on the audit trail (at the server's
+        time, one more round trip for a rare action) and in the log."""
         auditlog.info("%s by %s: %s %s", action, by, queue, detail.get("job_id", ""),
                       extra={"audit": action, "by": by, "queue": queue, **detail})
         try:
+            now_ms = ServerClock(self.runtime.redis, self.runtime.config.redis.prefix).now_ms()
+            entry = {"at_ms": now_ms, "by": by, "action": action, "queue": queue, **detail}
             audit_log.record(self.runtime.redis, keys.audit(self.runtime.config.redis.prefix), entry)
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
@@ -985,8 +987,7 @@ class Client:
         rt = self.runtime
         k, _ = self._find(job_id)
         ttl_ms = int(rt.config.retention.done_s * 1000)
-        now = records.now_ms()
-        entry = codec.dumps({"outcome": "cancel", "by": by, "at_ms": now}) if by is not None else ""
+        entry = codec.dumps({"outcome": "cancel", "by": by}) if by is not None else ""  # timed by the script
         try:
             code, status = rt.scripts.cancel(k, job_id, ttl_ms, entry=entry)
         except UNAVAILABLE as exc:
@@ -996,7 +997,7 @@ class Client:
         if int(code) == -1:
             raise JobNotFound(job_id)
         if by is not None:
-            self._on_record(by, "cancel", k.queue, now, job_id=job_id)
+            self._on_record(by, "cancel", k.queue, job_id=job_id)
         if int(code) == 3:
             return self._cancelled_ahead(k, job_id)
         return "cancelled" if int(code) == 1 else "requested"

@@ -181,6 +181,34 @@ def test_a_worker_whose_clock_is_behind_keeps_its_lease(project: Project, tmp_pa
     assert len(project.runs(job.id)) == 1
 
 
+def test_an_operators_actions_are_on_record_at_the_servers_time(project: Project, tmp_path: Path) -> None:
+    """`runner cancel` and `runner dead requeue` from a host an hour behind: the entries
+    they put in the jobs' history and on the audit trail carry the Redis server's time,
+    as every other time of a job does, not the operator's host's."""
+    import subprocess
+    import sys
+
+    c = project.client
+    later = c.enqueue("record", {"n": 1}, delay=600).id
+    dead = c.enqueue("perm", {}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: c.get(dead).status == "dead", timeout=20, what="the job to die")
+    env = {**project.env, **skewed(tmp_path, -3600)}
+    for args in (["cancel", later], ["dead", "requeue", dead]):
+        out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                              *args], env=env, cwd=project.root, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+    sec, usec = project.runtime.redis.time()
+    server_ms = int(sec) * 1000 + int(usec) // 1000
+    cancelled = next(e for e in c.get(later).as_dict()["history"] if e["outcome"] == "cancel")
+    requeued = next(e for e in c.get(dead).as_dict()["history"] if e["outcome"] == "requeued")
+    for entry in (cancelled, requeued):
+        assert abs(entry["at_ms"] - server_ms) < 60_000, (entry, server_ms)
+    _, trail = c.audit()
+    assert [e["action"] for e in trail] == ["requeue", "cancel"]
+    assert all(abs(e["at_ms"] - server_ms) < 60_000 for e in trail), (trail, server_ms)
+
+
 def test_a_delay_is_measured_on_the_servers_clock(project: Project, tmp_path: Path) -> None:
     """A producer host 30 s ahead enqueues with delay=1: the job runs about 1 s later (a due
     time written in the producer's clock would be 31 s away)."""

@@ -984,7 +984,7 @@ def test_requeue_takes_its_key_back_or_goes_back_without_it(p: Project) -> None:
     assert "idem_key" not in rb and "idem_hash" not in rb and rb["status"] == "queued"
     note = ('{"outcome":"key dropped","message":"idempotency key k2 is held by another job",'
             f'"at_ms":{NOW + 2}}}')
-    assert rb["history"] == note + "," + entry
+    assert rb["history"] == note + "," + f'{{"outcome":"requeued","by":"test","at_ms":{NOW + 2}}}'  # stamped
     assert r.get(k.idem("noop", "k2")) == "c h3"
     # A requeue without a new hash keeps the stored one.
     (a,) = [g for g in claim(p, now=NOW + 3, base="w.2") if g[0] == "a"]
@@ -1747,19 +1747,33 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
 
 def test_requeue_appends_who_requeued_to_the_history(p: Project) -> None:
     """An entry given to requeue goes after the attempts already in the history, in the
-    same step; without one the history is left as it was."""
+    same step, stamped with the script's time (the server's); without one the history is
+    left as it was."""
     enqueue(p, new("a"), new("b"))
     sc = p.runtime.scripts
     for job in claim(p, n=2):
         sc.bury(p.keys(), [Burial(job[0], job[1], "permanent failure", "", '{"attempt":1}', False, "")],
                 100_000, now_ms=NOW)
     entry = f'{{"outcome":"requeued","by":"ops","at_ms":{NOW}}}'
-    assert sc.requeue(p.keys(), "a", history=entry, now_ms=NOW) == 1
+    assert sc.requeue(p.keys(), "a", history='{"outcome":"requeued","by":"ops"}', now_ms=NOW) == 1
     assert rec(p, "a")["history"] == '{"attempt":1},' + entry
     assert sc.requeue(p.keys(), "b", now_ms=NOW) == 1
     assert rec(p, "b")["history"] == '{"attempt":1}'
-    assert sc.requeue(p.keys(), "a", history=entry, now_ms=NOW) == -1  # no longer dead: nothing appended
+    assert sc.requeue(p.keys(), "a", history='{"outcome":"requeued","by":"ops"}', now_ms=NOW) == -1  # not dead
     assert rec(p, "a")["history"] == '{"attempt":1},' + entry
+
+
+def test_requeue_keeps_the_time_an_older_client_put_in_its_entry(p: Project) -> None:
+    """A client of the release before (a rolling deploy) sends its entry with its own
+    at_ms: it is kept as sent, not given a second one."""
+    enqueue(p, new("a"))
+    sc = p.runtime.scripts
+    (job,) = claim(p)
+    sc.bury(p.keys(), [Burial(job[0], job[1], "permanent failure", "", '{"attempt":1}', False, "")],
+            100_000, now_ms=NOW)
+    old = '{"outcome":"requeued","by":"ops","at_ms":5}'
+    assert sc.requeue(p.keys(), "a", history=old, now_ms=NOW) == 1
+    assert rec(p, "a")["history"] == '{"attempt":1},' + old
 
 
 def test_claim_parks_a_full_keys_backlog_past_its_bound_and_reaches_another_key(p: Project) -> None:

@@ -26,6 +26,16 @@ local function with_history(set, old, entry)
   end
 end
 
+-- A history entry a client wrote (a JSON object: who requeued or cancelled a job) with
+-- the time of this call added as at_ms: the server's, as every other time of a job is,
+-- not the operator's host's. '' stays '' (no entry); an entry with its own at_ms (a client
+-- of the release before, during a rolling deploy) is kept as it is.
+local function stamped(entry, now)
+  if entry == nil or entry == '' then return '' end
+  if string.find(entry, '"at_ms"', 1, true) then return entry end
+  return string.sub(entry, 1, -2) .. ',"at_ms":' .. now .. '}'
+end
+
 -- Run one variadic command (ZADD, ZREM, ...) over a flat list of arguments, in chunks
 -- (a multiple of `step`, so member/score pairs stay together) to keep within Lua's
 -- unpack limit. Nothing is sent for an empty list.

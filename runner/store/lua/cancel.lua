@@ -35,8 +35,8 @@
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
--- ARGV[4] history entry (JSON: who asked, see Client.cancel; '' none), added to the job's
---         history unless it had ended already
+-- ARGV[4] history entry (a JSON object without at_ms: who asked, see Client.cancel; '' none),
+--         stamped with this call's time and added to the job's history unless it had ended
 --
 -- Returns {code, status}: 1 cancelled, 2 stop requested (running), 3 claimed ahead: its
 -- worker drops it (the caller reads the job to learn which way it went), -1 no such job,
@@ -49,7 +49,7 @@ local sk = jk .. ':s'
 -- flag set below; a cancelled one gets its state in finish).
 local function note()
   local set = {}
-  with_history(set, redis.call('HGET', sk, 'history'), ARGV[4])
+  with_history(set, redis.call('HGET', sk, 'history'), stamped(ARGV[4], now))
   if #set > 0 then redis.call('HSET', sk, unpack(set)) end
 end
 

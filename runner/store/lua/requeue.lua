@@ -14,7 +14,7 @@
 -- ARGV[3] payload (JSON, '' to keep)
 -- ARGV[4] version ('' to keep)
 -- ARGV[5] payload hash of the payload it goes back with ('' to keep the stored one)
--- ARGV[6] history entry (JSON, '' none): who requeued it
+-- ARGV[6] history entry (a JSON object without at_ms, '' none): who requeued it; stamped here
 --
 -- Returns 1 requeued, 2 requeued without its idempotency key, -1 not in the dead-letter set.
 local now, id = clock(ARGV[1]), ARGV[2]
@@ -26,7 +26,7 @@ local sk = KEYS[4] .. ':s'
 local code = 1
 local history = redis.call('HGET', sk, 'history')
 local set = {'attempt', 0, 'ready_ms', now, 'enqueued_ms', now, 'deferrals', 0}
-local entry = ARGV[6]
+local entry = stamped(ARGV[6], now)
 if rec.idem_key ~= '' then
   local hash = ARGV[5] ~= '' and ARGV[5] or (rec.idem_hash ~= '' and rec.idem_hash or '-')
   local ik = idem_key(KEYS[5], rec.type, rec.idem_key)
