@@ -249,8 +249,9 @@ class Executors:
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:
                 run.thread_id = threading.get_ident()
-                run.deadline = time.monotonic() + fn.timeout_s
-                run.began = (time.monotonic(), self._server_now(job))
+                now = time.monotonic()
+                run.deadline = now + fn.timeout_s
+                run.began = (now, started_ms)  # as the attempt's settlement reports it
             try:
                 fault("mid_handler")
                 return body()
