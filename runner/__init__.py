@@ -28,6 +28,7 @@ from runner.errors import (
     StaleLease,
     StillRunning,
     UnknownFunction,
+    UnknownQueue,
     UnknownVersion,
     ValidationFailed,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "StaleLease",
     "StillRunning",
     "UnknownFunction",
+    "UnknownQueue",
     "UnknownVersion",
     "ValidationFailed",
 ]

@@ -34,6 +34,7 @@ from runner.errors import (
     RedisUnavailable,
     RunnerError,
     StillRunning,
+    UnknownQueue,
     UnknownSchedule,
     ValidationFailed,
 )
@@ -548,7 +549,7 @@ class Client:
 
     def _keys(self, queue: str) -> QueueKeys:
         if queue not in self.runtime.keys:
-            raise JobNotFound(f"queue {queue!r}")
+            raise UnknownQueue(queue, list(self.runtime.keys))
         return self.runtime.keys[queue]
 
     def get(self, job_id: str) -> records.Job:
@@ -935,15 +936,14 @@ class Client:
     def jobs(self, status: str, *, queue: str | None = None, type: str | None = None, limit: int = 50,
              cursor: str | None = None) -> listing.Page:
         """One page of jobs in ``status`` (see store/listing.py), newest first; pass the
-        page's cursor for the next. Raises ValueError for an unknown status, queue or cursor,
-        UnknownFunction for a type not loaded."""
+        page's cursor for the next. Raises ValueError for an unknown status or cursor,
+        UnknownQueue and UnknownFunction for a queue or type that is not there."""
         if status not in listing.LISTED:
             raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
         rt = self.runtime
         names = [queue] if queue else list(rt.keys)
         for q in names:
-            if q not in rt.keys:
-                raise ValueError(f"no queue {q!r} (queues: {', '.join(rt.keys)})")
+            self._keys(q)  # an unknown queue is refused, naming the configured ones
         if type is not None:
             rt.registry.get(type)  # a type not loaded (a typo) is refused, naming the loaded ones
         # A partitioned queue's partitions are listed one after another, as queues are.

@@ -10,6 +10,7 @@
     │                              queues, a member's payload, the then-job...): every error
     ├── IdempotencyConflict        the key is taken by a job with another payload
     ├── JobNotFound                no record for that id
+    │   └── UnknownQueue           no queue of that name is configured
     ├── GroupNotFound              no group of that id (never created, or past its retention)
     ├── UnknownSchedule            no loaded function declares a schedule of that id
     ├── StaleLease                 the worker's claim token no longer owns the job
@@ -138,6 +139,17 @@ class JobNotFound(RunnerError):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         super().__init__(f"no job {job_id!r}")
+
+
+class UnknownQueue(JobNotFound):
+    """No queue of that name is configured: a JobNotFound (the jobs asked for are in no
+    queue), with words of its own."""
+
+    def __init__(self, queue: str, known: Sequence[str]) -> None:
+        self.queue = queue
+        self.known = list(known)
+        RunnerError.__init__(self, f"no queue {queue!r} (queues: {', '.join(self.known)})")
+        self.job_id = ""
 
 
 class GroupNotFound(RunnerError):

@@ -34,6 +34,7 @@ from runner.errors import (
     NotReplicated,
     RedisUnavailable,
     UnknownFunction,
+    UnknownQueue,
     UnknownVersion,
     ValidationFailed,
 )
@@ -167,6 +168,8 @@ async def _conflict(req: falcon.Request, resp: falcon.Response, ex: Exception, p
 
 async def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, JobNotFound)
+    if isinstance(ex, UnknownQueue):
+        raise Problem(404, "unknown-queue", str(ex), title="Unknown queue", queue=ex.queue)
     raise Problem(404, "job-not-found", f"no job {ex.job_id!r}", title="Job not found", job_id=ex.job_id)
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from click.testing import CliRunner
 
 from runner.cli import cli
 from runner.client import Request
+from runner.errors import JobNotFound, UnknownQueue
 from runner.observe.figures import read_queues
 from runner.store import records
 
@@ -88,6 +90,12 @@ def test_every_status_lists_with_a_type_filter_and_the_cli(project: Project) -> 
     assert typo.exit_code == 1 and "unknown function 'nop'" in typo.output and "noop" in typo.output, typo.output
     queue = CliRunner().invoke(cli, [*base, "--queue", "fats"], env=project.env)
     assert queue.exit_code == 1 and "no queue 'fats' (queues: fast, slow)" in queue.output, queue.output
+    # The same words wherever a queue is named: an UnknownQueue, still a JobNotFound.
+    for call in (lambda: client.dead_ids("fats"), lambda: client.pause("fats"),
+                 lambda: client.jobs("dead", queue="fats")):
+        with pytest.raises(UnknownQueue, match=r"^no queue 'fats' \(queues: fast, slow\)$"):
+            call()
+    assert issubclass(UnknownQueue, JobNotFound)
 
 
 def test_get_jobs_over_http_pages_and_refuses_bad_parameters(project: Project) -> None:
