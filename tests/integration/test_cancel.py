@@ -135,19 +135,24 @@ def test_a_prefetched_job_cancelled_as_its_executor_frees_never_starts(project: 
 def test_a_running_job_sees_the_cancel_within_2_s_and_ends_cancelled(project: Project) -> None:
     """A running handler that checks ctx.raise_if_cancelled() stops within 2 s of the
     cancel (the request rides on the lease renewal) and the job ends cancelled, not
-    retried; a caller waiting on it hears of it (JobFailed)."""
+    retried; a caller waiting on it hears of it (JobFailed). The cancel's history entry
+    (who asked) stays before the attempt's own."""
     add_coop(project)
     client = project.client
     job_id = client.enqueue("coop", {"seconds": 30}).id
     project.spawn_worker("slow")
     wait_for(lambda: project.runs(job_id), timeout=20, what="the handler to start")
     t0 = time.monotonic()
-    assert client.cancel(job_id) == "requested"
+    assert client.cancel(job_id, by="ops") == "requested"
     ended = client.settle(job_id, 10)
     assert ended.status == "cancelled", ended.as_dict()
     assert time.monotonic() - t0 < 2.5
     assert project.runs(job_id) == ["started"]  # not retried
     assert ended.as_dict()["attempt"] == 1
+    # Who asked stays on record through the run's own end, written after it.
+    history = ended.as_dict()["history"]
+    assert (history[0].get("outcome"), history[0].get("by")) == ("cancel", "ops"), history
+    assert len(history) == 2 and history[1]["attempt"] == 1 and history[1]["at_ms"] >= history[0]["at_ms"], history
 
 
 def test_a_handler_that_ignores_the_cancel_is_killed_under_process_isolation(project: Project) -> None:
