@@ -8,9 +8,9 @@ cursor for the next page. Each status reads its own index (nothing is scanned):
     dead        dead ZSET, latest death first
     cancelled   cancelled ZSET, latest cancel first
     done        the done generations' logs, newest generation first
-    deferred    held back without spending an attempt: rate-limited ones in the scheduled
-                ZSET, then each paused function's held LIST, then each limit's waiters
-                (the limits with waiters are named by the limwait ZSET), oldest first
+    deferred    held back without spending an attempt: each paused function's held LIST,
+                then each limit's waiters (the limits with waiters are named by the
+                limwait ZSET), oldest first; a rate-limited job waits as scheduled
 
 A page reads at most SCAN_MAX ids of its index and one lookup per id, so its work is
 bounded whatever the depth; a type filter may return a short (even empty) page with a
@@ -67,17 +67,16 @@ def decode_cursor(cursor: str) -> tuple[int, int, int | None]:
 
 def _source(redis: Any, k: QueueKeys, status: str, index: int, held_types: Sequence[str]
             ) -> tuple[str, str] | None:
-    """The ``index``-th index a status with several reads, as (kind, key): "zfwd" a ZSET
-    read in score order, "zrev" newest first, "list" a LIST; None past the last."""
+    """The ``index``-th index a status with several reads, as (kind, key): "zset" read
+    in score order, or "list"; None past the last."""
     if status == "queued":
-        return [("zfwd", k.prio), ("list", k.ready)][index] if index < 2 else None
-    if index == 0:
-        return "zrev", k.scheduled
-    if index <= len(held_types):
-        return "list", k.held(held_types[index - 1])
+        return [("zset", k.prio), ("list", k.ready)][index] if index < 2 else None
+    if index < len(held_types):
+        return "list", k.held(held_types[index])
     # A limit's waiters: the limwait member of this rank names it (a live set: a limit
     # whose waiters all left since the last page moves the later ones up by one).
-    named = redis.zrange(k.limwait, index - 1 - len(held_types), index - 1 - len(held_types))
+    rank = index - len(held_types)
+    named = redis.zrange(k.limwait, rank, rank)
     return ("list", k.limit(named[0]) + ":w") if named else None
 
 
@@ -93,12 +92,8 @@ def _chained(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int |
             return out, 0, index, True
         kind, key = source
         want = n - len(out)
-        if kind == "list":
-            got = redis.lrange(key, pos, pos + want - 1)
-        elif kind == "zfwd":
-            got = redis.zrange(key, pos, pos + want - 1)
-        else:
-            got = redis.zrevrange(key, pos, pos + want - 1)
+        read = redis.lrange if kind == "list" else redis.zrange
+        got = read(key, pos, pos + want - 1)
         out += got
         if len(got) < want:  # this index is read to its end: the next one
             index, pos = index + 1, 0

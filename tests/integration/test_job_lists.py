@@ -200,6 +200,13 @@ def test_priority_jobs_list_as_queued_and_held_back_jobs_as_deferred(project: Pr
     deferred = {j.id for j in c.jobs("deferred").jobs}
     assert deferred == set(held + slow[1:]), deferred
     assert {j.id for j in c.jobs("deferred", type="noop").jobs} == set(held)
+    # Delayed jobs wait in the scheduled set: a page of deferred ones does not wade through them.
+    for i in range(5):
+        c.enqueue("record", {"n": i}, delay=600)
+    before = _calls(project)
+    page = c.jobs("deferred", limit=3)
+    looked_up = _calls(project)["evalsha"] - before["evalsha"]
+    assert {j.id for j in page.jobs} <= deferred and len(page.jobs) == 3 and looked_up <= 3, looked_up
     first = c.jobs("deferred", limit=1)
     rest = c.jobs("deferred", limit=10, cursor=first.cursor)
     assert len(first.jobs) == 1 and {j.id for j in first.jobs + rest.jobs} == deferred
