@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from runner.errors import (
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import audit as audit_log
-from runner.store import codec, keys, listing, records, routing, tracecontext
+from runner.store import codec, keys, listing, records, routing, session, tracecontext
 from runner.store import groups as group_store
 from runner.store import link as link_mod
 from runner.store.aiolink import AsyncLink
@@ -168,7 +169,12 @@ class Client:
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> Client:
-        return cls(Runtime.create(config_mod.load(path)))
+        """A client for ./runner.toml (or ``path``, or $RUNNER_CONFIG) and the environment.
+        The Redis is the CLI's: REDIS_URL, else the ``[redis] url`` of a file named; else,
+        while `runner dev` runs its embedded server for the project, that one (where dev's
+        worker runs the jobs); else the file's ``[redis] url`` or the default."""
+        named = path is not None or bool(os.environ.get("RUNNER_CONFIG"))
+        return cls(Runtime.create(session.follow_dev(config_mod.load(path), named)))
 
     # --- enqueue -------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.config import Config
-from runner.store.session import dev_session
+from runner.store.session import chosen, dev_session
 from runner.store.urls import redact
 
 RULE = ("Redis: REDIS_URL, else the [redis] url of the --config file; else, while `runner dev` runs "
@@ -48,7 +48,7 @@ def resolve(cfg: Config, config_named: bool, follow_dev: bool = True) -> tuple[C
     """The config a command runs with (the Redis URL swapped for dev's embedded server's
     when the rule says so) and the Target to show."""
     session = dev_session(cfg)
-    explicit = cfg.redis.url_source == "REDIS_URL" or (config_named and cfg.redis.url_source == "file")
+    explicit = chosen(cfg, config_named)
     prefix = cfg.redis.prefix
     if session is not None and follow_dev and not explicit:
         source = f"the embedded server of the `runner dev` running for this project, pid {session.pid}"

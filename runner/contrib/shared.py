@@ -12,6 +12,7 @@ from pathlib import Path
 from runner import config as config_mod
 from runner.client import Client
 from runner.runtime import Runtime
+from runner.store import session
 
 _lock = threading.Lock()
 _clients: dict[tuple[str, tuple[tuple[str, str], ...]], Client] = {}
@@ -23,7 +24,11 @@ def shared_client(config: str | Path | None = None, env: Mapping[str, str] | Non
     with _lock:
         client = _clients.get(key)
         if client is None:
-            cfg = config_mod.load(config, env={**os.environ, **(env or {})})
+            merged = {**os.environ, **(env or {})}
+            cfg = config_mod.load(config, env=merged)
+            # Beside `runner dev`, an app's jobs go where dev's worker runs them (see
+            # Client.from_config).
+            cfg = session.follow_dev(cfg, config is not None or bool(merged.get("RUNNER_CONFIG")))
             client = _clients[key] = Client(Runtime.create(cfg))
         return client
 

@@ -7,7 +7,7 @@ subprocess, sockets and redis-py.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from runner.config import STATE_DIR, Config
@@ -57,3 +57,19 @@ def session_url(cfg: Config) -> str | None:
     """The URL of the embedded Redis of a `runner dev` running for this project, if any."""
     found = dev_session(cfg)
     return None if found is None else found.url
+
+
+def chosen(cfg: Config, config_named: bool) -> bool:
+    """Whether the Redis URL was chosen explicitly: REDIS_URL, or the ``[redis] url`` of a
+    config file the caller named. Only an unchosen URL gives way to a running dev."""
+    return cfg.redis.url_source == "REDIS_URL" or (config_named and cfg.redis.url_source == "file")
+
+
+def follow_dev(cfg: Config, config_named: bool) -> Config:
+    """``cfg`` with the URL of the embedded server of a `runner dev` running for the project,
+    unless the URL was chosen explicitly: the rule of the CLI's client commands, and of
+    ``Client.from_config()`` beside `runner dev`."""
+    if chosen(cfg, config_named):
+        return cfg
+    found = dev_session(cfg)
+    return cfg if found is None else replace(cfg, redis=replace(cfg.redis, url=found.url))

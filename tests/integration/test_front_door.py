@@ -194,6 +194,52 @@ def test_an_explicit_redis_url_or_config_wins_over_a_running_dev(tmp_path: Path,
         assert dev.stop() == 0
 
 
+APP_SCRIPT = """
+import json, sys
+from runner import Client
+client = Client.from_config(*sys.argv[1:])
+job = client.enqueue("send_email", {"user_id": 4, "to": ["ada@example.com"], "name": "Ada", "template": "welcome"})
+print(json.dumps({"url": client.runtime.config.redis.url, "id": job.id}))
+"""
+
+
+def test_the_python_client_follows_a_running_dev_as_the_cli_does(tmp_path: Path, server: Server) -> None:
+    """An app's own `Client.from_config()` beside `runner dev` (nothing configured) enqueues
+    into dev's embedded server, where dev's worker runs the job, as the CLI's enqueue
+    does; not into whatever answers at the default 127.0.0.1:6379. REDIS_URL, or a file
+    named that names a server, still wins."""
+    root = fresh(tmp_path / "app")
+    env = user_env(root)
+    (root / "app.py").write_text(APP_SCRIPT)
+    dev = Dev(root, env)
+    try:
+        embedded = session(root)["url"]
+        ran = subprocess.run([sys.executable, "app.py"], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        out = json.loads(ran.stdout)
+        assert out["url"] == embedded
+        assert dev.finished(out["id"], timeout=15)["status"] == "done"
+
+        prefix = f"t{os.getpid()}"
+        explicit = user_env(root, REDIS_URL=server.url, RUNNER_REDIS_PREFIX=prefix)
+        ran = subprocess.run([sys.executable, "app.py"], cwd=root, env=explicit, capture_output=True,
+                             text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout)["url"] == server.url
+        other = root / "other.toml"
+        other.write_text(f'[redis]\nurl = "{server.url}"\nprefix = "{prefix}"\n\n' + QUEUES)
+        ran = subprocess.run([sys.executable, "app.py", str(other)], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(ran.stdout)["url"] == server.url
+        r = redis.Redis.from_url(server.url)
+        assert r.llen(f"{prefix}:{{fast}}:ready") == 2
+        r.close()
+    finally:
+        assert dev.stop() == 0
+
+
 # --- 5. an oversized body reaches its 413 --------------------------------------------------
 
 

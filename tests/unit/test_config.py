@@ -105,3 +105,40 @@ def test_wait_replicas_from_the_file_and_the_environment(tmp_path: Path) -> None
         config.load(p, env={"RUNNER_REDIS_WAIT_REPLICAS": "one"})
     with pytest.raises(ConfigError, match="RUNNER_REDIS_WAIT_TIMEOUT"):
         config.load(p, env={"RUNNER_REDIS_WAIT_TIMEOUT": "0"})
+
+
+def test_an_unchosen_url_follows_a_running_dev_and_a_chosen_one_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one rule of the CLI's client commands, Client.from_config() and the framework
+    integrations' shared client: a running `runner dev`'s embedded server serves the
+    project unless REDIS_URL or a file named by the caller says which server."""
+    import json
+    import os
+
+    from runner.contrib.shared import close_all, shared_client
+    from runner.store.session import follow_dev
+
+    dev_url = "redis://127.0.0.1:1/0"
+    (tmp_path / ".runner").mkdir()
+    (tmp_path / ".runner" / "dev.json").write_text(json.dumps({"url": dev_url, "pid": os.getpid()}))
+    bare = write(tmp_path, "[queues.q]\n")
+    assert follow_dev(config.load(bare, env={}), config_named=False).redis.url == dev_url
+    assert follow_dev(config.load(bare, env={}), config_named=True).redis.url == dev_url
+    env = {"REDIS_URL": "redis://elsewhere:6379/0"}
+    assert follow_dev(config.load(bare, env=env), config_named=False).redis.url == env["REDIS_URL"]
+    named = write(tmp_path, '[redis]\nurl = "redis://named:6379/0"\n[queues.q]\n')
+    assert follow_dev(config.load(named, env={}), config_named=True).redis.url == "redis://named:6379/0"
+    # ./runner.toml's own url, not named, gives way to dev, as the CLI's commands do.
+    assert follow_dev(config.load(named, env={}), config_named=False).redis.url == dev_url
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("RUNNER_CONFIG", raising=False)
+    (tmp_path / "runner.toml").write_text("[queues.q]\n")
+    try:
+        assert shared_client().runtime.config.redis.url == dev_url
+        assert shared_client(env={"REDIS_URL": env["REDIS_URL"]}).runtime.config.redis.url == env["REDIS_URL"]
+    finally:
+        close_all()
+    (tmp_path / ".runner" / "dev.json").write_text(json.dumps({"url": dev_url, "pid": 2**22 + 1}))
+    assert follow_dev(config.load(bare, env={}), config_named=False).redis.url == "redis://127.0.0.1:6379/0"
