@@ -923,7 +923,7 @@ class Client:
             meta = codec.dumps({"schedule": s.id, "tick": iso(now), "trigger": "manual"})
             job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
                          max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
-                         resource_key=s.resource_key, limits=s.limits,
+                         resource_key=s.resource_key, limits=s.limits, priority=s.priority,
                          meta=meta)
             reply = rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="manual", tick_ms=now, digest=s.digest,
                                     born_ms=now, overlap=s.overlap, missed=0, late_ms=0, now_ms=now)

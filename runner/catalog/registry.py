@@ -339,7 +339,7 @@ def load_function(path: Path, config: Config, checked: Checked | None = None) ->
 
     scheds, sched_warnings = schedules_mod.parse(
         module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
-        flow=flow, fail=fail, max_payload_bytes=config.api.max_body_bytes,
+        flow=flow, fail=fail, max_payload_bytes=config.api.max_body_bytes, priority=priority,
     )
     warnings += [f"{p}: {w}" for w in sched_warnings]
     if timeout > queue.visibility_timeout_s:

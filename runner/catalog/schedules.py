@@ -176,6 +176,7 @@ class Schedule:
     overlap: str
     digest: str  # of the definition; a worker whose definition differs never fires it (see ticker)
     limits: str = ""  # "<n> <key>" lines its jobs carry (see catalog.limits)
+    priority: int = 0  # the function's PRIORITY: its ticks' jobs wait in the priority set
 
     @property
     def timeline(self) -> Timeline:
@@ -225,6 +226,7 @@ def _digest(*parts: Any) -> str:
 def parse(
     module: Any, *, function: str, queue: str, max_attempts: int, versions: Versions,
     flow: limits.Flow, fail: Callable[[str, str | None], FunctionLoadError], max_payload_bytes: int,
+    priority: int = 0,
 ) -> tuple[tuple[Schedule, ...], list[str]]:
     """The schedules a function module declares (none without SCHEDULE), and warnings.
     ``fail(message, option)`` builds the error that names the file and the option's line.
@@ -316,7 +318,7 @@ def parse(
         out.append(Schedule(
             id=sid, function=function, queue=queue, cron=cron, tz=tz, payload=payload,
             payload_json=payload_json, version=versions.newest, max_attempts=max_attempts,
-            resource_key=rkey, missed=str(missed), overlap=str(overlap), limits=lims,
+            resource_key=rkey, missed=str(missed), overlap=str(overlap), limits=lims, priority=priority,
             digest=_digest(sid, function, queue, cron, tz, payload_json, versions.newest, missed, overlap),
         ))
     return tuple(out), warnings

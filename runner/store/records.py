@@ -231,6 +231,8 @@ class Job:
             "idempotency_key": f.get("idem_key") or None,
             "resource_key": f.get("resource_key") or None,
             "deferrals": _int(f.get("deferrals")),
+            # 1-9 as long as the job lives; a done job's short outcome does not keep it.
+            "priority": _int(f["priority"]) if "priority" in f else None if f.get("status") == "done" else 0,
             "last_error": _json(f.get("error")),
             "reason": f.get("reason") or None,
             "history": history,

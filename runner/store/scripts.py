@@ -68,9 +68,10 @@ def _job_fields(j: NewJob) -> list[Any]:
 
 
 def job_entry(queue: str, j: NewJob) -> list[str]:
-    """A job as a list of its queue ('' the script's own) and its 12 fields, all strings:
-    the shape of an outbox entry (relay.py) and of a group's then-job (group.lua)."""
-    return [queue, *(str(v) for v in _job_fields(j))]
+    """A job as a list of its queue ('' the script's own), its 12 fields and its priority,
+    all strings: the shape of an outbox entry (relay.py) and of a group's then-job
+    (group.lua)."""
+    return [queue, *(str(v) for v in _job_fields(j)), str(j.priority)]
 
 
 def followup_id(parent_id: str, index: int | str) -> str:
@@ -143,7 +144,8 @@ class Hand(NamedTuple):
 
 def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
     """The follow-ups of a batch as ack.lua and bury.lua take them: m, then per follow-up
-    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields. A
+    its parent's index in the batch (1-based), its queue ('' this one), its 12 fields, its
+    priority. A
     follow-up of this queue that routes to another of its partitions goes the way of
     another queue's (the outbox, then the relay), so its keys are met where they live."""
     follow: list[Any] = []
@@ -152,7 +154,7 @@ def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
         for f in item.followups:
             here = f.queue == k.queue and not k.draining and (
                 k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
-            follow += [i, "" if here else f.queue, *_job_fields(f.job)]
+            follow += [i, "" if here else f.queue, *_job_fields(f.job), f.job.priority]
             m += 1
     return [m, *follow]
 
@@ -638,17 +640,17 @@ class Scripts:
         args += _member_args(acks)
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
                 k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix,
-                k.scheduled, k.outbox, k.ended, k.group_prefix)
+                k.scheduled, k.outbox, k.ended, k.group_prefix, k.prio)
         return self._run("ack", keys, args, pipe)
 
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
         """Place follow-ups from another queue's outbox into queue ``k``, each once by id:
-        ``entries`` hold the 12 enqueue fields each (see relay.lua)."""
+        ``entries`` hold the 12 enqueue fields and the priority each (see relay.lua)."""
         args: list[Any] = [_clock(now_ms), len(entries)]
         for e in entries:
             args += list(e)
         keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census,
-                k.done_meta, k.done_prefix)
+                k.done_meta, k.done_prefix, k.prio)
         return self._run("relay", keys, args)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
@@ -658,7 +660,7 @@ class Scripts:
             args += [r.id, r.token, r.delay_ms, r.error, r.history, 2 if r.rate_limited else 1 if r.refund else 0,
                      r.stats]
         keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lim_prefix, k.ready, k.notify,
-                k.claims, k.limwait)
+                k.claims, k.limwait, k.prio)
         return self._run("retry", keys, args, pipe)
 
     def bury(
@@ -672,7 +674,7 @@ class Scripts:
         args += _member_args(items)
         keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
                 k.claims, k.limwait, k.scheduled, k.census, k.done_meta, k.done_prefix, k.outbox, k.ended,
-                k.cancelled, k.group_prefix)
+                k.cancelled, k.group_prefix, k.prio)
         return self._run("bury", keys, args, pipe)
 
     def release(
@@ -688,18 +690,18 @@ class Scripts:
         args.append(done_ttl_ms)
         keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.claims, k.limwait,
                 k.idem_prefix, k.census, k.cancelled, k.ended, k.group_prefix, k.scheduled, k.stats, k.done_meta,
-                k.done_prefix, k.outbox)
+                k.done_prefix, k.outbox, k.prio)
         return self._run("release", keys, args, pipe)
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
         keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
                 k.claims, k.done_meta, k.limwait, k.idem_prefix, k.ended, k.group_prefix, k.done_prefix, k.census,
-                k.outbox, k.lost)
+                k.outbox, k.lost, k.prio)
         return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
         """Returns [jobs moved, ms until the next due job or sweep (-1: none)]."""
-        keys = (k.scheduled, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.limwait)
+        keys = (k.scheduled, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.limwait, k.prio)
         return self._run("promote", keys, (_clock(now_ms), limit))
 
     def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
@@ -709,14 +711,15 @@ class Scripts:
         # A queue's resume holds no list: the bare held: prefix names none (held lists are
         # held:<type>), so the script finds it empty, and unlike '' it is in the queue's
         # slot, which Redis Cluster requires of every key.
-        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else k.held_prefix)
+        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else k.held_prefix,
+                k.prio)
         return self._run("resume", keys, (field, 1 if first else 0, limit))
 
     def requeue(
         self, k: QueueKeys, job_id: str, payload: str = "", version: str = "", payload_hash: str = "",
         history: str = "", now_ms: int | None = None,
     ) -> Any:
-        keys = (k.dead, k.ready, k.notify, k.job(job_id), k.idem_prefix, k.census)
+        keys = (k.dead, k.ready, k.notify, k.job(job_id), k.idem_prefix, k.census, k.prio)
         return self._run("requeue", keys, (_clock(now_ms), job_id, payload, version, payload_hash, history))
 
     def remove(self, k: QueueKeys, job_id: str) -> Any:
@@ -742,7 +745,7 @@ class Scripts:
         (JSON) goes in the job's history when the cancel takes."""
         keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
                 k.census, k.ended, k.cancelled, k.cancels, k.group_prefix, k.job_prefix,
-                k.ready, k.notify, k.stats, k.outbox)
+                k.ready, k.notify, k.stats, k.outbox, k.prio)
         return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms, entry))
 
     def group(

@@ -23,7 +23,9 @@ from runner.catalog import registry as registry_mod
 from runner.catalog import templates
 from runner.catalog.registry import Registry
 from runner.config import Config
+from runner.errors import FieldError, ValidationFailed
 from runner.store import codec
+from runner.store.scripts import followup_id
 from runner.worker.context import Context, Flags
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve
 from runner.worker.execute import run as run_handler
@@ -33,13 +35,19 @@ joblog = logging.getLogger("runner.job")
 
 @dataclass(frozen=True, slots=True)
 class Followup:
-    """A job the handler enqueued through ``ctx.enqueue`` (validated, not sent)."""
+    """A job the handler enqueued through ``ctx.enqueue`` (validated, not sent). Like the
+    worker's answer it has the follow-up's ``id`` (its parent's and its place), ``queue``
+    and ``status`` ("pending"), so a handler that uses them runs the same here."""
 
     type: str
     payload: Any
     version: int
     delay: float | None = None
     idempotency_key: str | None = None
+    priority: int | None = None  # None: the function's PRIORITY
+    id: str = ""
+    queue: str = ""
+    status: str = "pending"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,7 @@ class Outcome:
 @dataclass(slots=True)
 class _Recorder:
     registry: Registry
+    job_id: str = ""
     enqueued: list[Followup] = field(default_factory=list)
     checkpoints: list[Any] = field(default_factory=list)
     progress: list[Any] = field(default_factory=list)
@@ -78,13 +87,17 @@ class _Recorder:
         return True
 
     def enqueue(self, type_: str, payload: Any, *, version: int | None = None, delay: float | None = None,
-                idempotency_key: str | None = None) -> Followup:
+                idempotency_key: str | None = None, priority: int | None = None) -> Followup:
         """Validate as the client would (an invalid follow-up fails the handler, as it would
         in a worker), then record."""
         fn = self.registry.get(type_)
         v = version if version is not None else fn.versions.newest
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)
+                                     or not 0 <= priority <= 9):
+            raise ValidationFailed(fn.name, v, [FieldError("$", f"priority must be 0 to 9, got {priority!r}")])
         fn.versions.validate(payload, v)
-        job = Followup(type_, payload, v, delay, idempotency_key)
+        job = Followup(type_, payload, v, delay, idempotency_key, priority,
+                       id=followup_id(self.job_id, len(self.enqueued)), queue=fn.queue)
         self.enqueued.append(job)
         return job
 
@@ -146,7 +159,7 @@ def run_inline(
     if isinstance(resolved, Done | RetryLater | Dead):
         return _outcome(job.id, resolved, _Recorder(reg), None)
     fn, lifted, newest = resolved
-    rec = _Recorder(reg)
+    rec = _Recorder(reg, job.id)
     ctx = Context(
         job_id=job.id, type=job.type, version=newest, queue=job.queue, attempt=job.attempt,
         max_attempts=job.max_attempts, token=job.token, deadline=time.time() + fn.timeout_s,

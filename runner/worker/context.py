@@ -149,14 +149,16 @@ class Context:
             self.logger.warning("%s; later ones that cannot be shown are dropped without a word", why)
 
     def enqueue(self, type: str, payload: Any, *, version: int | None = None, delay: float | None = None,
-                idempotency_key: str | None = None) -> Any:
+                idempotency_key: str | None = None, priority: int | None = None) -> Any:
         """Enqueue a follow-up job, validated now like any other (an invalid one raises
         here). It is written with this run's success, in the same step as the ack: a run
         that fails or crashes leaves none. Returns an ``Enqueued`` with status "pending"
-        and the follow-up's id (the same on every attempt of this job)."""
+        and the follow-up's id (the same on every attempt of this job). ``priority``
+        (0-9) overrides its function's PRIORITY, as an enqueue's does."""
         if self._enqueue is None:
             raise RuntimeError("this context cannot enqueue (no client was given)")
-        return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key)
+        return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
+                             priority=priority)
 
 
     def group_outcomes(self, group_id: str) -> list[Any]:

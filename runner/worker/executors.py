@@ -130,13 +130,14 @@ class Executors:
             return self._enqueuer
 
     def _hold(self, run: Run, type_: str, payload: Any, *, version: int | None = None,
-              delay: float | None = None, idempotency_key: str | None = None) -> Enqueued:
+              delay: float | None = None, idempotency_key: str | None = None,
+              priority: int | None = None) -> Enqueued:
         """``ctx.enqueue``: validate the follow-up now (the handler sees a bad one at once)
         and hold it on the run; the ack writes it in its own step (see ack.lua), so a
         failed or crashed run leaves none. Its id is the parent's and its index: the
         same on every attempt."""
         prep = self._client().prepare(Request(type_, payload, version=version, delay_s=delay,
-                                              idempotency_key=idempotency_key))
+                                              idempotency_key=idempotency_key, priority=priority))
         with self.ledger.lock:
             job = prep.job._replace(id=followup_id(run.job.id, len(run.followups)))
             run.followups.append(Followup(prep.fn.queue, job))

@@ -37,9 +37,11 @@ def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
             log.error("outbox: dropping a malformed entry %.80r", raw)
             finished.append(raw)
             continue
-        if queue not in rt.keys or len(fields) != 12:
+        if queue not in rt.keys or len(fields) not in (12, 13):
             log.warning("outbox: a follow-up for queue %r waits for a worker that knows it", queue)
             continue
+        if len(fields) == 12:  # an entry of the release before: no priority
+            fields.append("0")
         by_queue.setdefault(queue, []).append((raw, fields))
     for queue, items in by_queue.items():
         parts = rt.parts[queue]

@@ -212,7 +212,7 @@ class Ticker:
             s = e.schedule
             job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
                          max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
-                         resource_key=s.resource_key, limits=s.limits,
+                         resource_key=s.resource_key, limits=s.limits, priority=s.priority,
                          meta=codec.dumps({"schedule": s.id, "tick": iso(st.tick_ms)}))
             ids.append(job.id)
             rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="fire" if st.fire else "skip", tick_ms=st.tick_ms,

@@ -367,6 +367,59 @@ def test_a_high_priority_job_behind_10000_plain_ones_starts_next(project: Projec
     assert all(t > start for t in others), "a plain job started before the high-priority one"
 
 
+URGENT = '''"""Records its start, like limited."""
+import os
+import time
+QUEUE = "fast"
+PRIORITY = 9
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + ".in"), "a") as f:
+        f.write(f"{time.time()}\\n")
+'''
+
+FAN_OUT = '''"""Writes 20 plain follow-ups, then one of a PRIORITY = 9 function, then one of priority 7."""
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    plain = [ctx.enqueue("limited", {}).id for _ in range(20)]
+    urgent = ctx.enqueue("urgent", {}).id
+    seven = ctx.enqueue("limited", {}, priority=7).id
+    return {"plain": plain, "urgent": urgent, "seven": seven}
+'''
+
+
+def test_jobs_a_handler_writes_keep_their_priority(project: Project) -> None:
+    """A handler's follow-ups go in with its ack: one of a function with PRIORITY = 9 and
+    one given ``priority=7`` start before the 20 plain ones written with them, highest
+    first, though they were written last; an out-of-range priority is refused in the
+    handler."""
+    project.write_config(concurrency=1, prefetch=0)
+    add_limited(project, "None")
+    for name, text in (("urgent", URGENT), ("fan_out", FAN_OUT)):
+        (project.root / "functions" / f"{name}.py").write_text(text)
+        (project.root / "schemas" / name).mkdir()
+        (project.root / "schemas" / name / "v1.json").write_text('{"type": "object"}')
+    project._runtime = None
+    c = project.client
+    parent = c.enqueue("fan_out", {}).id
+    project.spawn_worker("fast")
+    made = c.wait(parent, timeout_s=30).as_dict()["result"]
+    ids = [*made["plain"], made["urgent"], made["seven"]]
+    wait_for(lambda: all(started_at(project, i) for i in ids), timeout=30, what="the follow-ups to start")
+    order = sorted(ids, key=lambda i: started_at(project, i) or 0)
+    assert order[:2] == [made["urgent"], made["seven"]], [ids.index(i) for i in order]
+
+    from runner.testing import run_inline
+
+    (project.root / "functions" / "fan_out.py").write_text(FAN_OUT.replace("priority=7", "priority=10"))
+    outcome = run_inline("fan_out", {}, project=project.root)
+    assert outcome.status != "done" and outcome.error is not None, outcome
+    assert "priority must be 0 to 9, got 10" in outcome.error["message"], outcome.error
+
+
 def test_priority_over_http_and_the_cli_and_a_bad_one_is_refused(project: Project) -> None:
     """?priority= and --priority put the job in the priority set; 10 is refused."""
     add_limited(project, "None")

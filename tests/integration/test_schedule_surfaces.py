@@ -133,3 +133,15 @@ def test_dashboard_shows_the_schedules(project: Project, browser: Any, tmp_path:
         d.save_screenshot(str(tmp_path / "schedules.png"))
 
 
+
+
+def test_a_tick_of_a_function_with_priority_waits_in_the_priority_set(project: Project) -> None:
+    """A schedule's jobs carry their function's PRIORITY, like any other enqueue of it: the
+    tick's job waits ahead of plain ones and shows its priority."""
+    add_function(project, "urgent_report", 'SCHEDULE = "0 0 1 1 *"\nPRIORITY = 6')
+    plain = project.client.enqueue("record", {"n": 1}).id
+    job = project.client.trigger("urgent_report")
+    assert project.client.get(job.id).as_dict()["priority"] == 6
+    assert project.client.get(plain).as_dict()["priority"] == 0
+    queued = [j.id for j in project.client.jobs("queued", queue="fast").jobs]
+    assert queued == [job.id, plain], queued

@@ -25,13 +25,13 @@ SWEEP_MS = 1_000  # how soon promote looks again at a limit with parked jobs (_l
 
 
 def new(job_id: str, *, run_at: int = 0, delay: int = 0, idem: str = "", phash: str = "-", res: str = "",
-        limits: str | None = None, type_: str = "noop", max_attempts: int = 3) -> NewJob:
+        limits: str | None = None, type_: str = "noop", max_attempts: int = 3, priority: int = 0) -> NewJob:
     """A job as the client builds it: a resource key is limit 1 on "r:<resource>"."""
     if limits is None:
         limits = f"1 r:{res}" if res else ""
     return NewJob(id=job_id, type=type_, version=1, payload='{"a":1}', max_attempts=max_attempts,
                   run_at_ms=run_at, delay_ms=delay, idem_key=idem, payload_hash=phash, resource_key=res,
-                  limits=limits)
+                  limits=limits, priority=priority)
 
 
 def claim_reply(p: Project, n: int = 10, now: int | None = NOW, base: str = "w.1",
@@ -456,6 +456,54 @@ def test_release_returns_to_front_without_spending_an_attempt(p: Project) -> Non
     # A plain (id, token) pair is a release "now" too.
     assert p.runtime.scripts.release(p.keys(), [(got[0][0], got[0][1])], now_ms=NOW + 6) == [1]
     assert structures(p)["ready"] == ["b", "a"]
+
+
+def test_a_job_keeps_its_priority_wherever_it_waits_again(p: Project) -> None:
+    """A job of priority 9 starts before the plain jobs waiting beside it however it came
+    back to waiting: due after a delay, a retry's backoff or a refund, a release, a lapsed
+    lease, a limit's wake-up, a requeue from the dead-letter list. Each time it goes to
+    the priority set, not to the far end of ready."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("h", delay=100, priority=9), *(new(f"p{i}") for i in range(3)))
+    assert sc.promote(k, 100, now_ms=NOW + 100)[0] == 1
+
+    def next_is_h(now: int, base: str) -> list[Any]:
+        (got,) = claim(p, n=1, now=now, base=base)
+        assert got[0] == "h", (base, got[0], structures(p))
+        return got
+
+    got = next_is_h(NOW + 101, "w.1")  # due after its delay
+    assert sc.retry(k, [RetryAt("h", got[1], 0, '{"type":"E"}', '{"attempt":1}', "")], now_ms=NOW + 102) == [1]
+    assert sc.promote(k, 100, now_ms=NOW + 103)[0] == 1
+    got = next_is_h(NOW + 104, "w.2")  # after a retry
+    assert sc.retry(k, [RetryAt("h", got[1], 5, '{"type":"R"}', "", "", refund=True)], now_ms=NOW + 105) == [1]
+    assert sc.promote(k, 100, now_ms=NOW + 110)[0] == 1
+    got = next_is_h(NOW + 111, "w.3")  # after a refund
+    assert sc.release(k, [Hand("h", got[1], "now")], now_ms=NOW + 112) == [1]
+    got = next_is_h(NOW + 113, "w.4")  # after a release
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + 113 + LEASE)) == [1, 0]
+    got = next_is_h(NOW + 114 + LEASE, "w.5")  # after its lease lapsed
+    assert sc.bury(k, [Burial("h", got[1], "x", "", "", False, "")], 100_000, now_ms=NOW + 2 * LEASE) == [1]
+    assert sc.requeue(k, "h", now_ms=NOW + 2 * LEASE + 1) == 1
+    next_is_h(NOW + 2 * LEASE + 2, "w.6")  # requeued from the dead-letter list
+    assert structures(p)["ready"] == ["p2", "p1", "p0"] and r.zcard(k.prio) == 0
+
+
+def test_a_woken_job_of_priority_goes_ahead_of_plain_ready_ones(p: Project) -> None:
+    """A job of priority held back by a full limit and woken by the slot's release waits
+    in the priority set, ahead of the plain jobs."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a", limits="1 c:x"), new("h", limits="1 c:x", priority=5))
+    (a,) = claim(p, n=1)
+    assert a[0] == "h"
+    enqueue(p, new("b", limits="1 c:x", priority=5), now=NOW + 1)
+    got = claim(p, n=5, now=NOW + 2, base="w.2")
+    assert [g[0] for g in got] == [] and parked(p, "c:x") == ["b", "a"]
+    enqueue(p, *(new(f"p{i}") for i in range(2)), now=NOW + 3)
+    assert sc.ack(k, [Ack("h", a[1], "null", "noop|1", "")], 1000, now_ms=NOW + 4) == [1]
+    assert r.zrange(k.prio, 0, -1) == ["b"]
+    (b,) = claim(p, n=1, now=NOW + 5, base="w.3")
+    assert b[0] == "b"
 
 
 def test_release_later_keeps_the_lease_and_reclaim_requeues_without_spending(p: Project) -> None:

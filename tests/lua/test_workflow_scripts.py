@@ -218,7 +218,7 @@ def test_a_then_job_on_another_queue_goes_to_the_outbox(p: Project) -> None:
     ack(p, j, "g5", 1)
     [entry] = p.runtime.redis.lrange(p.keys().outbox, 0, -1)
     fields = json.loads(entry)
-    assert fields[0] == "slow" and fields[1] == "g5.then" and len(fields) == 13
+    assert fields[0] == "slow" and fields[1] == "g5.then" and len(fields) == 14 and fields[13] == "0"
     assert json.loads(fields[4])["group"]["outcomes"][0]["id"] == "a"
 
 

@@ -48,7 +48,7 @@ def test_a_script_leaves_out_what_it_never_names() -> None:
     assert defined(assemble(LIB, "release_limits(a, b, c, d, e, f, g, h)")) == {
         "release_limits", "parse_limits", "LIMIT_LINE", "wake_parked", "purge_holders", "on_holders", "heal_limit",
         "RESERVE_MS",
-        "wake"}
+        "wake", "to_ready"}
     assert defined(assemble(LIB, "tally('x') flush(k)")) == {"acc", "tally", "flush"}
     assert defined(assemble(LIB, "clock(ARGV[1])")) == {"clock"}
     assert defined(assemble(LIB, "return 1")) == set()

@@ -147,7 +147,23 @@ end
 -- Wake parked jobs of one limit key while it has free slots: each woken job gets a
 -- reserved slot and goes to the consumer end of ready. Stale entries (a job cancelled,
 -- requeued or otherwise no longer parked) are skipped. Returns how many were woken.
-local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notify_key, limwait_key)
+-- A job back to waiting for a worker (due after a delay or a backoff, released, its lease
+-- lapsed, woken by a limit, resumed, requeued): one of priority 1-9 (its state's
+-- 'priority', written at enqueue) goes to the priority set, so it keeps its place ahead
+-- of plain jobs wherever it comes back from; else to ready. ``next``: it is the next of
+-- its kind to run (the consumer end of ready; the front of its priority), else the last.
+local function to_ready(ready_key, prio_key, id, prio, now, next)
+  local p = tonumber(prio)
+  if p and p > 0 and prio_key then
+    redis.call('ZADD', prio_key, -p * 1e13 + (next and 0 or now), id)
+  elseif next then
+    redis.call('RPUSH', ready_key, id)
+  else
+    redis.call('LPUSH', ready_key, id)
+  end
+end
+
+local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notify_key, limwait_key, prio_key)
   local k = lim_prefix .. key
   local wk = k .. ':w'
   local parked = redis.pcall('LLEN', wk)
@@ -165,10 +181,11 @@ local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notif
     local w = redis.pcall('LPOP', wk)
     if type(w) ~= 'string' then break end
     local sk = job_prefix .. w .. ':s'
-    if redis.pcall('HGET', sk, 'status') == 'deferred' then
+    local st = redis.pcall('HMGET', sk, 'status', 'priority')
+    if type(st) == 'table' and st[1] == 'deferred' then
       redis.call('ZADD', k, now + RESERVE_MS, '=' .. w)
       redis.call('HSET', sk, 'status', 'queued', 'ready_ms', now, 'woken', '1')
-      redis.call('RPUSH', ready_key, w)
+      to_ready(ready_key, prio_key, w, st[2], now, true)
       woke = woke + 1
     end
   end
@@ -178,10 +195,11 @@ local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notif
 end
 
 -- Give back every slot a claim token holds and wake the next parked job of each key.
-local function release_limits(lim_prefix, raw, token, now, job_prefix, ready_key, notify_key, limwait_key)
+local function release_limits(lim_prefix, raw, token, now, job_prefix, ready_key, notify_key, limwait_key,
+    prio_key)
   for _, l in ipairs(parse_limits(raw)) do
     on_holders('ZREM', lim_prefix .. l.key, token)
-    wake_parked(lim_prefix, l.key, l.n, now, job_prefix, ready_key, notify_key, limwait_key)
+    wake_parked(lim_prefix, l.key, l.n, now, job_prefix, ready_key, notify_key, limwait_key, prio_key)
   end
 end
 
@@ -347,8 +365,8 @@ end
 --   <job prefix><id>:s   HASH    its state once it has one: status (absent: queued),
 --                                attempt, ready_ms, started_ms, finished_ms, error,
 --                                reason, history, checkpoint, deferrals, woken,
---                                lost_token, refunds, rated, ratelimits (absent fields:
---                                their defaults)
+--                                lost_token, refunds, rated, ratelimits, priority (1-9,
+--                                absent: 0) (absent fields: their defaults)
 -- A job that waits untouched is the string alone (one key, no hash: the payload is the
 -- bulk of it). A done job keeps neither: its outcome goes to the done generations.
 local LEGACY = {'type', 'version', 'payload', 'max_attempts', 'created_ms', 'idem_key', 'idem_hash',
@@ -533,13 +551,19 @@ local function job_put(Q, now, j, put)
     created_ms = now_text(now), idem_key = j.ikey, idem_hash = j.ikey ~= '' and j.phash or '', resource_key = j.rkey,
     limits = j.limits, meta = j.meta, payload = j.payload}))
   local status = 'queued'
+  local prio = j.priority or 0
+  if prio > 0 then
+    -- Kept in the state, so wherever the job comes back to waiting it goes back to the
+    -- priority set.
+    redis.call('HSET', jk .. ':s', 'priority', prio)
+  end
   if due > now then
     status = 'scheduled'
     redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)
     redis.call('ZADD', Q.scheduled, due, j.id)
-  elseif (j.priority or 0) > 0 and Q.prio then
+  elseif prio > 0 and Q.prio then
     -- The priority set: highest first, then arrival (the claim serves it before ready).
-    redis.call('ZADD', Q.prio, -j.priority * 1e13 + now, j.id)
+    redis.call('ZADD', Q.prio, -prio * 1e13 + now, j.id)
     put.prio = true
   else
     put.ready[#put.ready + 1] = j.id
@@ -583,19 +607,20 @@ local function jobs_flush(Q, put, notify_key, census_key)
 end
 
 -- The follow-ups of a batch of settled jobs (ack: ctx.enqueue and ON_SUCCESS; bury:
--- ON_FAILURE), ARGV from fb: m, then 14 fields each (the settled job's place in the
--- batch, its queue or '' for this one, the 12 job fields). Written only for jobs whose
+-- ON_FAILURE), ARGV from fb: m, then 15 fields each (the settled job's place in the
+-- batch, its queue or '' for this one, the 12 job fields, its priority). Written only for jobs whose
 -- settle landed (out[place] > 0), each once by its id; another queue's go to the outbox.
 local function write_followups(Q, now, out, fb, m, outbox_key, notify_key, census_key)
   local put = jobs_acc()
   for i = 0, m - 1 do
-    local b = fb + 1 + i * 14
+    local b = fb + 1 + i * 15
     if (out[tonumber(ARGV[b])] or -1) > 0 then
       if ARGV[b + 1] == '' then
         local j = job_fields(ARGV, b + 2)
+        j.priority = tonumber(ARGV[b + 14]) or 0
         if not job_known(Q, j.id) then job_put(Q, now, j, put) end
       else
-        redis.call('RPUSH', outbox_key, cjson.encode({unpack(ARGV, b + 1, b + 13)}))
+        redis.call('RPUSH', outbox_key, cjson.encode({unpack(ARGV, b + 1, b + 14)}))
       end
     end
   end
@@ -653,6 +678,7 @@ local function group_fire(G, now, gid)
   t[5] = t[5] == '{}' and head .. '}' or head .. ',' .. string.sub(t[5], 2)
   if t[1] == '' then
     local j = job_fields(t, 2)
+    j.priority = tonumber(t[14]) or 0  -- absent from an entry of the release before
     if not job_known(G.Q, j.id) then
       local put = jobs_acc()
       job_put(G.Q, now, j, put)

@@ -21,6 +21,7 @@
 -- KEYS[17] outbox      LIST  follow-ups for other queues, JSON, until the relay moves them
 -- KEYS[18] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- KEYS[19] group prefix (string; a group's state, see group_settle in _lib.lua)
+-- KEYS[20] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
@@ -149,7 +150,7 @@ for i = 0, n - 1 do
     if c.idem or c.res then
       local rec = rec_load(jk)
       if rec then
-        release_limits(KEYS[4], rec.limits, token, now, KEYS[3], KEYS[8], KEYS[9], KEYS[13])
+        release_limits(KEYS[4], rec.limits, token, now, KEYS[3], KEYS[8], KEYS[9], KEYS[13], KEYS[20])
         complete_idem(rec.type, rec.idem_key, id)
       end
     end
@@ -185,11 +186,11 @@ else
 end
 local fb = 7 + n * 6
 local m = tonumber(ARGV[fb]) or 0
-local Q = {ready = KEYS[8], scheduled = KEYS[16], stats = KEYS[2], job = KEYS[3], idem = KEYS[5],
+local Q = {ready = KEYS[8], scheduled = KEYS[16], stats = KEYS[2], job = KEYS[3], idem = KEYS[5], prio = KEYS[20],
   claims = KEYS[10], done_meta = KEYS[11], done = KEYS[12]}
 if m > 0 then write_followups(Q, now, out, fb, m, KEYS[17], KEYS[9], KEYS[14]) end
 -- A member's countdown in this same step: its group learns of the success exactly once.
-local gb = fb + 1 + m * 14
+local gb = fb + 1 + m * 15
 if (tonumber(ARGV[gb]) or 0) > 0 then
   group_members({group = KEYS[19], Q = Q, notify = KEYS[9], census = KEYS[14], outbox = KEYS[17]}, now, out, gb)
 end

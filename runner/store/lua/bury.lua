@@ -20,6 +20,7 @@
 -- KEYS[16] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
 -- KEYS[17] cancelled   ZSET  cancelled ids -> time ms
 -- KEYS[18] group prefix (string; see group_settle in _lib.lua)
+-- KEYS[19] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -90,18 +91,18 @@ end
 unclaim(KEYS[9], KEYS[1], ids)
 call_many('ZADD', KEYS[2], dead_ids, 2)
 for _, s in ipairs(slots) do
-  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[7], KEYS[8], KEYS[10])
+  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[7], KEYS[8], KEYS[10], KEYS[19])
 end
 local fb = 4 + n * 7
 local m = tonumber(ARGV[fb]) or 0
-local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6],
+local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6], prio = KEYS[19],
   claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
 if m > 0 then
   write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12])
   -- A dead job keeps its state: its children (the ON_FAILURE job) go there, for readers.
   local kids = {}
   for i = 0, m - 1 do
-    local b = fb + 1 + i * 14
+    local b = fb + 1 + i * 15
     local place = tonumber(ARGV[b])
     if (out[place] or -1) > 0 then
       local pid = ARGV[4 + (place - 1) * 7]
@@ -110,7 +111,7 @@ if m > 0 then
   end
   for pid, ids in pairs(kids) do redis.call('HSET', KEYS[4] .. pid .. ':s', 'children', ids) end
 end
-local gb = fb + 1 + m * 14
+local gb = fb + 1 + m * 15
 if (tonumber(ARGV[gb]) or 0) > 0 then
   group_members({group = KEYS[18], Q = Q, notify = KEYS[8], census = KEYS[12], outbox = KEYS[15]}, now, out, gb)
 end

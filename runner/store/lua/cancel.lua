@@ -32,6 +32,7 @@
 -- KEYS[15] notify      LIST
 -- KEYS[16] stats       HASH
 -- KEYS[17] outbox      LIST
+-- KEYS[18] prio        ZSET  (a complete group's then-job of priority 1-9)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -59,6 +60,7 @@ local function finish(rec)
   if KEYS[12] then
     group_cancelled({group = KEYS[12], notify = KEYS[15], census = KEYS[8], outbox = KEYS[17],
       Q = {ready = KEYS[14], scheduled = KEYS[4], stats = KEYS[16], job = KEYS[13], idem = KEYS[7], claims = KEYS[2],
+        prio = KEYS[18],
         done_meta = KEYS[5], done = KEYS[6]}}, now, id, rec)
     flush(KEYS[16])
   end

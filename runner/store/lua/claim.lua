@@ -215,6 +215,7 @@ local function take(id)
     if KEYS[20] then
       group_cancelled({group = KEYS[20], notify = KEYS[12], census = KEYS[14], outbox = KEYS[21],
         Q = {ready = KEYS[1], scheduled = KEYS[3], stats = KEYS[5], job = KEYS[6], idem = KEYS[8], claims = KEYS[9],
+          prio = KEYS[17],
           done_meta = KEYS[10], done = KEYS[13]}}, now, id, rec)
     end
     tally('cancelled|' .. typ)
@@ -252,7 +253,7 @@ local function take(id)
         for _, l in ipairs(limits) do
           -- A slot reserved for it when it was woken goes to the next parked job.
           if redis.call('ZREM', KEYS[7] .. l.key, '=' .. id) == 1 then
-            wake_parked(KEYS[7], l.key, l.n, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11])
+            wake_parked(KEYS[7], l.key, l.n, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11], KEYS[17])
           end
         end
         tally('duplicates|' .. typ)
@@ -331,6 +332,16 @@ local function take(id)
 end
 
 local popped = 0
+-- Ids popped from the priority set, with their scores: one put back goes back there, in
+-- its place, not to ready.
+local from_prio = {}
+local function put_back(id)
+  if from_prio[id] then
+    redis.call('ZADD', KEYS[17], from_prio[id], id)
+  else
+    redis.call('RPUSH', KEYS[1], id)
+  end
+end
 -- Bound the work per call: strays, parked jobs and duplicates do not count as claims.
 -- A job parked on a key already known full (a few writes) widens the bound by one, up
 -- to 256, so one key's backlog in ready is parked in few calls, not n * 4 at a time.
@@ -341,7 +352,10 @@ while i < n and popped < n * 4 + cheap and not stop do
   if redis.call('EXISTS', KEYS[17]) == 1 then
     local got = redis.call('ZPOPMIN', KEYS[17], want)
     ids = {}
-    for j = 1, #got, 2 do ids[#ids + 1] = got[j] end
+    for j = 1, #got, 2 do
+      ids[#ids + 1] = got[j]
+      from_prio[got[j]] = got[j + 1]
+    end
     if #ids < want then
       local more = redis.call('RPOP', KEYS[1], want - #ids)
       if more then for _, x in ipairs(more) do ids[#ids + 1] = x end end
@@ -369,7 +383,7 @@ while i < n and popped < n * 4 + cheap and not stop do
     -- call, so this is the first round and nothing is claimed yet: put the ids back at
     -- the consumer end, in order, and refuse, rather than lose them. The scheduler's
     -- reclaim renames the key aside.
-    for j = #ids, 1, -1 do redis.call('RPUSH', KEYS[1], ids[j]) end
+    for j = #ids, 1, -1 do put_back(ids[j]) end
     return redis.error_reply('claim refused: the ' .. damaged .. ' key of this queue holds the wrong Redis type')
   end
   for j, id in ipairs(ids) do
@@ -381,7 +395,7 @@ while i < n and popped < n * 4 + cheap and not stop do
         out[2] = 1
         -- Put back this job and what this round popped after it, in order: the first
         -- pushed to the consumer end is the last taken.
-        for q = #ids, j, -1 do redis.call('RPUSH', KEYS[1], ids[q]) end
+        for q = #ids, j, -1 do put_back(ids[q]) end
         break
       end
     end

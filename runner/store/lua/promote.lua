@@ -8,6 +8,7 @@
 -- KEYS[4] job prefix   (string)
 -- KEYS[5] limit prefix (string)
 -- KEYS[6] limwait      ZSET  limit keys with parked jobs -> next sweep ms
+-- KEYS[7] prio         ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to move in this call (and a twentieth as many keys to sweep)
 --
@@ -19,7 +20,9 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   local jk = KEYS[4] .. id
   -- pcall: a state key of another type is claim's to bury, with the reason.
-  local st = redis.pcall('HGET', jk .. ':s', 'status')
+  local f = redis.pcall('HMGET', jk .. ':s', 'status', 'priority')
+  local st, prio = nil, nil
+  if type(f) == 'table' and not f.err then st, prio = f[1], f[2] else st = f end
   if st == 'scheduled' or st == 'retrying' then
     redis.call('HSET', jk .. ':s', 'status', 'queued')
   end
@@ -27,7 +30,7 @@ for _, id in ipairs(ids) do
   -- and drops a stray id; promote never decides that on its own. A job with neither
   -- record nor state is gone (deleted): nothing to move.
   if st or redis.call('EXISTS', jk) == 1 then
-    redis.call('LPUSH', KEYS[2], id)
+    to_ready(KEYS[2], KEYS[7], id, prio, now, false)
     moved = moved + 1
   end
 end
@@ -45,7 +48,7 @@ for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 
     end
   end
   if n then
-    wake_parked(KEYS[5], key, n, now, KEYS[4], KEYS[2], KEYS[3], KEYS[6])
+    wake_parked(KEYS[5], key, n, now, KEYS[4], KEYS[2], KEYS[3], KEYS[6], KEYS[7])
     if redis.call('EXISTS', KEYS[5] .. key .. ':w') == 1 then redis.call('ZADD', KEYS[6], now + 1000, key) end
   elseif first then
     redis.call('LPOP', KEYS[5] .. key .. ':w')  -- a stale entry: the next sweep looks again

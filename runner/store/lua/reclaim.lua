@@ -27,6 +27,7 @@
 -- KEYS[17] outbox      LIST  (a complete group's then-job on another queue)
 -- KEYS[18] lost        LIST  ids buried here, for their ON_FAILURE destinations: no
 --                            worker settled them, so the scheduler writes those jobs
+-- KEYS[19] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -68,7 +69,7 @@ local held = hmget_many(KEYS[9], ids)
 unclaim(KEYS[9], KEYS[1], ids)
 local G = {group = KEYS[14], notify = KEYS[4], census = KEYS[16], outbox = KEYS[17],
   Q = {ready = KEYS[2], scheduled = KEYS[8], stats = KEYS[5], job = KEYS[6], idem = KEYS[12], claims = KEYS[9],
-    done_meta = KEYS[10], done = KEYS[15]}}
+    done_meta = KEYS[10], done = KEYS[15], prio = KEYS[19]}}
 local lost = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing"}'
 for j, id in ipairs(ids) do
   local jk = KEYS[6] .. id
@@ -76,10 +77,10 @@ for j, id in ipairs(ids) do
   local c = parse_claim(held[j])
   -- No record (done, or gone), a malformed one, or a job elsewhere: nothing to take back.
   local rec = rec_load(jk)
-  local s = rec and redis.pcall('HMGET', sk, 'history', 'status', 'attempt', 'token', 'refunds')
+  local s = rec and redis.pcall('HMGET', sk, 'history', 'status', 'attempt', 'token', 'refunds', 'priority')
   local f = {}
   if rec and not s.err then
-    f = {rec.max_attempts, rec.limits, rec.type, s[1], s[2] or 'queued', s[3], s[4], s[5], rec.idem_key}
+    f = {rec.max_attempts, rec.limits, rec.type, s[1], s[2] or 'queued', s[3], s[4], s[5], rec.idem_key, s[6]}
   end
   local live = f[3] and (f[5] == 'queued' or f[5] == 'processing')
   if live and not c then
@@ -146,14 +147,14 @@ for j, id in ipairs(ids) do
           ',"status":"dead","reason":"worker lost","error":' .. lost .. '}')
       end
     else
-      redis.call('RPUSH', KEYS[2], id)
+      to_ready(KEYS[2], KEYS[19], id, f[10], now, true)
       tally((spend and 'lost|' or 'unspent|') .. (f[3] or '?'))
       requeued = requeued + 1
     end
     -- After the requeue, so a job parked on this limit runs before the reclaimed job
     -- takes the slot again (the first parked job gets the freed slot reserved).
     if c.token ~= '' then
-      release_limits(KEYS[7], f[2], c.token, now, KEYS[6], KEYS[2], KEYS[4], KEYS[11])
+      release_limits(KEYS[7], f[2], c.token, now, KEYS[6], KEYS[2], KEYS[4], KEYS[11], KEYS[19])
     end
   end
 end

@@ -12,19 +12,21 @@
 -- KEYS[8] census       HASH
 -- KEYS[9] done meta    HASH
 -- KEYS[10] done prefix (string)
+-- KEYS[11] prio        ZSET  ready ids of priority 1-9 (see enqueue.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
--- ARGV[2] n; then the 12 fields of enqueue.lua per job
+-- ARGV[2] n; then the 12 fields of enqueue.lua and the priority per job
 --
 -- Returns one code per job: 1 placed (counted as relayed|<type>), 0 already known (or its
 -- idempotency key's job stands), -1 its idempotency key holds another payload (not placed).
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local Q = {ready = KEYS[1], scheduled = KEYS[2], stats = KEYS[4], job = KEYS[5], idem = KEYS[6],
-  claims = KEYS[7], done_meta = KEYS[9], done = KEYS[10]}
+  claims = KEYS[7], done_meta = KEYS[9], done = KEYS[10], prio = KEYS[11]}
 local put = jobs_acc()
 local out = {}
 for i = 0, n - 1 do
-  local j = job_fields(ARGV, 3 + i * 12)
+  local j = job_fields(ARGV, 3 + i * 13)
+  j.priority = tonumber(ARGV[3 + i * 13 + 12]) or 0
   if job_known(Q, j.id) then
     out[#out + 1] = 0
   else

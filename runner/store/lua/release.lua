@@ -25,6 +25,7 @@
 -- KEYS[15] done meta   HASH
 -- KEYS[16] done prefix (string)
 -- KEYS[17] outbox      LIST  (its group's then-job, when that runs on another queue)
+-- KEYS[18] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job: id, token, mode (now | later), history entry ('' none)
 -- ARGV[last] the done retention, ms (a cancelled job's)
@@ -57,7 +58,7 @@ for i = 0, n - 1 do
       end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[9], KEYS[10], KEYS[11])
       if KEYS[12] then
         group_cancelled({group = KEYS[12], notify = KEYS[3], census = KEYS[9], outbox = KEYS[17],
-          Q = {ready = KEYS[2], scheduled = KEYS[13], stats = KEYS[14], job = KEYS[4], idem = KEYS[8],
+          Q = {ready = KEYS[2], scheduled = KEYS[13], stats = KEYS[14], job = KEYS[4], idem = KEYS[8], prio = KEYS[18],
             claims = KEYS[6], done_meta = KEYS[15], done = KEYS[16]}}, now, id, rec)
       end
     end
@@ -76,11 +77,12 @@ for i = 0, n - 1 do
       end
       redis.pcall('HSET', jk .. ':s', unpack(set))
     end
-    -- RPUSH: the consumer end of ready, so a released job runs next.
-    redis.call('RPUSH', KEYS[2], id)
+    -- The consumer end of ready (or the front of its priority), so a released job runs next.
+    local prio = redis.pcall('HGET', jk .. ':s', 'priority')
+    to_ready(KEYS[2], KEYS[18], id, type(prio) == 'string' and prio or nil, now, true)
     if c.res then
       local rec = rec_load(jk)
-      if rec then release_limits(KEYS[5], rec.limits, token, now, KEYS[4], KEYS[2], KEYS[3], KEYS[7]) end
+      if rec then release_limits(KEYS[5], rec.limits, token, now, KEYS[4], KEYS[2], KEYS[3], KEYS[7], KEYS[18]) end
     end
     ids[#ids + 1] = id
     out[#out + 1] = 1

@@ -9,6 +9,7 @@
 -- KEYS[4] job          STRING  the record (its state hash is KEYS[4] .. ':s')
 -- KEYS[5] idem prefix  (string)
 -- KEYS[6] census       HASH  jobs not done per "<type>|<version>"
+-- KEYS[7] prio         ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] payload (JSON, '' to keep)
@@ -24,7 +25,7 @@ if not rec then return -1 end
 redis.call('ZREM', KEYS[1], id)
 local sk = KEYS[4] .. ':s'
 local code = 1
-local history = redis.call('HGET', sk, 'history')
+local history, prio = unpack(redis.call('HMGET', sk, 'history', 'priority'))
 local set = {'attempt', 0, 'ready_ms', now, 'enqueued_ms', now, 'deferrals', 0}
 local entry = stamped(ARGV[6], now)
 if rec.idem_key ~= '' then
@@ -54,6 +55,6 @@ redis.call('SET', KEYS[4], rec_encode(rec))  -- SET drops the dead retention's e
 redis.call('HDEL', sk, 'status', 'reason', 'finished_ms', 'token', 'lost_token', 'refunds', 'error')
 redis.call('HSET', sk, unpack(set))
 redis.call('PERSIST', sk)
-redis.call('LPUSH', KEYS[2], id)
+to_ready(KEYS[2], KEYS[7], id, prio, now, false)
 wake(KEYS[3])
 return code

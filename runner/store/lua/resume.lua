@@ -8,6 +8,7 @@
 -- KEYS[3] notify       LIST
 -- KEYS[4] job prefix   (string)
 -- KEYS[5] held         LIST  the function's held ids, oldest first ('' for the queue)
+-- KEYS[6] prio         ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] field        "queue" | "fn:<type>"
 -- ARGV[2] first call   1 lifts the pause, 0 only moves more held ids
 -- ARGV[3] the most ids moved in this call
@@ -15,15 +16,22 @@
 -- Returns {ids moved, ids still held}.
 if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], ARGV[1]) end
 local moved = 0
+local now = clock('')
 if KEYS[5] ~= '' then
   -- Take the newest first to the consumer end, so the oldest ends up taken first.
   for _ = 1, tonumber(ARGV[3]) do
     local id = redis.call('RPOP', KEYS[5])
     if not id then break end
     local sk = KEYS[4] .. id .. ':s'
-    if redis.pcall('HGET', sk, 'status') == 'deferred' then
+    local st = redis.pcall('HMGET', sk, 'status', 'priority')
+    if type(st) == 'table' and st[1] == 'deferred' then
       redis.call('HSET', sk, 'status', 'queued')
-      redis.call('RPUSH', KEYS[2], id)
+      if tonumber(st[2]) and KEYS[6] then
+        -- Taken newest first: each earlier one goes a little ahead within its priority.
+        redis.call('ZADD', KEYS[6], -tonumber(st[2]) * 1e13 + now - moved, id)
+      else
+        redis.call('RPUSH', KEYS[2], id)
+      end
       moved = moved + 1
     end
   end

@@ -11,6 +11,7 @@
 -- KEYS[7] notify       LIST
 -- KEYS[8] claims       HASH  id -> claim
 -- KEYS[9] limwait      ZSET  limit keys with parked jobs
+-- KEYS[10] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job 7 fields:
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
@@ -75,7 +76,7 @@ end
 unclaim(KEYS[8], KEYS[1], ids)
 call_many('ZADD', KEYS[2], due_ids, 2)
 for _, s in ipairs(slots) do
-  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[6], KEYS[7], KEYS[9])
+  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[6], KEYS[7], KEYS[9], KEYS[10])
 end
 flush(KEYS[3])
 return out
