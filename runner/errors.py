@@ -37,6 +37,7 @@ cannot swallow it):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,11 +259,20 @@ def raise_refusal(record: dict[str, Any]) -> NoReturn:
     raise RunnerError(str(record.get("error")))
 
 
+def seconds(value: Any, call: str) -> float:
+    """A delay a handler asked for, as seconds: a finite number >= 0, else a ValueError
+    naming the call, raised where the handler raised its exception (so the attempt fails
+    saying so, rather than retrying at once or leaving the job unsettled)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{call}={value!r}): it must be a number of seconds >= 0")
+    return float(value)
+
+
 class Retry(Exception):
     """Raise from a handler to try again after ``delay`` seconds (None: the backoff)."""
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
-        self.delay = delay
+        self.delay = None if delay is None else seconds(delay, "Retry(delay")
         self.reason = reason
         super().__init__(reason)
 
@@ -273,7 +283,7 @@ class RateLimited(Exception):
     up to 100 times per job (see retry.lua); past that each counts as an attempt, as a Retry."""
 
     def __init__(self, retry_after: float = 1.0, reason: str = "rate limited") -> None:
-        self.retry_after = retry_after
+        self.retry_after = seconds(retry_after, "RateLimited(retry_after")
         self.reason = reason
         super().__init__(reason)
 

@@ -118,6 +118,7 @@ class RetryAt(NamedTuple):
     stats: str
     refund: bool = False  # handed back without spending an attempt
     rate_limited: bool = False  # a handler's RateLimited: a refund up to its bound (retry.lua)
+    last: bool = False  # rate_limited on the job's last attempt: past the bound it is not retried
 
 
 class Burial(NamedTuple):
@@ -657,8 +658,8 @@ class Scripts:
               now_ms: int | None = None) -> Any:
         args: list[Any] = [_clock(now_ms), len(items)]
         for r in items:
-            args += [r.id, r.token, r.delay_ms, r.error, r.history, 2 if r.rate_limited else 1 if r.refund else 0,
-                     r.stats]
+            mode = (3 if r.last else 2) if r.rate_limited else 1 if r.refund else 0
+            args += [r.id, r.token, r.delay_ms, r.error, r.history, mode, r.stats]
         keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lim_prefix, k.ready, k.notify,
                 k.claims, k.limwait, k.prio)
         return self._run("retry", keys, args, pipe)

@@ -26,6 +26,7 @@ from runner.errors import (
     UnknownVersion,
     ValidationFailed,
     describe,
+    seconds,
 )
 from runner.store import codec
 from runner.worker import backoff
@@ -175,17 +176,31 @@ def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] 
         return Dead(reason="permanent failure", error=err, refund=False)
     if isinstance(exc, Cancelled):  # bury.lua ends a burial of this reason cancelled
         return Dead(reason=CANCELLED, error=err, refund=False)
-    if isinstance(exc, RateLimited) and job.attempt <= job.max_attempts:
+    asked = _asked_delay(exc)
+    if isinstance(exc, RateLimited) and job.attempt <= job.max_attempts and asked is not None:
         # Not a failure of the job: back for retry_after, spending nothing (bounded in retry.lua).
-        return RetryLater(delay_s=max(0.0, float(exc.retry_after)), error=err, refund=True, rate_limited=True)
+        return RetryLater(delay_s=asked, error=err, refund=True, rate_limited=True)
     if job.attempt >= job.max_attempts:
         return Dead(reason="max attempts reached", error=err, refund=False)
-    if isinstance(exc, Retry) and exc.delay is not None:
-        return RetryLater(delay_s=max(0.0, float(exc.delay)), error=err)
+    if isinstance(exc, Retry) and asked is not None:
+        return RetryLater(delay_s=asked, error=err)
     return RetryLater(delay_s=backoff.delay_s(fn.backoff, job.attempt, _rnd), error=err)
 
 
 _rnd = random.Random()
+
+
+def _asked_delay(exc: BaseException) -> float | None:
+    """The delay a Retry or RateLimited asked for, or None (the backoff, and for
+    RateLimited a plain failure). The constructors check it; one set on the exception
+    afterwards that is no number of seconds is not trusted either."""
+    value = exc.retry_after if isinstance(exc, RateLimited) else exc.delay if isinstance(exc, Retry) else None
+    if value is None:
+        return None
+    try:
+        return seconds(value, "delay")
+    except ValueError:
+        return None
 
 
 def call(fn: Function, payload: dict[str, Any], ctx: Context, loop: asyncio.AbstractEventLoop | None) -> Any:

@@ -200,12 +200,19 @@ class Settler:
         replies = pipe.execute()
         fault("after_ack")
         settled = []
+        spent: list[Settlement] = []
         for group, codes in zip(groups, replies, strict=True):
             for s, code in zip(group, codes, strict=True):
                 if type(s.outcome) is Start:
                     if int(code) == 2:  # cancelled while claimed ahead, as it started
                         self.cancelled(s.run)
                     continue  # a lost lease shows in the renewal and the settlement
+                if type(s.outcome) is RetryLater and int(code) == 2:
+                    # RateLimited past its free uses on the last attempt: still claimed,
+                    # and out of attempts, so it goes dead as any failure would.
+                    spent.append(Settlement(s.run, Dead("max attempts reached", s.outcome.error, False),
+                                            s.run_s, s.started_ms, s.extra))
+                    continue
                 settled.append(s.run)
                 if int(code) < 0:
                     log.warning("job %s: lease lost before it settled (%s); another worker "
@@ -215,6 +222,10 @@ class Settler:
                              s.run.job.id)
         self.ledger.forget(settled)
         self.processed += len(settled)
+        if spent:
+            self._send(spent)  # logged there, as dead
+            buried = {id(x.run) for x in spent}
+            batch = [s for s in batch if id(s.run) not in buried]
         # Successes log at DEBUG (a line per job at INFO would cost more than the job);
         # retries and dead letters always log, and a summary line goes out every minute.
         verbose = joblog.isEnabledFor(logging.DEBUG)
@@ -297,7 +308,8 @@ class Settler:
                 if o.rate_limited:
                     retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
                                            _history(job.attempt, "rate limited", s.started_ms, now, o.error),
-                                           f"ratelimited|{t}", refund=True, rate_limited=True))
+                                           f"ratelimited|{t}", refund=True, rate_limited=True,
+                                           last=job.attempt >= job.max_attempts))
                 elif o.refund:
                     retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error), "",
                                            f"deferred|{t}", refund=True))

@@ -11,6 +11,7 @@ import signal
 import time
 
 import falcon.testing
+import pytest
 from click.testing import CliRunner
 from openapi_spec_validator import validate as validate_openapi
 
@@ -346,6 +347,48 @@ def test_rate_limited_from_a_handler_puts_the_job_back_without_spending_an_attem
     times = [float(t) for t, _ in runs]
     assert all(b - a >= 0.95 for a, b in itertools.pairwise(times)), times
     assert [h["outcome"] for h in done["history"]] == ["rate limited", "rate limited", "done"]
+
+
+ALWAYS_THROTTLED = '''"""Told "too many requests" on every run, and succeeds past its 101st."""
+import os
+import runner
+QUEUE = "fast"
+MAX_ATTEMPTS = {attempts}
+
+
+def handle(payload, ctx):
+    p = os.path.join(os.environ["RECORD_DIR"], ctx.job_id + ".in")
+    with open(p, "a") as f:
+        f.write(f"{{ctx.attempt}}\\n")
+    with open(p) as f:
+        if len(f.readlines()) <= 101:
+            raise runner.RateLimited(retry_after=0)
+    return "ran past its budget"
+'''
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_rate_limited_past_its_free_uses_spends_attempts_and_never_runs_past_the_budget(
+        project: Project, attempts: int) -> None:
+    """RateLimited is free 100 times a job; past that each counts as an attempt. With
+    MAX_ATTEMPTS = 1 the 101st run is the last: the job is dead ("max attempts reached",
+    attempt 1) and never runs a 102nd time; with 2, the 102nd run is the second attempt."""
+    (project.root / "functions" / "throttled.py").write_text(ALWAYS_THROTTLED.format(attempts=attempts))
+    (project.root / "schemas" / "throttled").mkdir()
+    (project.root / "schemas" / "throttled" / "v1.json").write_text(SCHEMA)
+    project._runtime = None
+    c = project.client
+    job = c.enqueue("throttled", {}).id
+    project.spawn_worker("fast")
+    final = wait_for(lambda: (j := c.get(job).as_dict())["status"] in ("done", "dead") and j, timeout=60,
+                     what="the throttled job to finish")
+    runs = (project.records / f"{job}.in").read_text().split()
+    if attempts == 1:
+        assert final["status"] == "dead" and final["reason"] == "max attempts reached", final
+        assert final["attempt"] == 1 and len(runs) == 101, (final["attempt"], len(runs))
+    else:
+        assert final["status"] == "done" and final["attempt"] == 2 and len(runs) == 102, final
+        assert runs[-1] == "2" and set(runs[:-1]) == {"1"}
 
 
 def test_a_high_priority_job_behind_10000_plain_ones_starts_next(project: Project) -> None:

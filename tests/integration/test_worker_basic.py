@@ -126,3 +126,38 @@ def test_done_jobs_are_deleted_after_the_done_retention(project: Project) -> Non
     assert c.get(bad).status == "dead"
     with pytest.raises(JobNotFound):
         c.get(ok[0])
+
+
+BAD_DELAYS = '''"""Asks for a retry with a delay that is no number of seconds."""
+import runner
+QUEUE = "fast"
+MAX_ATTEMPTS = 2
+
+
+def handle(payload, ctx):
+    if payload["how"] == "negative":
+        raise runner.RateLimited(retry_after=-5)
+    if payload["how"] == "text":
+        raise runner.Retry(delay="soon")
+    raise runner.RateLimited(retry_after=float("nan"))
+'''
+
+
+@pytest.mark.parametrize("how", ["negative", "text", "nan"])
+def test_a_retry_delay_that_is_no_number_of_seconds_fails_the_attempt_saying_so(project: Project, how: str) -> None:
+    """RateLimited(retry_after=-5), Retry(delay="soon") or a NaN delay is a mistake in the
+    handler: each attempt fails with an error that names the argument and what it takes
+    (not a silent retry at once, not a worker that cannot settle the job), and the job
+    dies after its attempts like any failing job."""
+    (project.root / "functions" / "bad_delays.py").write_text(BAD_DELAYS)
+    (project.root / "schemas" / "bad_delays").mkdir()
+    (project.root / "schemas" / "bad_delays" / "v1.json").write_text('{"type": "object"}')
+    project._runtime = None
+    c = project.client
+    job = c.enqueue("bad_delays", {"how": how})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert rec["status"] == "dead" and rec["reason"] == "max attempts reached", rec
+    assert rec["attempt"] == 2, rec
+    message = rec["last_error"]["message"]
+    assert "must be a number of seconds >= 0" in message, message

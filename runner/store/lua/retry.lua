@@ -17,14 +17,18 @@
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
 --   refund (1: no attempt spent; the job is counted as a deferral; 2: a handler's
 --   RateLimited, no attempt spent for the first RATE_LIMITED_FREE of the job, the
---   attempt spent after that, as any retry), stats fields
+--   attempt spent after that, as any retry; 3: the same on the job's last attempt,
+--   where past the bound nothing is written and the code is 2: the worker buries it),
+--   stats fields
 --
 -- Each job costs one HMGET and one HSET of its state hash (the attempt, its start and the
 -- history move from the claim to the state); the batch's fences, claims, leases and
 -- scheduled entries go in one variadic HMGET, HDEL, ZREM and ZADD, before any limit
 -- slot is released.
 --
--- Returns one code per job: 1 scheduled, -1 refused (lease lost: nothing changed).
+-- Returns one code per job: 1 scheduled, -1 refused (lease lost: nothing changed), 2 a
+-- RateLimited past its free uses on the last attempt (nothing changed: still claimed; the
+-- attempts are the budget, so the worker buries it rather than run it once more).
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 local ids, due_ids, slots = {}, {}, {}
@@ -41,10 +45,12 @@ for i = 0, n - 1 do
   local f = c and redis.pcall('HMGET', sk, 'history', 'deferrals', 'ratelimits')
   if not c or f.err then
     out[#out + 1] = -1
+  elseif ARGV[b + 5] == '3' and (tonumber(f[3]) or 0) + 1 > RATE_LIMITED_FREE then
+    out[#out + 1] = 2
   else
     seen[id] = true
     local due = now + delay
-    if ARGV[b + 5] == '2' then
+    if ARGV[b + 5] == '2' or ARGV[b + 5] == '3' then
       local used = (tonumber(f[3]) or 0) + 1
       redis.call('HSET', sk, 'ratelimits', used)
       refund = used <= RATE_LIMITED_FREE
