@@ -31,7 +31,7 @@ class Source(Protocol):
 # Claims held back, by reason: deferred (a full resource or concurrency limit), paused (a
 # pause), ratelimited (no rate token due yet).
 COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "paused",
-            "ratelimited", "lost", "expired", "followups", "relayed")
+            "ratelimited", "lost", "expired", "followups", "relayed", "abandoned")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
 MALFORMED = "?"
 _LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))

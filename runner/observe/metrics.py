@@ -16,6 +16,7 @@ buckets. The worker adds them to the scripts it already calls (no extra round tr
     followups|<type>           follow-ups (ctx.enqueue, ON_SUCCESS, ON_FAILURE) this function's
                                jobs wrote, counted in the step that settled them
     relayed|<type>             jobs of this function placed from another queue's outbox
+    abandoned|<type>           thread runs given up TIMEOUT plus the grace past their deadline
     groups_completed           (per queue) groups whose last member settled here: then-jobs written
     lat|<type>|<le_ms>         ready-to-start latency of every run (done, retried or dead),
                                per bucket (not cumulative)

@@ -15,7 +15,7 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_partition_{ready,in_flight,scheduled,dead}_jobs   each partition of a queue of several
                                                  (labels queue, partition, tag, draining); the
                                                  runner_queue_* figures are their sums
-    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed}_total
+    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed,abandoned}_total
     runner_groups_completed_total                groups whose last member settled (then-job written), per queue
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
@@ -63,6 +63,8 @@ _COUNTER_HELP = {
     "expired": "Jobs buried without running: not started within their function's MAX_AGE.",
     "followups": "Follow-up jobs (ctx.enqueue, ON_SUCCESS, ON_FAILURE) this function's jobs wrote as they settled.",
     "relayed": "Jobs of this function placed from another queue's outbox by the relay.",
+    "abandoned": "Thread runs given up still running TIMEOUT plus the grace past their deadline "
+                 "(stuck in a C call, or catching the timeout).",
 }
 _GAUGES = (
     ("ready", "runner_queue_ready_jobs", "Jobs waiting in the ready list."),

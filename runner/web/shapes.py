@@ -131,7 +131,7 @@ COMPONENTS: dict[str, Any] = {
     "FunctionFigures": _obj({
         "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
         "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT,
-        "expired": _INT, "followups": _INT, "relayed": _INT,
+        "expired": _INT, "followups": _INT, "relayed": _INT, "abandoned": _INT,
         "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({

@@ -161,6 +161,15 @@ def test_thread_mode_abandons_a_handler_stuck_in_a_c_call(crash_project: Project
     assert final[after]["status"] == "done"
     assert any("abandoned" in str(r.get("msg")) for r in log_records(worker_log(project, w)))
     assert c.stats()["fast"]["counters"].get("abandoned|stuck") == 1
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from runner.web.exposition import RunnerCollector
+
+    registry = CollectorRegistry()
+    registry.register(RunnerCollector(project.runtime))
+    exposed = [ln for ln in generate_latest(registry).decode().splitlines()
+               if ln.startswith("runner_jobs_abandoned_total{") and '"stuck"' in ln]
+    assert len(exposed) == 1 and exposed[0].endswith(" 1.0"), exposed
     assert w.poll() is None
 
 
