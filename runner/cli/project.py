@@ -40,17 +40,41 @@ def functions(ctx: click.Context, as_json: bool) -> None:
     rows = []
     for f in reg.functions.values():
         d = f.describe()
-        opts = f"attempts={d['max_attempts']} timeout={d['timeout']:g}s"
-        if d["idempotency_key"]:
-            opts += f" idem={d['idempotency_key']}"
-        if d["resource_key"]:
-            opts += f" resource={d['resource_key']}"
-        rows.append((f.name, f.queue, ",".join(f"v{v}" for v in d["versions"]), opts))
+        rows.append((f.name, f.queue, ",".join(f"v{v}" for v in d["versions"]), _options(d)))
     lines = [table(("type", "queue", "versions", "options"), rows)]
     lines += [click.style(f"not loaded: {e}", fg="red") for e in reg.errors.values()]
     emit(data, as_json, "\n".join(lines))
     if reg.errors:
         sys.exit(EXIT_REFUSED)
+
+
+def _options(d: dict[str, Any]) -> str:
+    """A function's options for the table, the defaults left out (--json has them all)."""
+    opts = [f"attempts={d['max_attempts']}", f"timeout={d['timeout']:g}s"]
+    if d["isolation"] != "thread":
+        opts.append(f"isolation={d['isolation']}" + (f" memory={d['memory_mb']:g}MB" if d["memory_mb"] else ""))
+    if d["idempotency_key"]:
+        opts.append(f"idem={d['idempotency_key']}")
+    if d["resource_key"]:
+        opts.append(f"resource={d['resource_key']}")
+    if d["concurrency"]:
+        c = d["concurrency"]
+        opts.append(f"concurrency={c['limit']}" + (f" per {c['key']}" if c["key"] else ""))
+    if d["rate_limit"]:
+        r = d["rate_limit"]
+        opts.append(f"rate={r['limit']}/{r['period']:g}s" + (f" per {r['key']}" if r["key"] else ""))
+    if d["priority"]:
+        opts.append(f"priority={d['priority']}")
+    if d["max_age"]:
+        opts.append(f"max_age={d['max_age']:g}s")
+    if d["keep_result"]:
+        opts.append(f"keep_result={d['keep_result']:g}s")
+    for key in ("on_success", "on_failure"):
+        if d[key]:
+            opts.append(f"{key}={d[key]}")
+    for s in d["schedules"]:
+        opts.append(f"schedule={s['cron']!r}" + (f" {s['tz']}" if s["tz"] != "UTC" else ""))
+    return " ".join(opts)
 
 
 @cli.command()

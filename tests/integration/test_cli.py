@@ -180,6 +180,24 @@ def test_functions_lists_what_loaded_and_what_did_not(project: Project, run: Inv
     assert "typo.py:1: QUEUEE is not an option; did you mean QUEUE?" in broken.stdout
 
 
+def test_the_functions_table_shows_flow_and_schedule_options(project: Project, run: Invoke) -> None:
+    """What limits and starts a function's jobs is in the table, not only in --json."""
+    (project.root / "functions" / "billing.py").write_text(
+        'QUEUE = "fast"\nCONCURRENCY = {"key": "tenant:{tenant}", "limit": 2}\n'
+        'RATE_LIMIT = {"limit": 5, "period": 1}\nPRIORITY = 7\nMAX_AGE = 3600\n'
+        'SCHEDULE = [{"cron": "0 9 * * 1-5", "tz": "Europe/Madrid", "payload": {"tenant": "ops"}, "id": "morning"}]\n'
+        'def handle(p, ctx):\n    pass\n')
+    (project.root / "schemas" / "billing").mkdir()
+    (project.root / "schemas" / "billing" / "v1.json").write_text(
+        '{"type": "object", "properties": {"tenant": {"type": "string"}}}')
+    shown = run("functions")
+    assert shown.exit_code == 0, shown.output
+    (line,) = [ln for ln in shown.stdout.splitlines() if ln.startswith("billing")]
+    for part in ("concurrency=2 per tenant:{tenant}", "rate=5/1s", "priority=7", "max_age=3600s",
+                 "schedule='0 9 * * 1-5' Europe/Madrid"):
+        assert part in line, (part, line)
+
+
 def test_new_scaffolds_a_function_that_loads_and_runs(project: Project, run: Invoke) -> None:
     """`runner new greet` writes files that load, enqueue and run as they are."""
     made = run("new", "greet")
