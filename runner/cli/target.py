@@ -16,7 +16,7 @@ from typing import Any
 
 from runner.config import Config
 from runner.store.session import chosen, dev_session
-from runner.store.urls import redact
+from runner.store.urls import redact, same_server
 
 RULE = ("Redis: REDIS_URL, else the [redis] url of the --config file; else, while `runner dev` runs "
         "its embedded server for this project, that one; else the [redis] url of ./runner.toml, "
@@ -54,7 +54,7 @@ def resolve(cfg: Config, config_named: bool, follow_dev: bool = True) -> tuple[C
         source = f"the embedded server of the `runner dev` running for this project, pid {session.pid}"
         return replace(cfg, redis=replace(cfg.redis, url=session.url)), Target(session.url, source, prefix)
     note = None
-    if session is not None:
+    if session is not None and not same_server(cfg.redis.url, session.url):
         if not follow_dev:
             undo = f"this command never follows one; REDIS_URL={session.url} points it there"
         elif cfg.redis.url_source == "REDIS_URL":

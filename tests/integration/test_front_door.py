@@ -169,6 +169,11 @@ def test_an_explicit_redis_url_or_config_wins_over_a_running_dev(tmp_path: Path,
         # Processes never follow dev, and say so.
         worker_help = " ".join(cli(root, env, "worker", "--help").stdout.split())
         assert f"REDIS_URL={embedded} points it there" in worker_help
+        # Pointed there by hand, nothing says it is not used.
+        there = user_env(root, REDIS_URL=embedded.replace("127.0.0.1", "localhost"))
+        pointed = json.loads(cli(root, there, "stats", "--json").stdout)["redis"]
+        assert pointed["source"] == "REDIS_URL" and "note" not in pointed, pointed
+        assert "not used" not in cli(root, there, "worker", "--help").stdout
 
         prefix = f"t{os.getpid()}"
         explicit = user_env(root, REDIS_URL=server.url, RUNNER_REDIS_PREFIX=prefix)
