@@ -14,6 +14,7 @@ touch the second.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,9 @@ class Ledger:
         self.low_water = low_water
         self.busy = 0
         self.waiting = 0
+        # When a run last left its executor (monotonic): the renewer, back late, tells a
+        # handler that held the GIL through the gap and finished in it from no handler.
+        self.last_return = 0.0
         self.cond = threading.Condition()
         # What the fetcher waits for in cond, if anything: notified only once it holds (a
         # notify that wakes it to find too little room costs two thread switches).
@@ -153,6 +157,7 @@ class Ledger:
         per job with handlers that block."""
         with self.cond:
             self.busy = max(0, self.busy - 1)
+            self.last_return = time.monotonic()
             want = self._want
             if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self.busy < self.concurrency):
                 self.cond.notify()

@@ -69,8 +69,9 @@ class Renewer:
             now = time.monotonic()
             running = bool(self.ledger.running())
             # The handler that held the GIL may have finished by the time this thread
-            # runs again (on one core it usually has): it was running before the gap.
-            if now - last > late_after and (ran or running):
+            # runs again (on one core it usually has): it was running before the gap, or
+            # it started just after the last tick and returned within the gap.
+            if now - last > late_after and (ran or running or self.ledger.last_return > last):
                 log.warning(
                     "%s: lease renewal ran %.1f s late: a handler held the GIL (a long C call), so this "
                     "worker could not renew its leases; set ISOLATION = \"process\" on such a function so "
