@@ -69,6 +69,9 @@ class Function:
     rate: limits.Rate | None = None  # RATE_LIMIT: starts per period at most
     priority: int = 0  # PRIORITY: 0-9, higher first (an enqueue may override)
     max_age_s: float | None = None  # MAX_AGE: an attempt not started this long after the enqueue expires
+    # The line of each option in the file, for errors found after the file itself loaded
+    # (a destination checked against the other functions).
+    lines: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def flow(self) -> limits.Flow:
@@ -370,6 +373,7 @@ def load_function(path: Path, config: Config, checked: Checked | None = None) ->
         rate=rate,
         priority=priority,
         max_age_s=float(max_age) if max_age is not None else None,
+        lines=lines,
     )
     return fn, warnings
 
@@ -381,13 +385,18 @@ def _destination_error(fn: Function, functions: Mapping[str, Function]) -> Funct
         if dest is None:
             continue
         target = functions.get(dest)
+        line = fn.lines.get(opt)
         if target is None:
-            return FunctionLoadError(fn.path, f"{opt} names no function: {dest!r}")
+            close = difflib.get_close_matches(dest, list(functions), n=1, cutoff=0.75)
+            names = sorted(functions)
+            hint = f"; did you mean {close[0]!r}?" if close else \
+                f" (loaded: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''})"
+            return FunctionLoadError(fn.path, f"{opt} names no function: {dest!r}{hint}", line)
         try:
             target.versions.validate(DESTINATION_RECORDS[opt], target.versions.newest)
         except ValidationFailed as exc:
             return FunctionLoadError(fn.path, f"{opt}: the v{target.versions.newest} schema of {dest!r} "
-                                              f"rejects the record it would get: {exc}")
+                                              f"rejects the record it would get: {exc}", line)
     return None
 
 

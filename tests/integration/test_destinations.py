@@ -82,10 +82,13 @@ def test_a_destination_must_exist_and_take_the_record(project: Project) -> None:
     reg = project.runtime.registry
     assert "source" not in reg.functions
     errors = " ".join(str(e) for e in reg.errors.values())
-    assert "ON_SUCCESS" in errors and "rejects the record" in errors
+    assert "source.py:6: ON_SUCCESS" in errors and "rejects the record" in errors  # the option's line
     write(project, "got_result", SINK.format(queue="fast", name="got_result"))
     errors = " ".join(str(e) for e in project.runtime.registry.errors.values())
-    assert "ON_FAILURE names no function: 'got_error'" in errors
+    assert "source.py:7: ON_FAILURE names no function: 'got_error'" in errors
+    write(project, "source", SOURCE.replace('ON_FAILURE = "got_error"', 'ON_FAILURE = "got_reslt"'))
+    errors = " ".join(str(e) for e in project.runtime.registry.errors.values())
+    assert "source.py:7: ON_FAILURE names no function: 'got_reslt'; did you mean 'got_result'?" in errors
 
 
 KILLER = '''
