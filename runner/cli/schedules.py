@@ -38,7 +38,16 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
         rows = Client(rt).schedules()
-    emit({"schedules": rows}, as_json, _human(rows))
+    # A function file that did not load declares no schedule: say so, or a schedule with a
+    # mistake in it (a 6-field cron) would just be missing from the list.
+    errors = [e.shown() for e in rt.registry.errors.values()]
+    out: dict[str, Any] = {"schedules": rows}
+    if errors:
+        out["errors"] = errors
+    emit(out, as_json, _human(rows))
+    for e in errors:
+        click.echo(click.style(f"not loaded, so no schedule of it is listed: {e}", fg="red"),
+                   err=True)
 
 
 @schedules.command()

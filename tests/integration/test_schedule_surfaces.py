@@ -145,3 +145,15 @@ def test_a_tick_of_a_function_with_priority_waits_in_the_priority_set(project: P
     assert project.client.get(plain).as_dict()["priority"] == 0
     queued = [j.id for j in project.client.jobs("queued", queue="fast").jobs]
     assert queued == [job.id, plain], queued
+
+
+def test_runner_schedules_names_a_function_that_did_not_load(project: Project) -> None:
+    """A schedule with a mistake in it (a minute of 61) keeps its function from loading:
+    `runner schedules` says which file and why, rather than just not listing it."""
+    add_function(project, "broken_report", 'SCHEDULE = "61 * * * *"')
+    shown = run(project, "schedules")
+    assert shown.exit_code == 0
+    assert "not loaded, so no schedule of it is listed: " in shown.output
+    assert "broken_report.py:" in shown.output and "SCHEDULE" in shown.output
+    as_json = json.loads(run(project, "schedules", "--json").stdout)
+    assert as_json["schedules"] == [] and any("broken_report.py" in e for e in as_json["errors"])
