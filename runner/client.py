@@ -592,8 +592,9 @@ class Client:
         return {i: records.Job(i, k.queue, fields) for i, (k, fields) in found.items()}
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per queue: ready, processing, scheduled, dead, and the cluster-wide counters;
-        summed over a partitioned queue's partitions, which "partitions" lists one by one."""
+        """Per queue: ready (plain and priority jobs due now), processing, scheduled, dead,
+        and the cluster-wide counters; summed over a partitioned queue's partitions, which
+        "partitions" lists one by one."""
         rt = self.runtime
         every = self._every()
         try:
@@ -604,13 +605,14 @@ class Client:
                 pipe.zcard(k.scheduled)
                 pipe.zcard(k.dead)
                 pipe.hgetall(k.stats)
+                pipe.zcard(k.prio)
             raw = pipe.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         out: dict[str, dict[str, Any]] = {}
         for i, k in enumerate(every):
-            ready, processing, scheduled, dead, counters = raw[5 * i: 5 * i + 5]
-            one = {"ready": ready, "processing": processing, "scheduled": scheduled, "dead": dead,
+            ready, processing, scheduled, dead, counters, prio = raw[6 * i: 6 * i + 6]
+            one = {"ready": ready + prio, "processing": processing, "scheduled": scheduled, "dead": dead,
                    "counters": {name: int(v) for name, v in counters.items()}}
             q = out.get(k.queue)
             if q is None:

@@ -38,7 +38,7 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
          states: tuple[str, ...] = ("queued", "processing", "scheduled", "dead"),
          ) -> Iterator[tuple[str, str, list[str | None]]]:
     """Every waiting job of a queue as (state, id, [field values]); records gone are skipped."""
-    structures = (("queued", k.ready, True), ("processing", k.leases, False),
+    structures = (("queued", k.prio, False), ("queued", k.ready, True), ("processing", k.leases, False),
                   ("scheduled", k.scheduled, False), ("dead", k.dead, False))
     for state, key, is_list in structures:
         if state not in states:

@@ -590,7 +590,7 @@ class Scripts:
         """The enqueue script's name, keys and arguments (for a Stream)."""
         args: list[Any] = [_clock(now_ms), len(jobs)]
         for j in jobs:
-            # The 12 job fields, then the priority (follow-ups and relayed jobs run at 0).
+            # The 12 job fields, then the priority.
             args += [*_job_fields(j), j.priority]
         keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census,
                 k.prio)
@@ -754,7 +754,8 @@ class Scripts:
         inline_bytes: int, keep_ms: int, pipe: Batch | None = None, now_ms: int | None = None,
     ) -> Any:
         """Write one chunk of a group's members (see group.lua): [code, status per member];
-        ``then`` is the then-job as a JSON list (queue, 12 fields), read on the first chunk."""
+        ``then`` is the then-job as a JSON list (queue, 12 fields, priority), read on the first
+        chunk."""
         args: list[Any] = [_clock(now_ms), group_id, 1 if first else 0, 1 if seal else 0, then, inline_bytes,
                            keep_ms, len(members)]
         for j in members:

@@ -142,3 +142,17 @@ def test_a_destination_whose_schema_rejects_the_record_fails_the_check(project: 
     assert "source.py" in failed.stdout and "ON_SUCCESS: the v1 schema of 'sink' rejects the record" in failed.stdout
     (schemas / "sink" / "v1.json").write_text('{"type": "object", "required": ["job"]}')
     assert check(project, "--offline").exit_code == 0
+
+
+def test_the_scan_reads_jobs_waiting_in_the_priority_set(project: Project) -> None:
+    """`runner check --scan` reads every place a waiting job can be: a queued job of
+    priority 1-9 waits in the priority set, not in ready, and is counted like the rest
+    (the census and the scan agree), as `Client.stats()` counts it ready."""
+    c = project.client
+    c.enqueue("record", {"n": 1})
+    c.enqueue("record", {"n": 2}, priority=7)
+    scanned, by_scan = census.waiting_versions(project.runtime.redis, project.runtime.keys)
+    counted, _ = census.counts(project.runtime.redis, project.runtime.keys)
+    assert scanned == counted == 2, (scanned, counted)
+    assert by_scan[("fast", "queued", "record", "1")] == 2
+    assert c.stats()["fast"]["ready"] == 2  # both wait to run, whichever structure holds them

@@ -506,6 +506,34 @@ def test_a_woken_job_of_priority_goes_ahead_of_plain_ready_ones(p: Project) -> N
     assert b[0] == "b"
 
 
+def test_resumed_priority_jobs_come_back_first_in_the_order_they_were_held(p: Project) -> None:
+    """A paused function's held jobs of priority 5, resumed two per call (as a long held
+    list is, in chunks): they run in the order they were held, ahead of a job of the same
+    priority that came meanwhile, as plain resumed jobs do at the consumer end of ready."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.hset(k.paused, "fn:noop", NOW)
+    for i in range(4):
+        enqueue(p, new(f"a{i}", priority=5), now=NOW + i)
+    assert claim(p, n=10, now=NOW + 10) == []
+    enqueue(p, new("other", type_="other", priority=5), now=NOW + 20)
+    first = True
+    while True:
+        _, left = sc.resume(k, "noop", first, limit=2)
+        first = False
+        if not int(left):
+            break
+    assert r.zrange(k.prio, 0, -1) == ["a0", "a1", "a2", "a3", "other"]
+
+
+def test_a_cancelled_priority_job_leaves_the_priority_set(p: Project) -> None:
+    """A cancel takes a queued job of priority out of the priority set at once: its id is
+    not left to be popped after its record is trimmed (and taken for a malformed one)."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("h", priority=5))
+    assert list(sc.cancel(k, "h", 1000, now_ms=NOW + 1)) == [1, "cancelled"]
+    assert r.zcard(k.prio) == 0
+
+
 def test_release_later_keeps_the_lease_and_reclaim_requeues_without_spending(p: Project) -> None:
     """A release "later" (the handler may still run: a thread at shutdown) marks the claim
     'x' and keeps its lease, so nobody can start the job meanwhile; once the lease lapses,

@@ -545,7 +545,7 @@ local function job_put(Q, now, j, put)
     end
     redis.call('SET', ik, j.id .. ' ' .. j.phash)
   end
-  -- The record is one string; a job due now has no state hash at all (see above).
+  -- The record is one string; a plain job due now has no state hash at all (see above).
   local jk = Q.job .. j.id
   redis.call('SET', jk, rec_encode({type = j.type, version = j.version, max_attempts = j.max_attempts,
     created_ms = now_text(now), idem_key = j.ikey, idem_hash = j.ikey ~= '' and j.phash or '', resource_key = j.rkey,
@@ -632,7 +632,7 @@ end
 --   <group prefix><gid>     HASH  total, left (members not finished), done, dead, cancelled,
 --                                 bytes (of the outcomes so far), sealed ('1' once every
 --                                 member is written), then (the then-job: JSON list of its
---                                 queue, '' this one, and its 12 enqueue fields, the payload
+--                                 queue, '' this one, its 12 enqueue fields and priority, the payload
 --                                 without the group field), inline (the most outcome bytes
 --                                 put in its payload), keep (ms kept once complete),
 --                                 created_ms, completed_ms

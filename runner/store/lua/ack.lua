@@ -33,8 +33,9 @@
 -- then per job 6 fields:
 --   id, token, result (JSON, '' none), "<type>|<version>" (the census field), stats fields
 --   (space-separated), ms to keep the result on its own (KEEP_RESULT; 0 none)
--- then m, the follow-ups (ctx.enqueue); per follow-up 14 fields: the index of its parent
---   in this batch (1-based), its queue ('' this one), then the 12 fields of enqueue.lua
+-- then m, the follow-ups (ctx.enqueue); per follow-up 15 fields: the index of its parent
+--   in this batch (1-based), its queue ('' this one), the 12 fields of enqueue.lua, its
+--   priority
 -- then g, the group members among the jobs; per member 5 fields: its index in this batch,
 --   its group id, its index in the group, 'done', its outcome (JSON)
 --

@@ -27,7 +27,7 @@
 --   id, token, reason, error (JSON, '' none), history entry (JSON, '' none),
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
 --   a handler; 0: it counts), stats fields (space-separated)
--- then m, ON_FAILURE jobs, 14 fields each as ack.lua's follow-ups: written only for a job
+-- then m, ON_FAILURE jobs, 15 fields each as ack.lua's follow-ups: written only for a job
 --   buried here, in this step, once by id (their ids go in its state as 'children')
 -- then g, the group members among the jobs, 5 fields each as in ack.lua (status dead or
 --   cancelled): each counted down in this step, once

@@ -32,7 +32,8 @@
 -- KEYS[15] notify      LIST
 -- KEYS[16] stats       HASH
 -- KEYS[17] outbox      LIST
--- KEYS[18] prio        ZSET  (a complete group's then-job of priority 1-9)
+-- KEYS[18] prio        ZSET  ids of priority 1-9 (a cancelled one leaves it; a complete
+--                            group's then-job of priority goes there)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -56,6 +57,8 @@ end
 
 local function finish(rec)
   redis.call('ZREM', KEYS[4], id)
+  -- Out of the priority set at once (cheap; an id left in ready is skipped by the claim).
+  if KEYS[18] then redis.call('ZREM', KEYS[18], id) end
   end_cancelled(jk, id, rec, now, ttl, KEYS[7], KEYS[8], KEYS[10], KEYS[9])
   if KEYS[12] then
     group_cancelled({group = KEYS[12], notify = KEYS[15], census = KEYS[8], outbox = KEYS[17],

@@ -166,7 +166,7 @@ local function take(id)
     return
   end
   local sk = jk .. ':s'
-  -- A job that waits untouched has no state hash (most jobs of a deep queue): one EXISTS
+  -- A plain job that waits untouched has no state hash (most jobs of a deep queue): one EXISTS
   -- answers for it, where HMGET of nine fields cost four times as much.
   local f = NO_STATE
   if redis.call('EXISTS', sk) == 1 then

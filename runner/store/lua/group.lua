@@ -22,8 +22,8 @@
 -- ARGV[2] group id
 -- ARGV[3] 1: the first chunk (creates the group from ARGV[5..7]); 0: a later one
 -- ARGV[4] 1: the last chunk (seals the group)
--- ARGV[5] the then-job: a JSON list of its queue ('' this one) and its 12 enqueue fields
---         (all strings; the payload a JSON object without the group field)
+-- ARGV[5] the then-job: a JSON list of its queue ('' this one), its 12 enqueue fields and
+--         its priority (all strings; the payload a JSON object without the group field)
 -- ARGV[6] inline bound: the most outcome bytes passed in the then-job's payload
 -- ARGV[7] keep, ms: how long the group is kept once complete (and while unsealed)
 -- ARGV[8] n; then 13 fields per member, as enqueue.lua (no idempotency key)

@@ -16,9 +16,11 @@
 -- Returns {ids moved, ids still held}.
 if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], ARGV[1]) end
 local moved = 0
-local now = clock('')
 if KEYS[5] ~= '' then
-  -- Take the newest first to the consumer end, so the oldest ends up taken first.
+  -- Take the newest first to the consumer end, so the oldest ends up taken first. A job
+  -- of priority goes to the front of its priority, scored by its place in the held list
+  -- (1 the oldest), so the order holds across calls too.
+  local place = redis.call('LLEN', KEYS[5])
   for _ = 1, tonumber(ARGV[3]) do
     local id = redis.call('RPOP', KEYS[5])
     if not id then break end
@@ -27,13 +29,13 @@ if KEYS[5] ~= '' then
     if type(st) == 'table' and st[1] == 'deferred' then
       redis.call('HSET', sk, 'status', 'queued')
       if tonumber(st[2]) and KEYS[6] then
-        -- Taken newest first: each earlier one goes a little ahead within its priority.
-        redis.call('ZADD', KEYS[6], -tonumber(st[2]) * 1e13 + now - moved, id)
+        redis.call('ZADD', KEYS[6], -tonumber(st[2]) * 1e13 + place, id)
       else
         redis.call('RPUSH', KEYS[2], id)
       end
       moved = moved + 1
     end
+    place = place - 1
   end
 end
 wake(KEYS[3])
