@@ -42,12 +42,17 @@ def handle(payload, ctx):
 '''
 
 
-def add_limited(project: Project, concurrency: str) -> None:
-    (project.root / "functions" / "limited.py").write_text(LIMITED.format(concurrency=concurrency))
-    folder = project.root / "schemas" / "limited"
+def add_function(project: Project, name: str, text: str, schema: str = SCHEMA) -> None:
+    """functions/<name>.py and its v1 schema; the project's runtime loads them afresh."""
+    (project.root / "functions" / f"{name}.py").write_text(text)
+    folder = project.root / "schemas" / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "v1.json").write_text(SCHEMA)
+    (folder / "v1.json").write_text(schema)
     project._runtime = None
+
+
+def add_limited(project: Project, concurrency: str) -> None:
+    add_function(project, "limited", LIMITED.format(concurrency=concurrency))
 
 
 def spans(project: Project, ids: list[str]) -> list[tuple[float, float]]:
@@ -287,10 +292,7 @@ def test_a_rate_limit_of_20_a_second_gives_200_starts_in_10_s_spread_evenly(proj
     """RATE_LIMIT 20 per second over 260 jobs on 4 workers: after the first second's
     burst of 20, the next 10 s hold 200 +- 5 starts, about 20 in each second, all on
     their first attempt (held-back jobs spend none), each job held back at most once."""
-    (project.root / "functions" / "rated.py").write_text(RATED)
-    (project.root / "schemas" / "rated").mkdir()
-    (project.root / "schemas" / "rated" / "v1.json").write_text(SCHEMA)
-    project._runtime = None
+    add_function(project, "rated", RATED)
     ids = [e.id for e in project.client.enqueue_many(  # type: ignore[union-attr]
         Request("rated", {}) for _ in range(260))]
     for _ in range(4):
@@ -332,10 +334,7 @@ def test_rate_limited_from_a_handler_puts_the_job_back_without_spending_an_attem
     """A handler with MAX_ATTEMPTS = 1 raises RateLimited(retry_after=1) twice: the job
     runs a third time and is done on attempt 1, each run at least a second after the one
     before, with two "rate limited" entries in its history."""
-    (project.root / "functions" / "throttled.py").write_text(THROTTLED)
-    (project.root / "schemas" / "throttled").mkdir()
-    (project.root / "schemas" / "throttled" / "v1.json").write_text(SCHEMA)
-    project._runtime = None
+    add_function(project, "throttled", THROTTLED)
     c = project.client
     job = c.enqueue("throttled", {}).id
     project.spawn_worker("fast")
@@ -373,10 +372,7 @@ def test_rate_limited_past_its_free_uses_spends_attempts_and_never_runs_past_the
     """RateLimited is free 100 times a job; past that each counts as an attempt. With
     MAX_ATTEMPTS = 1 the 101st run is the last: the job is dead ("max attempts reached",
     attempt 1) and never runs a 102nd time; with 2, the 102nd run is the second attempt."""
-    (project.root / "functions" / "throttled.py").write_text(ALWAYS_THROTTLED.format(attempts=attempts))
-    (project.root / "schemas" / "throttled").mkdir()
-    (project.root / "schemas" / "throttled" / "v1.json").write_text(SCHEMA)
-    project._runtime = None
+    add_function(project, "throttled", ALWAYS_THROTTLED.format(attempts=attempts))
     c = project.client
     job = c.enqueue("throttled", {}).id
     project.spawn_worker("fast")
@@ -442,10 +438,7 @@ def test_jobs_a_handler_writes_keep_their_priority(project: Project) -> None:
     project.write_config(concurrency=1, prefetch=0)
     add_limited(project, "None")
     for name, text in (("urgent", URGENT), ("fan_out", FAN_OUT)):
-        (project.root / "functions" / f"{name}.py").write_text(text)
-        (project.root / "schemas" / name).mkdir()
-        (project.root / "schemas" / name / "v1.json").write_text('{"type": "object"}')
-    project._runtime = None
+        add_function(project, name, text, '{"type": "object"}')
     c = project.client
     parent = c.enqueue("fan_out", {}).id
     project.spawn_worker("fast")

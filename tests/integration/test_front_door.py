@@ -204,7 +204,7 @@ import json, sys
 from runner import Client
 client = Client.from_config(*sys.argv[1:])
 job = client.enqueue("send_email", {"user_id": 4, "to": ["ada@example.com"], "name": "Ada", "template": "welcome"})
-print(json.dumps({"url": client.runtime.config.redis.url, "id": job.id}))
+print(json.dumps({"url": client.runtime.config.redis.url, "id": job.id, "duplicate": job.duplicate}))
 """
 
 
@@ -226,20 +226,23 @@ def test_the_python_client_follows_a_running_dev_as_the_cli_does(tmp_path: Path,
         assert out["url"] == embedded
         assert dev.finished(out["id"], timeout=15)["status"] == "done"
 
-        prefix = f"t{os.getpid()}"
+        prefix = f"app{os.getpid()}"  # the server is shared: a prefix of this test's own
         explicit = user_env(root, REDIS_URL=server.url, RUNNER_REDIS_PREFIX=prefix)
         ran = subprocess.run([sys.executable, "app.py"], cwd=root, env=explicit, capture_output=True,
                              text=True, timeout=60)
         assert ran.returncode == 0, ran.stderr
-        assert json.loads(ran.stdout)["url"] == server.url
+        first = json.loads(ran.stdout)
+        assert first["url"] == server.url
         other = root / "other.toml"
         other.write_text(f'[redis]\nurl = "{server.url}"\nprefix = "{prefix}"\n\n' + QUEUES)
         ran = subprocess.run([sys.executable, "app.py", str(other)], cwd=root, env=env, capture_output=True,
                              text=True, timeout=60)
         assert ran.returncode == 0, ran.stderr
-        assert json.loads(ran.stdout)["url"] == server.url
+        again = json.loads(ran.stdout)
+        # The same server and prefix: the same payload is the first job's duplicate there.
+        assert again["url"] == server.url and again["duplicate"] and again["id"] == first["id"]
         r = redis.Redis.from_url(server.url)
-        assert r.llen(f"{prefix}:{{fast}}:ready") == 2
+        assert r.llen(f"{prefix}:{{fast}}:ready") == 1
         r.close()
     finally:
         assert dev.stop() == 0
