@@ -2,9 +2,11 @@
 
 - ``counts``: the census the scripts keep, jobs not done per (type, version) in each
   queue's ``census`` hash; one HGETALL per queue whatever the depth;
-- ``scan`` and ``waiting_versions``: every job of ready, leases, scheduled and dead with
-  some of its fields, read without SCAN (LRANGE/ZRANGE in chunks, then one pipelined read
-  per chunk): the slow, exact answer per state (`runner check --scan`). It is a snapshot:
+- ``scan`` and ``waiting_versions``: every job of the priority set, ready, leases,
+  scheduled and dead, and the jobs held back (a paused function's held list, a limit's
+  waiters), with some of its fields, read without SCAN (LRANGE/ZRANGE in chunks, then one
+  pipelined read per chunk): the slow, exact answer per state (`runner check --scan`).
+  The held lists read are those of the functions paused now. It is a snapshot:
   a job that moves between two structures while it runs may be seen twice or not at all,
   which only matters for jobs that were runnable anyway.
 """
@@ -34,12 +36,21 @@ def _ids(redis: Any, key: str, is_list: bool) -> Iterator[list[str]]:
         start += CHUNK
 
 
+def _held_back(redis: Any, k: QueueKeys) -> list[tuple[str, str, bool]]:
+    """The lists of deferred jobs: each paused function's held list, each limit's waiters."""
+    held = [k.held(field[3:]) for field in redis.hkeys(k.paused) if field.startswith("fn:")]
+    waiters = [k.limit(name) + ":w" for name in redis.zrange(k.limwait, 0, -1)]
+    return [("deferred", key, True) for key in held + waiters]
+
+
 def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version"),
-         states: tuple[str, ...] = ("queued", "processing", "scheduled", "dead"),
+         states: tuple[str, ...] = ("queued", "processing", "scheduled", "deferred", "dead"),
          ) -> Iterator[tuple[str, str, list[str | None]]]:
     """Every waiting job of a queue as (state, id, [field values]); records gone are skipped."""
-    structures = (("queued", k.prio, False), ("queued", k.ready, True), ("processing", k.leases, False),
-                  ("scheduled", k.scheduled, False), ("dead", k.dead, False))
+    structures = [("queued", k.prio, False), ("queued", k.ready, True), ("processing", k.leases, False),
+                  ("scheduled", k.scheduled, False), ("dead", k.dead, False)]
+    if "deferred" in states:
+        structures += _held_back(redis, k)
     for state, key, is_list in structures:
         if state not in states:
             continue
@@ -53,6 +64,8 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
                 rec, st = replies[2 * n], replies[2 * n + 1]
                 view = records.view(job_id, rec if isinstance(rec, str) else None,
                                     st if isinstance(st, dict) else {}, None, None)
+                if state == "deferred" and view.get("status") != "deferred":
+                    continue  # a stale entry of a held or waiter list: the job is elsewhere
                 values = [view.get(f) for f in fields]
                 if values[0] is not None:
                     yield state, job_id, values

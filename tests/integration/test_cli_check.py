@@ -156,3 +156,21 @@ def test_the_scan_reads_jobs_waiting_in_the_priority_set(project: Project) -> No
     assert scanned == counted == 2, (scanned, counted)
     assert by_scan[("fast", "queued", "record", "1")] == 2
     assert c.stats()["fast"]["ready"] == 2  # both wait to run, whichever structure holds them
+
+
+def test_the_scan_reads_jobs_held_by_a_pause_or_waiting_on_a_limit(project: Project) -> None:
+    """Jobs held back without an attempt (a paused function's held list, a full limit's
+    waiters) are waiting jobs too: the scan counts them as deferred, as the census does."""
+    c, k, sc = project.client, project.keys(), project.runtime.scripts
+    c.pause(function="record")
+    for n in range(2):
+        c.enqueue("record", {"n": n})
+    c.enqueue("resource", {"r": "x"})
+    c.enqueue("resource", {"r": "x"})
+    got = sc.claim(k, n=10, start=10, lease_ms=60_000, token_base="t.1", dead_ttl_ms=10**7, done_ttl_ms=10**7)
+    assert len(got[2:]) == 14  # one resource job claimed; the other waits on its limit
+    scanned, by_scan = census.waiting_versions(project.runtime.redis, project.runtime.keys)
+    counted, _ = census.counts(project.runtime.redis, project.runtime.keys)
+    assert scanned == counted == 4, (scanned, counted, by_scan)
+    assert by_scan[("fast", "deferred", "record", "1")] == 2
+    assert by_scan[("fast", "deferred", "resource", "1")] == 1
