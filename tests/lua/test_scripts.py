@@ -534,6 +534,19 @@ def test_a_cancelled_priority_job_leaves_the_priority_set(p: Project) -> None:
     assert r.zcard(k.prio) == 0
 
 
+def test_a_priority_job_queued_by_the_release_before_keeps_its_priority_from_its_claim(p: Project) -> None:
+    """A job of priority queued before the priority was kept in the state (the release
+    before: the priority set's score alone held it) gets it written by its claim, so a
+    release or a retry puts it back in the priority set, not behind the plain jobs."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("h", priority=6), new("plain"))
+    r.hdel(k.state("h"), "priority")  # as the release before wrote it
+    (got,) = claim(p, n=1)
+    assert got[0] == "h" and r.hget(k.state("h"), "priority") == "6"
+    assert sc.release(k, [Hand("h", got[1], "now")], now_ms=NOW + 1) == [1]
+    assert r.zrange(k.prio, 0, -1) == ["h"]
+
+
 def test_release_later_keeps_the_lease_and_reclaim_requeues_without_spending(p: Project) -> None:
     """A release "later" (the handler may still run: a thread at shutdown) marks the claim
     'x' and keeps its lease, so nobody can start the job meanwhile; once the lease lapses,

@@ -84,9 +84,11 @@ local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
 local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated',
-  'cancel_requested'}
+  'cancel_requested', 'priority'}
 local NO_STATE = {}  -- what HMGET of STATE reads of a job without a state hash
 local NONE = {}  -- the limits of a job under none
+-- Ids popped from the priority set in this call, with their scores (see put_back below).
+local from_prio = {}
 -- Numbers are formatted on every use (a concat, an argument of redis.call): the ones every
 -- claim of this call writes are formatted once. now_s as a concatenation formats it; the
 -- deadline exactly, as redis.call sends a number (an integer's digits, else 17 digits).
@@ -167,7 +169,7 @@ local function take(id)
   end
   local sk = jk .. ':s'
   -- A plain job that waits untouched has no state hash (most jobs of a deep queue): one EXISTS
-  -- answers for it, where HMGET of nine fields cost four times as much.
+  -- answers for it, where HMGET of ten fields cost four times as much.
   local f = NO_STATE
   if redis.call('EXISTS', sk) == 1 then
     -- pcall: a state key of another type is a damaged record, buried with its reason.
@@ -199,6 +201,11 @@ local function take(id)
     -- A stray id (the record is dead or elsewhere): drop it, never run it twice.
     tally('stray')
     return
+  end
+  if from_prio[id] and not f[10] then
+    -- Queued by the release before, which kept the priority in the score alone: kept in
+    -- the state now, so a retry or a release puts the job back in the priority set.
+    redis.call('HSET', sk, 'priority', math.ceil(-tonumber(from_prio[id]) / 1e13))
   end
   local typ = rec.type
   if any_paused and paused['fn:' .. typ] then
@@ -332,9 +339,8 @@ local function take(id)
 end
 
 local popped = 0
--- Ids popped from the priority set, with their scores: one put back goes back there, in
--- its place, not to ready.
-local from_prio = {}
+-- An id popped from the priority set and put back goes back there, in its place, not to
+-- ready.
 local function put_back(id)
   if from_prio[id] then
     redis.call('ZADD', KEYS[17], from_prio[id], id)
