@@ -144,9 +144,6 @@ local function purge_holders(k, now)
   on_holders('ZREMRANGEBYSCORE', k, '-inf', now)
 end
 
--- Wake parked jobs of one limit key while it has free slots: each woken job gets a
--- reserved slot and goes to the consumer end of ready. Stale entries (a job cancelled,
--- requeued or otherwise no longer parked) are skipped. Returns how many were woken.
 -- A job back to waiting for a worker (due after a delay or a backoff, released, its lease
 -- lapsed, woken by a limit, resumed, requeued): one of priority 1-9 (its state's
 -- 'priority', written at enqueue) goes to the priority set, so it keeps its place ahead
@@ -163,6 +160,10 @@ local function to_ready(ready_key, prio_key, id, prio, now, next)
   end
 end
 
+-- Wake parked jobs of one limit key while it has free slots: each woken job gets a
+-- reserved slot and goes to the consumer end of ready (or the front of its priority).
+-- Stale entries (a job cancelled, requeued or otherwise no longer parked) are skipped.
+-- Returns how many were woken.
 local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notify_key, limwait_key, prio_key)
   local k = lim_prefix .. key
   local wk = k .. ':w'
