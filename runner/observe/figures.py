@@ -199,6 +199,7 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
         pipe.hgetall(k.paused)
         pipe.zcard(k.prio)
         pipe.zcard(k.cancelled)
+        pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
     raw = pipe.execute()
     # A partitioned queue's figures are its partitions' summed: every count and histogram
     # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
@@ -206,13 +207,15 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
     oldest: list[tuple[str, Any, str]] = []
     each: dict[str, list[PartitionFigures]] = {}
     for i, k in enumerate(every):
-        row = raw[11 * i: 11 * i + 11]
+        row = raw[12 * i: 12 * i + 12]
         if len(rt.parts[k.queue]) > 1:
             each.setdefault(k.queue, []).append(PartitionFigures(
                 k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1], scheduled=row[3],
                 dead=row[5]))
         if row[6]:
             oldest.append((k.queue, k, row[6]))
+        if row[11]:
+            oldest.append((k.queue, k, row[11][0]))
         acc = sums.get(k.queue)
         if acc is None:
             sums[k.queue] = [*row[:6], dict(row[7]), row[8], row[9], row[10]]

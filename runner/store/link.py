@@ -382,6 +382,9 @@ class Pipeline:
     def zcount(self, key: str, low: Any, high: Any) -> Pipeline:
         return self._add("ZCOUNT", key, low, high)
 
+    def zrange(self, key: str, start: int, end: int) -> Pipeline:
+        return self._add("ZRANGE", key, start, end)
+
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Pipeline:
         return self._add("EVALSHA", sha, numkeys, *keys_and_args)
 

@@ -145,3 +145,17 @@ def test_queue_gauges_show_waiting_due_and_expired_work(project: Project) -> Non
         tput = web.get("/throughput?minutes=5").json()
         assert len(tput["times"]) == 5 and tput["queues"]["fast"]["done"] == [0] * 5
         assert codec.loads(codec.dumps(tput)) == tput
+
+
+def test_the_oldest_ready_age_sees_a_job_waiting_in_the_priority_set(project: Project) -> None:
+    """A queue whose only waiting job has a priority (it waits in the priority set, not in
+    ready) still has an oldest ready age: the gauge an autoscaler reads is not 0 while a
+    job waits."""
+    from runner.observe.figures import read_queues
+
+    job = project.client.enqueue("slow", {"seconds": 0}, priority=5)
+    created = int(job.id[:12], 16)  # an id begins with its creation, in ms
+    figures = {q.name: q for q in read_queues(project.runtime, created + 5_000)}
+    assert figures["slow"].ready == 1
+    age = figures["slow"].oldest_ready_age_s
+    assert age is not None and 4.0 <= age <= 6.0, age
