@@ -700,7 +700,7 @@ class Client:
             pipe.hexists(k.paused, f"fn:{fn.name}")
             pipe.time()
             pipe.zrange(lim, 0, -1, withscores=True)
-            pipe.llen(lim + ":w")
+            pipe.llen(limit_keys.waiters(f"c:{fn.name}"))
             for part in parts:
                 pipe.llen(part.held(fn.name))
             paused, (sec, usec), holders, waiting, *held_each = pipe.execute(raise_on_error=False)

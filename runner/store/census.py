@@ -39,7 +39,7 @@ def _ids(redis: Any, key: str, is_list: bool) -> Iterator[list[str]]:
 def _held_back(redis: Any, k: QueueKeys) -> list[tuple[str, str, bool]]:
     """The lists of deferred jobs: each paused function's held list, each limit's waiters."""
     held = [k.held(field[3:]) for field in redis.hkeys(k.paused) if field.startswith("fn:")]
-    waiters = [k.limit(name) + ":w" for name in redis.zrange(k.limwait, 0, -1)]
+    waiters = [k.waiters(name) for name in redis.zrange(k.limwait, 0, -1)]
     return [("deferred", key, True) for key in held + waiters]
 
 

@@ -173,6 +173,10 @@ class QueueKeys:
     def limit(self, key: str) -> str:
         return self.lim_prefix + key
 
+    def waiters(self, key: str) -> str:
+        """The LIST of jobs parked on limit ``key``, oldest first (see wake_parked in _lib.lua)."""
+        return self.lim_prefix + key + ":w"
+
     def group(self, group_id: str) -> str:
         return self.group_prefix + group_id
 

@@ -77,7 +77,7 @@ def _source(redis: Any, k: QueueKeys, status: str, index: int, held_types: Seque
     # whose waiters all left since the last page moves the later ones up by one).
     rank = index - len(held_types)
     named = redis.zrange(k.limwait, rank, rank)
-    return ("list", k.limit(named[0]) + ":w") if named else None
+    return ("list", k.waiters(named[0])) if named else None
 
 
 def _chained(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
