@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from runner.store.combiner import AsyncCombiner, Combiner
+from runner.store.combiner import GATHER_TURNS, AsyncCombiner, Combiner, LoopCombiner
 
 
 def _run_threads(n: int, target: object) -> None:
@@ -338,3 +338,89 @@ def test_async_a_forked_child_sends_its_own_batches() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     c.close()
+
+
+# --- LoopCombiner: on the event loop itself --------------------------------------------
+
+
+async def _ticking(turns: list[int]) -> None:
+    """Counts the loop's turns until cancelled."""
+    while True:
+        turns[0] += 1
+        await asyncio.sleep(0)
+
+
+def test_loop_a_lone_call_goes_out_without_waiting_for_the_loop() -> None:
+    """A caller alone (nothing else waiting, the last batch a lone one) is sent on the
+    drain's first step: a quiet web process adds no loop turns to an enqueue."""
+    sent: list[tuple[list[int], int]] = []
+
+    async def main() -> list[int]:
+        turns = [0]
+        ticker = asyncio.create_task(_ticking(turns))
+
+        async def send(items: Sequence[int]) -> list[int]:
+            sent.append((list(items), turns[0]))
+            return [i * 10 for i in items]
+
+        c: LoopCombiner[int, int] = LoopCombiner(send)
+        out = []
+        for i in range(3):
+            await asyncio.sleep(0)
+            before = turns[0]
+            out.append(await c.submit(i))
+            assert sent[-1][1] - before <= 1, "a lone call waited for loop turns"
+        ticker.cancel()
+        return out
+
+    assert asyncio.run(main()) == [0, 10, 20]
+    assert [items for items, _ in sent] == [[0], [1], [2]]
+
+
+def test_loop_under_load_the_next_turns_items_join_the_batch() -> None:
+    """Two callers at once is load: the batch waits a few loop turns and takes in the
+    items of callers that arrive in them, so one round trip carries all four. Each
+    caller still gets its own answer."""
+    sent: list[list[int]] = []
+
+    async def send(items: Sequence[int]) -> list[int]:
+        sent.append(list(items))
+        return [-i for i in items]
+
+    async def main() -> list[int]:
+        c: LoopCombiner[int, int] = LoopCombiner(send)
+
+        async def after(turns: int, item: int) -> int:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await c.submit(item)
+
+        return list(await asyncio.gather(c.submit(1), c.submit(2), after(1, 3), after(GATHER_TURNS - 1, 4)))
+
+    assert asyncio.run(main()) == [-1, -2, -3, -4]
+    assert sent == [[1, 2, 3, 4]]
+
+
+def test_loop_gathering_keeps_to_max_batch_and_answers_everyone() -> None:
+    """Under load a batch still holds at most max_batch items, and every caller of 50
+    arriving over many turns is answered with its own result."""
+    sent: list[list[int]] = []
+
+    async def send(items: Sequence[int]) -> list[int]:
+        sent.append(list(items))
+        await asyncio.sleep(0)
+        return [i + 1000 for i in items]
+
+    async def main() -> list[int]:
+        c: LoopCombiner[int, int] = LoopCombiner(send, max_batch=4)
+
+        async def after(turns: int, item: int) -> int:
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            return await c.submit(item)
+
+        return list(await asyncio.gather(*(after(i % 7, i) for i in range(50))))
+
+    assert asyncio.run(main()) == [i + 1000 for i in range(50)]
+    assert max(len(b) for b in sent) <= 4
+    assert sorted(i for b in sent for i in b) == list(range(50))
