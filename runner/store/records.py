@@ -129,10 +129,11 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
 
 
 class _Entropy(threading.local):
-    """Random bytes read from the OS 4 KiB at a time, per thread: one getrandom() call per
-    800 ids instead of one per id (a syscall is a few microseconds on a VM)."""
+    """Random bytes read from the OS 4 KiB at a time, per thread, kept as hex text: one
+    getrandom() call per 819 ids instead of one per id (a syscall is a few microseconds
+    on a VM), and one slice per id instead of a slice and a hex conversion."""
 
-    buf = b""
+    hex = ""
     pos = 0
 
 
@@ -151,11 +152,11 @@ os.register_at_fork(after_in_child=_fresh_entropy)
 def new_id() -> str:
     """Time-ordered, unique job id: 12 hex digits of ms since epoch + 10 random hex."""
     e = _entropy
-    if e.pos + 5 > len(e.buf):
-        e.buf, e.pos = os.urandom(4096), 0
-    rnd = e.buf[e.pos:e.pos + 5]
-    e.pos += 5
-    return f"{int(time.time() * 1000):012x}{rnd.hex()}"
+    pos = e.pos
+    if pos + 10 > len(e.hex):
+        e.hex, pos = os.urandom(4096).hex(), 0
+    e.pos = pos + 10
+    return f"{int(time.time() * 1000):012x}{e.hex[pos:pos + 10]}"
 
 
 def parent_of(job_id: str) -> str | None:

@@ -106,3 +106,16 @@ def test_the_job_view_shows_children_and_group_apart_from_other_meta() -> None:
     assert dead["children"] == ["p.f"]
     member = Job("m", "fast", {"meta": '{"group":"g1","member":3}'}).as_dict()
     assert (member["group"], member["member"], member["parent"], member["children"]) == ("g1", 3, None, [])
+
+
+def test_a_new_job_is_its_enqueue_fields_in_order() -> None:
+    """enqueue_call sends a NewJob as it is: its fields must stay the 12 job fields of
+    enqueue.lua followed by the priority. A field added or moved in NewJob would shift
+    every argument after it; this names the mismatch instead."""
+    from runner.store.keys import QueueKeys
+    from runner.store.scripts import NewJob, Scripts, _job_fields
+
+    j = NewJob("id1", "noop", 2, '{"a":1}', 5, 7, 8, "k", "h", "r", "1 x", '{"m":1}', 4)
+    assert list(j) == [*_job_fields(j), j.priority]
+    _, _, args = Scripts.enqueue_call(QueueKeys("p", "fast"), [j, j._replace(id="id2", priority=0)], now_ms=1)
+    assert args[2:] == [*_job_fields(j), 4, *_job_fields(j._replace(id="id2")), 0]
