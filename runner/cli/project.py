@@ -48,6 +48,11 @@ def functions(ctx: click.Context, as_json: bool) -> None:
         sys.exit(EXIT_REFUSED)
 
 
+def _per(limit: str, key: str | None) -> str:
+    """A limit as the table shows it: cluster-wide, or "per <key template>"."""
+    return f"{limit} per {key}" if key else limit
+
+
 def _options(d: dict[str, Any]) -> str:
     """A function's options for the table, the defaults left out (--json has them all)."""
     opts = [f"attempts={d['max_attempts']}", f"timeout={d['timeout']:g}s"]
@@ -57,12 +62,10 @@ def _options(d: dict[str, Any]) -> str:
         opts.append(f"idem={d['idempotency_key']}")
     if d["resource_key"]:
         opts.append(f"resource={d['resource_key']}")
-    if d["concurrency"]:
-        c = d["concurrency"]
-        opts.append(f"concurrency={c['limit']}" + (f" per {c['key']}" if c["key"] else ""))
-    if d["rate_limit"]:
-        r = d["rate_limit"]
-        opts.append(f"rate={r['limit']}/{r['period']:g}s" + (f" per {r['key']}" if r["key"] else ""))
+    if c := d["concurrency"]:
+        opts.append(_per(f"concurrency={c['limit']}", c["key"]))
+    if r := d["rate_limit"]:
+        opts.append(_per(f"rate={r['limit']}/{r['period']:g}s", r["key"]))
     if d["priority"]:
         opts.append(f"priority={d['priority']}")
     if d["max_age"]:
