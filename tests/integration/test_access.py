@@ -373,3 +373,34 @@ def test_the_app_follows_a_reloaded_config(project: Project) -> None:
     assert client.simulate_get("/whoami", headers=ops).json["name"] == "ops"
     rt.config = replace(rt.config, api=open_api)
     assert client.simulate_get("/queues").status_code == 200
+
+
+def test_the_fast_lane_hashes_an_admitted_header_once_per_config(project: Project, monkeypatch: Any) -> None:
+    """A producer's enqueues send the same Authorization header each time: the fast lane
+    hashes it the first time only. A wrong token is hashed and refused every time, and a
+    token taken out of the config is refused from the next request on."""
+    hashed: list[bytes] = []
+    identify = auth.identify
+
+    def counted(tokens: Any, presented: bytes) -> Any:
+        hashed.append(presented)
+        return identify(tokens, presented)
+
+    monkeypatch.setattr(auth, "identify", counted)
+    rt = project.runtime
+    (project.root / "tokens.toml").write_text("[queues.fast]\n[queues.slow]\n" + TOKENS)
+    rt.config = replace(rt.config, api=config_mod.load(project.root / "tokens.toml", env=ENV).api)
+    client = falcon.testing.TestClient(create_app(rt))
+
+    def enqueue(secret: str) -> int:
+        return client.simulate_post("/jobs/record", json={"n": 1},
+                                    headers={"Authorization": f"Bearer {secret}"}).status_code
+
+    assert [enqueue(SECRETS["producer"]) for _ in range(3)] == [202, 202, 202]
+    assert hashed.count(SECRETS["producer"].encode()) == 1
+    assert [enqueue("a-guess") for _ in range(2)] == [401, 401]
+    assert hashed.count(b"a-guess") >= 2
+    without = TOKENS.replace('[api.tokens.producer]\nenv = "RUNNER_TOKEN_PRODUCER"\nscopes = ["enqueue:record"]\n', "")
+    (project.root / "tokens.toml").write_text("[queues.fast]\n[queues.slow]\n" + without)
+    rt.config = replace(rt.config, api=config_mod.load(project.root / "tokens.toml", env=ENV).api)
+    assert enqueue(SECRETS["producer"]) == 401
