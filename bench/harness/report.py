@@ -94,6 +94,27 @@ def io_table(res: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def memory_table(res: dict[str, Any]) -> list[str]:
+    """Redis memory per job in the no-op drain: while queued, and still held once every
+    job ran (what each system keeps by default: records, results, acked messages)."""
+    systems = res["systems"]
+    if not any(s.get("queued_bytes_per_job") for s in systems.values()):
+        return []
+    rn = systems.get("runner", {})
+    out = ["**Redis memory per job** (the no-op drain above: the growth of used_memory from the empty server "
+           "to the end of the enqueue, and to after the workers ran every job and stopped, over the jobs; the "
+           "same small payload for every system. Each system's constant costs, its scripts and the server's own "
+           "structures, are spread over the jobs: compare within this table; runner's own per-job figures, "
+           "after a warm-up, are under Runner-only scenarios. `runner ÷` above 1: runner uses less)", "",
+           "| system | bytes per queued job | runner ÷ | bytes still held per finished job |", "|---|---|---|---|"]
+    for name, s in systems.items():
+        q = s.get("queued_bytes_per_job")
+        out.append(f"| {s['label']} | {cell(q)} | "
+                   f"{'' if name == 'runner' else ratio(rn.get('queued_bytes_per_job'), q, lower_better=True)} | "
+                   f"{cell(s.get('held_bytes_per_job'))} |")
+    return [*out, ""]
+
+
 def limits(res: dict[str, Any]) -> list[str]:
     """Where runner's drain stands against the CPU it costs."""
     r = res["systems"].get("runner")
@@ -225,6 +246,10 @@ def extras_md(x: dict[str, Any]) -> list[str]:
         from harness import startup
 
         out += startup.markdown(x["startup"])
+    if x.get("memory") and "error" not in x["memory"]:
+        import memory
+
+        out += memory.markdown(x["memory"])
     if x.get("flow"):
         from harness import flow
 
@@ -264,6 +289,7 @@ def markdown(res: dict[str, Any]) -> str:
               "open loop. Redis commands per job count the commands inside scripts too; the "
               "figure in parentheses is script calls (EVALSHA) per job.", ""]
     lines += io_table(res)
+    lines += memory_table(res)
     lines += limits(res)
     if res.get("runner_only"):
         lines += ["## Runner-only scenarios", "", *extras_md(res["runner_only"])]

@@ -98,10 +98,12 @@ Hook = Callable[[], None] | None
 
 def drain(env: Env, sysm: System, n: int, cap_s: float, before_workers: Hook = None) -> dict[str, Any]:
     st = flush(env)
+    mem0 = st.used_memory()
     probe = fresh_dir(env.work, "probe")
     prep = sysm.drive(env.url, probe, "enqueue", "--n", str(n), "--mode", "fast",
                       "--max-seconds", "90", timeout_s=150)
     queued = int(prep["n"])
+    mem_queued = st.used_memory()
     enq_cmds = server.summarize(st.commands(), queued)
     if before_workers is not None:
         before_workers()
@@ -124,6 +126,9 @@ def drain(env: Env, sysm: System, n: int, cap_s: float, before_workers: Hook = N
         drain_cmds = server.summarize(raw, done.count)
     finally:
         group.stop()
+    # What the system still holds once its workers stopped (each acks what it ran first):
+    # results and records kept by default, acked messages not removed.
+    mem_held = st.used_memory()
     span = max(1e-6, done.last - done.first)
     after_first = max(1, done.count - count_first)
     return {
@@ -133,6 +138,8 @@ def drain(env: Env, sysm: System, n: int, cap_s: float, before_workers: Hook = N
         "worker_cpu_ms_per_job": 1000 * (cpu_end - cpu_first) / after_first,
         "redis_cpu_ms_per_job": 1000 * (redis_end - redis_first) / after_first,
         "worker_rss_mb": rss,
+        "queued_bytes_per_job": (mem_queued - mem0) / max(1, queued),
+        "held_bytes_per_job": (mem_held - mem0) / max(1, done.count),
         "commands_per_job": enq_cmds["commands_per_job"] + drain_cmds["commands_per_job"],
         "script_calls_per_job": enq_cmds["script_calls_per_job"] + drain_cmds["script_calls_per_job"],
         "enqueue_commands": enq_cmds["top"], "drain_commands": drain_cmds["top"],

@@ -72,6 +72,11 @@ class Stats:
                 out[cmd] = {"calls": float(v["calls"]), "usec": float(v["usec"])}
         return out
 
+    def used_memory(self) -> int:
+        """Bytes the server has allocated for data (INFO memory's used_memory)."""
+        info: dict[str, Any] = self.r.info("memory")
+        return int(info["used_memory"])
+
     def cpu_s(self) -> float:
         info: dict[str, Any] = self.r.info("cpu")
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
