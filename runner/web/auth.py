@@ -4,10 +4,10 @@ A request names its token in ``Authorization: Bearer <token>``, never in the URL
 ends up in logs, proxies and browser histories). The token is hashed once (SHA-256) and
 that digest compared with every configured token's digest, each with
 ``hmac.compare_digest`` and without stopping at a match, so the time taken says nothing
-of which token matched or how close a guess came, however many tokens there are. The
-enqueue fast lane keeps the headers it admitted (a producer sends the same one with every
-request) for as long as the config they passed under; a header that failed is hashed again
-every time.
+of which token matched or how close a guess came, however many tokens there are. Headers
+that were admitted are kept, per scope (a producer sends the same one with every request),
+for as long as the config they passed under; a header that failed is hashed again every
+time.
 
 Every route needs one scope, from ROUTES, looked up by method and path before routing:
 
@@ -208,10 +208,13 @@ class Access:
         token = identify(self.tokens, given)
         if token is None or not allows(token, scope):
             return False
+        self._remember(authorization, scope, token)
+        return True
+
+    def _remember(self, authorization: bytes, scope: str, token: ApiToken) -> None:
         if len(self._admitted) >= ADMIT_MEMO:  # bounded whatever tokens and paths come
             self._admitted.clear()
         self._admitted[(authorization, scope)] = token
-        return True
 
     async def process_request(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         self._follow()
@@ -223,6 +226,12 @@ class Access:
         if scope == PUBLIC:
             return
         header = req.get_header("Authorization") or ""
+        # Header strings are latin-1 over the raw bytes: the fast lane's key for the same header.
+        raw = header.encode("latin-1", "replace")
+        known = self._admitted.get((raw, scope))
+        if known is not None:
+            req.context.token = known
+            return
         kind, _, given = header.partition(" ")
         given = given.strip()
         if kind.lower() != "bearer" or not given:
@@ -238,6 +247,7 @@ class Access:
         req.context.token = token
         if not allows(token, scope):
             raise _forbidden(token, scope, req)
+        self._remember(raw, scope, token)
 
 
 def _unauthorized(detail: str, why: str) -> Problem:
