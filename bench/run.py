@@ -1,6 +1,6 @@
 """Benchmark runner against the established Python job queues, side by side, in one run.
 
-    python bench/run.py            # full: 3 repetitions, about 45 minutes on 2 cores
+    python bench/run.py            # full: 3 repetitions, about 50 minutes on 2 cores
     python bench/run.py --quick    # 1 repetition, smaller counts, a few minutes
     python bench/run.py --systems runner,huey --no-extras --no-profile
     python bench/run.py --work incr,sleep      # also drain with handlers that do I/O
