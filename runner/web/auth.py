@@ -80,7 +80,7 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
 )
 
 SCOPE_MEMO = 1024
-# Bearer headers the fast lane has admitted, per scope (see Access.admits).
+# Bearer headers admitted lately, per scope, by either route (see Access.admits).
 ADMIT_MEMO = 256
 
 ANONYMOUS = ApiToken("anonymous", frozenset(SCOPES), None)
