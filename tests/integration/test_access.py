@@ -400,6 +400,10 @@ def test_an_admitted_header_is_hashed_once_per_config(project: Project, monkeypa
     assert [enqueue(SECRETS["producer"]) for _ in range(3)] == [202, 202, 202]
     assert enqueue(SECRETS["producer"], "priority=5") == 202
     assert hashed.count(SECRETS["producer"].encode()) == 1
+    # Kept per scope: the same header is no pass to a route its token lacks the scope of.
+    producer = {"Authorization": f"Bearer {SECRETS['producer']}"}
+    assert client.simulate_get("/queues", headers=producer).status_code == 403
+    assert client.simulate_post("/jobs/other", json={}, headers=producer).status_code == 403
     assert [enqueue("a-guess") for _ in range(2)] == [401, 401]
     assert hashed.count(b"a-guess") >= 2
     without = TOKENS.replace('[api.tokens.producer]\nenv = "RUNNER_TOKEN_PRODUCER"\nscopes = ["enqueue:record"]\n', "")
