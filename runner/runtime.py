@@ -6,14 +6,12 @@ down. The registry is replaced whole on reload; readers take one reference per j
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
-from runner.errors import RedisUnavailable
 from runner.store import tagset
 from runner.store.keys import QueueKeys, for_partitions, home_partition
 
@@ -24,15 +22,6 @@ if TYPE_CHECKING:
     from runner.store.waiter import Waiter
 
 RETRY_S = 1.0  # after the recorded partition tags could not be read
-
-
-def _outage(exc: Exception) -> bool:
-    """Whether ``exc`` says Redis is away (not imported for that: a reader may never load
-    redis-py, and then its errors cannot be redis-py's)."""
-    if isinstance(exc, RedisUnavailable):
-        return True
-    redis_mod = sys.modules.get("runner.store.connection")
-    return redis_mod is not None and isinstance(exc, redis_mod.UNAVAILABLE)
 
 
 def layout(config: Config) -> tuple[dict[str, QueueKeys], dict[str, list[QueueKeys]]]:
@@ -109,8 +98,10 @@ class Runtime:
                 # logging loads here: a CLI command that never fails here never pays its import.
                 import logging
 
+                from runner.store.link import is_outage
+
                 log = logging.getLogger("runner")
-                if _outage(exc):
+                if is_outage(exc):
                     log.debug("partition tags not read (Redis unreachable): %s", exc)
                 else:
                     log.warning("partition tags of %s not read: %s", ", ".join(self.parts), exc)

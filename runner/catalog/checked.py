@@ -8,7 +8,8 @@ checked and compiled at load as before, so a broken schema is still reported at 
 
 An entry is keyed by the SHA-256 of the file's path and text and holds the warnings its
 load gave. The file holds the entries of one set of versions: runner's, the code that
-checks (schemas.py), jsonschema's and jsonschema-rs's; any change and it starts empty.
+checks (schemas.py), and the installed copies of jsonschema and jsonschema-rs; any change
+and it starts empty.
 It is only a shortcut: missing, damaged, unreadable or unwritable, it is ignored.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import os
 import threading
 from collections.abc import Sequence
@@ -33,18 +35,30 @@ def key(path: Path, text: str) -> str:
     return hashlib.sha256(f"{path}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _installed(module: str) -> str:
+    """Which copy of a top-level module is installed, found without importing it: the
+    version in the name of its distribution's metadata folder beside it, and its file's
+    size and modification time. importlib.metadata would say the version too, but costs a
+    command that loads functions more than reading this whole file does."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"{module} is not installed")
+    st = os.stat(spec.origin)
+    site = Path(spec.origin).parent.parent
+    dists = sorted(e.name for e in os.scandir(site)
+                   if e.name.endswith(".dist-info") and e.name.split("-", 1)[0].lower() == module.lower())
+    return f"{module} {' '.join(dists)} {spec.origin} {st.st_size} {st.st_mtime_ns}"
+
+
 def _versions() -> list[str] | None:
     """What a check's outcome depends on besides the schema; None when it cannot be told."""
-    import importlib.metadata
-
     from runner import __version__
     from runner.catalog import schemas
 
     try:
         code = hashlib.sha256(Path(schemas.__file__).read_bytes()).hexdigest()
-        return [__version__, code, importlib.metadata.version("jsonschema"),
-                importlib.metadata.version("jsonschema-rs")]
-    except (OSError, ValueError, importlib.metadata.PackageNotFoundError):
+        return [__version__, code, _installed("jsonschema"), _installed("jsonschema_rs")]
+    except (OSError, ValueError, ImportError):
         return None
 
 

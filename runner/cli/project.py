@@ -123,14 +123,17 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
         from runner.runtime import Runtime
         from runner.store import roster
         from runner.store.census import counts, waiting_versions
-        from runner.store.connection import UNAVAILABLE
         from runner.store.guard import redis_risks
+        from runner.store.link import is_outage
 
         reg = report.registry or Registry()
         cfg, where = resolve(report.config, config_named=ctx.obj["config"] is not None)
         rt = None
         try:
-            rt = Runtime.create(cfg, reg=reg)
+            # The counts need a few reads: on the store's own connection where the URL
+            # allows (importing redis-py would be most of the gate's time); --scan walks
+            # every job with redis-py's SCAN.
+            rt = Runtime.create(cfg, reg=reg, lazy=True, reader=not scan)
             report.problems.extend(checks.Problem("redis", risk, "warning") for risk in
                                    redis_risks(rt.redis, cfg.redis.wait_replicas))
             every = [k for parts in rt.parts.values() for k in parts]  # the gate counts every partition
@@ -144,7 +147,9 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
                                    for m in (c.message() for c in report.partitions) if m)
             report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
             report.redis_checked = True
-        except UNAVAILABLE as exc:
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
             report.problems.append(checks.Problem(
                 "redis", f"cannot reach {where.url} ({where.source}): {exc} "
                 "(the deploy gate did not run; --offline skips it)"))

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-from runner.store.connection import UNAVAILABLE
+from runner.store.link import is_outage
 
 log = logging.getLogger("runner.guard")
 
@@ -30,9 +31,9 @@ def redis_risks(client: Any, wait_replicas: int = 0) -> list[str]:
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
         aof = client.config_get("appendonly").get("appendonly")
         save = client.config_get("save").get("save")
-    except UNAVAILABLE:
-        raise
-    except Exception:  # CONFIG is often disabled on managed Redis: read INFO instead
+    except Exception as exc:  # CONFIG is often disabled on managed Redis: read INFO instead
+        if is_outage(exc):
+            raise
         info = client.info()
         policy = info.get("maxmemory_policy")
         aof = "yes" if info.get("aof_enabled") else "no"
@@ -52,10 +53,9 @@ def redis_risks(client: Any, wait_replicas: int = 0) -> list[str]:
 
 def connected_replicas(client: Any) -> int:
     """Replicas connected to the master (on Redis Cluster, the fewest of any master's)."""
-    from redis.cluster import RedisCluster
-
-    if isinstance(client, RedisCluster):
-        per_node: Any = client.info("replication", target_nodes=RedisCluster.PRIMARIES)
+    cluster = sys.modules.get("redis.cluster")  # a client of a cluster has loaded it; a Link has not
+    if cluster is not None and isinstance(client, cluster.RedisCluster):
+        per_node: Any = client.info("replication", target_nodes=cluster.RedisCluster.PRIMARIES)
         return min((int(v.get("connected_slaves", 0)) for v in per_node.values()), default=0)
     return int(client.info("replication").get("connected_slaves", 0))
 
@@ -64,7 +64,9 @@ def warn_redis_settings(client: Any, wait_replicas: int = 0) -> list[str]:
     """Log each risk as a loud warning; Redis down at start-up is a warning, not fatal."""
     try:
         risks = redis_risks(client, wait_replicas)
-    except UNAVAILABLE as exc:
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
         log.warning("cannot check Redis settings now: %s", exc)
         return []
     for r in risks:

@@ -1,5 +1,5 @@
 """One plain connection to one Redis server, for the commands that make a round trip or
-two and exit (`runner job`, `runner stats`): a socket, with commands packed and replies
+two and exit (`runner job`, `runner stats`, `runner check`): a socket, with commands packed and replies
 parsed by hiredis (in C, as redis-py itself uses it), and nothing more. Importing redis-py
 costs such a command more than all the rest of its work (its package imports its client,
 cluster, sentinel, asyncio and command modules whatever a caller uses); this costs a
@@ -20,6 +20,7 @@ RedisUnavailable, any other error reply ReplyError, as redis-py's ResponseError 
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,8 @@ from runner.errors import RedisUnavailable
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["CLIENT_NAME", "CONNECT_TIMEOUT_S", "TIMEOUT_S", "Link", "Pipeline", "ReplyError", "Scripts", "from_config"]
+__all__ = ["CLIENT_NAME", "CONNECT_TIMEOUT_S", "TIMEOUT_S", "Link", "Pipeline", "ReplyError", "Scripts", "from_config",
+           "is_outage"]
 
 # The client's settings, shared with connection.py's redis-py clients.
 CONNECT_TIMEOUT_S = 5.0
@@ -74,6 +76,16 @@ def reply_error(text: str) -> ReplyError:
 
 def lost(e: ReplyError) -> bool:
     return e.code in _LOST or (e.code == "ERR" and str(e) in _LOST_ERR)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis is away, from a Link or from redis-py (connection.py's
+    UNAVAILABLE), without importing redis-py: a process that never loaded it cannot have
+    met one of its errors."""
+    if isinstance(exc, RedisUnavailable):
+        return True
+    conn = sys.modules.get("runner.store.connection")
+    return conn is not None and isinstance(exc, conn.UNAVAILABLE)
 
 
 def raised(e: ReplyError) -> Exception:
@@ -339,6 +351,40 @@ class Link:
     def ping(self) -> bool:
         return bool(self.execute_command("PING") == "PONG")
 
+    # -- the reads of `runner check` (store/guard.py, roster.py), in redis-py's shapes -----
+
+    def time(self) -> tuple[int, int]:
+        sec, usec = self.execute_command("TIME")
+        return int(sec), int(usec)
+
+    def hvals(self, key: str) -> list[str]:
+        return list(self.execute_command("HVALS", key))
+
+    def config_get(self, pattern: str) -> dict[str, str]:
+        return dict(_pairs(self.execute_command("CONFIG", "GET", pattern)))
+
+    def info(self, section: str | None = None) -> dict[str, Any]:
+        return parse_info(self.execute_command("INFO", *([section] if section else [])))
+
+
+def parse_info(text: str) -> dict[str, Any]:
+    """INFO's ``name:value`` lines as redis-py gives them for plain fields: numbers as int
+    or float, anything else as text (its nested ``k=v,...`` fields stay text here: no
+    caller reads one)."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#") or ":" not in line:
+            continue
+        name, value = line.split(":", 1)
+        try:
+            out[name] = int(value)
+        except ValueError:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                out[name] = value
+    return out
+
 
 def _pairs(reply: Any) -> Any:
     return dict(zip(reply[::2], reply[1::2], strict=True)) if isinstance(reply, list) else reply
@@ -375,6 +421,12 @@ class Pipeline:
 
     def smembers(self, key: str) -> Pipeline:
         return self._add("SMEMBERS", key)
+
+    def sadd(self, key: str, *members: str) -> Pipeline:
+        return self._add("SADD", key, *members)
+
+    def hvals(self, key: str) -> Pipeline:
+        return self._add("HVALS", key)
 
     def zcard(self, key: str) -> Pipeline:
         return self._add("ZCARD", key)

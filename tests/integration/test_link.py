@@ -349,6 +349,56 @@ def test_the_reader_runtime_takes_a_link_only_where_the_url_allows(project: Proj
     rt.close()
 
 
+def test_check_prints_the_same_through_either_connection(project: Project, tmp_path: Path) -> None:
+    """`runner check` (text and --json) gives the same report through a Link as through
+    redis-py: stranded jobs counted by the census, a worker in the roster that does not
+    know a function, risky Redis settings (and --strict), and an unreachable server. The
+    Link's reads behind it (CONFIG GET, INFO, TIME, HVALS) answer as redis-py's do."""
+    from runner.store import roster
+
+    c = project.client
+    for i in range(3):
+        c.enqueue("record", {"n": i})
+    c.enqueue("noop", {}, delay=600)
+    (project.root / "functions" / "noop.py").unlink()  # its waiting job is stranded now
+    r = project.runtime.redis
+    roster.beat(r, project.runtime.config.redis.prefix, roster.Member(
+        id="old-worker", host="h", pid=1, queues=("fast",), functions={"record": 1}, started_ms=0, seen_ms=0))
+    plain = project.server.url
+    via_redis_py = f"{plain}?health_check_interval=15"
+    for args in (["check"], ["check", "--json"], ["check", "--strict"]):
+        ours, theirs = _cli(project, plain, *args), _cli(project, via_redis_py, *args)
+        assert ours == theirs, args
+    code, out, _ = _cli(project, plain, "check")
+    assert code == 1 and "deploy gate: 1 waiting job(s)" in out and "worker old-worker" in out, out
+    with Server(tmp_path / "risky", appendonly=False, extra=["--maxmemory-policy", "allkeys-lru"]) as risky:
+        for args in (["check"], ["check", "--strict", "--json"]):
+            slow = f"{risky.url}?health_check_interval=15"
+            assert _cli(project, risky.url, *args) == _cli(project, slow, *args), args
+        assert "maxmemory-policy is allkeys-lru" in _cli(project, risky.url, "check")[1]
+        theirs_py = redis.Redis(port=risky.port, decode_responses=True)
+        ours_link = link.from_config(_cfg(risky.url))
+        assert ours_link is not None
+        try:
+            for name in ("maxmemory-policy", "appendonly", "save"):
+                assert ours_link.config_get(name) == theirs_py.config_get(name)
+            # The fields the guard reads, with their types; a section's fields named alike.
+            for section, field in (("replication", "connected_slaves"), ("persistence", "aof_enabled"),
+                                   ("memory", "maxmemory_policy"), (None, "maxmemory_policy")):
+                a, b = ours_link.info(section), theirs_py.info(section)
+                assert a[field] == b[field] and type(a[field]) is type(b[field]), (section, field)
+                assert section is None or a.keys() == b.keys()
+            assert abs(ours_link.time()[0] - theirs_py.time()[0]) <= 1
+            theirs_py.hset("h", mapping={"a": "1", "b": "\u2603"})
+            assert sorted(ours_link.hvals("h")) == sorted(theirs_py.hvals("h"))
+        finally:
+            ours_link.close()
+            theirs_py.close()
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    assert _cli(project, down, "check") == _cli(project, f"{down}?health_check_interval=15", "check")
+    assert _cli(project, down, "check")[0] == 3
+
+
 # --- the event loop's connection (store/aiolink.py): the same connect and the same words
 
 def _async_outcome(url: str, *commands: tuple[Any, ...]) -> tuple[str, Any]:
