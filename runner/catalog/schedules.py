@@ -37,19 +37,23 @@ import functools
 import hashlib
 import os
 import re
-import zoneinfo
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cronsim
 import orjson
 
 from runner.catalog import limits, templates
 from runner.catalog.schemas import Versions
 from runner.errors import FunctionLoadError, ValidationFailed
+
+if TYPE_CHECKING:
+    import zoneinfo
+
+# cronsim and zoneinfo are imported where a schedule is parsed or ticks: a project without
+# SCHEDULE (and every `runner check` and worker start of one) never loads them.
 
 OPTIONS = ("SCHEDULE", "SCHEDULE_TZ", "SCHEDULE_PAYLOAD", "MISSED", "OVERLAP")
 MISSED_POLICIES = ("skip", "latest", "all")
@@ -91,7 +95,7 @@ class Timeline:
     def __init__(self, cron: str, tz: str) -> None:
         self.cron = cron
         self.tz = tz
-        self.zone = zoneinfo.ZoneInfo(tz)
+        self.zone: zoneinfo.ZoneInfo = _zone(tz)
         self._last: tuple[int, int] = (-1, -1)
 
     def next_after(self, ms: int) -> int:
@@ -99,6 +103,8 @@ class Timeline:
         last = self._last
         if last[0] == ms:
             return last[1]
+        import cronsim
+
         start = datetime.fromtimestamp(ms / 1000, UTC).astimezone(self.zone)
         it = cronsim.CronSim(self.cron, start)
         # cronsim can answer a time before its start inside a repeated (fall-back) hour;
@@ -194,8 +200,10 @@ def _check_cron(expr: Any, tz: str) -> str:
     seconds = testing() and len(fields) == 6
     if len(fields) != 5 and not seconds:
         raise ValueError(f"cron expression {expr!r} has {len(fields)} field(s); expected 5: {_FIELDS}")
+    import cronsim
+
     try:
-        it = cronsim.CronSim(expr, datetime(2026, 1, 1, tzinfo=zoneinfo.ZoneInfo(tz)))
+        it = cronsim.CronSim(expr, datetime(2026, 1, 1, tzinfo=_zone(tz)))
         next(it)
     except (cronsim.CronSimError, StopIteration) as exc:
         why = str(exc) or "it never matches"
@@ -206,6 +214,8 @@ def _check_cron(expr: Any, tz: str) -> str:
 def _check_tz(tz: Any) -> str:
     if not isinstance(tz, str) or not tz:
         raise ValueError(f"a time zone must be an IANA name such as 'Europe/Madrid', got {tz!r}")
+    import zoneinfo
+
     try:
         zoneinfo.ZoneInfo(tz)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
@@ -213,6 +223,12 @@ def _check_tz(tz: Any) -> str:
         hint = f"; did you mean {close[0]!r}?" if close else " (an IANA name such as 'Europe/Madrid')"
         raise ValueError(f"unknown time zone {tz!r}{hint}") from None
     return tz
+
+
+def _zone(tz: str) -> zoneinfo.ZoneInfo:
+    import zoneinfo
+
+    return zoneinfo.ZoneInfo(tz)
 
 
 def _canonical(value: Any) -> bytes:

@@ -152,9 +152,12 @@ def test_the_deploy_gate_against_a_server_imports_no_redis_py(server: Server) ->
     """`runner check` reads its counts, the Redis settings, the workers' roster and the
     partition tags on the store's own connection: at exit it has imported neither redis-py
     (nor asyncio) nor importlib.metadata (the schema cache's versions are read off the
-    installed files), which were most of the gate's time. `--scan`, which walks every job
+    installed files), which were most of the gate's time; nor, in a project without a
+    SCHEDULE, the cron parser and the time zone database. `--scan`, which walks every job
     with SCAN, still goes through redis-py and still answers."""
     loaded = loaded_by_command("check", url=server.url, code=0)
-    assert sorted(m for m in ("redis", "asyncio", "importlib.metadata") if m in loaded) == []
+    assert "runner.catalog.schedules" in loaded  # the functions were loaded and checked
+    assert sorted(m for m in ("redis", "asyncio", "importlib.metadata", "cronsim", "zoneinfo")
+                  if m in loaded) == []
     assert "runner.store.link" in loaded  # it did talk to the server
     assert "redis" in loaded_by_command("check", "--scan", url=server.url, code=0)
