@@ -69,6 +69,7 @@ class _TypeFields:
 
 
 _TYPES: dict[str, _TypeFields] = {}
+_bisect_left = bisect.bisect_left
 
 
 def succeeded(type_: str, latency_ms: float, run_ms: float, totals: Totals) -> str:
@@ -76,10 +77,10 @@ def succeeded(type_: str, latency_ms: float, run_ms: float, totals: Totals) -> s
     names = _TYPES.get(type_)
     if names is None:
         names = _TYPES[type_] = _TypeFields(type_)
-    lat = max(0, int(latency_ms))
-    run = max(0, int(run_ms))
-    lat_f = names.lat[bisect.bisect_left(BUCKETS_MS, lat)]
-    run_f = names.run[bisect.bisect_left(BUCKETS_MS, run)]
+    lat = int(latency_ms) if latency_ms > 0 else 0  # (once per settled job: no max() call)
+    run = int(run_ms) if run_ms > 0 else 0
+    lat_f = names.lat[_bisect_left(BUCKETS_MS, lat)]
+    run_f = names.run[_bisect_left(BUCKETS_MS, run)]
     c = totals.counts
     c[names.done] = c.get(names.done, 0) + 1
     c[lat_f] = c.get(lat_f, 0) + 1

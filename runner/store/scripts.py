@@ -637,7 +637,7 @@ class Scripts:
         the whole batch lands (see ack.lua); '' counts each ack's own."""
         args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks), totals]
         for a in acks:
-            args += [a.id, a.token, a.result, a.census, a.stats, a.keep_ms]
+            args += a[:6]  # id, token, result, census, stats, keep_ms: Ack's first six fields
         args += _followup_args(k, acks)
         args += _member_args(acks)
         keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,

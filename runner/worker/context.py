@@ -169,17 +169,18 @@ class Context:
         return self._group(group_id)
 
 
-def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, **hooks: Any) -> Context:
+def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, *,
+            _save: Callable[[str], bool] | None = None, _extend: Callable[[], bool] | None = None,
+            _flags: Flags | None = None, _progress: Callable[[Any], None] | None = None,
+            _enqueue: Callable[..., Any] | None = None, _group: Callable[[str], list[Any]] | None = None,
+            _max_bytes: int = MAX_RESULT_BYTES) -> Context:
     """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in
-    an isolated child alike; ``hooks`` are the ones that differ there (_save, _extend,
-    _flags, _progress, _enqueue, _group)."""
+    an isolated child alike; the hooks are the ones that differ there."""
+    # Positional, in the field order: one per job, and keywords cost twice the rest.
     return Context(
-        job_id=job.id, type=job.type, version=version, queue=job.queue,
-        attempt=job.attempt, max_attempts=job.max_attempts, token=job.token,
-        deadline=time.time() + timeout_s,
-        idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
-        traceparent=job.traceparent or None,
-        logger=logging.LoggerAdapter(logger, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
-        _checkpoint=codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
-        **hooks,
+        job.id, job.type, version, job.queue, job.attempt, job.max_attempts, job.token, time.time() + timeout_s,
+        job.idem_key or None, job.resource_key or None,
+        logging.LoggerAdapter(logger, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
+        job.traceparent or None, codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
+        _save, _extend, _flags if _flags is not None else Flags(), _progress, _enqueue, _group, _max_bytes,
     )

@@ -252,4 +252,4 @@ def run(
             f"{max_result_bytes:,}: store a large result elsewhere (a bucket, a table) and return a reference "
             "to it, or raise the limit in runner.toml")
         return failure(fn, job, big), elapsed
-    return Done(result=raw.decode()), elapsed
+    return Done(raw.decode()), elapsed

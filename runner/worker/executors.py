@@ -179,8 +179,7 @@ class Executors:
                 run = self.inbox.get()
                 if run is None:
                     return
-                self.ledger.picked()
-                if not self.ledger.pick(run):
+                if not self.ledger.take(run):
                     self.ledger.returned()  # a cancel took it; its hand-back is on its way
                     continue
                 if self.releasing.is_set():
@@ -231,7 +230,7 @@ class Executors:
             return self._in_child(run, fn, index, id(registry), grace)
         started_ms = self._server_now(job)  # (resolving takes microseconds: the same clock)
         resolved = resolve(job, registry, grace, started_ms)
-        if isinstance(resolved, Done | RetryLater | Dead):
+        if not isinstance(resolved, tuple):  # an outcome: Done, RetryLater or Dead
             return Settlement(run, resolved)
         fn, payload, version = resolved
         max_result = self.rt.config.worker.max_result_bytes
@@ -269,7 +268,7 @@ class Executors:
 
         outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
         fault("after_handler")
-        return Settlement(run, outcome, run_s=run_s, started_ms=started_ms)
+        return Settlement(run, outcome, run_s, started_ms)
 
     def _in_child(self, run: Run, fn: Function, index: int, generation: int, grace: float) -> Settlement:
         job = run.job

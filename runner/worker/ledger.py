@@ -162,11 +162,26 @@ class Ledger:
             if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self.busy < self.concurrency):
                 self.cond.notify()
 
+    def take(self, run: Run) -> bool:
+        """picked() and pick() in one: an executor took ``run`` off the inbox; False when a
+        cancel took it first (see doom)."""
+        with self.cond:
+            self.waiting -= 1
+            if self.waiting == 0 and self._want == _ROOM and self._roomy():
+                self.cond.notify()
+        with self.lock:
+            if run.doomed:
+                return False
+            run.picked = True
+            return True
+
     def forget(self, runs: Iterable[Run]) -> None:
+        held = self.runs
         with self.lock:
             for r in runs:
-                if self.runs.get(r.key) is r:
-                    del self.runs[r.key]
+                key = (r.job.id, r.job.token)  # r.key, once
+                if held.get(key) is r:
+                    del held[key]
 
     def pick(self, run: Run) -> bool:
         """An executor takes the run; False when a cancel took it first (see doom)."""

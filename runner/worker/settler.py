@@ -269,18 +269,14 @@ class Settler:
                 s.run.settling = True
         # Only a batch with start marks needs the set (most batches of a deep queue have none).
         final = {id(s.run) for s in batch if type(s.outcome) is not Start} if started else set()
+        functions = self.rt.registry.functions
         for s in batch:
             job = s.run.job
             o = s.outcome
             t = job.type
-            extra = f" abandoned|{t}" if s.extra and s.extra.get("abandoned") else ""
-            if isinstance(o, Start):
-                if id(s.run) not in final:
-                    starts.append((job.id, job.token))
-                    start_s.append(s)
-            elif isinstance(o, Done):
+            if isinstance(o, Done):  # most settlements: first, and with no more work than it needs
                 fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)
-                fn = self.rt.registry.functions.get(t)
+                fn = functions.get(t)
                 keep = int(fn.keep_result_s * 1000) if fn is not None and fn.keep_result_s else 0
                 # A producer's extra fields (a schedule's tick...) stay with the outcome, on
                 # a line of their own (JSON texts hold no raw newline).
@@ -302,8 +298,14 @@ class Settler:
                     fields += f" followups|{t}={len(follow)}"
                     totals.add(f"followups|{t}", len(follow))
                 acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow,
-                                _member_done(job, o.result)))
+                                _member_done(job, o.result) if job.meta_raw else None))
                 ack_s.append(s)
+                continue
+            extra = f" abandoned|{t}" if s.extra and s.extra.get("abandoned") else ""
+            if isinstance(o, Start):
+                if id(s.run) not in final:
+                    starts.append((job.id, job.token))
+                    start_s.append(s)
             elif isinstance(o, RetryLater):
                 if o.rate_limited:
                     retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
