@@ -207,7 +207,10 @@ def test_polling_pauses_while_replies_keep_coming_late(project: Project) -> None
     spin = project.runtime.scripts._spin
     admin = project.runtime.redis
     for i in range(spin.MISSES):
-        admin.execute_command("CLIENT", "PAUSE", 5, "WRITE")  # the script writes: it waits 5 ms
+        # The script writes, so it waits out the pause. 50 ms, not 5: the server ends a pause
+        # at its next cron tick, every 2 ms at the high hz it takes on with many clients, so
+        # a 5 ms pause could end before a test process under load sent its call.
+        admin.execute_command("CLIENT", "PAUSE", 50, "WRITE")
         assert _spin_enqueue(project, f"late{i}") == [1, f"late{i}", "queued"]
     assert spin.skip == spin.SKIP and spin.misses == 0
     assert _spin_enqueue(project, "next") == [1, "next", "queued"]
