@@ -113,9 +113,10 @@ def test_timeout_kills_a_stuck_child_and_the_next_job_runs(crash_project: Projec
     project = crash_project
     configure(project, vt=5, concurrency=1)
     c = project.client
-    # The slot's child warm first: a job claimed while its child still imports is on
+    # The slot's child warm first: a job claimed while its child still starts is on
     # record as started from the claim, and a child's start took 2 s on a loaded machine.
-    warm = c.enqueue("one", {}).id
+    # A process-isolated job (gil, instant at n=1) finishes only once the child is up.
+    warm = c.enqueue("gil", {"n": 1}).id
     project.spawn_worker("fast")
     wait_final(project, [warm], timeout=60)
     stuck = c.enqueue("stuck", {"mode": mode}).id
