@@ -4,7 +4,8 @@ process costs before it runs its first job.
 cli     `python -c pass` (the interpreter's own start), `runner --help`, `runner stats`
         and `runner job ID`, each a fresh process, interleaved round by round so drift
         hits them alike; wall and CPU time (from the children's rusage) per run, and
-        each command's median over the interpreter's.
+        each command's median over the interpreter's; measured once the machine has
+        had a quiet second (waited for up to a minute, and recorded).
 worker  one queued job, then one worker command of the system started: seconds from
         the launch to that job's start (the probe's first hit), per system.
 """
@@ -15,11 +16,15 @@ import resource
 import statistics
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from harness import scenarios
 from harness.procs import Group
 from harness.systems import System
+
+QUIET_BUSY = 0.15  # the busy share of the CPUs below which the machine counts as quiet
+QUIET_MAX_S = 60.0
 
 
 def _timed(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, int]:
@@ -30,6 +35,30 @@ def _timed(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, float,
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, proc.returncode
+
+
+def _busy_share(window_s: float) -> float:
+    """The machine's busy share of its CPUs over ``window_s`` (from /proc/stat)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # idle + iowait
+    total0, idle0 = sample()
+    time.sleep(window_s)
+    total1, idle1 = sample()
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def settle(max_s: float = QUIET_MAX_S) -> dict[str, float]:
+    """Wait, up to ``max_s``, for a second in which the machine is at most QUIET_BUSY busy.
+    A start-up is a few tens of milliseconds of one core: measured while an earlier
+    scenario's processes still wind down (the full run of 2026-12-04 02:31 began this one
+    at a load average of 3.8), the difference over the interpreter grew by a third, for
+    the interpreter and the command alike. Recorded, so a run that never got quiet says so."""
+    t0 = time.monotonic()
+    busy = _busy_share(1.0)
+    while busy > QUIET_BUSY and time.monotonic() - t0 < max_s:
+        busy = _busy_share(1.0)
+    return {"waited_s": round(time.monotonic() - t0, 1), "busy_share": round(busy, 3)}
 
 
 def over(runs: list[float], base: list[float]) -> list[float]:
@@ -59,6 +88,7 @@ def cli(env: scenarios.Env, runner: System, rounds: int) -> dict[str, Any]:
     }
     samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in commands}
     codes: dict[str, set[int]] = {k: set() for k in commands}
+    quiet = settle()
     for cmd in commands.values():  # a warm-up each: the page cache, compiled bytecode
         _timed(cmd, penv, runner.cwd)
     for _ in range(rounds):
@@ -67,7 +97,7 @@ def cli(env: scenarios.Env, runner: System, rounds: int) -> dict[str, Any]:
             samples[name]["wall"].append(wall * 1000)
             samples[name]["cpu"].append(cpu * 1000)
             codes[name].add(code)
-    out: dict[str, Any] = {"rounds": rounds, "enqueued": job.get("n"), "commands": {}}
+    out: dict[str, Any] = {"rounds": rounds, "enqueued": job.get("n"), "quiet": quiet, "commands": {}}
     py = samples["python -c pass"]
     for name, s in samples.items():
         out["commands"][name] = {
@@ -120,7 +150,10 @@ def markdown(x: dict[str, Any]) -> list[str]:
     out: list[str] = []
     c = x.get("cli")
     if c:
-        out += [f"**Start-up of a command** ({c['rounds']} rounds, interleaved; each a fresh process)", "",
+        q = c.get("quiet")
+        before = (f"; began after {q['waited_s']:g} s of waiting for a quiet machine, at "
+                  f"{100 * q['busy_share']:.0f} % busy") if q else ""
+        out += [f"**Start-up of a command** ({c['rounds']} rounds, interleaved; each a fresh process{before})", "",
                 "| command | wall ms | CPU ms | over `python -c pass`: wall ms (middle half) | CPU ms "
                 "(middle half) | exit |",
                 "|---|---|---|---|---|---|"]
