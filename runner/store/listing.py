@@ -15,8 +15,13 @@ cursor for the next page. Each status reads its own index (nothing is scanned):
 A page reads at most SCAN_MAX ids of its index and one lookup per id, so its work is
 bounded whatever the depth; a type filter may return a short (even empty) page with a
 cursor to go on from. Without ``queue`` the queues are listed one after another.
-Offsets are positions in a live index: a job that moves between two pages may be shown
-twice or not at all, as in any live listing.
+A cursor holds a position in its index and, in a sorted set, the last id read there
+with its score: the next page starts after that id wherever it has moved to (a job
+requeued, claimed or cancelled from an earlier page does not make a later one skip a job
+that stayed), or, should the id itself have left, after its score. A job that moves
+between two pages may be shown twice or not at all, as in any live listing; one that
+stays is shown once. In a list (the ready list, the done logs) new jobs come in at the
+head: they can only make a job show twice.
 
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
 ``idem:<type>:<key>`` key, whose value starts with the holding job's id.
@@ -39,6 +44,7 @@ SCAN_MAX = 1000
 SHOWN = {"queued": ("queued",), "scheduled": ("scheduled", "retrying"), "processing": ("processing",),
          "done": ("done",), "dead": ("dead",), "cancelled": ("cancelled",), "deferred": ("deferred",)}
 DONE_GENS = 4  # as _lib.lua keeps
+MAX_POS = 2**53  # a position past any index (and within what LRANGE and ZRANGE take)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,22 +53,52 @@ class Page:
     cursor: str | None  # None: the last page
 
 
-def encode_cursor(queue_index: int, pos: int, gen: int | None = None) -> str:
-    raw = codec.dumps([queue_index, pos, gen])
+def encode_cursor(queue_index: int, pos: int, gen: int | None = None,
+                  anchor: tuple[float, str] | None = None) -> str:
+    raw = codec.dumps([queue_index, pos, gen] + ([anchor[0], anchor[1]] if anchor is not None else []))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[int, int, int | None]:
-    """(queue index, position, done generation); ValueError for anything else."""
+Cursor = tuple[int, int, int | None, tuple[float, str] | None]
+
+
+def decode_cursor(cursor: str) -> Cursor:
+    """(queue index, position, index or done generation, anchor); ValueError for anything
+    this module did not make (a forged cursor is the caller's 400, never a failed read)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        qi, pos, gen = codec.loads(raw)
+        fields = codec.loads(raw)
+        qi, pos, gen = fields[:3]
+        anchor = fields[3:]
     except Exception as exc:
         raise ValueError("not a cursor of this list") from exc
-    if not (isinstance(qi, int) and isinstance(pos, int) and qi >= 0 and pos >= 0
-            and (gen is None or isinstance(gen, int))):
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_POS
+
+    score = anchor[0] if len(anchor) == 2 else None
+    if not (whole(qi) and whole(pos) and (gen is None or whole(gen)) and len(anchor) in (0, 2)
+            and (not anchor or (isinstance(score, int | float) and not isinstance(score, bool)
+                                and abs(score) <= MAX_POS and isinstance(anchor[1], str)
+                                and 0 < len(anchor[1]) <= 200))):
         raise ValueError("not a cursor of this list")
-    return qi, pos, gen
+    return qi, pos, gen, (float(anchor[0]), anchor[1]) if anchor else None
+
+
+def _resume(redis: Any, key: str, pos: int, anchor: tuple[float, str] | None, newest_first: bool,
+            by_score: bool = False) -> int:
+    """Where to go on in a sorted set: after the anchor's rank now, or, once the anchor
+    itself left (or ``by_score``: an index whose scores move, as leases renewed), after
+    every member that sorts before its score."""
+    if anchor is None:
+        return pos
+    score, member = anchor
+    rank = None if by_score else (redis.zrevrank if newest_first else redis.zrank)(key, member)
+    if rank is not None:
+        return int(rank) + 1
+    if newest_first:
+        return int(redis.zcount(key, f"({score!r}", "+inf"))
+    return int(redis.zcount(key, "-inf", f"({score!r}"))
 
 
 def _source(redis: Any, k: QueueKeys, status: str, index: int, held_types: Sequence[str]
@@ -81,34 +117,44 @@ def _source(redis: Any, k: QueueKeys, status: str, index: int, held_types: Seque
 
 
 def _chained(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
-             held_types: Sequence[str]) -> tuple[list[str], int, int | None, bool]:
+             held_types: Sequence[str], anchor: tuple[float, str] | None = None
+             ) -> tuple[list[str], int, int | None, bool, tuple[float, str] | None]:
     """Up to n ids from the indexes of ``status`` read one after another (see
     _source); ``gen`` is the index being read."""
     index = gen or 0
     out: list[str] = []
+    last: tuple[float, str] | None = None
     while len(out) < n:
         source = _source(redis, k, status, index, held_types)
         if source is None:
-            return out, 0, index, True
+            return out, 0, index, True, None
         kind, key = source
         want = n - len(out)
-        read = redis.lrange if kind == "list" else redis.zrange
-        got = read(key, pos, pos + want - 1)
+        if kind == "zset":
+            pos = _resume(redis, key, pos, anchor, newest_first=False)
+            pairs = redis.zrange(key, pos, pos + want - 1, withscores=True)
+            got = [m for m, _ in pairs]
+            last = (float(pairs[-1][1]), pairs[-1][0]) if pairs else None
+        else:
+            got = redis.lrange(key, pos, pos + want - 1)
+            last = None
+        anchor = None
         out += got
         if len(got) < want:  # this index is read to its end: the next one
-            index, pos = index + 1, 0
+            index, pos, last = index + 1, 0, None
         else:
             pos += len(got)
-    return out, pos, index, False
+    return out, pos, index, False, last
 
 
 def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
-         held_types: Sequence[str] = ()) -> tuple[list[str], int, int | None, bool, dict[str, float]]:
-    """Up to n ids from ``pos``: (ids, next pos, next gen, exhausted, lease deadlines in
-    ms of processing ids)."""
+         held_types: Sequence[str] = (), anchor: tuple[float, str] | None = None
+         ) -> tuple[list[str], int, int | None, bool, dict[str, float], tuple[float, str] | None]:
+    """Up to n ids from ``pos`` (or after ``anchor``): (ids, next pos, next gen, exhausted,
+    lease deadlines in ms of processing ids, the anchor of the next page)."""
     if status in ("queued", "deferred"):
-        ids, pos, gen, exhausted = _chained(redis, k, status, pos, n, gen, held_types)
-        return ids, pos, gen, exhausted, {}
+        ids, pos, gen, exhausted, last = _chained(redis, k, status, pos, n, gen, held_types, anchor)
+        return ids, pos, gen, exhausted, {}, last
     if status == "done":
         current = int(redis.hget(k.done_meta, "gen") or 0)
         floor = max(current - DONE_GENS + 1, 0)
@@ -121,29 +167,28 @@ def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | Non
                 gen, pos = gen - 1, 0
             else:
                 pos += len(got)
-        return out, pos, gen, gen < floor, {}
-    if status == "processing":
-        # The lease deadline is the score: read with the id, it costs nothing more.
-        pairs = redis.zrevrange(k.leases, pos, pos + n - 1, withscores=True)
-        ids = [i for i, _ in pairs]
-        return ids, pos + len(ids), None, len(ids) < n, dict(pairs)
-    key = {"scheduled": k.scheduled, "dead": k.dead, "cancelled": k.cancelled}[status]
-    ids = redis.zrevrange(key, pos, pos + n - 1)
-    return ids, pos + len(ids), None, len(ids) < n, {}
+        return out, pos, gen, gen < floor, {}, None
+    key = {"scheduled": k.scheduled, "dead": k.dead, "cancelled": k.cancelled, "processing": k.leases}[status]
+    pos = _resume(redis, key, pos, anchor, newest_first=True, by_score=status == "processing")
+    # The score comes with the id for nothing: the anchor's, and a lease's deadline.
+    pairs = redis.zrevrange(key, pos, pos + n - 1, withscores=True)
+    ids = [i for i, _ in pairs]
+    last = (float(pairs[-1][1]), pairs[-1][0]) if pairs else None
+    return ids, pos + len(ids), None, len(ids) < n, dict(pairs) if status == "processing" else {}, last
 
 
 def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: str, type_: str | None,
          limit: int, cursor: str | None, types_of: Mapping[str, Sequence[str]] | None = None) -> Page:
     """One page; ``types_of`` names each queue's function types (whose held lists a
     paused function fills)."""
-    qi, pos, gen = decode_cursor(cursor) if cursor else (0, 0, None)
+    qi, pos, gen, anchor = decode_cursor(cursor) if cursor else (0, 0, None, None)
     jobs: list[records.Job] = []
     budget = SCAN_MAX
     while qi < len(queues) and len(jobs) < limit and budget > 0:
         queue, k = queues[qi]
         # Never more ids than the page has room for, so nothing read is left unshown.
-        ids, pos, gen, exhausted, leases = _ids(redis, k, status, pos, min(budget, limit - len(jobs)), gen,
-                                                (types_of or {}).get(queue, ()))
+        ids, pos, gen, exhausted, leases, anchor = _ids(redis, k, status, pos, min(budget, limit - len(jobs)),
+                                                        gen, (types_of or {}).get(queue, ()), anchor)
         budget -= len(ids)
         batch = scripts.batch()
         for job_id in ids:
@@ -158,10 +203,10 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
                 fields["lease_ms"] = str(int(leases[job_id]))
             jobs.append(records.Job(job_id, queue, fields))
         if exhausted:
-            qi, pos, gen = qi + 1, 0, None
+            qi, pos, gen, anchor = qi + 1, 0, None, None
     if qi >= len(queues):
         return Page(jobs, None)
-    return Page(jobs, encode_cursor(qi, pos, gen))
+    return Page(jobs, encode_cursor(qi, pos, gen, anchor))
 
 
 def holders(redis: Any, candidates: list[tuple[str, QueueKeys]], key: str) -> list[tuple[str, str]]:

@@ -264,8 +264,15 @@ def _forbidden(token: ApiToken, scope: str, req: falcon.asgi.Request) -> Problem
         f"the token {token.name!r} lacks the scope {scope!r}{either} that {req.method} {req.path} needs "
         f"(it has: {has}); use a token with that scope, or add it to [api.tokens.{token.name}] scopes",
         title="Forbidden", scope=scope, token_name=token.name,
-        headers={"WWW-Authenticate": f'Bearer realm="runner", error="insufficient_scope", scope="{scope}"'},
+        headers={"WWW-Authenticate": 'Bearer realm="runner", error="insufficient_scope"'
+                 + (f', scope="{scope}"' if _SCOPE_CHARS.fullmatch(scope) else "")},
     )
+
+
+# RFC 6750's scope-token characters: printable ASCII but space, '"' and '\'. The scope of an
+# enqueue carries the path's type segment, which the caller wrote: one with a quote or a
+# control character (a NUL, a CR/LF) stays out of the header (the problem body names it).
+_SCOPE_CHARS = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 
 
 def caller(req: falcon.Request) -> str:

@@ -38,6 +38,13 @@ def _has_body(req: falcon.Request) -> bool:
 
 
 async def read_raw(req: falcon.asgi.Request, limit: int) -> bytes:
+    encoding = (req.get_header("Content-Encoding") or "").strip().lower()
+    if encoding not in ("", "identity"):
+        # Never decoded here: a compressed body read as JSON would be a puzzling 400, and
+        # one that happened to parse would be enqueued under a header that said otherwise.
+        raise Problem(415, "unsupported-media-type",
+                      f"the body has Content-Encoding {encoding!r}, which this API does not decode; send it "
+                      "uncompressed (no Content-Encoding header)", title="Unsupported media type")
     length = req.content_length  # falcon answers 400 itself for a malformed header
     if length is not None and length > limit:
         raise _too_large(limit)

@@ -1,7 +1,8 @@
 """The enqueue route's fast lane: ``POST /jobs/{type}`` with a JSON body and nothing
-else (no query string, no Idempotency-Key header), from a caller the token admits, for a
-payload that validates, is answered here without falcon's request and response objects
-and its middleware, which cost as much as the rest of the route.
+else (no query string, no Idempotency-Key, Transfer-Encoding or Content-Encoding
+header), from a caller the token admits, for a payload that validates, is answered here
+without falcon's request and response objects and its middleware, which cost as much as
+the rest of the route.
 
 Every other request, and every refusal, goes to the falcon app with the body replayed,
 so each error keeps its one renderer (problems.py) and its exact answer. An enqueue that
@@ -23,7 +24,7 @@ from runner.web.body import is_json
 
 ENQUEUE_ERROR = "runner.enqueue_error"
 _PREFIX = "/jobs/"
-_SKIP = (b"idempotency-key", b"transfer-encoding")
+_SKIP = (b"idempotency-key", b"transfer-encoding", b"content-encoding")
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]

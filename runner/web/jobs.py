@@ -135,7 +135,8 @@ class JobList:
                           title="Invalid parameter", parameter="status")
         queue = req.get_param("queue") or None
         if queue is not None and queue not in self.client.runtime.keys:
-            raise Problem(404, "not-found", f"no queue {queue!r}", title="Not found")
+            raise Problem(404, "unknown-queue", f"no queue {queue!r} (have: {', '.join(self.client.runtime.keys)})",
+                          title="Unknown queue", queue=queue)
         limit = int_param(req, "limit", 1, 500, 50) or 50
         try:
             page = await self.offload(lambda: self.client.jobs(
