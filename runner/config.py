@@ -374,18 +374,25 @@ def _token(source: str, name: str, raw: Any, env: Mapping[str, str]) -> ApiToken
             raise ConfigError(f"{source}: {where}.scopes: {why}")
     if "hash" in t:
         return ApiToken(name, frozenset(t["scopes"]), bytes.fromhex(t["hash"].lower()[len("sha256:"):]))
-    secret = env.get(t["env"]) or ""
+    secret = env_secret(env, t["env"])
     return ApiToken(name, frozenset(t["scopes"]), digest(secret) if secret else None, env=t["env"])
+
+
+def env_secret(env: Mapping[str, str], name: str) -> str:
+    """A token's secret from the environment, without the whitespace around it: a secret
+    mounted from a file often ends in a newline, and a header value never carries one, so
+    kept as is the token could never be presented."""
+    return (env.get(name) or "").strip()
 
 
 def _tokens(source: str, raw: Mapping[str, Any], env: Mapping[str, str]) -> tuple[ApiToken, ...]:
     """[api.tokens.*] and RUNNER_API_TOKEN; two tokens with one secret would blur who did what."""
     out = [_token(source, name, table, env) for name, table in raw.items()]
-    if env.get("RUNNER_API_TOKEN"):
+    if env_secret(env, "RUNNER_API_TOKEN"):
         if DEFAULT_TOKEN in raw:
             raise ConfigError(f"{source}: api.tokens.{DEFAULT_TOKEN}: the name {DEFAULT_TOKEN!r} is "
                               "RUNNER_API_TOKEN's; rename the table")
-        out.append(ApiToken(DEFAULT_TOKEN, frozenset(SCOPES), digest(env["RUNNER_API_TOKEN"]),
+        out.append(ApiToken(DEFAULT_TOKEN, frozenset(SCOPES), digest(env_secret(env, "RUNNER_API_TOKEN")),
                             env="RUNNER_API_TOKEN"))
     seen: dict[bytes, str] = {}
     for t in out:
@@ -501,7 +508,7 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
     api = ApiConfig(
         max_body_bytes=int(a.get("max_body_bytes", 1_048_576)),
         max_wait_s=float(a.get("max_wait", 30.0)),
-        token=env.get("RUNNER_API_TOKEN") or None,
+        token=env_secret(env, "RUNNER_API_TOKEN") or None,
         auth=(
             _env_bool("RUNNER_API_AUTH", env["RUNNER_API_AUTH"])
             if "RUNNER_API_AUTH" in env

@@ -195,3 +195,17 @@ def test_an_unknown_queue_filter_is_the_same_problem_as_everywhere_else(project:
         listed = call(web, "ops", "GET", "/jobs?queue=nope")
         assert listed.json()["type"] == dead["type"], listed.text
         assert listed.json().get("queue") == "nope", listed.text
+
+
+# --- 6. a secret mounted from a file ends in a newline -----------------------------------
+
+
+def test_a_token_secret_with_a_trailing_newline_still_works(project: Project) -> None:
+    """A secret put in the environment from a file (a mounted secret, `$(cat token)` kept
+    with its newline) ends in a newline that no Authorization header can carry: the
+    token is taken without the whitespace around it, as the caller presents it."""
+    project.write_config(extra=TOKENS)
+    env = {**ENV, "RUNNER_TOKEN_PRODUCER": SECRETS["producer"] + "\n", "RUNNER_TOKEN_OPS": f" {SECRETS['ops']}\r\n"}
+    with runner_web(project, "newline", workers=1, env=env) as web:
+        assert call(web, "producer", "POST", "/jobs/record", json={"n": 1}).status_code == 202
+        assert call(web, "ops", "GET", "/queues").status_code == 200
