@@ -31,10 +31,17 @@ from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
 OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "RATE_LIMIT",
            "PRIORITY", "BACKOFF", "ISOLATION", "MEMORY_MB", "KEEP_RESULT", "ON_SUCCESS", "ON_FAILURE",
            "MAX_AGE", *schedules_mod.OPTIONS)
-# What an ON_SUCCESS / ON_FAILURE destination receives (the shape its schema must take).
+# What an ON_SUCCESS / ON_FAILURE destination receives (the shapes its schema must take):
+# a failure's error carries a traceback, and a record found unfit at claim carries none,
+# but for an invalid payload the errors (path, message) and the version.
 DESTINATION_JOB = {"id": "0", "type": "t", "version": 1, "attempt": 1, "queue": "q"}
-DESTINATION_RECORDS = {"ON_SUCCESS": {"job": DESTINATION_JOB, "result": None},
-                       "ON_FAILURE": {"job": DESTINATION_JOB, "error": {"type": "E", "message": "m"}}}
+DESTINATION_RECORDS: dict[str, tuple[dict[str, Any], ...]] = {
+    "ON_SUCCESS": ({"job": DESTINATION_JOB, "result": None},),
+    "ON_FAILURE": tuple({"job": DESTINATION_JOB, "error": error} for error in (
+        {"type": "E", "message": "m", "traceback": "Traceback (most recent call last): ..."},
+        {"type": "InvalidJob", "message": "m", "errors": [{"path": "$", "message": "m"}], "version": 1},
+        {"type": "InvalidJob", "message": "m"})),
+}
 # Function modules are executed under one lock: two Runtimes loading the same file at
 # once would otherwise swap each other's sys.modules entry mid-import.
 _import_lock = threading.RLock()
@@ -393,10 +400,39 @@ def _destination_error(fn: Function, functions: Mapping[str, Function]) -> Funct
                 f" (loaded: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''})"
             return FunctionLoadError(fn.path, f"{opt} names no function: {dest!r}{hint}", line)
         try:
-            target.versions.validate(DESTINATION_RECORDS[opt], target.versions.newest)
+            for record in DESTINATION_RECORDS[opt]:
+                target.versions.validate(record, target.versions.newest)
         except ValidationFailed as exc:
             return FunctionLoadError(fn.path, f"{opt}: the v{target.versions.newest} schema of {dest!r} "
                                               f"rejects the record it would get: {exc}", line)
+    return None
+
+
+def _destination_cycle(fn: Function, functions: Mapping[str, Function]) -> FunctionLoadError | None:
+    """A chain of destinations that comes back to ``fn``: one failure of a notifier whose
+    ON_FAILURE is itself (or A -> B -> A, by either option) would send a job that fails
+    and sends another, for ever, each id longer than the last."""
+    def walk(name: str, path: list[str]) -> list[str] | None:
+        here = functions.get(name)
+        if here is None:
+            return None
+        for dest in dict.fromkeys(d for d in (here.on_success, here.on_failure) if d is not None):
+            if dest == fn.name:
+                return [*path, dest]
+            if dest not in path:
+                found = walk(dest, [*path, dest])
+                if found:
+                    return found
+        return None
+
+    for opt, dest in (("ON_SUCCESS", fn.on_success), ("ON_FAILURE", fn.on_failure)):
+        if dest is None:
+            continue
+        cycle = [fn.name, dest] if dest == fn.name else walk(dest, [fn.name, dest])
+        if cycle:
+            return FunctionLoadError(
+                fn.path, f"{opt} leads back to {fn.name!r} ({' -> '.join(cycle)}): each job on the way would "
+                         "send the next for ever; end the chain in a function with no destination", fn.lines.get(opt))
     return None
 
 
@@ -458,10 +494,12 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
             continue
         functions[fn.name] = fn
         warnings.extend(w)
-    for name, fn in list(functions.items()):
-        err = _destination_error(fn, functions)
-        if err is not None:
-            errors[fn.path] = err
-            del functions[name]
+    while True:  # until no refusal leaves another function's destination dangling
+        refused = {fn.name: err for fn in functions.values()
+                   if (err := _destination_error(fn, functions) or _destination_cycle(fn, functions)) is not None}
+        if not refused:
+            break
+        for name, err in refused.items():
+            errors[functions.pop(name).path] = err
     checked.save()
     return Registry(functions=functions, errors=errors, warnings=tuple(warnings))

@@ -327,7 +327,8 @@ class Settler:
                 # An expiry spends no attempt, yet the history says why the job never ran.
                 entry = "" if o.refund and o.reason != EXPIRED else \
                     _history(job.attempt, o.reason, s.started_ms, now, o.error)
-                follow = self._on_failure(job, o.error)
+                # A cancel ends the job cancelled, not dead: nothing for ON_FAILURE.
+                follow = self._on_failure(job, o.error) if o.reason != CANCELLED else ()
                 stats = f"dead|{t} expired|{t}" if o.reason == EXPIRED else f"dead|{t}" if o.refund else \
                     f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra
                 if follow:

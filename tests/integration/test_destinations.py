@@ -162,3 +162,82 @@ def test_a_result_at_its_limit_still_reaches_its_on_success(project: Project) ->
     wait_for(sink.exists, timeout=20, what="the success record")
     assert sink.read_text() == "1048574"
     assert c.wait(f"{job}.s", 10).status == "done"
+
+
+NOTIFY = '''
+import runner
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+ON_FAILURE = "{dest}"
+
+def handle(payload, ctx):
+    raise runner.PermanentFailure("pager down")
+'''
+
+
+def test_a_destination_cycle_is_refused_at_load(project: Project) -> None:
+    """A notifier whose own failure goes to itself (or A -> B -> A, through either option)
+    would turn one failure into an endless stream of dead jobs with ever longer ids: each
+    function on the cycle is refused at load, naming the cycle; the rest still loads."""
+    write(project, "notify", NOTIFY.format(dest="notify"))
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    reg = project.runtime.registry
+    assert "notify" not in reg.functions and "got_result" in reg.functions
+    assert "notify.py:5: ON_FAILURE leads back to 'notify' (notify -> notify)" in str(reg.errors[
+        str(project.root / "functions" / "notify.py")])
+    write(project, "notify", NOTIFY.format(dest="pager"))
+    write(project, "pager", NOTIFY.format(dest="x").replace('ON_FAILURE = "x"', 'ON_SUCCESS = "notify"'))
+    reg = project.runtime.registry
+    assert "notify" not in reg.functions and "pager" not in reg.functions
+    errors = " ".join(str(e) for e in reg.errors.values())
+    assert "(notify -> pager -> notify)" in errors and "(pager -> notify -> pager)" in errors
+
+
+COOPERATIVE = '''
+import time
+QUEUE = "fast"
+ON_FAILURE = "got_error"
+
+def handle(payload, ctx):
+    for _ in range(400):
+        ctx.raise_if_cancelled()
+        time.sleep(0.025)
+'''
+
+
+def test_a_cancelled_job_does_not_reach_its_on_failure(project: Project) -> None:
+    """ON_FAILURE is for a job that goes dead; an operator's cancel of a running job
+    (ending cancelled, like a cancel of a queued one) sends nothing there."""
+    write(project, "coop", COOPERATIVE)
+    write(project, "got_error", SINK.format(queue="fast", name="got_error"))
+    c = project.client
+    running, queued = c.enqueue("coop", {}).id, c.enqueue("coop", {}, delay=60).id
+    project.spawn_worker("fast")
+    wait_for(lambda: c.get(running).status == "processing", timeout=20, what="the job running")
+    c.cancel(running)
+    c.cancel(queued)
+    assert c.wait(running, 10).status == "cancelled" and c.get(queued).status == "cancelled"
+    probe = c.enqueue("got_error", {"job": {"id": "probe"}, "error": {}}).id
+    assert c.wait(probe, 10).status == "done"  # the fast queue's worker has gone past both settlements
+    assert not lines(project, "got_error", running) and not lines(project, "got_error", queued)
+    assert c.get(running).as_dict()["children"] in (None, [])
+
+
+STRICT_ERROR = '''{"type": "object", "required": ["job", "error"], "properties": {
+  "job": {"type": "object"},
+  "error": {"type": "object", "required": ["type", "message"], "additionalProperties": false,
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}'''
+
+
+def test_a_destination_schema_is_checked_against_the_whole_error_record(project: Project) -> None:
+    """The error an ON_FAILURE destination gets carries a traceback (and, for a payload
+    found invalid at claim, its errors and version): a schema that forbids those fields
+    is refused at load, not found out by every failure being dropped."""
+    write(project, "source", SOURCE)
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    write(project, "got_error", SINK.format(queue="fast", name="got_error"), STRICT_ERROR)
+    reg = project.runtime.registry
+    assert "source" not in reg.functions
+    errors = " ".join(str(e) for e in reg.errors.values())
+    assert "ON_FAILURE: the v1 schema of 'got_error' rejects the record it would get" in errors
+    assert "traceback" in errors
