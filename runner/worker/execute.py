@@ -108,9 +108,10 @@ def from_message(m: dict[str, Any]) -> Outcome:
     return Dead(reason=str(m["reason"]), error=m.get("error"), refund=bool(m.get("refund")))
 
 
-def expired(job: Claimed, max_age_s: float | None) -> Dead:
-    """The end of a job that claim.lua found past its MAX_AGE: dead, never run, no attempt spent."""
-    age_s = max(0.0, (job.claimed_ms - job.created_ms) / 1000)
+def expired(job: Claimed, max_age_s: float | None, now_ms: int | None = None) -> Dead:
+    """The end of a job found past its MAX_AGE (by claim.lua, or by its executor when it
+    was claimed ahead, at ``now_ms``): dead, never run, no attempt spent."""
+    age_s = max(0.0, ((job.claimed_ms if now_ms is None else now_ms) - job.created_ms) / 1000)
     limit = f"MAX_AGE {max_age_s:g} s" if max_age_s else "its MAX_AGE"
     return Dead(reason=EXPIRED, error={"type": "Expired", "message": f"not started within {limit} of its "
                                        f"enqueue (it waited {age_s:.1f} s)"}, refund=True)

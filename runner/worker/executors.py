@@ -30,7 +30,7 @@ from runner.runtime import Runtime
 from runner.store import codec
 from runner.store.scripts import Followup, followup_id
 from runner.worker.context import for_job, progress_view
-from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, failure, resolve
+from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, expired, failure, resolve
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
 from runner.worker.isolation import Slot
@@ -194,6 +194,11 @@ class Executors:
                     continue
                 run.slot = index
                 if not run.job.started:
+                    late = self._expired_ahead(run)
+                    if late is not None:  # claimed ahead in time, but not started in time
+                        self.outbox.put(late)
+                        self.ledger.returned()
+                        continue
                     self.outbox.put(Settlement(run, START))
                 try:
                     if loop is None:
@@ -208,6 +213,18 @@ class Executors:
         finally:
             if loop is not None:
                 loop.close()
+
+    def _expired_ahead(self, run: Run) -> Settlement | None:
+        """A job claimed ahead whose MAX_AGE passed while it waited for an executor: dead
+        as "expired", unrun and spending no attempt, as claim.lua buries one claimed late."""
+        job = run.job
+        fn = self.rt.registry.functions.get(job.type)
+        if fn is None or not fn.max_age_s:
+            return None
+        now = self._server_now(job)
+        if now - job.created_ms <= fn.max_age_s * 1000:
+            return None
+        return Settlement(run, expired(job, fn.max_age_s, now), started_ms=now)
 
     def _execute(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
         if not tracing.enabled():

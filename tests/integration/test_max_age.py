@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from conftest import Project, wait_for
 
 BLOCKER = '''
@@ -59,8 +61,11 @@ def server_ms(project: Project) -> int:
     return int(s) * 1000 + int(us) // 1000
 
 
-def test_a_job_past_max_age_expires_unrun_and_one_in_time_runs(project: Project) -> None:
-    project.write_config(concurrency=1, prefetch=0)
+@pytest.mark.parametrize("prefetch", [0, 8])
+def test_a_job_past_max_age_expires_unrun_and_one_in_time_runs(project: Project, prefetch: int) -> None:
+    """With prefetch 8 the late job is claimed ahead while the executor is busy, and
+    expires when the executor would start it, as one claimed late does."""
+    project.write_config(concurrency=1, prefetch=prefetch)
     for name, src in (("blocker", BLOCKER), ("fresh", FRESH), ("notice", NOTICE)):
         write(project, name, src)
     c = project.client
