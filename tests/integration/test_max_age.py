@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 
 import pytest
 
@@ -98,3 +99,40 @@ def test_a_job_past_max_age_expires_unrun_and_one_in_time_runs(project: Project,
     assert notice["error"]["type"] == "Expired"
     counters = c.stats()["fast"]["counters"]
     assert counters.get("expired|fresh") == 1 and counters.get("dead|fresh") == 1
+
+
+STALE = '''
+import os, time
+QUEUE = "fast"
+CONCURRENCY = 1
+MAX_AGE = 2
+TIMEOUT = 20
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "in-" + ctx.job_id), "w") as f:
+        f.write(str(time.time()))
+    time.sleep(payload.get("hold", 0))
+'''
+
+
+def test_jobs_that_expire_when_woken_from_a_limit_hand_its_slot_on_at_once(project: Project) -> None:
+    """CONCURRENCY 1 and MAX_AGE 2: three jobs wait on the limit behind a 3 s job and go
+    stale. As each is woken it expires, and its reserved slot goes to the next waiter at
+    once (it was held until the reservation lapsed, 10 s a stale job), so a fresh job
+    sent when the long one ends starts within a second."""
+    write(project, "stale", STALE)
+    c = project.client
+    project.spawn_worker("fast")
+    first = c.enqueue("stale", {"hold": 3}).id
+    wait_for(lambda: (project.records / f"in-{first}").exists(), timeout=20, what="the long job to start")
+    parked = [c.enqueue("stale", {}).id for _ in range(3)]
+    wait_for(lambda: all(c.get(p).status == "deferred" for p in parked), timeout=10, what="three waiting")
+    assert c.wait(first, 20).status == "done"
+    sent = time.time()
+    fresh = c.enqueue("stale", {}).id
+    assert c.wait(fresh, 15).status == "done"
+    started = float((project.records / f"in-{fresh}").read_text())
+    assert started - sent < 1.5, f"started {started - sent:.1f} s after its enqueue"
+    for p in parked:
+        job = c.get(p).as_dict()
+        assert job["status"] == "dead" and job["reason"] == "expired", job

@@ -228,7 +228,18 @@ local function take(id)
     tally('cancelled|' .. typ)
     return
   end
-  if max_age[typ] and now - tonumber(rec.created_ms) > max_age[typ] then return expire(id, rec, f, sk) end
+  if max_age[typ] and now - tonumber(rec.created_ms) > max_age[typ] then
+    if f[6] == '1' and rec.limits ~= '' then
+      -- Woken from a limit's waiters with a slot reserved: the slot goes to the next one
+      -- at once (held until the reservation lapsed, each stale job blocked the key 10 s).
+      for _, l in ipairs(parse_limits(rec.limits)) do
+        if redis.call('ZREM', KEYS[7] .. l.key, '=' .. id) == 1 then
+          wake_parked(KEYS[7], l.key, l.n, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11], KEYS[17])
+        end
+      end
+    end
+    return expire(id, rec, f, sk)
+  end
   local limits, rates = NONE, NONE
   if rec.limits ~= '' then
     limits, rates = parse_limits(rec.limits), parse_rates(rec.limits)
