@@ -747,7 +747,7 @@ class Scripts:
         (JSON) goes in the job's history when the cancel takes."""
         keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
                 k.census, k.ended, k.cancelled, k.cancels, k.group_prefix, k.job_prefix,
-                k.ready, k.notify, k.stats, k.outbox, k.prio)
+                k.ready, k.notify, k.stats, k.outbox, k.prio, k.lim_prefix, k.limwait)
         return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms, entry))
 
     def group(

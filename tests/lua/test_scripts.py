@@ -917,6 +917,22 @@ def test_a_woken_job_that_lost_its_reserved_slot_goes_back_to_the_head(p: Projec
     assert rb["status"] == "deferred" and rb["deferrals"] == "2" and "woken" not in state(p, "b")
 
 
+def test_a_woken_job_cancelled_before_its_claim_hands_its_reserved_slot_on(p: Project) -> None:
+    """A job woken from a limit's waiters holds a reserved slot until its claim; cancelled
+    before that, it gives the slot to the next waiter at once (not RESERVE_MS later)."""
+    enqueue(p, new("a", res="r1"), new("b", res="r1"), new("c", res="r1"))
+    (a,) = claim(p)
+    sc, k = p.runtime.scripts, p.keys()
+    assert sc.ack(k, [Ack("a", a[1], "", "", "")], 1000, now_ms=NOW + 5) == [1]
+    assert holders(p, "r:r1") == {"=b": NOW + 5 + RESERVE_MS}
+    assert sc.cancel(k, "b", 1000, now_ms=NOW + 6)[0] == 1
+    assert holders(p, "r:r1") == {"=c": NOW + 6 + RESERVE_MS}
+    assert parked(p, "r:r1") == [] and rec(p, "c")["status"] == "queued"
+    (c,) = claim(p, n=5, now=NOW + 7, base="w.2")
+    assert c[0] == "c" and holders(p, "r:r1") == {c[1]: NOW + 7 + LEASE}
+    assert_no_job_in_two_structures(p)
+
+
 def test_a_stray_id_of_a_parked_job_is_dropped_not_run(p: Project) -> None:
     """A parked job's id found in ready (pushed again by hand) is a stray: the job stays
     parked, once, and does not run past its limit."""

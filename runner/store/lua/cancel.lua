@@ -34,6 +34,9 @@
 -- KEYS[17] outbox      LIST
 -- KEYS[18] prio        ZSET  ids of priority 1-9 (a cancelled one leaves it; a complete
 --                            group's then-job of priority goes there)
+-- KEYS[19] limit prefix (string; a job woken from a limit's waiters gives its reserved
+--                        slot to the next waiter: see wake_parked in _lib.lua)
+-- KEYS[20] limwait     ZSET
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -57,6 +60,13 @@ end
 
 local function finish(rec)
   redis.call('ZREM', KEYS[4], id)
+  if KEYS[19] and rec.limits ~= '' and redis.call('HGET', sk, 'woken') == '1' then
+    for _, l in ipairs(parse_limits(rec.limits)) do
+      if redis.call('ZREM', KEYS[19] .. l.key, '=' .. id) == 1 then
+        wake_parked(KEYS[19], l.key, l.n, now, KEYS[13], KEYS[14], KEYS[15], KEYS[20], KEYS[18])
+      end
+    end
+  end
   -- Out of the priority set at once (cheap; an id left in ready is skipped by the claim).
   if KEYS[18] then redis.call('ZREM', KEYS[18], id) end
   end_cancelled(jk, id, rec, now, ttl, KEYS[7], KEYS[8], KEYS[10], KEYS[9])
