@@ -639,7 +639,8 @@ class Client:
 
     def pause(self, queue: str | None = None, *, function: str | None = None, by: str | None = None) -> None:
         """Pause a queue (workers claim nothing from it) or one function (its jobs are held,
-        queued, spending nothing); running jobs finish. Every worker obeys at its next claim.
+        queued, spending nothing); running jobs finish. Every worker obeys at its next claim,
+        and hands back at once what it claimed ahead of the pause and has not started.
         ``by`` (a token's name, ``cli:<user>``) puts the pause on the audit trail and the log."""
         k, fn = self._pause_target(queue, function)
         try:
@@ -647,6 +648,9 @@ class Client:
             pipe = self.runtime.redis.pipeline(transaction=False)
             for part in self.runtime.parts[k.queue]:  # each partition's claim reads its own
                 pipe.hset(part.paused, "queue" if fn is None else f"fn:{fn}", now)
+                # Jobs a worker claimed ahead before the pause must not start either: told
+                # on the channel its cancels come by, it hands them back (worker.py).
+                pipe.publish(part.cancels, f"pause {k.queue} {fn or '*'}")
             pipe.execute()
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc

@@ -18,7 +18,8 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:notify         LIST    wake-up tokens for idle workers (bounded)
     <prefix>:{<queue>}:ended          channel ids of waited-for jobs that ended (space-joined)
     <prefix>:{<queue>}:cancels        channel "<id> <token>" of prefetched claims a cancel took
-                                              (their worker drops them; see lua/cancel.lua)
+                                              (their worker drops them; see lua/cancel.lua), and
+                                              "pause <queue> <function or *>" (Client.pause)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload

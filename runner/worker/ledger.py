@@ -42,7 +42,7 @@ class Run:
     cancelled_at: float | None = None  # time.monotonic() of the cancel request seen
     progress: str = ""  # the latest ctx.progress() not yet sent (JSON), sent with the renewal
     picked: bool = False  # an executor took it: from here a cancel is a request to the handler
-    doomed: bool = False  # a cancel took it while claimed ahead: handed back, never started
+    doomed: bool = False  # a cancel or a pause took it while claimed ahead: handed back, never started
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
     # ctx.enqueue's jobs, held until the ack, which writes them (a failed run drops them)
     followups: list[Followup] = field(default_factory=list)
@@ -192,8 +192,8 @@ class Ledger:
             return True
 
     def doom(self, run: Run) -> bool:
-        """A cancel took this run: True when no executor has taken it yet, so it never
-        starts (the caller hands it back); False when its handler may be running."""
+        """A cancel (or a pause) took this run: True when no executor has taken it yet, so
+        it never starts (the caller hands it back); False when its handler may be running."""
         with self.lock:
             if run.picked or run.doomed or self.runs.get(run.key) is not run:
                 return False

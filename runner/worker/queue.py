@@ -56,6 +56,19 @@ class QueueRunner:
         if run is not None:
             self.cancelled(run)
 
+    def paused_ahead(self, function: str | None) -> None:
+        """The queue (``function`` None) or one function was paused: the runs claimed
+        ahead of it that no executor has taken go back, spending nothing; the next claim
+        holds them (a function's) or leaves them (a queue's) until the resume."""
+        n = 0
+        for r in self.ledger.snapshot():
+            if (function is None or r.job.type == function) and self.ledger.doom(r):
+                self.outbox.put(Settlement(r, Release()))
+                n += 1
+        if n:
+            log.info("%s: %d job(s) claimed ahead handed back for a pause of %s", self.q.name, n,
+                     f"function {function}" if function else "the queue")
+
     def cancelled(self, run: Run) -> None:
         """A cancel reached a run, by the cancels channel, a renewal or a start mark: one
         no executor has taken is handed back, never started (release.lua ends it

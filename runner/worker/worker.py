@@ -62,9 +62,13 @@ class Worker:
         self.cancels.extend([k.cancels for k in found])
 
     def _cancel_ahead(self, words: list[str]) -> None:
-        if len(words) == 2:
+        if len(words) == 2:  # "<id> <token>": a cancel took a claim
             for r in self.runners:
                 r.cancel_ahead(words[0], words[1])
+        elif len(words) == 3 and words[0] == "pause":  # "pause <queue> <function or *>"
+            for r in self.runners:
+                if r.q.name == words[1]:
+                    r.paused_ahead(None if words[2] == "*" else words[2])
 
     def start(self) -> None:
         # The scheduler first, so due and lapsed jobs move before the first claim;

@@ -205,6 +205,54 @@ def test_a_paused_function_holds_its_jobs_in_order_and_spends_no_attempt(project
     assert starts == sorted(starts), "held jobs ran out of order"  # type: ignore[type-var]
 
 
+BUSY = '''"""Holds the only executor until a file appears."""
+import os
+import time
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + ".in"), "a") as f:
+        f.write(f"{time.time()}\\n")
+    end = time.time() + 30
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "release")) and time.time() < end:
+        time.sleep(0.01)
+'''
+
+
+@pytest.mark.parametrize("what", ["function", "queue"])
+def test_jobs_claimed_ahead_do_not_start_after_a_pause(project: Project, what: str) -> None:
+    """One executor busy, prefetch 8: four jobs sit claimed ahead in the worker when the
+    function (or the queue) is paused. They never start while the pause lasts: the worker
+    hands them back, spending nothing, and a resume runs each once."""
+    project.write_config(concurrency=1, prefetch=8)
+    add_function(project, "busy", BUSY)
+    add_limited(project, "None")
+    c = project.client
+    busy = c.enqueue("busy", {}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: started_at(project, busy), timeout=30, what="the busy job")
+    held = [c.enqueue("limited", {}).id for _ in range(4)]
+    r, claims = project.runtime.redis, project.keys().claims
+    wait_for(lambda: all(r.hexists(claims, i) for i in held), timeout=10, what="the jobs claimed ahead")
+    if what == "function":
+        c.pause(function="limited")
+    else:
+        c.pause("fast")
+    wait_for(lambda: not any(r.hexists(claims, i) for i in held), timeout=5, what="the claims handed back")
+    (project.records / "release").touch()
+    assert c.wait(busy, 10).status == "done"
+    time.sleep(1.0)  # a start would have come by now
+    assert not any(started_at(project, i) for i in held)
+    assert all(c.get(i).as_dict()["attempt"] == 0 for i in held)
+    if what == "function":
+        c.resume(function="limited")
+    else:
+        c.resume("fast")
+    wait_for(lambda: all_done(project, held), timeout=20, what="the jobs to run after the resume")
+    assert all(len(project.runs(i)) == 1 for i in held)
+
+
 def test_pause_and_resume_over_http_and_the_cli_show_in_queues_and_stats(project: Project) -> None:
     """POST /queues/{q}/pause|resume and /functions/{type}/pause|resume change what GET
     /queues and `runner stats` show; `runner pause` / `runner resume` do the same; the
