@@ -61,6 +61,21 @@ def test_claim_marks_a_job_past_its_max_age_expired_and_takes_no_limit(p: Projec
     assert claim_entry is not None and claim_entry.split()[3] == "-"  # no limit, idempotency or state flag
 
 
+def test_a_rate_token_due_past_max_age_is_not_taken_and_the_job_expires_at_once(p: Project) -> None:
+    """One start a second, MAX_AGE 1.5 s, five jobs at once: the first starts, the second
+    waits for its token at +1 s, and the rest, whose tokens would come due after their
+    age, expire now and leave those tokens unspent, so a job sent at +1.1 s gets the
+    token of +2 s (it expired in turn when dead jobs held every token before it)."""
+    enqueue(p, *[new(f"j{i}", limits="1/1000 api") for i in range(5)])
+    got = {g[0]: g for g in claim(p, NOW, "noop=1500")}
+    assert got["j0"][12] == 1 and all(got[f"j{i}"][12] == 2 for i in (2, 3, 4)) and "j1" not in got
+    r, k = p.runtime.redis, p.keys()
+    assert r.zscore(k.scheduled, "j1") == NOW + 1000
+    enqueue(p, new("late", limits="1/1000 api"), now=NOW + 1100)
+    assert claim(p, NOW + 1100, "noop=1500") == []
+    assert r.zscore(k.scheduled, "late") == NOW + 2000
+
+
 def test_an_expired_claim_buries_without_spending_its_attempt(p: Project) -> None:
     enqueue(p, new("old"))
     [job] = claim(p, NOW + 1000, "noop=500")

@@ -104,13 +104,16 @@ end
 -- due at. Either way it is this job's (reserved), so held-back jobs are spread one per
 -- token instead of all waking for the same one. The key expires once the bucket is full
 -- again. (SET replaces a key damaged to another type: the bucket starts afresh.)
-local function take_rate(lim_prefix, r, now)
+local function take_rate(lim_prefix, r, now, not_after)
   local k = lim_prefix .. r.key
   local step = r.period / r.n
   local raw = redis.pcall('GET', k)
   local tat = type(raw) == 'string' and tonumber(raw) or now
   if tat < now then tat = now end
   local at = tat - (r.period - step)
+  -- A token due after the job's MAX_AGE would only be spent on a job that expires then:
+  -- left for the jobs behind it (-1: the caller expires this one now).
+  if not_after and at > not_after then return -1 end
   redis.call('SET', k, string.format('%.3f', tat + step), 'PX', math.ceil(tat + step - now) + 1)
   if at <= now then return 0 end
   return math.ceil(at)

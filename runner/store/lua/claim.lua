@@ -283,7 +283,12 @@ local function take(id)
   local rated_now = false  -- a token taken for this start, kept should the job park below
   if #rates > 0 and f[8] ~= '1' then
     local due = 0
-    for _, r in ipairs(rates) do due = math.max(due, take_rate(KEYS[7], r, now)) end
+    local not_after = max_age[typ] and tonumber(rec.created_ms) + max_age[typ] or nil
+    for _, r in ipairs(rates) do
+      local at = take_rate(KEYS[7], r, now, not_after)
+      if at < 0 then return expire(id, rec, f, sk) end
+      due = math.max(due, at)
+    end
     if due > 0 then
       -- Held back until its token is due: scheduled for then, no attempt spent; 'rated'
       -- says the token is already its own.
