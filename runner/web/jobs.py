@@ -11,7 +11,7 @@ import falcon.asgi
 
 from runner.catalog.templates import MAX_KEY_BYTES
 from runner.client import Client, Request
-from runner.errors import IdempotencyConflict, JobEnded
+from runner.errors import IdempotencyConflict, JobEnded, JobNotFound
 from runner.store.listing import LISTED
 from runner.store.records import ENDED
 from runner.web.auth import caller
@@ -80,7 +80,15 @@ class Jobs:
         if wait is not None:
             # 200 with the job's end when it comes within the wait, else the usual answer.
             # A duplicate is another request's job, enqueued perhaps without the mark.
-            ended = await self.client.asettle(job.id, wait, watch=job.duplicate)
+            try:
+                ended = await self.client.asettle(job.id, wait, watch=job.duplicate)
+            except JobNotFound:
+                if not job.duplicate:
+                    raise
+                # The key outlived the first job's record (trimmed by done_max): the
+                # duplicate's answer is all there is to give.
+                send(resp, job.as_dict(), 200)
+                return
             if ended.status in ENDED:
                 send(resp, ended.as_dict(), 200)
                 return

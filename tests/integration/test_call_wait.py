@@ -10,10 +10,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import falcon.testing
 import pytest
 from test_web_support import Web, gunicorn
 
 from runner import JobFailed, StillRunning
+from runner.web import create_app
 
 from conftest import Project, wait_for
 
@@ -177,3 +179,22 @@ def test_only_waited_jobs_are_published(project: Project) -> None:
     wait_for(lambda: all(client.get(i).status == "done" for i in plain), what="the plain jobs")
     assert not set(heard) & set(plain)
     ps.close()
+
+
+def test_a_waited_retry_whose_first_job_was_trimmed_is_a_200_duplicate(project: Project) -> None:
+    """A caller retries POST /jobs/{type}?wait= with the same Idempotency-Key after the
+    first job's done record was trimmed (done_max on a busy queue) while the key is still
+    remembered: the answer is the 200 duplicate a plain POST gets, not a 404."""
+    toml = project.root / "runner.toml"
+    toml.write_text(toml.read_text().replace("done = 3600\n", "done = 3600\ndone_max = 4\n"))
+    project._runtime = None
+    c = project.client
+    web = falcon.testing.TestClient(create_app(project.runtime))
+    project.spawn_worker("fast")
+    headers = {"Idempotency-Key": "invoice-7"}
+    first = web.simulate_post("/jobs/idem?wait=10", json={"k": "a"}, headers=headers)
+    assert first.status_code == 200 and first.json["status"] == "done", first.text
+    for i in range(12):  # other traffic on the queue trims the first job's record
+        c.wait(c.enqueue("noop", {"i": i}).id, 10)
+    retry = web.simulate_post("/jobs/idem?wait=10", json={"k": "a"}, headers=headers)
+    assert retry.status_code == 200 and retry.json["id"] == first.json["id"], retry.text
