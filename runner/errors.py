@@ -242,6 +242,8 @@ def refusal_record(exc: RunnerError) -> dict[str, Any]:
         out.update(kind="unknown_function", type=exc.type, known=exc.known, broken=exc.broken)
     elif type(exc) is UnknownVersion:
         out.update(kind="unknown_version", type=exc.type, version=exc.version, known=exc.known)
+    elif type(exc) is IdempotencyConflict:
+        out.update(kind="idempotency_conflict", key=exc.key, job_id=exc.job_id)
     return out
 
 
@@ -256,6 +258,8 @@ def raise_refusal(record: dict[str, Any]) -> NoReturn:
         raise UnknownFunction(str(record.get("type")), record.get("known") or (), record.get("broken"))
     if kind == "unknown_version":
         raise UnknownVersion(str(record.get("type")), int(record.get("version") or 0), record.get("known") or [])
+    if kind == "idempotency_conflict":
+        raise IdempotencyConflict(str(record.get("key")), str(record.get("job_id")))
     raise RunnerError(str(record.get("error")))
 
 

@@ -24,11 +24,11 @@ from typing import Any
 from runner.catalog.registry import Function
 from runner.client import Client, Enqueued, Request
 from runner.config import QueueConfig
-from runner.errors import JobTimeout, RunnerError, describe, refusal_record
+from runner.errors import IdempotencyConflict, JobTimeout, RunnerError, describe, refusal_record
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec
-from runner.store.scripts import Followup, followup_id
+from runner.store.scripts import Followup, NewJob, followup_id
 from runner.worker.context import for_job, progress_view
 from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, expired, failure, resolve
 from runner.worker.execute import run as run_handler
@@ -138,10 +138,29 @@ class Executors:
         same on every attempt."""
         prep = self._client().prepare(Request(type_, payload, version=version, delay_s=delay,
                                               idempotency_key=idempotency_key, priority=priority))
+        self._check_key(prep.fn.queue, prep.job)
         with self.ledger.lock:
             job = prep.job._replace(id=followup_id(run.job.id, len(run.followups)))
             run.followups.append(Followup(prep.fn.queue, job))
         return Enqueued(id=job.id, type=prep.fn.name, version=job.version, queue=prep.fn.queue, status="pending")
+
+    def _check_key(self, queue: str, job: NewJob) -> None:
+        """A follow-up whose idempotency key another job holds with another payload raises
+        IdempotencyConflict here, in the handler, as an enqueue answers 409: the ack would
+        not write it (a key taken between here and the ack is counted there instead, as
+        followups_refused). On a partitioned queue the key's partition is chosen when the
+        follow-up is placed, and only the ack's count tells."""
+        if not job.idem_key or len(self.rt.parts[queue]) > 1:
+            return
+        k = self.rt.parts[queue][0]
+        held = self.rt.redis.get(k.idem(job.type, job.idem_key))
+        if not isinstance(held, str):
+            return
+        parts = held.split(" ")
+        if len(parts) < 2 or parts[1] == job.payload_hash:
+            return
+        if (len(parts) > 2 and parts[2] == "done") or self.rt.redis.exists(k.job(parts[0])):
+            raise IdempotencyConflict(job.idem_key, parts[0])
 
     def _slot_of(self, run: Run) -> Slot:
         for slot in self._slots:

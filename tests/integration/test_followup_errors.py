@@ -32,6 +32,8 @@ def refusal(type_, payload, **options):
     except runner.UnknownVersion as exc:
         return {{"kind": type(exc).__name__, "type": exc.type, "version": exc.version, "known": exc.known,
                  "message": str(exc)}}
+    except runner.IdempotencyConflict as exc:
+        return {{"kind": type(exc).__name__, "key": exc.key, "job_id": exc.job_id, "message": str(exc)}}
     except runner.RunnerError as exc:
         return {{"kind": "RunnerError", "message": str(exc)}}
     return None
@@ -45,18 +47,22 @@ def handle(payload, ctx):
         "unknown": refusal("no_such_function", {{}}),
         "version": refusal("record", {{}}, version=7),
         "too_large": refusal("record", {{"blob": "a" * 2_000_000}}),
+        "conflict": refusal("idem", {{"k": "x", "v": 2}}),
+        "same": refusal("idem", {{"k": "x", "v": 1}}),
     }}
 '''
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_ctx_enqueue_raises_the_same_refusals_in_a_thread_and_a_child(project: Project, isolation: str) -> None:
-    """Every refusal keeps its class and fields across the child's pipe, and the job
-    that caught them succeeds with no follow-up written."""
+    """Every refusal keeps its class and fields across the child's pipe (an idempotency
+    key another payload holds is refused at the call, as an enqueue's 409), and the job
+    that caught them succeeds."""
     (project.root / "functions" / "chains.py").write_text(HANDLER.format(isolation=isolation))
     (project.root / "schemas" / "chains").mkdir()
     (project.root / "schemas" / "chains" / "v1.json").write_text(json.dumps({"type": "object"}))
     c = project.client
+    holder = c.enqueue("idem", {"k": "x", "v": 1}, delay=60).id  # holds key x with another payload
     job = c.enqueue("chains", {})
     project.spawn_worker("fast")
     rec = c.wait(job.id, timeout_s=30).as_dict()
@@ -83,5 +89,7 @@ def test_ctx_enqueue_raises_the_same_refusals_in_a_thread_and_a_child(project: P
     assert [e["path"] for e in large["errors"]] == ["$"]
     assert "max_body_bytes" in large["errors"][0]["message"]
 
-    assert not rec.get("children")
-    assert c.stats()["fast"]["counters"].get("followups|chains") is None
+    conflict = out["conflict"]  # as an enqueue's 409, not a follow-up dropped at the ack
+    assert conflict["kind"] == "IdempotencyConflict", conflict
+    assert (conflict["key"], conflict["job_id"]) == ("x", holder)
+    assert out["same"] is None  # the same payload: a duplicate, not refused

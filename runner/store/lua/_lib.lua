@@ -622,7 +622,10 @@ local function write_followups(Q, now, out, fb, m, outbox_key, notify_key, censu
       if ARGV[b + 1] == '' then
         local j = job_fields(ARGV, b + 2)
         j.priority = tonumber(ARGV[b + 14]) or 0
-        if not job_known(Q, j.id) then job_put(Q, now, j, put) end
+        if not job_known(Q, j.id) and job_put(Q, now, j, put) == -1 then
+          -- Its key was taken by another payload after ctx.enqueue checked it: not written.
+          redis.pcall('HINCRBY', Q.stats, 'followups_refused|' .. j.type, 1)
+        end
       else
         redis.call('RPUSH', outbox_key, cjson.encode({unpack(ARGV, b + 1, b + 14)}))
       end
