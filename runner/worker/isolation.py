@@ -13,10 +13,17 @@ stop lease renewal or take other jobs down:
 - children are replaced after ``max_jobs_per_child`` jobs, above ``max_rss_mb``, and when
   the functions were reloaded (`runner dev`), so new jobs run new code while a running
   job finishes on its own.
+
+Each child leads a process group of its own, and a kill reaches the group: a tool the
+handler ran (a shell, ffmpeg) stops with it. Children are started from one thread that
+lives as long as the worker: a child asks to be killed when its parent dies
+(PR_SET_PDEATHSIG, child.py), and Linux sends that signal when the *thread* that started
+it exits, so a child started by an executor thread that was later abandoned died with it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -39,6 +46,31 @@ from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, fr
 log = logging.getLogger("runner.worker")
 
 START_TIMEOUT_S = 60.0  # a child imports the functions before it says it is ready
+
+
+# The thread every child is started from (see the module docstring). Created at the
+# first child, never shut down: its lifetime is the process's.
+_spawner: concurrent.futures.ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="runner-spawn")
+    proc: subprocess.Popen[bytes] = _spawner.submit(lambda: subprocess.Popen(args, **kwargs)).result()
+    return proc
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child and every process of its group (what the handler started). Only
+    while the child is not reaped: until then its pid, the group's id, cannot be reused."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
 
 
 class ExecutorCrashed(Exception):
@@ -71,8 +103,9 @@ class ChildProcess:
         self.jobs = 0
         self.rss_mb = 0.0
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "runner.worker.child", str(child.fileno())],
-                                         pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+            self.proc = _spawn([sys.executable, "-m", "runner.worker.child", str(child.fileno())],
+                               pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+                               process_group=0)
         finally:
             child.close()
         self.sock = parent
@@ -106,12 +139,12 @@ class ChildProcess:
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            _kill_group(self.proc)
             return self.proc.wait()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+        # Also once the child has exited (not yet reaped): what it started may still run.
+        _kill_group(self.proc)
         self.proc.wait()
         self.conn.close()
 
@@ -122,7 +155,7 @@ class ChildProcess:
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            _kill_group(self.proc)
             self.proc.wait()
         self.conn.close()
 

@@ -1,0 +1,103 @@
+"""Process isolation beside thread isolation, and a hard TIMEOUT, with real children: an
+abandoned thread's exit must not kill the child its slot runs now (Linux's parent-death
+signal follows the thread that started a child, not the process), and a TIMEOUT kill
+stops the handler's own subprocesses with it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from crashkit import wait_final
+
+from conftest import Project
+
+
+def add_function(project: Project, name: str, source: str) -> None:
+    (project.root / "functions" / f"{name}.py").write_text(source)
+    (project.root / "schemas" / name).mkdir(parents=True, exist_ok=True)
+    (project.root / "schemas" / name / "v1.json").write_text('{"type": "object"}')
+    project._runtime = None
+
+
+SLEEPER = '''
+import time
+QUEUE = "fast"
+TIMEOUT = 1
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    time.sleep(payload["s"])  # a C call: abandoned at TIMEOUT plus the grace
+'''
+
+PWORK = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    time.sleep(payload.get("s", 0))
+    return {"pid": os.getpid()}
+'''
+
+
+def test_an_abandoned_threads_exit_does_not_kill_the_slots_child(project: Project) -> None:
+    """One slot, a child per job (so the slot's thread starts each child): a thread
+    handler stuck in a C call is abandoned and a new thread takes the slot; a process job
+    then runs in a child the old thread started. When the stuck call returns and the old
+    thread exits, the process job still finishes."""
+    add_function(project, "sleeper", SLEEPER)
+    add_function(project, "pwork", PWORK)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1, fast="max_jobs_per_child = 1")
+    c = project.client
+    first = c.enqueue("pwork", {}).id
+    project.spawn_worker("fast")
+    assert wait_final(project, [first], timeout=60)[first]["status"] == "done"
+    stuck = c.enqueue("sleeper", {"s": 5}).id
+    work = c.enqueue("pwork", {"s": 6}).id  # runs from about 2 s to 8 s; the old thread ends at 5 s
+    final = wait_final(project, [stuck, work], timeout=60)
+    assert final[stuck]["status"] == "dead"
+    assert final[work]["status"] == "done", final[work]["last_error"]
+
+
+SHELLOUT = '''
+import os
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 1
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    record = os.path.join(os.environ["RECORD_DIR"], ctx.job_id)
+    os.system(f"echo $$ >> {record}; exec sleep 60")  # an external tool, the ordinary way
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_timeout_kill_stops_the_handlers_subprocess_too(project: Project) -> None:
+    """Past TIMEOUT the child is killed with every process it started (its process
+    group), so a tool it ran does not run on orphaned, one more per retry."""
+    add_function(project, "shellout", SHELLOUT)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("shellout", {}).id
+    project.spawn_worker("fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "dead" and final["last_error"]["type"] == "JobTimeout", final["last_error"]
+    pid = int(project.runs(job)[0])
+    deadline = time.monotonic() + 3
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not _alive(pid), f"the handler's subprocess {pid} still runs after its job timed out"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
