@@ -13,6 +13,7 @@ stuck thread's eventual result is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import queue as stdqueue
@@ -37,6 +38,7 @@ from runner.worker.isolation import Slot
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
 
 log = logging.getLogger("runner.worker")
+LEFT_BEHIND_S = 0.05  # how long tasks a handler left behind get to end once cancelled
 joblog = logging.getLogger("runner.job")
 
 
@@ -227,6 +229,9 @@ class Executors:
                     settlement = Settlement(run, _unexpected(run.job, exc))
                 if run.abandoned:
                     return  # settled by abandon(); a new thread has this slot
+                if loop is not None and asyncio.all_tasks(loop):
+                    _left_behind(loop, run.job.id)
+                    loop = None  # the next async job gets a fresh loop
                 self.outbox.put(settlement)
                 self.ledger.returned()
         finally:
@@ -354,6 +359,23 @@ class Executors:
         """The server's clock now, from the claim's server time and the time since (this
         host's clock may be off; its monotonic clock measures the interval well)."""
         return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
+
+
+def _left_behind(loop: asyncio.AbstractEventLoop, job_id: str) -> None:
+    """An async handler that outlived its job (it swallowed the cancel of its TIMEOUT, or
+    left tasks of its own running) would wake up inside the next job run on this loop.
+    Its tasks are cancelled and given a moment to end, and the loop is closed: whatever
+    still runs on it never runs again (the slot makes a new loop at its next job)."""
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    with contextlib.suppress(BaseException):
+        loop.run_until_complete(asyncio.wait(tasks, timeout=LEFT_BEHIND_S))
+    stuck = sum(1 for t in tasks if not t.done())
+    log.warning("job %s: its handler left %d task(s) running after its end; cancelled%s", job_id, len(tasks),
+                f", and {stuck} that did not stop (catching BaseException or CancelledError) never run again"
+                if stuck else "", extra={"job_id": job_id})
+    loop.close()
 
 
 def _unexpected(job: Claimed, exc: BaseException) -> Outcome:

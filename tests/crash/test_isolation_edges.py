@@ -101,3 +101,51 @@ def test_a_timeout_kill_stops_the_handlers_subprocess_too(project: Project) -> N
     finally:
         if _alive(pid):
             os.kill(pid, 9)
+
+
+SWALLOW = '''
+import asyncio, os, time
+QUEUE = "fast"
+TIMEOUT = 1
+MAX_ATTEMPTS = 1
+
+async def handle(payload, ctx):
+    path = os.path.join(os.environ["RECORD_DIR"], ctx.job_id)
+    while True:
+        try:
+            with open(path, "a") as f:
+                f.write(f"{time.time()}\\n")
+            await asyncio.sleep(0.05)
+        except BaseException:  # a retry loop written too broadly: swallows its own cancel
+            pass
+'''
+
+NAP = '''
+import asyncio
+QUEUE = "fast"
+TIMEOUT = 10
+MAX_ATTEMPTS = 1
+
+async def handle(payload, ctx):
+    await asyncio.sleep(payload["s"])
+    return {"ok": True}
+'''
+
+
+def test_a_timed_out_async_handler_does_not_run_on_in_later_jobs(project: Project) -> None:
+    """An async handler past its TIMEOUT that swallows its cancellation fails as a timeout
+    and never runs again: the slot leaves that event loop behind (a task still pending on
+    it used to wake up inside every later async job of the slot, side effects and all)."""
+    add_function(project, "swallow", SWALLOW)
+    add_function(project, "nap", NAP)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    c = project.client
+    bad = c.enqueue("swallow", {}).id
+    project.spawn_worker("fast")
+    final = wait_final(project, [bad], timeout=30)[bad]
+    assert final["status"] == "dead" and final["last_error"]["type"] == "JobTimeout", final["last_error"]
+    settled = final["finished_at"]
+    naps = [c.enqueue("nap", {"s": 1}).id for _ in range(3)]
+    assert all(f["status"] == "done" for f in wait_final(project, naps, timeout=30).values())
+    late = [float(x) for x in project.runs(bad) if float(x) > settled + 0.2]
+    assert not late, f"the timed-out handler ran on {len(late)} time(s) after its job was settled"
