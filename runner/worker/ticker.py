@@ -128,6 +128,9 @@ class Ticker:
         rt = self.rt
         scheds = reg.schedules()
         broken = {Path(p).stem for p in reg.errors}  # a file that failed keeps its schedules
+        # A folder that failed (none there: a volume not mounted, a wrong directory) says
+        # nothing about which schedules were removed: it retires none.
+        folder_failed = any(Path(p).suffix != ".py" for p in reg.errors)
         index = registered(rt.redis, rt.keys.values())
         heap: list[_Entry] = []
         lost: list[str] = []
@@ -135,7 +138,8 @@ class Ticker:
         for queue, k in rt.keys.items():
             mine = [s for s in scheds if s.queue == queue]
             ids = {s.id for s in mine}
-            retire = [i for i in index.get(queue, {}) if i not in ids and i.split(":")[0] not in broken]
+            retire = [] if folder_failed else [
+                i for i in index.get(queue, {}) if i not in ids and i.split(":")[0] not in broken]
             for start in range(0, max(len(mine), len(retire), 1), ADOPT_CHUNK):
                 part = mine[start:start + ADOPT_CHUNK]
                 gone = retire[start:start + ADOPT_CHUNK]

@@ -178,3 +178,24 @@ def test_hot_reload_in_dev_adds_and_removes_a_schedule(project: Project) -> None
         assert "schedule beat: tick" in dev.log()
     finally:
         dev.stop()
+
+
+def test_a_worker_without_its_functions_folder_retires_no_schedule(project: Project, tmp_path: Path) -> None:
+    """A worker started without its functions folder (a volume not mounted, a wrong
+    RUNNER_FUNCTIONS_DIR) loaded nothing: it retires no schedule, as a file that fails to
+    load keeps its own, and the healthy workers go on firing them (it used to retire
+    every schedule in Redis, and none fired again until the healthy workers restarted)."""
+    add_function(project, "beat", 'SCHEDULE = "*/2 * * * * *"')
+    set_clock(project, ms(B))
+    project.spawn_worker("fast", env=TEST_ENV, log_name="healthy.log")
+    r, k = project.runtime.redis, project.keys()
+    wait_for(lambda: int(r.hget(k.schedule("beat"), "n_fired") or 0) >= 2, timeout=15, what="the healthy ticks")
+    broken_env = {**TEST_ENV, "RUNNER_FUNCTIONS_DIR": str(tmp_path / "not-mounted")}
+    project.spawn_worker("fast", env=broken_env, log_name="broken.log")
+    wait_for(lambda: log_has(project, "no functions folder", "broken.log")
+             and log_has(project, "serving", "broken.log"), timeout=30, what="the misconfigured worker to start")
+    before = int(r.hget(k.schedule("beat"), "n_fired") or 0)
+    set_clock(project, ms(B) + 30_000)
+    wait_for(lambda: int(r.hget(k.schedule("beat"), "n_fired") or 0) > before, timeout=8,
+             what="the healthy worker to go on firing")
+    assert r.hget(k.schedule("beat"), "def")
