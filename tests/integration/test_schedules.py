@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
 from schedulekit import (
     LONG,
     TEST_ENV,
@@ -199,3 +200,61 @@ def test_a_worker_without_its_functions_folder_retires_no_schedule(project: Proj
     wait_for(lambda: int(r.hget(k.schedule("beat"), "n_fired") or 0) > before, timeout=8,
              what="the healthy worker to go on firing")
     assert r.hget(k.schedule("beat"), "def")
+
+
+# The first job to start runs until $RECORD_DIR/release exists (at most 15 s); any later
+# job (the manual run) ends at once.
+FIRST_BLOCKS = '''"""The first run is long; later runs are quick."""
+import os
+import time
+
+QUEUE = "fast"
+TIMEOUT = 18
+{options}
+
+
+def handle(payload, ctx):
+    d = os.environ["RECORD_DIR"]
+    try:
+        os.close(os.open(os.path.join(d, "first"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return {{}}
+    deadline = time.monotonic() + 15
+    while not os.path.exists(os.path.join(d, "release")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {{}}
+'''
+
+def _t(seconds: int) -> str:
+    return at(f"2030-01-01T00:{seconds // 60:02d}:{seconds % 60:02d}")
+
+
+def test_a_manual_run_does_not_let_the_next_tick_overlap_a_running_scheduled_run(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OVERLAP = "skip": a manual run (`runner schedules trigger`) made while the +30
+    tick's run still runs, and ended first, does not let the +60 tick fire beside it."""
+    monkeypatch.setenv("RUNNER_TEST_SCHEDULES", "1")  # this process reads the seconds field too
+    add_function(project, "nightly", 'SCHEDULE = "*/30 * * * * *"\nOVERLAP = "skip"', FIRST_BLOCKS)
+    set_clock(project, ms(B) + 20_000)
+    project.spawn_worker("fast", env=TEST_ENV, log_name="worker.log")
+    wait_for(lambda: log_has(project, "schedules: 1 active"), timeout=30, what="the worker to adopt")
+    set_clock(project, ms(B) + 29_700)
+    wait_for(lambda: [j["status"] for j in jobs_of(project)] == ["processing"], timeout=15,
+             what="the +30 run to be running")
+    scheduled_run = jobs_of(project)[0]["id"]
+
+    manual = project.client.trigger("nightly")  # the operator's manual run: it ends at once
+    project.client.wait(manual.id, timeout_s=15)
+    assert project.client.get(scheduled_run).status == "processing"
+
+    set_clock(project, ms(B) + 59_700)  # +60: the +30 run is still running
+    r, k = project.runtime.redis, project.keys()
+    wait_for(lambda: int(r.hget(k.schedule("nightly"), "tick") or 0) >= ms(B) + 60_000, timeout=15,
+             what="the +60 tick to be handled")
+    try:
+        assert project.client.get(scheduled_run).status == "processing"
+        assert ticks(project, "nightly") == [_t(30)], (
+            "the +60 tick fired while the +30 run was still running (OVERLAP = 'skip')",
+            [(j["tick"], j["status"], j["trigger"]) for j in jobs_of(project)])
+    finally:
+        (project.records / "release").write_text("")

@@ -7,7 +7,8 @@
 --
 -- KEYS[1..m]    as enqueue.lua, for one job
 -- KEYS[#KEYS-3] state        HASH  the schedule's state (see keys.py): def, def_at, tick,
---                                  fired, job, late_ms, n_fired, n_missed, n_overlap, n_manual
+--                                  fired, job (the last, ticked or manual), tick_job (the last
+--                                  tick's), late_ms, n_fired, n_missed, n_overlap, n_manual
 -- KEYS[#KEYS-2] job prefix   (string; the last job's record is prefix .. id)
 -- KEYS[#KEYS-1] claims       HASH  (the last job is processing while it has a claim)
 -- KEYS[#KEYS]   done meta    HASH  (unused: a done job has no record left)
@@ -34,7 +35,7 @@ local g_state, g_jobs, g_claims, g_done = KEYS[#KEYS - 3], KEYS[#KEYS - 2], KEYS
 local ga = #ARGV - 7
 local g_mode, g_tick, g_digest, g_born = ARGV[ga], tonumber(ARGV[ga + 1]), ARGV[ga + 2], ARGV[ga + 3]
 local g_overlap, g_missed, g_late, g_id = ARGV[ga + 4], tonumber(ARGV[ga + 5]), tonumber(ARGV[ga + 6]), ARGV[ga + 7]
-local g = redis.call('HMGET', g_state, 'def', 'tick', 'job')
+local g = redis.call('HMGET', g_state, 'def', 'tick', 'job', 'tick_job')
 if g_mode ~= 'manual' then
   if not g[1] then
     -- No state (a new schedule whose adoption has not run, or lost data): this
@@ -52,28 +53,34 @@ if g_mode == 'skip' then
   redis.call('HSET', g_state, 'tick', g_tick)
   return {2, '', 'skipped'}
 end
-if g_mode == 'fire' and g_overlap == 'skip' and g[3] then
-  -- A job with no record is done (or gone); else its claim, else its state, says.
-  local st
-  if redis.call('HEXISTS', g_claims, g[3]) == 1 then
-    st = 'processing'
-  elseif redis.call('EXISTS', g_jobs .. g[3]) == 1 then
-    st = redis.pcall('HGET', g_jobs .. g[3] .. ':s', 'status')
-    if type(st) ~= 'string' then st = 'queued' end
-  else
-    st = 'done'
-  end
-  if st == 'queued' or st == 'scheduled' or st == 'retrying' or st == 'deferred' or st == 'processing' then
-    redis.call('HSET', g_state, 'tick', g_tick)
-    redis.call('HINCRBY', g_state, 'n_overlap', 1)
-    return {3, g[3], st}
+if g_mode == 'fire' and g_overlap == 'skip' then
+  -- The last job, and the last tick's when a manual run came after it (the manual one may
+  -- end first while the tick's runs on). A job with no record is done (or gone); else
+  -- its claim, else its state, says.
+  for _, last in ipairs({g[3] or false, g[4] ~= g[3] and g[4] or false}) do
+    if last then
+      local st
+      if redis.call('HEXISTS', g_claims, last) == 1 then
+        st = 'processing'
+      elseif redis.call('EXISTS', g_jobs .. last) == 1 then
+        st = redis.pcall('HGET', g_jobs .. last .. ':s', 'status')
+        if type(st) ~= 'string' then st = 'queued' end
+      else
+        st = 'done'
+      end
+      if st == 'queued' or st == 'scheduled' or st == 'retrying' or st == 'deferred' or st == 'processing' then
+        redis.call('HSET', g_state, 'tick', g_tick)
+        redis.call('HINCRBY', g_state, 'n_overlap', 1)
+        return {3, last, st}
+      end
+    end
   end
 end
 if g_mode == 'manual' then
   redis.call('HSET', g_state, 'job', g_id)
   redis.call('HINCRBY', g_state, 'n_manual', 1)
 else
-  redis.call('HSET', g_state, 'tick', g_tick, 'fired', g_tick, 'job', g_id, 'late_ms', g_late)
+  redis.call('HSET', g_state, 'tick', g_tick, 'fired', g_tick, 'job', g_id, 'tick_job', g_id, 'late_ms', g_late)
   redis.call('HINCRBY', g_state, 'n_fired', 1)
   redis.call('HINCRBY', g_state, 'late_sum_ms', g_late)
 end
