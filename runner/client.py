@@ -648,10 +648,12 @@ class Client:
             pipe = self.runtime.redis.pipeline(transaction=False)
             for part in self.runtime.parts[k.queue]:  # each partition's claim reads its own
                 pipe.hset(part.paused, "queue" if fn is None else f"fn:{fn}", now)
-                # Jobs a worker claimed ahead before the pause must not start either: told
-                # on the channel its cancels come by, it hands them back (worker.py).
-                pipe.publish(part.cancels, f"pause {k.queue} {fn or '*'}")
             pipe.execute()
+            # Jobs a worker claimed ahead before the pause must not start either: told on
+            # the channel its cancels come by, it hands them back (worker.py). (Not in the
+            # pipeline: a cluster client refuses a pipelined PUBLISH.)
+            for part in self.runtime.parts[k.queue]:
+                self.runtime.redis.publish(part.cancels, f"pause {k.queue} {fn or '*'}")
         except UNAVAILABLE as exc:
             raise RedisUnavailable(str(exc)) from exc
         if by is not None:

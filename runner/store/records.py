@@ -123,7 +123,12 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
     fields.setdefault("status", "queued")
     if claim:
         parts = claim.split(" ")
-        if len(parts) == 4:
+        if len(parts) == 4 and "p" in parts[3] and parts[1].isdigit():
+            # Claimed ahead of a free executor: held by a worker, not started, and its
+            # attempt not spent until it starts (the record keeps the attempts spent).
+            fields.update(status="processing", token=parts[0], attempt=str(int(parts[1]) - 1), claimed_ahead="1")
+            fields.pop("started_ms", None)
+        elif len(parts) == 4:
             fields.update(status="processing", token=parts[0], attempt=parts[1], started_ms=parts[2])
     return fields
 
@@ -248,6 +253,8 @@ class Job:
         if f.get("token"):
             # Only while claimed: which worker holds it and, in a job list, until when.
             view["worker"] = worker_of(f["token"])
+            if f.get("claimed_ahead"):
+                view["claimed_ahead"] = True  # waiting in the worker for an executor
             if f.get("lease_ms"):
                 view["lease_expires_at"] = _ts(f["lease_ms"])
         meta = _json(f.get("meta"))

@@ -515,3 +515,24 @@ def test_priority_over_http_and_the_cli_and_a_bad_one_is_refused(project: Projec
     assert out.exit_code == 0, out.output
     r = project.runtime.redis
     assert sorted(-int(s // 1e13) for _, s in r.zrange(project.keys().prio, 0, -1, withscores=True)) == [5, 7]
+
+
+def test_a_job_claimed_ahead_shows_no_attempt_spent_and_no_start(project: Project) -> None:
+    """A job a worker claimed ahead waits there for an executor: GET /jobs/{id} shows it
+    held (processing, its worker, claimed_ahead) with no attempt spent and no start time,
+    until its handler starts."""
+    project.write_config(concurrency=1, prefetch=8)
+    add_function(project, "busy", BUSY)
+    add_limited(project, "None")
+    c = project.client
+    busy = c.enqueue("busy", {}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: started_at(project, busy), timeout=30, what="the busy job")
+    ahead = c.enqueue("limited", {}).id
+    wait_for(lambda: project.runtime.redis.hexists(project.keys().claims, ahead), timeout=10, what="claimed ahead")
+    d = c.get(ahead).as_dict()
+    assert (d["status"], d["attempt"], d["started_at"], d["claimed_ahead"]) == ("processing", 0, None, True), d
+    assert d["worker"]
+    (project.records / "release").touch()
+    done = c.wait(ahead, 15).as_dict()
+    assert done["status"] == "done" and done["attempt"] == 1 and done["started_at"] is not None
