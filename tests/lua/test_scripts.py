@@ -1098,6 +1098,26 @@ def test_requeue_takes_its_key_back_or_goes_back_without_it(p: Project) -> None:
     assert r.get(k.idem("noop", "k1")) == "a h9"
 
 
+def test_a_requeued_job_whose_key_another_completed_ends_as_its_duplicate(p: Project) -> None:
+    """A job died (the key freed), a retry with the same payload completed the key, and
+    the dead job is requeued: it keeps its key (3) and its claim acknowledges it as the
+    other job's duplicate, without running it (a charge requeued from the dead letters
+    must not run twice). With another payload it goes back without the key (2)."""
+    enqueue(p, new("a", idem="k1", phash="h1"))
+    (a,) = claim(p)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert sc.bury(k, [Burial("a", a[1], "x", "", "", False, "")], 100_000, now_ms=NOW) == [1]
+    enqueue(p, new("b", idem="k1", phash="h1"), now=NOW + 1)
+    (b,) = claim(p, now=NOW + 2, base="w.2")
+    assert sc.ack(k, [Ack("b", b[1], "", "noop|1", "")], 100_000, now_ms=NOW + 3) == [1]
+    assert r.get(k.idem("noop", "k1")).startswith("b h1")
+    assert sc.requeue(k, "a", now_ms=NOW + 4) == 3
+    assert claim(p, now=NOW + 5, base="w.3") == []  # not run
+    ra = rec(p, "a")
+    assert ra["status"] == "done" and ra.get("duplicate_of") == "b", ra
+    assert r.get(k.idem("noop", "k1")).startswith("b h1")
+
+
 def test_remove_frees_a_key_that_still_names_the_job(p: Project) -> None:
     """Deleting a dead job deletes its key if it still names the job, never another job's."""
     enqueue(p, new("a", idem="k1", phash="h"), new("b", idem="k2", phash="h"))

@@ -1,7 +1,9 @@
 -- requeue: move one dead job back to ready with a fresh attempt budget, optionally
 -- with a new (already validated) payload and version. Its idempotency key (freed when it
--- died) is taken again when it is free; when another job took it meanwhile, the job goes
--- back without its key, and its history says so.
+-- died) is taken again when it is free; when another job completed it with the same
+-- payload, the job keeps it and is acknowledged as that job's duplicate at its claim,
+-- without running; when another job holds it otherwise, the job goes back without its
+-- key, and its history says so.
 --
 -- KEYS[1] dead         ZSET
 -- KEYS[2] ready        LIST
@@ -17,7 +19,8 @@
 -- ARGV[5] payload hash of the payload it goes back with ('' to keep the stored one)
 -- ARGV[6] history entry (a JSON object without at_ms, '' none): who requeued it; stamped here
 --
--- Returns 1 requeued, 2 requeued without its idempotency key, -1 not in the dead-letter set.
+-- Returns 1 requeued, 2 requeued without its idempotency key, 3 requeued to end as the
+-- duplicate of the job that completed its key, -1 not in the dead-letter set.
 local now, id = clock(ARGV[1]), ARGV[2]
 if redis.call('ZSCORE', KEYS[1], id) == false then return -1 end
 local rec = rec_load(KEYS[4])
@@ -32,8 +35,16 @@ if rec.idem_key ~= '' then
   local hash = ARGV[5] ~= '' and ARGV[5] or (rec.idem_hash ~= '' and rec.idem_hash or '-')
   local ik = idem_key(KEYS[5], rec.type, rec.idem_key)
   local mark = redis.pcall('GET', ik)
-  if not mark or (type(mark) == 'string' and string.match(mark, '^(%S+)') == id) then
+  local hid, hhash, state
+  if type(mark) == 'string' then hid, hhash, state = string.match(mark, '^(%S+) (%S+) ?(%S*)') end
+  if not mark or hid == id then
     redis.call('SET', ik, id .. ' ' .. hash)
+    rec.idem_hash = hash
+  elseif state == 'done' and hhash == hash then
+    -- Another job with this very payload completed the key meanwhile (a caller retried
+    -- after this one died): the job keeps its key, and its claim acknowledges it as that
+    -- job's duplicate without running it (claim.lua), as the key promises.
+    code = 3
     rec.idem_hash = hash
   else
     code = 2
