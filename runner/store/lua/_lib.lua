@@ -198,6 +198,17 @@ local function wake_parked(lim_prefix, key, n, now, job_prefix, ready_key, notif
   return woke
 end
 
+-- A woken job that will not take the slots reserved for it (a duplicate, expired or
+-- cancelled before its claim) hands each to the next parked job of its key now.
+local function give_up_reserved(lim_prefix, limits, id, now, job_prefix, ready_key, notify_key, limwait_key,
+    prio_key)
+  for _, l in ipairs(limits) do
+    if redis.call('ZREM', lim_prefix .. l.key, '=' .. id) == 1 then
+      wake_parked(lim_prefix, l.key, l.n, now, job_prefix, ready_key, notify_key, limwait_key, prio_key)
+    end
+  end
+end
+
 -- Give back every slot a claim token holds and wake the next parked job of each key.
 local function release_limits(lim_prefix, raw, token, now, job_prefix, ready_key, notify_key, limwait_key,
     prio_key)

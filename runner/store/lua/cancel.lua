@@ -61,11 +61,7 @@ end
 local function finish(rec)
   redis.call('ZREM', KEYS[4], id)
   if KEYS[19] and rec.limits ~= '' and redis.call('HGET', sk, 'woken') == '1' then
-    for _, l in ipairs(parse_limits(rec.limits)) do
-      if redis.call('ZREM', KEYS[19] .. l.key, '=' .. id) == 1 then
-        wake_parked(KEYS[19], l.key, l.n, now, KEYS[13], KEYS[14], KEYS[15], KEYS[20], KEYS[18])
-      end
-    end
+    give_up_reserved(KEYS[19], parse_limits(rec.limits), id, now, KEYS[13], KEYS[14], KEYS[15], KEYS[20], KEYS[18])
   end
   -- Out of the priority set at once (cheap; an id left in ready is skipped by the claim).
   if KEYS[18] then redis.call('ZREM', KEYS[18], id) end

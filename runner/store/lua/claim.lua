@@ -232,11 +232,7 @@ local function take(id)
     if f[6] == '1' and rec.limits ~= '' then
       -- Woken from a limit's waiters with a slot reserved: the slot goes to the next one
       -- at once (held until the reservation lapsed, each stale job blocked the key 10 s).
-      for _, l in ipairs(parse_limits(rec.limits)) do
-        if redis.call('ZREM', KEYS[7] .. l.key, '=' .. id) == 1 then
-          wake_parked(KEYS[7], l.key, l.n, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11], KEYS[17])
-        end
-      end
+      give_up_reserved(KEYS[7], parse_limits(rec.limits), id, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11], KEYS[17])
     end
     return expire(id, rec, f, sk)
   end
@@ -268,12 +264,8 @@ local function take(id)
           ' ' .. hid .. '\n\n'})
         redis.call('DEL', jk, sk)
         census(KEYS[14], typ .. '|' .. rec.version, -1)
-        for _, l in ipairs(limits) do
-          -- A slot reserved for it when it was woken goes to the next parked job.
-          if redis.call('ZREM', KEYS[7] .. l.key, '=' .. id) == 1 then
-            wake_parked(KEYS[7], l.key, l.n, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11], KEYS[17])
-          end
-        end
+        -- A slot reserved for it when it was woken goes to the next parked job.
+        give_up_reserved(KEYS[7], limits, id, now, KEYS[6], KEYS[1], KEYS[12], KEYS[11], KEYS[17])
         tally('duplicates|' .. typ)
         return
       end
