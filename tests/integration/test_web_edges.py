@@ -7,34 +7,18 @@ from __future__ import annotations
 
 import base64
 import gzip
-import hashlib
 import json
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import requests
+from test_access import ENV, SECRETS, TOKENS
 from test_web_support import RunnerWeb, runner_web
 
 from runner.worker.worker import Worker
 
 from conftest import Project, wait_for
-
-SECRETS = {"producer": "producer-secret", "support": "support-secret", "ops": "ops-secret"}
-TOKENS = f"""
-[api.tokens.producer]
-env = "RUNNER_TOKEN_PRODUCER"
-scopes = ["enqueue:record"]
-
-[api.tokens.support]
-hash = "sha256:{hashlib.sha256(SECRETS["support"].encode()).hexdigest()}"
-scopes = ["read"]
-
-[api.tokens.ops]
-env = "RUNNER_TOKEN_OPS"
-scopes = ["read", "operate"]
-"""
-ENV = {"RUNNER_API_TOKEN": "", "RUNNER_TOKEN_PRODUCER": SECRETS["producer"], "RUNNER_TOKEN_OPS": SECRETS["ops"]}
 
 
 @contextmanager
