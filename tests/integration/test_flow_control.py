@@ -220,11 +220,9 @@ def handle(payload, ctx):
 '''
 
 
-@pytest.mark.parametrize("what", ["function", "queue"])
-def test_jobs_claimed_ahead_do_not_start_after_a_pause(project: Project, what: str) -> None:
-    """One executor busy, prefetch 8: four jobs sit claimed ahead in the worker when the
-    function (or the queue) is paused. They never start while the pause lasts: the worker
-    hands them back, spending nothing, and a resume runs each once."""
+def claimed_ahead(project: Project, n: int) -> tuple[str, list[str]]:
+    """One executor (prefetch 8) held by a busy job until $RECORD_DIR/release appears, and
+    ``n`` jobs of `limited` that the worker claimed ahead of it: (busy id, their ids)."""
     project.write_config(concurrency=1, prefetch=8)
     add_function(project, "busy", BUSY)
     add_limited(project, "None")
@@ -232,9 +230,20 @@ def test_jobs_claimed_ahead_do_not_start_after_a_pause(project: Project, what: s
     busy = c.enqueue("busy", {}).id
     project.spawn_worker("fast")
     wait_for(lambda: started_at(project, busy), timeout=30, what="the busy job")
-    held = [c.enqueue("limited", {}).id for _ in range(4)]
+    ids = [c.enqueue("limited", {}).id for _ in range(n)]
     r, claims = project.runtime.redis, project.keys().claims
-    wait_for(lambda: all(r.hexists(claims, i) for i in held), timeout=10, what="the jobs claimed ahead")
+    wait_for(lambda: all(r.hexists(claims, i) for i in ids), timeout=10, what="the jobs claimed ahead")
+    return busy, ids
+
+
+@pytest.mark.parametrize("what", ["function", "queue"])
+def test_jobs_claimed_ahead_do_not_start_after_a_pause(project: Project, what: str) -> None:
+    """One executor busy, prefetch 8: four jobs sit claimed ahead in the worker when the
+    function (or the queue) is paused. They never start while the pause lasts: the worker
+    hands them back, spending nothing, and a resume runs each once."""
+    busy, held = claimed_ahead(project, 4)
+    c = project.client
+    r, claims = project.runtime.redis, project.keys().claims
     if what == "function":
         c.pause(function="limited")
     else:
@@ -521,15 +530,8 @@ def test_a_job_claimed_ahead_shows_no_attempt_spent_and_no_start(project: Projec
     """A job a worker claimed ahead waits there for an executor: GET /jobs/{id} shows it
     held (processing, its worker, claimed_ahead) with no attempt spent and no start time,
     until its handler starts."""
-    project.write_config(concurrency=1, prefetch=8)
-    add_function(project, "busy", BUSY)
-    add_limited(project, "None")
+    _, (ahead,) = claimed_ahead(project, 1)
     c = project.client
-    busy = c.enqueue("busy", {}).id
-    project.spawn_worker("fast")
-    wait_for(lambda: started_at(project, busy), timeout=30, what="the busy job")
-    ahead = c.enqueue("limited", {}).id
-    wait_for(lambda: project.runtime.redis.hexists(project.keys().claims, ahead), timeout=10, what="claimed ahead")
     d = c.get(ahead).as_dict()
     assert (d["status"], d["attempt"], d["started_at"], d["claimed_ahead"]) == ("processing", 0, None, True), d
     assert d["worker"]

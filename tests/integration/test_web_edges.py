@@ -13,12 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import requests
-from test_access import ENV, SECRETS, TOKENS
+from test_access import ENV, SECRETS, TOKENS, dead_jobs
 from test_web_support import RunnerWeb, runner_web
 
-from runner.worker.worker import Worker
-
-from conftest import Project, wait_for
+from conftest import Project
 
 
 @contextmanager
@@ -140,14 +138,7 @@ def test_paging_dead_jobs_never_skips_a_job_that_stayed_dead(project: Project) -
     before asking for page 2 (what the dashboard's per-job Requeue button then Next does).
     Every job that stayed dead the whole time must appear on a page; the positional
     cursor shifts by the job removed and the first job of page 2 is never shown."""
-    c = project.client
-    ids = [c.enqueue("perm", {}).id for _ in range(5)]
-    worker = Worker(project.runtime, ["fast"])
-    worker.start()
-    try:
-        wait_for(lambda: all(c.get(i).status == "dead" for i in ids), what="the jobs to die")
-    finally:
-        worker.stop(2)
+    ids = dead_jobs(project, 5)
     with serving(project, "dead-pages") as web:
         everything = [j["id"] for j in call(web, "ops", "GET", "/jobs?status=dead&limit=500").json()["jobs"]]
         assert sorted(everything) == sorted(ids)
