@@ -24,7 +24,8 @@ stays is shown once. In a list (the ready list, the done logs) new jobs come in 
 head: they can only make a job show twice.
 
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
-``idem:<type>:<key>`` key, whose value starts with the holding job's id.
+``idem:<type>:<key>`` key, whose value starts with the holding job's id;
+``conflicting_holder`` says whether a key is held with another payload.
 """
 
 from __future__ import annotations
@@ -209,14 +210,29 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
     return Page(jobs, encode_cursor(qi, pos, gen, anchor))
 
 
+def _mark(value: Any) -> tuple[str, str, bool] | None:
+    """An idempotency key's value, "<job id> <payload hash>[ done]": (id, hash, done)."""
+    if not isinstance(value, str) or not value:
+        return None
+    parts = value.split(" ")
+    return parts[0], parts[1] if len(parts) > 1 else "", len(parts) > 2 and parts[2] == "done"
+
+
 def holders(redis: Any, candidates: list[tuple[str, QueueKeys]], key: str) -> list[tuple[str, str]]:
     """(type, job id) for each candidate function (type, its queue's keys) whose
     idempotency key ``key`` is held, in one round trip."""
     pipe = redis.pipeline(transaction=False)
     for type_, k in candidates:
         pipe.get(k.idem(type_, key))
-    out = []
-    for (type_, _), value in zip(candidates, pipe.execute(), strict=True):
-        if isinstance(value, str) and value:
-            out.append((type_, value.split(" ", 1)[0]))  # "<job id> <payload hash> [done]"
-    return out
+    return [(type_, mark[0]) for (type_, _), value in zip(candidates, pipe.execute(), strict=True)
+            if (mark := _mark(value)) is not None]
+
+
+def conflicting_holder(redis: Any, k: QueueKeys, type_: str, key: str, payload_hash: str) -> str | None:
+    """The job that holds ``type_``'s idempotency key ``key`` with another payload, as
+    the enqueue script would find it (a completed key, or a job that still exists), or
+    None: free, stale, or held by this very payload."""
+    mark = _mark(redis.get(k.idem(type_, key)))
+    if mark is None or mark[1] == payload_hash:
+        return None
+    return mark[0] if mark[2] or redis.exists(k.job(mark[0])) else None

@@ -28,7 +28,7 @@ from runner.config import QueueConfig
 from runner.errors import IdempotencyConflict, JobTimeout, RunnerError, describe, refusal_record
 from runner.observe import tracing
 from runner.runtime import Runtime
-from runner.store import codec
+from runner.store import codec, listing
 from runner.store.scripts import Followup, NewJob, followup_id
 from runner.worker.context import for_job, progress_view
 from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, expired, failure, resolve
@@ -154,15 +154,10 @@ class Executors:
         follow-up is placed, and only the ack's count tells."""
         if not job.idem_key or len(self.rt.parts[queue]) > 1:
             return
-        k = self.rt.parts[queue][0]
-        held = self.rt.redis.get(k.idem(job.type, job.idem_key))
-        if not isinstance(held, str):
-            return
-        parts = held.split(" ")
-        if len(parts) < 2 or parts[1] == job.payload_hash:
-            return
-        if (len(parts) > 2 and parts[2] == "done") or self.rt.redis.exists(k.job(parts[0])):
-            raise IdempotencyConflict(job.idem_key, parts[0])
+        holder = listing.conflicting_holder(self.rt.redis, self.rt.parts[queue][0], job.type, job.idem_key,
+                                            job.payload_hash)
+        if holder is not None:
+            raise IdempotencyConflict(job.idem_key, holder)
 
     def _slot_of(self, run: Run) -> Slot:
         for slot in self._slots:
