@@ -8,7 +8,10 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
 import socket
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -184,3 +187,20 @@ def test_a_token_secret_with_a_trailing_newline_still_works(project: Project) ->
     with runner_web(project, "newline", workers=1, env=env) as web:
         assert call(web, "producer", "POST", "/jobs/record", json={"n": 1}).status_code == 202
         assert call(web, "ops", "GET", "/queues").status_code == 200
+
+
+def test_a_compressed_body_sent_whole_before_reading_gets_its_415(project: Project) -> None:
+    """A client that sends a large compressed body whole before it reads (urllib) gets
+    the 415 problem, not a connection reset, and the server serves on."""
+    with serving(project, "encoding-whole") as web:
+        body = gzip.compress(os.urandom(3_000_000))  # random: stays about 3 MB
+        req = urllib.request.Request(web.url + "/jobs/record", data=body, method="POST", headers={
+            "Content-Type": "application/json", "Content-Encoding": "gzip",
+            "Authorization": f"Bearer {SECRETS['producer']}"})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            raise AssertionError("a compressed body was accepted")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 415 and "encoding" in json.loads(exc.read())["detail"].lower()
+        assert call(web, "producer", "POST", "/jobs/record", json={"n": 1}).status_code == 202
+    assert len(queued_ids(project)) == 1
