@@ -10,7 +10,8 @@ A job is two keys under its queue's tag (the layout is drawn in lua/_lib.lua):
                          checkpoint (JSON), deferrals, woken, lost_token, refunds,
                          progress (JSON, the last ctx.progress sent with a renewal),
                          cancel_requested (a running job asked to stop), children (a dead
-                         job's ON_FAILURE job, written by its burial)
+                         job's ON_FAILURE job, written by its burial), requeued (times
+                         requeued from dead)
 
 A job that waits untouched is the string alone. While a job is claimed its entry in the
 queue's claims hash holds the token, the attempt and the start. A done job keeps
@@ -166,9 +167,10 @@ def new_id() -> str:
 
 def parent_of(job_id: str) -> str | None:
     """The job that wrote this one, read off its id: a follow-up is "<parent>.<i>", an
-    ON_SUCCESS / ON_FAILURE job "<parent>.s" / "<parent>.f" (scripts.followup_id)."""
+    ON_SUCCESS / ON_FAILURE job "<parent>.s" / "<parent>.f" (scripts.followup_id), and the
+    ON_FAILURE job of a requeued parent's later death "<parent>.f2", "<parent>.f3", ..."""
     parent, dot, tail = job_id.rpartition(".")
-    if dot and parent and (tail.isdigit() or tail in ("s", "f")):
+    if dot and parent and (tail.isdigit() or tail in ("s", "f") or (tail[:1] == "f" and tail[1:].isdigit())):
         return parent
     return None
 
@@ -237,6 +239,8 @@ class Job:
             "idempotency_key": f.get("idem_key") or None,
             "resource_key": f.get("resource_key") or None,
             "deferrals": _int(f.get("deferrals")),
+            # Times requeued from dead; a done job's short outcome does not keep it.
+            "requeued": _int(f["requeued"]) if "requeued" in f else None if f.get("status") == "done" else 0,
             # 1-9 as long as the job lives; a done job's short outcome does not keep it.
             "priority": _int(f["priority"]) if "priority" in f else None if f.get("status") == "done" else 0,
             "last_error": _json(f.get("error")),

@@ -41,8 +41,8 @@ _JOB_META: dict[str, Any] = {
 }
 _JOB_FIELDS = ["id", "type", "version", "queue", "status", "attempt", "max_attempts", "payload", "created_at",
                "enqueued_at", "ready_at", "started_at", "finished_at", "idempotency_key", "resource_key",
-               "deferrals", "priority", "last_error", "reason", "history", "result", "checkpoint", "duplicate_of",
-               "parent", "children", "group"]
+               "deferrals", "requeued", "priority", "last_error", "reason", "history", "result", "checkpoint",
+               "duplicate_of", "parent", "children", "group"]
 _GROUP_JOB = {
     "type": "object", "required": ["type", "payload"], "additionalProperties": False,
     "properties": {"type": {"type": "string", "minLength": 1}, "payload": {},
@@ -79,12 +79,14 @@ COMPONENTS: dict[str, Any] = {
         "attempt": _INT, "max_attempts": _OPT_INT, "payload": _ANY,
         "created_at": _OPT_NUM, "enqueued_at": _OPT_NUM, "ready_at": _OPT_NUM, "started_at": _OPT_NUM,
         "finished_at": _OPT_NUM, "idempotency_key": _OPT_STR, "resource_key": _OPT_STR, "deferrals": _INT,
+        "requeued": {"type": ["integer", "null"], "minimum": 0,
+                     "description": "Times requeued from the dead-letter set; null once done"},
         "priority": {"type": ["integer", "null"], "minimum": 0, "maximum": 9,
                      "description": "0-9, higher first; null once done (the outcome does not keep it)"},
         "last_error": _ANY, "reason": _OPT_STR, "history": {"type": "array"}, "result": _ANY,
         "checkpoint": _ANY, "duplicate_of": _OPT_STR,
         "parent": {"type": ["string", "null"], "description": "The job whose ctx.enqueue, ON_SUCCESS or "
-                   "ON_FAILURE wrote this one (from its id: <parent>.<i>, .s, .f)"},
+                   "ON_FAILURE wrote this one (from its id: <parent>.<i>, .s, .f, .f2 ...)"},
         "children": {"type": "array", "items": _STR, "description": "The follow-ups and destination "
                      "jobs this job wrote (when its ack or burial landed)"},
         "group": {"type": ["string", "null"], "description": "The group of a member or then-job"},

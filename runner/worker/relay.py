@@ -106,9 +106,9 @@ def destination(client: Client, dest: str, tag: str, job_id: str, type_: str, ve
 def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
     """ON_FAILURE for jobs the reclaim buried as "worker lost" (reclaim.lua lists them):
     no worker settled them, so nobody wrote their destination with the burial. It is
-    written here, to the same id a settler would give it (<id>.f) and placed once by that
-    id, so a pass that dies midway, or two schedulers at once, write it once. Returns how
-    many ids left the list."""
+    written here, to the same id a settler would give it (<id>.f, or <id>.f2 for a job
+    requeued once, ...) and placed once by that id, so a pass that dies midway, or two
+    schedulers at once, write it once. Returns how many ids left the list."""
     ids = rt.redis.lrange(k.lost, 0, BATCH - 1)
     for job_id in ids:
         try:
@@ -118,7 +118,9 @@ def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
         fn = rt.registry.functions.get(str(job["type"]))
         if fn is None or not fn.on_failure or job["status"] != "dead":
             continue
-        dest = destination(client, fn.on_failure, "f", job_id, str(job["type"]), job["version"] or 0,
+        # Named as bury.lua names a settled burial's: <id>.f, then <id>.f2 after one requeue...
+        tag = f"f{job['requeued'] + 1}" if job["requeued"] else "f"
+        dest = destination(client, fn.on_failure, tag, job_id, str(job["type"]), job["version"] or 0,
                            job["attempt"], k.queue, {"error": job["last_error"]})
         if dest is not None:  # placed as the outbox's entries are: where its keys route it
             place(rt, [codec.dumps(job_entry(dest.queue, dest.job))])

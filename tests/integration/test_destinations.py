@@ -241,3 +241,46 @@ def test_a_destination_schema_is_checked_against_the_whole_error_record(project:
     errors = " ".join(str(e) for e in reg.errors.values())
     assert "ON_FAILURE: the v1 schema of 'got_error' rejects the record it would get" in errors
     assert "traceback" in errors
+
+
+def test_a_requeued_job_that_dies_again_reaches_its_on_failure_again(project: Project) -> None:
+    """Each death of a job is its own failure: a dead job requeued (a fix that did not
+    hold) that dies again sends ON_FAILURE a second record, under <id>.f2, where the first
+    death's <id>.f would have deduplicated it into silence. The job's view counts its
+    requeues and names the newest destination job as its child."""
+    write(project, "source", SOURCE)
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    write(project, "got_error", SINK.format(queue="fast", name="got_error"))
+    c = project.client
+    bad = c.enqueue("source", {"fail": True}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: len(lines(project, "got_error", bad)) == 1, timeout=20, what="the first failure record")
+    assert c.get(bad).as_dict()["requeued"] == 0
+    c.requeue("fast", bad)
+    wait_for(lambda: len(lines(project, "got_error", bad)) == 2, timeout=20, what="the second failure record")
+    view = c.get(bad).as_dict()
+    assert view["status"] == "dead" and view["requeued"] == 1 and view["children"] == [f"{bad}.f2"]
+    assert c.wait(f"{bad}.f", 10).status == "done" and c.wait(f"{bad}.f2", 10).status == "done"
+    assert c.get(f"{bad}.f2").as_dict()["parent"] == bad
+    assert [r["job"]["attempt"] for r in lines(project, "got_error", bad)] == [2, 2]
+
+
+def test_a_requeued_job_lost_again_reaches_its_on_failure_again(project: Project) -> None:
+    """The lease reclaim's burial ("worker lost") of a requeued job writes its own
+    ON_FAILURE job too (<id>.f2), as a settler's burial would."""
+    project.write_config(vt=1)
+    write(project, "killer", KILLER)
+    write(project, "got_error", SINK.format(queue="fast", name="got_error"))
+    c = project.client
+    job = c.enqueue("killer", {}).id
+    for n in (1, 2):
+        if n == 2:
+            c.requeue("fast", job)
+        assert project.spawn_worker("fast").wait(timeout=20) == -9  # it claimed the job and died
+        reaper = project.spawn_worker("fast")
+        wait_for(lambda n=n: len(lines(project, "got_error", job)) == n, timeout=30, what=f"failure record {n}")
+        reaper.terminate()
+        assert reaper.wait(timeout=20) == 0
+    assert c.get(job).as_dict()["requeued"] == 1
+    assert c.get(f"{job}.f2").as_dict()["parent"] == job
+    assert [r["error"]["type"] for r in lines(project, "got_error", job)] == ["WorkerLost", "WorkerLost"]

@@ -381,7 +381,8 @@ end
 --                                attempt, ready_ms, started_ms, finished_ms, error,
 --                                reason, history, checkpoint, deferrals, woken,
 --                                lost_token, refunds, rated, ratelimits, priority (1-9,
---                                absent: 0) (absent fields: their defaults)
+--                                absent: 0), requeued (times requeued from dead)
+--                                (absent fields: their defaults)
 -- A job that waits untouched is the string alone (one key, no hash: the payload is the
 -- bulk of it). A done job keeps neither: its outcome goes to the done generations.
 local LEGACY = {'type', 'version', 'payload', 'max_attempts', 'created_ms', 'idem_key', 'idem_hash',
@@ -625,20 +626,26 @@ end
 -- ON_FAILURE), ARGV from fb: m, then 15 fields each (the settled job's place in the
 -- batch, its queue or '' for this one, the 12 job fields, its priority). Written only for jobs whose
 -- settle landed (out[place] > 0), each once by its id; another queue's go to the outbox.
-local function write_followups(Q, now, out, fb, m, outbox_key, notify_key, census_key)
+-- suffix (optional: place -> string) is appended to the ids of that place's follow-ups.
+local function write_followups(Q, now, out, fb, m, outbox_key, notify_key, census_key, suffix)
   local put = jobs_acc()
   for i = 0, m - 1 do
     local b = fb + 1 + i * 15
-    if (out[tonumber(ARGV[b])] or -1) > 0 then
+    local place = tonumber(ARGV[b])
+    if (out[place] or -1) > 0 then
+      local tail = suffix and suffix[place]
       if ARGV[b + 1] == '' then
         local j = job_fields(ARGV, b + 2)
         j.priority = tonumber(ARGV[b + 14]) or 0
+        if tail then j.id = j.id .. tail end
         if not job_known(Q, j.id) and job_put(Q, now, j, put) == -1 then
           -- Its key was taken by another payload after ctx.enqueue checked it: not written.
           redis.pcall('HINCRBY', Q.stats, 'followups_refused|' .. j.type, 1)
         end
       else
-        redis.call('RPUSH', outbox_key, cjson.encode({unpack(ARGV, b + 1, b + 14)}))
+        local e = {unpack(ARGV, b + 1, b + 14)}
+        if tail then e[2] = e[2] .. tail end
+        redis.call('RPUSH', outbox_key, cjson.encode(e))
       end
     end
   end

@@ -28,7 +28,8 @@
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
 --   a handler; 0: it counts), stats fields (space-separated)
 -- then m, ON_FAILURE jobs, 15 fields each as ack.lua's follow-ups: written only for a job
---   buried here, in this step, once by id (their ids go in its state as 'children')
+--   buried here, in this step, once by id (their ids go in its state as 'children'); a
+--   job requeued n times gets n + 1 appended to its follow-up's id (<id>.f2, ...)
 -- then g, the group members among the jobs, 5 fields each as in ack.lua (status dead or
 --   cancelled): each counted down in this step, once
 --
@@ -46,6 +47,10 @@ local out = {}
 local ids, dead_ids, slots = {}, {}, {}
 local seen = {}
 local ended = {}  -- waited jobs buried in this batch
+-- A requeued job's death is a death of its own: its ON_FAILURE job is <id>.f<n> (n the
+-- requeues plus one; relay.py's lost_destinations names it alike), not the first
+-- death's <id>.f, which would be known already and never written (place -> n).
+local again = {}
 local held = batch_claims(KEYS[9], 4, 7, n)
 for i = 0, n - 1 do
   local b = 4 + i * 7
@@ -55,7 +60,7 @@ for i = 0, n - 1 do
   local sk = jk .. ':s'
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
-  local f = c and redis.pcall('HMGET', sk, 'history')
+  local f = c and redis.pcall('HMGET', sk, 'history', 'requeued')
   if not c or f.err then
     out[#out + 1] = -1
   else
@@ -84,6 +89,8 @@ for i = 0, n - 1 do
     end
     if rec and c.res then slots[#slots + 1] = {rec.limits, token} end
     if c.waited then ended[#ended + 1] = id end
+    local requeued = tonumber(f[2] or '')
+    if requeued and requeued >= 1 then again[i + 1] = string.format('%d', requeued + 1) end
     bump(fields)
     out[#out + 1] = 1
   end
@@ -98,7 +105,7 @@ local m = tonumber(ARGV[fb]) or 0
 local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6], prio = KEYS[19],
   claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
 if m > 0 then
-  write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12])
+  write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12], again)
   -- A dead job keeps its state: its children (the ON_FAILURE job) go there, for readers.
   local kids = {}
   for i = 0, m - 1 do
@@ -106,7 +113,7 @@ if m > 0 then
     local place = tonumber(ARGV[b])
     if (out[place] or -1) > 0 then
       local pid = ARGV[4 + (place - 1) * 7]
-      kids[pid] = (kids[pid] and kids[pid] .. ',' or '') .. ARGV[b + 2]
+      kids[pid] = (kids[pid] and kids[pid] .. ',' or '') .. ARGV[b + 2] .. (again[place] or '')
     end
   end
   for pid, ids in pairs(kids) do redis.call('HSET', KEYS[4] .. pid .. ':s', 'children', ids) end

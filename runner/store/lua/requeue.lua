@@ -3,7 +3,7 @@
 -- died) is taken again when it is free; when another job completed it with the same
 -- payload, the job keeps it and is acknowledged as that job's duplicate at its claim,
 -- without running; when another job holds it otherwise, the job goes back without its
--- key, and its history says so.
+-- key, and its history says so. Its state counts the requeues ('requeued').
 --
 -- KEYS[1] dead         ZSET
 -- KEYS[2] ready        LIST
@@ -65,6 +65,8 @@ end
 redis.call('SET', KEYS[4], rec_encode(rec))  -- SET drops the dead retention's expiry
 redis.call('HDEL', sk, 'status', 'reason', 'finished_ms', 'token', 'lost_token', 'refunds', 'error')
 redis.call('HSET', sk, unpack(set))
+-- Counted for readers, and for the next burial: its ON_FAILURE job is <id>.f<requeued + 1>.
+redis.call('HINCRBY', sk, 'requeued', 1)
 redis.call('PERSIST', sk)
 to_ready(KEYS[2], KEYS[7], id, prio, now, false)
 wake(KEYS[3])
