@@ -3,6 +3,8 @@
 ``fault("after_claim")`` is a no-op unless the environment variable RUNNER_FAULT names
 that point; then the process kills itself with SIGKILL right there, so a test can crash
 a worker exactly between two steps. RUNNER_FAULT_AFTER=N lets N passes through first.
+RUNNER_FAULT_MODE=raise raises an unexpected error there instead (InjectedFault), as a
+bug would: how a worker meets the death of one of its threads (lifeline.py).
 """
 
 from __future__ import annotations
@@ -12,10 +14,17 @@ import signal
 
 _POINT = os.environ.get("RUNNER_FAULT", "")
 _after = int(os.environ.get("RUNNER_FAULT_AFTER", "0") or 0)
+_RAISE = os.environ.get("RUNNER_FAULT_MODE", "") == "raise"
 
 POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
 # Off a job's path: the relay of follow-ups to other queues (worker/relay.py).
 RELAY_POINTS = ("before_relay", "after_relay")
+# In the loops of the settler and the lease renewer, outside their handling of errors.
+THREAD_POINTS = ("settle_loop", "renew_loop")
+
+
+class InjectedFault(RuntimeError):
+    """An error a test injected (RUNNER_FAULT_MODE=raise): a stand-in for a bug."""
 
 
 def fault(point: str) -> None:
@@ -24,4 +33,6 @@ def fault(point: str) -> None:
         if _after > 0:
             _after -= 1
             return
+        if _RAISE:
+            raise InjectedFault(f"injected fault at {point}")
         os.kill(os.getpid(), signal.SIGKILL)

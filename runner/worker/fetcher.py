@@ -29,6 +29,7 @@ from runner.store.outage import Outage
 from runner.worker.execute import Claimed, expired
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement
+from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.worker")
 
@@ -133,7 +134,7 @@ class Fetcher:
         self._ages: tuple[object, str] = (None, "")  # (registry, its MAX_AGE argument)
         self._next = 0  # the partition claimed from next
         self._bell: Bell | None = None
-        self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-fetch", daemon=True)
+        self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-fetch", daemon=True)
 
     def start(self) -> None:
         self._bell = Bell(self.rt.redis, self.parts, self.q.name)

@@ -25,7 +25,9 @@ from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
 from runner.worker.execute import Claimed
+from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Run
+from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.worker")
 
@@ -45,7 +47,7 @@ class Renewer:
         self.abandon: Callable[[Run], None] = lambda run: None
         self.cancelled: Callable[[Run], None] = lambda run: None  # a cancel reached this run
         self.stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-renew", daemon=True)
+        self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-renew", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -78,6 +80,7 @@ class Renewer:
                     "its handler runs in a child process", self.q.name, now - last - TICK_S,
                     extra={"queue": self.q.name, "late_s": round(now - last - TICK_S, 3)})
             last, ran = now, running
+            fault("renew_loop")
             self._enforce_timeouts(now)
             if now < next_renew:
                 continue

@@ -23,6 +23,7 @@ from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
 from runner.worker import relay
+from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.scheduler")
 
@@ -39,7 +40,7 @@ class Scheduler:
         self.found = found  # told of draining partitions found after the start
         self._empty_since: dict[tuple[str, str], float] = {}  # draining partitions seen empty
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+        self._thread = threading.Thread(target=vital(self._loop), name="scheduler", daemon=True)
         self._last_trim = 0.0
         self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths
         self._next_beat = 0.0

@@ -26,6 +26,7 @@ from runner.worker import relay
 from runner.worker.execute import CANCELLED, EXPIRED, Claimed, Dead, Done, RetryLater
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
+from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.worker")
 joblog = logging.getLogger("runner.job")
@@ -102,7 +103,7 @@ class Settler:
         self._next_summary = time.monotonic() + SUMMARY_EVERY_S
         self._client: Client | None = None  # builds destinations' jobs (ON_SUCCESS, ON_FAILURE)
         self.cancelled: Callable[[Run], None] = lambda run: None  # a start mark found a cancel
-        self._thread = threading.Thread(target=self._loop, name=f"{queue.name}-settle", daemon=True)
+        self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-settle", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -128,6 +129,7 @@ class Settler:
                 # start and end within it need no start mark at all.
                 time.sleep(LINGER_S)
                 done = self._take(batch)
+            fault("settle_loop")
             self.settle(batch)
 
     def _take(self, batch: list[Settlement]) -> bool:

@@ -54,6 +54,7 @@ from runner.store.outage import Outage
 from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, registered
 from runner.store.scripts import NewJob
 from runner.worker.faults import fault
+from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.ticker")
 
@@ -84,7 +85,7 @@ class Ticker:
         self.rt = runtime
         self.clock: Clock = clock or ServerClock(runtime.redis, runtime.config.redis.prefix)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="ticker", daemon=True)
+        self._thread = threading.Thread(target=vital(self._loop), name="ticker", daemon=True)
         self._registry: Registry | None = None
         self._born_ms = 0
         self._heap: list[_Entry] = []
