@@ -180,7 +180,7 @@ class Schedule:
     resource_key: str
     missed: str
     overlap: str
-    digest: str  # of the definition; a worker whose definition differs never fires it (see ticker)
+    digest: str  # of the definition, "<timing>:<whole>"; a worker whose definition differs never fires it (see ticker)
     limits: str = ""  # "<n> <key>" lines its jobs carry (see catalog.limits)
     priority: int = 0  # the function's PRIORITY: its ticks' jobs wait in the priority set
 
@@ -335,6 +335,9 @@ def parse(
             id=sid, function=function, queue=queue, cron=cron, tz=tz, payload=payload,
             payload_json=payload_json, version=versions.newest, max_attempts=max_attempts,
             resource_key=rkey, missed=str(missed), overlap=str(overlap), limits=lims, priority=priority,
-            digest=_digest(sid, function, queue, cron, tz, payload_json, versions.newest, missed, overlap),
+            # "<timing>:<whole>": a deploy that keeps the timing keeps the timeline, so the ticks
+            # missed while it restarts are caught up under MISSED (store/lua/adopt.lua).
+            digest=f"{_digest(cron, tz)}:"
+                   f"{_digest(sid, function, queue, cron, tz, payload_json, versions.newest, missed, overlap)}",
         ))
     return tuple(out), warnings

@@ -42,7 +42,9 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
     <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
-    <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, tick, fired, job, counts
+    <prefix>:{<queue>}:schedules:seen HASH    schedule id -> when a worker holding its winning
+                                              definition last said it lives (server ms)
+    <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, line_at, tick, fired, job, counts
     <prefix>:{<queue>}:partitions     SET     the hash tags any process routes the queue's jobs to
                                               (tagset.py); kept under the queue's own tag
 
@@ -129,6 +131,7 @@ class QueueKeys:
     lost: str = field(init=False)
     group_prefix: str = field(init=False)
     schedules: str = field(init=False)
+    schedules_seen: str = field(init=False)
     schedule_prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -144,7 +147,8 @@ class QueueKeys:
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),
                              ("outbox", "outbox"), ("lost", "lost"), ("group_prefix", "group:"),
                              ("paused", "paused"), ("held_prefix", "held:"), ("prio", "prio"),
-                             ("schedules", "schedules"), ("schedule_prefix", "schedule:")):
+                             ("schedules", "schedules"), ("schedules_seen", "schedules:seen"),
+                             ("schedule_prefix", "schedule:")):
             object.__setattr__(self, name, base + suffix)
 
     @property

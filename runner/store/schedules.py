@@ -11,7 +11,7 @@ move every scheduler to a daylight-saving change or past a downtime at once.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,11 @@ def handled_ticks(redis: Any, pairs: Iterable[tuple[QueueKeys, str]]) -> list[in
     for k, sid in pairs:
         pipe.hget(k.schedule(sid), "tick")
     return [_int(v) for v in pipe.execute(raise_on_error=False)]
+
+
+def last_seen(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[int | None]:
+    """When the holders of these schedules' winning definitions last said they live."""
+    return [_int(v) for v in redis.hmget(k.schedules_seen, list(ids))] if ids else []
 
 
 @dataclass(frozen=True, slots=True)

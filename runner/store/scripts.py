@@ -783,11 +783,21 @@ class Scripts:
 
     def adopt(
         self, k: QueueKeys, born_ms: int, tombstone_ms: int, defined: Sequence[tuple[str, str]],
-        retire: Sequence[str],
+        retire: Sequence[str], stale_before_ms: int = 0,
     ) -> Any:
-        """Take over or retire schedule definitions of one queue (see lua/adopt.lua)."""
+        """Take over or retire schedule definitions of one queue (see lua/adopt.lua); with
+        ``stale_before_ms``, take back only those whose holders went quiet before it."""
         args: list[Any] = [born_ms, tombstone_ms, len(defined)]
         for schedule_id, digest in defined:
             args += [schedule_id, digest]
-        args += [len(retire), *retire]
-        return self._run("adopt", (k.schedules, k.schedule_prefix), args)
+        args += [len(retire), *retire, stale_before_ms]
+        return self._run("adopt", (k.schedules, k.schedule_prefix, k.schedules_seen), args)
+
+    def alive(self, k: QueueKeys, now_ms: int, held: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Say this worker lives for the schedules it holds (id, digest); returns those it
+        no longer holds, each with the winning digest ('' removed) (see lua/alive.lua)."""
+        args: list[Any] = [now_ms, len(held)]
+        for schedule_id, digest in held:
+            args += [schedule_id, digest]
+        reply = self._run("alive", (k.schedule_prefix, k.schedules_seen), args)
+        return [(str(reply[i]), str(reply[i + 1])) for i in range(0, len(reply), 2)]

@@ -18,7 +18,7 @@ except ImportError:  # an interpreter without it
 NAMES = (
     "enqueue", "claim", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "relay", "resume", "watch", "cancel", "group",
+    "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.

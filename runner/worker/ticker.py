@@ -29,6 +29,13 @@ of a schedule (another digest) the most recently born wins, and schedules a newe
 registry no longer defines are retired. A ticker whose definition lost stops firing it,
 and the tick script refuses a digest the state does not hold, so a worker still running
 an older function file never fires a schedule the newer file changed or removed.
+
+A definition that lost stands by. Every HEARTBEAT_S a ticker says which schedules it
+holds (store/schedules.py: say_alive) and looks whether the holders of those it lost
+still say so: when they have been quiet for TAKEOVER_S (a canary withdrawn, every worker
+of the newer deploy stopped), it takes the schedule back (adopt.lua's takeover, which
+checks the silence again atomically) and fires it from where the state says, under
+MISSED. A schedule the newer deploy removed stays removed.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, registered
+from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, last_seen, registered
 from runner.store.scripts import NewJob
 from runner.worker.faults import fault
 from runner.worker.lifeline import vital
@@ -59,6 +66,8 @@ from runner.worker.lifeline import vital
 log = logging.getLogger("runner.ticker")
 
 WAKE_S = 0.5
+HEARTBEAT_S = 10.0
+TAKEOVER_S = 60.0  # server time the holders of a winning definition may be quiet
 BATCH = 250  # tick script calls per pipelined round trip
 LANES = 2  # round trips in flight at once
 ADOPT_CHUNK = 500
@@ -89,6 +98,8 @@ class Ticker:
         self._registry: Registry | None = None
         self._born_ms = 0
         self._heap: list[_Entry] = []
+        self._standby: dict[str, dict[str, Schedule]] = {}  # queue -> id -> a definition that lost
+        self._beat_ms = 0
         self._seq = 0
         self._lanes = ThreadPoolExecutor(LANES, thread_name_prefix="ticker-send")
 
@@ -119,6 +130,9 @@ class Ticker:
                 for e in due:  # nothing is lost: the ticks are still unhandled in Redis
                     heapq.heappush(self._heap, e)
                 raise
+        if now >= self._beat_ms:
+            self._beat(now)
+            self._beat_ms = now + int(HEARTBEAT_S * 1000)
         if not self._heap:
             return WAKE_S
         return min(WAKE_S, max(0.001, (self._heap[0].next_ms - self.clock.now_ms()) / 1000))
@@ -135,6 +149,7 @@ class Ticker:
         index = registered(rt.redis, rt.keys.values())
         heap: list[_Entry] = []
         lost: list[str] = []
+        standby: dict[str, dict[str, Schedule]] = {}
         retired = 0
         for queue, k in rt.keys.items():
             mine = [s for s in scheds if s.queue == queue]
@@ -151,17 +166,80 @@ class Ticker:
                     won, floor = int(reply[3 * i]), int(reply[3 * i + 1])
                     if not won:
                         lost.append(s.id)
+                        if reply[3 * i + 2]:  # held by another definition, not removed
+                            standby.setdefault(queue, {})[s.id] = s
                         continue
-                    self._seq += 1
-                    line = s.timeline
-                    heap.append(_Entry(line.next_after(floor), self._seq, s, line, floor))
+                    heap.append(self._entry(s, floor))
                 retired += sum(int(x) for x in reply[3 * len(part):])
         heapq.heapify(heap)
-        self._heap, self._registry, self._born_ms = heap, reg, now
+        self._heap, self._registry, self._born_ms, self._standby = heap, reg, now, standby
+        self._beat_ms = 0  # say at once which schedules this registry holds
         if scheds or retired:
             log.info("schedules: %d active%s%s", len(heap),
                      f", {len(lost)} held by a newer deploy ({', '.join(lost[:5])})" if lost else "",
                      f", {retired} retired" if retired else "")
+
+    def _entry(self, s: Schedule, floor: int) -> _Entry:
+        self._seq += 1
+        line = s.timeline
+        return _Entry(line.next_after(floor), self._seq, s, line, floor)
+
+    def _beat(self, now: int) -> None:
+        """Say which schedules this worker holds; take back those whose holders went quiet."""
+        self._say_alive(now)
+        self._take_back(now)
+
+    def _say_alive(self, now: int) -> None:
+        """Stamp the schedules this worker holds as alive; those it turns out to have lost
+        (a newer deploy took them over) leave the heap for the standby list at once."""
+        rt = self.rt
+        held: dict[str, list[_Entry]] = {}
+        for e in self._heap:
+            held.setdefault(e.schedule.queue, []).append(e)
+        gone: set[int] = set()
+        for queue, entries in held.items():
+            for start in range(0, len(entries), ADOPT_CHUNK):
+                part = entries[start:start + ADOPT_CHUNK]
+                lost = dict(rt.scripts.alive(rt.keys[queue], now, [(e.schedule.id, e.schedule.digest) for e in part]))
+                for e in part:
+                    if e.schedule.id in lost:
+                        gone.add(e.seq)
+                        self._stand_by(e.schedule, lost[e.schedule.id])
+        if gone:
+            self._heap = [e for e in self._heap if e.seq not in gone]
+            heapq.heapify(self._heap)
+
+    def _stand_by(self, s: Schedule, winner: str) -> None:
+        """This worker's definition lost: to another definition (``winner``), which it may
+        take back should that one's holders go quiet, or to a deploy that removed it ('')."""
+        if winner:
+            self._standby.setdefault(s.queue, {})[s.id] = s
+            log.info("schedule %s: a newer deploy holds its definition; this worker no longer fires it, "
+                     "and stands by", s.id)
+        else:
+            log.info("schedule %s: a newer deploy removed it; this worker no longer fires it", s.id)
+
+    def _take_back(self, now: int) -> None:
+        """Adopt again the definitions that lost to holders quiet for TAKEOVER_S."""
+        rt = self.rt
+        stale_before = now - int(TAKEOVER_S * 1000)
+        for queue, waiting in self._standby.items():
+            k = rt.keys[queue]
+            ids = list(waiting)
+            quiet = [waiting[i] for i, seen in zip(ids, last_seen(rt.redis, k, ids), strict=True)
+                     if seen is not None and seen < stale_before]
+            for start in range(0, len(quiet), ADOPT_CHUNK):
+                some = quiet[start:start + ADOPT_CHUNK]
+                reply = rt.scripts.adopt(k, now, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in some], [],
+                                         stale_before_ms=stale_before)
+                for i, s in enumerate(some):
+                    if not int(reply[3 * i]):
+                        continue
+                    del waiting[s.id]
+                    heapq.heappush(self._heap, self._entry(s, int(reply[3 * i + 1])))
+                    log.warning("schedule %s: the workers holding a newer definition of it have not been seen "
+                                "for %d s (a deploy withdrawn?); this worker takes it back", s.id, TAKEOVER_S,
+                                extra={"schedule": s.id})
 
     def _fire(self, due: Sequence[_Entry], now: int) -> None:
         plans: dict[tuple[int, int, str], list[Step]] = {}  # shared by schedules on one timeline
@@ -177,7 +255,7 @@ class Ticker:
                 steps = plans[key] = plan(e.line, e.schedule.missed, e.floor_ms, now)
             calls.extend((e, st) for st in steps)
         fired: list[tuple[Schedule, Step, str]] = []
-        dropped: set[int] = set()
+        dropped: dict[int, str] = {}  # entry seq -> the winning digest ('' removed)
         # LANES batches in flight at once, on connections of their own: one is built and
         # sent while Redis runs another (a burst of 10,000 ticks took 0.9 s one batch at a
         # time, about half of it waiting for replies).
@@ -196,6 +274,8 @@ class Ticker:
             if e.seq not in dropped:
                 e.next_ms = e.line.next_after(e.floor_ms)
                 heapq.heappush(self._heap, e)
+            else:
+                self._stand_by(e.schedule, dropped[e.seq])
         self._report(fired)
 
     def _send(self, chunk: Sequence[tuple[_Entry, Step]], look: bool) -> list[tuple[_Entry, Step, str, Any]]:
@@ -237,16 +317,13 @@ class Ticker:
 
     @staticmethod
     def _settle(answers: list[tuple[_Entry, Step, str, Any]], fired: list[tuple[Schedule, Step, str]],
-                dropped: set[int]) -> bool:
+                dropped: dict[int, str]) -> bool:
         """Apply one batch's answers; True when every tick of it was refused as handled."""
         refused = 0
         for e, st, job_id, reply in answers:
             code = int(reply[0])
             if code == -3:
-                if e.seq not in dropped:
-                    log.info("schedule %s: a newer deploy holds its definition (or removed it); "
-                             "this worker no longer fires it", e.schedule.id)
-                dropped.add(e.seq)
+                dropped[e.seq] = str(reply[1])
                 continue
             e.floor_ms = max(e.floor_ms, st.tick_ms, int(reply[1]) if code == -2 else 0)
             refused += code == -2

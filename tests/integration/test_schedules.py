@@ -93,6 +93,35 @@ def test_overlap_skip_skips_a_tick_while_the_last_job_runs(project: Project) -> 
     wait_for(lambda: ticks(project, "long_skip") == [t(30), t(90)], timeout=15, what="skip to run +90")
 
 
+def test_a_deploy_that_changes_only_the_payload_keeps_its_missed_ticks(project: Project) -> None:
+    """MISSED = "all" across a deploy: the only worker stops after the +30 tick, the +60
+    and +90 ticks pass while it restarts, and the new release changes the schedule's
+    payload but not its timing: it runs both missed ticks, with the new payload, then +120
+    on time. A release that changes the timing (cron) starts a new timeline instead: the
+    old ticks it passed over are not the new schedule's to catch up."""
+    add_function(project, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}\nMISSED = "all"')
+    add_function(project, "moved", 'SCHEDULE = "*/30 * * * * *"\nMISSED = "all"')
+    set_clock(project, ms(B) + 20_000)
+    start(project, 2)
+    set_clock(project, ms(B) + 29_700)
+    wait_for(lambda: ticks(project, "beat") == [t(30)] and ticks(project, "moved") == [t(30)], timeout=15,
+             what="the first tick of each")
+    stop(project)
+    add_function(project, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}\nMISSED = "all"')
+    add_function(project, "moved", 'SCHEDULE = "15,45 * * * * *"\nMISSED = "all"')
+    set_clock(project, ms(B) + 100_000)
+    start(project, 2, "worker-2.log")
+    wait_for(lambda: ticks(project, "beat") == [t(30), t(60), t(90)], timeout=15, what="the missed ticks")
+    assert {j["tick"]: j["payload"] for j in jobs_of(project) if j["schedule"] == "beat"} == {
+        t(30): {"v": 1}, t(60): {"v": 2}, t(90): {"v": 2}}
+    set_clock(project, ms(B) + 104_700)
+    wait_for(lambda: t(105) in ticks(project, "moved"), timeout=15, what="the moved schedule's first tick")
+    set_clock(project, ms(B) + 119_700)
+    wait_for(lambda: t(120) in ticks(project, "beat"), timeout=15, what="the next tick on time")
+    assert ticks(project, "moved") == [t(30), t(105)]
+    assert ticks(project, "beat") == [t(30), t(60), t(90), t(120)]
+
+
 def test_dst_transitions_in_madrid_and_new_york(project: Project) -> None:
     """Through a real worker, the clock jumped over each transition (MISSED = "all" runs
     every tick in between): 02:30 in Madrid and New York runs once on the spring-forward
@@ -150,7 +179,7 @@ def test_an_older_function_file_never_fires_a_changed_or_removed_schedule(projec
         wait_for(lambda: log_has(v3, "1 retired"), timeout=30, what="v3 to retire the schedule")
         retired = project.runtime.redis.hgetall(project.keys().schedule("beat"))
         assert retired["def"] == "" and project.runtime.redis.hgetall(project.keys().schedules) == {}
-        wait_for(lambda: log_has(v2, "a newer deploy holds its definition"), timeout=15, what="v2 to be refused")
+        wait_for(lambda: log_has(v2, "a newer deploy removed it"), timeout=15, what="v2 to be refused")
         last = max(ticks(project, "beat"))
         assert ms(last[:-1]) <= int(retired["def_at"])
         all_ticks = ticks(project, "beat")
@@ -158,6 +187,43 @@ def test_an_older_function_file_never_fires_a_changed_or_removed_schedule(projec
     finally:
         v2.stop_all()
         v3.stop_all()
+
+
+def test_a_withdrawn_canary_hands_its_schedules_back(project: Project, tmp_path: Path) -> None:
+    """v1 fires every 30 s; a canary v2 (a new payload) starts later and takes the schedule
+    over, and v1 stands by. While the canary says it lives, v1 never takes over. Once the
+    canary is withdrawn and has been quiet for a minute (server time), v1 takes the
+    schedule back and runs what the gap left behind (MISSED = "all"), with its payload."""
+    add_function(project, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}\nMISSED = "all"')
+    v2 = sibling(project, tmp_path / "v2")
+    add_function(v2, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}\nMISSED = "all"')
+    r, k = project.runtime.redis, project.keys()
+
+    def payloads() -> dict[str, object]:
+        return {j["tick"]: j["payload"]["v"] for j in jobs_of(project) if j["schedule"] == "beat"}
+
+    def seen_since(at_ms: int) -> bool:
+        return int(r.hget(k.schedules_seen, "beat") or 0) >= at_ms
+
+    try:
+        set_clock(project, ms(B) + 20_000)
+        start(project, 1)
+        set_clock(project, ms(B) + 29_700)
+        wait_for(lambda: payloads() == {t(30): 1}, timeout=15, what="v1's tick")
+        v2.spawn_worker("fast", env=TEST_ENV, log_name="worker.log")
+        wait_for(lambda: log_has(v2, "schedules: 1 active"), timeout=30, what="the canary to take over")
+        for second in (59_700, 89_700):  # the canary lives: it fires, and says so
+            set_clock(project, ms(B) + second)
+            wait_for(lambda s=second: t(s // 1000 + 1) in payloads() and seen_since(ms(B) + s), timeout=15,
+                     what="the canary's tick and heartbeat")
+        assert log_has(project, "stands by") and not log_has(project, "takes it back")
+        v2.stop_all()
+        set_clock(project, ms(B) + 155_000)  # 65 s after the canary last said it lives
+        wait_for(lambda: t(150) in payloads(), timeout=30, what="v1 to take the schedule back")
+        assert payloads() == {t(30): 1, t(60): 2, t(90): 2, t(120): 1, t(150): 1}
+        assert log_has(project, "takes it back")
+    finally:
+        v2.stop_all()
 
 
 def test_hot_reload_in_dev_adds_and_removes_a_schedule(project: Project) -> None:

@@ -121,3 +121,50 @@ def test_adopt_newest_wins_and_retires_what_it_no_longer_defines(p: Project) -> 
     assert r.pttl(k.schedule("t")) == -1
     # Retiring is refused where a newer definition holds the schedule.
     assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["s"]) == [0]
+
+
+def test_adopt_keeps_the_timeline_of_a_definition_with_the_same_timing(p: Project) -> None:
+    """A digest is "<timing>:<whole>": a newer definition with the same timing (a new
+    payload) takes over from the last handled tick, so the ticks missed while the deploy
+    restarted are caught up; a new timing starts at its born time."""
+    k, sc = p.keys(), p.runtime.scripts
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:01")], []) == [1, NOW, "aa:01"]
+    tick(p, "j1", NOW + MIN, digest="aa:01")
+    assert sc.adopt(k, NOW + 5 * MIN, 60_000, [("s", "aa:02")], []) == [1, NOW + MIN, "aa:02"]
+    assert sc.adopt(k, NOW + 6 * MIN, 60_000, [("s", "bb:03")], []) == [1, NOW + 6 * MIN, "bb:03"]
+    # Back to the first timing: a timeline of its own again, from this born time.
+    assert sc.adopt(k, NOW + 7 * MIN, 60_000, [("s", "aa:01")], []) == [1, NOW + 7 * MIN, "aa:01"]
+
+
+def test_alive_stamps_only_what_it_holds_and_names_what_it_lost(p: Project) -> None:
+    """A ticker's heartbeat stamps the seen time of the schedules whose state holds its
+    digest, never the winner's for it, and returns the others with the winning digest."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    sc.adopt(k, NOW, 60_000, [("s", "aa:01"), ("t", "aa:01")], [])
+    sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:02")], ["t"])
+    assert sc.alive(k, NOW + 2 * MIN, [("s", "aa:01"), ("t", "aa:01"), ("new", "aa:01")]) == [
+        ("s", "aa:02"), ("t", "")]
+    assert r.hgetall(k.schedules_seen) == {"s": str(NOW + MIN), "new": str(NOW + 2 * MIN)}
+    assert sc.alive(k, NOW + 3 * MIN, [("s", "aa:02")]) == []
+    assert r.hget(k.schedules_seen, "s") == str(NOW + 3 * MIN)
+
+
+def test_a_takeover_wins_only_from_holders_gone_quiet(p: Project) -> None:
+    """An older definition takes a schedule back (stale_before given) only when the
+    winner's holders were last seen before stale_before: not while they say they live,
+    not when they never said so (a version that does not), not a removed schedule."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    sc.adopt(k, NOW, 60_000, [("s", "aa:01"), ("t", "aa:01")], [])
+    sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:02"), ("t", "aa:02")], [])  # the canary; seen = its born
+    tick(p, "j1", NOW + 2 * MIN, digest="aa:02")
+    later = NOW + 10 * MIN
+    sc.alive(k, later - 30_000, [("s", "aa:02")])  # s's canary said it lives 30 s ago; t's not since its start
+    assert sc.adopt(k, later, 60_000, [("s", "aa:01"), ("t", "aa:01")], [], stale_before_ms=later - MIN) == [
+        0, NOW + 2 * MIN, "aa:02", 1, NOW, "aa:01"]
+    assert state(p)["def"] == "aa:02" and r.hget(k.schedules, "t") == "aa:01"
+    assert r.hget(k.schedules_seen, "t") == str(later)
+    r.hdel(k.schedules_seen, "s")  # a holder that never says it lives: left alone
+    assert sc.adopt(k, later, 60_000, [("s", "aa:01")], [], stale_before_ms=later - MIN)[0] == 0
+    sc.adopt(k, later + 1, 60_000, [], ["s"])  # removed by a newer deploy
+    r.hset(k.schedules_seen, "s", NOW)
+    assert sc.adopt(k, later + 2, 60_000, [("s", "aa:01")], [], stale_before_ms=later)[0] == 0

@@ -54,9 +54,9 @@ def test_a_script_leaves_out_what_it_never_names() -> None:
     assert defined(assemble(LIB, "return 1")) == set()
 
 
-# remove, checkpoint, lookup, resume and watch write no time; tick and adopt are given the server's time by the
-# ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py).
-TIMELESS = ("remove", "checkpoint", "lookup", "resume", "tick", "adopt", "watch")
+# remove, checkpoint, lookup, resume and watch write no time; tick, adopt and alive are given the server's time
+# by the ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py).
+TIMELESS = ("remove", "checkpoint", "lookup", "resume", "tick", "adopt", "alive", "watch")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TIMELESS])
