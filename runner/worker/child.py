@@ -22,6 +22,7 @@ import os
 import queue
 import resource
 import signal
+import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
@@ -174,12 +175,27 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise JobTimeout("ran past its TIMEOUT")
 
 
+def _guard_group(fd: int) -> subprocess.Popen[bytes]:
+    """A sentry in this child's process group that kills the group when the worker dies.
+
+    The death signal (``_die_with_parent``) stops this process, not the tools a handler
+    started: they would run on orphaned while the job is reclaimed and run again. The
+    sentry, a shell that reads a pipe whose only write end the worker holds, wakes at EOF
+    (the worker gone, however it died) and SIGKILLs the group it belongs to; being a
+    member, it keeps the group's id from being reused by anyone else meanwhile."""
+    sentry = subprocess.Popen(["/bin/sh", "-c", "read x; kill -KILL 0"], stdin=fd,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(fd)
+    return sentry
+
+
 def main() -> None:
     _die_with_parent()
     affinity.restore_original()  # the worker keeps to one core; its children spread out
     fd = int(sys.argv[1])
     if os.getppid() == 1:  # the worker died before the death signal was armed
         os._exit(0)
+    sentry = _guard_group(int(sys.argv[2])) if len(sys.argv) > 2 else None
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
     setup_logs(cfg.log)
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -187,6 +203,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's to handle
     conn = Connection(fd)
     Child(conn, registry_mod.load(cfg)).serve()
+    if sentry is not None:  # retired: what a handler left running in the background stays
+        sentry.kill()
+        sentry.wait()
 
 
 if __name__ == "__main__":

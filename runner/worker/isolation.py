@@ -15,10 +15,12 @@ stop lease renewal or take other jobs down:
   job finishes on its own.
 
 Each child leads a process group of its own, and a kill reaches the group: a tool the
-handler ran (a shell, ffmpeg) stops with it. Children are started from one thread that
-lives as long as the worker: a child asks to be killed when its parent dies
-(PR_SET_PDEATHSIG, child.py), and Linux sends that signal when the *thread* that started
-it exits, so a child started by an executor thread that was later abandoned died with it.
+handler ran (a shell, ffmpeg) stops with it. Should the worker itself die (SIGKILL, the
+OOM killer), a sentry in the group kills it (child.py), so no tool runs on orphaned.
+Children are started from one thread that lives as long as the worker: a child asks to be
+killed when its parent dies (PR_SET_PDEATHSIG, child.py), and Linux sends that signal
+when the *thread* that started it exits, so a child started by an executor thread that
+was later abandoned died with it.
 """
 
 from __future__ import annotations
@@ -102,12 +104,19 @@ class ChildProcess:
         self.generation = generation
         self.jobs = 0
         self.rss_mb = 0.0
+        # The child's sentry (child.py) reads sentry_r; this process alone holds the write
+        # end (not inherited by any other child), so it closes when this process dies.
+        sentry_r, self._sentry_w = os.pipe()
         try:
-            self.proc = _spawn([sys.executable, "-m", "runner.worker.child", str(child.fileno())],
-                               pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
+            self.proc = _spawn([sys.executable, "-m", "runner.worker.child", str(child.fileno()), str(sentry_r)],
+                               pass_fds=(child.fileno(), sentry_r), env=env, stdin=subprocess.DEVNULL,
                                process_group=0)
+        except BaseException:
+            os.close(self._sentry_w)
+            raise
         finally:
             child.close()
+            os.close(sentry_r)
         self.sock = parent
         self.conn = Connection(os.dup(parent.fileno()))
         parent.close()
@@ -146,7 +155,13 @@ class ChildProcess:
         # Also once the child has exited (not yet reaped): what it started may still run.
         _kill_group(self.proc)
         self.proc.wait()
+        self._close()
+
+    def _close(self) -> None:
         self.conn.close()
+        if self._sentry_w >= 0:  # after the child is reaped: its sentry has stopped or been told
+            os.close(self._sentry_w)
+            self._sentry_w = -1
 
     def retire(self) -> None:
         """Ask the child to exit once idle (it is)."""
@@ -157,7 +172,7 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             _kill_group(self.proc)
             self.proc.wait()
-        self.conn.close()
+        self._close()
 
     def alive(self) -> bool:
         return self.proc.poll() is None

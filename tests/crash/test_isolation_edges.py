@@ -10,7 +10,7 @@ import time
 
 from crashkit import wait_final
 
-from conftest import Project
+from conftest import Project, wait_for
 
 
 def add_function(project: Project, name: str, source: str) -> None:
@@ -98,6 +98,28 @@ def test_a_timeout_kill_stops_the_handlers_subprocess_too(project: Project) -> N
         time.sleep(0.05)
     try:
         assert not _alive(pid), f"the handler's subprocess {pid} still runs after its job timed out"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
+def test_a_killed_worker_takes_its_childs_subprocesses_with_it(project: Project) -> None:
+    """The worker is SIGKILLed (the OOM killer) while a process-isolated handler waits on
+    a tool it started: the child dies with its parent (PR_SET_PDEATHSIG), and the tool
+    must stop too, not run on orphaned while the job is reclaimed and run again."""
+    add_function(project, "shellout", SHELLOUT.replace("TIMEOUT = 1", "TIMEOUT = 20"))
+    project.write_config(vt=30, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("shellout", {}).id
+    w = project.spawn_worker("fast")
+    wait_for(lambda: project.runs(job), timeout=30, what="the handler's tool to start")
+    pid = int(project.runs(job)[0])
+    w.kill()
+    w.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not _alive(pid), f"the handler's subprocess {pid} still runs after its worker was killed"
     finally:
         if _alive(pid):
             os.kill(pid, 9)
