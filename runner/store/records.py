@@ -240,7 +240,7 @@ class Job:
             "resource_key": f.get("resource_key") or None,
             "deferrals": _int(f.get("deferrals")),
             # Times requeued from dead; a done job's short outcome does not keep it.
-            "requeued": _int(f["requeued"]) if "requeued" in f else None if f.get("status") == "done" else 0,
+            "requeued": max(0, _int(f["requeued"])) if "requeued" in f else None if f.get("status") == "done" else 0,
             # 1-9 as long as the job lives; a done job's short outcome does not keep it.
             "priority": _int(f["priority"]) if "priority" in f else None if f.get("status") == "done" else 0,
             "last_error": _json(f.get("error")),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import textwrap
 
-from conftest import Project, wait_for
+from conftest import Project, structures, wait_for
 
 SOURCE = '''
 import os
@@ -284,3 +284,26 @@ def test_a_requeued_job_lost_again_reaches_its_on_failure_again(project: Project
     assert c.get(job).as_dict()["requeued"] == 1
     assert c.get(f"{job}.f2").as_dict()["parent"] == job
     assert [r["error"]["type"] for r in lines(project, "got_error", job)] == ["WorkerLost", "WorkerLost"]
+
+
+def test_a_damaged_requeue_count_reads_as_zero_and_loses_no_job(project: Project) -> None:
+    """A dead job's state with a damaged `requeued` (not a number, negative, a fraction:
+    a hand edit) shows 0, and requeuing it counts from there and puts it back in ready,
+    its last death's children cleared (the next death names its own). It is never left
+    in no structure by a script that failed half-way."""
+    write(project, "source", SOURCE)
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    write(project, "got_error", SINK.format(queue="fast", name="got_error"))
+    c, r = project.client, project.runtime.redis
+    jobs = [c.enqueue("source", {"fail": True}).id for _ in range(3)]
+    w = project.spawn_worker("fast")
+    wait_for(lambda: all(c.get(j).status == "dead" for j in jobs), timeout=20, what="the jobs dead")
+    w.terminate()
+    assert w.wait(timeout=20) == 0
+    for job, damaged in zip(jobs, ("x", "-1", "1.5"), strict=True):
+        r.hset(project.keys().job(job) + ":s", "requeued", damaged)
+        assert c.get(job).as_dict()["requeued"] == 0
+        c.requeue("fast", job)
+        view = c.get(job).as_dict()
+        assert (view["status"], view["requeued"], view["children"]) == ("queued", 1, []), view
+    assert sorted(structures(project)["ready"]) == sorted(jobs)

@@ -622,6 +622,14 @@ local function jobs_flush(Q, put, notify_key, census_key)
   for field, c in pairs(put.versions) do census(census_key, field, c) end
 end
 
+-- A count kept in a state hash (requeued), as readers take it: a whole number from 0, and
+-- anything else (damaged, negative, a fraction) 0. records.py's view reads it alike.
+local function whole_count(v)
+  local n = tonumber(v or '')
+  if not n or n < 0 or n ~= math.floor(n) then return 0 end
+  return n
+end
+
 -- The follow-ups of a batch of settled jobs (ack: ctx.enqueue and ON_SUCCESS; bury:
 -- ON_FAILURE), ARGV from fb: m, then 15 fields each (the settled job's place in the
 -- batch, its queue or '' for this one, the 12 job fields, its priority). Written only for jobs whose

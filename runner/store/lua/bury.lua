@@ -89,8 +89,8 @@ for i = 0, n - 1 do
     end
     if rec and c.res then slots[#slots + 1] = {rec.limits, token} end
     if c.waited then ended[#ended + 1] = id end
-    local requeued = tonumber(f[2] or '')
-    if requeued and requeued >= 1 then again[i + 1] = string.format('%d', requeued + 1) end
+    local requeued = whole_count(f[2])
+    if requeued >= 1 then again[i + 1] = string.format('%d', requeued + 1) end
     bump(fields)
     out[#out + 1] = 1
   end

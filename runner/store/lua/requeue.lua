@@ -28,8 +28,11 @@ if not rec then return -1 end
 redis.call('ZREM', KEYS[1], id)
 local sk = KEYS[4] .. ':s'
 local code = 1
-local history, prio = unpack(redis.call('HMGET', sk, 'history', 'priority'))
-local set = {'attempt', 0, 'ready_ms', now, 'enqueued_ms', now, 'deferrals', 0}
+local history, prio, requeued = unpack(redis.call('HMGET', sk, 'history', 'priority', 'requeued'))
+-- Counted for readers, and for the next burial: its ON_FAILURE job is <id>.f<requeued + 1>
+-- (a damaged count reads as 0: whole_count, as bury.lua and the job view read it).
+local set = {'attempt', 0, 'ready_ms', now, 'enqueued_ms', now, 'deferrals', 0,
+  'requeued', whole_count(requeued) + 1}
 local entry = stamped(ARGV[6], now)
 if rec.idem_key ~= '' then
   local hash = ARGV[5] ~= '' and ARGV[5] or (rec.idem_hash ~= '' and rec.idem_hash or '-')
@@ -63,10 +66,8 @@ if ARGV[3] ~= '' or ARGV[4] ~= '' then
   census(KEYS[6], rec.type .. '|' .. rec.version, 1)
 end
 redis.call('SET', KEYS[4], rec_encode(rec))  -- SET drops the dead retention's expiry
-redis.call('HDEL', sk, 'status', 'reason', 'finished_ms', 'token', 'lost_token', 'refunds', 'error')
+redis.call('HDEL', sk, 'status', 'reason', 'finished_ms', 'token', 'lost_token', 'refunds', 'error', 'children')
 redis.call('HSET', sk, unpack(set))
--- Counted for readers, and for the next burial: its ON_FAILURE job is <id>.f<requeued + 1>.
-redis.call('HINCRBY', sk, 'requeued', 1)
 redis.call('PERSIST', sk)
 to_ready(KEYS[2], KEYS[7], id, prio, now, false)
 wake(KEYS[3])
