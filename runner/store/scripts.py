@@ -783,14 +783,14 @@ class Scripts:
 
     def adopt(
         self, k: QueueKeys, born_ms: int, tombstone_ms: int, defined: Sequence[tuple[str, str]],
-        retire: Sequence[str], stale_before_ms: int = 0,
+        retire: Sequence[str], stale_before_ms: int = 0, now_ms: int | None = None,
     ) -> Any:
         """Take over or retire schedule definitions of one queue (see lua/adopt.lua); with
         ``stale_before_ms``, take back only those whose holders went quiet before it."""
         args: list[Any] = [born_ms, tombstone_ms, len(defined)]
         for schedule_id, digest in defined:
             args += [schedule_id, digest]
-        args += [len(retire), *retire, stale_before_ms]
+        args += [len(retire), *retire, stale_before_ms, born_ms if now_ms is None else now_ms]
         return self._run("adopt", (k.schedules, k.schedule_prefix, k.schedules_seen), args)
 
     def alive(self, k: QueueKeys, now_ms: int, held: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -30,20 +30,25 @@ registry no longer defines are retired. A ticker whose definition lost stops fir
 and the tick script refuses a digest the state does not hold, so a worker still running
 an older function file never fires a schedule the newer file changed or removed.
 
-A definition that lost stands by. Every HEARTBEAT_S a ticker says which schedules it
-holds (store/schedules.py: say_alive) and looks whether the holders of those it lost
-still say so: when they have been quiet for TAKEOVER_S (a canary withdrawn, every worker
-of the newer deploy stopped), it takes the schedule back (adopt.lua's takeover, which
-checks the silence again atomically) and fires it from where the state says, under
-MISSED. A schedule the newer deploy removed stays removed.
+A definition that lost stands by, so that the newest definition whose workers live holds
+the schedule. Every HEARTBEAT_S a ticker says which schedules it holds (alive.lua) and,
+for those it lost, adopts again (it wins where it is the holder's own definition, or
+newer than a holder that took over: a takeover writes its taker's born) and looks whether
+the holders still say they live: once it has itself seen their stamp unchanged for
+TAKEOVER_S, and the stamp is that old by the server's clock too (a canary withdrawn), it
+takes the schedule back (adopt.lua's takeover, which checks the silence atomically) and
+fires it from where the state says, under MISSED. An outage resets what it saw. A
+schedule the newer deploy removed stays removed.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import os
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,7 +63,7 @@ from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
 from runner.store.outage import Outage
-from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, last_seen, registered
+from runner.store.schedules import TEST_ENV, TOMBSTONE_S, ServerClock, handled_ticks, last_seen, registered
 from runner.store.scripts import NewJob
 from runner.worker.faults import fault
 from runner.worker.lifeline import vital
@@ -66,8 +71,19 @@ from runner.worker.lifeline import vital
 log = logging.getLogger("runner.ticker")
 
 WAKE_S = 0.5
-HEARTBEAT_S = 10.0
-TAKEOVER_S = 60.0  # server time the holders of a winning definition may be quiet
+
+
+def _standby_timing() -> tuple[float, float]:
+    """How often a ticker says it lives, and how long holders may be quiet before a
+    standby takes over (seconds). Tests shorten both (with the schedules' test clock on):
+    RUNNER_TEST_STANDBY="<heartbeat>,<takeover>"."""
+    if os.environ.get(TEST_ENV) == "1" and os.environ.get("RUNNER_TEST_STANDBY"):
+        beat, takeover = (float(x) for x in os.environ["RUNNER_TEST_STANDBY"].split(","))
+        return beat, takeover
+    return 10.0, 60.0
+
+
+HEARTBEAT_S, TAKEOVER_S = _standby_timing()
 BATCH = 250  # tick script calls per pipelined round trip
 LANES = 2  # round trips in flight at once
 ADOPT_CHUNK = 500
@@ -99,6 +115,7 @@ class Ticker:
         self._born_ms = 0
         self._heap: list[_Entry] = []
         self._standby: dict[str, dict[str, Schedule]] = {}  # queue -> id -> a definition that lost
+        self._quiet: dict[str, tuple[int | None, float]] = {}  # standby id -> (seen, when first read, monotonic)
         self._beat_ms = 0
         self._seq = 0
         self._lanes = ThreadPoolExecutor(LANES, thread_name_prefix="ticker-send")
@@ -173,6 +190,7 @@ class Ticker:
                 retired += sum(int(x) for x in reply[3 * len(part):])
         heapq.heapify(heap)
         self._heap, self._registry, self._born_ms, self._standby = heap, reg, now, standby
+        self._quiet = {}
         self._beat_ms = 0  # say at once which schedules this registry holds
         if scheds or retired:
             log.info("schedules: %d active%s%s", len(heap),
@@ -220,26 +238,48 @@ class Ticker:
             log.info("schedule %s: a newer deploy removed it; this worker no longer fires it", s.id)
 
     def _take_back(self, now: int) -> None:
-        """Adopt again the definitions that lost to holders quiet for TAKEOVER_S."""
+        """Rejoin where this definition holds again (the holder's own digest, or the newer
+        one by born: a takeover writes its taker's born); take back from holders that this
+        worker itself saw quiet for TAKEOVER_S, on its own clock and across heartbeats that
+        reached Redis (an outage resets what it saw: everyone's stamps were held up)."""
         rt = self.rt
+        ttl = int(TOMBSTONE_S * 1000)
         stale_before = now - int(TAKEOVER_S * 1000)
+        mono = time.monotonic()
         for queue, waiting in self._standby.items():
             k = rt.keys[queue]
+            mine = list(waiting.values())
+            for start in range(0, len(mine), ADOPT_CHUNK):
+                some = mine[start:start + ADOPT_CHUNK]
+                reply = rt.scripts.adopt(k, self._born_ms, ttl, [(s.id, s.digest) for s in some], [], now_ms=now)
+                for i, s in enumerate(some):
+                    if int(reply[3 * i]):
+                        self._hold(waiting, s, int(reply[3 * i + 1]), "its definition holds it again; this worker "
+                                   "fires it", logging.INFO)
             ids = list(waiting)
-            quiet = [waiting[i] for i, seen in zip(ids, last_seen(rt.redis, k, ids), strict=True)
-                     if seen is not None and seen < stale_before]
+            quiet: list[Schedule] = []
+            for sid, seen in zip(ids, last_seen(rt.redis, k, ids), strict=True):
+                first = self._quiet.get(sid)
+                if seen is None or first is None or first[0] != seen:
+                    self._quiet[sid] = (seen, mono)  # a new stamp (or none): watch from here
+                elif mono - first[1] >= TAKEOVER_S and seen < stale_before:
+                    quiet.append(waiting[sid])
             for start in range(0, len(quiet), ADOPT_CHUNK):
                 some = quiet[start:start + ADOPT_CHUNK]
-                reply = rt.scripts.adopt(k, now, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in some], [],
-                                         stale_before_ms=stale_before)
+                reply = rt.scripts.adopt(k, self._born_ms, ttl, [(s.id, s.digest) for s in some], [],
+                                         stale_before_ms=stale_before, now_ms=now)
                 for i, s in enumerate(some):
-                    if not int(reply[3 * i]):
-                        continue
-                    del waiting[s.id]
-                    heapq.heappush(self._heap, self._entry(s, int(reply[3 * i + 1])))
-                    log.warning("schedule %s: the workers holding a newer definition of it have not been seen "
-                                "for %d s (a deploy withdrawn?); this worker takes it back", s.id, TAKEOVER_S,
-                                extra={"schedule": s.id})
+                    if int(reply[3 * i]):
+                        self._hold(waiting, s, int(reply[3 * i + 1]),
+                                   f"the workers holding another definition of it have not been seen for "
+                                   f"{TAKEOVER_S:g} s (a deploy withdrawn?); this worker takes it back",
+                                   logging.WARNING)
+
+    def _hold(self, waiting: dict[str, Schedule], s: Schedule, floor: int, why: str, level: int) -> None:
+        del waiting[s.id]
+        self._quiet.pop(s.id, None)
+        heapq.heappush(self._heap, self._entry(s, floor))
+        log.log(level, "schedule %s: %s", s.id, why, extra={"schedule": s.id})
 
     def _fire(self, due: Sequence[_Entry], now: int) -> None:
         plans: dict[tuple[int, int, str], list[Step]] = {}  # shared by schedules on one timeline
@@ -351,6 +391,7 @@ class Ticker:
                 wait = self.step()
                 outage.ok()
             except UNAVAILABLE as exc:
+                self._quiet.clear()  # no heartbeat reached Redis meanwhile, the holders' neither
                 outage.failed(exc, self._stop)
                 continue
             except Exception:

@@ -6,6 +6,7 @@ scheduler reads is the server's, shifted by the test (see schedulekit.set_clock)
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -189,11 +190,16 @@ def test_an_older_function_file_never_fires_a_changed_or_removed_schedule(projec
         v3.stop_all()
 
 
+STANDBY_ENV = {**TEST_ENV, "RUNNER_TEST_STANDBY": "0.5,2"}  # heartbeat 0.5 s; quiet 2 s to take over
+
+
 def test_a_withdrawn_canary_hands_its_schedules_back(project: Project, tmp_path: Path) -> None:
-    """v1 fires every 30 s; a canary v2 (a new payload) starts later and takes the schedule
-    over, and v1 stands by. While the canary says it lives, v1 never takes over. Once the
-    canary is withdrawn and has been quiet for a minute (server time), v1 takes the
-    schedule back and runs what the gap left behind (MISSED = "all"), with its payload."""
+    """v1 (two workers) fires every 30 s; a canary v2 (a new payload) starts later and
+    takes the schedule over, and v1 stands by. While the canary lives, v1 never takes
+    over, not even when the server's clock jumps 90 s at once (what every worker sees
+    after a Redis outage: the canary's last stamp looks old). Once the canary is withdrawn
+    and quiet, one v1 worker takes the schedule back, the other rejoins it (same
+    definition), and the gap's ticks run with v1's payload (MISSED = "all")."""
     add_function(project, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}\nMISSED = "all"')
     v2 = sibling(project, tmp_path / "v2")
     add_function(v2, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}\nMISSED = "all"')
@@ -207,21 +213,28 @@ def test_a_withdrawn_canary_hands_its_schedules_back(project: Project, tmp_path:
 
     try:
         set_clock(project, ms(B) + 20_000)
-        start(project, 1)
+        for name in ("worker-a.log", "worker-b.log"):
+            project.spawn_worker("fast", env=STANDBY_ENV, log_name=name)
+            wait_for(lambda n=name: log_has(project, "schedules: 1 active", n), timeout=30, what="v1 to start")
         set_clock(project, ms(B) + 29_700)
         wait_for(lambda: payloads() == {t(30): 1}, timeout=15, what="v1's tick")
-        v2.spawn_worker("fast", env=TEST_ENV, log_name="worker.log")
+        v2.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
         wait_for(lambda: log_has(v2, "schedules: 1 active"), timeout=30, what="the canary to take over")
-        for second in (59_700, 89_700):  # the canary lives: it fires, and says so
+        for second in (59_700, 149_700):  # the canary lives through a 90 s jump: it fires and says so
             set_clock(project, ms(B) + second)
             wait_for(lambda s=second: t(s // 1000 + 1) in payloads() and seen_since(ms(B) + s), timeout=15,
                      what="the canary's tick and heartbeat")
+        time.sleep(3)  # longer than a standby must see the canary quiet: it must not take over
         assert log_has(project, "stands by") and not log_has(project, "takes it back")
+        assert payloads() == {t(30): 1, t(60): 2, t(90): 2, t(120): 2, t(150): 2}
         v2.stop_all()
-        set_clock(project, ms(B) + 155_000)  # 65 s after the canary last said it lives
-        wait_for(lambda: t(150) in payloads(), timeout=30, what="v1 to take the schedule back")
-        assert payloads() == {t(30): 1, t(60): 2, t(90): 2, t(120): 1, t(150): 1}
+        set_clock(project, ms(B) + 185_000)
+        wait_for(lambda: t(180) in payloads(), timeout=30, what="v1 to take the schedule back")
+        assert payloads() == {t(30): 1, t(60): 2, t(90): 2, t(120): 2, t(150): 2, t(180): 1}
         assert log_has(project, "takes it back")
+        wait_for(lambda: log_has(project, "takes it back", "worker-a.log") + log_has(
+            project, "takes it back", "worker-b.log") == 1 and log_has(project, "holds it again"), timeout=15,
+            what="the other v1 worker to rejoin")
     finally:
         v2.stop_all()
 

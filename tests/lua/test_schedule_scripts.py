@@ -168,3 +168,61 @@ def test_a_takeover_wins_only_from_holders_gone_quiet(p: Project) -> None:
     sc.adopt(k, later + 1, 60_000, [], ["s"])  # removed by a newer deploy
     r.hset(k.schedules_seen, "s", NOW)
     assert sc.adopt(k, later + 2, 60_000, [("s", "aa:01")], [], stale_before_ms=later)[0] == 0
+
+
+def test_a_takeover_leaves_a_rollback_that_never_says_it_lives_alone(p: Project) -> None:
+    """A rollback to a version that does not say it lives takes the schedule over (a plain
+    digest, born later); the newer code's lingering standby finds only its own release's
+    old stamp (seen before the rollback won) and must not take it back."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    sc.adopt(k, NOW, 60_000, [("s", "aa:02")], [])
+    sc.alive(k, NOW + 30_000, [("s", "aa:02")])
+    r.hset(k.schedule("s"), mapping={"def": "0123456789abcdef", "def_at": NOW + MIN})  # the rollback's adopt
+    later = NOW + 3 * MIN
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:02")], [], stale_before_ms=later - MIN, now_ms=later)[0] == 0
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:02")], [], now_ms=later)[0] == 0  # nor by born: it is older
+    assert r.hget(k.schedule("s"), "def") == "0123456789abcdef"
+
+
+def test_after_a_takeover_the_newest_living_definition_wins_by_born(p: Project) -> None:
+    """v0, v1 (a rolling deploy) and a canary v2 were born in that order; the canary is
+    withdrawn and v0's standby takes over first. It writes its own born, so v1, newer and
+    still running, wins the schedule at its next look, and v0 stands by again."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    sc.adopt(k, NOW, 60_000, [("s", "aa:00")], [])
+    sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:01")], [])
+    sc.adopt(k, NOW + 2 * MIN, 60_000, [("s", "aa:02")], [])
+    later = NOW + 10 * MIN
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:00")], [], stale_before_ms=later - MIN, now_ms=later)[0] == 1
+    assert r.hget(k.schedule("s"), "def_at") == str(NOW)
+    assert sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:01")], [], now_ms=later + 1000)[0] == 1
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:00")], [], now_ms=later + 2000)[0] == 0
+    assert r.hget(k.schedule("s"), "def") == "aa:01"
+
+
+def test_a_takeover_from_another_timing_keeps_the_gap_for_missed(p: Project) -> None:
+    """A canary with another cron held the schedule and last ticked at +3 min; taking it
+    back keeps the timeline: the floor is that tick, so the ticks of the gap are missed
+    ticks, run under MISSED, not dropped."""
+    k, sc = p.keys(), p.runtime.scripts
+    sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [])
+    tick(p, "j1", NOW + MIN, digest="aa:01")
+    sc.adopt(k, NOW + 2 * MIN, 60_000, [("s", "bb:02")], [])
+    tick(p, "j2", NOW + 3 * MIN, digest="bb:02", born=NOW + 2 * MIN)
+    later = NOW + 10 * MIN
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [], stale_before_ms=later - MIN, now_ms=later) == [
+        1, NOW + 3 * MIN, "aa:01"]
+
+
+def test_a_state_written_before_timing_digests_keeps_its_timeline(p: Project) -> None:
+    """A state written by the version before "<timing>:<whole>" digests holds the whole
+    part alone: the first deploy of this version takes it as the same definition and
+    keeps its timeline (the restart's ticks are missed ticks, not dropped)."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    whole = "0123456789abcdef"
+    r.hset(k.schedule("s"), mapping={"def": whole, "def_at": NOW})
+    r.hset(k.schedules, "s", whole)
+    tick(p, "j1", NOW + MIN, digest=whole)
+    assert sc.adopt(k, NOW + 5 * MIN, 60_000, [("s", f"aa11bb22cc33dd44:{whole}")], []) == [
+        1, NOW + MIN, f"aa11bb22cc33dd44:{whole}"]
+    assert r.hget(k.schedules, "s") == f"aa11bb22cc33dd44:{whole}"

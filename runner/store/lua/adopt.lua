@@ -10,8 +10,13 @@
 --
 -- A takeover (stale_before > 0) is a worker whose definition lost taking the schedule
 -- back because the winner's workers are gone (a canary withdrawn): it wins only where the
--- winning definition's holders last said they live (seen) before stale_before, and never
--- where they never said so (a worker of a version that does not say it).
+-- winning definition's holders said they live after it won (seen >= def_at, which a
+-- worker of a version that never says so, e.g. a rollback, leaves false) and have been
+-- quiet since before stale_before. It keeps the timeline (the gap's ticks are missed
+-- ticks, run under MISSED) and writes the taker's own born as def_at, so a newer
+-- definition whose workers still run (or start again) wins over it by born as ever.
+-- A state written before digests had a timing part holds the <whole> part alone: the
+-- same definition, taken as such.
 --
 -- KEYS[1] index          HASH  schedule id -> digest of its winning definition
 -- KEYS[2] state prefix   (string; a schedule's state is prefix .. id, see tick.lua)
@@ -24,6 +29,7 @@
 -- ARGV[4 + 2n] m, the schedules to retire (in the index, not defined by this worker);
 --   then m ids
 -- ARGV[5 + 2n + m] stale_before, ms ('' or 0: an adoption, not a takeover)
+-- ARGV[6 + 2n + m] now, ms (server time; '' for born): a winner's first seen time
 --
 -- Returns, per defined schedule, three values: won (1: this definition holds the
 -- schedule; 0: a newer one does), floor ms (ticks at or before it are handled: the last
@@ -34,35 +40,43 @@ local born, ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local r = 4 + 2 * n
 local m = tonumber(ARGV[r])
 local stale_before = tonumber(ARGV[r + m + 1] or '') or 0
+local now = tonumber(ARGV[r + m + 2] or '') or born
 local out = {}
 for i = 0, n - 1 do
   local id, digest = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
   local sk = KEYS[2] .. id
   local st = redis.call('HMGET', sk, 'def', 'def_at', 'tick', 'line_at')
   local def, def_at = st[1], tonumber(st[2] or '0')
+  if stale_before == 0 and def_at < born and def and def ~= '' and not string.find(def, ':', 1, true)
+      and string.match(digest, ':(%x+)$') == def then
+    def = digest  -- written before the timing part (and older than this worker): the same definition
+    redis.call('HSET', sk, 'def', digest)
+    redis.call('HSET', KEYS[1], id, digest)
+  end
   local line_at = tonumber(st[4] or '') or def_at  -- state written before line_at: def_at
   local won = 1
   if def ~= digest then
-    local holder_lives = false
-    if stale_before > 0 and def then
+    local take
+    if stale_before > 0 then
       local seen = tonumber(redis.call('HGET', KEYS[3], id) or '')
-      -- A retired schedule ('') is nobody's to take back: its remover does not say it lives.
-      holder_lives = def == '' or not seen or seen >= stale_before
+      -- A removed schedule ('') is nobody's to take back: its remover does not say it lives.
+      take = def and def ~= '' and seen and seen >= def_at and seen < stale_before
+    else
+      take = not (def and def_at >= born)
+      local timing = string.match(digest, '^(%x+):')
+      if take and not (timing and def and string.match(def, '^(%x+):') == timing) then line_at = born end
     end
-    if (def and def_at >= born) or holder_lives then
+    if not take then
       won = 0
     else
-      local timing = string.match(digest, '^(%x+):')
-      if not (timing and def and string.match(def, '^(%x+):') == timing) then line_at = born end
       def, def_at = digest, born
       redis.call('HSET', sk, 'def', digest, 'def_at', born, 'line_at', line_at)
       redis.call('PERSIST', sk)  -- a tombstone brought back by a newer definition
       redis.call('HSET', KEYS[1], id, digest)
-      redis.call('HSET', KEYS[3], id, born)
+      redis.call('HSET', KEYS[3], id, now)
     end
-  else
-    if redis.call('HEXISTS', KEYS[1], id) == 0 then redis.call('HSET', KEYS[1], id, digest) end
-    redis.call('HSET', KEYS[3], id, born)  -- another holder of the winning definition lives
+  elseif redis.call('HEXISTS', KEYS[1], id) == 0 then
+    redis.call('HSET', KEYS[1], id, digest)
   end
   local floor = math.max(tonumber(st[3] or '0'), line_at)
   out[#out + 1] = won
