@@ -36,6 +36,7 @@ from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
 from runner.worker.isolation import Slot
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
+from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.worker")
 LEFT_BEHIND_S = 0.05  # how long tasks a handler left behind get to end once cancelled
@@ -81,7 +82,8 @@ class Executors:
                 log.warning("%s: could not start a child process: %s", self.q.name, exc)
 
     def _spawn(self, index: int) -> None:
-        t = threading.Thread(target=self._loop, args=(index,), name=f"{self.q.name}-exec-{index}", daemon=True)
+        t = threading.Thread(target=vital(lambda: self._loop(index)), name=f"{self.q.name}-exec-{index}",
+                             daemon=True)
         with self._lock:
             self._threads.append(t)
         t.start()
@@ -208,6 +210,7 @@ class Executors:
                     self.ledger.forget([run])
                     self.ledger.returned()
                     continue
+                fault("exec_loop")
                 run.slot = index
                 if not run.job.started:
                     late = self._expired_ahead(run)

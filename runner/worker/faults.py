@@ -19,8 +19,9 @@ _RAISE = os.environ.get("RUNNER_FAULT_MODE", "") == "raise"
 POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
 # Off a job's path: the relay of follow-ups to other queues (worker/relay.py).
 RELAY_POINTS = ("before_relay", "after_relay")
-# In the loops of the settler and the lease renewer, outside their handling of errors.
-THREAD_POINTS = ("settle_loop", "renew_loop")
+# In the loops of the settler, the lease renewer and an executor, outside their handling
+# of errors.
+THREAD_POINTS = ("settle_loop", "renew_loop", "exec_loop")
 
 
 class InjectedFault(RuntimeError):

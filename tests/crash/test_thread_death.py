@@ -1,4 +1,4 @@
-"""A worker whose settler or lease renewer dies of an unexpected error (a bug, or an
+"""A worker whose settler, lease renewer or executor dies of an unexpected error (a bug, or an
 OSError from the platform) exits at once with status 70, saying which thread died, so a
 supervisor restarts it: a dead settler would otherwise leave its finished jobs leased
 and renewed for ever, never acknowledged, and a dead renewer would let the leases of
@@ -15,7 +15,8 @@ from crashkit import assert_quiet, configure, outcomes, wait_exit, wait_final
 from conftest import Project
 
 
-@pytest.mark.parametrize(("point", "thread"), [("settle_loop", "fast-settle"), ("renew_loop", "fast-renew")])
+@pytest.mark.parametrize(("point", "thread"), [("settle_loop", "fast-settle"), ("renew_loop", "fast-renew"),
+                                               ("exec_loop", "fast-exec-0")])
 def test_a_worker_whose_settler_or_renewer_dies_exits_and_its_job_is_reclaimed(
         project: Project, point: str, thread: str) -> None:
     configure(project, vt=1, concurrency=1)
