@@ -83,6 +83,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def assert_stops(pid: int, within_s: float, when: str) -> None:
+    """The handler's subprocess ``pid`` is gone within ``within_s`` (killed if not, after)."""
+    deadline = time.monotonic() + within_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not _alive(pid), f"the handler's subprocess {pid} still runs {when}"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
 def test_a_timeout_kill_stops_the_handlers_subprocess_too(project: Project) -> None:
     """Past TIMEOUT the child is killed with every process it started (its process
     group), so a tool it ran does not run on orphaned, one more per retry."""
@@ -92,15 +104,7 @@ def test_a_timeout_kill_stops_the_handlers_subprocess_too(project: Project) -> N
     project.spawn_worker("fast")
     final = wait_final(project, [job], timeout=60)[job]
     assert final["status"] == "dead" and final["last_error"]["type"] == "JobTimeout", final["last_error"]
-    pid = int(project.runs(job)[0])
-    deadline = time.monotonic() + 3
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        assert not _alive(pid), f"the handler's subprocess {pid} still runs after its job timed out"
-    finally:
-        if _alive(pid):
-            os.kill(pid, 9)
+    assert_stops(int(project.runs(job)[0]), 3, "after its job timed out")
 
 
 def test_a_killed_worker_takes_its_childs_subprocesses_with_it(project: Project) -> None:
@@ -115,14 +119,7 @@ def test_a_killed_worker_takes_its_childs_subprocesses_with_it(project: Project)
     pid = int(project.runs(job)[0])
     w.kill()
     w.wait(timeout=10)
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        assert not _alive(pid), f"the handler's subprocess {pid} still runs after its worker was killed"
-    finally:
-        if _alive(pid):
-            os.kill(pid, 9)
+    assert_stops(pid, 5, "after its worker was killed")
 
 
 SWALLOW = '''
