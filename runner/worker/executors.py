@@ -30,6 +30,7 @@ from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec, listing
 from runner.store.scripts import Followup, NewJob, followup_id
+from runner.worker import faults
 from runner.worker.context import for_job, progress_view
 from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, expired, failure, resolve
 from runner.worker.execute import run as run_handler
@@ -210,7 +211,8 @@ class Executors:
                     self.ledger.forget([run])
                     self.ledger.returned()
                     continue
-                fault("exec_loop")
+                if faults.ARMED:
+                    faults.fault("exec_loop")
                 run.slot = index
                 if not run.job.started:
                     late = self._expired_ahead(run)

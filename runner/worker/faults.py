@@ -15,6 +15,7 @@ import signal
 _POINT = os.environ.get("RUNNER_FAULT", "")
 _after = int(os.environ.get("RUNNER_FAULT_AFTER", "0") or 0)
 _RAISE = os.environ.get("RUNNER_FAULT_MODE", "") == "raise"
+ARMED = bool(_POINT)  # for a point on a job's path: `if ARMED: fault(...)` costs no call when off
 
 POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
 # Off a job's path: the relay of follow-ups to other queues (worker/relay.py).
