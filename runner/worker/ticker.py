@@ -84,6 +84,7 @@ def _standby_timing() -> tuple[float, float]:
 
 
 HEARTBEAT_S, TAKEOVER_S = _standby_timing()
+REJOIN = -1  # adopt.lua's stale_before for a standby's rejoin
 BATCH = 250  # tick script calls per pipelined round trip
 LANES = 2  # round trips in flight at once
 ADOPT_CHUNK = 500
@@ -117,6 +118,7 @@ class Ticker:
         self._standby: dict[str, dict[str, Schedule]] = {}  # queue -> id -> a definition that lost
         self._quiet: dict[str, tuple[int | None, float]] = {}  # standby id -> (seen, when first read, monotonic)
         self._beat_ms = 0
+        self._said_at = 0.0  # monotonic, the last stamp
         self._seq = 0
         self._lanes = ThreadPoolExecutor(LANES, thread_name_prefix="ticker-send")
 
@@ -207,12 +209,15 @@ class Ticker:
         self._say_alive(now)
         self._take_back(now)
 
-    def _say_alive(self, now: int) -> None:
-        """Stamp the schedules this worker holds as alive; those it turns out to have lost
-        (a newer deploy took them over) leave the heap for the standby list at once."""
+    def _say_alive(self, now: int, firing: Sequence[_Entry] = ()) -> None:
+        """Stamp the schedules this worker holds (and those it is ``firing`` now) as alive;
+        those of the heap it turns out to have lost (a newer deploy took them over) leave it
+        for the standby list at once (a fired one learns it from its tick's refusal)."""
         rt = self.rt
+        self._said_at = time.monotonic()
+        in_flight = {e.seq for e in firing}
         held: dict[str, list[_Entry]] = {}
-        for e in self._heap:
+        for e in [*self._heap, *firing]:
             held.setdefault(e.schedule.queue, []).append(e)
         gone: set[int] = set()
         for queue, entries in held.items():
@@ -220,7 +225,7 @@ class Ticker:
                 part = entries[start:start + ADOPT_CHUNK]
                 lost = dict(rt.scripts.alive(rt.keys[queue], now, [(e.schedule.id, e.schedule.digest) for e in part]))
                 for e in part:
-                    if e.schedule.id in lost:
+                    if e.schedule.id in lost and e.seq not in in_flight:
                         gone.add(e.seq)
                         self._stand_by(e.schedule, lost[e.schedule.id])
         if gone:
@@ -251,11 +256,16 @@ class Ticker:
             mine = list(waiting.values())
             for start in range(0, len(mine), ADOPT_CHUNK):
                 some = mine[start:start + ADOPT_CHUNK]
-                reply = rt.scripts.adopt(k, self._born_ms, ttl, [(s.id, s.digest) for s in some], [], now_ms=now)
+                reply = rt.scripts.adopt(k, self._born_ms, ttl, [(s.id, s.digest) for s in some], [],
+                                         stale_before_ms=REJOIN, now_ms=now)
                 for i, s in enumerate(some):
                     if int(reply[3 * i]):
                         self._hold(waiting, s, int(reply[3 * i + 1]), "its definition holds it again; this worker "
                                    "fires it", logging.INFO)
+                    elif not reply[3 * i + 2]:  # removed by a newer deploy (or its state is gone)
+                        del waiting[s.id]
+                        self._quiet.pop(s.id, None)
+                        log.info("schedule %s: a newer deploy removed it; this worker no longer fires it", s.id)
             ids = list(waiting)
             quiet: list[Schedule] = []
             for sid, seen in zip(ids, last_seen(rt.redis, k, ids), strict=True):
@@ -308,6 +318,10 @@ class Ticker:
             pending.append(self._lanes.submit(self._send, calls[i:i + BATCH], look))
             if len(pending) >= LANES:
                 look = self._settle(pending.popleft().result(), fired, dropped) or look
+            if time.monotonic() - self._said_at >= HEARTBEAT_S:
+                # A long catch-up (thousands of missed ticks) still says this worker lives:
+                # a standby that saw it quiet would take over from a living holder.
+                self._say_alive(self.clock.now_ms(), due)
         while pending:
             self._settle(pending.popleft().result(), fired, dropped)
         for e in due:

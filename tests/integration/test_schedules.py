@@ -5,6 +5,7 @@ scheduler reads is the server's, shifted by the test (see schedulekit.set_clock)
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -235,6 +236,76 @@ def test_a_withdrawn_canary_hands_its_schedules_back(project: Project, tmp_path:
         wait_for(lambda: log_has(project, "takes it back", "worker-a.log") + log_has(
             project, "takes it back", "worker-b.log") == 1 and log_has(project, "holds it again"), timeout=15,
             what="the other v1 worker to rejoin")
+    finally:
+        v2.stop_all()
+
+
+def test_a_schedule_a_newer_deploy_removed_stays_removed_after_its_tombstone(project: Project, tmp_path: Path) -> None:
+    """v1 fires "beat"; canary v2 changes its payload (v1 stands by); v3 removes "beat"
+    (no SCHEDULE). Nobody restarts. When the tombstone expires (7 days; here the state key
+    is deleted, which is what PEXPIRE does), v1's standby must not adopt "beat" again and
+    fire it (a catch-up from v1's own load time): the newest code removed it."""
+    add_function(project, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}\nMISSED = "all"')
+    v2 = sibling(project, tmp_path / "v2")
+    add_function(v2, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}\nMISSED = "all"')
+    v3 = sibling(project, tmp_path / "v3")
+    add_function(v3, "beat", "")
+    r, k = project.runtime.redis, project.keys()
+    try:
+        set_clock(project, ms(B) + 20_000)
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1.log")
+        wait_for(lambda: log_has(project, "schedules: 1 active", "v1.log"), timeout=30, what="v1")
+        time.sleep(0.5)
+        v2.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
+        wait_for(lambda: log_has(project, "stands by", "v1.log"), timeout=20, what="v1 to stand by")
+        v2.stop_all()
+        time.sleep(0.5)
+        v3.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
+        wait_for(lambda: r.hget(k.schedule("beat"), "def") == "", timeout=20, what="v3 to remove beat")
+        time.sleep(3)
+        assert not log_has(project, "holds it again", "v1.log")
+        r.delete(k.schedule("beat"))  # the tombstone expires (7 days later)
+        set_clock(project, ms(B) + 7 * 86_400_000 + 100_000)
+        time.sleep(4)
+        fired = sorted(j["tick"] for j in jobs_of(project) if j["schedule"] == "beat")
+        assert not log_has(project, "holds it again", "v1.log") and not fired, (
+            f"removed by v3, yet v1 took it again and fired {len(fired)} tick(s): {fired[:3]}...")
+    finally:
+        v2.stop_all()
+        v3.stop_all()
+
+
+MANY = 400  # per-second schedules: 100 s of catch-up is 40,000 ticks, a few seconds of firing
+
+
+def many(v: int) -> str:
+    entries = [{"cron": "* * * * * *", "payload": {"v": v}, "id": f"e{i}"} for i in range(MANY)]
+    return f'SCHEDULE = {json.dumps(entries)}\nMISSED = "all"'
+
+
+def test_a_living_canary_busy_with_a_long_catch_up_keeps_its_schedules(project: Project, tmp_path: Path) -> None:
+    """v1 and a canary v2 (new payloads) define MANY per-second schedules (MISSED = "all").
+    The canary holds them and lives. The clock jumps 100 s (a short downtime of every
+    worker): the canary's ticker fires MANY x 100 catch-up ticks, longer than the quiet time,
+    and must keep saying it lives meanwhile, or v1's idle standby would take the schedules
+    back from a living canary and fire part of the catch-up with v1's payload."""
+    add_function(project, "many", many(1))
+    v2 = sibling(project, tmp_path / "v2")
+    add_function(v2, "many", many(2))
+    try:
+        set_clock(project, ms(B) + 1_000)
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1.log")
+        wait_for(lambda: log_has(project, f"schedules: {MANY} active", "v1.log"), timeout=60, what="v1")
+        time.sleep(0.5)
+        v2.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
+        wait_for(lambda: log_has(v2, f"schedules: {MANY} active"), timeout=60, what="the canary")
+        wait_for(lambda: log_has(project, "stands by", "v1.log"), timeout=30, what="v1 to stand by")
+        time.sleep(3)
+        set_clock(project, ms(B) + 110_000)
+        time.sleep(15)
+        v1_ticks = [j for j in jobs_of(project) if j["payload"] == {"v": 1}]
+        took = (project.root / "v1.log").read_text().count("takes it back")
+        assert not took, f"v1 took {took} schedules from the living canary and fired {len(v1_ticks)} v1 ticks"
     finally:
         v2.stop_all()
 

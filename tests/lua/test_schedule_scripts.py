@@ -226,3 +226,24 @@ def test_a_state_written_before_timing_digests_keeps_its_timeline(p: Project) ->
     assert sc.adopt(k, NOW + 5 * MIN, 60_000, [("s", f"aa11bb22cc33dd44:{whole}")], []) == [
         1, NOW + MIN, f"aa11bb22cc33dd44:{whole}"]
     assert r.hget(k.schedules, "s") == f"aa11bb22cc33dd44:{whole}"
+
+
+def test_a_standbys_rejoin_never_brings_back_a_removed_or_lost_schedule(p: Project) -> None:
+    """A standby adopts again at each heartbeat (stale_before -1: a rejoin). It wins a
+    schedule held by an older definition, never one a newer deploy removed, nor one whose
+    state is gone (the removal's tombstone expired after 7 days, or data was lost): that
+    would fire a schedule the newest code no longer defines."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [])
+    sc.adopt(k, NOW + MIN, 60_000, [("s", "bb:02")], [])  # a canary: the first stands by
+    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["s"]) == [1]  # a newer deploy removes s
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [], stale_before_ms=-1, now_ms=NOW + 3 * MIN) == [
+        0, NOW + 2 * MIN, ""]
+    r.delete(k.schedule("s"))  # the tombstone expires
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [], stale_before_ms=-1, now_ms=NOW + 9 * MIN)[0] == 0
+    assert not r.exists(k.schedule("s"))
+    # Held by an older definition (a takeover wrote its own born): the newer one rejoins,
+    # its other timing starting now, not at its own load time.
+    sc.adopt(k, NOW - MIN, 60_000, [("s", "cc:00")], [])
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [], stale_before_ms=-1, now_ms=NOW + 10 * MIN) == [
+        1, NOW + 10 * MIN, "aa:01"]

@@ -28,7 +28,9 @@
 --   id, digest
 -- ARGV[4 + 2n] m, the schedules to retire (in the index, not defined by this worker);
 --   then m ids
--- ARGV[5 + 2n + m] stale_before, ms ('' or 0: an adoption, not a takeover)
+-- ARGV[5 + 2n + m] stale_before, ms ('' or 0: an adoption, not a takeover; -1: a
+--   standby's rejoin, which wins only a schedule held by an older definition, never one
+--   removed or gone, and starts a new timing at now)
 -- ARGV[6 + 2n + m] now, ms (server time; '' for born): a winner's first seen time
 --
 -- Returns, per defined schedule, three values: won (1: this definition holds the
@@ -63,8 +65,11 @@ for i = 0, n - 1 do
       take = def and def ~= '' and seen and seen >= def_at and seen < stale_before
     else
       take = not (def and def_at >= born)
+      if stale_before < 0 and not (def and def ~= '') then take = false end
       local timing = string.match(digest, '^(%x+):')
-      if take and not (timing and def and string.match(def, '^(%x+):') == timing) then line_at = born end
+      if take and not (timing and def and string.match(def, '^(%x+):') == timing) then
+        line_at = stale_before < 0 and now or born
+      end
     end
     if not take then
       won = 0
