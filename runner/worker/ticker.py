@@ -30,8 +30,8 @@ registry no longer defines are retired. A ticker whose definition lost stops fir
 and the tick script refuses a digest the state does not hold, so a worker still running
 an older function file never fires a schedule the newer file changed or removed.
 
-A definition that lost stands by, so that the newest definition whose workers live holds
-the schedule. Every HEARTBEAT_S a ticker says which schedules it holds (alive.lua) and,
+A definition that lost stands by, so that the most recently started (born) definition
+whose workers live holds the schedule. Every HEARTBEAT_S a ticker says which schedules it holds (alive.lua) and,
 for those it lost, adopts again (it wins where it is the holder's own definition, or
 newer than a holder that took over: a takeover writes its taker's born) and looks whether
 the holders still say they live: once it has itself seen their stamp unchanged for
