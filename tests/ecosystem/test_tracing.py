@@ -24,11 +24,19 @@ EXPORTER = InMemorySpanExporter()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _provider() -> None:
-    # The global provider can be set once per process: this module owns it.
+def _provider() -> Iterator[None]:
+    # The global provider can be set once per process: this module owns it, and puts the
+    # API's unset state back after it, or later tests in this process would find tracing
+    # on (the enqueue fast lane, for one, leaves traced requests to the route).
+    from opentelemetry.util._once import Once
+
     provider = sdk_trace.TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(provider)
+    yield
+    provider.shutdown()
+    trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+    trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
 
 
 @pytest.fixture
