@@ -244,6 +244,8 @@ def refusal_record(exc: RunnerError) -> dict[str, Any]:
         out.update(kind="unknown_version", type=exc.type, version=exc.version, known=exc.known)
     elif type(exc) is IdempotencyConflict:
         out.update(kind="idempotency_conflict", key=exc.key, job_id=exc.job_id)
+    elif type(exc) is RedisUnavailable:
+        out.update(kind="unavailable")
     return out
 
 
@@ -260,6 +262,8 @@ def raise_refusal(record: dict[str, Any]) -> NoReturn:
         raise UnknownVersion(str(record.get("type")), int(record.get("version") or 0), record.get("known") or [])
     if kind == "idempotency_conflict":
         raise IdempotencyConflict(str(record.get("key")), str(record.get("job_id")))
+    if kind == "unavailable":
+        raise RedisUnavailable(str(record.get("error")))
     raise RunnerError(str(record.get("error")))
 
 

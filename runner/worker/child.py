@@ -83,8 +83,12 @@ class Child:
         return bool(self.ask(call, **args).get("ok"))
 
     def ask(self, call: str, **args: Any) -> dict[str, Any]:
+        """The parent's answer to one call; what failed there (Redis away) raises here."""
         self.send({"op": "rpc", "call": call, **args})
-        return self.replies.get()
+        reply = self.replies.get()
+        if isinstance(reply.get("failed"), dict):
+            raise_refusal(reply["failed"])
+        return reply
 
     def enqueue(self, type_: str, payload: Any, **options: Any) -> Enqueued:
         """A follow-up job, enqueued by the parent (this process never talks to Redis)."""

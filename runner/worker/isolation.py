@@ -41,8 +41,9 @@ from typing import Any
 
 from runner.catalog.registry import Function
 from runner.config import QueueConfig
-from runner.errors import JobTimeout
+from runner.errors import JobTimeout, RedisUnavailable, RunnerError, refusal_record
 from runner.store import codec
+from runner.store.connection import UNAVAILABLE
 from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, from_message
 
 log = logging.getLogger("runner.worker")
@@ -270,10 +271,19 @@ class Slot:
             if op == "progress":  # no reply: the child does not wait for it
                 on_rpc({"call": "progress", "value": msg.get("value")})
             elif op == "rpc":
-                answer = on_rpc(msg)
+                try:
+                    answer = on_rpc(msg)
+                    reply: dict[str, Any] = {"op": "reply", "ok": bool(answer),
+                                             "value": answer if isinstance(answer, dict) else None}
+                except Exception as exc:  # whatever happened, the child waits for a reply
+                    # Redis away mid-call (or a bug): the handler hears it, as a thread's would,
+                    # and the child stays in step. Left without a reply, it blocked on, and the
+                    # next job's outcome was taken for this one's.
+                    reply = {"op": "reply", "ok": False, "value": None, "failed": refusal_record(
+                        RedisUnavailable(f"Redis is unreachable: {exc}") if isinstance(exc, UNAVAILABLE)
+                        else exc if isinstance(exc, RunnerError) else RunnerError(f"{type(exc).__name__}: {exc}"))}
                 with contextlib.suppress(OSError):
-                    child.send({"op": "reply", "ok": bool(answer),
-                                "value": answer if isinstance(answer, dict) else None})
+                    child.send(reply)
             elif op == "outcome":
                 child.jobs += 1
                 child.rss_mb = float(msg.get("rss_mb") or 0)

@@ -75,3 +75,61 @@ def test_worker_survives_a_redis_restart_and_loses_nothing(tmp_path: Path) -> No
             assert_no_job_in_two_structures(p)
         finally:
             p.stop_all()
+
+
+CHECKPOINTER = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 30
+MAX_ATTEMPTS = 3
+BACKOFF = {"base": 0.1, "cap": 0.2, "jitter": "full"}
+
+def handle(payload, ctx):
+    folder = os.environ["RECORD_DIR"]
+    with open(os.path.join(folder, ctx.job_id), "a") as f:
+        f.write(f"{ctx.attempt}\\n")
+    if payload.get("wait") and ctx.attempt == 1:
+        while not os.path.exists(os.path.join(folder, "go")):
+            time.sleep(0.02)
+    ctx.save_checkpoint({"attempt": ctx.attempt})
+    return {"attempt": ctx.attempt, "n": payload.get("n")}
+'''
+
+
+def test_a_child_whose_checkpoint_meets_redis_away_gets_the_error_and_its_slot_stays_in_step(
+        tmp_path: Path) -> None:
+    """A process-isolated handler saves a checkpoint while Redis is down: the handler gets
+    RedisUnavailable (a transient failure, retried), as a thread's would, and its child
+    sends that attempt's outcome. Its slot stays in step: the retry and the next job each
+    get their own outcome, not one left over from the call that failed."""
+    with own_server(tmp_path / "redis") as srv:
+        p = new_project(tmp_path / "p", srv)
+        try:
+            (p.root / "functions" / "ckpt.py").write_text(CHECKPOINTER)
+            (p.root / "schemas" / "ckpt").mkdir(parents=True, exist_ok=True)
+            (p.root / "schemas" / "ckpt" / "v1.json").write_text('{"type": "object"}')
+            configure(p, vt=5, concurrency=1)
+            c = p.client
+            first = c.enqueue("ckpt", {"wait": True, "n": 1}).id
+            p.spawn_worker("fast")
+            wait_for(lambda: p.runs(first), timeout=30, what="the handler to start")
+            srv.stop()
+            (p.records / "go").write_text("")
+            time.sleep(1.0)  # the handler meets Redis away; the worker waits it out
+            srv.start()
+
+            def enqueue_second() -> str | None:
+                try:
+                    return c.enqueue("ckpt", {"n": 2}).id
+                except RedisUnavailable:  # the client's pooled connection was to the server before
+                    return None
+
+            second = wait_for(enqueue_second, timeout=10, what="the restarted server to take the second job")
+            final = wait_final(p, [first, second], timeout=30)
+            assert final[first]["status"] == "done" and final[first]["result"] == {"attempt": 2, "n": 1}, final[first]
+            assert "RedisUnavailable" in str(final[first]["history"]), final[first]["history"]
+            assert final[second]["status"] == "done" and final[second]["result"] == {"attempt": 1, "n": 2}
+            assert p.runs(first) == ["1", "2"] and p.runs(second) == ["1"]
+        finally:
+            p.stop_all()
