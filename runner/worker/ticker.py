@@ -50,7 +50,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +62,7 @@ from runner.errors import NotReplicated
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
+from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
 from runner.store.schedules import TEST_ENV, TOMBSTONE_S, ServerClock, handled_ticks, last_seen, registered
 from runner.store.scripts import NewJob
@@ -247,43 +248,41 @@ class Ticker:
         one by born: a takeover writes its taker's born); take back from holders that this
         worker itself saw quiet for TAKEOVER_S, on its own clock and across heartbeats that
         reached Redis (an outage resets what it saw: everyone's stamps were held up)."""
-        rt = self.rt
-        ttl = int(TOMBSTONE_S * 1000)
         stale_before = now - int(TAKEOVER_S * 1000)
         mono = time.monotonic()
         for queue, waiting in self._standby.items():
-            k = rt.keys[queue]
-            mine = list(waiting.values())
-            for start in range(0, len(mine), ADOPT_CHUNK):
-                some = mine[start:start + ADOPT_CHUNK]
-                reply = rt.scripts.adopt(k, self._born_ms, ttl, [(s.id, s.digest) for s in some], [],
-                                         stale_before_ms=REJOIN, now_ms=now)
-                for i, s in enumerate(some):
-                    if int(reply[3 * i]):
-                        self._hold(waiting, s, int(reply[3 * i + 1]), "its definition holds it again; this worker "
-                                   "fires it", logging.INFO)
-                    elif not reply[3 * i + 2]:  # removed by a newer deploy (or its state is gone)
-                        del waiting[s.id]
-                        self._quiet.pop(s.id, None)
-                        log.info("schedule %s: a newer deploy removed it; this worker no longer fires it", s.id)
+            k = self.rt.keys[queue]
+            for s, won, floor, winner in self._readopt(k, list(waiting.values()), REJOIN, now):
+                if won:
+                    self._hold(waiting, s, floor, "its definition holds it again; this worker fires it", logging.INFO)
+                elif not winner:  # removed by a newer deploy (or its state is gone)
+                    del waiting[s.id]
+                    self._quiet.pop(s.id, None)
+                    log.info("schedule %s: a newer deploy removed it; this worker no longer fires it", s.id)
             ids = list(waiting)
             quiet: list[Schedule] = []
-            for sid, seen in zip(ids, last_seen(rt.redis, k, ids), strict=True):
+            for sid, seen in zip(ids, last_seen(self.rt.redis, k, ids), strict=True):
                 first = self._quiet.get(sid)
                 if seen is None or first is None or first[0] != seen:
                     self._quiet[sid] = (seen, mono)  # a new stamp (or none): watch from here
                 elif mono - first[1] >= TAKEOVER_S and seen < stale_before:
                     quiet.append(waiting[sid])
-            for start in range(0, len(quiet), ADOPT_CHUNK):
-                some = quiet[start:start + ADOPT_CHUNK]
-                reply = rt.scripts.adopt(k, self._born_ms, ttl, [(s.id, s.digest) for s in some], [],
-                                         stale_before_ms=stale_before, now_ms=now)
-                for i, s in enumerate(some):
-                    if int(reply[3 * i]):
-                        self._hold(waiting, s, int(reply[3 * i + 1]),
-                                   f"the workers holding another definition of it have not been seen for "
-                                   f"{TAKEOVER_S:g} s (a deploy withdrawn?); this worker takes it back",
-                                   logging.WARNING)
+            for s, won, floor, _ in self._readopt(k, quiet, stale_before, now):
+                if won:
+                    self._hold(waiting, s, floor, f"the workers holding another definition of it have not been "
+                               f"seen for {TAKEOVER_S:g} s (a deploy withdrawn?); this worker takes it back",
+                               logging.WARNING)
+
+    def _readopt(self, k: QueueKeys, schedules: list[Schedule], stale_before: int,
+                 now: int) -> Iterator[tuple[Schedule, bool, int, str]]:
+        """adopt.lua over standby definitions, a chunk a call: each one's (schedule, won,
+        floor, winning digest)."""
+        for start in range(0, len(schedules), ADOPT_CHUNK):
+            some = schedules[start:start + ADOPT_CHUNK]
+            reply = self.rt.scripts.adopt(k, self._born_ms, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in some],
+                                          [], stale_before_ms=stale_before, now_ms=now)
+            for i, s in enumerate(some):
+                yield s, bool(int(reply[3 * i])), int(reply[3 * i + 1]), str(reply[3 * i + 2])
 
     def _hold(self, waiting: dict[str, Schedule], s: Schedule, floor: int, why: str, level: int) -> None:
         del waiting[s.id]
