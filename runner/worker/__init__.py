@@ -3,8 +3,9 @@
 Owns the per-process orchestrator (worker.py), a queue's runner and its parts
 (fetching, executing, settling, renewing), turning a claimed job into an outcome
 (execute.py), the handler's ``ctx`` (context.py), the scheduler (scheduler.py), the
-ticker that fires the schedules' ticks (ticker.py), retry
-delays (backoff.py) and the crash tests' fault points (faults.py).
+ticker that fires the schedules' ticks (ticker.py) and its standby for the schedules a
+newer deploy holds (standby.py), retry delays (backoff.py), the guard that ends a worker
+whose thread died (lifeline.py) and the crash tests' fault points (faults.py).
 
 May import: runner.config, runner.errors, runner.runtime, the store, the catalog,
 observe and itself. Knows nothing of the web app, the CLI or dev.

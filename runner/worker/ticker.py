@@ -30,27 +30,19 @@ registry no longer defines are retired. A ticker whose definition lost stops fir
 and the tick script refuses a digest the state does not hold, so a worker still running
 an older function file never fires a schedule the newer file changed or removed.
 
-A definition that lost stands by, so that the most recently started (born) definition
-whose workers live holds the schedule. Every HEARTBEAT_S a ticker says which schedules it holds (alive.lua) and,
-for those it lost, adopts again (it wins where it is the holder's own definition, or
-newer than a holder that took over: a takeover writes its taker's born) and looks whether
-the holders still say they live: once it has itself seen their stamp unchanged for
-TAKEOVER_S, and the stamp is that old by the server's clock too (a canary withdrawn), it
-takes the schedule back (adopt.lua's takeover, which checks the silence atomically) and
-fires it from where the state says, under MISSED. An outage resets what it saw. A
-schedule the newer deploy removed stays removed.
+A definition that lost stands by (standby.py): it takes the schedule back when the
+holders of the winning one go quiet, and it rejoins when its own definition holds again.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import os
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,30 +54,17 @@ from runner.errors import NotReplicated
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.connection import UNAVAILABLE
-from runner.store.keys import QueueKeys
 from runner.store.outage import Outage
-from runner.store.schedules import TEST_ENV, TOMBSTONE_S, ServerClock, handled_ticks, last_seen, registered
+from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, registered
 from runner.store.scripts import NewJob
 from runner.worker.faults import fault
 from runner.worker.lifeline import vital
+from runner.worker.standby import HEARTBEAT_S, Standby
 
 log = logging.getLogger("runner.ticker")
 
 WAKE_S = 0.5
 
-
-def _standby_timing() -> tuple[float, float]:
-    """How often a ticker says it lives, and how long holders may be quiet before a
-    standby takes over (seconds). Tests shorten both (with the schedules' test clock on):
-    RUNNER_TEST_STANDBY="<heartbeat>,<takeover>"."""
-    if os.environ.get(TEST_ENV) == "1" and os.environ.get("RUNNER_TEST_STANDBY"):
-        beat, takeover = (float(x) for x in os.environ["RUNNER_TEST_STANDBY"].split(","))
-        return beat, takeover
-    return 10.0, 60.0
-
-
-HEARTBEAT_S, TAKEOVER_S = _standby_timing()
-REJOIN = -1  # adopt.lua's stale_before for a standby's rejoin
 BATCH = 250  # tick script calls per pipelined round trip
 LANES = 2  # round trips in flight at once
 ADOPT_CHUNK = 500
@@ -116,8 +95,7 @@ class Ticker:
         self._registry: Registry | None = None
         self._born_ms = 0
         self._heap: list[_Entry] = []
-        self._standby: dict[str, dict[str, Schedule]] = {}  # queue -> id -> a definition that lost
-        self._quiet: dict[str, tuple[int | None, float]] = {}  # standby id -> (seen, when first read, monotonic)
+        self._standby = Standby(runtime)
         self._beat_ms = 0
         self._said_at = 0.0  # monotonic, the last stamp
         self._seq = 0
@@ -192,8 +170,8 @@ class Ticker:
                     heap.append(self._entry(s, floor))
                 retired += sum(int(x) for x in reply[3 * len(part):])
         heapq.heapify(heap)
-        self._heap, self._registry, self._born_ms, self._standby = heap, reg, now, standby
-        self._quiet = {}
+        self._heap, self._registry, self._born_ms = heap, reg, now
+        self._standby.reset(standby)
         self._beat_ms = 0  # say at once which schedules this registry holds
         if scheds or retired:
             log.info("schedules: %d active%s%s", len(heap),
@@ -208,7 +186,8 @@ class Ticker:
     def _beat(self, now: int) -> None:
         """Say which schedules this worker holds; take back those whose holders went quiet."""
         self._say_alive(now)
-        self._take_back(now)
+        for s, floor in self._standby.take_back(now, self._born_ms):
+            heapq.heappush(self._heap, self._entry(s, floor))
 
     def _say_alive(self, now: int, firing: Sequence[_Entry] = ()) -> None:
         """Stamp the schedules this worker holds (and those it is ``firing`` now) as alive;
@@ -228,67 +207,10 @@ class Ticker:
                 for e in part:
                     if e.schedule.id in lost and e.seq not in in_flight:
                         gone.add(e.seq)
-                        self._stand_by(e.schedule, lost[e.schedule.id])
+                        self._standby.add(e.schedule, lost[e.schedule.id])
         if gone:
             self._heap = [e for e in self._heap if e.seq not in gone]
             heapq.heapify(self._heap)
-
-    def _stand_by(self, s: Schedule, winner: str) -> None:
-        """This worker's definition lost: to another definition (``winner``), which it may
-        take back should that one's holders go quiet, or to a deploy that removed it ('')."""
-        if winner:
-            self._standby.setdefault(s.queue, {})[s.id] = s
-            log.info("schedule %s: a newer deploy holds its definition; this worker no longer fires it, "
-                     "and stands by", s.id)
-        else:
-            log.info("schedule %s: a newer deploy removed it; this worker no longer fires it", s.id)
-
-    def _take_back(self, now: int) -> None:
-        """Rejoin where this definition holds again (the holder's own digest, or the newer
-        one by born: a takeover writes its taker's born); take back from holders that this
-        worker itself saw quiet for TAKEOVER_S, on its own clock and across heartbeats that
-        reached Redis (an outage resets what it saw: everyone's stamps were held up)."""
-        stale_before = now - int(TAKEOVER_S * 1000)
-        mono = time.monotonic()
-        for queue, waiting in self._standby.items():
-            k = self.rt.keys[queue]
-            for s, won, floor, winner in self._readopt(k, list(waiting.values()), REJOIN, now):
-                if won:
-                    self._hold(waiting, s, floor, "its definition holds it again; this worker fires it", logging.INFO)
-                elif not winner:  # removed by a newer deploy (or its state is gone)
-                    del waiting[s.id]
-                    self._quiet.pop(s.id, None)
-                    log.info("schedule %s: a newer deploy removed it; this worker no longer fires it", s.id)
-            ids = list(waiting)
-            quiet: list[Schedule] = []
-            for sid, seen in zip(ids, last_seen(self.rt.redis, k, ids), strict=True):
-                first = self._quiet.get(sid)
-                if seen is None or first is None or first[0] != seen:
-                    self._quiet[sid] = (seen, mono)  # a new stamp (or none): watch from here
-                elif mono - first[1] >= TAKEOVER_S and seen < stale_before:
-                    quiet.append(waiting[sid])
-            for s, won, floor, _ in self._readopt(k, quiet, stale_before, now):
-                if won:
-                    self._hold(waiting, s, floor, f"the workers holding another definition of it have not been "
-                               f"seen for {TAKEOVER_S:g} s (a deploy withdrawn?); this worker takes it back",
-                               logging.WARNING)
-
-    def _readopt(self, k: QueueKeys, schedules: list[Schedule], stale_before: int,
-                 now: int) -> Iterator[tuple[Schedule, bool, int, str]]:
-        """adopt.lua over standby definitions, a chunk a call: each one's (schedule, won,
-        floor, winning digest)."""
-        for start in range(0, len(schedules), ADOPT_CHUNK):
-            some = schedules[start:start + ADOPT_CHUNK]
-            reply = self.rt.scripts.adopt(k, self._born_ms, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in some],
-                                          [], stale_before_ms=stale_before, now_ms=now)
-            for i, s in enumerate(some):
-                yield s, bool(int(reply[3 * i])), int(reply[3 * i + 1]), str(reply[3 * i + 2])
-
-    def _hold(self, waiting: dict[str, Schedule], s: Schedule, floor: int, why: str, level: int) -> None:
-        del waiting[s.id]
-        self._quiet.pop(s.id, None)
-        heapq.heappush(self._heap, self._entry(s, floor))
-        log.log(level, "schedule %s: %s", s.id, why, extra={"schedule": s.id})
 
     def _fire(self, due: Sequence[_Entry], now: int) -> None:
         plans: dict[tuple[int, int, str], list[Step]] = {}  # shared by schedules on one timeline
@@ -328,7 +250,7 @@ class Ticker:
                 e.next_ms = e.line.next_after(e.floor_ms)
                 heapq.heappush(self._heap, e)
             else:
-                self._stand_by(e.schedule, dropped[e.seq])
+                self._standby.add(e.schedule, dropped[e.seq])
         self._report(fired)
 
     def _send(self, chunk: Sequence[tuple[_Entry, Step]], look: bool) -> list[tuple[_Entry, Step, str, Any]]:
@@ -404,7 +326,7 @@ class Ticker:
                 wait = self.step()
                 outage.ok()
             except UNAVAILABLE as exc:
-                self._quiet.clear()  # no heartbeat reached Redis meanwhile, the holders' neither
+                self._standby.outage()
                 outage.failed(exc, self._stop)
                 continue
             except Exception:
