@@ -179,18 +179,27 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise JobTimeout("ran past its TIMEOUT")
 
 
-def _guard_group(fd: int) -> subprocess.Popen[bytes]:
+SENTRY_SHELL = "/bin/sh"
+
+
+def _guard_group(fd: int, shell: str = SENTRY_SHELL) -> subprocess.Popen[bytes] | None:
     """A sentry in this child's process group that kills the group when the worker dies.
 
     The death signal (``_die_with_parent``) stops this process, not the tools a handler
     started: they would run on orphaned while the job is reclaimed and run again. The
     sentry, a shell that reads a pipe whose only write end the worker holds, wakes at EOF
     (the worker gone, however it died) and SIGKILLs the group it belongs to; being a
-    member, it keeps the group's id from being reused by anyone else meanwhile."""
-    sentry = subprocess.Popen(["/bin/sh", "-c", "read x; kill -KILL 0"], stdin=fd,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(fd)
-    return sentry
+    member, it keeps the group's id from being reused by anyone else meanwhile. Without a
+    shell to run (a minimal image) the child still serves, unguarded, and says so."""
+    try:
+        return subprocess.Popen([shell, "-c", "read x; kill -KILL 0"], stdin=fd,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as exc:
+        log.warning("no sentry for this child process (%s: %s): should the worker be killed, tools a handler "
+                    "started keep running", shell, exc)
+        return None
+    finally:
+        os.close(fd)
 
 
 def main() -> None:
@@ -199,9 +208,9 @@ def main() -> None:
     fd = int(sys.argv[1])
     if os.getppid() == 1:  # the worker died before the death signal was armed
         os._exit(0)
-    sentry = _guard_group(int(sys.argv[2])) if len(sys.argv) > 2 else None
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
     setup_logs(cfg.log)
+    sentry = _guard_group(int(sys.argv[2])) if len(sys.argv) > 2 else None
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's to handle
