@@ -211,6 +211,13 @@ class Project:
     def client(self) -> Client:
         return Client(self.runtime)
 
+    def add_function(self, name: str, source: str, schema: str = '{"type": "object"}') -> None:
+        """functions/<name>.py with ``source`` and its v1 schema; the next runtime loads it."""
+        (self.root / "functions" / f"{name}.py").write_text(source)
+        (self.root / "schemas" / name).mkdir(parents=True, exist_ok=True)
+        (self.root / "schemas" / name / "v1.json").write_text(schema)
+        self._runtime = None
+
     def write_config(
         self, vt: float = 2, slow_vt: float = 10, grace: float = 5, extra: str = "", *,
         concurrency: int = 8, max_attempts: int = 3, batch: int = 64, prefetch: int = 8,

@@ -14,10 +14,7 @@ from conftest import Project, wait_for
 
 
 def add_function(project: Project, name: str, source: str) -> None:
-    (project.root / "functions" / f"{name}.py").write_text(source)
-    (project.root / "schemas" / name).mkdir(parents=True, exist_ok=True)
-    (project.root / "schemas" / name / "v1.json").write_text('{"type": "object"}')
-    project._runtime = None
+    project.add_function(name, source)
 
 
 SLEEPER = '''

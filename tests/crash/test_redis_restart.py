@@ -106,9 +106,7 @@ def test_a_child_whose_checkpoint_meets_redis_away_gets_the_error_and_its_slot_s
     with own_server(tmp_path / "redis") as srv:
         p = new_project(tmp_path / "p", srv)
         try:
-            (p.root / "functions" / "ckpt.py").write_text(CHECKPOINTER)
-            (p.root / "schemas" / "ckpt").mkdir(parents=True, exist_ok=True)
-            (p.root / "schemas" / "ckpt" / "v1.json").write_text('{"type": "object"}')
+            p.add_function("ckpt", CHECKPOINTER)
             configure(p, vt=5, concurrency=1)
             c = p.client
             first = c.enqueue("ckpt", {"wait": True, "n": 1}).id

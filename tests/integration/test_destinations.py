@@ -35,10 +35,7 @@ def handle(payload, ctx):
 
 
 def write(project: Project, name: str, src: str, schema: str = '{"type": "object"}') -> None:
-    (project.root / "functions" / f"{name}.py").write_text(textwrap.dedent(src))
-    (project.root / "schemas" / name).mkdir(exist_ok=True)
-    (project.root / "schemas" / name / "v1.json").write_text(schema)
-    project._runtime = None
+    project.add_function(name, textwrap.dedent(src), schema)
 
 
 def lines(project: Project, name: str, job_id: str) -> list[dict]:
