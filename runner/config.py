@@ -14,6 +14,8 @@ one more token, named "default", with every scope. Only SHA-256 digests are kept
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
 import tomllib
@@ -23,11 +25,25 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import ConfigError
+from runner.store import urls
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # The project's own files beside runner.toml: `runner dev`'s session and embedded server,
 # and the schema check cache.
 STATE_DIR = ".runner"
+
+
+def state_dir(root: Path) -> Path:
+    """The project's STATE_DIR under ``root``, made if missing, with a .gitignore of its own
+    ("*"): no commit picks up the embedded server's data or the caches, whatever the
+    project's own .gitignore says."""
+    d = root / STATE_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    ignore = d / ".gitignore"
+    if not ignore.exists():
+        with contextlib.suppress(OSError):  # a read-only checkout still runs
+            ignore.write_text("*\n")
+    return d
 JITTER_MODES = ("full", "equal", "none")
 ISOLATIONS = ("thread", "process")
 # wait_replicas: more than a deployment could have is a typo; a timeout of 0 would make
@@ -90,8 +106,10 @@ class RedisConfig:
 
 
 # What a token may do: enqueue any function ("enqueue") or one ("enqueue:<type>"), read
-# everything, or operate (requeue, delete, purge, cancel, pause, resume).
-SCOPES = ("enqueue", "read", "operate")
+# everything, or operate (requeue, delete, purge, cancel, pause, resume); emit any event
+# ("emit") or one ("emit:<name>").
+SCOPES = ("enqueue", "read", "operate", "signal", "emit")  # signal: POST /jobs/{id}/signals/{name} only
+_EVENT_SCOPE = re.compile(r"emit:[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 # The name RUNNER_API_TOKEN goes by, in the audit trail and the dashboard.
 DEFAULT_TOKEN = "default"
 
@@ -113,6 +131,14 @@ class ApiToken:
 class ApiConfig:
     max_body_bytes: int = 1_048_576
     max_wait_s: float = 30.0  # the longest ?wait= a request may hold (call and wait)
+    # A connection's request line and headers must be in within this (from its opening or
+    # the request's first byte); a body may pause this long between bytes, and must be in
+    # whole within body_timeout_s of its head; and a process holds at most max_connections
+    # (the oldest idle ones, then the slowest bodies, are closed to make room).
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    max_connections: int = 1000
     token: str | None = field(default=None, repr=False)  # RUNNER_API_TOKEN, also in tokens
     auth: bool = True
     tokens: tuple[ApiToken, ...] = ()
@@ -130,7 +156,7 @@ class ApiConfig:
 @dataclass(frozen=True, slots=True)
 class Retention:
     done_s: float = 86_400.0
-    # The most done jobs a queue keeps (they go a quarter at a time: see lua/_lib.lua),
+    # The most done jobs a queue keeps (they go a quarter at a time: see lua/includes/done.lua),
     # so a busy queue's memory is bounded whatever its rate.
     done_max: int = 1_000_000
     # Keep each done job's payload with its outcome (the payload's bytes per done job):
@@ -138,6 +164,10 @@ class Retention:
     done_payload: bool = False
     dead_s: float = 604_800.0
     idempotency_s: float = 86_400.0
+    # Each job's log (ctx.logger, and a child's stdout and stderr) keeps its newest lines
+    # within both bounds ([retention] logs = {lines, bytes}; lines = 0 keeps none).
+    log_lines: int = 500
+    log_bytes: int = 262_144
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +184,9 @@ class WorkerConfig:
     # A handler's return value (and checkpoint) is kept in Redis with its job: at most this
     # many bytes of JSON, else the job goes to the dead letters (worker/execute.py, context.py).
     max_result_bytes: int = MAX_RESULT_BYTES
+    # A durable function's step result is kept in its job's step log: at most this many
+    # bytes of JSON, else the step raises StepTooLarge (worker/journal.py).
+    max_step_bytes: int = 262_144
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +229,8 @@ Checker = Callable[[Any], bool]
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    # Finite: TOML has inf and nan, and no setting means forever (a worker's timers overflow).
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _pos_num(v: Any) -> bool:
@@ -280,6 +314,10 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
         "max_wait": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 3600,
                      "a number of seconds from 0 to 3600"),
         "auth": (_bool, "true or false (false switches bearer-token auth off)"),
+        "header_timeout": (lambda v: _is_num(v) and 0.1 <= v <= 3600, "a number of seconds from 0.1 to 3600"),
+        "idle_timeout": (lambda v: _is_num(v) and 0.1 <= v <= 3600, "a number of seconds from 0.1 to 3600"),
+        "body_timeout": (lambda v: _is_num(v) and 0.1 <= v <= 3600, "a number of seconds from 0.1 to 3600"),
+        "max_connections": (lambda v: _pos_int(v) and v <= 1_000_000, "an integer from 1 to 1000000"),
         "tokens": (lambda v: isinstance(v, dict), "tables [api.tokens.NAME] with scopes and env or hash"),
     },
     "retention": {
@@ -288,6 +326,8 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
         "done_payload": (_bool, "true or false (keep a finished job's payload with its outcome)"),
         "dead": (_nonneg_num, "a number of seconds >= 0"),
         "idempotency": (_nonneg_num, "a number of seconds >= 0"),
+        "logs": (lambda v: _log_bounds(v) is not None,
+                 "a table { lines = 0 to 100000, bytes = 1024 to 16777216 } (each job's log)"),
     },
     "worker": {
         "grace_period": (_nonneg_num, "a number of seconds >= 0"),
@@ -296,6 +336,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
         "timeout_grace": (_pos_num, "a positive number of seconds"),
         "cpu_affinity": (lambda v: v in ("auto", "off"), '"auto" (one core per worker process) or "off"'),
         "max_result_bytes": (_pos_int, "a positive integer (bytes of a handler's JSON result)"),
+        "max_step_bytes": (_pos_int, "a positive integer (bytes of a durable step's JSON result)"),
     },
     "log": {
         "level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "DEBUG/INFO/WARNING/ERROR"),
@@ -348,7 +389,10 @@ def scope_error(scope: str) -> str | None:
     """Why ``scope`` is not a scope (None: it is one)."""
     if scope in SCOPES or (scope.startswith("enqueue:") and scope[len("enqueue:"):].isidentifier()):
         return None
-    return f"unknown scope {scope!r} (expected enqueue, enqueue:<type>, read or operate)"
+    if _EVENT_SCOPE.fullmatch(scope):
+        return None
+    return (f"unknown scope {scope!r} (expected enqueue, enqueue:<type>, read, operate, signal, emit or "
+            "emit:<event name>)")
 
 
 def digest(secret: str) -> bytes:
@@ -457,7 +501,33 @@ def _env_timeout(name: str, value: str) -> float:
 
 
 def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, str]) -> Config:
-    """Build a Config from a parsed TOML document and an environment."""
+    """Build a Config from a parsed TOML document and an environment. The sections are
+    checked first, then read one by one (in this order, so a config with two faults
+    reports the first read); each section's environment overrides win."""
+    sec = _sections(source, data)
+    queues = _queues(source, data.get("queues", {"default": {}}))
+    redis = _redis(source, sec["redis"], env)
+    api = _api(source, sec["api"], env)
+    log = _log(sec["log"], env)
+    worker = _worker(sec["worker"], env)
+    f = sec["functions"]
+    return Config(
+        root=root,
+        source=source,
+        redis=redis,
+        queues=queues,
+        api=api,
+        retention=_retention(sec["retention"]),
+        worker=worker,
+        log=log,
+        functions_dir=root / (env.get("RUNNER_FUNCTIONS_DIR") or f.get("dir", "functions")),
+        schemas_dir=root / (env.get("RUNNER_SCHEMAS_DIR") or f.get("schemas", "schemas")),
+    )
+
+
+def _sections(source: str, data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every section but [queues], each key checked against its spec (an unknown section
+    or key, or a value of the wrong kind, is refused here)."""
     allowed = {*_SPECS, "queues"}
     for key in data:
         if key not in allowed:
@@ -465,9 +535,10 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
                 f"{source}: unknown section [{key}]{_likely(key, allowed)} "
                 f"(expected one of: {', '.join(sorted(allowed))})", (key,)
             )
-    sec = {name: _check_table(source, name, data.get(name, {}), spec) for name, spec in _SPECS.items()}
+    return {name: _check_table(source, name, data.get(name, {}), spec) for name, spec in _SPECS.items()}
 
-    raw_queues = data.get("queues", {"default": {}})
+
+def _queues(source: str, raw_queues: Any) -> dict[str, QueueConfig]:
     if not isinstance(raw_queues, dict) or not raw_queues:
         raise ConfigError(f"{source}: [queues] must define at least one queue, e.g. [queues.fast]")
     queues: dict[str, QueueConfig] = {}
@@ -475,10 +546,15 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
         if not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"{source}: queue name {name!r} must be letters, digits, - or _", ("queues", name))
         queues[name] = _queue(source, name, raw)
+    return queues
 
-    r = sec["redis"]
+
+def _redis(source: str, r: Mapping[str, Any], env: Mapping[str, str]) -> RedisConfig:
     url = env.get("REDIS_URL") or r.get("url")
     url_source = "REDIS_URL" if env.get("REDIS_URL") else "file" if url else "default"
+    if url and (wrong := urls.problem(url)) is not None:
+        where = "environment: REDIS_URL" if url_source == "REDIS_URL" else f"{source}: redis.url"
+        raise ConfigError(f"{where}: {wrong}", ("redis", "url"))
     redis = RedisConfig(
         url=url or DEFAULT_REDIS_URL,
         prefix=env.get("RUNNER_REDIS_PREFIX") or r.get("prefix", "runner"),
@@ -503,11 +579,17 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
     )
     if "{" in redis.prefix or "}" in redis.prefix:
         raise ConfigError("environment: RUNNER_REDIS_PREFIX must not contain braces")
+    return redis
 
-    a = sec["api"]
-    api = ApiConfig(
+
+def _api(source: str, a: Mapping[str, Any], env: Mapping[str, str]) -> ApiConfig:
+    return ApiConfig(
         max_body_bytes=int(a.get("max_body_bytes", 1_048_576)),
         max_wait_s=float(a.get("max_wait", 30.0)),
+        header_timeout_s=float(a.get("header_timeout", 10.0)),
+        idle_timeout_s=float(a.get("idle_timeout", 30.0)),
+        body_timeout_s=float(a.get("body_timeout", 60.0)),
+        max_connections=int(a.get("max_connections", 1000)),
         token=env_secret(env, "RUNNER_API_TOKEN") or None,
         auth=(
             _env_bool("RUNNER_API_AUTH", env["RUNNER_API_AUTH"])
@@ -516,44 +598,56 @@ def parse(data: Mapping[str, Any], root: Path, source: str, env: Mapping[str, st
         ),
         tokens=_tokens(source, a.get("tokens", {}), env),
     )
-    rt = sec["retention"]
-    w = sec["worker"]
-    lg = sec["log"]
+
+
+def _log(lg: Mapping[str, Any], env: Mapping[str, str]) -> LogConfig:
     level = env.get("RUNNER_LOG_LEVEL", lg.get("level", "INFO")).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"environment: RUNNER_LOG_LEVEL must be DEBUG/INFO/WARNING/ERROR, got {level!r}")
     fmt = env.get("RUNNER_LOG_FORMAT", lg.get("format", "json"))
     if fmt not in ("json", "text"):
         raise ConfigError(f"environment: RUNNER_LOG_FORMAT must be json or text, got {fmt!r}")
-    f = sec["functions"]
-    return Config(
-        root=root,
-        source=source,
-        redis=redis,
-        queues=queues,
-        api=api,
-        retention=Retention(
-            done_s=float(rt.get("done", 86_400)),
-            done_max=int(rt.get("done_max", 1_000_000)),
-            done_payload=bool(rt.get("done_payload", False)),
-            dead_s=float(rt.get("dead", 604_800)),
-            idempotency_s=float(rt.get("idempotency", 86_400)),
+    return LogConfig(level=level, format=fmt)
+
+
+def _worker(w: Mapping[str, Any], env: Mapping[str, str]) -> WorkerConfig:
+    return WorkerConfig(
+        grace_period_s=(
+            _env_num("RUNNER_GRACE_PERIOD", env["RUNNER_GRACE_PERIOD"])
+            if "RUNNER_GRACE_PERIOD" in env
+            else float(w.get("grace_period", 25.0))
         ),
-        worker=WorkerConfig(
-            grace_period_s=(
-                _env_num("RUNNER_GRACE_PERIOD", env["RUNNER_GRACE_PERIOD"])
-                if "RUNNER_GRACE_PERIOD" in env
-                else float(w.get("grace_period", 25.0))
-            ),
-            scheduler_interval_s=float(w.get("scheduler_interval", 0.5)),
-            unknown_grace_s=float(w.get("unknown_grace", 900.0)),
-            timeout_grace_s=float(w.get("timeout_grace", 1.0)),
-            cpu_affinity=_cpu_affinity(env.get("RUNNER_CPU_AFFINITY"), w.get("cpu_affinity", "auto")),
-            max_result_bytes=int(w.get("max_result_bytes", MAX_RESULT_BYTES)),
-        ),
-        log=LogConfig(level=level, format=fmt),
-        functions_dir=root / (env.get("RUNNER_FUNCTIONS_DIR") or f.get("dir", "functions")),
-        schemas_dir=root / (env.get("RUNNER_SCHEMAS_DIR") or f.get("schemas", "schemas")),
+        scheduler_interval_s=float(w.get("scheduler_interval", 0.5)),
+        unknown_grace_s=float(w.get("unknown_grace", 900.0)),
+        timeout_grace_s=float(w.get("timeout_grace", 1.0)),
+        cpu_affinity=_cpu_affinity(env.get("RUNNER_CPU_AFFINITY"), w.get("cpu_affinity", "auto")),
+        max_result_bytes=int(w.get("max_result_bytes", MAX_RESULT_BYTES)),
+        max_step_bytes=int(w.get("max_step_bytes", 262_144)),
+    )
+
+
+def _log_bounds(v: Any) -> tuple[int, int] | None:
+    """``[retention] logs``: (lines, bytes), or None when it is not a valid table."""
+    if not isinstance(v, dict) or not set(v) <= {"lines", "bytes"}:
+        return None
+    lines, size = v.get("lines", 500), v.get("bytes", 262_144)
+    if not (isinstance(lines, int) and not isinstance(lines, bool) and 0 <= lines <= 100_000):
+        return None
+    if not (isinstance(size, int) and not isinstance(size, bool) and 1024 <= size <= 16_777_216):
+        return None
+    return lines, size
+
+
+def _retention(rt: Mapping[str, Any]) -> Retention:
+    lines, size = _log_bounds(rt.get("logs", {})) or (500, 262_144)
+    return Retention(
+        done_s=float(rt.get("done", 86_400)),
+        done_max=int(rt.get("done_max", 1_000_000)),
+        done_payload=bool(rt.get("done_payload", False)),
+        dead_s=float(rt.get("dead", 604_800)),
+        idempotency_s=float(rt.get("idempotency", 86_400)),
+        log_lines=lines,
+        log_bytes=size,
     )
 
 

@@ -15,7 +15,9 @@
     ├── UnknownSchedule            no loaded function declares a schedule of that id
     ├── StaleLease                 the worker's claim token no longer owns the job
     ├── JobFailed                  a called job ended dead or cancelled (carries its error)
-    ├── JobEnded                   a cancel of a job that ended already (its status)
+    ├── JobEnded                   a cancel or signal of a job that ended already (its status)
+    ├── SignalPending              a signal of that name is kept for the job already, unread
+    ├── SignalsFull                the job keeps its most signals (or bytes of them) unread
     ├── StillRunning               a call's or result's timeout passed before the job ended
     ├── RedisUnavailable           Redis could not be reached (the call wrote nothing)
     └── NotReplicated              written to the master, but fewer replicas than
@@ -28,16 +30,24 @@ Handler control flow, raised by user code and caught by the executor:
     PermanentFailure("why")        straight to the dead-letter queue
     Cancelled                      the job was cancelled: it ends cancelled, never retried
                                    (``ctx.raise_if_cancelled()`` raises it)
+    PermanentFailure
+    ├── StepTooLarge               a step's result past max_step_bytes, or the job's step log
+    │                              past 4 MiB or 1,000 steps (docs/durable.md)
+    └── NonDeterministicReplay     a replay reached a step other than the one recorded there
+    SignalTimeout                  ctx.wait_for_signal's timeout passed (the handler may catch it)
 
 Raised into a handler by the worker (BaseException, so ``except Exception`` in a handler
 cannot swallow it):
 
     JobTimeout                     the handler ran past its TIMEOUT
+    Suspend                        a durable call (ctx.sleep...) ends this run here; the job is
+                                   due again later (never seen by a handler that lets it pass)
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,16 +89,128 @@ class FunctionLoadError(RunnerError):
         return f"{path}:{self.line}: {self.message}" if self.line else f"{path}: {self.message}"
 
 
+def likely(name: str, known: Sequence[str]) -> str | None:
+    """The known name ``name`` is probably a misspelling of, or None: the nearest within
+    one edit per four letters (at least one; a swap of two neighbours is one edit, so
+    ``fv`` finds ``vf``), else difflib's closest above 0.6 similarity."""
+    if len(name) < 2 or not known:
+        return None
+    if len(name) > 100:
+        return None  # nobody misspells a name this long; comparing it would only cost time
+    typed = name.lower()
+    allowed = max(1, len(typed) // 4)
+    # The length gap is a lower bound of the distance: a name farther off costs no comparison.
+    near = sorted((d, k) for k in known
+                  if abs(len(k) - len(typed)) <= allowed and (d := _edits(typed, k.lower())) <= allowed)
+    if near:
+        return near[0][1]
+    import difflib  # here: only a typo pays for it
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _edits(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of two neighbours that turn a into b
+    (optimal string alignment distance)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+# How a server words a refused password (redis-py's AuthenticationError and link.py's
+# replies alike), and a password sent to a server that has none.
+_REFUSED = ("WRONGPASS", "invalid username-password", "invalid password")
+_NONE_GIVEN = ("NOAUTH", "Authentication required")
+_UNWANTED = ("called without any password configured", "no password is set")
+
+
+def password_problem(exc: BaseException | None) -> tuple[str, str] | None:
+    """What is wrong with the password when Redis answered and turned the credentials
+    down, as (what happened, what to do): not an outage, and the same words for every
+    command and process whichever client met it. None for any other failure. Told by the
+    messages along the exception's chain: a reading command never loads redis-py."""
+    seen = 0
+    while exc is not None and seen < 8:
+        text = str(exc)
+        if any(w in text for w in _UNWANTED):
+            return ("has no password, yet the URL gives one",
+                    "drop the password from the URL (redis://host:port/0), or set one on the server (requirepass)")
+        given = any(w in text for w in _REFUSED) or (
+            any(c.__name__ == "AuthenticationError" for c in type(exc).__mro__) and not any(
+                w in text for w in _NONE_GIVEN))
+        if given or any(w in text for w in _NONE_GIVEN):
+            # No "password: ..." in the words: a log's scrubber (urls.scrub) would hide them.
+            what = ("refused the password (it is wrong, or the user is unknown or disabled)" if given
+                    else "refused the connection: it wants a password, and the URL gives none")
+            return what, ("give the right password in the URL (redis://:PASSWORD@host:port/0, "
+                          "or redis://USER:PASSWORD@host:port/0 for an ACL user)")
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+# How a server words a setting of the URL it refuses when a connection opens (SELECT,
+# CLIENT SETNAME): (its words, the URL part, what to do).
+_REFUSED_SETTINGS = (
+    ("DB index is out of range", "the database number (the path, redis://host:port/N)",
+     "use a database below the server's `databases` setting (16 by default), or 0"),
+    ("value is not an integer or out of range", "the database number (the path, redis://host:port/N)",
+     "use a database below the server's `databases` setting (16 by default), or 0"),
+    ("Client names cannot contain", "the option client_name",
+     "use a name of printable ASCII without spaces (letters, digits, - _ . :), or leave it out"),
+)
+
+
+def setting_problem(exc: BaseException | None) -> str | None:
+    """What to say when Redis answered and refused a setting of the URL as a connection
+    opened (a database past the server's count, a client name with a space): the URL
+    part and what to do, for a command that would otherwise print redis-py's traceback.
+    None for any other failure."""
+    seen = 0
+    while exc is not None and seen < 8:
+        text = str(exc)
+        for words, part, todo in _REFUSED_SETTINGS:
+            if words in text:
+                return f"Redis refused {part} of the Redis URL ({text}): {todo}, in REDIS_URL or [redis] url"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def password_line(exc: BaseException | None) -> str | None:
+    """A long-running process's one line for a refused password (a worker's loops and its
+    start-up check, a web request's problem): what happened and what to change, in the
+    words of password_problem and without the URL (no address, no password). None for
+    any other failure."""
+    problem = password_problem(exc)
+    if problem is None:
+        return None
+    return f"Redis {problem[0]}; {problem[1]}, in REDIS_URL or the [redis] url of runner.toml, then restart"
+
+
 class UnknownFunction(RunnerError):
     def __init__(self, type_: str, known: Sequence[str] = (), broken: str | None = None) -> None:
         self.type = type_
         self.known = list(known)
         self.broken = broken
         if broken:
-            detail = f"its file did not load: {broken}"
-        else:
-            detail = f"loaded: {', '.join(self.known)}" if self.known else "no function is loaded"
-        super().__init__(f"unknown function {type_!r} ({detail})")
+            # Not "unknown": the function is there, its file is broken (a running `runner
+            # dev` may well serve its last good version).
+            super().__init__(f"function {type_!r} is broken: its file did not load: {broken}")
+            self.close = None
+            return
+        detail = f"loaded: {', '.join(self.known)}" if self.known else "no function is loaded"
+        # The close match of a misspelling, for every surface's message (CLI, HTTP).
+        self.close = likely(type_, self.known)
+        hint = f"; did you mean {self.close}?" if self.close else ""
+        super().__init__(f"unknown function {type_!r}{hint} ({detail})")
 
 
 class UnknownVersion(RunnerError):
@@ -101,10 +223,13 @@ class UnknownVersion(RunnerError):
 
 @dataclass(frozen=True, slots=True)
 class FieldError:
-    """One validation error: where in the payload (JSON path) and what is wrong."""
+    """One validation error: where in the payload (JSON path) and what is wrong. A ``note``
+    is no error of its own: it says that only the first error of the payload at ``path``
+    is listed (catalog/listing.py, LIST_BYTES); on the wire it is one more error."""
 
     path: str
     message: str
+    note: bool = False
 
     def as_dict(self) -> dict[str, str]:
         return {"path": self.path, "message": self.message}
@@ -115,6 +240,8 @@ class ValidationFailed(RunnerError):
         self.type = type_
         self.version = version
         self.errors = errors
+        # Every error is listed, or some payload's first only (a note says so).
+        self.complete = not any(e.note for e in errors)
         detail = "; ".join(f"{e.path}: {e.message}" for e in errors[:5])
         super().__init__(f"payload of {type_} v{version} is invalid: {detail}")
 
@@ -129,11 +256,37 @@ class InvalidGroup(ValidationFailed):
         self.args = (f"invalid group: {detail}",)
 
 
+class EventRejected(ValidationFailed):
+    """An event whose data some subscriber's newest schema rejects: every error of every
+    such subscriber (``rejections``: function -> its version and errors); nothing written."""
+
+    def __init__(self, name: str, rejections: dict[str, tuple[int, list[FieldError]]]) -> None:
+        self.name = name
+        self.rejections = rejections
+        errors = [FieldError(f"{fn}:{e.path}", e.message, e.note) for fn, (_, errs) in rejections.items()
+                  for e in errs]
+        super().__init__(name, 0, errors)
+        detail = "; ".join(f"{fn} v{v}: " + ", ".join(f"{e.path}: {e.message}" for e in errs[:3])
+                           for fn, (v, errs) in rejections.items())
+        self.args = (f"event {name!r} rejected, nothing was enqueued: {detail}",)
+
+
 class IdempotencyConflict(RunnerError):
     def __init__(self, key: str, job_id: str) -> None:
         self.key = key
         self.job_id = job_id
         super().__init__(f"idempotency key {key!r} is taken by job {job_id} with another payload")
+
+
+class EventConflict(IdempotencyConflict):
+    """An emit's Idempotency-Key held by an earlier emit of the same name with other data."""
+
+    def __init__(self, name: str, key: str, event_id: str) -> None:
+        super().__init__(key, event_id)
+        self.name = name
+        self.event_id = event_id
+        self.args = (f"idempotency key {key!r} of event {name!r} is held by event {event_id}, emitted with "
+                     "other data: use another key, or send the same data",)
 
 
 class JobNotFound(RunnerError):
@@ -149,7 +302,9 @@ class UnknownQueue(JobNotFound):
     def __init__(self, queue: str, known: Sequence[str]) -> None:
         self.queue = queue
         self.known = list(known)
-        RunnerError.__init__(self, f"no queue {queue!r} (queues: {', '.join(self.known)})")
+        self.close = likely(queue, self.known)
+        hint = f"; did you mean {self.close}?" if self.close else ""
+        RunnerError.__init__(self, f"no queue {queue!r}{hint} (queues: {', '.join(self.known)})")
         self.job_id = ""
 
 
@@ -191,6 +346,27 @@ class JobEnded(RunnerError):
         super().__init__(f"job {job_id} has ended already ({status})")
 
 
+class SignalPending(RunnerError):
+    """A signal of that name was sent to the job already and no wait has read it yet."""
+
+    def __init__(self, job_id: str, name: str) -> None:
+        self.job_id = job_id
+        self.name = name
+        super().__init__(f"job {job_id} holds a signal {name!r} that no wait has read yet: send the next one "
+                         "after its ctx.wait_for_signal took it")
+
+
+class SignalsFull(RunnerError):
+    """The job keeps as many signals (or bytes of them) unread as it may: none is kept
+    until its waits read some."""
+
+    def __init__(self, job_id: str, what: str) -> None:
+        self.job_id = job_id
+        self.what = what  # "count" or "bytes"
+        super().__init__(f"job {job_id} keeps its most signals unread already ({what}): send more after its "
+                         "ctx.wait_for_signal calls read the ones kept")
+
+
 class StillRunning(RunnerError):
     """The wait's timeout passed before the job ended; it may still end later."""
 
@@ -202,7 +378,25 @@ class StillRunning(RunnerError):
 
 class RedisUnavailable(RunnerError):
     """Redis could not be reached or refused the write. Nothing was written, unless the
-    connection was lost after a write went out: then its outcome is unknown."""
+    connection was lost after a write went out: then its outcome is unknown.
+
+    A batch (``enqueue_many``, ``enqueue_all``) that fails part-way says what became of
+    each job: ``results`` has one entry per request, as the call's return value would
+    (an Enqueued for a job written, the error that refused a job for itself), and None
+    for a job not written; ``undetermined`` lists the indexes of jobs whose call was in
+    flight when the connection went (written or not: retry them with an idempotency key).
+    Redis refusing a call (maxmemory, a read-only replica) leaves none undetermined: the
+    calls behind it are read too. ``written`` is the Enqueued entries."""
+
+    def __init__(self, *args: Any, results: Sequence[Any] | None = None,
+                 undetermined: Sequence[int] = ()) -> None:
+        super().__init__(*args)
+        self.results = list(results) if results is not None else []
+        self.undetermined = list(undetermined)
+
+    @property
+    def written(self) -> list[Any]:
+        return [r for r in self.results if r is not None and not isinstance(r, BaseException)]
 
 
 class NotReplicated(RunnerError):
@@ -305,16 +499,79 @@ class Cancelled(Exception):
     ``ctx.cancelled`` is true: the job ends cancelled, not retried."""
 
 
+class StepTooLarge(PermanentFailure, ValueError):
+    """A step's result over ``max_step_bytes``, or a step that would take the job's step log
+    past its bounds (4 MiB, 1,000 steps): not recorded, and the job goes to the dead letters,
+    as a retry would reach the same step and grow the log again."""
+
+
+class NonDeterministicReplay(PermanentFailure):
+    """A replay reached a step whose name differs from the one recorded at that position:
+    the handler took another path than the run that recorded the log, so its recorded
+    results cannot be trusted to belong to the steps asking for them."""
+
+
+class SignalTimeout(Exception):
+    """``ctx.wait_for_signal(name, timeout=...)`` saw no signal within its timeout."""
+
+
+class Suspend(BaseException):
+    """Raised by a durable call to end the run where it stands: the executor turns it into a
+    suspension (the job sleeps or waits, holding no worker slot). A BaseException, so a
+    handler's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, name: str, kind: str, delay_ms: int | None = None, at_ms: int = 0, index: int = 0,
+                 recorded: bool = False, signal: str = "", ends_ms: int | None = None, child: str = "") -> None:
+        self.name = name  # the step name as recorded (with #2... for a repeated name)
+        self.kind = kind  # "sleep", "signal" or "invoke"
+        self.delay_ms = delay_ms  # from the server's now (ctx.sleep), None for at_ms
+        self.at_ms = at_ms  # absolute epoch ms (ctx.sleep_until, or a recorded sleep's end)
+        self.index = index  # its position in the step log
+        self.recorded = recorded  # the log holds its entry already (resumed before its end)
+        self.signal = signal  # the signal a wait is for
+        self.ends_ms = ends_ms  # ms from now to the wait's end, when the job is due before it
+        self.child = child  # ctx.invoke's child job id
+        super().__init__(f"suspended at {kind} {name!r}")
+
+
 class JobTimeout(BaseException):
     """The handler ran past its TIMEOUT. A BaseException, like KeyboardInterrupt: a
     handler's ``except Exception`` must not turn a timed-out attempt into a success."""
 
 
+# A stored traceback's bound, in characters: a dead job's record is mostly its error, and
+# 500,000 dead jobs with whole tracebacks took a gigabyte of Redis. The log has them whole.
+MAX_TRACEBACK = 1200
+_TB_HEAD = 200  # of the bound: where it started; the rest goes to the frames nearest the raise
+
+
 def describe(exc: BaseException) -> dict[str, Any]:
-    """The error record kept on a job: type, message, trimmed traceback."""
+    """The error record kept on a job: type, message, trimmed traceback (its first lines
+    and its last, which hold the frames nearest the raise and the exception itself)."""
     import traceback
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    if len(tb) > 4000:
-        tb = tb[:1000] + "\n  ...\n" + tb[-2900:]
-    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": tb}
+    if len(tb) > MAX_TRACEBACK:
+        lines = tb.splitlines(keepends=True)
+        head: list[str] = []
+        while lines and sum(map(len, head)) + len(lines[0]) <= _TB_HEAD:
+            head.append(lines.pop(0))
+        tail: list[str] = []
+        room = MAX_TRACEBACK - sum(map(len, head)) - 40  # the marker
+        while lines and sum(map(len, tail)) + len(lines[-1]) <= room:
+            tail.insert(0, lines.pop())
+        if not tail:  # one line longer than the bound (a huge exception message)
+            tail = [tb[-room:]]
+        tb = "".join(head) + f"  ... {len(lines)} lines, frames left out ...\n" + "".join(tail)
+    return {"type": type(exc).__name__, "message": _utf8(str(exc)[:2000]), "traceback": _utf8(tb)}
+
+
+def _utf8(text: str) -> str:
+    """``text`` with U+FFFD for each lone surrogate (a name read surrogate-escaped, say a
+    file name that was not UTF-8): JSON takes no lone surrogate, and an error record that
+    cannot be written would cost the job its outcome (its lease lapses, it runs again)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return re.sub("[\ud800-\udfff]", "\ufffd", text)
+    return text

@@ -16,11 +16,12 @@ group's outcomes hash, kept for the done retention after the group completes.
 
 There is no polling task: each member's settle (ack, bury, the lease reclaim's "worker
 lost", a cancel ended by cancel.lua, the claim or a release) counts it down in its own
-script step, once (lua/_lib.lua: group_settle),
+script step, once (lua/includes/groups.lua: group_settle),
 and the step that finishes the last member writes the then-job. So the members must
 share one queue (one hash tag, one Cluster slot); a request whose members run on several
 queues is refused. The then-job may run on any queue: on another it goes through the
-members' queue's outbox and the relay, like a follow-up.
+members' queue's outbox and the relay, like a follow-up, and so does a then-job of the
+members' queue whose keys route it to another partition (docs/partitions.md).
 
 Everything is validated before anything is written; the members are then written in
 chunks of CHUNK, in one round trip, and the last chunk seals the group (an unsealed group
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from runner.catalog.listing import one_request
 from runner.errors import (
     FieldError,
     InvalidGroup,
@@ -45,12 +47,12 @@ from runner.errors import (
     UnknownVersion,
     ValidationFailed,
 )
-from runner.store import codec, records
-from runner.store.connection import UNAVAILABLE
+from runner.store import codec, records, routing
+from runner.store.connection import UNAVAILABLE, unreachable
 from runner.store.scripts import NewJob, job_entry
 
 if TYPE_CHECKING:
-    from runner.client import Client, Request, _Prepared
+    from runner.client import Client, Prepared, Request
 
 MAX_MEMBERS = 100_000
 CHUNK = 500  # members per script call: each call's work stays small
@@ -98,7 +100,7 @@ def _meta(meta: str, **fields: Any) -> str:
     return codec.dumps({**base, **fields})
 
 
-def _prepared(client: Client, req: Request, path: str, errors: list[FieldError]) -> _Prepared | None:
+def _prepared(client: Client, req: Request, path: str, errors: list[FieldError]) -> Prepared | None:
     """One job validated, its problems added to ``errors`` under ``path``."""
     if req.idempotency_key is not None:
         errors.append(FieldError(path, "a group's job takes no idempotency key"))
@@ -106,14 +108,21 @@ def _prepared(client: Client, req: Request, path: str, errors: list[FieldError])
     try:
         return client.prepare(req)
     except ValidationFailed as exc:
-        errors += [FieldError(f"{path}.payload{e.path[1:]}", e.message) for e in exc.errors]
+        errors += [replace(e, path=f"{path}.payload{e.path[1:]}") for e in exc.errors]
     except (UnknownFunction, UnknownVersion) as exc:
         errors.append(FieldError(f"{path}.type", str(exc)))
     return None
 
 
 def build(client: Client, members: Sequence[Request], then: Request) -> tuple[Group, list[NewJob], NewJob]:
-    """Validate a group and build its jobs; raises InvalidGroup with every problem."""
+    """Validate a group and build its jobs; raises InvalidGroup with every problem. One
+    request: its payloads share one pattern budget and one limit on listed errors
+    (catalog/listing.py)."""
+    with one_request():
+        return _build(client, members, then)
+
+
+def _build(client: Client, members: Sequence[Request], then: Request) -> tuple[Group, list[NewJob], NewJob]:
     errors: list[FieldError] = []
     if not 1 <= len(members) <= MAX_MEMBERS:
         errors.append(FieldError("$.members", f"a group has 1 to {MAX_MEMBERS} members, not {len(members)}"))
@@ -152,23 +161,83 @@ def build(client: Client, members: Sequence[Request], then: Request) -> tuple[Gr
     return group, jobs, then_job
 
 
+def _part_way(group: Group, jobs: Sequence[NewJob], written_ids: set[str],
+              failed: BaseException) -> RedisUnavailable:
+    """RedisUnavailable for a group whose calls Redis refused (maxmemory) part-way: the
+    members written run, and the group is never sealed (its then-job never runs; it
+    expires after the keep time). ``results`` has one entry per member, as
+    enqueue_many's: an Enqueued where written, None where not."""
+    from runner.client import Enqueued
+
+    results: list[Any] = [
+        Enqueued(j.id, j.type, j.version, group.queue, "scheduled" if j.run_at_ms or j.delay_ms else "queued")
+        if j.id in written_ids else None for j in jobs]
+    written = len(written_ids)
+    exc = unreachable(failed, f"; {written} of {len(results)} member(s) written (they run), group {group.id} "
+                              "not sealed: its then-job never runs")
+    exc.results = results
+    exc.__cause__ = failed
+    return exc
+
+
 def create(client: Client, members: Sequence[Request], then: Request) -> Group:
     """Validate, then write every member and seal the group in one round trip."""
     group, jobs, then_job = build(client, members, then)
     rt = client.runtime
     k = rt.keys[group.queue]
-    entry = codec.dumps(job_entry("" if group.then_queue == group.queue else group.then_queue, then_job))
+    # The then-job is written by the step that counts the last member down, in the group's
+    # partition: one whose keys route it to another partition of that queue goes through the
+    # outbox and the relay instead (as a then-job of another queue does), so it meets the
+    # other jobs of its lock there.
+    here = group.then_queue == group.queue and routing.stays(then_job, k.partition, k.partitions)
+    entry = codec.dumps(job_entry("" if here else group.then_queue, then_job))
     keep_ms = int(rt.config.retention.done_s * 1000)
-    chunks = [jobs[i:i + CHUNK] for i in range(0, len(jobs), CHUNK)]
+    # On a partitioned queue a member goes where its keys route it, as any job, so that
+    # its locks meet the other jobs of its keys; the group counts it in here, and its
+    # settle there sends the count here through the outbox and the relay. Those members
+    # are written after the group, and the group sealed after them (three round trips:
+    # a count never finds no group, and a group never fires before its members exist).
+    away: dict[int, list[NewJob]] = {}
+    here_jobs = jobs
+    if k.partitions > 1:
+        here_jobs = []
+        for j in jobs:
+            key = routing.route(j)
+            p = routing.partition_of(key, k.partitions) if key else k.partition
+            (here_jobs if p == k.partition else away.setdefault(p, [])).append(j)
+    also = sum(len(v) for v in away.values())
+    chunks = [here_jobs[i:i + CHUNK] for i in range(0, len(here_jobs), CHUNK)] or [[]]
     try:
         batch = rt.scripts.batch()
         for n, chunk in enumerate(chunks):
-            rt.scripts.group(k, group.id, chunk, first=n == 0, seal=n == len(chunks) - 1, then=entry,
-                             inline_bytes=INLINE_BYTES, keep_ms=keep_ms, pipe=batch)
-        replies = batch.execute()
+            rt.scripts.group(k, group.id, chunk, first=n == 0, seal=n == len(chunks) - 1 and not away, then=entry,
+                             inline_bytes=INLINE_BYTES, keep_ms=keep_ms, pipe=batch, also=also if n == 0 else 0)
+        replies = batch.execute(raise_on_error=False)
+        written = {j.id for chunk, r in zip(chunks, replies, strict=True)
+                   if not isinstance(r, BaseException) and int(r[0]) >= 0 for j in chunk}
+        failed = [r for r in replies if isinstance(r, BaseException)]
+        if failed:
+            raise _part_way(group, jobs, written, failed[0])
+        refused = [r for r in replies if int(r[0]) < 0]
+        if refused:  # an id collision or a group gone mid-write: never expected
+            raise RunnerError(f"group {group.id}: refused by Redis ({refused[0][0]})")
+        if away:
+            batch = rt.scripts.batch()
+            parts: list[list[NewJob]] = []
+            for p, part in away.items():
+                for i in range(0, len(part), CHUNK):
+                    parts.append(part[i:i + CHUNK])
+                    rt.scripts.enqueue(rt.parts[group.queue][p], parts[-1], pipe=batch)
+            replies = batch.execute(raise_on_error=False)
+            failed = [r for r in replies if isinstance(r, BaseException)]
+            if failed:
+                written |= {j.id for part, r in zip(parts, replies, strict=True)
+                            if not isinstance(r, BaseException) for j in part}
+                raise _part_way(group, jobs, written, failed[0])
+            reply = rt.scripts.group(k, group.id, [], first=False, seal=True, then=entry,
+                                     inline_bytes=INLINE_BYTES, keep_ms=keep_ms)
+            if int(reply[0]) < 0:
+                raise RunnerError(f"group {group.id}: refused by Redis ({reply[0]})")
     except UNAVAILABLE as exc:
-        raise RedisUnavailable(f"Redis is unreachable: {exc}") from exc
-    refused = [r for r in replies if int(r[0]) < 0]
-    if refused:  # an id collision or a group gone mid-write: never expected
-        raise RunnerError(f"group {group.id}: refused by Redis ({refused[0][0]})")
+        raise unreachable(exc) from exc
     return group

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
-from runner.store import tagset
-from runner.store.keys import QueueKeys, for_partitions, home_partition
+from runner.store import routing, tagset
+from runner.store.keys import QueueKeys, for_partitions, home_partition, partition_tags, place_prefix
 
 if TYPE_CHECKING:
     from runner.catalog.registry import Registry
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from runner.store.waiter import Waiter
 
 RETRY_S = 1.0  # after the recorded partition tags could not be read
+# A count of partitions is looked up this long past the done retention after a process
+# last routed by it: its jobs' keys outlive their enqueue by up to their run and a retention.
+KEEP_MARGIN_S = 3600.0
 
 
 def layout(config: Config) -> tuple[dict[str, QueueKeys], dict[str, list[QueueKeys]]]:
@@ -40,12 +44,16 @@ class Runtime:
     # first, then those of other counts still recorded (draining; the list only grows,
     # so an index a claimed job carries stays valid).
     parts: dict[str, list[QueueKeys]] = field(default_factory=dict)
+    # Per queue with other counts of partitions processes routed by lately (tagset.py):
+    # where those counts put keyed jobs, looked up too (routing.Placement).
+    placements: dict[str, routing.Placement] = field(default_factory=dict)
     _registry: Registry | None = None
     _scripts: Scripts | None = None
     _waiter: Waiter | None = None
     _discovered_at: float = float("-inf")
     _recorded_at: float = float("-inf")
     _discovering: threading.Lock = field(default_factory=threading.Lock)
+    _swapped: list[Callable[[], None]] = field(default_factory=list)  # told of a registry swap
 
     @classmethod
     def create(cls, config: Config, reg: Registry | None = None, *, lazy: bool = False, reader: bool = False,
@@ -88,9 +96,10 @@ class Runtime:
         with self._discovering:  # threads of one process (web threads, the scheduler) append once
             now = time.monotonic()
             try:
-                recorded = tagset.record_and_read(
+                seen = tagset.record_and_read_all(
                     self.redis, prefix, {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items()},
-                    record=record)
+                    {q: c.partitions for q, c in self.config.queues.items()}, record=record,
+                    keep_s=self.key_life_s)
             except Exception as exc:  # a damaged set must not stop a process: its own tags serve
                 # Look again in a second, not on every call: while Redis is away each
                 # enqueue would otherwise wait out a failed connection twice.
@@ -110,13 +119,50 @@ class Runtime:
             if record:
                 self._recorded_at = now
             new: list[QueueKeys] = []
-            for q, tags in recorded.items():
+            for q, tags in seen.tags.items():
                 extra = tagset.draining_keys(prefix, q, self.parts[q], tags)
                 self.parts[q].extend(extra)
                 new += extra
+            self.placements = {q: self._placement(q, others) for q, c in seen.counts.items()
+                               if (others := tuple(n for n in c if n != self.config.queues[q].partitions))}
+            if self._scripts is not None:
+                self._scripts.changing = frozenset(self.placements)
+            if record:
+                self._keep_counts(seen)
         if new and self._waiter is not None:
             self._waiter.extend([k.ended for k in new])
         return new
+
+    @property
+    def key_life_s(self) -> float:
+        """How long a key may live in a partition after its last job there: the longest of
+        the done and idempotency retentions, and a margin for hosts' clocks. An old count
+        is looked up that long after a process last routed by it (tagset.py)."""
+        ret = self.config.retention
+        return max(ret.done_s, ret.idempotency_s) + KEEP_MARGIN_S
+
+    def _keep_counts(self, seen: tagset.Recorded) -> None:
+        """Say again each old count one of whose partitions is still recorded (a job
+        waits there, delayed for hours, or a busy key keeps going there, or it drained
+        less than a retention ago): its keys there are looked up as long as they may
+        live, however long ago its last producer stopped."""
+        keep: dict[str, list[int]] = {}
+        for q, counts in seen.counts.items():
+            own = set(partition_tags(q, self.config.queues[q].partitions))
+            recorded = set(seen.tags.get(q, ())) - own
+            keep[q] = [m for m in counts if m != self.config.queues[q].partitions
+                       and recorded & set(partition_tags(q, m))]
+        if any(keep.values()):
+            tagset.say_counts(self.redis, self.config.redis.prefix, keep)
+
+    def _placement(self, queue: str, others: tuple[int, ...]) -> routing.Placement:
+        """Where the ``others`` counts put a keyed job of ``queue``: each count's partitions
+        by index, as this process's keys (None for a tag no longer recorded: drained)."""
+        by_tag = {k.tag: k for k in self.parts[queue]}
+        return routing.Placement(tuple((m, tuple(by_tag.get(t) for t in partition_tags(queue, m)))
+                                       for m in others),
+                                 claims=place_prefix(self.config.redis.prefix, queue),
+                                 claim_ms=int(self.key_life_s * 1000))
 
     def record_due(self) -> bool:
         """Whether a producer's next enqueue records its partition tags (see discover_due)."""
@@ -136,17 +182,19 @@ class Runtime:
             from runner.store.scripts import Scripts
 
             r = self.config.redis
-            self._scripts = Scripts(self.redis, replicas=r.wait_replicas, replica_timeout_s=r.wait_timeout_s)
+            self._scripts = Scripts(self.redis, replicas=r.wait_replicas, replica_timeout_s=r.wait_timeout_s,
+                                    mark_ms=int((self.config.retention.done_s + KEEP_MARGIN_S) * 1000))
+            self._scripts.changing = frozenset(self.placements)
         return self._scripts
 
     @property
     def read_scripts(self) -> ScriptRunner:
         """What runs the read-only scripts (records.lookup): ``scripts``, or on a Link (a
         ``reader`` runtime's) batches of the Link's own, which import no redis-py."""
-        from runner.store import link
+        from runner.store import link, transport
 
         if isinstance(self.redis, link.Link):
-            return link.Scripts(self.redis)
+            return transport.LinkScripts(self.redis)
         return self.scripts
 
     @property
@@ -172,6 +220,14 @@ class Runtime:
     @registry.setter
     def registry(self, reg: Registry) -> None:
         self._registry = reg
+        for tell in list(self._swapped):
+            tell()
+
+    def on_swap(self, tell: Callable[[], None]) -> Callable[[], None]:
+        """Call ``tell`` whenever a new registry is swapped in (a reload), so a part that
+        sleeps long (the ticker) adopts it at once; returns what undoes it."""
+        self._swapped.append(tell)
+        return lambda: self._swapped.remove(tell)
 
     def reload(self) -> Registry:
         """Load functions/ and schemas/ again; broken files keep their last good version."""
@@ -183,4 +239,7 @@ class Runtime:
     def close(self) -> None:
         if self._waiter is not None:
             self._waiter.stop()
+        watch = getattr(getattr(self.redis, "connection_pool", None), "runner_watch", None)
+        if watch is not None:  # a Sentinel client's (store/sentinel.py)
+            watch.close()
         self.redis.close()

@@ -8,7 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +25,8 @@ def tools() -> tuple[str, str]:
     if binary is None or cli is None:
         if os.environ.get("CI"):
             raise RuntimeError("CI must install redis-server and redis-tools (redis-cli)")
-        pytest.skip("Debian's redis-server and redis-cli are not installed here")
+        pytest.skip("Debian's redis-server and redis-cli are not installed here "
+                    "(apt-get install redis-server redis-tools runs these)")
     return binary, cli
 
 
@@ -73,9 +74,11 @@ def replicas_connected(masters: list[Server]) -> bool:
 
 @contextmanager
 def local_cluster(root: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 2000,
-                  ) -> Iterator[list[Server]]:
+                  extra: Sequence[str] = ()) -> Iterator[list[Server]]:
     """``masters`` masters with ``replicas`` replicas each, every slot covered; the servers
-    in the order ``redis-cli`` was given them (masters first)."""
+    in the order ``redis-cli`` was given them (masters first). ``extra``: more arguments
+    for every node (``--cluster-require-full-coverage no`` keeps the other shards serving
+    while one is down)."""
     binary, cli = tools()
     servers: list[Server] = []
     try:
@@ -84,7 +87,7 @@ def local_cluster(root: Path, masters: int = 3, replicas: int = 0, node_timeout_
             servers.append(Server(d, port=cluster_port(), binary=binary, extra=[
                 "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
                 "--cluster-node-timeout", str(node_timeout_ms),
-                "--repl-diskless-sync-delay", "0",
+                "--repl-diskless-sync-delay", "0", *extra,
             ]).start())
         subprocess.run(
             [cli, "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],

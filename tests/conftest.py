@@ -138,7 +138,7 @@ def any_server(request: pytest.FixtureRequest, server: Server) -> Server:
         return server
     s = request.getfixturevalue("redis7_server")
     if s is None:
-        pytest.skip("Debian's redis-server is not installed here")
+        pytest.skip("Debian's redis-server is not installed here (apt-get install redis-server runs these)")
     return s
 
 
@@ -302,7 +302,7 @@ def any_project(tmp_path: Path, any_server: Server) -> Iterator[Project]:
 
 
 def done_ids(r: Any, k: Any) -> list[str]:
-    """The ids with a done outcome in any generation kept (see _lib.lua: done_gen); every
+    """The ids with a done outcome in any generation kept (see includes/done.lua: done_gen); every
     id of a generation is in its log too."""
     gen = int(r.hget(k.done_meta, "gen") or 0)
     out: list[str] = []

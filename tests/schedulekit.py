@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from runner.catalog.schedules import iso
+from runner.store import records
 from runner.store.keys import clock_offset
 
-from conftest import Project, done_ids, view
+from conftest import Project, done_ids
 
 TEST_ENV = {"RUNNER_TEST_SCHEDULES": "1"}
 OPEN_SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}
@@ -74,22 +75,26 @@ def set_clock(project: Project, now_ms: int) -> None:
 
 
 def jobs_of(project: Project, queue: str = "fast") -> list[dict[str, Any]]:
-    """Every job of a queue that a schedule enqueued: its id, schedule, tick, payload (a
-    done job keeps none: QUICK returns its payload, so its result stands in)."""
-    k = project.keys(queue)
+    """Every job of a queue that a schedule enqueued, in whichever of its partitions it
+    lives: its id, schedule, tick, payload (a done job keeps none: QUICK returns its
+    payload, so its result stands in) and the tag of its partition."""
     r = project.runtime.redis
-    pattern = k.job_prefix.replace("{", "\\{").replace("}", "\\}") + "*"
-    ids = {key[len(k.job_prefix):] for key in r.scan_iter(match=pattern, count=1000) if not key.endswith(":s")}
     out = []
-    for job_id in sorted(ids | set(done_ids(r, k))):
-        rec = view(project, job_id, queue)
-        if rec.get("meta"):
-            m = json.loads(rec["meta"])
-            out.append({"id": job_id, "schedule": m.get("schedule"), "tick": m.get("tick"),
-                        "trigger": m.get("trigger"),
-                        "payload": json.loads(rec.get("payload") or rec.get("result") or "null"),
-                        "status": rec.get("status")})
-    return out
+    for k in project.runtime.parts[queue]:
+        pattern = k.job_prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+        ids = {key[len(k.job_prefix):] for key in r.scan_iter(match=pattern, count=1000)
+               if not key.endswith(":s")}
+        for job_id in sorted(ids | set(done_ids(r, k))):
+            rec, state, claim, outcome = project.runtime.scripts.lookup(k, job_id)
+            rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
+            v = records.view(job_id, rec, state or [], claim or None, outcome or None)
+            if v.get("meta"):
+                m = json.loads(v["meta"])
+                out.append({"id": job_id, "schedule": m.get("schedule"), "tick": m.get("tick"),
+                            "trigger": m.get("trigger"),
+                            "payload": json.loads(v.get("payload") or v.get("result") or "null"),
+                            "status": v.get("status"), "tag": k.tag})
+    return sorted(out, key=lambda j: j["id"])
 
 
 def ticks(project: Project, schedule: str, queue: str = "fast") -> list[str]:

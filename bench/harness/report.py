@@ -94,6 +94,35 @@ def io_table(res: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def light_table(res: dict[str, Any]) -> list[str]:
+    """Light load (issue 53): each system's cost per job while jobs arrive one at a time
+    at the latency scenario's rate, beside Huey's; the targets are runner's worker CPU and
+    Redis CPU per job at most Huey's, and at most 15 Redis commands per job."""
+    systems = res["systems"]
+    rows = {n: s for n, s in systems.items() if s.get("light")}
+    if not rows:
+        return []
+    rate = res.get("config", {}).get("rate", 500.0)
+    huey = (systems.get("huey") or {}).get("light") or {}
+    out = [f"**Light load** ({rate:,.0f} jobs/s offered one at a time, open loop, to idle workers: the latency "
+           "scenario above. Per job: the workers' CPU, the server's CPU (INFO cpu) and its commands, those "
+           "inside scripts counted (INFO commandstats), script calls in parentheses. `÷ Huey` is the figure "
+           "over Huey's: at most 1.00 is the target for runner)", "",
+           "| system | mode | worker CPU ms/job | ÷ Huey | Redis CPU ms/job | ÷ Huey | Redis cmds/job (scripts) | "
+           "p50 / p99 ms |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in rows.items():
+        lt, lat = s["light"], s.get("latency") or {}
+        cmds, scr = lt.get("commands_per_job"), lt.get("script_calls_per_job")
+        cmdcell = cell(cmds, 1) + (f" ({_num(scr['median'], 2)})" if scr and scr["median"] >= 0.05 else "")
+        cpu = {k: (cell(lt.get(k), 3), "" if name == "huey" else ratio(lt.get(k), huey.get(k)))
+               for k in ("worker_cpu_ms_per_job", "redis_cpu_ms_per_job")}
+        out.append(
+            f"| {s['label']} | {s.get('note', '')} | {' | '.join(cpu['worker_cpu_ms_per_job'])} | "
+            f"{' | '.join(cpu['redis_cpu_ms_per_job'])} | {cmdcell} | "
+            f"{cell(lat.get('p50_ms'), 2)} / {cell(lat.get('p99_ms'), 2)} |")
+    return [*out, ""]
+
+
 def memory_table(res: dict[str, Any]) -> list[str]:
     """Redis memory per job in the no-op drain: while queued, and still held once every
     job ran (what each system keeps by default: records, results, acked messages)."""
@@ -254,6 +283,11 @@ def extras_md(x: dict[str, Any]) -> list[str]:
         from harness import flow
 
         out += flow.markdown(x["flow"])
+    ev = x.get("events")
+    if ev and "error" not in ev:
+        out += [f"**Events (issue 50)**: one producer thread, {ev['emits']:,} each, same run: enqueue of one job "
+                f"{_num(ev['enqueue_per_s'])}/s; emit to 1 subscriber {_num(ev['emit_1_per_s'])}/s; emit to 5 "
+                f"subscribers on 2 queues {_num(ev['emit_5_per_s'])}/s ({_num(5 * ev['emit_5_per_s'])} jobs/s).", ""]
     return out
 
 
@@ -288,6 +322,7 @@ def markdown(res: dict[str, Any]) -> str:
               "job's start to the last's. Enqueue->start latency: idle workers, 500 jobs/s offered "
               "open loop. Redis commands per job count the commands inside scripts too; the "
               "figure in parentheses is script calls (EVALSHA) per job.", ""]
+    lines += light_table(res)
     lines += io_table(res)
     lines += memory_table(res)
     lines += limits(res)

@@ -6,7 +6,8 @@ drain     enqueue N no-op jobs first, then start 2 worker processes; jobs/s from
           Redis CPU ms per job.
 enqueue   one producer process, one call per job ("single") or the bulk API ("batch").
 latency   idle, warmed-up workers; jobs offered at a fixed rate, open loop; each job's
-          start time minus the time its producer called enqueue: p50/p99.
+          start time minus the time its producer called enqueue: p50/p99; worker and
+          Redis CPU ms per job and commands per job while the jobs are offered.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def enqueue(env: Env, sysm: System, n: int, mode: str, max_s: float) -> dict[str
 def latency(
     env: Env, sysm: System, n: int, rate: float, warmup: int = 100, before_workers: Hook = None
 ) -> dict[str, Any]:
-    flush(env)
+    st = flush(env)
     if before_workers is not None:
         before_workers()
     probe = fresh_dir(env.work, "probe")
@@ -178,17 +179,28 @@ def latency(
         if warm.count < warmup:
             raise RuntimeError(f"{sysm.name}: warm-up jobs did not run within 60 s")
         time.sleep(0.5)  # let every worker go idle (blocked in its wait)
+        # CPU and commands from here to the last job's start: the cost of light load, where
+        # each job arrives alone (the producer's own commands count; its CPU does not).
+        st.reset()
+        cpu0, redis0 = group.cpu_s(), st.cpu_s()
         sent = sysm.drive(env.url, probe, "rate", "--n", str(n), "--rate", str(rate),
                           "--max-seconds", str(n / rate * 2 + 5), timeout_s=n / rate * 2 + 60)
         done = wait_count(probe, warmup + int(sent["n"]), 20, group)
+        cpu1, redis1 = group.cpu_s(), st.cpu_s()
+        cmds = server.summarize(st.commands(), int(sent["n"]))
     finally:
         group.stop()
     lat_ms = [x * 1000 for x in done.lat]
+    offered = max(1, int(sent["n"]))
     return {
         "p50_ms": pct(lat_ms, 0.50), "p99_ms": pct(lat_ms, 0.99), "max_ms": max(lat_ms, default=0),
         "jobs": len(lat_ms), "offered": int(sent["n"]), "rate": rate,
         "producer_late_max_ms": sent["late_max_ms"],
         "complete": len(lat_ms) >= int(sent["n"]),
+        "worker_cpu_ms_per_job": 1000 * (cpu1 - cpu0) / offered,
+        "redis_cpu_ms_per_job": 1000 * (redis1 - redis0) / offered,
+        "commands_per_job": cmds["commands_per_job"], "script_calls_per_job": cmds["script_calls_per_job"],
+        "commands": cmds["top"],
     }
 
 

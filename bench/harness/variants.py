@@ -17,16 +17,16 @@ from harness.systems import BENCH, PEERS_DIR, REPO, runner_src
 
 # (file, text, replacement): every one must apply, or the build is refused.
 METRICS_OFF = [
-    ("store/lua/_lib.lua", "local function bump(fields)\n",
+    ("store/lua/includes/stats.lua", "local function bump(fields)\n",
      "local function bump(fields)\n  if true then return end\n"),
-    ("store/lua/_lib.lua", "local function tally(field)\n",
+    ("store/lua/includes/stats.lua", "local function tally(field)\n",
      "local function tally(field)\n  if true then return end\n"),
-    ("store/lua/_lib.lua", "local function flush(stats_key)\n",
+    ("store/lua/includes/stats.lua", "local function flush(stats_key)\n",
      "local function flush(stats_key)\n  if true then return end\n"),
-    ("store/lua/_lib.lua", "    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)\n", ""),
+    ("store/lua/includes/jobs.lua", "    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)\n", ""),
     ("store/lua/ack.lua", "  if type(redis.pcall('HINCRBY', tk, 'done', #done_ids)) == 'number' then\n"
                           "    redis.call('PEXPIRE', tk, 21600000)\n  end\n", ""),
-    ("worker/settler.py", 'fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)',
+    ("worker/entries.py", 'fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)',
      'fields = ""'),
 ]
 

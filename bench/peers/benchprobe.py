@@ -79,6 +79,13 @@ def _after_fork() -> None:
 
 os.register_at_fork(after_in_child=_after_fork)
 
+# The reporter starts at import, not at the first job: a process-isolated runner child
+# imports its functions before its first job, and a thread started by a handler is one it
+# left running (the child is then replaced, never reused). A forked worker starts its own
+# at its first hit (_after_fork).
+if _DIR:
+    _start()
+
 
 _WORK = os.environ.get("BENCH_WORK", "")
 if _WORK not in ("", "incr", "sleep"):

@@ -8,7 +8,7 @@ checked and compiled at load as before, so a broken schema is still reported at 
 
 An entry is keyed by the SHA-256 of the file's path and text and holds the warnings its
 load gave. The file holds the entries of one set of versions: runner's, the code that
-checks (schemas.py), and the installed copies of jsonschema and jsonschema-rs; any change
+checks (schemas.py, keywords.py), and the installed copies of jsonschema and jsonschema-rs; any change
 and it starts empty.
 It is only a shortcut: missing, damaged, unreadable or unwritable, it is ignored.
 """
@@ -25,9 +25,11 @@ from pathlib import Path
 
 import orjson
 
-from runner.config import STATE_DIR, Config
+from runner.config import STATE_DIR, Config, state_dir
 
-FORMAT = 1
+# 2: a backtracking pattern is a warning (schemas.py reads it back); 3: so is a backtracking
+# patternProperties key, and a schema matching one unbounded is refused.
+FORMAT = 3
 FILE = "schemas.json"
 
 
@@ -53,10 +55,10 @@ def _installed(module: str) -> str:
 def _versions() -> list[str] | None:
     """What a check's outcome depends on besides the schema; None when it cannot be told."""
     from runner import __version__
-    from runner.catalog import schemas
+    from runner.catalog import keywords, schemas
 
     try:
-        code = hashlib.sha256(Path(schemas.__file__).read_bytes()).hexdigest()
+        code = hashlib.sha256(b"".join(Path(str(m.__file__)).read_bytes() for m in (schemas, keywords))).hexdigest()
         return [__version__, code, _installed("jsonschema"), _installed("jsonschema_rs")]
     except (OSError, ValueError, ImportError):
         return None
@@ -106,7 +108,7 @@ class Checked:
         # A name of this thread's own: registries load in several threads and processes.
         tmp = self.file.with_name(f"{FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
+            state_dir(self.file.parent.parent)  # .runner/, git-ignored
             tmp.write_bytes(body)
             os.replace(tmp, self.file)  # whole or not at all, for a process reading it now
         except OSError:

@@ -13,8 +13,10 @@ server's settings and hands them over.
 
 from __future__ import annotations
 
+import ast
+import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 from runner import config as config_mod
 from runner.catalog import registry as registry_mod
 from runner.catalog.partitioning import Change, split_keys
-from runner.catalog.registry import Registry
+from runner.catalog.registry import Function, Registry
 from runner.config import Config
 from runner.errors import ConfigError
 
@@ -108,6 +110,7 @@ def check_files(path: str | Path | None, env: Mapping[str, str] | None = None) -
         report.problems.append(Problem(where, message, "warning"))
     report.problems.extend(orphan_schemas(cfg))
     report.problems.extend(token_problems(cfg, reg))
+    report.problems.extend(trigger_problems(reg))
     for fn in sorted(reg.functions.values(), key=lambda f: f.name):
         q = cfg.queues.get(fn.queue)
         report.problems.extend(Problem(fn.path, w, "warning") for w in split_keys(fn, q.partitions if q else 1))
@@ -121,12 +124,70 @@ def token_problems(cfg: Config, reg: Registry) -> list[Problem]:
     out = [Problem("config", line) for line in config_mod.unset_secrets(cfg)] if cfg.api.auth else []
     for t in cfg.api.tokens:
         for scope in sorted(t.scopes):
+            if scope.startswith("emit:"):  # an event nobody subscribes to yet is still an event
+                continue
             name = scope.partition(":")[2]
             if name and name not in reg.functions and not (cfg.functions_dir / f"{name}.py").exists():
                 have = ", ".join(sorted(reg.functions)) or "none"
                 out.append(Problem("config", f"{cfg.source}: api.tokens.{t.name}.scopes: {scope} names no "
                                              f"function (have: {have}); fix the name or add "
                                              f"{cfg.functions_dir / name}.py"))
+    return out
+
+
+def _types(schema: Any) -> set[str] | None:
+    """The JSON types a schema admits by its "type" (None: any); "integer" is a "number"."""
+    if schema is False:
+        return set()
+    if not isinstance(schema, Mapping) or "type" not in schema:
+        return None
+    t = schema["type"]
+    types = {t} if isinstance(t, str) else {x for x in t if isinstance(x, str)} if isinstance(t, list) else set()
+    return types | ({"integer"} if "number" in types else set())
+
+
+def _clash(a: set[str] | None, b: set[str] | None) -> bool:
+    return a is not None and b is not None and not (a & b)
+
+
+def trigger_problems(reg: Registry) -> list[Problem]:
+    """An event no data could satisfy: its subscribers' newest schemas contradict each
+    other (the document's type, or the type of a field one of them requires, or a field
+    one requires that another's additionalProperties: false forbids), so every emit of it
+    would be refused. Checked on the schemas' own words, not on every keyword."""
+    by_event: dict[str, list[Function]] = {}
+    for fn in reg.functions.values():
+        for name in fn.triggers:
+            by_event.setdefault(name, []).append(fn)
+    out = []
+    for name, subs in sorted(by_event.items()):
+        subs.sort(key=lambda f: f.name)
+        docs = [(f, f.versions.schemas[f.versions.newest].document) for f in subs]
+        why = None
+        for i, (fa, da) in enumerate(docs):
+            if _types(da) == set():
+                why = f"{fa.name}'s v{fa.versions.newest} schema admits nothing"
+            for fb, db in docs[i + 1:]:
+                if _clash(_types(da), _types(db)):
+                    why = f"{fa.name} and {fb.name} want data of types {sorted(_types(da) or ())} and " \
+                          f"{sorted(_types(db) or ())}"
+                for x, dx, y, dy in ((fa, da, fb, db), (fb, db, fa, da)):
+                    if not isinstance(dx, Mapping) or not isinstance(dy, Mapping):
+                        continue
+                    props_x, props_y = dx.get("properties") or {}, dy.get("properties") or {}
+                    for field_ in dx.get("required") or []:
+                        if field_ not in props_y and dy.get("additionalProperties") is False:
+                            why = f"{x.name} requires field {field_!r}, which {y.name} forbids " \
+                                  "(additionalProperties: false)"
+                        elif field_ in props_y and _clash(_types(props_x.get(field_)), _types(props_y[field_])):
+                            why = f"{x.name} and {y.name} want field {field_!r} of types " \
+                                  f"{sorted(_types(props_x.get(field_)) or ())} and " \
+                                  f"{sorted(_types(props_y[field_]) or ())}"
+        if why:
+            out.append(Problem(subs[0].path, f"TRIGGERS: no data of event {name!r} could be valid for every "
+                                             f"subscriber ({', '.join(f.name for f in subs)}): {why}; every "
+                                             "emit of it would be refused (422). Make the schemas agree, or "
+                                             "subscribe to different events"))
     return out
 
 
@@ -197,4 +258,120 @@ def behind(reg: Registry, workers: list[Any]) -> list[Problem]:
                 out.append(Problem("deploy gate", f"worker {w.id} (serving {fn.queue}) does not know {what} "
                                    f"(it has {'v' + str(known) if known is not None else 'none'}): it hands "
                                    "such jobs back until a newer worker takes them; replace it", "warning"))
+    return out
+
+
+# The durable calls whose first argument is the name a step log records (worker/journal.py).
+DURABLE_CALLS = frozenset({"step", "sleep", "sleep_until", "wait_for_signal", "invoke"})
+
+
+def durable_names(path: str) -> set[str] | None:
+    """The names a function file's durable calls record (``ctx.step("charge", ...)``...);
+    None when the file cannot tell (a name that is not a literal, or no file to read)."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DURABLE_CALLS \
+                and isinstance(node.func.value, ast.Name) and node.args:
+            first = node.args[0]
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                return None
+            names.add(first.value)
+    return names
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda)
+
+
+def durable_order(path: str) -> list[str] | None:
+    """The names of a function file's durable calls in the order the file writes them,
+    when that is the order every run reaches them in: each name once, all calls in one
+    function and none in a loop, a comprehension or a lambda (branches keep the order of
+    the calls a run does reach). None when the file cannot tell."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found: list[tuple[int, int, str]] = []
+    owners: set[int] = set()
+
+    def visit(node: ast.AST, owner: int, looped: bool) -> bool:
+        for child in ast.iter_child_nodes(node):
+            inner, loop = owner, looped or isinstance(child, _LOOPS)
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                inner = id(child)
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) \
+                    and child.func.attr in DURABLE_CALLS and isinstance(child.func.value, ast.Name) and child.args:
+                first = child.args[0]
+                if loop or not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                    return False
+                found.append((child.lineno, child.col_offset, first.value))
+                owners.add(inner)
+            if not visit(child, inner, loop):
+                return False
+        return True
+
+    if not visit(tree, 0, False) or len(owners) > 1:
+        return None
+    names = [n for _, _, n in sorted(found)]
+    return names if len(set(names)) == len(names) else None
+
+
+def _out_of_order(order: list[str] | None, names: list[str]) -> tuple[str, str] | None:
+    """Two recorded steps the file now reaches the other way round, or None."""
+    if order is None or any("#" in n for n in names):
+        return None
+    at = {n: i for i, n in enumerate(order)}
+    seen = [n for n in names if n in at]
+    for a, b in itertools.pairwise(seen):
+        if at[a] > at[b]:
+            return a, b
+    return None
+
+
+def drift(reg: Registry, jobs: Sequence[tuple[str, str, str, str, list[str]]]) -> list[Problem]:
+    """The sleeping and waiting jobs (store/steps.py: suspended) whose step log names a
+    step the function on disk no longer reaches: their replay would fail for good as
+    non-deterministic (docs/durable.md). One problem per function, naming its jobs."""
+    by_type: dict[str, list[str]] = {}
+    missing_of: dict[str, str] = {}
+    known: dict[str, set[str] | None] = {}
+    orders: dict[str, list[str] | None] = {}
+    swapped_of: dict[str, tuple[str, str]] = {}
+    for _queue, job_id, type_, status, names in jobs:
+        fn = reg.functions.get(type_)
+        if fn is None:
+            continue  # the deploy gate names an unknown type
+        if type_ not in known:
+            known[type_] = durable_names(fn.path)
+        have = known[type_]
+        if have is None:
+            continue
+        gone = [n for n in names if n.split("#")[0] not in have]
+        if gone:
+            by_type.setdefault(type_, []).append(f"{job_id} ({status})")
+            missing_of.setdefault(type_, gone[0])
+            continue
+        if type_ not in orders:
+            orders[type_] = durable_order(fn.path)
+        swapped = _out_of_order(orders[type_], names)
+        if swapped is not None:
+            swapped_of.setdefault(type_, swapped)
+            by_type.setdefault(type_, []).append(f"{job_id} ({status})")
+    out = []
+    for t, ids in sorted(by_type.items()):
+        listed = f"Jobs: {', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}"
+        if t in missing_of:
+            what = (f"recorded step {missing_of[t]!r}, which {reg.functions[t].path} no longer reaches: their "
+                    "replay would fail as non-deterministic. Let them finish on the code they started with, or "
+                    "keep that step (its name and order).")
+        else:
+            a, b = swapped_of[t]
+            what = (f"recorded step {a!r} before {b!r}, which {reg.functions[t].path} now reaches in the other "
+                    "order: their replay would fail as non-deterministic. Let them finish on the code they "
+                    "started with, or keep the steps' order.")
+        out.append(Problem("deploy gate", f"{len(ids)} sleeping or waiting job(s) of {t} {what} {listed}"))
     return out

@@ -3,10 +3,14 @@
 A job's limits are "<n> <key>" lines (claim.lua takes a slot of each, or parks the job
 on the first full one): ``RESOURCE_KEY`` is limit 1 on ``r:<rendered>``, ``CONCURRENCY =
 N`` is limit N on ``c:<type>`` (every job of the function), and ``CONCURRENCY = {"key":
-template, "limit": N}`` is limit N on ``c:<type>:<rendered>``. ``RATE_LIMIT = {"limit": N,
-"period": S}`` is the line "N/<period ms> q:<type>" (a token bucket: see _lib.lua), with
-an optional "key" template making it ``q:<type>:<rendered>``. Every producer (client,
-ticker, manual trigger) builds them here, so a limit means the same whoever enqueued.
+template, "limit": N}`` is limit N on ``ck:<rendered>``. ``RATE_LIMIT = {"limit": N,
+"period": S}`` is the line "N/<period ms> q:<type>" (a token bucket: see includes/limits.lua), with
+an optional "key" template making it ``qk:<rendered>``. Every producer (client, ticker,
+manual trigger) builds them here, so a limit means the same whoever enqueued.
+
+A rendered key names one budget, whichever function renders it (as a RESOURCE_KEY names
+one lock): ``"api:{account}"`` in two functions is one quota. So two functions may not
+size one key template differently (``clashes``, refused at load).
 """
 
 from __future__ import annotations
@@ -54,11 +58,11 @@ class Flow:
         lines = [f"1 r:{rkey}"] if rkey else []
         c = self.concurrency
         if c is not None:
-            key = f"c:{type_}" if c.key is None else f"c:{type_}:{c.key.render(payload)}"
+            key = f"c:{type_}" if c.key is None else f"ck:{c.key.render(payload)}"
             lines.append(f"{c.limit} {key}")
         r = self.rate
         if r is not None:
-            key = f"q:{type_}" if r.key is None else f"q:{type_}:{r.key.render(payload)}"
+            key = f"q:{type_}" if r.key is None else f"qk:{r.key.render(payload)}"
             lines.append(f"{r.limit}/{max(1, round(r.period_s * 1000))} {key}")
         return rkey, "\n".join(lines)
 
@@ -99,3 +103,45 @@ def parse_rate(raw: Any) -> Rate:
         except templates.TemplateError as exc:
             raise ValueError(f"key: {exc}") from None
     return Rate(limit=_limit(raw["limit"]), period_s=float(period), key=tpl)
+
+
+def shape(t: templates.Template) -> str:
+    """What a key template renders, up to its fields' values: its literal parts, a mark
+    where each field goes. ``api:{acct}`` and ``api:{account}`` have one shape, so they
+    render the same keys."""
+    return "".join(literal + ("\x00" if field is not None else "") for literal, field in t.parts)
+
+
+def clashes(flows: Mapping[str, Flow], queues: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Functions (by name) whose keyed CONCURRENCY or RATE_LIMIT renders the keys of a
+    template (compared by shape, not by text) that another function sizes differently, or
+    that a function of another queue renders too (``queues``: each function's queue; a
+    queue's limits live in its own partitions, so the two would take from two budgets),
+    each with the error that says so."""
+    seen: dict[tuple[str, str], list[tuple[str, Any, str]]] = {}
+    for name, flow in sorted(flows.items()):
+        if flow.concurrency is not None and flow.concurrency.key is not None:
+            t = flow.concurrency.key
+            seen.setdefault(("CONCURRENCY", shape(t)), []).append((name, {"limit": flow.concurrency.limit}, t.source))
+        if flow.rate is not None and flow.rate.key is not None:
+            t = flow.rate.key
+            seen.setdefault(("RATE_LIMIT", shape(t)), []).append(
+                (name, {"limit": flow.rate.limit, "period": flow.rate.period_s}, t.source))
+    out: dict[str, str] = {}
+    where = queues or {}
+    for (option, _), users in seen.items():
+        if len({repr(size) for _, size, _ in users}) > 1:
+            for name, size, source in users:
+                others = "; ".join(f"function {n} declares {s} for {src!r}" for n, s, src in users if n != name)
+                out.setdefault(name, f"{option} key {source!r} names one budget for every function that "
+                                     f"renders it, and {others} (this one {size}): declare the same size in "
+                                     f"each, or give each its own key")
+        elif len({where.get(n, "") for n, _, _ in users}) > 1:
+            for name, _, source in users:
+                others = "; ".join(f"function {n} of queue {where.get(n)!r} renders it as {src!r}"
+                                   for n, _, src in users if n != name and where.get(n) != where.get(name))
+                out.setdefault(name, f"{option} key {source!r} names one budget for every function that "
+                                     f"renders it, but a queue keeps its limits apart from another queue's, "
+                                     f"and {others} (this one is on queue {where.get(name)!r}): put them on "
+                                     f"one queue, or give each its own key")
+    return out

@@ -5,8 +5,8 @@
   first key sends it (RESOURCE_KEY, then CONCURRENCY, then RATE_LIMIT, then the
   idempotency key); a later key holds across partitions only when the first key's fields
   are all among its own, so equal values of the later key mean one first key.
-- ``Change``: what a change of ``partitions`` implies, from the tags that processes have
-  recorded in Redis (store/tagset.py), which the command reads and hands over.
+- ``Change``: what a change of ``partitions`` implies, from the tags and counts that
+  processes have recorded in Redis (store/tagset.py), which the command reads and hands over.
 
 Nothing here talks to Redis.
 """
@@ -77,34 +77,42 @@ class Change:
     added: tuple[str, ...]  # this count's tags no process has recorded yet
     draining: tuple[str, ...]  # recorded tags this count lacks: served until they drain
     draining_jobs: int  # jobs not done in those (the census)
+    counts: tuple[int, ...] = ()  # the other counts processes routed by within the retention
 
     def as_dict(self) -> dict[str, Any]:
         return {"queue": self.queue, "partitions": self.partitions, "added": list(self.added),
-                "draining": list(self.draining), "draining_jobs": self.draining_jobs}
+                "draining": list(self.draining), "draining_jobs": self.draining_jobs,
+                "counts": list(self.counts)}
 
     def message(self) -> str | None:
         """What the change implies, or None when there is none to tell."""
-        if not self.draining:
-            return None
-        tags = ", ".join("{" + t + "}" for t in self.draining)
-        where = f"{self.draining_jobs} job(s) not done there" if self.draining_jobs else "now empty"
-        text = (f"queue {self.queue}: partitions = {self.partitions} no longer routes to {tags} "
-                f"({where}); workers keep serving them until they hold nothing for a retention")
-        if self.draining_jobs:
-            text += (". Meanwhile a lock or idempotency key that the old count placed in one "
-                     "partition and this one in another is held and deduplicated in each on its own")
-        return text
+        out = []
+        if self.draining:
+            tags = ", ".join("{" + t + "}" for t in self.draining)
+            where = f"{self.draining_jobs} job(s) not done there" if self.draining_jobs else "now empty"
+            out.append(f"queue {self.queue}: partitions = {self.partitions} no longer routes to {tags} "
+                       f"({where}); workers keep serving them until they hold nothing for a retention")
+        if self.counts:
+            was = " and ".join(f"partitions = {n}" for n in self.counts)
+            out.append(f"queue {self.queue}: keys were placed by {was} within the retention; a keyed job "
+                       f"(an idempotency key, RESOURCE_KEY, CONCURRENCY or RATE_LIMIT key) goes where "
+                       f"that count put its key while the key lives there, one look-up more per enqueue "
+                       f"of keyed jobs until a retention after the last process on {was} stopped; the "
+                       f"other jobs go by partitions = {self.partitions}. Run every process on one count "
+                       f"before the next change")
+        return "; ".join(out) or None
 
 
 def changes(partitions: dict[str, int], own: dict[str, tuple[str, ...]], recorded: dict[str, list[str]],
-            jobs: dict[str, int]) -> list[Change]:
-    """Per queue: ``own`` tags of the configured count, the ``recorded`` ones, and the jobs
-    not done in each recorded tag (``jobs``, by tag)."""
+            jobs: dict[str, int], counts: dict[str, list[int]] | None = None) -> list[Change]:
+    """Per queue: ``own`` tags of the configured count, the ``recorded`` ones, the jobs
+    not done in each recorded tag (``jobs``, by tag) and the ``counts`` recorded lately."""
     out = []
     for q, tags in own.items():
         seen = recorded.get(q, [])
         gone = tuple(t for t in seen if t not in tags)
         added = tuple(t for t in tags if seen and t not in seen)
-        if partitions[q] > 1 or gone or added:
-            out.append(Change(q, partitions[q], added, gone, sum(jobs.get(f"{q}|{t}", 0) for t in gone)))
+        others = tuple(n for n in (counts or {}).get(q, []) if n != partitions[q])
+        if partitions[q] > 1 or gone or added or others:
+            out.append(Change(q, partitions[q], added, gone, sum(jobs.get(f"{q}|{t}", 0) for t in gone), others))
     return out

@@ -19,18 +19,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
-from runner.catalog import limits, templates
+from runner.catalog import limits, options, templates
 from runner.catalog import schedules as schedules_mod
 from runner.catalog.checked import Checked
 from runner.catalog.schemas import Versions, load_versions
-from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
+from runner.config import Backoff, Config
 from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
 
-OPTIONS = ("QUEUE", "MAX_ATTEMPTS", "TIMEOUT", "IDEMPOTENCY_KEY", "RESOURCE_KEY", "CONCURRENCY", "RATE_LIMIT",
-           "PRIORITY", "BACKOFF", "ISOLATION", "MEMORY_MB", "KEEP_RESULT", "ON_SUCCESS", "ON_FAILURE",
-           "MAX_AGE", *schedules_mod.OPTIONS)
 # What an ON_SUCCESS / ON_FAILURE destination receives (the shapes its schema must take):
 # a failure's error carries a traceback, and a record found unfit at claim carries none,
 # but for an invalid payload the errors (path, message) and the version.
@@ -76,6 +73,11 @@ class Function:
     rate: limits.Rate | None = None  # RATE_LIMIT: starts per period at most
     priority: int = 0  # PRIORITY: 0-9, higher first (an enqueue may override)
     max_age_s: float | None = None  # MAX_AGE: an attempt not started this long after the enqueue expires
+    # HOLD_LOCKS_WHILE_SUSPENDED: a durable function keeps its RESOURCE_KEY and CONCURRENCY
+    # slots while it sleeps or waits (default: released at the suspension, see suspend.lua).
+    hold_locks: bool = False
+    debounce: options.Debounce | None = None  # DEBOUNCE: one job per burst (see docs/events.md)
+    triggers: tuple[str, ...] = ()  # TRIGGERS: the events this function runs for (see docs/events.md)
     # The line of each option in the file, for errors found after the file itself loaded
     # (a destination checked against the other functions).
     lines: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -111,10 +113,13 @@ class Function:
             "on_success": self.on_success,
             "on_failure": self.on_failure,
             "max_age": self.max_age_s,
+            "hold_locks_while_suspended": self.hold_locks,
             "versions": sorted(self.versions.schemas),
             "newest_version": self.versions.newest,
             "has_upgrade": self.versions.upgrade is not None,
             "schedules": [s.describe() for s in self.schedules],
+            "triggers": list(self.triggers),
+            "debounce": self.debounce.describe() if self.debounce else None,
         }
 
 
@@ -133,6 +138,10 @@ class Registry:
 
     def for_queue(self, queue: str) -> list[Function]:
         return [f for f in self.functions.values() if f.queue == queue]
+
+    def subscribers(self, event: str) -> list[Function]:
+        """The functions whose TRIGGERS name ``event``, by name."""
+        return sorted((f for f in self.functions.values() if event in f.triggers), key=lambda f: f.name)
 
     def schedules(self) -> list[schedules_mod.Schedule]:
         """Every schedule of every loaded function, by id."""
@@ -201,8 +210,44 @@ def _exec(path: Path, name: str, module: ModuleType) -> ModuleType:
     return module
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def _misspelt(module: ModuleType, fail: Callable[[str, str | None], FunctionLoadError]) -> None:
+    """An upper-case name one typo away from an option (QUEUEE) is refused; any other is
+    the author's own."""
+    for name in vars(module):
+        if name.isupper() and name not in options.OPTIONS:
+            close = difflib.get_close_matches(name, options.OPTIONS, n=1, cutoff=0.75)
+            if close:
+                raise fail(f"{name} is not an option; did you mean {close[0]}?", name)
+
+
+def _handle(module: ModuleType, p: str, fail: Callable[[str, str | None], FunctionLoadError]) -> Callable[..., Any]:
+    handle = getattr(module, "handle", None)
+    if not callable(handle):
+        raise fail("no handle(payload, ctx) function", None)
+    params = [
+        q for q in inspect.signature(handle).parameters.values()
+        if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(params) != 2:
+        raise FunctionLoadError(p, "handle must take exactly (payload, ctx)", handle.__code__.co_firstlineno)
+    return cast(Callable[..., Any], handle)
+
+
+def _versions(module: ModuleType, path: Path, config: Config, checked: Checked | None,
+              fail: Callable[[str, str | None], FunctionLoadError]) -> tuple[Versions, list[str]]:
+    """The function's schemas and its upgrade(), and their warnings."""
+    upgrade = getattr(module, "upgrade", None)
+    if upgrade is not None and not callable(upgrade):
+        raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
+    folder = config.schemas_dir / path.stem
+    schemas = load_versions(folder, checked)
+    if not schemas:
+        raise fail(f"no schema: expected {folder}/v1.json", None)
+    versions = Versions(type=path.stem, schemas=schemas, upgrade=upgrade)
+    warnings: list[str] = [w for v in sorted(schemas) for w in schemas[v].warnings]
+    if len(schemas) > 1 and upgrade is None:
+        warnings.append(f"{path}: several schema versions but no upgrade(); older jobs cannot run")
+    return versions, warnings
 
 
 def load_function(path: Path, config: Config, checked: Checked | None = None) -> tuple[Function, list[str]]:
@@ -215,174 +260,44 @@ def load_function(path: Path, config: Config, checked: Checked | None = None) ->
     def fail(message: str, name: str | None = None) -> FunctionLoadError:
         return FunctionLoadError(p, message, lines.get(name) if name else None)
 
-    for name in vars(module):
-        if name.isupper() and name not in OPTIONS:
-            close = difflib.get_close_matches(name, OPTIONS, n=1, cutoff=0.75)
-            if close:
-                raise fail(f"{name} is not an option; did you mean {close[0]}?", name)
-
-    handle = getattr(module, "handle", None)
-    if not callable(handle):
-        raise fail("no handle(payload, ctx) function")
-    params = [
-        q for q in inspect.signature(handle).parameters.values()
-        if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)
-    ]
-    if len(params) != 2:
-        raise FunctionLoadError(p, "handle must take exactly (payload, ctx)", handle.__code__.co_firstlineno)
-
-    queue_name = getattr(module, "QUEUE", None)
-    if queue_name is None:
-        queue_name = next(iter(config.queues))
-    if not isinstance(queue_name, str):
-        raise fail(f"QUEUE must be a string, got {queue_name!r}", "QUEUE")
-    if queue_name not in config.queues:
-        raise fail(
-            f"QUEUE {queue_name!r} is not defined in {config.source} (have: {', '.join(config.queues)})",
-            "QUEUE",
-        )
-    queue: QueueConfig = config.queues[queue_name]
-
-    max_attempts = getattr(module, "MAX_ATTEMPTS", queue.max_attempts)
-    if not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1:
-        raise fail(f"MAX_ATTEMPTS must be a positive integer, got {max_attempts!r}", "MAX_ATTEMPTS")
-
-    timeout = getattr(module, "TIMEOUT", min(queue.visibility_timeout_s, queue.max_timeout_s))
-    if not _num(timeout) or timeout <= 0:
-        raise fail(f"TIMEOUT must be a positive number of seconds, got {timeout!r}", "TIMEOUT")
-    if timeout > queue.max_timeout_s:
-        raise fail(
-            f"TIMEOUT {timeout} s does not fit queue {queue_name!r}: its max_timeout is "
-            f"{queue.max_timeout_s:g} s (10 x visibility_timeout unless set); use a queue with a "
-            "longer lease or raise queues." + queue_name + ".max_timeout",
-            "TIMEOUT",
-        )
-
-    backoff = queue.backoff
-    raw_backoff = getattr(module, "BACKOFF", None)
-    if raw_backoff is not None:
-        if not isinstance(raw_backoff, dict) or set(raw_backoff) - {"base", "cap", "jitter"}:
-            raise fail("BACKOFF must be a dict with keys base, cap, jitter", "BACKOFF")
-        base = raw_backoff.get("base", backoff.base_s)
-        cap = raw_backoff.get("cap", backoff.cap_s)
-        jitter = raw_backoff.get("jitter", backoff.jitter)
-        if not (_num(base) and _num(cap) and 0 <= base <= cap) or jitter not in JITTER_MODES:
-            raise fail(f"BACKOFF needs 0 <= base <= cap and jitter in {JITTER_MODES}", "BACKOFF")
-        backoff = Backoff(float(base), float(cap), str(jitter))
-
-    isolation = getattr(module, "ISOLATION", queue.isolation)
-    if isolation not in ISOLATIONS:
-        raise fail(f"ISOLATION must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}", "ISOLATION")
-    memory_mb = getattr(module, "MEMORY_MB", None)
-    if memory_mb is not None:
-        if not _num(memory_mb) or memory_mb < 16:
-            raise fail(f"MEMORY_MB must be a number of megabytes >= 16, got {memory_mb!r}", "MEMORY_MB")
-        if isolation != "process":
-            raise fail('MEMORY_MB caps a child process: it needs ISOLATION = "process"', "MEMORY_MB")
-
-    keep_result = getattr(module, "KEEP_RESULT", None)
-    if keep_result is not None and (not _num(keep_result) or keep_result <= 0):
-        raise fail(f"KEEP_RESULT must be a positive number of seconds, got {keep_result!r}", "KEEP_RESULT")
-
-    max_age = getattr(module, "MAX_AGE", None)
-    if max_age is not None and (not _num(max_age) or max_age <= 0):
-        raise fail(f"MAX_AGE must be a positive number of seconds, got {max_age!r}", "MAX_AGE")
-
-    dests: dict[str, str | None] = {}
-    for opt in ("ON_SUCCESS", "ON_FAILURE"):
-        dest = getattr(module, opt, None)
-        if dest is not None and not (isinstance(dest, str) and dest.isidentifier()):
-            raise fail(f"{opt} must name a function (a string), got {dest!r}", opt)
-        dests[opt] = dest
-
-    upgrade = getattr(module, "upgrade", None)
-    if upgrade is not None and not callable(upgrade):
-        raise fail("upgrade must be a function upgrade(payload, from_version)", "upgrade")
-
-    folder = config.schemas_dir / path.stem
-    schemas = load_versions(folder, checked)
-    if not schemas:
-        raise fail(f"no schema: expected {folder}/v1.json")
-    versions = Versions(type=path.stem, schemas=schemas, upgrade=upgrade)
-    warnings: list[str] = [w for v in sorted(schemas) for w in schemas[v].warnings]
-    if len(schemas) > 1 and upgrade is None:
-        warnings.append(f"{p}: several schema versions but no upgrade(); older jobs cannot run")
-
-    newest = schemas[versions.newest].document
-
-    def declared(opt: str, what: str, tpl: templates.Template | None) -> None:
-        # A key template over a field the newest schema lacks would render from nothing.
-        for fld in tpl.fields if tpl else ():
-            if not templates.schema_has(newest, fld):
-                raise fail(f"{what} names field {fld!r}, which the v{versions.newest} schema does not declare", opt)
-
-    tpls: dict[str, templates.Template | None] = {}
-    for opt in ("IDEMPOTENCY_KEY", "RESOURCE_KEY"):
-        raw = getattr(module, opt, None)
-        tpls[opt] = None
-        if raw is None:
-            continue
-        try:
-            tpls[opt] = templates.parse(raw)
-        except templates.TemplateError as exc:
-            raise fail(f"{opt}: {exc}", opt) from None
-        declared(opt, opt, tpls[opt])
-
-    concurrency = None
-    if getattr(module, "CONCURRENCY", None) is not None:
-        try:
-            concurrency = limits.parse_concurrency(module.CONCURRENCY)
-        except ValueError as exc:
-            raise fail(f"CONCURRENCY {exc}", "CONCURRENCY") from None
-        declared("CONCURRENCY", "CONCURRENCY key", concurrency.key)
-    rate = None
-    if getattr(module, "RATE_LIMIT", None) is not None:
-        try:
-            rate = limits.parse_rate(module.RATE_LIMIT)
-        except ValueError as exc:
-            raise fail(f"RATE_LIMIT {exc}", "RATE_LIMIT") from None
-        declared("RATE_LIMIT", "RATE_LIMIT key", rate.key)
-    flow = limits.Flow(resource_key=tpls["RESOURCE_KEY"], concurrency=concurrency, rate=rate)
-    priority = getattr(module, "PRIORITY", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
-        raise fail(f"PRIORITY must be an integer from 0 to 9, got {priority!r}", "PRIORITY")
-
+    _misspelt(module, fail)
+    handle = _handle(module, p, fail)
+    try:
+        seen = options.Seen(options.queue_of(module, config))
+        options.read(module, options.BEFORE_SCHEMAS, seen)
+        versions, warnings = _versions(module, path, config, checked, fail)
+        seen.newest, seen.version = versions.schemas[versions.newest].document, versions.newest
+        options.read(module, options.AFTER_SCHEMAS, seen)  # (keys and limits: over the newest schema)
+    except options.Refused as exc:
+        raise fail(str(exc), exc.option) from None
+    v, queue = seen.values, seen.queue
+    flow = limits.Flow(resource_key=v["RESOURCE_KEY"], concurrency=v["CONCURRENCY"], rate=v["RATE_LIMIT"])
     scheds, sched_warnings = schedules_mod.parse(
-        module, function=path.stem, queue=queue_name, max_attempts=int(max_attempts), versions=versions,
-        flow=flow, fail=fail, max_payload_bytes=config.api.max_body_bytes, priority=priority,
+        module, function=path.stem, queue=queue.name, max_attempts=int(v["MAX_ATTEMPTS"]), versions=versions,
+        flow=flow, fail=fail, max_payload_bytes=config.api.max_body_bytes, priority=v["PRIORITY"],
     )
     warnings += [f"{p}: {w}" for w in sched_warnings]
-    if timeout > queue.visibility_timeout_s:
+    if v["TIMEOUT"] > queue.visibility_timeout_s:
         warnings.append(
-            f"{p}: TIMEOUT {timeout} s is longer than queue {queue_name!r}'s visibility timeout "
+            f"{p}: TIMEOUT {v['TIMEOUT']} s is longer than queue {queue.name!r}'s visibility timeout "
             f"({queue.visibility_timeout_s:g} s); it relies on lease renewal"
         )
     fn = Function(
-        name=path.stem,
-        path=p,
-        doc=(inspect.getdoc(module) or "").strip(),
-        queue=queue_name,
-        max_attempts=int(max_attempts),
-        timeout_s=float(timeout),
-        backoff=backoff,
-        idempotency_key=tpls["IDEMPOTENCY_KEY"],
-        resource_key=tpls["RESOURCE_KEY"],
-        handle=handle,
-        is_async=inspect.iscoroutinefunction(handle),
-        versions=versions,
-        isolation=str(isolation),
-        memory_mb=float(memory_mb) if memory_mb is not None else None,
-        keep_result_s=float(keep_result) if keep_result is not None else None,
-        schedules=scheds,
-        on_success=dests["ON_SUCCESS"],
-        on_failure=dests["ON_FAILURE"],
-        concurrency=concurrency,
-        rate=rate,
-        priority=priority,
-        max_age_s=float(max_age) if max_age is not None else None,
+        name=path.stem, path=p, doc=(inspect.getdoc(module) or "").strip(), queue=queue.name,
+        max_attempts=int(v["MAX_ATTEMPTS"]), timeout_s=float(v["TIMEOUT"]), backoff=v["BACKOFF"],
+        idempotency_key=v["IDEMPOTENCY_KEY"], resource_key=v["RESOURCE_KEY"], handle=handle,
+        is_async=inspect.iscoroutinefunction(handle), versions=versions, isolation=str(v["ISOLATION"]),
+        memory_mb=_float_or_none(v["MEMORY_MB"]), keep_result_s=_float_or_none(v["KEEP_RESULT"]),
+        schedules=scheds, on_success=v["ON_SUCCESS"], on_failure=v["ON_FAILURE"], concurrency=v["CONCURRENCY"],
+        rate=v["RATE_LIMIT"], priority=v["PRIORITY"], max_age_s=_float_or_none(v["MAX_AGE"]),
+        hold_locks=bool(v["HOLD_LOCKS_WHILE_SUSPENDED"]), triggers=v["TRIGGERS"], debounce=v["DEBOUNCE"],
         lines=lines,
     )
     return fn, warnings
+
+
+def _float_or_none(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 def _destination_error(fn: Function, functions: Mapping[str, Function]) -> FunctionLoadError | None:
@@ -494,6 +409,12 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
             continue
         functions[fn.name] = fn
         warnings.extend(w)
+    # A rendered limit key is one budget for every function: one template sized two ways
+    # is refused in each function that declares it.
+    for name, why in limits.clashes({fn.name: fn.flow for fn in functions.values()},
+                                    {fn.name: fn.queue for fn in functions.values()}).items():
+        refused_at = functions.pop(name).path
+        errors[refused_at] = FunctionLoadError(refused_at, why)
     while True:  # until no refusal leaves another function's destination dangling
         refused = {fn.name: err for fn in functions.values()
                    if (err := _destination_error(fn, functions) or _destination_cycle(fn, functions)) is not None}

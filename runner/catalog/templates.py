@@ -4,6 +4,12 @@ Only plain field names (dotted for nested objects, no dunder names) are allowed:
 attribute access (values are looked up as dict keys only), no indexing, no conversions
 or format specs, so payload data can never reach str.format's attribute lookup. Values
 must be strings, numbers or booleans; numbers render canonically (7.0 as 7).
+
+A key never holds a control character (C0, DEL or C1): a rendered key, and an explicit
+idempotency key (``control_character``), lands in a job record between separators (\\x1f
+between its fields, a newline between its limit lines), so one such byte in a payload
+value would let a producer write record fields or limit lines of its own choosing
+(another account's rate-limit bucket, another user's lock).
 """
 
 from __future__ import annotations
@@ -16,10 +22,24 @@ from typing import Any
 
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 MAX_KEY_BYTES = 512
+# Every control character: the record's separators (\x1f, \n) among them, and the rest
+# because a key is one line of text in every view, log and terminal that shows it.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class TemplateError(ValueError):
-    pass
+    """A key that cannot be rendered; ``field``: the payload field at fault, when one is."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in ``text``, said for an error ("U+000A at character
+    5"), or None when it holds none."""
+    m = _CONTROL.search(text)
+    return None if m is None else f"U+{ord(m.group()):04X} at character {m.start() + 1}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +66,14 @@ class Template:
                 out.append("true" if value else "false")
             elif isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
                 out.append(str(int(value)))  # 7.0 is the JSON number 7: one key, one resource
-            elif isinstance(value, str | int | float):
+            elif isinstance(value, str):
+                bad = control_character(value)
+                if bad is not None:
+                    raise TemplateError(
+                        f"field {field!r} renders the key {self.source!r} and holds a control character "
+                        f"({bad}), which a key cannot carry: remove it from the value", field=field)
+                out.append(value)
+            elif isinstance(value, int | float):
                 out.append(str(value))
             else:
                 raise TemplateError(
@@ -66,6 +93,9 @@ def parse(source: str) -> Template:
         parsed = list(string.Formatter().parse(source))
     except ValueError as exc:
         raise TemplateError(f"bad template {source!r}: {exc}") from None
+    bad = control_character(source)
+    if bad is not None:
+        raise TemplateError(f"template {source!r} holds a control character ({bad}), which a key cannot carry")
     for literal, field, spec, conv in parsed:
         if field is None:
             parts.append((literal, None))

@@ -26,6 +26,16 @@ from runner.cli.root import cli
 def main() -> None:
     try:
         cli()
+    except Exception as exc:
+        # A setting of the URL the server refused as the connection opened (any command,
+        # the worker's start-up check included): one line naming it, not a traceback.
+        from runner.cli.root import EXIT_CONFIG, fail
+        from runner.errors import setting_problem
+
+        said = setting_problem(exc)
+        if said is None:
+            raise
+        fail(said, EXIT_CONFIG)
     finally:
         # The process ends here. The collections the interpreter runs on its way out would
         # walk every object the imports made (redis-py's alone cost a command about 15 ms)

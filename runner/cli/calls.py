@@ -1,9 +1,11 @@
 """Calling a function and controlling a job: `runner call` enqueues a job, waits for its
 end (pushed, see store/waiter.py) and prints its result (exit 0 done, 1 dead or
-cancelled, 4 still running at the timeout); `runner cancel` cancels jobs."""
+cancelled, 4 still running at the timeout); `runner cancel` cancels jobs; `runner signal`
+sends a durable function's job a signal."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import click
@@ -94,9 +96,9 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     answers: list[dict[str, str]] = []
     by = operator()
 
-    def one(job_id: str) -> None:
+    def one(job_id: str, audited: bool = True) -> None:
         try:
-            answers.append({"id": job_id, "cancel": client.cancel(job_id, by=by)})
+            answers.append({"id": job_id, "cancel": client.cancel(job_id, by=by, audited=audited)})
         except RedisUnavailable:
             raise
         except RunnerError as exc:
@@ -105,19 +107,40 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     with redis_errors():
         for job_id in job_ids:
             one(job_id)
-        if all_:
+        if all_ and status == "deferred":
+            # Found and cancelled in one step, a batch at a time (a job found, then woken
+            # before its cancel, would run): see Client.cancel_deferred.
+            try:
+                gone = client.cancel_deferred(queue=queue, type=type_, by=by)
+            except RedisUnavailable:
+                raise
+            except RunnerError as exc:  # a misspelt --type or --queue: nothing cancelled
+                fail(refused_text(exc), EXIT_REFUSED)
+            answers += [{"id": job_id, "cancel": "cancelled"} for ids in gone.values() for job_id in ids]
+        elif all_:
             # The ids first, then the cancels: a cancel moves a job out of the list being
             # paged (scheduled at once), which would shift the pages under the cursor.
-            found: list[str] = []
+            found: dict[str, str] = {}  # id -> its queue
             cursor: str | None = None
             while True:
-                page = client.jobs(status, queue=queue, type=type_, limit=500, cursor=cursor)
-                found += [j.id for j in page.jobs]
+                try:
+                    page = client.jobs(status, queue=queue, type=type_, limit=500, cursor=cursor)
+                except RedisUnavailable:
+                    raise
+                except RunnerError as exc:  # a misspelt --type or --queue: nothing cancelled
+                    fail(refused_text(exc), EXIT_REFUSED)
+                found.update((j.id, j.queue) for j in page.jobs)
                 cursor = page.cursor
                 if cursor is None:
                     break
-            for job_id in dict.fromkeys(found):
-                one(job_id)
+            for job_id in found:
+                one(job_id, audited=False)
+            # A bulk action is one audit entry per queue (each job's history names who).
+            done = {a["id"] for a in answers if "cancel" in a}
+            for q in dict.fromkeys(found.values()):
+                ids = [i for i, jq in found.items() if jq == q and i in done]
+                if ids:
+                    client.record_bulk(by, "cancel", q, ids)
     human = "\n".join(f"{a['id']} {a.get('cancel') or a.get('error')}" for a in answers)
     if all_ and not as_json:
         human += ("\n" if human else "") + f"cancelled {sum('cancel' in a for a in answers)} job(s)"
@@ -126,8 +149,36 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
 
 
 @cli.command(cls=RedisCommand)
+@click.argument("job_id", metavar="ID")
+@click.argument("name", metavar="NAME")
+@click.argument("data", metavar="[JSON]", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def signal(ctx: click.Context, job_id: str, name: str, data: str | None, as_json: bool) -> None:
+    """Send the signal NAME (JSON body, default null; @file or - as for a payload) to a job
+    waiting in ctx.wait_for_signal(NAME), or keep it for its next wait. Exit 1 when refused
+    (the job ended, no such job, one of that name is unread)."""
+    from runner.client import Client
+
+    body = None if data is None else read_payload(data)
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            delivery = Client(rt).signal(job_id, name, body)
+        except RedisUnavailable:
+            raise
+        except (ValueError, RunnerError) as exc:
+            fail(refused_text(exc) if isinstance(exc, RunnerError) else str(exc), EXIT_REFUSED)
+        finally:
+            rt.close()
+    emit({"id": job_id, "signal": name, "delivery": delivery}, as_json, f"{job_id} {name} {delivery}")
+    sys.exit(EXIT_OK)
+
+
+@cli.command(cls=RedisCommand)
 @click.option("--status", default="queued", show_default=True,
-              type=click.Choice(["queued", "scheduled", "processing", "deferred", "done", "dead", "cancelled"]))
+              type=click.Choice(["queued", "scheduled", "processing", "deferred", "sleeping", "waiting", "done",
+                                 "dead", "cancelled"]))
 @click.option("--type", "type_", default=None, help="Only jobs of this function type.")
 @click.option("--queue", default=None, help="Only this queue (default: every queue).")
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
@@ -150,6 +201,10 @@ def jobs(ctx: click.Context, status: str, type_: str | None, queue: str | None, 
             fail(str(exc), EXIT_REFUSED)
     views = [j.as_dict() for j in page.jobs]
     rows = [(v["id"], v.get("queue", ""), v.get("type", ""), v.get("status", ""), v.get("attempt", "")) for v in views]
+    # The next page's command repeats every filter of this one: without them its cursor
+    # would page through another selection.
+    same = "".join(f" {flag} {shlex.quote(value)}" for flag, value in
+                   (("--type", type_), ("--queue", queue), ("--limit", str(limit))) if value is not None)
     human = table(("id", "queue", "type", "status", "attempt"), rows) + (
-        f"\nnext page: runner jobs --status {status} --cursor {page.cursor}" if page.cursor else "")
+        f"\nnext page: runner jobs --status {status}{same} --cursor {page.cursor}" if page.cursor else "")
     emit({"jobs": views, "cursor": page.cursor}, as_json, human)

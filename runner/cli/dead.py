@@ -29,6 +29,7 @@ from runner.errors import (
     JobNotFound,
     RedisUnavailable,
     RunnerError,
+    likely,
 )
 
 
@@ -41,7 +42,9 @@ def _queues(rt: Any, queue: str | None) -> list[str]:
     if queue is None:
         return list(rt.config.queues)
     if queue not in rt.config.queues:
-        fail(f"no queue {queue!r} in {rt.config.source} (have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
+        close = likely(queue, list(rt.config.queues))
+        hint = f"; did you mean {close}?" if close else ""
+        fail(f"no queue {queue!r} in {rt.config.source}{hint} (have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
     return [queue]
 
 
@@ -99,19 +102,35 @@ def _targets(client: Any, rt: Any, ids: tuple[str, ...], queue: str | None, all_
 
 
 def _bulk(label: str, targets: list[tuple[str, str]], op: Any) -> tuple[int, list[dict[str, Any]]]:
+    """Run ``op(queue, ids, progress)`` -> (done ids, [(id, refusal)]) once per queue: a
+    bulk action goes in batches, and on record as one entry per queue."""
     ok, refused = 0, []
-    with click.progressbar(targets, label=label, file=sys.stderr, show_pos=True) as bar:
-        for q, i in bar:
-            try:
-                if not q:
-                    raise JobNotFound(i)
-                op(q, i)
-                ok += 1
-            except RedisUnavailable:
-                raise
-            except RunnerError as exc:
-                refused.append({"id": i, "queue": q or None, **refusal(exc)})
+    by_queue: dict[str, list[str]] = {}
+    for q, i in targets:
+        if not q:
+            refused.append({"id": i, "queue": None, **refusal(JobNotFound(i))})
+        else:
+            by_queue.setdefault(q, []).append(i)
+    with click.progressbar(length=len(targets), label=label, file=sys.stderr, show_pos=True) as bar:
+        for q, ids in by_queue.items():
+            done, failed = op(q, ids, bar.update)
+            ok += len(done)
+            refused += [{"id": i, "queue": q, **refusal(exc)} for i, exc in failed]
     return ok, refused
+
+
+def _one(target: tuple[str, str], op: Any) -> tuple[int, list[dict[str, Any]]]:
+    """One job, on record as itself (an edited payload goes this way)."""
+    q, i = target
+    try:
+        if not q:
+            raise JobNotFound(i)
+        op(q, i)
+    except RedisUnavailable:
+        raise
+    except RunnerError as exc:
+        return 0, [{"id": i, "queue": q or None, **refusal(exc)}]
+    return 1, []
 
 
 def _report_bulk(verb: str, ok: int, refused: list[dict[str, Any]], as_json: bool) -> None:
@@ -146,7 +165,11 @@ def dead_requeue(ctx: click.Context, ids: tuple[str, ...], queue: str | None, al
     with redis_errors():
         targets = _targets(client, rt, ids, queue, all_)
         by = operator()
-        ok, refused = _bulk("requeueing", targets, lambda q, i: client.requeue(q, i, body, version, by=by))
+        if body is not None or version is not None or (len(targets) == 1 and not all_):
+            ok, refused = _one(targets[0], lambda q, i: client.requeue(q, i, body, version, by=by))
+        else:
+            ok, refused = _bulk("requeueing", targets,
+                                lambda q, ids, progress: client.requeue_many(q, ids, by=by, progress=progress))
     _report_bulk("requeued", ok, refused, as_json)
 
 
@@ -172,5 +195,14 @@ def dead_purge(ctx: click.Context, ids: tuple[str, ...], queue: str | None, all_
             except click.Abort:  # declined, or no answer to read (a script's run)
                 fail("not confirmed: nothing was deleted; pass --yes to delete without asking", EXIT_REFUSED)
         by = operator()
-        ok, refused = _bulk("purging", targets, lambda q, i: client.delete_dead(q, i, by=by))
+        if len(targets) == 1 and not all_:
+            ok, refused = _one(targets[0], lambda q, i: client.delete_dead(q, i, by=by))
+        else:
+            ok, refused = _bulk("purging", targets, lambda q, ids, progress: _purged(
+                client.delete_many(q, ids, by=by, action="purge", progress=progress)))
     _report_bulk("purged", ok, refused, as_json)
+
+
+def _purged(outcome: tuple[list[str], list[str]]) -> tuple[list[str], list[tuple[str, RunnerError]]]:
+    done, missing = outcome
+    return done, [(i, JobNotFound(i)) for i in missing]

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import click
 
@@ -20,8 +20,10 @@ from runner.cli.root import (
     RedisCommand,
     build_runtime,
     cli,
+    current_target,
     emit,
     fail,
+    plain,
     print_refused,
     print_validation,
     read_payload,
@@ -128,9 +130,27 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
     last_ok = 0
     refused: list[dict[str, Any]] = []
 
+    cut: dict[str, list[int]] = {}  # the batch Redis refused or lost part-way: its lines by outcome
+
     def send(batch: list[tuple[int, Request]]) -> None:
         nonlocal done, dup, last_ok
-        results = client.enqueue_many([r for _, r in batch])
+        try:
+            results = client.enqueue_many([r for _, r in batch])
+        except RedisUnavailable as exc:
+            if len(exc.results) == len(batch):  # sent, and cut short: say what became of each line
+                unsure = set(exc.undetermined)
+                for i, ((n, _), res) in enumerate(zip(batch, exc.results, strict=True)):
+                    if i in unsure:
+                        cut.setdefault("unknown", []).append(n)
+                    elif res is None or isinstance(res, RedisUnavailable):
+                        cut.setdefault("missing", []).append(n)
+                    elif isinstance(res, RunnerError):
+                        refused.append({"line": n, **refusal(res)})
+                    else:
+                        done += 1
+                        dup += int(res.duplicate)
+                cut["end"] = [batch[-1][0]]
+            raise
         for (n, _), res in zip(batch, results, strict=True):
             if isinstance(res, RunnerError):
                 refused.append({"line": n, **refusal(res)})
@@ -164,12 +184,26 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
              f"{exc.timeout_s:g} s.\n{sent}the batch from line {first} was written to the master but may be lost "
              f"in a failover. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
              EXIT_REDIS)
-    except (RedisUnavailable, *UNAVAILABLE) as exc:  # type: ignore[misc]
-        first = batch[0][0] if batch else last_ok + 1
-        sent = f"lines 1 to {last_ok} were enqueued; " if last_ok else ""
-        fail(f"Redis unavailable at line {first}: {exc}\n{sent}the batch from line {first} may or may not "
-             f"have been enqueued. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
-             EXIT_REDIS)
+    except RedisUnavailable as exc:
+        if not cut:
+            _unavailable(exc, batch, last_ok)
+        missing, unknown = cut.get("missing", []), cut.get("unknown", [])
+        resume = min(missing + unknown) if missing or unknown else cut["end"][0] + 1
+        refused.sort(key=lambda r: int(r["line"]))
+        message = (f"Redis unavailable part-way through lines {batch[0][0]} to {cut['end'][0]}: {exc}\n"
+                   f"{done} line(s) were enqueued; not enqueued: lines {_spans(missing) or 'none'}"
+                   + (f"; unknown (in flight when the connection went, may have been enqueued): lines "
+                      f"{_spans(unknown)}" if unknown else "")
+                   + f"; lines from {cut['end'][0] + 1} on were not read. Send the lines not enqueued again "
+                   f"(the unknown ones only if the function has an IDEMPOTENCY_KEY), then resume from line "
+                   f"{cut['end'][0] + 1}.")
+        if as_json:
+            emit({"error": message, "exit_code": EXIT_REDIS, "enqueued": done, "duplicates": dup,
+                  "refused": refused, "not_enqueued_lines": missing, "unknown_lines": unknown,
+                  "resume_from_line": resume, "unread_from_line": cut["end"][0] + 1}, True)
+        fail(message, EXIT_REDIS)
+    except UNAVAILABLE as exc:
+        _unavailable(exc, batch, last_ok)
     # Lines that are not JSON are refused as they are read, the others when their batch
     # is answered: put them back in the order of the file.
     refused.sort(key=lambda r: int(r["line"]))
@@ -184,6 +218,26 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
     return EXIT_REFUSED if refused else EXIT_OK
 
 
+def _unavailable(exc: BaseException, batch: list[Any], last_ok: int) -> NoReturn:
+    """Redis gone before a batch's answers said anything of its lines."""
+    first = batch[0][0] if batch else last_ok + 1
+    sent = f"lines 1 to {last_ok} were enqueued; " if last_ok else ""
+    fail(f"Redis unavailable at line {first}: {exc}\n{sent}the batch from line {first} may or may not "
+         f"have been enqueued. Resume from line {first} (a function with an IDEMPOTENCY_KEY makes that safe).",
+         EXIT_REDIS)
+
+
+def _spans(lines: list[int]) -> str:
+    """1, 2, 3, 7 as "1-3, 7"."""
+    out: list[str] = []
+    for n in sorted(lines):
+        if out and out[-1].split("-")[-1] == str(n - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
 @cli.command(cls=RedisCommand)
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
@@ -191,7 +245,7 @@ def enqueue_lines(client: Any, type_: str, source: str, version: int | None, del
 def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Show one job."""
     # The lookup itself, not the Client: this command needs none of its other imports.
-    from runner.store import codec, records
+    from runner.store import records
 
     rt = build_runtime(ctx.obj["config"], client_only=True, reader=True)
     with redis_errors():
@@ -199,9 +253,80 @@ def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     if found is None:
         fail(str(JobNotFound(job_id)), EXIT_REFUSED)
     record = found.as_dict()
-    human = "\n".join(f"{k:>16}: {codec.dumps(v) if isinstance(v, dict | list) else v}"
-                      for k, v in record.items())
-    emit(record, as_json, human)
+    emit(record, as_json, "\n".join(f"{k:>16}: {_shown(k, v)}" for k, v in record.items() if v is not None))
+
+
+def _shown(name: str, value: Any) -> str:
+    """One field of `runner job` for people: times (``*_at``, epoch seconds) as UTC dates
+    with the epoch beside them, the history an attempt a line with its times as UTC dates,
+    an empty list as "none", JSON as JSON."""
+    import datetime
+
+    from runner.store import codec
+
+    if name.endswith("_at") and isinstance(value, int | float) and not isinstance(value, bool):
+        when = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        return f"{when:%Y-%m-%d %H:%M:%S}.{when.microsecond // 1000:03d} UTC ({value})"
+    if value == []:  # no history yet, no children: words, not a bracket pair
+        return "none"
+    if name == "history" and isinstance(value, list):
+        return "\n".join(_entry(e) if isinstance(e, dict) else codec.dumps_view(e) for e in value).replace(
+            "\n", "\n" + " " * 18)
+    if name == "steps" and isinstance(value, list) and value:
+        return "\n".join(plain(_step(i, e)) for i, e in enumerate(value, 1)).replace("\n", "\n" + " " * 18)
+    return codec.dumps_view(value) if isinstance(value, dict | list) else plain(codec.shown_text(str(value)))
+
+
+def _step(i: int, e: Any) -> str:
+    """One step of a durable function: ``3. charge (step) ok, finished <date>; {result}``."""
+    import datetime
+
+    from runner.store import codec
+
+    if not isinstance(e, dict):
+        return f"{i}. {codec.dumps_view(e)}"
+    line = f"{i}. {codec.shown_text(str(e.get('name')))} ({e.get('kind')}) {e.get('status')}"
+    for key in ("finished_at", "until"):
+        t = e.get(key)
+        if isinstance(t, int | float) and not isinstance(t, bool):
+            when = datetime.datetime.fromtimestamp(t, datetime.UTC)
+            line += f", {key.replace('_at', '')} {when:%Y-%m-%d %H:%M:%S} UTC"
+    for key in ("signal", "child"):
+        if e.get(key):
+            line += f", {key} {codec.shown_text(str(e[key]))}"
+    if e.get("result") is not None:
+        line += f"; {codec.shown_text(str(e['result']))}"
+    if isinstance(e.get("error"), dict):
+        line += f"; {codec.shown_text(str(e['error'].get('type')))}: {codec.shown_text(str(e['error'].get('message')))}"
+    return line
+
+
+def _entry(entry: dict[str, Any]) -> str:
+    """One history entry: ``attempt 2: retry, started <date>, at <date>; Type: message``,
+    each ``*_ms`` epoch as a UTC ISO date; fields of other shapes as JSON."""
+    import datetime
+
+    from runner.store import codec
+
+    def iso(ms: int) -> str:
+        when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+        return f"{when:%Y-%m-%dT%H:%M:%S}.{when.microsecond // 1000:03d}Z"
+
+    parts: list[str] = []
+    rest = dict(entry)
+    attempt, outcome, error = rest.pop("attempt", None), rest.pop("outcome", None), rest.pop("error", None)
+    for key, value in rest.items():
+        if key.endswith("_ms") and isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"{'started' if key == 'started_ms' else key.removesuffix('_ms')} {iso(value)}")
+        else:
+            parts.append(f"{key} {codec.dumps_view(value)}")
+    head = " ".join(str(x) for x in ("attempt", attempt) if attempt is not None)
+    text = ", ".join(str(x) for x in (outcome, *parts) if x is not None)
+    if isinstance(error, dict):
+        text += plain(f"; {error.get('type')}: {error.get('message')}")
+    elif error is not None:
+        text += f"; {codec.dumps_view(error)}"
+    return f"{head}: {text}" if head else text
 
 
 @cli.command(cls=RedisCommand)
@@ -210,20 +335,19 @@ def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Queue figures (cluster-wide), and which Redis they come from."""
-    import time
 
     from runner.observe.figures import queue_view, read_queues
 
     rt = build_runtime(ctx.obj["config"], client_only=True, reader=True)
     where = target(ctx)
     with redis_errors():
-        # The table sums over functions: only --json lists each loaded function. The clock
-        # is read here, not with records.now_ms: the table needs no JSON codec (orjson).
-        figures = read_queues(rt, int(time.time() * 1000), loaded_functions=as_json)
+        # The table sums over functions: only --json lists each loaded function.
+        figures = read_queues(rt, loaded_functions=as_json)
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
     rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["dead"],
              sum(f["succeeded"] for f in q["functions"].values()),
              sum(f["retried"] for f in q["functions"].values()),
+             sum(f["cancelled"] for f in q["functions"].values()),  # an outcome apart from dead
              "queue" if q["paused"] else ", ".join(q["paused_functions"]) or "-") for q in queues]
     # A partitioned queue's partitions, each under its queue's sums.
     at = 0
@@ -231,10 +355,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         at += 1
         for p in q["partitions"]:
             rows.insert(at, (f"  {p['partition']} {{{p['tag']}}}", p["ready"], p["processing"], p["scheduled"],
-                             p["dead"], "", "", "draining" if p["draining"] else ""))
+                             p["dead"], "", "", "", "draining" if p["draining"] else ""))
             at += 1
     human = where.line() + "\n" + table(
-        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "paused"), rows)
+        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "cancelled", "paused"), rows)
     emit({"redis": where.as_dict(), "queues": queues}, as_json, human)
 
 
@@ -247,7 +371,17 @@ def delay_s(value: float | None) -> float | None:
 
 
 def refused_text(exc: RunnerError) -> str:
-    """A refusal's message, with where to look next."""
+    """A refusal's message, with where to look next. A function whose file is broken is
+    refused here (this command loads the files as they are now), while a `runner dev`
+    that loaded it before keeps its last good version: say so, rather than disagree in
+    silence with dev's HTTP API."""
+    if isinstance(exc, UnknownFunction) and exc.broken:
+        where = current_target()
+        if where is not None and where.dev_pid is not None:
+            return (f"{exc}\nThe `runner dev` running for this project (pid {where.dev_pid}) serves the last good "
+                    f"version of {exc.type} until the file loads again (POST /jobs/{exc.type} and its workers); "
+                    "fix the file to enqueue it from here.")
+        return f"{exc}\nFix the file; `runner functions` lists what failed to load."
     if isinstance(exc, UnknownFunction):
         return f"{exc}; `runner functions` lists every function and what failed to load"
     return str(exc)

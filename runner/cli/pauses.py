@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from runner.cli.root import EXIT_REFUSED, RedisCommand, build_runtime, cli, fail, operator, redis_errors
-from runner.errors import UnknownFunction
+from runner.errors import UnknownFunction, UnknownQueue
 
 
 def _client(ctx: click.Context, queue: str | None, function: str | None) -> Any:
@@ -17,7 +17,7 @@ def _client(ctx: click.Context, queue: str | None, function: str | None) -> Any:
         raise click.UsageError("name a QUEUE or --function TYPE (one of them)")
     rt = build_runtime(ctx.obj["config"], client_only=True)  # the registry loads only for --function
     if queue is not None and queue not in rt.keys:
-        fail(f"no queue {queue!r} (have: {', '.join(rt.keys)})", EXIT_REFUSED)
+        fail(str(UnknownQueue(queue, list(rt.keys))), EXIT_REFUSED)
     return Client(rt)
 
 

@@ -21,6 +21,7 @@ from runner.cli.root import (
 from runner.cli.target import Target
 from runner.errors import (
     ConfigError,
+    likely,
 )
 
 
@@ -52,7 +53,9 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     names = list(queues) or list(rt.config.queues)
     for q in names:
         if q not in rt.config.queues:
-            fail(f"configuration error: no queue {q!r} in {rt.config.source} "
+            close = likely(q, list(rt.config.queues))
+            hint = f"; did you mean {close}?" if close else ""
+            fail(f"configuration error: no queue {q!r} in {rt.config.source}{hint} "
                  f"(have: {', '.join(rt.config.queues)})", EXIT_CONFIG)
     for err in rt.registry.errors.values():
         logging.getLogger("runner").error("function not loaded: %s", err)

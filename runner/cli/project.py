@@ -17,11 +17,11 @@ from runner.cli.root import (
     emit,
     fail,
     load_config,
+    password_said,
     table,
 )
-from runner.errors import (
-    ConfigError,
-)
+from runner.errors import ConfigError
+from runner.store import urls
 
 
 @cli.command()
@@ -96,6 +96,9 @@ def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
         fail(str(exc), EXIT_CONFIG)
     except ScaffoldError as exc:
         fail(str(exc), EXIT_REFUSED)
+    from runner.config import state_dir
+
+    state_dir(cfg.root)  # .runner/ ignores itself before anything lands there
     click.echo(f"created {made.function}\ncreated {made.schema}\n"
                f"try it: runner enqueue {name} '{{\"name\": \"world\"}}'")
 
@@ -121,7 +124,7 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
         from runner.catalog.registry import Registry
         from runner.cli.target import resolve
         from runner.runtime import Runtime
-        from runner.store import roster
+        from runner.store import roster, steps
         from runner.store.census import counts, waiting_versions
         from runner.store.guard import redis_risks
         from runner.store.link import is_outage
@@ -146,13 +149,15 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
             report.problems.extend(checks.Problem("partitions", m, "warning")
                                    for m in (c.message() for c in report.partitions) if m)
             report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
+            report.problems.extend(checks.drift(reg, steps.suspended(rt.redis, every)))
             report.redis_checked = True
         except Exception as exc:
             if not is_outage(exc):
                 raise
-            report.problems.append(checks.Problem(
-                "redis", f"cannot reach {where.url} ({where.source}): {exc} "
-                "(the deploy gate did not run; --offline skips it)"))
+            # The words of every other command, scrubbed as fail() scrubs them.
+            said = urls.scrub(password_said(exc, where) or (
+                f"cannot reach {where.url} ({where.source}): {exc!s}"))
+            report.problems.append(checks.Problem("redis", f"{said} (the deploy gate did not run; --offline skips it)"))
             code = EXIT_REDIS
         finally:
             if rt is not None:
@@ -169,13 +174,15 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
 def _partition_changes(rt: Any) -> list[Any]:
     """What the configured counts of partitions imply against the tags recorded in Redis."""
     from runner.catalog.partitioning import changes
+    from runner.runtime import KEEP_MARGIN_S
     from runner.store import tagset
     from runner.store.census import counts
 
     own = {q: tuple(k.tag for k in p if not k.draining) for q, p in rt.parts.items()}
-    recorded = tagset.record_and_read(rt.redis, rt.config.redis.prefix, own, record=False)
+    seen = tagset.record_and_read_all(rt.redis, rt.config.redis.prefix, own, {}, record=False,
+                                      keep_s=rt.config.retention.done_s + KEEP_MARGIN_S)
     jobs = {f"{k.queue}|{k.tag}": counts(rt.redis, [k])[0] for p in rt.parts.values() for k in p if k.draining}
-    return changes({q: c.partitions for q, c in rt.config.queues.items()}, own, recorded, jobs)
+    return changes({q: c.partitions for q, c in rt.config.queues.items()}, own, seen.tags, jobs, seen.counts)
 
 
 def render_check(report: Any, strict: bool, code: int, where: Any = None) -> str:

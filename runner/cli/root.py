@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
+from runner import __version__
 from runner import config as config_mod
 from runner.cli.target import RULE, Target, resolve
 from runner.errors import (
@@ -21,7 +23,9 @@ from runner.errors import (
     RedisUnavailable,
     RunnerError,
     ValidationFailed,
+    password_problem,
 )
+from runner.store import urls
 
 EXIT_OK, EXIT_REFUSED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 EXIT_PENDING = 4  # `runner call`: the job had not ended at the timeout
@@ -29,8 +33,23 @@ JSONL_BATCH = 500
 _TARGET = "runner.target"  # the context's meta key of the server a command talks to
 
 
+_JSON_OUT = "runner.json_out"  # the context's meta key: this command wrote JSON on stdout
+
+
+def _json_error(body: dict[str, Any]) -> None:
+    """A command run with --json that refuses says so in JSON on stdout too (a script reads
+    one JSON document whatever happened), unless it wrote its JSON already."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.params.get("as_json") and not ctx.meta.get(_JSON_OUT):
+        emit(body, True)
+
+
 def fail(message: str, code: int) -> NoReturn:
-    click.secho(message, fg="red", err=True)
+    message = urls.scrub(message)  # an error may quote a Redis password
+    _json_error({"error": message, "exit_code": code})
+    from runner.store import codec  # (not at import: every --help would load it)
+
+    click.secho(codec.escaped(message, keep_lines=True), fg="red", err=True)
     sys.exit(code)
 
 
@@ -57,6 +76,13 @@ def target(ctx: click.Context) -> Target:
     return where
 
 
+def current_target() -> Target | None:
+    """The server the running command talks to, if it has picked one yet."""
+    ctx = click.get_current_context(silent=True)
+    where: Target | None = ctx.meta.get(_TARGET) if ctx is not None else None
+    return where
+
+
 def build_runtime(path: str | None, client_only: bool = False, reader: bool = False) -> Any:
     """The Runtime of a command; client commands follow a running `runner dev`'s embedded
     Redis unless REDIS_URL or the --config file names a server, and load functions/ and
@@ -71,11 +97,28 @@ def build_runtime(path: str | None, client_only: bool = False, reader: bool = Fa
         fail(f"configuration error: {exc}", EXIT_CONFIG)
 
 
+def password_said(exc: BaseException, where: Target | None) -> str | None:
+    """What every command says when the server turned the password down (the words of
+    errors.password_problem), or None for any other failure."""
+    problem = password_problem(exc)
+    if problem is None:
+        return None
+    what, todo = problem
+    at = f" at {where.url} (from {where.source})" if where is not None else ""
+    return (f"Redis{at} {what}.\n{todo[0].upper()}{todo[1:]}, in "
+            f"{where.source if where is not None else 'REDIS_URL'}.")
+
+
 def unavailable(exc: BaseException) -> NoReturn:
-    """Exit 3, saying where the command looked and how to get a Redis."""
+    """Exit 3, saying where the command looked and how to get a Redis (or, when the server
+    turned the password down, what was wrong with it and how to put it right: the words of
+    errors.password_problem, the same in every command)."""
     ctx = click.get_current_context(silent=True)
     where: Target | None = ctx.meta.get(_TARGET) if ctx is not None else None
     at = f" at {where.url} (from {where.source})" if where is not None else ""
+    said = password_said(exc, where)
+    if said is not None:
+        fail(said, EXIT_REDIS)
     dev = "unset REDIS_URL and run" if where is not None and where.source == "REDIS_URL" else "run"
     fail(f"Redis unavailable{at}: {exc}\nStart a Redis there, point REDIS_URL (or [redis] url in "
          f"runner.toml) at one that runs, or {dev} `runner dev`, which starts one of its own.", EXIT_REDIS)
@@ -113,25 +156,64 @@ def operator() -> str:
     return f"cli:{user}"
 
 
-def emit(data: Any, as_json: bool, human: str | None = None) -> None:
-    if as_json or human is None:
-        from runner.store import codec
+# The CLI's own colours (click.style: SGR sequences, which only colour text), left as
+# they are by the last guard of emit; every other escape is written out.
+_OWN_STYLE = re.compile("\x1b\\[[0-9;]*m")
 
-        click.echo(codec.dumpb(data).decode())
+
+def plain(text: str) -> str:
+    """``text`` with each character a terminal may act on written out (``\\x1b``,
+    ``\\u202e``), newlines included: one field of job data (a payload, an error, a
+    reason) for a terminal, which would otherwise act on an escape, or show a line
+    reordered, as a producer or a handler put it there."""
+    from runner.store import codec
+
+    return codec.escaped(text)
+
+
+def _guarded(human: str) -> str:
+    """The last guard on a command's human output: anything a terminal acts on that a
+    field's plain() missed is written out, but not the CLI's own colours."""
+    from runner.store import codec
+
+    out: list[str] = []
+    at = 0
+    for m in _OWN_STYLE.finditer(human):
+        out.append(codec.escaped(human[at:m.start()], keep_lines=True))
+        out.append(m.group())
+        at = m.end()
+    out.append(codec.escaped(human[at:], keep_lines=True))
+    return "".join(out)
+
+
+def emit(data: Any, as_json: bool, human: str | None = None) -> None:
+    # As a view shows it: a record another producer wrote with bytes that are not UTF-8
+    # prints with U+FFFD for them, never a traceback; and no control character reaches
+    # the terminal raw (fields are escaped by plain(); this is the last guard).
+    from runner.store import codec
+
+    if as_json or human is None:
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.meta[_JSON_OUT] = True
+        text = codec.dumpb_view(data).decode()
+        # Only inside strings, where JSON takes the same character as a \u escape.
+        click.echo(codec.escaped_json(text))
     else:
-        click.echo(human)
+        click.echo(_guarded(codec.shown_text(human)))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]] + [["" if c is None else plain(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
 
 
 def print_validation(exc: ValidationFailed) -> None:
+    _json_error({**refusal(exc), "exit_code": EXIT_REFUSED})
     click.secho(f"invalid payload for {exc.type} v{exc.version}:", fg="red", err=True)
     for e in exc.errors:
-        click.echo(f"  {e.path}: {e.message}", err=True)
+        click.echo(f"  {plain(e.path)}: {plain(e.message)}", err=True)
 
 
 def print_refused(label: str, refused: dict[str, Any]) -> None:
@@ -139,9 +221,9 @@ def print_refused(label: str, refused: dict[str, Any]) -> None:
     on a line of its own (the message of a validation failure would repeat them)."""
     errors = refused.get("errors", [])
     head = str(refused["error"]).split(": ", 1)[0] if errors else refused["error"]
-    click.secho(f"{label}: {head}", fg="red", err=True)
+    click.secho(plain(f"{label}: {head}"), fg="red", err=True)
     for e in errors:
-        click.echo(f"    {e['path']}: {e['message']}", err=True)
+        click.echo(f"    {plain(str(e['path']))}: {plain(str(e['message']))}", err=True)
 
 
 def refusal(exc: RunnerError) -> dict[str, Any]:
@@ -200,20 +282,64 @@ class RedisCommand(click.Command):
 # looked up (invoked, or listed by --help), so a command pays for its own module only.
 # Each module registers its commands on `cli` as it is imported.
 COMMANDS = {
-    "call": "calls", "cancel": "calls", "jobs": "calls",
+    "call": "calls", "cancel": "calls", "jobs": "calls", "signal": "calls",
     "dead": "dead",
+    "emit": "events", "events": "events",
     "enqueue": "jobs", "job": "jobs", "stats": "jobs",
     "pause": "pauses", "resume": "pauses",
     "worker": "processes", "web": "processes", "dev": "processes",
     "functions": "project", "new": "project", "check": "project",
     "schedules": "schedules",
     "token": "tokens",
+    "logs": "watching",
 }
+
+
+_WANTS_JSON = "runner.wants_json"  # the context's meta key: --json is on the command line
+
+
+def _wants_json(args: Sequence[str]) -> bool:
+    """--json among the options (before a ``--`` that ends them)."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def _usage_json(exc: click.ClickException) -> None:
+    """Click's own refusal (a bad option or value, a missing argument) of a command run
+    with --json, as JSON on stdout like every other refusal; click still writes its text
+    and usage line on stderr."""
+    emit({"error": exc.format_message(), "kind": type(exc).__name__, "exit_code": exc.exit_code}, True)
 
 
 class RootGroup(click.Group):
     """`runner`: its subcommands loaded on first use (COMMANDS); its --help ends with the
-    rule that picks a Redis, and the one it picks now."""
+    rule that picks a Redis, and the one it picks now. Under --json, a usage error is
+    JSON on stdout too: the parse of every command, and the usage errors its body raises,
+    run inside the root's make_context and invoke."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        wants = _wants_json(args)
+        try:
+            ctx = super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            if wants:
+                _usage_json(exc)
+            raise
+        ctx.meta[_WANTS_JSON] = wants
+        return ctx
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if ctx.meta.get(_WANTS_JSON) and not ctx.meta.get(_JSON_OUT):
+                _usage_json(exc)
+            raise
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *COMMANDS})
@@ -241,6 +367,8 @@ class RootGroup(click.Group):
 
 
 @click.group(cls=RootGroup)
+@click.version_option(__version__, "--version", prog_name="runner",
+                      message="%(prog)s %(version)s (runner-redis)")
 @click.option("--config", "config_path", envvar="RUNNER_CONFIG", default=None,
               help="Path to runner.toml (default: ./runner.toml). A [redis] url in it wins over a "
               "running `runner dev`.")

@@ -32,6 +32,7 @@ class Target:
     source: str
     prefix: str
     note: str | None = None
+    dev_pid: int | None = None  # the `runner dev` whose embedded server this is, followed
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"url": self.url, "source": self.source, "prefix": self.prefix}
@@ -52,7 +53,8 @@ def resolve(cfg: Config, config_named: bool, follow_dev: bool = True) -> tuple[C
     prefix = cfg.redis.prefix
     if session is not None and follow_dev and not explicit:
         source = f"the embedded server of the `runner dev` running for this project, pid {session.pid}"
-        return replace(cfg, redis=replace(cfg.redis, url=session.url)), Target(session.url, source, prefix)
+        return (replace(cfg, redis=replace(cfg.redis, url=session.url)),
+                Target(session.url, source, prefix, dev_pid=session.pid))
     note = None
     if session is not None and not same_server(cfg.redis.url, session.url):
         if not follow_dev:

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Request
 
 from runner.client import Client
-from runner.contrib.shared import shared_client
+from runner.contrib.shared import pinned_client, shared_client
 
 
 @asynccontextmanager
@@ -35,7 +35,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def get_client(request: Request) -> Client:
-    client: Any = getattr(request.app.state, "runner_client", None)
+    """The pinned client (a test's), else the one the lifespan built, else the shared one."""
+    client: Any = pinned_client() or getattr(request.app.state, "runner_client", None)
     return client if isinstance(client, Client) else shared_client()
 
 

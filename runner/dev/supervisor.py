@@ -46,7 +46,7 @@ from runner import config as config_mod
 from runner.config import Config
 from runner.dev.watcher import Watcher
 from runner.errors import ConfigError, RunnerError
-from runner.store.connection import UNAVAILABLE, connect, redact
+from runner.store.connection import UNAVAILABLE, connect, ping, redact
 from runner.store.embedded import ProjectServer
 from runner.store.guard import warn_redis_settings
 
@@ -61,7 +61,7 @@ def reachable(cfg: Config) -> bool:
     except ConfigError:
         return False
     try:
-        return bool(client.ping())
+        return ping(client)
     except UNAVAILABLE:
         return False
     except Exception:  # e.g. a password Redis refuses: not usable either
@@ -316,7 +316,7 @@ class Dev:
         current = self.cfg
         if (fresh.redis.url, fresh.redis.prefix) != self._configured_redis:
             log.warning("the Redis settings changed: restart `runner dev` to switch; still using %s",
-                        current.redis.url)
+                        redact(current.redis.url))
         fresh = replace(self._dev_config(fresh, current.redis.url), redis=current.redis)
         self.cfg = fresh
         self.rt.config = fresh
@@ -385,14 +385,14 @@ class Dev:
 
     def _requeue_pass(self, names: set[str]) -> None:
         from runner.client import Client
-        from runner.store.census import scan
+        from runner.store import census
 
         client = Client(self.rt)
         n = 0
         try:
             for k in [k for parts in self.rt.parts.values() for k in parts]:
                 queue = k.queue
-                for state, job_id, (type_, reason) in scan(self.rt.redis, k, ("type", "reason"),
+                for state, job_id, (type_, reason) in census.scan(self.rt.redis, k, ("type", "reason"),
                                                             ("scheduled", "dead")):
                     if self.stopping.is_set():
                         return
@@ -401,7 +401,7 @@ class Dev:
                     if state == "scheduled":
                         # Handed back while its function was away: due now (XX: only if
                         # it is still waiting there; promote moves it on).
-                        n += int(self.rt.redis.zadd(k.scheduled, {job_id: 0}, xx=True, ch=True))
+                        n += census.due_now(self.rt.redis, k, job_id)
                     elif reason == "unknown type":
                         try:
                             client.requeue(queue, job_id)

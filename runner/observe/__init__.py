@@ -3,5 +3,6 @@ and histogram buckets the scripts keep (metrics.py), and reading those figures b
 /metrics, GET /queues, the dashboard and `runner stats` (figures.py, through the Redis
 client of the runtime it is handed).
 
-May import: runner.config, runner.errors, the store's codec and itself.
+May import: runner.config, runner.errors, the store's codec and its plain reads (stats.py),
+and itself.
 """

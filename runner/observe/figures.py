@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from runner.config import QueueConfig
 from runner.observe import metrics
+from runner.store.stats import minute_hashes, partition_rows, ready_since, server_ms
 
 
 class Source(Protocol):
@@ -30,8 +31,9 @@ class Source(Protocol):
 
 # Claims held back, by reason: deferred (a full resource or concurrency limit), paused (a
 # pause), ratelimited (no rate token due yet).
-COUNTERS = ("enqueued", "succeeded", "retried", "dead", "duplicates", "deduplicated", "deferred", "paused",
-            "ratelimited", "lost", "expired", "followups", "relayed", "abandoned")
+COUNTERS = ("enqueued", "succeeded", "retried", "dead", "cancelled", "duplicates", "deduplicated", "deferred", "paused",
+            "ratelimited", "lost", "expired", "followups", "relayed", "abandoned", "steps", "replays", "sleeps",
+            "waits", "signals", "invokes")
 # The stats hash says "?" for jobs buried before their type could be read (malformed).
 MALFORMED = "?"
 _LE_MS: tuple[float, ...] = (*map(float, metrics.BUCKETS_MS), float("inf"))
@@ -175,8 +177,9 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str]) -> None:
             h.counts[_LE_INDEX[parts[2]]] = _int(value)
 
 
-def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[QueueFigures]:
-    """Every configured queue's figures, in two pipelined round trips.
+def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = True) -> list[QueueFigures]:
+    """Every configured queue's figures, in two pipelined round trips (and one for the
+    server's clock, unless ``now_ms`` is given: tests pin it).
 
     Functions loaded now appear even before they have run (with zeros), so a scrape sees
     a counter from its first value; ``loaded_functions=False`` leaves them out (only the
@@ -185,29 +188,16 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
     """
     keys = rt.keys
     rt.discover_due()  # a long-lived reader (a /metrics scrape) learns of draining partitions
+    if now_ms is None:
+        now_ms = server_ms(rt.redis)
     every = [k for parts in rt.parts.values() for k in parts]
-    pipe = rt.redis.pipeline(transaction=False)
-    for k in every:
-        pipe.llen(k.ready)
-        pipe.zcard(k.leases)
-        pipe.zcount(k.leases, "-inf", now_ms)
-        pipe.zcard(k.scheduled)
-        pipe.zcount(k.scheduled, "-inf", now_ms)
-        pipe.zcard(k.dead)
-        pipe.lindex(k.ready, -1)  # RPOP end: the next job a worker takes
-        pipe.hgetall(k.stats)
-        pipe.hgetall(k.paused)
-        pipe.zcard(k.prio)
-        pipe.zcard(k.cancelled)
-        pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
-    raw = pipe.execute()
+    rows = partition_rows(rt.redis, every, now_ms)  # each as store/stats.py's ROW names its fields
     # A partitioned queue's figures are its partitions' summed: every count and histogram
     # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
     sums: dict[str, list[Any]] = {}
     oldest: list[tuple[str, Any, str]] = []
     each: dict[str, list[PartitionFigures]] = {}
-    for i, k in enumerate(every):
-        row = raw[12 * i: 12 * i + 12]
+    for k, row in zip(every, rows, strict=True):
         if len(rt.parts[k.queue]) > 1:
             each.setdefault(k.queue, []).append(PartitionFigures(
                 k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1], scheduled=row[3],
@@ -244,16 +234,8 @@ def read_queues(rt: Source, now_ms: int, loaded_functions: bool = True) -> list[
             if q.name == fn.queue:
                 q.function(fn.name)
     if oldest:
-        pipe = rt.redis.pipeline(transaction=False)
-        for _, k, job_id in oldest:
-            pipe.hget(k.state(job_id), "ready_ms")
-            pipe.get(k.job(job_id))
-        got = pipe.execute(raise_on_error=False)
-        for (name, _, _), ready, record in zip(oldest, got[::2], got[1::2], strict=True):
-            # A job that waits untouched has no state: it became ready at creation.
-            # (The record string's fifth field is created_ms: see store/records.py.)
-            parts = record.split("\x1f", 5) if isinstance(record, str) else []
-            ready_ms = ready if isinstance(ready, str) else parts[4] if len(parts) > 5 else None
+        since = ready_since(rt.redis, [(k, job_id) for _, k, job_id in oldest])
+        for (name, _, _), ready_ms in zip(oldest, since, strict=True):
             if ready_ms:
                 q = by_name[name]
                 age = max(0.0, (now_ms - _int(ready_ms)) / 1000)
@@ -284,24 +266,21 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
     }
 
 
-def read_throughput(rt: Source, minutes: int, now_ms: int) -> dict[str, Any]:
+def read_throughput(rt: Source, minutes: int, now_ms: int | None = None) -> dict[str, Any]:
     """Per queue, each field of the per-minute hashes ("done", and any other the writers
-    add) as a series over the last ``minutes`` minutes, oldest first, with ``times`` the
-    start of each minute in epoch seconds; a minute with no hash counts 0."""
+    add) as a series over the last ``minutes`` minutes by the server's clock (unless
+    ``now_ms`` is given), oldest first, with ``times`` the start of each minute in epoch
+    seconds; a minute with no hash counts 0."""
+    if now_ms is None:
+        now_ms = server_ms(rt.redis)
     last = now_ms // 60_000
     span = list(range(last - minutes + 1, last + 1))
     rt.discover_due()
-    pipe = rt.redis.pipeline(transaction=False)
     every = [k for parts in rt.parts.values() for k in parts]
-    for k in every:
-        for m in span:
-            pipe.hgetall(k.throughput(m))
-    raw = pipe.execute()
     per_queue: dict[str, list[dict[str, int]]] = {}
-    for i, k in enumerate(every):  # a partitioned queue's minutes add up
-        hashes = raw[i * len(span): (i + 1) * len(span)]
-        acc = per_queue.setdefault(k.queue, [{} for _ in span])
-        for m, h in enumerate(hashes):
+    for k, minutes_of in zip(every, minute_hashes(rt.redis, every, span), strict=True):
+        acc = per_queue.setdefault(k.queue, [{} for _ in span])  # a partitioned queue's minutes add up
+        for m, h in enumerate(minutes_of):
             for f, v in h.items():
                 acc[m][f] = acc[m].get(f, 0) + _int(v)
     queues: dict[str, dict[str, list[int]]] = {}

@@ -12,7 +12,7 @@ import time
 from typing import Any, ClassVar
 
 from runner.config import LogConfig
-from runner.store import codec
+from runner.store import codec, urls
 
 # Record attributes that are not fields: the standard ones, and the ANSI-coloured copy of
 # the message that uvicorn attaches to its own records.
@@ -25,14 +25,16 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 6),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": urls.scrub(record.getMessage()),  # an error may quote a Redis password
         }
         for k, v in vars(record).items():
             if k not in _STANDARD and not k.startswith("_"):
                 out[k] = v
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return codec.dumps(out) if _jsonable(out) else str(out)
+            out["exc"] = urls.scrub(self.formatException(record.exc_info))
+        # JSON escapes C0 itself; C1 controls (U+009B is an 8-bit CSI), separators and
+        # bidi controls from a producer's text would reach whoever tails the log raw.
+        return codec.escaped_json(codec.dumps(out)) if _jsonable(out) else codec.escaped(str(out))
 
 
 def _jsonable(obj: Any) -> bool:
@@ -54,18 +56,20 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%H:%M:%S", time.localtime(record.created))
+        # A field (an error's message) or the message may quote a producer's text: its
+        # escapes are written out, so they never act on the terminal that shows the line.
         extras = " ".join(
-            f"{k}={v}" for k, v in vars(record).items()
+            f"{k}={codec.escaped(str(v))}" for k, v in vars(record).items()
             if k not in _STANDARD and not k.startswith("_") and v is not None
         )
         level = record.levelname
         if self.color:
             level = f"{self.COLORS.get(level, '')}{level:<7}\033[0m"
-        line = f"{ts} {level} {record.name}: {record.getMessage()}"
+        line = f"{ts} {level} {record.name}: {codec.escaped(urls.scrub(record.getMessage()), keep_lines=True)}"
         if extras:
             line += f"  [{extras}]"
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "\n" + codec.escaped(urls.scrub(self.formatException(record.exc_info)), keep_lines=True)
         return line
 
 

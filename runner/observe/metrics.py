@@ -1,6 +1,8 @@
 """Names of the cluster-wide counters kept in each queue's stats hash, and the histogram
-buckets. The worker adds them to the scripts it already calls (no extra round trip);
-/metrics, `runner stats` and the dashboard read the same hash.
+buckets. The worker adds them to the scripts it already calls (no extra round trip),
+except a success's: those of landed acks are summed in the worker (Pending) and added at
+most a second later, in one round trip for every job of that second (a SIGKILL loses at
+most that second's). /metrics, `runner stats` and the dashboard read the same hash.
 
     enqueued|<type>            accepted jobs
     succeeded|<type>           done by a handler
@@ -53,6 +55,47 @@ class Totals:
 
     def text(self) -> str:
         return " ".join(f"{f}={n}" for f, n in self.counts.items())
+
+
+# How long a success's figures may wait in the worker before they are added to the
+# stats hash: what a SIGKILL of the worker can lose of them.
+FLUSH_S = 1.0
+
+
+class Pending:
+    """Landed acks' stats fields, summed per stats hash until they are flushed: at 500
+    jobs/s, five HINCRBY per job inside the ack become a few per second."""
+
+    __slots__ = ("rows", "since")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, int]] = {}
+        self.since = 0.0  # monotonic time of the oldest unflushed figure; 0.0 none
+
+    def add(self, key: str, counts: dict[str, int], now: float) -> None:
+        if not counts:
+            return  # (nothing to add: no flush to schedule)
+        row = self.rows.setdefault(key, {})
+        for f, n in counts.items():
+            row[f] = row.get(f, 0) + n
+        if not self.since:
+            self.since = now
+
+    def add_fields(self, key: str, fields: str, now: float) -> None:
+        """One job's fields, as ack.lua reads them ("field field=N ...")."""
+        counts: dict[str, int] = {}
+        for tok in fields.split():
+            f, _, n = tok.partition("=")
+            counts[f] = counts.get(f, 0) + (int(n) if n else 1)
+        self.add(key, counts, now)
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until a flush is due (0 when it is), None with nothing pending."""
+        return max(0.0, self.since + FLUSH_S - now) if self.since else None
+
+    def take(self) -> dict[str, dict[str, int]]:
+        rows, self.rows, self.since = self.rows, {}, 0.0
+        return rows
 
 
 class _TypeFields:

@@ -1,7 +1,14 @@
-"""OpenTelemetry spans for a job's life (``pip install runner[otel]``): enqueue (the
-producer's, whose W3C traceparent travels in the job), wait (from ready to start), run
-(a child of the enqueue and linked to it, with the job's id, type, attempt, queue and
+"""OpenTelemetry spans for a job's life (``pip install 'runner-redis[otel]'``): enqueue
+(the producer's, whose W3C traceparent travels in the job), wait (from ready to start),
+run (a child of the enqueue and linked to it, with the job's id, type, attempt, queue and
 outcome) and settle (the write of the outcome, a child of the run).
+
+Jobs that jobs make stay in the producer's trace: a ``ctx.enqueue`` follow-up's enqueue
+span is a child of the run that asked for it, an ON_SUCCESS/ON_FAILURE destination's of
+the run that settled (``enqueue_under``), and a group's members and then-job carry the
+trace of the group's one enqueue span. The then-job has many parents: its run stays the
+group's enqueue span's child and links to the runs of the members (the first 127, a bound
+kept by the group's record: lua/includes/groups.lua, group_settle), each recorded as it settled.
 
 Off and free without the extra: every entry point checks one module constant and
 returns. With the API installed but no SDK configured (no tracer provider set), it stays
@@ -74,6 +81,25 @@ def enqueue_span(type_: str) -> Iterator[Any]:
         yield span
 
 
+@contextlib.contextmanager
+def enqueue_under(parent: Any, type_: str) -> Iterator[str | None]:
+    """The enqueue span of a job the runner writes for another job: an ON_SUCCESS or
+    ON_FAILURE destination (``parent``: the run's span context) or a lost job's ON_FAILURE
+    (``parent``: its traceparent). Yields the traceparent the new job carries, so its wait
+    and run spans stay in the trace; None when off or with no parent."""
+    if not parent or not enabled():
+        yield None
+        return
+    if isinstance(parent, str):
+        ctx = _PROPAGATOR.extract({"traceparent": parent})
+    else:
+        ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    attrs = {"messaging.system": "runner", "messaging.operation.type": "send", "runner.job.type": type_}
+    with _tracer().start_as_current_span(f"enqueue {type_}", context=ctx, kind=trace.SpanKind.PRODUCER,
+                                         attributes=attrs):
+        yield current_traceparent()
+
+
 def annotate(span: Any, **attrs: Any) -> None:
     """Add ``runner.job.<name>`` attributes to a span (a no-op for None)."""
     if span is not None:
@@ -82,17 +108,33 @@ def annotate(span: Any, **attrs: Any) -> None:
                 span.set_attribute(f"runner.job.{name}" if name != "queue" else "messaging.destination.name", value)
 
 
+def _span_context(traceparent: str) -> Any:
+    """The span context a W3C traceparent names (None for an unreadable one)."""
+    ctx = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+    return ctx if ctx.is_valid else None
+
+
+def traceparent_of(span_context: Any) -> str:
+    """A span context as a W3C traceparent ('' for None): what a group's record keeps
+    of a member's run, for the then-job's run to link to."""
+    if span_context is None or trace is None or not span_context.is_valid:
+        return ""
+    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{int(span_context.trace_flags):02x}"
+
+
 @contextlib.contextmanager
 def run_span(traceparent: str, job_id: str, type_: str, attempt: int, queue: str,
-             ready_ms: int) -> Iterator[Any]:
+             ready_ms: int, also: Sequence[str] = ()) -> Iterator[Any]:
     """The worker's span around one run of a handler, made current so that the handler's
-    own spans nest under it; preceded by a wait span from ``ready_ms`` to now."""
+    own spans nest under it; preceded by a wait span from ``ready_ms`` to now. It links to
+    its producer and to the spans ``also`` names (traceparents: a then-job's members' runs)."""
     if not enabled():
         yield None
         return
     parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
     producer = trace.get_current_span(parent).get_span_context() if parent is not None else None
     links = [trace.Link(producer)] if producer is not None and producer.is_valid else []
+    links += [trace.Link(c) for c in map(_span_context, also) if c is not None]
     attrs = {"messaging.system": "runner", "messaging.destination.name": queue,
              "runner.job.id": job_id, "runner.job.type": type_, "runner.job.attempt": attempt}
     tracer = _tracer()
@@ -107,11 +149,12 @@ def run_span(traceparent: str, job_id: str, type_: str, attempt: int, queue: str
 
 
 def outcome(span: Any, outcome_: str, error: dict[str, Any] | None = None) -> None:
-    """Record how a run ended: "done", "retry" or "dead" (with the error that caused it)."""
+    """Record how a run ended: "done", "retry", "dead" (with the error that caused it) or
+    "cancelled" (asked for, so no error)."""
     if span is None:
         return
     span.set_attribute("runner.job.outcome", outcome_)
-    if error and outcome_ != "done":
+    if error and outcome_ not in ("done", "cancelled"):
         span.set_status(trace.Status(trace.StatusCode.ERROR, f"{error.get('type')}: {error.get('message')}"))
 
 

@@ -9,6 +9,10 @@
   The held lists read are those of the functions paused now. It is a snapshot:
   a job that moves between two structures while it runs may be seen twice or not at all,
   which only matters for jobs that were runnable anyway.
+
+Besides: ``due_now``, `runner dev`'s nudge of a job handed back while its function was
+away, and ``every_id``, the test harness's list of every job a queue holds (it scans the
+job keys: never on a production path).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
             for job_id in chunk:
                 pipe.get(k.job(job_id))
                 pipe.hgetall(k.state(job_id))
-            replies = pipe.execute(raise_on_error=False)
+            replies = _checked(pipe.execute(raise_on_error=False))
             for n, job_id in enumerate(chunk):
                 rec, st = replies[2 * n], replies[2 * n + 1]
                 view = records.view(job_id, rec if isinstance(rec, str) else None,
@@ -108,3 +112,34 @@ def counts(redis: Any, keys: Keys) -> tuple[int, Counter[tuple[str, str, str, st
                 groups[(queue, "waiting", type_, version)] += int(n)
                 total += int(n)
     return total, groups
+
+
+def due_now(redis: Any, k: QueueKeys, job_id: str) -> bool:
+    """Make a scheduled job due now, if it still waits there (XX: one promote moved on
+    meanwhile stays moved); whether it did."""
+    return bool(redis.zadd(k.scheduled, {job_id: 0}, xx=True, ch=True))
+
+
+def done_ids(redis: Any, k: QueueKeys) -> list[str]:
+    """The ids with an outcome in the done generations kept (their logs list them)."""
+    gen = int(redis.hget(k.done_meta, "gen") or 0)
+    pipe = redis.pipeline(transaction=False)
+    for g in range(gen, gen - 4, -1):
+        pipe.lrange(k.done(g) + ":log", 0, -1)
+    return [i for ids in pipe.execute() for i in ids]
+
+
+def every_id(redis: Any, k: QueueKeys) -> set[str]:
+    """Every job id ``k`` holds a record or an outcome of: a SCAN over its job keys, and
+    the done logs. For tests (runner.testing): it walks the whole keyspace."""
+    pattern = k.job("*")
+    stem = pattern[:-1]
+    ids = {key[len(stem):] for key in redis.scan_iter(match=pattern, count=500) if not key.endswith(":s")}
+    return ids | set(done_ids(redis, k))
+
+
+def _checked(replies: Any) -> list[Any]:
+    """outage.checked, imported when called: the reading commands load no redis-py."""
+    from runner.store.outage import checked
+
+    return checked(replies)

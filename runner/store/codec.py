@@ -1,13 +1,140 @@
-"""The strict JSON codec used on the wire and in Redis (no pickle, ever)."""
+"""The strict JSON codec used on the wire and in Redis (no pickle, ever).
+
+One nesting limit, MAX_DEPTH, holds for every value the runner reads or writes: a body,
+a payload from any producer, a result, a stored record. The encoder (orjson) stops at
+255 levels and every view wraps a payload in a few levels of its own, so a value that
+passed the parser (1,024 levels) but not the limit could never be shown again.
+"""
 
 from __future__ import annotations
 
+import math
 import re
+import threading
 from typing import Any
 
 import orjson
 
 DecodeError = orjson.JSONDecodeError
+EncodeError = orjson.JSONEncodeError
+
+# Levels of arrays and objects in one value (``[]`` is 1, ``[[]]`` 2). Well under the
+# encoder's 255, so a view's own levels around a payload always encode; far over what a
+# real payload holds.
+MAX_DEPTH = 128
+# A handler's result is held to MAX_DEPTH - RESULT_HEADROOM: runner stores it inside
+# records of its own (a group's then-job payload adds 4 levels, an ON_SUCCESS body 1, a
+# job view 1), and each of those must still be within MAX_DEPTH.
+RESULT_HEADROOM = 8
+RESULT_DEPTH = MAX_DEPTH - RESULT_HEADROOM
+# A request body may wrap its payloads in a few levels of its own (a group's
+# {"members": [{"payload": ...}]}): each payload is then held to MAX_DEPTH on its own.
+ENVELOPE = 4
+
+
+class TooDeep(DecodeError):
+    """A value nested deeper than MAX_DEPTH. A DecodeError, so a stored record beyond the
+    limit (written by another producer) reads as unparseable wherever it is read."""
+
+    def __init__(self, path: str, limit: int = MAX_DEPTH) -> None:
+        where = path if len(path) <= 60 else path[:60] + "..."
+        self.limit = limit
+        self.detail = (f"the nesting depth is over the limit of {limit} levels of arrays and objects "
+                       f"(at {where}); flatten the value")
+        super().__init__(self.detail, "", 0)
+        self.path = path
+
+    def __str__(self) -> str:  # without the parser's position, which names none here
+        return self.detail
+
+
+class NotStorable(ValueError):
+    """A value JSON cannot hold, with the path of the offending part."""
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The path of the first array or object past ``limit`` levels in ``value``, or None."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, "$")]
+    while stack:
+        node, depth, path = stack.pop()
+        if isinstance(node, dict):
+            if depth > limit:
+                return path
+            stack.extend((v, depth + 1, f"{path}.{k}") for k, v in node.items()
+                         if isinstance(v, dict | list | tuple))
+        elif isinstance(node, list | tuple):
+            if depth > limit:
+                return path
+            stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(node)
+                         if isinstance(v, dict | list | tuple))
+    return None
+
+
+# orjson's encoder refuses past exactly 254 levels (a scalar in 254 lists encodes, in 255
+# it does not). So a value is within ``limit`` levels iff it still encodes inside
+# 254 - limit lists: the check runs in C, and the Python walk (too_deep) runs only to
+# name the path of a value already known to be too deep.
+_ENCODER_DEPTH = 254
+_chains = threading.local()
+
+
+def _wrapped(value: Any, limit: int) -> bytes:
+    """orjson.dumps of ``value`` inside 254 - ``limit`` lists (JSONEncodeError past it).
+    The chain of lists is built once per thread and reused: building 126 lists per call
+    would cost more than the encoding of a small value."""
+    outer = _ENCODER_DEPTH - limit
+    chains: dict[int, tuple[list[Any], list[Any]]] | None = getattr(_chains, "by_limit", None)
+    if chains is None:
+        chains = _chains.by_limit = {}
+    chain = chains.get(outer)
+    if chain is None:
+        inner: list[Any] = [None]
+        top = inner
+        for _ in range(outer - 1):
+            top = [top]
+        chain = chains[outer] = (top, inner)
+    top, inner = chain
+    inner[0] = value
+    try:
+        return orjson.dumps(top)
+    finally:
+        inner[0] = None
+
+
+def _may_be_deep(data: str | bytes, limit: int = MAX_DEPTH) -> bool:
+    # A value cannot nest deeper than it has brackets: two C scans spare nearly every
+    # value the re-encoding (brackets inside strings only make this err on the safe side).
+    if isinstance(data, str):
+        return data.count("[") + data.count("{") > limit
+    return data.count(b"[") + data.count(b"{") > limit
+
+
+def check_depth(value: Any, data: str | bytes, limit: int = MAX_DEPTH, named: int | None = None) -> None:
+    """Raise TooDeep when ``value`` (whose JSON text is ``data``) is past ``limit`` levels;
+    ``named``: the limit the error states, when the check allows for an envelope around
+    the value the user nests (a body's)."""
+    if _may_be_deep(data, limit):
+        try:
+            _wrapped(value, limit)
+        except orjson.JSONEncodeError:
+            path = too_deep(value, limit)
+            if path is not None:
+                raise TooDeep(path, limit if named is None else named) from None
+
+
+def dumpb_checked(obj: Any, limit: int = MAX_DEPTH) -> bytes:
+    """orjson.dumps(obj), refused with TooDeep past ``limit`` levels: one encoding in all,
+    inside the lists that make the encoder's own limit this one, sliced off after.
+    Any other JSONEncodeError (a set, an integer out of 64 bits) is raised as is."""
+    outer = _ENCODER_DEPTH - limit
+    try:
+        raw = _wrapped(obj, limit)
+    except orjson.JSONEncodeError:
+        path = too_deep(obj, limit)
+        if path is not None:
+            raise TooDeep(path, limit) from None
+        raise
+    return raw[outer:-outer]
 
 
 def dumps(obj: Any) -> str:
@@ -18,11 +145,124 @@ def dumpb(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
+def _parse(data: str | bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if exc.msg.startswith("depth limit exceeded"):  # orjson's own, at 1,024 levels
+            raise TooDeep(f"char {exc.pos}") from None
+        raise
+
+
 def loads(data: str | bytes) -> Any:
-    return orjson.loads(data)
+    """Decode JSON; a value past MAX_DEPTH is refused as undecodable (TooDeep)."""
+    value = _parse(data)
+    check_depth(value, data)
+    if _may_hold_long_ints(data):
+        import json  # the rare path: a stored result whose integers past 64 bits keep their digits
+
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError):
+            return value
+    return value
 
 
-_LONG_DIGITS = re.compile(rb"[0-9]{20,}")
+# Every byte to "0" (a digit), "-" or " ": a run of digits is then found by a C search.
+_DIGITS = bytes(48 if chr(b).isdigit() and b < 128 else (45 if b == 45 else 32) for b in range(256))
+
+
+def has_long_ints(data: str | bytes) -> bool:
+    """Whether the JSON text ``data`` may hold an integer past 64 bits (cheap; see below)."""
+    return _may_hold_long_ints(data)
+
+
+def _may_hold_long_ints(data: str | bytes) -> bool:
+    """Whether ``data`` holds an integer orjson reads as a float (over 2^64 - 1: 20 digits
+    and more; below -2^63: a minus and 19 digits). Two C passes; a run of digits inside a
+    string only costs an exact parse."""
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    if len(raw) < 20:
+        return False
+    shape = raw.translate(_DIGITS)
+    return b"00000000000000000000" in shape or b"-0000000000000000000" in shape
+
+
+def dumpb_view(obj: Any) -> bytes:
+    """A response's JSON, always. What cannot be encoded as it stands (written by another
+    producer, or before a limit held) is shown in a form that can: an integer past 64 bits
+    with every digit, a part nested too deep as a note in its place, a string with bytes
+    that were not UTF-8 (read back from Redis surrogate-escaped) with U+FFFD for each, any
+    other value as its text. Never an error."""
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        shown = _shown(obj, 0)
+    try:
+        return orjson.dumps(shown, default=str, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # an integer past 64 bits (a stored result): every digit
+        import json
+
+        return json.dumps(shown, default=str, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def dumps_view(obj: Any) -> str:
+    """dumpb_view as text, for the CLI's output."""
+    return dumpb_view(obj).decode()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def shown_text(text: str) -> str:
+    """``text`` with U+FFFD for each lone surrogate (a byte that was not UTF-8, read back
+    from Redis surrogate-escaped), which no JSON encoder or terminal takes."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+# What a terminal or a log reader may act on, or be misled by, in a producer's text: C0
+# controls, DEL, the C1 controls (U+009B is an 8-bit CSI), the line and paragraph
+# separators, and the bidi controls that reorder what a line shows (U+202E).
+_PAST_C0 = "\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE_ALL = re.compile(f"[\x00-\x1f{_PAST_C0}]")
+_UNSAFE_BUT_LINES = re.compile(f"[\x00-\x08\x0b-\x1f{_PAST_C0}]")  # (tab and newline kept)
+_UNSAFE_PAST_C0 = re.compile(f"[{_PAST_C0}]")
+
+
+def _written_out(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def escaped(text: str, keep_lines: bool = False) -> str:
+    """``text`` with each character a terminal may act on written out (``\\x1b``,
+    ``\\u202e``), newlines and tabs too unless ``keep_lines``: one field of a producer's
+    data for a terminal or a text log line."""
+    return (_UNSAFE_BUT_LINES if keep_lines else _UNSAFE_ALL).sub(_written_out, text)
+
+
+def escaped_json(text: str) -> str:
+    """JSON text with each such character past C0 (which JSON escapes itself) as a
+    ``\\uXXXX`` escape: they occur only inside strings, where it is the same character."""
+    return _UNSAFE_PAST_C0.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _shown(node: Any, depth: int) -> Any:
+    if isinstance(node, str):
+        return shown_text(node)
+    if isinstance(node, dict | list | tuple):
+        if depth >= MAX_DEPTH:
+            return f"(nested deeper than {MAX_DEPTH} levels: not shown)"
+        if isinstance(node, dict):
+            return {shown_text(k) if isinstance(k, str) else k: _shown(v, depth + 1) for k, v in node.items()}
+        return [_shown(v, depth + 1) for v in node]
+    return node
+
+
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
 
@@ -30,17 +270,55 @@ def loads_wire(data: bytes) -> Any:
     """Decode a request body strictly.
 
     orjson already refuses NaN, infinities, lone surrogates, invalid UTF-8 and nesting
-    deeper than 1024; but it turns an integer too big for 64 bits into a float, losing
-    digits silently. Such a body (rare: it needs a run of 20+ digits) is parsed again
-    exactly and refused if an integer is out of range. Duplicate keys keep the last value;
-    the payload is stored re-encoded, so every reader downstream sees that one value.
+    deeper than 1024, and this refuses nesting past MAX_DEPTH and a body's ENVELOPE
+    (TooDeep; the client holds each payload to MAX_DEPTH itself); but orjson turns
+    an integer out of 64 bits into a float, losing digits silently. Such a body (rare: it
+    needs a run of 19+ digits) is parsed again exactly and refused if an integer is out of
+    range. Duplicate keys keep the last value; the payload is stored re-encoded, so every
+    reader downstream sees that one value.
     """
-    value = orjson.loads(data)
-    if _LONG_DIGITS.search(data):
+    value = _parse(data)
+    check_depth(value, data, MAX_DEPTH + ENVELOPE, named=MAX_DEPTH)
+    if _may_hold_long_ints(data):
         import json  # the rare path: digits long enough to lose precision
 
-        _check_ints(json.loads(data), "$")
+        _check_ints(json.loads(data), "$")  # within MAX_DEPTH: no deep recursion here
     return value
+
+
+def check_payload_ints(data: bytes) -> None:
+    """ValueError, naming the path, when the JSON text ``data`` holds an integer a payload
+    cannot carry (past 64 bits): a stored result may keep one, but a result passed on as
+    another job's payload (ON_SUCCESS) may not."""
+    if _may_hold_long_ints(data):
+        import json
+
+        _check_ints(json.loads(data), "$")
+
+
+def not_json(value: Any) -> tuple[str, str] | None:
+    """(path, why, the path named in it) for the first part of ``value`` a payload cannot
+    carry: an integer past 64 bits, a value JSON cannot hold (a set, NaN, a key of another
+    type), a string with lone surrogates; None when it encodes. For an error that names
+    where to look, on the path where orjson refused (its own error names none)."""
+    try:
+        _check_ints(value, "$")
+    except ValueError as exc:
+        return getattr(exc, "path", "$"), str(exc)
+    why = _unstorable(value, "$")
+    if why:
+        return "$", why
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        return "$", f"the value at $ is not JSON: {exc}"
+    return None
+
+
+class _OutOfRange(ValueError):
+    def __init__(self, path: str) -> None:
+        super().__init__(f"integer at {path} does not fit in 64 bits (from -2^63 to 2^64-1); send it as a string")
+        self.path = path
 
 
 def _check_ints(node: Any, path: str) -> None:
@@ -48,13 +326,70 @@ def _check_ints(node: Any, path: str) -> None:
         return
     if isinstance(node, int):
         if not INT_MIN <= node <= INT_MAX:
-            raise ValueError(f"integer at {path} does not fit in 64 bits")
+            raise _OutOfRange(path)
     elif isinstance(node, dict):
         for k, v in node.items():
             _check_ints(v, f"{path}.{k}")
-    elif isinstance(node, list):
+    elif isinstance(node, list | tuple):
         for i, v in enumerate(node):
             _check_ints(v, f"{path}[{i}]")
+
+
+def dumpb_result(obj: Any) -> bytes:
+    """A handler's return value as JSON, as Python's ``json`` would store it: keys that
+    are numbers, booleans or None become strings, integers past 64 bits keep their
+    digits. NotStorable, with the offending path, for what JSON cannot hold (an object of
+    another type) and for nesting past RESULT_DEPTH."""
+    try:
+        return dumpb_checked(obj, RESULT_DEPTH)
+    except TooDeep as exc:
+        raise NotStorable(f"the value at {exc.path} is nested deeper than {RESULT_DEPTH} levels (a result "
+                          f"leaves {RESULT_HEADROOM} of the {MAX_DEPTH}-level limit to the records built around "
+                          "it: a group's then-job, an ON_SUCCESS body); flatten it") from None
+    except orjson.JSONEncodeError:
+        return _json_like(obj)
+
+
+def _json_like(obj: Any) -> bytes:
+    import json
+
+    def other(o: Any) -> Any:  # what orjson encodes and json does not (datetime, UUID, dataclass)
+        try:
+            return orjson.loads(orjson.dumps(o))
+        except orjson.JSONEncodeError:
+            raise TypeError from None
+
+    try:
+        return json.dumps(obj, default=other, allow_nan=False, separators=(",", ":"),
+                          ensure_ascii=False).encode()
+    except (TypeError, ValueError):
+        raise NotStorable(_unstorable(obj, "$")) from None
+
+
+def _unstorable(node: Any, path: str) -> str:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if not isinstance(k, str | int | float | bool) and k is not None:
+                return f"the key {k!r} at {path} is a {type(k).__name__}; keys must be strings or numbers"
+            found = _unstorable(v, f"{path}.{k}")
+            if found:
+                return found
+        return ""
+    if isinstance(node, list | tuple):
+        for i, v in enumerate(node):
+            found = _unstorable(v, f"{path}[{i}]")
+            if found:
+                return found
+        return ""
+    if isinstance(node, float) and not math.isfinite(node):
+        return f"the value at {path} is {node!r}, which JSON cannot hold"
+    if isinstance(node, int | str | bool | float) or node is None:
+        return ""
+    try:
+        orjson.dumps(node)
+    except orjson.JSONEncodeError:
+        return f"the value at {path} ({type(node).__name__}) is not JSON"
+    return ""
 
 
 def canonical(value: Any) -> Any:

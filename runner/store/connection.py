@@ -25,6 +25,8 @@ settled under its own id.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -42,11 +44,11 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from runner.config import RedisConfig
-from runner.errors import ConfigError
+from runner.errors import ConfigError, RedisUnavailable
 from runner.store import link
 from runner.store.urls import redact
 
-__all__ = ["UNAVAILABLE", "connect", "redact"]
+__all__ = ["UNAVAILABLE", "connect", "ping", "reachable", "redact", "refusal", "unreachable"]
 
 
 class PersistenceFailed(ResponseError):
@@ -55,12 +57,18 @@ class PersistenceFailed(ResponseError):
     and it clears by itself once Redis can write again."""
 
 
+class RedisBusy(ResponseError):
+    """BUSY: Redis is running a script past its busy threshold and answers nothing else
+    until it ends. The command did not run; an outage like any other, waited out."""
+
+
 class _Parser(DefaultParser):  # type: ignore[misc, valid-type]
-    """redis-py's reply parser, with MISCONF raised as PersistenceFailed instead of a
-    bare ResponseError (which the loops would take for a bug and log with tracebacks)."""
+    """redis-py's reply parser, with MISCONF raised as PersistenceFailed and BUSY as
+    RedisBusy instead of a bare ResponseError (which the loops would take for a bug and
+    log with tracebacks)."""
 
     EXCEPTION_CLASSES: ClassVar[dict[str, Any]] = {**DefaultParser.EXCEPTION_CLASSES,
-                                                    "MISCONF": PersistenceFailed}
+                                                    "MISCONF": PersistenceFailed, "BUSY": RedisBusy}
 
 
 # Exceptions that mean "Redis is not reachable right now".
@@ -74,9 +82,88 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     TryAgainError,  # a slot being migrated
     OutOfMemoryError,  # maxmemory reached under noeviction: refused before it ran, wait it out
     PersistenceFailed,  # MISCONF: writes refused until Redis can persist again
+    RedisBusy,  # BUSY: a script runs past the busy threshold; nothing else runs meanwhile
     ConnectionError,
     OSError,
 )
+
+
+def refused_before_running(exc: BaseException) -> bool:
+    """Whether Redis refused the command before it ran (MISCONF: it cannot persist; OOM:
+    maxmemory under noeviction), on redis-py's connection or the event loop's
+    (link.ReplyError): nothing was written, unlike a connection lost mid-call."""
+    return isinstance(exc, (PersistenceFailed, OutOfMemoryError)) or (
+        isinstance(exc, link.ReplyError) and exc.code in ("MISCONF", "OOM"))
+
+
+# What Redis said when it answered but refused (its error code), and the next step for
+# each: unlike a lost connection, checking that Redis runs or where REDIS_URL points
+# helps with none of these.
+_REFUSALS: dict[str, str] = {
+    "OOM": "Redis refused the write: {exc}{told}; it is at its maxmemory: free memory (shorter "
+           "retention, drained queues) or raise maxmemory, then retry",
+    "MISCONF": "Redis refused the write: {exc}{told}; it cannot save its data (see its log: a full disk, "
+               "a failing save) and refuses writes until it can: fix that, then retry",
+    "READONLY": "Redis refused the write: {exc}{told}; this server is a read-only replica (a failover "
+                "under way, or REDIS_URL pointing at a replica): retry once the master is back, or point "
+                "REDIS_URL or [redis] url at the master",
+    "BUSY": "Redis is busy: {exc}{told}; a script runs past its time limit and Redis answers nothing "
+            "else: retry once it ends (SCRIPT KILL ends a script that wrote nothing)",
+    "LOADING": "Redis is loading its data: {exc}{told}; retry once it has loaded",
+    "CLUSTER": "Redis Cluster cannot serve this now: {exc}{told}; a failover or slot migration is under "
+               "way: retry shortly (if it lasts, check the cluster with redis-cli --cluster check)",
+}
+_REFUSED_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
+    (OutOfMemoryError, "OOM"), (PersistenceFailed, "MISCONF"), (redis.exceptions.ReadOnlyError, "READONLY"),
+    (RedisBusy, "BUSY"), (redis.exceptions.BusyLoadingError, "LOADING"), (ClusterDownError, "CLUSTER"),
+    (SlotNotCoveredError, "CLUSTER"), (TryAgainError, "CLUSTER"),
+)
+_REFUSED_CODES = {"OOM": "OOM", "MISCONF": "MISCONF", "READONLY": "READONLY", "BUSY": "BUSY",
+                  "LOADING": "LOADING", "CLUSTERDOWN": "CLUSTER", "MASTERDOWN": "CLUSTER", "TRYAGAIN": "CLUSTER"}
+
+
+def refusal(exc: BaseException | None) -> str | None:
+    """How Redis refused while it answered, None for anything else (a connection lost or
+    refused): "OOM", "MISCONF", "READONLY", "BUSY", "LOADING" or "CLUSTER". Read off
+    redis-py's error classes, an event-loop link's reply code, or the cause of a
+    RedisUnavailable made from either."""
+    seen = 0
+    while exc is not None and seen < 4:  # a short chain: RedisUnavailable <- the reply
+        for cls, code in _REFUSED_CLASSES:
+            if isinstance(exc, cls):
+                return code
+        if isinstance(exc, link.ReplyError) and exc.code in _REFUSED_CODES:
+            return _REFUSED_CODES[exc.code]
+        exc, seen = exc.__cause__, seen + 1
+    return None
+
+
+def unreachable(exc: BaseException, told: str = "") -> RedisUnavailable:
+    """What an outage (one of UNAVAILABLE) becomes for a caller of the public API: one
+    error, RedisUnavailable, in one wording per kind: what happened, ``told`` (what became
+    of a batch), and what to do. Redis refusing while it answers (maxmemory, a read-only
+    replica, a failed save, a long script, loading, a cluster failover) gets its own next
+    step; anything else is unreachable. Raise it ``from exc``."""
+    code = refusal(exc)
+    if code is not None:
+        return RedisUnavailable(_REFUSALS[code].format(exc=exc, told=told))
+    return RedisUnavailable(f"Redis is unreachable: {exc}{told}; retry once it answers (check that it runs "
+                            "and that REDIS_URL or [redis] url points at it)")
+
+
+@contextlib.contextmanager
+def reachable() -> Iterator[None]:
+    """Raise an outage inside as ``unreachable`` says; every other error as it is."""
+    try:
+        yield
+    except UNAVAILABLE as exc:
+        raise unreachable(exc) from exc
+
+
+def ping(client: Any) -> bool:
+    """One PING: True when the server answers it; its error (an outage, a refused
+    password) otherwise."""
+    return bool(client.ping())
 
 SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",
            "redis+sentinel://", "rediss+sentinel://")
@@ -185,10 +272,30 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     if password:
         kwargs["password"] = password
     kwargs.update(overrides)
+    class Cluster(RedisCluster):
+        """The client sends COMMAND once, as it is built, to its first master: with that
+        master down (one dead shard), it asks the others, so a process still starts and
+        serves the live shards (docs/partitions.md, "A shard down")."""
+
+        def command(self, **kw: Any) -> Any:
+            try:
+                return super().command(**kw)  # type: ignore[no-untyped-call]
+            except UNAVAILABLE:
+                for node in self.get_primaries():  # type: ignore[no-untyped-call]
+                    try:
+                        return self.execute_command("COMMAND", target_nodes=node, **kw)  # type: ignore[no-untyped-call]
+                    except UNAVAILABLE:
+                        continue
+                raise
+
     try:
-        return RedisCluster(
+        # Static startup nodes: the client learns the layout again after any failed call,
+        # and closes every connection of the node it asked; with the layout's own nodes as
+        # startup nodes (the default) that is every connection in use on a live master, so
+        # one dead shard failed the calls of every thread on the others, again and again.
+        return Cluster(
             startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,  # type: ignore[no-untyped-call]
-            require_full_coverage=True, **kwargs,
+            require_full_coverage=True, dynamic_startup_nodes=False, **kwargs,
         )
     except RedisClusterException as exc:
         # The client reads the cluster's layout at once: no node answering is an outage
@@ -223,6 +330,14 @@ def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         sentinel_kwargs["password"] = query["sentinel_password"]
     if "sentinel_username" in query:
         sentinel_kwargs["username"] = query["sentinel_username"]
+    from runner.store.sentinel import Watch, WatchedConnection, WatchedSSLConnection
+
+    # Every connection follows Sentinel's failover events (sentinel.py): cut at once from a
+    # master being replaced, and never made to it again.
+    kwargs["connection_class"] = WatchedSSLConnection if kwargs.get("ssl") else WatchedConnection
     sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **kwargs)  # type: ignore[no-untyped-call]
-    return sentinel.master_for(service, **kwargs)  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(service, **kwargs)  # type: ignore[no-untyped-call]
+    pool = client.connection_pool
+    pool.runner_watch = Watch(sentinels, service, pool, sentinel_kwargs).start()
+    return client
 

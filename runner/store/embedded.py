@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from runner.config import STATE_DIR, Config
+from runner.config import STATE_DIR, Config, state_dir
 from runner.errors import RunnerError
 from runner.store import codec
 from runner.store.session import _alive, dev_session, session_file
@@ -154,6 +154,7 @@ class ProjectServer:
         """Take the project's lock, start the server and write the session file. A refusal
         or a failure leaves nothing behind and touches nothing of the `runner dev` that
         holds the lock: its server and session file are its own."""
+        state_dir(self.data_dir.parent.parent)  # .runner/, git-ignored
         self.data_dir.mkdir(parents=True, exist_ok=True)
         lock = open(self.data_dir / "dev.lock", "w")  # noqa: SIM115 - held until stop()
         try:

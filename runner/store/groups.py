@@ -3,7 +3,7 @@
 A group lives under its members' queue tag (keys.py): its hash (total, left, done, dead,
 cancelled, sealed, the then-job, created_ms, completed_ms) and its outcomes hash (member
 index -> outcome JSON). The scripts write both (group.lua, and the settling scripts
-through group_settle in _lib.lua); this module only reads.
+through group_settle in includes/groups.lua); this module only reads.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def read(redis: Any, keys: Mapping[str, QueueKeys], group_id: str) -> GroupState
     pipe = redis.pipeline(transaction=False)
     for k in keys.values():
         pipe.hgetall(k.group(group_id))
-    for queue, fields in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+    for queue, fields in zip(keys, _checked(pipe.execute(raise_on_error=False)), strict=True):
         if isinstance(fields, dict) and fields.get("then"):
             return GroupState(group_id, queue, fields)
     return None
@@ -77,3 +77,10 @@ def outcomes(redis: Any, k: QueueKeys, group_id: str, total: int) -> Iterator[An
     for start in range(1, total + 1, PAGE):
         for raw in redis.hmget(key, [str(i) for i in range(start, min(start + PAGE, total + 1))]):
             yield codec.loads(raw) if raw is not None else None
+
+
+def _checked(replies: Any) -> list[Any]:
+    """outage.checked, imported when called: the reading commands load no redis-py."""
+    from runner.store.outage import checked
+
+    return checked(replies)

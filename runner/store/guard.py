@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from runner.errors import password_line
+from runner.store import urls
 from runner.store.link import is_outage
 
 log = logging.getLogger("runner.guard")
@@ -61,13 +63,19 @@ def connected_replicas(client: Any) -> int:
 
 
 def warn_redis_settings(client: Any, wait_replicas: int = 0) -> list[str]:
-    """Log each risk as a loud warning; Redis down at start-up is a warning, not fatal."""
+    """Log each risk as a loud warning; Redis down at start-up is a warning, not fatal. A
+    refused password is one error line in the words every process uses (it lasts until the
+    URL or the server changes; the loops then say the same)."""
     try:
         risks = redis_risks(client, wait_replicas)
     except Exception as exc:
         if not is_outage(exc):
             raise
-        log.warning("cannot check Redis settings now: %s", exc)
+        refused = password_line(exc)
+        if refused is not None:
+            log.error("cannot check Redis settings: %s", refused)
+        else:
+            log.warning("cannot check Redis settings now: %s", urls.scrub(str(exc)))
         return []
     for r in risks:
         log.warning("REDIS RISK: %s", r)

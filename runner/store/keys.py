@@ -5,13 +5,17 @@ slot and the layout runs unchanged on Redis Cluster::
 
     <prefix>:{<queue>}:ready          LIST    job ids ready to run (LPUSH in, RPOP out)
     <prefix>:{<queue>}:leases         ZSET    claimed job ids -> lease deadline (ms)
+    <prefix>:{<queue>}:leases:since   ZSET    the same ids -> when claimed (ms): the processing
+                                              list's order, which a renewal does not move
     <prefix>:{<queue>}:claims         HASH    claimed job id -> "<token> <attempt> <started_ms> <flags>"
     <prefix>:{<queue>}:donegen        HASH    the current done generation: gen, since, n
-    <prefix>:{<queue>}:done:<gen>     HASH    done job id -> its outcome (see _lib.lua)
+    <prefix>:{<queue>}:done:<gen>     HASH    done job id -> its outcome: type, version, attempt, start,
+                                              run time, history, result (see includes/records.lua)
     <prefix>:{<queue>}:done:<gen>:log LIST    the generation's done ids, newest first
     <prefix>:{<queue>}:res:<id>       STRING  an outcome kept on its own (KEEP_RESULT), expires
     <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate)
-    <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying and deferred ids -> due (ms)
+    <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying, rate-limited and handed-back ids
+                                              -> due (ms)
     <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
     <prefix>:{<queue>}:cancelled      ZSET    cancelled ids -> time of the cancel (ms), trimmed
                                               at the done retention (the job list's index)
@@ -21,32 +25,52 @@ slot and the layout runs unchanged on Redis Cluster::
                                               (their worker drops them; see lua/cancel.lua), and
                                               "pause <queue> <function or *>" (Client.pause)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
-    <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after a few hours
+    <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after 6 h
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
-    <prefix>:{<queue>}:job:<id>:s     HASH    its state once it has one (status, attempt, history...)
+    <prefix>:{<queue>}:job:<id>:s     HASH    its state once it has one (status, attempt, history,
+                                              error, priority...)
+    <prefix>:{<queue>}:log:<id>       LIST    the job's log lines (JSON), oldest first, bounded; it
+                                              expires with the job's retention (store/joblogs.py)
+    <prefix>:{<queue>}:stream:<id>    STREAM  the job's streamed output (ctx.stream), bounded; it
+                                              expires with the job's retention
     <prefix>:{<queue>}:idem:<type>:<key>  STRING  "<job id> <payload hash> [done]"; no expiry
                                               until its job completes (then the retention)
     <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline
                                               ms, "=<id>" -> end of a slot reserved for a woken job
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
-    <prefix>:{<queue>}:lim:q:<...>    STRING  a RATE_LIMIT bucket: GCRA arrival time (ms), expires when full
+    <prefix>:{<queue>}:lim:q:<type>   STRING  a function's RATE_LIMIT bucket: GCRA arrival time (ms),
+                                              expires when full
+    <prefix>:{<queue>}:lim:qk:<key>   STRING  a keyed RATE_LIMIT bucket, one per rendered key for
+                                              every function that renders it
     <prefix>:{<queue>}:limwait        ZSET    limit keys with parked ids -> next sweep ms
-    <prefix>:{<queue>}:outbox         LIST    follow-ups for other queues (JSON), written by an
-                                              ack, moved by the relay (worker/relay.py)
+    <prefix>:{<queue>}:outbox         LIST    follow-ups and then-jobs for other queues (JSON),
+                                              written by an ack, moved by the relay (worker/relay.py)
     <prefix>:{<queue>}:lost           LIST    ids the reclaim buried as "worker lost": their
                                               ON_FAILURE jobs, which the scheduler writes
     <prefix>:{<queue>}:group:<id>     HASH    a group (fan-in): total, left, done, dead, cancelled,
-                                              sealed, then (its then-job), ... (see _lib.lua)
+                                              sealed, then (its then-job), ... (see includes/groups.lua)
     <prefix>:{<queue>}:group:<id>:o   HASH    member index -> its outcome (JSON)
     <prefix>:{<queue>}:prio           ZSET    ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
     <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
-    <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first
+    <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first (at the head)
     <prefix>:{<queue>}:schedules      HASH    schedule id -> digest of its winning definition
     <prefix>:{<queue>}:schedules:seen HASH    schedule id -> when a worker holding its winning
                                               definition last said it lives (server ms)
-    <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, line_at, tick, fired, job, counts
+    <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, line_at, tick, fired, job, counts,
+                                              the outbox entries of its last jobs sent away
     <prefix>:{<queue>}:partitions     SET     the hash tags any process routes the queue's jobs to
                                               (tagset.py); kept under the queue's own tag
+    <prefix>:{<queue>}:partition_counts ZSET  each count of partitions a process routed by ->
+                                              when it last said so (ms; tagset.py)
+    <prefix>:{<queue>}:lim:<key>:at   STRING  "1": a job under limit <key> was enqueued in this
+                                              partition within a retention (routing.py looks)
+    <prefix>:{<queue>}:events         LIST    recent events whose home is this partition, newest
+                                              first, capped (JSON records: id, name, at_ms, data,
+                                              jobs; see lua/emit.lua)
+    <prefix>:{<queue>}:emit:<name>:<key> HASH an emit's Idempotency-Key: hash (of its data),
+                                              record; expires (see client/emitting.py)
+    <prefix>:{<queue>}:idem:~debounce:<type>:<key>  HASH  a DEBOUNCE burst: id (its one job),
+                                              first (ms of its first enqueue); expires (includes/jobs.lua)
 
 A queue with ``partitions = N`` (see docs/partitions.md) has this whole set once per
 partition, each under the partition's own tag (``partition_tags``): ``{<queue>}`` for the
@@ -56,29 +80,35 @@ in one partition for its whole life; every script touches one partition's keys. 
 partition that the current count no longer has (``partitions`` changed) keeps its tag and
 is served until it drains: its keys come after the current ones, ``draining``.
 
-One key is global, outside every queue's tag (its own slot on Redis Cluster)::
+These keys are global, outside every queue's tag (each in its own slot on Redis Cluster)::
 
-    <prefix>:audit                    LIST    who did what (requeue, delete, purge), newest
-                                              first, capped (see audit.py)
+    <prefix>:audit                    LIST    who did what (requeue, delete, purge, cancel, pause,
+                                              resume, bulk), newest first, capped (see audit.py)
     <prefix>:workers                  HASH    live workers: what they serve and know (roster.py)
+    <prefix>:place:<queue>:{<digest>} STRING  the partition a route key was placed in while two
+                                              counts of partitions are live (routing.py)
     <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
 
 A claim lives in the queue's ``claims`` hash, not in the record: a claim costs a read of
 the record and no write to it. A success deletes the record and its state, and keeps
 a short outcome in the current done generation (a quarter of the retention, or of the
 count bound; four are kept, the oldest dropped whole). records.py lays record, state,
-claim and outcome into one view. ``leases`` and ``claims`` always hold the same ids.
+claim and outcome into one view. ``leases``, ``leases:since`` and ``claims`` always hold the same ids (a
+claim writes them together and ``unclaim`` in includes/claims.lua drops them together).
 
-A schedule's keys live under its function's queue tag, so a tick's check and its job's
-enqueue are one script in one slot (see lua/tick.lua); a removed schedule's state stays
-a week as a tombstone, so a worker with an older definition cannot bring it back.
+A schedule's keys live under its function's queue tag (the home partition's), so a tick's
+check and its job's enqueue are one script in one slot (see lua/tick.lua); a tick's job
+whose keys route it to another partition goes to that slot's outbox in the same script,
+and is placed from there. A removed schedule's state stays a week as a tombstone, so a
+worker with an older definition cannot bring it back.
 
 A job id never moves between queues, so a job's record lives under its queue's tag.
 Scripts whose ids are only known inside Redis (claim, reclaim, promote) get the
 ``job:``/``idem:``/``lim:``/``tput:`` prefixes as KEYS and append the id, key or
 minute: the prefix carries the tag, so the resulting key is in the same slot. A limit
-key is "r:<resource>" for a RESOURCE_KEY (limit 1), "c:<type>[:<key>]" for CONCURRENCY and
-"q:<type>[:<key>]" for a RATE_LIMIT bucket; see catalog/limits.py and _lib.lua.
+key is "r:<resource>" for a RESOURCE_KEY (limit 1), "c:<type>" or "ck:<key>" for CONCURRENCY
+and "q:<type>" or "qk:<key>" for a RATE_LIMIT bucket (a rendered key is shared by every
+function); see catalog/limits.py and includes/limits.lua.
 """
 
 from __future__ import annotations
@@ -107,6 +137,7 @@ class QueueKeys:
     base: str = field(init=False)
     ready: str = field(init=False)
     leases: str = field(init=False)
+    running: str = field(init=False)
     claims: str = field(init=False)
     done_meta: str = field(init=False)
     done_prefix: str = field(init=False)
@@ -133,12 +164,17 @@ class QueueKeys:
     schedules: str = field(init=False)
     schedules_seen: str = field(init=False)
     schedule_prefix: str = field(init=False)
+    log_prefix: str = field(init=False)
+    stream_prefix: str = field(init=False)
+    emitted: str = field(init=False)
+    emit_prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.tag:
             object.__setattr__(self, "tag", self.queue)
         base = f"{self.prefix}:{{{self.tag}}}:"
         for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
+                             ("running", "leases:since"),
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),
                              ("scheduled", "scheduled"), ("dead", "dead"), ("cancelled", "cancelled"),
@@ -148,7 +184,8 @@ class QueueKeys:
                              ("outbox", "outbox"), ("lost", "lost"), ("group_prefix", "group:"),
                              ("paused", "paused"), ("held_prefix", "held:"), ("prio", "prio"),
                              ("schedules", "schedules"), ("schedules_seen", "schedules:seen"),
-                             ("schedule_prefix", "schedule:")):
+                             ("schedule_prefix", "schedule:"), ("log_prefix", "log:"),
+                             ("stream_prefix", "stream:"), ("emitted", "events"), ("emit_prefix", "emit:")):
             object.__setattr__(self, name, base + suffix)
 
     @property
@@ -166,6 +203,12 @@ class QueueKeys:
     def job(self, job_id: str) -> str:
         return self.job_prefix + job_id
 
+    def log(self, job_id: str) -> str:
+        return self.log_prefix + job_id
+
+    def stream(self, job_id: str) -> str:
+        return self.stream_prefix + job_id
+
     def state(self, job_id: str) -> str:
         return self.job_prefix + job_id + ":s"
 
@@ -179,8 +222,12 @@ class QueueKeys:
         return self.lim_prefix + key
 
     def waiters(self, key: str) -> str:
-        """The LIST of jobs parked on limit ``key``, oldest first (see wake_parked in _lib.lua)."""
+        """The LIST of jobs parked on limit ``key``, oldest first (see wake_parked in includes/parking.lua)."""
         return self.lim_prefix + key + ":w"
+
+    def placed(self, key: str) -> str:
+        """The marker of a job under limit ``key`` enqueued here lately (see routing.py)."""
+        return self.lim_prefix + key + ":at"
 
     def group(self, group_id: str) -> str:
         return self.group_prefix + group_id
@@ -256,6 +303,17 @@ def for_partitions(prefix: str, queue: str, n: int) -> tuple[QueueKeys, ...]:
 def partition_set(prefix: str, queue: str) -> str:
     """The tags a queue's jobs are routed to by any process (tagset.py)."""
     return f"{prefix}:{{{queue}}}:partitions"
+
+
+def partition_counts(prefix: str, queue: str) -> str:
+    """The counts of partitions processes route a queue's jobs by (tagset.py)."""
+    return f"{prefix}:{{{queue}}}:partition_counts"
+
+
+def place_prefix(prefix: str, queue: str) -> str:
+    """The start of a queue's place keys: where a route key's partition is claimed while
+    two counts are live (routing.Placement; each key under a hash tag of its own)."""
+    return f"{prefix}:place:{queue}"
 
 
 def clock_offset(prefix: str) -> str:

@@ -34,7 +34,7 @@ from runner.errors import RedisUnavailable
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["CLIENT_NAME", "CONNECT_TIMEOUT_S", "TIMEOUT_S", "Link", "Pipeline", "ReplyError", "Scripts", "from_config",
+__all__ = ["CLIENT_NAME", "CONNECT_TIMEOUT_S", "TIMEOUT_S", "Link", "Pipeline", "ReplyError", "from_config",
            "is_outage"]
 
 # The client's settings, shared with connection.py's redis-py clients.
@@ -43,10 +43,10 @@ TIMEOUT_S = 15.0
 CLIENT_NAME = "runner"
 # The URL options a Link honours; a URL with any other goes to redis-py.
 OPTIONS = frozenset({"db", "username", "password", "socket_timeout", "socket_connect_timeout"})
-# Error codes redis-py strips from a reply's message (its parser's table, and MISCONF,
-# which connection.py's parser adds).
+# Error codes redis-py strips from a reply's message (its parser's table, and MISCONF and
+# BUSY, which connection.py's parser adds).
 _CODES = frozenset({"ERR", "OOM", "WRONGPASS", "EXECABORT", "LOADING", "NOSCRIPT", "READONLY", "NOAUTH", "NOPERM",
-                    "ASK", "TRYAGAIN", "MOVED", "CLUSTERDOWN", "CROSSSLOT", "MASTERDOWN", "MISCONF"})
+                    "ASK", "TRYAGAIN", "MOVED", "CLUSTERDOWN", "CROSSSLOT", "MASTERDOWN", "MISCONF", "BUSY"})
 # Replies redis-py raises as connection errors, at once, even inside a pipeline.
 _LOST = frozenset({"WRONGPASS", "NOAUTH", "LOADING"})
 _LOST_ERR = frozenset({
@@ -55,7 +55,7 @@ _LOST_ERR = frozenset({
     "configuration is correct?",
 })
 # Error replies that connection.UNAVAILABLE counts as an outage.
-_OUTAGE = frozenset({"READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "OOM", "MISCONF"})
+_OUTAGE = frozenset({"READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "OOM", "MISCONF", "BUSY"})
 OLD_AUTH = ("wrong number of arguments for 'auth' command", "wrong number of arguments for 'AUTH' command")
 _MORE = object()  # hiredis: no whole reply read yet
 
@@ -90,7 +90,11 @@ def is_outage(exc: BaseException) -> bool:
 
 def raised(e: ReplyError) -> Exception:
     """The error a caller sees for an error reply: an outage, or the reply itself."""
-    return RedisUnavailable(str(e)) if e.code in _OUTAGE or lost(e) else e
+    if e.code in _OUTAGE or lost(e):
+        out = RedisUnavailable(str(e))
+        out.__cause__ = e  # its code: a refusal (OOM, READONLY...) is told apart from a loss
+        return out
+    return e
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,42 +467,3 @@ def _noted(e: ReplyError, number: int, args: tuple[Any, ...]) -> ReplyError:
 
     cmd = textwrap.shorten(" ".join(map(str, args)), width=100, placeholder="...", break_long_words=True)
     return ReplyError(f"Command # {number} ({cmd}) of pipeline caused error: {e}", e.code)
-
-
-class Scripts:
-    """Script calls batched over a Link, as scripts.Batch sends them over redis-py: each
-    by SHA in one write; one answered NOSCRIPT (a restarted or flushed Redis) is loaded
-    and sent again, the load and the call in one more write. Read-only scripts only: no
-    WAIT is ever sent (``durable`` is refused)."""
-
-    def __init__(self, link: Link) -> None:
-        self.link = link
-
-    def batch(self) -> Batch:
-        return Batch(self.link)
-
-
-class Batch:
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self.calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
-
-    def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
-        if durable:
-            raise ValueError(f"{name}: a Link sends no durable (WAIT) calls")
-        self.calls.append((name, keys, args))
-
-    def execute(self) -> list[Any]:
-        from runner.store.sources import SHAS, SOURCES  # here: `runner stats` runs no script
-
-        calls, self.calls = self.calls, []
-        replies = self.link.send([("EVALSHA", SHAS[n], len(k), *k, *a) for n, k, a in calls]) if calls else []
-        for i, reply in enumerate(replies):
-            if isinstance(reply, ReplyError) and reply.code == "NOSCRIPT":
-                name, keys, args = calls[i]
-                _, reply = self.link.send([("SCRIPT", "LOAD", SOURCES[name]),
-                                           ("EVALSHA", SHAS[name], len(keys), *keys, *args)])
-                replies[i] = reply
-            if isinstance(reply, ReplyError):
-                raise raised(reply)
-        return replies

@@ -4,24 +4,38 @@ cursor for the next page. Each status reads its own index (nothing is scanned):
     queued      the priority ZSET (jobs of priority 1-9, in the order they will run), then
                 ready LIST (LPUSH in, so index 0 is the newest)
     scheduled   scheduled ZSET (delayed and retrying jobs), latest due first
-    processing  leases ZSET, latest deadline first (each job shows its lease deadline)
+    sleeping    the same ZSET's durable functions in a sleep (ctx.sleep), latest due first
+    waiting     the same ZSET's durable functions waiting for a signal, latest timeout first
+    processing  the leases' claim times (leases:since ZSET), latest claim first (each job
+                shows its lease deadline; a renewal moves the deadline, not the job)
     dead        dead ZSET, latest death first
     cancelled   cancelled ZSET, latest cancel first
     done        the done generations' logs, newest generation first
     deferred    held back without spending an attempt: each paused function's held LIST,
                 then each limit's waiters (the limits with waiters are named by the
-                limwait ZSET), oldest first; a rate-limited job waits as scheduled
+                limwait ZSET, read in name order), newest first; a rate-limited job
+                waits as scheduled
 
 A page reads at most SCAN_MAX ids of its index and one lookup per id, so its work is
-bounded whatever the depth; a type filter may return a short (even empty) page with a
+bounded whatever the depth (a deferred page also reads the names of the limits that have
+waiters, one per parked job at most); a type filter may return a short (even empty) page with a
 cursor to go on from. Without ``queue`` the queues are listed one after another.
 A cursor holds a position in its index and, in a sorted set, the last id read there
-with its score: the next page starts after that id wherever it has moved to (a job
-requeued, claimed or cancelled from an earlier page does not make a later one skip a job
-that stayed), or, should the id itself have left, after its score. A job that moves
+with its score: a position (score, then id) that is unique however many ids share a
+score (the leases of one claim share a deadline), and the next page starts after it
+wherever that id went since, found and read by one script call (lua/seek.lua: a claim
+landing between the two would shift the page), so a job requeued, claimed or cancelled from
+an earlier page does not make a later one skip or repeat a job that stayed. A job that moves
 between two pages may be shown twice or not at all, as in any live listing; one that
 stays is shown once. In a list (the ready list, the done logs) new jobs come in at the
-head: they can only make a job show twice.
+head: they can only make a job show twice. A deferred list is read from its tail, where
+jobs are parked, while a limit wakes them from its head, so no count of places holds
+there: its cursor keeps the last id shown and the first not yet shown, and the next page
+starts just before the last id shown, found by a bounded LPOS and read in the same call
+(lua/seek_list.lua); if that job left (cancelled), at the first one not yet shown; if
+both left, the list counts as read (a limit wakes from the head, so the jobs before them
+were woken first; two cancels between two pages can end a list early). A traversal
+always ends, shows every job that stayed deferred throughout, and shows none twice.
 
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
 ``idem:<type>:<key>`` key, whose value starts with the holding job's id;
@@ -37,15 +51,34 @@ from typing import Any
 
 from runner.store import codec, records
 from runner.store.keys import QueueKeys
+from runner.store.outage import checked
 
-LISTED = ("queued", "scheduled", "processing", "deferred", "done", "dead", "cancelled")
+LISTED = ("queued", "scheduled", "processing", "deferred", "sleeping", "waiting", "done", "dead", "cancelled")
 SCAN_MAX = 1000
 # The statuses each index may show: an id can outlive its status there (a cancelled job's
 # id stays in ready until a claim drops it), and such an id is left out.
 SHOWN = {"queued": ("queued",), "scheduled": ("scheduled", "retrying"), "processing": ("processing",),
-         "done": ("done",), "dead": ("dead",), "cancelled": ("cancelled",), "deferred": ("deferred",)}
-DONE_GENS = 4  # as _lib.lua keeps
+         "done": ("done",), "dead": ("dead",), "cancelled": ("cancelled",), "deferred": ("deferred",),
+         "sleeping": ("sleeping",), "waiting": ("waiting",)}
+# A listed job's payload, result, checkpoint or error longer than this many bytes comes
+# as a preview of this many (see records.Job.as_dict), cut by Redis itself: a page of 500
+# jobs of 1 MiB each is then 2 MB to read and show, not 500 MB to parse on the web process.
+PREVIEW_BYTES = 4096
+# A page's previews share this budget: a page of more jobs than it holds at PREVIEW_BYTES
+# for each of their six fields that can be cut (past 64) gets shorter previews, never
+# under MIN_PREVIEW_BYTES. Eight callers reading pages of 500 jobs with three 4 KiB
+# previews each (8.5 MB a page) held a one-process web's /healthz for up to 5 s: the
+# pages are built off the event loop, but under the GIL.
+PAGE_PREVIEW_BYTES = 1536 * 1024
+MIN_PREVIEW_BYTES = 256
+_CUT_FIELDS = 6  # payload, result, checkpoint, error, progress, history (records.SHOWN_AS)
+DONE_GENS = 4  # as includes/done.lua keeps
 MAX_POS = 2**53  # a position past any index (and within what LRANGE and ZRANGE take)
+
+
+def preview_bytes(limit: int) -> int:
+    """How many bytes each cut field of a page of ``limit`` jobs keeps."""
+    return max(MIN_PREVIEW_BYTES, min(PREVIEW_BYTES, PAGE_PREVIEW_BYTES // (_CUT_FIELDS * max(limit, 1))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,107 +88,148 @@ class Page:
 
 
 def encode_cursor(queue_index: int, pos: int, gen: int | None = None,
-                  anchor: tuple[float, str] | None = None) -> str:
-    raw = codec.dumps([queue_index, pos, gen] + ([anchor[0], anchor[1]] if anchor is not None else []))
+                  anchor: tuple[float, str] | None = None, marks: tuple[str, str] | None = None) -> str:
+    tail: list[Any] = [anchor[0], anchor[1]] if anchor is not None else []
+    if marks is not None:  # a deferred list's ids: the first not yet shown, the last shown
+        tail = [*(tail or [0, ""]), marks[0], marks[1]]
+    raw = codec.dumps([queue_index, pos, gen, *tail])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-Cursor = tuple[int, int, int | None, tuple[float, str] | None]
+Cursor = tuple[int, int, int | None, tuple[float, str] | None, tuple[str, str] | None]
 
 
 def decode_cursor(cursor: str) -> Cursor:
-    """(queue index, position, index or done generation, anchor); ValueError for anything
-    this module did not make (a forged cursor is the caller's 400, never a failed read)."""
+    """(queue index, position, index or done generation, anchor, a deferred list's marks);
+    ValueError for anything this module did not make (a forged cursor is the caller's 400,
+    never a failed read)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         fields = codec.loads(raw)
         qi, pos, gen = fields[:3]
-        anchor = fields[3:]
+        anchor = fields[3:5]
+        marks = fields[5:]
     except Exception as exc:
         raise ValueError("not a cursor of this list") from exc
 
     def whole(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_POS
 
+    def name(v: Any, least: int) -> bool:
+        return isinstance(v, str) and least <= len(v) <= 1000
+
     score = anchor[0] if len(anchor) == 2 else None
     if not (whole(qi) and whole(pos) and (gen is None or whole(gen)) and len(anchor) in (0, 2)
+            and len(marks) in (0, 2) and (not marks or (anchor and all(name(m, 1) for m in marks)))
             and (not anchor or (isinstance(score, int | float) and not isinstance(score, bool)
-                                and abs(score) <= MAX_POS and isinstance(anchor[1], str)
-                                and 0 < len(anchor[1]) <= 200))):
+                                and abs(score) <= MAX_POS and name(anchor[1], 0 if marks else 1)))):
         raise ValueError("not a cursor of this list")
-    return qi, pos, gen, (float(anchor[0]), anchor[1]) if anchor else None
+    return (qi, pos, gen, (float(anchor[0]), anchor[1]) if anchor else None,
+            (marks[0], marks[1]) if marks else None)
 
 
-def _resume(redis: Any, key: str, pos: int, anchor: tuple[float, str] | None, newest_first: bool,
-            by_score: bool = False) -> int:
-    """Where to go on in a sorted set: after the anchor's rank now, or, once the anchor
-    itself left (or ``by_score``: an index whose scores move, as leases renewed), after
-    every member that sorts before its score."""
-    if anchor is None:
-        return pos
-    score, member = anchor
-    rank = None if by_score else (redis.zrevrank if newest_first else redis.zrank)(key, member)
-    if rank is not None:
-        return int(rank) + 1
-    if newest_first:
-        return int(redis.zcount(key, f"({score!r}", "+inf"))
-    return int(redis.zcount(key, "-inf", f"({score!r}"))
+def _span(scripts: Any, key: str, pos: int, n: int, anchor: tuple[float, str] | None,
+          newest_first: bool) -> tuple[list[tuple[str, float]], int]:
+    """Up to n (id, score) of a sorted set from ``pos`` or after the anchor's position
+    (score, then member: unique however many members share a score, wherever the anchor
+    itself went since), found and read in one script call (a claim landing in between
+    would shift the page); and the rank after the last one read."""
+    start, pairs = scripts.seek(key, pos, n, anchor, newest_first)
+    return pairs, start + len(pairs)
 
 
-def _source(redis: Any, k: QueueKeys, status: str, index: int, held_types: Sequence[str]
-            ) -> tuple[str, str] | None:
-    """The ``index``-th index a status with several reads, as (kind, key): "zset" read
-    in score order, or "list"; None past the last."""
-    if status == "queued":
-        return [("zset", k.prio), ("list", k.ready)][index] if index < 2 else None
-    if index < len(held_types):
-        return "list", k.held(held_types[index])
-    # A limit's waiters: the limwait member of this rank names it (a live set: a limit
-    # whose waiters all left since the last page moves the later ones up by one).
-    rank = index - len(held_types)
-    named = redis.zrange(k.limwait, rank, rank)
-    return ("list", k.waiters(named[0])) if named else None
+def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: int, held_types: Sequence[str],
+              anchor: tuple[float, str] | None, marks: tuple[str, str] | None
+              ) -> tuple[list[str], int, int, bool, tuple[float, str] | None, tuple[str, str] | None]:
+    """Up to n deferred ids: each paused function's held list (``index`` names it), then
+    each limit's waiters, the limits in the order of their names (the anchor's id names
+    the one being read: limwait's scores move with every sweep, its names do not). Each
+    list is read newest first, from its tail, and the next page resumes from the ids the
+    last one ended on (``marks``; ``pos`` is where they were), not from a count of places:
+    jobs are parked at the tail and woken from the head, so a count from either end moves
+    while a client pages (lua/seek_list.lua)."""
+    out: list[str] = []
+    limit = anchor[1] if anchor is not None and anchor[1] and index >= len(held_types) else None
+    place = (pos, marks[0], marks[1]) if marks is not None else None
+    names: list[str] | None = None
+    while len(out) < n:
+        if index < len(held_types):
+            key = k.held(held_types[index])
+        else:
+            if names is None:
+                names = sorted(redis.zrange(k.limwait, 0, -1))
+            if limit is None or limit not in names:  # the first, or the one after a limit left
+                later = [m for m in names if limit is None or m > limit]
+                if not later:
+                    return out, 0, index, True, None, None
+                limit, place = later[0], None
+            key = k.waiters(limit)
+        place, got = scripts.seek_list(key, n - len(out), place)
+        out += got
+        if place is None:  # this list is read to its end: the next one
+            if index < len(held_types):
+                index += 1
+            else:
+                names = [m for m in names or () if m > (limit or "")]
+                if not names:
+                    return out, 0, index, True, None, None
+                limit = names[0]
+    if place is None:
+        return out, 0, index, False, (0.0, limit) if limit is not None else None, None
+    return out, place[0], index, False, (0.0, limit or ""), (place[1], place[2])
 
 
-def _chained(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
-             held_types: Sequence[str], anchor: tuple[float, str] | None = None
+def _source(k: QueueKeys, index: int) -> tuple[str, str] | None:
+    """The ``index``-th index of the queued list, as (kind, key): "zset" read in score
+    order, or "list"; None past the last."""
+    return [("zset", k.prio), ("list", k.ready)][index] if index < 2 else None
+
+
+def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int | None,
+             anchor: tuple[float, str] | None = None
              ) -> tuple[list[str], int, int | None, bool, tuple[float, str] | None]:
-    """Up to n ids from the indexes of ``status`` read one after another (see
-    _source); ``gen`` is the index being read."""
+    """Up to n queued ids from the priority set, then ready (see _source); ``gen`` is
+    the index being read."""
     index = gen or 0
     out: list[str] = []
     last: tuple[float, str] | None = None
     while len(out) < n:
-        source = _source(redis, k, status, index, held_types)
+        source = _source(k, index)
         if source is None:
             return out, 0, index, True, None
         kind, key = source
         want = n - len(out)
         if kind == "zset":
-            pos = _resume(redis, key, pos, anchor, newest_first=False)
-            pairs = redis.zrange(key, pos, pos + want - 1, withscores=True)
+            pairs, end = _span(scripts, key, pos, want, anchor, newest_first=False)
             got = [m for m, _ in pairs]
-            last = (float(pairs[-1][1]), pairs[-1][0]) if pairs else None
+            last = (pairs[-1][1], pairs[-1][0]) if pairs else None
         else:
             got = redis.lrange(key, pos, pos + want - 1)
-            last = None
+            end, last = pos + len(got), None
         anchor = None
         out += got
         if len(got) < want:  # this index is read to its end: the next one
             index, pos, last = index + 1, 0, None
         else:
-            pos += len(got)
+            pos = end
     return out, pos, index, False, last
 
 
-def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
-         held_types: Sequence[str] = (), anchor: tuple[float, str] | None = None
-         ) -> tuple[list[str], int, int | None, bool, dict[str, float], tuple[float, str] | None]:
-    """Up to n ids from ``pos`` (or after ``anchor``): (ids, next pos, next gen, exhausted,
-    lease deadlines in ms of processing ids, the anchor of the next page)."""
-    if status in ("queued", "deferred"):
-        ids, pos, gen, exhausted, last = _chained(redis, k, status, pos, n, gen, held_types, anchor)
-        return ids, pos, gen, exhausted, {}, last
+def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
+         held_types: Sequence[str] = (), anchor: tuple[float, str] | None = None,
+         marks: tuple[str, str] | None = None
+         ) -> tuple[list[str], int, int | None, bool, dict[str, float], tuple[float, str] | None,
+                    tuple[str, str] | None]:
+    """Up to n ids from ``pos`` (or after ``anchor``, or a deferred list's ``marks``): (ids,
+    next pos, next gen, exhausted, lease deadlines in ms of processing ids, the anchor and
+    the marks of the next page)."""
+    if status == "deferred":
+        ids, pos, index, exhausted, last, marks = _deferred(scripts, redis, k, pos, n, gen or 0, held_types,
+                                                            anchor, marks)
+        return ids, pos, index, exhausted, {}, last, marks
+    if status == "queued":
+        ids, pos, gen, exhausted, last = _chained(redis, scripts, k, pos, n, gen, anchor)
+        return ids, pos, gen, exhausted, {}, last, None
     if status == "done":
         current = int(redis.hget(k.done_meta, "gen") or 0)
         floor = max(current - DONE_GENS + 1, 0)
@@ -168,35 +242,40 @@ def _ids(redis: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | Non
                 gen, pos = gen - 1, 0
             else:
                 pos += len(got)
-        return out, pos, gen, gen < floor, {}, None
-    key = {"scheduled": k.scheduled, "dead": k.dead, "cancelled": k.cancelled, "processing": k.leases}[status]
-    pos = _resume(redis, key, pos, anchor, newest_first=True, by_score=status == "processing")
-    # The score comes with the id for nothing: the anchor's, and a lease's deadline.
-    pairs = redis.zrevrange(key, pos, pos + n - 1, withscores=True)
+        return out, pos, gen, gen < floor, {}, None, None
+    key = {"scheduled": k.scheduled, "dead": k.dead, "cancelled": k.cancelled, "processing": k.running,
+           "sleeping": k.scheduled, "waiting": k.scheduled}[status]
+    # The score comes with the id for nothing: the next page's anchor.
+    pairs, end = _span(scripts, key, pos, n, anchor, newest_first=True)
     ids = [i for i, _ in pairs]
-    last = (float(pairs[-1][1]), pairs[-1][0]) if pairs else None
-    return ids, pos + len(ids), None, len(ids) < n, dict(pairs) if status == "processing" else {}, last
+    last = (pairs[-1][1], pairs[-1][0]) if pairs else None
+    leases: dict[str, float] = {}
+    if status == "processing" and ids:
+        leases = {i: d for i, d in zip(ids, redis.zmscore(k.leases, ids), strict=True) if d is not None}
+    return ids, end, None, len(ids) < n, leases, last, None
 
 
 def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: str, type_: str | None,
          limit: int, cursor: str | None, types_of: Mapping[str, Sequence[str]] | None = None) -> Page:
     """One page; ``types_of`` names each queue's function types (whose held lists a
     paused function fills)."""
-    qi, pos, gen, anchor = decode_cursor(cursor) if cursor else (0, 0, None, None)
+    qi, pos, gen, anchor, marks = decode_cursor(cursor) if cursor else (0, 0, None, None, None)
     jobs: list[records.Job] = []
     budget = SCAN_MAX
+    cut = preview_bytes(limit)
     while qi < len(queues) and len(jobs) < limit and budget > 0:
         queue, k = queues[qi]
         # Never more ids than the page has room for, so nothing read is left unshown.
-        ids, pos, gen, exhausted, leases, anchor = _ids(redis, k, status, pos, min(budget, limit - len(jobs)),
-                                                        gen, (types_of or {}).get(queue, ()), anchor)
+        ids, pos, gen, exhausted, leases, anchor, marks = _ids(
+            redis, scripts, k, status, pos, min(budget, limit - len(jobs)), gen, (types_of or {}).get(queue, ()),
+            anchor, marks)
         budget -= len(ids)
         batch = scripts.batch()
         for job_id in ids:
-            scripts.lookup(k, job_id, pipe=batch)
-        for job_id, (rec, state, claim, outcome) in zip(ids, batch.execute(), strict=True):
+            scripts.lookup(k, job_id, pipe=batch, cut=cut)
+        for job_id, (rec, state, claim, outcome, sizes) in zip(ids, batch.execute(), strict=True):
             rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
-            fields = records.view(job_id, rec, state or [], claim or None, outcome or None)
+            fields = records.view(job_id, rec, state or [], claim or None, outcome or None, sizes or ())
             if not fields or fields.get("status", "queued") not in SHOWN[status] or (
                     type_ is not None and fields.get("type") != type_):
                 continue  # gone or moved on since (a live index), or of another type
@@ -204,10 +283,36 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
                 fields["lease_ms"] = str(int(leases[job_id]))
             jobs.append(records.Job(job_id, queue, fields))
         if exhausted:
-            qi, pos, gen, anchor = qi + 1, 0, None, None
+            qi, pos, gen, anchor, marks = qi + 1, 0, None, None, None
     if qi >= len(queues):
         return Page(jobs, None)
-    return Page(jobs, encode_cursor(qi, pos, gen, anchor))
+    return Page(jobs, encode_cursor(qi, pos, gen, anchor, marks))
+
+
+def dead_page(redis: Any, scripts: Any, queue: str, parts: Sequence[QueueKeys], offset: int,
+              limit: int) -> tuple[int, list[records.Job]]:
+    """A queue's dead letters, newest first over all its partitions: (total, the page),
+    each job's big values cut by Redis to the page's preview_bytes (see page)."""
+    end = offset + max(limit, 1) - 1
+    pipe = redis.pipeline(transaction=False)
+    for part in parts:
+        pipe.zcard(part.dead)
+        pipe.zrevrange(part.dead, 0 if len(parts) > 1 else offset, end, withscores=True)
+    got = checked(pipe.execute(raise_on_error=False))
+    total = sum(int(n) for n in got[::2])
+    # Each partition's newest, merged by time of death; one partition is already a page.
+    merged = sorted(((score, job_id, part) for part, rows in zip(parts, got[1::2], strict=True)
+                     for job_id, score in rows), key=lambda x: -x[0])
+    chosen = merged if len(parts) == 1 else merged[offset:end + 1]
+    batch = scripts.batch()
+    cut = preview_bytes(limit)
+    for _, job_id, k in chosen:
+        scripts.lookup(k, job_id, pipe=batch, cut=cut)
+    jobs = []
+    for (_, job_id, _), (rec, state, _claim, _outcome, sizes) in zip(chosen, batch.execute(), strict=True):
+        rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
+        jobs.append(records.Job(job_id, queue, records.view(job_id, rec, state or [], None, None, sizes or ())))
+    return total, jobs
 
 
 def _mark(value: Any) -> tuple[str, str, bool] | None:

@@ -1,6 +1,6 @@
 """Job records in and out of Redis, and the one view a reader sees of a job.
 
-A job is two keys under its queue's tag (the layout is drawn in lua/_lib.lua):
+A job is two keys under its queue's tag (the layout is drawn in lua/includes/records.lua):
 
     job:<id>     STRING  "1" then, separated by \x1f: type, version, max_attempts,
                          created_ms, idem_key, idem_hash, resource_key, limits, meta, payload
@@ -27,31 +27,51 @@ KEEP_RESULT). ``view`` lays them into the fields below, so readers need not know
     and tick, a group member's group and number, a done job's children; laid at the top
     level of the job view, never over a field above)
 
-Statuses: queued, scheduled, processing, retrying, deferred (parked on a full limit), done,
-dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
+Statuses: queued, scheduled, processing, retrying, deferred (parked on a full limit),
+sleeping and waiting (a durable function in ctx.sleep or ctx.wait_for_signal: suspend.lua),
+done, dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
+
+A durable function's step log lives in its state too (steps, step_bytes, step:<i>, see
+lua/step.lua), with waiting_for (the signal a waiting job waits for) and sig:<name> (a
+signal kept until a wait reads it); ``Job.as_dict`` shows ``steps`` and ``waiting_for``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from runner.store import codec
+from runner.store import codec, scriptkeys
 
 if TYPE_CHECKING:
     from runner.store.keys import QueueKeys
 
-STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "done", "dead", "cancelled")
+STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "sleeping", "waiting", "done", "dead",
+            "cancelled")
 SEP = "\x1f"
 WAITED = "waited"  # the meta field that asks for the job's end to be published
 CHILDREN = "children"  # a done job's follow-ups, in its outcome's meta (a dead one's: its state)
+# A done job's outcome names its first CHILDREN_SHOWN ctx.enqueue follow-ups (and its
+# ON_SUCCESS job) and, past them, their count: the rest are "<id>.<i>" for every i below
+# it. An outcome of 100,000 ids was 3 MB, read whole by every view of the job.
+CHILDREN_SHOWN = 100
+CHILDREN_COUNT = "children_count"
 GROUP = "group"  # a group's member or then-job: the group id, in its meta
+# A DEBOUNCE function's job: {"key", "period_ms", "max_wait_ms"} in its meta; the state's
+# "absorbed" counts the enqueues of its burst after the first (see lua/includes/jobs.lua).
+DEBOUNCE = "debounce"
 ENDED = ("done", "dead", "cancelled")
+# A view's field that names the fields a listing cut (see view), and the job view's name
+# of each field that can be cut: a preview of its text takes the place of its value.
+CUT = "\0cut"
+SHOWN_AS = {"payload": "payload", "result": "result", "checkpoint": "checkpoint", "error": "last_error",
+            "progress": "progress", "history": "history"}
 RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "idem_hash", "resource_key",
                  "limits", "meta")
 
@@ -80,9 +100,19 @@ def _done_entry(attempt: str, started: str, finished: str) -> str:
 
 
 def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[str], claim: str | None,
-         outcome: str | None) -> dict[str, str]:
+         outcome: str | None, sizes: Sequence[Any] = ()) -> dict[str, str]:
     """The job as a reader sees it: record, state, claim or done outcome in one set of
-    fields (empty when Redis holds nothing of it)."""
+    fields (empty when Redis holds nothing of it). ``sizes`` (lookup.lua's fifth reply,
+    given a cut) names the fields that came back cut, with their full length in bytes:
+    kept in the CUT field as "name:length,...", for Job.as_dict to show as previews."""
+    fields = _view(job_id, record, state, claim, outcome)
+    if sizes and fields:
+        fields[CUT] = ",".join(f"{sizes[i]}:{sizes[i + 1]}" for i in range(0, len(sizes) - 1, 2))
+    return fields
+
+
+def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[str], claim: str | None,
+          outcome: str | None) -> dict[str, str]:
     if not isinstance(state, Mapping):
         state = dict(zip(state[::2], state[1::2], strict=True))
     if outcome:
@@ -99,9 +129,13 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
                     finished = str(int(parts[3]) + int(finished[1:]))
             fields.update(type=parts[0], version=parts[1], attempt=parts[2], started_ms=parts[3],
                           finished_ms=finished)
-            if len(parts) >= 6:
-                fields["duplicate_of"] = parts[5]
-            else:
+            for part in parts[5:]:
+                if part.startswith("="):  # ms from its creation to the finish, both the server's
+                    with contextlib.suppress(ValueError):
+                        fields["created_ms"] = str(int(finished) - int(part[1:]))
+                else:
+                    fields["duplicate_of"] = part
+            if "duplicate_of" not in fields:
                 entry = _done_entry(parts[2], parts[3], finished)
                 history = f"{history},{entry}" if history else entry
         if history:
@@ -112,8 +146,9 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
             fields["meta"] = meta
         if payload:  # kept only under [retention] done_payload = true
             fields["payload"] = payload
-        with contextlib.suppress(ValueError):
-            fields["created_ms"] = str(int(job_id[:12], 16))  # the id begins with its creation
+        if "created_ms" not in fields:  # an outcome written before it kept its creation
+            with contextlib.suppress(ValueError):
+                fields["created_ms"] = str(int(job_id[:12], 16))  # the id begins with its producer's clock
         return fields
     rec = parse(record)
     if rec is None:
@@ -122,16 +157,33 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
         rec = {}
     fields = {**rec, **{k: v for k, v in state.items() if k not in ("woken", "lost_token", "refunds", "rated")}}
     fields.setdefault("status", "queued")
-    if claim:
-        parts = claim.split(" ")
-        if len(parts) == 4 and "p" in parts[3] and parts[1].isdigit():
-            # Claimed ahead of a free executor: held by a worker, not started, and its
-            # attempt not spent until it starts (the record keeps the attempts spent).
-            fields.update(status="processing", token=parts[0], attempt=str(int(parts[1]) - 1), claimed_ahead="1")
-            fields.pop("started_ms", None)
-        elif len(parts) == 4:
-            fields.update(status="processing", token=parts[0], attempt=parts[1], started_ms=parts[2])
+    held = parse_claim(claim) if claim else None
+    if held is not None and held.ahead:
+        # Claimed ahead of a free executor: held by a worker, not started, and its
+        # attempt not spent until it starts (the record keeps the attempts spent).
+        fields.update(status="processing", token=held.token, attempt=str(int(held.attempt) - 1), claimed_ahead="1")
+        fields.pop("started_ms", None)
+    elif held is not None:
+        fields.update(status="processing", token=held.token, attempt=held.attempt, started_ms=held.started_ms)
     return fields
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job's entry in its queue's claims hash: "<token> <attempt> <started_ms> <flags>"."""
+
+    token: str
+    attempt: str
+    started_ms: str
+    ahead: bool  # claimed ahead of a free executor ("p" in the flags): held, not started
+
+
+def parse_claim(claim: str) -> Claim | None:
+    """A claim entry read, None for one of another shape."""
+    parts = claim.split(" ")
+    if len(parts) != 4:
+        return None
+    return Claim(parts[0], parts[1], parts[2], "p" in parts[3] and parts[1].isdigit())
 
 
 class _Entropy(threading.local):
@@ -173,6 +225,30 @@ def parent_of(job_id: str) -> str | None:
     if dot and parent and (tail.isdigit() or tail in ("s", "f") or (tail[:1] == "f" and tail[1:].isdigit())):
         return parent
     return None
+
+
+def children_meta(ids: Sequence[str]) -> dict[str, Any]:
+    """What a done outcome keeps of its children (see CHILDREN_SHOWN): the first ids of
+    its ctx.enqueue follow-ups and its destination's id, and past them the count."""
+    numbered = [i for i in ids if i.rpartition(".")[2].isdigit()]
+    if len(numbered) <= CHILDREN_SHOWN:
+        return {CHILDREN: list(ids)}
+    rest = [i for i in ids if not i.rpartition(".")[2].isdigit()]
+    return {CHILDREN: numbered[:CHILDREN_SHOWN] + rest, CHILDREN_COUNT: len(ids)}
+
+
+def names_child(view: Mapping[str, Any], job_id: str) -> bool:
+    """Whether a job's view (as_dict) names ``job_id`` among its children, those past
+    the ones it shows included (a follow-up "<id>.<i>" with i below their count)."""
+    shown = view.get("children") or []
+    if job_id in shown:
+        return True
+    count = view.get("children_count")
+    tail = job_id.rpartition(".")[2]
+    if not isinstance(count, int) or not tail.isdigit():
+        return False
+    numbered = count - sum(1 for i in shown if not str(i).rpartition(".")[2].isdigit())
+    return int(tail) < numbered
 
 
 def now_ms() -> int:
@@ -254,6 +330,12 @@ class Job:
             "children": f["children"].split(",") if f.get("children") else [],
             "group": None,
         }
+        if "steps" in f:
+            view["steps"] = step_views(f)
+            if f.get("status") == "sleeping":
+                view["sleeping_until"] = _ts(f.get("ready_ms"))
+            elif f.get("status") == "waiting":
+                view["waiting_for"] = {"signal": f.get("waiting_for"), "timeout_at": _ts(f.get("ready_ms"))}
         if f.get("token"):
             # Only while claimed: which worker holds it and, in a job list, until when.
             view["worker"] = worker_of(f["token"])
@@ -265,16 +347,107 @@ class Job:
         if isinstance(meta, dict):
             if isinstance(meta.get(CHILDREN), list) and not view["children"]:
                 view["children"] = [str(c) for c in meta[CHILDREN]]
+            if isinstance(meta.get(CHILDREN_COUNT), int):
+                view["children_count"] = meta[CHILDREN_COUNT]
             if isinstance(meta.get(GROUP), str):
                 view["group"] = meta[GROUP]
+            if isinstance(meta.get(DEBOUNCE), dict):
+                view["absorbed"] = _int(f.get("absorbed"))  # enqueues merged into this one job
             for key, value in meta.items():
-                if key not in (WAITED, CHILDREN, GROUP):  # the waiters' mark is not the producer's
+                if key not in (WAITED, CHILDREN, CHILDREN_COUNT, GROUP):  # the waiters' mark is not the producer's
                     view.setdefault(key, value)
+        if f.get(CUT):
+            self._previews(view)
         return view
+
+    def _previews(self, view: dict[str, Any]) -> None:
+        """A listing's entry whose fields came back cut (lookup.lua): each such value is
+        null (an error keeps its type and the start of its message, see _error_start),
+        its first bytes are ``<name>_preview`` (JSON text, cut), and ``truncated``
+        maps it to its full size in bytes; ``GET /jobs/{id}`` has it whole."""
+        truncated: dict[str, int] = {}
+        for part in self.fields[CUT].split(","):
+            name, _, size = part.rpartition(":")
+            shown = SHOWN_AS.get(name)
+            if shown is None:
+                continue
+            preview = codec.shown_text(_whole_chars(self.fields.get(name) or ""))
+            view[shown] = [] if shown == "history" else _error_start(preview) if name == "error" else None
+            view[f"{shown}_preview"] = preview
+            truncated[shown] = _int(size)
+        view["truncated"] = truncated
 
     @property
     def status(self) -> str | None:
         return self.fields.get("status")
+
+
+def _whole_chars(text: str) -> str:
+    """A preview without the bytes of a character Redis cut in two (read back
+    surrogate-escaped: 1 to 3 at the end), so it holds only whole characters and at most
+    the bytes it was cut to, never a replacement character for the stray bytes."""
+    end = len(text)
+    while end > 0 and len(text) - end < 3 and "\udc80" <= text[end - 1] <= "\udcff":
+        end -= 1
+    return text[:end]
+
+
+_ERROR_HEAD = re.compile(r'\{"type":("(?:[^"\\]|\\.)*"),"message":"((?:[^"\\]|\\u[0-9a-fA-F]{4}|\\[^u])*)(")?')
+
+
+def _error_start(preview: str) -> dict[str, Any]:
+    """A cut error as an error still: its type and the start of its message (marked with
+    " ...", and ``"cut": true``), so a list row shows what failed whatever the size of
+    the message. An error record runner did not write shows its text's start."""
+    m = _ERROR_HEAD.match(preview)
+    if m is None:
+        return {"type": None, "message": preview[:400] + " ...", "cut": True}
+    try:
+        type_ = codec.loads(m.group(1))
+        message = codec.loads('"' + m.group(2) + '"')
+    except codec.DecodeError:
+        return {"type": None, "message": preview[:400] + " ...", "cut": True}
+    return {"type": type_, "message": codec.shown_text(message) + ("" if m.group(3) else " ..."), "cut": True}
+
+
+STEP_EXCERPT = 200  # characters of a step's result a job view shows
+
+
+def step_views(f: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A durable function's step log as a job view shows it: each entry's name, kind,
+    status, times and a result excerpt (its first STEP_EXCERPT characters of JSON)."""
+    out: list[dict[str, Any]] = []
+    for i in range(_int(f.get("steps"))):
+        raw = f.get(f"step:{i}")
+        try:
+            e = codec.loads(raw) if raw else None
+        except codec.DecodeError:
+            e = None
+        if not isinstance(e, dict):
+            out.append({"name": None, "kind": None, "status": "unreadable"})
+            continue
+        finished = e.get("finished_ms")
+        started = e.get("started_ms")
+        if started is None and isinstance(finished, int) and isinstance(e.get("ms"), int | float):
+            started = finished - int(e["ms"])
+        one: dict[str, Any] = {"name": e.get("name"), "kind": e.get("kind"), "status": e.get("status"),
+                               "started_at": _ts(str(started)) if started is not None else None,
+                               "finished_at": _ts(str(finished)) if finished is not None else None}
+        if e.get("kind") == "sleep":
+            one["until"] = _ts(str(e.get("until_ms")))
+        if e.get("kind") == "invoke":
+            one["child"] = e.get("child")  # ctx.invoke's child job (its view names this job: invoked_by)
+        if e.get("kind") in ("signal", "invoke") and e.get("status") == "waiting":
+            one["until"] = _ts(str(e.get("until_ms")))
+        if e.get("kind") == "signal":
+            one["signal"] = e.get("signal")
+        if "value" in e:
+            text = codec.dumps(e["value"])
+            one["result"] = text if len(text) <= STEP_EXCERPT else text[:STEP_EXCERPT] + "\u2026"
+        if isinstance(e.get("error"), dict):
+            one["error"] = e["error"]
+        out.append(one)
+    return out
 
 
 class ScriptBatch(Protocol):
@@ -284,14 +457,14 @@ class ScriptBatch(Protocol):
 
 class ScriptRunner(Protocol):
     """What sends script calls in one round trip: scripts.Scripts over redis-py, or
-    link.Scripts over a connection of the store's own."""
+    transport.LinkScripts over a connection of the store's own."""
 
     def batch(self) -> ScriptBatch: ...
 
 
 def lookup_keys(k: QueueKeys, job_id: str) -> tuple[str, ...]:
     """The KEYS of lookup.lua for one job."""
-    return (k.job(job_id), k.claims, k.done_meta, k.done_prefix, k.res_prefix)
+    return scriptkeys.keys("lookup", k, job=k.job(job_id))
 
 
 def lookup(scripts: ScriptRunner, keys: Iterable[QueueKeys], job_id: str) -> Job | None:

@@ -4,32 +4,76 @@ Locks, limits and deduplication live in a partition's slot, so every job that mu
 the same lock or idempotency key goes where that key sends it: the first of its limit
 keys (RESOURCE_KEY, then CONCURRENCY, then RATE_LIMIT, the order of the ``limits`` lines
 catalog/limits.py writes), else its idempotency key, else nowhere in particular.
+
+After a change of ``partitions`` a key may live where another count put it: ``Placement``
+looks there (one pipelined round trip, only while another count was recorded lately) and
+sends the job to the partition that still holds its key. While two counts are live (a
+rolling deploy) producers on each must also agree on a key nobody placed yet, or on one
+they placed apart before they knew of each other: the first job of such a key claims its
+partition with one ``SET NX`` (the place key, under a hash tag of its own), and every
+producer, on either count, sends the key's jobs where the claim says.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import time
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # scripts.py routes follow-ups with this module
+    from runner.store.keys import QueueKeys
     from runner.store.scripts import NewJob
 
 
-def route(job: NewJob) -> str:
+class Routed(Protocol):
+    """What routing reads of a job (a NewJob, or a relayed entry's fields)."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def idem_key(self) -> str: ...
+    @property
+    def limits(self) -> str: ...
+
+
+def route(job: Routed) -> str:
     """The key that decides the job's partition, '' when it may go to any."""
-    return route_of(job.type, job.idem_key, job.limits)
+    return route_of(job.type, job.idem_key, job.limits, getattr(job, "meta", "") or "")
 
 
-def route_of(type_: str, idem_key: str, limits: str) -> str:
-    """``route`` from a job's fields (its type, idempotency key and limit lines)."""
+def route_of(type_: str, idem_key: str, limits: str, meta: str = "") -> str:
+    """``route`` from a job's fields (its type, idempotency key, limit lines and meta). A
+    DEBOUNCE function's burst lives under its debounce key, so every enqueue of one key
+    must reach one partition (after a limit key, which must: a lock holds per partition)."""
     if limits:
         first = limits.split("\n", 1)[0]
         return first.partition(" ")[2]
+    if meta and '"debounce":' in meta:
+        key = _debounce_key(meta)
+        if key is not None:
+            return f"d:{type_}:{key}"
     if idem_key:
         return f"i:{type_}:{idem_key}"
     return ""
+
+
+def _debounce_key(meta: str) -> str | None:
+    """The debounce key in a job's meta (JSON; see client/enqueuing.py), as jobs.lua
+    renders it (tostring of the JSON value)."""
+    import orjson
+
+    try:
+        d = orjson.loads(meta).get("debounce")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(d, dict) or "key" not in d:
+        return None
+    key = d["key"]
+    return str(key) if not isinstance(key, bool) else str(key).lower()
 
 
 def partition_of(key: str, n: int) -> int:
@@ -47,13 +91,30 @@ def stays(job: NewJob, partition: int, n: int) -> bool:
 class Spread:
     """Where jobs without a route go: all of one round trip to one partition, the next
     round trip to the next, so a batch costs one script call more at most and the
-    partitions fill evenly. Shared by threads: a lost update only repeats a partition."""
+    partitions fill evenly. A partition whose node could not be reached, or whose WAIT
+    fell short of ``wait_replicas`` (a promoted master with no replica yet), is passed
+    over for AWAY_S (keyless jobs may go anywhere). Shared by threads: a lost update only
+    repeats a partition."""
+
+    AWAY_S = 2.0
 
     def __init__(self) -> None:
         self._turn = itertools.count()
+        self._away: dict[int, float] = {}  # partition -> monotonic time it is tried again
+
+    def avoid(self, partition: int) -> None:
+        self._away[partition] = time.monotonic() + self.AWAY_S
 
     def next(self, n: int) -> int:
-        return next(self._turn) % n if n > 1 else 0
+        if n <= 1:
+            return 0
+        p = next(self._turn) % n
+        if self._away:
+            now = time.monotonic()
+            for i in range(n):
+                if self._away.get((p + i) % n, 0.0) <= now:
+                    return (p + i) % n
+        return p
 
 
 def split(jobs: Sequence[NewJob], n: int, spread: Spread) -> dict[int, list[int]]:
@@ -72,3 +133,101 @@ def split(jobs: Sequence[NewJob], n: int, spread: Spread) -> dict[int, list[int]
             p = loose
         out.setdefault(p, []).append(i)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where other counts of a queue's partitions put keyed jobs: per count, its partitions
+    by index (None: a tag no longer recorded, so drained and empty)."""
+
+    others: tuple[tuple[int, tuple[QueueKeys | None, ...]], ...]
+    # The place keys' prefix (``<prefix>:place:<queue>``) and how long a claim lives: the
+    # longest a key stays alive in a partition (its idempotency key, a done job's record).
+    claims: str = ""
+    claim_ms: int = 0
+
+    def place_key(self, key: str) -> str:
+        """Where a route key's claimed partition is kept: under a hash tag of its own, so
+        the claims spread over a cluster's slots."""
+        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+        return f"{self.claims}:{{{digest}}}"
+
+    def relocate(self, redis: Any, jobs: Sequence[Routed], groups: dict[int, list[int]],
+                 parts: Sequence[QueueKeys]) -> dict[int, list[int]]:
+        """``groups`` (partition index -> job indexes, by the current count) with each keyed
+        job whose key another count placed in another partition, where it still lives,
+        moved there. One pipelined round trip of one EXISTS per (key, partition)."""
+        probes: dict[tuple[str, tuple[str, ...]], int] = {}  # (tag, keys) -> reply index
+        wanted: list[tuple[int, int, list[tuple[int, QueueKeys]]]] = []  # (job, from, [(probe, to)])
+        for p, idx in groups.items():
+            here = parts[p].tag
+            for i in idx:
+                job = jobs[i]
+                key = route(job)
+                if not key:
+                    continue
+                seen: list[tuple[int, QueueKeys]] = []
+                for m, theirs in self.others:
+                    k = theirs[partition_of(key, m)]
+                    if k is None or k.tag == here:
+                        continue
+                    look = (k.tag, _marks(k, job, key))
+                    seen.append((probes.setdefault(look, len(probes)), k))
+                if seen:
+                    wanted.append((i, p, seen))
+        if not wanted:
+            return groups
+        pipe = redis.pipeline(transaction=False)
+        for _, keys in probes:
+            pipe.exists(*keys)
+        found = pipe.execute()
+        moved: dict[int, int] = {}
+        for i, _, seen in wanted:
+            for probe, k in seen:
+                if int(found[probe]):
+                    moved[i] = k.partition
+                    break
+        if self.claims:
+            self._claim(redis, jobs, wanted, moved, parts)
+        if not any(moved.get(i, p) != p for i, p, _ in wanted):
+            return groups
+        out: dict[int, list[int]] = {}
+        for p, idx in groups.items():
+            for i in idx:
+                out.setdefault(moved.get(i, p), []).append(i)
+        for idx in out.values():
+            idx.sort()
+        return out
+
+
+    def _claim(self, redis: Any, jobs: Sequence[Routed], wanted: Sequence[tuple[int, int, Any]],
+               moved: dict[int, int], parts: Sequence[QueueKeys]) -> None:
+        """Make ``moved`` send each of the ``wanted`` jobs (keys the counts place apart)
+        to its key's claimed partition: the first claim of a key (``SET NX``, the place
+        the look-up found, else this count's) wins, and later ones, from a producer on
+        any count, read it back (``GET``). One pipelined round trip."""
+        first: dict[str, str] = {}  # route key -> the tag this producer claims for it
+        for i, p, _ in wanted:
+            key = route(jobs[i])
+            first.setdefault(key, parts[moved.get(i, p)].tag)
+        pipe = redis.pipeline(transaction=False)
+        for key, tag in first.items():
+            pipe.set(self.place_key(key), tag, nx=True, px=self.claim_ms, get=True)  # (Redis 7.0: NX with GET)
+        replies = pipe.execute()
+        index = {k.tag: n for n, k in enumerate(parts)}
+        won: dict[str, int] = {}
+        for (key, tag), got in zip(first.items(), replies, strict=True):
+            claimed = got.decode() if isinstance(got, bytes) else got
+            won[key] = index.get(claimed if isinstance(claimed, str) else tag, index[tag])
+        for i, _, _ in wanted:
+            moved[i] = won[route(jobs[i])]
+
+
+def _marks(k: QueueKeys, job: Routed, key: str) -> tuple[str, ...]:
+    """The keys whose presence in partition ``k`` says the job's key lives there: its
+    idempotency key (kept a retention after its job), and for a limit its holders, its
+    parked jobs and the marker of a job under it enqueued there lately (enqueue.lua)."""
+    idem = (k.idem(job.type, job.idem_key),) if job.idem_key else ()
+    if key.startswith("i:"):
+        return idem
+    return (k.limit(key), k.waiters(key), k.placed(key), *idem)

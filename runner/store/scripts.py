@@ -1,42 +1,48 @@
-"""One typed method per atomic transition, sent through redis-py.
+"""One typed method per atomic transition, sent through the script transport (transport.py).
 
-Each script is sent by SHA (EVALSHA, loaded again on NOSCRIPT) as sources.py assembles it,
-with the shared helpers of ``lua/_lib.lua`` that it uses prepended. Batch methods take sequences so one round trip
-settles many jobs; a ``pipe`` argument queues a call on a Batch instead of sending it.
-
-A single call goes out on a connection of the Scripts' own (see ``_Lanes``): redis-py's
-pool checks every connection it hands out with a poll() and wraps each command in retry
-and event layers, which together cost about a third of an enqueue round trip.
-
-Durable calls (the enqueue and a schedule's tick) are followed by ``WAIT replicas
-timeout`` on the same connection, sent with the script in one write, when the Scripts
-were built with ``replicas`` > 0: WAIT counts the replicas that hold every write of its
-own connection, so it must follow the script there, and pipelined it costs no round trip
-of its own. Fewer replicas than asked raise NotReplicated, with the scripts' replies (the
-script did run). With ``replicas`` = 0 no WAIT is ever sent. Every other transition (ack,
-retry, claim...) stays asynchronous: one lost in a failover re-runs a job at most, which
-at-least-once allows.
+Each script is sent by SHA as sources.py assembles it, with the files of ``lua/includes/``
+it declares prepended. Batch methods take sequences so one round trip settles many jobs;
+a ``pipe`` argument queues a call on a Batch instead of sending it. How a call reaches
+Redis (kept connections, NOSCRIPT reloads, Redis Cluster's nodes, WAIT for replicas behind
+a durable call) is transport.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import select
-import time
-from collections import deque
-from collections.abc import Sequence
+import json
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
-from redis.cluster import RedisCluster
-from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from runner.errors import NotReplicated
-from runner.store import records, routing
+from runner.store import records, routing, scriptkeys
 from runner.store.keys import QueueKeys
-from runner.store.sources import NAMES, SHAS, SOURCES
+
+# Batch and Stream are re-exported: callers build their calls from here.
+from runner.store.transport import Batch as Batch
+from runner.store.transport import ScriptCall, Transport
+from runner.store.transport import Stream as Stream
+
+# How long a limit key stays marked in the partition its job went to (enqueue.lua) when no
+# retention is given: a day's done retention and an hour (runtime.py passes its own).
+MARK_MS = 25 * 3_600_000
+
+
+class Suspension(NamedTuple):
+    """A durable function's run ending at a sleep, as suspend.lua takes it."""
+
+    id: str
+    token: str
+    position: int  # of the sleep's entry in the step log
+    entry: str  # its JSON ('' when the log holds it already)
+    delay_ms: int | None  # from the server's now, or None for due_ms
+    due_ms: int  # absolute epoch ms (0 with a delay)
+    max_steps: int
+    max_bytes: int
+    stats: str  # stats fields
+    kind: str = "sleep"  # or "signal" (a wait), "invoke" (a child call)
+    signal: str = ""  # the signal waited for
+    ends_ms: int | None = None  # ms from now to the wait's end, when it differs from the due time
+    child: Followup | None = None  # ctx.invoke's child job, written with the suspension
+    hold: bool = False  # HOLD_LOCKS_WHILE_SUSPENDED: its limit slots stay reserved for it
 
 
 class NewJob(NamedTuple):
@@ -56,7 +62,7 @@ class NewJob(NamedTuple):
     idem_key: str
     payload_hash: str
     resource_key: str
-    limits: str  # "<n> <key>" lines (see _lib.lua), '' none
+    limits: str  # "<n> <key>" lines (see lua/includes/limits.lua), '' none
     meta: str = ""  # a small JSON object of annotations, '' none
     priority: int = 0  # 1-9: the queue's priority set, served first (enqueue.lua); 0 plain ready
 
@@ -81,6 +87,32 @@ def followup_id(parent_id: str, index: int | str) -> str:
     return f"{parent_id}.{index}"
 
 
+# A run's follow-ups past STAGE_OVER are not sent with its ack: they are staged first, in
+# writes of STAGE_CHUNK entries, in a list of their own that nothing reads until the ack
+# commits it (ack.lua); the relay then places them a batch at a time (worker/relay.py).
+# One script writing 400,000 at once had blocked Redis for 7 s.
+STAGE_OVER = 500
+STAGE_CHUNK = 1000
+STAGE_TTL_MS = 7 * 86_400_000  # a stage whose ack never came (a lost lease) goes by itself
+STAGED = "@staged"  # an outbox entry naming a committed stage: [STAGED, "<id>:fu:<token>"]
+# One chunk of a stage: (the first: the stage emptied first) appended, and the expiry set
+# in the same step. KEYS[1] the stage; ARGV[1] its ttl ms; ARGV[2] '1' the first chunk;
+# ARGV[3..] the entries (at most STAGE_CHUNK).
+_STAGE_CHUNK_LUA = """
+local K = {stage = KEYS[1]}
+if ARGV[2] == '1' then redis.call('UNLINK', K.stage) end
+redis.call('RPUSH', K.stage, unpack(ARGV, 3))
+redis.call('PEXPIRE', K.stage, ARGV[1])
+return 1
+"""
+
+
+def stage_suffix(job_id: str, token: str) -> str:
+    """A run's stage of follow-ups, after the job prefix: one per claim token, so a run
+    that lost its lease never commits another's."""
+    return f"{job_id}:fu:{token}"
+
+
 class Followup(NamedTuple):
     """A job a handler enqueued (``ctx.enqueue``), written with its parent's ack."""
 
@@ -95,6 +127,7 @@ class Member(NamedTuple):
     number: int  # 1-based, the member's place in the group
     status: str  # done, dead or cancelled
     outcome: str  # JSON: {"id", "status", "result"} or {"id", "status", "reason", "error"}
+    link: str = ""  # the W3C traceparent of the run that settled it: the then-job's run links to it
 
 
 # The settlements below are NamedTuples too: one per job on the worker's path (see NewJob).
@@ -107,6 +140,7 @@ class Ack(NamedTuple):
     keep_ms: int = 0  # KEEP_RESULT: the outcome also kept on its own this long
     followups: tuple[Followup, ...] = ()
     member: Member | None = None  # a group's member: counted down in the ack's step
+    created_ms: int = 0  # the record's (the server's clock at its enqueue): the done outcome keeps it
 
 
 class RetryAt(NamedTuple):
@@ -143,7 +177,7 @@ class Hand(NamedTuple):
     history: str = ""
 
 
-def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
+def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial], staged: Collection[int] = ()) -> list[Any]:
     """The follow-ups of a batch as ack.lua and bury.lua take them: m, then per follow-up
     its parent's index in the batch (1-based), its queue ('' this one), its 12 fields, its
     priority. A
@@ -152,6 +186,8 @@ def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
     follow: list[Any] = []
     m = 0
     for i, item in enumerate(items, 1):
+        if i in staged:  # sent ahead (see STAGE_OVER)
+            continue
         for f in item.followups:
             here = f.queue == k.queue and not k.draining and (
                 k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
@@ -162,12 +198,15 @@ def _followup_args(k: QueueKeys, items: Sequence[Ack | Burial]) -> list[Any]:
 
 def _member_args(items: Sequence[Ack | Burial]) -> list[Any]:
     """The group members of a batch as ack.lua and bury.lua take them: g, then per member
-    its index in the batch (1-based), group id, index in the group, status, outcome."""
+    its index in the batch (1-based), group id, index in the group, status, outcome, the
+    run's traceparent ('' untraced)."""
     out: list[Any] = []
     for i, item in enumerate(items, 1):
         if item.member is not None:
             out += [i, *item.member]
-    return [len(out) // 5, *out]
+    return [len(out) // 6, *out]
+
+
 
 
 def _clock(now_ms: int | None) -> int | str:
@@ -175,440 +214,75 @@ def _clock(now_ms: int | None) -> int | str:
     return "" if now_ms is None else now_ms
 
 
-class Batch:
-    """Script calls queued on one pipeline: one round trip, no SCRIPT EXISTS check.
-
-    A call answered NOSCRIPT (Redis restarted or flushed its script cache) is loaded and
-    sent again on its own; a call that ran is never sent twice.
-
-    A durable call makes the batch end with one WAIT (see the module's docstring); when
-    it falls short, execute raises NotReplicated carrying every reply.
-    """
-
-    def __init__(self, scripts: Scripts) -> None:
-        self.scripts = scripts
-        self.calls: list[tuple[str, Sequence[str], Sequence[Any], bool]] = []
-
-    def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
-        self.calls.append((name, keys, args, durable))
-
-    def execute(self, raise_on_error: bool = True) -> list[Any]:
-        """Every call's reply, in order. With ``raise_on_error`` false, a call that failed
-        after the round trip went out (an error reply, its reload cut off) has its
-        exception in its place, so the calls that ran keep their answers; a failure before
-        any reply was read is raised all the same."""
-        if not self.calls:
-            return []
-        sc = self.scripts
-        acked: list[int] = []
-        if isinstance(sc.client, RedisCluster):
-            # A cluster pipeline refuses EVALSHA; a batch holds a few script calls (one per
-            # transition), each already covering many jobs, so one by one costs little.
-            # Each durable call waits on its own node: WAIT counts that node's replicas.
-            replies: list[Any] = []
-            for i, (name, keys, args, durable) in enumerate(self.calls):
-                try:
-                    reply, n = sc.counted(name, keys, args, durable=durable)
-                except Exception as exc:
-                    if raise_on_error or i == 0:
-                        raise
-                    replies.append(exc)
-                    continue
-                replies.append(reply)
-                acked += [] if n is None else [n]
-            sc.confirm(acked, replies)
-            return replies
-        wait = sc.wait if any(c[3] for c in self.calls) else None
-        cmds: list[tuple[Any, ...]] = [("EVALSHA", sc.shas[name], len(keys), *keys, *args)
-                                       for name, keys, args, _ in self.calls]
-        if wait is not None:
-            cmds.append(wait)
-        replies = sc.pipelined(cmds)
-        last = replies.pop() if wait is not None else None
-        for i, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):
-                name, keys, args, durable = self.calls[i]
-                try:
-                    replies[i], n = sc.counted(name, keys, args, durable=durable)
-                except Exception as exc:
-                    if raise_on_error:
-                        raise
-                    replies[i] = exc
-                    continue
-                acked += [] if n is None else [n]
-            elif isinstance(reply, Exception) and raise_on_error:
-                raise reply
-        if isinstance(last, Exception):  # after the scripts' own errors, which say more
-            raise last
-        if last is not None:
-            acked.append(int(last))
-        sc.confirm(acked, replies)
-        return replies
-
-
-class _Lanes:
-    """Connections taken from the client's pool once and then kept for script calls.
-
-    A call pops an idle one (a list op, atomic under the GIL, so threads never share a
-    connection), sends, reads, and pushes it back. The pool still owns them, so closing
-    the client closes them too; a connection that failed mid-call is disconnected (it may
-    hold half a reply) and reconnects on its next use through its own ``connect()`` (a
-    Sentinel-managed one asks Sentinel for the master there); a forked child starts
-    afresh.
-    """
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.idle: list[Any] = []
-        self.pid = os.getpid()
-
-    def take(self) -> Any:
-        if self.pid != os.getpid():  # a fork: the parent's sockets are not ours
-            self.idle, self.pid = [], os.getpid()
-        try:
-            conn = self.idle.pop()
-        except IndexError:
-            return self.pool.get_connection()
-        conn.connect()  # a no-op when connected
-        return conn
-
-    def give(self, conn: Any) -> None:
-        self.idle.append(conn)
-
-
-class _Spin:
-    """Polls a connection for its reply for up to BUDGET_S before the read that sleeps.
-
-    A blocking read puts the thread to sleep and the reply has to wake it: on the 2-core
-    VMs measured, that wake-up was most of a loopback round trip (a PING took 82-95 us
-    with a blocking read, 28 us polling). A caller making one call at a time (a producer
-    enqueueing job by job) waits on every round trip, so it polls for a moment first;
-    the CPU spent is at most the wait it saves. When replies keep taking longer than the
-    budget (a distant Redis), polling stops for the next SKIP calls and is then tried
-    again. Polling only watches the socket: the read itself, and every error, are the
-    connection's own, as without it."""
-
-    BUDGET_S = 100e-6
-    MISSES = 16  # in a row, before a pause
-    SKIP = 500
-
-    def __init__(self) -> None:
-        self.misses = 0
-        self.skip = 0
-
-    def wait(self, conn: Any) -> None:
-        # Counters shared by threads without a lock: a lost update only shifts a pause.
-        if self.skip:
-            self.skip -= 1
-            return
-        sock = getattr(conn, "_sock", None)
-        if sock is None:
-            return
-        poller = getattr(conn, "_runner_poll", None)
-        if poller is None or poller[0] is not sock:
-            poller = (sock, select.poll())
-            poller[1].register(sock, select.POLLIN)
-            conn._runner_poll = poller
-        poll = poller[1].poll
-        deadline = time.perf_counter() + self.BUDGET_S
-        while not poll(0):
-            if time.perf_counter() > deadline:
-                self.misses += 1
-                if self.misses >= self.MISSES:
-                    self.misses, self.skip = 0, self.SKIP
-                return
-        self.misses = 0
-
-
-class Stream:
-    """Script calls sent one after another on one connection without waiting for each
-    reply, so the caller can prepare the next call while Redis runs the last; replies
-    are read back in the order sent. ``read`` returns the oldest call's tag and reply.
-
-    A call answered NOSCRIPT did not run: it is loaded and sent again on its own when its
-    reply is read (after a SCRIPT FLUSH mid-stream a later call may then run first). Any
-    other failure drops the connection, with the replies still owed on it, and raises;
-    what those calls did is unknown, as for a single call whose reply was lost. Without
-    kept connections (Redis Cluster) each call is sent and read at once.
-
-    A durable call is followed by its own WAIT, so each reply read is confirmed by itself
-    (a WAIT blocks its connection, so calls sent behind it run once it is answered); one
-    that falls short raises NotReplicated from ``read``, with that call's reply.
-    """
-
-    def __init__(self, scripts: Scripts) -> None:
-        self.scripts = scripts
-        self.pending: deque[tuple[str, Sequence[str], Sequence[Any], Any, bool]] = deque()
-        self.ready: deque[tuple[Any, Any, int | None]] = deque()
-        self.conn: Any = None
-
-    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False) -> None:
-        sc = self.scripts
-        if sc._lanes is None:
-            self.ready.append((tag, *sc.counted(name, keys, args, durable=durable)))
-            return
-        if self.conn is None:
-            self.conn = sc._lanes.take()
-        try:
-            sc._send(self.conn, name, keys, args, durable)
-        except BaseException:
-            self._drop()
-            raise
-        self.pending.append((name, keys, args, tag, durable))
-
-    def __len__(self) -> int:
-        return len(self.pending) + len(self.ready)
-
-    def read(self) -> tuple[Any, Any]:
-        if self.ready:
-            tag, reply, acked = self.ready.popleft()
-        else:
-            tag, reply, acked = self._read_next()
-        self.scripts.confirm([] if acked is None else [acked], [reply])
-        return tag, reply
-
-    def _read_next(self) -> tuple[Any, Any, int | None]:
-        name, keys, args, tag, durable = self.pending.popleft()
-        try:
-            try:
-                reply, acked = self.scripts._read(self.conn, durable)
-            except NoScriptError:  # it did not run: load, run alone
-                reply, acked = self.scripts.counted(name, keys, args, durable=durable)
-        except ResponseError:
-            self._drop()  # read whole, but the calls behind it are not the caller's to keep
-            raise
-        except BaseException:
-            self._drop()
-            raise
-        if not self.pending:
-            self.close()
-        return tag, reply, acked
-
-    def close(self) -> None:
-        """Give the connection back; replies still owed make it unusable, so drop it."""
-        if self.conn is None:
-            return
-        if self.pending:
-            self._drop()
-            return
-        self.scripts._lanes.give(self.conn)  # type: ignore[union-attr]
-        self.conn = None
-
-    def _drop(self) -> None:
-        self.pending.clear()
-        if self.conn is not None:
-            self.conn.disconnect()
-            self.scripts._lanes.give(self.conn)  # type: ignore[union-attr]
-            self.conn = None
-
-
-class Scripts:
-    """The scripts of one Redis client, sent by SHA and loaded again on NOSCRIPT.
+class Scripts(Transport):
+    """The scripts of one Redis client: one typed method per transition, sent through the
+    transport (transport.py).
 
     ``replicas`` > 0: durable calls return only once that many replicas confirmed them
-    within ``replica_timeout_s`` (see the module's docstring)."""
+    within ``replica_timeout_s`` (see transport.py)."""
 
-    def __init__(self, client: Any, replicas: int = 0, replica_timeout_s: float = 1.0) -> None:
-        self.client = client
-        self.sources = SOURCES
-        self.shas = SHAS
-        pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
-        self._lanes = _Lanes(pool) if pool is not None else None
-        self._spin = _Spin()
-        self.replicas = replicas
-        self.replica_timeout_s = replica_timeout_s
-        # The command itself; None: no WAIT is sent.
-        self.wait: tuple[str, int, int] | None = (
-            ("WAIT", replicas, max(1, round(replica_timeout_s * 1000))) if replicas > 0 else None
-        )
-
-    def confirm(self, acked: Sequence[int], replies: Sequence[Any]) -> None:
-        """Raise NotReplicated when any WAIT answered fewer replicas than asked."""
-        if acked and min(acked) < self.replicas:
-            raise NotReplicated(min(acked), self.replicas, self.replica_timeout_s, replies=replies)
-
-    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
-             durable: bool = False) -> Any:
-        """One script call. With ``spin``, wait for the reply by polling for a moment
-        before sleeping on it (see _Spin): for a caller that makes one call at a time.
-        With ``durable``, confirmed by the replicas (NotReplicated when it is not)."""
-        reply, acked = self.counted(name, keys, args, spin=spin, durable=durable)
-        self.confirm([] if acked is None else [acked], [reply])
-        return reply
-
-    def counted(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
-                durable: bool = False) -> tuple[Any, int | None]:
-        """One script call and, when durable and WAIT is on, the replicas that confirmed it
-        (None: no WAIT was sent)."""
-        if self._lanes is None:
-            if durable and self.wait is not None:
-                return self._call_on_node(name, keys, args)
-            try:
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-            except NoScriptError:
-                self.client.script_load(self.sources[name])
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-        lanes = self._lanes
-        conn = lanes.take()
-        try:
-            try:
-                self._send(conn, name, keys, args, durable)
-                if spin:
-                    self._spin.wait(conn)
-                out = self._read(conn, durable)
-            except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
-                conn.send_command("SCRIPT", "LOAD", self.sources[name])
-                conn.read_response()
-                self._send(conn, name, keys, args, durable)
-                out = self._read(conn, durable)
-        except ResponseError:
-            lanes.give(conn)  # an error reply was read whole: the connection is in step
-            raise
-        except BaseException:
-            conn.disconnect()
-            lanes.give(conn)
-            raise
-        lanes.give(conn)
-        return out
-
-    def pipelined(self, cmds: Sequence[Sequence[Any]]) -> list[Any]:
-        """Send commands in one write on a kept connection and read every reply; an error
-        reply takes its place in the list instead of being raised (a settle batch is one
-        or two script calls: redis-py's pipeline object cost more than the calls' own
-        packing). Without kept connections, redis-py's pipeline."""
-        if self._lanes is None:
-            pipe = self.client.pipeline(transaction=False)
-            for cmd in cmds:
-                pipe.execute_command(*cmd)
-            return list(pipe.execute(raise_on_error=False))
-        lanes = self._lanes
-        conn = lanes.take()
-        replies: list[Any] = []
-        try:
-            conn.send_packed_command(conn.pack_commands(cmds))
-            for _ in cmds:
-                try:
-                    replies.append(conn.read_response())
-                except ResponseError as exc:  # read whole: the connection stays in step
-                    replies.append(exc)
-        except BaseException:
-            conn.disconnect()  # it may owe replies
-            lanes.give(conn)
-            raise
-        lanes.give(conn)
-        return replies
-
-    def _send(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool) -> None:
-        """The EVALSHA, and the WAIT behind it when durable, in one write."""
-        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
-        if durable and self.wait is not None:
-            conn.send_packed_command(conn.pack_commands([cmd, self.wait]))
-        else:
-            conn.send_command(*cmd)
-
-    def _read(self, conn: Any, durable: bool) -> tuple[Any, int | None]:
-        """The script's reply and, when a WAIT followed it, WAIT's count. An error reply is
-        raised only once both are read, so the connection stays in step."""
-        if not (durable and self.wait is not None):
-            return conn.read_response(), None
-        try:
-            reply = conn.read_response()
-        except ResponseError:
-            # The script's error says more (READONLY on a replica, where WAIT errs too).
-            with contextlib.suppress(ResponseError):
-                conn.read_response()
-            raise
-        return reply, int(conn.read_response())
-
-    def _call_on_node(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, int]:
-        """A durable call on Redis Cluster: the script and its WAIT pipelined on one
-        connection of the master that holds the slot (RedisCluster would send each on a
-        connection of its choosing, and a WAIT elsewhere confirms nothing)."""
-        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
-        assert self.wait is not None
-        for attempt in range(3):
-            node = self.client.get_node_from_key(keys[0])
-            pipe = node.redis_connection.pipeline(transaction=False)
-            pipe.execute_command(*cmd)
-            pipe.execute_command(*self.wait)
-            try:
-                reply, acked = pipe.execute(raise_on_error=False)
-            except (RedisConnectionError, RedisTimeoutError):
-                # The master is gone (killed, or failing over). RedisCluster learns a new
-                # layout after its own commands fail; this call bypasses it, so it asks
-                # itself, or it would keep sending to the dead master after the promotion.
-                with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
-                    self.client.nodes_manager.initialize()
-                if attempt < 2 and self.client.get_node_from_key(keys[0]) is not node:
-                    continue  # a new master holds the slot: send it there
-                raise
-            if isinstance(reply, NoScriptError):
-                node.redis_connection.script_load(self.sources[name])
-                continue
-            if isinstance(reply, (MovedError, AskError)) and attempt < 2:
-                # The slot moved (a failover, a resharding): nothing ran; learn the layout again.
-                self.client.nodes_manager.initialize()
-                continue
-            if isinstance(reply, (MovedError, AskError)):
-                raise TryAgainError(str(reply))  # type: ignore[no-untyped-call]
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(acked, Exception):
-                raise acked
-            return reply, int(acked)
-        raise TryAgainError(f"{name}: the slot of {keys[0]!r} kept moving")  # type: ignore[no-untyped-call]
-
-    def prepare(self) -> None:
-        """Assemble every script now (a process that runs them all, before its first job)."""
-        for name in NAMES:
-            self.shas[name]
-
-    def batch(self) -> Batch:
-        return Batch(self)
-
-    def stream(self) -> Stream:
-        return Stream(self)
-
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None,
-             spin: bool = False, durable: bool = False) -> Any:
-        if pipe is not None:
-            pipe.add(name, keys, args, durable)
-            return None
-        return self.call(name, keys, args, spin=spin, durable=durable)
+    def __init__(self, client: Any, replicas: int = 0, replica_timeout_s: float = 1.0,
+                 mark_ms: int = MARK_MS) -> None:
+        super().__init__(client, replicas, replica_timeout_s)
+        self.mark_ms = mark_ms  # how long a limit key stays marked where its job went
+        # The queues another count of partitions was recorded for lately (the runtime keeps
+        # it current): a queue of one partition marks nothing unless it is one of them.
+        self.changing: frozenset[str] = frozenset()
 
     def enqueue(
         self, k: QueueKeys, jobs: Sequence[NewJob], pipe: Batch | None = None, spin: bool = False,
         now_ms: int | None = None,
     ) -> Any:
         """Durable: with replicas set, returns once they hold the jobs (else NotReplicated)."""
-        return self._run(*self.enqueue_call(k, jobs, now_ms), pipe, spin, durable=True)
+        return self._run(*self.enqueue_call(k, jobs, now_ms, self.mark_for(k)), pipe, spin, durable=True)
+
+    def mark_for(self, k: QueueKeys) -> int:
+        """How long a limit key stays marked where its job goes (routing.Placement), 0 for
+        none: a queue of one partition with no other count recorded has no other placement
+        to look a key up from (a marker per rendered key for a day cost gigabytes with
+        unique keys); once another count is recorded, its producers mark too."""
+        if k.partitions == 1 and not k.draining and k.queue not in self.changing:
+            return 0
+        return self.mark_ms
 
     @staticmethod
     def enqueue_call(
-        k: QueueKeys, jobs: Sequence[NewJob], now_ms: int | None = None
+        k: QueueKeys, jobs: Sequence[NewJob], now_ms: int | None = None, mark_ms: int = MARK_MS,
     ) -> tuple[str, tuple[str, ...], list[Any]]:
-        """The enqueue script's name, keys and arguments (for a Stream)."""
+        """The enqueue script's name, keys and arguments (for a Stream); ``mark_ms``: how
+        long a limit key stays marked where its job went (routing.Placement)."""
         args: list[Any] = [_clock(now_ms), len(jobs)]
         for j in jobs:
             # The 12 job fields, then the priority: NewJob's own order (see
             # test_a_new_job_is_its_enqueue_fields_in_order), so the tuple goes as it is.
             args += j
-        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census,
-                k.prio)
-        return "enqueue", keys, args
+        args.append(mark_ms)
+        return "enqueue", scriptkeys.keys("enqueue", k), args
 
     def claim(
         self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
-        max_ages: str = "",
+        max_ages: str = "", floor: int = 0,
     ) -> Any:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
-        (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE."""
-        keys = (k.ready, k.leases, k.scheduled, k.dead, k.stats, k.job_prefix, k.lim_prefix,
-                k.idem_prefix, k.claims, k.done_meta, k.limwait, k.notify, k.done_prefix, k.census,
-                k.paused, k.held_prefix, k.prio, k.ended, k.cancelled, k.group_prefix, k.outbox)
-        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages)
-        return self._run("claim", keys, args, pipe)
+        (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE;
+        ``floor``: claim only jobs of this priority or more (0: any)."""
+        args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor)
+        return self._run("claim", scriptkeys.keys("claim", k), args, pipe)
+
+    def claim_woken(
+        self, k: QueueKeys, wait_s: float, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
+        done_ttl_ms: int, done_max: int = 1_000_000, max_ages: str = "", floor: int = 0,
+    ) -> tuple[Any, Any]:
+        """claim, sent behind a BLPOP of the queue's notify list (see behind): it runs when a
+        wake-up comes or ``wait_s`` passes, so an idle worker's wake-up and its claim are one
+        round trip. Returns (the BLPOP's reply, or its error; the claim's reply)."""
+        args = ("", n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor)
+        return self.behind(("BLPOP", k.notify, f"{wait_s:g}"), "claim", scriptkeys.keys("claim", k), args)
+
+    def hold(self, k: QueueKeys, job_id: str, token: str) -> int:
+        """Mark a claim as waiting for its executor (see hold.lua): 1 held, -1 refused."""
+        return int(self._run("hold", scriptkeys.keys("hold", k), (job_id, token)))
 
     def start(
         self, k: QueueKeys, owned: Sequence[tuple[str, str]], pipe: Batch | None = None,
@@ -617,7 +291,7 @@ class Scripts:
         args: list[Any] = [_clock(now_ms), len(owned)]
         for job_id, token in owned:
             args += [job_id, token]
-        return self._run("start", (k.claims,), args, pipe)
+        return self._run("start", scriptkeys.keys("start", k), args, pipe)
 
     def renew(
         self, k: QueueKeys, owned: Sequence[tuple[str, str] | tuple[str, str, str]], lease_ms: int,
@@ -627,7 +301,7 @@ class Scripts:
         args: list[Any] = [_clock(now_ms), lease_ms, len(owned)]
         for item in owned:
             args += [item[0], item[1], item[2] if len(item) > 2 else ""]
-        return self._run("renew", (k.leases, k.job_prefix, k.lim_prefix, k.claims), args, pipe)
+        return self._run("renew", scriptkeys.keys("renew", k), args, pipe)
 
     def ack(
         self, k: QueueKeys, acks: Sequence[Ack], idem_ttl_ms: int, done_ttl_ms: int = 86_400_000,
@@ -635,15 +309,46 @@ class Scripts:
     ) -> Any:
         """``totals``: every ack's stats fields summed ("field=N ..."), counted at once when
         the whole batch lands (see ack.lua); '' counts each ack's own."""
+        staged = self._stage(k, acks)
         args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks), totals]
-        for a in acks:
+        for i, a in enumerate(acks, 1):
             args += a[:6]  # id, token, result, census, stats, keep_ms: Ack's first six fields
-        args += _followup_args(k, acks)
+            args += (a.created_ms, len(a.followups) if i in staged else 0)
+        args += _followup_args(k, acks, staged)
         args += _member_args(acks)
-        keys = (k.leases, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.tput_prefix, k.dead,
-                k.ready, k.notify, k.claims, k.done_meta, k.done_prefix, k.limwait, k.census, k.res_prefix,
-                k.scheduled, k.outbox, k.ended, k.group_prefix, k.prio)
-        return self._run("ack", keys, args, pipe)
+        return self._run("ack", scriptkeys.keys("ack", k), args, pipe)
+
+    def _stage(self, k: QueueKeys, acks: Sequence[Ack]) -> set[int]:
+        """Write the follow-ups of each ack past STAGE_OVER to its stage, now (one round
+        trip, STAGE_CHUNK entries a command), for the ack to commit; the 1-based places of
+        those acks. Written again whole if the same ack is sent again."""
+        big = [(i, a) for i, a in enumerate(acks, 1) if len(a.followups) > STAGE_OVER]
+        if not big:
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        for _, a in big:
+            key = k.job_prefix + stage_suffix(a.id, a.token)
+            entries = [json.dumps(job_entry(f.queue, f.job), separators=(",", ":")) for f in a.followups]
+            for s in range(0, len(entries), STAGE_CHUNK):
+                # Each chunk sets the expiry with its own write, in one step: a worker
+                # killed mid-way leaves a stage that expires. The first replaces any
+                # earlier stage of this ack (one sent again).
+                pipe.eval(_STAGE_CHUNK_LUA, 1, key, STAGE_TTL_MS, "1" if s == 0 else "0",
+                          *entries[s:s + STAGE_CHUNK])
+        pipe.execute()
+        return {i for i, _ in big}
+
+    def emit(
+        self, k: QueueKeys, jobs: Sequence[NewJob], *, event_id: str, name: str, data: str, idem_key: str,
+        data_hash: str, idem_ms: int, keep: int, away: str, entries: Sequence[str], now_ms: int | None = None,
+    ) -> Any:
+        """One event on its home partition ``k`` (see lua/emit.lua): ``jobs`` written here,
+        ``entries`` (outbox entries) for the others, whose {id, type, queue} are ``away``
+        (JSON). Returns [code, record, then code, id, status per job written here].
+        Durable, as an enqueue is."""
+        _, _, args = self.enqueue_call(k, jobs, now_ms, self.mark_for(k))
+        args += [event_id, name, data, idem_key, data_hash, idem_ms, keep, away, k.queue, len(entries), *entries]
+        return self._run("emit", scriptkeys.keys("emit", k), args, durable=True)
 
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
         """Place follow-ups from another queue's outbox into queue ``k``, each once by id:
@@ -651,9 +356,8 @@ class Scripts:
         args: list[Any] = [_clock(now_ms), len(entries)]
         for e in entries:
             args += list(e)
-        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census,
-                k.done_meta, k.done_prefix, k.prio)
-        return self._run("relay", keys, args)
+        args.append(self.mark_for(k))
+        return self._run("relay", scriptkeys.keys("relay", k), args)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
               now_ms: int | None = None) -> Any:
@@ -661,9 +365,7 @@ class Scripts:
         for r in items:
             mode = (3 if r.last else 2) if r.rate_limited else 1 if r.refund else 0
             args += [r.id, r.token, r.delay_ms, r.error, r.history, mode, r.stats]
-        keys = (k.leases, k.scheduled, k.stats, k.job_prefix, k.lim_prefix, k.ready, k.notify,
-                k.claims, k.limwait, k.prio)
-        return self._run("retry", keys, args, pipe)
+        return self._run("retry", scriptkeys.keys("retry", k), args, pipe)
 
     def bury(
         self, k: QueueKeys, items: Sequence[Burial], dead_ttl_ms: int, pipe: Batch | None = None,
@@ -674,10 +376,7 @@ class Scripts:
             args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
         args += _followup_args(k, items)
         args += _member_args(items)
-        keys = (k.leases, k.dead, k.stats, k.job_prefix, k.lim_prefix, k.idem_prefix, k.ready, k.notify,
-                k.claims, k.limwait, k.scheduled, k.census, k.done_meta, k.done_prefix, k.outbox, k.ended,
-                k.cancelled, k.group_prefix, k.prio)
-        return self._run("bury", keys, args, pipe)
+        return self._run("bury", scriptkeys.keys("bury", k), args, pipe)
 
     def release(
         self, k: QueueKeys, items: Sequence[Hand | tuple[str, str]], pipe: Batch | None = None,
@@ -690,21 +389,28 @@ class Scripts:
             h = item if isinstance(item, Hand) else Hand(*item)
             args += [h.id, h.token, h.mode, h.history]
         args.append(done_ttl_ms)
-        keys = (k.leases, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.claims, k.limwait,
-                k.idem_prefix, k.census, k.cancelled, k.ended, k.group_prefix, k.scheduled, k.stats, k.done_meta,
-                k.done_prefix, k.outbox, k.prio)
-        return self._run("release", keys, args, pipe)
+        return self._run("release", scriptkeys.keys("release", k), args, pipe)
 
-    def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None) -> Any:
-        keys = (k.leases, k.ready, k.dead, k.notify, k.stats, k.job_prefix, k.lim_prefix, k.scheduled,
-                k.claims, k.done_meta, k.limwait, k.idem_prefix, k.ended, k.group_prefix, k.done_prefix, k.census,
-                k.outbox, k.lost, k.prio)
-        return self._run("reclaim", keys, (_clock(now_ms), limit, dead_ttl_ms))
+    def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None,
+                check: bool = True) -> Any:
+        """Returns [requeued, buried]. ``check``: look for queue keys damaged to another
+        type first (a TYPE each; see reclaim.lua), which a caller passing every half
+        second does only now and then, and after an error reply."""
+        return self._run(*self.reclaim_call(k, limit, dead_ttl_ms, now_ms, check))
+
+    @staticmethod
+    def reclaim_call(k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None,
+                     check: bool = True) -> ScriptCall:
+        args = (_clock(now_ms), limit, dead_ttl_ms, 1 if check else 0)
+        return ScriptCall("reclaim", scriptkeys.keys("reclaim", k), args)
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
         """Returns [jobs moved, ms until the next due job or sweep (-1: none)]."""
-        keys = (k.scheduled, k.ready, k.notify, k.job_prefix, k.lim_prefix, k.limwait, k.prio)
-        return self._run("promote", keys, (_clock(now_ms), limit))
+        return self._run(*self.promote_call(k, limit, now_ms))
+
+    @staticmethod
+    def promote_call(k: QueueKeys, limit: int, now_ms: int | None = None) -> ScriptCall:
+        return ScriptCall("promote", scriptkeys.keys("promote", k), (_clock(now_ms), limit))
 
     def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
         """Lift a pause (a queue's, or one function's: None is the queue) and put back up to
@@ -713,85 +419,194 @@ class Scripts:
         # A queue's resume holds no list: the bare held: prefix names none (held lists are
         # held:<type>), so the script finds it empty, and unlike '' it is in the queue's
         # slot, which Redis Cluster requires of every key.
-        keys = (k.paused, k.ready, k.notify, k.job_prefix, k.held(function) if function is not None else k.held_prefix,
-                k.prio)
+        keys = scriptkeys.keys("resume", k, held=k.held(function) if function is not None else k.held_prefix)
         return self._run("resume", keys, (field, 1 if first else 0, limit))
 
     def requeue(
         self, k: QueueKeys, job_id: str, payload: str = "", version: str = "", payload_hash: str = "",
         history: str = "", now_ms: int | None = None,
     ) -> Any:
-        keys = (k.dead, k.ready, k.notify, k.job(job_id), k.idem_prefix, k.census, k.prio)
-        return self._run("requeue", keys, (_clock(now_ms), job_id, payload, version, payload_hash, history))
+        return int(self.requeue_many(k, [(job_id, payload, version, payload_hash, history)], now_ms=now_ms)[0])
 
-    def remove(self, k: QueueKeys, job_id: str) -> Any:
-        return self._run("remove", (k.dead, k.job(job_id), k.idem_prefix, k.census), (job_id,))
+    def requeue_many(
+        self, k: QueueKeys, jobs: Sequence[tuple[str, str, str, str, str]], now_ms: int | None = None,
+    ) -> list[int]:
+        """Requeue dead jobs, each (id, payload, version, payload hash, history entry),
+        '' keeping what is stored; one code per job (see requeue.lua)."""
+        args: list[Any] = [_clock(now_ms), len(jobs)]
+        for job in jobs:
+            args += job
+        return [int(c) for c in self._run("requeue", scriptkeys.keys("requeue", k), args)]
+
+    def remove(self, k: QueueKeys, job_id: str, pipe: Batch | None = None) -> Any:
+        return self._run("remove", scriptkeys.keys("remove", k, job=k.job(job_id)), (job_id,), pipe)
 
     def checkpoint(self, k: QueueKeys, job_id: str, token: str, data: str) -> Any:
-        return self._run("checkpoint", (k.job(job_id), k.claims), (token, data, job_id))
+        return self._run("checkpoint", scriptkeys.keys("checkpoint", k, job=k.job(job_id)), (token, data, job_id))
+
+    def append_log(self, k: QueueKeys, job_id: str, lines: Sequence[str], max_lines: int, max_bytes: int,
+                   keep_ms: int, pipe: Batch | None = None, key: str = "") -> Any:
+        """Append a job's log lines and bound its log (joblog.lua); no lines: only the
+        expiry is set. ``key``: another list of the job's kept the same way (its stream).
+        Returns the lines kept."""
+        return self._run("joblog", (key or k.log(job_id),), (max_lines, max_bytes, keep_ms, *lines), pipe)
+
+    def step(self, k: QueueKeys, job_id: str, token: str, position: int, entry: str, max_steps: int,
+             max_bytes: int, now_ms: int | None = None, stats: str = "") -> Any:
+        """Record a durable function's step (step.lua): {code, n}; ``stats``, the field
+        that counts it."""
+        return self._run("step", scriptkeys.keys("step", k, job=k.job(job_id)),
+                         (_clock(now_ms), token, job_id, position, entry, max_steps, max_bytes, stats))
+
+    def steps(self, k: QueueKeys, job_id: str, stats: str = "") -> Any:
+        """A job's step log entries (steps.lua), counting ``stats`` when there is one."""
+        return self._run("steps", scriptkeys.keys("steps", k, job=k.job(job_id)), (stats,))
+
+    def suspend(self, k: QueueKeys, s: Suspension, pipe: Batch | None = None, now_ms: int | None = None) -> Any:
+        """End a durable function's run at a sleep (suspend.lua): {code, due ms}."""
+        keys = scriptkeys.keys("suspend", k)
+        args: list[Any] = [_clock(now_ms), s.id, s.token, s.position, s.entry,
+                           "" if s.delay_ms is None else s.delay_ms, s.due_ms, s.max_steps, s.max_bytes, s.stats,
+                           s.kind, s.signal, "" if s.ends_ms is None else s.ends_ms]
+        if s.child is None:
+            args += [0, *[""] * 15]
+        else:
+            f = s.child
+            here = f.queue == k.queue and not k.draining and (
+                k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
+            args += [1, 1, "" if here else f.queue, *_job_fields(f.job), f.job.priority]
+        args.append(1 if s.hold else 0)
+        return self._run("suspend", keys, args, pipe)
+
+    def signal(self, k: QueueKeys, job_id: str, name: str, body: str, now_ms: int | None = None, *,
+               most: int = 0, most_bytes: int = 0) -> Any:
+        """Deliver a signal (signal.lua): {code, status}; ``most``/``most_bytes`` bound what
+        one job keeps unread (0: unbounded)."""
+        return self._run("signal", scriptkeys.keys("signal", k, job=k.job(job_id)),
+                         (_clock(now_ms), job_id, name, body, most, most_bytes))
+
+    def take_signal(self, k: QueueKeys, job_id: str, token: str, position: int, name: str, head: str,
+                    until_ms: int | None, max_steps: int, max_bytes: int, now_ms: int | None = None) -> Any:
+        """A wait reads its signal (wait.lua): {code, body}."""
+        return self._run("wait", scriptkeys.keys("wait", k, job=k.job(job_id)),
+                         (_clock(now_ms), job_id, token, position, name, head, "" if until_ms is None else until_ms,
+                          max_steps, max_bytes))
 
     def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, done_max: int = 1_000_000,
              now_ms: int | None = None) -> Any:
         """Returns [dead entries removed (at most ``limit``, <= 4000), the done generation]."""
-        keys = (k.dead, k.done_meta, k.done_prefix, k.job_prefix, k.census, k.cancelled)
-        return self._run("trim", keys, (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000), done_max))
+        args = (_clock(now_ms), dead_ttl_ms, done_ttl_ms, min(limit, 4000), done_max)
+        return self._run("trim", scriptkeys.keys("trim", k), args)
 
-    def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None) -> Any:
-        """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua)."""
-        return self._run("lookup", records.lookup_keys(k, job_id), (job_id,), pipe)
+    def audit(self, key: str, entry: str, most: int, max_age_ms: int, now_ms: int | None = None,
+              bulk: str = "") -> int:
+        """Put ``entry`` (a JSON object, stamped here) on the audit trail ``key``, or with
+        ``bulk`` replace that bulk action's entry; returns the entries it holds (see audit.lua)."""
+        args = (_clock(now_ms), entry, most, max_age_ms, bulk)
+        return int(self.call("audit", scriptkeys.keys("audit", audit=key), args))
+
+    def seek(self, key: str, pos: int, n: int, anchor: tuple[float, str] | None,
+             newest_first: bool) -> tuple[int, list[tuple[str, float]]]:
+        """Up to ``n`` (member, score) of sorted set ``key`` in the order read, from rank
+        ``pos`` or, given ``anchor`` (score, member), from the first member after that
+        position, found and read in one call; and the rank of the first one (see seek.lua)."""
+        args: list[Any] = ["1" if newest_first else "0", pos, n]
+        if anchor is not None:
+            args += [repr(anchor[0]) if anchor[0] != int(anchor[0]) else str(int(anchor[0])), anchor[1]]
+        reply = self.call("seek", scriptkeys.keys("seek", index=key), args)
+        return int(reply[0]), [(reply[i], float(reply[i + 1])) for i in range(1, len(reply) - 1, 2)]
+
+    def seek_list(self, key: str, n: int, place: tuple[int, str, str] | None
+                  ) -> tuple[tuple[int, str, str] | None, list[str]]:
+        """Up to ``n`` ids of deferred list ``key``, newest first, from the tail or, given
+        ``place`` (where the first id not yet shown was, that id, the last id shown), from
+        just before the last id shown, found and read in one call; and the place of the
+        next page, None when the list is read (see seek_list.lua)."""
+        args: list[Any] = [n] + (list(place) if place is not None else ["", "", ""])
+        reply = self.call("seek_list", scriptkeys.keys("seek_list", list=key), args)
+        ids = [str(i) for i in reply[2:]]
+        at = int(reply[0])
+        return ((at, str(reply[1]), ids[-1]) if at >= 0 and ids else None), ids
+
+    def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None, cut: int | None = None) -> Any:
+        """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua);
+        given ``cut`` (bytes), the big values cut to it and a fifth element naming them."""
+        args = (job_id,) if cut is None else (job_id, cut)
+        return self._run("lookup", records.lookup_keys(k, job_id), args, pipe)
 
     def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None,
                entry: str = "") -> Any:
         """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), 3
         claimed ahead (its worker drops it), -1 no such job, -2 ended already. ``entry``
         (JSON) goes in the job's history when the cancel takes."""
-        keys = (k.job(job_id), k.claims, k.leases, k.scheduled, k.done_meta, k.done_prefix, k.idem_prefix,
-                k.census, k.ended, k.cancelled, k.cancels, k.group_prefix, k.job_prefix,
-                k.ready, k.notify, k.stats, k.outbox, k.prio, k.lim_prefix, k.limwait)
-        return self._run("cancel", keys, (_clock(now_ms), job_id, retention_ms, entry))
+        args = (_clock(now_ms), job_id, retention_ms, entry)
+        return self._run("cancel", scriptkeys.keys("cancel", k, job=k.job(job_id)), args)
+
+    def cancel_deferred(self, k: QueueKeys, list_key: str, limit: str, n: int, type_: str, after: str,
+                        retention_ms: int, entry: str = "") -> tuple[bool, str, list[str]]:
+        """Cancel up to ``n`` deferred jobs (of ``type_``, '' any) of one deferred list (a
+        held list, or the waiters of limit ``limit``) in one step, from just after the id
+        ``after`` (see cancel.lua's batch): (more to read, the next ``after``, ids cancelled)."""
+        # A batch's KEYS[1] (K.job) is the list of ids, not one job's record (cancel.lua).
+        args = (_clock(None), "", retention_ms, entry, n, type_, after, limit)
+        reply = self._run("cancel", scriptkeys.keys("cancel", k, job=list_key), args)
+        return int(reply[0]) == 1, str(reply[1]), [str(i) for i in reply[2:]]
 
     def group(
         self, k: QueueKeys, group_id: str, members: Sequence[NewJob], *, first: bool, seal: bool, then: str,
-        inline_bytes: int, keep_ms: int, pipe: Batch | None = None, now_ms: int | None = None,
+        inline_bytes: int, keep_ms: int, pipe: Batch | None = None, now_ms: int | None = None, also: int = 0,
     ) -> Any:
         """Write one chunk of a group's members (see group.lua): [code, status per member];
         ``then`` is the then-job as a JSON list (queue, 12 fields, priority), read on the first
-        chunk."""
+        chunk; ``also``: members counted in but written in other partitions."""
         args: list[Any] = [_clock(now_ms), group_id, 1 if first else 0, 1 if seal else 0, then, inline_bytes,
                            keep_ms, len(members)]
         for j in members:
             args += [*_job_fields(j), j.priority]
-        keys = (k.ready, k.scheduled, k.notify, k.stats, k.job_prefix, k.idem_prefix, k.claims, k.census, k.prio,
-                k.group_prefix, k.done_meta, k.done_prefix, k.outbox)
-        return self._run("group", keys, args, pipe)
+        args.append(also)
+        return self._run("group", scriptkeys.keys("group", k), args, pipe)
+
+    def group_count(self, k: QueueKeys, counts: Sequence[Sequence[str]], now_ms: int | None = None) -> Any:
+        """Count down members that finished in another partition (see group_count.lua):
+        ``counts`` hold (group id, member index, status, outcome JSON, traceparent) each."""
+        args: list[Any] = [_clock(now_ms), len(counts)]
+        for c in counts:
+            args += c
+        return self._run("group_count", scriptkeys.keys("group_count", k), args)
 
     def watch(self, k: QueueKeys, job_id: str) -> Any:
         """Mark a job as waited for, so its end is published (see watch.lua): 1, or 0
         when it has no record (ended, or no such job)."""
-        return self._run("watch", (k.job(job_id), k.claims), (job_id,))
+        return self._run("watch", scriptkeys.keys("watch", k, job=k.job(job_id)), (job_id,))
 
     def tick(
         self, k: QueueKeys, schedule_id: str, job: NewJob, *, mode: str, tick_ms: int, digest: str,
         born_ms: int, overlap: str, missed: int, late_ms: int, now_ms: int, pipe: Batch | None = None,
+        away: str = "", seen: str = "",
     ) -> Any:
         """One tick of one schedule (see lua/tick.lua): returns [code, id, status]. Durable,
-        as an enqueue is."""
-        _, keys, args = self.enqueue_call(k, [job], now_ms)
-        keys = (*keys, k.schedule(schedule_id), k.job_prefix, k.claims, k.done_meta)
-        args += [mode, tick_ms, digest, born_ms, overlap, missed, late_ms, job.id]
+        as an enqueue is. ``away``: the job's outbox entry when its keys route it to another
+        partition than ``k`` (the schedule's); ``seen``: what the caller read of the last
+        jobs in the queue's other partitions (schedules.last_jobs), '' on one partition."""
+        _, _, args = self.enqueue_call(k, [job], now_ms, self.mark_for(k))
+        keys = scriptkeys.keys("tick", k, schedule=k.schedule(schedule_id))
+        args += [mode, tick_ms, digest, born_ms, overlap, missed, late_ms, job.id, away, seen]
         return self._run("tick", keys, args, pipe, durable=True)
 
     def adopt(
         self, k: QueueKeys, born_ms: int, tombstone_ms: int, defined: Sequence[tuple[str, str]],
         retire: Sequence[str], stale_before_ms: int = 0, now_ms: int | None = None,
+        forced: int = 0,
     ) -> Any:
         """Take over or retire schedule definitions of one queue (see lua/adopt.lua); with
-        ``stale_before_ms``, take back only those whose holders went quiet before it."""
+        ``stale_before_ms``, take back (or retire) only those whose holders went quiet before
+        it. Of ``retire``, only the first ``forced`` ids (a reload's own removals) and those
+        no living worker holds are retired."""
         args: list[Any] = [born_ms, tombstone_ms, len(defined)]
         for schedule_id, digest in defined:
             args += [schedule_id, digest]
-        args += [len(retire), *retire, stale_before_ms, born_ms if now_ms is None else now_ms]
-        return self._run("adopt", (k.schedules, k.schedule_prefix, k.schedules_seen), args)
+        args += [len(retire), *retire, stale_before_ms, born_ms if now_ms is None else now_ms, forced]
+        return self._run("adopt", scriptkeys.keys("adopt", k), args)
 
     def alive(self, k: QueueKeys, now_ms: int, held: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         """Say this worker lives for the schedules it holds (id, digest); returns those it
@@ -799,5 +614,5 @@ class Scripts:
         args: list[Any] = [now_ms, len(held)]
         for schedule_id, digest in held:
             args += [schedule_id, digest]
-        reply = self._run("alive", (k.schedule_prefix, k.schedules_seen), args)
+        reply = self._run("alive", scriptkeys.keys("alive", k), args)
         return [(str(reply[i]), str(reply[i + 1])) for i in range(0, len(reply), 2)]

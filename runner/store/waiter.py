@@ -1,7 +1,7 @@
 """Waiting for jobs to end, pushed: one pub/sub connection per process for every wait.
 
 The scripts that end a waited-for job (ack, bury, reclaim) publish its id on its queue's
-``ended`` channel (see ``waited`` in lua/_lib.lua). One thread here subscribes to the
+``ended`` channel (see ``waited`` in lua/includes/ended.lua). One thread here subscribes to the
 channels of every queue and pokes the waits registered for each id it hears of; a wait
 then reads the job to see how it ended. Every (re)subscription pokes every wait too:
 an end published while the connection was down (a Redis restart) is never heard, so each
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ log = logging.getLogger("runner.waiter")
 
 Poke = Callable[[], None]
 RETRY_S = 0.2  # between reconnection attempts while Redis is away
+RETRY_MAX_S = 2.0  # the longest a wait goes without reading while Redis is away
 READ_S = 1.0  # a read's timeout, so a stop is seen
 
 
@@ -46,6 +48,7 @@ class Waiter:
         self._more: list[str] = []  # channels to add, subscribed by the listening thread
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pubsub: Any = None  # the listening thread's, for stop to wake its read
 
     def add(self, job_id: str, poke: Poke) -> None:
         with self._lock:
@@ -66,21 +69,39 @@ class Waiter:
                 if not pokes:
                     del self._waits[job_id]
 
-    def ready(self, timeout_s: float) -> bool:
-        """Start the subscriber if needed; True once it listens (a wait registered before
-        this returns hears of every end published after it)."""
+    def start(self) -> None:
+        """Start the subscriber if needed, without waiting for it: a wait registered
+        before the subscription is confirmed is poked once it is (see _listen)."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="runner-waiter", daemon=True)
                 self._thread.start()
+
+    def ready(self, timeout_s: float) -> bool:
+        """Start the subscriber if needed; True once it listens (a wait registered before
+        this returns hears of every end published after it)."""
+        self.start()
         return self._subscribed.wait(timeout_s)
 
     def stop(self, wait: bool = True) -> None:
         """Stop listening; ``wait`` for the thread (up to a read's timeout), or leave it
         to end on its own (a daemon thread, gone with the process)."""
         self._stopped.set()
+        self._wake()
         if wait and self._thread is not None:
             self._thread.join(timeout=READ_S + 1)
+
+    def _wake(self) -> None:
+        """End the listening thread's blocked read now rather than at its timeout (a
+        `runner call` would exit a second late): shutting the socket down, unlike closing
+        it, is safe while another thread reads it. The read then fails as a lost
+        connection, and the thread, seeing the stop, ends."""
+        with self._lock:
+            pubsub = self._pubsub
+        sock = getattr(getattr(pubsub, "connection", None), "_sock", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _poke(self, job_ids: Sequence[str] | None) -> None:
         """Poke the waits of these ids (None: of every id)."""
@@ -100,6 +121,10 @@ class Waiter:
                 with self._lock:
                     channels, self._more = self.channels, []
                 pubsub.subscribe(*channels)
+                with self._lock:
+                    self._pubsub = pubsub
+                if self._stopped.is_set():  # stopped before the read could be woken
+                    break
                 self._listen(pubsub)
             except UNAVAILABLE as exc:
                 log.debug("waiter: Redis unreachable, subscribing again: %s", exc)
@@ -107,6 +132,8 @@ class Waiter:
                 log.exception("waiter: subscription failed, subscribing again")
             finally:
                 self._subscribed.clear()
+                with self._lock:
+                    self._pubsub = None
                 if pubsub is not None:
                     with contextlib.suppress(*UNAVAILABLE):
                         pubsub.close()
@@ -127,7 +154,9 @@ class Waiter:
             kind = msg.get("type")
             if kind == "subscribe":
                 confirmed += 1
-                if confirmed == len(self.channels):
+                # ">=": the connection may subscribe again by itself after a reconnection
+                # (a Redis restart), confirming every channel once more.
+                if confirmed >= len(self.channels):
                     self._subscribed.set()
                     # An end published before this subscription was heard by nobody.
                     self._poke(None)
@@ -142,26 +171,43 @@ class Waiter:
                         self._poke(data.split())
 
 
-def wait_until(waiter: Waiter, deadline: float, check: Callable[[], bool], watch: Callable[[], None] | None,
-               job_id: str) -> None:
+def retry_after(soon: float | None, failures: int) -> float | None:
+    """How soon a wait reads again: ``soon`` (None: on a poke only), and after reads that
+    met an outage RETRY_S, doubling per failure up to RETRY_MAX_S (a thousand waits of
+    a web process do not hammer a Redis that is down; its return pokes them anyway)."""
+    if not failures:
+        return soon
+    backoff: float = min(RETRY_S * 2.0 ** (failures - 1), RETRY_MAX_S)
+    return backoff if soon is None else min(soon, backoff)
+
+
+def wait_until(waiter: Waiter, deadline: float, check: Callable[[], bool], job_id: str,
+               poll: Callable[[], float | None] | None = None) -> None:
     """Block until ``check()`` is true or the deadline (time.monotonic) passes. ``check``
-    runs after subscribing (closing the race with an end just before), after each poke,
-    and once at the deadline; ``watch`` (marking the job as waited for) runs first. Redis
-    going away after that does not end the wait: the subscription coming back pokes it."""
+    runs at once (its errors raised: Redis away, no such job), after each poke, after
+    the subscription is confirmed (closing the race with an end before it), and once at
+    the deadline. The wait registers before the first check and does not wait for the
+    subscriber: it is poked once the subscription is confirmed. Redis going away after
+    the first check does not end the wait: the subscription coming back pokes it.
+    ``poll()`` says how soon to check again without a poke (None: only on one), for a job
+    whose change nothing publishes (an announced id not written yet, a status that is
+    not an end). A check that met an outage is tried again (see retry_after): the poke
+    of the subscription coming back may reach a read on a connection the restart cut."""
     event = threading.Event()
     waiter.add(job_id, event.set)
     try:
-        waiter.ready(max(0.0, deadline - time.monotonic()))
-        if watch is not None:
-            watch()
-        ended = check()
+        waiter.start()
+        ended, failures = check(), 0
         while not ended:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            event.wait(left)
+            soon = retry_after(poll() if poll is not None else None, failures)
+            event.wait(left if soon is None else min(left, soon))
             event.clear()
-            with contextlib.suppress(RedisUnavailable):
-                ended = check()
+            try:
+                ended, failures = check(), 0
+            except RedisUnavailable:
+                failures += 1
     finally:
         waiter.discard(job_id, event.set)

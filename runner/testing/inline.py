@@ -26,8 +26,9 @@ from runner.config import Config
 from runner.errors import FieldError, ValidationFailed
 from runner.store import codec
 from runner.store.scripts import followup_id
+from runner.worker import journal
 from runner.worker.context import Context, Flags
-from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve
+from runner.worker.execute import Claimed, Dead, Done, RetryLater, Suspended, resolve
 from runner.worker.execute import run as run_handler
 
 joblog = logging.getLogger("runner.job")
@@ -67,6 +68,7 @@ class Outcome:
     enqueued: tuple[Followup, ...] = ()
     checkpoints: tuple[Any, ...] = ()
     progress: tuple[Any, ...] = ()
+    steps: tuple[dict[str, Any], ...] = ()  # the step log as the run left it (durable calls)
     payload: Any = None  # as the handler saw it: validated and upgraded to the newest version
 
     @property
@@ -81,6 +83,14 @@ class _Recorder:
     enqueued: list[Followup] = field(default_factory=list)
     checkpoints: list[Any] = field(default_factory=list)
     progress: list[Any] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def record_step(self, position: int, body: str) -> tuple[int, int]:
+        """A step's entry, as step.lua would keep it (bounded alike)."""
+        if len(self.steps) >= journal.MAX_STEPS:
+            return journal.FULL, len(self.steps)
+        self.steps.append(codec.loads(body))
+        return journal.RECORDED, len(self.steps)
 
     def save(self, body: str) -> bool:
         self.checkpoints.append(codec.loads(body))
@@ -127,17 +137,20 @@ def run_inline(
 
     ``ctx_overrides`` set what the handler's ``ctx`` shows: ``attempt`` (default 1),
     ``max_attempts`` (default the function's), ``job_id``, ``checkpoint`` (as left by an
-    earlier attempt), ``idempotency_key``, ``resource_key``, ``cancelled`` and ``lock_lost``.
+    earlier attempt), ``idempotency_key``, ``resource_key``, ``cancelled`` and ``lock_lost``;
+    ``steps``, a step log left by an earlier run (``Outcome.steps``), replays it. Durable
+    calls run: ``ctx.step`` records, ``ctx.sleep`` returns at once, ``ctx.wait_for_signal``
+    returns the body given in ``signals={name: body}`` (none: SignalTimeout).
     ``registry`` skips loading the project (a test that runs many jobs loads it once); the
     result and checkpoints are then held to the default ``[worker] max_result_bytes``."""
     if registry is None:
         cfg, reg = load_project(project)
-        max_result = cfg.worker.max_result_bytes
+        max_result, max_step = cfg.worker.max_result_bytes, cfg.worker.max_step_bytes
     else:
-        reg, max_result = registry, config_mod.MAX_RESULT_BYTES
+        reg, max_result, max_step = registry, config_mod.MAX_RESULT_BYTES, journal.MAX_STEP_BYTES
     fn = reg.get(type)
     known = {"attempt", "max_attempts", "job_id", "checkpoint", "idempotency_key", "resource_key",
-             "cancelled", "lock_lost"}
+             "cancelled", "lock_lost", "steps", "signals"}
     unknown = set(ctx_overrides) - known
     if unknown:
         raise TypeError(f"run_inline: unknown ctx override(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -170,16 +183,21 @@ def run_inline(
                      cancelled=bool(ctx_overrides.get("cancelled"))),
         _progress=rec.progress.append, _enqueue=rec.enqueue, _max_bytes=max_result,
     )
+    rec.steps = [dict(e) for e in ctx_overrides.get("steps") or ()]
+    ctx._journal = journal.Journal(job.id, lambda: list(rec.steps), rec.record_step, max_step, inline=True,
+                                   signals=dict(ctx_overrides.get("signals") or {}))
     outcome, _ = run_handler(fn, lifted, job, ctx, None, lambda body: body(), max_result)
     return _outcome(job.id, outcome, rec, lifted)
 
 
-def _outcome(job_id: str, o: Done | RetryLater | Dead, rec: _Recorder, payload: Any) -> Outcome:
+def _outcome(job_id: str, o: Done | RetryLater | Dead | Suspended, rec: _Recorder, payload: Any) -> Outcome:
     recorded: dict[str, Any] = {"enqueued": tuple(rec.enqueued), "checkpoints": tuple(rec.checkpoints),
-                                "progress": tuple(rec.progress), "payload": payload}
+                                "progress": tuple(rec.progress), "steps": tuple(rec.steps), "payload": payload}
     if isinstance(o, Done):
         return Outcome("done", job_id, result=codec.loads(o.result) if o.result else None, **recorded)
     if isinstance(o, RetryLater):
         return Outcome("retry", job_id, error=o.error, delay=o.delay_s, **recorded)
+    if isinstance(o, Suspended):  # not reached inline (a sleep returns at once)
+        return Outcome("sleeping", job_id, **recorded)
     return Outcome("dead", job_id, error=o.error, reason=o.reason, **recorded)
 

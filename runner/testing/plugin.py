@@ -7,8 +7,11 @@ Fixtures:
 - ``runner_project``: the project folder, holding functions/, schemas/ and runner.toml;
   the ini option ``runner_project`` (relative to the rootdir) or a fixture override of
   the same name moves it. Default: the rootdir.
-- ``runner_harness``: the project on that server under a fresh key prefix; it also sets
-  REDIS_URL and RUNNER_REDIS_PREFIX for the test, so the app under test enqueues there.
+- ``runner_harness``: the project on that server under a fresh key prefix. For the test it
+  pins its client as every integration's shared client (Django's ``enqueue_on_commit``,
+  FastAPI's ``RunnerClient``, SQLAlchemy's ``enqueue_on_commit``, whatever their settings
+  say or an app start cached) and sets REDIS_URL and RUNNER_REDIS_PREFIX, so the app
+  under test enqueues there, ``Client.from_config()`` included.
 - ``runner_client``: a ``Client`` on it. ``runner_worker``: ``drain(timeout=10)`` runs
   every queued job in this process and returns their outcomes.
 - ``assert_enqueued(type, payload_subset=None, *, count=None)``.
@@ -17,6 +20,7 @@ Fixtures:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ from typing import Any
 import pytest
 
 from runner.client import Client
+from runner.contrib.shared import pinned
 from runner.store.embedded import Server
 from runner.testing.harness import Harness
 
@@ -48,12 +53,23 @@ def runner_project(pytestconfig: pytest.Config) -> Path:
 @pytest.fixture
 def runner_harness(runner_server: Server, runner_project: Path,
                    monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    harness = Harness(runner_project, runner_server.url, os.environ)
+    harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed)
     for name, value in harness.env.items():
         if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):
             monkeypatch.setenv(name, value)
-    yield harness
-    harness.close()
+    try:
+        with pinned(harness.client):
+            yield harness
+    finally:
+        harness.close()
+
+
+def _send_committed() -> None:
+    """Django's test transaction never commits: send the app's enqueue_on_commit jobs
+    whose own transaction ended (only when the app uses the Django integration)."""
+    django = sys.modules.get("runner.contrib.django")
+    if django is not None:
+        django.send_committed()
 
 
 @pytest.fixture

@@ -28,22 +28,26 @@ import falcon.asgi
 
 from runner.client import Client
 from runner.config import Config
+from runner.errors import ConfigError
 from runner.runtime import Runtime
 from runner.web import auth, problems
 from runner.web.audit import Audit
+from runner.web.bulk import Bulk
 from runner.web.catalog import FunctionItem, Functions, Health, Queues, Throughput
 from runner.web.dashboard import Static
 from runner.web.dead import DeadItem, DeadList, DeadRequeue
+from runner.web.emits import Emit
 from runner.web.events import Events
 from runner.web.exposition import Metrics
 from runner.web.fastlane import FastLane
 from runner.web.groups import GroupItem, Groups
 from runner.web.hub import Hub
-from runner.web.jobs import JobBatch, JobList, Jobs
+from runner.web.jobs import JobBatch, JobList, Jobs, JobSignal
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
 from runner.web.pauses import FunctionPause, QueuePause
 from runner.web.schedules import Schedules
+from runner.web.watching import JobLogs, JobStream
 
 log = logging.getLogger("runner.web")
 
@@ -110,8 +114,12 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     app.add_route("/jobs", JobList(client, offload))
     hub = Hub(client, offload)
     app.add_route("/events", Events(hub))
+    app.add_route("/events/{name}", Emit(client, offload))
     app.add_route("/jobs/{name}", Jobs(client, offload))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
+    app.add_route("/jobs/{name}/signals/{signal}", JobSignal(client, offload))
+    app.add_route("/jobs/{name}/logs", JobLogs(client, offload))
+    app.add_route("/jobs/{name}/stream", JobStream(client, offload))
     app.add_route("/groups", Groups(client, offload))
     app.add_route("/groups/{group_id}", GroupItem(client, offload))
     app.add_route("/functions", Functions(runtime))
@@ -126,6 +134,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     app.add_route("/dead/{queue}/{job_id}", DeadItem(client, offload))
     app.add_route("/dead/{queue}/{job_id}/requeue", DeadRequeue(client, offload))
     app.add_route("/audit", Audit(client, offload))
+    app.add_route("/bulk", Bulk(client, offload))
     app.add_route("/whoami", auth.WhoAmI(runtime))
     app.add_route("/schedules", Schedules(client, offload))
     app.add_route("/openapi.json", OpenApi(runtime))
@@ -139,7 +148,11 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
 
 def app_for(config: Config, threads: int = DEFAULT_THREADS) -> FastLane:
     """The app of a serving process, around a Runtime of its own (built after any fork:
-    Redis connections must not cross one); function files that failed are logged."""
+    Redis connections must not cross one); function files that failed are logged.
+    ConfigError when the config leaves the API open by accident (auth.refusal)."""
+    refused = auth.refusal(config)
+    if refused is not None:
+        raise ConfigError(refused)
     runtime = Runtime.create(config)
     for err in runtime.registry.errors.values():
         log.error("function not loaded: %s", err)

@@ -15,6 +15,13 @@ Every route needs one scope, from ROUTES, looked up by method and path before ro
     enqueue     POST /groups (its members may be of any types)
     read        every GET but /healthz, /whoami and the dashboard's static shell
     operate     requeue, delete, purge, cancel, pause and resume, bulk actions
+    signal      POST /jobs/{id}/signals/{name} (operate may send one too)
+    emit:{}     POST /events/{name}: "emit" or "emit:<that name>"
+
+The app refuses to serve at all (refusal(), checked by ``app_for``, which every server
+of it calls: `runner web`, and ``runner.web.asgi:app`` under uvicorn or gunicorn) without
+a token, unless auth is switched off explicitly (``[api] auth = false``) or `runner dev`
+builds it (``create_app``).
 
 A missing or unknown token is a 401; a known one without the scope a 403 naming the
 scope it lacks. A path that is no route needs ``read`` to GET and ``operate`` for
@@ -35,15 +42,31 @@ from collections.abc import Sequence
 import falcon
 import falcon.asgi
 
-from runner.config import SCOPES, ApiConfig, ApiToken
+from runner import config as config_mod
+from runner.config import SCOPES, ApiConfig, ApiToken, Config
 from runner.runtime import Runtime
 from runner.web.body import only_params, send
 from runner.web.problems import Problem
+
+
+def refusal(cfg: Config) -> str | None:
+    """Why a server must not serve the API under ``cfg``, or None: auth on and no token
+    to check (every request would pass), or a token whose variable is unset."""
+    if not cfg.api.auth:
+        return None
+    if not cfg.api.tokens:
+        return ("refusing to serve the API without a token: set RUNNER_API_TOKEN, add [api.tokens.NAME] "
+                f"(`runner token new`), or switch auth off explicitly with `[api] auth = false` in {cfg.source}")
+    unset = config_mod.unset_secrets(cfg)
+    return "configuration error: " + "; ".join(unset) if unset else None
+
 
 PUBLIC = "public"          # no token needed
 SIGNED_IN = "signed-in"    # any known token, whatever its scopes
 ENQUEUE = "enqueue:{}"     # "enqueue", or "enqueue:" + the function type in the path
 READ, OPERATE = "read", "operate"
+SIGNAL = "signal"          # a durable function's signal; a token with operate may send one too
+EMIT = "emit:{}"           # "emit", or "emit:" + the event name in the path
 
 # (method, path, scope); "{}" stands for one path segment. Looked up by method and path,
 # so a route is covered by its line here whatever its resource or its field names.
@@ -55,6 +78,8 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/jobs/{}", ENQUEUE),
     ("POST", "/jobs/{}/batch", ENQUEUE),
     ("GET", "/jobs/{}", READ),
+    ("GET", "/jobs/{}/logs", READ),                  # a job's log, as reading the job
+    ("GET", "/jobs/{}/stream", READ),                # its ctx.stream output
     ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
     ("GET", "/groups/{}", READ),
     ("GET", "/functions", READ),
@@ -72,6 +97,9 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/queues/{}/resume", OPERATE),
     ("POST", "/functions/{}/pause", OPERATE),
     ("POST", "/functions/{}/resume", OPERATE),
+    ("POST", "/bulk", OPERATE),
+    ("POST", "/jobs/{}/signals/{}", SIGNAL),        # or operate (see allows)
+    ("POST", "/events/{}", EMIT),
     # Not served yet: the routes of the next round, here so that each has its scope the
     # day it lands.
     ("GET", "/jobs", READ),                          # the job lists
@@ -123,6 +151,8 @@ def lookup(method: str, path: str) -> tuple[str, bool]:
         else:
             if scope == ENQUEUE:
                 return "enqueue" if _FIELD.fullmatch(values[0]) else f"enqueue:{values[0]}", True
+            if scope == EMIT:
+                return "emit" if _FIELD.fullmatch(values[0]) else f"emit:{values[0]}", True
             return scope, True
     return (READ if method in ("GET", "HEAD", "OPTIONS") else OPERATE), False
 
@@ -148,6 +178,10 @@ def identify(tokens: Sequence[tuple[ApiToken, bytes]], presented: bytes) -> ApiT
 def allows(token: ApiToken, scope: str) -> bool:
     if scope in (PUBLIC, SIGNED_IN) or scope in token.scopes:
         return True
+    if scope == SIGNAL:
+        return OPERATE in token.scopes
+    if scope.startswith("emit:"):
+        return "emit" in token.scopes
     return scope.startswith("enqueue:") and "enqueue" in token.scopes
 
 
@@ -223,9 +257,13 @@ class Access:
             return
         scope = self.scope_of(req.method, req.path)
         req.context.token = None
-        if scope == PUBLIC:
-            return
         header = req.get_header("Authorization") or ""
+        if scope == PUBLIC:
+            # Open to all; a known token sent anyway is noted (/healthz says more to it).
+            kind, _, given = header.partition(" ")
+            if kind.lower() == "bearer" and given.strip():
+                req.context.token = identify(self.tokens, given.strip().encode("latin-1", "replace"))
+            return
         # Header strings are latin-1 over the raw bytes: the fast lane's key for the same header.
         raw = header.encode("latin-1", "replace")
         known = self._admitted.get((raw, scope))

@@ -73,6 +73,8 @@ async def read_json(req: falcon.asgi.Request, limit: int, *, optional: bool = Fa
         raise Problem(400, "invalid-json", "the body is empty; send a JSON payload", title="Invalid JSON")
     try:
         return codec.loads_wire(raw)
+    except codec.TooDeep as exc:
+        raise Problem(400, "too-deep", str(exc), title="Nested too deep", max_depth=codec.MAX_DEPTH) from None
     except (codec.DecodeError, ValueError) as exc:
         raise Problem(400, "invalid-json", f"the body is not valid JSON: {exc}", title="Invalid JSON") from None
 
@@ -80,7 +82,7 @@ async def read_json(req: falcon.asgi.Request, limit: int, *, optional: bool = Fa
 def send(resp: falcon.Response, obj: Any, status: int = 200) -> None:
     resp.status = falcon.code_to_http_status(status)
     resp.content_type = falcon.MEDIA_JSON
-    resp.data = codec.dumpb(obj)
+    resp.data = codec.dumpb_view(obj)
 
 
 def _bad_param(name: str, expected: str) -> Problem:

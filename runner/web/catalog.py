@@ -14,11 +14,10 @@ from runner.catalog.registry import Function, Registry
 from runner.client import Client
 from runner.observe.figures import queue_view, read_queues, read_throughput
 from runner.runtime import Runtime
-from runner.store import records
-from runner.store.connection import UNAVAILABLE
+from runner.store.connection import UNAVAILABLE, ping
 from runner.web.body import int_param, only_params, send
 from runner.web.offload import Offload
-from runner.web.problems import Problem
+from runner.web.problems import Problem, password_refused
 
 
 def describe(fn: Function, with_schemas: bool = False) -> dict[str, Any]:
@@ -68,7 +67,7 @@ class Queues:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req)
         rt = self.rt
-        figures = await self.offload(read_queues, rt, records.now_ms())
+        figures = await self.offload(read_queues, rt)
         out = [queue_view(q, rt.config.queues[q.name]) for q in figures]
         send(resp, {"queues": out})
 
@@ -81,12 +80,13 @@ class Throughput:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         only_params(req, "minutes")
         minutes = int_param(req, "minutes", 1, 360, 60) or 60
-        send(resp, await self.offload(read_throughput, self.rt, minutes, records.now_ms()))
+        send(resp, await self.offload(read_throughput, self.rt, minutes))
 
 
 class Health:
     """Liveness plus Redis reachability. 503 means the process is alive but cannot reach
-    Redis: take it out of rotation, do not restart it (it reconnects by itself)."""
+    Redis: take it out of rotation, do not restart it (it reconnects by itself). Public;
+    the Redis error itself is told only to a caller with a token."""
 
     def __init__(self, runtime: Runtime, offload: Offload) -> None:
         self.rt = runtime
@@ -94,9 +94,15 @@ class Health:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         try:
-            await self.offload(self.rt.redis.ping)
+            await self.offload(ping, self.rt.redis)
         except UNAVAILABLE as exc:
-            raise Problem(503, "redis-unavailable", f"the web process is up but Redis is unreachable: {exc}",
+            # Why (the server's address, a refused password) only to a caller with a token:
+            # the route is public, and that is the inside of the deployment.
+            refused = password_refused(req, exc, checks={"web": "ok", "redis": "password-refused"})
+            if refused is not None:
+                raise refused from None
+            why = f": {exc}" if req.context.token is not None else "; send a token for the details"
+            raise Problem(503, "redis-unavailable", f"the web process is up but Redis is unreachable{why}",
                           title="Redis unavailable", headers={"Retry-After": "1"},
                           checks={"web": "ok", "redis": "unreachable"}) from None
         resp.cache_control = ["no-store"]

@@ -15,7 +15,8 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_partition_{ready,in_flight,scheduled,dead}_jobs   each partition of a queue of several
                                                  (labels queue, partition, tag, draining); the
                                                  runner_queue_* figures are their sums
-    runner_jobs_{enqueued,succeeded,retried,dead,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed,abandoned}_total
+    runner_jobs_{enqueued,succeeded,retried,dead,cancelled,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed,abandoned}_total
+    runner_jobs_{steps,replays,sleeps,waits,signals,invokes}_total   durable functions (docs/durable.md)
     runner_groups_completed_total                groups whose last member settled (then-job written), per queue
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
@@ -41,7 +42,7 @@ from prometheus_client.exposition import choose_encoder
 
 from runner.observe.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
 from runner.runtime import Runtime
-from runner.store import records
+from runner.store import codec
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.schedules import read_states
@@ -54,6 +55,7 @@ _COUNTER_HELP = {
     "succeeded": "Jobs a handler finished.",
     "retried": "Failed attempts scheduled for another try.",
     "dead": "Jobs moved to the dead-letter set, for any reason.",
+    "cancelled": "Jobs ended by a cancel (never dead-lettered): before they ran, or stopped while running.",
     "duplicates": "Jobs settled without running: their idempotency key had completed.",
     "deduplicated": "Enqueues answered with the existing job of their idempotency key.",
     "deferred": "Claims held back without spending an attempt: a full resource or CONCURRENCY limit.",
@@ -65,6 +67,12 @@ _COUNTER_HELP = {
     "relayed": "Jobs of this function placed from another queue's outbox by the relay.",
     "abandoned": "Thread runs given up still running TIMEOUT plus the grace past their deadline "
                  "(stuck in a C call, or catching the timeout).",
+    "steps": "Durable steps run and recorded (ctx.step).",
+    "replays": "Durable runs that replayed a step log (a retry, a reclaim, a resume).",
+    "sleeps": "Durable runs ended at a sleep (ctx.sleep, ctx.sleep_until).",
+    "waits": "Durable runs ended at a wait for a signal (ctx.wait_for_signal).",
+    "signals": "Signals delivered to jobs (POST /jobs/{id}/signals/{name}, client.signal, runner signal).",
+    "invokes": "Child jobs written by ctx.invoke.",
 }
 _GAUGES = (
     ("ready", "runner_queue_ready_jobs", "Jobs waiting in the ready list."),
@@ -78,8 +86,9 @@ _GAUGES = (
 
 
 def _label(fn: str) -> str:
-    # "_malformed" cannot be a function: files starting with "_" are never loaded.
-    return "_malformed" if fn == MALFORMED else fn
+    # "_malformed" cannot be a function: files starting with "_" are never loaded. A type
+    # another producer wrote with bytes that are not UTF-8 shows them as U+FFFD.
+    return "_malformed" if fn == MALFORMED else codec.shown_text(fn)
 
 
 def _buckets(h: Histogram) -> list[tuple[str, float]]:
@@ -97,7 +106,7 @@ class RunnerCollector:
         reg = rt.registry
         up = GaugeMetricFamily("runner_redis_up", "1 when Redis answered this scrape, else 0.")
         try:
-            queues = read_queues(rt, records.now_ms())
+            queues = read_queues(rt)
         except UNAVAILABLE as exc:
             log.warning("/metrics: Redis unreachable: %s", exc)
             up.add_metric([], 0)

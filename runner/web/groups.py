@@ -14,9 +14,9 @@ import falcon
 import falcon.asgi
 
 from runner.client import Client, Request
-from runner.errors import FieldError, GroupNotFound, InvalidGroup
-from runner.web.body import only_params, read_json, send
-from runner.web.jobs import MAX_DELAY_S
+from runner.errors import FieldError, GroupNotFound, InvalidGroup, RedisUnavailable
+from runner.web.body import only_params, read_json, seconds_param, send
+from runner.web.jobs import MAX_DELAY_S, part_way
 from runner.web.offload import Offload
 from runner.web.problems import Problem
 
@@ -83,7 +83,14 @@ class Groups:
         if errors or then is None:
             raise InvalidGroup(errors)
         # Up to thousands of validations and a round trip: on a thread, not the loop.
-        group = await self.offload(self.client.group, members, then)
+        try:
+            group = await self.offload(self.client.group, members, then)
+        except RedisUnavailable as exc:
+            if exc.results:  # members written from some chunk on: they run, the group never completes
+                raise part_way(req, exc, "members", "member", "the group",
+                               {"then": "never runs: the group was not sealed; send the whole group again "
+                                        "(without the members written)"}) from exc
+            raise
         resp.location = f"/groups/{group.id}"
         send(resp, group.as_dict(), 202)
 
@@ -94,9 +101,14 @@ class GroupItem:
         self.offload = offload
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, group_id: str) -> None:
-        only_params(req)
+        only_params(req, "wait")
+        wait = seconds_param(req, "wait", self.client.runtime.config.api.max_wait_s) if req.query_string else None
         try:
-            view = await self.offload(self.client.get_group, group_id)
+            if wait is None:
+                view = await self.offload(self.client.get_group, group_id)
+            else:  # once its then-job ended (or the wait passed), as a job's ?wait= answers
+                await self.client.asettle(await self.offload(self.client.then_of, group_id), wait)
+                view = await self.offload(self.client.get_group, group_id)
         except GroupNotFound:
             raise Problem(404, "group-not-found", f"no group {group_id!r}", title="Group not found",
                           group_id=group_id) from None

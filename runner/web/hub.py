@@ -8,6 +8,9 @@ the queues whose figures changed, and a watched job whenever its view changed. N
 is read for jobs nobody watches, and nothing at all while no page is connected: the loop
 runs only while a stream is open.
 
+Each event is encoded once per tick, on the pool's thread, and the same bytes go to every
+stream that gets it: a tick's cost grows with the jobs watched, not with the streams.
+
 A stream is a bounded queue of events read by its request (events.py). A page too slow
 to keep up is dropped rather than buffered without end; it reconnects and starts over
 with the whole figures. ``drain`` ends every stream (the server is shutting down: an
@@ -35,14 +38,26 @@ log = logging.getLogger("runner.web")
 TICK_S = 1.0
 # Job ids one process reads per tick over all its streams: each costs a lookup per queue.
 MAX_WATCHED = 200
+# No one token watches more than this share of them, so one token (a read-only one, or a
+# leaked one) cannot fill the process and lock everyone else's job views out. The open
+# API (no token) has one caller: the whole bound is its own.
+SHARES = 4
+# Streams one token holds open (each holds a connection of the process's
+# [api] max_connections): past it, a 429 (events.py). The open API counts as one token.
+STREAMS_PER_TOKEN = 32
 # Events waiting for one stream: a page that far behind is dropped (it reconnects).
 BACKLOG = 64
 
-Event = tuple[str, Any]  # (event name, JSON data)
+Event = tuple[str, bytes]  # (event name, its data as JSON)
 
 
 class TooManyWatched(Exception):
-    """Opening this stream would take the process past MAX_WATCHED job ids."""
+    """Opening this stream would take the process past MAX_WATCHED job ids, or its
+    token past its share of them; the message says which."""
+
+
+class TooManyStreams(TooManyWatched):
+    """The token holds STREAMS_PER_TOKEN streams open already."""
 
 
 @dataclass(eq=False)
@@ -50,9 +65,10 @@ class Stream:
     """One connected page: the jobs it watches and the events not yet sent to it."""
 
     jobs: frozenset[str]
+    owner: str = ""  # the token's name ("" for the open API)
     events: asyncio.Queue[Event | None] = field(default_factory=lambda: asyncio.Queue(BACKLOG))
     primed: bool = False                              # has had the whole figures
-    seen: dict[str, str] = field(default_factory=dict)  # job id -> the view last sent, as JSON
+    seen: dict[str, bytes] = field(default_factory=dict)  # job id -> the view last sent, as JSON
     ended: bool = False
 
     def put(self, event: Event) -> None:
@@ -76,7 +92,7 @@ class Stream:
 @dataclass(frozen=True, slots=True)
 class _Reading:
     queues: list[dict[str, Any]]
-    jobs: dict[str, dict[str, Any]]
+    jobs: dict[str, bytes]  # each watched job's view, encoded once for every stream
     redis: str  # "ok" | "unreachable"
 
 
@@ -93,14 +109,18 @@ class Hub:
         self._queues: dict[str, dict[str, Any]] = {}  # the figures of the last tick, by queue
         self._redis = "ok"
 
-    def open(self, jobs: Iterable[str]) -> Stream:
+    def open(self, jobs: Iterable[str], owner: str = "") -> Stream:
         """A stream for a request (on the event loop); ends at once while draining."""
-        stream = Stream(frozenset(jobs))
+        stream = Stream(frozenset(jobs), owner)
         if self.draining:
             stream.end()
             return stream
-        if self.too_many(stream.jobs):
-            raise TooManyWatched
+        crowded = self.too_many_streams(owner)
+        if crowded:
+            raise TooManyStreams(crowded)
+        refused = self.too_many(stream.jobs, owner)
+        if refused:
+            raise TooManyWatched(refused)
         self.streams.add(stream)
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._loop is not loop:
@@ -111,9 +131,26 @@ class Hub:
         self._wake.set()  # a new page gets its first figures now, not at the next tick
         return stream
 
-    def too_many(self, jobs: Iterable[str]) -> bool:
-        """Would watching these too take the process past MAX_WATCHED ids?"""
-        return len(self._watched() | frozenset(jobs)) > MAX_WATCHED
+    def too_many_streams(self, owner: str = "") -> str | None:
+        """Why one more stream of this token is refused (it holds STREAMS_PER_TOKEN), or None."""
+        if sum(1 for s in self.streams if s.owner == owner) >= STREAMS_PER_TOKEN:
+            return (f"this token already holds {STREAMS_PER_TOKEN} event streams open on this web process (the "
+                    "most one token may): close a page or tab that shows live updates, or use another token")
+        return None
+
+    def too_many(self, jobs: Iterable[str], owner: str = "") -> str | None:
+        """Why watching these too is refused (the token past its share of MAX_WATCHED,
+        or the process past MAX_WATCHED ids), or None. A token's share counts each of its
+        streams' ids (each costs a view per tick), the process's the distinct ids (each
+        costs a read per tick)."""
+        wanted = frozenset(jobs)
+        share = MAX_WATCHED // SHARES
+        if owner and sum(len(s.jobs) for s in self.streams if s.owner == owner) + len(wanted) > share:
+            return (f"this token already watches jobs near its share ({share} of this web process's "
+                    f"{MAX_WATCHED}); close a page that watches jobs first")
+        if len(self._watched() | wanted) > MAX_WATCHED:
+            return f"this web process already watches {MAX_WATCHED} jobs for its event streams; try again later"
+        return None
 
     def close(self, stream: Stream) -> None:
         stream.ended = True
@@ -125,8 +162,8 @@ class Hub:
         for stream in list(self.streams):
             stream.end()
 
-    def _watched(self) -> frozenset[str]:
-        return frozenset().union(*(s.jobs for s in self.streams))
+    def _watched(self, owner: str | None = None) -> frozenset[str]:
+        return frozenset().union(*(s.jobs for s in self.streams if owner is None or s.owner == owner))
 
     async def _run(self) -> None:
         wake = self._wake
@@ -144,19 +181,24 @@ class Hub:
     def _read(self, ids: list[str]) -> _Reading:
         rt = self.client.runtime
         try:
-            figures = read_queues(rt, records.now_ms())
+            figures = read_queues(rt)
             jobs = self.client.get_many(ids) if ids else {}
         except UNAVAILABLE:
             return _Reading([], {}, "unreachable")
         except RedisUnavailable:
             return _Reading([], {}, "unreachable")
         views = [queue_view(q, rt.config.queues[q.name]) for q in figures if q.name in rt.config.queues]
-        return _Reading(views, {i: j.as_dict() for i, j in jobs.items()}, "ok")
+        return self._reading(views, jobs)
+
+    @staticmethod
+    def _reading(views: list[dict[str, Any]], jobs: dict[str, records.Job]) -> _Reading:
+        """A tick's reading, each job's view encoded here, once (on the pool's thread)."""
+        return _Reading(views, {i: codec.dumpb_view(j.as_dict()) for i, j in jobs.items()}, "ok")
 
     def _fan_out(self, reading: _Reading) -> None:
         health_changed = reading.redis != self._redis
         self._redis = reading.redis
-        health: Event = ("health", {"redis": reading.redis})
+        health: Event = ("health", codec.dumpb_view({"redis": reading.redis}))
         if reading.redis != "ok":
             for s in self.streams:
                 if health_changed or not s.primed:
@@ -164,19 +206,29 @@ class Hub:
             return
         changed = [q for q in reading.queues if self._queues.get(q["name"]) != q]
         self._queues = {q["name"]: q for q in reading.queues}
+        # Each event encoded once per tick, when a first stream needs it.
+        full: Event | None = None
+        delta: Event | None = ("queues", codec.dumpb_view({"queues": changed, "full": False})) if changed else None
+        gone: dict[str, Event] = {}
         for s in list(self.streams):
             if not s.primed:
                 s.primed = True
                 s.put(health)
-                s.put(("queues", {"queues": reading.queues, "full": True}))
+                if full is None:
+                    full = ("queues", codec.dumpb_view({"queues": reading.queues, "full": True}))
+                s.put(full)
             else:
                 if health_changed:
                     s.put(health)
-                if changed:
-                    s.put(("queues", {"queues": changed, "full": False}))
+                if delta is not None:
+                    s.put(delta)
             for job_id in s.jobs:
-                job = reading.jobs.get(job_id)
-                text = codec.dumps(job) if job is not None else ""
+                text = reading.jobs.get(job_id, b"")
                 if s.seen.get(job_id) != text:
                     s.seen[job_id] = text
-                    s.put(("job", job) if job is not None else ("job-gone", {"id": job_id}))
+                    if text:
+                        s.put(("job", text))
+                    else:
+                        if job_id not in gone:
+                            gone[job_id] = ("job-gone", codec.dumpb_view({"id": job_id}))
+                        s.put(gone[job_id])

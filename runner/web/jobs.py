@@ -6,14 +6,18 @@ seconds with the usual answer."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import falcon
 import falcon.asgi
 
-from runner.catalog.templates import MAX_KEY_BYTES
+from runner.catalog.templates import MAX_KEY_BYTES, control_character
 from runner.client import Client, Request
-from runner.errors import IdempotencyConflict, JobEnded, JobNotFound
+from runner.errors import IdempotencyConflict, JobEnded, JobNotFound, RedisUnavailable, SignalPending, SignalsFull
+from runner.store import codec
 from runner.store.listing import LISTED
 from runner.store.records import ENDED
+from runner.store.steps import MAX_STEP_BYTES, VALUE_DEPTH, check_signal_name
 from runner.web.auth import caller
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.fastlane import ENQUEUE_ERROR
@@ -40,6 +44,10 @@ def idempotency_key(req: falcon.Request) -> str | None:
     if not key or len(data) > MAX_KEY_BYTES:
         raise Problem(400, "invalid-header", f"Idempotency-Key must be 1 to {MAX_KEY_BYTES} bytes of UTF-8",
                       title="Invalid header", header="Idempotency-Key")
+    bad = control_character(key)
+    if bad is not None:
+        raise Problem(400, "invalid-header", f"Idempotency-Key holds a control character ({bad}), which a key "
+                      "cannot carry: send it without", title="Invalid header", header="Idempotency-Key")
     return key
 
 
@@ -100,9 +108,10 @@ class Jobs:
         only_params(req, "wait")
         wait = seconds_param(req, "wait", self.client.runtime.config.api.max_wait_s) if req.query_string else None
         if wait is None:
-            job = await self.offload(self.client.get, name)
-        else:
-            job = await self.client.asettle(name, wait)
+            # Decoded on the pool's thread: a job's payload or result may be 1 MiB.
+            send(resp, await self.offload(lambda: self.client.get(name).as_dict()))
+            return
+        job = await self.client.asettle(name, wait)
         send(resp, job.as_dict())
 
 
@@ -115,6 +124,47 @@ class Jobs:
             raise Problem(409, "job-ended", f"job {name} has ended already ({exc.status})",
                           title="Job ended", job_status=exc.status) from None
         send(resp, {"id": name, "cancel": outcome})
+
+
+class JobSignal:
+    """POST /jobs/{id}/signals/{signal}: the body (any JSON) for the job's
+    ctx.wait_for_signal(signal). 202 {"id", "signal", "delivery": "resumed" | "kept"};
+    409 for a job that ended, or one holding an unread signal of that name; 404 no job."""
+
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str, signal: str) -> None:
+        only_params(req)
+        try:
+            check_signal_name(signal)
+        except ValueError as exc:
+            raise Problem(400, "invalid-signal", str(exc), title="Invalid signal name") from None
+        try:
+            data = await read_json(req, min(self.client.runtime.config.api.max_body_bytes, MAX_STEP_BYTES))
+        except Problem as exc:
+            if exc.slug != "too-deep":
+                raise
+            # One limit named, whatever the depth: a signal's body is held to VALUE_DEPTH.
+            raise Problem(400, "too-deep", f"a signal's body is nested past the limit of {VALUE_DEPTH} levels "
+                          "of arrays and objects; flatten it", title="Nested too deep",
+                          max_depth=VALUE_DEPTH) from None
+        try:
+            delivery = await self.offload(self.client.signal, name, signal, data)
+        except JobEnded as exc:
+            raise Problem(409, "job-ended", f"job {name} has ended ({exc.status}): no wait will read a signal",
+                          title="Job ended", job_status=exc.status) from None
+        except SignalPending as exc:
+            raise Problem(409, "signal-pending", str(exc), title="Signal pending") from None
+        except SignalsFull as exc:
+            # Too many kept is a conflict that reading them resolves; too many bytes, too large.
+            status, kind = (409, "too-many-signals") if "signals" in exc.what else (413, "signals-too-large")
+            raise Problem(status, kind, str(exc), title="Too many signals kept") from None
+        except codec.TooDeep as exc:
+            raise Problem(400, "too-deep", f"a signal's body: {exc}", title="Nested too deep",
+                          max_depth=exc.limit) from None
+        send(resp, {"id": name, "signal": signal, "delivery": delivery}, 202)
 
 
 class JobList:
@@ -146,13 +196,18 @@ class JobList:
             raise Problem(404, "unknown-queue", f"no queue {queue!r} (have: {', '.join(self.client.runtime.keys)})",
                           title="Unknown queue", queue=queue)
         limit = int_param(req, "limit", 1, 500, 50) or 50
+        cursor = req.get_param("cursor") or None
+
+        def listed() -> dict[str, Any]:
+            # The views too are built on the pool's thread: nothing of a page decodes on the loop.
+            page = self.client.jobs(status, queue=queue, type=type_, limit=limit, cursor=cursor)
+            return {"jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor}
+
         try:
-            page = await self.offload(lambda: self.client.jobs(
-                status, queue=queue, type=type_, limit=limit,
-                cursor=req.get_param("cursor") or None))
+            body = await self.offload(listed)
         except ValueError as exc:
             raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None
-        send(resp, {"jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor})
+        send(resp, body)
 
     async def _by_key(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, key: str,
                       type_: str | None) -> None:
@@ -164,8 +219,9 @@ class JobList:
         if not key or len(key.encode()) > MAX_KEY_BYTES:
             raise Problem(400, "invalid-parameter", f"query parameter 'idempotency_key' must be 1 to "
                           f"{MAX_KEY_BYTES} bytes", title="Invalid parameter", parameter="idempotency_key")
-        jobs = await self.offload(lambda: self.client.by_idempotency_key(key, type=type_))
-        send(resp, {"jobs": [j.as_dict() for j in jobs], "cursor": None})
+        # The views built on the pool's thread too: a key's job may carry a payload of 1 MiB.
+        views = await self.offload(lambda: [j.as_dict() for j in self.client.by_idempotency_key(key, type=type_)])
+        send(resp, {"jobs": views, "cursor": None})
 
 
 class JobBatch:
@@ -192,8 +248,43 @@ class JobBatch:
                           title="Invalid batch")
         version, delay, run_at = timing(req)
         # Up to a thousand validations and a few round trips: on a thread, not the loop.
-        answers = await self.offload(
-            self.client.enqueue_all, [Request(fn.name, p, version, delay, run_at) for p in payloads])
+        try:
+            answers = await self.offload(
+                self.client.enqueue_all, [Request(fn.name, p, version, delay, run_at) for p in payloads])
+        except RedisUnavailable as exc:
+            if exc.results:  # sent, and cut short: say what became of each job
+                raise part_way(req, exc) from exc
+            raise
         jobs = [body_of(req, conflict(a)) if isinstance(a, IdempotencyConflict) else a.as_dict()
                 for a in answers]
         send(resp, {"jobs": jobs}, 202)
+
+
+def part_way(req: falcon.asgi.Request, exc: RedisUnavailable, what: str = "jobs", noun: str = "job",
+             where: str = "the batch", extra: dict[str, object] | None = None) -> Problem:
+    """The 503 of a batch Redis refused or lost part-way: one entry per job, in order
+    (under ``what``), with its ``outcome``: "written" (the job as a 202 gives it),
+    "conflict" (its 409), "not_written" (safe to send again) or "unknown" (its call was
+    in flight when the connection went: send it again only with an idempotency key)."""
+    unknown = set(exc.undetermined)
+    jobs: list[dict[str, object]] = []
+    for i, r in enumerate(exc.results):
+        if i in unknown:
+            jobs.append({"outcome": "unknown"})
+        elif isinstance(r, IdempotencyConflict):
+            jobs.append({"outcome": "conflict", **body_of(req, conflict(r))})
+        elif r is None or isinstance(r, BaseException):
+            jobs.append({"outcome": "not_written"})
+        else:
+            jobs.append({"outcome": "written", **r.as_dict()})
+    written = sum(1 for j in jobs if j["outcome"] == "written")
+    missing = sum(1 for j in jobs if j["outcome"] == "not_written")
+    told = f"{written} of {len(jobs)} {noun}(s) written, {missing} not written"
+    if unknown:
+        told += (f", {len(unknown)} unknown (in flight when the connection went: they may have been "
+                 "written; send them again only if the function has an IDEMPOTENCY_KEY)")
+    return Problem(503, "redis-unavailable",
+                   f"Redis {'went away' if unknown else 'refused writes'} part-way through {where}: {told}. "
+                   f"Each entry of '{what}' says which (its 'outcome'); retry shortly with those not written.",
+                   title="Redis unavailable", headers={"Retry-After": "1"},
+                   **{what: jobs, "undetermined": sorted(unknown), **(extra or {})})

@@ -97,7 +97,8 @@ def _enqueue_op(fn: Function, max_wait_s: float) -> dict[str, Any]:
             "409": _problem("The idempotency key is held by a job with another payload"),
             "413": _problem("The body is over api.max_body_bytes"),
             "415": _problem("The body is not application/json"),
-            "422": _problem("The payload does not validate: every error with its JSON path"),
+            "422": _problem("The payload does not validate: every error with its JSON path (past 4 KiB of "
+                            "payload, the first error and a note that more may exist)"),
             "503": _problem("Redis is unreachable (the request not confirmed), or, with [redis] wait_replicas, "
                             "the job was written but too few replicas confirmed it in time (not-replicated: "
                             "retry with the same Idempotency-Key)"),
@@ -124,8 +125,11 @@ def _batch_op(fn: Function) -> dict[str, Any]:
                             f"{MAX_BATCH_JOBS} payloads, a query parameter or an Idempotency-Key header"),
             "413": _problem("The body is over api.max_body_bytes"),
             "415": _problem("The body is not application/json"),
-            "422": _problem("A payload does not validate: every error, with its index and JSON path"),
-            "503": _problem("Redis is unreachable, or, with [redis] wait_replicas, jobs were written but too "
+            "422": _problem("A payload does not validate: every error, with its index and JSON path (past 4 KiB "
+                            "of payloads in all, an invalid payload's first error and a note)"),
+            "503": _problem("Redis is unreachable, or refused or lost the batch part-way (then 'jobs' has one "
+                            "entry per payload, in order, with its outcome: written with its id, not_written, "
+                            "conflict or unknown), or, with [redis] wait_replicas, jobs were written but too "
                             "few replicas confirmed them in time (not-replicated, naming job_ids): a retry "
                             "is safe when the function has an IDEMPOTENCY_KEY"),
         },
@@ -142,7 +146,8 @@ def _mark_scope(op: dict[str, Any], scope: str, secured: bool) -> None:
         needed: list[list[str]] = [[]]
     else:
         op["x-runner-scope"] = scope
-        needed = [["enqueue"], [scope]] if scope.startswith("enqueue:") else [[scope]]
+        needed = [["enqueue"], [scope]] if scope.startswith("enqueue:") else \
+            [[scope], [auth.OPERATE]] if scope == auth.SIGNAL else [[scope]]
     if secured:
         op["security"] = [{"bearer": names} for names in needed]
         op["responses"]["401"] = _problem("Missing or unknown bearer token")
@@ -160,6 +165,9 @@ def build(rt: Runtime, reg: Registry) -> dict[str, Any]:
         paths[f"/jobs/{name}"] = {"post": _enqueue_op(fn, rt.config.api.max_wait_s)}
         paths[f"/jobs/{name}/batch"] = {"post": _batch_op(fn)}
     paths.update(shapes.paths(sorted(rt.keys), sorted(reg.functions), rt.config.api.max_wait_s))
+    events = sorted({e for fn in reg.functions.values() for e in fn.triggers})
+    for event in events:
+        paths[f"/events/{event}"] = {"post": shapes.emit_op(event, [f.name for f in reg.subscribers(event)])}
     secured = rt.config.api.secured
     for path, item in paths.items():
         for method, op in item.items():

@@ -5,13 +5,14 @@
 
 ``type`` is stable and meant for code; ``title`` is the same for every problem of a type;
 ``detail`` is for humans. Extension members, by problem: ``errors`` (422: every
-validation error with its JSON path), ``job_id`` (404 job; 409: the job holding the key),
-``idempotency_key`` (409), ``function``, ``queue`` (404), ``known_versions`` and
-``version`` (422), ``parameter`` / ``header`` (400), ``max_body_bytes`` (413),
-``group_id`` (404 group), ``allowed_methods`` (405), ``scope`` and ``token_name`` (403: the
-scope the token lacks), ``job_ids``, ``replicas_acked`` and ``replicas_wanted`` (503
-not-replicated: the jobs were written to the master, but too few replicas confirmed them
-in time).
+validation error with its JSON path; past catalog/listing.py's LIST_BYTES of payload, a
+payload's first error and a note at its path that more may exist), ``job_id`` (404 job;
+409: the job holding the key), ``idempotency_key`` (409), ``function``, ``queue`` (404),
+``known_versions`` and ``version`` (422), ``parameter`` / ``header`` (400),
+``max_body_bytes`` (413), ``group_id`` (404 group), ``allowed_methods`` (405), ``scope``
+and ``token_name`` (403: the scope the token lacks), ``job_ids``, ``replicas_acked`` and
+``replicas_wanted`` (503 not-replicated: the jobs were written to the master, but too few
+replicas confirmed them in time).
 Falcon's own errors (no route, wrong method, bad header) go through the same serializer.
 """
 
@@ -24,9 +25,10 @@ from typing import Any
 
 import falcon
 import falcon.asgi
-import redis
 
 from runner.errors import (
+    EventConflict,
+    EventRejected,
     FieldError,
     IdempotencyConflict,
     InvalidGroup,
@@ -37,9 +39,10 @@ from runner.errors import (
     UnknownQueue,
     UnknownVersion,
     ValidationFailed,
+    password_line,
 )
-from runner.store import codec, link
-from runner.store.connection import PersistenceFailed
+from runner.store import codec
+from runner.store.connection import UNAVAILABLE, refused_before_running
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:runner:problem:"
@@ -62,13 +65,11 @@ _FALCON_SLUGS = {
 
 # Redis errors that mean "not reachable now": a 503, never a 500.
 REDIS_DOWN: tuple[type[Exception], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.OutOfMemoryError,
-    PersistenceFailed,
     RedisUnavailable,
+    # What the store calls unavailable (a lost connection, a timeout, loading, a replica,
+    # OOM, MISCONF, BUSY, a cluster mid-failover), but not a local OSError, which is no
+    # outage of Redis.
+    *(e for e in UNAVAILABLE if e.__module__ != "builtins" and issubclass(e, Exception)),
 )
 
 
@@ -125,7 +126,7 @@ def body_of(req: falcon.Request, exc: falcon.HTTPError) -> dict[str, Any]:
 def serialize(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError) -> None:
     """The app's error serializer: always problem+json, whatever the client accepts."""
     resp.content_type = MEDIA_TYPE
-    resp.data = codec.dumpb(body_of(req, exc))
+    resp.data = codec.dumpb_view(body_of(req, exc))
 
 
 # --- runner's exceptions -> problems -----------------------------------------------------
@@ -133,7 +134,8 @@ def serialize(req: falcon.Request, resp: falcon.Response, exc: falcon.HTTPError)
 
 async def _unknown_function(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, UnknownFunction)
-    raise Problem(404, "unknown-function", f"no function of type {ex.type!r} is loaded; see GET /functions",
+    hint = f"; did you mean {ex.close}?" if ex.close else ""
+    raise Problem(404, "unknown-function", f"no function of type {ex.type!r} is loaded{hint}; see GET /functions",
                   title="Unknown function", function=ex.type)
 
 
@@ -143,16 +145,39 @@ async def _unknown_version(req: falcon.Request, resp: falcon.Response, ex: Excep
                   errors=[{"path": "$", "message": str(ex)}], known_versions=ex.known)
 
 
+def _counted(ex: ValidationFailed, what: str) -> str:
+    """How many errors, and whether some payload's first one only is listed."""
+    count = sum(1 for e in ex.errors if not e.note)
+    if ex.complete:
+        return f"{count} {what}(s)"
+    return f"{count} {what}(s), a payload's first error only where a note says more may exist"
+
+
 async def _validation(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, ValidationFailed)
-    raise invalid(f"the payload does not match {ex.type} v{ex.version} ({len(ex.errors)} error(s))",
+    raise invalid(f"the payload does not match {ex.type} v{ex.version} ({_counted(ex, 'error')})",
                   ex.errors, version=ex.version)
 
 
 async def _invalid_group(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, InvalidGroup)
-    raise Problem(422, "invalid-group", f"the group cannot run ({len(ex.errors)} problem(s)); nothing was written",
+    raise Problem(422, "invalid-group", f"the group cannot run ({_counted(ex, 'problem')}); nothing was written",
                   title="Invalid group", errors=field_errors(ex.errors))
+
+
+async def _event_rejected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, EventRejected)
+    raise Problem(422, "event-rejected", f"{len(ex.rejections)} subscriber(s) of {ex.name!r} reject its data "
+                  f"({_counted(ex, 'error')}); nothing was enqueued", title="Event rejected",
+                  functions=[{"function": fn, "version": v, "errors": field_errors(errs)}
+                             for fn, (v, errs) in ex.rejections.items()],
+                  errors=field_errors(ex.errors))
+
+
+async def _event_conflict(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, EventConflict)
+    raise Problem(409, "idempotency-conflict", str(ex), title="Idempotency conflict", event_id=ex.event_id,
+                  idempotency_key=ex.key)
 
 
 def conflict(ex: IdempotencyConflict) -> Problem:
@@ -173,11 +198,30 @@ async def _not_found(req: falcon.Request, resp: falcon.Response, ex: Exception, 
     raise Problem(404, "job-not-found", f"no job {ex.job_id!r}", title="Job not found", job_id=ex.job_id)
 
 
+def password_refused(req: falcon.Request, ex: BaseException, **extra: Any) -> Problem | None:
+    """The problem of a request whose Redis turned this process's password down (no
+    outage: it lasts until the URL or the server changes), or None for any other failure.
+    Said only to a caller with a token, as /healthz does: the words name no address and
+    no password, yet how the deployment is set up is not a stranger's to learn."""
+    refused = password_line(ex)
+    if refused is None or getattr(req.context, "token", None) is None:
+        return None
+    return Problem(503, "redis-password-refused",
+                   f"{refused} the web process; nothing was done, and a retry fails the same way until then.",
+                   title="Redis refused the password", **extra)
+
+
 async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
-    log.warning("%s %s: Redis unreachable: %s", req.method, req.path, ex)
+    said = password_line(ex)
+    if said is not None:
+        log.error("%s %s: %s", req.method, req.path, said)
+        problem = password_refused(req, ex)
+        if problem is not None:
+            raise problem
+    else:
+        log.warning("%s %s: Redis unreachable: %s", req.method, req.path, ex)
     cause = ex.__cause__ if isinstance(ex, RedisUnavailable) and ex.__cause__ else ex
-    refused = isinstance(cause, (PersistenceFailed, redis.exceptions.OutOfMemoryError)) or (
-        isinstance(cause, link.ReplyError) and cause.code in ("MISCONF", "OOM"))  # the event loop's connection
+    refused = refused_before_running(cause)
     # A refusal ran nothing; a connection lost after the request went out leaves its
     # outcome unknown, and the answer must not promise otherwise.
     if req.method in ("GET", "HEAD"):  # a read changes nothing: nothing to be unsure of
@@ -224,6 +268,8 @@ def install(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]) -> 
     app.add_error_handler(ValidationFailed, _validation)
     app.add_error_handler(InvalidGroup, _invalid_group)
     app.add_error_handler(IdempotencyConflict, _conflict)
+    app.add_error_handler(EventRejected, _event_rejected)
+    app.add_error_handler(EventConflict, _event_conflict)
     app.add_error_handler(JobNotFound, _not_found)
     app.add_error_handler(NotReplicated, _not_replicated)
     for exc_type in REDIS_DOWN:

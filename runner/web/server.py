@@ -15,6 +15,7 @@ workers share one Runtime and a reload is seen by both at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shlex
@@ -22,6 +23,7 @@ import signal
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import uvicorn
@@ -31,7 +33,7 @@ from gunicorn.glogging import Logger
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
-from runner.config import Config
+from runner.config import ApiConfig, Config
 from runner.errors import ConfigError
 from runner.store import codec
 from runner.web.problems import MEDIA_TYPE, TYPE_PREFIX
@@ -56,6 +58,61 @@ _HEAD_TOO_LARGE = codec.dumpb({
 
 class _HeadTooLarge(Exception):
     pass
+
+
+def _problem(status: int, reason: bytes, kind: str, title: str, detail: str) -> bytes:
+    """A whole response, problem+json, that closes the connection: for what the HTTP layer
+    answers itself, before any app sees a request."""
+    body = codec.dumpb({"type": TYPE_PREFIX + kind, "title": title, "status": status, "detail": detail})
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, reason, MEDIA_TYPE.encode(), len(body), body))
+
+
+_BAD_REQUEST = _problem(400, b"Bad Request", "bad-request", "Bad Request",
+                        "the request is not valid HTTP/1.1 (its request line, a header, or its framing); "
+                        "check the client")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one connection may hold of a process (runner.toml's [api]; docs/security.md)."""
+
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 30.0
+    max_connections: int = 1000
+    body_timeout_s: float = 60.0
+
+    @classmethod
+    def of(cls, api: ApiConfig) -> Limits:
+        return cls(api.header_timeout_s, api.idle_timeout_s, api.max_connections, api.body_timeout_s)
+
+
+# Where a connection is: waiting for a request's head (a new connection too), for its
+# body, on the app, or idle between requests (uvicorn's keep-alive timer closes it).
+_HEAD, _BODY, _APP, _IDLE = range(4)
+
+
+class _Sweeper:
+    """Once a second, closes the connections of one server past their header or idle
+    timeout: one timer per process, not one per request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        self.loop = loop
+        self.connections = connections
+        self.handle: asyncio.TimerHandle | None = None
+
+    def wake(self) -> None:
+        if self.handle is None:
+            self.handle = self.loop.call_later(1.0, self.sweep)
+
+    def sweep(self) -> None:
+        self.handle = None
+        now = self.loop.time()
+        for c in list(self.connections):
+            if isinstance(c, HttpProtocol):
+                c.expire(now)
+        if self.connections:
+            self.wake()
 
 
 # A response sent before its request's body was read (a 413, a 401, a 404 before the body)
@@ -104,6 +161,17 @@ class HttpProtocol(HttpToolsProtocol):
     MAX_HEAD_BYTES or MAX_HEADERS the client gets a 431 problem and the connection is
     closed.
 
+    And with what uvicorn lacks against idle connections (Limits): a request's head must
+    be in within header_timeout_s of the connection's opening or of the request's first
+    byte, else a 408 problem (a connection that sent nothing is just closed); a body that
+    pauses for idle_timeout_s is dropped; past max_connections, a new connection closes
+    the oldest one that holds no request (idle, or still sending a head), or is itself
+    refused when every one is serving. uvicorn never timed out either, so a thousand
+    silent connections took every file descriptor of a process.
+
+    A request the parser refuses (no HTTP version, a control character in a header, a bad
+    Content-Length, a folded header) gets a 400 problem, not plain text.
+
     httptools gathers a header's bytes before it hands the header over, so the bytes are
     counted as they arrive: every chunk that ends with the head still incomplete counts
     whole, but the chunk in which the head began does not (it may also hold the end of a
@@ -119,14 +187,81 @@ class HttpProtocol(HttpToolsProtocol):
     _linger_left = 0
     _linger_until = 0.0
     _linger_timer: asyncio.TimerHandle | None = None
+    _phase = _HEAD
+    _since = 0.0
+    _opened = 0.0
+    _got_bytes = False
+    _body_start = 0.0
+    _body_bytes = 0
+
+    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.limits: Limits = getattr(config, "runner_limits", None) or Limits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._opened = self._since = self.loop.time()
+        state = self.server_state
+        sweeper = getattr(state, "runner_sweeper", None)
+        if sweeper is None:
+            sweeper = _Sweeper(self.loop, self.connections)
+            setattr(state, "runner_sweeper", sweeper)  # noqa: B010 (uvicorn's state has no slot for it)
+        sweeper.wake()
+        if len(self.connections) > self.limits.max_connections:
+            self._make_room()
+
+    def _make_room(self) -> None:
+        others = [c for c in self.connections
+                  if c is not self and isinstance(c, HttpProtocol) and not c.transport.is_closing()]
+        idle = [c for c in others if c._phase in (_HEAD, _IDLE)]
+        if idle:
+            min(idle, key=lambda c: c._opened).transport.close()
+            return
+        # None idle: the slowest of the bodies still arriving gives way (a client that
+        # trickles its body holds a slot as long as an idle one would). A request on the
+        # app is never cut; when every one is there, this connection waits its turn.
+        now = self.loop.time()
+        reading = [c for c in others if c._phase == _BODY]
+        if not reading:
+            self.transport.close()
+            return
+        min(reading, key=lambda c: c._body_bytes / max(now - c._body_start, 1e-3)).transport.close()
+
+    def expire(self, now: float) -> None:
+        """Close this connection if it is past its header or idle timeout."""
+        phase = self._phase
+        if phase == _HEAD and now - self._since > self.limits.header_timeout_s:
+            if self.transport.is_closing():
+                return
+            if self._got_bytes:
+                self.transport.write(_problem(
+                    408, b"Request Timeout", "request-timeout", "Request Timeout",
+                    f"the request line and headers must arrive within {self.limits.header_timeout_s:g} s"))
+            self.transport.close()
+        elif phase == _BODY and now - self._since > self.limits.idle_timeout_s:
+            self.transport.close()  # the app sees a disconnect
+        elif phase == _BODY and now - self._body_start > self.limits.body_timeout_s:
+            if self.transport.is_closing() or self._linger_timer is not None:
+                return  # lingering after its answer: bounded by LINGER_S already
+            self.flush()
+            if not (self.cycle is not None and self.cycle.response_started):
+                self.transport.write(_problem(
+                        408, b"Request Timeout", "request-timeout", "Request Timeout",
+                    f"the request body must arrive within {self.limits.body_timeout_s:g} s of its headers "
+                    "([api] body_timeout)"))
+            self.transport.close()  # the app sees a disconnect
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._first_chunk, self._head_bytes = True, True, 0
         self._body_read = False
+        if self._phase != _HEAD:
+            self._phase, self._since = _HEAD, self.loop.time()
 
     def on_message_complete(self) -> None:
         self._body_read = True
+        self._phase = _APP
         super().on_message_complete()
 
     def hold(self, head: bytes) -> None:
@@ -179,12 +314,21 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._phase, self._since = _BODY, self.loop.time()
+        self._body_start, self._body_bytes = self._since, 0
+        if self.parser.get_http_version() not in ("1.1", "1.0"):
+            # A request line without a version reads as HTTP/0.9, which ASGI apps refuse
+            # (falcon raised: a 500 and a traceback).
+            self.send_400_response("")
+            return
         super().on_headers_complete()
         if self.cycle is not None and not isinstance(self.cycle.transport, _CycleTransport):
             self.cycle.transport = _CycleTransport(self.transport, self, self.cycle)  # type: ignore[assignment]
 
     def on_response_complete(self) -> None:
         self.flush()
+        if self._phase == _APP:
+            self._phase = _IDLE
         if self._linger_timer is not None:
             # Closing: no keep-alive timer, no pipelined request.
             self.server_state.total_requests += 1
@@ -211,6 +355,11 @@ class HttpProtocol(HttpToolsProtocol):
             else:
                 self._linger_rearm()
             return
+        if self._phase == _BODY:
+            self._since = self.loop.time()
+            self._body_bytes += len(data)
+        else:
+            self._got_bytes = True
         super().data_received(data)
         if not self._in_head or self.transport.is_closing():
             return
@@ -225,7 +374,8 @@ class HttpProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         self.flush()
         if not self._refused:
-            super().send_400_response(msg)
+            self.transport.write(_BAD_REQUEST)
+            self.transport.close()
             return
         self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: %s\r\n"
                              b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
@@ -263,6 +413,7 @@ class Worker(UvicornWorker):  # type: ignore[misc]
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
+        self.config.runner_limits = _limits(self.wsgi)
         server = Server(self.config, self.wsgi)
 
         def quit_now() -> None:
@@ -279,10 +430,37 @@ class Worker(UvicornWorker):  # type: ignore[misc]
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, quit_now)
         watcher = asyncio.create_task(watch_master())
-        await server.serve(sockets=self.sockets)
+        # The plain sockets, not gunicorn's wrappers: uvloop closes a listening socket's fd
+        # itself on shutdown and then detaches a plain socket, but calls a wrapper's close(),
+        # which closed the fd a second time ("Error while closing socket [Errno 9]").
+        await server.serve(sockets=[getattr(s, "sock", None) or s for s in self.sockets])
         watcher.cancel()
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+
+def _limits(app: Any) -> Limits:
+    """The app's connection limits, within the process's open-file limit (raised to its
+    hard limit first): past it, accept() fails and no client gets in at all."""
+    from runner.web.asgi import LazyApp
+
+    built = app.build() if isinstance(app, LazyApp) else app
+    runtime = getattr(built, "runtime", None)
+    limits = Limits.of(runtime.config.api) if runtime is not None else Limits()
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    # Room for Redis connections, the log, the offload threads' sockets.
+    room = soft - 64 if soft != resource.RLIM_INFINITY else limits.max_connections
+    if limits.max_connections > room:
+        log.warning("api.max_connections (%d) is over this process's open-file limit (%d): capped at %d",
+                    limits.max_connections, soft, max(room, 1))
+        limits = Limits(limits.header_timeout_s, limits.idle_timeout_s, max(room, 1), limits.body_timeout_s)
+    return limits
 
 
 def gunicorn_options(host: str, port: int, workers: int, threads: int) -> dict[str, Any]:
@@ -421,6 +599,7 @@ class DevServer:
             access.addFilter(_QuietReads())
         config = uvicorn.Config(app, http=HttpProtocol, lifespan="off", log_config=None, server_header=False,
                                 timeout_graceful_shutdown=2, timeout_keep_alive=5)
+        config.runner_limits = _limits(app)  # type: ignore[attr-defined]
         self.server = Server(config, app)
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
 

@@ -88,11 +88,20 @@ COMPONENTS: dict[str, Any] = {
         "parent": {"type": ["string", "null"], "description": "The job whose ctx.enqueue, ON_SUCCESS or "
                    "ON_FAILURE wrote this one (from its id: <parent>.<i>, .s, .f, .f2 ...)"},
         "children": {"type": "array", "items": _STR, "description": "The follow-ups and destination "
-                     "jobs this job wrote (when its ack or burial landed)"},
+                     "jobs this job wrote (when its ack or burial landed): of a fan-out, the first 100 "
+                     "and the ON_SUCCESS job"},
+        "children_count": {"type": "integer", "description": "Of a fan-out past 100 follow-ups: how many "
+                           "it wrote; the ones not in children are <id>.<i> for every i below it"},
         "group": {"type": ["string", "null"], "description": "The group of a member or then-job"},
         "worker": {"type": "string", "description": "While processing: the worker holding the job"},
         "lease_expires_at": {"type": "number", "description": "While processing, in a job list: when the "
                                                               "worker's lease runs out unless renewed"},
+        "truncated": {"type": "object", "additionalProperties": _INT,
+                      "description": "In a job list: the fields too big to list (payload, result, "
+                      "checkpoint, last_error, progress, history), each with its full size in bytes. Such a "
+                      "field is null (history empty) and <field>_preview holds the first 4,096 bytes of its "
+                      "JSON text; GET /jobs/{id} gives it whole"},
+        "payload_preview": _STR, "result_preview": _STR,
     } | _JOB_META, required=_JOB_FIELDS, extra=True),
     "GroupRequest": _obj({"members": {"type": "array", "minItems": 1, "items": _GROUP_JOB,
                                       "description": "jobs of one queue"},
@@ -119,6 +128,9 @@ COMPONENTS: dict[str, Any] = {
         "concurrency": {"type": ["object", "null"], "properties": {"limit": _INT, "key": _OPT_STR}},
         "rate_limit": {"type": ["object", "null"], "properties": {"limit": _INT, "period": _NUM, "key": _OPT_STR}},
         "priority": _INT, "on_success": _OPT_STR, "on_failure": _OPT_STR, "max_age": _OPT_NUM,
+        "triggers": {"type": "array", "items": _STR},
+        "debounce": {"type": ["object", "null"], "properties": {"key": _STR, "period": _NUM, "max_wait": _NUM}},
+        "hold_locks_while_suspended": {"type": "boolean"},
         "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
             "type": ["object", "null"],
             "properties": {"limit": _INT, "key": _OPT_STR, "running": _OPT_INT, "waiting": _OPT_INT}}}),
@@ -131,9 +143,10 @@ COMPONENTS: dict[str, Any] = {
         "warnings": {"type": "array", "items": _STR},
     }),
     "FunctionFigures": _obj({
-        "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "duplicates": _INT,
+        "enqueued": _INT, "succeeded": _INT, "retried": _INT, "dead": _INT, "cancelled": _INT, "duplicates": _INT,
         "deduplicated": _INT, "deferred": _INT, "paused": _INT, "ratelimited": _INT, "lost": _INT,
         "expired": _INT, "followups": _INT, "relayed": _INT, "abandoned": _INT,
+        "steps": _INT, "replays": _INT, "sleeps": _INT, "waits": _INT, "signals": _INT, "invokes": _INT,
         "latency": _TIMING, "run_time": _TIMING,
     }),
     "Queue": _obj({
@@ -162,6 +175,19 @@ COMPONENTS: dict[str, Any] = {
                       "jobs": {"type": "array", "items": ref("Job")}}),
     "RequeueRequest": _obj({"payload": {"description": "an edited payload (default: the stored one)"},
                             "version": {"type": "integer", "minimum": 1}}, required=[]),
+    "BulkRequest": _obj({
+        "action": {"type": "string", "enum": ["requeue", "delete", "cancel"]},
+        "jobs": {"type": "array", "minItems": 1, "maxItems": 500,
+                 "items": _obj({"queue": _STR, "id": _STR})},
+    }),
+    "BulkResult": _obj({
+        "action": _STR, "done": _INT,
+        "jobs": {"type": "array", "description": "one per job sent, in order", "items": _obj({
+            "queue": _STR, "id": _STR,
+            "outcome": {"type": "string", "enum": ["requeued", "deleted", "cancelled", "requested", "gone",
+                                                   "refused"]},
+            "error": _STR}, required=["queue", "id", "outcome"])},
+    }),
     "Health": _obj({"status": {"const": "ok"}, "checks": {"type": "object"}}),
     "AuditEntry": _obj({
         "at": _OPT_NUM, "by": _STR,
@@ -237,6 +263,20 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                                              ["id", "cancel"])}}},
                           "404": problem("No such job"), "409": problem("The job has ended already")},
         }},
+        "/jobs/{id}/signals/{signal}": {"post": {
+            "operationId": "signal_job", "tags": ["jobs"],
+            "summary": "A signal for a durable function's ctx.wait_for_signal (its body: any JSON)",
+            "parameters": [job_id, _path_param("signal", {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,100}$"},
+                                               "the signal's name")],
+            "requestBody": {"required": True, "content": {_JSON: {"schema": {}}}},
+            "responses": {"202": {"description": "resumed: the job waited for it and runs on; kept: for its "
+                                                 "next wait of that name", "content": {_JSON: {
+                              "schema": _obj({"id": {"type": "string"}, "signal": {"type": "string"},
+                                              "delivery": {"type": "string", "enum": ["resumed", "kept"]}},
+                                             ["id", "signal", "delivery"])}}},
+                          "400": problem("A malformed signal name or body"), "404": problem("No such job"),
+                          "409": problem("The job has ended, or holds an unread signal of that name")},
+        }},
         "/jobs": {"get": {
             "operationId": "list_jobs", "tags": ["jobs"], "summary": "One page of jobs in a status, newest first",
             "description": "With idempotency_key: the jobs holding that key instead (of the function type "
@@ -289,14 +329,20 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                            "job: a watched job (as GET /jobs/{id}) first and whenever it changed; job-gone "
                            "{id}: a watched job that does not exist. A stream ends after a few minutes and "
                            "the server's retry field says when to reconnect; a comment line comes every few "
-                           "seconds when nothing else does.",
+                           "seconds when nothing else does. With Accept: application/json (and not "
+                           "text/event-stream), the recent emitted events instead, newest first, each with the "
+                           "jobs it started (?limit 1-500, default 50; ?name one event name).",
             "parameters": [{"name": "job", "in": "query", "required": False, "style": "form", "explode": True,
                             "description": "a job id to watch (repeatable, up to 20)",
                             "schema": {"type": "array", "maxItems": 20,
                                        "items": {"type": "string", "minLength": 1, "maxLength": 200}}}],
             "responses": {"200": {"description": "The stream", "content": {
                               "text/event-stream": {"schema": {"type": "string"}}}},
-                          "400": bad, "503": problem("This process watches too many jobs already")},
+                          "400": bad,
+                          "429": problem("This token holds the most event streams one token may on this "
+                                         "process: close a page that shows live updates (Retry-After)"),
+                          "503": problem("This process, or this token's share of it, watches too many jobs "
+                                         "already (Retry-After)")},
         }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],
@@ -360,6 +406,19 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
             "responses": {"204": {"description": "Deleted"},
                           "404": problem("No such queue, or no such job in its dead-letter set")},
         }},
+        "/bulk": {"post": {
+            "operationId": "bulk", "tags": ["dead letters"],
+            "summary": "Requeue or delete dead jobs, or cancel jobs, up to 500 in one request; on the "
+                       "audit trail as one entry per queue (its count and first 100 ids)",
+            "requestBody": {"required": True, "content": {_JSON: {"schema": ref("BulkRequest")}}},
+            "responses": {
+                "200": ok("What became of each job", "BulkResult"),
+                "400": problem("Not a bulk request, or not 1 to 500 jobs"),
+                "413": problem("The body is over api.max_body_bytes"),
+                "415": problem("The body is not application/json"),
+                "422": problem("An unknown action or queue, or a job without an id; nothing was done"),
+            },
+        }},
         "/audit": {"get": {
             "operationId": "audit", "tags": ["meta"],
             "summary": "Who did what (requeue, delete, purge), newest first; bounded",
@@ -396,4 +455,29 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
             "operationId": "dashboard", "tags": ["meta"], "summary": "The dashboard",
             "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
         }},
+    }
+
+
+def emit_op(event: str, subscribers: list[str]) -> dict[str, Any]:
+    """POST /events/<event>: one operation per event some function subscribes to (as one
+    enqueue operation per function), so its scope is emit:<event>."""
+    return {
+        "operationId": "emit_" + "".join(c if c.isalnum() else "_" for c in event), "tags": ["events"],
+        "summary": f"Emit {event}: one job for each of {', '.join(subscribers)}",
+        "description": "The body is the event's data, validated against every subscriber's newest schema "
+                       "first. An Idempotency-Key dedupes the whole emit. Scope emit or emit:<name>.",
+        "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 512}}],
+        "requestBody": {"required": True, "content": {_JSON: {"schema": {}}}},
+        "responses": {
+            "202": {"description": "Emitted: the event's id and its jobs",
+                    "content": {_JSON: {"schema": {"type": "object"}}}},
+            "200": {"description": "A duplicate of an earlier emit's Idempotency-Key: its record",
+                    "content": {_JSON: {"schema": {"type": "object"}}}},
+            "400": problem("Malformed JSON, or an invalid Idempotency-Key"),
+            "409": problem("The Idempotency-Key is held by an emit of other data"),
+            "413": problem("The body is over api.max_body_bytes"),
+            "415": problem("The body is not application/json"),
+            "422": problem("Some subscriber rejects the data: each function and every error; nothing was written"),
+        },
     }

@@ -1,31 +1,51 @@
 """A warm child process that runs handlers for one executor slot of a worker
 (``ISOLATION = "process"``); started by isolation.py as ``python -m runner.worker.child``.
 
-The child loads the functions once at start (so a job pays no import), then takes one job
-at a time from its parent over a socket: it validates and upgrades the payload, runs the
-handler and answers the outcome. It never talks to Redis: ``ctx.save_checkpoint`` and
-``ctx.extend_lease`` are messages to the parent, which holds the lease. Messages are
-length-framed JSON (multiprocessing's Connection bytes, never its pickles).
+The child loads the functions once at start (so a job pays no import), then takes jobs
+from its parent over a socket (channel.py), one batch at a time: the jobs a worker
+claimed ahead go to a child together, and the child runs them one after another,
+answering each one's outcome as it ends (never at the batch's end). For each it
+validates and upgrades the payload and runs the handler. It never talks to Redis:
+``ctx.save_checkpoint`` and ``ctx.extend_lease`` are messages to the parent, which holds
+the lease.
+
+Each outcome names the job the child starts next, taken off its queue before the
+outcome goes: the parent always knows which job runs (its TIMEOUT is timed from that
+outcome, and its attempt counts from there), and which wait unstarted. Those the parent
+recalls (a stop, or a job running long ahead of them) are handed back unstarted; one
+cancelled while it waited is left out, never started ("skipped").
 
 Limits it applies to itself, per job: TIMEOUT as a SIGALRM that raises JobTimeout in the
 handler (the parent kills the child when a C call never lets it run), and MEMORY_MB as
-RLIMIT_DATA above what the warm child already uses (an allocation past it fails, and the
-attempt fails as "memory limit"). A reader thread takes the parent's messages while the
-handler runs, and exits the process at once when the parent is gone.
+RLIMIT_DATA above what the warm child already uses, while the handler runs (an allocation
+past it fails, and the attempt fails as "memory limit"; encoding the result is not the
+handler's). A job that ran past TIMEOUT, or whose handler left threads (as the OS counts
+them) or processes running, ends with "reuse": false, and nothing more starts here: the
+parent kills this child rather than run another job beside what still runs, and hands
+the jobs still waiting back. What the handler left exited is reaped at the job's end (this
+child is a subreaper: orphans of its tools come here). Every ctx call carries its job's
+claim token and is refused once that job ended.
+A reader thread takes the parent's messages, also while a handler runs, and exits the
+process at once when the parent is gone. SIGTERM is the worker's to act on (a stop that
+signals every process must not kill a running handler before its grace period): the
+entry point the worker runs (isolation.CHILD_MAIN) says so before any import.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import logging
 import os
 import queue
 import resource
 import signal
-import subprocess
+import socket
 import sys
 import threading
-from multiprocessing.connection import Connection
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from runner import config as config_mod
@@ -34,10 +54,12 @@ from runner.catalog.registry import Registry
 from runner.client import Enqueued
 from runner.errors import JobTimeout, RunnerError, raise_refusal
 from runner.observe.logs import setup as setup_logs
-from runner.store import codec
 from runner.worker import affinity
+from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
+from runner.worker.joblog import Capture, JobLogger
+from runner.worker.journal import MAX_STEP_BYTES, Journal
 
 log = logging.getLogger("runner.job")
 
@@ -46,6 +68,9 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        # A subreaper: what a handler daemonizes (setsid, a double fork) stays under this
+        # child while it lives, and goes to the worker (isolation.reap_adopted) at its end.
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def data_bytes() -> int:
@@ -57,168 +82,427 @@ def data_bytes() -> int:
     return 0
 
 
+_RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
 def rss_mb() -> float:
-    """The child's peak resident set: one system call a job (reading /proc was a third of
-    a no-op job's time in the child). A peak over max_rss_mb recycles the child, which is
-    what a growing child needs; a spike does too, which costs only a restart."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """The child's peak resident set: one system call (reading /proc was a third of a
+    no-op job's time in the child), at each batch's end. A peak over max_rss_mb recycles
+    the child, which is what a growing child needs; a spike does too, which costs only a
+    restart."""
+    # (Linux's ru_maxrss is the whole process's peak even for RUSAGE_THREAD, which is
+    # cheaper: it does not add up every thread's times.)
+    peak = resource.getrusage(_RUSAGE).ru_maxrss
     return peak / 1024 if sys.platform != "darwin" else peak / 2**20  # KiB on Linux, bytes on macOS
 
 
 class Child:
-    def __init__(self, conn: Connection, registry: Registry) -> None:
-        self.conn = conn
+    def __init__(self, channel: Channel, registry: Registry) -> None:
+        self.channel = channel
         self.registry = registry
         self.send_lock = threading.Lock()
         self.replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self.flags = Flags()
+        self.wake: queue.SimpleQueue[str] = queue.SimpleQueue()  # "run" or "exit", from the reader
+        # Jobs sent ahead of the one running, not started; the reader hands them back at a
+        # recall. ``lock`` keeps a job from being both started and handed back.
+        self.lock = threading.Lock()
+        # (the job's fields, its batch's message, whether it is the batch's first)
+        self.pending: collections.deque[tuple[list[Any], dict[str, Any], bool]] = collections.deque()
+        self.flags_of: dict[str, Flags] = {}  # by claim token: the flags of each job sent here
+        self.spent = False  # a job left something running: the parent kills this child
         self.jobs = 0
+        self.token = ""  # the claim token of the job running now ("" between jobs)
+        self.logger: JobLogger | None = None  # the running job's, when it keeps a log
+        self.threads = 0  # OS threads of the child's own (main, the reader) and of its imports
+
+    def threads_left(self) -> int:
+        """OS threads the handler left running (``_thread`` and C extensions' threads too,
+        which ``threading`` does not count). A thread just joined may take a moment more
+        to leave /proc."""
+        left = _tasks() - self.threads
+        if left <= 0:
+            return 0
+        deadline = time.monotonic() + 0.1
+        while (left := _tasks() - self.threads) > 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return max(0, left)
+
+    def processes_left(self) -> int:
+        """Processes the handler left running, its own or adopted (this child is their
+        subreaper); those that exited are reaped here, so none stays a zombie. Called only
+        with no thread of the handler's left: then no Popen.wait() can still want them.
+        What still runs is killed here, while it is still this child's to find: a tool in
+        a session of its own (``setsid``) escapes the group kill that follows.
+
+        The common case costs one system call: this child has no process of its own (its
+        sentry is the worker's), so with none left waitpid says there is no child at all."""
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        left = self._reap()
+        if left:
+            for _ in range(16):
+                todo = _children()
+                if not todo:
+                    break
+                while todo:  # descendants first found, then killed (each may have its own)
+                    pid = todo.pop()
+                    todo += _children(pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                for pid in _children():
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, 0)
+        return left
+
+    @staticmethod
+    def _reap() -> int:
+        """Reap the handler's exited processes; how many still run."""
+        left = 0
+        for pid in _children():
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    left += 1
+            except ChildProcessError:
+                pass
+        return left
 
     def send(self, msg: dict[str, Any]) -> None:
-        data = codec.dumpb(msg)
         with self.send_lock:
-            self.conn.send_bytes(data)
+            self.channel.send(msg)
 
-    def rpc(self, call: str, **args: Any) -> bool:
-        return bool(self.ask(call, **args).get("ok"))
+    def rpc(self, token: str, call: str, **args: Any) -> bool:
+        return bool(self.ask(token, call, **args).get("ok"))
 
-    def ask(self, call: str, **args: Any) -> dict[str, Any]:
-        """The parent's answer to one call; what failed there (Redis away) raises here."""
-        self.send({"op": "rpc", "call": call, **args})
+    def ask(self, token: str, call: str, **args: Any) -> dict[str, Any]:
+        """The parent's answer to one call of the job holding claim ``token``; what failed
+        there (Redis away) raises here. A call of a job that has ended (a thread its
+        handler left) is refused here, never sent: it would land on the next job."""
+        if token != self.token:
+            raise RunnerError("this job has ended: a thread its handler left running cannot use its ctx")
+        self.send({"op": "rpc", "call": call, "token": token, **args})
         reply = self.replies.get()
         if isinstance(reply.get("failed"), dict):
             raise_refusal(reply["failed"])
         return reply
 
-    def enqueue(self, type_: str, payload: Any, **options: Any) -> Enqueued:
+    def fenced(self, token: str, call: str, **args: Any) -> bool:
+        """ctx.save_checkpoint and ctx.extend_lease: False (refused, as for a lost lease)
+        once the job has ended."""
+        if token != self.token:
+            return False
+        return self.rpc(token, call, **args)
+
+    def still_held(self, token: str, flags: Flags, lease_s: float) -> bool:
+        """The lease looks lapsed here: ask the parent to renew it, fenced by the claim
+        token (it succeeds only while no other run took the job)."""
+        asked = time.monotonic()
+        if not self.fenced(token, "extend"):
+            return False
+        flags.lease_until = asked + lease_s
+        return True
+
+    def progress(self, token: str, value: Any) -> None:
+        if token == self.token:
+            self.send({"op": "progress", "value": value, "token": token})
+
+    def enqueue(self, token: str, type_: str, payload: Any, **options: Any) -> Enqueued:
         """A follow-up job, enqueued by the parent (this process never talks to Redis)."""
-        value = self.ask("enqueue", type=type_, payload=payload, options=options).get("value") or {}
+        value = self.ask(token, "enqueue", type=type_, payload=payload, options=options).get("value") or {}
         if "error" in value:
             raise_refusal(value)
         return Enqueued(**value)
 
-    def group_outcomes(self, group_id: str) -> list[Any]:
+    def record_step(self, token: str, position: int, body: str) -> tuple[int, int]:
+        """A durable step's entry, recorded by the parent (fenced there by the claim)."""
+        if token != self.token:
+            return -1, 0
+        value = self.ask(token, "step", position=position, data=body).get("value") or {}
+        return int(value.get("code", -1)), int(value.get("n", 0))
+
+    def take_signal(self, token: str, position: int, name: str, head: str, until: int | None) -> tuple[int, str]:
+        """A wait's signal, read by the parent (fenced there by the claim)."""
+        if token != self.token:
+            return -1, ""
+        value = self.ask(token, "wait", position=position, name=name, head=head, until=until).get("value") or {}
+        return int(value.get("code", -1)), str(value.get("body") or "")
+
+    def start_child(self, token: str, child: str, type_: str, payload: Any, options: dict[str, Any]) -> str:
+        """ctx.invoke's child, validated and held by the parent (written with the suspension)."""
+        value = self.ask(token, "invoke", child=child, type=type_, payload=payload, options=options).get("value") or {}
+        if "error" in value:
+            raise_refusal(value)
+        return str(value.get("id") or child)
+
+    def group_outcomes(self, token: str, group_id: str) -> list[Any]:
         """A group's outcomes, read by the parent."""
-        value = self.ask("group_outcomes", group=group_id).get("value") or {}
+        value = self.ask(token, "group_outcomes", group=group_id).get("value") or {}
         if "error" in value:
             raise RunnerError(str(value["error"]))
         return list(value.get("outcomes") or [])
 
     def read_loop(self) -> None:
-        """The parent's messages while a handler runs; EOF means the parent is gone."""
+        """The parent's messages, also while a handler runs; EOF means the parent is gone."""
         while True:
             try:
-                msg = codec.loads(self.conn.recv_bytes())
-            except (EOFError, OSError):
+                msg = self.channel.recv()
+            except (EOFError, OSError, ValueError):
                 os._exit(0)
             op = msg.get("op")
             if op == "flag":
-                self.flags.lock_lost = bool(msg.get("lock_lost", self.flags.lock_lost))
-                self.flags.cancelled = bool(msg.get("cancelled", self.flags.cancelled))
+                flags = self.flags_of.get(str(msg.get("token")))
+                if flags is not None:  # (a job that has ended: nothing to tell)
+                    flags.lock_lost = bool(msg.get("lock_lost", flags.lock_lost))
+                    flags.cancelled = bool(msg.get("cancelled", flags.cancelled))
+                    flags.lease_until = float(msg.get("lease_until", flags.lease_until))
             elif op == "reply":
                 self.replies.put(msg)
-            else:
-                self.jobs_in.put(msg)
+            elif op == "logs":  # the running handler's lines so far (none: no answer)
+                self._send_logs(str(msg.get("token")))
+            elif op in ("run", "more"):
+                # "more" tops the queue up while a batch runs: none of its jobs was counted
+                # started at the send (a "run" batch's first was).
+                with self.lock:
+                    for i, job in enumerate(msg["jobs"]):
+                        self.flags_of[job[1]] = Flags()
+                        self.pending.append((job, msg, i == 0 and op == "run"))
+                self.wake.put("run")
+            elif op == "recall":
+                # The jobs sent ahead and not started go back to the parent (a stop, or the
+                # job running now is taking long); what started stays this child's, and so
+                # does a batch's first, which its parent counts as started from the send
+                # (this thread may see it before the main thread takes it).
+                with self.lock:
+                    tokens = [job[1] for job, _, first in self.pending if not first]
+                    kept = [entry for entry in self.pending if entry[2]]
+                    self.pending.clear()
+                    self.pending.extend(kept)
+                    for t in tokens:
+                        self.flags_of.pop(t, None)
+                self.send({"op": "recalled", "tokens": tokens})
+            elif op == "exit":
+                self.wake.put("exit")
+
+    def _send_logs(self, token: str) -> None:
+        """The running job's lines so far, taken and sent under the send lock: they reach
+        the worker before the job's outcome, never after it (where they would be dropped)."""
+        logger = self.logger
+        if logger is None or self.token != token:
+            return
+
+        def sink(lines: list[str], chunks: list[str]) -> None:
+            self.channel.send({"op": "log", "token": token, "lines": lines, "chunks": chunks})
+
+        with self.send_lock:
+            logger.flush(sink)
+
+    def _next(self, skipped: list[str]) -> tuple[list[Any], dict[str, Any], bool] | None:
+        """The next job sent ahead, taken to start now (so no recall can take it back);
+        those cancelled while they waited are left out, never started, into ``skipped``
+        (not a batch's first: its parent counted it started when it sent it)."""
+        with self.lock:
+            while self.pending and not self.spent:
+                job, msg, first = self.pending.popleft()
+                flags = self.flags_of.get(job[1])
+                if flags is not None and flags.cancelled and not first:
+                    del self.flags_of[job[1]]
+                    skipped.append(job[1])
+                    continue
+                self.token = job[1]
+                return job, msg, first
+            return None
 
     def serve(self) -> None:
-        self.jobs_in: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         threading.Thread(target=self.read_loop, name="parent", daemon=True).start()
+        self.threads = _tasks()
         self.send({"op": "ready", "pid": os.getpid()})
-        while True:
-            msg = self.jobs_in.get()
-            if msg.get("op") == "exit":
-                return
-            if msg.get("op") == "run":
-                out = self.run_one(msg)
+        while self.wake.get() != "exit":
+            # The first job of a batch starts as soon as it comes: its parent counted its
+            # attempt from the send. Each outcome names the job started after it ("next"),
+            # taken before the outcome goes, so the parent knows which job runs at any time
+            # and counts each one's attempt from its own start.
+            skipped: list[str] = []
+            nxt = self._next(skipped)
+            if nxt is not None and not nxt[2]:
+                # Jobs that topped the queue up after the last outcome went (it named no
+                # next): the parent learns of this one's start here.
+                self.send({"op": "started", "token": nxt[0][1], **({"skipped": skipped} if skipped else {})})
+                skipped = []
+            while nxt is not None:
+                job, msg, _ = nxt
+                out = self.run_one(job, msg)
                 self.jobs += 1
-                self.send({"op": "outcome", **out, "rss_mb": round(rss_mb(), 1)})
+                self.flags_of.pop(job[1], None)
+                with self.lock:
+                    self.token = ""
+                # A job past its TIMEOUT, or a handler that left threads or processes
+                # running: what still runs would go on beside the next job (a retry beside
+                # its own first attempt's tool), so this child is not used again.
+                left = self.threads_left()
+                procs = self.processes_left() if not left else 0
+                why = "its job ran past TIMEOUT" if _alarmed else \
+                    f"its handler left {left} thread(s) running" if left > 0 else \
+                    f"its handler left {procs} process(es) running" if procs > 0 else ""
+                if why:
+                    self.spent = True  # nothing more starts here
+                skipped = []
+                nxt = self._next(skipped)
+                # (The peak RSS only at a batch's end, where the parent recycles children.)
+                self.send({"op": "outcome", "token": job[1], **out,
+                           **({"next": nxt[0][1]} if nxt is not None else {"rss_mb": round(rss_mb(), 1)}),
+                           **({"skipped": skipped} if skipped else {}),
+                           **({"reuse": False, "why": why} if why else {})})
+            if skipped:  # cancelled while they waited, and nothing ran after them
+                self.send({"op": "skipped", "tokens": skipped})
 
-    def run_one(self, msg: dict[str, Any]) -> dict[str, Any]:
-        job = Claimed(**msg["job"])
+    def run_one(self, row: list[Any], msg: dict[str, Any]) -> dict[str, Any]:
+        global _alarmed
+        _alarmed = False
+        job = Claimed(*row)
         resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
         if isinstance(resolved, Done | RetryLater | Dead):
             return {"outcome": to_message(resolved), "run_s": 0.0}
         fn, payload, version = resolved
         max_result = int(msg.get("max_result_bytes") or config_mod.MAX_RESULT_BYTES)
-        self.flags = Flags()
+        token = job.token
+        flags = self.flags_of.get(token) or Flags()
+        lease_s = float(msg.get("lease_s") or 0)
         ctx = for_job(
             job, version, fn.timeout_s, log,
-            _save=lambda body: self.rpc("checkpoint", data=body),
-            _extend=lambda: self.rpc("extend"),
-            _flags=self.flags,
-            _progress=lambda value: self.send({"op": "progress", "value": value}),
-            _enqueue=self.enqueue,
-            _group=self.group_outcomes,
-            _max_bytes=max_result,
+            _save=lambda body: self.fenced(token, "checkpoint", data=body),
+            _extend=lambda: self.fenced(token, "extend"),
+            _flags=flags,
+            _progress=lambda value: self.progress(token, value),
+            _enqueue=lambda type_, payload, **options: self.enqueue(token, type_, payload, **options),
+            _group=lambda group_id: self.group_outcomes(token, group_id),
+            _max_bytes=max_result, _log_bounds=tuple(msg.get("log_bounds") or (0, 0)),
         )
-        limit = resource.getrlimit(resource.RLIMIT_DATA)
-        if fn.memory_mb:
-            resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(fn.memory_mb * 2**20), limit[1]))
+        if isinstance(ctx.logger, JobLogger):  # lines reach the worker while the handler runs
+            ctx.logger.sink = lambda lines, chunks: self.send({"op": "log", "token": token, "lines": lines,
+                                                               "chunks": chunks})
+            self.logger = ctx.logger
+        ctx._journal = Journal(
+            job.id, lambda: list((self.ask(token, "steps").get("value") or {}).get("entries") or []),
+            lambda pos, body: self.record_step(token, pos, body),
+            int(msg.get("max_step_bytes") or MAX_STEP_BYTES), clock0=(job.claimed_ms, job.received),
+            take=lambda pos, name, head, until: self.take_signal(token, pos, name, head, until),
+            start_child=lambda child, type_, payload, options: self.start_child(token, child, type_, payload,
+                                                                                options),
+            collect=lambda child, signal: bool((self.ask(token, "collect", child=child, signal=signal).get("value")
+                                                or {}).get("found")),
+            held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
+                                                                                                  lease_s))
 
         def guard(body: Any) -> Any:
+            # MEMORY_MB caps the handler only: the result's encoding after it (and the
+            # outcome's message) is runner's own work, and failing there read as a crash.
+            if fn.memory_mb:
+                limit = resource.getrlimit(resource.RLIMIT_DATA)
+                resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(fn.memory_mb * 2**20), limit[1]))
             signal.setitimer(signal.ITIMER_REAL, max(0.001, fn.timeout_s))
             try:
-                return body()
+                with _captured(ctx.logger):
+                    return body()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+                if fn.memory_mb:
+                    resource.setrlimit(resource.RLIMIT_DATA, limit)
 
-        try:
-            outcome, run_s = run(fn, payload, job, ctx, None, guard, max_result)
-        finally:
-            resource.setrlimit(resource.RLIMIT_DATA, limit)
+        outcome, run_s = run(fn, payload, job, ctx, None, guard, max_result)
         if fn.memory_mb and isinstance(outcome, RetryLater | Dead) and outcome.error \
                 and outcome.error.get("type") == "MemoryError":
             err = {**outcome.error, "type": "MemoryLimit",
                    "message": f"memory limit: the handler went over MEMORY_MB = {fn.memory_mb:g}"}
             outcome = RetryLater(outcome.delay_s, err) if isinstance(outcome, RetryLater) else \
                 Dead(outcome.reason, err, outcome.refund)
-        return {"outcome": to_message(outcome), "run_s": run_s}
+        self.logger = None
+        kept: list[str] = []
+        streamed: list[str] = []
+        if isinstance(ctx.logger, JobLogger):
+            kept = ctx.logger.buf.take() if ctx.logger.buf is not None else []
+            streamed = ctx.logger.chunks.take() if ctx.logger.chunks is not None else []
+        return {"outcome": to_message(outcome), "run_s": run_s, **({"log": kept} if kept else {}),
+                **({"stream": streamed} if streamed else {})}
+
+
+@contextlib.contextmanager
+def _captured(logger: Any) -> Iterator[None]:
+    """What the handler writes to sys.stdout and sys.stderr goes to its job's log (when
+    the job keeps one) while it runs. (Writes to the file descriptors themselves, by C
+    code or by a tool the handler starts, still go to the worker's output.)"""
+    if not isinstance(logger, JobLogger):
+        yield
+        return
+    out, err = Capture(logger, "stdout"), Capture(logger, "stderr")
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+        out.close()
+        err.close()
+
+
+_task_dir = -1  # /proc/self/task, opened once (Linux)
+
+
+def _tasks() -> int:
+    """This process's OS threads. On Linux the link count of /proc/self/task is 2 plus
+    the threads: one fstat of a descriptor kept open, where listing the folder cost a
+    quarter of a no-op job's time in the child."""
+    global _task_dir
+    if not sys.platform.startswith("linux"):
+        return threading.active_count()
+    try:
+        if _task_dir < 0:
+            _task_dir = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return os.fstat(_task_dir).st_nlink - 2
+    except OSError:
+        return len(os.listdir("/proc/self/task"))
+
+
+def _children(pid: int | str = "self") -> list[int]:
+    """A process's children (Linux; none known elsewhere)."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    return out
+
+
+_alarmed = False  # the running job's TIMEOUT fired (its handler may have caught it)
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
+    global _alarmed
+    _alarmed = True
     raise JobTimeout("ran past its TIMEOUT")
 
 
-SENTRY_SHELL = "/bin/sh"
-
-
-def _guard_group(fd: int, shell: str = SENTRY_SHELL) -> subprocess.Popen[bytes] | None:
-    """A sentry in this child's process group that kills the group when the worker dies.
-
-    The death signal (``_die_with_parent``) stops this process, not the tools a handler
-    started: they would run on orphaned while the job is reclaimed and run again. The
-    sentry, a shell that reads a pipe whose only write end the worker holds, wakes at EOF
-    (the worker gone, however it died) and SIGKILLs the group it belongs to; being a
-    member, it keeps the group's id from being reused by anyone else meanwhile. Without a
-    shell to run (a minimal image) the child still serves, unguarded, and says so."""
-    try:
-        return subprocess.Popen([shell, "-c", "read x; kill -KILL 0"], stdin=fd,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except OSError as exc:
-        log.warning("no sentry for this child process (%s: %s): should the worker be killed, tools a handler "
-                    "started keep running", shell, exc)
-        return None
-    finally:
-        os.close(fd)
+def _on_stop(signum: int, frame: Any) -> None:
+    """SIGTERM to every process at a stop (Heroku, systemd's KillMode=control-group,
+    ``kill -TERM -- -pgid``) is the worker's to act on: it lets the running handler finish
+    within its grace period and kills this child only after it. A handler, not SIG_IGN:
+    the tools a handler runs start with the default action again (exec resets it)."""
 
 
 def main() -> None:
     _die_with_parent()
     affinity.restore_original()  # the worker keeps to one core; its children spread out
     fd = int(sys.argv[1])
+    os.set_inheritable(fd, False)  # never in a handler's tools: the parent reads its EOF as this child's end
     if os.getppid() == 1:  # the worker died before the death signal was armed
         os._exit(0)
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
     setup_logs(cfg.log)
-    sentry = _guard_group(int(sys.argv[2])) if len(sys.argv) > 2 else None
     signal.signal(signal.SIGALRM, _on_alarm)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, _on_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's to handle
-    conn = Connection(fd)
-    Child(conn, registry_mod.load(cfg)).serve()
-    if sentry is not None:  # retired: what a handler left running in the background stays
-        sentry.kill()
-        sentry.wait()
+    child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg))
+    child.serve()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.config import MAX_RESULT_BYTES
-from runner.errors import Cancelled, PermanentFailure, StaleLease
+from runner.errors import Cancelled, PermanentFailure, StaleLease, ValidationFailed
 from runner.store import codec
+from runner.worker.joblog import JobLogger
+from runner.worker.journal import Journal
 
 # Progress rides on every lease renewal into the job's state: a message is shown cut to
 # this many characters, and a report whose JSON is still longer is dropped.
@@ -24,8 +26,19 @@ PROGRESS_MAX_BYTES = 4096
 
 
 class CheckpointTooLarge(PermanentFailure, ValueError):
-    """A checkpoint over ``[worker] max_result_bytes``: not saved, and the job goes to the
-    dead letters, as a retry would resume from the checkpoint before and grow it again."""
+    """A checkpoint over ``[worker] max_result_bytes`` or nested past codec.MAX_DEPTH: not
+    saved, and the job goes to the dead letters, as a retry would resume from the checkpoint
+    before and grow it again (or could not read it back)."""
+
+
+class CheckpointNotJSON(PermanentFailure, ValueError):
+    """A checkpoint JSON cannot carry (an integer past 64 bits, a set): not saved, and the
+    job goes to the dead letters, as every retry would build the same one."""
+
+
+class FollowUpNotJSON(PermanentFailure, ValueError):
+    """A ``ctx.enqueue`` payload JSON cannot carry (an integer past 64 bits, a set): the
+    job goes to the dead letters, as every retry would build the same payload."""
 
 
 @dataclass(slots=True)
@@ -35,6 +48,15 @@ class Flags:
 
     lock_lost: bool = False
     cancelled: bool = False
+    # Monotonic (this host's, shared by its processes): the lease is held until then, as
+    # of the last renewal that landed (0: none yet, the claim's lease holds; -1: lost).
+    lease_until: float = 0.0
+
+    def lease_held(self, received: float, lease_s: float) -> bool:
+        """The lease is still this run's as far as this host knows: a process frozen past it
+        (SIGSTOP, a VM pause) finds the time it was away counted against it."""
+        until = self.lease_until or received + lease_s
+        return until > time.monotonic()
 
 
 def progress_view(value: Any) -> Any:
@@ -68,6 +90,7 @@ class Context:
     # A checkpoint is kept in Redis with the job: held to [worker] max_result_bytes, as a result.
     _max_bytes: int = field(default=MAX_RESULT_BYTES, repr=False)
     _progress_warned: bool = field(default=False, repr=False)  # one warning per job, not per call
+    _journal: Journal | None = field(default=None, repr=False)  # the step log (durable calls)
 
     @property
     def checkpoint(self) -> Any:
@@ -79,7 +102,13 @@ class Context:
 
         Raises StaleLease when this worker no longer owns the job: stop working then.
         """
-        raw = codec.dumpb(data)
+        try:
+            raw = codec.dumpb_checked(data)  # a retry must be able to read it back
+        except codec.TooDeep as exc:
+            raise CheckpointTooLarge(f"checkpoint: {exc}") from None
+        except codec.EncodeError:
+            _, why = codec.not_json(data) or ("$", "the value at $ is not JSON")
+            raise CheckpointNotJSON(f"checkpoint: {why}") from None
         if len(raw) > self._max_bytes:
             raise CheckpointTooLarge(
                 f"checkpoint of {len(raw):,} bytes of JSON is over [worker] max_result_bytes = {self._max_bytes:,}: "
@@ -120,6 +149,23 @@ class Context:
         if self._flags.cancelled:
             raise Cancelled(f"job {self.job_id} was cancelled")
 
+    def stream(self, data: Any) -> None:
+        """Push partial output (text, or any JSON) to whoever follows the job's stream
+        (GET /jobs/{id}/stream, client.stream): chunks go out in order, with the lease
+        renewal (about once a second) and with the job's end; the newest 10,000 chunks
+        and 1 MiB are kept for a late reader, as long as the job. Raises TypeError for a
+        value that is not JSON, ValueError for a chunk over 64 KiB. Text holding a lone
+        surrogate (a name decoded with surrogateescape) goes with U+FFFD in its place."""
+        if isinstance(data, str):
+            data = codec.shown_text(data)
+        try:
+            codec.dumps(data)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"ctx.stream takes text or JSON, not {type(data).__name__} ({exc})") from None
+        logger = self.logger
+        if isinstance(logger, JobLogger):
+            logger.stream(data)
+
     def progress(self, percent: Any, message: str | None = None) -> None:
         """Report progress: a percentage (0 to 100) and an optional message, shown as
         ``progress`` by GET /jobs/{id} and `runner job` within 2 s. Batched: the latest
@@ -157,9 +203,95 @@ class Context:
         (0-9) overrides its function's PRIORITY, as an enqueue's does."""
         if self._enqueue is None:
             raise RuntimeError("this context cannot enqueue (no client was given)")
-        return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
-                             priority=priority)
+        try:
+            return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
+                                 priority=priority)
+        except (ValidationFailed, codec.EncodeError):  # (a child process's channel refuses it as it sends)
+            where = codec.not_json(payload)
+            if where is None:
+                raise
+            raise FollowUpNotJSON(f"ctx.enqueue({type!r}): the payload cannot be sent: {where[1]}") from None
 
+
+    # --- durable calls (docs/durable.md) ---------------------------------------------
+
+    def _durable(self) -> Journal:
+        if self._journal is None:
+            raise RuntimeError("this context keeps no step log (durable calls need a worker or run_inline)")
+        return self._journal
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this job and record its JSON result (or the
+        permanent error it raised); every later run of the job (a retry, a reclaim, a
+        resume) replays the handler from the top and gets the recorded value here without
+        calling ``fn``. A transient error fails the attempt as any handler error does, and
+        only steps without a record run again. A name used again in one run is recorded
+        as ``name#2``, ``name#3``. Raises StepTooLarge past ``[worker] max_step_bytes`` or
+        the step log's bounds, NonDeterministicReplay when a replay reaches another step
+        than the one recorded at this position."""
+        return self._durable().step(name, fn, args, kwargs)
+
+    @property
+    def step_key(self) -> str | None:
+        """Inside a step's ``fn``: ``"<job id>:<step name>"``, the same on every run, for the
+        downstream's own idempotency (a crash between ``fn`` returning and its record
+        landing runs that one step again). None outside a step."""
+        return self._journal.step_key if self._journal is not None else None
+
+    def sleep(self, name: str, seconds: float) -> None:
+        """End this run here and resume the job (replaying its recorded steps) ``seconds``
+        from now, by the server's clock: the worker slot is free meanwhile, no attempt is
+        spent, and the job's status is ``sleeping``. Up to a year."""
+        s = float(seconds)
+        if not 0 <= s <= 366 * 86400 or s != s:
+            raise ValueError(f"ctx.sleep({name!r}, {seconds!r}): seconds from 0 to a year (31,622,400)")
+        self._durable().sleep(name, int(s * 1000), 0)
+
+    def sleep_until(self, name: str, when: Any) -> None:
+        """ctx.sleep until ``when`` (an aware datetime or epoch seconds)."""
+        at = when.timestamp() if hasattr(when, "timestamp") else float(when)
+        if at != at or at > time.time() + 366 * 86400:
+            raise ValueError(f"ctx.sleep_until({name!r}, {when!r}): a time within a year")
+        self._durable().sleep(name, None, int(at * 1000))
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+        """The body of the signal ``name`` (``POST /jobs/{id}/signals/{name}``,
+        ``client.signal``, ``runner signal``): one sent before this call was kept and is
+        returned at once; otherwise the run ends here (status ``waiting``, no worker slot,
+        no attempt spent) and the job resumes when it comes. Raises SignalTimeout once
+        ``timeout`` seconds pass without one (without a timeout, a wait lasts up to a year)."""
+        ms = None
+        if timeout is not None:
+            t = float(timeout)
+            if not 0 <= t <= 366 * 86400:
+                raise ValueError(f"ctx.wait_for_signal({name!r}, timeout={timeout!r}): seconds from 0 to a year")
+            ms = int(t * 1000)
+        return self._durable().wait(name, ms)
+
+    def invoke(self, type: str, payload: Any, *, timeout: float | None = None, **options: Any) -> Any:
+        """Run a child job of ``type`` and return its result: the child is validated now
+        (an invalid one raises here), written in the same step as this run's suspension,
+        and the job resumes when the child ends, holding no worker slot meanwhile. Raises
+        JobFailed when the child ends dead or cancelled, StillRunning when it has not ended
+        ``timeout`` seconds on (without one, up to a year). ``options``: version, delay,
+        priority, as for ctx.enqueue. Recorded as a step named ``type``."""
+        ms = None
+        if timeout is not None:
+            t = float(timeout)
+            if not 0 < t <= 366 * 86400:
+                raise ValueError(f"ctx.invoke({type!r}, timeout={timeout!r}): seconds up to a year")
+            ms = int(t * 1000)
+        if "idempotency_key" in options:
+            # A key another job holds would deduplicate the child away, and this job
+            # would wait for a child that was never written.
+            raise TypeError(f"ctx.invoke({type!r}): idempotency_key is not an option of a child call; the "
+                            f"child's id, {self.job_id}.c<position>, already makes it once per call on every "
+                            "attempt; to share one job among callers, enqueue it with ctx.enqueue and pass "
+                            "its id instead")
+        unknown = set(options) - {"version", "delay", "priority"}
+        if unknown:
+            raise TypeError(f"ctx.invoke: unknown option(s) {sorted(unknown)}; known: delay, priority, version")
+        return self._durable().invoke(type, payload, ms, options)
 
     def group_outcomes(self, group_id: str) -> list[Any]:
         """Every member's outcome of a group, in member order: for a then-job whose payload
@@ -173,14 +305,16 @@ def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, *,
             _save: Callable[[str], bool] | None = None, _extend: Callable[[], bool] | None = None,
             _flags: Flags | None = None, _progress: Callable[[Any], None] | None = None,
             _enqueue: Callable[..., Any] | None = None, _group: Callable[[str], list[Any]] | None = None,
-            _max_bytes: int = MAX_RESULT_BYTES) -> Context:
+            _max_bytes: int = MAX_RESULT_BYTES, _log_bounds: tuple[int, int] = (0, 0)) -> Context:
     """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in
-    an isolated child alike; the hooks are the ones that differ there."""
+    an isolated child alike; the hooks are the ones that differ there. ``_log_bounds``:
+    the job's log (lines, bytes), whose ctx.logger keeps its lines (0 lines: none kept)."""
+    extra = {"job_id": job.id, "type": job.type, "attempt": job.attempt}
     # Positional, in the field order: one per job, and keywords cost twice the rest.
     return Context(
         job.id, job.type, version, job.queue, job.attempt, job.max_attempts, job.token, time.time() + timeout_s,
         job.idem_key or None, job.resource_key or None,
-        logging.LoggerAdapter(logger, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
+        JobLogger(logger, extra, *_log_bounds),
         job.traceparent or None, codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
         _save, _extend, _flags if _flags is not None else Flags(), _progress, _enqueue, _group, _max_bytes,
     )

@@ -9,11 +9,12 @@ batches. The same code runs in a worker's thread and in an isolated child proces
 from __future__ import annotations
 
 import asyncio
+import operator
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from runner.catalog.registry import Function, Registry
 from runner.catalog.schemas import UpgradeFailed
@@ -23,6 +24,7 @@ from runner.errors import (
     PermanentFailure,
     RateLimited,
     Retry,
+    Suspend,
     UnknownVersion,
     ValidationFailed,
     describe,
@@ -55,9 +57,13 @@ class Claimed:
     partition: int = 0  # of its queue (docs/partitions.md): where it settles
     received: float = field(default_factory=time.monotonic)  # this host's monotonic clock then
 
-    def as_message(self) -> dict[str, Any]:
-        """The job as a child process receives it."""
-        return {f: getattr(self, f) for f in self.__slots__ if f != "received"}
+    def as_row(self) -> tuple[Any, ...]:
+        """The job as a child process receives it: its fields in order (``Claimed(*row)``),
+        less ``received``, this host's clock."""
+        return _wire(self)
+
+
+_wire = operator.attrgetter(*(f for f in Claimed.__slots__ if f != "received"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +86,25 @@ class Dead:
     refund: bool  # the payload never reached a handler: give the attempt back
 
 
-Outcome = Done | RetryLater | Dead
+@dataclass(frozen=True, slots=True)
+class Suspended:
+    """A durable function's run ended at a sleep: the job waits, holding no slot, and is
+    due again at ``due_ms`` (or ``delay_ms`` from the server's now); no attempt is spent."""
+
+    name: str
+    kind: str
+    position: int  # of its entry in the step log
+    entry: str  # the entry's JSON ('' when the log holds it already)
+    delay_ms: int | None
+    due_ms: int
+    signal: str = ""  # the signal a wait is for
+    ends_ms: int | None = None  # ms from now to the wait's end, when the job is due before it
+
+
+Outcome = Done | RetryLater | Dead | Suspended
 CANCELLED = "cancelled"  # the Dead reason of a run that stopped on a cancel request
 EXPIRED = "expired"  # the Dead reason of a job not started within its MAX_AGE (claim.lua)
+T = TypeVar("T")  # an outcome, or whatever else a settlement carries (as_asked)
 
 # A job whose type or version this worker does not know goes back for a newer worker
 # (a rolling deploy) after these many seconds, doubling up to the cap.
@@ -92,6 +114,9 @@ DEFER_BASE_S, DEFER_CAP_S = 1.0, 30.0
 def to_message(o: Outcome) -> dict[str, Any]:
     if isinstance(o, Done):
         return {"kind": "done", "result": o.result}
+    if isinstance(o, Suspended):
+        return {"kind": "suspend", "name": o.name, "suspend": o.kind, "position": o.position, "entry": o.entry,
+                "delay_ms": o.delay_ms, "due_ms": o.due_ms, "signal": o.signal, "ends_ms": o.ends_ms}
     if isinstance(o, RetryLater):
         return {"kind": "retry", "delay_s": o.delay_s, "error": o.error, "refund": o.refund,
                 "rate_limited": o.rate_limited}
@@ -102,6 +127,11 @@ def from_message(m: dict[str, Any]) -> Outcome:
     kind = m.get("kind")
     if kind == "done":
         return Done(result=str(m.get("result") or ""))
+    if kind == "suspend":
+        delay = m.get("delay_ms")
+        return Suspended(str(m["name"]), str(m["suspend"]), int(m["position"]), str(m.get("entry") or ""),
+                         None if delay is None else int(delay), int(m.get("due_ms") or 0), str(m.get("signal") or ""),
+                         None if m.get("ends_ms") is None else int(m["ends_ms"]))
     if kind == "retry":
         return RetryLater(delay_s=float(m["delay_s"]), error=m["error"], refund=bool(m.get("refund")),
                           rate_limited=bool(m.get("rate_limited")))
@@ -121,7 +151,7 @@ def _dead_input(reason: str, message: str, **extra: Any) -> Dead:
     return Dead(reason=reason, error={"type": "InvalidJob", "message": message, **extra}, refund=True)
 
 
-def _unknown(job: Claimed, reason: str, message: str, grace_s: float, now_ms: int) -> Outcome:
+def _unknown(job: Claimed, reason: str, message: str, grace_s: float, now_ms: int) -> RetryLater | Dead:
     """A worker that does not know a job's type or version (yet) hands it back for a newer
     one, spending no attempt, until ``grace_s`` after the enqueue; then it goes dead."""
     age_s = (now_ms - job.created_ms) / 1000
@@ -137,7 +167,7 @@ def _unknown(job: Claimed, reason: str, message: str, grace_s: float, now_ms: in
 
 
 def resolve(job: Claimed, registry: Registry, unknown_grace_s: float = 0.0,
-            now_ms: int = 0) -> tuple[Function, dict[str, Any], int] | Outcome:
+            now_ms: int = 0) -> tuple[Function, dict[str, Any], int] | Done | RetryLater | Dead:
     """Turn a claimed record into (function, payload at the newest version, version), or an
     outcome that never reaches a handler and spends no attempt: dead for a record that
     cannot run, handed back for a type or version this worker does not know yet."""
@@ -166,6 +196,17 @@ def resolve(job: Claimed, registry: Registry, unknown_grace_s: float = 0.0,
     except UpgradeFailed as exc:
         return _dead_input("upgrade failed", str(exc))
     return fn, lifted, fn.versions.newest
+
+
+def as_asked(outcome: T, cancel_asked: bool) -> T | Dead:
+    """A run asked to stop (a cancel reached it) that then fails for good ends cancelled,
+    as the cancel asked: not dead, nothing for ON_FAILURE (its TIMEOUT when it ignored the
+    cancel, or any error on its last attempt; an earlier attempt's failure already ends so:
+    retried, then cancelled at its claim). A success stays one; an expiry or a refund is
+    not the run's doing."""
+    if cancel_asked and isinstance(outcome, Dead) and not outcome.refund and outcome.reason not in (CANCELLED, EXPIRED):
+        return Dead(reason=CANCELLED, error=outcome.error, refund=False)
+    return outcome
 
 
 def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] | None = None) -> Outcome:
@@ -217,6 +258,35 @@ def call(fn: Function, payload: dict[str, Any], ctx: Context, loop: asyncio.Abst
     return fn.handle(payload, ctx)
 
 
+def group_of(job: Claimed) -> tuple[str, int] | None:
+    """The group id and member number a group's member carries in its meta (see groups.py)."""
+    raw = job.meta_raw
+    if not raw or '"member"' not in raw:  # most jobs: no parse
+        return None
+    try:
+        meta = codec.loads(raw)
+    except codec.DecodeError:
+        return None
+    group, number = meta.get("group"), meta.get("member")
+    if isinstance(group, str) and isinstance(number, int) and not isinstance(number, bool):
+        return group, number
+    return None
+
+
+def suspended(sus: Suspend) -> Suspended:
+    """The outcome of a run ended by a durable call, with its step log entry."""
+    if sus.recorded:
+        entry = ""
+    elif sus.kind == "signal":
+        entry = codec.dumps({"name": sus.name, "kind": "signal", "signal": sus.signal, "status": "waiting"})
+    elif sus.kind == "invoke":
+        entry = codec.dumps({"name": sus.name, "kind": "invoke", "signal": sus.signal, "child": sus.child,
+                             "status": "waiting"})
+    else:
+        entry = codec.dumps({"name": sus.name, "kind": sus.kind, "status": "ok"})
+    return Suspended(sus.name, sus.kind, sus.index, entry, sus.delay_ms, sus.at_ms, sus.signal, sus.ends_ms)
+
+
 class ResultTooLarge(PermanentFailure):
     """A handler returned more JSON than ``[worker] max_result_bytes``: dead at once, as
     running it again would only redo its work (and its side effects) for the same result."""
@@ -240,13 +310,23 @@ def run(
         result = guard(lambda: call(fn, payload, ctx, loop))
     except (Exception, JobTimeout) as exc:
         return failure(fn, job, exc), time.perf_counter() - started
+    except Suspend as sus:  # a durable call ended the run here: the job sleeps or waits
+        return suspended(sus), time.perf_counter() - started
     elapsed = time.perf_counter() - started
     try:
-        raw = codec.dumpb(result) if result is not None else b""
-    except TypeError as exc:
+        raw = codec.dumpb_result(result) if result is not None else b""
+    except codec.NotStorable as exc:  # stored as json would (integer keys as strings) when it can
         bad = ResultNotJSON(f"the handler's return value is not JSON: {exc}; return dicts, lists, strings, "
                             "numbers, booleans or None")
         return failure(fn, job, bad), elapsed
+    passed_on = (f"ON_SUCCESS ({fn.on_success!r})" if fn.on_success
+                 else "its group's then-job" if group_of(job) is not None else "")
+    if passed_on:
+        try:
+            codec.check_payload_ints(raw)
+        except ValueError as exc:  # the settle could not write that job's payload: fail this attempt instead
+            bad = ResultNotJSON(f"the handler's return value cannot go to {passed_on} as its payload: {exc}")
+            return failure(fn, job, bad), elapsed
     if len(raw) > max_result_bytes:
         big = ResultTooLarge(
             f"the handler's return value is {len(raw):,} bytes of JSON, over [worker] max_result_bytes = "

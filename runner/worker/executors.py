@@ -5,9 +5,10 @@ one that blocks its loop stalls only its own slot), or in the slot's warm child 
 (isolation.py), which the thread only feeds and watches.
 
 Thread isolation cannot stop a handler stuck in a C call: the renewer raises JobTimeout
-in it at TIMEOUT, and TIMEOUT plus the grace later gives the run up (``abandon``): its
-attempt fails as a timeout, its lease is let go, and a new thread takes its slot. The
-stuck thread's eventual result is dropped.
+in it at TIMEOUT, and TIMEOUT plus the grace later gives the run up (``abandon``): a new
+thread takes its slot, but the run keeps its lease and limit slots until the stuck call
+returns (it still runs: nothing of its resource, nor its own retry, may start beside it);
+then its attempt fails as a timeout, and its result is dropped.
 """
 
 from __future__ import annotations
@@ -25,19 +26,42 @@ from typing import Any
 from runner.catalog.registry import Function
 from runner.client import Client, Enqueued, Request
 from runner.config import QueueConfig
-from runner.errors import IdempotencyConflict, JobTimeout, RunnerError, describe, refusal_record
+from runner.errors import (
+    IdempotencyConflict,
+    JobNotFound,
+    JobTimeout,
+    RunnerError,
+    SignalPending,
+    describe,
+    refusal_record,
+)
 from runner.observe import tracing
 from runner.runtime import Runtime
-from runner.store import codec, listing
+from runner.store import codec, listing, steps, tracecontext
+from runner.store.keys import QueueKeys
 from runner.store.scripts import Followup, NewJob, followup_id
-from runner.worker import faults
+from runner.worker import durable, faults, journal
 from runner.worker.context import for_job, progress_view
-from runner.worker.execute import Claimed, Dead, Done, Outcome, RetryLater, expired, failure, resolve
+from runner.worker.execute import (
+    CANCELLED,
+    Claimed,
+    Dead,
+    Done,
+    Outcome,
+    RetryLater,
+    as_asked,
+    expired,
+    failure,
+    resolve,
+)
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
-from runner.worker.isolation import Slot
+from runner.worker.isolation import Generations
+from runner.worker.joblog import JobLogger
+from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
 from runner.worker.lifeline import vital
+from runner.worker.slot import Slot
 
 log = logging.getLogger("runner.worker")
 LEFT_BEHIND_S = 0.05  # how long tasks a handler left behind get to end once cancelled
@@ -46,15 +70,17 @@ joblog = logging.getLogger("runner.job")
 
 class Executors:
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
-                 inbox: stdqueue.SimpleQueue[Run | None], outbox: stdqueue.SimpleQueue[Settlement | None],
+                 inbox: stdqueue.SimpleQueue[Run | None], outcomes: stdqueue.SimpleQueue[Settlement | None],
                  renew_one: Callable[[Claimed], bool]) -> None:
         self.rt = runtime
         self.q = queue
         self.parts = runtime.parts[queue.name]
         self.ledger = ledger
         self.inbox = inbox
-        self.outbox = outbox
+        self.outcomes = outcomes
         self.renew_one = renew_one
+        # Told of each thread handler's TIMEOUT deadline (monotonic): the renewer's expect.
+        self.expect: Callable[[float], None] = lambda deadline: None
         self.grace_s = runtime.config.worker.timeout_grace_s
         self.releasing = threading.Event()
         self.abandoned = 0
@@ -62,6 +88,9 @@ class Executors:
         self._threads: list[threading.Thread] = []
         self._slots = [Slot(queue, runtime.config.source, self.grace_s) for _ in range(queue.concurrency)]
         self._free_slots: list[int] = list(range(queue.concurrency))
+        self._busy: set[int] = set()  # slots running a job (startable reads it unlocked: a hint)
+        self._generations = Generations()
+        self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)
         self._enqueuer: Client | None = None
 
     def start(self) -> None:
@@ -72,8 +101,24 @@ class Executors:
             # an interpreter to start and import the functions.
             threading.Thread(target=self._warm, name=f"{self.q.name}-warm", daemon=True).start()
 
+    def startable(self, idle: int) -> int:
+        """How many of ``idle`` free executors can hand a job to its handler at once: all
+        of them, unless every function of the queue runs in a child process: then those
+        whose child is ready. A job claimed for one whose child is still starting would
+        spend its attempt before its claim is held (a worker killed in between charged
+        "worker lost" to a job that never ran): it is claimed ahead instead. (Not on a
+        queue with thread-mode functions: a thread job claimed ahead spends its attempt
+        only with the settler's next batch, and one that kills its worker at once would
+        never be charged.)"""
+        fns = self.rt.registry.for_queue(self.q.name)
+        if not fns or any(f.isolation != "process" for f in fns):
+            return idle
+        gen = self._generations.of(self.rt.registry)
+        ready = sum(1 for i, slot in enumerate(self._slots) if i not in self._busy and slot.ready(gen))
+        return min(idle, ready)
+
     def _warm(self) -> None:
-        gen = id(self.rt.registry)
+        gen = self._generations.of(self.rt.registry)
         for slot in self._slots:
             if self.releasing.is_set():
                 return
@@ -106,12 +151,16 @@ class Executors:
         if still:
             log.warning("%s: %d job(s) still running after the grace period of %g s; stopping them",
                         self.q.name, len(still), grace_s)
+        for r in self.ledger.snapshot():
+            if r.abandoned and self.ledger.verdict(r) is not None:
+                # Still in its C call: back once its lease lapses, when this process is gone.
+                self.outcomes.put(Settlement(r, Release("later", "interrupted")))
         for r in still:
             if r.child_pid is not None:
                 self._slot_of(r).kill()
-                self.outbox.put(Settlement(r, Release("now", "interrupted")))
+                self.outcomes.put(Settlement(r, Release("now", "interrupted")))
             else:
-                self.outbox.put(Settlement(r, Release("later", "interrupted")))
+                self.outcomes.put(Settlement(r, Release("later", "interrupted")))
         # Claims that reached the inbox after the stop sentinels.
         while True:
             try:
@@ -122,7 +171,7 @@ class Executors:
                 self.ledger.picked()
                 self.ledger.returned()
                 if self.ledger.pick(left):
-                    self.outbox.put(Settlement(left, Release()))
+                    self.outcomes.put(Settlement(left, Release()))
         for slot in self._slots:
             slot.close()
 
@@ -141,13 +190,61 @@ class Executors:
         and hold it on the run; the ack writes it in its own step (see ack.lua), so a
         failed or crashed run leaves none. Its id is the parent's and its index: the
         same on every attempt."""
-        prep = self._client().prepare(Request(type_, payload, version=version, delay_s=delay,
-                                              idempotency_key=idempotency_key, priority=priority))
-        self._check_key(prep.fn.queue, prep.job)
-        with self.ledger.lock:
-            job = prep.job._replace(id=followup_id(run.job.id, len(run.followups)))
-            run.followups.append(Followup(prep.fn.queue, job))
+        # Traced, the follow-up's enqueue span is the run's child (the handler's thread,
+        # or for a child process the one relaying its call, is inside the run span).
+        with tracing.enqueue_span(type_) as span:
+            prep = self._client().prepare(Request(type_, payload, version=version, delay_s=delay,
+                                                  idempotency_key=idempotency_key, priority=priority,
+                                                  traceparent=tracing.current_traceparent()))
+            self._check_key(prep.fn.queue, prep.job)
+            with self.ledger.lock:
+                job = prep.job._replace(id=followup_id(run.job.id, len(run.followups)))
+                run.followups.append(Followup(prep.fn.queue, job))
+            tracing.annotate(span, id=job.id, queue=prep.fn.queue)
         return Enqueued(id=job.id, type=prep.fn.name, version=job.version, queue=prep.fn.queue, status="pending")
+
+    def _invoke(self, run: Run, child: str, type_: str, payload: Any, options: dict[str, Any]) -> str:
+        """``ctx.invoke``: validate the child now and hold it on the run; the suspension
+        writes it in its own step (suspend.lua). Its meta names its parent and the signal
+        its end sends there (``invoked_by``): the lineage, both ways, with the parent's step."""
+        with tracing.enqueue_span(type_) as span:
+            prep = self._client().prepare(Request(
+                type_, payload, version=options.get("version"), delay_s=options.get("delay"),
+                idempotency_key=options.get("idempotency_key"), priority=options.get("priority"),
+                traceparent=tracing.current_traceparent()))
+            self._check_key(prep.fn.queue, prep.job)
+            meta = codec.loads(prep.job.meta) if prep.job.meta else {}
+            meta[durable.INVOKED_BY] = {"id": run.job.id, "signal": "child." + child.rsplit(".c", 1)[1]}
+            job = prep.job._replace(id=child, meta=codec.dumps(meta))
+            with self.ledger.lock:
+                run.invoked = Followup(prep.fn.queue, job)
+            tracing.annotate(span, id=child, queue=prep.fn.queue)
+        return child
+
+    def _still_held(self, run: Run) -> bool:
+        """The lease looks lapsed here (no renewal landed for a lease's length: this worker
+        was frozen, or its renewer late): renew it now, fenced by the claim token, which
+        succeeds only while no other run took the job."""
+        asked = time.monotonic()
+        if not self.renew_one(run.job):
+            return False
+        run.flags.lease_until = asked + self.q.visibility_timeout_s
+        return True
+
+    def _collect(self, job: Claimed, child: str, signal: str) -> bool:
+        """A parent due before its child's signal came looks for the child's end: when it
+        has one, it is sent to the parent as the signal would have been (True)."""
+        client = self._client()
+        try:
+            view = client.get(child).as_dict()
+        except JobNotFound:
+            return False
+        body = durable.end_of(view)
+        if body is None:
+            return False
+        with contextlib.suppress(SignalPending):  # (sent already: the wait reads it)
+            client.deliver_signal(job.id, signal, body)
+        return True
 
     def _check_key(self, queue: str, job: NewJob) -> None:
         """A follow-up whose idempotency key another job holds with another payload raises
@@ -170,9 +267,11 @@ class Executors:
 
     def abandon(self, run: Run) -> None:
         """Give up a thread run stuck TIMEOUT plus the grace past its deadline (see the
-        module docstring). Called by the renewer."""
+        module docstring): a new thread takes its slot, and its attempt fails as a
+        timeout once the handler really returns (or at the stop), not before: until
+        then its lease and limit slots stay held. Called by the renewer."""
         with self.ledger.lock:
-            if run.abandoned:
+            if run.abandoned or run.thread_id is None:  # (it returned just now)
                 return
             run.abandoned = True
             index, began = run.slot, run.began
@@ -182,60 +281,94 @@ class Executors:
         outcome = failure(fn, run.job, exc) if fn is not None else Dead("max attempts reached", describe(exc), False)
         self.abandoned += 1
         log.warning("job %s: abandoned %g s past its TIMEOUT (stuck in a C call, or catching the timeout); its "
-                    "slot goes to a new thread", run.job.id, self.grace_s,
-                    extra={"job_id": run.job.id, "type": run.job.type})
-        # On record as run from its start to now, as a finished attempt is.
-        run_s, started_ms = (time.monotonic() - began[0], began[1]) if began is not None else (0.0, 0)
-        self.outbox.put(Settlement(run, outcome, run_s=run_s, started_ms=started_ms, extra={"abandoned": True}))
+                    "slot goes to a new thread, its resource stays held until the handler returns",
+                    run.job.id, self.grace_s, extra={"job_id": run.job.id, "type": run.job.type})
+        started_ms = began[1] if began is not None else 0
+        with self.ledger.lock:
+            run.verdict = Settlement(run, outcome, started_ms=started_ms, extra={"abandoned": True})
         self.ledger.returned()
         if index is not None and not self.releasing.is_set():
             self._spawn(index)
 
+    def _settle_abandoned(self, run: Run) -> None:
+        """The abandoned run's handler returned: its verdict goes now, on record as run
+        from its start to its real end."""
+        verdict = self.ledger.verdict(run)
+        if verdict is not None:
+            began = run.began
+            verdict.run_s = time.monotonic() - began[0] if began is not None else 0.0
+            self.outcomes.put(verdict)
+
+    def _admit(self, run: Run, index: int) -> bool:
+        """Take a run off the inbox for slot ``index``: False when it is not to run (taken
+        by a cancel, the stop, a lost lease or its MAX_AGE), and has been seen to."""
+        if not self.ledger.take(run):
+            self.ledger.returned()  # a cancel took it; its hand-back is on its way
+            return False
+        if self.releasing.is_set():
+            self.outcomes.put(Settlement(run, Release()))
+            self.ledger.returned()
+            return False
+        if not run.job.started and run.lost:
+            # Claimed ahead and lost before it started (a cancel takes a prefetched
+            # job's claim; the renewal said so): it is no longer this worker's to run.
+            self.ledger.forget([run])
+            self.ledger.returned()
+            return False
+        if faults.ARMED:
+            faults.fault("exec_loop")
+        run.slot = index
+        if not run.job.started:
+            late = self._expired_ahead(run)
+            if late is not None:  # claimed ahead in time, but not started in time
+                self.outcomes.put(late)
+                self.ledger.returned()
+                return False
+        return True
+
     def _loop(self, index: int) -> None:
         loop: asyncio.AbstractEventLoop | None = None
+        carry: Run | None = None  # taken off the inbox while a batch was gathered: run next
         try:
             while True:
-                run = self.inbox.get()
-                if run is None:
-                    return
-                if not self.ledger.take(run):
-                    self.ledger.returned()  # a cancel took it; its hand-back is on its way
-                    continue
-                if self.releasing.is_set():
-                    self.outbox.put(Settlement(run, Release()))
-                    self.ledger.returned()
-                    continue
-                if not run.job.started and run.lost:
-                    # Claimed ahead and lost before it started (a cancel takes a prefetched
-                    # job's claim; the renewal said so): it is no longer this worker's to run.
-                    self.ledger.forget([run])
-                    self.ledger.returned()
-                    continue
-                if faults.ARMED:
-                    faults.fault("exec_loop")
-                run.slot = index
-                if not run.job.started:
-                    late = self._expired_ahead(run)
-                    if late is not None:  # claimed ahead in time, but not started in time
-                        self.outbox.put(late)
-                        self.ledger.returned()
+                if carry is not None:
+                    run, carry = carry, None
+                else:
+                    got = self.inbox.get()
+                    if got is None:
+                        return
+                    if not self._admit(got, index):
                         continue
-                    self.outbox.put(Settlement(run, START))
+                    run = got
+                gathered = self._gather(run, index)
+                if gathered is not None:
+                    batch, carry, stop = gathered
+                    carry = self._run_batch(batch, carry, index)
+                    if stop:  # (the stop's sentinel came while gathering: this thread's)
+                        if carry is not None:
+                            self.outcomes.put(Settlement(carry, Release()))
+                            self.ledger.returned()
+                        return
+                    continue
+                self._busy.add(index)
                 try:
                     if loop is None:
                         loop = asyncio.new_event_loop()
                     settlement = self._execute(run, index, loop)
                 except BaseException as exc:  # a late timeout, or a bug: never strand a claim
                     settlement = Settlement(run, _unexpected(run.job, exc))
+                finally:
+                    self._busy.discard(index)
                 if run.abandoned:
-                    return  # settled by abandon(); a new thread has this slot
+                    self._settle_abandoned(run)
+                    return  # a new thread has this slot
                 # Only after an async handler: asyncio.all_tasks walks a WeakSet, 15,000
                 # instructions a job on this path (18 % more for a no-op job).
                 fn = self.rt.registry.functions.get(run.job.type)
                 if loop is not None and fn is not None and fn.is_async and asyncio.all_tasks(loop):
                     _left_behind(loop, run.job.id)
                     loop = None  # the next async job gets a fresh loop
-                self.outbox.put(settlement)
+                self.outcomes.put(settlement)
                 self.ledger.returned()
         finally:
             if loop is not None:
@@ -257,13 +390,28 @@ class Executors:
         if not tracing.enabled():
             return self._execute_one(run, index, loop)
         job = run.job
-        with tracing.run_span(job.traceparent, job.id, job.type, job.attempt, job.queue, job.ready_ms) as span:
+        with tracing.run_span(job.traceparent, job.id, job.type, job.attempt, job.queue, job.ready_ms,
+                              tracecontext.links(job.meta_raw)) as span:
             settlement = self._execute_one(run, index, loop)
-            o = settlement.outcome
-            name = "done" if isinstance(o, Done) else "retry" if isinstance(o, RetryLater) else "dead"
+            o = as_asked(settlement.outcome, run.flags.cancelled)  # as the settler will record it
+            name = "done" if isinstance(o, Done) else "retry" if isinstance(o, RetryLater) else \
+                "cancelled" if isinstance(o, Dead) and o.reason == CANCELLED else "dead"  # asked for: no failure
             tracing.outcome(span, name, getattr(o, "error", None))
             run.trace = tracing.context_of(span)
             return settlement
+
+    def _record_step(self, part: QueueKeys, job: Claimed, position: int, body: str) -> tuple[int, int]:
+        """A durable step's entry, recorded fenced by the job's claim (step.lua)."""
+        code, n = self.rt.scripts.step(part, job.id, job.token, position, body, journal.MAX_STEPS,
+                                       journal.MAX_LOG_BYTES, stats=f"steps|{job.type}")
+        return int(code), int(n)
+
+    def _take_signal(self, part: QueueKeys, job: Claimed, position: int, name: str, head: str,
+                     until: int | None) -> tuple[int, str]:
+        """A wait reads its signal, fenced by the job's claim (wait.lua)."""
+        code, body = self.rt.scripts.take_signal(part, job.id, job.token, position, name, head, until,
+                                                 journal.MAX_STEPS, journal.MAX_LOG_BYTES)
+        return int(code), str(body or "")
 
     def _execute_one(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
         job = run.job
@@ -271,7 +419,9 @@ class Executors:
         grace = self.rt.config.worker.unknown_grace_s
         fn = registry.functions.get(job.type)
         if fn is not None and fn.isolation == "process":
-            return self._in_child(run, fn, index, id(registry), grace)
+            return self._in_child(run, fn, index, self._generations.of(registry), grace)
+        if not job.started:  # claimed ahead: its attempt counts from here (a child's: _in_child)
+            self.outcomes.put(Settlement(run, START))
         started_ms = self._server_now(job)  # (resolving takes microseconds: the same clock)
         resolved = resolve(job, registry, grace, started_ms)
         if not isinstance(resolved, tuple):  # an outcome: Done, RetryLater or Dead
@@ -287,15 +437,28 @@ class Executors:
             _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
             _group=lambda group_id: self._client().group_outcomes(group_id),
-            _max_bytes=max_result,
+            _max_bytes=max_result, _log_bounds=self._log_bounds,
         )
+        if isinstance(ctx.logger, JobLogger):
+            run.logs = ctx.logger
+        part = self.parts[job.partition]
+        ctx._journal = Journal(
+            job.id, lambda: steps.read(self.rt.scripts, part, job.id, job.type),
+            lambda pos, body: self._record_step(part, job, pos, body),
+            self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
+            take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
+            start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
+            collect=lambda child, signal: self._collect(job, child, signal),
+            held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
+                                           or self._still_held(run)))
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:
                 run.thread_id = threading.get_ident()
                 now = time.monotonic()
-                run.deadline = now + fn.timeout_s
+                run.deadline = deadline = now + fn.timeout_s
                 run.began = (now, started_ms)  # as the attempt's settlement reports it
+            self.expect(deadline)  # the renewer raises the timeout: it must be awake by then
             try:
                 fault("mid_handler")
                 return body()
@@ -314,54 +477,268 @@ class Executors:
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
 
-    def _in_child(self, run: Run, fn: Function, index: int, generation: int, grace: float) -> Settlement:
-        job = run.job
-        started_ms = self._server_now(job)
+    def _process_only(self) -> bool:
+        """Every function of the queue runs in a child process (see startable)."""
+        reg = self.rt.registry
+        if self._only[0] is not reg:
+            fns = reg.for_queue(self.q.name)
+            self._only = (reg, bool(fns) and all(f.isolation == "process" for f in fns))
+        return self._only[1]
 
-        def on_started(pid: int) -> None:
-            with self.ledger.lock:
-                run.child_pid = pid
-            fault("mid_handler")
+    def _gather(self, run: Run, index: int) -> tuple[list[_ChildRun], Run | None, bool] | None:
+        """A run of a process-isolated function, with the runs claimed ahead that go to its
+        child in the same message (slot.py): (the batch, a run taken off the inbox that
+        cannot join it and runs next, whether the stop's sentinel came). None for a run
+        that is not a child's, and under tracing (a run span is one job's)."""
+        registry = self.rt.registry
+        fn = registry.functions.get(run.job.type)
+        if fn is None or fn.isolation != "process" or tracing.enabled():
+            return None
+        batch = [_ChildRun(self, run, fn)]
+        room = 1
+        waiting = self.ledger.waiting
+        if waiting > 0 and self._process_only():
+            # At most a fair share of what waits among this slot and those idle now (a busy
+            # one gathers its own when its batch ends, by when the fetcher has claimed more).
+            idle = max(0, self.q.concurrency - len(self._busy) - 1)
+            room = min(self._slots[index].room(fn, self._generations.of(registry)), 1 + -(-waiting // (1 + idle)))
+        while len(batch) < room:
+            try:
+                nxt = self.inbox.get_nowait()
+            except stdqueue.Empty:
+                break
+            if nxt is None:
+                return batch, None, True
+            if not self._admit(nxt, index):
+                continue
+            nfn = registry.functions.get(nxt.job.type)
+            if nfn is None or nfn.isolation != "process" or (nxt.job.started and batch[0].run.job.started):
+                # Not a child's, or a second run whose attempt was spent at its claim: only a
+                # batch's first job may have spent it (one waiting in a child must not).
+                return batch, nxt, False
+            if nxt.job.started:  # claimed to start at once: it goes first
+                batch.insert(0, _ChildRun(self, nxt, nfn))
+            else:
+                batch.append(_ChildRun(self, nxt, nfn))
+        return batch, None, False
 
-        def on_rpc(msg: dict[str, Any]) -> Any:
-            if msg.get("call") == "checkpoint":
-                return int(self.rt.scripts.checkpoint(self.parts[job.partition], job.id, job.token,
-                                                      str(msg.get("data")))) > 0
-            if msg.get("call") == "extend":
-                return self.renew_one(job)
-            if msg.get("call") == "progress":
-                run.progress = codec.dumps(progress_view(msg.get("value")))
-                return True
-            if msg.get("call") == "enqueue":
+    def _starving(self) -> bool:
+        """Another executor has nothing to run (none waits for one): jobs waiting behind a
+        slow one in a child would run sooner handed back (a hint, read unlocked)."""
+        return self.ledger.waiting == 0 and len(self._busy) < self.q.concurrency
+
+    def _extra(self, job: Claimed) -> dict[str, Any]:
+        """What a child needs besides a batch's jobs."""
+        return {"unknown_grace_s": self.rt.config.worker.unknown_grace_s, "now_ms": self._server_now(job),
+                "max_result_bytes": self.rt.config.worker.max_result_bytes,
+                "max_step_bytes": self.rt.config.worker.max_step_bytes, "lease_s": self.q.visibility_timeout_s,
+                "log_bounds": self._log_bounds}
+
+    @property
+    def _log_bounds(self) -> tuple[int, int]:
+        r = self.rt.config.retention
+        return r.log_lines, r.log_bytes
+
+    def _run_batch(self, batch: list[_ChildRun], carry: Run | None, index: int) -> Run | None:
+        """Run a batch in slot ``index``'s child, each run settled as it ends; the carried
+        run, unless the batch handed it back (a recall: it would wait behind a slow job)."""
+
+        generation = self._generations.of(self.rt.registry)
+
+        def recalled() -> None:
+            nonlocal carry
+            if carry is not None:
+                self.outcomes.put(Settlement(carry, Release()))
+                self.ledger.returned()
+                carry = None
+
+        def more(n: int) -> list[_ChildRun]:
+            """Up to ``n`` more runs claimed ahead for the child's queue (a fair share of
+            what waits, as _gather takes); none once a run that cannot join is carried, or
+            the functions were reloaded."""
+            nonlocal carry
+            waiting = self.ledger.waiting
+            if carry is not None or waiting <= 0 or self.releasing.is_set() \
+                    or self._generations.of(self.rt.registry) != generation:
+                return []
+            n = min(n, -(-waiting // (1 + max(0, self.q.concurrency - len(self._busy)))))
+            registry = self.rt.registry
+            out: list[_ChildRun] = []
+            while len(out) < n:
                 try:
-                    return self._hold(run, str(msg.get("type")), msg.get("payload"),
-                                      **(msg.get("options") or {})).as_dict()
-                except RunnerError as exc:  # raised again in the child with its class (child.py)
-                    return refusal_record(exc)
-            if msg.get("call") == "group_outcomes":
-                try:
-                    return {"outcomes": self._client().group_outcomes(str(msg.get("group")))}
-                except RunnerError as exc:
-                    return {"error": str(exc)}
-            return False
+                    nxt = self.inbox.get_nowait()
+                except stdqueue.Empty:
+                    break
+                if nxt is None:  # the stop's sentinel: back for this thread's loop to find
+                    self.inbox.put(None)
+                    break
+                if not self._admit(nxt, index):
+                    continue
+                fn = registry.functions.get(nxt.job.type)
+                if fn is None or fn.isolation != "process" or nxt.job.started:
+                    carry = nxt  # (only a batch's first may have spent its attempt at the claim)
+                    break
+                out.append(_ChildRun(self, nxt, fn))
+            batch.extend(out)  # (settled with the batch should anything go wrong)
+            return out
 
-        extra = {"unknown_grace_s": grace, "now_ms": self._server_now(job),
-                 "max_result_bytes": self.rt.config.worker.max_result_bytes}
+        self._busy.add(index)
         try:
-            outcome, run_s = self._slots[index].run(job, fn, generation, extra, on_started, on_rpc,
-                                                     lambda: {"lock_lost": run.flags.lock_lost,
-                                                              "cancelled": run.flags.cancelled})
+            self._slots[index].run(batch, generation, self._extra(batch[0].job), self.releasing.is_set,
+                                   self._starving, recalled, more)
+        except BaseException as exc:  # a bug: never strand a claim, nor leave a child running it
+            with contextlib.suppress(Exception):
+                self._slots[index].kill()
+            for cr in batch:
+                if cr.settlement is None:
+                    cr.finish(_unexpected(cr.job, exc) if cr.began else Release(), 0.0)
         finally:
-            with self.ledger.lock:
-                run.child_pid = None
-        fault("after_handler")
-        return Settlement(run, outcome, run_s=run_s, started_ms=started_ms)
+            self._busy.discard(index)
+        return carry
+
+    def _in_child(self, run: Run, fn: Function, index: int, generation: int, grace: float) -> Settlement:
+        """One run in slot ``index``'s child, its settlement returned (a traced run)."""
+        cr = _ChildRun(self, run, fn, direct=False)
+        self._slots[index].run([cr], generation, self._extra(run.job), self.releasing.is_set)
+        assert cr.settlement is not None
+        return cr.settlement
 
     @staticmethod
     def _server_now(job: Claimed) -> int:
         """The server's clock now, from the claim's server time and the time since (this
         host's clock may be off; its monotonic clock measures the interval well)."""
         return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
+
+
+class _ChildRun:
+    """One run fed to a child process (slot.Feed): its start mark, its handler's ctx calls
+    and its settlement. Its child is usually ready: then the mark goes as a thread job's
+    does (at the claim, or with the settler's next batch for one claimed ahead, once its
+    child starts it). When the job must wait for its child to start, the claim is held
+    first (no attempt counts should this worker die in the wait; hold.lua), and the start
+    is marked in Redis before the handler gets the job (so a lapse of a held claim means
+    it never ran). The wait costs seconds; these two calls cost milliseconds, and only then."""
+
+    __slots__ = ("began", "direct", "ex", "flags", "fn", "held", "job", "run", "settlement", "started_ms")
+
+    def __init__(self, executors: Executors, run: Run, fn: Function, direct: bool = True) -> None:
+        self.ex = executors
+        self.run = run
+        self.job = run.job
+        self.fn = fn
+        self.flags = run.flags
+        self.held = False
+        self.began = False  # its child has started it
+        self.started_ms = 0
+        self.settlement: Settlement | None = None
+        self.direct = direct  # settled into the outcomes queue as it ends (else kept for the caller)
+
+    def hold(self) -> bool:
+        job = self.job
+        try:
+            self.held = self.ex.rt.scripts.hold(self.ex.parts[job.partition], job.id, job.token) == 1
+        except Exception as exc:  # Redis away: the claim stays as it was (spent, or claimed ahead)
+            log.warning("job %s: could not mark its claim as waiting for its child process: %s", job.id, exc)
+        return self.held
+
+    def stop(self, held: bool) -> bool:
+        # A cancel hands back only a held claim: release.lua ends that one cancelled.
+        return self.ex.releasing.is_set() or (held and self.run.flags.cancelled)
+
+    def start(self) -> bool:
+        run, job = self.run, self.job
+        if not self.held:
+            return True  # claimed ahead: its start goes with the settler's next batch (started)
+        try:
+            code = int(self.ex.rt.scripts.start(self.ex.parts[job.partition], [(job.id, job.token)])[0])
+        except Exception as exc:
+            log.warning("job %s: could not mark its start (%s); it goes with the next settlement", job.id, exc)
+            return True
+        if code == 2 and not run.flags.cancelled:  # a cancel just now: the handler hears it
+            run.flags.cancelled = True
+            run.cancelled_at = time.monotonic()
+        return code >= 0
+
+    def started(self, pid: int) -> None:
+        """Its child has started it: a job claimed ahead spends its attempt from now on."""
+        self.began = True
+        self.started_ms = Executors._server_now(self.job)  # after any wait for the child to start
+        if not self.held and not self.job.started:
+            self.ex.outcomes.put(Settlement(self.run, START))
+        with self.ex.ledger.lock:
+            self.run.child_pid = pid
+        fault("mid_handler")
+
+    def rpc(self, msg: dict[str, Any]) -> Any:
+        """A ctx call of the handler, relayed by its child."""
+        ex, run, job = self.ex, self.run, self.job
+        call = msg.get("call")
+        if call == "checkpoint":
+            return int(ex.rt.scripts.checkpoint(ex.parts[job.partition], job.id, job.token,
+                                                str(msg.get("data")))) > 0
+        if call == "steps":
+            return {"entries": steps.read(ex.rt.scripts, ex.parts[job.partition], job.id, job.type)}
+        if call == "step":
+            code, n = ex._record_step(ex.parts[job.partition], job, int(msg.get("position") or 0),
+                                      str(msg.get("data")))
+            return {"code": code, "n": n}
+        if call == "wait":
+            until = msg.get("until")
+            code, body = ex._take_signal(ex.parts[job.partition], job, int(msg.get("position") or 0),
+                                         str(msg.get("name")), str(msg.get("head")),
+                                         None if until is None else int(until))
+            return {"code": code, "body": body}
+        if call == "invoke":
+            try:
+                return {"id": ex._invoke(run, str(msg.get("child")), str(msg.get("type")), msg.get("payload"),
+                                         dict(msg.get("options") or {}))}
+            except RunnerError as exc:
+                return refusal_record(exc)
+        if call == "collect":
+            return {"found": ex._collect(job, str(msg.get("child")), str(msg.get("signal")))}
+        if call == "extend":
+            return ex.renew_one(job)
+        if call == "progress":
+            run.progress = codec.dumps(progress_view(msg.get("value")))
+            return True
+        if call == "log":  # a child's log lines, with its outcome (already bounded there)
+            lines = [str(x) for x in msg.get("lines") or ()]
+            chunks = [str(x) for x in msg.get("chunks") or ()]
+            if lines or chunks:
+                if run.logs is None:
+                    run.logs = JobLogger(joblog, {}, *ex._log_bounds)
+                run.logs.keep(lines)
+                if chunks:
+                    run.logs.keep_chunks(chunks)
+            return True
+        if call == "enqueue":
+            try:
+                return ex._hold(run, str(msg.get("type")), msg.get("payload"), **(msg.get("options") or {})).as_dict()
+            except RunnerError as exc:  # raised again in the child with its class (child.py)
+                return refusal_record(exc)
+        if call == "group_outcomes":
+            try:
+                return {"outcomes": ex._client().group_outcomes(str(msg.get("group")))}
+            except RunnerError as exc:
+                return {"error": str(exc)}
+        return False
+
+    def finish(self, outcome: Outcome | Release, run_s: float) -> None:
+        """Its end: settled at once (the outcomes queue), or kept for the caller."""
+        run = self.run
+        if run.child_pid is not None:
+            with self.ex.ledger.lock:
+                run.child_pid = None
+        if isinstance(outcome, Release):
+            settlement = Settlement(run, outcome)
+        else:
+            fault("after_handler")
+            settlement = Settlement(run, outcome, run_s=run_s,
+                                    started_ms=self.started_ms or Executors._server_now(self.job))
+        self.settlement = settlement
+        if self.direct:
+            self.ex.outcomes.put(settlement)
+            self.ex.ledger.returned()
 
 
 def _left_behind(loop: asyncio.AbstractEventLoop, job_id: str) -> None:
@@ -374,11 +751,18 @@ def _left_behind(loop: asyncio.AbstractEventLoop, job_id: str) -> None:
         task.cancel()
     with contextlib.suppress(BaseException):
         loop.run_until_complete(asyncio.wait(tasks, timeout=LEFT_BEHIND_S))
-    stuck = sum(1 for t in tasks if not t.done())
+    stuck = [t for t in tasks if not t.done()]
     log.warning("job %s: its handler left %d task(s) running after its end; cancelled%s", job_id, len(tasks),
-                f", and {stuck} that did not stop (catching BaseException or CancelledError) never run again"
+                f", and {len(stuck)} that did not stop (catching BaseException or CancelledError) never run again"
                 if stuck else "", extra={"job_id": job_id})
     loop.close()
+    # Kept for the process's life: a coroutine collected as garbage is closed, which runs
+    # it once more, in whichever thread the collector ran; one that catches GeneratorExit
+    # too looped there for ever (it took the settler's thread, and no job settled again).
+    _stranded.extend(stuck)
+
+
+_stranded: list[asyncio.Task[Any]] = []  # tasks that would not stop (see _left_behind)
 
 
 def _unexpected(job: Claimed, exc: BaseException) -> Outcome:

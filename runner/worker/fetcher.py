@@ -1,9 +1,12 @@
 """The fetcher: claims batches of ready jobs while the queue's runner has room, and
-blocks on the queue's notify list when there is nothing to claim (no polling).
+blocks on the queue's notify list when there is nothing to claim (no polling). A queue of
+one partition sends its next claim behind that BLPOP, in the same write: Redis runs it
+the moment the wake-up comes, so at light load, where each job comes alone, a job costs
+the fetcher one round trip and one wake-up.
 
 A partitioned queue (docs/partitions.md) is claimed from partition by partition in turn,
 so none starves; only after a whole round of empty answers does the fetcher block, on
-every partition at once (see Bell).
+every partition at once (store/bell.py).
 
 A claim tells Redis how many of its jobs go to executors that are free now: those spend
 their attempt at once, the rest are prefetched and spend it when they start. A claim
@@ -14,18 +17,16 @@ from __future__ import annotations
 import logging
 import queue as stdqueue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable
 from typing import Any
-
-from redis.cluster import RedisCluster
 
 from runner.config import QueueConfig
 from runner.observe import tracing
 from runner.runtime import Runtime
-from runner.store import tracecontext
-from runner.store.connection import UNAVAILABLE
-from runner.store.keys import QueueKeys
-from runner.store.outage import Outage
+from runner.store import stats, tracecontext
+from runner.store.bell import BELL_S, Bell
+from runner.store.outage import OUTAGE, Away
 from runner.worker.execute import Claimed, expired
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement
@@ -47,79 +48,18 @@ def _int_or(value: object, default: int) -> int:
         return default
 
 
-class Bell:
-    """Waits until any partition of a queue has news (a token on its notify list).
-
-    One partition, or all partitions on one server (a single Redis, Sentinel): one BLPOP
-    over every notify list. Redis Cluster refuses a BLPOP over several slots, so there each
-    partition gets a thread of its own blocked on its list, and ``wait`` hears whichever
-    rings first. ``wait`` returns the partition that rang, or None at the timeout."""
-
-    def __init__(self, client: Any, parts: Sequence[QueueKeys], name: str) -> None:
-        self.client = client
-        self.parts = parts  # the runtime's list: a draining partition found later joins it
-        self.name = name
-        self.rung: stdqueue.SimpleQueue[int] = stdqueue.SimpleQueue()
-        self.stopping = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.cluster = isinstance(client, RedisCluster)
-        self.by_key: dict[str, int] = {}
-        self._grow()
-
-    def _grow(self) -> None:
-        """Take in partitions added to ``parts`` since the last call."""
-        if len(self.by_key) == len(self.parts):
-            return
-        self.by_key = {k.notify: i for i, k in enumerate(self.parts)}
-        if self.cluster and len(self.parts) > 1:
-            for i in range(len(self.threads), len(self.parts)):
-                t = threading.Thread(target=self._listen, args=(i,), name=f"{self.name}-bell-{i}", daemon=True)
-                self.threads.append(t)
-                t.start()
-
-    def wait(self, timeout_s: float) -> int | None:
-        self._grow()
-        if not self.threads:
-            got = self.client.blpop(list(self.by_key), timeout=timeout_s)
-            return self.by_key.get(got[0]) if got else None
-        try:
-            first = self.rung.get(timeout=timeout_s)
-        except stdqueue.Empty:
-            return None
-        while True:  # rings that queued up meanwhile are the same news
-            try:
-                self.rung.get_nowait()
-            except stdqueue.Empty:
-                return first
-
-    def _listen(self, i: int) -> None:
-        outage = Outage(f"{self.name} bell {i}", log)
-        notify = self.parts[i].notify
-        while not self.stopping.is_set():
-            try:
-                if self.client.blpop([notify], timeout=1):
-                    self.rung.put(i)
-                outage.ok()
-            except UNAVAILABLE as exc:
-                outage.failed(exc, self.stopping)
-            except Exception:
-                log.exception("%s bell %d: unexpected error; continuing", self.name, i)
-                self.stopping.wait(0.5)
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-
 class Fetcher:
+    PEEK_S = 0.02  # the longest a drain of plain jobs goes without looking for priorities
+
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
-                 inbox: stdqueue.SimpleQueue[Run | None], outbox: stdqueue.SimpleQueue[Settlement | None],
+                 inbox: stdqueue.SimpleQueue[Run | None], outcomes: stdqueue.SimpleQueue[Settlement | None],
                  worker_id: str) -> None:
         self.rt = runtime
         self.q = queue
         self.parts = runtime.parts[queue.name]
         self.ledger = ledger
         self.inbox = inbox
-        self.outbox = outbox
+        self.outcomes = outcomes
         self.worker_id = worker_id
         ret = runtime.config.retention
         self.done_ttl_ms = int(ret.done_s * 1000)
@@ -133,8 +73,20 @@ class Fetcher:
         self._seq = 0
         self._ages: tuple[object, str] = (None, "")  # (registry, its MAX_AGE argument)
         self._next = 0  # the partition claimed from next
+        self._peek_at = 0.0  # when _best looks at the partitions' priorities again
+        self._ranked = False  # whether its last look found a prioritised job waiting
+        self._down = Away(f"{queue.name} fetcher", self._label)
         self._bell: Bell | None = None
+        self._woken = False  # the next claim waits for a wake-up first (see claim)
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-fetch", daemon=True)
+        # How many of the free executors can start a job at once (process isolation: only
+        # those whose child is ready; the rest claim ahead, spending nothing until their
+        # handler has the job). Set by the queue's runner.
+        self.startable: Callable[[int], int] = lambda idle: idle
+
+    def _label(self, p: int) -> str:
+        """A partition as the log names it (a queue of one: nothing more to say)."""
+        return f"partition {{{self.parts[p].tag}}}" if len(self.parts) > 1 else ""
 
     def start(self) -> None:
         self._bell = Bell(self.rt.redis, self.parts, self.q.name)
@@ -153,49 +105,135 @@ class Fetcher:
         return not self._thread.is_alive()
 
     def _loop(self) -> None:
-        outage = Outage(f"{self.q.name} fetcher", log)
         assert self._bell is not None
         empty = 0  # partitions in a row that had nothing to claim
+        skipped = 0  # partitions in a row passed over: their node refuses this worker's outcomes
         while not self.stopping.is_set():
             n = len(self.parts)  # grows when a draining partition is found (Runtime.discover)
+            self.ledger.partitions = n
             free, idle = self.ledger.room(self.stopping)
             if self.stopping.is_set():
                 break
+            p = self._down.pick(self._next, n, self.stopping)
+            if p is None:  # stopping while every partition was down
+                break
+            if p in self.ledger.refused:
+                # The settler cannot record outcomes there now: claim from the others (a
+                # job run here could not be acked, and would run again).
+                self._next = (p + 1) % n
+                skipped += 1
+                if skipped >= n:  # every partition not in a backoff refuses: wait a moment
+                    skipped = 0
+                    self.stopping.wait(0.05)
+                continue
+            skipped = 0
+            self._next = p
             try:
                 fault("before_claim")
-                got, held = self.claim(min(free, self.q.batch), idle, self._next)
-                outage.ok()
+                p, floor = self._best(p, n)
+                start = self.startable(idle)
+                asked = min(free, self.q.batch)
+                got, held = self.claim(asked, start, p, floor)
+                if held == HELD and start < idle and got == 0:
+                    # The next job is under limits and must start at once (never claimed
+                    # ahead): it goes to a free executor whose child may still be starting.
+                    got, held = self.claim(asked, idle, p, floor)
+                self._down.ok(p)
                 if held == BOUNDED:
                     # The claim parked a run of jobs under full limits: what follows them
                     # in ready (another key's job) must not wait for a wake-up.
                     continue
-                self._next = (self._next + 1) % n  # the next claim goes to the next partition
-                empty = empty + 1 if got == 0 and held != HELD else 0
+                self._next = (p + 1) % n  # the next claim goes to the next partition
+                # A claim short of what it asked for found the partition empty: claim.lua
+                # pops until it has them all or nothing is left, and says so (HELD,
+                # BOUNDED) when a limit or its bound stopped it sooner; only a claim above a
+                # priority floor leaves the rest behind. Claiming there again before a
+                # wake-up would find nothing: at light load, where each job comes alone,
+                # that empty claim was a round trip per job.
+                drained = got == 0 or (got < asked and floor == 0)
+                empty = empty + 1 if drained and held != HELD else 0
                 if held == HELD:
                     # The next job is under limits and may only be claimed to start at once:
                     # wait for an executor to free up, not for new jobs.
                     self.ledger.executor_free(self.stopping)
-                elif empty >= n:
+                elif empty >= self._down.live(n):
                     empty = 0
-                    rang = self._bell.wait(1)
+                    if n == 1:
+                        # The wait goes out with the next claim, in one round trip (claim).
+                        self._woken = True
+                        continue
+                    rang = self._bell.wait(BELL_S)
+                    self._peek_at = 0.0  # what woke it may be a prioritised job anywhere
                     if rang is not None:
                         self._next = rang
-            except UNAVAILABLE as exc:
-                outage.failed(exc, self.stopping)
+            except OUTAGE as exc:
+                # This partition's node is away: the others go on, it is tried again after a
+                # backoff of its own (one dead shard must not stop the worker everywhere).
+                self._down.failed(p, exc)
+                self._next = (p + 1) % n
             except Exception:
                 log.exception("%s fetcher: unexpected error; continuing", self.q.name)
                 self.stopping.wait(0.5)
 
-    def claim(self, n: int, start: int, partition: int = 0) -> tuple[int, int]:
-        """Claim up to ``n`` jobs, ``start`` of them to start at once, from one partition;
-        returns (how many, why it stopped: HELD at a job that needs a free executor,
-        BOUNDED at its bound of ids popped, 0 otherwise)."""
+    def _best(self, p: int, n: int) -> tuple[int, int]:
+        """Where to claim next, and the priority floor of that claim, so that PRIORITY is
+        strict across partitions: the best waiting priority of every partition not away is
+        read in one pipelined round trip (each prio set's first entry); the partition
+        holding the best (``p`` itself on a tie) is claimed from, down to the best priority
+        any other partition holds. With no prioritised job waiting anywhere: ``p``, no
+        floor. A queue of one partition needs none of it (its claim is strict alone).
+
+        While no partition held a prioritised job at the last look, the next look waits
+        until PEEK_S after it (or a wake-up), so a drain of plain jobs pays one look per
+        PEEK_S, not one per claim."""
+        if n == 1:
+            return p, 0
+        now = time.monotonic()
+        if not self._ranked and now < self._peek_at:
+            return p, 0
+        self._peek_at = now + self.PEEK_S
+        self._ranked = False
+        refused = self.ledger.refused  # (outcomes refused there: nothing claimed there now)
+        look = [q for q in range(n) if q == p or not (self._down.away(q) or q in refused)]
+        try:
+            tops = stats.best_priorities(self.rt.redis, [self.parts[q] for q in look])
+        except OUTAGE:
+            return p, 0  # a node away: the claim below finds out which, as without priorities
+        best = {q: top for q, top in zip(look, tops, strict=True) if top is not None}
+        if not best:
+            return p, 0
+        self._ranked = True
+        at = max(best, key=lambda q: (best[q], q == p))
+        return at, max((v for q, v in best.items() if q != at), default=0)
+
+    def claim(self, n: int, start: int, partition: int = 0, floor: int = 0) -> tuple[int, int]:
+        """Claim up to ``n`` jobs, ``start`` of them to start at once, from one partition,
+        only of priority ``floor`` or more when it is above 0; returns (how many, why it
+        stopped: HELD at a job that needs a free executor, BOUNDED at its bound of ids
+        popped, 0 otherwise)."""
         self._seq += 1
-        reply = self.rt.scripts.claim(
-            self.parts[partition], n=n, start=start, lease_ms=self.lease_ms, token_base=f"{self.worker_id}.{self._seq}",
-            dead_ttl_ms=self.dead_ttl_ms, done_ttl_ms=self.done_ttl_ms, done_max=self.done_max,
-            max_ages=self._max_ages(),
+        k, base = self.parts[partition], f"{self.worker_id}.{self._seq}"
+        if not self._woken:
+            return self._take(self.rt.scripts.claim(
+                k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
+                done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
+            ), partition)
+        # Waiting for work (a queue of one partition): the claim goes behind the wait, and
+        # Redis runs it the moment a wake-up comes (or BELL_S passes), so at light load a
+        # job costs the fetcher one round trip and one wake-up, not a BLPOP and a claim.
+        self._woken = False
+        rang, reply = self.rt.scripts.claim_woken(
+            k, BELL_S, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
+            done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
         )
+        got = self._take(reply, partition)
+        if isinstance(rang, BaseException):
+            raise rang  # the wait failed (a damaged notify list): the claim's jobs are taken
+        return got
+
+    def _take(self, reply: Any, partition: int) -> tuple[int, int]:
+        """Hand a claim's jobs to the executors (or back, during the stop); returns what
+        claim returns."""
         now, held = int(reply[0]), int(reply[1])  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
@@ -229,7 +267,7 @@ class Fetcher:
                 self.ledger.picked()
                 self.ledger.returned()
                 if self.ledger.pick(r):
-                    self.outbox.put(Settlement(r, Release()))
+                    self.outcomes.put(Settlement(r, Release()))
             log.info("%s fetcher: %d job(s) claimed during the stop; handed back", qname, count)
             return count, held
         for r in late:
@@ -237,7 +275,7 @@ class Fetcher:
             self.ledger.picked()
             self.ledger.returned()
             if self.ledger.pick(r):  # (a cancel that took it first hands it back itself)
-                self.outbox.put(Settlement(r, expired(r.job, fn.max_age_s if fn else None), started_ms=now))
+                self.outcomes.put(Settlement(r, expired(r.job, fn.max_age_s if fn else None), started_ms=now))
         buried = {id(r) for r in late}
         for r in batch:
             if id(r) not in buried:

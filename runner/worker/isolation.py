@@ -1,34 +1,46 @@
 """Process isolation, the worker's side: one warm child process per executor slot
 (child.py), started by spawning a fresh interpreter (never a fork of this threaded
-process), fed one job at a time, and killed when it must be.
+process), fed batches of jobs (slot.py), and killed when it must be.
 
 The worker process holds the leases and never runs handler code for these jobs, so a
 handler that holds the GIL, blocks in C, leaks memory or crashes its interpreter cannot
 stop lease renewal or take other jobs down:
 
 - past TIMEOUT plus ``[worker] timeout_grace`` the child is killed: the attempt fails as
-  a timeout (JobTimeout), and the next job gets a new child;
+  a timeout (JobTimeout), and the next job gets a new child; so does the next job after
+  one that ran past TIMEOUT or left threads or processes running (the child says so with
+  its outcome);
 - a child that dies (segfault, ``os._exit``, the OOM killer) fails only its job's attempt,
-  "executor crashed" with the signal or exit code;
+  "executor crashed" with the signal or exit code, seen through a pidfd at once (its
+  socket alone would not tell while a tool it started held a copy);
 - children are replaced after ``max_jobs_per_child`` jobs, above ``max_rss_mb``, and when
   the functions were reloaded (`runner dev`), so new jobs run new code while a running
   job finishes on its own.
 
-Each child leads a process group of its own, and a kill reaches the group: a tool the
-handler ran (a shell, ffmpeg) stops with it. Should the worker itself die (SIGKILL, the
-OOM killer), a sentry in the group kills it (child.py), so no tool runs on orphaned.
-Children are started from one thread that lives as long as the worker: a child asks to be
-killed when its parent dies (PR_SET_PDEATHSIG, child.py), and Linux sends that signal
-when the *thread* that started it exits, so a child started by an executor thread that
-was later abandoned died with it.
+A job waits for its child when the child is still starting: its claim is held before the
+slot starts or replaces the child (no attempt counts) and its start is marked before the
+handler gets it (slot.Feed, _ChildRun in executors.py), so a worker killed in that wait
+charges it nothing; a child lost before its handler got the job hands the job back unspent.
+
+Each child leads a process group of its own, and every way of dropping a child
+(ChildProcess.end) kills the group, reaps the child and closes its socket, pidfd and
+sentry pipe: a tool the handler ran (a shell, ffmpeg) stops with it. What left the group
+(setsid, daemons) is killed once its child is gone (reap_adopted). Should the worker
+itself die (SIGKILL, the OOM killer), a sentry in the group kills it (_guard_group), so no
+tool in it runs on orphaned. Children are started from one thread that lives as long as
+the worker: a child asks to be killed when its parent dies (PR_SET_PDEATHSIG, child.py),
+and Linux sends that signal when the *thread* that started it exits, so a child started
+by an executor thread that was later abandoned died with it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -39,16 +51,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.catalog.registry import Function
-from runner.config import QueueConfig
-from runner.errors import JobTimeout, RedisUnavailable, RunnerError, refusal_record
-from runner.store import codec
-from runner.store.connection import UNAVAILABLE
-from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, from_message
+from runner.worker.channel import Channel
 
 log = logging.getLogger("runner.worker")
 
 START_TIMEOUT_S = 60.0  # a child imports the functions before it says it is ready
+
+# The child's entry point: its first statement makes a stop's SIGTERM (one to every
+# process, at a PaaS stop) the worker's to act on, before runner's own imports (a second
+# or more on a loaded host) rather than after them (child.py, _on_stop).
+# (runpy as ``-m`` does it: the child is ``__main__`` with its module's spec.)
+CHILD_MAIN = ("import signal; signal.signal(signal.SIGTERM, lambda signum, frame: None); "
+              "import runpy; runpy.run_module('runner.worker.child', run_name='__main__', alter_sys=True)")
 
 
 # The thread every child is started from (see the module docstring). Created at the
@@ -66,9 +80,128 @@ def _spawn(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     return proc
 
 
+# Descendants that leave their child's process group (``setsid``, daemons) escape its
+# group kill. Each child is a subreaper (child.py): while it lives, what its handler
+# daemonizes stays under it. When a child dies, what it left goes to the worker's nearest
+# subreaper, and ``reap_adopted`` kills it:
+#
+# - a worker that runs no handler itself (every function it serves is process-isolated)
+#   is that subreaper (``contain``): it starts no process but its children, so every other
+#   child it has was adopted, and it kills and reaps them all, marked or not, and with
+#   them every zombie it adopts (a subreaper must reap what it adopts, or each orphan of
+#   each job stays a zombie for the worker's life);
+# - a worker that runs thread-mode handlers is not one: their own tools are its children
+#   too (one started with start_new_session=True, not yet waited for, looks exactly like
+#   an adopted stray, and reaping it stole its exit status), and the orphans of their
+#   tools would stay its zombies. There strays go to init, which reaps them, and
+#   ``reap_adopted`` kills the live ones by the mark their child's environment passed on
+#   (MARK). A stray started with a cleared environment carries no mark: the limit the
+#   docs/isolation.md states.
+PR_SET_CHILD_SUBREAPER = 36
+_known: set[int] = set()
+_known_lock = threading.Lock()
+_containing = False
+_exclusive: Callable[[], bool] = bool  # (set by contain; bool() is False)
+
+
+def _subreaper(on: bool) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
+
+
+def contain(exclusive: Callable[[], bool]) -> bool:
+    """Make this process the subreaper of its children's strays (Linux only) while
+    ``exclusive()`` holds: no handler runs in this process, so its only children are its
+    child processes and what it adopts from them. True when it is."""
+    global _containing, _exclusive
+    if not sys.platform.startswith("linux") or not exclusive():
+        return False
+    _exclusive = exclusive
+    _containing = _subreaper(True)
+    return _containing
+
+
+MARK = "RUNNER_CHILD_OF"
+
+
+def _marked(pid: int, mark: bytes) -> bool:
+    """A live process that came from one of this worker's child processes."""
+    try:
+        return mark in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _outside(pid: int) -> bool:
+    """Not under this process: a marked process under a live child is its handler's."""
+    me = os.getpid()
+    for _ in range(64):
+        pid = _ppid(pid)
+        if pid == me:
+            return False
+        if pid <= 1:
+            return True
+    return False
+
+
+def _children() -> list[int]:
+    out: list[int] = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            out += [int(x) for x in Path(f"/proc/self/task/{task}/children").read_text().split()]
+    return out
+
+
+def reap_adopted() -> int:
+    """SIGKILL what this worker's dead children left outside their groups (a stray's own
+    children come next, so it goes round until none is left), and reap what this process
+    adopted; how many were killed."""
+    global _containing
+    if _containing and not _exclusive():  # a reload brought thread-mode handlers here
+        _subreaper(False)
+        _containing = False
+    if not sys.platform.startswith("linux"):
+        return 0
+    n = 0
+    mark = f"{MARK}={os.getpid()}\0".encode()
+    for _ in range(16):
+        if _containing:
+            with _known_lock:  # (a child process being started is known before it can be seen)
+                strays = [pid for pid in _children() if pid not in _known]
+        else:
+            strays = [int(d) for d in os.listdir("/proc") if d.isdigit() and _marked(int(d), mark)
+                      and _outside(int(d))]
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if not strays:
+            break
+        if _containing:
+            for pid in strays:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+        else:  # init reaps them; wait until they are gone (or a stray's children, next round)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and any(_marked(pid, mark) for pid in strays):
+                time.sleep(0.005)
+        n += len(strays)
+    if n:
+        log.warning("killed %d process(es) a handler started outside its child's process group (setsid, "
+                    "a daemon) once that child was gone", n)
+    return n
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the child and every process of its group (what the handler started). Only
-    while the child is not reaped: until then its pid, the group's id, cannot be reused."""
+    while the child is not reaped: until then its pid, the group's id, cannot be reused
+    (nothing here reaps it before: see ChildProcess.alive)."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -91,204 +224,211 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+MESSAGE, EXITED = 1, 2  # what ChildProcess.wait saw
+
+
+SENTRY_SHELL = "/bin/sh"
+
+
+def _guard_group(read_fd: int, group: int, shell: str = SENTRY_SHELL) -> subprocess.Popen[bytes] | None:
+    """A sentry in a child's process group that kills the group when the worker dies.
+
+    The child's death signal (child.py) stops the child, not the tools a handler started:
+    they would run on orphaned while the job is reclaimed and run again. The sentry, a
+    shell that reads a pipe whose only write end the worker holds, wakes at EOF (the worker
+    gone, however it died) and SIGKILLs the group it joined; being a member, it keeps the
+    group's id from being reused by anyone else meanwhile. It is the worker's child, not
+    the child's: the child then has no process of its own, and finding what a handler left
+    running costs it one system call a job (child.py, processes_left). Without a shell to
+    run (a minimal image) the child still serves, unguarded, and says so."""
+    try:
+        # It ignores SIGTERM: a stop signalling every process must not take the guard away.
+        return subprocess.Popen([shell, "-c", "trap '' TERM INT; read x; kill -KILL 0"], stdin=read_fd,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=group)
+    except OSError as exc:
+        log.warning("no sentry for this child process (%s: %s): should the worker be killed, tools a handler "
+                    "started keep running", shell, exc)
+        return None
+    finally:
+        os.close(read_fd)
+
+
 class ChildProcess:
-    """One child and the socket to it."""
+    """One child, its sentry, the socket to it, and a pidfd that says when it exits (its
+    socket alone would not: a process the handler started may hold it open)."""
 
     def __init__(self, config_source: str, generation: int) -> None:
-        # Here, not at the top: a worker whose functions all run in threads never needs it.
-        from multiprocessing.connection import Connection
-
         parent, child = socket.socketpair()
         env = dict(os.environ)
         if Path(config_source).exists():
             env["RUNNER_CONFIG"] = str(Path(config_source).resolve())
+        env[MARK] = str(os.getpid())  # what the handler starts carries it (see reap_adopted)
         self.generation = generation
         self.jobs = 0
         self.rss_mb = 0.0
-        # The child's sentry (child.py) reads sentry_r; this process alone holds the write
-        # end (not inherited by any other child), so it closes when this process dies.
+        self.sentry: subprocess.Popen[bytes] | None = None
+        # The sentry reads sentry_r; this process alone holds the write end (not inherited
+        # by any other process), so it closes when this process dies.
         sentry_r, self._sentry_w = os.pipe()
         try:
-            self.proc = _spawn([sys.executable, "-m", "runner.worker.child", str(child.fileno()), str(sentry_r)],
-                               pass_fds=(child.fileno(), sentry_r), env=env, stdin=subprocess.DEVNULL,
-                               process_group=0)
+            with _known_lock:
+                try:
+                    self.proc = _spawn([sys.executable, "-c", CHILD_MAIN, str(child.fileno())],
+                                       pass_fds=(child.fileno(),), env=env,
+                                       stdin=subprocess.DEVNULL, process_group=0)
+                except BaseException:
+                    os.close(sentry_r)
+                    raise
+                _known.add(self.proc.pid)
+                # Into the child's group while the child lives (it is importing for a
+                # while yet): a group is joined only while a member is in it.
+                self.sentry = _guard_group(sentry_r, self.proc.pid)
+                if self.sentry is not None:
+                    _known.add(self.sentry.pid)
         except BaseException:
             os.close(self._sentry_w)
+            parent.close()
             raise
         finally:
             child.close()
-            os.close(sentry_r)
-        self.sock = parent
-        self.conn = Connection(os.dup(parent.fileno()))
-        parent.close()
+        self.channel = Channel(parent)
         self.ready = False
+        self._pidfd = -1
+        with contextlib.suppress(AttributeError, OSError):  # Linux 5.3 and later
+            self._pidfd = os.pidfd_open(self.proc.pid)
+        # One poll() call watches both (the hot path makes one system call per wait).
+        self._poller = select.poll()
+        self._poller.register(self.channel.fileno(), select.POLLIN)
+        if self._pidfd >= 0:
+            self._poller.register(self._pidfd, select.POLLIN)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+    def wait(self, timeout_s: float) -> int:
+        """MESSAGE when the child said something (or closed its socket), EXITED when it is
+        gone with nothing left to read, 0 at the timeout."""
+        events = self._poller.poll(max(0, int(timeout_s * 1000)))
+        if not events:
+            return 0
+        sock = self.channel.fileno()
+        if any(fd == sock for fd, _ in events):
+            return MESSAGE
+        return EXITED
+
+    def poll_ready(self) -> bool:
+        """Ready now, without waiting (a child that said so already counts)."""
+        if not self.ready and self.wait(0) == MESSAGE:
+            self.wait_ready(0)
+        return self.ready
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S, stop: Callable[[], bool] | None = None) -> bool:
+        """Wait until the child says it is ready (True), or ``stop`` says to give up (False)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready:
+            seen = self.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            if seen == MESSAGE:
+                break
+            if seen == EXITED:
+                raise ExecutorCrashed(f"the child process {describe_exit(self.end())} at start")
+            if stop is not None and stop():
+                return False
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise ExecutorCrashed(f"the child process did not start within {timeout_s:g} s")
         if self.ready:
-            return
-        if not self.conn.poll(timeout_s):
-            self.kill()
-            raise ExecutorCrashed(f"the child process did not start within {timeout_s:g} s")
+            return True
         try:
-            msg = codec.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            raise ExecutorCrashed(f"the child process {describe_exit(self.exit_code())} at start") from None
+            msg = self.channel.recv()
+        except (EOFError, OSError, ValueError):
+            raise ExecutorCrashed(f"the child process {describe_exit(self.end())} at start") from None
         if msg.get("op") != "ready":
             self.kill()
             raise ExecutorCrashed(f"the child process said {msg!r} at start")
         self.ready = True
+        return True
 
     def send(self, msg: dict[str, Any]) -> None:
-        self.conn.send_bytes(codec.dumpb(msg))
+        self.channel.send(msg)
 
-    def exit_code(self, timeout_s: float = 5.0) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(self.proc)
-            return self.proc.wait()
+    def _exited(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the child to exit, without reaping it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._pidfd >= 0:
+                if select.select([self._pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                    return True
+            elif not self.alive():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            if self._pidfd < 0:
+                time.sleep(0.01)
+
+    def end(self, timeout_s: float = 5.0) -> int:
+        """How a child that is gone (or going) ended; every way of dropping a child ends
+        here: its process group is killed (the tools its handler left, and its sentry), the
+        child and its sentry reaped, and its socket, pidfd and sentry pipe closed."""
+        self._exited(timeout_s)
+        _kill_group(self.proc)
+        code = self.proc.wait()
+        if self.sentry is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.sentry.kill()  # (it left the group's kill only if it never joined the group)
+            self.sentry.wait()
+        with _known_lock:
+            _known.discard(self.proc.pid)
+            if self.sentry is not None:
+                _known.discard(self.sentry.pid)
+        self._close()
+        reap_adopted()
+        return code
 
     def kill(self) -> None:
         # Also once the child has exited (not yet reaped): what it started may still run.
         _kill_group(self.proc)
-        self.proc.wait()
-        self._close()
+        self.end(0)
 
     def _close(self) -> None:
-        self.conn.close()
-        if self._sentry_w >= 0:  # after the child is reaped: its sentry has stopped or been told
+        self.channel.close()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        if self._sentry_w >= 0:  # after the sentry is reaped
             os.close(self._sentry_w)
             self._sentry_w = -1
 
     def retire(self) -> None:
-        """Ask the child to exit once idle (it is)."""
+        """Ask the child to exit once idle (it is); what it left running goes with it."""
         with contextlib.suppress(OSError):
             self.send({"op": "exit"})
-        try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            _kill_group(self.proc)
-            self.proc.wait()
-        self._close()
+        self.end(2)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
-
-
-class Slot:
-    """The child of one executor slot: started when first needed (or warmed at start),
-    replaced when it died, was killed or is due for recycling."""
-
-    def __init__(self, queue: QueueConfig, config_source: str, timeout_grace_s: float) -> None:
-        self.q = queue
-        self.config_source = config_source
-        self.grace_s = timeout_grace_s
-        self.child: ChildProcess | None = None
-        # The start's background warm-up and the slot's first job may both find no child:
-        # one of them starts it, the other uses it (two would leak one).
-        self._starting = threading.Lock()
-
-    def warm(self, generation: int) -> None:
-        with self._starting:
-            if self.child is None or not self.child.alive() or self.child.generation != generation:
-                self.replace(generation)
-
-    def replace(self, generation: int) -> None:
-        if self.child is not None:
-            if self.child.alive():
-                self.child.retire()
-            self.child = None
-        self.child = ChildProcess(self.config_source, generation)
-
-    def close(self) -> None:
-        if self.child is not None:
-            if self.child.ready:
-                self.child.retire()
-            else:
-                self.child.kill()
-            self.child = None
-
-    def kill(self) -> None:
-        if self.child is not None:
-            self.child.kill()
-            self.child = None
-
-    def run(self, job: Claimed, fn: Function, generation: int, extra: dict[str, Any],
-            on_started: Callable[[int], None], on_rpc: Callable[[dict[str, Any]], Any],
-            flags: Callable[[], dict[str, Any]]) -> tuple[Outcome, float]:
-        """Run one job in this slot's child; returns (outcome, run seconds). Every way the
-        child can fail becomes the attempt's outcome; the slot is ready for the next job."""
-        self.warm(generation)
-        child = self.child
-        assert child is not None
-        started = time.perf_counter()
+        """Not reaping it (Popen.poll would): until this process reaps the child, its pid,
+        the id of the group killed at its end, is never reused."""
         try:
-            child.wait_ready()
-            on_started(child.pid)
-            child.send({"op": "run", "job": job.as_message(), **extra})
-        except (ExecutorCrashed, OSError) as exc:
-            self.kill()
-            return failure(fn, job, ExecutorCrashed(f"executor crashed: {exc}")), time.perf_counter() - started
-        deadline = time.monotonic() + fn.timeout_s + self.grace_s
-        sent: dict[str, Any] = {}
-        cancel_seen: float | None = None
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                timeout = JobTimeout(f"ran past TIMEOUT {fn.timeout_s:g} s; its child process was killed "
-                                     f"{self.grace_s:g} s later")
-                return failure(fn, job, timeout), time.perf_counter() - started
-            now_flags = flags()
-            if now_flags.get("cancelled"):
-                # Asked to stop: a handler that does not within the grace is killed, and the
-                # job ends cancelled as if it had stopped.
-                cancel_seen = cancel_seen or time.monotonic()
-                if time.monotonic() - cancel_seen > self.grace_s:
-                    self.kill()
-                    return (Dead(reason=CANCELLED, error={"type": "Cancelled", "message": "cancelled; its "
-                                 f"child process was killed {self.grace_s:g} s later"}, refund=False),
-                            time.perf_counter() - started)
-            if now_flags != sent:
-                with contextlib.suppress(OSError):
-                    child.send({"op": "flag", **now_flags})
-                sent = now_flags
-            try:
-                if not child.conn.poll(min(left, 0.1)):
-                    continue
-                msg = codec.loads(child.conn.recv_bytes())
-            except (EOFError, OSError):
-                code = child.exit_code()
-                self.child = None
-                crash = ExecutorCrashed(f"executor crashed: the child process running the handler "
-                                        f"{describe_exit(code)}")
-                return failure(fn, job, crash), time.perf_counter() - started
-            op = msg.get("op")
-            if op == "progress":  # no reply: the child does not wait for it
-                on_rpc({"call": "progress", "value": msg.get("value")})
-            elif op == "rpc":
-                try:
-                    answer = on_rpc(msg)
-                    reply: dict[str, Any] = {"op": "reply", "ok": bool(answer),
-                                             "value": answer if isinstance(answer, dict) else None}
-                except Exception as exc:  # whatever happened, the child waits for a reply
-                    # Redis away mid-call (or a bug): the handler hears it, as a thread's would,
-                    # and the child stays in step. Left without a reply, it blocked on, and the
-                    # next job's outcome was taken for this one's.
-                    reply = {"op": "reply", "ok": False, "value": None, "failed": refusal_record(
-                        RedisUnavailable(f"Redis is unreachable: {exc}") if isinstance(exc, UNAVAILABLE)
-                        else exc if isinstance(exc, RunnerError) else RunnerError(f"{type(exc).__name__}: {exc}"))}
-                with contextlib.suppress(OSError):
-                    child.send(reply)
-            elif op == "outcome":
-                child.jobs += 1
-                child.rss_mb = float(msg.get("rss_mb") or 0)
-                if child.jobs >= self.q.max_jobs_per_child or child.rss_mb > self.q.max_rss_mb:
-                    log.info("recycling the child process %d after %d job(s) at %.0f MB", child.pid,
-                             child.jobs, child.rss_mb)
-                    self.replace(generation)
-                return from_message(msg["outcome"]), float(msg.get("run_s") or 0.0)
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:
+            return False
+
+
+class Generations:
+    """The functions' generation, for a child to say which code it runs: a number that
+    changes with each registry (a reload in `runner dev`). A counter, not the registry's
+    address (``id``), which a new registry took over from a freed one about half the time;
+    the registry last seen is held, so ``is`` compares exactly."""
+
+    def __init__(self) -> None:
+        self._last: object = None
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def of(self, registry: object) -> int:
+        if registry is self._last:  # every job but the first after a reload
+            return self._n
+        with self._lock:
+            if registry is not self._last:
+                self._last, self._n = registry, self._n + 1
+            return self._n

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from runner.store.scripts import Followup
 from runner.worker.context import Flags
 from runner.worker.execute import Claimed, Outcome
+from runner.worker.joblog import JobLogger
 
 _NOTHING, _ROOM, _EXECUTOR = 0, 1, 2  # what the fetcher waits for (Ledger._want)
 
@@ -36,6 +37,10 @@ class Run:
     lost: bool = False  # the lease went to another claim
     timed_out: bool = False  # the timeout was raised in its thread
     abandoned: bool = False  # still running TIMEOUT plus the grace later: given up
+    # An abandoned run's settlement, sent by whichever comes first: its handler's real end
+    # or the worker's stop. Until then its lease and limit slots are renewed: the handler
+    # still runs, so nobody else may hold its resource, nor its own retry start.
+    verdict: Any = None
     settling: bool = False  # its outcome is on its way to Redis: a refused renewal is no loss
     slot: int | None = None  # the executor slot running it
     flags: Flags = field(default_factory=Flags)
@@ -46,6 +51,8 @@ class Run:
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
     # ctx.enqueue's jobs, held until the ack, which writes them (a failed run drops them)
     followups: list[Followup] = field(default_factory=list)
+    invoked: Followup | None = None  # ctx.invoke's child, written with the run's suspension
+    logs: JobLogger | None = None  # ctx.logger, when it keeps the job's log: sent with the settlement
 
     @property
     def key(self) -> tuple[str, str]:
@@ -102,6 +109,26 @@ class Ledger:
         self._want = _NOTHING
         self.runs: dict[tuple[str, str], Run] = {}
         self.lock = threading.Lock()
+        # The partitions whose node refuses this worker's outcomes (maxmemory, MISCONF, an
+        # outage): claim nothing more there until one lands, or the worker runs jobs it
+        # cannot record, and runs them again when their leases lapse. The others go on: one
+        # dead shard must not stop the worker everywhere.
+        self.refused: set[int] = set()
+        self.partitions = 1  # how many the queue has now (the fetcher keeps it current)
+        # Told after runs are claimed (the renewer, which sleeps while nothing is held).
+        self.on_hold: Callable[[], None] = lambda: None
+
+    def outcomes_refused(self, partition: int = 0) -> None:
+        with self.cond:
+            self.refused = self.refused | {partition}
+
+    def outcomes_taken(self, partition: int = 0) -> None:
+        """An outcome landed in ``partition``: claims may go on there (the fetcher is
+        woken if it waits)."""
+        if partition in self.refused:
+            with self.cond:
+                self.refused = self.refused - {partition}
+                self.cond.notify_all()
 
     def room(self, stop: threading.Event) -> tuple[int, int]:
         """Block until there is room worth a claim (or ``stop`` is set: then 0); returns
@@ -118,7 +145,9 @@ class Ledger:
             return 0, 0
 
     def _roomy(self) -> bool:
-        """Room worth a claim (under cond)."""
+        """Room worth a claim (under cond); none while every partition refuses outcomes."""
+        if self.refused and len(self.refused) >= self.partitions:
+            return False
         room = self.capacity - self.busy
         return room >= self.low_water or (room > 0 and self.waiting == 0)
 
@@ -142,6 +171,7 @@ class Ledger:
         with self.cond:
             self.busy += len(batch)
             self.waiting += len(batch)
+        self.on_hold()
 
     def picked(self) -> None:
         """An executor took a claimed run off the inbox."""
@@ -216,7 +246,13 @@ class Ledger:
 
     def renewable(self) -> list[Run]:
         with self.lock:
-            return [r for r in self.runs.values() if not r.lost and not r.abandoned]
+            return [r for r in self.runs.values() if not r.lost]
+
+    def verdict(self, run: Run) -> Settlement | None:
+        """Take an abandoned run's settlement (once: None for the second taker)."""
+        with self.lock:
+            got, run.verdict = run.verdict, None
+            return got  # type: ignore[no-any-return]
 
     def snapshot(self) -> list[Run]:
         with self.lock:

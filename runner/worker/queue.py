@@ -1,11 +1,13 @@
-"""One queue's runner: four parts around two in-process queues, started and stopped
-in an order that keeps every claim settled or leased.
+"""One queue's runner: four parts around two in-process queues (the inbox of claimed
+runs and the outcomes queue of settlements), started and stopped in an order that keeps
+every claim settled or leased. (Not to be confused with a queue's outbox, the Redis list
+of follow-ups for other queues that the relay moves: relay.py.)
 
-    fetcher ──claim batch──> inbox ──> executors (concurrency slots) ──> outbox ──> settler
+    fetcher ──claim batch──> inbox ──> executors (concurrency slots) ──> outcomes ──> settler
        ^  idle: BLPOP on the queue's notify list                 ack/retry/bury/release,
        └──────────────── room freed when a handler returns          one pipeline per batch
     renewer: renews every held run's lease (and limit slots) every visibility_timeout/3,
-             and enforces TIMEOUT on handlers in threads
+             and enforces TIMEOUT on handlers in threads; asleep while nothing is held
 
 The ledger (ledger.py) is what they share: the runs held and the room left. Claims and
 settlements are batched, so a deep queue costs a few round trips per batch, not per
@@ -39,15 +41,18 @@ class QueueRunner:
         capacity = queue.concurrency + queue.prefetch
         self.ledger = Ledger(queue.concurrency, capacity, low_water=max(1, min(queue.batch, capacity // 2)))
         inbox: stdqueue.SimpleQueue[Run | None] = stdqueue.SimpleQueue()
-        outbox: stdqueue.SimpleQueue[Settlement | None] = stdqueue.SimpleQueue()
+        outcomes: stdqueue.SimpleQueue[Settlement | None] = stdqueue.SimpleQueue()
         self.renewer = Renewer(runtime, queue, self.ledger)
-        self.settler = Settler(runtime, queue, self.ledger, outbox)
-        self.executors = Executors(runtime, queue, self.ledger, inbox, outbox, self.renewer.renew_one)
+        self.settler = Settler(runtime, queue, self.ledger, outcomes)
+        self.executors = Executors(runtime, queue, self.ledger, inbox, outcomes, self.renewer.renew_one)
         self.renewer.abandon = self.executors.abandon
+        self.executors.expect = self.renewer.expect
+        self.ledger.on_hold = self.renewer.held
         self.renewer.cancelled = self.cancelled
         self.settler.cancelled = self.cancelled
-        self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outbox, worker_id)
-        self.outbox = outbox
+        self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outcomes, worker_id)
+        self.fetcher.startable = self.executors.startable
+        self.outcomes = outcomes
 
     def cancel_ahead(self, job_id: str, token: str) -> None:
         """A cancel took a claim (the cancels channel): drop it if it is ours and has not
@@ -63,7 +68,7 @@ class QueueRunner:
         n = 0
         for r in self.ledger.snapshot():
             if (function is None or r.job.type == function) and self.ledger.doom(r):
-                self.outbox.put(Settlement(r, Release()))
+                self.outcomes.put(Settlement(r, Release()))
                 n += 1
         if n:
             log.info("%s: %d job(s) claimed ahead handed back for a pause of %s", self.q.name, n,
@@ -74,7 +79,7 @@ class QueueRunner:
         no executor has taken is handed back, never started (release.lua ends it
         cancelled); a running one's handler is told (ctx.cancelled)."""
         if self.ledger.doom(run):
-            self.outbox.put(Settlement(run, Release()))
+            self.outcomes.put(Settlement(run, Release()))
             log.info("job %s: cancelled before it started", run.job.id, extra={"job_id": run.job.id})
         elif not run.flags.cancelled and self.ledger.holds(run):
             run.flags.cancelled = True

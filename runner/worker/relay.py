@@ -1,9 +1,11 @@
-"""The relay: moves follow-ups that an ack wrote to its queue's outbox (they belong to
-another queue, another slot on Redis Cluster) into their queue, then off the outbox.
+"""The relay: moves the jobs written to an outbox (follow-ups of another queue, a
+then-job or a schedule's tick whose keys route it to another partition: another slot on
+Redis Cluster) into their queue, then off the outbox (runner/outbox.py), and brings the
+counts of group members that finished outside their group's partition to it.
 
-Placing is idempotent by the follow-up's id (relay.lua), so a relay that dies between
-placing and removing, or two workers' relays racing over one outbox, place each once.
-It runs in every worker's scheduler loop."""
+Placing is idempotent by the job's id (relay.lua), so a relay that dies between
+placing and removing, or two workers' relays racing over one outbox (or a ticker placing
+its own), place each once. It runs in every worker's scheduler loop."""
 
 from __future__ import annotations
 
@@ -11,82 +13,88 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from runner import outbox
 from runner.client import Client, Request
 from runner.errors import JobNotFound, RunnerError
+from runner.observe import tracing
 from runner.runtime import Runtime
-from runner.store import codec, routing
+from runner.store import codec, followups
 from runner.store.keys import QueueKeys
-from runner.store.scripts import Followup, followup_id, job_entry
+from runner.store.scripts import STAGED, Followup, followup_id, job_entry
 from runner.worker.faults import fault
 
 log = logging.getLogger("runner.scheduler")
 
 BATCH = 200
-
-
-def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
-    """Write the follow-ups of these outbox entries into their queues; returns the entries
-    done with (placed, already there, or refused), which may leave the outbox. An entry
-    for a queue this worker does not know stays for a worker that does."""
-    by_queue: dict[str, list[tuple[str, list[str]]]] = {}
-    finished: list[str] = []
-    for raw in entries:
-        try:
-            queue, *fields = codec.loads(raw)
-        except (codec.DecodeError, ValueError, TypeError):
-            log.error("outbox: dropping a malformed entry %.80r", raw)
-            finished.append(raw)
-            continue
-        if queue not in rt.keys or len(fields) not in (12, 13):
-            log.warning("outbox: a follow-up for queue %r waits for a worker that knows it", queue)
-            continue
-        if len(fields) == 12:  # an entry of the release before: no priority
-            fields.append("0")
-        by_queue.setdefault(queue, []).append((raw, fields))
-    for queue, items in by_queue.items():
-        parts = rt.parts[queue]
-        n = parts[0].partitions  # routed over the current count (a draining one takes none)
-        by_part: dict[int, list[tuple[str, list[str]]]] = {}
-        for raw, fields in items:  # a follow-up goes where its keys route it, as any job
-            key = routing.route_of(fields[1], fields[7], fields[10]) if n > 1 else ""
-            by_part.setdefault(routing.partition_of(key, n) if key else rt.keys[queue].partition,
-                               []).append((raw, fields))
-        for p, some in by_part.items():
-            _relay(rt, parts[p], some, finished)
-    return finished
-
-
-def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str]) -> None:
-    codes = rt.scripts.relay(k, [f for _, f in items])
-    for (raw, fields), code in zip(items, codes, strict=True):
-        if int(code) < 0:
-            log.warning("follow-up %s: its idempotency key holds another payload; not enqueued", fields[0])
-        finished.append(raw)
+COUNT = '["#group",'  # an outbox entry that counts a group's member down (group_count.lua)
 
 
 def drain(rt: Runtime, k: QueueKeys) -> int:
-    """One pass over a queue's outbox (at most BATCH entries); returns how many left it."""
-    entries = rt.redis.lrange(k.outbox, 0, BATCH - 1)
+    """One pass over a queue's outbox (at most BATCH entries, and BATCH jobs of a committed
+    stage); returns how many left it, BATCH while a stage has more to place."""
+    entries = followups.outbox_head(rt.redis, k, BATCH)
     if not entries:
         return 0
+    stages = [e for e in entries if e.startswith(f'["{STAGED}"')]
     fault("before_relay")
-    finished = place(rt, entries)
+    counts = [e for e in entries if e.startswith(COUNT)]
+    finished = outbox.place(rt, [e for e in entries if not e.startswith((f'["{STAGED}"', COUNT))])
+    if counts:
+        finished += _count(rt, k, counts)
+    more = False
+    for raw in stages:
+        if _unstage(rt, k, raw):
+            finished.append(raw)
+        else:
+            more = True
+            break  # one stage's batch a pass: each relay pass stays bounded
     fault("after_relay")  # placed, not yet off the outbox: the next pass places nothing twice
-    _remove(rt, k.outbox, finished)
-    return len(finished)
+    outbox.remove(rt, k, finished)
+    return BATCH if more else len(finished)
 
 
-def _remove(rt: Runtime, key: str, items: Sequence[str]) -> None:
-    """Take these entries off a list (one each), in one round trip."""
-    if items:
-        pipe = rt.redis.pipeline(transaction=False)
-        for item in items:
-            pipe.lrem(key, 1, item)
-        pipe.execute()
+def _unstage(rt: Runtime, k: QueueKeys, raw: str) -> bool:
+    """Place the next BATCH follow-ups of a committed stage (ack.lua), each once by its
+    id, then take them off it; True once the stage is empty (and gone)."""
+    try:
+        _, suffix = codec.loads(raw)
+    except (codec.DecodeError, ValueError, TypeError):
+        log.error("outbox: dropping a malformed stage entry %.80r", raw)
+        return True
+    key = k.job_prefix + str(suffix)
+    chunk = followups.stage_head(rt.redis, key, BATCH)
+    if not chunk:
+        return True
+    finished = set(outbox.place(rt, chunk))
+    # Entries for a queue this worker does not know wait on the outbox for one that does.
+    waiting = [e for e in chunk if e not in finished]
+    followups.advance_stage(rt.redis, k, key, len(chunk), waiting)
+    return False
+
+
+def _count(rt: Runtime, k: QueueKeys, entries: Sequence[str]) -> list[str]:
+    """Bring the counts of group members that finished in this partition to their group
+    in the queue's home partition (group_count.lua; each member counts once there)."""
+    counts: list[list[str]] = []
+    for raw in entries:
+        try:
+            _, *fields = codec.loads(raw)
+        except (codec.DecodeError, ValueError, TypeError):
+            fields = []
+        if len(fields) == 5 and all(isinstance(f, str) for f in fields):
+            counts.append(fields)
+        else:
+            log.error("outbox: dropping a malformed group count %.80r", raw)
+    home = rt.keys.get(k.queue)
+    if home is None:
+        return []
+    if counts:
+        rt.scripts.group_count(home, counts)
+    return list(entries)
 
 
 def destination(client: Client, dest: str, tag: str, job_id: str, type_: str, version: int, attempt: int,
-                queue: str, body: dict[str, Any]) -> Followup | None:
+                queue: str, body: dict[str, Any], traceparent: str | None = None) -> Followup | None:
     """The job an ON_SUCCESS ("s") or ON_FAILURE ("f") destination gets: the source job
     and its result or error, under the id <source>.<tag>, which is written once whoever
     writes it (the settling script, or the lost list's pass below). None when the
@@ -96,8 +104,10 @@ def destination(client: Client, dest: str, tag: str, job_id: str, type_: str, ve
     try:
         # Not held to [api] max_body_bytes: the runner builds the record from a result
         # already held to [worker] max_result_bytes, and a refusal would lose it.
-        prep = client.prepare(Request(dest, record), bounded=False)
-    except RunnerError as exc:
+        prep = client.prepare(Request(dest, record, traceparent=traceparent), bounded=False)
+    except (RunnerError, TypeError, ValueError) as exc:
+        # TypeError, ValueError: a body the encoder refuses (execute.run refuses such a
+        # result first); raised here, it would fail the whole settle and re-run the job.
         log.error("job %s: not sent to %s: %s", job_id, dest, exc, extra={"job_id": job_id})
         return None
     return Followup(prep.fn.queue, prep.job._replace(id=followup_id(job_id, tag)))
@@ -109,7 +119,7 @@ def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
     written here, to the same id a settler would give it (<id>.f, or <id>.f2 for a job
     requeued once, ...) and placed once by that id, so a pass that dies midway, or two
     schedulers at once, write it once. Returns how many ids left the list."""
-    ids = rt.redis.lrange(k.lost, 0, BATCH - 1)
+    ids = followups.lost_head(rt.redis, k, BATCH)
     for job_id in ids:
         try:
             job = client.get(job_id).as_dict()
@@ -120,9 +130,10 @@ def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
             continue
         # Named as bury.lua names a settled burial's: <id>.f, then <id>.f2 after one requeue...
         tag = f"f{job['requeued'] + 1}" if job["requeued"] else "f"
-        dest = destination(client, fn.on_failure, tag, job_id, str(job["type"]), job["version"] or 0,
-                           job["attempt"], k.queue, {"error": job["last_error"]})
+        with tracing.enqueue_under(job.get("traceparent"), fn.on_failure) as traceparent:
+            dest = destination(client, fn.on_failure, tag, job_id, str(job["type"]), job["version"] or 0,
+                               job["attempt"], k.queue, {"error": job["last_error"]}, traceparent)
         if dest is not None:  # placed as the outbox's entries are: where its keys route it
-            place(rt, [codec.dumps(job_entry(dest.queue, dest.job))])
-    _remove(rt, k.lost, ids)
+            outbox.place(rt, [codec.dumps(job_entry(dest.queue, dest.job))])
+    followups.forget_lost(rt.redis, k, ids)
     return len(ids)

@@ -5,6 +5,10 @@ that it was asked to stop (ctx.cancelled), and
 enforces TIMEOUT on handlers that run in threads: JobTimeout raised in the thread at
 TIMEOUT, the run given up TIMEOUT plus the grace later.
 
+It sleeps until its next renewal or timeout is due, not on a fixed tick: with nothing
+held it sleeps until a claim wakes it (an idle worker's renewer costs nothing), and a
+handler starting with a TIMEOUT sooner than its planned wake-up wakes it (``expect``).
+
 It is a thread of the worker process: a handler that holds the GIL in one long C call
 stops it too. It notices when it comes back late and says so, naming the fix
 (``ISOLATION = "process"``: the worker then never runs handler code).
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,19 +26,21 @@ from collections.abc import Callable
 from runner.config import QueueConfig
 from runner.errors import JobTimeout
 from runner.runtime import Runtime
-from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
-from runner.store.outage import Outage
+from runner.store.outage import OUTAGE, Away, Outage
 from runner.worker.execute import Claimed
 from runner.worker.faults import fault
+from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS
 from runner.worker.ledger import Ledger, Run
 from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.worker")
 
 CHUNK = 500
-TICK_S = 0.1
 CANCEL_S = 1.0  # the longest between renewals: a cancel request is read with them
+LATE_S = 0.9  # back this much later than it meant to: a handler held the GIL
+# With nothing held it waits for a claim to wake it; this is only the longest it sleeps.
+PARK_S = 5.0
 
 
 class Renewer:
@@ -47,6 +54,12 @@ class Renewer:
         self.abandon: Callable[[Run], None] = lambda run: None
         self.cancelled: Callable[[Run], None] = lambda run: None  # a cancel reached this run
         self.stopping = threading.Event()
+        # Set to wake the thread before its planned time (a claim, a handler's TIMEOUT
+        # sooner than that time, the stop); _wake_at is that time (inf while it plans, or
+        # parks with nothing held, so a claim or a start then always wakes it).
+        self._poke = threading.Event()
+        self._wake_at = math.inf
+        self._down: Away[int] = Away(f"{queue.name} renewer", lambda p: f"partition {{{self.parts[p].tag}}}")
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-renew", daemon=True)
 
     def start(self) -> None:
@@ -54,7 +67,20 @@ class Renewer:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._poke.set()
         self._thread.join(timeout=2)
+
+    def held(self) -> None:
+        """Runs were claimed (the ledger's on_hold): a renewer parked with nothing to renew
+        wakes to look after them."""
+        if self._wake_at == math.inf:
+            self._poke.set()
+
+    def expect(self, deadline: float) -> None:
+        """A handler started in a thread with this TIMEOUT (monotonic): wake the renewer
+        for it if it planned to sleep past it."""
+        if deadline < self._wake_at:
+            self._poke.set()
 
     def renew_one(self, job: Claimed) -> bool:
         codes = self.rt.scripts.renew(self.parts[job.partition], [(job.id, job.token)], self.lease_ms)
@@ -63,38 +89,73 @@ class Renewer:
     def _loop(self) -> None:
         outage = Outage(f"{self.q.name} renewer", log)
         every = max(0.2, min(self.q.visibility_timeout_s / 3, CANCEL_S))
-        late_after = max(1.0, every)
         next_renew = time.monotonic() + every
-        last = time.monotonic()
-        ran = False  # a handler was running at the last tick
-        while not self.stopping.wait(TICK_S):
+        last = planned = time.monotonic()  # when it last ran, and when it meant to run again
+        ran = False  # a handler was running when it last ran
+        while not self.stopping.is_set():
             now = time.monotonic()
             running = bool(self.ledger.running())
             # The handler that held the GIL may have finished by the time this thread
             # runs again (on one core it usually has): it was running before the gap, or
-            # it started just after the last tick and returned within the gap.
-            if now - last > late_after and (ran or running or self.ledger.last_return > last):
+            # it started just after this thread last ran and returned within the gap.
+            if now - planned > LATE_S and (ran or running or self.ledger.last_return > last):
                 log.warning(
                     "%s: lease renewal ran %.1f s late: a handler held the GIL (a long C call), so this "
                     "worker could not renew its leases; set ISOLATION = \"process\" on such a function so "
-                    "its handler runs in a child process", self.q.name, now - last - TICK_S,
-                    extra={"queue": self.q.name, "late_s": round(now - last - TICK_S, 3)})
-            last, ran = now, running
+                    "its handler runs in a child process", self.q.name, now - planned,
+                    extra={"queue": self.q.name, "late_s": round(now - planned, 3)})
+            ran = running
             fault("renew_loop")
             self._enforce_timeouts(now)
-            if now < next_renew:
-                continue
-            try:
-                self.renew(self.ledger.renewable())
-                outage.ok()
-                next_renew = time.monotonic() + every
-            except UNAVAILABLE as exc:
-                outage.failed(exc, self.stopping)
-            except Exception as exc:  # never let renewal die silently: leases would lapse
-                log.exception("%s renewer: renewing failed (%s); retrying", self.q.name, exc)
-                outage.failed(exc, self.stopping)
+            if now >= next_renew:
+                try:
+                    self.renew(self.ledger.renewable())
+                    outage.ok()
+                    next_renew = time.monotonic() + every
+                except OUTAGE as exc:
+                    outage.failed(exc, self.stopping)
+                except Exception as exc:  # never let renewal die silently: leases would lapse
+                    log.exception("%s renewer: renewing failed (%s); retrying", self.q.name, exc)
+                    outage.failed(exc, self.stopping)
+            # The time spent waiting on Redis (a stalled master, a script past the busy
+            # threshold, an outage's backoff) is this thread's own, not a handler's
+            # holding the GIL.
+            last = time.monotonic()
+            planned, next_renew = self._sleep(last, next_renew, every)
+
+    def _sleep(self, now: float, next_renew: float, every: float) -> tuple[float, float]:
+        """Sleep until the next renewal or timeout is due, or a poke; with nothing held,
+        until a claim pokes (at most PARK_S). Returns (when it meant to wake: a poke's
+        wake-up is on time, the next renewal)."""
+        self._poke.clear()
+        self._wake_at = math.inf  # planning: a claim or a start meanwhile pokes
+        due = self._due(next_renew)
+        if due is None:  # nothing held: parked until a claim
+            poked = self._poke.wait(PARK_S)
+            woke = time.monotonic()
+            # A claim's first renewal comes a period after it, as a lease's always did.
+            return woke, woke + every if poked else next_renew
+        self._wake_at = due
+        poked = self._poke.wait(max(0.0, due - now))
+        self._wake_at = math.inf
+        return (time.monotonic() if poked else max(due, now)), next_renew
+
+    def _due(self, next_renew: float) -> float | None:
+        """When the next renewal or timeout falls due (monotonic); None with nothing held."""
+        with self.ledger.lock:
+            if not self.ledger.runs:
+                return None
+            due = next_renew
+            for r in self.ledger.runs.values():
+                if r.thread_id is not None and r.deadline is not None and not r.abandoned:
+                    due = min(due, r.deadline + (self.grace_s if r.timed_out else 0.0))
+            return due
 
     def renew(self, runs: list[Run]) -> None:
+        """Renew ``runs``' leases, partition by partition: a partition whose node is away
+        is skipped for a backoff of its own (its leases are lost to the outage anyway)
+        while the others' are renewed on time, or their leases would lapse too and their
+        jobs run twice."""
         if len(self.parts) == 1:
             self._renew(self.parts[0], runs)
             return
@@ -102,15 +163,25 @@ class Renewer:
         for r in runs:  # a lease lives in the partition its job was claimed from
             by_part.setdefault(r.job.partition, []).append(r)
         for p, some in by_part.items():
-            self._renew(self.parts[p], some)
+            if self._down.away(p):
+                continue
+            try:
+                self._renew(self.parts[p], some)
+            except OUTAGE as exc:
+                self._down.failed(p, exc)
+                continue
+            self._down.ok(p)
 
     def _renew(self, k: QueueKeys, runs: list[Run]) -> None:
+        self._send_logs(k, runs)
         for i in range(0, len(runs), CHUNK):
             chunk = runs[i:i + CHUNK]
             # The latest progress of each run rides along (ctx.progress is batched here).
             sent = [r.progress for r in chunk]
             for r in chunk:
                 r.progress = ""
+            # Counted from before the call: the lease may only end sooner than this says.
+            asked = time.monotonic()
             try:
                 codes = self.rt.scripts.renew(k, [(*r.key, p) for r, p in zip(chunk, sent, strict=True)],
                                               self.lease_ms)
@@ -120,12 +191,15 @@ class Renewer:
                 raise
             for r, code in zip(chunk, codes, strict=True):
                 c = int(code)
+                if c > 0 or c == -2:
+                    r.flags.lease_until = asked + self.lease_ms / 1000
                 # A run settled while this renewal was in flight is refused too: that is
                 # not a lost lease. The settler marks a run before it sends the outcome, so
                 # one whose ack landed first is known here even before it leaves the ledger;
                 # if its lease was lost after all, the settler's refused ack says so.
                 if c == -1 and not r.lost and not r.settling and self.ledger.holds(r):
                     r.lost = True
+                    r.flags.lease_until = -1.0
                     log.warning("job %s: lease lost (reclaimed elsewhere); its result will be refused "
                                 "unless nobody ran it since", r.job.id, extra={"job_id": r.job.id})
                 elif c == 3 and not r.flags.cancelled and not r.doomed:
@@ -134,6 +208,29 @@ class Renewer:
                     r.flags.lock_lost = True
                     log.warning("job %s: its resource slot went to another job (its lease had lapsed); "
                                 "the handler sees ctx.lock_lost", r.job.id, extra={"job_id": r.job.id})
+
+    def _send_logs(self, k: QueueKeys, runs: list[Run]) -> None:
+        """The lines running handlers logged since the last renewal, in one round trip for
+        all of them, so a follower sees a run's log while it runs (a run that logged
+        nothing new adds nothing)."""
+        logging_runs = [r for r in runs if r.logs is not None and not r.settling and r.logs.pending()]
+        if not logging_runs:
+            return
+        ret = self.rt.config.retention
+        keep_ms = max(1, int(max(ret.done_s, ret.dead_s) * 1000))
+        calls = self.rt.scripts.batch()
+        for r in logging_runs:
+            logs = r.logs
+            assert logs is not None
+            if logs.buf is not None and logs.buf.pending():
+                self.rt.scripts.append_log(k, r.job.id, logs.buf.take(), ret.log_lines, ret.log_bytes, keep_ms, calls)
+            if logs.chunks is not None and logs.chunks.pending():
+                self.rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
+                                           calls, key=k.stream(r.job.id))
+        try:
+            calls.execute(raise_on_error=False)
+        except Exception as exc:  # the lines are lost to the log, never the lease to the renewal
+            log.debug("%s renewer: writing running jobs' logs failed (%s)", self.q.name, exc)
 
     def _enforce_timeouts(self, now: float) -> None:
         late: list[Run] = []

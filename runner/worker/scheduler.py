@@ -7,6 +7,12 @@ It runs inside every worker process. Each move is one atomic script that re-chec
 state it moves from, so any number of schedulers can run at once without moving a job
 twice. It sleeps until the next due job (at most scheduler_interval), so a delay of
 100 ms is honoured to within a few ms.
+
+A pass looks at every partition in one round trip (on one server: promote, reclaim and
+the outbox's length of each, pipelined), and goes on to a partition's own calls only
+where that look found more to do; an idle worker's pass is that one round trip. The
+reclaim's check of the queue's keys for damage (a TYPE per key) runs at the start, every
+TRIM_EVERY_S, and after this process saw an error reply (a damaged key causes them).
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from runner.client import Client
 from runner.runtime import Runtime
 from runner.store import roster, tagset
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
-from runner.store.outage import Outage
+from runner.store.outage import OUTAGE, Away, Outage
 from runner.worker import relay
 from runner.worker.lifeline import vital
 
@@ -42,8 +49,12 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=vital(self._loop), name="scheduler", daemon=True)
         self._last_trim = 0.0
+        self._checked: tuple[int, float] = (-1, 0.0)  # error replies seen, and when, at the last damage check
         self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths
         self._next_beat = 0.0
+        # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
+        self._away: Away[tuple[str, str]] = Away("scheduler", lambda w: f"queue {w[0]}, partition {{{w[1]}}}"
+                                                 if w[0] else "roster", log)
 
     def start(self) -> None:
         self._thread.start()
@@ -55,61 +66,136 @@ class Scheduler:
     def tick(self) -> float:
         """One pass over every queue (every partition of each); returns seconds until the
         next due job (capped)."""
-        if self.member is not None and time.monotonic() >= self._next_beat:
-            roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member())
-            self._next_beat = time.monotonic() + roster.HEARTBEAT_S
+        # A shard away fails the calls in its slots only: each partition (and the roster,
+        # ("", ""), in a slot of its own) is served on its own, and one that fails waits out
+        # a backoff of its own while the others go on. When nothing answers at all, Redis
+        # is away: the loop's own backoff, with its one warning.
+        failures: list[tuple[tuple[str, str], BaseException]] = []
+        answered = False
+        if self.member is not None and time.monotonic() >= self._next_beat and not self._away.away(("", "")):
+            try:
+                roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member())
+                self._away.ok(("", ""))
+                self._next_beat = time.monotonic() + roster.HEARTBEAT_S
+                answered = True
+            except OUTAGE as exc:
+                failures.append((("", ""), exc))
         new = self.rt.discover_due(record=True)
         if new and self.found is not None:
             self.found(new)
-        sc = self.rt.scripts
-        interval = self.rt.config.worker.scheduler_interval_s
-        wait = interval
+        wait = self.rt.config.worker.scheduler_interval_s
         ret = self.rt.config.retention
-        dead_ms, done_ms = int(ret.dead_s * 1000), int(ret.done_s * 1000)
         # A short retention (dev, tests) is honoured to within a quarter of itself.
         every = min(TRIM_EVERY_S, max(0.1, min(ret.done_s, ret.dead_s) / 4))
         trim = time.monotonic() - self._last_trim > every
+        check = self._check_due()
         more = False
-        for k in (k for parts in self.rt.parts.values() for k in parts):  # every partition of every queue
-            while True:
-                moved, due_in = sc.promote(k, BATCH)
-                if int(moved) < BATCH:
-                    break
-            if int(due_in) >= 0:
-                wait = min(wait, max(0.002, int(due_in) / 1000))
-            if relay.drain(self.rt, k) >= relay.BATCH:
-                wait = 0.002  # more waiting: come back at once
-            lost = trim  # now and then, for a list a dead scheduler left
-            while True:
-                requeued, buried = sc.reclaim(k, BATCH, dead_ms)
-                if int(requeued) or int(buried):
-                    log.warning("queue %s: reclaimed %s lapsed lease(s), %s buried as worker lost",
-                                k.queue, requeued, buried)
-                lost = lost or int(buried) > 0
-                if int(requeued) + int(buried) < BATCH:
-                    break
-            if lost:
-                if self._client is None:
-                    self._client = Client(self.rt)
-                while relay.lost_destinations(self.rt, self._client, k) >= relay.BATCH:
-                    pass
-            if trim:
-                for _ in range(TRIM_ROUNDS):
-                    dead, _gen = sc.trim(k, dead_ms, done_ms, BATCH * 2, ret.done_max)
-                    if int(dead) < BATCH * 2:
-                        break
-                else:
-                    more = True  # a backlog past retention: come back soon, not in a minute
-                if k.draining:
-                    self._retire(k, ret.done_s)
+        live = [k for parts in self.rt.parts.values() for k in parts  # every partition of every queue
+                if not self._away.away((k.queue, k.tag))]
+        try:
+            looks = self._look(live, check)
+        except OUTAGE as exc:  # the one server is away: every partition with it
+            failures += [((k.queue, k.tag), exc) for k in live]
+            live, looks = [], {}
+        for k in live:
+            where = (k.queue, k.tag)
+            try:
+                wait, more = self._pass(k, wait, trim, more, check, looks.get(id(k)))
+            except OUTAGE as exc:
+                failures.append((where, exc))
+                continue
+            self._away.ok(where)
+            answered = True
+        if failures and not answered:
+            raise failures[-1][1]
+        for where, why in failures:
+            self._away.failed(where, why)
         if trim:
             self._last_trim = time.monotonic() - (every if more else 0.0)
         return wait
 
+    def _check_due(self) -> bool:
+        """Whether this pass's reclaims check the queues' keys for damage: at the start,
+        every TRIM_EVERY_S, and once after this process saw an error reply."""
+        seen, at = self._checked
+        errors = self.rt.scripts.error_replies
+        if errors == seen and time.monotonic() - at < TRIM_EVERY_S:
+            return False
+        self._checked = (errors, time.monotonic())
+        return True
+
+    def _look(self, ks: list[QueueKeys], check: bool) -> dict[int, tuple[Any, Any, int]]:
+        """The first promote and reclaim of every partition and its outbox's length, in one
+        round trip, by id of its keys; a partition whose replies hold an error is left out
+        (its own calls in _pass raise it where it belongs). Nothing on Redis Cluster, where
+        each partition's calls go on their own."""
+        if not ks:
+            return {}
+        sc = self.rt.scripts
+        dead_ms = int(self.rt.config.retention.dead_s * 1000)
+        calls: list[Any] = []
+        for k in ks:
+            calls += [sc.promote_call(k, BATCH), sc.reclaim_call(k, BATCH, dead_ms, check=check), ("LLEN", k.outbox)]
+        replies = sc.gather(calls)
+        if replies is None:
+            return {}
+        out: dict[int, tuple[Any, Any, int]] = {}
+        for i, k in enumerate(ks):
+            promoted, reclaimed, outbox = replies[3 * i:3 * i + 3]
+            if not any(isinstance(r, BaseException) for r in (promoted, reclaimed, outbox)):
+                out[id(k)] = (promoted, reclaimed, int(outbox))
+        return out
+
+    def _pass(self, k: QueueKeys, wait: float, trim: bool, more: bool, check: bool,
+              look: tuple[Any, Any, int] | None = None) -> tuple[float, bool]:
+        """The passes over one partition, starting from ``look`` (the first promote and
+        reclaim replies and the outbox's length) when the pass looked already; returns
+        (wait, more) brought up to date."""
+        sc = self.rt.scripts
+        ret = self.rt.config.retention
+        dead_ms, done_ms = int(ret.dead_s * 1000), int(ret.done_s * 1000)
+        promoted, reclaimed, outbox = look if look is not None else (None, None, 1)
+        while True:
+            moved, due_in = promoted if promoted is not None else sc.promote(k, BATCH)
+            promoted = None
+            if int(moved) < BATCH:
+                break
+        if int(due_in) >= 0:
+            wait = min(wait, max(0.002, int(due_in) / 1000))
+        if outbox and relay.drain(self.rt, k) >= relay.BATCH:
+            wait = 0.002  # more waiting: come back at once
+        lost = trim  # now and then, for a list a dead scheduler left
+        while True:
+            requeued, buried = reclaimed if reclaimed is not None else sc.reclaim(k, BATCH, dead_ms, check=check)
+            reclaimed = None
+            if int(requeued) or int(buried):
+                log.warning("queue %s: reclaimed %s lapsed lease(s), %s buried as worker lost",
+                            k.queue, requeued, buried)
+            lost = lost or int(buried) > 0
+            if int(requeued) + int(buried) < BATCH:
+                break
+        if lost:
+            if self._client is None:
+                self._client = Client(self.rt)
+            while relay.lost_destinations(self.rt, self._client, k) >= relay.BATCH:
+                pass
+        if trim:
+            for _ in range(TRIM_ROUNDS):
+                dead, _gen = sc.trim(k, dead_ms, done_ms, BATCH * 2, ret.done_max)
+                if int(dead) < BATCH * 2:
+                    break
+            else:
+                more = True  # a backlog past retention: come back soon, not in a minute
+            if k.draining:
+                # (a drained partition's keys outlive its jobs: done records, idempotency keys)
+                self._retire(k, max(ret.done_s, ret.idempotency_s))
+        return wait, more
+
     def _retire(self, k: QueueKeys, done_s: float) -> None:
-        """Stop recording a draining partition once it held nothing for a whole retention
-        (by then its done jobs' outcomes have gone too): processes started later leave it
-        out. This one keeps looking at it, which costs a claim now and then."""
+        """Stop recording a draining partition once it held nothing for ``done_s``, the
+        longest of the done and idempotency retentions (by then its done jobs' outcomes and
+        its idempotency keys have gone too, so no look-up needs it): processes started
+        later leave it out. This one keeps looking at it, which costs a claim now and then."""
         if not tagset.drained(self.rt.redis, k):
             self._empty_since.pop((k.queue, k.tag), None)
             return

@@ -1,7 +1,8 @@
 """The settler: sends finished runs' outcomes (ack, retry, bury, release) and the start
-marks of prefetched runs in batches, one pipeline of fenced scripts per batch, and logs
-and counts what it settled. A start mark whose run settles in the same batch is dropped:
-the settlement says the run started."""
+marks of prefetched runs in batches, one pipeline of fenced scripts per batch, retries
+or parks what did not land, and logs and counts what it settled. A start mark whose run
+settles in the same batch is dropped: the settlement says the run started. What each
+outcome writes is built in entries.py."""
 
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ from runner.client import Client
 from runner.config import QueueConfig
 from runner.observe import metrics, tracing
 from runner.runtime import Runtime
-from runner.store import codec, records
-from runner.store.connection import UNAVAILABLE
-from runner.store.keys import QueueKeys
-from runner.store.outage import Outage
-from runner.store.scripts import Ack, Batch, Burial, Followup, Hand, Member, RetryAt
-from runner.worker import relay
-from runner.worker.execute import CANCELLED, EXPIRED, Claimed, Dead, Done, RetryLater
+from runner.store import records, stats
+from runner.store.outage import OUTAGE, Away, Outage
+from runner.worker import durable, journal
+from runner.worker.entries import AckFigures, Entries
+from runner.worker.execute import CANCELLED, Dead, Done, RetryLater, Suspended, as_asked
 from runner.worker.faults import fault
+from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS
 from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
 from runner.worker.lifeline import vital
 
@@ -41,83 +41,56 @@ LINGER_BELOW = 32
 LINGER_S = 0.003
 
 
-def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: Any = None) -> str:
-    entry: dict[str, Any] = {"attempt": attempt, "outcome": outcome, "started_ms": started_ms,
-                             "at_ms": now_ms}
-    if error is not None:
-        entry["error"] = {"type": error.get("type"), "message": error.get("message")}
-    return codec.dumps(entry)
-
-
-def _group_of(job: Claimed) -> tuple[str, int] | None:
-    """The group id and member number a group's member carries in its meta (see groups.py)."""
-    raw = job.meta_raw
-    if not raw or '"member"' not in raw:  # most jobs: no parse
-        return None
-    try:
-        meta = codec.loads(raw)
-    except codec.DecodeError:
-        return None
-    group, number = meta.get("group"), meta.get("member")
-    if isinstance(group, str) and isinstance(number, int) and not isinstance(number, bool):
-        return group, number
-    return None
-
-
-def _member_done(job: Claimed, result: str) -> Member | None:
-    where = _group_of(job)
-    if where is None:
-        return None
-    return Member(*where, "done", f'{{"id":{codec.dumps(job.id)},"status":"done","result":{result or "null"}}}')
-
-
-def _member_dead(job: Claimed, o: Dead) -> Member | None:
-    where = _group_of(job)
-    if where is None:
-        return None
-    status = "cancelled" if o.reason == CANCELLED else "dead"
-    # Type and message only: the then-job gets every member's outcome, the traceback
-    # stays on the member's own record.
-    err = {"type": o.error.get("type"), "message": o.error.get("message")} if o.error else None
-    return Member(*where, status, codec.dumps({"id": job.id, "status": status, "reason": o.reason, "error": err}))
-
-
 class Settler:
     def __init__(self, runtime: Runtime, queue: QueueConfig, ledger: Ledger,
-                 outbox: stdqueue.SimpleQueue[Settlement | None]) -> None:
+                 outcomes: stdqueue.SimpleQueue[Settlement | None]) -> None:
         self.rt = runtime
         self.q = queue
         self.ledger = ledger
-        self.outbox = outbox
-        ret = runtime.config.retention
-        self.dead_ttl_ms = int(ret.dead_s * 1000)
-        self.idem_ttl_ms = int(ret.idempotency_s * 1000)
-        self.done_ttl_ms = int(ret.done_s * 1000)
-        self.done_max = ret.done_max
-        self.keep_payload = ret.done_payload
-        # Set once nothing more will be settled through the outbox: a send that fails
+        self.outcomes = outcomes
+        self.entries = Entries(runtime)  # what each outcome writes
+        # Set once nothing more will come through the outcomes queue: a send that fails
         # then is not retried for ever.
         self.closing = threading.Event()
         self.processed = 0
         self._tally: Counter[str] = Counter()
         self._next_summary = time.monotonic() + SUMMARY_EVERY_S
-        self._client: Client | None = None  # builds destinations' jobs (ON_SUCCESS, ON_FAILURE)
         self.cancelled: Callable[[Run], None] = lambda run: None  # a start mark found a cancel
+        # Partitions whose node is away, and the settlements parked until its backoff ends.
+        self._down: Away[int] = Away(f"{queue.name} settler", self._label)
+        self._parked: dict[int, list[Settlement]] = {}
+        self.figures = metrics.Pending()  # landed successes' figures, added within FLUSH_S
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-settle", daemon=True)
+        self._children: list[Settlement] = []  # ctx.invoke's children settled, their parents not told yet
+        self._client: Client | None = None
+
+    def _label(self, p: int) -> str:
+        parts = self.rt.parts[self.q.name]
+        return f"partition {{{parts[p].tag}}}" if len(parts) > 1 and p < len(parts) else ""
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        """Settle everything already in the outbox, then stop."""
-        self.outbox.put(None)
+        """Settle everything already on the outcomes queue, then stop."""
+        self.outcomes.put(None)
         self._thread.join(timeout=10)
         self.closing.set()
 
     def _loop(self) -> None:
         done = False
         while not done:
-            first = self.outbox.get()
+            # Wake for a partition's settlements that wait out its backoff, and for the
+            # figures due; else sleep until an outcome comes.
+            waits = [w for w in (self._parked_wait() if self._parked else None,
+                                 self.figures.due_in(time.monotonic())) if w is not None]
+            try:
+                first = self.outcomes.get(timeout=min(waits)) if waits else self.outcomes.get()
+            except stdqueue.Empty:
+                if self._parked:
+                    self.send([])
+                self.flush_figures()
+                continue
             if first is None:
                 break
             batch = [first]
@@ -130,13 +103,45 @@ class Settler:
                 time.sleep(LINGER_S)
                 done = self._take(batch)
             fault("settle_loop")
-            self.settle(batch)
+            for s in batch:  # before the send, so the entries, the tally and the log agree
+                s.outcome = as_asked(s.outcome, s.run.flags.cancelled)
+            self.send(batch)
+            self.flush_figures()
+        if self._parked:  # the stop: one more try for what a dead node refused, then give up
+            self._down.until.clear()
+            self.closing.set()
+            self.send([])
+        self.flush_figures(final=True)
+
+    def flush_figures(self, final: bool = False) -> None:
+        """Add the summed figures of landed successes to the stats hashes once FLUSH_S
+        passed since the oldest (at the stop: whatever is pending). A failed add keeps
+        them for the next try; at the stop they are given up, with a line that says so."""
+        due = self.figures.due_in(time.monotonic())
+        if due is None or (due > 0 and not final):
+            return
+        rows = self.figures.take()
+        try:
+            stats.add_counts(self.rt.redis, rows)
+        except Exception as exc:
+            if final:
+                log.warning("%s settler: the figures of the last second's successes were not added to "
+                            "/metrics (%s)", self.q.name, exc)
+                return
+            log.debug("%s settler: adding figures failed (%s); trying again", self.q.name, exc)
+            for key, counts in rows.items():
+                self.figures.add(key, counts, time.monotonic())
+
+    def _parked_wait(self) -> float:
+        """Seconds until the first parked partition's backoff ends."""
+        until = [self._down.until.get(p, 0.0) for p in self._parked]
+        return max(0.0, min(until) - time.monotonic()) + 0.001
 
     def _take(self, batch: list[Settlement]) -> bool:
-        """Add what the outbox holds now to ``batch``; True when the stop sentinel came."""
+        """Add what the outcomes queue holds now to ``batch``; True when the stop sentinel came."""
         while len(batch) < MAX_BATCH:
             try:
-                nxt = self.outbox.get_nowait()
+                nxt = self.outcomes.get_nowait()
             except stdqueue.Empty:
                 return False
             if nxt is None:
@@ -151,59 +156,202 @@ class Settler:
         out at once: a caller may be waiting for it."""
         return self.ledger.waiting > 0 or any(isinstance(s.outcome, Start) for s in batch)
 
-    def settle(self, batch: Sequence[Settlement]) -> None:
+    def _part(self, s: Settlement) -> int:
+        return s.run.job.partition if len(self.rt.parts[self.q.name]) > 1 else 0
+
+    def _due(self, batch: Sequence[Settlement]) -> list[Settlement]:
+        """The settlements to send now: those parked for a partition whose backoff ended,
+        then ``batch``'s, less those of a partition still in its backoff (parked)."""
+        out: list[Settlement] = []
+        for p in [p for p in self._parked if not self._down.away(p)]:
+            out += self._parked.pop(p)
+        for s in batch:
+            p = self._part(s)
+            if p in self._parked or self._down.away(p):
+                self._parked.setdefault(p, []).append(s)
+            else:
+                out.append(s)
+        return out
+
+    def _park(self, p: int, sub: list[Settlement], exc: BaseException) -> None:
+        """Partition ``p``'s node refused these outcomes (an outage): keep them for a try
+        after its backoff, and claim nothing more there meanwhile; the other partitions
+        go on settling, renewing and claiming."""
+        if self.closing.is_set():
+            self.ledger.forget(s.run for s in sub if not isinstance(s.outcome, Start))
+            log.error("%s settler: Redis unavailable at exit; %d job(s) will be reclaimed when "
+                      "their lease lapses", self.q.name, len(sub))
+            return
+        self.ledger.outcomes_refused(p)  # claim nothing there that this worker could not record
+        self._down.failed(p, exc)
+        self._parked.setdefault(p, []).extend(sub)
+
+    def send(self, batch: Sequence[Settlement]) -> None:
         """Send a batch until it lands. Re-sending is safe: every script is fenced, so a
-        settlement that already applied is refused the second time. Any other error (an
-        ACL change, MISCONF, a bug) is retried with backoff too; after a few tries the
-        batch is split so one bad settlement cannot hold up the others, and one that
-        keeps failing is dropped from this worker: its lease lapses and it is reclaimed."""
+        settlement that already applied is refused the second time. A partition whose node
+        is away (an outage) has its settlements parked and sent again after a backoff of
+        its own, while the other partitions' settle at once. Any other error (an ACL
+        change, MISCONF, a bug) is retried with backoff; after a few tries the batch is
+        split so one bad settlement cannot hold up the others, and one that keeps failing
+        is dropped from this worker: its lease lapses and it is reclaimed."""
+        pending = self._due(batch)
         outage = Outage(f"{self.q.name} settler", log)
         give_up = threading.Event()
         errors = 0
-        while True:
-            try:
-                traced = [(s.run.trace, s.run.job.id, type(s.outcome).__name__.lower())
-                          for s in batch if s.run.trace is not None] if tracing.enabled() else []
-                with tracing.settle_spans(traced):
-                    self._send(batch)
-                outage.ok()
+        while pending:
+            pending, other = self._land(pending)
+            if other is None:
                 return
-            except UNAVAILABLE as exc:
-                if self.closing.is_set():
-                    log.error("%s settler: Redis unavailable at exit; %d job(s) will be "
-                              "reclaimed when their lease lapses", self.q.name, len(batch))
-                    return
-                outage.failed(exc, give_up)
-            except Exception as exc:
-                errors += 1
-                log.exception("%s settler: settling %d job(s) failed (%s); retrying",
-                              self.q.name, len(batch), exc)
-                if len(batch) > 1 and errors >= 3:
-                    for one in batch:
-                        self.settle([one])
-                    return
-                if errors >= 8 or self.closing.is_set():
-                    self.ledger.forget(b.run for b in batch if not isinstance(b.outcome, Start))
-                    log.error("%s settler: giving up on job(s) %s; they are reclaimed when their "
-                              "lease lapses", self.q.name, ", ".join(b.run.job.id for b in batch))
-                    return
-                outage.failed(exc, give_up)
+            errors += 1
+            log.error("%s settler: settling %d job(s) failed (%s); retrying", self.q.name, len(pending), other,
+                      exc_info=other)
+            if len(pending) > 1 and errors >= 3:
+                for one in pending:
+                    self.send([one])
+                return
+            if errors >= 8 or self.closing.is_set():
+                self.ledger.forget(b.run for b in pending if not isinstance(b.outcome, Start))
+                log.error("%s settler: giving up on job(s) %s; they are reclaimed when their "
+                          "lease lapses", self.q.name, ", ".join(b.run.job.id for b in pending))
+                return
+            outage.failed(other, give_up)
 
-    def _send(self, batch: Sequence[Settlement]) -> None:
-        now = records.now_ms()  # figures only (history entries): transitions use the server's clock
+    def _land(self, pending: Sequence[Settlement]) -> tuple[list[Settlement], BaseException | None]:
+        """One try at ``pending``: a partition that took its outcomes is well again, one
+        whose node is away has its settlements parked; returns the settlements that failed
+        otherwise, and their error (None: nothing left to retry)."""
+        failures = self._try(pending)
+        refused = {p for p, _, e in failures if isinstance(e, OUTAGE)}
+        for p in {self._part(s) for s in pending} - refused - self._parked.keys():
+            self._down.ok(p)
+            self.ledger.outcomes_taken(p)
+        again: list[Settlement] = []
+        other: BaseException | None = None
+        for p, sub, e in failures:
+            if isinstance(e, OUTAGE):
+                self._park(p, sub, e)
+            else:
+                again += sub
+                other = e
+        return again, other
+
+    def _try(self, pending: Sequence[Settlement]) -> list[tuple[int, list[Settlement], BaseException]]:
+        """One round trip for ``pending`` (traced when tracing is on); what did not land,
+        as _round_trip returns it."""
+        try:
+            traced = [(s.run.trace, s.run.job.id, type(s.outcome).__name__.lower())
+                      for s in pending if s.run.trace is not None] if tracing.enabled() else []
+            with tracing.settle_spans(traced):
+                return self._round_trip(pending)
+        except OUTAGE as exc:  # nothing was read back: every partition of the batch failed
+            by_part: dict[int, list[Settlement]] = {}
+            for s in pending:
+                by_part.setdefault(self._part(s), []).append(s)
+            return [(p, sub, exc) for p, sub in by_part.items()]
+        except Exception as exc:
+            return [(-1, list(pending), exc)]
+
+    def _round_trip(self, batch: Sequence[Settlement]) -> list[tuple[int, list[Settlement], BaseException]]:
+        """Send ``batch`` in one round trip; returns what did not land: (partition, its
+        settlements, the error) for each script call that failed (on Redis Cluster each
+        call goes on its own, so a dead node fails its own partitions' calls only)."""
+        now = records.now_ms()  # a fallback only: a history entry's time is the server's (entries.py)
         parts = self.rt.parts[self.q.name]
         by_part: dict[int, list[Settlement]] = {}
         for s in batch:  # a run settles in the partition it was claimed from
-            by_part.setdefault(s.run.job.partition if len(parts) > 1 else 0, []).append(s)
+            by_part.setdefault(self._part(s), []).append(s)
         pipe = self.rt.scripts.batch()
         groups: list[list[Settlement]] = []
+        figures: list[AckFigures | None] = []  # beside each group: what its landed acks count
+        where: list[int] = []  # each group's partition
+        # The log lines first: whoever hears of the job's end may read its log at once.
+        self._add_logs(batch, pipe)
+        logged = len(pipe.calls)
         for p, sub in by_part.items():
-            self._add_calls(parts[p], sub, now, pipe, groups)
-        replies = pipe.execute()
+            self.entries.add_calls(parts[p], sub, now, pipe, groups, figures)
+            where += [p] * (len(groups) - len(where))
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException as exc:
+            self._logs_landed(batch, [exc] * logged)
+            raise
+        self._logs_landed(batch, replies[:logged])
+        replies = replies[logged:]
         fault("after_ack")
+        failures, spent = self._read(groups, replies, where, figures)
+        if spent:
+            failures += self._round_trip(spent)  # logged there, as dead
+            buried = {id(x.run) for x in spent}
+            batch = [s for s in batch if id(s.run) not in buried]
+        if failures:
+            unsent = {id(s) for _, group, _ in failures for s in group}
+            batch = [s for s in batch if id(s) not in unsent]
+        self._account(batch)
+        if self._children:
+            if self._client is None:
+                self._client = Client(self.rt)
+            children, self._children = self._children, []
+            durable.notify_parents(self._client, children)
+        return failures
+
+    def _add_logs(self, batch: Sequence[Settlement], calls: Any) -> None:
+        """The runs' log lines go in the settlement's round trip (a run that logged
+        nothing adds nothing), kept as long as the job's outcome: a success's as done
+        jobs are, a dead letter's as dead ones, a run still to go again the longer."""
+        ret = self.rt.config.retention
+        parts = self.rt.parts[self.q.name]
+        for s in batch:
+            logs = s.run.logs
+            if logs is None or (logs.buf is None and logs.chunks is None) or type(s.outcome) is Start:
+                continue
+            keep_s = ret.done_s if type(s.outcome) is Done else ret.dead_s if type(s.outcome) is Dead \
+                else max(ret.done_s, ret.dead_s)
+            k = parts[self._part(s)]
+            if logs.buf is not None:
+                lines = logs.buf.take()
+                s.extra["log_lines"] = lines  # put back should the call fail (_logs_landed)
+                self.rt.scripts.append_log(k, s.run.job.id, lines, ret.log_lines, ret.log_bytes,
+                                           max(1, int(keep_s * 1000)), calls)
+            if logs.chunks is not None:
+                chunks = logs.chunks.take()
+                s.extra["stream_chunks"] = chunks
+                self.rt.scripts.append_log(k, s.run.job.id, chunks, STREAM_CHUNKS, STREAM_BYTES,
+                                           max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id))
+
+    def _logs_landed(self, batch: Sequence[Settlement], replies: Sequence[Any]) -> None:
+        """A log write that failed keeps its lines for the settlement's next try."""
+        at = 0
+        for s in batch:
+            for field in ("log_lines", "stream_chunks"):
+                if field not in s.extra:
+                    continue
+                sent = s.extra.pop(field)
+                reply = replies[at] if at < len(replies) else None
+                at += 1
+                logs = s.run.logs
+                buf = None if logs is None else logs.buf if field == "log_lines" else logs.chunks
+                if isinstance(reply, BaseException) and buf is not None:
+                    log.debug("job %s: its log was not written (%s); trying again", s.run.job.id, reply)
+                    buf.extend(sent)
+
+    def _read(self, groups: list[list[Settlement]], replies: list[Any], where: list[int],
+              figures: list[AckFigures | None]
+              ) -> tuple[list[tuple[int, list[Settlement], BaseException]], list[Settlement]]:
+        """What each script call's reply codes say of its settlements: the runs settled
+        leave the ledger, landed successes' figures are summed; returns the calls that
+        failed (partition, settlements, error), and the rate-limited runs that turned out
+        spent (to be buried)."""
         settled = []
         spent: list[Settlement] = []
-        for group, codes in zip(groups, replies, strict=True):
+        failures: list[tuple[int, list[Settlement], BaseException]] = []
+        for group, codes, p, fig in zip(groups, replies, where, figures, strict=True):
+            if isinstance(codes, BaseException):
+                for s in group:
+                    s.run.settling = False  # not sent after all: a refused renewal is a loss again
+                failures.append((p, group, codes))
+                continue
+            if fig is not None:
+                self._count(fig, codes)
             for s, code in zip(group, codes, strict=True):
                 if type(s.outcome) is Start:
                     if int(code) == 2:  # cancelled while claimed ahead, as it started
@@ -215,7 +363,17 @@ class Settler:
                     spent.append(Settlement(s.run, Dead("max attempts reached", s.outcome.error, False),
                                             s.run_s, s.started_ms, s.extra))
                     continue
+                if type(s.outcome) is Suspended and int(code) in (-3, -4):
+                    # The sleep's entry would take the step log past its bounds: still
+                    # claimed, so it goes dead as a step past them does.
+                    err = {"type": "StepTooLarge", "message": f"sleep {s.outcome.name!r}: the job's step log "
+                           f"is full ({journal.MAX_STEPS:,} entries or {journal.MAX_LOG_BYTES:,} bytes)"}
+                    spent.append(Settlement(s.run, Dead("permanent failure", err, False), s.run_s, s.started_ms,
+                                            s.extra))
+                    continue
                 settled.append(s.run)
+                if int(code) > 0 and s.run.job.meta_raw and durable.INVOKED_BY in s.run.job.meta_raw:
+                    self._children.append(s)  # a child of ctx.invoke: its parent hears of its end
                 if int(code) < 0:
                     log.warning("job %s: lease lost before it settled (%s); another worker "
                                 "owns it now", s.run.job.id, type(s.outcome).__name__)
@@ -224,12 +382,23 @@ class Settler:
                              s.run.job.id)
         self.ledger.forget(settled)
         self.processed += len(settled)
-        if spent:
-            self._send(spent)  # logged there, as dead
-            buried = {id(x.run) for x in spent}
-            batch = [s for s in batch if id(s.run) not in buried]
-        # Successes log at DEBUG (a line per job at INFO would cost more than the job);
-        # retries and dead letters always log, and a summary line goes out every minute.
+        return failures, spent
+
+    def _count(self, fig: AckFigures, codes: Sequence[Any]) -> None:
+        """An ack call's figures: the batch's sum when every ack landed (1 done, 2 done
+        late), else each landed ack's own fields."""
+        now = time.monotonic()
+        if all(int(c) > 0 for c in codes):
+            self.figures.add(fig.stats_key, fig.totals.counts, now)
+            return
+        for fields, code in zip(fig.fields, codes, strict=True):
+            if int(code) > 0:
+                self.figures.add_fields(fig.stats_key, fields, now)
+
+    def _account(self, batch: Sequence[Settlement]) -> None:
+        """Count and log what landed. Successes log at DEBUG (a line per job at INFO would
+        cost more than the job); retries and dead letters always log, and a summary line
+        goes out every minute."""
         verbose = joblog.isEnabledFor(logging.DEBUG)
         done = 0
         for s in batch:
@@ -239,158 +408,36 @@ class Settler:
                 if verbose:
                     self._log(s)
             elif type(o) is not Start:
-                self._tally[type(o).__name__] += 1
+                self._tally["Cancelled" if isinstance(o, Dead) and o.reason == CANCELLED else type(o).__name__] += 1
                 if verbose or not isinstance(o, Release):
                     self._log(s)
         self._tally["Done"] += done
         if time.monotonic() >= self._next_summary:
             self._summarise()
 
-    def _add_calls(self, k: QueueKeys, batch: Sequence[Settlement], now: int, pipe: Batch,
-                   groups: list[list[Settlement]]) -> None:
-        """Queue one partition's settlements on ``pipe``: a script call per transition,
-        and each call's settlements, in order, on ``groups``."""
-        acks: list[Ack] = []
-        retries: list[RetryAt] = []
-        burials: list[Burial] = []
-        releases: list[Hand] = []
-        starts: list[tuple[str, str]] = []
-        start_s: list[Settlement] = []
-        ack_s: list[Settlement] = []
-        retry_s: list[Settlement] = []
-        bury_s: list[Settlement] = []
-        release_s: list[Settlement] = []
-        totals = metrics.Totals()  # the acks' stats fields, summed
-        started = False
-        for s in batch:
-            if type(s.outcome) is Start:
-                started = True
-            else:
-                # Before the send: a renewal answered after this ack landed is refused,
-                # and the renewer must not take that for a lease lost elsewhere.
-                s.run.settling = True
-        # Only a batch with start marks needs the set (most batches of a deep queue have none).
-        final = {id(s.run) for s in batch if type(s.outcome) is not Start} if started else set()
-        functions = self.rt.registry.functions
-        for s in batch:
-            job = s.run.job
-            o = s.outcome
-            t = job.type
-            if isinstance(o, Done):  # most settlements: first, and with no more work than it needs
-                fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)
-                fn = functions.get(t)
-                keep = int(fn.keep_result_s * 1000) if fn is not None and fn.keep_result_s else 0
-                # A producer's extra fields (a schedule's tick...) stay with the outcome, on
-                # a line of their own (JSON texts hold no raw newline).
-                # A null result is left out (read back as null): most handlers return None.
-                result = "" if o.result == "null" else o.result
-                follow = tuple(s.run.followups)
-                if fn is not None and fn.on_success:
-                    body = codec.loads(o.result) if o.result else None
-                    follow += self._destination(fn.on_success, "s", job, {"result": body})
-                meta = job.meta_raw
-                if follow:  # the outcome names its children (GET /jobs/{id})
-                    meta = codec.dumps({**(codec.loads(meta) if meta else {}),
-                                        records.CHILDREN: [f.job.id for f in follow]})
-                if self.keep_payload:
-                    result = f"{result}\n{meta}\n{job.payload_raw}"
-                elif meta:
-                    result = f"{result}\n{meta}"
-                if follow:  # counted with the ack, so only for an ack that lands
-                    fields += f" followups|{t}={len(follow)}"
-                    totals.add(f"followups|{t}", len(follow))
-                acks.append(Ack(job.id, job.token, result, f"{t}|{job.version_raw}", fields, keep, follow,
-                                _member_done(job, o.result) if job.meta_raw else None))
-                ack_s.append(s)
-                continue
-            extra = f" abandoned|{t}" if s.extra and s.extra.get("abandoned") else ""
-            if isinstance(o, Start):
-                if id(s.run) not in final:
-                    starts.append((job.id, job.token))
-                    start_s.append(s)
-            elif isinstance(o, RetryLater):
-                if o.rate_limited:
-                    retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
-                                           _history(job.attempt, "rate limited", s.started_ms, now, o.error),
-                                           f"ratelimited|{t}", refund=True, rate_limited=True,
-                                           last=job.attempt >= job.max_attempts))
-                elif o.refund:
-                    retries.append(RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error), "",
-                                           f"deferred|{t}", refund=True))
-                else:
-                    retries.append(RetryAt(
-                        job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
-                        _history(job.attempt, "retry", s.started_ms, now, o.error),
-                        f"retried|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000)
-                        + extra,
-                    ))
-                retry_s.append(s)
-            elif isinstance(o, Dead):
-                # An expiry spends no attempt, yet the history says why the job never ran.
-                entry = "" if o.refund and o.reason != EXPIRED else \
-                    _history(job.attempt, o.reason, s.started_ms, now, o.error)
-                # A cancel ends the job cancelled, not dead: nothing for ON_FAILURE.
-                follow = self._on_failure(job, o.error) if o.reason != CANCELLED else ()
-                stats = f"dead|{t} expired|{t}" if o.reason == EXPIRED else f"dead|{t}" if o.refund else \
-                    f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + extra
-                if follow:
-                    stats += f" followups|{t}={len(follow)}"
-                burials.append(Burial(job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "", entry,
-                                      o.refund, stats, follow, _member_dead(job, o)))
-                bury_s.append(s)
-            else:
-                note = codec.dumps({"attempt": job.attempt, "outcome": o.note, "at_ms": now}) if o.note else ""
-                releases.append(Hand(job.id, job.token, o.mode, note))
-                release_s.append(s)
-        sc = self.rt.scripts
-        if starts:
-            sc.start(k, starts, pipe=pipe)
-            groups.append(start_s)
-        if acks:
-            sc.ack(k, acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe, totals=totals.text())
-            groups.append(ack_s)
-        if retries:
-            sc.retry(k, retries, pipe=pipe)
-            groups.append(retry_s)
-        if burials:
-            sc.bury(k, burials, self.dead_ttl_ms, pipe=pipe)
-            groups.append(bury_s)
-        if releases:
-            sc.release(k, releases, pipe=pipe, done_ttl_ms=self.done_ttl_ms)
-            groups.append(release_s)
-
-    def _on_failure(self, job: Claimed, error: Any) -> tuple[Followup, ...]:
-        fn = self.rt.registry.functions.get(job.type)
-        if fn is None or not fn.on_failure:
-            return ()
-        return self._destination(fn.on_failure, "f", job, {"error": error})
-
-    def _destination(self, dest: str, tag: str, job: Claimed, body: dict[str, Any]) -> tuple[Followup, ...]:
-        """The destination's job, written in the settling script's own step (ack.lua,
-        bury.lua) under an id that step writes once (see relay.destination)."""
-        if self._client is None:
-            self._client = Client(self.rt)
-        f = relay.destination(self._client, dest, tag, job.id, job.type, int(job.version_raw or 0), job.attempt,
-                              job.queue, body)
-        return () if f is None else (f,)
-
     def _summarise(self) -> None:
         t = self._tally
         if sum(t.values()):
-            log.info("queue %s: %d done, %d retried, %d dead, %d released in the last %.0f s",
-                     self.q.name, t["Done"], t["RetryLater"], t["Dead"], t["Release"], SUMMARY_EVERY_S,
-                     extra={"queue": self.q.name, "done": t["Done"], "retried": t["RetryLater"],
-                            "dead": t["Dead"], "released": t["Release"]})
+            log.info("queue %s: %d done, %d retried, %d dead, %d cancelled, %d released in the last %.0f s",
+                     self.q.name, t["Done"], t["RetryLater"], t["Dead"], t["Cancelled"], t["Release"],
+                     SUMMARY_EVERY_S, extra={"queue": self.q.name, "done": t["Done"], "retried": t["RetryLater"],
+                                             "dead": t["Dead"], "cancelled": t["Cancelled"],
+                                             "released": t["Release"]})
         t.clear()
         self._next_summary = time.monotonic() + SUMMARY_EVERY_S
 
     def _log(self, s: Settlement) -> None:
         job = s.run.job
         o = s.outcome
-        outcome = {Done: "done", RetryLater: "retry", Dead: "dead", Release: "released"}[type(o)]
+        outcome = {Done: "done", RetryLater: "retry", Dead: "dead", Release: "released",
+                   Suspended: "suspended"}[type(o)]
         if isinstance(o, RetryLater) and o.refund:
             outcome = "handed back"
-        level = logging.DEBUG if isinstance(o, Done) else logging.INFO if isinstance(o, Release) else logging.WARNING
+        cancelled = isinstance(o, Dead) and o.reason == CANCELLED
+        if cancelled:
+            outcome = "cancelled"  # asked for: not a failure, no warning
+        level = logging.DEBUG if isinstance(o, Done | Suspended) else \
+            logging.INFO if isinstance(o, Release) or cancelled else logging.WARNING
         extra = {
             "job_id": job.id, "type": job.type, "version": job.version_raw, "queue": job.queue,
             "attempt": job.attempt, "idempotency_key": job.idem_key or None,

@@ -1,8 +1,8 @@
 """A ticker's schedules whose definition lost: standing by to take them back.
 
-Deploys hand a schedule to the most recently started (born) definition (adopt.lua). A
-definition that lost stands by here, so that the most recently started definition whose
-workers live holds the schedule. Every HEARTBEAT_S the ticker says which schedules it
+Deploys hand a schedule to the definition Redis first saw most recently (adopt.lua). A
+definition that lost stands by here, so that a definition whose workers live holds the
+schedule. Every HEARTBEAT_S the ticker says which schedules it
 holds (alive.lua, ticker.py) and, for those it lost, this standby:
 
 - adopts them again as a rejoin: it wins where the state holds its own definition (a
@@ -12,6 +12,11 @@ holds (alive.lua, ticker.py) and, for those it lost, this standby:
   seen their stamp unchanged for TAKEOVER_S on its own clock, and the stamp is that old
   by the server's clock too. adopt.lua's takeover checks the silence again atomically. An
   outage resets what it saw: no stamp reached Redis meanwhile, the holders' neither.
+
+It also retires, by the same test of silence, the schedules its registry does not define
+that living workers held when it was adopted (adopt.lua keeps those: an older release
+never retires what a newer one added, and nothing tells the two apart but whether the
+schedule's holders live).
 
 What it wins goes back to the ticker, which fires it from where the state says, under
 MISSED.
@@ -51,11 +56,13 @@ class Standby:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self.waiting: dict[str, dict[str, Schedule]] = {}  # queue -> id -> a definition that lost
+        self.undefined: dict[str, list[str]] = {}  # queue -> ids it does not define, not retired
         self._quiet: dict[str, tuple[int | None, float]] = {}  # id -> (seen, when first read, monotonic)
 
-    def reset(self, waiting: dict[str, dict[str, Schedule]]) -> None:
-        """A new registry was adopted: these are its definitions that lost."""
-        self.waiting, self._quiet = waiting, {}
+    def reset(self, waiting: dict[str, dict[str, Schedule]], undefined: dict[str, list[str]] | None = None) -> None:
+        """A new registry was adopted: these are its definitions that lost, and the
+        schedules it does not define that living workers hold (adopt.lua kept them)."""
+        self.waiting, self.undefined, self._quiet = waiting, undefined or {}, {}
 
     def outage(self) -> None:
         self._quiet.clear()
@@ -100,6 +107,39 @@ class Standby:
                                           f"not been seen for {TAKEOVER_S:g} s (a deploy withdrawn?); this worker "
                                           "takes it back", logging.WARNING))
         return won
+
+    def retire_quiet(self, now: int, born: int) -> None:
+        """Retire the schedules this worker does not define once their holders are quiet
+        (a rollback, or the last worker of a release that added them gone), as seen on
+        its own clock and the server's alike, as a takeover is."""
+        stale_before = now - int(TAKEOVER_S * 1000)
+        mono = time.monotonic()
+        for queue, ids in list(self.undefined.items()):
+            k = self.rt.keys[queue]
+            quiet: list[str] = []
+            for sid, seen in zip(ids, last_seen(self.rt.redis, k, ids), strict=True):
+                first = self._quiet.get(sid)
+                if seen is None or first is None or first[0] != seen:
+                    self._quiet[sid] = (seen, mono)
+                elif mono - first[1] >= TAKEOVER_S and seen < stale_before:
+                    quiet.append(sid)
+            done: set[str] = set()
+            for start in range(0, len(quiet), CHUNK):
+                part = quiet[start:start + CHUNK]
+                reply = self.rt.scripts.adopt(k, born, int(TOMBSTONE_S * 1000), [], part,
+                                              stale_before_ms=stale_before, now_ms=now)
+                for sid, code in zip(part, reply, strict=True):
+                    if int(code) == 1:
+                        log.info("schedule %s: no worker defining it has been seen for %g s; retired",
+                                 sid, TAKEOVER_S, extra={"schedule": sid})
+                    if int(code) != 0:
+                        done.add(sid)
+                        self._quiet.pop(sid, None)
+            left = [i for i in ids if i not in done]
+            if left:
+                self.undefined[queue] = left
+            else:
+                del self.undefined[queue]
 
     def _readopt(self, k: QueueKeys, schedules: list[Schedule], stale_before: int, now: int,
                  born: int) -> Iterator[tuple[Schedule, bool, int, str]]:

@@ -13,6 +13,15 @@ after: the tick and its job are both in Redis. There is no window between "decid
 "enqueued" to lose or double a tick in, and no idempotency key to keep per tick (10,000
 minute schedules would keep 14 million for a day's retention).
 
+On a partitioned queue a tick's job goes where its keys route it (with the other jobs of
+its lock: docs/partitions.md), and the schedule's state stays in the home partition: a job
+routed to another partition (another slot) goes to the home partition's outbox in the
+tick's own script, in place of the enqueue, and the ticker places it at once in its
+partition by its id (runner/outbox.py), once whoever places it; killed in between, the
+relay places it. So the tick and its job are still never apart. OVERLAP = "skip" then
+reads the last job where it lives before sending the tick (store/schedules.py,
+last_jobs), and the script refuses the tick to be read again if the state moved on since.
+
 Alternatives weighed: the ordinary enqueue with a deterministic idempotency key per tick
 plus a separate "last fired" write needs two steps (the key guards the gap) and one key
 per tick; a lease-holding leader (as RQ's and asynq's schedulers, or a beat) stalls every
@@ -20,15 +29,22 @@ schedule while a dead leader's lease runs out.
 
 Time is the server's (``TIME``, store/schedules.py): tickers on hosts with skewed clocks
 agree on when a tick is due. Each pass reads it, fires the schedules whose next tick has
-come (one pipelined round trip per BATCH ticks), and sleeps until the next tick or at
-most WAKE_S, so a hot reload's new registry is adopted within a second.
+come (one pipelined round trip per BATCH ticks), and sleeps until the next tick or
+heartbeat, at most STEADY_S (a step of the server's clock is seen within it; WAKE_S on
+the schedules' test clock, which tests move at will). A hot reload's new registry wakes
+it (Runtime.on_swap), so it is adopted at once; an idle worker's ticker wakes a few times
+a minute.
 
 Deploys: a registry (a worker start, or a reload in `runner dev`) is *adopted* at a
 server time, its born time (store/lua/adopt.lua). Where Redis holds another definition
-of a schedule (another digest) the most recently born wins, and schedules a newer
-registry no longer defines are retired. A ticker whose definition lost stops firing it,
-and the tick script refuses a digest the state does not hold, so a worker still running
-an older function file never fires a schedule the newer file changed or removed.
+of a schedule (another digest) the one Redis first saw most recently wins: a later born
+is no proof of a newer release, as a restarted worker of the previous release is born
+later too. A ticker whose definition lost stops firing it, and the tick script refuses a
+digest the state does not hold, so a worker still running an older function file never
+fires a schedule the newer file changed. Schedules a registry does not define are
+retired only once no worker holding them lives (or at once by a reload that removed
+them); every heartbeat reads which those are, so one brought back later is retired too.
+A worker not heard for REHEAR_S (frozen, cut off) adopts its registry again.
 
 A definition that lost stands by (standby.py): it takes the schedule back when the
 holders of the winning one go quiet, and it rejoins when its own definition holds again.
@@ -48,31 +64,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from runner import outbox
 from runner.catalog.registry import Registry
 from runner.catalog.schedules import Schedule, Step, Timeline, iso, plan
 from runner.errors import NotReplicated
 from runner.runtime import Runtime
 from runner.store import codec, records
-from runner.store.connection import UNAVAILABLE
-from runner.store.outage import Outage
-from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, registered
-from runner.store.scripts import NewJob
+from runner.store.outage import OUTAGE, Outage
+from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, last_jobs, registered
+from runner.store.scripts import NewJob, job_entry
 from runner.worker.faults import fault
 from runner.worker.lifeline import vital
-from runner.worker.standby import HEARTBEAT_S, Standby
+from runner.worker.standby import HEARTBEAT_S, TAKEOVER_S, Standby
 
 log = logging.getLogger("runner.ticker")
 
-WAKE_S = 0.5
+WAKE_S = 0.5  # the longest sleep by a clock that may jump (the schedules' test clock)
+STEADY_S = 5.0  # the longest sleep by the server's clock
 
 BATCH = 250  # tick script calls per pipelined round trip
 LANES = 2  # round trips in flight at once
 ADOPT_CHUNK = 500
 LOG_EACH = 10  # a pass that fires more ticks than this logs one summary line
+# Quiet this long (frozen, cut off from Redis), a worker adopts its registry again: the
+# others see a holder quiet only after TAKEOVER_S, so half of it leaves a margin, and
+# three heartbeats leave one between beats that come late under load.
+REHEAR_S = max(TAKEOVER_S / 2, 3 * HEARTBEAT_S)
 
 
 class Clock(Protocol):
-    """Epoch milliseconds; production's is the Redis server's (ServerClock)."""
+    """Epoch milliseconds; production's is the Redis server's (ServerClock). ``steady``:
+    it only moves on, so the ticker may sleep until the next tick by it."""
+
+    steady: bool
 
     def now_ms(self) -> int: ...
 
@@ -86,11 +110,29 @@ class _Entry:
     floor_ms: int = field(compare=False, default=0)  # ticks at or before it are handled
 
 
+def _undefined(reg: Registry, index: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+    """Per queue, the schedules Redis registers there that this registry does not define.
+    A file that failed to load keeps its schedules, and a folder that failed (none there:
+    a volume not mounted, a wrong directory) says nothing about which were removed."""
+    if any(Path(p).suffix != ".py" for p in reg.errors):
+        return {}
+    broken = {Path(p).stem for p in reg.errors}
+    defined = {(s.queue, s.id) for s in reg.schedules()}
+    out: dict[str, list[str]] = {}
+    for queue, ids in index.items():
+        gone = [i for i in ids if (queue, i) not in defined and i.split(":")[0] not in broken]
+        if gone:
+            out[queue] = gone
+    return out
+
+
 class Ticker:
     def __init__(self, runtime: Runtime, clock: Clock | None = None) -> None:
         self.rt = runtime
         self.clock: Clock = clock or ServerClock(runtime.redis, runtime.config.redis.prefix)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a registry swapped in, or the stop
+        self._unhook: Any = None
         self._thread = threading.Thread(target=vital(self._loop), name="ticker", daemon=True)
         self._registry: Registry | None = None
         self._born_ms = 0
@@ -98,14 +140,19 @@ class Ticker:
         self._standby = Standby(runtime)
         self._beat_ms = 0
         self._said_at = 0.0  # monotonic, the last stamp
+        self._heard_at = 0.0  # monotonic, the last stamp that reached Redis
         self._seq = 0
         self._lanes = ThreadPoolExecutor(LANES, thread_name_prefix="ticker-send")
 
     def start(self) -> None:
+        self._unhook = self.rt.on_swap(self._wake.set)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._unhook is not None:
+            self._unhook()
         self._thread.join(timeout=5)
         self._lanes.shutdown(wait=False)
 
@@ -113,10 +160,18 @@ class Ticker:
 
     def step(self) -> float:
         """Adopt a new registry if one was swapped in, fire what is due; returns seconds
-        until the next tick (at most WAKE_S)."""
+        until the next tick or heartbeat (at most STEADY_S, or WAKE_S on a clock that
+        may jump)."""
         now = self.clock.now_ms()
         reg = self.rt.registry
+        quiet = time.monotonic() - self._heard_at
         if reg is not self._registry:
+            self._adopt(reg, now)
+        elif quiet >= REHEAR_S:
+            # Frozen or cut off this long, this worker may have looked gone: another may
+            # have retired or taken over what it defines. Heard again, it adopts its
+            # registry again, as a restart would (adopt.lua decides, by first seen).
+            log.info("schedules: this worker was not heard for %.0f s; adopting its schedules again", quiet)
             self._adopt(reg, now)
         due: list[_Entry] = []
         while self._heap and self._heap[0].next_ms <= now:
@@ -131,35 +186,39 @@ class Ticker:
         if now >= self._beat_ms:
             self._beat(now)
             self._beat_ms = now + int(HEARTBEAT_S * 1000)
-        if not self._heap:
-            return WAKE_S
-        return min(WAKE_S, max(0.001, (self._heap[0].next_ms - self.clock.now_ms()) / 1000))
+        wait = min(STEADY_S if self.clock.steady else WAKE_S, (self._beat_ms - now) / 1000)
+        if self._heap:
+            wait = min(wait, (self._heap[0].next_ms - self.clock.now_ms()) / 1000)
+        return max(0.001, wait)
 
     def _adopt(self, reg: Registry, now: int) -> None:
         """Register this registry's definitions (born now), retire what it dropped, and
         schedule the ones it holds from where Redis says they are."""
         rt = self.rt
         scheds = reg.schedules()
-        broken = {Path(p).stem for p in reg.errors}  # a file that failed keeps its schedules
-        # A folder that failed (none there: a volume not mounted, a wrong directory) says
-        # nothing about which schedules were removed: it retires none.
-        folder_failed = any(Path(p).suffix != ".py" for p in reg.errors)
         index = registered(rt.redis, rt.keys.values())
+        undefined = _undefined(reg, index)
+        before = {s.id for s in self._registry.schedules()} if self._registry is not None else set()
         heap: list[_Entry] = []
         lost: list[str] = []
         standby: dict[str, dict[str, Schedule]] = {}
+        kept: dict[str, list[str]] = {}
         retired = 0
         for queue, k in rt.keys.items():
             mine = [s for s in scheds if s.queue == queue]
-            ids = {s.id for s in mine}
-            retire = [] if folder_failed else [
-                i for i in index.get(queue, {}) if i not in ids and i.split(":")[0] not in broken]
+            retire = undefined.get(queue, [])
+            retire.sort(key=lambda i: i not in before)  # a reload's own removals first: forced
+            forced = sum(1 for i in retire if i in before)
             for start in range(0, max(len(mine), len(retire), 1), ADOPT_CHUNK):
                 part = mine[start:start + ADOPT_CHUNK]
                 gone = retire[start:start + ADOPT_CHUNK]
                 if not part and not gone:
                     break
-                reply = rt.scripts.adopt(k, now, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in part], gone)
+                reply = rt.scripts.adopt(k, now, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in part], gone,
+                                         forced=max(0, min(len(gone), forced - start)))
+                for j, sid in enumerate(gone):
+                    if int(reply[3 * len(part) + j]) == 0:
+                        kept.setdefault(queue, []).append(sid)
                 for i, s in enumerate(part):
                     won, floor = int(reply[3 * i]), int(reply[3 * i + 1])
                     if not won:
@@ -168,15 +227,18 @@ class Ticker:
                             standby.setdefault(queue, {})[s.id] = s
                         continue
                     heap.append(self._entry(s, floor))
-                retired += sum(int(x) for x in reply[3 * len(part):])
+                retired += sum(int(x) == 1 for x in reply[3 * len(part):])
         heapq.heapify(heap)
         self._heap, self._registry, self._born_ms = heap, reg, now
-        self._standby.reset(standby)
+        self._heard_at = time.monotonic()
+        self._standby.reset(standby, kept)
         self._beat_ms = 0  # say at once which schedules this registry holds
-        if scheds or retired:
-            log.info("schedules: %d active%s%s", len(heap),
+        n_kept = sum(len(v) for v in kept.values())
+        if scheds or retired or n_kept:
+            log.info("schedules: %d active%s%s%s", len(heap),
                      f", {len(lost)} held by a newer deploy ({', '.join(lost[:5])})" if lost else "",
-                     f", {retired} retired" if retired else "")
+                     f", {retired} retired" if retired else "",
+                     f", {n_kept} not defined here kept while workers that define them live" if n_kept else "")
 
     def _entry(self, s: Schedule, floor: int) -> _Entry:
         self._seq += 1
@@ -184,10 +246,21 @@ class Ticker:
         return _Entry(line.next_after(floor), self._seq, s, line, floor)
 
     def _beat(self, now: int) -> None:
-        """Say which schedules this worker holds; take back those whose holders went quiet."""
+        """Say which schedules this worker holds; take back those whose holders went quiet,
+        and retire those it does not define once no living worker holds them."""
         self._say_alive(now)
         for s, floor in self._standby.take_back(now, self._born_ms):
             heapq.heappush(self._heap, self._entry(s, floor))
+        if self._registry is not None:
+            # A schedule this registry does not define may come back after its adoption (an
+            # older worker that defines it started again): retire it too once that one left.
+            index = registered(self.rt.redis, self.rt.keys.values())
+            for queue, ids in _undefined(self._registry, index).items():
+                listed = self._standby.undefined.setdefault(queue, [])
+                listed += [i for i in ids if i not in listed]
+                if not listed:
+                    del self._standby.undefined[queue]
+        self._standby.retire_quiet(now, self._born_ms)
 
     def _say_alive(self, now: int, firing: Sequence[_Entry] = ()) -> None:
         """Stamp the schedules this worker holds (and those it is ``firing`` now) as alive;
@@ -211,6 +284,7 @@ class Ticker:
         if gone:
             self._heap = [e for e in self._heap if e.seq not in gone]
             heapq.heapify(self._heap)
+        self._heard_at = time.monotonic()
 
     def _fire(self, due: Sequence[_Entry], now: int) -> None:
         plans: dict[tuple[int, int, str], list[Step]] = {}  # shared by schedules on one timeline
@@ -238,13 +312,13 @@ class Ticker:
         for i in range(0, len(calls), BATCH):
             pending.append(self._lanes.submit(self._send, calls[i:i + BATCH], look))
             if len(pending) >= LANES:
-                look = self._settle(pending.popleft().result(), fired, dropped) or look
+                look = self._apply(pending.popleft().result(), fired, dropped) or look
             if time.monotonic() - self._said_at >= HEARTBEAT_S:
                 # A long catch-up (thousands of missed ticks) still says this worker lives:
                 # a standby that saw it quiet would take over from a living holder.
                 self._say_alive(self.clock.now_ms(), due)
         while pending:
-            self._settle(pending.popleft().result(), fired, dropped)
+            self._apply(pending.popleft().result(), fired, dropped)
         for e in due:
             if e.seq not in dropped:
                 e.next_ms = e.line.next_after(e.floor_ms)
@@ -266,18 +340,22 @@ class Ticker:
             if not chunk:
                 return []
         sent = self.clock.now_ms()
+        away = self._away(chunk)
+        seen = self._seen(chunk)
         batch = rt.scripts.batch()
-        ids = []
-        for e, st in chunk:
+        ids, entries = [], []
+        for n, (e, st) in enumerate(chunk):
             s = e.schedule
             job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
                          max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
                          resource_key=s.resource_key, limits=s.limits, priority=s.priority,
                          meta=codec.dumps({"schedule": s.id, "tick": iso(st.tick_ms)}))
             ids.append(job.id)
+            entries.append(codec.dumps(job_entry(s.queue, job)) if n in away else "")
             rt.scripts.tick(rt.keys[s.queue], s.id, job, mode="fire" if st.fire else "skip", tick_ms=st.tick_ms,
                             digest=s.digest, born_ms=self._born_ms, overlap=s.overlap, missed=st.missed,
-                            late_ms=max(0, sent - st.tick_ms), now_ms=sent, pipe=batch)
+                            late_ms=max(0, sent - st.tick_ms), now_ms=sent, pipe=batch, away=entries[-1],
+                            seen=seen.get(n, ""))
         fault("before_tick")
         try:
             replies = batch.execute()
@@ -288,10 +366,63 @@ class Ticker:
                         "a failover now could lose them", len(chunk), exc.acked, exc.wanted, exc.timeout_s)
             replies = exc.replies
         fault("after_tick")
+        self._place([(e.schedule.queue, entry) for (e, _), entry, reply in zip(chunk, entries, replies, strict=True)
+                     if entry and int(reply[0]) == 1])
         return [(e, st, job_id, reply) for (e, st), job_id, reply in zip(chunk, ids, replies, strict=True)]
 
+    def _away(self, chunk: Sequence[tuple[_Entry, Step]]) -> set[int]:
+        """The indexes of the fired ticks whose jobs go to another partition of their queue
+        than the schedule's own: where their keys route them (outbox.destinations)."""
+        rt = self.rt
+        by_queue: dict[str, list[int]] = {}
+        for n, (e, st) in enumerate(chunk):
+            if st.fire and e.schedule.limits and len(rt.parts[e.schedule.queue]) > 1:
+                by_queue.setdefault(e.schedule.queue, []).append(n)
+        out: set[int] = set()
+        for queue, idx in by_queue.items():
+            home = rt.keys[queue].tag
+            parts = rt.parts[queue]
+            jobs = [outbox.Keyed(chunk[n][0].schedule.function, "", chunk[n][0].schedule.limits) for n in idx]
+            for p, which in outbox.destinations(rt, queue, jobs).items():
+                if parts[p].tag != home:
+                    out.update(idx[i] for i in which)
+        return out
+
+    def _seen(self, chunk: Sequence[tuple[_Entry, Step]]) -> dict[int, str]:
+        """For the fired ticks under OVERLAP = "skip" on a queue of more than one partition,
+        by index: what the tick script's ``seen`` says of the schedule's last jobs, which may
+        live in another partition than the schedule's state (schedules.last_jobs)."""
+        rt = self.rt
+        idx = [n for n, (e, st) in enumerate(chunk)
+               if st.fire and e.schedule.overlap == "skip" and len(rt.parts[e.schedule.queue]) > 1]
+        if not idx:
+            return {}
+        # (a catch-up under MISSED = "all" has many steps of one schedule: read it once)
+        wanted = list(dict.fromkeys((chunk[n][0].schedule.queue, chunk[n][0].schedule.id) for n in idx))
+        seen = dict(zip(wanted, last_jobs(rt.redis, rt.scripts, [(rt.keys[q], sid) for q, sid in wanted], rt.parts),
+                        strict=True))
+        return {n: seen[(chunk[n][0].schedule.queue, chunk[n][0].schedule.id)] for n in idx}
+
+    def _place(self, entries: Sequence[tuple[str, str]]) -> None:
+        """Place the jobs of fired ticks that went to their queue's outbox (queue, entry)
+        at once, rather than a relay pass later; a failure leaves them to the relay."""
+        if not entries:
+            return
+        rt = self.rt
+        try:
+            placed = set(outbox.place(rt, [entry for _, entry in entries]))
+            fault("tick_placed")  # placed, still in the outbox: placed again as nothing
+            by_queue: dict[str, list[str]] = {}
+            for queue, entry in entries:
+                if entry in placed:
+                    by_queue.setdefault(queue, []).append(entry)
+            for queue, done in by_queue.items():
+                outbox.remove(rt, rt.keys[queue], done)
+        except OUTAGE as exc:
+            log.info("schedules: %d tick job(s) left in the outbox for the relay: %s", len(entries), exc)
+
     @staticmethod
-    def _settle(answers: list[tuple[_Entry, Step, str, Any]], fired: list[tuple[Schedule, Step, str]],
+    def _apply(answers: list[tuple[_Entry, Step, str, Any]], fired: list[tuple[Schedule, Step, str]],
                 dropped: dict[int, str]) -> bool:
         """Apply one batch's answers; True when every tick of it was refused as handled."""
         refused = 0
@@ -299,6 +430,8 @@ class Ticker:
             code = int(reply[0])
             if code == -3:
                 dropped[e.seq] = str(reply[1])
+                continue
+            if code == -4:  # a last job moved while its status was read: read again, next step
                 continue
             e.floor_ms = max(e.floor_ms, st.tick_ms, int(reply[1]) if code == -2 else 0)
             refused += code == -2
@@ -325,12 +458,13 @@ class Ticker:
             try:
                 wait = self.step()
                 outage.ok()
-            except UNAVAILABLE as exc:
+            except OUTAGE as exc:  # (a cluster node away, too)
                 self._standby.outage()
                 outage.failed(exc, self._stop)
                 continue
             except Exception:
                 log.exception("ticker: unexpected error; continuing")
                 wait = 1.0
-            self._stop.wait(wait)
+            self._wake.wait(wait)
+            self._wake.clear()
 

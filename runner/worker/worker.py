@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -17,13 +19,15 @@ from runner.store import roster
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.waiter import Waiter
-from runner.worker import affinity
+from runner.worker import affinity, isolation
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
 from runner.worker.ticker import Ticker
 
 log = logging.getLogger("runner.worker")
 
+# The longest the main thread sleeps between looks at stop_event (a signal wakes it at once).
+SIGNAL_LOOK_S = 5.0
 # How long the start waits for the cancels subscription (Redis away: it goes on, and the
 # renewals carry cancels until the subscription is up).
 CANCELS_READY_S = 2.0
@@ -109,21 +113,53 @@ class Worker:
             os._exit(1)
         log.info("signal %s: stopping gracefully", signal.Signals(signum).name)
         # Only a counter here: Event.set() in a handler can deadlock on the lock the main
-        # thread holds inside Event.wait(); the main loop below looks every 0.2 s.
+        # thread holds inside Event.wait(); the main thread's wait (_wait_for_signal)
+        # wakes on the signal itself.
+
+    def _only_children(self) -> bool:
+        """Every function this worker serves runs in a child process (none in a thread here)."""
+        fns = [f for q in self.queues for f in self.rt.registry.for_queue(q)]
+        return bool(fns) and all(f.isolation == "process" for f in fns)
+
+    def _wait_for_signal(self) -> None:
+        """Sleep until SIGTERM or SIGINT (or stop_event). Each signal writes a byte to a
+        wakeup socket (signal.set_wakeup_fd) before its handler runs, so the main thread
+        blocks on that socket and wakes only for a signal, not every 0.2 s to look."""
+        rx, tx = socket.socketpair()
+        try:
+            tx.setblocking(False)
+            previous = signal.set_wakeup_fd(tx.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):  # not the main thread: look now and then
+            rx.close()
+            tx.close()
+            while not self._signals and not self.stop_event.wait(0.2):
+                pass
+            return
+        try:
+            while not self._signals and not self.stop_event.is_set():
+                # (PEP 475: the select is resumed after the handler ran; the byte ends it.)
+                if select.select([rx], [], [], SIGNAL_LOOK_S)[0]:
+                    rx.recv(64)
+        finally:
+            signal.set_wakeup_fd(previous)
+            rx.close()
+            tx.close()
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT (main thread only). A process of its own, so it keeps
         to one core (affinity.py) unless ``[worker] cpu_affinity = "off"``."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # What handlers start outside their child's group dies with that child; this
+        # process is their subreaper only while it runs no handler itself (isolation.py).
+        isolation.contain(self._only_children)
         cores = affinity.Affinity() if self.rt.config.worker.cpu_affinity == "auto" else None
         if cores is not None:
             cores.start()  # before any thread of the worker's: each inherits the core
         else:
             affinity.forget()
         self.start()
-        while not self._signals and not self.stop_event.wait(0.2):
-            pass
+        self._wait_for_signal()
         self.stop_event.set()
         self.stop()
         if cores is not None:

@@ -1,5 +1,7 @@
 """The chaos run: worker processes and a producer over load while a driver SIGKILLs and
-SIGTERMs workers and restarts Redis; then every accepted job is checked.
+SIGTERMs workers and restarts Redis; then every accepted job is checked. Workers lead
+process groups of their own; with process isolation a SIGTERM goes to every process of
+the worker (as Heroku and systemd stop one).
 
 Load: jobs of the ``chaos`` fixture function, each with its own idempotency key (some
 enqueued twice), one of 20 resource keys, a 20 % chance of a transient failure per run,
@@ -14,10 +16,13 @@ SIGKILL, which is what lets the check demand "none lost".
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -53,6 +58,7 @@ class Figures:
     extra_runs: int = 0
     extra_completions: int = 0
     resource_overlaps: int = 0
+    unstarted_burials: int = 0  # dead as "worker lost" with no handler run at all
     max_enqueue_to_done_s: float = 0.0
     p99_enqueue_to_done_s: float = 0.0
     seconds: float = 0.0
@@ -72,6 +78,7 @@ class Figures:
             ("transient failures retried", self.retries),
             ("redeliveries (lapsed lease, 'worker lost')", self.redeliveries),
             ("handler runs beyond one per attempt", self.extra_runs),
+            ("dead as 'worker lost' without a handler run", self.unstarted_burials),
             ("completed twice (ack lost: killed or lease lapsed first)", self.extra_completions),
             ("runs of one resource overlapping (lease lost)", self.resource_overlaps),
             ("jobs lost / in two structures / locks left", "0 / 0 / 0"),
@@ -176,8 +183,26 @@ class Chaos:
     # --- faults ----------------------------------------------------------------------
 
     def _spawn(self) -> None:
+        """A worker leading a process group of its own, as a PaaS starts one."""
         assert self.project is not None
-        self.workers.append(self.project.spawn_worker("fast"))
+        p = self.project
+        args = [sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), "worker",
+                "--queue", "fast"]
+        log = open(p.root / f"worker-{len(p.procs)}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen(args, cwd=p.root, env=p.env, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        p.procs.append(proc)
+        self.workers.append(proc)
+
+    def _stop(self, w: subprocess.Popen[bytes]) -> None:
+        """A graceful stop; with children, as Heroku and systemd's KillMode=control-group
+        stop a worker: SIGTERM to its group and to every process under it."""
+        w.send_signal(signal.SIGTERM)
+        if self.isolation == "process":
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.pid, signal.SIGTERM)
+            for pid in descendants(w.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
 
     def _act(self) -> None:
         roll = self.rnd.random()
@@ -190,7 +215,7 @@ class Chaos:
             self.fig.sigkills += 1
         elif roll < 0.75 and self.workers:
             w = self.rnd.choice(self.workers)
-            w.send_signal(signal.SIGTERM)
+            self._stop(w)
             self.workers.remove(w)
             self.draining.append(w)
             self.fig.sigterms += 1
@@ -305,6 +330,8 @@ class Chaos:
             else:
                 self.fig.dead += 1
                 self.fig.dead_reasons[f.get("reason", "?")] += 1
+                if f.get("reason") == "worker lost" and not starts:
+                    self.fig.unstarted_burials += 1
             # Entries that spent no attempt: a prefetched run lost before its start was
             # recorded, a run its worker gave up at shutdown.
             unspent = history.count("lost unstarted") + history.count("interrupted")
@@ -347,6 +374,24 @@ class Chaos:
         for (_, _, type_, version), n in scanned.items():
             by_version[(type_, version)] += n
         assert {(t, v): n for (_, _, t, v), n in counted.items()} == dict(by_version), (counted, scanned)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid``."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            f = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if f[0] != "Z":
+            parents.setdefault(int(f[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
 
 
 def _history(f: dict[str, str]) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
-"""A Sentinel-managed group, all local: a master, one replica and three sentinels (quorum
-2), and a failover round: producers enqueue continuously through ``redis+sentinel://``,
-the master fails (SIGKILL, or stopped with SIGSTOP and resumed once Sentinel promoted the
-replica), and every job answered OK is looked for on the new master afterwards."""
+"""A Sentinel-managed group, all local: a master, one or two replicas and three sentinels
+(quorum 2), and a failover round: producers enqueue continuously through
+``redis+sentinel://``, the master fails (SIGKILL, or stopped with SIGSTOP and resumed a
+chosen time after Sentinel promoted a replica), and every job answered OK is looked for
+on the new master afterwards. ``worker_round`` runs a worker through a stall instead and
+counts the jobs that ran twice."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any
 
 import redis
 
-from runner.client import Client
+from runner.client import Client, Request
 from runner.errors import NotReplicated, RedisUnavailable
 from runner.store.embedded import Server, bundled_binary, free_port
 
@@ -36,6 +38,11 @@ class Group:
     replica: Server
     sentinels: list[subprocess.Popen[bytes]]
     ports: list[int]
+    others: list[Server] = field(default_factory=list)  # replicas beside ``replica``
+
+    @property
+    def replicas(self) -> list[Server]:
+        return [self.replica, *self.others]
 
     @property
     def url(self) -> str:
@@ -62,14 +69,15 @@ class Group:
             for port in self.ports:
                 flat = self.ask(port, "SENTINEL", "MASTER", SERVICE)
                 info = dict(zip(flat[::2], flat[1::2], strict=True))
-                if int(info["num-other-sentinels"]) != SENTINELS - 1 or int(info["num-slaves"]) != 1:
+                if int(info["num-other-sentinels"]) != SENTINELS - 1 or \
+                        int(info["num-slaves"]) != len(self.replicas):
                     return False
                 if int(info["port"]) != self.master.port:
                     return False
             m = redis.Redis(port=self.master.port)
             try:
                 m.set("probe", 1)
-                return int(m.wait(1, 100)) == 1
+                return int(m.wait(len(self.replicas), 100)) == len(self.replicas)
             finally:
                 m.close()
         except (redis.RedisError, KeyError, IndexError):
@@ -77,13 +85,16 @@ class Group:
 
 
 @contextmanager
-def sentinel_group(root: Path, down_after_ms: int = 500) -> Iterator[Group]:
+def sentinel_group(root: Path, down_after_ms: int = 500, replicas: int = 1) -> Iterator[Group]:
     binary = bundled_binary()
     # No 5 s wait for more replicas before a full sync (the first, and the one after a failover).
     sync = ["--repl-diskless-sync-delay", "0"]
     master = Server(root / "master", binary=binary, extra=sync).start()
     replica = Server(root / "replica", binary=binary,
                      extra=[*sync, "--replicaof", "127.0.0.1", str(master.port)]).start()
+    others = [Server(root / f"replica{i}", binary=binary,
+                     extra=[*sync, "--replicaof", "127.0.0.1", str(master.port)]).start()
+              for i in range(1, replicas)]
     procs: list[subprocess.Popen[bytes]] = []
     ports: list[int] = []
     try:
@@ -104,7 +115,7 @@ def sentinel_group(root: Path, down_after_ms: int = 500) -> Iterator[Group]:
                                           stderr=subprocess.STDOUT, start_new_session=True))
             log.close()
             ports.append(port)
-        g = Group(master, replica, procs, ports)
+        g = Group(master, replica, procs, ports, others)
         wait_for(g.ready, timeout=30, interval=0.1, what="three sentinels that see master and replica")
         yield g
     finally:
@@ -112,7 +123,7 @@ def sentinel_group(root: Path, down_after_ms: int = 500) -> Iterator[Group]:
             p.kill()
         for p in procs:
             p.wait()
-        for s in (replica, master):
+        for s in (*others, replica, master):
             if s.proc is not None:
                 with suppress(ProcessLookupError):
                     os.kill(s.proc.pid, signal.SIGCONT)
@@ -125,6 +136,8 @@ class Round:
 
     wait_replicas: int
     how: str
+    replicas: int = 1
+    resume_after_s: float | None = None  # "stall": resumed this long after the promotion
     ok: int = 0
     missing: int = 0
     refused: Counter[str] = field(default_factory=Counter)
@@ -132,13 +145,14 @@ class Round:
     demoted_s: float = 0.0  # "stall": from the old master's resumption to its demotion
     ok_after: int = 0  # answered OK once the new master was in place
 
-    HEADER = ("| master | wait_replicas | answered OK | missing after | NotReplicated | RedisUnavailable "
-              "| failover s | old master writable s |\n|---|---|---|---|---|---|---|---|")
+    HEADER = ("| master | replicas | wait_replicas | answered OK | missing after | NotReplicated | RedisUnavailable "
+              "| failover s | old master writable s |\n|---|---|---|---|---|---|---|---|---|")
 
     def row(self) -> str:
-        fault = "SIGKILL" if self.how == "kill" else "stopped 3 s"
+        fault = "SIGKILL" if self.how == "kill" else "stopped 3 s" if self.resume_after_s is None else \
+            f"stopped, resumed {self.resume_after_s:g} s after the promotion"
         demoted = f"{self.demoted_s:.1f}" if self.how == "stall" else "-"
-        return (f"| {fault} | {self.wait_replicas} | {self.ok} | {self.missing} | "
+        return (f"| {fault} | {self.replicas} | {self.wait_replicas} | {self.ok} | {self.missing} | "
                 f"{self.refused['NotReplicated']} | {self.refused['RedisUnavailable']} | {self.failover_s:.1f} "
                 f"| {demoted} |")
 
@@ -200,12 +214,14 @@ def missing_on(port: int, p: Project, ids: list[str]) -> int:
 
 
 def failover_round(root: Path, wait_replicas: int, how: str = "kill", warmup: int = 2000,
-                   timeout_s: float = 0.5, stall_s: float = 3.0) -> Round:
+                   timeout_s: float = 0.5, stall_s: float = 3.0, replicas: int = 1,
+                   resume_after_s: float | None = None) -> Round:
     """One round on a fresh group. ``how``: "kill" SIGKILLs the master; "stall" stops it
-    (SIGSTOP) until Sentinel has promoted the replica, for at least ``stall_s``, then lets
-    it run on: it comes back believing it is the master until Sentinel demotes it."""
-    out = Round(wait_replicas, how)
-    with sentinel_group(root / "group") as g:
+    (SIGSTOP) until Sentinel has promoted a replica, for at least ``stall_s`` (or for
+    ``resume_after_s`` after the promotion), then lets it run on: it comes back believing
+    it is the master until Sentinel demotes it."""
+    out = Round(wait_replicas, how, replicas, resume_after_s)
+    with sentinel_group(root / "group", replicas=replicas) as g:
         p = make_project(root / "p", Endpoint(g.url))  # type: ignore[arg-type]
         _durable(p, wait_replicas, timeout_s)
         client = p.client
@@ -218,11 +234,13 @@ def failover_round(root: Path, wait_replicas: int, how: str = "kill", warmup: in
                     g.master.stop(kill=True)
                 else:
                     os.kill(g.master.proc.pid, signal.SIGSTOP)
-                wait_for(lambda: g.master_port() == g.replica.port, timeout=30, interval=0.05,
-                         what="Sentinel to promote the replica")
+                old = g.master.port
+                wait_for(lambda: g.master_port() not in (None, old), timeout=30, interval=0.01,
+                         what="Sentinel to promote a replica")
                 out.failover_s = time.monotonic() - t0
                 if how == "stall":
-                    time.sleep(max(0.0, stall_s - out.failover_s))  # the stall itself, not a sync
+                    pause = stall_s - out.failover_s if resume_after_s is None else resume_after_s
+                    time.sleep(max(0.0, pause))  # the stall itself, not a sync
                     os.kill(g.master.proc.pid, signal.SIGCONT)
                     resumed = time.monotonic()
                     # Until Sentinel demotes it, the old master takes writes on the
@@ -238,10 +256,15 @@ def failover_round(root: Path, wait_replicas: int, how: str = "kill", warmup: in
             out.ok = len(prod.ok)
             out.ok_after = out.ok - promoted
             out.refused = prod.refused
+            new = g.master_port()
+            assert new is not None
             if how == "stall":
-                # The old master resynced from the new one: let it finish, so what it held is gone.
-                wait_for(lambda: _synced(g.master.port), timeout=30, interval=0.05, what="the resync")
-            out.missing = missing_on(g.replica.port, p, prod.ok)
+                # The old master (and any other replica) resynced from the new one: let them
+                # finish, so what only they held is gone.
+                for s in [g.master, *g.replicas]:
+                    if s.port != new:
+                        wait_for(lambda s=s: _synced(s.port), timeout=30, interval=0.05, what="the resync")
+            out.missing = missing_on(new, p, prod.ok)
         finally:
             if p._runtime is not None:
                 p._runtime.close()
@@ -267,3 +290,66 @@ def _synced(port: int) -> bool:
         return False
     finally:
         c.close()
+
+
+@dataclass
+class WorkerRound:
+    """A worker through a stall: the jobs queued before, and how many of them ran twice."""
+
+    jobs: int
+    twice: int = 0
+    failover_s: float = 0.0
+    demoted_s: float = 0.0
+
+    def row(self) -> str:
+        return f"| {self.jobs} | {self.twice} | {self.failover_s:.1f} | {self.demoted_s:.1f} |"
+
+
+def _runs(p: Project) -> Counter[str]:
+    return Counter({f.name: len(f.read_text().splitlines()) for f in p.records.iterdir()})
+
+
+def worker_round(root: Path, stall_s: float = 3.0, jobs: int = 12_000) -> WorkerRound:
+    """``jobs`` queued (wait_replicas = 1, one replica), a worker running them, and the
+    master stopped (SIGSTOP) for ``stall_s`` mid-way: Sentinel promotes the replica, the
+    old master resumes, and the worker must not go on settling there (its acks would be
+    wiped by the resync, and the jobs run again). Counts the jobs that ran twice."""
+    out = WorkerRound(jobs)
+    with sentinel_group(root / "group") as g:
+        p = make_project(root / "p", Endpoint(g.url))  # type: ignore[arg-type]
+        p.write_config(vt=5, concurrency=8, prefetch=8, batch=64)
+        _durable(p, 1, 1.0)
+        try:
+            reqs = [Request("record", {"n": i, "sleep": 0.001}) for i in range(jobs)]
+            for i in range(0, jobs, 1000):
+                p.client.enqueue_all(reqs[i:i + 1000])
+            p.spawn_worker("fast")
+            wait_for(lambda: sum(_runs(p).values()) >= jobs // 10, timeout=60, interval=0.05,
+                     what="the worker to be under way")
+            assert g.master.proc is not None
+            t0 = time.monotonic()
+            os.kill(g.master.proc.pid, signal.SIGSTOP)
+            old = g.master.port
+            wait_for(lambda: g.master_port() not in (None, old), timeout=30, interval=0.01,
+                     what="Sentinel to promote the replica")
+            out.failover_s = time.monotonic() - t0
+            time.sleep(max(0.0, stall_s - out.failover_s))
+            os.kill(g.master.proc.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            wait_for(lambda: _role(g.master.port) == "slave", timeout=60, interval=0.05,
+                     what="Sentinel to demote the old master")
+            out.demoted_s = time.monotonic() - resumed
+            wait_for(lambda: _synced(g.master.port), timeout=30, interval=0.05, what="the resync")
+            new = redis.Redis(port=g.replica.port, decode_responses=True)
+            k = p.keys()
+            try:
+                wait_for(lambda: new.llen(k.ready) == 0 and new.zcard(k.leases) == 0 and new.zcard(k.scheduled) == 0,
+                         timeout=120, interval=0.2, what="every job to end")
+            finally:
+                new.close()
+            out.twice = sum(1 for n in _runs(p).values() if n > 1)
+        finally:
+            p.stop_all()
+            if p._runtime is not None:
+                p._runtime.close()
+    return out

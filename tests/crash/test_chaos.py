@@ -46,6 +46,11 @@ def test_chaos_nothing_lost_nothing_doubled(tmp_path: Path, isolation: str) -> N
         Path(report).write_text(fig.table() + "\n")
     assert fig.sigkills > 0 and fig.sigterms > 0 and fig.redis_restarts > 0
     assert fig.done + fig.dead == fig.jobs
+    if isolation == "process":
+        # A job waiting for its child to start has not started: a kill in that wait, or a
+        # stop of every process, buries nothing (all 15 "worker lost" deaths of a 5,000-job
+        # run were such jobs).
+        assert fig.unstarted_burials == 0, fig.table()
 
 
 def test_many_workers_thousands_of_jobs_random_failures(tmp_path: Path) -> None:

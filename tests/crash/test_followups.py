@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from crashkit import configure, wait_exit, wait_final
 
+from runner import outbox
 from runner.worker import relay
 from runner.worker.faults import POINTS
 
@@ -119,14 +120,14 @@ def test_relay_is_idempotent_by_child_id(project: Project) -> None:
     pid = c.enqueue("parent", {"to": "leaf_slow"}).id
     w1 = project.spawn_worker("fast", env={"RUNNER_FAULT": "before_relay"})
     assert wait_exit(w1, 30) == -9
-    outbox = project.keys("fast").outbox
-    entries = rt.redis.lrange(outbox, 0, -1)
+    box = project.keys("fast").outbox
+    entries = rt.redis.lrange(box, 0, -1)
 
-    relay.place(rt, entries)  # placed, then "killed" before taking them off the outbox
+    outbox.place(rt, entries)  # placed, then "killed" before taking them off the outbox
     assert rt.redis.llen(project.keys("slow").ready) == 2
     assert relay.drain(rt, project.keys("fast")) == 2
     assert rt.redis.llen(project.keys("slow").ready) == 2
-    assert rt.redis.llen(outbox) == 0
+    assert rt.redis.llen(box) == 0
     assert c.get(pid).status == "done"
 
 

@@ -5,6 +5,7 @@ stops the handler's own subprocesses with it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -165,3 +166,43 @@ def test_a_timed_out_async_handler_does_not_run_on_in_later_jobs(project: Projec
     assert all(f["status"] == "done" for f in wait_final(project, naps, timeout=30).values())
     late = [float(x) for x in project.runs(bad) if float(x) > settled + 0.2]
     assert not late, f"the timed-out handler ran on {len(late)} time(s) after its job was settled"
+
+
+HOGGER = '''
+import os, time
+QUEUE = "fast"
+TIMEOUT = 1
+MAX_ATTEMPTS = 2
+RESOURCE_KEY = "printer:{p}"
+
+def handle(payload, ctx):
+    path = os.path.join(os.environ["RECORD_DIR"], "printer")
+    with open(path, "a") as f:
+        f.write(f"start {ctx.job_id} {time.time()}\\n")
+    time.sleep(payload["s"])  # one C call: TIMEOUT cannot interrupt it
+    with open(path, "a") as f:
+        f.write(f"end {ctx.job_id} {time.time()} {ctx.lock_lost}\\n")
+'''
+
+
+def test_an_abandoned_thread_keeps_its_resource_until_it_ends(project: Project) -> None:
+    """A thread handler stuck in a C call past TIMEOUT plus the grace is given up (its slot
+    goes to a new thread), but the run holds its RESOURCE_KEY, and its lease, until the
+    call really returns: neither its own retry nor another job of the key starts beside
+    it (they did, 5 of 6 starts, and ctx.lock_lost never said so)."""
+    project.add_function("hogger", HOGGER, '{"type": "object", "properties": {"p": {"type": "integer"}}}')
+    project.write_config(vt=2, concurrency=2, prefetch=0, max_attempts=2, worker="timeout_grace = 0.3")
+    c = project.client
+    jobs = [c.enqueue("hogger", {"s": 2, "p": 1}).id, c.enqueue("hogger", {"s": 0.1, "p": 1}).id]
+    project.spawn_worker("fast")
+    final = wait_final(project, jobs, timeout=60)
+    assert final[jobs[0]]["status"] == "dead" and final[jobs[0]]["last_error"]["type"] == "JobTimeout"
+    assert final[jobs[1]]["status"] == "done"
+    # Each run holds the printer from its start for its sleep (the timeout raised as the
+    # sleep returns ends it there).
+    took = {jobs[0]: 2.0, jobs[1]: 0.1}
+    runs = sorted((float(t), float(t) + took[j]) for _, j, t in (x.split() for x in project.runs("printer")
+                                                                          if x.startswith("start")))
+    assert len(runs) == 3
+    overlaps = [(a, b) for a, b in itertools.pairwise(runs) if b[0] < a[1]]
+    assert not overlaps, f"runs of one resource overlapped: {project.runs('printer')}"

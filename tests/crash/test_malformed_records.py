@@ -13,6 +13,7 @@ import redis
 from crashkit import configure, lock_keys, wait_final
 
 from runner.store.keys import QueueKeys
+from runner.store.records import RECORD_FIELDS
 
 from conftest import Project, assert_no_job_in_two_structures, raw_status, wait_for
 
@@ -31,8 +32,7 @@ def _raw(project: Project) -> Raw:
 
 
 def _state(raw: Raw, k: QueueKeys, job_id: bytes) -> dict[bytes, bytes]:
-    """What a buried record keeps of its fate: its state hash (a hash record of the release
-    before this one is converted to a record string and a state when the scripts read it)."""
+    """What a buried record keeps of its fate: its state hash."""
     return raw.hgetall(k.job_prefix.encode() + job_id + b":s")  # type: ignore[no-any-return]
 
 
@@ -47,9 +47,20 @@ def _good_fields(**over: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def _hash(**over: Any) -> Callable[[Raw, bytes], None]:
+def _b(v: Any) -> bytes:
+    return v if isinstance(v, bytes) else str(v).encode()
+
+
+def _record(**over: Any) -> Callable[[Raw, bytes], None]:
+    """A producer's job as the scripts store it: the record string (records.encode's
+    layout, bytes allowed) and its state hash."""
     def write(r: Raw, key: bytes) -> None:
-        r.hset(key, mapping=_good_fields(**over))
+        f = _good_fields(**over)
+        r.set(key, b"\x1f".join([b"1", *(_b(f.get(name, "")) for name in RECORD_FIELDS), _b(f.get("payload", ""))]))
+        state = {n: f[n] for n in ("status", "attempt", "ready_ms", "deferrals", "enqueued_ms") if n in f}
+        if state.get("status") == "queued":  # (absent: queued)
+            del state["status"]
+        r.hset(key + b":s", mapping=state)
 
     return write
 
@@ -60,19 +71,19 @@ CASES: dict[bytes, tuple[Callable[[Raw, bytes], None], str]] = {
     b"m-string": (lambda r, k: r.set(k, "garbage"), "malformed record: not a record of this runner"),
     b"m-list": (lambda r, k: r.rpush(k, "a", "b"), "malformed record: a Redis list"),
     b"m-zset": (lambda r, k: r.zadd(k, {"a": 1}), "malformed record: a Redis zset"),
-    b"m-missing": (_hash(version=None, payload=None), "malformed record: missing field(s) version, payload"),
-    b"m-empty-hash-ish": (lambda r, k: r.hset(k, "x", "1"), "malformed record: missing field(s)"),
-    b"m-notjson": (_hash(payload="{not json"), "malformed record"),
-    b"m-bad-version": (_hash(version="abc"), "malformed record"),
-    b"m-unknown-type": (_hash(type="nope"), "unknown type"),
-    b"m-unknown-version": (_hash(version=99), "unknown version"),
-    b"m-invalid": (_hash(payload='{"n": "not an int"}'), "invalid payload"),
-    b"m-array": (_hash(payload="[1, 2, 3]"), "invalid payload"),
-    b"m-deep": (_hash(payload="[" * 2000 + "]" * 2000), "malformed record"),
-    b"m-bytes-payload": (_hash(payload=b"\xff\xfe{\x00"), "malformed record"),
-    b"m-bytes-type": (_hash(type=b"rec\xfford"), "unknown type"),
+    b"m-missing": (_record(version=None, payload=None), "malformed record: missing field(s) version"),
+    b"m-hash": (lambda r, k: r.hset(k, "x", "1"), "malformed record: a Redis hash"),
+    b"m-notjson": (_record(payload="{not json"), "malformed record"),
+    b"m-bad-version": (_record(version="abc"), "malformed record"),
+    b"m-unknown-type": (_record(type="nope"), "unknown type"),
+    b"m-unknown-version": (_record(version=99), "unknown version"),
+    b"m-invalid": (_record(payload='{"n": "not an int"}'), "invalid payload"),
+    b"m-array": (_record(payload="[1, 2, 3]"), "invalid payload"),
+    b"m-deep": (_record(payload="[" * 2000 + "]" * 2000), "malformed record"),
+    b"m-bytes-payload": (_record(payload=b"\xff\xfe{\x00"), "malformed record"),
+    b"m-bytes-type": (_record(type=b"rec\xfford"), "unknown type"),
     b"\xff\xfe\x00\x01 random bytes id": (lambda r, k: None, "malformed record: no job record"),
-    b"\xc3\x28bytes-id-with-record": (_hash(), ""),  # a valid record under a non-UTF-8 id runs
+    b"\xc3\x28bytes-id-with-record": (_record(), ""),  # a valid record under a non-UTF-8 id runs
 }
 
 
@@ -131,15 +142,15 @@ def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(proj
 
 # Records whose bookkeeping fields have the wrong type or an unknown status.
 BUGS = {
-    "attempt-not-integer": pytest.param(_hash(attempt="abc")),
+    "attempt-not-integer": pytest.param(_record(attempt="abc")),
     "deferrals-not-integer": pytest.param(
-        _hash(deferrals="many", resource_key="busy", limits="1 r:busy")
+        _record(deferrals="many", resource_key="busy", limits="1 r:busy")
     ),
     "max-attempts-not-integer": pytest.param(
-        _hash(max_attempts="x")
+        _record(max_attempts="x")
     ),
-    "ready-ms-not-integer": pytest.param(_hash(ready_ms="soon")),
-    "unknown-status": pytest.param(_hash(status="weird")),
+    "ready-ms-not-integer": pytest.param(_record(ready_ms="soon")),
+    "unknown-status": pytest.param(_record(status="weird")),
 }
 
 
@@ -172,3 +183,27 @@ def test_record_with_a_wrong_typed_field_goes_dead_not_lost(
     assert raw.zscore(k.dead, "bad") is not None
     assert w.poll() is None
     assert_no_job_in_two_structures(project)
+
+
+def test_a_record_with_a_huge_number_of_errors_is_buried_soon(project: Project) -> None:
+    """A record another producer wrote, whose 1 MB payload has 520,000 bad values (listing
+    them all once held the claiming worker 25 s, its leases unrenewed): buried as an
+    invalid payload within seconds, its error the first one and a note that more may
+    exist, and the worker runs the good job behind it."""
+    _configure(project, concurrency=2, batch=4)
+    project.add_function("items", 'QUEUE = "fast"\n\n\ndef handle(payload, ctx):\n    return None\n',
+                         '{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}}}')
+    c = project.client
+    k = project.keys("fast")
+    raw = _raw(project)
+    _plant(project, raw, k, b"huge", _record(type="items", payload='{"a": [' + "0," * 519_999 + "0]}"))
+    w = project.spawn_worker("fast")
+    wait_for(lambda: raw_status(raw, k, b"huge") == b"dead", timeout=15, what="the record to be buried")
+    good = c.enqueue("record", {"n": 1}).id
+    assert wait_final(project, [good], timeout=15)[good]["status"] == "done"
+    job = c.get("huge").as_dict()
+    assert job["reason"] == "invalid payload", job["reason"]
+    errors = job["last_error"]["errors"]
+    assert errors[0] == {"path": "$.a[0]", "message": '0 is not of type "string"'}, errors[:3]
+    assert len(errors) == 2 and "only the first error" in errors[1]["message"], errors[1:]
+    assert w.poll() is None

@@ -6,6 +6,7 @@ tests/lua/test_scripts.py.)"""
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any
 
 from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_log, worker_log
@@ -98,8 +99,12 @@ def test_stale_settlements_are_refused_and_change_nothing(project: Project) -> N
 def test_a_frozen_worker_loses_its_lease_and_its_ack_is_refused(project: Project) -> None:
     """End to end: worker 1 runs a job and is frozen (SIGSTOP) past the visibility
     timeout; worker 2 reclaims and completes it; worker 1 is thawed, its handler returns
-    and its ack is refused: the record keeps worker 2's result, finish time and history."""
-    configure(project, vt=1, concurrency=2)
+    and its ack is refused: the record keeps worker 2's result, finish time and history.
+
+    One executor each: worker 1's fetcher then waits for its executor, not for news with a
+    claim behind it, so the frozen worker takes nothing more (a worker frozen while idle
+    may take one batch; see docs/guarantees.md, "A frozen worker")."""
+    configure(project, vt=1, concurrency=1)
     c = project.client
     job = c.enqueue("record", {"n": 5, "sleep": 0.6})
     w1 = project.spawn_worker("fast")
@@ -121,5 +126,34 @@ def test_a_frozen_worker_loses_its_lease_and_its_ack_is_refused(project: Project
     assert view(project, job.id) == before
     assert rec(project, job.id)["result"] == {"n": 5, "attempt": 2}
     assert w1.poll() is None, "worker 1 must keep running after a refused ack"
+    assert_quiet(project)
+    assert_no_job_in_two_structures(project)
+
+
+def test_a_worker_frozen_while_idle_takes_at_most_a_batch_and_loses_nothing(project: Project) -> None:
+    """Worker 1 is idle (its claim waits behind a BLPOP) and is frozen; jobs enqueued in
+    the next second may be taken by that pending claim. They come back once the lease
+    lapses and run on worker 2: every job ends done, each handler ran to its end once."""
+    configure(project, vt=1, concurrency=2, batch=4)
+    c = project.client
+    w1 = project.spawn_worker("fast")
+    wait_log(worker_log(project, w1), "serving fast", timeout=15)
+    time.sleep(0.3)  # its first wait is out
+    w1.send_signal(signal.SIGSTOP)
+    try:
+        w2 = project.spawn_worker("fast")
+        wait_log(worker_log(project, w2), "serving fast", timeout=15)
+        ids = [c.enqueue("record", {"n": i}).id for i in range(12)]
+        done = wait_final(project, ids, timeout=30)
+        assert {r["status"] for r in done.values()} == {"done"}
+        lost = [i for i, r in done.items() if outcomes(r) != ["done"]]
+        assert len(lost) <= 4, lost  # one batch at most
+        for job_id in lost:
+            assert outcomes(done[job_id]) == ["worker lost", "done"]
+        for job_id in ids:
+            runs = project.runs(job_id)
+            assert len(runs) == 1 and runs[0].split()[1] == str(w2.pid), runs
+    finally:
+        w1.send_signal(signal.SIGCONT)
     assert_quiet(project)
     assert_no_job_in_two_structures(project)

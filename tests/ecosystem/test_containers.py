@@ -39,7 +39,9 @@ def test_compose_runs_redis_and_the_procfile_processes() -> None:
 def test_compose_config_is_valid_for_docker_compose() -> None:
     if shutil.which("docker") is None or subprocess.run(["docker", "compose", "version"],
                                                         capture_output=True).returncode != 0:
-        pytest.skip("docker compose is not installed: the YAML checks above still ran")
+        pytest.skip("docker compose is not installed (install it to run this check: "
+                    "https://docs.docker.com/compose/install/); "
+                    "the YAML checks above still ran")
     proc = subprocess.run(["docker", "compose", "-f", str(REPO / "compose.yaml"), "config", "-q"],
                           capture_output=True, text=True, env={"RUNNER_API_TOKEN": "x", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr

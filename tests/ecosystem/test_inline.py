@@ -157,3 +157,39 @@ def test_a_result_is_held_to_the_projects_max_result_bytes(tmp_path: Path) -> No
     assert out.status == "dead" and out.reason == "permanent failure"
     assert out.error is not None and out.error["type"] == "ResultTooLarge"
     assert "1,002 bytes" in out.error["message"] and "max_result_bytes = 1,000" in out.error["message"]
+
+
+DURABLE_FN = '''
+import runner
+QUEUE = "fast"
+calls = []
+
+def handle(payload, ctx):
+    a = ctx.step("a", lambda: calls.append("a") or 1)
+    ctx.sleep("nap", 3600)
+    try:
+        go = ctx.wait_for_signal("go", timeout=60)
+    except runner.SignalTimeout:
+        go = None
+    b = ctx.step("b", lambda: calls.append("b") or 2)
+    return {"sum": a + b, "go": go, "calls": list(calls)}
+'''
+
+
+def test_inline_runs_durable_calls_skips_sleeps_and_answers_waits(tmp_path: Path) -> None:
+    """run_inline: steps run and record, a sleep returns at once, a wait answers from
+    signals= (none: SignalTimeout), and steps= replays an earlier run's log without
+    calling the recorded steps' functions."""
+    (tmp_path / "runner.toml").write_text("[queues.fast]\n")
+    (tmp_path / "functions").mkdir()
+    (tmp_path / "functions" / "durable.py").write_text(DURABLE_FN)
+    (tmp_path / "schemas" / "durable").mkdir(parents=True)
+    (tmp_path / "schemas" / "durable" / "v1.json").write_text('{"type":"object"}')
+    first = run_inline("durable", {}, project=tmp_path, signals={"go": {"ok": True}})
+    assert first.status == "done" and first.result["sum"] == 3 and first.result["go"] == {"ok": True}
+    assert [(s["name"], s["kind"]) for s in first.steps] == [("a", "step"), ("nap", "sleep"), ("go", "signal"),
+                                                              ("b", "step")]
+    assert run_inline("durable", {}, project=tmp_path).result["go"] is None  # no signal given: timed out
+    replayed = run_inline("durable", {}, project=tmp_path, steps=first.steps)
+    assert replayed.result["sum"] == 3 and replayed.result["go"] == {"ok": True}
+    assert len(replayed.steps) == 4

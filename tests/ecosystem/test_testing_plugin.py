@@ -109,6 +109,14 @@ def test_pyproject_registers_the_plugin() -> None:
 def test_a_project_tests_its_functions_with_the_plugin(pytester: pytest.Pytester) -> None:
     """A user's project gets run_inline, a private server, a client, a draining worker
     and assert_enqueued, and its own app code enqueues on that server."""
+    _project(pytester)
+    pytester.makepyfile(test_functions=USER_TESTS)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(passed=5)
+
+
+def _project(pytester: pytest.Pytester) -> None:
+    """greet, notify and flaky with their schemas and runner.toml, in pytester's folder."""
     pytester.makefile(".toml", runner=TOML)
     for name, src in {"greet": GREET, "notify": NOTIFY, "flaky": FLAKY}.items():
         (pytester.path / "functions").mkdir(exist_ok=True)
@@ -116,6 +124,241 @@ def test_a_project_tests_its_functions_with_the_plugin(pytester: pytest.Pytester
     for name, props in {"greet": {"name": "string"}, "notify": {"who": "string"}, "flaky": {}}.items():
         (pytester.path / "schemas" / name).mkdir(parents=True)
         (pytester.path / "schemas" / name / "v1.json").write_text(_schema(props))
-    pytester.makepyfile(test_functions=USER_TESTS)
+
+
+DJANGO_CONFTEST = '''
+import django
+from django.conf import settings
+
+# The project's own settings name a prefix and a server of their own: the fixtures must
+# still route its enqueue_on_commit to each test's private server and prefix.
+settings.configure(
+    INSTALLED_APPS=["runner.contrib.django"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    RUNNER={"PREFIX": "shop", "REDIS_URL": "redis://127.0.0.1:9/0"},
+)
+django.setup()
+'''
+DJANGO_TESTS = '''
+import pytest
+from django.db import transaction
+
+from runner.contrib.django import enqueue_on_commit
+
+
+def place_order(who, fail=False):
+    """The app's code: one job per order, sent once its transaction commits."""
+    with transaction.atomic():
+        enqueue_on_commit("notify", {"who": who})
+        if fail:
+            raise RuntimeError("payment refused")
+
+
+def test_first_order_is_enqueued_once(assert_enqueued):
+    place_order("ada")
+    assert_enqueued("notify", {"who": "ada"}, count=1)
+
+
+def test_second_test_sees_its_own_order_only(assert_enqueued):
+    place_order("bo")
+    assert_enqueued("notify", {"who": "bo"}, count=1)
+    assert_enqueued("notify", count=1)
+
+
+def test_a_rolled_back_order_enqueues_nothing(assert_enqueued):
+    with pytest.raises(RuntimeError):
+        place_order("cy", fail=True)
+    assert_enqueued("notify", count=0)
+    place_order("di")
+    assert_enqueued("notify", {"who": "di"}, count=1)
+
+
+def test_the_worker_runs_the_order(runner_worker):
+    place_order("ed")
+    assert [(o.type, o.status, o.result) for o in runner_worker.drain(timeout=10)] == [
+        ("notify", "done", {"notified": "ed"})]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the app enqueued: a nothing-enqueued check must fail")
+def test_nothing_enqueued_fails_when_the_app_enqueued(assert_enqueued):
+    place_order("fay")
+    assert_enqueued("notify", count=0)
+'''
+FASTAPI_APP = '''
+from fastapi import FastAPI
+from runner.contrib.fastapi import RunnerClient, lifespan
+
+app = FastAPI(lifespan=lifespan)
+
+
+@app.post("/signup/{who}", status_code=202)
+async def signup(who: str, runner: RunnerClient):
+    job = await runner.aenqueue("notify", {"who": who})
+    return {"job": job.id}
+'''
+FASTAPI_TESTS = '''
+import pytest
+from fastapi.testclient import TestClient
+
+from app import app
+
+
+@pytest.fixture(scope="module")
+def http():
+    with TestClient(app) as c:  # one app start for the module: its lifespan runs once
+        yield c
+
+
+def test_first_signup(http, assert_enqueued):
+    assert http.post("/signup/ada").status_code == 202
+    assert_enqueued("notify", {"who": "ada"}, count=1)
+
+
+def test_second_signup_lands_in_this_test(http, assert_enqueued):
+    job = http.post("/signup/bo").json()["job"]
+    assert [j["id"] for j in assert_enqueued("notify", count=1)] == [job]
+
+
+def test_the_worker_runs_the_signup(http, runner_worker):
+    http.post("/signup/cy")
+    assert [(o.type, o.status, o.result) for o in runner_worker.drain(timeout=10)] == [
+        ("notify", "done", {"notified": "cy"})]
+
+
+def test_no_request_no_job(http, assert_enqueued):
+    assert_enqueued("notify", count=0)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the app enqueued: a nothing-enqueued check must fail")
+def test_nothing_enqueued_fails_when_the_app_enqueued(http, assert_enqueued):
+    http.post("/signup/di")
+    assert_enqueued("notify", count=0)
+'''
+
+
+def test_django_enqueue_on_commit_reaches_each_tests_server(pytester: pytest.Pytester) -> None:
+    """A Django project whose settings name a prefix and a server of their own: from the
+    second test on, enqueue_on_commit still lands under that test's prefix on the
+    private server, with no user code; and a "nothing enqueued" check fails when the
+    app did enqueue."""
+    pytest.importorskip("django")
+    _project(pytester)
+    pytester.makeconftest(DJANGO_CONFTEST)
+    pytester.makepyfile(test_orders=DJANGO_TESTS)
+    # A project without pytest-django (its test below), even where the test extra has it.
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-p", "no:django", "-q",
+                                           timeout=240)
+    result.assert_outcomes(passed=4, xfailed=1)
+
+
+def test_fastapi_dependency_reaches_each_tests_server(pytester: pytest.Pytester) -> None:
+    """A FastAPI app started once for the module (its lifespan caches a client): every
+    test's requests enqueue under that test's own prefix, and a "nothing enqueued" check
+    fails when the app did enqueue."""
+    pytest.importorskip("fastapi")
+    _project(pytester)
+    pytester.makepyfile(app=FASTAPI_APP)
+    pytester.makepyfile(test_signup=FASTAPI_TESTS)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q",
+                                           timeout=240)
+    result.assert_outcomes(passed=4, xfailed=1)
+
+
+PYTEST_DJANGO_SETTINGS = '''
+SECRET_KEY = "tests"
+INSTALLED_APPS = ["django.contrib.contenttypes", "runner.contrib.django"]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+RUNNER = {"PREFIX": "shop", "REDIS_URL": "redis://127.0.0.1:9/0"}
+USE_TZ = True
+'''
+PYTEST_DJANGO_TESTS = '''
+import pytest
+from django.db import transaction
+
+from runner.contrib.django import enqueue_on_commit
+
+
+def place_order(who, fail=False):
+    """The app's code: one job per order, sent once its transaction commits."""
+    with transaction.atomic():
+        enqueue_on_commit("notify", {"who": who})
+        if fail:
+            raise RuntimeError("payment refused")
+
+
+def welcome(who):
+    """The app's code outside a transaction of its own: sent at once in production."""
+    enqueue_on_commit("notify", {"who": who})
+
+
+@pytest.mark.django_db
+def test_an_order_committed_inside_the_tests_transaction(assert_enqueued):
+    place_order("ada")
+    assert_enqueued("notify", {"who": "ada"}, count=1)
+
+
+@pytest.mark.django_db
+def test_an_enqueue_outside_the_apps_transaction_goes_at_once(runner_client, assert_enqueued):
+    welcome("bo")
+    assert [j.as_dict()["type"] for j in runner_client.jobs("queued").jobs] == ["notify"]  # before any look
+    assert_enqueued("notify", {"who": "bo"}, count=1)
+
+
+@pytest.mark.django_db
+def test_a_rolled_back_order_enqueues_nothing(assert_enqueued):
+    with pytest.raises(RuntimeError):
+        place_order("cy", fail=True)
+    assert_enqueued("notify", count=0)
+
+
+@pytest.mark.django_db
+def test_the_worker_runs_the_order(runner_worker):
+    place_order("di")
+    assert [(o.type, o.status) for o in runner_worker.drain(timeout=10)] == [("notify", "done")]
+
+
+@pytest.mark.django_db
+def test_an_order_still_open_is_not_sent(assert_enqueued):
+    with transaction.atomic():  # the test holds the app's transaction open: no commit yet
+        enqueue_on_commit("notify", {"who": "ed"})
+        assert_enqueued("notify", count=0)
+    assert_enqueued("notify", {"who": "ed"}, count=1)
+
+
+@pytest.mark.django_db
+def test_capturing_the_callbacks_sends_each_once(django_capture_on_commit_callbacks, assert_enqueued):
+    with django_capture_on_commit_callbacks(execute=True):
+        place_order("fay")
+        assert_enqueued("notify", count=1)
+    assert_enqueued("notify", {"who": "fay"}, count=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transactional_test_commits_for_real(assert_enqueued):
+    place_order("gus")
+    assert_enqueued("notify", {"who": "gus"}, count=1)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the app enqueued: a nothing-enqueued check must fail")
+@pytest.mark.django_db
+def test_nothing_enqueued_fails_when_the_app_enqueued(assert_enqueued):
+    place_order("hal")
+    assert_enqueued("notify", count=0)
+'''
+
+
+def test_pytest_django_tests_see_what_the_app_committed(pytester: pytest.Pytester) -> None:
+    """Under pytest-django's django_db, each test runs inside a transaction that never
+    commits, so Django never runs an on_commit callback: without help, every
+    enqueue_on_commit of the app was silently dropped and "nothing enqueued" checks
+    passed whatever the app did. With the plugin's fixtures, an enqueue whose own
+    transaction has ended (or that had none) is sent, as it would be in production; a
+    rolled-back one or one still open is not; captured callbacks send it once."""
+    pytest.importorskip("django")
+    pytest.importorskip("pytest_django", reason="pytest-django is not installed (pip install -e '.[test]' installs it)")
+    _project(pytester)
+    pytester.makepyfile(django_settings=PYTEST_DJANGO_SETTINGS)
+    pytester.makeini("[pytest]\nDJANGO_SETTINGS_MODULE = django_settings\npythonpath = .\n")
+    pytester.makepyfile(test_orders=PYTEST_DJANGO_TESTS)
     result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=7, xfailed=1)

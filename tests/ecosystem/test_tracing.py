@@ -28,8 +28,12 @@ def _provider() -> Iterator[None]:
     # The global provider can be set once per process: this module owns it, and puts the
     # API's unset state back after it, or later tests in this process would find tracing
     # on (the enqueue fast lane, for one, leaves traced requests to the route).
+    # The exporter is made here, not once at import: the teardown's shutdown stops it for
+    # good, and a test runner may split this module, setting the fixture up twice.
     from opentelemetry.util._once import Once
 
+    global EXPORTER
+    EXPORTER = InMemorySpanExporter()
     provider = sdk_trace.TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(provider)
@@ -97,3 +101,136 @@ def test_without_the_extra_tracing_is_off_and_jobs_carry_nothing(project: Projec
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**project.env, "PYTHONPATH": str(REPO)},
                    cwd=project.root, timeout=60)
+
+
+PARENT = '''
+QUEUE = "fast"
+ON_SUCCESS = "traced_dest"
+
+def handle(payload, ctx):
+    ctx.enqueue("noop", {"from": "parent"})
+    return {"ok": True}
+'''
+DEST = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    return None
+'''
+
+
+def _one(name: str) -> sdk_trace.ReadableSpan:
+    (span,) = _spans(name)
+    return span
+
+
+def test_follow_ups_destinations_and_group_members_stay_in_the_producers_trace(project: Project) -> None:
+    """A ctx.enqueue follow-up and an ON_SUCCESS destination each get an enqueue span, a
+    child of the run that made them, and their wait and run spans hang under it; a
+    group's members and its then-job carry the trace of the group's enqueue. One trace
+    from the producer's request to the last run."""
+    project.add_function("traced_parent", PARENT)
+    project.add_function("traced_dest", DEST)
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        EXPORTER.clear()
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("request") as request:
+            job = project.client.enqueue("traced_parent", {})
+        wait_for(lambda: len(_spans("run noop")) == 1 and len(_spans("run traced_dest")) == 1, timeout=15,
+                 what="the follow-up and the destination to run")
+        trace_id = request.get_span_context().trace_id
+        parent_run = _one("run traced_parent")
+        assert dict(parent_run.attributes or {})["runner.job.id"] == job.id
+        for fn in ("noop", "traced_dest"):
+            enq, wait, run = _one(f"enqueue {fn}"), _one(f"wait {fn}"), _one(f"run {fn}")
+            assert {s.context.trace_id for s in (enq, wait, run)} == {trace_id}, fn
+            assert enq.parent is not None and enq.parent.span_id == parent_run.context.span_id, fn
+            assert run.parent is not None and run.parent.span_id == enq.context.span_id, fn
+            assert wait.parent is not None and wait.parent.span_id == enq.context.span_id, fn
+            assert [link.context.span_id for link in run.links] == [enq.context.span_id], fn
+
+        from runner.client import Request
+
+        EXPORTER.clear()
+        with tracer.start_as_current_span("request") as request:
+            project.client.group([Request("noop", {"m": 1}), Request("noop", {"m": 2})], Request("noop", {}))
+        wait_for(lambda: len(_spans("run noop")) == 3, timeout=15, what="the members and the then-job to run")
+        group = _one("enqueue group")
+        assert group.parent is not None and group.parent.span_id == request.get_span_context().span_id
+        runs = _spans("run noop")
+        assert {s.context.trace_id for s in runs} == {request.get_span_context().trace_id}
+        assert {s.parent.span_id for s in runs if s.parent is not None} == {group.context.span_id}
+    finally:
+        w.stop(grace_s=5)
+
+
+def test_a_groups_then_job_links_to_every_members_run(project: Project, worker: Worker) -> None:
+    """The then-job has many parents: its run stays the group's enqueue span's child and
+    links to each member's run (the first 127 of them, a bound on a big group)."""
+    from runner.client import Request
+
+    EXPORTER.clear()
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("request"):
+        g = project.client.group([Request("noop", {"m": 1}), Request("perm", {"m": 2})], Request("noop", {}))
+
+    def then_run() -> list[sdk_trace.ReadableSpan]:
+        return [s for s in _spans("run noop") if dict(s.attributes or {})["runner.job.id"] == g.then_id]
+
+    wait_for(then_run, timeout=15, what="the then-job to run")
+    group = _one("enqueue group")
+    (then,) = then_run()
+    members = [s for s in _spans("run noop") + _spans("run perm") if s is not then]
+    assert len(members) == 2
+    assert then.parent is not None and then.parent.span_id == group.context.span_id
+    linked = {link.context.span_id for link in then.links}
+    assert linked == {group.context.span_id} | {m.context.span_id for m in members}
+    assert {link.context.trace_id for link in then.links} == {group.context.trace_id}
+
+    # A big group: the first 127 members' runs are linked, no more: with the producer's,
+    # the 128 links the SDK keeps by default.
+    EXPORTER.clear()
+    g = project.client.group([Request("noop", {"m": i}) for i in range(130)], Request("noop", {}))
+    wait_for(then_run, timeout=30, what="the big group's then-job to run")
+    (then,) = then_run()
+    runs = {s.context.span_id for s in _spans("run noop") if s is not then}
+    assert len(runs) == 130
+    member_links = [link for link in then.links if link.context.span_id in runs]
+    assert len(member_links) == 127 == len(then.links) - 1
+
+
+COOP = '''
+import time
+
+QUEUE = "fast"
+TIMEOUT = 15
+
+def handle(payload, ctx):
+    while True:
+        ctx.raise_if_cancelled()
+        time.sleep(0.02)
+'''
+
+
+def test_a_cancelled_run_is_traced_as_cancelled_not_dead(project: Project) -> None:
+    """A running job stopped by its cancel: its run span's outcome is "cancelled", not
+    "dead", and the span is no error (the cancel was asked for), as its status, its
+    counter and its log line say."""
+    project.add_function("traced_coop", COOP)
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        EXPORTER.clear()
+        job = project.client.enqueue("traced_coop", {})
+        wait_for(lambda: project.client.get(job.id).status == "processing", timeout=15,
+                 what="the handler to start")
+        assert project.client.cancel(job.id) == "requested"
+        assert project.client.settle(job.id, 10).status == "cancelled"
+        wait_for(lambda: _spans("run traced_coop"), timeout=5, what="the run span")
+        (run,) = _spans("run traced_coop")
+        assert dict(run.attributes or {})["runner.job.outcome"] == "cancelled"
+        assert run.status.status_code != trace.StatusCode.ERROR
+    finally:
+        w.stop(grace_s=5)

@@ -27,7 +27,8 @@ TOKEN = "ts-test-token"
 
 def _npm_ready() -> None:
     if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are not installed: the TypeScript client cannot be built here")
+        pytest.skip("node and npm are not installed (apt-get install nodejs npm runs this): "
+                    "the TypeScript client cannot be built here")
     if not (TS / "node_modules" / ".bin" / "tsc").exists():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=TS, check=True, timeout=300,
                        capture_output=True)

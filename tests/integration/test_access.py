@@ -57,7 +57,8 @@ def call(web: RunnerWeb, secret: str | None, method: str, path: str, **kw: Any) 
 
 
 def allowed(scopes: set[str], scope: str) -> bool:
-    return scope in scopes or (scope.startswith("enqueue:") and "enqueue" in scopes)
+    return scope in scopes or (scope.startswith("enqueue:") and "enqueue" in scopes) or (
+        scope == "signal" and "operate" in scopes) or (scope.startswith("emit") and "emit" in scopes)
 
 
 def dead_jobs(project: Project, n: int) -> list[str]:
@@ -100,7 +101,8 @@ def test_each_token_gets_what_its_scopes_allow_and_a_403_naming_the_scope_elsewh
     with serving(project, "access") as web:
         doc = call(web, SECRETS["support"], "GET", "/openapi.json").json()
         validate_openapi(doc)
-        ops = operations(doc, {"queue": "fast", "id": requeue_me, "type": "record", "group_id": group.id})
+        ops = operations(doc, {"queue": "fast", "id": requeue_me, "type": "record", "group_id": group.id,
+                                "signal": "approval", "name": "order.created"})
         scopes = {s for _, _, s in ops}
         assert {"read", "operate", "enqueue:record", "enqueue:noop"} <= scopes
         for path, item in doc["paths"].items():
@@ -113,6 +115,8 @@ def test_each_token_gets_what_its_scopes_allow_and_a_403_naming_the_scope_elsewh
                 elif scope.startswith("enqueue:"):
                     assert op["security"] == [{"bearer": ["enqueue"]}, {"bearer": [scope]}]
                     assert scope == "enqueue:" + path.split("/")[2]
+                elif scope == "signal":  # or operate
+                    assert op["security"] == [{"bearer": ["signal"]}, {"bearer": ["operate"]}]
                 else:
                     assert op["security"] == [{"bearer": [scope]}] and "403" in op["responses"]
 
@@ -121,8 +125,10 @@ def test_each_token_gets_what_its_scopes_allow_and_a_403_naming_the_scope_elsewh
                 if allowed(SCOPES[name], scope):
                     continue
                 body = assert_problem(call(web, secret, method, path, json={}), 403, "forbidden")
-                assert body["scope"] == scope and body["token_name"] == name, body
-                assert repr(scope) in body["detail"] and name in body["detail"]
+                # An emit needs "emit" or "emit:<the event's name>": the refusal names the latter.
+                want = "emit:order.created" if path.startswith("/events/") else scope
+                assert body["scope"] == want and body["token_name"] == name, body
+                assert repr(want) in body["detail"] and name in body["detail"]
         assert project.client.get(requeue_me).status == "dead" and project.client.get(delete_me).status == "dead"
 
         assert call(web, SECRETS["producer"], "POST", "/jobs/record", json={"n": 1}).status_code == 202
@@ -212,7 +218,8 @@ def test_runner_token_new_prints_lines_that_let_its_token_in(project: Project) -
     """The token is printed once, the runner.toml lines hold its hash and not the token;
     pasted into runner.toml they let it in with exactly the scopes asked for."""
     made = subprocess.run([sys.executable, "-m", "runner.cli", "token", "new", "ci", "--scope", "enqueue:record",
-                           "--scope", "read"], capture_output=True, text=True, timeout=30, env=project.env)
+                           "--scope", "read"], capture_output=True, text=True, timeout=30, env=project.env,
+                          cwd=project.root)
     assert made.returncode == 0, made.stderr
     lines = made.stdout.splitlines()
     secret = next(ln for ln in lines if ln.startswith("runner_"))
@@ -362,8 +369,8 @@ def test_the_app_follows_a_reloaded_config(project: Project) -> None:
     rt = project.runtime
     client = falcon.testing.TestClient(create_app(rt))
     assert client.simulate_get("/queues").status_code == 200  # no token configured: open
-    assert client.simulate_get("/whoami").json == {"name": "anonymous", "scopes": ["enqueue", "operate", "read"],
-                                                   "auth": False}
+    assert client.simulate_get("/whoami").json == {
+        "name": "anonymous", "scopes": ["emit", "enqueue", "operate", "read", "signal"], "auth": False}
     open_api = rt.config.api
     (project.root / "tokens.toml").write_text("[queues.fast]\n[queues.slow]\n" + TOKENS)
     rt.config = replace(rt.config, api=config_mod.load(project.root / "tokens.toml", env=ENV).api)

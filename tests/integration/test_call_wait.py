@@ -49,6 +49,25 @@ def test_call_returns_the_result_and_raises_for_a_dead_job(project: Project) -> 
         client.call("slow", {"seconds": 5}, timeout=0.5)
 
 
+def test_closing_a_runtime_after_a_call_returns_at_once(project: Project) -> None:
+    """The waiter's subscriber blocks in a read of up to a second; closing the runtime
+    wakes it instead of waiting that read out (`runner call` exited 1 s after its job)."""
+    from runner.client import Client
+    from runner.runtime import Runtime
+
+    project.spawn_worker("fast")
+    rt = Runtime.create(project.runtime.config)
+    try:
+        assert Client(rt).call("noop", {"x": 1}, timeout=20) == {"x": 1}
+        listening = pubsub_clients(project)  # the worker's subscriber and this one's
+    finally:
+        t0 = time.monotonic()
+        rt.close()
+        took = time.monotonic() - t0
+    assert took < 0.3, f"closing took {took:.2f} s"
+    wait_for(lambda: pubsub_clients(project) == listening - 1, timeout=5, what="the subscriber's connection to close")
+
+
 def test_post_wait_answers_200_with_the_end_or_202_after_the_wait(project: Project, web: Web) -> None:
     """POST /jobs/{type}?wait=5: a fast job answers 200 with its result, a job that dies
     answers 200 with status dead and its error, and a 10 s job answers the usual 202 with
@@ -198,3 +217,27 @@ def test_a_waited_retry_whose_first_job_was_trimmed_is_a_200_duplicate(project: 
         c.wait(c.enqueue("noop", {"i": i}).id, 10)
     retry = web.simulate_post("/jobs/idem?wait=10", json={"k": "a"}, headers=headers)
     assert retry.status_code == 200 and retry.json["id"] == first.json["id"], retry.text
+
+
+def test_client_wait_is_pushed_not_polled(project: Project) -> None:
+    """Client.wait is the pushed wait: over a second on a job nobody runs it reads the job
+    a few times (after subscribing and marking it), not every few milliseconds, and it
+    answers a job's end as soon as it is published."""
+    client = project.client
+    job = client.enqueue("slow", {"seconds": 0.2})
+    client.wait(job.id, timeout_s=0.1)  # the subscriber started, the scripts loaded
+
+    def script_calls() -> int:
+        stats = project.runtime.redis.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+    before = script_calls()
+    t0 = time.monotonic()
+    got = client.wait(job.id, timeout_s=1.0)
+    assert got.status == "queued" and time.monotonic() - t0 >= 1.0
+    # A read is a lookup script per queue, the mark one more: a poll every 20 ms is hundreds.
+    assert script_calls() - before <= 20, "the wait read the job over and over (a poll)"
+    project.spawn_worker("slow")
+    t0 = time.monotonic()
+    assert client.wait(job.id, timeout_s=20).status == "done"
+    assert time.monotonic() - t0 < 10

@@ -13,6 +13,7 @@ import pytest
 from test_web_support import Web, gunicorn
 
 from runner import JobEnded
+from runner.client import Request
 
 from conftest import Project, wait_for
 
@@ -88,6 +89,35 @@ def test_a_queued_and_a_scheduled_job_end_cancelled_and_never_run(project: Proje
     assert status(project, queued) == status(project, scheduled) == "cancelled"
 
 
+def test_a_cancelled_queued_job_leaves_the_ready_count_and_the_oldest_wait(project: Project) -> None:
+    """With no worker to skip them, cancelled queued jobs no longer count as ready: after
+    cancelling every queued job, `runner stats`' ready is 0 and no oldest wait grows
+    (they were counted until a claim passed over them, for ever on a paused queue).
+    Bounded: an id is taken out of ready only within 1,000 entries of either end; one
+    deeper is left for the claim to skip, as before, and never runs."""
+    from runner.observe.figures import read_queues
+
+    def fast() -> tuple[int, float | None]:
+        q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "fast")
+        return q.ready, q.oldest_ready_age_s
+
+    client = project.client
+    ids = [client.enqueue("record", {"n": i}).id for i in range(3)]
+    assert fast()[0] == 3
+    for job_id in (ids[0], ids[2], ids[1]):  # the oldest end, the newest end, then the last one
+        assert client.cancel(job_id) == "cancelled"
+    assert fast() == (0, None)
+
+    # 2,401 queued: the middle one is deeper than 1,000 from either end and stays in the list.
+    many = [j.id for j in client.enqueue_many([Request("record", {"n": i}) for i in range(2401)])]
+    assert client.cancel(many[1200]) == "cancelled" and client.cancel(many[0]) == "cancelled"
+    assert fast()[0] == 2400  # the middle one still sits there; the oldest is gone
+    project.spawn_worker("fast")
+    wait_for(lambda: fast()[0] == 0 and status(project, many[-1]) == "done", timeout=60,
+             what="the worker to drain the rest")
+    assert project.runs(many[1200]) == [] and project.runs(many[0]) == []
+
+
 def test_a_prefetched_job_is_never_started(project: Project) -> None:
     """A job claimed ahead by a worker whose executors are busy is dropped by that worker
     on the cancel's notice: it never starts, and the job ends cancelled."""
@@ -155,6 +185,91 @@ def test_a_running_job_sees_the_cancel_within_2_s_and_ends_cancelled(project: Pr
     assert len(history) == 2 and history[1]["attempt"] == 1 and history[1]["at_ms"] >= history[0]["at_ms"], history
 
 
+LAST_TRY = '''"""One attempt only, running until cancelled."""
+import os
+import time
+
+QUEUE = "fast"
+TIMEOUT = 15
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write("started\\n")
+    while True:
+        ctx.raise_if_cancelled()
+        time.sleep(0.02)
+'''
+
+
+def test_a_cancel_asked_of_a_last_attempt_whose_worker_dies_ends_cancelled(project: Project) -> None:
+    """A job on its last attempt is asked to stop, and its worker dies before it hears of
+    it: the reclaim of its lapsed lease ends it cancelled, as the cancel asked, not dead
+    as "worker lost" (which counted it dead, put it in the dead letters and raised the
+    dead-letter alert for a job an operator had cancelled)."""
+    import signal
+
+    from runner.observe.figures import read_queues
+
+    project.add_function("last_try", LAST_TRY)
+    client = project.client
+    job_id = client.enqueue("last_try", {}).id
+    w = project.spawn_worker("fast")
+    wait_for(lambda: project.runs(job_id), timeout=20, what="the handler to start")
+    w.send_signal(signal.SIGSTOP)  # frozen: it never hears of the cancel
+    try:
+        assert client.cancel(job_id, by="ops") == "requested"
+    finally:
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+    project.spawn_worker("fast")  # its scheduler reclaims the lapsed lease
+    ended = client.settle(job_id, 30)
+    assert ended.status == "cancelled", ended.as_dict()
+    assert project.runs(job_id) == ["started"]
+    q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "fast")
+    assert q.dead == 0
+    counters = q.function("last_try").counters
+    assert (counters["dead"], counters["cancelled"]) == (0, 1), counters
+
+
+STUBBORN = '''"""One attempt only; never checks for a cancel, and runs past its TIMEOUT."""
+import os
+import time
+
+QUEUE = "fast"
+TIMEOUT = 1
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write("started\\n")
+    end = time.time() + 5
+    while time.time() < end:
+        time.sleep(0.02)
+'''
+
+
+def test_a_run_asked_to_stop_that_fails_on_its_last_attempt_ends_cancelled(project: Project) -> None:
+    """A thread handler that ignores its cancel, on its last attempt, then runs past its
+    TIMEOUT: the job ends cancelled as the cancel asked (its history keeps the error),
+    counted cancelled, not dead "max attempts reached" in the dead letters (as a failed
+    run asked to stop on an earlier attempt already ended: retried, then cancelled)."""
+    from runner.observe.figures import read_queues
+
+    project.add_function("stubborn", STUBBORN)
+    client = project.client
+    project.spawn_worker("fast", log_name="worker.log")
+    job_id = client.enqueue("stubborn", {}).id
+    wait_for(lambda: project.runs(job_id), timeout=20, what="the handler to start")
+    assert client.cancel(job_id) == "requested"
+    ended = client.settle(job_id, 20)
+    assert ended.status == "cancelled", ended.as_dict()
+    q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "fast")
+    counters = q.function("stubborn").counters
+    assert (q.dead, counters["dead"], counters["cancelled"]) == (0, 0, 1), counters
+    assert f"job {job_id} dead" not in (project.root / "worker.log").read_text()
+
+
 def test_a_handler_that_ignores_the_cancel_is_killed_under_process_isolation(project: Project) -> None:
     """Under ISOLATION = "process" a handler that never checks is killed once its grace
     passes after the cancel, and the job ends cancelled."""
@@ -216,3 +331,81 @@ def test_runner_cancel_all_of_a_type_in_a_status(project: Project) -> None:
     assert client.jobs("queued").jobs and {j.id for j in client.jobs("queued").jobs} == set(other)
     bare = CliRunner().invoke(cli, base[:3], env=project.env)  # `runner cancel` and nothing to cancel
     assert bare.exit_code == 2 and "give the ids of the jobs to cancel, or --all" in bare.output, bare.output
+
+
+def test_a_cancelled_job_counts_as_cancelled_not_dead(project: Project) -> None:
+    """Cancelled is an outcome of its own: a queued job cancelled and a running one
+    stopped by its cancel add to the function's cancelled counter
+    (runner_jobs_cancelled_total), never to dead (runner_jobs_dead_total, `runner stats`,
+    the dashboard's dead-lettered figure, the dead-letter alert), and the worker logs no
+    "dead" warning for them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from runner.observe.figures import read_queues
+    from runner.web.exposition import RunnerCollector
+
+    add_coop(project)
+    client = project.client
+    queued = client.enqueue("coop", {"seconds": 30}).id
+    assert client.cancel(queued) == "cancelled"
+    running = client.enqueue("coop", {"seconds": 30}).id
+    project.spawn_worker("slow", log_name="worker.log")
+    wait_for(lambda: project.runs(running), timeout=20, what="the handler to start")
+    assert client.cancel(running) == "requested"
+    assert client.settle(running, 10).status == "cancelled"
+
+    def counters() -> dict[str, int]:
+        q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "slow")
+        return q.function("coop").counters
+
+    wait_for(lambda: counters()["cancelled"] == 2, timeout=10, what="two cancels counted")
+    assert counters()["dead"] == 0
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunnerCollector(project.runtime))
+    text = generate_latest(registry).decode()
+    assert 'runner_jobs_cancelled_total{function="coop",queue="slow"} 2.0' in text, text
+    assert 'runner_jobs_dead_total{function="coop",queue="slow"} 0.0' in text
+    log = (project.root / "worker.log").read_text()
+    assert f"job {running} cancelled" in log and f"job {running} dead" not in log, log
+
+
+PARKED = '''
+import os
+import time
+
+QUEUE = "fast"
+CONCURRENCY = {"key": "t:{t}", "limit": 2}
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write("ran\\n")
+    time.sleep(0.02)
+'''
+
+
+def test_cancel_all_deferred_cancels_while_limits_wake_and_no_cancelled_job_runs(project: Project) -> None:
+    """`runner cancel --all --status deferred` while a worker keeps waking and running
+    jobs parked on a CONCURRENCY limit: every job it reports cancelled is cancelled and
+    never ran (each batch is found and cancelled in one step, so none is woken in
+    between), and no job is deferred afterwards."""
+    import json
+
+    project.add_function("parked", PARKED, '{"type": "object", "properties": {"t": {"type": "integer"}}}')
+    c = project.client
+    from runner.client import Request
+
+    ids = [j.id for j in c.enqueue_many([Request("parked", {"t": i % 4}) for i in range(2000)])]  # type: ignore[union-attr]
+    project.spawn_worker("fast")
+    wait_for(lambda: len(list(project.records.iterdir())) >= 20, timeout=30, what="the first runs")
+    out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                          "cancel", "--all", "--status", "deferred", "--json"],
+                         cwd=project.root, env=project.env, capture_output=True, text=True, timeout=120)
+    answers = json.loads(out.stdout)
+    assert len(answers) >= 100, out.stdout[-500:] + out.stderr[-2000:]
+    wait_for(lambda: {c.get(i).status for i in ids} <= {"done", "cancelled"}, timeout=60, what="every job to end")
+    ran = [a for a in answers if project.runs(a["id"])]
+    assert not ran, f"{len(ran)} of {len(answers)} jobs the cancel reported ran: {ran[:3]}"
+    assert {a.get("cancel") for a in answers} == {"cancelled"}
+    assert {c.get(a["id"]).status for a in answers} == {"cancelled"}
+    project.stop_all()

@@ -4,6 +4,7 @@ dead ls/requeue/purge, functions, new, and the exit codes of the cli module's do
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -127,8 +128,22 @@ def test_job_and_stats_show_tables_or_json(project: Project, run: Invoke) -> Non
     assert out_json(stats)["queues"][0]["name"] == "fast" and out_json(stats)["queues"][0]["ready"] == 1
     table = run("stats").stdout.splitlines()
     assert table[0].startswith(f"redis: {project.server.url} (REDIS_URL)")
-    assert table[1].split() == ["queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "paused"]
+    assert table[1].split() == ["queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried",
+                                "cancelled", "paused"]
     assert table[2].split()[:2] == ["fast", "1"]
+
+
+def test_stats_counts_cancelled_jobs_apart_from_dead(project: Project, run: Invoke) -> None:
+    """A cancel is an outcome of its own: `runner stats` counts it in a cancelled column
+    (the sum of the function counters, beside succeeded and retried) and never as dead."""
+    ids = [project.client.enqueue("record", {"n": i}).id for i in range(2)]
+    assert run("cancel", *ids).exit_code == 0
+    table = run("stats").stdout.splitlines()
+    head, fast = table[1].split(), table[2].split()
+    row = dict(zip(head, fast, strict=True))
+    assert (row["queue"], row["dead"], row["cancelled"]) == ("fast", "0", "2"), table
+    per_function = out_json(run("stats", "--json"))["queues"][0]["functions"]["record"]
+    assert (per_function["cancelled"], per_function["dead"]) == (2, 0)
 
 
 def test_dead_ls_requeue_with_an_edited_payload_and_purge(project: Project, run: Invoke) -> None:
@@ -232,3 +247,126 @@ def test_web_refuses_to_start_without_a_token(project: Project, run: Invoke) -> 
     refused = run("web")
     assert refused.exit_code == 2
     assert "RUNNER_API_TOKEN" in refused.stderr and "auth = false" in refused.stderr
+
+
+def test_the_next_page_command_keeps_the_filters(project: Project, run: Invoke) -> None:
+    """`runner jobs` prints a next-page command with the --type, --queue and --limit it was
+    given, and that command lists the rest of the same selection."""
+    ids = [project.client.enqueue("record", {"n": i}).id for i in range(3)]
+    project.client.enqueue("noop", {})
+    first = run("jobs", "--type", "record", "--queue", "fast", "--limit", "2")
+    assert first.exit_code == 0, first.stderr
+    (line,) = [x for x in first.stdout.splitlines() if x.startswith("next page: ")]
+    command = line.removeprefix("next page: ").split()
+    assert command[:6] == ["runner", "jobs", "--status", "queued", "--type", "record"]
+    assert command[6:10] == ["--queue", "fast", "--limit", "2"] and command[10] == "--cursor"
+    rest = run(*command[1:])
+    assert rest.exit_code == 0, rest.stderr
+    listed = [x.split()[0] for x in (first.stdout + rest.stdout).splitlines() if x.startswith(tuple(ids))]
+    assert sorted(listed) == sorted(ids) and "next page" not in rest.stdout
+
+
+def test_version(run: Invoke) -> None:
+    from runner import __version__
+
+    r = run("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == f"runner {__version__} (runner-redis)"
+
+
+def test_job_prints_readable_times_and_no_none(project: Project, run: Invoke) -> None:
+    """`runner job` shows times as UTC dates (the epoch beside them), leaves unset
+    fields out and says "none" for an empty list (no history yet, no children); --json
+    keeps the numbers and the lists."""
+    job_id = project.client.enqueue("record", {"n": 5}).id
+    human = run("job", job_id).stdout
+    assert "None" not in human and "null" not in human and "[]" not in human, human
+    assert re.search(r"^\s+history: none$", human, re.M), human
+    assert out_json(run("job", job_id, "--json"))["history"] == []
+    created = next(x for x in human.splitlines() if x.strip().startswith("created_at:"))
+    assert re.search(r"created_at: 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC", created), created
+    assert isinstance(out_json(run("job", job_id, "--json"))["created_at"], int | float)
+
+
+def test_every_json_error_is_json(project: Project, run: Invoke) -> None:
+    """With --json, a refusal is a JSON object with "error" on stdout (and the text on
+    stderr), whatever refused: an unknown job, a payload that is not JSON, an unknown
+    function, an unreachable Redis."""
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    cases = [(run("job", "no-such-job", "--json"), 1),
+             (run("enqueue", "record", "{broken", "--json"), 1),
+             (run("call", "recrod", "{}", "--json"), 1),
+             (run("jobs", "--json", "--cursor", "not-a-cursor"), 1),
+             (run("stats", "--json", env={"REDIS_URL": closed}), 3)]
+    for r, code in cases:
+        assert r.exit_code == code, (r.stdout, r.stderr)
+        body = json.loads(r.stdout)
+        assert isinstance(body, dict) and body["error"], r.stdout
+
+
+def test_a_misspelt_function_gets_a_did_you_mean(run: Invoke) -> None:
+    r = run("enqueue", "recrod", "{}")
+    assert r.exit_code == 1 and "did you mean record?" in r.stderr, r.stderr
+
+
+def test_the_state_folder_is_git_ignored(project: Project, run: Invoke) -> None:
+    """.runner/ (dev's server data, the schema cache) ignores itself: no commit picks it up."""
+    assert run("new", "greet").exit_code == 0
+    assert (project.root / ".runner" / ".gitignore").read_text() == "*\n"
+
+
+def test_a_wrong_redis_password_is_an_auth_error(project: Project, run: Invoke, tmp_path: Path) -> None:
+    """A server that refuses the password is not "unreachable": the message says the
+    password was refused and where it came from (exit 3)."""
+    import redis
+
+    from runner.store.embedded import Server
+
+    s = Server(tmp_path / "locked", appendonly=False).start()
+    redis.Redis(port=s.port).config_set("requirepass", "right")
+    try:
+        for url in (f"redis://:wrong@127.0.0.1:{s.port}/0", f"redis://127.0.0.1:{s.port}/0"):
+            r = run("stats", env={"REDIS_URL": url})
+            assert r.exit_code == 3, r.stderr
+            assert "refused" in r.stderr and "password" in r.stderr and "REDIS_URL" in r.stderr, r.stderr
+            assert "Start a Redis there" not in r.stderr
+    finally:
+        s.stop()
+
+
+def test_an_old_version_with_no_upgrade_is_refused_at_enqueue(project: Project, run: Invoke) -> None:
+    """A v1 payload of a function at v2 with no upgrade() could never run (its claim would
+    bury it): the enqueue refuses it, saying how to go on, as `runner check` would; the
+    newest version is taken."""
+    from runner import ValidationFailed
+
+    project.add_function("twice", "QUEUE = 'fast'\n\ndef handle(payload, ctx):\n    return payload\n")
+    (project.root / "schemas" / "twice" / "v2.json").write_text('{"type": "object"}')
+    with pytest.raises(ValidationFailed, match=r"v1 cannot run: twice.py has no upgrade\(\)"):
+        project.client.enqueue("twice", {}, version=1)
+    assert project.client.enqueue("twice", {}).version == 2
+    refused = run("enqueue", "twice", "{}", "--version", "1")
+    assert refused.exit_code == 1 and "no upgrade()" in refused.stderr, refused.stderr
+
+
+def test_control_characters_of_job_data_print_escaped(project: Project, run: Invoke) -> None:
+    """Job data holding terminal escapes (ESC, BEL, the 8-bit CSI U+009B, DEL) prints
+    escaped in every form: `runner job` as text and as JSON, `runner jobs` and `runner dead
+    ls` tables. Printed raw, a payload or a handler's error could rewrite the operator's
+    terminal (clear it, set its title, fake lines)."""
+    hostile = "\x1b[2J\x1b]0;owned\x07\x9b31m\x7f\nfake line"
+    k = project.keys()
+    r = project.runtime.redis
+    job_id = project.client.enqueue("record", {"s": hostile}).id
+    r.lrem(k.ready, 0, job_id)
+    error = json.dumps({"type": "RuntimeError", "message": hostile})
+    r.hset(k.state(job_id), mapping={"status": "dead", "reason": hostile, "error": error})
+    r.zadd(k.dead, {job_id: 1})
+    outputs = [run("job", job_id), run("job", job_id, "--json"), run("dead", "ls"), run("dead", "ls", "--json"),
+               run("jobs", "--status", "dead"), run("jobs", "--status", "dead", "--json")]
+    for out in outputs:
+        assert out.exit_code == 0, out.output
+        bad = [c for c in out.stdout if (ord(c) < 32 and c != "\n") or 0x7f <= ord(c) <= 0x9f]
+        assert not bad, (out.stdout, bad)
+    assert "\\x1b[2J" in outputs[0].stdout or "\\u001b[2J" in outputs[0].stdout
+    assert "fake line" in outputs[0].stdout and "\nfake line" not in outputs[0].stdout
+    assert json.loads(outputs[1].stdout)["payload"] == {"s": hostile}

@@ -212,3 +212,38 @@ def test_guard_counts_the_replicas_of_every_master(cproject: Project) -> None:
     """On a cluster without replicas, wait_replicas = 1 is flagged (the fewest of any master)."""
     risks = redis_risks(cproject.runtime.redis, wait_replicas=1)
     assert any("0 connected replica(s)" in r for r in risks), risks
+
+
+def test_concurrent_round_trips_to_a_slow_master_are_not_queued_behind_each_other(cproject: Project) -> None:
+    """Each caller sends its own round trip's calls to the masters at once: six threads
+    whose batches all wait on slow masters (a WAIT short of replicas, 0.3 s each) take
+    about as long each as one alone, not six times as long behind a shared sending lane
+    per master."""
+    import threading
+
+    p = cproject
+    p.write_config(fast="partitions = 6")
+    path = p.root / "runner.toml"
+    path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 0.3\n", 1))
+    p._runtime = None
+    c = p.client
+    def send(tag: str) -> float:
+        s = time.monotonic()
+        with pytest.raises(NotReplicated):  # every master is short of its replica
+            c.enqueue_many([Request("record", {"n": i}, idempotency_key=f"{tag}{i}") for i in range(60)])
+        return time.monotonic() - s
+
+    send("warm")
+    one_s = send("one")
+    took: list[float] = []
+
+    def batch(t: int) -> None:
+        took.append(send(f"t{t}i"))
+
+    threads = [threading.Thread(target=batch, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert len(took) == 6
+    assert max(took) < 2.5 * one_s + 0.3, f"one batch alone {one_s:.2f} s; six at once: {sorted(took)}"

@@ -67,7 +67,9 @@ def test_destinations_get_the_result_or_the_error_once(project: Project) -> None
     assert c.wait(f"{bad}.f", 10).as_dict()["parent"] == bad
     assert c.get(ok).as_dict()["parent"] is None and c.get(ok).as_dict()["group"] is None
     # Counted once per landed settle: each source job wrote one; the error went through the relay.
-    stats = c.stats()
+    # (A success's follow-ups reach the figures within a second of its ack: the worker sums them.)
+    stats = wait_for(lambda: (s := c.stats())["fast"]["counters"].get("followups|source") == 2 and s,
+                     timeout=5, interval=0.1, what="both follow-ups in the figures")
     assert stats["fast"]["counters"].get("followups|source") == 2
     assert stats["slow"]["counters"].get("relayed|got_error") == 1
 
@@ -304,3 +306,89 @@ def test_a_damaged_requeue_count_reads_as_zero_and_loses_no_job(project: Project
         view = c.get(job).as_dict()
         assert (view["status"], view["requeued"], view["children"]) == ("queued", 1, []), view
     assert sorted(structures(project)["ready"]) == sorted(jobs)
+
+
+DEEP = '''
+QUEUE = "fast"
+MAX_ATTEMPTS = 2
+ON_SUCCESS = "got_result"
+
+def handle(payload, ctx):
+    v = 1
+    for _ in range(payload["levels"]):
+        v = {"a": v}
+    return v
+'''
+
+MERGED = '''
+import json, os
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "merged-" + payload["group"]["id"]), "a") as f:
+        f.write(json.dumps(payload) + "\\n")
+'''
+
+
+def test_a_result_leaves_room_for_the_records_built_around_it(project: Project) -> None:
+    """The nesting limit (128) is for what a user submits; a result is held to 120, so the
+    records runner builds around it (the then-job's payload, 4 levels more; an ON_SUCCESS
+    body, 1 more) always fit. A deeper result fails at settle with the limit named, where
+    one of 125-128 levels killed the then-job and one of 128 never got its ON_SUCCESS job."""
+    from runner.client import Request
+
+    write(project, "deep", DEEP)
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    write(project, "merged", MERGED)
+    c = project.client
+    at = c.enqueue("deep", {"levels": 120}).id
+    over = [c.enqueue("deep", {"levels": n}).id for n in (121, 128)]
+    g = c.group([Request("deep", {"levels": 120})], then=Request("merged", {}))
+    project.spawn_worker("fast")
+    wait_for(lambda: lines(project, "got_result", at), timeout=20, what="the success record")
+    wait_for(lambda: lines(project, "merged", g.id), timeout=20, what="the then-job")
+    [merged] = lines(project, "merged", g.id)
+    assert merged["group"]["outcomes"][0]["status"] == "done"
+    for jid in over:
+        rec = c.wait(jid, timeout_s=20).as_dict()
+        assert (rec["status"], rec["reason"]) == ("dead", "permanent failure"), rec
+        assert "120 levels" in rec["last_error"]["message"], rec["last_error"]
+        assert not lines(project, "got_result", jid)
+
+
+def test_a_result_past_64_bits_is_one_clear_failure_not_a_rerun(project: Project) -> None:
+    """A result holding an integer past 64 bits cannot be ON_SUCCESS's payload: the attempt
+    fails at once, saying so, and the handler ran once. Before, building the destination's
+    job raised inside the settle, the ack never landed, and the job ran again ("worker
+    lost") until it went dead. Without ON_SUCCESS such a result is stored, every digit."""
+    project.write_config(vt=1)
+    write(project, "source", '''
+        import os
+        QUEUE = "fast"
+        MAX_ATTEMPTS = 3
+        BACKOFF = {"base": 0.01, "cap": 0.02, "jitter": "full"}
+        ON_SUCCESS = "got_result"
+
+        def handle(payload, ctx):
+            with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+                f.write("ran\\n")
+            return {"big": 2 ** 70}
+    ''')
+    write(project, "plain", '''
+        QUEUE = "fast"
+
+        def handle(payload, ctx):
+            return {"big": 2 ** 70}
+    ''')
+    write(project, "got_result", SINK.format(queue="fast", name="got_result"))
+    c = project.client
+    job_id = c.enqueue("source", {}).id
+    kept = c.enqueue("plain", {}).id
+    project.spawn_worker("fast")
+    dead = c.wait(job_id, 20).as_dict()
+    assert dead["status"] == "dead", dead
+    assert "64 bits" in dead["last_error"]["message"] and "ON_SUCCESS" in dead["last_error"]["message"]
+    assert project.runs(job_id) == ["ran"]
+    assert dead["attempt"] == 1 and dead["reason"] != "worker lost"
+    assert not lines(project, "got_result", job_id)
+    assert c.wait(kept, 20).as_dict()["result"] == {"big": 2 ** 70}

@@ -6,6 +6,7 @@ dropped, and a graceful shutdown ends the streams rather than waiting on them.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import queue
@@ -136,7 +137,10 @@ def test_the_stream_pushes_the_figures_as_they_change_and_the_watched_jobs(proje
             project.spawn_worker("fast")
             done = f.next("job", timeout=20, pred=lambda j: j["status"] == "done")
             assert done["id"] == job and done["result"] == {"n": 1, "attempt": 1}
-            # A tick reads the figures, then the jobs: those sent before the job include its success.
+            # A success's figures reach Redis within a second of its ack (metrics.FLUSH_S), and
+            # the feed pushes them as a change of the queue.
+            f.next("queues", timeout=5, pred=lambda d: ((fast(d) or {}).get("functions", {}).get(
+                "record", {}).get("succeeded", 0) >= 1))
             assert f.figures["fast"]["functions"]["record"]["succeeded"] >= 1
 
 
@@ -184,7 +188,8 @@ def test_one_read_loop_serves_every_stream_of_a_process(project: Project) -> Non
             while not s.events.empty():
                 got.append(s.events.get_nowait())
             names = [e[0] for e in got if e is not None]
-            assert names[:2] == ["health", "queues"] and got[1][1]["full"] is True  # type: ignore[index]
+            # Each event's data comes encoded, once for every stream.
+            assert names[:2] == ["health", "queues"] and json.loads(got[1][1])["full"] is True  # type: ignore[index]
             assert ("job" in names) == bool(i % 2)
         for s in streams:
             feed_hub.close(s)
@@ -246,3 +251,155 @@ def test_a_process_watches_a_bounded_number_of_jobs(project: Project, monkeypatc
                 assert same.next("job-gone") == {"id": "b"}
     finally:
         server.stop()
+
+
+def test_one_token_cannot_take_every_watched_job(project: Project, monkeypatch: Any) -> None:
+    """A read-only token watches at most its share of the process's bound (a quarter):
+    past it that token gets the 503, and another token still opens its streams."""
+    monkeypatch.setattr(hub, "MAX_WATCHED", 8)
+    project.write_config(extra='\n[api.tokens.reader]\nenv = "READER_T"\nscopes = ["read"]\n'
+                               '[api.tokens.ops]\nenv = "OPS_T"\nscopes = ["read", "operate"]\n')
+    from runner import config as config_mod
+    from runner.runtime import Runtime
+
+    env = {**project.env, "READER_T": "reader-secret", "OPS_T": "ops-secret"}
+    rt = Runtime.create(config_mod.load(project.root / "runner.toml", env=env))
+    app = create_app(rt)
+    server = DevServer(app, "127.0.0.1", 0)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        with feed(url, "reader-secret", "?job=a&job=b") as f:
+            f.next("job-gone")
+            wait_for(lambda: len(app.app.hub.streams) == 1, timeout=5, what="the reader's stream")
+            refused = requests.get(url + "/events?job=c", headers={"Authorization": "Bearer reader-secret"},
+                                   timeout=10)
+            assert refused.status_code == 503 and "share" in refused.json()["detail"], refused.text
+            with feed(url, "ops-secret", "?job=c&job=d") as other:
+                assert other.next("job-gone")["id"] in ("c", "d")
+    finally:
+        server.stop()
+        rt.close()
+
+
+def _token_app(project: Project) -> tuple[Any, Any, DevServer]:
+    """A dev server of an app with two read tokens: reader-secret and ops-secret."""
+    project.write_config(extra='\n[api.tokens.reader]\nenv = "READER_T"\nscopes = ["read"]\n'
+                               '[api.tokens.ops]\nenv = "OPS_T"\nscopes = ["read", "operate"]\n')
+    from runner import config as config_mod
+    from runner.runtime import Runtime
+
+    env = {**project.env, "READER_T": "reader-secret", "OPS_T": "ops-secret"}
+    rt = Runtime.create(config_mod.load(project.root / "runner.toml", env=env))
+    app = create_app(rt)
+    server = DevServer(app, "127.0.0.1", 0)
+    server.start()
+    return rt, app, server
+
+
+def test_a_tokens_share_counts_each_streams_watched_jobs(project: Project, monkeypatch: Any) -> None:
+    """A token's share of watched jobs counts each stream's ids, not the distinct ids: a
+    stream costs a view per watched job per tick whatever another stream watches, so a
+    token could open streams on the same job without end. Past its share: the 503."""
+    monkeypatch.setattr(hub, "MAX_WATCHED", 8)  # a share of 2
+    rt, app, server = _token_app(project)
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        with feed(url, "reader-secret", "?job=a&job=b") as f:
+            f.next("job-gone")
+            wait_for(lambda: len(app.app.hub.streams) == 1, timeout=5, what="the reader's stream")
+            again = requests.get(url + "/events?job=a", headers={"Authorization": "Bearer reader-secret"},
+                                 timeout=10)
+            assert again.status_code == 503 and "share" in again.json()["detail"], again.text
+    finally:
+        server.stop()
+        rt.close()
+
+
+def test_one_token_opens_a_bounded_number_of_streams(project: Project, monkeypatch: Any) -> None:
+    """Each stream holds a connection: a token past STREAMS_PER_TOKEN open streams gets a
+    429 with Retry-After saying to close a page (1,005 streams of one token filled the
+    server's connection cap), and another token still opens its own."""
+    monkeypatch.setattr(hub, "STREAMS_PER_TOKEN", 3)
+    rt, app, server = _token_app(project)
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        with contextlib.ExitStack() as opened:
+            for _ in range(3):
+                opened.enter_context(feed(url, "reader-secret")).next("queues")
+            wait_for(lambda: len(app.app.hub.streams) == 3, timeout=5, what="three streams")
+            refused = requests.get(url + "/events", headers={"Authorization": "Bearer reader-secret"}, timeout=10)
+            assert refused.status_code == 429, refused.text
+            assert int(refused.headers["Retry-After"]) > 0
+            assert "close" in refused.json()["detail"] and "3" in refused.json()["detail"]
+            with feed(url, "ops-secret") as other:
+                other.next("queues")
+    finally:
+        server.stop()
+        rt.close()
+
+
+def test_a_tick_encodes_each_watched_view_once_for_every_stream(project: Project, monkeypatch: Any) -> None:
+    """Fifty streams watching the same twenty jobs: one tick encodes each job's view once
+    (and each queues event once), not once per stream, and every stream gets them."""
+    from runner.store import codec, records
+
+    calls = [0]
+    real = codec.dumpb_view
+
+    def counting(obj: Any) -> bytes:
+        calls[0] += 1
+        return real(obj)
+
+    monkeypatch.setattr(codec, "dumpb_view", counting)
+    ids = [f"j{i}" for i in range(20)]
+    jobs = {i: records.Job(i, "fast", {"type": "record", "payload": '{"n":1}', "status": "queued"}) for i in ids}
+
+    async def tick() -> list[hub.Stream]:
+        h = hub.Hub(project.client, Offload(1))
+        streams = [hub.Stream(frozenset(ids), owner=f"t{n}") for n in range(50)]
+        h.streams.update(streams)
+        reading = h._reading([], jobs)
+        h._fan_out(reading)
+        return streams
+
+    streams = asyncio.run(tick())
+    assert calls[0] <= len(ids) + 3, calls[0]
+    assert all(s.events.qsize() == 2 + len(ids) for s in streams)
+
+
+def test_one_token_follows_a_bounded_number_of_logs_and_streams(project: Project, monkeypatch: Any) -> None:
+    """A follow (GET /jobs/{id}/logs?follow=1, /stream) holds a connection and polls Redis
+    as long as its job runs: a token past its share of them gets the 429 an event stream
+    gets, a closed one frees its place, and another token still follows."""
+    from runner.web import watching
+
+    monkeypatch.setattr(watching, "STREAMS_PER_TOKEN", 2)
+    rt, _app, server = _token_app(project)
+    job = project.client.enqueue("record", {"n": 1}).id  # no worker: it stays queued
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+
+        def follow(token: str, path: str) -> requests.Response:
+            return requests.get(url + path, headers={"Authorization": f"Bearer {token}"}, stream=True, timeout=10)
+
+        first = follow("reader-secret", f"/jobs/{job}/logs?follow=1")
+        second = follow("reader-secret", f"/jobs/{job}/stream")
+        assert first.status_code == second.status_code == 200
+        next(first.iter_lines())
+        next(second.iter_lines())  # both counted once their first event is out
+        refused = follow("reader-secret", f"/jobs/{job}/logs?follow=1")
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0, refused.text
+        assert "close one" in refused.json()["detail"]
+        other = follow("ops-secret", f"/jobs/{job}/stream")
+        assert other.status_code == 200
+        other.close()
+        first.close()
+        wait_for(lambda: follow("reader-secret", f"/jobs/{job}/stream").status_code == 200, timeout=15,
+                 what="a closed follow to free its place")
+        second.close()
+        assert requests.get(url + f"/jobs/{job}/stream?after=%D9%A3.1",
+                            headers={"Authorization": "Bearer reader-secret"}, timeout=10).status_code == 400
+    finally:
+        server.stop()
+        rt.close()

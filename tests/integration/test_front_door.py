@@ -361,7 +361,14 @@ def test_stats_json_has_the_documented_shape(project: Project) -> None:
     job = project.client.enqueue("record", {"n": 1})
     project.spawn_worker("fast")
     project.client.wait(job.id, timeout_s=15)
-    out = json.loads(cli(project.root, project.env, "stats", "--json").stdout)
+
+    def stats() -> Any:
+        return json.loads(cli(project.root, project.env, "stats", "--json").stdout)
+
+    # A success's figures reach Redis within a second of its ack (the worker sums them).
+    wait_for(lambda: next(q for q in stats()["queues"] if q["name"] == "fast")["functions"]["record"]["succeeded"],
+             timeout=5, what="the success in the figures")
+    out = stats()
     assert set(out) == {"redis", "queues"}
     assert out["redis"]["url"] == project.server.url and out["redis"]["prefix"] == project.prefix
     fast = next(q for q in out["queues"] if q["name"] == "fast")

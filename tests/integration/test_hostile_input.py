@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from runner.catalog import templates
 from runner.catalog.templates import TemplateError
+from runner.store.records import RECORD_FIELDS
 
 from conftest import Project, raw_status, wait_for
 
@@ -51,12 +52,24 @@ def test_dunder_names_are_refused_at_load() -> None:
 
 
 @pytest.mark.parametrize("value", [
-    "{0.__class__}", "{user.__class__.__mro__}", "%s%s%n", "$(rm -rf /)", "`id`", "\x00\n\r",
-    "🙂" * 10, "{x:>99999}",
+    "{0.__class__}", "{user.__class__.__mro__}", "%s%s%n", "$(rm -rf /)", "`id`", "a b",
+    "🙂" * 10, "{x:>99999}", "\u200b\u2028",
 ])
 def test_payload_values_are_copied_verbatim(value: str) -> None:
-    """Braces, format specs, shell syntax and control bytes in payload values are data."""
+    """Braces, format specs, shell syntax, spaces and non-control Unicode in payload values are data."""
     assert templates.parse("user:{u}").render({"u": value}) == "user:" + value
+
+
+@pytest.mark.parametrize("char", [chr(c) for c in (*range(0x20), 0x7F, 0x80, 0x85, 0x9B, 0x9F)])
+def test_control_characters_never_render_into_a_key(char: str) -> None:
+    """Every C0 control (the record's \\x1f and the limits' newline among them), DEL and
+    the C1 controls are refused, naming the payload field and the character; a template
+    whose own text holds one is refused when the function loads."""
+    with pytest.raises(TemplateError, match=f"U\\+{ord(char):04X} at character 3") as refused:
+        templates.parse("user:{a.b}").render({"a": {"b": "ab" + char + "cd"}})
+    assert refused.value.field == "a.b"
+    with pytest.raises(TemplateError, match="control character"):
+        templates.parse("user:" + char + "{u}")
 
 
 @pytest.mark.parametrize("value", [None, [1], {"a": 1}, ["{0}"]])
@@ -132,9 +145,14 @@ def test_random_records_never_crash_a_worker(project: Project, seed: int) -> Non
     good = [c.enqueue("record", {"n": 0}).id]
     planted: list[bytes] = []
     for i, rec in enumerate(records):
-        rec["status"] = b"queued"
         job_id = b"r%d-\xfe" % i
-        raw.hset(k.job_prefix.encode() + job_id, mapping={"deferrals": 0, **rec})
+        # The record string (max_attempts 1, created_ms 0: left out, see above), and a
+        # state hash holding the checkpoint, if any.
+        fields = {"max_attempts": b"1", "created_ms": b"0", **rec}
+        record = b"\x1f".join([b"1", *(fields.get(f, b"") for f in RECORD_FIELDS), fields.get("payload", b"")])
+        raw.set(k.job_prefix.encode() + job_id, record)
+        state = {"deferrals": 0, **({"checkpoint": rec["checkpoint"]} if "checkpoint" in rec else {})}
+        raw.hset(k.job_prefix.encode() + job_id + b":s", mapping=state)
         raw.lpush(k.ready, job_id)
         planted.append(job_id)
         good.append(c.enqueue("record", {"n": i}).id)

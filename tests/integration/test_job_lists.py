@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -14,6 +15,7 @@ from runner.client import Request
 from runner.errors import JobNotFound, UnknownQueue
 from runner.observe.figures import read_queues
 from runner.store import records
+from runner.store.scripts import Ack
 
 from conftest import Project, wait_for
 
@@ -89,11 +91,12 @@ def test_every_status_lists_with_a_type_filter_and_the_cli(project: Project) -> 
     typo = CliRunner().invoke(cli, [*base, "--type", "nop"], env=project.env)
     assert typo.exit_code == 1 and "unknown function 'nop'" in typo.output and "noop" in typo.output, typo.output
     queue = CliRunner().invoke(cli, [*base, "--queue", "fats"], env=project.env)
-    assert queue.exit_code == 1 and "no queue 'fats' (queues: fast, slow)" in queue.output, queue.output
+    assert queue.exit_code == 1, queue.output
+    assert "no queue 'fats'; did you mean fast? (queues: fast, slow)" in queue.output, queue.output
     # The same words wherever a queue is named: an UnknownQueue, still a JobNotFound.
     for call in (lambda: client.dead_ids("fats"), lambda: client.pause("fats"),
                  lambda: client.jobs("dead", queue="fats")):
-        with pytest.raises(UnknownQueue, match=r"^no queue 'fats' \(queues: fast, slow\)$"):
+        with pytest.raises(UnknownQueue, match=r"^no queue 'fats'; did you mean fast\? \(queues: fast, slow\)$"):
             call()
     assert issubclass(UnknownQueue, JobNotFound)
 
@@ -165,6 +168,7 @@ def test_processing_jobs_list_their_worker_and_lease(project: Project) -> None:
 
 ONE_AT_A_TIME = '''
 import time
+from typing import Any
 
 QUEUE = "fast"
 CONCURRENCY = 1
@@ -209,8 +213,12 @@ def test_priority_jobs_list_as_queued_and_held_back_jobs_as_deferred(project: Pr
         c.enqueue("record", {"n": i}, delay=600)
     before = _calls(project)
     page = c.jobs("deferred", limit=3)
-    looked_up = _calls(project)["evalsha"] - before["evalsha"]
-    assert {j.id for j in page.jobs} <= deferred and len(page.jobs) == 3 and looked_up <= 3, looked_up
+    after = _calls(project)
+    # One read per list it may look at (each function's held list, each queue's one limit's
+    # waiters), one lookup per job shown.
+    lists = len(project.runtime.registry.functions) + len(project.runtime.keys)
+    calls = sum(after[name] - before[name] for name in ("evalsha", "lrange"))
+    assert {j.id for j in page.jobs} <= deferred and len(page.jobs) == 3 and calls <= 3 + lists, calls
     first = c.jobs("deferred", limit=1)
     rest = c.jobs("deferred", limit=10, cursor=first.cursor)
     assert len(first.jobs) == 1 and {j.id for j in first.jobs + rest.jobs} == deferred
@@ -223,3 +231,246 @@ def test_priority_jobs_list_as_queued_and_held_back_jobs_as_deferred(project: Pr
                               env=project.env)
     assert gone.exit_code == 0 and "cancelled 2 job(s)" in gone.stdout, gone.output
     assert {c.get(i).status for i in held} == {"cancelled"}
+
+
+def _follow(page_of: Any, between: Any = None, most: int = 100) -> list[str]:
+    """Every id a client following the cursor sees, calling ``between(page number)``
+    after each page; fails if the cursor has not ended after ``most`` pages (a loop)."""
+    seen: list[str] = []
+    cursor = None
+    for n in range(most):
+        page = page_of(cursor)
+        seen += [j.id for j in page.jobs]
+        cursor = page.cursor
+        if cursor is None:
+            return seen
+        if between is not None:
+            between(n)
+    raise AssertionError(f"the cursor went on past {most} pages: {len(seen)} ids, {len(set(seen))} distinct")
+
+
+def test_the_processing_list_pages_through_every_running_job_while_leases_renew(project: Project) -> None:
+    """48 jobs claimed at once share one lease deadline: the processing list pages through
+    all of them in pages of 10, each once, and its cursor ends. Renewing every lease
+    between pages (which moves every deadline) neither repeats a job nor skips one."""
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    c, rt = project.client, project.runtime
+    ids = {m.id for m in c.enqueue_many([Request("record", {"n": i}) for i in range(48)])}  # type: ignore[union-attr]
+    k = project.keys()
+    reply = list(rt.scripts.claim(k, n=48, start=48, lease_ms=60_000, token_base="w.1",
+                                  dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+    owned = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+    assert {i for i, _ in owned} == ids
+    assert len(set(rt.redis.zrange(k.leases, 0, -1, withscores=True)[i][1] for i in range(48))) == 1
+
+    def page(cursor: str | None) -> Any:
+        return c.jobs("processing", queue="fast", limit=10, cursor=cursor)
+
+    still = _follow(page)
+    assert len(still) == len(set(still)) == 48 and set(still) == ids
+
+    def renew_all(n: int) -> None:
+        # Half of them first, then the rest: the deadlines now differ and moved past every cursor.
+        rt.scripts.renew(k, owned[: 24 if n % 2 else 48], 60_000 + 1000 * n)
+
+    moving = _follow(page, renew_all)
+    assert len(moving) == len(set(moving)) == 48 and set(moving) == ids
+
+
+def test_the_deferred_list_shows_every_job_that_stays_deferred_while_limits_wake_others(project: Project) -> None:
+    """Jobs parked on a CONCURRENCY limit list as deferred in pages of 5 while the limit
+    wakes one of them (from the oldest end) between every two pages, and a job of another
+    limit is parked meanwhile: every job deferred from the first page to the last is
+    shown, none twice, and the cursor ends."""
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
+    (project.root / "schemas" / "one_at_a_time").mkdir()
+    (project.root / "schemas" / "one_at_a_time" / "v1.json").write_text(json.dumps({"type": "object"}))
+    c, rt, k = project.client, project.runtime, project.keys()
+    parked = [c.enqueue("one_at_a_time", {"i": i}).id for i in range(40)]
+
+    def claim() -> list[tuple[str, str]]:
+        reply = list(rt.scripts.claim(k, n=40, start=40, lease_ms=60_000, token_base="w.1",
+                                      dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+        return [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+
+    running = claim()
+    assert len(running) == 1 and {c.get(i).status for i in parked if i != running[0][0]} == {"deferred"}
+
+    def wake_one(n: int) -> None:
+        # The running job ends: its slot wakes the oldest waiter, which the next claim runs.
+        job_id, token = running.pop()
+        rt.scripts.ack(k, [Ack(job_id, token, "null", "one_at_a_time|1", "")], 60_000)
+        running.extend(claim())
+
+    seen = _follow(lambda cursor: c.jobs("deferred", queue="fast", limit=5, cursor=cursor), wake_one)
+    stayed = [i for i in parked if c.get(i).status == "deferred"]
+    assert len(seen) == len(set(seen)), "a job was shown twice"
+    assert len(stayed) >= 20 and not set(stayed) - set(seen), f"never shown: {set(stayed) - set(seen)}"
+
+
+def test_the_deferred_list_ends_while_jobs_are_parked_faster_than_it_is_paged(project: Project) -> None:
+    """Jobs parked on a CONCURRENCY limit list as deferred in pages of 5 while, between
+    every two pages, 6 more jobs are parked (at the end the list is read from) and the
+    limit wakes one from the other end: the cursor ends, no job is shown twice, and every
+    job deferred from the first page to the last is shown. (A cursor that counted places
+    from the tail re-read the jobs each park pushed along, and never ended.)"""
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
+    (project.root / "schemas" / "one_at_a_time").mkdir()
+    (project.root / "schemas" / "one_at_a_time" / "v1.json").write_text(json.dumps({"type": "object"}))
+    c, rt, k = project.client, project.runtime, project.keys()
+
+    def claim() -> list[tuple[str, str]]:
+        reply = list(rt.scripts.claim(k, n=40, start=40, lease_ms=60_000, token_base="w.1",
+                                      dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+        return [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+
+    parked = [c.enqueue("one_at_a_time", {"i": i}).id for i in range(30)]
+    running = claim()
+    assert len(running) == 1
+
+    def park_and_wake(n: int) -> None:
+        for i in range(6):  # parked at the tail: claimed while the one slot is taken
+            c.enqueue("one_at_a_time", {"i": 1000 * (n + 1) + i})
+        running.extend(claim())
+        job_id, token = running.pop(0)  # the slot's job ends: the oldest waiter is woken and runs
+        rt.scripts.ack(k, [Ack(job_id, token, "null", "one_at_a_time|1", "")], 60_000)
+        running.extend(claim())
+
+    seen = _follow(lambda cursor: c.jobs("deferred", queue="fast", limit=5, cursor=cursor), park_and_wake)
+    stayed = [i for i in parked if c.get(i).status == "deferred"]
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
+    assert len(stayed) >= 15 and not set(stayed) - set(seen), f"never shown: {set(stayed) - set(seen)}"
+
+
+def test_the_deferred_list_ends_under_a_real_worker_while_jobs_are_parked_and_woken(project: Project) -> None:
+    """A real worker runs a CONCURRENCY = 1 function, waking its oldest waiter each time a
+    run ends, while a client pages the deferred list in pages of 5 and enqueues 10 more
+    jobs after each page (the worker parks them at the tail, faster than the client
+    pages): the cursor ends, no job is shown twice, and every job deferred from the first
+    page to the last (parked no more often in between) is shown."""
+    (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
+    (project.root / "schemas" / "one_at_a_time").mkdir()
+    (project.root / "schemas" / "one_at_a_time" / "v1.json").write_text(json.dumps({"type": "object"}))
+    c = project.client
+
+    def deferred() -> dict[str, str]:
+        return {j.id: j.fields.get("deferrals", "") for j in c.jobs("deferred", queue="fast", limit=1000).jobs}
+
+    c.enqueue_many([Request("one_at_a_time", {"sleep": 0.005}) for _ in range(80)])
+    worker = project.spawn_worker("fast")
+    wait_for(lambda: len(deferred()) >= 60, timeout=20, what="jobs parked on the limit")
+    before = deferred()
+
+    def park_more(n: int) -> None:
+        c.enqueue_many([Request("one_at_a_time", {"sleep": 0.005}) for _ in range(10)])
+
+    seen = _follow(lambda cursor: c.jobs("deferred", queue="fast", limit=5, cursor=cursor), park_more, most=400)
+    worker.kill()
+    worker.wait(timeout=10)
+    after = deferred()
+    stayed = {i for i, n in before.items() if after.get(i) == n}
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
+    assert len(stayed) >= 20 and not stayed - set(seen), f"{len(stayed)} stayed, never shown: {stayed - set(seen)}"
+
+
+def test_the_deferred_list_goes_on_when_the_last_job_shown_is_cancelled(project: Project) -> None:
+    """30 jobs parked on a CONCURRENCY limit, paged in 4s while the last job of every page
+    is cancelled and taken out of the list before the next: the next page
+    starts at the first job not yet shown, so each job that stays is shown once."""
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
+    (project.root / "schemas" / "one_at_a_time").mkdir()
+    (project.root / "schemas" / "one_at_a_time" / "v1.json").write_text(json.dumps({"type": "object"}))
+    c, rt, k = project.client, project.runtime, project.keys()
+    parked = [c.enqueue("one_at_a_time", {"i": i}).id for i in range(31)]
+    reply = list(rt.scripts.claim(k, n=40, start=40, lease_ms=60_000, token_base="w.1",
+                                  dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+    running = {reply[i] for i in range(2, len(reply), CLAIM_FIELDS)}
+    assert len(running) == 1
+    shown: list[str] = []
+
+    def page(cursor: str | None) -> Any:
+        got = c.jobs("deferred", queue="fast", limit=4, cursor=cursor)
+        shown[:] = [j.id for j in got.jobs]
+        return got
+
+    def cancel_last(n: int) -> None:
+        # Out of the list as well, as a batch cancel takes it (a single cancel leaves its
+        # id for the wake-up to drop).
+        c.cancel(shown[-1])
+        assert rt.redis.lrem(k.waiters(rt.redis.zrange(k.limwait, 0, -1)[0]), 1, shown[-1]) == 1
+
+    seen = _follow(page, cancel_last)
+    stayed = [i for i in parked if c.get(i).status == "deferred"]
+    assert len(seen) == len(set(seen)) and len(stayed) >= 20
+    assert set(stayed) <= set(seen) and set(seen) <= set(parked) - running
+
+
+def test_the_dead_list_pages_past_ties_while_the_jobs_it_showed_are_requeued(project: Project) -> None:
+    """30 jobs buried in one call share their time of death: the dead list pages through
+    them in pages of 7, each once, even when the last job of every page is requeued before
+    the next (the cursor's anchor leaves the index: the next page starts after its
+    position, not back at the first job of its score)."""
+    from test_dead_bulk import bury_many
+
+    c = project.client
+    ids = bury_many(project, 30, type_="noop")
+    assert len({s for _, s in project.runtime.redis.zrange(project.keys().dead, 0, -1, withscores=True)}) == 1
+    shown: list[str] = []
+
+    def page(cursor: str | None) -> Any:
+        got = c.jobs("dead", queue="fast", limit=7, cursor=cursor)
+        shown[:] = [j.id for j in got.jobs]
+        return got
+
+    seen = _follow(page, lambda n: c.requeue("fast", shown[-1]))
+    assert len(seen) == len(set(seen)) == 30 and set(seen) == set(ids)
+
+
+def test_the_processing_list_shows_every_job_that_stays_running_while_other_jobs_are_claimed(
+        project: Project) -> None:
+    """48 jobs stay running while a thread claims (and ends) other jobs one by one as fast as it
+    can (each claim lands at the head of the processing list, newest first): every traversal
+    in pages of 7 shows each of the 48 once. The page is read from the cursor's position
+    by the same script call that finds it, so a claim cannot land between the two."""
+    import threading
+
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    c, rt, k = project.client, project.runtime, project.keys()
+    stayers = {m.id for m in c.enqueue_many([Request("record", {"n": i}) for i in range(48)])}  # type: ignore[union-attr]
+    reply = list(rt.scripts.claim(k, n=48, start=48, lease_ms=600_000, token_base="w.1",
+                                  dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+    assert {reply[i] for i in range(2, len(reply), CLAIM_FIELDS)} == stayers
+    stop = threading.Event()
+
+    def churn() -> None:
+        # Claims land at the head; each run ends at the next claim, so the list stays short.
+        running: list[tuple[str, str]] = []
+        n = 0
+        while not stop.is_set():
+            if not n % 200:
+                c.enqueue_many([Request("record", {"n": i}) for i in range(200)])
+            got = list(rt.scripts.claim(k, n=1, start=1, lease_ms=600_000, token_base=f"c.{n}",
+                                        dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+            running += [(got[i], got[i + 1]) for i in range(2, len(got), CLAIM_FIELDS)]
+            if len(running) > 1:
+                job_id, token = running.pop(0)
+                rt.scripts.ack(k, [Ack(job_id, token, "null", "record|1", "")], 60_000)
+            n += 1
+
+    claimer = threading.Thread(target=churn)
+    claimer.start()
+    try:
+        for _ in range(40):
+            seen = set(_follow(lambda cursor: c.jobs("processing", queue="fast", limit=7, cursor=cursor)))
+            assert stayers <= seen, f"{len(stayers - seen)} running jobs never shown"
+    finally:
+        stop.set()
+        claimer.join()

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from runner.cli import cli
 from runner.config import RedisConfig
 from runner.errors import RedisUnavailable
-from runner.store import connection, link, records
+from runner.store import connection, link, records, transport
 from runner.store.aiolink import AsyncLink
 from runner.store.embedded import Server, free_port
 from runner.store.sources import SHAS
@@ -270,7 +270,7 @@ def test_a_flushed_script_cache_is_loaded_again(project: Project) -> None:
     assert ours is not None
     keys = [k for parts in project.runtime.parts.values() for k in parts]
     try:
-        found = records.lookup_many(link.Scripts(ours), keys, ids)
+        found = records.lookup_many(transport.LinkScripts(ours), keys, ids)
         assert r.script_exists(SHAS["lookup"]) == [True]
         assert found == records.lookup_many(project.runtime.scripts, keys, ids)
         assert {i: f[1]["payload"] for i, f in found.items()} == {ids[0]: '{"n":0}', ids[1]: '{"n":1}'}
@@ -327,7 +327,7 @@ def test_a_job_id_not_utf8_reads_back_as_redis_py_reads_it(project: Project) -> 
     ours = link.from_config(_cfg(project.server.url))
     assert ours is not None
     try:
-        got = records.lookup(link.Scripts(ours), [k], "bad")
+        got = records.lookup(transport.LinkScripts(ours), [k], "bad")
         assert got is not None and got == records.lookup(project.runtime.scripts, [k], "bad")
         assert got.fields["payload"] == "\udcff\udcfe"
     finally:
@@ -341,7 +341,7 @@ def test_the_reader_runtime_takes_a_link_only_where_the_url_allows(project: Proj
 
     cfg = project.config()
     rt = Runtime.create(cfg, lazy=True, reader=True)
-    assert isinstance(rt.redis, link.Link) and isinstance(rt.read_scripts, link.Scripts)
+    assert isinstance(rt.redis, link.Link) and isinstance(rt.read_scripts, transport.LinkScripts)
     rt.close()
     other = replace(cfg, redis=replace(cfg.redis, url=f"{cfg.redis.url}?health_check_interval=15"))
     rt = Runtime.create(other, lazy=True, reader=True)

@@ -123,6 +123,10 @@ def test_jobs_that_expire_when_woken_from_a_limit_hand_its_slot_on_at_once(proje
     write(project, "stale", STALE)
     c = project.client
     project.spawn_worker("fast")
+    # The worker claims before the long job is sent: a start slower than MAX_AGE (a loaded
+    # machine) would otherwise expire the long job itself before it ever runs.
+    warm = c.enqueue("stale", {}).id
+    assert c.wait(warm, 30).status in ("done", "dead")
     first = c.enqueue("stale", {"hold": 3}).id
     wait_for(lambda: (project.records / f"in-{first}").exists(), timeout=20, what="the long job to start")
     parked = [c.enqueue("stale", {}).id for _ in range(3)]

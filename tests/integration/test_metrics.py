@@ -57,6 +57,9 @@ def test_metrics_agree_with_the_jobs_run(project: Project) -> None:
         project.spawn_worker("fast")
         ids = [*record, perm, first, dup, *locked]
         wait_for(lambda: settled(web, ids), timeout=30, interval=0.05, what="every job to settle")
+        # Successes' figures reach Redis within a second of their acks (the worker sums them).
+        wait_for(lambda: fig(scrape(web), "runner_jobs_succeeded_total", queue="fast", function="record") == 3,
+                 timeout=5, interval=0.1, what="the successes in the figures")
 
         s = scrape(web)
         fast = {"queue": "fast"}

@@ -73,7 +73,7 @@ def _latency(bucket_30s: str, bucket_60s: str) -> list[dict[str, str]]:
 def test_alert_rules_fire_on_what_they_name(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed here (Debian: apt-get install prometheus)")
+        pytest.skip("promtool is not installed here (Debian, Ubuntu: apt-get install prometheus runs this check)")
     check = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
     growing = [_series("runner_queue_ready_jobs", "0+10x60", queue="fast"),

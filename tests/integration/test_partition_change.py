@@ -23,11 +23,12 @@ from runner.store.keys import QueueKeys, partition_tags
 from conftest import Project, make_project, wait_for
 
 
-def _client_on(p: Project, partitions: int, done_s: int = 3600) -> Client:
+def _client_on(p: Project, partitions: int, done_s: int = 3600, idem_s: int = 3600) -> Client:
     """A client of its own on ``partitions``: a process that has not been restarted."""
     p.write_config(vt=2, fast=f"partitions = {partitions}")
     cfg = p.root / "runner.toml"
-    cfg.write_text(cfg.read_text().replace("done = 3600", f"done = {done_s}"))
+    cfg.write_text(cfg.read_text().replace("done = 3600", f"done = {done_s}")
+                   .replace("idempotency = 3600", f"idempotency = {idem_s}"))
     return p.client
 
 
@@ -86,11 +87,11 @@ def test_three_partitions_to_one_is_checked_drained_and_forgotten(project: Proje
     from runner.store.keys import partition_set
 
     p = project
-    old = _client_on(p, 3, done_s=1)
+    old = _client_on(p, 3, done_s=1, idem_s=1)
     ids = [j.id for j in old.enqueue_many([Request("record", {"n": i}) for i in range(90)])
            if not isinstance(j, Exception)]
     p._runtime = None
-    new = _client_on(p, 1, done_s=1)
+    new = _client_on(p, 1, done_s=1, idem_s=1)
     assert new.get(ids[0]).status == "queued"  # found in a tag this count lacks
     report = _check(p)
     (change,) = [c for c in report["partitions"] if c["queue"] == "fast"]
@@ -124,6 +125,37 @@ def test_three_partitions_to_one_is_checked_drained_and_forgotten(project: Proje
     time.sleep(0.2)
     p._runtime = None
     assert not [c for c in _check(p)["partitions"] if c["draining"]]
+
+
+def test_a_drained_partition_is_kept_while_its_idempotency_keys_live(project: Project) -> None:
+    """3 -> 1 with [retention] done = 1 s and idempotency an hour: the dropped partitions
+    run empty, yet their tags stay recorded while their jobs' idempotency keys live, so a
+    re-send through a process started later on 1 is still the first job (before: retired
+    a second after it drained, and the re-send ran again)."""
+    import contextlib
+
+    from runner.store import routing
+    from runner.store.keys import partition_set
+
+    p = project
+    keys = [f"o{i}" for i in range(40) if partition_tags("fast", 3)[routing.partition_of(f"i:idem:o{i}", 3)] != "fast"]
+    assert len(keys) >= 10
+    old = _client_on(p, 3, done_s=1)
+    first = {k: old.enqueue("idem", {"k": k}).id for k in keys}
+    p._runtime = None
+    new = _client_on(p, 1, done_s=1)
+    new.enqueue("record", {"n": 0})  # (records count 1)
+    p.spawn_worker("fast")
+    for k in keys:
+        assert new.wait(first[k], timeout_s=30).status == "done"
+    r = new.runtime.redis
+    with contextlib.suppress(AssertionError):  # (the bug: retired about a second after it drained)
+        wait_for(lambda: r.smembers(partition_set(p.prefix, "fast")) == {"fast"}, timeout=6, interval=0.2)
+    p._runtime = None
+    later = _client_on(p, 1, done_s=1)
+    again = [later.enqueue("idem", {"k": k}) for k in keys]
+    wrong = [k for k, a in zip(keys, again, strict=True) if not a.duplicate or a.id != first[k]]
+    assert not wrong, f"{len(wrong)} of {len(keys)} re-sends were new jobs"
 
 
 def test_the_recorded_tags_are_looked_for_once_a_second_while_redis_is_away(tmp_path: Path) -> None:

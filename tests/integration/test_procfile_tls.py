@@ -29,7 +29,7 @@ PASSWORD = "pa55-word"
 def tls_url(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     binary = debian_binary()
     if binary is None or shutil.which("openssl") is None:
-        pytest.skip("needs Debian's redis-server (built with TLS) and openssl")
+        pytest.skip("needs Debian's redis-server (built with TLS) and openssl (apt-get install redis-server openssl)")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
                     "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",

@@ -50,17 +50,17 @@ def test_renewal_refused_after_a_concurrent_ack_is_no_lost_lease(
         project.client.enqueue("noop", {"n": i})
     ledger = RenewBetweenAckAndForget(q.concurrency, JOBS, 1)
     inbox: stdqueue.SimpleQueue[Run | None] = stdqueue.SimpleQueue()
-    outbox: stdqueue.SimpleQueue[Settlement | None] = stdqueue.SimpleQueue()
-    fetcher = Fetcher(rt, q, ledger, inbox, outbox, "w-race")
+    outcomes: stdqueue.SimpleQueue[Settlement | None] = stdqueue.SimpleQueue()
+    fetcher = Fetcher(rt, q, ledger, inbox, outcomes, "w-race")
     renewer = Renewer(rt, q, ledger)
-    settler = Settler(rt, q, ledger, outbox)
+    settler = Settler(rt, q, ledger, outcomes)
     ledger.renewer = renewer
     got, _ = fetcher.claim(JOBS, JOBS)
     assert got == JOBS
     runs = ledger.renewable()
     ledger.snapshot = list(runs)  # the renewer's snapshot, taken before the settle
     with caplog.at_level(logging.WARNING, logger="runner.worker"):
-        settler.settle([Settlement(r, Done("null")) for r in runs])
+        settler.send([Settlement(r, Done("null")) for r in runs])
     lost = [rec.getMessage() for rec in caplog.records if "lease lost" in rec.getMessage()]
     assert lost == []
     assert sorted(structures(project)["done"]) == sorted(r.job.id for r in runs)

@@ -115,7 +115,7 @@ def _pair(root: Path, binary: str) -> Iterator[Pair]:
 def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
     binary = bundled_binary() if request.param == "valkey" else debian_binary()
     if binary is None:
-        pytest.skip("Debian's redis-server is not installed here")
+        pytest.skip("Debian's redis-server is not installed here (apt-get install redis-server runs these)")
     yield from _pair(tmp_path / "servers", binary)
 
 

@@ -10,6 +10,8 @@ threads and in child processes alike, and nothing of it reaches Redis.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -24,6 +26,12 @@ def handle(payload, ctx):
     n = payload["n"]
     if payload.get("kind") == "object":
         return {{"when": object()}}
+    if payload.get("kind") == "keys":
+        return {{200: 3, 1.5: "a", None: [10**30], True: -(2**70)}}
+    if payload.get("kind") == "big":
+        return {{"n": 2**70 + 1, "m": [-(10**30) - 7], "s": "12345678901234567890123"}}
+    if payload.get("kind") == "keyed-object":
+        return {{200: {{"when": object()}}}}
     return "x" * n
 '''
 
@@ -121,6 +129,11 @@ def handle(payload, ctx):
         while not ctx.cancelled and time.time() < deadline:
             time.sleep(0.02)
         return None
+    if payload.get("deep"):  # past the nesting limit: no retry could ever read it back
+        v = 1
+        for _ in range(payload["deep"]):
+            v = {{"a": v}}
+        ctx.save_checkpoint(v)
     ctx.save_checkpoint({{"cursor": "c" * payload["n"]}})
     return "saved"
 '''
@@ -131,6 +144,22 @@ def _add_saves(p: Project, isolation: str = "thread") -> None:
     schema = p.root / "schemas" / "saves"
     schema.mkdir(parents=True, exist_ok=True)
     (schema / "v1.json").write_text(json.dumps({"type": "object", "required": ["n"]}))
+
+
+def test_a_checkpoint_nested_past_the_limit_is_refused_at_save(project: Project) -> None:
+    """A checkpoint 200 levels deep was saved, then every retry failed before its handler
+    ran: it is refused at save, naming the limit, and the job is dead at once."""
+    project.write_config(max_attempts=3)
+    _add_saves(project)
+    c = project.client
+    deep, at = c.enqueue("saves", {"n": 1, "deep": 200}), c.enqueue("saves", {"n": 1, "deep": 128})
+    project.spawn_worker("fast")
+    rec = c.wait(deep.id, timeout_s=30).as_dict()
+    assert (rec["status"], rec["reason"], rec["attempt"]) == ("dead", "permanent failure", 1), rec
+    assert rec["checkpoint"] is None and rec["last_error"]["type"] == "CheckpointTooLarge"
+    assert "128 levels" in rec["last_error"]["message"], rec["last_error"]
+    done = c.wait(at.id, timeout_s=30).as_dict()
+    assert (done["status"], done["result"]) == ("done", "saved"), done
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -183,3 +212,47 @@ def test_a_progress_report_json_cannot_hold_never_fails_the_job(project: Project
     project.spawn_worker("fast")
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert (rec["status"], rec["result"]) == ("done", "went on"), rec["last_error"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_result_json_can_hold_is_stored_as_json_would_store_it(project: Project, isolation: str) -> None:
+    """Integer, float, None and boolean keys become strings and integers past 64 bits keep
+    their digits, as Python's json writes them: the job is done, not dead after its side
+    effects. A value JSON cannot hold fails with the path of the offending part."""
+    _add_returns(project, isolation)
+    c = project.client
+    good = c.enqueue("returns", {"n": 0, "kind": "keys"})
+    bad = c.enqueue("returns", {"n": 0, "kind": "keyed-object"})
+    project.spawn_worker("fast")
+    rec = c.wait(good.id, timeout_s=30).as_dict()
+    assert rec["status"] == "done", rec
+    assert rec["result"]["200"] == 3 and rec["result"]["1.5"] == "a" and rec["result"]["true"] == -(2**70)
+    r = project.runtime.redis
+    stored = "".join(str(r.hget(k, good.id)) for k in r.scan_iter(match=f"{project.prefix}*:done:*")
+                     if r.type(k) == "hash")
+    assert str(10**30) in stored  # every digit, as json writes it (a reader may take it as a float)
+    dead = c.wait(bad.id, timeout_s=30).as_dict()
+    assert dead["status"] == "dead"
+    assert "$.200.when" in dead["last_error"]["message"], dead["last_error"]
+
+
+def test_a_result_with_integers_past_64_bits_reads_back_with_every_digit(project: Project) -> None:
+    """Python's json keeps an integer's digits when it stores a result: the client, the job
+    view and ``runner job --json`` read them back as integers, never floats."""
+    from test_web_support import gunicorn
+
+    _add_returns(project)
+    c = project.client
+    job = c.enqueue("returns", {"n": 0, "kind": "big"})
+    project.spawn_worker("fast")
+    want = {"n": 2**70 + 1, "m": [-(10**30) - 7], "s": "12345678901234567890123"}
+    assert c.wait(job.id, timeout_s=30).as_dict()["status"] == "done"
+    assert c.get(job.id).as_dict()["result"] == want
+    with gunicorn(project, token="big-t0ken") as web:
+        got = web.get(f"/jobs/{job.id}")
+        assert got.status_code == 200, got.text[:300]
+        assert json.loads(got.text)["result"] == want, got.text[:300]
+    cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                          "job", job.id, "--json"], env=project.env, capture_output=True, text=True, timeout=30)
+    assert cli.returncode == 0, cli.stderr[-400:]
+    assert json.loads(cli.stdout)["result"] == want, cli.stdout

@@ -6,6 +6,7 @@ scheduler reads is the server's, shifted by the test (see schedulekit.set_clock)
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,14 +20,18 @@ from schedulekit import (
     jobs_of,
     log_has,
     ms,
+    server_ms,
     set_clock,
     sibling,
     ticks,
 )
 
+from runner.store.keys import clock_offset
+
 from conftest import Project, wait_for
 
 B = "2030-01-01T00:00"  # a base time: ticks below are B + seconds
+STANDBY_ENV = {**TEST_ENV, "RUNNER_TEST_STANDBY": "0.5,2"}  # heartbeat 0.5 s; quiet 2 s to take over
 
 
 def t(seconds: int) -> str:
@@ -157,16 +162,18 @@ def test_an_older_function_file_never_fires_a_changed_or_removed_schedule(projec
                                                                            tmp_path: Path) -> None:
     """Three releases of one app share Redis: v1 fires every second with payload v=1; v2,
     started later, changes the payload, and from its start every tick carries v=2 although
-    v1 still runs; v3 removes SCHEDULE, and from its start no tick fires at all."""
+    v1 still runs; v3 removes SCHEDULE: once the workers that define it are gone (and quiet
+    for the takeover time), v3 retires it, and no tick fires after."""
     add_function(project, "beat", 'SCHEDULE = "* * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}')
     v2 = sibling(project, tmp_path / "v2")
     add_function(v2, "beat", 'SCHEDULE = "* * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}')
     v3 = sibling(project, tmp_path / "v3")
     add_function(v3, "beat", "")
     try:
-        start(project, 1)
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
+        wait_for(lambda: log_has(project, "schedules: 1 active", "worker.log"), timeout=30, what="v1")
         wait_for(lambda: len(ticks(project, "beat")) >= 2, timeout=15, what="v1's ticks")
-        v2.spawn_worker("fast", env=TEST_ENV, log_name="worker.log")
+        v2.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
         wait_for(lambda: log_has(v2, "schedules: 1 active"), timeout=30, what="v2 to take over")
         wait_for(lambda: log_has(project, "a newer deploy holds its definition"), timeout=15,
                  what="v1 to be refused")
@@ -177,21 +184,22 @@ def test_an_older_function_file_never_fires_a_changed_or_removed_schedule(projec
         for j in jobs_of(project):
             if ms(j["tick"][:-1]) > since:
                 assert j["payload"] == {"v": 2}, j
-        v3.spawn_worker("fast", env=TEST_ENV, log_name="worker.log")
-        wait_for(lambda: log_has(v3, "1 retired"), timeout=30, what="v3 to retire the schedule")
+        v3.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
+        wait_for(lambda: log_has(v3, "1 not defined here kept"), timeout=30, what="v3 to start")
+        stop(project)
+        v2.stop_all()
+        stopped = server_ms(project)
+        wait_for(lambda: log_has(v3, "no worker defining it has been seen"), timeout=30,
+                 what="v3 to retire the schedule")
         retired = project.runtime.redis.hgetall(project.keys().schedule("beat"))
         assert retired["def"] == "" and project.runtime.redis.hgetall(project.keys().schedules) == {}
-        wait_for(lambda: log_has(v2, "a newer deploy removed it"), timeout=15, what="v2 to be refused")
-        last = max(ticks(project, "beat"))
-        assert ms(last[:-1]) <= int(retired["def_at"])
+        time.sleep(1.5)  # a tick a second: none may fire after the retirement
+        assert ms(max(ticks(project, "beat"))[:-1]) <= stopped
         all_ticks = ticks(project, "beat")
         assert len(all_ticks) == len(set(all_ticks)), "a tick ran twice"
     finally:
         v2.stop_all()
         v3.stop_all()
-
-
-STANDBY_ENV = {**TEST_ENV, "RUNNER_TEST_STANDBY": "0.5,2"}  # heartbeat 0.5 s; quiet 2 s to take over
 
 
 def test_a_withdrawn_canary_hands_its_schedules_back(project: Project, tmp_path: Path) -> None:
@@ -241,15 +249,13 @@ def test_a_withdrawn_canary_hands_its_schedules_back(project: Project, tmp_path:
 
 
 def test_a_schedule_a_newer_deploy_removed_stays_removed_after_its_tombstone(project: Project, tmp_path: Path) -> None:
-    """v1 fires "beat"; canary v2 changes its payload (v1 stands by); v3 removes "beat"
-    (no SCHEDULE). Nobody restarts. When the tombstone expires (7 days; here the state key
+    """v1 fires "beat"; canary v2 changes its payload (v1 stands by); v2 goes and "beat" is
+    removed (a reload that drops SCHEDULE). Nobody restarts. When the tombstone expires (7 days; here the state key
     is deleted, which is what PEXPIRE does), v1's standby must not adopt "beat" again and
     fire it (a catch-up from v1's own load time): the newest code removed it."""
     add_function(project, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}\nMISSED = "all"')
     v2 = sibling(project, tmp_path / "v2")
     add_function(v2, "beat", 'SCHEDULE = "*/30 * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}\nMISSED = "all"')
-    v3 = sibling(project, tmp_path / "v3")
-    add_function(v3, "beat", "")
     r, k = project.runtime.redis, project.keys()
     try:
         set_clock(project, ms(B) + 20_000)
@@ -259,9 +265,11 @@ def test_a_schedule_a_newer_deploy_removed_stays_removed_after_its_tombstone(pro
         v2.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
         wait_for(lambda: log_has(project, "stands by", "v1.log"), timeout=20, what="v1 to stand by")
         v2.stop_all()
-        time.sleep(0.5)
-        v3.spawn_worker("fast", env=STANDBY_ENV, log_name="worker.log")
-        wait_for(lambda: r.hget(k.schedule("beat"), "def") == "", timeout=20, what="v3 to remove beat")
+        # v3 removes "beat": a reload of a worker that defined it retires it at once (v1's
+        # living standby would otherwise take it back before any removal: a living worker
+        # still defines it).
+        born = server_ms(project) + int(r.get(clock_offset(project.prefix)) or 0)
+        assert project.runtime.scripts.adopt(k, born, 60_000, [], ["beat"], forced=1) == [1]
         time.sleep(3)
         assert not log_has(project, "holds it again", "v1.log")
         r.delete(k.schedule("beat"))  # the tombstone expires (7 days later)
@@ -272,7 +280,6 @@ def test_a_schedule_a_newer_deploy_removed_stays_removed_after_its_tombstone(pro
             f"removed by v3, yet v1 took it again and fired {len(fired)} tick(s): {fired[:3]}...")
     finally:
         v2.stop_all()
-        v3.stop_all()
 
 
 MANY = 400  # per-second schedules: 100 s of catch-up is 40,000 ticks, a few seconds of firing
@@ -408,3 +415,151 @@ def test_a_manual_run_does_not_let_the_next_tick_overlap_a_running_scheduled_run
             [(j["tick"], j["status"], j["trigger"]) for j in jobs_of(project)])
     finally:
         (project.records / "release").write_text("")
+
+
+def _states(project: Project) -> dict[str, str]:
+    """`runner schedules --json` from this project's folder: id -> state."""
+    from test_schedule_surfaces import run
+
+    result = run(project, "schedules", "--json")
+    assert result.exit_code == 0, result.output
+    return {row["id"]: row["state"] for row in json.loads(result.stdout)["schedules"]}
+
+
+def _added_fires(v2: Project) -> None:
+    """The schedule v2 added is active (not pending) and ticks on, with no v2 worker restarted."""
+    assert _states(v2) == {"beat": "active", "added": "active"}
+    r, k = v2.runtime.redis, v2.keys()
+    assert r.hget(k.schedule("added"), "def"), "an older worker retired the schedule a newer release added"
+    n = len(ticks(v2, "added"))
+    wait_for(lambda: len(ticks(v2, "added")) >= n + 2, timeout=15, what="the added schedule to tick on")
+
+
+@pytest.mark.parametrize("order", ["older-restarts", "older-starts-last", "older-dev"])
+def test_an_older_release_never_retires_a_schedule_a_newer_one_added(project: Project, tmp_path: Path,
+                                                                      order: str) -> None:
+    """v1 (one function folder) defines "beat"; v2 (another, the newer release) also adds
+    "added". A v1 worker started after v2's, by a restart during a rolling deploy, a first
+    start, or `runner dev` run for a few seconds from the older checkout, lacks "added",
+    yet must not retire it: v2 goes on firing it, and `runner schedules` shows it active.
+    Once every v2 worker is gone and quiet (a rollback), v1 retires it."""
+    add_function(project, "beat", 'SCHEDULE = "* * * * * *"')
+    v2 = sibling(project, tmp_path / "v2")
+    add_function(v2, "added", 'SCHEDULE = "* * * * * *"')
+    try:
+        if order == "older-restarts":
+            project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1.log")
+            wait_for(lambda: log_has(project, "schedules: 1 active", "v1.log"), timeout=30, what="v1")
+        v2.spawn_worker("fast", env=STANDBY_ENV, log_name="v2.log")
+        wait_for(lambda: log_has(v2, "schedules: 2 active", "v2.log"), timeout=30, what="v2")
+        wait_for(lambda: len(ticks(v2, "added")) >= 1, timeout=15, what="v2's first tick of added")
+        if order == "older-dev":
+            from test_dev import Dev
+
+            dev = Dev(project.root, {**project.env, **STANDBY_ENV})
+            try:
+                wait_for(lambda: "schedules: 1 active" in dev.log(), timeout=30, what="runner dev to adopt")
+                time.sleep(1)  # a few beats of the older checkout beside the deployed release
+            finally:
+                dev.stop()
+            _added_fires(v2)
+            return
+        stop(project)
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1-again.log")
+        wait_for(lambda: log_has(project, "schedules: 1 active", "v1-again.log"), timeout=30,
+                 what="v1 to start again")
+        time.sleep(1)  # a few beats of the older worker
+        _added_fires(v2)
+        v2.stop_all()  # rolled back: no worker defines "added" any more
+        r, k = project.runtime.redis, project.keys()
+        wait_for(lambda: r.hget(k.schedule("added"), "def") == "", timeout=30,
+                 what="the older release to retire the schedule once no worker holds it")
+        assert log_has(project, "no worker defining it has been seen", "v1-again.log")
+    finally:
+        v2.stop_all()
+
+
+def test_a_newer_worker_heard_again_brings_back_what_an_older_one_retired_meanwhile(
+        project: Project, tmp_path: Path) -> None:
+    """v2 (the newer release) adds "added"; a v1 worker runs beside it. v2's only worker
+    goes quiet past the takeover window (frozen: SIGSTOP, a long GC pause, a network cut)
+    but lives, so v1 retires "added" as no living worker's. Once v2 is heard again it
+    brings "added" back, and it ticks on after every v1 worker left."""
+    add_function(project, "beat", 'SCHEDULE = "* * * * * *"')
+    v2 = sibling(project, tmp_path / "v2")
+    add_function(v2, "added", 'SCHEDULE = "* * * * * *"')
+    r, k = project.runtime.redis, project.keys()
+    try:
+        w2 = v2.spawn_worker("fast", env=STANDBY_ENV, log_name="v2.log")
+        wait_for(lambda: log_has(v2, "schedules: 2 active", "v2.log"), timeout=30, what="v2")
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1.log")
+        wait_for(lambda: log_has(project, "schedules: 1 active", "v1.log"), timeout=30, what="v1")
+        w2.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: r.hget(k.schedule("added"), "def") == "", timeout=30,
+                     what="v1 to retire the schedule of the quiet v2")
+        finally:
+            w2.send_signal(signal.SIGCONT)
+        wait_for(lambda: r.hget(k.schedule("added"), "def"), timeout=15,
+                 what="v2, heard again, to bring its schedule back")
+        stop(project)  # every v1 worker gone
+        _added_fires(v2)
+    finally:
+        v2.stop_all()
+
+
+def test_an_older_worker_restarted_mid_deploy_never_puts_its_changed_schedule_back(
+        project: Project, tmp_path: Path) -> None:
+    """v1 fires with payload v=1; v2 (started later) changes it and takes over. A v1 worker
+    restarted during the rolling deploy is born after v2, yet its definition was first
+    seen before v2's: it stays superseded, and every tick carries v=2 while both live."""
+    add_function(project, "beat", 'SCHEDULE = "* * * * * *"\nSCHEDULE_PAYLOAD = {"v": 1}')
+    v2 = sibling(project, tmp_path / "v2")
+    add_function(v2, "beat", 'SCHEDULE = "* * * * * *"\nSCHEDULE_PAYLOAD = {"v": 2}')
+    r, k = project.runtime.redis, project.keys()
+    try:
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1.log")
+        wait_for(lambda: log_has(project, "schedules: 1 active", "v1.log"), timeout=30, what="v1")
+        v2.spawn_worker("fast", env=STANDBY_ENV, log_name="v2.log")
+        wait_for(lambda: log_has(v2, "schedules: 1 active", "v2.log"), timeout=30, what="v2 to take over")
+        winner = r.hget(k.schedule("beat"), "def")
+        stop(project)
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1-again.log")
+        wait_for(lambda: log_has(project, "held by a newer deploy", "v1-again.log"), timeout=30,
+                 what="the restarted v1 worker to find its definition superseded")
+        since = server_ms(project)
+        wait_for(lambda: sum(1 for j in jobs_of(project) if ms(j["tick"][:-1]) > since) >= 3, timeout=15,
+                 what="ticks after the restart")
+        assert r.hget(k.schedule("beat"), "def") == winner
+        assert {j["payload"]["v"] for j in jobs_of(project) if ms(j["tick"][:-1]) > since} == {2}
+    finally:
+        v2.stop_all()
+
+
+def test_a_removed_schedule_an_older_worker_brought_back_is_retired_again_once_it_left(
+        project: Project, tmp_path: Path) -> None:
+    """v1 defines "beat" and "extra"; v2 (newer) drops "extra" and retires it once v1's
+    workers are gone. A v1 worker comes back for a while (it lives and defines "extra": it
+    fires it again) and leaves: v2, running all along, retires "extra" again."""
+    add_function(project, "beat", 'SCHEDULE = "* * * * * *"')
+    add_function(project, "extra", 'SCHEDULE = "* * * * * *"')
+    v2 = sibling(project, tmp_path / "v2")
+    (v2.root / "functions" / "extra.py").unlink()
+    shutil.rmtree(v2.root / "schemas" / "extra")
+    r, k = project.runtime.redis, project.keys()
+    try:
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1.log")
+        wait_for(lambda: log_has(project, "schedules: 2 active", "v1.log"), timeout=30, what="v1")
+        v2.spawn_worker("fast", env=STANDBY_ENV, log_name="v2.log")
+        wait_for(lambda: log_has(v2, "schedules: 1 active", "v2.log"), timeout=30, what="v2")
+        stop(project)
+        wait_for(lambda: r.hget(k.schedule("extra"), "def") == "", timeout=30, what="v2 to retire extra")
+        project.spawn_worker("fast", env=STANDBY_ENV, log_name="v1-again.log")
+        wait_for(lambda: r.hget(k.schedule("extra"), "def"), timeout=30, what="v1, back, to define extra again")
+        n = len(ticks(project, "extra"))
+        wait_for(lambda: len(ticks(project, "extra")) > n, timeout=15, what="extra to fire while v1 lives")
+        stop(project)
+        wait_for(lambda: r.hget(k.schedule("extra"), "def") == "" and "extra" not in r.hgetall(k.schedules),
+                 timeout=30, what="v2 to retire extra again once v1 left")
+    finally:
+        v2.stop_all()

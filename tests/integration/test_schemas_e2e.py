@@ -60,14 +60,10 @@ def test_bad_payload_from_another_producer_is_dead_with_errors_and_no_attempt(pr
     project.write_config(worker="unknown_grace = 0")
     r = project.runtime.redis
     k = project.keys()
-    r.hset(k.job("foreign1"), mapping={"type": "record", "version": 1, "payload": '{"n": "x"}',
-                                         "status": "queued", "attempt": 0, "max_attempts": 3})
-    r.hset(k.job("foreign2"), mapping={"type": "ghost", "version": 1, "payload": "{}",
-                                         "status": "queued", "attempt": 0, "max_attempts": 3})
-    r.hset(k.job("foreign3"), mapping={"type": "record", "version": 4, "payload": "{}",
-                                         "status": "queued", "attempt": 0, "max_attempts": 3})
-    r.hset(k.job("foreign4"), mapping={"type": "record", "version": 1, "payload": "{nope",
-                                         "status": "queued", "attempt": 0, "max_attempts": 3})
+    for job_id, type_, version, payload in [("foreign1", "record", 1, '{"n": "x"}'), ("foreign2", "ghost", 1, "{}"),
+                                            ("foreign3", "record", 4, "{}"), ("foreign4", "record", 1, "{nope")]:
+        r.set(k.job(job_id), records.encode({"type": type_, "version": version, "payload": payload,
+                                             "max_attempts": 3}))
     r.lpush(k.ready, "foreign1", "foreign2", "foreign3", "foreign4")
     good = project.client.enqueue("record", {"n": 1})
     project.spawn_worker("fast")

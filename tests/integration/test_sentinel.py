@@ -5,7 +5,9 @@ master by themselves."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,3 +142,37 @@ def test_sentinel_url_errors_are_clear(tmp_path: Path, group: Group) -> None:
     p = make_project(tmp_path / "q", Endpoint(f"redis+sentinel://127.0.0.1:{group.sentinel_port}/nope"))  # type: ignore[arg-type]
     with pytest.raises(RedisUnavailable):
         p.client.enqueue("record", {"n": 1})
+
+
+def test_clients_share_one_watch_and_a_dropped_client_leaks_none(sproject: Project, group: Group) -> None:
+    """Every client of a process behind the same sentinels shares one watch (a thread and
+    a subscribed connection per sentinel): a client made per request and dropped, or
+    closed by its ``with``, leaves it as it was; the last one closed stops it."""
+    from runner.client import Client
+    from runner.runtime import Runtime
+
+    def threads() -> int:
+        name = f"sentinel-{group.sentinel_port}"  # this group's: another test's may still be ending
+        return sum(1 for t in threading.enumerate() if t.name == name and t.is_alive())
+
+    def subscribed() -> int:
+        c = redis.Redis(port=group.sentinel_port, decode_responses=True)
+        try:
+            return sum(1 for x in c.client_list() if x.get("psub", "0") != "0")
+        finally:
+            c.close()
+
+    assert threads() == 0
+    first = Client(Runtime.create(sproject.config()))
+    first.enqueue("record", {"n": 0})
+    wait_for(lambda: subscribed() == 1 and threads() == 1, timeout=10, what="one watch")
+    for n in range(1, 9):
+        dropped = Client(Runtime.create(sproject.config()))
+        dropped.enqueue("record", {"n": n})
+        del dropped
+    with Client(Runtime.create(sproject.config())) as closed:
+        closed.enqueue("record", {"n": 9})
+    gc.collect()
+    assert threads() == 1 and subscribed() == 1
+    first.close()
+    wait_for(lambda: threads() == 0 and subscribed() == 0, timeout=10, what="the last client to stop the watch")

@@ -73,7 +73,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tls]:
     if binary is None:
         if os.environ.get("CI"):
             raise RuntimeError("CI must install Debian's redis-server (built with TLS)")
-        pytest.skip("Debian's redis-server is not installed here")
+        pytest.skip("Debian's redis-server is not installed here (apt-get install redis-server runs these)")
     root = tmp_path_factory.mktemp("tls")
     ca, cert, key = _certs(root / "certs")
     tls_port = free_port()

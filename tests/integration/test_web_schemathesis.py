@@ -85,7 +85,8 @@ SCOPE_EXAMPLES = int(size("FUZZ_EXAMPLES", 6, 50)) // 2
 
 
 def _allowed(scopes: list[str], scope: str) -> bool:
-    return scope in scopes or (scope.startswith("enqueue:") and "enqueue" in scopes)
+    return (scope in scopes or (scope.startswith("enqueue:") and "enqueue" in scopes)
+            or (scope == "signal" and "operate" in scopes))  # operate may send a signal too
 
 
 def _scoped_run(op: Any, web: Any, name: str, scope: str, refused: dict[str, int]) -> Any:
@@ -127,3 +128,63 @@ def test_no_operation_answers_without_its_scope(project: Project) -> None:
                 _scoped_run(op, web, name, scope, refused)()
                 assert time.monotonic() - start < BUDGET_S, "schemathesis run over its time budget"
         assert all(n >= SCOPE_EXAMPLES for n in refused.values()), refused
+
+
+def _hostile_bodies() -> list[bytes]:
+    """Deep nesting (at the limit, past it, past the encoder's and the parser's), integers
+    past 64 bits either way, strings that make a backtracking pattern slow, long names that
+    make a backtracking key regex slow, and many names over a propertyNames bound."""
+    def nest(levels: int, inner: bytes = b"1") -> bytes:
+        return b'{"a":' * levels + inner + b"}" * levels
+
+    slow = b'"' + b"a" * int(size("FUZZ_PATTERN_CHARS", 20_000, 200_000))
+    # Long names failing a key regex with a lookaround; many names over a propertyNames bound.
+    names = b",".join(b'"%05d' % i + b"a" * 9995 + b'":1' for i in range(int(size("FUZZ_NAMES", 30, 90))))
+    many = b",".join(b'"%05d' % i + b"a" * 95 + b'":1' for i in range(4000))
+    return [
+        b"{" + names + b"}", b'{"names":{' + many + b"}}",
+        b'{"free":' + nest(126) + b"}", b'{"free":' + nest(129) + b"}", b'{"free":' + nest(300) + b"}",
+        nest(1100), b"[" + nest(200) + b"]", b'{"free":' + nest(900, b"12345678901234567890") + b"}",
+        b'{"n":-9223372036854775809}', b'{"n":18446744073709551616}', b'{"n":-1000000000000000000000000000000}',
+        b'{"n":1e400}', b'{"capped":' + slow + b'","free":' + slow + b'","plain":' + slow + b'!"}',
+        b'{"capped":"A1A1A1A1","free":' + slow + b'"}',
+    ]
+
+
+def test_hostile_bodies_never_get_a_server_error(project: Project) -> None:
+    """Every operation that takes a JSON body, with each hostile body in place of a valid
+    one: a 4xx problem or a 2xx, never a 5xx; and the process answers /healthz throughout."""
+    import json as json_mod
+
+    import requests
+
+    project.add_function("signup", 'QUEUE = "fast"\n\n\ndef handle(payload, ctx):\n    return None\n',
+                         json_mod.dumps({"type": "object", "properties": {
+                             "capped": {"type": "string", "maxLength": 64, "pattern": "(?=.*[A-Z])(?=.*[0-9]).{8,}"},
+                             "free": {"type": "string", "pattern": "(?=.*[A-Z])(?=.*[0-9]).{8,}"},
+                             "plain": {"type": "string", "pattern": "^(a+)+$"},
+                             "names": {"type": "object", "propertyNames": {"maxLength": 64}}},
+                             "patternProperties": {"(?=.*[A-Z])(?=.*[0-9]).{8,}": {"type": "integer"}}}))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    project.write_config(extra="\n[api]\nmax_wait = 0.2\n")
+    bodies = _hostile_bodies()
+    with gunicorn(project, token=TOKEN) as web:
+        schema = schemathesis.openapi.from_url(web.url + "/openapi.json", headers=auth)
+        ops = [r.ok() for r in schema.get_all_operations()]
+        posts = [op for op in ops if op.method.upper() in ("POST", "PUT", "PATCH") and op.body]
+        assert any(op.path == "/jobs/signup" for op in posts), [op.path for op in posts]
+        sent = 0
+        for op in posts:
+            path = op.path
+            for name, value in (("type", "signup"), ("queue", "fast"), ("job_id", "no-such-job"), ("id", "no-such"),
+                                ("group_id", "no-such-group"), ("signal", "go")):
+                path = path.replace("{" + name + "}", value)
+            assert "{" not in path, op.path
+            for body in bodies:
+                r = web.post(path, data=body, headers={"Content-Type": "application/json"})
+                assert r.status_code < 500, (path, body[:80], r.status_code, r.text[:300])
+                if r.status_code >= 400:
+                    assert r.headers["Content-Type"] == "application/problem+json", (path, r.text[:200])
+                sent += 1
+                assert requests.get(web.url + "/healthz", timeout=2).status_code == 200
+        assert sent >= len(bodies) * 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import struct
@@ -66,8 +67,24 @@ def _interrupt(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
+def open_api(project: Project) -> None:
+    """``[api] auth = false`` in the project's runner.toml, unless it names tokens: the
+    app refuses to serve without a token unless auth is switched off explicitly."""
+    path = project.root / "runner.toml"
+    text = path.read_text()
+    if "[api.tokens." in text or re.search(r"^auth\s*=", text, re.M):
+        return
+    if re.search(r"^\[api\]\s*$", text, re.M):
+        text = re.sub(r"^\[api\]\s*$", "[api]\nauth = false", text, count=1, flags=re.M)
+    else:
+        text += "\n[api]\nauth = false\n"
+    path.write_text(text)
+
+
 @contextmanager
 def gunicorn(project: Project, token: str | None = None, env: dict[str, str] | None = None) -> Iterator[Web]:
+    if not token and "RUNNER_API_TOKEN" not in (env or {}):
+        open_api(project)
     port = free_port()
     full_env = {**project.env, "RUNNER_CONFIG": str(project.root / "runner.toml"), **(env or {})}
     if token:

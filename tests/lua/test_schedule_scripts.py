@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from runner.store import records
-from runner.store.scripts import NewJob
+from runner.store import codec, records
+from runner.store.scripts import NewJob, job_entry
 
 from conftest import Project, structures, view
 
@@ -28,9 +28,11 @@ def job(job_id: str) -> NewJob:
 
 
 def tick(p: Project, job_id: str, tick_ms: int, *, mode: str = "fire", digest: str = "d1", born: int = NOW,
-         overlap: str = "allow", missed: int = 0, late: int = 5) -> list[Any]:
+         overlap: str = "allow", missed: int = 0, late: int = 5, away: bool = False, seen: str = "") -> list[Any]:
+    entry = codec.dumps(job_entry("fast", job(job_id))) if away else ""
     return list(p.runtime.scripts.tick(p.keys(), "s", job(job_id), mode=mode, tick_ms=tick_ms, digest=digest,
-                                       born_ms=born, overlap=overlap, missed=missed, late_ms=late, now_ms=NOW))
+                                       born_ms=born, overlap=overlap, missed=missed, late_ms=late, now_ms=NOW,
+                                       away=entry, seen=seen))
 
 
 def state(p: Project) -> dict[str, str]:
@@ -80,6 +82,75 @@ def test_overlap_skip_waits_for_the_last_job(p: Project) -> None:
     assert tick(p, "j5", NOW + 5 * MIN, overlap="allow") == [1, "j5", "queued"]
 
 
+def test_a_tick_whose_job_routes_away_goes_to_the_outbox_once(p: Project) -> None:
+    """A fired tick whose job belongs in another partition writes the tick's bookkeeping
+    and the job's outbox entry (kept in the state too) in one step, and no job here; the
+    same tick again is refused and writes no second entry. A manual run alike; a job
+    written here again clears the entry kept."""
+    assert tick(p, "j1", NOW, away=True) == [1, "j1", "queued"]
+    assert tick(p, "j2", NOW, away=True) == [-2, str(NOW), "handled"]
+    r, k = p.runtime.redis, p.keys()
+    entry = codec.dumps(job_entry("fast", job("j1")))
+    assert r.lrange(k.outbox, 0, -1) == [entry]
+    assert structures(p)["ready"] == [] and not r.exists(k.job("j1"))
+    st = state(p)
+    assert (st["tick"], st["job"], st["tick_job"], st["n_fired"]) == (str(NOW), "j1", "j1", "1")
+    assert st["job_away"] == st["tick_job_away"] == entry
+    assert tick(p, "m1", NOW, mode="manual", away=True) == [1, "m1", "queued"]
+    st = state(p)
+    assert r.llen(k.outbox) == 2 and st["job_away"] != st["tick_job_away"] == entry
+    assert tick(p, "j3", NOW + MIN) == [1, "j3", "queued"]
+    assert "job_away" not in state(p) and "tick_job_away" not in state(p)
+
+
+def test_overlap_skip_reads_a_last_job_where_the_caller_found_it(p: Project) -> None:
+    """OVERLAP skip with a partitioned queue: the caller's reading of the last job says
+    (still in the outbox: queued; its status in another partition; 'here': looked up in
+    this partition); a last job the caller did not read (the state moved on since) refuses
+    the tick (-4) and writes nothing."""
+    r, k = p.runtime.redis, p.keys()
+    assert tick(p, "j1", NOW, away=True, overlap="skip")[0] == 1
+    assert tick(p, "j2", NOW + MIN, away=True, overlap="skip", seen="j1 relaying") == [3, "j1", "queued"]
+    before = state(p)
+    for seen in ("-", "j0 done", "j10 done"):
+        assert tick(p, "j3", NOW + 2 * MIN, away=True, overlap="skip", seen=seen) == [-4, "j1", "look"]
+    assert state(p) == before and r.llen(k.outbox) == 1
+    assert tick(p, "j3", NOW + 2 * MIN, away=True, overlap="skip", seen="j1 processing") == [3, "j1", "processing"]
+    assert tick(p, "j4", NOW + 3 * MIN, away=True, overlap="skip", seen="j1 done") == [1, "j4", "queued"]
+    # Not found anywhere and gone from the outbox: done (looked up here, nothing).
+    assert tick(p, "j5", NOW + 4 * MIN, overlap="skip", seen="j4 here") == [1, "j5", "queued"]
+    # A last job written here (a keyless tick): 'here' looks it up in this partition.
+    assert tick(p, "j6", NOW + 5 * MIN, overlap="skip", seen="j5 here") == [3, "j5", "queued"]
+
+
+def test_a_placed_tick_job_lands_in_its_partition_once(p: Project) -> None:
+    """4 partitions: the job of a tick sent away is placed by its id in the partition its
+    resource routes to (outbox.place, as the ticker and the relay do), marked there for
+    another count's producers, once however often placed; until it leaves the outbox the
+    schedule's reading of it says 'relaying', then its status there."""
+    from runner import outbox
+    from runner.store import routing
+    from runner.store.schedules import last_jobs
+
+    p.write_config(fast="partitions = 4")
+    rt, home = p.runtime, p.keys()
+    r = next(f"x{i}" for i in range(100) if routing.partition_of(f"r:res:x{i}", 4) != home.partition)
+    j = job("j1")._replace(type="resource", payload=codec.dumps({"r": r}), resource_key=f"res:{r}",
+                           limits=f"1 r:res:{r}")
+    entry = codec.dumps(job_entry("fast", j))
+    assert list(rt.scripts.tick(home, "s", j, mode="fire", tick_ms=NOW, digest="d1", born_ms=NOW, overlap="allow",
+                                missed=0, late_ms=0, now_ms=NOW, away=entry)) == [1, "j1", "queued"]
+    assert last_jobs(rt.redis, rt.scripts, [(home, "s")], rt.parts) == ["j1 relaying"]
+    there = rt.parts["fast"][routing.partition_of(f"r:res:{r}", 4)]
+    assert outbox.place(rt, [entry]) == [entry]
+    assert outbox.place(rt, [entry]) == [entry]  # the ticker and the relay both: placed once
+    assert rt.redis.lrange(there.ready, 0, -1) == ["j1"] and rt.redis.exists(there.limit(f"r:res:{r}") + ":at")
+    assert last_jobs(rt.redis, rt.scripts, [(home, "s")], rt.parts) == ["j1 relaying"]
+    outbox.remove(rt, home, [entry])
+    assert rt.redis.llen(home.outbox) == 0
+    assert last_jobs(rt.redis, rt.scripts, [(home, "s")], rt.parts) == ["j1 queued"]
+
+
 def test_another_definition_is_refused(p: Project) -> None:
     """A tick under a definition the state does not hold (a newer deploy's, or a removed
     schedule's tombstone) enqueues nothing."""
@@ -98,29 +169,54 @@ def test_manual_trigger_ignores_order_and_overlap(p: Project) -> None:
     assert st["job"] == "m1" and st["tick"] == str(NOW) and st["n_manual"] == "1"
 
 
-def test_adopt_newest_wins_and_retires_what_it_no_longer_defines(p: Project) -> None:
-    """The most recently loaded definition takes over; an older one is told it lost; a
-    schedule the newest code removed is retired (a tombstone that expires), unless a
-    still newer definition holds it."""
+def test_adopt_first_seen_wins_and_retires_what_it_no_longer_defines(p: Project) -> None:
+    """The definition first seen most recently takes over; an older one is told it lost,
+    also when its worker adopts again later; a schedule the newest code removed is
+    retired (a tombstone that expires) once its holders are quiet, unless a still newer
+    definition holds it."""
     k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
     assert sc.adopt(k, NOW, 60_000, [("s", "d1"), ("t", "d1")], []) == [1, NOW, "d1", 1, NOW, "d1"]
     assert r.hgetall(k.schedules) == {"s": "d1", "t": "d1"}
     tick(p, "j1", NOW + MIN)
     # The same definition again (a restart): the floor is its last handled tick.
     assert sc.adopt(k, NOW + 5, 60_000, [("s", "d1")], []) == [1, NOW + MIN, "d1"]
-    # A deploy changes s and removes t: it takes over from the tick it was born at.
-    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [("s", "d2")], ["t"]) == [1, NOW + 2 * MIN, "d2", 1]
+    # A deploy changes s and removes t: it takes over from the tick it was born at; t's
+    # holders live (an older release that never knew t looks the same), so t is kept ...
+    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [("s", "d2")], ["t"]) == [1, NOW + 2 * MIN, "d2", 0]
+    assert r.hget(k.schedule("t"), "def") == "d1"
+    # ... until they have been quiet since before stale_before: then it is retired.
+    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["t"], stale_before_ms=NOW + MIN, now_ms=NOW + 3 * MIN) == [1]
+    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["t"], stale_before_ms=NOW + MIN, now_ms=NOW + 3 * MIN) == [-1]
     assert r.hgetall(k.schedules) == {"s": "d2"}
     assert 0 < r.pttl(k.schedule("t")) <= 60_000 and r.pttl(k.schedule("s")) == -1
-    # A worker still on the old code adopts later (a reconnect) but was born before: it lost.
-    assert sc.adopt(k, NOW, 60_000, [("s", "d1"), ("t", "d1")], []) == [0, NOW + 2 * MIN, "d2",
-                                                                         0, NOW + 2 * MIN, ""]
-    # A rollback started later wins again, and brings t back.
-    assert sc.adopt(k, NOW + 3 * MIN, 60_000, [("s", "d1"), ("t", "d1")], []) == [
-        1, NOW + 3 * MIN, "d1", 1, NOW + 3 * MIN, "d1"]
+    # A worker still on the old code adopts again, before t's retirement: it lost both.
+    assert sc.adopt(k, NOW + 3 * MIN - 1, 60_000, [("s", "d1"), ("t", "d1")], []) == [
+        0, NOW + 2 * MIN, "d2", 0, NOW + 3 * MIN, ""]
+    # Born after d2 (restarted during the deploy, or a rollback), d1 was still first seen
+    # before d2: s stays d2's. t, retired as no living worker's, comes back: this worker
+    # lives and defines it (retired again once it is gone, standby.py).
+    assert sc.adopt(k, NOW + 4 * MIN, 60_000, [("s", "d1"), ("t", "d1")], []) == [
+        0, NOW + 2 * MIN, "d2", 1, NOW + 4 * MIN, "d1"]
     assert r.pttl(k.schedule("t")) == -1
+    # d1 takes s back once d2's holders are quiet (a rollback completed).
+    assert sc.adopt(k, NOW + 5 * MIN, 60_000, [("s", "d1")], [], stale_before_ms=NOW + 3 * MIN,
+                    now_ms=NOW + 5 * MIN) == [1, NOW + 2 * MIN, "d1"]
     # Retiring is refused where a newer definition holds the schedule.
     assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["s"]) == [0]
+
+
+def test_a_definition_first_seen_earlier_never_wins_by_adopting_later(p: Project) -> None:
+    """Each definition records when Redis first saw it; adopting it again later (a worker
+    of that release restarted mid-deploy) never makes it newer than one first seen after."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    assert sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [])[0] == 1  # release A
+    assert sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:02")], [])[0] == 1  # release B takes over
+    assert sc.adopt(k, NOW + 5 * MIN, 60_000, [("s", "aa:01")], []) == [0, NOW, "aa:02"]  # A restarts
+    assert r.hget(k.schedule("s"), "first:aa:01") == str(NOW)
+    assert r.hget(k.schedule("s"), "first:aa:02") == str(NOW + MIN)
+    assert sc.adopt(k, NOW + 6 * MIN, 60_000, [("s", "aa:03")], [])[0] == 1  # release C, never seen
+    assert sc.adopt(k, NOW + 7 * MIN, 60_000, [("s", "aa:02")], [])[0] == 0  # B restarts after C
+    assert r.hget(k.schedule("s"), "def") == "aa:03"
 
 
 def test_adopt_keeps_the_timeline_of_a_definition_with_the_same_timing(p: Project) -> None:
@@ -132,8 +228,30 @@ def test_adopt_keeps_the_timeline_of_a_definition_with_the_same_timing(p: Projec
     tick(p, "j1", NOW + MIN, digest="aa:01")
     assert sc.adopt(k, NOW + 5 * MIN, 60_000, [("s", "aa:02")], []) == [1, NOW + MIN, "aa:02"]
     assert sc.adopt(k, NOW + 6 * MIN, 60_000, [("s", "bb:03")], []) == [1, NOW + 6 * MIN, "bb:03"]
-    # Back to the first timing: a timeline of its own again, from this born time.
-    assert sc.adopt(k, NOW + 7 * MIN, 60_000, [("s", "aa:01")], []) == [1, NOW + 7 * MIN, "aa:01"]
+    # The first definition again (a restart of the older release): first seen before, it lost.
+    assert sc.adopt(k, NOW + 7 * MIN, 60_000, [("s", "aa:01")], []) == [0, NOW + 6 * MIN, "bb:03"]
+    # Back to the first timing in a new definition: a timeline of its own again, from its born time.
+    assert sc.adopt(k, NOW + 8 * MIN, 60_000, [("s", "aa:04")], []) == [1, NOW + 8 * MIN, "aa:04"]
+
+
+def test_an_older_release_born_later_never_retires_what_living_workers_hold(p: Project) -> None:
+    """A newer release adds t; a worker of the older release (born later: a restart in a
+    rolling deploy, or `runner dev` from an older checkout) lacks t and asks to retire it:
+    t's holders live, so it stays. A reload of the worker that defined t removes it at
+    once (forced); a schedule whose holders never said they live is retired by born."""
+    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
+    sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [])
+    sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:01"), ("t", "aa:01")], [])  # the newer release adds t
+    sc.alive(k, NOW + 2 * MIN, [("s", "aa:01"), ("t", "aa:01")])
+    assert sc.adopt(k, NOW + 3 * MIN, 60_000, [("s", "aa:01")], ["t"]) == [1, NOW, "aa:01", 0]
+    assert r.hgetall(k.schedules) == {"s": "aa:01", "t": "aa:01"} and r.hget(k.schedule("t"), "def") == "aa:01"
+    # Quiet since 2 min, but stale_before is older: kept.
+    assert sc.adopt(k, NOW + 3 * MIN, 60_000, [], ["t"], stale_before_ms=NOW + MIN, now_ms=NOW + 4 * MIN) == [0]
+    assert sc.adopt(k, NOW + 4 * MIN, 60_000, [], ["t"], forced=1) == [1]  # the reload that removed t
+    assert r.hgetall(k.schedules) == {"s": "aa:01"}
+    sc.adopt(k, NOW + 5 * MIN, 60_000, [("u", "aa:01")], [])
+    r.hdel(k.schedules_seen, "u")  # a holder of a version that never says it lives
+    assert sc.adopt(k, NOW + 6 * MIN, 60_000, [], ["u"]) == [1]
 
 
 def test_alive_stamps_only_what_it_holds_and_names_what_it_lost(p: Project) -> None:
@@ -141,7 +259,7 @@ def test_alive_stamps_only_what_it_holds_and_names_what_it_lost(p: Project) -> N
     digest, never the winner's for it, and returns the others with the winning digest."""
     k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
     sc.adopt(k, NOW, 60_000, [("s", "aa:01"), ("t", "aa:01")], [])
-    sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:02")], ["t"])
+    sc.adopt(k, NOW + MIN, 60_000, [("s", "aa:02")], ["t"], forced=1)  # a reload removed t
     assert sc.alive(k, NOW + 2 * MIN, [("s", "aa:01"), ("t", "aa:01"), ("new", "aa:01")]) == [
         ("s", "aa:02"), ("t", "")]
     assert r.hgetall(k.schedules_seen) == {"s": str(NOW + MIN), "new": str(NOW + 2 * MIN)}
@@ -165,7 +283,7 @@ def test_a_takeover_wins_only_from_holders_gone_quiet(p: Project) -> None:
     assert r.hget(k.schedules_seen, "t") == str(later)
     r.hdel(k.schedules_seen, "s")  # a holder that never says it lives: left alone
     assert sc.adopt(k, later, 60_000, [("s", "aa:01")], [], stale_before_ms=later - MIN)[0] == 0
-    sc.adopt(k, later + 1, 60_000, [], ["s"])  # removed by a newer deploy
+    sc.adopt(k, later + 1, 60_000, [], ["s"], forced=1)  # removed by a newer deploy
     r.hset(k.schedules_seen, "s", NOW)
     assert sc.adopt(k, later + 2, 60_000, [("s", "aa:01")], [], stale_before_ms=later)[0] == 0
 
@@ -214,20 +332,6 @@ def test_a_takeover_from_another_timing_keeps_the_gap_for_missed(p: Project) -> 
         1, NOW + 3 * MIN, "aa:01"]
 
 
-def test_a_state_written_before_timing_digests_keeps_its_timeline(p: Project) -> None:
-    """A state written by the version before "<timing>:<whole>" digests holds the whole
-    part alone: the first deploy of this version takes it as the same definition and
-    keeps its timeline (the restart's ticks are missed ticks, not dropped)."""
-    k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
-    whole = "0123456789abcdef"
-    r.hset(k.schedule("s"), mapping={"def": whole, "def_at": NOW})
-    r.hset(k.schedules, "s", whole)
-    tick(p, "j1", NOW + MIN, digest=whole)
-    assert sc.adopt(k, NOW + 5 * MIN, 60_000, [("s", f"aa11bb22cc33dd44:{whole}")], []) == [
-        1, NOW + MIN, f"aa11bb22cc33dd44:{whole}"]
-    assert r.hget(k.schedules, "s") == f"aa11bb22cc33dd44:{whole}"
-
-
 def test_a_standbys_rejoin_never_brings_back_a_removed_or_lost_schedule(p: Project) -> None:
     """A standby adopts again at each heartbeat (stale_before -1: a rejoin). It wins a
     schedule held by an older definition, never one a newer deploy removed, nor one whose
@@ -236,7 +340,7 @@ def test_a_standbys_rejoin_never_brings_back_a_removed_or_lost_schedule(p: Proje
     k, sc, r = p.keys(), p.runtime.scripts, p.runtime.redis
     sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [])
     sc.adopt(k, NOW + MIN, 60_000, [("s", "bb:02")], [])  # a canary: the first stands by
-    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["s"]) == [1]  # a newer deploy removes s
+    assert sc.adopt(k, NOW + 2 * MIN, 60_000, [], ["s"], forced=1) == [1]  # a newer deploy removes s
     assert sc.adopt(k, NOW, 60_000, [("s", "aa:01")], [], stale_before_ms=-1, now_ms=NOW + 3 * MIN) == [
         0, NOW + 2 * MIN, ""]
     r.delete(k.schedule("s"))  # the tombstone expires

@@ -20,8 +20,8 @@ NOW = 1_800_000_000_000
 LEASE = 1_000
 HEAD = 2  # a claim reply starts with its time and whether it held a limited job back
 FIELDS = 14  # values per claimed job in a claim reply, after HEAD
-RESERVE_MS = 10_000  # how long a woken job's slot is kept for it (_lib.lua)
-SWEEP_MS = 1_000  # how soon promote looks again at a limit with parked jobs (_lib.lua)
+RESERVE_MS = 10_000  # how long a woken job's slot is kept for it (includes/limits.lua)
+SWEEP_MS = 1_000  # how soon promote looks again at a limit with parked jobs (includes/limits.lua)
 
 
 def new(job_id: str, *, run_at: int = 0, delay: int = 0, idem: str = "", phash: str = "-", res: str = "",
@@ -71,7 +71,7 @@ def state(p: Project, job_id: str) -> dict[str, str]:
     return p.runtime.redis.hgetall(p.keys().state(job_id))
 
 
-DEAD_GRACE = 3_600_000  # a dead job's keys expire this long after the dead retention (_lib.lua: rec_expire)
+DEAD_GRACE = 3_600_000  # a dead job's keys expire this long after the dead retention (includes/records.lua: rec_expire)
 
 
 def outcome(p: Project, job_id: str) -> str | None:
@@ -293,6 +293,39 @@ def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Projec
     rc = raw(p, "c")
     assert rc["attempt"] == "1" and state(p, "c")["refunds"] == "1" and "WorkerLost" in rc["error"]
     assert rc["history"] == unstarted + f',{{"attempt":1,"outcome":"worker lost","at_ms":{NOW + 3 * LEASE}}}'
+
+
+def test_a_held_claim_lapses_without_spending_however_often(p: Project) -> None:
+    """hold.lua marks a claim that waits for its executor (a child process starting) 'p'
+    and 'h', started at the claim or not: its lease lapsing gives the job back spending
+    nothing, every time (a worker killed three times in that wait buries nothing), with no
+    refund counted; start.lua then clears both marks, and the attempt counts from there.
+    A cancel meanwhile leaves it to its worker, whose hand-back ends it cancelled."""
+    enqueue(p, new("a", max_attempts=1), new("b"))
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert sc.hold(k, "a", "bogus") == -1
+    for n in range(3):
+        (got,) = claim(p, n=1, start=1, now=NOW + 2 * n * LEASE, base=f"w.{n}")
+        assert got[0] == "a" and got[12] == 1
+        assert sc.hold(k, "a", got[1]) == 1
+        tok, attempt, _, flags = r.hget(k.claims, "a").split()
+        assert (tok, attempt) == (got[1], "1") and {"p", "h"} <= set(flags), flags
+        assert list(sc.reclaim(k, 1, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)) == [1, 0]
+        ra = raw(p, "a")
+        assert ra["status"] == "queued" and ra["attempt"] == "0" and "error" not in ra
+        assert "refunds" not in state(p, "a")
+    (got,) = claim(p, n=1, start=1, now=NOW + 10 * LEASE, base="w.9")
+    assert sc.hold(k, "a", got[1]) == 1
+    assert sc.start(k, [("a", got[1])], now_ms=NOW + 10 * LEASE + 5) == [1]
+    assert r.hget(k.claims, "a").split()[2:] == [str(NOW + 10 * LEASE + 5), "s"]
+    assert list(sc.reclaim(k, 1, 10**7, now_ms=NOW + 12 * LEASE)) == [0, 1]  # started: it counts
+    assert rec(p, "a")["status"] == "dead"
+
+    (got,) = claim(p, n=1, start=1, now=NOW + 20 * LEASE, base="w.b")
+    assert sc.hold(k, "b", got[1]) == 1
+    assert list(sc.cancel(k, "b", 60_000, now_ms=NOW + 20 * LEASE + 1)) == [3, "queued"]
+    assert sc.release(k, [("b", got[1])], now_ms=NOW + 20 * LEASE + 2, done_ttl_ms=60_000) == [1]
+    assert rec(p, "b")["status"] == "cancelled"
 
 
 def test_a_prefetched_job_that_settles_spends_its_attempt(p: Project) -> None:
@@ -532,19 +565,6 @@ def test_a_cancelled_priority_job_leaves_the_priority_set(p: Project) -> None:
     enqueue(p, new("h", priority=5))
     assert list(sc.cancel(k, "h", 1000, now_ms=NOW + 1)) == [1, "cancelled"]
     assert r.zcard(k.prio) == 0
-
-
-def test_a_priority_job_queued_by_the_release_before_keeps_its_priority_from_its_claim(p: Project) -> None:
-    """A job of priority queued before the priority was kept in the state (the release
-    before: the priority set's score alone held it) gets it written by its claim, so a
-    release or a retry puts it back in the priority set, not behind the plain jobs."""
-    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
-    enqueue(p, new("h", priority=6), new("plain"))
-    r.hdel(k.state("h"), "priority")  # as the release before wrote it
-    (got,) = claim(p, n=1)
-    assert got[0] == "h" and r.hget(k.state("h"), "priority") == "6"
-    assert sc.release(k, [Hand("h", got[1], "now")], now_ms=NOW + 1) == [1]
-    assert r.zrange(k.prio, 0, -1) == ["h"]
 
 
 def test_release_later_keeps_the_lease_and_reclaim_requeues_without_spending(p: Project) -> None:
@@ -1043,8 +1063,7 @@ def test_claim_marks_a_duplicate_only_for_the_same_payload(p: Project) -> None:
     """A job whose key already completed under another job is done without running when
     its payload hash is that job's (or it has none recorded, as an older producer writes
     it); with another payload it is a request of its own and runs. A duplicate keeps no
-    record: its outcome names the job it duplicates. (d is a hash record of the previous
-    release, converted when claim reads it.)"""
+    record: its outcome names the job it duplicates."""
     enqueue(p, new("a", idem="k", phash="h"))
     (job,) = claim(p)
     p.runtime.scripts.ack(p.keys(), [Ack("a", job[1], "", "", "")], 100_000, now_ms=NOW)
@@ -1054,20 +1073,18 @@ def test_claim_marks_a_duplicate_only_for_the_same_payload(p: Project) -> None:
     base = {"type": "noop", "version": 1, "payload": "{}", "max_attempts": 3, "idem_key": "k"}
     r.set(k.job("b"), records.encode({**base, "idem_hash": "h"}))
     r.set(k.job("c"), records.encode({**base, "idem_hash": "other"}))
-    r.hset(k.job("d"), mapping={**base, "status": "queued"})  # the previous release's layout
-    r.hset(k.census, "noop|1", 3)  # as their producers would have counted them
-    r.lpush(k.ready, "b", "c", "d")
+    r.hset(k.census, "noop|1", 2)  # as their producers would have counted them
+    r.lpush(k.ready, "b", "c")
     got = claim(p, base="w.2")
     assert [g[0] for g in got] == ["c"]
-    for dup in "bd":
-        rd = rec(p, dup)
-        assert rd["status"] == "done" and rd["duplicate_of"] == "a"
-        assert not r.exists(k.job(dup), k.state(dup))
-        kd = kept(p, dup)
-        assert (kd["type"], kd["version"], kd["duplicate_of"], kd["attempt"]) == ("noop", "1", "a", "0")
-        assert "result" not in kd and "history" not in kd
+    rd = rec(p, "b")
+    assert rd["status"] == "done" and rd["duplicate_of"] == "a"
+    assert not r.exists(k.job("b"), k.state("b"))
+    kd = kept(p, "b")
+    assert (kd["type"], kd["version"], kd["duplicate_of"], kd["attempt"]) == ("noop", "1", "a", "0")
+    assert "result" not in kd and "history" not in kd
     assert rec(p, "c")["status"] == "processing" and raw(p, "c")["idem_hash"] == "other"
-    assert r.hget(k.stats, "duplicates|noop") == "2" and r.hget(k.census, "noop|1") == "1"
+    assert r.hget(k.stats, "duplicates|noop") == "1" and r.hget(k.census, "noop|1") == "1"
 
 
 def test_requeue_takes_its_key_back_or_goes_back_without_it(p: Project) -> None:
@@ -1136,7 +1153,7 @@ def test_remove_frees_a_key_that_still_names_the_job(p: Project) -> None:
 @pytest.mark.parametrize("setup,reason", [
     (lambda r, k: r.set(k.job("x"), "not a record"), 'not a record of this runner ("not a record")'),
     (lambda r, k: r.hset(k.job("x"), mapping={"type": "noop", "status": "queued"}),
-     "missing field(s) version, payload"),
+     "a Redis hash instead of a string"),
     (lambda r, k: None, "no job record for this id"),
 ])
 def test_malformed_records_are_buried_with_a_reason(p: Project, setup: Any, reason: str) -> None:
@@ -1177,29 +1194,20 @@ def test_stray_id_of_a_claimed_job_or_twice_in_ready_is_claimed_once(p: Project)
     assert sorted(structures(p)["leases"]) == ["a", "b"]
 
 
-def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged_or_legacy(p: Project) -> None:
-    """A lapsed lease whose claim entry is garbage, or missing because an older release
-    kept the claim on the record (status processing), still brings its job back with the
+def test_reclaim_takes_back_a_job_whose_claim_entry_is_damaged(p: Project) -> None:
+    """A lapsed lease whose claim entry is garbage still brings its job back with the
     attempt counted; a lease left beside a done outcome is dropped, never rerun."""
-    enqueue(p, new("a"), new("b"), new("c"))
-    got = {g[0]: g for g in claim(p, n=3)}
+    enqueue(p, new("a"), new("c"))
+    got = {g[0]: g for g in claim(p, n=2)}
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     r.hset(k.claims, "a", "not a claim")
-    # b as an older release left it: no claim entry, a hash record holding the claim
-    r.hdel(k.claims, "b")
-    r.delete(k.job("b"))
-    r.hset(k.job("b"), mapping={"type": "noop", "version": 1, "payload": '{"a":1}', "max_attempts": 3,
-                                "created_ms": NOW, "status": "processing", "token": "old:1", "attempt": 1})
     assert sc.ack(k, [Ack("c", got["c"][1], "", "noop|1", "")], 100_000, now_ms=NOW) == [1]
     r.zadd(k.leases, {"c": NOW})  # a stray lease beside c's outcome
-    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE + 1)) == [2, 0]
-    assert sorted(r.lrange(k.ready, 0, -1)) == ["a", "b"]
-    for job_id in "ab":
-        v = rec(p, job_id)
-        assert v["status"] == "queued" and v["attempt"] == "1", v
-        assert v["history"].endswith(f'"outcome":"worker lost","at_ms":{NOW + LEASE + 1}}}')
-    assert r.type(k.job("b")) == "string" and records.parse(r.get(k.job("b")))["payload"] == '{"a":1}'
-    assert state(p, "b")["lost_token"].split()[0] == "old:1"  # the legacy claim's token can still ack late
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE + 1)) == [1, 0]
+    assert r.lrange(k.ready, 0, -1) == ["a"]
+    v = rec(p, "a")
+    assert v["status"] == "queued" and v["attempt"] == "1", v
+    assert v["history"].endswith(f'"outcome":"worker lost","at_ms":{NOW + LEASE + 1}}}')
     assert rec(p, "c")["status"] == "done"
     assert r.hlen(k.claims) == 0
     assert_no_job_in_two_structures(p)
@@ -1444,7 +1452,7 @@ def _record(**fields: Any) -> str:
      "not an integer: attempt", ""),
     (lambda r, k: (r.set(k.job("x"), _record()), r.hset(k.state("x"), "status", "zombie")),
      'unknown status "zombie"', ""),
-    (lambda r, k: r.hset(k.job("x"), "other", "1"), "missing field(s) type, version, payload, status", ""),
+    (lambda r, k: r.hset(k.job("x"), "other", "1"), "a Redis hash instead of a string", ":corrupt"),
     (lambda r, k: None, "no job record for this id", ""),
 ])
 def test_malformed_record_in_a_batch_is_buried_and_the_rest_claimed(
@@ -1831,11 +1839,11 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     GET of the record string; a job that waits untouched has no state hash to read) and
     writes nothing to it; it pops, checks for strays (one HMGET of the claims) and that the
     keys it may write hold their types (one ZSCORE each for leases, scheduled, dead),
-    records the claims and the leases with one command each for the batch. Ack reads no
+    records the claims, the leases and their claim times with one command each for the batch. Ack reads no
     record, whatever the batch size: one HMGET for the fences, one HMGET of the done
     generation (and, the first time, one HSET to begin it), one HSET and one LPUSH for the
     outcomes, one HINCRBY for the generation's count, one DEL of the records and states,
-    one HDEL and one ZREM for the claims and leases, one HINCRBY for the census. On the
+    one HDEL and two ZREMs for the claims, leases and claim times, one HINCRBY for the census. On the
     server's clock each call adds one TIME, nothing else."""
     proj = make_project(tmp_path / "project", quiet_server)
     try:
@@ -1859,13 +1867,14 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
         proj.runtime.close()
     # Per job: a GET of the record and an EXISTS of its state (absent for a job that waited
     # untouched: no HMGET of its fields then); per batch one RPOP, the claims' HMGET, the
-    # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD of the leases;
+    # damage checks (3 ZSCORE, 1 HGET), one HSET of the claims and one ZADD each of the leases
+    # and of their claim times (the processing list's order);
     # flow control adds one HGETALL of the pauses per call and one EXISTS of the priority
     # set per pop, whatever the batch size.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 3, "hget": 1, "hset": 1, "zadd": 1,
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 3, "hget": 1, "hset": 1, "zadd": 2,
                   "hgetall": 1, "exists": 11}
     # + one HINCRBY for the stats field, one HINCRBY and PEXPIRE for this minute's counter
-    ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 1, "pexpire": 1, "hincrby": 4}
+    ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 2, "pexpire": 1, "hincrby": 4}
     assert phases[0] == (claim_cost, {**ack_cost, "hset": 2})  # the first ack begins generation 0
     assert phases[1] == ({**claim_cost, "time": 1}, {**ack_cost, "time": 1})
 
@@ -1963,3 +1972,57 @@ def test_a_damaged_claim_attempt_is_written_back_as_a_number(p: Project) -> None
     assert (outcome(p, "b") or "").startswith("noop 1 7 ")
     job = p.client.get("b").as_dict()
     assert job["status"] == "done" and job["attempt"] == 7
+
+
+def test_lookup_with_a_cut_returns_the_big_values_cut_and_their_sizes(p: Project) -> None:
+    """lookup.lua given a cut: the record's payload, each state value and the outcome's
+    result and payload lines past it come back cut to that many bytes, with their full
+    sizes named; the record's other fields and what is short stay whole. Without a cut
+    the reply is the four values as before."""
+    k, r = p.keys(), p.runtime.redis
+    payload = '{"s":"' + "é" * 50 + '"}'
+    r.set(k.job("j1"), records.encode({"type": "noop", "version": 1, "max_attempts": 3, "idem_key": "key",
+                                       "payload": payload}))
+    r.hset(k.state("j1"), mapping={"status": "dead", "checkpoint": '{"c":"' + "x" * 40 + '"}', "reason": "short"})
+    rec_, state, _, _, sizes = p.runtime.scripts.lookup(k, "j1", cut=16)
+    fields = records.parse(rec_)
+    assert fields is not None and fields["idem_key"] == "key" and fields["type"] == "noop"
+    assert fields["payload"].encode("utf-8", "surrogateescape") == payload.encode()[:16]
+    state = dict(zip(state[::2], state[1::2], strict=True))
+    assert state["checkpoint"] == '{"c":"' + "x" * 10 and state["reason"] == "short"
+    assert dict(zip(sizes[::2], sizes[1::2], strict=True)) == {"payload": len(payload.encode()), "checkpoint": 48}
+    assert len(p.runtime.scripts.lookup(k, "j1")) == 4
+    result = '{"r":"' + "y" * 40 + '"}'
+    r.hset(k.done(0), "j2", f"noop 1 1 {NOW} +5\n\n{result}\n{{\"m\":1}}\n")
+    _, _, _, outcome, sizes = p.runtime.scripts.lookup(k, "j2", cut=16)
+    assert outcome == f"noop 1 1 {NOW} +5\n\n{result[:16]}\n{{\"m\":1}}\n"
+    assert sizes == ["result", len(result)]
+
+
+def test_remove_takes_the_jobs_log_and_stream_with_it(p: Project) -> None:
+    """A dead job deleted by an operator leaves no log or stream behind (they live as long
+    as the job); another job's stay."""
+    enqueue(p, new("a"), new("b"))
+    got = {g[0]: g[1] for g in claim(p)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    sc.bury(k, [Burial(i, got[i], "x", "", "", False, "") for i in "ab"], 100_000, now_ms=NOW)
+    for i in "ab":
+        sc.append_log(k, i, ['{"msg": "x"}'], 500, 262_144, 60_000)
+        sc.append_log(k, i, ['{"i": 0, "data": 1}'], 500, 262_144, 60_000, key=k.stream(i))
+    assert sc.remove(k, "a") == 1
+    assert r.exists(k.log("a"), k.stream("a")) == 0
+    assert r.exists(k.log("b"), k.stream("b")) == 2
+
+
+def test_joblog_keeps_the_newest_lines_within_both_bounds(p: Project) -> None:
+    """joblog appends in order, drops the oldest past the line bound and past the byte
+    bound (never the newest line), and sets the expiry it is given."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    assert sc.append_log(k, "j", [f"line{i}" for i in range(5)], 3, 1000, 60_000) == 3
+    assert r.lrange(k.log("j"), 0, -1) == ["line2", "line3", "line4"]
+    assert sc.append_log(k, "j", ["x" * 995], 3, 1000, 60_000) == 2  # 5 + 995 bytes: within 1000
+    assert r.lrange(k.log("j"), 0, -1) == ["line4", "x" * 995]
+    assert sc.append_log(k, "j", ["y" * 1200], 3, 1000, 60_000) == 1  # the newest stays, whatever its size
+    assert r.lrange(k.log("j"), 0, -1) == ["y" * 1200]
+    assert 0 < r.pttl(k.log("j")) <= 60_000
+    assert sc.append_log(k, "none", [], 3, 1000, 60_000) == 0 and r.exists(k.log("none")) == 0

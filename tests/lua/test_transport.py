@@ -221,7 +221,7 @@ def test_the_poll_returns_at_once_when_the_reply_is_there_and_after_the_budget_w
     import socket
     import time
 
-    from runner.store.scripts import _Spin
+    from runner.store.transport import _Spin
 
     class Conn:
         def __init__(self, sock: socket.socket) -> None:
@@ -277,3 +277,52 @@ def test_a_batch_with_an_error_reply_raises_it_and_leaves_the_connection_in_step
     for _ in range(3):  # whichever kept connection a call takes, it is in step
         assert _enqueue(project, "c")[1] == "c"
         r.delete(k.job("c"))
+
+
+def _woken(p: Project, wait_s: float = 0.2) -> tuple[Any, Any]:
+    return p.runtime.scripts.claim_woken(p.keys(), wait_s, n=4, start=4, lease_ms=30_000, token_base="w.1",
+                                         dead_ttl_ms=10**7, done_ttl_ms=10**7)
+
+
+def test_a_claim_behind_a_wake_up_runs_when_the_wake_up_comes(project: Project) -> None:
+    """claim_woken sends the BLPOP of the notify list and the claim in one write: with a
+    wake-up waiting, the claim runs at once and takes the job; the token is consumed."""
+    _enqueue(project, "a")  # (it pushes a wake-up)
+    rang, reply = _woken(project)
+    assert rang == [project.keys().notify, "1"]
+    assert reply[2] == "a" and len(reply) == 2 + 14
+    assert project.runtime.redis.llen(project.keys().notify) == 0
+
+
+def test_a_claim_behind_a_wake_up_runs_at_the_timeout_too(project: Project) -> None:
+    """No wake-up within the wait: the claim runs when the BLPOP times out, and finds a job
+    that came without one (a wake-up lost to a restart of Redis costs at most the wait)."""
+    r, k = project.runtime.redis, project.keys()
+    _enqueue(project, "a")
+    r.delete(k.notify)
+    rang, reply = _woken(project, 0.1)
+    assert rang is None and reply[2] == "a"
+
+
+def test_a_failed_wake_up_still_returns_what_the_claim_took(project: Project) -> None:
+    """A notify list damaged to another type fails the BLPOP, but the claim behind it ran:
+    its reply comes back beside the error (the caller takes the jobs, then reports the
+    error), and the connection stays in step."""
+    r, k = project.runtime.redis, project.keys()
+    _enqueue(project, "a")
+    r.delete(k.notify)
+    r.set(k.notify, "not a list")
+    rang, reply = _woken(project)
+    assert isinstance(rang, ResponseError) and "WRONGTYPE" in str(rang)
+    assert reply[2] == "a"
+    assert _enqueue(project, "b") == [1, "b", "queued"]
+
+
+def test_a_claim_behind_a_wake_up_is_reloaded_after_a_script_flush(project: Project) -> None:
+    """After SCRIPT FLUSH the claim behind the BLPOP answers NOSCRIPT: it is loaded and
+    sent again alone, and takes the job once."""
+    _enqueue(project, "a")
+    project.runtime.redis.script_flush()
+    rang, reply = _woken(project)
+    assert rang is not None and reply[2] == "a"
+    assert _woken(project, 0.05)[1][2:] == []

@@ -269,3 +269,16 @@ def test_a_cancel_completed_by_the_claim_or_a_release_counts_the_member_cancelle
     assert (h["cancelled"], h["left"]) == ("2", "0") and a[0] == "a"
     g = then_payload(p, "g7")["group"]
     assert [o["status"] for o in g["outcomes"]] == ["cancelled", "cancelled"]
+
+
+def test_a_relayed_job_under_a_limit_marks_its_key_where_it_is_placed(p: Project) -> None:
+    """On a partitioned queue the relay places a keyed job (a follow-up or a then-job routed
+    to another partition, a tick's job) with its first limit key marked there, as an
+    enqueue marks it, so a producer on another count of partitions finds the key in that
+    partition (routing.Placement) while the job is merely queued."""
+    p.write_config(fast="partitions = 4")
+    k = p.runtime.parts["fast"][1]
+    job = new("r1", "resource", limits="1 r:res:a\n2 ck:acct:a")
+    assert list(p.runtime.scripts.relay(k, [job_entry("fast", job)[1:]], now_ms=NOW)) == [1]
+    assert p.runtime.redis.exists(k.limit("r:res:a") + ":at")
+    assert p.runtime.redis.lrange(k.ready, 0, -1) == ["r1"]

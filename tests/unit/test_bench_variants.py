@@ -17,8 +17,8 @@ def test_the_metrics_off_patches_still_apply(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(BENCH))
     out = variants.copy_runner(tmp_path, variants.METRICS_OFF)
-    lib = (out / "runner" / "store" / "lua" / "_lib.lua").read_text()
-    assert "local function bump(fields)\n  if true then return end\n" in lib
-    assert "'enqueued|'" not in lib
+    includes = out / "runner" / "store" / "lua" / "includes"
+    assert "local function bump(fields)\n  if true then return end\n" in (includes / "stats.lua").read_text()
+    assert "'enqueued|'" not in (includes / "jobs.lua").read_text()
     assert not any(d.startswith("redis") for d in variants.RUNNER_DEPS)
     assert any(d.startswith("cronsim") for d in variants.RUNNER_DEPS)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runner.catalog import limits, registry, templates
-from tests.unit.test_registry import GOOD, error_of, load_one
+from tests.unit.test_registry import GOOD, error_of, load_one, project
 
 
 @pytest.mark.parametrize("value,needle", [
@@ -31,7 +31,7 @@ def test_a_bad_concurrency_is_a_load_error(tmp_path: Path, value: str, needle: s
 def test_concurrency_and_resource_compile_into_limits(tmp_path: Path) -> None:
     reg = load_one(tmp_path, 'RESOURCE_KEY = "u{user_id}"\nCONCURRENCY = {"key": "n{name}", "limit": 2}\n' + GOOD)
     fn = reg.get("fn")
-    assert fn.render_limits({"user_id": 7, "name": "a"}) == ("u7", "1 r:u7\n2 c:fn:na")
+    assert fn.render_limits({"user_id": 7, "name": "a"}) == ("u7", "1 r:u7\n2 ck:na")
     assert fn.describe()["concurrency"] == {"limit": 2, "key": "n{name}"}
     assert reg.get("ok").render_limits({"user_id": 1}) == ("", "")
 
@@ -65,7 +65,7 @@ def test_a_bad_rate_limit_is_a_load_error(tmp_path: Path, value: str, needle: st
 
 def test_a_rate_limit_compiles_into_a_bucket_line(tmp_path: Path) -> None:
     reg = load_one(tmp_path, 'RATE_LIMIT = {"limit": 5, "period": 1.5, "key": "u{user_id}"}\nCONCURRENCY = 2\n' + GOOD)
-    assert reg.get("fn").render_limits({"user_id": 3}) == ("", "2 c:fn\n5/1500 q:fn:u3")
+    assert reg.get("fn").render_limits({"user_id": 3}) == ("", "2 c:fn\n5/1500 qk:u3")
     assert reg.get("fn").describe()["rate_limit"] == {"limit": 5, "period": 1.5, "key": "u{user_id}"}
 
 
@@ -79,3 +79,55 @@ def test_priority_is_a_function_default(tmp_path: Path) -> None:
     reg = load_one(tmp_path, "PRIORITY = 4\n" + GOOD)
     assert reg.get("fn").priority == 4 and reg.get("fn").describe()["priority"] == 4
     assert reg.get("ok").priority == 0
+
+
+def test_a_rendered_key_is_one_budget_for_every_function(tmp_path: Path) -> None:
+    """Two functions that render one CONCURRENCY or RATE_LIMIT key take from one budget (as
+    a RESOURCE_KEY is one lock): the key names no function."""
+    both = ('CONCURRENCY = {"key": "api:{user_id}", "limit": 1}\n'
+            'RATE_LIMIT = {"key": "api:{user_id}", "limit": 5, "period": 1}\n')
+    reg = registry.load(project(tmp_path, {"a": both + GOOD, "b": both + GOOD}))
+    assert not reg.errors
+    assert reg.get("a").render_limits({"user_id": 3}) == reg.get("b").render_limits({"user_id": 3})
+
+
+@pytest.mark.parametrize(("a", "b", "option"), [
+    ('CONCURRENCY = {"key": "api:{user_id}", "limit": 1}', 'CONCURRENCY = {"key": "api:{user_id}", "limit": 2}',
+     "CONCURRENCY"),
+    ('RATE_LIMIT = {"key": "api:{user_id}", "limit": 5, "period": 1}',
+     'RATE_LIMIT = {"key": "api:{user_id}", "limit": 5, "period": 2}', "RATE_LIMIT"),
+])
+def test_two_limits_for_one_key_template_are_a_load_error(tmp_path: Path, a: str, b: str, option: str) -> None:
+    """One key template with two different limits would be one budget with two sizes:
+    both functions are refused at load, each naming the other and what to change."""
+    reg = registry.load(project(tmp_path, {"a": a + "\n" + GOOD, "b": b + "\n" + GOOD, "ok": GOOD}))
+    assert set(reg.functions) == {"ok"}
+    msgs = {Path(p).stem: str(e) for p, e in reg.errors.items()}
+    assert set(msgs) == {"a", "b"}
+    assert option in msgs["a"] and "'api:{user_id}'" in msgs["a"] and "function b" in msgs["a"]
+    assert "one budget" in msgs["b"] and "function a" in msgs["b"]
+
+
+def test_two_templates_of_one_shape_sized_apart_are_a_load_error(tmp_path: Path) -> None:
+    """``api:{user_id}`` limit 1 and ``api:{name}`` limit 3 render the same keys (their
+    literal parts are the same; only the field names differ): one budget with two sizes,
+    refused at load in both, each naming the other's template."""
+    a = 'CONCURRENCY = {"key": "api:{user_id}", "limit": 1}\n'
+    b = 'CONCURRENCY = {"key": "api:{name}", "limit": 3}\n'
+    reg = registry.load(project(tmp_path, {"a": a + GOOD, "b": b + GOOD, "ok": GOOD}))
+    assert set(reg.functions) == {"ok"}
+    msgs = {Path(p).stem: str(e) for p, e in reg.errors.items()}
+    assert "'api:{name}'" in msgs["a"] and "function b" in msgs["a"]
+    assert "'api:{user_id}'" in msgs["b"] and "function a" in msgs["b"]
+
+
+def test_one_limit_key_on_two_queues_is_a_load_error(tmp_path: Path) -> None:
+    """A rendered CONCURRENCY key is one budget for every function, but a queue's limits
+    live in its own partitions: two functions of different queues rendering one key would
+    take from two budgets. Refused at load, saying to put them on one queue."""
+    a = 'CONCURRENCY = {"key": "api:{user_id}", "limit": 1}\n' + GOOD
+    b = a.replace('QUEUE = "fast"', 'QUEUE = "slow"')
+    reg = registry.load(project(tmp_path, {"a": a, "b": b, "ok": GOOD}))
+    assert set(reg.functions) == {"ok"}
+    msgs = {Path(p).stem: str(e) for p, e in reg.errors.items()}
+    assert "queue" in msgs["a"] and "function b" in msgs["a"] and "one queue" in msgs["a"]

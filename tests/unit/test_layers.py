@@ -19,6 +19,7 @@ FORBIDDEN = {
                 "runner.runtime", "runner.observe"),
     "observe": ("runner.catalog", "runner.worker", "runner.web", "runner.cli", "runner.dev", "runner.client",
                 "runner.runtime"),
+    "client": ("runner.worker", "runner.web", "runner.cli", "runner.dev", "runner.testing", "runner.contrib"),
     "worker": ("runner.web", "runner.cli", "runner.dev"),
     "web": ("runner.worker", "runner.cli", "runner.dev"),
     "dev": ("runner.cli",),

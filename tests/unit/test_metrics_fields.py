@@ -11,7 +11,7 @@ from runner.observe import metrics
 
 
 def _add(counter: Counter[str], fields: str) -> None:
-    """How the scripts count a fields string (bump in _lib.lua): "f" adds 1, "f=N" adds N."""
+    """How the scripts count a fields string (bump in includes/stats.lua): "f" adds 1, "f=N" adds N."""
     for tok in fields.split():
         name, eq, n = tok.rpartition("=")
         if eq and n.isdigit():

@@ -40,10 +40,14 @@ def test_split_keys_names_the_keys_that_hold_per_partition(tmp_path: Path, optio
 def test_a_change_names_its_new_and_draining_tags() -> None:
     own = {"fast": ("fast", "fast:2", "fast:3", "fast:4"), "slow": ("slow",)}
     recorded = {"fast": ["fast", "fast:2", "fast:29", "fast:30"], "slow": ["slow"]}
-    (c,) = changes({"fast": 4, "slow": 1}, own, recorded, {"fast|fast:29": 5, "fast|fast:30": 2})
+    (c,) = changes({"fast": 4, "slow": 1}, own, recorded, {"fast|fast:29": 5, "fast|fast:30": 2},
+                   {"fast": [4, 6], "slow": [1]})
     assert (c.queue, c.added, c.draining, c.draining_jobs) == ("fast", ("fast:3", "fast:4"), ("fast:29", "fast:30"), 7)
+    assert c.counts == (6,)
     msg = c.message()
-    assert msg is not None and "{fast:29}, {fast:30}" in msg and "7 job(s)" in msg and "deduplicated" in msg
+    assert msg is not None and "{fast:29}, {fast:30}" in msg and "7 job(s)" in msg
+    # The keys the old count placed are looked up where it put them: said, with its cost.
+    assert "placed by partitions = 6" in msg and "look-up" in msg
     # Nothing recorded yet (a first deploy): nothing is new, nothing drains.
     (first,) = changes({"fast": 4}, {"fast": own["fast"]}, {}, {})
     assert first.added == first.draining == () and first.message() is None

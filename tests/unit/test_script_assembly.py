@@ -1,62 +1,116 @@
-"""Each script carries the helpers of _lib.lua it calls, and only those."""
+"""Each script declares the includes it calls (``--- @include "topic"``), and is sent with
+exactly those and theirs, each helper defined before its first use."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from runner.store.sources import NAMES, _helpers, _source, assemble
+from runner.store import sources
+from runner.store.sources import COMPOSED, INCLUDE, NAMES, _include, _source, assemble, includes
 
-LIB = _source("_lib")
-HELPERS = dict(_helpers(LIB))
-
-
-def defined(src: str) -> set[str]:
-    return set(re.findall(r"^local (?:function )?([A-Za-z_]\w*)", src, re.M)) & set(HELPERS)
+TOPICS = sorted(p.stem for p in (sources.LUA / "includes").glob("*.lua"))
+DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_]\w*)", re.M)
 
 
-def test_the_library_splits_into_its_top_level_definitions() -> None:
-    """Every column-0 ``local`` of the library is one helper, its comment included."""
-    assert set(HELPERS) == set(re.findall(r"^local (?:function )?([A-Za-z_]\w*)", LIB, re.M))
-    assert "Wake idle workers" in HELPERS["wake"]
-    assert HELPERS["flush"].rstrip().endswith("end")
-    # In order, the pieces hold every line of the library past its own header comment.
-    lines = [ln for ln in "\n".join(HELPERS.values()).splitlines() if ln.strip()]
-    lib_lines = [ln for ln in LIB.splitlines() if ln.strip()]
-    assert lines == lib_lines[len(lib_lines) - len(lines):]
-    assert all(ln.startswith("--") for ln in lib_lines[: len(lib_lines) - len(lines)])
+def code(text: str) -> str:
+    """Lua text without its comments (a helper named in a comment is no call)."""
+    return "\n".join(re.sub(r"--.*$", "", ln) for ln in text.splitlines())
+
+
+def defined(text: str) -> list[str]:
+    return DEFINITION.findall(text)
+
+
+OWNER = {h: t for t in TOPICS for h in defined(_include(t))}
+
+
+def called(text: str) -> set[str]:
+    """The helpers ``text`` uses: a function where it is called, a constant where it is read
+    (a field of a table, ``c.waited``, is neither)."""
+    body = code(text)
+    return {h for h in OWNER
+            if re.search(rf"(?<![.:\w]){h}\s*\(" if h.islower() else rf"(?<![.\w]){h}\b", body)}
+
+
+def body_of(name: str) -> str:
+    return "\n".join(_source(part) for part in COMPOSED.get(name, (name,)))
+
+
+def test_every_helper_is_defined_in_one_include() -> None:
+    """No helper has two definitions, so a script's includes never shadow one another."""
+    seen = [h for t in TOPICS for h in defined(_include(t))]
+    assert sorted(seen) == sorted(set(seen))
+    assert {"clock", "rec_load", "wake", "done_gen", "group_settle"} <= set(OWNER)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_script_defines_every_helper_it_or_its_helpers_name(name: str) -> None:
-    have = defined(assemble(LIB, _source(name)))
-    texts = [_source(name)] + [HELPERS[h] for h in have]
-    named = {h for h in HELPERS for t in texts if re.search(rf"\b{h}\b", t)}
-    assert named <= have
+def test_a_script_declares_every_include_it_calls_and_no_other(name: str) -> None:
+    """What a script's body calls lives in its includes (declared, or declared by them),
+    and every include it declares is one it calls."""
+    body = body_of(name)
+    have = {h for t in includes(body) for h in defined(_include(t))}
+    assert called(body) <= have, sorted(called(body) - have)
+    for part in COMPOSED.get(name, (name,)):
+        text = _source(part)
+        assert set(INCLUDE.findall(text)) == {OWNER[h] for h in called(text) - set(defined(text))}, part
 
 
-def test_a_script_leaves_out_what_it_never_names() -> None:
-    """enqueue reads the clock, names idempotency keys, writes a record (through the
-    job writer it shares with ack and relay), counts it in the census and wakes workers,
-    nothing more (not the follow-ups' check by id);
-    release_limits pulls in what waking a parked job needs; the clock needs nothing."""
-    assert defined(assemble(LIB, _source("enqueue"))) == {"clock", "idem_key", "wake", "rec_encode", "now_text",
-                                                          "fmt_now_n",
-                                                          "census", "jobs_acc", "job_put", "job_fields",
-                                                          "jobs_flush"}
-    assert defined(assemble(LIB, "release_limits(a, b, c, d, e, f, g, h)")) == {
-        "release_limits", "parse_limits", "LIMIT_LINE", "wake_parked", "purge_holders", "on_holders", "heal_limit",
-        "RESERVE_MS",
-        "wake", "to_ready"}
-    assert defined(assemble(LIB, "tally('x') flush(k)")) == {"acc", "tally", "flush"}
-    assert defined(assemble(LIB, "clock(ARGV[1])")) == {"clock"}
-    assert defined(assemble(LIB, "return 1")) == set()
+@pytest.mark.parametrize("topic", TOPICS)
+def test_an_include_declares_what_it_calls(topic: str) -> None:
+    """An include names the includes its helpers call (none of its own), and nothing more."""
+    text = _include(topic)
+    own = set(defined(text))
+    assert set(INCLUDE.findall(text)) == {OWNER[h] for h in called(text) - own}
+    # Declared at the top, before any definition.
+    first = DEFINITION.search(text)
+    assert first is not None
+    assert all(m.start() < first.start() for m in INCLUDE.finditer(text))
 
 
-# remove, checkpoint, lookup, resume and watch write no time; tick, adopt and alive are given the server's time
-# by the ticker (TIME read once per batch, plus the schedules' test offset: store/schedules.py).
-TIMELESS = ("remove", "checkpoint", "lookup", "resume", "tick", "adopt", "alive", "watch")
+@pytest.mark.parametrize("name", NAMES)
+def test_a_helper_is_defined_before_the_script_uses_it(name: str) -> None:
+    """The includes go dependencies first: a Lua local exists only below its definition,
+    so one used above it would be a nil global at run time."""
+    lines = code(assemble(body_of(name))).splitlines()
+    for h in OWNER:
+        use = re.compile(rf"(?<![.:\w]){h}\s*\(" if h.islower() else rf"(?<![.\w]){h}\b")
+        at = [i for i, ln in enumerate(lines) if re.match(rf"local (?:function )?{h}\b", ln)]
+        used = [i for i, ln in enumerate(lines) if use.search(ln)]
+        if used:
+            assert len(at) == 1 and at[0] <= used[0], (name, h)
+
+
+def test_a_script_is_sent_with_only_the_includes_it_declares() -> None:
+    """enqueue takes the clock and the job writer (with what that writes through: records,
+    idempotency keys, waking), not the follow-ups' check by id; hold only claims; lookup
+    nothing."""
+    assert includes(_source("enqueue")) == ["clock", "idem", "ready", "records", "jobs"]
+    assert includes(_source("hold")) == ["calls", "claims"]
+    assert includes(_source("lookup")) == []
+    assert assemble("return 1") == "return 1"
+
+
+def test_an_include_cycle_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "includes").mkdir()
+    (tmp_path / "includes" / "a.lua").write_text('--- @include "b"\nlocal x = 1\n')
+    (tmp_path / "includes" / "b.lua").write_text('--- @include "a"\nlocal y = 1\n')
+    monkeypatch.setattr(sources, "LUA", tmp_path)
+    sources._include.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="a -> b -> a includes itself"):
+            includes('--- @include "a"\n')
+    finally:
+        sources._include.cache_clear()
+
+
+# remove, checkpoint, hold, lookup, resume, watch, seek, seek_list and steps write no time; tick, adopt and alive
+# are given the server's time by the ticker (TIME read once per batch, plus the schedules' test offset:
+# store/schedules.py).
+TIMELESS = ("remove", "checkpoint", "hold", "lookup", "resume", "tick", "adopt", "alive", "watch", "seek", "seek_list",
+            "steps", "joblog")  # (joblog's expiry is relative: the server's clock sets it)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TIMELESS])
@@ -76,3 +130,47 @@ def test_each_sha_is_the_sha1_of_the_text_sent() -> None:
     from runner.store.sources import SHAS, SOURCES
 
     assert {n: SHAS[n] for n in NAMES} == {n: hashlib.sha1(SOURCES[n].encode()).hexdigest() for n in NAMES}
+
+
+LONGEST = 60  # lines a Lua function may take, its first and last line included
+
+
+def _lua_lines(text: str) -> list[str]:
+    """Lua lines with strings and comments blanked, so block words are only code."""
+    text = re.sub(r"--\[(=*)\[.*?\]\1\]", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"\[(=*)\[.*?\]\1\]", lambda m: '""' + "\n" * m.group(0).count("\n"), text, flags=re.S)
+    return [re.sub(r"--.*$", "", re.sub(r"'(?:\\.|[^'\\])*'|\"(?:\\.|[^\"\\])*\"", '""', ln))
+            for ln in text.splitlines()]
+
+
+def functions(text: str) -> list[tuple[str, int, int]]:
+    """Every function of a Lua text: (name, first line, lines), by its block words
+    (function, if, do and repeat open a block; end and until close one)."""
+    stack: list[tuple[str, str, int]] = []
+    found: list[tuple[str, int, int]] = []
+    for no, ln in enumerate(_lua_lines(text), 1):
+        for m in re.finditer(r"\b(function|if|do|repeat|end|until)\b", ln):
+            word = m.group(1)
+            if word == "function":
+                named = re.match(r"function\s+([\w.:]+)", ln[m.start():])
+                stack.append((word, named.group(1) if named else "(anonymous)", no))
+            elif word in ("if", "do", "repeat"):
+                stack.append((word, "", no))
+            else:
+                kind, name, start = stack.pop()
+                if kind == "function":
+                    found.append((name, start, no - start + 1))
+    assert not stack
+    return found
+
+
+def test_the_function_scanner_measures_a_function_with_nested_blocks() -> None:
+    text = "local function f(x)\n  if x then\n    for i = 1, 2 do y('end') end\n  end\n  -- end\nend\n"
+    assert functions(text) == [("f", 1, 6)]
+
+
+@pytest.mark.parametrize("path", sorted(sources.LUA.glob("**/*.lua")), ids=lambda p: p.stem)
+def test_no_lua_function_is_longer_than_a_screen(path: Path) -> None:
+    """A long function is split into named steps (claim's gates), each readable alone."""
+    long = [(name, start, n) for name, start, n in functions(path.read_text()) if n > LONGEST]
+    assert long == []

@@ -148,3 +148,40 @@ def test_identify_compares_every_token_whichever_matches(monkeypatch: pytest.Mon
         found = auth.identify(tokens, secret)
         assert (found.name if found else None) == name
         assert seen == [(32, 32)] * 50
+
+
+@pytest.mark.parametrize("args", [
+    ["opé", "--scope", "read"], ["a.b", "--scope", "read"], ["a b", "--scope", "read"],
+    ["ok", "--scope", "read", "--env", "A\\B"], ["ok", "--scope", "read", "--env", "A B"],
+    ["ok", "--scope", "read", "--env", "1ABC"], ["ok", "--scope", "read", "--env", "AÉ"],
+    ["ok", "--scope", "enqueue:op\"é"],
+])
+def test_token_new_refuses_what_would_print_invalid_toml(args: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+
+    out = CliRunner().invoke(cli, ["token", "new", *args])
+    assert out.exit_code == 2, out.output
+    assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("args", [
+    ["producer-1", "--scope", "read,enqueue:send_email"], ["ops_2", "--scope", "operate", "--env", "RUNNER_TOKEN_OPS"],
+])
+def test_token_new_prints_lines_that_load(tmp_path: Path, args: list[str]) -> None:
+    import tomllib
+
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+
+    out = CliRunner().invoke(cli, ["token", "new", *args, "--json"])
+    assert out.exit_code == 0, out.output
+    import json
+
+    body = json.loads(out.output)
+    tomllib.loads(body["toml"])
+    (tmp_path / "runner.toml").write_text(body["toml"])
+    cfg = config.load(tmp_path / "runner.toml", env={"RUNNER_TOKEN_OPS": body["token"]})
+    assert any(t.name == args[0] for t in cfg.api.tokens)

@@ -17,17 +17,25 @@ the command: a system check must not need a server.
 request, not a callback after the commit) and enqueues once the current transaction
 commits; nothing is sent when it rolls back. Outside a transaction it enqueues at once,
 as Django's ``on_commit`` does.
+
+Under the pytest plugin's fixtures, a test inside Django's test transaction (``TestCase``,
+pytest-django's ``django_db``) never commits, so Django would never send an
+``enqueue_on_commit``. There the transaction the app opened stands for the commit: an
+enqueue outside any transaction of the app's goes at once, and ``send_committed`` (which
+the plugin runs before it looks at the jobs) sends those whose app transaction ended
+without a rollback. A rolled-back one is dropped by Django itself, as in production.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 
 from runner.client import Client, Request
-from runner.contrib.shared import shared_client
+from runner.contrib.shared import pinned_client, shared_client
 
 
 def runner_settings() -> dict[str, Any]:
@@ -49,13 +57,52 @@ def client() -> Client:
     return shared_client(runner_settings().get("CONFIG"), settings_env())
 
 
+@dataclass(slots=True)
+class _Send:
+    """One enqueue_on_commit's send; it sends once, whoever calls it first (Django at the
+    commit, a test's capture of the callbacks, or send_committed)."""
+
+    client: Client
+    type: str
+    payload: Any
+    version: int | None
+    delay: float | None
+    idempotency_key: str | None
+    sent: bool = False
+
+    def __call__(self) -> None:
+        if not self.sent:
+            self.sent = True
+            self.client.enqueue(self.type, self.payload, version=self.version, delay=self.delay,
+                                idempotency_key=self.idempotency_key)
+
+
 def enqueue_on_commit(type: str, payload: Any, *, using: str | None = None, version: int | None = None,
                       delay: float | None = None, idempotency_key: str | None = None) -> None:
     """Enqueue the job when the transaction on ``using`` commits; never when it rolls back."""
     c = client()
     c.prepare(Request(type, payload, version, delay, None, idempotency_key))  # raises ValidationFailed now
-
-    def send() -> None:
-        c.enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key)
-
+    send = _Send(c, type, payload, version, delay, idempotency_key)
+    if pinned_client() is not None and _in_test_transaction_only(transaction.get_connection(using)):
+        send()  # no transaction of the app's: production would send it now
+        return
     transaction.on_commit(send, using=using)
+
+
+def _in_test_transaction_only(connection: Any) -> bool:
+    """Every open atomic block on ``connection`` is a test's own (Django's TestCase marks
+    the blocks it wraps each test in, which never commit): the app has none open."""
+    blocks = getattr(connection, "atomic_blocks", None)
+    return bool(connection.in_atomic_block and blocks
+                and all(getattr(b, "_from_testcase", False) for b in blocks))
+
+
+def send_committed() -> None:
+    """Send each pending enqueue_on_commit whose app transaction has ended (only a test's
+    blocks are left open on its connection): a test's stand-in for the commit it will
+    never see. Does nothing outside such a test."""
+    for connection in connections.all(initialized_only=True):
+        if _in_test_transaction_only(connection):
+            for entry in list(connection.run_on_commit):  # (savepoint ids, callback, robust)
+                if isinstance(entry[1], _Send):
+                    entry[1]()

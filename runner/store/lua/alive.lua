@@ -4,8 +4,8 @@
 -- id and the winning digest ('' removed) are returned, so the ticker stands by at once
 -- instead of at its next tick. A ticker that lost never stamps the winner's seen time.
 --
--- KEYS[1] state prefix   (string; a schedule's state is prefix .. id, see tick.lua)
--- KEYS[2] seen           HASH  schedule id -> when a holder of its winning definition
+-- KEYS[1] schedule_prefix (string; a schedule's state is prefix .. id, see tick.lua)
+-- KEYS[2] schedules_seen HASH  schedule id -> when a holder of its winning definition
 --                              last said it lives, ms
 -- ARGV[1] now, ms (server time)
 -- ARGV[2] n; then per schedule 2 fields: id, digest
@@ -17,7 +17,7 @@ local out = {}
 local stamp = {}
 for i = 0, n - 1 do
   local id, digest = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
-  local def = redis.call('HGET', KEYS[1] .. id, 'def')
+  local def = redis.call('HGET', K.schedule_prefix .. id, 'def')
   if not def or def == digest then
     stamp[#stamp + 1] = id
     stamp[#stamp + 1] = now
@@ -26,5 +26,5 @@ for i = 0, n - 1 do
     out[#out + 1] = def
   end
 end
-if #stamp > 0 then redis.call('HSET', KEYS[2], unpack(stamp)) end
+if #stamp > 0 then redis.call('HSET', K.schedules_seen, unpack(stamp)) end
 return out

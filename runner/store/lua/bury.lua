@@ -5,22 +5,22 @@
 -- KEYS[1] leases       ZSET
 -- KEYS[2] dead         ZSET  id -> time of death ms
 -- KEYS[3] stats        HASH
--- KEYS[4] job prefix   (string)
--- KEYS[5] limit prefix (string)
--- KEYS[6] idem prefix  (string)
+-- KEYS[4] job_prefix   (string)
+-- KEYS[5] lim_prefix   (string)
+-- KEYS[6] idem_prefix  (string)
 -- KEYS[7] ready        LIST  (a job woken by a freed slot goes here)
 -- KEYS[8] notify       LIST
 -- KEYS[9] claims       HASH  id -> claim
 -- KEYS[10] limwait     ZSET  limit keys with parked jobs
 -- KEYS[11] scheduled   ZSET  (an ON_FAILURE destination's job, when delayed)
 -- KEYS[12] census      HASH  (a cancelled job leaves it)
--- KEYS[13] done meta   HASH
--- KEYS[14] done prefix (string)
+-- KEYS[13] done_meta   HASH
+-- KEYS[14] done_prefix (string)
 -- KEYS[15] outbox      LIST  (a destination in another queue: see ack.lua)
--- KEYS[16] ended       channel  ids of waited jobs that ended (see waited in _lib.lua)
+-- KEYS[16] ended       channel  ids of waited jobs that ended (see waited in includes/ended.lua)
 -- KEYS[17] cancelled   ZSET  cancelled ids -> time ms
--- KEYS[18] group prefix (string; see group_settle in _lib.lua)
--- KEYS[19] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
+-- KEYS[18] group_prefix (string; see group_settle in includes/groups.lua)
+-- KEYS[19] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -30,7 +30,7 @@
 -- then m, ON_FAILURE jobs, 15 fields each as ack.lua's follow-ups: written only for a job
 --   buried here, in this step, once by id (their ids go in its state as 'children'); a
 --   job requeued n times gets n + 1 appended to its follow-up's id (<id>.f2, ...)
--- then g, the group members among the jobs, 5 fields each as in ack.lua (status dead or
+-- then g, the group members among the jobs, 6 fields each as in ack.lua (status dead or
 --   cancelled): each counted down in this step, once
 --
 -- Each job costs one HMGET, one HSET of its state and two PEXPIREs (record and state); the batch's fences, claims,
@@ -42,6 +42,18 @@
 -- leaves the census (it never runs again).
 --
 -- Returns one code per job: 1 dead (or cancelled), -1 refused (lease lost: nothing changed).
+--- @include "clock"
+--- @include "history"
+--- @include "calls"
+--- @include "parking"
+--- @include "stats"
+--- @include "claims"
+--- @include "idem"
+--- @include "records"
+--- @include "record_keys"
+--- @include "followups"
+--- @include "groups"
+--- @include "ended"
 local now, dead_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local ids, dead_ids, slots = {}, {}, {}
@@ -51,12 +63,12 @@ local ended = {}  -- waited jobs buried in this batch
 -- requeues plus one; relay.py's lost_destinations names it alike), not the first
 -- death's <id>.f, which would be known already and never written (place -> n).
 local again = {}
-local held = batch_claims(KEYS[9], 4, 7, n)
+local held = batch_claims(K.claims, 4, 7, n)
 for i = 0, n - 1 do
   local b = 4 + i * 7
   local id, token, reason, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], tonumber(ARGV[b + 5]), ARGV[b + 6]
-  local jk = KEYS[4] .. id
+  local jk = K.job_prefix .. id
   local sk = jk .. ':s'
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
@@ -76,13 +88,13 @@ for i = 0, n - 1 do
     redis.call('HSET', sk, unpack(set))
     rec_expire(jk, dead_ttl)
     local rec = (c.idem or c.res) and rec_load(jk) or nil
-    if rec then free_idem(KEYS[6], rec.type, rec.idem_key, id) end
+    if rec then free_idem(K.idem_prefix, rec.type, rec.idem_key, id) end
     ids[#ids + 1] = id
     if cancelled then
       redis.call('HDEL', sk, 'cancel_requested')
-      redis.call('ZADD', KEYS[17], now, id)
+      redis.call('ZADD', K.cancelled, now, id)
       local r = rec or rec_load(jk)
-      if r then census(KEYS[12], r.type .. '|' .. r.version, -1) end
+      if r then census(K.census, r.type .. '|' .. r.version, -1) end
     else
       dead_ids[#dead_ids + 1] = now
       dead_ids[#dead_ids + 1] = id
@@ -95,17 +107,17 @@ for i = 0, n - 1 do
     out[#out + 1] = 1
   end
 end
-unclaim(KEYS[9], KEYS[1], ids)
-call_many('ZADD', KEYS[2], dead_ids, 2)
+unclaim(K.claims, K.leases, ids)
+call_many('ZADD', K.dead, dead_ids, 2)
 for _, s in ipairs(slots) do
-  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[7], KEYS[8], KEYS[10], KEYS[19])
+  release_limits(K.lim_prefix, s[1], s[2], now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
 end
 local fb = 4 + n * 7
 local m = tonumber(ARGV[fb]) or 0
-local Q = {ready = KEYS[7], scheduled = KEYS[11], stats = KEYS[3], job = KEYS[4], idem = KEYS[6], prio = KEYS[19],
-  claims = KEYS[9], done_meta = KEYS[13], done = KEYS[14]}
+local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
+  claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}
 if m > 0 then
-  write_followups(Q, now, out, fb, m, KEYS[15], KEYS[8], KEYS[12], again)
+  write_followups(Q, now, out, fb, m, K.outbox, K.notify, K.census, again)
   -- A dead job keeps its state: its children (the ON_FAILURE job) go there, for readers.
   local kids = {}
   for i = 0, m - 1 do
@@ -116,12 +128,12 @@ if m > 0 then
       kids[pid] = (kids[pid] and kids[pid] .. ',' or '') .. ARGV[b + 2] .. (again[place] or '')
     end
   end
-  for pid, ids in pairs(kids) do redis.call('HSET', KEYS[4] .. pid .. ':s', 'children', ids) end
+  for pid, ids in pairs(kids) do redis.call('HSET', K.job_prefix .. pid .. ':s', 'children', ids) end
 end
 local gb = fb + 1 + m * 15
 if (tonumber(ARGV[gb]) or 0) > 0 then
-  group_members({group = KEYS[18], Q = Q, notify = KEYS[8], census = KEYS[12], outbox = KEYS[15]}, now, out, gb)
+  group_members({group = K.group_prefix, Q = Q, notify = K.notify, census = K.census, outbox = K.outbox}, now, out, gb)
 end
-flush(KEYS[3])
-announce(KEYS[16], ended)
+flush(K.stats)
+announce(K.ended, ended)
 return out

@@ -2,9 +2,9 @@
 --
 -- A queued, scheduled, retrying or deferred job becomes "cancelled" at once: a terminal
 -- status in its state hash, kept (record and state) for the retention given, like a dead
--- job but outside the dead-letter set. Its id may still sit in ready or on a limit's
--- waiter list: claim and the limit wake-up skip any job whose status is not queued or
--- deferred, so it never runs. A job claimed ahead (prefetched, not started) cannot be
+-- job but outside the dead-letter set. Its id may still sit in ready (deeper than
+-- unready below looks) or on a limit's waiter list: claim and the limit wake-up skip
+-- any job whose status is not queued or deferred, so it never runs. A job claimed ahead (prefetched, not started) cannot be
 -- ended here without a race: its worker may be starting it this instant. Its claim gets
 -- the 'c' flag and its id and token are published on the queue's cancels channel; the
 -- worker holding it drops it if its handler has not started (it hands the claim back,
@@ -15,27 +15,27 @@
 -- cancel_requested in its state, so the renewal tells its worker and a reclaim after a
 -- crash cancels it instead of running it again.
 --
--- KEYS[1] job          STRING  the record (state: KEYS[1] .. ':s')
+-- KEYS[1] job          STRING  the record (state: K.job .. ':s')
 -- KEYS[2] claims       HASH    id -> claim
 -- KEYS[3] leases       ZSET
 -- KEYS[4] scheduled    ZSET
--- KEYS[5] done meta    HASH
--- KEYS[6] done prefix  (string)
--- KEYS[7] idem prefix  (string)
+-- KEYS[5] done_meta    HASH
+-- KEYS[6] done_prefix  (string)
+-- KEYS[7] idem_prefix  (string)
 -- KEYS[8] census       HASH
--- KEYS[9] ended        channel  (see waited in _lib.lua)
+-- KEYS[9] ended        channel  (see waited in includes/ended.lua)
 -- KEYS[10] cancelled   ZSET    cancelled ids -> time of the cancel ms (the job list's index)
 -- KEYS[11] cancels     channel "<id> <token>" of prefetched claims cancelled
--- KEYS[12] group prefix (string; a group's member cancelled here counts down: group_settle in _lib.lua)
--- KEYS[13] job prefix  (string; a complete group's then-job is written here)
+-- KEYS[12] group_prefix (string; a group's member cancelled here counts down: group_settle in includes/groups.lua)
+-- KEYS[13] job_prefix  (string; a complete group's then-job is written here)
 -- KEYS[14] ready       LIST
 -- KEYS[15] notify      LIST
 -- KEYS[16] stats       HASH
 -- KEYS[17] outbox      LIST
 -- KEYS[18] prio        ZSET  ids of priority 1-9 (a cancelled one leaves it; a complete
 --                            group's then-job of priority goes there)
--- KEYS[19] limit prefix (string; a job woken from a limit's waiters gives its reserved
---                        slot to the next waiter: see wake_parked in _lib.lua)
+-- KEYS[19] lim_prefix   (string; a job woken from a limit's waiters gives its reserved
+--                        slot to the next waiter: see wake_parked in includes/parking.lua)
 -- KEYS[20] limwait     ZSET
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
@@ -43,62 +43,139 @@
 -- ARGV[4] history entry (a JSON object without at_ms: who asked, see Client.cancel; '' none),
 --         stamped with this call's time and added to the job's history unless it had ended
 --
+-- ARGV[5] batch size ('' one job: ARGV[2]); see "A batch of deferred jobs" below
+-- ARGV[6] with a batch: only jobs of this type ('' any)
+-- ARGV[7] with a batch: the id the previous batch left in place last ('' from the head)
+-- ARGV[8] with a batch: the limit whose waiters K.job holds ('' a held list)
+--
 -- Returns {code, status}: 1 cancelled, 2 stop requested (running), 3 claimed ahead: its
 -- worker drops it (the caller reads the job to learn which way it went), -1 no such job,
 -- -2 ended already (status done, dead or cancelled).
-local now, id, ttl = clock(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local jk = KEYS[1]
-local sk = jk .. ':s'
+--
+-- A batch of deferred jobs (`runner cancel --all --status deferred`): K.job is then a
+-- deferred list (a paused function's held list, or a limit's waiters) and this call
+-- takes up to ARGV[5] of its deferred jobs out of it and ends them cancelled, first to
+-- be woken first. Read and cancelled in one step, a job cannot be woken (and run) between
+-- being found and being cancelled. Bounded: at most 4 x ARGV[5] entries read, from just
+-- after ARGV[7] (found with LPOS within the first 100,000; from the head if it left).
+-- An entry left in place (another type, or no longer deferred: the wake-up drops it) is
+-- passed over. Returns {1 more to read (0: the list is read to its end), the id to go
+-- on after ('' from the head), id cancelled, ...}.
+--- @include "clock"
+--- @include "history"
+--- @include "limits"
+--- @include "parking"
+--- @include "stats"
+--- @include "claims"
+--- @include "record_keys"
+--- @include "done"
+--- @include "groups"
+--- @include "ended"
+local now, ttl = clock(ARGV[1]), tonumber(ARGV[3])
 
 -- Who asked, in the job's history (its state hash: a running job's claim has the 's'
 -- flag set below; a cancelled one gets its state in finish).
-local function note()
+local function note(sk)
   local set = {}
   with_history(set, redis.call('HGET', sk, 'history'), stamped(ARGV[4], now))
   if #set > 0 then redis.call('HSET', sk, unpack(set)) end
 end
 
-local function finish(rec)
-  redis.call('ZREM', KEYS[4], id)
-  if KEYS[19] and rec.limits ~= '' and redis.call('HGET', sk, 'woken') == '1' then
-    give_up_reserved(KEYS[19], parse_limits(rec.limits), id, now, KEYS[13], KEYS[14], KEYS[15], KEYS[20], KEYS[18])
+-- A queued job's id leaves ready too when it sits within 1,000 entries of either end
+-- (bounded: each LPOS reads at most 1,000 entries, and the LREM stops where it found
+-- it), so the ready count and the oldest wait stop counting it at once (with no worker
+-- to pass over it, as on a paused queue, they did for ever). One deeper stays, skipped by
+-- the claim as before.
+local function unready(id)
+  if not K.ready then return end
+  if redis.call('LPOS', K.ready, id, 'MAXLEN', 1000) then
+    redis.call('LREM', K.ready, 1, id)
+  elseif redis.call('LPOS', K.ready, id, 'RANK', -1, 'MAXLEN', 1000) then
+    redis.call('LREM', K.ready, -1, id)
+  end
+end
+
+local function finish(jk, id, rec)
+  local sk = jk .. ':s'
+  redis.call('ZREM', K.scheduled, id)
+  if K.lim_prefix and rec.limits ~= '' and redis.call('HGET', sk, 'woken') == '1' then
+    give_up_reserved(K.lim_prefix, parse_limits(rec.limits), id, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
   end
   -- Out of the priority set at once (cheap; an id left in ready is skipped by the claim).
-  if KEYS[18] then redis.call('ZREM', KEYS[18], id) end
-  end_cancelled(jk, id, rec, now, ttl, KEYS[7], KEYS[8], KEYS[10], KEYS[9])
-  if KEYS[12] then
-    group_cancelled({group = KEYS[12], notify = KEYS[15], census = KEYS[8], outbox = KEYS[17],
-      Q = {ready = KEYS[14], scheduled = KEYS[4], stats = KEYS[16], job = KEYS[13], idem = KEYS[7], claims = KEYS[2],
-        prio = KEYS[18],
-        done_meta = KEYS[5], done = KEYS[6]}}, now, id, rec)
-    flush(KEYS[16])
+  if K.prio then redis.call('ZREM', K.prio, id) end
+  end_cancelled(jk, id, rec, now, ttl, K.idem_prefix, K.census, K.cancelled, K.ended)
+  tally('cancelled|' .. rec.type)  -- an outcome of its own, never counted dead
+  if K.group_prefix then
+    group_cancelled({group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox,
+      Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
+        prio = K.prio,
+        done_meta = K.done_meta, done = K.done_prefix}}, now, id, rec)
   end
+  if K.stats then flush(K.stats) end
   return {1, 'cancelled'}
 end
 
-local rec = rec_load(jk)
-if not rec then
-  if done_has(KEYS[5], KEYS[6], id) then return {-2, 'done'} end
-  return {-1, ''}
-end
-local c = parse_claim(redis.call('HGET', KEYS[2], id))
-if c then
-  if not c.cancel then
-    c.cancel = true
-    c.state = true  -- it has one from here on (cancel_requested)
-    redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, flags_of(c)))
+
+if ARGV[5] ~= nil and ARGV[5] ~= '' then
+  local list, n, only, after = K.job, tonumber(ARGV[5]), ARGV[6], ARGV[7]
+  local start = 0
+  if after ~= '' then
+    local at = redis.call('LPOS', list, after, 'MAXLEN', 100000)
+    if at then start = at + 1 end
   end
-  redis.call('HSET', sk, 'cancel_requested', '1')
-  note()
-  if c.prefetched then
-    redis.call('PUBLISH', KEYS[11], id .. ' ' .. c.token)
-    return {3, 'queued'}
+  local entries = redis.call('LRANGE', list, start, start + 4 * n - 1)
+  local out, last, count = {}, '', 0
+  for _, id in ipairs(entries) do
+    if count >= n then break end
+    local jk = K.job_prefix .. id
+    local st = redis.pcall('HMGET', jk .. ':s', 'status')
+    local rec = type(st) == 'table' and st[1] == 'deferred' and rec_load(jk) or nil
+    if rec and (only == '' or rec.type == only) then
+      redis.call('LREM', list, 1, id)
+      note(jk .. ':s')
+      finish(jk, id, rec)
+      count = count + 1
+      out[#out + 1] = id
+    else
+      last = id
+    end
   end
-  return {2, 'processing'}
+  if ARGV[8] ~= '' and redis.call('EXISTS', list) == 0 then redis.call('ZREM', K.limwait, ARGV[8]) end
+  local more = (count >= n or #entries == 4 * n) and 1 or 0
+  local reply = {more, last ~= '' and last or after}
+  for _, id in ipairs(out) do reply[#reply + 1] = id end
+  return reply
 end
-local status = redis.pcall('HGET', sk, 'status')
-if type(status) == 'table' then return {-1, ''} end
-status = status or 'queued'
-if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
-note()
-return finish(rec)
+
+do
+  local id = ARGV[2]
+  local jk = K.job
+  local sk = jk .. ':s'
+  local rec = rec_load(jk)
+  if not rec then
+    if done_has(K.done_meta, K.done_prefix, id) then return {-2, 'done'} end
+    return {-1, ''}
+  end
+  local c = parse_claim(redis.call('HGET', K.claims, id))
+  if c then
+    if not c.cancel then
+      c.cancel = true
+      c.state = true  -- it has one from here on (cancel_requested)
+      redis.call('HSET', K.claims, id, claim_entry(c.token, c.attempt, c.started, flags_of(c)))
+    end
+    redis.call('HSET', sk, 'cancel_requested', '1')
+    note(sk)
+    if c.prefetched then
+      redis.call('PUBLISH', K.cancels, id .. ' ' .. c.token)
+      return {3, 'queued'}
+    end
+    return {2, 'processing'}
+  end
+  local status = redis.pcall('HGET', sk, 'status')
+  if type(status) == 'table' then return {-1, ''} end
+  status = status or 'queued'
+  if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
+  note(sk)
+  if status == 'queued' then unready(id) end
+  return finish(jk, id, rec)
+end

@@ -1,5 +1,5 @@
 -- group: write one chunk of a group's members, as enqueue.lua writes jobs, and count them
--- into the group (see group_settle in _lib.lua). The first chunk creates the group; the
+-- into the group (see group_settle in includes/groups.lua). The first chunk creates the group; the
 -- last seals it, and a sealed group whose members have all finished already writes its
 -- then-job at once. Until it is sealed no settle can complete it, so a group sent in
 -- several calls never fires early; one whose sender failed half-way stays unsealed (its
@@ -9,14 +9,14 @@
 -- KEYS[2] scheduled    ZSET
 -- KEYS[3] notify       LIST
 -- KEYS[4] stats        HASH
--- KEYS[5] job prefix   (string)
--- KEYS[6] idem prefix  (string)
+-- KEYS[5] job_prefix   (string)
+-- KEYS[6] idem_prefix  (string)
 -- KEYS[7] claims       HASH
 -- KEYS[8] census       HASH
 -- KEYS[9] prio         ZSET
--- KEYS[10] group prefix (string; the group is prefix .. id, its outcomes prefix .. id .. ':o')
--- KEYS[11] done meta   HASH
--- KEYS[12] done prefix (string)
+-- KEYS[10] group_prefix (string; the group is prefix .. id, its outcomes prefix .. id .. ':o')
+-- KEYS[11] done_meta   HASH
+-- KEYS[12] done_prefix (string)
 -- KEYS[13] outbox      LIST  (a then-job on another queue)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] group id
@@ -27,12 +27,19 @@
 -- ARGV[6] inline bound: the most outcome bytes passed in the then-job's payload
 -- ARGV[7] keep, ms: how long the group is kept once complete (and while unsealed)
 -- ARGV[8] n; then 13 fields per member, as enqueue.lua (no idempotency key)
+-- ARGV[9 + n * 13] members counted into the group but written in other partitions of the
+--         queue, where their keys route them ('' none; groups.py writes them after this
+--         call and seals the group after them)
 --
 -- Returns {code, status per member}: 1 written, 2 written and the group complete (its
 -- then-job written), -1 refused: a first chunk for a group that exists, -2 refused: a
 -- later chunk for no open group.
+--- @include "clock"
+--- @include "stats"
+--- @include "jobs"
+--- @include "groups"
 local now = clock(ARGV[1])
-local gk = KEYS[10] .. ARGV[2]
+local gk = K.group_prefix .. ARGV[2]
 local first, seal, keep = ARGV[3] == '1', ARGV[4] == '1', tonumber(ARGV[7]) or 0
 local exists = redis.call('EXISTS', gk) == 1
 if first and exists then return {-1} end
@@ -43,8 +50,8 @@ if first then
     'done', 0, 'dead', 0, 'cancelled', 0, 'bytes', 0, 'sealed', 0)
   if keep > 0 then redis.call('PEXPIRE', gk, keep) end
 end
-local Q = {ready = KEYS[1], scheduled = KEYS[2], stats = KEYS[4], job = KEYS[5], idem = KEYS[6], claims = KEYS[7],
-  prio = KEYS[9], done_meta = KEYS[11], done = KEYS[12]}
+local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
+  prio = K.prio, done_meta = K.done_meta, done = K.done_prefix}
 local put = jobs_acc()
 local out = {1}
 for i = 0, n - 1 do
@@ -54,18 +61,19 @@ for i = 0, n - 1 do
   local _, _, status = job_put(Q, now, j, put)
   out[#out + 1] = status
 end
-jobs_flush(Q, put, KEYS[3], KEYS[8])
-redis.call('HINCRBY', gk, 'total', n)
-local left = redis.call('HINCRBY', gk, 'left', n)
+jobs_flush(Q, put, K.notify, K.census)
+local also = tonumber(ARGV[9 + n * 13]) or 0
+redis.call('HINCRBY', gk, 'total', n + also)
+local left = redis.call('HINCRBY', gk, 'left', n + also)
 if seal then
   redis.call('HSET', gk, 'sealed', 1)
   -- Sealed, it lives until its members finish (then for the keep time: group_fire).
   redis.call('PERSIST', gk)
   redis.call('PERSIST', gk .. ':o')
   if left <= 0 then
-    group_fire({group = KEYS[10], Q = Q, notify = KEYS[3], census = KEYS[8], outbox = KEYS[13]}, now, ARGV[2])
+    group_fire({group = K.group_prefix, Q = Q, notify = K.notify, census = K.census, outbox = K.outbox}, now, ARGV[2])
     out[1] = 2
   end
 end
-flush(KEYS[4])
+flush(K.stats)
 return out

@@ -6,22 +6,31 @@
 -- KEYS[2] scheduled    ZSET  id -> due ms
 -- KEYS[3] notify       LIST
 -- KEYS[4] stats        HASH
--- KEYS[5] job prefix   (string)
--- KEYS[6] idem prefix  (string)
+-- KEYS[5] job_prefix   (string)
+-- KEYS[6] idem_prefix  (string)
 -- KEYS[7] claims       HASH
 -- KEYS[8] census       HASH
--- KEYS[9] done meta    HASH
--- KEYS[10] done prefix (string)
+-- KEYS[9] done_meta    HASH
+-- KEYS[10] done_prefix (string)
 -- KEYS[11] prio        ZSET  ready ids of priority 1-9 (see enqueue.lua)
+-- KEYS[12] lim_prefix  (string; a job under limits marks its first key where it is placed,
+--                      as enqueue.lua does, so producers on another count of partitions
+--                      find the key here while it may live here: see routing.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then the 12 fields of enqueue.lua and the priority per job
+-- ARGV[3 + 13 n] how long a limit key's marker lives, ms (0: none)
 --
 -- Returns one code per job: 1 placed (counted as relayed|<type>), 0 already known (or its
 -- idempotency key's job stands), -1 its idempotency key holds another payload (not placed).
+--- @include "clock"
+--- @include "stats"
+--- @include "jobs"
+--- @include "followups"
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
-local Q = {ready = KEYS[1], scheduled = KEYS[2], stats = KEYS[4], job = KEYS[5], idem = KEYS[6],
-  claims = KEYS[7], done_meta = KEYS[9], done = KEYS[10], prio = KEYS[11]}
+local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
+  claims = K.claims, done_meta = K.done_meta, done = K.done_prefix, prio = K.prio, mark = K.lim_prefix,
+  mark_ms = tonumber(ARGV[3 + n * 13])}
 local put = jobs_acc()
 local out = {}
 for i = 0, n - 1 do
@@ -35,6 +44,6 @@ for i = 0, n - 1 do
     out[#out + 1] = code
   end
 end
-jobs_flush(Q, put, KEYS[3], KEYS[8])
-flush(KEYS[4])
+jobs_flush(Q, put, K.notify, K.census)
+flush(K.stats)
 return out

@@ -11,36 +11,46 @@
 -- KEYS[1] leases       ZSET
 -- KEYS[2] ready        LIST
 -- KEYS[3] notify       LIST
--- KEYS[4] job prefix   (string)
--- KEYS[5] limit prefix (string)
+-- KEYS[4] job_prefix   (string)
+-- KEYS[5] lim_prefix   (string)
 -- KEYS[6] claims       HASH  id -> claim
 -- KEYS[7] limwait      ZSET  limit keys with parked jobs
--- KEYS[8] idem prefix  (string)
+-- KEYS[8] idem_prefix  (string)
 -- KEYS[9] census       HASH
 -- KEYS[10] cancelled   ZSET  cancelled ids -> time ms
 -- KEYS[11] ended       channel
--- KEYS[12] group prefix (string; a cancelled job of a group counts down: group_settle in _lib.lua)
+-- KEYS[12] group_prefix (string; a cancelled job of a group counts down: group_settle in includes/groups.lua)
 -- KEYS[13] scheduled   ZSET  (its group's then-job, when delayed)
 -- KEYS[14] stats       HASH
--- KEYS[15] done meta   HASH
--- KEYS[16] done prefix (string)
+-- KEYS[15] done_meta   HASH
+-- KEYS[16] done_prefix (string)
 -- KEYS[17] outbox      LIST  (its group's then-job, when that runs on another queue)
--- KEYS[18] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
+-- KEYS[18] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job: id, token, mode (now | later), history entry ('' none)
 -- ARGV[last] the done retention, ms (a cancelled job's)
 --
 -- Returns one code per job: 1 released, -1 refused (lease lost: nothing changed).
+--- @include "clock"
+--- @include "history"
+--- @include "calls"
+--- @include "ready"
+--- @include "parking"
+--- @include "stats"
+--- @include "claims"
+--- @include "record_keys"
+--- @include "groups"
+--- @include "ended"
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local done_ttl = tonumber(ARGV[3 + n * 4]) or 86400000
 local out = {}
 local ids, marked = {}, {}
 local seen = {}
-local held = batch_claims(KEYS[6], 3, 4, n)
+local held = batch_claims(K.claims, 3, 4, n)
 for i = 0, n - 1 do
   local b = 3 + i * 4
   local id, token, mode, entry = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local jk = KEYS[4] .. id
+  local jk = K.job_prefix .. id
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
   if not c then
@@ -55,11 +65,12 @@ for i = 0, n - 1 do
     seen[id] = true
     local rec = rec_load(jk)
     if rec then
-      end_cancelled(jk, id, rec, now, done_ttl, KEYS[8], KEYS[9], KEYS[10], KEYS[11])
-      if KEYS[12] then
-        group_cancelled({group = KEYS[12], notify = KEYS[3], census = KEYS[9], outbox = KEYS[17],
-          Q = {ready = KEYS[2], scheduled = KEYS[13], stats = KEYS[14], job = KEYS[4], idem = KEYS[8], prio = KEYS[18],
-            claims = KEYS[6], done_meta = KEYS[15], done = KEYS[16]}}, now, id, rec)
+      end_cancelled(jk, id, rec, now, done_ttl, K.idem_prefix, K.census, K.cancelled, K.ended)
+      tally('cancelled|' .. rec.type)
+      if K.group_prefix then
+        group_cancelled({group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox,
+          Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
+            claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}}, now, id, rec)
       end
     end
     ids[#ids + 1] = id
@@ -79,19 +90,19 @@ for i = 0, n - 1 do
     end
     -- The consumer end of ready (or the front of its priority), so a released job runs next.
     local prio = redis.pcall('HGET', jk .. ':s', 'priority')
-    to_ready(KEYS[2], KEYS[18], id, type(prio) == 'string' and prio or nil, now, true)
+    to_ready(K.ready, K.prio, id, type(prio) == 'string' and prio or nil, now, true)
     if c.res then
       local rec = rec_load(jk)
-      if rec then release_limits(KEYS[5], rec.limits, token, now, KEYS[4], KEYS[2], KEYS[3], KEYS[7], KEYS[18]) end
+      if rec then release_limits(K.lim_prefix, rec.limits, token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio) end
     end
     ids[#ids + 1] = id
     out[#out + 1] = 1
   end
 end
-call_many('HSET', KEYS[6], marked, 2)
+call_many('HSET', K.claims, marked, 2)
 if #ids > 0 then
-  unclaim(KEYS[6], KEYS[1], ids)
-  wake(KEYS[3])
+  unclaim(K.claims, K.leases, ids)
+  wake(K.notify)
 end
-if KEYS[14] then flush(KEYS[14]) end
+if K.stats then flush(K.stats) end
 return out

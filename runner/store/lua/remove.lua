@@ -1,18 +1,23 @@
--- remove: delete one dead job and its record; its idempotency key, should it still name
--- the job, goes too.
+-- remove: delete one dead job and its record, its own log and stream; its idempotency key,
+-- should it still name the job, goes too.
 --
 -- KEYS[1] dead         ZSET
--- KEYS[2] job          STRING  the record (its state hash is KEYS[2] .. ':s')
--- KEYS[3] idem prefix  (string)
+-- KEYS[2] job          STRING  the record (its state hash is K.job .. ':s')
+-- KEYS[3] idem_prefix  (string)
 -- KEYS[4] census       HASH  jobs not done per "<type>|<version>"
+-- KEYS[5] log_prefix   (string)  the job's log is this and its id (a LIST)
+-- KEYS[6] stream_prefix (string) the job's stream is this and its id (a LIST)
 -- ARGV[1] job id
 --
 -- Returns 1 deleted, -1 not in the dead-letter set.
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return -1 end
-local rec = rec_load(KEYS[2])
+--- @include "idem"
+--- @include "records"
+--- @include "record_keys"
+if redis.call('ZREM', K.dead, ARGV[1]) == 0 then return -1 end
+local rec = rec_load(K.job)
 if rec then
-  free_idem(KEYS[3], rec.type, rec.idem_key, ARGV[1])
-  census(KEYS[4], rec.type .. '|' .. rec.version, -1)
+  free_idem(K.idem_prefix, rec.type, rec.idem_key, ARGV[1])
+  census(K.census, rec.type .. '|' .. rec.version, -1)
 end
-redis.call('DEL', KEYS[2], KEYS[2] .. ':s')
+redis.call('DEL', K.job, K.job .. ':s', K.log_prefix .. ARGV[1], K.stream_prefix .. ARGV[1])
 return 1

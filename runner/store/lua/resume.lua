@@ -6,37 +6,38 @@
 -- KEYS[1] paused       HASH  "queue" | "fn:<type>" -> paused since ms
 -- KEYS[2] ready        LIST
 -- KEYS[3] notify       LIST
--- KEYS[4] job prefix   (string)
+-- KEYS[4] job_prefix   (string)
 -- KEYS[5] held         LIST  the function's held ids, oldest first ('' for the queue)
--- KEYS[6] prio         ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
+-- KEYS[6] prio         ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- ARGV[1] field        "queue" | "fn:<type>"
 -- ARGV[2] first call   1 lifts the pause, 0 only moves more held ids
 -- ARGV[3] the most ids moved in this call
 --
 -- Returns {ids moved, ids still held}.
-if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], ARGV[1]) end
+--- @include "ready"
+if ARGV[2] == '1' then redis.call('HDEL', K.paused, ARGV[1]) end
 local moved = 0
-if KEYS[5] ~= '' then
+if K.held ~= '' then
   -- Take the newest first to the consumer end, so the oldest ends up taken first. A job
   -- of priority goes to the front of its priority, scored by its place in the held list
   -- (1 the oldest), so the order holds across calls too.
-  local place = redis.call('LLEN', KEYS[5])
+  local place = redis.call('LLEN', K.held)
   for _ = 1, tonumber(ARGV[3]) do
-    local id = redis.call('RPOP', KEYS[5])
+    local id = redis.call('RPOP', K.held)
     if not id then break end
-    local sk = KEYS[4] .. id .. ':s'
+    local sk = K.job_prefix .. id .. ':s'
     local st = redis.pcall('HMGET', sk, 'status', 'priority')
     if type(st) == 'table' and st[1] == 'deferred' then
       redis.call('HSET', sk, 'status', 'queued')
-      if tonumber(st[2]) and KEYS[6] then
-        redis.call('ZADD', KEYS[6], -tonumber(st[2]) * 1e13 + place, id)
+      if tonumber(st[2]) and K.prio then
+        redis.call('ZADD', K.prio, -tonumber(st[2]) * 1e13 + place, id)
       else
-        redis.call('RPUSH', KEYS[2], id)
+        redis.call('RPUSH', K.ready, id)
       end
       moved = moved + 1
     end
     place = place - 1
   end
 end
-wake(KEYS[3])
-return {moved, KEYS[5] ~= '' and redis.call('LLEN', KEYS[5]) or 0}
+wake(K.notify)
+return {moved, K.held ~= '' and redis.call('LLEN', K.held) or 0}

@@ -5,13 +5,13 @@
 -- KEYS[1] leases       ZSET
 -- KEYS[2] scheduled    ZSET  id -> due ms
 -- KEYS[3] stats        HASH
--- KEYS[4] job prefix   (string)
--- KEYS[5] limit prefix (string)
+-- KEYS[4] job_prefix   (string)
+-- KEYS[5] lim_prefix   (string)
 -- KEYS[6] ready        LIST  (a job woken by a freed slot goes here)
 -- KEYS[7] notify       LIST
 -- KEYS[8] claims       HASH  id -> claim
 -- KEYS[9] limwait      ZSET  limit keys with parked jobs
--- KEYS[10] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in _lib.lua)
+-- KEYS[10] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job 7 fields:
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
@@ -29,16 +29,24 @@
 -- Returns one code per job: 1 scheduled, -1 refused (lease lost: nothing changed), 2 a
 -- RateLimited past its free uses on the last attempt (nothing changed: still claimed; the
 -- attempts are the budget, so the worker buries it rather than run it once more).
+--- @include "clock"
+--- @include "history"
+--- @include "calls"
+--- @include "limits"
+--- @include "parking"
+--- @include "stats"
+--- @include "claims"
+--- @include "record_keys"
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 local ids, due_ids, slots = {}, {}, {}
 local seen = {}
-local held = batch_claims(KEYS[8], 3, 7, n)
+local held = batch_claims(K.claims, 3, 7, n)
 for i = 0, n - 1 do
   local b = 3 + i * 7
   local id, token, delay, err = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], ARGV[b + 5] == '1', ARGV[b + 6]
-  local jk = KEYS[4] .. id
+  local jk = K.job_prefix .. id
   local sk = jk .. ':s'
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
@@ -79,10 +87,10 @@ for i = 0, n - 1 do
     out[#out + 1] = 1
   end
 end
-unclaim(KEYS[8], KEYS[1], ids)
-call_many('ZADD', KEYS[2], due_ids, 2)
+unclaim(K.claims, K.leases, ids)
+call_many('ZADD', K.scheduled, due_ids, 2)
 for _, s in ipairs(slots) do
-  release_limits(KEYS[5], s[1], s[2], now, KEYS[4], KEYS[6], KEYS[7], KEYS[9], KEYS[10])
+  release_limits(K.lim_prefix, s[1], s[2], now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
 end
-flush(KEYS[3])
+flush(K.stats)
 return out

@@ -1,5 +1,6 @@
 -- start: the handlers of prefetched jobs have started; their claims lose the 'p' mark, so
--- their attempts count from now on (a reclaim after this spends one). Fenced.
+-- their attempts count from now on (a reclaim after this spends one). A held claim
+-- (hold.lua) loses its 'h' with it. Fenced.
 --
 -- KEYS[1] claims       HASH  id -> "<token> <attempt> <started_ms> <flags>"
 -- ARGV[1] now, ms ('' for the server's clock): the start time written
@@ -8,10 +9,14 @@
 -- Returns one code per job: 1 marked, 2 marked but a cancel asked it to stop (it was
 -- cancelled while claimed ahead, and its worker had not heard yet), 0 started already,
 -- -1 refused (lease lost).
+--- @include "clock"
+--- @include "calls"
+--- @include "claims"
+--- @include "records"
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local now_s = now_text(now)
 local out, entries = {}, {}
-local held = batch_claims(KEYS[1], 3, 2, n)
+local held = batch_claims(K.claims, 3, 2, n)
 for i = 0, n - 1 do
   local id, token = ARGV[3 + i * 2], ARGV[4 + i * 2]
   local c = fence(held[i + 1], token)
@@ -26,5 +31,5 @@ for i = 0, n - 1 do
     out[#out + 1] = c.cancel and 2 or 1
   end
 end
-call_many('HSET', KEYS[1], entries, 2)
+call_many('HSET', K.claims, entries, 2)
 return out

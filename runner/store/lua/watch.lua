@@ -1,4 +1,4 @@
--- watch: mark a job as waited for (see waited in _lib.lua), so its end is published: its
+-- watch: mark a job as waited for (see waited in includes/ended.lua), so its end is published: its
 -- record's meta for every claim to come, and its claim entry while it runs. A caller
 -- subscribes first, then watches, then reads the job: an end after the watch is
 -- published, an end before it is seen by the read.
@@ -8,7 +8,11 @@
 -- ARGV[1] job id
 --
 -- Returns 1 marked (or marked already), 0 no record (ended, or no such job).
-local jk, id = KEYS[1], ARGV[1]
+--- @include "claims"
+--- @include "records"
+--- @include "record_keys"
+--- @include "ended"
+local jk, id = K.job, ARGV[1]
 local rec = rec_load(jk)
 if not rec then return 0 end
 if not waited(rec.meta) then
@@ -20,9 +24,9 @@ if not waited(rec.meta) then
   end
   redis.call('SET', jk, rec_encode(rec), 'KEEPTTL')
 end
-local c = parse_claim(redis.call('HGET', KEYS[2], id))
+local c = parse_claim(redis.call('HGET', K.claims, id))
 if c and not c.waited then
   c.waited = true
-  redis.call('HSET', KEYS[2], id, claim_entry(c.token, c.attempt, c.started, flags_of(c)))
+  redis.call('HSET', K.claims, id, claim_entry(c.token, c.attempt, c.started, flags_of(c)))
 end
 return 1

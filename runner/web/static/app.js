@@ -50,6 +50,13 @@ function json(value) {
   return JSON.stringify(value, null, 2);
 }
 
+// A list entry's field too big to list comes as a preview (the job's own page has it whole).
+function listed(job, field) {
+  const size = job.truncated && job.truncated[field];
+  if (!size) return json(job[field]);
+  return `${job[`${field}_preview`] || ""}… (${size.toLocaleString()} bytes: open the job for all)`;
+}
+
 function when(seconds) {
   return seconds ? new Date(seconds * 1000).toLocaleString() : "—";
 }
@@ -200,8 +207,8 @@ async function whoAmI() {
 
 // --- queues -----------------------------------------------------------------------------
 
-function cell(value, cls) {
-  return el("td", { class: cls || null, text: value });
+function cell(value, cls, field) {
+  return el("td", { class: cls || null, "data-field": field || null, text: value });
 }
 
 // A partitioned queue's partitions, one muted row each under the queue's sums.
@@ -243,7 +250,7 @@ function renderQueues(data) {
     for (const [name, f] of Object.entries(q.functions)) {
       rows.push(el("tr", { "data-function": name },
         el("td", { text: name }), cell(q.name), cell(f.enqueued), cell(f.succeeded), cell(f.retried),
-        cell(f.dead, f.dead ? "bad" : null), cell(f.duplicates), cell(f.deferred), cell(f.lost, f.lost ? "warn" : null),
+        cell(f.dead, f.dead ? "bad" : null, "dead"), cell(f.cancelled, null, "cancelled"), cell(f.duplicates), cell(f.deferred), cell(f.lost, f.lost ? "warn" : null),
         cell(`${ms(f.latency.p50_ms)} / ${ms(f.latency.p95_ms)}`),
         cell(`${ms(f.run_time.p50_ms)} / ${ms(f.run_time.p95_ms)}`)));
     }
@@ -448,11 +455,12 @@ function deadRow(job) {
     el("td", { "data-field": "error" }, errText,
       err && err.traceback ? el("details", {}, el("summary", { text: "traceback" }), el("pre", { text: err.traceback })) : null),
     el("td", { "data-field": "attempts", text: `${job.attempt} / ${job.max_attempts}` }),
-    el("td", {}, el("pre", { "data-field": "payload", text: json(job.payload) })),
+    el("td", {}, el("pre", { "data-field": "payload", text: listed(job, "payload") })),
     el("td", { class: "actions" },
       el("button", { type: "button", class: "primary requeue", text: "Requeue",
         onclick: () => requeue(job, null).catch((err) => toast(`Not requeued: ${err.message}`)) }),
-      el("button", { type: "button", class: "edit", text: "Edit & requeue", onclick: () => openEdit(job) }),
+      el("button", { type: "button", class: "edit", text: "Edit & requeue",
+        onclick: () => openEdit(job).catch((err) => toast(`Not opened: ${err.message}`)) }),
       del));
 }
 
@@ -500,7 +508,11 @@ async function deleteDead(job, button) {
   refreshDead();
 }
 
-function openEdit(job) {
+async function openEdit(listedJob) {
+  // A listed payload may be a preview: edit the whole one.
+  const job = listedJob.truncated && listedJob.truncated.payload
+    ? { ...(await api("GET", `/jobs/${encodeURIComponent(listedJob.id)}`)), queue: listedJob.queue }
+    : listedJob;
   state.editing = job;
   $("#edit-id").textContent = job.id;
   $("#edit-version").value = job.version || "";

@@ -1,12 +1,17 @@
 // The job page (#job/<id>): its fields, progress, payload, result or error, history, and links
-// to its parent, children and group when the job has them; and its actions (cancel, requeue,
-// delete) through the same routes as the CLI. Kept current by the event stream, which
-// watches the job shown (live.js): nothing here polls.
+// to its parent, children and group when the job has them; its own log; and its actions
+// (cancel, requeue, delete) through the same routes as the CLI. Kept current by the event
+// stream, which watches the job shown (live.js); only the log of a job still running is
+// read again, once a second.
 "use strict";
 
 const ENDED = new Set(["done", "dead", "cancelled"]);
 
 const page = { id: null, shown: "" };  // the job open, and the view of it on the page (JSON)
+// The job's own log (GET /jobs/{id}/logs): read when the page opens and, while the job has
+// not ended, once a second (its lines land with the worker's lease renewals), as text only.
+const joblog = { id: null, timer: null, text: "" };
+const LOG_EVERY_MS = 1000;
 
 // Opens a job's page (from a list, a search, a requeue).
 function lookUp(id) {
@@ -19,6 +24,10 @@ async function showJob(id) {
   page.id = id;
   page.shown = "";
   liveWatch([id]);
+  clearTimeout(joblog.timer);
+  joblog.id = id;
+  joblog.text = "";
+  refreshLog(id);
   let job;
   try {
     job = await api("GET", `/jobs/${encodeURIComponent(id)}`);
@@ -94,6 +103,27 @@ function historyTable(entries) {
     })));
 }
 
+// A durable function's step log as a timeline: one row per step, sleep, wait or child
+// call, in the order the handler reached them (GET /jobs/{id} "steps").
+function stepsTable(steps) {
+  if (!steps || !steps.length) return "—";
+  return el("table", { class: "history steps", "data-field": "steps" },
+    el("thead", {}, el("tr", {}, el("th", { text: "#" }), el("th", { text: "Step" }), el("th", { text: "Kind" }),
+      el("th", { text: "Status" }), el("th", { text: "Started" }), el("th", { text: "Finished / until" }),
+      el("th", { text: "Detail" }))),
+    el("tbody", {}, steps.map((st, i) => {
+      const s = st || {};
+      const detail = s.child ? jobLink(s.child)
+        : s.error ? el("code", { text: `${s.error.type}: ${s.error.message}` })
+        : s.result !== undefined ? el("code", { text: s.result })
+        : s.signal ? el("code", { text: `signal ${s.signal}` }) : "";
+      const end = s.finished_at ? when(s.finished_at) : s.until ? `until ${when(s.until)}` : "—";
+      return el("tr", {}, el("td", { text: String(i + 1) }), el("td", { text: s.name ?? "—" }),
+        el("td", { text: s.kind ?? "—" }), el("td", { text: s.status ?? "—" }),
+        el("td", { text: s.started_at ? when(s.started_at) : "—" }), el("td", { text: end }), el("td", {}, detail));
+    })));
+}
+
 function errorBlock(err) {
   if (!err) return "—";
   return el("div", { "data-field": "error" },
@@ -143,6 +173,31 @@ function actions(job) {
   return el("div", { class: "actions job-actions" }, out);
 }
 
+function logLine(line) {
+  const t = typeof line.ts === "number" ? new Date(line.ts).toISOString().replace("T", " ").slice(0, 23) : "-";
+  return `${t}  ${String(line.level || "").padEnd(7)} ${String(line.src || "").padEnd(6)} ${line.msg}`;
+}
+
+async function refreshLog(id) {
+  clearTimeout(joblog.timer);
+  if (id !== page.id) return;
+  let got = null;
+  try {
+    got = await api("GET", `/jobs/${encodeURIComponent(id)}/logs`);
+  } catch (err) {
+    got = null;  // gone, or no read scope: the log stays as last shown
+  }
+  if (id !== page.id || !got) return;
+  joblog.text = got.lines.length ? got.lines.map(logLine).join("\n") : "—";
+  const pre = $("#job-view [data-field=log]");
+  if (pre && pre.textContent !== joblog.text) {
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.textContent = joblog.text;
+    if (atEnd) pre.scrollTop = pre.scrollHeight;  // follow the tail unless scrolled up
+  }
+  if (!ENDED.has(got.status)) joblog.timer = setTimeout(() => refreshLog(id), LOG_EVERY_MS);
+}
+
 function renderJob(job) {
   const rows = [
     ["status", statusBadge(job.status)],
@@ -163,7 +218,15 @@ function renderJob(job) {
   if (job.schedule) rows.push(["schedule", `${job.schedule}${job.tick ? " at " + job.tick : ""}`]);
   rows.push(["payload", el("pre", { "data-field": "payload", text: json(job.payload) })]);
   if (job.status === "done" || job.result !== null) rows.push(["result", el("pre", { "data-field": "result", text: json(job.result) })]);
+  if (job.sleeping_until) rows.push(["sleeping until", when(job.sleeping_until)]);
+  if (job.waiting_for) {
+    rows.push(["waiting for", `signal ${job.waiting_for.signal}` +
+      (job.waiting_for.timeout_at ? `, until ${when(job.waiting_for.timeout_at)}` : "")]);
+  }
+  if (job.invoked_by) rows.push(["invoked by", jobLink(job.invoked_by.id)]);
   rows.push(["last error", errorBlock(job.last_error)], ["history", historyTable(job.history)]);
+  if (job.steps) rows.push(["steps", stepsTable(job.steps)]);
+  rows.push(["log", el("pre", { class: "joblog", "data-field": "log", text: joblog.id === job.id ? joblog.text || "…" : "…" })]);
   $("#job-view").replaceChildren(
     el("div", { class: "job-head" }, el("h3", {}, el("code", { text: job.id })), actions(job)),
     el("table", { class: "job", "data-job-id": job.id },

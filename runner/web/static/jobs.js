@@ -1,25 +1,23 @@
 // Job lists per status (GET /jobs), filtered by queue and type and paged by cursor; the search
 // by job id or idempotency key; and bulk cancel, requeue or delete of the filtered set: the
-// set is read page by page, confirmed, then acted on one job at a time through the same
-// routes as a single job's buttons (and the CLI), showing "n of m" as it goes.
+// set is read page by page, confirmed, then acted on a chunk at a time through POST /bulk,
+// showing "n of m" as it goes. Each chunk is one audit entry per queue, not one per job, so
+// a run of BULK_MAX jobs writes at most BULK_MAX / BULK_CHUNK entries per queue.
 "use strict";
 
 const PAGE = 25;
 const BULK_PAGE = 500;
 const BULK_MAX = 10000;   // jobs per bulk run; a larger set takes another run
-const BULK_PARALLEL = 4;  // requests in flight at once
+const BULK_CHUNK = 500;   // jobs per POST /bulk (its most), one after the other
 // The queue figure behind each status tab's count.
 const COUNTED = { queued: "ready", scheduled: "scheduled", processing: "processing", dead: "dead", cancelled: "cancelled" };
 // The timestamp a status is about.
 const WHEN = { queued: ["created_at", "Created"], scheduled: ["ready_at", "Due"], processing: ["started_at", "Started"],
   done: ["finished_at", "Finished"], dead: ["finished_at", "Died"], cancelled: ["finished_at", "Cancelled"] };
 const BULK = {
-  cancel: { statuses: ["queued", "scheduled", "processing", "deferred"], verb: "Cancel", past: "cancelled",
-    act: (j) => api("DELETE", `/jobs/${encodeURIComponent(j.id)}`) },
-  requeue: { statuses: ["dead"], verb: "Requeue", past: "requeued",
-    act: (j) => api("POST", `/dead/${encodeURIComponent(j.queue)}/${encodeURIComponent(j.id)}/requeue`) },
-  delete: { statuses: ["dead"], verb: "Delete", past: "deleted",
-    act: (j) => api("DELETE", `/dead/${encodeURIComponent(j.queue)}/${encodeURIComponent(j.id)}`) },
+  cancel: { statuses: ["queued", "scheduled", "processing", "deferred"], verb: "Cancel", past: "cancelled" },
+  requeue: { statuses: ["dead"], verb: "Requeue", past: "requeued" },
+  delete: { statuses: ["dead"], verb: "Delete", past: "deleted" },
 };
 
 const list = {
@@ -172,7 +170,7 @@ function confirmBulk(spec, n, capped) {
   const where = [list.queue ? `queue ${list.queue}` : "every queue", list.type ? `type ${list.type}` : "every type"];
   $("#bulk-title").textContent = `${spec.verb} ${n}${capped ? "+" : ""} ${list.status} job${n === 1 ? "" : "s"}?`;
   $("#bulk-summary").textContent = `${where.join(", ")}; ${capped ? `the first ${n} now, run it again for the rest; ` : ""}`
-    + (spec.verb === "Delete" ? "deleted jobs are gone for good." : `each job is ${spec.past} on its own, through the API.`);
+    + (spec.verb === "Delete" ? "deleted jobs are gone for good." : `each job is ${spec.past} on its own, ${BULK_CHUNK} at a time.`);
   $("#bulk-yes").textContent = `${spec.verb} ${n}`;
   return new Promise((resolve) => {
     const finish = (yes) => {
@@ -190,7 +188,7 @@ function confirmBulk(spec, n, capped) {
 }
 
 async function startBulk(action) {
-  const spec = BULK[action];
+  const spec = { ...BULK[action], action };
   if (list.bulk || !spec.statuses.includes(list.status)) return;
   const run = (list.bulk = { stop: false });
   document.body.classList.add("bulk-running");
@@ -228,7 +226,6 @@ async function actOnAll(spec, jobs, run) {
   const bar = $("#bulk-bar");
   bar.max = jobs.length;
   $("#bulk-stop").hidden = false;
-  let next = 0;
   let done = 0;
   let skipped = 0;
   let failed = 0;
@@ -239,25 +236,26 @@ async function actOnAll(spec, jobs, run) {
       + (run.stop ? " — stopped" : ""));
   };
   show(false);
-  async function worker() {
-    while (!run.stop && next < jobs.length) {
-      const job = jobs[next++];
-      try {
-        await spec.act(job);
-        done += 1;
-      } catch (err) {
-        if (err.status === 401 || err.status === 403) {
-          run.stop = true;
-          throw err;
-        }
-        // 404: gone; 409: ended already. Either way nothing is left to do for it.
-        if (err.status === 404 || err.status === 409) skipped += 1;
-        else failed += 1;
+  // One chunk at a time: the stop button takes effect between chunks.
+  for (let next = 0; next < jobs.length && !run.stop; next += BULK_CHUNK) {
+    const chunk = jobs.slice(next, next + BULK_CHUNK);
+    try {
+      const answer = await api("POST", "/bulk", { action: spec.action, jobs: chunk });
+      for (const j of answer.jobs) {
+        // gone: not there, or ended already; nothing is left to do for it.
+        if (j.outcome === "gone") skipped += 1;
+        else if (j.outcome === "refused") failed += 1;
+        else done += 1;
       }
-      show(false);
+    } catch (err) {
+      if (err.status === 401 || err.status === 403) {
+        run.stop = true;
+        throw err;
+      }
+      failed += chunk.length;
     }
+    show(false);
   }
-  await Promise.all(Array.from({ length: BULK_PARALLEL }, worker));
   show(true);
   toast(`${spec.verb}: ${done} ${spec.past} of ${jobs.length}`);
 }

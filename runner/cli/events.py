@@ -1,0 +1,81 @@
+"""Commands on events (docs/events.md): `runner emit` and `runner events`."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+
+import click
+
+from runner.cli.root import (
+    EXIT_REFUSED,
+    RedisCommand,
+    build_runtime,
+    cli,
+    emit,
+    fail,
+    plain,
+    read_payload,
+    redis_errors,
+    refusal,
+    table,
+)
+from runner.errors import EventRejected, RedisUnavailable, RunnerError
+
+
+@cli.command("emit", cls=RedisCommand)
+@click.argument("name")
+@click.argument("data", required=False)
+@click.option("--idempotency-key", default=None, help="Dedupes the whole emit: the same key emits once.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def emit_cmd(ctx: click.Context, name: str, data: str | None, idempotency_key: str | None, as_json: bool) -> None:
+    """Emit event NAME: one job per function whose TRIGGERS name it. DATA is JSON, @file,
+    or - for stdin (default {})."""
+    from runner.client import Client
+
+    body = read_payload(data)
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            out = Client(rt).emit(name, body, idempotency_key=idempotency_key)
+        except RedisUnavailable:
+            raise
+        except EventRejected as exc:
+            if as_json:
+                emit(refusal(exc), True)
+            click.secho(f"event {name!r} rejected, nothing was enqueued:", fg="red", err=True)
+            for fn, (version, errors) in exc.rejections.items():
+                for e in errors:
+                    click.echo(f"  {plain(fn)} v{version} {plain(e.path)}: {plain(e.message)}", err=True)
+            sys.exit(EXIT_REFUSED)
+        except RunnerError as exc:
+            if as_json:
+                emit(refusal(exc), True)
+            fail(str(exc), EXIT_REFUSED)
+    dup = " (duplicate: the key's first emit)" if out.duplicate else ""
+    lines = [f"event {out.id} {plain(name)}: {len(out.jobs)} job(s){dup}"]
+    lines += [f"  {j['id']} {plain(str(j['type']))} -> {plain(str(j['queue']))} {j['status']}" for j in out.jobs]
+    emit(out.as_dict(), as_json, "\n".join(lines))
+
+
+@cli.command("events", cls=RedisCommand)
+@click.option("--name", default=None, help="Only events of this name.")
+@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) -> None:
+    """The recent events, newest first, with the jobs each started."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            out = Client(rt).events(limit=limit, name=name)
+        except RedisUnavailable:
+            raise
+        except RunnerError as exc:
+            fail(str(exc), EXIT_REFUSED)
+    rows = [(datetime.fromtimestamp(e.get("at_ms", 0) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"), e.get("id"),
+             e.get("name"), " ".join(str(j.get("id")) for j in e.get("jobs", [])) or "-") for e in out]
+    emit({"events": out}, as_json, table(("at (UTC)", "id", "name", "jobs"), rows) if rows else "no events")

@@ -1,0 +1,530 @@
+"""Administering: pause and resume, the dead-letter operations (requeue, delete, purge,
+one job or in bulk), cancel, a schedule's manual tick, and the audit trail each of them
+writes when it is done ``by`` someone. Every Redis command is a store function's or a
+script's; Redis going away is one error (connection.reachable)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from runner import outbox
+from runner.client.enqueuing import Enqueued, _unconfirmed, encoded
+from runner.client.inspecting import find, get, queue_keys
+from runner.errors import (
+    FieldError,
+    JobEnded,
+    JobNotFound,
+    NotReplicated,
+    RedisUnavailable,
+    RunnerError,
+    SignalPending,
+    SignalsFull,
+    UnknownSchedule,
+    ValidationFailed,
+)
+from runner.store import admin, codec, keys, records
+from runner.store import audit as audit_log
+from runner.store.connection import UNAVAILABLE, reachable
+from runner.store.keys import QueueKeys
+from runner.store.schedules import ServerClock
+from runner.store.scripts import NewJob, job_entry
+from runner.store.steps import (
+    MAX_KEPT_SIGNAL_BYTES,
+    MAX_KEPT_SIGNALS,
+    MAX_STEP_BYTES,
+    VALUE_DEPTH,
+    check_signal_name,
+)
+
+if TYPE_CHECKING:
+    from runner.client import Client
+
+# Dead jobs a bulk requeue or delete sends per round trip (and per script call).
+BULK_BATCH = 500
+# How long a cancel of a job claimed ahead waits to learn whether its worker dropped it.
+CANCEL_AHEAD_S = 2.0
+
+auditlog = logging.getLogger("runner.audit")
+
+
+# --- pause and resume ------------------------------------------------------------------
+
+def _pause_target(client: Client, queue: str | None, function: str | None) -> tuple[QueueKeys, str | None]:
+    """The queue a pause names: a queue, or the queue of a function (UnknownFunction
+    when it is not loaded here)."""
+    if function is not None:
+        return queue_keys(client, client.runtime.registry.get(function).queue), function
+    if queue is None:
+        raise ValueError("pause a queue or a function")
+    return queue_keys(client, queue), None
+
+
+def pause(client: Client, queue: str | None = None, *, function: str | None = None, by: str | None = None) -> None:
+    """Pause a queue (workers claim nothing from it) or one function (its jobs are held,
+    queued, spending nothing); running jobs finish. Every worker obeys at its next claim,
+    and hands back at once what it claimed ahead of the pause and has not started.
+    ``by`` (a token's name, ``cli:<user>``) puts the pause on the audit trail and the log."""
+    k, fn = _pause_target(client, queue, function)
+    rt = client.runtime
+    with reachable():
+        admin.pause(rt.redis, rt.config.redis.prefix, rt.parts[k.queue], fn)
+    if by is not None:
+        on_record(client, by, "pause", k.queue, **({"function": fn} if fn else {}))
+
+
+def resume(client: Client, queue: str | None = None, *, function: str | None = None, by: str | None = None) -> int:
+    """Lift a pause; a function's held jobs go back to the front of ready in their order.
+    Returns how many were put back. ``by`` puts the resume on the audit trail and the log."""
+    k, fn = _pause_target(client, queue, function)
+    moved = 0
+    with reachable():
+        for part in client.runtime.parts[k.queue]:
+            first = True
+            while True:
+                got, left = client.runtime.scripts.resume(part, fn, first)
+                moved, first = moved + int(got), False
+                if not int(left):
+                    break
+    if by is not None:
+        on_record(client, by, "resume", k.queue, count=moved, **({"function": fn} if fn else {}))
+    return moved
+
+
+# --- dead letters ----------------------------------------------------------------------
+
+def requeue(
+    client: Client, queue: str, job_id: str, payload: Any = None, version: int | None = None, *,
+    by: str | None = None,
+) -> records.Job:
+    """Move a dead job back to ready with a fresh attempt budget. The payload (the
+    stored one at its stored version, or an edited one at ``version``, default the
+    newest) is validated and must lift to the newest version; an invalid one stays
+    dead and the errors are raised. An edited payload is held to ``[api]
+    max_body_bytes`` as an enqueued one is.
+
+    ``by`` (a token's name, ``cli:<user>``) puts the requeue on record: an entry in the
+    job's history, written in the same step, then the audit trail and the log."""
+    k = _dead_in(client, queue, job_id)
+    rt = client.runtime
+    edited = payload is not None
+    with reachable():
+        fields = admin.stored(rt.redis, k, job_id)
+        in_dead = admin.is_dead(rt.redis, k, job_id)
+    if not fields or not in_dead:
+        raise JobNotFound(job_id)
+    type_ = fields.get("type") or ""
+    fn = rt.registry.get(type_)
+    if payload is None:
+        # The stored payload keeps its stored version (it is upgraded at claim).
+        try:
+            payload = codec.loads(fields.get("payload") or "")
+        except codec.DecodeError:
+            problem = FieldError("$", "the stored payload is not JSON; send an edited payload")
+            raise ValidationFailed(type_, 0, [problem]) from None
+        if version is None:
+            stored = fields.get("version") or ""
+            version = int(stored) if stored.isdigit() else fn.versions.newest
+    elif version is None:
+        # An edited payload without a version is written against the newest schema.
+        version = fn.versions.newest
+    from runner.catalog.schemas import UpgradeFailed  # loaded with the registry above
+
+    # An edited payload is new data, held to the bound; the stored one is already in Redis.
+    try:
+        body = encoded(client, type_, version, payload, edited)
+    except ValidationFailed as exc:
+        if edited:
+            raise
+        # A stored payload no job can carry (written by another producer, or a group's
+        # then-job built from a result past 64 bits): say how to requeue it anyway.
+        fixes = [FieldError(e.path, f"{e.message}; send an edited payload") for e in exc.errors]
+        raise ValidationFailed(type_, version, fixes) from None
+    try:
+        fn.versions.lift(payload, version)
+    except UpgradeFailed as exc:
+        raise ValidationFailed(type_, version, [FieldError("$", str(exc))]) from None
+    mark = {"edited": True} if edited else {}
+    # Timed by the script (the server's clock), as the rest of the job's times are.
+    entry = codec.dumps({"outcome": "requeued", "by": by, **mark}) if by is not None else ""
+    with reachable():
+        code = rt.scripts.requeue(k, job_id, body, str(version), codec.canonical_hash(type_, version, payload), entry)
+    if int(code) < 0:
+        raise JobNotFound(job_id)
+    if by is not None:
+        on_record(client, by, "requeue", queue, job_id=job_id, type=type_, **mark)
+    return get(client, job_id)
+
+
+def requeue_many(
+    client: Client, queue: str, ids: Sequence[str], *, by: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[str], list[tuple[str, RunnerError]]]:
+    """Requeue many dead jobs with their stored payloads, as ``requeue`` does one, in
+    batches of BULK_BATCH: two round trips per batch (their records, then one script
+    call), not several per job. An invalid payload stays dead and is refused.
+    Returns (requeued ids, [(id, why refused)]); ``progress(n)`` after each batch.
+    ``by`` puts the whole action on record as one entry: its count and first ids."""
+    queue_keys(client, queue)
+    rt = client.runtime
+    entry = codec.dumps({"outcome": "requeued", "by": by}) if by is not None else ""
+    done: list[str] = []
+    refused: list[tuple[str, RunnerError]] = []
+
+    def batch(k: QueueKeys, group: list[str]) -> None:
+        raws = admin.record_texts(rt.redis, k, group)
+        send: list[str] = []
+        for job_id, raw in zip(group, raws, strict=True):
+            if not isinstance(raw, str):  # gone, or a record of an older release
+                try:
+                    requeue(client, queue, job_id)
+                    done.append(job_id)
+                except RedisUnavailable:
+                    raise
+                except RunnerError as exc:
+                    refused.append((job_id, exc))
+                continue
+            try:
+                _check_stored(client, job_id, records.view(job_id, raw, {}, None, None))
+            except RunnerError as exc:  # an unknown function, an invalid payload
+                refused.append((job_id, exc))
+                continue
+            send.append(job_id)
+        codes = rt.scripts.requeue_many(k, [(i, "", "", "", entry) for i in send]) if send else []
+        for job_id, code in zip(send, codes, strict=True):
+            if code < 0:
+                refused.append((job_id, JobNotFound(job_id)))
+            else:
+                done.append(job_id)
+
+    _in_batches(client, queue, ids, _bulk_record(client, by, "requeue", queue, len(ids)), done, batch, progress)
+    return done, refused
+
+
+def _check_stored(client: Client, job_id: str, fields: dict[str, str]) -> None:
+    """A stored payload must lift to the newest version of its function to be requeued."""
+    type_ = fields.get("type") or ""
+    fn = client.runtime.registry.get(type_)
+    try:
+        payload = codec.loads(fields.get("payload") or "")
+    except codec.DecodeError:
+        problem = FieldError("$", "the stored payload is not JSON; send an edited payload")
+        raise ValidationFailed(type_, 0, [problem]) from None
+    stored = fields.get("version") or ""
+    where = codec.not_json(payload) if codec.has_long_ints(fields.get("payload") or "") else None
+    if where is not None:  # as requeue refuses it: no job may carry it
+        problem = FieldError(where[0], f"{where[1]}; send an edited payload")
+        raise ValidationFailed(type_, int(stored) if stored.isdigit() else 0, [problem])
+    from runner.catalog.schemas import UpgradeFailed  # loaded with the registry above
+
+    try:
+        fn.versions.lift(payload, int(stored) if stored.isdigit() else fn.versions.newest)
+    except UpgradeFailed as exc:
+        raise ValidationFailed(type_, int(stored or 0), [FieldError("$", str(exc))]) from None
+
+
+def delete_many(
+    client: Client, queue: str, ids: Sequence[str], *, by: str | None = None, action: str = "delete",
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[str], list[str]]:
+    """Delete many dead jobs, in batches of BULK_BATCH (one round trip each): (deleted
+    ids, ids not in the dead letters). ``by`` puts the whole action on record as one
+    ``action`` entry: its count and first ids."""
+    queue_keys(client, queue)
+    scripts = client.runtime.scripts
+    done: list[str] = []
+    missing: list[str] = []
+
+    def batch(k: QueueKeys, group: list[str]) -> None:
+        calls = scripts.batch()  # one round trip of script calls (store/scripts.py Batch)
+        for job_id in group:
+            scripts.remove(k, job_id, pipe=calls)
+        for job_id, code in zip(group, calls.execute(), strict=True):
+            (missing if int(code) < 0 else done).append(job_id)
+
+    _in_batches(client, queue, ids, _bulk_record(client, by, action, queue, len(ids)), done, batch, progress)
+    return done, missing
+
+
+def _in_batches(
+    client: Client, queue: str, ids: Sequence[str], record: audit_log.Bulk | None, done: list[str],
+    batch: Callable[[QueueKeys, list[str]], None], progress: Callable[[int], None] | None,
+) -> None:
+    """A bulk action's walk: ``batch`` on each partition's share of every BULK_BATCH ids,
+    the action's one audit entry brought up to date after each (``done`` so far) and
+    ended whatever happens, ``progress(n)`` after each."""
+    parts = client.runtime.parts[queue]
+    ok = False
+    try:
+        with reachable():
+            for start in range(0, len(ids), BULK_BATCH):
+                chunk = ids[start:start + BULK_BATCH]
+                # Each id to the partition whose dead letters hold it (the first for none).
+                by_part: dict[int, list[str]] = {}
+                for job_id, at in zip(chunk, admin.dead_homes(client.runtime.redis, parts, chunk), strict=True):
+                    by_part.setdefault(at or 0, []).append(job_id)
+                for p, group in by_part.items():
+                    batch(parts[p], group)
+                if record is not None and start + BULK_BATCH < len(ids):
+                    record.progress(done)
+                if progress is not None:
+                    progress(len(chunk))
+            ok = True
+    finally:
+        if record is not None:
+            record.end(done, ok)
+
+
+def delete_dead(client: Client, queue: str, job_id: str, *, by: str | None = None) -> None:
+    """Delete a dead job and its record; ``by`` puts it on the audit trail and the log
+    (the job's own history goes with it)."""
+    k = _dead_in(client, queue, job_id)
+    with reachable():
+        code = client.runtime.scripts.remove(k, job_id)
+    if int(code) < 0:
+        raise JobNotFound(job_id)
+    if by is not None:
+        on_record(client, by, "delete", queue, job_id=job_id)
+
+
+def _dead_in(client: Client, queue: str, job_id: str) -> QueueKeys:
+    """The partition of ``queue`` whose dead letters hold ``job_id`` (the queue's home
+    partition when none does: the operation then finds no such job, as before)."""
+    k = queue_keys(client, queue)
+    parts = client.runtime.parts[queue]
+    if len(parts) == 1:
+        return k
+    with reachable():
+        at = admin.dead_homes(client.runtime.redis, parts, [job_id])[0]
+    return k if at is None else parts[at]
+
+
+def purge_dead(client: Client, queue: str, *, by: str | None = None) -> int:
+    """Delete every dead job of a queue; returns how many. ``by`` puts the purge on
+    record as one entry with the count."""
+    from runner.client.inspecting import dead_ids
+
+    done, _ = delete_many(client, queue, dead_ids(client, queue))
+    if by is not None:  # on record even when it found none: the operator did purge
+        on_record(client, by, "purge", queue, **audit_log.bulk(done))
+    return len(done)
+
+
+# --- the audit trail -------------------------------------------------------------------
+
+def record_bulk(client: Client, by: str, action: str, queue: str, ids: Sequence[str]) -> None:
+    """One action on many jobs of a queue, on the audit trail as one entry: its count
+    and its first ids (store/audit.py MAX_IDS)."""
+    on_record(client, by, action, queue, **audit_log.bulk(ids))
+
+
+def bulk_entry(client: Client, by: str, action: str, queue: str, expected: int) -> audit_log.Bulk:
+    """A bulk action of the caller's own (the web's bulk cancel) on the audit trail as
+    one entry, written when it starts and brought up to date as it goes (audit.Bulk)."""
+    record = _bulk_record(client, by, action, queue, expected)
+    assert record is not None
+    return record
+
+
+def _bulk_record(client: Client, by: str | None, action: str, queue: str, expected: int) -> audit_log.Bulk | None:
+    """A bulk action's one audit entry, written now (see audit.Bulk); logged at its
+    start and its end, not at each batch."""
+    if by is None:
+        return None
+
+    def put(fields: dict[str, Any]) -> None:
+        if fields["state"] != "running" or not fields["count"]:
+            on_record(client, by, action, queue, **fields)
+            return
+        with reachable():
+            audit_log.record(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix),
+                             {"by": by, "action": action, "queue": queue, **fields})
+
+    return audit_log.Bulk(put, expected)
+
+
+def on_record(client: Client, by: str, action: str, queue: str, **detail: Any) -> None:
+    """An operator's action, after it was done: on the audit trail (at the server's
+    time, one more round trip for a rare action) and in the log."""
+    auditlog.info("%s by %s: %s %s", action, by, queue, detail.get("job_id", ""),
+                  extra={"audit": action, "by": by, "queue": queue, **detail})
+    entry = {"by": by, "action": action, "queue": queue, **detail}  # at_ms: the script's
+    with reachable():
+        audit_log.record(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix), entry)
+
+
+# --- schedules -------------------------------------------------------------------------
+
+def trigger(client: Client, schedule_id: str) -> Enqueued:
+    """Enqueue one tick of a schedule now (to try it by hand): its job carries the
+    schedule, the time as its tick and ``"trigger": "manual"``; the schedule's own
+    ticks go on as before."""
+    rt = client.runtime
+    scheds = rt.registry.schedules()
+    s = next((x for x in scheds if x.id == schedule_id), None)
+    if s is None:
+        raise UnknownSchedule(schedule_id, [x.id for x in scheds])
+    from runner.catalog.schedules import iso  # loaded with the registry above
+
+    with reachable():
+        now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
+        meta = codec.dumps({"schedule": s.id, "tick": iso(now), "trigger": "manual"})
+        job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
+                     max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
+                     resource_key=s.resource_key, limits=s.limits, priority=s.priority,
+                     meta=meta)
+        home = rt.keys[s.queue]
+        # A job whose keys route it to another partition goes there through the outbox
+        # (tick.lua), and is placed at once; the relay would, a pass later.
+        away = ""
+        if s.limits and len(rt.parts[s.queue]) > 1:
+            rt.discover_due(record=True)
+            where = outbox.destinations(rt, s.queue, [outbox.Keyed(s.function, "", s.limits)])
+            if rt.parts[s.queue][next(iter(where))].tag != home.tag:
+                away = codec.dumps(job_entry(s.queue, job))
+        short: NotReplicated | None = None
+        try:
+            reply = rt.scripts.tick(home, s.id, job, mode="manual", tick_ms=now, digest=s.digest, born_ms=now,
+                                    overlap=s.overlap, missed=0, late_ms=0, now_ms=now, away=away)
+        except NotReplicated as exc:  # it ran: only its copy on the replicas is unconfirmed
+            reply, short = exc.replies[0], exc
+    if away and int(reply[0]) == 1:
+        # (the run is recorded: a failure here leaves its job to the relay, not to a retry)
+        with contextlib.suppress(*UNAVAILABLE):
+            outbox.remove(rt, home, outbox.place(rt, [away]))
+    if short is not None:
+        raise _unconfirmed(short) from None
+    return Enqueued(id=reply[1], type=s.function, version=s.version, queue=s.queue, status=reply[2])
+
+
+# --- cancel ----------------------------------------------------------------------------
+
+def cancel(client: Client, job_id: str, *, by: str | None = None, audited: bool = True,
+           queue: str | None = None) -> str:
+    """Cancel a job (see lua/cancel.lua): "cancelled" when it had not started (it never
+    will), "requested" when it runs (its handler sees ctx.cancelled within 2 s).
+    Raises JobEnded for a job that ended already, JobNotFound for no such job.
+
+    ``by`` (a token's name, ``cli:<user>``) puts the cancel on record: an entry in the
+    job's history, written in the same step, then the audit trail and the log (unless
+    ``audited`` is False: a bulk cancel puts itself on the trail once, see
+    ``record_bulk``). With ``queue``, a job of another queue is JobNotFound (a bulk
+    request names each job's queue, and its record must say the truth)."""
+    rt = client.runtime
+    k, _ = find(client, job_id)
+    if queue is not None and k.queue != queue:
+        raise JobNotFound(job_id)
+    ttl_ms = int(rt.config.retention.done_s * 1000)
+    entry = codec.dumps({"outcome": "cancel", "by": by}) if by is not None else ""  # timed by the script
+    with reachable():
+        code, status = rt.scripts.cancel(k, job_id, ttl_ms, entry=entry)
+    if int(code) == -2:
+        raise JobEnded(job_id, status)
+    if int(code) == -1:
+        raise JobNotFound(job_id)
+    if by is not None and audited:
+        on_record(client, by, "cancel", k.queue, job_id=job_id)
+    if int(code) == 3:
+        return _cancelled_ahead(client, k, job_id)
+    return "cancelled" if int(code) == 1 else "requested"
+
+
+# --- signals (docs/durable.md) -----------------------------------------------------------
+
+def signal(client: Client, job_id: str, name: str, data: Any = None) -> str:
+    """Send the signal ``name`` with ``data`` (any JSON value) to a durable function's
+    job, for its ``ctx.wait_for_signal(name)``: "resumed" when the job waited for it (it
+    is queued to run on at once), "kept" when it is kept until the job's wait reads it.
+    Raises JobEnded for a job that ended, JobNotFound for no such job, SignalPending when
+    one of that name is kept already, unread."""
+    check_signal_name(name)
+    # Held as a step's value is: its log entry must read back (steps.VALUE_DEPTH).
+    body = codec.dumpb_checked(data, VALUE_DEPTH).decode()
+    if len(body) > MAX_STEP_BYTES:
+        raise ValueError(f"a signal's body is at most {MAX_STEP_BYTES:,} bytes of JSON, not {len(body):,}")
+    return deliver_signal(client, job_id, name, body, bounded=True)
+
+
+def deliver_signal(client: Client, job_id: str, name: str, body: str, *, bounded: bool = False) -> str:
+    """``signal`` with its body encoded already (JSON text); unbounded unless ``bounded``
+    (the job's signals kept unread, MAX_KEPT_SIGNALS and MAX_KEPT_SIGNAL_BYTES): a child
+    job's end (ctx.invoke) is bounded as its result is, and is never refused."""
+    k, _ = find(client, job_id)
+    with reachable():
+        code, status = client.runtime.scripts.signal(
+            k, job_id, name, body, most=MAX_KEPT_SIGNALS if bounded else 0,
+            most_bytes=MAX_KEPT_SIGNAL_BYTES if bounded else 0)
+    if int(code) == -1:
+        raise JobNotFound(job_id)
+    if int(code) == -2:
+        raise JobEnded(job_id, status)
+    if int(code) == -3:
+        raise SignalPending(job_id, name)
+    if int(code) in (-4, -5):
+        raise SignalsFull(job_id, f"{MAX_KEPT_SIGNALS} signals" if int(code) == -4 else
+                          f"{MAX_KEPT_SIGNAL_BYTES:,} bytes of bodies")
+    return "resumed" if int(code) == 2 else "kept"
+
+
+def cancel_deferred(client: Client, *, queue: str | None = None, type: str | None = None, by: str | None = None,
+                    batch: int = 200) -> dict[str, list[str]]:
+    """Cancel every job deferred (a paused function's held jobs, the jobs parked on a
+    limit) of ``queue`` (default: every queue) and ``type`` (default: any): queue ->
+    the ids cancelled. Each batch finds its jobs and cancels them in one script call
+    (see cancel.lua), so no job it reaches can be woken and run in between; a job is
+    covered when it is deferred at the moment its list's batch runs (one woken before
+    is queued by then); a list is read once, for at most as many jobs as it held when
+    its turn came. One audit entry per queue (``by``); each job's history names who."""
+    rt = client.runtime
+    names = [queue] if queue else list(rt.keys)
+    for q in names:
+        queue_keys(client, q)
+    if type is not None:
+        rt.registry.get(type)
+    ttl_ms = int(rt.config.retention.done_s * 1000)
+    entry = codec.dumps({"outcome": "cancel", "by": by}) if by is not None else ""
+    out: dict[str, list[str]] = {}
+    with reachable():
+        for q in names:
+            types = sorted(f.name for f in rt.registry.functions.values()
+                           if f.queue == q and (type is None or f.name == type))
+            for k in rt.parts[q]:
+                for list_key, limit in admin.deferred_lists(rt.redis, k, types):
+                    # At most as many as the list held when its turn came: jobs parked
+                    # faster than they are cancelled cannot keep the command going.
+                    more, after, left = True, "", admin.length(rt.redis, list_key)
+                    while more and left > 0:
+                        more, moved, ids = rt.scripts.cancel_deferred(k, list_key, limit, min(batch, left),
+                                                                      type or "", after, ttl_ms, entry)
+                        out.setdefault(q, []).extend(ids)
+                        left -= len(ids)
+                        if not ids and moved == after:
+                            break  # nothing gained (the place read was woken meanwhile): done
+                        after = moved
+    if by is not None:
+        for q, ids in out.items():
+            if ids:
+                record_bulk(client, by, "cancel", q, ids)
+    return out
+
+
+def _cancelled_ahead(client: Client, k: QueueKeys, job_id: str) -> str:
+    """A job a worker had claimed ahead: that worker drops it ("cancelled") unless it
+    was starting it at that instant ("requested": its handler is told). Which way
+    it went shows within milliseconds; a worker that is gone leaves the job to its
+    lease, after which it ends cancelled without running ("requested" meanwhile)."""
+    deadline = time.monotonic() + CANCEL_AHEAD_S
+    while True:
+        with reachable():
+            held = admin.claim(client.runtime.redis, k, job_id)
+        if held is None:
+            if get(client, job_id).status == "cancelled":
+                return "cancelled"
+        elif not held.ahead:
+            return "requested"  # it started: a cancel of a running job
+        if time.monotonic() > deadline:
+            return "requested"
+        time.sleep(0.005)

@@ -1,0 +1,166 @@
+"""Events (docs/events.md): one emit starts one job per function whose TRIGGERS name it.
+
+The data is validated against every subscriber's newest schema first; one refusal
+refuses the event, and nothing is written. Then ONE script call on the event's home
+partition (the first subscriber's queue, by function name; the first configured queue
+when nobody subscribes) writes, atomically: the jobs for that partition, an outbox
+entry for each job of another queue or partition, the event's record, and its
+Idempotency-Key. The emitter then places the outbox entries itself; an emitter killed
+before it does leaves them to the relay (runner/outbox.py), which places each once by
+its id. So an emit leaves every job of the event or none, whatever dies when.
+
+A subscriber added later does not receive past events: an emit enqueues for the
+functions loaded when it is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from runner import outbox
+from runner.catalog.listing import one_request
+from runner.catalog.options import EVENT_NAME
+from runner.catalog.templates import MAX_KEY_BYTES, control_character
+from runner.errors import EventConflict, EventRejected, FieldError, NotReplicated, RunnerError, ValidationFailed
+from runner.store import codec, emitted, records
+from runner.store.connection import UNAVAILABLE, reachable
+from runner.store.scripts import job_entry
+
+if TYPE_CHECKING:
+    from runner.client import Client
+    from runner.client.enqueuing import Prepared
+    from runner.store.keys import QueueKeys
+
+# The events each queue partition keeps for GET /events (older ones drop off), and the
+# most one listing returns.
+KEEP_EVENTS = 1_000
+MAX_LIST = 500
+# How long an emit's Idempotency-Key dedupes the emit (then the same key emits again).
+IDEM_KEY_S = 86_400
+
+
+class BadEventName(RunnerError):
+    """An event name that no function could subscribe to."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"{name!r} is not an event name: 1 to 128 letters, digits and . _ : -, starting with a "
+                         "letter or digit")
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """An emit's answer: the event's id and name, its jobs (id, type, queue, status; a
+    job of another queue is 'queued' once placed) and whether it was a duplicate (the
+    first emit's record, nothing written)."""
+
+    id: str
+    name: str
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    duplicate: bool = False
+    at_ms: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "at_ms": self.at_ms, "jobs": self.jobs,
+                "duplicate": self.duplicate}
+
+
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not EVENT_NAME.fullmatch(name):
+        raise BadEventName(str(name))
+
+
+def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = None) -> Emitted:
+    """Start one job per function subscribed to ``name`` with ``data`` as its payload.
+    Raises BadEventName, EventRejected (every subscriber's errors; nothing written) or
+    EventConflict (the key held by an emit of other data); RedisUnavailable as enqueue."""
+    check_name(name)
+    if idempotency_key is not None:
+        raw = idempotency_key.encode()
+        if not raw or len(raw) > MAX_KEY_BYTES or control_character(idempotency_key) is not None:
+            raise ValidationFailed(name, 0, [FieldError("$", (
+                f"an idempotency key must be 1 to {MAX_KEY_BYTES} bytes, without control characters"))])
+    rt = client.runtime
+    subscribers = rt.registry.subscribers(name)
+    preps: list[Prepared] = []
+    rejections: dict[str, tuple[int, list[FieldError]]] = {}
+    with one_request():  # the subscribers share one pattern budget and one limit on listed errors
+        for fn in subscribers:
+            try:
+                preps.append(client.prepare(_request(fn.name, data)))
+            except ValidationFailed as exc:
+                rejections[fn.name] = (exc.version, list(exc.errors))
+    if rejections:
+        raise EventRejected(name, rejections)
+    body = codec.dumps(data)
+    queue = subscribers[0].queue if subscribers else next(iter(rt.config.queues))
+    home = rt.keys[queue]
+    here, away = _split(client, home, preps)
+    entries = [codec.dumps(job_entry(p.fn.queue, p.job)) for p in away]
+    sent = codec.dumps([{"id": p.job.id, "type": p.fn.name, "queue": p.fn.queue, "status": "queued"}
+                        for p in away])
+    short: NotReplicated | None = None
+    with reachable():
+        try:
+            reply = rt.scripts.emit(
+                home, [p.job for p in here], event_id=records.new_id(), name=name, data=body,
+                idem_key=idempotency_key or "", data_hash=_hash(body), idem_ms=IDEM_KEY_S * 1000,
+                keep=KEEP_EVENTS, away=sent, entries=entries)
+        except NotReplicated as exc:  # it ran: only its copy on the replicas is unconfirmed
+            reply, short = exc.replies[0], exc
+    code, record = int(reply[0]), codec.loads(reply[1])
+    if code < 0:
+        raise EventConflict(name, idempotency_key or "", str(record.get("id")))
+    if code == 1 and entries:
+        # Placed now rather than a relay pass later (a failure here leaves them to the relay).
+        with contextlib.suppress(*UNAVAILABLE):
+            outbox.remove(rt, home, outbox.place(rt, entries))
+    if short is not None:
+        raise short
+    return Emitted(str(record["id"]), name, list(record.get("jobs", [])), code == 0, int(record.get("at_ms", 0)))
+
+
+def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[dict[str, Any]]:
+    """The newest ``limit`` events (at most MAX_LIST), of ``name`` only when given, newest
+    first, each with the jobs it started."""
+    if name is not None:
+        check_name(name)
+    rt = client.runtime
+    homes = [k for parts in rt.parts.values() for k in parts]
+    with reachable():
+        out = emitted.recent(rt.redis, homes, max(1, min(limit, MAX_LIST)), name)
+    return out
+
+
+def _request(type_: str, data: Any) -> Any:
+    from runner.client.enqueuing import Request
+
+    return Request(type=type_, payload=data)
+
+
+def _split(client: Client, home: QueueKeys, preps: list[Prepared]) -> tuple[list[Prepared], list[Prepared]]:
+    """The jobs written on ``home`` itself, and those sent through its outbox: another
+    queue's, and its own queue's whose keys route them to another partition."""
+    rt = client.runtime
+    here: list[Prepared] = []
+    away: list[Prepared] = []
+    mine = [p for p in preps if p.fn.queue == home.queue]
+    if len(rt.parts[home.queue]) > 1 and mine:
+        rt.discover_due(record=True)
+        where = outbox.destinations(rt, home.queue, [outbox.Keyed(p.fn.name, p.job.idem_key, p.job.limits)
+                                                     for p in mine])
+        parts = rt.parts[home.queue]
+        for p, idx in where.items():
+            (here if parts[p].tag == home.tag else away).extend(mine[i] for i in idx)
+    else:
+        here = mine
+    away += [p for p in preps if p.fn.queue != home.queue]
+    return here, away
+
+
+def _hash(body: str) -> str:
+    return hashlib.blake2b(body.encode(), digest_size=16).hexdigest()
+

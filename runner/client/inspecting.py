@@ -1,0 +1,264 @@
+"""Inspecting: jobs by id or key, job lists, queue figures, pauses and flow, dead
+letters, groups, the audit trail and the schedules. Reads only; every Redis command is a
+store function's (store/admin.py and its neighbours), and Redis going away is one error
+(connection.reachable)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from runner.errors import GroupNotFound, JobNotFound, UnknownQueue
+from runner.store import admin, connection, keys, listing, records, routing
+from runner.store import audit as audit_log
+from runner.store import groups as group_store
+from runner.store.connection import UNAVAILABLE, reachable
+from runner.store.keys import QueueKeys
+from runner.store.schedules import ServerClock, State, read_states
+
+if TYPE_CHECKING:
+    from runner.catalog.schedules import Schedule
+    from runner.client import Client
+
+
+def queue_keys(client: Client, queue: str) -> QueueKeys:
+    """The keys of a configured queue's home partition (UnknownQueue names the others)."""
+    if queue not in client.runtime.keys:
+        raise UnknownQueue(queue, list(client.runtime.keys))
+    return client.runtime.keys[queue]
+
+
+def every(client: Client) -> list[QueueKeys]:
+    """The keys of every queue's every partition (draining ones included: the tags
+    recorded are read again every tagset.RECORD_EVERY_S)."""
+    client.runtime.discover_due()
+    return [k for parts in client.runtime.parts.values() for k in parts]
+
+
+def ping(client: Client) -> bool:
+    try:
+        return connection.ping(client.runtime.redis)
+    except UNAVAILABLE:
+        return False
+
+
+def get(client: Client, job_id: str) -> records.Job:
+    """The job record, from whichever queue holds it."""
+    k, fields = find(client, job_id)
+    return records.Job(job_id, k.queue, fields)
+
+
+def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
+    """The keys of the queue (partition) that holds a job, and the job as readers see it."""
+    if not job_id or len(job_id) > 200:
+        raise JobNotFound(job_id)
+    with reachable():
+        found = records.lookup_many(client.runtime.scripts, every(client), [job_id]).get(job_id)
+    if found is None:
+        raise JobNotFound(job_id)
+    return found
+
+
+def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
+    """The jobs of these ids that exist, by id, in one round trip."""
+    with reachable():
+        found = records.lookup_many(client.runtime.scripts, every(client), [i for i in job_ids if i and len(i) <= 200])
+    return {i: records.Job(i, k.queue, fields) for i, (k, fields) in found.items()}
+
+
+def stats(client: Client) -> dict[str, dict[str, Any]]:
+    """Per queue: ready (plain and priority jobs due now), processing, scheduled, dead,
+    and the cluster-wide counters; summed over a partitioned queue's partitions, which
+    "partitions" lists one by one."""
+    rt = client.runtime
+    parts = every(client)
+    with reachable():
+        counted = admin.counts(rt.redis, parts)
+    out: dict[str, dict[str, Any]] = {}
+    for k, one in zip(parts, counted, strict=True):
+        q = out.get(k.queue)
+        if q is None:
+            out[k.queue] = q = {**one, "counters": dict(one["counters"])}
+        else:
+            for f in ("ready", "processing", "scheduled", "dead"):
+                q[f] += one[f]
+            for name, v in one["counters"].items():
+                q["counters"][name] = q["counters"].get(name, 0) + v
+        if len(rt.parts[k.queue]) > 1:
+            q.setdefault("partitions", []).append({"partition": k.partition, "tag": k.tag, **one})
+    return out
+
+
+def jobs(client: Client, status: str, *, queue: str | None = None, type: str | None = None, limit: int = 50,
+         cursor: str | None = None) -> listing.Page:
+    """One page of jobs in ``status`` (see store/listing.py), newest first; pass the
+    page's cursor for the next. Raises ValueError for an unknown status or cursor,
+    UnknownQueue and UnknownFunction for a queue or type that is not there."""
+    if status not in listing.LISTED:
+        raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
+    rt = client.runtime
+    names = [queue] if queue else list(rt.keys)
+    for q in names:
+        queue_keys(client, q)  # an unknown queue is refused, naming the configured ones
+    if type is not None:
+        rt.registry.get(type)  # a type not loaded (a typo) is refused, naming the loaded ones
+    # A partitioned queue's partitions are listed one after another, as queues are.
+    queues = [(q, k) for q in names for k in rt.parts[q]]
+    types_of: dict[str, list[str]] = {}  # each queue's function types (a paused one's jobs are held)
+    for fn in sorted(rt.registry.functions.values(), key=lambda f: f.name):
+        types_of.setdefault(fn.queue, []).append(fn.name)
+    with reachable():
+        return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor, types_of)
+
+
+def by_idempotency_key(client: Client, key: str, *, type: str | None = None) -> list[records.Job]:
+    """The jobs holding idempotency key ``key``: of function ``type``, or of any
+    loaded function (a key is per type, so several may hold the same one). One round
+    trip for the keys, one lookup per job found; a key whose job is gone finds none.
+    Raises UnknownFunction for a type not loaded."""
+    rt = client.runtime
+    fns = [rt.registry.get(type)] if type is not None else list(rt.registry.functions.values())
+    # A key's job lives where its route sent it: on a partitioned queue, any partition.
+    candidates = [(fn.name, k) for fn in fns if fn.queue in rt.parts for k in rt.parts[fn.queue]]
+    with reachable():
+        found = listing.holders(rt.redis, candidates, key) if candidates else []
+    out = []
+    for _, job_id in found:
+        with contextlib.suppress(JobNotFound):
+            out.append(get(client, job_id))
+    return out
+
+
+def paused(client: Client) -> dict[str, dict[str, Any]]:
+    """Per queue: whether it is paused and which of its functions are (a pause is
+    written to every partition of a queue; its home partition's is read)."""
+    rt = client.runtime
+    with reachable():
+        raw = admin.pauses(rt.redis, rt.keys.values())
+    return {q: pause_view(h) for q, h in zip(rt.keys, raw, strict=True)}
+
+
+def pause_view(raw: dict[str, str]) -> dict[str, Any]:
+    """A queue's pause hash as shown: {"paused": bool, "paused_functions": [type, ...]}."""
+    return {"paused": "queue" in raw, "paused_functions": sorted(f[3:] for f in raw if f.startswith("fn:"))}
+
+
+def flow(client: Client, type_: str) -> dict[str, Any]:
+    """A function's flow control now: paused or not, jobs held by its pause, and its
+    concurrency limit with the slots in use and jobs parked on it (counted for a
+    function-wide limit; a per-key limit has a key of its own per tenant)."""
+    fn = client.runtime.registry.get(type_)
+    home = queue_keys(client, fn.queue)
+    parts = client.runtime.parts[fn.queue]
+    conc = fn.concurrency
+    # A function-wide limit lives in the partition its key routes every job of it to.
+    limit_keys = parts[routing.partition_of(f"c:{fn.name}", parts[0].partitions)]
+    with reachable():
+        now = admin.flow(client.runtime.redis, home, parts, limit_keys, fn.name)
+    out: dict[str, Any] = {"paused": now["paused"], "held_by_pause": now["held"], "concurrency": None}
+    if conc is not None:
+        keyed = conc.key is not None
+        # Holders past their lease are dead workers' slots, freed at the next claim.
+        out["concurrency"] = {**conc.describe(),
+                              "running": None if keyed else sum(1 for _, end in now["holders"] if end > now["now_ms"]),
+                              "waiting": None if keyed else now["waiting"]}
+    return out
+
+
+def dead(client: Client, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
+    """The dead-letter list of a queue, newest first (over all its partitions): (total,
+    page); each job's big values come as previews (see store/listing.py)."""
+    queue_keys(client, queue)
+    rt = client.runtime
+    with reachable():
+        return listing.dead_page(rt.redis, rt.scripts, queue, rt.parts[queue], offset, limit)
+
+
+def dead_ids(client: Client, queue: str) -> list[str]:
+    queue_keys(client, queue)
+    with reachable():
+        return admin.dead_ids(client.runtime.redis, client.runtime.parts[queue])
+
+
+def group_state(client: Client, group_id: str) -> group_store.GroupState:
+    if not group_id or len(group_id) > 200:
+        raise GroupNotFound(group_id)
+    with reachable():
+        state = group_store.read(client.runtime.redis, client.runtime.keys, group_id)
+    if state is None:
+        raise GroupNotFound(group_id)
+    return state
+
+
+def get_group(client: Client, group_id: str) -> dict[str, Any]:
+    """A group's progress (GET /groups/{id}): total, done, dead, cancelled, pending, and
+    the then-job with its status ("waiting" until the last member finished)."""
+    state = group_state(client, group_id)
+    view = state.view()
+    queue, then_id, then_type = state.then
+    status: str | None = "waiting"
+    if state.complete:
+        try:
+            status = get(client, then_id).status
+        except JobNotFound:
+            status = "pending"  # on its way through the outbox to its queue
+    view["then"] = {"id": then_id, "type": then_type, "queue": queue, "status": status}
+    return view
+
+
+def group_outcomes(client: Client, group_id: str) -> list[Any]:
+    """Every member's outcome in member order (None for one not finished yet): what the
+    then-job's payload carries, read from Redis for a group too big to carry them."""
+    state = group_state(client, group_id)
+    with reachable():
+        return list(group_store.outcomes(client.runtime.redis, client.runtime.keys[state.queue], group_id,
+                                         state.total))
+
+
+def then_of(client: Client, group_id: str) -> str:
+    """The id of a group's then-job (GroupNotFound for no such group)."""
+    return group_state(client, group_id).then[1]
+
+
+def audit(client: Client, offset: int = 0, limit: int = 50) -> tuple[int, list[dict[str, Any]]]:
+    """Who did what, newest first: (entries held, one page). The trail is capped
+    (store/audit.py MAX_ENTRIES); the log keeps every entry."""
+    with reachable():
+        return audit_log.read(client.runtime.redis, keys.audit(client.runtime.config.redis.prefix), offset, limit)
+
+
+def schedules(client: Client) -> list[dict[str, Any]]:
+    """Every schedule of the loaded functions, by id: its definition, the next tick by
+    the server's clock, the last tick that fired and the last job with its status,
+    and its counts (see _schedule_view)."""
+    rt = client.runtime
+    scheds = rt.registry.schedules()
+    wanted: dict[str, tuple[QueueKeys, list[str]]] = {}
+    for s in scheds:
+        wanted.setdefault(s.queue, (rt.keys[s.queue], []))[1].append(s.id)
+    with reachable():
+        now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
+        states = read_states(rt.redis, wanted, rt.scripts, rt.parts) if scheds else {}
+    return [_schedule_view(s, states.get(s.id), now) for s in scheds]
+
+
+def _schedule_view(s: Schedule, st: State | None, now_ms: int) -> dict[str, Any]:
+    """One schedule as `runner schedules --json`, GET /schedules and the dashboard show it.
+
+    ``state`` says whether the workers fire this definition: "active" (Redis holds it),
+    "pending" (no worker has registered it yet) or "superseded" (Redis holds another: a
+    different release of the function file is running)."""
+    from runner.catalog.schedules import iso  # loaded with the registry that holds ``s``
+
+    st = st or State(digest=None, tick_ms=None, fired_ms=None, job_id=None, job_status=None, late_ms=None)
+    state = "pending" if not st.digest else "active" if st.digest == s.digest else "superseded"
+    return {
+        **s.describe(),
+        "next": iso(s.timeline.next_after(now_ms)),
+        "last": iso(st.fired_ms),
+        "last_job": {"id": st.job_id, "status": st.job_status} if st.job_id else None,
+        "state": state,
+        "late_s": st.late_ms / 1000 if st.late_ms is not None else None,
+        "counts": {"fired": st.fired, "missed": st.missed, "overlap": st.overlapped, "manual": st.manual},
+    }

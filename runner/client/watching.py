@@ -1,0 +1,93 @@
+"""Watching a run: a job's log (what its handler logged, and in a child process what it
+wrote to stdout and stderr), read once or followed until the job ends, and its stream
+(ctx.stream's chunks) as an iterator. Reads only; the Redis commands are store/joblogs.py's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from runner.client.inspecting import find
+from runner.store import joblogs, records
+from runner.store.connection import reachable
+
+if TYPE_CHECKING:
+    from runner.client import Client
+
+# How often a follower reads the log again: lines land with a run's settlement.
+FOLLOW_POLL_S = 0.25
+
+
+def logs(client: Client, job_id: str) -> dict[str, Any]:
+    """{"id", "status", "lines": [{"ts", "level", "src", "msg"}, ...]}, oldest line first.
+    Raises JobNotFound when the job is unknown (or its retention has passed)."""
+    k, fields = find(client, job_id)
+    with reachable():
+        lines = joblogs.read(client.runtime.redis, k, job_id)
+    return {"id": job_id, "status": fields.get("status"), "lines": lines}
+
+
+def new_lines(seen: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines of ``now`` after the last of ``seen`` (the log keeps its newest lines, so
+    the start moves as it grows: the last line seen is looked for, from the end)."""
+    if not seen:
+        return now
+    last = seen[-1]
+    for i in range(len(now) - 1, -1, -1):
+        if now[i] == last:
+            return now[i + 1:]
+    return now  # everything seen was trimmed away meanwhile
+
+
+def follow_logs(client: Client, job_id: str, timeout_s: float | None = None,
+                poll_s: float = FOLLOW_POLL_S) -> Iterator[dict[str, Any]]:
+    """Each line of the job's log as it lands, from the first kept, until the job has
+    ended (or ``timeout_s`` passed); ends at once for an ended job, after its lines."""
+    until = None if timeout_s is None else time.monotonic() + timeout_s
+    seen: list[dict[str, Any]] = []
+    while True:
+        got = logs(client, job_id)
+        fresh = new_lines(seen, got["lines"])
+        yield from fresh
+        if fresh:
+            seen = got["lines"]
+        if got["status"] in records.ENDED or (until is not None and time.monotonic() >= until):
+            return
+        time.sleep(poll_s)
+
+
+def stream_chunks(client: Client, job_id: str, after: tuple[int, int] = (-1, -1)) -> dict[str, Any]:
+    """{"id", "status", "chunks"}: the chunks kept after position ``after`` (attempt,
+    number), oldest first. Raises JobNotFound for an unknown job."""
+    k, fields = find(client, job_id)
+    with reachable():
+        chunks = joblogs.read_stream(client.runtime.redis, k, job_id)
+    fresh = [c for c in chunks if (_int(c.get("a")), _int(c.get("i"))) > after]
+    return {"id": job_id, "status": fields.get("status"), "chunks": fresh}
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) else -1
+
+
+def position(chunk: dict[str, Any]) -> tuple[int, int]:
+    return _int(chunk.get("a")), _int(chunk.get("i"))
+
+
+def stream(client: Client, job_id: str, timeout_s: float | None = None,
+           poll_s: float = FOLLOW_POLL_S) -> Iterator[Any]:
+    """Each piece of the job's ctx.stream output in order, from the first kept, as it
+    lands (about once a second while the job runs), until the job has ended (or
+    ``timeout_s`` passed). Raises JobNotFound for an unknown job."""
+    until = None if timeout_s is None else time.monotonic() + timeout_s
+    after = (-1, -1)
+    while True:
+        got = stream_chunks(client, job_id, after)
+        for chunk in got["chunks"]:
+            yield chunk.get("data")
+        if got["chunks"]:
+            after = position(got["chunks"][-1])
+        if got["status"] in records.ENDED or (until is not None and time.monotonic() >= until):
+            return
+        time.sleep(poll_s)

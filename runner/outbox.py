@@ -1,0 +1,93 @@
+"""Placing the jobs of an outbox: a job written where it cannot be enqueued in the same
+step (another queue's slot, or another partition of its queue on Redis Cluster) goes to
+the writing partition's outbox as an entry (its queue, its 12 enqueue fields, its
+priority) and is placed from there into the partition its keys route it to, once by its
+id whoever places it (lua/relay.lua), then taken off the outbox.
+
+The relay (worker/relay.py) drains every outbox; a writer that wants its job placed at
+once (the ticker, a manual run of a schedule) places its own entries right after
+writing them, and whichever of the two comes second places nothing again.
+
+An entry leaves its outbox only once its job is placed: a reader that finds a job's
+entry gone from the outbox then finds the job (OVERLAP reads a schedule's last job so:
+store/schedules.py, last_jobs).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from runner.runtime import Runtime
+from runner.store import codec, followups, routing
+from runner.store.keys import QueueKeys
+
+log = logging.getLogger("runner.scheduler")
+
+
+class Keyed(NamedTuple):
+    """What routing reads of an outbox entry."""
+
+    type: str
+    idem_key: str
+    limits: str
+
+
+def destinations(rt: Runtime, queue: str, jobs: Sequence[routing.Routed]) -> dict[int, list[int]]:
+    """The indexes of ``jobs`` of ``queue`` by the partition (an index of ``rt.parts``)
+    they go to: where their keys route them by the current count, or where another count
+    put a key while it lives there (one look-up then); a keyless one to the home partition
+    (the writer's step keeps it there)."""
+    parts = rt.parts[queue]
+    n = parts[0].partitions  # routed over the current count (a draining one takes none)
+    groups: dict[int, list[int]] = {}
+    for i, job in enumerate(jobs):
+        key = routing.route(job) if n > 1 else ""
+        groups.setdefault(routing.partition_of(key, n) if key else rt.keys[queue].partition, []).append(i)
+    place = rt.placements.get(queue)
+    if place is not None:  # another count was in use lately: its keys are looked up
+        groups = place.relocate(rt.redis, jobs, groups, parts)
+    return groups
+
+
+def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
+    """Write the jobs of these outbox entries into their queues; returns the entries
+    done with (placed, already there, or refused), which may leave the outbox. An entry
+    for a queue this process does not know stays for one that does."""
+    by_queue: dict[str, list[tuple[str, list[str]]]] = {}
+    finished: list[str] = []
+    for raw in entries:
+        try:
+            queue, *fields = codec.loads(raw)
+        except (codec.DecodeError, ValueError, TypeError):
+            log.error("outbox: dropping a malformed entry %.80r", raw)
+            finished.append(raw)
+            continue
+        if queue not in rt.keys:
+            log.warning("outbox: a follow-up for queue %r waits for a worker that knows it", queue)
+            continue
+        if len(fields) != 13:  # its 12 enqueue fields and its priority (scripts.job_entry)
+            log.error("outbox: dropping a malformed entry %.80r", raw)
+            finished.append(raw)
+            continue
+        by_queue.setdefault(queue, []).append((raw, fields))
+    for queue, items in by_queue.items():
+        parts = rt.parts[queue]
+        groups = destinations(rt, queue, [Keyed(f[1], f[7], f[10]) for _, f in items])
+        for p, idx in groups.items():
+            _relay(rt, parts[p], [items[i] for i in idx], finished)
+    return finished
+
+
+def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str]) -> None:
+    codes = rt.scripts.relay(k, [f for _, f in items])
+    for (raw, fields), code in zip(items, codes, strict=True):
+        if int(code) < 0:
+            log.warning("follow-up %s: its idempotency key holds another payload; not enqueued", fields[0])
+        finished.append(raw)
+
+
+def remove(rt: Runtime, k: QueueKeys, entries: Sequence[str]) -> None:
+    """Take placed entries off ``k``'s outbox (one each), in one round trip."""
+    followups.take_off_outbox(rt.redis, k, entries)

@@ -1,0 +1,95 @@
+-- emit: one event's jobs for every subscribed function, its record and its idempotency
+-- key, in one atomic step on the event's home partition (see runner/client/emitting.py).
+-- The jobs for this partition are written here as enqueue.lua writes them; the jobs for
+-- other queues (or other partitions) go to this partition's outbox in the same step and
+-- are placed from there by their ids, once whoever places them (the emitter at once, else
+-- the relay: runner/outbox.py). So a producer killed at any point leaves every job of the
+-- event or none.
+--
+-- KEYS[1] ready        LIST
+-- KEYS[2] scheduled    ZSET  id -> due ms
+-- KEYS[3] notify       LIST
+-- KEYS[4] stats        HASH
+-- KEYS[5] job_prefix   (string; the job key is prefix .. id)
+-- KEYS[6] idem_prefix  (string; a job's idempotency key is prefix .. type .. ':' .. key)
+-- KEYS[7] claims       HASH
+-- KEYS[8] census       HASH
+-- KEYS[9] prio         ZSET
+-- KEYS[10] lim_prefix  (string; see enqueue.lua)
+-- KEYS[11] outbox      LIST  the jobs on their way to another partition (JSON entries)
+-- KEYS[12] emitted     LIST  this partition's recent events, newest first (JSON records)
+-- KEYS[13] emit_prefix (string; an emit's idempotency key is prefix .. name .. ':' .. key,
+--                      a HASH: hash (of the event's data), record)
+-- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
+-- ARGV[2] n, the jobs written here; then 13 fields per job, as enqueue.lua
+-- ARGV[3 + 13 n] how long a limit key's marker lives, ms
+-- ARGV[4 + 13 n] the event's id
+-- ARGV[5 + 13 n] its name
+-- ARGV[6 + 13 n] its data (JSON)
+-- ARGV[7 + 13 n] the emit's idempotency key ('' none)
+-- ARGV[8 + 13 n] the data's hash (for the idempotency key)
+-- ARGV[9 + 13 n] how long the idempotency key is kept, ms
+-- ARGV[10 + 13 n] the most records `emitted` keeps
+-- ARGV[11 + 13 n] the jobs sent away: a JSON array of {id, type, queue}
+-- ARGV[12 + 13 n] this partition's queue (named in the record of each job written here)
+-- ARGV[13 + 13 n] m, the outbox entries; then m entries (JSON: queue, 12 fields, priority)
+--
+-- Returns {code, record}:
+--   1  emitted: the record (JSON), then code, id, status per job written here (as enqueue.lua)
+--   0  duplicate: the record of the emit that holds the key, nothing written
+--  -1  conflict: the record of the emit that holds the key with other data, nothing written
+--- @include "clock"
+--- @include "jobs"
+local now = clock(ARGV[1])
+local n = tonumber(ARGV[2])
+local e = 3 + n * 13
+local id, name, data, ikey = ARGV[e + 1], ARGV[e + 2], ARGV[e + 3], ARGV[e + 4]
+local hold_key = ''
+if ikey ~= '' then
+  hold_key = K.emit_prefix .. name .. ':' .. ikey
+  local held = redis.call('HMGET', hold_key, 'hash', 'record')
+  if held[2] then
+    if held[1] == ARGV[e + 5] then return {0, held[2]} end
+    return {-1, held[2]}
+  end
+end
+local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
+  claims = K.claims, prio = K.prio, mark = K.lim_prefix, mark_ms = tonumber(ARGV[e])}
+local put = jobs_acc()
+local out = {1, ''}
+local here = {}
+for i = 0, n - 1 do
+  local b = 3 + i * 13
+  local j = job_fields(ARGV, b)
+  j.priority = tonumber(ARGV[b + 12]) or 0
+  local code, jid, status = job_put(Q, now, j, put)
+  out[#out + 1] = code
+  out[#out + 1] = jid
+  out[#out + 1] = status
+  if code >= 0 then
+    here[#here + 1] = cjson.encode({id = jid, type = j.type, queue = ARGV[e + 9], status = status})
+  end
+end
+jobs_flush(Q, put, K.notify, K.census)
+local m = tonumber(ARGV[e + 10])
+for i = 1, m do
+  redis.call('RPUSH', K.outbox, ARGV[e + 10 + i])
+end
+-- The record: data as the producer sent it (never re-encoded: cjson would round numbers),
+-- the jobs written here and those sent away.
+local away = ARGV[e + 8]
+local jobs = '[' .. table.concat(here, ',')
+if away ~= '[]' then
+  jobs = jobs .. (#here > 0 and ',' or '') .. string.sub(away, 2, -2)
+end
+jobs = jobs .. ']'
+local record = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"at_ms":' ..
+  string.format('%d', now) .. ',"data":' .. data .. ',"jobs":' .. jobs .. '}'
+redis.call('LPUSH', K.emitted, record)
+redis.call('LTRIM', K.emitted, 0, tonumber(ARGV[e + 7]) - 1)
+if hold_key ~= '' then
+  redis.call('HSET', hold_key, 'hash', ARGV[e + 5], 'record', record)
+  redis.call('PEXPIRE', hold_key, tonumber(ARGV[e + 6]))
+end
+out[2] = record
+return out

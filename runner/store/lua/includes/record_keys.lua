@@ -1,0 +1,48 @@
+-- Reading a job's record from its keys (one damaged is set aside), and their expiry.
+--- @include "records"
+
+-- Records. A job is two keys under its queue's tag:
+--   <job prefix><id>     STRING  "1" then, separated by \31 (US): type, version,
+--                                max_attempts, created_ms, idem_key, idem_hash,
+--                                resource_key, limits, meta, and the payload (JSON) last
+--   <job prefix><id>:s   HASH    its state once it has one: status (absent: queued),
+--                                attempt, ready_ms, started_ms, finished_ms, error,
+--                                reason, history, checkpoint, deferrals, woken,
+--                                lost_token, refunds, rated, ratelimits, priority (1-9,
+--                                absent: 0), requeued (times requeued from dead)
+--                                (absent fields: their defaults)
+-- A job that waits untouched is the string alone (one key, no hash: the payload is the
+-- bulk of it). A done job keeps neither: its outcome goes to the done generations.
+
+-- Read a job's record: (record, nil), or (nil, why) for a missing or malformed one. A
+-- key of another type is renamed aside to <key>:corrupt.
+local function rec_load(jk)
+  local s = redis.pcall('GET', jk)
+  if type(s) == 'table' and s.err then
+    local kind = redis.call('TYPE', jk)['ok']
+    redis.call('RENAME', jk, jk .. ':corrupt')
+    return nil, 'malformed record: a Redis ' .. kind .. ' instead of a string; kept at ' .. jk .. ':corrupt'
+  end
+  if not s then return nil, 'malformed record: no job record for this id' end
+  local rec = rec_parse(s)
+  if not rec then return nil, 'malformed record: not a record of this runner (' .. string.format('%q', string.sub(s, 1, 40)) .. ')' end
+  return rec, nil
+end
+
+-- Both keys of a dead job expire an hour after the dead retention: the scheduler's trim
+-- deletes them at the retention (and uncounts them in the census); the expiry only
+-- bounds their life should no scheduler run.
+local function rec_expire(jk, ms)
+  if ms > 0 then
+    redis.call('PEXPIRE', jk, ms + 3600000)
+    redis.call('PEXPIRE', jk .. ':s', ms + 3600000)
+  end
+end
+
+-- A count kept in a state hash (requeued), as readers take it: a whole number from 0, and
+-- anything else (damaged, negative, a fraction) 0. records.py's view reads it alike.
+local function whole_count(v)
+  local n = tonumber(v or '')
+  if not n or n < 0 or n ~= math.floor(n) then return 0 end
+  return n
+end

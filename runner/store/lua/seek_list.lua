@@ -1,0 +1,43 @@
+-- seek_list: one page of a deferred LIST (a held list, a limit's waiters), newest first
+-- (read from the tail toward the head), resuming from the ids the last page ended on
+-- (it reads, never writes). Jobs are parked at the tail and leave from the head (a
+-- wake) or from anywhere (a cancel), so a place counted from either end moves while a
+-- client pages; an id does not. The page starts just before the last id shown, found by
+-- LPOS from the head; if that one left (cancelled), at the first id not yet shown; if
+-- both left, the list counts as read (a limit wakes from the head: the jobs before them
+-- left first). Finding the place and reading the page are one call. Bounded: LPOS looks
+-- at most MAXLEN ids (where the ids were, plus SLACK for woken jobs that went back to
+-- the head), then one range of at most ARGV[1] + 1 ids.
+--
+-- KEYS[1] list          LIST  oldest at the head
+-- ARGV[1] how many ids to read (at most 1000)
+-- ARGV[2] where (index from the head) the first id not yet shown was; '' the first page
+-- ARGV[3] the first id not yet shown
+-- ARGV[4] the last id shown
+--
+-- Returns {index of the next id not yet shown or -1, that id or '', id, ...} (newest first).
+local SLACK = 1000
+local key = K.list
+local count = math.min(tonumber(ARGV[1]), 1000)
+local len = redis.call('LLEN', key)
+local start = len - 1
+if ARGV[2] ~= '' then
+  local reach = math.min(tonumber(ARGV[2]) + 2 + SLACK, len)
+  start = -1
+  if reach > 0 then  -- (MAXLEN 0 would mean the whole list)
+    local after = redis.call('LPOS', key, ARGV[4], 'RANK', 1, 'MAXLEN', reach)
+    if after then
+      start = after - 1
+    else
+      local at = redis.call('LPOS', key, ARGV[3], 'RANK', 1, 'MAXLEN', reach)
+      if at then start = at end
+    end
+  end
+end
+if start < 0 or count <= 0 then return {-1, ''} end
+local lo = math.max(0, start - count)
+local got = redis.call('LRANGE', key, lo, start)
+local out = {-1, ''}
+if #got > count then out = {lo, got[1]} end
+for i = #got, math.max(#got - count + 1, 1), -1 do out[#out + 1] = got[i] end
+return out

@@ -1,0 +1,38 @@
+-- step: record one finished step of a durable function in its job's step log, fenced by
+-- the claim token (a stale worker's step is refused, so a reclaimed run's log is never
+-- written by two runs). The log lives in the job's state hash, so it is deleted, kept and
+-- expired with the job (its retention) by every script that already does so:
+--   steps        the number of entries; step:<i> (i from 0) each entry (JSON)
+--   step_bytes   the bytes of all entries
+--
+-- KEYS[1] job          STRING  the record (its state hash is K.job .. ':s')
+-- KEYS[2] claims       HASH    id -> claim
+-- KEYS[3] stats        HASH
+-- ARGV[1] now, ms ('' for the server's clock)
+-- ARGV[2] token
+-- ARGV[3] job id
+-- ARGV[4] position (0-based) the entry takes: the log's length as the run read it
+-- ARGV[5] entry (a JSON object without its finished_ms, which the server's clock adds)
+-- ARGV[6] the most entries of a log (1,000)
+-- ARGV[7] the most bytes of a log (4 MiB)
+-- ARGV[8] the stats field counting this step in K.stats ('' none)
+--
+-- Returns {code, n}: 1 recorded; -1 refused (lease lost: nothing changed); -2 another
+-- entry holds that position (n: the log's length); -3 the log is full (n entries); -4
+-- the entry would take the log past its bytes (n: its bytes now).
+--- @include "clock"
+--- @include "claims"
+--- @include "history"
+local now = clock(ARGV[1])
+if not fence(redis.call('HGET', K.claims, ARGV[3]), ARGV[2]) then return {-1, 0} end
+local sk = K.job .. ':s'
+local f = redis.call('HMGET', sk, 'steps', 'step_bytes')
+local n, bytes = tonumber(f[1]) or 0, tonumber(f[2]) or 0
+if n ~= tonumber(ARGV[4]) then return {-2, n} end
+if n + 1 > tonumber(ARGV[6]) then return {-3, n} end
+local entry = stamped_as(ARGV[5], 'finished_ms', now)
+if bytes + #entry > tonumber(ARGV[7]) then return {-4, bytes} end
+redis.call('HSET', sk, 'step:' .. n, entry, 'steps', n + 1, 'step_bytes', bytes + #entry)
+-- pcall: a stats hash damaged to another type loses the count, never the step.
+if K.stats and ARGV[8] and ARGV[8] ~= '' then redis.pcall('HINCRBY', K.stats, ARGV[8], 1) end
+return {1, n + 1}

@@ -1,0 +1,22 @@
+-- steps: read a durable function's step log in one round trip (a run's first durable
+-- call), and count a replay when there is one.
+--
+-- KEYS[1] job          STRING  the record (its state hash, which holds the log, is K.job .. ':s')
+-- KEYS[2] stats        HASH
+-- ARGV[1] the stats field counting a replay ('' none)
+--
+-- Returns the entries (JSON each), oldest first; {} for a job without a log.
+
+local sk = K.job .. ':s'
+local n = tonumber(redis.pcall('HGET', sk, 'steps')) or 0
+if n <= 0 then return {} end
+local names = {}
+for i = 0, n - 1 do names[#names + 1] = 'step:' .. i end
+local out = {}
+for s = 1, #names, 1000 do
+  local part = redis.call('HMGET', sk, unpack(names, s, math.min(s + 999, #names)))
+  for j = 1, #part do out[#out + 1] = part[j] or '' end
+end
+-- pcall: a stats hash damaged to another type loses the count, never the read.
+if ARGV[1] ~= '' then redis.pcall('HINCRBY', K.stats, ARGV[1], 1) end
+return out

@@ -1,0 +1,123 @@
+"""Each Lua script's KEYS, named once.
+
+A script's list is the order its KEYS go on the wire. The same list makes both sides:
+sources.py prepends the Lua binding ``local K = {ready = KEYS[1], ...}`` to the script, so
+a body reads ``K.ready`` and never a position, and ``keys()`` builds the tuple a call
+sends. A name is the ``QueueKeys`` attribute the key comes from, unless the caller gives
+it (``GIVEN``: a key made from an argument, such as one job's record). The header of
+each script documents its keys in the same order, under the same names (a test checks).
+
+Adding a key to a script: add its name here (where the script reads it), use ``K.<name>``
+in the script and add its line to the header; no caller changes unless it is given.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from runner.store.keys import QueueKeys
+
+_ENQUEUE = ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "prio",
+            "lim_prefix")
+_CANCEL = ("job", "claims", "leases", "scheduled", "done_meta", "done_prefix", "idem_prefix", "census", "ended",
+           "cancelled", "cancels", "group_prefix", "job_prefix", "ready", "notify", "stats", "outbox", "prio",
+           "lim_prefix", "limwait")
+_GROUP = ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "prio",
+          "group_prefix", "done_meta", "done_prefix", "outbox")
+
+KEYS: dict[str, tuple[str, ...]] = {
+    "enqueue": _ENQUEUE,
+    "claim": ("ready", "leases", "scheduled", "dead", "stats", "job_prefix", "lim_prefix", "idem_prefix", "claims",
+              "done_meta", "limwait", "notify", "done_prefix", "census", "paused", "held_prefix", "prio", "ended",
+              "cancelled", "group_prefix", "outbox"),
+    "hold": ("claims",),
+    "start": ("claims",),
+    "renew": ("leases", "job_prefix", "lim_prefix", "claims"),
+    "ack": ("leases", "stats", "job_prefix", "lim_prefix", "idem_prefix", "tput_prefix", "dead", "ready", "notify",
+            "claims", "done_meta", "done_prefix", "limwait", "census", "res_prefix", "scheduled", "outbox", "ended",
+            "group_prefix", "prio"),
+    "retry": ("leases", "scheduled", "stats", "job_prefix", "lim_prefix", "ready", "notify", "claims", "limwait",
+              "prio"),
+    "bury": ("leases", "dead", "stats", "job_prefix", "lim_prefix", "idem_prefix", "ready", "notify", "claims",
+             "limwait", "scheduled", "census", "done_meta", "done_prefix", "outbox", "ended", "cancelled",
+             "group_prefix", "prio"),
+    "release": ("leases", "ready", "notify", "job_prefix", "lim_prefix", "claims", "limwait", "idem_prefix", "census",
+                "cancelled", "ended", "group_prefix", "scheduled", "stats", "done_meta", "done_prefix", "outbox",
+                "prio"),
+    "reclaim": ("leases", "ready", "dead", "notify", "stats", "job_prefix", "lim_prefix", "scheduled", "claims",
+                "done_meta", "limwait", "idem_prefix", "ended", "group_prefix", "done_prefix", "census", "outbox",
+                "lost", "prio"),
+    "promote": ("scheduled", "ready", "notify", "job_prefix", "lim_prefix", "limwait", "prio"),
+    "requeue": ("dead", "ready", "notify", "job_prefix", "idem_prefix", "census", "prio"),
+    "remove": ("dead", "job", "idem_prefix", "census", "log_prefix", "stream_prefix"),
+    "checkpoint": ("job", "claims"),
+    "trim": ("dead", "done_meta", "done_prefix", "job_prefix", "census", "cancelled"),
+    "lookup": ("job", "claims", "done_meta", "done_prefix", "res_prefix"),
+    # A schedule's tick runs the enqueue script after its own guard (sources.COMPOSED).
+    "tick": (*_ENQUEUE, "outbox", "schedule"),
+    # An event's jobs, record and key on its home partition (docs/events.md).
+    "emit": (*_ENQUEUE, "outbox", "emitted", "emit_prefix"),
+    "adopt": ("schedules", "schedule_prefix", "schedules_seen"),
+    "alive": ("schedule_prefix", "schedules_seen"),
+    "relay": ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "done_meta",
+              "done_prefix", "prio", "lim_prefix"),
+    "resume": ("paused", "ready", "notify", "job_prefix", "held", "prio"),
+    "watch": ("job", "claims"),
+    "cancel": _CANCEL,
+    "group": _GROUP,
+    "group_count": _GROUP,
+    "seek": ("index",),
+    "seek_list": ("list",),
+    "audit": ("audit",),
+    # Durable functions (docs/durable.md): the step log lives in the job's state hash.
+    "step": ("job", "claims", "stats"),
+    "steps": ("job", "stats"),
+    "suspend": ("leases", "scheduled", "stats", "job_prefix", "lim_prefix", "ready", "notify", "claims", "limwait",
+                "prio", "idem_prefix", "done_meta", "done_prefix", "census", "outbox"),
+    "signal": ("job", "claims", "scheduled", "ready", "notify", "prio", "done_meta", "done_prefix", "stats"),
+    "wait": ("job", "claims"),
+    # Per-job logs (store/joblogs.py): one job's log list, given.
+    "joblog": ("log",),
+}
+
+# Keys a caller passes itself (made from an argument, or not a queue's at all).
+GIVEN = frozenset({"job", "held", "schedule", "index", "list", "audit", "log"})
+
+# The keys of a script that takes all of its keys from the queue, in one C call.
+def _getter(names: tuple[str, ...]) -> Callable[[QueueKeys], Any]:
+    if len(names) > 1:
+        return attrgetter(*names)
+    one = attrgetter(names[0])
+    return lambda k: (one(k),)
+
+
+_GETTERS: dict[str, Callable[[QueueKeys], Any]] = {
+    name: _getter(names) for name, names in KEYS.items() if not GIVEN.intersection(names)
+}
+
+
+def keys(script: str, k: QueueKeys | None = None, **given: str) -> tuple[str, ...]:
+    """The KEYS of one call of ``script``, in its order: each a ``k`` attribute, or given."""
+    if not given and k is not None:
+        getter = _GETTERS.get(script)
+        if getter is not None:
+            return getter(k)  # type: ignore[no-any-return]
+    out = []
+    for name in KEYS[script]:
+        if name in GIVEN:
+            if name not in given:
+                raise TypeError(f"{script}: the key {name!r} must be given")
+            out.append(given[name])
+        else:
+            out.append(getattr(k, name))
+    return tuple(out)
+
+
+def binding(script: str) -> str:
+    """The Lua line that names a script's KEYS: ``local K = {ready = KEYS[1], ...}``."""
+    fields = ", ".join(f"{name} = KEYS[{i}]" for i, name in enumerate(KEYS[script], 1))
+    return f"local K = {{{fields}}}"

@@ -1,0 +1,113 @@
+"""Plain reads of the queue structures and counters, each in one pipelined round trip
+(layout in keys.py): every partition's sizes and stats hashes (observe/figures.py sums
+them into a queue's figures), when the next jobs to run became ready, the per-minute
+throughput hashes, and the best priority waiting in each partition (the fetcher's look
+before a claim of a partitioned queue); and the one write, the worker's summed figures
+of its successes (add_counts).
+
+Imports no redis-py: the reading commands run these on their own connection (link.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from runner.store.keys import QueueKeys
+from runner.store.records import SEP
+
+# What ``partition_rows`` reads of each partition, in this order.
+ROW = ("ready", "leases", "leases_expired", "scheduled", "scheduled_due", "dead", "next_ready", "stats", "paused",
+       "prio", "cancelled", "next_prio")
+
+
+def server_ms(redis: Any) -> int:
+    """Epoch milliseconds by the Redis server: a queue's figures (the oldest job's age, the
+    leases lapsed, the throughput window) are the server's, as every deadline is, not the
+    reading host's (a web host 2 h ahead showed a job waiting for 2 h)."""
+    sec, usec = redis.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[list[Any]]:
+    """One row per partition of ``every``, as ROW names its fields: the sizes of its
+    structures (leases and scheduled also counted up to ``now_ms``), the id at the RPOP
+    end of ready (None when empty) and a list of prio's first id ([] when empty): the
+    next jobs a worker takes; and its stats and paused hashes."""
+    pipe = redis.pipeline(transaction=False)
+    for k in every:
+        pipe.llen(k.ready)
+        pipe.zcard(k.leases)
+        pipe.zcount(k.leases, "-inf", now_ms)
+        pipe.zcard(k.scheduled)
+        pipe.zcount(k.scheduled, "-inf", now_ms)
+        pipe.zcard(k.dead)
+        pipe.lindex(k.ready, -1)  # RPOP end: the next job a worker takes
+        pipe.hgetall(k.stats)
+        pipe.hgetall(k.paused)
+        pipe.zcard(k.prio)
+        pipe.zcard(k.cancelled)
+        pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
+    raw = pipe.execute()
+    n = len(ROW)
+    return [raw[n * i: n * i + n] for i in range(len(every))]
+
+
+def ready_since(redis: Any, jobs: Sequence[tuple[QueueKeys, str]]) -> list[str | None]:
+    """The server ms each (partition, id) became ready, as a string, or None when neither
+    its state nor its record says (gone meanwhile). A job that waits untouched has no
+    state: it became ready at creation, the record's created_ms."""
+    if not jobs:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for k, job_id in jobs:
+        pipe.hget(k.state(job_id), "ready_ms")
+        pipe.get(k.job(job_id))
+    got = _checked(pipe.execute(raise_on_error=False))
+    out: list[str | None] = []
+    for ready, record in zip(got[::2], got[1::2], strict=True):
+        # (The record string's fifth field is created_ms: see records.py.)
+        parts = record.split(SEP, 5) if isinstance(record, str) else []
+        out.append(ready if isinstance(ready, str) else parts[4] if len(parts) > 5 else None)
+    return out
+
+
+def minute_hashes(redis: Any, every: Sequence[QueueKeys], minutes: Sequence[int]) -> list[list[dict[str, str]]]:
+    """Per partition of ``every``, its throughput hash of each minute (epoch minutes), in
+    order; a minute with no hash is {}."""
+    pipe = redis.pipeline(transaction=False)
+    for k in every:
+        for m in minutes:
+            pipe.hgetall(k.throughput(m))
+    raw = pipe.execute()
+    n = len(minutes)
+    return [raw[i * n: (i + 1) * n] for i in range(len(every))]
+
+
+def best_priorities(redis: Any, every: Sequence[QueueKeys]) -> list[int | None]:
+    """The best priority waiting in each partition of ``every`` (the first entry of its
+    prio set, scored -priority * 1e13 + ms: see keys.py), None where none waits. Raises
+    the outage of a node away."""
+    pipe = redis.pipeline(transaction=False)
+    for k in every:
+        pipe.zrange(k.prio, 0, 0, withscores=True)
+    return [-int(top[0][1] // 1e13) if top else None for top in pipe.execute()]
+
+
+def _checked(replies: Any) -> list[Any]:
+    """outage.checked, imported when called: the reading commands load no redis-py."""
+    from runner.store.outage import checked
+
+    return checked(replies)
+
+
+def add_counts(redis: Any, rows: dict[str, dict[str, int]]) -> None:
+    """Add the worker's summed figures to their stats hashes (metrics.Pending), in one
+    round trip. A hash damaged to another type loses its counts, never the others' (as
+    the scripts' own pcall'd HINCRBY); an outage (no answer, BUSY, a read-only replica)
+    raises, and the caller keeps them for the next try."""
+    pipe = redis.pipeline(transaction=False)
+    for key, counts in rows.items():
+        for field, n in counts.items():
+            pipe.execute_command("HINCRBY", key, field, n)
+    _checked(pipe.execute(raise_on_error=False))

@@ -1,0 +1,98 @@
+"""Reading a durable function's step log: the entries lua/step.lua and lua/suspend.lua
+recorded in the job's state hash (``steps``, the count; ``step:<i>``, each entry's JSON),
+for a run's replay (worker/journal.py) and the job's views."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from runner.store import codec, records
+from runner.store.keys import QueueKeys
+
+# A job's step log is bounded (PRODUCT.md): entries and bytes of all entries.
+MAX_STEPS = 1000
+MAX_LOG_BYTES = 4 * 1024 * 1024
+MAX_STEP_BYTES = 256 * 1024  # [worker] max_step_bytes by default: one step's result
+# Signals one job keeps unread (sent before its waits read them): a bound, so no caller
+# grows a job's state without end (signal.lua; a child's end is never refused).
+MAX_KEPT_SIGNALS = 32
+MAX_KEPT_SIGNAL_BYTES = 1024 * 1024
+# A wait without a timeout ends after this long, as a sleep can last at most this long.
+YEAR_MS = 366 * 86_400_000
+# A step's value and a signal's body: a log entry holds it one level down (a child's end
+# two), and the entry must read back within codec.MAX_DEPTH; as a handler's result is held.
+VALUE_DEPTH = codec.RESULT_DEPTH
+# A signal's name: it stands in a URL path (POST /jobs/{id}/signals/{name}).
+SIGNAL_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
+# The names a child's end sends its parent (ctx.invoke): runner's own, so no caller can
+# forge a child's result and no wait collides with one.
+RESERVED_SIGNAL = re.compile(r"child\.[0-9]+")
+
+
+def check_signal_name(name: Any) -> str:
+    """A signal name a caller may send or wait for (ValueError naming the rule if not)."""
+    if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
+        raise ValueError(f"a signal's name is 1 to 100 letters, digits, '.', '_', ':' or '-', not {name!r}")
+    if RESERVED_SIGNAL.fullmatch(name):
+        raise ValueError(f"the signal name {name!r} is reserved: 'child.' and a number is the signal a child "
+                         "job's end sends its parent (ctx.invoke); choose another name")
+    return name
+
+
+def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "") -> list[dict[str, Any]]:
+    """The job's step log, oldest first ([] for a job without one), in one round trip
+    (lua/steps.lua). An entry that is not JSON (damage) reads as a step named by its
+    position and marked ``damaged``, so a replay fails on it loudly, saying so. With ``type_``, a run that finds a log
+    counts a replay of that function."""
+    values = scripts.steps(k, job_id, f"replays|{type_}" if type_ else "")
+    out: list[dict[str, Any]] = []
+    for i, v in enumerate(values or []):
+        try:
+            entry = codec.loads(v) if v else None
+        except codec.TooDeep:  # written before VALUE_DEPTH held at the entry: it reads all the same
+            try:
+                entry = orjson.loads(v)
+            except orjson.JSONDecodeError:
+                entry = None
+        except codec.DecodeError:
+            entry = None
+        out.append(entry if isinstance(entry, dict) else
+                   {"name": f"<damaged entry {i + 1}>", "kind": "?", "damaged": True})
+    return out
+
+
+def suspended(redis: Any, keys: Sequence[QueueKeys], limit: int = 1000) -> list[tuple[str, str, str, str, list[str]]]:
+    """(queue, job id, type, status, recorded step names) of the sleeping and waiting jobs
+    among the first ``limit`` of each partition's scheduled set (`runner check`): three
+    pipelined round trips, bounded whatever the depth."""
+    pipe = redis.pipeline(transaction=False)
+    for k in keys:
+        pipe.zrange(k.scheduled, 0, limit - 1)
+    found = [(k, job_id) for k, ids in zip(keys, pipe.execute(), strict=True) for job_id in ids]
+    if not found:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for k, job_id in found:
+        pipe.get(k.job(job_id))
+        pipe.hgetall(k.state(job_id))
+    replies = pipe.execute()
+    out: list[tuple[str, str, str, str, list[str]]] = []
+    for (k, job_id), raw, state in zip(found, replies[::2], replies[1::2], strict=True):
+        status = (state or {}).get("status")
+        rec = records.parse(raw)
+        if status not in ("sleeping", "waiting") or rec is None:
+            continue
+        names = []
+        for i in range(int(state.get("steps") or 0)):
+            try:
+                entry = codec.loads(state.get(f"step:{i}") or "null")
+            except codec.DecodeError:
+                entry = None
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                names.append(entry["name"])
+        out.append((k.queue, job_id, rec.get("type", ""), status, names))
+    return out

@@ -1,0 +1,804 @@
+"""The script transport: the one place a script call meets a connection.
+
+It runs a script by SHA on a connection, loads it again when Redis answers NOSCRIPT (a
+restart or a SCRIPT FLUSH: the call ran nowhere, so it is sent again), routes a call to the
+master of its partition's slot on Redis Cluster, and waits for replicas behind a durable
+call. Every way runner sends a script goes through here: redis-py's client (with the
+connections the Transport keeps and their spin read), the raw Link (link.py), and the
+event-loop link (aiolink.py) that the client's async path and the web fast lane use.
+scripts.py builds the calls, one typed method per transition, on top of it.
+
+A single call goes out on a connection of the Transport's own (see ``_Lanes``): redis-py's
+pool checks every connection it hands out with a poll() and wraps each command in retry
+and event layers, which together cost about a third of an enqueue round trip.
+
+Durable calls (the enqueue and a schedule's tick) are followed by ``WAIT replicas
+timeout`` on the same connection, sent with the script in one write, when the Transport
+was built with ``replicas`` > 0: WAIT counts the replicas that hold every write of its
+own connection, so it must follow the script there, and pipelined it costs no round trip
+of its own. Fewer replicas than asked raise NotReplicated, with the scripts' replies (the
+script did run). With ``replicas`` = 0 no WAIT is ever sent. Every other transition (ack,
+retry, claim...) stays asynchronous: one lost in a failover re-runs a job at most, which
+at-least-once allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from runner.errors import NotReplicated, RedisUnavailable
+from runner.store import link as link_mod
+
+if TYPE_CHECKING:  # (loaded on first use: only a cluster client's round trips need them)
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from redis.cluster import RedisCluster
+    from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from runner.store.aiolink import AsyncLink
+    from runner.store.sources import NAMES, SHAS, SOURCES
+
+
+def _import_redis() -> None:
+    """redis-py and the assembled scripts, bound here when the first Transport is built: a
+    Link's batches (LinkScripts, a ``reader`` runtime's reads) and a CLI command that runs
+    no script import neither."""
+    if "NoScriptError" in globals():
+        return
+    from redis.cluster import RedisCluster
+    from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from runner.store.sources import NAMES, SHAS, SOURCES
+
+    globals().update(RedisCluster=RedisCluster, AskError=AskError, MovedError=MovedError,
+                     ResponseError=ResponseError, TryAgainError=TryAgainError,
+                     RedisConnectionError=RedisConnectionError, RedisTimeoutError=RedisTimeoutError,
+                     NAMES=NAMES, SHAS=SHAS, SOURCES=SOURCES, NoScriptError=NoScriptError)
+
+
+def _noscript(reply: Any) -> bool:
+    """A reply of the raw links (link.py, aiolink.py) saying Redis lacks the script."""
+    return isinstance(reply, link_mod.ReplyError) and reply.code == "NOSCRIPT"
+
+
+class ScriptCall(NamedTuple):
+    """One script call, to send with others in one round trip (Transport.gather)."""
+
+    name: str
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+_MISSING = object()  # a reply not read (see Transport.behind)
+
+
+class Batch:
+    """Script calls queued on one pipeline: one round trip, no SCRIPT EXISTS check.
+
+    A call answered NOSCRIPT (Redis restarted or flushed its script cache) is loaded and
+    sent again on its own; a call that ran is never sent twice.
+
+    A durable call makes the batch end with one WAIT (see the module's docstring); when
+    it falls short, execute raises NotReplicated carrying every reply.
+    """
+
+    def __init__(self, scripts: Transport) -> None:
+        self.scripts = scripts
+        self.calls: list[tuple[str, Sequence[str], Sequence[Any], bool]] = []
+        # After execute: the indexes of the durable calls whose WAIT fell short (on Redis
+        # Cluster each call's own; on one server the one WAIT speaks for them all).
+        self.short: list[int] = []
+
+    def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
+        self.calls.append((name, keys, args, durable))
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """Every call's reply, in order. With ``raise_on_error`` false, a call that failed
+        after the round trip went out (an error reply, its reload cut off) has its
+        exception in its place, so the calls that ran keep their answers; a failure before
+        any reply was read is raised all the same."""
+        if not self.calls:
+            return []
+        sc = self.scripts
+        acked: list[int] = []
+        if isinstance(sc.client, RedisCluster):
+            # A cluster pipeline refuses EVALSHA: each call goes on its own, the calls to
+            # different masters at once (NodeLanes), so a master slow to answer (a WAIT
+            # short of replicas) delays its own calls only. Each durable call waits on its
+            # own node: WAIT counts that node's replicas.
+            if len(self.calls) == 1:
+                name, keys, args, durable = self.calls[0]
+                reply, n = sc.counted(name, keys, args, durable=durable)
+                self.short = [0] if n is not None and n < sc.replicas else []
+                sc.confirm([] if n is None else [n], [reply])
+                return [reply]
+            self.short = []
+            replies: list[Any] = []
+            first: BaseException | None = None
+            for got in sc.nodes.send(self.calls):
+                if isinstance(got, BaseException):
+                    # Each call went on its own: one that failed (even the first) tells
+                    # nothing of the others, which keep their answers.
+                    if raise_on_error and first is None:
+                        first = got
+                    replies.append(got)
+                    continue
+                reply, n = got
+                replies.append(reply)
+                acked += [] if n is None else [n]
+                if n is not None and n < sc.replicas:
+                    self.short.append(len(replies) - 1)
+            if first is not None:  # (raised once every call is answered: none is left in flight)
+                raise first
+            sc.confirm(acked, replies)
+            return replies
+        wait = sc.wait if any(c[3] for c in self.calls) else None
+        cmds: list[tuple[Any, ...]] = [("EVALSHA", sc.shas[name], len(keys), *keys, *args)
+                                       for name, keys, args, _ in self.calls]
+        if wait is not None:
+            cmds.append(wait)
+        replies = sc.pipelined(cmds)
+        last = replies.pop() if wait is not None else None
+        failed: Exception | None = None
+        for i, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                # Sent again alone once loaded; every such call is sent, even past one that
+                # fails, as the pipelined calls all ran: the error is raised at the end.
+                name, keys, args, durable = self.calls[i]
+                try:
+                    replies[i], n = sc.counted(name, keys, args, durable=durable)
+                except Exception as exc:
+                    if raise_on_error and not isinstance(exc, ResponseError):
+                        raise  # an outage: the calls after it would meet it too
+                    replies[i] = exc
+                    failed = failed or exc
+                    continue
+                acked += [] if n is None else [n]
+            elif isinstance(reply, Exception):
+                failed = failed or reply
+        if failed is not None and raise_on_error:
+            raise failed
+        if isinstance(last, Exception):  # after the scripts' own errors, which say more
+            raise last
+        if last is not None:
+            acked.append(int(last))
+            self.short = [i for i, c in enumerate(self.calls) if c[3]] if int(last) < sc.replicas else []
+        sc.confirm(acked, replies)
+        return replies
+
+
+class _Lanes:
+    """Connections taken from the client's pool once and then kept for script calls.
+
+    A call pops an idle one (a list op, atomic under the GIL, so threads never share a
+    connection), sends, reads, and pushes it back. The pool still owns them, so closing
+    the client closes them too; a connection that failed mid-call is disconnected (it may
+    hold half a reply) and reconnects on its next use through its own ``connect()`` (a
+    Sentinel-managed one asks Sentinel for the master there); a forked child starts
+    afresh.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.idle: list[Any] = []
+        self.pid = os.getpid()
+
+    def take(self) -> Any:
+        if self.pid != os.getpid():  # a fork: the parent's sockets are not ours
+            self.idle, self.pid = [], os.getpid()
+        try:
+            conn = self.idle.pop()
+        except IndexError:
+            return self.pool.get_connection()
+        conn.connect()  # a no-op when connected
+        return conn
+
+    def give(self, conn: Any) -> None:
+        self.idle.append(conn)
+
+
+class _Spin:
+    """Polls a connection for its reply for up to BUDGET_S before the read that sleeps.
+
+    A blocking read puts the thread to sleep and the reply has to wake it: on the 2-core
+    VMs measured, that wake-up was most of a loopback round trip (a PING took 82-95 us
+    with a blocking read, 28 us polling). A caller making one call at a time (a producer
+    enqueueing job by job) waits on every round trip, so it polls for a moment first;
+    the CPU spent is at most the wait it saves. When replies keep taking longer than the
+    budget (a distant Redis), polling stops for the next SKIP calls and is then tried
+    again. Polling only watches the socket: the read itself, and every error, are the
+    connection's own, as without it."""
+
+    BUDGET_S = 100e-6
+    MISSES = 16  # in a row, before a pause
+    SKIP = 500
+
+    def __init__(self) -> None:
+        self.misses = 0
+        self.skip = 0
+
+    def wait(self, conn: Any) -> None:
+        # Counters shared by threads without a lock: a lost update only shifts a pause.
+        if self.skip:
+            self.skip -= 1
+            return
+        sock = getattr(conn, "_sock", None)
+        if sock is None:
+            return
+        poller = getattr(conn, "_runner_poll", None)
+        if poller is None or poller[0] is not sock:
+            poller = (sock, select.poll())
+            poller[1].register(sock, select.POLLIN)
+            conn._runner_poll = poller
+        poll = poller[1].poll
+        deadline = time.perf_counter() + self.BUDGET_S
+        while not poll(0):
+            if time.perf_counter() > deadline:
+                self.misses += 1
+                if self.misses >= self.MISSES:
+                    self.misses, self.skip = 0, self.SKIP
+                return
+        self.misses = 0
+
+
+class Stream:
+    """Script calls sent one after another on one connection without waiting for each
+    reply, so the caller can prepare the next call while Redis runs the last; replies
+    are read back in the order sent. ``read`` returns the oldest call's tag and reply.
+
+    A call answered NOSCRIPT did not run: it is loaded and sent again on its own when its
+    reply is read (after a SCRIPT FLUSH mid-stream a later call may then run first). Any
+    other error reply (OOM at maxmemory, READONLY, MISCONF: refused before it wrote) is
+    raised once the calls behind it are read too, the connection being still in step: the
+    exception carries ``behind``, each of those calls' (tag, reply or error), so the
+    caller knows which of them ran. A lost connection raises with ``unknown``, the tags
+    of the calls whose replies were owed: what they did is unknown, as for a single call
+    whose reply was lost. Without kept connections (Redis Cluster) each call is sent on a
+    thread of a pool (NodeLanes), after the stream's call before it to the same master, so
+    calls to different masters overlap; they are read in order, with the same ``behind``
+    and ``unknown`` on a failure.
+
+    A durable call is followed by its own WAIT, so each reply read is confirmed by itself
+    (a WAIT blocks its connection, so calls sent behind it run once it is answered); one
+    that falls short raises NotReplicated from ``read``, with that call's reply.
+    """
+
+    def __init__(self, scripts: Transport) -> None:
+        self.scripts = scripts
+        self.pending: deque[tuple[str, Sequence[str], Sequence[Any], Any, bool]] = deque()
+        # Redis Cluster: calls sent on threads of the pool (NodeLanes), read in order.
+        self.ready: deque[tuple[Any, Future[tuple[Any, int | None]]]] = deque()
+        self.after: dict[str, Future[tuple[Any, int | None]]] = {}  # the last call sent to each master
+        self.conn: Any = None
+
+    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False) -> None:
+        sc = self.scripts
+        if sc._lanes is None:
+            self.ready.append((tag, sc.nodes.submit(name, keys, args, durable, self.after)))
+            return
+        if self.conn is None:
+            self.conn = sc._lanes.take()
+        try:
+            sc._send(self.conn, name, keys, args, durable)
+        except BaseException as exc:
+            exc.unknown = [tag, *(p[3] for p in self.pending)]  # type: ignore[attr-defined]
+            self._drop()
+            raise
+        self.pending.append((name, keys, args, tag, durable))
+
+    def __len__(self) -> int:
+        return len(self.pending) + len(self.ready)
+
+    def read(self) -> tuple[Any, Any]:
+        if self.ready:
+            tag, sent = self.ready.popleft()
+            try:
+                reply, acked = sent.result()
+            except BaseException as exc:
+                # As on one connection: a refused call (an error reply) did not run; any
+                # other failure leaves it undetermined. The calls sent behind it (on their
+                # masters' own threads) are waited for and told on the exception.
+                behind, unknown = self.answered()
+                exc.behind = behind  # type: ignore[attr-defined]
+                exc.unknown = ([] if isinstance(exc, ResponseError) else [tag]) + unknown  # type: ignore[attr-defined]
+                raise
+        else:
+            tag, reply, acked = self._read_next()
+        self.scripts.confirm([] if acked is None else [acked], [reply])
+        return tag, reply
+
+    def answered(self) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """Redis Cluster: wait for every call sent and not read yet and take them off:
+        (tag, reply or error reply) of those answered, and the tags of those whose outcome
+        is unknown (their connection failed)."""
+        behind: list[tuple[Any, Any]] = []
+        unknown: list[Any] = []
+        while self.ready:
+            tag, sent = self.ready.popleft()
+            try:
+                behind.append((tag, sent.result()[0]))
+            except ResponseError as err:
+                behind.append((tag, err))
+            except BaseException:
+                unknown.append(tag)
+        return behind, unknown
+
+    def _read_next(self) -> tuple[Any, Any, int | None]:
+        name, keys, args, tag, durable = self.pending.popleft()
+        try:
+            try:
+                reply, acked = self.scripts._read(self.conn, durable)
+            except NoScriptError:  # it did not run: load, run alone
+                reply, acked = self.scripts.counted(name, keys, args, durable=durable)
+        except ResponseError as exc:
+            self._read_behind(exc)  # read whole: the calls behind it say what they did
+            raise
+        except BaseException as exc:
+            exc.unknown = [tag, *(p[3] for p in self.pending)]  # type: ignore[attr-defined]
+            self._drop()
+            raise
+        if not self.pending:
+            self.close()
+        return tag, reply, acked
+
+    def _read_behind(self, exc: BaseException) -> None:
+        """After an error reply, read the replies owed behind it onto ``exc.behind`` (a
+        lost connection leaves the rest on ``exc.unknown``), then drop the connection."""
+        behind: list[tuple[Any, Any]] = []
+        while self.pending:
+            tag, durable = self.pending[0][3], self.pending[0][4]
+            try:
+                reply: Any = self.scripts._read(self.conn, durable)[0]
+            except ResponseError as err:
+                reply = err
+            except BaseException:
+                break
+            self.pending.popleft()
+            behind.append((tag, reply))
+        exc.behind = behind  # type: ignore[attr-defined]
+        exc.unknown = [p[3] for p in self.pending]  # type: ignore[attr-defined]
+        self._drop()
+
+    def close(self) -> None:
+        """Give the connection back; replies still owed make it unusable, so drop it."""
+        if self.conn is None:
+            return
+        if self.pending:
+            self._drop()
+            return
+        self.scripts._lanes.give(self.conn)  # type: ignore[union-attr]
+        self.conn = None
+
+    def _drop(self) -> None:
+        self.pending.clear()
+        if self.conn is not None:
+            self.conn.disconnect()
+            self.scripts._lanes.give(self.conn)  # type: ignore[union-attr]
+            self.conn = None
+
+
+class NodeLanes:
+    """Redis Cluster: a round trip's script calls to different masters go at once, each
+    master's in the order given, sent for the caller that makes the round trip (a cluster
+    pipeline refuses EVALSHA). The caller sends one master's calls itself and hands the
+    others to threads of a pool shared by the process, one task per master and round trip:
+    two callers' calls to one slow master wait each for its own, never behind the other's
+    (a lane per master shared by every caller queued them: six threads' batches took six
+    times as long). Made anew in a forked child."""
+
+    # Threads are started only when no idle one is left; the bound only keeps a runaway
+    # number of callers from starting threads without end.
+    MAX_THREADS = 256
+
+    def __init__(self, scripts: Transport) -> None:
+        self.scripts = scripts
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def node(self, keys: Sequence[str]) -> str:
+        try:
+            return str(self.scripts.client.get_node_from_key(keys[0]).name) if keys else ""
+        except Exception:  # no layout now: the call itself says why
+            return ""
+
+    def send(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]]
+             ) -> list[tuple[Any, int | None] | BaseException]:
+        """Every call's (reply, WAIT's count) or the exception it raised, in order."""
+        by_node: dict[str, list[int]] = {}
+        for i, (_, keys, _, _) in enumerate(calls):
+            by_node.setdefault(self.node(keys), []).append(i)
+        out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
+        groups = list(by_node.values())
+        futures = [self.pool().submit(self._run, calls, g, out) for g in groups[1:]]
+        self._run(calls, groups[0], out)
+        for f in futures:
+            f.result()
+        return out
+
+    def submit(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool,
+               after: dict[str, Future[tuple[Any, int | None]]]) -> Future[tuple[Any, int | None]]:
+        """One call of a Stream on a thread of the pool, sent once the same stream's call
+        before it to the same master is answered (``after``: the stream's last call per
+        master), so one caller's calls to a master keep their order."""
+        node = self.node(keys)
+        before = after.get(node)
+        counted = self.scripts.counted
+
+        def call() -> tuple[Any, int | None]:
+            if before is not None:
+                with contextlib.suppress(BaseException):
+                    before.result()
+            return counted(name, keys, args, durable=durable)
+
+        sent = after[node] = self.pool().submit(call)
+        return sent
+
+    def _run(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]], group: list[int],
+             out: list[tuple[Any, int | None] | BaseException]) -> None:
+        counted = self.scripts.counted
+        for i in group:
+            name, keys, args, durable = calls[i]
+            try:
+                out[i] = counted(name, keys, args, durable=durable)
+            except Exception as exc:
+                out[i] = exc
+
+    def pool(self) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pool, self._pid = None, os.getpid()
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(self.MAX_THREADS, thread_name_prefix="redis-send")
+            return self._pool
+
+
+class Transport:
+    """Script calls on one Redis client, sent by SHA and loaded again on NOSCRIPT.
+
+    ``replicas`` > 0: durable calls return only once that many replicas confirmed them
+    within ``replica_timeout_s`` (see the module's docstring)."""
+
+    def __init__(self, client: Any, replicas: int = 0, replica_timeout_s: float = 1.0) -> None:
+        self.client = client
+        _import_redis()
+        self.nodes = NodeLanes(self)  # Redis Cluster: calls to the masters at once
+        self.sources = SOURCES
+        self.shas = SHAS
+        pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
+        self._lanes = _Lanes(pool) if pool is not None else None
+        self._watch: Any = getattr(pool, "runner_watch", None)  # Sentinel's events (sentinel.py)
+        self._spin = _Spin()
+        self.replicas = replicas
+        self.replica_timeout_s = replica_timeout_s
+        # Error replies seen by this process's calls (a key damaged to another type makes
+        # some): the scheduler's reclaim checks the queues' key types after one (reclaim).
+        self.error_replies = 0
+        # The command itself; None: no WAIT is sent.
+        self.wait: tuple[str, int, int] | None = (
+            ("WAIT", replicas, max(1, round(replica_timeout_s * 1000))) if replicas > 0 else None
+        )
+
+    def confirm(self, acked: Sequence[int], replies: Sequence[Any]) -> None:
+        """Raise NotReplicated when any WAIT answered fewer replicas than asked."""
+        if acked and min(acked) < self.replicas:
+            raise NotReplicated(min(acked), self.replicas, self.replica_timeout_s, replies=replies)
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
+             durable: bool = False) -> Any:
+        """One script call. With ``spin``, wait for the reply by polling for a moment
+        before sleeping on it (see _Spin): for a caller that makes one call at a time.
+        With ``durable``, confirmed by the replicas (NotReplicated when it is not)."""
+        reply, acked = self.counted(name, keys, args, spin=spin, durable=durable)
+        self.confirm([] if acked is None else [acked], [reply])
+        return reply
+
+    def counted(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
+                durable: bool = False) -> tuple[Any, int | None]:
+        """One script call and, when durable and WAIT is on, the replicas that confirmed it
+        (None: no WAIT was sent)."""
+        if self._lanes is None:
+            if durable and self.wait is not None:
+                return self._call_on_node(name, keys, args)
+            try:
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
+            except NoScriptError:
+                self._load(name, keys)
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
+            except ResponseError:
+                self.error_replies += 1
+                raise
+        lanes = self._lanes
+        conn = lanes.take()
+        try:
+            try:
+                self._send(conn, name, keys, args, durable)
+                if spin:
+                    self._spin.wait(conn)
+                out = self._read(conn, durable)
+            except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
+                conn.send_command("SCRIPT", "LOAD", self.sources[name])
+                conn.read_response()
+                self._send(conn, name, keys, args, durable)
+                out = self._read(conn, durable)
+        except ResponseError:
+            self.error_replies += 1
+            lanes.give(conn)  # an error reply was read whole: the connection is in step
+            raise
+        except BaseException:
+            conn.disconnect()
+            lanes.give(conn)
+            raise
+        lanes.give(conn)
+        return out
+
+    def pipelined(self, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send commands in one write on a kept connection and read every reply; an error
+        reply takes its place in the list instead of being raised (a settle batch is one
+        or two script calls: redis-py's pipeline object cost more than the calls' own
+        packing). Without kept connections, redis-py's pipeline."""
+        if self._lanes is None:
+            pipe = self.client.pipeline(transaction=False)
+            for cmd in cmds:
+                pipe.execute_command(*cmd)
+            return list(pipe.execute(raise_on_error=False))
+        lanes = self._lanes
+        conn = lanes.take()
+        replies: list[Any] = []
+        try:
+            conn.send_packed_command(conn.pack_commands(cmds))
+            for _ in cmds:
+                try:
+                    replies.append(conn.read_response())
+                except ResponseError as exc:  # read whole: the connection stays in step
+                    replies.append(exc)
+                    if not isinstance(exc, NoScriptError):
+                        self.error_replies += 1
+            if self._watch is not None:
+                self._trusted(conn)
+        except BaseException:
+            conn.disconnect()  # it may owe replies
+            lanes.give(conn)
+            raise
+        lanes.give(conn)
+        return replies
+
+    def behind(self, block: Sequence[Any], name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:
+        """A blocking command (a BLPOP) and a script call behind it, in one write on a kept
+        connection: Redis runs the script the moment the command returns, whether it
+        unblocked or timed out, so a caller that waits for news and then acts on it pays
+        one round trip and one wake-up for both. Returns (the command's reply, or its error
+        reply: the script ran all the same, and its reply must not be lost; the script's
+        reply). Without kept connections (Redis Cluster), the two go one after the other."""
+        if self._lanes is None:
+            try:
+                first = self.client.execute_command(*block)
+            except ResponseError as exc:
+                first = exc
+                self.error_replies += 1
+            return first, self.call(name, keys, args)
+        lanes = self._lanes
+        conn = lanes.take()
+        reply: Any = _MISSING
+        try:
+            conn.send_packed_command(conn.pack_commands([block, ("EVALSHA", self.shas[name], len(keys), *keys, *args)]))
+            try:
+                first = conn.read_response()
+            except ResponseError as exc:  # read whole: the connection stays in step
+                first = exc
+                self.error_replies += 1
+            with contextlib.suppress(NoScriptError):  # nothing ran: loaded and sent alone below
+                reply = conn.read_response()
+            if self._watch is not None:
+                self._trusted(conn)
+        except ResponseError:
+            lanes.give(conn)  # an error reply was read whole
+            raise
+        except BaseException:
+            conn.disconnect()  # it may owe replies
+            lanes.give(conn)
+            raise
+        lanes.give(conn)
+        if reply is _MISSING:
+            reply = self.call(name, keys, args)
+        return first, reply
+
+    def gather(self, calls: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any] | None:
+        """Script calls and plain commands (tuples of words) in one round trip on a kept
+        connection, for a caller that looks at many keys at once (the scheduler's pass over
+        every partition): each reply, or its error reply, in its place; a script answered
+        NOSCRIPT is loaded and sent again alone. None without kept connections (Redis
+        Cluster, where the keys live on several masters): the caller sends each on its own."""
+        if self._lanes is None:
+            return None
+        cmds = [("EVALSHA", self.shas[c.name], len(c.keys), *c.keys, *c.args) if isinstance(c, ScriptCall) else c
+                for c in calls]
+        replies = self.pipelined(cmds)
+        for i, (c, reply) in enumerate(zip(calls, replies, strict=True)):
+            if isinstance(c, ScriptCall) and isinstance(reply, NoScriptError):
+                try:
+                    replies[i] = self.call(c.name, c.keys, c.args)
+                except ResponseError as exc:
+                    replies[i] = exc
+        return replies
+
+    def _send(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool) -> None:
+        """The EVALSHA, and the WAIT behind it when durable, in one write."""
+        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        if durable and self.wait is not None:
+            conn.send_packed_command(conn.pack_commands([cmd, self.wait]))
+        else:
+            conn.send_command(*cmd)
+
+    def _read(self, conn: Any, durable: bool) -> tuple[Any, int | None]:
+        """The script's reply and, when a WAIT followed it, WAIT's count. An error reply is
+        raised only once both are read, so the connection stays in step."""
+        if not (durable and self.wait is not None):
+            reply = conn.read_response()
+            if self._watch is not None:
+                self._trusted(conn)
+            return reply, None
+        try:
+            reply = conn.read_response()
+        except ResponseError:
+            # The script's error says more (READONLY on a replica, where WAIT errs too).
+            with contextlib.suppress(ResponseError):
+                conn.read_response()
+            raise
+        acked = int(conn.read_response())
+        if self._watch is not None:
+            self._trusted(conn)
+        return reply, acked
+
+    def _trusted(self, conn: Any) -> None:
+        """Raise ConnectionError for a reply read from a master Sentinel is replacing: what
+        it wrote (and the replicas' WAIT for it) may be wiped by its resync (sentinel.py)."""
+        if self._watch.demoted(conn.host, conn.port):
+            raise RedisConnectionError(f"the reply came from {conn.host}:{conn.port}, a master Sentinel is "
+                                       "replacing: it does not count")
+
+    def _load(self, name: str, keys: Sequence[str]) -> None:
+        """Load a script where its call goes: on Redis Cluster the master of its keys' slot
+        only (SCRIPT LOAD to every master fails while one shard is down, and with it every
+        call to the live ones)."""
+        if isinstance(self.client, RedisCluster) and keys:
+            node = self.client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+            node.redis_connection.script_load(self.sources[name])
+        else:
+            self.client.script_load(self.sources[name])
+
+    def _call_on_node(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, int]:
+        """A durable call on Redis Cluster: the script and its WAIT pipelined on one
+        connection of the master that holds the slot (RedisCluster would send each on a
+        connection of its choosing, and a WAIT elsewhere confirms nothing)."""
+        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        assert self.wait is not None
+        for attempt in range(3):
+            node = self.client.get_node_from_key(keys[0])
+            pipe = node.redis_connection.pipeline(transaction=False)
+            pipe.execute_command(*cmd)
+            pipe.execute_command(*self.wait)
+            try:
+                reply, acked = pipe.execute(raise_on_error=False)
+            except (RedisConnectionError, RedisTimeoutError):
+                # The master is gone (killed, or failing over). RedisCluster learns a new
+                # layout after its own commands fail; this call bypasses it, so it asks
+                # itself, or it would keep sending to the dead master after the promotion.
+                with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+                    self.client.nodes_manager.initialize()
+                if attempt < 2 and self.client.get_node_from_key(keys[0]) is not node:
+                    continue  # a new master holds the slot: send it there
+                raise
+            if isinstance(reply, NoScriptError):
+                node.redis_connection.script_load(self.sources[name])
+                continue
+            if isinstance(reply, (MovedError, AskError)) and attempt < 2:
+                # The slot moved (a failover, a resharding): nothing ran; learn the layout again.
+                self.client.nodes_manager.initialize()
+                continue
+            if isinstance(reply, (MovedError, AskError)):
+                raise TryAgainError(str(reply))  # type: ignore[no-untyped-call]
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            return reply, int(acked)
+        raise TryAgainError(f"{name}: the slot of {keys[0]!r} kept moving")  # type: ignore[no-untyped-call]
+
+    def prepare(self) -> None:
+        """Assemble every script now (a process that runs them all, before its first job)."""
+        for name in NAMES:
+            self.shas[name]
+
+    def batch(self) -> Batch:
+        return Batch(self)
+
+    def stream(self) -> Stream:
+        return Stream(self)
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None,
+             spin: bool = False, durable: bool = False) -> Any:
+        if pipe is not None:
+            pipe.add(name, keys, args, durable)
+            return None
+        return self.call(name, keys, args, spin=spin, durable=durable)
+
+
+
+# The raw links ------------------------------------------------------------------------
+
+
+class LinkScripts:
+    """Script calls batched over a Link, as Batch sends them over redis-py: each by SHA in
+    one write; one answered NOSCRIPT (a restarted or flushed Redis) is loaded and sent
+    again, the load and the call in one more write. Read-only scripts only: no WAIT is ever
+    sent (``durable`` is refused)."""
+
+    def __init__(self, link: link_mod.Link) -> None:
+        self.link = link
+
+    def batch(self) -> LinkBatch:
+        return LinkBatch(self.link)
+
+
+class LinkBatch:
+    def __init__(self, link: link_mod.Link) -> None:
+        self.link = link
+        self.calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
+
+    def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
+        if durable:
+            raise ValueError(f"{name}: a Link sends no durable (WAIT) calls")
+        self.calls.append((name, keys, args))
+
+    def execute(self) -> list[Any]:
+        from runner.store.sources import SHAS, SOURCES  # here: `runner stats` runs no script
+
+        calls, self.calls = self.calls, []
+        replies = self.link.send([("EVALSHA", SHAS[n], len(k), *k, *a) for n, k, a in calls]) if calls else []
+        for i, reply in enumerate(replies):
+            if _noscript(reply):
+                name, keys, args = calls[i]
+                _, reply = self.link.send([("SCRIPT", "LOAD", SOURCES[name]),
+                                           ("EVALSHA", SHAS[name], len(keys), *keys, *args)])
+                replies[i] = reply
+            if isinstance(reply, link_mod.ReplyError):
+                raise link_mod.raised(reply)
+        return replies
+
+
+async def send_on_loop(link: AsyncLink, scripts: Transport,
+                       calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    """Script calls pipelined in one write on the event loop's link (the client's async
+    enqueue, the web fast lane); each reply (or error reply) in its place. A call answered
+    NOSCRIPT ran nowhere: it is loaded and sent again, the load and the call in one more
+    write. Raises RedisUnavailable when no reply was read (every call's outcome is
+    unknown); a reload cut off by an outage puts that error in the place of its call and
+    of every later one answered NOSCRIPT, so a call that ran keeps its answer."""
+    wire = [("EVALSHA", scripts.shas[name], len(keys), *keys, *args) for name, keys, args in calls]
+    replies: list[Any] = await link.send(wire)
+    lost: RedisUnavailable | None = None
+    for n, reply in enumerate(replies):
+        if _noscript(reply):  # it ran nowhere
+            if lost is None:
+                try:
+                    _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources[calls[n][0]]), wire[n]])
+                except RedisUnavailable as exc:
+                    lost = exc
+            replies[n] = lost if lost is not None else replies[n]
+    return replies

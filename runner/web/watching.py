@@ -1,0 +1,173 @@
+"""GET /jobs/{id}/logs: a job's own log, and GET /jobs/{id}/stream: its ctx.stream
+output (``read`` scope, as reading the job).
+
+    200 {"id", "status", "lines": [{"ts", "level", "src", "msg"}, ...]}, oldest first
+    ?follow=1: server-sent events instead, each line as it lands, until the job ends:
+        event: line   one line (JSON), the lines kept so far first
+        event: end    {"id", "status"}: the job has ended (or the stream's time is up,
+                      status then as it was: a client follows again)
+
+GET /jobs/{id}/stream: server-sent events, the chunks kept first, then each as it lands:
+        event: chunk  {"a": attempt, "i": its number in the attempt, "ts", "data"}
+        event: end    {"id", "status"}: the job has ended (or the stream's time is up)
+    ?after=A.I: only the chunks after that position (a reader coming back).
+
+A stream lasts at most events.STREAM_S; a comment line every HEARTBEAT_S keeps proxies
+from timing it out. A log line is data from a producer: it is sent as JSON, never markup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import falcon
+import falcon.asgi
+
+from runner.client import Client, watching
+from runner.store import records
+from runner.web.body import only_params, send
+from runner.web.events import HEARTBEAT_S, RETRY_MS, STREAM_S, _owner
+from runner.web.hub import STREAMS_PER_TOKEN
+from runner.web.offload import Offload
+from runner.web.problems import Problem
+
+# How often a follower's log is read again (lines land with a renewal or a settlement).
+FOLLOW_POLL_S = 0.25
+
+
+class Followers:
+    """The follow streams (logs, output) each token holds open on this process, held to
+    STREAMS_PER_TOKEN as the event streams are: each one holds a connection and polls
+    Redis, so one token must not fill the server's connections with them."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, int] = {}
+
+    def admit(self, req: falcon.asgi.Request) -> str:
+        """The stream's owner, or a 429 when it holds its share already."""
+        owner = _owner(req)
+        if self.open.get(owner, 0) >= STREAMS_PER_TOKEN:
+            raise Problem(429, "too-many-streams", f"this token already holds {STREAMS_PER_TOKEN} follow streams "
+                          "open on this web process; close one (a page or a `runner logs --follow`) and retry",
+                          title="Too many follow streams", headers={"Retry-After": "30"},
+                          max_streams=STREAMS_PER_TOKEN)
+        return owner
+
+    async def held(self, owner: str, body: AsyncIterator[falcon.asgi.SSEvent | None]
+                   ) -> AsyncIterator[falcon.asgi.SSEvent | None]:
+        # Counted from the stream's first event: only a generator that started runs its
+        # finally, so only from here is every stream counted sure to be let go.
+        self.open[owner] = self.open.get(owner, 0) + 1
+        try:
+            async for event in body:
+                yield event
+        finally:
+            self.open[owner] -= 1
+            if not self.open[owner]:
+                del self.open[owner]
+
+
+FOLLOWERS = Followers()  # one per process: its event loop's
+
+
+class JobLogs:
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        only_params(req, "follow")
+        follow = req.get_param("follow")
+        if follow not in (None, "0", "1", "true", "false"):
+            raise Problem(400, "invalid-parameter", "query parameter 'follow' must be 1 or 0",
+                          title="Invalid parameter", parameter="follow")
+        got = await self.offload(self.client.logs, name)  # 404 for no such job, before a stream opens
+        if follow not in ("1", "true"):
+            send(resp, got)
+            return
+        owner = FOLLOWERS.admit(req)
+        resp.cache_control = ["no-store"]
+        resp.set_header("X-Accel-Buffering", "no")
+        resp.sse = FOLLOWERS.held(owner, self._emit(name, got))
+
+    async def _emit(self, job_id: str, first: dict[str, Any]) -> AsyncIterator[falcon.asgi.SSEvent | None]:
+        yield falcon.asgi.SSEvent(retry=RETRY_MS)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STREAM_S
+        quiet_since = loop.time()
+        seen: list[dict[str, Any]] = []
+        got = first
+        while True:
+            fresh = watching.new_lines(seen, got["lines"])
+            for line in fresh:
+                yield falcon.asgi.SSEvent(event="line", data=json.dumps(line, ensure_ascii=True).encode())
+            if fresh:
+                seen = got["lines"]
+                quiet_since = loop.time()
+            if got["status"] in records.ENDED or loop.time() >= deadline:
+                yield falcon.asgi.SSEvent(event="end", data=json.dumps(
+                    {"id": job_id, "status": got["status"]}, ensure_ascii=True).encode())
+                return
+            if loop.time() - quiet_since >= HEARTBEAT_S:
+                quiet_since = loop.time()
+                yield None  # a comment line (": ping")
+            await asyncio.sleep(FOLLOW_POLL_S)
+            try:
+                got = await self.offload(self.client.logs, job_id)
+            except Exception:  # gone meanwhile (its retention), or Redis away: the stream ends
+                yield falcon.asgi.SSEvent(event="end", data=json.dumps(
+                    {"id": job_id, "status": None}, ensure_ascii=True).encode())
+                return
+
+
+class JobStream:
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        only_params(req, "after")
+        after = (-1, -1)
+        raw = req.get_param("after")
+        if raw is not None:
+            a, _, i = raw.partition(".")
+            if not (a.isascii() and i.isascii() and a.isdigit() and i.isdigit() and len(raw) < 24):
+                raise Problem(400, "invalid-parameter", "query parameter 'after' must be ATTEMPT.NUMBER, as a "
+                              "chunk's a and i (1.41)", title="Invalid parameter", parameter="after")
+            after = (int(a), int(i))
+        got = await self.offload(watching.stream_chunks, self.client, name, after)  # 404 before a stream opens
+        owner = FOLLOWERS.admit(req)
+        resp.cache_control = ["no-store"]
+        resp.set_header("X-Accel-Buffering", "no")
+        resp.sse = FOLLOWERS.held(owner, self._emit(name, got, after))
+
+    async def _emit(self, job_id: str, first: dict[str, Any], after: tuple[int, int]
+                    ) -> AsyncIterator[falcon.asgi.SSEvent | None]:
+        yield falcon.asgi.SSEvent(retry=RETRY_MS)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STREAM_S
+        quiet_since = loop.time()
+        got = first
+        while True:
+            for chunk in got["chunks"]:
+                yield falcon.asgi.SSEvent(event="chunk", data=json.dumps(chunk, ensure_ascii=True).encode())
+            if got["chunks"]:
+                after = watching.position(got["chunks"][-1])
+                quiet_since = loop.time()
+            if got["status"] in records.ENDED or loop.time() >= deadline:
+                yield falcon.asgi.SSEvent(event="end", data=json.dumps(
+                    {"id": job_id, "status": got["status"]}, ensure_ascii=True).encode())
+                return
+            if loop.time() - quiet_since >= HEARTBEAT_S:
+                quiet_since = loop.time()
+                yield None
+            await asyncio.sleep(FOLLOW_POLL_S)
+            try:
+                got = await self.offload(watching.stream_chunks, self.client, job_id, after)
+            except Exception:  # gone meanwhile (its retention), or Redis away: the stream ends
+                yield falcon.asgi.SSEvent(event="end", data=json.dumps(
+                    {"id": job_id, "status": None}, ensure_ascii=True).encode())
+                return

@@ -1,0 +1,202 @@
+"""A run's own log: the lines its handler logged through ``ctx.logger`` (and, in a child
+process, wrote to stdout and stderr), held in memory within the job's bounds until the
+settler sends them with the run's settlement (store/joblogs.py keeps them in Redis).
+
+A run that logs nothing creates no buffer and sends nothing. A flood is cut here: the
+buffer keeps only the newest lines within ``[retention] logs``, so a handler writing a
+gigabyte costs the worker CPU, never memory, and Redis gets at most one bounded write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from runner.store.codec import shown_text
+
+# One line is cut to this many characters (a bound of its own: a single huge line
+# would otherwise push every other line out of the byte budget).
+MAX_LINE_CHARS = 8192
+# A child process hands its handler's lines to the worker at most this often while it runs.
+SINK_EVERY_S = 0.5
+# ctx.stream's output is kept within these bounds (the newest chunks) for a late reader.
+STREAM_CHUNKS = 10_000
+STREAM_BYTES = 1_048_576
+# One chunk's bound, encoded: the bytes bound trims old chunks, never the newest, so one
+# huge chunk would be kept (and served to every reader) whole.
+STREAM_CHUNK_BYTES = 65_536
+
+
+def line(level: str, msg: str, source: str = "log", ts_ms: int | None = None) -> str:
+    """One log line as it is kept: a JSON object with its time (ms, the worker host's
+    clock, as any log line's), level, source (log, stdout or stderr) and message."""
+    if len(msg) > MAX_LINE_CHARS:
+        msg = f"{msg[:MAX_LINE_CHARS]}... [{len(msg) - MAX_LINE_CHARS:,} characters cut]"
+    ts = int(time.time() * 1000) if ts_ms is None else ts_ms
+    return shown_text(json.dumps({"ts": ts, "level": level, "src": source, "msg": msg}, ensure_ascii=False))
+
+
+class JobLog:
+    """The newest lines of one run within its bounds, and which of them are not sent yet."""
+
+    __slots__ = ("dropped", "lines", "lock", "marked", "max_bytes", "max_lines", "size", "unsent")
+
+    def __init__(self, max_lines: int, max_bytes: int, marked: bool = True) -> None:
+        self.marked = marked  # a line says how many a flood pushed out (a log's; a stream's are numbered)
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self.lines: deque[str] = deque()
+        self.size = 0
+        self.unsent = 0  # the newest this many lines are not in Redis yet
+        self.dropped = 0  # unsent lines pushed out by newer ones, since the last send
+        # The handler's thread adds while the renewer (live lines) or the settler takes.
+        self.lock = threading.Lock()
+
+    def add(self, encoded: str) -> None:
+        with self.lock:
+            self._add(encoded)
+
+    def _add(self, encoded: str) -> None:
+        self.lines.append(encoded)
+        self.size += len(encoded)
+        self.unsent += 1
+        while len(self.lines) > self.max_lines or (self.size > self.max_bytes and len(self.lines) > 1):
+            self.size -= len(self.lines.popleft())
+            if self.unsent > len(self.lines):
+                self.unsent -= 1
+                self.dropped += 1
+
+    def extend(self, encoded: Iterable[str]) -> None:
+        with self.lock:
+            for one in encoded:
+                self._add(one)
+
+    def take(self) -> list[str]:
+        """The lines not sent yet, oldest first (after a line that counts those a flood
+        pushed out unsent); they count as sent from here."""
+        with self.lock:
+            if not self.unsent and not self.dropped:
+                return []
+            out = list(self.lines)[len(self.lines) - self.unsent:]
+            dropped, self.unsent, self.dropped = self.dropped, 0, 0
+        if dropped and self.marked:
+            out.insert(0, line("WARNING", f"[{dropped:,} earlier line(s) dropped: a job's log keeps its "
+                                          f"newest {self.max_lines:,} lines and {self.max_bytes:,} bytes]", "runner"))
+        return out
+
+    def pending(self) -> bool:
+        return bool(self.unsent or self.dropped)
+
+
+class JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """``ctx.logger``: logs as before, and keeps each line at INFO or above (DEBUG too when
+    the logger is enabled for it) in the run's JobLog, made at its first line."""
+
+    def __init__(self, logger: logging.Logger, extra: dict[str, Any], max_lines: int, max_bytes: int) -> None:
+        super().__init__(logger, extra)
+        self.bounds = (max_lines, max_bytes)
+        self.buf: JobLog | None = None
+        # In a child process: where its lines go while it runs (to the worker, which
+        # sends them on with the lease renewal), at most every SINK_EVERY_S.
+        self.sink: Callable[[list[str], list[str]], None] | None = None
+        self._sunk = 0.0
+        self.chunks: JobLog | None = None  # ctx.stream's output not sent yet, made at its first chunk
+        self._seq = 0  # the next chunk's number: a reader's position, whatever was trimmed
+
+    def pending(self) -> bool:
+        """Lines or chunks not sent yet."""
+        return (self.buf is not None and self.buf.pending()) or (self.chunks is not None and self.chunks.pending())
+
+    def stream(self, data: Any) -> None:
+        """One chunk of ctx.stream's output (text or JSON), numbered from 0."""
+        attempt = (self.extra or {}).get("attempt", 0)
+        chunk = json.dumps({"a": attempt, "i": self._seq, "ts": int(time.time() * 1000), "data": data},
+                           ensure_ascii=False)
+        chunk = shown_text(chunk)  # (a lone surrogate: no JSON encoder downstream takes it)
+        size = len(chunk.encode())
+        if size > STREAM_CHUNK_BYTES:
+            raise ValueError(f"ctx.stream: a chunk of {size:,} bytes is over the limit of {STREAM_CHUNK_BYTES:,}; "
+                             "send the output in smaller pieces")
+        self._seq += 1
+        self.keep_chunks((chunk,))
+
+    def keep_chunks(self, encoded: Iterable[str]) -> None:
+        if self.chunks is None:
+            self.chunks = JobLog(STREAM_CHUNKS, STREAM_BYTES, marked=False)
+        self.chunks.extend(encoded)
+        if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
+            self.flush()
+
+    def keep(self, encoded: Iterable[str]) -> None:
+        """Lines already encoded (a child's, or its captured output)."""
+        if self.bounds[0] <= 0:
+            return
+        if self.buf is None:
+            self.buf = JobLog(*self.bounds)
+        self.buf.extend(encoded)
+        if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
+            self.flush()
+
+    def flush(self, sink: Callable[[list[str], list[str]], None] | None = None) -> None:
+        """The lines not handed on yet go to the sink (a child's, to its worker); ``sink``:
+        another one, this time."""
+        buf, chunks, sink = self.buf, self.chunks, sink or self.sink
+        if sink is None:
+            return
+        lines = buf.take() if buf is not None else []
+        streamed = chunks.take() if chunks is not None else []
+        if lines or streamed:
+            self._sunk = time.monotonic()
+            sink(lines, streamed)
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if level >= logging.INFO or self.logger.isEnabledFor(level):
+            try:
+                text = str(msg) % args if args else str(msg)
+            except Exception:  # a bad format: keep what was given, as logging would show it
+                text = f"{msg} {args!r}"
+            exc = kwargs.get("exc_info")
+            if exc:
+                info = exc if isinstance(exc, tuple) else \
+                    (type(exc), exc, exc.__traceback__) if isinstance(exc, BaseException) else sys.exc_info()
+                if info[0] is not None:
+                    text = f"{text}\n{logging.Formatter().formatException(info)}"
+            self.keep((line(logging.getLevelName(level), text),))
+        super().log(level, msg, *args, **kwargs)
+
+
+class Capture:
+    """A text stream (sys.stdout or sys.stderr in a child, while its handler runs) whose
+    complete lines go to the run's log."""
+
+    def __init__(self, logger: JobLogger, source: str) -> None:
+        self.logger = logger
+        self.source = source
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        data = self.partial + str(text)
+        *whole, self.partial = data.split("\n")
+        if len(self.partial) > MAX_LINE_CHARS:  # no newline for a long while: a line of its own
+            whole.append(self.partial)
+            self.partial = ""
+        if whole:
+            self.logger.keep(line("INFO", w, self.source) for w in whole)
+        return len(text)
+
+    def flush(self) -> None:
+        """(Lines go on newlines; the rest at the run's end, close.)"""
+
+    def close(self) -> None:
+        if self.partial:
+            self.logger.keep((line("INFO", self.partial, self.source),))
+            self.partial = ""
+
+    def isatty(self) -> bool:
+        return False

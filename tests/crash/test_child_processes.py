@@ -1,0 +1,639 @@
+"""Process isolation on a real platform: a stop signal to every process (Heroku, systemd's
+KillMode=control-group, honcho), a worker killed while a job waits for its child, and
+children that crash, time out or leave work behind. Real workers, real children."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from chaoskit import descendants
+from crashkit import rec, wait_final
+
+from conftest import Project, wait_for
+
+PWORK = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(payload.get("s", 0))
+    return {"pid": os.getpid()}
+'''
+
+
+def spawn_leader(project: Project, *queues: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A worker leading a process group of its own, as a PaaS or honcho starts one."""
+    args = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "worker"]
+    for q in queues:
+        args += ["--queue", q]
+    log = open(project.root / f"worker-{len(project.procs)}.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(args, cwd=project.root, env={**project.env, **(env or {})}, stdout=log,
+                            stderr=subprocess.STDOUT, process_group=0)
+    project.procs.append(proc)
+    return proc
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def sigterm_everything(pid: int) -> None:
+    """What Heroku and systemd's KillMode=control-group do at a stop: SIGTERM to the
+    worker's group and to every process under it, whatever its group."""
+    os.killpg(pid, signal.SIGTERM)
+    for p in descendants(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGTERM)
+
+
+def test_a_sigterm_to_every_process_lets_the_running_handler_finish(project: Project) -> None:
+    """A stop that signals every process of the worker (not the worker alone) behaves as a
+    SIGTERM to the worker: the handler running in a child finishes within the grace
+    period, and the job claimed ahead goes back without spending an attempt."""
+    project.add_function("pwork", PWORK)
+    project.write_config(vt=5, grace=15, concurrency=1, prefetch=1, max_attempts=1)
+    c = project.client
+    running = c.enqueue("pwork", {"s": 2}).id
+    w = spawn_leader(project, "fast")
+    wait_for(lambda: project.runs(running), timeout=30, what="the handler to start")
+    ahead = c.enqueue("pwork", {}).id
+    wait_for(lambda: rec(project, ahead)["status"] == "processing", timeout=10, what="the next job's claim")
+    sigterm_everything(w.pid)
+    assert w.wait(timeout=30) == 0
+    final = rec(project, running)
+    assert final["status"] == "done" and final["attempt"] == 1, final
+    back = rec(project, ahead)
+    assert back["status"] == "queued" and back["attempt"] == 0, back
+    assert not project.runs(ahead)
+
+
+def test_a_stop_under_honcho_lets_the_running_handler_finish(project: Project) -> None:
+    """The Procfile's worker line under honcho, stopped the way honcho stops it (SIGTERM to
+    each process group): the handler running in a child finishes, nothing is killed."""
+    project.add_function("pwork", PWORK)
+    project.write_config(vt=5, grace=15, concurrency=1, prefetch=1, max_attempts=1)
+    (project.root / "Procfile").write_text("worker: runner worker --queue fast\n")
+    env = {**project.env, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+           "RUNNER_CONFIG": str(project.root / "runner.toml")}
+    running = project.client.enqueue("pwork", {"s": 2}).id
+    log = project.root / "honcho.log"
+    honcho = subprocess.Popen([sys.executable, "-m", "honcho", "start", "worker"], cwd=project.root, env=env,
+                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    project.procs.append(honcho)
+    wait_for(lambda: project.runs(running), timeout=30, what="the handler to start")
+    ahead = project.client.enqueue("pwork", {}).id
+    wait_for(lambda: rec(project, ahead)["status"] == "processing", timeout=10, what="the next job's claim")
+    honcho.send_signal(signal.SIGTERM)
+    honcho.wait(timeout=30)
+    out = log.read_text(errors="replace")
+    assert "SIGKILL" not in out, out
+    final = rec(project, running)
+    assert final["status"] == "done" and final["attempt"] == 1, final
+    back = rec(project, ahead)
+    assert back["status"] == "queued" and back["attempt"] == 0, back
+
+
+SLOWSTART = PWORK + '''
+import __main__
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    time.sleep(float(os.environ.get("CHILD_IMPORT_S", "0")))  # heavy imports, in the child only
+'''
+
+
+def _held(project: Project, job_id: str) -> bool:
+    entry = project.runtime.redis.hget(project.keys().claims, job_id)
+    return bool(entry) and "h" in entry.split()[3]
+
+
+def test_a_worker_killed_while_its_job_waits_for_the_child_spends_no_attempt(project: Project) -> None:
+    """A job whose child process is still starting (heavy imports) has not started: a
+    worker SIGKILLed in that wait, three times over, charges it nothing (it used to go
+    dead as "worker lost" at the first, its handler never run); the fourth worker runs it
+    as attempt 1."""
+    project.add_function("pwork", SLOWSTART)
+    project.write_config(vt=1, concurrency=1, prefetch=0, max_attempts=1, fast="max_timeout = 600")
+    job = project.client.enqueue("pwork", {}).id
+    for _ in range(3):
+        w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "60"})
+        wait_for(lambda: rec(project, job)["status"] == "processing", timeout=30, what="the claim")
+        wait_for(lambda: _held(project, job), timeout=10, what="the claim to wait for the child")
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait(timeout=10)
+        assert not project.runs(job)
+    spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done" and final["attempt"] == 1, final
+    assert len(project.runs(job)) == 1
+
+
+def test_a_graceful_stop_hands_back_a_job_waiting_for_its_child_at_once(project: Project) -> None:
+    """SIGTERM while a job waits for its child to start: the job goes back at once,
+    spending nothing (it used to wait out its lease and lose the attempt), and the worker
+    does not wait for the child."""
+    project.add_function("pwork", SLOWSTART)
+    project.write_config(vt=60, grace=20, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("pwork", {}).id
+    w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "60"})
+    wait_for(lambda: _held(project, job), timeout=30, what="the claim to wait for the child")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=10) == 0
+    back = rec(project, job)
+    assert back["status"] == "queued" and back["attempt"] == 0, back
+    spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done" and final["attempt"] == 1, final
+
+
+CRASHER = '''
+import ctypes, os, signal, subprocess
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 30
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    # A tool left running in the background, the way a careless handler leaves one (with
+    # every descriptor it could inherit), then the crash.
+    tool = subprocess.Popen(["sleep", "60"], close_fds=False)
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{tool.pid}\\n")
+    how = payload["how"]
+    if how == "segfault":
+        ctypes.string_at(0)
+    elif how == "exit":
+        os._exit(3)
+    else:  # as the OOM killer does it
+        os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def _alive(pid: int) -> bool:
+    f = _stat(pid)
+    return f is not None and f[0] != "Z"
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _crash_run(project: Project, rounds: int) -> None:
+    project.add_function("crasher", CRASHER)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    w = spawn_leader(project, "fast")
+    hows = ["segfault", "exit", "oom"]
+    seen: list[tuple[int, int]] = []
+    for i in range(rounds):
+        job = project.client.enqueue("crasher", {"how": hows[i % 3]}).id
+        final = wait_final(project, [job], timeout=30)[job]
+        err = final["last_error"]
+        assert final["status"] == "dead" and err["type"] == "ExecutorCrashed", err
+        # Seen at its exit, not at TIMEOUT: its tool held no copy of the child's socket,
+        # and the worker watches the child itself.
+        assert final["finished_at"] - final["started_at"] < 10, final
+        tool = int(project.runs(job)[0])
+        wait_for(lambda tool=tool: not _alive(tool), timeout=5, what=f"the crashed child's tool {tool} to stop")
+        seen.append((_fds(w.pid), len(descendants(w.pid))))
+    # Flat: each crash used to leave a file descriptor and a process behind.
+    assert max(f for f, _ in seen[2:]) <= seen[1][0] + 1, seen
+    assert all(n == 0 for _, n in seen), seen
+
+
+def test_crashed_children_leave_no_process_or_descriptor_behind(project: Project) -> None:
+    """A child that segfaults, calls os._exit or is killed as by the OOM killer, each with
+    a tool it started running in the background: the crash is settled at once, the tool
+    is killed with the child's group, and the worker's open descriptors and processes
+    stay flat."""
+    _crash_run(project, 6)
+
+
+@pytest.mark.slow
+def test_sixty_crashed_children_leave_the_worker_flat(project: Project) -> None:
+    _crash_run(project, 60)
+
+
+THREADED = '''
+import os, threading, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 1
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    path = os.path.join(os.environ["RECORD_DIR"], ctx.job_id)
+    with open(path, "a") as f:
+        f.write(f"start {os.getpid()}\\n")
+    def work():
+        time.sleep(payload["s"])
+        with open(path, "a") as f:
+            f.write("end\\n")
+    t = threading.Thread(target=work)  # a pool, a download: the work is in a thread
+    t.start()
+    t.join()
+'''
+
+
+def test_a_timeout_kills_work_running_in_the_handlers_threads(project: Project) -> None:
+    """TIMEOUT 1 s, and the handler's work runs in a thread of its own that would go on
+    for 3 s: the job fails as a timeout, the child is killed with the thread in it (the
+    work never ends), and the next job runs in a new child."""
+    project.add_function("threaded", THREADED)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    c = project.client
+    slow = c.enqueue("threaded", {"s": 3}).id
+    spawn_leader(project, "fast")
+    final = wait_final(project, [slow], timeout=30)[slow]
+    assert final["status"] == "dead" and final["last_error"]["type"] == "JobTimeout", final["last_error"]
+    quick = c.enqueue("threaded", {"s": 0}).id
+    assert wait_final(project, [quick], timeout=30)[quick]["status"] == "done"
+    pid = project.runs(slow)[0].split()[1]
+    assert project.runs(quick)[0].split()[1] != pid, "the timed-out job's child ran the next job"
+    deadline = final["started_at"] + 4
+    wait_for(lambda: time.time() > deadline, timeout=10, interval=0.1, what="the thread's end to pass")
+    assert project.runs(slow) == [f"start {pid}"], "the timed-out job's thread ran on"
+
+
+HEARTBEAT = '''
+import os, threading, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 10
+MAX_ATTEMPTS = 2
+
+def handle(payload, ctx):
+    if payload.get("beat"):
+        def beat():  # saves progress now and then, and outlives its job
+            for _ in range(100):
+                ctx.save_checkpoint({"owner": ctx.job_id})
+                time.sleep(0.02)
+        threading.Thread(target=beat, daemon=True).start()
+        return {"ok": True}
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{ctx.attempt} {ctx.checkpoint}\\n")
+    if ctx.attempt == 1:
+        time.sleep(0.5)
+        raise RuntimeError("fails once")
+    return {"ok": True}
+'''
+
+
+def test_a_leftover_thread_does_not_write_into_the_next_job(project: Project) -> None:
+    """A handler returns and leaves a thread saving checkpoints: none of them lands on the
+    next job (whose retry would resume from another job's checkpoint)."""
+    project.add_function("heartbeat", HEARTBEAT)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=2)
+    c = project.client
+    first = c.enqueue("heartbeat", {"beat": True}).id
+    spawn_leader(project, "fast")
+    assert wait_final(project, [first], timeout=30)[first]["status"] == "done"
+    other = c.enqueue("heartbeat", {}).id
+    assert wait_final(project, [other], timeout=30)[other]["status"] == "done"
+    assert project.runs(other) == ["1 None", "2 None"]
+
+
+BIGRESULT = '''
+QUEUE = "fast"
+ISOLATION = "process"
+MEMORY_MB = 64
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    return ["x" * 30] * 2_000_000  # 16 MB of list, 66 MB of JSON
+'''
+
+
+def test_memory_cap_does_not_apply_to_encoding_the_result(project: Project) -> None:
+    """MEMORY_MB caps the handler, not runner's encoding of what it returned: a result
+    whose JSON is larger than the cap fails for what it is (over max_result_bytes), not
+    as a crashed executor."""
+    project.add_function("bigresult", BIGRESULT)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("bigresult", {}).id
+    spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["last_error"]["type"] == "ResultTooLarge", final["last_error"]
+
+
+SESSIONS = '''
+import os, subprocess
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 30
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    # A tool in a session of its own, and a daemon (double fork, setsid): neither is in
+    # the child's process group.
+    tool = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    daemon = subprocess.run(["sh", "-c", "setsid sleep 61 > /dev/null 2>&1 & echo $!"], capture_output=True,
+                            text=True).stdout.strip()
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{tool.pid}\\n{daemon}\\n")
+    os._exit(3)
+'''
+
+
+def test_tools_in_sessions_of_their_own_die_with_a_crashed_child(project: Project) -> None:
+    """A handler starts a tool with start_new_session=True and a daemon, then its child
+    crashes: the group kill misses both (they left the group), but the worker, their
+    subreaper, kills them once the child is gone."""
+    project.add_function("sessions", SESSIONS)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("sessions", {}).id
+    w = spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=30)[job]
+    assert final["last_error"]["type"] == "ExecutorCrashed", final["last_error"]
+    for pid in map(int, project.runs(job)):
+        wait_for(lambda pid=pid: not _alive(pid), timeout=5, what=f"the handler's tool {pid} to stop")
+    assert descendants(w.pid) == []
+
+
+BACKGROUND = '''
+import subprocess
+QUEUE = "slow"
+ISOLATION = "process"
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    subprocess.run(["sh", "-c", "sleep 0.05 &"], check=True)  # a tool that backgrounds something
+    return {}
+'''
+
+
+def only_functions(project: Project, *names: str) -> None:
+    """Leave only these functions in the project (a worker whose handlers all run in
+    child processes)."""
+    for f in (project.root / "functions").glob("*.py"):
+        if f.stem not in names:
+            f.unlink()
+    project.write_config(vt=5, concurrency=1, prefetch=1, max_attempts=1)
+
+
+def _zombies_under(pid: int) -> int:
+    return sum(1 for p in Path("/proc").glob("[0-9]*") if (f := _stat(int(p.name))) and f[0] == "Z"
+               and int(f[1]) == pid)
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*") if (f := _stat(int(p.name))) and int(f[1]) == pid]
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["with-thread-functions", "process-only"])
+def test_tools_that_background_something_leave_no_zombies(project: Project, mixed: bool) -> None:
+    """Each job's tool leaves an orphan (``sh -c "cmd &"``): in a thread-mode handler it
+    is the worker's to adopt if the worker is a subreaper, in a process-mode one its
+    child's. Neither keeps it as a zombie: they used to, one per job, for good."""
+    n = 12
+    project.add_function("bgp", BACKGROUND)
+    project.add_function("bgt", BACKGROUND.replace('QUEUE = "slow"\nISOLATION = "process"', 'QUEUE = "fast"'))
+    project.write_config(vt=5, concurrency=1, prefetch=1, max_attempts=1)
+    if not mixed:
+        only_functions(project, "bgp")
+    queues = ("fast", "slow") if mixed else ("slow",)
+    w = spawn_leader(project, *queues)
+    ids = [project.client.enqueue("bgp", {}).id for _ in range(n)]
+    if mixed:
+        ids += [project.client.enqueue("bgt", {}).id for _ in range(n)]
+    out = wait_final(project, ids, timeout=120)
+    assert all(r["status"] == "done" for r in out.values()), [r for r in out.values() if r["status"] != "done"]
+
+    def zombies() -> int:
+        return _zombies_under(w.pid) + sum(_zombies_under(c) for c in _children_of(w.pid))
+    wait_for(lambda: zombies() == 0, timeout=5, what="no zombie under the worker or its children")
+
+
+TOOL_STATUS = '''
+import subprocess, time
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    tool = subprocess.Popen(["sh", "-c", "sleep 1; exit 3"], start_new_session=True)
+    time.sleep(4)  # other work: the tool has exited by now, not yet waited for
+    return {"returncode": tool.wait()}
+'''
+
+CRASH_NOW = '''
+import os, time
+QUEUE = "slow"
+ISOLATION = "process"
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    os._exit(1)
+'''
+
+
+def test_a_dropped_child_never_takes_a_thread_handlers_tool_status(project: Project) -> None:
+    """A thread-mode handler's tool in a session of its own has exited (not yet waited
+    for) when a process child is dropped: the tool is the handler's, its exit status too
+    (Popen.wait() read 0 instead of 3 once the worker took it for a stray and reaped it)."""
+    project.add_function("thtool", TOOL_STATUS)
+    project.add_function("crashp", CRASH_NOW)
+    project.write_config(vt=5, concurrency=2, prefetch=1, max_attempts=1)
+    spawn_leader(project, "fast", "slow")
+    tool_job = project.client.enqueue("thtool", {}).id
+    wait_for(lambda: rec(project, tool_job)["status"] == "processing", timeout=30, what="the tool's job")
+    time.sleep(2.5)  # the tool has exited by now (1 s), its handler still naps (4 s)
+    crash = project.client.enqueue("crashp", {}).id
+    out = wait_final(project, [tool_job, crash], timeout=60)
+    assert out[crash]["status"] == "dead"
+    assert out[tool_job]["result"] == {"returncode": 3}, out[tool_job]
+
+
+LEAVER = '''
+import os, subprocess
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 2
+
+def handle(payload, ctx):
+    tool = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{os.getpid()} {tool.pid}\\n")
+    if ctx.attempt == 1:
+        raise RuntimeError("transient: the tool's first step failed")
+    return {}
+'''
+
+
+def test_a_retry_never_runs_beside_its_first_attempts_tool(project: Project) -> None:
+    """A handler that started a tool (in its child's group) and failed: the child is not
+    used again, so the tool dies with its group before the retry runs (the retry used to
+    run in the same child, beside it)."""
+    project.add_function("leaver", LEAVER)
+    project.write_config(vt=5, concurrency=1, prefetch=1, max_attempts=2)
+    spawn_leader(project, "fast")
+    job = project.client.enqueue("leaver", {}).id
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done", final
+    (child1, tool1), (child2, tool2) = (map(int, line.split()) for line in project.runs(job))
+    assert child1 != child2
+    assert not _alive(tool1)
+    wait_for(lambda: not _alive(tool2), timeout=5, what="the second attempt's tool to stop")
+
+
+RAW_THREAD = '''
+import os, time, _thread
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    if payload.get("spawn"):
+        _thread.start_new_thread(time.sleep, (60,))  # not a threading thread
+    return {"pid": os.getpid()}
+'''
+
+
+def test_a_handlers_raw_thread_keeps_its_child_from_the_next_job(project: Project) -> None:
+    """A thread the threading module does not count (_thread, a C extension's) left
+    running: the child is not used again (it was, the thread ran on beside the next job)."""
+    project.add_function("rawthr", RAW_THREAD)
+    project.write_config(vt=5, concurrency=1, prefetch=1, max_attempts=1)
+    spawn_leader(project, "fast")
+    a = project.client.enqueue("rawthr", {"spawn": True}).id
+    first = wait_final(project, [a], timeout=60)[a]
+    b = project.client.enqueue("rawthr", {}).id
+    second = wait_final(project, [b], timeout=60)[b]
+    assert first["result"]["pid"] != second["result"]["pid"]
+    assert not _alive(first["result"]["pid"])
+
+
+DIE_AT_START = PWORK + '''
+import __main__
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    if not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "started-once")):
+        open(os.path.join(os.environ["RECORD_DIR"], "started-once"), "w").close()
+        os.kill(os.getpid(), {signal})  # the OOM killer, or a stop's SIGTERM, while it imports
+'''
+
+
+def test_a_child_lost_at_start_charges_its_job_nothing(project: Project) -> None:
+    """A child killed before its handler got the job (while it imports; no stop under
+    way) hands the job back unspent: with MAX_ATTEMPTS = 1 it used to go dead as
+    "executor crashed ... at start", its handler never run."""
+    project.add_function("pwork", DIE_AT_START.replace("{signal}", f"{int(signal.SIGKILL)}"))
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("pwork", {}).id
+    spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done" and final["attempt"] == 1, final
+    assert len(project.runs(job)) == 1
+
+
+def test_a_worker_killed_right_after_its_claim_spends_no_attempt(project: Project) -> None:
+    """A worker SIGKILLed as soon as its claim shows, its child still starting: the job's
+    claim was held only after the slot started its child (a spawn from a threaded
+    process), so the kill charged "worker lost" to a job whose handler never ran."""
+    project.add_function("pwork", SLOWSTART)
+    only_functions(project, "pwork")
+    project.write_config(vt=1, concurrency=2, prefetch=0, max_attempts=1, fast="max_timeout = 600")
+    for _ in range(4):
+        job = project.client.enqueue("pwork", {}).id
+        w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "3"})
+        deadline = time.monotonic() + 30
+        while rec(project, job)["status"] != "processing" and time.monotonic() < deadline:
+            pass
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait(timeout=10)
+        w2 = spawn_leader(project, "fast")
+        final = wait_final(project, [job], timeout=60)[job]
+        assert final["status"] == "done" and final["attempt"] == 1, final
+        w2.send_signal(signal.SIGTERM)
+        w2.wait(timeout=30)
+
+
+CLEAN_ENV = '''
+import os, subprocess
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 30
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    # A tool in a session of its own with a cleared environment (sudo, systemd-run and
+    # many daemons start one so): it carries no mark of this worker.
+    tool = subprocess.Popen(["sleep", "60"], start_new_session=True, env={}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{tool.pid}\\n")
+    os._exit(3)
+'''
+
+
+def test_a_process_only_worker_kills_unmarked_strays_of_a_crashed_child(project: Project) -> None:
+    """A worker that runs no handler itself adopts only what its children left: a tool
+    with a cleared environment (no mark) dies with its crashed child too."""
+    project.add_function("clean", CLEAN_ENV)
+    only_functions(project, "clean")
+    job = project.client.enqueue("clean", {}).id
+    w = spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=30)[job]
+    assert final["last_error"]["type"] == "ExecutorCrashed", final["last_error"]
+    (tool,) = map(int, project.runs(job))
+    wait_for(lambda: not _alive(tool), timeout=5, what=f"the handler's tool {tool} to stop")
+    assert descendants(w.pid) == []
+
+
+def test_a_tool_left_in_a_session_of_its_own_dies_at_its_jobs_end(project: Project) -> None:
+    """A handler that returns with a tool still running in a session of its own and a
+    cleared environment (no mark: nothing could find it once its child is gone), in a
+    worker that also serves thread-mode functions: its child kills it at the job's end,
+    while it is still the child's, and is not used again."""
+    project.add_function("clean", CLEAN_ENV.replace("    os._exit(3)\n", "    return {\"pid\": os.getpid()}\n"))
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    spawn_leader(project, "fast")
+    job = project.client.enqueue("clean", {}).id
+    final = wait_final(project, [job], timeout=30)[job]
+    assert final["status"] == "done", final
+    (tool,) = map(int, project.runs(job))
+    wait_for(lambda: not _alive(tool), timeout=5, what=f"the handler's tool {tool} to stop")
+    again = project.client.enqueue("clean", {}).id
+    second = wait_final(project, [again], timeout=30)[again]
+    assert second["result"]["pid"] != final["result"]["pid"]
+    for pid in map(int, project.runs(again)):
+        wait_for(lambda pid=pid: not _alive(pid), timeout=5, what=f"the handler's tool {pid} to stop")
+
+
+ALWAYS_DIES = PWORK + '''
+import __main__
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    os._exit(5)  # a child that cannot start here (a missing library, too little memory)
+'''
+
+
+def test_children_that_keep_dying_at_start_bury_no_job(project: Project) -> None:
+    """Every child dies at start: the job is handed back each time, unspent, and the
+    worker says loudly that its children cannot start, and backs off (the job used to go
+    dead at the first, as "executor crashed ... at start", its handler never run)."""
+    project.add_function("pwork", ALWAYS_DIES)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("pwork", {}).id
+    w = spawn_leader(project, "fast")
+    log = project.root / "worker-0.log"
+    wait_for(lambda: "in a row were lost before their handler got a job" in log.read_text(), timeout=60,
+             what="the worker's error about its children")
+    r = rec(project, job)
+    assert r["status"] in ("queued", "processing") and r["attempt"] == 0, r
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=30) == 0
+    r = rec(project, job)
+    assert r["status"] == "queued" and r["attempt"] == 0, r

@@ -1,0 +1,146 @@
+"""A big fan-out does not block Redis: a run's ctx.enqueue follow-ups past
+scripts.STAGE_OVER are staged in bounded writes before the ack, and the ack (one bounded
+script) commits them; the relay then places them a batch at a time. They exist if and
+only if the ack landed: a refused ack leaves none."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from runner.store import codec
+from runner.store.scripts import STAGE_OVER, Ack, Followup, NewJob, job_entry
+from runner.worker import relay
+from runner.worker.fetcher import CLAIM_FIELDS
+
+from conftest import Project, wait_for
+
+FAN = '''
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    for i in range(payload["n"]):
+        ctx.enqueue("noop", {"i": i})
+    return {"n": payload["n"]}
+'''
+
+
+@contextmanager
+def slowlog(project: Project) -> Iterator[None]:
+    """Scripts slower than 100 ms go on the server's slow log (put back after)."""
+    r = project.runtime.redis
+    was = r.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
+    r.config_set("slowlog-log-slower-than", 100_000)
+    r.slowlog_reset()
+    try:
+        yield
+    finally:
+        r.config_set("slowlog-log-slower-than", was)
+
+
+def _slow_scripts(project: Project) -> list[tuple[float, str]]:
+    return [(e["duration"] / 1e6, str(e["command"])[:80]) for e in project.runtime.redis.slowlog_get(128)
+            if b"EVAL" in (e["command"] if isinstance(e["command"], bytes) else str(e["command"]).encode()).upper()]
+
+
+def test_a_fan_out_of_30000_follow_ups_blocks_redis_for_no_script_past_100_ms(project: Project) -> None:
+    """One run enqueues 30,000 follow-ups (one script writing them all took about 0.4 s):
+    every follow-up is written once, by its id, and no script call took 100 ms."""
+    (project.root / "functions" / "fan.py").write_text(FAN)
+    (project.root / "schemas" / "fan").mkdir()
+    (project.root / "schemas" / "fan" / "v1.json").write_text('{"type": "object"}')
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    parent = c.enqueue("fan", {"n": 30_000}).id
+    with slowlog(project):
+        project.spawn_worker("fast")
+        assert c.result(parent, 120) == {"n": 30_000}
+        wait_for(lambda: r.llen(k.outbox) == 0 and int(r.hget(k.stats, "succeeded|noop") or 0) == 30_000,
+                 timeout=120, what="every follow-up to run")
+        project.stop_all()
+        slow = _slow_scripts(project)
+    assert all(c.get(f"{parent}.{i}").status == "done" for i in (0, 1, 14_999, 29_998))
+    assert slow == []
+
+
+def test_staged_follow_ups_exist_only_if_the_ack_lands(project: Project) -> None:
+    """Follow-ups past STAGE_OVER go with the ack as a staged list: a refused ack (another
+    token) commits nothing and the relay places nothing; the owning ack commits them all,
+    and the relay places each once, in bounded batches."""
+    rt, k = project.runtime, project.keys()
+    parent = project.client.enqueue("record", {"n": 1}).id
+    reply = list(rt.scripts.claim(k, n=1, start=1, lease_ms=60_000, token_base="w.1", dead_ttl_ms=10**9,
+                                  done_ttl_ms=10**9))
+    assert len(reply) == 2 + CLAIM_FIELDS
+    token = reply[3]
+    n = STAGE_OVER * 3 + 7
+    follow = tuple(Followup("fast", NewJob(f"{parent}.{i}", "noop", 1, json.dumps({"i": i}), 3, 0, 0, "", "-",
+                                           "", "")) for i in range(n))
+
+    assert rt.scripts.ack(k, [Ack(parent, "not-the-token", "null", "record|1", "", 0, follow)], 60_000) == [-1]
+    assert relay.drain(rt, k) == 0 and rt.redis.llen(k.outbox) == 0
+    assert not rt.redis.exists(k.job(f"{parent}.0"))
+
+    assert rt.scripts.ack(k, [Ack(parent, token, "null", "record|1", "", 0, follow)], 60_000) == [1]
+    assert rt.redis.llen(k.outbox) == 1 and not rt.redis.exists(k.job(f"{parent}.0"))
+    passes = 0
+    while rt.redis.llen(k.outbox):
+        relay.drain(rt, k)
+        passes += 1
+        assert passes < 100
+    assert passes >= n // relay.BATCH
+    assert all(rt.redis.exists(k.job(f"{parent}.{i}")) for i in range(n))
+    assert rt.redis.llen(k.ready) == n
+    # The commit is once: the same ack again is refused, and places nothing twice.
+    assert rt.scripts.ack(k, [Ack(parent, token, "null", "record|1", "", 0, follow)], 60_000) == [-1]
+    assert rt.redis.llen(k.outbox) == 0 and rt.redis.llen(k.ready) == n
+    assert codec.loads(codec.dumps(job_entry("fast", follow[0].job)))[0] == "fast"
+
+
+def test_a_fan_out_parents_outcome_names_its_first_children_and_counts_the_rest(project: Project) -> None:
+    """A run with 700 follow-ups: its stored outcome keeps the first 100 children's ids and
+    the count (the rest are <parent>.<i>, i below the count), not every id, so it stays a
+    few KB whatever the fan-out; a follow-up past the first 100 is still found by
+    waiting on its announced id."""
+    (project.root / "functions" / "fan.py").write_text(FAN)
+    (project.root / "schemas" / "fan").mkdir()
+    (project.root / "schemas" / "fan" / "v1.json").write_text('{"type": "object"}')
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    parent = c.enqueue("fan", {"n": 700}).id
+    project.spawn_worker("fast")
+    assert c.result(parent, 60) == {"n": 700}
+    view = c.get(parent).as_dict()
+    assert view["children"] == [f"{parent}.{i}" for i in range(100)]
+    assert view["children_count"] == 700
+    stored = r.hstrlen(k.done(int(r.hget(k.done_meta, "gen") or 0)), parent)
+    assert 0 < stored < 4000, stored
+    assert c.result(f"{parent}.650", 60) == {"i": 650}  # announced past the first 100: waited for
+
+
+def test_a_stage_left_by_a_killed_worker_expires_from_its_first_write_and_goes_at_the_reclaim(
+        project: Project) -> None:
+    """A worker stopped, then killed, while it stages a run's 60,000 follow-ups: the stage
+    has its expiry from its first write on (it was set last, so a kill mid-way left it for
+    ever), and the reclaim that takes the job back deletes it; the next attempt stages its
+    own and its follow-ups are placed."""
+    import signal
+
+    (project.root / "functions" / "fan.py").write_text(FAN.replace('QUEUE = "fast"', 'QUEUE = "fast"\nTIMEOUT = 20'))
+    (project.root / "schemas" / "fan").mkdir()
+    (project.root / "schemas" / "fan" / "v1.json").write_text('{"type": "object"}')
+    c, r = project.client, project.runtime.redis
+    parent = c.enqueue("fan", {"n": 60_000}).id
+    worker = project.spawn_worker("fast")
+    pattern = f"{project.prefix}*{parent}:fu:*"
+    stages = wait_for(lambda: list(r.scan_iter(pattern, count=1000)), timeout=60, interval=0.001,
+                      what="the stage's first write")
+    worker.send_signal(signal.SIGSTOP)
+    first = stages[0]
+    ttl = r.pttl(first)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert ttl > 0, f"a stage without expiry ({ttl}) after {r.llen(first)} entries"
+    project.spawn_worker("fast")
+    assert c.result(parent, 120) == {"n": 60_000}
+    assert not r.exists(first), "the killed run's stage outlived the reclaim"

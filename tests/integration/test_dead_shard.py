@@ -1,0 +1,170 @@
+"""One dead shard of a partitioned queue on Redis Cluster (docs/partitions.md, "A shard
+down"): a worker keeps claiming from the partitions on the live shards, looking at the
+dead ones again with a backoff of their own; keyless enqueues go to the live partitions;
+a worker or an enqueue started while the shard is down waits and retries, with a warning
+and no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clusterkit import local_cluster
+
+from runner.client import Request
+from runner.store.embedded import Server
+
+from conftest import Endpoint, Project, make_project, wait_for
+
+
+@pytest.fixture
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    # Full coverage off: the live shards keep serving their slots while one is down (with
+    # it on, every node refuses every slot until the dead one is back or replaced).
+    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
+                       extra=["--cluster-require-full-coverage", "no"]) as servers:
+        yield servers
+
+
+@pytest.fixture
+def dproject(tmp_path: Path, shards: list[Server]) -> Iterator[Project]:
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in shards)
+    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
+    p.write_config(vt=2, fast="partitions = 6", concurrency=16, prefetch=16)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+def _dead_tags(p: Project, dead: Server) -> set[str]:
+    r = p.runtime.redis
+    return {k.tag for k in p.runtime.parts["fast"] if r.get_node_from_key(k.ready).port == dead.port}
+
+
+def test_a_dead_shard_stops_neither_the_worker_nor_keyless_enqueues(dproject: Project, shards: list[Server]) -> None:
+    """600 jobs over 6 partitions and 30 delayed ones, then one master of three dies: a
+    worker started then runs those of the live partitions within seconds (the delayed ones
+    promoted when due); 60 keyless jobs sent after the death are all accepted, on live
+    partitions, and run."""
+    p = dproject
+    c = p.client
+    ids = [j.id for j in c.enqueue_many([Request("record", {"n": i}) for i in range(600)])
+           if not isinstance(j, Exception)]
+    assert len(ids) == 600
+    delayed = [c.enqueue("record", {"n": 700 + i}, delay=1.0).id for i in range(30)]  # each a round trip
+    dead = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(
+        p.runtime.parts["fast"][0].ready).port)
+    down = _dead_tags(p, dead)
+    assert len(down) == 2
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
+    where |= {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.zrange(k.scheduled, 0, -1)}
+    live = [i for i in ids + delayed if where[i] not in down]
+    assert sum(1 for i in delayed if where[i] not in down) >= 15
+    dead.stop(kill=True)
+    p.spawn_worker("fast")
+    t0 = time.monotonic()
+    wait_for(lambda: sum(1 for i in live if p.runs(i)) == len(live), timeout=30, interval=0.2,
+             what="the live partitions' jobs to run")
+    took = time.monotonic() - t0
+    assert took < 15, f"the live partitions took {took:.1f} s"
+    later = []
+    for i in range(60):
+        later.append(c.enqueue("record", {"n": 1000 + i}).id)  # keyless: never a dead partition
+    wait_for(lambda: all(p.runs(i) for i in later), timeout=20, what="the jobs sent after the death")
+
+
+def test_a_worker_and_an_enqueue_started_while_a_shard_is_down_wait(dproject: Project, shards: list[Server]) -> None:
+    """With one master of three down, `runner worker` starts and serves the live partitions,
+    and `runner enqueue` of a keyless job succeeds; neither prints a traceback."""
+    p = dproject
+    p.runtime  # noqa: B018
+    dead = shards[0]
+    dead.stop(kill=True)
+    p._runtime = None
+    w = p.spawn_worker("fast", log_name="late.log")
+    out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"),
+                          "enqueue", "record", '{"n": 1}'], cwd=p.root, env=p.env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    job_id = out.stdout.split()[0] if out.stdout else ""
+    wait_for(lambda: any(p.records.iterdir()), timeout=30, what="the job to run")
+    assert w.poll() is None, "the worker exited"
+    log = (p.root / "late.log").read_text()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+    assert job_id
+
+
+def test_a_worker_running_when_a_shard_dies_goes_on_with_the_live_ones(dproject: Project,
+                                                                       shards: list[Server]) -> None:
+    """A worker holding runs in every partition when one master of three dies: its
+    outcomes for the dead partitions are refused, yet it settles and renews the live
+    ones, and claims there: no live job runs twice (its lease would lapse if renewals
+    stalled), and 60 keyless jobs sent after the death run within seconds."""
+    p = dproject
+    c = p.client
+    w = p.spawn_worker("fast")
+    dead = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(
+        p.runtime.parts["fast"][0].ready).port)
+    ids = [j.id for j in c.enqueue_many([Request("record", {"n": i, "sleep": 2.5}) for i in range(48)])
+           if not isinstance(j, Exception)]
+    assert len(ids) == 48
+    wait_for(lambda: sum(1 for i in ids if p.runs(i)) >= 16, timeout=30, what="16 jobs running")
+    dead.stop(kill=True)
+    t0 = time.monotonic()
+    later = [c.enqueue("record", {"n": 1000 + i}).id for i in range(60)]  # keyless: live partitions
+    wait_for(lambda: all(p.runs(i) for i in later), timeout=30, interval=0.2,
+             what="the jobs sent after the death")
+    took = time.monotonic() - t0
+    # Before the fix none ran within 30 s. Most runs take 2-8 s; one in a few took 17.7 s
+    # (a stall on the dead node not yet explained), hence the bound.
+    assert took < 25, f"the live partitions' new jobs took {took:.1f} s"
+    twice = [i for i in ids + later if len(p.runs(i)) > 1]
+    assert not twice, f"{len(twice)} job(s) ran twice: their leases lapsed while the shard was down"
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log and "GIL" not in log, log[-3000:]
+
+
+def test_keyless_jobs_pass_over_a_master_short_of_its_replicas(tmp_path: Path) -> None:
+    """wait_replicas = 1 on a 3+3 cluster whose one master lost its replica: keyless jobs
+    may go anywhere, so after a WAIT there falls short its partitions are passed over
+    for a while, as an unreachable one's are: of 60 keyless enqueues only a few answer
+    NotReplicated (a third did before, each waiting the full WAIT timeout)."""
+    import redis
+
+    from runner.errors import NotReplicated
+
+    with local_cluster(tmp_path / "c", masters=3, replicas=1) as servers:
+        url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in servers[:3])
+        p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
+        p.write_config(fast="partitions = 6")
+        path = p.root / "runner.toml"
+        path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 0.5\n", 1))
+        p._runtime = None
+        try:
+            c = p.client
+            c.enqueue("record", {"n": -1})
+            m0 = servers[0]
+            wait_for(lambda: any(redis.Redis(port=s.port).info("replication").get("master_port") == m0.port
+                                 for s in servers[3:]), timeout=30, what="the first master's replica")
+            rep = next(s for s in servers[3:]
+                       if redis.Redis(port=s.port).info("replication").get("master_port") == m0.port)
+            rep.stop(kill=True)
+            short = 0
+            for i in range(60):
+                try:
+                    c.enqueue("record", {"n": i})
+                except NotReplicated:
+                    short += 1
+            assert short <= 8, f"{short} of 60 keyless enqueues went to the master short of its replica"
+        finally:
+            p.stop_all()
+            if p._runtime is not None:
+                p._runtime.close()
+

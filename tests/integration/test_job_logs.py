@@ -1,0 +1,312 @@
+"""Per-job logs: every ctx.logger line (and, under process isolation, what the handler
+printed) is kept with its job, bounded by [retention] logs, written with the settlement,
+readable through the client, `runner logs` and GET /jobs/{id}/logs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Project, wait_for
+
+LOGGER = '''"""Logs a few lines (and prints some), then fails or not as asked."""
+import sys
+{extra}
+
+def handle(payload, ctx):
+    for i in range(payload.get("n", 3)):
+        ctx.logger.info("line %d of %s", i, ctx.job_id)
+    ctx.logger.debug("not kept: below INFO")
+    print("printed \\x1b[31mred\\x1b[0m")
+    print("to stderr", file=sys.stderr)
+    if payload.get("fail"):
+        raise ValueError("boom")
+    return {{"ok": True}}
+'''
+
+QUIET = '''"""Logs nothing."""
+
+def handle(payload, ctx):
+    return 1
+'''
+
+
+def _add(project: Project, isolation: str, bounds: str = "", vt: float = 2) -> None:
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("logger", LOGGER.format(extra=extra))
+    project.add_function("quiet", QUIET)
+    project.write_config(vt=vt)
+    if bounds:
+        toml = project.root / "runner.toml"
+        toml.write_text(toml.read_text().replace("[retention]\n", f"[retention]\nlogs = {{ {bounds} }}\n", 1))
+
+
+def _msgs(project: Project, job_id: str) -> list[str]:
+    return [str(line["msg"]) for line in project.client.logs(job_id)["lines"]]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_jobs_log_lines_are_kept_with_it(project: Project, isolation: str) -> None:
+    """Each ctx.logger line at INFO and above is kept in order; a child's prints go to
+    the log too (stdout and stderr told apart); a job that logs nothing keeps no log key."""
+    _add(project, isolation)
+    client = project.client
+    job = client.enqueue("logger", {"n": 3})
+    quiet = client.enqueue("quiet", {})
+    project.spawn_worker("fast")
+    assert client.settle(job.id, 30).status == "done"
+    assert client.settle(quiet.id, 30).status == "done"
+    got = client.logs(job.id)
+    assert got["status"] == "done"
+    msgs = [line["msg"] for line in got["lines"] if line["src"] == "log"]
+    assert msgs == [f"line {i} of {job.id}" for i in range(3)]
+    assert all(line["level"] == "INFO" and isinstance(line["ts"], int) for line in got["lines"])
+    if isolation == "process":
+        by_src = {line["src"]: line["msg"] for line in got["lines"] if line["src"] != "log"}
+        assert by_src == {"stdout": "printed \x1b[31mred\x1b[0m", "stderr": "to stderr"}
+    k = project.keys("fast")
+    assert project.runtime.redis.exists(k.log(quiet.id)) == 0
+    assert client.logs(quiet.id)["lines"] == []
+    ttl = project.runtime.redis.pttl(k.log(job.id))
+    assert 0 < ttl <= project.runtime.config.retention.done_s * 1000
+
+
+def test_a_flood_is_bounded_and_the_worker_goes_on(project: Project) -> None:
+    """A handler logging far past the bounds keeps only the newest lines within them, with
+    a line that says how many were dropped; the next job runs as usual."""
+    # 20,000 lines take about 0.5 s on a quiet machine, past the default 2 s TIMEOUT on a
+    # loaded one: the bounds are under test here, not the speed.
+    _add(project, "thread", "lines = 50, bytes = 4096", vt=30)
+    client = project.client
+    flood = client.enqueue("logger", {"n": 20_000})
+    project.spawn_worker("fast")
+    assert client.settle(flood.id, 60).status == "done"
+    lines = client.logs(flood.id)["lines"]
+    assert len(lines) <= 50
+    assert sum(len(json.dumps(x, ensure_ascii=False)) for x in lines) <= 4096 + 1024
+    assert lines[-1]["msg"] == f"line 19999 of {flood.id}"
+    assert any("dropped" in str(x["msg"]) for x in lines) or len(lines) < 50
+    after = client.enqueue("logger", {"n": 1})
+    assert client.settle(after.id, 30).status == "done"
+    assert _msgs(project, after.id) == [f"line 0 of {after.id}"]
+
+
+def test_a_retried_job_keeps_every_attempts_lines(project: Project) -> None:
+    """A failed attempt's lines stay: the log spans the job's attempts, up to its dead letter,
+    and is kept as long as a dead letter is."""
+    _add(project, "thread")
+    client = project.client
+    job = client.enqueue("logger", {"n": 1, "fail": True})
+    project.spawn_worker("fast")
+    wait_for(lambda: client.get(job.id).status == "dead", timeout=60, what="the dead letter")
+    msgs = _msgs(project, job.id)
+    assert msgs.count(f"line 0 of {job.id}") == project.runtime.config.queues["fast"].max_attempts
+    ttl = project.runtime.redis.pttl(project.keys("fast").log(job.id))
+    dead_ms = project.runtime.config.retention.dead_s * 1000
+    assert dead_ms - 60_000 < ttl <= dead_ms
+
+
+def test_runner_logs_prints_lines_with_control_characters_escaped(project: Project) -> None:
+    """`runner logs ID` prints one line per log line; a producer's control characters are
+    shown escaped, never sent to the terminal; --json gives the lines as they are kept."""
+    _add(project, "process")
+    client = project.client
+    job = client.enqueue("logger", {"n": 1})
+    project.spawn_worker("fast")
+    assert client.settle(job.id, 30).status == "done"
+    base = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml")]
+    shown = subprocess.run([*base, "logs", job.id], env=project.env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout
+    assert "printed \\x1b[31mred\\x1b[0m" in shown.stdout
+    assert f"line 0 of {job.id}" in shown.stdout
+    as_json = subprocess.run([*base, "logs", job.id, "--json"], env=project.env, capture_output=True, text=True,
+                             timeout=60)
+    assert json.loads(as_json.stdout)["lines"][0]["msg"] == f"line 0 of {job.id}"
+    missing = subprocess.run([*base, "logs", "nope"], env=project.env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "nope" in missing.stderr
+
+
+LIVE = '''"""Logs a line, then runs until cancelled."""
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+{extra}
+
+def handle(payload, ctx):
+    ctx.logger.info("started")
+    print("said on stdout")
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    ctx.logger.warning("stopping")
+    ctx.raise_if_cancelled()
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_running_jobs_log_is_visible_while_it_runs(project: Project, isolation: str) -> None:
+    """Lines reach the log within a lease renewal or so while the handler still runs, and
+    a follower gets each line once, in order, and stops when the job ends."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("live", LIVE.format(extra=extra))
+    project.write_config(grace=1)
+    client = project.client
+    job = client.enqueue("live", {})
+    project.spawn_worker("slow")
+    wait_for(lambda: "started" in _msgs(project, job.id), timeout=30, what="the first line while it runs")
+    assert client.get(job.id).status == "processing"
+    if isolation == "process":
+        wait_for(lambda: "said on stdout" in _msgs(project, job.id), timeout=10, what="the print")
+    followed: list[str] = []
+    follower = __import__("threading").Thread(
+        target=lambda: followed.extend(str(x["msg"]) for x in client.follow_logs(job.id, timeout_s=30)))
+    follower.start()
+    client.cancel(job.id)
+    follower.join(40)
+    assert not follower.is_alive()
+    assert followed[0] == "started" and followed[-1] == "stopping"
+    assert len(followed) == len(set(followed))
+
+
+def _events(body: str) -> list[tuple[str, str]]:
+    out = []
+    for block in body.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "event" in fields:
+            out.append((fields["event"], fields.get("data", "")))
+    return out
+
+
+def test_get_jobs_id_logs_reads_and_follows_the_log(project: Project) -> None:
+    """GET /jobs/{id}/logs answers the lines as JSON (404 for no such job, 401 without a
+    token); ?follow=1 streams each line once as server-sent events and ends with the job."""
+    from test_web_support import gunicorn
+
+    project.add_function("live", LIVE.format(extra=""))
+    project.write_config(grace=1)
+    with gunicorn(project, token="t0ken-for-logs") as web:
+        job_id = web.post("/jobs/live", json={}).json()["id"]
+        project.spawn_worker("slow")
+        wait_for(lambda: "started" in _msgs(project, job_id), timeout=30, what="the first line")
+        got = web.get(f"/jobs/{job_id}/logs").json()
+        assert got["status"] == "processing" and [x["msg"] for x in got["lines"]] == ["started"]
+        assert web.get("/jobs/nope/logs").status_code == 404
+        assert web.get(f"/jobs/{job_id}/logs", auth=False).status_code == 401
+        assert web.get(f"/jobs/{job_id}/logs?follow=2").status_code == 400
+        project.client.cancel(job_id)
+        r = web.get(f"/jobs/{job_id}/logs?follow=1")
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+        events = _events(r.text)
+        assert [json.loads(d)["msg"] for e, d in events if e == "line"] == ["started", "stopping"]
+        assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "cancelled"
+
+
+STREAMER = '''"""Streams chunks, waiting for a cancel in the middle."""
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+{extra}
+
+def handle(payload, ctx):
+    for i in range(payload["n"]):
+        ctx.stream({{"token": i}})
+    ctx.stream("half")
+    while not ctx.cancelled and not payload.get("quick"):
+        time.sleep(0.02)
+    ctx.stream("last")
+    return "ok"
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_ctx_stream_reaches_a_follower_and_a_late_reader(project: Project, isolation: str) -> None:
+    """client.stream yields each chunk once, in order, while the job runs and after; it
+    ends with the job. GET /jobs/{id}/stream gives the same chunks as server-sent events
+    to a reader who comes after the end, then "end"."""
+    from test_web_support import gunicorn
+
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("streamer", STREAMER.format(extra=extra))
+    project.write_config(grace=1)
+    client = project.client
+    job = client.enqueue("streamer", {"n": 50})
+    project.spawn_worker("slow")
+    seen: list[object] = []
+    for chunk in client.stream(job.id, timeout_s=60):
+        seen.append(chunk)
+        if chunk == "half":
+            client.cancel(job.id)
+    assert seen == [{"token": i} for i in range(50)] + ["half", "last"]
+    assert client.get(job.id).status == "done"
+    with gunicorn(project, token="t0ken-for-streams") as web:
+        r = web.get(f"/jobs/{job.id}/stream")
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+        events = _events(r.text)
+        assert [json.loads(d)["data"] for e, d in events if e == "chunk"] == seen
+        assert events[-1] == ("end", json.dumps({"id": job.id, "status": "done"}))
+        later = _events(web.get(f"/jobs/{job.id}/stream?after=1.49").text)
+        assert [json.loads(d)["data"] for e, d in later if e == "chunk"] == ["half", "last"]
+        assert web.get(f"/jobs/{job.id}/stream?after=x").status_code == 400
+        assert web.get("/jobs/nope/stream").status_code == 404
+
+
+BIG_CHUNK = '''
+QUEUE = "slow"
+{extra}
+
+
+def handle(payload, ctx):
+    try:
+        ctx.stream("x" * 200_000)
+    except ValueError as exc:
+        ctx.stream(str(exc))
+    return "ok"
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_one_stream_chunk_is_bounded(project: Project, isolation: str) -> None:
+    """A chunk over 64 KiB is refused with a ValueError saying what to do, so no reader is
+    served one huge chunk that the bytes bound could never trim; the run goes on."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("bigchunk", BIG_CHUNK.format(extra=extra))
+    client = project.client
+    job = client.enqueue("bigchunk", {})
+    project.spawn_worker("slow")
+    seen = list(client.stream(job.id, timeout_s=60))
+    assert client.get(job.id).status == "done"
+    assert len(seen) == 1 and "over the limit of 65,536" in str(seen[0]) and "smaller pieces" in str(seen[0]), seen
+    project.stop_all()
+
+
+SURROGATE_PRINT = '''
+QUEUE = "slow"
+ISOLATION = "process"
+
+
+def handle(payload, ctx):
+    name = b"report-\\xff.csv".decode("utf-8", "surrogateescape")
+    print("opening " + name)
+    ctx.logger.info("still here")
+    ctx.stream("chunk " + name)
+    return "ok"
+'''
+
+
+def test_a_lone_surrogate_in_a_childs_output_is_kept_with_a_replacement(project: Project) -> None:
+    """A handler printing a name decoded with surrogateescape: the line is kept with
+    U+FFFD in its place, the lines beside it too, and the job ends done (the child's
+    channel refused the line, and every attempt died)."""
+    project.add_function("printer", SURROGATE_PRINT)
+    client = project.client
+    job = client.enqueue("printer", {})
+    project.spawn_worker("slow")
+    wait_for(lambda: client.get(job.id).status in ("done", "dead"), timeout=30, what="the job to end")
+    assert client.get(job.id).status == "done", client.get(job.id).as_dict()["last_error"]
+    msgs = [ln["msg"] for ln in client.logs(job.id)["lines"]]
+    assert "opening report-\ufffd.csv" in msgs and "still here" in msgs, msgs
+    assert list(client.stream(job.id, timeout_s=5)) == ["chunk report-\ufffd.csv"]
+    project.stop_all()

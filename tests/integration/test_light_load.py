@@ -1,0 +1,240 @@
+"""Light load: most production queues trickle, each job arriving alone, and a worker then
+pays per job for every round trip and every wake-up of its threads. These pin what one
+job costs the worker at light load, counted in script calls (not timed)."""
+
+from __future__ import annotations
+
+import os
+import queue as stdqueue
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.errors import JobTimeout
+from runner.store.scripts import Scripts
+from runner.worker import renewer as renewer_mod
+from runner.worker import scheduler as scheduler_mod
+from runner.worker.fetcher import Fetcher
+from runner.worker.ledger import Ledger
+from runner.worker.renewer import Renewer
+from runner.worker.worker import Worker
+
+from conftest import Project, wait_for
+
+JOBS = 25
+
+
+def test_a_job_arriving_alone_costs_one_claim(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim short of what it asked for took every job ready: the fetcher then waits for
+    a wake-up instead of claiming again at once (that claim found nothing, and cost a
+    script call per job at light load). Claims per job: one, plus one per second of the
+    fetcher's wait that ends without a wake-up."""
+    claims: list[int] = []
+
+    def counted(call: Any) -> Any:
+        def counting(self: Scripts, *args: Any, **kw: Any) -> Any:
+            claims.append(1)
+            return call(self, *args, **kw)
+        return counting
+
+    for name in ("claim", "claim_woken"):
+        monkeypatch.setattr(Scripts, name, counted(getattr(Scripts, name)))
+    c = project.client
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        first = c.enqueue("noop", {"warm": True}).id
+        wait_for(lambda: c.get(first).status == "done", timeout=20)
+        before, t0 = len(claims), time.monotonic()
+        for i in range(JOBS):
+            job_id = c.enqueue("noop", {"i": i}).id
+            wait_for(lambda: c.get(job_id).status == "done", timeout=20)  # noqa: B023 - used at once
+        spent, quiet_s = len(claims) - before, time.monotonic() - t0
+    finally:
+        w.stop(grace_s=5)
+    # (Twice as many before: every claim that took a job was followed by one that found none.)
+    assert spent <= JOBS + quiet_s + 2, (spent, round(quiet_s, 1))
+
+
+
+def test_a_timeout_sooner_than_the_renewers_next_wake_up_lands_on_time(project: Project) -> None:
+    """The lease renewer sleeps until its next renewal (a second here) rather than ticking:
+    a thread handler that starts with a TIMEOUT sooner than that wakes it (expect), so the
+    TIMEOUT is raised near its time, not at the renewal."""
+    rt = project.runtime
+    q = rt.config.queues["fast"]
+    project.client.enqueue("noop", {})
+    ledger = Ledger(q.concurrency, 4, 1)
+    fetcher = Fetcher(rt, q, ledger, stdqueue.SimpleQueue(), stdqueue.SimpleQueue(), "w-timer")
+    assert fetcher.claim(1, 1) == (1, 0)
+    (run,) = ledger.renewable()
+    renewer = Renewer(rt, q, ledger)  # (vt 2 s in tests: it renews every 0.67 s)
+    raised: list[float] = []
+
+    def handler() -> None:
+        try:
+            while True:
+                time.sleep(0.005)
+        except JobTimeout:
+            raised.append(time.monotonic())
+
+    renewer.start()
+    try:
+        time.sleep(0.1)  # asleep until its first renewal, about 0.57 s from now
+        t = threading.Thread(target=handler)
+        t.start()
+        deadline = time.monotonic() + 0.1
+        with ledger.lock:
+            run.thread_id, run.deadline = t.ident, deadline
+        renewer.expect(deadline)
+        t.join(timeout=10)
+    finally:
+        renewer.stop()
+    assert raised, "the TIMEOUT was never raised"
+    # (Without the wake-up it landed at the renewal, about 0.47 s late.)
+    assert raised[0] - deadline < 0.3, f"raised {raised[0] - deadline:.2f} s after the deadline"
+
+
+STUCK = '''"""Loops past its TIMEOUT in short sleeps (each ends at a bytecode, where the timeout lands)."""
+import time
+
+QUEUE = "fast"
+TIMEOUT = 0.2
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        time.sleep(0.01)
+'''
+
+
+def test_a_timeout_lands_on_time_on_a_worker_that_was_idle(project: Project) -> None:
+    """The lease renewer sleeps while nothing is held, and with runs held until the next
+    renewal (a second here): a thread handler that starts with a TIMEOUT sooner than that
+    wakes it, so the TIMEOUT is raised near its time, not at the renewer's next wake-up."""
+    project.write_config(vt=30)
+    project.add_function("stuck", STUCK)
+    c = project.client
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        warm = c.enqueue("noop", {}).id
+        wait_for(lambda: c.get(warm).status == "done", timeout=20)
+        time.sleep(0.3)  # the renewer has seen the ledger empty and parked
+        job = c.enqueue("stuck", {}).id
+        seen = wait_for(lambda: (j := c.get(job).as_dict())["status"] == "dead" and j, timeout=20)
+    finally:
+        w.stop(grace_s=5)
+    (entry,) = seen["history"]
+    ran_s = (entry["at_ms"] - entry["started_ms"]) / 1000
+    assert "imeout" in entry["error"]["type"], entry
+    # (About 1 s before: the renewer raised it at its next renewal.)
+    assert ran_s < 0.2 + 0.5, f"the TIMEOUT of 0.2 s landed after {ran_s:.2f} s"
+
+
+NAPPER = '''"""Sleeps in a child process, longer than its queue's lease."""
+import time
+
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 10
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    time.sleep(payload["s"])
+'''
+
+
+def test_a_job_claimed_by_an_idle_worker_keeps_its_lease(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease renewer of an idle worker sleeps with nothing to renew (here for as long as
+    the test runs): the claim wakes it, so a job in a child process (no thread TIMEOUT to
+    wake it) that runs past its lease of 1 s is renewed from the start and runs once."""
+    monkeypatch.setattr(renewer_mod, "PARK_S", 120.0)
+    project.write_config(vt=1, fast="max_timeout = 10")
+    project.add_function("napper", NAPPER)
+    c = project.client
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        warm = c.enqueue("napper", {"s": 0}).id  # the child started and the worker idle again
+        wait_for(lambda: c.get(warm).status == "done", timeout=30)
+        time.sleep(0.5)
+        job = c.enqueue("napper", {"s": 2.5}).id
+        seen = wait_for(lambda: (j := c.get(job).as_dict())["status"] in ("done", "dead") and j, timeout=30)
+    finally:
+        w.stop(grace_s=5)
+    assert seen["status"] == "done" and seen["attempt"] == 1, seen
+
+
+def _switches(pid: int) -> dict[int, int]:
+    """Context switches so far of each thread of ``pid`` (each is a wake-up, or a thread
+    made to give way)."""
+    out: dict[int, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        out[int(tid)] = sum(int(n) for n in re.findall(r"^(?:non)?voluntary_ctxt_switches:\s+(\d+)", status, re.M))
+    return out
+
+
+IDLE_S = 5.0
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="counts threads' context switches in /proc")
+def test_an_idle_worker_sleeps(project: Project) -> None:
+    """A worker with nothing queued and nothing scheduled, at the shipped scheduler_interval
+    (0.5 s), wakes its threads a few times a second in all: the renewer, the ticker and the
+    main thread sleep until something is due, the scheduler's pass is one round trip, and
+    the fetcher's wait and its claim are one. (It woke about 40 times a second before: 10
+    of them the renewer's ticks, 5 the main thread's.) The reclaim's check of the queue's
+    keys for damage, a TYPE per key, is not sent on every pass either."""
+    toml = project.root / "runner.toml"
+    toml.write_text(toml.read_text().replace("scheduler_interval = 0.05", "scheduler_interval = 0.5"))
+    c = project.client
+    worker = project.spawn_worker("fast")
+    job = c.enqueue("noop", {}).id
+    wait_for(lambda: c.get(job).status == "done", timeout=30, what="the worker to run a job")
+    time.sleep(1.0)  # its settlement and start-up work done
+    r = project.runtime.redis
+
+    def types() -> int:
+        return int(r.info("commandstats").get("cmdstat_type", {}).get("calls", 0))
+
+    before, types0, t0 = _switches(worker.pid), types(), time.monotonic()
+    time.sleep(IDLE_S)
+    after, types1, span = _switches(worker.pid), types(), time.monotonic() - t0
+    assert worker.poll() is None, (project.root / "worker-0.log").read_text()[-2000:]
+    per_s = {tid: (n - before.get(tid, 0)) / span for tid, n in after.items()}
+    assert sum(per_s.values()) < 15, sorted(per_s.values(), reverse=True)
+    assert types1 == types0, "the reclaim checked key types on an idle pass"
+
+
+def test_a_key_damaged_under_a_running_worker_is_set_aside_after_the_first_refusal(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reclaim checks the queue's keys for damage (a TYPE each) only now and then and
+    after an error reply, not on every pass (here not by the clock at all: TRIM_EVERY_S
+    is an hour). A leases key overwritten with another type makes the next claim fail;
+    the pass after it renames the key aside, and the queue runs jobs again."""
+    monkeypatch.setattr(scheduler_mod, "TRIM_EVERY_S", 3600.0)
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        first = c.enqueue("noop", {}).id
+        wait_for(lambda: c.get(first).status == "done", timeout=20)
+        r.set(k.leases, "clobbered")
+        job = c.enqueue("noop", {}).id  # its wake-up makes the fetcher claim, and fail
+        wait_for(lambda: r.exists(k.leases + ":corrupt"), timeout=10, what="the damaged key set aside")
+        wait_for(lambda: c.get(job).status == "done", timeout=20, what="the job to run after all")
+    finally:
+        w.stop(grace_s=5)
+    assert r.hget(k.stats, "corrupt|leases") == "1"

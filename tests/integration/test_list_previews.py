@@ -1,0 +1,193 @@
+"""Job lists stay small and quick whatever the payloads: a listed job's payload, result
+or checkpoint past listing.PREVIEW_BYTES comes as a preview cut by Redis, with a marker
+(``truncated``), and ``GET /jobs/{id}`` still gives it whole. A page of big jobs never
+holds the web process's event loop: /healthz answers meanwhile."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_web_support import Web, gunicorn
+
+from runner.store import records
+from runner.store.listing import PREVIEW_BYTES
+
+from conftest import Project
+
+BIG = {"a": list(range(150_000))}  # ~0.9 MiB of JSON, slow to parse and to encode again
+
+
+@pytest.fixture
+def web(project: Project) -> Iterator[Web]:
+    project.write_config(extra="\n[api]\nmax_body_bytes = 4194304\n")
+    with gunicorn(project) as w:
+        yield w
+
+
+def _kill(project: Project, job_id: str) -> None:
+    """Make a queued job dead, as a last failure would (its record and state stay)."""
+    r, k = project.runtime.redis, project.keys()
+    r.lrem(k.ready, 0, job_id)
+    r.hset(k.state(job_id), mapping={"status": "dead", "reason": "planned",
+                                     "error": '{"type":"RuntimeError","message":"planned"}'})
+    r.zadd(k.dead, {job_id: time.time() * 1000})
+
+
+def _worst_healthz(web: Web, during: threading.Event, out: list[float]) -> None:
+    while not during.is_set():
+        t = time.monotonic()
+        web.session.get(web.url + "/healthz", timeout=60)
+        out.append(time.monotonic() - t)
+        time.sleep(0.01)
+
+
+def test_a_list_of_big_jobs_shows_previews_and_keeps_healthz_quick(project: Project, web: Web) -> None:
+    """25 jobs of ~1 MiB: /jobs and /dead/{queue} answer with a preview of each payload
+    (null payload, ``payload_preview`` of PREVIEW_BYTES, ``truncated`` giving the full
+    size), small jobs whole, and /healthz answers in under a second while the pages are
+    read again and again. Before, every page parsed and re-encoded 25 MiB on the loop."""
+    c = project.client
+    big = [c.enqueue("record", BIG).id for _ in range(25)]
+    small = c.enqueue("record", {"n": 1}).id
+    full = len(records.parse(project.runtime.redis.get(project.keys().job(big[0])))["payload"])  # type: ignore[index]
+
+    page = web.get("/jobs?status=queued&limit=50").json()
+    by_id = {j["id"]: j for j in page["jobs"]}
+    assert by_id[small]["payload"] == {"n": 1} and "truncated" not in by_id[small]
+    entry = by_id[big[0]]
+    assert entry["payload"] is None and entry["truncated"] == {"payload": full}
+    assert len(entry["payload_preview"].encode()) == PREVIEW_BYTES
+    assert entry["payload_preview"].startswith('{"a":[0,1,2,')
+    assert web.get(f"/jobs/{big[0]}").json()["payload"] == BIG
+
+    for job_id in big:
+        _kill(project, job_id)
+    dead = web.get("/dead/fast?limit=50").json()
+    assert dead["total"] == 25 and all(j["truncated"] == {"payload": full} for j in dead["jobs"])
+    assert len(web.get("/dead/fast?limit=50").content) < 25 * 2 * PREVIEW_BYTES
+
+    done = threading.Event()
+    latencies: list[float] = []
+    prober = threading.Thread(target=_worst_healthz, args=(web, done, latencies))
+    prober.start()
+    try:
+        for _ in range(4):
+            assert web.get("/jobs?status=dead&limit=500").status_code == 200
+            assert web.get("/dead/fast?limit=500").status_code == 200
+    finally:
+        done.set()
+        prober.join()
+    assert latencies and max(latencies) < 1.0, max(latencies)
+
+
+def test_a_big_result_is_a_preview_in_the_done_list(project: Project, web: Web) -> None:
+    """A done job's result past the bound is a preview in the list and whole in its view."""
+    k = project.keys()
+    r = project.runtime.redis
+    job_id = project.client.enqueue("record", {"n": 2}).id
+    result = '{"s":"' + "x" * 100_000 + '"}'
+    r.lrem(k.ready, 0, job_id)
+    r.delete(k.job(job_id), k.state(job_id))
+    r.hset(k.done(0), job_id, f"record 1 1 {int(time.time() * 1000)} +5\n\n{result}\n\n")
+    r.rpush(k.done(0) + ":log", job_id)
+    entry = next(j for j in web.get("/jobs?status=done").json()["jobs"] if j["id"] == job_id)
+    assert entry["result"] is None and entry["truncated"] == {"result": len(result)}
+    assert entry["result_preview"] == result[:PREVIEW_BYTES]
+    assert web.get(f"/jobs/{job_id}").json()["result"] == {"s": "x" * 100_000}
+
+
+def test_a_big_error_keeps_its_type_and_the_start_of_its_message_in_lists(project: Project, web: Web) -> None:
+    """An error whose JSON passes PREVIEW_BYTES (a message quoting a payload: quotes and
+    non-ASCII text) still shows what failed in the dead letters, the job list and
+    `runner dead ls`: its type and the start of its message, where the entry's
+    ``last_error`` was null and the dashboard's rows and the CLI showed nothing."""
+    import subprocess
+    import sys
+
+    from runner.store import codec
+
+    job_id = project.client.enqueue("record", {"n": 1}).id
+    message = 'bad order "é"ü ' * 400
+    error = codec.dumps({"type": "OrderError", "message": message, "traceback": "x" * 1000})
+    assert len(error.encode()) > PREVIEW_BYTES
+    _kill(project, job_id)
+    project.runtime.redis.hset(project.keys().state(job_id), "error", error)
+    for path in ("/dead/fast?limit=50", "/jobs?status=dead&limit=50"):
+        [entry] = [j for j in web.get(path).json()["jobs"] if j["id"] == job_id]
+        err = entry["last_error"]
+        assert err["type"] == "OrderError" and err["cut"] is True, (path, err)
+        assert err["message"].startswith('bad order "é"ü bad order') and err["message"].endswith(" ..."), err
+        assert entry["truncated"]["last_error"] == len(error.encode())
+        assert entry["last_error_preview"].startswith('{"type":"OrderError"')
+    assert project.client.get(job_id).as_dict()["last_error"]["message"] == message
+    cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                          "dead", "ls", "--queue", "fast"], env=project.env, capture_output=True, text=True,
+                         timeout=30)
+    [row] = [line for line in cli.stdout.splitlines() if job_id in line]
+    assert "OrderError" in row and "bad order" in row, row
+
+
+def test_a_preview_cut_inside_a_character_keeps_whole_characters(project: Project, web: Web) -> None:
+    """A preview is the first PREVIEW_BYTES of JSON text, cut at a character boundary:
+    never over that many bytes, never ending in a replacement character for the bytes
+    of a character cut in two (2-byte and 4-byte characters at odd offsets)."""
+    ids = [project.client.enqueue("record", {"p": "b" + "é" * 5000}).id,
+           project.client.enqueue("record", {"p": "bb" + "\U0001F600" * 2000}).id,
+           project.client.enqueue("record", {"p": "b" + "\U0001F600" * 2000}).id]
+    by_id = {j["id"]: j for j in web.get("/jobs?status=queued&limit=50").json()["jobs"]}
+    for job_id in ids:
+        preview = by_id[job_id]["payload_preview"]
+        assert PREVIEW_BYTES - 3 <= len(preview.encode()) <= PREVIEW_BYTES, len(preview.encode())
+        assert "\ufffd" not in preview, preview[-5:]
+
+
+def test_concurrent_full_pages_of_big_entries_keep_healthz_quick(project: Project, web: Web) -> None:
+    """520 dead jobs, each with a payload, a checkpoint and an error over PREVIEW_BYTES
+    (three previews an entry: 8.5 MB a page of 500), read by 8 callers at once, 500 a page,
+    from a one-process web: /healthz answers in under a second throughout, as a page's
+    previews share a budget (listing.PAGE_PREVIEW_BYTES), and each page stays within it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runner.store import codec
+    from runner.store.listing import PAGE_PREVIEW_BYTES
+
+    c = project.client
+    pad = "b" + "é" * 3000
+    from runner.client import Request
+
+    ids = [job.id for job in c.enqueue_many([Request("record", {"pad": pad, "i": i}) for i in range(520)])]
+    r, k = project.runtime.redis, project.keys()
+    error = codec.dumps({"type": "ValueError", "message": "could not import order: " + pad, "traceback": ""})
+    pipe = r.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.lrem(k.ready, 0, job_id)
+        pipe.hset(k.state(job_id), mapping={"status": "dead", "reason": "planned", "error": error,
+                                            "checkpoint": codec.dumps({"pad": pad})})
+        pipe.zadd(k.dead, {job_id: time.time() * 1000})
+    pipe.execute()
+    page = web.get("/dead/fast?limit=500")
+    assert page.status_code == 200 and len(page.json()["jobs"]) == 500
+    assert len(page.content) < PAGE_PREVIEW_BYTES + 500 * 1024, len(page.content)
+    entry = page.json()["jobs"][0]
+    assert set(entry["truncated"]) == {"payload", "checkpoint", "last_error"}, entry["truncated"]
+    assert entry["last_error"]["type"] == "ValueError"
+    small = web.get("/dead/fast?limit=5").json()["jobs"][0]
+    assert len(small["payload_preview"].encode()) > PREVIEW_BYTES - 4  # a small page keeps full previews
+
+    done = threading.Event()
+    latencies: list[float] = []
+    prober = threading.Thread(target=_worst_healthz, args=(web, done, latencies))
+    prober.start()
+    try:
+        paths = ["/dead/fast?limit=500", "/jobs?status=dead&limit=500"]
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda i: web.session.get(web.url + paths[i % 2], timeout=120).status_code,
+                                  range(16)))
+    finally:
+        done.set()
+        prober.join()
+    assert set(codes) == {200}, codes
+    assert latencies and max(latencies) < 1.0, max(latencies)

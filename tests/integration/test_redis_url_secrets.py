@@ -1,0 +1,119 @@
+"""Every credential a Redis URL can carry stays out of what runner prints (stats, check,
+the worker's start-up log, "Redis unavailable" errors), and a URL with a bad port or an
+unknown option, or a setting of inf, is a clear configuration error, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from runner.store.urls import redact, scrub
+
+from conftest import Project, wait_for
+
+SECRET = "s3cr3t-PW"
+
+
+def _run(project: Project, *args: str, url: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**project.env, **({"REDIS_URL": url} if url is not None else {})}
+    return subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), *args],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("url", [
+    "redis://:{s}@h:1/0", "redis://user:{s}@h/0", "redis://{s}@h/0", "redis://h/0?password={s}&db=1",
+    "redis+sentinel://:{s}@h1:1,h2:2/m?sentinel_password={s}&password={s}",
+    "rediss+cluster://u:{s}@h1:1,h2:2", "redis://h/0?Password={s}",
+])
+def test_redact_hides_every_credential(url: str) -> None:
+    shown = redact(url.format(s=SECRET))
+    assert SECRET not in shown and "***" in shown, shown
+
+
+@pytest.mark.parametrize("secret", ["Zq7ab,SECRETcd", "Zq7ab SECRETcd", "Zq7ab'SECRETcd", 'Zq7ab"SECRETcd',
+                                    "Zq7ab)SECRETcd", "Zq7ab&SECRETcd"])
+def test_scrub_hides_a_password_with_a_comma_space_or_quote_in_it(secret: str) -> None:
+    """redis-py's errors repeat a connection's settings (``password=...,socket_timeout=``)
+    and a URL's query: the whole value is hidden, up to the next setting, ``&`` or the end."""
+    for text in (f"Error connecting: Connection(db=0,username=None,password={secret},socket_timeout=15.0,x=1)",
+                 f"Connection(db=0,password={secret})",
+                 f"no master at redis+sentinel://h:1/m?sentinel_password={secret}",
+                 f"redis://h:1/0?sentinel_password={secret}&db=1 refused",
+                 f"{{'password': {secret!r}, 'db': 0}}"):
+        shown = scrub(text)
+        assert "SECRET" not in shown and "***" in shown, shown
+    assert scrub("Connection(db=0,password=x,socket_timeout=15.0)").endswith("socket_timeout=15.0)")
+
+
+def test_redact_leaves_a_url_without_credentials_alone() -> None:
+    for url in ("unix:///tmp/redis.sock?db=1", "redis://127.0.0.1:6379/0", "redis://[::1]:6379/2"):
+        assert redact(url) == url
+
+
+@pytest.mark.parametrize("where", ["query", "sentinel"])
+def test_query_passwords_never_print(project: Project, where: str) -> None:
+    """A server that takes no password (and is no sentinel): each command fails to
+    connect (Redis unavailable), and says so without the password."""
+    host_port = project.server.url.split("://", 1)[1].split("/", 1)[0]
+    url = (f"redis://{host_port}/0?password={SECRET}" if where == "query"
+           else f"redis+sentinel://:{SECRET}@{host_port}/mymaster?sentinel_password={SECRET}&password={SECRET}")
+    for args in (("stats",), ("check",)):
+        out = _run(project, *args, url=url, timeout=60)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, text
+        assert SECRET not in text, (args, text[-2000:])
+        assert "Traceback" not in text, (args, text[-2000:])
+    log = project.root / "worker.log"
+    with open(log, "wb") as sink:
+        worker = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                                   "worker", "--queue", "fast"], env={**project.env, "REDIS_URL": url},
+                                  stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            # A query password sent to a server that has none is named as such ("has no
+            # password"); a sentinel URL at a plain server reads as Redis unavailable.
+            wait_for(lambda: worker.poll() is not None or any(
+                w in log.read_text() for w in ("navailable", "has no password")), timeout=30,
+                what="the worker to meet the server")
+        finally:
+            worker.kill()
+            worker.wait()
+    text = log.read_text()
+    assert SECRET not in text and "Traceback" not in text, text[-2000:]
+
+
+@pytest.mark.parametrize("url,needle", [
+    ("redis://127.0.0.1:99999/0", "port"), ("redis://127.0.0.1:abc/0", "port"),
+    ("redis://127.0.0.1:6379/0?bogus=1", "unknown option"),
+    ("redis://127.0.0.1:6379/0?socket_timeout=abc", "socket_timeout"),
+    ("redis://127.0.0.1:6379/0?health_check_interval=-1", "health_check_interval"),
+    ("redis://127.0.0.1:6379/x", "database"), ("redis://127.0.0.1:6379/0?db=x", "db"),
+    ("redis://127.0.0.1:6379/0?max_connections=0", "max_connections"),
+    ("redis://127.0.0.1:6379/0?retry_on_timeout=maybe", "retry_on_timeout"),
+    ("redis://127.0.0.1:6379/0?protocol=9", "protocol"),
+    ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", "rediss://"),
+    ("rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus", "ssl_cert_reqs"),
+])
+def test_a_malformed_redis_url_is_a_clear_error(project: Project, url: str, needle: str) -> None:
+    for args in (("check",), ("stats",), ("worker", "--queue", "fast")):
+        out = _run(project, *args, url=url)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, text
+        assert needle in text and "Traceback" not in text, (args, text[-2000:])
+
+
+@pytest.mark.parametrize("old,new", [
+    ("visibility_timeout = 2\n", "visibility_timeout = inf\n"), ("done = 3600", "done = inf"),
+    ("visibility_timeout = 2\n", "visibility_timeout = nan\n"), ("grace_period = 5", "grace_period = inf"),
+])
+def test_inf_and_nan_settings_are_refused_at_check(project: Project, old: str, new: str) -> None:
+    path = project.root / "runner.toml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    for args in (("check",), ("worker", "--queue", "fast")):
+        out = _run(project, *args)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0 and "Traceback" not in text, text[-2000:]
+        assert "must be" in text, text[-2000:]

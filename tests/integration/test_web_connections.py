@@ -1,0 +1,185 @@
+"""What the HTTP layer answers itself, and what a connection may hold of a process:
+requests the parser refuses get a JSON problem; a connection that sends nothing, half a
+head or half a body is closed after its timeout; and thousands of idle connections
+cannot lock a real client out of a process limited to 1,024 open files."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+from test_web_support import _NO_CONTROL, Web, gunicorn
+
+from runner.store.embedded import free_port
+
+from conftest import Project, wait_for
+
+TOKEN = "conn-t0ken"
+
+
+@pytest.fixture
+def web(project: Project) -> Iterator[Web]:
+    project.write_config(extra="\n[api]\nheader_timeout = 1\nidle_timeout = 1\n")
+    with gunicorn(project, token=TOKEN) as w:
+        yield w
+
+
+def _port(web: Web) -> int:
+    return int(web.url.rsplit(":", 1)[1])
+
+
+def _answer(port: int, raw: bytes, timeout: float = 10) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(raw)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+@pytest.mark.parametrize("raw", [
+    b"GET /healthz\r\n\r\n",                                                     # no HTTP version
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\x01b\r\n\r\n",                  # a control character
+    b"POST /jobs/record HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n",      # a bad Content-Length
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n",            # a folded header
+])
+def test_requests_the_parser_refuses_get_a_json_400(project: Project, web: Web, raw: bytes) -> None:
+    out = _answer(_port(web), raw)
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), out[:300]
+    assert b"content-type: application/problem+json" in head.lower(), out[:300]
+    assert b'"status":400' in body
+    assert web.get("/healthz").status_code == 200
+    log = b"".join(p.read_bytes() for p in project.root.glob("gunicorn-*.log"))
+    assert b"Traceback" not in log, log[-2000:]
+
+
+def test_silent_and_half_sent_connections_are_closed_after_their_timeout(web: Web) -> None:
+    """header_timeout = 1 and idle_timeout = 1: a connection that sends nothing is closed
+    without a word, half a head gets a 408 problem, half a body is dropped; all within a
+    few seconds, and the server serves on."""
+    port = _port(web)
+    half_head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+    half_body = (b"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+                 + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"n\"")
+    socks = []
+    for raw in (b"", half_head, half_body):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if raw:
+            s.sendall(raw)
+        socks.append(s)
+    t0 = time.monotonic()
+    answers = []
+    for s in socks:
+        out = b""
+        with s:
+            while chunk := s.recv(65536):
+                out += chunk
+        answers.append(out)
+    assert time.monotonic() - t0 < 8
+    assert answers[0] == b""
+    assert answers[1].startswith(b"HTTP/1.1 408") and b"problem+json" in answers[1], answers[1][:300]
+    assert b"202" not in answers[2][:20]
+    assert web.get("/healthz").status_code == 200
+
+
+def _limit_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+@pytest.mark.parametrize("idle", [
+    pytest.param(1200, id="bounded"),
+    pytest.param(2000, id="full", marks=pytest.mark.slow),
+])
+def test_idle_connections_cannot_lock_out_a_real_client(project: Project, idle: int) -> None:
+    """`runner web` (one worker process) limited to 1,024 open files: `idle` connections
+    that send nothing or half a head are opened first, yet a real client's request is
+    answered at once; the process keeps within its files."""
+    port = free_port()
+    env = {**project.env, "RUNNER_API_TOKEN": TOKEN, "PORT": str(port), "WEB_CONCURRENCY": "1",
+           "GUNICORN_CMD_ARGS": " ".join(_NO_CONTROL)}
+    log = open(project.root / "web.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                             "web", "--host", "127.0.0.1"], cwd=project.root, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, preexec_fn=_limit_files)
+    held: list[socket.socket] = []
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, (project.root / "web.log").read_text()[-2000:]
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_for(up, timeout=30, what="runner web to answer")
+        for i in range(idle):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            if i % 2:
+                with contextlib.suppress(OSError):  # not connected yet: it stays silent
+                    s.send(b"GET /healthz HTTP/1.1\r\n")
+            held.append(s)
+        t0 = time.monotonic()
+        r = requests.post(f"http://127.0.0.1:{port}/jobs/record", json={"n": 1},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert r.status_code == 202, r.text
+        assert time.monotonic() - t0 < 5
+        assert proc.poll() is None
+    finally:
+        for s in held:
+            s.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _slow_body(port: int, sent: bytes = b'{"n"') -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+              + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n" + sent)
+    return s
+
+
+def test_slow_bodies_time_out_and_give_way_to_a_real_client(project: Project) -> None:
+    """body_timeout = 2: a body that trickles a byte at a time, never pausing long enough
+    for idle_timeout, gets a 408 problem after 2 s. And at max_connections, connections
+    still receiving a body are closed to make room (the slowest first) when none is idle,
+    so a real client is served at once."""
+    project.write_config(extra="\n[api]\nheader_timeout = 30\nidle_timeout = 30\nbody_timeout = 2\n"
+                               "max_connections = 12\n")
+    with gunicorn(project, token=TOKEN) as web:
+        port = _port(web)
+        trickle = _slow_body(port)
+        t0 = time.monotonic()
+        trickle.settimeout(0.3)
+        out = b""
+        while time.monotonic() - t0 < 8 and not out:
+            with contextlib.suppress(OSError):
+                trickle.sendall(b" ")
+            with contextlib.suppress(TimeoutError):
+                out = trickle.recv(65536)
+        trickle.close()
+        assert out.startswith(b"HTTP/1.1 408") and b"problem+json" in out, out[:300]
+        assert 1.5 < time.monotonic() - t0 < 6
+        held = [_slow_body(port) for _ in range(12)]
+        try:
+            t1 = time.monotonic()
+            r = requests.post(web.url + "/jobs/record", json={"n": 1},
+                              headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+            assert r.status_code == 202, r.text
+            assert time.monotonic() - t1 < 1.5
+        finally:
+            for s in held:
+                s.close()

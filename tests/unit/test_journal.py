@@ -1,0 +1,147 @@
+"""The replay rule (worker/journal.py) without Redis: a recorded step returns its value
+without calling its function, a repeated name is recorded as name#2, a replay that
+reaches another step fails for good naming both, a recorded permanent error is raised
+again, a step past its bounds raises StepTooLarge, and a sleep suspends the run once and
+is skipped on the replay after its end."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from runner.errors import NonDeterministicReplay, PermanentFailure, StaleLease, StepTooLarge, Suspend
+from runner.worker import journal
+from runner.worker.journal import Journal, StepFailed
+
+
+class Log:
+    """A step log as step.lua keeps it: fenced by position, bounded in entries."""
+
+    def __init__(self, max_steps: int = journal.MAX_STEPS) -> None:
+        self.entries: list[dict[str, Any]] = []
+        self.max_steps = max_steps
+        self.lost = False
+
+    def record(self, pos: int, body: str) -> tuple[int, int]:
+        if self.lost:
+            return journal.LOST, 0
+        if pos != len(self.entries):
+            return journal.MOVED, len(self.entries)
+        if pos >= self.max_steps:
+            return journal.FULL, pos
+        self.entries.append(json.loads(body))
+        return journal.RECORDED, len(self.entries)
+
+    def run(self, **kw: Any) -> Journal:
+        return Journal("j1", lambda: [dict(e) for e in self.entries], self.record, **kw)
+
+
+def test_a_recorded_step_replays_its_value_without_calling_fn() -> None:
+    log, calls = Log(), []
+
+    def fn(x: int) -> int:
+        calls.append(x)
+        return x * 2
+
+    j = log.run()
+    assert j.step("a", fn, (1,), {}) == 2 and j.step("a", fn, (5,), {}) == 10
+    assert [e["name"] for e in log.entries] == ["a", "a#2"]
+    j2 = log.run()
+    assert j2.step("a", fn, (1,), {}) == 2 and j2.step("a", fn, (5,), {}) == 10
+    assert calls == [1, 5] and j2.replayed == 2 and j2.ran == 0
+
+
+def test_step_key_is_stable_inside_fn_and_none_outside() -> None:
+    log = Log()
+    j = log.run()
+    seen: list[str | None] = []
+    j.step("charge", lambda: seen.append(j.step_key), (), {})
+    j.step("charge", lambda: seen.append(j.step_key), (), {})
+    assert seen == ["j1:charge", "j1:charge#2"] and j.step_key is None
+
+
+def test_a_replay_on_another_path_names_both_steps() -> None:
+    log = Log()
+    log.run().step("one", lambda: 1, (), {})
+    with pytest.raises(NonDeterministicReplay, match=r"non-deterministic replay.*'one'.*'other'") as exc:
+        log.run().step("other", lambda: 1, (), {})
+    assert isinstance(exc.value, PermanentFailure)
+
+
+def test_a_recorded_permanent_error_is_raised_again_without_running() -> None:
+    log, calls = Log(), []
+
+    def bad() -> None:
+        calls.append(1)
+        raise PermanentFailure("card declined")
+
+    with pytest.raises(PermanentFailure):
+        log.run().step("charge", bad, (), {})
+    with pytest.raises(StepFailed, match="card declined"):
+        log.run().step("charge", bad, (), {})
+    assert calls == [1]
+
+
+def test_a_transient_error_is_not_recorded() -> None:
+    log = Log()
+    with pytest.raises(ZeroDivisionError):
+        log.run().step("a", lambda: 1 / 0, (), {})
+    assert log.entries == []
+
+
+def test_bounds_raise_step_too_large() -> None:
+    with pytest.raises(StepTooLarge, match="max_step_bytes"):
+        Log().run(max_step_bytes=10).step("big", lambda: "x" * 20, (), {})
+    with pytest.raises(StepTooLarge, match="cannot be recorded as JSON"):
+        Log().run().step("odd", lambda: {1, 2}, (), {})
+    log = Log(max_steps=1)
+    j = log.run()
+    j.step("a", lambda: 1, (), {})
+    with pytest.raises(StepTooLarge, match="1 entries"):
+        j.step("b", lambda: 1, (), {})
+
+
+def test_a_lost_lease_refuses_the_step() -> None:
+    log = Log()
+    log.lost = True
+    with pytest.raises(StaleLease):
+        log.run().step("a", lambda: 1, (), {})
+
+
+def test_a_sleep_suspends_once_and_is_skipped_after_its_end() -> None:
+    log = Log()
+    now = [1_000_000]
+    j = log.run(clock0=(now[0], time.monotonic()))
+    j.step("a", lambda: 1, (), {})
+    with pytest.raises(Suspend) as sus:
+        j.sleep("nap", 5000, 0)
+    assert sus.value.index == 1 and sus.value.delay_ms == 5000 and not sus.value.recorded
+    # The suspend script records the entry with its end.
+    log.entries.append({"name": "nap", "kind": "sleep", "status": "ok", "until_ms": now[0] + 5000})
+    early = log.run(clock0=(now[0] + 10, time.monotonic()))
+    early.step("a", lambda: 1, (), {})
+    with pytest.raises(Suspend) as again:
+        early.sleep("nap", 5000, 0)
+    assert again.value.recorded and again.value.at_ms == now[0] + 5000
+    late = log.run(clock0=(now[0] + 5000, time.monotonic()))
+    late.step("a", lambda: 1, (), {})
+    late.sleep("nap", 5000, 0)  # returns: over
+    assert late.step("b", lambda: 2, (), {}) == 2
+
+
+def test_inline_sleeps_are_recorded_and_end_at_once() -> None:
+    log = Log()
+    j = log.run(inline=True)
+    j.sleep("nap", 3_600_000, 0)
+    assert log.entries[0]["kind"] == "sleep" and log.entries[0]["until_ms"] - log.entries[0]["started_ms"] == 3_600_000
+
+
+def test_a_durable_call_inside_a_step_is_refused() -> None:
+    log = Log()
+    j = log.run()
+    with pytest.raises(PermanentFailure, match="inside step 'j1:outer'"):
+        j.step("outer", lambda: j.step("inner", lambda: 1, (), {}), (), {})
+    assert [(e["name"], e["status"]) for e in log.entries] == [("outer", "error")]  # failed for good

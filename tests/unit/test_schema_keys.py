@@ -1,0 +1,182 @@
+"""Schemas that constrain property names: a ``patternProperties`` key regex the
+linear-time engine refuses (a lookaround, a backreference) is matched within the
+per-payload pattern budget, and validates the values of the names it matches as the
+keyword says; a schema whose other keywords would match such a key regex outside the
+budget is refused at load, naming what to write instead; ``propertyNames`` reports every
+bad name at the object's path, however many there are."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.catalog import keywords, schemas
+from runner.errors import FieldError, FunctionLoadError
+
+# A common password rule: quadratic on a long name that fails it.
+PASSWORD = "(?=.*[A-Z])(?=.*[0-9]).{8,}"
+# Exponential in a backtracking engine on "a" * n + "!".
+NESTED = "^(?=(a+)+$)"
+
+
+def load(tmp_path: Path, doc: dict[str, Any]) -> schemas.Schema:
+    path = tmp_path / "schemas" / "fn" / "v1.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return schemas.load_schema(path, 1)
+
+
+def test_a_backtracking_key_pattern_validates_the_values_of_the_names_it_matches(tmp_path: Path) -> None:
+    """A name that matches the key regex has its value checked against the subschema (a
+    $ref into the document's $defs resolves as it would anywhere), with the error's path
+    inside the value; a name that fails the regex is not constrained; a linear key regex
+    beside it in the same document works as before."""
+    s = load(tmp_path, {"type": "object", "$defs": {"n": {"type": "integer"}},
+                        "patternProperties": {PASSWORD: {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}},
+                                              "^x-": {"type": "string"}}})
+    assert s.backtracks
+    assert s.errors({"Abcdefg1": {"n": 3}, "abcdefgh": {"n": "free"}, "x-a": "s"}) == []
+    assert s.errors({"Abcdefg1": {"n": "x"}, "x-a": 1, "abcdefgh": 2}) == [
+        FieldError("$.Abcdefg1.n", '"x" is not of type "integer"'),
+        FieldError("$.x-a", '1 is not of type "string"'),
+    ]
+    assert s.errors({"Abcdefg1": 5}) == [FieldError("$.Abcdefg1", '5 is not of type "object"')]
+
+
+def test_key_patterns_nest_and_report_each_error_at_its_own_path(tmp_path: Path) -> None:
+    """A backtracking key regex inside the subschema of another, and inside an array's
+    items: every error is reported at its full path, each failing value on its own."""
+    inner = {"type": "object", "patternProperties": {PASSWORD: {"type": "integer"}}}
+    s = load(tmp_path, {"type": "object", "properties": {"list": {"type": "array", "items": inner}},
+                        "patternProperties": {"^(?=Z)": inner}})
+    errors = s.errors({"list": [{"Abcdefg1": 1}, {"Abcdefg2": "a", "Abcdefg3": "b"}], "Zed": {"Abcdefg4": []}})
+    assert errors == [
+        FieldError("$.Zed.Abcdefg4", '[] is not of type "integer"'),
+        FieldError("$.list[1].Abcdefg2", '"a" is not of type "integer"'),
+        FieldError("$.list[1].Abcdefg3", '"b" is not of type "integer"'),
+    ]
+
+
+def test_a_key_pattern_past_the_budget_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    """Names whose matching runs past PATTERN_BUDGET_S: the payload is refused (never
+    taken unmatched) with one error that names the limit and what to send instead."""
+    s = load(tmp_path, {"type": "object", "patternProperties": {NESTED: {"type": "integer"}}})
+    errors = s.errors({f"{'a' * 20_000}{i}!": "x" for i in range(20)})
+    assert len(errors) == 1, errors
+    assert errors[0].path == "$"
+    assert f"{schemas.PATTERN_BUDGET_S:g} s" in errors[0].message and "propertyNames" in errors[0].message
+    assert NESTED in errors[0].message
+
+
+@pytest.mark.parametrize(("doc", "ok"), [
+    ({"type": "object", "not": {"patternProperties": {NESTED: {"type": "string"}}}}, {"aaa": 1}),
+    ({"type": "object", "if": {"patternProperties": {NESTED: {}}}, "then": {"required": ["x"]}}, {"x": 1}),
+    ({"type": "object", "anyOf": [{"patternProperties": {NESTED: {"type": "string"}}}, {"required": ["v"]}]},
+     {"v": "b"}),
+    ({"type": "object", "properties": {"v": {"not": {"pattern": NESTED}}}}, {"v": "b"}),
+])
+def test_a_match_the_budget_cut_short_refuses_the_payload_wherever_it_is(
+    tmp_path: Path, doc: dict[str, Any], ok: dict[str, Any],
+) -> None:
+    """Under a not, an if or a branch of anyOf, a match that could not tell fails its
+    subschema, which would let the payload pass: it is refused, naming the limit. A
+    payload matched in time is judged as usual."""
+    s = load(tmp_path, doc)
+    errors = s.errors({"v": "a" * 20_000 + "!", **{f"{'a' * 20_000}{i}!": 1 for i in range(5)}})
+    assert any(f"took over {schemas.PATTERN_BUDGET_S:g} s" in e.message and NESTED in e.message for e in errors), \
+        errors
+    assert s.errors(ok) == []
+
+
+def test_the_payloads_of_one_request_share_one_budget(tmp_path: Path) -> None:
+    """Within one_budget (a batch, a group), a payload gets what the ones before it left:
+    once it has run out, a name that would match at once is refused too; after it, each
+    payload has a budget of its own again."""
+    s = load(tmp_path, {"type": "object", "patternProperties": {NESTED: {}}})
+    over = f"took over {schemas.PATTERN_BUDGET_S:g} s"
+    with keywords.one_budget():
+        assert over in s.errors({"a" * 20_000 + "!": 1})[0].message
+        assert over in s.errors({"aaaa": 1})[0].message
+    assert s.errors({"aaaa": 1}) == []
+
+
+def test_names_another_keyword_refuses_are_never_matched(tmp_path: Path) -> None:
+    """maxProperties and propertyNames.maxLength refuse the object or the name whatever the
+    key regex says: the names are not matched at all, so no budget runs out."""
+    s = load(tmp_path, {"type": "object", "maxProperties": 5, "propertyNames": {"maxLength": 64},
+                        "patternProperties": {NESTED: {"type": "integer"}}})
+    many = s.errors({f"{'a' * 60}{i:02d}!": 1 for i in range(50)})
+    assert len(many) == 1 and "has more than 5 properties" in many[0].message, many
+    long = s.errors({"a" * 30_000 + "!": 1})  # past LIST_BYTES: its first error, and the note
+    assert [e.note for e in long] == [False, True] and "longer than 64 characters" in long[0].message, long
+    assert not any(keywords.over_budget(e.message) for e in long), long
+
+
+@pytest.mark.parametrize("doc", [
+    {"type": "object", "patternProperties": {PASSWORD: {}}, "additionalProperties": False},
+    {"type": "object", "properties": {"o": {"patternProperties": {PASSWORD: {}}, "additionalProperties": {}}}},
+    {"type": "object", "allOf": [{"patternProperties": {PASSWORD: {}}}], "unevaluatedProperties": False},
+])
+def test_a_keyword_that_would_match_a_backtracking_key_pattern_unbounded_is_refused(
+    tmp_path: Path, doc: dict[str, Any],
+) -> None:
+    """additionalProperties beside a backtracking key regex, or unevaluatedProperties in a
+    document with one, would match names outside the budget: refused at load, naming the
+    keyword, the regex and the rewrite."""
+    with pytest.raises(FunctionLoadError) as exc:
+        load(tmp_path, doc)
+    text = str(exc.value)
+    keyword = "unevaluatedProperties" if "unevaluatedProperties" in json.dumps(doc) else "additionalProperties"
+    assert keyword in text and PASSWORD in text and "propertyNames" in text, text
+
+
+def test_additional_properties_beside_a_linear_key_pattern_still_loads(tmp_path: Path) -> None:
+    """In a document with a backtracking key regex, additionalProperties beside a linear one
+    is taken, and correct; so is additionalProperties or unevaluatedProperties true, which
+    constrains nothing."""
+    s = load(tmp_path, {"type": "object", "properties": {"o": {"patternProperties": {"^x-": {"type": "string"}},
+                                                               "additionalProperties": False}},
+                        "patternProperties": {PASSWORD: {"type": "integer"}}, "additionalProperties": True,
+                        "unevaluatedProperties": True})
+    assert s.errors({"o": {"x-a": "s"}, "Abcdefg1": 1}) == []
+    assert [e.path for e in s.errors({"o": {"x-a": 1, "y": 2}})] == ["$.o", "$.o.x-a"]
+
+
+def test_each_backtracking_key_pattern_is_a_warning(tmp_path: Path) -> None:
+    s = load(tmp_path, {"type": "object", "patternProperties": {PASSWORD: {}, "^ok$": {}},
+                        "properties": {"o": {"patternProperties": {NESTED: {}}}}})
+    assert len(s.warnings) == 2, s.warnings
+    assert all("patternProperties" in w and schemas._BACKTRACKS in w for w in s.warnings)
+    assert any(PASSWORD in w for w in s.warnings) and any(NESTED in w for w in s.warnings)
+    assert not any("^ok$" in w for w in s.warnings)
+
+
+@pytest.mark.parametrize(("names", "ok", "bad"), [
+    ({"maxLength": 3}, "abc", ["Wrong-1", "Wrong-2", "Wrong-3"]),
+    ({"pattern": "^[a-z]+$"}, "abc", ["Wrong-1", "Wrong-2"]),
+    ({"pattern": PASSWORD}, "Abcdefg1", ["wrong-name", "other-name"]),
+])
+def test_property_names_reports_every_bad_name_at_the_objects_path(
+    tmp_path: Path, names: dict[str, Any], ok: str, bad: list[str],
+) -> None:
+    """One error per bad name, at the object's path, with the message the keyword gives;
+    a name that passes gives none."""
+    s = load(tmp_path, {"type": "object", "properties": {"o": {"type": "object", "propertyNames": names}}})
+    errors = s.errors({"o": {ok: 1, **dict.fromkeys(bad, 1)}})
+    assert [e.path for e in errors] == ["$.o"] * len(bad), errors
+    for name in bad:
+        assert any(e.message.startswith(json.dumps(name)) for e in errors), (name, errors)
+
+
+def test_a_backtracking_key_pattern_under_a_ref_resolves_its_own_refs(tmp_path: Path) -> None:
+    """A patternProperties key regex the linear engine refuses, in a $defs entry reached by
+    $ref, whose subschema is itself a $ref: it loads, and checks what it matches."""
+    s = load(tmp_path, {"$ref": "#/$defs/u", "properties": {"p": {"$ref": "#/$defs/u"}},
+                        "$defs": {"u": {"type": "object", "patternProperties": {"^(?=a)": {"$ref": "#/$defs/s"}}},
+                                  "s": {"type": "string"}}})
+    assert s.errors({"ab": "x", "p": {"ax": "y", "b": 1}}) == []
+    assert s.errors({"ab": 1, "p": {"ax": 2}}) == [FieldError("$.ab", '1 is not of type "string"'),
+                                                    FieldError("$.p.ax", '2 is not of type "string"')]
