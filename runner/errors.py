@@ -16,6 +16,7 @@
     ├── StaleLease                 the worker's claim token no longer owns the job
     ├── JobFailed                  a called job ended dead or cancelled (carries its error)
     ├── JobEnded                   a cancel or signal of a job that ended already (its status)
+    ├── NotWaiting                 a run now of a job that waits for no time (its status)
     ├── SignalPending              a signal of that name is kept for the job already, unread
     ├── SignalsFull                the job keeps its most signals (or bytes of them) unread
     ├── StillRunning               a call's or result's timeout passed before the job ended
@@ -335,6 +336,17 @@ class JobFailed(RunnerError):
         self.reason = reason
         message = error.get("message") if isinstance(error, dict) else None
         super().__init__(f"job {job_id} failed: {message or reason or 'dead'}")
+
+
+class NotWaiting(RunnerError):
+    """A run now of a job that is not waiting for a time (delayed, retrying, sleeping):
+    it runs, waits for a signal, is queued already or has ended."""
+
+    def __init__(self, job_id: str, status: str) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} is {status}: only a scheduled, retrying or sleeping job can run now"
+                         + (" (send the signal it waits for instead)" if status == "waiting" else ""))
 
 
 class JobEnded(RunnerError):

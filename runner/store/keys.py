@@ -69,6 +69,9 @@ slot and the layout runs unchanged on Redis Cluster::
                                               jobs; see lua/emit.lua)
     <prefix>:{<queue>}:emit:<name>:<key> HASH an emit's Idempotency-Key: hash (of its data),
                                               record; expires (see client/emitting.py)
+    <prefix>:{<queue>}:idem:~ended:<type>:<key>  STRING  the id of the latest job of that key that
+                                              died or was cancelled (its key freed), for the search by
+                                              key; expires with its record (includes/idem.lua)
     <prefix>:{<queue>}:idem:~debounce:<type>:<key>  HASH  a DEBOUNCE burst: id (its one job),
                                               first (ms of its first enqueue); expires (includes/jobs.lua)
 
@@ -84,7 +87,8 @@ These keys are global, outside every queue's tag (each in its own slot on Redis 
 
     <prefix>:audit                    LIST    who did what (requeue, delete, purge, cancel, pause,
                                               resume, bulk), newest first, capped (see audit.py)
-    <prefix>:workers                  HASH    live workers: what they serve and know (roster.py)
+    <prefix>:workers                  HASH    live workers: what they serve, run and know; each entry
+                                              carries its time to live (roster.py)
     <prefix>:place:<queue>:{<digest>} STRING  the partition a route key was placed in while two
                                               counts of partitions are live (routing.py)
     <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
@@ -217,6 +221,9 @@ class QueueKeys:
 
     def idem(self, type_: str, key: str) -> str:
         return f"{self.idem_prefix}{type_}:{key}"
+
+    def idem_ended(self, type_: str, key: str) -> str:
+        return f"{self.idem_prefix}~ended:{type_}:{key}"
 
     def limit(self, key: str) -> str:
         return self.lim_prefix + key

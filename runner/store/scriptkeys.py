@@ -68,6 +68,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "resume": ("paused", "ready", "notify", "job_prefix", "held", "prio"),
     "watch": ("job", "claims"),
     "cancel": _CANCEL,
+    "run_now": ("job", "claims", "scheduled", "ready", "notify", "prio"),
     "group": _GROUP,
     "group_count": _GROUP,
     "seek": ("index",),

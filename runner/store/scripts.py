@@ -542,6 +542,12 @@ class Scripts(Transport):
         args = (_clock(now_ms), job_id, retention_ms, entry)
         return self._run("cancel", scriptkeys.keys("cancel", k, job=k.job(job_id)), args)
 
+    def run_now(self, k: QueueKeys, job_id: str, entry: str = "", now_ms: int | None = None) -> Any:
+        """[code, status] (see run_now.lua): 1 moved to ready (the status it had), -1 no
+        record (gone or done), -2 refused with the job's status. ``entry`` (JSON) goes in
+        the job's history when it moves."""
+        return self._run("run_now", scriptkeys.keys("run_now", k, job=k.job(job_id)), (_clock(now_ms), job_id, entry))
+
     def cancel_deferred(self, k: QueueKeys, list_key: str, limit: str, n: int, type_: str, after: str,
                         retention_ms: int, entry: str = "") -> tuple[bool, str, list[str]]:
         """Cancel up to ``n`` deferred jobs (of ``type_``, '' any) of one deferred list (a
