@@ -101,11 +101,15 @@ def release() -> str | None:
 
 
 def beat(redis: Any, prefix: str, member: Member) -> None:
-    """Write this worker's entry (stamped now, server time) and drop stale ones."""
+    """Write this worker's entry, stamped now by the server's clock, and drop stale ones.
+    A member without ``started_ms`` (0) is on record from its first beat's time: the
+    server's, as every time a user sees, not its host's."""
     now = server_ms(redis)
-    entry = {**member.as_dict(), "seen_ms": now}
+    entries = read(redis, prefix, now, include_stale=True)
+    mine = next((m.started_ms for m in entries if m.id == member.id), now)
+    entry = {**member.as_dict(), "seen_ms": now, "started_ms": member.started_ms or mine}
     redis.hset(key(prefix), member.id, codec.dumps(entry))
-    stale = [m.id for m in read(redis, prefix, now, include_stale=True) if not m.live(now)]
+    stale = [m.id for m in entries if not m.live(now) and m.id != member.id]
     if stale:
         redis.hdel(key(prefix), *stale)
 

@@ -10,7 +10,6 @@ import select
 import signal
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +51,7 @@ class Worker:
         # served too, until they drain (store/tagset.py); the scheduler looks again later.
         _announce(runtime.discover(record=True))
         self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.worker_id) for q in self.queues]
-        self.started_ms = int(time.time() * 1000)
+        self.started_ms = 0  # on the roster from its first heartbeat (the server's clock)
         self.scheduler = Scheduler(runtime, self._member, self._partitions_found)
         self.ticker = Ticker(runtime)
         # Cancels of jobs claimed ahead, pushed (a renewal would tell within a second,

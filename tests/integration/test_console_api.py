@@ -24,9 +24,9 @@ from runner.web import create_app
 from conftest import Project, wait_for
 
 SECRETS = {"ops": "ops-secret", "viewer": "viewer-secret"}
+SCOPES = {"ops": ["read", "operate", "enqueue"], "viewer": ["read"]}
 TOKENS = "".join(f'\n[api.tokens.{name}]\nhash = "sha256:{hashlib.sha256(secret.encode()).hexdigest()}"\n'
-                 f"scopes = {json.dumps(scopes)}\n"
-                 for (name, secret), scopes in zip(SECRETS.items(), (["read", "operate", "enqueue"], ["read"]), strict=True))
+                 f"scopes = {json.dumps(SCOPES[name])}\n" for name, secret in SECRETS.items())
 OPS = {"Authorization": f"Bearer {SECRETS['ops']}"}
 VIEWER = {"Authorization": f"Bearer {SECRETS['viewer']}"}
 
