@@ -667,6 +667,7 @@ class _ChildRun:
             self.ex.outcomes.put(Settlement(self.run, START))
         with self.ex.ledger.lock:
             self.run.child_pid = pid
+            self.run.began = (time.monotonic(), self.started_ms)  # (the roster shows it running)
         fault("mid_handler")
 
     def rpc(self, msg: dict[str, Any]) -> Any:

@@ -36,6 +36,7 @@ import time
 
 QUEUE = "slow"
 TIMEOUT = 120
+ISOLATION = "process"
 
 
 def handle(payload, ctx):
@@ -101,7 +102,7 @@ def workers(web: falcon.testing.TestClient) -> list[dict[str, Any]]:
 
 def test_workers_list_what_they_run_and_leave_on_stop_or_after_their_ttl(project: Project) -> None:
     """A worker's entry says its queues, concurrency, isolation and version, and the job its
-    handler runs (within a heartbeat). A worker stopped with SIGTERM is gone at once, though
+    handler runs (within a heartbeat; in a child process here). A worker stopped with SIGTERM is gone at once, though
     its entry would live a minute; a SIGKILLed one is still listed just after its death and
     gone once its entry's 3 s time to live passed. `runner workers` shows the same."""
     project.add_function("blocks", BLOCKS)
@@ -120,11 +121,11 @@ def test_workers_list_what_they_run_and_leave_on_stop_or_after_their_ttl(project
     wait_for(lambda: [r["id"] for r in running()] == [job], timeout=15, what="the job to show as running")
     by_pid = {w["pid"]: w for w in workers(web)}
     slow, fast = by_pid[stays.pid], by_pid[dies.pid]
-    assert slow["queues"] == ["slow"] and slow["concurrency"] == 2 and slow["isolation"] == "thread"
+    assert slow["queues"] == ["slow"] and slow["concurrency"] == 2 and slow["isolation"] == "mixed"
     assert slow["release"] == "v42" and slow["version"] and fast["release"] is None
     assert slow["running"][0]["type"] == "blocks" and slow["running"][0]["started"] >= slow["started_at"] > 0
     assert slow["last_seen"] >= slow["started_at"] and fast["queues"] == ["fast"] and fast["running"] == []
-    assert fast["concurrency"] == 8
+    assert fast["concurrency"] == 8 and fast["isolation"] == "thread"
     shown = cli(project, "workers", "--json")
     assert shown.returncode == 0, shown.stderr
     assert {w["pid"] for w in json.loads(shown.stdout)["workers"]} == {stays.pid, dies.pid}
@@ -257,3 +258,25 @@ def test_the_search_by_idempotency_key_finds_dead_and_cancelled_jobs_in_every_pa
     # A dead letter deleted is found no more.
     c.delete_dead("fast", dead["b"])
     assert search("b") == []
+
+
+def test_a_worker_of_the_release_before_is_listed_and_a_stale_entry_is_not(project: Project) -> None:
+    """An entry written by the release before (no running jobs, no time to live) is listed
+    with none running, under the default time to live; an entry not refreshed within its
+    own time to live is left out, and the next beat of any worker deletes it."""
+    from runner.store import roster
+
+    r, prefix = project.runtime.redis, project.runtime.config.redis.prefix
+    now = roster.server_ms(r)
+    old = {"id": "old:1:aa", "host": "h", "pid": 1, "queues": ["fast"], "functions": {"record": 1},
+           "started_ms": now - 5_000, "seen_ms": now - 1_000}
+    stale = {**old, "id": "gone:2:bb", "pid": 2, "seen_ms": now - 10_000, "ttl_ms": 5_000}
+    r.hset(roster.key(prefix), mapping={"old:1:aa": json.dumps(old), "gone:2:bb": json.dumps(stale)})
+    (shown,) = project.client.workers()
+    assert shown["id"] == "old:1:aa" and shown["running"] == [] and shown["concurrency"] == 0
+    assert shown["started_at"] == (now - 5_000) / 1000
+    roster.beat(r, prefix, roster.Member(id="new:3:cc", host="h", pid=3, queues=("fast",), functions={},
+                                         started_ms=0, seen_ms=0))
+    assert set(r.hkeys(roster.key(prefix))) == {"old:1:aa", "new:3:cc"}
+    new = next(w for w in project.client.workers() if w["id"] == "new:3:cc")
+    assert new["started_at"] == new["last_seen"]  # stamped by the server at its first beat
