@@ -110,7 +110,7 @@ def _suspended_of(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[tuple[st
         pipe.execute_command("HMGET", k.state(job_id), "type", *[f"step:{i}" for i in range(n)])
     replies = pipe.execute()
     out: list[tuple[str, str, str, str, list[str]]] = []
-    for (job_id, n, status), raw, entries in zip(chosen, replies[::2], replies[1::2], strict=True):
+    for (job_id, _n, status), raw, entries in zip(chosen, replies[::2], replies[1::2], strict=True):
         rec = records.parse(raw)
         if rec is None:
             continue
