@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 from runner.store import records, routing, scriptkeys
-from runner.store.keys import QueueKeys
+from runner.store.keys import EventKeys, QueueKeys
 
 # Batch and Stream are re-exported: callers build their calls from here.
 from runner.store.transport import Batch as Batch
@@ -479,11 +479,30 @@ class Scripts(Transport):
         return self._run("suspend", keys, args, pipe)
 
     def signal(self, k: QueueKeys, job_id: str, name: str, body: str, now_ms: int | None = None, *,
-               most: int = 0, most_bytes: int = 0) -> Any:
+               most: int = 0, most_bytes: int = 0, position: int | None = None) -> Any:
         """Deliver a signal (signal.lua): {code, status}; ``most``/``most_bytes`` bound what
-        one job keeps unread (0: unbounded)."""
+        one job keeps unread (0: unbounded); with ``position``, refused (-6) once the wait
+        there is over (an event's delivery)."""
         return self._run("signal", scriptkeys.keys("signal", k, job=k.job(job_id)),
-                         (_clock(now_ms), job_id, name, body, most, most_bytes))
+                         (_clock(now_ms), job_id, name, body, most, most_bytes,
+                          "" if position is None else position))
+
+    def listen(self, ek: EventKeys, shape: str, digest: str, member: str, most_shapes: int,
+               now_ms: int | None = None) -> Any:
+        """Put a waiter on an event name's registry (listen.lua): {code, since ms}."""
+        return self._run("listen", scriptkeys.keys("listen", shapes=ek.shapes, bucket=ek.bucket(digest)),
+                         (_clock(now_ms), shape, member, most_shapes))
+
+    def unlisten(self, ek: EventKeys, items: Sequence[tuple[str, str, str]], event_id: str = "",
+                 resumed: int = 0, keep_ms: int = 0) -> int:
+        """Take waiters (digest, field names, member) off an event name's registry, counting
+        ``resumed`` for ``event_id`` (unlisten.lua); returns how many were there."""
+        args: list[Any] = [event_id, keep_ms, resumed, len(items)]
+        for item in items:
+            args += list(item)
+        return int(self._run("unlisten", scriptkeys.keys("unlisten", shapes=ek.shapes,
+                                                         bucket_prefix=ek.bucket_prefix,
+                                                         woke_prefix=ek.woke_prefix), args))
 
     def take_signal(self, k: QueueKeys, job_id: str, token: str, position: int, name: str, head: str,
                     until_ms: int | None, max_steps: int, max_bytes: int, now_ms: int | None = None) -> Any:

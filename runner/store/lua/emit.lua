@@ -20,6 +20,9 @@
 -- KEYS[12] emitted     LIST  this partition's recent events, newest first (JSON records)
 -- KEYS[13] emit_prefix (string; an emit's idempotency key is prefix .. name .. ':' .. key,
 --                      a HASH: hash (of the event's data), record)
+-- KEYS[14] wakes       LIST  events whose waiters (ctx.wait_for_event) are still to be told
+--                      (JSON: id, name, ts, data); the emitter tells them and takes the
+--                      entry off, else the relay does (client/waking.py)
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
 -- ARGV[2] n, the jobs written here; then 13 fields per job, as enqueue.lua
 -- ARGV[3 + 13 n] how long a limit key's marker lives, ms
@@ -35,7 +38,8 @@
 -- ARGV[13 + 13 n] m, the outbox entries; then m entries (JSON: queue, 12 fields, priority)
 --
 -- Returns {code, record}:
---   1  emitted: the record (JSON), then code, id, status per job written here (as enqueue.lua)
+--   1  emitted: the record (JSON), then code, id, status per job written here (as enqueue.lua),
+--      then the entry put on `wakes`
 --   0  duplicate: the record of the emit that holds the key, nothing written
 --  -1  conflict: the record of the emit that holds the key with other data, nothing written
 --- @include "clock"
@@ -92,4 +96,10 @@ if hold_key ~= '' then
   redis.call('PEXPIRE', hold_key, tonumber(ARGV[e + 6]))
 end
 out[2] = record
+-- The event as a waiter gets it, kept until every waiter of before now was told: in this
+-- same step, so an accepted emit reaches them whatever dies after.
+local wake = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"ts":' ..
+  string.format('%d', now) .. ',"data":' .. data .. '}'
+redis.call('RPUSH', K.wakes, wake)
+out[#out + 1] = wake
 return out
