@@ -92,15 +92,14 @@ These keys are global, outside every queue's tag (each in its own slot on Redis 
     <prefix>:place:<queue>:{<digest>} STRING  the partition a route key was placed in while two
                                               counts of partitions are live (routing.py)
     <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
-
-An event name's waiters (ctx.wait_for_event, see store/listeners.py) live under a tag of
-the name's own, so one name's registry is one slot, apart from every queue::
-
     <prefix>:{ev:<name>}:shapes       HASH    a match's field names (JSON list) -> waiters with it
     <prefix>:{ev:<name>}:w:<digest>   ZSET    the waiters of one match (the digest of its fields
                                               and values) -> when each began to wait (server ms);
                                               a member is JSON [queue, tag, job id, position]
     <prefix>:{ev:<name>}:woke:<event> STRING  how many waiters that event resumed; expires
+
+An event name's waiters (ctx.wait_for_event, see store/listeners.py) live under a tag of
+the name's own (``{ev:<name>}``), so one name's registry is one slot, apart from every queue.
 
 A claim lives in the queue's ``claims`` hash, not in the record: a claim costs a read of
 the record and no write to it. A success deletes the record and its state, and keeps

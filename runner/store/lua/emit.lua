@@ -98,8 +98,8 @@ end
 out[2] = record
 -- The event as a waiter gets it, kept until every waiter of before now was told: in this
 -- same step, so an accepted emit reaches them whatever dies after.
-local wake = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"ts":' ..
+local pending = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"ts":' ..
   string.format('%d', now) .. ',"data":' .. data .. '}'
-redis.call('RPUSH', K.wakes, wake)
-out[#out + 1] = wake
+redis.call('RPUSH', K.wakes, pending)
+out[#out + 1] = pending
 return out
