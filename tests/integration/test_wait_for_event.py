@@ -108,6 +108,22 @@ def test_an_emit_before_the_wait_does_not_count_and_a_timeout_returns_none(proje
     assert registered(project) == 0
 
 
+def test_run_inline_answers_waits_for_events(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_inline's ``events={name: data}`` gives a wait its event when the data holds
+    its match, else None (as on a timeout); the step log records the wait."""
+    from runner.testing import run_inline
+
+    monkeypatch.setenv("RECORD_DIR", str(project.records))
+    project.add_function("waiter", WAITER.format(isolation=""))
+    out = run_inline("waiter", {"order_id": 3}, project=project.root, events={"order.paid": {"order_id": 3, "x": 1}})
+    assert out.status == "done" and out.result["event"]["data"] == {"order_id": 3, "x": 1}, out
+    assert out.result["event"]["name"] == "order.paid"
+    miss = run_inline("waiter", {"order_id": 3}, project=project.root, events={"order.paid": {"order_id": 4}})
+    assert miss.status == "done" and miss.result == {"event": None}, miss
+    assert [s["kind"] for s in miss.steps] == ["step", "event", "step"]
+    assert run_inline("waiter", {"order_id": 3}, project=project.root).result == {"event": None}
+
+
 def test_emits_over_http_and_the_cli_deliver_and_a_cancel_takes_the_waiter_off(project: Project) -> None:
     """POST /events/{name} and `runner emit` resume their waiters as the client does;
     GET /events counts the waiters each event resumed; a cancelled waiting job leaves the
@@ -160,9 +176,11 @@ def test_the_relay_tells_the_waiters_an_emitter_left(project: Project) -> None:
     wait_for(lambda: rt.redis.llen(k.wakes) == 0, timeout=10, what="the relay to take the entry off")
 
 
-def test_waits_on_a_partitioned_queue(project: Project) -> None:
-    """partitions = 3: waiters in every partition are told by one emit each."""
-    project.write_config(fast="partitions = 3")
+@pytest.mark.parametrize("partitions", [2, 4])
+def test_waits_on_a_partitioned_queue(project: Project, partitions: int) -> None:
+    """partitions = 2 and 4: waiters in every partition are told by one emit each, two
+    waiters of one match by the same emit."""
+    project.write_config(fast=f"partitions = {partitions}")
     project.add_function("waiter", WAITER.format(isolation=""))
     c = project.client
     project.spawn_worker("fast")

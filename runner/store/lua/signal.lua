@@ -57,7 +57,7 @@ local count, size = (tonumber(kept[1]) or 0) + 1, (tonumber(kept[2]) or 0) + #AR
 if most > 0 and count > most then return {-4, status} end
 if most_bytes > 0 and size > most_bytes then return {-5, status} end
 redis.call('HSET', sk, 'sig:' .. name, ARGV[4], 'sigs', count, 'sig_bytes', size)
-tally('signals|' .. rec.type)
+if not at then tally('signals|' .. rec.type) end  -- (an event's delivery is not a signal sent)
 local code = 1
 if status == 'waiting' and f[2] == name and redis.call('ZREM', K.scheduled, id) == 1 then
   redis.call('HSET', sk, 'status', 'queued', 'ready_ms', now)
