@@ -120,7 +120,7 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
         # Placed now rather than a relay pass later (a failure here leaves them to the relay).
         with contextlib.suppress(*UNAVAILABLE):
             outbox.remove(rt, home, outbox.place(rt, entries))
-    if code == 1:  # its waiters (ctx.wait_for_event), told now; what is left, by the relay
+    if code == 1 and reply[-1]:  # its waiters (ctx.wait_for_event), told now; the rest by the relay
         waking.after_emit(client, home, str(reply[-1]))
     if short is not None:
         raise short

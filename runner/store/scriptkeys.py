@@ -60,7 +60,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     # A schedule's tick runs the enqueue script after its own guard (sources.COMPOSED).
     "tick": (*_ENQUEUE, "outbox", "schedule"),
     # An event's jobs, record and key on its home partition (docs/events.md).
-    "emit": (*_ENQUEUE, "outbox", "emitted", "emit_prefix", "wakes"),
+    "emit": (*_ENQUEUE, "outbox", "emitted", "emit_prefix", "wakes", "shapes"),
     "adopt": ("schedules", "schedule_prefix", "schedules_seen"),
     "alive": ("schedule_prefix", "schedules_seen"),
     "relay": ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "done_meta",

@@ -344,11 +344,17 @@ class Scripts(Transport):
     ) -> Any:
         """One event on its home partition ``k`` (see lua/emit.lua): ``jobs`` written here,
         ``entries`` (outbox entries) for the others, whose {id, type, queue} are ``away``
-        (JSON). Returns [code, record, then code, id, status per job written here].
+        (JSON). Returns [code, record, then code, id, status per job written here, then
+        the entry pending for the name's waiters ('' when it has none)].
         Durable, as an enqueue is."""
         _, _, args = self.enqueue_call(k, jobs, now_ms, self.mark_for(k))
         args += [event_id, name, data, idem_key, data_hash, idem_ms, keep, away, k.queue, len(entries), *entries]
-        return self._run("emit", scriptkeys.keys("emit", k), args, durable=True)
+        # On one server the script reads the name's waiters itself (none: no pending entry,
+        # and nothing for the emitter to tell); on Redis Cluster they live in another slot,
+        # so a key of this one stands in and the entry is always written.
+        registry = EventKeys(k.prefix, name).shapes if self.one_server else k.wakes
+        args.append(1 if self.one_server else 0)
+        return self._run("emit", scriptkeys.keys("emit", k, shapes=registry), args, durable=True)
 
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
         """Place follow-ups from another queue's outbox into queue ``k``, each once by id:

@@ -23,6 +23,9 @@
 -- KEYS[14] wakes       LIST  events whose waiters (ctx.wait_for_event) are still to be told
 --                      (JSON: id, name, ts, data); the emitter tells them and takes the
 --                      entry off, else the relay does (client/waking.py)
+-- KEYS[15] shapes      HASH  the name's waiters' field lists (store/listeners.py), read
+--                      when ARGV[14 + 13 n + m] is 1 (one server holds every key); on
+--                      Redis Cluster another slot's, so a key of this one stands in
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
 -- ARGV[2] n, the jobs written here; then 13 fields per job, as enqueue.lua
 -- ARGV[3 + 13 n] how long a limit key's marker lives, ms
@@ -36,10 +39,12 @@
 -- ARGV[11 + 13 n] the jobs sent away: a JSON array of {id, type, queue}
 -- ARGV[12 + 13 n] this partition's queue (named in the record of each job written here)
 -- ARGV[13 + 13 n] m, the outbox entries; then m entries (JSON: queue, 12 fields, priority)
+-- ARGV[14 + 13 n + m] 1: KEYS[15] is the name's registry; 0: it is not (Redis Cluster)
 --
 -- Returns {code, record}:
 --   1  emitted: the record (JSON), then code, id, status per job written here (as enqueue.lua),
---      then the entry put on `wakes`
+--      then the entry put on `wakes` ('' none: the registry, read here, has no waiters; a
+--      waiter put on after this step began after the event, and does not get it)
 --   0  duplicate: the record of the emit that holds the key, nothing written
 --  -1  conflict: the record of the emit that holds the key with other data, nothing written
 --- @include "clock"
@@ -100,6 +105,10 @@ out[2] = record
 -- same step, so an accepted emit reaches them whatever dies after.
 local pending = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"ts":' ..
   string.format('%d', now) .. ',"data":' .. data .. '}'
-redis.call('RPUSH', K.wakes, pending)
-out[#out + 1] = pending
+if ARGV[e + 11 + m] ~= '1' or redis.call('EXISTS', K.shapes) == 1 then
+  redis.call('RPUSH', K.wakes, pending)
+  out[#out + 1] = pending
+else
+  out[#out + 1] = ''
+end
 return out
