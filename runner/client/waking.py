@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.errors import JobNotFound
 from runner.store import codec, listeners
+from runner.store.connection import UNAVAILABLE
 from runner.store.keys import EventKeys, QueueKeys
 
 if TYPE_CHECKING:
@@ -52,23 +53,35 @@ def tell_all(client: Client, raw: str, budget: int) -> bool:
     rt = client.runtime
     ek = EventKeys(rt.config.redis.prefix, name)
     data = event.get("data")
+    away = 0  # waiters whose job's server did not answer: told by a later pass
     for shape in listeners.shapes(rt.redis, ek):
         bucket = listeners.digest_for(shape, data)
         if bucket is None:
             continue
+        skipped = 0  # (they stay first in the bucket: every waiter before them left it)
         while True:
-            found = listeners.waiters(rt.redis, ek, bucket, ts)
+            found = listeners.waiters(rt.redis, ek, bucket, ts, offset=skipped)
             if not found:
                 break
-            resumed = sum(1 for m in found if _tell(client, m, raw) in TOLD)
-            rt.scripts.unlisten(ek, [(bucket, shape, m) for m in found], event_id, resumed,
-                                listeners.WOKE_KEEP_MS)
+            told: list[tuple[str, str, str]] = []
+            resumed = 0
+            for m in found:
+                try:
+                    code = _tell(client, m, raw)
+                except UNAVAILABLE:  # one shard away (Redis Cluster): the others are told
+                    skipped += 1
+                    continue
+                resumed += code in TOLD
+                told.append((bucket, shape, m))
+            if told:
+                rt.scripts.unlisten(ek, told, event_id, resumed, listeners.WOKE_KEEP_MS)
             budget -= len(found)
             if budget <= 0:
                 return False
             if len(found) < listeners.BATCH:
                 break
-    return True
+        away += skipped
+    return away == 0
 
 
 def _tell(client: Client, raw_member: str, body: str) -> int:
@@ -99,8 +112,6 @@ def _partition(client: Client, queue: str, tag: str, job_id: str) -> QueueKeys |
 def after_emit(client: Client, home: QueueKeys, raw: str) -> None:
     """An emitter tells its event's waiters at once (up to INLINE); Redis going away, or
     more waiters than that, leaves the entry to the relay."""
-    from runner.store.connection import UNAVAILABLE
-
     with contextlib.suppress(*UNAVAILABLE):
         if tell_all(client, raw, INLINE):
             listeners.drop_wakes(client.runtime.redis, home, [raw])

@@ -97,9 +97,10 @@ def waiting(redis: Any, ek: EventKeys) -> int:
     return sum(int(v) for v in (redis.hvals(ek.shapes) or ()))
 
 
-def waiters(redis: Any, ek: EventKeys, bucket: str, before_ms: int, n: int = BATCH) -> list[str]:
-    """The first ``n`` waiters of a bucket that began to wait at or before ``before_ms``."""
-    return [str(m) for m in redis.zrangebyscore(ek.bucket(bucket), "-inf", before_ms, start=0, num=n)]
+def waiters(redis: Any, ek: EventKeys, bucket: str, before_ms: int, n: int = BATCH, offset: int = 0) -> list[str]:
+    """``n`` waiters of a bucket that began to wait at or before ``before_ms``, the first
+    ``offset`` passed over."""
+    return [str(m) for m in redis.zrangebyscore(ek.bucket(bucket), "-inf", before_ms, start=offset, num=n)]
 
 
 def wakes_head(redis: Any, k: QueueKeys, n: int) -> list[str]:

@@ -21,6 +21,7 @@ from runner.errors import JobNotFound, RunnerError
 from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import codec, followups, listeners
+from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.scripts import STAGED, Followup, followup_id, job_entry
 from runner.worker.faults import fault
@@ -77,7 +78,12 @@ def tell_waiters(client: Client, k: QueueKeys, seen: dict[tuple[str, int], float
             left += 1
             continue
         fault("before_wake")
-        if waking.tell_all(client, raw, budget):
+        try:
+            done = waking.tell_all(client, raw, budget)
+        except UNAVAILABLE as exc:  # the name's registry is on a shard away: not this partition's outage
+            log.warning("events: the waiters of a pending event could not be told now (%s); next pass", exc)
+            done = False
+        if done:
             finished.append(raw)
         else:
             left += 1
