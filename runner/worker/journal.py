@@ -329,7 +329,7 @@ class Journal:
             if self.listen is not None:  # its delivery took it off already, unless it timed out
                 with contextlib.suppress(Exception):
                     self.listen(name, match, self.position, False)
-            value = codec.loads(body) if code == 1 else None
+            value = _event_of(body) if code == 1 else None
             self._put({"name": label, "kind": "event", "event": name, "match": match,
                        "status": "ok" if code == 1 else "timeout", **({"value": value} if code == 1 else {})})
             return value
@@ -393,6 +393,17 @@ class Journal:
 
 
 _NONE = object()
+
+
+def _event_of(body: str) -> Any:
+    """A delivered event: its data may be nested as deep as any payload (codec.MAX_DEPTH),
+    one level under the event's own fields; read as the step log's reader reads it."""
+    try:
+        return codec.loads(body)
+    except codec.TooDeep:
+        import orjson
+
+        return orjson.loads(body)
 
 
 def _matches(match: dict[str, Any], data: Any) -> bool:
