@@ -59,9 +59,10 @@ def _waiting(c, job: str) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
 def test_a_matching_emit_resumes_the_waiting_job_with_the_event(project: Project, isolation: str) -> None:
-    """The job waits (status waiting, in scheduled alone, its view naming the event and
-    match); an emit of another order does not resume it; the matching emit does, and the
-    wait returns {id, name, data, ts}; each step ran once; the registry is empty after."""
+    """The job waits (status waiting, in scheduled alone, its view and `runner job` naming
+    the event and match); an emit of another order does not resume it; the matching emit
+    does (nobody subscribes to the event: waiters are told all the same), and the wait
+    returns {id, name, data, ts}; each step ran once; the registry is empty after."""
     project.add_function("waiter", WAITER.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")
@@ -74,6 +75,10 @@ def test_a_matching_emit_resumes_the_waiting_job_with_the_event(project: Project
     assert job in structures(project)["scheduled"]
     assert_no_job_in_two_structures(project)
     assert registered(project) == 1
+    shown = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "job",
+                            job], env=project.env, capture_output=True, text=True, timeout=60)
+    assert "2. order.paid (event) waiting" in shown.stdout and 'matching {"order_id":7}' in shown.stdout, shown
+    assert '"event":"order.paid","match":{"order_id":7}' in shown.stdout, shown  # waiting_for
     c.emit("order.paid", {"order_id": 8, "amount": 1})
     c.emit("order.paid", {"order_id": "7"})  # a string is not the number 7
     c.emit("order.shipped", {"order_id": 7})
