@@ -4,7 +4,8 @@ a waiter and taking the event off its list), and half the events are left by an 
 that died right after its write (the emit's step alone: the relay must tell those). Every
 job ends done once, with its own event; each step's side effect ran once, except where a
 kill fell between a step's function returning and its record landing (at most as many as
-the kills); no waiter is left on the registry."""
+the kills); no waiter is left on the registry. RUNNER_TEST_FULL=1 (or
+WAIT_EVENT_CHAOS_JOBS) runs 200 jobs, marked slow."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from runner.store import codec, listeners, records
 from runner.store.keys import EventKeys
 from runner.worker.faults import POINTS, WAKE_POINTS
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
+from conftest import Project, assert_no_job_in_two_structures, make_project, size, wait_for
 
 WAITER = '''
 import os
@@ -64,6 +65,18 @@ def _left_by_a_dead_emitter(project: Project, order_id: int) -> str:
 def test_no_wake_is_lost_when_workers_and_emitters_die(tmp_path: Path, server: object, isolation: str) -> None:
     """Twenty waiting jobs, SIGKILLs around the emits and the relay's telling: all end
     done once, each with its own order's event."""
+    _run(tmp_path, server, isolation, int(size("WAIT_EVENT_CHAOS_JOBS", 20, 20)), 240)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_no_wake_is_lost_when_workers_and_emitters_die_200_jobs(tmp_path: Path, server: object,
+                                                                 isolation: str) -> None:
+    """The same with 200 waiting jobs (RUNNER_TEST_FULL=1, or WAIT_EVENT_CHAOS_JOBS)."""
+    _run(tmp_path, server, isolation, int(size("WAIT_EVENT_CHAOS_JOBS", 200, 200)), 900)
+
+
+def _run(tmp_path: Path, server: object, isolation: str, count: int, seconds: float) -> None:
     project: Project = make_project(tmp_path / "project", server)  # type: ignore[arg-type]
     try:
         project.write_config(vt=1, concurrency=4, max_attempts=50, fast=f'isolation = "{isolation}"')
@@ -71,10 +84,10 @@ def test_no_wake_is_lost_when_workers_and_emitters_die(tmp_path: Path, server: o
         c = project.client
         rnd = random.Random(50)
         workers = [_spawn(project, rnd), _spawn(project, rnd)]
-        ids = {n: c.enqueue("waiter", {"order_id": n}).id for n in range(20)}
+        ids = {n: c.enqueue("waiter", {"order_id": n}).id for n in range(count)}
         emitted: dict[int, str] = {}
         kills = 0
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             views = {n: c.get(j).as_dict() for n, j in ids.items()}
             if all(v["status"] == "done" for v in views.values()):
@@ -106,7 +119,7 @@ def test_no_wake_is_lost_when_workers_and_emitters_die(tmp_path: Path, server: o
                 runs = (project.records / f"{ids[n]}-{step}").read_text().splitlines()
                 assert runs and all(r == runs[0] for r in runs), runs
                 repeats += len(runs) - 1
-        print(f"wait_for_event chaos ({isolation}): 20 jobs done, {kills} kills, {repeats} step(s) run again")
+        print(f"wait_for_event chaos ({isolation}): {count} jobs done, {kills} kills, {repeats} step(s) run again")
         assert repeats <= kills, (repeats, kills)
         rt = c.runtime
         assert listeners.waiting(rt.redis, EventKeys(rt.config.redis.prefix, "order.paid")) == 0
