@@ -20,7 +20,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from runner.errors import JobNotFound
+from runner.errors import JobNotFound, RedisUnavailable
 from runner.store import codec, listeners
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import EventKeys, QueueKeys
@@ -32,6 +32,8 @@ log = logging.getLogger("runner.events")
 
 # The waiters an emitter tells itself before answering; the relay tells the rest.
 INLINE = 200
+# A waiter's server not answering (one shard of a Redis Cluster away): told later.
+AWAY: tuple[type[BaseException], ...] = (*UNAVAILABLE, RedisUnavailable)
 # What a delivery answers (signal.lua): kept for the wait, or kept and the job woken.
 TOLD = (1, 2)
 
@@ -68,7 +70,7 @@ def tell_all(client: Client, raw: str, budget: int) -> bool:
             for m in found:
                 try:
                     code = _tell(client, m, raw)
-                except UNAVAILABLE:  # one shard away (Redis Cluster): the others are told
+                except AWAY:  # one shard away (Redis Cluster): the others are told
                     skipped += 1
                     continue
                 resumed += code in TOLD
