@@ -104,14 +104,15 @@ class Journal:
             # Threads reach their calls in any order, a replay in another: the log would
             # not match it (non-deterministic replay) and steps would run twice.
             raise PermanentFailure(f"durable call {name!r} from a thread the handler started: call ctx.step, "
-                                   "ctx.sleep, ctx.wait_for_signal and ctx.invoke from the handler's own thread, "
-                                   "one after another; to run work in parallel, do it inside one step's "
+                                   "ctx.sleep, ctx.wait_for_signal, ctx.wait_for_event and ctx.invoke from the "
+                                   "handler's own thread, one after another; to run work in parallel, do it inside one step's "
                                    "function, or in child jobs (ctx.invoke)")
         if self.step_key is not None:
             # Inside a step's fn: its record would land between the step's start and its
             # end, at a position the replay (which never calls fn) does not reach.
             raise PermanentFailure(f"durable call {name!r} inside step {self.step_key!r}: call ctx.step, ctx.sleep, "
-                                   "ctx.wait_for_signal and ctx.invoke from the handler, not from a step's function")
+                                   "ctx.wait_for_signal, ctx.wait_for_event and ctx.invoke from the handler, not "
+                                   "from a step's function")
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"a step's name is a non-empty string of at most 200 characters, not {name!r}")
         count = self.seen.get(name, 0) + 1
