@@ -105,8 +105,8 @@ class Journal:
             # not match it (non-deterministic replay) and steps would run twice.
             raise PermanentFailure(f"durable call {name!r} from a thread the handler started: call ctx.step, "
                                    "ctx.sleep, ctx.wait_for_signal, ctx.wait_for_event and ctx.invoke from the "
-                                   "handler's own thread, one after another; to run work in parallel, do it inside one step's "
-                                   "function, or in child jobs (ctx.invoke)")
+                                   "handler's own thread, one after another; to run work in parallel, do it "
+                                   "inside one step's function, or in child jobs (ctx.invoke)")
         if self.step_key is not None:
             # Inside a step's fn: its record would land between the step's start and its
             # end, at a position the replay (which never calls fn) does not reach.
