@@ -340,12 +340,14 @@ class Scripts(Transport):
 
     def emit(
         self, k: QueueKeys, jobs: Sequence[NewJob], *, event_id: str, name: str, data: str, idem_key: str,
-        data_hash: str, idem_ms: int, keep: int, away: str, entries: Sequence[str], now_ms: int | None = None,
+        data_hash: str, idem_ms: int, keep: int, away: str, entries: Sequence[str], whole: str,
+        now_ms: int | None = None,
     ) -> Any:
         """One event on its home partition ``k`` (see lua/emit.lua): ``jobs`` written here,
         ``entries`` (outbox entries) for the others, whose {id, type, queue} are ``away``
-        (JSON). Returns [code, record, then code, id, status per job written here, then
-        the entry pending for the name's waiters ('' when it has none)].
+        (JSON); ``data`` as the record shows it, ``whole`` the data itself (JSON), which the
+        name's waiters get. Returns [code, record, then code, id, status per job written
+        here, then the entry pending for the name's waiters ('' when it has none)].
         Durable, as an enqueue is."""
         _, _, args = self.enqueue_call(k, jobs, now_ms, self.mark_for(k))
         args += [event_id, name, data, idem_key, data_hash, idem_ms, keep, away, k.queue, len(entries), *entries]
@@ -353,7 +355,7 @@ class Scripts(Transport):
         # and nothing for the emitter to tell); on Redis Cluster they live in another slot,
         # so a key of this one stands in and the entry is always written.
         registry = EventKeys(k.prefix, name).shapes if self.one_server else k.wakes
-        args.append(1 if self.one_server else 0)
+        args += [1 if self.one_server else 0, whole]
         return self._run("emit", scriptkeys.keys("emit", k, shapes=registry), args, durable=True)
 
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:

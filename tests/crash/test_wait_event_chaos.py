@@ -55,9 +55,9 @@ def _left_by_a_dead_emitter(project: Project, order_id: int) -> str:
     """The emit's own step (event, record, pending wake), and nobody told: its emitter died."""
     rt = project.client.runtime
     event_id = records.new_id()
-    rt.scripts.emit(rt.keys["fast"], [], event_id=event_id, name="order.paid",
-                    data=codec.dumps({"order_id": order_id}), idem_key="", data_hash="", idem_ms=1000, keep=100,
-                    away="[]", entries=[])
+    body = codec.dumps({"order_id": order_id})
+    rt.scripts.emit(rt.keys["fast"], [], event_id=event_id, name="order.paid", data='"data":' + body, whole=body,
+                    idem_key="", data_hash="", idem_ms=1000, keep=100, away="[]", entries=[])
     return event_id
 
 

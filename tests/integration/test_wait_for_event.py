@@ -173,8 +173,9 @@ def test_the_relay_tells_the_waiters_an_emitter_left(project: Project) -> None:
     # The emit's own step, without its emitter's telling: the script alone.
     from runner.store import records
 
-    reply = rt.scripts.emit(k, [], event_id=records.new_id(), name="order.paid", data='{"order_id":5}',
-                            idem_key="", data_hash="", idem_ms=1000, keep=10, away="[]", entries=[])
+    reply = rt.scripts.emit(k, [], event_id=records.new_id(), name="order.paid", data='"data":{"order_id":5}',
+                            whole='{"order_id":5}', idem_key="", data_hash="", idem_ms=1000, keep=10, away="[]",
+                            entries=[])
     assert rt.redis.llen(k.wakes) == 1 and str(reply[-1]).startswith('{"id":')
     done = c.wait(job, 30).as_dict()
     assert done["result"]["event"]["data"] == {"order_id": 5}, done
@@ -184,7 +185,7 @@ def test_the_relay_tells_the_waiters_an_emitter_left(project: Project) -> None:
 @pytest.mark.parametrize("partitions", [2, 4])
 def test_waits_on_a_partitioned_queue(project: Project, partitions: int) -> None:
     """partitions = 2 and 4: waiters in every partition are told by one emit each, two
-    waiters of one match by the same emit."""
+    waiters of one match by the same emit, with its data whole however big."""
     project.write_config(fast=f"partitions = {partitions}")
     project.add_function("waiter", WAITER.format(isolation=""))
     c = project.client
@@ -200,9 +201,10 @@ def test_waits_on_a_partitioned_queue(project: Project, partitions: int) -> None
     _waiting(c, also)
     for n in jobs:
         c.emit("order.paid", {"order_id": n})
-    c.emit("order.paid", {"order_id": 100})
+    big = {"order_id": 100, "blob": "x" * 10_000}  # (the event's record keeps a preview; waiters get it whole)
+    c.emit("order.paid", big)
     for n, j in jobs.items():
         assert c.wait(j, 30).as_dict()["result"]["event"]["data"] == {"order_id": n}
     for j in (shared, also):
-        assert c.wait(j, 30).as_dict()["result"]["event"]["data"] == {"order_id": 100}
+        assert c.wait(j, 30).as_dict()["result"]["event"]["data"] == big
     assert registered(project) == 0

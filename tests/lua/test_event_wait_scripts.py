@@ -63,12 +63,13 @@ def test_an_emit_keeps_its_event_for_the_waiters_in_its_own_step(project: Projec
     p = project
     rt = p.runtime
     k = p.keys()
-    none = rt.scripts.emit(k, [], event_id="e0", name="order.paid", data="{}", idem_key="", data_hash="",
-                           idem_ms=1000, keep=10, away="[]", entries=[], now_ms=NOW)
+    none = rt.scripts.emit(k, [], event_id="e0", name="order.paid", data='"data":{}', idem_key="", data_hash="",
+                           idem_ms=1000, keep=10, away="[]", entries=[], whole="{}", now_ms=NOW)
     assert none[-1] == "" and rt.redis.llen(k.wakes) == 0
     _listen(p, {"order_id": 7}, listeners.member("fast", "fast", "a", 0))
-    reply = rt.scripts.emit(k, [], event_id="e1", name="order.paid", data='{"order_id":7,"n":1.50}', idem_key="",
-                            data_hash="", idem_ms=1000, keep=10, away="[]", entries=[], now_ms=NOW)
+    reply = rt.scripts.emit(k, [], event_id="e1", name="order.paid", data='"data":null',
+                            whole='{"order_id":7,"n":1.50}', idem_key="", data_hash="", idem_ms=1000, keep=10,
+                            away="[]", entries=[], now_ms=NOW)
     pending = rt.redis.lrange(k.wakes, 0, -1)
     assert pending == [reply[-1]] == [f'{{"id":"e1","name":"order.paid","ts":{NOW},"data":{{"order_id":7,"n":1.50}}}}']
 
