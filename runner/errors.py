@@ -533,9 +533,10 @@ class Suspend(BaseException):
     handler's ``except Exception`` cannot swallow it."""
 
     def __init__(self, name: str, kind: str, delay_ms: int | None = None, at_ms: int = 0, index: int = 0,
-                 recorded: bool = False, signal: str = "", ends_ms: int | None = None, child: str = "") -> None:
+                 recorded: bool = False, signal: str = "", ends_ms: int | None = None, child: str = "",
+                 event: str = "", match: dict[str, Any] | None = None) -> None:
         self.name = name  # the step name as recorded (with #2... for a repeated name)
-        self.kind = kind  # "sleep", "signal" or "invoke"
+        self.kind = kind  # "sleep", "signal", "event" or "invoke"
         self.delay_ms = delay_ms  # from the server's now (ctx.sleep), None for at_ms
         self.at_ms = at_ms  # absolute epoch ms (ctx.sleep_until, or a recorded sleep's end)
         self.index = index  # its position in the step log
@@ -543,6 +544,8 @@ class Suspend(BaseException):
         self.signal = signal  # the signal a wait is for
         self.ends_ms = ends_ms  # ms from now to the wait's end, when the job is due before it
         self.child = child  # ctx.invoke's child job id
+        self.event = event  # ctx.wait_for_event's event name
+        self.match = match  # and its match
         super().__init__(f"suspended at {kind} {name!r}")
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner import outbox
+from runner.client import waking
 from runner.client.enqueuing import Enqueued, _unconfirmed, encoded
 from runner.client.inspecting import find, get, queue_keys
 from runner.errors import (
@@ -460,6 +461,9 @@ def cancel(client: Client, job_id: str, *, by: str | None = None, audited: bool 
         raise JobEnded(job_id, status)
     if int(code) == -1:
         raise JobNotFound(job_id)
+    if int(code) == 1:  # (a wait for an event leaves its registry)
+        with contextlib.suppress(*UNAVAILABLE):
+            waking.forget_job(client, k, job_id)
     if by is not None and audited:
         on_record(client, by, "cancel", k.queue, job_id=job_id)
     if int(code) == 3:

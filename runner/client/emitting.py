@@ -10,7 +10,8 @@ before it does leaves them to the relay (runner/outbox.py), which places each on
 its id. So an emit leaves every job of the event or none, whatever dies when.
 
 A subscriber added later does not receive past events: an emit enqueues for the
-functions loaded when it is made.
+functions loaded when it is made. The same step keeps the event for the jobs waiting for
+it (ctx.wait_for_event), which the emitter then tells (client/waking.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from runner import outbox
 from runner.catalog.listing import one_request
 from runner.catalog.options import EVENT_NAME
 from runner.catalog.templates import MAX_KEY_BYTES, control_character
+from runner.client import waking
 from runner.errors import EventConflict, EventRejected, FieldError, NotReplicated, RunnerError, ValidationFailed
-from runner.store import codec, emitted, records
+from runner.store import codec, emitted, listeners, records
 from runner.store.connection import UNAVAILABLE, reachable
 from runner.store.scripts import job_entry
 
@@ -120,6 +122,7 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
         try:
             reply = rt.scripts.emit(
                 home, [p.job for p in here], event_id=records.new_id(), name=name, data=shown_data(data, body),
+                whole=body,
                 idem_key=idempotency_key or "", data_hash=_hash(body), idem_ms=IDEM_KEY_S * 1000,
                 keep=KEEP_EVENTS, away=sent, entries=entries)
         except NotReplicated as exc:  # it ran: only its copy on the replicas is unconfirmed
@@ -131,6 +134,8 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
         # Placed now rather than a relay pass later (a failure here leaves them to the relay).
         with contextlib.suppress(*UNAVAILABLE):
             outbox.remove(rt, home, outbox.place(rt, entries))
+    if code == 1 and reply[-1]:  # its waiters (ctx.wait_for_event), told now; the rest by the relay
+        waking.after_emit(client, home, str(reply[-1]))
     if short is not None:  # named by the event's jobs, every one of which was written
         raise NotReplicated(short.acked, short.wanted, short.timeout_s,
                             [str(j.get("id")) for j in record.get("jobs", [])], short.replies)
@@ -178,6 +183,10 @@ def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[
     homes = [k for parts in rt.parts.values() for k in parts]
     with reachable():
         out = emitted.recent(rt.redis, homes, max(1, min(limit, MAX_LIST)), name)
+        counts = listeners.woke(rt.redis, rt.config.redis.prefix,
+                                [(str(e.get("name")), str(e.get("id"))) for e in out])
+    for e, n in zip(out, counts, strict=True):
+        e["waiters_resumed"] = n  # ctx.wait_for_event waits it resumed (kept a week)
     return out
 
 
