@@ -258,7 +258,8 @@ def test_the_burst_marker_lives_as_long_as_its_job_waits(project: Project) -> No
 # --- an absorbed enqueue's keys follow its payload --------------------------------------
 
 def test_an_absorbed_enqueue_renders_its_keys_from_the_latest_payload(project: Project) -> None:
-    src = DOC.format(period=0.5, max_wait=10).replace('QUEUE = "fast"', 'QUEUE = "fast"\nRESOURCE_KEY = "owner:{owner}"')
+    src = DOC.format(period=0.5, max_wait=10).replace('QUEUE = "fast"',
+                                                      'QUEUE = "fast"\nRESOURCE_KEY = "owner:{owner}"')
     project.add_function("doc", textwrap.dedent(src), '{"type": "object", "required": ["doc_id", "owner"], '
                          '"properties": {"doc_id": {"type": "integer"}, "owner": {"type": "string"}}}')
     c = project.client
