@@ -66,6 +66,33 @@ local function debounce_put(Q, now, j, put)
   return nil, mk
 end
 
+-- An idempotency key's enqueue (j.ikey set): code, id, status of the key's job when it
+-- still stands (0 duplicate, -1 conflict), else nil once the key names this job.
+local function idem_put(Q, j)
+  local ik = idem_key(Q.idem, j.type, j.ikey)
+  -- pcall: a key damaged to another type reads as free (the SET below replaces it)
+  -- rather than failing the batch part-way.
+  local held = redis.pcall('GET', ik)
+  if type(held) == 'string' then
+    local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
+    local st
+    if state == 'done' then
+      st = 'done'
+    elseif redis.call('HEXISTS', Q.claims, hid or '') == 1 then
+      st = 'processing'
+    elseif redis.call('EXISTS', Q.job .. (hid or '')) == 1 then
+      st = redis.call('HGET', Q.job .. hid .. ':s', 'status') or 'queued'
+    end
+    if st then
+      if hhash == j.phash then redis.pcall('HINCRBY', Q.stats, 'deduplicated|' .. j.type, 1) end
+      return hhash == j.phash and 0 or -1, hid, st
+    end
+    -- Else the key names a job that no longer exists: it is stale, and taken over.
+  end
+  redis.call('SET', ik, j.id .. ' ' .. j.phash)
+  return nil
+end
+
 local function job_put(Q, now, j, put)
   local debounced = nil  -- the burst marker this job starts (see debounce_put)
   if j.meta ~= '' and string.find(j.meta, '"debounce":', 1, true) then
@@ -76,27 +103,8 @@ local function job_put(Q, now, j, put)
   local due = 0
   if j.run_at > 0 then due = j.run_at elseif j.delay > 0 then due = now + j.delay end
   if j.ikey ~= '' then
-    local ik = idem_key(Q.idem, j.type, j.ikey)
-    -- pcall: a key damaged to another type reads as free (the SET below replaces it)
-    -- rather than failing the batch part-way.
-    local held = redis.pcall('GET', ik)
-    if type(held) == 'string' then
-      local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
-      local st
-      if state == 'done' then
-        st = 'done'
-      elseif redis.call('HEXISTS', Q.claims, hid or '') == 1 then
-        st = 'processing'
-      elseif redis.call('EXISTS', Q.job .. (hid or '')) == 1 then
-        st = redis.call('HGET', Q.job .. hid .. ':s', 'status') or 'queued'
-      end
-      if st then
-        if hhash == j.phash then redis.pcall('HINCRBY', Q.stats, 'deduplicated|' .. j.type, 1) end
-        return hhash == j.phash and 0 or -1, hid, st
-      end
-      -- Else the key names a job that no longer exists: it is stale, and taken over.
-    end
-    redis.call('SET', ik, j.id .. ' ' .. j.phash)
+    local code, hid, st = idem_put(Q, j)
+    if code then return code, hid, st end
   end
   if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
   -- The record is one string; a plain job due now has no state hash at all (see above).
