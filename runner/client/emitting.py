@@ -115,8 +115,8 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
             return held
     here, away = _split(client, home, preps)
     entries = [codec.dumps(job_entry(p.fn.queue, p.job)) for p in away]
-    sent = codec.dumps([{"id": p.job.id, "type": p.fn.name, "queue": p.fn.queue, "status": "queued"}
-                        for p in away])
+    sent = codec.dumps([{"id": p.job.id, "type": p.fn.name, "queue": p.fn.queue, "status": "queued",
+                         **({"debounced": True} if p.fn.debounce is not None else {})} for p in away])
     short: NotReplicated | None = None
     with reachable():
         try:
@@ -130,16 +130,22 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
     code, record = int(reply[0]), codec.loads(reply[1])
     if code < 0:
         raise EventConflict(name, idempotency_key or "", str(record.get("id")))
+    jobs = list(record.get("jobs", []))
     if code == 1 and entries:
         # Placed now rather than a relay pass later (a failure here leaves them to the relay).
+        absorbed: dict[str, str] = {}
         with contextlib.suppress(*UNAVAILABLE):
-            outbox.remove(rt, home, outbox.place(rt, entries))
+            outbox.remove(rt, home, outbox.place(rt, entries, absorbed))
+        # A DEBOUNCE subscriber's job sent away joined its burst there: the answer names
+        # the burst's job, the one that runs.
+        jobs = [{**j, "id": absorbed[j["id"]], "status": "scheduled"} if j.get("id") in absorbed else j
+                for j in jobs]
     if code == 1 and reply[-1]:  # its waiters (ctx.wait_for_event), told now; the rest by the relay
         waking.after_emit(client, home, str(reply[-1]))
     if short is not None:  # named by the event's jobs, every one of which was written
         raise NotReplicated(short.acked, short.wanted, short.timeout_s,
-                            [str(j.get("id")) for j in record.get("jobs", [])], short.replies)
-    return Emitted(str(record["id"]), name, list(record.get("jobs", [])), code == 0, int(record.get("at_ms", 0)))
+                            [str(j.get("id")) for j in jobs], short.replies)
+    return Emitted(str(record["id"]), name, jobs, code == 0, int(record.get("at_ms", 0)))
 
 
 def shown_data(data: Any, body: str) -> str:
@@ -205,8 +211,8 @@ def _split(client: Client, home: QueueKeys, preps: list[Prepared]) -> tuple[list
     mine = [p for p in preps if p.fn.queue == home.queue]
     if len(rt.parts[home.queue]) > 1 and mine:
         rt.discover_due(record=True)
-        where = outbox.destinations(rt, home.queue, [outbox.Keyed(p.fn.name, p.job.idem_key, p.job.limits)
-                                                     for p in mine])
+        where = outbox.destinations(rt, home.queue, [
+            outbox.Keyed(p.fn.name, p.job.idem_key, p.job.limits, p.job.meta) for p in mine])
         parts = rt.parts[home.queue]
         for p, idx in where.items():
             (here if parts[p].tag == home.tag else away).extend(mine[i] for i in idx)

@@ -76,8 +76,10 @@ slot and the layout runs unchanged on Redis Cluster::
                                               to be told, oldest first (JSON: id, name, ts, data;
                                               written by lua/emit.lua, taken off once every
                                               waiter was told: client/waking.py)
-    <prefix>:{<queue>}:idem:~debounce:<type>:<key>  HASH  a DEBOUNCE burst: id (its one job),
-                                              first (ms of its first enqueue); expires (includes/jobs.lua)
+    <prefix>:{<queue>}:idem:~debounce:<type>:<key>  HASH  a DEBOUNCE burst per version: id:<v> (its
+                                              one job), first:<v> (ms of its first enqueue); no TTL: the
+                                              fields go when the job is claimed or ends, its state's
+                                              'debounce' field naming the marker until then (includes/jobs.lua)
 
 A queue with ``partitions = N`` (see docs/partitions.md) has this whole set once per
 partition, each under the partition's own tag (``partition_tags``): ``{<queue>}`` for the

@@ -78,7 +78,10 @@ for i = 0, n - 1 do
   out[#out + 1] = jid
   out[#out + 1] = status
   if code >= 0 then
-    here[#here + 1] = cjson.encode({id = jid, type = j.type, queue = ARGV[e + 9], status = status})
+    local entry = {id = jid, type = j.type, queue = ARGV[e + 9], status = status}
+    -- A DEBOUNCE function's job: the id is its burst's one job (see jobs.lua).
+    if j.meta ~= '' and string.find(j.meta, '"debounce":', 1, true) then entry.debounced = true end
+    here[#here + 1] = cjson.encode(entry)
   end
 end
 jobs_flush(Q, put, K.notify, K.census)

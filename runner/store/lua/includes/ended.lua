@@ -24,6 +24,7 @@ local function end_cancelled(jk, id, rec, now, ttl, idem_prefix, census_key, can
   local sk = jk .. ':s'
   redis.call('HSET', sk, 'status', 'cancelled', 'reason', 'cancelled', 'finished_ms', now)
   redis.call('HDEL', sk, 'cancel_requested')
+  debounce_release(sk, id, rec.version)
   redis.call('ZADD', cancelled_key, now, id)
   rec_expire(jk, ttl)
   free_idem(idem_prefix, rec.type, rec.idem_key, id, ttl)

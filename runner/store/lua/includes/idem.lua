@@ -19,3 +19,16 @@ local function free_idem(idem_prefix, typ, key, id, keep_ms)
   local held = redis.pcall('GET', ik)
   if type(held) == 'string' and string.match(held, '^(%S+)') == id then redis.call('DEL', ik) end
 end
+
+-- A DEBOUNCE job's burst marker (see debounce_put in jobs.lua): while the job waits for its
+-- debounce, its state's 'debounce' field names the marker. Once it is claimed or ends, the
+-- field goes, and so do the marker's fields for its version if they still name it: the
+-- next enqueue of its key then starts a new burst. mk: the field's value when the caller
+-- read it already (else one HGET).
+local function debounce_release(sk, id, version, mk)
+  mk = mk or redis.call('HGET', sk, 'debounce')
+  if not mk then return end
+  redis.call('HDEL', sk, 'debounce')
+  local v = tostring(version)
+  if redis.call('HGET', mk, 'id:' .. v) == id then redis.call('HDEL', mk, 'id:' .. v, 'first:' .. v) end
+end
