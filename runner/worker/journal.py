@@ -9,6 +9,13 @@ of this run meets the n-th recorded entry: a step whose entry is there returns i
 (or raises its recorded permanent error) without calling its function; a call that meets
 an entry of another name (or kind) means the handler took another path than the run that
 recorded the log, and the job fails for good ("non-deterministic replay"), naming both.
+
+A step that fails without a record (its function raised a transient error, or its record
+was refused) ends the recorded log for the rest of this run: the next attempt calls that
+step again at that very position, so nothing this run reaches after it may take the
+position. A later step (a ``finally:`` cleanup, an ``except:`` branch) runs its function
+unrecorded, as plain code would; a later sleep, wait or child call raises
+``AfterUnrecordedStep``, a transient error, so the attempt ends and is retried.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from runner.errors import (
 from runner.store import codec
 from runner.store.steps import MAX_LOG_BYTES, MAX_STEP_BYTES, MAX_STEPS, VALUE_DEPTH, YEAR_MS, check_signal_name
 
-__all__ = ["MAX_LOG_BYTES", "MAX_STEPS", "MAX_STEP_BYTES", "Journal", "StepFailed"]
+__all__ = ["MAX_LOG_BYTES", "MAX_STEPS", "MAX_STEP_BYTES", "AfterUnrecordedStep", "Journal", "StepFailed"]
 
 
 # A parent waiting for its child is due this often, to look for the child's end itself
@@ -41,6 +48,12 @@ POLL_MS = 30_000
 
 # What the record hook answers, from step.lua's codes.
 RECORDED, LOST, MOVED, FULL, TOO_BIG = 1, -1, -2, -3, -4
+
+
+class AfterUnrecordedStep(RuntimeError):
+    """A sleep, wait or child call reached after a step of this run failed without a record:
+    it cannot be recorded at the position the next attempt gives that step, so the attempt
+    ends here (a transient error: retried as the step's own error would have been)."""
 
 
 class StepFailed(PermanentFailure):
@@ -85,6 +98,9 @@ class Journal:
     step_key: str | None = None  # set while a step's function runs
     replayed: int = 0  # steps returned from the log in this run
     ran: int = 0  # steps run and recorded in this run
+    # The step of this run that failed without a record (a transient error, a refused
+    # record): the log ends before it for the rest of the run (see the module docstring).
+    unrecorded: str | None = None
 
     def server_ms(self) -> int:
         """The server's clock now (a sleep's end is the server's), from the claim's time."""
@@ -136,6 +152,15 @@ class Journal:
 
     def step(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         label = self.label(name)
+        if self.unrecorded is not None:
+            # Past a step that failed unrecorded: this step's function runs, unrecorded (the
+            # next attempt gives the failed step this position, and reaches this one again).
+            self._hold(label)
+            self.step_key = f"{self.job_id}:{label}"
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.step_key = None
         entry = self.recorded(label, "step")
         if entry is not None:
             self.position += 1
@@ -145,6 +170,23 @@ class Journal:
                 raise StepFailed(f"step {label!r} failed: {err.get('type')}: {err.get('message')}")
             return entry.get("value")
         self._hold(label)
+        at = self.position
+        try:
+            return self._run(label, fn, args, kwargs)
+        finally:
+            if self.position == at:  # no record landed: the log ends before this step
+                self.unrecorded = label
+
+    def _past_unrecorded(self, kind: str, label: str) -> None:
+        if self.unrecorded is not None:
+            raise AfterUnrecordedStep(
+                f"{kind} {label!r} reached after step {self.unrecorded!r} failed in this run without a record: "
+                f"the next attempt runs {self.unrecorded!r} again at this position, so this {kind} cannot be "
+                "recorded; the attempt ends here and is retried. To go on after a failed step, catch its "
+                "error inside the step's function and return it as the step's value")
+
+    def _run(self, label: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call a step's function and record its outcome."""
         self.step_key = f"{self.job_id}:{label}"
         started = time.perf_counter()
         try:
@@ -200,6 +242,7 @@ class Journal:
         """End the run here until the sleep is over (Suspend), or return at once when the
         log says this sleep is over already (a replay past it)."""
         label = self.label(name)
+        self._past_unrecorded("sleep", label)
         entry = self.recorded(label, "sleep")
         if entry is not None:
             self.position += 1
@@ -221,6 +264,7 @@ class Journal:
         run ends here (Suspend) until it comes or the timeout passes (SignalTimeout)."""
         check_signal_name(name)
         label = self.label(name)
+        self._past_unrecorded("wait", label)
         entry = self.recorded(label, "signal")
         head = codec.dumps({"name": label, "kind": "signal", "signal": name})[:-1]
         if entry is not None:
@@ -282,6 +326,7 @@ class Journal:
         suspension and the job resumes when it ends (JobFailed when it ends dead or
         cancelled, StillRunning past ``timeout_ms``)."""
         label = self.label(type_)
+        self._past_unrecorded("child call", label)
         entry = self.recorded(label, "invoke")
         child = f"{self.job_id}.c{self.position}"
         signal = f"child.{self.position}"
