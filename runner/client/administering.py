@@ -453,10 +453,15 @@ def deliver_signal(client: Client, job_id: str, name: str, body: str, *, bounded
     (the job's signals kept unread, MAX_KEPT_SIGNALS and MAX_KEPT_SIGNAL_BYTES): a child
     job's end (ctx.invoke) is bounded as its result is, and is never refused."""
     k, _ = find(client, job_id)
-    with reachable():
-        code, status = client.runtime.scripts.signal(
-            k, job_id, name, body, most=MAX_KEPT_SIGNALS if bounded else 0,
-            most_bytes=MAX_KEPT_SIGNAL_BYTES if bounded else 0)
+    try:
+        with reachable():
+            # A caller's signal is confirmed by the replicas as an enqueue is; a child's end
+            # is not (its parent looks for the end itself at its next poll).
+            code, status = client.runtime.scripts.signal(
+                k, job_id, name, body, most=MAX_KEPT_SIGNALS if bounded else 0,
+                most_bytes=MAX_KEPT_SIGNAL_BYTES if bounded else 0, durable=bounded)
+    except NotReplicated as exc:
+        raise NotReplicated(exc.acked, exc.wanted, exc.timeout_s, [job_id], exc.replies, signal=name) from None
     if int(code) == -1:
         raise JobNotFound(job_id)
     if int(code) == -2:
