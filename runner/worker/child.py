@@ -392,7 +392,8 @@ class Child:
             collect=lambda child, signal: bool((self.ask(token, "collect", child=child, signal=signal).get("value")
                                                 or {}).get("found")),
             held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
-                                                                                                  lease_s))
+                                                                                                  lease_s),
+            timed_out=lambda: _alarmed)
 
         def guard(body: Any) -> Any:
             # MEMORY_MB caps the handler only: the result's encoding after it (and the

@@ -450,7 +450,8 @@ class Executors:
             start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
             collect=lambda child, signal: self._collect(job, child, signal),
             held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
-                                           or self._still_held(run)))
+                                           or self._still_held(run)),
+            timed_out=lambda: run.flags.timed_out)
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:

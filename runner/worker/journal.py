@@ -28,6 +28,7 @@ from typing import Any
 
 from runner.errors import (
     JobFailed,
+    JobTimeout,
     NonDeterministicReplay,
     PermanentFailure,
     SignalTimeout,
@@ -89,6 +90,9 @@ class Journal:
     # Whether this run still holds the job's lease as far as this host knows (Flags.
     # lease_held): asked before a step's fn runs and before a child is started.
     held: Callable[[], bool] | None = None
+    # Whether this run's TIMEOUT fired (its handler may have caught JobTimeout): its attempt
+    # has failed, so no durable call of it may run a step or write the log any more.
+    timed_out: Callable[[], bool] | None = None
     entries: list[dict[str, Any]] | None = None
     # The thread that runs the handler (the one that builds the journal): the only one that
     # may make durable calls, as only its calls come in the same order on every run.
@@ -111,6 +115,7 @@ class Journal:
 
     def label(self, name: str) -> str:
         """The name as recorded: a name used again in this run gets #2, #3..."""
+        self._fence(name)
         if threading.get_ident() != self.owner:
             # Threads reach their calls in any order, a replay in another: the log would
             # not match it (non-deterministic replay) and steps would run twice.
@@ -216,6 +221,14 @@ class Journal:
         self.ran += 1
         return shown
 
+    def _fence(self, label: str) -> None:
+        """Refuse every durable call of a run whose TIMEOUT fired: its attempt failed as a
+        timeout, and a handler that caught JobTimeout must not run or record steps the
+        next attempt would meet in the wrong place."""
+        if self.timed_out is not None and self.timed_out():
+            raise JobTimeout(f"job {self.job_id}: this run went past its TIMEOUT, so durable call {label!r} is "
+                             "refused (its attempt failed as a timeout; the next attempt runs it)")
+
     def _hold(self, label: str) -> None:
         """Refuse to go on without the lease: a run frozen past it (SIGSTOP, a VM pause)
         may come back after another run recorded this very step, and its fn would run
@@ -227,6 +240,7 @@ class Journal:
 
     def _write(self, label: str, body: str, entry: dict[str, Any]) -> None:
         assert self.entries is not None
+        self._fence(label)  # (a TIMEOUT that fired while the step's function ran)
         code, n = self.record(self.position, body)
         if code == LOST:
             raise StaleLease(f"job {self.job_id}: lease lost, step {label!r} not recorded")

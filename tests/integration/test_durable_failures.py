@@ -88,3 +88,48 @@ def test_a_sleep_after_a_step_that_failed_unrecorded_ends_the_attempt(project: P
     assert done["status"] == "done", done
     assert done["result"] == 2
     assert done["history"][0]["error"]["type"] == "AfterUnrecordedStep", done["history"]
+
+
+SWALLOW = '''
+import os, time
+QUEUE = "fast"
+TIMEOUT = 1
+MAX_ATTEMPTS = 3
+{isolation}
+
+def mark(name, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
+        f.write(str(ctx.attempt) + "\\n")
+    return name
+
+def handle(payload, ctx):
+    if ctx.attempt == 1:
+        try:
+            while True:
+                time.sleep(0.05)
+        except BaseException as exc:
+            mark("caught-" + type(exc).__name__, ctx)
+        try:
+            ctx.step("two", mark, "two", ctx)
+        except BaseException as exc:
+            mark("refused-" + type(exc).__name__, ctx)
+        return "swallowed"
+    return ctx.step("two", mark, "two", ctx)
+'''
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+def test_a_run_past_its_timeout_makes_no_durable_call(project: Project, isolation: str) -> None:
+    """A handler that catches JobTimeout and goes on to a step: the step is refused
+    (JobTimeout again) without running its function or writing the log; what the handler
+    does with that is its own (here it returns)."""
+    project.write_config(worker="timeout_grace = 5")
+    project.add_function("swallow", SWALLOW.format(isolation=isolation))
+    c = project.client
+    project.spawn_worker("fast")
+    job = c.enqueue("swallow", {}).id
+    done = c.wait(job, 60).as_dict()
+    assert done["status"] == "done" and done["result"] == "swallowed", done
+    assert _runs(project, job, "caught-JobTimeout") == ["1"]
+    assert _runs(project, job, "refused-JobTimeout") == ["1"]
+    assert _runs(project, job, "two") == []
