@@ -1,13 +1,17 @@
 """Durable functions where a step fails or a run is given up: a step recorded on an error
 path (a ``finally:`` cleanup after a transient error) never takes the failed step's place
 in the log, so the retry runs the failed step again instead of dying as non-deterministic;
-a sleep after such a step ends the attempt (retried)."""
+a sleep after such a step ends the attempt (retried); a run past its TIMEOUT makes no
+durable call; a cancel reaches a child's parent at once and cascades to the children a
+cancelled parent waits for."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from conftest import Project, assert_no_job_in_two_structures
+from conftest import Project, assert_no_job_in_two_structures, wait_for
 
 ISOLATIONS = ["", 'ISOLATION = "process"']
 
@@ -133,3 +137,62 @@ def test_a_run_past_its_timeout_makes_no_durable_call(project: Project, isolatio
     assert _runs(project, job, "caught-JobTimeout") == ["1"]
     assert _runs(project, job, "refused-JobTimeout") == ["1"]
     assert _runs(project, job, "two") == []
+
+
+PARENT = '''
+import runner
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    try:
+        options = {"delay": payload["delay"]} if "delay" in payload else {}
+        return ctx.invoke("kid", {}, **options)
+    except runner.JobFailed as exc:
+        return {"failed": exc.reason}
+'''
+
+KID = '''
+import os, time
+QUEUE = "fast"
+TIMEOUT = 20
+
+def handle(payload, ctx):
+    open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-started"), "w").close()
+    for _ in range(400):
+        ctx.raise_if_cancelled()
+        time.sleep(0.05)
+    open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-shipped"), "w").close()
+    return "shipped"
+'''
+
+
+def test_cancelling_a_child_that_has_not_started_resumes_its_parent_at_once(project: Project) -> None:
+    """A child delayed 300 s (no worker will settle it) is cancelled: its parent is sent
+    its end at once and ends with JobFailed (cancelled), well before its 30 s poll."""
+    project.add_function("par", PARENT)
+    project.add_function("kid", KID)
+    c = project.client
+    project.spawn_worker("fast")
+    job = c.enqueue("par", {"delay": 300}).id
+    wait_for(lambda: c.get(job).status == "waiting", timeout=20, what="the parent to wait")
+    t0 = time.monotonic()
+    assert c.cancel(f"{job}.c0") == "cancelled"
+    done = c.wait(job, 25).as_dict()
+    assert done["status"] == "done" and done["result"] == {"failed": "cancelled"}, done
+    assert time.monotonic() - t0 < 15
+
+
+def test_cancelling_a_parent_cancels_the_child_it_waits_for(project: Project) -> None:
+    """A parent waiting on a running child is cancelled: the child is cancelled too (its
+    handler sees ctx.cancelled) and never reaches its side effect."""
+    project.add_function("par", PARENT)
+    project.add_function("kid", KID)
+    c = project.client
+    project.spawn_worker("fast")
+    job = c.enqueue("par", {}).id
+    kid = f"{job}.c0"
+    wait_for(lambda: (project.records / f"{kid}-started").exists(), timeout=20, what="the child to start")
+    assert c.cancel(job) == "cancelled"
+    assert c.wait(kid, 20).as_dict()["status"] == "cancelled"
+    assert not (project.records / f"{kid}-shipped").exists()
+    assert_no_job_in_two_structures(project)
