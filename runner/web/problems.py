@@ -241,7 +241,8 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
 async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, NotReplicated)
     log.warning("%s %s: %s", req.method, req.path, ex)
-    which = f"job {ex.job_ids[0]}" if len(ex.job_ids) == 1 else f"{len(ex.job_ids)} job(s)"
+    which = f"job {ex.job_ids[0]}" if len(ex.job_ids) == 1 else \
+        f"{len(ex.job_ids)} jobs" if ex.job_ids else "the write"
     if ex.signal is not None:
         raise Problem(503, "not-replicated", str(ex), title="Not replicated", headers={"Retry-After": "1"},
                       job_ids=ex.job_ids, replicas_acked=ex.acked, replicas_wanted=ex.wanted)
