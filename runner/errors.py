@@ -422,12 +422,20 @@ class NotReplicated(RunnerError):
     (the store layer hands them up so that each caller can be told about its own job)."""
 
     def __init__(self, acked: int, wanted: int, timeout_s: float, job_ids: Sequence[str] = (),
-                 replies: Sequence[Any] = ()) -> None:
+                 replies: Sequence[Any] = (), signal: str | None = None) -> None:
         self.acked = acked
         self.wanted = wanted
         self.timeout_s = timeout_s
         self.job_ids = list(job_ids)
         self.replies = list(replies)
+        self.signal = signal  # a signal's delivery (not an enqueue) that was not confirmed
+        if signal is not None:
+            super().__init__(
+                f"signal {signal!r} to job {', '.join(self.job_ids)} was written to the Redis master but only "
+                f"{acked} of {wanted} replica(s) confirmed it within {timeout_s:g} s, so a failover now could "
+                "lose it. Send it again once the replicas are back: 409 signal-pending (SignalPending) then "
+                "says it is kept; check the replicas (INFO replication)")
+            return
         which = f"job {self.job_ids[0]}" if len(self.job_ids) == 1 else \
             f"{len(self.job_ids)} jobs" if self.job_ids else "the write"
         super().__init__(

@@ -166,7 +166,7 @@ def signal(ctx: click.Context, job_id: str, name: str, data: str | None, as_json
     with redis_errors():
         try:
             delivery = Client(rt).signal(job_id, name, body)
-        except RedisUnavailable:
+        except (RedisUnavailable, NotReplicated):  # exit 3 (redis_errors)
             raise
         except (ValueError, RunnerError) as exc:
             fail(refused_text(exc) if isinstance(exc, RunnerError) else str(exc), EXIT_REFUSED)

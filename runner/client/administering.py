@@ -466,9 +466,36 @@ def cancel(client: Client, job_id: str, *, by: str | None = None, audited: bool 
             waking.forget_job(client, k, job_id)
     if by is not None and audited:
         on_record(client, by, "cancel", k.queue, job_id=job_id)
-    if int(code) == 3:
-        return _cancelled_ahead(client, k, job_id)
-    return "cancelled" if int(code) == 1 else "requested"
+    answer = _cancelled_ahead(client, k, job_id) if int(code) == 3 else "cancelled" if int(code) == 1 else "requested"
+    if answer == "cancelled":
+        _cancel_links(client, job_id, by)
+    return answer
+
+
+def _cancel_links(client: Client, job_id: str, by: str | None) -> None:
+    """A durable function's links of a job cancelled without running (ctx.invoke): its
+    parent, waiting for it, is sent its end ("cancelled", JobFailed there) at once, as a
+    worker sends the end of a child that ran; and the children it was suspended on are
+    cancelled too (a cascade: each one's own children after it). A job that ran is
+    settled by its worker, which sends its end then. Best effort: a parent or child that
+    ended or is gone is left as it is, and a parent not told looks for its child itself
+    at its next poll (30 s)."""
+    try:
+        view = get(client, job_id).as_dict()
+    except RunnerError:
+        return
+    parent = view.get("invoked_by")
+    if isinstance(parent, dict) and isinstance(parent.get("id"), str) and isinstance(parent.get("signal"), str):
+        body = codec.dumps({"status": "cancelled", "error": view.get("last_error"), "reason": view.get("reason")})
+        with contextlib.suppress(RunnerError):
+            deliver_signal(client, parent["id"], parent["signal"], body)
+    for entry in view.get("steps") or ():
+        if not isinstance(entry, dict):
+            continue
+        child = entry.get("child")
+        if entry.get("kind") == "invoke" and entry.get("status") == "waiting" and isinstance(child, str):
+            with contextlib.suppress(RunnerError):
+                cancel(client, child, by=by, audited=False)
 
 
 # --- signals (docs/durable.md) -----------------------------------------------------------
@@ -492,10 +519,15 @@ def deliver_signal(client: Client, job_id: str, name: str, body: str, *, bounded
     (the job's signals kept unread, MAX_KEPT_SIGNALS and MAX_KEPT_SIGNAL_BYTES): a child
     job's end (ctx.invoke) is bounded as its result is, and is never refused."""
     k, _ = find(client, job_id)
-    with reachable():
-        code, status = client.runtime.scripts.signal(
-            k, job_id, name, body, most=MAX_KEPT_SIGNALS if bounded else 0,
-            most_bytes=MAX_KEPT_SIGNAL_BYTES if bounded else 0)
+    try:
+        with reachable():
+            # A caller's signal is confirmed by the replicas as an enqueue is; a child's end
+            # is not (its parent looks for the end itself at its next poll).
+            code, status = client.runtime.scripts.signal(
+                k, job_id, name, body, most=MAX_KEPT_SIGNALS if bounded else 0,
+                most_bytes=MAX_KEPT_SIGNAL_BYTES if bounded else 0, durable=bounded)
+    except NotReplicated as exc:
+        raise NotReplicated(exc.acked, exc.wanted, exc.timeout_s, [job_id], exc.replies, signal=name) from None
     if int(code) == -1:
         raise JobNotFound(job_id)
     if int(code) == -2:

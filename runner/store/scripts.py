@@ -462,13 +462,17 @@ class Scripts(Transport):
     def step(self, k: QueueKeys, job_id: str, token: str, position: int, entry: str, max_steps: int,
              max_bytes: int, now_ms: int | None = None, stats: str = "") -> Any:
         """Record a durable function's step (step.lua): {code, n}; ``stats``, the field
-        that counts it."""
+        that counts it. Durable: with replicas set, returns once they hold the record (else
+        NotReplicated), so no step's value reaches a handler before a failover keeps it."""
         return self._run("step", scriptkeys.keys("step", k, job=k.job(job_id)),
-                         (_clock(now_ms), token, job_id, position, entry, max_steps, max_bytes, stats))
+                         (_clock(now_ms), token, job_id, position, entry, max_steps, max_bytes, stats),
+                         durable=True)
 
-    def steps(self, k: QueueKeys, job_id: str, stats: str = "") -> Any:
-        """A job's step log entries (steps.lua), counting ``stats`` when there is one."""
-        return self._run("steps", scriptkeys.keys("steps", k, job=k.job(job_id)), (stats,))
+    def steps(self, k: QueueKeys, job_id: str, stats: str = "", durable: bool = False) -> Any:
+        """A job's step log entries (steps.lua), counting ``stats`` when there is one.
+        ``durable`` (a run's replay): returned once the replicas hold every write before it
+        on this connection, the log's entries among them (else NotReplicated)."""
+        return self._run("steps", scriptkeys.keys("steps", k, job=k.job(job_id)), (stats,), durable=durable)
 
     def suspend(self, k: QueueKeys, s: Suspension, pipe: Batch | None = None, now_ms: int | None = None) -> Any:
         """End a durable function's run at a sleep (suspend.lua): {code, due ms}."""
@@ -487,13 +491,14 @@ class Scripts(Transport):
         return self._run("suspend", keys, args, pipe)
 
     def signal(self, k: QueueKeys, job_id: str, name: str, body: str, now_ms: int | None = None, *,
-               most: int = 0, most_bytes: int = 0, position: int | None = None) -> Any:
+               most: int = 0, most_bytes: int = 0, position: int | None = None, durable: bool = False) -> Any:
         """Deliver a signal (signal.lua): {code, status}; ``most``/``most_bytes`` bound what
         one job keeps unread (0: unbounded); with ``position``, refused (-6) once the wait
-        there is over (an event's delivery)."""
+        there is over (an event's delivery). ``durable``: confirmed by the replicas, as an
+        enqueue is (NotReplicated)."""
         return self._run("signal", scriptkeys.keys("signal", k, job=k.job(job_id)),
                          (_clock(now_ms), job_id, name, body, most, most_bytes,
-                          "" if position is None else position))
+                          "" if position is None else position), durable=durable)
 
     def listen(self, ek: EventKeys, shape: str, digest: str, member: str, most_shapes: int,
                now_ms: int | None = None) -> Any:

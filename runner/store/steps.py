@@ -44,12 +44,21 @@ def check_signal_name(name: Any) -> str:
     return name
 
 
-def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "") -> list[dict[str, Any]]:
+def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "", durable: bool = False) -> list[dict[str, Any]]:
     """The job's step log, oldest first ([] for a job without one), in one round trip
     (lua/steps.lua). An entry that is not JSON (damage) reads as a step named by its
     position and marked ``damaged``, so a replay fails on it loudly, saying so. With ``type_``, a run that finds a log
-    counts a replay of that function."""
-    values = scripts.steps(k, job_id, f"replays|{type_}" if type_ else "")
+    counts a replay of that function. ``durable`` (a run's replay, with [redis]
+    wait_replicas): a log is confirmed by the replicas before a run returns one of its
+    entries (NotReplicated): read again with the replay's count, a write, which the WAIT
+    behind it covers with every write before it, the log's own. An empty log needs none."""
+    stats = f"replays|{type_}" if type_ else ""
+    if durable and getattr(scripts, "replicas", 0) > 0:
+        values = scripts.steps(k, job_id, "")
+        if values:
+            values = scripts.steps(k, job_id, stats, durable=True)
+    else:
+        values = scripts.steps(k, job_id, stats)
     out: list[dict[str, Any]] = []
     for i, v in enumerate(values or []):
         try:

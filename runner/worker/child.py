@@ -394,7 +394,8 @@ class Child:
             listen=lambda name, match, pos, on: int((self.ask(token, "listen", name=name, match=match, position=pos,
                                                               on=on).get("value") or {}).get("code", -9)),
             held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
-                                                                                                  lease_s))
+                                                                                                  lease_s),
+            timed_out=lambda: _alarmed)
 
         def guard(body: Any) -> Any:
             # MEMORY_MB caps the handler only: the result's encoding after it (and the

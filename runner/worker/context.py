@@ -51,6 +51,9 @@ class Flags:
     # Monotonic (this host's, shared by its processes): the lease is held until then, as
     # of the last renewal that landed (0: none yet, the claim's lease holds; -1: lost).
     lease_until: float = 0.0
+    # The run's TIMEOUT fired (JobTimeout raised in it, which its handler may have caught):
+    # its durable calls are refused from then on (journal.py).
+    timed_out: bool = False
 
     def lease_held(self, received: float, lease_s: float) -> bool:
         """The lease is still this run's as far as this host knows: a process frozen past it

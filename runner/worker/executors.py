@@ -453,7 +453,7 @@ class Executors:
             run.logs = ctx.logger
         part = self.parts[job.partition]
         ctx._journal = Journal(
-            job.id, lambda: steps.read(self.rt.scripts, part, job.id, job.type),
+            job.id, lambda: steps.read(self.rt.scripts, part, job.id, job.type, durable=True),
             lambda pos, body: self._record_step(part, job, pos, body),
             self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
             take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
@@ -461,7 +461,8 @@ class Executors:
             collect=lambda child, signal: self._collect(job, child, signal),
             listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
             held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
-                                           or self._still_held(run)))
+                                           or self._still_held(run)),
+            timed_out=lambda: run.flags.timed_out)
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:
@@ -689,7 +690,7 @@ class _ChildRun:
             return int(ex.rt.scripts.checkpoint(ex.parts[job.partition], job.id, job.token,
                                                 str(msg.get("data")))) > 0
         if call == "steps":
-            return {"entries": steps.read(ex.rt.scripts, ex.parts[job.partition], job.id, job.type)}
+            return {"entries": steps.read(ex.rt.scripts, ex.parts[job.partition], job.id, job.type, durable=True)}
         if call == "step":
             code, n = ex._record_step(ex.parts[job.partition], job, int(msg.get("position") or 0),
                                       str(msg.get("data")))

@@ -9,6 +9,13 @@ of this run meets the n-th recorded entry: a step whose entry is there returns i
 (or raises its recorded permanent error) without calling its function; a call that meets
 an entry of another name (or kind) means the handler took another path than the run that
 recorded the log, and the job fails for good ("non-deterministic replay"), naming both.
+
+A step that fails without a record (its function raised a transient error, or its record
+was refused) ends the recorded log for the rest of this run: the next attempt calls that
+step again at that very position, so nothing this run reaches after it may take the
+position. A later step (a ``finally:`` cleanup, an ``except:`` branch) runs its function
+unrecorded, as plain code would; a later sleep, wait or child call raises
+``AfterUnrecordedStep``, a transient error, so the attempt ends and is retried.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 from runner.errors import (
     JobFailed,
+    JobTimeout,
     NonDeterministicReplay,
     PermanentFailure,
     SignalTimeout,
@@ -33,7 +41,7 @@ from runner.errors import (
 from runner.store import codec
 from runner.store.steps import MAX_LOG_BYTES, MAX_STEP_BYTES, MAX_STEPS, VALUE_DEPTH, YEAR_MS, check_signal_name
 
-__all__ = ["MAX_LOG_BYTES", "MAX_STEPS", "MAX_STEP_BYTES", "Journal", "StepFailed"]
+__all__ = ["MAX_LOG_BYTES", "MAX_STEPS", "MAX_STEP_BYTES", "AfterUnrecordedStep", "Journal", "StepFailed"]
 
 
 # A parent waiting for its child is due this often, to look for the child's end itself
@@ -42,6 +50,12 @@ POLL_MS = 30_000
 
 # What the record hook answers, from step.lua's codes.
 RECORDED, LOST, MOVED, FULL, TOO_BIG = 1, -1, -2, -3, -4
+
+
+class AfterUnrecordedStep(RuntimeError):
+    """A sleep, wait or child call reached after a step of this run failed without a record:
+    it cannot be recorded at the position the next attempt gives that step, so the attempt
+    ends here (a transient error: retried as the step's own error would have been)."""
 
 
 class StepFailed(PermanentFailure):
@@ -81,6 +95,9 @@ class Journal:
     # Whether this run still holds the job's lease as far as this host knows (Flags.
     # lease_held): asked before a step's fn runs and before a child is started.
     held: Callable[[], bool] | None = None
+    # Whether this run's TIMEOUT fired (its handler may have caught JobTimeout): its attempt
+    # has failed, so no durable call of it may run a step or write the log any more.
+    timed_out: Callable[[], bool] | None = None
     entries: list[dict[str, Any]] | None = None
     # The thread that runs the handler (the one that builds the journal): the only one that
     # may make durable calls, as only its calls come in the same order on every run.
@@ -90,6 +107,9 @@ class Journal:
     step_key: str | None = None  # set while a step's function runs
     replayed: int = 0  # steps returned from the log in this run
     ran: int = 0  # steps run and recorded in this run
+    # The step of this run that failed without a record (a transient error, a refused
+    # record): the log ends before it for the rest of the run (see the module docstring).
+    unrecorded: str | None = None
 
     def server_ms(self) -> int:
         """The server's clock now (a sleep's end is the server's), from the claim's time."""
@@ -100,6 +120,7 @@ class Journal:
 
     def label(self, name: str) -> str:
         """The name as recorded: a name used again in this run gets #2, #3..."""
+        self._fence(name)
         if threading.get_ident() != self.owner:
             # Threads reach their calls in any order, a replay in another: the log would
             # not match it (non-deterministic replay) and steps would run twice.
@@ -142,6 +163,15 @@ class Journal:
 
     def step(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         label = self.label(name)
+        if self.unrecorded is not None:
+            # Past a step that failed unrecorded: this step's function runs, unrecorded (the
+            # next attempt gives the failed step this position, and reaches this one again).
+            self._hold(label)
+            self.step_key = f"{self.job_id}:{label}"
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.step_key = None
         entry = self.recorded(label, "step")
         if entry is not None:
             self.position += 1
@@ -151,6 +181,23 @@ class Journal:
                 raise StepFailed(f"step {label!r} failed: {err.get('type')}: {err.get('message')}")
             return entry.get("value")
         self._hold(label)
+        at = self.position
+        try:
+            return self._run(label, fn, args, kwargs)
+        finally:
+            if self.position == at:  # no record landed: the log ends before this step
+                self.unrecorded = label
+
+    def _past_unrecorded(self, kind: str, label: str) -> None:
+        if self.unrecorded is not None:
+            raise AfterUnrecordedStep(
+                f"{kind} {label!r} reached after step {self.unrecorded!r} failed in this run without a record: "
+                f"the next attempt runs {self.unrecorded!r} again at this position, so this {kind} cannot be "
+                "recorded; the attempt ends here and is retried. To go on after a failed step, catch its "
+                "error inside the step's function and return it as the step's value")
+
+    def _run(self, label: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call a step's function and record its outcome."""
         self.step_key = f"{self.job_id}:{label}"
         started = time.perf_counter()
         try:
@@ -180,6 +227,14 @@ class Journal:
         self.ran += 1
         return shown
 
+    def _fence(self, label: str) -> None:
+        """Refuse every durable call of a run whose TIMEOUT fired: its attempt failed as a
+        timeout, and a handler that caught JobTimeout must not run or record steps the
+        next attempt would meet in the wrong place."""
+        if self.timed_out is not None and self.timed_out():
+            raise JobTimeout(f"job {self.job_id}: this run went past its TIMEOUT, so durable call {label!r} is "
+                             "refused (its attempt failed as a timeout; the next attempt runs it)")
+
     def _hold(self, label: str) -> None:
         """Refuse to go on without the lease: a run frozen past it (SIGSTOP, a VM pause)
         may come back after another run recorded this very step, and its fn would run
@@ -191,6 +246,7 @@ class Journal:
 
     def _write(self, label: str, body: str, entry: dict[str, Any]) -> None:
         assert self.entries is not None
+        self._fence(label)  # (a TIMEOUT that fired while the step's function ran)
         code, n = self.record(self.position, body)
         if code == LOST:
             raise StaleLease(f"job {self.job_id}: lease lost, step {label!r} not recorded")
@@ -206,6 +262,7 @@ class Journal:
         """End the run here until the sleep is over (Suspend), or return at once when the
         log says this sleep is over already (a replay past it)."""
         label = self.label(name)
+        self._past_unrecorded("sleep", label)
         entry = self.recorded(label, "sleep")
         if entry is not None:
             self.position += 1
@@ -227,6 +284,7 @@ class Journal:
         run ends here (Suspend) until it comes or the timeout passes (SignalTimeout)."""
         check_signal_name(name)
         label = self.label(name)
+        self._past_unrecorded("wait", label)
         entry = self.recorded(label, "signal")
         head = codec.dumps({"name": label, "kind": "signal", "signal": name})[:-1]
         if entry is not None:
@@ -344,6 +402,7 @@ class Journal:
         suspension and the job resumes when it ends (JobFailed when it ends dead or
         cancelled, StillRunning past ``timeout_ms``)."""
         label = self.label(type_)
+        self._past_unrecorded("child call", label)
         entry = self.recorded(label, "invoke")
         child = f"{self.job_id}.c{self.position}"
         signal = f"child.{self.position}"
