@@ -53,6 +53,12 @@ def key_of(fn: Function, payload: Any) -> str:
         return ""
 
 
+class NotInBatch(PermanentFailure, RuntimeError):
+    """A ctx call made for one job (ctx.job_id, a durable step, a follow-up, a checkpoint)
+    inside handle_batch: every item goes to the dead letters with what to do instead, as
+    a retry would make the same call."""
+
+
 @dataclass(frozen=True, slots=True)
 class BatchJob:
     """One item of a batch, as ``ctx.jobs[i]`` shows it (``i``: its index in ``payloads``)."""
@@ -142,7 +148,7 @@ class BatchContext:
         if why is None:
             raise AttributeError(f"handle_batch's ctx has no {name!r}; it has type, version, queue, jobs, "
                                  "deadline, remaining_s, logger, cancelled, raise_if_cancelled, extend_lease")
-        raise RuntimeError(f"ctx.{name} in handle_batch: {why}")
+        raise NotInBatch(f"ctx.{name} in handle_batch: {why}")
 
 
 def jobs_of(claimed: Sequence[Claimed], flags: Sequence[Flags]) -> list[BatchJob]:

@@ -24,8 +24,8 @@ BATCH = {{"size": {size}, "wait": {wait}{key}}}
 def handle_batch(payloads, ctx):
     with open(os.path.join(os.environ["RECORD_DIR"], "calls.jsonl"), "a") as f:
         f.write(json.dumps({{"ids": [j.id for j in ctx.jobs], "attempts": [j.attempt for j in ctx.jobs],
-                             "payloads": payloads, "version": ctx.version}}) + "\\n")
-    failures = {{i: (runner.PermanentFailure("bury " + str(i)) if p.get("bury") else ValueError("flaky " + str(i)))
+                             "payloads": payloads, "version": ctx.version, "at": __import__("time").time(), "pid": os.getpid()}}) + "\\n")
+    failures = {{i: (runner.PermanentFailure("bury " + str(p.get("n"))) if p.get("bury") else ValueError("flaky " + str(i)))
                 for i, p in enumerate(payloads)
                 if p.get("bury") or p.get("fail_until", 0) >= ctx.jobs[i].attempt}}
     results = [{{"n": p.get("n"), "size": len(payloads)}} for p in payloads]
@@ -56,6 +56,7 @@ def finished(project: Project, ids: list[str]) -> dict[str, dict[str, Any]]:
 def test_one_call_per_batch_and_each_job_settled_on_its_own(project: Project, isolation: str) -> None:
     """25 jobs enqueued before the worker starts, BATCH size 10: calls of at most 10, every
     job done with its own result (its item's), one call holding it."""
+    project.write_config(concurrency=2)  # (two children to start, not eight)
     add(project, isolation=isolation)
     client = project.client
     ids = [e.id for e in client.enqueue_many([Request("bulk", {"n": i}) for i in range(25)])]
@@ -68,3 +69,78 @@ def test_one_call_per_batch_and_each_job_settled_on_its_own(project: Project, is
     for n, i in enumerate(ids):
         assert views[i]["status"] == "done"
         assert views[i]["result"]["n"] == n
+
+
+def test_partial_failures_retry_exactly_the_failed_items(project: Project) -> None:
+    """BatchFailures: the items it names fail on their own (a ValueError retried, a
+    PermanentFailure buried at once, in the dead letters with its own error); the others
+    are done with the results given, and run exactly once (counted per item)."""
+    add(project)
+    client = project.client
+    payloads = [{"n": 0}, {"n": 1, "fail_until": 1}, {"n": 2}, {"n": 3, "bury": True}, {"n": 4, "fail_until": 2}]
+    ids = [e.id for e in client.enqueue_many([Request("bulk", p) for p in payloads])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    per_item = {i: sum(c["ids"].count(i) for c in calls(project)) for i in ids}
+    assert [per_item[i] for i in ids] == [1, 2, 1, 1, 3], per_item
+    assert [views[i]["status"] for i in ids] == ["done", "done", "done", "dead", "done"]
+    assert [views[i]["attempt"] for i in ids] == [1, 2, 1, 1, 3]
+    assert views[ids[3]]["last_error"]["message"] == "bury 3"
+    assert views[ids[1]]["result"]["n"] == 1
+    dead = client.dead("fast")[1]
+    assert [d.id for d in dead] == [ids[3]]
+
+
+def test_a_batch_never_mixes_rendered_keys(project: Project) -> None:
+    """BATCH key "tenant:{tenant}": every call holds one tenant's jobs only."""
+    add(project, key="tenant:{tenant}",
+        schema='{"type": "object", "properties": {"tenant": {"type": "string"}}, "required": ["tenant"]}')
+    client = project.client
+    ids = [e.id for e in client.enqueue_many([Request("bulk", {"n": i, "tenant": "ab"[i % 2]}) for i in range(30)])]
+    project.spawn_worker("fast")
+    wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    got = calls(project)
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids)
+    for c in got:
+        assert len({p["tenant"] for p in c["payloads"]}) == 1, c["payloads"]
+    assert max(len(c["ids"]) for c in got) > 1
+
+
+def test_payloads_are_upgraded_to_the_newest_version_before_a_batch(project: Project) -> None:
+    """v1 and v2 jobs of one function: every call sees v2 payloads only (upgrade() ran on
+    each v1 payload first), and version 2 in ctx.version."""
+    source = textwrap.dedent(BATCHED.format(isolation="thread", size=10, wait=0.3, key="")) + textwrap.dedent('''
+        def upgrade(payload, from_version):
+            return {"n": payload["old_n"], "upgraded": True}
+        ''')
+    project.add_function("bulk", source, '{"type": "object", "required": ["old_n"]}')
+    (project.root / "schemas" / "bulk" / "v2.json").write_text('{"type": "object", "required": ["n"]}')
+    client = project.client
+    reqs = [Request("bulk", {"old_n": i}, version=1) if i % 2 else Request("bulk", {"n": i}, version=2)
+            for i in range(12)]
+    ids = [e.id for e in client.enqueue_many(reqs)]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    got = calls(project)
+    assert {c["version"] for c in got} == {2}
+    assert all("n" in p and "old_n" not in p for c in got for p in c["payloads"])
+    assert [views[i]["result"]["n"] for i in ids] == list(range(12))
+
+
+SHORT = '''
+QUEUE = "fast"
+BATCH = {"size": 5, "wait": 0.2}
+
+def handle_batch(payloads, ctx):
+    return [1]
+'''
+
+
+def test_a_wrong_length_result_fails_the_batch_with_a_clear_error(project: Project) -> None:
+    project.add_function("short", SHORT)
+    ids = [e.id for e in project.client.enqueue_many([Request("short", {"n": i}) for i in range(3)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    for i in ids:
+        assert views[i]["status"] == "dead"
+        assert "returned a list of 1 for a batch of" in views[i]["last_error"]["message"]
