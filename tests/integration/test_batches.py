@@ -24,8 +24,9 @@ BATCH = {{"size": {size}, "wait": {wait}{key}}}
 def handle_batch(payloads, ctx):
     with open(os.path.join(os.environ["RECORD_DIR"], "calls.jsonl"), "a") as f:
         f.write(json.dumps({{"ids": [j.id for j in ctx.jobs], "attempts": [j.attempt for j in ctx.jobs],
-                             "payloads": payloads, "version": ctx.version, "at": __import__("time").time(), "pid": os.getpid()}}) + "\\n")
-    failures = {{i: (runner.PermanentFailure("bury " + str(p.get("n"))) if p.get("bury") else ValueError("flaky " + str(i)))
+                             "payloads": payloads, "version": ctx.version, "pid": os.getpid()}}) + "\\n")
+    failures = {{i: (runner.PermanentFailure("bury " + str(p.get("n"))) if p.get("bury")
+                     else ValueError("flaky " + str(i)))
                 for i, p in enumerate(payloads)
                 if p.get("bury") or p.get("fail_until", 0) >= ctx.jobs[i].attempt}}
     results = [{{"n": p.get("n"), "size": len(payloads)}} for p in payloads]
