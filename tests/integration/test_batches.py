@@ -145,3 +145,28 @@ def test_a_wrong_length_result_fails_the_batch_with_a_clear_error(project: Proje
     for i in ids:
         assert views[i]["status"] == "dead"
         assert "returned a list of 1 for a batch of" in views[i]["last_error"]["message"]
+
+
+STUCK = '''
+import time
+QUEUE = "fast"
+TIMEOUT = 1
+MAX_ATTEMPTS = 1
+BATCH = {"size": 4, "wait": 0.2}
+
+def handle_batch(payloads, ctx):
+    for _ in range(3000):  # (short sleeps: a thread's timeout lands between two C calls)
+        time.sleep(0.01)
+'''
+
+
+def test_timeout_bounds_the_whole_batch_call(project: Project) -> None:
+    """TIMEOUT 1 s, a call that would take 30: every member fails as a timeout, each on
+    its own attempts (here MAX_ATTEMPTS 1: each in the dead letters), within seconds."""
+    project.add_function("stuck", STUCK)
+    ids = [e.id for e in project.client.enqueue_many([Request("stuck", {"n": i}) for i in range(3)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=20, what="every job settled")
+    for i in ids:
+        assert views[i]["status"] == "dead"
+        assert "ran past TIMEOUT 1 s" in views[i]["last_error"]["message"], views[i]["last_error"]
