@@ -811,7 +811,8 @@ class Executors:
             if not self._admit(nxt, index):
                 continue
             nfn = registry.functions.get(nxt.job.type)
-            if nfn is None or nfn.isolation != "process" or (nxt.job.started and batch[0].run.job.started):
+            if nfn is None or nfn.isolation != "process" or nfn.batch is not None \
+                    or (nxt.job.started and batch[0].run.job.started):
                 # Not a child's, or a second run whose attempt was spent at its claim: only a
                 # batch's first job may have spent it (one waiting in a child must not).
                 return batch, nxt, False
@@ -874,7 +875,7 @@ class Executors:
                 if not self._admit(nxt, index):
                     continue
                 fn = registry.functions.get(nxt.job.type)
-                if fn is None or fn.isolation != "process" or nxt.job.started:
+                if fn is None or fn.isolation != "process" or fn.batch is not None or nxt.job.started:
                     carry = nxt  # (only a batch's first may have spent its attempt at the claim)
                     break
                 out.append(_ChildRun(self, nxt, fn))

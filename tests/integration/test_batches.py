@@ -170,3 +170,31 @@ def test_timeout_bounds_the_whole_batch_call(project: Project) -> None:
     for i in ids:
         assert views[i]["status"] == "dead"
         assert "ran past TIMEOUT 1 s" in views[i]["last_error"]["message"], views[i]["last_error"]
+
+
+PLAIN = '''
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+
+def handle(payload, ctx):
+    return {{"plain": payload["n"]}}
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_batch_and_plain_functions_share_a_queue(project: Project, isolation: str) -> None:
+    """Jobs of a plain function and of a BATCH function interleaved on one queue: each
+    goes through its own handler (a plain job never lands in a batch, nor a batch's job
+    in a child's run of single jobs), and a batch holds only its function's jobs."""
+    project.write_config(concurrency=2)
+    add(project, isolation=isolation)
+    project.add_function("plain", PLAIN.format(isolation=isolation))
+    reqs = [Request("bulk" if i % 2 else "plain", {"n": i}) for i in range(30)]
+    ids = [e.id for e in project.client.enqueue_many(reqs)]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    for i, job_id in enumerate(ids):
+        assert views[job_id]["status"] == "done", views[job_id]
+        assert views[job_id]["result"] == ({"n": i, "size": views[job_id]["result"]["size"]} if i % 2
+                                           else {"plain": i})
+    assert sorted(j for c in calls(project) for j in c["ids"]) == sorted(ids[1::2])
