@@ -391,6 +391,8 @@ class Executors:
         finally:
             if loop is not None:
                 loop.close()
+            for left in pending:  # (this thread ends: runs it held for a later batch go back)
+                self._settle_unrun(left, Release())
 
     # --- BATCH functions (batching.py) -------------------------------------------------
 

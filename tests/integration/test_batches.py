@@ -72,11 +72,13 @@ def test_one_call_per_batch_and_each_job_settled_on_its_own(project: Project, is
         assert views[i]["result"]["n"] == n
 
 
-def test_partial_failures_retry_exactly_the_failed_items(project: Project) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_partial_failures_retry_exactly_the_failed_items(project: Project, isolation: str) -> None:
     """BatchFailures: the items it names fail on their own (a ValueError retried, a
     PermanentFailure buried at once, in the dead letters with its own error); the others
     are done with the results given, and run exactly once (counted per item)."""
-    add(project)
+    project.write_config(concurrency=2)
+    add(project, isolation=isolation)
     client = project.client
     payloads = [{"n": 0}, {"n": 1, "fail_until": 1}, {"n": 2}, {"n": 3, "bury": True}, {"n": 4, "fail_until": 2}]
     ids = [e.id for e in client.enqueue_many([Request("bulk", p) for p in payloads])]
