@@ -12,7 +12,10 @@
 local most = tonumber(ARGV[1])
 local n
 if #ARGV > 3 then
-  n = redis.call('RPUSH', K.log, unpack(ARGV, 4))
+  -- In chunks: a stream keeps up to 10,000 chunks, past Lua's unpack limit (about 8,000).
+  for s = 4, #ARGV, 4000 do
+    n = redis.call('RPUSH', K.log, unpack(ARGV, s, math.min(s + 3999, #ARGV)))
+  end
 else
   n = redis.call('LLEN', K.log)
   if n == 0 then return 0 end
