@@ -152,9 +152,10 @@ def test_a_wrong_length_result_fails_the_batch_with_a_clear_error(project: Proje
 STUCK = '''
 import time
 QUEUE = "fast"
+ISOLATION = "{isolation}"
 TIMEOUT = 1
 MAX_ATTEMPTS = 1
-BATCH = {"size": 4, "wait": 0.2}
+BATCH = {{"size": 4, "wait": 0.2}}
 
 def handle_batch(payloads, ctx):
     for _ in range(3000):  # (short sleeps: a thread's timeout lands between two C calls)
@@ -162,16 +163,19 @@ def handle_batch(payloads, ctx):
 '''
 
 
-def test_timeout_bounds_the_whole_batch_call(project: Project) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_timeout_bounds_the_whole_batch_call(project: Project, isolation: str) -> None:
     """TIMEOUT 1 s, a call that would take 30: every member fails as a timeout, each on
     its own attempts (here MAX_ATTEMPTS 1: each in the dead letters), within seconds."""
-    project.add_function("stuck", STUCK)
+    project.write_config(concurrency=2)
+    project.add_function("stuck", STUCK.format(isolation=isolation))
     ids = [e.id for e in project.client.enqueue_many([Request("stuck", {"n": i}) for i in range(3)])]
     project.spawn_worker("fast")
     views = wait_for(lambda: finished(project, ids), timeout=20, what="every job settled")
     for i in ids:
         assert views[i]["status"] == "dead"
-        assert "ran past TIMEOUT 1 s" in views[i]["last_error"]["message"], views[i]["last_error"]
+        err = views[i]["last_error"]
+        assert err["type"] == "JobTimeout" and "ran past" in err["message"] and "TIMEOUT" in err["message"], err
 
 
 PLAIN = '''
