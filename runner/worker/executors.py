@@ -98,6 +98,7 @@ class Executors:
         self._enqueuer: Client | None = None
         # BATCH batches being gathered, by (function, rendered key): see _gather_members.
         self._gathering: dict[tuple[int, str], _Gathering] = {}
+        self._idle = 0  # executors waiting on the inbox now (a hint, updated unlocked)
 
     def start(self) -> None:
         for i in range(self.q.concurrency):
@@ -338,6 +339,7 @@ class Executors:
         # Runs taken off the inbox while a BATCH function's batch gathered that could not
         # join it (another key, or another function's): run before the inbox's next.
         pending: collections.deque[Run] = collections.deque()
+        known: dict[int, _Placed] = {}  # the pending runs' payloads, resolved once (by id of the run)
         try:
             while True:
                 if carry is not None:
@@ -345,7 +347,11 @@ class Executors:
                 elif pending:
                     run = pending.popleft()
                 else:
-                    got = self.inbox.get()
+                    self._idle += 1  # (a hint for a gathering batch: someone takes what it puts back)
+                    try:
+                        got = self.inbox.get()
+                    finally:
+                        self._idle -= 1
                     if got is None:
                         return
                     if not self._admit(got, index):
@@ -355,7 +361,7 @@ class Executors:
                 if bfn is not None and bfn.batch is not None:
                     if loop is None and bfn.isolation != "process":
                         loop = asyncio.new_event_loop()
-                    if not self._batch(run, index, pending, loop):
+                    if not self._batch(run, index, pending, known, loop):
                         return  # the stop's sentinel came, or a new thread has this slot
                     continue
                 gathered = self._gather(run, index)
@@ -404,36 +410,41 @@ class Executors:
         self.outcomes.put(Settlement(run, outcome))
         self.ledger.returned()
 
-    def _gather_members(self, first: Run, index: int, pending: collections.deque[Run]
-                        ) -> tuple[Function | None, list[tuple[Run, dict[str, Any]]], bool]:
+    def _gather_members(self, first: Run, index: int, pending: collections.deque[Run],
+                        known: dict[int, _Placed]) -> tuple[Function | None, list[tuple[Run, dict[str, Any]]], bool]:
         """The batch ``first`` belongs to: runs of the same function (the same loaded file),
         their payloads upgraded to its newest version, with the same rendered key.
 
         While one executor gathers a batch, an executor that takes a run of that batch
         adds it there and goes on (one gathering per function and key, ``_gathering``): the
         batch fills from every executor's take, not one batch of a few per executor. The
-        executor that opened it takes those left over by its earlier batches, then runs
-        from the inbox until the batch holds BATCH size or BATCH wait passed since
-        ``first`` was taken; a run of another function closes it early (that run comes
-        next, never waiting behind a batch). A run whose record cannot run is settled
-        here. -> (the function, as loaded when ``first`` was taken; the members, none when
-        ``first`` joined another executor's batch or was settled; whether the stop's
-        sentinel came)."""
+        executor that opened it takes those it left over from its earlier batches, then
+        runs from the inbox until the batch holds BATCH size or BATCH wait passed since
+        ``first`` was taken. A run it takes that belongs elsewhere joins its own batch when
+        one gathers, or goes back to the inbox for an idle executor; with none idle it is
+        kept for later (``pending``, its payload resolved once: ``known``), and a run of
+        another function then closes the batch early (it comes next, never waiting behind
+        a batch). A run whose record cannot run is settled here. -> (the function, as
+        loaded when ``first`` was taken; the members, none when ``first`` joined another
+        executor's batch or was settled; whether the stop's sentinel came)."""
         registry, grace = self.rt.registry, self.rt.config.worker.unknown_grace_s
-        t0 = time.monotonic()
 
-        def resolved_of(run: Run) -> tuple[Function, dict[str, Any], str] | None:
-            """(function, payload, key), or None when the run was settled here."""
+        def placed_of(run: Run) -> _Placed | None:
+            """Its function, payload, key and when it was taken; None when settled here."""
+            seen = known.pop(id(run), None)
+            if seen is not None and registry.functions.get(run.job.type) is seen.fn:
+                return seen
             got = resolve(run.job, registry, grace, self._server_now(run.job))
             if not isinstance(got, tuple):
                 self._settle_unrun(run, got)
                 return None
-            return got[0], got[1], batching.key_of(got[0], got[1])
+            return _Placed(got[0], got[1], batching.key_of(got[0], got[1]),
+                           seen.taken if seen is not None else time.monotonic())
 
-        placed = resolved_of(first)
-        if placed is None:
+        first_at = placed_of(first)
+        if first_at is None:
             return None, [], False
-        fn, payload, key = placed
+        fn, key = first_at.fn, first_at.key
         if fn.batch is None:  # reloaded without BATCH between the look and here: it runs alone next
             pending.appendleft(first)
             return None, [], False
@@ -441,32 +452,45 @@ class Executors:
         with self._lock:
             g = self._gathering.get(at)
             if g is not None and g.fn is fn and len(g.members) < size:
-                g.members.append((first, payload))
+                g.members.append((first, first_at.payload))
                 return None, [], False
-            g = self._gathering[at] = _Gathering(fn, [(first, payload)])
+            g = self._gathering[at] = _Gathering(fn, [(first, first_at.payload)])
 
-        def join(run: Run) -> bool | None:
-            """Into this batch (True), settled (None), or of another batch (False)."""
-            got = resolved_of(run)
-            if got is None:
-                return None
-            if got[0] is not fn or got[2] != key:
-                return False
-            with self._lock:
-                if len(g.members) >= size:
-                    return False
-                g.members.append((run, got[1]))
-            return True
+        def elsewhere(run: Run, placed: _Placed | None) -> bool:
+            """A run not of this batch: into its own batch gathering now, or back to the
+            inbox for an idle executor (True); False: none takes it now."""
+            if placed is not None and placed.fn.batch is not None:
+                with self._lock:
+                    other = self._gathering.get((id(placed.fn), placed.key))
+                    if other is not None and other.fn is placed.fn and len(other.members) < placed.fn.batch.size:
+                        other.members.append((run, placed.payload))
+                        return True
+            if self._idle > 0 and not self.releasing.is_set():
+                self.ledger.put_back(run)
+                self.inbox.put(run)
+                return True
+            if placed is not None:
+                known[id(run)] = placed
+            return False
 
         stop = False
         try:
             for run in list(pending):
                 if len(g.members) >= size:
                     break
-                if run.job.type == fn.name and join(run) is not False:
+                if run.job.type != fn.name:
+                    continue
+                placed = placed_of(run)
+                if placed is None:
                     pending.remove(run)
-            deadline = t0 + fn.batch.wait_s
-            while len(g.members) < size:  # (read unlocked: a hint; join checks it locked)
+                elif placed.fn is fn and placed.key == key:
+                    with self._lock:
+                        g.members.append((run, placed.payload))
+                    pending.remove(run)
+                else:
+                    known[id(run)] = placed
+            deadline = first_at.taken + fn.batch.wait_s
+            while len(g.members) < size:  # (read unlocked: a hint; members join under the lock)
                 remaining = deadline - time.monotonic()
                 try:
                     # In slices: other executors may fill the batch meanwhile.
@@ -482,9 +506,19 @@ class Executors:
                 if not self._admit(nxt, index):
                     continue
                 if nxt.job.type != fn.name:
-                    pending.append(nxt)
-                    break
-                if join(nxt) is False:
+                    if not elsewhere(nxt, None):
+                        pending.append(nxt)
+                        break
+                    continue
+                placed = placed_of(nxt)
+                if placed is None:
+                    continue
+                if placed.fn is fn and placed.key == key:
+                    with self._lock:
+                        if len(g.members) < size:
+                            g.members.append((nxt, placed.payload))
+                            continue
+                if not elsewhere(nxt, placed):
                     pending.append(nxt)
         finally:
             with self._lock:
@@ -493,15 +527,16 @@ class Executors:
                 members = list(g.members)
         return fn, members, stop
 
-    def _batch(self, first: Run, index: int, pending: collections.deque[Run],
+    def _batch(self, first: Run, index: int, pending: collections.deque[Run], known: dict[int, _Placed],
                loop: asyncio.AbstractEventLoop | None) -> bool:
         """Gather and run one batch in slot ``index``; False when this thread is to end
         (the stop's sentinel came, or its handler was abandoned past TIMEOUT)."""
-        fn, members, stop = self._gather_members(first, index, pending)
+        fn, members, stop = self._gather_members(first, index, pending, known)
         if stop or self.releasing.is_set():
             for run in [m[0] for m in members] + list(pending):
                 self._settle_unrun(run, Release())
             pending.clear()
+            known.clear()
             return False
         live: list[tuple[Run, dict[str, Any]]] = []
         for run, payload in members:
@@ -521,6 +556,7 @@ class Executors:
                 for run in pending:
                     self._settle_unrun(run, Release())
                 pending.clear()
+                known.clear()
                 return False
             return True
         finally:
@@ -910,6 +946,17 @@ class Executors:
         """The server's clock now, from the claim's server time and the time since (this
         host's clock may be off; its monotonic clock measures the interval well)."""
         return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """A BATCH run's function, payload (at the newest version), rendered key, and when an
+    executor first took it (its batch's wait counts from there)."""
+
+    fn: Function
+    payload: dict[str, Any]
+    key: str
+    taken: float
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from typing import Any
 
 import pytest
@@ -204,3 +205,25 @@ def test_batch_and_plain_functions_share_a_queue(project: Project, isolation: st
         assert views[job_id]["result"] == ({"n": i, "size": views[job_id]["result"]["size"]} if i % 2
                                            else {"plain": i})
     assert sorted(j for c in calls(project) for j in c["ids"]) == sorted(ids[1::2])
+
+
+def test_many_keys_spread_over_the_executors(project: Project) -> None:
+    """24 tenants' jobs interleaved, BATCH wait 1 s, four executors: a batch gathering
+    one tenant hands the other tenants' jobs on (to their own batch, or to an idle
+    executor) rather than keeping them, so the 24 batches do not wait their 1 s one
+    after another on one executor; every call holds one tenant's jobs."""
+    project.write_config(concurrency=4)
+    add(project, key="tenant:{tenant}", wait=1.0,
+        schema='{"type": "object", "properties": {"tenant": {"type": "string"}}, "required": ["tenant"]}')
+    reqs = [Request("bulk", {"n": i, "tenant": f"t{i % 24}"}) for i in range(72)]
+    ids = [e.id for e in project.client.enqueue_many(reqs)]
+    project.spawn_worker("fast")
+    wait_for(lambda: calls(project), timeout=30, what="the first call")
+    t0 = time.monotonic()
+    wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    took = time.monotonic() - t0
+    got = calls(project)
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids)
+    for c in got:
+        assert len({p["tenant"] for p in c["payloads"]}) == 1, c["payloads"]
+    assert took < 16, f"{took:.1f} s for 24 keys of 1 s wait on 4 executors: batches waited one after another"
