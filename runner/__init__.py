@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import (
+    BatchFailures,
     Cancelled,
     ConfigError,
     EventConflict,
@@ -66,6 +67,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchFailures",
     "Cancelled",
     "Client",
     "ConfigError",

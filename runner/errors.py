@@ -531,6 +531,28 @@ class NonDeterministicReplay(PermanentFailure):
     results cannot be trusted to belong to the steps asking for them."""
 
 
+class BatchFailures(Exception):
+    """Raise from ``handle_batch`` (or return it) to fail only some items of a batch:
+    ``failures`` maps an item's index in ``payloads`` to the exception it failed with, each
+    classified as a handler's own (Retry, PermanentFailure, RateLimited, any other error),
+    and each retried or dead-lettered on its own attempts. ``results``: the other items'
+    results, one per payload (the failed items' entries are ignored); None: every item not
+    failed ends with the result None."""
+
+    def __init__(self, failures: dict[int, BaseException], results: list[Any] | None = None) -> None:
+        if not isinstance(failures, dict) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and isinstance(e, BaseException)
+                for i, e in failures.items()):
+            raise TypeError("BatchFailures takes a dict of {index: exception}, e.g. "
+                            "BatchFailures({2: ValueError('bad row')})")
+        if results is not None and not isinstance(results, list):
+            raise TypeError(f"BatchFailures(results=...) takes a list, one result per payload, not "
+                            f"{type(results).__name__}")
+        self.failures = failures
+        self.results = results
+        super().__init__(f"{len(failures)} item(s) of the batch failed: indexes {sorted(failures)}")
+
+
 class SignalTimeout(Exception):
     """``ctx.wait_for_signal(name, timeout=...)`` saw no signal within its timeout."""
 

@@ -186,6 +186,8 @@ def test_the_function_options_samples_show_load(tmp_path: Path) -> None:
             if "QUEUE" not in variant:
                 lines.insert(0, 'QUEUE = "fast"')
             source = "\n".join(lines) + "\n\ndef handle(payload, ctx):\n    return None\n"
+            if "BATCH" in variant:  # a batch function's handler takes the batch
+                source += "\n\ndef handle_batch(payloads, ctx):\n    return None\n"
             stubs = {ast.literal_eval(variant[d]) for d in ("ON_SUCCESS", "ON_FAILURE") if d in variant}
             for name in {"shown", *stubs}:
                 (root / "functions" / f"{name}.py").write_text(
