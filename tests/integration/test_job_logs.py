@@ -310,3 +310,25 @@ def test_a_lone_surrogate_in_a_childs_output_is_kept_with_a_replacement(project:
     assert "opening report-\ufffd.csv" in msgs and "still here" in msgs, msgs
     assert list(client.stream(job.id, timeout_s=5)) == ["chunk report-\ufffd.csv"]
     project.stop_all()
+
+
+STREAMER = '''"""Streams as many chunks as asked, all before its settlement."""
+
+def handle(payload, ctx):
+    for i in range(payload["n"]):
+        ctx.stream(f"c{i}")
+    return 1
+'''
+
+
+def test_a_stream_of_10000_chunks_written_at_once_is_kept_whole(project: Project) -> None:
+    """Ten thousand chunks in one write (more than Lua unpacks in one call) are all kept,
+    and a longer stream keeps its newest 10,000: none is lost to the size of the write."""
+    project.add_function("streamer", STREAMER)
+    c = project.client
+    project.spawn_worker("fast")
+    for n, kept in ((9000, 9000), (10_000, 10_000), (12_000, 10_000)):
+        job = c.enqueue("streamer", {"n": n}).id
+        wait_for(lambda job=job: c.get(job).status == "done", timeout=30, what="the job to end")  # type: ignore[misc]
+        got = list(c.stream(job))
+        assert len(got) == kept and got[-1] == f"c{n - 1}", (n, len(got))

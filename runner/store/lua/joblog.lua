@@ -8,11 +8,14 @@
 -- ARGV[4..] the lines to append, oldest first (none: only the expiry is set)
 --
 -- Returns the number of lines kept. Bounded per call: the list never holds more than
--- ARGV[1] lines, and the worker sends at most that many.
+-- ARGV[1] lines, and the worker sends at most that many (in RPUSHes of a few thousand:
+-- Lua's unpack fails past about 8,000 values, and a stream keeps 10,000 chunks).
 local most = tonumber(ARGV[1])
 local n
 if #ARGV > 3 then
-  n = redis.call('RPUSH', K.log, unpack(ARGV, 4))
+  for s = 4, #ARGV, 4000 do
+    n = redis.call('RPUSH', K.log, unpack(ARGV, s, math.min(s + 3999, #ARGV)))
+  end
 else
   n = redis.call('LLEN', K.log)
   if n == 0 then return 0 end
