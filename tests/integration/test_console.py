@@ -341,7 +341,7 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
         body.send_keys('{"by": "dana"}')
         click(d, d.find_element(By.CSS_SELECTOR, '#signal-form button[type="submit"]'))
         until("the job to finish", lambda: c.get(waiting).status == "done")
-        assert c.get(waiting).result == {"approved_by": "dana"}
+        assert c.get(waiting).as_dict()["result"] == {"approved_by": "dana"}
         until("its page to follow", lambda: text(d, f'#job-view table[data-job-id="{waiting}"] [data-field="status"]') == "done")
 
         # The audit page shows the actions taken.
@@ -367,7 +367,7 @@ def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> Non
             go(d, hash_)
             until(f"{hash_} to show", lambda: shown(d) != "")
             time.sleep(0.3)  # the page's reads land
-            visible = [b.text or b.get_attribute("data-action") for b in d.find_elements(By.CSS_SELECTOR, "main button, main form")
+            visible = [b.text or b.get_attribute("data-action") for b in d.find_elements(By.CSS_SELECTOR, "main button:not([role=tab])")
                        if b.is_displayed()]
             allowed = {"Find", "Newer", "Older", "Newest"}
             assert all(v in allowed for v in visible if v), (hash_, visible)
@@ -409,6 +409,48 @@ def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser
 
 @pytest.mark.slow
 def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, browser: Any) -> None:
-    """10,000 jobs in each listed status: the pages open and stay live (a new job shows
-    within seconds), and a page's list reads in well under a second."""
-    pytest.skip("written below")
+    """10,000 jobs each queued, scheduled, done, dead and cancelled (processing, sleeping
+    and waiting hold as many as workers run, and list the same way): every page opens and
+    shows its first page of jobs within two seconds, the figures stay live (a job enqueued
+    shows in the count within seconds), and the page's scripts keep up."""
+    from selenium.webdriver.common.by import By
+
+    from runner.client import Request
+
+    n = 10_000
+    project.write_config(concurrency=64, batch=256, prefetch=256)
+    c = project.client
+    c.enqueue_many([Request("slow", {"seconds": 1}) for _ in range(n)])       # queued: no slow worker
+    scheduled = c.enqueue_many([Request("record", {"n": i}, delay_s=3600) for i in range(2 * n)])
+    ids = [m.id for m in scheduled]  # type: ignore[union-attr]
+    with gunicorn(project, token=TOKEN) as web:
+        for i in range(0, n, 500):  # half the scheduled ones cancelled, 500 a request
+            chunk = [{"queue": "fast", "id": j} for j in ids[i:i + 500]]
+            assert web.post("/bulk", json={"action": "cancel", "jobs": chunk}).status_code == 200
+        c.enqueue_many([Request("noop", {}) for _ in range(n)])
+        c.enqueue_many([Request("perm", {"i": i}) for i in range(n)])
+        project.spawn_worker("fast")
+        figures = lambda: {q["name"]: q for q in web.get("/queues").json()["queues"]}  # noqa: E731
+        wait_for(lambda: figures()["fast"]["dead"] == n and figures()["fast"]["ready"] == 0, timeout=300,
+                 interval=1, what="10,000 done and 10,000 dead")
+        d = browser
+        signed_in(d, web, TOKEN)
+        took = {}
+        for hash_, ready in [("#overview", "#overview-tiles .tile"), ("#queues", '#queue-table tr[data-queue="fast"]'),
+                             ("#queue/fast", '#queue-view [data-field="dead"]'), ("#dead/fast", "#dead-table tr[data-job-id]"),
+                             *[(f"#jobs/{s}", "#job-table tr[data-job-id]")
+                               for s in ("queued", "scheduled", "done", "dead", "cancelled")]]:
+            go(d, "#audit")
+            until("the audit page", lambda: shown(d) == "audit")
+            start = time.monotonic()
+            go(d, hash_)
+            until(f"{hash_} with its data", lambda ready=ready: d.find_elements(By.CSS_SELECTOR, ready), timeout=30)  # type: ignore[misc]
+            took[hash_] = round(time.monotonic() - start, 3)
+        print("pages with 10,000 jobs in each status opened in (s):", took)
+        assert max(took.values()) < 2, took
+        go(d, "#jobs/queued")
+        until("the queued count", lambda: text(d, '#status-tabs [data-count="queued"]') == f"{n:,}".replace(",", "")
+              or text(d, '#status-tabs [data-count="queued"]') == str(n))
+        c.enqueue("slow", {"seconds": 1})
+        until("the new job counted, pushed", lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)
+        assert script_errors(d) == []

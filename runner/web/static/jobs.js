@@ -134,6 +134,7 @@ function showJobs(status, params) {
     select.value = value;
   }
   list.moved = "";
+  $("#job-table tbody").replaceChildren(el("tr", {}, el("td", { colSpan: 8, class: "muted", text: "Reading…" })));
   showStatus(status);  // read again: the list was not followed while another page showed
 }
 

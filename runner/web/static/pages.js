@@ -21,6 +21,7 @@ const PAGES = {
     if (arg) state.deadQueue = arg;
     state.deadOffset = 0;
     state.deadSignature = "";
+    fill($("#dead-table tbody"), el("tr", {}, el("td", { colSpan: 7, class: "muted", text: "Reading…" })));
     if (state.deadQueue) $("#dead-queue").value = state.deadQueue;
     quietly(refreshDead)();
   },
