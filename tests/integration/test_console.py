@@ -91,7 +91,8 @@ def handle(payload, ctx):
 '''
 
 # Big enough to show that a payload is not squeezed or split mid-number.
-ORDER = {"n": 4, "fail_times": 99, "order": {"id": "ord_8f3a2c91", "customer": "cus_20417", "total_cents": 1234567890123,
+ORDER = {"n": 4, "fail_times": 99, "order": {"id": "ord_8f3a2c91", "customer": "cus_20417",
+                                            "total_cents": 1234567890123,
          "items": [{"sku": "SKU-0042-BLUE", "qty": 3, "price_cents": 411522630041}], "note": "leave at the door"}}
 
 
@@ -104,7 +105,8 @@ def console_project(project: Project) -> None:
     project.add_function("pay", INVOKED, INVOKED_SCHEMA)
     project.write_config(extra=READ_ONLY)
     toml = project.root / "runner.toml"
-    toml.write_text(toml.read_text().replace("[retention]\n", "[retention]\nlogs = { lines = 2000, bytes = 4194304 }\n"))
+    bounds = "[retention]\nlogs = { lines = 2000, bytes = 4194304 }\n"
+    toml.write_text(toml.read_text().replace("[retention]\n", bounds))
 
 
 def realistic(project: Project, web: Web) -> dict[str, str]:
@@ -150,6 +152,19 @@ def shown(d: Any) -> str:
     return ",".join(visible)
 
 
+def has(d: Any, css: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    found: list[Any] = d.find_elements(By.CSS_SELECTOR, css)
+    return found
+
+
+def one(d: Any, css: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return d.find_element(By.CSS_SELECTOR, css)
+
+
 def text(d: Any, css: str) -> str:
     from selenium.webdriver.common.by import By
 
@@ -173,7 +188,7 @@ PAGES = [  # (hash, page, what shows it has its data, screenshot)
 
 
 def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
-        project: Project, browser: Any, tmp_path: Path) -> None:
+        project: Project, browser: Any, tmp_path: Path) -> None:  # noqa: F811
     """Each page opens from the navigation and from its URL typed in (a deep link, signed in
     already in this tab), shows its data, and is screenshotted at 1400x1000; back and
     forward walk the pages visited, in order, without a reload; a job's and a group's URL
@@ -197,20 +212,15 @@ def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
             assert d.current_url.endswith(hash_)
             screenshot(d, tmp_path, f"console-{name}.png")
         go(d, f"#job/{ids['chatty']}")
-        until("the job page", lambda: d.find_elements(By.CSS_SELECTOR, f'#job-view table[data-job-id="{ids["chatty"]}"]'))
-        try:
-            until("its stream", lambda: "token9999" in text(d, '#job-view [data-field="stream"]'))
-        except AssertionError:
-            print(d.execute_script("return JSON.stringify({c: jobstream.count, a: jobstream.active, s: jobstream.started, t: jobstream.text.slice(0, 80), id: jobstream.id, p: page.id})"))
-            print(d.get_log("browser"))
-            raise
+        until("the job page", lambda: has(d, f'#job-view table[data-job-id="{ids["chatty"]}"]'))
+        until("its stream", lambda: "token9999" in text(d, '#job-view [data-field="stream"]'))
         screenshot(d, tmp_path, "console-job.png")
         go(d, f"#job/{ids['waiting']}")
         until("the waiting job's page", lambda: d.find_elements(By.ID, "signal-form"))
         assert "reserve" in text(d, '#job-view [data-field="steps"]')
         screenshot(d, tmp_path, "console-job-waiting.png")
         go(d, f"#group/{group['id']}")
-        until("the group page", lambda: d.find_elements(By.CSS_SELECTOR, f'#group-view table[data-group-id="{group["id"]}"]'))
+        until("the group page", lambda: has(d, f'#group-view table[data-group-id="{group["id"]}"]'))
         assert "{" not in text(d, "#group-view h2")  # a page, not raw JSON
         screenshot(d, tmp_path, "console-group.png")
 
@@ -230,11 +240,11 @@ def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
             until(f"{page} from its link", lambda page=page, ready=ready: shown(d) == page  # type: ignore[misc]
                   and d.find_elements(By.CSS_SELECTOR, ready))
         d.get(f"{web.url}/#jobs/dead?type=perm")
-        until("the dead perm jobs", lambda: [r.get_attribute("data-job-id") for r in
-                                             d.find_elements(By.CSS_SELECTOR, "#job-table tr[data-job-id]")] == [ids["perm"]])
+        until("the dead perm jobs", lambda: [r.get_attribute("data-job-id")
+                                             for r in has(d, "#job-table tr[data-job-id]")] == [ids["perm"]])
         assert d.find_element(By.ID, "filter-type").get_attribute("value") == "perm"
         d.get(f"{web.url}/#job/{ids['dead']}")
-        until("the dead job from its link", lambda: d.find_elements(By.CSS_SELECTOR, f'#job-view table[data-job-id="{ids["dead"]}"]'))
+        until("the dead job from its link", lambda: has(d, f'#job-view table[data-job-id="{ids["dead"]}"]'))
 
         # Legibility: the dead letter's payload keeps every number on one line, whole.
         d.get(f"{web.url}/#dead/fast")
@@ -262,7 +272,7 @@ def toast_text(d: Any) -> str:
     return text(d, "#toast")
 
 
-def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Path) -> None:
+def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Path) -> None:  # noqa: F811
     """Pause and resume a queue (queues page) and a function (its page); run a sleeping job
     now; trigger a schedule; invoke a function (a 422 shows each error; a valid payload shows
     the job's result); signal a waiting job, which then finishes."""
@@ -303,7 +313,7 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
 
         # Run now: a sleeping job.
         go(d, f"#job/{sleeping}")
-        run_now = until("the run-now button", lambda: d.find_element(By.CSS_SELECTOR, '#job-view button[data-action="run-now"]'))
+        run_now = until("the run-now button", lambda: one(d, '#job-view button[data-action="run-now"]'))
         click(d, run_now)
         if has_route(web, "post", "/jobs/{id}/run-now"):
             until("the job run now", lambda: c.get(sleeping).status == "done")
@@ -342,15 +352,16 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
         click(d, d.find_element(By.CSS_SELECTOR, '#signal-form button[type="submit"]'))
         until("the job to finish", lambda: c.get(waiting).status == "done")
         assert c.get(waiting).as_dict()["result"] == {"approved_by": "dana"}
-        until("its page to follow", lambda: text(d, f'#job-view table[data-job-id="{waiting}"] [data-field="status"]') == "done")
+        until("its page to follow",
+              lambda: text(d, f'#job-view table[data-job-id="{waiting}"] [data-field="status"]') == "done")
 
         # The audit page shows the actions taken.
         go(d, "#audit")
-        until("the pauses on the audit page", lambda: len(d.find_elements(By.CSS_SELECTOR, '#audit-table tr[data-audit-action="pause"]')) == 2)
+        until("the pauses on the audit page", lambda: len(has(d, '#audit-table tr[data-audit-action="pause"]')) == 2)
         assert script_errors(d) == []
 
 
-def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> None:
+def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> None:  # noqa: F811
     """Signed in with a read-only token, no page shows a button or form it cannot use: no
     pause, resume, run now, trigger, requeue, delete, cancel, bulk, invoke or signal."""
     from selenium.webdriver.common.by import By
@@ -367,7 +378,7 @@ def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> Non
             go(d, hash_)
             until(f"{hash_} to show", lambda: shown(d) != "")
             time.sleep(0.3)  # the page's reads land
-            visible = [b.text or b.get_attribute("data-action") for b in d.find_elements(By.CSS_SELECTOR, "main button:not([role=tab])")
+            visible = [b.text or b.get_attribute("data-action") for b in has(d, "main button:not([role=tab])")
                        if b.is_displayed()]
             allowed = {"Find", "Newer", "Older", "Newest"}
             assert all(v in allowed for v in visible if v), (hash_, visible)
@@ -377,7 +388,7 @@ def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> Non
         assert script_errors(d) == []
 
 
-def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser: Any) -> None:
+def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser: Any) -> None:  # noqa: F811
     """A job that logged 1,000 lines and streamed 10,000 chunks: its page shows all of both
     within a second of being opened (measured in the browser)."""
     from selenium.webdriver.common.by import By
@@ -408,7 +419,7 @@ def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser
 
 
 @pytest.mark.slow
-def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, browser: Any) -> None:
+def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, browser: Any) -> None:  # noqa: F811
     """10,000 jobs each queued, scheduled, done, dead and cancelled (processing, sleeping
     and waiting hold as many as workers run, and list the same way): every page opens and
     shows its first page of jobs within two seconds, the figures stay live (a job enqueued
@@ -437,7 +448,8 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         signed_in(d, web, TOKEN)
         took = {}
         for hash_, ready in [("#overview", "#overview-tiles .tile"), ("#queues", '#queue-table tr[data-queue="fast"]'),
-                             ("#queue/fast", '#queue-view [data-field="dead"]'), ("#dead/fast", "#dead-table tr[data-job-id]"),
+                             ("#queue/fast", '#queue-view [data-field="dead"]'),
+                             ("#dead/fast", "#dead-table tr[data-job-id]"),
                              *[(f"#jobs/{s}", "#job-table tr[data-job-id]")
                                for s in ("queued", "scheduled", "done", "dead", "cancelled")]]:
             go(d, "#audit")
@@ -452,5 +464,6 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         until("the queued count", lambda: text(d, '#status-tabs [data-count="queued"]') == f"{n:,}".replace(",", "")
               or text(d, '#status-tabs [data-count="queued"]') == str(n))
         c.enqueue("slow", {"seconds": 1})
-        until("the new job counted, pushed", lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)
+        until("the new job counted, pushed",
+              lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)
         assert script_errors(d) == []

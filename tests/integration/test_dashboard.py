@@ -345,7 +345,8 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
               lambda: "No job has the id or idempotency key" in d.find_element(By.ID, "search-result").text)
 
         visit(d, "#jobs/queued")
-        click(d, until("the job's link", lambda: d.find_element(By.CSS_SELECTOR, f'#job-table a[data-job-link="{ids[1]}"]')))
+        link = f'#job-table a[data-job-link="{ids[1]}"]'
+        click(d, until("the job's link", lambda: d.find_element(By.CSS_SELECTOR, link)))
         cancel_css = f'#job-view:has(table[data-job-id="{ids[1]}"]) button[data-action="cancel"]'
         click(d, until("the cancel button", lambda: d.find_element(By.CSS_SELECTOR, cancel_css)))
         until("the button to arm", lambda: d.find_element(By.CSS_SELECTOR, cancel_css).text == "Confirm cancel")
@@ -490,7 +491,8 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         as_json = json.dumps(HOSTILE)  # as the page shows a string in JSON
         assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="result"]').text
         d.back()  # to the list and its search
-        click(d, until("the other result", lambda: d.find_element(By.CSS_SELECTOR, f'#search-result a[data-job-link="{queued}"]')))
+        other = f'#search-result a[data-job-link="{queued}"]'
+        click(d, until("the other result", lambda: d.find_element(By.CSS_SELECTOR, other)))
         until("the queued job's page", lambda: shown_status(d, queued) == "queued")
         assert view.find_element(By.CSS_SELECTOR, '[data-field="idempotency_key"]').text == HOSTILE
         assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="payload"]').text

@@ -42,7 +42,7 @@ function el(tag, attrs, ...children) {
     else if (k.startsWith("data-")) node.setAttribute(k, v);
     else node[k] = v;
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }

@@ -410,7 +410,9 @@ function renderJob(job) {
   if (job.group) data.push(["group", links(job.group, groupLink)]);
   if (job.invoked_by) data.push(["invoked by", jobLink(job.invoked_by.id)]);
   if (job.schedule) data.push(["schedule", `${job.schedule}${job.tick ? " at " + stamp(job.tick) : ""}`]);
-  data.push(["payload", el("pre", { "data-field": "payload", text: json(job.payload) })]);
+  data.push(["payload", job.payload === null && job.status === "done"
+    ? el("span", { class: "muted", "data-field": "payload", text: "— (a done job keeps its result, not its payload)" })
+    : el("pre", { "data-field": "payload", text: json(job.payload) })]);
   if (job.status === "done" || job.result !== null) data.push(["result", el("pre", { "data-field": "result", text: json(job.result) })]);
   if (job.waiting_for) {
     data.push(["waiting for", `signal ${job.waiting_for.signal}` +
