@@ -287,6 +287,7 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
         wait_for(lambda: c.get(waiting).status == "waiting" and c.get(sleeping).status == "sleeping",
                  timeout=30, what="the durable jobs to wait and sleep")
         d = browser
+        d.set_window_size(1400, 1000)
         signed_in(d, web, TOKEN)
 
         # A queue: pause, then resume, from the queues page.
@@ -461,8 +462,7 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         print("pages with 10,000 jobs in each status opened in (s):", took)
         assert max(took.values()) < 2, took
         go(d, "#jobs/queued")
-        until("the queued count", lambda: text(d, '#status-tabs [data-count="queued"]') == f"{n:,}".replace(",", "")
-              or text(d, '#status-tabs [data-count="queued"]') == str(n))
+        until("the queued count", lambda: text(d, '#status-tabs [data-count="queued"]') == str(n))
         c.enqueue("slow", {"seconds": 1})
         until("the new job counted, pushed",
               lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)

@@ -488,7 +488,8 @@ function renderSchedules(data) {
       : el("td", { "data-field": "last_job", text: "—" });
     return el("tr", { "data-schedule": s.id },
       el("td", { "data-field": "id" }, el("code", { text: s.id }),
-        s.id !== s.function ? el("span", { class: "muted", text: ` ${s.function}` }) : null),
+        s.id !== s.function ? " " : null,
+        s.id !== s.function ? el("a", { href: `#function/${encodeURIComponent(s.function)}`, class: "muted", text: s.function }) : null),
       el("td", { "data-field": "cron" }, el("code", { text: s.cron })),
       el("td", { "data-field": "tz", text: s.tz }),
       el("td", { "data-field": "next", text: stamp(s.next) }),

@@ -13,10 +13,10 @@
 const PAGES = {
   overview: () => { renderOverview(); quietly(countWorkers)(); },
   queues: () => {},
-  queue: (arg) => renderQueuePage(arg),
+  queue: (arg) => (arg ? renderQueuePage(arg) : location.replace("#queues")),
   jobs: (arg, params) => showJobs(arg || "queued", params),
-  job: (arg) => showJob(arg),
-  group: (arg) => showGroupPage(arg),
+  job: (arg) => (arg ? showJob(arg) : fill($("#job-view"), el("p", { class: "muted", text: "No job open: open one from a list, a search or a link." }))),
+  group: (arg) => (arg ? showGroupPage(arg) : location.replace("#jobs/queued")),
   dead: (arg) => {
     if (arg) state.deadQueue = arg;
     state.deadOffset = 0;
@@ -27,7 +27,7 @@ const PAGES = {
   },
   schedules: () => quietly(refreshSchedules)(),
   functions: () => quietly(refreshFunctions)(),
-  function: (arg) => showFunctionPage(arg),
+  function: (arg) => (arg ? showFunctionPage(arg) : location.replace("#functions")),
   workers: () => showWorkers(),
   events: () => quietly(showEvents)(),
   audit: () => { pages.auditOffset = 0; quietly(showAudit)(); },
@@ -212,7 +212,7 @@ async function showFunctionPage(name) {
   ];
   if (f.flow && typeof f.flow === "object") {
     for (const [k, v] of Object.entries(f.flow)) {
-      if (v !== null && v !== undefined && typeof v !== "object") opts.push([k.replace(/_/g, " "), String(v)]);
+      if (k !== "paused" && v !== null && v !== undefined && typeof v !== "object") opts.push([k.replace(/_/g, " "), String(v)]);
     }
   }
   const jobs = `type=${encodeURIComponent(f.type)}&queue=${encodeURIComponent(f.queue)}`;
