@@ -30,6 +30,7 @@ function leaveJob() {
   clearTimeout(joblog.timer);
   for (const c of [joblog.ctrl, jobstream.ctrl]) if (c) c.abort();
   joblog.ctrl = jobstream.ctrl = null;
+  for (const key of kept.keys()) if (key.startsWith("signal:")) kept.delete(key);  // a form per job seen
   liveWatch([]);
 }
 
