@@ -221,7 +221,7 @@ def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
         screenshot(d, tmp_path, "console-job-waiting.png")
         go(d, f"#group/{group['id']}")
         until("the group page", lambda: has(d, f'#group-view table[data-group-id="{group["id"]}"]'))
-        assert "{" not in text(d, "#group-view h2")  # a page, not raw JSON
+        assert not has(d, "#group-view pre") and "3 done" in text(d, "#group-view")  # a page, not raw JSON
         screenshot(d, tmp_path, "console-group.png")
 
         # Back walks the pages visited, newest first; forward comes back.
@@ -373,12 +373,14 @@ def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> Non
         ids = realistic(project, web)
         d = browser
         signed_in(d, web, READER)
-        pages = [p[0] for p in PAGES] + [f"#job/{ids[k]}" for k in ("dead", "waiting", "sleeping", "scheduled")]
-        pages += ["#jobs/queued", "#jobs/dead"]
-        for hash_ in pages:
+        pages = [(p[0], "#function-view dl" if p[1] == "function" else p[2]) for p in PAGES]
+        pages += [("#jobs/queued", "#job-table tbody tr")]
+        pages += [(f"#job/{ids[k]}", f'#job-view table[data-job-id="{ids[k]}"]')
+                  for k in ("dead", "waiting", "sleeping", "scheduled")]
+        for hash_, ready in pages:
             go(d, hash_)
-            until(f"{hash_} to show", lambda: shown(d) != "")
-            time.sleep(0.3)  # the page's reads land
+            until(f"{hash_} with its data", lambda ready=ready: has(d, ready))  # type: ignore[misc]
+            time.sleep(0.3)  # any later read of the page lands
             visible = [b.text or b.get_attribute("data-action") for b in has(d, "main button:not([role=tab])")
                        if b.is_displayed()]
             allowed = {"Find", "Newer", "Older", "Newest"}
@@ -386,6 +388,8 @@ def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> Non
             forms = [f.get_attribute("id") for f in d.find_elements(By.CSS_SELECTOR, "main form") if f.is_displayed()]
             assert set(forms) <= {"job-filters"}, (hash_, forms)
         assert "read-only" in text(d, "#scope-note")
+        go(d, "#function/pay")
+        until("the function page says why it has no form", lambda: "may not enqueue" in text(d, "#function-view"))
         assert script_errors(d) == []
 
 
