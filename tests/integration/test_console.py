@@ -471,3 +471,43 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         until("the new job counted, pushed",
               lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)
         assert script_errors(d) == []
+
+
+DRIP = '''"""Streams a chunk now and then, then waits to be cancelled."""
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+
+def handle(payload, ctx):
+    ctx.stream("first ")
+    ctx.logger.info("streamed the first")
+    time.sleep(1.5)
+    ctx.stream("second ")
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    ctx.raise_if_cancelled()
+'''
+
+
+def test_a_running_jobs_stream_shows_live(project: Project, browser: Any) -> None:  # noqa: F811
+    """A running job's page shows its streamed output as the chunks land, without a
+    reload, and keeps it when the job ends."""
+    project.add_function("drip", DRIP)
+    project.write_config(grace=1)
+    project.spawn_worker("slow")
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/drip", json={}).json()["id"]
+        d = browser
+        signed_in(d, web, TOKEN)
+        d.execute_script("window.sameDocument = true")
+        go(d, f"#job/{job}")
+        stream = lambda: text(d, '#job-view [data-field="stream"]')  # noqa: E731
+        until("the first chunk while it runs", lambda: "first" in stream())
+        until("the second, pushed", lambda: stream().strip() == "first second")
+        assert "streamed the first" in text(d, '#job-view [data-field="log"]')
+        project.client.cancel(job)
+        until("the job's end", lambda: text(d, f'#job-view table[data-job-id="{job}"] [data-field="status"]')
+              == "cancelled")
+        assert stream().strip() == "first second"
+        assert d.execute_script("return window.sameDocument") is True
+        assert script_errors(d) == []
