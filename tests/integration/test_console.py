@@ -11,6 +11,7 @@ artifact), else to the test's temporary folder."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 from pathlib import Path
@@ -219,6 +220,9 @@ def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
         until("the waiting job's page", lambda: d.find_elements(By.ID, "signal-form"))
         assert "reserve" in text(d, '#job-view [data-field="steps"]')
         screenshot(d, tmp_path, "console-job-waiting.png")
+        steps = one(d, '#job-view [data-field="steps"]')
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'})", steps)
+        d.save_screenshot(str(Path(os.environ.get("DASHBOARD_SCREENSHOTS") or tmp_path) / "console-job-steps.png"))
         go(d, f"#group/{group['id']}")
         until("the group page", lambda: has(d, f'#group-view table[data-group-id="{group["id"]}"]'))
         assert not has(d, "#group-view pre") and "3 done" in text(d, "#group-view")  # a page, not raw JSON

@@ -83,6 +83,8 @@ function following(job) {
     jobstream.count = 0;
     followStream(job.id);
   }
+  paintLog();  // "—" until a line comes
+  paintStream();
 }
 
 function onJobGone(id) {
@@ -137,13 +139,30 @@ function historyTable(entries) {
 }
 
 // A durable function's step log as a timeline: one row per step, sleep, wait or child
-// call, in the order the handler reached them (GET /jobs/{id} "steps").
+// call, in the order the handler reached them (GET /jobs/{id} "steps"), each with a bar
+// placed on the span from the first start to the last end (or now, while it waits).
 function stepsTable(steps) {
   if (!steps || !steps.length) return "—";
+  const now = Date.now() / 1000;
+  const starts = steps.map((s) => s && s.started_at).filter((t) => typeof t === "number");
+  const ends = steps.map((s) => s && (s.finished_at || (s.status === "waiting" || s.status === "sleeping" ? now : s.started_at)))
+    .filter((t) => typeof t === "number");
+  const t0 = starts.length ? Math.min(...starts) : 0;
+  const t1 = Math.max(t0 + 0.001, ...ends);
+  const bar = (s) => {
+    const box = el("div", { class: "timeline" });
+    if (typeof s.started_at !== "number") return box;
+    const end = s.finished_at || (s.status === "waiting" || s.status === "sleeping" ? now : s.started_at);
+    const span = el("span", { class: `status-${s.status || "ok"}` });
+    span.style.left = `${((s.started_at - t0) / (t1 - t0)) * 100}%`;  // CSSOM: allowed under the CSP
+    span.style.width = `${Math.max(0.5, ((end - s.started_at) / (t1 - t0)) * 100)}%`;
+    box.append(span);
+    return box;
+  };
   return el("table", { class: "history steps", "data-field": "steps" },
     el("thead", {}, el("tr", {}, el("th", { text: "#" }), el("th", { text: "Step" }), el("th", { text: "Kind" }),
       el("th", { text: "Status" }), el("th", { text: "Started" }), el("th", { text: "Finished / until" }),
-      el("th", { text: "Detail" }))),
+      el("th", { text: "Took" }), el("th", { class: "timeline-head", text: "Timeline" }), el("th", { text: "Detail" }))),
     el("tbody", {}, steps.map((st, i) => {
       const s = st || {};
       const detail = s.child ? jobLink(s.child)
@@ -151,9 +170,11 @@ function stepsTable(steps) {
         : s.result !== undefined ? el("code", { text: s.result })
         : s.signal ? el("code", { text: `signal ${s.signal}` }) : "";
       const end = s.finished_at ? when(s.finished_at) : s.until ? `until ${when(s.until)}` : "—";
-      return el("tr", {}, el("td", { text: String(i + 1) }), el("td", { text: s.name ?? "—" }),
-        el("td", { text: s.kind ?? "—" }), el("td", { text: s.status ?? "—" }),
-        el("td", { text: s.started_at ? when(s.started_at) : "—" }), el("td", { text: end }), el("td", {}, detail));
+      const took = typeof s.started_at === "number" && typeof s.finished_at === "number" ? age(s.finished_at - s.started_at) : "—";
+      return el("tr", { "data-step": s.name ?? "" }, el("td", { text: String(i + 1) }), el("td", { text: s.name ?? "—" }),
+        el("td", { text: s.kind ?? "—" }), el("td", { class: `status status-${s.status}`, text: s.status ?? "—" }),
+        el("td", { class: "nowrap", text: s.started_at ? when(s.started_at) : "—" }), el("td", { class: "nowrap", text: end }),
+        el("td", { class: "nowrap", text: took }), el("td", {}, bar(s)), el("td", {}, detail));
     })));
 }
 
