@@ -284,17 +284,25 @@ async function followLog(id) {
   const ctrl = (joblog.ctrl = new AbortController());
   joblog.active = true;
   try {
-    await followEvents(`/jobs/${encodeURIComponent(id)}/logs?follow=1`, ctrl, (event, text) => {
-      if (id !== page.id) return;
-      if (event === "line") {
-        joblog.lines.push(logLine(JSON.parse(text)));
-        paintLog();
-      } else if (event === "end") {
-        paintLog();
-        setTimeout(() => { joblog.doneAt = performance.now(); }, 0);
-      }
-    });
-    if (id === page.id && !joblog.lines.length) paintLog();
+    // A follow lasts a few minutes on the server, and each one sends the log from its
+    // start: follow again, afresh, until the job has ended.
+    for (let ended = false; !ended && id === page.id;) {
+      let fresh = null;
+      await followEvents(`/jobs/${encodeURIComponent(id)}/logs?follow=1`, ctrl, (event, text) => {
+        if (id !== page.id) return;
+        if (event === "line") {
+          if (!fresh) fresh = joblog.lines = [];
+          fresh.push(logLine(JSON.parse(text)));
+          paintLog();
+        } else if (event === "end") {
+          const st = JSON.parse(text).status;
+          ended = st === null || ENDED.has(st);
+          paintLog();
+          setTimeout(() => { joblog.doneAt = performance.now(); }, 0);
+        }
+      });
+      if (!ended) await new Promise((r) => setTimeout(r, 1000));
+    }
   } catch (err) {
     if (ctrl.signal.aborted || id !== page.id) return;
     if (err.status === 404) { paintLog(); return; }
