@@ -28,6 +28,17 @@ def logs(client: Client, job_id: str) -> dict[str, Any]:
     return {"id": job_id, "status": fields.get("status"), "lines": lines}
 
 
+def logs_if_changed(client: Client, job_id: str, mark: Any) -> tuple[dict[str, Any], Any]:
+    """logs(), for a follower that read them before: ``mark`` is what the last call
+    returned with them (None at first). While nothing landed the log is not read again
+    (two small reads say so) and "lines" is None; else the lines, and the new mark."""
+    k, fields = find(client, job_id)
+    with reachable():
+        now = joblogs.probe(client.runtime.redis, k.log(job_id))
+        lines = None if now == mark else joblogs.read(client.runtime.redis, k, job_id)
+    return {"id": job_id, "status": fields.get("status"), "lines": lines}, now
+
+
 def new_lines(seen: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The lines of ``now`` after the last of ``seen`` (the log keeps its newest lines, so
     the start moves as it grows: the last line seen is looked for, from the end)."""
@@ -46,9 +57,10 @@ def follow_logs(client: Client, job_id: str, timeout_s: float | None = None,
     ended (or ``timeout_s`` passed); ends at once for an ended job, after its lines."""
     until = None if timeout_s is None else time.monotonic() + timeout_s
     seen: list[dict[str, Any]] = []
+    mark = None
     while True:
-        got = logs(client, job_id)
-        fresh = new_lines(seen, got["lines"])
+        got, mark = logs_if_changed(client, job_id, mark)
+        fresh = new_lines(seen, got["lines"]) if got["lines"] is not None else []
         yield from fresh
         if fresh:
             seen = got["lines"]
@@ -62,8 +74,7 @@ def stream_chunks(client: Client, job_id: str, after: tuple[int, int] = (-1, -1)
     number), oldest first. Raises JobNotFound for an unknown job."""
     k, fields = find(client, job_id)
     with reachable():
-        chunks = joblogs.read_stream(client.runtime.redis, k, job_id)
-    fresh = [c for c in chunks if (_int(c.get("a")), _int(c.get("i"))) > after]
+        fresh = joblogs.read_stream_after(client.runtime.redis, k, job_id, after)
     return {"id": job_id, "status": fields.get("status"), "chunks": fresh}
 
 

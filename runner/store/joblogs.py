@@ -22,6 +22,42 @@ def read_stream(redis: Any, k: QueueKeys, job_id: str) -> list[dict[str, Any]]:
     return [c for c in _objects(redis.lrange(k.stream(job_id), 0, -1)) if "i" in c]
 
 
+def probe(redis: Any, key: str) -> tuple[int, bytes | None]:
+    """(length, newest raw entry) of a log or stream list: two small reads that tell a
+    follower whether anything landed since it last looked, without reading the list."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.llen(key)
+    pipe.lindex(key, -1)
+    n, last = pipe.execute()
+    return int(n or 0), last
+
+
+def read_stream_after(redis: Any, k: QueueKeys, job_id: str, after: tuple[int, int]) -> list[dict[str, Any]]:
+    """The chunks kept after position ``after`` (attempt, number), oldest first. A follower
+    asks this every quarter second: when nothing landed it costs the two reads of probe
+    and parses one chunk; when chunks landed in the same attempt only those are read (the
+    numbers say how many), unless a trim or a gap makes the whole list the safe read."""
+    key = k.stream(job_id)
+    n, last = probe(redis, key)
+    if last is None:
+        return []
+    newest = _objects((last,))[0]
+    at = _position(newest)
+    if at <= after:
+        return []
+    if at[0] == after[0] and after[1] >= 0 and at[1] - after[1] < n:
+        fresh = [c for c in _objects(redis.lrange(key, -(at[1] - after[1]), -1)) if "i" in c]
+        if fresh and _position(fresh[0]) == (after[0], after[1] + 1):
+            return fresh
+    chunks = [c for c in _objects(redis.lrange(key, 0, -1)) if "i" in c]
+    return [c for c in chunks if _position(c) > after]
+
+
+def _position(chunk: dict[str, Any]) -> tuple[int, int]:
+    a, i = chunk.get("a"), chunk.get("i")
+    return (a if isinstance(a, int) else -1, i if isinstance(i, int) else -1)
+
+
 def _objects(raws: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for raw in raws or ():

@@ -99,9 +99,9 @@ class JobLogs:
         deadline = loop.time() + STREAM_S
         quiet_since = loop.time()
         seen: list[dict[str, Any]] = []
-        got = first
+        got, mark = first, None
         while True:
-            fresh = watching.new_lines(seen, got["lines"])
+            fresh = watching.new_lines(seen, got["lines"]) if got["lines"] is not None else []
             for line in fresh:
                 yield falcon.asgi.SSEvent(event="line", data=json.dumps(line, ensure_ascii=True).encode())
             if fresh:
@@ -116,7 +116,7 @@ class JobLogs:
                 yield None  # a comment line (": ping")
             await asyncio.sleep(FOLLOW_POLL_S)
             try:
-                got = await self.offload(self.client.logs, job_id)
+                got, mark = await self.offload(watching.logs_if_changed, self.client, job_id, mark)
             except Exception:  # gone meanwhile (its retention), or Redis away: the stream ends
                 yield falcon.asgi.SSEvent(event="end", data=json.dumps(
                     {"id": job_id, "status": None}, ensure_ascii=True).encode())

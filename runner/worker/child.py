@@ -434,15 +434,15 @@ def _captured(logger: Any) -> Iterator[None]:
     if not isinstance(logger, JobLogger):
         yield
         return
-    out, err = Capture(logger, "stdout"), Capture(logger, "stderr")
     saved = sys.stdout, sys.stderr
+    out, err = Capture(logger, "stdout", saved[0]), Capture(logger, "stderr", saved[1])
     sys.stdout, sys.stderr = out, err
     try:
         yield
     finally:
         sys.stdout, sys.stderr = saved
-        out.close()
-        err.close()
+        out.finish()
+        err.finish()
 
 
 _task_dir = -1  # /proc/self/task, opened once (Linux)

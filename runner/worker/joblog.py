@@ -9,6 +9,7 @@ gigabyte costs the worker CPU, never memory, and Redis gets at most one bounded 
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -116,8 +117,12 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
     def stream(self, data: Any) -> None:
         """One chunk of ctx.stream's output (text or JSON), numbered from 0."""
         attempt = (self.extra or {}).get("attempt", 0)
-        chunk = json.dumps({"a": attempt, "i": self._seq, "ts": int(time.time() * 1000), "data": data},
-                           ensure_ascii=False)
+        try:
+            chunk = json.dumps({"a": attempt, "i": self._seq, "ts": int(time.time() * 1000), "data": data},
+                               ensure_ascii=False, allow_nan=False)
+        except ValueError:  # a reader's JSON.parse takes no NaN or Infinity
+            raise TypeError("ctx.stream takes text or JSON, and NaN and Infinity are not JSON; "
+                            "send them as strings or null") from None
         chunk = shown_text(chunk)  # (a lone surrogate: no JSON encoder downstream takes it)
         size = len(chunk.encode())
         if size > STREAM_CHUNK_BYTES:
@@ -171,14 +176,44 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         super().log(level, msg, *args, **kwargs)
 
 
-class Capture:
+class Capture(io.TextIOBase):
     """A text stream (sys.stdout or sys.stderr in a child, while its handler runs) whose
-    complete lines go to the run's log."""
+    complete lines go to the run's log.
 
-    def __init__(self, logger: JobLogger, source: str) -> None:
+    It stands in for the real stream, so it answers what handler code asks of one: its
+    ``encoding`` and ``errors``, a ``buffer`` for bytes (decoded into the log too), and the
+    real ``fileno()``, for a subprocess or faulthandler that writes to the descriptor
+    (those writes go to the worker's output, not to the job's log)."""
+
+    def __init__(self, logger: JobLogger, source: str, real: Any = None) -> None:
+        super().__init__()
         self.logger = logger
         self.source = source
+        self.real = real
         self.partial = ""
+        self._buffer: _CapturedBytes | None = None
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.real, "encoding", None) or "utf-8")
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return str(getattr(self.real, "errors", None) or "strict")
+
+    @property
+    def buffer(self) -> _CapturedBytes:
+        if self._buffer is None:
+            self._buffer = _CapturedBytes(self)
+        return self._buffer
+
+    def fileno(self) -> int:
+        if self.real is None:
+            raise io.UnsupportedOperation("fileno")
+        return int(self.real.fileno())
+
+    def writable(self) -> bool:
+        return True
 
     def write(self, text: str) -> int:
         data = self.partial + str(text)
@@ -191,12 +226,33 @@ class Capture:
         return len(text)
 
     def flush(self) -> None:
-        """(Lines go on newlines; the rest at the run's end, close.)"""
+        """(Lines go on newlines; the rest at the run's end, finish.)"""
 
-    def close(self) -> None:
+    def finish(self) -> None:
+        """The run ended: its last line without a newline goes to the log too."""
         if self.partial:
             self.logger.keep((line("INFO", self.partial, self.source),))
             self.partial = ""
 
     def isatty(self) -> bool:
         return False
+
+
+class _CapturedBytes(io.RawIOBase):
+    """``sys.stdout.buffer`` of a Capture: bytes written here are decoded (UTF-8, bad
+    bytes replaced) into the same log."""
+
+    def __init__(self, text: Capture) -> None:
+        super().__init__()
+        self.text = text
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        raw = bytes(data)
+        self.text.write(raw.decode("utf-8", "replace"))
+        return len(raw)
+
+    def fileno(self) -> int:
+        return self.text.fileno()

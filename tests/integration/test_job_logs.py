@@ -312,23 +312,139 @@ def test_a_lone_surrogate_in_a_childs_output_is_kept_with_a_replacement(project:
     project.stop_all()
 
 
-STREAMER = '''"""Streams as many chunks as asked, all before its settlement."""
+STREAM_IDIOMS = '''"""Uses sys.stdout and sys.stderr as handler code does with real streams."""
+import subprocess
+import sys
+ISOLATION = "process"
 
 def handle(payload, ctx):
-    for i in range(payload["n"]):
-        ctx.stream(f"c{i}")
-    return 1
+    sys.stdout.buffer.write("raw bytes \\u00e9\\n".encode())
+    print("encoding", sys.stdout.encoding, sys.stdout.errors)
+    subprocess.run(["sh", "-c", "echo from a tool; echo tool error >&2"], stdout=sys.stdout,
+                   stderr=sys.stderr, check=True)
+    sys.stderr.buffer.write(b"bad byte \\xff\\n")
+    return sys.stdout.isatty()
 '''
 
 
-def test_a_stream_of_10000_chunks_written_at_once_is_kept_whole(project: Project) -> None:
-    """Ten thousand chunks in one write (more than Lua unpacks in one call) are all kept,
-    and a longer stream keeps its newest 10,000: none is lost to the size of the write."""
-    project.add_function("streamer", STREAMER)
-    c = project.client
+def test_a_childs_captured_output_behaves_as_a_real_stream(project: Project) -> None:
+    """Under process isolation the captured sys.stdout and sys.stderr keep what handler code
+    relies on: ``buffer`` (bytes go to the log, bad ones replaced), ``encoding`` and
+    ``errors``, and the real ``fileno()`` for a subprocess (its output goes to the worker's
+    output, not to the job's log)."""
+    _add(project, "thread")
+    project.add_function("idioms", STREAM_IDIOMS)
+    client = project.client
+    job = client.enqueue("idioms", {})
     project.spawn_worker("fast")
-    for n, kept in ((9000, 9000), (10_000, 10_000), (12_000, 10_000)):
-        job = c.enqueue("streamer", {"n": n}).id
-        wait_for(lambda job=job: c.get(job).status == "done", timeout=30, what="the job to end")  # type: ignore[misc]
-        got = list(c.stream(job))
-        assert len(got) == kept and got[-1] == f"c{n - 1}", (n, len(got))
+    done = client.settle(job.id, 30)
+    assert done.status == "done", done.as_dict()
+    assert done.as_dict()["result"] is False
+    by_src = [(x["src"], x["msg"]) for x in client.logs(job.id)["lines"]]
+    assert ("stdout", "raw bytes \u00e9") in by_src
+    assert any(src == "stdout" and msg.startswith("encoding ") for src, msg in by_src)
+    assert ("stderr", "bad byte \ufffd") in by_src
+    assert not any("tool" in msg for _, msg in by_src)  # the descriptor's writes: the worker's output
+    assert "from a tool" in (project.root / "worker-0.log").read_text()
+
+
+TEN_THOUSAND = '''
+QUEUE = "slow"
+{extra}
+
+
+def handle(payload, ctx):
+    for i in range(10_000):
+        ctx.stream(i)
+    try:
+        ctx.stream({{"score": float("nan")}})
+    except TypeError as exc:
+        ctx.logger.info("refused: %s", exc)
+    for i in range(9_000):
+        ctx.logger.info("line %d", i)
+    return "ok"
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_ten_thousand_chunks_in_one_write_are_kept_and_nan_is_refused(project: Project, isolation: str) -> None:
+    """A quick handler streaming 10,000 chunks (the kept bound) and logging 9,000 lines
+    hands each over in one write: a late reader gets every chunk and every line, however
+    many one write carries. NaN is refused with a TypeError, never sent to a reader's
+    JSON parser."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("tenk", TEN_THOUSAND.format(extra=extra))
+    toml = project.root / "runner.toml"
+    bounds = "[retention]\nlogs = { lines = 20000, bytes = 4194304 }\n"
+    toml.write_text(toml.read_text().replace("[retention]\n", bounds, 1))
+    client = project.client
+    job = client.enqueue("tenk", {})
+    project.spawn_worker("slow")
+    assert client.settle(job.id, 60).status == "done"
+    assert list(client.stream(job.id, timeout_s=5)) == list(range(10_000))
+    msgs = _msgs(project, job.id)
+    assert msgs[0].startswith("refused: ctx.stream takes text or JSON") and "NaN" in msgs[0]
+    assert msgs[1:] == [f"line {i}" for i in range(9_000)]
+
+
+IDLE_STREAMER = '''
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+
+
+def handle(payload, ctx):
+    for i in range(3_000):
+        ctx.stream(i)
+        ctx.logger.info("line %d", i) if i < 400 else None
+    ctx.stream("idle")
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    return "ok"
+'''
+
+
+def test_an_idle_follower_does_not_read_the_whole_log_or_stream_again(project: Project) -> None:
+    """A follower of a long log or stream that has nothing new asks Redis two small reads
+    per poll, not the whole list again (32 idle followers of a long stream once held a web
+    process at 60% CPU)."""
+    import threading
+
+    project.add_function("idle", IDLE_STREAMER)
+    project.write_config(grace=1)
+    client = project.client
+    job = client.enqueue("idle", {})
+    project.spawn_worker("slow")
+    seen: list[object] = []
+    lines: list[dict[str, object]] = []
+    idle = threading.Event()
+
+    def follow_stream() -> None:
+        for chunk in client.stream(job.id, timeout_s=60):
+            seen.append(chunk)
+            if chunk == "idle":
+                idle.set()
+
+    def follow_logs() -> None:
+        lines.extend(client.follow_logs(job.id, timeout_s=60))
+
+    threads = [threading.Thread(target=follow_stream), threading.Thread(target=follow_logs)]
+    for t in threads:
+        t.start()
+    assert idle.wait(30)
+    wait_for(lambda: len(lines) >= 400, timeout=10, what="the log's lines")
+    r = project.runtime.redis
+
+    def lranges() -> int:
+        return int(r.info("commandstats").get("cmdstat_lrange", {}).get("calls", 0))
+
+    before = lranges()
+    import time
+    time.sleep(1.5)  # about 6 polls of each follower
+    during = lranges() - before
+    client.cancel(job.id)
+    for t in threads:
+        t.join(30)
+    assert seen == [*range(3_000), "idle"]
+    assert [x["msg"] for x in lines] == [f"line {i}" for i in range(400)]
+    assert during <= 2, f"{during} full reads while nothing landed"

@@ -8,11 +8,11 @@
 -- ARGV[4..] the lines to append, oldest first (none: only the expiry is set)
 --
 -- Returns the number of lines kept. Bounded per call: the list never holds more than
--- ARGV[1] lines, and the worker sends at most that many (in RPUSHes of a few thousand:
--- Lua's unpack fails past about 8,000 values, and a stream keeps 10,000 chunks).
+-- ARGV[1] lines, and the worker sends at most that many.
 local most = tonumber(ARGV[1])
 local n
 if #ARGV > 3 then
+  -- In chunks: a stream keeps up to 10,000 chunks, past Lua's unpack limit (about 8,000).
   for s = 4, #ARGV, 4000 do
     n = redis.call('RPUSH', K.log, unpack(ARGV, s, math.min(s + 3999, #ARGV)))
   end
