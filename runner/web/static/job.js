@@ -43,7 +43,7 @@ async function showJob(id, again) {
   liveWatch([id]);
   $("#job-view").replaceChildren(el("p", { class: "muted", text: `Reading job ${id}…` }));
   Object.assign(joblog, { id, lines: [], text: "", doneAt: 0, started: false, active: false });
-  Object.assign(jobstream, { id, parts: [], text: "", count: 0, doneAt: 0, started: false, active: false });
+  Object.assign(jobstream, { id, parts: [], text: "", count: 0, doneAt: 0, firstAt: 0, endAt: 0, started: false, active: false });
   let job;
   try {
     job = await api("GET", `/jobs/${encodeURIComponent(id)}`);
@@ -363,12 +363,14 @@ async function readStream(id, ctrl) {
       await followEvents(`/jobs/${encodeURIComponent(id)}/stream${after ? `?after=${after}` : ""}`, ctrl, (event, text) => {
         if (id !== page.id) return;
         if (event === "chunk") {
+          if (!jobstream.firstAt) jobstream.firstAt = performance.now();
           const c = JSON.parse(text);
           jobstream.parts.push(chunkText(c.data));
           jobstream.count += 1;
           after = `${c.a}.${c.i}`;
           paintStream();
         } else if (event === "end") {
+          jobstream.endAt = performance.now();
           const st = JSON.parse(text).status;
           ended = st === null || ENDED.has(st);
           paintStream();
