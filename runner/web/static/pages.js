@@ -398,8 +398,11 @@ async function showAudit() {
     el("tbody", {}, data.entries.map((e) => {
       const ids = Array.isArray(e.ids) ? e.ids : e.id ? [e.id] : [];
       const on = [];
+      if (e.function) {
+        on.push("function ", el("a", { href: `#function/${encodeURIComponent(e.function)}`, text: String(e.function) }), " in ");
+      }
       if (e.queue) on.push(el("a", { href: `#queue/${encodeURIComponent(e.queue)}`, text: `queue ${e.queue}` }), " ");
-      for (const k of ["function", "target", "name"]) if (e[k]) on.push(el("code", { text: String(e[k]) }), " ");
+      for (const k of ["target", "name"]) if (e[k]) on.push(el("code", { text: String(e[k]) }), " ");
       if (ids.length) {
         on.push(...ids.slice(0, 5).flatMap((i) => [jobLink(i), " "]));
         if (ids.length > 5) on.push(el("span", { class: "muted", text: `and ${ids.length - 5} more` }));
