@@ -47,7 +47,7 @@ function parseHash(hash) {
   } catch (err) {
     arg = "";
   }
-  if (!PAGES[name]) { name = "overview"; arg = ""; }
+  if (!Object.hasOwn(PAGES, name)) { name = "overview"; arg = ""; }
   return { name, arg, params: new URLSearchParams(query || "") };
 }
 
