@@ -14,7 +14,7 @@ const page = { id: null, shown: "", openedAt: 0 };  // the job open, the view of
 // once; polled once a second if the server will not follow (too many followers).
 const joblog = { id: null, timer: null, lines: [], text: "", ctrl: null, doneAt: 0 };
 // Its ctx.stream output (GET /jobs/{id}/stream): chunks in order, shown as text.
-const jobstream = { id: null, parts: [], text: "", count: 0, ctrl: null, doneAt: 0, drawn: false };
+const jobstream = { id: null, parts: [], text: "", count: 0, ctrl: null, doneAt: 0 };
 const LOG_EVERY_MS = 1000;
 
 // Opens a job's page (from a list, a search, a requeue).
