@@ -447,7 +447,10 @@ function renderJob(job) {
     : el("pre", { "data-field": "payload", text: json(job.payload) })]);
   if (job.status === "done" || job.result !== null) data.push(["result", el("pre", { "data-field": "result", text: json(job.result) })]);
   if (job.waiting_for) {
-    data.push(["waiting for", `signal ${job.waiting_for.signal}` +
+    const what = job.waiting_for.event
+      ? `event ${job.waiting_for.event} ${JSON.stringify(job.waiting_for.match || {})}`
+      : `signal ${job.waiting_for.signal}`;
+    data.push(["waiting for", what +
       (job.waiting_for.timeout_at ? `, until ${when(job.waiting_for.timeout_at)}` : "")]);
   }
   if (job.status === "waiting" && job.waiting_for && job.waiting_for.signal) data.push(["signal", signalForm(job)]);
