@@ -52,6 +52,11 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         driver.quit()
 
 
+def visit(d: Any, hash_: str) -> None:
+    """Open one of the dashboard's pages (#queues, #dead, #jobs/queued ...) as a link does."""
+    d.execute_script("go(arguments[0])", hash_)
+
+
 def until(what: str, pred: Callable[[], Any], timeout: float = 20) -> Any:
     """Poll the page (it refreshes itself) until ``pred`` holds."""
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
@@ -101,6 +106,7 @@ def test_dashboard_requeues_a_dead_job_with_an_edited_payload(project: Project, 
                                                         f'td[data-field="{field}"]').text
             return text
 
+        visit(d, "#queues")
         until("the queues with one dead job", lambda: cell("fast", "dead") == "1")
         until("the other figures", lambda: cell("slow", "dead") == "0" and cell("fast", "ready") == "0")
 
@@ -118,9 +124,12 @@ def test_dashboard_requeues_a_dead_job_with_an_edited_payload(project: Project, 
             return text
 
         assert (figure("dead"), figure("cancelled")) == ("1", "1")
+        visit(d, "#functions")
+        until("the functions", lambda: d.find_elements(By.CSS_SELECTOR, '#function-list [data-function="record"]'))
         fn = d.find_element(By.CSS_SELECTOR, '#function-list [data-function="record"]').text
         assert "max attempts" in fn and "schema v1" in fn
 
+        visit(d, "#dead")
         row_css = f'#dead-table tr[data-job-id="{dead}"]'
         row = until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
         assert row.find_element(By.CSS_SELECTOR, '[data-field="reason"]').text == "max attempts reached"
@@ -153,7 +162,10 @@ def test_dashboard_requeues_a_dead_job_with_an_edited_payload(project: Project, 
         until("the requeued job to complete", lambda: status() == "done")
         result = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="result"]').text
         assert '"attempt": 1' in result and '"n": 5' in result
-        until("the dead-letter list to empty", lambda: not d.find_elements(By.CSS_SELECTOR, row_css))
+        d.back()  # to the dead letters, where the requeue began
+        until("the dead-letter list to empty", lambda: d.find_element(By.ID, "dead").is_displayed()
+              and not d.find_elements(By.CSS_SELECTOR, row_css))
+        visit(d, "#queues")
         until("the queue figures to follow", lambda: cell("fast", "dead") == "0")
         d.execute_script("window.scrollTo(0, 0)")
         d.save_screenshot(str(tmp_path / "dashboard.png"))
@@ -201,12 +213,13 @@ def test_the_page_shows_only_what_the_tokens_scopes_allow(project: Project, brow
         sign_in(SUPPORT)
         who = d.find_element(By.ID, "whoami")
         until("the token's name and scopes", lambda: who.text == "support · read")
+        visit(d, "#dead")
         row_css = f'#dead-table tr[data-job-id="{dead}"]'
         row = until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
         assert row.find_element(By.CSS_SELECTOR, '[data-field="reason"]').text == "permanent failure"
-        buttons = row.find_elements(By.CSS_SELECTOR, "td.actions button")
-        assert len(buttons) == 3 and not any(b.is_displayed() for b in buttons)
+        assert row.find_elements(By.CSS_SELECTOR, "button") == []  # none made, not merely hidden
         assert "read-only" in d.find_element(By.ID, "scope-note").text
+        visit(d, "#queues")
         assert d.find_element(By.ID, "queues").is_displayed()
 
         d.find_element(By.ID, "logout").click()
@@ -267,6 +280,8 @@ def listed(d: Any) -> list[str]:
 def tab_count(d: Any, status: str) -> str:
     from selenium.webdriver.common.by import By
 
+    if not d.find_element(By.ID, "jobs").is_displayed():
+        visit(d, f"#jobs/{status}")
     text: str = d.find_element(By.CSS_SELECTOR, f'#status-tabs [data-count="{status}"]').text
     return text
 
@@ -282,6 +297,8 @@ def find(d: Any, text: str) -> None:
     from selenium.webdriver.common.by import By
 
     box = d.find_element(By.ID, "search")
+    if not box.is_displayed():
+        visit(d, "#jobs/queued")
     box.clear()
     box.send_keys(text)
     click(d, d.find_element(By.ID, "search-go"))
@@ -302,6 +319,7 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
         keyed = web.post("/jobs/idem", json={"k": "order-42"}).json()["id"]
         d = browser
         signed_in(d, web)
+        visit(d, "#jobs/queued")
         until("the queued list, newest first", lambda: listed(d) == [keyed, *ids[::-1]])
         until("the queued count", lambda: tab_count(d, "queued") == "4")
 
@@ -318,14 +336,17 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
         until("the keyed job's page", lambda: shown_status(d, keyed) == "queued")
         key = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="idempotency_key"]').text
         assert key == "order-42"
-        assert "by idempotency key" in d.find_element(By.ID, "search-result").text
+        # One found: its page opens; the list's page keeps what the search found.
+        assert "by idempotency key" in d.find_element(By.ID, "search-result").get_attribute("textContent")
         find(d, ids[0])
         until("the job found by id", lambda: shown_status(d, ids[0]) == "queued")
         find(d, "no-such-job-or-key")
         until("a search that finds nothing",
               lambda: "No job has the id or idempotency key" in d.find_element(By.ID, "search-result").text)
 
-        click(d, d.find_element(By.CSS_SELECTOR, f'#job-table a[data-job-link="{ids[1]}"]'))
+        visit(d, "#jobs/queued")
+        link = f'#job-table a[data-job-link="{ids[1]}"]'
+        click(d, until("the job's link", lambda: d.find_element(By.CSS_SELECTOR, link)))
         cancel_css = f'#job-view:has(table[data-job-id="{ids[1]}"]) button[data-action="cancel"]'
         click(d, until("the cancel button", lambda: d.find_element(By.CSS_SELECTOR, cancel_css)))
         until("the button to arm", lambda: d.find_element(By.CSS_SELECTOR, cancel_css).text == "Confirm cancel")
@@ -333,6 +354,7 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
         click(d, d.find_element(By.CSS_SELECTOR, cancel_css))
         until("the job cancelled", lambda: shown_status(d, ids[1]) == "cancelled")
         assert web.get(f"/jobs/{ids[1]}").json()["status"] == "cancelled"
+        visit(d, "#jobs/queued")
         click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="cancelled"]'))
         until("the cancelled list", lambda: listed(d) == [ids[1]])
         until("the cancelled count", lambda: tab_count(d, "cancelled") == "1")
@@ -341,6 +363,7 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
         until("the job's page", lambda: shown_status(d, ids[0]) == "queued")
         project.spawn_worker("fast")
         until("the open job to finish, pushed", lambda: shown_status(d, ids[0]) == "done")
+        d.execute_script("window.scrollTo(0, 0)")
         result = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="result"]').text
         assert '"n": 0' in result
         history = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="history"]').text
@@ -379,6 +402,7 @@ def test_bulk_requeue_and_cancel_of_a_filtered_set_with_confirmation_and_progres
     with gunicorn(project, token=TOKEN) as web:
         d = browser
         signed_in(d, web)
+        visit(d, "#jobs/queued")
         click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="dead"]'))
         until("the dead count", lambda: tab_count(d, "dead") == "31")
         until("the type filter's choices",
@@ -452,6 +476,7 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         until("the job to finish", lambda: web.get(f"/jobs/{done}").json()["status"] == "done")
         d = browser
         signed_in(d, web)
+        visit(d, "#jobs/queued")
         row = until("the queued job's row",
                     lambda: d.find_element(By.CSS_SELECTOR, f'#job-table tr[data-job-id="{queued}"]'))
         assert row.find_element(By.CSS_SELECTOR, '[data-field="idempotency_key"]').text == HOSTILE
@@ -465,7 +490,9 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         view = d.find_element(By.ID, "job-view")
         as_json = json.dumps(HOSTILE)  # as the page shows a string in JSON
         assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="result"]').text
-        click(d, d.find_element(By.CSS_SELECTOR, f'#search-result a[data-job-link="{queued}"]'))
+        d.back()  # to the list and its search
+        other = f'#search-result a[data-job-link="{queued}"]'
+        click(d, until("the other result", lambda: d.find_element(By.CSS_SELECTOR, other)))
         until("the queued job's page", lambda: shown_status(d, queued) == "queued")
         assert view.find_element(By.CSS_SELECTOR, '[data-field="idempotency_key"]').text == HOSTILE
         assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="payload"]').text
@@ -505,6 +532,7 @@ def test_a_partitioned_queue_shows_each_partition_under_its_sums(project: Projec
             assert web.post("/jobs/record", json={"n": i}).status_code == 202
         d = browser
         signed_in(d, web)
+        visit(d, "#queues")
 
         def ready(css: str) -> str:
             text: str = d.find_element(By.CSS_SELECTOR, f'#queue-table tr{css} td[data-field="ready"]').text

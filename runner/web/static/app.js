@@ -1,8 +1,11 @@
-// The runner dashboard: plain JS over the HTTP API, no build step, no library.
+// The runner dashboard: plain JS over the HTTP API, no build step, no library. Each view is a
+// page of its own under the URL's fragment (#queues, #job/<id>: pages.js routes them), so
+// links open it directly and the back and forward buttons move between views.
 // Data from jobs (payloads, errors) is only ever set as text, never as HTML.
 // The API token lives in sessionStorage (this tab only) and travels as a header, never in a URL.
 // What the page shows follows the token's scopes (GET /whoami): no read, no data; no operate,
-// no requeue, cancel or delete buttons.
+// no requeue, cancel, delete, pause, run-now or trigger buttons; no enqueue scope for a
+// function, no invoke form. A button the token cannot use is never made.
 // This file: helpers, sign-in, the queue, schedule, dead-letter and function panels, and the
 // wiring. Updates come pushed through the event stream (live.js), not by polling.
 "use strict";
@@ -39,10 +42,16 @@ function el(tag, attrs, ...children) {
     else if (k.startsWith("data-")) node.setAttribute(k, v);
     else node[k] = v;
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
+  return node;
+}
+
+// replaceChildren, with lists flattened and null, undefined and false left out (as el does).
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
   return node;
 }
 
@@ -57,8 +66,24 @@ function listed(job, field) {
   return `${job[`${field}_preview`] || ""}… (${size.toLocaleString()} bytes: open the job for all)`;
 }
 
-function when(seconds) {
-  return seconds ? new Date(seconds * 1000).toLocaleString() : "—";
+// One time format on every page: UTC, "2026-05-04 13:02:09" (".123" with ms). Every time
+// the API gives is epoch seconds; none is shown as a number.
+function when(seconds, withMs) {
+  if (typeof seconds !== "number" || !seconds) return "—";
+  const text = new Date(seconds * 1000).toISOString().replace("T", " ");
+  return withMs ? text.slice(0, 23) : text.slice(0, 19);
+}
+
+// The time of day alone, in the same format (for "updated ..." and chart axes).
+function clock(seconds) {
+  return when(seconds === undefined ? Date.now() / 1000 : seconds).slice(11);
+}
+
+// A time and how long ago (or ahead) it is: "2026-05-04 13:02:09 (12 s ago)".
+function whenAgo(seconds) {
+  if (typeof seconds !== "number" || !seconds) return "—";
+  const d = Date.now() / 1000 - seconds;
+  return `${when(seconds)} (${d >= 0 ? `${age(d)} ago` : `in ${age(-d)}`})`;
 }
 
 function age(seconds) {
@@ -182,8 +207,49 @@ function signOut() {
 
 // --- scopes -----------------------------------------------------------------------------
 
+// As the server's auth.allows: "enqueue:<type>" is also granted by "enqueue", and a
+// signal by "operate".
 function can(scope) {
-  return Boolean(state.me && state.me.scopes.includes(scope));
+  const scopes = (state.me && state.me.scopes) || [];
+  if (scopes.includes(scope)) return true;
+  if (scope.startsWith("enqueue:")) return scopes.includes("enqueue");
+  if (scope === "signal") return scopes.includes("operate");
+  return false;
+}
+
+// A button kept across re-renders of a live table (the figures come every second): the
+// same node moves into the new row, so a click under way is not lost to a replaced node.
+const kept = new Map();
+function keep(key, make) {
+  let node = kept.get(key);
+  if (!node) {
+    node = make();
+    kept.set(key, node);
+  }
+  return node;
+}
+
+// A button that POSTs an action and says what came of it; shown only when can(scope).
+function actionButton(label, scope, attrs, run) {
+  if (!can(scope)) return null;
+  const button = el("button", { type: "button", ...attrs, text: label });
+  button.addEventListener("click", () => {
+    button.disabled = true;
+    run().catch((err) => toast(`${label}: ${err.message}`)).finally(() => { button.disabled = false; });
+  });
+  return button;
+}
+
+// Pause or resume a queue or a function (POST /queues/{q}/pause ... as `runner pause`).
+function pauseButton(kind, name, paused) {
+  const verb = paused ? "resume" : "pause";
+  return keep(`${kind}:${name}:${verb}:${can("operate")}`, () => actionButton(paused ? "Resume" : "Pause", "operate",
+    { class: paused ? "primary" : "", "data-action": verb, "data-target": `${kind}:${name}` },
+    async () => {
+      await api("POST", `/${kind === "queue" ? "queues" : "functions"}/${encodeURIComponent(name)}/${verb}`);
+      toast(`${paused ? "Resumed" : "Paused"} ${kind} ${name}`);
+      quietly(refreshQueues)();
+    }));
 }
 
 // Hides what the token may not do (app.css keys off the body's classes), and says why.
@@ -221,7 +287,7 @@ function partitionRows(q) {
     el("td", { "data-field": "scheduled", text: p.scheduled }),
     el("td", {}),
     el("td", { "data-field": "dead", class: p.dead ? "bad" : null, text: p.dead }),
-    el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {})));
+    el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", { class: "operate-only" })));
 }
 
 function renderQueues(data) {
@@ -231,7 +297,8 @@ function renderQueues(data) {
     const series = tput && tput.queues[q.name] ? tput.queues[q.name].done : [];
     const perMin = series.length ? series[series.length - 1] : 0;
     return el("tr", { "data-queue": q.name },
-      el("td", {}, el("strong", { text: q.name })),
+      el("td", {}, el("a", { href: `#queue/${encodeURIComponent(q.name)}`, "data-queue-link": q.name },
+        el("strong", { text: q.name }))),
       el("td", { "data-field": "ready", text: q.ready }),
       el("td", { "data-field": "processing", text: q.processing }),
       el("td", { "data-field": "lease_expired", class: q.lease_expired ? "bad" : null, text: q.lease_expired }),
@@ -243,21 +310,27 @@ function renderQueues(data) {
       cell(`${q.visibility_timeout_s} s`),
       cell(q.concurrency),
       el("td", { "data-field": "paused", class: q.paused || (q.paused_functions || []).length ? "warn" : null,
-                 text: q.paused ? "queue" : (q.paused_functions || []).join(", ") }));
+                 text: q.paused ? "queue" : (q.paused_functions || []).join(", ") }),
+      el("td", { class: "actions operate-only" }, pauseButton("queue", q.name, q.paused)));
   }).flatMap((row, i) => [row, ...partitionRows(data.queues[i])]));
   const rows = [];
   for (const q of data.queues) {
     for (const [name, f] of Object.entries(q.functions)) {
+      const fnPaused = (q.paused_functions || []).includes(name);
       rows.push(el("tr", { "data-function": name },
-        el("td", { text: name }), cell(q.name), cell(f.enqueued), cell(f.succeeded), cell(f.retried),
+        el("td", {}, el("a", { href: `#function/${encodeURIComponent(name)}`, text: name }),
+          fnPaused ? el("span", { class: "warn", text: " paused" }) : null),
+        cell(q.name), cell(f.enqueued), cell(f.succeeded), cell(f.retried),
         cell(f.dead, f.dead ? "bad" : null, "dead"), cell(f.cancelled, null, "cancelled"), cell(f.duplicates), cell(f.deferred), cell(f.lost, f.lost ? "warn" : null),
         cell(`${ms(f.latency.p50_ms)} / ${ms(f.latency.p95_ms)}`),
-        cell(`${ms(f.run_time.p50_ms)} / ${ms(f.run_time.p95_ms)}`)));
+        cell(`${ms(f.run_time.p50_ms)} / ${ms(f.run_time.p95_ms)}`),
+        el("td", { class: "actions operate-only" }, pauseButton("function", name, fnPaused))));
     }
   }
   $("#function-figures tbody").replaceChildren(...rows);
-  $("#queues-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  $("#queues-updated").textContent = `updated ${clock()}`;
   trackLatency(data);
+  queuesChanged(data.queues);  // pages.js: the overview and the page of a queue
   syncDeadQueues(data.queues.map((q) => q.name));
   jobsFollowQueues(data.queues);
 }
@@ -343,8 +416,8 @@ function drawChart(canvas, series, unit) {
     ctx.fillText(Number.isInteger(y) ? String(y) : y.toFixed(1), 4, Y(y) + 4);
   }
   ctx.fillText(unit, 4, pad.t - 8);
-  ctx.fillText(new Date(x0 * 1000).toLocaleTimeString(), pad.l, h - 6);
-  const end = new Date(x1 * 1000).toLocaleTimeString();
+  ctx.fillText(clock(x0), pad.l, h - 6);
+  const end = clock(x1);
   ctx.fillText(end, w - pad.r - ctx.measureText(end).width, h - 6);
   let legendX = pad.l;
   series.forEach((s, i) => {
@@ -387,7 +460,8 @@ function renderFunctions(data) {
       ["versions", `${f.versions.join(", ")} (newest ${f.newest_version}${f.has_upgrade ? ", upgrade()" : ""})`],
     ];
     return el("div", { class: "fn", "data-function": f.type },
-      el("h3", {}, el("code", { text: f.type }), f.async ? el("span", { class: "muted", text: " async" }) : null),
+      el("h3", {}, el("a", { href: `#function/${encodeURIComponent(f.type)}`, "data-function-link": f.type },
+        el("code", { text: f.type })), f.async ? el("span", { class: "muted", text: " async" }) : null),
       f.doc ? el("p", { class: "muted", text: f.doc }) : null,
       el("dl", {}, opts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })])),
       (f.schemas || []).map((s) => el("details", {},
@@ -396,7 +470,9 @@ function renderFunctions(data) {
 }
 
 async function refreshFunctions() {
-  renderFunctions(await api("GET", "/functions?schemas=true"));
+  const data = await api("GET", "/functions?schemas=true");
+  state.functions = data.functions;
+  renderFunctions(data);
 }
 
 // --- schedules ----------------------------------------------------------------------------
@@ -412,15 +488,45 @@ function renderSchedules(data) {
       : el("td", { "data-field": "last_job", text: "—" });
     return el("tr", { "data-schedule": s.id },
       el("td", { "data-field": "id" }, el("code", { text: s.id }),
-        s.id !== s.function ? el("span", { class: "muted", text: ` ${s.function}` }) : null),
+        s.id !== s.function ? " " : null,
+        s.id !== s.function ? el("a", { href: `#function/${encodeURIComponent(s.function)}`, class: "muted", text: s.function }) : null),
       el("td", { "data-field": "cron" }, el("code", { text: s.cron })),
       el("td", { "data-field": "tz", text: s.tz }),
-      el("td", { "data-field": "next", text: s.next }),
-      el("td", { "data-field": "last", text: s.last || "—" }),
+      el("td", { "data-field": "next", text: stamp(s.next) }),
+      el("td", { "data-field": "last", text: stamp(s.last) }),
       jobCell,
       el("td", { "data-field": "state", class: s.state === "active" ? null : "warn", text: s.state }),
-      el("td", { "data-field": "counts", text: `${s.counts.fired} / ${s.counts.missed} / ${s.counts.overlap}` }));
+      el("td", { "data-field": "counts", text: `${s.counts.fired} / ${s.counts.missed} / ${s.counts.overlap}` }),
+      el("td", { class: "actions operate-only" }, triggerButton(s.id)));
   }));
+}
+
+// A schedule's time as the API gives it (ISO 8601 text, or epoch seconds) in the one format.
+function stamp(value) {
+  if (value === null || value === undefined || value === "") return "—";
+  if (typeof value === "number") return when(value);
+  const t = Date.parse(value);
+  return Number.isNaN(t) ? String(value) : when(t / 1000);
+}
+
+// Fire a schedule now (POST /schedules/{name}/trigger): one run outside its cron times.
+function triggerButton(name) {
+  return keep(`trigger:${name}:${can("operate")}`, () => actionButton("Trigger now", "operate",
+    { "data-action": "trigger", "data-schedule": name },
+    async () => {
+      let r;
+      try {
+        r = await api("POST", `/schedules/${encodeURIComponent(name)}/trigger`);
+      } catch (err) {
+        if (err.status === 404 && !(err.problem && err.problem.type && /schedule/.test(err.problem.type))) {
+          throw new Error("this server has no trigger route yet");
+        }
+        throw err;
+      }
+      const id = r && (r.id || (r.job && r.job.id));
+      toast(id ? `Triggered ${name}: job ${id}` : `Triggered ${name}`);
+      refreshSchedulesSoon();
+    }));
 }
 
 async function refreshSchedules() {
@@ -431,14 +537,17 @@ async function refreshSchedules() {
 
 function syncDeadQueues(names) {
   const select = $("#dead-queue");
-  if (select.options.length === names.length) return;
-  select.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
+  if (select.options.length !== names.length) {
+    select.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
+  }
+  let picked = false;
   if (!state.deadQueue || !names.includes(state.deadQueue)) {
     const withDead = state.queues.find((q) => q.dead > 0);
     state.deadQueue = withDead ? withDead.name : names[0];
+    picked = true;
   }
-  select.value = state.deadQueue;
-  refreshDead();
+  if (select.value !== state.deadQueue) select.value = state.deadQueue;
+  if (picked) quietly(refreshDead)();
 }
 
 function deadRow(job) {
@@ -447,7 +556,7 @@ function deadRow(job) {
   const del = el("button", { type: "button", class: "danger delete", text: "Delete" });
   del.addEventListener("click", () => deleteDead(job, del).catch((err) => toast(`Not deleted: ${err.message}`)));
   return el("tr", { "data-job-id": job.id },
-    el("td", { text: when(job.finished_at) }),
+    el("td", { class: "nowrap", text: when(job.finished_at) }),
     el("td", {},
       jobLink(job.id),
       el("div", { class: "muted", text: `${job.type} v${job.version}` })),
@@ -455,17 +564,17 @@ function deadRow(job) {
     el("td", { "data-field": "error" }, errText,
       err && err.traceback ? el("details", {}, el("summary", { text: "traceback" }), el("pre", { text: err.traceback })) : null),
     el("td", { "data-field": "attempts", text: `${job.attempt} / ${job.max_attempts}` }),
-    el("td", {}, el("pre", { "data-field": "payload", text: listed(job, "payload") })),
-    el("td", { class: "actions" },
+    el("td", { class: "payload" }, el("pre", { class: "payload", "data-field": "payload", text: listed(job, "payload") })),
+    can("operate") ? el("td", { class: "actions" },
       el("button", { type: "button", class: "primary requeue", text: "Requeue",
         onclick: () => requeue(job, null).catch((err) => toast(`Not requeued: ${err.message}`)) }),
       el("button", { type: "button", class: "edit", text: "Edit & requeue",
         onclick: () => openEdit(job).catch((err) => toast(`Not opened: ${err.message}`)) }),
-      del));
+      del) : el("td", {}));
 }
 
 async function refreshDead() {
-  if (!state.deadQueue) return;
+  if (!state.deadQueue || !pageIs("dead")) return;  // read while its page shows
   const q = encodeURIComponent(state.deadQueue);
   const page = await api("GET", `/dead/${q}?offset=${state.deadOffset}&limit=${state.deadLimit}`);
   const from = page.total ? page.offset + 1 : 0;
@@ -477,7 +586,7 @@ async function refreshDead() {
   $("#dead-reasons").replaceChildren(...Object.entries(reasons).map(([r, n]) => el("span", { text: `${r}: ${n}` })));
   const body = $("#dead-table tbody");
   // Re-render only when the page changed, so a row's buttons stay put between refreshes.
-  const signature = `${state.deadQueue} ${page.offset} ` + page.jobs.map((j) => `${j.id}:${j.attempt}`).join(",");
+  const signature = `${state.deadQueue} ${page.offset} ${can("operate")} ` + page.jobs.map((j) => `${j.id}:${j.attempt}`).join(",");
   if (signature === state.deadSignature) return;
   state.deadSignature = signature;
   if (!page.jobs.length) {
@@ -571,8 +680,6 @@ function refreshAll() {
   quietly(refreshThroughput)().then(quietly(refreshQueues));
   quietly(refreshFunctions)();
   quietly(refreshSchedules)();
-  quietly(refreshDead)();
-  quietly(refreshJobs)();
   route();
 }
 
@@ -597,12 +704,6 @@ function throttle(fn, ms) {
 const refreshDeadSoon = throttle(quietly(() => refreshDead()), 1000);
 const refreshSchedulesSoon = throttle(quietly(() => refreshSchedules()), 2000);
 
-// #job/<id> opens that job's page.
-function route() {
-  const m = /^#job\/(.+)$/.exec(location.hash);
-  if (m && can("read")) showJob(decodeURIComponent(m[1]));
-}
-
 function every(seconds, fn) {
   setInterval(() => {
     if (!state.loginOpen && !document.hidden && can("read")) fn();
@@ -616,15 +717,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#logout").hidden = !state.token;
   $("#edit-form").addEventListener("submit", submitEdit);
   $("#edit-cancel").addEventListener("click", () => $("#edit").close());
-  window.addEventListener("hashchange", () => {
-    route();
-    if (location.hash.startsWith("#job/")) $("#job").scrollIntoView();
-  });
+  window.addEventListener("hashchange", () => route());
   initJobs();
   $("#dead-queue").addEventListener("change", (e) => {
-    state.deadQueue = e.target.value;
-    state.deadOffset = 0;
-    quietly(refreshDead)();
+    go(`#dead/${encodeURIComponent(e.target.value)}`);
   });
   $("#dead-prev").addEventListener("click", () => {
     state.deadOffset = Math.max(0, state.deadOffset - state.deadLimit);

@@ -13,6 +13,7 @@ const BULK_CHUNK = 500;   // jobs per POST /bulk (its most), one after the other
 const COUNTED = { queued: "ready", scheduled: "scheduled", processing: "processing", dead: "dead", cancelled: "cancelled" };
 // The timestamp a status is about.
 const WHEN = { queued: ["created_at", "Created"], scheduled: ["ready_at", "Due"], processing: ["started_at", "Started"],
+  deferred: ["ready_at", "Due"], sleeping: ["sleeping_until", "Until"], waiting: ["started_at", "Started"],
   done: ["finished_at", "Finished"], dead: ["finished_at", "Died"], cancelled: ["finished_at", "Cancelled"] };
 const BULK = {
   cancel: { statuses: ["queued", "scheduled", "processing", "deferred"], verb: "Cancel", past: "cancelled" },
@@ -65,6 +66,7 @@ function jobRow(job) {
 }
 
 async function refreshJobs() {
+  if (!pageIs("jobs")) return;  // read while its page shows
   const query = listQuery({ limit: PAGE, cursor: list.cursor });
   const page = await api("GET", `/jobs?${query}`);
   if (query !== listQuery({ limit: PAGE, cursor: list.cursor })) return;  // the filters changed meanwhile
@@ -110,6 +112,30 @@ function syncFilter(select, names) {
   const value = select.value;
   select.replaceChildren(el("option", { value: "", text: "all" }), ...names.map((n) => el("option", { value: n, text: n })));
   select.value = names.includes(value) ? value : "";
+}
+
+// The page of a status, as its URL says: #jobs/<status>?queue=<q>&type=<t>.
+function jobsHash(status, queue, type) {
+  const params = new URLSearchParams();
+  if (queue) params.set("queue", queue);
+  if (type) params.set("type", type);
+  const q = params.toString();
+  return `#jobs/${encodeURIComponent(status)}${q ? "?" + q : ""}`;
+}
+
+// The router opened #jobs/...: the list that URL names.
+function showJobs(status, params) {
+  const queue = params.get("queue") || "";
+  const type = params.get("type") || "";
+  list.queue = queue;
+  list.type = type;
+  for (const [select, value] of [[$("#filter-queue"), queue], [$("#filter-type"), type]]) {
+    if (value && ![...select.options].some((o) => o.value === value)) select.append(el("option", { value, text: value }));
+    select.value = value;
+  }
+  list.moved = "";
+  $("#job-table tbody").replaceChildren(el("tr", {}, el("td", { colSpan: 8, class: "muted", text: "Reading…" })));
+  showStatus(status);  // read again: the list was not followed while another page showed
 }
 
 function showStatus(status, read = true) {
@@ -262,10 +288,10 @@ async function actOnAll(spec, jobs, run) {
 
 function initJobs() {
   for (const tab of document.querySelectorAll("#status-tabs [data-status]")) {
-    tab.addEventListener("click", () => showStatus(tab.dataset.status));
+    tab.addEventListener("click", () => go(jobsHash(tab.dataset.status, list.queue, list.type)));
   }
-  $("#filter-queue").addEventListener("change", (e) => { list.queue = e.target.value; list.moved = ""; newestPage(); });
-  $("#filter-type").addEventListener("change", (e) => { list.type = e.target.value; newestPage(); });
+  $("#filter-queue").addEventListener("change", (e) => go(jobsHash(list.status, e.target.value, list.type)));
+  $("#filter-type").addEventListener("change", (e) => go(jobsHash(list.status, list.queue, e.target.value)));
   $("#job-filters").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("#search").value.trim();
