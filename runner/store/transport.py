@@ -12,8 +12,9 @@ A single call goes out on a connection of the Transport's own (see ``_Lanes``): 
 pool checks every connection it hands out with a poll() and wraps each command in retry
 and event layers, which together cost about a third of an enqueue round trip.
 
-Durable calls (the enqueue and a schedule's tick) are followed by ``WAIT replicas
-timeout`` on the same connection, sent with the script in one write, when the Transport
+Durable calls (the scripts in DURABLE: an enqueue, an event's jobs, a group's members, a
+schedule's tick) are followed by ``WAIT replicas timeout`` on the same connection, sent
+with the script in one write, when the Transport
 was built with ``replicas`` > 0: WAIT counts the replicas that hold every write of its
 own connection, so it must follow the script there, and pipelined it costs no round trip
 of its own. Fewer replicas than asked raise NotReplicated, with the scripts' replies (the
@@ -67,6 +68,27 @@ def _import_redis() -> None:
                      NAMES=NAMES, SHAS=SHAS, SOURCES=SOURCES, NoScriptError=NoScriptError)
 
 
+# The scripts that write jobs a producer is answered for (an enqueue, an event's jobs, a
+# group's members, a schedule's tick): each call of one is durable, whoever sends it and
+# however (a single call, a Batch, a Stream, a cluster node's lane), so no path that
+# answers "accepted" skips the WAIT. Every other call stays asynchronous.
+DURABLE = frozenset({"enqueue", "emit", "group", "tick"})
+
+# A call answered NOSCRIPT is loaded and sent again at most this many times in a row (a
+# SCRIPT FLUSH of another client can land between the load and the call), then refused.
+RELOADS = 5
+
+
+def flushed(name: str) -> RedisUnavailable:
+    """A call Redis kept answering NOSCRIPT, each time right after its script was loaded:
+    it ran nowhere."""
+    return RedisUnavailable(
+        f"Redis answered NOSCRIPT to the {name!r} script {RELOADS + 1} times in a row, each time just "
+        "after it was loaded: its script cache is being flushed (SCRIPT FLUSH, or a restart) faster "
+        "than a call can run. Nothing was written by this call; stop whatever flushes the scripts, "
+        "then retry.")
+
+
 def _noscript(reply: Any) -> bool:
     """A reply of the raw links (link.py, aiolink.py) saying Redis lacks the script."""
     return isinstance(reply, link_mod.ReplyError) and reply.code == "NOSCRIPT"
@@ -100,7 +122,7 @@ class Batch:
         self.short: list[int] = []
 
     def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
-        self.calls.append((name, keys, args, durable))
+        self.calls.append((name, keys, args, durable or name in DURABLE))
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """Every call's reply, in order. With ``raise_on_error`` false, a call that failed
@@ -283,6 +305,7 @@ class Stream:
 
     def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False) -> None:
         sc = self.scripts
+        durable = durable or name in DURABLE
         if sc._lanes is None:
             self.ready.append((tag, sc.nodes.submit(name, keys, args, durable, self.after)))
             return
@@ -512,17 +535,22 @@ class Transport:
                 durable: bool = False) -> tuple[Any, int | None]:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent)."""
+        durable = durable or name in DURABLE
         if self._lanes is None:
             if durable and self.wait is not None:
                 return self._call_on_node(name, keys, args)
-            try:
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-            except NoScriptError:
-                self._load(name, keys)
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-            except ResponseError:
-                self.error_replies += 1
-                raise
+            loads = 0
+            while True:
+                try:
+                    return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
+                except NoScriptError:  # nothing ran: load it where the call goes, send again
+                    if loads == RELOADS:
+                        raise flushed(name) from None
+                    loads += 1
+                    self._load(name, keys)
+                except ResponseError:
+                    self.error_replies += 1
+                    raise
         lanes = self._lanes
         conn = lanes.take()
         try:
@@ -532,10 +560,7 @@ class Transport:
                     self._spin.wait(conn)
                 out = self._read(conn, durable)
             except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
-                conn.send_command("SCRIPT", "LOAD", self.sources[name])
-                conn.read_response()
-                self._send(conn, name, keys, args, durable)
-                out = self._read(conn, durable)
+                out = self._reload(conn, name, keys, args, durable)
         except ResponseError:
             self.error_replies += 1
             lanes.give(conn)  # an error reply was read whole: the connection is in step
@@ -637,6 +662,24 @@ class Transport:
                     replies[i] = exc
         return replies
 
+    def _reload(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any],
+                durable: bool) -> tuple[Any, int | None]:
+        """A call answered NOSCRIPT (it ran nowhere) sent again on ``conn``: the SCRIPT LOAD
+        and the call in one write, so Redis runs them back to back. Another client's SCRIPT
+        FLUSH can still land between the two: then again, RELOADS times at most, after
+        which ``flushed`` says so (nothing ran)."""
+        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        for _ in range(RELOADS):
+            load = ("SCRIPT", "LOAD", self.sources[name])
+            conn.send_packed_command(conn.pack_commands(
+                [load, cmd, self.wait] if durable and self.wait is not None else [load, cmd]))
+            conn.read_response()
+            try:
+                return self._read(conn, durable)
+            except NoScriptError:
+                continue
+        raise flushed(name)
+
     def _send(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool) -> None:
         """The EVALSHA, and the WAIT behind it when durable, in one write."""
         cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
@@ -688,7 +731,9 @@ class Transport:
         connection of its choosing, and a WAIT elsewhere confirms nothing)."""
         cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
         assert self.wait is not None
-        for attempt in range(3):
+        loads = 0
+        attempt = 0
+        while attempt < 3:
             node = self.client.get_node_from_key(keys[0])
             pipe = node.redis_connection.pipeline(transaction=False)
             pipe.execute_command(*cmd)
@@ -702,14 +747,19 @@ class Transport:
                 with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
                     self.client.nodes_manager.initialize()
                 if attempt < 2 and self.client.get_node_from_key(keys[0]) is not node:
+                    attempt += 1
                     continue  # a new master holds the slot: send it there
                 raise
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, NoScriptError):  # nothing ran: load it there, send again
+                if loads == RELOADS:
+                    raise flushed(name)
+                loads += 1
                 node.redis_connection.script_load(self.sources[name])
                 continue
             if isinstance(reply, (MovedError, AskError)) and attempt < 2:
                 # The slot moved (a failover, a resharding): nothing ran; learn the layout again.
                 self.client.nodes_manager.initialize()
+                attempt += 1
                 continue
             if isinstance(reply, (MovedError, AskError)):
                 raise TryAgainError(str(reply))  # type: ignore[no-untyped-call]
@@ -772,11 +822,16 @@ class LinkBatch:
         calls, self.calls = self.calls, []
         replies = self.link.send([("EVALSHA", SHAS[n], len(k), *k, *a) for n, k, a in calls]) if calls else []
         for i, reply in enumerate(replies):
-            if _noscript(reply):
-                name, keys, args = calls[i]
+            name, keys, args = calls[i]
+            for _ in range(RELOADS):
+                if not _noscript(reply):
+                    break
                 _, reply = self.link.send([("SCRIPT", "LOAD", SOURCES[name]),
                                            ("EVALSHA", SHAS[name], len(keys), *keys, *args)])
-                replies[i] = reply
+            else:
+                if _noscript(reply):
+                    raise flushed(name)
+            replies[i] = reply
             if isinstance(reply, link_mod.ReplyError):
                 raise link_mod.raised(reply)
         return replies
@@ -794,11 +849,14 @@ async def send_on_loop(link: AsyncLink, scripts: Transport,
     replies: list[Any] = await link.send(wire)
     lost: RedisUnavailable | None = None
     for n, reply in enumerate(replies):
-        if _noscript(reply):  # it ran nowhere
-            if lost is None:
-                try:
-                    _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources[calls[n][0]]), wire[n]])
-                except RedisUnavailable as exc:
-                    lost = exc
-            replies[n] = lost if lost is not None else replies[n]
+        for _ in range(RELOADS):
+            if not _noscript(reply) or lost is not None:  # it ran, or it ran nowhere
+                break
+            try:
+                _, reply = await link.send([("SCRIPT", "LOAD", scripts.sources[calls[n][0]]), wire[n]])
+            except RedisUnavailable as exc:
+                lost = exc
+        if _noscript(reply):
+            reply = lost if lost is not None else flushed(calls[n][0])
+        replies[n] = reply
     return replies
