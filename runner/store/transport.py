@@ -74,19 +74,14 @@ def _import_redis() -> None:
 # answers "accepted" skips the WAIT. Every other call stays asynchronous.
 DURABLE = frozenset({"enqueue", "emit", "group", "tick"})
 
-# A call answered NOSCRIPT is loaded and sent again at most this many times in a row (a
-# SCRIPT FLUSH of another client can land between the load and the call), then refused.
-RELOADS = 5
-
-
-def flushed(name: str) -> RedisUnavailable:
-    """A call Redis kept answering NOSCRIPT, each time right after its script was loaded:
-    it ran nowhere."""
-    return RedisUnavailable(
-        f"Redis answered NOSCRIPT to the {name!r} script {RELOADS + 1} times in a row, each time just "
-        "after it was loaded: its script cache is being flushed (SCRIPT FLUSH, or a restart) faster "
-        "than a call can run. Nothing was written by this call; stop whatever flushes the scripts, "
-        "then retry.")
+def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    """A call answered NOSCRIPT sent again with its source (EVAL), behind a SCRIPT LOAD in
+    the same write. EVAL cannot answer NOSCRIPT, so the call runs on this try even while
+    another client flushes the script cache over and over (a load and an EVALSHA after it
+    could each time be parted by a flush: a SCRIPT FLUSH every 2 ms did so six times in
+    a row); the load keeps the script for the calls after it (a script only EVAL loaded
+    may be evicted by Redis 7.4 and later)."""
+    return ("EVAL", source, len(keys), *keys, *args)
 
 
 def _noscript(reply: Any) -> bool:
@@ -539,18 +534,14 @@ class Transport:
         if self._lanes is None:
             if durable and self.wait is not None:
                 return self._call_on_node(name, keys, args)
-            loads = 0
-            while True:
-                try:
-                    return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-                except NoScriptError:  # nothing ran: load it where the call goes, send again
-                    if loads == RELOADS:
-                        raise flushed(name) from None
-                    loads += 1
-                    self._load(name, keys)
-                except ResponseError:
-                    self.error_replies += 1
-                    raise
+            try:
+                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
+            except NoScriptError:  # nothing ran: load it where the call goes, run it from its source
+                self._load(name, keys)
+                return self.client.execute_command(*_eval(self.sources[name], keys, args)), None
+            except ResponseError:
+                self.error_replies += 1
+                raise
         lanes = self._lanes
         conn = lanes.take()
         try:
@@ -664,21 +655,14 @@ class Transport:
 
     def _reload(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any],
                 durable: bool) -> tuple[Any, int | None]:
-        """A call answered NOSCRIPT (it ran nowhere) sent again on ``conn``: the SCRIPT LOAD
-        and the call in one write, so Redis runs them back to back. Another client's SCRIPT
-        FLUSH can still land between the two: then again, RELOADS times at most, after
-        which ``flushed`` says so (nothing ran)."""
-        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
-        for _ in range(RELOADS):
-            load = ("SCRIPT", "LOAD", self.sources[name])
-            conn.send_packed_command(conn.pack_commands(
-                [load, cmd, self.wait] if durable and self.wait is not None else [load, cmd]))
-            conn.read_response()
-            try:
-                return self._read(conn, durable)
-            except NoScriptError:
-                continue
-        raise flushed(name)
+        """A call answered NOSCRIPT (it ran nowhere) sent again on ``conn``: SCRIPT LOAD and
+        the call by its source (``_eval``), and its WAIT when durable, in one write."""
+        load = ("SCRIPT", "LOAD", self.sources[name])
+        cmd = _eval(self.sources[name], keys, args)
+        conn.send_packed_command(conn.pack_commands(
+            [load, cmd, self.wait] if durable and self.wait is not None else [load, cmd]))
+        conn.read_response()
+        return self._read(conn, durable)
 
     def _send(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool) -> None:
         """The EVALSHA, and the WAIT behind it when durable, in one write."""
@@ -729,9 +713,8 @@ class Transport:
         """A durable call on Redis Cluster: the script and its WAIT pipelined on one
         connection of the master that holds the slot (RedisCluster would send each on a
         connection of its choosing, and a WAIT elsewhere confirms nothing)."""
-        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        cmd: tuple[Any, ...] = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
         assert self.wait is not None
-        loads = 0
         attempt = 0
         while attempt < 3:
             node = self.client.get_node_from_key(keys[0])
@@ -750,11 +733,9 @@ class Transport:
                     attempt += 1
                     continue  # a new master holds the slot: send it there
                 raise
-            if isinstance(reply, NoScriptError):  # nothing ran: load it there, send again
-                if loads == RELOADS:
-                    raise flushed(name)
-                loads += 1
+            if isinstance(reply, NoScriptError) and cmd[0] == "EVALSHA":  # nothing ran: by its source
                 node.redis_connection.script_load(self.sources[name])
+                cmd = _eval(self.sources[name], keys, args)
                 continue
             if isinstance(reply, (MovedError, AskError)) and attempt < 2:
                 # The slot moved (a failover, a resharding): nothing ran; learn the layout again.
@@ -822,16 +803,10 @@ class LinkBatch:
         calls, self.calls = self.calls, []
         replies = self.link.send([("EVALSHA", SHAS[n], len(k), *k, *a) for n, k, a in calls]) if calls else []
         for i, reply in enumerate(replies):
-            name, keys, args = calls[i]
-            for _ in range(RELOADS):
-                if not _noscript(reply):
-                    break
-                _, reply = self.link.send([("SCRIPT", "LOAD", SOURCES[name]),
-                                           ("EVALSHA", SHAS[name], len(keys), *keys, *args)])
-            else:
-                if _noscript(reply):
-                    raise flushed(name)
-            replies[i] = reply
+            if _noscript(reply):
+                name, keys, args = calls[i]
+                _, reply = self.link.send([("SCRIPT", "LOAD", SOURCES[name]), _eval(SOURCES[name], keys, args)])
+                replies[i] = reply
             if isinstance(reply, link_mod.ReplyError):
                 raise link_mod.raised(reply)
         return replies
@@ -849,14 +824,13 @@ async def send_on_loop(link: AsyncLink, scripts: Transport,
     replies: list[Any] = await link.send(wire)
     lost: RedisUnavailable | None = None
     for n, reply in enumerate(replies):
-        for _ in range(RELOADS):
-            if not _noscript(reply) or lost is not None:  # it ran, or it ran nowhere
-                break
-            try:
-                _, reply = await link.send([("SCRIPT", "LOAD", scripts.sources[calls[n][0]]), wire[n]])
-            except RedisUnavailable as exc:
-                lost = exc
-        if _noscript(reply):
-            reply = lost if lost is not None else flushed(calls[n][0])
-        replies[n] = reply
+        if _noscript(reply):  # it ran nowhere
+            if lost is None:
+                name, keys, args = calls[n]
+                try:
+                    _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources[name]),
+                                                     _eval(scripts.sources[name], keys, args)])
+                except RedisUnavailable as exc:
+                    lost = exc
+            replies[n] = lost if lost is not None else replies[n]
     return replies
