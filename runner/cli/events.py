@@ -20,7 +20,7 @@ from runner.cli.root import (
     refusal,
     table,
 )
-from runner.errors import EventRejected, RedisUnavailable, RunnerError
+from runner.errors import EventRejected, NotReplicated, RedisUnavailable, RunnerError
 
 
 @cli.command("emit", cls=RedisCommand)
@@ -39,7 +39,7 @@ def emit_cmd(ctx: click.Context, name: str, data: str | None, idempotency_key: s
     with redis_errors():
         try:
             out = Client(rt).emit(name, body, idempotency_key=idempotency_key)
-        except RedisUnavailable:
+        except (RedisUnavailable, NotReplicated):  # exit 3, as an enqueue (redis_errors)
             raise
         except EventRejected as exc:
             if as_json:

@@ -38,8 +38,14 @@ if TYPE_CHECKING:
 # most one listing returns.
 KEEP_EVENTS = 1_000
 MAX_LIST = 500
-# How long an emit's Idempotency-Key dedupes the emit (then the same key emits again).
+# How long an emit's Idempotency-Key dedupes the emit (then the same key emits again),
+# and how long a partition's list of recent events is kept after its last emit.
 IDEM_KEY_S = 86_400
+# An event's data past this many bytes (or nested too deep to sit inside its record) is
+# kept in the record as a preview: the list of recent events stays bounded in bytes
+# (1,000 records of a few KiB per partition), and GET /events moves kilobytes. Each job
+# holds the data whole.
+DATA_SHOWN_BYTES = 4096
 
 
 class BadEventName(RunnerError):
@@ -93,11 +99,18 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
                 preps.append(client.prepare(_request(fn.name, data)))
             except ValidationFailed as exc:
                 rejections[fn.name] = (exc.version, list(exc.errors))
+    for fn_name, err in rt.registry.broken_subscribers(name).items():
+        rejections[fn_name] = (0, [FieldError("$", f"the function file failed to load ({err.shown()}); fix it "
+                                                    "(runner check names the error), then emit again")])
     if rejections:
         raise EventRejected(name, rejections)
     body = codec.dumps(data)
     queue = subscribers[0].queue if subscribers else next(iter(rt.config.queues))
     home = rt.keys[queue]
+    if idempotency_key:
+        held = _held_elsewhere(client, home, name, idempotency_key, _hash(body))
+        if held is not None:
+            return held
     here, away = _split(client, home, preps)
     entries = [codec.dumps(job_entry(p.fn.queue, p.job)) for p in away]
     sent = codec.dumps([{"id": p.job.id, "type": p.fn.name, "queue": p.fn.queue, "status": "queued"}
@@ -106,7 +119,7 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
     with reachable():
         try:
             reply = rt.scripts.emit(
-                home, [p.job for p in here], event_id=records.new_id(), name=name, data=body,
+                home, [p.job for p in here], event_id=records.new_id(), name=name, data=shown_data(data, body),
                 idem_key=idempotency_key or "", data_hash=_hash(body), idem_ms=IDEM_KEY_S * 1000,
                 keep=KEEP_EVENTS, away=sent, entries=entries)
         except NotReplicated as exc:  # it ran: only its copy on the replicas is unconfirmed
@@ -118,9 +131,42 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
         # Placed now rather than a relay pass later (a failure here leaves them to the relay).
         with contextlib.suppress(*UNAVAILABLE):
             outbox.remove(rt, home, outbox.place(rt, entries))
-    if short is not None:
-        raise short
+    if short is not None:  # named by the event's jobs, every one of which was written
+        raise NotReplicated(short.acked, short.wanted, short.timeout_s,
+                            [str(j.get("id")) for j in record.get("jobs", [])], short.replies)
     return Emitted(str(record["id"]), name, list(record.get("jobs", [])), code == 0, int(record.get("at_ms", 0)))
+
+
+def shown_data(data: Any, body: str) -> str:
+    """The event's data as its record holds it: whole, or past DATA_SHOWN_BYTES or too
+    deep to sit one level down in the record, a preview (the first bytes of its JSON, whole
+    characters), null data and its full size under "truncated", as a job list shows a
+    big payload."""
+    raw = body.encode()
+    if len(raw) <= DATA_SHOWN_BYTES and codec.too_deep(data, codec.MAX_DEPTH - 1) is None:
+        return '"data":' + body
+    preview = raw[:DATA_SHOWN_BYTES].decode("utf-8", "ignore")
+    return f'"data":null,"data_preview":{codec.dumps(preview)},"truncated":{{"data":{len(raw)}}}'
+
+
+def _held_elsewhere(client: Client, home: QueueKeys, name: str, key: str, data_hash: str) -> Emitted | None:
+    """An emit of this Idempotency-Key recorded on another queue's home partition: the
+    home follows the first subscriber, and a deploy that adds or moves one moves it, so a
+    producer's retry across that deploy is looked for on every home. (The script still
+    decides on the home, atomically, for concurrent emits of one release.)"""
+    rt = client.runtime
+    others = [rt.keys[q] for q in rt.config.queues if rt.keys[q].tag != home.tag]
+    if not others:
+        return None
+    with reachable():
+        held = emitted.held(rt.redis, others, name, key)
+    if held is None:
+        return None
+    got_hash, raw = held
+    record = codec.loads(raw)
+    if got_hash != data_hash:
+        raise EventConflict(name, key, str(record.get("id")))
+    return Emitted(str(record["id"]), name, list(record.get("jobs", [])), True, int(record.get("at_ms", 0)))
 
 
 def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[dict[str, Any]]:

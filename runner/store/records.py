@@ -335,7 +335,15 @@ class Job:
             if f.get("status") == "sleeping":
                 view["sleeping_until"] = _ts(f.get("ready_ms"))
             elif f.get("status") == "waiting":
-                view["waiting_for"] = {"signal": f.get("waiting_for"), "timeout_at": _ts(f.get("ready_ms"))}
+                # The wait's own step says until when (None: no timeout); the job's due time
+                # may be an earlier check of its own (a ctx.invoke's parent looks at its child
+                # every 30 s), not the timeout the handler asked for.
+                last = view["steps"][-1] if view["steps"] else {}
+                waiting = {"signal": f.get("waiting_for"),
+                           "timeout_at": last["until"] if "until" in last else _ts(f.get("ready_ms"))}
+                if last.get("child"):
+                    waiting["job"] = last["child"]
+                view["waiting_for"] = waiting
         if f.get("token"):
             # Only while claimed: which worker holds it and, in a job list, until when.
             view["worker"] = worker_of(f["token"])

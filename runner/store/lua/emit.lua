@@ -25,11 +25,12 @@
 -- ARGV[3 + 13 n] how long a limit key's marker lives, ms
 -- ARGV[4 + 13 n] the event's id
 -- ARGV[5 + 13 n] its name
--- ARGV[6 + 13 n] its data (JSON)
+-- ARGV[6 + 13 n] its data as the record shows it: '"data":' and the JSON, or a preview
+--                 (see emitting.py, shown_data)
 -- ARGV[7 + 13 n] the emit's idempotency key ('' none)
 -- ARGV[8 + 13 n] the data's hash (for the idempotency key)
 -- ARGV[9 + 13 n] how long the idempotency key is kept, ms
--- ARGV[10 + 13 n] the most records `emitted` keeps
+-- ARGV[10 + 13 n] the most records `emitted` keeps (the list expires with the key's time)
 -- ARGV[11 + 13 n] the jobs sent away: a JSON array of {id, type, queue}
 -- ARGV[12 + 13 n] this partition's queue (named in the record of each job written here)
 -- ARGV[13 + 13 n] m, the outbox entries; then m entries (JSON: queue, 12 fields, priority)
@@ -75,8 +76,8 @@ local m = tonumber(ARGV[e + 10])
 for i = 1, m do
   redis.call('RPUSH', K.outbox, ARGV[e + 10 + i])
 end
--- The record: data as the producer sent it (never re-encoded: cjson would round numbers),
--- the jobs written here and those sent away.
+-- The record: data as the producer sent it (never re-encoded: cjson would round numbers)
+-- or its preview when big, the jobs written here and those sent away.
 local away = ARGV[e + 8]
 local jobs = '[' .. table.concat(here, ',')
 if away ~= '[]' then
@@ -84,9 +85,10 @@ if away ~= '[]' then
 end
 jobs = jobs .. ']'
 local record = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"at_ms":' ..
-  string.format('%d', now) .. ',"data":' .. data .. ',"jobs":' .. jobs .. '}'
+  string.format('%d', now) .. ',' .. data .. ',"jobs":' .. jobs .. '}'
 redis.call('LPUSH', K.emitted, record)
 redis.call('LTRIM', K.emitted, 0, tonumber(ARGV[e + 7]) - 1)
+redis.call('PEXPIRE', K.emitted, tonumber(ARGV[e + 6]))
 if hold_key ~= '' then
   redis.call('HSET', hold_key, 'hash', ARGV[e + 5], 'record', record)
   redis.call('PEXPIRE', hold_key, tonumber(ARGV[e + 6]))
