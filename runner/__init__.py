@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import (
+    BatchFailures,
     Cancelled,
     ConfigError,
     EventConflict,
@@ -23,6 +24,7 @@ from runner.errors import (
     JobNotFound,
     JobTimeout,
     NonDeterministicReplay,
+    NotWaiting,
     PermanentFailure,
     RateLimited,
     RedisUnavailable,
@@ -65,6 +67,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchFailures",
     "Cancelled",
     "Client",
     "ConfigError",
@@ -83,6 +86,7 @@ __all__ = [
     "JobNotFound",
     "JobTimeout",
     "NonDeterministicReplay",
+    "NotWaiting",
     "PermanentFailure",
     "RateLimited",
     "RedisUnavailable",

@@ -16,6 +16,7 @@
     ├── StaleLease                 the worker's claim token no longer owns the job
     ├── JobFailed                  a called job ended dead or cancelled (carries its error)
     ├── JobEnded                   a cancel or signal of a job that ended already (its status)
+    ├── NotWaiting                 a run now of a job that waits for no time (its status)
     ├── SignalPending              a signal of that name is kept for the job already, unread
     ├── SignalsFull                the job keeps its most signals (or bytes of them) unread
     ├── StillRunning               a call's or result's timeout passed before the job ended
@@ -337,6 +338,17 @@ class JobFailed(RunnerError):
         super().__init__(f"job {job_id} failed: {message or reason or 'dead'}")
 
 
+class NotWaiting(RunnerError):
+    """A run now of a job that is not waiting for a time (delayed, retrying, sleeping):
+    it runs, waits for a signal, is queued already or has ended."""
+
+    def __init__(self, job_id: str, status: str) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} is {status}: only a scheduled, retrying or sleeping job can run now"
+                         + (" (send the signal it waits for instead)" if status == "waiting" else ""))
+
+
 class JobEnded(RunnerError):
     """A cancel came too late: the job ended already (done, dead or cancelled)."""
 
@@ -410,12 +422,20 @@ class NotReplicated(RunnerError):
     (the store layer hands them up so that each caller can be told about its own job)."""
 
     def __init__(self, acked: int, wanted: int, timeout_s: float, job_ids: Sequence[str] = (),
-                 replies: Sequence[Any] = ()) -> None:
+                 replies: Sequence[Any] = (), signal: str | None = None) -> None:
         self.acked = acked
         self.wanted = wanted
         self.timeout_s = timeout_s
         self.job_ids = list(job_ids)
         self.replies = list(replies)
+        self.signal = signal  # a signal's delivery (not an enqueue) that was not confirmed
+        if signal is not None:
+            super().__init__(
+                f"signal {signal!r} to job {', '.join(self.job_ids)} was written to the Redis master but only "
+                f"{acked} of {wanted} replica(s) confirmed it within {timeout_s:g} s, so a failover now could "
+                "lose it. Send it again once the replicas are back: 409 signal-pending (SignalPending) then "
+                "says it is kept; check the replicas (INFO replication)")
+            return
         which = f"job {self.job_ids[0]}" if len(self.job_ids) == 1 else \
             f"{len(self.job_ids)} jobs" if self.job_ids else "the write"
         super().__init__(
@@ -511,6 +531,28 @@ class NonDeterministicReplay(PermanentFailure):
     results cannot be trusted to belong to the steps asking for them."""
 
 
+class BatchFailures(Exception):
+    """Raise from ``handle_batch`` (or return it) to fail only some items of a batch:
+    ``failures`` maps an item's index in ``payloads`` to the exception it failed with, each
+    classified as a handler's own (Retry, PermanentFailure, RateLimited, any other error),
+    and each retried or dead-lettered on its own attempts. ``results``: the other items'
+    results, one per payload (the failed items' entries are ignored); None: every item not
+    failed ends with the result None."""
+
+    def __init__(self, failures: dict[int, BaseException], results: list[Any] | None = None) -> None:
+        if not isinstance(failures, dict) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and isinstance(e, BaseException)
+                for i, e in failures.items()):
+            raise TypeError("BatchFailures takes a dict of {index: exception}, e.g. "
+                            "BatchFailures({2: ValueError('bad row')})")
+        if results is not None and not isinstance(results, list):
+            raise TypeError(f"BatchFailures(results=...) takes a list, one result per payload, not "
+                            f"{type(results).__name__}")
+        self.failures = failures
+        self.results = results
+        super().__init__(f"{len(failures)} item(s) of the batch failed: indexes {sorted(failures)}")
+
+
 class SignalTimeout(Exception):
     """``ctx.wait_for_signal(name, timeout=...)`` saw no signal within its timeout."""
 
@@ -521,9 +563,10 @@ class Suspend(BaseException):
     handler's ``except Exception`` cannot swallow it."""
 
     def __init__(self, name: str, kind: str, delay_ms: int | None = None, at_ms: int = 0, index: int = 0,
-                 recorded: bool = False, signal: str = "", ends_ms: int | None = None, child: str = "") -> None:
+                 recorded: bool = False, signal: str = "", ends_ms: int | None = None, child: str = "",
+                 event: str = "", match: dict[str, Any] | None = None) -> None:
         self.name = name  # the step name as recorded (with #2... for a repeated name)
-        self.kind = kind  # "sleep", "signal" or "invoke"
+        self.kind = kind  # "sleep", "signal", "event" or "invoke"
         self.delay_ms = delay_ms  # from the server's now (ctx.sleep), None for at_ms
         self.at_ms = at_ms  # absolute epoch ms (ctx.sleep_until, or a recorded sleep's end)
         self.index = index  # its position in the step log
@@ -531,6 +574,8 @@ class Suspend(BaseException):
         self.signal = signal  # the signal a wait is for
         self.ends_ms = ends_ms  # ms from now to the wait's end, when the job is due before it
         self.child = child  # ctx.invoke's child job id
+        self.event = event  # ctx.wait_for_event's event name
+        self.match = match  # and its match
         super().__init__(f"suspended at {kind} {name!r}")
 
 

@@ -27,11 +27,13 @@ log = logging.getLogger("runner.scheduler")
 
 
 class Keyed(NamedTuple):
-    """What routing reads of an outbox entry."""
+    """What routing reads of an outbox entry (its meta: a DEBOUNCE function's job routes
+    by its debounce key, as an enqueue does; see routing.route_of)."""
 
     type: str
     idem_key: str
     limits: str
+    meta: str = ""
 
 
 def destinations(rt: Runtime, queue: str, jobs: Sequence[routing.Routed]) -> dict[int, list[int]]:
@@ -51,10 +53,11 @@ def destinations(rt: Runtime, queue: str, jobs: Sequence[routing.Routed]) -> dic
     return groups
 
 
-def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
+def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, str] | None = None) -> list[str]:
     """Write the jobs of these outbox entries into their queues; returns the entries
     done with (placed, already there, or refused), which may leave the outbox. An entry
-    for a queue this process does not know stays for one that does."""
+    for a queue this process does not know stays for one that does. ``absorbed``, when
+    given, gets the entry's job id -> the id of the DEBOUNCE burst's job it joined."""
     by_queue: dict[str, list[tuple[str, list[str]]]] = {}
     finished: list[str] = []
     for raw in entries:
@@ -74,18 +77,27 @@ def place(rt: Runtime, entries: Sequence[str]) -> list[str]:
         by_queue.setdefault(queue, []).append((raw, fields))
     for queue, items in by_queue.items():
         parts = rt.parts[queue]
-        groups = destinations(rt, queue, [Keyed(f[1], f[7], f[10]) for _, f in items])
+        groups = destinations(rt, queue, [Keyed(f[1], f[7], f[10], f[11]) for _, f in items])
         for p, idx in groups.items():
-            _relay(rt, parts[p], [items[i] for i in idx], finished)
+            _relay(rt, parts[p], [items[i] for i in idx], finished, absorbed)
     return finished
 
 
-def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str]) -> None:
-    codes = rt.scripts.relay(k, [f for _, f in items])
+def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str],
+           absorbed: dict[str, str] | None = None) -> None:
+    reply = rt.scripts.relay(k, [f for _, f in items])
+    codes = reply[:len(items)]
+    if absorbed is not None:  # then (index, burst's job id) per job a DEBOUNCE burst absorbed
+        for i in range(len(items), len(reply) - 1, 2):
+            absorbed[str(items[int(reply[i])][1][0])] = _text(reply[i + 1])
     for (raw, fields), code in zip(items, codes, strict=True):
         if int(code) < 0:
             log.warning("follow-up %s: its idempotency key holds another payload; not enqueued", fields[0])
         finished.append(raw)
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def remove(rt: Runtime, k: QueueKeys, entries: Sequence[str]) -> None:

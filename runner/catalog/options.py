@@ -200,6 +200,58 @@ def _debounce(name: str, raw: Any, seen: Seen) -> Debounce | None:
     return Debounce(tpl, float(period), float(max_wait))
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """BATCH: up to ``size`` jobs of the function in one ``handle_batch(payloads, ctx)``
+    call, or what came within ``wait_s`` of the first; with ``key``, one batch per rendered
+    key (see docs/events.md)."""
+
+    size: int
+    wait_s: float
+    key: templates.Template | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"size": self.size, "wait": self.wait_s, "key": self.key.source if self.key else None}
+
+
+BATCH_MAX_SIZE = 1000  # jobs in one call at most
+BATCH_MAX_WAIT_S = 60.0  # the longest a batch waits for more (its members' leases are renewed meanwhile)
+
+
+def _batch(name: str, raw: Any, seen: Seen) -> Batch | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"size", "wait", "key"} or "size" not in raw or "wait" not in raw:
+        raise Refused(f'{name} must be a dict with "size", "wait" and optionally "key", e.g. '
+                      f'{{"size": 100, "wait": 1.0}}, got {raw!r}')
+    size, wait = raw["size"], raw["wait"]
+    if not (_whole(size) and 1 <= size <= BATCH_MAX_SIZE):
+        raise Refused(f'{name} "size" must be an integer from 1 to {BATCH_MAX_SIZE}, got {size!r}')
+    if not (_num(wait) and 0 <= wait <= BATCH_MAX_WAIT_S):
+        raise Refused(f'{name} "wait" must be a number of seconds from 0 to {BATCH_MAX_WAIT_S:g}, got {wait!r}')
+    tpl = None
+    if raw.get("key") is not None:
+        try:
+            tpl = templates.parse(raw["key"])
+        except templates.TemplateError as exc:
+            raise Refused(f"{name} key: {exc}") from None
+        seen.declared(f"{name} key", tpl)
+    limit = seen.values.get("CONCURRENCY")
+    if limit is not None and limit.limit < size:
+        # Each member of a batch holds a CONCURRENCY slot while the call runs: a batch
+        # could never fill, and a wait would only delay every call.
+        raise Refused(f'{name} "size" {size} is above CONCURRENCY {limit.limit}: each member of a batch holds '
+                      f"a concurrency slot while the call runs, so a batch could never fill; lower the size to "
+                      f"at most {limit.limit} or raise the limit")
+    if seen.values.get("RESOURCE_KEY") is not None:
+        raise Refused(f"{name} and RESOURCE_KEY exclude each other: a resource key lets one job at a time hold "
+                      "it, and a batch runs many at once; use CONCURRENCY (at least the batch size) instead")
+    if seen.values.get("DEBOUNCE") is not None:
+        raise Refused(f"{name} and DEBOUNCE exclude each other: a debounced function runs one job per burst; "
+                      "keep one of them")
+    return Batch(size, float(wait), tpl)
+
+
 def _unset(queue: QueueConfig) -> None:
     return None
 
@@ -227,6 +279,7 @@ AFTER_SCHEMAS: tuple[Option, ...] = (
     Option("RATE_LIMIT", _unset, _limit(limits.parse_rate)),
     Option("PRIORITY", lambda q: 0, _check(lambda v: _whole(v) and 0 <= v <= 9, "must be an integer from 0 to 9")),
     Option("DEBOUNCE", _unset, _debounce),
+    Option("BATCH", _unset, _batch),
 )
 # Every option's name: an upper-case name close to one of these is taken for a typo.
 OPTIONS = ("QUEUE", *(o.name for o in BEFORE_SCHEMAS + AFTER_SCHEMAS), *schedules_mod.OPTIONS)

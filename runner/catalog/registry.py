@@ -78,6 +78,8 @@ class Function:
     hold_locks: bool = False
     debounce: options.Debounce | None = None  # DEBOUNCE: one job per burst (see docs/events.md)
     triggers: tuple[str, ...] = ()  # TRIGGERS: the events this function runs for (see docs/events.md)
+    batch: options.Batch | None = None  # BATCH: many jobs per handle_batch call (see docs/events.md)
+    handle_batch: Callable[..., Any] | None = None  # handle_batch(payloads, ctx), with BATCH
     # The line of each option in the file, for errors found after the file itself loaded
     # (a destination checked against the other functions).
     lines: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
@@ -120,6 +122,7 @@ class Function:
             "schedules": [s.describe() for s in self.schedules],
             "triggers": list(self.triggers),
             "debounce": self.debounce.describe() if self.debounce else None,
+            "batch": self.batch.describe() if self.batch else None,
         }
 
 
@@ -240,6 +243,9 @@ def _misspelt(module: ModuleType, fail: Callable[[str, str | None], FunctionLoad
 
 def _handle(module: ModuleType, p: str, fail: Callable[[str, str | None], FunctionLoadError]) -> Callable[..., Any]:
     handle = getattr(module, "handle", None)
+    if handle is None and getattr(module, "BATCH", None) is not None \
+            and callable(getattr(module, "handle_batch", None)):
+        return _batch_only  # a batch function needs no handle of its own
     if not callable(handle):
         raise fail("no handle(payload, ctx) function", None)
     params = [
@@ -249,6 +255,32 @@ def _handle(module: ModuleType, p: str, fail: Callable[[str, str | None], Functi
     if len(params) != 2:
         raise FunctionLoadError(p, "handle must take exactly (payload, ctx)", handle.__code__.co_firstlineno)
     return cast(Callable[..., Any], handle)
+
+
+def _batch_only(payload: Any, ctx: Any) -> Any:
+    """The ``handle`` of a BATCH function whose file defines only handle_batch: never called
+    by a worker (it calls handle_batch); a direct call says so."""
+    raise TypeError("this function has BATCH and no handle(payload, ctx): its jobs run through "
+                    "handle_batch(payloads, ctx); run_inline takes a list of payloads for it")
+
+
+def _handle_batch(module: ModuleType, p: str, batch: options.Batch | None,
+                  fail: Callable[[str, str | None], FunctionLoadError]) -> Callable[..., Any] | None:
+    """handle_batch(payloads, ctx): required with BATCH, refused without it."""
+    hb = getattr(module, "handle_batch", None)
+    if batch is None:
+        if hb is not None:
+            raise fail('handle_batch is defined but BATCH is not: add BATCH = {"size": 100, "wait": 1.0} to '
+                       "run jobs in batches, or rename handle_batch", "handle_batch")
+        return None
+    if not callable(hb):
+        raise fail("BATCH needs a handle_batch(payloads, ctx) function that takes a list of payloads and "
+                   "returns one result per payload (or None)", "BATCH")
+    params = [q for q in inspect.signature(hb).parameters.values()
+              if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    if len(params) != 2:
+        raise FunctionLoadError(p, "handle_batch must take exactly (payloads, ctx)", hb.__code__.co_firstlineno)
+    return cast(Callable[..., Any], hb)
 
 
 def _versions(module: ModuleType, path: Path, config: Config, checked: Checked | None,
@@ -289,6 +321,7 @@ def load_function(path: Path, config: Config, checked: Checked | None = None) ->
     except options.Refused as exc:
         raise fail(str(exc), exc.option) from None
     v, queue = seen.values, seen.queue
+    handle_batch = _handle_batch(module, p, v["BATCH"], fail)
     flow = limits.Flow(resource_key=v["RESOURCE_KEY"], concurrency=v["CONCURRENCY"], rate=v["RATE_LIMIT"])
     scheds, sched_warnings = schedules_mod.parse(
         module, function=path.stem, queue=queue.name, max_attempts=int(v["MAX_ATTEMPTS"]), versions=versions,
@@ -309,7 +342,7 @@ def load_function(path: Path, config: Config, checked: Checked | None = None) ->
         schedules=scheds, on_success=v["ON_SUCCESS"], on_failure=v["ON_FAILURE"], concurrency=v["CONCURRENCY"],
         rate=v["RATE_LIMIT"], priority=v["PRIORITY"], max_age_s=_float_or_none(v["MAX_AGE"]),
         hold_locks=bool(v["HOLD_LOCKS_WHILE_SUSPENDED"]), triggers=v["TRIGGERS"], debounce=v["DEBOUNCE"],
-        lines=lines,
+        batch=v["BATCH"], handle_batch=handle_batch, lines=lines,
     )
     return fn, warnings
 

@@ -10,7 +10,8 @@ before it does leaves them to the relay (runner/outbox.py), which places each on
 its id. So an emit leaves every job of the event or none, whatever dies when.
 
 A subscriber added later does not receive past events: an emit enqueues for the
-functions loaded when it is made.
+functions loaded when it is made. The same step keeps the event for the jobs waiting for
+it (ctx.wait_for_event), which the emitter then tells (client/waking.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from runner import outbox
 from runner.catalog.listing import one_request
 from runner.catalog.options import EVENT_NAME
 from runner.catalog.templates import MAX_KEY_BYTES, control_character
+from runner.client import waking
 from runner.errors import EventConflict, EventRejected, FieldError, NotReplicated, RunnerError, ValidationFailed
-from runner.store import codec, emitted, records
+from runner.store import codec, emitted, listeners, records
 from runner.store.connection import UNAVAILABLE, reachable
 from runner.store.scripts import job_entry
 
@@ -113,13 +115,14 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
             return held
     here, away = _split(client, home, preps)
     entries = [codec.dumps(job_entry(p.fn.queue, p.job)) for p in away]
-    sent = codec.dumps([{"id": p.job.id, "type": p.fn.name, "queue": p.fn.queue, "status": "queued"}
-                        for p in away])
+    sent = codec.dumps([{"id": p.job.id, "type": p.fn.name, "queue": p.fn.queue, "status": "queued",
+                         **({"debounced": True} if p.fn.debounce is not None else {})} for p in away])
     short: NotReplicated | None = None
     with reachable():
         try:
             reply = rt.scripts.emit(
                 home, [p.job for p in here], event_id=records.new_id(), name=name, data=shown_data(data, body),
+                whole=body,
                 idem_key=idempotency_key or "", data_hash=_hash(body), idem_ms=IDEM_KEY_S * 1000,
                 keep=KEEP_EVENTS, away=sent, entries=entries)
         except NotReplicated as exc:  # it ran: only its copy on the replicas is unconfirmed
@@ -127,14 +130,22 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
     code, record = int(reply[0]), codec.loads(reply[1])
     if code < 0:
         raise EventConflict(name, idempotency_key or "", str(record.get("id")))
+    jobs = list(record.get("jobs", []))
     if code == 1 and entries:
         # Placed now rather than a relay pass later (a failure here leaves them to the relay).
+        absorbed: dict[str, str] = {}
         with contextlib.suppress(*UNAVAILABLE):
-            outbox.remove(rt, home, outbox.place(rt, entries))
+            outbox.remove(rt, home, outbox.place(rt, entries, absorbed))
+        # A DEBOUNCE subscriber's job sent away joined its burst there: the answer names
+        # the burst's job, the one that runs.
+        jobs = [{**j, "id": absorbed[j["id"]], "status": "scheduled"} if j.get("id") in absorbed else j
+                for j in jobs]
+    if code == 1 and reply[-1]:  # its waiters (ctx.wait_for_event), told now; the rest by the relay
+        waking.after_emit(client, home, str(reply[-1]))
     if short is not None:  # named by the event's jobs, every one of which was written
         raise NotReplicated(short.acked, short.wanted, short.timeout_s,
-                            [str(j.get("id")) for j in record.get("jobs", [])], short.replies)
-    return Emitted(str(record["id"]), name, list(record.get("jobs", [])), code == 0, int(record.get("at_ms", 0)))
+                            [str(j.get("id")) for j in jobs], short.replies)
+    return Emitted(str(record["id"]), name, jobs, code == 0, int(record.get("at_ms", 0)))
 
 
 def shown_data(data: Any, body: str) -> str:
@@ -178,6 +189,10 @@ def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[
     homes = [k for parts in rt.parts.values() for k in parts]
     with reachable():
         out = emitted.recent(rt.redis, homes, max(1, min(limit, MAX_LIST)), name)
+        counts = listeners.woke(rt.redis, rt.config.redis.prefix,
+                                [(str(e.get("name")), str(e.get("id"))) for e in out])
+    for e, n in zip(out, counts, strict=True):
+        e["waiters_resumed"] = n  # ctx.wait_for_event waits it resumed (kept a week)
     return out
 
 
@@ -196,8 +211,8 @@ def _split(client: Client, home: QueueKeys, preps: list[Prepared]) -> tuple[list
     mine = [p for p in preps if p.fn.queue == home.queue]
     if len(rt.parts[home.queue]) > 1 and mine:
         rt.discover_due(record=True)
-        where = outbox.destinations(rt, home.queue, [outbox.Keyed(p.fn.name, p.job.idem_key, p.job.limits)
-                                                     for p in mine])
+        where = outbox.destinations(rt, home.queue, [
+            outbox.Keyed(p.fn.name, p.job.idem_key, p.job.limits, p.job.meta) for p in mine])
         parts = rt.parts[home.queue]
         for p, idx in where.items():
             (here if parts[p].tag == home.tag else away).extend(mine[i] for i in idx)

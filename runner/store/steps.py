@@ -31,7 +31,7 @@ VALUE_DEPTH = codec.MAX_DEPTH
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 # The names a child's end sends its parent (ctx.invoke): runner's own, so no caller can
 # forge a child's result and no wait collides with one.
-RESERVED_SIGNAL = re.compile(r"child\.[0-9]+")
+RESERVED_SIGNAL = re.compile(r"(child|event)\.[0-9]+")
 
 
 def check_signal_name(name: Any) -> str:
@@ -39,17 +39,27 @@ def check_signal_name(name: Any) -> str:
     if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
         raise ValueError(f"a signal's name is 1 to 100 letters, digits, '.', '_', ':' or '-', not {name!r}")
     if RESERVED_SIGNAL.fullmatch(name):
-        raise ValueError(f"the signal name {name!r} is reserved: 'child.' and a number is the signal a child "
-                         "job's end sends its parent (ctx.invoke); choose another name")
+        raise ValueError(f"the signal name {name!r} is reserved: 'child.' or 'event.' and a number is the signal "
+                         "a child job's end sends its parent (ctx.invoke), or an event its waiter "
+                         "(ctx.wait_for_event); choose another name")
     return name
 
 
-def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "") -> list[dict[str, Any]]:
+def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "", durable: bool = False) -> list[dict[str, Any]]:
     """The job's step log, oldest first ([] for a job without one), in one round trip
     (lua/steps.lua). An entry that is not JSON (damage) reads as a step named by its
     position and marked ``damaged``, so a replay fails on it loudly, saying so. With ``type_``, a run that finds a log
-    counts a replay of that function."""
-    values = scripts.steps(k, job_id, f"replays|{type_}" if type_ else "")
+    counts a replay of that function. ``durable`` (a run's replay, with [redis]
+    wait_replicas): a log is confirmed by the replicas before a run returns one of its
+    entries (NotReplicated): read again with the replay's count, a write, which the WAIT
+    behind it covers with every write before it, the log's own. An empty log needs none."""
+    stats = f"replays|{type_}" if type_ else ""
+    if durable and getattr(scripts, "replicas", 0) > 0:
+        values = scripts.steps(k, job_id, "")
+        if values:
+            values = scripts.steps(k, job_id, stats, durable=True)
+    else:
+        values = scripts.steps(k, job_id, stats)
     out: list[dict[str, Any]] = []
     for i, v in enumerate(values or []):
         try:
@@ -64,6 +74,23 @@ def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "") -> list[dict[
         out.append(entry if isinstance(entry, dict) else
                    {"name": f"<damaged entry {i + 1}>", "kind": "?", "damaged": True})
     return out
+
+
+def waiting_event(redis: Any, k: QueueKeys, job_id: str) -> tuple[str, dict[str, Any], int] | None:
+    """What a job waits for when it waits for an event (ctx.wait_for_event): its name, its
+    match and the wait's position; None for a job that does not (two round trips)."""
+    waits = redis.hget(k.state(job_id), "waiting_for")
+    if not waits or not str(waits).startswith("event."):
+        return None
+    try:
+        position = int(str(waits)[6:])
+        entry = codec.loads(redis.hget(k.state(job_id), f"step:{position}") or "null")
+    except (ValueError, codec.DecodeError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("event"), str) \
+            or not isinstance(entry.get("match"), dict):
+        return None
+    return entry["event"], entry["match"], position
 
 
 # The deploy gate reads at most this many scheduled jobs of each partition, in chunks

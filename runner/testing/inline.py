@@ -21,12 +21,12 @@ from typing import Any
 from runner import config as config_mod
 from runner.catalog import registry as registry_mod
 from runner.catalog import templates
-from runner.catalog.registry import Registry
+from runner.catalog.registry import Function, Registry
 from runner.config import Config
 from runner.errors import FieldError, ValidationFailed
 from runner.store import codec
 from runner.store.scripts import followup_id
-from runner.worker import journal
+from runner.worker import batching, journal
 from runner.worker.context import Context, Flags
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, Suspended, resolve
 from runner.worker.execute import run as run_handler
@@ -135,12 +135,22 @@ def run_inline(
 ) -> Outcome:
     """Run one job of ``type`` now, in this process, as a worker would, and say how it ended.
 
+    For a BATCH function ``payload`` is a list of payloads, and the answer a list of
+    Outcomes, one per payload in order: the payloads are validated and upgraded one by one
+    (one that cannot run ends as a worker would end it, without the call), grouped by
+    rendered BATCH key and cut to BATCH size as a worker would, and each group goes to
+    ``handle_batch`` in one call (its ``ctx.jobs[i]`` shows each item's id and attempt).
+    ``ctx_overrides`` there: ``attempt``, ``max_attempts``, ``cancelled`` (every item's)
+    and ``job_id`` (the items' ids are ``<job_id>.<index>``).
+
     ``ctx_overrides`` set what the handler's ``ctx`` shows: ``attempt`` (default 1),
     ``max_attempts`` (default the function's), ``job_id``, ``checkpoint`` (as left by an
     earlier attempt), ``idempotency_key``, ``resource_key``, ``cancelled`` and ``lock_lost``;
     ``steps``, a step log left by an earlier run (``Outcome.steps``), replays it. Durable
     calls run: ``ctx.step`` records, ``ctx.sleep`` returns at once, ``ctx.wait_for_signal``
-    returns the body given in ``signals={name: body}`` (none: SignalTimeout).
+    returns the body given in ``signals={name: body}`` (none: SignalTimeout), and
+    ``ctx.wait_for_event`` the event whose data ``events={name: data}`` gives, when it holds
+    the wait's match (else None, as on a timeout).
     ``registry`` skips loading the project (a test that runs many jobs loads it once); the
     result and checkpoints are then held to the default ``[worker] max_result_bytes``."""
     if registry is None:
@@ -149,8 +159,10 @@ def run_inline(
     else:
         reg, max_result, max_step = registry, config_mod.MAX_RESULT_BYTES, journal.MAX_STEP_BYTES
     fn = reg.get(type)
+    if fn.batch is not None:
+        return _run_batch(fn, reg, payload, version, max_result, ctx_overrides)  # type: ignore[return-value]
     known = {"attempt", "max_attempts", "job_id", "checkpoint", "idempotency_key", "resource_key",
-             "cancelled", "lock_lost", "steps", "signals"}
+             "cancelled", "lock_lost", "steps", "signals", "events"}
     unknown = set(ctx_overrides) - known
     if unknown:
         raise TypeError(f"run_inline: unknown ctx override(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -185,7 +197,8 @@ def run_inline(
     )
     rec.steps = [dict(e) for e in ctx_overrides.get("steps") or ()]
     ctx._journal = journal.Journal(job.id, lambda: list(rec.steps), rec.record_step, max_step, inline=True,
-                                   signals=dict(ctx_overrides.get("signals") or {}))
+                                   signals=dict(ctx_overrides.get("signals") or {}),
+                                   events=dict(ctx_overrides.get("events") or {}))
     outcome, _ = run_handler(fn, lifted, job, ctx, None, lambda body: body(), max_result)
     return _outcome(job.id, outcome, rec, lifted)
 
@@ -201,3 +214,48 @@ def _outcome(job_id: str, o: Done | RetryLater | Dead | Suspended, rec: _Recorde
         return Outcome("sleeping", job_id, **recorded)
     return Outcome("dead", job_id, error=o.error, reason=o.reason, **recorded)
 
+
+
+_BATCH_OVERRIDES = {"attempt", "max_attempts", "cancelled", "job_id"}
+
+
+def _run_batch(fn: Function, reg: Registry, payloads: Any, version: int | None, max_result: int,
+               overrides: dict[str, Any]) -> list[Outcome]:
+    """run_inline of a BATCH function: a list of payloads in, one Outcome per payload out."""
+    if not isinstance(payloads, list | tuple):
+        raise TypeError(f"run_inline({fn.name!r}, ...): {fn.name} has BATCH, so it takes a list of payloads "
+                        f"(one per job), not {type(payloads).__name__}; its answer is a list of Outcomes")
+    unknown = set(overrides) - _BATCH_OVERRIDES
+    if unknown:
+        raise TypeError(f"run_inline: ctx override(s) {sorted(unknown)} are not a batch's; known for a BATCH "
+                        f"function: {sorted(_BATCH_OVERRIDES)}")
+    assert fn.batch is not None
+    now_ms = int(time.time() * 1000)
+    base = str(overrides.get("job_id") or uuid.uuid4().hex)
+    jobs = [Claimed(
+        id=f"{base}.{i}", token=uuid.uuid4().hex, attempt=int(overrides.get("attempt", 1)), type=fn.name,
+        version_raw=str(version if version is not None else fn.versions.newest), payload_raw=codec.dumps(p),
+        max_attempts=int(overrides.get("max_attempts", fn.max_attempts)),
+        idem_key=_render(fn.idempotency_key, p), resource_key="", ready_ms=now_ms, created_ms=now_ms,
+        checkpoint_raw="", queue=fn.queue, claimed_ms=now_ms) for i, p in enumerate(payloads)]
+    out: list[Outcome | None] = [None] * len(jobs)
+    groups: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, job in enumerate(jobs):
+        resolved = resolve(job, reg, 0.0, now_ms)
+        if isinstance(resolved, Done | RetryLater | Dead):
+            out[i] = _outcome(job.id, resolved, _Recorder(reg), None)
+        else:
+            groups.setdefault(batching.key_of(fn, resolved[1]), []).append((i, resolved[1]))
+    flags = Flags(cancelled=bool(overrides.get("cancelled")))
+    for members in groups.values():
+        for at in range(0, len(members), fn.batch.size):
+            chunk = members[at:at + fn.batch.size]
+            claimed = [jobs[i] for i, _ in chunk]
+            ctx = batching.BatchContext(
+                fn.name, fn.versions.newest, fn.queue, batching.jobs_of(claimed, [flags] * len(claimed)),
+                fn.timeout_s, logging.LoggerAdapter(joblog, {"type": fn.name, "batch": len(claimed)}),
+                extend=lambda: True)
+            got, _ = batching.run(fn, [p for _, p in chunk], claimed, ctx, None, lambda body: body(), max_result)
+            for (i, p), o in zip(chunk, got, strict=True):
+                out[i] = _outcome(jobs[i].id, o, _Recorder(reg), p)
+    return [o for o in out if o is not None]

@@ -54,7 +54,7 @@ from runner.catalog.registry import Registry
 from runner.client import Enqueued
 from runner.errors import JobTimeout, RunnerError, raise_refusal
 from runner.observe.logs import setup as setup_logs
-from runner.worker import affinity
+from runner.worker import affinity, batching
 from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
@@ -114,6 +114,7 @@ class Child:
         self.token = ""  # the claim token of the job running now ("" between jobs)
         self.logger: JobLogger | None = None  # the running job's, when it keeps a log
         self.threads = 0  # OS threads of the child's own (main, the reader) and of its imports
+        self.batches: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # BATCH calls sent here
 
     def threads_left(self) -> int:
         """OS threads the handler left running (``_thread`` and C extensions' threads too,
@@ -281,6 +282,9 @@ class Child:
                     for t in tokens:
                         self.flags_of.pop(t, None)
                 self.send({"op": "recalled", "tokens": tokens})
+            elif op == "batch":  # one handle_batch call over its jobs (executors._batch_in_child)
+                self.batches.put(msg)
+                self.wake.put("batch")
             elif op == "exit":
                 self.wake.put("exit")
 
@@ -317,7 +321,10 @@ class Child:
         threading.Thread(target=self.read_loop, name="parent", daemon=True).start()
         self.threads = _tasks()
         self.send({"op": "ready", "pid": os.getpid()})
-        while self.wake.get() != "exit":
+        while (woken := self.wake.get()) != "exit":
+            if woken == "batch":
+                self.run_batch(self.batches.get())
+                continue
             # The first job of a batch starts as soon as it comes: its parent counted its
             # attempt from the send. Each outcome names the job started after it ("next"),
             # taken before the outcome goes, so the parent knows which job runs at any time
@@ -356,6 +363,72 @@ class Child:
             if skipped:  # cancelled while they waited, and nothing ran after them
                 self.send({"op": "skipped", "tokens": skipped})
 
+    def run_batch(self, msg: dict[str, Any]) -> None:
+        """One handle_batch call over the jobs of ``msg`` (one function, payloads upgraded to
+        its newest version, one key: the parent grouped them); every item's outcome goes
+        back in one message. TIMEOUT bounds the whole call (SIGALRM, as for one job)."""
+        global _alarmed
+        _alarmed = False
+        started = time.perf_counter()
+        jobs = [Claimed(*row) for row in msg["jobs"]]
+        outcomes: list[Any] = [None] * len(jobs)
+        live: list[int] = []
+        payloads: list[dict[str, Any]] = []
+        fn = None
+        for i, job in enumerate(jobs):
+            resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
+            if isinstance(resolved, Done | RetryLater | Dead):
+                outcomes[i] = resolved
+            elif fn is not None and resolved[0] is not fn:  # (never: the parent groups by function)
+                outcomes[i] = Dead("malformed record", {"type": "InvalidJob", "message": "not of its batch's "
+                                   "function"}, refund=True)
+            else:
+                fn = resolved[0]
+                live.append(i)
+                payloads.append(resolved[1])
+        run_s = 0.0
+        if fn is not None and live:
+            flags = [Flags() for _ in live]
+            claimed = [jobs[i] for i in live]
+            ctx = batching.BatchContext(fn.name, fn.versions.newest, claimed[0].queue,
+                                        batching.jobs_of(claimed, flags), fn.timeout_s,
+                                        logging.LoggerAdapter(log, {"type": fn.name, "job_id": claimed[0].id,
+                                                                    "batch": len(claimed)}),
+                                        extend=lambda: self.fenced(claimed[0].token, "extend"))
+            timeout_s, memory_mb = fn.timeout_s, fn.memory_mb
+
+            def guard(body: Any) -> Any:
+                if memory_mb:
+                    limit = resource.getrlimit(resource.RLIMIT_DATA)
+                    resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(memory_mb * 2**20), limit[1]))
+                signal.setitimer(signal.ITIMER_REAL, max(0.001, timeout_s))
+                try:
+                    return body()
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    if memory_mb:
+                        resource.setrlimit(resource.RLIMIT_DATA, limit)
+
+            max_result = int(msg.get("max_result_bytes") or config_mod.MAX_RESULT_BYTES)
+            with self.lock:
+                self.token = claimed[0].token  # the batch's calls go as its first job's
+            got, run_s = batching.run(fn, payloads, claimed, ctx, None, guard, max_result)
+            with self.lock:
+                self.token = ""
+            for i, o in zip(live, got, strict=True):
+                outcomes[i] = o
+        self.jobs += len(jobs)
+        left = self.threads_left()
+        procs = self.processes_left() if not left else 0
+        why = "its batch ran past TIMEOUT" if _alarmed else \
+            f"its handler left {left} thread(s) running" if left > 0 else \
+            f"its handler left {procs} process(es) running" if procs > 0 else ""
+        if why:
+            self.spent = True
+        self.send({"op": "batch_outcomes", "outcomes": [to_message(o) for o in outcomes],
+                   "run_s": run_s or time.perf_counter() - started, "rss_mb": round(rss_mb(), 1),
+                   **({"reuse": False, "why": why} if why else {})})
+
     def run_one(self, row: list[Any], msg: dict[str, Any]) -> dict[str, Any]:
         global _alarmed
         _alarmed = False
@@ -391,8 +464,11 @@ class Child:
                                                                                 options),
             collect=lambda child, signal: bool((self.ask(token, "collect", child=child, signal=signal).get("value")
                                                 or {}).get("found")),
+            listen=lambda name, match, pos, on: int((self.ask(token, "listen", name=name, match=match, position=pos,
+                                                              on=on).get("value") or {}).get("code", -9)),
             held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
-                                                                                                  lease_s))
+                                                                                                  lease_s),
+            timed_out=lambda: _alarmed)
 
         def guard(body: Any) -> Any:
             # MEMORY_MB caps the handler only: the result's encoding after it (and the

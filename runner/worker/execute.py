@@ -282,6 +282,9 @@ def suspended(sus: Suspend) -> Suspended:
     elif sus.kind == "invoke":
         entry = codec.dumps({"name": sus.name, "kind": "invoke", "signal": sus.signal, "child": sus.child,
                              "status": "waiting"})
+    elif sus.kind == "event":
+        entry = codec.dumps({"name": sus.name, "kind": "event", "event": sus.event, "match": sus.match or {},
+                             "signal": sus.signal, "status": "waiting"})
     else:
         entry = codec.dumps({"name": sus.name, "kind": sus.kind, "status": "ok"})
     return Suspended(sus.name, sus.kind, sus.index, entry, sus.delay_ms, sus.at_ms, sus.signal, sus.ends_ms)
@@ -313,12 +316,18 @@ def run(
     except Suspend as sus:  # a durable call ended the run here: the job sleeps or waits
         return suspended(sus), time.perf_counter() - started
     elapsed = time.perf_counter() - started
+    return outcome_of(fn, job, result, max_result_bytes), elapsed
+
+
+def outcome_of(fn: Function, job: Claimed, result: Any, max_result_bytes: int) -> Outcome:
+    """A handler's return value as the job's outcome: Done with its JSON, or a failure when
+    it is no JSON, too large, or cannot go on to ON_SUCCESS or a group's then-job."""
     try:
         raw = codec.dumpb_result(result) if result is not None else b""
     except codec.NotStorable as exc:  # stored as json would (integer keys as strings) when it can
         bad = ResultNotJSON(f"the handler's return value is not JSON: {exc}; return dicts, lists, strings, "
                             "numbers, booleans or None")
-        return failure(fn, job, bad), elapsed
+        return failure(fn, job, bad)
     passed_on = (f"ON_SUCCESS ({fn.on_success!r})" if fn.on_success
                  else "its group's then-job" if group_of(job) is not None else "")
     if passed_on:
@@ -326,11 +335,11 @@ def run(
             codec.check_payload_ints(raw)
         except ValueError as exc:  # the settle could not write that job's payload: fail this attempt instead
             bad = ResultNotJSON(f"the handler's return value cannot go to {passed_on} as its payload: {exc}")
-            return failure(fn, job, bad), elapsed
+            return failure(fn, job, bad)
     if len(raw) > max_result_bytes:
         big = ResultTooLarge(
             f"the handler's return value is {len(raw):,} bytes of JSON, over [worker] max_result_bytes = "
             f"{max_result_bytes:,}: store a large result elsewhere (a bucket, a table) and return a reference "
             "to it, or raise the limit in runner.toml")
-        return failure(fn, job, big), elapsed
-    return Done(raw.decode()), elapsed
+        return failure(fn, job, big)
+    return Done(raw.decode())

@@ -14,6 +14,7 @@ then its attempt fails as a timeout, and its result is dropped.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import logging
@@ -21,10 +22,11 @@ import queue as stdqueue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from runner.catalog.registry import Function
-from runner.client import Client, Enqueued, Request
+from runner.client import Client, Enqueued, Request, waking
 from runner.config import QueueConfig
 from runner.errors import (
     IdempotencyConflict,
@@ -37,10 +39,10 @@ from runner.errors import (
 )
 from runner.observe import tracing
 from runner.runtime import Runtime
-from runner.store import codec, listing, steps, tracecontext
+from runner.store import codec, listeners, listing, steps, tracecontext
 from runner.store.keys import QueueKeys
 from runner.store.scripts import Followup, NewJob, followup_id
-from runner.worker import durable, faults, journal
+from runner.worker import batching, durable, faults, journal
 from runner.worker.context import for_job, progress_view
 from runner.worker.execute import (
     CANCELLED,
@@ -52,11 +54,12 @@ from runner.worker.execute import (
     as_asked,
     expired,
     failure,
+    from_message,
     resolve,
 )
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
-from runner.worker.isolation import Generations
+from runner.worker.isolation import EXITED, ExecutorCrashed, Generations, describe_exit
 from runner.worker.joblog import JobLogger
 from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
@@ -65,6 +68,7 @@ from runner.worker.slot import Slot
 
 log = logging.getLogger("runner.worker")
 LEFT_BEHIND_S = 0.05  # how long tasks a handler left behind get to end once cancelled
+GATHER_LOOK_S = 0.005  # how often a gathering batch looks whether other executors filled it
 joblog = logging.getLogger("runner.job")
 
 
@@ -92,6 +96,9 @@ class Executors:
         self._generations = Generations()
         self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)
         self._enqueuer: Client | None = None
+        # BATCH batches being gathered, by (function, rendered key): see _gather_members.
+        self._gathering: dict[tuple[int, str], _Gathering] = {}
+        self._idle = 0  # executors waiting on the inbox now (a hint, updated unlocked)
 
     def start(self) -> None:
         for i in range(self.q.concurrency):
@@ -246,6 +253,16 @@ class Executors:
             client.deliver_signal(job.id, signal, body)
         return True
 
+    def _listen(self, part: QueueKeys, job: Claimed, name: str, match: dict[str, Any], position: int,
+                on: bool) -> int:
+        """ctx.wait_for_event puts its waiter on the event's registry before the run
+        suspends (on), and takes it off when the wait is over (client/waking.py)."""
+        member = listeners.member(part.queue, part.tag, job.id, position)
+        if on:
+            return waking.listen(self._client(), name, match, member)
+        waking.unlisten(self._client(), name, match, member)
+        return 1
+
     def _check_key(self, queue: str, job: NewJob) -> None:
         """A follow-up whose idempotency key another job holds with another payload raises
         IdempotencyConflict here, in the handler, as an enqueue answers 409: the ack would
@@ -329,17 +346,34 @@ class Executors:
     def _loop(self, index: int) -> None:
         loop: asyncio.AbstractEventLoop | None = None
         carry: Run | None = None  # taken off the inbox while a batch was gathered: run next
+        # Runs taken off the inbox while a BATCH function's batch gathered that could not
+        # join it (another key, or another function's): run before the inbox's next.
+        pending: collections.deque[Run] = collections.deque()
+        known: dict[int, _Placed] = {}  # the pending runs' payloads, resolved once (by id of the run)
         try:
             while True:
                 if carry is not None:
                     run, carry = carry, None
+                elif pending:
+                    run = pending.popleft()
                 else:
-                    got = self.inbox.get()
+                    self._idle += 1  # (a hint for a gathering batch: someone takes what it puts back)
+                    try:
+                        got = self.inbox.get()
+                    finally:
+                        self._idle -= 1
                     if got is None:
                         return
                     if not self._admit(got, index):
                         continue
                     run = got
+                bfn = self.rt.registry.functions.get(run.job.type)
+                if bfn is not None and bfn.batch is not None:
+                    if loop is None and bfn.isolation != "process":
+                        loop = asyncio.new_event_loop()
+                    if not self._batch(run, index, pending, known, loop):
+                        return  # the stop's sentinel came, or a new thread has this slot
+                    continue
                 gathered = self._gather(run, index)
                 if gathered is not None:
                     batch, carry, stop = gathered
@@ -373,6 +407,319 @@ class Executors:
         finally:
             if loop is not None:
                 loop.close()
+            for left in pending:  # (this thread ends: runs it held for a later batch go back)
+                self._settle_unrun(left, Release())
+
+    # --- BATCH functions (batching.py) -------------------------------------------------
+
+    def _settle_unrun(self, run: Run, outcome: Outcome | Release) -> None:
+        """A run taken for a batch that ends without the call (its record cannot run, or it
+        was cancelled before the call): settled on its own, as a single run would be."""
+        if not isinstance(outcome, Release) and not run.job.started:
+            self.outcomes.put(Settlement(run, START))
+        self.outcomes.put(Settlement(run, outcome))
+        self.ledger.returned()
+
+    def _gather_members(self, first: Run, index: int, pending: collections.deque[Run],
+                        known: dict[int, _Placed]) -> tuple[Function | None, list[tuple[Run, dict[str, Any]]], bool]:
+        """The batch ``first`` belongs to: runs of the same function (the same loaded file),
+        their payloads upgraded to its newest version, with the same rendered key.
+
+        While one executor gathers a batch, an executor that takes a run of that batch
+        adds it there and goes on (one gathering per function and key, ``_gathering``): the
+        batch fills from every executor's take, not one batch of a few per executor. The
+        executor that opened it takes those it left over from its earlier batches, then
+        runs from the inbox until the batch holds BATCH size or BATCH wait passed since
+        ``first`` was taken. A run it takes that belongs elsewhere joins its own batch when
+        one gathers, or goes back to the inbox for an idle executor; with none idle it is
+        kept for later (``pending``, its payload resolved once: ``known``), and a run of
+        another function then closes the batch early (it comes next, never waiting behind
+        a batch). A run whose record cannot run is settled here. -> (the function, as
+        loaded when ``first`` was taken; the members, none when ``first`` joined another
+        executor's batch or was settled; whether the stop's sentinel came)."""
+        registry, grace = self.rt.registry, self.rt.config.worker.unknown_grace_s
+
+        def placed_of(run: Run) -> _Placed | None:
+            """Its function, payload, key and when it was taken; None when settled here."""
+            seen = known.pop(id(run), None)
+            if seen is not None and registry.functions.get(run.job.type) is seen.fn:
+                return seen
+            got = resolve(run.job, registry, grace, self._server_now(run.job))
+            if not isinstance(got, tuple):
+                self._settle_unrun(run, got)
+                return None
+            return _Placed(got[0], got[1], batching.key_of(got[0], got[1]),
+                           seen.taken if seen is not None else time.monotonic())
+
+        first_at = placed_of(first)
+        if first_at is None:
+            return None, [], False
+        fn, key = first_at.fn, first_at.key
+        if fn.batch is None:  # reloaded without BATCH between the look and here: it runs alone next
+            pending.appendleft(first)
+            return None, [], False
+        size, at = fn.batch.size, (id(fn), key)
+        with self._lock:
+            g = self._gathering.get(at)
+            if g is not None and g.fn is fn and len(g.members) < size:
+                g.members.append((first, first_at.payload))
+                return None, [], False
+            g = self._gathering[at] = _Gathering(fn, [(first, first_at.payload)])
+
+        def elsewhere(run: Run, placed: _Placed | None) -> bool:
+            """A run not of this batch: into its own batch gathering now, or back to the
+            inbox for an idle executor (True); False: none takes it now."""
+            if placed is not None and placed.fn.batch is not None:
+                with self._lock:
+                    other = self._gathering.get((id(placed.fn), placed.key))
+                    if other is not None and other.fn is placed.fn and len(other.members) < placed.fn.batch.size:
+                        other.members.append((run, placed.payload))
+                        return True
+            if self._idle > 0 and not self.releasing.is_set():
+                self.ledger.put_back(run)
+                self.inbox.put(run)
+                return True
+            if placed is not None:
+                known[id(run)] = placed
+            return False
+
+        stop = False
+        try:
+            for run in list(pending):
+                if len(g.members) >= size:
+                    break
+                if run.job.type != fn.name:
+                    continue
+                placed = placed_of(run)
+                if placed is None:
+                    pending.remove(run)
+                elif placed.fn is fn and placed.key == key:
+                    with self._lock:
+                        g.members.append((run, placed.payload))
+                    pending.remove(run)
+                else:
+                    known[id(run)] = placed
+            deadline = first_at.taken + fn.batch.wait_s
+            while len(g.members) < size:  # (read unlocked: a hint; members join under the lock)
+                remaining = deadline - time.monotonic()
+                try:
+                    # In slices: other executors may fill the batch meanwhile.
+                    nxt = self.inbox.get(timeout=min(remaining, GATHER_LOOK_S)) if remaining > 0 \
+                        else self.inbox.get_nowait()
+                except stdqueue.Empty:
+                    if remaining <= 0:
+                        break
+                    continue
+                if nxt is None:
+                    stop = True
+                    break
+                if not self._admit(nxt, index):
+                    continue
+                if nxt.job.type != fn.name:
+                    if not elsewhere(nxt, None):
+                        pending.append(nxt)
+                        break
+                    continue
+                placed = placed_of(nxt)
+                if placed is None:
+                    continue
+                if placed.fn is fn and placed.key == key:
+                    with self._lock:
+                        if len(g.members) < size:
+                            g.members.append((nxt, placed.payload))
+                            continue
+                if not elsewhere(nxt, placed):
+                    pending.append(nxt)
+        finally:
+            with self._lock:
+                if self._gathering.get(at) is g:
+                    del self._gathering[at]
+                members = list(g.members)
+        return fn, members, stop
+
+    def _batch(self, first: Run, index: int, pending: collections.deque[Run], known: dict[int, _Placed],
+               loop: asyncio.AbstractEventLoop | None) -> bool:
+        """Gather and run one batch in slot ``index``; False when this thread is to end
+        (the stop's sentinel came, or its handler was abandoned past TIMEOUT)."""
+        fn, members, stop = self._gather_members(first, index, pending, known)
+        if stop or self.releasing.is_set():
+            for run in [m[0] for m in members] + list(pending):
+                self._settle_unrun(run, Release())
+            pending.clear()
+            known.clear()
+            return False
+        live: list[tuple[Run, dict[str, Any]]] = []
+        for run, payload in members:
+            if run.flags.cancelled:  # asked to stop before the call: left out, never run
+                self._settle_unrun(run, Dead(reason=CANCELLED, error={
+                    "type": "Cancelled", "message": "cancelled before its batch's call started"}, refund=False))
+            else:
+                live.append((run, payload))
+        if not live or fn is None:
+            return True
+        self._busy.add(index)
+        try:
+            if fn.isolation == "process":
+                self._batch_in_child(fn, live, index)
+                return True
+            if self._batch_in_thread(fn, live, loop):
+                for run in pending:
+                    self._settle_unrun(run, Release())
+                pending.clear()
+                known.clear()
+                return False
+            return True
+        finally:
+            self._busy.discard(index)
+
+    def _batch_context(self, fn: Function, runs: list[Run]) -> batching.BatchContext:
+        claimed = [r.job for r in runs]
+        logger = logging.LoggerAdapter(joblog, {"type": fn.name, "job_id": claimed[0].id, "batch": len(claimed)})
+        return batching.BatchContext(fn.name, fn.versions.newest, self.q.name,
+                                     batching.jobs_of(claimed, [r.flags for r in runs]), fn.timeout_s, logger,
+                                     extend=lambda: all([self.renew_one(j) for j in claimed]))
+
+    def _batch_in_thread(self, fn: Function, live: list[tuple[Run, dict[str, Any]]],
+                         loop: asyncio.AbstractEventLoop | None) -> bool:
+        """One handle_batch call in this thread, each member settled with its own outcome.
+        TIMEOUT bounds the call: the renewer times the first member (every member's
+        thread is this one), and raises JobTimeout here past it. True when the call was
+        abandoned (stuck past TIMEOUT plus the grace: a new thread has the slot)."""
+        runs = [r for r, _ in live]
+        for r in runs:
+            if not r.job.started:  # claimed ahead: its attempt counts from here
+                self.outcomes.put(Settlement(r, START))
+        leader = runs[0]
+        started_ms = self._server_now(leader.job)
+        ctx = self._batch_context(fn, runs)
+
+        def guard(body: Callable[[], Any]) -> Any:
+            with self.ledger.lock:
+                now, tid = time.monotonic(), threading.get_ident()
+                for r in runs:
+                    r.thread_id = tid
+                    r.began = (now, started_ms)
+                leader.deadline = deadline = now + fn.timeout_s
+            self.expect(deadline)
+            try:
+                fault("mid_handler")
+                return body()
+            finally:
+                with self.ledger.lock:
+                    for r in runs:
+                        r.thread_id = None
+                        r.deadline = None
+                    raised = leader.timed_out
+                if raised:  # (as _execute_one: a late timeout must not land in this loop)
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+
+        outcomes, run_s = batching.run(fn, [p for _, p in live], [r.job for r in runs], ctx, loop, guard,
+                                       self.rt.config.worker.max_result_bytes)
+        fault("after_handler")
+        if leader.abandoned:
+            self._settle_abandoned(leader)
+            exc = JobTimeout(f"abandoned: its batch ran {self.grace_s:g} s past its TIMEOUT")
+            for r in runs[1:]:
+                self.outcomes.put(Settlement(r, failure(fn, r.job, exc), run_s, started_ms))
+                self.ledger.returned()
+            return True
+        for r, o in zip(runs, outcomes, strict=True):
+            self.outcomes.put(Settlement(r, o, run_s, started_ms))
+            self.ledger.returned()
+        return False
+
+    def _batch_in_child(self, fn: Function, live: list[tuple[Run, dict[str, Any]]], index: int) -> None:
+        """One handle_batch call in slot ``index``'s child: the batch goes in one message,
+        the items' outcomes come back in one (child.py). Past TIMEOUT plus the grace the
+        child is killed and every member fails as a timeout; a child that dies fails every
+        member as an executor crash. Cancels reach the call only before it starts."""
+        runs = [r for r, _ in live]
+        slot, generation = self._slots[index], self._generations.of(self.rt.registry)
+        try:
+            child = slot.child
+            if child is None or child.generation != generation or not child.alive() or not child.poll_ready():
+                slot.warm(generation)
+                child = slot.child
+                assert child is not None
+                if not child.wait_ready(stop=self.releasing.is_set):
+                    for r in runs:
+                        self._settle_unrun(r, Release())
+                    return
+        except (ExecutorCrashed, OSError) as exc:
+            slot.kill()
+            log.warning("%s: a child process was lost before its batch started (%s); the batch goes back "
+                        "unspent", self.q.name, exc)
+            for r in runs:
+                self._settle_unrun(r, Release())
+            return
+        for r in runs:
+            if not r.job.started:
+                self.outcomes.put(Settlement(r, START))
+        leader = runs[0]
+        started_ms = self._server_now(leader.job)
+        t0 = time.monotonic()
+        with self.ledger.lock:
+            for r in runs:
+                r.child_pid = child.pid
+                r.began = (t0, started_ms)
+        deadline = t0 + fn.timeout_s + self.grace_s
+        outcomes: list[Outcome] | None = None
+        run_s = 0.0
+        try:
+            child.send({"op": "batch", "jobs": [r.job.as_row() for r in runs], **self._extra(leader.job)})
+            fault("mid_handler")
+            while outcomes is None:
+                while (msg := child.channel.next()) is not None:
+                    op = msg.get("op")
+                    if op == "batch_outcomes":
+                        outcomes = [from_message(m) for m in msg["outcomes"]]
+                        run_s = float(msg.get("run_s") or 0.0)
+                        if len(outcomes) != len(runs):
+                            raise ValueError(f"{len(outcomes)} outcomes for a batch of {len(runs)}")
+                        child.jobs += len(runs)
+                        if msg.get("reuse") is False:
+                            log.info("replacing the child process %d: %s", child.pid, msg.get("why") or "")
+                            slot.kill()
+                        else:
+                            slot.recycle(child, generation)
+                        break
+                    if op == "rpc":  # ctx.extend_lease renews every member's; no other call is a batch's
+                        ok = msg.get("call") == "extend" and msg.get("token") == leader.job.token \
+                            and all([self.renew_one(r.job) for r in runs])
+                        child.send({"op": "reply", "ok": ok, "value": None})
+                if outcomes is not None:
+                    break
+                now = time.monotonic()
+                if now >= deadline:
+                    slot.kill()
+                    late = JobTimeout(f"ran past TIMEOUT {fn.timeout_s:g} s; its child process was killed "
+                                      f"{self.grace_s:g} s later")
+                    outcomes, run_s = [failure(fn, r.job, late) for r in runs], now - t0
+                    break
+                seen = child.wait(min(0.1, deadline - now))
+                if seen == EXITED:
+                    raise EOFError
+                if seen:
+                    child.channel.fill()
+        except (EOFError, OSError, ValueError, KeyError) as exc:
+            slot.child = None
+            if isinstance(exc, ValueError | KeyError):
+                log.error("the child process %d sent a batch answer runner cannot read (%s); it is killed",
+                          child.pid, exc)
+                child.kill()
+                code = child.proc.wait()
+            else:
+                code = child.end()
+            crash = ExecutorCrashed(f"executor crashed: the child process running the batch {describe_exit(code)}")
+            outcomes, run_s = [failure(fn, r.job, crash) for r in runs], time.monotonic() - t0
+        finally:
+            with self.ledger.lock:
+                for r in runs:
+                    r.child_pid = None
+        fault("after_handler")
+        for r, o in zip(runs, outcomes, strict=True):
+            self.outcomes.put(Settlement(r, o, run_s, started_ms))
+            self.ledger.returned()
 
     def _expired_ahead(self, run: Run) -> Settlement | None:
         """A job claimed ahead whose MAX_AGE passed while it waited for an executor: dead
@@ -443,14 +790,16 @@ class Executors:
             run.logs = ctx.logger
         part = self.parts[job.partition]
         ctx._journal = Journal(
-            job.id, lambda: steps.read(self.rt.scripts, part, job.id, job.type),
+            job.id, lambda: steps.read(self.rt.scripts, part, job.id, job.type, durable=True),
             lambda pos, body: self._record_step(part, job, pos, body),
             self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
             take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
             start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
             collect=lambda child, signal: self._collect(job, child, signal),
+            listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
             held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
-                                           or self._still_held(run)))
+                                           or self._still_held(run)),
+            timed_out=lambda: run.flags.timed_out)
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:
@@ -512,7 +861,8 @@ class Executors:
             if not self._admit(nxt, index):
                 continue
             nfn = registry.functions.get(nxt.job.type)
-            if nfn is None or nfn.isolation != "process" or (nxt.job.started and batch[0].run.job.started):
+            if nfn is None or nfn.isolation != "process" or nfn.batch is not None \
+                    or (nxt.job.started and batch[0].run.job.started):
                 # Not a child's, or a second run whose attempt was spent at its claim: only a
                 # batch's first job may have spent it (one waiting in a child must not).
                 return batch, nxt, False
@@ -575,7 +925,7 @@ class Executors:
                 if not self._admit(nxt, index):
                     continue
                 fn = registry.functions.get(nxt.job.type)
-                if fn is None or fn.isolation != "process" or nxt.job.started:
+                if fn is None or fn.isolation != "process" or fn.batch is not None or nxt.job.started:
                     carry = nxt  # (only a batch's first may have spent its attempt at the claim)
                     break
                 out.append(_ChildRun(self, nxt, fn))
@@ -608,6 +958,25 @@ class Executors:
         """The server's clock now, from the claim's server time and the time since (this
         host's clock may be off; its monotonic clock measures the interval well)."""
         return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """A BATCH run's function, payload (at the newest version), rendered key, and when an
+    executor first took it (its batch's wait counts from there)."""
+
+    fn: Function
+    payload: dict[str, Any]
+    key: str
+    taken: float
+
+
+@dataclass(slots=True)
+class _Gathering:
+    """A BATCH batch one executor gathers, which the others' takes of it join."""
+
+    fn: Function
+    members: list[tuple[Run, dict[str, Any]]]
 
 
 class _ChildRun:
@@ -667,6 +1036,7 @@ class _ChildRun:
             self.ex.outcomes.put(Settlement(self.run, START))
         with self.ex.ledger.lock:
             self.run.child_pid = pid
+            self.run.began = (time.monotonic(), self.started_ms)  # (the roster shows it running)
         fault("mid_handler")
 
     def rpc(self, msg: dict[str, Any]) -> Any:
@@ -677,7 +1047,7 @@ class _ChildRun:
             return int(ex.rt.scripts.checkpoint(ex.parts[job.partition], job.id, job.token,
                                                 str(msg.get("data")))) > 0
         if call == "steps":
-            return {"entries": steps.read(ex.rt.scripts, ex.parts[job.partition], job.id, job.type)}
+            return {"entries": steps.read(ex.rt.scripts, ex.parts[job.partition], job.id, job.type, durable=True)}
         if call == "step":
             code, n = ex._record_step(ex.parts[job.partition], job, int(msg.get("position") or 0),
                                       str(msg.get("data")))
@@ -696,6 +1066,11 @@ class _ChildRun:
                 return refusal_record(exc)
         if call == "collect":
             return {"found": ex._collect(job, str(msg.get("child")), str(msg.get("signal")))}
+        if call == "listen":
+            match = msg.get("match")
+            return {"code": ex._listen(ex.parts[job.partition], job, str(msg.get("name")),
+                                       match if isinstance(match, dict) else {}, int(msg.get("position") or 0),
+                                       bool(msg.get("on")))}
         if call == "extend":
             return ex.renew_one(job)
         if call == "progress":

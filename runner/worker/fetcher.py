@@ -78,6 +78,8 @@ class Fetcher:
         self._down = Away(f"{queue.name} fetcher", self._label)
         self._bell: Bell | None = None
         self._woken = False  # the next claim waits for a wake-up first (see claim)
+        self._held_for: object = runtime.registry  # the registry the ledger's capacity was sized for
+        self.capacity_for: Callable[[Runtime, QueueConfig], int] = lambda rt, q: self.ledger.capacity
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-fetch", daemon=True)
         # How many of the free executors can start a job at once (process isolation: only
         # those whose child is ready; the rest claim ahead, spending nothing until their
@@ -111,6 +113,9 @@ class Fetcher:
         while not self.stopping.is_set():
             n = len(self.parts)  # grows when a draining partition is found (Runtime.discover)
             self.ledger.partitions = n
+            if self._held_for is not self.rt.registry:  # a reload may add or drop a BATCH function
+                self._held_for = self.rt.registry
+                self.ledger.capacity = self.capacity_for(self.rt, self.q)
             free, idle = self.ledger.room(self.stopping)
             if self.stopping.is_set():
                 break

@@ -9,10 +9,18 @@ of this run meets the n-th recorded entry: a step whose entry is there returns i
 (or raises its recorded permanent error) without calling its function; a call that meets
 an entry of another name (or kind) means the handler took another path than the run that
 recorded the log, and the job fails for good ("non-deterministic replay"), naming both.
+
+A step that fails without a record (its function raised a transient error, or its record
+was refused) ends the recorded log for the rest of this run: the next attempt calls that
+step again at that very position, so nothing this run reaches after it may take the
+position. A later step (a ``finally:`` cleanup, an ``except:`` branch) runs its function
+unrecorded, as plain code would; a later sleep, wait or child call raises
+``AfterUnrecordedStep``, a transient error, so the attempt ends and is retried.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +29,7 @@ from typing import Any
 
 from runner.errors import (
     JobFailed,
+    JobTimeout,
     NonDeterministicReplay,
     PermanentFailure,
     SignalTimeout,
@@ -32,7 +41,7 @@ from runner.errors import (
 from runner.store import codec
 from runner.store.steps import MAX_LOG_BYTES, MAX_STEP_BYTES, MAX_STEPS, VALUE_DEPTH, YEAR_MS, check_signal_name
 
-__all__ = ["MAX_LOG_BYTES", "MAX_STEPS", "MAX_STEP_BYTES", "Journal", "StepFailed"]
+__all__ = ["MAX_LOG_BYTES", "MAX_STEPS", "MAX_STEP_BYTES", "AfterUnrecordedStep", "Journal", "StepFailed"]
 
 
 # A parent waiting for its child is due this often, to look for the child's end itself
@@ -41,6 +50,12 @@ POLL_MS = 30_000
 
 # What the record hook answers, from step.lua's codes.
 RECORDED, LOST, MOVED, FULL, TOO_BIG = 1, -1, -2, -3, -4
+
+
+class AfterUnrecordedStep(RuntimeError):
+    """A sleep, wait or child call reached after a step of this run failed without a record:
+    it cannot be recorded at the position the next attempt gives that step, so the attempt
+    ends here (a transient error: retried as the step's own error would have been)."""
 
 
 class StepFailed(PermanentFailure):
@@ -69,6 +84,10 @@ class Journal:
     clock0: tuple[int, float] = (0, 0.0)  # the server's ms at the claim, and this host's monotonic then
     take: Callable[[int, str, str, int | None], tuple[int, str]] | None = None  # wait.lua
     signals: dict[str, Any] = field(default_factory=dict)  # run_inline's signals
+    events: dict[str, Any] = field(default_factory=dict)  # run_inline's events: name -> data
+    # ctx.wait_for_event: put (True) or take (False) this job's waiter for (name, match) at
+    # a position on the name's registry; answers listen.lua's code (-1: refused).
+    listen: Callable[[str, dict[str, Any], int, bool], int] | None = None
     # ctx.invoke: validate and hold the child (id, type, payload, options) -> its id; and
     # look for a child's end, sending it to this job as its signal when it has one.
     start_child: Callable[[str, str, Any, dict[str, Any]], str] | None = None
@@ -76,6 +95,9 @@ class Journal:
     # Whether this run still holds the job's lease as far as this host knows (Flags.
     # lease_held): asked before a step's fn runs and before a child is started.
     held: Callable[[], bool] | None = None
+    # Whether this run's TIMEOUT fired (its handler may have caught JobTimeout): its attempt
+    # has failed, so no durable call of it may run a step or write the log any more.
+    timed_out: Callable[[], bool] | None = None
     entries: list[dict[str, Any]] | None = None
     # The thread that runs the handler (the one that builds the journal): the only one that
     # may make durable calls, as only its calls come in the same order on every run.
@@ -85,6 +107,9 @@ class Journal:
     step_key: str | None = None  # set while a step's function runs
     replayed: int = 0  # steps returned from the log in this run
     ran: int = 0  # steps run and recorded in this run
+    # The step of this run that failed without a record (a transient error, a refused
+    # record): the log ends before it for the rest of the run (see the module docstring).
+    unrecorded: str | None = None
 
     def server_ms(self) -> int:
         """The server's clock now (a sleep's end is the server's), from the claim's time."""
@@ -95,18 +120,20 @@ class Journal:
 
     def label(self, name: str) -> str:
         """The name as recorded: a name used again in this run gets #2, #3..."""
+        self._fence(name)
         if threading.get_ident() != self.owner:
             # Threads reach their calls in any order, a replay in another: the log would
             # not match it (non-deterministic replay) and steps would run twice.
             raise PermanentFailure(f"durable call {name!r} from a thread the handler started: call ctx.step, "
-                                   "ctx.sleep, ctx.wait_for_signal and ctx.invoke from the handler's own thread, "
-                                   "one after another; to run work in parallel, do it inside one step's "
-                                   "function, or in child jobs (ctx.invoke)")
+                                   "ctx.sleep, ctx.wait_for_signal, ctx.wait_for_event and ctx.invoke from the "
+                                   "handler's own thread, one after another; to run work in parallel, do it "
+                                   "inside one step's function, or in child jobs (ctx.invoke)")
         if self.step_key is not None:
             # Inside a step's fn: its record would land between the step's start and its
             # end, at a position the replay (which never calls fn) does not reach.
             raise PermanentFailure(f"durable call {name!r} inside step {self.step_key!r}: call ctx.step, ctx.sleep, "
-                                   "ctx.wait_for_signal and ctx.invoke from the handler, not from a step's function")
+                                   "ctx.wait_for_signal, ctx.wait_for_event and ctx.invoke from the handler, not "
+                                   "from a step's function")
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"a step's name is a non-empty string of at most 200 characters, not {name!r}")
         count = self.seen.get(name, 0) + 1
@@ -136,6 +163,15 @@ class Journal:
 
     def step(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         label = self.label(name)
+        if self.unrecorded is not None:
+            # Past a step that failed unrecorded: this step's function runs, unrecorded (the
+            # next attempt gives the failed step this position, and reaches this one again).
+            self._hold(label)
+            self.step_key = f"{self.job_id}:{label}"
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.step_key = None
         entry = self.recorded(label, "step")
         if entry is not None:
             self.position += 1
@@ -145,6 +181,23 @@ class Journal:
                 raise StepFailed(f"step {label!r} failed: {err.get('type')}: {err.get('message')}")
             return entry.get("value")
         self._hold(label)
+        at = self.position
+        try:
+            return self._run(label, fn, args, kwargs)
+        finally:
+            if self.position == at:  # no record landed: the log ends before this step
+                self.unrecorded = label
+
+    def _past_unrecorded(self, kind: str, label: str) -> None:
+        if self.unrecorded is not None:
+            raise AfterUnrecordedStep(
+                f"{kind} {label!r} reached after step {self.unrecorded!r} failed in this run without a record: "
+                f"the next attempt runs {self.unrecorded!r} again at this position, so this {kind} cannot be "
+                "recorded; the attempt ends here and is retried. To go on after a failed step, catch its "
+                "error inside the step's function and return it as the step's value")
+
+    def _run(self, label: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call a step's function and record its outcome."""
         self.step_key = f"{self.job_id}:{label}"
         started = time.perf_counter()
         try:
@@ -174,6 +227,14 @@ class Journal:
         self.ran += 1
         return shown
 
+    def _fence(self, label: str) -> None:
+        """Refuse every durable call of a run whose TIMEOUT fired: its attempt failed as a
+        timeout, and a handler that caught JobTimeout must not run or record steps the
+        next attempt would meet in the wrong place."""
+        if self.timed_out is not None and self.timed_out():
+            raise JobTimeout(f"job {self.job_id}: this run went past its TIMEOUT, so durable call {label!r} is "
+                             "refused (its attempt failed as a timeout; the next attempt runs it)")
+
     def _hold(self, label: str) -> None:
         """Refuse to go on without the lease: a run frozen past it (SIGSTOP, a VM pause)
         may come back after another run recorded this very step, and its fn would run
@@ -185,6 +246,7 @@ class Journal:
 
     def _write(self, label: str, body: str, entry: dict[str, Any]) -> None:
         assert self.entries is not None
+        self._fence(label)  # (a TIMEOUT that fired while the step's function ran)
         code, n = self.record(self.position, body)
         if code == LOST:
             raise StaleLease(f"job {self.job_id}: lease lost, step {label!r} not recorded")
@@ -200,6 +262,7 @@ class Journal:
         """End the run here until the sleep is over (Suspend), or return at once when the
         log says this sleep is over already (a replay past it)."""
         label = self.label(name)
+        self._past_unrecorded("sleep", label)
         entry = self.recorded(label, "sleep")
         if entry is not None:
             self.position += 1
@@ -221,6 +284,7 @@ class Journal:
         run ends here (Suspend) until it comes or the timeout passes (SignalTimeout)."""
         check_signal_name(name)
         label = self.label(name)
+        self._past_unrecorded("wait", label)
         entry = self.recorded(label, "signal")
         head = codec.dumps({"name": label, "kind": "signal", "signal": name})[:-1]
         if entry is not None:
@@ -277,11 +341,68 @@ class Journal:
             self.entries.append(entry)
         self.position += 1
 
+    def wait_event(self, name: str, match: dict[str, Any], timeout_ms: int | None) -> dict[str, Any] | None:
+        """The first event ``name`` whose data matches, emitted after this wait began:
+        recorded, kept for the job already, or else the run ends here (Suspend) until one
+        comes (None past the timeout). The wait is a signal wait for ``event.<position>``,
+        which the event's delivery sends (client/waking.py)."""
+        label = self.label(name)
+        entry = self.recorded(label, "event")
+        signal = f"event.{self.position}"
+        head = codec.dumps({"name": label, "kind": "event", "event": name, "match": match, "signal": signal})[:-1]
+        if entry is not None:
+            status = entry.get("status")
+            if status in ("ok", "timeout"):
+                self.position += 1
+                self.replayed += 1
+                return entry.get("value") if status == "ok" else None
+            until = entry.get("until_ms")
+            return self._event(label, name, match, signal, head, until if isinstance(until, int) else 0)
+        if self.inline:
+            data = self.events.get(name, _NONE)
+            found = data is not _NONE and _matches(match, data)
+            value = {"id": f"inline-{self.position}", "name": name, "data": data, "ts": self.server_ms()} \
+                if found else None
+            body = codec.dumps(value)
+            status = "ok" if found else "timeout"
+            tail = f',"value":{body}}}' if found else "}"
+            self._write(label, f'{head},"status":"{status}"{tail}',
+                        {"name": label, "kind": "event", "event": name, "match": match, "status": status,
+                         **({"value": value} if found else {})})
+            return value
+        assert self.listen is not None, "no event registry"
+        code = self.listen(name, match, self.position, True)
+        if code < -1:
+            raise RuntimeError(f"ctx.wait_for_event({name!r}): the waiter could not be put on record; the attempt "
+                               "is retried")
+        if code < 0:
+            raise PermanentFailure(
+                f"ctx.wait_for_event({name!r}): the waiters of this event use 64 different sets of match fields "
+                "already; match on the same fields (say, always on an order id) so an emit reads few buckets")
+        return self._event(label, name, match, signal, head, None, timeout_ms)
+
+    def _event(self, label: str, name: str, match: dict[str, Any], signal: str, head: str, until: int | None,
+               timeout_ms: int | None = None) -> dict[str, Any] | None:
+        code, body = self._ask(signal, head, int(until or 0) if until is not None else None, label)
+        if code in (1, 2):
+            if self.listen is not None:  # its delivery took it off already, unless it timed out
+                with contextlib.suppress(Exception):
+                    self.listen(name, match, self.position, False)
+            value = _event_of(body) if code == 1 else None
+            self._put({"name": label, "kind": "event", "event": name, "match": match,
+                       "status": "ok" if code == 1 else "timeout", **({"value": value} if code == 1 else {})})
+            return value
+        if until is None:
+            raise Suspend(label, "event", delay_ms=YEAR_MS if timeout_ms is None else timeout_ms,
+                          index=self.position, signal=signal, event=name, match=match)
+        raise Suspend(label, "event", at_ms=until, index=self.position, recorded=True, signal=signal)
+
     def invoke(self, type_: str, payload: Any, timeout_ms: int | None, options: dict[str, Any]) -> Any:
         """A child job's result: recorded, or else the child is written with this run's
         suspension and the job resumes when it ends (JobFailed when it ends dead or
         cancelled, StillRunning past ``timeout_ms``)."""
         label = self.label(type_)
+        self._past_unrecorded("child call", label)
         entry = self.recorded(label, "invoke")
         child = f"{self.job_id}.c{self.position}"
         signal = f"child.{self.position}"
@@ -319,7 +440,7 @@ class Journal:
         due = min(int(until or 0), self.server_ms() + POLL_MS)
         raise Suspend(label, "invoke", at_ms=due, index=self.position, recorded=True, signal=signal, child=child)
 
-    def _ask(self, signal: str, head: str, until: int, label: str) -> tuple[int, str]:
+    def _ask(self, signal: str, head: str, until: int | None, label: str) -> tuple[int, str]:
         if self.entries is None:
             self.entries = self.load()
         assert self.take is not None, "no signal reader"
@@ -329,6 +450,29 @@ class Journal:
         if code in (FULL, TOO_BIG):
             raise _too_large(code, len(self.entries), label)
         return code, body
+
+
+_NONE = object()
+
+
+def _event_of(body: str) -> Any:
+    """A delivered event: its data may be nested as deep as any payload (codec.MAX_DEPTH),
+    one level under the event's own fields; read as the step log's reader reads it."""
+    try:
+        return codec.loads(body)
+    except codec.TooDeep:
+        import orjson
+
+        return orjson.loads(body)
+
+
+def _matches(match: dict[str, Any], data: Any) -> bool:
+    """Every field of ``match`` at the top of ``data``, with an equal JSON value."""
+    from runner.store.listeners import canonical
+
+    if not match:
+        return True
+    return isinstance(data, dict) and all(f in data and canonical(data[f]) == canonical(v) for f, v in match.items())
 
 
 def _child_result(child: str, value: Any) -> Any:

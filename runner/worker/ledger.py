@@ -205,6 +205,14 @@ class Ledger:
             run.picked = True
             return True
 
+    def put_back(self, run: Run) -> None:
+        """An executor hands a run it took back to the inbox (a batch gathering found it
+        belongs elsewhere): it waits for an executor again, and a cancel may take it."""
+        with self.cond:
+            self.waiting += 1
+        with self.lock:
+            run.picked = False
+
     def forget(self, runs: Iterable[Run]) -> None:
         held = self.runs
         with self.lock:

@@ -35,10 +35,25 @@ log = logging.getLogger("runner.worker")
 CLAIM_LANDING_S = 16.0
 
 
+# The most runs a queue's worker holds for its BATCH functions' batches (see capacity_for).
+BATCH_HOLD_MAX = 10_000
+
+
+def capacity_for(runtime: Runtime, queue: QueueConfig) -> int:
+    """How many runs the queue's worker holds at once: one per executor plus ``prefetch``
+    claimed ahead, and for a BATCH function room for every executor's batch and the next
+    one gathering (a batch can only hold what was claimed)."""
+    base = queue.concurrency + queue.prefetch
+    sizes = [f.batch.size for f in runtime.registry.for_queue(queue.name) if f.batch is not None]
+    if not sizes:
+        return base
+    return max(base, min(BATCH_HOLD_MAX, (queue.concurrency + 1) * max(sizes)))
+
+
 class QueueRunner:
     def __init__(self, runtime: Runtime, queue: QueueConfig, worker_id: str) -> None:
         self.q = queue
-        capacity = queue.concurrency + queue.prefetch
+        capacity = capacity_for(runtime, queue)
         self.ledger = Ledger(queue.concurrency, capacity, low_water=max(1, min(queue.batch, capacity // 2)))
         inbox: stdqueue.SimpleQueue[Run | None] = stdqueue.SimpleQueue()
         outcomes: stdqueue.SimpleQueue[Settlement | None] = stdqueue.SimpleQueue()
@@ -52,6 +67,7 @@ class QueueRunner:
         self.settler.cancelled = self.cancelled
         self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outcomes, worker_id)
         self.fetcher.startable = self.executors.startable
+        self.fetcher.capacity_for = capacity_for
         self.outcomes = outcomes
 
     def cancel_ahead(self, job_id: str, token: str) -> None:

@@ -240,6 +240,7 @@ class Renewer:
                     continue
                 if now > r.deadline and not r.timed_out:
                     r.timed_out = True
+                    r.flags.timed_out = True  # fences its durable calls (journal.py)
                     exc = ctypes.py_object(JobTimeout)
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(r.thread_id), exc)
                     log.warning("job %s: past its TIMEOUT; interrupting the handler", r.job.id)

@@ -104,3 +104,167 @@ def test_a_burst_on_a_partitioned_queue_is_one_job(project: Project) -> None:
     [run] = runs(project, 7)
     assert run["payload"]["n"] == 7
     project.stop_all()
+
+
+# --- only a job still waiting for its debounce absorbs (a started one does not) ------
+
+BILL = '''
+import json, os
+QUEUE = "fast"
+DEBOUNCE = {"key": "acct:{acct}", "period": 0.2, "max_wait": 60}
+
+def rec(x):
+    with open(os.path.join(os.environ["RECORD_DIR"], "bill"), "a") as f:
+        f.write(json.dumps(x) + "\\n")
+
+def handle(payload, ctx):
+    charged = ctx.step("charge", lambda: rec({"step": "charge", "amount": payload["amount"]}) or payload["amount"])
+    ctx.sleep("cool-off", 1.5)
+    rec({"step": "receipt", "charged": charged, "amount": payload["amount"], "id": ctx.job_id})
+'''
+BILL_SCHEMA = ('{"type": "object", "required": ["acct", "amount"], "properties": '
+               '{"acct": {"type": "string"}, "amount": {"type": "integer"}}}')
+
+
+def bill_lines(project: Project) -> list[dict]:
+    p = project.records / "bill"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def test_a_durable_job_sleeping_after_a_step_starts_no_burst_of_its_own(project: Project) -> None:
+    """A durable job that ran a step and sleeps is back in the scheduled set, but it has
+    started: the next enqueue of its key is a new burst (its own job and run), and the
+    sleeping job keeps its payload and its sleep."""
+    project.add_function("bill", textwrap.dedent(BILL), BILL_SCHEMA)
+    c = project.client
+    a = c.enqueue("bill", {"acct": "A1", "amount": 100}).as_dict()
+    project.spawn_worker("fast")
+    wait_for(lambda: bill_lines(project), timeout=30, what="the charge step")
+    wait_for(lambda: c.get(a["id"]).as_dict()["status"] == "sleeping", timeout=10, what="the sleep")
+    b = c.enqueue("bill", {"acct": "A1", "amount": 5}).as_dict()
+    assert b["id"] != a["id"] and b["debounced"]
+    assert c.get(a["id"]).as_dict()["payload"]["amount"] == 100
+    wait_for(lambda: len([x for x in bill_lines(project) if x["step"] == "receipt"]) == 2, timeout=30,
+             what="both receipts")
+    receipts = {x["id"]: x for x in bill_lines(project) if x["step"] == "receipt"}
+    assert receipts[a["id"]]["charged"] == receipts[a["id"]]["amount"] == 100
+    assert receipts[b["id"]]["charged"] == receipts[b["id"]]["amount"] == 5
+
+
+FLAKY = '''
+import json, os
+QUEUE = "fast"
+DEBOUNCE = {"key": "doc:{doc_id}", "period": 0.2, "max_wait": 30}
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "runs-" + str(payload["doc_id"])), "a") as f:
+        f.write(json.dumps({"id": ctx.job_id, "attempt": ctx.attempt, "payload": payload}) + "\\n")
+    if payload.get("fail"):
+        raise RuntimeError("fails")
+'''
+
+
+def test_a_job_waiting_out_a_retry_backoff_starts_no_burst_of_its_own(project: Project) -> None:
+    """A failed run waits for its retry in the scheduled set: a new enqueue is a new burst,
+    and the retry keeps its payload and backoff."""
+    project.write_config(max_attempts=2)
+    toml = project.root / "runner.toml"
+    toml.write_text(toml.read_text().replace('backoff = { base = 0.01, cap = 0.05, jitter = "full" }',
+                                             'backoff = { base = 2.0, cap = 2.0, jitter = "none" }'))
+    project.add_function("doc", textwrap.dedent(FLAKY), SCHEMA)
+    c = project.client
+    first = c.enqueue("doc", {"doc_id": 4, "fail": True}).as_dict()
+    project.spawn_worker("fast")
+    wait_for(lambda: runs(project, 4), timeout=30, what="the first attempt")
+    wait_for(lambda: c.get(first["id"]).as_dict()["status"] == "retrying", timeout=10, what="the backoff")
+    second = c.enqueue("doc", {"doc_id": 4, "edit": 2}).as_dict()
+    assert second["id"] != first["id"]
+    view = c.get(first["id"]).as_dict()
+    assert view["payload"] == {"doc_id": 4, "fail": True} and view["absorbed"] == 0
+    wait_for(lambda: len(runs(project, 4)) == 3, timeout=30, what="the retry and the new burst's run")
+    got = runs(project, 4)
+    assert [(r["id"], r["attempt"]) for r in got if r["id"] == first["id"]] == [(first["id"], 1), (first["id"], 2)]
+    assert [r["payload"] for r in got if r["id"] == second["id"]] == [{"doc_id": 4, "edit": 2}]
+
+
+# --- emits of a debounced subscriber join its burst ----------------------------------
+
+def test_an_emit_joins_the_burst_of_its_debounce_key_on_a_partitioned_queue(project: Project) -> None:
+    """Emits and outbox placement route a debounced job by its debounce key, as enqueue
+    does: an enqueue and an emit of one key are one job, and the emit says debounced."""
+    from runner.store.routing import partition_of
+
+    project.write_config(fast="partitions = 4")
+    src = DOC.format(period=1.0, max_wait=30).replace('QUEUE = "fast"', 'QUEUE = "fast"\nTRIGGERS = ["doc.edited"]')
+    project.add_function("doc", textwrap.dedent(src), SCHEMA)
+    c = project.client
+    home = project.runtime.keys["fast"].partition
+    away = next(d for d in range(100, 200) if partition_of(f"d:doc:doc:{d}", 4) != home)
+    here = next(d for d in range(100, 200) if partition_of(f"d:doc:doc:{d}", 4) == home)
+    for doc in (away, here):
+        a = c.enqueue("doc", {"doc_id": doc, "via": "enqueue"}).as_dict()
+        e = c.emit("doc.edited", {"doc_id": doc, "via": "emit"}).as_dict()
+        [job] = e["jobs"]
+        assert job["id"] == a["id"] and job.get("debounced") is True, (doc, a, e)
+        assert c.get(a["id"]).as_dict()["absorbed"] == 1
+    project.spawn_worker("fast")
+    wait_for(lambda: runs(project, away) and runs(project, here), timeout=30, what="both bursts' runs")
+    time.sleep(1.5)  # no second run comes
+    for doc in (away, here):
+        [run] = runs(project, doc)
+        assert run["payload"]["via"] == "emit"
+
+
+# --- one burst per key and version ----------------------------------------------------
+
+def test_alternating_versions_make_one_burst_each(project: Project) -> None:
+    """A rolling deploy: producers on v1 and v2 enqueue one key in turn. Each version has
+    its burst (2 jobs for 40 enqueues), and each runs once with its version's last payload."""
+    src = DOC.format(period=1.0, max_wait=30) + "\ndef upgrade(payload, version):\n    return payload\n"
+    project.add_function("doc", textwrap.dedent(src), SCHEMA)
+    (project.root / "schemas" / "doc" / "v2.json").write_text(SCHEMA)
+    project._runtime = None
+    c = project.client
+    ids = [c.enqueue("doc", {"doc_id": 5, "i": i}, version=1 + i % 2).id for i in range(40)]
+    assert len(set(ids)) == 2, len(set(ids))
+    project.spawn_worker("fast")
+    wait_for(lambda: len(runs(project, 5)) == 2, timeout=30, what="the two bursts' runs")
+    time.sleep(1.5)  # no third run comes
+    assert sorted(r["payload"]["i"] for r in runs(project, 5)) == [38, 39]
+
+
+# --- the marker lives as long as its job waits -----------------------------------------
+
+def test_the_burst_marker_lives_as_long_as_its_job_waits(project: Project) -> None:
+    """No TTL: with no worker for longer than any bound, the burst still absorbs; once its
+    job is claimed the marker is gone and the next enqueue starts a new burst."""
+    project.add_function("doc", textwrap.dedent(DOC.format(period=0.3, max_wait=0.6)), SCHEMA)
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    marker = f"{k.idem_prefix}~debounce:doc:doc:6"
+    a = c.enqueue("doc", {"doc_id": 6, "edit": 1})
+    assert r.pttl(marker) == -1, "the marker expires while its job waits"
+    time.sleep(1.0)  # past max_wait, with no worker: the job still waits
+    b = c.enqueue("doc", {"doc_id": 6, "edit": 2})
+    assert b.id == a.id
+    project.spawn_worker("fast")
+    wait_for(lambda: runs(project, 6), timeout=30, what="the burst's run")
+    assert not r.exists(marker)
+    d = c.enqueue("doc", {"doc_id": 6, "edit": 3})
+    assert d.id != a.id
+    wait_for(lambda: len(runs(project, 6)) == 2, timeout=30, what="the new burst's run")
+    assert [x["payload"]["edit"] for x in runs(project, 6)] == [2, 3]
+
+
+# --- an absorbed enqueue's keys follow its payload --------------------------------------
+
+def test_an_absorbed_enqueue_renders_its_keys_from_the_latest_payload(project: Project) -> None:
+    src = DOC.format(period=0.5, max_wait=10).replace('QUEUE = "fast"',
+                                                      'QUEUE = "fast"\nRESOURCE_KEY = "owner:{owner}"')
+    project.add_function("doc", textwrap.dedent(src), '{"type": "object", "required": ["doc_id", "owner"], '
+                         '"properties": {"doc_id": {"type": "integer"}, "owner": {"type": "string"}}}')
+    c = project.client
+    a = c.enqueue("doc", {"doc_id": 8, "owner": "alice"})
+    b = c.enqueue("doc", {"doc_id": 8, "owner": "bob"})
+    assert a.id == b.id
+    view = c.get(a.id).as_dict()
+    assert view["payload"]["owner"] == "bob" and view["resource_key"] == "owner:bob"

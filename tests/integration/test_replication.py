@@ -28,7 +28,7 @@ from schedulekit import add_function
 
 from runner.cli import cli
 from runner.client import Request
-from runner.errors import NotReplicated
+from runner.errors import NotReplicated, SignalPending
 from runner.store.embedded import Server, bundled_binary, debian_binary
 from runner.web import create_app
 
@@ -301,6 +301,86 @@ def test_a_group_waits_too(rproject: Project, valkey_pair: Pair) -> None:
         r = http.simulate_post("/groups", json=body)
         assert r.status_code == 503, r.text
         assert r.json["type"] == "urn:runner:problem:not-replicated" and len(r.json["job_ids"]) == 2
+
+
+CHARGE = '''
+import os
+QUEUE = "fast"
+MAX_ATTEMPTS = 200
+
+def charge(ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "charge"), "a") as f:
+        f.write(str(ctx.attempt) + "\\n")
+    return "charged"
+
+def handle(payload, ctx):
+    got = ctx.step("charge", charge, ctx)
+    with open(os.path.join(os.environ["RECORD_DIR"], "after"), "a") as f:
+        f.write(str(ctx.attempt) + "\\n")
+    return got
+'''
+
+
+def test_a_step_s_value_reaches_the_handler_only_once_a_replica_holds_its_record(
+        rproject: Project, valkey_pair: Pair) -> None:
+    """wait_replicas = 1, replica stopped: a run's first durable call (its replay) and a
+    step's record are not confirmed, so the attempts fail (NotReplicated, retried) before
+    the handler sees a step's value, and no retry runs a recorded step again; once the
+    replica is back, the job ends done with the step run once."""
+    p = durable(rproject, 1)
+    p.add_function("pay", CHARGE)
+    c = p.client
+    job = c.enqueue("pay", {}).id
+    with valkey_pair.replica_stopped():
+        p.spawn_worker("fast")
+        wait_for(lambda: len(c.get(job).as_dict()["history"]) >= 2, timeout=30, what="two attempts to fail")
+        errors = [h.get("error", {}).get("type") for h in c.get(job).as_dict()["history"][:2]]
+        assert not (p.records / "after").exists(), "a step's value reached the handler unconfirmed"
+    assert c.wait(job, 60).as_dict()["status"] == "done"
+    assert errors and set(errors) <= {"NotReplicated", "RunnerError"}, errors
+    assert len((p.records / "charge").read_text().splitlines()) == 1
+    assert len((p.records / "after").read_text().splitlines()) == 1
+
+
+WAITER = '''
+QUEUE = "fast"
+MAX_ATTEMPTS = 200
+
+def handle(payload, ctx):
+    return ctx.wait_for_signal("go", timeout=3600)
+'''
+
+
+def test_a_signal_is_answered_only_once_a_replica_holds_it(rproject: Project, valkey_pair: Pair) -> None:
+    """wait_replicas = 1, replica stopped: a signal (client, HTTP, CLI) is refused with
+    NotReplicated (503 not-replicated, exit 3) naming the job and the signal, never
+    answered "resumed"; once the replica is back the same signal answers SignalPending
+    (the master kept it), and each job ends with its body."""
+    p = durable(rproject, 1)
+    p.add_function("waiter", WAITER)
+    c = p.client
+    jobs = [c.enqueue("waiter", {}).id for _ in range(3)]
+    w = p.spawn_worker("fast")
+    wait_for(lambda: all(c.get(j).status == "waiting" for j in jobs), timeout=30, what="the jobs to wait")
+    w.kill()
+    w.wait(10)
+    http = falcon.testing.TestClient(create_app(p.runtime))
+    with valkey_pair.replica_stopped():
+        with pytest.raises(NotReplicated) as err:
+            c.signal(jobs[0], "go", {"ok": 0})
+        assert err.value.job_ids == [jobs[0]] and err.value.signal == "go"
+        assert "signal 'go'" in str(err.value) and "Send it again" in str(err.value)
+        r = http.simulate_post(f"/jobs/{jobs[1]}/signals/go", json={"ok": 1})
+        assert r.status_code == 503, r.text
+        assert r.json["type"] == "urn:runner:problem:not-replicated" and r.json["job_ids"] == [jobs[1]]
+        out = cli_run(p, "signal", jobs[2], "go", '{"ok": 2}', "--json")
+        assert out.exit_code == 3, out.output
+    wait_for(lambda: _caught_up(valkey_pair.master), timeout=20, what="the replica back")
+    with pytest.raises(SignalPending):
+        c.signal(jobs[0], "go", {"ok": 0})
+    p.spawn_worker("fast")
+    for i, j in enumerate(jobs):
+        assert c.wait(j, 60).as_dict()["result"] == {"ok": i}
 
 
 def test_an_emit_short_of_replicas_names_its_jobs_and_exits_3(rproject: Project, valkey_pair: Pair) -> None:

@@ -186,6 +186,8 @@ def test_the_function_options_samples_show_load(tmp_path: Path) -> None:
             if "QUEUE" not in variant:
                 lines.insert(0, 'QUEUE = "fast"')
             source = "\n".join(lines) + "\n\ndef handle(payload, ctx):\n    return None\n"
+            if "BATCH" in variant:  # a batch function's handler takes the batch
+                source += "\n\ndef handle_batch(payloads, ctx):\n    return None\n"
             stubs = {ast.literal_eval(variant[d]) for d in ("ON_SUCCESS", "ON_FAILURE") if d in variant}
             for name in {"shown", *stubs}:
                 (root / "functions" / f"{name}.py").write_text(
@@ -233,6 +235,9 @@ def _built_keys() -> tuple[set[str], set[str]]:
         unknown = set(params) - set(placeholders)
         assert not unknown, f"{fn.__qualname__} builds a key from {unknown}: name its placeholder here"
         whole.add(fn(*(placeholders[p] for p in params)))
+    e = keys.EventKeys(prefix="<prefix>", name="<name>")  # an event name's waiters (ctx.wait_for_event)
+    whole.add(e.shapes)
+    prefixes |= {e.bucket_prefix, e.woke_prefix}
     prefixes.add(keys.place_prefix("<prefix>", "<queue>") + ":")  # a digest in a tag of its own follows
     whole.discard(keys.place_prefix("<prefix>", "<queue>"))
     return whole, prefixes

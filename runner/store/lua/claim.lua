@@ -100,7 +100,7 @@ local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
 local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated',
-  'cancel_requested', 'priority', 'suspended'}
+  'cancel_requested', 'priority', 'suspended', 'debounce'}
 local NO_STATE = {}  -- what HMGET of STATE reads of a job without a state hash
 local NONE = {}  -- the limits of a job under none
 -- Ids popped from the priority set in this call, with their scores (see put_back below).
@@ -252,6 +252,7 @@ end
 -- fenced), taking no limit and marked started = 2 for the worker.
 local function expire(id, rec, f, sk)
   if f[7] then redis.call('HDEL', sk, 'lost_token') end
+  if f[12] then debounce_release(sk, id, rec.version, f[12]) end
   local token = base .. ':' .. i
   leased[#leased + 1] = deadline
   leased[#leased + 1] = id
@@ -354,6 +355,8 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   -- A run of an earlier claim can no longer finish as a late success: this one owns it.
   if f[7] then redis.call('HDEL', sk, 'lost_token') end
   if f[8] then redis.call('HDEL', sk, 'rated') end  -- a later attempt takes a token of its own
+  -- A DEBOUNCE job no longer waits for its debounce: the next enqueue starts a new burst.
+  if f[12] then debounce_release(sk, id, rec.version, f[12]) end
   -- A state hash (history, error, checkpoint): settling reads it.
   local stateful = f ~= NO_STATE and has_state(f)
   local n_l = #leased

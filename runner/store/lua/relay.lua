@@ -21,7 +21,9 @@
 -- ARGV[3 + 13 n] how long a limit key's marker lives, ms (0: none)
 --
 -- Returns one code per job: 1 placed (counted as relayed|<type>), 0 already known (or its
--- idempotency key's job stands), -1 its idempotency key holds another payload (not placed).
+-- idempotency key's job stands), -1 its idempotency key holds another payload (not placed),
+-- 2 absorbed into a DEBOUNCE burst's job (see jobs.lua); then, per job absorbed, its index
+-- (0-based) and the burst's job id.
 --- @include "clock"
 --- @include "stats"
 --- @include "jobs"
@@ -33,17 +35,23 @@ local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.jo
   mark_ms = tonumber(ARGV[3 + n * 13])}
 local put = jobs_acc()
 local out = {}
+local absorbed = {}
 for i = 0, n - 1 do
   local j = job_fields(ARGV, 3 + i * 13)
   j.priority = tonumber(ARGV[3 + i * 13 + 12]) or 0
   if job_known(Q, j.id) then
     out[#out + 1] = 0
   else
-    local code = job_put(Q, now, j, put)
+    local code, jid = job_put(Q, now, j, put)
     if code == 1 then tally('relayed|' .. j.type) end
+    if code == 2 then
+      absorbed[#absorbed + 1] = i
+      absorbed[#absorbed + 1] = jid
+    end
     out[#out + 1] = code
   end
 end
 jobs_flush(Q, put, K.notify, K.census)
 flush(K.stats)
+for _, v in ipairs(absorbed) do out[#out + 1] = v end
 return out

@@ -6,10 +6,29 @@ local function idem_key(idem_prefix, typ, key)
 end
 
 -- Let go of an idempotency key if it still names this job (a job that died or was
--- deleted: the key is free for a new request). Never touches another job's key.
-local function free_idem(idem_prefix, typ, key, id)
+-- deleted: the key is free for a new request). Never touches another job's key. A job
+-- that ended (dead or cancelled, ``keep_ms`` its retention) is remembered under
+-- idem:~ended:<type>:<key> for as long as its record is kept, so a search by key finds
+-- it (GET /jobs?idempotency_key=): the latest such job of the key, whoever holds it now.
+local function free_idem(idem_prefix, typ, key, id, keep_ms)
   if not key or key == '' or not typ then return end
+  if keep_ms and keep_ms > 0 then
+    redis.call('SET', idem_prefix .. '~ended:' .. typ .. ':' .. key, id, 'PX', keep_ms)
+  end
   local ik = idem_key(idem_prefix, typ, key)
   local held = redis.pcall('GET', ik)
   if type(held) == 'string' and string.match(held, '^(%S+)') == id then redis.call('DEL', ik) end
+end
+
+-- A DEBOUNCE job's burst marker (see debounce_put in jobs.lua): while the job waits for its
+-- debounce, its state's 'debounce' field names the marker. Once it is claimed or ends, the
+-- field goes, and so do the marker's fields for its version if they still name it: the
+-- next enqueue of its key then starts a new burst. mk: the field's value when the caller
+-- read it already (else one HGET).
+local function debounce_release(sk, id, version, mk)
+  mk = mk or redis.call('HGET', sk, 'debounce')
+  if not mk then return end
+  redis.call('HDEL', sk, 'debounce')
+  local v = tostring(version)
+  if redis.call('HGET', mk, 'id:' .. v) == id then redis.call('HDEL', mk, 'id:' .. v, 'first:' .. v) end
 end

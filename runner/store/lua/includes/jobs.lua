@@ -24,25 +24,35 @@ local function mark_placed(Q, put, limits)
   end
 end
 
--- A DEBOUNCE function's job (its meta holds "debounce": key, period_ms, max_wait_ms):
--- while the burst's job is still scheduled, this enqueue replaces its payload and moves
--- its start to a period from now, never past max_wait after the burst's first enqueue,
--- and returns 2, its id, 'scheduled'. Else it starts a burst (the marker names this job)
--- and returns nil: the job is written as any other, due a period on.
-local function debounce_put(Q, now, j)
+-- A DEBOUNCE function's job (its meta holds "debounce": key, period_ms, max_wait_ms): one
+-- burst per key and version, its marker a hash under the idempotency prefix (fields
+-- id:<version>, first:<version>). While the burst's job still waits for its debounce
+-- (scheduled, and never claimed: claim clears its state's 'debounce' field, see
+-- debounce_release in idem.lua), this enqueue replaces its payload and the keys rendered
+-- from it (resource key, limits), moves its start to a period from now, never past
+-- max_wait after the burst's first enqueue, and returns 2, its id, 'scheduled'. Else it
+-- starts a burst (the marker names this job) and returns nil and the marker's key: the
+-- job is written as any other, due a period on, its state naming the marker. The marker
+-- has no TTL: it lives as long as its job waits, and goes when the job is claimed or ends.
+local function debounce_put(Q, now, j, put)
   local ok, m = pcall(cjson.decode, j.meta)
   local d = ok and type(m) == 'table' and m.debounce
   if type(d) ~= 'table' then return nil end
   -- Under the idempotency prefix, after a '~' that no function name (an identifier) has.
   local mk = Q.idem .. '~debounce:' .. j.type .. ':' .. tostring(d.key)
-  local held = redis.call('HMGET', mk, 'id', 'first')
+  local v = tostring(j.version)
+  local held = redis.call('HMGET', mk, 'id:' .. v, 'first:' .. v)
   local hid = held[1]
-  if hid and redis.call('ZSCORE', Q.scheduled, hid) then
+  if hid and redis.call('HEXISTS', Q.job .. hid .. ':s', 'debounce') == 1
+      and redis.call('ZSCORE', Q.scheduled, hid) then
     local jk = Q.job .. hid
     local rec = rec_parse(redis.call('GET', jk))
-    if rec and rec.version == j.version then
+    if rec and tostring(rec.version) == v then
       rec.payload = j.payload
+      rec.resource_key = j.rkey
+      rec.limits = j.limits
       redis.call('SET', jk, rec_encode(rec))
+      if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
       local due = math.min(now + tonumber(d.period_ms), tonumber(held[2]) + tonumber(d.max_wait_ms))
       redis.call('ZADD', Q.scheduled, due, hid)
       redis.call('HSET', jk .. ':s', 'ready_ms', due)
@@ -50,40 +60,51 @@ local function debounce_put(Q, now, j)
       return 2, hid, 'scheduled'
     end
   end
-  redis.call('HSET', mk, 'id', j.id, 'first', now)
-  redis.call('PEXPIRE', mk, tonumber(d.max_wait_ms) + tonumber(d.period_ms) + 60000)
+  redis.call('HSET', mk, 'id:' .. v, j.id, 'first:' .. v, now)
+  -- (A marker of an earlier release: fields id and first, and a TTL.)
+  if redis.call('PERSIST', mk) == 1 then redis.call('HDEL', mk, 'id', 'first') end
+  return nil, mk
+end
+
+-- An idempotency key's enqueue (j.ikey set): code, id, status of the key's job when it
+-- still stands (0 duplicate, -1 conflict), else nil once the key names this job.
+local function idem_put(Q, j)
+  local ik = idem_key(Q.idem, j.type, j.ikey)
+  -- pcall: a key damaged to another type reads as free (the SET below replaces it)
+  -- rather than failing the batch part-way.
+  local held = redis.pcall('GET', ik)
+  if type(held) == 'string' then
+    local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
+    local st
+    if state == 'done' then
+      st = 'done'
+    elseif redis.call('HEXISTS', Q.claims, hid or '') == 1 then
+      st = 'processing'
+    elseif redis.call('EXISTS', Q.job .. (hid or '')) == 1 then
+      st = redis.call('HGET', Q.job .. hid .. ':s', 'status') or 'queued'
+    end
+    if st then
+      if hhash == j.phash then redis.pcall('HINCRBY', Q.stats, 'deduplicated|' .. j.type, 1) end
+      return hhash == j.phash and 0 or -1, hid, st
+    end
+    -- Else the key names a job that no longer exists: it is stale, and taken over.
+  end
+  redis.call('SET', ik, j.id .. ' ' .. j.phash)
   return nil
 end
 
 local function job_put(Q, now, j, put)
+  local debounced = nil  -- the burst marker this job starts (see debounce_put)
   if j.meta ~= '' and string.find(j.meta, '"debounce":', 1, true) then
-    local code, hid, st = debounce_put(Q, now, j)
+    local code, hid, st = debounce_put(Q, now, j, put)
     if code then return code, hid, st end
+    debounced = hid
   end
   local due = 0
   if j.run_at > 0 then due = j.run_at elseif j.delay > 0 then due = now + j.delay end
   if j.ikey ~= '' then
-    local ik = idem_key(Q.idem, j.type, j.ikey)
-    -- pcall: a key damaged to another type reads as free (the SET below replaces it)
-    -- rather than failing the batch part-way.
-    local held = redis.pcall('GET', ik)
-    if type(held) == 'string' then
-      local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
-      local st
-      if state == 'done' then
-        st = 'done'
-      elseif redis.call('HEXISTS', Q.claims, hid or '') == 1 then
-        st = 'processing'
-      elseif redis.call('EXISTS', Q.job .. (hid or '')) == 1 then
-        st = redis.call('HGET', Q.job .. hid .. ':s', 'status') or 'queued'
-      end
-      if st then
-        if hhash == j.phash then redis.pcall('HINCRBY', Q.stats, 'deduplicated|' .. j.type, 1) end
-        return hhash == j.phash and 0 or -1, hid, st
-      end
-      -- Else the key names a job that no longer exists: it is stale, and taken over.
-    end
-    redis.call('SET', ik, j.id .. ' ' .. j.phash)
+    local code, hid, st = idem_put(Q, j)
+    if code then return code, hid, st end
   end
   if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
   -- The record is one string; a plain job due now has no state hash at all (see above).
@@ -98,6 +119,7 @@ local function job_put(Q, now, j, put)
     -- priority set.
     redis.call('HSET', jk .. ':s', 'priority', prio)
   end
+  if debounced then redis.call('HSET', jk .. ':s', 'debounce', debounced) end
   if due > now then
     status = 'scheduled'
     redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)

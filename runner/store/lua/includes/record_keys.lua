@@ -9,7 +9,10 @@
 --                                attempt, ready_ms, started_ms, finished_ms, error,
 --                                reason, history, checkpoint, deferrals, woken,
 --                                lost_token, refunds, rated, ratelimits, priority (1-9,
---                                absent: 0), requeued (times requeued from dead)
+--                                absent: 0), requeued (times requeued from dead),
+--                                absorbed and debounce (a DEBOUNCE burst's job: the
+--                                enqueues merged into it; its burst marker's key while
+--                                it was never claimed, see jobs.lua)
 --                                (absent fields: their defaults)
 -- A job that waits untouched is the string alone (one key, no hash: the payload is the
 -- bulk of it). A done job keeps neither: its outcome goes to the done generations.

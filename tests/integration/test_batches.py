@@ -1,0 +1,229 @@
+"""BATCH functions: many claimed jobs in one handle_batch call, each job settled on its
+own (result, attempts, dead letter); partial failures retry exactly the failed items; a
+batch never mixes rendered keys or schema versions; both isolations."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from typing import Any
+
+import pytest
+
+from runner.client import Request
+
+from conftest import Project, wait_for
+
+# Each call appends one line to calls.jsonl: the items' ids, attempts and payloads.
+BATCHED = '''
+import json, os, runner
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+BATCH = {{"size": {size}, "wait": {wait}{key}}}
+
+def handle_batch(payloads, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "calls.jsonl"), "a") as f:
+        f.write(json.dumps({{"ids": [j.id for j in ctx.jobs], "attempts": [j.attempt for j in ctx.jobs],
+                             "payloads": payloads, "version": ctx.version, "pid": os.getpid()}}) + "\\n")
+    failures = {{i: (runner.PermanentFailure("bury " + str(p.get("n"))) if p.get("bury")
+                     else ValueError("flaky " + str(i)))
+                for i, p in enumerate(payloads)
+                if p.get("bury") or p.get("fail_until", 0) >= ctx.jobs[i].attempt}}
+    results = [{{"n": p.get("n"), "size": len(payloads)}} for p in payloads]
+    if failures:
+        raise runner.BatchFailures(failures, results=results)
+    return results
+'''
+
+
+def calls(project: Project) -> list[dict[str, Any]]:
+    p = project.records / "calls.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+def add(project: Project, *, isolation: str = "thread", size: int = 10, wait: float = 0.3, key: str = "",
+        schema: str = '{"type": "object"}') -> None:
+    project.add_function("bulk", textwrap.dedent(BATCHED.format(
+        isolation=isolation, size=size, wait=wait, key=f', "key": "{key}"' if key else "")), schema)
+
+
+def finished(project: Project, ids: list[str]) -> dict[str, dict[str, Any]]:
+    client = project.client
+    views = {i: client.get(i).as_dict() for i in ids}
+    return views if all(v["status"] in ("done", "dead") for v in views.values()) else {}
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_one_call_per_batch_and_each_job_settled_on_its_own(project: Project, isolation: str) -> None:
+    """25 jobs enqueued before the worker starts, BATCH size 10: calls of at most 10, every
+    job done with its own result (its item's), one call holding it."""
+    project.write_config(concurrency=2)  # (two children to start, not eight)
+    add(project, isolation=isolation)
+    client = project.client
+    ids = [e.id for e in client.enqueue_many([Request("bulk", {"n": i}) for i in range(25)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    got = calls(project)
+    assert all(len(c["ids"]) <= 10 for c in got)
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids), "each job in exactly one call"
+    assert len(got) <= 6, [len(c["ids"]) for c in got]
+    for n, i in enumerate(ids):
+        assert views[i]["status"] == "done"
+        assert views[i]["result"]["n"] == n
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_partial_failures_retry_exactly_the_failed_items(project: Project, isolation: str) -> None:
+    """BatchFailures: the items it names fail on their own (a ValueError retried, a
+    PermanentFailure buried at once, in the dead letters with its own error); the others
+    are done with the results given, and run exactly once (counted per item)."""
+    project.write_config(concurrency=2)
+    add(project, isolation=isolation)
+    client = project.client
+    payloads = [{"n": 0}, {"n": 1, "fail_until": 1}, {"n": 2}, {"n": 3, "bury": True}, {"n": 4, "fail_until": 2}]
+    ids = [e.id for e in client.enqueue_many([Request("bulk", p) for p in payloads])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    per_item = {i: sum(c["ids"].count(i) for c in calls(project)) for i in ids}
+    assert [per_item[i] for i in ids] == [1, 2, 1, 1, 3], per_item
+    assert [views[i]["status"] for i in ids] == ["done", "done", "done", "dead", "done"]
+    assert [views[i]["attempt"] for i in ids] == [1, 2, 1, 1, 3]
+    assert views[ids[3]]["last_error"]["message"] == "bury 3"
+    assert views[ids[1]]["result"]["n"] == 1
+    dead = client.dead("fast")[1]
+    assert [d.id for d in dead] == [ids[3]]
+
+
+def test_a_batch_never_mixes_rendered_keys(project: Project) -> None:
+    """BATCH key "tenant:{tenant}": every call holds one tenant's jobs only."""
+    add(project, key="tenant:{tenant}",
+        schema='{"type": "object", "properties": {"tenant": {"type": "string"}}, "required": ["tenant"]}')
+    client = project.client
+    ids = [e.id for e in client.enqueue_many([Request("bulk", {"n": i, "tenant": "ab"[i % 2]}) for i in range(30)])]
+    project.spawn_worker("fast")
+    wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    got = calls(project)
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids)
+    for c in got:
+        assert len({p["tenant"] for p in c["payloads"]}) == 1, c["payloads"]
+    assert max(len(c["ids"]) for c in got) > 1
+
+
+def test_payloads_are_upgraded_to_the_newest_version_before_a_batch(project: Project) -> None:
+    """v1 and v2 jobs of one function: every call sees v2 payloads only (upgrade() ran on
+    each v1 payload first), and version 2 in ctx.version."""
+    source = textwrap.dedent(BATCHED.format(isolation="thread", size=10, wait=0.3, key="")) + textwrap.dedent('''
+        def upgrade(payload, from_version):
+            return {"n": payload["old_n"], "upgraded": True}
+        ''')
+    project.add_function("bulk", source, '{"type": "object", "required": ["old_n"]}')
+    (project.root / "schemas" / "bulk" / "v2.json").write_text('{"type": "object", "required": ["n"]}')
+    client = project.client
+    reqs = [Request("bulk", {"old_n": i}, version=1) if i % 2 else Request("bulk", {"n": i}, version=2)
+            for i in range(12)]
+    ids = [e.id for e in client.enqueue_many(reqs)]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    got = calls(project)
+    assert {c["version"] for c in got} == {2}
+    assert all("n" in p and "old_n" not in p for c in got for p in c["payloads"])
+    assert [views[i]["result"]["n"] for i in ids] == list(range(12))
+
+
+SHORT = '''
+QUEUE = "fast"
+BATCH = {"size": 5, "wait": 0.2}
+
+def handle_batch(payloads, ctx):
+    return [1]
+'''
+
+
+def test_a_wrong_length_result_fails_the_batch_with_a_clear_error(project: Project) -> None:
+    project.add_function("short", SHORT)
+    ids = [e.id for e in project.client.enqueue_many([Request("short", {"n": i}) for i in range(3)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    for i in ids:
+        assert views[i]["status"] == "dead"
+        assert "returned a list of 1 for a batch of" in views[i]["last_error"]["message"]
+
+
+STUCK = '''
+import time
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+TIMEOUT = 1
+MAX_ATTEMPTS = 1
+BATCH = {{"size": 4, "wait": 0.2}}
+
+def handle_batch(payloads, ctx):
+    for _ in range(3000):  # (short sleeps: a thread's timeout lands between two C calls)
+        time.sleep(0.01)
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_timeout_bounds_the_whole_batch_call(project: Project, isolation: str) -> None:
+    """TIMEOUT 1 s, a call that would take 30: every member fails as a timeout, each on
+    its own attempts (here MAX_ATTEMPTS 1: each in the dead letters), within seconds."""
+    project.write_config(concurrency=2)
+    project.add_function("stuck", STUCK.format(isolation=isolation))
+    ids = [e.id for e in project.client.enqueue_many([Request("stuck", {"n": i}) for i in range(3)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=20, what="every job settled")
+    for i in ids:
+        assert views[i]["status"] == "dead"
+        err = views[i]["last_error"]
+        assert err["type"] == "JobTimeout" and "ran past" in err["message"] and "TIMEOUT" in err["message"], err
+
+
+PLAIN = '''
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+
+def handle(payload, ctx):
+    return {{"plain": payload["n"]}}
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_batch_and_plain_functions_share_a_queue(project: Project, isolation: str) -> None:
+    """Jobs of a plain function and of a BATCH function interleaved on one queue: each
+    goes through its own handler (a plain job never lands in a batch, nor a batch's job
+    in a child's run of single jobs), and a batch holds only its function's jobs."""
+    project.write_config(concurrency=2)
+    add(project, isolation=isolation)
+    project.add_function("plain", PLAIN.format(isolation=isolation))
+    reqs = [Request("bulk" if i % 2 else "plain", {"n": i}) for i in range(30)]
+    ids = [e.id for e in project.client.enqueue_many(reqs)]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    for i, job_id in enumerate(ids):
+        assert views[job_id]["status"] == "done", views[job_id]
+        assert views[job_id]["result"] == ({"n": i, "size": views[job_id]["result"]["size"]} if i % 2
+                                           else {"plain": i})
+    assert sorted(j for c in calls(project) for j in c["ids"]) == sorted(ids[1::2])
+
+
+def test_many_keys_spread_over_the_executors(project: Project) -> None:
+    """24 tenants' jobs interleaved, BATCH wait 1 s, four executors: a batch gathering
+    one tenant hands the other tenants' jobs on (to their own batch, or to an idle
+    executor) rather than keeping them, so the 24 batches do not wait their 1 s one
+    after another on one executor; every call holds one tenant's jobs."""
+    project.write_config(concurrency=4)
+    add(project, key="tenant:{tenant}", wait=1.0,
+        schema='{"type": "object", "properties": {"tenant": {"type": "string"}}, "required": ["tenant"]}')
+    reqs = [Request("bulk", {"n": i, "tenant": f"t{i % 24}"}) for i in range(72)]
+    ids = [e.id for e in project.client.enqueue_many(reqs)]
+    project.spawn_worker("fast")
+    wait_for(lambda: calls(project), timeout=30, what="the first call")
+    t0 = time.monotonic()
+    wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    took = time.monotonic() - t0
+    got = calls(project)
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids)
+    for c in got:
+        assert len({p["tenant"] for p in c["payloads"]}) == 1, c["payloads"]
+    assert took < 16, f"{took:.1f} s for 24 keys of 1 s wait on 4 executors: batches waited one after another"
