@@ -41,6 +41,7 @@ from runner.catalog.listing import one_request
 from runner.errors import (
     FieldError,
     InvalidGroup,
+    NotReplicated,
     RedisUnavailable,
     RunnerError,
     UnknownFunction,
@@ -49,7 +50,7 @@ from runner.errors import (
 )
 from runner.store import codec, records, routing
 from runner.store.connection import UNAVAILABLE, unreachable
-from runner.store.scripts import NewJob, job_entry
+from runner.store.scripts import Batch, NewJob, job_entry
 
 if TYPE_CHECKING:
     from runner.client import Client, Prepared, Request
@@ -207,12 +208,24 @@ def create(client: Client, members: Sequence[Request], then: Request) -> Group:
             (here_jobs if p == k.partition else away.setdefault(p, [])).append(j)
     also = sum(len(v) for v in away.values())
     chunks = [here_jobs[i:i + CHUNK] for i in range(0, len(here_jobs), CHUNK)] or [[]]
+    # With [redis] wait_replicas every step is followed by a WAIT (group.lua and enqueue.lua
+    # are durable scripts, transport.DURABLE); one short of replicas ran all the same, so
+    # the group is written whole and then refused as any enqueue is: NotReplicated.
+    short: list[NotReplicated] = []
+
+    def execute(batch: Batch) -> list[Any]:
+        try:
+            return batch.execute(raise_on_error=False)
+        except NotReplicated as exc:
+            short.append(exc)
+            return exc.replies
+
     try:
         batch = rt.scripts.batch()
         for n, chunk in enumerate(chunks):
             rt.scripts.group(k, group.id, chunk, first=n == 0, seal=n == len(chunks) - 1 and not away, then=entry,
                              inline_bytes=INLINE_BYTES, keep_ms=keep_ms, pipe=batch, also=also if n == 0 else 0)
-        replies = batch.execute(raise_on_error=False)
+        replies = execute(batch)
         written = {j.id for chunk, r in zip(chunks, replies, strict=True)
                    if not isinstance(r, BaseException) and int(r[0]) >= 0 for j in chunk}
         failed = [r for r in replies if isinstance(r, BaseException)]
@@ -228,16 +241,23 @@ def create(client: Client, members: Sequence[Request], then: Request) -> Group:
                 for i in range(0, len(part), CHUNK):
                     parts.append(part[i:i + CHUNK])
                     rt.scripts.enqueue(rt.parts[group.queue][p], parts[-1], pipe=batch)
-            replies = batch.execute(raise_on_error=False)
+            replies = execute(batch)
             failed = [r for r in replies if isinstance(r, BaseException)]
             if failed:
                 written |= {j.id for part, r in zip(parts, replies, strict=True)
                             if not isinstance(r, BaseException) for j in part}
                 raise _part_way(group, jobs, written, failed[0])
-            reply = rt.scripts.group(k, group.id, [], first=False, seal=True, then=entry,
-                                     inline_bytes=INLINE_BYTES, keep_ms=keep_ms)
+            batch = rt.scripts.batch()
+            rt.scripts.group(k, group.id, [], first=False, seal=True, then=entry,
+                             inline_bytes=INLINE_BYTES, keep_ms=keep_ms, pipe=batch)
+            reply = execute(batch)[0]
+            if isinstance(reply, BaseException):
+                raise reply
             if int(reply[0]) < 0:
                 raise RunnerError(f"group {group.id}: refused by Redis ({reply[0]})")
     except UNAVAILABLE as exc:
         raise unreachable(exc) from exc
+    if short:
+        raise NotReplicated(min(e.acked for e in short), short[0].wanted, short[0].timeout_s,
+                            job_ids=[j.id for j in jobs])
     return group

@@ -111,8 +111,9 @@ _UNSENT = RunnerError("pending")  # enqueue_many's place of a job not answered y
 
 def prepare(client: Client, req: Request, *, bounded: bool = True) -> Prepared:
     """Validate and encode one job; raises before anything touches Redis. Without
-    ``bounded``, the payload may be over ``[api] max_body_bytes``: only for one the
-    runner builds itself from data already bounded (a destination's record)."""
+    ``bounded``, the payload may be over ``[api] max_body_bytes`` and nested into the
+    headroom of runner's own records (codec.READ_DEPTH): only for one the runner builds
+    itself from data already bounded (a destination's record)."""
     return _prepare(client, req.type, req.payload, req.version, req.delay_s, req.run_at,
                     req.idempotency_key, req.traceparent, req.priority, bounded=bounded)
 
@@ -221,9 +222,11 @@ def encoded(client: Client, type_: str, version: int, payload: Any, bounded: boo
     handler's ctx.enqueue, the CLI, a requeue with an edited payload) is held to what a
     request body may carry, so it is refused before it is written to Redis, kept with
     the job and handed to a worker. The size check is a length of the bytes the job is
-    written with."""
+    written with. Not ``bounded`` (a record runner builds around values already held to
+    the limit: a destination's, a stored payload requeued as it is), it is held to what a
+    record may hold read back (codec.READ_DEPTH) instead of the user's limit."""
     try:
-        raw = codec.dumpb_checked(payload)
+        raw = codec.dumpb_checked(payload, codec.MAX_DEPTH if bounded else codec.READ_DEPTH)
     except codec.TooDeep as exc:
         raise ValidationFailed(type_, version, [FieldError(exc.path, str(exc))]) from None
     except codec.EncodeError:  # an integer past 64 bits, a set...: named as HTTP and the CLI name it

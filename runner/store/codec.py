@@ -1,9 +1,13 @@
 """The strict JSON codec used on the wire and in Redis (no pickle, ever).
 
-One nesting limit, MAX_DEPTH, holds for every value the runner reads or writes: a body,
-a payload from any producer, a result, a stored record. The encoder (orjson) stops at
-255 levels and every view wraps a payload in a few levels of its own, so a value that
-passed the parser (1,024 levels) but not the limit could never be shown again.
+One nesting limit, MAX_DEPTH (120 levels), holds for every value a user hands in, at
+every entry: a payload from any producer (the client, HTTP, the CLI, ctx.enqueue, a
+requeue with an edit), a handler's result, a step's value, a signal's body, a checkpoint,
+an event's data. Runner wraps those values in records of its own (a group's then-job
+holds its members' results 4 levels in, an ON_SUCCESS body 1, a view 1), so what it reads
+back is held to READ_DEPTH, MAX_DEPTH and HEADROOM levels more: a value within the limit
+always reads back and renders, and one past READ_DEPTH (written by another producer)
+reads as unparseable. The encoder (orjson) stops at 255 levels and the parser at 1,024.
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ import orjson
 DecodeError = orjson.JSONDecodeError
 EncodeError = orjson.JSONEncodeError
 
-# Levels of arrays and objects in one value (``[]`` is 1, ``[[]]`` 2). Well under the
-# encoder's 255, so a view's own levels around a payload always encode; far over what a
-# real payload holds.
-MAX_DEPTH = 128
-# A handler's result is held to MAX_DEPTH - RESULT_HEADROOM: runner stores it inside
-# records of its own (a group's then-job payload adds 4 levels, an ON_SUCCESS body 1, a
-# job view 1), and each of those must still be within MAX_DEPTH.
-RESULT_HEADROOM = 8
-RESULT_DEPTH = MAX_DEPTH - RESULT_HEADROOM
+# Levels of arrays and objects in one value (``[]`` is 1, ``[[]]`` 2) a user may hand in,
+# whatever the entry. Far over what a real payload holds.
+MAX_DEPTH = 120
+# Levels runner may add around a user's value in its own records (a group's then-job
+# payload adds 4, an ON_SUCCESS body 1, a job view 1): what is read back from Redis is
+# held to READ_DEPTH, well under the encoder's 255, so a view's own levels always encode.
+HEADROOM = 8
+READ_DEPTH = MAX_DEPTH + HEADROOM
+# A result is held to the one limit, as every other value is (the name stays for callers).
+RESULT_DEPTH = MAX_DEPTH
 # A request body may wrap its payloads in a few levels of its own (a group's
 # {"members": [{"payload": ...}]}): each payload is then held to MAX_DEPTH on its own.
 ENVELOPE = 4
@@ -155,9 +160,9 @@ def _parse(data: str | bytes) -> Any:
 
 
 def loads(data: str | bytes) -> Any:
-    """Decode JSON; a value past MAX_DEPTH is refused as undecodable (TooDeep)."""
+    """Decode JSON; a value past READ_DEPTH is refused as undecodable (TooDeep)."""
     value = _parse(data)
-    check_depth(value, data)
+    check_depth(value, data, READ_DEPTH)
     if _may_hold_long_ints(data):
         import json  # the rare path: a stored result whose integers past 64 bits keep their digits
 
@@ -255,8 +260,8 @@ def _shown(node: Any, depth: int) -> Any:
     if isinstance(node, str):
         return shown_text(node)
     if isinstance(node, dict | list | tuple):
-        if depth >= MAX_DEPTH:
-            return f"(nested deeper than {MAX_DEPTH} levels: not shown)"
+        if depth >= READ_DEPTH:
+            return f"(nested deeper than {READ_DEPTH} levels: not shown)"
         if isinstance(node, dict):
             return {shown_text(k) if isinstance(k, str) else k: _shown(v, depth + 1) for k, v in node.items()}
         return [_shown(v, depth + 1) for v in node]
@@ -343,9 +348,9 @@ def dumpb_result(obj: Any) -> bytes:
     try:
         return dumpb_checked(obj, RESULT_DEPTH)
     except TooDeep as exc:
-        raise NotStorable(f"the value at {exc.path} is nested deeper than {RESULT_DEPTH} levels (a result "
-                          f"leaves {RESULT_HEADROOM} of the {MAX_DEPTH}-level limit to the records built around "
-                          "it: a group's then-job, an ON_SUCCESS body); flatten it") from None
+        raise NotStorable(f"the value at {exc.path} is nested deeper than the limit of {RESULT_DEPTH} levels "
+                          "that holds for every value runner takes (a payload, a result, a step's value); "
+                          "flatten it") from None
     except orjson.JSONEncodeError:
         return _json_like(obj)
 

@@ -23,9 +23,10 @@ MAX_KEPT_SIGNALS = 32
 MAX_KEPT_SIGNAL_BYTES = 1024 * 1024
 # A wait without a timeout ends after this long, as a sleep can last at most this long.
 YEAR_MS = 366 * 86_400_000
-# A step's value and a signal's body: a log entry holds it one level down (a child's end
-# two), and the entry must read back within codec.MAX_DEPTH; as a handler's result is held.
-VALUE_DEPTH = codec.RESULT_DEPTH
+# A step's value and a signal's body: held to the one limit (codec.MAX_DEPTH), as a
+# payload and a result are; a log entry holds it one level down (a child's end two),
+# within the headroom every record read back has (codec.READ_DEPTH).
+VALUE_DEPTH = codec.MAX_DEPTH
 # A signal's name: it stands in a URL path (POST /jobs/{id}/signals/{name}).
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 # The names a child's end sends its parent (ctx.invoke): runner's own, so no caller can

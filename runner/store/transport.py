@@ -12,8 +12,9 @@ A single call goes out on a connection of the Transport's own (see ``_Lanes``): 
 pool checks every connection it hands out with a poll() and wraps each command in retry
 and event layers, which together cost about a third of an enqueue round trip.
 
-Durable calls (the enqueue and a schedule's tick) are followed by ``WAIT replicas
-timeout`` on the same connection, sent with the script in one write, when the Transport
+Durable calls (the scripts in DURABLE: an enqueue, an event's jobs, a group's members, a
+schedule's tick) are followed by ``WAIT replicas timeout`` on the same connection, sent
+with the script in one write, when the Transport
 was built with ``replicas`` > 0: WAIT counts the replicas that hold every write of its
 own connection, so it must follow the script there, and pipelined it costs no round trip
 of its own. Fewer replicas than asked raise NotReplicated, with the scripts' replies (the
@@ -67,6 +68,22 @@ def _import_redis() -> None:
                      NAMES=NAMES, SHAS=SHAS, SOURCES=SOURCES, NoScriptError=NoScriptError)
 
 
+# The scripts that write jobs a producer is answered for (an enqueue, an event's jobs, a
+# group's members, a schedule's tick): each call of one is durable, whoever sends it and
+# however (a single call, a Batch, a Stream, a cluster node's lane), so no path that
+# answers "accepted" skips the WAIT. Every other call stays asynchronous.
+DURABLE = frozenset({"enqueue", "emit", "group", "tick"})
+
+def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    """A call answered NOSCRIPT sent again with its source (EVAL), behind a SCRIPT LOAD in
+    the same write. EVAL cannot answer NOSCRIPT, so the call runs on this try even while
+    another client flushes the script cache over and over (a load and an EVALSHA after it
+    could each time be parted by a flush: a SCRIPT FLUSH every 2 ms did so six times in
+    a row); the load keeps the script for the calls after it (a script only EVAL loaded
+    may be evicted by Redis 7.4 and later)."""
+    return ("EVAL", source, len(keys), *keys, *args)
+
+
 def _noscript(reply: Any) -> bool:
     """A reply of the raw links (link.py, aiolink.py) saying Redis lacks the script."""
     return isinstance(reply, link_mod.ReplyError) and reply.code == "NOSCRIPT"
@@ -100,7 +117,7 @@ class Batch:
         self.short: list[int] = []
 
     def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
-        self.calls.append((name, keys, args, durable))
+        self.calls.append((name, keys, args, durable or name in DURABLE))
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """Every call's reply, in order. With ``raise_on_error`` false, a call that failed
@@ -283,6 +300,7 @@ class Stream:
 
     def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False) -> None:
         sc = self.scripts
+        durable = durable or name in DURABLE
         if sc._lanes is None:
             self.ready.append((tag, sc.nodes.submit(name, keys, args, durable, self.after)))
             return
@@ -515,14 +533,15 @@ class Transport:
                 durable: bool = False) -> tuple[Any, int | None]:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent)."""
+        durable = durable or name in DURABLE
         if self._lanes is None:
             if durable and self.wait is not None:
                 return self._call_on_node(name, keys, args)
             try:
                 return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-            except NoScriptError:
+            except NoScriptError:  # nothing ran: load it where the call goes, run it from its source
                 self._load(name, keys)
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
+                return self.client.execute_command(*_eval(self.sources[name], keys, args)), None
             except ResponseError:
                 self.error_replies += 1
                 raise
@@ -535,10 +554,7 @@ class Transport:
                     self._spin.wait(conn)
                 out = self._read(conn, durable)
             except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
-                conn.send_command("SCRIPT", "LOAD", self.sources[name])
-                conn.read_response()
-                self._send(conn, name, keys, args, durable)
-                out = self._read(conn, durable)
+                out = self._reload(conn, name, keys, args, durable)
         except ResponseError:
             self.error_replies += 1
             lanes.give(conn)  # an error reply was read whole: the connection is in step
@@ -640,6 +656,17 @@ class Transport:
                     replies[i] = exc
         return replies
 
+    def _reload(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any],
+                durable: bool) -> tuple[Any, int | None]:
+        """A call answered NOSCRIPT (it ran nowhere) sent again on ``conn``: SCRIPT LOAD and
+        the call by its source (``_eval``), and its WAIT when durable, in one write."""
+        load = ("SCRIPT", "LOAD", self.sources[name])
+        cmd = _eval(self.sources[name], keys, args)
+        conn.send_packed_command(conn.pack_commands(
+            [load, cmd, self.wait] if durable and self.wait is not None else [load, cmd]))
+        conn.read_response()
+        return self._read(conn, durable)
+
     def _send(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool) -> None:
         """The EVALSHA, and the WAIT behind it when durable, in one write."""
         cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
@@ -689,9 +716,10 @@ class Transport:
         """A durable call on Redis Cluster: the script and its WAIT pipelined on one
         connection of the master that holds the slot (RedisCluster would send each on a
         connection of its choosing, and a WAIT elsewhere confirms nothing)."""
-        cmd = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        cmd: tuple[Any, ...] = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
         assert self.wait is not None
-        for attempt in range(3):
+        attempt = 0
+        while attempt < 3:
             node = self.client.get_node_from_key(keys[0])
             pipe = node.redis_connection.pipeline(transaction=False)
             pipe.execute_command(*cmd)
@@ -705,14 +733,17 @@ class Transport:
                 with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
                     self.client.nodes_manager.initialize()
                 if attempt < 2 and self.client.get_node_from_key(keys[0]) is not node:
+                    attempt += 1
                     continue  # a new master holds the slot: send it there
                 raise
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, NoScriptError) and cmd[0] == "EVALSHA":  # nothing ran: by its source
                 node.redis_connection.script_load(self.sources[name])
+                cmd = _eval(self.sources[name], keys, args)
                 continue
             if isinstance(reply, (MovedError, AskError)) and attempt < 2:
                 # The slot moved (a failover, a resharding): nothing ran; learn the layout again.
                 self.client.nodes_manager.initialize()
+                attempt += 1
                 continue
             if isinstance(reply, (MovedError, AskError)):
                 raise TryAgainError(str(reply))  # type: ignore[no-untyped-call]
@@ -777,8 +808,7 @@ class LinkBatch:
         for i, reply in enumerate(replies):
             if _noscript(reply):
                 name, keys, args = calls[i]
-                _, reply = self.link.send([("SCRIPT", "LOAD", SOURCES[name]),
-                                           ("EVALSHA", SHAS[name], len(keys), *keys, *args)])
+                _, reply = self.link.send([("SCRIPT", "LOAD", SOURCES[name]), _eval(SOURCES[name], keys, args)])
                 replies[i] = reply
             if isinstance(reply, link_mod.ReplyError):
                 raise link_mod.raised(reply)
@@ -799,8 +829,10 @@ async def send_on_loop(link: AsyncLink, scripts: Transport,
     for n, reply in enumerate(replies):
         if _noscript(reply):  # it ran nowhere
             if lost is None:
+                name, keys, args = calls[n]
                 try:
-                    _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources[calls[n][0]]), wire[n]])
+                    _, replies[n] = await link.send([("SCRIPT", "LOAD", scripts.sources[name]),
+                                                     _eval(scripts.sources[name], keys, args)])
                 except RedisUnavailable as exc:
                     lost = exc
             replies[n] = lost if lost is not None else replies[n]

@@ -37,8 +37,9 @@ class CheckpointNotJSON(PermanentFailure, ValueError):
 
 
 class FollowUpNotJSON(PermanentFailure, ValueError):
-    """A ``ctx.enqueue`` payload JSON cannot carry (an integer past 64 bits, a set): the
-    job goes to the dead letters, as every retry would build the same payload."""
+    """A ``ctx.enqueue`` payload JSON cannot carry (an integer past 64 bits, a set) or
+    nested past the limit (codec.MAX_DEPTH): the job goes to the dead letters, as every
+    retry would build the same payload."""
 
 
 @dataclass(slots=True)
@@ -210,9 +211,15 @@ class Context:
             return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
                                  priority=priority)
         except (ValidationFailed, codec.EncodeError):  # (a child process's channel refuses it as it sends)
+            # What every retry would build again fails the job at once: a payload JSON
+            # cannot carry, or one nested past the limit (the same ValidationFailed a
+            # schema refusal raises, so it is told apart here).
             where = codec.not_json(payload)
             if where is None:
-                raise
+                deep = codec.too_deep(payload, codec.MAX_DEPTH)
+                if deep is None:
+                    raise
+                where = (deep, str(codec.TooDeep(deep)))
             raise FollowUpNotJSON(f"ctx.enqueue({type!r}): the payload cannot be sent: {where[1]}") from None
 
 

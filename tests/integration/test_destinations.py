@@ -331,10 +331,11 @@ def handle(payload, ctx):
 
 
 def test_a_result_leaves_room_for_the_records_built_around_it(project: Project) -> None:
-    """The nesting limit (128) is for what a user submits; a result is held to 120, so the
-    records runner builds around it (the then-job's payload, 4 levels more; an ON_SUCCESS
-    body, 1 more) always fit. A deeper result fails at settle with the limit named, where
-    one of 125-128 levels killed the then-job and one of 128 never got its ON_SUCCESS job."""
+    """A result is held to the one nesting limit (120), as a payload is, and the records
+    runner builds around it (the then-job's payload, 4 levels more; an ON_SUCCESS body, 1
+    more) always read back (128). A deeper result fails at settle with the limit named,
+    where one of 125-128 levels once killed the then-job and one of 128 never got its
+    ON_SUCCESS job."""
     from runner.client import Request
 
     write(project, "deep", DEEP)

@@ -21,7 +21,7 @@ from runner.store import codec, records
 from conftest import Project, wait_for
 
 TOKEN = "nesting-t0ken"
-LIMIT = 128  # codec.MAX_DEPTH
+LIMIT = 120  # codec.MAX_DEPTH
 
 
 def nest(levels: int, inner: Any = 1) -> Any:
@@ -76,7 +76,7 @@ def test_deep_bodies_on_every_route_get_a_problem_naming_the_limit(project: Proj
 def test_a_payload_at_the_limit_is_taken_and_renders_in_every_view(project: Project, web: Web) -> None:
     """A free-form field nested up to the limit: enqueued, shown by the job view, the
     lists and the dead letters, and requeued."""
-    payload = {"n": 1, "fail_times": 99, "free": nest(LIMIT - 2)}
+    payload = {"n": 1, "fail_times": 99, "free": nest(LIMIT - 1)}
     r = _json(web, "/jobs/record", codec.dumpb(payload))
     assert r.status_code == 202, r.text[:300]
     job_id = r.json()["id"]
@@ -102,7 +102,7 @@ def test_client_ctx_and_cli_refuse_a_deep_payload(project: Project) -> None:
     assert f"{LIMIT} levels" in cli.stderr and "Traceback" not in cli.stderr
     project.add_function("deeper", '''
 QUEUE = "fast"
-MAX_ATTEMPTS = 1
+MAX_ATTEMPTS = 3
 
 
 def handle(payload, ctx):
@@ -114,8 +114,35 @@ def handle(payload, ctx):
     job = project.client.enqueue("deeper", {})
     project.spawn_worker("fast")
     rec = project.client.wait(job.id, timeout_s=20).as_dict()
-    assert rec["status"] == "dead", rec
+    # Every retry would build the same payload: dead at once, not retried.
+    assert (rec["status"], rec["reason"], rec["attempt"]) == ("dead", "permanent failure", 1), rec
     assert f"{LIMIT} levels" in str(rec["last_error"]), rec["last_error"]
+
+
+def test_one_limit_holds_at_every_entry(project: Project, web: Web) -> None:
+    """The same value at the limit passes every entry and reads back through runner's own
+    records; one level more is refused at each. noop returns its payload: at the limit it
+    ends done with that result (a result is held to the same limit), and a group of such
+    members hands their results to its then-job, 4 levels further in. A signal body at
+    the limit is taken; one level more is a 400 naming the same limit. ctx.enqueue one
+    level past it fails the job for good on its first attempt (above)."""
+    at, over = nest(LIMIT), nest(LIMIT + 1)
+    c = project.client
+    project.spawn_worker("fast")
+    r = _json(web, "/jobs/noop", codec.dumpb(at))
+    assert r.status_code == 202, r.text[:300]
+    done = c.wait(r.json()["id"], timeout_s=30).as_dict()
+    assert (done["status"], done["result"]) == ("done", at), {k: done[k] for k in ("status", "reason")}
+    _names_the_limit(_json(web, "/jobs/noop", codec.dumpb(over)))
+    with pytest.raises(ValidationFailed, match=f"{LIMIT} levels"):
+        c.enqueue("noop", over)
+    from runner.client import Request
+
+    group = c.group([Request("noop", at), Request("noop", at)], then=Request("record", {"n": 1}))
+    then = c.wait(group.then_id, timeout_s=30).as_dict()
+    assert then["status"] == "done", {k: then.get(k) for k in ("status", "reason", "last_error")}
+    shown = web.get(f"/jobs/{group.then_id}")
+    assert shown.status_code == 200 and "not shown" not in shown.text
 
 
 def test_a_foreign_record_past_the_limit_renders_everywhere_and_dies_unparseable(project: Project,
@@ -134,7 +161,7 @@ def test_a_foreign_record_past_the_limit_renders_everywhere_and_dies_unparseable
     project.spawn_worker("fast")
     rec = project.client.wait("deep1", timeout_s=20).as_dict()
     assert (rec["status"], rec["reason"], rec["attempt"]) == ("dead", "malformed record", 0), rec
-    assert f"{LIMIT} levels" in rec["last_error"]["message"]
+    assert f"{codec.READ_DEPTH} levels" in rec["last_error"]["message"]
     for path in ("/jobs/deep1", "/dead/fast", "/jobs?queue=fast&status=dead"):
         got = web.get(path)
         assert got.status_code == 200, (path, got.status_code, got.text[:300])

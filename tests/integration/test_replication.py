@@ -279,6 +279,30 @@ def test_a_schedules_trigger_waits_too(rproject: Project, valkey_pair: Pair) -> 
     assert len(err.value.job_ids) == 1
 
 
+def test_a_group_waits_too(rproject: Project, valkey_pair: Pair) -> None:
+    """A group is an enqueue path like any other: with the replica up each of its writes is
+    followed by a WAIT; with it stopped client.group raises NotReplicated naming every
+    member and POST /groups answers 503 not-replicated, never 202 (the group is on the
+    master, whole)."""
+    p = durable(rproject, 1)
+    c = p.client
+    http = falcon.testing.TestClient(create_app(p.runtime))
+    members = [Request("record", {"n": i}) for i in range(3)]
+    c.group(members, then=Request("record", {"n": 9}))  # loads the script
+    before = valkey_pair.waits()
+    c.group(members, then=Request("record", {"n": 9}))
+    assert valkey_pair.waits() == before + 1
+    with valkey_pair.replica_stopped():
+        with pytest.raises(NotReplicated) as err:
+            c.group(members, then=Request("record", {"n": 9}))
+        assert len(err.value.job_ids) == 3 and (err.value.acked, err.value.wanted) == (0, 1)
+        assert c.get(err.value.job_ids[0]).status == "queued"  # on the master
+        body = {"members": [{"type": "record", "payload": {"n": 1}}] * 2, "then": {"type": "record", "payload": {}}}
+        r = http.simulate_post("/groups", json=body)
+        assert r.status_code == 503, r.text
+        assert r.json["type"] == "urn:runner:problem:not-replicated" and len(r.json["job_ids"]) == 2
+
+
 CHARGE = '''
 import os
 QUEUE = "fast"

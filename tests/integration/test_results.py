@@ -152,12 +152,12 @@ def test_a_checkpoint_nested_past_the_limit_is_refused_at_save(project: Project)
     project.write_config(max_attempts=3)
     _add_saves(project)
     c = project.client
-    deep, at = c.enqueue("saves", {"n": 1, "deep": 200}), c.enqueue("saves", {"n": 1, "deep": 128})
+    deep, at = c.enqueue("saves", {"n": 1, "deep": 200}), c.enqueue("saves", {"n": 1, "deep": 120})
     project.spawn_worker("fast")
     rec = c.wait(deep.id, timeout_s=30).as_dict()
     assert (rec["status"], rec["reason"], rec["attempt"]) == ("dead", "permanent failure", 1), rec
     assert rec["checkpoint"] is None and rec["last_error"]["type"] == "CheckpointTooLarge"
-    assert "128 levels" in rec["last_error"]["message"], rec["last_error"]
+    assert "120 levels" in rec["last_error"]["message"], rec["last_error"]
     done = c.wait(at.id, timeout_s=30).as_dict()
     assert (done["status"], done["result"]) == ("done", "saved"), done
 

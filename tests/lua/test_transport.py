@@ -326,3 +326,132 @@ def test_a_claim_behind_a_wake_up_is_reloaded_after_a_script_flush(project: Proj
     rang, reply = _woken(project)
     assert rang is not None and reply[2] == "a"
     assert _woken(project, 0.05)[1][2:] == []
+
+
+def test_a_script_flush_storm_never_reaches_a_caller(project: Project) -> None:
+    """SCRIPT FLUSH every millisecond for 2 s from another client while single calls,
+    batches, streams, enqueue_many and aenqueue run: a flush can land between a reload and
+    its call, so each call is reloaded until it runs. No NOSCRIPT reaches a caller and
+    every job is written exactly once."""
+    import asyncio
+    import time
+
+    import redis as redis_py
+
+    from runner.client import Request
+
+    sc, k, client = project.runtime.scripts, project.keys(), project.client
+    flusher = redis_py.Redis.from_url(project.server.url)
+    stop = threading.Event()
+    ids: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def flush() -> None:
+        while not stop.is_set():
+            flusher.script_flush()
+            time.sleep(0.001)
+
+    def run(name: str, step: Any) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                got = step(f"{name}{n}")
+            except BaseException as exc:  # counted, then asserted on
+                with lock:
+                    errors.append(exc)
+                continue
+            with lock:
+                ids.extend(got)
+
+    def single(i: str) -> list[str]:
+        assert sc.enqueue(k, [_job(i)], now_ms=NOW)[0] == 1
+        return [i]
+
+    def batch(i: str) -> list[str]:
+        b = sc.batch()
+        for j in "ab":
+            sc.enqueue(k, [_job(i + j)], pipe=b, now_ms=NOW)
+        assert [r[0] for r in b.execute()] == [1, 1]
+        return [i + "a", i + "b"]
+
+    def stream(i: str) -> list[str]:
+        st = sc.stream()
+        for j in "ab":
+            _send(st, project, i + j)
+        assert [st.read()[1][0] for _ in "ab"] == [1, 1]
+        return [i + "a", i + "b"]
+
+    def many(i: str) -> list[str]:
+        return [e.id for e in client.enqueue_many([Request("record", {"n": n}) for n in range(20)])]
+
+    def aenqueue(i: str) -> list[str]:
+        async def go() -> list[str]:
+            return [(await client.aenqueue("record", {"n": n})).id for n in range(10)]
+        return asyncio.run(go())
+
+    threads = [threading.Thread(target=flush)] + [
+        threading.Thread(target=run, args=(name, step))
+        for name, step in (("s", single), ("b", batch), ("t", stream), ("m", many), ("a", aenqueue))]
+    for t in threads:
+        t.start()
+    time.sleep(2)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    flusher.close()
+    assert errors == [], errors[:3]
+    ready = project.runtime.redis.lrange(k.ready, 0, -1)
+    assert len(ids) > 100 and sorted(ready) == sorted(ids)
+
+
+def test_a_call_answered_noscript_runs_by_its_source_on_the_first_reload(project: Project) -> None:
+    """A call answered NOSCRIPT is sent again by its source (EVAL, which cannot answer
+    NOSCRIPT) behind a SCRIPT LOAD: it runs on that one reload even when its SHA never
+    matches (here: sent by a SHA that is not its source's, as if a flush came between
+    every load and call). A single call, a batch, a stream, the event loop's path and a
+    Link's batch: each job written once, one load and one EVAL per call."""
+    import asyncio
+
+    from runner.store import link, transport
+    from runner.store.aiolink import AsyncLink
+    from runner.store.sources import SHAS
+
+    class Forgotten(dict[str, str]):
+        def __missing__(self, name: str) -> str:
+            return SHAS[name]
+
+    sc, k = project.runtime.scripts, project.keys()
+    sc.shas = Forgotten(enqueue="0" * 40)
+    r = project.runtime.redis
+    r.config_resetstat()
+
+    assert sc.enqueue(k, [_job("a")], now_ms=NOW) == [1, "a", "queued"]
+    b = sc.batch()
+    sc.enqueue(k, [_job("b")], pipe=b, now_ms=NOW)
+    assert b.execute() == [[1, "b", "queued"]]
+    st = sc.stream()
+    _send(st, project, "c")
+    assert st.read()[1] == [1, "c", "queued"]
+
+    async def on_loop() -> list[Any]:
+        aio = AsyncLink(link.address(project.server.url))  # type: ignore[arg-type]
+        try:
+            return await transport.send_on_loop(aio, sc, [sc.enqueue_call(k, [_job("d")], NOW)])
+        finally:
+            aio.close()
+
+    assert asyncio.run(on_loop()) == [[1, "d", "queued"]]
+    raw = link.Link(link.address(project.server.url))  # type: ignore[arg-type]
+    try:
+        lb = transport.LinkScripts(raw).batch()
+        lb.add(*sc.enqueue_call(k, [_job("e")], NOW))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(SHAS, "enqueue", "0" * 40)
+            assert lb.execute() == [[1, "e", "queued"]]
+    finally:
+        raw.close()
+    stats = r.info("commandstats")
+    assert int(stats["cmdstat_script|load"]["calls"]) == 5 and int(stats["cmdstat_eval"]["calls"]) == 5
+    assert sorted(r.lrange(k.ready, 0, -1)) == list("abcde")
