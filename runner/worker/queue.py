@@ -52,6 +52,7 @@ class QueueRunner:
         self.settler.cancelled = self.cancelled
         self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outcomes, worker_id)
         self.fetcher.startable = self.executors.startable
+        self.fetcher.charge_later = self.executors.charge_later
         self.outcomes = outcomes
 
     def cancel_ahead(self, job_id: str, token: str) -> None:
