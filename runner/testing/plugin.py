@@ -59,8 +59,7 @@ def runner_harness(runner_server: Server, runner_project: Path,
         hint = f"runner_project = {below[0]}" if below else "runner_project = <the folder>"
         pytest.fail(f"runner's pytest plugin found no functions/ nor runner.toml in {runner_project}: point it at "
                     f"your project's folder with `{hint}` under [pytest] in pytest.ini (or [tool.pytest.ini_options] "
-                    "in pyproject.toml), relative to the rootdir, or override the runner_project fixture",
-                    pytrace=False)
+                    "in pyproject.toml), relative to the rootdir, or override the runner_project fixture")
     harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed)
     for name, value in harness.env.items():
         if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):
