@@ -16,6 +16,7 @@
     ├── StaleLease                 the worker's claim token no longer owns the job
     ├── JobFailed                  a called job ended dead or cancelled (carries its error)
     ├── JobEnded                   a cancel or signal of a job that ended already (its status)
+    ├── NotWaiting                 a run now of a job that waits for no time (its status)
     ├── SignalPending              a signal of that name is kept for the job already, unread
     ├── SignalsFull                the job keeps its most signals (or bytes of them) unread
     ├── StillRunning               a call's or result's timeout passed before the job ended
@@ -337,6 +338,17 @@ class JobFailed(RunnerError):
         super().__init__(f"job {job_id} failed: {message or reason or 'dead'}")
 
 
+class NotWaiting(RunnerError):
+    """A run now of a job that is not waiting for a time (delayed, retrying, sleeping):
+    it runs, waits for a signal, is queued already or has ended."""
+
+    def __init__(self, job_id: str, status: str) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(f"job {job_id} is {status}: only a scheduled, retrying or sleeping job can run now"
+                         + (" (send the signal it waits for instead)" if status == "waiting" else ""))
+
+
 class JobEnded(RunnerError):
     """A cancel came too late: the job ended already (done, dead or cancelled)."""
 
@@ -521,9 +533,10 @@ class Suspend(BaseException):
     handler's ``except Exception`` cannot swallow it."""
 
     def __init__(self, name: str, kind: str, delay_ms: int | None = None, at_ms: int = 0, index: int = 0,
-                 recorded: bool = False, signal: str = "", ends_ms: int | None = None, child: str = "") -> None:
+                 recorded: bool = False, signal: str = "", ends_ms: int | None = None, child: str = "",
+                 event: str = "", match: dict[str, Any] | None = None) -> None:
         self.name = name  # the step name as recorded (with #2... for a repeated name)
-        self.kind = kind  # "sleep", "signal" or "invoke"
+        self.kind = kind  # "sleep", "signal", "event" or "invoke"
         self.delay_ms = delay_ms  # from the server's now (ctx.sleep), None for at_ms
         self.at_ms = at_ms  # absolute epoch ms (ctx.sleep_until, or a recorded sleep's end)
         self.index = index  # its position in the step log
@@ -531,6 +544,8 @@ class Suspend(BaseException):
         self.signal = signal  # the signal a wait is for
         self.ends_ms = ends_ms  # ms from now to the wait's end, when the job is due before it
         self.child = child  # ctx.invoke's child job id
+        self.event = event  # ctx.wait_for_event's event name
+        self.match = match  # and its match
         super().__init__(f"suspended at {kind} {name!r}")
 
 

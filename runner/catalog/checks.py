@@ -320,6 +320,52 @@ def durable_order(path: str) -> list[str] | None:
     return names if len(set(names)) == len(names) else None
 
 
+def durable_unconditional(path: str) -> set[str]:
+    """The names of a function file's durable calls that every run passing them reaches:
+    not under an if, a match, an except or else clause, a conditional expression, an and
+    or or, or a loop. A step of these that comes before a recorded one but is not in the
+    record is new: a replay would meet it where the record names another."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    out: set[str] = set()
+
+    def visit(node: ast.AST, maybe: bool) -> None:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in DURABLE_CALLS and node.args and not maybe:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                out.add(first.value)
+        if isinstance(node, ast.Try | ast.TryStar):
+            for stmt in node.body + node.finalbody:
+                visit(stmt, maybe)
+            for other in [*node.handlers, *node.orelse]:
+                visit(other, True)
+            return
+        branchy = isinstance(node, (ast.If, ast.IfExp, ast.Match, ast.BoolOp, *_LOOPS))
+        test = node.test if isinstance(node, ast.If | ast.IfExp) else None
+        for child in ast.iter_child_nodes(node):
+            # An if's test runs always; its branches may not.
+            visit(child, maybe or (branchy and child is not test))
+
+    visit(tree, False)
+    return out
+
+
+def _inserted(order: list[str] | None, always: set[str], names: list[str]) -> str | None:
+    """A step every run reaches that the file now calls before the last recorded one, and
+    that the record lacks (so it was added since), or None."""
+    if order is None or any("#" in n for n in names):
+        return None
+    at = {n: i for i, n in enumerate(order)}
+    reached = [at[n] for n in names if n in at]
+    if not reached:
+        return None
+    recorded = set(names)
+    return next((n for n in order[:max(reached)] if n in always and n not in recorded), None)
+
+
 def _out_of_order(order: list[str] | None, names: list[str]) -> tuple[str, str] | None:
     """Two recorded steps the file now reaches the other way round, or None."""
     if order is None or any("#" in n for n in names):
@@ -341,6 +387,8 @@ def drift(reg: Registry, jobs: Sequence[tuple[str, str, str, str, list[str]]]) -
     known: dict[str, set[str] | None] = {}
     orders: dict[str, list[str] | None] = {}
     swapped_of: dict[str, tuple[str, str]] = {}
+    always: dict[str, set[str]] = {}
+    inserted_of: dict[str, str] = {}
     for _queue, job_id, type_, status, names in jobs:
         fn = reg.functions.get(type_)
         if fn is None:
@@ -361,6 +409,13 @@ def drift(reg: Registry, jobs: Sequence[tuple[str, str, str, str, list[str]]]) -
         if swapped is not None:
             swapped_of.setdefault(type_, swapped)
             by_type.setdefault(type_, []).append(f"{job_id} ({status})")
+            continue
+        if type_ not in always:
+            always[type_] = durable_unconditional(fn.path)
+        new = _inserted(orders[type_], always[type_], names)
+        if new is not None:
+            inserted_of.setdefault(type_, new)
+            by_type.setdefault(type_, []).append(f"{job_id} ({status})")
     out = []
     for t, ids in sorted(by_type.items()):
         listed = f"Jobs: {', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''}"
@@ -368,6 +423,11 @@ def drift(reg: Registry, jobs: Sequence[tuple[str, str, str, str, list[str]]]) -
             what = (f"recorded step {missing_of[t]!r}, which {reg.functions[t].path} no longer reaches: their "
                     "replay would fail as non-deterministic. Let them finish on the code they started with, or "
                     "keep that step (its name and order).")
+        elif t in inserted_of:
+            what = (f"a record without step {inserted_of[t]!r}, which {reg.functions[t].path} now calls before "
+                    "their recorded steps: their replay would meet it where the record names another step and "
+                    "fail as non-deterministic. Let them finish on the code they started with, or add the new "
+                    "step after the steps they recorded.")
         else:
             a, b = swapped_of[t]
             what = (f"recorded step {a!r} before {b!r}, which {reg.functions[t].path} now reaches in the other "

@@ -143,6 +143,24 @@ class Registry:
         """The functions whose TRIGGERS name ``event``, by name."""
         return sorted((f for f in self.functions.values() if event in f.triggers), key=lambda f: f.name)
 
+    def broken_subscribers(self, event: str) -> dict[str, FunctionLoadError]:
+        """The function files that failed to load and whose text may subscribe to ``event``,
+        by function name: an emit must not leave one out silently."""
+        out: dict[str, FunctionLoadError] = {}
+        for path, err in self.errors.items():
+            p = Path(path)
+            if p.suffix != ".py":
+                continue
+            try:
+                source = p.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            # Read as text (it failed to load): TRIGGERS and the name quoted anywhere, a list
+            # over several lines included; a false match only refuses while the file is broken.
+            if "TRIGGERS" in source and (f'"{event}"' in source or f"'{event}'" in source):
+                out[p.stem] = err
+        return out
+
     def schedules(self) -> list[schedules_mod.Schedule]:
         """Every schedule of every loaded function, by id."""
         return sorted((s for f in self.functions.values() for s in f.schedules), key=lambda s: s.id)

@@ -1,7 +1,8 @@
 """Calling a function and controlling a job: `runner call` enqueues a job, waits for its
 end (pushed, see store/waiter.py) and prints its result (exit 0 done, 1 dead or
-cancelled, 4 still running at the timeout); `runner cancel` cancels jobs; `runner signal`
-sends a durable function's job a signal."""
+cancelled, 4 still running at the timeout); `runner cancel` cancels jobs; `runner run-now`
+runs a scheduled, retrying or sleeping job now; `runner signal` sends a durable function's
+job a signal."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from runner.cli.root import (
     read_payload,
     redis_errors,
 )
-from runner.errors import NotReplicated, RedisUnavailable, RunnerError, ValidationFailed
+from runner.errors import JobNotFound, NotReplicated, NotWaiting, RedisUnavailable, RunnerError, ValidationFailed
 
 
 @cli.command(cls=RedisCommand)
@@ -208,3 +209,21 @@ def jobs(ctx: click.Context, status: str, type_: str | None, queue: str | None, 
     human = table(("id", "queue", "type", "status", "attempt"), rows) + (
         f"\nnext page: runner jobs --status {status}{same} --cursor {page.cursor}" if page.cursor else "")
     emit({"jobs": views, "cursor": page.cursor}, as_json, human)
+
+
+@cli.command("run-now", cls=RedisCommand)
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def run_now(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Run a scheduled, retrying or sleeping job now: it goes to ready at once, keeping its
+    id and spending no attempt. Exit 1 for any other job (its status is said)."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        try:
+            was = Client(rt).run_now(job_id, by=operator())
+        except (NotWaiting, JobNotFound) as exc:
+            fail(str(exc), EXIT_REFUSED)
+    emit({"id": job_id, "run_now": "queued", "was": was}, as_json, f"{job_id}: {was} -> queued (runs now)")

@@ -20,7 +20,7 @@ from runner.cli.root import (
     refusal,
     table,
 )
-from runner.errors import EventRejected, RedisUnavailable, RunnerError
+from runner.errors import EventRejected, NotReplicated, RedisUnavailable, RunnerError
 
 
 @cli.command("emit", cls=RedisCommand)
@@ -39,7 +39,7 @@ def emit_cmd(ctx: click.Context, name: str, data: str | None, idempotency_key: s
     with redis_errors():
         try:
             out = Client(rt).emit(name, body, idempotency_key=idempotency_key)
-        except RedisUnavailable:
+        except (RedisUnavailable, NotReplicated):  # exit 3, as an enqueue (redis_errors)
             raise
         except EventRejected as exc:
             if as_json:
@@ -65,7 +65,8 @@ def emit_cmd(ctx: click.Context, name: str, data: str | None, idempotency_key: s
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) -> None:
-    """The recent events, newest first, with the jobs each started."""
+    """The recent events, newest first, with the jobs each started and the waiting jobs
+    (ctx.wait_for_event) each resumed."""
     from runner.client import Client
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
@@ -77,5 +78,7 @@ def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) 
         except RunnerError as exc:
             fail(str(exc), EXIT_REFUSED)
     rows = [(datetime.fromtimestamp(e.get("at_ms", 0) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"), e.get("id"),
-             e.get("name"), " ".join(str(j.get("id")) for j in e.get("jobs", [])) or "-") for e in out]
-    emit({"events": out}, as_json, table(("at (UTC)", "id", "name", "jobs"), rows) if rows else "no events")
+             e.get("name"), str(e.get("waiters_resumed", 0)),
+             " ".join(str(j.get("id")) for j in e.get("jobs", [])) or "-") for e in out]
+    emit({"events": out}, as_json,
+         table(("at (UTC)", "id", "name", "resumed", "jobs"), rows) if rows else "no events")

@@ -291,9 +291,11 @@ def _step(i: int, e: Any) -> str:
         if isinstance(t, int | float) and not isinstance(t, bool):
             when = datetime.datetime.fromtimestamp(t, datetime.UTC)
             line += f", {key.replace('_at', '')} {when:%Y-%m-%d %H:%M:%S} UTC"
-    for key in ("signal", "child"):
+    for key in ("signal", "child", "event"):
         if e.get(key):
             line += f", {key} {codec.shown_text(str(e[key]))}"
+    if e.get("kind") == "event" and isinstance(e.get("match"), dict):
+        line += f" matching {codec.shown_text(codec.dumps_view(e['match']))}"
     if e.get("result") is not None:
         line += f"; {codec.shown_text(str(e['result']))}"
     if isinstance(e.get("error"), dict):

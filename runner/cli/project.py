@@ -149,7 +149,11 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
             report.problems.extend(checks.Problem("partitions", m, "warning")
                                    for m in (c.message() for c in report.partitions) if m)
             report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
-            report.problems.extend(checks.drift(reg, steps.suspended(rt.redis, every)))
+            sleepers, short = steps.suspended(rt.redis, every)
+            report.problems.extend(checks.drift(reg, sleepers))
+            report.problems.extend(checks.Problem("deploy gate", (
+                f"queue {q}: read the first {read:,} of {held:,} scheduled jobs for sleeping and waiting durable "
+                "functions; the rest were not checked against the new code"), "warning") for q, read, held in short)
             report.redis_checked = True
         except Exception as exc:
             if not is_outage(exc):

@@ -282,7 +282,7 @@ class RedisCommand(click.Command):
 # looked up (invoked, or listed by --help), so a command pays for its own module only.
 # Each module registers its commands on `cli` as it is imported.
 COMMANDS = {
-    "call": "calls", "cancel": "calls", "jobs": "calls", "signal": "calls",
+    "call": "calls", "cancel": "calls", "jobs": "calls", "signal": "calls", "run-now": "calls",
     "dead": "dead",
     "emit": "events", "events": "events",
     "enqueue": "jobs", "job": "jobs", "stats": "jobs",
@@ -292,6 +292,7 @@ COMMANDS = {
     "schedules": "schedules",
     "token": "tokens",
     "logs": "watching",
+    "workers": "workers",
 }
 
 

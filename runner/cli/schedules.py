@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from runner.cli.root import EXIT_REFUSED, build_runtime, cli, emit, fail, redis_errors, table
+from runner.cli.root import EXIT_REFUSED, build_runtime, cli, emit, fail, operator, redis_errors, table
 from runner.errors import UnknownSchedule
 
 
@@ -55,13 +55,13 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def trigger(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
-    """Run one tick of schedule ID now (its own ticks go on as before)."""
+    """Run one tick of schedule ID now (its own ticks go on as before); on the audit trail."""
     from runner.client import Client
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
         try:
-            job = Client(rt).trigger(schedule_id)
+            job = Client(rt).trigger(schedule_id, by=operator())
         except UnknownSchedule as exc:
             if as_json:
                 emit({"error": str(exc), "kind": "UnknownSchedule"}, True)

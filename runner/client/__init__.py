@@ -98,6 +98,7 @@ class Client:
     then_of = inspecting.then_of
     audit = inspecting.audit
     schedules = inspecting.schedules
+    workers = inspecting.workers
 
     # Watching (watching.py): a run's log and its stream.
     logs = watching.logs
@@ -115,6 +116,8 @@ class Client:
     record_bulk = administering.record_bulk
     bulk_entry = administering.bulk_entry
     trigger = administering.trigger
+    trigger_schedule = administering.trigger
+    run_now = administering.run_now
     cancel = administering.cancel
     signal = administering.signal
     deliver_signal = administering.deliver_signal

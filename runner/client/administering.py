@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner import outbox
+from runner.client import waking
 from runner.client.enqueuing import Enqueued, _unconfirmed, encoded
 from runner.client.inspecting import find, get, queue_keys
 from runner.errors import (
@@ -19,6 +20,7 @@ from runner.errors import (
     JobEnded,
     JobNotFound,
     NotReplicated,
+    NotWaiting,
     RedisUnavailable,
     RunnerError,
     SignalPending,
@@ -358,10 +360,12 @@ def on_record(client: Client, by: str, action: str, queue: str, **detail: Any) -
 
 # --- schedules -------------------------------------------------------------------------
 
-def trigger(client: Client, schedule_id: str) -> Enqueued:
+def trigger(client: Client, schedule_id: str, *, by: str | None = None) -> Enqueued:
     """Enqueue one tick of a schedule now (to try it by hand): its job carries the
     schedule, the time as its tick and ``"trigger": "manual"``; the schedule's own
-    ticks go on as before."""
+    ticks go on as before. A manual run is not held back by OVERLAP = "skip" (the
+    operator asked for this run), while the next tick is: it counts the manual run as
+    the schedule's last job. ``by`` puts the trigger on the audit trail and the log."""
     rt = client.runtime
     scheds = rt.registry.schedules()
     s = next((x for x in scheds if x.id == schedule_id), None)
@@ -397,7 +401,39 @@ def trigger(client: Client, schedule_id: str) -> Enqueued:
             outbox.remove(rt, home, outbox.place(rt, [away]))
     if short is not None:
         raise _unconfirmed(short) from None
+    if by is not None:
+        on_record(client, by, "trigger", s.queue, schedule=s.id, job_id=reply[1])
     return Enqueued(id=reply[1], type=s.function, version=s.version, queue=s.queue, status=reply[2])
+
+
+# --- run now ---------------------------------------------------------------------------
+
+def run_now(client: Client, job_id: str, *, by: str | None = None) -> str:
+    """Move a job that waits for a time (scheduled, retrying, or a durable function's
+    sleep) to ready at once, keeping its id and spending no attempt (see
+    lua/run_now.lua); returns the status it had. Raises NotWaiting (with the job's
+    status) for any other job, JobNotFound for no such job.
+
+    ``by`` (a token's name, ``cli:<user>``) puts it on record: an entry in the job's
+    history, written in the same step, then the audit trail and the log."""
+    rt = client.runtime
+    k, fields = find(client, job_id)
+    status = fields.get("status", "queued")
+    if status not in ("scheduled", "retrying", "sleeping"):
+        raise NotWaiting(job_id, status)  # read just now: no script call to learn it again
+    entry = codec.dumps({"outcome": "run now", "by": by}) if by is not None else ""  # timed by the script
+    with reachable():
+        code, had = rt.scripts.run_now(k, job_id, entry=entry)
+    if int(code) == -1:  # gone since the look: ended (done), or deleted
+        try:
+            raise NotWaiting(job_id, get(client, job_id).status or "gone")
+        except JobNotFound:
+            raise JobNotFound(job_id) from None
+    if int(code) == -2:
+        raise NotWaiting(job_id, str(had))
+    if by is not None:
+        on_record(client, by, "run now", k.queue, job_id=job_id)
+    return str(had)
 
 
 # --- cancel ----------------------------------------------------------------------------
@@ -425,6 +461,9 @@ def cancel(client: Client, job_id: str, *, by: str | None = None, audited: bool 
         raise JobEnded(job_id, status)
     if int(code) == -1:
         raise JobNotFound(job_id)
+    if int(code) == 1:  # (a wait for an event leaves its registry)
+        with contextlib.suppress(*UNAVAILABLE):
+            waking.forget_job(client, k, job_id)
     if by is not None and audited:
         on_record(client, by, "cancel", k.queue, job_id=job_id)
     if int(code) == 3:

@@ -10,7 +10,8 @@ before it does leaves them to the relay (runner/outbox.py), which places each on
 its id. So an emit leaves every job of the event or none, whatever dies when.
 
 A subscriber added later does not receive past events: an emit enqueues for the
-functions loaded when it is made.
+functions loaded when it is made. The same step keeps the event for the jobs waiting for
+it (ctx.wait_for_event), which the emitter then tells (client/waking.py).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from runner import outbox
 from runner.catalog.listing import one_request
 from runner.catalog.options import EVENT_NAME
 from runner.catalog.templates import MAX_KEY_BYTES, control_character
+from runner.client import waking
 from runner.errors import EventConflict, EventRejected, FieldError, NotReplicated, RunnerError, ValidationFailed
 from runner.observe import tracing
-from runner.store import codec, emitted, records
+from runner.store import codec, emitted, listeners, records
 from runner.store.connection import UNAVAILABLE, reachable
 from runner.store.scripts import job_entry
 
@@ -39,8 +41,14 @@ if TYPE_CHECKING:
 # most one listing returns.
 KEEP_EVENTS = 1_000
 MAX_LIST = 500
-# How long an emit's Idempotency-Key dedupes the emit (then the same key emits again).
+# How long an emit's Idempotency-Key dedupes the emit (then the same key emits again),
+# and how long a partition's list of recent events is kept after its last emit.
 IDEM_KEY_S = 86_400
+# An event's data past this many bytes (or nested too deep to sit inside its record) is
+# kept in the record as a preview: the list of recent events stays bounded in bytes
+# (1,000 records of a few KiB per partition), and GET /events moves kilobytes. Each job
+# holds the data whole.
+DATA_SHOWN_BYTES = 4096
 
 
 class BadEventName(RunnerError):
@@ -105,11 +113,18 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
                 preps.append(client.prepare(_request(fn.name, data, tp)))
             except ValidationFailed as exc:
                 rejections[fn.name] = (exc.version, list(exc.errors))
+    for fn_name, err in rt.registry.broken_subscribers(name).items():
+        rejections[fn_name] = (0, [FieldError("$", f"the function file failed to load ({err.shown()}); fix it "
+                                                    "(runner check names the error), then emit again")])
     if rejections:
         raise EventRejected(name, rejections)
     body = codec.dumps(data)
     queue = subscribers[0].queue if subscribers else next(iter(rt.config.queues))
     home = rt.keys[queue]
+    if idempotency_key:
+        held = _held_elsewhere(client, home, name, idempotency_key, _hash(body))
+        if held is not None:
+            return held
     here, away = _split(client, home, preps)
     entries = [codec.dumps(job_entry(p.fn.queue, p.job)) for p in away]
     sent = codec.dumps([{"id": p.job.id, "type": p.fn.name, "queue": p.fn.queue, "status": "queued"}
@@ -118,7 +133,8 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
     with reachable():
         try:
             reply = rt.scripts.emit(
-                home, [p.job for p in here], event_id=records.new_id(), name=name, data=body,
+                home, [p.job for p in here], event_id=records.new_id(), name=name, data=shown_data(data, body),
+                whole=body,
                 idem_key=idempotency_key or "", data_hash=_hash(body), idem_ms=IDEM_KEY_S * 1000,
                 keep=KEEP_EVENTS, away=sent, entries=entries)
         except NotReplicated as exc:  # it ran: only its copy on the replicas is unconfirmed
@@ -130,9 +146,44 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
         # Placed now rather than a relay pass later (a failure here leaves them to the relay).
         with contextlib.suppress(*UNAVAILABLE):
             outbox.remove(rt, home, outbox.place(rt, entries))
-    if short is not None:
-        raise short
+    if code == 1 and reply[-1]:  # its waiters (ctx.wait_for_event), told now; the rest by the relay
+        waking.after_emit(client, home, str(reply[-1]))
+    if short is not None:  # named by the event's jobs, every one of which was written
+        raise NotReplicated(short.acked, short.wanted, short.timeout_s,
+                            [str(j.get("id")) for j in record.get("jobs", [])], short.replies)
     return Emitted(str(record["id"]), name, list(record.get("jobs", [])), code == 0, int(record.get("at_ms", 0)))
+
+
+def shown_data(data: Any, body: str) -> str:
+    """The event's data as its record holds it: whole, or past DATA_SHOWN_BYTES or too
+    deep to sit one level down in the record, a preview (the first bytes of its JSON, whole
+    characters), null data and its full size under "truncated", as a job list shows a
+    big payload."""
+    raw = body.encode()
+    if len(raw) <= DATA_SHOWN_BYTES and codec.too_deep(data, codec.MAX_DEPTH - 1) is None:
+        return '"data":' + body
+    preview = raw[:DATA_SHOWN_BYTES].decode("utf-8", "ignore")
+    return f'"data":null,"data_preview":{codec.dumps(preview)},"truncated":{{"data":{len(raw)}}}'
+
+
+def _held_elsewhere(client: Client, home: QueueKeys, name: str, key: str, data_hash: str) -> Emitted | None:
+    """An emit of this Idempotency-Key recorded on another queue's home partition: the
+    home follows the first subscriber, and a deploy that adds or moves one moves it, so a
+    producer's retry across that deploy is looked for on every home. (The script still
+    decides on the home, atomically, for concurrent emits of one release.)"""
+    rt = client.runtime
+    others = [rt.keys[q] for q in rt.config.queues if rt.keys[q].tag != home.tag]
+    if not others:
+        return None
+    with reachable():
+        held = emitted.held(rt.redis, others, name, key)
+    if held is None:
+        return None
+    got_hash, raw = held
+    record = codec.loads(raw)
+    if got_hash != data_hash:
+        raise EventConflict(name, key, str(record.get("id")))
+    return Emitted(str(record["id"]), name, list(record.get("jobs", [])), True, int(record.get("at_ms", 0)))
 
 
 def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[dict[str, Any]]:
@@ -144,6 +195,10 @@ def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[
     homes = [k for parts in rt.parts.values() for k in parts]
     with reachable():
         out = emitted.recent(rt.redis, homes, max(1, min(limit, MAX_LIST)), name)
+        counts = listeners.woke(rt.redis, rt.config.redis.prefix,
+                                [(str(e.get("name")), str(e.get("id"))) for e in out])
+    for e, n in zip(out, counts, strict=True):
+        e["waiters_resumed"] = n  # ctx.wait_for_event waits it resumed (kept a week)
     return out
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import GroupNotFound, JobNotFound, UnknownQueue
-from runner.store import admin, connection, keys, listing, records, routing
+from runner.store import admin, connection, keys, listing, records, roster, routing
 from runner.store import audit as audit_log
 from runner.store import groups as group_store
 from runner.store.connection import UNAVAILABLE, reachable
@@ -128,6 +128,14 @@ def by_idempotency_key(client: Client, key: str, *, type: str | None = None) -> 
         with contextlib.suppress(JobNotFound):
             out.append(get(client, job_id))
     return out
+
+
+def workers(client: Client) -> list[dict[str, Any]]:
+    """The worker processes alive now, oldest first, each with what it serves and the
+    jobs its handlers run (as of its last heartbeat, store/roster.py)."""
+    rt = client.runtime
+    with reachable():
+        return [m.view() for m in roster.read(rt.redis, rt.config.redis.prefix)]
 
 
 def paused(client: Client) -> dict[str, dict[str, Any]]:

@@ -28,3 +28,16 @@ def recent(redis: Any, homes: Iterable[QueueKeys], limit: int, name: str | None 
                 out.append(rec)
     out.sort(key=lambda r: (r.get("at_ms", 0), r.get("id", "")), reverse=True)
     return out[:limit]
+
+
+def held(redis: Any, homes: Iterable[QueueKeys], name: str, key: str) -> tuple[str, bytes] | None:
+    """(data hash, record) of an emit of ``name`` that holds Idempotency-Key ``key`` on one
+    of ``homes``, or None; one round trip."""
+    pipe = redis.pipeline(transaction=False)
+    for k in homes:
+        pipe.hmget(f"{k.emit_prefix}{name}:{key}", "hash", "record")
+    for got_hash, record in pipe.execute():
+        if record is not None:
+            h = got_hash.decode() if isinstance(got_hash, bytes) else str(got_hash)
+            return h, record
+    return None

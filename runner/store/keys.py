@@ -69,6 +69,13 @@ slot and the layout runs unchanged on Redis Cluster::
                                               jobs; see lua/emit.lua)
     <prefix>:{<queue>}:emit:<name>:<key> HASH an emit's Idempotency-Key: hash (of its data),
                                               record; expires (see client/emitting.py)
+    <prefix>:{<queue>}:idem:~ended:<type>:<key>  STRING  the id of the latest job of that key that
+                                              died or was cancelled (its key freed), for the search by
+                                              key; expires with its record (includes/idem.lua)
+    <prefix>:{<queue>}:wakes          LIST    events whose waiters (ctx.wait_for_event) are still
+                                              to be told, oldest first (JSON: id, name, ts, data;
+                                              written by lua/emit.lua, taken off once every
+                                              waiter was told: client/waking.py)
     <prefix>:{<queue>}:idem:~debounce:<type>:<key>  HASH  a DEBOUNCE burst: id (its one job),
                                               first (ms of its first enqueue); expires (includes/jobs.lua)
 
@@ -84,10 +91,19 @@ These keys are global, outside every queue's tag (each in its own slot on Redis 
 
     <prefix>:audit                    LIST    who did what (requeue, delete, purge, cancel, pause,
                                               resume, bulk), newest first, capped (see audit.py)
-    <prefix>:workers                  HASH    live workers: what they serve and know (roster.py)
+    <prefix>:workers                  HASH    live workers: what they serve, run and know; each entry
+                                              carries its time to live (roster.py)
     <prefix>:place:<queue>:{<digest>} STRING  the partition a route key was placed in while two
                                               counts of partitions are live (routing.py)
     <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
+    <prefix>:{ev:<name>}:shapes       HASH    a match's field names (JSON list) -> waiters with it
+    <prefix>:{ev:<name>}:w:<digest>   ZSET    the waiters of one match (the digest of its fields
+                                              and values) -> when each began to wait (server ms);
+                                              a member is JSON [queue, tag, job id, position]
+    <prefix>:{ev:<name>}:woke:<event> STRING  how many waiters that event resumed; expires
+
+An event name's waiters (ctx.wait_for_event, see store/listeners.py) live under a tag of
+the name's own (``{ev:<name>}``), so one name's registry is one slot, apart from every queue.
 
 A claim lives in the queue's ``claims`` hash, not in the record: a claim costs a read of
 the record and no write to it. A success deletes the record and its state, and keeps
@@ -168,6 +184,7 @@ class QueueKeys:
     stream_prefix: str = field(init=False)
     emitted: str = field(init=False)
     emit_prefix: str = field(init=False)
+    wakes: str = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.tag:
@@ -185,7 +202,8 @@ class QueueKeys:
                              ("paused", "paused"), ("held_prefix", "held:"), ("prio", "prio"),
                              ("schedules", "schedules"), ("schedules_seen", "schedules:seen"),
                              ("schedule_prefix", "schedule:"), ("log_prefix", "log:"),
-                             ("stream_prefix", "stream:"), ("emitted", "events"), ("emit_prefix", "emit:")):
+                             ("stream_prefix", "stream:"), ("emitted", "events"), ("emit_prefix", "emit:"),
+                             ("wakes", "wakes")):
             object.__setattr__(self, name, base + suffix)
 
     @property
@@ -217,6 +235,9 @@ class QueueKeys:
 
     def idem(self, type_: str, key: str) -> str:
         return f"{self.idem_prefix}{type_}:{key}"
+
+    def idem_ended(self, type_: str, key: str) -> str:
+        return f"{self.idem_prefix}~ended:{type_}:{key}"
 
     def limit(self, key: str) -> str:
         return self.lim_prefix + key
@@ -314,6 +335,29 @@ def place_prefix(prefix: str, queue: str) -> str:
     """The start of a queue's place keys: where a route key's partition is claimed while
     two counts are live (routing.Placement; each key under a hash tag of its own)."""
     return f"{prefix}:place:{queue}"
+
+
+@dataclass(frozen=True, slots=True)
+class EventKeys:
+    """The keys of one event name's waiters (ctx.wait_for_event), under the name's own tag."""
+
+    prefix: str
+    name: str
+    shapes: str = field(init=False)
+    bucket_prefix: str = field(init=False)
+    woke_prefix: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        base = f"{self.prefix}:{{ev:{self.name}}}:"
+        object.__setattr__(self, "shapes", base + "shapes")
+        object.__setattr__(self, "bucket_prefix", base + "w:")
+        object.__setattr__(self, "woke_prefix", base + "woke:")
+
+    def bucket(self, digest: str) -> str:
+        return self.bucket_prefix + digest
+
+    def woke(self, event_id: str) -> str:
+        return self.woke_prefix + event_id
 
 
 def clock_offset(prefix: str) -> str:

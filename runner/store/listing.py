@@ -38,7 +38,9 @@ were woken first; two cancels between two pages can end a list early). A travers
 always ends, shows every job that stayed deferred throughout, and shows none twice.
 
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
-``idem:<type>:<key>`` key, whose value starts with the holding job's id;
+``idem:<type>:<key>`` key, whose value starts with the holding job's id, and one of its
+``idem:~ended:<type>:<key>``, the latest job of the key that died or was cancelled (a key
+is freed then, so the holder alone would never find a dead letter);
 ``conflicting_holder`` says whether a key is held with another payload.
 """
 
@@ -324,13 +326,22 @@ def _mark(value: Any) -> tuple[str, str, bool] | None:
 
 
 def holders(redis: Any, candidates: list[tuple[str, QueueKeys]], key: str) -> list[tuple[str, str]]:
-    """(type, job id) for each candidate function (type, its queue's keys) whose
-    idempotency key ``key`` is held, in one round trip."""
+    """(type, job id) for each candidate function (type, a partition's keys) whose
+    idempotency key ``key`` is held there, then the jobs of it that ended dead or
+    cancelled (each id once), in one round trip."""
     pipe = redis.pipeline(transaction=False)
     for type_, k in candidates:
         pipe.get(k.idem(type_, key))
-    return [(type_, mark[0]) for (type_, _), value in zip(candidates, pipe.execute(), strict=True)
+        pipe.get(k.idem_ended(type_, key))
+    values = pipe.execute()
+    held = [(type_, mark[0]) for (type_, _), value in zip(candidates, values[::2], strict=True)
             if (mark := _mark(value)) is not None]
+    ended = [(type_, value) for (type_, _), value in zip(candidates, values[1::2], strict=True)
+             if isinstance(value, str) and value]
+    out: dict[str, tuple[str, str]] = {}
+    for t, i in held + ended:
+        out.setdefault(i, (t, i))
+    return list(out.values())
 
 
 def conflicting_holder(redis: Any, k: QueueKeys, type_: str, key: str, payload_hash: str) -> str | None:

@@ -32,7 +32,8 @@ sleeping and waiting (a durable function in ctx.sleep or ctx.wait_for_signal: su
 done, dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
 
 A durable function's step log lives in its state too (steps, step_bytes, step:<i>, see
-lua/step.lua), with waiting_for (the signal a waiting job waits for) and sig:<name> (a
+lua/step.lua), with waiting_for (the signal a waiting job waits for; 'event.<position>'
+for ctx.wait_for_event, whose entry names the event and match) and sig:<name> (a
 signal kept until a wait reads it); ``Job.as_dict`` shows ``steps`` and ``waiting_for``.
 """
 
@@ -335,7 +336,16 @@ class Job:
             if f.get("status") == "sleeping":
                 view["sleeping_until"] = _ts(f.get("ready_ms"))
             elif f.get("status") == "waiting":
-                view["waiting_for"] = {"signal": f.get("waiting_for"), "timeout_at": _ts(f.get("ready_ms"))}
+                # The wait's own step says until when (None: no timeout); the job's due time
+                # may be an earlier check of its own (a ctx.invoke's parent looks at its child
+                # every 30 s), not the timeout the handler asked for.
+                last = view["steps"][-1] if view["steps"] else {}
+                waiting = waiting_view(f)
+                if "until" in last:
+                    waiting["timeout_at"] = last["until"]
+                if last.get("child"):
+                    waiting["job"] = last["child"]
+                view["waiting_for"] = waiting
         if f.get("token"):
             # Only while claimed: which worker holds it and, in a job list, until when.
             view["worker"] = worker_of(f["token"])
@@ -413,6 +423,21 @@ def _error_start(preview: str) -> dict[str, Any]:
 STEP_EXCERPT = 200  # characters of a step's result a job view shows
 
 
+def waiting_view(f: Mapping[str, str]) -> dict[str, Any]:
+    """What a waiting job waits for: a signal, or an event (ctx.wait_for_event: its name
+    and match, read from the wait's entry), and until when."""
+    signal = f.get("waiting_for") or ""
+    until = _ts(f.get("ready_ms"))
+    if signal.startswith("event."):
+        try:
+            e = codec.loads(f.get(f"step:{signal[6:]}") or "null")
+        except codec.DecodeError:
+            e = None
+        if isinstance(e, dict) and e.get("kind") == "event":
+            return {"event": e.get("event"), "match": e.get("match"), "timeout_at": until}
+    return {"signal": signal, "timeout_at": until}
+
+
 def step_views(f: Mapping[str, str]) -> list[dict[str, Any]]:
     """A durable function's step log as a job view shows it: each entry's name, kind,
     status, times and a result excerpt (its first STEP_EXCERPT characters of JSON)."""
@@ -437,10 +462,13 @@ def step_views(f: Mapping[str, str]) -> list[dict[str, Any]]:
             one["until"] = _ts(str(e.get("until_ms")))
         if e.get("kind") == "invoke":
             one["child"] = e.get("child")  # ctx.invoke's child job (its view names this job: invoked_by)
-        if e.get("kind") in ("signal", "invoke") and e.get("status") == "waiting":
+        if e.get("kind") in ("signal", "invoke", "event") and e.get("status") == "waiting":
             one["until"] = _ts(str(e.get("until_ms")))
         if e.get("kind") == "signal":
             one["signal"] = e.get("signal")
+        if e.get("kind") == "event":
+            one["event"] = e.get("event")
+            one["match"] = e.get("match")
         if "value" in e:
             text = codec.dumps(e["value"])
             one["result"] = text if len(text) <= STEP_EXCERPT else text[:STEP_EXCERPT] + "\u2026"

@@ -1,22 +1,43 @@
-"""The roster: which worker processes are alive, what they serve and which function
-versions they know, kept in one hash per app (``<prefix>:workers``).
+"""The roster: which worker processes are alive, what they serve and run, and which
+function versions they know, kept in one hash per app (``<prefix>:workers``, a slot of
+its own on Redis Cluster, whatever the queues' partitions).
 
 Each worker's scheduler writes its entry every HEARTBEAT_S, stamped with the server's
-clock, and drops entries not refreshed for STALE_S (a worker that died). `runner check`
-reads it to catch the rolling-deploy direction the deploy gate cannot see in the queues:
-new code on disk (accepted by new web processes) that live workers do not know yet.
+clock: one HSET per worker per heartbeat, and nothing per job (the jobs it runs now are
+read from its ledgers when the entry is written, so they are as fresh as the last
+heartbeat). An entry carries its own time to live (``ttl_ms``, STALE_S): a reader leaves
+out an entry not refreshed within it (a worker SIGKILLed, or cut off), and the next beat
+of any worker deletes it. A worker that stops cleanly deletes its own entry.
+
+`GET /workers`, `runner workers` and the dashboard list it; `runner check` reads it to
+catch the rolling-deploy direction the deploy gate cannot see in the queues: new code on
+disk (accepted by new web processes) that live workers do not know yet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from runner.store import codec
 
-HEARTBEAT_S = 10.0
-STALE_S = 60.0
+
+def _timing() -> tuple[float, float]:
+    """How often a worker writes its entry, and how long the entry lives without one
+    (seconds). Tests shorten both: RUNNER_TEST_ROSTER="<heartbeat>,<ttl>"."""
+    raw = os.environ.get("RUNNER_TEST_ROSTER")
+    if raw:
+        beat, ttl = (float(x) for x in raw.split(","))
+        return beat, ttl
+    return 5.0, 30.0
+
+
+# A heartbeat every 5 s keeps the jobs shown as running within seconds of the truth at
+# one write per worker; a worker is gone after six missed beats (a pause of a loaded
+# host, or of Redis, is not a death).
+HEARTBEAT_S, STALE_S = _timing()
 
 
 def key(prefix: str) -> str:
@@ -37,18 +58,58 @@ class Member:
     functions: Mapping[str, int]  # type -> newest payload version it knows
     started_ms: int
     seen_ms: int
+    concurrency: int = 0  # handlers it runs at once, over its queues
+    isolation: str = ""  # "thread", "process" or "mixed": how its functions' handlers run
+    version: str = ""  # runner's version
+    release: str | None = None  # the deploy's release or commit, when the platform says
+    running: Sequence[Running] = ()  # the jobs its handlers run now
+    ttl_ms: int = 0  # how long the entry lives without a beat (0: STALE_S)
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "host": self.host, "pid": self.pid, "queues": list(self.queues),
-                "functions": dict(self.functions), "started_ms": self.started_ms, "seen_ms": self.seen_ms}
+                "functions": dict(self.functions), "started_ms": self.started_ms, "seen_ms": self.seen_ms,
+                "concurrency": self.concurrency, "isolation": self.isolation, "version": self.version,
+                "release": self.release, "running": [[r.id, r.type, r.started_ms] for r in self.running],
+                "ttl_ms": self.ttl_ms or int(STALE_S * 1000)}
+
+    def view(self) -> dict[str, Any]:
+        """As GET /workers shows it: times as epoch seconds, as a job's are."""
+        return {"id": self.id, "host": self.host, "pid": self.pid, "queues": list(self.queues),
+                "concurrency": self.concurrency, "isolation": self.isolation, "version": self.version,
+                "release": self.release, "started_at": self.started_ms / 1000, "last_seen": self.seen_ms / 1000,
+                "running": [{"id": r.id, "type": r.type, "started": r.started_ms / 1000} for r in self.running],
+                "functions": dict(self.functions)}
+
+    def live(self, now_ms: int) -> bool:
+        return now_ms - self.seen_ms <= (self.ttl_ms or STALE_S * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    id: str
+    type: str
+    started_ms: int  # when its handler started (server ms)
+
+
+def release() -> str | None:
+    """The deploy's release as the platform names it, if it does: RUNNER_RELEASE, else
+    Heroku's (dyno metadata) or a build's source commit."""
+    for name in ("RUNNER_RELEASE", "HEROKU_RELEASE_VERSION", "SOURCE_VERSION", "GIT_COMMIT"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
 
 
 def beat(redis: Any, prefix: str, member: Member) -> None:
-    """Write this worker's entry (stamped now, server time) and drop stale ones."""
+    """Write this worker's entry, stamped now by the server's clock, and drop stale ones.
+    A member without ``started_ms`` (0) is on record from its first beat's time: the
+    server's, as every time a user sees, not its host's."""
     now = server_ms(redis)
-    entry = {**member.as_dict(), "seen_ms": now}
+    entries = read(redis, prefix, now, include_stale=True)
+    mine = next((m.started_ms for m in entries if m.id == member.id), now)
+    entry = {**member.as_dict(), "seen_ms": now, "started_ms": member.started_ms or mine}
     redis.hset(key(prefix), member.id, codec.dumps(entry))
-    stale = [m.id for m in read(redis, prefix, now, include_stale=True) if now - m.seen_ms > STALE_S * 1000]
+    stale = [m.id for m in entries if not m.live(now) and m.id != member.id]
     if stale:
         redis.hdel(key(prefix), *stale)
 
@@ -58,17 +119,25 @@ def leave(redis: Any, prefix: str, member_id: str) -> None:
 
 
 def read(redis: Any, prefix: str, now_ms: int | None = None, include_stale: bool = False) -> list[Member]:
-    """The live workers (seen within STALE_S); a malformed entry is skipped."""
+    """The live workers (seen within their entry's time to live), oldest first; a
+    malformed entry is skipped. An entry of an older release (no running jobs, no ttl)
+    reads with the defaults."""
     now = server_ms(redis) if now_ms is None else now_ms
     out = []
     for raw in redis.hvals(key(prefix)):
         try:
             d = codec.loads(raw)
+            rel = d.get("release")
             m = Member(id=str(d["id"]), host=str(d["host"]), pid=int(d["pid"]), queues=tuple(d["queues"]),
                        functions={str(k): int(v) for k, v in d["functions"].items()},
-                       started_ms=int(d["started_ms"]), seen_ms=int(d["seen_ms"]))
+                       started_ms=int(d["started_ms"]), seen_ms=int(d["seen_ms"]),
+                       concurrency=int(d.get("concurrency") or 0), isolation=str(d.get("isolation") or ""),
+                       version=str(d.get("version") or ""), release=None if rel is None else str(rel),
+                       running=tuple(Running(str(i), str(t), int(s)) for i, t, s in d.get("running") or ()),
+                       ttl_ms=int(d.get("ttl_ms") or 0))
         except (codec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
             continue
-        if include_stale or now - m.seen_ms <= STALE_S * 1000:
+        if include_stale or m.live(now):
             out.append(m)
+    out.sort(key=lambda m: (m.started_ms, m.id))
     return out

@@ -60,7 +60,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     # A schedule's tick runs the enqueue script after its own guard (sources.COMPOSED).
     "tick": (*_ENQUEUE, "outbox", "schedule"),
     # An event's jobs, record and key on its home partition (docs/events.md).
-    "emit": (*_ENQUEUE, "outbox", "emitted", "emit_prefix"),
+    "emit": (*_ENQUEUE, "outbox", "emitted", "emit_prefix", "wakes", "shapes"),
     "adopt": ("schedules", "schedule_prefix", "schedules_seen"),
     "alive": ("schedule_prefix", "schedules_seen"),
     "relay": ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "done_meta",
@@ -68,6 +68,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "resume": ("paused", "ready", "notify", "job_prefix", "held", "prio"),
     "watch": ("job", "claims"),
     "cancel": _CANCEL,
+    "run_now": ("job", "claims", "scheduled", "ready", "notify", "prio"),
     "group": _GROUP,
     "group_count": _GROUP,
     "seek": ("index",),
@@ -82,10 +83,14 @@ KEYS: dict[str, tuple[str, ...]] = {
     "wait": ("job", "claims"),
     # Per-job logs (store/joblogs.py): one job's log list, given.
     "joblog": ("log",),
+    # An event name's waiters (store/listeners.py): the name's own slot, given.
+    "listen": ("shapes", "bucket"),
+    "unlisten": ("shapes", "bucket_prefix", "woke_prefix"),
 }
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).
-GIVEN = frozenset({"job", "held", "schedule", "index", "list", "audit", "log"})
+GIVEN = frozenset({"job", "held", "schedule", "index", "list", "audit", "log", "shapes", "bucket",
+                   "bucket_prefix", "woke_prefix"})
 
 # The keys of a script that takes all of its keys from the queue, in one C call.
 def _getter(names: tuple[str, ...]) -> Callable[[QueueKeys], Any]:

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 from runner.store import records, routing, scriptkeys
-from runner.store.keys import QueueKeys
+from runner.store.keys import EventKeys, QueueKeys
 
 # Batch and Stream are re-exported: callers build their calls from here.
 from runner.store.transport import Batch as Batch
@@ -344,15 +344,23 @@ class Scripts(Transport):
 
     def emit(
         self, k: QueueKeys, jobs: Sequence[NewJob], *, event_id: str, name: str, data: str, idem_key: str,
-        data_hash: str, idem_ms: int, keep: int, away: str, entries: Sequence[str], now_ms: int | None = None,
+        data_hash: str, idem_ms: int, keep: int, away: str, entries: Sequence[str], whole: str,
+        now_ms: int | None = None,
     ) -> Any:
         """One event on its home partition ``k`` (see lua/emit.lua): ``jobs`` written here,
         ``entries`` (outbox entries) for the others, whose {id, type, queue} are ``away``
-        (JSON). Returns [code, record, then code, id, status per job written here].
+        (JSON); ``data`` as the record shows it, ``whole`` the data itself (JSON), which the
+        name's waiters get. Returns [code, record, then code, id, status per job written
+        here, then the entry pending for the name's waiters ('' when it has none)].
         Durable, as an enqueue is."""
         _, _, args = self.enqueue_call(k, jobs, now_ms, self.mark_for(k))
         args += [event_id, name, data, idem_key, data_hash, idem_ms, keep, away, k.queue, len(entries), *entries]
-        return self._run("emit", scriptkeys.keys("emit", k), args, durable=True)
+        # On one server the script reads the name's waiters itself (none: no pending entry,
+        # and nothing for the emitter to tell); on Redis Cluster they live in another slot,
+        # so a key of this one stands in and the entry is always written.
+        registry = EventKeys(k.prefix, name).shapes if self.one_server else k.wakes
+        args += [1 if self.one_server else 0, whole]
+        return self._run("emit", scriptkeys.keys("emit", k, shapes=registry), args, durable=True)
 
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
         """Place follow-ups from another queue's outbox into queue ``k``, each once by id:
@@ -483,11 +491,30 @@ class Scripts(Transport):
         return self._run("suspend", keys, args, pipe)
 
     def signal(self, k: QueueKeys, job_id: str, name: str, body: str, now_ms: int | None = None, *,
-               most: int = 0, most_bytes: int = 0) -> Any:
+               most: int = 0, most_bytes: int = 0, position: int | None = None) -> Any:
         """Deliver a signal (signal.lua): {code, status}; ``most``/``most_bytes`` bound what
-        one job keeps unread (0: unbounded)."""
+        one job keeps unread (0: unbounded); with ``position``, refused (-6) once the wait
+        there is over (an event's delivery)."""
         return self._run("signal", scriptkeys.keys("signal", k, job=k.job(job_id)),
-                         (_clock(now_ms), job_id, name, body, most, most_bytes))
+                         (_clock(now_ms), job_id, name, body, most, most_bytes,
+                          "" if position is None else position))
+
+    def listen(self, ek: EventKeys, shape: str, digest: str, member: str, most_shapes: int,
+               now_ms: int | None = None) -> Any:
+        """Put a waiter on an event name's registry (listen.lua): {code, since ms}."""
+        return self._run("listen", scriptkeys.keys("listen", shapes=ek.shapes, bucket=ek.bucket(digest)),
+                         (_clock(now_ms), shape, member, most_shapes))
+
+    def unlisten(self, ek: EventKeys, items: Sequence[tuple[str, str, str]], event_id: str = "",
+                 resumed: int = 0, keep_ms: int = 0) -> int:
+        """Take waiters (digest, field names, member) off an event name's registry, counting
+        ``resumed`` for ``event_id`` (unlisten.lua); returns how many were there."""
+        args: list[Any] = [event_id, keep_ms, resumed, len(items)]
+        for item in items:
+            args += list(item)
+        return int(self._run("unlisten", scriptkeys.keys("unlisten", shapes=ek.shapes,
+                                                         bucket_prefix=ek.bucket_prefix,
+                                                         woke_prefix=ek.woke_prefix), args))
 
     def take_signal(self, k: QueueKeys, job_id: str, token: str, position: int, name: str, head: str,
                     until_ms: int | None, max_steps: int, max_bytes: int, now_ms: int | None = None) -> Any:
@@ -545,6 +572,12 @@ class Scripts(Transport):
         (JSON) goes in the job's history when the cancel takes."""
         args = (_clock(now_ms), job_id, retention_ms, entry)
         return self._run("cancel", scriptkeys.keys("cancel", k, job=k.job(job_id)), args)
+
+    def run_now(self, k: QueueKeys, job_id: str, entry: str = "", now_ms: int | None = None) -> Any:
+        """[code, status] (see run_now.lua): 1 moved to ready (the status it had), -1 no
+        record (gone or done), -2 refused with the job's status. ``entry`` (JSON) goes in
+        the job's history when it moves."""
+        return self._run("run_now", scriptkeys.keys("run_now", k, job=k.job(job_id)), (_clock(now_ms), job_id, entry))
 
     def cancel_deferred(self, k: QueueKeys, list_key: str, limit: str, n: int, type_: str, after: str,
                         retention_ms: int, entry: str = "") -> tuple[bool, str, list[str]]:

@@ -22,7 +22,7 @@ NAMES = (
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
     "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek",
     "seek_list", "audit", "step", "steps", "suspend", "signal", "wait", "emit",
-    "joblog",
+    "joblog", "run_now", "listen", "unlisten",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.

@@ -30,7 +30,7 @@ VALUE_DEPTH = codec.RESULT_DEPTH
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 # The names a child's end sends its parent (ctx.invoke): runner's own, so no caller can
 # forge a child's result and no wait collides with one.
-RESERVED_SIGNAL = re.compile(r"child\.[0-9]+")
+RESERVED_SIGNAL = re.compile(r"(child|event)\.[0-9]+")
 
 
 def check_signal_name(name: Any) -> str:
@@ -38,8 +38,9 @@ def check_signal_name(name: Any) -> str:
     if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
         raise ValueError(f"a signal's name is 1 to 100 letters, digits, '.', '_', ':' or '-', not {name!r}")
     if RESERVED_SIGNAL.fullmatch(name):
-        raise ValueError(f"the signal name {name!r} is reserved: 'child.' and a number is the signal a child "
-                         "job's end sends its parent (ctx.invoke); choose another name")
+        raise ValueError(f"the signal name {name!r} is reserved: 'child.' or 'event.' and a number is the signal "
+                         "a child job's end sends its parent (ctx.invoke), or an event its waiter "
+                         "(ctx.wait_for_event); choose another name")
     return name
 
 
@@ -65,31 +66,76 @@ def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "") -> list[dict[
     return out
 
 
-def suspended(redis: Any, keys: Sequence[QueueKeys], limit: int = 1000) -> list[tuple[str, str, str, str, list[str]]]:
+def waiting_event(redis: Any, k: QueueKeys, job_id: str) -> tuple[str, dict[str, Any], int] | None:
+    """What a job waits for when it waits for an event (ctx.wait_for_event): its name, its
+    match and the wait's position; None for a job that does not (two round trips)."""
+    waits = redis.hget(k.state(job_id), "waiting_for")
+    if not waits or not str(waits).startswith("event."):
+        return None
+    try:
+        position = int(str(waits)[6:])
+        entry = codec.loads(redis.hget(k.state(job_id), f"step:{position}") or "null")
+    except (ValueError, codec.DecodeError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("event"), str) \
+            or not isinstance(entry.get("match"), dict):
+        return None
+    return entry["event"], entry["match"], position
+
+
+# The deploy gate reads at most this many scheduled jobs of each partition, in chunks
+# (and says so when a partition holds more): sleepers hide among delayed jobs there.
+SUSPENDED_READ_MAX = 100_000
+_CHUNK = 1_000
+
+
+def suspended(redis: Any, keys: Sequence[QueueKeys], limit: int = SUSPENDED_READ_MAX
+              ) -> tuple[list[tuple[str, str, str, str, list[str]]], list[tuple[str, int, int]]]:
     """(queue, job id, type, status, recorded step names) of the sleeping and waiting jobs
-    among the first ``limit`` of each partition's scheduled set (`runner check`): three
-    pipelined round trips, bounded whatever the depth."""
+    in each partition's scheduled set (`runner check`), read in chunks of _CHUNK: each
+    job's status first, then the record and steps of the suspended ones only; and the
+    partitions read only in part, as (queue, read, held), when one holds over ``limit``."""
+    out: list[tuple[str, str, str, str, list[str]]] = []
+    short: list[tuple[str, int, int]] = []
+    keys = list(keys)
     pipe = redis.pipeline(transaction=False)
     for k in keys:
-        pipe.zrange(k.scheduled, 0, limit - 1)
-    found = [(k, job_id) for k, ids in zip(keys, pipe.execute(), strict=True) for job_id in ids]
-    if not found:
+        pipe.zcard(k.scheduled)
+    for k, held in zip(keys, pipe.execute(), strict=True):
+        held = int(held or 0)
+        if held > limit:
+            short.append((k.queue, limit, held))
+        for start in range(0, min(held, limit), _CHUNK):
+            pipe = redis.pipeline(transaction=False)
+            pipe.zrange(k.scheduled, start, min(start + _CHUNK, limit) - 1)
+            ids = pipe.execute()[0]
+            if ids:
+                out += _suspended_of(redis, k, ids)
+    return out, short
+
+
+def _suspended_of(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[tuple[str, str, str, str, list[str]]]:
+    pipe = redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.execute_command("HMGET", k.state(job_id), "status", "steps")
+    chosen = [(job_id, int(steps or 0), status) for job_id, (status, steps) in zip(ids, pipe.execute(), strict=True)
+              if status in ("sleeping", "waiting")]
+    if not chosen:
         return []
     pipe = redis.pipeline(transaction=False)
-    for k, job_id in found:
+    for job_id, n, _ in chosen:
         pipe.get(k.job(job_id))
-        pipe.hgetall(k.state(job_id))
+        pipe.execute_command("HMGET", k.state(job_id), "type", *[f"step:{i}" for i in range(n)])
     replies = pipe.execute()
     out: list[tuple[str, str, str, str, list[str]]] = []
-    for (k, job_id), raw, state in zip(found, replies[::2], replies[1::2], strict=True):
-        status = (state or {}).get("status")
+    for (job_id, _n, status), raw, entries in zip(chosen, replies[::2], replies[1::2], strict=True):
         rec = records.parse(raw)
-        if status not in ("sleeping", "waiting") or rec is None:
+        if rec is None:
             continue
         names = []
-        for i in range(int(state.get("steps") or 0)):
+        for one in entries[1:]:
             try:
-                entry = codec.loads(state.get(f"step:{i}") or "null")
+                entry = codec.loads(one or "null")
             except codec.DecodeError:
                 entry = None
             if isinstance(entry, dict) and isinstance(entry.get("name"), str):

@@ -480,6 +480,9 @@ class Transport:
         self.nodes = NodeLanes(self)  # Redis Cluster: calls to the masters at once
         self.sources = SOURCES
         self.shas = SHAS
+        # One server holds every key (not Redis Cluster): a script may then read a key of
+        # another slot that it is given (lua/emit.lua reads an event name's waiters so).
+        self.one_server = not isinstance(client, RedisCluster)
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._watch: Any = getattr(pool, "runner_watch", None)  # Sentinel's events (sentinel.py)

@@ -140,7 +140,9 @@ def run_inline(
     earlier attempt), ``idempotency_key``, ``resource_key``, ``cancelled`` and ``lock_lost``;
     ``steps``, a step log left by an earlier run (``Outcome.steps``), replays it. Durable
     calls run: ``ctx.step`` records, ``ctx.sleep`` returns at once, ``ctx.wait_for_signal``
-    returns the body given in ``signals={name: body}`` (none: SignalTimeout).
+    returns the body given in ``signals={name: body}`` (none: SignalTimeout), and
+    ``ctx.wait_for_event`` the event whose data ``events={name: data}`` gives, when it holds
+    the wait's match (else None, as on a timeout).
     ``registry`` skips loading the project (a test that runs many jobs loads it once); the
     result and checkpoints are then held to the default ``[worker] max_result_bytes``."""
     if registry is None:
@@ -150,7 +152,7 @@ def run_inline(
         reg, max_result, max_step = registry, config_mod.MAX_RESULT_BYTES, journal.MAX_STEP_BYTES
     fn = reg.get(type)
     known = {"attempt", "max_attempts", "job_id", "checkpoint", "idempotency_key", "resource_key",
-             "cancelled", "lock_lost", "steps", "signals"}
+             "cancelled", "lock_lost", "steps", "signals", "events"}
     unknown = set(ctx_overrides) - known
     if unknown:
         raise TypeError(f"run_inline: unknown ctx override(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -185,7 +187,8 @@ def run_inline(
     )
     rec.steps = [dict(e) for e in ctx_overrides.get("steps") or ()]
     ctx._journal = journal.Journal(job.id, lambda: list(rec.steps), rec.record_step, max_step, inline=True,
-                                   signals=dict(ctx_overrides.get("signals") or {}))
+                                   signals=dict(ctx_overrides.get("signals") or {}),
+                                   events=dict(ctx_overrides.get("events") or {}))
     outcome, _ = run_handler(fn, lifted, job, ctx, None, lambda body: body(), max_result)
     return _outcome(job.id, outcome, rec, lifted)
 

@@ -42,12 +42,13 @@ from runner.web.exposition import Metrics
 from runner.web.fastlane import FastLane
 from runner.web.groups import GroupItem, Groups
 from runner.web.hub import Hub
-from runner.web.jobs import JobBatch, JobList, Jobs, JobSignal
+from runner.web.jobs import JobBatch, JobList, JobRunNow, Jobs, JobSignal
 from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
 from runner.web.pauses import FunctionPause, QueuePause
-from runner.web.schedules import Schedules
+from runner.web.schedules import Schedules, ScheduleTrigger
 from runner.web.watching import JobLogs, JobStream
+from runner.web.workers import Workers
 
 log = logging.getLogger("runner.web")
 
@@ -118,6 +119,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     app.add_route("/jobs/{name}", Jobs(client, offload))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/jobs/{name}/signals/{signal}", JobSignal(client, offload))
+    app.add_route("/jobs/{name}/run-now", JobRunNow(client, offload))
     app.add_route("/jobs/{name}/logs", JobLogs(client, offload))
     app.add_route("/jobs/{name}/stream", JobStream(client, offload))
     app.add_route("/groups", Groups(client, offload))
@@ -137,6 +139,8 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     app.add_route("/bulk", Bulk(client, offload))
     app.add_route("/whoami", auth.WhoAmI(runtime))
     app.add_route("/schedules", Schedules(client, offload))
+    app.add_route("/schedules/{name}/trigger", ScheduleTrigger(client, offload))
+    app.add_route("/workers", Workers(client, offload))
     app.add_route("/openapi.json", OpenApi(runtime))
     app.add_route("/metrics", Metrics(runtime, offload))
     app.add_route("/healthz", Health(runtime, offload))

@@ -14,7 +14,8 @@ Every route needs one scope, from ROUTES, looked up by method and path before ro
     enqueue:{}  POST /jobs/{type}, /jobs/{type}/batch: "enqueue" or "enqueue:<that type>"
     enqueue     POST /groups (its members may be of any types)
     read        every GET but /healthz, /whoami and the dashboard's static shell
-    operate     requeue, delete, purge, cancel, pause and resume, bulk actions
+    operate     requeue, delete, purge, cancel, pause and resume, bulk actions, run now,
+                a schedule's trigger
     signal      POST /jobs/{id}/signals/{name} (operate may send one too)
     emit:{}     POST /events/{name}: "emit" or "emit:<that name>"
 
@@ -90,6 +91,7 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("GET", "/openapi.json", READ),
     ("GET", "/metrics", READ),
     ("GET", "/audit", READ),
+    ("GET", "/workers", READ),
     ("GET", "/events", READ),
     ("POST", "/dead/{}/{}/requeue", OPERATE),
     ("DELETE", "/dead/{}/{}", OPERATE),
@@ -98,6 +100,8 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("POST", "/functions/{}/pause", OPERATE),
     ("POST", "/functions/{}/resume", OPERATE),
     ("POST", "/bulk", OPERATE),
+    ("POST", "/jobs/{}/run-now", OPERATE),
+    ("POST", "/schedules/{}/trigger", OPERATE),
     ("POST", "/jobs/{}/signals/{}", SIGNAL),        # or operate (see allows)
     ("POST", "/events/{}", EMIT),
     # Not served yet: the routes of the next round, here so that each has its scope the

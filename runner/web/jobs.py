@@ -13,7 +13,15 @@ import falcon.asgi
 
 from runner.catalog.templates import MAX_KEY_BYTES, control_character
 from runner.client import Client, Request
-from runner.errors import IdempotencyConflict, JobEnded, JobNotFound, RedisUnavailable, SignalPending, SignalsFull
+from runner.errors import (
+    IdempotencyConflict,
+    JobEnded,
+    JobNotFound,
+    NotWaiting,
+    RedisUnavailable,
+    SignalPending,
+    SignalsFull,
+)
 from runner.store import codec
 from runner.store.listing import LISTED
 from runner.store.records import ENDED
@@ -124,6 +132,25 @@ class Jobs:
             raise Problem(409, "job-ended", f"job {name} has ended already ({exc.status})",
                           title="Job ended", job_status=exc.status) from None
         send(resp, {"id": name, "cancel": outcome})
+
+
+class JobRunNow:
+    """POST /jobs/{id}/run-now: a scheduled, retrying or sleeping job goes to ready at once,
+    keeping its id and spending no attempt. 200 {"id", "run_now": "queued", "was": the
+    status it had}; 409 with the job's status for any other; 404 no job."""
+
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
+        only_params(req)
+        try:
+            was = await self.offload(lambda: self.client.run_now(name, by=caller(req)))
+        except NotWaiting as exc:
+            raise Problem(409, "not-waiting", str(exc), title="Not waiting for a time", job_id=name,
+                          job_status=exc.status) from None
+        send(resp, {"id": name, "run_now": "queued", "was": was})
 
 
 class JobSignal:

@@ -241,7 +241,8 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
 async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, NotReplicated)
     log.warning("%s %s: %s", req.method, req.path, ex)
-    which = f"job {ex.job_ids[0]}" if len(ex.job_ids) == 1 else f"{len(ex.job_ids)} job(s)"
+    which = f"job {ex.job_ids[0]}" if len(ex.job_ids) == 1 else \
+        f"{len(ex.job_ids)} jobs" if ex.job_ids else "the write"
     raise Problem(503, "not-replicated",
                   f"{which} written to the Redis master, but only {ex.acked} of {ex.wanted} replica(s) "
                   f"confirmed within {ex.timeout_s:g} s: the job exists but a failover now could lose it. "

@@ -212,6 +212,22 @@ COMPONENTS: dict[str, Any] = {
         "counts": _obj({"fired": _INT, "missed": _INT, "overlap": _INT, "manual": _INT}),
     }),
     "ScheduleList": _obj({"schedules": {"type": "array", "items": ref("Schedule")}}),
+    "Worker": _obj({
+        "id": _STR, "host": _STR, "pid": _INT, "queues": {"type": "array", "items": _STR},
+        "concurrency": {"type": "integer", "description": "handlers it runs at once, over its queues"},
+        "isolation": {"type": "string", "description": "thread, process or mixed (its functions' ISOLATION)"},
+        "version": {"type": "string", "description": "runner's version"},
+        "release": {"type": ["string", "null"], "description": "the deploy's release as the platform names it "
+                                                              "(RUNNER_RELEASE, HEROKU_RELEASE_VERSION, "
+                                                              "SOURCE_VERSION, GIT_COMMIT), if it does"},
+        "started_at": _NUM, "last_seen": {"type": "number", "description": "its last heartbeat (epoch s)"},
+        "running": {"type": "array", "items": _obj({"id": _STR, "type": _STR, "started": _NUM},
+                                                   ["id", "type", "started"]),
+                    "description": "the jobs its handlers ran at its last heartbeat"},
+        "functions": {"type": "object", "additionalProperties": _INT,
+                      "description": "each function it serves, with the newest payload version it knows"},
+    }, required=["id", "host", "pid", "queues", "concurrency", "isolation", "started_at", "last_seen", "running"]),
+    "WorkerList": _obj({"workers": {"type": "array", "items": ref("Worker")}}),
 }
 
 
@@ -262,6 +278,20 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                                               "cancel": {"type": "string", "enum": ["cancelled", "requested"]}},
                                              ["id", "cancel"])}}},
                           "404": problem("No such job"), "409": problem("The job has ended already")},
+        }},
+        "/jobs/{id}/run-now": {"post": {
+            "operationId": "run_job_now", "tags": ["jobs"],
+            "summary": "Run a scheduled, retrying or sleeping job now: to ready at once, its id kept, no "
+                       "attempt spent",
+            "parameters": [job_id],
+            "responses": {"200": {"description": "moved to ready; was: the status it had", "content": {_JSON: {
+                              "schema": _obj({"id": _STR, "run_now": {"const": "queued"},
+                                              "was": {"type": "string", "enum": ["scheduled", "retrying",
+                                                                                 "sleeping"]}},
+                                             ["id", "run_now", "was"])}}},
+                          "404": problem("No such job"),
+                          "409": problem("The job waits for no time (job_status: processing, queued, waiting, "
+                                         "done, dead, ...); nothing changed")},
         }},
         "/jobs/{id}/signals/{signal}": {"post": {
             "operationId": "signal_job", "tags": ["jobs"],
@@ -435,6 +465,23 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
             "operationId": "list_schedules", "tags": ["schedules"],
             "summary": "Every schedule (SCHEDULE in a function file) with its next and last tick and last job",
             "responses": {"200": ok("The schedules, by id", "ScheduleList")},
+        }},
+        "/schedules/{name}/trigger": {"post": {
+            "operationId": "trigger_schedule", "tags": ["schedules"],
+            "summary": "Run one tick of a schedule now; its own ticks go on as before",
+            "description": "The run's job carries the schedule, the time as its tick and trigger: manual. It is "
+                           "not held back by OVERLAP = \"skip\" (it was asked for); the next tick is, by it.",
+            "parameters": [_path_param("name", {"type": "string"}, "a schedule's id (runner schedules)")],
+            "responses": {"202": {"description": "The run's job", "content": {_JSON: {"schema": _obj({
+                              "id": _STR, "type": _STR, "version": _INT, "queue": _STR, "status": _STR,
+                              "schedule": _STR}, ["id", "type", "queue", "status", "schedule"], extra=True)}}},
+                          "404": problem("No such schedule")},
+        }},
+        "/workers": {"get": {
+            "operationId": "list_workers", "tags": ["meta"],
+            "summary": "The worker processes alive now, with what each serves and runs (as of its last "
+                       "heartbeat)",
+            "responses": {"200": ok("The workers, oldest first", "WorkerList")},
         }},
         "/openapi.json": {"get": {
             "operationId": "openapi", "tags": ["meta"], "summary": "This document",

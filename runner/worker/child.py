@@ -397,6 +397,8 @@ class Child:
                                                                                 options),
             collect=lambda child, signal: bool((self.ask(token, "collect", child=child, signal=signal).get("value")
                                                 or {}).get("found")),
+            listen=lambda name, match, pos, on: int((self.ask(token, "listen", name=name, match=match, position=pos,
+                                                              on=on).get("value") or {}).get("code", -9)),
             held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
                                                                                                   lease_s))
 

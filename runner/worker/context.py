@@ -268,6 +268,39 @@ class Context:
             ms = int(t * 1000)
         return self._durable().wait(name, ms)
 
+    def wait_for_event(self, name: str, match: dict[str, Any] | None = None,
+                       timeout: float | None = None) -> dict[str, Any] | None:
+        """The first event ``name`` emitted after this call began to wait whose data holds
+        every field of ``match`` at its top level with an equal JSON value, as a dict
+        ``{"id", "name", "data", "ts"}`` (``ts``: when it was emitted, epoch ms). Until one
+        comes the run ends here (status ``waiting``, no worker slot, no attempt spent) and
+        the job resumes with it. Returns None once ``timeout`` seconds pass without one
+        (without a timeout, a wait lasts up to a year). Recorded as a step named ``name``."""
+        from runner.catalog.options import EVENT_NAME
+        from runner.store.listeners import canonical
+
+        if not isinstance(name, str) or not EVENT_NAME.fullmatch(name):
+            raise ValueError(f"ctx.wait_for_event: {name!r} is not an event name: 1 to 128 letters, digits and "
+                             ". _ : -, starting with a letter or digit")
+        if match is None:
+            match = {}
+        if not isinstance(match, dict) or not all(isinstance(k, str) for k in match):
+            raise ValueError(f"ctx.wait_for_event({name!r}, match={match!r}): a dict of top-level field names "
+                             "to the JSON values the event's data must hold")
+        try:
+            match = codec.loads(canonical(match))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"ctx.wait_for_event({name!r}): the match is not JSON: {exc}") from None
+        if len(canonical(match)) > 4096:
+            raise ValueError(f"ctx.wait_for_event({name!r}): a match is at most 4,096 bytes of JSON")
+        ms = None
+        if timeout is not None:
+            t = float(timeout)
+            if not 0 <= t <= 366 * 86400:
+                raise ValueError(f"ctx.wait_for_event({name!r}, timeout={timeout!r}): seconds from 0 to a year")
+            ms = int(t * 1000)
+        return self._durable().wait_event(name, match, ms)
+
     def invoke(self, type: str, payload: Any, *, timeout: float | None = None, **options: Any) -> Any:
         """Run a child job of ``type`` and return its result: the child is validated now
         (an invalid one raises here), written in the same step as this run's suspension,

@@ -282,6 +282,9 @@ def suspended(sus: Suspend) -> Suspended:
     elif sus.kind == "invoke":
         entry = codec.dumps({"name": sus.name, "kind": "invoke", "signal": sus.signal, "child": sus.child,
                              "status": "waiting"})
+    elif sus.kind == "event":
+        entry = codec.dumps({"name": sus.name, "kind": "event", "event": sus.event, "match": sus.match or {},
+                             "signal": sus.signal, "status": "waiting"})
     else:
         entry = codec.dumps({"name": sus.name, "kind": sus.kind, "status": "ok"})
     return Suspended(sus.name, sus.kind, sus.index, entry, sus.delay_ms, sus.at_ms, sus.signal, sus.ends_ms)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runner.catalog.registry import Function
-from runner.client import Client, Enqueued, Request
+from runner.client import Client, Enqueued, Request, waking
 from runner.config import QueueConfig
 from runner.errors import (
     IdempotencyConflict,
@@ -37,7 +37,7 @@ from runner.errors import (
 )
 from runner.observe import tracing
 from runner.runtime import Runtime
-from runner.store import codec, listing, steps, tracecontext
+from runner.store import codec, listeners, listing, steps, tracecontext
 from runner.store.keys import QueueKeys
 from runner.store.scripts import Followup, NewJob, followup_id
 from runner.worker import durable, faults, journal
@@ -246,6 +246,16 @@ class Executors:
             client.deliver_signal(job.id, signal, body)
         return True
 
+    def _listen(self, part: QueueKeys, job: Claimed, name: str, match: dict[str, Any], position: int,
+                on: bool) -> int:
+        """ctx.wait_for_event puts its waiter on the event's registry before the run
+        suspends (on), and takes it off when the wait is over (client/waking.py)."""
+        member = listeners.member(part.queue, part.tag, job.id, position)
+        if on:
+            return waking.listen(self._client(), name, match, member)
+        waking.unlisten(self._client(), name, match, member)
+        return 1
+
     def _check_key(self, queue: str, job: NewJob) -> None:
         """A follow-up whose idempotency key another job holds with another payload raises
         IdempotencyConflict here, in the handler, as an enqueue answers 409: the ack would
@@ -449,6 +459,7 @@ class Executors:
             take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
             start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
             collect=lambda child, signal: self._collect(job, child, signal),
+            listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
             held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
                                            or self._still_held(run)))
 
@@ -682,6 +693,7 @@ class _ChildRun:
         self.started_ms = Executors._server_now(self.job)  # after any wait for the child to start
         with self.ex.ledger.lock:
             self.run.child_pid = pid
+            self.run.began = (time.monotonic(), self.started_ms)  # (the roster shows it running)
         if charge:
             self.charge()
         fault("mid_handler")
@@ -722,6 +734,11 @@ class _ChildRun:
                 return refusal_record(exc)
         if call == "collect":
             return {"found": ex._collect(job, str(msg.get("child")), str(msg.get("signal")))}
+        if call == "listen":
+            match = msg.get("match")
+            return {"code": ex._listen(ex.parts[job.partition], job, str(msg.get("name")),
+                                       match if isinstance(match, dict) else {}, int(msg.get("position") or 0),
+                                       bool(msg.get("on")))}
         if call == "extend":
             return ex.renew_one(job)
         if call == "progress":

@@ -20,6 +20,8 @@ ARMED = bool(_POINT)  # for a point on a job's path: `if ARMED: fault(...)` cost
 POINTS = ("before_claim", "after_claim", "mid_handler", "after_handler", "after_ack")
 # Off a job's path: the relay of follow-ups to other queues (worker/relay.py).
 RELAY_POINTS = ("before_relay", "after_relay")
+# The relay's telling of an event's waiters (worker/relay.py, client/waking.py).
+WAKE_POINTS = ("before_wake", "after_wake")
 # The ticker (worker/ticker.py): before and after a batch of tick scripts, and after it
 # placed the jobs its ticks sent to another partition, before it took them off the outbox.
 TICK_POINTS = ("before_tick", "after_tick", "tick_placed")

@@ -13,6 +13,7 @@ recorded the log, and the job fails for good ("non-deterministic replay"), namin
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -69,6 +70,10 @@ class Journal:
     clock0: tuple[int, float] = (0, 0.0)  # the server's ms at the claim, and this host's monotonic then
     take: Callable[[int, str, str, int | None], tuple[int, str]] | None = None  # wait.lua
     signals: dict[str, Any] = field(default_factory=dict)  # run_inline's signals
+    events: dict[str, Any] = field(default_factory=dict)  # run_inline's events: name -> data
+    # ctx.wait_for_event: put (True) or take (False) this job's waiter for (name, match) at
+    # a position on the name's registry; answers listen.lua's code (-1: refused).
+    listen: Callable[[str, dict[str, Any], int, bool], int] | None = None
     # ctx.invoke: validate and hold the child (id, type, payload, options) -> its id; and
     # look for a child's end, sending it to this job as its signal when it has one.
     start_child: Callable[[str, str, Any, dict[str, Any]], str] | None = None
@@ -99,14 +104,15 @@ class Journal:
             # Threads reach their calls in any order, a replay in another: the log would
             # not match it (non-deterministic replay) and steps would run twice.
             raise PermanentFailure(f"durable call {name!r} from a thread the handler started: call ctx.step, "
-                                   "ctx.sleep, ctx.wait_for_signal and ctx.invoke from the handler's own thread, "
-                                   "one after another; to run work in parallel, do it inside one step's "
-                                   "function, or in child jobs (ctx.invoke)")
+                                   "ctx.sleep, ctx.wait_for_signal, ctx.wait_for_event and ctx.invoke from the "
+                                   "handler's own thread, one after another; to run work in parallel, do it "
+                                   "inside one step's function, or in child jobs (ctx.invoke)")
         if self.step_key is not None:
             # Inside a step's fn: its record would land between the step's start and its
             # end, at a position the replay (which never calls fn) does not reach.
             raise PermanentFailure(f"durable call {name!r} inside step {self.step_key!r}: call ctx.step, ctx.sleep, "
-                                   "ctx.wait_for_signal and ctx.invoke from the handler, not from a step's function")
+                                   "ctx.wait_for_signal, ctx.wait_for_event and ctx.invoke from the handler, not "
+                                   "from a step's function")
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"a step's name is a non-empty string of at most 200 characters, not {name!r}")
         count = self.seen.get(name, 0) + 1
@@ -277,6 +283,62 @@ class Journal:
             self.entries.append(entry)
         self.position += 1
 
+    def wait_event(self, name: str, match: dict[str, Any], timeout_ms: int | None) -> dict[str, Any] | None:
+        """The first event ``name`` whose data matches, emitted after this wait began:
+        recorded, kept for the job already, or else the run ends here (Suspend) until one
+        comes (None past the timeout). The wait is a signal wait for ``event.<position>``,
+        which the event's delivery sends (client/waking.py)."""
+        label = self.label(name)
+        entry = self.recorded(label, "event")
+        signal = f"event.{self.position}"
+        head = codec.dumps({"name": label, "kind": "event", "event": name, "match": match, "signal": signal})[:-1]
+        if entry is not None:
+            status = entry.get("status")
+            if status in ("ok", "timeout"):
+                self.position += 1
+                self.replayed += 1
+                return entry.get("value") if status == "ok" else None
+            until = entry.get("until_ms")
+            return self._event(label, name, match, signal, head, until if isinstance(until, int) else 0)
+        if self.inline:
+            data = self.events.get(name, _NONE)
+            found = data is not _NONE and _matches(match, data)
+            value = {"id": f"inline-{self.position}", "name": name, "data": data, "ts": self.server_ms()} \
+                if found else None
+            body = codec.dumps(value)
+            status = "ok" if found else "timeout"
+            tail = f',"value":{body}}}' if found else "}"
+            self._write(label, f'{head},"status":"{status}"{tail}',
+                        {"name": label, "kind": "event", "event": name, "match": match, "status": status,
+                         **({"value": value} if found else {})})
+            return value
+        assert self.listen is not None, "no event registry"
+        code = self.listen(name, match, self.position, True)
+        if code < -1:
+            raise RuntimeError(f"ctx.wait_for_event({name!r}): the waiter could not be put on record; the attempt "
+                               "is retried")
+        if code < 0:
+            raise PermanentFailure(
+                f"ctx.wait_for_event({name!r}): the waiters of this event use 64 different sets of match fields "
+                "already; match on the same fields (say, always on an order id) so an emit reads few buckets")
+        return self._event(label, name, match, signal, head, None, timeout_ms)
+
+    def _event(self, label: str, name: str, match: dict[str, Any], signal: str, head: str, until: int | None,
+               timeout_ms: int | None = None) -> dict[str, Any] | None:
+        code, body = self._ask(signal, head, int(until or 0) if until is not None else None, label)
+        if code in (1, 2):
+            if self.listen is not None:  # its delivery took it off already, unless it timed out
+                with contextlib.suppress(Exception):
+                    self.listen(name, match, self.position, False)
+            value = _event_of(body) if code == 1 else None
+            self._put({"name": label, "kind": "event", "event": name, "match": match,
+                       "status": "ok" if code == 1 else "timeout", **({"value": value} if code == 1 else {})})
+            return value
+        if until is None:
+            raise Suspend(label, "event", delay_ms=YEAR_MS if timeout_ms is None else timeout_ms,
+                          index=self.position, signal=signal, event=name, match=match)
+        raise Suspend(label, "event", at_ms=until, index=self.position, recorded=True, signal=signal)
+
     def invoke(self, type_: str, payload: Any, timeout_ms: int | None, options: dict[str, Any]) -> Any:
         """A child job's result: recorded, or else the child is written with this run's
         suspension and the job resumes when it ends (JobFailed when it ends dead or
@@ -319,7 +381,7 @@ class Journal:
         due = min(int(until or 0), self.server_ms() + POLL_MS)
         raise Suspend(label, "invoke", at_ms=due, index=self.position, recorded=True, signal=signal, child=child)
 
-    def _ask(self, signal: str, head: str, until: int, label: str) -> tuple[int, str]:
+    def _ask(self, signal: str, head: str, until: int | None, label: str) -> tuple[int, str]:
         if self.entries is None:
             self.entries = self.load()
         assert self.take is not None, "no signal reader"
@@ -329,6 +391,29 @@ class Journal:
         if code in (FULL, TOO_BIG):
             raise _too_large(code, len(self.entries), label)
         return code, body
+
+
+_NONE = object()
+
+
+def _event_of(body: str) -> Any:
+    """A delivered event: its data may be nested as deep as any payload (codec.MAX_DEPTH),
+    one level under the event's own fields; read as the step log's reader reads it."""
+    try:
+        return codec.loads(body)
+    except codec.TooDeep:
+        import orjson
+
+        return orjson.loads(body)
+
+
+def _matches(match: dict[str, Any], data: Any) -> bool:
+    """Every field of ``match`` at the top of ``data``, with an equal JSON value."""
+    from runner.store.listeners import canonical
+
+    if not match:
+        return True
+    return isinstance(data, dict) and all(f in data and canonical(data[f]) == canonical(v) for f, v in match.items())
 
 
 def _child_result(child: str, value: Any) -> Any:

@@ -1,7 +1,8 @@
 """The relay: moves the jobs written to an outbox (follow-ups of another queue, a
 then-job or a schedule's tick whose keys route it to another partition: another slot on
 Redis Cluster) into their queue, then off the outbox (runner/outbox.py), and brings the
-counts of group members that finished outside their group's partition to it.
+counts of group members that finished outside their group's partition to it; and tells
+the waiters (ctx.wait_for_event) of events whose emitter did not (client/waking.py).
 
 Placing is idempotent by the job's id (relay.lua), so a relay that dies between
 placing and removing, or two workers' relays racing over one outbox (or a ticker placing
@@ -10,15 +11,17 @@ its own), place each once. It runs in every worker's scheduler loop."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from runner import outbox
-from runner.client import Client, Request
+from runner.client import Client, Request, waking
 from runner.errors import JobNotFound, RunnerError
 from runner.observe import tracing
 from runner.runtime import Runtime
-from runner.store import codec, followups
+from runner.store import codec, followups, listeners
+from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.scripts import STAGED, Followup, followup_id, job_entry
 from runner.worker.faults import fault
@@ -26,6 +29,9 @@ from runner.worker.faults import fault
 log = logging.getLogger("runner.scheduler")
 
 BATCH = 200
+# How long an event's entry on a ``wakes`` list is left to its emitter before the relay
+# tells its waiters (client/waking.py).
+WAKE_AFTER_S = 2.0
 COUNT = '["#group",'  # an outbox entry that counts a group's member down (group_count.lua)
 
 
@@ -51,6 +57,40 @@ def drain(rt: Runtime, k: QueueKeys) -> int:
     fault("after_relay")  # placed, not yet off the outbox: the next pass places nothing twice
     outbox.remove(rt, k, finished)
     return BATCH if more else len(finished)
+
+
+def tell_waiters(client: Client, k: QueueKeys, seen: dict[tuple[str, int], float]) -> int:
+    """Tell the waiters of the events on ``k``'s ``wakes`` list that an emitter left (it
+    died, or its event had more waiters than it tells itself): an entry is taken once it
+    has been there WAKE_AFTER_S by this process's clock (its emitter tells its own within
+    that), a bounded batch of waiters per pass. Returns the entries still waiting."""
+    entries = listeners.wakes_head(client.runtime.redis, k, BATCH)
+    now = time.monotonic()
+    heads = {(k.tag, hash(raw)) for raw in entries}
+    for key in [key for key in seen if key[0] == k.tag and key not in heads]:
+        del seen[key]  # (told by their emitter meanwhile)
+    finished: list[str] = []
+    left = 0
+    budget = BATCH * 5
+    for raw in entries:
+        first = seen.setdefault((k.tag, hash(raw)), now)
+        if now - first < WAKE_AFTER_S or budget <= 0:
+            left += 1
+            continue
+        fault("before_wake")
+        try:
+            done = waking.tell_all(client, raw, budget)
+        except UNAVAILABLE as exc:  # the name's registry is on a shard away: not this partition's outage
+            log.warning("events: the waiters of a pending event could not be told now (%s); next pass", exc)
+            done = False
+        if done:
+            finished.append(raw)
+        else:
+            left += 1
+        budget -= waking.INLINE
+    fault("after_wake")  # told, not yet off the list: the next pass tells nobody twice
+    listeners.drop_wakes(client.runtime.redis, k, finished)
+    return left
 
 
 def _unstage(rt: Runtime, k: QueueKeys, raw: str) -> bool:

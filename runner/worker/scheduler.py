@@ -1,7 +1,8 @@
 """The scheduler: promote due jobs (delayed, retrying, deferred) to ready, reclaim jobs
 whose lease lapsed, and trim expired dead-letter entries and done jobs past their
-retention (a success does not set a TTL on its record: see keys.py), and relay
-follow-ups that acks left in an outbox for another queue (relay.py).
+retention (a success does not set a TTL on its record: see keys.py), relay
+follow-ups that acks left in an outbox for another queue (relay.py), and tell the waiters
+of events whose emitter did not (relay.py, client/waking.py).
 
 It runs inside every worker process. Each move is one atomic script that re-checks the
 state it moves from, so any number of schedulers can run at once without moving a job
@@ -50,7 +51,8 @@ class Scheduler:
         self._thread = threading.Thread(target=vital(self._loop), name="scheduler", daemon=True)
         self._last_trim = 0.0
         self._checked: tuple[int, float] = (-1, 0.0)  # error replies seen, and when, at the last damage check
-        self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths
+        self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths, tells waiters
+        self._wakes_seen: dict[tuple[str, int], float] = {}  # events with waiters to tell -> first seen
         self._next_beat = 0.0
         # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
         self._away: Away[tuple[str, str]] = Away("scheduler", lambda w: f"queue {w[0]}, partition {{{w[1]}}}"
@@ -124,7 +126,7 @@ class Scheduler:
         self._checked = (errors, time.monotonic())
         return True
 
-    def _look(self, ks: list[QueueKeys], check: bool) -> dict[int, tuple[Any, Any, int]]:
+    def _look(self, ks: list[QueueKeys], check: bool) -> dict[int, tuple[Any, Any, int, int]]:
         """The first promote and reclaim of every partition and its outbox's length, in one
         round trip, by id of its keys; a partition whose replies hold an error is left out
         (its own calls in _pass raise it where it belongs). Nothing on Redis Cluster, where
@@ -135,26 +137,27 @@ class Scheduler:
         dead_ms = int(self.rt.config.retention.dead_s * 1000)
         calls: list[Any] = []
         for k in ks:
-            calls += [sc.promote_call(k, BATCH), sc.reclaim_call(k, BATCH, dead_ms, check=check), ("LLEN", k.outbox)]
+            calls += [sc.promote_call(k, BATCH), sc.reclaim_call(k, BATCH, dead_ms, check=check), ("LLEN", k.outbox),
+                      ("LLEN", k.wakes)]
         replies = sc.gather(calls)
         if replies is None:
             return {}
-        out: dict[int, tuple[Any, Any, int]] = {}
+        out: dict[int, tuple[Any, Any, int, int]] = {}
         for i, k in enumerate(ks):
-            promoted, reclaimed, outbox = replies[3 * i:3 * i + 3]
-            if not any(isinstance(r, BaseException) for r in (promoted, reclaimed, outbox)):
-                out[id(k)] = (promoted, reclaimed, int(outbox))
+            promoted, reclaimed, outbox, wakes = replies[4 * i:4 * i + 4]
+            if not any(isinstance(r, BaseException) for r in (promoted, reclaimed, outbox, wakes)):
+                out[id(k)] = (promoted, reclaimed, int(outbox), int(wakes))
         return out
 
     def _pass(self, k: QueueKeys, wait: float, trim: bool, more: bool, check: bool,
-              look: tuple[Any, Any, int] | None = None) -> tuple[float, bool]:
+              look: tuple[Any, Any, int, int] | None = None) -> tuple[float, bool]:
         """The passes over one partition, starting from ``look`` (the first promote and
         reclaim replies and the outbox's length) when the pass looked already; returns
         (wait, more) brought up to date."""
         sc = self.rt.scripts
         ret = self.rt.config.retention
         dead_ms, done_ms = int(ret.dead_s * 1000), int(ret.done_s * 1000)
-        promoted, reclaimed, outbox = look if look is not None else (None, None, 1)
+        promoted, reclaimed, outbox, wakes = look if look is not None else (None, None, 1, 1)
         while True:
             moved, due_in = promoted if promoted is not None else sc.promote(k, BATCH)
             promoted = None
@@ -164,6 +167,11 @@ class Scheduler:
             wait = min(wait, max(0.002, int(due_in) / 1000))
         if outbox and relay.drain(self.rt, k) >= relay.BATCH:
             wait = 0.002  # more waiting: come back at once
+        if wakes:
+            if self._client is None:
+                self._client = Client(self.rt)
+            if relay.tell_waiters(self._client, k, self._wakes_seen):
+                wait = min(wait, relay.WAKE_AFTER_S / 4)  # (an emitter's own, told by it within that)
         lost = trim  # now and then, for a list a dead scheduler left
         while True:
             requeued, buried = reclaimed if reclaimed is not None else sc.reclaim(k, BATCH, dead_ms, check=check)

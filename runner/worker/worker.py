@@ -10,10 +10,10 @@ import select
 import signal
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
+from runner import __version__
 from runner.runtime import Runtime
 from runner.store import roster
 from runner.store.connection import UNAVAILABLE
@@ -51,7 +51,7 @@ class Worker:
         # served too, until they drain (store/tagset.py); the scheduler looks again later.
         _announce(runtime.discover(record=True))
         self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.worker_id) for q in self.queues]
-        self.started_ms = int(time.time() * 1000)
+        self.started_ms = 0  # on the roster from its first heartbeat (the server's clock)
         self.scheduler = Scheduler(runtime, self._member, self._partitions_found)
         self.ticker = Ticker(runtime)
         # Cancels of jobs claimed ahead, pushed (a renewal would tell within a second,
@@ -100,11 +100,19 @@ class Worker:
         log.info("worker %s stopped", self.worker_id)
 
     def _member(self) -> roster.Member:
+        """This worker's roster entry, built at each heartbeat: the jobs it runs now are
+        read from its ledgers here, so a job costs the roster nothing."""
         reg = self.rt.registry
+        fns = [f for f in reg.functions.values() if f.queue in self.queues]
+        kinds = {f.isolation for f in fns}
+        running = [roster.Running(r.job.id, r.job.type, r.began[1])
+                   for q in self.runners for r in q.ledger.snapshot() if r.began is not None]
         return roster.Member(
             id=self.worker_id, host=os.uname().nodename, pid=os.getpid(), queues=tuple(self.queues),
-            functions={f.name: f.versions.newest for f in reg.functions.values() if f.queue in self.queues},
-            started_ms=self.started_ms, seen_ms=0)
+            functions={f.name: f.versions.newest for f in fns},
+            started_ms=self.started_ms, seen_ms=0, concurrency=sum(q.q.concurrency for q in self.runners),
+            isolation=kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else ""), version=__version__,
+            release=roster.release(), running=sorted(running, key=lambda r: r.started_ms))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._signals += 1

@@ -247,3 +247,28 @@ def test_concurrent_round_trips_to_a_slow_master_are_not_queued_behind_each_othe
         th.join(60)
     assert len(took) == 6
     assert max(took) < 2.5 * one_s + 0.3, f"one batch alone {one_s:.2f} s; six at once: {sorted(took)}"
+
+
+def test_the_consoles_actions_on_a_partitioned_queue_of_the_cluster(cproject: Project) -> None:
+    """On 6 partitions over 3 masters: the worker is on the roster (its own slot), a run now
+    moves delayed jobs of every partition to ready in their own slots, and the search by
+    idempotency key finds a dead job wherever it lives."""
+    from runner.client.inspecting import find
+
+    p = cproject
+    p.write_config(fast="partitions = 6")
+    p.add_function("doomed", 'from runner import PermanentFailure\nQUEUE = "fast"\nIDEMPOTENCY_KEY = "{k}"\n\n\n'
+                   'def handle(payload, ctx):\n    raise PermanentFailure("never")\n',
+                   (p.root / "schemas" / "idem" / "v1.json").read_text())
+    c = p.client
+    delayed = [c.enqueue("record", {"n": i}, delay=3600).id for i in range(12)]
+    assert len({find(c, i)[0].tag for i in delayed}) >= 3
+    dead = {k: c.enqueue("doomed", {"k": k}).id for k in "abcdef"}
+    w = p.spawn_worker("fast")
+    wait_for(lambda: [x["pid"] for x in c.workers()] == [w.pid], timeout=20, what="the worker on the roster")
+    assert [c.run_now(i) for i in delayed] == ["scheduled"] * len(delayed)
+    for job_id in [*delayed, *dead.values()]:
+        assert c.wait(job_id, timeout_s=20, statuses=("done", "dead")).status in ("done", "dead"), job_id
+    assert all(c.get(i).status == "done" for i in delayed)
+    for k, job_id in dead.items():
+        assert [(j.id, j.status) for j in c.by_idempotency_key(k)] == [(job_id, "dead")]

@@ -360,3 +360,72 @@ def test_runner_check_names_sleeping_jobs_whose_steps_the_new_code_no_longer_rea
     moved = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
     text = moved.stdout + moved.stderr
     assert moved.returncode != 0 and job in text and "'a'" in text and "non-deterministic" in text, text
+
+
+INVOKER = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    ctx.step("pre", lambda: 1)
+    return ctx.invoke("invoked_kid", {}, timeout=600, delay=300)
+'''
+INVOKED_KID = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    return "kid"
+'''
+
+
+def test_a_parent_waiting_on_invoke_shows_the_timeout_it_asked_for(project: Project) -> None:
+    """A parent waiting on ctx.invoke(..., timeout=600) shows that timeout and its child in
+    waiting_for, not the 30 s check it makes of the child meanwhile."""
+    import time
+
+    project.add_function("invoker", INVOKER)
+    project.add_function("invoked_kid", INVOKED_KID)
+    c = project.client
+    project.spawn_worker("fast")
+    t0 = time.time()
+    job = c.enqueue("invoker", {}).id
+    wait_for(lambda: c.get(job).status == "waiting", timeout=20, what="the parent to wait")
+    view = c.get(job).as_dict()
+    assert 590 < view["waiting_for"]["timeout_at"] - t0 < 620, view["waiting_for"]
+    assert view["waiting_for"]["job"] == view["steps"][-1]["child"]
+    assert c.get(view["waiting_for"]["job"]).as_dict()["type"] == "invoked_kid"
+
+
+INSERTED = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    {new}
+    ctx.step("a", lambda: 1)
+    ctx.sleep("nap", 600)
+    ctx.step("last", lambda: 2)
+'''
+
+
+def test_runner_check_fails_a_step_inserted_before_the_recorded_ones(project: Project) -> None:
+    """A deploy that adds a step every run reaches before a sleeping job's recorded steps
+    fails `runner check` naming the job (its replay would meet the new step first); one
+    added under an if, which a replay may not reach, does not; and a sleeper behind more
+    than 1,000 delayed jobs of its queue is found all the same."""
+    project.add_function("drift", DRIFT.format(first="a"))
+    c = project.client
+    for i in range(1_100):
+        c.enqueue("drift", {"i": i}, delay=3_600)  # sorted before the sleeper (due sooner)
+    worker = project.spawn_worker("fast")
+    job = c.enqueue("drift", {}).id
+    wait_for(lambda: c.get(job).status == "sleeping", timeout=30, what="the job to sleep")
+    worker.kill()
+    worker.wait(timeout=10)
+    cmd = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "check"]
+    path = project.root / "functions" / "drift.py"
+    path.write_text(INSERTED.format(new='ctx.step("audit", lambda: 0)'))
+    inserted = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
+    text = inserted.stdout + inserted.stderr
+    assert inserted.returncode != 0 and job in text and "'audit'" in text, text
+    path.write_text(INSERTED.format(new='if payload.get("audit"):\n        ctx.step("audit", lambda: 0)'))
+    branch = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
+    assert branch.returncode == 0, branch.stdout + branch.stderr

@@ -254,3 +254,72 @@ def test_a_reload_adds_and_removes_subscriptions_and_no_past_event_is_replayed(p
     assert written(project)["slow"] == 1
     rt.registry = Registry.of(both.get("sub_b"))
     assert [j["type"] for j in c.emit("order.created", {"order_id": 3}).jobs] == ["sub_b"]
+
+
+def _deep(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return {"a": value}
+
+
+def test_big_or_deep_data_is_kept_whole_in_the_jobs_and_as_a_preview_in_the_record(project: Project) -> None:
+    """The record of an event holds its data whole only when small: a 1 MiB event is a
+    4 KiB preview in GET /events (its jobs hold it whole), and data nested to the limit
+    (which would sit one level too deep in its record) is a preview too, so the emit, its
+    retry with the key and the listing all answer."""
+    from runner.client.emitting import DATA_SHOWN_BYTES
+    from runner.store import codec
+
+    project.add_function("free", textwrap.dedent(SUB.format(queue="fast")), '{"type": "object"}')
+    c = project.client
+    big = {"blob": "é" * 400_000}
+    out = c.emit("order.created", big)
+    [job] = out.jobs
+    assert c.get(job["id"]).as_dict()["payload"] == big
+    deep = _deep(codec.MAX_DEPTH)
+    first = c.emit("order.created", deep, idempotency_key="deep-1")
+    again = c.emit("order.created", deep, idempotency_key="deep-1")
+    assert again.duplicate and again.id == first.id and len(first.jobs) == 1
+    listed = {e["id"]: e for e in c.events()}
+    assert listed[out.id]["data"] is None and listed[out.id]["truncated"] == {"data": len(codec.dumps(big).encode())}
+    assert len(listed[out.id]["data_preview"].encode()) <= DATA_SHOWN_BYTES
+    assert listed[out.id]["data_preview"].startswith('{"blob":"éé')
+    assert listed[first.id]["data"] is None and "data_preview" in listed[first.id]
+    r = project.runtime.redis
+    k = project.keys("fast")
+    assert sum(len(x) for x in r.lrange(k.emitted, 0, -1)) < 4 * DATA_SHOWN_BYTES
+    assert 0 < r.pttl(k.emitted) <= 86_400_000
+
+
+def test_an_emits_key_still_dedupes_after_a_deploy_moves_its_home(project: Project) -> None:
+    """The home partition follows the first subscriber by name: a deploy adding one that
+    sorts first, on another queue, moves it. A producer's retry of the same key after that
+    deploy is still a duplicate, and a retry with other data a conflict."""
+    subscribe(project, "sub_m", "fast")
+    c = project.client
+    first = c.emit("order.created", {"order_id": 1}, idempotency_key="k-1")
+    subscribe(project, "sub_a", "slow")  # sorts first: the home is now the slow queue's
+    c = project.client
+    again = c.emit("order.created", {"order_id": 1}, idempotency_key="k-1")
+    assert again.duplicate and again.id == first.id
+    with pytest.raises(EventConflict):
+        c.emit("order.created", {"order_id": 2}, idempotency_key="k-1")
+    assert written(project)["fast"] == 1 and written(project)["slow"] == 0
+
+
+def test_a_subscriber_whose_file_fails_to_load_refuses_the_emit(project: Project) -> None:
+    """A function file that subscribes but fails to load is not left out silently: the
+    emit is refused naming it and saying to fix it, and nothing is written."""
+    subscribe(project, "sub_ok", "fast")
+    (project.root / "functions" / "sub_broken.py").write_text(
+        'QUEUE = "slow"\nTRIGGERS = [\n    "order.created",\n]\nimport not_a_module_here\n\n'
+        'def handle(payload, ctx):\n    return 1\n')
+    project.write_config()
+    c = project.client
+    with pytest.raises(EventRejected) as err:
+        c.emit("order.created", {"order_id": 3})
+    assert set(err.value.rejections) == {"sub_broken"}
+    assert "failed to load" in str(err.value) and "fix it" in str(err.value)
+    assert written(project) == dict.fromkeys(written(project), 0)
+    assert c.emit("other.event", {}).jobs == []  # an event it does not name is not refused

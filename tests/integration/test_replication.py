@@ -277,3 +277,17 @@ def test_a_schedules_trigger_waits_too(rproject: Project, valkey_pair: Pair) -> 
     with valkey_pair.replica_stopped(), pytest.raises(NotReplicated) as err:
         p.client.trigger("report")
     assert len(err.value.job_ids) == 1
+
+
+def test_an_emit_short_of_replicas_names_its_jobs_and_exits_3(rproject: Project, valkey_pair: Pair) -> None:
+    """wait_replicas = 2 with one replica: an emit is written and says so, naming every
+    job it wrote (not "0 jobs"); `runner emit` exits 3, as `runner enqueue` does."""
+    p = rproject
+    p.add_function("on_order", 'TRIGGERS = ["order.created"]\n\ndef handle(payload, ctx):\n    return 1\n',
+                   '{"type": "object"}')
+    env = {"RUNNER_REDIS_WAIT_REPLICAS": "2", "RUNNER_REDIS_WAIT_TIMEOUT": str(TIMEOUT_S)}
+    out = cli_run(p, "emit", "order.created", '{"n": 1}', env=env)
+    assert out.exit_code == 3, out.output
+    assert "only 1 of 2 replica(s)" in out.stderr and "job " in out.stderr, out.output
+    job_id = out.stderr.split("job ", 1)[1].split()[0]
+    assert p.client.get(job_id).as_dict()["type"] == "on_order"

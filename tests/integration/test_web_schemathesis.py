@@ -28,8 +28,9 @@ from conftest import FULL, Project, size
 
 TOKEN = "fuzz-token"
 EXAMPLES = int(size("FUZZ_EXAMPLES", 6, 50))
-# Bounds the whole run well under a minute on two cores whatever the generator does.
-BUDGET_S = 55.0 if not FULL else 600.0
+# A guard against a generator that runs away, not a speed check: about 45 s on two quiet
+# cores with the suite beside it, and a loaded machine takes twice that.
+BUDGET_S = 150.0 if not FULL else 600.0
 CONFORMANCE = [not_a_server_error, status_code_conformance, content_type_conformance,
                response_schema_conformance, response_headers_conformance]
 # An event stream never ends by itself, and a case reads its whole body: test_events.py

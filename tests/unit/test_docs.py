@@ -233,6 +233,9 @@ def _built_keys() -> tuple[set[str], set[str]]:
         unknown = set(params) - set(placeholders)
         assert not unknown, f"{fn.__qualname__} builds a key from {unknown}: name its placeholder here"
         whole.add(fn(*(placeholders[p] for p in params)))
+    e = keys.EventKeys(prefix="<prefix>", name="<name>")  # an event name's waiters (ctx.wait_for_event)
+    whole.add(e.shapes)
+    prefixes |= {e.bucket_prefix, e.woke_prefix}
     prefixes.add(keys.place_prefix("<prefix>", "<queue>") + ":")  # a digest in a tag of its own follows
     whole.discard(keys.place_prefix("<prefix>", "<queue>"))
     return whole, prefixes

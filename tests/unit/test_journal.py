@@ -145,3 +145,55 @@ def test_a_durable_call_inside_a_step_is_refused() -> None:
     with pytest.raises(PermanentFailure, match="inside step 'j1:outer'"):
         j.step("outer", lambda: j.step("inner", lambda: 1, (), {}), (), {})
     assert [(e["name"], e["status"]) for e in log.entries] == [("outer", "error")]  # failed for good
+
+
+def test_a_wait_for_an_event_puts_its_waiter_on_record_before_it_suspends_and_replays_its_event() -> None:
+    """ctx.wait_for_event: the waiter goes on record (at the wait's position), then the run
+    suspends waiting for the signal its delivery sends; a resumed run takes the event,
+    records it and takes the waiter off; a replay returns the recorded event (or None
+    after a timeout) without asking again; a step recorded where the wait was is
+    non-deterministic."""
+    log = Log()
+    listened: list[tuple[str, dict[str, Any], int, bool]] = []
+    answers: list[tuple[int, str]] = [(0, "")]
+
+    def listen(name: str, match: dict[str, Any], pos: int, on: bool) -> int:
+        listened.append((name, match, pos, on))
+        return 1
+
+    def take(pos: int, signal: str, head: str, until: int | None) -> tuple[int, str]:
+        assert signal == f"event.{pos}"
+        return answers.pop(0)
+
+    j = log.run(take=take, listen=listen)
+    with pytest.raises(Suspend) as sus:
+        j.wait_event("order.paid", {"order_id": 7}, 5000)
+    assert (sus.value.kind, sus.value.signal, sus.value.event, sus.value.match) == (
+        "event", "event.0", "order.paid", {"order_id": 7})
+    assert listened == [("order.paid", {"order_id": 7}, 0, True)]
+    # suspend.lua recorded the wait; the resumed run finds the delivered event.
+    log.entries.append({"name": "order.paid", "kind": "event", "status": "waiting", "until_ms": 10**13})
+    event = {"id": "e1", "name": "order.paid", "data": {"order_id": 7}, "ts": 1}
+    answers.append((1, json.dumps(event)))
+    j2 = log.run(take=take, listen=listen)
+    assert j2.wait_event("order.paid", {"order_id": 7}, 5000) == event
+    assert listened[-1] == ("order.paid", {"order_id": 7}, 0, False)
+    log.entries[0] = {"name": "order.paid", "kind": "event", "status": "ok", "value": event}
+    j3 = log.run(take=take, listen=listen)
+    assert j3.wait_event("order.paid", {"order_id": 7}, 5000) == event and j3.replayed == 1
+    log.entries[0] = {"name": "order.paid", "kind": "event", "status": "timeout"}
+    assert log.run(take=take, listen=listen).wait_event("order.paid", {"order_id": 7}, 5000) is None
+    with pytest.raises(NonDeterministicReplay, match=r"event 'order\.paid'"):
+        log.run(take=take, listen=listen).step("order.paid", lambda: 1, (), {})
+
+
+def test_run_inline_waits_match_top_level_fields_as_equal_json() -> None:
+    """Inline, a wait gets the event given for its name when the data holds its match."""
+    log = Log()
+    j = log.run(inline=True, events={"order.paid": {"order_id": 7.0, "x": [1]}})
+    got = j.wait_event("order.paid", {"order_id": 7}, None)
+    assert got is not None and got["data"] == {"order_id": 7.0, "x": [1]}
+    assert j.wait_event("order.paid", {"order_id": True}, None) is None
+    assert j.wait_event("order.shipped", {}, None) is None
+    assert [(e["name"], e["status"]) for e in log.entries] == [
+        ("order.paid", "ok"), ("order.paid#2", "timeout"), ("order.shipped", "timeout")]

@@ -110,7 +110,7 @@ def test_an_include_cycle_is_refused_by_name(tmp_path: Path, monkeypatch: pytest
 # are given the server's time by the ticker (TIME read once per batch, plus the schedules' test offset:
 # store/schedules.py).
 TIMELESS = ("remove", "checkpoint", "hold", "lookup", "resume", "tick", "adopt", "alive", "watch", "seek", "seek_list",
-            "steps", "joblog")  # (joblog's expiry is relative: the server's clock sets it)
+            "steps", "joblog", "unlisten")  # (joblog's and unlisten's expiries are relative: the server sets them)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TIMELESS])

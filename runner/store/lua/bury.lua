@@ -88,7 +88,7 @@ for i = 0, n - 1 do
     redis.call('HSET', sk, unpack(set))
     rec_expire(jk, dead_ttl)
     local rec = (c.idem or c.res) and rec_load(jk) or nil
-    if rec then free_idem(K.idem_prefix, rec.type, rec.idem_key, id) end
+    if rec then free_idem(K.idem_prefix, rec.type, rec.idem_key, id, dead_ttl) end
     ids[#ids + 1] = id
     if cancelled then
       redis.call('HDEL', sk, 'cancel_requested')

@@ -20,22 +20,33 @@
 -- KEYS[12] emitted     LIST  this partition's recent events, newest first (JSON records)
 -- KEYS[13] emit_prefix (string; an emit's idempotency key is prefix .. name .. ':' .. key,
 --                      a HASH: hash (of the event's data), record)
+-- KEYS[14] wakes       LIST  events whose waiters (ctx.wait_for_event) are still to be told
+--                      (JSON: id, name, ts, data); the emitter tells them and takes the
+--                      entry off, else the relay does (client/waking.py)
+-- KEYS[15] shapes      HASH  the name's waiters' field lists (store/listeners.py), read
+--                      when ARGV[14 + 13 n + m] is 1 (one server holds every key); on
+--                      Redis Cluster another slot's, so a key of this one stands in
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
 -- ARGV[2] n, the jobs written here; then 13 fields per job, as enqueue.lua
 -- ARGV[3 + 13 n] how long a limit key's marker lives, ms
 -- ARGV[4 + 13 n] the event's id
 -- ARGV[5 + 13 n] its name
--- ARGV[6 + 13 n] its data (JSON)
+-- ARGV[6 + 13 n] its data as the record shows it: '"data":' and the JSON, or a preview
+--                 (see emitting.py, shown_data)
 -- ARGV[7 + 13 n] the emit's idempotency key ('' none)
 -- ARGV[8 + 13 n] the data's hash (for the idempotency key)
 -- ARGV[9 + 13 n] how long the idempotency key is kept, ms
--- ARGV[10 + 13 n] the most records `emitted` keeps
+-- ARGV[10 + 13 n] the most records `emitted` keeps (the list expires with the key's time)
 -- ARGV[11 + 13 n] the jobs sent away: a JSON array of {id, type, queue}
 -- ARGV[12 + 13 n] this partition's queue (named in the record of each job written here)
 -- ARGV[13 + 13 n] m, the outbox entries; then m entries (JSON: queue, 12 fields, priority)
+-- ARGV[14 + 13 n + m] 1: KEYS[15] is the name's registry; 0: it is not (Redis Cluster)
+-- ARGV[15 + 13 n + m] the data itself (JSON), whole, as the name's waiters get it
 --
 -- Returns {code, record}:
---   1  emitted: the record (JSON), then code, id, status per job written here (as enqueue.lua)
+--   1  emitted: the record (JSON), then code, id, status per job written here (as enqueue.lua),
+--      then the entry put on `wakes` ('' none: the registry, read here, has no waiters; a
+--      waiter put on after this step began after the event, and does not get it)
 --   0  duplicate: the record of the emit that holds the key, nothing written
 --  -1  conflict: the record of the emit that holds the key with other data, nothing written
 --- @include "clock"
@@ -75,8 +86,8 @@ local m = tonumber(ARGV[e + 10])
 for i = 1, m do
   redis.call('RPUSH', K.outbox, ARGV[e + 10 + i])
 end
--- The record: data as the producer sent it (never re-encoded: cjson would round numbers),
--- the jobs written here and those sent away.
+-- The record: data as the producer sent it (never re-encoded: cjson would round numbers)
+-- or its preview when big, the jobs written here and those sent away.
 local away = ARGV[e + 8]
 local jobs = '[' .. table.concat(here, ',')
 if away ~= '[]' then
@@ -84,12 +95,23 @@ if away ~= '[]' then
 end
 jobs = jobs .. ']'
 local record = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"at_ms":' ..
-  string.format('%d', now) .. ',"data":' .. data .. ',"jobs":' .. jobs .. '}'
+  string.format('%d', now) .. ',' .. data .. ',"jobs":' .. jobs .. '}'
 redis.call('LPUSH', K.emitted, record)
 redis.call('LTRIM', K.emitted, 0, tonumber(ARGV[e + 7]) - 1)
+redis.call('PEXPIRE', K.emitted, tonumber(ARGV[e + 6]))
 if hold_key ~= '' then
   redis.call('HSET', hold_key, 'hash', ARGV[e + 5], 'record', record)
   redis.call('PEXPIRE', hold_key, tonumber(ARGV[e + 6]))
 end
 out[2] = record
+-- The event as a waiter gets it, kept until every waiter of before now was told: in this
+-- same step, so an accepted emit reaches them whatever dies after.
+local pending = '{"id":' .. cjson.encode(id) .. ',"name":' .. cjson.encode(name) .. ',"ts":' ..
+  string.format('%d', now) .. ',"data":' .. ARGV[e + 12 + m] .. '}'
+if ARGV[e + 11 + m] ~= '1' or redis.call('EXISTS', K.shapes) == 1 then
+  redis.call('RPUSH', K.wakes, pending)
+  out[#out + 1] = pending
+else
+  out[#out + 1] = ''
+end
 return out

@@ -156,7 +156,7 @@ for j, id in ipairs(ids) do
     if buries then
       redis.call('ZADD', K.dead, now, id)
       rec_expire(jk, dead_ttl)
-      free_idem(K.idem_prefix, f[3], f[8], id)
+      free_idem(K.idem_prefix, f[3], f[8], id, dead_ttl)
       tally('dead|' .. (f[3] or '?'))
       buried = buried + 1
       if K.lost then redis.call('RPUSH', K.lost, id) end

@@ -19,12 +19,14 @@
 -- ARGV[4] body (JSON)
 -- ARGV[5] most signals kept unread for one job, count (0: unbounded, a child's end)
 -- ARGV[6] most bytes of bodies kept unread for one job (0: unbounded)
+-- ARGV[7] the wait's position in the step log ('' any): an event's delivery to a waiter
+--         (ctx.wait_for_event, client/waking.py) is refused once that wait is over
 --
 -- Returns {code, status}: 1 kept for the job's next wait of that name, 2 kept and the
 -- waiting job woken (status 'queued'), -1 no such job, -2 the job ended (done, dead or
 -- cancelled), -3 a signal of that name is kept already, unread, -4 the job keeps its
 -- most signals unread already, -5 this body would pass its most bytes kept (nothing
--- changed on a refusal). The state's 'sigs' and 'sig_bytes' count what is kept.
+-- changed on a refusal), -6 the wait at ARGV[7] is over (its entry says so). The state's 'sigs' and 'sig_bytes' count what is kept.
 --- @include "clock"
 --- @include "record_keys"
 --- @include "done"
@@ -44,13 +46,18 @@ local claimed = redis.call('HEXISTS', K.claims, id) == 1
 if claimed then status = 'processing' end
 if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
 if redis.call('HEXISTS', sk, 'sig:' .. name) == 1 then return {-3, status} end
+local at = tonumber(ARGV[7] or '')
+if at then
+  local e = redis.call('HGET', sk, 'step:' .. at)
+  if e and not string.find(e, '"status":"waiting"', 1, true) then return {-6, status} end
+end
 local kept = redis.call('HMGET', sk, 'sigs', 'sig_bytes')
 local most, most_bytes = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 local count, size = (tonumber(kept[1]) or 0) + 1, (tonumber(kept[2]) or 0) + #ARGV[4]
 if most > 0 and count > most then return {-4, status} end
 if most_bytes > 0 and size > most_bytes then return {-5, status} end
 redis.call('HSET', sk, 'sig:' .. name, ARGV[4], 'sigs', count, 'sig_bytes', size)
-tally('signals|' .. rec.type)
+if not at then tally('signals|' .. rec.type) end  -- (an event's delivery is not a signal sent)
 local code = 1
 if status == 'waiting' and f[2] == name and redis.call('ZREM', K.scheduled, id) == 1 then
   redis.call('HSET', sk, 'status', 'queued', 'ready_ms', now)

@@ -35,7 +35,9 @@
 -- ARGV[9] the most bytes of a log
 -- ARGV[10] stats fields (space-separated "name[=n]", see bump in _lib.lua)
 -- ARGV[11] kind: 'sleep' (status 'sleeping') or 'signal' (status 'waiting', until the
---          signal ARGV[12] comes (signal.lua wakes it) or the timeout (due: promote))
+--          signal ARGV[12] comes (signal.lua wakes it) or the timeout (due: promote));
+--          'event' (ctx.wait_for_event) waits as 'signal' does, for the signal an event's
+--          delivery sends ('event.<position>', client/waking.py)
 -- ARGV[12] the signal's name (kind 'signal' or 'invoke')
 -- ARGV[13] ms from now to the wait's end as its entry records it ('' the due time): a
 --          child call's wait ends at its timeout, while the job is due earlier, to look
@@ -76,7 +78,7 @@ local sk = jk .. ':s'
 local f = redis.call('HMGET', sk, 'steps', 'step_bytes')
 local n, bytes = tonumber(f[1]) or 0, tonumber(f[2]) or 0
 local due = tonumber(ARGV[6]) and now + tonumber(ARGV[6]) or tonumber(ARGV[7])
-local waits = ARGV[11] == 'signal' or ARGV[11] == 'invoke'
+local waits = ARGV[11] == 'signal' or ARGV[11] == 'invoke' or ARGV[11] == 'event'
 local set = {'status', waits and 'waiting' or 'sleeping', 'ready_ms', due, 'suspended', '1'}
 if waits then
   set[#set + 1] = 'waiting_for'

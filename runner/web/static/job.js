@@ -220,7 +220,10 @@ function renderJob(job) {
   if (job.status === "done" || job.result !== null) rows.push(["result", el("pre", { "data-field": "result", text: json(job.result) })]);
   if (job.sleeping_until) rows.push(["sleeping until", when(job.sleeping_until)]);
   if (job.waiting_for) {
-    rows.push(["waiting for", `signal ${job.waiting_for.signal}` +
+    const what = job.waiting_for.event
+      ? `event ${job.waiting_for.event} ${JSON.stringify(job.waiting_for.match || {})}`
+      : `signal ${job.waiting_for.signal}`;
+    rows.push(["waiting for", what +
       (job.waiting_for.timeout_at ? `, until ${when(job.waiting_for.timeout_at)}` : "")]);
   }
   if (job.invoked_by) rows.push(["invoked by", jobLink(job.invoked_by.id)]);

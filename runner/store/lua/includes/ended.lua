@@ -26,7 +26,7 @@ local function end_cancelled(jk, id, rec, now, ttl, idem_prefix, census_key, can
   redis.call('HDEL', sk, 'cancel_requested')
   redis.call('ZADD', cancelled_key, now, id)
   rec_expire(jk, ttl)
-  free_idem(idem_prefix, rec.type, rec.idem_key, id)
+  free_idem(idem_prefix, rec.type, rec.idem_key, id, ttl)
   census(census_key, rec.type .. '|' .. rec.version, -1)
   if waited(rec.meta) then announce(ended, {id}) end
 end

@@ -1,0 +1,39 @@
+"""`runner workers`: the worker processes alive now (the roster, store/roster.py), each
+with its queues, concurrency, isolation, release and the jobs its handlers run."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import click
+
+from runner.cli.root import RedisCommand, build_runtime, cli, emit, redis_errors, table
+
+
+def _when(seconds: float) -> str:
+    return f"{datetime.datetime.fromtimestamp(seconds, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _human(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no worker alive: start one with `runner worker` (or `runner dev`)"
+    lines = table(("id", "queues", "concurrency", "isolation", "release", "started", "last seen", "running"),
+                  [(w["id"], ",".join(w["queues"]), w["concurrency"], w["isolation"] or "-",
+                    w["release"] or w["version"] or "-", _when(w["started_at"]), _when(w["last_seen"]),
+                    len(w["running"])) for w in rows])
+    running = [f"  {w['id']}: {r['id']} {r['type']} since {_when(r['started'])}" for w in rows for r in w["running"]]
+    return lines + ("\n\nrunning now:\n" + "\n".join(running) if running else "")
+
+
+@cli.command(cls=RedisCommand)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def workers(ctx: click.Context, as_json: bool) -> None:
+    """The workers alive now, and the jobs each runs (as of its last heartbeat, UTC)."""
+    from runner.client import Client
+
+    rt = build_runtime(ctx.obj["config"], client_only=True)
+    with redis_errors():
+        rows = Client(rt).workers()
+    emit({"workers": rows}, as_json, _human(rows))

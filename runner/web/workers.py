@@ -1,0 +1,24 @@
+"""GET /workers: the worker processes alive now, each with its queues, concurrency,
+isolation, release and the jobs its handlers run (as of its last heartbeat: the roster,
+store/roster.py). A worker that stopped cleanly is gone at once; one that died, once its
+entry's time to live passed."""
+
+from __future__ import annotations
+
+import falcon
+import falcon.asgi
+
+from runner.client import Client
+from runner.web.body import only_params, send
+from runner.web.offload import Offload
+
+
+class Workers:
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        only_params(req)
+        resp.cache_control = ["no-store"]
+        send(resp, {"workers": await self.offload(self.client.workers)})
