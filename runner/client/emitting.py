@@ -27,6 +27,7 @@ from runner.catalog.options import EVENT_NAME
 from runner.catalog.templates import MAX_KEY_BYTES, control_character
 from runner.client import waking
 from runner.errors import EventConflict, EventRejected, FieldError, NotReplicated, RunnerError, ValidationFailed
+from runner.observe import tracing
 from runner.store import codec, emitted, listeners, records
 from runner.store.connection import UNAVAILABLE, reachable
 from runner.store.scripts import job_entry
@@ -84,7 +85,18 @@ def check_name(name: str) -> None:
 def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = None) -> Emitted:
     """Start one job per function subscribed to ``name`` with ``data`` as its payload.
     Raises BadEventName, EventRejected (every subscriber's errors; nothing written) or
-    EventConflict (the key held by an emit of other data); RedisUnavailable as enqueue."""
+    EventConflict (the key held by an emit of other data); RedisUnavailable as enqueue.
+    Traced, an emit is one enqueue span (as a group's), and every job it starts carries
+    its trace context."""
+    if tracing.enabled():
+        with tracing.enqueue_span(f"event {name}") as span:
+            out = _emit(client, name, data, idempotency_key, tracing.current_traceparent())
+            tracing.annotate(span, event=out.id)
+            return out
+    return _emit(client, name, data, idempotency_key, None)
+
+
+def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp: str | None) -> Emitted:
     check_name(name)
     if idempotency_key is not None:
         raw = idempotency_key.encode()
@@ -98,7 +110,7 @@ def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = 
     with one_request():  # the subscribers share one pattern budget and one limit on listed errors
         for fn in subscribers:
             try:
-                preps.append(client.prepare(_request(fn.name, data)))
+                preps.append(client.prepare(_request(fn.name, data, tp)))
             except ValidationFailed as exc:
                 rejections[fn.name] = (exc.version, list(exc.errors))
     for fn_name, err in rt.registry.broken_subscribers(name).items():
@@ -196,10 +208,10 @@ def events(client: Client, *, limit: int = 50, name: str | None = None) -> list[
     return out
 
 
-def _request(type_: str, data: Any) -> Any:
+def _request(type_: str, data: Any, traceparent: str | None = None) -> Any:
     from runner.client.enqueuing import Request
 
-    return Request(type=type_, payload=data)
+    return Request(type=type_, payload=data, traceparent=traceparent)
 
 
 def _split(client: Client, home: QueueKeys, preps: list[Prepared]) -> tuple[list[Prepared], list[Prepared]]:

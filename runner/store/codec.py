@@ -344,15 +344,21 @@ def dumpb_result(obj: Any) -> bytes:
     """A handler's return value as JSON, as Python's ``json`` would store it: keys that
     are numbers, booleans or None become strings, integers past 64 bits keep their
     digits. NotStorable, with the offending path, for what JSON cannot hold (an object of
-    another type) and for nesting past RESULT_DEPTH."""
+    another type, NaN and infinities: orjson writes those as null, and ctx.stream refuses
+    them too) and for nesting past RESULT_DEPTH."""
     try:
-        return dumpb_checked(obj, RESULT_DEPTH)
+        out = dumpb_checked(obj, RESULT_DEPTH)
     except TooDeep as exc:
         raise NotStorable(f"the value at {exc.path} is nested deeper than the limit of {RESULT_DEPTH} levels "
                           "that holds for every value runner takes (a payload, a result, a step's value); "
                           "flatten it") from None
     except orjson.JSONEncodeError:
         return _json_like(obj)
+    if b"null" in out:  # (only then may a NaN hide in it: the walk costs nothing otherwise)
+        why = _unstorable(obj, "$")
+        if why:
+            raise NotStorable(why)
+    return out
 
 
 def _json_like(obj: Any) -> bytes:
@@ -387,7 +393,7 @@ def _unstorable(node: Any, path: str) -> str:
                 return found
         return ""
     if isinstance(node, float) and not math.isfinite(node):
-        return f"the value at {path} is {node!r}, which JSON cannot hold"
+        return f"the value at {path} is {node!r}, which JSON cannot hold (return None or a string in its place)"
     if isinstance(node, int | str | bool | float) or node is None:
         return ""
     try:

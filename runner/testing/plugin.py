@@ -53,6 +53,13 @@ def runner_project(pytestconfig: pytest.Config) -> Path:
 @pytest.fixture
 def runner_harness(runner_server: Server, runner_project: Path,
                    monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    if not (runner_project / "functions").is_dir() and not (runner_project / "runner.toml").is_file():
+        # (Else every enqueue fails later as "unknown function ... (no function is loaded)".)
+        below = sorted(p.parent.name for p in runner_project.glob("*/functions") if p.is_dir())
+        hint = f"runner_project = {below[0]}" if below else "runner_project = <the folder>"
+        pytest.fail(f"runner's pytest plugin found no functions/ nor runner.toml in {runner_project}: point it at "
+                    f"your project's folder with `{hint}` under [pytest] in pytest.ini (or [tool.pytest.ini_options] "
+                    "in pyproject.toml), relative to the rootdir, or override the runner_project fixture")
     harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed)
     for name, value in harness.env.items():
         if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):

@@ -337,8 +337,8 @@ class Child:
                 self.send({"op": "started", "token": nxt[0][1], **({"skipped": skipped} if skipped else {})})
                 skipped = []
             while nxt is not None:
-                job, msg, _ = nxt
-                out = self.run_one(job, msg)
+                job, msg, first = nxt
+                out = self.run_one(job, msg, first)
                 self.jobs += 1
                 self.flags_of.pop(job[1], None)
                 with self.lock:
@@ -429,12 +429,18 @@ class Child:
                    "run_s": run_s or time.perf_counter() - started, "rss_mb": round(rss_mb(), 1),
                    **({"reuse": False, "why": why} if why else {})})
 
-    def run_one(self, row: list[Any], msg: dict[str, Any]) -> dict[str, Any]:
+    def run_one(self, row: list[Any], msg: dict[str, Any], first: bool = False) -> dict[str, Any]:
+        """One job's run and its outcome. A batch's ``first`` says when its handler starts
+        ("began"; the parent counts its attempt from there, not from the send: a fresh
+        child's first job validates and builds its context for up to a second before). The
+        others' start goes with the previous job's outcome ("next")."""
         global _alarmed
         _alarmed = False
         job = Claimed(*row)
         resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
         if isinstance(resolved, Done | RetryLater | Dead):
+            if first:
+                self.send({"op": "began", "token": job.token})
             return {"outcome": to_message(resolved), "run_s": 0.0}
         fn, payload, version = resolved
         max_result = int(msg.get("max_result_bytes") or config_mod.MAX_RESULT_BYTES)
@@ -471,6 +477,8 @@ class Child:
             timed_out=lambda: _alarmed)
 
         def guard(body: Any) -> Any:
+            if first:
+                self.send({"op": "began", "token": token})
             # MEMORY_MB caps the handler only: the result's encoding after it (and the
             # outcome's message) is runner's own work, and failing there read as a crash.
             if fn.memory_mb:

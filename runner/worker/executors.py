@@ -826,6 +826,15 @@ class Executors:
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
 
+    def charge_later(self) -> bool:
+        """Claims spend no attempt, not even for a job that starts at once: every function
+        of the queue runs in a child process, and the child says when its handler starts
+        (slot.py), which is when the attempt counts. (A child's first job waited after its
+        claim for the child to validate the payload and build its context: a second on a
+        fresh child, where a worker killed in between charged "worker lost" to a job whose
+        handler never ran.)"""
+        return self._process_only()
+
     def _process_only(self) -> bool:
         """Every function of the queue runs in a child process (see startable)."""
         reg = self.rt.registry
@@ -981,14 +990,16 @@ class _Gathering:
 
 class _ChildRun:
     """One run fed to a child process (slot.Feed): its start mark, its handler's ctx calls
-    and its settlement. Its child is usually ready: then the mark goes as a thread job's
-    does (at the claim, or with the settler's next batch for one claimed ahead, once its
-    child starts it). When the job must wait for its child to start, the claim is held
-    first (no attempt counts should this worker die in the wait; hold.lua), and the start
-    is marked in Redis before the handler gets the job (so a lapse of a held claim means
-    it never ran). The wait costs seconds; these two calls cost milliseconds, and only then."""
+    and its settlement. Its attempt counts when its handler starts, as its child says
+    (child.py: "began" for a batch's first, "next" or "started" for the others): on a
+    queue whose functions all run in child processes nothing is spent at the claim
+    (charge_later), and the start mark goes with the settler's next batch. When the job
+    must wait for its child to start, the claim is held first (no attempt counts should
+    this worker die in the wait, however often; hold.lua), and the hold ends when the child
+    is ready, leaving it claimed ahead until the start."""
 
-    __slots__ = ("began", "direct", "ex", "flags", "fn", "held", "job", "run", "settlement", "started_ms")
+    __slots__ = ("began", "charged", "direct", "ex", "flags", "fn", "held", "job", "run", "settlement",
+                 "started_ms")
 
     def __init__(self, executors: Executors, run: Run, fn: Function, direct: bool = True) -> None:
         self.ex = executors
@@ -997,7 +1008,8 @@ class _ChildRun:
         self.fn = fn
         self.flags = run.flags
         self.held = False
-        self.began = False  # its child has started it
+        self.began = False  # its child has it
+        self.charged = False  # its attempt counts (see charge)
         self.started_ms = 0
         self.settlement: Settlement | None = None
         self.direct = direct  # settled into the outcomes queue as it ends (else kept for the caller)
@@ -1015,29 +1027,43 @@ class _ChildRun:
         return self.ex.releasing.is_set() or (held and self.run.flags.cancelled)
 
     def start(self) -> bool:
+        """The job may go to its child (False: its lease was lost in the wait). A held
+        claim's wait ends in Redis first: it stays claimed ahead until its handler starts
+        (charge)."""
         run, job = self.run, self.job
         if not self.held:
-            return True  # claimed ahead: its start goes with the settler's next batch (started)
+            return True
         try:
-            code = int(self.ex.rt.scripts.start(self.ex.parts[job.partition], [(job.id, job.token)])[0])
-        except Exception as exc:
-            log.warning("job %s: could not mark its start (%s); it goes with the next settlement", job.id, exc)
+            code = self.ex.rt.scripts.hold(self.ex.parts[job.partition], job.id, job.token, off=True)
+        except Exception as exc:  # Redis away: it stays held, and its start mark ends that
+            log.warning("job %s: could not mark the end of its wait for its child process: %s", job.id, exc)
             return True
         if code == 2 and not run.flags.cancelled:  # a cancel just now: the handler hears it
             run.flags.cancelled = True
             run.cancelled_at = time.monotonic()
         return code >= 0
 
-    def started(self, pid: int) -> None:
-        """Its child has started it: a job claimed ahead spends its attempt from now on."""
+    def started(self, pid: int, charge: bool = True) -> None:
+        """Its child has the job (a batch's first, sent to it: ``charge`` False, the child
+        says when its handler starts, see charge; one it took after the previous job's
+        end: that is its start)."""
         self.began = True
         self.started_ms = Executors._server_now(self.job)  # after any wait for the child to start
-        if not self.held and not self.job.started:
-            self.ex.outcomes.put(Settlement(self.run, START))
         with self.ex.ledger.lock:
             self.run.child_pid = pid
             self.run.began = (time.monotonic(), self.started_ms)  # (the roster shows it running)
+        if charge:
+            self.charge()
         fault("mid_handler")
+
+    def charge(self) -> None:
+        """Its handler starts: its attempt counts from now on, with the settler's next
+        batch (a lapse before that lands gives the job back spending nothing once only,
+        reclaim.lua). One claimed started, never held, spent it at the claim."""
+        if not self.charged:
+            self.charged = True
+            if self.held or not self.job.started:
+                self.ex.outcomes.put(Settlement(self.run, START))
 
     def rpc(self, msg: dict[str, Any]) -> Any:
         """A ctx call of the handler, relayed by its child."""

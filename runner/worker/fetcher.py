@@ -85,6 +85,10 @@ class Fetcher:
         # those whose child is ready; the rest claim ahead, spending nothing until their
         # handler has the job). Set by the queue's runner.
         self.startable: Callable[[int], int] = lambda idle: idle
+        # Whether the jobs claimed to start at once spend their attempt only when their
+        # executor says the handler started (a queue whose handlers all run in child
+        # processes: the child reports it). Set by the queue's runner.
+        self.charge_later: Callable[[], bool] = lambda: False
 
     def _label(self, p: int) -> str:
         """A partition as the log names it (a queue of one: nothing more to say)."""
@@ -218,11 +222,13 @@ class Fetcher:
         popped, 0 otherwise)."""
         self._seq += 1
         k, base = self.parts[partition], f"{self.worker_id}.{self._seq}"
+        later = self.charge_later()
         if not self._woken:
             return self._take(self.rt.scripts.claim(
                 k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
                 done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
-            ), partition)
+                later=later,
+            ), partition, later)
         # Waiting for work (a queue of one partition): the claim goes behind the wait, and
         # Redis runs it the moment a wake-up comes (or BELL_S passes), so at light load a
         # job costs the fetcher one round trip and one wake-up, not a BLPOP and a claim.
@@ -230,15 +236,16 @@ class Fetcher:
         rang, reply = self.rt.scripts.claim_woken(
             k, BELL_S, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
             done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
+            later=later,
         )
-        got = self._take(reply, partition)
+        got = self._take(reply, partition, later)
         if isinstance(rang, BaseException):
             raise rang  # the wait failed (a damaged notify list): the claim's jobs are taken
         return got
 
-    def _take(self, reply: Any, partition: int) -> tuple[int, int]:
+    def _take(self, reply: Any, partition: int, later: bool = False) -> tuple[int, int]:
         """Hand a claim's jobs to the executors (or back, during the stop); returns what
-        claim returns."""
+        claim returns. ``later``: the claim spent no attempt (see charge_later)."""
         now, held = int(reply[0]), int(reply[1])  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
@@ -257,7 +264,7 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started != 0, meta, "", partition))
+                              started == EXPIRED or (started != 0 and not later), meta, "", partition))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)

@@ -68,6 +68,7 @@ class QueueRunner:
         self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outcomes, worker_id)
         self.fetcher.startable = self.executors.startable
         self.fetcher.capacity_for = capacity_for
+        self.fetcher.charge_later = self.executors.charge_later
         self.outcomes = outcomes
 
     def cancel_ahead(self, job_id: str, token: str) -> None:

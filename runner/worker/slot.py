@@ -84,10 +84,14 @@ class Feed(Protocol):
         """Give the job back while it waits for its child (a stop; a cancel once held)."""
 
     def start(self) -> bool:
-        """The attempt counts from here; False: hand the job back instead."""
+        """The job may go to its child; False: hand it back instead."""
 
-    def started(self, pid: int) -> None:
-        """The handler gets the job in this child (pid)."""
+    def started(self, pid: int, charge: bool = True) -> None:
+        """This child (pid) has the job; ``charge``: its handler starts now (else the
+        child says when: charge)."""
+
+    def charge(self) -> None:
+        """The handler starts: the attempt counts from here."""
 
     def rpc(self, msg: dict[str, Any]) -> Any:
         """A ctx call of the handler."""
@@ -215,7 +219,9 @@ class Slot:
             self._failed_start(exc)
             return _release(feeds)
         self.failures = 0
-        first.started(child.pid)
+        # Its attempt counts when the child says its handler starts ("began"): a fresh
+        # child validates the payload and builds the context first, which took a second.
+        first.started(child.pid, charge=False)
         _Watch(self, child, feeds, generation, extra, stopping, starving, recalled, more).run()
 
     def recycle(self, child: ChildProcess, generation: int) -> None:
@@ -368,6 +374,10 @@ class _Watch:
             for token in msg["tokens"]:
                 self._back(token)
             return True
+        if op == "began":  # a batch's first job: its handler starts now
+            if current is not None and msg.get("token") == current.job.token:
+                current.charge()
+            return True
         if op == "started":  # one that topped the queue up, started after the last outcome
             if current is not None:
                 raise ValueError(f"{msg['token']!r} started while {current.job.token!r} runs")
@@ -414,6 +424,7 @@ class _Watch:
             self._back(token)
         nxt = msg.get("next")
         self.current = None
+        current.charge()  # (said already with "began", unless its child got no further)
         if msg.get("log") or msg.get("stream"):  # what the handler logged and streamed: sent with its settlement
             current.rpc({"call": "log", "lines": msg.get("log"), "chunks": msg.get("stream")})
         current.finish(from_message(msg["outcome"]), float(msg.get("run_s") or 0.0))

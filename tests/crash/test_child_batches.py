@@ -66,6 +66,7 @@ class Fed:
         self.flags = Flags()
         self.project = project
         self.began = 0.0  # monotonic, when the slot said its child started it
+        self.charged = 0.0  # monotonic, when its handler started (its attempt counts)
         self.outcome: Outcome | Release | None = None
         self.ended = 0.0
 
@@ -78,8 +79,13 @@ class Fed:
     def start(self) -> bool:
         return True
 
-    def started(self, pid: int) -> None:
+    def started(self, pid: int, charge: bool = True) -> None:
         self.began = time.monotonic()
+        if charge:
+            self.charge()
+
+    def charge(self) -> None:
+        self.charged = self.charged or time.monotonic()
 
     def rpc(self, msg: dict[str, Any]) -> Any:
         return True
@@ -251,6 +257,8 @@ def test_a_child_idle_when_more_jobs_come_says_when_it_starts_one(project: Proje
     assert child is not None
     first, late = batch(project, {}, {})
     child.send({"op": "run", "jobs": [first.job.as_row()]})
+    began = child.channel.recv()  # a batch's first says when its handler starts
+    assert began == {"op": "began", "token": first.job.token}, began
     out = child.channel.recv()
     assert out["op"] == "outcome" and out["token"] == first.job.token and "next" not in out, out
     child.send({"op": "more", "jobs": [late.job.as_row()]})

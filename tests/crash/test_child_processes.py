@@ -637,3 +637,31 @@ def test_children_that_keep_dying_at_start_bury_no_job(project: Project) -> None
     assert w.wait(timeout=30) == 0
     r = rec(project, job)
     assert r["status"] == "queued" and r["attempt"] == 0, r
+
+
+@pytest.mark.parametrize("resource", [False, True])
+def test_no_attempt_shows_spent_before_a_fresh_childs_handler_runs(project: Project, resource: bool) -> None:
+    """At worker start (a fresh child), the attempt was marked when the child said it was
+    ready, then the child validated the payload and built the job's context before its
+    handler ran: a worker SIGKILLed as soon as the attempt showed buried a MAX_ATTEMPTS = 1
+    job as "worker lost", its handler never run (with or without RESOURCE_KEY, whose jobs
+    are never claimed ahead). The attempt is spent when the handler starts: whenever it
+    shows, the handler has the job."""
+    source = PWORK.replace("MAX_ATTEMPTS = 1", 'MAX_ATTEMPTS = 1\nRESOURCE_KEY = "r:{k}"') if resource else PWORK
+    project.add_function("pwork", source, '{"type": "object", "properties": {"k": {"type": "string"}}}')
+    only_functions(project, "pwork")
+    project.write_config(vt=2, concurrency=1, prefetch=0, max_attempts=1, fast="max_timeout = 600")
+    for _ in range(2):
+        job = project.client.enqueue("pwork", {"k": "a"}).id
+        w = spawn_leader(project, "fast")
+        deadline = time.monotonic() + 30
+        while not rec(project, job).get("attempt") and time.monotonic() < deadline:
+            pass
+        ran = bool(project.runs(job))
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait(timeout=10)
+        w2 = spawn_leader(project, "fast")
+        final = wait_final(project, [job], timeout=60)[job]
+        assert ran or final["status"] == "done", (final, "charged before its handler ran", project.runs(job))
+        w2.send_signal(signal.SIGTERM)
+        w2.wait(timeout=30)

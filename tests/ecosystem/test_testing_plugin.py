@@ -362,3 +362,21 @@ def test_pytest_django_tests_see_what_the_app_committed(pytester: pytest.Pyteste
     pytester.makepyfile(test_orders=PYTEST_DJANGO_TESTS)
     result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
     result.assert_outcomes(passed=7, xfailed=1)
+
+
+def test_a_project_in_a_subfolder_is_named_in_the_error(pytester: pytest.Pytester) -> None:
+    """A project whose runner files sit in a subfolder (backend/): the fixtures used to
+    fail with only "unknown function 'greet' (no function is loaded)". The error names the
+    folder searched and the `runner_project` ini option that points the plugin there."""
+    _project(pytester)
+    backend = pytester.path / "backend"
+    backend.mkdir()
+    for name in ("functions", "schemas", "runner.toml"):
+        (pytester.path / name).rename(backend / name)
+    pytester.makepyfile(test_sub='''
+def test_greet(runner_client):
+    runner_client.enqueue("greet", {"name": "a"})
+''')
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*no functions/ nor runner.toml in {pytester.path}:*runner_project = backend*"])

@@ -234,3 +234,38 @@ def test_a_cancelled_run_is_traced_as_cancelled_not_dead(project: Project) -> No
         assert run.status.status_code != trace.StatusCode.ERROR
     finally:
         w.stop(grace_s=5)
+
+
+SUBSCRIBER = '''
+QUEUE = "fast"
+TRIGGERS = ["traced.happened"]
+
+def handle(payload, ctx):
+    return None
+'''
+
+
+def test_an_emits_subscribers_stay_in_the_producers_trace(project: Project) -> None:
+    """client.emit from a traced producer used to record no span, and each subscriber's
+    wait and run spans started new root traces. An emit is one enqueue span, the
+    producer's child, and every subscriber's run hangs under it, in the producer's trace."""
+    project.add_function("sub_a", SUBSCRIBER)
+    project.add_function("sub_b", SUBSCRIBER)
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        EXPORTER.clear()
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("request") as request:
+            project.client.emit("traced.happened", {})
+        wait_for(lambda: len(_spans("run sub_a")) == 1 and len(_spans("run sub_b")) == 1, timeout=15,
+                 what="both subscribers to run")
+        emit = _one("enqueue event traced.happened")
+        assert emit.parent is not None and emit.parent.span_id == request.get_span_context().span_id
+        trace_id = request.get_span_context().trace_id
+        for fn in ("sub_a", "sub_b"):
+            run, wait = _one(f"run {fn}"), _one(f"wait {fn}")
+            assert {run.context.trace_id, wait.context.trace_id} == {trace_id}, fn
+            assert run.parent is not None and run.parent.span_id == emit.context.span_id, fn
+    finally:
+        w.stop(grace_s=5)

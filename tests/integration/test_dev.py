@@ -5,6 +5,7 @@ never outlives it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -197,6 +198,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
+DELAY_S = 12  # the queued job's delay in the restart test below
+
+
 def test_embedded_redis_keeps_jobs_across_restarts_and_never_outlives_dev(tmp_path: Path) -> None:
     """With no Redis answering at the configured URL, dev starts the packaged server with
     its data under .runner/redis; a job queued before a restart runs after it; SIGTERM,
@@ -215,32 +219,52 @@ def test_embedded_redis_keeps_jobs_across_restarts_and_never_outlives_dev(tmp_pa
     def session() -> dict[str, Any]:
         return dict(json.loads((root / ".runner" / "dev.json").read_text()))
 
-    first = Dev(root, env)
-    assert "starting the embedded one" in first.log()
-    server_pid = session()["server_pid"]
-    job_id = first.post("send_email", email(7), delay=3).json()["id"]
-    # The other commands of the project find the embedded server by themselves.
-    stats = subprocess.run([sys.executable, "-m", "runner.cli", "stats", "--json"], cwd=root, env=env,
-                           capture_output=True, timeout=30)
-    assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["queues"][0]["scheduled"] == 1
-    assert first.stop(signal.SIGINT) == 0  # Ctrl-C
-    wait_for(lambda: not _alive(server_pid), timeout=5, what="the embedded server to stop")
-    assert not (root / ".runner" / "dev.json").exists()
-
-    second = Dev(root, env)
+    devs: list[Dev] = []
+    servers: list[int] = []
     try:
-        done = second.finished(job_id, timeout=15)
-        assert done["status"] == "done" and done["attempt"] == 1
-    finally:
-        assert second.stop() == 0
-    assert (root / ".runner" / "redis").is_dir()
+        first = Dev(root, env)
+        devs.append(first)
+        assert "starting the embedded one" in first.log()
+        server_pid = session()["server_pid"]
+        servers.append(server_pid)
+        # Far enough out that a CLI start on a loaded machine (seconds) never sees it run.
+        job_id = first.post("send_email", email(7), delay=DELAY_S).json()["id"]
+        # The other commands of the project find the embedded server by themselves.
+        stats = subprocess.run([sys.executable, "-m", "runner.cli", "stats", "--json"], cwd=root, env=env,
+                               capture_output=True, timeout=30)
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["queues"][0]["scheduled"] == 1
+        assert first.stop(signal.SIGINT) == 0  # Ctrl-C
+        wait_for(lambda: not _alive(server_pid), timeout=5, what="the embedded server to stop")
+        assert not (root / ".runner" / "dev.json").exists()
 
-    third = Dev(root, env)
-    pid = session()["server_pid"]
-    third.proc.kill()
-    third.proc.wait(timeout=10)
-    wait_for(lambda: not _alive(pid), timeout=5, what="the server to die with its parent")
+        second = Dev(root, env)
+        devs.append(second)
+        servers.append(session()["server_pid"])
+        try:
+            done = second.finished(job_id, timeout=DELAY_S + 30)
+            assert done["status"] == "done" and done["attempt"] == 1
+        finally:
+            assert second.stop() == 0
+        assert (root / ".runner" / "redis").is_dir()
+
+        third = Dev(root, env)
+        devs.append(third)
+        pid = session()["server_pid"]
+        servers.append(pid)
+        third.proc.kill()
+        third.proc.wait(timeout=10)
+        wait_for(lambda: not _alive(pid), timeout=5, what="the server to die with its parent")
+    finally:
+        # A failed step must not leave dev or its server running past the test.
+        for dev in devs:
+            if dev.proc.poll() is None:
+                dev.proc.kill()
+                dev.proc.wait(timeout=10)
+        for pid in servers:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_runner_toml_reload_adds_a_queue_and_a_broken_one_keeps_the_last_good(examples: Project) -> None:

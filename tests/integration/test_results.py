@@ -30,6 +30,8 @@ def handle(payload, ctx):
         return {{200: 3, 1.5: "a", None: [10**30], True: -(2**70)}}
     if payload.get("kind") == "big":
         return {{"n": 2**70 + 1, "m": [-(10**30) - 7], "s": "12345678901234567890123"}}
+    if payload.get("kind") == "nan":
+        return {{"v": [1.5, float("nan")], "w": float("inf")}}
     if payload.get("kind") == "keyed-object":
         return {{200: {{"when": object()}}}}
     return "x" * n
@@ -234,6 +236,21 @@ def test_a_result_json_can_hold_is_stored_as_json_would_store_it(project: Projec
     dead = c.wait(bad.id, timeout_s=30).as_dict()
     assert dead["status"] == "dead"
     assert "$.200.when" in dead["last_error"]["message"], dead["last_error"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_result_holding_nan_is_refused_as_not_json(project: Project, isolation: str) -> None:
+    """NaN and infinities are not JSON (a reader's JSON.parse refuses them, and ctx.stream
+    refuses them too): a result holding one used to be stored with null in its place,
+    without a word. It fails as not JSON, naming the path, in both isolations."""
+    _add_returns(project, isolation)
+    c = project.client
+    job = c.enqueue("returns", {"n": 0, "kind": "nan"})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert rec["status"] == "dead", rec
+    assert rec["last_error"]["type"] == "ResultNotJSON", rec["last_error"]
+    assert "$.v[1]" in rec["last_error"]["message"] and "nan" in rec["last_error"]["message"], rec["last_error"]
 
 
 def test_a_result_with_integers_past_64_bits_reads_back_with_every_digit(project: Project) -> None:

@@ -57,6 +57,10 @@
 -- ARGV[10] priority floor, 0-9 ('' or 0: none): a floor f > 0 claims only jobs of
 --          priority f or more (another partition of the queue holds one of f, which must
 --          start first: see the fetcher), none from ready
+-- ARGV[11] '1': the first k start at once but spend their attempt later, as prefetched
+--          jobs do ('p', start.lua), when their executor says the handler started (a
+--          queue whose handlers all run in child processes: its child reports the start;
+--          a worker killed before then charges nothing, see reclaim.lua); '' otherwise
 --
 -- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
 -- scheduled for when its (reserved) token is due, spending no attempt.
@@ -96,6 +100,7 @@ local lease = tonumber(ARGV[4])
 local base = ARGV[5]
 local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local floor = tonumber(ARGV[10]) or 0
+local later = ARGV[11] == '1'
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
@@ -365,7 +370,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   local n_c = #claimed
   claimed[n_c + 1] = id
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
-    claim_flags(rec.idem_key ~= '', #limits > 0, not starts, false, stateful, waited(rec.meta), false))
+    claim_flags(rec.idem_key ~= '', #limits > 0, not starts or later, false, stateful, waited(rec.meta), false))
   taken[id] = true
   local o = #out
   out[o + 1] = id
