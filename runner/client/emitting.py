@@ -166,7 +166,7 @@ def shown_data(data: Any, body: str) -> str:
     characters), null data and its full size under "truncated", as a job list shows a
     big payload."""
     raw = body.encode()
-    if len(raw) <= DATA_SHOWN_BYTES and codec.too_deep(data, codec.MAX_DEPTH - 1) is None:
+    if len(raw) <= DATA_SHOWN_BYTES and codec.too_deep(data, codec.READ_DEPTH - 1) is None:
         return '"data":' + body
     preview = raw[:DATA_SHOWN_BYTES].decode("utf-8", "ignore")
     return f'"data":null,"data_preview":{codec.dumps(preview)},"truncated":{{"data":{len(raw)}}}'
