@@ -262,7 +262,7 @@ def behind(reg: Registry, workers: list[Any]) -> list[Problem]:
 
 
 # The durable calls whose first argument is the name a step log records (worker/journal.py).
-DURABLE_CALLS = frozenset({"step", "sleep", "sleep_until", "wait_for_signal", "invoke"})
+DURABLE_CALLS = frozenset({"step", "sleep", "sleep_until", "wait_for_signal", "wait_for_event", "invoke"})
 
 
 def durable_names(path: str) -> set[str] | None:
@@ -338,9 +338,11 @@ def durable_unconditional(path: str) -> set[str]:
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
                 out.add(first.value)
         if isinstance(node, ast.Try | ast.TryStar):
-            for stmt in node.body + node.finalbody:
+            # A try body's calls are reached only while nothing before them raised: a
+            # handled error skips the rest, so none of them counts as reached on every path.
+            for stmt in node.finalbody:
                 visit(stmt, maybe)
-            for other in [*node.handlers, *node.orelse]:
+            for other in [*node.body, *node.handlers, *node.orelse]:
                 visit(other, True)
             return
         branchy = isinstance(node, (ast.If, ast.IfExp, ast.Match, ast.BoolOp, *_LOOPS))

@@ -103,6 +103,11 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
         if not raw or len(raw) > MAX_KEY_BYTES or control_character(idempotency_key) is not None:
             raise ValidationFailed(name, 0, [FieldError("$", (
                 f"an idempotency key must be 1 to {MAX_KEY_BYTES} bytes, without control characters"))])
+    deep = codec.too_deep(data)
+    if deep is not None:  # held to the payload limit even with no subscriber: waiters read it too
+        raise ValidationFailed(name, 0, [FieldError(deep, (
+            f"the nesting depth is over the limit of {codec.MAX_DEPTH} levels of arrays and objects; "
+            "flatten the data"))])
     rt = client.runtime
     subscribers = rt.registry.subscribers(name)
     preps: list[Prepared] = []

@@ -186,6 +186,9 @@ def run(fn: Function, payloads: list[dict[str, Any]], claimed: Sequence[Claimed]
     except Suspend:  # (refused before it could be raised: BatchContext has no durable calls)
         stop = RuntimeError("handle_batch cannot suspend: durable calls are one job's")
         return [failure(fn, job, stop) for job in claimed], time.perf_counter() - started
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt, an async CancelledError: the
+        # batch's failure, as a single handler's is, never its worker thread's end
+        return [failure(fn, job, exc) for job in claimed], time.perf_counter() - started
     elapsed = time.perf_counter() - started
     failed: dict[int, BaseException] = {}
     results: Any = got

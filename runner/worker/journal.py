@@ -347,6 +347,7 @@ class Journal:
         comes (None past the timeout). The wait is a signal wait for ``event.<position>``,
         which the event's delivery sends (client/waking.py)."""
         label = self.label(name)
+        self._past_unrecorded("wait", label)
         entry = self.recorded(label, "event")
         signal = f"event.{self.position}"
         head = codec.dumps({"name": label, "kind": "event", "event": name, "match": match, "signal": signal})[:-1]

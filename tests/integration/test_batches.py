@@ -227,3 +227,41 @@ def test_many_keys_spread_over_the_executors(project: Project) -> None:
     for c in got:
         assert len({p["tenant"] for p in c["payloads"]}) == 1, c["payloads"]
     assert took < 16, f"{took:.1f} s for 24 keys of 1 s wait on 4 executors: batches waited one after another"
+
+
+EXITING = '''
+import asyncio
+QUEUE = "fast"
+MAX_ATTEMPTS = 2
+BATCH = {"size": 4, "wait": 0.2}
+
+class Boom(BaseException):
+    pass
+
+async def handle_batch(payloads, ctx):
+    if payloads[0].get("how") == "cancelled":
+        raise asyncio.CancelledError()
+    if payloads[0].get("how") == "exit":
+        raise SystemExit(3)
+    if payloads[0].get("how") == "boom":
+        raise Boom("hostile")
+    return [p["n"] for p in payloads]
+'''
+
+
+def test_a_base_exception_from_handle_batch_fails_the_batch_not_the_worker(project: Project) -> None:
+    """SystemExit, an async CancelledError or any BaseException out of handle_batch (thread
+    isolation) fails the batch's items, each on its own attempts, as a single handler's
+    would; the worker lives on and runs the next jobs."""
+    project.add_function("exiting", EXITING)
+    client = project.client
+    worker = project.spawn_worker("fast")
+    for how, kind in (("cancelled", "CancelledError"), ("exit", "SystemExit"), ("boom", "Boom")):
+        bad = [e.id for e in client.enqueue_many([Request("exiting", {"how": how, "n": i}) for i in range(2)])]
+        views = wait_for(lambda bad=bad: finished(project, bad), timeout=60, what=f"every {how} item settled")
+        assert all(v["status"] == "dead" and v["reason"] == "max attempts reached" for v in views.values()), views
+        assert {v["last_error"]["type"] for v in views.values()} == {kind}
+        assert worker.poll() is None
+    good = [e.id for e in client.enqueue_many([Request("exiting", {"n": i}) for i in range(3)])]
+    views = wait_for(lambda: finished(project, good), timeout=30, what="the next jobs")
+    assert [views[i]["result"] for i in good] == [0, 1, 2] and worker.poll() is None

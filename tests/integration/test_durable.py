@@ -429,3 +429,31 @@ def test_runner_check_fails_a_step_inserted_before_the_recorded_ones(project: Pr
     path.write_text(INSERTED.format(new='if payload.get("audit"):\n        ctx.step("audit", lambda: 0)'))
     branch = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
     assert branch.returncode == 0, branch.stdout + branch.stderr
+
+
+EVENT_WAITER = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    ctx.step("pre", lambda: 1)
+    return ctx.wait_for_event("order.paid", match={"order_id": 1}, timeout=600)
+'''
+
+
+def test_runner_check_passes_a_job_waiting_for_an_event_on_unchanged_code(project: Project) -> None:
+    """A job waiting in ctx.wait_for_event recorded the event's name as its step: the
+    deploy gate knows that call, so unchanged code passes, and a renamed step before it
+    fails naming the job."""
+    project.add_function("evwait", EVENT_WAITER)
+    c = project.client
+    worker = project.spawn_worker("fast")
+    job = c.enqueue("evwait", {}).id
+    wait_for(lambda: c.get(job).status == "waiting", timeout=30, what="the job to wait")
+    worker.kill()
+    worker.wait(timeout=10)
+    cmd = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "check"]
+    same = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
+    assert same.returncode == 0, same.stdout + same.stderr
+    (project.root / "functions" / "evwait.py").write_text(EVENT_WAITER.replace('"pre"', '"renamed"'))
+    moved = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
+    assert moved.returncode != 0 and job in moved.stdout + moved.stderr

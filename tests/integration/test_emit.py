@@ -323,3 +323,15 @@ def test_a_subscriber_whose_file_fails_to_load_refuses_the_emit(project: Project
     assert "failed to load" in str(err.value) and "fix it" in str(err.value)
     assert written(project) == dict.fromkeys(written(project), 0)
     assert c.emit("other.event", {}).jobs == []  # an event it does not name is not refused
+
+
+def test_data_past_the_nesting_limit_is_refused_with_no_subscriber_too(project: Project) -> None:
+    """An event's data is held to the payload limit whoever subscribes: its waiters
+    (ctx.wait_for_event) read it inside a record of their own."""
+    from runner.errors import ValidationFailed
+    from runner.store import codec
+
+    c = project.client
+    with pytest.raises(ValidationFailed, match=f"limit of {codec.MAX_DEPTH} levels"):
+        c.emit("nobody.listens", _deep(codec.MAX_DEPTH + 1))
+    assert c.emit("nobody.listens", _deep(codec.MAX_DEPTH)).jobs == []

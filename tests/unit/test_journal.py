@@ -197,3 +197,26 @@ def test_run_inline_waits_match_top_level_fields_as_equal_json() -> None:
     assert j.wait_event("order.shipped", {}, None) is None
     assert [(e["name"], e["status"]) for e in log.entries] == [
         ("order.paid", "ok"), ("order.paid#2", "timeout"), ("order.shipped", "timeout")]
+
+
+@pytest.mark.parametrize("durable", ["sleep", "wait", "wait_event"])
+def test_a_suspension_after_a_step_that_failed_unrecorded_ends_the_attempt(durable: str) -> None:
+    """A transient error in a step, swallowed by the handler, leaves that step without a
+    record: a sleep, a signal wait or an event wait reached after it must not take its
+    position (the retry runs the step there again), so it ends the attempt instead."""
+    log = Log()
+    j = log.run()
+
+    def flaky() -> None:
+        raise ConnectionError("card service away")
+
+    with pytest.raises(ConnectionError):
+        j.step("charge", flaky, (), {})
+    with pytest.raises(journal.AfterUnrecordedStep, match="'charge'"):
+        if durable == "sleep":
+            j.sleep("nap", 1000, int(time.time() * 1000) + 1000)
+        elif durable == "wait":
+            j.wait("approval", None)
+        else:
+            j.wait_event("order.paid", {"order_id": 1}, None)
+    assert log.entries == []
