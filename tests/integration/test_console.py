@@ -518,3 +518,48 @@ def test_a_running_jobs_stream_shows_live(project: Project, browser: Any) -> Non
         assert stream().strip() == "first second"
         assert d.execute_script("return window.sameDocument") is True
         assert script_errors(d) == []
+
+
+FLOOD = '''"""Streams and logs far more than the server keeps, while a page follows, then waits."""
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+
+def handle(payload, ctx):
+    ctx.stream("start ")
+    time.sleep(1.5)  # the page opens its follows
+    for i in range(12):
+        for _ in range(8):
+            ctx.stream("x" * 30_000)
+        for j in range(1_200):
+            ctx.logger.info("line %d %d", i, j)
+        time.sleep(0.3)
+    ctx.stream(" end")
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    ctx.raise_if_cancelled()
+'''
+
+
+def test_a_followed_flood_stays_bounded_in_the_page(project: Project, browser: Any) -> None:  # noqa: F811
+    """A page following a job that streams about 3 MB and logs 14,400 lines keeps about
+    what the server keeps (the newest 1 MiB of output, the newest lines), with a mark that
+    older output is not shown, and its newest output whole."""
+    project.add_function("flood", FLOOD)
+    toml = project.root / "runner.toml"
+    bounds = "[retention]\nlogs = { lines = 100000, bytes = 16777216 }\n"
+    toml.write_text(toml.read_text().replace("[retention]\n", bounds, 1))
+    project.spawn_worker("slow")
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/flood", json={}).json()["id"]
+        d = browser
+        signed_in(d, web, TOKEN)
+        go(d, f"#job/{job}")
+        stream = lambda: text(d, '#job-view [data-field="stream"]')  # noqa: E731
+        until("the end of the flood", lambda: stream().endswith(" end"), timeout=60)
+        shown = stream()
+        assert shown.startswith("… (older output not shown)") and len(shown) <= (1 << 20) + 64, len(shown)
+        lines = text(d, '#job-view [data-field="log"]').splitlines()
+        assert len(lines) <= 10_000 and lines[-1].endswith("line 11 1199"), (len(lines), lines[-1:])
+        project.client.cancel(job)
+        assert script_errors(d) == []

@@ -13,6 +13,11 @@ const page = { id: null, shown: "", openedAt: 0 };  // the job open, the view of
 // The job's own log: the lines as text, followed while the job runs (?follow=1), else read
 // once; polled once a second if the server will not follow (too many followers).
 const joblog = { id: null, timer: null, lines: [], text: "", ctrl: null, doneAt: 0 };
+// What a page holds of a followed log and stream: about what the server keeps (the newest
+// lines, the newest 1 MiB of output), so a job that logs or streams for minutes never
+// grows the page past it.
+const LOG_KEEP_LINES = 5000;
+const STREAM_KEEP_CHARS = 1 << 20;
 // Its ctx.stream output (GET /jobs/{id}/stream): chunks in order, shown as text.
 const jobstream = { id: null, parts: [], text: "", count: 0, ctrl: null, doneAt: 0 };
 const LOG_EVERY_MS = 1000;
@@ -43,7 +48,7 @@ async function showJob(id, again) {
   liveWatch([id]);
   $("#job-view").replaceChildren(el("p", { class: "muted", text: `Reading job ${id}…` }));
   Object.assign(joblog, { id, lines: [], text: "", doneAt: 0, started: false, active: false });
-  Object.assign(jobstream, { id, parts: [], text: "", count: 0, doneAt: 0, firstAt: 0, endAt: 0, started: false, active: false });
+  Object.assign(jobstream, { id, parts: [], text: "", count: 0, cut: false, doneAt: 0, firstAt: 0, endAt: 0, started: false, active: false });
   let job;
   try {
     job = await api("GET", `/jobs/${encodeURIComponent(id)}`);
@@ -81,6 +86,7 @@ function following(job) {
     jobstream.started = true;
     jobstream.parts = [];
     jobstream.count = 0;
+    jobstream.cut = false;
     followStream(job.id);
   }
   paintLog();  // "—" until a line comes
@@ -293,6 +299,7 @@ async function followLog(id) {
         if (event === "line") {
           if (!fresh) fresh = joblog.lines = [];
           fresh.push(logLine(JSON.parse(text)));
+          if (fresh.length > 2 * LOG_KEEP_LINES) fresh.splice(0, fresh.length - LOG_KEEP_LINES);
           paintLog();
         } else if (event === "end") {
           const st = JSON.parse(text).status;
@@ -335,7 +342,11 @@ function chunkText(data) {
 
 const paintStream = soon(() => {
   if (jobstream.parts.length > 1) jobstream.parts = [jobstream.parts.join("")];
-  jobstream.text = jobstream.count ? jobstream.parts[0] : "—";
+  if (jobstream.parts.length && jobstream.parts[0].length > STREAM_KEEP_CHARS) {
+    jobstream.parts = [jobstream.parts[0].slice(-STREAM_KEEP_CHARS)];
+    jobstream.cut = true;
+  }
+  jobstream.text = jobstream.count ? (jobstream.cut ? "… (older output not shown)\n" : "") + jobstream.parts[0] : "—";
   paintPre("stream", jobstream.text);
   const n = $("#job-view [data-field=stream-count]");
   if (n) n.textContent = streamCount();
