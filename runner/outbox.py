@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from runner.errors import NotReplicated
 from runner.runtime import Runtime
 from runner.store import codec, followups, routing
 from runner.store.keys import QueueKeys
@@ -85,7 +86,15 @@ def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, str] | None =
 
 def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str],
            absorbed: dict[str, str] | None = None) -> None:
-    reply = rt.scripts.relay(k, [f for _, f in items])
+    try:
+        reply = rt.scripts.relay(k, [f for _, f in items])
+    except NotReplicated as exc:
+        # Placed, but not on enough replicas yet: the entries stay in their outbox (on its
+        # replicas), so a failover of this master loses no job; a later pass places them
+        # again, nothing twice, and takes them off once confirmed.
+        log.warning("outbox: %d job(s) placed on queue %s, not yet confirmed by %d replica(s) (%d did); "
+                    "kept in the outbox until they are", len(items), k.queue, exc.wanted, exc.acked)
+        return
     codes = reply[:len(items)]
     if absorbed is not None:  # then (index, burst's job id) per job a DEBOUNCE burst absorbed
         for i in range(len(items), len(reply) - 1, 2):

@@ -13,7 +13,7 @@ pool checks every connection it hands out with a poll() and wraps each command i
 and event layers, which together cost about a third of an enqueue round trip.
 
 Durable calls (the scripts in DURABLE: an enqueue, an event's jobs, a group's members, a
-schedule's tick) are followed by ``WAIT replicas timeout`` on the same connection, sent
+schedule's tick, an outbox's placement) are followed by ``WAIT replicas timeout`` on the same connection, sent
 with the script in one write, when the Transport
 was built with ``replicas`` > 0: WAIT counts the replicas that hold every write of its
 own connection, so it must follow the script there, and pipelined it costs no round trip
@@ -71,8 +71,11 @@ def _import_redis() -> None:
 # The scripts that write jobs a producer is answered for (an enqueue, an event's jobs, a
 # group's members, a schedule's tick): each call of one is durable, whoever sends it and
 # however (a single call, a Batch, a Stream, a cluster node's lane), so no path that
-# answers "accepted" skips the WAIT. Every other call stays asynchronous.
-DURABLE = frozenset({"enqueue", "emit", "group", "tick"})
+# answers "accepted" skips the WAIT. The relay too: it places an outbox's jobs (an event's
+# or a group's for another queue or master, a tick's routed away), and the entry leaves
+# its replicated outbox only once the job it placed is confirmed. Every other call stays
+# asynchronous.
+DURABLE = frozenset({"enqueue", "emit", "group", "tick", "relay"})
 
 def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
     """A call answered NOSCRIPT sent again with its source (EVAL), behind a SCRIPT LOAD in

@@ -395,3 +395,24 @@ def test_an_emit_short_of_replicas_names_its_jobs_and_exits_3(rproject: Project,
     assert "only 1 of 2 replica(s)" in out.stderr and "job " in out.stderr, out.output
     job_id = out.stderr.split("job ", 1)[1].split()[0]
     assert p.client.get(job_id).as_dict()["type"] == "on_order"
+
+
+def test_a_job_placed_from_an_outbox_leaves_it_only_once_a_replica_holds_it(rproject: Project,
+                                                                           valkey_pair: Pair) -> None:
+    """An event's job for another queue is placed from the home partition's outbox by the
+    relay script, which waits for the replicas as an enqueue does: short of them, the
+    entry stays in the (replicated) outbox, so a failover of the job's master loses
+    nothing, and the relay places it again later, nothing twice."""
+    p = durable(rproject, 2)
+    sub = 'QUEUE = "{q}"\nTRIGGERS = ["order.made"]\n\ndef handle(payload, ctx):\n    return 1\n'
+    p.add_function("a_home", sub.format(q="fast"), '{"type": "object"}')
+    p.add_function("b_away", sub.format(q="slow"), '{"type": "object"}')
+    with pytest.raises(NotReplicated):
+        p.client.emit("order.made", {"n": 1})
+    r = p.runtime.redis
+    home, away = p.keys("fast"), p.keys("slow")
+    assert r.llen(home.outbox) == 1  # kept until a replica confirms the job it placed
+    assert r.llen(away.ready) == 1  # placed all the same: the relay places it once by its id
+    from runner import outbox
+    assert outbox.place(p.runtime, r.lrange(home.outbox, 0, -1)) == []
+    assert r.llen(away.ready) == 1
