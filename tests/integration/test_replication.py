@@ -301,6 +301,7 @@ def test_a_group_waits_too(rproject: Project, valkey_pair: Pair) -> None:
         r = http.simulate_post("/groups", json=body)
         assert r.status_code == 503, r.text
         assert r.json["type"] == "urn:runner:problem:not-replicated" and len(r.json["job_ids"]) == 2
+        assert "takes no Idempotency-Key" in r.json["detail"] and "Retrying with the same" not in r.json["detail"]
 
 
 CHARGE = '''
