@@ -130,6 +130,8 @@ COMPONENTS: dict[str, Any] = {
         "priority": _INT, "on_success": _OPT_STR, "on_failure": _OPT_STR, "max_age": _OPT_NUM,
         "triggers": {"type": "array", "items": _STR},
         "debounce": {"type": ["object", "null"], "properties": {"key": _STR, "period": _NUM, "max_wait": _NUM}},
+        "batch": {"type": ["object", "null"], "properties": {"size": {"type": "integer"}, "wait": _NUM,
+                                                              "key": {"type": ["string", "null"]}}},
         "hold_locks_while_suspended": {"type": "boolean"},
         "flow": _obj({"paused": {"type": "boolean"}, "held_by_pause": _INT, "concurrency": {
             "type": ["object", "null"],

@@ -109,6 +109,10 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         self._sunk = 0.0
         self.chunks: JobLog | None = None  # ctx.stream's output not sent yet, made at its first chunk
         self._seq = 0  # the next chunk's number: a reader's position, whatever was trimmed
+        # Held by the renewer from taking a running job's lines until they are in Redis,
+        # and by the settler while it takes the rest: the job's end is never visible
+        # before lines the renewer took just ahead of it.
+        self.sending = threading.Lock()
 
     def pending(self) -> bool:
         """Lines or chunks not sent yet."""

@@ -219,18 +219,26 @@ class Renewer:
         ret = self.rt.config.retention
         keep_ms = max(1, int(max(ret.done_s, ret.dead_s) * 1000))
         calls = self.rt.scripts.batch()
-        for r in logging_runs:
-            logs = r.logs
-            assert logs is not None
-            if logs.buf is not None and logs.buf.pending():
-                self.rt.scripts.append_log(k, r.job.id, logs.buf.take(), ret.log_lines, ret.log_bytes, keep_ms, calls)
-            if logs.chunks is not None and logs.chunks.pending():
-                self.rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
-                                           calls, key=k.stream(r.job.id))
+        held = []
         try:
+            for r in logging_runs:
+                logs = r.logs
+                assert logs is not None
+                if not logs.sending.acquire(blocking=False):
+                    continue  # its settlement is taking its lines now
+                held.append(logs.sending)
+                if logs.buf is not None and logs.buf.pending():
+                    self.rt.scripts.append_log(k, r.job.id, logs.buf.take(), ret.log_lines, ret.log_bytes, keep_ms,
+                                               calls)
+                if logs.chunks is not None and logs.chunks.pending():
+                    self.rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
+                                               calls, key=k.stream(r.job.id))
             calls.execute(raise_on_error=False)
         except Exception as exc:  # the lines are lost to the log, never the lease to the renewal
             log.debug("%s renewer: writing running jobs' logs failed (%s)", self.q.name, exc)
+        finally:
+            for lock in held:
+                lock.release()
 
     def _enforce_timeouts(self, now: float) -> None:
         late: list[Run] = []

@@ -307,16 +307,17 @@ class Settler:
             keep_s = ret.done_s if type(s.outcome) is Done else ret.dead_s if type(s.outcome) is Dead \
                 else max(ret.done_s, ret.dead_s)
             k = parts[self._part(s)]
-            if logs.buf is not None:
-                lines = logs.buf.take()
-                s.extra["log_lines"] = lines  # put back should the call fail (_logs_landed)
-                self.rt.scripts.append_log(k, s.run.job.id, lines, ret.log_lines, ret.log_bytes,
-                                           max(1, int(keep_s * 1000)), calls)
-            if logs.chunks is not None:
-                chunks = logs.chunks.take()
-                s.extra["stream_chunks"] = chunks
-                self.rt.scripts.append_log(k, s.run.job.id, chunks, STREAM_CHUNKS, STREAM_BYTES,
-                                           max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id))
+            with logs.sending:  # lines the renewer took are in Redis before this job's end is
+                if logs.buf is not None:
+                    lines = logs.buf.take()
+                    s.extra["log_lines"] = lines  # put back should the call fail (_logs_landed)
+                    self.rt.scripts.append_log(k, s.run.job.id, lines, ret.log_lines, ret.log_bytes,
+                                               max(1, int(keep_s * 1000)), calls)
+                if logs.chunks is not None:
+                    chunks = logs.chunks.take()
+                    s.extra["stream_chunks"] = chunks
+                    self.rt.scripts.append_log(k, s.run.job.id, chunks, STREAM_CHUNKS, STREAM_BYTES,
+                                               max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id))
 
     def _logs_landed(self, batch: Sequence[Settlement], replies: Sequence[Any]) -> None:
         """A log write that failed keeps its lines for the settlement's next try."""
@@ -331,7 +332,7 @@ class Settler:
                 logs = s.run.logs
                 buf = None if logs is None else logs.buf if field == "log_lines" else logs.chunks
                 if isinstance(reply, BaseException) and buf is not None:
-                    log.debug("job %s: its log was not written (%s); trying again", s.run.job.id, reply)
+                    log.warning("job %s: its log was not written (%s); trying again", s.run.job.id, reply)
                     buf.extend(sent)
 
     def _read(self, groups: list[list[Settlement]], replies: list[Any], where: list[int],
