@@ -48,7 +48,9 @@ def _slow_scripts(project: Project) -> list[tuple[float, str]]:
 def test_a_fan_out_of_30000_follow_ups_blocks_redis_for_no_script_past_100_ms(project: Project) -> None:
     """One run enqueues 30,000 follow-ups (one script writing them all took about 0.4 s):
     every follow-up is written once, by its id, and no script call took 100 ms."""
-    (project.root / "functions" / "fan.py").write_text(FAN)
+    # The test is about Redis, not the handler's speed: 30,000 ctx.enqueue calls take a
+    # second on a quiet machine, more on a loaded one.
+    (project.root / "functions" / "fan.py").write_text(FAN.replace('QUEUE = "fast"', 'QUEUE = "fast"\nTIMEOUT = 20'))
     (project.root / "schemas" / "fan").mkdir()
     (project.root / "schemas" / "fan" / "v1.json").write_text('{"type": "object"}')
     c, r, k = project.client, project.runtime.redis, project.keys()
@@ -118,29 +120,56 @@ def test_a_fan_out_parents_outcome_names_its_first_children_and_counts_the_rest(
     assert c.result(f"{parent}.650", 60) == {"i": 650}  # announced past the first 100: waited for
 
 
-def test_a_stage_left_by_a_killed_worker_expires_from_its_first_write_and_goes_at_the_reclaim(
-        project: Project) -> None:
-    """A worker stopped, then killed, while it stages a run's 60,000 follow-ups: the stage
+def test_a_stage_cut_off_after_its_first_chunk_expires_and_goes_at_the_reclaim(project: Project) -> None:
+    """A worker killed while it stages a run's follow-ups leaves part of a stage: that part
     has its expiry from its first write on (it was set last, so a kill mid-way left it for
-    ever), and the reclaim that takes the job back deletes it; the next attempt stages its
-    own and its follow-ups are placed."""
+    ever), and the reclaim that takes the job back deletes it. Written chunk by chunk, as
+    the worker writes it, so the cut is where the test puts it, not where a race lands."""
+    import time
+
+    from runner.store.scripts import _STAGE_CHUNK_LUA, STAGE_CHUNK, STAGE_TTL_MS, stage_suffix
+
+    rt, k = project.runtime, project.keys()
+    parent = project.client.enqueue("record", {"n": 1}).id
+    reply = list(rt.scripts.claim(k, n=1, start=1, lease_ms=1_000, token_base="w.1", dead_ttl_ms=10**9,
+                                  done_ttl_ms=10**9))
+    token = reply[3]
+    stage = k.job_prefix + stage_suffix(parent, token)
+    entries = [json.dumps(job_entry("fast", NewJob(f"{parent}.{i}", "noop", 1, "{}", 3, 0, 0, "", "-", "", "")))
+               for i in range(STAGE_CHUNK)]
+    rt.redis.eval(_STAGE_CHUNK_LUA, 1, stage, STAGE_TTL_MS, "1", *entries)  # the first chunk; then the kill
+    assert 0 < rt.redis.pttl(stage) <= STAGE_TTL_MS
+    assert rt.redis.llen(stage) == STAGE_CHUNK
+    rt.scripts.reclaim(k, 100, 10**7, now_ms=int(time.time() * 1000) + 10_000)
+    assert not rt.redis.exists(stage), "the killed run's stage outlived the reclaim"
+    assert rt.redis.llen(k.outbox) == 0 and not rt.redis.exists(k.job(f"{parent}.0"))
+
+
+def test_a_worker_killed_anywhere_in_a_big_fan_out_leaves_every_follow_up_placed_once(project: Project) -> None:
+    """A worker SIGKILLed at some point of a run with 20,000 follow-ups (handler, staging,
+    ack or relay: wherever the kill lands): the next worker finishes the run, each follow-up
+    is placed once, and no stage is left without an expiry."""
     import signal
 
     (project.root / "functions" / "fan.py").write_text(FAN.replace('QUEUE = "fast"', 'QUEUE = "fast"\nTIMEOUT = 20'))
     (project.root / "schemas" / "fan").mkdir()
     (project.root / "schemas" / "fan" / "v1.json").write_text('{"type": "object"}')
-    c, r = project.client, project.runtime.redis
-    parent = c.enqueue("fan", {"n": 60_000}).id
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    parent = c.enqueue("fan", {"n": 20_000}).id
     worker = project.spawn_worker("fast")
     pattern = f"{project.prefix}*{parent}:fu:*"
-    stages = wait_for(lambda: list(r.scan_iter(pattern, count=1000)), timeout=60, interval=0.001,
-                      what="the stage's first write")
-    worker.send_signal(signal.SIGSTOP)
-    first = stages[0]
-    ttl = r.pttl(first)
+    wait_for(lambda: c.get(parent).status != "queued", timeout=60, what="the run to start")
+    wait_for(lambda: list(r.scan_iter(pattern, count=1000)) or c.get(parent).status == "done",
+             timeout=60, interval=0.001, what="the stage's first write")
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=10)
-    assert ttl > 0, f"a stage without expiry ({ttl}) after {r.llen(first)} entries"
+    for stage in r.scan_iter(pattern, count=1000):
+        # Uncommitted, a stage expires; committed (the ack landed), the outbox names it.
+        assert r.pttl(stage) > 0 or any(stage.decode().endswith(json.loads(e)[1])
+                                         for e in r.lrange(k.outbox, 0, -1) if e.startswith(b'["@staged"'))
     project.spawn_worker("fast")
-    assert c.result(parent, 120) == {"n": 60_000}
-    assert not r.exists(first), "the killed run's stage outlived the reclaim"
+    assert c.result(parent, 120) == {"n": 20_000}
+    wait_for(lambda: r.llen(k.outbox) == 0 and int(r.hget(k.stats, "succeeded|noop") or 0) >= 20_000,
+             timeout=180, what="every follow-up to run")
+    assert int(r.hget(k.stats, "succeeded|noop") or 0) == 20_000
+    assert list(r.scan_iter(pattern, count=1000)) == []
