@@ -54,11 +54,12 @@ def destinations(rt: Runtime, queue: str, jobs: Sequence[routing.Routed]) -> dic
     return groups
 
 
-def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, str] | None = None) -> list[str]:
+def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, tuple[str, str]] | None = None) -> list[str]:
     """Write the jobs of these outbox entries into their queues; returns the entries
     done with (placed, already there, or refused), which may leave the outbox. An entry
     for a queue this process does not know stays for one that does. ``absorbed``, when
-    given, gets the entry's job id -> the id of the DEBOUNCE burst's job it joined."""
+    given, gets the entry's job id -> (id, status) of the job that stands for it: the
+    DEBOUNCE burst's job it joined, or the job that holds its idempotency key."""
     by_queue: dict[str, list[tuple[str, list[str]]]] = {}
     finished: list[str] = []
     for raw in entries:
@@ -85,7 +86,7 @@ def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, str] | None =
 
 
 def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str],
-           absorbed: dict[str, str] | None = None) -> None:
+           absorbed: dict[str, tuple[str, str]] | None = None) -> None:
     try:
         reply = rt.scripts.relay(k, [f for _, f in items])
     except NotReplicated as exc:
@@ -96,9 +97,9 @@ def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finish
                     "kept in the outbox until they are", len(items), k.queue, exc.wanted, exc.acked)
         return
     codes = reply[:len(items)]
-    if absorbed is not None:  # then (index, burst's job id) per job a DEBOUNCE burst absorbed
-        for i in range(len(items), len(reply) - 1, 2):
-            absorbed[str(items[int(reply[i])][1][0])] = _text(reply[i + 1])
+    if absorbed is not None:  # then (index, id, status) per job another job stands for
+        for i in range(len(items), len(reply) - 2, 3):
+            absorbed[str(items[int(reply[i])][1][0])] = (_text(reply[i + 1]), _text(reply[i + 2]))
     for (raw, fields), code in zip(items, codes, strict=True):
         if int(code) < 0:
             log.warning("follow-up %s: its idempotency key holds another payload; not enqueued", fields[0])

@@ -1,6 +1,7 @@
 """A real local Redis Cluster (Debian's redis-server, created with ``redis-cli --cluster
 create``), with replicas when a test needs them: the integration tests' 3 masters and the
-failover tests' 3 masters with a replica each."""
+failover tests' 3 masters with a replica each; and a project on one (the fixtures
+``cluster`` and ``cproject``, imported by each test module that uses them)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import redis
 
 from runner.store.embedded import Server, debian_binary
 
-from conftest import wait_for
+from conftest import Endpoint, Project, make_project, wait_for
 
 
 def tools() -> tuple[str, str]:
@@ -99,3 +100,38 @@ def local_cluster(root: Path, masters: int = 3, replicas: int = 0, node_timeout_
     finally:
         for s in servers:
             s.stop(kill=True)
+
+
+# --- a project on a local cluster (import the fixtures into the test module) ----------
+
+CLUSTER_MASTERS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """A local Redis Cluster of 3 masters for the module's tests."""
+    with local_cluster(tmp_path_factory.mktemp("cluster"), masters=CLUSTER_MASTERS) as servers:
+        yield servers
+
+
+def cluster_url(servers: list[Server]) -> str:
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
+
+
+def cluster_project(root: Path, servers: list[Server]) -> Project:
+    """A project whose Redis is the cluster of ``servers`` (each one a seed)."""
+    return make_project(root, Endpoint(cluster_url(servers)))  # type: ignore[arg-type]
+
+
+def close_project(p: Project) -> None:
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+@pytest.fixture
+def cproject(tmp_path: Path, cluster: list[Server]) -> Iterator[Project]:
+    """A project on the module's cluster, seeded with two of its masters."""
+    p = cluster_project(tmp_path / "p", cluster[:2])
+    yield p
+    close_project(p)

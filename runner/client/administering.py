@@ -399,10 +399,11 @@ def trigger(client: Client, schedule_id: str, *, by: str | None = None) -> Enque
         # (the run is recorded: a failure here leaves its job to the relay, not to a retry)
         with contextlib.suppress(*UNAVAILABLE):
             outbox.remove(rt, home, outbox.place(rt, [away]))
+    if by is not None:  # on record even unconfirmed: the run was written to the master
+        on_record(client, by, "trigger", s.queue, schedule=s.id, job_id=reply[1],
+                  **({"unconfirmed": True} if short is not None else {}))
     if short is not None:
         raise _unconfirmed(short) from None
-    if by is not None:
-        on_record(client, by, "trigger", s.queue, schedule=s.id, job_id=reply[1])
     return Enqueued(id=reply[1], type=s.function, version=s.version, queue=s.queue, status=reply[2])
 
 

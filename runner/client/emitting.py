@@ -150,19 +150,37 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
     jobs = list(record.get("jobs", []))
     if code == 1 and entries:
         # Placed now rather than a relay pass later (a failure here leaves them to the relay).
-        absorbed: dict[str, str] = {}
+        absorbed: dict[str, tuple[str, str]] = {}
         with contextlib.suppress(*UNAVAILABLE):
             outbox.remove(rt, home, outbox.place(rt, entries, absorbed))
-        # A DEBOUNCE subscriber's job sent away joined its burst there: the answer names
-        # the burst's job, the one that runs.
-        jobs = [{**j, "id": absorbed[j["id"]], "status": "scheduled"} if j.get("id") in absorbed else j
-                for j in jobs]
+        if absorbed:
+            jobs = _stand_ins(client, home, str(record["id"]), name, idempotency_key or "", jobs, absorbed)
     if code == 1 and reply[-1]:  # its waiters (ctx.wait_for_event), told now; the rest by the relay
         waking.after_emit(client, home, str(reply[-1]))
     if short is not None:  # named by the event's jobs, every one of which was written
         raise NotReplicated(short.acked, short.wanted, short.timeout_s,
                             [str(j.get("id")) for j in jobs], short.replies)
     return Emitted(str(record["id"]), name, jobs, code == 0, int(record.get("at_ms", 0)))
+
+
+def _stand_ins(client: Client, home: QueueKeys, event_id: str, name: str, key: str, jobs: list[dict[str, Any]],
+               absorbed: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    """The event's jobs with each job sent away that another stands for (the DEBOUNCE
+    burst's job it joined, or the job that holds its idempotency key there) named by
+    that job, the one that runs, and its status; its record says the same (a failure
+    here leaves the record naming the job sent, and the answer right)."""
+    out, renamed = [], []
+    for j in jobs:
+        if j.get("id") not in absorbed:
+            out.append(j)
+            continue
+        stand_in, status = absorbed[j["id"]]
+        now = {**j, "id": stand_in, "status": status}
+        renamed.append((codec.dumps(j), codec.dumps(now)))
+        out.append(now)
+    with contextlib.suppress(*UNAVAILABLE):
+        client.runtime.scripts.emit_named(home, event_id, name, key, KEEP_EVENTS, renamed)
+    return out
 
 
 def shown_data(data: Any, body: str) -> str:

@@ -61,6 +61,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "tick": (*_ENQUEUE, "outbox", "schedule"),
     # An event's jobs, record and key on its home partition (docs/events.md).
     "emit": (*_ENQUEUE, "outbox", "emitted", "emit_prefix", "wakes", "shapes"),
+    "emit_named": ("emitted", "emit_prefix"),
     "adopt": ("schedules", "schedule_prefix", "schedules_seen"),
     "alive": ("schedule_prefix", "schedules_seen"),
     "relay": ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "done_meta",

@@ -362,6 +362,14 @@ class Scripts(Transport):
         args += [1 if self.one_server else 0, whole]
         return self._run("emit", scriptkeys.keys("emit", k, shapes=registry), args, durable=True)
 
+    def emit_named(self, k: QueueKeys, event_id: str, name: str, idem_key: str, keep: int,
+                   renamed: Sequence[tuple[str, str]]) -> int:
+        """Rewrite the entries ``renamed`` (each as the record holds it, and its
+        replacement) in the record of event ``event_id`` on its home ``k``, and under its
+        idempotency key (see lua/emit_named.lua); 1 when the record was found."""
+        args = [event_id, name, idem_key, keep, len(renamed), *(t for pair in renamed for t in pair)]
+        return int(self._run("emit_named", scriptkeys.keys("emit_named", k), args))
+
     def relay(self, k: QueueKeys, entries: Sequence[Sequence[Any]], now_ms: int | None = None) -> Any:
         """Place follow-ups from another queue's outbox into queue ``k``, each once by id:
         ``entries`` hold the 12 enqueue fields and the priority each (see relay.lua)."""

@@ -6,46 +6,29 @@ via ``redis+cluster://``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
+import clusterkit
 import pytest
 import redis
-from clusterkit import local_cluster
+from clusterkit import CLUSTER_MASTERS
 
 from runner.client import Request
 from runner.errors import NotReplicated
-from runner.store.embedded import Server
 from runner.store.guard import redis_risks
 from runner.store.keys import for_queue
 from runner.store.scripts import Ack, NewJob
 
-from conftest import Endpoint, Project, assert_no_job_in_two_structures, make_project, wait_for
+from conftest import Project, assert_no_job_in_two_structures, wait_for
 
-NODES = 3
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    with local_cluster(tmp_path_factory.mktemp("cluster"), masters=NODES) as servers:
-        yield servers
-
-
-@pytest.fixture
-def cproject(tmp_path: Path, cluster: list[Server]) -> Iterator[Project]:
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in cluster[:2])
-    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
-    yield p
-    p.stop_all()
-    if p._runtime is not None:
-        p._runtime.close()
+# The local cluster and a project on it (clusterkit.py), for every test here.
+cluster, cproject = clusterkit.cluster, clusterkit.cproject
 
 
 def test_client_is_a_cluster_client(cproject: Project) -> None:
     from redis.cluster import RedisCluster
 
     assert isinstance(cproject.runtime.redis, RedisCluster)
-    assert len(cproject.runtime.redis.get_primaries()) == NODES
+    assert len(cproject.runtime.redis.get_primaries()) == CLUSTER_MASTERS
 
 
 def test_every_key_of_a_queue_is_in_one_slot(cproject: Project) -> None:

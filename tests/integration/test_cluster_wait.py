@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from test_cluster import cluster, cproject  # noqa: F401  (a project on the local cluster)
+from clusterkit import cluster, cproject  # noqa: F401  (a project on the local cluster)
 
 from runner.errors import NotReplicated
 from runner.store.keys import QueueKeys

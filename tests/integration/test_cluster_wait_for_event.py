@@ -7,37 +7,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import clusterkit
 import pytest
-from clusterkit import local_cluster
-from test_wait_for_event import WAITER, registered
+from clusterkit import close_project, cluster_project, local_cluster
+from durable_helpers import ORDER_PAID_WAITER, registered
 
 from runner.store.embedded import Server
 from runner.store.keys import EventKeys, key_slot
 
-from conftest import Endpoint, Project, make_project, wait_for
+from conftest import Project, wait_for
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    with local_cluster(tmp_path_factory.mktemp("cluster"), masters=3) as servers:
-        yield servers
-
-
-@pytest.fixture
-def cproject(tmp_path: Path, cluster: list[Server]) -> Iterator[Project]:
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in cluster[:2])
-    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
-    yield p
-    p.stop_all()
-    if p._runtime is not None:
-        p._runtime.close()
+# The local cluster and a project on it (clusterkit.py).
+cluster, cproject = clusterkit.cluster, clusterkit.cproject
 
 
 def test_waiters_in_every_partition_resume_on_a_cluster(cproject: Project) -> None:
     """partitions = 3 on 3 masters: one emit per order resumes its job, wherever it lives."""
     p = cproject
     p.write_config(fast="partitions = 3")
-    p.add_function("waiter", WAITER.format(isolation=""))
+    p.add_function("waiter", ORDER_PAID_WAITER.format(isolation=""))
     c = p.client
     p.spawn_worker("fast")
     jobs = {n: c.enqueue("waiter", {"order_id": n}).id for n in range(6)}
@@ -67,11 +55,10 @@ def test_a_dead_shard_delays_only_its_own_waiters(tmp_path: Path, shards: list[S
     emit still resumes the waiters whose jobs live on the other masters; the dead one's
     waiters stay on record and the event stays pending for the relay, whose scheduler
     goes on serving the live partitions."""
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in shards)
-    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
+    p = cluster_project(tmp_path / "p", shards)
     try:
         p.write_config(vt=2, fast="partitions = 6")
-        p.add_function("waiter", WAITER.format(isolation=""))
+        p.add_function("waiter", ORDER_PAID_WAITER.format(isolation=""))
         c = p.client
         p.spawn_worker("fast")
         rt = c.runtime
@@ -97,6 +84,4 @@ def test_a_dead_shard_delays_only_its_own_waiters(tmp_path: Path, shards: list[S
         assert registered(p) == len(lost)
         assert r.llen(rt.keys["fast"].wakes) == 1  # pending: told once the shard is back
     finally:
-        p.stop_all()
-        if p._runtime is not None:
-            p._runtime.close()
+        close_project(p)

@@ -191,7 +191,8 @@ def test_a_job_waiting_out_a_retry_backoff_starts_no_burst_of_its_own(project: P
 
 def test_an_emit_joins_the_burst_of_its_debounce_key_on_a_partitioned_queue(project: Project) -> None:
     """Emits and outbox placement route a debounced job by its debounce key, as enqueue
-    does: an enqueue and an emit of one key are one job, and the emit says debounced."""
+    does: an enqueue and an emit of one key are one job, and the emit (its answer and its
+    record) names it and says debounced."""
     from runner.store.routing import partition_of
 
     project.write_config(fast="partitions = 4")
@@ -206,6 +207,8 @@ def test_an_emit_joins_the_burst_of_its_debounce_key_on_a_partitioned_queue(proj
         e = c.emit("doc.edited", {"doc_id": doc, "via": "emit"}).as_dict()
         [job] = e["jobs"]
         assert job["id"] == a["id"] and job.get("debounced") is True, (doc, a, e)
+        [event] = [x for x in c.events(name="doc.edited") if x["id"] == e["id"]]
+        assert [j["id"] for j in event["jobs"]] == [a["id"]], (doc, event)  # its record too
         assert c.get(a["id"]).as_dict()["absorbed"] == 1
     project.spawn_worker("fast")
     wait_for(lambda: runs(project, away) and runs(project, here), timeout=30, what="both bursts' runs")

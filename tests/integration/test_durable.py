@@ -10,23 +10,14 @@ import sys
 
 import pytest
 import requests
+from durable_helpers import ISOLATION_IDS, ISOLATIONS, marked, runs
 from test_web_support import runner_web
 
 from runner.errors import JobEnded, JobNotFound, SignalPending
 
 from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 
-STEPS = '''
-import os
-QUEUE = "fast"
-{isolation}
-
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write(ctx.step_key + "\\n")
-    return name.upper()
-
-def handle(payload, ctx):
+STEPS = marked('''def handle(payload, ctx):
     a = ctx.step("a", mark, "a", ctx)
     b = ctx.step("b", mark, "b", ctx)
     again = ctx.step("a", mark, "a2", ctx)
@@ -36,7 +27,7 @@ def handle(payload, ctx):
         ctx.sleep("nap", payload["sleep"])
     c = ctx.step("c", mark, "c", ctx)
     return {{"a": a, "b": b, "again": again, "c": c, "attempt": ctx.attempt}}
-'''
+''', writes='ctx.step_key', returns='name.upper()')
 
 SWITCH = '''
 import os
@@ -59,15 +50,8 @@ def handle(payload, ctx):
     ctx.step("big", lambda: "x" * 300_000)
 '''
 
-ISOLATIONS = ["", 'ISOLATION = "process"']
 
-
-def _runs(project: Project, job_id: str, name: str) -> list[str]:
-    p = project.records / f"{job_id}-{name}"
-    return p.read_text().splitlines() if p.exists() else []
-
-
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_recorded_steps_never_run_again_on_a_retry(project: Project, isolation: str) -> None:
     """Three steps (one name twice: recorded as a and a#2) land, the attempt fails
     transiently, and the retry replays them from the log: each fn ran once, and
@@ -79,14 +63,14 @@ def test_recorded_steps_never_run_again_on_a_retry(project: Project, isolation: 
     done = c.wait(job, 30).as_dict()
     assert done["status"] == "done", done
     assert done["result"] == {"a": "A", "b": "B", "again": "A2", "c": "C", "attempt": 2}
-    assert _runs(project, job, "a") == [f"{job}:a"]
-    assert _runs(project, job, "a2") == [f"{job}:a#2"]
-    assert _runs(project, job, "b") == [f"{job}:b"]
-    assert _runs(project, job, "c") == [f"{job}:c"]
+    assert runs(project, job, "a") == [f"{job}:a"]
+    assert runs(project, job, "a2") == [f"{job}:a#2"]
+    assert runs(project, job, "b") == [f"{job}:b"]
+    assert runs(project, job, "c") == [f"{job}:c"]
     assert_no_job_in_two_structures(project)
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_sleep_frees_the_worker_and_resumes_past_it(project: Project, isolation: str) -> None:
     """ctx.sleep ends the run: the job is in scheduled alone with status sleeping, holds no
     lease, spent no attempt; it comes back after the sleep and replays past it."""
@@ -102,13 +86,13 @@ def test_a_sleep_frees_the_worker_and_resumes_past_it(project: Project, isolatio
     assert done["status"] == "done", done
     assert done["result"]["attempt"] == 1  # the sleep spent no attempt
     for name in ("a", "b", "a2", "c"):
-        assert len(_runs(project, job, name)) == 1, name
+        assert len(runs(project, job, name)) == 1, name
     counters = c.stats()["fast"]["counters"]
     assert counters.get("steps|steps") == 4 and counters.get("sleeps|steps") == 1, counters
     assert counters.get("replays|steps") == 1, counters  # the resume replayed a, b and a#2
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_replay_on_another_path_fails_for_good_naming_both_steps(project: Project, isolation: str) -> None:
     """The first run records step "one"; its retry reaches "other" at that position:
     dead at once, reason permanent failure, the message naming both."""
@@ -124,7 +108,7 @@ def test_a_replay_on_another_path_fails_for_good_naming_both_steps(project: Proj
     assert dead["attempt"] == 2
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_step_past_max_step_bytes_raises_step_too_large(project: Project, isolation: str) -> None:
     project.add_function("big", BIG.format(isolation=isolation))
     c = project.client
@@ -135,18 +119,7 @@ def test_a_step_past_max_step_bytes_raises_step_too_large(project: Project, isol
     assert "max_step_bytes" in dead["last_error"]["message"]
 
 
-WAITER = '''
-import os
-import runner
-QUEUE = "fast"
-{isolation}
-
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write("x\\n")
-    return name
-
-def handle(payload, ctx):
+WAITER = marked('''def handle(payload, ctx):
     ctx.step("before", mark, "before", ctx)
     if payload.get("nap"):
         ctx.sleep("nap", payload["nap"])
@@ -156,10 +129,10 @@ def handle(payload, ctx):
         answer = "timed out"
     ctx.step("after", mark, "after", ctx)
     return {{"answer": answer}}
-'''
+''', imports='import os\nimport runner\n')
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_wait_frees_the_worker_and_a_signal_resumes_it(project: Project, isolation: str) -> None:
     """The job waits (status waiting, in scheduled alone, showing what it waits for); a
     signal wakes it in the same step and the wait returns its body; a second signal of a
@@ -181,7 +154,7 @@ def test_a_wait_frees_the_worker_and_a_signal_resumes_it(project: Project, isola
     assert c.signal(job, "approval", {"ok": True}) == "resumed"
     done = c.wait(job, 30).as_dict()
     assert done["status"] == "done" and done["result"] == {"answer": {"ok": True}}, done
-    assert len(_runs(project, job, "before")) == 1 and len(_runs(project, job, "after")) == 1
+    assert len(runs(project, job, "before")) == 1 and len(runs(project, job, "after")) == 1
     counters = c.stats()["fast"]["counters"]
     assert counters.get("signals|waiter") == 1 and counters.get("waits|waiter") == 1, counters
     with pytest.raises(JobEnded):
@@ -190,7 +163,7 @@ def test_a_wait_frees_the_worker_and_a_signal_resumes_it(project: Project, isola
         c.signal("0" * 32, "approval", 1)
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_an_early_signal_is_kept_and_a_wait_can_time_out(project: Project, isolation: str) -> None:
     """A signal sent while the job sleeps before its wait is kept (a second of that name
     is refused while unread) and the wait returns it at once; a wait with a timeout and
@@ -265,18 +238,7 @@ def test_cancel_ends_a_sleeping_and_a_waiting_job_at_once(project: Project) -> N
     assert_no_job_in_two_structures(project)
 
 
-PARENT = '''
-import os
-import runner
-QUEUE = "fast"
-{isolation}
-
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write("x\\n")
-    return name
-
-def handle(payload, ctx):
+PARENT = marked('''def handle(payload, ctx):
     ctx.step("before", mark, "before", ctx)
     got = ctx.invoke("record", {{"n": payload["n"]}})
     try:
@@ -286,10 +248,10 @@ def handle(payload, ctx):
         failed = exc.error["type"]
     ctx.step("after", mark, "after", ctx)
     return {{"child": got, "failed": failed}}
-'''
+''', imports='import os\nimport runner\n')
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_invoke_runs_a_child_and_resumes_with_its_result_or_its_failure(project: Project, isolation: str) -> None:
     """ctx.invoke writes the child with the parent's suspension (status waiting, no slot);
     the child's end resumes the parent with its result, and a dead child raises JobFailed
@@ -305,7 +267,7 @@ def test_invoke_runs_a_child_and_resumes_with_its_result_or_its_failure(project:
     assert done["result"]["child"] == c.get(child).as_dict()["result"], done
     assert done["result"]["failed"] is not None
     assert c.get(child).as_dict()["invoked_by"] == {"id": job, "signal": "child.1"}
-    assert len(_runs(project, job, "before")) == 1 and len(_runs(project, job, "after")) == 1
+    assert len(runs(project, job, "before")) == 1 and len(runs(project, job, "after")) == 1
     assert_no_job_in_two_structures(project)
 
 

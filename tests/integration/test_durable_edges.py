@@ -12,26 +12,14 @@ import sys
 
 import pytest
 import requests
+from durable_helpers import ISOLATION_IDS, ISOLATIONS, marked
 from test_web_support import runner_web
 
 from runner.testing import run_inline
 
 from conftest import Project, wait_for
 
-ISOLATIONS = ["", 'ISOLATION = "process"']
-
-GAP = '''
-import os, time
-QUEUE = "fast"
-TIMEOUT = 15
-{isolation}
-
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write(str(os.getpid()) + "\\n")
-    return name
-
-def handle(payload, ctx):
+GAP = marked('''def handle(payload, ctx):
     d = os.environ["RECORD_DIR"]
     ctx.step("a", mark, "a", ctx)
     open(os.path.join(d, "between-" + str(os.getpid())), "w").close()
@@ -43,7 +31,7 @@ def handle(payload, ctx):
     finally:
         open(os.path.join(d, "after-" + str(os.getpid())), "w").close()
     return "ok"
-'''
+''', imports='import os, time\n', options='TIMEOUT = 15\n', writes='str(os.getpid())')
 
 
 def _pids(pid: int) -> list[int]:
@@ -52,7 +40,7 @@ def _pids(pid: int) -> list[int]:
     return [pid, *(int(p) for p in out.split())]
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_worker_frozen_past_its_lease_never_runs_a_step_recorded_since(project: Project, isolation: str) -> None:
     """A worker stopped (SIGSTOP) between two steps for longer than its lease comes back
     after another worker reclaimed the job and recorded the next steps: the frozen run
@@ -197,25 +185,14 @@ def test_every_step_value_and_signal_body_accepted_reads_back(project: Project) 
     assert "cannot be read" in dead["last_error"]["message"], dead
 
 
-THREADED = '''
-import os
-from concurrent.futures import ThreadPoolExecutor
-QUEUE = "fast"
-{isolation}
-
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write("x\\n")
-    return name
-
-def handle(payload, ctx):
+THREADED = marked('''def handle(payload, ctx):
     ctx.step("first", mark, "first", ctx)
     with ThreadPoolExecutor(4) as pool:
         return list(pool.map(lambda i: ctx.step(f"s{{i}}", mark, f"s{{i}}", ctx), range(4)))
-'''
+''', imports='import os\nfrom concurrent.futures import ThreadPoolExecutor\n')
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_durable_call_from_another_thread_is_refused(project: Project, isolation: str) -> None:
     """Steps called from threads the handler started would be recorded in whatever order
     the threads ran, and a replay in another: each such call raises, the job fails for

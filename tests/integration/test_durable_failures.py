@@ -10,23 +10,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from durable_helpers import ISOLATION_IDS, ISOLATIONS, marked, runs
 
 from conftest import Project, assert_no_job_in_two_structures, wait_for
 
-ISOLATIONS = ["", 'ISOLATION = "process"']
-
-CLEANUP = '''
-import os
-QUEUE = "fast"
-MAX_ATTEMPTS = 4
-{isolation}
-
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write(str(ctx.attempt) + "\\n")
-    return name
-
-def charge(ctx):
+CLEANUP = marked('''def charge(ctx):
     mark("charge", ctx)
     if ctx.attempt == 1:
         raise ConnectionError("payment API flaked")
@@ -39,7 +27,7 @@ def handle(payload, ctx):
     finally:
         ctx.step("release", mark, "release", ctx)
     return got
-'''
+''', options='MAX_ATTEMPTS = 4\n', writes='str(ctx.attempt)')
 
 SLEEP_AFTER = '''
 QUEUE = "fast"
@@ -55,12 +43,7 @@ def handle(payload, ctx):
 '''
 
 
-def _runs(project: Project, job_id: str, name: str) -> list[str]:
-    p = project.records / f"{job_id}-{name}"
-    return p.read_text().splitlines() if p.exists() else []
-
-
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_cleanup_step_after_a_transient_error_never_takes_the_failed_step_s_place(
         project: Project, isolation: str) -> None:
     """``try: step charge`` (raises a transient error on attempt 1) ``finally: step
@@ -73,13 +56,13 @@ def test_a_cleanup_step_after_a_transient_error_never_takes_the_failed_step_s_pl
     done = c.wait(job, 60).as_dict()
     assert done["status"] == "done", done
     assert done["result"] == "charged"
-    assert _runs(project, job, "reserve") == ["1"]
-    assert _runs(project, job, "charge") == ["1", "2"]
-    assert _runs(project, job, "release") == ["1", "2"]
+    assert runs(project, job, "reserve") == ["1"]
+    assert runs(project, job, "charge") == ["1", "2"]
+    assert runs(project, job, "release") == ["1", "2"]
     assert_no_job_in_two_structures(project)
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_sleep_after_a_step_that_failed_unrecorded_ends_the_attempt(project: Project, isolation: str) -> None:
     """A handler that catches a step's transient error and sleeps: the sleep cannot take
     the failed step's position, so it raises AfterUnrecordedStep (transient); the retry
@@ -94,19 +77,7 @@ def test_a_sleep_after_a_step_that_failed_unrecorded_ends_the_attempt(project: P
     assert done["history"][0]["error"]["type"] == "AfterUnrecordedStep", done["history"]
 
 
-SWALLOW = '''
-import os, time
-QUEUE = "fast"
-TIMEOUT = 1
-MAX_ATTEMPTS = 3
-{isolation}
-
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write(str(ctx.attempt) + "\\n")
-    return name
-
-def handle(payload, ctx):
+SWALLOW = marked('''def handle(payload, ctx):
     if ctx.attempt == 1:
         try:
             while True:
@@ -119,10 +90,10 @@ def handle(payload, ctx):
             mark("refused-" + type(exc).__name__, ctx)
         return "swallowed"
     return ctx.step("two", mark, "two", ctx)
-'''
+''', imports='import os, time\n', options='TIMEOUT = 1\nMAX_ATTEMPTS = 3\n', writes='str(ctx.attempt)')
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_run_past_its_timeout_makes_no_durable_call(project: Project, isolation: str) -> None:
     """A handler that catches JobTimeout and goes on to a step: the step is refused
     (JobTimeout again) without running its function or writing the log; what the handler
@@ -134,9 +105,9 @@ def test_a_run_past_its_timeout_makes_no_durable_call(project: Project, isolatio
     job = c.enqueue("swallow", {}).id
     done = c.wait(job, 60).as_dict()
     assert done["status"] == "done" and done["result"] == "swallowed", done
-    assert _runs(project, job, "caught-JobTimeout") == ["1"]
-    assert _runs(project, job, "refused-JobTimeout") == ["1"]
-    assert _runs(project, job, "two") == []
+    assert runs(project, job, "caught-JobTimeout") == ["1"]
+    assert runs(project, job, "refused-JobTimeout") == ["1"]
+    assert runs(project, job, "two") == []
 
 
 PARENT = '''

@@ -335,3 +335,30 @@ def test_data_past_the_nesting_limit_is_refused_with_no_subscriber_too(project: 
     with pytest.raises(ValidationFailed, match=f"limit of {codec.MAX_DEPTH} levels"):
         c.emit("nobody.listens", _deep(codec.MAX_DEPTH + 1))
     assert c.emit("nobody.listens", _deep(codec.MAX_DEPTH)).jobs == []
+
+
+def test_an_emit_deduplicated_away_by_its_jobs_key_names_the_job_that_holds_it(project: Project) -> None:
+    """A subscriber with an IDEMPOTENCY_KEY on a partitioned queue: an emit whose job goes
+    to another partition, where an enqueue of the same key stands, names that job (the one
+    that runs) in its answer and in its record (client.events, GET /events), never an id
+    that reads as unknown; one written on the home partition does too."""
+    from runner.store.routing import partition_of
+
+    project.write_config(fast="partitions = 4")
+    project.add_function("pay", textwrap.dedent(SUB.format(queue="fast")).replace(
+        'TRIGGERS', 'IDEMPOTENCY_KEY = "{order_id}"\nTRIGGERS'), ORDER)
+    c = project.client
+    home = project.runtime.keys["fast"].partition
+    away = next(o for o in range(100, 200) if partition_of(f"i:pay:{o}", 4) != home)
+    here = next(o for o in range(100, 200) if partition_of(f"i:pay:{o}", 4) == home)
+    for order in (away, here):
+        first = c.enqueue("pay", {"order_id": order}).id
+        emitted = c.emit("order.created", {"order_id": order}).as_dict()
+        assert [j["id"] for j in emitted["jobs"]] == [first], (order, emitted)
+        [event] = [e for e in c.events(name="order.created") if e["id"] == emitted["id"]]
+        assert [j["id"] for j in event["jobs"]] == [first], (order, event)
+        assert c.get(first).as_dict()["payload"] == {"order_id": order}
+    http = falcon.testing.TestClient(create_app(project.runtime))
+    listed = http.simulate_get("/events", headers={"Accept": "application/json"}).json
+    named = {j["id"] for e in listed["events"] for j in e["jobs"]}
+    assert len(named) == 2 and all(http.simulate_get(f"/jobs/{i}").status_code == 200 for i in named), listed

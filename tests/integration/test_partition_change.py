@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cluster import cluster, cproject  # noqa: F401  (a project on the local cluster)
+from clusterkit import cluster, cproject  # noqa: F401  (a project on the local cluster)
 
 from runner.client import Client, Request
 from runner.store.embedded import Server

@@ -4,7 +4,7 @@ of one resource overlap (docs/partitions.md, "Routing")."""
 
 from __future__ import annotations
 
-from test_cluster import cluster, cproject  # noqa: F401  (a project on the local cluster)
+from clusterkit import cluster, cproject  # noqa: F401  (a project on the local cluster)
 
 from runner.client import Request
 from runner.store import routing

@@ -5,7 +5,7 @@ partitions hold them, on a single server and on a real Cluster."""
 from __future__ import annotations
 
 import pytest
-from test_cluster import cluster, cproject  # noqa: F401  (a project on the local cluster)
+from clusterkit import cluster, cproject  # noqa: F401  (a project on the local cluster)
 from test_flow_control import add_limited, started_at
 
 from conftest import Project, wait_for

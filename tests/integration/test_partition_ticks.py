@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from clusterkit import cluster, cproject  # noqa: F401  (a project on the local cluster)
 from schedulekit import LONG, TEST_ENV, add_function, jobs_of, log_has, ms, set_clock, ticks
-from test_cluster import cluster, cproject  # noqa: F401  (a project on the local cluster)
 
 from runner.store import routing
 from runner.store.keys import partition_tags

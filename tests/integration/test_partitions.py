@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cluster import cluster  # noqa: F401  (the cluster fixture)
+from clusterkit import cluster  # noqa: F401  (the cluster fixture)
 
 from runner.client import Request
 from runner.errors import IdempotencyConflict

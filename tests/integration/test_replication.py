@@ -417,3 +417,26 @@ def test_a_job_placed_from_an_outbox_leaves_it_only_once_a_replica_holds_it(rpro
     from runner import outbox
     assert outbox.place(p.runtime, r.lrange(home.outbox, 0, -1)) == []
     assert r.llen(away.ready) == 1
+
+
+def test_a_trigger_short_of_replicas_is_on_the_audit_trail(rproject: Project, valkey_pair: Pair) -> None:
+    """POST /schedules/{name}/trigger with the replica stopped answers 503 not-replicated,
+    and the trigger it wrote to the master is on the audit trail all the same (naming its
+    job, marked unconfirmed): an operator's action that may have changed state is on
+    record whatever the answer."""
+    add_function(rproject, "report", 'SCHEDULE = "0 * * * *"')
+    p = durable(rproject, 1)
+    http = falcon.testing.TestClient(create_app(p.runtime))
+    with valkey_pair.replica_stopped():
+        r = http.simulate_post("/schedules/report/trigger")
+        assert r.status_code == 503, r.text
+        assert r.json["type"] == "urn:runner:problem:not-replicated" and len(r.json["job_ids"]) == 1
+        job_id = r.json["job_ids"][0]
+        assert "takes no Idempotency-Key" in r.json["detail"] and "Retrying with the same" not in r.json["detail"]
+    wait_for(lambda: _caught_up(valkey_pair.master), timeout=20, what="the replica back")
+    entries = http.simulate_get("/audit").json["entries"]
+    triggers = [e for e in entries if e["action"] == "trigger"]
+    assert len(triggers) == 1, entries
+    assert triggers[0]["job_id"] == job_id and triggers[0]["schedule"] == "report"
+    assert triggers[0]["unconfirmed"] is True
+    assert p.client.get(job_id).status == "queued"

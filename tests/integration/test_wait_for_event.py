@@ -11,63 +11,23 @@ import sys
 
 import pytest
 import requests
+from durable_helpers import ISOLATION_IDS, ISOLATIONS, ORDER_PAID_WAITER, registered, runs, until_waiting
 from test_web_support import runner_web
-
-from runner.store import listeners
-from runner.store.keys import EventKeys
 
 from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
 
-WAITER = '''
-import os
-QUEUE = "fast"
-{isolation}
 
-def mark(name, ctx):
-    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id + "-" + name), "a") as f:
-        f.write("x\\n")
-    return name
-
-def handle(payload, ctx):
-    ctx.step("before", mark, "before", ctx)
-    if payload.get("nap"):
-        ctx.sleep("nap", payload["nap"])
-    event = ctx.wait_for_event("order.paid", match={{"order_id": payload["order_id"]}},
-                               timeout=payload.get("timeout"))
-    ctx.step("after", mark, "after", ctx)
-    return {{"event": event}}
-'''
-
-ISOLATIONS = ["", 'ISOLATION = "process"']
-
-
-def _runs(project: Project, job_id: str, name: str) -> list[str]:
-    p = project.records / f"{job_id}-{name}"
-    return p.read_text().splitlines() if p.exists() else []
-
-
-def registered(project: Project, name: str = "order.paid") -> int:
-    return listeners.waiting(project.runtime.redis, EventKeys(project.runtime.config.redis.prefix, name))
-
-
-def _waiting(c, job: str) -> None:  # type: ignore[no-untyped-def]
-    try:
-        wait_for(lambda: c.get(job).status == "waiting", timeout=60, what=f"job {job} to wait")
-    except AssertionError:
-        raise AssertionError(f"job {job} did not wait: {c.get(job).as_dict()}") from None
-
-
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_matching_emit_resumes_the_waiting_job_with_the_event(project: Project, isolation: str) -> None:
     """The job waits (status waiting, in scheduled alone, its view and `runner job` naming
     the event and match); an emit of another order does not resume it; the matching emit
     does (nobody subscribes to the event: waiters are told all the same), and the wait
     returns {id, name, data, ts}; each step ran once; the registry is empty after."""
-    project.add_function("waiter", WAITER.format(isolation=isolation))
+    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")
     job = c.enqueue("waiter", {"order_id": 7}).id
-    _waiting(c, job)
+    until_waiting(c, job)
     view = c.get(job).as_dict()
     assert view["waiting_for"]["event"] == "order.paid" and view["waiting_for"]["match"] == {"order_id": 7}, view
     assert [(s["name"], s["kind"], s["status"]) for s in view["steps"]] == [
@@ -90,19 +50,19 @@ def test_a_matching_emit_resumes_the_waiting_job_with_the_event(project: Project
     assert event["id"] == out.id and event["name"] == "order.paid" and event["data"] == {"order_id": 7.0,
                                                                                           "amount": 12}
     assert isinstance(event["ts"], int) and event["ts"] == out.at_ms
-    assert len(_runs(project, job, "before")) == 1 and len(_runs(project, job, "after")) == 1
+    assert len(runs(project, job, "before")) == 1 and len(runs(project, job, "after")) == 1
     assert registered(project) == 0
     listed = [e for e in c.events(name="order.paid") if e["id"] == out.id]
     assert listed and listed[0]["waiters_resumed"] == 1, listed
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=["thread", "process"])
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_an_emit_before_the_wait_does_not_count_and_a_timeout_returns_none(project: Project,
                                                                           isolation: str) -> None:
     """An event emitted while the job sleeps before its wait is not delivered to that wait
     (Inngest's rule: only events after the wait began); the wait times out and returns
     None, and its waiter leaves the registry."""
-    project.add_function("waiter", WAITER.format(isolation=isolation))
+    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")
     job = c.enqueue("waiter", {"order_id": 1, "nap": 1.5, "timeout": 1.5}).id
@@ -119,7 +79,7 @@ def test_run_inline_answers_waits_for_events(project: Project, monkeypatch: pyte
     from runner.testing import run_inline
 
     monkeypatch.setenv("RECORD_DIR", str(project.records))
-    project.add_function("waiter", WAITER.format(isolation=""))
+    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=""))
     out = run_inline("waiter", {"order_id": 3}, project=project.root, events={"order.paid": {"order_id": 3, "x": 1}})
     assert out.status == "done" and out.result["event"]["data"] == {"order_id": 3, "x": 1}, out
     assert out.result["event"]["name"] == "order.paid"
@@ -133,13 +93,13 @@ def test_emits_over_http_and_the_cli_deliver_and_a_cancel_takes_the_waiter_off(p
     """POST /events/{name} and `runner emit` resume their waiters as the client does;
     GET /events counts the waiters each event resumed; a cancelled waiting job leaves the
     registry at once, and a later emit does not bring it back."""
-    project.add_function("waiter", WAITER.format(isolation=""))
+    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=""))
     c = project.client
     project.spawn_worker("fast")
     auth = {"Authorization": "Bearer t"}
     one, two, three = (c.enqueue("waiter", {"order_id": n}).id for n in (1, 2, 3))
     for j in (one, two, three):
-        _waiting(c, j)
+        until_waiting(c, j)
     with runner_web(project, "web", workers=1) as web:
         r = requests.post(f"{web.url}/events/order.paid", json={"order_id": 1}, headers=auth, timeout=10)
         assert r.status_code == 202, r.text
@@ -163,11 +123,11 @@ def test_emits_over_http_and_the_cli_deliver_and_a_cancel_takes_the_waiter_off(p
 def test_the_relay_tells_the_waiters_an_emitter_left(project: Project) -> None:
     """An event whose emitter told nobody (it died after its write: here the entry is put
     back on the wakes list) is delivered by a worker's relay within a few seconds."""
-    project.add_function("waiter", WAITER.format(isolation=""))
+    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=""))
     c = project.client
     project.spawn_worker("fast")
     job = c.enqueue("waiter", {"order_id": 5}).id
-    _waiting(c, job)
+    until_waiting(c, job)
     rt = c.runtime
     k = rt.keys["fast"]
     # The emit's own step, without its emitter's telling: the script alone.
@@ -187,18 +147,18 @@ def test_waits_on_a_partitioned_queue(project: Project, partitions: int) -> None
     """partitions = 2 and 4: waiters in every partition are told by one emit each, two
     waiters of one match by the same emit, with its data whole however big."""
     project.write_config(fast=f"partitions = {partitions}")
-    project.add_function("waiter", WAITER.format(isolation=""))
+    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=""))
     c = project.client
     project.spawn_worker("fast")
     jobs = {n: c.enqueue("waiter", {"order_id": n}).id for n in range(9)}
     rt = c.runtime
     for j in jobs.values():
-        _waiting(c, j)
+        until_waiting(c, j)
     assert len({next(k.tag for k in rt.parts["fast"] if rt.redis.exists(k.job(j))) for j in jobs.values()}) > 1
     shared = c.enqueue("waiter", {"order_id": 100}).id
     also = c.enqueue("waiter", {"order_id": 100}).id
-    _waiting(c, shared)
-    _waiting(c, also)
+    until_waiting(c, shared)
+    until_waiting(c, also)
     for n in jobs:
         c.emit("order.paid", {"order_id": n})
     big = {"order_id": 100, "blob": "x" * 10_000}  # (the event's record keeps a preview; waiters get it whole)

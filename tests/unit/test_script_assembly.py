@@ -84,10 +84,11 @@ def test_a_helper_is_defined_before_the_script_uses_it(name: str) -> None:
 
 
 def test_a_script_is_sent_with_only_the_includes_it_declares() -> None:
-    """enqueue takes the clock and the job writer (with what that writes through: records,
-    idempotency keys, waking), not the follow-ups' check by id; hold only claims; lookup
-    nothing."""
-    assert includes(_source("enqueue")) == ["clock", "idem", "ready", "records", "jobs"]
+    """enqueue takes the clock and the batch writer (with the job writer and what that
+    writes through: records, idempotency keys, waking), not the follow-ups' check by id;
+    emit the same batch writer; hold only claims; lookup nothing."""
+    assert includes(_source("enqueue")) == ["clock", "idem", "ready", "records", "jobs", "batch"]
+    assert includes(_source("emit")) == ["clock", "idem", "ready", "records", "jobs", "batch"]
     assert includes(_source("hold")) == ["calls", "claims"]
     assert includes(_source("lookup")) == []
     assert assemble("return 1") == "return 1"
@@ -110,7 +111,8 @@ def test_an_include_cycle_is_refused_by_name(tmp_path: Path, monkeypatch: pytest
 # are given the server's time by the ticker (TIME read once per batch, plus the schedules' test offset:
 # store/schedules.py).
 TIMELESS = ("remove", "checkpoint", "hold", "lookup", "resume", "tick", "adopt", "alive", "watch", "seek", "seek_list",
-            "steps", "joblog", "unlisten")  # (joblog's and unlisten's expiries are relative: the server sets them)
+            "steps", "joblog", "unlisten", "emit_named")  # (joblog's and unlisten's expiries are relative: the
+# server sets them; emit_named rewrites a record in place, keeping its time)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TIMELESS])

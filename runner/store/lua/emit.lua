@@ -50,7 +50,7 @@
 --   0  duplicate: the record of the emit that holds the key, nothing written
 --  -1  conflict: the record of the emit that holds the key with other data, nothing written
 --- @include "clock"
---- @include "jobs"
+--- @include "batch"
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local e = 3 + n * 13
@@ -64,27 +64,16 @@ if ikey ~= '' then
     return {-1, held[2]}
   end
 end
-local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
-  claims = K.claims, prio = K.prio, mark = K.lim_prefix, mark_ms = tonumber(ARGV[e])}
-local put = jobs_acc()
 local out = {1, ''}
 local here = {}
-for i = 0, n - 1 do
-  local b = 3 + i * 13
-  local j = job_fields(ARGV, b)
-  j.priority = tonumber(ARGV[b + 12]) or 0
-  local code, jid, status = job_put(Q, now, j, put)
-  out[#out + 1] = code
-  out[#out + 1] = jid
-  out[#out + 1] = status
+batch_put(now, out, function(j, code, jid, status)
   if code >= 0 then
     local entry = {id = jid, type = j.type, queue = ARGV[e + 9], status = status}
     -- A DEBOUNCE function's job: the id is its burst's one job (see jobs.lua).
     if j.meta ~= '' and string.find(j.meta, '"debounce":', 1, true) then entry.debounced = true end
     here[#here + 1] = cjson.encode(entry)
   end
-end
-jobs_flush(Q, put, K.notify, K.census)
+end)
 local m = tonumber(ARGV[e + 10])
 for i = 1, m do
   redis.call('RPUSH', K.outbox, ARGV[e + 10 + i])

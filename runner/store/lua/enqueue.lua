@@ -31,21 +31,7 @@
 --   0  duplicate: the id and status of the job that holds the key, same payload
 --  -1  conflict: the id of the job that holds the key with another payload
 --- @include "clock"
---- @include "jobs"
-local now = clock(ARGV[1])
-local n = tonumber(ARGV[2])
-local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
-  prio = K.prio, mark = K.lim_prefix, mark_ms = tonumber(ARGV[3 + n * 13])}
-local put = jobs_acc()
+--- @include "batch"
 local out = {}
-for i = 0, n - 1 do
-  local b = 3 + i * 13
-  local j = job_fields(ARGV, b)
-  j.priority = tonumber(ARGV[b + 12]) or 0
-  local code, id, status = job_put(Q, now, j, put)
-  out[#out + 1] = code
-  out[#out + 1] = id
-  out[#out + 1] = status
-end
-jobs_flush(Q, put, K.notify, K.census)
+batch_put(clock(ARGV[1]), out)
 return out

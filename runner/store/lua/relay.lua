@@ -22,8 +22,10 @@
 --
 -- Returns one code per job: 1 placed (counted as relayed|<type>), 0 already known (or its
 -- idempotency key's job stands), -1 its idempotency key holds another payload (not placed),
--- 2 absorbed into a DEBOUNCE burst's job (see jobs.lua); then, per job absorbed, its index
--- (0-based) and the burst's job id.
+-- 2 absorbed into a DEBOUNCE burst's job (see jobs.lua); then, per job another job stands
+-- for (the burst's job it joined, or the job that holds its idempotency key), its index
+-- (0-based), that job's id and its status: whoever named the job sent can name the one
+-- that runs.
 --- @include "clock"
 --- @include "stats"
 --- @include "jobs"
@@ -42,11 +44,12 @@ for i = 0, n - 1 do
   if job_known(Q, j.id) then
     out[#out + 1] = 0
   else
-    local code, jid = job_put(Q, now, j, put)
+    local code, jid, status = job_put(Q, now, j, put)
     if code == 1 then tally('relayed|' .. j.type) end
-    if code == 2 then
+    if (code == 2 or code == 0) and jid ~= j.id then
       absorbed[#absorbed + 1] = i
       absorbed[#absorbed + 1] = jid
+      absorbed[#absorbed + 1] = status
     end
     out[#out + 1] = code
   end
