@@ -52,7 +52,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 
 class RunnerError(Exception):
@@ -415,33 +415,46 @@ class NotReplicated(RunnerError):
     """The enqueue ran on the master, but fewer than ``wanted`` replicas confirmed it within
     the timeout ([redis] wait_replicas, wait_timeout): the job exists now, yet a failover
     before replication catches up could lose it. Not a RedisUnavailable: something was
-    written. Retrying with the same idempotency key is safe (a duplicate answers with the
-    first job); without one, a retry may run the job twice.
+    written. ``advice`` says what a caller can safely do next (``write``: what was written).
 
     ``job_ids`` are the jobs the answer was for; ``replies`` are the scripts' own replies
     (the store layer hands them up so that each caller can be told about its own job)."""
 
+    # What a caller can safely do next, by what was written: an enqueue or an emit is
+    # deduplicated by its idempotency key; a group and a trigger take none.
+    ADVICE: ClassVar[dict[str, str]] = {
+        "enqueue": "Retry with the same idempotency key (safe: a duplicate returns the first job); without "
+                   "one a retry may run it twice",
+        "group": "A group takes no idempotency key: look the group up (GET /groups/{id}) before sending it "
+                 "again, or its members run twice",
+        "trigger": "A trigger takes no idempotency key: look its job up (runner job ID, GET /jobs/{id}) "
+                   "before triggering again, or the schedule runs twice",
+    }
+
     def __init__(self, acked: int, wanted: int, timeout_s: float, job_ids: Sequence[str] = (),
-                 replies: Sequence[Any] = (), signal: str | None = None) -> None:
+                 replies: Sequence[Any] = (), signal: str | None = None, write: str = "enqueue") -> None:
         self.acked = acked
         self.wanted = wanted
         self.timeout_s = timeout_s
         self.job_ids = list(job_ids)
         self.replies = list(replies)
         self.signal = signal  # a signal's delivery (not an enqueue) that was not confirmed
+        self.write = write  # what was written: a key of ADVICE
         if signal is not None:
+            self.advice = ("Send it again once the replicas are back: 409 signal-pending (SignalPending) then "
+                           "says it is kept")
             super().__init__(
                 f"signal {signal!r} to job {', '.join(self.job_ids)} was written to the Redis master but only "
                 f"{acked} of {wanted} replica(s) confirmed it within {timeout_s:g} s, so a failover now could "
-                "lose it. Send it again once the replicas are back: 409 signal-pending (SignalPending) then "
-                "says it is kept; check the replicas (INFO replication)")
+                f"lose it. {self.advice}; check the replicas (INFO replication)")
             return
+        self.advice = self.ADVICE[write]
         which = f"job {self.job_ids[0]}" if len(self.job_ids) == 1 else \
             f"{len(self.job_ids)} jobs" if self.job_ids else "the write"
         super().__init__(
             f"{which} was written to the Redis master but only {acked} of {wanted} replica(s) confirmed "
-            f"it within {timeout_s:g} s, so a failover now could lose it. Retry with the same idempotency "
-            "key (safe: a duplicate returns the first job), and check the replicas (INFO replication)"
+            f"it within {timeout_s:g} s, so a failover now could lose it. {self.advice}; and check the "
+            "replicas (INFO replication)"
         )
 
 

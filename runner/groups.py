@@ -259,5 +259,5 @@ def create(client: Client, members: Sequence[Request], then: Request) -> Group:
         raise unreachable(exc) from exc
     if short:
         raise NotReplicated(min(e.acked for e in short), short[0].wanted, short[0].timeout_s,
-                            job_ids=[j.id for j in jobs])
+                            job_ids=[j.id for j in jobs], write="group")
     return group

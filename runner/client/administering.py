@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner import outbox
 from runner.client import waking
-from runner.client.enqueuing import Enqueued, _unconfirmed, encoded
+from runner.client.enqueuing import Enqueued, encoded
 from runner.client.inspecting import find, get, queue_keys
 from runner.errors import (
     FieldError,
@@ -403,7 +403,8 @@ def trigger(client: Client, schedule_id: str, *, by: str | None = None) -> Enque
         on_record(client, by, "trigger", s.queue, schedule=s.id, job_id=reply[1],
                   **({"unconfirmed": True} if short is not None else {}))
     if short is not None:
-        raise _unconfirmed(short) from None
+        raise NotReplicated(short.acked, short.wanted, short.timeout_s, [str(reply[1])], short.replies,
+                            write="trigger") from None
     return Enqueued(id=reply[1], type=s.function, version=s.version, queue=s.queue, status=reply[2])
 
 

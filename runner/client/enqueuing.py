@@ -651,11 +651,11 @@ def _one(out: _Answer) -> Enqueued:
     return out
 
 
-def _unconfirmed(exc: NotReplicated, replies: Sequence[Any] | None = None) -> NotReplicated:
+def _unconfirmed(exc: NotReplicated, replies: Sequence[Any] | None = None, write: str = "enqueue") -> NotReplicated:
     """``exc`` naming the jobs of the enqueue replies (code, id, status per job) it holds."""
     replies = exc.replies if replies is None else replies
     ids = [str(i) for reply in replies for i in reply[1::3]]
-    return NotReplicated(exc.acked, exc.wanted, exc.timeout_s, job_ids=ids, replies=replies)
+    return NotReplicated(exc.acked, exc.wanted, exc.timeout_s, job_ids=ids, replies=replies, write=write)
 
 
 def _never_sent(exc: BaseException) -> bool:

@@ -246,17 +246,10 @@ async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Except
     if ex.signal is not None:
         raise Problem(503, "not-replicated", str(ex), title="Not replicated", headers={"Retry-After": "1"},
                       job_ids=ex.job_ids, replicas_acked=ex.acked, replicas_wanted=ex.wanted)
-    # A group takes no Idempotency-Key: sending it again writes a second group.
-    path = req.path.rstrip("/")
-    retry = ("A group takes no Idempotency-Key: look the group up (GET /groups/{id}) before sending it again, "
-             "or its members run twice." if path == "/groups" else
-             "A trigger takes no Idempotency-Key: look its job up (GET /jobs/{id}) before triggering again, "
-             "or the schedule runs twice." if path.startswith("/schedules/") else
-             "Retrying with the same Idempotency-Key is safe (a duplicate returns the first job); "
-             "without a key a retry may enqueue it twice.")
     raise Problem(503, "not-replicated",
                   f"{which} written to the Redis master, but only {ex.acked} of {ex.wanted} replica(s) "
-                  f"confirmed within {ex.timeout_s:g} s: the job exists but a failover now could lose it. {retry}",
+                  f"confirmed within {ex.timeout_s:g} s: the job exists but a failover now could lose it. "
+                  f"{ex.advice.replace('idempotency key', 'Idempotency-Key')}.",
                   title="Not replicated", headers={"Retry-After": "1"}, job_ids=ex.job_ids,
                   replicas_acked=ex.acked, replicas_wanted=ex.wanted)
 

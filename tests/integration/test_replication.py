@@ -296,12 +296,14 @@ def test_a_group_waits_too(rproject: Project, valkey_pair: Pair) -> None:
         with pytest.raises(NotReplicated) as err:
             c.group(members, then=Request("record", {"n": 9}))
         assert len(err.value.job_ids) == 3 and (err.value.acked, err.value.wanted) == (0, 1)
+        # The client's (and so the CLI's) words agree with the HTTP answer's: no key to retry with.
+        assert "takes no idempotency key" in str(err.value) and "same idempotency key" not in str(err.value)
         assert c.get(err.value.job_ids[0]).status == "queued"  # on the master
         body = {"members": [{"type": "record", "payload": {"n": 1}}] * 2, "then": {"type": "record", "payload": {}}}
         r = http.simulate_post("/groups", json=body)
         assert r.status_code == 503, r.text
         assert r.json["type"] == "urn:runner:problem:not-replicated" and len(r.json["job_ids"]) == 2
-        assert "takes no Idempotency-Key" in r.json["detail"] and "Retrying with the same" not in r.json["detail"]
+        assert "takes no Idempotency-Key" in r.json["detail"] and "Retry with the same" not in r.json["detail"]
 
 
 CHARGE = '''
@@ -432,7 +434,10 @@ def test_a_trigger_short_of_replicas_is_on_the_audit_trail(rproject: Project, va
         assert r.status_code == 503, r.text
         assert r.json["type"] == "urn:runner:problem:not-replicated" and len(r.json["job_ids"]) == 1
         job_id = r.json["job_ids"][0]
-        assert "takes no Idempotency-Key" in r.json["detail"] and "Retrying with the same" not in r.json["detail"]
+        assert "takes no Idempotency-Key" in r.json["detail"] and "Retry with the same" not in r.json["detail"]
+        with pytest.raises(NotReplicated) as err:
+            p.client.trigger("report")
+        assert "takes no idempotency key" in str(err.value) and "same idempotency key" not in str(err.value)
     wait_for(lambda: _caught_up(valkey_pair.master), timeout=20, what="the replica back")
     entries = http.simulate_get("/audit").json["entries"]
     triggers = [e for e in entries if e["action"] == "trigger"]
