@@ -134,6 +134,8 @@ class QueueFigures:
     oldest_ready_age_s: float | None = None
     stray: int = 0
     groups_completed: int = 0
+    events_emitted: int = 0  # events whose home is this queue (emit.lua)
+    events_jobs: int = 0  # the jobs they started
     paused: bool = False
     paused_functions: list[str] = field(default_factory=list)
     functions: dict[str, FunctionFigures] = field(default_factory=dict)
@@ -162,6 +164,10 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str]) -> None:
                 q.stray = _int(value)
             elif name == "groups_completed":
                 q.groups_completed = _int(value)
+            elif name == "events_emitted":
+                q.events_emitted = _int(value)
+            elif name == "events_jobs":
+                q.events_jobs = _int(value)
             continue
         kind, fn = parts[0], parts[1]
         if len(parts) == 2:
@@ -258,6 +264,8 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "paused": q.paused,
         "paused_functions": q.paused_functions,
         "groups_completed": q.groups_completed,
+        "events_emitted": q.events_emitted,
+        "events_jobs": q.events_jobs,
         "visibility_timeout_s": cfg.visibility_timeout_s,
         "concurrency": cfg.concurrency,
         "max_attempts": cfg.max_attempts,

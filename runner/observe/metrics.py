@@ -20,6 +20,10 @@ most that second's). /metrics, `runner stats` and the dashboard read the same ha
     relayed|<type>             jobs of this function placed from another queue's outbox
     abandoned|<type>           thread runs given up TIMEOUT plus the grace past their deadline
     groups_completed           (per queue) groups whose last member settled here: then-jobs written
+    events_emitted             (per queue) events whose home is this queue, accepted (not a
+                               duplicate emit), counted in the emit's own step
+    events_jobs                (per queue) the jobs those events started: new jobs of the home
+                               queue, and those sent to other queues or partitions
     lat|<type>|<le_ms>         ready-to-start latency of every run (done, retried or dead),
                                per bucket (not cumulative)
     lat_sum|<type>             sum of those latencies, ms

@@ -9,6 +9,8 @@ the run that settled (``enqueue_under``), and a group's members and then-job car
 trace of the group's one enqueue span. The then-job has many parents: its run stays the
 group's enqueue span's child and links to the runs of the members (the first 127, a bound
 kept by the group's record: lua/includes/groups.lua, group_settle), each recorded as it settled.
+A BATCH function's call is one span (``batch_span``) of a trace of its own, linked to each
+member's producer; each member's settle span is its child.
 
 Off and free without the extra: every entry point checks one module constant and
 returns. With the API installed but no SDK configured (no tracer provider set), it stays
@@ -145,6 +147,25 @@ def run_span(traceparent: str, job_id: str, type_: str, attempt: int, queue: str
     with tracer.start_as_current_span(f"run {type_}", context=parent, kind=trace.SpanKind.CONSUMER,
                                       attributes=attrs, links=links, record_exception=False,
                                       set_status_on_exception=False) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def batch_span(type_: str, queue: str, members: Sequence[tuple[str, str]]) -> Iterator[Any]:
+    """The worker's span around one handle_batch call, made current so that the handler's
+    own spans nest under it. A batch has many producers: the span starts a trace of its
+    own and links to each member's producer (``members``: (job id, traceparent); the
+    first 127, the SDK keeping 128 links by default); each member's settle span is its
+    child."""
+    if not enabled():
+        yield None
+        return
+    links = [trace.Link(c) for c in (_span_context(tp) for _, tp in members if tp) if c is not None][:127]
+    attrs = {"messaging.system": "runner", "messaging.destination.name": queue, "runner.job.type": type_,
+             "messaging.batch.message_count": len(members), "runner.job.ids": [i for i, _ in members][:127]}
+    with _tracer().start_as_current_span(f"batch {type_}", context=trace.set_span_in_context(trace.INVALID_SPAN),
+                                         kind=trace.SpanKind.CONSUMER, attributes=attrs, links=links,
+                                         record_exception=False, set_status_on_exception=False) as span:
         yield span
 
 

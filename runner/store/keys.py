@@ -95,6 +95,8 @@ These keys are global, outside every queue's tag (each in its own slot on Redis 
                                               resume, bulk), newest first, capped (see audit.py)
     <prefix>:workers                  HASH    live workers: what they serve, run and know; each entry
                                               carries its time to live (roster.py)
+    <prefix>:workers:pruner           STRING  the worker that prunes the roster's dead entries this
+                                              heartbeat (SET NX, expires with it; roster.py)
     <prefix>:place:<queue>:{<digest>} STRING  the partition a route key was placed in while two
                                               counts of partitions are live (routing.py)
     <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules

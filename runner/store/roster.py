@@ -3,11 +3,19 @@ function versions they know, kept in one hash per app (``<prefix>:workers``, a s
 its own on Redis Cluster, whatever the queues' partitions).
 
 Each worker's scheduler writes its entry every HEARTBEAT_S, stamped with the server's
-clock: one HSET per worker per heartbeat, and nothing per job (the jobs it runs now are
-read from its ledgers when the entry is written, so they are as fresh as the last
+clock: a beat is a fixed handful of commands whatever the size of the fleet (TIME, then
+its HSET and a bid for the pruning, sent together), and nothing per job (the jobs it runs
+now are read from its ledgers when the entry is written, so they are as fresh as the last
 heartbeat). An entry carries its own time to live (``ttl_ms``, STALE_S): a reader leaves
-out an entry not refreshed within it (a worker SIGKILLed, or cut off), and the next beat
-of any worker deletes it. A worker that stops cleanly deletes its own entry.
+out an entry not refreshed within it (a worker SIGKILLed, or cut off). A worker that
+stops cleanly deletes its own entry.
+
+Dead entries are pruned in bounded work: once per HEARTBEAT_S one worker wins the bid
+(``<prefix>:workers:pruner``, SET NX with the heartbeat as its expiry) and reads one
+page of PRUNE_PAGE entries with HSCAN, from where the last pruning stopped. It deletes a
+stale one only while the entry still holds the value it read (a compare-and-delete
+script): a worker that beats again between the read and the delete (a host back from a
+pause) keeps its entry, instead of vanishing from the roster until its next beat.
 
 `GET /workers`, `runner workers` and the dashboard list it; `runner check` reads it to
 catch the rolling-deploy direction the deploy gate cannot see in the queues: new code on
@@ -100,18 +108,67 @@ def release() -> str | None:
     return None
 
 
-def beat(redis: Any, prefix: str, member: Member) -> None:
-    """Write this worker's entry, stamped now by the server's clock, and drop stale ones.
-    A member without ``started_ms`` (0) is on record from its first beat's time: the
-    server's, as every time a user sees, not its host's."""
+@dataclass(slots=True)
+class Pulse:
+    """What one worker's beats carry from one to the next: its start as the roster has
+    it (the server's time of its first beat) and where its last pruning stopped."""
+
+    started_ms: int = 0
+    cursor: int = 0
+
+
+# Entries one pruning reads (HSCAN's COUNT: a hint, which a small hash, under 128 entries,
+# answers whole): dead entries go at this many per HEARTBEAT_S across the fleet, more
+# than workers die, and a reader leaves them out meanwhile anyway.
+PRUNE_PAGE = 100
+
+# Delete an entry only if it still holds the value read: a beat since then keeps it.
+_PRUNE_LUA = """
+local K = {roster = KEYS[1]}
+if redis.call('HGET', K.roster, ARGV[1]) == ARGV[2] then return redis.call('HDEL', K.roster, ARGV[1]) end
+return 0
+"""
+
+
+def pruner_key(prefix: str) -> str:
+    return f"{prefix}:workers:pruner"
+
+
+def beat(redis: Any, prefix: str, member: Member, pulse: Pulse | None = None) -> None:
+    """Write this worker's entry, stamped now by the server's clock, and, when this beat
+    wins the bid, prune one page of stale entries. A member without ``started_ms`` (0)
+    is on record from its first beat's time (kept in ``pulse``): the server's, as every
+    time a user sees, not its host's."""
+    pulse = Pulse() if pulse is None else pulse
     now = server_ms(redis)
-    entries = read(redis, prefix, now, include_stale=True)
-    mine = next((m.started_ms for m in entries if m.id == member.id), now)
-    entry = {**member.as_dict(), "seen_ms": now, "started_ms": member.started_ms or mine}
-    redis.hset(key(prefix), member.id, codec.dumps(entry))
-    stale = [m.id for m in entries if not m.live(now) and m.id != member.id]
-    if stale:
-        redis.hdel(key(prefix), *stale)
+    started = member.started_ms or pulse.started_ms or now
+    pulse.started_ms = started
+    entry = {**member.as_dict(), "seen_ms": now, "started_ms": started}
+    pipe = redis.pipeline(transaction=False)
+    pipe.hset(key(prefix), member.id, codec.dumps(entry))
+    pipe.set(pruner_key(prefix), member.id, nx=True, px=max(1, int(HEARTBEAT_S * 1000)))
+    _, won = pipe.execute()
+    if won:
+        _prune(redis, prefix, member.id, now, pulse)
+
+
+def _prune(redis: Any, prefix: str, own: str, now_ms: int, pulse: Pulse) -> None:
+    """One page of the roster read, and its stale entries deleted unless beaten since."""
+    cursor, page = redis.hscan(key(prefix), pulse.cursor, count=PRUNE_PAGE)
+    pulse.cursor = int(cursor)
+    stale = [(field, raw) for field, raw in page.items() if field != own and not _is_live(raw, now_ms)]
+    if not stale:
+        return
+    pipe = redis.pipeline(transaction=False)
+    for field, raw in stale:
+        pipe.eval(_PRUNE_LUA, 1, key(prefix), field, raw)
+    pipe.execute()
+
+
+def _is_live(raw: str, now_ms: int) -> bool:
+    """Whether an entry as stored is live; a malformed one is not (nothing reads it)."""
+    m = _member(raw)
+    return m is not None and m.live(now_ms)
 
 
 def leave(redis: Any, prefix: str, member_id: str) -> None:
@@ -125,19 +182,24 @@ def read(redis: Any, prefix: str, now_ms: int | None = None, include_stale: bool
     now = server_ms(redis) if now_ms is None else now_ms
     out = []
     for raw in redis.hvals(key(prefix)):
-        try:
-            d = codec.loads(raw)
-            rel = d.get("release")
-            m = Member(id=str(d["id"]), host=str(d["host"]), pid=int(d["pid"]), queues=tuple(d["queues"]),
-                       functions={str(k): int(v) for k, v in d["functions"].items()},
-                       started_ms=int(d["started_ms"]), seen_ms=int(d["seen_ms"]),
-                       concurrency=int(d.get("concurrency") or 0), isolation=str(d.get("isolation") or ""),
-                       version=str(d.get("version") or ""), release=None if rel is None else str(rel),
-                       running=tuple(Running(str(i), str(t), int(s)) for i, t, s in d.get("running") or ()),
-                       ttl_ms=int(d.get("ttl_ms") or 0))
-        except (codec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
-            continue
-        if include_stale or m.live(now):
+        m = _member(raw)
+        if m is not None and (include_stale or m.live(now)):
             out.append(m)
     out.sort(key=lambda m: (m.started_ms, m.id))
     return out
+
+
+def _member(raw: str | bytes) -> Member | None:
+    """An entry as stored, or None when it is malformed."""
+    try:
+        d = codec.loads(raw)
+        rel = d.get("release")
+        return Member(id=str(d["id"]), host=str(d["host"]), pid=int(d["pid"]), queues=tuple(d["queues"]),
+                      functions={str(k): int(v) for k, v in d["functions"].items()},
+                      started_ms=int(d["started_ms"]), seen_ms=int(d["seen_ms"]),
+                      concurrency=int(d.get("concurrency") or 0), isolation=str(d.get("isolation") or ""),
+                      version=str(d.get("version") or ""), release=None if rel is None else str(rel),
+                      running=tuple(Running(str(i), str(t), int(s)) for i, t, s in d.get("running") or ()),
+                      ttl_ms=int(d.get("ttl_ms") or 0))
+    except (codec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -163,13 +163,27 @@ class Batch:
             sc.confirm(acked, replies)
             return replies
         wait = sc.wait if any(c[3] for c in self.calls) else None
-        cmds: list[tuple[Any, ...]] = [("EVALSHA", sc.shas[name], len(keys), *keys, *args)
-                                       for name, keys, args, _ in self.calls]
+        # The calls run in order, and a later one may count on an earlier one having run
+        # (a settlement's log lines before its end). A call answered NOSCRIPT is sent
+        # again after the others ran, so a script not known loaded on the server is loaded
+        # ahead of the calls, in the same write.
+        fresh = sorted({name for name, *_ in self.calls} - sc.loaded)
+        cmds: list[tuple[Any, ...]] = [("SCRIPT", "LOAD", sc.sources[name]) for name in fresh]
+        cmds += [("EVALSHA", sc.shas[name], len(keys), *keys, *args) for name, keys, args, _ in self.calls]
         if wait is not None:
             cmds.append(wait)
-        replies = sc.pipelined(cmds)
+        try:
+            replies = sc.pipelined(cmds)
+        except BaseException:
+            sc.loaded.clear()  # a restart or a failover may come with it: nothing is known loaded
+            raise
+        loads, replies = replies[:len(fresh)], replies[len(fresh):]
+        if not any(isinstance(r, Exception) for r in loads):
+            sc.loaded.update(fresh)
         last = replies.pop() if wait is not None else None
         failed: Exception | None = None
+        if any(isinstance(r, NoScriptError) for r in replies):
+            sc.loaded.clear()  # flushed since they were loaded: load each again before its next batch
         for i, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
                 # Sent again alone once loaded; every such call is sent, even past one that
@@ -501,6 +515,9 @@ class Transport:
         self.nodes = NodeLanes(self)  # Redis Cluster: calls to the masters at once
         self.sources = SOURCES
         self.shas = SHAS
+        # The scripts a batch of this Transport loaded (and none answered NOSCRIPT since):
+        # a batch loads the others ahead of its calls (Batch.execute).
+        self.loaded: set[str] = set()
         # One server holds every key (not Redis Cluster): a script may then read a key of
         # another slot that it is given (lua/emit.lua reads an event name's waiters so).
         self.one_server = not isinstance(client, RedisCluster)

@@ -18,6 +18,8 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_jobs_{enqueued,succeeded,retried,dead,cancelled,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed,abandoned}_total
     runner_jobs_{steps,replays,sleeps,waits,signals,invokes}_total   durable functions (docs/durable.md)
     runner_groups_completed_total                groups whose last member settled (then-job written), per queue
+    runner_events_emitted_total                  events accepted, per home queue (docs/events.md)
+    runner_events_jobs_total                     the jobs those events started, per home queue
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
@@ -136,13 +138,21 @@ class RunnerCollector:
                                     labels=["queue"])
         groups = CounterMetricFamily("runner_groups_completed", "Groups whose last member settled in this queue "
                                      "(their then-job written).", labels=["queue"])
+        emitted = CounterMetricFamily("runner_events_emitted", "Events accepted whose home is this queue "
+                                      "(a duplicate emit is not counted).", labels=["queue"])
+        started = CounterMetricFamily("runner_events_jobs", "Jobs started by the events whose home is this queue, "
+                                      "in every queue they went to.", labels=["queue"])
         for q in queues:
             age.add_metric([q.name], q.oldest_ready_age_s or 0.0)
             stray.add_metric([q.name], q.stray)
             groups.add_metric([q.name], q.groups_completed)
+            emitted.add_metric([q.name], q.events_emitted)
+            started.add_metric([q.name], q.events_jobs)
         yield age
         yield stray
         yield groups
+        yield emitted
+        yield started
         yield from self._partition_metrics(queues)
 
     def _partition_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:

@@ -158,6 +158,8 @@ COMPONENTS: dict[str, Any] = {
         "oldest_ready_age_s": _OPT_NUM, "visibility_timeout_s": _NUM,
         "concurrency": _INT, "max_attempts": _INT, "paused": {"type": "boolean"},
         "paused_functions": {"type": "array", "items": _STR}, "groups_completed": _INT,
+        "events_emitted": {"type": "integer", "description": "events whose home is this queue"},
+        "events_jobs": {"type": "integer", "description": "the jobs those events started"},
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
         "partitions": {"type": "array", "items": ref("Partition"),
                        "description": "each partition of a queue of several (empty for one)"},

@@ -8,8 +8,9 @@ shares, the worker's thread, a child process and ``run_inline`` alike:
 - ``key_of``: the batch a job belongs to (its function and rendered ``key``). Payloads
   are upgraded to the newest schema version before they are grouped, so a batch never
   mixes versions;
-- ``BatchContext``: the handler's ``ctx``, with ``ctx.jobs`` (each item's id, attempt and
-  idempotency key). A batch has no single job, so ``ctx.job_id`` and the calls made for
+- ``BatchContext``: the handler's ``ctx``, with ``ctx.jobs`` (each item's id, attempt,
+  idempotency key and ``logger``, whose lines go to that item's job log; ``ctx.logger``'s
+  go to every item's). A batch has no single job, so ``ctx.job_id`` and the calls made for
   one job (checkpoints, durable steps, follow-ups, progress) are refused with a message
   that says what to do instead;
 - ``run``: call the handler and turn what it did into one Outcome per item: its results,
@@ -68,6 +69,8 @@ class BatchJob:
     max_attempts: int
     idempotency_key: str | None
     _flags: Flags = field(default_factory=Flags, repr=False, compare=False)
+    # This item's own log (``ctx.jobs[i].logger``); ctx.logger's lines go to every item's.
+    logger: Any = field(default=None, repr=False, compare=False)
 
     @property
     def cancelled(self) -> bool:
@@ -151,9 +154,14 @@ class BatchContext:
         raise NotInBatch(f"ctx.{name} in handle_batch: {why}")
 
 
-def jobs_of(claimed: Sequence[Claimed], flags: Sequence[Flags]) -> list[BatchJob]:
-    return [BatchJob(j.id, j.attempt, j.max_attempts, j.idem_key or None, f)
-            for j, f in zip(claimed, flags, strict=True)]
+def jobs_of(claimed: Sequence[Claimed], flags: Sequence[Flags], loggers: Sequence[Any] | None = None
+            ) -> list[BatchJob]:
+    """Each item as ctx.jobs shows it; ``loggers``: each one's own (by default one that
+    logs to runner.job, naming the job)."""
+    if loggers is None:
+        loggers = [logging.LoggerAdapter(logging.getLogger("runner.job"), {"job_id": j.id}) for j in claimed]
+    return [BatchJob(j.id, j.attempt, j.max_attempts, j.idem_key or None, f, lg)
+            for j, f, lg in zip(claimed, flags, loggers, strict=True)]
 
 
 def call(fn: Function, payloads: list[dict[str, Any]], ctx: BatchContext,

@@ -58,7 +58,7 @@ from runner.worker import affinity, batching
 from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
-from runner.worker.joblog import Capture, JobLogger
+from runner.worker.joblog import Capture, JobLogger, batch_loggers
 from runner.worker.journal import MAX_STEP_BYTES, Journal
 
 log = logging.getLogger("runner.job")
@@ -387,13 +387,15 @@ class Child:
                 live.append(i)
                 payloads.append(resolved[1])
         run_s = 0.0
+        kept: list[list[str]] = [[] for _ in jobs]  # each job's log lines, for its worker to settle with it
         if fn is not None and live:
             flags = [Flags() for _ in live]
             claimed = [jobs[i] for i in live]
+            bounds = tuple(msg.get("log_bounds") or (0, 0))
+            members, shared = batch_loggers(log, fn.name, [(j.id, j.attempt) for j in claimed],
+                                            (int(bounds[0]), int(bounds[1])))
             ctx = batching.BatchContext(fn.name, fn.versions.newest, claimed[0].queue,
-                                        batching.jobs_of(claimed, flags), fn.timeout_s,
-                                        logging.LoggerAdapter(log, {"type": fn.name, "job_id": claimed[0].id,
-                                                                    "batch": len(claimed)}),
+                                        batching.jobs_of(claimed, flags, members), fn.timeout_s, shared,
                                         extend=lambda: self.fenced(claimed[0].token, "extend"))
             timeout_s, memory_mb = fn.timeout_s, fn.memory_mb
 
@@ -417,6 +419,8 @@ class Child:
                 self.token = ""
             for i, o in zip(live, got, strict=True):
                 outcomes[i] = o
+            for i, m in zip(live, members, strict=True):
+                kept[i] = m.buf.take() if m.buf is not None else []
         self.jobs += len(jobs)
         left = self.threads_left()
         procs = self.processes_left() if not left else 0
@@ -426,6 +430,7 @@ class Child:
         if why:
             self.spent = True
         self.send({"op": "batch_outcomes", "outcomes": [to_message(o) for o in outcomes],
+                   **({"logs": kept} if any(kept) else {}),
                    "run_s": run_s or time.perf_counter() - started, "rss_mb": round(rss_mb(), 1),
                    **({"reuse": False, "why": why} if why else {})})
 

@@ -60,7 +60,7 @@ from runner.worker.execute import (
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
 from runner.worker.isolation import EXITED, ExecutorCrashed, Generations, describe_exit
-from runner.worker.joblog import JobLogger
+from runner.worker.joblog import JobLogger, batch_loggers
 from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
 from runner.worker.lifeline import vital
@@ -558,26 +558,44 @@ class Executors:
         if not live or fn is None:
             return True
         self._busy.add(index)
+        traced = tracing.batch_span(fn.name, self.q.name, [(r.job.id, r.job.traceparent) for r, _ in live])
         try:
-            if fn.isolation == "process":
-                self._batch_in_child(fn, live, index)
-                return True
-            if self._batch_in_thread(fn, live, loop):
-                for run in pending:
-                    self._settle_unrun(run, Release())
-                pending.clear()
-                known.clear()
-                return False
-            return True
+            with traced as span:
+                if span is not None:  # each member's settle span hangs under the batch's
+                    for r, _ in live:
+                        r.trace = tracing.context_of(span)
+                return self._batch_in_span(fn, live, index, pending, known, loop)
         finally:
             self._busy.discard(index)
 
+    def _batch_in_span(self, fn: Function, live: list[tuple[Run, dict[str, Any]]], index: int,
+                       pending: collections.deque[Run], known: dict[int, _Placed],
+                       loop: asyncio.AbstractEventLoop | None) -> bool:
+        """The batch's call, in this thread or in the slot's child (see _batch)."""
+        if fn.isolation == "process":
+            self._batch_in_child(fn, live, index)
+            return True
+        if self._batch_in_thread(fn, live, loop):
+            for run in pending:
+                self._settle_unrun(run, Release())
+            pending.clear()
+            known.clear()
+            return False
+        return True
+
     def _batch_context(self, fn: Function, runs: list[Run]) -> batching.BatchContext:
+        """Each member's lines go to its own job's log (its run's, sent as a single job's
+        are: with the renewal while it runs and with its settlement), the batch's to all."""
         claimed = [r.job for r in runs]
-        logger = logging.LoggerAdapter(joblog, {"type": fn.name, "job_id": claimed[0].id, "batch": len(claimed)})
+        members, shared = batch_loggers(joblog, fn.name, [(j.id, j.attempt) for j in claimed], self._log_bounds)
+        for i, r in enumerate(runs):
+            if r.logs is None:
+                r.logs = members[i]
+            else:  # (lines kept for it already: its logger goes on, and the batch's lines to it)
+                members[i] = r.logs
         return batching.BatchContext(fn.name, fn.versions.newest, self.q.name,
-                                     batching.jobs_of(claimed, [r.flags for r in runs]), fn.timeout_s, logger,
-                                     extend=lambda: all([self.renew_one(j) for j in claimed]))
+                                     batching.jobs_of(claimed, [r.flags for r in runs], members), fn.timeout_s,
+                                     shared, extend=lambda: all([self.renew_one(j) for j in claimed]))
 
     def _batch_in_thread(self, fn: Function, live: list[tuple[Run, dict[str, Any]]],
                          loop: asyncio.AbstractEventLoop | None) -> bool:
@@ -676,6 +694,7 @@ class Executors:
                         run_s = float(msg.get("run_s") or 0.0)
                         if len(outcomes) != len(runs):
                             raise ValueError(f"{len(outcomes)} outcomes for a batch of {len(runs)}")
+                        self._keep_batch_logs(runs, msg.get("logs") or [])
                         child.jobs += len(runs)
                         if msg.get("reuse") is False:
                             log.info("replacing the child process %d: %s", child.pid, msg.get("why") or "")
@@ -885,6 +904,14 @@ class Executors:
         """Another executor has nothing to run (none waits for one): jobs waiting behind a
         slow one in a child would run sooner handed back (a hint, read unlocked)."""
         return self.ledger.waiting == 0 and len(self._busy) < self.q.concurrency
+
+    def _keep_batch_logs(self, runs: list[Run], logs: list[Any]) -> None:
+        """Each member's lines from its child (already bounded there), for its settlement."""
+        for r, lines in zip(runs, logs, strict=False):
+            if lines:
+                if r.logs is None:
+                    r.logs = JobLogger(joblog, {}, *self._log_bounds)
+                r.logs.keep(str(x) for x in lines)
 
     def _extra(self, job: Claimed) -> dict[str, Any]:
         """What a child needs besides a batch's jobs."""

@@ -165,19 +165,55 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
             sink(lines, streamed)
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        if level >= logging.INFO or self.logger.isEnabledFor(level):
-            try:
-                text = str(msg) % args if args else str(msg)
-            except Exception:  # a bad format: keep what was given, as logging would show it
-                text = f"{msg} {args!r}"
-            exc = kwargs.get("exc_info")
-            if exc:
-                info = exc if isinstance(exc, tuple) else \
-                    (type(exc), exc, exc.__traceback__) if isinstance(exc, BaseException) else sys.exc_info()
-                if info[0] is not None:
-                    text = f"{text}\n{logging.Formatter().formatException(info)}"
-            self.keep((line(logging.getLevelName(level), text),))
+        kept = encoded(self.logger, level, msg, args, kwargs)
+        if kept is not None:
+            self.keep((kept,))
         super().log(level, msg, *args, **kwargs)
+
+
+def encoded(logger: logging.Logger, level: int, msg: object, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> str | None:
+    """A ctx.logger call as the job's log keeps it: INFO and above (DEBUG too when the
+    logger is enabled for it), else None."""
+    if level < logging.INFO and not logger.isEnabledFor(level):
+        return None
+    try:
+        text = str(msg) % args if args else str(msg)
+    except Exception:  # a bad format: keep what was given, as logging would show it
+        text = f"{msg} {args!r}"
+    exc = kwargs.get("exc_info")
+    if exc:
+        info = exc if isinstance(exc, tuple) else \
+            (type(exc), exc, exc.__traceback__) if isinstance(exc, BaseException) else sys.exc_info()
+        if info[0] is not None:
+            text = f"{text}\n{logging.Formatter().formatException(info)}"
+    return line(logging.getLevelName(level), text)
+
+
+class SharedLogger(logging.LoggerAdapter[logging.Logger]):
+    """A batch's ``ctx.logger``: a line about the whole batch goes to the worker's log once
+    and into the log of every member (``ctx.jobs[i].logger`` writes to one member's), so
+    whoever reads any one job's log sees what its batch said."""
+
+    def __init__(self, logger: logging.Logger, extra: dict[str, Any], members: list[JobLogger]) -> None:
+        super().__init__(logger, extra)
+        self.members = members
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        kept = encoded(self.logger, level, msg, args, kwargs)
+        if kept is not None:
+            for m in self.members:
+                m.keep((kept,))
+        super().log(level, msg, *args, **kwargs)
+
+
+def batch_loggers(logger: logging.Logger, type_: str, jobs: list[tuple[str, int]],
+                  bounds: tuple[int, int]) -> tuple[list[JobLogger], SharedLogger]:
+    """One JobLogger per member of a batch (its id, attempt), and the batch's shared one."""
+    members = [JobLogger(logger, {"job_id": i, "type": type_, "attempt": a, "batch": len(jobs)}, *bounds)
+               for i, a in jobs]
+    first = jobs[0][0] if jobs else ""
+    return members, SharedLogger(logger, {"job_id": first, "type": type_, "batch": len(jobs)}, members)
 
 
 class Capture(io.TextIOBase):

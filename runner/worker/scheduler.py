@@ -54,6 +54,7 @@ class Scheduler:
         self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths, tells waiters
         self._wakes_seen: dict[tuple[str, int], float] = {}  # events with waiters to tell -> first seen
         self._next_beat = 0.0
+        self._pulse = roster.Pulse()  # this worker's start on the roster, where its pruning stopped
         # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
         self._away: Away[tuple[str, str]] = Away("scheduler", lambda w: f"queue {w[0]}, partition {{{w[1]}}}"
                                                  if w[0] else "roster", log)
@@ -76,7 +77,7 @@ class Scheduler:
         answered = False
         if self.member is not None and time.monotonic() >= self._next_beat and not self._away.away(("", "")):
             try:
-                roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member())
+                roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member(), self._pulse)
                 self._away.ok(("", ""))
                 self._next_beat = time.monotonic() + roster.HEARTBEAT_S
                 answered = True

@@ -240,7 +240,8 @@ class Settler:
         as _round_trip returns it."""
         try:
             traced = [(s.run.trace, s.run.job.id, type(s.outcome).__name__.lower())
-                      for s in pending if s.run.trace is not None] if tracing.enabled() else []
+                      for s in pending if s.run.trace is not None and type(s.outcome) is not Start] \
+                if tracing.enabled() else []  # (a batch's members carry its span from their start marks)
             with tracing.settle_spans(traced):
                 return self._round_trip(pending)
         except OUTAGE as exc:  # nothing was read back: every partition of the batch failed

@@ -269,3 +269,52 @@ def test_an_emits_subscribers_stay_in_the_producers_trace(project: Project) -> N
             assert run.parent is not None and run.parent.span_id == emit.context.span_id, fn
     finally:
         w.stop(grace_s=5)
+
+
+BATCHED = '''
+from opentelemetry import trace
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+BATCH = {{"size": 4, "wait": 0.3}}
+
+def handle_batch(payloads, ctx):
+    with trace.get_tracer("handler").start_as_current_span("inside"):
+        return [p["n"] for p in payloads]
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_batch_call_is_one_span_linked_to_each_jobs_trace(project: Project, isolation: str) -> None:
+    """A handle_batch call is one span, linked to the enqueue span of each member (each in
+    its producer's trace); each member's settle span is the batch span's child, and under
+    thread isolation the handler's own spans nest under it."""
+    project.write_config(concurrency=2)
+    project.add_function("traced_batch", BATCHED.format(isolation=isolation))
+    EXPORTER.clear()
+    tracer = trace.get_tracer("test")
+    ids, enqueues = [], []
+    for n in range(4):
+        with tracer.start_as_current_span(f"request {n}") as request:
+            ids.append(project.client.enqueue("traced_batch", {"n": n}).id)
+        enqueues.append(request.get_span_context().trace_id)
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        wait_for(lambda: all(project.client.get(i).status == "done" for i in ids), timeout=30,
+                 what="the batch's jobs done")
+        wait_for(lambda: len(_spans("settle")) >= 4, timeout=5, what="the settle spans")
+    finally:
+        w.stop(grace_s=5)
+    batches = _spans("batch traced_batch")
+    assert batches and not _spans("run traced_batch")
+    by_id = {s.context.span_id: s for s in batches}
+    linked = {link.context.trace_id for b in batches for link in b.links}
+    assert linked == set(enqueues)  # every member's producer's trace, linked
+    enq = {s.context.span_id for s in _spans("enqueue traced_batch")}
+    assert {link.context.span_id for b in batches for link in b.links} == enq
+    assert sum(len(dict(b.attributes or {})["runner.job.ids"]) for b in batches) == 4
+    settles = [s for s in _spans("settle") if dict(s.attributes or {})["runner.job.id"] in ids]
+    assert len(settles) == 4 and all(s.parent is not None and s.parent.span_id in by_id for s in settles)
+    if isolation == "thread":
+        inside = _spans("inside")
+        assert inside and all(s.parent is not None and s.parent.span_id in by_id for s in inside)

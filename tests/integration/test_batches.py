@@ -265,3 +265,31 @@ def test_a_base_exception_from_handle_batch_fails_the_batch_not_the_worker(proje
     good = [e.id for e in client.enqueue_many([Request("exiting", {"n": i}) for i in range(3)])]
     views = wait_for(lambda: finished(project, good), timeout=30, what="the next jobs")
     assert [views[i]["result"] for i in good] == [0, 1, 2] and worker.poll() is None
+
+
+LOGGING = '''
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+BATCH = {{"size": 5, "wait": 0.3}}
+
+def handle_batch(payloads, ctx):
+    ctx.logger.info("a batch of %d", len(payloads))
+    for p, job in zip(payloads, ctx.jobs):
+        job.logger.info("item %d", p["n"])
+    return [p["n"] for p in payloads]
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_each_items_lines_go_to_its_own_jobs_log(project: Project, isolation: str) -> None:
+    """ctx.jobs[i].logger writes to that item's job log only; ctx.logger's lines (the
+    batch's, shared) go to the log of every item of the call, before the item's own."""
+    project.write_config(concurrency=2)
+    project.add_function("chatty", textwrap.dedent(LOGGING.format(isolation=isolation)))
+    client = project.client
+    ids = [e.id for e in client.enqueue_many([Request("chatty", {"n": i}) for i in range(8)])]
+    project.spawn_worker("fast")
+    wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    for n, i in enumerate(ids):
+        msgs = [line["msg"] for line in client.logs(i)["lines"] if line["src"] == "log"]
+        assert len(msgs) == 2 and msgs[0].startswith("a batch of ") and msgs[1] == f"item {n}", (n, msgs)

@@ -280,3 +280,80 @@ def test_a_worker_of_the_release_before_is_listed_and_a_stale_entry_is_not(proje
     assert set(r.hkeys(roster.key(prefix))) == {"old:1:aa", "new:3:cc"}
     new = next(w for w in project.client.workers() if w["id"] == "new:3:cc")
     assert new["started_at"] == new["last_seen"]  # stamped by the server at its first beat
+
+
+def test_a_worker_beating_again_is_never_pruned_by_another(project: Project) -> None:
+    """Workers whose entries went stale (a paused host) beat again while another worker's
+    beat prunes the roster: each one that beat is on the roster afterwards. The pruning
+    deletes an entry only while it still holds the stale value it read, so a beat that
+    lands between the read and the delete is kept (before, it vanished until the worker's
+    next beat, up to HEARTBEAT_S later)."""
+    import threading
+
+    from runner.store import roster
+
+    r, prefix = project.runtime.redis, project.runtime.config.redis.prefix
+    ids = [f"h:{i}:aa" for i in range(40)]
+
+    def member(i: str) -> roster.Member:
+        return roster.Member(id=i, host="h", pid=1, queues=("fast",), functions={"record": 1},
+                             started_ms=1, seen_ms=0)
+
+    for _ in range(30):
+        now = roster.server_ms(r)
+        stale = {i: json.dumps({**member(i).as_dict(), "seen_ms": now - 60_000, "ttl_ms": 1_000}) for i in ids}
+        r.hset(roster.key(prefix), mapping=stale)
+        r.delete(roster.key(prefix) + ":pruner")  # the next beat is the pruner's
+        go = threading.Barrier(len(ids) + 1)
+
+        def beat(m: roster.Member, go: threading.Barrier) -> None:
+            go.wait()
+            roster.beat(r, prefix, m)
+
+        threads = [threading.Thread(target=beat, args=(member(i), go)) for i in [*ids, "pruner:1:aa"]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        missing = set(ids) - set(r.hkeys(roster.key(prefix)))
+        assert not missing, f"live workers pruned: {sorted(missing)}"
+
+
+def test_a_beat_reads_nothing_of_the_fleet_and_one_prunes_a_page(project: Project) -> None:
+    """A beat costs the same with 300 workers on the roster as with one: it writes its
+    entry and bids for the pruning, and reads no other entry. The one beat per
+    HEARTBEAT_S that wins the bid reads one page (HSCAN) and deletes the stale entries on
+    it, and no live one."""
+    from runner.store import roster
+
+    r, prefix = project.runtime.redis, project.runtime.config.redis.prefix
+    now = roster.server_ms(r)
+    live = {f"live:{i}:aa": roster.Member(id=f"live:{i}:aa", host="h", pid=i, queues=("fast",), functions={},
+                                          started_ms=now, seen_ms=0).as_dict() for i in range(150)}
+    dead = {f"dead:{i}:aa": {**v, "id": f"dead:{i}:aa", "seen_ms": now - 60_000, "ttl_ms": 1_000}
+            for i, v in enumerate(live.values())}
+    for v in live.values():
+        v["seen_ms"] = now
+    r.hset(roster.key(prefix), mapping={k: json.dumps(v) for k, v in {**live, **dead}.items()})
+    me = roster.Member(id="me:1:aa", host="h", pid=1, queues=("fast",), functions={}, started_ms=0, seen_ms=0)
+
+    def calls() -> dict[str, int]:
+        return {k.removeprefix("cmdstat_"): v["calls"] for k, v in r.info("commandstats").items()}
+
+    r.set(roster.pruner_key(prefix), "another", px=60_000)  # another worker prunes this beat
+    r.config_resetstat()
+    roster.beat(r, prefix, me)
+    used = calls()
+    assert not {"hvals", "hgetall", "hscan", "hdel", "eval", "evalsha"} & set(used), used
+    assert used.get("hset") == 1
+    r.delete(roster.pruner_key(prefix))
+    pulse = roster.Pulse()
+    roster.beat(r, prefix, me, pulse)
+    assert set(live) | {"me:1:aa"} <= set(r.hkeys(roster.key(prefix)))
+    # HSCAN pages through with the cursor the pulse keeps, until every dead entry is gone.
+    for _ in range(50):
+        if not any(k.startswith("dead:") for k in r.hkeys(roster.key(prefix))):
+            break
+        r.delete(roster.pruner_key(prefix))
+        roster.beat(r, prefix, me, pulse)
+    assert set(r.hkeys(roster.key(prefix))) == set(live) | {"me:1:aa"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,6 +97,30 @@ def test_an_idempotency_key_dedupes_the_whole_emit(project: Project) -> None:
     with pytest.raises(EventConflict):
         c.emit("order.created", {"order_id": 2}, idempotency_key="o-1")
     assert written(project)["fast"] == 1 and written(project)["slow"] == 1
+
+
+def test_metrics_count_the_events_and_the_jobs_they_started(project: Project) -> None:
+    """/metrics counts, per home queue, the events accepted and the jobs they started in
+    every queue: a duplicate emit adds nothing, an event nobody subscribes to is an event
+    with no jobs."""
+    subscribe(project, "sub_a", "fast")
+    subscribe(project, "sub_b", "fast")
+    subscribe(project, "sub_c", "slow")
+    c = project.client
+    c.emit("order.created", {"order_id": 1}, idempotency_key="o-1")
+    c.emit("order.created", {"order_id": 1}, idempotency_key="o-1")  # a duplicate
+    c.emit("order.created", {"order_id": 2})
+    c.emit("nobody.listens", {"x": 1})
+    text = falcon.testing.TestClient(create_app(project.runtime)).simulate_get("/metrics").text
+
+    def counted(name: str) -> dict[str, float]:
+        return {q: float(v) for q, v in re.findall(rf'^{name}{{queue="([^"]+)"}} (\S+)$', text, re.M)}
+
+    home = project.runtime.registry.subscribers("order.created")[0].queue
+    assert sum(counted("runner_events_emitted_total").values()) == 3  # the duplicate not counted
+    # sub_c's job went to the other queue, through the outbox: counted on the event's home.
+    assert counted("runner_events_jobs_total") == {"fast": 0.0, "slow": 0.0, home: 6.0}
+    assert c.stats()[home]["counters"]["events_jobs"] == 6  # `runner stats` shows the same
 
 
 def test_triggers_are_checked_at_load(project: Project) -> None:

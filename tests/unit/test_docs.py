@@ -229,7 +229,7 @@ def _built_keys() -> tuple[set[str], set[str]]:
                            if not n.startswith("_") and n != "pattern"]
     builders += [f for n, f in inspect.getmembers(keys, inspect.isfunction)
                  if f.__module__ == keys.__name__ and inspect.signature(f).return_annotation in ("str", str)]
-    builders.append(roster.key)
+    builders += [roster.key, roster.pruner_key]
     for fn in builders:
         params = inspect.signature(fn).parameters
         unknown = set(params) - set(placeholders)

@@ -9,7 +9,7 @@
 -- KEYS[1] ready        LIST
 -- KEYS[2] scheduled    ZSET  id -> due ms
 -- KEYS[3] notify       LIST
--- KEYS[4] stats        HASH
+-- KEYS[4] stats        HASH  (events_emitted, events_jobs: this event and the jobs it started)
 -- KEYS[5] job_prefix   (string; the job key is prefix .. id)
 -- KEYS[6] idem_prefix  (string; a job's idempotency key is prefix .. type .. ':' .. key)
 -- KEYS[7] claims       HASH
@@ -66,7 +66,9 @@ if ikey ~= '' then
 end
 local out = {1, ''}
 local here = {}
+local started = 0  -- jobs this event started: new ones written here, and those sent away
 batch_put(now, out, function(j, code, jid, status)
+  if code == 1 then started = started + 1 end
   if code >= 0 then
     local entry = {id = jid, type = j.type, queue = ARGV[e + 9], status = status}
     -- A DEBOUNCE function's job: the id is its burst's one job (see jobs.lua).
@@ -78,6 +80,10 @@ local m = tonumber(ARGV[e + 10])
 for i = 1, m do
   redis.call('RPUSH', K.outbox, ARGV[e + 10 + i])
 end
+-- The home partition's counts of events and of the jobs they started (pcall: a stats hash
+-- damaged to another type loses these counts, never the event).
+redis.pcall('HINCRBY', K.stats, 'events_emitted', 1)
+if started + m > 0 then redis.pcall('HINCRBY', K.stats, 'events_jobs', started + m) end
 -- The record: data as the producer sent it (never re-encoded: cjson would round numbers)
 -- or its preview when big, the jobs written here and those sent away.
 local away = ARGV[e + 8]
