@@ -22,6 +22,9 @@
 -- KEYS[13] done_prefix (string)
 -- KEYS[14] census      HASH
 -- KEYS[15] outbox      LIST  (the child job of ctx.invoke)
+-- KEYS[16] sleeping    ZSET  id -> due ms: the sleeping ids of scheduled, the sleeping
+--                            list's own index (a list of them never scans past delayed jobs)
+-- KEYS[17] waiting     ZSET  the same for the waiting ones (a signal, an event, a child)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] token
@@ -106,6 +109,7 @@ if early then
   wake(K.notify)
 else
   redis.call('ZADD', K.scheduled, due, id)
+  redis.call('ZADD', waits and K.waiting or K.sleeping, due, id)
 end
 if c.res then
   local rec = rec_load(jk)
