@@ -165,7 +165,14 @@ def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[s
         fields.update(status="processing", token=held.token, attempt=str(int(held.attempt) - 1), claimed_ahead="1")
         fields.pop("started_ms", None)
     elif held is not None:
-        fields.update(status="processing", token=held.token, attempt=held.attempt, started_ms=held.started_ms)
+        # A durable function resumed within this attempt began at its first run (suspend.lua).
+        first = state.get("run_started_ms") if state.get("run_attempt") == held.attempt else None
+        fields.update(status="processing", token=held.token, attempt=held.attempt,
+                      started_ms=first or held.started_ms)
+    elif fields["status"] in ("sleeping", "waiting") and "run_attempt" in state:
+        # Suspended: the attempt it ran and when that run began, kept apart from the state's
+        # attempt (the attempts spent before it, which the next claim counts from).
+        fields.update(attempt=state["run_attempt"], started_ms=state.get("run_started_ms", ""))
     return fields
 
 

@@ -57,6 +57,12 @@
 -- Kind 'invoke' waits as 'signal' does: the child's end is its signal (the worker that
 -- settles the child sends it; a parent due before that looks for the child itself).
 --
+-- The state keeps the attempt the run spent and when that attempt's first run began
+-- ('run_attempt', 'run_started_ms'; a resumed run of the same attempt keeps the first
+-- start), so a suspended job shows the attempt it ran and its start, not 0 and none;
+-- the state's own 'attempt' stays the attempts spent before it (the next claim counts
+-- from it, and a resume spends none). ack.lua ends the outcome with that first start.
+--
 -- A signal that came between the run's last look (wait.lua) and this call is kept in the
 -- state ('sig:<name>'): the job then goes to ready at once, and its next run takes it.
 --
@@ -82,7 +88,10 @@ local f = redis.call('HMGET', sk, 'steps', 'step_bytes')
 local n, bytes = tonumber(f[1]) or 0, tonumber(f[2]) or 0
 local due = tonumber(ARGV[6]) and now + tonumber(ARGV[6]) or tonumber(ARGV[7])
 local waits = ARGV[11] == 'signal' or ARGV[11] == 'invoke' or ARGV[11] == 'event'
-local set = {'status', waits and 'waiting' or 'sleeping', 'ready_ms', due, 'suspended', '1'}
+local ran = redis.call('HMGET', sk, 'run_attempt', 'run_started_ms')
+local first = (ran[1] == tostring(c.attempt) and ran[2]) or c.started
+local set = {'status', waits and 'waiting' or 'sleeping', 'ready_ms', due, 'suspended', '1',
+  'run_attempt', c.attempt, 'run_started_ms', first}
 if waits then
   set[#set + 1] = 'waiting_for'
   set[#set + 1] = ARGV[12]
