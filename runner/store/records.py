@@ -32,7 +32,9 @@ sleeping and waiting (a durable function in ctx.sleep or ctx.wait_for_signal: su
 done, dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
 
 A durable function's step log lives in its state too (steps, step_bytes, step:<i>, see
-lua/step.lua), with waiting_for (the signal a waiting job waits for; 'event.<position>'
+lua/step.lua), run_attempt and run_started_ms (the attempt a suspended job ran and when
+that attempt's first run began: its view's attempt and started_at, see suspend.lua),
+with waiting_for (the signal a waiting job waits for; 'event.<position>'
 for ctx.wait_for_event, whose entry names the event and match) and sig:<name> (a
 signal kept until a wait reads it); ``Job.as_dict`` shows ``steps`` and ``waiting_for``.
 """
