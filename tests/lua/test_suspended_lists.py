@@ -14,7 +14,7 @@ from test_scripts import NOW, claim, enqueue, new
 
 from runner.store.scripts import Suspension
 
-from conftest import Project
+from conftest import Project, assert_suspended_indexed
 
 SLEEPERS, WAITERS = 3000, 5
 
@@ -22,19 +22,6 @@ SLEEPERS, WAITERS = 3000, 5
 @pytest.fixture
 def p(project: Project) -> Project:
     return project
-
-
-def assert_indexed(p: Project) -> None:
-    """Each suspended index holds exactly the scheduled ids of its status, at their due."""
-    r, k = p.runtime.redis, p.keys()
-    due = dict(r.zrange(k.scheduled, 0, -1, withscores=True))
-    pipe = r.pipeline(transaction=False)
-    for job_id in due:
-        pipe.hget(k.state(job_id), "status")
-    status = dict(zip(due, pipe.execute(), strict=True))
-    for name, key in (("sleeping", k.sleeping), ("waiting", k.waiting)):
-        want = {i: due[i] for i, s in status.items() if s == name}
-        assert dict(r.zrange(key, 0, -1, withscores=True)) == want, name
 
 
 def _suspend(p: Project, ids: list[str], kind: str, due: Any) -> None:
@@ -79,7 +66,7 @@ def test_waiting_jobs_behind_thousands_of_sleepers_are_on_the_first_pages(p: Pro
             break
     assert shown == sorted(waiters, reverse=True)  # latest due first
     assert cursor is None
-    assert_indexed(p)
+    assert_suspended_indexed(p)
 
 
 def test_paging_sleepers_while_they_wake_run_now_and_cancel(p: Project) -> None:
@@ -117,7 +104,7 @@ def test_paging_sleepers_while_they_wake_run_now_and_cancel(p: Project) -> None:
         code, _ = s.run_now(k, ahead[0])
         assert code == 1
         gone.add(ahead[0])
-        assert_indexed(p)
+        assert_suspended_indexed(p)
     assert len(shown) == len(set(shown)), "a job shown twice"
     stayed = set(sleepers) - gone
     assert stayed <= set(shown), sorted(stayed - set(shown))[:5]
