@@ -59,12 +59,12 @@ def test_a_step_retried_in_a_loop_keeps_its_key_across_a_kill(project: Project, 
     c = project.client
     w1 = project.spawn_worker("fast")
     job = c.enqueue("loop", {}).id
-    wait_for(lambda: (project.records / "in-second-try").exists(), timeout=30, what="the loop's second try")
+    wait_for(lambda: (project.records / "in-second-try").exists(), timeout=90, what="the loop's second try")
     for p in _pids(w1.pid):
         os.kill(p, signal.SIGKILL)
     w1.wait(10)
     project.spawn_worker("fast")
-    done = c.wait(job, 60).as_dict()
+    done = c.wait(job, 90).as_dict()
     assert done["status"] == "done" and done["result"] == {"paid": "paid", "attempt": 2}, done
     keys = (project.records / f"{job}-pay").read_text().splitlines()
     assert keys == [f"{job}:pay"] * 3, keys

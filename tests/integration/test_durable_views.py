@@ -46,7 +46,7 @@ def test_a_suspended_job_shows_the_attempt_it_ran_and_its_first_start(project: P
     c = project.client
     project.spawn_worker("fast")
     job = c.enqueue("waiter", {}).id
-    wait_for(lambda: c.get(job).status == "waiting", timeout=20, what="the job to wait")
+    wait_for(lambda: c.get(job).status == "waiting", timeout=60, what="the job to wait")
     waiting = c.get(job).as_dict()
     assert waiting["attempt"] == 1 and waiting["started_at"] is not None, waiting
     with runner_web(project, "web", workers=1) as web:
@@ -55,7 +55,7 @@ def test_a_suspended_job_shows_the_attempt_it_ran_and_its_first_start(project: P
     for view in (http, cli):
         assert (view["status"], view["attempt"], view["started_at"]) == ("waiting", 1, waiting["started_at"]), view
     assert c.signal(job, "approval", "yes") == "resumed"
-    wait_for(lambda: c.get(job).status == "processing", timeout=20, what="the job to resume")
+    wait_for(lambda: c.get(job).status == "processing", timeout=60, what="the job to resume")
     running = c.get(job).as_dict()
     assert (running["attempt"], running["started_at"]) == (1, waiting["started_at"]), running
     (project.records / f"{job}-go").touch()
