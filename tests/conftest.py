@@ -363,3 +363,19 @@ def assert_no_job_in_two_structures(project: Project, queue: str = "fast") -> No
         for i in ids:
             assert i not in seen, f"job {i} is in both {seen[i]} and {name}"
             seen[i] = name
+    assert_suspended_indexed(project, queue)
+
+
+def assert_suspended_indexed(project: Project, queue: str = "fast") -> None:
+    """The sleeping and waiting list indexes hold exactly the scheduled ids of their
+    status, each at its due time there."""
+    r = project.runtime.redis
+    for k in project.runtime.parts.get(queue) or [project.keys(queue)]:
+        due = dict(r.zrange(k.scheduled, 0, -1, withscores=True))
+        pipe = r.pipeline(transaction=False)
+        for job_id in due:
+            pipe.hget(k.state(job_id), "status")
+        status = dict(zip(due, pipe.execute(), strict=True)) if due else {}
+        for name, key in (("sleeping", k.sleeping), ("waiting", k.waiting)):
+            want = {i: due[i] for i, s in status.items() if s == name}
+            assert dict(r.zrange(key, 0, -1, withscores=True)) == want, (name, k.queue)

@@ -14,8 +14,13 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:done:<gen>:log LIST    the generation's done ids, newest first
     <prefix>:{<queue>}:res:<id>       STRING  an outcome kept on its own (KEEP_RESULT), expires
     <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate)
-    <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying, rate-limited and handed-back ids
-                                              -> due (ms)
+    <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying, rate-limited and handed-back ids,
+                                              and suspended durable functions -> due (ms)
+    <prefix>:{<queue>}:sleeping       ZSET    the ids of scheduled that are sleeping durable functions
+                                              -> due (ms): the sleeping list's own index, so it
+                                              never scans past delayed jobs or waiting ones
+    <prefix>:{<queue>}:waiting        ZSET    the same for the waiting ones (a signal, an event, a
+                                              child) -> due (ms)
     <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
     <prefix>:{<queue>}:cancelled      ZSET    cancelled ids -> time of the cancel (ms), trimmed
                                               at the done retention (the job list's index)
@@ -164,6 +169,8 @@ class QueueKeys:
     res_prefix: str = field(init=False)
     census: str = field(init=False)
     scheduled: str = field(init=False)
+    sleeping: str = field(init=False)
+    waiting: str = field(init=False)
     dead: str = field(init=False)
     cancelled: str = field(init=False)
     notify: str = field(init=False)
@@ -198,7 +205,8 @@ class QueueKeys:
                              ("running", "leases:since"),
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),
-                             ("scheduled", "scheduled"), ("dead", "dead"), ("cancelled", "cancelled"),
+                             ("scheduled", "scheduled"), ("sleeping", "sleeping"), ("waiting", "waiting"),
+                             ("dead", "dead"), ("cancelled", "cancelled"),
                              ("notify", "notify"), ("ended", "ended"), ("cancels", "cancels"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),
                              ("lim_prefix", "lim:"), ("limwait", "limwait"), ("tput_prefix", "tput:"),

@@ -5,8 +5,8 @@ reads only the buckets its data can match, and in each only the waiters that beg
 before it was emitted.
 
 A match compares top-level fields of the event's data for equal JSON values: canonical
-JSON (keys sorted, an integral float as its integer), so ``1`` and ``1.0`` are equal and
-``true`` and ``1`` are not.
+JSON (keys sorted, an integral float as its integer, at any size), so ``1`` and ``1.0``
+are equal, as are ``2**60`` and ``2.0**60``, and ``true`` and ``1`` are not.
 
 The waiters of one event are told a bounded batch at a time (client/waking.py); the
 events still to tell wait on their home partition's ``wakes`` list, written by the emit
@@ -33,7 +33,10 @@ WOKE_KEEP_MS = 7 * 86_400_000
 
 
 def _norm(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+    # Every whole float, however large, as the integer it equals (a float past 2**53 is
+    # still exactly one integer): ``2.0**60`` and ``2**60`` are one value, while
+    # ``2**53 + 1``, which no float holds, equals no float. Not finite: is_integer() is False.
+    if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
         return {str(k): _norm(v) for k, v in value.items()}

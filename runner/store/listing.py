@@ -4,8 +4,12 @@ cursor for the next page. Each status reads its own index (nothing is scanned):
     queued      the priority ZSET (jobs of priority 1-9, in the order they will run), then
                 ready LIST (LPUSH in, so index 0 is the newest)
     scheduled   scheduled ZSET (delayed and retrying jobs), latest due first
-    sleeping    the same ZSET's durable functions in a sleep (ctx.sleep), latest due first
-    waiting     the same ZSET's durable functions waiting for a signal, latest timeout first
+    sleeping    sleeping ZSET: the durable functions of scheduled in a sleep (ctx.sleep),
+                latest due first (their own index, kept with scheduled by the scripts that
+                suspend, wake, signal, run now and cancel them: a page of them never reads
+                past delayed or waiting jobs)
+    waiting     waiting ZSET: the same for those waiting for a signal, an event or a child,
+                latest due first (its timeout, or a parent's next look at its child)
     processing  the leases' claim times (leases:since ZSET), latest claim first (each job
                 shows its lease deadline; a renewal moves the deadline, not the job)
     dead        dead ZSET, latest death first
@@ -246,7 +250,7 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
                 pos += len(got)
         return out, pos, gen, gen < floor, {}, None, None
     key = {"scheduled": k.scheduled, "dead": k.dead, "cancelled": k.cancelled, "processing": k.running,
-           "sleeping": k.scheduled, "waiting": k.scheduled}[status]
+           "sleeping": k.sleeping, "waiting": k.waiting}[status]
     # The score comes with the id for nothing: the next page's anchor.
     pairs, end = _span(scripts, key, pos, n, anchor, newest_first=True)
     ids = [i for i, _ in pairs]

@@ -32,7 +32,9 @@ sleeping and waiting (a durable function in ctx.sleep or ctx.wait_for_signal: su
 done, dead, cancelled (ended by a cancel: cancel.lua; kept for the done retention).
 
 A durable function's step log lives in its state too (steps, step_bytes, step:<i>, see
-lua/step.lua), with waiting_for (the signal a waiting job waits for; 'event.<position>'
+lua/step.lua), run_attempt and run_started_ms (the attempt a suspended job ran and when
+that attempt's first run began: its view's attempt and started_at, see suspend.lua),
+with waiting_for (the signal a waiting job waits for; 'event.<position>'
 for ctx.wait_for_event, whose entry names the event and match) and sig:<name> (a
 signal kept until a wait reads it); ``Job.as_dict`` shows ``steps`` and ``waiting_for``.
 """
@@ -165,7 +167,14 @@ def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[s
         fields.update(status="processing", token=held.token, attempt=str(int(held.attempt) - 1), claimed_ahead="1")
         fields.pop("started_ms", None)
     elif held is not None:
-        fields.update(status="processing", token=held.token, attempt=held.attempt, started_ms=held.started_ms)
+        # A durable function resumed within this attempt began at its first run (suspend.lua).
+        first = state.get("run_started_ms") if state.get("run_attempt") == held.attempt else None
+        fields.update(status="processing", token=held.token, attempt=held.attempt,
+                      started_ms=first or held.started_ms)
+    elif fields["status"] in ("sleeping", "waiting") and "run_attempt" in state:
+        # Suspended: the attempt it ran and when that run began, kept apart from the state's
+        # attempt (the attempts spent before it, which the next claim counts from).
+        fields.update(attempt=state["run_attempt"], started_ms=state.get("run_started_ms", ""))
     return fields
 
 

@@ -25,7 +25,7 @@ _ENQUEUE = ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix"
             "lim_prefix")
 _CANCEL = ("job", "claims", "leases", "scheduled", "done_meta", "done_prefix", "idem_prefix", "census", "ended",
            "cancelled", "cancels", "group_prefix", "job_prefix", "ready", "notify", "stats", "outbox", "prio",
-           "lim_prefix", "limwait")
+           "lim_prefix", "limwait", "sleeping", "waiting")
 _GROUP = ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "prio",
           "group_prefix", "done_meta", "done_prefix", "outbox")
 
@@ -51,7 +51,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "reclaim": ("leases", "ready", "dead", "notify", "stats", "job_prefix", "lim_prefix", "scheduled", "claims",
                 "done_meta", "limwait", "idem_prefix", "ended", "group_prefix", "done_prefix", "census", "outbox",
                 "lost", "prio"),
-    "promote": ("scheduled", "ready", "notify", "job_prefix", "lim_prefix", "limwait", "prio"),
+    "promote": ("scheduled", "ready", "notify", "job_prefix", "lim_prefix", "limwait", "prio", "sleeping", "waiting"),
     "requeue": ("dead", "ready", "notify", "job_prefix", "idem_prefix", "census", "prio"),
     "remove": ("dead", "job", "idem_prefix", "census", "log_prefix", "stream_prefix"),
     "checkpoint": ("job", "claims"),
@@ -69,7 +69,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "resume": ("paused", "ready", "notify", "job_prefix", "held", "prio"),
     "watch": ("job", "claims"),
     "cancel": _CANCEL,
-    "run_now": ("job", "claims", "scheduled", "ready", "notify", "prio"),
+    "run_now": ("job", "claims", "scheduled", "ready", "notify", "prio", "sleeping"),
     "group": _GROUP,
     "group_count": _GROUP,
     "seek": ("index",),
@@ -79,8 +79,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "step": ("job", "claims", "stats"),
     "steps": ("job", "stats"),
     "suspend": ("leases", "scheduled", "stats", "job_prefix", "lim_prefix", "ready", "notify", "claims", "limwait",
-                "prio", "idem_prefix", "done_meta", "done_prefix", "census", "outbox"),
-    "signal": ("job", "claims", "scheduled", "ready", "notify", "prio", "done_meta", "done_prefix", "stats"),
+                "prio", "idem_prefix", "done_meta", "done_prefix", "census", "outbox", "sleeping", "waiting"),
+    "signal": ("job", "claims", "scheduled", "ready", "notify", "prio", "done_meta", "done_prefix", "stats",
+               "waiting"),
     "wait": ("job", "claims"),
     # Per-job logs (store/joblogs.py): one job's log list, given.
     "joblog": ("log",),

@@ -13,9 +13,17 @@ recorded the log, and the job fails for good ("non-deterministic replay"), namin
 A step that fails without a record (its function raised a transient error, or its record
 was refused) ends the recorded log for the rest of this run: the next attempt calls that
 step again at that very position, so nothing this run reaches after it may take the
-position. A later step (a ``finally:`` cleanup, an ``except:`` branch) runs its function
-unrecorded, as plain code would; a later sleep, wait or child call raises
-``AfterUnrecordedStep``, a transient error, so the attempt ends and is retried.
+position. That step called again (a retry loop around it) is the same step at the same
+position, as the next attempt would call it: it runs there and is recorded, under the
+same name and ``step_key``. Another later step (a ``finally:`` cleanup, an ``except:``
+branch) runs its function unrecorded, as plain code would; a later sleep, wait or child
+call raises ``AfterUnrecordedStep``, a transient error, so the attempt ends and is retried.
+
+Names are numbered as the log would number them (``name#2`` for the second recorded use):
+a call that takes no position (the failed step, the unrecorded runs after it) does not
+count towards the names recorded after it, so a name, and ``step_key``, is the same at the
+same position on every attempt and replay. The unrecorded runs after a failed step are
+numbered among themselves, after the names recorded before them.
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ class StepFailed(PermanentFailure):
     again: it failed for good the first time)."""
 
 
+def _numbered(name: str, count: int) -> str:
+    return name if count == 1 else f"{name}#{count}"
+
+
 def _too_large(code: int, n: int, label: str) -> StepTooLarge:
     if code == FULL:
         return StepTooLarge(f"step {label!r}: the job's step log holds {n:,} entries, its bound is {MAX_STEPS:,}: "
@@ -103,7 +115,11 @@ class Journal:
     # may make durable calls, as only its calls come in the same order on every run.
     owner: int = field(default_factory=threading.get_ident)
     position: int = 0
+    # Each name's uses that took a position in this run (recorded or replayed): the next
+    # one is name#(n + 1).
     seen: dict[str, int] = field(default_factory=dict)
+    # Each name's uses since a step failed unrecorded (runs that take no position).
+    stretch: dict[str, int] = field(default_factory=dict)
     step_key: str | None = None  # set while a step's function runs
     replayed: int = 0  # steps returned from the log in this run
     ran: int = 0  # steps run and recorded in this run
@@ -118,8 +134,9 @@ class Journal:
             return int(time.time() * 1000)
         return ms + int((time.monotonic() - mono) * 1000)
 
-    def label(self, name: str) -> str:
-        """The name as recorded: a name used again in this run gets #2, #3..."""
+    def label(self, name: str, kind: str = "step") -> str:
+        """The name as recorded: a name used again in this run gets #2, #3... (counting
+        the uses that took a position; see the module docstring)."""
         self._fence(name)
         if threading.get_ident() != self.owner:
             # Threads reach their calls in any order, a replay in another: the log would
@@ -137,8 +154,15 @@ class Journal:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ValueError(f"a step's name is a non-empty string of at most 200 characters, not {name!r}")
         count = self.seen.get(name, 0) + 1
-        self.seen[name] = count
-        return name if count == 1 else f"{name}#{count}"
+        if self.unrecorded is None or (kind == "step" and _numbered(name, count) == self.unrecorded):
+            # (the second: the step that failed unrecorded, called again at its position)
+            self.unrecorded = None
+            self.stretch.clear()
+            self.seen[name] = count
+            return _numbered(name, count)
+        more = self.stretch.get(name, 0)
+        self.stretch[name] = more + 1
+        return _numbered(name, count + more)
 
     def recorded(self, label: str, kind: str) -> dict[str, Any] | None:
         """The entry at this run's position (None: this run is past the log), checked
@@ -187,6 +211,7 @@ class Journal:
         finally:
             if self.position == at:  # no record landed: the log ends before this step
                 self.unrecorded = label
+                self.seen[name] -= 1  # (it took no position: called again, it is this one)
 
     def _past_unrecorded(self, kind: str, label: str) -> None:
         if self.unrecorded is not None:
@@ -261,7 +286,7 @@ class Journal:
     def sleep(self, name: str, delay_ms: int | None, due_ms: int) -> None:
         """End the run here until the sleep is over (Suspend), or return at once when the
         log says this sleep is over already (a replay past it)."""
-        label = self.label(name)
+        label = self.label(name, "sleep")
         self._past_unrecorded("sleep", label)
         entry = self.recorded(label, "sleep")
         if entry is not None:
@@ -283,7 +308,7 @@ class Journal:
         """The body of the signal ``name``: recorded, kept for the job already, or else the
         run ends here (Suspend) until it comes or the timeout passes (SignalTimeout)."""
         check_signal_name(name)
-        label = self.label(name)
+        label = self.label(name, "signal")
         self._past_unrecorded("wait", label)
         entry = self.recorded(label, "signal")
         head = codec.dumps({"name": label, "kind": "signal", "signal": name})[:-1]
@@ -346,7 +371,7 @@ class Journal:
         recorded, kept for the job already, or else the run ends here (Suspend) until one
         comes (None past the timeout). The wait is a signal wait for ``event.<position>``,
         which the event's delivery sends (client/waking.py)."""
-        label = self.label(name)
+        label = self.label(name, "event")
         self._past_unrecorded("wait", label)
         entry = self.recorded(label, "event")
         signal = f"event.{self.position}"
@@ -402,7 +427,7 @@ class Journal:
         """A child job's result: recorded, or else the child is written with this run's
         suspension and the job resumes when it ends (JobFailed when it ends dead or
         cancelled, StillRunning past ``timeout_ms``)."""
-        label = self.label(type_)
+        label = self.label(type_, "invoke")
         self._past_unrecorded("child call", label)
         entry = self.recorded(label, "invoke")
         child = f"{self.job_id}.c{self.position}"

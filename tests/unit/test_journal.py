@@ -220,3 +220,52 @@ def test_a_suspension_after_a_step_that_failed_unrecorded_ends_the_attempt(durab
         else:
             j.wait_event("order.paid", {"order_id": 1}, None)
     assert log.entries == []
+
+
+def test_a_step_retried_in_a_loop_keeps_its_name_and_key_at_its_position() -> None:
+    """``for _ in range(3): try: step("pay")`` after an unrecorded failure: the retry is
+    the same step at the same position (key "j1:pay" each time, recorded as "pay"), the
+    unrecorded runs between are numbered among themselves, and the replay meets "pay"
+    where the next attempt would have called it."""
+    log, keys = Log(), []
+    j = log.run()
+    tries = iter([ConnectionError("away"), ConnectionError("away"), "paid"])
+
+    def pay() -> str:
+        keys.append(j.step_key)
+        got = next(tries)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def note() -> None:
+        keys.append(j.step_key)
+
+    paid = None
+    for _ in range(3):
+        try:
+            paid = j.step("pay", pay, (), {})
+            break
+        except ConnectionError:
+            j.step("note", note, (), {})
+            j.step("note", note, (), {})
+    assert paid == "paid"
+    assert keys == ["j1:pay", "j1:note", "j1:note#2", "j1:pay", "j1:note", "j1:note#2", "j1:pay"]
+    j.step("pay", lambda: "again", (), {})  # a second use of the name, recorded after it
+    j.step("note", lambda: "n", (), {})
+    assert [e["name"] for e in log.entries] == ["pay", "pay#2", "note"]
+    j2 = log.run()
+    assert j2.step("pay", pay, (), {}) == "paid" and j2.step("pay", pay, (), {}) == "again"
+    assert j2.step("note", note, (), {}) == "n" and j2.ran == 0
+
+
+def test_a_sleep_of_the_failed_step_s_name_does_not_take_its_place() -> None:
+    """Only a step of that name is the failed step called again: a sleep named alike
+    still ends the attempt."""
+    log = Log()
+    j = log.run()
+    with pytest.raises(ConnectionError):
+        j.step("pay", lambda: (_ for _ in ()).throw(ConnectionError("away")), (), {})
+    with pytest.raises(journal.AfterUnrecordedStep):
+        j.sleep("pay", 1000, int(time.time() * 1000) + 1000)
+    assert log.entries == []

@@ -177,8 +177,11 @@ for i = 0, n - 1 do
     seen[id] = true
     local jk = K.job_prefix .. id
     local typ, ver = string.match(field, '^(.*)|(.*)$')
-    local history = c.state and redis.pcall('HGET', jk .. ':s', 'history') or nil
-    if type(history) ~= 'string' then history = nil end
+    local got = c.state and redis.pcall('HMGET', jk .. ':s', 'history', 'run_attempt', 'run_started_ms') or nil
+    if type(got) ~= 'table' or got.err then got = {} end
+    local history = type(got[1]) == 'string' and got[1] or nil
+    -- A durable function resumed within this attempt began at its first run (suspend.lua).
+    local started = (got[2] == tostring(c.attempt) and tonumber(got[3]) and got[3]) or c.started
     if c.idem or c.res then
       local rec = rec_load(jk)
       if rec then
@@ -186,7 +189,7 @@ for i = 0, n - 1 do
         complete_idem(rec.type, rec.idem_key, id)
       end
     end
-    local value = outcome(typ or '?', ver or '?', c.attempt_s, c.started, history, result, ARGV[b + 6])
+    local value = outcome(typ or '?', ver or '?', c.attempt_s, started, history, result, ARGV[b + 6])
     done_ids[#done_ids + 1] = id
     outcomes[#outcomes + 1] = value
     keep(id, value, keep_ms)

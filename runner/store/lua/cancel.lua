@@ -37,6 +37,9 @@
 -- KEYS[19] lim_prefix   (string; a job woken from a limit's waiters gives its reserved
 --                        slot to the next waiter: see wake_parked in includes/parking.lua)
 -- KEYS[20] limwait     ZSET
+-- KEYS[21] sleeping    ZSET  the sleeping ids of scheduled (the sleeping list's index): a
+--                            cancelled one leaves it with scheduled
+-- KEYS[22] waiting     ZSET  the same for the waiting ones
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -98,6 +101,10 @@ end
 local function finish(jk, id, rec)
   local sk = jk .. ':s'
   redis.call('ZREM', K.scheduled, id)
+  if K.sleeping then
+    redis.call('ZREM', K.sleeping, id)
+    redis.call('ZREM', K.waiting, id)
+  end
   if K.lim_prefix and rec.limits ~= '' and redis.call('HGET', sk, 'woken') == '1' then
     give_up_reserved(K.lim_prefix, parse_limits(rec.limits), id, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
   end

@@ -9,6 +9,9 @@
 -- KEYS[5] lim_prefix   (string)
 -- KEYS[6] limwait      ZSET  limit keys with parked jobs -> next sweep ms
 -- KEYS[7] prio         ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
+-- KEYS[8] sleeping     ZSET  the sleeping ids of scheduled (the sleeping list's index): a
+--                            woken one leaves it with scheduled
+-- KEYS[9] waiting      ZSET  the same for the waiting ones (a wait's timeout, a parent's look)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to move in this call (and a twentieth as many keys to sweep)
 --
@@ -31,6 +34,8 @@ for _, id in ipairs(ids) do
   -- (sleeping, waiting: a durable function's sleep or wait ended, see suspend.lua)
   if st == 'scheduled' or st == 'retrying' or st == 'sleeping' or st == 'waiting' then
     redis.call('HSET', jk .. ':s', 'status', 'queued')
+    if st == 'sleeping' then redis.call('ZREM', K.sleeping, id) end
+    if st == 'waiting' then redis.call('ZREM', K.waiting, id) end
   end
   -- Any other state is handed to claim, which buries a malformed record with a reason
   -- and drops a stray id; promote never decides that on its own. A job with neither

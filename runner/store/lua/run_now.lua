@@ -17,6 +17,7 @@
 -- KEYS[4] ready        LIST
 -- KEYS[5] notify       LIST
 -- KEYS[6] prio         ZSET    (a job of priority 1-9 goes there: to_ready in includes/ready.lua)
+-- KEYS[7] sleeping     ZSET    the sleeping ids of scheduled (the sleeping list's index)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] history entry (a JSON object without at_ms: who asked; '' none), stamped here
@@ -51,6 +52,7 @@ if st == 'sleeping' then
 end
 with_history(set, f[3], stamped(ARGV[3], now))
 redis.call('ZREM', K.scheduled, id)
+if st == 'sleeping' then redis.call('ZREM', K.sleeping, id) end
 redis.call('HSET', sk, unpack(set))
 to_ready(K.ready, K.prio, id, f[2], now, false)
 wake(K.notify)

@@ -13,6 +13,7 @@
 -- KEYS[7] done_meta    HASH
 -- KEYS[8] done_prefix  (string)
 -- KEYS[9] stats        HASH
+-- KEYS[10] waiting     ZSET  the waiting ids of scheduled (the waiting list's index)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] signal name
@@ -60,6 +61,7 @@ redis.call('HSET', sk, 'sig:' .. name, ARGV[4], 'sigs', count, 'sig_bytes', size
 if not at then tally('signals|' .. rec.type) end  -- (an event's delivery is not a signal sent)
 local code = 1
 if status == 'waiting' and f[2] == name and redis.call('ZREM', K.scheduled, id) == 1 then
+  redis.call('ZREM', K.waiting, id)
   redis.call('HSET', sk, 'status', 'queued', 'ready_ms', now)
   to_ready(K.ready, K.prio, id, f[3], now, false)
   wake(K.notify)

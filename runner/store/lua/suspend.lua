@@ -22,6 +22,9 @@
 -- KEYS[13] done_prefix (string)
 -- KEYS[14] census      HASH
 -- KEYS[15] outbox      LIST  (the child job of ctx.invoke)
+-- KEYS[16] sleeping    ZSET  id -> due ms: the sleeping ids of scheduled, the sleeping
+--                            list's own index (a list of them never scans past delayed jobs)
+-- KEYS[17] waiting     ZSET  the same for the waiting ones (a signal, an event, a child)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] token
@@ -54,6 +57,12 @@
 -- Kind 'invoke' waits as 'signal' does: the child's end is its signal (the worker that
 -- settles the child sends it; a parent due before that looks for the child itself).
 --
+-- The state keeps the attempt the run spent and when that attempt's first run began
+-- ('run_attempt', 'run_started_ms'; a resumed run of the same attempt keeps the first
+-- start), so a suspended job shows the attempt it ran and its start, not 0 and none;
+-- the state's own 'attempt' stays the attempts spent before it (the next claim counts
+-- from it, and a resume spends none). ack.lua ends the outcome with that first start.
+--
 -- A signal that came between the run's last look (wait.lua) and this call is kept in the
 -- state ('sig:<name>'): the job then goes to ready at once, and its next run takes it.
 --
@@ -79,7 +88,10 @@ local f = redis.call('HMGET', sk, 'steps', 'step_bytes')
 local n, bytes = tonumber(f[1]) or 0, tonumber(f[2]) or 0
 local due = tonumber(ARGV[6]) and now + tonumber(ARGV[6]) or tonumber(ARGV[7])
 local waits = ARGV[11] == 'signal' or ARGV[11] == 'invoke' or ARGV[11] == 'event'
-local set = {'status', waits and 'waiting' or 'sleeping', 'ready_ms', due, 'suspended', '1'}
+local ran = redis.call('HMGET', sk, 'run_attempt', 'run_started_ms')
+local first = (ran[1] == tostring(c.attempt) and ran[2]) or c.started
+local set = {'status', waits and 'waiting' or 'sleeping', 'ready_ms', due, 'suspended', '1',
+  'run_attempt', c.attempt, 'run_started_ms', first}
 if waits then
   set[#set + 1] = 'waiting_for'
   set[#set + 1] = ARGV[12]
@@ -106,6 +118,7 @@ if early then
   wake(K.notify)
 else
   redis.call('ZADD', K.scheduled, due, id)
+  redis.call('ZADD', waits and K.waiting or K.sleeping, due, id)
 end
 if c.res then
   local rec = rec_load(jk)
