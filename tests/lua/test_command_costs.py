@@ -1,0 +1,51 @@
+"""What a plain job costs the server in commands, script by script, counted from INFO
+commandstats around one call (it counts the commands a script runs inside it). Light
+load makes every job its own batch, so each command here is paid per job
+(docs/benchmarks.md, "Light load"); these pin the cuts so a later change that brings a
+command back fails here, and each test also checks the state the cut must keep."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from test_scripts import NOW, claim, enqueue, new
+
+from runner.store.scripts import Ack
+
+from conftest import Project
+
+
+@pytest.fixture
+def p(any_project: Project) -> Project:
+    return any_project
+
+
+def counts(r: Any) -> Counter[str]:
+    """Calls per command so far (lower-case names, "cmdstat_" dropped)."""
+    return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()})
+
+
+def sent(r: Any, call: Any) -> Counter[str]:
+    """The commands one call made the server run (the INFO read itself taken out)."""
+    before = counts(r)
+    call()
+    got = counts(r) - before
+    got["info"] -= 1
+    return +got
+
+
+def test_an_ack_in_a_minute_already_counted_leaves_its_expiry_alone(p: Project) -> None:
+    """The minute's throughput hash gets its 6 h expiry when the minute's first ack makes
+    it; a later ack of that minute only adds to it (no PEXPIRE per ack), and the key
+    keeps the expiry it was given."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"), new("b"))
+    ja, jb = claim(p, n=2)
+    tput = k.throughput(NOW // 60_000)
+    first = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
+    assert first["pexpire"] == 1 and 0 < r.pttl(tput) <= 6 * 3600 * 1000
+    later = sent(r, lambda: sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2))
+    assert later["pexpire"] == 0
+    assert r.hget(tput, "done") == "2" and 0 < r.pttl(tput) <= 6 * 3600 * 1000
