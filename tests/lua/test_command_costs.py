@@ -49,3 +49,16 @@ def test_an_ack_in_a_minute_already_counted_leaves_its_expiry_alone(p: Project) 
     later = sent(r, lambda: sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2))
     assert later["pexpire"] == 0
     assert r.hget(tput, "done") == "2" and 0 < r.pttl(tput) <= 6 * 3600 * 1000
+
+
+def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Project) -> None:
+    """An enqueue wakes idle workers with one LPUSH on the wake-up list (no LLEN before
+    it): the list still never holds more than 64 tokens, however many enqueues no
+    worker takes, and a worker that comes later finds one to wake it."""
+    r, k = p.runtime.redis, p.keys()
+    one = sent(r, lambda: enqueue(p, new("a")))
+    assert one["llen"] == 0 and one["lpush"] == 2 and r.llen(k.notify) == 1
+    for i in range(200):
+        enqueue(p, new(f"j{i}"))
+        assert 1 <= r.llen(k.notify) <= 64
+    assert r.llen(k.ready) == 201
