@@ -74,3 +74,27 @@ def test_a_plain_claim_checks_only_the_leases_key(p: Project) -> None:
     got = sent(r, lambda: claim(p, n=2))
     assert got["zscore"] == 1 and got["hget"] == 0
     assert r.hlen(p.keys().claims) == 2
+
+
+def test_a_claim_asks_for_pauses_and_priority_with_one_exists(p: Project) -> None:
+    """With nothing paused and no job of priority waiting, a claim learns both from one
+    EXISTS of the two keys (no HGETALL of the pauses, no EXISTS of the priority set);
+    with a pause or a job of priority it reads the pauses as before, serves priority
+    first, and a queue paused since the last claim claims nothing."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"), new("b"))
+    got = sent(r, lambda: claim(p, n=1))
+    assert got["hgetall"] == 0 and got["exists"] == 2  # the two keys, and a's state hash
+    enqueue(p, new("hi", priority=5))
+    r.hset(k.paused, "fn:other", NOW)
+    taken: list[Any] = []
+    got = sent(r, lambda: taken.extend(claim(p, n=1)))
+    assert got["hgetall"] == 1 and got["exists"] == 2  # the two keys, and hi's state hash
+    assert [g[0] for g in taken] == ["hi"]
+    r.hdel(k.paused, "fn:other")
+    assert [g[0] for g in claim(p, n=1)] == ["b"]
+    enqueue(p, new("lo"), new("hi2", priority=3))
+    r.hset(k.paused, "queue", NOW)
+    assert claim(p, n=2) == []
+    r.hdel(k.paused, "queue")
+    assert [g[0] for g in claim(p, n=2)] == ["hi2", "lo"]

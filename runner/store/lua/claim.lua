@@ -125,11 +125,20 @@ end
 local max_age = {}
 for typ, ms in string.gmatch(ARGV[9] or '', '(%S+)=(%d+)') do max_age[typ] = tonumber(ms) end
 
--- Pauses: one small read per call. pcall: a damaged pause hash pauses nothing.
+-- Pauses, and whether a job of priority waits: with neither (the common case) one EXISTS
+-- of the two keys answers both (an empty hash or set does not exist). Else the pauses
+-- are read, one small read, and what is left of the count is the priority set. pcall: a
+-- damaged pause hash pauses nothing (it still exists: counted as the pause hash).
 local paused = {}
-local praw = redis.pcall('HGETALL', K.paused)
-if type(praw) == 'table' and not praw.err then
-  for j = 1, #praw, 2 do paused[praw[j]] = true end
+local prio_at_start = false  -- the first round's answer for the priority set (see pop)
+local present = redis.call('EXISTS', K.paused, K.prio)
+if present > 0 then
+  local praw = redis.pcall('HGETALL', K.paused)
+  local has_pauses = type(praw) ~= 'table' or praw.err ~= nil or #praw > 0
+  if type(praw) == 'table' and not praw.err then
+    for j = 1, #praw, 2 do paused[praw[j]] = true end
+  end
+  prio_at_start = present > (has_pauses and 1 or 0)
 end
 if paused['queue'] then return out end
 local any_paused = next(paused) ~= nil
@@ -479,8 +488,10 @@ local function put_back(id)
   end
 end
 -- Pop up to `want` ids: the priority set first (only priority `floor` or more, when
--- set, and nothing from ready), then ready. false: none left.
-local function pop(want)
+-- set, and nothing from ready), then ready. false: none left. The first round knows
+-- whether the priority set exists from the call's first EXISTS; a later one asks again
+-- (a settle may have put a job of priority back, as give_up_reserved does).
+local function pop(want, first)
   local ids
   if floor > 0 then
     -- Priority f or more only: scores below -(f - 1) * 1e13 (see enqueue.lua).
@@ -493,7 +504,7 @@ local function pop(want)
     end
     if #ids == 0 then return false end
     redis.call('ZREM', K.prio, unpack(ids))
-  elseif redis.call('EXISTS', K.prio) == 1 then
+  elseif (first and prio_at_start) or (not first and redis.call('EXISTS', K.prio) == 1) then
     local got = redis.call('ZPOPMIN', K.prio, want)
     ids = {}
     for j = 1, #got, 2 do
@@ -516,7 +527,7 @@ end
 while i < n and popped < n * 4 + cheap and not stop and not refused do
   -- Pop no more than can still be claimed, so every id popped is settled here.
   local want = math.min(n - i, n * 4 + cheap - popped)
-  local ids = pop(want)
+  local ids = pop(want, popped == 0)
   if not ids then break end
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, K.claims, ids)
