@@ -98,3 +98,23 @@ def test_a_claim_asks_for_pauses_and_priority_with_one_exists(p: Project) -> Non
     assert claim(p, n=2) == []
     r.hdel(k.paused, "queue")
     assert [g[0] for g in claim(p, n=2)] == ["hi2", "lo"]
+
+
+def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> None:
+    """An ack learns how many outcomes its done generation holds from the LPUSH of the
+    generation's log (its reply), so it sends no HINCRBY of the generation's count; the
+    count is written once it reaches a quarter of the count bound, and the next ack
+    begins a new generation there, as before (count bound 8: generations of 2)."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    ids = ["a", "b", "c", "d", "e"]
+    enqueue(p, *(new(i) for i in ids))
+    tokens = {g[0]: g[1] for g in claim(p, n=5)}
+    costs = []
+    for n, i in enumerate(ids):
+        costs.append(sent(r, lambda i=i, n=n: sc.ack(k, [Ack(i, tokens[i], "", "noop|1", "")], 100_000,
+                                                     done_max=8, now_ms=NOW + 1 + n)))
+    # Past the first (the minute's PEXPIRE): one HINCRBY each of the throughput and the census.
+    assert [c["hincrby"] for c in costs[1:]] == [2, 2, 2, 2]
+    assert [r.hkeys(k.done(g)) for g in range(3)] == [["a", "b"], ["c", "d"], ["e"]]
+    assert r.lrange(k.done(1) + ":log", 0, -1) == ["d", "c"]
+    assert r.hget(k.done_meta, "gen") == "2"

@@ -202,7 +202,7 @@ for i = 0, n - 1 do
 end
 if #done_ids > 0 then
   local gen = done_gen(K.done_meta, K.done_prefix, now, done_ttl, done_max)
-  done_put(K.done_meta, K.done_prefix, gen, done_ids, outcomes)
+  done_put(K.done_meta, K.done_prefix, gen, done_ids, outcomes, done_max)
   for s = 1, #gone, 4000 do redis.call('DEL', unpack(gone, s, math.min(s + 3999, #gone))) end
   unclaim(K.claims, K.leases, finished)
   -- pcall: a damaged counter loses a count, never the acks (their writes are made). Only

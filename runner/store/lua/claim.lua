@@ -334,7 +334,7 @@ local function settled_as_duplicate(id, jk, sk, rec, f, limits)
   local gen = done_gen(K.done_meta, K.done_prefix, now, done_ttl, done_max)
   local made = tonumber(rec.created_ms)
   done_put(K.done_meta, K.done_prefix, gen, {id}, {typ .. ' ' .. rec.version .. ' ' .. (f[2] or 0) .. ' 0 ' .. now ..
-    ' ' .. hid .. ((made and made > 0 and made <= now) and (' =' .. (now - made)) or '') .. '\n\n'})
+    ' ' .. hid .. ((made and made > 0 and made <= now) and (' =' .. (now - made)) or '') .. '\n\n'}, done_max)
   redis.call('DEL', jk, sk)
   census(K.census, typ .. '|' .. rec.version, -1)
   -- A slot reserved for it when it was woken goes to the next parked job.
