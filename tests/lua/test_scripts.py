@@ -1238,6 +1238,8 @@ def test_claim_with_a_damaged_queue_key_refuses_and_loses_nothing(p: Project) ->
             claim(p, n=2)
         left = ["c", "b", "a"] if name == "scheduled" else ["c", "b", "a", "ghost"]
         assert r.lrange(k.ready, 0, -1) == left, name
+        # What the refused call did settle is counted: the ghost's burial.
+        assert r.hget(k.stats, "dead|?") == ("1" if name == "scheduled" else None), name
         r.delete(damaged)
     assert [g[0] for g in claim(p, n=3)] == ["a", "b", "c"]
     assert structures(p)["dead"] == ["ghost"]

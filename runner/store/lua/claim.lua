@@ -568,6 +568,7 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
 end
 if refused then
   if i == 0 then
+    flush(K.stats)  -- what the call did settle (a burial, a stray) is counted all the same
     return redis.error_reply('claim refused: the ' .. refused .. ' key of this queue holds the wrong Redis type')
   end
   -- Jobs claimed before the damaged key was met keep their claims (nothing of theirs
