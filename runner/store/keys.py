@@ -8,7 +8,8 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:leases:since   ZSET    the same ids -> when claimed (ms): the processing
                                               list's order, which a renewal does not move
     <prefix>:{<queue>}:claims         HASH    claimed job id -> "<token> <attempt> <started_ms> <flags>"
-    <prefix>:{<queue>}:donegen        HASH    the current done generation: gen, since, n
+    <prefix>:{<queue>}:donegen        HASH    the current done generation: gen, since, n (how many it
+                                              holds, written at a quarter of the count bound)
     <prefix>:{<queue>}:done:<gen>     HASH    done job id -> its outcome: type, version, attempt, start,
                                               run time, history, result (see includes/records.lua)
     <prefix>:{<queue>}:done:<gen>:log LIST    the generation's done ids, newest first

@@ -205,12 +205,14 @@ for i = 0, n - 1 do
 end
 if #done_ids > 0 then
   local gen = done_gen(K.done_meta, K.done_prefix, now, done_ttl, done_max)
-  done_put(K.done_meta, K.done_prefix, gen, done_ids, outcomes)
+  done_put(K.done_meta, K.done_prefix, gen, done_ids, outcomes, done_max)
   for s = 1, #gone, 4000 do redis.call('DEL', unpack(gone, s, math.min(s + 3999, #gone))) end
   unclaim(K.claims, K.leases, finished)
-  -- pcall: a damaged counter loses a count, never the acks (their writes are made).
+  -- pcall: a damaged counter loses a count, never the acks (their writes are made). Only
+  -- this script writes the minute's hash, so the ack that makes it (its count is this
+  -- batch's alone) gives it its 6 h expiry; later acks of the minute add to it only.
   local tk = K.tput_prefix .. math.floor(now / 60000)
-  if type(redis.pcall('HINCRBY', tk, 'done', #done_ids)) == 'number' then
+  if redis.pcall('HINCRBY', tk, 'done', #done_ids) == #done_ids then
     redis.call('PEXPIRE', tk, 21600000)
   end
 end

@@ -77,7 +77,9 @@
 -- under limits that no free executor could start (the worker then waits for a free
 -- executor, not for new jobs), 2 when it stopped at its bound of popped ids short of n
 -- claims (parked jobs, strays: ready may hold more, so the worker claims again at once
--- rather than wait for a wake-up), 0 otherwise; then 14 values per claimed job:
+-- rather than wait for a wake-up; or at a key of the queue found damaged after it claimed
+-- jobs, which keep their claims: the next call refuses), 0 otherwise; then 14 values per
+-- claimed job:
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
 --   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched,
 --   2 expired: bury it), meta
@@ -123,11 +125,20 @@ end
 local max_age = {}
 for typ, ms in string.gmatch(ARGV[9] or '', '(%S+)=(%d+)') do max_age[typ] = tonumber(ms) end
 
--- Pauses: one small read per call. pcall: a damaged pause hash pauses nothing.
+-- Pauses, and whether a job of priority waits: with neither (the common case) one EXISTS
+-- of the two keys answers both (an empty hash or set does not exist). Else the pauses
+-- are read, one small read, and what is left of the count is the priority set. pcall: a
+-- damaged pause hash pauses nothing (it still exists: counted as the pause hash).
 local paused = {}
-local praw = redis.pcall('HGETALL', K.paused)
-if type(praw) == 'table' and not praw.err then
-  for j = 1, #praw, 2 do paused[praw[j]] = true end
+local prio_at_start = false  -- the first round's answer for the priority set (see pop)
+local present = redis.call('EXISTS', K.paused, K.prio)
+if present > 0 then
+  local praw = redis.pcall('HGETALL', K.paused)
+  local has_pauses = type(praw) ~= 'table' or praw.err ~= nil or #praw > 0
+  if type(praw) == 'table' and not praw.err then
+    for j = 1, #praw, 2 do paused[praw[j]] = true end
+  end
+  prio_at_start = present > (has_pauses and 1 or 0)
 end
 if paused['queue'] then return out end
 local any_paused = next(paused) ~= nil
@@ -161,6 +172,29 @@ local full_keys = {}
 local cheap = 0  -- ids parked on such a key (see the bound below)
 local i = 0
 local stop = false  -- set by take() for a job that must go back to ready
+-- The other keys of the queue that settling an id may write (or, the done meta, must
+-- read) must be of their type, or a write would fail with ids popped and not yet
+-- anywhere. Each is checked once per call, just before the first settle that needs it
+-- (a plain job needs none of them), and a damaged one is named in `refused`: the id in
+-- hand and the rest go back, and the claim refuses (see the loop below). (The leases,
+-- which every claim writes, are checked before the first round; a damaged stats hash
+-- only loses counts: see flush.)
+local PROBE = {scheduled = 'ZSCORE', dead = 'ZSCORE', done_meta = 'HGET'}
+local KEY_NAME = {scheduled = 'scheduled', dead = 'dead', done_meta = 'done generation'}
+local sound = {}
+local refused = nil
+local function sound_keys(...)
+  for _, kn in ipairs({...}) do
+    if not sound[kn] then
+      if type(redis.pcall(PROBE[kn], K[kn], '')) == 'table' then
+        refused = KEY_NAME[kn]
+        return false
+      end
+      sound[kn] = true
+    end
+  end
+  return true
+end
 -- The gates below settle one popped id each, in claim order (take() runs them): read the
 -- job, hold a paused function's job, end a cancelled one, expire one past its MAX_AGE,
 -- settle a duplicate, hold one back for a rate token or park one under a full limit, and
@@ -200,6 +234,7 @@ end
 local function read_job(id, jk)
   local rec, why = rec_load(jk)
   if not rec then
+    if not sound_keys('done_meta', 'dead') then return nil end
     if done_has(K.done_meta, K.done_prefix, id) then
       tally('stray')  -- done already (its record is gone with it): never run it twice
     else
@@ -215,6 +250,7 @@ local function read_job(id, jk)
     -- pcall: a state key of another type is a damaged record, buried with its reason.
     f = redis.pcall('HMGET', sk, unpack(STATE))
     if f.err then
+      if not sound_keys('dead') then return nil end
       redis.call('RENAME', sk, sk .. ':corrupt')
       bury_raw(jk, id, 'malformed record: its state is not a hash; kept at ' .. sk .. ':corrupt')
       return nil
@@ -223,6 +259,7 @@ local function read_job(id, jk)
   local status = f[1] or 'queued'
   local bad = malformed(rec, f, status)
   if bad then
+    if not sound_keys('dead') then return nil end
     bury_raw(jk, id, bad)
     return nil
   elseif status ~= 'queued' then
@@ -293,10 +330,11 @@ local function settled_as_duplicate(id, jk, sk, rec, f, limits)
   if type(held) ~= 'string' then return false end
   local hid, hhash, state = string.match(held, '^(%S+) (%S+) ?(%S*)')
   if not (state == 'done' and hid ~= id and (rec.idem_hash == '' or rec.idem_hash == hhash)) then return false end
+  if not sound_keys('done_meta') then return true end
   local gen = done_gen(K.done_meta, K.done_prefix, now, done_ttl, done_max)
   local made = tonumber(rec.created_ms)
   done_put(K.done_meta, K.done_prefix, gen, {id}, {typ .. ' ' .. rec.version .. ' ' .. (f[2] or 0) .. ' 0 ' .. now ..
-    ' ' .. hid .. ((made and made > 0 and made <= now) and (' =' .. (now - made)) or '') .. '\n\n'})
+    ' ' .. hid .. ((made and made > 0 and made <= now) and (' =' .. (now - made)) or '') .. '\n\n'}, done_max)
   redis.call('DEL', jk, sk)
   census(K.census, typ .. '|' .. rec.version, -1)
   -- A slot reserved for it when it was woken goes to the next parked job.
@@ -310,6 +348,7 @@ end
 -- (no attempt spent; 'rated' says the token is its own), or expired when that is past
 -- its MAX_AGE.
 local function rate_token(id, rec, f, sk, rates)
+  if not sound_keys('scheduled') then return false end
   local typ = rec.type
   local due = 0
   local not_after = max_age[typ] and tonumber(rec.created_ms) + max_age[typ] or nil
@@ -401,7 +440,11 @@ local function take(id)
   if not rec then return end
   local typ = rec.type
   if any_paused and paused['fn:' .. typ] then return hold_paused(id, rec, sk) end
-  if f[9] then return end_cancelled_run(id, jk, rec) end
+  if f[9] then
+    -- (Its group's countdown may write any of them.)
+    if not sound_keys('scheduled', 'dead', 'done_meta') then return end
+    return end_cancelled_run(id, jk, rec)
+  end
   -- (f[11]: a durable function resumed after a sleep or a wait: MAX_AGE bounds its first start only)
   if max_age[typ] and not f[11] and now - tonumber(rec.created_ms) > max_age[typ] then
     return expire_old(id, rec, f, sk)
@@ -445,8 +488,10 @@ local function put_back(id)
   end
 end
 -- Pop up to `want` ids: the priority set first (only priority `floor` or more, when
--- set, and nothing from ready), then ready. false: none left.
-local function pop(want)
+-- set, and nothing from ready), then ready. false: none left. The first round knows
+-- whether the priority set exists from the call's first EXISTS; a later one asks again
+-- (a settle may have put a job of priority back, as give_up_reserved does).
+local function pop(want, first)
   local ids
   if floor > 0 then
     -- Priority f or more only: scores below -(f - 1) * 1e13 (see enqueue.lua).
@@ -459,7 +504,7 @@ local function pop(want)
     end
     if #ids == 0 then return false end
     redis.call('ZREM', K.prio, unpack(ids))
-  elseif redis.call('EXISTS', K.prio) == 1 then
+  elseif (first and prio_at_start) or (not first and redis.call('EXISTS', K.prio) == 1) then
     local got = redis.call('ZPOPMIN', K.prio, want)
     ids = {}
     for j = 1, #got, 2 do
@@ -479,23 +524,18 @@ end
 -- Bound the work per call: strays, parked jobs and duplicates do not count as claims.
 -- A job parked on a key already known full (a few writes) widens the bound by one, up
 -- to 256, so one key's backlog in ready is parked in few calls, not n * 4 at a time.
-while i < n and popped < n * 4 + cheap and not stop do
+while i < n and popped < n * 4 + cheap and not stop and not refused do
   -- Pop no more than can still be claimed, so every id popped is settled here.
   local want = math.min(n - i, n * 4 + cheap - popped)
-  local ids = pop(want)
+  local ids = pop(want, popped == 0)
   if not ids then break end
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, K.claims, ids)
   local damaged = not ok_h and 'claims' or nil
-  if popped == #ids and not damaged then
-    -- First round: every other key of the queue that settling an id may write must be
-    -- of its type, or a write would fail with ids popped and not yet anywhere.
-    -- (A damaged stats hash only loses counts: see flush.)
-    for _, kn in ipairs({'leases', 'scheduled', 'dead'}) do
-      if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
-    end
-    -- The done generations' meta hash: read for every id without a record.
-    if not damaged and type(redis.pcall('HGET', K.done_meta, 'gen')) == 'table' then damaged = 'done generation' end
+  if popped == #ids and not damaged and type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
+    -- First round: the leases every claim writes must be a sorted set, or the write
+    -- would fail with ids popped and not yet anywhere (the other keys: sound_keys).
+    damaged = 'leases'
   end
   if damaged then
     -- A key of the queue is damaged (another type). Types cannot change within this
@@ -510,7 +550,12 @@ while i < n and popped < n * 4 + cheap and not stop do
       tally('stray')  -- claimed already: never run it twice
     else
       take(id)
-      if stop then
+      if refused then
+        -- A key that settling this id needs is damaged (sound_keys): this id and the rest
+        -- of the round go back, in order, untouched.
+        for q = #ids, j, -1 do put_back(ids[q]) end
+        break
+      elseif stop then
         out[2] = 1
         -- Put back this job and what this round popped after it, in order: the first
         -- pushed to the consumer end is the last taken.
@@ -521,7 +566,18 @@ while i < n and popped < n * 4 + cheap and not stop do
   end
   if #ids < want then break end
 end
-if not stop and i < n and popped >= n * 4 + cheap then out[2] = 2 end
+if refused then
+  if i == 0 then
+    flush(K.stats)  -- what the call did settle (a burial, a stray) is counted all the same
+    return redis.error_reply('claim refused: the ' .. refused .. ' key of this queue holds the wrong Redis type')
+  end
+  -- Jobs claimed before the damaged key was met keep their claims (nothing of theirs
+  -- needs it); the worker claims again at once, and that call, whose first id is the
+  -- one in hand, refuses.
+  out[2] = 2
+elseif not stop and i < n and popped >= n * 4 + cheap then
+  out[2] = 2
+end
 write_leases()
 flush(K.stats)
 return out

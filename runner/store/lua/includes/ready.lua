@@ -1,12 +1,16 @@
 -- Putting a job back in ready and waking idle workers.
 
--- Wake idle workers, keeping the wake-up list short. pcall: a wake-up list damaged to
--- another type must not fail a transition whose writes are already made (workers still
--- poll on their own; the scheduler renames the key aside).
+-- Wake idle workers, keeping the wake-up list short: one push, whose reply is the
+-- length, and a trim to half the bound only once the bound is passed (no worker takes
+-- the tokens), so a wake costs one command, where a length read before each push cost
+-- two at light load. pcall: a wake-up list damaged to another type must not fail a
+-- transition whose writes are already made (workers still poll on their own; the
+-- scheduler renames the key aside).
+local WAKE_MAX = 64
 local function wake(notify_key)
-  local len = redis.pcall('LLEN', notify_key)
-  if type(len) == 'number' and len < 64 then
-    redis.call('LPUSH', notify_key, '1')
+  local len = redis.pcall('LPUSH', notify_key, '1')
+  if type(len) == 'number' and len > WAKE_MAX then
+    redis.call('LTRIM', notify_key, 0, WAKE_MAX / 2 - 1)
   end
 end
 

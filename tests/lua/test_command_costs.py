@@ -1,0 +1,120 @@
+"""What a plain job costs the server in commands, script by script, counted from INFO
+commandstats around one call (it counts the commands a script runs inside it). Light
+load makes every job its own batch, so each command here is paid per job
+(docs/benchmarks.md, "Light load"); these pin the cuts so a later change that brings a
+command back fails here, and each test also checks the state the cut must keep."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from test_scripts import NOW, claim, enqueue, new
+
+from runner.store.scripts import Ack
+
+from conftest import Project
+
+
+@pytest.fixture
+def p(any_project: Project) -> Project:
+    return any_project
+
+
+def counts(r: Any) -> Counter[str]:
+    """Calls per command so far (lower-case names, "cmdstat_" dropped)."""
+    return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()})
+
+
+def sent(r: Any, call: Any) -> Counter[str]:
+    """The commands one call made the server run (the INFO read itself taken out)."""
+    before = counts(r)
+    call()
+    got = counts(r) - before
+    got["info"] -= 1
+    return +got
+
+
+def test_an_ack_in_a_minute_already_counted_leaves_its_expiry_alone(p: Project) -> None:
+    """The minute's throughput hash gets its 6 h expiry when the minute's first ack makes
+    it; a later ack of that minute only adds to it (no PEXPIRE per ack), and the key
+    keeps the expiry it was given."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"), new("b"))
+    ja, jb = claim(p, n=2)
+    tput = k.throughput(NOW // 60_000)
+    first = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
+    assert first["pexpire"] == 1 and 0 < r.pttl(tput) <= 6 * 3600 * 1000
+    later = sent(r, lambda: sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2))
+    assert later["pexpire"] == 0
+    assert r.hget(tput, "done") == "2" and 0 < r.pttl(tput) <= 6 * 3600 * 1000
+
+
+def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Project) -> None:
+    """An enqueue wakes idle workers with one LPUSH on the wake-up list (no LLEN before
+    it): the list still never holds more than 64 tokens, however many enqueues no
+    worker takes, and a worker that comes later finds one to wake it."""
+    r, k = p.runtime.redis, p.keys()
+    one = sent(r, lambda: enqueue(p, new("a")))
+    assert one["llen"] == 0 and one["lpush"] == 2 and r.llen(k.notify) == 1
+    for i in range(200):
+        enqueue(p, new(f"j{i}"))
+        assert 1 <= r.llen(k.notify) <= 64
+    assert r.llen(k.ready) == 201
+
+
+def test_a_plain_claim_checks_only_the_leases_key(p: Project) -> None:
+    """A claim of plain jobs (records in place, nothing to bury, schedule or mark done)
+    checks the type of the leases it writes, once, and of no other key of the queue
+    (the scheduled and dead sets and the done meta are checked only by a settle that
+    needs them: test_scripts' damaged-key tests)."""
+    r = p.runtime.redis
+    enqueue(p, new("a"), new("b"))
+    got = sent(r, lambda: claim(p, n=2))
+    assert got["zscore"] == 1 and got["hget"] == 0
+    assert r.hlen(p.keys().claims) == 2
+
+
+def test_a_claim_asks_for_pauses_and_priority_with_one_exists(p: Project) -> None:
+    """With nothing paused and no job of priority waiting, a claim learns both from one
+    EXISTS of the two keys (no HGETALL of the pauses, no EXISTS of the priority set);
+    with a pause or a job of priority it reads the pauses as before, serves priority
+    first, and a queue paused since the last claim claims nothing."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"), new("b"))
+    got = sent(r, lambda: claim(p, n=1))
+    assert got["hgetall"] == 0 and got["exists"] == 2  # the two keys, and a's state hash
+    enqueue(p, new("hi", priority=5))
+    r.hset(k.paused, "fn:other", NOW)
+    taken: list[Any] = []
+    got = sent(r, lambda: taken.extend(claim(p, n=1)))
+    assert got["hgetall"] == 1 and got["exists"] == 2  # the two keys, and hi's state hash
+    assert [g[0] for g in taken] == ["hi"]
+    r.hdel(k.paused, "fn:other")
+    assert [g[0] for g in claim(p, n=1)] == ["b"]
+    enqueue(p, new("lo"), new("hi2", priority=3))
+    r.hset(k.paused, "queue", NOW)
+    assert claim(p, n=2) == []
+    r.hdel(k.paused, "queue")
+    assert [g[0] for g in claim(p, n=2)] == ["hi2", "lo"]
+
+
+def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> None:
+    """An ack learns how many outcomes its done generation holds from the LPUSH of the
+    generation's log (its reply), so it sends no HINCRBY of the generation's count; the
+    count is written once it reaches a quarter of the count bound, and the next ack
+    begins a new generation there, as before (count bound 8: generations of 2)."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    ids = ["a", "b", "c", "d", "e"]
+    enqueue(p, *(new(i) for i in ids))
+    tokens = {g[0]: g[1] for g in claim(p, n=5)}
+    costs = []
+    for n, i in enumerate(ids):
+        costs.append(sent(r, lambda i=i, n=n: sc.ack(k, [Ack(i, tokens[i], "", "noop|1", "")], 100_000,
+                                                     done_max=8, now_ms=NOW + 1 + n)))
+    # Past the first (the minute's PEXPIRE): one HINCRBY each of the throughput and the census.
+    assert [c["hincrby"] for c in costs[1:]] == [2, 2, 2, 2]
+    assert [r.hkeys(k.done(g)) for g in range(3)] == [["a", "b"], ["c", "d"], ["e"]]
+    assert r.lrange(k.done(1) + ":log", 0, -1) == ["d", "c"]
+    assert r.hget(k.done_meta, "gen") == "2"
