@@ -561,6 +561,43 @@ def test_a_worker_killed_right_after_its_claim_spends_no_attempt(project: Projec
         w2.wait(timeout=30)
 
 
+SLOW_UPGRADE = PWORK + '''
+
+def upgrade(payload, from_version):
+    # A step of the child's own before the handler (as validating a big payload, or a
+    # fresh child's first build of a context): seconds, when the test asks for them.
+    if os.environ.get("UPGRADE_S"):
+        open(os.path.join(os.environ["RECORD_DIR"], "upgrading"), "w").close()
+        time.sleep(float(os.environ["UPGRADE_S"]))
+    return payload
+'''
+
+
+def test_on_a_mixed_queue_a_process_job_spends_its_attempt_when_its_handler_starts(project: Project) -> None:
+    """A queue with thread functions beside a process-isolated one: a job claimed for a
+    ready child, its worker killed with its worker while the child still prepares it (here an
+    upgrade of its payload) charges nothing; it used to spend its attempt at the claim,
+    as a thread job does, and go dead as "worker lost" with MAX_ATTEMPTS = 1, its handler
+    never run. The next worker runs it as attempt 1."""
+    project.add_function("pwork", SLOW_UPGRADE)
+    (project.root / "schemas" / "pwork" / "v2.json").write_text('{"type": "object"}')
+    project.write_config(vt=2, concurrency=1, prefetch=0, max_attempts=1, fast="max_timeout = 600")
+    assert any(f.isolation == "thread" for f in project.runtime.registry.for_queue("fast"))
+    w = spawn_leader(project, "fast", env={"UPGRADE_S": "30"})
+    warm = project.client.enqueue("pwork", {}).id  # (v2: no upgrade) its child is ready after it
+    assert wait_final(project, [warm], timeout=30)[warm]["status"] == "done"
+    job = project.client.enqueue("pwork", {}, version=1).id
+    wait_for(lambda: (project.records / "upgrading").exists(), timeout=30, what="the child to prepare the job")
+    assert rec(project, job)["attempt"] == 0, rec(project, job)
+    os.killpg(w.pid, signal.SIGKILL)
+    w.wait(timeout=10)
+    assert not project.runs(job)
+    spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done" and final["attempt"] == 1, final
+    assert len(project.runs(job)) == 1
+
+
 CLEAN_ENV = '''
 import os, subprocess
 QUEUE = "fast"
