@@ -962,9 +962,11 @@ class Executors:
         return carry
 
     def _in_child(self, run: Run, fn: Function, index: int, generation: int, grace: float) -> Settlement:
-        """One run in slot ``index``'s child, its settlement returned (a traced run)."""
+        """One run in slot ``index``'s child, its settlement returned (a traced run: the
+        child makes the run's span current around the handler, tracing.within)."""
         cr = _ChildRun(self, run, fn, direct=False)
-        self._slots[index].run([cr], generation, self._extra(run.job), self.releasing.is_set)
+        extra = {**self._extra(run.job), "traceparent": tracing.current_traceparent()}
+        self._slots[index].run([cr], generation, extra, self.releasing.is_set)
         assert cr.settlement is not None
         return cr.settlement
 
