@@ -1,7 +1,9 @@
 """OpenTelemetry spans for a job's life (``pip install 'runner-redis[otel]'``): enqueue
 (the producer's, whose W3C traceparent travels in the job), wait (from ready to start),
 run (a child of the enqueue and linked to it, with the job's id, type, attempt, queue and
-outcome) and settle (the write of the outcome, a child of the run).
+outcome) and settle (the write of the outcome, a child of the run). A handler's own spans
+are the run's children, in a thread and in a child process alike (``within``: the child
+gets the run's traceparent with its job).
 
 Jobs that jobs make stay in the producer's trace: a ``ctx.enqueue`` follow-up's enqueue
 span is a child of the run that asked for it, an ON_SUCCESS/ON_FAILURE destination's of
@@ -167,6 +169,24 @@ def batch_span(type_: str, queue: str, members: Sequence[tuple[str, str]]) -> It
                                          kind=trace.SpanKind.CONSUMER, attributes=attrs, links=links,
                                          record_exception=False, set_status_on_exception=False) as span:
         yield span
+
+
+@contextlib.contextmanager
+def within(traceparent: str | None) -> Iterator[None]:
+    """Make the span ``traceparent`` names current meanwhile: a run span that another
+    process records (the worker's, around a handler in a child process), so that the
+    handler's own spans there, a ``client.emit`` among them, nest under it as they do
+    in a thread. A no-op when off or with none."""
+    if not traceparent or not enabled():
+        yield
+        return
+    from opentelemetry import context
+
+    token = context.attach(_PROPAGATOR.extract({"traceparent": traceparent}))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def outcome(span: Any, outcome_: str, error: dict[str, Any] | None = None) -> None:

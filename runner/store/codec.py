@@ -310,7 +310,7 @@ def not_json(value: Any) -> tuple[str, str] | None:
         _check_ints(value, "$")
     except ValueError as exc:
         return getattr(exc, "path", "$"), str(exc)
-    why = _unstorable(value, "$")
+    why = _unstorable(value, "$", str_keys=True)
     if why:
         return "$", why
     try:
@@ -373,22 +373,33 @@ def _json_like(obj: Any) -> bytes:
     try:
         return json.dumps(obj, default=other, allow_nan=False, separators=(",", ":"),
                           ensure_ascii=False).encode()
-    except (TypeError, ValueError):
-        raise NotStorable(_unstorable(obj, "$")) from None
+    except (TypeError, ValueError) as exc:
+        # (Never blank: should the walk find nothing, json's own words say what it refused.)
+        raise NotStorable(_unstorable(obj, "$") or f"the value at $ is not JSON ({exc})") from None
 
 
-def _unstorable(node: Any, path: str) -> str:
+def _unstorable(node: Any, path: str, str_keys: bool = False) -> str:
+    """What in ``node`` JSON cannot hold, with its path ("" for nothing). ``str_keys``: a
+    key must be a string (a payload's, a checkpoint's; a result's may be a number, written
+    as json writes it)."""
     if isinstance(node, dict):
         for k, v in node.items():
-            if not isinstance(k, str | int | float | bool) and k is not None:
+            if isinstance(k, str):
+                pass
+            elif str_keys:
+                return f"the key {k!r} at {path} is a {type(k).__name__}; keys here must be strings (use str(key))"
+            elif not isinstance(k, int | float | bool) and k is not None:
                 return f"the key {k!r} at {path} is a {type(k).__name__}; keys must be strings or numbers"
-            found = _unstorable(v, f"{path}.{k}")
+            elif isinstance(k, float) and not math.isfinite(k):
+                return (f"the key {k!r} at {path} is a number JSON cannot hold (NaN and infinities have no JSON "
+                        "form); use a string key in its place")
+            found = _unstorable(v, f"{path}.{k}", str_keys)
             if found:
                 return found
         return ""
     if isinstance(node, list | tuple):
         for i, v in enumerate(node):
-            found = _unstorable(v, f"{path}[{i}]")
+            found = _unstorable(v, f"{path}[{i}]", str_keys)
             if found:
                 return found
         return ""

@@ -53,13 +53,11 @@ def runner_project(pytestconfig: pytest.Config) -> Path:
 @pytest.fixture
 def runner_harness(runner_server: Server, runner_project: Path,
                    monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    if not (runner_project / "functions").is_dir() and not (runner_project / "runner.toml").is_file():
-        # (Else every enqueue fails later as "unknown function ... (no function is loaded)".)
-        below = sorted(p.parent.name for p in runner_project.glob("*/functions") if p.is_dir())
-        hint = f"runner_project = {below[0]}" if below else "runner_project = <the folder>"
-        pytest.fail(f"runner's pytest plugin found no functions/ nor runner.toml in {runner_project}: point it at "
-                    f"your project's folder with `{hint}` under [pytest] in pytest.ini (or [tool.pytest.ini_options] "
-                    "in pyproject.toml), relative to the rootdir, or override the runner_project fixture")
+    # (Else every enqueue fails later as "unknown function ... (no function is loaded)", or
+    # the test runs with the default config instead of the project's.)
+    problem = _layout_problem(runner_project)
+    if problem:
+        pytest.fail(problem)
     harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed)
     for name, value in harness.env.items():
         if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):
@@ -69,6 +67,46 @@ def runner_harness(runner_server: Server, runner_project: Path,
             yield harness
     finally:
         harness.close()
+
+
+_INI = "under [pytest] in pytest.ini (or [tool.pytest.ini_options] in pyproject.toml), relative to the rootdir"
+
+
+def _layout_problem(root: Path) -> str | None:
+    """What keeps the project at ``root`` from loading as laid out, said with what was
+    found, where the plugin looked and what to set; None when it loads. Its functions
+    folder is runner.toml's ``[functions] dir`` (default: functions/ beside runner.toml)."""
+    toml, functions = root / "runner.toml", root / "functions"
+    below = sorted(p for p in root.glob("*/functions") if p.is_dir())
+    tomls = sorted(p for p in root.glob("*/runner.toml") if p.is_file())
+    if not toml.is_file() and not functions.is_dir():
+        hint = f"runner_project = {below[0].parent.name}" if below else "runner_project = <the folder>"
+        return (f"runner's pytest plugin found no functions/ nor runner.toml in {root}: point it at your "
+                f"project's folder with `{hint}` {_INI}, or override the runner_project fixture")
+    if not toml.is_file():
+        if not tomls:
+            return None  # functions alone: the default config serves them
+        there = tomls[0].parent
+        return (f"runner's pytest plugin found {functions} but no runner.toml at {toml}; it found "
+                f"{tomls[0]}: point the plugin there with `runner_project = {there.name}` {_INI}, and in that "
+                'runner.toml set `dir = "../functions"` and `schemas = "../schemas"` under [functions] (paths '
+                "there are relative to runner.toml's folder); or move runner.toml beside functions/")
+    from runner.testing.harness import load_config  # (the config's own errors name file and key)
+
+    config = load_config(root, os.environ)
+    if config.functions_dir.is_dir():
+        return None
+    found = [p for p in below if p != config.functions_dir]
+    if not found:
+        return (f"runner's pytest plugin found {toml} but no functions folder at {config.functions_dir}: create "
+                f"it, or set `dir = \"<folder>\"` under [functions] in {toml} (relative to its folder)")
+    rel = found[0].relative_to(root).as_posix()
+    schemas = found[0].parent / "schemas"
+    also = f' and `schemas = "{schemas.relative_to(root).as_posix()}"`' if schemas.is_dir() else ""
+    return (f"runner's pytest plugin found {toml} but no functions folder at {config.functions_dir}; it found "
+            f"{found[0]}: set `dir = \"{rel}\"`{also} under [functions] in {toml} (relative to its folder); or, "
+            f"if {found[0].parent} is a project of its own, point the plugin there with "
+            f"`runner_project = {found[0].parent.name}` {_INI}")
 
 
 def _send_committed() -> None:

@@ -53,6 +53,7 @@ from runner.catalog import registry as registry_mod
 from runner.catalog.registry import Registry
 from runner.client import Enqueued
 from runner.errors import JobTimeout, RunnerError, raise_refusal
+from runner.observe import tracing
 from runner.observe.logs import setup as setup_logs
 from runner.worker import affinity, batching
 from runner.worker.channel import Channel
@@ -491,7 +492,8 @@ class Child:
                 resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(fn.memory_mb * 2**20), limit[1]))
             signal.setitimer(signal.ITIMER_REAL, max(0.001, fn.timeout_s))
             try:
-                with _captured(ctx.logger):
+                # (Traced: the worker's run span is the current span of the handler's own.)
+                with _captured(ctx.logger), tracing.within(msg.get("traceparent")):
                     return body()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)

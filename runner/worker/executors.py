@@ -95,6 +95,7 @@ class Executors:
         self._busy: set[int] = set()  # slots running a job (startable reads it unlocked: a hint)
         self._generations = Generations()
         self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)
+        self._later: tuple[object, str] = (None, "")  # (registry, its functions that run in a child)
         self._enqueuer: Client | None = None
         # BATCH batches being gathered, by (function, rendered key): see _gather_members.
         self._gathering: dict[tuple[int, str], _Gathering] = {}
@@ -845,14 +846,19 @@ class Executors:
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
 
-    def charge_later(self) -> bool:
-        """Claims spend no attempt, not even for a job that starts at once: every function
-        of the queue runs in a child process, and the child says when its handler starts
-        (slot.py), which is when the attempt counts. (A child's first job waited after its
-        claim for the child to validate the payload and build its context: a second on a
-        fresh child, where a worker killed in between charged "worker lost" to a job whose
-        handler never ran.)"""
-        return self._process_only()
+    def charge_later(self) -> str:
+        """The queue's functions whose claims spend no attempt, not even for a job that
+        starts at once, "<type> ...": those that run in a child process, whose child says
+        when its handler starts (slot.py), which is when the attempt counts, whatever else
+        the queue runs. (A child's first job waited after its claim for the child to
+        validate the payload and build its context: a second on a fresh child, where a
+        worker killed in between charged "worker lost" to a job whose handler never ran.)
+        A thread function's job spends its attempt at the claim."""
+        reg = self.rt.registry
+        if self._later[0] is not reg:
+            self._later = (reg, " ".join(sorted(f.name for f in reg.for_queue(self.q.name)
+                                                if f.isolation == "process")))
+        return self._later[1]
 
     def _process_only(self) -> bool:
         """Every function of the queue runs in a child process (see startable)."""
@@ -983,9 +989,11 @@ class Executors:
         return carry
 
     def _in_child(self, run: Run, fn: Function, index: int, generation: int, grace: float) -> Settlement:
-        """One run in slot ``index``'s child, its settlement returned (a traced run)."""
+        """One run in slot ``index``'s child, its settlement returned (a traced run: the
+        child makes the run's span current around the handler, tracing.within)."""
         cr = _ChildRun(self, run, fn, direct=False)
-        self._slots[index].run([cr], generation, self._extra(run.job), self.releasing.is_set)
+        extra = {**self._extra(run.job), "traceparent": tracing.current_traceparent()}
+        self._slots[index].run([cr], generation, extra, self.releasing.is_set)
         assert cr.settlement is not None
         return cr.settlement
 
@@ -1018,9 +1026,9 @@ class _Gathering:
 class _ChildRun:
     """One run fed to a child process (slot.Feed): its start mark, its handler's ctx calls
     and its settlement. Its attempt counts when its handler starts, as its child says
-    (child.py: "began" for a batch's first, "next" or "started" for the others): on a
-    queue whose functions all run in child processes nothing is spent at the claim
-    (charge_later), and the start mark goes with the settler's next batch. When the job
+    (child.py: "began" for a batch's first, "next" or "started" for the others): nothing
+    is spent at the claim (charge_later), and the start mark goes with the settler's next
+    batch. When the job
     must wait for its child to start, the claim is held first (no attempt counts should
     this worker die in the wait, however often; hold.lua), and the hold ends when the child
     is ready, leaving it claimed ahead until the start."""

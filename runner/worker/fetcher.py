@@ -9,8 +9,10 @@ so none starves; only after a whole round of empty answers does the fetcher bloc
 every partition at once (store/bell.py).
 
 A claim tells Redis how many of its jobs go to executors that are free now: those spend
-their attempt at once, the rest are prefetched and spend it when they start. A claim
-that lands after the stop began (Redis was slow) is handed straight back."""
+their attempt at once (unless their function runs in a child process: its child says
+when the handler starts, and the attempt counts from there), the rest are prefetched and
+spend it when they start. A claim that lands after the stop began (Redis was slow) is
+handed straight back."""
 
 from __future__ import annotations
 
@@ -85,10 +87,10 @@ class Fetcher:
         # those whose child is ready; the rest claim ahead, spending nothing until their
         # handler has the job). Set by the queue's runner.
         self.startable: Callable[[int], int] = lambda idle: idle
-        # Whether the jobs claimed to start at once spend their attempt only when their
-        # executor says the handler started (a queue whose handlers all run in child
-        # processes: the child reports it). Set by the queue's runner.
-        self.charge_later: Callable[[], bool] = lambda: False
+        # The functions whose jobs, claimed to start at once, spend their attempt only when
+        # their executor says the handler started ("<type> ...": those that run in child
+        # processes, whose child reports it; see claim.lua). Set by the queue's runner.
+        self.charge_later: Callable[[], str] = lambda: ""
 
     def _label(self, p: int) -> str:
         """A partition as the log names it (a queue of one: nothing more to say)."""
@@ -228,7 +230,7 @@ class Fetcher:
                 k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
                 done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
                 later=later,
-            ), partition, later)
+            ), partition)
         # Waiting for work (a queue of one partition): the claim goes behind the wait, and
         # Redis runs it the moment a wake-up comes (or BELL_S passes), so at light load a
         # job costs the fetcher one round trip and one wake-up, not a BLPOP and a claim.
@@ -238,14 +240,14 @@ class Fetcher:
             done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
             later=later,
         )
-        got = self._take(reply, partition, later)
+        got = self._take(reply, partition)
         if isinstance(rang, BaseException):
             raise rang  # the wait failed (a damaged notify list): the claim's jobs are taken
         return got
 
-    def _take(self, reply: Any, partition: int, later: bool = False) -> tuple[int, int]:
+    def _take(self, reply: Any, partition: int) -> tuple[int, int]:
         """Hand a claim's jobs to the executors (or back, during the stop); returns what
-        claim returns. ``later``: the claim spent no attempt (see charge_later)."""
+        claim returns."""
         now, held = int(reply[0]), int(reply[1])  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
@@ -264,7 +266,7 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started == EXPIRED or (started != 0 and not later), meta, "", partition))
+                              started != 0, meta, "", partition))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)

@@ -561,6 +561,43 @@ def test_a_worker_killed_right_after_its_claim_spends_no_attempt(project: Projec
         w2.wait(timeout=30)
 
 
+SLOW_UPGRADE = PWORK + '''
+
+def upgrade(payload, from_version):
+    # A step of the child's own before the handler (as validating a big payload, or a
+    # fresh child's first build of a context): seconds, when the test asks for them.
+    if os.environ.get("UPGRADE_S"):
+        open(os.path.join(os.environ["RECORD_DIR"], "upgrading"), "w").close()
+        time.sleep(float(os.environ["UPGRADE_S"]))
+    return payload
+'''
+
+
+def test_on_a_mixed_queue_a_process_job_spends_its_attempt_when_its_handler_starts(project: Project) -> None:
+    """A queue with thread functions beside a process-isolated one: a job claimed for a
+    ready child, its worker killed with its worker while the child still prepares it (here an
+    upgrade of its payload) charges nothing; it used to spend its attempt at the claim,
+    as a thread job does, and go dead as "worker lost" with MAX_ATTEMPTS = 1, its handler
+    never run. The next worker runs it as attempt 1."""
+    project.add_function("pwork", SLOW_UPGRADE)
+    (project.root / "schemas" / "pwork" / "v2.json").write_text('{"type": "object"}')
+    project.write_config(vt=2, concurrency=1, prefetch=0, max_attempts=1, fast="max_timeout = 600")
+    assert any(f.isolation == "thread" for f in project.runtime.registry.for_queue("fast"))
+    w = spawn_leader(project, "fast", env={"UPGRADE_S": "30"})
+    warm = project.client.enqueue("pwork", {}).id  # (v2: no upgrade) its child is ready after it
+    assert wait_final(project, [warm], timeout=30)[warm]["status"] == "done"
+    job = project.client.enqueue("pwork", {}, version=1).id
+    wait_for(lambda: (project.records / "upgrading").exists(), timeout=30, what="the child to prepare the job")
+    assert rec(project, job)["attempt"] == 0, rec(project, job)
+    os.killpg(w.pid, signal.SIGKILL)
+    w.wait(timeout=10)
+    assert not project.runs(job)
+    spawn_leader(project, "fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done" and final["attempt"] == 1, final
+    assert len(project.runs(job)) == 1
+
+
 CLEAN_ENV = '''
 import os, subprocess
 QUEUE = "fast"
@@ -639,12 +676,34 @@ def test_children_that_keep_dying_at_start_bury_no_job(project: Project) -> None
     assert r["status"] == "queued" and r["attempt"] == 0, r
 
 
-# A known defect, not a flake to hide: on a loaded machine (the suite at -n 4 on two cores)
-# the attempt was seen spent before a fresh child's handler ran in 3 of about 10 runs; it
-# holds on a quiet one. It stays in the default run, reported, until the start mark is
-# ordered after the child's first line.
-@pytest.mark.xfail(strict=False, reason="under load an attempt can still show spent before a fresh child's "
-                   "handler runs (an open defect of the start mark)")
+STACKS = PWORK + '''
+import __main__, faulthandler, signal
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    # SIGUSR1 writes where each thread of the child is (the test freezes the child first).
+    _stacks = open(os.path.join(os.environ["RECORD_DIR"], f"stacks-{os.getpid()}"), "w")
+    faulthandler.register(signal.SIGUSR1, file=_stacks, all_threads=True)
+'''
+
+
+def _child_of(pid: int) -> int | None:
+    """The child process (runner.worker.child) of the worker ``pid``, once it has one."""
+    for p in _children_of(pid):
+        with contextlib.suppress(OSError):
+            if b"runner.worker.child" in Path(f"/proc/{p}/cmdline").read_bytes():
+                return p
+    return None
+
+
+def _stacks_of(project: Project, pid: int) -> str:
+    """Where each thread of the stopped child ``pid`` is: SIGUSR1 is pending when SIGCONT
+    wakes it, so its handler writes the stacks before another line of Python runs."""
+    os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signal.SIGCONT)
+    out = project.records / f"stacks-{pid}"
+    return wait_for(lambda: (text := out.read_text()) and "<module>" in text and text, timeout=10,
+                    what=f"the stacks of the child {pid}")
+
+
 @pytest.mark.parametrize("resource", [False, True])
 def test_no_attempt_shows_spent_before_a_fresh_childs_handler_runs(project: Project, resource: bool) -> None:
     """At worker start (a fresh child), the attempt was marked when the child said it was
@@ -652,22 +711,35 @@ def test_no_attempt_shows_spent_before_a_fresh_childs_handler_runs(project: Proj
     handler ran: a worker SIGKILLed as soon as the attempt showed buried a MAX_ATTEMPTS = 1
     job as "worker lost", its handler never run (with or without RESOURCE_KEY, whose jobs
     are never claimed ahead). The attempt is spent when the handler starts: whenever it
-    shows, the handler has the job."""
-    source = PWORK.replace("MAX_ATTEMPTS = 1", 'MAX_ATTEMPTS = 1\nRESOURCE_KEY = "r:{k}"') if resource else PWORK
+    shows, the handler has the job. The child is frozen (SIGSTOP) at each look at the
+    attempt, so what it shows and where the child is are one moment: either the handler
+    has run its first line, or the child is in the call to it (``guard`` in child.py,
+    which says "began", then calls the handler), past the payload's validation and the
+    context. (A worker killed right then charges an attempt whose handler was called; the
+    test used to kill there and read the handler's first line, a race it lost under load.)"""
+    source = STACKS.replace("MAX_ATTEMPTS = 1", 'MAX_ATTEMPTS = 1\nRESOURCE_KEY = "r:{k}"') if resource else STACKS
     project.add_function("pwork", source, '{"type": "object", "properties": {"k": {"type": "string"}}}')
     only_functions(project, "pwork")
     project.write_config(vt=2, concurrency=1, prefetch=0, max_attempts=1, fast="max_timeout = 600")
     for _ in range(2):
         job = project.client.enqueue("pwork", {"k": "a"}).id
         w = spawn_leader(project, "fast")
-        deadline = time.monotonic() + 30
-        while not rec(project, job).get("attempt") and time.monotonic() < deadline:
-            pass
-        ran = bool(project.runs(job))
-        os.killpg(w.pid, signal.SIGKILL)
-        w.wait(timeout=10)
-        w2 = spawn_leader(project, "fast")
-        final = wait_final(project, [job], timeout=60)[job]
-        assert ran or final["status"] == "done", (final, "charged before its handler ran", project.runs(job))
-        w2.send_signal(signal.SIGTERM)
-        w2.wait(timeout=30)
+        child = wait_for(lambda w=w: _child_of(w.pid), timeout=30, what="the worker's child process")
+
+        def spent(child: int = child, job: str = job) -> bool:
+            os.kill(child, signal.SIGSTOP)
+            if rec(project, job)["attempt"]:
+                return True  # (left stopped)
+            os.kill(child, signal.SIGCONT)
+            return False
+
+        wait_for(spent, timeout=60, interval=0.005, what="the attempt to show spent")
+        try:
+            if not project.runs(job):
+                stacks = _stacks_of(project, child)
+                assert 'child.py", line' in stacks and " in guard\n" in stacks, stacks
+        finally:
+            os.killpg(w.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+            w.wait(timeout=10)

@@ -380,3 +380,32 @@ def test_greet(runner_client):
     result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*no functions/ nor runner.toml in {pytester.path}:*runner_project = backend*"])
+
+
+@pytest.mark.parametrize("moved", ["functions", "runner.toml"])
+def test_a_project_split_between_folders_is_named_in_the_error(pytester: pytest.Pytester, moved: str) -> None:
+    """runner.toml at the rootdir and functions/ (with schemas/) in backend/, or the
+    reverse: the fixtures used to fail with only "unknown function 'greet'", or ran with
+    the default config instead of the project's. The error names what the plugin found,
+    where it looked, and what to set."""
+    _project(pytester)
+    backend = pytester.path / "backend"
+    backend.mkdir()
+    for name in (("functions", "schemas") if moved == "functions" else ("runner.toml",)):
+        (pytester.path / name).rename(backend / name)
+    pytester.makepyfile(test_split='''
+def test_greet(runner_client):
+    runner_client.enqueue("greet", {"name": "a"})
+''')
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(errors=1)
+    root, out = pytester.path, " ".join(result.stdout.str().split())
+    if moved == "functions":
+        said = [f"found {root / 'runner.toml'} but no functions folder at {root / 'functions'}",
+                f"it found {backend / 'functions'}",
+                'set `dir = "backend/functions"` and `schemas = "backend/schemas"` under [functions]']
+    else:
+        said = [f"found {root / 'functions'} but no runner.toml at {root / 'runner.toml'}",
+                f"it found {backend / 'runner.toml'}", "`runner_project = backend`",
+                'set `dir = "../functions"` and `schemas = "../schemas"` under [functions]']
+    assert all(s in out for s in said), (said, out)

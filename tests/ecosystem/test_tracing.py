@@ -5,6 +5,7 @@ off and the job carries nothing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -283,6 +284,38 @@ def handle_batch(payloads, ctx):
 '''
 
 
+EMITTER = '''
+import __main__, json
+from runner.client import Client
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    # A child process is an interpreter of its own: its spans go to a file the test reads.
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    class ToFile(SpanExporter):
+        def export(self, spans):
+            with open({spans!r}, "a") as f:
+                for s in spans:
+                    f.write(json.dumps({{"name": s.name, "trace_id": s.context.trace_id, "span_id": s.context.span_id,
+                                        "parent": s.parent.span_id if s.parent else None}}) + "\\n")
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(ToFile()))
+    trace.set_tracer_provider(provider)
+
+
+def handle(payload, ctx):
+    with Client.from_config({config!r}) as client:
+        client.emit("traced.emitted", {{}})
+    return None
+'''
+
+
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_batch_call_is_one_span_linked_to_each_jobs_trace(project: Project, isolation: str) -> None:
     """A handle_batch call is one span, linked to the enqueue span of each member (each in
@@ -318,3 +351,32 @@ def test_a_batch_call_is_one_span_linked_to_each_jobs_trace(project: Project, is
     if isolation == "thread":
         inside = _spans("inside")
         assert inside and all(s.parent is not None and s.parent.span_id in by_id for s in inside)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_an_emit_from_a_handler_is_a_span_of_its_jobs_run(project: Project, isolation: str) -> None:
+    """A handler's client.emit is one enqueue span, a child of the job's run span, in
+    both isolations. In a child process it used to start a trace of its own: the run span
+    is the worker's, and nothing made it the handler's current span there."""
+    spans_file = project.root / "child-spans.jsonl"
+    project.add_function("emitter", EMITTER.format(isolation=isolation, spans=str(spans_file),
+                                                   config=str(project.root / "runner.toml")))
+    w = Worker(project.runtime, ["fast"])
+    w.start()
+    try:
+        EXPORTER.clear()
+        tracer = trace.get_tracer("test")
+        with tracer.start_as_current_span("request"):
+            job = project.client.enqueue("emitter", {})
+        assert project.client.wait(job.id, timeout_s=30).status == "done"
+        run = _one("run emitter")
+        if isolation == "thread":
+            emit = _one("enqueue event traced.emitted")
+            got = (emit.context.trace_id, emit.parent.span_id if emit.parent else None)
+        else:
+            lines = [json.loads(x) for x in spans_file.read_text().splitlines()]
+            (emitted,) = [x for x in lines if x["name"] == "enqueue event traced.emitted"]
+            got = (emitted["trace_id"], emitted["parent"])
+        assert got == (run.context.trace_id, run.context.span_id)
+    finally:
+        w.stop(grace_s=5)

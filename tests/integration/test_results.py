@@ -32,6 +32,8 @@ def handle(payload, ctx):
         return {{"n": 2**70 + 1, "m": [-(10**30) - 7], "s": "12345678901234567890123"}}
     if payload.get("kind") == "nan":
         return {{"v": [1.5, float("nan")], "w": float("inf")}}
+    if payload.get("kind") == "nan-key":
+        return {{"ok": {{float("nan"): 1}}}}
     if payload.get("kind") == "keyed-object":
         return {{200: {{"when": object()}}}}
     return "x" * n
@@ -251,6 +253,22 @@ def test_a_result_holding_nan_is_refused_as_not_json(project: Project, isolation
     assert rec["status"] == "dead", rec
     assert rec["last_error"]["type"] == "ResultNotJSON", rec["last_error"]
     assert "$.v[1]" in rec["last_error"]["message"] and "nan" in rec["last_error"]["message"], rec["last_error"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_result_with_a_nan_key_says_what_was_refused_and_what_to_do(project: Project, isolation: str) -> None:
+    """A number key is written as json writes it, but NaN has no JSON form: the job used
+    to go dead with nothing said of what was refused ("not JSON: ; ..."). Its error names
+    the key and its path, and says to use a string key."""
+    _add_returns(project, isolation)
+    c = project.client
+    job = c.enqueue("returns", {"n": 0, "kind": "nan-key"})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert rec["status"] == "dead", rec
+    message = rec["last_error"]["message"]
+    assert rec["last_error"]["type"] == "ResultNotJSON", rec["last_error"]
+    assert "the key nan at $.ok" in message and "use a string key" in message, message
 
 
 def test_a_result_with_integers_past_64_bits_reads_back_with_every_digit(project: Project) -> None:

@@ -295,6 +295,26 @@ def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Projec
     assert rc["history"] == unstarted + f',{{"attempt":1,"outcome":"worker lost","at_ms":{NOW + 3 * LEASE}}}'
 
 
+def test_a_claim_spends_at_once_only_for_the_types_not_named_later(p: Project) -> None:
+    """On a queue that mixes thread functions with functions run in child processes, the
+    claim decides per job: a job of a type named in ``later`` (a child's), claimed to start
+    at once, carries 'p' and reads started 0, so its attempt counts at its start mark, and
+    a lapse before that gives it back unspent once; a job of any other type spends its
+    attempt at the claim (started 1), and its lapse counts."""
+    enqueue(p, new("t", type_="noop"), new("c", type_="child"), new("u", type_="child"))
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    reply = list(sc.claim(k, n=3, start=3, lease_ms=LEASE, token_base="w.1", dead_ttl_ms=10_000_000,
+                          done_ttl_ms=10_000_000, now_ms=NOW, later="other child"))
+    got = {g[0]: g for g in (reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS))}
+    assert {j: (g[2], g[12]) for j, g in got.items()} == {"t": (1, 1), "c": (1, 0), "u": (1, 0)}
+    assert r.hget(k.claims, "t").split()[3] == "-"
+    assert r.hget(k.claims, "c").split()[3] == "p" and rec(p, "c")["attempt"] == "0"
+    assert sc.start(k, [("u", got["u"][1])], now_ms=NOW + 5) == [1]
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + LEASE)) == [3, 0]
+    assert raw(p, "t")["attempt"] == "1" and raw(p, "u")["attempt"] == "1"
+    assert raw(p, "c")["attempt"] == "0" and state(p, "c")["refunds"] == "1"
+
+
 def test_a_held_claim_lapses_without_spending_however_often(p: Project) -> None:
     """hold.lua marks a claim that waits for its executor (a child process starting) 'p'
     and 'h', started at the claim or not: its lease lapsing gives the job back spending

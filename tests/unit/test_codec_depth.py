@@ -76,3 +76,16 @@ def test_a_wide_value_with_many_brackets_is_never_walked_in_python(monkeypatch: 
     with pytest.raises(codec.TooDeep):
         codec.dumpb_checked({"a": nest(codec.MAX_DEPTH)})
     assert walked, "past the limit the walk names the path"
+
+
+def test_a_nan_key_is_refused_with_what_and_where() -> None:
+    """A key JSON has no form for (NaN, an infinity) is named with its path and what to do
+    instead, in a result (where number keys become strings) and in a payload (where keys
+    must be strings); the result's error used to be blank."""
+    with pytest.raises(codec.NotStorable) as exc:
+        codec.dumpb_result({"a": [{float("nan"): 1}]})
+    assert "the key nan at $.a[0]" in str(exc.value) and "use a string key" in str(exc.value)
+    with pytest.raises(codec.NotStorable, match="the key inf at \\$ "):
+        codec.dumpb_result({float("inf"): 1})
+    assert codec.not_json({"p": {float("nan"): 1}}) == ("$", "the key nan at $.p is a float; keys here must be "
+                                                        "strings (use str(key))")

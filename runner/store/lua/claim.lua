@@ -6,7 +6,8 @@
 -- spending an attempt, to be woken by the release that frees a slot.
 --
 -- The first k jobs claimed go to executors that are free now: their attempt is spent at
--- once. The rest are claimed ahead (prefetched): their claims carry 'p' and spend nothing
+-- once, unless their function runs in a child process (ARGV[11]): then it is spent when
+-- the child says the handler started, as for a prefetched job. The rest are claimed ahead (prefetched): their claims carry 'p' and spend nothing
 -- until the worker marks them started (start.lua). A job under limits is never
 -- prefetched: reaching one past the first k puts it back at the consumer end of ready
 -- and ends the call, so no prefetched job holds a slot it cannot use yet.
@@ -57,10 +58,11 @@
 -- ARGV[10] priority floor, 0-9 ('' or 0: none): a floor f > 0 claims only jobs of
 --          priority f or more (another partition of the queue holds one of f, which must
 --          start first: see the fetcher), none from ready
--- ARGV[11] '1': the first k start at once but spend their attempt later, as prefetched
---          jobs do ('p', start.lua), when their executor says the handler started (a
---          queue whose handlers all run in child processes: its child reports the start;
---          a worker killed before then charges nothing, see reclaim.lua); '' otherwise
+-- ARGV[11] the types whose jobs, among the first k, start at once but spend their
+--          attempt later, as prefetched jobs do ('p', start.lua), when their executor
+--          says the handler started, "<type> <type> ..." ('' none): the functions that run
+--          in child processes, whose child reports the start (a worker killed before then
+--          charges nothing, see reclaim.lua); a job of any other type spends it here
 --
 -- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
 -- scheduled for when its (reserved) token is due, spending no attempt.
@@ -81,8 +83,9 @@
 -- jobs, which keep their claims: the next call refuses), 0 otherwise; then 14 values per
 -- claimed job:
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
---   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, 0 prefetched,
---   2 expired: bury it), meta
+--   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, its attempt spent;
+--   0 prefetched, or at once with its attempt spent at its start mark (ARGV[11]); 2
+--   expired: bury it), meta
 --- @include "clock"
 --- @include "calls"
 --- @include "limits"
@@ -102,7 +105,8 @@ local lease = tonumber(ARGV[4])
 local base = ARGV[5]
 local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local floor = tonumber(ARGV[10]) or 0
-local later = ARGV[11] == '1'
+local later = {}
+for typ in string.gmatch(ARGV[11] or '', '%S+') do later[typ] = true end
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
@@ -408,8 +412,9 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   leased[n_l + 2] = id
   local n_c = #claimed
   claimed[n_c + 1] = id
+  local spent = starts and not later[rec.type]
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
-    claim_flags(rec.idem_key ~= '', #limits > 0, not starts or later, false, stateful, waited(rec.meta), false))
+    claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false))
   taken[id] = true
   local o = #out
   out[o + 1] = id
@@ -424,7 +429,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   out[o + 10] = f[3] or ''
   out[o + 11] = rec.created_ms
   out[o + 12] = f[4] or ''
-  out[o + 13] = starts and 1 or 0
+  out[o + 13] = spent and 1 or 0
   out[o + 14] = rec.meta or ''
   i = i + 1
 end
