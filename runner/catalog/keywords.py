@@ -44,6 +44,11 @@ import orjson
 
 # What matching backtracking patterns may take in all, per payload validated.
 PATTERN_BUDGET_S = 0.25
+# At claim a payload is checked again (a schema may have changed since). The budget is a
+# wall-clock one, and a busy worker's threads share its cores, so a payload an idle web
+# matched in 0.2 s would run out of 0.25 s there and be buried as invalid, for the load:
+# a worker is no event loop, and gives it ten times as long.
+CLAIM_BUDGET_S = 10 * PATTERN_BUDGET_S
 # The start of a message that stands for several errors (see the module docstring).
 MARK = "\x1e"
 _OVER = f" took over {PATTERN_BUDGET_S:g} s (what matching may take per payload, or per batch or group): "
@@ -74,13 +79,14 @@ def start_budget() -> None:
 
 
 @contextlib.contextmanager
-def one_budget() -> Iterator[None]:
-    """The payloads validated within share one PATTERN_BUDGET_S: those of one request (a
-    batch, a group), which a budget each would let hold a thread for 0.25 s a payload."""
+def one_budget(seconds: float = PATTERN_BUDGET_S) -> Iterator[None]:
+    """The payloads validated within share one budget of ``seconds``: those of one request
+    (a batch, a group), which a budget each would let hold a thread for 0.25 s a payload;
+    or a payload checked again at claim (CLAIM_BUDGET_S)."""
     if _budget.shared:  # inside another: that one holds
         yield
         return
-    _budget.deadline = time.monotonic() + PATTERN_BUDGET_S
+    _budget.deadline = time.monotonic() + seconds
     _budget.shared = True
     try:
         yield
@@ -125,6 +131,37 @@ def linear(source: str) -> bool:
     return True
 
 
+# ECMA-262's `.` matches any character but its line terminators; Python's, any but \n.
+_DOT = "[^\n\r\u2028\u2029]"
+
+
+def ecma(source: str) -> str:
+    r"""An ECMA-262 regex (no flags, as JSON Schema's ``pattern``) for Python's ``regex``
+    module, where two tokens mean more: ``$`` also matches before a final newline (so
+    "abc1\n" met ``^[a-z0-9]+$``), and ``.`` also matches \r, U+2028 and U+2029. Outside
+    a character class, ``$`` becomes ``\Z`` (the very end) and ``.`` the class ECMA
+    means; escapes and classes are copied as they are."""
+    out: list[str] = []
+    i, n, in_class = 0, len(source), False
+    while i < n:
+        c = source[i]
+        if c == "\\" and i + 1 < n:
+            out.append(source[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":  # (an empty class, [] or [^], is refused when the schema loads)
+            in_class = True
+        elif c == "$":
+            c = "\\Z"
+        elif c == ".":
+            c = _DOT
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 class Matcher:
     """Search one ECMA-262 regex: on the linear engine when it takes it, else with the
     ``regex`` module (ECMA-262's ASCII classes) within what is left of the budget."""
@@ -139,7 +176,7 @@ class Matcher:
         except Exception:
             import regex
 
-            self._slow = regex.compile(source, regex.ASCII | regex.V0)
+            self._slow = regex.compile(ecma(source), regex.ASCII | regex.V0)
 
     def search(self, text: str) -> bool:
         """Raises OverBudget when the budget runs out first."""

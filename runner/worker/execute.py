@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from runner.catalog import keywords
 from runner.catalog.registry import Function, Registry
 from runner.catalog.schemas import UpgradeFailed
 from runner.errors import (
@@ -183,7 +184,8 @@ def resolve(job: Claimed, registry: Registry, unknown_grace_s: float = 0.0,
     except codec.DecodeError as exc:
         return _dead_input("malformed record", f"payload is not JSON: {exc}")
     try:
-        lifted = fn.versions.lift(payload, version)
+        with keywords.one_budget(keywords.CLAIM_BUDGET_S):
+            lifted = fn.versions.lift(payload, version)
     except UnknownVersion as exc:
         if version > fn.versions.newest:
             return _unknown(job, "unknown version", str(exc), unknown_grace_s, now_ms)

@@ -180,3 +180,57 @@ def test_a_backtracking_key_pattern_under_a_ref_resolves_its_own_refs(tmp_path: 
     assert s.errors({"ab": "x", "p": {"ax": "y", "b": 1}}) == []
     assert s.errors({"ab": 1, "p": {"ax": 2}}) == [FieldError("$.ab", '1 is not of type "string"'),
                                                     FieldError("$.p.ax", '2 is not of type "string"')]
+
+
+@pytest.mark.parametrize(("pattern", "value", "matches"), [
+    ("^(?=.*[0-9])[a-z0-9]+$", "abc1", True),
+    ("^(?=.*[0-9])[a-z0-9]+$", "abc1\n", False),  # `$` is the very end in ECMA-262
+    ("^(?=.*1).+$", "x1\r\ny", False),  # `.` matches no line terminator
+    ("^(?=.*1).+$", "x1\u2028", False),
+    ("^(?=.*1)[.$]+1$", ".$1", True),  # inside a class, `.` and `$` are themselves
+    ("^(?=.*a)\\$a$", "$a", True),  # an escaped `$` is the dollar
+])
+def test_a_backtracking_pattern_means_what_it_means_in_ecma_262(
+        tmp_path: Path, pattern: str, value: str, matches: bool) -> None:
+    """A pattern the linear engine refuses (a lookaround) is matched by another engine,
+    which reads `$` and `.` otherwise: "abc1\\n" met ^(?=.*[0-9])[a-z0-9]+$ and was
+    accepted, though the same rule without the lookahead (and any ECMA-262 engine)
+    refuses it. The schema's verdict is ECMA-262's."""
+    s = load(tmp_path, {"type": "object", "properties": {"v": {"type": "string", "pattern": pattern}}})
+    assert s.backtracks
+    assert s.valid({"v": value}) is matches
+
+
+def _slow_valid_code(at_least_s: float) -> str:
+    """A value that passes SLOW, with a match that takes at least ``at_least_s`` here (the
+    engine's time grows with the square of its length: doubled until it does)."""
+    import time
+
+    import regex
+
+    rx = regex.compile(keywords.ecma(SLOW), regex.ASCII | regex.V0)
+    n = 1000
+    while True:
+        code = "a" * n + "1A2"
+        t = time.monotonic()
+        assert rx.search(code)
+        if time.monotonic() - t >= at_least_s:
+            return code
+        n *= 2
+
+
+# Quadratic on a long run of lower-case letters before its digit, and valid all the same.
+SLOW = "(?=.*[0-9])[a-z]*[A-Z]"
+
+
+def test_a_payload_checked_again_at_claim_gets_the_claim_budget(tmp_path: Path) -> None:
+    """At claim a payload is checked again, on a worker whose threads share its cores: a
+    valid payload that an idle web matched in 0.2 s ran out of the same 0.25 s there and
+    was buried as "invalid payload". Within the claim's budget (ten times the enqueue's),
+    a match of about a second is in time; the enqueue's own budget still refuses it."""
+    s = load(tmp_path, {"type": "object", "properties": {"code": {"type": "string", "pattern": SLOW}}})
+    code = _slow_valid_code(0.6)
+    assert not s.valid({"code": code})  # the enqueue's budget: refused, naming the limit
+    with keywords.one_budget(keywords.CLAIM_BUDGET_S):
+        assert s.valid({"code": code})
+    assert keywords.CLAIM_BUDGET_S >= 10 * keywords.PATTERN_BUDGET_S
