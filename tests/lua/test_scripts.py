@@ -1243,8 +1243,7 @@ def test_claim_with_a_damaged_queue_key_refuses_and_loses_nothing(p: Project) ->
     claimed as usual. (The first id has no record: settling it asks the done generations
     whether it is a done job's stray, so the done meta key is read, and buries it, so the
     dead set is written; the next one is under a rate limit: a token not due would put it
-    in the scheduled set. With that set damaged, the ghost, which needs none of it, is
-    buried first, and the rest goes back.)"""
+    in the scheduled set.)"""
     from redis.exceptions import ResponseError
 
     enqueue(p, new("a", limits="1/60000 rl"), new("b"), new("c"))
@@ -1256,46 +1255,52 @@ def test_claim_with_a_damaged_queue_key_refuses_and_loses_nothing(p: Project) ->
         r.set(damaged, "not the right type")
         with pytest.raises(ResponseError, match=f"the {name}[a-z ]* key of this queue holds the wrong"):
             claim(p, n=2)
-        left = ["c", "b", "a"] if name == "scheduled" else ["c", "b", "a", "ghost"]
-        assert r.lrange(k.ready, 0, -1) == left, name
-        # What the refused call did settle is counted: the ghost's burial.
-        assert r.hget(k.stats, "dead|?") == ("1" if name == "scheduled" else None), name
+        assert r.lrange(k.ready, 0, -1) == ["c", "b", "a", "ghost"], name
+        assert r.hget(k.stats, "dead|?") is None, name  # nothing settled
         r.delete(damaged)
     assert [g[0] for g in claim(p, n=3)] == ["a", "b", "c"]
     assert structures(p)["dead"] == ["ghost"]
 
 
-def test_a_damaged_key_no_popped_job_needs_refuses_nothing(p: Project) -> None:
-    """A claim checks a key of the queue when settling a popped id would use it, not on
-    every call: with the dead set and the scheduled set damaged, plain jobs (which only
-    take a lease and a claim) are claimed as usual, and nothing else moves."""
+def test_a_damaged_scheduled_or_dead_set_refuses_even_a_plain_claim(p: Project) -> None:
+    """A plain job needs neither set at its claim, but its retry, deferral or burial
+    later gives up its claim before writing there: claimed beside a damaged set, it was
+    left in no structure (20 of 20 retried jobs lost). The claim refuses, naming the key,
+    until the scheduler puts it aside; the done meta, which only some settles read, does
+    not stop plain claims."""
+    from redis.exceptions import ResponseError
+
     enqueue(p, new("a"), new("b"))
     r, k = p.runtime.redis, p.keys()
-    for damaged in (k.dead, k.scheduled):
+    for name, damaged in (("scheduled", k.scheduled), ("dead", k.dead)):
         r.set(damaged, "not the right type")
+        with pytest.raises(ResponseError, match=f"the {name} key of this queue holds the wrong"):
+            claim(p, n=2)
+        assert r.lrange(k.ready, 0, -1) == ["b", "a"] and r.hlen(k.claims) == 0, name
+        r.delete(damaged)
+    r.set(k.done_meta, "not the right type")
     assert [g[0] for g in claim(p, n=2)] == ["a", "b"]
-    assert r.get(k.dead) == "not the right type" and r.get(k.scheduled) == "not the right type"
     assert r.hlen(k.claims) == 2 and r.zcard(k.leases) == 2
 
 
 def test_a_damaged_key_met_after_a_claim_keeps_the_claim_and_refuses_next(p: Project) -> None:
-    """A damaged key first needed by an id popped after the call claimed jobs: those jobs
-    keep their claims and are handed out (nothing of theirs needs the key), the call says
-    "claim again at once" (2), the id in hand and the rest go back in order, and the next
-    call, which starts with that id, refuses naming the key."""
+    """A damaged done meta, first needed by an id popped after the call claimed jobs (a
+    stray's lookup): those jobs keep their claims and are handed out (nothing of theirs
+    needs the key), the call says "claim again at once" (2), the id in hand and the rest
+    go back in order, and the next call, which starts with that id, refuses naming the key."""
     from redis.exceptions import ResponseError
 
     enqueue(p, new("a"), new("b"))
     r, k = p.runtime.redis, p.keys()
     r.lpush(k.ready, "ghost")  # popped after a and b
-    r.set(k.dead, "not the right type")
+    r.set(k.done_meta, "not the right type")
     reply = claim_reply(p, n=4)
     assert reply[1] == 2 and [reply[i] for i in range(HEAD, len(reply), FIELDS)] == ["a", "b"]
     assert r.hlen(k.claims) == 2 and r.zcard(k.leases) == 2 and r.lrange(k.ready, 0, -1) == ["ghost"]
-    with pytest.raises(ResponseError, match="the dead key of this queue holds the wrong"):
+    with pytest.raises(ResponseError, match="the done generation key of this queue holds the wrong"):
         claim(p, n=4)
-    assert r.lrange(k.ready, 0, -1) == ["ghost"] and r.get(k.dead) == "not the right type"
-    r.delete(k.dead)
+    assert r.lrange(k.ready, 0, -1) == ["ghost"] and r.get(k.done_meta) == "not the right type"
+    r.delete(k.done_meta)
     assert claim(p, n=4) == [] and structures(p)["dead"] == ["ghost"]
 
 
@@ -1928,11 +1933,11 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
         proj.runtime.close()
     # Per job: a GET of the record and an EXISTS of its state (absent for a job that waited
     # untouched: no HMGET of its fields then); per batch one RPOP, the claims' HMGET, the
-    # leases' type check (1 ZSCORE), one HSET of the claims and one ZADD each of the leases
+    # type checks of the leases, scheduled and dead sets (3 ZSCORE), one HSET of the claims and one ZADD each of the leases
     # and of their claim times (the processing list's order);
     # flow control adds one EXISTS of the pauses and the priority set per call (both
     # absent: no HGETALL of the pauses), whatever the batch size.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 1, "hset": 1, "zadd": 2, "exists": 11}
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 3, "hset": 1, "zadd": 2, "exists": 11}
     # + one HINCRBY for the stats field, one HINCRBY for this minute's counter and, as the
     # minute's first ack makes it, its PEXPIRE
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 2, "pexpire": 1, "hincrby": 3}

@@ -537,10 +537,17 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, K.claims, ids)
   local damaged = not ok_h and 'claims' or nil
-  if popped == #ids and not damaged and type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
-    -- First round: the leases every claim writes must be a sorted set, or the write
-    -- would fail with ids popped and not yet anywhere (the other keys: sound_keys).
-    damaged = 'leases'
+  if popped == #ids and not damaged then
+    -- First round: the leases every claim writes, and the scheduled and dead sets, must
+    -- be sorted sets. The leases: or the write would fail with ids popped and not yet
+    -- anywhere. The other two: a job claimed now is later retried, deferred or buried by
+    -- a script that gives up its claim before it writes there, and a damaged set would
+    -- leave it in no structure; refused here, no job is claimed until the scheduler puts
+    -- the damaged key aside. (The done meta: sound_keys, when a settle needs it.)
+    for _, kn in ipairs({'leases', 'scheduled', 'dead'}) do
+      if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
+      sound[kn] = true
+    end
   end
   if damaged then
     -- A key of the queue is damaged (another type). Types cannot change within this
