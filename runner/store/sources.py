@@ -20,7 +20,7 @@ except ImportError:  # an interpreter without it
 NAMES = (
     "enqueue", "claim", "hold", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek",
+    "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek", "prune",
     "seek_list", "audit", "step", "steps", "suspend", "signal", "wait", "emit", "emit_named",
     "joblog", "run_now", "listen", "unlisten",
 )

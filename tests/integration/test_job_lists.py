@@ -485,10 +485,6 @@ def handle(payload, ctx):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="a known defect: the scheduled list reads the scheduled set, which "
-                   "sleeping and waiting jobs share; a first stretch of SCAN_MAX of them, due later than "
-                   "every scheduled job, gives an empty first page with a cursor (the dashboard says 'try "
-                   "Older'), however few jobs are before the scheduled ones")
 def test_the_scheduled_list_behind_many_sleeping_jobs(project: Project, monkeypatch: Any) -> None:
     """Scheduled jobs due before more sleeping jobs than one stretch of the index reads
     (SCAN_MAX, made small here) are on the scheduled list's first page."""
