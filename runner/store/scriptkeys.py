@@ -75,6 +75,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "group_count": _GROUP,
     "seek": ("index",),
     "prune": ("index", "job_prefix"),
+    "index_delayed": ("scheduled", "job_prefix", "delayed"),
     "seek_list": ("list",),
     "audit": ("audit",),
     # Durable functions (docs/durable.md): the step log lives in the job's state hash.

@@ -567,6 +567,13 @@ class Scripts(Transport):
             return 0
         return int(self.call("prune", scriptkeys.keys("prune", k, index=key), [len(listed), *listed, *ids]))
 
+    def index_delayed(self, k: QueueKeys, start: int, n: int) -> tuple[int, int]:
+        """Index the scheduled and retrying jobs among ``n`` ids of the scheduled set from
+        rank ``start``: (the rank to go on from, -1 once walked; how many were added)
+        (see index_delayed.lua)."""
+        reply = self.call("index_delayed", scriptkeys.keys("index_delayed", k), [start, n])
+        return int(reply[0]), int(reply[1])
+
     def seek_list(self, key: str, n: int, place: tuple[int, str, str] | None
                   ) -> tuple[tuple[int, str, str] | None, list[str]]:
         """Up to ``n`` ids of deferred list ``key``, newest first, from the tail or, given

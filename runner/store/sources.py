@@ -21,7 +21,7 @@ NAMES = (
     "enqueue", "claim", "hold", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
     "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek", "prune",
-    "seek_list", "audit", "step", "steps", "suspend", "signal", "wait", "emit", "emit_named",
+    "index_delayed", "seek_list", "audit", "step", "steps", "suspend", "signal", "wait", "emit", "emit_named",
     "joblog", "run_now", "listen", "unlisten",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the

@@ -499,3 +499,16 @@ def test_the_scheduled_list_behind_many_sleeping_jobs(project: Project, monkeypa
     wait_for(lambda: all(c.get(i).status == "sleeping" for i in naps), timeout=30, what="the naps asleep")
     page = c.jobs("scheduled", queue="fast", limit=50)
     assert sorted(j.id for j in page.jobs) == sorted(scheduled)
+
+
+def test_jobs_delayed_before_the_scheduled_index_are_listed_once_a_worker_starts(project: Project) -> None:
+    """A worker's scheduler walks the scheduled set at its start, so jobs that a release
+    before the scheduled list's index delayed (in the scheduled set only) come on the
+    list."""
+    c = project.client
+    delayed = [e.id for e in c.enqueue_many([Request("record", {"n": i}, delay_s=600) for i in range(7)])]
+    project.runtime.redis.delete(project.keys("fast").delayed)  # as the release before left it
+    assert c.jobs("scheduled", queue="fast").jobs == []
+    project.spawn_worker("fast")
+    wait_for(lambda: sorted(j.id for j in c.jobs("scheduled", queue="fast").jobs) == sorted(delayed),
+             timeout=30, what="the delayed jobs listed")

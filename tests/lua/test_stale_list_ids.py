@@ -89,3 +89,23 @@ def test_an_id_whose_job_came_back_keeps_its_place(p: Project) -> None:
     assert r.zscore(k.sleeping, back) == due
     assert r.zscore(k.sleeping, gone) is None
     assert_suspended_indexed(p)
+
+
+def test_the_walk_indexes_jobs_delayed_before_the_index(p: Project) -> None:
+    """Jobs delayed by a release before the scheduled list's index are in the scheduled set
+    only; walking it (index_delayed.lua, 5 ids a call) puts every scheduled one in the index
+    at its due time, not a sleeper or a waiter, while the soonest due are promoted between
+    two calls, and the walk ends."""
+    r, k, s = p.runtime.redis, p.keys(), p.runtime.scripts
+    ids = _seed(p)
+    r.delete(k.delayed)  # as the release before left it
+    at, calls = 0, 0
+    while at >= 0:
+        at, _ = s.index_delayed(k, at, 5)
+        calls += 1
+        if calls == 2:  # the two soonest scheduled jobs (and every suspended one) run
+            moved, _ = s.promote(k, 1000, now_ms=NOW + 300_001)
+            assert moved == 26
+    assert calls <= 9
+    assert sorted(r.zrange(k.delayed, 0, -1)) == ids["scheduled"][2:]
+    assert_suspended_indexed(p)
