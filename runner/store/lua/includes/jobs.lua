@@ -4,7 +4,8 @@
 --- @include "records"
 
 -- Writing a new job, shared by enqueue, the follow-ups an ack writes and the relay. Q
--- holds the queue's keys: ready, scheduled, stats, job (prefix), idem (prefix), claims;
+-- holds the queue's keys: ready, scheduled, delayed (the scheduled list's index, kept with
+-- scheduled), stats, job (prefix), idem (prefix), claims;
 -- put gathers what a batch writes once (ready ids, enqueued and census counts), and
 -- jobs_flush() writes it. j holds the enqueue fields (see enqueue.lua). Returns code, id,
 -- status: 1 created, 0 duplicate of the key's job, -1 conflict with it.
