@@ -109,3 +109,12 @@ def test_the_walk_indexes_jobs_delayed_before_the_index(p: Project) -> None:
     assert calls <= 9
     assert sorted(r.zrange(k.delayed, 0, -1)) == ids["scheduled"][2:]
     assert_suspended_indexed(p)
+
+
+def test_the_walk_ends_on_a_scheduled_key_of_another_type(p: Project) -> None:
+    """A damaged scheduled key (a string) ends the walk at once, with nothing indexed: the
+    scheduler does not fail a pass on it every time (the reclaim's check reports it)."""
+    r, k, s = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.set(k.scheduled, "not a set")
+    assert s.index_delayed(k, 0, 5) == (-1, 0)
+    assert not r.exists(k.delayed)

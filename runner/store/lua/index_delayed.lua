@@ -13,9 +13,12 @@
 --         so the ranks still to walk do not move under it)
 -- ARGV[2] how many ids to look at
 --
--- Returns {the rank to go on from, -1 once the set is walked; ids indexed by this call}.
+-- Returns {the rank to go on from, -1 once the set is walked (or is not a set); ids indexed by
+-- this call}.
 local start, count = tonumber(ARGV[1]), math.min(tonumber(ARGV[2]), 1000)
-local got = redis.call('ZREVRANGE', K.scheduled, start, start + count - 1, 'WITHSCORES')
+-- pcall: a scheduled key of another type is the reclaim's to report; there is no set to walk.
+local got = redis.pcall('ZREVRANGE', K.scheduled, start, start + count - 1, 'WITHSCORES')
+if got.err then return {-1, 0} end
 local added = 0
 for i = 1, #got, 2 do
   local id = got[i]
