@@ -367,8 +367,8 @@ def assert_no_job_in_two_structures(project: Project, queue: str = "fast") -> No
 
 
 def assert_suspended_indexed(project: Project, queue: str = "fast") -> None:
-    """The sleeping and waiting list indexes hold exactly the scheduled ids of their
-    status, each at its due time there."""
+    """The delayed, sleeping and waiting list indexes hold exactly the scheduled ids of
+    their statuses (delayed: scheduled and retrying), each at its due time there."""
     r = project.runtime.redis
     for k in project.runtime.parts.get(queue) or [project.keys(queue)]:
         due = dict(r.zrange(k.scheduled, 0, -1, withscores=True))
@@ -376,6 +376,7 @@ def assert_suspended_indexed(project: Project, queue: str = "fast") -> None:
         for job_id in due:
             pipe.hget(k.state(job_id), "status")
         status = dict(zip(due, pipe.execute(), strict=True)) if due else {}
-        for name, key in (("sleeping", k.sleeping), ("waiting", k.waiting)):
-            want = {i: due[i] for i, s in status.items() if s == name}
-            assert dict(r.zrange(key, 0, -1, withscores=True)) == want, (name, k.queue)
+        for names, key in ((("sleeping",), k.sleeping), (("waiting",), k.waiting),
+                           (("scheduled", "retrying"), k.delayed)):
+            want = {i: due[i] for i, s in status.items() if s in names}
+            assert dict(r.zrange(key, 0, -1, withscores=True)) == want, (names, k.queue)

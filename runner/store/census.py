@@ -116,8 +116,11 @@ def counts(redis: Any, keys: Keys) -> tuple[int, Counter[tuple[str, str, str, st
 
 def due_now(redis: Any, k: QueueKeys, job_id: str) -> bool:
     """Make a scheduled job due now, if it still waits there (XX: one promote moved on
-    meanwhile stays moved); whether it did."""
-    return bool(redis.zadd(k.scheduled, {job_id: 0}, xx=True, ch=True))
+    meanwhile stays moved), and in the scheduled list's index with it; whether it did."""
+    pipe = redis.pipeline(transaction=True)
+    pipe.zadd(k.scheduled, {job_id: 0}, xx=True, ch=True)
+    pipe.zadd(k.delayed, {job_id: 0}, xx=True)
+    return bool(pipe.execute()[0])
 
 
 def done_ids(redis: Any, k: QueueKeys) -> list[str]:

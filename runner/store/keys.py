@@ -22,6 +22,9 @@ slot and the layout runs unchanged on Redis Cluster::
                                               never scans past delayed jobs or waiting ones
     <prefix>:{<queue>}:waiting        ZSET    the same for the waiting ones (a signal, an event, a
                                               child) -> due (ms)
+    <prefix>:{<queue>}:delayed        ZSET    the same for the scheduled and retrying ones (delayed,
+                                              retrying, rate-limited, handed back) -> due (ms): the
+                                              scheduled list's own index
     <prefix>:{<queue>}:dead           ZSET    dead-letter ids -> time of death (ms)
     <prefix>:{<queue>}:cancelled      ZSET    cancelled ids -> time of the cancel (ms), trimmed
                                               at the done retention (the job list's index)
@@ -172,6 +175,7 @@ class QueueKeys:
     scheduled: str = field(init=False)
     sleeping: str = field(init=False)
     waiting: str = field(init=False)
+    delayed: str = field(init=False)
     dead: str = field(init=False)
     cancelled: str = field(init=False)
     notify: str = field(init=False)
@@ -207,6 +211,7 @@ class QueueKeys:
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),
                              ("scheduled", "scheduled"), ("sleeping", "sleeping"), ("waiting", "waiting"),
+                             ("delayed", "delayed"),
                              ("dead", "dead"), ("cancelled", "cancelled"),
                              ("notify", "notify"), ("ended", "ended"), ("cancels", "cancels"),
                              ("stats", "stats"), ("job_prefix", "job:"), ("idem_prefix", "idem:"),

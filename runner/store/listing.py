@@ -3,7 +3,10 @@ cursor for the next page. Each status reads its own index (nothing is scanned):
 
     queued      the priority ZSET (jobs of priority 1-9, in the order they will run), then
                 ready LIST (LPUSH in, so index 0 is the newest)
-    scheduled   scheduled ZSET (delayed and retrying jobs), latest due first
+    scheduled   delayed ZSET: the ids of the scheduled set that are delayed, retrying,
+                rate-limited or handed back, latest due first (their own index, kept with
+                scheduled by every script that puts such a job there or takes it off: a
+                page of them never reads past sleeping or waiting jobs)
     sleeping    sleeping ZSET: the durable functions of scheduled in a sleep (ctx.sleep),
                 latest due first (their own index, kept with scheduled by the scripts that
                 suspend, wake, signal, run now and cancel them: a page of them never reads
@@ -19,6 +22,12 @@ cursor for the next page. Each status reads its own index (nothing is scanned):
                 then each limit's waiters (the limits with waiters are named by the
                 limwait ZSET, read in name order), newest first; a rate-limited job
                 waits as scheduled
+
+The three indexes of the scheduled set (delayed, sleeping, waiting) can hold a stale id: a
+worker of an earlier release that wakes, signals or cancels a job without knowing an index
+leaves the id there. A page skips it, as any id whose job moved on, and takes it off its
+index in the same step (lua/prune.lua checks the status again, so a job that came back
+meanwhile stays): one more call for a page that met one, at most one per id it read.
 
 A page reads at most SCAN_MAX ids of its index and one lookup per id, so its work is
 bounded whatever the depth (a deferred page also reads the names of the limits that have
@@ -66,6 +75,8 @@ SCAN_MAX = 1000
 SHOWN = {"queued": ("queued",), "scheduled": ("scheduled", "retrying"), "processing": ("processing",),
          "done": ("done",), "dead": ("dead",), "cancelled": ("cancelled",), "deferred": ("deferred",),
          "sleeping": ("sleeping",), "waiting": ("waiting",)}
+# The indexes that mirror a status of the scheduled set: a stale id met there is taken off.
+MIRRORS = {"scheduled": "delayed", "sleeping": "sleeping", "waiting": "waiting"}
 # A listed job's payload, result, checkpoint or error longer than this many bytes comes
 # as a preview of this many (see records.Job.as_dict), cut by Redis itself: a page of 500
 # jobs of 1 MiB each is then 2 MB to read and show, not 500 MB to parse on the web process.
@@ -249,7 +260,7 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
             else:
                 pos += len(got)
         return out, pos, gen, gen < floor, {}, None, None
-    key = {"scheduled": k.scheduled, "dead": k.dead, "cancelled": k.cancelled, "processing": k.running,
+    key = {"scheduled": k.delayed, "dead": k.dead, "cancelled": k.cancelled, "processing": k.running,
            "sleeping": k.sleeping, "waiting": k.waiting}[status]
     # The score comes with the id for nothing: the next page's anchor.
     pairs, end = _span(scripts, key, pos, n, anchor, newest_first=True)
@@ -279,15 +290,20 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
         batch = scripts.batch()
         for job_id in ids:
             scripts.lookup(k, job_id, pipe=batch, cut=cut)
+        stale: list[str] = []
         for job_id, (rec, state, claim, outcome, sizes) in zip(ids, batch.execute(), strict=True):
             rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
             fields = records.view(job_id, rec, state or [], claim or None, outcome or None, sizes or ())
-            if not fields or fields.get("status", "queued") not in SHOWN[status] or (
-                    type_ is not None and fields.get("type") != type_):
-                continue  # gone or moved on since (a live index), or of another type
+            if not fields or fields.get("status", "queued") not in SHOWN[status]:
+                stale.append(job_id)
+                continue  # gone or moved on since (a live index)
+            if type_ is not None and fields.get("type") != type_:
+                continue
             if job_id in leases:
                 fields["lease_ms"] = str(int(leases[job_id]))
             jobs.append(records.Job(job_id, queue, fields))
+        if stale and status in MIRRORS:
+            scripts.prune(getattr(k, MIRRORS[status]), k, stale, SHOWN[status])
         if exhausted:
             qi, pos, gen, anchor, marks = qi + 1, 0, None, None, None
     if qi >= len(queues):

@@ -560,6 +560,20 @@ class Scripts(Transport):
         reply = self.call("seek", scriptkeys.keys("seek", index=key), args)
         return int(reply[0]), [(reply[i], float(reply[i + 1])) for i in range(1, len(reply) - 1, 2)]
 
+    def prune(self, key: str, k: QueueKeys, ids: Sequence[str], listed: Sequence[str]) -> int:
+        """Take off list index ``key`` (delayed, sleeping or waiting) those of ``ids``
+        whose job's status is none of ``listed``, in one step; how many (see prune.lua)."""
+        if not ids:
+            return 0
+        return int(self.call("prune", scriptkeys.keys("prune", k, index=key), [len(listed), *listed, *ids]))
+
+    def index_delayed(self, k: QueueKeys, start: int, n: int) -> tuple[int, int]:
+        """Index the scheduled and retrying jobs among ``n`` ids of the scheduled set from
+        rank ``start``: (the rank to go on from, -1 once walked; how many were added)
+        (see index_delayed.lua)."""
+        reply = self.call("index_delayed", scriptkeys.keys("index_delayed", k), [start, n])
+        return int(reply[0]), int(reply[1])
+
     def seek_list(self, key: str, n: int, place: tuple[int, str, str] | None
                   ) -> tuple[tuple[int, str, str] | None, list[str]]:
         """Up to ``n`` ids of deferred list ``key``, newest first, from the tail or, given

@@ -20,8 +20,8 @@ except ImportError:  # an interpreter without it
 NAMES = (
     "enqueue", "claim", "hold", "start", "renew", "ack", "retry", "bury", "release",
     "reclaim", "promote", "requeue", "remove", "checkpoint", "trim", "lookup",
-    "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek",
-    "seek_list", "audit", "step", "steps", "suspend", "signal", "wait", "emit", "emit_named",
+    "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek", "prune",
+    "index_delayed", "seek_list", "audit", "step", "steps", "suspend", "signal", "wait", "emit", "emit_named",
     "joblog", "run_now", "listen", "unlisten",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the

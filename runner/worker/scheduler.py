@@ -14,6 +14,8 @@ the outbox's length of each, pipelined), and goes on to a partition's own calls 
 where that look found more to do; an idle worker's pass is that one round trip. The
 reclaim's check of the queue's keys for damage (a TYPE per key) runs at the start, every
 TRIM_EVERY_S, and after this process saw an error reply (a damaged key causes them).
+The first passes also walk each partition's scheduled set once, BATCH ids a pass, into
+the scheduled list's index (jobs a release before the index delayed are in the set only).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Scheduler:
         self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths, tells waiters
         self._wakes_seen: dict[tuple[str, int], float] = {}  # events with waiters to tell -> first seen
         self._next_beat = 0.0
+        # Partitions whose scheduled set is still to walk for the scheduled list's index,
+        # and the rank to go on from (_index).
+        self._walked: dict[tuple[str, str], int] = {}
         self._pulse = roster.Pulse()  # this worker's start on the roster, where its pruning stopped
         # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
         self._away: Away[tuple[str, str]] = Away("scheduler", lambda w: f"queue {w[0]}, partition {{{w[1]}}}"
@@ -104,6 +109,7 @@ class Scheduler:
             where = (k.queue, k.tag)
             try:
                 wait, more = self._pass(k, wait, trim, more, check, looks.get(id(k)))
+                self._index(k, where)
             except OUTAGE as exc:
                 failures.append((where, exc))
                 continue
@@ -116,6 +122,15 @@ class Scheduler:
         if trim:
             self._last_trim = time.monotonic() - (every if more else 0.0)
         return wait
+
+    def _index(self, k: QueueKeys, where: tuple[str, str]) -> None:
+        """Walk a partition's scheduled set once, BATCH ids a pass, putting the jobs that a
+        release before the scheduled list's index delayed in it (index_delayed.lua); one
+        call on an empty set, none once walked."""
+        at = self._walked.get(where, 0)
+        if at < 0:
+            return
+        self._walked[where], _ = self.rt.scripts.index_delayed(k, at, BATCH)
 
     def _check_due(self) -> bool:
         """Whether this pass's reclaims check the queues' keys for damage: at the start,

@@ -2,8 +2,8 @@
 set they share with delayed jobs and each other: waiting jobs behind thousands of
 sleepers come on the first page, and paging through the sleepers while some wake, some
 are run now and some are cancelled shows every one that stayed asleep once, never one
-twice, with no empty page before the last. The scripts keep each index equal to the
-scheduled ids of its status."""
+twice, with no empty page before the last; the scheduled list does the same among
+sleepers. The scripts keep each index equal to the scheduled ids of its status."""
 
 from __future__ import annotations
 
@@ -110,3 +110,48 @@ def test_paging_sleepers_while_they_wake_run_now_and_cancel(p: Project) -> None:
     assert stayed <= set(shown), sorted(stayed - set(shown))[:5]
     assert pages <= SLEEPERS // 400 + 2
     assert r.zcard(k.sleeping) == len([i for i in sleepers if i not in gone])
+
+
+def test_paging_scheduled_jobs_among_sleepers_while_they_move(p: Project) -> None:
+    """1,200 delayed jobs between 1,200 sleepers (due times interleaved): the scheduled list
+    pages through its own index. Between pages of 300 the 100 due soonest run (promote),
+    one delayed job not yet shown and one shown are cancelled, one is run now. Every job
+    that stayed scheduled is shown once, none twice, no page is empty before the last,
+    and the indexes match scheduled after every move."""
+    r, k, s = p.runtime.redis, p.keys(), p.runtime.scripts
+    delayed = [f"d{n:05d}" for n in range(1200)]
+    sleepers = [f"s{n:05d}" for n in range(1200)]
+    _suspend(p, sleepers, "sleep", lambda i: NOW + 100_000 + int(i[1:]) * 10)
+    enqueue(p, *(new(i, delay=100_005 + int(i[1:]) * 10) for i in delayed))
+    gone: set[str] = set()
+    shown: list[str] = []
+    cursor: str | None = None
+    now, moves = NOW + 100_000, 0
+    while True:
+        page = p.client.jobs("scheduled", queue="fast", limit=300, cursor=cursor)
+        assert page.jobs or page.cursor is None, "an empty page with a cursor"
+        assert all(j.fields["status"] == "scheduled" for j in page.jobs)
+        shown += [j.id for j in page.jobs]
+        cursor = page.cursor
+        if cursor is None:
+            break
+        now += 100 * 10
+        s.promote(k, 1000, now_ms=now)
+        gone |= {i for i in delayed if NOW + 100_005 + int(i[1:]) * 10 <= now}
+        ahead = sorted(set(delayed) - gone - set(shown), reverse=True)
+        moves += len(ahead) >= 2
+        if len(ahead) >= 2:
+            for job_id in {ahead[len(ahead) // 2], shown[-1]} - gone:
+                code, _ = s.cancel(k, job_id, 60_000)
+                assert code == 1
+                gone.add(job_id)
+            ahead.remove(ahead[len(ahead) // 2])
+            code, _ = s.run_now(k, ahead[0])
+            assert code == 1
+            gone.add(ahead[0])
+        assert_suspended_indexed(p)
+    assert moves >= 2
+    assert len(shown) == len(set(shown)), "a job shown twice"
+    stayed = set(delayed) - gone
+    assert stayed <= set(shown), sorted(stayed - set(shown))[:5]
+    assert r.zcard(k.delayed) == len(stayed)

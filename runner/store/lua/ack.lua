@@ -22,6 +22,8 @@
 -- KEYS[18] ended       channel  ids of waited jobs that ended (see waited in includes/ended.lua)
 -- KEYS[19] group_prefix (string; a group's state, see group_settle in includes/groups.lua)
 -- KEYS[20] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
+-- KEYS[21] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
@@ -224,7 +226,7 @@ else
 end
 local fb = 7 + n * 8
 local m = tonumber(ARGV[fb]) or 0
-local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
+local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
   claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}
 if m > 0 then write_followups(Q, now, out, fb, m, K.outbox, K.notify, K.census) end
 -- A member's countdown in this same step: its group learns of the success exactly once.

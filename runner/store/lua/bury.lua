@@ -21,6 +21,8 @@
 -- KEYS[17] cancelled   ZSET  cancelled ids -> time ms
 -- KEYS[18] group_prefix (string; see group_settle in includes/groups.lua)
 -- KEYS[19] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
+-- KEYS[20] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
 -- ARGV[3] n; then per job 7 fields:
@@ -114,7 +116,7 @@ for _, s in ipairs(slots) do
 end
 local fb = 4 + n * 7
 local m = tonumber(ARGV[fb]) or 0
-local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
+local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
   claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}
 if m > 0 then
   write_followups(Q, now, out, fb, m, K.outbox, K.notify, K.census, again)

@@ -40,6 +40,8 @@
 -- KEYS[21] sleeping    ZSET  the sleeping ids of scheduled (the sleeping list's index): a
 --                            cancelled one leaves it with scheduled
 -- KEYS[22] waiting     ZSET  the same for the waiting ones
+-- KEYS[23] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -105,6 +107,7 @@ local function finish(jk, id, rec)
     redis.call('ZREM', K.sleeping, id)
     redis.call('ZREM', K.waiting, id)
   end
+  if K.delayed then redis.call('ZREM', K.delayed, id) end
   if K.lim_prefix and rec.limits ~= '' and redis.call('HGET', sk, 'woken') == '1' then
     give_up_reserved(K.lim_prefix, parse_limits(rec.limits), id, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
   end
@@ -114,7 +117,7 @@ local function finish(jk, id, rec)
   tally('cancelled|' .. rec.type)  -- an outcome of its own, never counted dead
   if K.group_prefix then
     group_cancelled({group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox,
-      Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
+      Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
         prio = K.prio,
         done_meta = K.done_meta, done = K.done_prefix}}, now, id, rec)
   end

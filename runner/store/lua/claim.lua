@@ -46,6 +46,8 @@
 -- KEYS[19] cancelled   ZSET  cancelled ids -> time ms (a job cancelled while it ran, back)
 -- KEYS[20] group_prefix (string; such a job of a group counts down: group_settle in includes/groups.lua)
 -- KEYS[21] outbox      LIST  (its group's then-job, when that runs on another queue)
+-- KEYS[22] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n, the most jobs to claim
 -- ARGV[3] k, how many of them start at once (free executors); the rest are prefetched
@@ -288,7 +290,7 @@ local function end_cancelled_run(id, jk, rec)
   end_cancelled(jk, id, rec, now, done_ttl, K.idem_prefix, K.census, K.cancelled, K.ended)
   if K.group_prefix then
     group_cancelled({group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox,
-      Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
+      Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
         claims = K.claims, prio = K.prio, done_meta = K.done_meta, done = K.done_prefix}}, now, id, rec)
   end
   tally('cancelled|' .. rec.type)
@@ -367,6 +369,7 @@ local function rate_token(id, rec, f, sk, rates)
   if due > 0 then
     redis.call('HSET', sk, 'status', 'scheduled', 'ready_ms', due, 'rated', '1')
     redis.call('ZADD', K.scheduled, due, id)
+    redis.call('ZADD', K.delayed, due, id)
     tally('ratelimited|' .. typ)
     return false
   end

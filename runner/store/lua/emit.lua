@@ -16,14 +16,15 @@
 -- KEYS[8] census       HASH
 -- KEYS[9] prio         ZSET
 -- KEYS[10] lim_prefix  (string; see enqueue.lua)
--- KEYS[11] outbox      LIST  the jobs on their way to another partition (JSON entries)
--- KEYS[12] emitted     LIST  this partition's recent events, newest first (JSON records)
--- KEYS[13] emit_prefix (string; an emit's idempotency key is prefix .. name .. ':' .. key,
+-- KEYS[11] delayed     ZSET  the scheduled list's index (see enqueue.lua)
+-- KEYS[12] outbox      LIST  the jobs on their way to another partition (JSON entries)
+-- KEYS[13] emitted     LIST  this partition's recent events, newest first (JSON records)
+-- KEYS[14] emit_prefix (string; an emit's idempotency key is prefix .. name .. ':' .. key,
 --                      a HASH: hash (of the event's data), record)
--- KEYS[14] wakes       LIST  events whose waiters (ctx.wait_for_event) are still to be told
+-- KEYS[15] wakes       LIST  events whose waiters (ctx.wait_for_event) are still to be told
 --                      (JSON: id, name, ts, data); the emitter tells them and takes the
 --                      entry off, else the relay does (client/waking.py)
--- KEYS[15] shapes      HASH  the name's waiters' field lists (store/listeners.py), read
+-- KEYS[16] shapes      HASH  the name's waiters' field lists (store/listeners.py), read
 --                      when ARGV[14 + 13 n + m] is 1 (one server holds every key); on
 --                      Redis Cluster another slot's, so a key of this one stands in
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
@@ -40,7 +41,7 @@
 -- ARGV[11 + 13 n] the jobs sent away: a JSON array of {id, type, queue}
 -- ARGV[12 + 13 n] this partition's queue (named in the record of each job written here)
 -- ARGV[13 + 13 n] m, the outbox entries; then m entries (JSON: queue, 12 fields, priority)
--- ARGV[14 + 13 n + m] 1: KEYS[15] is the name's registry; 0: it is not (Redis Cluster)
+-- ARGV[14 + 13 n + m] 1: KEYS[16] is the name's registry; 0: it is not (Redis Cluster)
 -- ARGV[15 + 13 n + m] the data itself (JSON), whole, as the name's waiters get it
 --
 -- Returns {code, record}:

@@ -12,6 +12,8 @@
 -- KEYS[9] prio         ZSET  ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
 -- KEYS[10] lim_prefix  (string; a job under limits marks its first key, "<prefix><key>:at",
 --                      for producers on another count of partitions: see routing.py)
+-- KEYS[11] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
 -- ARGV[2] n, the number of jobs; then 13 fields per job:
 --   id, type, version, payload (JSON), max_attempts,

@@ -18,6 +18,8 @@
 -- KEYS[11] done_meta   HASH
 -- KEYS[12] done_prefix (string)
 -- KEYS[13] outbox      LIST  (a then-job on another queue)
+-- KEYS[14] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] group id
 -- ARGV[3] 1: the first chunk (creates the group from ARGV[5..7]); 0: a later one
@@ -50,7 +52,7 @@ if first then
     'done', 0, 'dead', 0, 'cancelled', 0, 'bytes', 0, 'sealed', 0)
   if keep > 0 then redis.call('PEXPIRE', gk, keep) end
 end
-local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
+local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
   prio = K.prio, done_meta = K.done_meta, done = K.done_prefix}
 local put = jobs_acc()
 local out = {1}

@@ -17,6 +17,8 @@
 -- KEYS[11] done_meta   HASH
 -- KEYS[12] done_prefix (string)
 -- KEYS[13] outbox      LIST  (a then-job on another queue or partition)
+-- KEYS[14] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then 5 fields per count: group id, member index, status, outcome JSON, the
 --         traceparent of the run that ended it ('' none)
@@ -28,7 +30,7 @@
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local G = {group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox, home = true,
-  Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
+  Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
     prio = K.prio, done_meta = K.done_meta, done = K.done_prefix}}
 for i = 0, n - 1 do
   local b = 3 + i * 5

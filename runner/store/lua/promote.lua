@@ -12,6 +12,8 @@
 -- KEYS[8] sleeping     ZSET  the sleeping ids of scheduled (the sleeping list's index): a
 --                            woken one leaves it with scheduled
 -- KEYS[9] waiting      ZSET  the same for the waiting ones (a wait's timeout, a parent's look)
+-- KEYS[10] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to move in this call (and a twentieth as many keys to sweep)
 --
@@ -34,8 +36,15 @@ for _, id in ipairs(ids) do
   -- (sleeping, waiting: a durable function's sleep or wait ended, see suspend.lua)
   if st == 'scheduled' or st == 'retrying' or st == 'sleeping' or st == 'waiting' then
     redis.call('HSET', jk .. ':s', 'status', 'queued')
-    if st == 'sleeping' then redis.call('ZREM', K.sleeping, id) end
-    if st == 'waiting' then redis.call('ZREM', K.waiting, id) end
+  end
+  -- Off its list index with it (any other state's id leaves delayed: a stray there is
+  -- never listed, and this is its last chance to go).
+  if st == 'sleeping' then
+    redis.call('ZREM', K.sleeping, id)
+  elseif st == 'waiting' then
+    redis.call('ZREM', K.waiting, id)
+  else
+    redis.call('ZREM', K.delayed, id)
   end
   -- Any other state is handed to claim, which buries a malformed record with a reason
   -- and drops a stray id; promote never decides that on its own. A job with neither

@@ -31,6 +31,8 @@
 -- KEYS[18] lost        LIST  ids buried here, for their ON_FAILURE destinations: no
 --                            worker settled them, so the scheduler writes those jobs
 -- KEYS[19] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
+-- KEYS[20] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -84,7 +86,7 @@ local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died o
 local held = hmget_many(K.claims, ids)
 unclaim(K.claims, K.leases, ids)
 local G = {group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox,
-  Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
+  Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
     done_meta = K.done_meta, done = K.done_prefix, prio = K.prio}}
 local lost = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing"}'
 for j, id in ipairs(ids) do

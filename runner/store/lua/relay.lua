@@ -16,6 +16,8 @@
 -- KEYS[12] lim_prefix  (string; a job under limits marks its first key where it is placed,
 --                      as enqueue.lua does, so producers on another count of partitions
 --                      find the key here while it may live here: see routing.py)
+-- KEYS[13] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then the 12 fields of enqueue.lua and the priority per job
 -- ARGV[3 + 13 n] how long a limit key's marker lives, ms (0: none)
@@ -32,7 +34,7 @@
 --- @include "followups"
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
-local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
+local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
   claims = K.claims, done_meta = K.done_meta, done = K.done_prefix, prio = K.prio, mark = K.lim_prefix,
   mark_ms = tonumber(ARGV[3 + n * 13])}
 local put = jobs_acc()

@@ -26,6 +26,8 @@
 -- KEYS[16] done_prefix (string)
 -- KEYS[17] outbox      LIST  (its group's then-job, when that runs on another queue)
 -- KEYS[18] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
+-- KEYS[19] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job: id, token, mode (now | later), history entry ('' none)
 -- ARGV[last] the done retention, ms (a cancelled job's)
@@ -69,7 +71,7 @@ for i = 0, n - 1 do
       tally('cancelled|' .. rec.type)
       if K.group_prefix then
         group_cancelled({group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox,
-          Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
+          Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
             claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}}, now, id, rec)
       end
     end

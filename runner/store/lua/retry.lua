@@ -12,6 +12,8 @@
 -- KEYS[8] claims       HASH  id -> claim
 -- KEYS[9] limwait      ZSET  limit keys with parked jobs
 -- KEYS[10] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
+-- KEYS[11] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job 7 fields:
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
@@ -89,6 +91,7 @@ for i = 0, n - 1 do
 end
 unclaim(K.claims, K.leases, ids)
 call_many('ZADD', K.scheduled, due_ids, 2)
+call_many('ZADD', K.delayed, due_ids, 2)
 for _, s in ipairs(slots) do
   release_limits(K.lim_prefix, s[1], s[2], now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
 end

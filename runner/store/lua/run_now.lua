@@ -18,6 +18,8 @@
 -- KEYS[5] notify       LIST
 -- KEYS[6] prio         ZSET    (a job of priority 1-9 goes there: to_ready in includes/ready.lua)
 -- KEYS[7] sleeping     ZSET    the sleeping ids of scheduled (the sleeping list's index)
+-- KEYS[8] delayed      ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
+--                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] history entry (a JSON object without at_ms: who asked; '' none), stamped here
@@ -52,7 +54,7 @@ if st == 'sleeping' then
 end
 with_history(set, f[3], stamped(ARGV[3], now))
 redis.call('ZREM', K.scheduled, id)
-if st == 'sleeping' then redis.call('ZREM', K.sleeping, id) end
+if st == 'sleeping' then redis.call('ZREM', K.sleeping, id) else redis.call('ZREM', K.delayed, id) end
 redis.call('HSET', sk, unpack(set))
 to_ready(K.ready, K.prio, id, f[2], now, false)
 wake(K.notify)

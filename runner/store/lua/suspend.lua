@@ -25,6 +25,7 @@
 -- KEYS[16] sleeping    ZSET  id -> due ms: the sleeping ids of scheduled, the sleeping
 --                            list's own index (a list of them never scans past delayed jobs)
 -- KEYS[17] waiting     ZSET  the same for the waiting ones (a signal, an event, a child)
+-- KEYS[18] delayed     ZSET  the same for scheduled and retrying ones (a delayed child job)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] token
@@ -134,7 +135,7 @@ if c.res then
   end
 end
 if (tonumber(ARGV[14]) or 0) > 0 then
-  local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
+  local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
     claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}
   write_followups(Q, now, {1}, 14, 1, K.outbox, K.notify, K.census)
 end

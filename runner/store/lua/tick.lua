@@ -14,10 +14,10 @@
 -- state keeps the entry (job_away, tick_job_away), so a reader can tell a last job still
 -- in the outbox (LPOS) from one placed.
 --
--- KEYS[1..10]  as enqueue.lua, for one job (K.job_prefix: the last job's record is
+-- KEYS[1..11]  as enqueue.lua, for one job (K.job_prefix: the last job's record is
 --               prefix .. id; K.claims: the last job is processing while it has a claim)
--- KEYS[11] outbox      LIST  the jobs on their way to another partition (JSON entries)
--- KEYS[12] schedule    HASH  the schedule's state (see keys.py): def, def_at, tick,
+-- KEYS[12] outbox      LIST  the jobs on their way to another partition (JSON entries)
+-- KEYS[13] schedule    HASH  the schedule's state (see keys.py): def, def_at, tick,
 --                            fired, job (the last, ticked or manual), tick_job (the last
 --                            tick's), job_away and tick_job_away (their outbox entries
 --                            when they were sent to another partition), late_ms,

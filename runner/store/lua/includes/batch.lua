@@ -7,7 +7,7 @@
 -- when given (after its write, before the batch's flush). Returns n.
 local function batch_put(now, out, each)
   local n = tonumber(ARGV[2])
-  local Q = {ready = K.ready, scheduled = K.scheduled, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
+  local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix,
     claims = K.claims, prio = K.prio, mark = K.lim_prefix, mark_ms = tonumber(ARGV[3 + n * 13])}
   local put = jobs_acc()
   for i = 0, n - 1 do

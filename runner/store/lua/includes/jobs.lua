@@ -4,7 +4,8 @@
 --- @include "records"
 
 -- Writing a new job, shared by enqueue, the follow-ups an ack writes and the relay. Q
--- holds the queue's keys: ready, scheduled, stats, job (prefix), idem (prefix), claims;
+-- holds the queue's keys: ready, scheduled, delayed (the scheduled list's index, kept with
+-- scheduled), stats, job (prefix), idem (prefix), claims;
 -- put gathers what a batch writes once (ready ids, enqueued and census counts), and
 -- jobs_flush() writes it. j holds the enqueue fields (see enqueue.lua). Returns code, id,
 -- status: 1 created, 0 duplicate of the key's job, -1 conflict with it.
@@ -55,6 +56,7 @@ local function debounce_put(Q, now, j, put)
       if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
       local due = math.min(now + tonumber(d.period_ms), tonumber(held[2]) + tonumber(d.max_wait_ms))
       redis.call('ZADD', Q.scheduled, due, hid)
+      redis.call('ZADD', Q.delayed, due, hid)
       redis.call('HSET', jk .. ':s', 'ready_ms', due)
       redis.call('HINCRBY', jk .. ':s', 'absorbed', 1)
       return 2, hid, 'scheduled'
@@ -124,6 +126,7 @@ local function job_put(Q, now, j, put)
     status = 'scheduled'
     redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)
     redis.call('ZADD', Q.scheduled, due, j.id)
+    redis.call('ZADD', Q.delayed, due, j.id)
   elseif prio > 0 and Q.prio then
     -- The priority set: highest first, then arrival (the claim serves it before ready).
     redis.call('ZADD', Q.prio, -prio * 1e13 + now, j.id)

@@ -1,0 +1,32 @@
+-- index_delayed: put the scheduled and retrying jobs of one stretch of the scheduled set
+-- in the scheduled list's index (delayed), at their due time. A job delayed, retrying or
+-- rate-limited by a release before the index existed is in the scheduled set only; the
+-- scheduler walks the set once at a worker's start, a stretch a call, so the scheduled
+-- list shows such jobs too. Idempotent (a ZADD of the score the set holds), and a job that
+-- moves between two calls moves through the scripts that keep the index. Bounded: at most
+-- ARGV[2] ids (1000 at most), one HGET and at most one ZADD each.
+--
+-- KEYS[1] scheduled    ZSET  id -> due ms
+-- KEYS[2] job_prefix   (string; a job's state hash is prefix .. id .. ':s')
+-- KEYS[3] delayed      ZSET  the ids of scheduled that are scheduled or retrying -> due (ms)
+-- ARGV[1] the rank to start at, latest due first (promote takes jobs off the other end,
+--         so the ranks still to walk do not move under it)
+-- ARGV[2] how many ids to look at
+--
+-- Returns {the rank to go on from, -1 once the set is walked (or is not a set); ids indexed by
+-- this call}.
+local start, count = tonumber(ARGV[1]), math.min(tonumber(ARGV[2]), 1000)
+-- pcall: a scheduled key of another type is the reclaim's to report; there is no set to walk.
+local got = redis.pcall('ZREVRANGE', K.scheduled, start, start + count - 1, 'WITHSCORES')
+if got.err then return {-1, 0} end
+local added = 0
+for i = 1, #got, 2 do
+  local id = got[i]
+  -- pcall: a state key of another type is claim's to bury; it is listed nowhere.
+  local st = redis.pcall('HGET', K.job_prefix .. id .. ':s', 'status')
+  if st == 'scheduled' or st == 'retrying' then
+    added = added + redis.call('ZADD', K.delayed, got[i + 1], id)
+  end
+end
+if #got < count * 2 then return {-1, added} end
+return {start + count, added}
