@@ -1933,8 +1933,9 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
         proj.runtime.close()
     # Per job: a GET of the record and an EXISTS of its state (absent for a job that waited
     # untouched: no HMGET of its fields then); per batch one RPOP, the claims' HMGET, the
-    # type checks of the leases, scheduled and dead sets (3 ZSCORE), one HSET of the claims and one ZADD each of the leases
-    # and of their claim times (the processing list's order);
+    # type checks of the leases, scheduled and dead sets (3 ZSCORE), one HSET of the
+    # claims and one ZADD each of the leases and of their claim times (the processing
+    # list's order);
     # flow control adds one EXISTS of the pauses and the priority set per call (both
     # absent: no HGETALL of the pauses), whatever the batch size.
     claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 3, "hset": 1, "zadd": 2, "exists": 11}
