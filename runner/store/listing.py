@@ -60,9 +60,12 @@ is freed then, so the holder alone would never find a dead letter);
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from runner.store import codec, records
 from runner.store.keys import QueueKeys
@@ -303,7 +306,10 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
                 fields["lease_ms"] = str(int(leases[job_id]))
             jobs.append(records.Job(job_id, queue, fields))
         if stale and status in MIRRORS:
-            scripts.prune(getattr(k, MIRRORS[status]), k, stale, SHOWN[status])
+            # Tidying only: a list is a read, and never fails for it (a server refusing
+            # writes, a script not loaded on a read replica); a later page tries again.
+            with contextlib.suppress(ResponseError):
+                scripts.prune(getattr(k, MIRRORS[status]), k, stale, SHOWN[status])
         if exhausted:
             qi, pos, gen, anchor, marks = qi + 1, 0, None, None, None
     if qi >= len(queues):
