@@ -585,7 +585,10 @@ def main() -> None:
     affinity.restore_original()  # the worker keeps to one core; its children spread out
     fd = int(sys.argv[1])
     os.set_inheritable(fd, False)  # never in a handler's tools: the parent reads its EOF as this child's end
-    if os.getppid() == 1:  # the worker died before the death signal was armed
+    # The worker died before the death signal was armed: this child has another parent
+    # now (init, or a subreaper). Not "the parent is 1": a worker that is PID 1 itself (a
+    # container's exec-form command) is this child's parent, alive.
+    if str(os.getppid()) != os.environ.get("RUNNER_CHILD_OF", str(os.getppid())):
         os._exit(0)
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
     setup_logs(cfg.log)

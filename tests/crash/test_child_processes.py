@@ -743,3 +743,29 @@ def test_no_attempt_shows_spent_before_a_fresh_childs_handler_runs(project: Proj
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
             w.wait(timeout=10)
+
+
+def test_a_worker_that_is_pid_1_runs_its_process_isolated_jobs(project: Project) -> None:
+    """A container whose command is the worker (exec form, no init: the shipped compose
+    file's slow service) makes it PID 1. Each child took a parent of PID 1 for a dead
+    worker and exited at start, so no process-isolated job ever ran; the worker restarted
+    children for ever. Run under a PID namespace of its own, the worker is PID 1 and its
+    job is done, in a child of its own."""
+    probe = subprocess.run(["unshare", "-pf", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace here (unshare: {probe.stderr.decode().strip()}): run as root to check this")
+    project.add_function("pwork", PWORK, '{"type": "object"}')
+    only_functions(project, "pwork")
+    args = ["unshare", "-pf", "--mount-proc", sys.executable, "-m", "runner.cli", "--config",
+            str(project.root / "runner.toml"), "worker", "--queue", "fast"]
+    with open(project.root / "pid1.log", "ab") as log:
+        w = subprocess.Popen(args, cwd=project.root, env=project.env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        job = project.client.enqueue("pwork", {}).id
+        assert project.client.wait(job, timeout_s=60).status == "done", (project.root / "pid1.log").read_text()
+        assert len(project.runs(job)) == 1
+        assert "exited with code 0 at start" not in (project.root / "pid1.log").read_text()
+    finally:
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait(timeout=10)
