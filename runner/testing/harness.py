@@ -20,7 +20,7 @@ from runner import config as config_mod
 from runner.client import Client
 from runner.config import Config
 from runner.runtime import Runtime
-from runner.store import census, codec, records
+from runner.store import census, codec, followups, records
 from runner.worker.worker import Worker
 
 FINAL = ("done", "dead")
@@ -83,13 +83,20 @@ class Harness:
     def jobs(self) -> Iterator[records.Job]:
         if self.before_look is not None:
             self.before_look()
+        for job_id in sorted(self._ids()):
+            try:
+                yield self.client.get(job_id)
+            except Exception:  # retention removed it between the scan and the read
+                continue
+
+    def _ids(self) -> set[str]:
         rt = self.runtime
-        for k in (k for parts in rt.parts.values() for k in parts):
-            for job_id in sorted(census.every_id(rt.redis, k)):
-                try:
-                    yield self.client.get(job_id)
-                except Exception:  # retention removed it between the scan and the read
-                    continue
+        return {i for parts in rt.parts.values() for k in parts for i in census.every_id(rt.redis, k)}
+
+    def _relaying(self) -> bool:
+        """A follow-up for another queue waits on an outbox until the relay places it."""
+        rt = self.runtime
+        return any(followups.outbox_head(rt.redis, k, 1) for parts in rt.parts.values() for k in parts)
 
     def enqueued(self, type_: str, payload_subset: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         want = dict(payload_subset or {})
@@ -131,8 +138,12 @@ class Harness:
         self._start()
         deadline = time.time() + timeout
         while True:
+            # The ids are read before the statuses: a parent read as done may have written
+            # its follow-ups after the ids were read. Nothing pending counts only when no id
+            # came meanwhile and no follow-up waits on an outbox.
+            before = self._ids()
             pending = [j for j in self.jobs() if not self._settled(j, deadline)]
-            if not pending:
+            if not pending and not self._relaying() and self._ids() <= before:
                 break
             if time.time() > deadline:
                 raise AssertionError(f"drain: {len(pending)} job(s) still pending after {timeout:g} s: "

@@ -271,6 +271,12 @@ def test_version(run: Invoke) -> None:
 
     r = run("--version")
     assert r.exit_code == 0 and r.stdout.strip() == f"runner {__version__} (runner-redis)"
+    # `python -m runner` is the command too (it said "No module named runner.__main__").
+    import subprocess
+    import sys
+
+    m = subprocess.run([sys.executable, "-m", "runner", "--version"], capture_output=True, text=True, timeout=60)
+    assert m.returncode == 0 and m.stdout.strip() == r.stdout.strip(), m.stderr
 
 
 def test_job_prints_readable_times_and_no_none(project: Project, run: Invoke) -> None:
