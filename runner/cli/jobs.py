@@ -274,7 +274,25 @@ def _shown(name: str, value: Any) -> str:
             "\n", "\n" + " " * 18)
     if name == "steps" and isinstance(value, list) and value:
         return "\n".join(plain(_step(i, e)) for i, e in enumerate(value, 1)).replace("\n", "\n" + " " * 18)
+    if name == "last_error" and isinstance(value, dict):
+        return _error(value).replace("\n", "\n" + " " * 18)
     return codec.dumps_view(value) if isinstance(value, dict | list) else plain(codec.shown_text(str(value)))
+
+
+def _error(e: dict[str, Any]) -> str:
+    """A job's last error for people: ``Type: message``, then its traceback's lines as
+    lines (they were one JSON string of escaped newlines), then any other field."""
+    from runner.store import codec
+
+    head = plain(codec.shown_text(f"{e.get('type') or 'Error'}: {e.get('message') or ''}".rstrip(": ")))
+    lines = [head]
+    tb = e.get("traceback")
+    if isinstance(tb, str) and tb.strip():
+        lines += [plain(codec.shown_text(x)) for x in tb.rstrip("\n").split("\n")]
+    rest = {k: v for k, v in e.items() if k not in ("type", "message", "traceback")}
+    if rest:
+        lines.append(plain(codec.shown_text(codec.dumps_view(rest))))
+    return "\n".join(lines)
 
 
 def _step(i: int, e: Any) -> str:

@@ -293,6 +293,22 @@ def test_job_prints_readable_times_and_no_none(project: Project, run: Invoke) ->
     assert isinstance(out_json(run("job", job_id, "--json"))["created_at"], int | float)
 
 
+def test_job_prints_the_last_error_as_lines(project: Project, run: Invoke) -> None:
+    """`runner job` shows a failed job's last error as its type and message, then its
+    traceback a line each (it printed one JSON line of escaped newlines); --json keeps it
+    as the object."""
+    project.add_function("boom", "import runner\nQUEUE = 'fast'\n\ndef handle(payload, ctx):\n"
+                                 "    raise runner.PermanentFailure('card declined')\n")
+    job_id = project.client.enqueue("boom", {}).id
+    project.spawn_worker("fast")
+    assert project.client.wait(job_id, timeout_s=30).status == "dead"
+    human = run("job", job_id).stdout
+    assert re.search(r"^\s+last_error: PermanentFailure: card declined$", human, re.M), human
+    assert re.search(r"^\s+Traceback \(most recent call last\):$", human, re.M), human
+    assert "\\n" not in human, human
+    assert out_json(run("job", job_id, "--json"))["last_error"]["type"] == "PermanentFailure"
+
+
 def test_every_json_error_is_json(project: Project, run: Invoke) -> None:
     """With --json, a refusal is a JSON object with "error" on stdout (and the text on
     stderr), whatever refused: an unknown job, a payload that is not JSON, an unknown
