@@ -197,7 +197,8 @@ def password_line(exc: BaseException | None) -> str | None:
 
 
 class UnknownFunction(RunnerError):
-    def __init__(self, type_: str, known: Sequence[str] = (), broken: str | None = None) -> None:
+    def __init__(self, type_: str, known: Sequence[str] = (), broken: str | None = None,
+                 no_folder: str | None = None) -> None:
         self.type = type_
         self.known = list(known)
         self.broken = broken
@@ -208,6 +209,9 @@ class UnknownFunction(RunnerError):
             self.close = None
             return
         detail = f"loaded: {', '.join(self.known)}" if self.known else "no function is loaded"
+        if no_folder and not self.known:
+            detail += (f": there is no functions folder at {no_folder}; run from the project's folder (the one "
+                       "with runner.toml), or name it: --config, RUNNER_CONFIG, or run_inline's project=")
         # The close match of a misspelling, for every surface's message (CLI, HTTP).
         self.close = likely(type_, self.known)
         hint = f"; did you mean {self.close}?" if self.close else ""

@@ -137,7 +137,11 @@ class Registry:
             return self.functions[name]
         except KeyError:
             broken = next((e.shown() for p, e in self.errors.items() if Path(p).stem == name), None)
-            raise UnknownFunction(name, sorted(self.functions), broken) from None
+            # Nothing loaded because there is no folder: say where it was looked for (a
+            # command run from a subfolder of the project, a project= or config not given).
+            nowhere = next((p for p, e in self.errors.items() if e.message == NO_FOLDER), None)
+            raise UnknownFunction(name, sorted(self.functions), broken,
+                                  nowhere if not self.functions else None) from None
 
     def for_queue(self, queue: str) -> list[Function]:
         return [f for f in self.functions.values() if f.queue == queue]
@@ -430,6 +434,9 @@ def _resolved(file: str, dirs: dict[str, str]) -> str:
     return os.path.realpath(path) if os.path.islink(path) else path
 
 
+NO_FOLDER = "no functions folder"
+
+
 def load(config: Config, previous: Registry | None = None) -> Registry:
     """Load every ``functions/*.py`` (not starting with ``_``)."""
     functions: dict[str, Function] = {}
@@ -437,7 +444,7 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
     warnings: list[str] = []
     folder = config.functions_dir
     if not folder.is_dir():
-        return Registry(errors={str(folder): FunctionLoadError(str(folder), "no functions folder")})
+        return Registry(errors={str(folder): FunctionLoadError(str(folder), NO_FOLDER)})
     _fresh_helpers(folder)
     checked = Checked.open(config)
     for path in sorted(folder.glob("*.py")):

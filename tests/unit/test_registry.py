@@ -191,3 +191,22 @@ def test_a_module_file_resolves_as_path_resolve_does(tmp_path: Path) -> None:
     dirs: dict[str, str] = {}
     assert [registry._resolved(f, dirs) for f in files] == [str(Path(f).resolve()) for f in files]
     assert os.path.realpath(tmp_path / "real") in dirs.values()
+
+
+def test_no_functions_folder_says_where_it_looked_and_what_to_do(tmp_path: Path) -> None:
+    """A command run from a subfolder of the project (or run_inline without project=)
+    found no functions folder, and said only "no function is loaded": the error names
+    where it looked and how to point it at the project."""
+    from runner.errors import UnknownFunction
+
+    (tmp_path / "runner.toml").write_text(TOML)
+    reg = registry.load(config.load(tmp_path / "runner.toml", env={}))
+    with pytest.raises(UnknownFunction) as err:
+        reg.get("greet")
+    said = str(err.value)
+    assert f"no functions folder at {tmp_path / 'functions'}" in said
+    assert "--config" in said and "project=" in said
+    # A project with functions says what it loaded, as before.
+    with pytest.raises(UnknownFunction, match=r"\(loaded: ok\)"):
+        (tmp_path / "p").mkdir()
+        registry.load(project(tmp_path / "p", {"ok": GOOD})).get("greet")
