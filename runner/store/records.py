@@ -371,7 +371,8 @@ class Job:
             if isinstance(meta.get(GROUP), str):
                 view["group"] = meta[GROUP]
             if isinstance(meta.get(DEBOUNCE), dict):
-                view["absorbed"] = _int(f.get("absorbed"))  # enqueues merged into this one job
+                # Enqueues merged into this one job: its state's count, once done its outcome's.
+                view["absorbed"] = _int(f.get("absorbed", meta.get("absorbed")))
             for key, value in meta.items():
                 if key not in (WAITED, CHILDREN, CHILDREN_COUNT, GROUP):  # the waiters' mark is not the producer's
                     view.setdefault(key, value)
