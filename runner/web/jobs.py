@@ -177,8 +177,9 @@ class JobSignal:
             raise Problem(400, "too-deep", f"a signal's body is nested past the limit of {VALUE_DEPTH} levels "
                           "of arrays and objects; flatten it", title="Nested too deep",
                           max_depth=VALUE_DEPTH) from None
+        key = idempotency_key(req)  # the delivery's: sent again with it, never delivered twice
         try:
-            delivery = await self.offload(self.client.signal, name, signal, data)
+            delivery = await self.offload(self.client.signal, name, signal, data, key=key)
         except JobEnded as exc:
             raise Problem(409, "job-ended", f"job {name} has ended ({exc.status}): no wait will read a signal",
                           title="Job ended", job_status=exc.status) from None
@@ -191,6 +192,9 @@ class JobSignal:
         except codec.TooDeep as exc:
             raise Problem(400, "too-deep", f"a signal's body: {exc}", title="Nested too deep",
                           max_depth=exc.limit) from None
+        if delivery == "duplicate":  # the job holds it or read it already: nothing delivered
+            send(resp, {"id": name, "signal": signal, "delivery": delivery, "duplicate": True}, 200)
+            return
         send(resp, {"id": name, "signal": signal, "delivery": delivery}, 202)
 
 
