@@ -156,6 +156,8 @@ class JobRunNow:
 class JobSignal:
     """POST /jobs/{id}/signals/{signal}: the body (any JSON) for the job's
     ctx.wait_for_signal(signal). 202 {"id", "signal", "delivery": "resumed" | "kept"};
+    200 {..., "delivery": "duplicate", "duplicate": true} for the Idempotency-Key of the
+    last signal of that name the job took (kept or read: nothing delivered);
     409 for a job that ended, or one holding an unread signal of that name; 404 no job."""
 
     def __init__(self, client: Client, offload: Offload) -> None:
