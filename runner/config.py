@@ -53,6 +53,12 @@ MAX_REPLICAS = 16
 # waiting connection per partition on Redis Cluster) large.
 MAX_PARTITIONS = 64
 MAX_WAIT_TIMEOUT_S = 60.0
+# The largest duration and size any setting takes. A finite 1e308 overflows where a worker
+# turns seconds into milliseconds, a timer or an expiry; ten years is longer than any
+# setting means, and 512 MiB is Redis's largest string (so the largest value it could keep).
+MAX_SECONDS = 315_360_000
+MAX_BYTES = 536_870_912
+MAX_RSS_MB = 1_048_576
 # [worker] max_result_bytes by default: a result or checkpoint as large as a request body.
 MAX_RESULT_BYTES = 1_048_576
 
@@ -245,6 +251,17 @@ def _pos_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+def _secs(v: Any, least: float = 0, above: bool = False) -> bool:
+    """A duration: at least ``least`` (more than it with ``above``), at most MAX_SECONDS."""
+    return _is_num(v) and (v > least if above else v >= least) and v <= MAX_SECONDS
+
+
+_AT_MOST_S = f"at most {MAX_SECONDS:,}"
+_POS_S = (lambda v: _secs(v, above=True), f"a positive number of seconds, {_AT_MOST_S}")
+_NONNEG_S = (_secs, f"a number of seconds >= 0, {_AT_MOST_S}")
+_SIZE = (lambda v: _pos_int(v) and v <= MAX_BYTES, f"a positive integer, at most {MAX_BYTES:,}")
+
+
 def _str(v: Any) -> bool:
     return isinstance(v, str) and v != ""
 
@@ -280,22 +297,23 @@ def _check_table(
 
 
 _QUEUE_SPEC: dict[str, tuple[Checker, str]] = {
-    "visibility_timeout": (lambda v: _is_num(v) and v >= 1, "a number of seconds >= 1"),
+    "visibility_timeout": (lambda v: _secs(v, 1), f"a number of seconds >= 1, {_AT_MOST_S}"),
     "concurrency": (_pos_int, "a positive integer"),
     "max_attempts": (_pos_int, "a positive integer"),
     "backoff": (lambda v: isinstance(v, dict), "a table {base, cap, jitter}"),
-    "max_timeout": (_pos_num, "a positive number of seconds"),
+    "max_timeout": _POS_S,
     "batch": (lambda v: _pos_int(v) and v <= 1000, "an integer from 1 to 1000"),
     "prefetch": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10000,
                  "an integer from 0 to 10000"),
     "isolation": (lambda v: v in ISOLATIONS, "thread or process"),
     "max_jobs_per_child": (_pos_int, "a positive integer"),
-    "max_rss_mb": (_pos_num, "a positive number of megabytes"),
+    "max_rss_mb": (lambda v: _pos_num(v) and v <= MAX_RSS_MB,
+                   f"a positive number of megabytes, at most {MAX_RSS_MB:,}"),
     "partitions": (lambda v: _pos_int(v) and v <= MAX_PARTITIONS, f"an integer from 1 to {MAX_PARTITIONS}"),
 }
 _BACKOFF_SPEC: dict[str, tuple[Checker, str]] = {
-    "base": (_nonneg_num, "a number of seconds >= 0"),
-    "cap": (_nonneg_num, "a number of seconds >= 0"),
+    "base": _NONNEG_S,
+    "cap": _NONNEG_S,
     "jitter": (lambda v: v in JITTER_MODES, f"one of {', '.join(JITTER_MODES)}"),
 }
 _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
@@ -310,7 +328,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
                          f"a number of seconds from 0.001 to {MAX_WAIT_TIMEOUT_S:g}"),
     },
     "api": {
-        "max_body_bytes": (_pos_int, "a positive integer"),
+        "max_body_bytes": _SIZE,
         "max_wait": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 3600,
                      "a number of seconds from 0 to 3600"),
         "auth": (_bool, "true or false (false switches bearer-token auth off)"),
@@ -321,22 +339,22 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
         "tokens": (lambda v: isinstance(v, dict), "tables [api.tokens.NAME] with scopes and env or hash"),
     },
     "retention": {
-        "done": (_nonneg_num, "a number of seconds >= 0"),
+        "done": _NONNEG_S,
         "done_max": (_pos_int, "a positive integer (done jobs kept per queue)"),
         "done_payload": (_bool, "true or false (keep a finished job's payload with its outcome)"),
-        "dead": (_nonneg_num, "a number of seconds >= 0"),
-        "idempotency": (_nonneg_num, "a number of seconds >= 0"),
+        "dead": _NONNEG_S,
+        "idempotency": _NONNEG_S,
         "logs": (lambda v: _log_bounds(v) is not None,
                  "a table { lines = 0 to 100000, bytes = 1024 to 16777216 } (each job's log)"),
     },
     "worker": {
-        "grace_period": (_nonneg_num, "a number of seconds >= 0"),
-        "scheduler_interval": (_pos_num, "a positive number of seconds"),
-        "unknown_grace": (_nonneg_num, "a number of seconds >= 0"),
-        "timeout_grace": (_pos_num, "a positive number of seconds"),
+        "grace_period": _NONNEG_S,
+        "scheduler_interval": _POS_S,
+        "unknown_grace": _NONNEG_S,
+        "timeout_grace": _POS_S,
         "cpu_affinity": (lambda v: v in ("auto", "off"), '"auto" (one core per worker process) or "off"'),
-        "max_result_bytes": (_pos_int, "a positive integer (bytes of a handler's JSON result)"),
-        "max_step_bytes": (_pos_int, "a positive integer (bytes of a durable step's JSON result)"),
+        "max_result_bytes": (_SIZE[0], f"{_SIZE[1]} (bytes of a handler's JSON result)"),
+        "max_step_bytes": (_SIZE[0], f"{_SIZE[1]} (bytes of a durable step's JSON result)"),
     },
     "log": {
         "level": (lambda v: v in ("DEBUG", "INFO", "WARNING", "ERROR"), "DEBUG/INFO/WARNING/ERROR"),
@@ -480,6 +498,8 @@ def _env_num(name: str, value: str) -> float:
         raise ConfigError(f"environment: {name} must be a number, got {value!r}") from None
     if out < 0:
         raise ConfigError(f"environment: {name} must be >= 0, got {value!r}")
+    if not out <= MAX_SECONDS:  # (inf and nan too)
+        raise ConfigError(f"environment: {name} must be a number of seconds, at most {MAX_SECONDS:,}, got {value!r}")
     return out
 
 

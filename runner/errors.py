@@ -436,7 +436,8 @@ class NotReplicated(RunnerError):
     }
 
     def __init__(self, acked: int, wanted: int, timeout_s: float, job_ids: Sequence[str] = (),
-                 replies: Sequence[Any] = (), signal: str | None = None, write: str = "enqueue") -> None:
+                 replies: Sequence[Any] = (), signal: str | None = None, write: str = "enqueue",
+                 key: str = "") -> None:
         self.acked = acked
         self.wanted = wanted
         self.timeout_s = timeout_s
@@ -444,9 +445,15 @@ class NotReplicated(RunnerError):
         self.replies = list(replies)
         self.signal = signal  # a signal's delivery (not an enqueue) that was not confirmed
         self.write = write  # what was written: a key of ADVICE
+        self.key = key  # a signal's delivery key: sent again with it, it is never delivered twice
         if signal is not None:
-            self.advice = ("Send it again once the replicas are back: 409 signal-pending (SignalPending) then "
-                           "says it is kept")
+            # The job may read it before the caller hears back: only its key tells a second
+            # send from a new signal, to the job's next wait of that name.
+            self.advice = (f"Send it again with its key {key!r} once the replicas are back (Client.signal(..., "
+                           f"key=...), the Idempotency-Key header, runner signal --key): the answer is "
+                           f"'duplicate' if the job holds it or read it already, and it is never delivered twice"
+                           if key else "Look the job up (its steps) before sending it again: the job may have "
+                           "read it already")
             super().__init__(
                 f"signal {signal!r} to job {', '.join(self.job_ids)} was written to the Redis master but only "
                 f"{acked} of {wanted} replica(s) confirmed it within {timeout_s:g} s, so a failover now could "

@@ -10,6 +10,7 @@ first refusal is the file's error. The schedule options are schedules.py's.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 from runner.catalog import limits, templates
 from runner.catalog import schedules as schedules_mod
-from runner.config import ISOLATIONS, JITTER_MODES, Backoff, Config, QueueConfig
+from runner.config import ISOLATIONS, JITTER_MODES, MAX_SECONDS, Backoff, Config, QueueConfig
 
 
 class Refused(Exception):
@@ -61,7 +62,8 @@ class Option:
 
 
 def _num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    # Finite: a setting of inf or nan means no bound, and overflows where it meets a clock.
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _whole(v: Any) -> bool:
@@ -78,8 +80,22 @@ def _check(valid: Callable[[Any], bool], must: str, optional: bool = False) -> R
     return read
 
 
-_positive_s = _check(lambda v: _num(v) and v > 0, "must be a positive number of seconds")
-_positive_s_or_none = _check(lambda v: _num(v) and v > 0, "must be a positive number of seconds", optional=True)
+def _seconds(optional: bool) -> Reader:
+    """A positive number of seconds, at most MAX_SECONDS (as runner.toml's durations: past
+    it, a worker's milliseconds overflow); ``optional``: None is no value."""
+    def read(name: str, v: Any, seen: Seen) -> Any:
+        if optional and v is None:
+            return None
+        if not (_num(v) and v > 0):
+            raise Refused(f"{name} must be a positive number of seconds, got {v!r}")
+        if v > MAX_SECONDS:
+            raise Refused(f"{name} must be at most {MAX_SECONDS:,} seconds, got {v!r}")
+        return v
+    return read
+
+
+_positive_s = _seconds(optional=False)
+_positive_s_or_none = _seconds(optional=True)
 _function_name = _check(lambda v: isinstance(v, str) and v.isidentifier(), "must name a function (a string)",
                         optional=True)
 

@@ -153,9 +153,11 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
 @click.argument("job_id", metavar="ID")
 @click.argument("name", metavar="NAME")
 @click.argument("data", metavar="[JSON]", required=False)
+@click.option("--key", default=None, help="The delivery's key: a signal sent again with the key of one the job "
+              "took (kept or read) is answered duplicate and not delivered twice (exit 3 names the key).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def signal(ctx: click.Context, job_id: str, name: str, data: str | None, as_json: bool) -> None:
+def signal(ctx: click.Context, job_id: str, name: str, data: str | None, key: str | None, as_json: bool) -> None:
     """Send the signal NAME (JSON body, default null; @file or - as for a payload) to a job
     waiting in ctx.wait_for_signal(NAME), or keep it for its next wait. Exit 1 when refused
     (the job ended, no such job, one of that name is unread)."""
@@ -165,7 +167,7 @@ def signal(ctx: click.Context, job_id: str, name: str, data: str | None, as_json
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
         try:
-            delivery = Client(rt).signal(job_id, name, body)
+            delivery = Client(rt).signal(job_id, name, body, key=key)
         except (RedisUnavailable, NotReplicated):  # exit 3 (redis_errors)
             raise
         except (ValueError, RunnerError) as exc:

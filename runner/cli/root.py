@@ -232,6 +232,8 @@ def refusal(exc: RunnerError) -> dict[str, Any]:
         out["errors"] = [e.as_dict() for e in exc.errors]
     if isinstance(exc, NotReplicated):
         out["job_ids"] = exc.job_ids
+        if exc.signal is not None:
+            out["key"] = exc.key  # a signal's: `runner signal --key` sends it again safely
     return out
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner import outbox
+from runner.catalog import templates
 from runner.client import waking
 from runner.client.enqueuing import Enqueued, encoded
 from runner.client.inspecting import find, get, queue_keys
@@ -502,24 +504,35 @@ def _cancel_links(client: Client, job_id: str, by: str | None) -> None:
 
 # --- signals (docs/durable.md) -----------------------------------------------------------
 
-def signal(client: Client, job_id: str, name: str, data: Any = None) -> str:
+def signal(client: Client, job_id: str, name: str, data: Any = None, *, key: str | None = None) -> str:
     """Send the signal ``name`` with ``data`` (any JSON value) to a durable function's
     job, for its ``ctx.wait_for_signal(name)``: "resumed" when the job waited for it (it
-    is queued to run on at once), "kept" when it is kept until the job's wait reads it.
-    Raises JobEnded for a job that ended, JobNotFound for no such job, SignalPending when
-    one of that name is kept already, unread."""
+    is queued to run on at once), "kept" when it is kept until the job's wait reads it,
+    "duplicate" when the last signal of that name the job took carried this ``key``
+    (kept or read already: nothing is delivered again). Without a key the delivery gets
+    one of its own, which a NotReplicated answer names (``key``): sending it again with
+    that key is then safe. Raises JobEnded for a job that ended, JobNotFound for no such
+    job, SignalPending when one of that name is kept already, unread."""
     check_signal_name(name)
+    if key is None:
+        key = os.urandom(12).hex()
+    elif not isinstance(key, str) or not key or len(key.encode()) > templates.MAX_KEY_BYTES:
+        raise ValueError(f"a signal's key must be 1 to {templates.MAX_KEY_BYTES} bytes of text")
+    elif (bad := templates.control_character(key)) is not None:
+        raise ValueError(f"a signal's key holds a control character ({bad}), which a key cannot carry")
     # Held as a step's value is: its log entry must read back (steps.VALUE_DEPTH).
     body = codec.dumpb_checked(data, VALUE_DEPTH).decode()
     if len(body) > MAX_STEP_BYTES:
         raise ValueError(f"a signal's body is at most {MAX_STEP_BYTES:,} bytes of JSON, not {len(body):,}")
-    return deliver_signal(client, job_id, name, body, bounded=True)
+    return deliver_signal(client, job_id, name, body, bounded=True, key=key)
 
 
-def deliver_signal(client: Client, job_id: str, name: str, body: str, *, bounded: bool = False) -> str:
+def deliver_signal(client: Client, job_id: str, name: str, body: str, *, bounded: bool = False,
+                   key: str = "") -> str:
     """``signal`` with its body encoded already (JSON text); unbounded unless ``bounded``
     (the job's signals kept unread, MAX_KEPT_SIGNALS and MAX_KEPT_SIGNAL_BYTES): a child
-    job's end (ctx.invoke) is bounded as its result is, and is never refused."""
+    job's end (ctx.invoke) is bounded as its result is, and is never refused. ``key``:
+    the delivery's (signal.lua), none for a child's end."""
     k, _ = find(client, job_id)
     try:
         with reachable():
@@ -527,9 +540,10 @@ def deliver_signal(client: Client, job_id: str, name: str, body: str, *, bounded
             # is not (its parent looks for the end itself at its next poll).
             code, status = client.runtime.scripts.signal(
                 k, job_id, name, body, most=MAX_KEPT_SIGNALS if bounded else 0,
-                most_bytes=MAX_KEPT_SIGNAL_BYTES if bounded else 0, durable=bounded)
+                most_bytes=MAX_KEPT_SIGNAL_BYTES if bounded else 0, durable=bounded, key=key)
     except NotReplicated as exc:
-        raise NotReplicated(exc.acked, exc.wanted, exc.timeout_s, [job_id], exc.replies, signal=name) from None
+        raise NotReplicated(exc.acked, exc.wanted, exc.timeout_s, [job_id], exc.replies, signal=name,
+                            key=key) from None
     if int(code) == -1:
         raise JobNotFound(job_id)
     if int(code) == -2:
@@ -539,7 +553,7 @@ def deliver_signal(client: Client, job_id: str, name: str, body: str, *, bounded
     if int(code) in (-4, -5):
         raise SignalsFull(job_id, f"{MAX_KEPT_SIGNALS} signals" if int(code) == -4 else
                           f"{MAX_KEPT_SIGNAL_BYTES:,} bytes of bodies")
-    return "resumed" if int(code) == 2 else "kept"
+    return "resumed" if int(code) == 2 else "duplicate" if int(code) == 3 else "kept"
 
 
 def cancel_deferred(client: Client, *, queue: str | None = None, type: str | None = None, by: str | None = None,

@@ -35,8 +35,9 @@ A durable function's step log lives in its state too (steps, step_bytes, step:<i
 lua/step.lua), run_attempt and run_started_ms (the attempt a suspended job ran and when
 that attempt's first run began: its view's attempt and started_at, see suspend.lua),
 with waiting_for (the signal a waiting job waits for; 'event.<position>'
-for ctx.wait_for_event, whose entry names the event and match) and sig:<name> (a
-signal kept until a wait reads it); ``Job.as_dict`` shows ``steps`` and ``waiting_for``.
+for ctx.wait_for_event, whose entry names the event and match), sig:<name> (a
+signal kept until a wait reads it) and sigkey:<name> (the key of the last signal of that
+name the job took, see signal.lua); ``Job.as_dict`` shows ``steps`` and ``waiting_for``.
 """
 
 from __future__ import annotations
@@ -371,7 +372,8 @@ class Job:
             if isinstance(meta.get(GROUP), str):
                 view["group"] = meta[GROUP]
             if isinstance(meta.get(DEBOUNCE), dict):
-                view["absorbed"] = _int(f.get("absorbed"))  # enqueues merged into this one job
+                # Enqueues merged into this one job: its state's count, once done its outcome's.
+                view["absorbed"] = _int(f.get("absorbed", meta.get("absorbed")))
             for key, value in meta.items():
                 if key not in (WAITED, CHILDREN, CHILDREN_COUNT, GROUP):  # the waiters' mark is not the producer's
                     view.setdefault(key, value)

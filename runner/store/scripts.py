@@ -503,14 +503,16 @@ class Scripts(Transport):
         return self._run("suspend", keys, args, pipe)
 
     def signal(self, k: QueueKeys, job_id: str, name: str, body: str, now_ms: int | None = None, *,
-               most: int = 0, most_bytes: int = 0, position: int | None = None, durable: bool = False) -> Any:
+               most: int = 0, most_bytes: int = 0, position: int | None = None, durable: bool = False,
+               key: str = "") -> Any:
         """Deliver a signal (signal.lua): {code, status}; ``most``/``most_bytes`` bound what
         one job keeps unread (0: unbounded); with ``position``, refused (-6) once the wait
         there is over (an event's delivery). ``durable``: confirmed by the replicas, as an
-        enqueue is (NotReplicated)."""
+        enqueue is (NotReplicated). ``key``: the delivery's, a duplicate of the last one of
+        that name answered 3 and not delivered."""
         return self._run("signal", scriptkeys.keys("signal", k, job=k.job(job_id)),
                          (_clock(now_ms), job_id, name, body, most, most_bytes,
-                          "" if position is None else position), durable=durable)
+                          "" if position is None else position, key), durable=durable)
 
     def listen(self, ek: EventKeys, shape: str, digest: str, member: str, most_shapes: int,
                now_ms: int | None = None) -> Any:

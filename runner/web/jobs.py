@@ -156,6 +156,8 @@ class JobRunNow:
 class JobSignal:
     """POST /jobs/{id}/signals/{signal}: the body (any JSON) for the job's
     ctx.wait_for_signal(signal). 202 {"id", "signal", "delivery": "resumed" | "kept"};
+    200 {..., "delivery": "duplicate", "duplicate": true} for the Idempotency-Key of the
+    last signal of that name the job took (kept or read: nothing delivered);
     409 for a job that ended, or one holding an unread signal of that name; 404 no job."""
 
     def __init__(self, client: Client, offload: Offload) -> None:
@@ -177,8 +179,9 @@ class JobSignal:
             raise Problem(400, "too-deep", f"a signal's body is nested past the limit of {VALUE_DEPTH} levels "
                           "of arrays and objects; flatten it", title="Nested too deep",
                           max_depth=VALUE_DEPTH) from None
+        key = idempotency_key(req)  # the delivery's: sent again with it, never delivered twice
         try:
-            delivery = await self.offload(self.client.signal, name, signal, data)
+            delivery = await self.offload(self.client.signal, name, signal, data, key=key)
         except JobEnded as exc:
             raise Problem(409, "job-ended", f"job {name} has ended ({exc.status}): no wait will read a signal",
                           title="Job ended", job_status=exc.status) from None
@@ -191,6 +194,9 @@ class JobSignal:
         except codec.TooDeep as exc:
             raise Problem(400, "too-deep", f"a signal's body: {exc}", title="Nested too deep",
                           max_depth=exc.limit) from None
+        if delivery == "duplicate":  # the job holds it or read it already: nothing delivered
+            send(resp, {"id": name, "signal": signal, "delivery": delivery, "duplicate": True}, 200)
+            return
         send(resp, {"id": name, "signal": signal, "delivery": delivery}, 202)
 
 

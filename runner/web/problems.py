@@ -245,7 +245,7 @@ async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Except
         f"{len(ex.job_ids)} jobs" if ex.job_ids else "the write"
     if ex.signal is not None:
         raise Problem(503, "not-replicated", str(ex), title="Not replicated", headers={"Retry-After": "1"},
-                      job_ids=ex.job_ids, replicas_acked=ex.acked, replicas_wanted=ex.wanted)
+                      job_ids=ex.job_ids, replicas_acked=ex.acked, replicas_wanted=ex.wanted, key=ex.key)
     raise Problem(503, "not-replicated",
                   f"{which} written to the Redis master, but only {ex.acked} of {ex.wanted} replica(s) "
                   f"confirmed within {ex.timeout_s:g} s: the job exists but a failover now could lose it. "

@@ -301,13 +301,23 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
             "operationId": "signal_job", "tags": ["jobs"],
             "summary": "A signal for a durable function's ctx.wait_for_signal (its body: any JSON)",
             "parameters": [job_id, _path_param("signal", {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,100}$"},
-                                               "the signal's name")],
+                                               "the signal's name"),
+                           {"name": "Idempotency-Key", "in": "header", "required": False,
+                            "description": "the delivery's key: sent again with the key of the last signal of "
+                                           "that name the job took, it is answered 200 duplicate",
+                            "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES}}],
             "requestBody": {"required": True, "content": {_JSON: {"schema": {}}}},
             "responses": {"202": {"description": "resumed: the job waited for it and runs on; kept: for its "
                                                  "next wait of that name", "content": {_JSON: {
                               "schema": _obj({"id": {"type": "string"}, "signal": {"type": "string"},
                                               "delivery": {"type": "string", "enum": ["resumed", "kept"]}},
                                              ["id", "signal", "delivery"])}}},
+                          "200": {"description": "a duplicate: the job took a signal of that name with this "
+                                                 "Idempotency-Key already (kept or read); nothing delivered",
+                                  "content": {_JSON: {
+                              "schema": _obj({"id": {"type": "string"}, "signal": {"type": "string"},
+                                              "delivery": {"const": "duplicate"}, "duplicate": {"const": True}},
+                                             ["id", "signal", "delivery", "duplicate"])}}},
                           "400": problem("A malformed signal name or body"), "404": problem("No such job"),
                           "409": problem("The job has ended, or holds an unread signal of that name")},
         }},

@@ -106,6 +106,21 @@ def test_a_burst_on_a_partitioned_queue_is_one_job(project: Project) -> None:
     project.stop_all()
 
 
+def test_the_job_that_ran_keeps_the_count_it_absorbed(project: Project) -> None:
+    """absorbed shows while the burst's job waits, and stays in its view once it ran and
+    is done (the count lived in its state, which a success deletes)."""
+    project.add_function("doc", textwrap.dedent(DOC.format(period=0.3, max_wait=120)), SCHEMA)
+    c = project.client
+    ids = {c.enqueue("doc", {"doc_id": 8, "n": i}).id for i in range(5)}
+    [job] = ids
+    assert c.get(job).as_dict()["absorbed"] == 4
+    project.spawn_worker("fast")
+    done = c.wait(job, 30).as_dict()
+    assert done["status"] == "done", done
+    assert done["absorbed"] == 4, done
+    assert done["debounce"]["key"] == "doc:8", done
+
+
 # --- only a job still waiting for its debounce absorbs (a started one does not) ------
 
 BILL = '''

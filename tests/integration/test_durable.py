@@ -92,6 +92,21 @@ def test_a_sleep_frees_the_worker_and_resumes_past_it(project: Project, isolatio
     assert counters.get("replays|steps") == 1, counters  # the resume replayed a, b and a#2
 
 
+def test_run_now_cuts_a_sleep_short(project: Project) -> None:
+    """An operator's run now of a job in an hour's sleep: the replay returns from ctx.sleep
+    and runs on past it (docs/durable.md, docs/http.md), with no attempt spent."""
+    project.add_function("steps", STEPS.format(isolation=""))
+    c = project.client
+    project.spawn_worker("fast")
+    job = c.enqueue("steps", {"sleep": 3600}).id
+    wait_for(lambda: c.get(job).status == "sleeping", timeout=20, what="the job to sleep")
+    c.run_now(job)
+    done = c.wait(job, 30).as_dict()
+    assert done["status"] == "done", done
+    assert done["result"]["attempt"] == 1 and done["result"]["c"] == "C", done
+    assert len(runs(project, job, "c")) == 1
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
 def test_a_replay_on_another_path_fails_for_good_naming_both_steps(project: Project, isolation: str) -> None:
     """The first run records step "one"; its retry reaches "other" at that position:

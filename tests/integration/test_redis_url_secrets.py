@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from runner import config
 from runner.store.urls import redact, scrub
 
 from conftest import Project, wait_for
@@ -117,3 +118,33 @@ def test_inf_and_nan_settings_are_refused_at_check(project: Project, old: str, n
         text = out.stdout + out.stderr
         assert out.returncode != 0 and "Traceback" not in text, text[-2000:]
         assert "must be" in text, text[-2000:]
+
+
+@pytest.mark.parametrize("old,new,option", [
+    ("visibility_timeout = 2\n", "visibility_timeout = 1e308\n", "queues.fast.visibility_timeout"),
+    ("done = 3600", "done = 1e308", "retention.done"),
+    ("max_timeout = 600", "max_timeout = 1e308", "queues.slow.max_timeout"),
+    ("grace_period = 5", "grace_period = 1e308", "worker.grace_period"),
+])
+def test_a_huge_finite_setting_is_refused_at_check_naming_its_largest_value(
+        project: Project, old: str, new: str, option: str) -> None:
+    """1e308 is finite, and a worker turning it into milliseconds overflowed at start:
+    every duration is bounded at load, and the error names the option and its largest value."""
+    path = project.root / "runner.toml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    for args in (("check",), ("worker", "--queue", "fast")):
+        out = _run(project, *args)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0 and "Traceback" not in text and "OverflowError" not in text, text[-2000:]
+        assert option in text and f"at most {config.MAX_SECONDS:,}" in text, text[-2000:]
+
+
+def test_a_huge_grace_period_from_the_environment_is_refused(project: Project) -> None:
+    env = {**project.env, "RUNNER_GRACE_PERIOD": "1e308"}
+    out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "check"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Traceback" not in text, text[-2000:]
+    assert "RUNNER_GRACE_PERIOD" in text and f"at most {config.MAX_SECONDS:,}" in text, text[-2000:]

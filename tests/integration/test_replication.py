@@ -376,14 +376,69 @@ def test_a_signal_is_answered_only_once_a_replica_holds_it(rproject: Project, va
         r = http.simulate_post(f"/jobs/{jobs[1]}/signals/go", json={"ok": 1})
         assert r.status_code == 503, r.text
         assert r.json["type"] == "urn:runner:problem:not-replicated" and r.json["job_ids"] == [jobs[1]]
-        out = cli_run(p, "signal", jobs[2], "go", '{"ok": 2}', "--json")
+        out = cli_run(p, "signal", jobs[2], "go", '{"ok": 2}', "--json", "--key", "cli-1")
         assert out.exit_code == 3, out.output
+        assert "'cli-1'" in out.output, out.output  # the key to send it again with
     wait_for(lambda: _caught_up(valkey_pair.master), timeout=20, what="the replica back")
     with pytest.raises(SignalPending):
-        c.signal(jobs[0], "go", {"ok": 0})
+        c.signal(jobs[0], "go", {"ok": 0})  # a new signal (another key) while it is unread
+    assert c.signal(jobs[0], "go", {"ok": 0}, key=err.value.key) == "duplicate"  # as the error advises
+    out = cli_run(p, "signal", jobs[2], "go", '{"ok": 2}', "--key", "cli-1")
+    assert out.exit_code == 0 and "duplicate" in out.output, out.output
     p.spawn_worker("fast")
     for i, j in enumerate(jobs):
         assert c.wait(j, 60).as_dict()["result"] == {"ok": i}
+
+
+WAIT_TWICE = '''
+QUEUE = "fast"
+MAX_ATTEMPTS = 200
+
+def handle(payload, ctx):
+    first = ctx.wait_for_signal("go", timeout=3600)
+    second = ctx.wait_for_signal("go", timeout=3600)
+    return {"first": first, "second": second}
+'''
+
+
+def _on_second_wait(c: Any, job: str) -> bool:
+    view = c.get(job).as_dict()
+    return view["status"] == "waiting" and len(view.get("steps") or []) == 2
+
+
+def test_a_signal_sent_again_as_advised_is_never_delivered_twice(rproject: Project, valkey_pair: Pair) -> None:
+    """A signal answered NotReplicated is on the master, and the job may read it before
+    the caller hears back. Sent again once the replicas are back, as the error says (with
+    the key it names: Client.signal(key=), the Idempotency-Key header), it is answered
+    "duplicate" and delivered nothing, even to the job's next wait of that name; a new
+    signal (another key) still reaches that wait."""
+    p = durable(rproject, 1)
+    p.add_function("twice", WAIT_TWICE)
+    c = p.client
+    jobs = [c.enqueue("twice", {}).id for _ in range(2)]
+    p.spawn_worker("fast")
+    wait_for(lambda: all(c.get(j).status == "waiting" for j in jobs), timeout=30, what="the jobs to wait")
+    http = falcon.testing.TestClient(create_app(p.runtime))
+    with valkey_pair.replica_stopped():
+        with pytest.raises(NotReplicated) as err:
+            c.signal(jobs[0], "go", {"n": 1})
+        key = err.value.key
+        assert key and key in str(err.value), str(err.value)
+        r = http.simulate_post(f"/jobs/{jobs[1]}/signals/go", json={"n": 1}, headers={"Idempotency-Key": "k-1"})
+        assert r.status_code == 503 and r.json["key"] == "k-1", r.text
+    wait_for(lambda: _caught_up(valkey_pair.master), timeout=20, what="the replica back")
+    # Each job read the first send (it was on the master) and waits for "go" again.
+    for j in jobs:
+        wait_for(lambda j=j: _on_second_wait(c, j), timeout=60, what="the second wait")
+    assert c.signal(jobs[0], "go", {"n": 1}, key=key) == "duplicate"
+    r = http.simulate_post(f"/jobs/{jobs[1]}/signals/go", json={"n": 1}, headers={"Idempotency-Key": "k-1"})
+    assert r.status_code == 200 and r.json["delivery"] == "duplicate" and r.json["duplicate"] is True, r.text
+    assert _on_second_wait(c, jobs[0]) and _on_second_wait(c, jobs[1])  # nothing delivered
+    assert c.signal(jobs[0], "go", {"n": 2}) == "resumed"
+    r = http.simulate_post(f"/jobs/{jobs[1]}/signals/go", json={"n": 2}, headers={"Idempotency-Key": "k-2"})
+    assert r.status_code == 202 and r.json["delivery"] == "resumed", r.text
+    for j in jobs:
+        assert c.wait(j, 60).as_dict()["result"] == {"first": {"n": 1}, "second": {"n": 2}}
 
 
 def test_an_emit_short_of_replicas_names_its_jobs_and_exits_3(rproject: Project, valkey_pair: Pair) -> None:

@@ -118,6 +118,17 @@ local function outcome(typ, ver, attempt, started, history, result, created)
   return head .. '\n' .. (history or '') .. '\n' .. result
 end
 
+-- A DEBOUNCE job's count of the enqueues it absorbed lives in its state, which a success
+-- deletes: its outcome's meta line (after the result's, a JSON object) keeps it as
+-- "absorbed", so the done job's view still says how many it merged.
+local function with_absorbed(result, absorbed)
+  local n = tonumber(absorbed)
+  if not n or n <= 0 then return result end
+  local nl = string.find(result, '\n', 1, true)
+  if not nl or string.sub(result, nl + 1, nl + 2) ~= '{"' then return result end
+  return string.sub(result, 1, nl) .. '{"absorbed":' .. string.format('%d', n) .. ',' .. string.sub(result, nl + 2)
+end
+
 -- Commit a run's staged follow-ups (see above): constant work whatever their number.
 local function commit_stage(id, token, staged)
   if (tonumber(staged) or 0) <= 0 then return end
@@ -135,7 +146,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
   if claimed_by_another then return false end
   local jk = K.job_prefix .. id
   local sk = jk .. ':s'
-  local f = redis.pcall('HMGET', sk, 'lost_token', 'status', 'reason', 'history')
+  local f = redis.pcall('HMGET', sk, 'lost_token', 'status', 'reason', 'history', 'absorbed')
   if f.err or type(f[1]) ~= 'string' then return false end
   local lost, attempt, started = string.match(f[1], '^(%S+) (%d+) (%d+)$')
   if lost ~= token then return false end
@@ -146,7 +157,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
   if not rec then return false end
   if f[2] == 'dead' then redis.call('ZREM', K.dead, id) end
   -- The id may still wait in ready: claim drops it as a stray (it has no record).
-  local value = outcome(rec.type, rec.version, attempt, started, f[4], result, rec.created_ms)
+  local value = outcome(rec.type, rec.version, attempt, started, f[4], with_absorbed(result, f[5]), rec.created_ms)
   done_ids[#done_ids + 1] = id
   outcomes[#outcomes + 1] = value
   keep(id, value, keep_ms)
@@ -179,7 +190,8 @@ for i = 0, n - 1 do
     seen[id] = true
     local jk = K.job_prefix .. id
     local typ, ver = string.match(field, '^(.*)|(.*)$')
-    local got = c.state and redis.pcall('HMGET', jk .. ':s', 'history', 'run_attempt', 'run_started_ms') or nil
+    local got = c.state and redis.pcall('HMGET', jk .. ':s', 'history', 'run_attempt', 'run_started_ms', 'absorbed')
+      or nil
     if type(got) ~= 'table' or got.err then got = {} end
     local history = type(got[1]) == 'string' and got[1] or nil
     -- A durable function resumed within this attempt began at its first run (suspend.lua).
@@ -191,7 +203,8 @@ for i = 0, n - 1 do
         complete_idem(rec.type, rec.idem_key, id)
       end
     end
-    local value = outcome(typ or '?', ver or '?', c.attempt_s, started, history, result, ARGV[b + 6])
+    local value = outcome(typ or '?', ver or '?', c.attempt_s, started, history, with_absorbed(result, got[4]),
+      ARGV[b + 6])
     done_ids[#done_ids + 1] = id
     outcomes[#outcomes + 1] = value
     keep(id, value, keep_ms)

@@ -22,12 +22,18 @@
 -- ARGV[6] most bytes of bodies kept unread for one job (0: unbounded)
 -- ARGV[7] the wait's position in the step log ('' any): an event's delivery to a waiter
 --         (ctx.wait_for_event, client/waking.py) is refused once that wait is over
+-- ARGV[8] the delivery's key ('' none): a caller's signal carries one (Client.signal),
+--         kept as 'sigkey:<name>' for as long as the job's state lives, so a signal sent
+--         again with it (after a NotReplicated answer) is known for the same delivery
+--         whether a wait has read it or not, and is never delivered twice
 --
 -- Returns {code, status}: 1 kept for the job's next wait of that name, 2 kept and the
 -- waiting job woken (status 'queued'), -1 no such job, -2 the job ended (done, dead or
 -- cancelled), -3 a signal of that name is kept already, unread, -4 the job keeps its
 -- most signals unread already, -5 this body would pass its most bytes kept (nothing
--- changed on a refusal), -6 the wait at ARGV[7] is over (its entry says so). The state's 'sigs' and 'sig_bytes' count what is kept.
+-- changed on a refusal), -6 the wait at ARGV[7] is over (its entry says so), 3 a
+-- duplicate: the last signal of that name the job took carried this key (kept or read
+-- already; nothing changed). The state's 'sigs' and 'sig_bytes' count what is kept.
 --- @include "clock"
 --- @include "record_keys"
 --- @include "done"
@@ -46,6 +52,8 @@ local status = f[1] or 'queued'
 local claimed = redis.call('HEXISTS', K.claims, id) == 1
 if claimed then status = 'processing' end
 if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
+local key = ARGV[8] or ''
+if key ~= '' and redis.call('HGET', sk, 'sigkey:' .. name) == key then return {3, status} end
 if redis.call('HEXISTS', sk, 'sig:' .. name) == 1 then return {-3, status} end
 local at = tonumber(ARGV[7] or '')
 if at then
@@ -58,6 +66,7 @@ local count, size = (tonumber(kept[1]) or 0) + 1, (tonumber(kept[2]) or 0) + #AR
 if most > 0 and count > most then return {-4, status} end
 if most_bytes > 0 and size > most_bytes then return {-5, status} end
 redis.call('HSET', sk, 'sig:' .. name, ARGV[4], 'sigs', count, 'sig_bytes', size)
+if key ~= '' then redis.call('HSET', sk, 'sigkey:' .. name, key) end
 if not at then tally('signals|' .. rec.type) end  -- (an event's delivery is not a signal sent)
 local code = 1
 if status == 'waiting' and f[2] == name and redis.call('ZREM', K.scheduled, id) == 1 then
