@@ -50,7 +50,7 @@ KEYS: dict[str, tuple[str, ...]] = {
                 "prio", "delayed"),
     "reclaim": ("leases", "ready", "dead", "notify", "stats", "job_prefix", "lim_prefix", "scheduled", "claims",
                 "done_meta", "limwait", "idem_prefix", "ended", "group_prefix", "done_prefix", "census", "outbox",
-                "lost", "prio", "delayed"),
+                "lost", "prio", "delayed", "sleeping", "waiting"),
     "promote": ("scheduled", "ready", "notify", "job_prefix", "lim_prefix", "limwait", "prio", "sleeping", "waiting",
                 "delayed"),
     "requeue": ("dead", "ready", "notify", "job_prefix", "idem_prefix", "census", "prio"),
@@ -75,7 +75,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "group_count": _GROUP,
     "seek": ("index",),
     "prune": ("index", "job_prefix"),
-    "index_delayed": ("scheduled", "job_prefix", "delayed"),
+    "index_delayed": ("scheduled", "job_prefix", "delayed", "sleeping", "waiting"),
     "seek_list": ("list",),
     "audit": ("audit",),
     # Durable functions (docs/durable.md): the step log lives in the job's state hash.

@@ -1304,6 +1304,22 @@ def test_a_damaged_key_met_after_a_claim_keeps_the_claim_and_refuses_next(p: Pro
     assert claim(p, n=4) == [] and structures(p)["dead"] == ["ghost"]
 
 
+def test_a_damaged_list_index_costs_no_job(p: Project) -> None:
+    """The list indexes (delayed, sleeping, waiting) only feed the job lists: overwritten
+    with another type, a delayed enqueue, its promotion and a retry still land (promote
+    took the job off scheduled, then failed on the index, and the job was in no structure:
+    20 of 20 lost), and the reclaim puts the index aside."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    r.set(k.delayed, "clobbered")
+    assert enqueue(p, new("later", run_at=NOW + 10)) == [1, "later", "scheduled"]
+    assert r.zscore(k.scheduled, "later") == NOW + 10
+    sc.promote(k, 100, now_ms=NOW + 11)
+    assert r.lrange(k.ready, 0, -1) == ["later"] and rec(p, "later")["status"] == "queued"
+    sc.reclaim(k, 100, 10**7, now_ms=NOW + 12)
+    assert r.get(k.delayed + ":corrupt") == "clobbered" and r.hget(k.stats, "corrupt|delayed") == "1"
+    assert [g[0] for g in claim(p, n=1, now=NOW + 13)] == ["later"]
+
+
 def test_reclaim_renames_damaged_leases_aside_and_takes_every_claimed_job_back(p: Project) -> None:
     """A leases key overwritten with another type: the scheduler's reclaim renames it to
     <key>:corrupt, counts it, and gives every job still holding a claim a lapsed lease,
@@ -1323,7 +1339,8 @@ def test_reclaim_renames_damaged_leases_aside_and_takes_every_claimed_job_back(p
     assert_no_job_in_two_structures(p)
 
 
-@pytest.mark.parametrize("name", ["stats", "notify", "ready", "dead", "scheduled", "limwait"])
+@pytest.mark.parametrize("name", ["stats", "notify", "ready", "dead", "scheduled", "limwait", "delayed", "sleeping",
+                                  "waiting"])
 def test_reclaim_renames_any_damaged_queue_key_aside(p: Project, name: str) -> None:
     """Every structural key of the queue found with the wrong Redis type is renamed to
     <key>:corrupt and counted (corrupt|<name>), after which enqueue and claim work."""

@@ -111,6 +111,24 @@ def test_the_walk_indexes_jobs_delayed_before_the_index(p: Project) -> None:
     assert_suspended_indexed(p)
 
 
+def test_the_walk_indexes_jobs_suspended_before_the_indexes(p: Project) -> None:
+    """Sleeping and waiting jobs suspended by a release before their indexes were in the
+    scheduled set only, and no list showed them until they woke: the walk indexes each
+    in its own index at its due time, as it does delayed ones."""
+    r, k, s = p.runtime.redis, p.keys(), p.runtime.scripts
+    _seed(p)
+    want = {n: dict(r.zrange(getattr(k, n), 0, -1, withscores=True)) for n in ("delayed", "sleeping", "waiting")}
+    assert want["sleeping"] and want["waiting"]
+    for n in want:
+        r.delete(getattr(k, n))  # as the release before left them
+    at = 0
+    while at >= 0:
+        at, _ = s.index_delayed(k, at, 5)
+    for n, entries in want.items():
+        assert dict(r.zrange(getattr(k, n), 0, -1, withscores=True)) == entries, n
+    assert_suspended_indexed(p)
+
+
 def test_the_walk_ends_on_a_scheduled_key_of_another_type(p: Project) -> None:
     """A damaged scheduled key (a string) ends the walk at once, with nothing indexed: the
     scheduler does not fail a pass on it every time (the reclaim's check reports it)."""

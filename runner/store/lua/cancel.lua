@@ -104,10 +104,10 @@ local function finish(jk, id, rec)
   local sk = jk .. ':s'
   redis.call('ZREM', K.scheduled, id)
   if K.sleeping then
-    redis.call('ZREM', K.sleeping, id)
-    redis.call('ZREM', K.waiting, id)
+    redis.pcall('ZREM', K.sleeping, id)
+    redis.pcall('ZREM', K.waiting, id)
   end
-  if K.delayed then redis.call('ZREM', K.delayed, id) end
+  if K.delayed then redis.pcall('ZREM', K.delayed, id) end
   if K.lim_prefix and rec.limits ~= '' and redis.call('HGET', sk, 'woken') == '1' then
     give_up_reserved(K.lim_prefix, parse_limits(rec.limits), id, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
   end

@@ -369,7 +369,7 @@ local function rate_token(id, rec, f, sk, rates)
   if due > 0 then
     redis.call('HSET', sk, 'status', 'scheduled', 'ready_ms', due, 'rated', '1')
     redis.call('ZADD', K.scheduled, due, id)
-    redis.call('ZADD', K.delayed, due, id)
+    redis.pcall('ZADD', K.delayed, due, id)
     tally('ratelimited|' .. typ)
     return false
   end

@@ -1,6 +1,7 @@
--- index_delayed: put the scheduled and retrying jobs of one stretch of the scheduled set
--- in the scheduled list's index (delayed), at their due time. A job delayed, retrying or
--- rate-limited by a release before the index existed is in the scheduled set only; the
+-- index_delayed: put the jobs of one stretch of the scheduled set in their list's index at
+-- their due time: scheduled and retrying ones in delayed, sleeping ones in sleeping, waiting
+-- ones in waiting. A job delayed, retrying, rate-limited or suspended by a release before
+-- the indexes existed is in the scheduled set only; the
 -- scheduler walks the set once at a worker's start, a stretch a call, so the scheduled
 -- list shows such jobs too. Idempotent (a ZADD of the score the set holds), and a job that
 -- moves between two calls moves through the scripts that keep the index. Bounded: at most
@@ -9,6 +10,8 @@
 -- KEYS[1] scheduled    ZSET  id -> due ms
 -- KEYS[2] job_prefix   (string; a job's state hash is prefix .. id .. ':s')
 -- KEYS[3] delayed      ZSET  the ids of scheduled that are scheduled or retrying -> due (ms)
+-- KEYS[4] sleeping     ZSET  the ids of scheduled that sleep -> due (ms)
+-- KEYS[5] waiting      ZSET  the ids of scheduled that wait -> due (ms)
 -- ARGV[1] the rank to start at, latest due first (promote takes jobs off the other end,
 --         so the ranks still to walk do not move under it)
 -- ARGV[2] how many ids to look at
@@ -24,8 +27,12 @@ for i = 1, #got, 2 do
   local id = got[i]
   -- pcall: a state key of another type is claim's to bury; it is listed nowhere.
   local st = redis.pcall('HGET', K.job_prefix .. id .. ':s', 'status')
-  if st == 'scheduled' or st == 'retrying' then
-    added = added + redis.call('ZADD', K.delayed, got[i + 1], id)
+  local index = (st == 'scheduled' or st == 'retrying') and K.delayed or st == 'sleeping' and K.sleeping
+    or st == 'waiting' and K.waiting or nil
+  if index then
+    local n = redis.pcall('ZADD', index, got[i + 1], id)
+    if type(n) ~= 'number' then return {-1, added} end  -- a damaged index: the reclaim puts it aside
+    added = added + n
   end
 end
 if #got < count * 2 then return {-1, added} end

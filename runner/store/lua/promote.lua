@@ -40,11 +40,11 @@ for _, id in ipairs(ids) do
   -- Off its list index with it (any other state's id leaves delayed: a stray there is
   -- never listed, and this is its last chance to go).
   if st == 'sleeping' then
-    redis.call('ZREM', K.sleeping, id)
+    redis.pcall('ZREM', K.sleeping, id)
   elseif st == 'waiting' then
-    redis.call('ZREM', K.waiting, id)
+    redis.pcall('ZREM', K.waiting, id)
   else
-    redis.call('ZREM', K.delayed, id)
+    redis.pcall('ZREM', K.delayed, id)
   end
   -- Any other state is handed to claim, which buries a malformed record with a reason
   -- and drops a stray id; promote never decides that on its own. A job with neither

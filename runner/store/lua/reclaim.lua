@@ -32,7 +32,9 @@
 --                            worker settled them, so the scheduler writes those jobs
 -- KEYS[19] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- KEYS[20] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
---                            scheduled list's own index (see keys.py)
+--                            scheduled list's own index (see keys.py); checked for damage
+-- KEYS[21] sleeping    ZSET  (a list index: checked for damage)
+-- KEYS[22] waiting     ZSET  (a list index: checked for damage)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most jobs to reclaim in this call
 -- ARGV[3] dead retention, ms
@@ -63,7 +65,8 @@ local relet = false
 for _, kn in ipairs(ARGV[4] == '0' and {} or {{K.stats, 'stats', 'hash'}, {K.claims, 'claims', 'hash'},
     {K.done_meta, 'done meta', 'hash'}, {K.leases, 'leases', 'zset'}, {K.ready, 'ready', 'list'},
     {K.dead, 'dead', 'zset'}, {K.notify, 'notify', 'list'}, {K.scheduled, 'scheduled', 'zset'},
-    {K.limwait, 'limwait', 'zset'}}) do
+    {K.limwait, 'limwait', 'zset'}, {K.delayed, 'delayed', 'zset'}, {K.sleeping, 'sleeping', 'zset'},
+    {K.waiting, 'waiting', 'zset'}}) do
   local kind = redis.call('TYPE', kn[1])['ok']
   if kind ~= kn[3] and kind ~= 'none' then
     redis.call('RENAME', kn[1], kn[1] .. ':corrupt')

@@ -91,7 +91,8 @@ for i = 0, n - 1 do
 end
 unclaim(K.claims, K.leases, ids)
 call_many('ZADD', K.scheduled, due_ids, 2)
-call_many('ZADD', K.delayed, due_ids, 2)
+-- pcall: a list index only feeds the job lists; damaged, it must cost no job.
+for s = 1, #due_ids, 4000 do redis.pcall('ZADD', K.delayed, unpack(due_ids, s, math.min(s + 3999, #due_ids))) end
 for _, s in ipairs(slots) do
   release_limits(K.lim_prefix, s[1], s[2], now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
 end

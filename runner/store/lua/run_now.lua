@@ -54,7 +54,7 @@ if st == 'sleeping' then
 end
 with_history(set, f[3], stamped(ARGV[3], now))
 redis.call('ZREM', K.scheduled, id)
-if st == 'sleeping' then redis.call('ZREM', K.sleeping, id) else redis.call('ZREM', K.delayed, id) end
+if st == 'sleeping' then redis.pcall('ZREM', K.sleeping, id) else redis.pcall('ZREM', K.delayed, id) end
 redis.call('HSET', sk, unpack(set))
 to_ready(K.ready, K.prio, id, f[2], now, false)
 wake(K.notify)

@@ -70,7 +70,7 @@ if key ~= '' then redis.call('HSET', sk, 'sigkey:' .. name, key) end
 if not at then tally('signals|' .. rec.type) end  -- (an event's delivery is not a signal sent)
 local code = 1
 if status == 'waiting' and f[2] == name and redis.call('ZREM', K.scheduled, id) == 1 then
-  redis.call('ZREM', K.waiting, id)
+  redis.pcall('ZREM', K.waiting, id)
   redis.call('HSET', sk, 'status', 'queued', 'ready_ms', now)
   to_ready(K.ready, K.prio, id, f[3], now, false)
   wake(K.notify)

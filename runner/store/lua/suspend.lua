@@ -119,7 +119,7 @@ if early then
   wake(K.notify)
 else
   redis.call('ZADD', K.scheduled, due, id)
-  redis.call('ZADD', waits and K.waiting or K.sleeping, due, id)
+  redis.pcall('ZADD', waits and K.waiting or K.sleeping, due, id)
 end
 if c.res then
   local rec = rec_load(jk)

@@ -56,7 +56,7 @@ local function debounce_put(Q, now, j, put)
       if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
       local due = math.min(now + tonumber(d.period_ms), tonumber(held[2]) + tonumber(d.max_wait_ms))
       redis.call('ZADD', Q.scheduled, due, hid)
-      redis.call('ZADD', Q.delayed, due, hid)
+      redis.pcall('ZADD', Q.delayed, due, hid)
       redis.call('HSET', jk .. ':s', 'ready_ms', due)
       redis.call('HINCRBY', jk .. ':s', 'absorbed', 1)
       return 2, hid, 'scheduled'
@@ -126,7 +126,7 @@ local function job_put(Q, now, j, put)
     status = 'scheduled'
     redis.call('HSET', jk .. ':s', 'status', status, 'ready_ms', due)
     redis.call('ZADD', Q.scheduled, due, j.id)
-    redis.call('ZADD', Q.delayed, due, j.id)
+    redis.pcall('ZADD', Q.delayed, due, j.id)
   elseif prio > 0 and Q.prio then
     -- The priority set: highest first, then arrival (the claim serves it before ready).
     redis.call('ZADD', Q.prio, -prio * 1e13 + now, j.id)
