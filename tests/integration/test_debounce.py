@@ -74,7 +74,9 @@ def test_max_wait_bounds_the_delay_under_a_continuous_stream(project: Project) -
     wait_for(lambda: len(runs(project, 2)) >= 2, timeout=10, what="two runs")
     got = runs(project, 2)
     first = got[0]["at"] - t0
-    assert 1.4 <= first <= 2.8, first  # max_wait after the first enqueue, not period after the last
+    # max_wait after the first enqueue, not period after the last (4.5 s or later): a
+    # loaded worker claims the due job late, and the enqueues meanwhile still join it.
+    assert 1.4 <= first <= 3.9, first
     assert len({r["id"] for r in got}) == len(got)
 
 
