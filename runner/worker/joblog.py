@@ -46,7 +46,7 @@ def line(level: str, msg: str, source: str = "log", ts_ms: int | None = None) ->
 class JobLog:
     """The newest lines of one run within its bounds, and which of them are not sent yet."""
 
-    __slots__ = ("dropped", "lines", "lock", "marked", "max_bytes", "max_lines", "size", "unsent")
+    __slots__ = ("dropped", "lines", "lock", "marked", "max_bytes", "max_lines", "size", "taken", "unsent")
 
     def __init__(self, max_lines: int, max_bytes: int, marked: bool = True) -> None:
         self.marked = marked  # a line says how many a flood pushed out (a log's; a stream's are numbered)
@@ -56,6 +56,7 @@ class JobLog:
         self.size = 0
         self.unsent = 0  # the newest this many lines are not in Redis yet
         self.dropped = 0  # unsent lines pushed out by newer ones, since the last send
+        self.taken = (0, 0)  # what the last take took (lines, dropped), for put_back
         # The handler's thread adds while the renewer (live lines) or the settler takes.
         self.lock = threading.Lock()
 
@@ -85,11 +86,23 @@ class JobLog:
             if not self.unsent and not self.dropped:
                 return []
             out = list(self.lines)[len(self.lines) - self.unsent:]
+            self.taken = (self.unsent, self.dropped)
             dropped, self.unsent, self.dropped = self.dropped, 0, 0
         if dropped and self.marked:
             out.insert(0, line("WARNING", f"[{dropped:,} earlier line(s) dropped: a job's log keeps its "
                                           f"newest {self.max_lines:,} lines and {self.max_bytes:,} bytes]", "runner"))
         return out
+
+    def put_back(self) -> None:
+        """The last take's lines did not reach Redis: they count as not sent again, ahead
+        of any added since, within the bounds (those pushed out meanwhile count as
+        dropped, so the next take's marker says so)."""
+        with self.lock:
+            n, dropped = self.taken
+            self.taken = (0, 0)
+            back = min(n, len(self.lines) - self.unsent)
+            self.unsent += back
+            self.dropped += dropped + n - back
 
     def pending(self) -> bool:
         return bool(self.unsent or self.dropped)
