@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Project, wait_for
+from runner.errors import RedisUnavailable
+
+from conftest import Project, make_project, wait_for
 
 LOGGER = '''"""Logs a few lines (and prints some), then fails or not as asked."""
 import sys
@@ -533,3 +536,65 @@ def test_an_idle_follower_does_not_read_the_whole_log_or_stream_again(project: P
     assert seen == [*range(3_000), "idle"]
     assert [x["msg"] for x in lines] == [f"line {i}" for i in range(400)]
     assert during <= 2, f"{during} full reads while nothing landed"
+
+
+def test_a_follow_goes_on_across_a_redis_restart(tmp_path: Path) -> None:
+    """GET /jobs/{id}/logs?follow=1 and /stream keep following while Redis is away (a
+    comment line says so) instead of ending with an unknown status, and end with the
+    job's own status once it ends after Redis is back, every line and chunk sent once."""
+    import threading
+
+    import requests
+    from test_web_support import gunicorn
+
+    from runner.store.embedded import Server
+
+    srv = Server(tmp_path / "redis", appendonly=True).start()
+    project = make_project(tmp_path / "p", srv)
+    try:
+        project.add_function("live", LIVE.format(extra=""))
+        project.write_config(grace=1)
+        with gunicorn(project, token="t0ken-for-logs") as web:
+            job_id = web.post("/jobs/live", json={}).json()["id"]
+            project.spawn_worker("slow")
+            wait_for(lambda: "started" in _msgs(project, job_id), timeout=30, what="the first line")
+            got: dict[str, list[str]] = {"logs": [], "stream": []}
+
+            def follow(kind: str, path: str) -> None:
+                with requests.get(web.url + path, headers={"Authorization": "Bearer t0ken-for-logs"},
+                                  stream=True, timeout=60) as r:
+                    for raw in r.iter_lines(decode_unicode=True):
+                        got[kind].append(raw)
+
+            followers = [threading.Thread(target=follow, args=("logs", f"/jobs/{job_id}/logs?follow=1")),
+                         threading.Thread(target=follow, args=("stream", f"/jobs/{job_id}/stream"))]
+            for t in followers:
+                t.start()
+            wait_for(lambda: any(x.startswith("data:") and "started" in x for x in got["logs"]), timeout=20,
+                     what="the first line followed")
+            srv.stop()
+            for kind in got:
+                wait_for(lambda kind=kind: any("Redis unavailable" in x for x in got[kind]), timeout=20,
+                         what=f"the {kind} follower to say Redis is away")
+            assert all(t.is_alive() for t in followers)
+            srv.start()
+
+            def cancelled() -> bool:
+                try:
+                    project.client.cancel(job_id)
+                    return True
+                except RedisUnavailable:  # a pooled connection to the server before
+                    return False
+
+            wait_for(cancelled, timeout=20, what="the cancel")
+            for t in followers:
+                t.join(40)
+                assert not t.is_alive()
+        for kind in got:
+            events = _events("\n".join(got[kind]) + "\n\n")
+            assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "cancelled", (kind, events)
+        assert [json.loads(d)["msg"] for e, d in _events("\n".join(got["logs"]))
+                if e == "line"] == ["started", "stopping"]
+    finally:
+        project.stop_all()
+        srv.stop(kill=True)

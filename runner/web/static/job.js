@@ -302,8 +302,10 @@ async function followLog(id) {
           if (fresh.length > 2 * LOG_KEEP_LINES) fresh.splice(0, fresh.length - LOG_KEEP_LINES);
           paintLog();
         } else if (event === "end") {
+          // Only the job's own end ends the follow: one that ended on its time, or on a
+          // job gone meanwhile (status null), follows again, and a gone job answers 404.
           const st = JSON.parse(text).status;
-          ended = st === null || ENDED.has(st);
+          ended = ENDED.has(st);
           paintLog();
           setTimeout(() => { joblog.doneAt = performance.now(); }, 0);
         }
@@ -383,7 +385,7 @@ async function readStream(id, ctrl) {
         } else if (event === "end") {
           jobstream.endAt = performance.now();
           const st = JSON.parse(text).status;
-          ended = st === null || ENDED.has(st);
+          ended = ENDED.has(st);  // (status null, a job gone: the next read answers 404)
           paintStream();
           setTimeout(() => { jobstream.doneAt = performance.now(); }, 0);
         }
