@@ -181,6 +181,25 @@ def test_a_flood_is_bounded_and_the_worker_goes_on(project: Project) -> None:
     assert _msgs(project, after.id) == [f"line 0 of {after.id}"]
 
 
+def test_a_floods_marker_counts_every_line_it_lost(project: Project) -> None:
+    """The line a flood leaves ("[N earlier line(s) dropped ...]") is kept at the head of
+    what its write kept, and counts every line the run's log lost since it began, not
+    only those since the last write: N never says more than were lost, and misses at
+    most the slots the markers themselves take."""
+    _add(project, "thread", "lines = 50, bytes = 1048576", vt=30)
+    client = project.client
+    flood = client.enqueue("logger", {"n": 20_000})
+    project.spawn_worker("fast")
+    assert client.settle(flood.id, 60).status == "done"
+    msgs = _msgs(project, flood.id)
+    kept = sum(1 for m in msgs if m.startswith("line "))
+    markers = [m for m in msgs if "earlier line(s) dropped" in m]
+    assert markers, msgs[:3]
+    said = int(markers[-1].split()[0].strip("[").replace(",", ""))
+    lost = 20_000 - kept
+    assert lost - len(markers) <= said <= lost, (said, lost, msgs[:3])
+
+
 def test_a_retried_job_keeps_every_attempts_lines(project: Project) -> None:
     """A failed attempt's lines stay: the log spans the job's attempts, up to its dead letter,
     and is kept as long as a dead letter is."""
