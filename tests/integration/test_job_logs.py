@@ -617,3 +617,39 @@ def test_a_follow_goes_on_across_a_redis_restart(tmp_path: Path) -> None:
     finally:
         project.stop_all()
         srv.stop(kill=True)
+
+
+NAPPER = '''"""Logs and streams, then sleeps or waits past the retention."""
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    ctx.logger.info("charged the card")
+    ctx.stream("charged")
+    if payload.get("wait"):
+        ctx.wait_for_signal("go", timeout=payload["wait"])
+    else:
+        ctx.sleep("nap", payload["sleep"])
+    ctx.logger.info("after the sleep")
+'''
+
+
+def test_a_sleeping_or_waiting_jobs_log_lives_until_it_wakes(project: Project) -> None:
+    """A durable job's log and stream are kept while it sleeps or waits: suspending it
+    keeps them until its wake time plus the retention, however much longer the sleep is
+    than the retention."""
+    project.add_function("napper", NAPPER)
+    c = project.client
+    k = project.keys("fast")
+    r = project.runtime.redis
+    retention_ms = max(project.runtime.config.retention.done_s, project.runtime.config.retention.dead_s) * 1000
+    project.spawn_worker("fast")
+    day_ms = 86_400_000
+    slept = c.enqueue("napper", {"sleep": 86_400}).id
+    waiting = c.enqueue("napper", {"wait": 86_400}).id
+    wait_for(lambda: c.get(slept).status == "sleeping" and c.get(waiting).status == "waiting", timeout=30,
+             what="the jobs to sleep and wait")
+    for job in (slept, waiting):
+        assert [x["msg"] for x in c.logs(job)["lines"]] == ["charged the card"]
+        for key in (k.log(job), k.stream(job)):
+            ttl = r.pttl(key)
+            assert day_ms + retention_ms - 60_000 < ttl <= day_ms + retention_ms, (key, ttl)
