@@ -159,7 +159,7 @@ class JobStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STREAM_S
         quiet_since = loop.time()
-        got = first
+        got, mark = first, None
         away = False
         while True:
             for chunk in got["chunks"]:
@@ -176,7 +176,7 @@ class JobStream:
                 yield None
             await asyncio.sleep(FOLLOW_POLL_S)
             try:
-                got = await self.offload(watching.stream_chunks, self.client, job_id, after)
+                got, mark = await self.offload(watching.stream_if_changed, self.client, job_id, after, mark)
                 away = False
             except JobNotFound:  # gone meanwhile (its retention): the stream ends
                 yield _gone(job_id)

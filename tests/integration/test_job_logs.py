@@ -653,3 +653,37 @@ def test_a_sleeping_or_waiting_jobs_log_lives_until_it_wakes(project: Project) -
         for key in (k.log(job), k.stream(job)):
             ttl = r.pttl(key)
             assert day_ms + retention_ms - 60_000 < ttl <= day_ms + retention_ms, (key, ttl)
+
+
+def test_an_idle_follower_of_a_partitioned_queue_polls_only_the_jobs_home(project: Project) -> None:
+    """A follower finds the job's home (queue and partition) once, then polls the two small
+    reads of its log and, about once a second, the job's status there: not a lookup in
+    every queue partition on every poll (with 4 x 4 partitions, 648 commands a second for
+    one idle page)."""
+    import threading
+
+    project.add_function("napper", NAPPER)
+    project.write_config(fast="partitions = 4")
+    c = project.client
+    worker = project.spawn_worker("fast")
+    job = c.enqueue("napper", {"sleep": 600}).id
+    wait_for(lambda: c.get(job).status == "sleeping", timeout=30, what="the job to sleep")
+    worker.kill()
+    worker.wait(10)
+    r = project.runtime.redis
+    follower = threading.Thread(target=lambda: list(c.follow_logs(job, timeout_s=60, poll_s=0.02)))
+
+    def calls() -> dict[str, int]:
+        return {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+    follower.start()
+    before = calls()
+    wait_for(lambda: calls().get("cmdstat_llen", 0) - before.get("cmdstat_llen", 0) >= 40, timeout=30,
+             what="40 polls")
+    after = calls()
+    polls = after["cmdstat_llen"] - before.get("cmdstat_llen", 0)
+    spent = sum(after.values()) - sum(before.values())
+    c.cancel(job)
+    follower.join(30)
+    assert not follower.is_alive()
+    assert spent / polls <= 8, f"{spent} commands in {polls} polls"
