@@ -150,6 +150,8 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         # and by the settler while it takes the rest: the job's end is never visible
         # before lines the renewer took just ahead of it.
         self.sending = threading.Lock()
+        self._echoed = 0  # lines and characters echoed to the worker's own log so far
+        self._echoed_chars = 0
 
     def pending(self) -> bool:
         """Lines or chunks not sent yet."""
@@ -205,7 +207,28 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         kept = encoded(self.logger, level, msg, args, kwargs)
         if kept is not None:
             self.keep((kept,))
+            if self.buf is not None and not self._echo(kept):
+                return
         super().log(level, msg, *args, **kwargs)
+
+    def _echo(self, kept: str) -> bool:
+        """Whether a line kept in the job's log goes to the worker's own log too: only
+        within the job log's bounds, so a flood does not go whole to the worker's output
+        (a log drain); past them one line says the rest are in the job's log only."""
+        most_lines, most_chars = self.bounds
+        if self._echoed < 0:
+            return False
+        if self._echoed < most_lines and self._echoed_chars + len(kept) <= most_chars:
+            self._echoed += 1
+            self._echoed_chars += len(kept)
+            return True
+        self._echoed = -1  # said once; nothing more is echoed
+        job_id = (self.extra or {}).get("job_id", "")
+        self.logger.warning(
+            "job %s: its ctx.logger lines passed the bounds of its log (%d lines, %d bytes) in this "
+            "worker's output; the rest are in its own log only (runner logs %s)", job_id, most_lines,
+            most_chars, job_id, extra=dict(self.extra or {}))
+        return False
 
 
 def encoded(logger: logging.Logger, level: int, msg: object, args: tuple[Any, ...],

@@ -687,3 +687,20 @@ def test_an_idle_follower_of_a_partitioned_queue_polls_only_the_jobs_home(projec
     follower.join(30)
     assert not follower.is_alive()
     assert spent / polls <= 8, f"{spent} commands in {polls} polls"
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_flood_is_bounded_in_the_workers_own_output_too(project: Project, isolation: str) -> None:
+    """At INFO a worker echoes a job's ctx.logger lines to its own output only within the
+    job log's bounds, then says once that the rest are in the job's log: a flood does not
+    go whole to the worker's output (a PaaS log drain)."""
+    _add(project, isolation, "lines = 50, bytes = 1048576", vt=30)
+    client = project.client
+    flood = client.enqueue("logger", {"n": 3_000})
+    worker = project.spawn_worker("fast")
+    assert client.settle(flood.id, 60).status == "done"
+    assert f"line 2999 of {flood.id}" in _msgs(project, flood.id)
+    log = project.root / f"worker-{project.procs.index(worker)}.log"
+    echoed = [x for x in log.read_text(errors="replace").splitlines() if "line " in x and flood.id in x]
+    assert 40 <= len(echoed) <= 60, len(echoed)
+    assert any("its own log" in x and flood.id in x for x in log.read_text(errors="replace").splitlines())
