@@ -183,3 +183,25 @@ def test_a_running_jobs_log_lines_outlive_a_redis_restart(tmp_path: Path) -> Non
             assert msgs == [f"line {i}" for i in range(final["result"])], msgs
         finally:
             p.stop_all()
+
+
+def test_lookups_and_lists_answer_on_the_first_try_after_a_redis_restart(tmp_path: Path) -> None:
+    """Once a restarted Redis answers, a job lookup and a job list (the store's pipelined
+    script calls, on connections kept from before the restart) answer on their first
+    try: a connection the restart closed is opened again and the call sent once more, as
+    a plain read's is, instead of failing once per broken connection."""
+    with own_server(tmp_path / "redis") as srv:
+        p = new_project(tmp_path / "p", srv)
+        try:
+            configure(p)
+            c = p.client
+            job = c.enqueue("record", {"n": 1}).id
+            assert c.get(job).status == "queued"
+            assert [j.id for j in c.jobs("queued").jobs] == [job]
+            srv.stop()
+            srv.start()
+            assert c.get(job).status == "queued"
+            assert [j.id for j in c.jobs("queued").jobs] == [job]
+            assert c.logs(job)["lines"] == []
+        finally:
+            p.stop_all()
