@@ -152,6 +152,7 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         self.sending = threading.Lock()
         self._echoed = 0  # lines and characters echoed to the worker's own log so far
         self._echoed_chars = 0
+        self._unechoed = 0  # lines past those bounds, not echoed
 
     def pending(self) -> bool:
         """Lines or chunks not sent yet."""
@@ -214,21 +215,31 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
     def _echo(self, kept: str) -> bool:
         """Whether a line kept in the job's log goes to the worker's own log too: only
         within the job log's bounds, so a flood does not go whole to the worker's output
-        (a log drain); past them one line says the rest are in the job's log only."""
+        (a log drain); past them, echo_end says at the run's end how many are in the job's
+        log only."""
         most_lines, most_chars = self.bounds
         if self._echoed < 0:
+            self._unechoed += 1
             return False
         if self._echoed < most_lines and self._echoed_chars + len(kept) <= most_chars:
             self._echoed += 1
             self._echoed_chars += len(kept)
             return True
-        self._echoed = -1  # said once; nothing more is echoed
+        self._echoed = -1  # nothing more is echoed; echo_end says how many were not
+        self._unechoed = 1
+        return False
+
+    def echo_end(self) -> None:
+        """The run ended: one line in the worker's output says how many of its lines were
+        not echoed there (none: nothing is said)."""
+        if self._echoed >= 0:
+            return
         job_id = (self.extra or {}).get("job_id", "")
         self.logger.warning(
-            "job %s: its ctx.logger lines passed the bounds of its log (%d lines, %d bytes) in this "
-            "worker's output; the rest are in its own log only (runner logs %s)", job_id, most_lines,
-            most_chars, job_id, extra=dict(self.extra or {}))
-        return False
+            "job %s: %d more ctx.logger line(s), past the bounds of its log (%d lines, %d bytes), are in "
+            "its own log only (runner logs %s)", job_id, self._unechoed, *self.bounds, job_id,
+            extra=dict(self.extra or {}))
+        self._unechoed = 0
 
 
 def encoded(logger: logging.Logger, level: int, msg: object, args: tuple[Any, ...],
