@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runner.client.inspecting import find
 from runner.store import joblogs, records
 from runner.store.connection import reachable
+from runner.store.keys import QueueKeys
 
 if TYPE_CHECKING:
     from runner.client import Client
 
 # How often a follower reads the log again: lines land with a run's settlement.
 FOLLOW_POLL_S = 0.25
+# A follower with nothing new reads the job's status every this many polls (about a second).
+STATUS_EVERY = 4
 
 
 def logs(client: Client, job_id: str) -> dict[str, Any]:
@@ -28,15 +31,46 @@ def logs(client: Client, job_id: str) -> dict[str, Any]:
     return {"id": job_id, "status": fields.get("status"), "lines": lines}
 
 
-def logs_if_changed(client: Client, job_id: str, mark: Any) -> tuple[dict[str, Any], Any]:
+class Mark(NamedTuple):
+    """What a follower knows from its last poll: the job's home (found once), the log's
+    probe, the job's fields, and the polls since its status was last read."""
+
+    home: QueueKeys
+    probe: tuple[int, bytes | None]
+    fields: dict[str, str]
+    polls: int
+
+
+def logs_if_changed(client: Client, job_id: str, mark: Mark | None) -> tuple[dict[str, Any], Mark]:
     """logs(), for a follower that read them before: ``mark`` is what the last call
     returned with them (None at first). While nothing landed the log is not read again
-    (two small reads say so) and "lines" is None; else the lines, and the new mark."""
-    k, fields = find(client, job_id)
+    (two small reads say so) and "lines" is None; else the lines, and the new mark.
+
+    The job is looked for in every queue partition once; then only at its home, and only
+    when lines landed or every STATUS_EVERY polls, so an idle follower costs the two small
+    reads a poll (the status is at most that many polls late: the lines never are)."""
+    if mark is None:
+        k, fields = find(client, job_id)
+        polls = 0
+    else:
+        k, fields, polls = mark.home, mark.fields, mark.polls + 1
+    redis = client.runtime.redis
     with reachable():
-        now = joblogs.probe(client.runtime.redis, k.log(job_id))
-        lines = None if now == mark else joblogs.read(client.runtime.redis, k, job_id)
-    return {"id": job_id, "status": fields.get("status"), "lines": lines}, now
+        now = joblogs.probe(redis, k.log(job_id))
+        if mark is not None and (now != mark.probe or polls >= STATUS_EVERY):
+            k, fields = _at_home(client, k, job_id)
+            polls = 0
+            if fields.get("status") in records.ENDED:  # its last lines may have landed since the probe
+                now = joblogs.probe(redis, k.log(job_id))
+        lines = None if mark is not None and now == mark.probe else joblogs.read(redis, k, job_id)
+    return {"id": job_id, "status": fields.get("status"), "lines": lines}, Mark(k, now, fields, polls)
+
+
+def _at_home(client: Client, k: QueueKeys, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
+    """The job as readers see it, read at its home; looked for everywhere should it have
+    moved (a change of the queue's partitions)."""
+    found = records.lookup_many(client.runtime.scripts, [k], [job_id]).get(job_id)
+    return found if found is not None else find(client, job_id)
 
 
 def new_lines(seen: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -72,10 +106,28 @@ def follow_logs(client: Client, job_id: str, timeout_s: float | None = None,
 def stream_chunks(client: Client, job_id: str, after: tuple[int, int] = (-1, -1)) -> dict[str, Any]:
     """{"id", "status", "chunks"}: the chunks kept after position ``after`` (attempt,
     number), oldest first. Raises JobNotFound for an unknown job."""
-    k, fields = find(client, job_id)
+    return stream_if_changed(client, job_id, after, None)[0]
+
+
+def stream_if_changed(client: Client, job_id: str, after: tuple[int, int], mark: Mark | None
+                      ) -> tuple[dict[str, Any], Mark]:
+    """stream_chunks(), for a follower that read them before (``mark``, as for
+    logs_if_changed): the job's status is read at its home only when chunks landed or
+    every STATUS_EVERY polls."""
+    if mark is None:
+        k, fields = find(client, job_id)
+        polls = 0
+    else:
+        k, fields, polls = mark.home, mark.fields, mark.polls + 1
+    redis = client.runtime.redis
     with reachable():
-        fresh = joblogs.read_stream_after(client.runtime.redis, k, job_id, after)
-    return {"id": job_id, "status": fields.get("status"), "chunks": fresh}
+        fresh = joblogs.read_stream_after(redis, k, job_id, after)
+        if mark is not None and (fresh or polls >= STATUS_EVERY):
+            k, fields = _at_home(client, k, job_id)
+            polls = 0
+            if fields.get("status") in records.ENDED:  # its last chunks may have landed since the read
+                fresh = joblogs.read_stream_after(redis, k, job_id, after)
+    return {"id": job_id, "status": fields.get("status"), "chunks": fresh}, Mark(k, (0, None), fields, polls)
 
 
 def _int(v: Any) -> int:
@@ -93,8 +145,9 @@ def stream(client: Client, job_id: str, timeout_s: float | None = None,
     ``timeout_s`` passed). Raises JobNotFound for an unknown job."""
     until = None if timeout_s is None else time.monotonic() + timeout_s
     after = (-1, -1)
+    mark = None
     while True:
-        got = stream_chunks(client, job_id, after)
+        got, mark = stream_if_changed(client, job_id, after, mark)
         for chunk in got["chunks"]:
             yield chunk.get("data")
         if got["chunks"]:

@@ -83,7 +83,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "steps": ("job", "stats"),
     "suspend": ("leases", "scheduled", "stats", "job_prefix", "lim_prefix", "ready", "notify", "claims", "limwait",
                 "prio", "idem_prefix", "done_meta", "done_prefix", "census", "outbox", "sleeping", "waiting",
-                "delayed"),
+                "delayed", "log_prefix", "stream_prefix"),
     "signal": ("job", "claims", "scheduled", "ready", "notify", "prio", "done_meta", "done_prefix", "stats",
                "waiting"),
     "wait": ("job", "claims"),

@@ -43,6 +43,7 @@ class Suspension(NamedTuple):
     ends_ms: int | None = None  # ms from now to the wait's end, when it differs from the due time
     child: Followup | None = None  # ctx.invoke's child job, written with the suspension
     hold: bool = False  # HOLD_LOCKS_WHILE_SUSPENDED: its limit slots stay reserved for it
+    log_keep_ms: int = 0  # its log's retention: the log and stream are kept until it wakes plus this
 
 
 class NewJob(NamedTuple):
@@ -499,7 +500,7 @@ class Scripts(Transport):
             here = f.queue == k.queue and not k.draining and (
                 k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
             args += [1, 1, "" if here else f.queue, *_job_fields(f.job), f.job.priority]
-        args.append(1 if s.hold else 0)
+        args += [1 if s.hold else 0, s.log_keep_ms or ""]
         return self._run("suspend", keys, args, pipe)
 
     def signal(self, k: QueueKeys, job_id: str, name: str, body: str, now_ms: int | None = None, *,

@@ -234,11 +234,31 @@ class _Lanes:
             conn = self.idle.pop()
         except IndexError:
             return self.pool.get_connection()
+        if _closed(conn):
+            # Closed while it idled (a Redis restart, a failover, an idle timeout): opened
+            # again here, before anything is sent, so no call fails on it (the pool's own
+            # check on handing out a connection, which these kept ones skip) and none is
+            # sent twice.
+            conn.disconnect()
         conn.connect()  # a no-op when connected
         return conn
 
     def give(self, conn: Any) -> None:
         self.idle.append(conn)
+
+
+def _closed(conn: Any) -> bool:
+    """Whether an idle kept connection was closed by the other end: it owes no reply, so
+    anything to read on it is the end of the stream (or an error). One poll, no wait."""
+    sock = getattr(conn, "_sock", None)
+    if sock is None:
+        return False
+    poller = getattr(conn, "_runner_poll", None)
+    if poller is None or poller[0] is not sock:
+        poller = (sock, select.poll())
+        poller[1].register(sock, select.POLLIN)
+        conn._runner_poll = poller
+    return bool(poller[1].poll(0))
 
 
 class _Spin:

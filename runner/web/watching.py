@@ -5,7 +5,8 @@ output (``read`` scope, as reading the job).
     ?follow=1: server-sent events instead, each line as it lands, until the job ends:
         event: line   one line (JSON), the lines kept so far first
         event: end    {"id", "status"}: the job has ended (or the stream's time is up,
-                      status then as it was: a client follows again)
+                      status then as it was: a client follows again; status null: the
+                      job was deleted meanwhile)
 
 GET /jobs/{id}/stream: server-sent events, the chunks kept first, then each as it lands:
         event: chunk  {"a": attempt, "i": its number in the attempt, "ts", "data"}
@@ -13,7 +14,8 @@ GET /jobs/{id}/stream: server-sent events, the chunks kept first, then each as i
     ?after=A.I: only the chunks after that position (a reader coming back).
 
 A stream lasts at most events.STREAM_S; a comment line every HEARTBEAT_S keeps proxies
-from timing it out. A log line is data from a producer: it is sent as JSON, never markup.
+from timing it out. Redis away (a restart, a failover) does not end it: a comment line
+says so, and it follows on once Redis answers. A log line is data from a producer: it is sent as JSON, never markup.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import falcon
 import falcon.asgi
 
 from runner.client import Client, watching
+from runner.errors import JobNotFound, RedisUnavailable
 from runner.store import records
 from runner.web.body import only_params, send
 from runner.web.events import HEARTBEAT_S, RETRY_MS, STREAM_S, _owner
@@ -100,6 +103,7 @@ class JobLogs:
         quiet_since = loop.time()
         seen: list[dict[str, Any]] = []
         got, mark = first, None
+        away = False  # Redis did not answer the last poll
         while True:
             fresh = watching.new_lines(seen, got["lines"]) if got["lines"] is not None else []
             for line in fresh:
@@ -117,10 +121,15 @@ class JobLogs:
             await asyncio.sleep(FOLLOW_POLL_S)
             try:
                 got, mark = await self.offload(watching.logs_if_changed, self.client, job_id, mark)
-            except Exception:  # gone meanwhile (its retention), or Redis away: the stream ends
-                yield falcon.asgi.SSEvent(event="end", data=json.dumps(
-                    {"id": job_id, "status": None}, ensure_ascii=True).encode())
+                away = False
+            except JobNotFound:  # gone meanwhile (its retention): the stream ends
+                yield _gone(job_id)
                 return
+            except Exception as exc:  # Redis away (RedisUnavailable), or a read that failed once
+                got = {"id": job_id, "status": got["status"], "lines": None}
+                if not away:
+                    away = True
+                    yield _away(exc)
 
 
 class JobStream:
@@ -150,7 +159,8 @@ class JobStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STREAM_S
         quiet_since = loop.time()
-        got = first
+        got, mark = first, None
+        away = False
         while True:
             for chunk in got["chunks"]:
                 yield falcon.asgi.SSEvent(event="chunk", data=json.dumps(chunk, ensure_ascii=True).encode())
@@ -166,8 +176,27 @@ class JobStream:
                 yield None
             await asyncio.sleep(FOLLOW_POLL_S)
             try:
-                got = await self.offload(watching.stream_chunks, self.client, job_id, after)
-            except Exception:  # gone meanwhile (its retention), or Redis away: the stream ends
-                yield falcon.asgi.SSEvent(event="end", data=json.dumps(
-                    {"id": job_id, "status": None}, ensure_ascii=True).encode())
+                got, mark = await self.offload(watching.stream_if_changed, self.client, job_id, after, mark)
+                away = False
+            except JobNotFound:  # gone meanwhile (its retention): the stream ends
+                yield _gone(job_id)
                 return
+            except Exception as exc:  # Redis away (RedisUnavailable), or a read that failed once
+                got = {"id": job_id, "status": got["status"], "chunks": []}
+                if not away:
+                    away = True
+                    yield _away(exc)
+
+
+def _away(exc: Exception) -> falcon.asgi.SSEvent:
+    """A comment line: Redis is away (a restart, a failover). The follow goes on, polling as
+    before, and picks up where it was once Redis answers: a job's end is never made up
+    from an outage."""
+    what = "Redis unavailable" if isinstance(exc, RedisUnavailable) else f"a read failed ({type(exc).__name__})"
+    return falcon.asgi.SSEvent(comment=f"{what}; following on once it answers")
+
+
+def _gone(job_id: str) -> falcon.asgi.SSEvent:
+    """The end of a job deleted meanwhile (its retention passed): status null."""
+    return falcon.asgi.SSEvent(event="end", data=json.dumps({"id": job_id, "status": None},
+                                                            ensure_ascii=True).encode())

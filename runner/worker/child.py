@@ -511,6 +511,7 @@ class Child:
         kept: list[str] = []
         streamed: list[str] = []
         if isinstance(ctx.logger, JobLogger):
+            ctx.logger.echo_end()
             kept = ctx.logger.buf.take() if ctx.logger.buf is not None else []
             streamed = ctx.logger.chunks.take() if ctx.logger.chunks is not None else []
         return {"outcome": to_message(outcome), "run_s": run_s, **({"log": kept} if kept else {}),

@@ -258,9 +258,10 @@ class Entries:
         if child is not None:
             stats += f" invokes|{job.type}"
         fn = self.rt.registry.functions.get(job.type)
+        ret = self.rt.config.retention
         return Suspension(job.id, job.token, o.position, o.entry, o.delay_ms, o.due_ms, journal.MAX_STEPS,
                           journal.MAX_LOG_BYTES, stats, o.kind, o.signal, o.ends_ms, child,
-                          fn is not None and fn.hold_locks)
+                          fn is not None and fn.hold_locks, max(1, int(max(ret.done_s, ret.dead_s) * 1000)))
 
     def burial(self, s: Settlement, o: Dead, now: int) -> Burial:
         if o.reason == CANCELLED:

@@ -46,7 +46,7 @@ def line(level: str, msg: str, source: str = "log", ts_ms: int | None = None) ->
 class JobLog:
     """The newest lines of one run within its bounds, and which of them are not sent yet."""
 
-    __slots__ = ("dropped", "lines", "lock", "marked", "max_bytes", "max_lines", "size", "unsent")
+    __slots__ = ("dropped", "lines", "lock", "lost", "marked", "max_bytes", "max_lines", "size", "taken", "unsent")
 
     def __init__(self, max_lines: int, max_bytes: int, marked: bool = True) -> None:
         self.marked = marked  # a line says how many a flood pushed out (a log's; a stream's are numbered)
@@ -56,6 +56,8 @@ class JobLog:
         self.size = 0
         self.unsent = 0  # the newest this many lines are not in Redis yet
         self.dropped = 0  # unsent lines pushed out by newer ones, since the last send
+        self.lost = 0  # every line pushed out since the log began, sent or not (the marker's count)
+        self.taken = (0, 0)  # what the last take took (lines, dropped), for put_back
         # The handler's thread adds while the renewer (live lines) or the settler takes.
         self.lock = threading.Lock()
 
@@ -68,10 +70,14 @@ class JobLog:
         self.size += len(encoded)
         self.unsent += 1
         while len(self.lines) > self.max_lines or (self.size > self.max_bytes and len(self.lines) > 1):
-            self.size -= len(self.lines.popleft())
-            if self.unsent > len(self.lines):
-                self.unsent -= 1
-                self.dropped += 1
+            self._pop()
+
+    def _pop(self) -> None:
+        self.size -= len(self.lines.popleft())
+        self.lost += 1
+        if self.unsent > len(self.lines):
+            self.unsent -= 1
+            self.dropped += 1
 
     def extend(self, encoded: Iterable[str]) -> None:
         with self.lock:
@@ -84,12 +90,43 @@ class JobLog:
         with self.lock:
             if not self.unsent and not self.dropped:
                 return []
+            mark = ""
+            if self.dropped and self.marked:
+                # The marker takes a line and its bytes of the log's bounds: the oldest
+                # lines make room for it, so the log's own trim never cuts the marker.
+                room = self.max_bytes - len(self._marker(self.lost + self.unsent))
+                while self.unsent and (self.unsent >= self.max_lines or self._unsent_size() > room):
+                    self._drop_oldest_unsent()
+                mark = self._marker(self.lost)
             out = list(self.lines)[len(self.lines) - self.unsent:]
-            dropped, self.unsent, self.dropped = self.dropped, 0, 0
-        if dropped and self.marked:
-            out.insert(0, line("WARNING", f"[{dropped:,} earlier line(s) dropped: a job's log keeps its "
-                                          f"newest {self.max_lines:,} lines and {self.max_bytes:,} bytes]", "runner"))
-        return out
+            self.taken = (self.unsent, self.dropped)
+            self.unsent, self.dropped = 0, 0
+        return [mark, *out] if mark else out
+
+    def _marker(self, lost: int) -> str:
+        return line("WARNING", f"[{lost:,} earlier line(s) dropped: a job's log keeps its newest "
+                               f"{self.max_lines:,} lines and {self.max_bytes:,} bytes]", "runner")
+
+    def _unsent_size(self) -> int:
+        return sum(len(x) for x in list(self.lines)[len(self.lines) - self.unsent:])
+
+    def _drop_oldest_unsent(self) -> None:
+        """The oldest line not sent yet is dropped (it is at the deque's head, or the
+        lines ahead of it are sent: those go first, as the log's trim would take them)."""
+        while len(self.lines) > self.unsent:
+            self._pop()
+        self._pop()
+
+    def put_back(self) -> None:
+        """The last take's lines did not reach Redis: they count as not sent again, ahead
+        of any added since, within the bounds (those pushed out meanwhile count as
+        dropped, so the next take's marker says so)."""
+        with self.lock:
+            n, dropped = self.taken
+            self.taken = (0, 0)
+            back = min(n, len(self.lines) - self.unsent)
+            self.unsent += back
+            self.dropped += dropped + n - back
 
     def pending(self) -> bool:
         return bool(self.unsent or self.dropped)
@@ -113,6 +150,9 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         # and by the settler while it takes the rest: the job's end is never visible
         # before lines the renewer took just ahead of it.
         self.sending = threading.Lock()
+        self._echoed = 0  # lines and characters echoed to the worker's own log so far
+        self._echoed_chars = 0
+        self._unechoed = 0  # lines past those bounds, not echoed
 
     def pending(self) -> bool:
         """Lines or chunks not sent yet."""
@@ -168,7 +208,38 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         kept = encoded(self.logger, level, msg, args, kwargs)
         if kept is not None:
             self.keep((kept,))
+            if self.buf is not None and not self._echo(kept):
+                return
         super().log(level, msg, *args, **kwargs)
+
+    def _echo(self, kept: str) -> bool:
+        """Whether a line kept in the job's log goes to the worker's own log too: only
+        within the job log's bounds, so a flood does not go whole to the worker's output
+        (a log drain); past them, echo_end says at the run's end how many are in the job's
+        log only."""
+        most_lines, most_chars = self.bounds
+        if self._echoed < 0:
+            self._unechoed += 1
+            return False
+        if self._echoed < most_lines and self._echoed_chars + len(kept) <= most_chars:
+            self._echoed += 1
+            self._echoed_chars += len(kept)
+            return True
+        self._echoed = -1  # nothing more is echoed; echo_end says how many were not
+        self._unechoed = 1
+        return False
+
+    def echo_end(self) -> None:
+        """The run ended: one line in the worker's output says how many of its lines were
+        not echoed there (none: nothing is said)."""
+        if self._echoed >= 0:
+            return
+        job_id = (self.extra or {}).get("job_id", "")
+        self.logger.warning(
+            "job %s: %d more ctx.logger line(s), past the bounds of its log (%d lines, %d bytes), are in "
+            "its own log only (runner logs %s)", job_id, self._unechoed, *self.bounds, job_id,
+            extra=dict(self.extra or {}))
+        self._unechoed = 0
 
 
 def encoded(logger: logging.Logger, level: int, msg: object, args: tuple[Any, ...],

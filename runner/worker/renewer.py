@@ -22,6 +22,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from runner.config import QueueConfig
 from runner.errors import JobTimeout
@@ -30,7 +31,7 @@ from runner.store.keys import QueueKeys
 from runner.store.outage import OUTAGE, Away, Outage
 from runner.worker.execute import Claimed
 from runner.worker.faults import fault
-from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS
+from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS, JobLog
 from runner.worker.ledger import Ledger, Run
 from runner.worker.lifeline import vital
 
@@ -220,6 +221,7 @@ class Renewer:
         keep_ms = max(1, int(max(ret.done_s, ret.dead_s) * 1000))
         calls = self.rt.scripts.batch()
         held = []
+        sent: list[JobLog] = []  # in the order of the batch's calls
         try:
             for r in logging_runs:
                 logs = r.logs
@@ -230,12 +232,23 @@ class Renewer:
                 if logs.buf is not None and logs.buf.pending():
                     self.rt.scripts.append_log(k, r.job.id, logs.buf.take(), ret.log_lines, ret.log_bytes, keep_ms,
                                                calls)
+                    sent.append(logs.buf)
                 if logs.chunks is not None and logs.chunks.pending():
                     self.rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
                                                calls, key=k.stream(r.job.id))
-            calls.execute(raise_on_error=False)
-        except Exception as exc:  # the lines are lost to the log, never the lease to the renewal
-            log.debug("%s renewer: writing running jobs' logs failed (%s)", self.q.name, exc)
+                    sent.append(logs.chunks)
+            try:
+                replies: list[Any] = calls.execute(raise_on_error=False)
+            except Exception:
+                replies = []
+            failed = [buf for i, buf in enumerate(sent) if i >= len(replies) or isinstance(replies[i], BaseException)]
+            # Not written: kept for the next write (the renewal's, or the settlement's),
+            # never dropped, nor the lease lost to it.
+            for buf in failed:
+                buf.put_back()
+            if failed:
+                log.debug("%s renewer: %d running job log write(s) failed; kept for the next write",
+                          self.q.name, len(failed))
         finally:
             for lock in held:
                 lock.release()

@@ -305,6 +305,7 @@ class Settler:
             logs = s.run.logs
             if logs is None or (logs.buf is None and logs.chunks is None) or type(s.outcome) is Start:
                 continue
+            logs.echo_end()  # (a thread's run: how many lines its flood kept from this worker's output)
             keep_s = ret.done_s if type(s.outcome) is Done else ret.dead_s if type(s.outcome) is Dead \
                 else max(ret.done_s, ret.dead_s)
             k = parts[self._part(s)]

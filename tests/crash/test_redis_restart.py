@@ -131,3 +131,77 @@ def test_a_child_whose_checkpoint_meets_redis_away_gets_the_error_and_its_slot_s
             assert p.runs(first) == ["1", "2"] and p.runs(second) == ["1"]
         finally:
             p.stop_all()
+
+
+TALKER = '''
+import os, time
+QUEUE = "fast"
+TIMEOUT = 9
+
+def handle(payload, ctx):
+    go = os.path.join(os.environ["RECORD_DIR"], "go")
+    n = 0
+    while not os.path.exists(go):
+        ctx.logger.info("line %d", n)
+        n += 1
+        time.sleep(0.02)
+    ctx.logger.info("line %d", n)
+    return n + 1
+'''
+
+
+def test_a_running_jobs_log_lines_outlive_a_redis_restart(tmp_path: Path) -> None:
+    """A handler logs all the while Redis is down: the lines a lease renewal failed to
+    write are kept and go with the next write, so the log ends whole, every line once and
+    in order."""
+    with own_server(tmp_path / "redis") as srv:
+        p = new_project(tmp_path / "p", srv)
+        try:
+            p.add_function("talker", TALKER)
+            configure(p, vt=1, concurrency=1)
+            c = p.client
+            job = c.enqueue("talker", {}).id
+            w = p.spawn_worker("fast")
+            log = worker_log(p, w)
+            wait_for(lambda: len(c.logs(job)["lines"]) > 3, timeout=30, what="lines while it runs")
+            srv.stop()
+            wait_log(log, "fast renewer: Redis unavailable", timeout=15)
+            srv.start()
+            wait_log(log, "fast renewer: Redis reachable again", timeout=15)
+            (p.records / "go").write_text("")
+
+            def ended() -> bool:
+                try:
+                    return c.get(job).status == "done"
+                except RedisUnavailable:  # a pooled connection to the server before
+                    return False
+
+            wait_for(ended, timeout=30, what="the job to end")
+            final = wait_final(p, [job], timeout=30)[job]
+            assert final["status"] == "done", final
+            msgs = [str(x["msg"]) for x in c.logs(job)["lines"]]
+            assert msgs == [f"line {i}" for i in range(final["result"])], msgs
+        finally:
+            p.stop_all()
+
+
+def test_lookups_and_lists_answer_on_the_first_try_after_a_redis_restart(tmp_path: Path) -> None:
+    """Once a restarted Redis answers, a job lookup and a job list (the store's pipelined
+    script calls, on connections kept from before the restart) answer on their first
+    try: a connection the restart closed is opened again and the call sent once more, as
+    a plain read's is, instead of failing once per broken connection."""
+    with own_server(tmp_path / "redis") as srv:
+        p = new_project(tmp_path / "p", srv)
+        try:
+            configure(p)
+            c = p.client
+            job = c.enqueue("record", {"n": 1}).id
+            assert c.get(job).status == "queued"
+            assert [j.id for j in c.jobs("queued").jobs] == [job]
+            srv.stop()
+            srv.start()
+            assert c.get(job).status == "queued"
+            assert [j.id for j in c.jobs("queued").jobs] == [job]
+            assert c.logs(job)["lines"] == []
+        finally:
+            p.stop_all()

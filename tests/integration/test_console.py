@@ -590,3 +590,61 @@ def test_a_followed_flood_stays_bounded_in_the_page(project: Project, browser: A
         assert len(lines) <= 10_000 and lines[-1].endswith("line 11 1199"), (len(lines), lines[-1:])
         project.client.cancel(job)
         assert script_errors(d) == []
+
+
+PAUSING = '''"""Logs and streams a line, waits for a file, does it again, then waits to be cancelled."""
+import os
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+
+def handle(payload, ctx):
+    ctx.logger.info("first line")
+    ctx.stream("first ")
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "go")):
+        time.sleep(0.02)
+    ctx.logger.info("second line")
+    ctx.stream("second ")
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    ctx.raise_if_cancelled()
+'''
+
+
+def test_the_job_page_follows_on_across_a_redis_restart(tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    """Redis restarted while a running job's page follows its log and stream: the page
+    keeps following and shows what the job logs and streams after Redis is back, then
+    its end, without a reload."""
+    from runner.store.embedded import Server
+
+    from conftest import make_project
+
+    srv = Server(tmp_path / "redis", appendonly=True).start()
+    project = make_project(tmp_path / "p", srv)
+    try:
+        project.add_function("pausing", PAUSING)
+        project.write_config(grace=1)
+        project.spawn_worker("slow")
+        with gunicorn(project, token=TOKEN) as web:
+            job = web.post("/jobs/pausing", json={}).json()["id"]
+            d = browser
+            signed_in(d, web, TOKEN)
+            go(d, f"#job/{job}")
+            log = lambda: text(d, '#job-view [data-field="log"]')  # noqa: E731
+            stream = lambda: text(d, '#job-view [data-field="stream"]')  # noqa: E731
+            until("the first line", lambda: "first line" in log() and "first" in stream())
+            srv.stop()
+            wait_for(lambda: web.get(f"/jobs/{job}").status_code == 503, timeout=20, what="the web to see Redis away")
+            away = time.monotonic()  # down past a few of the follows' polls (a quarter second each)
+            wait_for(lambda: time.monotonic() - away > 1.5, timeout=5, what="the outage")
+            srv.start()
+            (project.records / "go").write_text("")
+            until("the lines after the restart", lambda: "second line" in log() and "second" in stream(),
+                  timeout=40)
+            project.client.cancel(job)
+            until("the job's end", lambda: text(d, f'#job-view table[data-job-id="{job}"] [data-field="status"]')
+                  == "cancelled", timeout=40)
+            assert "second line" in log() and stream().strip() == "first second"
+    finally:
+        project.stop_all()
+        srv.stop(kill=True)

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Project, wait_for
+from runner.errors import RedisUnavailable
+
+from conftest import Project, make_project, wait_for
 
 LOGGER = '''"""Logs a few lines (and prints some), then fails or not as asked."""
 import sys
@@ -176,6 +179,25 @@ def test_a_flood_is_bounded_and_the_worker_goes_on(project: Project) -> None:
     after = client.enqueue("logger", {"n": 1})
     assert client.settle(after.id, 30).status == "done"
     assert _msgs(project, after.id) == [f"line 0 of {after.id}"]
+
+
+def test_a_floods_marker_counts_every_line_it_lost(project: Project) -> None:
+    """The line a flood leaves ("[N earlier line(s) dropped ...]") is kept at the head of
+    what its write kept, and counts every line the run's log lost since it began, not
+    only those since the last write: N never says more than were lost, and misses at
+    most the slots the markers themselves take."""
+    _add(project, "thread", "lines = 50, bytes = 1048576", vt=30)
+    client = project.client
+    flood = client.enqueue("logger", {"n": 20_000})
+    project.spawn_worker("fast")
+    assert client.settle(flood.id, 60).status == "done"
+    msgs = _msgs(project, flood.id)
+    kept = sum(1 for m in msgs if m.startswith("line "))
+    markers = [m for m in msgs if "earlier line(s) dropped" in m]
+    assert markers, msgs[:3]
+    said = int(markers[-1].split()[0].strip("[").replace(",", ""))
+    lost = 20_000 - kept
+    assert lost - len(markers) <= said <= lost, (said, lost, msgs[:3])
 
 
 def test_a_retried_job_keeps_every_attempts_lines(project: Project) -> None:
@@ -533,3 +555,153 @@ def test_an_idle_follower_does_not_read_the_whole_log_or_stream_again(project: P
     assert seen == [*range(3_000), "idle"]
     assert [x["msg"] for x in lines] == [f"line {i}" for i in range(400)]
     assert during <= 2, f"{during} full reads while nothing landed"
+
+
+def test_a_follow_goes_on_across_a_redis_restart(tmp_path: Path) -> None:
+    """GET /jobs/{id}/logs?follow=1 and /stream keep following while Redis is away (a
+    comment line says so) instead of ending with an unknown status, and end with the
+    job's own status once it ends after Redis is back, every line and chunk sent once."""
+    import threading
+
+    import requests
+    from test_web_support import gunicorn
+
+    from runner.store.embedded import Server
+
+    srv = Server(tmp_path / "redis", appendonly=True).start()
+    project = make_project(tmp_path / "p", srv)
+    try:
+        project.add_function("live", LIVE.format(extra=""))
+        project.write_config(grace=1)
+        with gunicorn(project, token="t0ken-for-logs") as web:
+            job_id = web.post("/jobs/live", json={}).json()["id"]
+            project.spawn_worker("slow")
+            wait_for(lambda: "started" in _msgs(project, job_id), timeout=30, what="the first line")
+            got: dict[str, list[str]] = {"logs": [], "stream": []}
+
+            def follow(kind: str, path: str) -> None:
+                with requests.get(web.url + path, headers={"Authorization": "Bearer t0ken-for-logs"},
+                                  stream=True, timeout=60) as r:
+                    for raw in r.iter_lines(decode_unicode=True):
+                        got[kind].append(raw)
+
+            followers = [threading.Thread(target=follow, args=("logs", f"/jobs/{job_id}/logs?follow=1")),
+                         threading.Thread(target=follow, args=("stream", f"/jobs/{job_id}/stream"))]
+            for t in followers:
+                t.start()
+            wait_for(lambda: any(x.startswith("data:") and "started" in x for x in got["logs"]), timeout=20,
+                     what="the first line followed")
+            srv.stop()
+            for kind in got:
+                wait_for(lambda kind=kind: any("Redis unavailable" in x for x in got[kind]), timeout=20,
+                         what=f"the {kind} follower to say Redis is away")
+            assert all(t.is_alive() for t in followers)
+            srv.start()
+
+            def cancelled() -> bool:
+                try:
+                    project.client.cancel(job_id)
+                    return True
+                except RedisUnavailable:  # a pooled connection to the server before
+                    return False
+
+            wait_for(cancelled, timeout=20, what="the cancel")
+            for t in followers:
+                t.join(40)
+                assert not t.is_alive()
+        for kind in got:
+            events = _events("\n".join(got[kind]) + "\n\n")
+            assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "cancelled", (kind, events)
+        assert [json.loads(d)["msg"] for e, d in _events("\n".join(got["logs"]))
+                if e == "line"] == ["started", "stopping"]
+    finally:
+        project.stop_all()
+        srv.stop(kill=True)
+
+
+NAPPER = '''"""Logs and streams, then sleeps or waits past the retention."""
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    ctx.logger.info("charged the card")
+    ctx.stream("charged")
+    if payload.get("wait"):
+        ctx.wait_for_signal("go", timeout=payload["wait"])
+    else:
+        ctx.sleep("nap", payload["sleep"])
+    ctx.logger.info("after the sleep")
+'''
+
+
+def test_a_sleeping_or_waiting_jobs_log_lives_until_it_wakes(project: Project) -> None:
+    """A durable job's log and stream are kept while it sleeps or waits: suspending it
+    keeps them until its wake time plus the retention, however much longer the sleep is
+    than the retention."""
+    project.add_function("napper", NAPPER)
+    c = project.client
+    k = project.keys("fast")
+    r = project.runtime.redis
+    retention_ms = max(project.runtime.config.retention.done_s, project.runtime.config.retention.dead_s) * 1000
+    project.spawn_worker("fast")
+    day_ms = 86_400_000
+    slept = c.enqueue("napper", {"sleep": 86_400}).id
+    waiting = c.enqueue("napper", {"wait": 86_400}).id
+    wait_for(lambda: c.get(slept).status == "sleeping" and c.get(waiting).status == "waiting", timeout=30,
+             what="the jobs to sleep and wait")
+    for job in (slept, waiting):
+        assert [x["msg"] for x in c.logs(job)["lines"]] == ["charged the card"]
+        for key in (k.log(job), k.stream(job)):
+            ttl = r.pttl(key)
+            assert day_ms + retention_ms - 60_000 < ttl <= day_ms + retention_ms, (key, ttl)
+
+
+def test_an_idle_follower_of_a_partitioned_queue_polls_only_the_jobs_home(project: Project) -> None:
+    """A follower finds the job's home (queue and partition) once, then polls the two small
+    reads of its log and, about once a second, the job's status there: not a lookup in
+    every queue partition on every poll (with 4 x 4 partitions, 648 commands a second for
+    one idle page)."""
+    import threading
+
+    project.add_function("napper", NAPPER)
+    project.write_config(fast="partitions = 4")
+    c = project.client
+    worker = project.spawn_worker("fast")
+    job = c.enqueue("napper", {"sleep": 600}).id
+    wait_for(lambda: c.get(job).status == "sleeping", timeout=30, what="the job to sleep")
+    worker.kill()
+    worker.wait(10)
+    r = project.runtime.redis
+    follower = threading.Thread(target=lambda: list(c.follow_logs(job, timeout_s=60, poll_s=0.02)))
+
+    def calls() -> dict[str, int]:
+        return {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+    follower.start()
+    before = calls()
+    wait_for(lambda: calls().get("cmdstat_llen", 0) - before.get("cmdstat_llen", 0) >= 40, timeout=30,
+             what="40 polls")
+    after = calls()
+    polls = after["cmdstat_llen"] - before.get("cmdstat_llen", 0)
+    spent = sum(after.values()) - sum(before.values())
+    c.cancel(job)
+    follower.join(30)
+    assert not follower.is_alive()
+    assert spent / polls <= 8, f"{spent} commands in {polls} polls"
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_flood_is_bounded_in_the_workers_own_output_too(project: Project, isolation: str) -> None:
+    """At INFO a worker echoes a job's ctx.logger lines to its own output only within the
+    job log's bounds, then says once that the rest are in the job's log: a flood does not
+    go whole to the worker's output (a PaaS log drain)."""
+    _add(project, isolation, "lines = 50, bytes = 1048576", vt=30)
+    client = project.client
+    flood = client.enqueue("logger", {"n": 3_000})
+    worker = project.spawn_worker("fast")
+    assert client.settle(flood.id, 60).status == "done"
+    assert f"line 2999 of {flood.id}" in _msgs(project, flood.id)
+    log = project.root / f"worker-{project.procs.index(worker)}.log"
+    echoed = [x for x in log.read_text(errors="replace").splitlines() if "line " in x and flood.id in x]
+    assert 40 <= len(echoed) <= 60, len(echoed)
+    said = [x for x in log.read_text(errors="replace").splitlines() if "its own log only" in x and flood.id in x]
+    assert len(said) == 1 and f"job {flood.id}: {3_000 - len(echoed)} more ctx.logger line(s)" in said[0], said

@@ -26,6 +26,8 @@
 --                            list's own index (a list of them never scans past delayed jobs)
 -- KEYS[17] waiting     ZSET  the same for the waiting ones (a signal, an event, a child)
 -- KEYS[18] delayed     ZSET  the same for scheduled and retrying ones (a delayed child job)
+-- KEYS[19] log_prefix  (string) the job's log, LIST (joblog.lua)
+-- KEYS[20] stream_prefix (string) the job's stream, LIST (joblog.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] token
@@ -54,6 +56,7 @@
 --          each becomes a reservation ('=<id>', as a woken job's, see wake_parked in
 --          _lib.lua) until 10 s past the wait's end, which its next claim takes over;
 --          '' or 0: released now, the next parked job woken (the default)
+-- ARGV[31] the retention of the job's log, ms ('' or 0: its expiry is left as it is)
 --
 -- Kind 'invoke' waits as 'signal' does: the child's end is its signal (the worker that
 -- settles the child sends it; a parent due before that looks for the child itself).
@@ -132,6 +135,18 @@ if c.res then
     redis.call('HSET', sk, 'woken', '1')
   elseif rec then
     release_limits(K.lim_prefix, rec.limits, token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
+  end
+end
+-- The log and stream were kept the retention from their last write: a sleep or a wait
+-- longer than that would lose them while the job lives. They are kept until the wait
+-- ends, plus the retention (never shortened).
+local keep = tonumber(ARGV[31]) or 0
+if keep > 0 then
+  local ends = tonumber(ARGV[13]) and now + tonumber(ARGV[13]) or due
+  local ttl = math.max(ends, due, now) - now + keep
+  for _, key in ipairs({K.log_prefix .. id, K.stream_prefix .. id}) do
+    local left = redis.call('PTTL', key)
+    if left >= 0 and left < ttl then redis.call('PEXPIRE', key, ttl) end
   end
 end
 if (tonumber(ARGV[14]) or 0) > 0 then

@@ -7,6 +7,8 @@
 "use strict";
 
 const ENDED = new Set(["done", "dead", "cancelled"]);
+// Answers that no later read will change (gone, no such scope): a follow stops on them.
+const FINAL_ERRORS = new Set([400, 401, 403, 404]);
 const RUN_NOW = new Set(["scheduled", "retrying", "sleeping"]);  // POST /jobs/{id}/run-now takes these
 
 const page = { id: null, shown: "", openedAt: 0 };  // the job open, the view of it on the page (JSON)
@@ -302,8 +304,10 @@ async function followLog(id) {
           if (fresh.length > 2 * LOG_KEEP_LINES) fresh.splice(0, fresh.length - LOG_KEEP_LINES);
           paintLog();
         } else if (event === "end") {
+          // Only the job's own end ends the follow: one that ended on its time, or on a
+          // job gone meanwhile (status null), follows again, and a gone job answers 404.
           const st = JSON.parse(text).status;
-          ended = st === null || ENDED.has(st);
+          ended = ENDED.has(st);
           paintLog();
           setTimeout(() => { joblog.doneAt = performance.now(); }, 0);
         }
@@ -313,7 +317,9 @@ async function followLog(id) {
   } catch (err) {
     if (ctrl.signal.aborted || id !== page.id) return;
     if (err.status === 404) { paintLog(); return; }
-    refreshLog(id);  // the server would not follow (too many followers): read it each second
+    // The server would not follow (too many followers), or could not answer (Redis away,
+    // the network): read it each second until it can.
+    refreshLog(id);
   } finally {
     if (joblog.ctrl === ctrl) joblog.active = false;
   }
@@ -326,7 +332,10 @@ async function refreshLog(id) {
   try {
     got = await api("GET", `/jobs/${encodeURIComponent(id)}/logs`);
   } catch (err) {
-    got = null;  // gone, or no read scope: the log stays as last shown
+    got = null;  // the log stays as last shown
+    // Gone, or no read scope: nothing more to read. Else (Redis away, the network) read
+    // it again later, following it once more should it answer that the job runs.
+    if (id === page.id && !FINAL_ERRORS.has(err.status)) joblog.timer = setTimeout(() => refreshLog(id), LOG_EVERY_MS);
   }
   if (id !== page.id || !got) return;
   joblog.lines = got.lines.map(logLine);
@@ -383,15 +392,17 @@ async function readStream(id, ctrl) {
         } else if (event === "end") {
           jobstream.endAt = performance.now();
           const st = JSON.parse(text).status;
-          ended = st === null || ENDED.has(st);
+          ended = ENDED.has(st);  // (status null, a job gone: the next read answers 404)
           paintStream();
           setTimeout(() => { jobstream.doneAt = performance.now(); }, 0);
         }
       });
       if (!ended) await new Promise((r) => setTimeout(r, 1000));
     } catch (err) {
-      if (!ctrl.signal.aborted) console.warn(`the stream of ${id}: ${err.message}`);
-      return;  // gone, aborted (another page) or refused: what came stays shown
+      if (ctrl.signal.aborted || id !== page.id) return;
+      console.warn(`the stream of ${id}: ${err.message}`);
+      if (FINAL_ERRORS.has(err.status) || err.status === 429) return;  // gone or refused: what came stays shown
+      await new Promise((r) => setTimeout(r, 1000));  // Redis away, the network: read on from where it was
     }
   }
 }
