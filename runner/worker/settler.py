@@ -328,14 +328,16 @@ class Settler:
             for field in ("log_lines", "stream_chunks"):
                 if field not in s.extra:
                     continue
-                sent = s.extra.pop(field)
+                s.extra.pop(field)
                 reply = replies[at] if at < len(replies) else None
                 at += 1
                 logs = s.run.logs
                 buf = None if logs is None else logs.buf if field == "log_lines" else logs.chunks
                 if isinstance(reply, BaseException) and buf is not None:
                     log.warning("job %s: its log was not written (%s); trying again", s.run.job.id, reply)
-                    buf.extend(sent)
+                    # The lines are still in the buffer (a take only marks them sent): they
+                    # count as unsent again (extend would add them a second time).
+                    buf.put_back()
 
     def _read(self, groups: list[list[Settlement]], replies: list[Any], where: list[int],
               figures: list[AckFigures | None]

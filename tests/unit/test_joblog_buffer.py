@@ -1,0 +1,34 @@
+"""A job's log buffer (worker/joblog.py): a write that did not land puts its lines back
+once, ahead of those added since, and never twice."""
+
+from __future__ import annotations
+
+from runner.worker.joblog import JobLog
+
+
+def test_lines_put_back_after_a_failed_write_go_once_with_the_next() -> None:
+    """The settler's write of a run's last lines failed (Redis away): it put them back by
+    adding them again (extend), so the next write sent them twice. put_back marks the
+    same lines unsent again: the next take has each once, in order, then the new ones."""
+    buf = JobLog(max_lines=10, max_bytes=10_000)
+    buf.extend(["a", "b"])
+    assert buf.take() == ["a", "b"]
+    buf.add("c")
+    assert buf.take() == ["c"]
+    buf.put_back()  # "c" did not land
+    buf.add("d")
+    assert buf.take() == ["c", "d"]
+    assert list(buf.lines) == ["a", "b", "c", "d"]
+    assert not buf.pending()
+
+
+def test_a_put_back_past_the_bounds_counts_what_was_pushed_out() -> None:
+    """Lines put back that newer ones pushed out meanwhile are counted by the next take's
+    marker (which takes a slot of the bounds itself), not sent twice or lost silently."""
+    buf = JobLog(max_lines=3, max_bytes=10_000)
+    buf.extend(["a", "b", "c"])
+    assert buf.take() == ["a", "b", "c"]
+    buf.put_back()
+    buf.extend(["d", "e"])  # a and b pushed out unsent; c makes room for the marker
+    marker, *rest = buf.take()
+    assert "[3 earlier line(s) dropped" in marker and rest == ["d", "e"]
