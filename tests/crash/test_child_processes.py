@@ -838,3 +838,54 @@ def test_a_child_handler_that_kills_its_worker_cannot_loop_for_ever(project: Pro
         final = rec(project, j)
         assert final["status"] == "dead" and final["reason"] == "worker lost", final
         assert 1 <= len(project.runs(j)) <= 2, project.runs(j)
+
+
+BATCH_SLOWSTART = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+BATCH = {"size": 8, "wait": 0.1}
+
+def handle_batch(payloads, ctx):
+    for j in ctx.jobs:
+        with open(os.path.join(os.environ["RECORD_DIR"], j.id), "a") as f:
+            f.write(f"{os.getpid()}\\n")
+    return [None for _ in payloads]
+
+import __main__
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    time.sleep(float(os.environ.get("CHILD_IMPORT_S", "0")))  # heavy imports, in the child only
+'''
+
+
+def test_a_batch_waiting_for_its_child_goes_back_unspent_however_often(project: Project) -> None:
+    """A BATCH function's call waits for a child still starting: its members, the one
+    claimed to start at once and those claimed ahead, are all held in that wait, so a
+    worker SIGKILLed there three times charges none of them (a member claimed to start
+    at once was held by nothing, and its second loss buried it, its call never made)."""
+    project.add_function("pbatch", BATCH_SLOWSTART)
+    only_functions(project, "pbatch")
+    project.write_config(vt=1, concurrency=1, prefetch=4, max_attempts=1, fast="max_timeout = 600")
+    jobs = [project.client.enqueue("pbatch", {}).id for _ in range(3)]
+    before: dict[str, str] = {}
+    for _ in range(3):
+        w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "60"})
+
+        def held_anew(old: dict[str, str] = before) -> bool:
+            now = _tokens(project, jobs)
+            dead = [r for j in jobs if (r := rec(project, j))["status"] == "dead"]
+            assert not dead, dead
+            return len(now) == len(jobs) and all(now[i] != old.get(i) and _held(project, i) for i in jobs)
+
+        wait_for(held_anew, timeout=30, what="every member held by this worker, its child starting")
+        before = _tokens(project, jobs)
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait(timeout=10)
+        assert not any(project.runs(j) for j in jobs)
+    spawn_leader(project, "fast")
+    final = wait_final(project, jobs, timeout=60)
+    for j in jobs:
+        assert final[j]["status"] == "done" and final[j]["attempt"] == 1, final[j]
+        assert len(project.runs(j)) == 1
