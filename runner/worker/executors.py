@@ -657,6 +657,9 @@ class Executors:
         try:
             child = slot.child
             if child is None or child.generation != generation or not child.alive() or not child.poll_ready():
+                # Seconds of imports: every member's claim is held in the wait (those
+                # claimed ahead are already), so a worker killed there charges none.
+                self._hold_all(runs)
                 slot.warm(generation)
                 child = slot.child
                 assert child is not None
@@ -854,6 +857,25 @@ class Executors:
         outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
+
+    def _hold_all(self, runs: Sequence[Run]) -> None:
+        """Hold the claims of these runs while they wait for a child to start (hold.lua),
+        in one round trip; one whose attempt was spent at its claim is left as it is.
+        Redis away: they wait as they were claimed."""
+        todo = [r for r in runs if not r.held and not r.job.started]
+        if not todo:
+            return
+        sc = self.rt.scripts
+        pipe = sc.batch()
+        for r in todo:
+            sc.hold(self.parts[r.job.partition], r.job.id, r.job.token, pipe=pipe)
+        try:
+            codes = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            log.warning("%d job(s): could not mark their claims as waiting for a child process: %s", len(todo), exc)
+            return
+        for r, code in zip(todo, codes, strict=True):
+            r.held = not isinstance(code, BaseException) and int(code) == 1
 
     def hand_off(self, runs: Sequence[Run]) -> list[bool]:
         """These runs go to a child now: each held claim's wait ends in Redis first (one

@@ -860,14 +860,18 @@ if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.ch
 '''
 
 
-def test_a_batch_waiting_for_its_child_goes_back_unspent_however_often(project: Project) -> None:
-    """A BATCH function's call waits for a child still starting: its members, the one
+@pytest.mark.parametrize(("mixed", "prefetch"), [(False, 4), (True, 0), (True, 4)])
+def test_a_batch_waiting_for_its_child_goes_back_unspent_however_often(project: Project, mixed: bool,
+                                                                      prefetch: int) -> None:
+    """A BATCH function's call waits for a child still starting: its members, those
     claimed to start at once and those claimed ahead, are all held in that wait, so a
-    worker SIGKILLed there three times charges none of them (a member claimed to start
-    at once was held by nothing, and its second loss buried it, its call never made)."""
+    worker SIGKILLed there three times charges none of them (on a queue with thread
+    functions too, a member claimed to start at once was held by nothing, and its second
+    loss would bury it, its call never made)."""
     project.add_function("pbatch", BATCH_SLOWSTART)
-    only_functions(project, "pbatch")
-    project.write_config(vt=1, concurrency=1, prefetch=4, max_attempts=1, fast="max_timeout = 600")
+    if not mixed:
+        only_functions(project, "pbatch")
+    project.write_config(vt=1, concurrency=1, prefetch=prefetch, max_attempts=1, fast="max_timeout = 600")
     jobs = [project.client.enqueue("pbatch", {}).id for _ in range(3)]
     before: dict[str, str] = {}
     for _ in range(3):
