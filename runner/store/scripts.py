@@ -284,10 +284,12 @@ class Scripts(Transport):
         args = ("", n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor, later)
         return self.behind(("BLPOP", k.notify, f"{wait_s:g}"), "claim", scriptkeys.keys("claim", k), args)
 
-    def hold(self, k: QueueKeys, job_id: str, token: str, off: bool = False) -> int:
+    def hold(self, k: QueueKeys, job_id: str, token: str, off: bool = False, pipe: Batch | None = None) -> Any:
         """Mark a claim as waiting for its executor, or (``off``) end that wait (see
-        hold.lua): 1 held (or ended), 2 ended but cancelled, -1 refused."""
-        return int(self._run("hold", scriptkeys.keys("hold", k), (job_id, token, "off" if off else "")))
+        hold.lua): 1 held (or ended), 2 ended but cancelled, -1 refused (None: queued on
+        ``pipe``)."""
+        reply = self._run("hold", scriptkeys.keys("hold", k), (job_id, token, "off" if off else ""), pipe)
+        return None if pipe is not None else int(reply)
 
     def start(
         self, k: QueueKeys, owned: Sequence[tuple[str, str]], pipe: Batch | None = None,

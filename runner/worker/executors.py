@@ -21,7 +21,7 @@ import logging
 import queue as stdqueue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +64,7 @@ from runner.worker.joblog import JobLogger, batch_loggers
 from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
 from runner.worker.lifeline import vital
-from runner.worker.slot import Slot
+from runner.worker.slot import Feed, Slot
 
 log = logging.getLogger("runner.worker")
 LEFT_BEHIND_S = 0.05  # how long tasks a handler left behind get to end once cancelled
@@ -657,6 +657,9 @@ class Executors:
         try:
             child = slot.child
             if child is None or child.generation != generation or not child.alive() or not child.poll_ready():
+                # Seconds of imports: every member's claim is held in the wait (those
+                # claimed ahead are already), so a worker killed there charges none.
+                self._hold_all(runs)
                 slot.warm(generation)
                 child = slot.child
                 assert child is not None
@@ -671,6 +674,15 @@ class Executors:
             for r in runs:
                 self._settle_unrun(r, Release())
             return
+        go = self.hand_off(runs)
+        if not all(go):  # (a lease lost in the wait: that member goes back, the call goes on)
+            for r, ok in zip(runs, go, strict=True):
+                if not ok:
+                    self._settle_unrun(r, Release())
+            live = [(r, p) for (r, p), ok in zip(live, go, strict=True) if ok]
+            runs = [r for r, _ in live]
+            if not runs:
+                return
         for r in runs:
             if not r.job.started:
                 self.outcomes.put(Settlement(r, START))
@@ -845,6 +857,56 @@ class Executors:
         outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
+
+    def _hold_all(self, runs: Sequence[Run]) -> None:
+        """Hold the claims of these runs while they wait for a child to start (hold.lua),
+        in one round trip; one whose attempt was spent at its claim is left as it is.
+        Redis away: they wait as they were claimed."""
+        todo = [r for r in runs if not r.held and not r.job.started]
+        if not todo:
+            return
+        sc = self.rt.scripts
+        pipe = sc.batch()
+        for r in todo:
+            sc.hold(self.parts[r.job.partition], r.job.id, r.job.token, pipe=pipe)
+        try:
+            codes = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            log.warning("%d job(s): could not mark their claims as waiting for a child process: %s", len(todo), exc)
+            return
+        for r, code in zip(todo, codes, strict=True):
+            r.held = not isinstance(code, BaseException) and int(code) == 1
+
+    def hand_off(self, runs: Sequence[Run]) -> list[bool]:
+        """These runs go to a child now: each held claim's wait ends in Redis first (one
+        round trip for them all, hold.lua), so from here a lapse before its start mark
+        gives it back unspent once only, and a handler that kills its worker cannot loop
+        for ever. Per run, False: its lease was lost in the wait, it goes back instead.
+        Redis away: they go all the same, still held, and their start marks end that."""
+        waiting = [r for r in runs if r.held]
+        if not waiting:
+            return [True] * len(runs)
+        sc = self.rt.scripts
+        pipe = sc.batch()
+        for r in waiting:
+            sc.hold(self.parts[r.job.partition], r.job.id, r.job.token, off=True, pipe=pipe)
+        try:
+            codes = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            log.warning("%d job(s): could not mark the end of their wait for a child process: %s", len(waiting), exc)
+            return [True] * len(runs)
+        refused: set[int] = set()
+        for r, code in zip(waiting, codes, strict=True):
+            if isinstance(code, BaseException):
+                log.warning("job %s: could not mark the end of its wait for its child process: %s", r.job.id, code)
+                continue
+            r.held = False
+            if int(code) < 0:
+                refused.add(id(r))
+            elif int(code) == 2 and not r.flags.cancelled:  # a cancel just now: the handler hears it
+                r.flags.cancelled = True
+                r.cancelled_at = time.monotonic()
+        return [id(r) not in refused for r in runs]
 
     def charge_later(self) -> str:
         """The queue's functions whose claims spend no attempt, not even for a job that
@@ -1028,12 +1090,13 @@ class _ChildRun:
     and its settlement. Its attempt counts when its handler starts, as its child says
     (child.py: "began" for a batch's first, "next" or "started" for the others): nothing
     is spent at the claim (charge_later), and the start mark goes with the settler's next
-    batch. When the job
-    must wait for its child to start, the claim is held first (no attempt counts should
-    this worker die in the wait, however often; hold.lua), and the hold ends when the child
-    is ready, leaving it claimed ahead until the start."""
+    batch. Its claim is held while the job waits in this worker (no attempt counts should
+    this worker die in the wait, however often; hold.lua): from the claim for a job
+    claimed ahead, from the slot's wait for its child to start for one claimed to start at
+    once. The hold ends just before the child gets the job (start), leaving it claimed
+    ahead until the start: lost after that, it goes back unspent once only."""
 
-    __slots__ = ("began", "charged", "direct", "ex", "flags", "fn", "held", "job", "run", "settlement",
+    __slots__ = ("began", "charged", "direct", "ex", "flags", "fn", "job", "run", "settlement",
                  "started_ms")
 
     def __init__(self, executors: Executors, run: Run, fn: Function, direct: bool = True) -> None:
@@ -1042,7 +1105,6 @@ class _ChildRun:
         self.job = run.job
         self.fn = fn
         self.flags = run.flags
-        self.held = False
         self.began = False  # its child has it
         self.charged = False  # its attempt counts (see charge)
         self.started_ms = 0
@@ -1050,33 +1112,25 @@ class _ChildRun:
         self.direct = direct  # settled into the outcomes queue as it ends (else kept for the caller)
 
     def hold(self) -> bool:
-        job = self.job
+        run, job = self.run, self.job
+        if run.held:  # claimed ahead: held from its claim
+            return True
         try:
-            self.held = self.ex.rt.scripts.hold(self.ex.parts[job.partition], job.id, job.token) == 1
+            run.held = self.ex.rt.scripts.hold(self.ex.parts[job.partition], job.id, job.token) == 1
         except Exception as exc:  # Redis away: the claim stays as it was (spent, or claimed ahead)
             log.warning("job %s: could not mark its claim as waiting for its child process: %s", job.id, exc)
-        return self.held
+        return run.held
 
     def stop(self, held: bool) -> bool:
         # A cancel hands back only a held claim: release.lua ends that one cancelled.
         return self.ex.releasing.is_set() or (held and self.run.flags.cancelled)
 
-    def start(self) -> bool:
-        """The job may go to its child (False: its lease was lost in the wait). A held
-        claim's wait ends in Redis first: it stays claimed ahead until its handler starts
-        (charge)."""
-        run, job = self.run, self.job
-        if not self.held:
-            return True
-        try:
-            code = self.ex.rt.scripts.hold(self.ex.parts[job.partition], job.id, job.token, off=True)
-        except Exception as exc:  # Redis away: it stays held, and its start mark ends that
-            log.warning("job %s: could not mark the end of its wait for its child process: %s", job.id, exc)
-            return True
-        if code == 2 and not run.flags.cancelled:  # a cancel just now: the handler hears it
-            run.flags.cancelled = True
-            run.cancelled_at = time.monotonic()
-        return code >= 0
+    def start(self, ahead: Sequence[Feed] = ()) -> list[bool]:
+        """This job, and those sent to its child with it (``ahead``), may go to the child;
+        per job (this one first), False: its lease was lost in the wait, it goes back. A
+        held claim's wait ends in Redis first (Executors.hand_off): it stays claimed ahead
+        until its handler starts (charge)."""
+        return self.ex.hand_off([self.run, *(f.run for f in ahead)])
 
     def started(self, pid: int, charge: bool = True) -> None:
         """Its child has the job (a batch's first, sent to it: ``charge`` False, the child
@@ -1097,7 +1151,7 @@ class _ChildRun:
         reclaim.lua). One claimed started, never held, spent it at the claim."""
         if not self.charged:
             self.charged = True
-            if self.held or not self.job.started:
+            if self.run.held or not self.job.started:
                 self.ex.outcomes.put(Settlement(self.run, START))
 
     def rpc(self, msg: dict[str, Any]) -> Any:

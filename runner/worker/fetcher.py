@@ -39,6 +39,9 @@ log = logging.getLogger("runner.worker")
 CLAIM_FIELDS = 14
 HELD, BOUNDED = 1, 2  # why a claim stopped short (see claim.lua)
 EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (claim.lua)
+# A claimed job's "started" value when it was claimed ahead for a child process: its claim
+# is held until its executor hands it to the child (claim.lua, hold.lua).
+FOR_CHILD = 3
 
 
 def _int_or(value: object, default: int) -> int:
@@ -266,10 +269,12 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started != 0, meta, "", partition))
+                              started != 0 and started != FOR_CHILD, meta, "", partition))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)
+            elif started == FOR_CHILD:
+                run.held = True
         if self.trace_context and tracing.enabled():
             for r in batch:
                 if r.job.meta_raw:

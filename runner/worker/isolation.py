@@ -18,9 +18,10 @@ stop lease renewal or take other jobs down:
   job finishes on its own.
 
 A job waits for its child when the child is still starting: its claim is held before the
-slot starts or replaces the child (no attempt counts) and its start is marked before the
-handler gets it (slot.Feed, _ChildRun in executors.py), so a worker killed in that wait
-charges it nothing; a child lost before its handler got the job hands the job back unspent.
+slot starts or replaces the child (no attempt counts), as a job claimed ahead is from its
+claim, and the hold ends just before the child gets it (slot.Feed, _ChildRun and
+Executors.hand_off in executors.py), so a worker killed in that wait charges it nothing,
+however often; a child lost before its handler got the job hands the job back unspent.
 
 Each child leads a process group of its own, and every way of dropping a child
 (ChildProcess.end) kills the group, reaps the child and closes its socket, pidfd and

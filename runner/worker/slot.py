@@ -42,7 +42,7 @@ from runner.store.connection import UNAVAILABLE, unreachable
 from runner.worker.context import Flags
 from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, from_message
 from runner.worker.isolation import EXITED, ChildProcess, ExecutorCrashed, describe_exit
-from runner.worker.ledger import Release
+from runner.worker.ledger import Release, Run
 
 log = logging.getLogger("runner.worker")
 
@@ -74,6 +74,7 @@ class Feed(Protocol):
     """What a slot asks of its executor around one job."""
 
     job: Claimed
+    run: Run  # (held: its claim waits for the child, see hold.lua)
     fn: Function
     flags: Flags  # lock_lost and cancelled, as the handler should see them
 
@@ -83,8 +84,10 @@ class Feed(Protocol):
     def stop(self, held: bool) -> bool:
         """Give the job back while it waits for its child (a stop; a cancel once held)."""
 
-    def start(self) -> bool:
-        """The job may go to its child; False: hand it back instead."""
+    def start(self, ahead: Sequence[Feed] = ()) -> list[bool]:
+        """This job and those sent with it (``ahead``) may go to the child, each claim's
+        wait for it ended first (one round trip); per job, this one first, False: hand it
+        back instead."""
 
     def started(self, pid: int, charge: bool = True) -> None:
         """This child (pid) has the job; ``charge``: its handler starts now (else the
@@ -207,8 +210,11 @@ class Slot:
                 assert child is not None
                 if not child.wait_ready(stop=lambda: first.stop(held)):
                     return _release(feeds)
-            if not first.start():  # cancelled in the wait, or its lease lost
+            go = first.start(feeds[1:])
+            if not go[0]:  # its lease lost in the wait
                 return _release(feeds)
+            _release([f for f, ok in zip(feeds, go, strict=True) if not ok])
+            feeds = [f for f, ok in zip(feeds, go, strict=True) if ok]
             child.send({"op": "run", "jobs": [f.job.as_row() for f in feeds], **extra})
         except (ExecutorCrashed, OSError) as exc:
             # The child died (or never started) before its handler got the job: a stop's
@@ -456,6 +462,13 @@ class _Watch:
         if n <= 0 or self.stopping():
             return
         feeds = self.more(n)
+        if not feeds:
+            return
+        # Each claim's wait ends before its child gets it (a job whose lease was lost
+        # meanwhile goes back instead).
+        go = feeds[0].start(feeds[1:])
+        _release([f for f, ok in zip(feeds, go, strict=True) if not ok])
+        feeds = [f for f, ok in zip(feeds, go, strict=True) if ok]
         if not feeds:
             return
         for f in feeds:

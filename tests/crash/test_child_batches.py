@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from runner.catalog.registry import Function
 from runner.client import Enqueued, Request
 from runner.worker.context import Flags
 from runner.worker.execute import Claimed, Done, Outcome, RetryLater
-from runner.worker.ledger import Release
+from runner.worker.ledger import Release, Run
 from runner.worker.slot import RECALL_AFTER_S, Slot
 
 from conftest import Project, wait_for
@@ -62,6 +63,7 @@ class Fed:
         now = int(time.time() * 1000)
         self.job = Claimed(job_id, f"token-{job_id}", 1, fn.name, "1", json.dumps(payload), 3, "", "", now, now, "",
                            "fast", now, first)
+        self.run = Run(self.job)
         self.fn = fn
         self.flags = Flags()
         self.project = project
@@ -76,8 +78,8 @@ class Fed:
     def stop(self, held: bool) -> bool:
         return False
 
-    def start(self) -> bool:
-        return True
+    def start(self, ahead: Sequence[Fed] = ()) -> list[bool]:
+        return [True] * (1 + len(ahead))
 
     def started(self, pid: int, charge: bool = True) -> None:
         self.began = time.monotonic()

@@ -769,3 +769,127 @@ def test_a_worker_that_is_pid_1_runs_its_process_isolated_jobs(project: Project)
     finally:
         os.killpg(w.pid, signal.SIGKILL)
         w.wait(timeout=10)
+
+
+def _tokens(project: Project, ids: list[str]) -> dict[str, str]:
+    """Each job's claim token, where it has a claim."""
+    entries = project.runtime.redis.hmget(project.keys().claims, ids)
+    return {i: e.split()[0] for i, e in zip(ids, entries, strict=True) if e}
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["with-thread-functions", "process-only"])
+def test_prefetched_jobs_waiting_for_a_starting_child_go_back_unspent_however_often(
+        project: Project, mixed: bool) -> None:
+    """With prefetch, the jobs claimed ahead wait in the worker while its child imports:
+    none was handed to a child, so a worker SIGKILLed in that wait, three times over,
+    charges none of them (the second loss of a job claimed ahead used to count, and with
+    MAX_ATTEMPTS = 1 it went dead as "worker lost", its handler never run). The next
+    worker runs each as attempt 1."""
+    project.add_function("pwork", SLOWSTART)
+    if not mixed:
+        only_functions(project, "pwork")
+    project.write_config(vt=1, concurrency=1, prefetch=4, max_attempts=1, fast="max_timeout = 600")
+    jobs = [project.client.enqueue("pwork", {}).id for _ in range(5)]
+    before: dict[str, str] = {}
+    for _ in range(3):
+        w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "60"})
+
+        def claimed_anew(old: dict[str, str] = before) -> bool:
+            now = _tokens(project, jobs)
+            dead = [r for j in jobs if (r := rec(project, j))["status"] == "dead"]
+            assert not dead, dead  # (its handler never ran: no run is recorded)
+            return len(now) == len(jobs) and all(now[i] != old.get(i) for i in jobs)
+
+        wait_for(claimed_anew, timeout=30, what="every job's claim by this worker")
+        before = _tokens(project, jobs)
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait(timeout=10)
+        assert not any(project.runs(j) for j in jobs)
+    spawn_leader(project, "fast")
+    final = wait_final(project, jobs, timeout=60)
+    for j in jobs:
+        assert final[j]["status"] == "done" and final[j]["attempt"] == 1, final[j]
+        assert len(project.runs(j)) == 1
+
+
+KILLS_WORKER = PWORK.replace('''    time.sleep(payload.get("s", 0))''', '''    os.kill(os.getppid(), 9)  # its worker
+    time.sleep(30)''')
+
+
+def test_a_child_handler_that_kills_its_worker_cannot_loop_for_ever(project: Project) -> None:
+    """The hold of a job claimed ahead ends before its child gets it: handlers that SIGKILL
+    their worker at once, one claimed ahead of the other, end dead as "worker lost" after
+    at most two runs each (the second loss after a hand-off counts), never looping. Their
+    losses while held behind the other (none of their own doing) charge nothing."""
+    project.add_function("pwork", KILLS_WORKER)
+    only_functions(project, "pwork")
+    project.write_config(vt=1, concurrency=1, prefetch=4, max_attempts=1, fast="max_timeout = 600")
+    jobs = [project.client.enqueue("pwork", {}).id for _ in range(2)]
+
+    def buried() -> bool:
+        return all(rec(project, j)["status"] == "dead" for j in jobs)
+
+    for _ in range(6):
+        w = spawn_leader(project, "fast")
+        wait_for(lambda w=w: w.poll() is not None or buried(), timeout=60, what="a handler to kill its worker")
+        if buried():
+            break
+    for j in jobs:
+        final = rec(project, j)
+        assert final["status"] == "dead" and final["reason"] == "worker lost", final
+        assert 1 <= len(project.runs(j)) <= 2, project.runs(j)
+
+
+BATCH_SLOWSTART = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+BATCH = {"size": 8, "wait": 0.1}
+
+def handle_batch(payloads, ctx):
+    for j in ctx.jobs:
+        with open(os.path.join(os.environ["RECORD_DIR"], j.id), "a") as f:
+            f.write(f"{os.getpid()}\\n")
+    return [None for _ in payloads]
+
+import __main__
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    time.sleep(float(os.environ.get("CHILD_IMPORT_S", "0")))  # heavy imports, in the child only
+'''
+
+
+@pytest.mark.parametrize(("mixed", "prefetch"), [(False, 4), (True, 0), (True, 4)])
+def test_a_batch_waiting_for_its_child_goes_back_unspent_however_often(project: Project, mixed: bool,
+                                                                      prefetch: int) -> None:
+    """A BATCH function's call waits for a child still starting: its members, those
+    claimed to start at once and those claimed ahead, are all held in that wait, so a
+    worker SIGKILLed there three times charges none of them (on a queue with thread
+    functions too, a member claimed to start at once was held by nothing, and its second
+    loss would bury it, its call never made)."""
+    project.add_function("pbatch", BATCH_SLOWSTART)
+    if not mixed:
+        only_functions(project, "pbatch")
+    project.write_config(vt=1, concurrency=1, prefetch=prefetch, max_attempts=1, fast="max_timeout = 600")
+    jobs = [project.client.enqueue("pbatch", {}).id for _ in range(3)]
+    before: dict[str, str] = {}
+    for _ in range(3):
+        w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "60"})
+
+        def held_anew(old: dict[str, str] = before) -> bool:
+            now = _tokens(project, jobs)
+            dead = [r for j in jobs if (r := rec(project, j))["status"] == "dead"]
+            assert not dead, dead
+            return len(now) == len(jobs) and all(now[i] != old.get(i) and _held(project, i) for i in jobs)
+
+        wait_for(held_anew, timeout=30, what="every member held by this worker, its child starting")
+        before = _tokens(project, jobs)
+        os.killpg(w.pid, signal.SIGKILL)
+        w.wait(timeout=10)
+        assert not any(project.runs(j) for j in jobs)
+    spawn_leader(project, "fast")
+    final = wait_final(project, jobs, timeout=60)
+    for j in jobs:
+        assert final[j]["status"] == "done" and final[j]["attempt"] == 1, final[j]
+        assert len(project.runs(j)) == 1

@@ -348,6 +348,39 @@ def test_a_held_claim_lapses_without_spending_however_often(p: Project) -> None:
     assert rec(p, "b")["status"] == "cancelled"
 
 
+def test_a_childs_job_claimed_ahead_is_held_from_its_claim_until_handed_off(p: Project) -> None:
+    """A job of a type named in ``later`` (a child's) claimed ahead waits in its worker for
+    a free, ready child: its claim is held from the claim ('p' and 'h', started 3), so its
+    lease lapsing gives it back spending nothing, however often. Its worker ends the hold
+    as the child gets it (hold.lua 'off'): from there a lapse before its start mark gives
+    it back once, and the second counts. Claimed ahead for a thread, a job is not held."""
+    enqueue(p, new("t", type_="noop", max_attempts=1), new("c", type_="child", max_attempts=1))
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+
+    def claim_ahead(n: int) -> dict[str, list[Any]]:
+        reply = list(sc.claim(k, n=2, start=0, lease_ms=LEASE, token_base=f"w.{n}", dead_ttl_ms=10_000_000,
+                              done_ttl_ms=10_000_000, now_ms=NOW + 2 * n * LEASE, later="child"))
+        return {g[0]: g for g in (reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS))}
+
+    for n, lapsed in enumerate(([2, 0], [1, 1], [1, 0])):  # (requeued, buried)
+        got = claim_ahead(n)
+        assert got["c"][12] == 3 and {"p", "h"} <= set(r.hget(k.claims, "c").split()[3])
+        if "t" in got:
+            assert got["t"][12] == 0 and "h" not in r.hget(k.claims, "t").split()[3]
+        assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)) == lapsed
+        rc = raw(p, "c")
+        assert rc["status"] == "queued" and rc["attempt"] == "0" and "error" not in rc
+        assert "refunds" not in state(p, "c")
+    assert rec(p, "t")["status"] == "dead"  # the thread job's second loss claimed ahead counted
+    assert raw(p, "c")["history"].count('"outcome":"lost unstarted"') == 3
+    for n in (3, 4):  # handed to its child each time: once back unspent, then it counts
+        got = claim_ahead(n)
+        assert sc.hold(k, "c", got["c"][1], off=True) == 1
+        assert r.hget(k.claims, "c").split()[3] == "ps"
+        sc.reclaim(k, 100, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)
+    assert rec(p, "c")["status"] == "dead" and state(p, "c")["refunds"] == "1"
+
+
 def test_a_prefetched_job_that_settles_spends_its_attempt(p: Project) -> None:
     """A prefetched job settled without a start mark ran all the same: a retry counts its
     attempt (the next claim is attempt 2) and an ack records attempt 1."""

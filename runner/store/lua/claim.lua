@@ -64,7 +64,9 @@
 --          attempt later, as prefetched jobs do ('p', start.lua), when their executor
 --          says the handler started, "<type> <type> ..." ('' none): the functions that run
 --          in child processes, whose child reports the start (a worker killed before then
---          charges nothing, see reclaim.lua); a job of any other type spends it here
+--          charges nothing, see reclaim.lua); a job of any other type spends it here. Such
+--          a job claimed ahead is also held ('h', see hold.lua) until its worker hands it
+--          to a child: lost before then, it goes back unspent however often
 --
 -- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
 -- scheduled for when its (reserved) token is due, spending no attempt.
@@ -87,7 +89,8 @@
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
 --   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, its attempt spent;
 --   0 prefetched, or at once with its attempt spent at its start mark (ARGV[11]); 2
---   expired: bury it), meta
+--   expired: bury it; 3 prefetched for a child (ARGV[11]) and held, 'h', until its worker
+--   hands it to its child, see hold.lua), meta
 --- @include "clock"
 --- @include "calls"
 --- @include "limits"
@@ -416,8 +419,12 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   local n_c = #claimed
   claimed[n_c + 1] = id
   local spent = starts and not later[rec.type]
+  -- A child's job claimed ahead is held ('h') from its claim: it waits in its worker until
+  -- a child is free and ready, and its worker ends the hold just before the child gets it
+  -- (hold.lua), so a worker lost in the wait, however often, charges it nothing.
+  local held = not starts and later[rec.type] == true
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
-    claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false))
+    claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
   taken[id] = true
   local o = #out
   out[o + 1] = id
@@ -432,7 +439,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   out[o + 10] = f[3] or ''
   out[o + 11] = rec.created_ms
   out[o + 12] = f[4] or ''
-  out[o + 13] = spent and 1 or 0
+  out[o + 13] = spent and 1 or (held and 3 or 0)
   out[o + 14] = rec.meta or ''
   i = i + 1
 end

@@ -10,7 +10,8 @@
 -- checkpoint: see the records below), 'w' when someone waits for its end (the settling
 -- script then publishes its id; see waited below), 'c' once a cancel asked the run to stop
 -- (cancel.lua; renew tells the worker), 'h' (with 'p') while it waits for its executor to
--- be ready to start it (hold.lua: a lapse then spends nothing, however often)
+-- be ready to start it (a child's job claimed ahead from its claim, claim.lua; one whose
+-- child is starting, hold.lua: a lapse then spends nothing, however often)
 -- ('-': none of these).
 -- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
 -- splits one (nil for none or a damaged one).
