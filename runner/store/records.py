@@ -162,7 +162,12 @@ def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[s
     fields = {**rec, **{k: v for k, v in state.items() if k not in ("woken", "lost_token", "refunds", "rated")}}
     fields.setdefault("status", "queued")
     held = parse_claim(claim) if claim else None
-    if held is not None and held.ahead:
+    if held is not None and held.ahead and state.get("run_attempt") == held.attempt and state.get("run_started_ms"):
+        # A durable function resumed within its attempt, its next run not started yet (a
+        # child's start mark, or a free executor, to come): it has run in this attempt.
+        fields.update(status="processing", token=held.token, attempt=held.attempt,
+                      started_ms=state["run_started_ms"], claimed_ahead="1")
+    elif held is not None and held.ahead:
         # Claimed ahead of a free executor: held by a worker, not started, and its
         # attempt not spent until it starts (the record keeps the attempts spent).
         fields.update(status="processing", token=held.token, attempt=str(int(held.attempt) - 1), claimed_ahead="1")

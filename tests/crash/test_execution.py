@@ -126,7 +126,8 @@ def test_timeout_kills_a_stuck_child_and_the_next_job_runs(crash_project: Projec
     assert s["status"] == "dead" and s["reason"] == "max attempts reached", s
     assert s["last_error"]["type"] == "JobTimeout", s["last_error"]
     took = s["finished_at"] - s["started_at"]
-    assert 1.0 <= took < 3.5, f"stopped after {took:.2f} s"
+    # (0.99: the two times are the server's clock in ms, read by two scripts)
+    assert 0.99 <= took < 3.5, f"stopped after {took:.3f} s"
     assert final[after]["status"] == "done"
     assert_quiet(project)
 
