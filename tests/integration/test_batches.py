@@ -264,7 +264,7 @@ def test_a_base_exception_from_handle_batch_fails_the_batch_not_the_worker(proje
         assert worker.poll() is None
     good = [e.id for e in client.enqueue_many([Request("exiting", {"n": i}) for i in range(3)])]
     views = wait_for(lambda: finished(project, good), timeout=30, what="the next jobs")
-    assert [views[i]["result"] for i in good] == [0, 1, 2] and worker.poll() is None
+    assert [views[i]["result"] for i in good] == [0, 1, 2] and worker.poll() is None, views
 
 
 LOGGING = '''

@@ -149,7 +149,16 @@ def test_keyless_jobs_pass_over_a_master_short_of_its_replicas(tmp_path: Path) -
         p._runtime = None
         try:
             c = p.client
-            c.enqueue("record", {"n": -1})
+
+            def replicated() -> bool:
+                # A cluster just started: its replicas may still be syncing (0.5 s each).
+                try:
+                    c.enqueue("record", {"n": -1})
+                except NotReplicated:
+                    return False
+                return True
+
+            wait_for(replicated, timeout=60, what="an enqueue the replicas confirm")
             m0 = servers[0]
             wait_for(lambda: any(redis.Redis(port=s.port).info("replication").get("master_port") == m0.port
                                  for s in servers[3:]), timeout=30, what="the first master's replica")
