@@ -49,11 +49,7 @@ def logs_if_changed(client: Client, job_id: str, mark: Mark | None) -> tuple[dic
     The job is looked for in every queue partition once; then only at its home, and only
     when lines landed or every STATUS_EVERY polls, so an idle follower costs the two small
     reads a poll (the status is at most that many polls late: the lines never are)."""
-    if mark is None:
-        k, fields = find(client, job_id)
-        polls = 0
-    else:
-        k, fields, polls = mark.home, mark.fields, mark.polls + 1
+    k, fields, polls = _where(client, job_id, mark)
     redis = client.runtime.redis
     with reachable():
         now = joblogs.probe(redis, k.log(job_id))
@@ -64,6 +60,15 @@ def logs_if_changed(client: Client, job_id: str, mark: Mark | None) -> tuple[dic
                 now = joblogs.probe(redis, k.log(job_id))
         lines = None if mark is not None and now == mark.probe else joblogs.read(redis, k, job_id)
     return {"id": job_id, "status": fields.get("status"), "lines": lines}, Mark(k, now, fields, polls)
+
+
+def _where(client: Client, job_id: str, mark: Mark | None) -> tuple[QueueKeys, dict[str, str], int]:
+    """A follower's job: looked for in every queue partition at its first poll, then taken
+    from the last poll's mark (its home, its fields, the polls since its status was read)."""
+    if mark is None:
+        k, fields = find(client, job_id)
+        return k, fields, 0
+    return mark.home, mark.fields, mark.polls + 1
 
 
 def _at_home(client: Client, k: QueueKeys, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
@@ -114,11 +119,7 @@ def stream_if_changed(client: Client, job_id: str, after: tuple[int, int], mark:
     """stream_chunks(), for a follower that read them before (``mark``, as for
     logs_if_changed): the job's status is read at its home only when chunks landed or
     every STATUS_EVERY polls."""
-    if mark is None:
-        k, fields = find(client, job_id)
-        polls = 0
-    else:
-        k, fields, polls = mark.home, mark.fields, mark.polls + 1
+    k, fields, polls = _where(client, job_id, mark)
     redis = client.runtime.redis
     with reachable():
         fresh = joblogs.read_stream_after(redis, k, job_id, after)
