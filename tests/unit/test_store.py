@@ -120,3 +120,18 @@ def test_a_new_job_is_its_enqueue_fields_in_order() -> None:
     _, _, args = Scripts.enqueue_call(QueueKeys("p", "fast"), [j, j._replace(id="id2", priority=0)], now_ms=1)
     assert args[2:-1] == [*_job_fields(j), 4, *_job_fields(j._replace(id="id2")), 0]
     assert args[-1] > 0  # then how long a limit key stays marked
+
+
+def test_a_resumed_durable_job_claimed_ahead_shows_the_attempt_it_ran() -> None:
+    """A durable function resumed on a queue whose jobs start in child processes is claimed
+    ahead of its start (flag p): it showed attempt 0 and no start until its child said it
+    began, though it had run in that attempt. It shows the attempt it ran and its first
+    start; a fresh job claimed ahead still shows no attempt spent and no start."""
+    from runner.store import records
+
+    record = records.encode({"type": "t", "version": 1, "max_attempts": 3, "created_ms": 5, "payload": "{}"})
+    resumed = records.view("x", record, {"attempt": "0", "run_attempt": "1", "run_started_ms": "900"},
+                           "w.1:0 1 0 p", None)
+    assert (resumed["status"], resumed["attempt"], resumed["started_ms"]) == ("processing", "1", "900")
+    fresh = records.view("x", record, {}, "w.1:0 1 0 p", None)
+    assert (fresh["status"], fresh["attempt"], fresh.get("started_ms")) == ("processing", "0", None)
