@@ -467,6 +467,12 @@ class Executors:
                 return None, [], False
             g = self._gathering[at] = _Gathering(fn, [(first, first_at.payload)])
 
+        # Runs this gathering put back for an idle executor. One that comes back to it is
+        # kept: an idle executor's wake-up can lose the race for the inbox to this thread,
+        # which would otherwise take and put back the same run until its deadline, and
+        # past it for ever (its reads at the deadline do not wait).
+        bounced: set[int] = set()
+
         def elsewhere(run: Run, placed: _Placed | None) -> bool:
             """A run not of this batch: into its own batch gathering now, or back to the
             inbox for an idle executor (True); False: none takes it now."""
@@ -476,7 +482,8 @@ class Executors:
                     if other is not None and other.fn is placed.fn and len(other.members) < placed.fn.batch.size:
                         other.members.append((run, placed.payload))
                         return True
-            if self._idle > 0 and not self.releasing.is_set():
+            if self._idle > 0 and not self.releasing.is_set() and id(run) not in bounced:
+                bounced.add(id(run))
                 self.ledger.put_back(run)
                 self.inbox.put(run)
                 return True

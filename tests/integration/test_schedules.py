@@ -474,7 +474,9 @@ def test_an_older_release_never_retires_a_schedule_a_newer_one_added(project: Pr
         r, k = project.runtime.redis, project.keys()
         wait_for(lambda: r.hget(k.schedule("added"), "def") == "", timeout=30,
                  what="the older release to retire the schedule once no worker holds it")
-        assert log_has(project, "no worker defining it has been seen", "v1-again.log")
+        # (the worker logs the retirement after the script's reply: wait for the line)
+        wait_for(lambda: log_has(project, "no worker defining it has been seen", "v1-again.log"), timeout=10,
+                 what="the older worker to log the retirement")
     finally:
         v2.stop_all()
 
