@@ -671,13 +671,29 @@ def _retention(rt: Mapping[str, Any]) -> Retention:
     )
 
 
+def find(start: Path | None = None) -> Path:
+    """The project's runner.toml, as a command run in a subfolder finds it: ./runner.toml,
+    else the nearest one in a parent folder, searched up to the root of the repository
+    the folder is in (the first folder holding ``.git``) or of the file system.
+    ./runner.toml when there is none (a missing file means the defaults)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "runner.toml").is_file():
+            return folder / "runner.toml" if folder != here else Path("runner.toml")
+        if (folder / ".git").exists():
+            break
+    return Path("runner.toml")
+
+
 def load(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """Load runner.toml (default: ./runner.toml, or RUNNER_CONFIG) with environment overrides.
+    """Load runner.toml (default: RUNNER_CONFIG, or ./runner.toml, or the nearest one in a
+    parent folder: ``find``) with environment overrides.
 
     A missing file is allowed: the defaults plus the environment make a one-queue setup.
     """
     env = os.environ if env is None else env
-    p = Path(path or env.get("RUNNER_CONFIG") or "runner.toml")
+    named = path or env.get("RUNNER_CONFIG")
+    p = Path(named) if named else find()
     source = str(p)
     text = ""
     if p.exists():

@@ -373,7 +373,8 @@ class RootGroup(click.Group):
 @click.version_option(__version__, "--version", prog_name="runner",
                       message="%(prog)s %(version)s (runner-redis)")
 @click.option("--config", "config_path", envvar="RUNNER_CONFIG", default=None,
-              help="Path to runner.toml (default: ./runner.toml). A [redis] url in it wins over a "
+              help="Path to runner.toml (default: ./runner.toml, or the nearest one in a parent folder "
+              "of the repository). A [redis] url in it wins over a "
               "running `runner dev`.")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None) -> None:

@@ -308,6 +308,17 @@ def test_option_and_lookup_mistakes_say_what_to_do(project: Project) -> None:
         assert res.returncode == 2 and "(have: fast, slow)" in res.stderr, res.stderr
 
 
+def test_commands_run_from_a_subfolder_use_the_projects_runner_toml(project: Project) -> None:
+    """`runner enqueue` and `runner functions` run inside the project's functions folder
+    find runner.toml in the folder above: the same functions and queues as from the top."""
+    sub = project.root / "functions"
+    listed = cli(sub, project.env, "functions")
+    assert listed.returncode == 0 and "record" in listed.stdout, listed.stderr
+    sent = cli(sub, project.env, "enqueue", "record", '{"n": 1}')
+    assert sent.returncode == 0, sent.stderr
+    assert project.client.get(sent.stdout.split()[0].strip()).status == "queued"
+
+
 def test_jsonl_reports_each_refused_line_once_in_line_order(project: Project) -> None:
     """Bad JSON and invalid payloads, mixed, are reported in the order of their lines,
     each line once, with its errors under it."""

@@ -142,3 +142,29 @@ def test_an_unchosen_url_follows_a_running_dev_and_a_chosen_one_does_not(
         close_all()
     (tmp_path / ".runner" / "dev.json").write_text(json.dumps({"url": dev_url, "pid": 2**22 + 1}))
     assert follow_dev(config.load(bare, env={}), config_named=False).redis.url == "redis://127.0.0.1:6379/0"
+
+
+def test_a_subfolder_finds_the_projects_runner_toml_up_to_its_repository(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from a subfolder, the nearest runner.toml above is the project's (its folders
+    are its own, not the subfolder's); the search stops at the repository's root, so a
+    runner.toml outside the repository is never picked up."""
+    outside = tmp_path / "runner.toml"
+    outside.write_text('[functions]\ndir = "not-this-one"\n')
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    deep = repo / "app" / "functions" / "more"
+    deep.mkdir(parents=True)
+    (repo / "app" / "runner.toml").write_text('[functions]\ndir = "functions"\n')
+    monkeypatch.chdir(deep)
+    assert config.find() == repo / "app" / "runner.toml"
+    cfg = config.load(env={})
+    assert cfg.root == repo / "app" and cfg.functions_dir == repo / "app" / "functions"
+    assert config.load(env={"RUNNER_CONFIG": str(outside)}).root == tmp_path  # a named file wins
+    (repo / "app" / "runner.toml").unlink()
+    monkeypatch.chdir(deep)
+    assert config.find() == Path("runner.toml")  # none in the repository: the defaults, here
+    assert config.load(env={}).functions_dir == deep / "functions"
+    monkeypatch.chdir(repo / "app")
+    (repo / "app" / "runner.toml").write_text("")
+    assert config.find() == Path("runner.toml")  # here: the relative name, as before
