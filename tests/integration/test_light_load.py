@@ -238,3 +238,38 @@ def test_a_key_damaged_under_a_running_worker_is_set_aside_after_the_first_refus
     finally:
         w.stop(grace_s=5)
     assert r.hget(k.stats, "corrupt|leases") == "1"
+
+
+GATED_FAIL = """
+import os, time
+QUEUE = "fast"
+MAX_ATTEMPTS = 2
+BACKOFF = {"base": 0.01, "cap": 0.01, "jitter": "none"}
+
+def handle(payload, ctx):
+    gate = os.path.join(os.environ["RECORD_DIR"], "go")
+    open(os.path.join(os.environ["RECORD_DIR"], "started-" + str(ctx.attempt)), "w").close()
+    if ctx.attempt == 1:
+        deadline = time.monotonic() + 15
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise ValueError("first attempt fails")
+    return {"attempt": ctx.attempt}
+"""
+
+
+def test_a_set_damaged_while_a_job_runs_costs_it_nothing(project: Project) -> None:
+    """The scheduled set overwritten with another type while a job runs: its retry is
+    refused whole (it gave up the claim, then failed on the set, and the job was in no
+    structure), the worker settles again, the scheduler's pass after the error reply puts
+    the key aside, and the job is retried and done."""
+    project.add_function("gated", GATED_FAIL)
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    project.spawn_worker("fast")
+    job = c.enqueue("gated", {}).id
+    wait_for(lambda: (project.records / "started-1").exists(), timeout=20, what="the first attempt")
+    r.set(k.scheduled, "clobbered")
+    (project.records / "go").touch()
+    wait_for(lambda: c.get(job).status == "done", timeout=30, what="the job retried and done")
+    assert c.get(job).as_dict()["attempt"] == 2
+    assert r.get(k.scheduled + ":corrupt") == "clobbered"

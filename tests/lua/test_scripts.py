@@ -1316,6 +1316,55 @@ def test_a_damaged_scheduled_or_dead_set_refuses_even_a_plain_claim(p: Project) 
     assert r.hlen(k.claims) == 2 and r.zcard(k.leases) == 2
 
 
+@pytest.mark.parametrize("how", ["retry", "bury", "bury-on-failure", "ack-followup", "suspend"])
+def test_a_set_damaged_while_a_job_runs_refuses_its_settle_and_keeps_the_claim(p: Project, how: str) -> None:
+    """The scheduled or dead set overwritten with another type while a job runs (after its
+    claim's check): its retry, burial, ack with a follow-up or sleep gave up the claim and
+    then failed on the set, leaving the job in no structure. The script refuses before
+    any write, naming the key: the claim, lease and state stay as they were, and the same
+    settle lands once the key is put aside (the scheduler's reclaim renames it)."""
+    from redis.exceptions import ResponseError
+
+    from runner.store.scripts import Followup, Suspension
+
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    later = new("a.1", delay=60_000)
+    calls = {
+        "retry": ("scheduled", lambda: sc.retry(k, [RetryAt("a", job[1], 500, '{"type":"E"}', "", "")], now_ms=NOW)),
+        "bury": ("dead", lambda: sc.bury(k, [Burial("a", job[1], "failed", '{"type":"E"}', "", False, "")],
+                                         100_000, now_ms=NOW)),
+        "bury-on-failure": ("scheduled", lambda: sc.bury(
+            k, [Burial("a", job[1], "failed", '{"type":"E"}', "", False, "", followups=(Followup("fast", later),))],
+            100_000, now_ms=NOW)),
+        "ack-followup": ("scheduled", lambda: sc.ack(k, [Ack("a", job[1], '"ok"', "noop|1", "",
+                                                             followups=(Followup("fast", later),))],
+                                                     100_000, now_ms=NOW)),
+        "suspend": ("scheduled", lambda: sc.suspend(
+            k, Suspension("a", job[1], 0, '{"name":"nap","kind":"sleep","status":"ok"}', 5_000, 0, 1000, 4 << 20, ""),
+            now_ms=NOW)),
+    }
+    name, settle = calls[how]
+    damaged = k.scheduled if name == "scheduled" else k.dead
+    claim_before, state_before = r.hget(k.claims, "a"), r.hgetall(k.state("a"))
+    r.set(damaged, "clobbered")
+    with pytest.raises(ResponseError, match=f"settle refused: the {name} key of this queue holds the wrong"):
+        settle()
+    assert r.hget(k.claims, "a") == claim_before and r.zscore(k.leases, "a") is not None
+    assert r.hgetall(k.state("a")) == state_before and r.get(damaged) == "clobbered"
+    assert not r.exists(k.job("a.1"))  # no follow-up written either
+    sc.reclaim(k, 100, 10**7, now_ms=NOW + 1)  # the scheduler's pass after an error reply
+    assert r.get(damaged + ":corrupt") == "clobbered"
+    got = settle()
+    assert (got[0] if how == "suspend" else got) == (1 if how == "suspend" else [1]), got
+    assert r.hget(k.claims, "a") is None
+    where = structures(p)
+    assert "a" in where["dead" if how.startswith("bury") else "scheduled"] or how == "ack-followup"
+    if how in ("ack-followup", "bury-on-failure"):
+        assert "a.1" in where["scheduled"]
+
+
 def test_a_damaged_key_met_after_a_claim_keeps_the_claim_and_refuses_next(p: Project) -> None:
     """A damaged done meta, first needed by an id popped after the call claimed jobs (a
     stray's lookup): those jobs keep their claims and are handed out (nothing of theirs

@@ -82,6 +82,10 @@
 --- @include "ended"
 local now, idem_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
 local done_ttl, done_max = tonumber(ARGV[3]), tonumber(ARGV[4])
+if (tonumber(ARGV[7 + n * 8]) or 0) > 0 then  -- follow-ups: a delayed one goes to scheduled
+  local damaged = damaged_set({{'scheduled', K.scheduled}})
+  if damaged then return damaged end
+end
 local out = {}
 local seen = {}
 local totals = ARGV[6]
@@ -155,7 +159,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
   end
   local rec = rec_load(jk)
   if not rec then return false end
-  if f[2] == 'dead' then redis.call('ZREM', K.dead, id) end
+  if f[2] == 'dead' then redis.pcall('ZREM', K.dead, id) end  -- (damaged: the reclaim puts it aside)
   -- The id may still wait in ready: claim drops it as a stray (it has no record).
   local value = outcome(rec.type, rec.version, attempt, started, f[4], with_absorbed(result, f[5]), rec.created_ms)
   done_ids[#done_ids + 1] = id

@@ -57,6 +57,9 @@
 --- @include "groups"
 --- @include "ended"
 local now, dead_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local damaged = damaged_set((tonumber(ARGV[4 + n * 7]) or 0) > 0 and {{'dead', K.dead}, {'scheduled', K.scheduled}}
+  or {{'dead', K.dead}})
+if damaged then return damaged end
 local out = {}
 local ids, dead_ids, slots = {}, {}, {}
 local seen = {}
@@ -94,7 +97,7 @@ for i = 0, n - 1 do
     ids[#ids + 1] = id
     if cancelled then
       redis.call('HDEL', sk, 'cancel_requested')
-      redis.call('ZADD', K.cancelled, now, id)
+      redis.pcall('ZADD', K.cancelled, now, id)  -- (a listing only: damaged, it costs no job)
       local r = rec or rec_load(jk)
       if r then census(K.census, r.type .. '|' .. r.version, -1) end
     else

@@ -40,6 +40,8 @@
 --- @include "claims"
 --- @include "record_keys"
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
+local damaged = damaged_set({{'scheduled', K.scheduled}})
+if damaged then return damaged end
 local out = {}
 local ids, due_ids, slots = {}, {}, {}
 local seen = {}

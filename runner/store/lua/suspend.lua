@@ -86,6 +86,8 @@ local now = clock(ARGV[1])
 local id, token, pos = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local c = fence(redis.call('HGET', K.claims, id), token)
 if not c then return {-1} end
+local damaged = damaged_set({{'scheduled', K.scheduled}})
+if damaged then return damaged end
 local jk = K.job_prefix .. id
 local sk = jk .. ':s'
 local f = redis.call('HMGET', sk, 'steps', 'step_bytes')

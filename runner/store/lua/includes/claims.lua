@@ -15,6 +15,21 @@
 -- ('-': none of these).
 -- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
 -- splits one (nil for none or a damaged one).
+-- A settle gives up its claim before it writes the set its job goes to (scheduled, dead):
+-- a set damaged to another type would fail that write with the claim already gone, and
+-- leave the job in no structure. Such a script checks its sets first and refuses whole,
+-- before any write: the claim stays, the worker settles again, and the settle lands once
+-- the scheduler's reclaim has put the damaged key aside. ``sets``: {{name, key}, ...}.
+-- -> an error reply, or nil when every set is sound.
+local function damaged_set(sets)
+  for _, s in ipairs(sets) do
+    if type(redis.pcall('ZSCORE', s[2], '')) == 'table' then
+      return redis.error_reply('settle refused: the ' .. s[1] .. ' key of this queue holds the wrong Redis type')
+    end
+  end
+  return nil
+end
+
 local function hmget_many(key, ids)
   local out = {}
   for s = 1, #ids, 4000 do
