@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runner.client.inspecting import find
+from runner.errors import RedisUnavailable
 from runner.store import joblogs, records
 from runner.store.connection import reachable
 from runner.store.keys import QueueKeys
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 FOLLOW_POLL_S = 0.25
 # A follower with nothing new reads the job's status every this many polls (about a second).
 STATUS_EVERY = 4
+# A follower that loses Redis once it has found the job polls again this often, longest.
+AWAY_POLL_S = 2.0
 
 
 def logs(client: Client, job_id: str) -> dict[str, Any]:
@@ -96,16 +99,36 @@ def follow_logs(client: Client, job_id: str, timeout_s: float | None = None,
     ended (or ``timeout_s`` passed); ends at once for an ended job, after its lines."""
     until = None if timeout_s is None else time.monotonic() + timeout_s
     seen: list[dict[str, Any]] = []
-    mark = None
+    mark: Mark | None = None
+    away = 0
     while True:
-        got, mark = logs_if_changed(client, job_id, mark)
+        try:
+            got, mark = logs_if_changed(client, job_id, mark)
+        except RedisUnavailable:
+            if mark is None or _past(until):  # (not found yet: the caller hears of it)
+                raise
+            away += 1
+            time.sleep(_away_poll(poll_s, away))
+            continue
+        away = 0
         fresh = new_lines(seen, got["lines"]) if got["lines"] is not None else []
         yield from fresh
         if fresh:
             seen = got["lines"]
-        if got["status"] in records.ENDED or (until is not None and time.monotonic() >= until):
+        if got["status"] in records.ENDED or _past(until):
             return
         time.sleep(poll_s)
+
+
+def _past(until: float | None) -> bool:
+    return until is not None and time.monotonic() >= until
+
+
+def _away_poll(poll_s: float, away: int) -> float:
+    """A follower of a found job carries on through an outage (a Redis restart, a
+    failover), as the job does: it polls again, less often the longer Redis is away,
+    and raises only past its own timeout."""
+    return min(AWAY_POLL_S, poll_s * float(2 ** min(away, 4)))
 
 
 def stream_chunks(client: Client, job_id: str, after: tuple[int, int] = (-1, -1)) -> dict[str, Any]:
@@ -146,13 +169,22 @@ def stream(client: Client, job_id: str, timeout_s: float | None = None,
     ``timeout_s`` passed). Raises JobNotFound for an unknown job."""
     until = None if timeout_s is None else time.monotonic() + timeout_s
     after = (-1, -1)
-    mark = None
+    mark: Mark | None = None
+    away = 0
     while True:
-        got, mark = stream_if_changed(client, job_id, after, mark)
+        try:
+            got, mark = stream_if_changed(client, job_id, after, mark)
+        except RedisUnavailable:
+            if mark is None or _past(until):
+                raise
+            away += 1
+            time.sleep(_away_poll(poll_s, away))
+            continue
+        away = 0
         for chunk in got["chunks"]:
             yield chunk.get("data")
         if got["chunks"]:
             after = position(got["chunks"][-1])
-        if got["status"] in records.ENDED or (until is not None and time.monotonic() >= until):
+        if got["status"] in records.ENDED or _past(until):
             return
         time.sleep(poll_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -614,6 +615,62 @@ def test_a_follow_goes_on_across_a_redis_restart(tmp_path: Path) -> None:
             assert events[-1][0] == "end" and json.loads(events[-1][1])["status"] == "cancelled", (kind, events)
         assert [json.loads(d)["msg"] for e, d in _events("\n".join(got["logs"]))
                 if e == "line"] == ["started", "stopping"]
+    finally:
+        project.stop_all()
+        srv.stop(kill=True)
+
+
+def test_the_clients_followers_go_on_across_a_redis_restart(tmp_path: Path) -> None:
+    """client.follow_logs and client.stream (and so `runner logs --follow`) of a found
+    job carry on while Redis is away, as the job does, and end once it ends after Redis is
+    back, every line once (they raised RedisUnavailable at the first poll that failed)."""
+    import threading
+
+    from runner.store.embedded import Server
+
+    srv = Server(tmp_path / "redis", appendonly=True).start()
+    project = make_project(tmp_path / "p", srv)
+    try:
+        project.add_function("live", LIVE.format(extra=""))
+        project.write_config(grace=1)
+        client = project.client
+        job_id = client.enqueue("live", {}).id
+        project.spawn_worker("slow")
+        wait_for(lambda: "started" in _msgs(project, job_id), timeout=30, what="the first line")
+        lines: list[str] = []
+        errors: list[BaseException] = []
+
+        def follow(kind: str) -> None:
+            try:
+                if kind == "logs":
+                    lines.extend(x["msg"] for x in client.follow_logs(job_id, timeout_s=60))
+                else:
+                    list(client.stream(job_id, timeout_s=60))
+            except BaseException as exc:  # the assertion below names it
+                errors.append(exc)
+
+        followers = [threading.Thread(target=follow, args=(kind,), daemon=True) for kind in ("logs", "stream")]
+        for t in followers:
+            t.start()
+        wait_for(lambda: "started" in lines, timeout=20, what="the first line followed")
+        srv.stop()
+        time.sleep(2)  # several polls of each follower, every one failing
+        assert all(t.is_alive() for t in followers) and not errors, errors
+        srv.start()
+
+        def cancelled() -> bool:
+            try:
+                client.cancel(job_id)
+                return True
+            except RedisUnavailable:  # a pooled connection to the server before
+                return False
+
+        wait_for(cancelled, timeout=20, what="the cancel")
+        for t in followers:
+            t.join(40)
+            assert not t.is_alive()
+        assert not errors, errors
+        assert [m for m in lines if m in ("started", "stopping")] == ["started", "stopping"], lines
     finally:
         project.stop_all()
         srv.stop(kill=True)
