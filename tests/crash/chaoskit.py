@@ -59,6 +59,7 @@ class Figures:
     extra_completions: int = 0
     resource_overlaps: int = 0
     unstarted_burials: int = 0  # dead as "worker lost" with no handler run at all
+    charged_unrun: int = 0  # attempts spent beyond the handler starts recorded for the job
     max_enqueue_to_done_s: float = 0.0
     p99_enqueue_to_done_s: float = 0.0
     seconds: float = 0.0
@@ -79,6 +80,7 @@ class Figures:
             ("redeliveries (lapsed lease, 'worker lost')", self.redeliveries),
             ("handler runs beyond one per attempt", self.extra_runs),
             ("dead as 'worker lost' without a handler run", self.unstarted_burials),
+            ("attempts spent beyond the handler's starts", self.charged_unrun),
             ("completed twice (ack lost: killed or lease lapsed first)", self.extra_completions),
             ("runs of one resource overlapping (lease lost)", self.resource_overlaps),
             ("jobs lost / in two structures / locks left", "0 / 0 / 0"),
@@ -338,6 +340,9 @@ class Chaos:
             assert len(history) - unspent == attempt, (job_id, history, attempt)
             # Every handler start belongs to an attempt the history accounts for.
             assert len(starts) <= len(history), (job_id, starts, history)
+            # And the other way: an attempt spent with no handler start recorded for it (a
+            # job charged while it waited for its child, or killed before its start).
+            self.fig.charged_unrun += max(0, attempt - len(starts))
             self.fig.retries += history.count("retry")
             self.fig.redeliveries += history.count("worker lost") + unspent
             self.fig.extra_runs += max(0, len(starts) - 1 - history.count("retry"))

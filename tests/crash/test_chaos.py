@@ -51,6 +51,10 @@ def test_chaos_nothing_lost_nothing_doubled(tmp_path: Path, isolation: str) -> N
         # stop of every process, buries nothing (all 15 "worker lost" deaths of a 5,000-job
         # run were such jobs).
         assert fig.unstarted_burials == 0, fig.table()
+        # An attempt is spent when the handler starts in its child: only a kill between the
+        # child's start message and the handler's first line (its record of the start) can
+        # charge one without a start, at most one per executor slot a kill stops.
+        assert fig.charged_unrun <= fig.sigkills * 4, fig.table()
 
 
 def test_many_workers_thousands_of_jobs_random_failures(tmp_path: Path) -> None:
