@@ -49,19 +49,15 @@ def _multi(project: Project) -> int:
 def test_bulk_requeue_and_purge_are_batched_and_one_audit_entry_each(project: Project) -> None:
     """An operator's single requeue stays on the trail after a bulk requeue of 3,000 dead
     jobs and a bulk purge of 3,000 more: each bulk action is one entry with its count and
-    at most audit.MAX_IDS ids. The requeue moves at least 2,000 jobs a second (one at a
-    time, it moved under 800)."""
+    at most audit.MAX_IDS ids. (Its speed: the slow test below, 500,000 in under a minute.)"""
     c = project.client
     first = bury_many(project, 1)[0]
     assert run(project, "dead", "requeue", first).exit_code == 0
     ids = bury_many(project, 3000)
-    t0 = time.monotonic()
     out = run(project, "dead", "requeue", "--all", "--json")
-    took = time.monotonic() - t0
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["requeued"] == 3000
     assert c.stats()["fast"]["dead"] == 0 and {c.get(i).status for i in ids[::100]} == {"queued"}
-    assert took < 1.5, f"3,000 requeued in {took:.2f} s"
 
     for i in ids:
         c.cancel(i)

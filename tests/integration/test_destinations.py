@@ -158,7 +158,8 @@ def test_a_result_at_its_limit_still_reaches_its_on_success(project: Project) ->
     project.spawn_worker("fast")
     assert c.wait(job, 30).status == "done"
     sink = project.records / f"got_large-{job}"
-    wait_for(sink.exists, timeout=20, what="the success record")
+    # (the sink's handler creates its file, then writes it: wait for what it writes)
+    wait_for(lambda: sink.exists() and sink.read_text(), timeout=20, what="the success record")
     assert sink.read_text() == "1048574"
     assert c.wait(f"{job}.s", 10).status == "done"
 
