@@ -201,12 +201,16 @@ def resolve(job: Claimed, registry: Registry, unknown_grace_s: float = 0.0,
 
 
 def as_asked(outcome: T, cancel_asked: bool) -> T | Dead:
-    """A run asked to stop (a cancel reached it) that then fails for good ends cancelled,
-    as the cancel asked: not dead, nothing for ON_FAILURE (its TIMEOUT when it ignored the
-    cancel, or any error on its last attempt; an earlier attempt's failure already ends so:
-    retried, then cancelled at its claim). A success stays one; an expiry or a refund is
-    not the run's doing."""
-    if cancel_asked and isinstance(outcome, Dead) and not outcome.refund and outcome.reason not in (CANCELLED, EXPIRED):
+    """A run asked to stop (a cancel reached it) that then fails ends cancelled, as the
+    cancel asked, with its error in the history: not dead, nothing for ON_FAILURE, and not
+    a retry either (its TIMEOUT when it ignored the cancel, or any error, on any attempt:
+    counted as retried, it would never run again). A success stays one; an expiry or a
+    refund is not the run's doing."""
+    if not cancel_asked:
+        return outcome
+    if isinstance(outcome, Dead) and not outcome.refund and outcome.reason not in (CANCELLED, EXPIRED):
+        return Dead(reason=CANCELLED, error=outcome.error, refund=False)
+    if isinstance(outcome, RetryLater) and not outcome.refund:
         return Dead(reason=CANCELLED, error=outcome.error, refund=False)
     return outcome
 

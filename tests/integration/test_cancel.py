@@ -333,6 +333,41 @@ def test_runner_cancel_all_of_a_type_in_a_status(project: Project) -> None:
     assert bare.exit_code == 2 and "give the ids of the jobs to cancel, or --all" in bare.output, bare.output
 
 
+RAISES_ON_CANCEL = '''
+import time
+QUEUE = "fast"
+MAX_ATTEMPTS = 3
+
+def handle(payload, ctx):
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    raise RuntimeError("ignored the cancel")
+'''
+
+
+def test_a_run_asked_to_stop_that_raises_on_an_early_attempt_ends_cancelled_never_retried(
+        project: Project) -> None:
+    """Attempts left, a handler asked to stop raises instead: the job ends cancelled at
+    once, its error in the history under "cancelled", counted cancelled and never retried
+    (it was counted as retried, with a "retry" entry, and only ended at its next claim)."""
+    from runner.observe.figures import read_queues
+
+    project.add_function("raises", RAISES_ON_CANCEL)
+    client = project.client
+    project.spawn_worker("fast")
+    job_id = client.enqueue("raises", {}).id
+    wait_for(lambda: client.get(job_id).status == "processing", timeout=20, what="the handler to start")
+    assert client.cancel(job_id) == "requested"
+    ended = client.settle(job_id, 20).as_dict()
+    assert ended["status"] == "cancelled", ended
+    outcomes = [h.get("outcome") for h in ended["history"]]
+    assert "retry" not in outcomes and outcomes[-1] == "cancelled", ended["history"]
+    assert "ignored the cancel" in ended["history"][-1]["error"]["message"]
+    q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "fast")
+    counters = q.function("raises").counters
+    assert (counters["retried"], counters["cancelled"], counters["dead"]) == (0, 1, 0), counters
+
+
 def test_a_cancelled_job_counts_as_cancelled_not_dead(project: Project) -> None:
     """Cancelled is an outcome of its own: a queued job cancelled and a running one
     stopped by its cancel add to the function's cancelled counter
