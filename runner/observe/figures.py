@@ -127,8 +127,10 @@ class QueueFigures:
     ready: int = 0
     processing: int = 0
     lease_expired: int = 0
-    scheduled: int = 0
+    scheduled: int = 0  # delayed, retrying or deferred: not the durable jobs below
     scheduled_due: int = 0
+    sleeping: int = 0  # durable jobs at ctx.sleep (their list index)
+    waiting: int = 0  # durable jobs at a wait for a signal, an event or a child
     dead: int = 0
     cancelled: int = 0
     oldest_ready_age_s: float | None = None
@@ -206,15 +208,15 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
     for k, row in zip(every, rows, strict=True):
         if len(rt.parts[k.queue]) > 1:
             each.setdefault(k.queue, []).append(PartitionFigures(
-                k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1], scheduled=row[3],
-                dead=row[5]))
+                k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1],
+                scheduled=max(0, row[3] - row[12] - row[13]), dead=row[5]))
         if row[6]:
             oldest.append((k.queue, k, row[6]))
         if row[11]:
             oldest.append((k.queue, k, row[11][0]))
         acc = sums.get(k.queue)
         if acc is None:
-            sums[k.queue] = [*row[:6], dict(row[7]), row[8], row[9], row[10]]
+            sums[k.queue] = [*row[:6], dict(row[7]), row[8], row[9], row[10], row[12], row[13]]
             continue
         for j in range(6):
             acc[j] += row[j]
@@ -222,14 +224,19 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
             acc[6][name] = str(_int(acc[6].get(name)) + _int(value))
         acc[8] += row[9]
         acc[9] += row[10]
+        acc[10] += row[12]
+        acc[11] += row[13]
         if k is keys[k.queue]:
             acc[7] = row[8]
     out: list[QueueFigures] = []
     by_name: dict[str, QueueFigures] = {}
     for name in keys:
-        ready, leases, expired, sched, due, dead, stats, paused, prio, cancelled = sums[name]
+        ready, leases, expired, sched, due, dead, stats, paused, prio, cancelled, sleeping, waiting = sums[name]
+        # The scheduled set also holds the sleeping and waiting durable jobs (their wake-up
+        # times): counted on their own, as their lists show them.
         q = QueueFigures(name, ready=ready + prio, processing=leases, lease_expired=expired,
-                         scheduled=sched, scheduled_due=due, dead=dead, cancelled=cancelled, paused="queue" in paused,
+                         scheduled=max(0, sched - sleeping - waiting), scheduled_due=due, sleeping=sleeping,
+                         waiting=waiting, dead=dead, cancelled=cancelled, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")),
                          partitions=each.get(name, []))
         parse_stats(q, stats)
@@ -258,6 +265,8 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "lease_expired": q.lease_expired,
         "scheduled": q.scheduled,
         "scheduled_due": q.scheduled_due,
+        "sleeping": q.sleeping,
+        "waiting": q.waiting,
         "dead": q.dead,
         "cancelled": q.cancelled,
         "oldest_ready_age_s": q.oldest_ready_age_s,

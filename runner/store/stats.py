@@ -18,7 +18,7 @@ from runner.store.records import SEP
 
 # What ``partition_rows`` reads of each partition, in this order.
 ROW = ("ready", "leases", "leases_expired", "scheduled", "scheduled_due", "dead", "next_ready", "stats", "paused",
-       "prio", "cancelled", "next_prio")
+       "prio", "cancelled", "next_prio", "sleeping", "waiting")
 
 
 def server_ms(redis: Any) -> int:
@@ -31,7 +31,8 @@ def server_ms(redis: Any) -> int:
 
 def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[list[Any]]:
     """One row per partition of ``every``, as ROW names its fields: the sizes of its
-    structures (leases and scheduled also counted up to ``now_ms``), the id at the RPOP
+    structures (leases and scheduled also counted up to ``now_ms``; sleeping and waiting
+    from their list indexes, 0 for a damaged one), the id at the RPOP
     end of ready (None when empty) and a list of prio's first id ([] when empty): the
     next jobs a worker takes; and its stats and paused hashes."""
     pipe = redis.pipeline(transaction=False)
@@ -48,9 +49,21 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
         pipe.zcard(k.prio)
         pipe.zcard(k.cancelled)
         pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
-    raw = pipe.execute()
+        pipe.zcard(k.sleeping)  # (list indexes: the durable jobs the scheduled set also holds)
+        pipe.zcard(k.waiting)
+    raw = pipe.execute(raise_on_error=False)
     n = len(ROW)
-    return [raw[n * i: n * i + n] for i in range(len(every))]
+    rows = [raw[n * i: n * i + n] for i in range(len(every))]
+    for row in rows:
+        for j, value in enumerate(row):
+            if isinstance(value, Exception):
+                if ROW[j] not in _BEST_EFFORT:
+                    raise value  # (as execute() would: an outage, or a damaged queue key)
+                row[j] = 0  # a damaged list index counts nothing; the reclaim puts it aside
+    return rows
+
+
+_BEST_EFFORT = frozenset({"sleeping", "waiting"})
 
 
 def ready_since(redis: Any, jobs: Sequence[tuple[QueueKeys, str]]) -> list[str | None]:

@@ -10,6 +10,7 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_queue_lease_expired_jobs              in flight past their lease, not reclaimed yet
     runner_queue_scheduled_jobs                  delayed, retrying or deferred
     runner_queue_scheduled_due_jobs              scheduled and already due, not promoted yet
+    runner_queue_{sleeping,waiting}_jobs         durable jobs at a sleep / at a wait
     runner_queue_dead_jobs                       in the dead-letter set
     runner_queue_oldest_ready_age_seconds        how long the next job to run has waited
     runner_partition_{ready,in_flight,scheduled,dead}_jobs   each partition of a queue of several
@@ -82,6 +83,8 @@ _GAUGES = (
     ("lease_expired", "runner_queue_lease_expired_jobs", "In-flight jobs past their lease, not reclaimed yet."),
     ("scheduled", "runner_queue_scheduled_jobs", "Delayed, retrying or deferred jobs."),
     ("scheduled_due", "runner_queue_scheduled_due_jobs", "Scheduled jobs already due, not promoted yet."),
+    ("sleeping", "runner_queue_sleeping_jobs", "Durable jobs sleeping (ctx.sleep), not counted as scheduled."),
+    ("waiting", "runner_queue_waiting_jobs", "Durable jobs waiting for a signal, an event or a child."),
     ("dead", "runner_queue_dead_jobs", "Jobs in the dead-letter set."),
     ("paused", "runner_queue_paused", "1 while the queue is paused (runner pause), else 0."),
 )

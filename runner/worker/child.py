@@ -59,6 +59,7 @@ from runner.worker import affinity, batching
 from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
+from runner.worker.isolation import default_signals_after_fork
 from runner.worker.joblog import Capture, JobLogger, batch_loggers
 from runner.worker.journal import MAX_STEP_BYTES, Journal
 
@@ -577,8 +578,19 @@ def _on_alarm(signum: int, frame: Any) -> None:
 def _on_stop(signum: int, frame: Any) -> None:
     """SIGTERM to every process at a stop (Heroku, systemd's KillMode=control-group,
     ``kill -TERM -- -pgid``) is the worker's to act on: it lets the running handler finish
-    within its grace period and kills this child only after it. A handler, not SIG_IGN:
-    the tools a handler runs start with the default action again (exec resets it)."""
+    within its grace period and kills this child only after it. So is a terminal's Ctrl-C
+    (SIGINT). A handler, not SIG_IGN: the tools a handler runs start with the default
+    action again (exec resets it, and default_signals_after_fork does for a fork)."""
+
+
+def keep_signals_off_the_handler() -> None:
+    """SIGTERM and SIGINT caught by a no-op (_on_stop) and their system calls restarted
+    (SA_RESTART): a handler blocked in C code that does not retry an interrupted call
+    (a read, a recv, a waitpid) goes on through a stop's signal, as under threads."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_stop)
+        signal.siginterrupt(sig, False)
+
 
 
 def main() -> None:
@@ -594,8 +606,8 @@ def main() -> None:
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
     setup_logs(cfg.log)
     signal.signal(signal.SIGALRM, _on_alarm)
-    signal.signal(signal.SIGTERM, _on_stop)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the worker's to handle
+    keep_signals_off_the_handler()
+    default_signals_after_fork()
     child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg))
     child.serve()
 

@@ -63,7 +63,20 @@ START_TIMEOUT_S = 60.0  # a child imports the functions before it says it is rea
 # or more on a loaded host) rather than after them (child.py, _on_stop).
 # (runpy as ``-m`` does it: the child is ``__main__`` with its module's spec.)
 CHILD_MAIN = ("import signal; signal.signal(signal.SIGTERM, lambda signum, frame: None); "
+              "signal.siginterrupt(signal.SIGTERM, False); "
               "import runpy; runpy.run_module('runner.worker.child', run_name='__main__', alter_sys=True)")
+
+
+def default_signals_after_fork() -> None:
+    """A process a handler forks (multiprocessing's fork, os.fork) starts with SIGTERM and
+    SIGINT at their default actions, not runner's handlers: Process.terminate() and
+    Pool.terminate() stop it, as they would outside runner."""
+    def reset() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # (not the main thread: not so right after a fork)
+                signal.signal(sig, signal.SIG_DFL)
+
+    os.register_at_fork(after_in_child=reset)
 
 
 # The thread every child is started from (see the module docstring). Created at the

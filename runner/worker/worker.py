@@ -158,6 +158,9 @@ class Worker:
         to one core (affinity.py) unless ``[worker] cpu_affinity = "off"``."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # A process a thread handler forks must not inherit the stop handler above (its
+        # Process.terminate() would do nothing): default actions in the fork.
+        isolation.default_signals_after_fork()
         # What handlers start outside their child's group dies with that child; this
         # process is their subreaper only while it runs no handler itself (isolation.py).
         isolation.contain(self._only_children)

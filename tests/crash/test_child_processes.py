@@ -108,6 +108,88 @@ def test_a_stop_under_honcho_lets_the_running_handler_finish(project: Project) -
     assert back["status"] == "queued" and back["attempt"] == 0, back
 
 
+BLOCKED_IN_C = '''
+import ctypes, os, threading, time
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    r, w = os.pipe()
+    threading.Timer(3.0, os.write, (w, b"x")).start()
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write("started\\n")
+    buf = ctypes.create_string_buffer(1)
+    got = ctypes.CDLL(None, use_errno=True).read(r, buf, 1)  # C code that does not retry on EINTR
+    if got != 1:
+        raise OSError(ctypes.get_errno(), "read interrupted")
+    return {{"read": got}}
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_handler_blocked_in_c_goes_on_through_a_stop_to_every_process(project: Project, isolation: str) -> None:
+    """A stop's SIGTERM to every process while a handler is blocked in a C read that does
+    not retry an interrupted call: the read goes on (the signal's system calls restart),
+    and the job is done within the grace period under both isolations (under process
+    isolation the child's no-op handler interrupted the read: the job went dead)."""
+    project.add_function("blocked", BLOCKED_IN_C.format(isolation=isolation))
+    project.write_config(vt=5, grace=15, concurrency=1, prefetch=0, max_attempts=1)
+    c = project.client
+    job = c.enqueue("blocked", {}).id
+    w = spawn_leader(project, "fast")
+    wait_for(lambda: project.runs(job), timeout=30, what="the handler to start")
+    time.sleep(0.5)  # into the read
+    sigterm_everything(w.pid)
+    assert w.wait(timeout=30) == 0
+    final = rec(project, job)
+    assert final["status"] == "done", final
+
+
+FORKS = '''
+import multiprocessing, os, signal, subprocess, time
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+TIMEOUT = 20
+
+def handle(payload, ctx):
+    p = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    p.start()
+    time.sleep(0.3)
+    p.terminate()
+    p.join(5)
+    code = p.exitcode
+    if code is None:
+        p.kill()
+        p.join()
+    tool = subprocess.Popen(["sleep", "30"])
+    time.sleep(0.3)
+    tool.send_signal(signal.SIGINT)
+    try:
+        tool_code = tool.wait(5)
+    except subprocess.TimeoutExpired:
+        tool.kill()
+        tool_code = None
+    return {{"terminated": code, "interrupted": tool_code}}
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_handlers_forks_and_tools_get_the_default_signal_actions(project: Project, isolation: str) -> None:
+    """A process the handler forks stops on Process.terminate() (it inherited runner's
+    SIGTERM handler and ran on), and a tool it starts stops on SIGINT (the child's SIGINT
+    was ignored, and a tool inherits that), under both isolations."""
+    project.add_function("forks", FORKS.format(isolation=isolation))
+    project.write_config(concurrency=1, prefetch=0)
+    c = project.client
+    job = c.enqueue("forks", {}).id
+    project.spawn_worker("fast")
+    view = c.wait(job, 40)
+    assert view.status == "done", view.as_dict()
+    assert view.as_dict()["result"] == {"terminated": -signal.SIGTERM, "interrupted": -signal.SIGINT}, view.as_dict()
+
+
 SLOWSTART = PWORK + '''
 import __main__
 if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":

@@ -62,3 +62,41 @@ def test_a_suspended_job_shows_the_attempt_it_ran_and_its_first_start(project: P
     done = c.wait(job, 30).as_dict()
     assert done["status"] == "done" and done["result"] == {"answer": "yes", "attempt": 1}, done
     assert (done["attempt"], done["started_at"]) == (1, waiting["started_at"]), done
+
+
+NAPS = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    if payload.get("wait"):
+        ctx.wait_for_signal("go", timeout=600)
+    else:
+        ctx.sleep("nap", 600)
+'''
+
+
+def test_sleeping_and_waiting_jobs_are_counted_apart_from_scheduled(project: Project) -> None:
+    """2 sleeping, 3 waiting and 1 delayed job: GET /queues (and `runner stats`, /metrics,
+    the console's tabs) counts 1 scheduled, 2 sleeping and 3 waiting, as their lists show
+    them (the sleepers and waiters were counted as 5 more scheduled)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from runner.observe.figures import queue_view, read_queues
+    from runner.web.exposition import RunnerCollector
+
+    project.add_function("naps", NAPS)
+    c = project.client
+    ids = [c.enqueue("naps", {}).id for _ in range(2)] + [c.enqueue("naps", {"wait": True}).id for _ in range(3)]
+    c.enqueue("naps", {}, delay=600)
+    project.spawn_worker("fast")
+    wait_for(lambda: {c.get(i).status for i in ids} == {"sleeping", "waiting"}, timeout=30, what="the naps")
+    q = next(q for q in read_queues(project.runtime) if q.name == "fast")
+    view = queue_view(q, project.runtime.config.queues["fast"])
+    assert (view["scheduled"], view["sleeping"], view["waiting"]) == (1, 2, 3), view
+    assert len(c.jobs(status="scheduled", queue="fast").jobs) == 1
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunnerCollector(project.runtime))
+    text = generate_latest(registry).decode()
+    assert 'runner_queue_scheduled_jobs{queue="fast"} 1.0' in text
+    assert 'runner_queue_sleeping_jobs{queue="fast"} 2.0' in text
+    assert 'runner_queue_waiting_jobs{queue="fast"} 3.0' in text

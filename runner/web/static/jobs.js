@@ -10,7 +10,8 @@ const BULK_PAGE = 500;
 const BULK_MAX = 10000;   // jobs per bulk run; a larger set takes another run
 const BULK_CHUNK = 500;   // jobs per POST /bulk (its most), one after the other
 // The queue figure behind each status tab's count.
-const COUNTED = { queued: "ready", scheduled: "scheduled", processing: "processing", dead: "dead", cancelled: "cancelled" };
+const COUNTED = { queued: "ready", scheduled: "scheduled", sleeping: "sleeping", waiting: "waiting",
+  processing: "processing", dead: "dead", cancelled: "cancelled" };
 // The timestamp a status is about.
 const WHEN = { queued: ["created_at", "Created"], scheduled: ["ready_at", "Due"], processing: ["started_at", "Started"],
   deferred: ["ready_at", "Due"], sleeping: ["sleeping_until", "Until"], waiting: ["started_at", "Started"],

@@ -166,6 +166,7 @@ function renderQueuePage(name) {
       ["ready", q.ready, "ready"], ["in flight", q.processing, "processing"],
       ["past lease", q.lease_expired, "lease_expired", q.lease_expired ? "bad" : null],
       ["scheduled", q.scheduled, "scheduled"], ["due, not promoted", q.scheduled_due, "scheduled_due", q.scheduled_due ? "warn" : null],
+      ["sleeping", q.sleeping, "sleeping"], ["waiting", q.waiting, "waiting"],
       ["dead", el("a", { href: `#dead/${encodeURIComponent(name)}`, text: String(q.dead) }), "dead", q.dead ? "bad" : null],
       ["oldest wait", age(q.oldest_ready_age_s), "oldest"], ["lease", `${q.visibility_timeout_s} s`],
       ["concurrency", String(q.concurrency)],
