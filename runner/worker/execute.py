@@ -321,6 +321,10 @@ def run(
         return failure(fn, job, exc), time.perf_counter() - started
     except Suspend as sus:  # a durable call ended the run here: the job sleeps or waits
         return suspended(sus), time.perf_counter() - started
+    except BaseException as exc:  # sys.exit, KeyboardInterrupt, GeneratorExit raised by the handler:
+        # its attempt's failure, with its traceback, under both isolations (in a child it
+        # ended the child: "executor crashed", no traceback, and a child to start again)
+        return failure(fn, job, exc), time.perf_counter() - started
     elapsed = time.perf_counter() - started
     return outcome_of(fn, job, result, max_result_bytes), elapsed
 

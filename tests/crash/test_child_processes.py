@@ -190,6 +190,42 @@ def test_a_handlers_forks_and_tools_get_the_default_signal_actions(project: Proj
     assert view.as_dict()["result"] == {"terminated": -signal.SIGTERM, "interrupted": -signal.SIGINT}, view.as_dict()
 
 
+EXITS = '''
+import os, sys
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    if payload["how"] == "exit":
+        sys.exit(3)
+    if payload["how"] == "interrupt":
+        raise KeyboardInterrupt()
+    return {{"pid": os.getpid()}}
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_sys_exit_or_keyboard_interrupt_from_a_handler_is_its_failure_with_a_traceback(
+        project: Project, isolation: str) -> None:
+    """sys.exit(3) or KeyboardInterrupt raised by a handler fails its attempt with the
+    exception's type and traceback under both isolations, and the child lives on for the
+    next job (it died: "executor crashed ... exited with code 3", no traceback)."""
+    project.add_function("exits", EXITS.format(isolation=isolation))
+    project.write_config(concurrency=1, prefetch=0)
+    c = project.client
+    project.spawn_worker("fast")
+    before = c.wait(c.enqueue("exits", {"how": "ok"}).id, 30).as_dict()
+    assert before["status"] == "done", before
+    for how, kind in (("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")):
+        view = c.wait(c.enqueue("exits", {"how": how}).id, 30).as_dict()
+        assert view["status"] == "dead", view
+        err = view["last_error"]
+        assert err["type"] == kind and "Traceback" in err["traceback"] and "handle" in err["traceback"], err
+    after = c.wait(c.enqueue("exits", {"how": "ok"}).id, 30).as_dict()
+    assert after["status"] == "done" and after["result"]["pid"] == before["result"]["pid"], (before, after)
+
+
 SLOWSTART = PWORK + '''
 import __main__
 if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
