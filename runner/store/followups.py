@@ -35,15 +35,29 @@ def stage_head(redis: Any, key: str, n: int) -> list[str]:
     return chunk
 
 
-def advance_stage(redis: Any, k: QueueKeys, key: str, placed: int, waiting: Sequence[str]) -> None:
+# Take a stage's first placed entries off it, and move the entries for queues this process
+# does not know to the outbox, in one step, only while the stage still starts with the
+# entry read: every worker's scheduler relays committed stages, and two that read the same
+# head both placed it (once each by id) and both trimmed it, the second dropping the next
+# entries, unplaced (every loss a multiple of the batch). Entries are unique (each names
+# its follow-up's id), so the first one says whether the head is still the one read.
+# KEYS[1] the stage, KEYS[2] the outbox; ARGV[1] the first entry read, ARGV[2] how many
+# were placed, ARGV[3..] the waiting entries. -> 1 trimmed, 0 another relay was first.
+_ADVANCE_LUA = """
+if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[1] then return 0 end
+if #ARGV > 2 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 3)) end
+redis.call('LTRIM', KEYS[1], tonumber(ARGV[2]), -1)
+return 1
+"""
+
+
+def advance_stage(redis: Any, k: QueueKeys, key: str, head: str, placed: int, waiting: Sequence[str]) -> bool:
     """Drop the first ``placed`` entries of a stage and move ``waiting`` (entries for a
-    queue this process does not know) to ``k``'s outbox, in one transaction: nothing is
-    lost or placed twice whichever of the two a crash would have split."""
-    pipe = redis.pipeline(transaction=True)
-    if waiting:
-        pipe.rpush(k.outbox, *waiting)
-    pipe.ltrim(key, placed, -1)
-    pipe.execute()
+    queue this process does not know) to ``k``'s outbox, in one step, when the stage still
+    starts with ``head`` (the first entry read): nothing is lost or placed twice whichever
+    of the two a crash would have split, nor when another relay took the same head. False:
+    another relay advanced it first (what this one placed was placed once, by id)."""
+    return bool(redis.eval(_ADVANCE_LUA, 2, key, k.outbox, head, placed, *waiting))
 
 
 def lost_head(redis: Any, k: QueueKeys, n: int) -> list[str]:

@@ -108,7 +108,7 @@ def _unstage(rt: Runtime, k: QueueKeys, raw: str) -> bool:
     finished = set(outbox.place(rt, chunk))
     # Entries for a queue this worker does not know wait on the outbox for one that does.
     waiting = [e for e in chunk if e not in finished]
-    followups.advance_stage(rt.redis, k, key, len(chunk), waiting)
+    followups.advance_stage(rt.redis, k, key, chunk[0], len(chunk), waiting)
     return False
 
 

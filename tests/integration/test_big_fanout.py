@@ -169,3 +169,39 @@ def test_a_worker_killed_anywhere_in_a_big_fan_out_leaves_every_follow_up_placed
              timeout=180, what="every follow-up to run")
     assert int(r.hget(k.stats, "succeeded|noop") or 0) == 20_000
     assert list(r.scan_iter(pattern, count=1000)) == []
+
+
+def test_two_relays_of_one_stage_place_every_follow_up_once(project: Project) -> None:
+    """Two schedulers relay the same committed stage at once (every worker's does): both
+    read the same head and place it (once each, by id); only one takes it off the stage.
+    Both used to trim it, the second dropping the next batch, unplaced."""
+    from runner.store import followups
+
+    r, k = project.runtime.redis, project.keys()
+    key = k.job_prefix + "parent:fu:t"
+    entries = [json.dumps(job_entry("fast", NewJob(f"parent.{i}", "noop", 1, "{}", 3, 0, 0, "", "-", "", "")),
+                          separators=(",", ":")) for i in range(450)]
+    r.rpush(key, *entries)
+    first = followups.stage_head(r, key, relay.BATCH)
+    second = followups.stage_head(r, key, relay.BATCH)
+    assert first == second == entries[:relay.BATCH]
+    assert followups.advance_stage(r, k, key, first[0], len(first), []) is True
+    assert followups.advance_stage(r, k, key, second[0], len(second), []) is False
+    assert r.lrange(key, 0, -1) == entries[relay.BATCH:]
+
+
+def test_a_big_fan_out_under_three_workers_places_every_follow_up(project: Project) -> None:
+    """5,000 follow-ups relayed by the schedulers of three workers at once: every one is
+    placed and run, once (1,200 and 1,600 of 5,000 were lost with two workers)."""
+    (project.root / "functions" / "fan.py").write_text(FAN.replace('QUEUE = "fast"', 'QUEUE = "fast"\nTIMEOUT = 20'))
+    (project.root / "schemas" / "fan").mkdir()
+    (project.root / "schemas" / "fan" / "v1.json").write_text('{"type": "object"}')
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    for _ in range(3):
+        project.spawn_worker("fast")
+    parent = c.enqueue("fan", {"n": 5_000}).id
+    assert c.result(parent, 60) == {"n": 5_000}
+    wait_for(lambda: r.llen(k.outbox) == 0 and int(r.hget(k.stats, "succeeded|noop") or 0) >= 5_000,
+             timeout=60, what="every follow-up to run")
+    assert int(r.hget(k.stats, "succeeded|noop") or 0) == 5_000
+    assert all(c.get(f"{parent}.{i}").status == "done" for i in range(0, 5_000, 97))
