@@ -247,6 +247,23 @@ class _Lanes:
         self.idle.append(conn)
 
 
+def _known_id(conn: Any) -> int | None:
+    """The server's id of a kept connection, as read on its current socket (None: not
+    read yet there; a reconnect makes a new one; 0: the server would not say)."""
+    known = getattr(conn, "_runner_id", None)
+    return known[1] if known is not None and known[0] is getattr(conn, "_sock", None) else None
+
+
+def _read_id(conn: Any) -> int:
+    """Read the reply of the CLIENT ID sent first on ``conn``, and keep it for its socket."""
+    try:
+        cid = int(conn.read_response())
+    except ResponseError:  # read whole; an ACL may refuse it: the waits then end at their timeout
+        cid = 0
+    conn._runner_id = (getattr(conn, "_sock", None), cid)
+    return cid
+
+
 def _closed(conn: Any) -> bool:
     """Whether an idle kept connection was closed by the other end: it owes no reply, so
     anything to read on it is the end of the stream (or an error). One poll, no wait."""
@@ -545,6 +562,10 @@ class Transport:
         self._lanes = _Lanes(pool) if pool is not None else None
         self._watch: Any = getattr(pool, "runner_watch", None)  # Sentinel's events (sentinel.py)
         self._spin = _Spin()
+        # The server's ids of the kept connections now blocked in ``behind``, by the key
+        # they block on, for ``unblock`` to wake them.
+        self._blocked: dict[str, set[int]] = {}
+        self._blocked_lock = threading.Lock()
         self.replicas = replicas
         self.replica_timeout_s = replica_timeout_s
         # Error replies seen by this process's calls (a key damaged to another type makes
@@ -654,13 +675,25 @@ class Transport:
         lanes = self._lanes
         conn = lanes.take()
         reply: Any = _MISSING
+        key, cid = str(block[1]), _known_id(conn)
         try:
-            conn.send_packed_command(conn.pack_commands([block, ("EVALSHA", self.shas[name], len(keys), *keys, *args)]))
+            cmds = [block, ("EVALSHA", self.shas[name], len(keys), *keys, *args)]
+            # A connection's first wait asks its id in the same write, for unblock.
+            conn.send_packed_command(conn.pack_commands(cmds if cid is not None else [("CLIENT", "ID"), *cmds]))
+            if cid is None:
+                cid = _read_id(conn)
+            if cid:
+                with self._blocked_lock:
+                    self._blocked.setdefault(key, set()).add(cid)
             try:
                 first = conn.read_response()
             except ResponseError as exc:  # read whole: the connection stays in step
                 first = exc
                 self.error_replies += 1
+            finally:
+                if cid:
+                    with self._blocked_lock:
+                        self._blocked.get(key, set()).discard(cid)
             with contextlib.suppress(NoScriptError):  # nothing ran: loaded and sent alone below
                 reply = conn.read_response()
             if self._watch is not None:
@@ -676,6 +709,18 @@ class Transport:
         if reply is _MISSING:
             reply = self.call(name, keys, args)
         return first, reply
+
+    def unblock(self, key: str) -> None:
+        """End now the waits of ``behind`` blocked on ``key`` in this process, as if their
+        timeout had passed: the script behind each runs and its reply is read, so nothing
+        it did is lost (a stopping fetcher hands its claim back at once instead of after
+        its wait's second). CLIENT UNBLOCK goes on another connection; refused (an ACL
+        without it) or unreachable, the waits end at their timeout as before."""
+        with self._blocked_lock:
+            ids = sorted(self._blocked.get(key, ()))
+        for cid in ids:
+            with contextlib.suppress(ResponseError, RedisConnectionError, RedisTimeoutError):
+                self.client.execute_command("CLIENT", "UNBLOCK", cid)
 
     def gather(self, calls: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any] | None:
         """Script calls and plain commands (tuples of words) in one round trip on a kept

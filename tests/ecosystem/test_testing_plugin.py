@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import time
 import tomllib
 
 import pytest
 
-from conftest import REPO
+from runner.store.bell import BELL_S
+from runner.store.embedded import Server
+from runner.testing.harness import Harness
+
+from conftest import REPO, Project
 
 pytest_plugins = ["pytester"]
 
@@ -428,3 +434,16 @@ def test_greet(runner_client):
                 f"it found {backend / 'runner.toml'}", "`runner_project = backend`",
                 'set `dir = "../functions"` and `schemas = "../schemas"` under [functions]']
     assert all(s in out for s in said), (said, out)
+
+
+def test_a_drained_worker_stops_at_once(project: Project, server: Server) -> None:
+    """The harness's worker, idle after a drain, is blocked waiting for a wake-up: its stop
+    wakes that wait at once (it waited out the whole BELL_S, a second of teardown for every
+    test that drained)."""
+    harness = Harness(project.root, server.url, os.environ)
+    harness.client.enqueue("noop", {})
+    assert [o.status for o in harness.drain(timeout=10)] == ["done"]
+    t0 = time.monotonic()
+    harness.close()
+    took = time.monotonic() - t0
+    assert took < BELL_S / 2, f"the stop took {took:.2f} s"
