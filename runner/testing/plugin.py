@@ -7,7 +7,9 @@ Fixtures:
   below, REDIS_URL and RUNNER_REDIS_PREFIX point there from the session's first fixture
   to its end, under one prefix for the session: a client the app makes before a test (a
   FastAPI lifespan in a session- or module-scoped fixture) is on the private server too,
-  and sees each test's jobs, since every test uses that prefix, emptied before it runs.
+  and sees each test's jobs, since every test uses that prefix, emptied before it runs
+  (``runner_session``, autouse). A client made at import comes before any fixture: it is
+  not covered, and the docs say to make it in a fixture, a lifespan or the test.
 - ``runner_project``: the project folder, holding functions/, schemas/ and runner.toml;
   the ini option ``runner_project`` (relative to the rootdir) or a fixture override of
   the same name moves it. Default: the rootdir.
