@@ -675,25 +675,13 @@ class Transport:
         lanes = self._lanes
         conn = lanes.take()
         reply: Any = _MISSING
-        key, cid = str(block[1]), _known_id(conn)
         try:
-            cmds = [block, ("EVALSHA", self.shas[name], len(keys), *keys, *args)]
-            # A connection's first wait asks its id in the same write, for unblock.
-            conn.send_packed_command(conn.pack_commands(cmds if cid is not None else [("CLIENT", "ID"), *cmds]))
-            if cid is None:
-                cid = _read_id(conn)
-            if cid:
-                with self._blocked_lock:
-                    self._blocked.setdefault(key, set()).add(cid)
             try:
-                first = conn.read_response()
+                first = self._blocking(conn, block, [str(block[1])],
+                                       [("EVALSHA", self.shas[name], len(keys), *keys, *args)])
             except ResponseError as exc:  # read whole: the connection stays in step
                 first = exc
                 self.error_replies += 1
-            finally:
-                if cid:
-                    with self._blocked_lock:
-                        self._blocked.get(key, set()).discard(cid)
             with contextlib.suppress(NoScriptError):  # nothing ran: loaded and sent alone below
                 reply = conn.read_response()
             if self._watch is not None:
@@ -710,14 +698,55 @@ class Transport:
             reply = self.call(name, keys, args)
         return first, reply
 
-    def unblock(self, key: str) -> None:
-        """End now the waits of ``behind`` blocked on ``key`` in this process, as if their
-        timeout had passed: the script behind each runs and its reply is read, so nothing
-        it did is lost (a stopping fetcher hands its claim back at once instead of after
-        its wait's second). CLIENT UNBLOCK goes on another connection; refused (an ACL
-        without it) or unreachable, the waits end at their timeout as before."""
+    def _blocking(self, conn: Any, block: Sequence[Any], on: Sequence[str], behind: Sequence[Any] = ()) -> Any:
+        """Send ``block`` (blocking on the keys ``on``) and the commands ``behind`` it in one
+        write on ``conn``, and read the blocking command's reply, its wait registered
+        meanwhile for ``unblock``. A connection's first wait asks its id in the same write."""
+        cid = _known_id(conn)
+        cmds = [block, *behind]
+        conn.send_packed_command(conn.pack_commands(cmds if cid is not None else [("CLIENT", "ID"), *cmds]))
+        if cid is None:
+            cid = _read_id(conn)
+        if not cid:
+            return conn.read_response()
         with self._blocked_lock:
-            ids = sorted(self._blocked.get(key, ()))
+            for key in on:
+                self._blocked.setdefault(key, set()).add(cid)
+        try:
+            return conn.read_response()
+        finally:
+            with self._blocked_lock:
+                for key in on:
+                    self._blocked.get(key, set()).discard(cid)
+
+    def blocking(self, block: Sequence[Any], on: Sequence[str]) -> Any:
+        """A blocking command (a BLPOP over ``on``) alone on a kept connection, so that
+        ``unblock`` of any of those keys ends it at once. Without kept connections (Redis
+        Cluster), sent through the client, ending at its own timeout."""
+        if self._lanes is None:
+            return self.client.execute_command(*block)
+        lanes = self._lanes
+        conn = lanes.take()
+        try:
+            reply = self._blocking(conn, block, on)
+        except ResponseError:
+            lanes.give(conn)  # an error reply was read whole
+            raise
+        except BaseException:
+            conn.disconnect()  # it may owe a reply
+            lanes.give(conn)
+            raise
+        lanes.give(conn)
+        return reply
+
+    def unblock(self, *keys: str) -> None:
+        """End now the waits of ``behind`` and ``blocking`` on any of ``keys`` in this
+        process, as if their timeout had passed: the script behind each runs and its reply
+        is read, so nothing it did is lost (a stopping fetcher hands its claim back at once
+        instead of after its wait's second). CLIENT UNBLOCK goes on another connection;
+        refused (an ACL without it) or unreachable, the waits end at their timeout as before."""
+        with self._blocked_lock:
+            ids = sorted({cid for key in keys for cid in self._blocked.get(key, ())})
         for cid in ids:
             with contextlib.suppress(ResponseError, RedisConnectionError, RedisTimeoutError):
                 self.client.execute_command("CLIENT", "UNBLOCK", cid)

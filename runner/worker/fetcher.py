@@ -101,7 +101,7 @@ class Fetcher:
         return f"partition {{{self.parts[p].tag}}}" if len(self.parts) > 1 else ""
 
     def start(self) -> None:
-        self._bell = Bell(self.rt.redis, self.parts, self.q.name)
+        self._bell = Bell(self.rt.redis, self.parts, self.q.name, self.rt.scripts)
         self._thread.start()
 
     def stop(self) -> None:
@@ -115,8 +115,7 @@ class Fetcher:
     def _unblock(self) -> None:
         """End the claim's wait for a wake-up now (up to BELL_S otherwise: every stop, a
         test's drained worker included, took a second); its claim lands and is handed back."""
-        for k in self.parts:
-            self.rt.scripts.unblock(k.notify)
+        self.rt.scripts.unblock(*(k.notify for k in self.parts))
 
     def join(self, timeout_s: float) -> bool:
         """Wait for a claim in flight to land (it hands its jobs back); True when none is.

@@ -517,10 +517,14 @@ def test_greet(runner_client):
     assert all(s in out for s in said), (said, out)
 
 
-def test_a_drained_worker_stops_at_once(project: Project, server: Server) -> None:
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_drained_worker_stops_at_once(project: Project, server: Server, partitions: int) -> None:
     """The harness's worker, idle after a drain, is blocked waiting for a wake-up: its stop
     wakes that wait at once (it waited out the whole BELL_S, a second of teardown for every
-    test that drained)."""
+    test that drained), on a queue of one partition (the wait sent with the next claim)
+    and of several (one wait over every partition's list)."""
+    toml = project.root / "runner.toml"
+    toml.write_text(toml.read_text().replace("[queues.fast]", f"[queues.fast]\npartitions = {partitions}", 1))
     harness = Harness(project.root, server.url, os.environ)
     harness.client.enqueue("noop", {})
     assert [o.status for o in harness.drain(timeout=10)] == ["done"]
