@@ -26,7 +26,7 @@ from runner.catalog import schedules as schedules_mod
 from runner.catalog.checked import Checked
 from runner.catalog.schemas import Versions, load_versions
 from runner.config import Backoff, Config
-from runner.errors import FunctionLoadError, UnknownFunction, ValidationFailed
+from runner.errors import FieldError, FunctionLoadError, UnknownFunction, ValidationFailed
 
 # What an ON_SUCCESS / ON_FAILURE destination receives (the shapes its schema must take):
 # a failure's error carries a traceback, and a record found unfit at claim carries none,
@@ -87,6 +87,16 @@ class Function:
     @property
     def flow(self) -> limits.Flow:
         return limits.Flow(resource_key=self.resource_key, concurrency=self.concurrency, rate=self.rate)
+
+    def refuse_stranded(self, version: int) -> None:
+        """Raise ValidationFailed for a job of an older ``version`` this function cannot
+        upgrade (no ``upgrade()``): its claim would bury it, so every enqueue refuses it (the
+        client, a handler's follow-up, ``run_inline``'s), as `runner check` flags a waiting one."""
+        if version != self.versions.newest and self.versions.upgrade is None:
+            raise ValidationFailed(self.name, version, [FieldError("$", (
+                f"v{version} cannot run: {os.path.basename(self.path)} has no upgrade() to bring it to "
+                f"v{self.versions.newest}; enqueue v{self.versions.newest}, or add "
+                "upgrade(payload, from_version) to the function"))])
 
     def render_limits(self, payload: Any) -> tuple[str, str]:
         """(resource key, limits) of one job of this function (see catalog.limits)."""

@@ -2,7 +2,10 @@
 
 The scaffold is a working example rather than a blank page: a docstring, the options a
 function usually sets, a handler that uses ``ctx`` and returns a result, and a schema
-that rejects what the handler cannot take. Nothing outside the two new files is touched.
+that rejects what the handler cannot take. Nothing outside the two new files is touched,
+except in a folder with no project yet (no runner.toml here or in a parent folder): there
+``new_project`` writes a runner.toml with the defaults first, so the scaffold's QUEUE names
+a queue of a file, and commands run in functions/ find the project.
 """
 
 from __future__ import annotations
@@ -61,6 +64,37 @@ SCHEMA_TEMPLATE = """{{
   "additionalProperties": false
 }}
 """
+
+
+PROJECT_TEMPLATE = """# runner's project file: this folder is the project (functions/ and schemas/ beside this
+# file), and commands run in a subfolder find it. Environment variables override
+# (REDIS_URL, ...); an unknown key or a wrong type is an error. See docs/configuration.md.
+
+[redis]
+# url = "redis://127.0.0.1:6379/0" # the default; REDIS_URL overrides. Left unset,
+#                                  # `runner dev` starts an embedded server of its own.
+prefix = "runner"                  # several apps can share one Redis
+
+[queues.default]                   # the queue a scaffolded function names in QUEUE
+"""
+# A folder a project keeps its functions or schemas in: `runner new` there, with no
+# runner.toml found, is a project of old (functions alone) seen from inside.
+PROJECT_PARTS = ("functions", "schemas")
+
+
+def project_missing_here(folder: Path) -> Path | None:
+    """The project folder above ``folder`` when ``folder`` is its functions/ or schemas/
+    (a project with no runner.toml, seen from inside); None otherwise."""
+    if folder.name in PROJECT_PARTS and all((folder.parent / part).is_dir() for part in PROJECT_PARTS):
+        return folder.parent
+    return None
+
+
+def new_project(folder: Path) -> Path:
+    """Write ``folder``/runner.toml with the defaults (one queue, "default"); returns it."""
+    toml = folder / "runner.toml"
+    toml.write_text(PROJECT_TEMPLATE, encoding="utf-8")
+    return toml
 
 
 def check_name(name: str) -> None:

@@ -86,9 +86,24 @@ def _options(d: dict[str, Any]) -> str:
 @click.option("--force", is_flag=True, help="Overwrite existing files.")
 @click.pass_context
 def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
-    """Scaffold functions/NAME.py and schemas/NAME/v1.json, ready to run."""
-    from runner.catalog.scaffold import ScaffoldError, scaffold
+    """Scaffold functions/NAME.py and schemas/NAME/v1.json, ready to run (and runner.toml,
+    in a folder with no project yet)."""
+    import os
+    from pathlib import Path
 
+    from runner.catalog.scaffold import ScaffoldError, new_project, project_missing_here, scaffold
+    from runner.config import find
+
+    here = Path.cwd()
+    # No runner.toml here or in a parent folder: a new project here (its runner.toml is
+    # written once the files are), unless this is the functions/ or schemas/ folder of a
+    # project that has none (the files would nest in a second project).
+    fresh = ctx.obj["config"] is None and not os.environ.get("RUNNER_CONFIG") and not find().is_file()
+    above = project_missing_here(here) if fresh else None
+    if above is not None:
+        fail(f"no runner.toml here or in a parent folder, and {here} looks like the {here.name} folder of the "
+             f"project in {above}: run `runner new {name}` there (it writes runner.toml with the defaults; "
+             "commands run here then find it)", EXIT_CONFIG)
     cfg = load_config(ctx.obj["config"])
     try:
         made = scaffold(cfg, name, queue=queue, force=force)
@@ -96,6 +111,9 @@ def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
         fail(str(exc), EXIT_CONFIG)
     except ScaffoldError as exc:
         fail(str(exc), EXIT_REFUSED)
+    if fresh:
+        click.echo(f"created {new_project(here)} (the defaults, one queue \"default\": no runner.toml was "
+                   "found here or in a parent folder)")
     from runner.config import state_dir
 
     state_dir(cfg.root)  # .runner/ ignores itself before anything lands there

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -142,13 +141,7 @@ def _prepare(
     # Encoded first: a payload past the nesting limit is refused before anything walks it.
     body = encoded(client, fn.name, version, payload, bounded)
     fn.versions.validate(payload, version, listing=listing)
-    if version != fn.versions.newest and fn.versions.upgrade is None:
-        # Its claim would bury it (no way to the newest schema): refused now, as
-        # `runner check` flags a waiting one.
-        raise ValidationFailed(fn.name, version, [FieldError("$", (
-            f"v{version} cannot run: {os.path.basename(fn.path)} has no upgrade() to bring it to "
-            f"v{fn.versions.newest}; enqueue v{fn.versions.newest}, or add "
-            "upgrade(payload, from_version) to the function"))])
+    fn.refuse_stranded(version)
     try:
         if idempotency_key is not None:
             ikey = str(idempotency_key)

@@ -10,12 +10,15 @@ import logging
 import queue as stdqueue
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
 
 from runner.store.keys import QueueKeys
 from runner.store.outage import OUTAGE, Outage
+
+if TYPE_CHECKING:
+    from runner.store.transport import Transport
 
 log = logging.getLogger("runner.worker")
 
@@ -32,8 +35,10 @@ class Bell:
     partition gets a thread of its own blocked on its list, and ``wait`` hears whichever
     rings first. ``wait`` returns the partition that rang, or None at the timeout."""
 
-    def __init__(self, client: Any, parts: Sequence[QueueKeys], name: str) -> None:
+    def __init__(self, client: Any, parts: Sequence[QueueKeys], name: str, transport: Transport | None = None) -> None:
         self.client = client
+        # Sends the BLPOP on a kept connection, so a stop ends it at once (Transport.unblock).
+        self.transport = transport
         self.parts = parts  # the runtime's list: a draining partition found later joins it
         self.name = name
         self.rung: stdqueue.SimpleQueue[int] = stdqueue.SimpleQueue()
@@ -57,7 +62,11 @@ class Bell:
     def wait(self, timeout_s: float) -> int | None:
         self._grow()
         if not self.threads:
-            got = self.client.blpop(list(self.by_key), timeout=timeout_s)
+            keys = list(self.by_key)
+            if self.transport is not None:
+                got = self.transport.blocking(("BLPOP", *keys, f"{timeout_s:g}"), keys)
+            else:
+                got = self.client.blpop(keys, timeout=timeout_s)
             return self.by_key.get(got[0]) if got else None
         try:
             first = self.rung.get(timeout=timeout_s)

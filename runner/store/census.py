@@ -11,8 +11,8 @@
   which only matters for jobs that were runnable anyway.
 
 Besides: ``due_now``, `runner dev`'s nudge of a job handed back while its function was
-away, and ``every_id``, the test harness's list of every job a queue holds (it scans the
-job keys: never on a production path).
+away, ``every_id``, the test harness's list of every job a queue holds (it scans the
+job keys: never on a production path), and ``forget_prefix``, its emptying of a prefix.
 """
 
 from __future__ import annotations
@@ -139,6 +139,20 @@ def every_id(redis: Any, k: QueueKeys) -> set[str]:
     stem = pattern[:-1]
     ids = {key[len(stem):] for key in redis.scan_iter(match=pattern, count=500) if not key.endswith(":s")}
     return ids | set(done_ids(redis, k))
+
+
+def forget_prefix(redis: Any, prefix: str) -> int:
+    """Delete every key under ``prefix`` (a SCAN, then UNLINK in chunks); returns how many.
+    For tests (runner.testing): a private server's prefix emptied before each test."""
+    gone, chunk = 0, []
+    for key in redis.scan_iter(match=f"{prefix}:*", count=CHUNK):
+        chunk.append(key)
+        if len(chunk) >= CHUNK:
+            gone += int(redis.unlink(*chunk))
+            chunk = []
+    if chunk:
+        gone += int(redis.unlink(*chunk))
+    return gone
 
 
 def _checked(replies: Any) -> list[Any]:

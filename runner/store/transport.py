@@ -247,6 +247,23 @@ class _Lanes:
         self.idle.append(conn)
 
 
+def _known_id(conn: Any) -> int | None:
+    """The server's id of a kept connection, as read on its current socket (None: not
+    read yet there; a reconnect makes a new one; 0: the server would not say)."""
+    known = getattr(conn, "_runner_id", None)
+    return known[1] if known is not None and known[0] is getattr(conn, "_sock", None) else None
+
+
+def _read_id(conn: Any) -> int:
+    """Read the reply of the CLIENT ID sent first on ``conn``, and keep it for its socket."""
+    try:
+        cid = int(conn.read_response())
+    except ResponseError:  # read whole; an ACL may refuse it: the waits then end at their timeout
+        cid = 0
+    conn._runner_id = (getattr(conn, "_sock", None), cid)
+    return cid
+
+
 def _closed(conn: Any) -> bool:
     """Whether an idle kept connection was closed by the other end: it owes no reply, so
     anything to read on it is the end of the stream (or an error). One poll, no wait."""
@@ -545,6 +562,10 @@ class Transport:
         self._lanes = _Lanes(pool) if pool is not None else None
         self._watch: Any = getattr(pool, "runner_watch", None)  # Sentinel's events (sentinel.py)
         self._spin = _Spin()
+        # The server's ids of the kept connections now blocked in ``behind``, by the key
+        # they block on, for ``unblock`` to wake them.
+        self._blocked: dict[str, set[int]] = {}
+        self._blocked_lock = threading.Lock()
         self.replicas = replicas
         self.replica_timeout_s = replica_timeout_s
         # Error replies seen by this process's calls (a key damaged to another type makes
@@ -655,9 +676,9 @@ class Transport:
         conn = lanes.take()
         reply: Any = _MISSING
         try:
-            conn.send_packed_command(conn.pack_commands([block, ("EVALSHA", self.shas[name], len(keys), *keys, *args)]))
             try:
-                first = conn.read_response()
+                first = self._blocking(conn, block, [str(block[1])],
+                                       [("EVALSHA", self.shas[name], len(keys), *keys, *args)])
             except ResponseError as exc:  # read whole: the connection stays in step
                 first = exc
                 self.error_replies += 1
@@ -676,6 +697,59 @@ class Transport:
         if reply is _MISSING:
             reply = self.call(name, keys, args)
         return first, reply
+
+    def _blocking(self, conn: Any, block: Sequence[Any], on: Sequence[str], behind: Sequence[Any] = ()) -> Any:
+        """Send ``block`` (blocking on the keys ``on``) and the commands ``behind`` it in one
+        write on ``conn``, and read the blocking command's reply, its wait registered
+        meanwhile for ``unblock``. A connection's first wait asks its id in the same write."""
+        cid = _known_id(conn)
+        cmds = [block, *behind]
+        conn.send_packed_command(conn.pack_commands(cmds if cid is not None else [("CLIENT", "ID"), *cmds]))
+        if cid is None:
+            cid = _read_id(conn)
+        if not cid:
+            return conn.read_response()
+        with self._blocked_lock:
+            for key in on:
+                self._blocked.setdefault(key, set()).add(cid)
+        try:
+            return conn.read_response()
+        finally:
+            with self._blocked_lock:
+                for key in on:
+                    self._blocked.get(key, set()).discard(cid)
+
+    def blocking(self, block: Sequence[Any], on: Sequence[str]) -> Any:
+        """A blocking command (a BLPOP over ``on``) alone on a kept connection, so that
+        ``unblock`` of any of those keys ends it at once. Without kept connections (Redis
+        Cluster), sent through the client, ending at its own timeout."""
+        if self._lanes is None:
+            return self.client.execute_command(*block)
+        lanes = self._lanes
+        conn = lanes.take()
+        try:
+            reply = self._blocking(conn, block, on)
+        except ResponseError:
+            lanes.give(conn)  # an error reply was read whole
+            raise
+        except BaseException:
+            conn.disconnect()  # it may owe a reply
+            lanes.give(conn)
+            raise
+        lanes.give(conn)
+        return reply
+
+    def unblock(self, *keys: str) -> None:
+        """End now the waits of ``behind`` and ``blocking`` on any of ``keys`` in this
+        process, as if their timeout had passed: the script behind each runs and its reply
+        is read, so nothing it did is lost (a stopping fetcher hands its claim back at once
+        instead of after its wait's second). CLIENT UNBLOCK goes on another connection;
+        refused (an ACL without it) or unreachable, the waits end at their timeout as before."""
+        with self._blocked_lock:
+            ids = sorted({cid for key in keys for cid in self._blocked.get(key, ())})
+        for cid in ids:
+            with contextlib.suppress(ResponseError, RedisConnectionError, RedisTimeoutError):
+                self.client.execute_command("CLIENT", "UNBLOCK", cid)
 
     def gather(self, calls: Sequence[ScriptCall | tuple[Any, ...]]) -> list[Any] | None:
         """Script calls and plain commands (tuples of words) in one round trip on a kept

@@ -53,21 +53,29 @@ def load_config(root: Path, env: Mapping[str, str]) -> Config:
     return config_mod.parse({}, root.resolve(), str(toml), env)
 
 
+def fresh_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
 class Harness:
-    """One test's project on the session's server, under a fresh key prefix."""
+    """One test's project on the session's server, under a fresh key prefix, or under
+    ``prefix`` emptied first (the plugin's: the prefix of the whole session, so that a
+    client the app made before the test, pointed there, sees this test's jobs)."""
 
     def __init__(self, root: Path, url: str, env: Mapping[str, str],
-                 before_look: Callable[[], None] | None = None) -> None:
+                 before_look: Callable[[], None] | None = None, prefix: str | None = None) -> None:
         self.root = root
         # Run before every look at the jobs (the plugin's: send what the app's framework
         # holds back until a commit the test never makes).
         self.before_look = before_look
-        self.prefix = f"t{uuid.uuid4().hex[:12]}"
+        self.prefix = prefix or fresh_prefix()
         self.env = {**env, **project_env(url, self.prefix)}
         cfg = load_config(root, self.env)
         # Done jobs keep their payloads here, so assert_enqueued sees the jobs a drain ran.
         self.config = replace(cfg, retention=replace(cfg.retention, done_payload=True))
         self.runtime = Runtime.create(self.config)
+        if prefix is not None:  # what an earlier test left there
+            census.forget_prefix(self.runtime.redis, prefix)
         self.client = Client(self.runtime)
         self._worker: Worker | None = None
         self._reported: dict[str, tuple[str, int]] = {}

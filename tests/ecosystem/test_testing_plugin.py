@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import time
 import tomllib
+import uuid
 
 import pytest
+import redis
 
-from conftest import REPO
+from runner.store.bell import BELL_S
+from runner.store.embedded import Server
+from runner.testing.harness import Harness
+
+from conftest import REPO, Project
 
 pytest_plugins = ["pytester"]
 
@@ -283,6 +291,85 @@ def test_fastapi_dependency_reaches_each_tests_server(pytester: pytest.Pytester)
     result.assert_outcomes(passed=4, xfailed=1)
 
 
+
+LIFESPAN_APP = '''
+from contextlib import asynccontextmanager
+from fastapi import FastAPI
+from runner import Client
+
+
+@asynccontextmanager
+async def lifespan(app):
+    app.state.runner = Client.from_config()  # the app's own client, made at its start
+    yield
+    app.state.runner.close()
+
+
+app = FastAPI(lifespan=lifespan)
+
+
+@app.post("/signup/{who}", status_code=202)
+async def signup(who: str):
+    return {"job": (await app.state.runner.aenqueue("notify", {"who": who})).id}
+'''
+LIFESPAN_CONFTEST = '''
+import pytest
+from fastapi.testclient import TestClient
+
+from app import app
+
+
+@pytest.fixture(scope="session")
+def http():
+    with TestClient(app) as c:  # one app start for the session, before any test's fixtures
+        yield c
+'''
+LIFESPAN_TESTS = '''
+def test_first_signup(http, assert_enqueued):
+    job = http.post("/signup/ada").json()["job"]
+    assert [j["id"] for j in assert_enqueued("notify", {"who": "ada"}, count=1)] == [job]
+
+
+def test_second_signup_lands_in_this_test_alone(http, assert_enqueued):
+    http.post("/signup/bo")
+    assert [j["payload"] for j in assert_enqueued("notify", count=1)] == [{"who": "bo"}]
+
+
+def test_the_worker_runs_the_signup(http, runner_worker):
+    http.post("/signup/cy")
+    assert [(o.type, o.status, o.result) for o in runner_worker.drain(timeout=10)] == [
+        ("notify", "done", {"notified": "cy"})]
+
+
+def test_no_request_no_job(http, assert_enqueued):
+    assert_enqueued("notify", count=0)
+'''
+
+
+def test_a_client_the_app_made_before_the_tests_reaches_each_tests_server(
+        pytester: pytest.Pytester, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FastAPI app started once for the session, whose lifespan stores its own
+    Client.from_config(), made before any test's fixtures: its jobs land on the plugin's
+    private server where each test looks (only that test's), and none reaches the Redis
+    runner.toml names (a stand-in for a shared one; by default 127.0.0.1:6379)."""
+    pytest.importorskip("fastapi")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("RUNNER_REDIS_PREFIX", raising=False)
+    _project(pytester)
+    shared = f"shared{uuid.uuid4().hex[:8]}"
+    toml = pytester.path / "runner.toml"
+    toml.write_text(toml.read_text() + f'\n[redis]\nurl = "{server.url}"\nprefix = "{shared}"\n')
+    pytester.makepyfile(app=LIFESPAN_APP)
+    pytester.makeconftest(LIFESPAN_CONFTEST)
+    pytester.makepyfile(test_signup=LIFESPAN_TESTS)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(passed=4)
+    shared_redis = redis.Redis.from_url(server.url)
+    try:
+        assert list(shared_redis.scan_iter(match=f"{shared}:*")) == []
+    finally:
+        shared_redis.close()
+
 PYTEST_DJANGO_SETTINGS = '''
 SECRET_KEY = "tests"
 INSTALLED_APPS = ["django.contrib.contenttypes", "runner.contrib.django"]
@@ -428,3 +515,20 @@ def test_greet(runner_client):
                 f"it found {backend / 'runner.toml'}", "`runner_project = backend`",
                 'set `dir = "../functions"` and `schemas = "../schemas"` under [functions]']
     assert all(s in out for s in said), (said, out)
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_drained_worker_stops_at_once(project: Project, server: Server, partitions: int) -> None:
+    """The harness's worker, idle after a drain, is blocked waiting for a wake-up: its stop
+    wakes that wait at once (it waited out the whole BELL_S, a second of teardown for every
+    test that drained), on a queue of one partition (the wait sent with the next claim)
+    and of several (one wait over every partition's list)."""
+    toml = project.root / "runner.toml"
+    toml.write_text(toml.read_text().replace("[queues.fast]", f"[queues.fast]\npartitions = {partitions}", 1))
+    harness = Harness(project.root, server.url, os.environ)
+    harness.client.enqueue("noop", {})
+    assert [o.status for o in harness.drain(timeout=10)] == ["done"]
+    t0 = time.monotonic()
+    harness.close()
+    took = time.monotonic() - t0
+    assert took < BELL_S / 2, f"the stop took {took:.2f} s"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from runner import config as config_mod
 from runner.cli import cli
 from runner.store.embedded import free_port
 from runner.worker.worker import Worker
@@ -324,6 +325,35 @@ def test_every_json_error_is_json(project: Project, run: Invoke) -> None:
         body = json.loads(r.stdout)
         assert isinstance(body, dict) and body["error"], r.stdout
 
+
+
+def test_new_in_a_folder_with_no_project_starts_one_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runner new` with no runner.toml here or in a parent folder writes one with the
+    defaults and says so, so `runner new` from functions/ later finds the project (it wrote
+    none before, and from functions/ nested functions/functions/NAME.py); from the
+    functions/ of an older project with no runner.toml it says where to run instead."""
+    monkeypatch.delenv("RUNNER_CONFIG", raising=False)
+    env = {"REDIS_URL": "redis://127.0.0.1:1/0"}
+    root = tmp_path / "shop"
+    (root / ".git").mkdir(parents=True)
+    monkeypatch.chdir(root)
+    made = CliRunner().invoke(cli, ["new", "foo"], env=env, catch_exceptions=False)
+    assert made.exit_code == 0, made.output
+    assert "runner.toml" in made.stdout and (root / "runner.toml").is_file()
+    assert list(config_mod.load(root / "runner.toml", env={}).queues) == ["default"]
+    monkeypatch.chdir(root / "functions")
+    again = CliRunner().invoke(cli, ["new", "bar"], env=env, catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert (root / "functions" / "bar.py").is_file() and (root / "schemas" / "bar" / "v1.json").is_file()
+    assert not (root / "functions" / "functions").exists() and "runner.toml" not in again.stdout
+
+    old = tmp_path / "old"
+    (old / "functions").mkdir(parents=True)
+    (old / "schemas").mkdir()
+    monkeypatch.chdir(old / "functions")
+    refused = CliRunner().invoke(cli, ["new", "baz"], env=env, catch_exceptions=False)
+    assert refused.exit_code == 2 and f"project in {old}" in refused.stderr, refused.output
+    assert sorted(p.name for p in old.rglob("*")) == ["functions", "schemas"]
 
 def test_a_misspelt_function_gets_a_did_you_mean(run: Invoke) -> None:
     r = run("enqueue", "recrod", "{}")

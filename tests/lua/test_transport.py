@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -302,6 +303,31 @@ def test_a_claim_behind_a_wake_up_runs_at_the_timeout_too(project: Project) -> N
     rang, reply = _woken(project, 0.1)
     assert rang is None and reply[2] == "a"
 
+
+
+@pytest.mark.parametrize("first_wait", [True, False])
+def test_unblock_ends_a_wait_at_once_and_the_claim_behind_it_still_runs(project: Project, first_wait: bool) -> None:
+    """unblock(notify) ends a claim_woken blocked on that list as if its wait had timed
+    out (a stopping worker's fetcher waited out the whole second): the claim behind it
+    runs and its reply is read, here taking a job that came without a wake-up; on a
+    connection's first wait (its id asked in the same write) and on a later one."""
+    r, k = project.runtime.redis, project.keys()
+    if not first_wait:
+        _woken(project, 0.01)
+    _enqueue(project, "a")
+    r.delete(k.notify)
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(_woken(project, 30)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:  # until it blocks, then once more for the race
+        project.runtime.scripts.unblock(k.notify)
+        t.join(0.02)
+    t.join(5)
+    assert got, "the wait was not ended"
+    rang, reply = got[0]
+    assert rang is None and reply[2] == "a"
+    assert _enqueue(project, "b") == [1, "b", "queued"]  # the connection is in step
 
 def test_a_failed_wake_up_still_returns_what_the_claim_took(project: Project) -> None:
     """A notify list damaged to another type fails the BLPOP, but the claim behind it ran:
