@@ -44,9 +44,10 @@ def stage_head(redis: Any, key: str, n: int) -> list[str]:
 # KEYS[1] the stage, KEYS[2] the outbox; ARGV[1] the first entry read, ARGV[2] how many
 # were placed, ARGV[3..] the waiting entries. -> 1 trimmed, 0 another relay was first.
 _ADVANCE_LUA = """
-if redis.call('LINDEX', KEYS[1], 0) ~= ARGV[1] then return 0 end
-if #ARGV > 2 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 3)) end
-redis.call('LTRIM', KEYS[1], tonumber(ARGV[2]), -1)
+local K = {stage = KEYS[1], outbox = KEYS[2]}
+if redis.call('LINDEX', K.stage, 0) ~= ARGV[1] then return 0 end
+if #ARGV > 2 then redis.call('RPUSH', K.outbox, unpack(ARGV, 3)) end
+redis.call('LTRIM', K.stage, tonumber(ARGV[2]), -1)
 return 1
 """
 
