@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from runner.store import urls
 
-from conftest import Project, wait_for
+from conftest import Project, size, wait_for
 
 WELCOME = '''QUEUE = "fast"
 
@@ -88,7 +88,7 @@ _PIECES = ["password", "PassWord", "=", ":", " ", "\n", "'", '"', ",", "&", ")",
            "x=", "\t", "é", "1", "\u00a0", "İ"]
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=int(size("MODEL_EXAMPLES", 500, 3000)), deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), max_size=30).map("".join))
 def test_scrub_hides_exactly_what_the_pattern_hid(text: str) -> None:
     """On short texts (where the old pattern was quick) the one-pass scan gives the same
