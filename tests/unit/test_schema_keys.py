@@ -201,22 +201,27 @@ def test_a_backtracking_pattern_means_what_it_means_in_ecma_262(
     assert s.valid({"v": value}) is matches
 
 
-def _slow_valid_code(at_least_s: float) -> str:
-    """A value that passes SLOW, with a match that takes at least ``at_least_s`` here (the
-    engine's time grows with the square of its length: doubled until it does)."""
+def _slow_valid_code(about_s: float) -> str:
+    """A value that passes SLOW, with a match that takes about ``about_s`` here: the
+    engine's time grows with the square of its length, so the length is doubled until a
+    match takes a third of it, then scaled to it (doubling alone overshot up to four
+    times, and on a loaded host past the claim's budget)."""
+    import math
     import time
 
     import regex
 
     rx = regex.compile(keywords.ecma(SLOW), regex.ASCII | regex.V0)
-    n = 1000
-    while True:
-        code = "a" * n + "1A2"
+
+    def took(n: int) -> float:
         t = time.monotonic()
-        assert rx.search(code)
-        if time.monotonic() - t >= at_least_s:
-            return code
+        assert rx.search("a" * n + "1A2")
+        return time.monotonic() - t
+
+    n = 1000
+    while (t := took(n)) < about_s / 3:
         n *= 2
+    return "a" * int(n * math.sqrt(about_s / t)) + "1A2"
 
 
 # Quadratic on a long run of lower-case letters before its digit, and valid all the same.
@@ -229,7 +234,7 @@ def test_a_payload_checked_again_at_claim_gets_the_claim_budget(tmp_path: Path) 
     was buried as "invalid payload". Within the claim's budget (ten times the enqueue's),
     a match of about a second is in time; the enqueue's own budget still refuses it."""
     s = load(tmp_path, {"type": "object", "properties": {"code": {"type": "string", "pattern": SLOW}}})
-    code = _slow_valid_code(0.6)
+    code = _slow_valid_code(0.7)  # past the enqueue's 0.25 s, well within the claim's 2.5 s
     assert not s.valid({"code": code})  # the enqueue's budget: refused, naming the limit
     with keywords.one_budget(keywords.CLAIM_BUDGET_S):
         assert s.valid({"code": code})
