@@ -7,6 +7,10 @@ requeue or purge) is one entry: its ``count`` and the first MAX_IDS of its ``ids
 one bulk action never pushes the earlier ones out. An entry is pushed and the list
 trimmed by one script (lua/audit.lua), so the list never holds more than MAX_ENTRIES,
 nor an entry older than MAX_AGE_MS once the next one is written, whatever the writers.
+
+Pauses and resumes go on a list of their own (``<key>:flow``, bounded alike), read merged
+with the other by time: they need no job and cost nothing to repeat, so 10,000 of them
+from one ``operate`` token pushed every earlier action (a purge) off a single trail.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from runner.store import codec
 MAX_ENTRIES = 10_000
 MAX_AGE_MS = 90 * 86_400_000  # a quarter of a year
 MAX_IDS = 100  # the ids a bulk action's entry names (its count says how many it had)
+FLOW = frozenset({"pause", "resume"})  # the actions kept on the flow trail
 
 
 def bulk(ids: Sequence[str]) -> dict[str, Any]:
@@ -32,7 +37,13 @@ def record(scripts: Any, key: str, entry: Mapping[str, Any]) -> None:
     """Put an action on the trail at the server's time (``entry`` without at_ms); an
     entry with a ``bulk`` id replaces that bulk action's entry (see Bulk)."""
     bulk = entry.get("bulk")
-    scripts.audit(key, codec.dumps(dict(entry)), MAX_ENTRIES, MAX_AGE_MS, bulk=bulk if isinstance(bulk, str) else "")
+    trail = flow_key(key) if entry.get("action") in FLOW else key
+    scripts.audit(trail, codec.dumps(dict(entry)), MAX_ENTRIES, MAX_AGE_MS, bulk=bulk if isinstance(bulk, str) else "")
+
+
+def flow_key(key: str) -> str:
+    """The pauses' and resumes' trail beside the trail ``key`` (keys.audit_flow)."""
+    return key + ":flow"
 
 
 class Bulk:
@@ -57,16 +68,26 @@ class Bulk:
 
 
 def read(redis: Any, key: str, offset: int, limit: int) -> tuple[int, list[dict[str, Any]]]:
-    """(entries held, one page newest first); an entry that is not JSON is shown as such."""
+    """(entries held on both trails, one page newest first, the two merged by time); an
+    entry that is not JSON is shown as such (and sorts as the oldest)."""
+    want = offset + max(limit, 1)
     pipe = redis.pipeline(transaction=False)
-    pipe.llen(key)
-    pipe.lrange(key, offset, offset + max(limit, 1) - 1)
-    total, raw = pipe.execute()
-    page = []
-    for item in raw:
-        try:
-            entry = codec.loads(item)
-        except codec.DecodeError:
-            entry = None
-        page.append(entry if isinstance(entry, dict) else {"unparsable": str(item)[:200]})
-    return int(total), page
+    for trail in (key, flow_key(key)):
+        pipe.llen(trail)
+        pipe.lrange(trail, 0, want - 1)
+    total, raw, flow_total, flow_raw = pipe.execute()
+    merged = sorted((_entry(item) for item in [*raw, *flow_raw]), key=_at, reverse=True)
+    return int(total) + int(flow_total), merged[offset:offset + max(limit, 1)]
+
+
+def _entry(item: Any) -> dict[str, Any]:
+    try:
+        entry = codec.loads(item)
+    except codec.DecodeError:
+        entry = None
+    return entry if isinstance(entry, dict) else {"unparsable": str(item)[:200]}
+
+
+def _at(entry: dict[str, Any]) -> int:
+    at = entry.get("at_ms")
+    return at if isinstance(at, int) and not isinstance(at, bool) else 0

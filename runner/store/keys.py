@@ -100,8 +100,10 @@ is served until it drains: its keys come after the current ones, ``draining``.
 
 These keys are global, outside every queue's tag (each in its own slot on Redis Cluster)::
 
-    <prefix>:audit                    LIST    who did what (requeue, delete, purge, cancel, pause,
-                                              resume, bulk), newest first, capped (see audit.py)
+    <prefix>:audit                    LIST    who did what (requeue, delete, purge, cancel, trigger,
+                                              bulk...), newest first, capped (see audit.py)
+    <prefix>:audit:flow               LIST    the pauses and resumes, apart (capped alike): cheap
+                                              to repeat, they never push the others out
     <prefix>:workers                  HASH    live workers: what they serve, run and know; each entry
                                               carries its time to live (roster.py)
     <prefix>:workers:pruner           STRING  the worker that prunes the roster's dead entries this
@@ -284,6 +286,11 @@ class QueueKeys:
 
 def audit(prefix: str) -> str:
     return f"{prefix}:audit"
+
+
+def audit_flow(prefix: str) -> str:
+    """The pauses and resumes, on a trail of their own (see audit.py)."""
+    return f"{prefix}:audit:flow"
 
 
 def key_slot(key: bytes) -> int:

@@ -85,7 +85,7 @@ def test_the_audit_trail_drops_entries_past_its_age(project: Project) -> None:
         r.rpush(key, json.dumps({"at_ms": old - n, "by": "cli:old", "action": "purge", "queue": "fast"}))
     r.lpush(key, json.dumps({"at_ms": old + 120_000 + audit.MAX_AGE_MS - 60_000, "by": "cli:new",
                              "action": "pause", "queue": "fast"}))
-    project.client.pause("fast", by="cli:me")
+    audit.record(project.runtime.scripts, key, {"by": "cli:me", "action": "delete", "queue": "fast"})
     total, entries = project.client.audit(limit=10)
     assert total == 2 and [e["by"] for e in entries] == ["cli:me", "cli:new"], entries
 
@@ -156,3 +156,23 @@ def test_a_bulk_requeue_killed_half_way_is_on_the_trail_with_how_far_it_got(proj
     total, (done, killed) = c.audit(limit=10)
     assert total == 2 and killed["state"] == "running"
     assert (done["state"], done["count"], done["expected"]) == ("done", 20_000 - moved, 20_000 - moved)
+
+
+def test_a_flood_of_pauses_and_resumes_pushes_no_other_action_off_the_trail(project: Project,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operate token's pauses and resumes need no job and cost nothing to repeat: past
+    the trail's bound (here 20 entries), they pushed an earlier purge off it. They go on a
+    trail of their own, bounded alike, and the client's pages (GET /audit) merge the two
+    by time: the purge stays, newest first."""
+    monkeypatch.setattr(audit, "MAX_ENTRIES", 20)
+    c = project.client
+    bury_many(project, 3)
+    assert run(project, "dead", "purge", "--all", "--yes").exit_code == 0
+    for _ in range(30):
+        c.pause("fast", by="flooder")
+        c.resume("fast", by="flooder")
+    total, page = c.audit(0, 100)
+    assert total == 21, total  # the purge, and the newest 20 pauses and resumes
+    assert [e["action"] for e in page[:2]] == ["resume", "pause"] and page[-1]["action"] == "purge", page
+    assert all(a["at_ms"] >= b["at_ms"] for a, b in zip(page, page[1:])), page
+    assert [e["action"] for e in c.audit(20, 5)[1]] == ["purge"]
