@@ -5,6 +5,7 @@ earlier operator actions out of the trail."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -174,5 +175,5 @@ def test_a_flood_of_pauses_and_resumes_pushes_no_other_action_off_the_trail(proj
     total, page = c.audit(0, 100)
     assert total == 21, total  # the purge, and the newest 20 pauses and resumes
     assert [e["action"] for e in page[:2]] == ["resume", "pause"] and page[-1]["action"] == "purge", page
-    assert all(a["at_ms"] >= b["at_ms"] for a, b in zip(page, page[1:])), page
+    assert all(a["at_ms"] >= b["at_ms"] for a, b in itertools.pairwise(page)), page
     assert [e["action"] for e in c.audit(20, 5)[1]] == ["purge"]
