@@ -383,11 +383,14 @@ class Scripts(Transport):
         return self._run("relay", scriptkeys.keys("relay", k), args)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
-              now_ms: int | None = None) -> Any:
+              now_ms: int | None = None, log_keep_ms: int = 0) -> Any:
+        """Claims back to scheduled for later (retry.lua); ``log_keep_ms``: the retention
+        of a job's log and stream, kept at least until it is due plus that."""
         args: list[Any] = [_clock(now_ms), len(items)]
         for r in items:
             mode = (3 if r.last else 2) if r.rate_limited else 1 if r.refund else 0
             args += [r.id, r.token, r.delay_ms, r.error, r.history, mode, r.stats]
+        args.append(log_keep_ms)
         return self._run("retry", scriptkeys.keys("retry", k), args, pipe)
 
     def bury(

@@ -762,3 +762,33 @@ def test_a_flood_is_bounded_in_the_workers_own_output_too(project: Project, isol
     assert 40 <= len(echoed) <= 60, len(echoed)
     said = [x for x in log.read_text(errors="replace").splitlines() if "its own log only" in x and flood.id in x]
     assert len(said) == 1 and f"job {flood.id}: {3_000 - len(echoed)} more ctx.logger line(s)" in said[0], said
+
+
+RETRY_LATER = '''"""Logs a line, then asks to run again a month later."""
+from runner import Retry
+
+
+def handle(payload, ctx):
+    ctx.logger.info("attempt %d", ctx.attempt)
+    ctx.stream("out")
+    raise Retry(delay=30 * 86_400)
+'''
+
+
+def test_a_retrying_jobs_log_lives_until_its_retry_is_due(project: Project) -> None:
+    """A job that retries later than the log's retention keeps its log and stream until
+    the retry is due plus that retention (they expired with the longer of the done and
+    dead retentions, gone before the next attempt ran)."""
+    project.add_function("later", RETRY_LATER)
+    c = project.client
+    k = project.keys("fast")
+    r = project.runtime.redis
+    retention_ms = max(project.runtime.config.retention.done_s, project.runtime.config.retention.dead_s) * 1000
+    project.spawn_worker("fast")
+    job = c.enqueue("later", {}).id
+    wait_for(lambda: c.get(job).status == "retrying", timeout=30, what="the retry")
+    assert [x["msg"] for x in c.logs(job)["lines"]] == ["attempt 1"]
+    month_ms = 30 * 86_400_000
+    for key in (k.log(job), k.stream(job)):
+        ttl = r.pttl(key)
+        assert month_ms + retention_ms - 60_000 < ttl <= month_ms + retention_ms, (key, ttl)

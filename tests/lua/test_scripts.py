@@ -495,6 +495,25 @@ def test_retry_schedules_and_promote_moves_due(p: Project) -> None:
     assert again[2] == 2  # second attempt
 
 
+def test_a_retry_keeps_its_log_until_it_is_due_plus_the_retention(p: Project) -> None:
+    """A retry due later than the log's retention would find its log and stream gone when
+    it runs: the retry keeps them until it is due plus that retention, never shorter."""
+    enqueue(p, new("a"), new("b"))
+    jobs = {j[0]: j for j in claim(p)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    for i in "ab":
+        sc.append_log(k, i, ['{"msg": "x"}'], 500, 262_144, 60_000)
+        sc.append_log(k, i, ['{"i": 0, "data": 1}'], 500, 262_144, 60_000, key=k.stream(i))
+    err = '{"type":"E","message":"m"}'
+    assert sc.retry(k, [RetryAt("a", jobs["a"][1], 3_600_000, err, "", "retried|noop"),
+                        RetryAt("b", jobs["b"][1], 1_000, err, "", "retried|noop")],
+                    now_ms=NOW, log_keep_ms=60_000) == [1, 1]
+    for key in (k.log("a"), k.stream("a")):
+        assert 3_660_000 - 5_000 < r.pttl(key) <= 3_660_000, key
+    for key in (k.log("b"), k.stream("b")):  # already longer than its due plus the retention
+        assert 55_000 < r.pttl(key) <= 61_000, key
+
+
 def test_a_refunded_retry_hands_the_job_back_without_spending_its_attempt(p: Project) -> None:
     """A retry with refund (a worker that cannot run the job yet, a handler's RateLimited)
     schedules it without counting the attempt, counted as a deferral; no error is kept."""
