@@ -421,6 +421,7 @@ class Child:
             for i, o in zip(live, got, strict=True):
                 outcomes[i] = o
             for i, m in zip(live, members, strict=True):
+                m.echo_end()  # (how many of its lines, and the batch's, its flood kept from the output)
                 kept[i] = m.buf.take() if m.buf is not None else []
         self.jobs += len(jobs)
         left = self.threads_left()

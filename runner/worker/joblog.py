@@ -208,11 +208,11 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         kept = encoded(self.logger, level, msg, args, kwargs)
         if kept is not None:
             self.keep((kept,))
-            if self.buf is not None and not self._echo(kept):
+            if self.buf is not None and not self.echo(kept):
                 return
         super().log(level, msg, *args, **kwargs)
 
-    def _echo(self, kept: str) -> bool:
+    def echo(self, kept: str) -> bool:
         """Whether a line kept in the job's log goes to the worker's own log too: only
         within the job log's bounds, so a flood does not go whole to the worker's output
         (a log drain); past them, echo_end says at the run's end how many are in the job's
@@ -275,6 +275,12 @@ class SharedLogger(logging.LoggerAdapter[logging.Logger]):
         if kept is not None:
             for m in self.members:
                 m.keep((kept,))
+            # Echoed within the first member's bounds, as its own lines are (its run's
+            # end says how many were not): a batch's flood is bounded in the worker's
+            # output as a single job's is.
+            first = self.members[0] if self.members else None
+            if first is not None and first.buf is not None and not first.echo(kept):
+                return
         super().log(level, msg, *args, **kwargs)
 
 

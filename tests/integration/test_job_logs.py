@@ -46,8 +46,13 @@ def _add(project: Project, isolation: str, bounds: str = "", vt: float = 2) -> N
     project.add_function("quiet", QUIET)
     project.write_config(vt=vt)
     if bounds:
-        toml = project.root / "runner.toml"
-        toml.write_text(toml.read_text().replace("[retention]\n", f"[retention]\nlogs = {{ {bounds} }}\n", 1))
+        _bound(project, bounds)
+
+
+def _bound(project: Project, bounds: str) -> None:
+    """The project's [retention] logs bounds ("lines = L, bytes = B")."""
+    toml = project.root / "runner.toml"
+    toml.write_text(toml.read_text().replace("[retention]\n", f"[retention]\nlogs = {{ {bounds} }}\n", 1))
 
 
 def _msgs(project: Project, job_id: str) -> list[str]:
@@ -762,6 +767,40 @@ def test_a_flood_is_bounded_in_the_workers_own_output_too(project: Project, isol
     assert 40 <= len(echoed) <= 60, len(echoed)
     said = [x for x in log.read_text(errors="replace").splitlines() if "its own log only" in x and flood.id in x]
     assert len(said) == 1 and f"job {flood.id}: {3_000 - len(echoed)} more ctx.logger line(s)" in said[0], said
+
+
+BATCH_FLOOD = '''"""A batch that logs a flood through the batch's ctx.logger."""
+{extra}
+BATCH = {{"size": 2, "wait": 0.2}}
+TIMEOUT = 60
+
+
+def handle_batch(payloads, ctx):
+    for i in range(payloads[0]["n"]):
+        ctx.logger.info("batch line %d", i)
+    return [1] * len(payloads)
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_batchs_flood_is_bounded_in_the_workers_own_output(project: Project, isolation: str) -> None:
+    """A batch's shared ctx.logger echoes to the worker's output within the bounds of a
+    job's log, as a single job's does (it echoed every line: 20,000 lines of 1 KB put
+    22.7 MB in the worker's output), and says once how many more are in the jobs' logs."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("batchflood", BATCH_FLOOD.format(extra=extra))
+    project.write_config(vt=30)
+    _bound(project, "lines = 50, bytes = 1048576")
+    client = project.client
+    worker = project.spawn_worker("fast")
+    jobs = [client.enqueue("batchflood", {"n": 3_000}).id for _ in range(2)]
+    for j in jobs:
+        assert client.settle(j, 60).status == "done"
+        assert "batch line 2999" in _msgs(project, j)
+    log = project.root / f"worker-{project.procs.index(worker)}.log"
+    wait_for(lambda: "its own log only" in log.read_text(errors="replace"), timeout=10, what="the echo's end line")
+    echoed = [x for x in log.read_text(errors="replace").splitlines() if "batch line " in x]
+    assert len(echoed) <= 2 * 60, len(echoed)
 
 
 RETRY_LATER = '''"""Logs a line, then asks to run again a month later."""
