@@ -471,11 +471,15 @@ class Scripts(Transport):
         return self._run("checkpoint", scriptkeys.keys("checkpoint", k, job=k.job(job_id)), (token, data, job_id))
 
     def append_log(self, k: QueueKeys, job_id: str, lines: Sequence[str], max_lines: int, max_bytes: int,
-                   keep_ms: int, pipe: Batch | None = None, key: str = "") -> Any:
+                   keep_ms: int, pipe: Batch | None = None, key: str = "", marker: str = "",
+                   dropped: int = 0) -> Any:
         """Append a job's log lines and bound its log (joblog.lua); no lines: only the
         expiry is set. ``key``: another list of the job's kept the same way (its stream).
+        ``marker``: a log's line that counts what it lost (its count as LOST in
+        worker/joblog.py); ``dropped``: lines lost before they were sent, ahead of these.
         Returns the lines kept."""
-        return self._run("joblog", (key or k.log(job_id),), (max_lines, max_bytes, keep_ms, *lines), pipe)
+        return self._run("joblog", (key or k.log(job_id),),
+                         (max_lines, max_bytes, keep_ms, dropped if marker else "", marker, *lines), pipe)
 
     def step(self, k: QueueKeys, job_id: str, token: str, position: int, entry: str, max_steps: int,
              max_bytes: int, now_ms: int | None = None, stats: str = "") -> Any:

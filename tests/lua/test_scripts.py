@@ -2211,3 +2211,30 @@ def test_joblog_keeps_the_newest_lines_within_both_bounds(p: Project) -> None:
     assert r.lrange(k.log("j"), 0, -1) == ["y" * 1200]
     assert 0 < r.pttl(k.log("j")) <= 60_000
     assert sc.append_log(k, "none", [], 3, 1000, 60_000) == 0 and r.exists(k.log("none")) == 0
+
+
+def _marked(sc: Any, k: Any, lines: list[str], dropped: int = 0, most: int = 4, budget: int = 100_000) -> Any:
+    from runner.worker.joblog import marker
+    return sc.append_log(k, "m", lines, most, budget, 60_000, marker=marker(most, budget), dropped=dropped)
+
+
+def test_joblogs_marker_counts_the_sent_lines_it_trimmed_and_those_never_sent(p: Project) -> None:
+    """A log's lines sent in earlier writes and then pushed out by newer ones are lost as
+    surely as lines the worker dropped unsent: the marker at the log's head counts both,
+    across writes, and takes a slot of the bounds itself (the newest lines stay)."""
+    import json
+
+    from runner.worker.joblog import line
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    sent = [line("INFO", f"l{i}") for i in range(10)]
+    _marked(sc, k, sent[:3])
+    kept = [json.loads(x) for x in r.lrange(k.log("m"), 0, -1)]
+    assert [x["msg"] for x in kept] == ["l0", "l1", "l2"]  # nothing lost: no marker
+    _marked(sc, k, sent[3:6])  # l0..l2 sent, three of them trimmed here (one for the marker)
+    kept = [json.loads(x) for x in r.lrange(k.log("m"), 0, -1)]
+    assert [x["msg"] for x in kept][1:] == ["l3", "l4", "l5"] and kept[0]["src"] == "runner"
+    assert kept[0]["msg"].startswith("[3 earlier line(s) dropped")
+    _marked(sc, k, sent[6:10], dropped=1000)  # 1,000 lost unsent ahead of l6
+    msgs = [json.loads(x)["msg"] for x in r.lrange(k.log("m"), 0, -1)]
+    assert msgs[1:] == ["l7", "l8", "l9"], msgs
+    assert msgs[0].startswith("[1,007 earlier line(s) dropped"), msgs[0]  # 3 + l3..l6 + 1,000
