@@ -476,8 +476,8 @@ class Scripts(Transport):
         """Append a job's log lines and bound its log (joblog.lua); no lines: only the
         expiry is set. ``key``: another list of the job's kept the same way (its stream).
         ``marker``: a log's line that counts what it lost (its count as LOST in
-        worker/joblog.py); ``dropped``: lines lost before they were sent, ahead of these.
-        Returns the lines kept."""
+        worker/joblog.py), the lines numbered; ``dropped``: lines lost before they were
+        sent, ahead of these. Returns the lines kept."""
         return self._run("joblog", (key or k.log(job_id),),
                          (max_lines, max_bytes, keep_ms, dropped if marker else "", marker, *lines), pipe)
 

@@ -867,3 +867,57 @@ def test_a_retrying_jobs_log_lives_until_its_retry_is_due(project: Project) -> N
     for key in (k.log(job), k.stream(job)):
         ttl = r.pttl(key)
         assert month_ms + retention_ms - 60_000 < ttl <= month_ms + retention_ms, (key, ttl)
+
+
+def test_a_follower_misses_no_line_of_a_run_of_identical_lines(project: Project) -> None:
+    """The same line twice in the same millisecond is two lines: a follower whose last
+    poll ended inside such a run resumes after the right one (it looked for the last line
+    seen by value, from the end, and skipped the lines written since)."""
+    from runner.client.watching import new_lines
+    from runner.worker.joblog import line, marker
+
+    project.add_function("quiet", QUIET)  # (no worker: the log is written here, as a worker's writes do)
+    project.write_config()
+    client, sc, k = project.client, project.runtime.scripts, project.keys("fast")
+    job_id = client.enqueue("quiet", {}).id
+    tick = line("INFO", "tick", ts_ms=1_767_225_600_123)
+
+    def write(n: int) -> None:
+        sc.append_log(k, job_id, [tick] * n, 500, 262_144, 60_000, marker=marker(500, 262_144))
+
+    write(2)
+    seen = client.logs(job_id)["lines"]
+    write(3)
+    now = client.logs(job_id)["lines"]
+    assert len(new_lines(seen, now)) == 3
+    write(600)  # past the bounds: the lines seen are trimmed, and a marker says so
+    later = client.logs(job_id)["lines"]
+    fresh = new_lines(now, later)
+    assert len(fresh) == len(later) and "earlier line(s) dropped" in fresh[0]["msg"]
+    assert [x["msg"] for x in fresh[1:]] == ["tick"] * (len(later) - 1)
+
+
+TICKER = '''"""Logs the same line in a tight loop."""
+TIMEOUT = 9
+
+
+def handle(payload, ctx):
+    for _ in range(payload["n"]):
+        ctx.logger.info("tick")
+    return 1
+'''
+
+
+def test_a_follower_yields_every_line_of_a_tight_loop(project: Project) -> None:
+    """A handler logging the same line in a tight loop writes many identical lines a
+    millisecond, and each live write ends inside such a run: the follower yields every
+    line the log holds, none skipped at a write's seam."""
+    project.add_function("ticker", TICKER)
+    project.write_config(vt=1)
+    _bound(project, "lines = 100000, bytes = 16777216")
+    client = project.client
+    project.spawn_worker("fast", env={"RUNNER_LOG_LEVEL": "WARNING"})
+    for _ in range(4):  # (a seam inside such a run is likely in each, not certain)
+        job = client.enqueue("ticker", {"n": 50_000}).id
+        followed = list(client.follow_logs(job, timeout_s=60, poll_s=0.05))
+        assert len(followed) == 50_000

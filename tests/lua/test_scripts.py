@@ -2238,3 +2238,19 @@ def test_joblogs_marker_counts_the_sent_lines_it_trimmed_and_those_never_sent(p:
     msgs = [json.loads(x)["msg"] for x in r.lrange(k.log("m"), 0, -1)]
     assert msgs[1:] == ["l7", "l8", "l9"], msgs
     assert msgs[0].startswith("[1,007 earlier line(s) dropped"), msgs[0]  # 3 + l3..l6 + 1,000
+
+
+def test_joblog_numbers_each_line_across_trims(p: Project) -> None:
+    """Each line of a log gets "n", its place among every line written to the log (the
+    marker the place just ahead of the first kept), so the same text twice is two lines
+    and a reader can tell which it saw last whatever was trimmed since."""
+    import json
+
+    from runner.worker.joblog import line
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    tick = line("INFO", "tick", ts_ms=1)
+    _marked(sc, k, [tick] * 3)
+    _marked(sc, k, [tick] * 3)
+    kept = [json.loads(x) for x in r.lrange(k.log("m"), 0, -1)]
+    assert [x["n"] for x in kept] == [2, 3, 4, 5] and kept[0]["src"] == "runner"
+    assert all(x["msg"] == "tick" for x in kept[1:])

@@ -1,10 +1,13 @@
 -- joblog: append lines to one job's log, keep only the newest within its bounds, and
 -- keep the log as long as the job's outcome is kept.
 --
--- A log that lost lines (trimmed here, or dropped by the worker before they were sent)
--- keeps one marker line at its head that counts them all: only this script knows how
--- many of the lines sent before a trim takes, so it keeps the count, in the marker itself.
--- A stream's chunks are numbered by the worker: they have no marker.
+-- A log's lines (ARGV[5] given) are numbered: each gets "n", its place among every line
+-- written to the log (the last line's n + 1), so a follower resumes after the line it
+-- saw last however many were trimmed meanwhile, and whatever lines repeat. A log that
+-- lost lines (trimmed here, or dropped by the worker before they were sent) keeps one
+-- marker line at its head that counts them all: only this script knows how many of
+-- the lines sent before a trim takes, so it keeps the count, in the marker itself.
+-- A stream's chunks are numbered by the worker: they are kept as they come.
 --
 -- KEYS[1] log          LIST  the job's log lines (JSON objects), oldest first
 -- ARGV[1] the most lines kept
@@ -21,6 +24,16 @@ local most, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
 local marked = ARGV[5] ~= ''
 local HEAD = '"level": "WARNING", "src": "runner", "msg": "%[([%d,]+) earlier line'
 
+-- A line's number, or nil (a chunk, or a line written before lines were numbered).
+local function number_of(line)
+  return line and tonumber(string.match(line, '^{"n": (%-?%d+), '))
+end
+
+local function numbered(line, n)
+  if string.sub(line, 1, 2) ~= '{"' then return line end
+  return '{"n": ' .. n .. ', ' .. string.sub(line, 2)
+end
+
 local function commas(x)
   local s = string.format('%d', x)
   local out = string.reverse((string.gsub(string.reverse(s), '(%d%d%d)', '%1,')))
@@ -33,7 +46,8 @@ if marked then
   -- The marker standing at the head says what was lost so far: it goes, and comes back
   -- with the new count should anything have been lost.
   local head = redis.call('LINDEX', K.log, 0)
-  local said = head and string.match(head, '^{"ts": %d+, ' .. HEAD)
+  local said = head and (string.match(head, '^{"n": %-?%d+, "ts": %d+, ' .. HEAD)
+    or string.match(head, '^{"ts": %d+, ' .. HEAD))
   if said then
     redis.call('LPOP', K.log)
     lost = tonumber((string.gsub(said, ',', ''))) or 0
@@ -42,9 +56,21 @@ if marked then
 end
 local n
 if #ARGV >= FIRST then
+  local lines = {}
+  if marked then
+    local last = redis.call('LINDEX', K.log, -1)
+    local seq = number_of(last)
+    seq = seq and seq + 1 or redis.call('LLEN', K.log)
+    for i = FIRST, #ARGV do
+      lines[#lines + 1] = numbered(ARGV[i], seq)
+      seq = seq + 1
+    end
+  else
+    for i = FIRST, #ARGV do lines[#lines + 1] = ARGV[i] end
+  end
   -- In chunks: a stream keeps up to 10,000 chunks, past Lua's unpack limit (about 8,000).
-  for s = FIRST, #ARGV, 4000 do
-    n = redis.call('RPUSH', K.log, unpack(ARGV, s, math.min(s + 3999, #ARGV)))
+  for s = 1, #lines, 4000 do
+    n = redis.call('RPUSH', K.log, unpack(lines, s, math.min(s + 3999, #lines)))
   end
 else
   n = redis.call('LLEN', K.log)
@@ -75,7 +101,9 @@ if cut > 0 then
   lost = lost + cut
 end
 if mark then
-  redis.call('LPUSH', K.log, (string.gsub(ARGV[5], '#LOST#', commas(lost))))
+  local first = number_of(kept[drop + 1])
+  local line = string.gsub(ARGV[5], '#LOST#', commas(lost))
+  redis.call('LPUSH', K.log, first and numbered(line, first - 1) or line)
   n = n + 1
 end
 redis.call('PEXPIRE', K.log, ARGV[3])
