@@ -76,8 +76,9 @@ else
   n = redis.call('LLEN', K.log)
   if n == 0 then return 0 end
 end
--- The marker takes a line and its bytes of the bounds (room for its longest count), so
--- the trim that makes it needed makes room for it too.
+-- The marker takes a line and its bytes of the bounds (room for its longest count and
+-- number: 48 bytes past its template), so the trim that makes it needed makes room for
+-- it too.
 local mark = marked and lost > 0
 local kept = redis.call('LRANGE', K.log, -most, -1)
 local total = 0
@@ -86,7 +87,7 @@ if marked and not mark then mark = n > most or total > budget end
 local cap, room = most, budget
 if mark then
   cap = math.max(1, most - 1)
-  room = budget - (#ARGV[5] + 20)
+  room = budget - (#ARGV[5] + 48)
 end
 local drop = math.max(0, #kept - cap)
 for i = 1, drop do total = total - #kept[i] end
