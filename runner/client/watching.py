@@ -82,15 +82,34 @@ def _at_home(client: Client, k: QueueKeys, job_id: str) -> tuple[QueueKeys, dict
 
 
 def new_lines(seen: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The lines of ``now`` after the last of ``seen`` (the log keeps its newest lines, so
-    the start moves as it grows: the last line seen is looked for, from the end)."""
+    """The lines of ``now`` after the last of ``seen``. A line's ``n`` is its place among
+    every line written to the log, whatever was trimmed since (lua/joblog.lua), so the
+    lines after it are exactly those numbered past it: the same text twice in the same
+    millisecond is two lines. Lines written before lines were numbered: the last line
+    seen is looked for, from the end."""
     if not seen:
         return now
     last = seen[-1]
+    at = _number(last)
+    if at is not None:
+        fresh = [x for x in now if _after(x, at)]
+        newest = _number(now[-1]) if now else None
+        # A log written afresh (it expired, and the job ran again): all of it is new.
+        return now if newest is not None and newest < at else fresh
     for i in range(len(now) - 1, -1, -1):
         if now[i] == last:
             return now[i + 1:]
     return now  # everything seen was trimmed away meanwhile
+
+
+def _after(line: dict[str, Any], at: int) -> bool:
+    n = _number(line)
+    return n is not None and n > at
+
+
+def _number(line: dict[str, Any]) -> int | None:
+    n = line.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def follow_logs(client: Client, job_id: str, timeout_s: float | None = None,

@@ -38,8 +38,10 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
     <prefix>:{<queue>}:job:<id>:s     HASH    its state once it has one (status, attempt, history,
                                               error, priority...)
-    <prefix>:{<queue>}:log:<id>       LIST    the job's log lines (JSON), oldest first, bounded; it
-                                              expires with the job's retention (store/joblogs.py)
+    <prefix>:{<queue>}:log:<id>       LIST    the job's log lines (JSON, each numbered "n"), oldest
+                                              first, bounded, under one line that counts those
+                                              lost; it expires with the job's retention
+                                              (lua/joblog.lua, store/joblogs.py)
     <prefix>:{<queue>}:stream:<id>    STREAM  the job's streamed output (ctx.stream), bounded; it
                                               expires with the job's retention
     <prefix>:{<queue>}:idem:<type>:<key>  STRING  "<job id> <payload hash> [done]"; no expiry

@@ -41,7 +41,7 @@ KEYS: dict[str, tuple[str, ...]] = {
             "claims", "done_meta", "done_prefix", "limwait", "census", "res_prefix", "scheduled", "outbox", "ended",
             "group_prefix", "prio", "delayed"),
     "retry": ("leases", "scheduled", "stats", "job_prefix", "lim_prefix", "ready", "notify", "claims", "limwait",
-              "prio", "delayed"),
+              "prio", "delayed", "log_prefix", "stream_prefix"),
     "bury": ("leases", "dead", "stats", "job_prefix", "lim_prefix", "idem_prefix", "ready", "notify", "claims",
              "limwait", "scheduled", "census", "done_meta", "done_prefix", "outbox", "ended", "cancelled",
              "group_prefix", "prio", "delayed"),

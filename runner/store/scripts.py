@@ -383,11 +383,14 @@ class Scripts(Transport):
         return self._run("relay", scriptkeys.keys("relay", k), args)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
-              now_ms: int | None = None) -> Any:
+              now_ms: int | None = None, log_keep_ms: int = 0) -> Any:
+        """Claims back to scheduled for later (retry.lua); ``log_keep_ms``: the retention
+        of a job's log and stream, kept at least until it is due plus that."""
         args: list[Any] = [_clock(now_ms), len(items)]
         for r in items:
             mode = (3 if r.last else 2) if r.rate_limited else 1 if r.refund else 0
             args += [r.id, r.token, r.delay_ms, r.error, r.history, mode, r.stats]
+        args.append(log_keep_ms)
         return self._run("retry", scriptkeys.keys("retry", k), args, pipe)
 
     def bury(
@@ -468,11 +471,15 @@ class Scripts(Transport):
         return self._run("checkpoint", scriptkeys.keys("checkpoint", k, job=k.job(job_id)), (token, data, job_id))
 
     def append_log(self, k: QueueKeys, job_id: str, lines: Sequence[str], max_lines: int, max_bytes: int,
-                   keep_ms: int, pipe: Batch | None = None, key: str = "") -> Any:
+                   keep_ms: int, pipe: Batch | None = None, key: str = "", marker: str = "",
+                   dropped: int = 0) -> Any:
         """Append a job's log lines and bound its log (joblog.lua); no lines: only the
         expiry is set. ``key``: another list of the job's kept the same way (its stream).
-        Returns the lines kept."""
-        return self._run("joblog", (key or k.log(job_id),), (max_lines, max_bytes, keep_ms, *lines), pipe)
+        ``marker``: a log's line that counts what it lost (its count as LOST in
+        worker/joblog.py), the lines numbered; ``dropped``: lines lost before they were
+        sent, ahead of these. Returns the lines kept."""
+        return self._run("joblog", (key or k.log(job_id),),
+                         (max_lines, max_bytes, keep_ms, dropped if marker else "", marker, *lines), pipe)
 
     def step(self, k: QueueKeys, job_id: str, token: str, position: int, entry: str, max_steps: int,
              max_bytes: int, now_ms: int | None = None, stats: str = "") -> Any:

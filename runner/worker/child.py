@@ -297,8 +297,8 @@ class Child:
         if logger is None or self.token != token:
             return
 
-        def sink(lines: list[str], chunks: list[str]) -> None:
-            self.channel.send({"op": "log", "token": token, "lines": lines, "chunks": chunks})
+        def sink(lines: list[str], chunks: list[str], dropped: int) -> None:
+            self.channel.send({"op": "log", "token": token, "lines": lines, "chunks": chunks, "dropped": dropped})
 
         with self.send_lock:
             logger.flush(sink)
@@ -390,6 +390,7 @@ class Child:
                 payloads.append(resolved[1])
         run_s = 0.0
         kept: list[list[str]] = [[] for _ in jobs]  # each job's log lines, for its worker to settle with it
+        dropped = [0 for _ in jobs]  # and how many its flood lost here (its marker counts them)
         if fn is not None and live:
             flags = [Flags() for _ in live]
             claimed = [jobs[i] for i in live]
@@ -422,7 +423,8 @@ class Child:
             for i, o in zip(live, got, strict=True):
                 outcomes[i] = o
             for i, m in zip(live, members, strict=True):
-                kept[i] = m.buf.take() if m.buf is not None else []
+                m.echo_end()  # (how many of its lines, and the batch's, its flood kept from the output)
+                kept[i], dropped[i] = m.buf.take_counted() if m.buf is not None else ([], 0)
         self.jobs += len(jobs)
         left = self.threads_left()
         procs = self.processes_left() if not left else 0
@@ -432,7 +434,7 @@ class Child:
         if why:
             self.spent = True
         self.send({"op": "batch_outcomes", "outcomes": [to_message(o) for o in outcomes],
-                   **({"logs": kept} if any(kept) else {}),
+                   **({"logs": kept, "logs_dropped": dropped} if any(kept) else {}),
                    "run_s": run_s or time.perf_counter() - started, "rss_mb": round(rss_mb(), 1),
                    **({"reuse": False, "why": why} if why else {})})
 
@@ -465,8 +467,8 @@ class Child:
             _max_bytes=max_result, _log_bounds=tuple(msg.get("log_bounds") or (0, 0)),
         )
         if isinstance(ctx.logger, JobLogger):  # lines reach the worker while the handler runs
-            ctx.logger.sink = lambda lines, chunks: self.send({"op": "log", "token": token, "lines": lines,
-                                                               "chunks": chunks})
+            ctx.logger.sink = lambda lines, chunks, dropped: self.send({"op": "log", "token": token, "lines": lines,
+                                                                        "chunks": chunks, "dropped": dropped})
             self.logger = ctx.logger
         ctx._journal = Journal(
             job.id, lambda: list((self.ask(token, "steps").get("value") or {}).get("entries") or []),
@@ -510,12 +512,14 @@ class Child:
                 Dead(outcome.reason, err, outcome.refund)
         self.logger = None
         kept: list[str] = []
+        dropped = 0  # lines its flood lost here, ahead of kept (the worker's marker counts them)
         streamed: list[str] = []
         if isinstance(ctx.logger, JobLogger):
             ctx.logger.echo_end()
-            kept = ctx.logger.buf.take() if ctx.logger.buf is not None else []
+            kept, dropped = ctx.logger.buf.take_counted() if ctx.logger.buf is not None else ([], 0)
             streamed = ctx.logger.chunks.take() if ctx.logger.chunks is not None else []
-        return {"outcome": to_message(outcome), "run_s": run_s, **({"log": kept} if kept else {}),
+        return {"outcome": to_message(outcome), "run_s": run_s,
+                **({"log": kept, "log_dropped": dropped} if kept or dropped else {}),
                 **({"stream": streamed} if streamed else {})}
 
 

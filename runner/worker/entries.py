@@ -169,7 +169,8 @@ class Entries:
             sc.ack(k, calls.acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe)
             groups.append(calls.ack_s)
         if calls.retries:
-            sc.retry(k, calls.retries, pipe=pipe)
+            ret = self.rt.config.retention
+            sc.retry(k, calls.retries, pipe=pipe, log_keep_ms=max(1, int(max(ret.done_s, ret.dead_s) * 1000)))
             groups.append(calls.retry_s)
         if calls.burials:
             sc.bury(k, calls.burials, self.dead_ttl_ms, pipe=pipe)

@@ -714,7 +714,7 @@ class Executors:
                         run_s = float(msg.get("run_s") or 0.0)
                         if len(outcomes) != len(runs):
                             raise ValueError(f"{len(outcomes)} outcomes for a batch of {len(runs)}")
-                        self._keep_batch_logs(runs, msg.get("logs") or [])
+                        self._keep_batch_logs(runs, msg.get("logs") or [], msg.get("logs_dropped") or [])
                         child.jobs += len(runs)
                         if msg.get("reuse") is False:
                             log.info("replacing the child process %d: %s", child.pid, msg.get("why") or "")
@@ -980,13 +980,15 @@ class Executors:
         slow one in a child would run sooner handed back (a hint, read unlocked)."""
         return self.ledger.waiting == 0 and len(self._busy) < self.q.concurrency
 
-    def _keep_batch_logs(self, runs: list[Run], logs: list[Any]) -> None:
-        """Each member's lines from its child (already bounded there), for its settlement."""
-        for r, lines in zip(runs, logs, strict=False):
-            if lines:
+    def _keep_batch_logs(self, runs: list[Run], logs: list[Any], dropped: list[Any]) -> None:
+        """Each member's lines from its child (already bounded there; ``dropped``: how many
+        each lost there, which its marker counts), for its settlement."""
+        for i, (r, lines) in enumerate(zip(runs, logs, strict=False)):
+            lost = _count(dropped[i]) if i < len(dropped) else 0
+            if lines or lost:
                 if r.logs is None:
                     r.logs = JobLogger(joblog, {}, *self._log_bounds)
-                r.logs.keep(str(x) for x in lines)
+                r.logs.keep((str(x) for x in lines or ()), lost)
 
     def _extra(self, job: Claimed) -> dict[str, Any]:
         """What a child needs besides a batch's jobs."""
@@ -1201,10 +1203,11 @@ class _ChildRun:
         if call == "log":  # a child's log lines, with its outcome (already bounded there)
             lines = [str(x) for x in msg.get("lines") or ()]
             chunks = [str(x) for x in msg.get("chunks") or ()]
-            if lines or chunks:
+            dropped = _count(msg.get("dropped"))  # lost in the child before these: the marker counts them
+            if lines or chunks or dropped:
                 if run.logs is None:
                     run.logs = JobLogger(joblog, {}, *ex._log_bounds)
-                run.logs.keep(lines)
+                run.logs.keep(lines, dropped)
                 if chunks:
                     run.logs.keep_chunks(chunks)
             return True
@@ -1269,3 +1272,7 @@ def _unexpected(job: Claimed, exc: BaseException) -> Outcome:
         return Dead(reason="max attempts reached", error=err, refund=False)
     return RetryLater(delay_s=1.0, error=err)
 
+
+def _count(v: Any) -> int:
+    """A count a child sent (a non-negative int; anything else counts none)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0

@@ -32,6 +32,8 @@ STREAM_BYTES = 1_048_576
 # One chunk's bound, encoded: the bytes bound trims old chunks, never the newest, so one
 # huge chunk would be kept (and served to every reader) whole.
 STREAM_CHUNK_BYTES = 65_536
+# Stands for the count in a log's dropped-lines marker (lua/joblog.lua puts it in).
+LOST = "#LOST#"
 
 
 def line(level: str, msg: str, source: str = "log", ts_ms: int | None = None) -> str:
@@ -46,17 +48,18 @@ def line(level: str, msg: str, source: str = "log", ts_ms: int | None = None) ->
 class JobLog:
     """The newest lines of one run within its bounds, and which of them are not sent yet."""
 
-    __slots__ = ("dropped", "lines", "lock", "lost", "marked", "max_bytes", "max_lines", "size", "taken", "unsent")
+    __slots__ = ("dropped", "lines", "lock", "max_bytes", "max_lines", "size", "taken", "unsent")
 
-    def __init__(self, max_lines: int, max_bytes: int, marked: bool = True) -> None:
-        self.marked = marked  # a line says how many a flood pushed out (a log's; a stream's are numbered)
+    def __init__(self, max_lines: int, max_bytes: int) -> None:
         self.max_lines = max_lines
         self.max_bytes = max_bytes
         self.lines: deque[str] = deque()
         self.size = 0
         self.unsent = 0  # the newest this many lines are not in Redis yet
-        self.dropped = 0  # unsent lines pushed out by newer ones, since the last send
-        self.lost = 0  # every line pushed out since the log began, sent or not (the marker's count)
+        # Lines lost before they were sent (pushed out by newer ones here, or in a child
+        # before they reached this worker), since the last send: the write passes the
+        # count on, and the log's marker (lua/joblog.lua) adds it to those Redis trimmed.
+        self.dropped = 0
         self.taken = (0, 0)  # what the last take took (lines, dropped), for put_back
         # The handler's thread adds while the renewer (live lines) or the settler takes.
         self.lock = threading.Lock()
@@ -70,57 +73,38 @@ class JobLog:
         self.size += len(encoded)
         self.unsent += 1
         while len(self.lines) > self.max_lines or (self.size > self.max_bytes and len(self.lines) > 1):
-            self._pop()
+            self.size -= len(self.lines.popleft())
+            if self.unsent > len(self.lines):
+                self.unsent -= 1
+                self.dropped += 1
 
-    def _pop(self) -> None:
-        self.size -= len(self.lines.popleft())
-        self.lost += 1
-        if self.unsent > len(self.lines):
-            self.unsent -= 1
-            self.dropped += 1
-
-    def extend(self, encoded: Iterable[str]) -> None:
+    def extend(self, encoded: Iterable[str], dropped: int = 0) -> None:
+        """Lines to keep; ``dropped``: how many older ones were lost before they got here
+        (a child's flood)."""
         with self.lock:
+            self.dropped += max(0, dropped)
             for one in encoded:
                 self._add(one)
 
     def take(self) -> list[str]:
-        """The lines not sent yet, oldest first (after a line that counts those a flood
-        pushed out unsent); they count as sent from here."""
+        """The lines not sent yet, oldest first; they count as sent from here."""
+        return self.take_counted()[0]
+
+    def take_counted(self) -> tuple[list[str], int]:
+        """take(), and how many lines were lost unsent ahead of them (for the marker)."""
         with self.lock:
             if not self.unsent and not self.dropped:
-                return []
-            mark = ""
-            if self.dropped and self.marked:
-                # The marker takes a line and its bytes of the log's bounds: the oldest
-                # lines make room for it, so the log's own trim never cuts the marker.
-                room = self.max_bytes - len(self._marker(self.lost + self.unsent))
-                while self.unsent and (self.unsent >= self.max_lines or self._unsent_size() > room):
-                    self._drop_oldest_unsent()
-                mark = self._marker(self.lost)
+                return [], 0
             out = list(self.lines)[len(self.lines) - self.unsent:]
-            self.taken = (self.unsent, self.dropped)
+            dropped = self.dropped
+            self.taken = (self.unsent, dropped)
             self.unsent, self.dropped = 0, 0
-        return [mark, *out] if mark else out
-
-    def _marker(self, lost: int) -> str:
-        return line("WARNING", f"[{lost:,} earlier line(s) dropped: a job's log keeps its newest "
-                               f"{self.max_lines:,} lines and {self.max_bytes:,} bytes]", "runner")
-
-    def _unsent_size(self) -> int:
-        return sum(len(x) for x in list(self.lines)[len(self.lines) - self.unsent:])
-
-    def _drop_oldest_unsent(self) -> None:
-        """The oldest line not sent yet is dropped (it is at the deque's head, or the
-        lines ahead of it are sent: those go first, as the log's trim would take them)."""
-        while len(self.lines) > self.unsent:
-            self._pop()
-        self._pop()
+        return out, dropped
 
     def put_back(self) -> None:
         """The last take's lines did not reach Redis: they count as not sent again, ahead
         of any added since, within the bounds (those pushed out meanwhile count as
-        dropped, so the next take's marker says so)."""
+        dropped, so the next write's marker says so)."""
         with self.lock:
             n, dropped = self.taken
             self.taken = (0, 0)
@@ -132,6 +116,13 @@ class JobLog:
         return bool(self.unsent or self.dropped)
 
 
+def marker(max_lines: int, max_bytes: int) -> str:
+    """The line at the head of a log that lost lines, as lua/joblog.lua writes it: LOST
+    stands for the count, which only the script knows (it trims the lines sent before)."""
+    return line("WARNING", f"[{LOST} earlier line(s) dropped: a job's log keeps its newest "
+                           f"{max_lines:,} lines and {max_bytes:,} bytes]", "runner")
+
+
 class JobLogger(logging.LoggerAdapter[logging.Logger]):
     """``ctx.logger``: logs as before, and keeps each line at INFO or above (DEBUG too when
     the logger is enabled for it) in the run's JobLog, made at its first line."""
@@ -141,8 +132,9 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         self.bounds = (max_lines, max_bytes)
         self.buf: JobLog | None = None
         # In a child process: where its lines go while it runs (to the worker, which
-        # sends them on with the lease renewal), at most every SINK_EVERY_S.
-        self.sink: Callable[[list[str], list[str]], None] | None = None
+        # sends them on with the lease renewal), at most every SINK_EVERY_S, with how
+        # many were lost here before them (the worker's marker counts them too).
+        self.sink: Callable[[list[str], list[str], int], None] | None = None
         self._sunk = 0.0
         self.chunks: JobLog | None = None  # ctx.stream's output not sent yet, made at its first chunk
         self._seq = 0  # the next chunk's number: a reader's position, whatever was trimmed
@@ -177,42 +169,43 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
 
     def keep_chunks(self, encoded: Iterable[str]) -> None:
         if self.chunks is None:
-            self.chunks = JobLog(STREAM_CHUNKS, STREAM_BYTES, marked=False)
+            self.chunks = JobLog(STREAM_CHUNKS, STREAM_BYTES)
         self.chunks.extend(encoded)
         if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
             self.flush()
 
-    def keep(self, encoded: Iterable[str]) -> None:
-        """Lines already encoded (a child's, or its captured output)."""
+    def keep(self, encoded: Iterable[str], dropped: int = 0) -> None:
+        """Lines already encoded (a child's, or its captured output); ``dropped``: how many
+        older ones a child lost before handing these over."""
         if self.bounds[0] <= 0:
             return
         if self.buf is None:
             self.buf = JobLog(*self.bounds)
-        self.buf.extend(encoded)
+        self.buf.extend(encoded, dropped)
         if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
             self.flush()
 
-    def flush(self, sink: Callable[[list[str], list[str]], None] | None = None) -> None:
+    def flush(self, sink: Callable[[list[str], list[str], int], None] | None = None) -> None:
         """The lines not handed on yet go to the sink (a child's, to its worker); ``sink``:
         another one, this time."""
         buf, chunks, sink = self.buf, self.chunks, sink or self.sink
         if sink is None:
             return
-        lines = buf.take() if buf is not None else []
+        lines, dropped = buf.take_counted() if buf is not None else ([], 0)
         streamed = chunks.take() if chunks is not None else []
-        if lines or streamed:
+        if lines or streamed or dropped:
             self._sunk = time.monotonic()
-            sink(lines, streamed)
+            sink(lines, streamed, dropped)
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         kept = encoded(self.logger, level, msg, args, kwargs)
         if kept is not None:
             self.keep((kept,))
-            if self.buf is not None and not self._echo(kept):
+            if self.buf is not None and not self.echo(kept):
                 return
         super().log(level, msg, *args, **kwargs)
 
-    def _echo(self, kept: str) -> bool:
+    def echo(self, kept: str) -> bool:
         """Whether a line kept in the job's log goes to the worker's own log too: only
         within the job log's bounds, so a flood does not go whole to the worker's output
         (a log drain); past them, echo_end says at the run's end how many are in the job's
@@ -275,6 +268,12 @@ class SharedLogger(logging.LoggerAdapter[logging.Logger]):
         if kept is not None:
             for m in self.members:
                 m.keep((kept,))
+            # Echoed within the first member's bounds, as its own lines are (its run's
+            # end says how many were not): a batch's flood is bounded in the worker's
+            # output as a single job's is.
+            first = self.members[0] if self.members else None
+            if first is not None and first.buf is not None and not first.echo(kept):
+                return
         super().log(level, msg, *args, **kwargs)
 
 

@@ -31,7 +31,7 @@ from runner.store.keys import QueueKeys
 from runner.store.outage import OUTAGE, Away, Outage
 from runner.worker.execute import Claimed
 from runner.worker.faults import fault
-from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS, JobLog
+from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS, JobLog, marker
 from runner.worker.ledger import Ledger, Run
 from runner.worker.lifeline import vital
 
@@ -230,8 +230,9 @@ class Renewer:
                     continue  # its settlement is taking its lines now
                 held.append(logs.sending)
                 if logs.buf is not None and logs.buf.pending():
-                    self.rt.scripts.append_log(k, r.job.id, logs.buf.take(), ret.log_lines, ret.log_bytes, keep_ms,
-                                               calls)
+                    lines, dropped = logs.buf.take_counted()
+                    self.rt.scripts.append_log(k, r.job.id, lines, ret.log_lines, ret.log_bytes, keep_ms,
+                                               calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
                     sent.append(logs.buf)
                 if logs.chunks is not None and logs.chunks.pending():
                     self.rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,

@@ -24,7 +24,7 @@ from runner.worker import durable, journal
 from runner.worker.entries import AckFigures, Entries
 from runner.worker.execute import CANCELLED, Dead, Done, RetryLater, Suspended, as_asked
 from runner.worker.faults import fault
-from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS
+from runner.worker.joblog import STREAM_BYTES, STREAM_CHUNKS, marker
 from runner.worker.ledger import Ledger, Release, Run, Settlement, Start
 from runner.worker.lifeline import vital
 
@@ -311,10 +311,11 @@ class Settler:
             k = parts[self._part(s)]
             with logs.sending:  # lines the renewer took are in Redis before this job's end is
                 if logs.buf is not None:
-                    lines = logs.buf.take()
+                    lines, dropped = logs.buf.take_counted()
                     s.extra["log_lines"] = lines  # put back should the call fail (_logs_landed)
                     self.rt.scripts.append_log(k, s.run.job.id, lines, ret.log_lines, ret.log_bytes,
-                                               max(1, int(keep_s * 1000)), calls)
+                                               max(1, int(keep_s * 1000)), calls,
+                                               marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
                 if logs.chunks is not None:
                     chunks = logs.chunks.take()
                     s.extra["stream_chunks"] = chunks

@@ -400,7 +400,8 @@ class _Watch:
         elif op == "progress":  # no reply: the child does not wait for it
             current.rpc({"call": "progress", "value": msg.get("value")})
         elif op == "log":  # the handler's lines so far (no reply), sent on with the renewal
-            current.rpc({"call": "log", "lines": msg.get("lines"), "chunks": msg.get("chunks")})
+            current.rpc({"call": "log", "lines": msg.get("lines"), "chunks": msg.get("chunks"),
+                         "dropped": msg.get("dropped")})
         elif op == "rpc":
             with contextlib.suppress(OSError):
                 self.child.send(_answer(current, msg))
@@ -431,8 +432,9 @@ class _Watch:
         nxt = msg.get("next")
         self.current = None
         current.charge()  # (said already with "began", unless its child got no further)
-        if msg.get("log") or msg.get("stream"):  # what the handler logged and streamed: sent with its settlement
-            current.rpc({"call": "log", "lines": msg.get("log"), "chunks": msg.get("stream")})
+        if msg.get("log") or msg.get("stream") or msg.get("log_dropped"):  # sent with its settlement
+            current.rpc({"call": "log", "lines": msg.get("log"), "chunks": msg.get("stream"),
+                         "dropped": msg.get("log_dropped")})
         current.finish(from_message(msg["outcome"]), float(msg.get("run_s") or 0.0))
         if nxt:  # taken off the child's queue before this outcome went: running now
             self._start(self.by_token[nxt], now)

@@ -495,6 +495,25 @@ def test_retry_schedules_and_promote_moves_due(p: Project) -> None:
     assert again[2] == 2  # second attempt
 
 
+def test_a_retry_keeps_its_log_until_it_is_due_plus_the_retention(p: Project) -> None:
+    """A retry due later than the log's retention would find its log and stream gone when
+    it runs: the retry keeps them until it is due plus that retention, never shorter."""
+    enqueue(p, new("a"), new("b"))
+    jobs = {j[0]: j for j in claim(p)}
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    for i in "ab":
+        sc.append_log(k, i, ['{"msg": "x"}'], 500, 262_144, 60_000)
+        sc.append_log(k, i, ['{"i": 0, "data": 1}'], 500, 262_144, 60_000, key=k.stream(i))
+    err = '{"type":"E","message":"m"}'
+    assert sc.retry(k, [RetryAt("a", jobs["a"][1], 3_600_000, err, "", "retried|noop"),
+                        RetryAt("b", jobs["b"][1], 1_000, err, "", "retried|noop")],
+                    now_ms=NOW, log_keep_ms=60_000) == [1, 1]
+    for key in (k.log("a"), k.stream("a")):
+        assert 3_660_000 - 5_000 < r.pttl(key) <= 3_660_000, key
+    for key in (k.log("b"), k.stream("b")):  # already longer than its due plus the retention
+        assert 55_000 < r.pttl(key) <= 61_000, key
+
+
 def test_a_refunded_retry_hands_the_job_back_without_spending_its_attempt(p: Project) -> None:
     """A retry with refund (a worker that cannot run the job yet, a handler's RateLimited)
     schedules it without counting the attempt, counted as a deferral; no error is kept."""
@@ -2192,3 +2211,46 @@ def test_joblog_keeps_the_newest_lines_within_both_bounds(p: Project) -> None:
     assert r.lrange(k.log("j"), 0, -1) == ["y" * 1200]
     assert 0 < r.pttl(k.log("j")) <= 60_000
     assert sc.append_log(k, "none", [], 3, 1000, 60_000) == 0 and r.exists(k.log("none")) == 0
+
+
+def _marked(sc: Any, k: Any, lines: list[str], dropped: int = 0, most: int = 4, budget: int = 100_000) -> Any:
+    from runner.worker.joblog import marker
+    return sc.append_log(k, "m", lines, most, budget, 60_000, marker=marker(most, budget), dropped=dropped)
+
+
+def test_joblogs_marker_counts_the_sent_lines_it_trimmed_and_those_never_sent(p: Project) -> None:
+    """A log's lines sent in earlier writes and then pushed out by newer ones are lost as
+    surely as lines the worker dropped unsent: the marker at the log's head counts both,
+    across writes, and takes a slot of the bounds itself (the newest lines stay)."""
+    import json
+
+    from runner.worker.joblog import line
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    sent = [line("INFO", f"l{i}") for i in range(10)]
+    _marked(sc, k, sent[:3])
+    kept = [json.loads(x) for x in r.lrange(k.log("m"), 0, -1)]
+    assert [x["msg"] for x in kept] == ["l0", "l1", "l2"]  # nothing lost: no marker
+    _marked(sc, k, sent[3:6])  # l0..l2 sent, three of them trimmed here (one for the marker)
+    kept = [json.loads(x) for x in r.lrange(k.log("m"), 0, -1)]
+    assert [x["msg"] for x in kept][1:] == ["l3", "l4", "l5"] and kept[0]["src"] == "runner"
+    assert kept[0]["msg"].startswith("[3 earlier line(s) dropped")
+    _marked(sc, k, sent[6:10], dropped=1000)  # 1,000 lost unsent ahead of l6
+    msgs = [json.loads(x)["msg"] for x in r.lrange(k.log("m"), 0, -1)]
+    assert msgs[1:] == ["l7", "l8", "l9"], msgs
+    assert msgs[0].startswith("[1,007 earlier line(s) dropped"), msgs[0]  # 3 + l3..l6 + 1,000
+
+
+def test_joblog_numbers_each_line_across_trims(p: Project) -> None:
+    """Each line of a log gets "n", its place among every line written to the log (the
+    marker the place just ahead of the first kept), so the same text twice is two lines
+    and a reader can tell which it saw last whatever was trimmed since."""
+    import json
+
+    from runner.worker.joblog import line
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    tick = line("INFO", "tick", ts_ms=1)
+    _marked(sc, k, [tick] * 3)
+    _marked(sc, k, [tick] * 3)
+    kept = [json.loads(x) for x in r.lrange(k.log("m"), 0, -1)]
+    assert [x["n"] for x in kept] == [2, 3, 4, 5] and kept[0]["src"] == "runner"
+    assert all(x["msg"] == "tick" for x in kept[1:])

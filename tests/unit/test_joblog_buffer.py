@@ -23,12 +23,21 @@ def test_lines_put_back_after_a_failed_write_go_once_with_the_next() -> None:
 
 
 def test_a_put_back_past_the_bounds_counts_what_was_pushed_out() -> None:
-    """Lines put back that newer ones pushed out meanwhile are counted by the next take's
-    marker (which takes a slot of the bounds itself), not sent twice or lost silently."""
+    """Lines put back that newer ones pushed out meanwhile are counted with the next take
+    (for the log's marker), not sent twice or lost silently."""
     buf = JobLog(max_lines=3, max_bytes=10_000)
     buf.extend(["a", "b", "c"])
     assert buf.take() == ["a", "b", "c"]
     buf.put_back()
-    buf.extend(["d", "e"])  # a and b pushed out unsent; c makes room for the marker
-    marker, *rest = buf.take()
-    assert "[3 earlier line(s) dropped" in marker and rest == ["d", "e"]
+    buf.extend(["d", "e"])  # a and b pushed out unsent
+    assert buf.take_counted() == (["c", "d", "e"], 2)
+
+
+def test_lines_a_child_lost_are_counted_with_the_next_take() -> None:
+    """A child's flood lost lines before it handed the rest to its worker: the worker's
+    buffer counts them with its own drops, so the log's one marker says every line lost."""
+    buf = JobLog(max_lines=3, max_bytes=10_000)
+    buf.extend(["a", "b"], dropped=5)
+    buf.extend(["c", "d"])  # a pushed out unsent here
+    assert buf.take_counted() == (["b", "c", "d"], 6)
+    assert buf.take_counted() == ([], 0)

@@ -1,41 +1,111 @@
 -- joblog: append lines to one job's log, keep only the newest within its bounds, and
 -- keep the log as long as the job's outcome is kept.
 --
+-- A log's lines (ARGV[5] given) are numbered: each gets "n", its place among every line
+-- written to the log (the last line's n + 1), so a follower resumes after the line it
+-- saw last however many were trimmed meanwhile, and whatever lines repeat. A log that
+-- lost lines (trimmed here, or dropped by the worker before they were sent) keeps one
+-- marker line at its head that counts them all: only this script knows how many of
+-- the lines sent before a trim takes, so it keeps the count, in the marker itself.
+-- A stream's chunks are numbered by the worker: they are kept as they come.
+--
 -- KEYS[1] log          LIST  the job's log lines (JSON objects), oldest first
 -- ARGV[1] the most lines kept
 -- ARGV[2] the most bytes kept (the sum of the lines' lengths)
 -- ARGV[3] how long the log is kept from now, ms (the retention of the job's state)
--- ARGV[4..] the lines to append, oldest first (none: only the expiry is set)
+-- ARGV[4] lines lost before they were sent, ahead of these (a count; '' for a stream)
+-- ARGV[5] the marker line (a JSON object, the count as #LOST#; '' for a stream)
+-- ARGV[6..] the lines to append, oldest first (none: only the expiry is set)
 --
 -- Returns the number of lines kept. Bounded per call: the list never holds more than
--- ARGV[1] lines, and the worker sends at most that many.
-local most = tonumber(ARGV[1])
+-- ARGV[1] lines (and a marker), and the worker sends at most that many.
+local FIRST = 6
+local most, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+local marked = ARGV[5] ~= ''
+local HEAD = '"level": "WARNING", "src": "runner", "msg": "%[([%d,]+) earlier line'
+
+-- A line's number, or nil (a chunk, or a line written before lines were numbered).
+local function number_of(line)
+  return line and tonumber(string.match(line, '^{"n": (%-?%d+), '))
+end
+
+local function numbered(line, n)
+  if string.sub(line, 1, 2) ~= '{"' then return line end
+  return '{"n": ' .. n .. ', ' .. string.sub(line, 2)
+end
+
+local function commas(x)
+  local s = string.format('%d', x)
+  local out = string.reverse((string.gsub(string.reverse(s), '(%d%d%d)', '%1,')))
+  if string.sub(out, 1, 1) == ',' then out = string.sub(out, 2) end
+  return out
+end
+
+local lost = 0
+if marked then
+  -- The marker standing at the head says what was lost so far: it goes, and comes back
+  -- with the new count should anything have been lost.
+  local head = redis.call('LINDEX', K.log, 0)
+  local said = head and (string.match(head, '^{"n": %-?%d+, "ts": %d+, ' .. HEAD)
+    or string.match(head, '^{"ts": %d+, ' .. HEAD))
+  if said then
+    redis.call('LPOP', K.log)
+    lost = tonumber((string.gsub(said, ',', ''))) or 0
+  end
+  lost = lost + (tonumber(ARGV[4]) or 0)
+end
 local n
-if #ARGV > 3 then
+if #ARGV >= FIRST then
+  local lines = {}
+  if marked then
+    local last = redis.call('LINDEX', K.log, -1)
+    local seq = number_of(last)
+    seq = seq and seq + 1 or redis.call('LLEN', K.log)
+    for i = FIRST, #ARGV do
+      lines[#lines + 1] = numbered(ARGV[i], seq)
+      seq = seq + 1
+    end
+  else
+    for i = FIRST, #ARGV do lines[#lines + 1] = ARGV[i] end
+  end
   -- In chunks: a stream keeps up to 10,000 chunks, past Lua's unpack limit (about 8,000).
-  for s = 4, #ARGV, 4000 do
-    n = redis.call('RPUSH', K.log, unpack(ARGV, s, math.min(s + 3999, #ARGV)))
+  for s = 1, #lines, 4000 do
+    n = redis.call('RPUSH', K.log, unpack(lines, s, math.min(s + 3999, #lines)))
   end
 else
   n = redis.call('LLEN', K.log)
   if n == 0 then return 0 end
 end
-if n > most then
-  redis.call('LTRIM', K.log, -most, -1)
-  n = most
-end
-local budget = tonumber(ARGV[2])
-local lines = redis.call('LRANGE', K.log, 0, -1)
+-- The marker takes a line and its bytes of the bounds (room for its longest count and
+-- number: 48 bytes past its template), so the trim that makes it needed makes room for
+-- it too.
+local mark = marked and lost > 0
+local kept = redis.call('LRANGE', K.log, -most, -1)
 local total = 0
-for _, line in ipairs(lines) do total = total + #line end
-local drop = 0
-while total > budget and drop < #lines - 1 do
-  drop = drop + 1
-  total = total - #lines[drop]
+for _, line in ipairs(kept) do total = total + #line end
+if marked and not mark then mark = n > most or total > budget end
+local cap, room = most, budget
+if mark then
+  cap = math.max(1, most - 1)
+  room = budget - (#ARGV[5] + 48)
 end
-if drop > 0 then
-  redis.call('LTRIM', K.log, drop, -1)
-  n = n - drop
+local drop = math.max(0, #kept - cap)
+for i = 1, drop do total = total - #kept[i] end
+while total > room and drop < #kept - 1 do
+  drop = drop + 1
+  total = total - #kept[drop]
+end
+local cut = n - #kept + drop
+if cut > 0 then
+  redis.call('LTRIM', K.log, cut, -1)
+  n = n - cut
+  lost = lost + cut
+end
+if mark then
+  local first = number_of(kept[drop + 1])
+  local line = string.gsub(ARGV[5], '#LOST#', commas(lost))
+  redis.call('LPUSH', K.log, first and numbered(line, first - 1) or line)
+  n = n + 1
 end
 redis.call('PEXPIRE', K.log, ARGV[3])
 return n

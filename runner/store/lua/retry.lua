@@ -14,6 +14,8 @@
 -- KEYS[10] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- KEYS[11] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)
+-- KEYS[12] log_prefix  (string) the job's log, LIST (joblog.lua)
+-- KEYS[13] stream_prefix (string) the job's stream, LIST (joblog.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] n; then per job 7 fields:
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
@@ -22,6 +24,7 @@
 --   attempt spent after that, as any retry; 3: the same on the job's last attempt,
 --   where past the bound nothing is written and the code is 2: the worker buries it),
 --   stats fields
+-- ARGV[3 + 7n] the retention of the job's log, ms ('' or 0: its expiry is left as it is)
 --
 -- Each job costs one HMGET and one HSET of its state hash (the attempt, its start and the
 -- history move from the claim to the state); the batch's fences, claims, leases and
@@ -40,6 +43,7 @@
 --- @include "claims"
 --- @include "record_keys"
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
+local keep = tonumber(ARGV[3 + 7 * n]) or 0
 local damaged = damaged_set({{'scheduled', K.scheduled}})
 if damaged then return damaged end
 local out = {}
@@ -86,6 +90,15 @@ for i = 0, n - 1 do
     if c.res then
       local rec = rec_load(jk)
       if rec then slots[#slots + 1] = {rec.limits, token} end
+    end
+    -- The log and stream were kept the retention from their last write: a retry due
+    -- later than that would find them gone. They are kept until it is due, plus the
+    -- retention (never shortened).
+    if keep > 0 then
+      for _, key in ipairs({K.log_prefix .. id, K.stream_prefix .. id}) do
+        local left = redis.call('PTTL', key)
+        if left >= 0 and left < delay + keep then redis.call('PEXPIRE', key, delay + keep) end
+      end
     end
     bump(fields)
     out[#out + 1] = 1
