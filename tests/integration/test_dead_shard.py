@@ -177,3 +177,49 @@ def test_keyless_jobs_pass_over_a_master_short_of_its_replicas(tmp_path: Path) -
             if p._runtime is not None:
                 p._runtime.close()
 
+
+
+def test_a_stalled_shard_stops_no_live_partition(dproject: Project, shards: list[Server]) -> None:
+    """One master of three stops answering (SIGSTOP: its sockets stay open, so a call to it
+    hangs until the 15 s socket timeout) for 6 s while a worker drains 6 partitions and
+    holds 1.8 s runs and prefetched jobs: the live partitions' jobs keep starting during
+    the stall, their leases (2 s) never lapse, so none runs twice, and the worker says
+    which partition stalled. Before, every partition froze for the whole stall, silently."""
+    import os
+    import signal
+
+    p = dproject
+    c = p.client
+    long = [j.id for j in c.enqueue_many([Request("record", {"n": i, "sleep": 1.8}) for i in range(24)])
+            if not isinstance(j, Exception)]
+    short = [j.id for j in c.enqueue_many([Request("record", {"n": 100 + i, "sleep": 0.02}) for i in range(1500)])
+             if not isinstance(j, Exception)]
+    assert len(long) == 24 and len(short) == 1500
+    stalled = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(
+        p.runtime.parts["fast"][0].ready).port)
+    down = _dead_tags(p, stalled)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
+    live = [i for i in long + short if where[i] not in down]
+    w = p.spawn_worker("fast")
+    wait_for(lambda: sum(1 for i in long if p.runs(i)) >= 12, timeout=30, what="runs held in every partition")
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        time.sleep(6.0)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    t1 = time.time()
+    starts = sorted(float(line.split()[2]) for i in live for line in p.runs(i))
+    during = [s for s in starts if t0 + 1.0 < s < t1]
+    assert len(during) >= 50, f"{len(during)} live-partition starts in the stall's last 5 s"
+    gaps = [b - a for a, b in zip([t0 + 1.0, *during], [*during, t1], strict=True)]
+    assert max(gaps) < 3.0, f"the live partitions stopped for {max(gaps):.1f} s during the stall"
+    wait_for(lambda: all(p.runs(i) for i in long + short), timeout=60, interval=0.2, what="every job to run")
+    twice = [i for i in live if len(p.runs(i)) > 1]
+    assert not twice, f"{len(twice)} live-partition job(s) ran twice: their leases lapsed during the stall"
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log and "GIL" not in log, log[-3000:]
+    named = [ln for ln in log.splitlines() if any("{" + t + "}" in ln for t in down) and "answer" in ln]
+    assert named, "no warning named the stalled partition: " + log[-3000:]
