@@ -223,3 +223,58 @@ def test_a_stalled_shard_stops_no_live_partition(dproject: Project, shards: list
     assert "Traceback" not in log and "GIL" not in log, log[-3000:]
     named = [ln for ln in log.splitlines() if any("{" + t + "}" in ln for t in down) and "answer" in ln]
     assert named, "no warning named the stalled partition: " + log[-3000:]
+
+
+def test_operator_commands_with_a_shard_down_show_the_live_ones_and_name_it(dproject: Project,
+                                                                            shards: list[Server]) -> None:
+    """With one master of three down: `runner stats` and `runner jobs` show what the live
+    masters hold and name the master down with its partitions (exit 3: not all is shown),
+    `runner check` runs the deploy gate over the live partitions and names it, and a keyed
+    `runner enqueue` whose partition is down says that master is down, not "start a Redis,
+    or run `runner dev`" (before, all four took all of Redis for unreachable)."""
+    import json
+    import zlib
+
+    p = dproject
+    c = p.client
+    ids = [j.id for b in range(6) for j in c.enqueue_many([Request("record", {"n": 10 * b + i}) for i in range(10)])
+           if not isinstance(j, Exception)]  # (a round trip's keyless jobs go to one partition, the next's on)
+    dead = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(
+        p.runtime.parts["fast"][0].ready).port)
+    down = _dead_tags(p, dead)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
+    live = [i for i in ids if where[i] not in down]
+    assert 0 < len(live) < 60
+    dead_index = {k.partition for k in p.runtime.parts["fast"] if k.tag in down}
+    key = next(f"k{i}" for i in range(1000) if zlib.crc32(f"i:record:k{i}".encode()) % 6 in dead_index)
+    dead.stop(kill=True)
+    node = f"127.0.0.1:{dead.port}"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), *args],
+                              cwd=p.root, env=p.env, capture_output=True, text=True, timeout=60)
+
+    stats = run("stats", "--json")
+    assert stats.returncode == 3, stats.stdout + stats.stderr
+    body = json.loads(stats.stdout)
+    (fast,) = [q for q in body["queues"] if q["name"] == "fast"]
+    assert fast["ready"] == len(live)
+    assert [d["node"] for d in body["down"]] == [node]
+    assert {x["tag"] for x in body["down"][0]["partitions"] if x["queue"] == "fast"} == down
+    assert node in stats.stderr and "runner dev" not in stats.stderr
+    listed = run("jobs", "--queue", "fast", "--limit", "500", "--json")
+    assert listed.returncode == 3, listed.stdout + listed.stderr
+    assert {j["id"] for j in json.loads(listed.stdout)["jobs"]} == set(live)
+    assert node in listed.stderr
+    check = run("check", "--json")
+    assert check.returncode == 3, check.stdout + check.stderr
+    said = json.loads(check.stdout)
+    messages = [x["message"] for x in said["problems"] if x["where"] == "redis"]
+    assert any(node in m and "live partitions" in m for m in messages), messages
+    assert not any("cannot reach" in m for m in messages), messages
+    assert said["scanned"] >= len(live)
+    keyed = run("enqueue", "record", '{"n": 1}', "--idempotency-key", key)
+    assert keyed.returncode == 3, keyed.stdout + keyed.stderr
+    assert node in keyed.stderr and "runner dev" not in keyed.stderr and "Start a Redis" not in keyed.stderr
+    for out in (stats, listed, check, keyed):
+        assert "Traceback" not in out.stderr, out.stderr
