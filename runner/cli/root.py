@@ -163,8 +163,8 @@ def unavailable(exc: BaseException) -> NoReturn:
 
         with contextlib.suppress(Exception):  # (only for better words: the outage stands)
             gone = shards.down(rt.redis, [k for parts in rt.parts.values() for k in parts])
-            if gone:
-                fail(f"Redis unavailable{at}: {exc}\n{down_text(gone)}.", EXIT_REDIS)
+            if gone:  # (the cause alone: the outage's own advice is for a server that is down)
+                fail(f"Redis unavailable{at}: {exc.__cause__ or exc}\n{down_text(gone)}.", EXIT_REDIS)
     dev = "unset REDIS_URL and run" if where is not None and where.source == "REDIS_URL" else "run"
     fail(f"Redis unavailable{at}: {exc}\nStart a Redis there, point REDIS_URL (or [redis] url in "
          f"runner.toml) at one that runs, or {dev} `runner dev`, which starts one of its own.", EXIT_REDIS)
