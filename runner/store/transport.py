@@ -464,8 +464,9 @@ class NodeLanes:
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        # Nodes with a bounded call still out past its wait (see bounded) -> since when.
-        self._stalled: dict[str, float] = {}
+        # Nodes with bounded calls still out past their wait (see bounded) -> (since when,
+        # how many are out): the node is stalled until the last of them ends.
+        self._stalled: dict[str, tuple[float, int]] = {}
 
     def node(self, keys: Sequence[str]) -> str:
         try:
@@ -539,20 +540,25 @@ class NodeLanes:
         raise err
 
     def _stalled_error(self, node: str) -> BaseException | None:
-        since = self._stalled.get(node)
-        if since is None:
+        out = self._stalled.get(node)
+        if out is None:
             return None
-        return NodeStalled(f"Redis node {node} has not answered for {time.monotonic() - since:.1f} s "
+        return NodeStalled(f"Redis node {node} has not answered for {time.monotonic() - out[0]:.1f} s "
                            "(stopped or hung); its partitions wait")
 
     def _given_up(self, node: str, f: Future[Any], wait_s: float) -> BaseException:
         """Mark ``node`` stalled until ``f`` ends; the error for the call given up."""
         with self._lock:
-            self._stalled.setdefault(node, time.monotonic())
+            since, n = self._stalled.get(node, (time.monotonic(), 0))
+            self._stalled[node] = (since, n + 1)
 
         def ended(_: Future[Any]) -> None:
             with self._lock:
-                self._stalled.pop(node, None)
+                since, n = self._stalled.get(node, (0.0, 1))
+                if n > 1:
+                    self._stalled[node] = (since, n - 1)
+                else:
+                    self._stalled.pop(node, None)
 
         f.add_done_callback(ended)
         return NodeStalled(f"Redis node {node} did not answer within {wait_s:g} s (stopped or hung); "

@@ -33,3 +33,39 @@ def test_a_stalled_node_is_given_up_once_and_its_late_reply_handed_over() -> Non
         time.sleep(0.01)
     assert came == ["claimed"]
     assert lanes.bounded("n1:1", lambda: "back", 1.0) == "back"
+
+
+def test_a_node_stays_stalled_until_every_call_given_up_on_it_ends() -> None:
+    """Two callers give up on one master at once: it answers one of them, and is still
+    stalled for the other; its calls go again once both ended."""
+    transport._import_redis()
+    lanes = transport.NodeLanes(None)  # type: ignore[arg-type]
+    gates = [threading.Event(), threading.Event()]
+    errors: list[BaseException] = []
+
+    def caller(gate: threading.Event) -> None:
+        try:
+            lanes.bounded("n1:1", lambda: gate.wait(5), 1.0)  # (both callers are out by then)
+        except NodeStalled as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(g,)) for g in gates]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 2
+    gates[0].set()
+    time.sleep(0.1)
+    with pytest.raises(NodeStalled):
+        lanes.bounded("n1:1", lambda: "sent", 1.0)
+    gates[1].set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            assert lanes.bounded("n1:1", lambda: "sent", 1.0) == "sent"
+            break
+        except NodeStalled:
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the node stayed stalled after both calls ended")
