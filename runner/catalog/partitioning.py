@@ -95,7 +95,7 @@ class Change:
         if self.counts:
             was = " and ".join(f"partitions = {n}" for n in self.counts)
             out.append(f"queue {self.queue}: keys were placed by {was} within the retention; a keyed job "
-                       f"(an idempotency key, RESOURCE_KEY, CONCURRENCY or RATE_LIMIT key) goes where "
+                       f"(an idempotency key, RESOURCE_KEY, CONCURRENCY, RATE_LIMIT or DEBOUNCE key) goes where "
                        f"that count put its key while the key lives there, one look-up more per enqueue "
                        f"of keyed jobs until a retention after the last process on {was} stopped; the "
                        f"other jobs go by partitions = {self.partitions}. Run every process on one count "

@@ -19,12 +19,15 @@ from runner.cli.root import (
     RedisCommand,
     build_runtime,
     cli,
+    down_view,
     emit,
     fail,
     operator,
     print_validation,
     read_payload,
     redis_errors,
+    said_down,
+    shards_down,
 )
 from runner.errors import JobNotFound, NotReplicated, NotWaiting, RedisUnavailable, RunnerError, ValidationFailed
 
@@ -196,6 +199,7 @@ def jobs(ctx: click.Context, status: str, type_: str | None, queue: str | None, 
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down: the live ones' jobs, then exit 3
         try:
             page = Client(rt).jobs(status, queue=queue, type=type_, limit=limit, cursor=cursor)
         except RedisUnavailable:
@@ -210,7 +214,9 @@ def jobs(ctx: click.Context, status: str, type_: str | None, queue: str | None, 
                    (("--type", type_), ("--queue", queue), ("--limit", str(limit))) if value is not None)
     human = table(("id", "queue", "type", "status", "attempt"), rows) + (
         f"\nnext page: runner jobs --status {status}{same} --cursor {page.cursor}" if page.cursor else "")
-    emit({"jobs": views, "cursor": page.cursor}, as_json, human)
+    emit({"jobs": views, "cursor": page.cursor, **down_view(gone)}, as_json, human)
+    if gone:
+        said_down(gone)
 
 
 @cli.command("run-now", cls=RedisCommand)

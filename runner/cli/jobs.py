@@ -21,6 +21,7 @@ from runner.cli.root import (
     build_runtime,
     cli,
     current_target,
+    down_view,
     emit,
     fail,
     plain,
@@ -29,6 +30,8 @@ from runner.cli.root import (
     read_payload,
     redis_errors,
     refusal,
+    said_down,
+    shards_down,
     table,
     target,
 )
@@ -361,6 +364,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     rt = build_runtime(ctx.obj["config"], client_only=True, reader=True)
     where = target(ctx)
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down: the live ones' figures, then exit 3
         # The table sums over functions: only --json lists each loaded function.
         figures = read_queues(rt, loaded_functions=as_json)
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
@@ -379,7 +383,9 @@ def stats(ctx: click.Context, as_json: bool) -> None:
             at += 1
     human = where.line() + "\n" + table(
         ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "cancelled", "paused"), rows)
-    emit({"redis": where.as_dict(), "queues": queues}, as_json, human)
+    emit({"redis": where.as_dict(), "queues": queues, **down_view(gone)}, as_json, human)
+    if gone:
+        said_down(gone)
 
 
 def delay_s(value: float | None) -> float | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -14,10 +16,12 @@ from runner.cli.root import (
     EXIT_REFUSED,
     RedisCommand,
     cli,
+    down_text,
     emit,
     fail,
     load_config,
     password_said,
+    shards_down,
     table,
 )
 from runner.errors import ConfigError
@@ -155,6 +159,13 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
             # allows (importing redis-py would be most of the gate's time); --scan walks
             # every job with redis-py's SCAN.
             rt = Runtime.create(cfg, reg=reg, lazy=True, reader=not scan)
+            # A Cluster master down while others answer: the gate counts the live ones and
+            # names it (exit 3), rather than take all of Redis for unreachable.
+            gone = shards_down(rt)
+            if gone:
+                report.problems.append(checks.Problem(
+                    "redis", f"{down_text(gone)}; the deploy gate counted the live partitions only"))
+                code = EXIT_REDIS
             report.problems.extend(checks.Problem("redis", risk, "warning") for risk in
                                    redis_risks(rt.redis, cfg.redis.wait_replicas))
             every = [k for parts in rt.parts.values() for k in parts]  # the gate counts every partition
@@ -163,10 +174,12 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
             else:
                 report.scanned, groups = counts(rt.redis, every)
             report.stranded = checks.gate(reg, groups)
-            report.partitions = _partition_changes(rt)
-            report.problems.extend(checks.Problem("partitions", m, "warning")
-                                   for m in (c.message() for c in report.partitions) if m)
-            report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
+            with _unless_down(gone, report, "the partitions recorded (the change of count) were not read"):
+                report.partitions = _partition_changes(rt, gone)
+                report.problems.extend(checks.Problem("partitions", m, "warning")
+                                       for m in (c.message() for c in report.partitions) if m)
+            with _unless_down(gone, report, "the workers' roster was not read (their code versions)"):
+                report.problems.extend(checks.behind(reg, roster.read(rt.redis, cfg.redis.prefix)))
             sleepers, short = steps.suspended(rt.redis, every)
             report.problems.extend(checks.drift(reg, sleepers))
             report.problems.extend(checks.Problem("deploy gate", (
@@ -193,14 +206,34 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
     sys.exit(code)
 
 
-def _partition_changes(rt: Any) -> list[Any]:
-    """What the configured counts of partitions imply against the tags recorded in Redis."""
+@contextlib.contextmanager
+def _unless_down(gone: list[Any], report: Any, what: str) -> Iterator[None]:
+    """A read of the check that a Cluster master down (``gone``) may refuse: said as a
+    warning, and the check goes on (it exits 3 for that master already)."""
+    from runner.catalog import checks
+    from runner.store.link import is_outage
+
+    try:
+        yield
+    except Exception as exc:
+        if not (gone and is_outage(exc)):
+            raise
+        report.problems.append(checks.Problem("redis", f"{what}: its key is on a master that is down", "warning"))
+
+
+def _partition_changes(rt: Any, gone: list[Any]) -> list[Any]:
+    """What the configured counts of partitions imply against the tags recorded in Redis
+    (of ``gone``, the masters down, the partitions are the count's own all the same)."""
     from runner.catalog.partitioning import changes
     from runner.runtime import KEEP_MARGIN_S
     from runner.store import tagset
     from runner.store.census import counts
 
     own = {q: tuple(k.tag for k in p if not k.draining) for q, p in rt.parts.items()}
+    for d in gone:  # (left out of rt.parts: cli shards_down)
+        for k in d.parts:
+            if not k.draining:
+                own[k.queue] += (k.tag,)
     seen = tagset.record_and_read_all(rt.redis, rt.config.redis.prefix, own, {}, record=False,
                                       keep_s=rt.config.retention.done_s + KEEP_MARGIN_S)
     jobs = {f"{k.queue}|{k.tag}": counts(rt.redis, [k])[0] for p in rt.parts.values() for k in p if k.draining}

@@ -31,6 +31,7 @@ EXIT_OK, EXIT_REFUSED, EXIT_CONFIG, EXIT_REDIS = 0, 1, 2, 3
 EXIT_PENDING = 4  # `runner call`: the job had not ended at the timeout
 JSONL_BATCH = 500
 _TARGET = "runner.target"  # the context's meta key of the server a command talks to
+_RUNTIME = "runner.runtime"  # and of its runtime (unavailable() asks it which shard is down)
 
 
 _JSON_OUT = "runner.json_out"  # the context's meta key: this command wrote JSON on stdout
@@ -92,9 +93,46 @@ def build_runtime(path: str | None, client_only: bool = False, reader: bool = Fa
 
     cfg, _ = target_config(path, client_only)
     try:
-        return Runtime.create(cfg, lazy=client_only, reader=reader)
+        rt = Runtime.create(cfg, lazy=client_only, reader=reader)
     except ConfigError as exc:
         fail(f"configuration error: {exc}", EXIT_CONFIG)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta[_RUNTIME] = rt
+    return rt
+
+
+def shards_down(rt: Any) -> list[Any]:
+    """On Redis Cluster with some masters down and others answering: those masters
+    (store/shards.py), their partitions left out of ``rt.parts``, so a reading command
+    shows what the live ones hold; then ``said_down`` after its output. [] otherwise."""
+    from runner.store import shards
+
+    gone = shards.down(rt.redis, [k for parts in rt.parts.values() for k in parts])
+    shards.without(rt.parts, gone)
+    return gone
+
+
+def down_text(gone: Sequence[Any]) -> str:
+    """The words for masters down while others answer (every command says them so)."""
+    which = "; ".join(d.line() for d in gone)
+    return (f"Redis Cluster master{'s' if len(gone) > 1 else ''} down: {which}; the other masters answer. "
+            "What those partitions hold waits for them, as does a job whose key routes there: retry once "
+            "they are back or a replica took over (keyless jobs go to the live partitions)")
+
+
+def down_view(gone: Sequence[Any]) -> dict[str, Any]:
+    """``{"down": [{node, partitions}]}`` for a command's --json, {} with none down."""
+    if not gone:
+        return {}
+    return {"down": [{"node": d.node, "partitions": [{"queue": k.queue, "tag": k.tag} for k in d.parts]}
+                     for d in gone]}
+
+
+def said_down(gone: Sequence[Any]) -> NoReturn:
+    """After a reading command's output over the live partitions: name the masters down,
+    exit 3 (what it showed is not all of Redis)."""
+    fail(f"not shown: {down_text(gone)}", EXIT_REDIS)
 
 
 def password_said(exc: BaseException, where: Target | None) -> str | None:
@@ -119,6 +157,14 @@ def unavailable(exc: BaseException) -> NoReturn:
     said = password_said(exc, where)
     if said is not None:
         fail(said, EXIT_REDIS)
+    rt = ctx.meta.get(_RUNTIME) if ctx is not None else None
+    if rt is not None:
+        from runner.store import shards
+
+        with contextlib.suppress(Exception):  # (only for better words: the outage stands)
+            gone = shards.down(rt.redis, [k for parts in rt.parts.values() for k in parts])
+            if gone:  # (the cause alone: the outage's own advice is for a server that is down)
+                fail(f"Redis unavailable{at}: {exc.__cause__ or exc}\n{down_text(gone)}.", EXIT_REDIS)
     dev = "unset REDIS_URL and run" if where is not None and where.source == "REDIS_URL" else "run"
     fail(f"Redis unavailable{at}: {exc}\nStart a Redis there, point REDIS_URL (or [redis] url in "
          f"runner.toml) at one that runs, or {dev} `runner dev`, which starts one of its own.", EXIT_REDIS)

@@ -231,6 +231,9 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
     out: list[QueueFigures] = []
     by_name: dict[str, QueueFigures] = {}
     for name in keys:
+        if name not in sums:  # every partition left out (its shard down: cli shards_down)
+            out.append(by_name.setdefault(name, QueueFigures(name)))
+            continue
         ready, leases, expired, sched, due, dead, stats, paused, prio, cancelled, sleeping, waiting = sums[name]
         # The scheduled set also holds the sleeping and waiting durable jobs (their wake-up
         # times): counted on their own, as their lists show them.

@@ -11,7 +11,8 @@ outages (outage.py), the Redis guard (guard.py), what waits in a queue (census.p
 audit trail (audit.py), the embedded server (embedded.py), the session file of a running
 `runner dev` (session.py), Redis URLs as text (urls.py), the plain reads of the queue
 figures (stats.py), the lists follow-ups wait on (followups.py), a fetcher's wait for
-news (bell.py) and a durable function's step log and its bounds (steps.py). Every other
+news (bell.py), a durable function's step log and its bounds (steps.py), and which
+masters of a Redis Cluster answer, for the operator's commands (shards.py). Every other
 module reaches Redis through a named function here (tests/unit/test_store_owns_redis.py
 holds it).
 

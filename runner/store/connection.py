@@ -62,6 +62,13 @@ class RedisBusy(ResponseError):
     until it ends. The command did not run; an outage like any other, waited out."""
 
 
+class NodeStalled(redis.TimeoutError):
+    """A Redis Cluster node that has not answered a worker's call within its node wait
+    (transport.NodeLanes.bounded): stopped, or hung, with its sockets still open, so the
+    call would wait out the whole socket timeout. An outage of that node's partitions;
+    the call may still run there later."""
+
+
 class _Parser(DefaultParser):  # type: ignore[misc, valid-type]
     """redis-py's reply parser, with MISCONF raised as PersistenceFailed and BUSY as
     RedisBusy instead of a bare ResponseError (which the loops would take for a bug and

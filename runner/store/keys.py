@@ -261,6 +261,10 @@ class QueueKeys:
     def idem_ended(self, type_: str, key: str) -> str:
         return f"{self.idem_prefix}~ended:{type_}:{key}"
 
+    def debounce(self, type_: str, key: str) -> str:
+        """The marker HASH of a DEBOUNCE burst of ``key`` (as includes/jobs.lua builds it)."""
+        return f"{self.idem_prefix}~debounce:{type_}:{key}"
+
     def limit(self, key: str) -> str:
         return self.lim_prefix + key
 

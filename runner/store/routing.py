@@ -225,9 +225,16 @@ class Placement:
 
 def _marks(k: QueueKeys, job: Routed, key: str) -> tuple[str, ...]:
     """The keys whose presence in partition ``k`` says the job's key lives there: its
-    idempotency key (kept a retention after its job), and for a limit its holders, its
-    parked jobs and the marker of a job under it enqueued there lately (enqueue.lua)."""
+    idempotency key (kept a retention after its job), a DEBOUNCE burst's marker (there
+    while the burst's job waits: a re-send must join it, not start a second burst), and
+    for a limit its holders, its parked jobs and the marker of a job under it enqueued
+    there lately (enqueue.lua)."""
     idem = (k.idem(job.type, job.idem_key),) if job.idem_key else ()
     if key.startswith("i:"):
         return idem
-    return (k.limit(key), k.waiters(key), k.placed(key), *idem)
+    meta = getattr(job, "meta", "") or ""
+    burst = _debounce_key(meta) if '"debounce":' in meta else None
+    debounced = (k.debounce(job.type, burst),) if burst is not None else ()
+    if key.startswith("d:"):
+        return (*debounced, *idem)
+    return (k.limit(key), k.waiters(key), k.placed(key), *debounced, *idem)

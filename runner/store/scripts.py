@@ -10,7 +10,7 @@ a durable call) is transport.py's.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from runner.store import records, routing, scriptkeys
@@ -263,16 +263,17 @@ class Scripts(Transport):
     def claim(
         self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
-        max_ages: str = "", floor: int = 0, later: str = "",
+        max_ages: str = "", floor: int = 0, later: str = "", late: Callable[[Any], object] | None = None,
     ) -> Any:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE;
         ``floor``: claim only jobs of this priority or more (0: any); ``later``: "<type>
         ..." of the functions whose jobs, started at once, spend their attempt only at
-        their start mark (start.lua)."""
+        their start mark (start.lua); ``late``: the reply of a claim given up on a
+        stalled master (transport.NodeLanes.bounded), whose jobs must be handed back."""
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor,
                 later)
-        return self._run("claim", scriptkeys.keys("claim", k), args, pipe)
+        return self._run("claim", scriptkeys.keys("claim", k), args, pipe, late=late)
 
     def claim_woken(
         self, k: QueueKeys, wait_s: float, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,

@@ -31,8 +31,8 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from runner.errors import NotReplicated, RedisUnavailable
 from runner.store import link as link_mod
@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # (loaded on first use: only a cluster client's round trips n
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from runner.store.aiolink import AsyncLink
+    from runner.store.connection import NodeStalled
     from runner.store.sources import NAMES, SHAS, SOURCES
 
 
@@ -60,12 +61,14 @@ def _import_redis() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
+    from runner.store.connection import NodeStalled
     from runner.store.sources import NAMES, SHAS, SOURCES
 
     globals().update(RedisCluster=RedisCluster, AskError=AskError, MovedError=MovedError,
                      ResponseError=ResponseError, TryAgainError=TryAgainError,
                      RedisConnectionError=RedisConnectionError, RedisTimeoutError=RedisTimeoutError,
-                     NAMES=NAMES, SHAS=SHAS, SOURCES=SOURCES, NoScriptError=NoScriptError)
+                     NAMES=NAMES, SHAS=SHAS, SOURCES=SOURCES, NoScriptError=NoScriptError,
+                     NodeStalled=NodeStalled)
 
 
 # The scripts that write jobs a producer is answered for (an enqueue, an event's jobs, a
@@ -100,6 +103,7 @@ class ScriptCall(NamedTuple):
     args: Sequence[Any]
 
 _MISSING = object()  # a reply not read (see Transport.behind)
+T = TypeVar("T")
 
 
 class Batch:
@@ -477,6 +481,9 @@ class NodeLanes:
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        # Nodes with bounded calls still out past their wait (see bounded) -> (since when,
+        # how many are out): the node is stalled until the last of them ends.
+        self._stalled: dict[str, tuple[float, int]] = {}
 
     def node(self, keys: Sequence[str]) -> str:
         try:
@@ -491,12 +498,88 @@ class NodeLanes:
         for i, (_, keys, _, _) in enumerate(calls):
             by_node.setdefault(self.node(keys), []).append(i)
         out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
+        wait_s = self.scripts.node_wait_s
+        if wait_s is not None and not any(c[3] for c in calls):
+            return self._send_bounded(calls, by_node, out, wait_s)
         groups = list(by_node.values())
         futures = [self.pool().submit(self._run, calls, g, out) for g in groups[1:]]
         self._run(calls, groups[0], out)
         for f in futures:
             f.result()
         return out
+
+    def _send_bounded(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]],
+                      by_node: dict[str, list[int]], out: list[tuple[Any, int | None] | BaseException],
+                      wait_s: float) -> list[tuple[Any, int | None] | BaseException]:
+        """``send`` with each master waited for at most ``wait_s`` (see bounded): a stalled
+        master's calls get NodeStalled in their places, the others keep their answers."""
+        from concurrent.futures import wait
+
+        mine: dict[int, tuple[Any, int | None] | BaseException] = {}
+        sent: dict[str, Future[None]] = {}
+        for node, group in by_node.items():
+            stalled = self._stalled_error(node)
+            if stalled is not None:
+                mine.update((i, stalled) for i in group)
+            else:
+                sent[node] = self.pool().submit(self._run, calls, group, out)
+        wait(sent.values(), timeout=wait_s)
+        for node, f in sent.items():
+            if not f.done():
+                mine.update((i, self._given_up(node, f, wait_s)) for i in by_node[node])
+        # A call given up keeps running on its thread and may still write its slot in
+        # ``out``: the caller reads a list of its own.
+        return [mine[i] if i in mine else out[i] for i in range(len(calls))]
+
+    def bounded(self, node: str, fn: Callable[[], T], wait_s: float,
+                late: Callable[[T], object] | None = None) -> T:
+        """``fn()`` (a call to ``node``) on a thread of the pool, waited for at most
+        ``wait_s``. A master stopped or hung with its sockets open answers nothing until
+        the socket timeout (15 s), longer than a worker's leases: past ``wait_s`` this
+        raises NodeStalled (an outage of that node's partitions, which the caller's loop
+        backs off from while it goes on with the others), and every bounded call to the
+        node fails so at once until the call given up ends, so no thread piles up behind
+        it. ``late`` gets the result of a call given up, if it comes (a claim's jobs, to
+        hand back)."""
+        stalled = self._stalled_error(node)
+        if stalled is not None:
+            raise stalled
+        f = self.pool().submit(fn)
+        from concurrent.futures import TimeoutError as WaitedOut
+
+        try:
+            return f.result(timeout=wait_s)
+        except WaitedOut:
+            pass
+        err = self._given_up(node, f, wait_s)
+        if late is not None:
+            f.add_done_callback(lambda done: None if done.exception() is not None else late(done.result()))
+        raise err
+
+    def _stalled_error(self, node: str) -> BaseException | None:
+        out = self._stalled.get(node)
+        if out is None:
+            return None
+        return NodeStalled(f"Redis node {node} has not answered for {time.monotonic() - out[0]:.1f} s "
+                           "(stopped or hung); its partitions wait")
+
+    def _given_up(self, node: str, f: Future[Any], wait_s: float) -> BaseException:
+        """Mark ``node`` stalled until ``f`` ends; the error for the call given up."""
+        with self._lock:
+            since, n = self._stalled.get(node, (time.monotonic(), 0))
+            self._stalled[node] = (since, n + 1)
+
+        def ended(_: Future[Any]) -> None:
+            with self._lock:
+                since, n = self._stalled.get(node, (0.0, 1))
+                if n > 1:
+                    self._stalled[node] = (since, n - 1)
+                else:
+                    self._stalled.pop(node, None)
+
+        f.add_done_callback(ended)
+        return NodeStalled(f"Redis node {node} did not answer within {wait_s:g} s (stopped or hung); "
+                           "its partitions wait")
 
     def submit(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool,
                after: dict[str, Future[tuple[Any, int | None]]]) -> Future[tuple[Any, int | None]]:
@@ -518,11 +601,11 @@ class NodeLanes:
 
     def _run(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]], group: list[int],
              out: list[tuple[Any, int | None] | BaseException]) -> None:
-        counted = self.scripts.counted
+        counted = self.scripts._counted  # (on its own thread already: never bounded again)
         for i in group:
             name, keys, args, durable = calls[i]
             try:
-                out[i] = counted(name, keys, args, durable=durable)
+                out[i] = counted(name, keys, args, False, durable or name in DURABLE)
             except Exception as exc:
                 out[i] = exc
 
@@ -550,6 +633,10 @@ class Transport:
         self.client = client
         _import_redis()
         self.nodes = NodeLanes(self)  # Redis Cluster: calls to the masters at once
+        # Redis Cluster: the longest a call that is not durable waits for its master before
+        # NodeStalled (NodeLanes.bounded); None waits out the socket timeout. A worker sets
+        # it below its leases, so one stalled master cannot stall its other partitions.
+        self.node_wait_s: float | None = None
         self.sources = SOURCES
         self.shas = SHAS
         # The scripts a batch of this Transport loaded (and none answered NOSCRIPT since):
@@ -582,19 +669,37 @@ class Transport:
             raise NotReplicated(min(acked), self.replicas, self.replica_timeout_s, replies=replies)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
-             durable: bool = False) -> Any:
+             durable: bool = False, late: Callable[[Any], object] | None = None) -> Any:
         """One script call. With ``spin``, wait for the reply by polling for a moment
         before sleeping on it (see _Spin): for a caller that makes one call at a time.
-        With ``durable``, confirmed by the replicas (NotReplicated when it is not)."""
-        reply, acked = self.counted(name, keys, args, spin=spin, durable=durable)
+        With ``durable``, confirmed by the replicas (NotReplicated when it is not).
+        ``late``: the reply of a call given up on a stalled master (``node_wait_s``)."""
+        reply, acked = self.counted(name, keys, args, spin=spin, durable=durable,
+                                    late=None if late is None else lambda got: late(got[0]))
         self.confirm([] if acked is None else [acked], [reply])
         return reply
 
     def counted(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
-                durable: bool = False) -> tuple[Any, int | None]:
+                durable: bool = False, late: Callable[[tuple[Any, int | None]], object] | None = None
+                ) -> tuple[Any, int | None]:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent)."""
         durable = durable or name in DURABLE
+        if self.node_wait_s is not None and not durable and not self.one_server:
+            return self.nodes.bounded(self.nodes.node(keys), lambda: self._counted(name, keys, args, spin, durable),
+                                      self.node_wait_s, late)
+        return self._counted(name, keys, args, spin, durable)
+
+    def bounded(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, a read of its own on Redis Cluster (a pipeline over several masters),
+        given up past ``node_wait_s`` as a script call is (NodeLanes.bounded; ``what``
+        names it while it is out); at once otherwise."""
+        if self.node_wait_s is None or self.one_server:
+            return fn()
+        return self.nodes.bounded(what, fn, self.node_wait_s)
+
+    def _counted(self, name: str, keys: Sequence[str], args: Sequence[Any], spin: bool,
+                 durable: bool) -> tuple[Any, int | None]:
         if self._lanes is None:
             if durable and self.wait is not None:
                 return self._call_on_node(name, keys, args)
@@ -880,11 +985,11 @@ class Transport:
         return Stream(self)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], pipe: Batch | None = None,
-             spin: bool = False, durable: bool = False) -> Any:
+             spin: bool = False, durable: bool = False, late: Callable[[Any], object] | None = None) -> Any:
         if pipe is not None:
             pipe.add(name, keys, args, durable)
             return None
-        return self.call(name, keys, args, spin=spin, durable=durable)
+        return self.call(name, keys, args, spin=spin, durable=durable, late=late)
 
 
 

@@ -222,7 +222,9 @@ class Fetcher:
         refused = self.ledger.refused  # (outcomes refused there: nothing claimed there now)
         look = [q for q in range(n) if q == p or not (self._down.away(q) or q in refused)]
         try:
-            tops = stats.best_priorities(self.rt.redis, [self.parts[q] for q in look])
+            # Bounded: a look over every master must not wait out a stalled one's socket.
+            tops = self.rt.scripts.bounded(f"{self.q.name} priorities",
+                                           lambda: stats.best_priorities(self.rt.redis, [self.parts[q] for q in look]))
         except OUTAGE:
             return p, 0  # a node away: the claim below finds out which, as without priorities
         best = {q: top for q, top in zip(look, tops, strict=True) if top is not None}
@@ -244,7 +246,7 @@ class Fetcher:
             return self._take(self.rt.scripts.claim(
                 k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
                 done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
-                later=later,
+                later=later, late=lambda reply: self._take(reply, partition, given_up=True),
             ), partition)
         # Waiting for work (a queue of one partition): the claim goes behind the wait, and
         # Redis runs it the moment a wake-up comes (or BELL_S passes), so at light load a
@@ -260,9 +262,10 @@ class Fetcher:
             raise rang  # the wait failed (a damaged notify list): the claim's jobs are taken
         return got
 
-    def _take(self, reply: Any, partition: int) -> tuple[int, int]:
-        """Hand a claim's jobs to the executors (or back, during the stop); returns what
-        claim returns."""
+    def _take(self, reply: Any, partition: int, given_up: bool = False) -> tuple[int, int]:
+        """Hand a claim's jobs to the executors (or back, during the stop, or when the claim
+        was given up on a stalled master and answered later, ``given_up``: the fetcher has claimed
+        for that room elsewhere meanwhile); returns what claim returns."""
         now, held = int(reply[0]), int(reply[1])  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
@@ -292,14 +295,16 @@ class Fetcher:
                 if r.job.meta_raw:
                     r.job.traceparent = tracecontext.parse(r.job.meta_raw)
         self.ledger.claimed(batch)
-        if self.stopping.is_set():
-            # The stop began while this claim was in flight: nothing will run these.
+        if self.stopping.is_set() or given_up:
+            # The stop began while this claim was in flight, or it was given up: nothing
+            # will run these.
             for r in batch:
                 self.ledger.picked()
                 self.ledger.returned()
                 if self.ledger.pick(r):
                     self.outcomes.put(Settlement(r, Release()))
-            log.info("%s fetcher: %d job(s) claimed during the stop; handed back", qname, count)
+            log.info("%s fetcher: %d job(s) claimed %s; handed back", qname, count,
+                     "after the claim was given up (a stalled node)" if given_up else "during the stop")
             return count, held
         for r in late:
             fn = self.rt.registry.functions.get(r.job.type)

@@ -31,6 +31,10 @@ SIGNAL_LOOK_S = 5.0
 # How long the start waits for the cancels subscription (Redis away: it goes on, and the
 # renewals carry cancels until the subscription is up).
 CANCELS_READY_S = 2.0
+# The longest a call to one Redis Cluster master waits for its reply before its partitions
+# count as away (a quarter of the shortest lease when that is less): a healthy master
+# answers a bounded script in milliseconds.
+NODE_WAIT_S = 2.0
 
 
 def _announce(found: Sequence[QueueKeys]) -> None:
@@ -47,6 +51,12 @@ class Worker:
         self.rt = runtime
         self.queues = list(queues)
         self.worker_id = f"{os.uname().nodename.replace(' ', '_')}:{os.getpid()}:{os.urandom(3).hex()}"
+        # On Redis Cluster, a master that stops answering with its sockets open (stopped,
+        # hung) would hold each call to it for the socket timeout (15 s), and with it the
+        # fetcher, renewer and settler of every partition: their calls give up on it well
+        # within a lease, and its partitions are backed off from as a dead node's are.
+        vt = min(runtime.config.queue(q).visibility_timeout_s for q in self.queues) if self.queues else 30.0
+        runtime.scripts.node_wait_s = min(NODE_WAIT_S, vt / 4)
         # This worker's partition tags recorded, and those of other counts still recorded
         # served too, until they drain (store/tagset.py); the scheduler looks again later.
         _announce(runtime.discover(record=True))

@@ -177,3 +177,104 @@ def test_keyless_jobs_pass_over_a_master_short_of_its_replicas(tmp_path: Path) -
             if p._runtime is not None:
                 p._runtime.close()
 
+
+
+def test_a_stalled_shard_stops_no_live_partition(dproject: Project, shards: list[Server]) -> None:
+    """One master of three stops answering (SIGSTOP: its sockets stay open, so a call to it
+    hangs until the 15 s socket timeout) for 6 s while a worker drains 6 partitions and
+    holds 1.8 s runs and prefetched jobs: the live partitions' jobs keep starting during
+    the stall, their leases (2 s) never lapse, so none runs twice, and the worker says
+    which partition stalled. Before, every partition froze for the whole stall, silently."""
+    import os
+    import signal
+
+    p = dproject
+    c = p.client
+    long = [j.id for j in c.enqueue_many([Request("record", {"n": i, "sleep": 1.8}) for i in range(24)])
+            if not isinstance(j, Exception)]
+    short = [j.id for j in c.enqueue_many([Request("record", {"n": 100 + i, "sleep": 0.02}) for i in range(1500)])
+             if not isinstance(j, Exception)]
+    assert len(long) == 24 and len(short) == 1500
+    stalled = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(
+        p.runtime.parts["fast"][0].ready).port)
+    down = _dead_tags(p, stalled)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
+    live = [i for i in long + short if where[i] not in down]
+    w = p.spawn_worker("fast")
+    wait_for(lambda: sum(1 for i in long if p.runs(i)) >= 12, timeout=30, what="runs held in every partition")
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        time.sleep(6.0)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    t1 = time.time()
+    starts = sorted(float(line.split()[2]) for i in live for line in p.runs(i))
+    during = [s for s in starts if t0 + 1.0 < s < t1]
+    assert len(during) >= 50, f"{len(during)} live-partition starts in the stall's last 5 s"
+    gaps = [b - a for a, b in zip([t0 + 1.0, *during], [*during, t1], strict=True)]
+    assert max(gaps) < 3.0, f"the live partitions stopped for {max(gaps):.1f} s during the stall"
+    wait_for(lambda: all(p.runs(i) for i in long + short), timeout=60, interval=0.2, what="every job to run")
+    twice = [i for i in live if len(p.runs(i)) > 1]
+    assert not twice, f"{len(twice)} live-partition job(s) ran twice: their leases lapsed during the stall"
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log and "GIL" not in log, log[-3000:]
+    named = [ln for ln in log.splitlines() if any("{" + t + "}" in ln for t in down) and "answer" in ln]
+    assert named, "no warning named the stalled partition: " + log[-3000:]
+
+
+def test_operator_commands_with_a_shard_down_show_the_live_ones_and_name_it(dproject: Project,
+                                                                            shards: list[Server]) -> None:
+    """With one master of three down: `runner stats` and `runner jobs` show what the live
+    masters hold and name the master down with its partitions (exit 3: not all is shown),
+    `runner check` runs the deploy gate over the live partitions and names it, and a keyed
+    `runner enqueue` whose partition is down says that master is down, not "start a Redis,
+    or run `runner dev`" (before, all four took all of Redis for unreachable)."""
+    import json
+    import zlib
+
+    p = dproject
+    c = p.client
+    ids = [j.id for b in range(6) for j in c.enqueue_many([Request("record", {"n": 10 * b + i}) for i in range(10)])
+           if not isinstance(j, Exception)]  # (a round trip's keyless jobs go to one partition, the next's on)
+    dead = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(
+        p.runtime.parts["fast"][0].ready).port)
+    down = _dead_tags(p, dead)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
+    live = [i for i in ids if where[i] not in down]
+    assert 0 < len(live) < 60
+    dead_index = {k.partition for k in p.runtime.parts["fast"] if k.tag in down}
+    key = next(f"k{i}" for i in range(1000) if zlib.crc32(f"i:record:k{i}".encode()) % 6 in dead_index)
+    dead.stop(kill=True)
+    node = f"127.0.0.1:{dead.port}"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), *args],
+                              cwd=p.root, env=p.env, capture_output=True, text=True, timeout=60)
+
+    stats = run("stats", "--json")
+    assert stats.returncode == 3, stats.stdout + stats.stderr
+    body = json.loads(stats.stdout)
+    (fast,) = [q for q in body["queues"] if q["name"] == "fast"]
+    assert fast["ready"] == len(live)
+    assert [d["node"] for d in body["down"]] == [node]
+    assert {x["tag"] for x in body["down"][0]["partitions"] if x["queue"] == "fast"} == down
+    assert node in stats.stderr and "runner dev" not in stats.stderr
+    listed = run("jobs", "--queue", "fast", "--limit", "500", "--json")
+    assert listed.returncode == 3, listed.stdout + listed.stderr
+    assert {j["id"] for j in json.loads(listed.stdout)["jobs"]} == set(live)
+    assert node in listed.stderr
+    check = run("check", "--json")
+    assert check.returncode == 3, check.stdout + check.stderr
+    said = json.loads(check.stdout)
+    messages = [x["message"] for x in said["problems"] if x["where"] == "redis"]
+    assert any(node in m and "live partitions" in m for m in messages), messages
+    assert not any("cannot reach" in m for m in messages), messages
+    assert said["scanned"] >= len(live)
+    keyed = run("enqueue", "record", '{"n": 1}', "--idempotency-key", key)
+    assert keyed.returncode == 3, keyed.stdout + keyed.stderr
+    assert node in keyed.stderr and "runner dev" not in keyed.stderr and "Start a Redis" not in keyed.stderr
+    for out in (stats, listed, check, keyed):
+        assert "Traceback" not in out.stderr, out.stderr

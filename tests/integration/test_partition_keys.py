@@ -170,3 +170,38 @@ def test_a_queue_of_one_partition_marks_no_limit_key(tmp_path: Path) -> None:
         p.runtime.close()
     finally:
         srv.stop()
+
+
+DEBOUNCED = '''
+import os
+QUEUE = "fast"
+DEBOUNCE = {"key": "doc:{doc}", "period": 60, "max_wait": 600}
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "deb-" + payload["doc"]), "a") as f:
+        f.write(ctx.job_id + "\\n")
+'''
+
+
+@pytest.mark.parametrize(("old", "new"), [(3, 6), (4, 2)])
+def test_a_debounced_resend_after_a_change_joins_its_pending_burst(project: Project, old: int, new: int) -> None:
+    """Bursts of 16 debounce keys pending on the old count (a period of 60 s); the count
+    changes and a producer on the new count sends each key again: every re-send joins its
+    key's burst (the one job's id, its payload replaced), also for the keys the new count
+    routes elsewhere (before: those started a second burst there, and the handler ran
+    twice per key), one by one or in a batch."""
+    project.add_function("deb", DEBOUNCED, '{"type": "object", "properties": {"doc": {"type": "string"}}}')
+    docs = [f"d{i}" for i in range(16)]
+    to = partition_tags("fast", old), partition_tags("fast", new)
+    moved = [d for d in docs if to[0][routing.partition_of(f"d:deb:doc:{d}", old)]
+             != to[1][routing.partition_of(f"d:deb:doc:{d}", new)]]
+    assert len(moved) >= 4, "the change must move keys"
+    before = _on(project, old)
+    first = {d: before.enqueue("deb", {"doc": d, "v": 1}).id for d in docs}
+    after = _on(project, new)
+    one = {d: after.enqueue("deb", {"doc": d, "v": 2}).id for d in docs[:8]}
+    many = after.enqueue_many([Request("deb", {"doc": d, "v": 3}) for d in docs[8:]])
+    again = one | {d: a.id for d, a in zip(docs[8:], many, strict=True) if not isinstance(a, Exception)}
+    wrong = [d for d in docs if again.get(d) != first[d]]
+    assert not wrong, f"{len(wrong)} of 16 re-sends started a second burst ({len(moved)} keys moved): {wrong}"
+    assert after.get(first[docs[0]]).as_dict()["absorbed"] == 1

@@ -48,6 +48,8 @@ def test_a_change_names_its_new_and_draining_tags() -> None:
     assert msg is not None and "{fast:29}, {fast:30}" in msg and "7 job(s)" in msg
     # The keys the old count placed are looked up where it put them: said, with its cost.
     assert "placed by partitions = 6" in msg and "look-up" in msg
+    # Every key kind a job is routed by is named, a DEBOUNCE burst's key among them.
+    assert all(kind in msg for kind in ("idempotency", "RESOURCE_KEY", "CONCURRENCY", "RATE_LIMIT", "DEBOUNCE"))
     # Nothing recorded yet (a first deploy): nothing is new, nothing drains.
     (first,) = changes({"fast": 4}, {"fast": own["fast"]}, {}, {})
     assert first.added == first.draining == () and first.message() is None

@@ -1,0 +1,71 @@
+"""A call to one Redis Cluster master given up past the node wait (transport.NodeLanes.
+bounded): the caller gets NodeStalled at once, later calls to that master fail at once
+while the call is out, and its result, when it comes, goes to ``late``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from runner.store import transport
+from runner.store.connection import NodeStalled
+
+
+def test_a_stalled_node_is_given_up_once_and_its_late_reply_handed_over() -> None:
+    transport._import_redis()
+    lanes = transport.NodeLanes(None)  # type: ignore[arg-type]  (bounded needs no client)
+    release = threading.Event()
+    came: list[str] = []
+    t0 = time.monotonic()
+    with pytest.raises(NodeStalled, match=r"did not answer within 0\.05 s"):
+        lanes.bounded("n1:1", lambda: release.wait(5) and "claimed", 0.05, came.append)
+    assert time.monotonic() - t0 < 1.0
+    ran = []
+    with pytest.raises(NodeStalled, match="has not answered"):  # not sent: nothing piles up behind it
+        lanes.bounded("n1:1", lambda: ran.append(1), 1.0)
+    assert not ran
+    assert lanes.bounded("n2:2", lambda: "other", 1.0) == "other"  # another master answers
+    release.set()
+    deadline = time.monotonic() + 5
+    while not came and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert came == ["claimed"]
+    assert lanes.bounded("n1:1", lambda: "back", 1.0) == "back"
+
+
+def test_a_node_stays_stalled_until_every_call_given_up_on_it_ends() -> None:
+    """Two callers give up on one master at once: it answers one of them, and is still
+    stalled for the other; its calls go again once both ended."""
+    transport._import_redis()
+    lanes = transport.NodeLanes(None)  # type: ignore[arg-type]
+    gates = [threading.Event(), threading.Event()]
+    errors: list[BaseException] = []
+
+    def caller(gate: threading.Event) -> None:
+        try:
+            lanes.bounded("n1:1", lambda: gate.wait(5), 1.0)  # (both callers are out by then)
+        except NodeStalled as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(g,)) for g in gates]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 2
+    gates[0].set()
+    time.sleep(0.1)
+    with pytest.raises(NodeStalled):
+        lanes.bounded("n1:1", lambda: "sent", 1.0)
+    gates[1].set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            assert lanes.bounded("n1:1", lambda: "sent", 1.0) == "sent"
+            break
+        except NodeStalled:
+            time.sleep(0.01)
+    else:
+        raise AssertionError("the node stayed stalled after both calls ended")
