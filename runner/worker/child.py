@@ -55,7 +55,7 @@ from runner.client import Enqueued
 from runner.errors import JobTimeout, RunnerError, raise_refusal
 from runner.observe import tracing
 from runner.observe.logs import setup as setup_logs
-from runner.worker import affinity, batching
+from runner.worker import affinity, batching, joblog
 from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
@@ -377,6 +377,8 @@ class Child:
         live: list[int] = []
         payloads: list[dict[str, Any]] = []
         fn = None
+        if msg.get("now_ms"):
+            joblog.set_server_now(int(msg["now_ms"]))  # (its lines carry the server's time)
         for i, job in enumerate(jobs):
             resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
             if isinstance(resolved, Done | RetryLater | Dead):
@@ -446,6 +448,8 @@ class Child:
         global _alarmed
         _alarmed = False
         job = Claimed(*row)
+        if msg.get("now_ms"):
+            joblog.set_server_now(int(msg["now_ms"]))  # (its lines carry the server's time)
         resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
         if isinstance(resolved, Done | RetryLater | Dead):
             if first:

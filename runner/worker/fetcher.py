@@ -29,6 +29,7 @@ from runner.runtime import Runtime
 from runner.store import stats, tracecontext
 from runner.store.bell import BELL_S, Bell
 from runner.store.outage import OUTAGE, Away
+from runner.worker import joblog
 from runner.worker.execute import Claimed, expired
 from runner.worker.faults import fault
 from runner.worker.ledger import Ledger, Release, Run, Settlement
@@ -270,6 +271,7 @@ class Fetcher:
         count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
             return 0, held
+        joblog.set_server_now(now)  # (job log lines carry the server's time)
         fault("after_claim")
         qname = self.q.name
         batch: list[Run] = []

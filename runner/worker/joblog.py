@@ -36,12 +36,29 @@ STREAM_CHUNK_BYTES = 65_536
 LOST = "#LOST#"
 
 
+# The Redis server's clock less this host's, in ms, as the last claim said: a line's and a
+# chunk's time is the server's, as every time a user sees (a worker host hours off showed
+# its lines hours off). Set by the fetcher at each claim, in a child from its job's message.
+_skew_ms = 0
+
+
+def set_server_now(server_ms: int) -> None:
+    """This host's clock against the server's: ``server_ms`` is the server's time now."""
+    global _skew_ms
+    _skew_ms = int(server_ms) - int(time.time() * 1000)
+
+
+def server_ms() -> int:
+    """Now, by the server's clock (this host's, corrected by the last claim's)."""
+    return int(time.time() * 1000) + _skew_ms
+
+
 def line(level: str, msg: str, source: str = "log", ts_ms: int | None = None) -> str:
-    """One log line as it is kept: a JSON object with its time (ms, the worker host's
-    clock, as any log line's), level, source (log, stdout or stderr) and message."""
+    """One log line as it is kept: a JSON object with its time (ms, the server's clock as
+    the last claim said it), level, source (log, stdout or stderr) and message."""
     if len(msg) > MAX_LINE_CHARS:
         msg = f"{msg[:MAX_LINE_CHARS]}... [{len(msg) - MAX_LINE_CHARS:,} characters cut]"
-    ts = int(time.time() * 1000) if ts_ms is None else ts_ms
+    ts = server_ms() if ts_ms is None else ts_ms
     return shown_text(json.dumps({"ts": ts, "level": level, "src": source, "msg": msg}, ensure_ascii=False))
 
 
@@ -154,7 +171,7 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         """One chunk of ctx.stream's output (text or JSON), numbered from 0."""
         attempt = (self.extra or {}).get("attempt", 0)
         try:
-            chunk = json.dumps({"a": attempt, "i": self._seq, "ts": int(time.time() * 1000), "data": data},
+            chunk = json.dumps({"a": attempt, "i": self._seq, "ts": server_ms(), "data": data},
                                ensure_ascii=False, allow_nan=False)
         except ValueError:  # a reader's JSON.parse takes no NaN or Infinity
             raise TypeError("ctx.stream takes text or JSON, and NaN and Infinity are not JSON; "

@@ -104,3 +104,37 @@ def test_queue_figures_of_a_web_process_2h_ahead_are_by_the_servers_clock(
         (age,) = [line for line in metrics.splitlines()
                   if line.startswith('runner_queue_oldest_ready_age_seconds{queue="fast"}')]
         assert float(age.split()[-1]) < 600, age
+
+
+LOGGER = '''
+import os
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+
+def handle(payload, ctx):
+    ctx.logger.info("a line")
+    print("said on stdout")
+    ctx.stream("a chunk")
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_workers_log_lines_and_stream_chunks_carry_the_servers_time(project: Project, ahead: dict[str, str],
+                                                                      isolation: str) -> None:
+    """A worker 2 h ahead: its job's log lines (ctx.logger, and a child's stdout) and its
+    stream's chunks are stamped with the server's time, as every time shown (they showed
+    the host's, 2 h off)."""
+    project.add_function("logger", LOGGER.format(isolation=isolation))
+    c = project.client
+    before = _server_s(project)
+    job = c.enqueue("logger", {}).id
+    project.spawn_worker("fast", env=ahead)
+    wait_for(lambda: c.get(job).status == "done", timeout=30, what="the job to end")
+    after = _server_s(project)
+    lines = c.logs(job)["lines"]
+    from runner.client import watching
+
+    chunks = watching.stream_chunks(c, job)["chunks"]
+    assert chunks, "no chunk kept"
+    assert lines and all(before - 1 <= x["ts"] / 1000 <= after + 1 for x in lines), (lines, before, after)
+    assert all(before - 1 <= x["ts"] / 1000 <= after + 1 for x in chunks), (chunks, before, after)
