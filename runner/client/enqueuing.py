@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -452,13 +452,14 @@ class Sender:
         return [(parts[p], [items[i] for i in idx]) for p, idx in split.items()]
 
     def answer(self, calls: Sequence[_Call], replies: Sequence[Any], out: list[Any],
-               short: NotReplicated | None = None) -> None:
+               short: NotReplicated | None = None, short_calls: Container[int] | None = None) -> None:
         """Each job's answer from its call's reply (code, job id, status per job: see
         enqueue.lua) at its index in ``out``: its job, an idempotency conflict, or the
         call's failure (Redis away: RedisUnavailable, and a partition of a partitioned
         queue is passed over by keyless jobs for a while). ``short``: the replicas did
-        not confirm the calls (each job written but NotReplicated)."""
-        for (queue, k, items), reply in zip(calls, replies, strict=True):
+        not confirm the calls numbered in ``short_calls`` (None: every call), each of
+        whose jobs is written but NotReplicated; the other calls' jobs were confirmed."""
+        for c, ((queue, k, items), reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, BaseException):
                 failure: BaseException = link_mod.raised(reply) if isinstance(reply, link_mod.ReplyError) else reply
                 if isinstance(failure, (*UNAVAILABLE, RedisUnavailable)):
@@ -471,9 +472,10 @@ class Sender:
                 for index, _ in items:
                     out[index] = failure
                 continue
+            unconfirmed = short is not None and (short_calls is None or c in short_calls)
             for n, (index, prep) in enumerate(items):
                 out[index] = one = _outcome(prep, queue, reply, n)
-                if short is not None and not isinstance(one, IdempotencyConflict):
+                if unconfirmed and short is not None and not isinstance(one, IdempotencyConflict):
                     out[index] = _unconfirmed(short, [reply[3 * n: 3 * n + 3]])
 
     # The batch: one round trip (the Combiner's send) --------------------------------
@@ -499,6 +501,7 @@ class Sender:
     def _send_once(self, preps: Sequence[Prepared], spin: bool = False) -> list[_Answer]:
         scripts = self.runtime.scripts
         short: NotReplicated | None = None
+        short_calls: list[int] = []
         calls = self.plan(enumerate(preps))
         batch = None
         try:
@@ -518,16 +521,20 @@ class Sender:
             replies = [exc]  # one call: its jobs' answer, as a batch's call failing alone
         except NotReplicated as exc:
             replies, short = exc.replies, exc
+            # Only the calls whose own WAIT fell short are unconfirmed (on Redis Cluster
+            # each call waits on its own master; on one server the one WAIT is every
+            # call's): the others' jobs are on masters whose replicas hold them.
+            short_calls = batch.short if batch is not None else [0]
             # Keyless jobs may go anywhere: a partition whose master is short of replicas
             # (a promoted one with none yet) costs each round trip there the whole WAIT
             # timeout and a NotReplicated, so it is passed over for a while, as one that
             # could not be reached.
-            for j in (batch.short if batch is not None else [0]):
+            for j in short_calls:
                 k = calls[j][1]
                 if k.partitions > 1:
                     self.spread.avoid(k.partition)
         out: list[Any] = [None] * len(preps)
-        self.answer(calls, replies, out, short)
+        self.answer(calls, replies, out, short, short_calls)
         return out
 
     # The loop: the event loop's own connection ------------------------------------

@@ -12,11 +12,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import redis
 from clusterkit import cluster_url, local_cluster, replicas_connected
 
-from runner.client import Client, Request
-from runner.errors import RedisUnavailable
+from runner.client import Client, Enqueued, Request
+from runner.errors import NotReplicated, RedisUnavailable
 from runner.store import routing
 from runner.store.embedded import Server
 
@@ -121,3 +122,37 @@ def test_a_master_demoted_while_an_enqueue_waits_for_replicas_is_an_outage(tmp_p
                          timeout=30, interval=0.1, what="the heir to serve with a replica")
         finally:
             _close(p)
+
+
+@pytest.fixture(scope="module")
+def short_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Server], int]]:
+    """3 masters with a replica each, one master's replica stopped (as just after a
+    failover: the promoted master has no replica yet): the servers and that master's port."""
+    root = tmp_path_factory.mktemp("short")
+    with local_cluster(root, masters=3, replicas=1, node_timeout_ms=5000,
+                       extra=["--cluster-require-full-coverage", "no"]) as servers:
+        wait_for(lambda: replicas_connected(servers[:3]), timeout=30, interval=0.1, what="every replica")
+        lone = servers[0].port
+        _replica_of(servers, lone).stop(kill=True)
+        yield servers, lone
+
+
+def test_a_wait_short_on_one_master_leaves_the_jobs_of_another_confirmed(
+        tmp_path: Path, short_cluster: tuple[list[Server], int]) -> None:
+    """One round trip holding a job for a master short of its replica and one for a master
+    whose replica holds it: only the first is answered NotReplicated; the second is
+    answered with its job (it was confirmed by its own master's WAIT)."""
+    servers, lone = short_cluster
+    p = _project(tmp_path / "p", servers, wait_replicas=1, wait_timeout_s=0.3)
+    try:
+        c = p.client
+        short_key = next(_keys(c, lone, True, "s"))
+        fine_key = next(_keys(c, lone, False, "f"))
+        answers = c._send_prepared([c.prepare(Request("record", {"n": 1}, idempotency_key=fine_key)),
+                                    c.prepare(Request("record", {"n": 2}, idempotency_key=short_key))])
+        assert isinstance(answers[0], Enqueued), answers[0]
+        assert isinstance(answers[1], NotReplicated), answers[1]
+        assert (answers[1].acked, answers[1].wanted) == (0, 1)
+        assert c.get(answers[0].id).status == "queued"
+    finally:
+        _close(p)
