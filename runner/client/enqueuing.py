@@ -6,7 +6,8 @@ carries the calls, and ``Sender.answer`` turns each call's reply, or its failure
 each job's answer. The transports differ only in how the calls travel:
 
     batch   one round trip of every call (redis-py; calls that overlap from many threads
-            share it through the Combiner): enqueue, enqueue from asyncio with replicas
+            share it through a Combiner, one per queue partition on Redis Cluster):
+            enqueue, enqueue from asyncio with replicas
     loop    the event loop's own connection (aiolink.py): aenqueue, the HTTP fast lane
     stream  chunks streamed on one connection, the next prepared while Redis runs the
             last: enqueue_many, enqueue_all
@@ -278,11 +279,11 @@ def enqueue(
         with tracing.enqueue_span(type) as span:
             tp = traceparent or tracing.current_traceparent()
             prep = _prepare(client, type, payload, version, delay, run_at, idempotency_key, tp, priority, waited)
-            out = _one(client.sender.combiner.submit(prep))
+            out = _one(client.sender.submit(prep))
             tracing.annotate(span, id=out.id, queue=out.queue)
             return out
     prep = _prepare(client, type, payload, version, delay, run_at, idempotency_key, traceparent, priority, waited)
-    return _one(client.sender.combiner.submit(prep))
+    return _one(client.sender.submit(prep))
 
 
 async def aenqueue(
@@ -417,35 +418,78 @@ class Sender:
         # leaves it to the thread above (Sentinel, Cluster, WAIT).
         self.aiolink: AsyncLink | bool | None = None
         self._loop_combiner: LoopCombiner[Prepared, _Answer] = LoopCombiner(self._send_on_loop, MAX_BATCH)
+        # Redis Cluster: a combiner (and an asyncio one) per queue partition, so one round
+        # trip holds one master's calls only: a master slow to answer (a WAIT short of
+        # replicas, a stalled process) delays its own callers, never those of the others.
+        # One server: the one combiner above (one round trip per call, as ever).
+        self._by_partition = "+cluster://" in runtime.config.redis.url
+        self._lanes: dict[tuple[str, int], Combiner[Prepared, _Answer]] = {}
+        self._async_lanes: dict[tuple[str, int], AsyncCombiner[Prepared, _Answer]] = {}
 
     def close(self) -> None:
         if isinstance(self.aiolink, AsyncLink):
             self.aiolink.close()
 
-    def plan(self, items: Iterable[_Item], discover: bool = True) -> list[_Call]:
-        """The enqueue script calls of a send: one per queue partition its jobs go to."""
+    def submit(self, prep: Prepared) -> _Answer:
+        """One job sent in the round trip it shares with concurrent callers (its
+        partition's, on Redis Cluster): its answer."""
+        if not self._by_partition:
+            return self.combiner.submit(prep)
+        lane = self._lane(prep)
+        combiner = self._lanes.get(lane)
+        if combiner is None:  # (setdefault: threads that race for a new lane get one)
+            combiner = self._lanes.setdefault(lane, Combiner(
+                functools.partial(self.send, spin=True, to=lane[1]), max_batch=MAX_BATCH))
+        return combiner.submit(prep)
+
+    async def _asubmit(self, prep: Prepared) -> _Answer:
+        """``submit`` from an event loop, on a sender thread (one per partition on Redis
+        Cluster)."""
+        if not self._by_partition:
+            return await self._async_combiner.submit(prep)
+        lane = self._lane(prep)
+        combiner = self._async_lanes.get(lane)
+        if combiner is None:
+            combiner = self._async_lanes.setdefault(lane, AsyncCombiner(
+                functools.partial(self.send, to=lane[1]), max_batch=MAX_BATCH))
+        return await combiner.submit(prep)
+
+    def _lane(self, prep: Prepared) -> tuple[str, int]:
+        """The queue and partition a job goes to by the current count (as ``plan`` places
+        it; a keyless job's is picked now, and its round trip sends it there)."""
+        queue = prep.fn.queue
+        n = self.runtime.parts[queue][0].partitions
+        if n <= 1:
+            return queue, 0
+        key = routing.route(prep.job)
+        return queue, (routing.partition_of(key, n) if key else self.spread.next(n))
+
+    def plan(self, items: Iterable[_Item], discover: bool = True, to: int = -1) -> list[_Call]:
+        """The enqueue script calls of a send: one per queue partition its jobs go to
+        (keyless jobs to partition ``to`` when given)."""
         by_queue: dict[str, list[_Item]] = {}
         for item in items:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
         return [(queue, k, sub) for queue, queued in by_queue.items()
-                for k, sub in self.partitioned(queue, queued, _job_of, discover)]
+                for k, sub in self.partitioned(queue, queued, _job_of, discover, to)]
 
     def partitioned(self, queue: str, items: Sequence[_T], job: Callable[[_T], NewJob],
-                    discover: bool = True) -> list[tuple[QueueKeys, list[_T]]]:
+                    discover: bool = True, to: int = -1) -> list[tuple[QueueKeys, list[_T]]]:
         """``items`` of one queue by the partition their jobs go to (see store/routing.py);
         the current count's partitions only, never a draining one. ``discover``: record
         this producer's tags when due (tagset.py), a blocking round trip; the event loop's
-        path leaves that to the thread's (see asend)."""
+        path leaves that to the thread's (see asend). ``to``: the partition of the jobs
+        without a route (-1: the spread's next)."""
         rt = self.runtime
         if discover:
-            rt.discover_due(record=True)
+            rt.discover_due(record=True, aside=self._by_partition)
         parts = rt.parts[queue]
         n = parts[0].partitions
         place = rt.placements.get(queue)
         if n == 1 and place is None:
             return [(parts[0], list(items))]
         jobs = [job(i) for i in items]
-        split = routing.split(jobs, n, self.spread)
+        split = routing.split(jobs, n, self.spread, to)
         if place is not None:  # another count was in use lately: its keys are looked up
             with reachable():
                 split = place.relocate(rt.redis, jobs, split, parts)
@@ -480,14 +524,15 @@ class Sender:
 
     # The batch: one round trip (the Combiner's send) --------------------------------
 
-    def send(self, preps: Sequence[Prepared], spin: bool = False, again: int = 8) -> list[_Answer]:
+    def send(self, preps: Sequence[Prepared], spin: bool = False, again: int = 8, to: int = -1) -> list[_Answer]:
         """One round trip: one enqueue script call per queue partition the jobs go to (and one WAIT
         after them all, with ``wait_replicas``: then each caller short of replicas is
         answered NotReplicated for its own job). A partition whose node could not be
         reached is avoided for a while by keyless jobs, and the keyless jobs of a call that
         was never sent go to another partition at once (they may go anywhere; ``again``
-        more times at most)."""
-        out = self._send_once(preps, spin)
+        more times at most). ``to``: the partition of the keyless jobs (-1: the spread's
+        next; a partition's combiner on Redis Cluster picked it already)."""
+        out = self._send_once(preps, spin, to)
         if again <= 0:
             return out
         spare = [i for i, o in enumerate(out)
@@ -498,11 +543,11 @@ class Sender:
                 out[i] = o
         return out
 
-    def _send_once(self, preps: Sequence[Prepared], spin: bool = False) -> list[_Answer]:
+    def _send_once(self, preps: Sequence[Prepared], spin: bool = False, to: int = -1) -> list[_Answer]:
         scripts = self.runtime.scripts
         short: NotReplicated | None = None
         short_calls: list[int] = []
-        calls = self.plan(enumerate(preps))
+        calls = self.plan(enumerate(preps), to=to)
         batch = None
         try:
             if len(calls) == 1:
@@ -548,7 +593,7 @@ class Sender:
         if (isinstance(link, AsyncLink) and link.usable() and not rt.record_due()
                 and prep.fn.queue not in rt.placements):
             return _one(await self._loop_combiner.submit(prep))
-        return _one(await self._async_combiner.submit(prep))
+        return _one(await self._asubmit(prep))
 
     def _make_aiolink(self) -> AsyncLink | bool:
         cfg = self.runtime.config.redis

@@ -117,11 +117,11 @@ class Spread:
         return p
 
 
-def split(jobs: Sequence[NewJob], n: int, spread: Spread) -> dict[int, list[int]]:
-    """The indexes of ``jobs`` by partition (in order within each)."""
+def split(jobs: Sequence[NewJob], n: int, spread: Spread, loose: int = -1) -> dict[int, list[int]]:
+    """The indexes of ``jobs`` by partition (in order within each); those without a route
+    in partition ``loose`` (-1: the spread's next)."""
     if n <= 1:
         return {0: list(range(len(jobs)))}
-    loose = -1
     out: dict[int, list[int]] = {}
     for i, job in enumerate(jobs):
         key = route(job)

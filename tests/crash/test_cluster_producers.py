@@ -7,6 +7,8 @@ demoted master is an outage (RedisUnavailable, an HTTP 503), at once."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from clusterkit import cluster_url, local_cluster, replicas_connected
 
 from runner.client import Client, Enqueued, Request
 from runner.errors import NotReplicated, RedisUnavailable
-from runner.store import routing
+from runner.store import keys, routing, tagset
 from runner.store.embedded import Server
 
 from conftest import Endpoint, Project, make_project, wait_for
@@ -156,3 +158,96 @@ def test_a_wait_short_on_one_master_leaves_the_jobs_of_another_confirmed(
         assert c.get(answers[0].id).status == "queued"
     finally:
         _close(p)
+
+
+class _Producer(threading.Thread):
+    """Enqueues ``record`` jobs one at a time with keys from ``keys`` until stopped: each
+    call's (start, seconds taken, answer or the exception's class name)."""
+
+    def __init__(self, c: Client, keys: Iterator[str], stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.c, self.keys, self.stop = c, keys, stop
+        self.calls: list[tuple[float, float, str]] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            t = time.monotonic()
+            try:
+                self.c.enqueue("record", {"n": 1}, idempotency_key=next(self.keys))
+                what = "ok"
+            except (NotReplicated, RedisUnavailable) as exc:
+                what = type(exc).__name__
+            self.calls.append((t, time.monotonic() - t, what))
+
+
+def test_producers_to_healthy_masters_do_not_wait_behind_a_short_one(
+        tmp_path: Path, short_cluster: tuple[list[Server], int]) -> None:
+    """Threads of one process enqueue concurrently, two to the master short of its replica
+    (each call waits out its 1 s WAIT) and two to the healthy masters: the healthy ones'
+    calls are never refused and never wait for the short master's WAIT."""
+    servers, lone = short_cluster
+    p = _project(tmp_path / "p", servers, wait_replicas=1, wait_timeout_s=1.0)
+    try:
+        c = p.client
+        stop = threading.Event()
+        short = [_Producer(c, _keys(c, lone, True, f"s{i}-"), stop) for i in range(2)]
+        fine = [_Producer(c, _keys(c, lone, False, f"f{i}-"), stop) for i in range(2)]
+        for t in (*short, *fine):
+            t.start()
+        time.sleep(3.0)  # the load itself: 3 WAIT timeouts of the short master
+        stop.set()
+        for t in (*short, *fine):
+            t.join(10)
+        healthy = [x for t in fine for x in t.calls]
+        assert sum(1 for t in short for x in t.calls if x[2] == "NotReplicated") >= 2
+        assert len(healthy) > 50, len(healthy)
+        refused = [x for x in healthy if x[2] != "ok"]
+        assert not refused, f"{len(refused)} of {len(healthy)} healthy calls refused: {refused[:3]}"
+        slowest = max(x[1] for x in healthy)
+        assert slowest < 0.5, f"a healthy call took {slowest:.2f} s (the short master's WAIT is 1 s)"
+    finally:
+        _close(p)
+
+
+def test_a_stalled_master_delays_only_its_own_producers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One master of three is stopped (SIGSTOP) for 3 s while threads of one process
+    enqueue to it and to the other two: the calls to the others go on, each answered
+    quickly, and the calls to the stalled one are answered once it resumes. The
+    producers' record of their partition tags falls due in the stall (its sets live on
+    every master, the stalled one's too) and holds up none of the others' calls."""
+    monkeypatch.setattr(tagset, "RECORD_EVERY_S", 0.5)  # (10 s in production)
+    with local_cluster(tmp_path / "c", masters=3, node_timeout_ms=20000,
+                       extra=["--cluster-require-full-coverage", "no"]) as servers:
+        p = _project(tmp_path / "p", servers, wait_replicas=0, wait_timeout_s=0)
+        try:
+            c = p.client
+            # The master that holds the queue's recorded partition tags, and partitions of it.
+            home = c.runtime.redis.get_node_from_key(keys.partition_set(c.runtime.config.redis.prefix, "fast")).port
+            stalled = next(s for s in servers if s.port == home)
+            stop = threading.Event()
+            slow = [_Producer(c, _keys(c, stalled.port, True, f"s{i}-"), stop) for i in range(2)]
+            fine = [_Producer(c, _keys(c, stalled.port, False, f"f{i}-"), stop) for i in range(2)]
+            for t in (*slow, *fine):
+                t.start()
+            wait_for(lambda: all(len(t.calls) > 20 for t in (*slow, *fine)), timeout=10, what="the warm-up")
+            assert stalled.proc is not None
+            os.kill(stalled.proc.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            try:
+                time.sleep(3.0)  # the stall itself
+            finally:
+                os.kill(stalled.proc.pid, signal.SIGCONT)
+            t1 = time.monotonic()
+            wait_for(lambda: all(t.calls and t.calls[-1][0] > t1 for t in slow), timeout=10,
+                     what="the stalled master's producers to go on")
+            stop.set()
+            for t in (*slow, *fine):
+                t.join(10)
+            during = [x for t in fine for x in t.calls if t0 + 0.2 < x[0] < t1 - 0.5]
+            assert len(during) > 50, f"{len(during)} healthy calls answered in the stall"
+            assert all(x[2] == "ok" for x in during), [x for x in during if x[2] != "ok"][:3]
+            slowest = max(x[1] for t in fine for x in t.calls)
+            assert slowest < 1.0, f"a healthy call took {slowest:.2f} s (the stall was 3 s)"
+            assert all(x[2] == "ok" for t in slow for x in t.calls), "the stalled master's calls"
+        finally:
+            _close(p)
