@@ -462,7 +462,7 @@ class Sender:
         if n <= 1:
             return queue, 0
         key = routing.route(prep.job)
-        return queue, (routing.partition_of(key, n) if key else self.spread.next(n))
+        return queue, (routing.partition_of(key, n) if key else self.spread.current(n))
 
     def plan(self, items: Iterable[_Item], discover: bool = True, to: int = -1) -> list[_Call]:
         """The enqueue script calls of a send: one per queue partition its jobs go to
@@ -531,7 +531,10 @@ class Sender:
         reached is avoided for a while by keyless jobs, and the keyless jobs of a call that
         was never sent go to another partition at once (they may go anywhere; ``again``
         more times at most). ``to``: the partition of the keyless jobs (-1: the spread's
-        next; a partition's combiner on Redis Cluster picked it already)."""
+        next; a partition's combiner on Redis Cluster picked it already, and the jobs
+        picked after this go to the next)."""
+        if to >= 0:
+            self.spread.advance()
         out = self._send_once(preps, spin, to)
         if again <= 0:
             return out
