@@ -53,6 +53,7 @@ class Runtime:
     _discovered_at: float = float("-inf")
     _recorded_at: float = float("-inf")
     _discovering: threading.Lock = field(default_factory=threading.Lock)
+    _aside: threading.Thread | None = None  # a discover_due(aside=True) under way
     _swapped: list[Callable[[], None]] = field(default_factory=list)  # told of a registry swap
 
     @classmethod
@@ -168,11 +169,26 @@ class Runtime:
         """Whether a producer's next enqueue records its partition tags (see discover_due)."""
         return time.monotonic() - self._recorded_at >= tagset.RECORD_EVERY_S
 
-    def discover_due(self, *, record: bool = False) -> list[QueueKeys]:
+    def discover_due(self, *, record: bool = False, aside: bool = False) -> list[QueueKeys]:
         """``discover`` when the last one (that recorded, with ``record``) is older than
         tagset.RECORD_EVERY_S: a producer records its tags at its first enqueue and then
-        that often; the check itself is one clock read."""
-        if time.monotonic() - (self._recorded_at if record else self._discovered_at) < tagset.RECORD_EVERY_S:
+        that often; the check itself is one clock read. ``aside``: once a first one is
+        done, the next run on a thread of their own and this call returns at once (an
+        enqueue's round trip waits on its own master only: on Redis Cluster the tag sets
+        live on every master, and one may be stalled)."""
+        last = self._recorded_at if record else self._discovered_at
+        if time.monotonic() - last < tagset.RECORD_EVERY_S:
+            return []
+        if self._discovering.locked():
+            # Another thread reads them now, and may be waiting out a stalled node: this
+            # caller goes on with the tags it has rather than wait behind it.
+            return []
+        if aside and last > float("-inf"):
+            aside_run = self._aside
+            if aside_run is None or not aside_run.is_alive():
+                self._aside = threading.Thread(target=self.discover, kwargs={"record": record},
+                                               name="runner-discover", daemon=True)
+                self._aside.start()
             return []
         return self.discover(record=record)
 

@@ -6,7 +6,8 @@ carries the calls, and ``Sender.answer`` turns each call's reply, or its failure
 each job's answer. The transports differ only in how the calls travel:
 
     batch   one round trip of every call (redis-py; calls that overlap from many threads
-            share it through the Combiner): enqueue, enqueue from asyncio with replicas
+            share it through a Combiner, one per queue partition on Redis Cluster):
+            enqueue, enqueue from asyncio with replicas
     loop    the event loop's own connection (aiolink.py): aenqueue, the HTTP fast lane
     stream  chunks streamed on one connection, the next prepared while Redis runs the
             last: enqueue_many, enqueue_all
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -271,11 +272,11 @@ def enqueue(
         with tracing.enqueue_span(type) as span:
             tp = traceparent or tracing.current_traceparent()
             prep = _prepare(client, type, payload, version, delay, run_at, idempotency_key, tp, priority, waited)
-            out = _one(client.sender.combiner.submit(prep))
+            out = _one(client.sender.submit(prep))
             tracing.annotate(span, id=out.id, queue=out.queue)
             return out
     prep = _prepare(client, type, payload, version, delay, run_at, idempotency_key, traceparent, priority, waited)
-    return _one(client.sender.combiner.submit(prep))
+    return _one(client.sender.submit(prep))
 
 
 async def aenqueue(
@@ -410,48 +411,92 @@ class Sender:
         # leaves it to the thread above (Sentinel, Cluster, WAIT).
         self.aiolink: AsyncLink | bool | None = None
         self._loop_combiner: LoopCombiner[Prepared, _Answer] = LoopCombiner(self._send_on_loop, MAX_BATCH)
+        # Redis Cluster: a combiner (and an asyncio one) per queue partition, so one round
+        # trip holds one master's calls only: a master slow to answer (a WAIT short of
+        # replicas, a stalled process) delays its own callers, never those of the others.
+        # One server: the one combiner above (one round trip per call, as ever).
+        self._by_partition = "+cluster://" in runtime.config.redis.url
+        self._lanes: dict[tuple[str, int], Combiner[Prepared, _Answer]] = {}
+        self._async_lanes: dict[tuple[str, int], AsyncCombiner[Prepared, _Answer]] = {}
 
     def close(self) -> None:
         if isinstance(self.aiolink, AsyncLink):
             self.aiolink.close()
 
-    def plan(self, items: Iterable[_Item], discover: bool = True) -> list[_Call]:
-        """The enqueue script calls of a send: one per queue partition its jobs go to."""
+    def submit(self, prep: Prepared) -> _Answer:
+        """One job sent in the round trip it shares with concurrent callers (its
+        partition's, on Redis Cluster): its answer."""
+        if not self._by_partition:
+            return self.combiner.submit(prep)
+        lane = self._lane(prep)
+        combiner = self._lanes.get(lane)
+        if combiner is None:  # (setdefault: threads that race for a new lane get one)
+            combiner = self._lanes.setdefault(lane, Combiner(
+                functools.partial(self.send, spin=True, to=lane[1]), max_batch=MAX_BATCH))
+        return combiner.submit(prep)
+
+    async def _asubmit(self, prep: Prepared) -> _Answer:
+        """``submit`` from an event loop, on a sender thread (one per partition on Redis
+        Cluster)."""
+        if not self._by_partition:
+            return await self._async_combiner.submit(prep)
+        lane = self._lane(prep)
+        combiner = self._async_lanes.get(lane)
+        if combiner is None:
+            combiner = self._async_lanes.setdefault(lane, AsyncCombiner(
+                functools.partial(self.send, to=lane[1]), max_batch=MAX_BATCH))
+        return await combiner.submit(prep)
+
+    def _lane(self, prep: Prepared) -> tuple[str, int]:
+        """The queue and partition a job goes to by the current count (as ``plan`` places
+        it; a keyless job's is picked now, and its round trip sends it there)."""
+        queue = prep.fn.queue
+        n = self.runtime.parts[queue][0].partitions
+        if n <= 1:
+            return queue, 0
+        key = routing.route(prep.job)
+        return queue, (routing.partition_of(key, n) if key else self.spread.current(n))
+
+    def plan(self, items: Iterable[_Item], discover: bool = True, to: int = -1) -> list[_Call]:
+        """The enqueue script calls of a send: one per queue partition its jobs go to
+        (keyless jobs to partition ``to`` when given)."""
         by_queue: dict[str, list[_Item]] = {}
         for item in items:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
         return [(queue, k, sub) for queue, queued in by_queue.items()
-                for k, sub in self.partitioned(queue, queued, _job_of, discover)]
+                for k, sub in self.partitioned(queue, queued, _job_of, discover, to)]
 
     def partitioned(self, queue: str, items: Sequence[_T], job: Callable[[_T], NewJob],
-                    discover: bool = True) -> list[tuple[QueueKeys, list[_T]]]:
+                    discover: bool = True, to: int = -1) -> list[tuple[QueueKeys, list[_T]]]:
         """``items`` of one queue by the partition their jobs go to (see store/routing.py);
         the current count's partitions only, never a draining one. ``discover``: record
         this producer's tags when due (tagset.py), a blocking round trip; the event loop's
-        path leaves that to the thread's (see asend)."""
+        path leaves that to the thread's (see asend). ``to``: the partition of the jobs
+        without a route (-1: the spread's next)."""
         rt = self.runtime
         if discover:
-            rt.discover_due(record=True)
+            rt.discover_due(record=True, aside=self._by_partition)
         parts = rt.parts[queue]
         n = parts[0].partitions
         place = rt.placements.get(queue)
         if n == 1 and place is None:
             return [(parts[0], list(items))]
         jobs = [job(i) for i in items]
-        split = routing.split(jobs, n, self.spread)
+        split = routing.split(jobs, n, self.spread, to)
         if place is not None:  # another count was in use lately: its keys are looked up
             with reachable():
                 split = place.relocate(rt.redis, jobs, split, parts)
         return [(parts[p], [items[i] for i in idx]) for p, idx in split.items()]
 
     def answer(self, calls: Sequence[_Call], replies: Sequence[Any], out: list[Any],
-               short: NotReplicated | None = None) -> None:
+               short: NotReplicated | None = None, short_calls: Container[int] | None = None) -> None:
         """Each job's answer from its call's reply (code, job id, status per job: see
         enqueue.lua) at its index in ``out``: its job, an idempotency conflict, or the
         call's failure (Redis away: RedisUnavailable, and a partition of a partitioned
         queue is passed over by keyless jobs for a while). ``short``: the replicas did
-        not confirm the calls (each job written but NotReplicated)."""
-        for (queue, k, items), reply in zip(calls, replies, strict=True):
+        not confirm the calls numbered in ``short_calls`` (None: every call), each of
+        whose jobs is written but NotReplicated; the other calls' jobs were confirmed."""
+        for c, ((queue, k, items), reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(reply, BaseException):
                 failure: BaseException = link_mod.raised(reply) if isinstance(reply, link_mod.ReplyError) else reply
                 if isinstance(failure, (*UNAVAILABLE, RedisUnavailable)):
@@ -464,21 +509,26 @@ class Sender:
                 for index, _ in items:
                     out[index] = failure
                 continue
+            unconfirmed = short is not None and (short_calls is None or c in short_calls)
             for n, (index, prep) in enumerate(items):
                 out[index] = one = _outcome(prep, queue, reply, n)
-                if short is not None and not isinstance(one, IdempotencyConflict):
+                if unconfirmed and short is not None and not isinstance(one, IdempotencyConflict):
                     out[index] = _unconfirmed(short, [reply[3 * n: 3 * n + 3]])
 
     # The batch: one round trip (the Combiner's send) --------------------------------
 
-    def send(self, preps: Sequence[Prepared], spin: bool = False, again: int = 8) -> list[_Answer]:
+    def send(self, preps: Sequence[Prepared], spin: bool = False, again: int = 8, to: int = -1) -> list[_Answer]:
         """One round trip: one enqueue script call per queue partition the jobs go to (and one WAIT
         after them all, with ``wait_replicas``: then each caller short of replicas is
         answered NotReplicated for its own job). A partition whose node could not be
         reached is avoided for a while by keyless jobs, and the keyless jobs of a call that
         was never sent go to another partition at once (they may go anywhere; ``again``
-        more times at most)."""
-        out = self._send_once(preps, spin)
+        more times at most). ``to``: the partition of the keyless jobs (-1: the spread's
+        next; a partition's combiner on Redis Cluster picked it already, and the jobs
+        picked after this go to the next)."""
+        if to >= 0:
+            self.spread.advance()
+        out = self._send_once(preps, spin, to)
         if again <= 0:
             return out
         spare = [i for i, o in enumerate(out)
@@ -489,10 +539,11 @@ class Sender:
                 out[i] = o
         return out
 
-    def _send_once(self, preps: Sequence[Prepared], spin: bool = False) -> list[_Answer]:
+    def _send_once(self, preps: Sequence[Prepared], spin: bool = False, to: int = -1) -> list[_Answer]:
         scripts = self.runtime.scripts
         short: NotReplicated | None = None
-        calls = self.plan(enumerate(preps))
+        short_calls: list[int] = []
+        calls = self.plan(enumerate(preps), to=to)
         batch = None
         try:
             if len(calls) == 1:
@@ -511,16 +562,20 @@ class Sender:
             replies = [exc]  # one call: its jobs' answer, as a batch's call failing alone
         except NotReplicated as exc:
             replies, short = exc.replies, exc
+            # Only the calls whose own WAIT fell short are unconfirmed (on Redis Cluster
+            # each call waits on its own master; on one server the one WAIT is every
+            # call's): the others' jobs are on masters whose replicas hold them.
+            short_calls = batch.short if batch is not None else [0]
             # Keyless jobs may go anywhere: a partition whose master is short of replicas
             # (a promoted one with none yet) costs each round trip there the whole WAIT
             # timeout and a NotReplicated, so it is passed over for a while, as one that
             # could not be reached.
-            for j in (batch.short if batch is not None else [0]):
+            for j in short_calls:
                 k = calls[j][1]
                 if k.partitions > 1:
                     self.spread.avoid(k.partition)
         out: list[Any] = [None] * len(preps)
-        self.answer(calls, replies, out, short)
+        self.answer(calls, replies, out, short, short_calls)
         return out
 
     # The loop: the event loop's own connection ------------------------------------
@@ -534,7 +589,7 @@ class Sender:
         if (isinstance(link, AsyncLink) and link.usable() and not rt.record_due()
                 and prep.fn.queue not in rt.placements):
             return _one(await self._loop_combiner.submit(prep))
-        return _one(await self._async_combiner.submit(prep))
+        return _one(await self._asubmit(prep))
 
     def _make_aiolink(self) -> AsyncLink | bool:
         cfg = self.runtime.config.redis

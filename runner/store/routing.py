@@ -100,15 +100,31 @@ class Spread:
 
     def __init__(self) -> None:
         self._turn = itertools.count()
+        self._now = 0  # the turn of the jobs picked one at a time (``current``)
         self._away: dict[int, float] = {}  # partition -> monotonic time it is tried again
 
     def avoid(self, partition: int) -> None:
         self._away[partition] = time.monotonic() + self.AWAY_S
 
     def next(self, n: int) -> int:
+        return self._pick(next(self._turn), n)
+
+    def current(self, n: int) -> int:
+        """Where a job picked on its own goes now (on Redis Cluster each partition has its
+        own round trips, and a job picks one as it is submitted): the same partition
+        until ``advance``, called as a round trip is sent, moves on to the next. So
+        callers that arrive together share a round trip, a lone caller's next job goes to
+        the next partition, and the callers that arrive while a stalled partition's round
+        trip waits go elsewhere."""
+        return self._pick(self._now, n)
+
+    def advance(self) -> None:
+        self._now += 1
+
+    def _pick(self, turn: int, n: int) -> int:
         if n <= 1:
             return 0
-        p = next(self._turn) % n
+        p = turn % n
         if self._away:
             now = time.monotonic()
             for i in range(n):
@@ -117,11 +133,11 @@ class Spread:
         return p
 
 
-def split(jobs: Sequence[NewJob], n: int, spread: Spread) -> dict[int, list[int]]:
-    """The indexes of ``jobs`` by partition (in order within each)."""
+def split(jobs: Sequence[NewJob], n: int, spread: Spread, loose: int = -1) -> dict[int, list[int]]:
+    """The indexes of ``jobs`` by partition (in order within each); those without a route
+    in partition ``loose`` (-1: the spread's next)."""
     if n <= 1:
         return {0: list(range(len(jobs)))}
-    loose = -1
     out: dict[int, list[int]] = {}
     for i, job in enumerate(jobs):
         key = route(job)

@@ -90,6 +90,21 @@ def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, .
     return ("EVAL", source, len(keys), *keys, *args)
 
 
+def _acked(reply: Any) -> int:
+    """WAIT's count, or its error reply raised. UNBLOCKED means the master was turned into
+    a replica while WAIT blocked (a failover, a CLUSTER FAILOVER TAKEOVER): the write it
+    waited for may be wiped by the master's resync, so this is an outage whose outcome is
+    unknown, as a connection lost mid-call (raised at once: the new master is not asked
+    for a WAIT on a write it may never have seen)."""
+    if isinstance(reply, Exception):
+        if str(reply).startswith("UNBLOCKED"):
+            raise RedisConnectionError(
+                f"the master was demoted to a replica while the write waited for its replicas "
+                f"({reply}): the write may be lost with it") from reply
+        raise reply
+    return int(reply)
+
+
 def _noscript(reply: Any) -> bool:
     """A reply of the raw links (link.py, aiolink.py) saying Redis lacks the script."""
     return isinstance(reply, link_mod.ReplyError) and reply.code == "NOSCRIPT"
@@ -206,11 +221,9 @@ class Batch:
                 failed = failed or reply
         if failed is not None and raise_on_error:
             raise failed
-        if isinstance(last, Exception):  # after the scripts' own errors, which say more
-            raise last
-        if last is not None:
-            acked.append(int(last))
-            self.short = [i for i, c in enumerate(self.calls) if c[3]] if int(last) < sc.replicas else []
+        if last is not None:  # (its error raised after the scripts' own, which say more)
+            acked.append(_acked(last))
+            self.short = [i for i, c in enumerate(self.calls) if c[3]] if acked[-1] < sc.replicas else []
         sc.confirm(acked, replies)
         return replies
 
@@ -909,7 +922,11 @@ class Transport:
             with contextlib.suppress(ResponseError):
                 conn.read_response()
             raise
-        acked = int(conn.read_response())
+        try:
+            waited: Any = conn.read_response()
+        except ResponseError as exc:  # read whole; UNBLOCKED closes the connection after it
+            waited = exc
+        acked = _acked(waited)
         if self._watch is not None:
             self._trusted(conn)
         return reply, acked
@@ -955,6 +972,12 @@ class Transport:
                     attempt += 1
                     continue  # a new master holds the slot: send it there
                 raise
+            if str(acked).startswith("UNBLOCKED"):
+                # The master was demoted (a failover): the layout is learnt again for the
+                # next call, and this one is an outage (see _acked).
+                with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+                    self.client.nodes_manager.initialize()
+                _acked(acked)
             if isinstance(reply, NoScriptError) and cmd[0] == "EVALSHA":  # nothing ran: by its source
                 node.redis_connection.script_load(self.sources[name])
                 cmd = _eval(self.sources[name], keys, args)
@@ -968,9 +991,7 @@ class Transport:
                 raise TryAgainError(str(reply))  # type: ignore[no-untyped-call]
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(acked, Exception):
-                raise acked
-            return reply, int(acked)
+            return reply, _acked(acked)
         raise TryAgainError(f"{name}: the slot of {keys[0]!r} kept moving")  # type: ignore[no-untyped-call]
 
     def prepare(self) -> None:

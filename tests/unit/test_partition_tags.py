@@ -75,6 +75,21 @@ def test_a_batch_goes_one_call_per_partition_and_keyless_jobs_together() -> None
     assert routing.split(jobs, 1, spread) == {0: list(range(70))}
 
 
+def test_keyless_jobs_picked_one_by_one_share_a_partition_until_a_round_trip_is_sent() -> None:
+    """Jobs picked as they are submitted (Redis Cluster's per-partition round trips) all go
+    to the current partition until a round trip is sent, then to the next; a partition
+    passed over (unreachable, short of replicas) is skipped; the loose jobs of a batch
+    sent to a chosen partition go there."""
+    spread = routing.Spread()
+    assert [spread.current(6) for _ in range(5)] == [0] * 5
+    spread.advance()
+    assert spread.current(6) == 1
+    spread.avoid(2)
+    spread.advance()
+    assert spread.current(6) == 3
+    assert routing.split([_job(), _job(idem="k1"), _job()], 6, spread, 4)[4] == [0, 2]
+
+
 @settings(max_examples=2000, deadline=None)
 @given(st.one_of(st.binary(max_size=40), st.text(alphabet="{}ab:", max_size=12).map(str.encode)))
 def test_the_store_computes_slots_as_redis_py_does(key: bytes) -> None:
