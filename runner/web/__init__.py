@@ -41,6 +41,7 @@ from runner.web.events import Events
 from runner.web.exposition import Metrics
 from runner.web.fastlane import FastLane
 from runner.web.groups import GroupItem, Groups
+from runner.web.holding import Waits
 from runner.web.hub import Hub
 from runner.web.jobs import JobBatch, JobList, JobRunNow, Jobs, JobSignal
 from runner.web.offload import Offload
@@ -116,14 +117,15 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     hub = Hub(client, offload)
     app.add_route("/events", Events(hub))
     app.add_route("/events/{name}", Emit(client, offload))
-    app.add_route("/jobs/{name}", Jobs(client, offload))
+    waits = Waits(api.max_connections)
+    app.add_route("/jobs/{name}", Jobs(client, offload, waits))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/jobs/{name}/signals/{signal}", JobSignal(client, offload))
     app.add_route("/jobs/{name}/run-now", JobRunNow(client, offload))
     app.add_route("/jobs/{name}/logs", JobLogs(client, offload))
     app.add_route("/jobs/{name}/stream", JobStream(client, offload))
     app.add_route("/groups", Groups(client, offload))
-    app.add_route("/groups/{group_id}", GroupItem(client, offload))
+    app.add_route("/groups/{group_id}", GroupItem(client, offload, waits))
     app.add_route("/functions", Functions(runtime))
     app.add_route("/functions/{name}", FunctionItem(client, offload))
     app.add_route("/queues", Queues(runtime, offload))

@@ -16,6 +16,7 @@ import falcon.asgi
 from runner.client import Client, Request
 from runner.errors import FieldError, GroupNotFound, InvalidGroup, RedisUnavailable
 from runner.web.body import only_params, read_json, seconds_param, send
+from runner.web.holding import Waits
 from runner.web.jobs import MAX_DELAY_S, part_way
 from runner.web.offload import Offload
 from runner.web.problems import Problem
@@ -96,9 +97,10 @@ class Groups:
 
 
 class GroupItem:
-    def __init__(self, client: Client, offload: Offload) -> None:
+    def __init__(self, client: Client, offload: Offload, waits: Waits) -> None:
         self.client = client
         self.offload = offload
+        self.waits = waits
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, group_id: str) -> None:
         only_params(req, "wait")
@@ -107,7 +109,9 @@ class GroupItem:
             if wait is None:
                 view = await self.offload(self.client.get_group, group_id)
             else:  # once its then-job ended (or the wait passed), as a job's ?wait= answers
-                await self.client.asettle(await self.offload(self.client.then_of, group_id), wait)
+                then = await self.offload(self.client.then_of, group_id)
+                with self.waits.admit(req):  # held to its bound, as a job's ?wait=
+                    await self.client.asettle(then, wait)
                 view = await self.offload(self.client.get_group, group_id)
         except GroupNotFound:
             raise Problem(404, "group-not-found", f"no group {group_id!r}", title="Group not found",

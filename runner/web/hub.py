@@ -14,7 +14,9 @@ stream that gets it: a tick's cost grows with the jobs watched, not with the str
 A stream is a bounded queue of events read by its request (events.py). A page too slow
 to keep up is dropped rather than buffered without end; it reconnects and starts over
 with the whole figures. ``drain`` ends every stream (the server is shutting down: an
-open stream would hold the graceful shutdown to its timeout).
+open stream would hold the graceful shutdown to its timeout). The watched ids are
+bounded per process and shared fairly between tokens: a stream of a token over its fair
+part ends when a token within its part needs the room (``too_many``, ``_make_room``).
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ log = logging.getLogger("runner.web")
 
 TICK_S = 1.0
 # Job ids one process reads per tick over all its streams: each costs a lookup per queue.
+# They are shared fairly between the tokens watching (Hub.too_many): a token may take
+# more than its fair part only while the others leave room, and one that needs its part
+# gets it, so no token (a read-only one, or a leaked one) can lock the others' job views
+# out. The open API (no token) has one caller: the whole bound is its own.
 MAX_WATCHED = 200
-# No one token watches more than this share of them, so one token (a read-only one, or a
-# leaked one) cannot fill the process and lock everyone else's job views out. The open
-# API (no token) has one caller: the whole bound is its own.
-SHARES = 4
 # Streams one token holds open (each holds a connection of the process's
 # [api] max_connections): past it, a 429 (events.py). The open API counts as one token.
 STREAMS_PER_TOKEN = 32
@@ -52,8 +54,8 @@ Event = tuple[str, bytes]  # (event name, its data as JSON)
 
 
 class TooManyWatched(Exception):
-    """Opening this stream would take the process past MAX_WATCHED job ids, or its
-    token past its share of them; the message says which."""
+    """Opening this stream would take its token past its fair share of MAX_WATCHED job
+    ids while the process has no room for them; the message says so."""
 
 
 class TooManyStreams(TooManyWatched):
@@ -121,6 +123,7 @@ class Hub:
         refused = self.too_many(stream.jobs, owner)
         if refused:
             raise TooManyWatched(refused)
+        self._make_room(stream.jobs, owner)
         self.streams.add(stream)
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._loop is not loop:
@@ -139,18 +142,45 @@ class Hub:
         return None
 
     def too_many(self, jobs: Iterable[str], owner: str = "") -> str | None:
-        """Why watching these too is refused (the token past its share of MAX_WATCHED,
-        or the process past MAX_WATCHED ids), or None. A token's share counts each of its
-        streams' ids (each costs a view per tick), the process's the distinct ids (each
-        costs a read per tick)."""
+        """Why watching these too is refused, or None. A token may watch more than its
+        fair part (fair_part) while the process has room; within its part it is always
+        admitted, as opening the stream ends streams of tokens over theirs to make room
+        (_make_room). A token's count is each of its streams' ids (each costs a view per
+        tick), the process's the distinct ids (each costs a read per tick); the open API's
+        only the distinct ids, as it has the whole bound."""
         wanted = frozenset(jobs)
-        share = MAX_WATCHED // SHARES
-        if owner and sum(len(s.jobs) for s in self.streams if s.owner == owner) + len(wanted) > share:
-            return (f"this token already watches jobs near its share ({share} of this web process's "
-                    f"{MAX_WATCHED}); close a page that watches jobs first")
-        if len(self._watched() | wanted) > MAX_WATCHED:
+        mine = self._count(owner) + len(wanted)
+        if len(self._watched() | wanted) <= MAX_WATCHED and (not owner or mine <= MAX_WATCHED):
+            return None
+        if not owner:  # the open API: one caller, no one to share with
             return f"this web process already watches {MAX_WATCHED} jobs for its event streams; try again later"
-        return None
+        fair = self.fair_part(owner)
+        if mine <= fair:
+            return None
+        return (f"this web process watches {MAX_WATCHED} jobs for its event streams, shared fairly by the "
+                f"tokens watching: this token's fair share is {fair} now, and it would watch {mine}; close a "
+                "page that watches jobs first, or try again later")
+
+    def fair_part(self, owner: str) -> int:
+        """MAX_WATCHED split evenly between the tokens that watch jobs, this one counted."""
+        return MAX_WATCHED // len({s.owner for s in self.streams if s.jobs} | {owner})
+
+    def _make_room(self, wanted: frozenset[str], owner: str) -> None:
+        """End streams of the tokens most over their fair part until these ids fit: a
+        token took more only while nobody needed it. Its page reconnects (the stream's
+        retry) and gets what its fair part, or the room left, allows."""
+        while len(self._watched() | wanted) > MAX_WATCHED:
+            fair = self.fair_part(owner)
+            over = {o: n for o in {s.owner for s in self.streams} - {owner} if (n := self._count(o)) > fair}
+            if not over:
+                return
+            greedy = max(over, key=lambda o: over[o])
+            victim = max((s for s in self.streams if s.owner == greedy), key=lambda s: len(s.jobs))
+            victim.end()
+            self.streams.discard(victim)
+
+    def _count(self, owner: str) -> int:
+        return sum(len(s.jobs) for s in self.streams if s.owner == owner)
 
     def close(self, stream: Stream) -> None:
         stream.ended = True

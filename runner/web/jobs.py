@@ -29,6 +29,7 @@ from runner.store.steps import MAX_STEP_BYTES, VALUE_DEPTH, check_signal_name
 from runner.web.auth import caller
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.fastlane import ENQUEUE_ERROR
+from runner.web.holding import Waits
 from runner.web.offload import Offload
 from runner.web.problems import Problem, body_of, conflict
 
@@ -73,9 +74,10 @@ def timing(req: falcon.Request) -> tuple[int | None, float | None, float | None]
 
 
 class Jobs:
-    def __init__(self, client: Client, offload: Offload) -> None:
+    def __init__(self, client: Client, offload: Offload, waits: Waits) -> None:
         self.client = client
         self.offload = offload
+        self.waits = waits
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         """Validate and enqueue. 202 new, 200 duplicate; nothing touches Redis before the
@@ -94,20 +96,24 @@ class Jobs:
         job = await self.client.aenqueue(fn.name, payload, version=version, delay=delay, run_at=run_at,
                                          idempotency_key=key, priority=priority, waited=wait is not None)
         if wait is not None:
-            # 200 with the job's end when it comes within the wait, else the usual answer.
-            # A duplicate is another request's job, enqueued perhaps without the mark.
-            try:
-                ended = await self.client.asettle(job.id, wait, watch=job.duplicate)
-            except JobNotFound:
-                if not job.duplicate:
-                    raise
-                # The key outlived the first job's record (trimmed by done_max): the
-                # duplicate's answer is all there is to give.
-                send(resp, job.as_dict(), 200)
-                return
-            if ended.status in ENDED:
-                send(resp, ended.as_dict(), 200)
-                return
+            # 200 with the job's end when it comes within the wait, else the usual answer,
+            # at once when this token (or the process) holds its most waits already: the
+            # job is in, and a wait is a convenience a poll can make up for.
+            with self.waits.holding(req) as held:
+                if held:
+                    # A duplicate is another request's job, enqueued perhaps without the mark.
+                    try:
+                        ended = await self.client.asettle(job.id, wait, watch=job.duplicate)
+                    except JobNotFound:
+                        if not job.duplicate:
+                            raise
+                        # The key outlived the first job's record (trimmed by done_max): the
+                        # duplicate's answer is all there is to give.
+                        send(resp, job.as_dict(), 200)
+                        return
+                    if ended.status in ENDED:
+                        send(resp, ended.as_dict(), 200)
+                        return
         if not job.duplicate:
             resp.location = f"/jobs/{job.id}"
         send(resp, job.as_dict(), 200 if job.duplicate else 202)
@@ -119,7 +125,8 @@ class Jobs:
             # Decoded on the pool's thread: a job's payload or result may be 1 MiB.
             send(resp, await self.offload(lambda: self.client.get(name).as_dict()))
             return
-        job = await self.client.asettle(name, wait)
+        with self.waits.admit(req):  # past its bound a 429: the answer is the wait's
+            job = await self.client.asettle(name, wait)
         send(resp, job.as_dict())
 
 

@@ -71,7 +71,8 @@ def _enqueue_op(fn: Function, max_wait_s: float) -> dict[str, Any]:
          "schema": {"type": "integer", "minimum": 0, "maximum": 9}},
         {"name": "wait", "in": "query", "required": False,
          "description": "Call and wait: seconds to wait for the job to end. 200 with the ended job "
-                        "(done with its result, or dead with its error) when it ends in time, else 202.",
+                        "(done with its result, or dead with its error) when it ends in time, else 202; "
+                        "202 at once while this token, or the process, holds its most waits.",
          "schema": {"type": "number", "minimum": 0, "maximum": max_wait_s}},
         {"name": "Idempotency-Key", "in": "header", "required": False,
          "description": "A second enqueue with the same key returns the first job (200); "

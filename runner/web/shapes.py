@@ -276,7 +276,9 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
             "parameters": [job_id, _query("wait", {"type": "number", "minimum": 0, "maximum": max_wait_s},
                                           "seconds to wait for the job to end (up to api.max_wait)")],
             "responses": {"200": ok("The job (once ended, or at the end of the wait)", "Job"),
-                          "400": problem("A malformed query parameter"), "404": problem("No such job")},
+                          "400": problem("A malformed query parameter"), "404": problem("No such job"),
+                          "429": problem("?wait= while this token, or the process, holds its most waits "
+                                         "(Retry-After); without ?wait= the job is read at once")},
         }, "delete": {
             "operationId": "cancel_job", "tags": ["jobs"],
             "summary": "Cancel: a job not started ends cancelled, a running one is asked to stop",
@@ -389,8 +391,8 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                           "400": bad,
                           "429": problem("This token holds the most event streams one token may on this "
                                          "process: close a page that shows live updates (Retry-After)"),
-                          "503": problem("This process, or this token's share of it, watches too many jobs "
-                                         "already (Retry-After)")},
+                          "503": problem("This process watches its most jobs, and this token its fair share of "
+                                         "them or more (Retry-After)")},
         }},
         "/functions": {"get": {
             "operationId": "list_functions", "tags": ["functions"],

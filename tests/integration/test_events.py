@@ -253,30 +253,42 @@ def test_a_process_watches_a_bounded_number_of_jobs(project: Project, monkeypatc
         server.stop()
 
 
-def test_one_token_cannot_take_every_watched_job(project: Project, monkeypatch: Any) -> None:
-    """A read-only token watches at most its share of the process's bound (a quarter):
-    past it that token gets the 503, and another token still opens its streams."""
+def test_watched_jobs_are_shared_fairly_between_tokens(project: Project, monkeypatch: Any) -> None:
+    """A token may watch more than its fair part of the process's bound only while the
+    others leave room: alone it takes 5 of 8 (before, a fixed quarter refused its third).
+    Once four other tokens fill the rest, a newcomer watching one job still gets its fair
+    part (8 / 5 tokens): the stream of the token most over its part ends to make room
+    (before: a 503, as four tokens at a quarter each filled the process). That token asking
+    for its 5 again gets the 503 naming its fair share, and within its part it is served."""
     monkeypatch.setattr(hub, "MAX_WATCHED", 8)
-    project.write_config(extra='\n[api.tokens.reader]\nenv = "READER_T"\nscopes = ["read"]\n'
-                               '[api.tokens.ops]\nenv = "OPS_T"\nscopes = ["read", "operate"]\n')
+    monkeypatch.setattr(events, "HEARTBEAT_S", 0.2)  # a closed page is noticed at once
+    names = [f"r{i}" for i in range(5)]
+    project.write_config(extra="".join(f'\n[api.tokens.{n}]\nenv = "{n.upper()}_T"\nscopes = ["read"]\n'
+                                       for n in names))
     from runner import config as config_mod
     from runner.runtime import Runtime
 
-    env = {**project.env, "READER_T": "reader-secret", "OPS_T": "ops-secret"}
+    env = {**project.env, **{f"{n.upper()}_T": f"{n}-secret" for n in names}}
     rt = Runtime.create(config_mod.load(project.root / "runner.toml", env=env))
     app = create_app(rt)
     server = DevServer(app, "127.0.0.1", 0)
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}"
-        with feed(url, "reader-secret", "?job=a&job=b") as f:
-            f.next("job-gone")
-            wait_for(lambda: len(app.app.hub.streams) == 1, timeout=5, what="the reader's stream")
-            refused = requests.get(url + "/events?job=c", headers={"Authorization": "Bearer reader-secret"},
-                                   timeout=10)
-            assert refused.status_code == 503 and "share" in refused.json()["detail"], refused.text
-            with feed(url, "ops-secret", "?job=c&job=d") as other:
-                assert other.next("job-gone")["id"] in ("c", "d")
+        with contextlib.ExitStack() as opened:
+            greedy = opened.enter_context(feed(url, "r0-secret", "?job=a&job=b&job=c&job=d&job=e"))
+            greedy.next("job-gone")
+            for n, job in zip(names[1:4], "fgh", strict=True):
+                opened.enter_context(feed(url, f"{n}-secret", f"?job={job}")).next("job-gone")
+            wait_for(lambda: len(app.app.hub.streams) == 4, timeout=5, what="four streams")
+            newcomer = opened.enter_context(feed(url, "r4-secret", "?job=i"))
+            assert newcomer.next("job-gone") == {"id": "i"}
+            assert greedy.ended(timeout=5), "the stream over its fair part should end"
+            again = requests.get(url + "/events?job=a&job=b&job=c&job=d&job=e",
+                                 headers={"Authorization": "Bearer r0-secret"}, timeout=10)
+            assert again.status_code == 503 and "fair share" in again.json()["detail"], again.text
+            within = opened.enter_context(feed(url, "r0-secret", "?job=j"))
+            assert within.next("job-gone") == {"id": "j"}
     finally:
         server.stop()
         rt.close()
@@ -300,17 +312,20 @@ def _token_app(project: Project) -> tuple[Any, Any, DevServer]:
 def test_a_tokens_share_counts_each_streams_watched_jobs(project: Project, monkeypatch: Any) -> None:
     """A token's share of watched jobs counts each stream's ids, not the distinct ids: a
     stream costs a view per watched job per tick whatever another stream watches, so a
-    token could open streams on the same job without end. Past its share: the 503."""
-    monkeypatch.setattr(hub, "MAX_WATCHED", 8)  # a share of 2
+    token could open streams on the same job without end. Past its share (alone: the
+    whole bound): the 503."""
+    monkeypatch.setattr(hub, "MAX_WATCHED", 4)
+    monkeypatch.setattr(events, "HEARTBEAT_S", 0.2)  # a closed page is noticed at once
     rt, app, server = _token_app(project)
     try:
         url = f"http://127.0.0.1:{server.port}"
-        with feed(url, "reader-secret", "?job=a&job=b") as f:
+        with feed(url, "reader-secret", "?job=a&job=b") as f, feed(url, "reader-secret", "?job=a&job=b") as g:
             f.next("job-gone")
-            wait_for(lambda: len(app.app.hub.streams) == 1, timeout=5, what="the reader's stream")
+            g.next("job-gone")
+            wait_for(lambda: len(app.app.hub.streams) == 2, timeout=5, what="the reader's streams")
             again = requests.get(url + "/events?job=a", headers={"Authorization": "Bearer reader-secret"},
                                  timeout=10)
-            assert again.status_code == 503 and "share" in again.json()["detail"], again.text
+            assert again.status_code == 503 and "fair share" in again.json()["detail"], again.text
     finally:
         server.stop()
         rt.close()

@@ -183,3 +183,61 @@ def test_slow_bodies_time_out_and_give_way_to_a_real_client(project: Project) ->
         finally:
             for s in held:
                 s.close()
+
+
+def _waiting(port: int, raw: bytes) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(raw)
+    return s
+
+
+def _answered(s: socket.socket, within: float) -> bytes:
+    """What the server sent within ``within`` seconds (b"": nothing yet, the request is held)."""
+    s.settimeout(within)
+    try:
+        return s.recv(65536)
+    except TimeoutError:
+        return b""
+    except ConnectionResetError:
+        return b"reset"
+
+
+def test_held_waits_cannot_lock_out_a_real_client(project: Project) -> None:
+    """A ?wait= holds its connection for up to [api] max_wait: one token holds at most an
+    eighth of max_connections in waits (the process half). Past it, POST ?wait= answers
+    at once as without the wait (202, the job enqueued) and GET ?wait= is a 429 with
+    Retry-After. So a producer sending more call-and-wait requests than the process has
+    connections (of delayed jobs: none ends within the wait) leaves an operator's
+    GET /queues and /healthz answered at once (before, every other connection was reset
+    for the wait's 30 s)."""
+    project.write_config(extra="\n[api]\nmax_connections = 40\nheader_timeout = 30\nidle_timeout = 30\n"
+                               '[api.tokens.producer]\nenv = "PROD_T"\nscopes = ["enqueue:record"]\n'
+                               '[api.tokens.reader]\nenv = "READER_T"\nscopes = ["read"]\n')
+    with gunicorn(project, token=TOKEN, env={"PROD_T": "prod-secret", "READER_T": "reader-secret"}) as web:
+        port = _port(web)
+        post = (b"POST /jobs/record?delay=600&wait=30 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer prod-secret\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 1}")
+        held = [_waiting(port, post) for _ in range(45)]
+        try:
+            answers = [_answered(s, 0.5) for s in held]
+            at_once = [a for a in answers if a]
+            assert len(at_once) == 45 - 5, [a[:40] for a in answers]
+            assert all(a.startswith(b"HTTP/1.1 202") for a in at_once), [a[:40] for a in at_once]
+            job_id = at_once[0].partition(b"location: /jobs/")[2].split(b"\r")[0].decode()
+            t0 = time.monotonic()
+            assert web.get("/queues").status_code == 200
+            assert web.get("/healthz", auth=False).status_code == 200
+            assert time.monotonic() - t0 < 1.5
+            get = (f"GET /jobs/{job_id}?wait=30 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer reader-secret\r\n"
+                   "\r\n").encode()
+            reads = [_waiting(port, get) for _ in range(5)]
+            held += reads
+            assert not any(_answered(s, 0.3) for s in reads)  # the reader's own share: held
+            refused = web.get(f"/jobs/{job_id}?wait=30", headers={"Authorization": "Bearer reader-secret"})
+            assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0, refused.text
+            assert "wait" in refused.json()["detail"]
+            assert web.get(f"/jobs/{job_id}?wait=0.1").json()["status"] == "scheduled"  # another token waits
+        finally:
+            for s in held:
+                s.close()
+        assert web.get("/queues").status_code == 200
