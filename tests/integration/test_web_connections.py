@@ -233,7 +233,8 @@ def test_held_waits_cannot_lock_out_a_real_client(project: Project) -> None:
         try:
             at_once = [a for a in answers if a]
             assert len(at_once) == 45 - 5 and len(held) == 5, [a[:40] for a in answers]
-            assert all(a.startswith(b"HTTP/1.1 202") for a in at_once), [a[:60] for a in at_once if not a.startswith(b"HTTP/1.1 202")]
+            assert all(a.startswith(b"HTTP/1.1 202") for a in at_once), \
+                [a[:60] for a in at_once if not a.startswith(b"HTTP/1.1 202")]
             job_id = at_once[0].partition(b"location: /jobs/")[2].split(b"\r")[0].decode()
             t0 = time.monotonic()
             assert web.get("/queues").status_code == 200
