@@ -23,7 +23,7 @@ from runner.catalog import registry as registry_mod
 from runner.catalog import templates
 from runner.catalog.registry import Function, Registry
 from runner.config import Config
-from runner.errors import DELAY_RANGE, FieldError, ValidationFailed, is_delay
+from runner.errors import FieldError, ValidationFailed
 from runner.store import codec
 from runner.store.scripts import followup_id
 from runner.worker import batching, journal
@@ -105,8 +105,6 @@ class _Recorder:
         if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)
                                      or not 0 <= priority <= 9):
             raise ValidationFailed(fn.name, v, [FieldError("$", f"priority must be 0 to 9, got {priority!r}")])
-        if delay is not None and not is_delay(delay):  # as a worker's ctx.enqueue refuses it
-            raise ValidationFailed(fn.name, v, [FieldError("$", f"delay must be {DELAY_RANGE}, got {delay!r}")])
         fn.versions.validate(payload, v)
         fn.refuse_stranded(v)  # a worker's ctx.enqueue refuses it too
         job = Followup(type_, payload, v, delay, idempotency_key, priority,

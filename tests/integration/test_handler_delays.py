@@ -1,7 +1,7 @@
 """Every delay a handler gives is bounded as HTTP's ?delay= is (a year and a day) and
-refused at the call that gives it, under both isolations: a finite but huge
-``Retry(delay=...)`` or ``RateLimited(retry_after=...)`` fails its own attempt saying so,
-and a ``ctx.enqueue(delay=...)`` past the bound raises ValidationFailed naming delay.
+refused at the call that gives it, under both isolations and in run_inline: a finite but
+huge ``Retry(delay=...)`` or ``RateLimited(retry_after=...)`` fails its own attempt saying
+so, and a ``ctx.enqueue(delay=...)`` past the bound fails its job for good, naming it.
 
 A ``RateLimited(retry_after=1e308)`` used to pass the ">= 0" check, then fail the settle
 round converting to milliseconds, holding every job settled with it, its own job looping;
@@ -40,19 +40,15 @@ def handle(payload, ctx):
     return {{"ok": 1}}
 '''
 
-CHAIN = '''"""Enqueues a follow-up with the delay its payload gives; reports a refusal."""
-import runner
-
+CHAIN = '''"""Enqueues a follow-up with the delay its payload gives."""
 QUEUE = "fast"
 ISOLATION = "{isolation}"
+MAX_ATTEMPTS = 3
 
 
 def handle(payload, ctx):
-    try:
-        ctx.enqueue("noop", {{}}, delay=payload["delay"])
-    except runner.ValidationFailed as exc:
-        return {{"refused": str(exc)}}
-    return {{"refused": None}}
+    ctx.enqueue("noop", {{}}, delay=payload["delay"])
+    return {{"ok": 1}}
 '''
 
 
@@ -80,21 +76,24 @@ def test_a_huge_retry_delay_fails_its_own_attempt_and_never_the_settle_round(
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_ctx_enqueue_refuses_a_delay_past_a_year_at_the_call(project: Project, isolation: str) -> None:
-    """ctx.enqueue(delay=1e308), delay=1e30 or NaN raises ValidationFailed naming delay and
-    its range, in the handler's own call (which can catch it); a year and a day is taken."""
+    """ctx.enqueue(delay=1e308) or delay=1e30 raises FollowUpDelay at the call, naming the
+    delay and its range, and the job fails for good at its first attempt (every retry
+    would ask for the same delay); a year and a day is taken."""
     project.add_function("chain", CHAIN.format(isolation=isolation))
     c = project.client
     jobs = {d: c.enqueue("chain", {"delay": d}).id for d in (1e308, 1e30, MAX_DELAY_S)}
     project.spawn_worker("fast")
     for d, job_id in jobs.items():
         rec = c.wait(job_id, timeout_s=30).as_dict()
-        assert rec["status"] == "done", rec
-        refused = rec["result"]["refused"]
         if d == MAX_DELAY_S:
-            assert refused is None, refused
+            assert rec["status"] == "done", rec
             assert c.get(job_id + ".0").status == "scheduled"
-        else:
-            assert refused is not None and "delay must be a number of seconds from 0 to 31622400" in refused, refused
+            continue
+        assert rec["status"] == "dead" and rec["reason"] == "permanent failure" and rec["attempt"] == 1, rec
+        error = rec["last_error"]
+        assert error["type"] == "FollowUpDelay", error
+        assert f"ctx.enqueue('noop', delay={d!r}): it must be a number of seconds from 0 to 31622400" \
+            in error["message"], error
 
 
 def test_client_enqueue_refuses_a_delay_or_run_at_that_cannot_be_kept(project: Project) -> None:
@@ -112,7 +111,7 @@ def test_client_enqueue_refuses_a_delay_or_run_at_that_cannot_be_kept(project: P
 
 def test_run_inline_refuses_what_a_worker_refuses(project: Project) -> None:
     """run_inline applies the same bounds: Retry or RateLimited past a year and a day
-    raises at construction, and ctx.enqueue's delay past it raises ValidationFailed."""
+    raises at construction, and ctx.enqueue's delay past it fails the job for good."""
     for make in (lambda: Retry(delay=1e308), lambda: RateLimited(retry_after=1e15),
                  lambda: Retry(delay=MAX_DELAY_S + 1)):
         with pytest.raises(ValueError, match="a year and a day"):
@@ -123,5 +122,7 @@ def test_run_inline_refuses_what_a_worker_refuses(project: Project) -> None:
     assert out.status == "retry" and "a year and a day" in out.error["message"], out
     project.add_function("chain", CHAIN.format(isolation="thread"))
     for d in (1e308, 1e30, MAX_DELAY_S + 1):
-        refused = run_inline("chain", {"delay": d}, project=project.root).result["refused"]
-        assert refused is not None and "delay must be a number of seconds" in refused, (d, refused)
+        out = run_inline("chain", {"delay": d}, project=project.root)
+        assert out.status == "dead" and out.reason == "permanent failure", (d, out)
+        assert "it must be a number of seconds from 0 to 31622400" in out.error["message"], (d, out)
+    assert run_inline("chain", {"delay": MAX_DELAY_S}, project=project.root).status == "done"
