@@ -57,6 +57,12 @@ MAX_WAIT_TIMEOUT_S = 60.0
 # turns seconds into milliseconds, a timer or an expiry; ten years is longer than any
 # setting means, and 512 MiB is Redis's largest string (so the largest value it could keep).
 MAX_SECONDS = 315_360_000
+# A queue's executors (threads, or child processes) per worker: each is built at start, so
+# 100,000,000 passed `runner check`, then held a worker at 2.3 GB running nothing.
+MAX_CONCURRENCY = 1000
+# The largest of the other counts (attempts, jobs per child, done jobs kept): far past any
+# use, and well inside what Redis and Lua keep exactly.
+MAX_COUNT = 1_000_000_000
 MAX_BYTES = 536_870_912
 MAX_RSS_MB = 1_048_576
 # [worker] max_result_bytes by default: a result or checkpoint as large as a request body.
@@ -260,6 +266,7 @@ _AT_MOST_S = f"at most {MAX_SECONDS:,}"
 _POS_S = (lambda v: _secs(v, above=True), f"a positive number of seconds, {_AT_MOST_S}")
 _NONNEG_S = (_secs, f"a number of seconds >= 0, {_AT_MOST_S}")
 _SIZE = (lambda v: _pos_int(v) and v <= MAX_BYTES, f"a positive integer, at most {MAX_BYTES:,}")
+_COUNT = (lambda v: _pos_int(v) and v <= MAX_COUNT, f"a positive integer, at most {MAX_COUNT:,}")
 
 
 def _str(v: Any) -> bool:
@@ -298,15 +305,15 @@ def _check_table(
 
 _QUEUE_SPEC: dict[str, tuple[Checker, str]] = {
     "visibility_timeout": (lambda v: _secs(v, 1), f"a number of seconds >= 1, {_AT_MOST_S}"),
-    "concurrency": (_pos_int, "a positive integer"),
-    "max_attempts": (_pos_int, "a positive integer"),
+    "concurrency": (lambda v: _pos_int(v) and v <= MAX_CONCURRENCY, f"a positive integer, at most {MAX_CONCURRENCY:,}"),
+    "max_attempts": _COUNT,
     "backoff": (lambda v: isinstance(v, dict), "a table {base, cap, jitter}"),
     "max_timeout": _POS_S,
     "batch": (lambda v: _pos_int(v) and v <= 1000, "an integer from 1 to 1000"),
     "prefetch": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10000,
                  "an integer from 0 to 10000"),
     "isolation": (lambda v: v in ISOLATIONS, "thread or process"),
-    "max_jobs_per_child": (_pos_int, "a positive integer"),
+    "max_jobs_per_child": _COUNT,
     "max_rss_mb": (lambda v: _pos_num(v) and v <= MAX_RSS_MB,
                    f"a positive number of megabytes, at most {MAX_RSS_MB:,}"),
     "partitions": (lambda v: _pos_int(v) and v <= MAX_PARTITIONS, f"an integer from 1 to {MAX_PARTITIONS}"),
@@ -340,7 +347,7 @@ _SPECS: dict[str, dict[str, tuple[Checker, str]]] = {
     },
     "retention": {
         "done": _NONNEG_S,
-        "done_max": (_pos_int, "a positive integer (done jobs kept per queue)"),
+        "done_max": (_COUNT[0], f"{_COUNT[1]} (done jobs kept per queue)"),
         "done_payload": (_bool, "true or false (keep a finished job's payload with its outcome)"),
         "dead": _NONNEG_S,
         "idempotency": _NONNEG_S,

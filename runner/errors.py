@@ -505,12 +505,26 @@ def raise_refusal(record: dict[str, Any]) -> NoReturn:
     raise RunnerError(str(record.get("error")))
 
 
+# The longest delay anyone may ask for: a handler's Retry, RateLimited or ctx.enqueue, an
+# enqueue's delay, HTTP ?delay=, --delay, ctx.sleep. Longer is almost surely a unit mistake
+# (ms for s), and a finite 1e308 overflows where seconds become milliseconds (a settle round
+# that failed on one job held every job settled with it).
+MAX_DELAY_S = 366 * 86_400.0
+DELAY_RANGE = f"a number of seconds from 0 to {MAX_DELAY_S:.0f} (a year and a day)"
+
+
+def is_delay(value: Any) -> bool:
+    """Whether ``value`` is a delay in seconds runner takes: a number from 0 to MAX_DELAY_S."""
+    return (not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+            and 0 <= value <= MAX_DELAY_S)
+
+
 def seconds(value: Any, call: str) -> float:
-    """A delay a handler asked for, as seconds: a finite number >= 0, else a ValueError
-    naming the call, raised where the handler raised its exception (so the attempt fails
-    saying so, rather than retrying at once or leaving the job unsettled)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{call}={value!r}): it must be a number of seconds >= 0")
+    """A delay a handler asked for, as seconds (see is_delay), else a ValueError naming the
+    call, raised where the handler raised its exception (so the attempt fails saying so,
+    rather than retrying at once or leaving the job unsettled)."""
+    if not is_delay(value):
+        raise ValueError(f"{call}={value!r}): it must be {DELAY_RANGE}")
     return float(value)
 
 

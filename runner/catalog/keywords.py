@@ -133,33 +133,110 @@ def linear(source: str) -> bool:
 
 # ECMA-262's `.` matches any character but its line terminators; Python's, any but \n.
 _DOT = "[^\n\r\u2028\u2029]"
+# The same on the linear engine, as regex text: there `.` matched \r, U+2028 and U+2029
+# (so "^.{1,40}$" took "a\rb"), while its \s, \d, \w and $ are ECMA-262's already.
+_LINEAR_DOT = r"[^\n\r\u2028\u2029]"
+# ECMA-262's \s: its WhiteSpace and LineTerminator code points (U+FEFF and Zs among them,
+# U+0085 not), where regex.ASCII takes the six ASCII ones only.
+_WS = frozenset("\t\n\v\f\r \u00a0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff"
+                + "".join(map(chr, range(0x2000, 0x200B))))
 
 
-def ecma(source: str) -> str:
-    r"""An ECMA-262 regex (no flags, as JSON Schema's ``pattern``) for Python's ``regex``
-    module, where two tokens mean more: ``$`` also matches before a final newline (so
-    "abc1\n" met ``^[a-z0-9]+$``), and ``.`` also matches \r, U+2028 and U+2029. Outside
-    a character class, ``$`` becomes ``\Z`` (the very end) and ``.`` the class ECMA
-    means; escapes and classes are copied as they are."""
+def _class_body(points: frozenset[str], negate: bool = False) -> str:
+    """A character class's body (no brackets): these code points, or all others."""
+    ranges: list[tuple[int, int]] = []
+    for cp in sorted(map(ord, points)):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1] = (ranges[-1][0], cp)
+        else:
+            ranges.append((cp, cp))
+    if negate:
+        gaps, low = [], 0
+        for a, b in ranges:
+            if a > low:
+                gaps.append((low, a - 1))
+            low = b + 1
+        ranges = [*gaps, (low, 0x10FFFF)] if low <= 0x10FFFF else gaps
+    return "".join(f"\\U{a:08x}" + (f"-\\U{b:08x}" if b > a else "") for a, b in ranges)
+
+
+_SPACE = _class_body(_WS)
+_NOT_SPACE = _class_body(_WS, negate=True)
+
+
+def _rewrite(source: str, plain: Mapping[str, str], escapes: Mapping[str, tuple[str, str]]) -> str:
+    """``source`` with each token of ``plain`` outside a character class replaced, and each
+    escape of ``escapes`` by its first form outside a class, its second inside one; other
+    escapes and classes are copied as they are."""
     out: list[str] = []
     i, n, in_class = 0, len(source), False
     while i < n:
         c = source[i]
         if c == "\\" and i + 1 < n:
-            out.append(source[i:i + 2])
+            token = source[i:i + 2]
+            swap = escapes.get(token)
+            out.append(token if swap is None else swap[in_class])
             i += 2
             continue
         if in_class:
             in_class = c != "]"
         elif c == "[":  # (an empty class, [] or [^], is refused when the schema loads)
             in_class = True
-        elif c == "$":
-            c = "\\Z"
-        elif c == ".":
-            c = _DOT
+        else:
+            c = plain.get(c, c)
         out.append(c)
         i += 1
     return "".join(out)
+
+
+def ecma(source: str) -> str:
+    r"""An ECMA-262 regex (no flags, as JSON Schema's ``pattern``) for Python's ``regex``
+    module under ``regex.ASCII``, where three tokens differ: ``$`` also matches before a
+    final newline (so "abc1\n" met ``^[a-z0-9]+$``), ``.`` also matches \r, U+2028 and
+    U+2029, and ``\s`` takes ASCII spaces only (not U+00A0 or U+FEFF). Outside a character
+    class, ``$`` becomes ``\Z`` (the very end) and ``.`` the class ECMA means; ``\s`` and
+    ``\S`` become ECMA's sets, in a class or out."""
+    return _rewrite(source, {"$": "\\Z", ".": _DOT},
+                    {"\\s": (f"[{_SPACE}]", _SPACE), "\\S": (f"[{_NOT_SPACE}]", _NOT_SPACE)})
+
+
+def for_linear(source: str) -> str:
+    """An ECMA-262 regex as the linear engine must get it: each ``.`` outside a class as
+    _LINEAR_DOT. ``shown`` turns it back for an error message."""
+    return _rewrite(source, {".": _LINEAR_DOT}, {}) if "." in source else source
+
+
+def shown_regex(text: str) -> str:
+    """``text`` (a regex, or a message that quotes one as JSON) as its author wrote it."""
+    return text.replace(_LINEAR_DOT, ".").replace(_LINEAR_DOT.replace("\\", "\\\\"), ".")
+
+
+def linear_doc(node: Any) -> Any:
+    """A copy of a schema document whose ``pattern``s and ``patternProperties`` keys that
+    the linear engine takes mean on it what ECMA-262 says (see for_linear); those it
+    refuses are left as written (Matcher translates them for the other engine)."""
+    def fix(source: str) -> str:
+        out = for_linear(source)
+        return source if out == source or not linear(source) else out
+
+    def walk(n: Any) -> Any:
+        if isinstance(n, list):
+            return [walk(v) for v in n]
+        if not isinstance(n, dict):
+            return n
+        out: dict[str, Any] = {}
+        for k, v in n.items():
+            if k in _DATA:
+                out[k] = v
+            elif k == "pattern" and isinstance(v, str):
+                out[k] = fix(v)
+            elif k in _MAPS and isinstance(v, dict):
+                out[k] = {(fix(name) if k == "patternProperties" else name): walk(sub) for name, sub in v.items()}
+            else:
+                out[k] = walk(v)
+        return out
+
+    return walk(node)
 
 
 class Matcher:
@@ -400,6 +477,8 @@ def expand(error: Any) -> list[tuple[Path, str]]:
     """A validator's error as (instance path, message) pairs: several for one of ours."""
     base: Path = list(error.instance_path)
     message: str = error.message
+    if isinstance(error.kind, _rs().ValidationErrorKind.Pattern):
+        message = shown_regex(message)  # the regex as written, not as the engine got it
     if message.startswith(MARK) and isinstance(error.kind, _rs().ValidationErrorKind.Custom):
         return [(base + list(p), m) for p, m in orjson.loads(message[len(MARK):])]
     return [(base, message)]
@@ -449,7 +528,7 @@ class Pattern(_Keyword):
             return [([], _cut_short(f"matching pattern {self.value!r}{_OVER}send shorter values, or fewer "
                                     "at a time (or give the field a maxLength)"))]
         shown = instance if len(instance) <= 80 else instance[:80] + "..."
-        return [([], f"{orjson.dumps(shown).decode()} does not match {orjson.dumps(self.value).decode()}")]
+        return [([], f"{orjson.dumps(shown).decode()} does not match {orjson.dumps(shown_regex(self.value)).decode()}")]
 
 
 class PatternProperties(_Keyword):

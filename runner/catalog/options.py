@@ -19,7 +19,7 @@ from typing import Any
 
 from runner.catalog import limits, templates
 from runner.catalog import schedules as schedules_mod
-from runner.config import ISOLATIONS, JITTER_MODES, MAX_SECONDS, Backoff, Config, QueueConfig
+from runner.config import ISOLATIONS, JITTER_MODES, MAX_COUNT, MAX_SECONDS, Backoff, Config, QueueConfig
 
 
 class Refused(Exception):
@@ -273,8 +273,8 @@ def _unset(queue: QueueConfig) -> None:
 
 
 BEFORE_SCHEMAS: tuple[Option, ...] = (
-    Option("MAX_ATTEMPTS", lambda q: q.max_attempts, _check(lambda v: _whole(v) and v >= 1,
-                                                            "must be a positive integer")),
+    Option("MAX_ATTEMPTS", lambda q: q.max_attempts, _check(lambda v: _whole(v) and 1 <= v <= MAX_COUNT,
+                                                            f"must be a positive integer, at most {MAX_COUNT:,}")),
     Option("TIMEOUT", lambda q: min(q.visibility_timeout_s, q.max_timeout_s), _timeout),
     Option("BACKOFF", _unset, _backoff),
     Option("ISOLATION", lambda q: q.isolation, _check(lambda v: v in ISOLATIONS,

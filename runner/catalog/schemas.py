@@ -73,7 +73,7 @@ def _local_only(path: Path, loaded: dict[str, Any]) -> Callable[[str], Any]:
         if parts.scheme == "file":
             target = Path(unquote(parts.path)).resolve()
             if target.is_relative_to(root) and target.suffix == ".json" and target.is_file():
-                loaded[uri] = orjson.loads(target.read_bytes())
+                loaded[uri] = keywords.linear_doc(orjson.loads(target.read_bytes()))
                 return loaded[uri]
             raise ValueError(f"$ref {uri!r}: no such schema file under {root}")
         raise ValueError(f"$ref {uri!r} is not allowed: a schema refers only to files under {root} (relative "
@@ -103,6 +103,7 @@ def _build(doc: Mapping[str, Any], path: Path, **options: Any) -> Compiled:
     schemas/ only."""
     rs = _rs()
     base_uri = path.resolve().as_uri()
+    doc = keywords.linear_doc(doc)  # its regexes as ECMA-262 means them, on either engine
     loaded: dict[str, Any] = {}
     options = {"base_uri": base_uri, "retriever": _local_only(path, loaded), "validate_formats": True, **options}
     which = {"values": False, "keys": False}

@@ -36,6 +36,7 @@ from runner.cli.root import (
     target,
 )
 from runner.errors import (
+    MAX_DELAY_S,
     JobNotFound,
     NotReplicated,
     RedisUnavailable,
@@ -43,9 +44,6 @@ from runner.errors import (
     UnknownFunction,
     ValidationFailed,
 )
-
-# As the HTTP API's ?delay=: a longer delay is almost surely a unit mistake (ms for s).
-MAX_DELAY_S = 366 * 86_400.0
 
 
 @cli.command(cls=RedisCommand)

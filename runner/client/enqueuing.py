@@ -25,12 +25,14 @@ from runner import groups
 from runner.catalog import templates
 from runner.catalog.listing import Unlisted, one_request
 from runner.errors import (
+    DELAY_RANGE,
     FieldError,
     IdempotencyConflict,
     NotReplicated,
     RedisUnavailable,
     RunnerError,
     ValidationFailed,
+    is_delay,
 )
 from runner.observe import tracing
 from runner.runtime import Runtime
@@ -167,11 +169,12 @@ def _prepare(
     # A delay runs on the server's clock (enqueue.lua adds it to TIME); run_at is the
     # caller's own absolute time.
     run_at_ms = delay_ms = 0
+    refusal = timing_refusal(delay_s, run_at)
+    if refusal is not None:
+        raise ValidationFailed(fn.name, version, [FieldError("$", refusal)])
     if run_at is not None:
         run_at_ms = int(run_at * 1000)
     elif delay_s:
-        if delay_s < 0:
-            raise ValidationFailed(fn.name, version, [FieldError("$", "delay must be >= 0")])
         delay_ms = int(delay_s * 1000)
     meta = tracecontext.meta_for(traceparent) if traceparent else ""
     if fn.debounce is not None:
@@ -187,6 +190,24 @@ def _prepare(
         codec.canonical_hash(fn.name, version, payload) if ikey else "-", rkey, lims, meta, prio,
     )
     return Prepared(fn, job)
+
+
+# The latest run_at an enqueue takes, as HTTP's ?run_at= (the year 5138): past it the
+# epoch seconds are surely in the wrong unit, and a finite 1e308 overflows into milliseconds.
+MAX_RUN_AT = 1e11
+
+
+def timing_refusal(delay_s: Any, run_at: Any) -> str | None:
+    """Why an enqueue's delay or run_at cannot be kept (None when both can): a delay is
+    0 to a year and a day, as over HTTP, and a run_at finite epoch seconds up to MAX_RUN_AT
+    (before now runs at once). A job due later than that is a unit mistake that would sit
+    scheduled for ever, or fail converting to milliseconds far from the call."""
+    if delay_s is not None and not is_delay(delay_s):
+        return f"delay must be {DELAY_RANGE}, got {delay_s!r}"
+    if run_at is not None and (isinstance(run_at, bool) or not isinstance(run_at, int | float)
+                               or not -MAX_RUN_AT <= run_at <= MAX_RUN_AT):
+        return f"run_at must be epoch seconds up to {MAX_RUN_AT:.0f}, got {run_at!r}"
+    return None
 
 
 def _debounced(fn: Function, version: int, payload: Any, meta: str, idempotency_key: str | None,

@@ -10,20 +10,32 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 # The query options a URL may carry: redis-py's own (a single server), and what
 # connection.py reads for a sentinel set. Anything else failed at the first connection
-# with a TypeError from deep in redis-py, or was silently ignored.
+# with a TypeError from deep in redis-py, or was silently ignored. (redis-py also parses
+# ``timeout``, but only its blocking pool takes it: here it was that TypeError.)
 OPTIONS = frozenset({
     "db", "health_check_interval", "max_connections", "retry_on_error", "retry_on_timeout",
-    "socket_connect_timeout", "socket_keepalive", "socket_timeout", "ssl_check_hostname", "timeout",
+    "socket_connect_timeout", "socket_keepalive", "socket_timeout", "ssl_check_hostname",
     "username", "password", "client_name", "protocol", "ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile",
     "ssl_keyfile", "sentinel_username", "sentinel_password",
 })
 
 
+# The longest an option's seconds may be, as any setting's (config.MAX_SECONDS, ten
+# years): a finite 1e308 overflowed a socket's timeout (OverflowError) at the connection.
+MAX_SECONDS = 315_360_000
+_SECONDS = f"seconds (a number from 0 to {MAX_SECONDS:,})"
+
+
 def _seconds(v: str) -> bool:
     try:
-        return 0 <= float(v) < float("inf")
+        return 0 <= float(v) <= MAX_SECONDS
     except ValueError:
         return False
+
+
+def _whole_seconds(v: str) -> bool:
+    # redis-py reads this one with int(): "1.5" or "1e3" was its ValueError.
+    return v.isdigit() and int(v) <= MAX_SECONDS
 
 
 def _whole(least: int) -> Any:
@@ -37,10 +49,9 @@ _VALUES: dict[str, tuple[Any, str]] = {
     "db": (lambda v: v.isdigit() and int(v) < 2**31, "a database number (0, 1, ...)"),
     # Redis refuses a name with a space or anything past printable ASCII at the connection.
     "client_name": (lambda v: all("!" <= c <= "~" for c in v), "printable ASCII without spaces"),
-    "socket_timeout": (_seconds, "seconds (a number, 0 or more)"),
-    "socket_connect_timeout": (_seconds, "seconds (a number, 0 or more)"),
-    "health_check_interval": (_seconds, "seconds (a number, 0 or more)"),
-    "timeout": (_seconds, "seconds (a number, 0 or more)"),
+    "socket_timeout": (_seconds, _SECONDS),
+    "socket_connect_timeout": (_seconds, _SECONDS),
+    "health_check_interval": (_whole_seconds, f"whole seconds (0 to {MAX_SECONDS:,})"),
     "max_connections": (_whole(1), "a whole number, 1 or more"),
     "protocol": (lambda v: v in ("2", "3"), "2 or 3"),
     "retry_on_timeout": (lambda v: v.lower() in _FLAGS, "true or false"),
@@ -98,16 +109,17 @@ def redact(url: str) -> str:
     except ValueError:
         return "(a malformed URL)"
     auth, at, hosts = parts.netloc.rpartition("@")
-    secret_query = "password" in parts.query.lower()
+    # Keys read decoded, as redis-py reads them: ?pass%77ord= is its password too.
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    secret_query = any("password" in k.lower() for k, _ in query)
     if not at and not secret_query:
         return url  # as given (urlunsplit would rewrite a unix:/// URL)
     if at:
         user, colon, _ = auth.partition(":")
         parts = parts._replace(netloc=f"{user}:***@{hosts}" if colon else f"***@{hosts}")
     if secret_query:
-        query = [(k, "***" if "password" in k.lower() else v)
-                 for k, v in parse_qsl(parts.query, keep_blank_values=True)]
-        parts = parts._replace(query=urlencode(query, safe="*"))
+        shown = [(k, "***" if "password" in k.lower() else v) for k, v in query]
+        parts = parts._replace(query=urlencode(shown, safe="*"))
     return urlunsplit(parts)
 
 

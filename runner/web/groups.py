@@ -14,10 +14,10 @@ import falcon
 import falcon.asgi
 
 from runner.client import Client, Request
-from runner.errors import FieldError, GroupNotFound, InvalidGroup, RedisUnavailable
+from runner.errors import MAX_DELAY_S, FieldError, GroupNotFound, InvalidGroup, RedisUnavailable
 from runner.web.body import only_params, read_json, seconds_param, send
 from runner.web.holding import Waits
-from runner.web.jobs import MAX_DELAY_S, part_way
+from runner.web.jobs import part_way
 from runner.web.offload import Offload
 from runner.web.problems import Problem
 

@@ -14,6 +14,7 @@ import falcon.asgi
 from runner.catalog.templates import MAX_KEY_BYTES, control_character
 from runner.client import Client, Request
 from runner.errors import (
+    MAX_DELAY_S,
     IdempotencyConflict,
     JobEnded,
     JobNotFound,
@@ -33,8 +34,6 @@ from runner.web.holding import Waits
 from runner.web.offload import Offload
 from runner.web.problems import Problem, body_of, conflict
 
-# A year and a day: a longer delay is almost surely a unit mistake (ms for s).
-MAX_DELAY_S = 366 * 86_400.0
 # Jobs per batch request: enough to amortise a request many times over, few enough that
 # one request holds a thread of the web process for milliseconds, not seconds.
 MAX_BATCH_JOBS = 1000

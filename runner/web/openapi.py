@@ -16,10 +16,11 @@ import falcon.asgi
 from runner import __version__
 from runner.catalog.registry import Function, Registry
 from runner.catalog.templates import MAX_KEY_BYTES
+from runner.errors import MAX_DELAY_S
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.web import auth, shapes
-from runner.web.jobs import MAX_BATCH_JOBS, MAX_DELAY_S
+from runner.web.jobs import MAX_BATCH_JOBS
 
 _JSON = "application/json"
 _ref, _ok, _problem = shapes.ref, shapes.ok, shapes.problem

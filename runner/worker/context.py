@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner.config import MAX_RESULT_BYTES
-from runner.errors import Cancelled, PermanentFailure, StaleLease, ValidationFailed
+from runner.errors import DELAY_RANGE, Cancelled, PermanentFailure, StaleLease, ValidationFailed, is_delay
 from runner.store import codec
 from runner.worker.joblog import JobLogger
 from runner.worker.journal import Journal
@@ -40,6 +40,12 @@ class FollowUpNotJSON(PermanentFailure, ValueError):
     """A ``ctx.enqueue`` payload JSON cannot carry (an integer past 64 bits, a set) or
     nested past the limit (codec.MAX_DEPTH): the job goes to the dead letters, as every
     retry would build the same payload."""
+
+
+class FollowUpDelay(PermanentFailure, ValueError):
+    """A ``ctx.enqueue`` delay that is no number of seconds from 0 to a year and a day (the
+    bound of HTTP's ?delay=): the job goes to the dead letters, as every retry would ask
+    for it again."""
 
 
 @dataclass(slots=True)
@@ -204,9 +210,13 @@ class Context:
         here). It is written with this run's success, in the same step as the ack: a run
         that fails or crashes leaves none. Returns an ``Enqueued`` with status "pending"
         and the follow-up's id (the same on every attempt of this job). ``priority``
-        (0-9) overrides its function's PRIORITY, as an enqueue's does."""
+        (0-9) overrides its function's PRIORITY, as an enqueue's does. A ``delay`` that
+        is no number of seconds from 0 to a year and a day raises FollowUpDelay, which
+        fails the job for good."""
         if self._enqueue is None:
             raise RuntimeError("this context cannot enqueue (no client was given)")
+        if delay is not None and not is_delay(delay):  # (1e308 failed converting to ms, 1e30 never came due)
+            raise FollowUpDelay(f"ctx.enqueue({type!r}, delay={delay!r}): it must be {DELAY_RANGE}")
         try:
             return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
                                  priority=priority)

@@ -27,6 +27,9 @@ def _run(project: Project, *args: str, url: str | None = None, timeout: float = 
     "redis://:{s}@h:1/0", "redis://user:{s}@h/0", "redis://{s}@h/0", "redis://h/0?password={s}&db=1",
     "redis+sentinel://:{s}@h1:1,h2:2/m?sentinel_password={s}&password={s}",
     "rediss+cluster://u:{s}@h1:1,h2:2", "redis://h/0?Password={s}",
+    # Keys percent-encoded: redis-py decodes them, so each is its password.
+    "redis://h/0?pass%77ord={s}", "redis://h/0?%70%61%73%73%77%6f%72%64={s}&db=1",
+    "redis+sentinel://h1:1/m?sentinel_pass%77ord={s}",
 ])
 def test_redact_hides_every_credential(url: str) -> None:
     shown = redact(url.format(s=SECRET))
@@ -53,13 +56,16 @@ def test_redact_leaves_a_url_without_credentials_alone() -> None:
         assert redact(url) == url
 
 
-@pytest.mark.parametrize("where", ["query", "sentinel"])
+@pytest.mark.parametrize("where", ["query", "encoded", "sentinel"])
 def test_query_passwords_never_print(project: Project, where: str) -> None:
     """A server that takes no password (and is no sentinel): each command fails to
-    connect (Redis unavailable), and says so without the password."""
+    connect (Redis unavailable), and says so without the password, also one given as a
+    percent-encoded key (``?pass%77ord=``, which redis-py decodes and sends)."""
     host_port = project.server.url.split("://", 1)[1].split("/", 1)[0]
-    url = (f"redis://{host_port}/0?password={SECRET}" if where == "query"
-           else f"redis+sentinel://:{SECRET}@{host_port}/mymaster?sentinel_password={SECRET}&password={SECRET}")
+    url = {"query": f"redis://{host_port}/0?password={SECRET}",
+           "encoded": f"redis://{host_port}/0?pass%77ord={SECRET}",
+           "sentinel": f"redis+sentinel://:{SECRET}@{host_port}/mymaster?sentinel_password={SECRET}&password={SECRET}",
+           }[where]
     for args in (("stats",), ("check",)):
         out = _run(project, *args, url=url, timeout=60)
         text = out.stdout + out.stderr
@@ -95,6 +101,13 @@ def test_query_passwords_never_print(project: Project, where: str) -> None:
     ("redis://127.0.0.1:6379/0?protocol=9", "protocol"),
     ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", "rediss://"),
     ("rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus", "ssl_cert_reqs"),
+    # Past their bound (an OverflowError or ValueError in redis-py), or an option only
+    # redis-py's blocking pool takes (its TypeError).
+    ("redis://127.0.0.1:6379/0?socket_timeout=1e308", "socket_timeout='1e308' must be seconds (a number from 0"),
+    ("redis://127.0.0.1:6379/0?socket_connect_timeout=1e308", "socket_connect_timeout='1e308' must be"),
+    ("redis://127.0.0.1:6379/0?health_check_interval=1e308", "health_check_interval='1e308' must be whole"),
+    ("redis://127.0.0.1:6379/0?health_check_interval=1.5", "health_check_interval='1.5' must be whole"),
+    ("redis://127.0.0.1:6379/0?timeout=5", "unknown option(s) timeout"),
 ])
 def test_a_malformed_redis_url_is_a_clear_error(project: Project, url: str, needle: str) -> None:
     for args in (("check",), ("stats",), ("worker", "--queue", "fast")):

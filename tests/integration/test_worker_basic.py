@@ -160,4 +160,4 @@ def test_a_retry_delay_that_is_no_number_of_seconds_fails_the_attempt_saying_so(
     assert rec["status"] == "dead" and rec["reason"] == "max attempts reached", rec
     assert rec["attempt"] == 2, rec
     message = rec["last_error"]["message"]
-    assert "must be a number of seconds >= 0" in message, message
+    assert "must be a number of seconds from 0 to 31622400" in message, message

@@ -57,6 +57,28 @@ def test_bad_config_names_file_and_key(tmp_path: Path, text: str, needle: str) -
     assert needle in str(err.value)
 
 
+@pytest.mark.parametrize("text,needle", [
+    ("[queues.fast]\nconcurrency = 100000000\n",
+     "queues.fast.concurrency must be a positive integer, at most 1,000, got 100000000"),
+    ("[queues.fast]\nconcurrency = 1001\n", "queues.fast.concurrency must be a positive integer, at most 1,000"),
+    ("[queues.fast]\nmax_attempts = 10000000000\n",
+     "queues.fast.max_attempts must be a positive integer, at most 1,000,000,000"),
+    ("[queues.fast]\nmax_jobs_per_child = 10000000000\n",
+     "queues.fast.max_jobs_per_child must be a positive integer, at most 1,000,000,000"),
+    ("[queues.fast]\n[retention]\ndone_max = 10000000000\n",
+     "retention.done_max must be a positive integer, at most 1,000,000,000"),
+])
+def test_every_count_is_capped_at_load_naming_its_largest_value(tmp_path: Path, text: str, needle: str) -> None:
+    """A count past its cap is an error at load (so `runner check` says it), naming the
+    option and its largest value: concurrency = 100000000 passed, then the worker built
+    its executors' slots for it, held 2.3 GB and ran nothing."""
+    with pytest.raises(ConfigError) as err:
+        config.load(write(tmp_path, text), env={})
+    assert needle in str(err.value), err.value
+    cfg = config.load(write(tmp_path, "[queues.fast]\nconcurrency = 1000\nmax_attempts = 1000000000\n"), env={})
+    assert (cfg.queues["fast"].concurrency, cfg.queues["fast"].max_attempts) == (1000, 1_000_000_000)
+
+
 def test_a_result_is_bounded_by_a_mebibyte_unless_raised(tmp_path: Path) -> None:
     assert config.load(write(tmp_path, "[queues.q]\n"), env={}).worker.max_result_bytes == 1_048_576
     p = write(tmp_path, "[queues.q]\n[worker]\nmax_result_bytes = 8_000_000\n")

@@ -49,9 +49,10 @@ def error_of(reg: registry.Registry) -> str:
 
 @pytest.mark.parametrize("options,message", [
     ("QUEUE = 3", "QUEUE must be a string, got 3"),
-    ("MAX_ATTEMPTS = 0", "MAX_ATTEMPTS must be a positive integer, got 0"),
-    ("MAX_ATTEMPTS = True", "MAX_ATTEMPTS must be a positive integer, got True"),
-    ("MAX_ATTEMPTS = None", "MAX_ATTEMPTS must be a positive integer, got None"),
+    ("MAX_ATTEMPTS = 0", "MAX_ATTEMPTS must be a positive integer, at most 1,000,000,000, got 0"),
+    ("MAX_ATTEMPTS = True", "MAX_ATTEMPTS must be a positive integer, at most 1,000,000,000, got True"),
+    ("MAX_ATTEMPTS = None", "MAX_ATTEMPTS must be a positive integer, at most 1,000,000,000, got None"),
+    ("MAX_ATTEMPTS = 10**10", "MAX_ATTEMPTS must be a positive integer, at most 1,000,000,000, got 10000000000"),
     ('TIMEOUT = "x"', "TIMEOUT must be a positive number of seconds, got 'x'"),
     ("TIMEOUT = -1", "TIMEOUT must be a positive number of seconds, got -1"),
     ("TIMEOUT = 900", "TIMEOUT 900 s does not fit queue 'fast': its max_timeout is 300 s (10 x visibility_timeout "

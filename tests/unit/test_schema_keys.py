@@ -201,6 +201,52 @@ def test_a_backtracking_pattern_means_what_it_means_in_ecma_262(
     assert s.valid({"v": value}) is matches
 
 
+# ECMA-262's `.` takes no line terminator (\n, \r, U+2028, U+2029) but takes U+0085; its
+# \s takes U+00A0, U+FEFF and the Zs spaces, not U+0085.
+ECMA_CASES = [
+    ("^.{1,40}$", "a\rb", False), ("^.{1,40}$", "a\u2028b", False), ("^.{1,40}$", "a\u2029b", False),
+    ("^.{1,40}$", "a\nb", False), ("^.{1,40}$", "a\x85b", True), ("^.{1,40}$", "ab", True),
+    ("^a[.]b$", "a.b", True), ("^a[.]b$", "a\rb", False), ("^a\\.b$", "a.b", True),
+    ("^\\s$", "\u00a0", True), ("^\\s$", "\ufeff", True), ("^\\s$", "\u3000", True), ("^\\s$", "\x85", False),
+    ("^\\S$", "\ufeff", False), ("^\\S$", "\x85", True), ("^[\\s,]+$", "\u00a0,", True),
+    ("^[^\\s]$", "\ufeff", False), ("^[^\\S]$", "\ufeff", True), ("^a$", "a\n", False),
+]
+
+
+@pytest.mark.parametrize("lookahead", [False, True], ids=["linear", "backtracking"])
+@pytest.mark.parametrize(("pattern", "value", "matches"), ECMA_CASES)
+def test_both_engines_read_dot_and_spaces_as_ecma_262(
+        tmp_path: Path, lookahead: bool, pattern: str, value: str, matches: bool) -> None:
+    r"""The same rule gets the same verdict on either engine, ECMA-262's: on the linear one
+    `.` matched \r, U+2028 and U+2029 (so "^.{1,40}$" took "a\rb"), and on the other
+    (regex.ASCII) `\s` refused U+00A0 and U+FEFF. As a value's pattern, a
+    patternProperties key and a propertyNames pattern."""
+    rx = "(?=[\\s\\S])" + pattern if lookahead else pattern
+    s = load(tmp_path, {"type": "object", "properties": {"v": {"type": "string", "pattern": rx}}})
+    assert s.backtracks is lookahead
+    assert s.valid({"v": value}) is matches
+    keyed = load(tmp_path, {"type": "object", "patternProperties": {rx: {"type": "integer"}}})
+    assert keyed.valid({value: "x"}) is not matches  # a name it matches must hold an integer
+    named = load(tmp_path, {"type": "object", "propertyNames": {"pattern": rx}})
+    assert named.valid({value: 1}) is matches
+
+
+def test_a_pattern_error_quotes_the_regex_as_written(tmp_path: Path) -> None:
+    """The regex an error quotes is the schema's, not the one the engine was given."""
+    for rx in ("^.{1,3}$", "^(?=a).{1,3}$"):
+        s = load(tmp_path, {"type": "object", "properties": {"v": {"type": "string", "pattern": rx}}})
+        assert s.errors({"v": "a\rb"}) == [FieldError("$.v", '"a\\rb" does not match ' + json.dumps(rx))]
+
+
+def test_a_pattern_in_a_referenced_file_reads_dot_as_ecma_262(tmp_path: Path) -> None:
+    r"""A `$ref`'d schema file's regex is read as ECMA-262 too: its `.` takes no \r."""
+    line = tmp_path / "schemas" / "common" / "line.json"
+    line.parent.mkdir(parents=True)
+    line.write_text(json.dumps({"type": "string", "pattern": "^.{1,40}$"}))
+    s = load(tmp_path, {"type": "object", "properties": {"v": {"$ref": "../common/line.json"}}})
+    assert s.valid({"v": "ab"}) and not s.valid({"v": "a\rb"})
+
+
 def _slow_valid_code() -> tuple[str, float]:
     """A value that passes SLOW, and how long its match takes here: the engine's time
     grows with the square of its length, so the length is doubled until a match takes
