@@ -135,6 +135,7 @@ class QueueFigures:
     cancelled: int = 0
     oldest_ready_age_s: float | None = None
     stray: int = 0
+    corrupt: dict[str, int] = field(default_factory=dict)  # keys set aside as damaged, by name
     groups_completed: int = 0
     events_emitted: int = 0  # events whose home is this queue (emit.lua)
     events_jobs: int = 0  # the jobs they started
@@ -175,6 +176,8 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str]) -> None:
         if len(parts) == 2:
             if kind in COUNTERS:
                 q.function(fn).counters[kind] = _int(value)
+            elif kind == "corrupt":  # (fn: the key's name, as reclaim.lua counts it)
+                q.corrupt[fn] = q.corrupt.get(fn, 0) + _int(value)
             elif kind == "lat_sum":
                 q.function(fn).latency.sum_ms = _int(value)
             elif kind == "run_sum":

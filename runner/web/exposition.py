@@ -22,6 +22,7 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_events_emitted_total                  events accepted, per home queue (docs/events.md)
     runner_events_jobs_total                     the jobs those events started, per home queue
     runner_jobs_stray_total                      ready ids dropped because their record was settled
+    runner_corrupt_keys_total                    queue keys of another Redis type set aside (key)
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
     runner_functions_loaded, runner_function_load_errors
@@ -145,14 +146,19 @@ class RunnerCollector:
                                       "(a duplicate emit is not counted).", labels=["queue"])
         started = CounterMetricFamily("runner_events_jobs", "Jobs started by the events whose home is this queue, "
                                       "in every queue they went to.", labels=["queue"])
+        corrupt = CounterMetricFamily("runner_corrupt_keys", "Keys of the queue found holding another Redis type "
+                                      "and set aside as <key>:corrupt (each time).", labels=["queue", "key"])
         for q in queues:
             age.add_metric([q.name], q.oldest_ready_age_s or 0.0)
             stray.add_metric([q.name], q.stray)
+            for name, n in sorted(q.corrupt.items()):
+                corrupt.add_metric([q.name, name], n)
             groups.add_metric([q.name], q.groups_completed)
             emitted.add_metric([q.name], q.events_emitted)
             started.add_metric([q.name], q.events_jobs)
         yield age
         yield stray
+        yield corrupt
         yield groups
         yield emitted
         yield started

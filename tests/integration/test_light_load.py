@@ -238,6 +238,14 @@ def test_a_key_damaged_under_a_running_worker_is_set_aside_after_the_first_refus
     finally:
         w.stop(grace_s=5)
     assert r.hget(k.stats, "corrupt|leases") == "1"
+    # ... and on /metrics, by queue and key (it was in the stats hash only).
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from runner.web.exposition import RunnerCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunnerCollector(project.runtime))
+    assert 'runner_corrupt_keys_total{key="leases",queue="fast"} 1.0' in generate_latest(registry).decode()
 
 
 GATED_FAIL = """
