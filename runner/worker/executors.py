@@ -765,7 +765,7 @@ class Executors:
         as "expired", unrun and spending no attempt, as claim.lua buries one claimed late."""
         job = run.job
         fn = self.rt.registry.functions.get(job.type)
-        if fn is None or not fn.max_age_s:
+        if fn is None or not fn.max_age_s or run.resumed:  # (MAX_AGE bounds the first start only)
             return None
         now = self._server_now(job)
         if now - job.created_ms <= fn.max_age_s * 1000:

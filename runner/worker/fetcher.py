@@ -43,6 +43,9 @@ EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (clai
 # A claimed job's "started" value when it was claimed ahead for a child process: its claim
 # is held until its executor hands it to the child (claim.lua, hold.lua).
 FOR_CHILD = 3
+# A claimed job's "started" value when it is not started at its claim and is a durable job
+# resumed after a sleep or a wait: MAX_AGE bounded its first start only (claim.lua).
+RESUMED = 4
 
 
 def _int_or(value: object, default: int) -> int:
@@ -281,12 +284,14 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started != 0 and started != FOR_CHILD, meta, "", partition))
+                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)
             elif started == FOR_CHILD:
                 run.held = True
+            elif started == RESUMED:
+                run.resumed = True
         if self.trace_context and tracing.enabled():
             for r in batch:
                 if r.job.meta_raw:

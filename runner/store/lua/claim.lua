@@ -90,7 +90,8 @@
 --   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, its attempt spent;
 --   0 prefetched, or at once with its attempt spent at its start mark (ARGV[11]); 2
 --   expired: bury it; 3 prefetched for a child (ARGV[11]) and held, 'h', until its worker
---   hands it to its child, see hold.lua), meta
+--   hands it to its child, see hold.lua; 4 as 0, for a durable job resumed after a sleep or
+--   a wait, whose MAX_AGE is behind it), meta
 --- @include "clock"
 --- @include "calls"
 --- @include "limits"
@@ -439,7 +440,9 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   out[o + 10] = f[3] or ''
   out[o + 11] = rec.created_ms
   out[o + 12] = f[4] or ''
-  out[o + 13] = spent and 1 or (held and 3 or 0)
+  -- (4: a durable job resumed after a sleep or a wait, not started here: its worker must
+  -- not judge its MAX_AGE again at the start, which bounds the first start only)
+  out[o + 13] = spent and 1 or (held and 3 or (f[11] and 4 or 0))
   out[o + 14] = rec.meta or ''
   i = i + 1
 end
