@@ -142,6 +142,9 @@ class Ack(NamedTuple):
     followups: tuple[Followup, ...] = ()
     member: Member | None = None  # a group's member: counted down in the ack's step
     created_ms: int = 0  # the record's (the server's clock at its enqueue): the done outcome keeps it
+    # The handler's start (the server's clock, as its worker reckons it) when the run's start
+    # mark was not sent, since it ends in the same settle: its outcome's start (0: the claim's)
+    started_ms: int = 0
 
 
 class RetryAt(NamedTuple):
@@ -320,7 +323,7 @@ class Scripts(Transport):
         args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks), totals]
         for i, a in enumerate(acks, 1):
             args += a[:6]  # id, token, result, census, stats, keep_ms: Ack's first six fields
-            args += (a.created_ms, len(a.followups) if i in staged else 0)
+            args += (a.created_ms, len(a.followups) if i in staged else 0, a.started_ms or "")
         args += _followup_args(k, acks, staged)
         args += _member_args(acks)
         return self._run("ack", scriptkeys.keys("ack", k), args, pipe)

@@ -1144,13 +1144,18 @@ class _ChildRun:
         says when its handler starts, see charge; one it took after the previous job's
         end: that is its start)."""
         self.began = True
-        self.started_ms = Executors._server_now(self.job)  # after any wait for the child to start
         with self.ex.ledger.lock:
             self.run.child_pid = pid
-            self.run.began = (time.monotonic(), self.started_ms)  # (the roster shows it running)
         if charge:
             self.charge()
+        else:
+            self._began_now()  # for now (the roster shows it running): charge says when
         fault("mid_handler")
+
+    def _began_now(self) -> None:
+        self.started_ms = Executors._server_now(self.job)  # after any wait for the child to start
+        with self.ex.ledger.lock:
+            self.run.began = (time.monotonic(), self.started_ms)
 
     def charge(self) -> None:
         """Its handler starts: its attempt counts from now on, with the settler's next
@@ -1158,6 +1163,10 @@ class _ChildRun:
         reclaim.lua). One claimed started, never held, spent it at the claim."""
         if not self.charged:
             self.charged = True
+            # Its start is now, also for a fresh child's first job, which the child got
+            # before it imported the function and checked the payload (seconds for heavy
+            # imports): the outcome shows it (entries.py: a start mark not sent).
+            self._began_now()
             if self.run.held or not self.job.started:
                 self.ex.outcomes.put(Settlement(self.run, START))
 
