@@ -266,25 +266,28 @@ class Scripts(Transport):
     def claim(
         self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
-        max_ages: str = "", floor: int = 0, later: str = "",
+        max_ages: str = "", floor: int = 0, later: str = "", gathered: str = "",
     ) -> Any:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE;
         ``floor``: claim only jobs of this priority or more (0: any); ``later``: "<type>
         ..." of the functions whose jobs, started at once, spend their attempt only at
-        their start mark (start.lua)."""
+        their start mark (start.lua); ``gathered``: "<type> ..." of those whose jobs are
+        held from their claim until their start mark (BATCH functions)."""
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor,
-                later)
+                later, gathered)
         return self._run("claim", scriptkeys.keys("claim", k), args, pipe)
 
     def claim_woken(
         self, k: QueueKeys, wait_s: float, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, max_ages: str = "", floor: int = 0, later: str = "",
+        gathered: str = "",
     ) -> tuple[Any, Any]:
         """claim, sent behind a BLPOP of the queue's notify list (see behind): it runs when a
         wake-up comes or ``wait_s`` passes, so an idle worker's wake-up and its claim are one
         round trip. Returns (the BLPOP's reply, or its error; the claim's reply)."""
-        args = ("", n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor, later)
+        args = ("", n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor, later,
+                gathered)
         return self.behind(("BLPOP", k.notify, f"{wait_s:g}"), "claim", scriptkeys.keys("claim", k), args)
 
     def hold(self, k: QueueKeys, job_id: str, token: str, off: bool = False, pipe: Batch | None = None) -> Any:

@@ -98,6 +98,9 @@ class Fetcher:
         # their executor says the handler started ("<type> ...": those that run in child
         # processes, whose child reports it; see claim.lua). Set by the queue's runner.
         self.charge_later: Callable[[], str] = lambda: ""
+        # The functions whose jobs are held from their claim until their handler starts
+        # (BATCH functions: their jobs wait for the batch to fill; see claim.lua).
+        self.hold_claimed: Callable[[], str] = lambda: ""
 
     def _label(self, p: int) -> str:
         """A partition as the log names it (a queue of one: nothing more to say)."""
@@ -242,12 +245,12 @@ class Fetcher:
         popped, 0 otherwise)."""
         self._seq += 1
         k, base = self.parts[partition], f"{self.worker_id}.{self._seq}"
-        later = self.charge_later()
+        later, gathered = self.charge_later(), self.hold_claimed()
         if not self._woken:
             return self._take(self.rt.scripts.claim(
                 k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
                 done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
-                later=later,
+                later=later, gathered=gathered,
             ), partition)
         # Waiting for work (a queue of one partition): the claim goes behind the wait, and
         # Redis runs it the moment a wake-up comes (or BELL_S passes), so at light load a
@@ -256,7 +259,7 @@ class Fetcher:
         rang, reply = self.rt.scripts.claim_woken(
             k, BELL_S, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
             done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
-            later=later,
+            later=later, gathered=gathered,
         )
         got = self._take(reply, partition)
         if isinstance(rang, BaseException):
