@@ -385,7 +385,8 @@ class Scripts(Transport):
         args: list[Any] = [_clock(now_ms), len(entries)]
         for e in entries:
             args += list(e)
-        args.append(self.mark_for(k))
+        # (mark_ms: a done job's retention and a margin, as long as a placed id stays known)
+        args += [self.mark_for(k), self.mark_ms]
         return self._run("relay", scriptkeys.keys("relay", k), args)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,
