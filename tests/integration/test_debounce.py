@@ -240,8 +240,9 @@ def test_an_emit_absorbed_into_a_burst_is_absorbed_once_however_often_it_is_plac
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """An emit's job joins a burst through the outbox, and its entry is placed a second
     time (its emitter died before taking it off, or a relay read it first): the second
-    placement is a no-op, so a newer enqueue's payload still wins and the burst counts
-    two absorbed enqueues, not three (the emitted payload was merged again)."""
+    placement merges nothing, so a newer enqueue's payload still wins and the burst counts
+    two absorbed enqueues, not three (the emitted payload was merged again); it still
+    names the burst's job, for an emitter whose own placement came second."""
     from runner import outbox
     from runner.store.routing import partition_of
 
@@ -258,9 +259,12 @@ def test_an_emit_absorbed_into_a_burst_is_absorbed_once_however_often_it_is_plac
     assert job["id"] == first and kept, (job, kept)
     monkeypatch.undo()
     assert c.enqueue("doc", {"doc_id": doc, "v": "NEWER"}).id == first
-    outbox.place(project.runtime, kept)  # placed again, as a relay does with what is left
+    named: dict[str, tuple[str, str]] = {}
+    outbox.place(project.runtime, kept, named)  # placed again, as a relay does with what is left
     view = c.get(first).as_dict()
     assert (view["payload"]["v"], view["absorbed"]) == ("NEWER", 2), view
+    [entry] = kept
+    assert named == {json.loads(entry)[1]: (first, "scheduled")}  # the burst's job still named
 
 # --- one burst per key and version ----------------------------------------------------
 

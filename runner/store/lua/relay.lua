@@ -32,8 +32,9 @@
 --
 -- Returns one code per job: 1 placed (counted as relayed|<type>), 0 already known (or its
 -- idempotency key's job stands), -1 its idempotency key holds another payload (not placed),
--- 2 absorbed into a DEBOUNCE burst's job (see jobs.lua); then, per job another job stands
--- for (the burst's job it joined, or the job that holds its idempotency key), its index
+-- 2 absorbed into a DEBOUNCE burst's job (see jobs.lua; 0 when it was absorbed before);
+-- then, per job another job stands for (the burst's job it joined, or the job that holds
+-- its idempotency key), its index
 -- (0-based), that job's id and its status: whoever named the job sent can name the one
 -- that runs.
 --- @include "clock"
@@ -46,6 +47,15 @@ local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats 
   claims = K.claims, done_meta = K.done_meta, done = K.done_prefix, prio = K.prio, mark = K.lim_prefix,
   mark_ms = tonumber(ARGV[3 + n * 13])}
 local known_ms = tonumber(ARGV[4 + n * 13])
+-- The status of the burst's job an entry joined, as the first placement named it.
+local function status_of(id)
+  if redis.call('HEXISTS', K.claims, id) == 1 then return 'processing' end
+  if redis.call('EXISTS', K.job_prefix .. id) == 1 then
+    return redis.call('HGET', K.job_prefix .. id .. ':s', 'status') or 'queued'
+  end
+  return 'done'
+end
+
 local put = jobs_acc()
 local out = {}
 local absorbed = {}
@@ -54,7 +64,14 @@ for i = 0, n - 1 do
   j.priority = tonumber(ARGV[3 + i * 13 + 12]) or 0
   local debounced = j.meta ~= '' and string.find(j.meta, '"debounce":', 1, true)
   local absorbed_key = debounced and K.idem_prefix .. '~absorbed:' .. j.id
-  if job_known(Q, j.id) or (absorbed_key and redis.call('EXISTS', absorbed_key) == 1) then
+  local joined = absorbed_key and redis.call('GET', absorbed_key)
+  if joined then
+    -- Absorbed already: nothing merged again, and the burst's job still named.
+    out[#out + 1] = 0
+    absorbed[#absorbed + 1] = i
+    absorbed[#absorbed + 1] = joined
+    absorbed[#absorbed + 1] = status_of(joined)
+  elseif job_known(Q, j.id) then
     out[#out + 1] = 0
   else
     local code, jid, status = job_put(Q, now, j, put)
