@@ -91,6 +91,9 @@ slot and the layout runs unchanged on Redis Cluster::
                                               one job), first:<v> (ms of its first enqueue); no TTL: the
                                               fields go when the job is claimed or ends, its state's
                                               'debounce' field naming the marker until then (includes/jobs.lua)
+    <prefix>:{<queue>}:idem:~absorbed:<id>  STRING  the burst's job that a DEBOUNCE job placed from an
+                                              outbox joined: its id stays known, so a second placement
+                                              merges nothing (lua/relay.lua); PX the done retention + 1 h
 
 A queue with ``partitions = N`` (see docs/partitions.md) has this whole set once per
 partition, each under the partition's own tag (``partition_tags``): ``{<queue>}`` for the

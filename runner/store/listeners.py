@@ -50,6 +50,31 @@ def canonical(value: Any) -> str:
     return json.dumps(_norm(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def stored(match: Any) -> Any:
+    """``match`` as a wait keeps it: its canonical JSON read back, with each whole number
+    outside 64 bits as the float it equals, since the codec encodes no wider integer (a
+    float of 2.0**64 or more would otherwise come back as an integer no record can hold).
+    ValueError when ``match`` is not JSON, or holds such an integer that no float equals
+    (no event's data can hold it either)."""
+    return _narrow(codec.loads(canonical(match)))
+
+
+def _narrow(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        try:
+            as_float = float(value)
+        except OverflowError:
+            as_float = None
+        if as_float is None or as_float != value:
+            raise ValueError(f"the integer {value} is outside 64 bits and no float equals it")
+        return as_float
+    if isinstance(value, dict):
+        return {k: _narrow(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_narrow(v) for v in value]
+    return value
+
+
 def shape_of(match: Mapping[str, Any]) -> str:
     """A match's field names, as the registry keeps them (a JSON list, sorted)."""
     return json.dumps(sorted(match), separators=(",", ":"), ensure_ascii=False)

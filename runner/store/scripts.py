@@ -142,6 +142,9 @@ class Ack(NamedTuple):
     followups: tuple[Followup, ...] = ()
     member: Member | None = None  # a group's member: counted down in the ack's step
     created_ms: int = 0  # the record's (the server's clock at its enqueue): the done outcome keeps it
+    # The handler's start (the server's clock, as its worker reckons it) when the run's start
+    # mark was not sent, since it ends in the same settle: its outcome's start (0: the claim's)
+    started_ms: int = 0
 
 
 class RetryAt(NamedTuple):
@@ -263,26 +266,31 @@ class Scripts(Transport):
     def claim(
         self, k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None,
-        max_ages: str = "", floor: int = 0, later: str = "", late: Callable[[Any], object] | None = None,
+        max_ages: str = "", floor: int = 0, later: str = "", gathered: str = "",
+        late: Callable[[Any], object] | None = None,
     ) -> Any:
         """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
         (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE;
         ``floor``: claim only jobs of this priority or more (0: any); ``later``: "<type>
         ..." of the functions whose jobs, started at once, spend their attempt only at
-        their start mark (start.lua); ``late``: the reply of a claim given up on a
-        stalled master (transport.NodeLanes.bounded), whose jobs must be handed back."""
+        their start mark (start.lua); ``gathered``: "<type> ..." of those whose jobs are
+        held from their claim until their start mark (BATCH functions); ``late``: the
+        reply of a claim given up on a stalled master (transport.NodeLanes.bounded), whose
+        jobs must be handed back."""
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor,
-                later)
+                later, gathered)
         return self._run("claim", scriptkeys.keys("claim", k), args, pipe, late=late)
 
     def claim_woken(
         self, k: QueueKeys, wait_s: float, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,
         done_ttl_ms: int, done_max: int = 1_000_000, max_ages: str = "", floor: int = 0, later: str = "",
+        gathered: str = "",
     ) -> tuple[Any, Any]:
         """claim, sent behind a BLPOP of the queue's notify list (see behind): it runs when a
         wake-up comes or ``wait_s`` passes, so an idle worker's wake-up and its claim are one
         round trip. Returns (the BLPOP's reply, or its error; the claim's reply)."""
-        args = ("", n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor, later)
+        args = ("", n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor, later,
+                gathered)
         return self.behind(("BLPOP", k.notify, f"{wait_s:g}"), "claim", scriptkeys.keys("claim", k), args)
 
     def hold(self, k: QueueKeys, job_id: str, token: str, off: bool = False, pipe: Batch | None = None) -> Any:
@@ -321,7 +329,7 @@ class Scripts(Transport):
         args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks), totals]
         for i, a in enumerate(acks, 1):
             args += a[:6]  # id, token, result, census, stats, keep_ms: Ack's first six fields
-            args += (a.created_ms, len(a.followups) if i in staged else 0)
+            args += (a.created_ms, len(a.followups) if i in staged else 0, a.started_ms or "")
         args += _followup_args(k, acks, staged)
         args += _member_args(acks)
         return self._run("ack", scriptkeys.keys("ack", k), args, pipe)
@@ -380,7 +388,8 @@ class Scripts(Transport):
         args: list[Any] = [_clock(now_ms), len(entries)]
         for e in entries:
             args += list(e)
-        args.append(self.mark_for(k))
+        # (mark_ms: a done job's retention and a margin, as long as a placed id stays known)
+        args += [self.mark_for(k), self.mark_ms]
         return self._run("relay", scriptkeys.keys("relay", k), args)
 
     def retry(self, k: QueueKeys, items: Sequence[RetryAt], pipe: Batch | None = None,

@@ -297,7 +297,7 @@ class Context:
         the job resumes with it. Returns None once ``timeout`` seconds pass without one
         (without a timeout, a wait lasts up to a year). Recorded as a step named ``name``."""
         from runner.catalog.options import EVENT_NAME
-        from runner.store.listeners import canonical
+        from runner.store.listeners import canonical, stored
 
         if not isinstance(name, str) or not EVENT_NAME.fullmatch(name):
             raise ValueError(f"ctx.wait_for_event: {name!r} is not an event name: 1 to 128 letters, digits and "
@@ -308,7 +308,7 @@ class Context:
             raise ValueError(f"ctx.wait_for_event({name!r}, match={match!r}): a dict of top-level field names "
                              "to the JSON values the event's data must hold")
         try:
-            match = codec.loads(canonical(match))
+            match = stored(match)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"ctx.wait_for_event({name!r}): the match is not JSON: {exc}") from None
         if len(canonical(match)) > 4096:

@@ -124,14 +124,15 @@ class Entries:
         and each call's settlements, in order, on ``groups``; beside each, on ``figures``,
         the figures its landed acks add (None for the other calls)."""
         calls = Calls()
-        final = _mark_settling(batch)
+        final, unmarked = _mark_settling(batch)
         functions = self.rt.registry.functions
         done, acks, ack_s, totals = self.done, calls.acks, calls.ack_s, calls.totals  # (per job: locals)
         ack_fields = calls.ack_fields
         for s in batch:
             o = s.outcome
             if isinstance(o, Done):  # most settlements: first, and with no more work than it needs
-                acks.append(done(s, o, now, functions.get(s.run.job.type), totals, ack_fields))
+                acks.append(done(s, o, now, functions.get(s.run.job.type), totals, ack_fields,
+                                 s.started_ms if id(s.run) in unmarked else 0))
                 ack_s.append(s)
                 continue
             # The history's times are the server's, as every time shown.
@@ -187,10 +188,11 @@ class Entries:
     # --- one builder per outcome -------------------------------------------------------
 
     def done(self, s: Settlement, o: Done, now: int, fn: Function | None, totals: metrics.Totals,
-             ack_fields: list[str]) -> Ack:
+             ack_fields: list[str], started_ms: int = 0) -> Ack:
         """A success: its result (and meta, and payload if kept), its follow-ups and
         ON_SUCCESS job, and its group's count; its stats fields go on ``ack_fields``
-        (summed in ``totals`` too), not in the ack (see AckFigures)."""
+        (summed in ``totals`` too), not in the ack (see AckFigures). ``started_ms``: its
+        handler's start, for a run whose start mark is not sent (0: the claim has it)."""
         job = s.run.job
         t = job.type
         fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)
@@ -216,7 +218,8 @@ class Entries:
             totals.add(f"followups|{t}", len(follow))
         ack_fields.append(fields)
         return _new(Ack, (job.id, job.token, result, f"{t}|{job.version_raw}", "", keep, follow,
-                          _member_done(job, o.result, s.run.trace) if job.meta_raw else None, job.created_ms))
+                          _member_done(job, o.result, s.run.trace) if job.meta_raw else None, job.created_ms,
+                          started_ms))
 
     def retry_at(self, s: Settlement, o: RetryLater, now: int) -> RetryAt:
         if o.rate_limited:
@@ -333,10 +336,11 @@ class Entries:
         return () if f is None else (f,)
 
 
-def _mark_settling(batch: Sequence[Settlement]) -> set[int]:
+def _mark_settling(batch: Sequence[Settlement]) -> tuple[set[int], set[int]]:
     """Mark each run whose outcome goes in this batch as settling, and return them (by id)
     when the batch also holds start marks: a start mark of a run that ends in the same
-    batch is dropped (its settlement says it started)."""
+    batch is dropped (its settlement says it started); and those runs (by id), whose
+    outcome must carry the handler's start that the mark would have written."""
     started = False
     for s in batch:
         if type(s.outcome) is Start:
@@ -345,6 +349,8 @@ def _mark_settling(batch: Sequence[Settlement]) -> set[int]:
             # Before the send: a renewal answered after this ack landed is refused,
             # and the renewer must not take that for a lease lost elsewhere.
             s.run.settling = True
-    # Only a batch with start marks needs the set (most batches of a deep queue have none).
-    return {id(s.run) for s in batch if type(s.outcome) is not Start} if started else set()
+    if not started:  # (most batches of a deep queue have no start marks: no sets)
+        return set(), set()
+    final = {id(s.run) for s in batch if type(s.outcome) is not Start}
+    return final, {id(s.run) for s in batch if type(s.outcome) is Start and id(s.run) in final}
 

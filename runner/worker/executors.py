@@ -96,6 +96,7 @@ class Executors:
         self._generations = Generations()
         self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)
         self._later: tuple[object, str] = (None, "")  # (registry, its functions that run in a child)
+        self._gathered: tuple[object, str] = (None, "")  # (registry, its BATCH functions)
         self._enqueuer: Client | None = None
         # BATCH batches being gathered, by (function, rendered key): see _gather_members.
         self._gathering: dict[tuple[int, str], _Gathering] = {}
@@ -612,8 +613,17 @@ class Executors:
         thread is this one), and raises JobTimeout here past it. True when the call was
         abandoned (stuck past TIMEOUT plus the grace: a new thread has the slot)."""
         runs = [r for r, _ in live]
+        go = self.hand_off(runs)  # their claims' wait for the call ends (held from their claim)
+        if not all(go):  # (a lease lost in the wait: that member goes back, the call goes on)
+            for r, ok in zip(runs, go, strict=True):
+                if not ok:
+                    self._settle_unrun(r, Release())
+            live = [(r, p) for (r, p), ok in zip(live, go, strict=True) if ok]
+            runs = [r for r, _ in live]
+            if not runs:
+                return False
         for r in runs:
-            if not r.job.started:  # claimed ahead: its attempt counts from here
+            if not r.job.started:  # claimed ahead or held: its attempt counts from here
                 self.outcomes.put(Settlement(r, START))
         leader = runs[0]
         started_ms = self._server_now(leader.job)
@@ -765,7 +775,7 @@ class Executors:
         as "expired", unrun and spending no attempt, as claim.lua buries one claimed late."""
         job = run.job
         fn = self.rt.registry.functions.get(job.type)
-        if fn is None or not fn.max_age_s:
+        if fn is None or not fn.max_age_s or run.resumed:  # (MAX_AGE bounds the first start only)
             return None
         now = self._server_now(job)
         if now - job.created_ms <= fn.max_age_s * 1000:
@@ -928,6 +938,16 @@ class Executors:
             self._later = (reg, " ".join(sorted(f.name for f in reg.for_queue(self.q.name)
                                                 if f.isolation == "process")))
         return self._later[1]
+
+    def hold_claimed(self) -> str:
+        """The queue's BATCH functions, "<type> ...": their jobs are held from their claim
+        (claim.lua, hold.lua) until their batch's call, which they wait for while the batch
+        fills, so a worker lost before it charges them nothing, however often."""
+        reg = self.rt.registry
+        if self._gathered[0] is not reg:
+            self._gathered = (reg, " ".join(sorted(f.name for f in reg.for_queue(self.q.name)
+                                                   if f.batch is not None)))
+        return self._gathered[1]
 
     def _process_only(self) -> bool:
         """Every function of the queue runs in a child process (see startable)."""
@@ -1146,13 +1166,18 @@ class _ChildRun:
         says when its handler starts, see charge; one it took after the previous job's
         end: that is its start)."""
         self.began = True
-        self.started_ms = Executors._server_now(self.job)  # after any wait for the child to start
         with self.ex.ledger.lock:
             self.run.child_pid = pid
-            self.run.began = (time.monotonic(), self.started_ms)  # (the roster shows it running)
         if charge:
             self.charge()
+        else:
+            self._began_now()  # for now (the roster shows it running): charge says when
         fault("mid_handler")
+
+    def _began_now(self) -> None:
+        self.started_ms = Executors._server_now(self.job)  # after any wait for the child to start
+        with self.ex.ledger.lock:
+            self.run.began = (time.monotonic(), self.started_ms)
 
     def charge(self) -> None:
         """Its handler starts: its attempt counts from now on, with the settler's next
@@ -1160,6 +1185,10 @@ class _ChildRun:
         reclaim.lua). One claimed started, never held, spent it at the claim."""
         if not self.charged:
             self.charged = True
+            # Its start is now, also for a fresh child's first job, which the child got
+            # before it imported the function and checked the payload (seconds for heavy
+            # imports): the outcome shows it (entries.py: a start mark not sent).
+            self._began_now()
             if self.run.held or not self.job.started:
                 self.ex.outcomes.put(Settlement(self.run, START))
 

@@ -44,6 +44,9 @@ EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (clai
 # A claimed job's "started" value when it was claimed ahead for a child process: its claim
 # is held until its executor hands it to the child (claim.lua, hold.lua).
 FOR_CHILD = 3
+# A claimed job's "started" value when it is not started at its claim and is a durable job
+# resumed after a sleep or a wait: MAX_AGE bounded its first start only (claim.lua).
+RESUMED = 4
 
 
 def _int_or(value: object, default: int) -> int:
@@ -96,6 +99,9 @@ class Fetcher:
         # their executor says the handler started ("<type> ...": those that run in child
         # processes, whose child reports it; see claim.lua). Set by the queue's runner.
         self.charge_later: Callable[[], str] = lambda: ""
+        # The functions whose jobs are held from their claim until their handler starts
+        # (BATCH functions: their jobs wait for the batch to fill; see claim.lua).
+        self.hold_claimed: Callable[[], str] = lambda: ""
 
     def _label(self, p: int) -> str:
         """A partition as the log names it (a queue of one: nothing more to say)."""
@@ -242,12 +248,12 @@ class Fetcher:
         popped, 0 otherwise)."""
         self._seq += 1
         k, base = self.parts[partition], f"{self.worker_id}.{self._seq}"
-        later = self.charge_later()
+        later, gathered = self.charge_later(), self.hold_claimed()
         if not self._woken:
             return self._take(self.rt.scripts.claim(
                 k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
                 done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
-                later=later, late=lambda reply: self._take(reply, partition, given_up=True),
+                later=later, gathered=gathered, late=lambda reply: self._take(reply, partition, given_up=True),
             ), partition)
         # Waiting for work (a queue of one partition): the claim goes behind the wait, and
         # Redis runs it the moment a wake-up comes (or BELL_S passes), so at light load a
@@ -256,7 +262,7 @@ class Fetcher:
         rang, reply = self.rt.scripts.claim_woken(
             k, BELL_S, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
             done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
-            later=later,
+            later=later, gathered=gathered,
         )
         got = self._take(reply, partition)
         if isinstance(rang, BaseException):
@@ -286,12 +292,14 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started != 0 and started != FOR_CHILD, meta, "", partition))
+                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)
             elif started == FOR_CHILD:
                 run.held = True
+            elif started == RESUMED:
+                run.resumed = True
         if self.trace_context and tracing.enabled():
             for r in batch:
                 if r.job.meta_raw:

@@ -49,6 +49,7 @@ class Run:
     picked: bool = False  # an executor took it: from here a cancel is a request to the handler
     doomed: bool = False  # a cancel or a pause took it while claimed ahead: handed back, never started
     held: bool = False  # its claim waits for an executor (hold.lua), unspent however often it is lost
+    resumed: bool = False  # a durable job resumed after a sleep or a wait: its MAX_AGE is behind it
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
     # ctx.enqueue's jobs, held until the ack, which writes them (a failed run drops them)
     followups: list[Followup] = field(default_factory=list)

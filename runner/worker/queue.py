@@ -69,6 +69,7 @@ class QueueRunner:
         self.fetcher.startable = self.executors.startable
         self.fetcher.capacity_for = capacity_for
         self.fetcher.charge_later = self.executors.charge_later
+        self.fetcher.hold_claimed = self.executors.hold_claimed
         self.outcomes = outcomes
 
     def cancel_ahead(self, job_id: str, token: str) -> None:

@@ -5,6 +5,7 @@ through the public client or CLI and real worker processes on a real server:
   is completed only by its own job, and is released when that job dies or is purged;
 - 7 and 7.0 render the same key;
 - leases and due times are judged by the server's clock, not each host's;
+- a child process's job shows its handler's start, not its claim's;
 - a worker that does not know a job's type or version hands it to a newer worker
   (for a bounded time) instead of burying it;
 - a prefetched job holds no resource lock, and jobs waiting on a resource start in the
@@ -226,6 +227,33 @@ def test_a_delay_is_measured_on_the_servers_clock(project: Project, tmp_path: Pa
     done = final(project, json.loads(out.stdout)["id"])
     assert 0.9 <= done["started_at"] - t0 < 5, f"ran {done['started_at'] - t0:.2f} s after the enqueue"
 
+
+
+SLOW_IMPORT = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+if os.environ.get("RUNNER_CHILD_OF"):  # in the child only: its import takes 2 s
+    time.sleep(2)
+
+
+def handle(payload, ctx):
+    return time.time()
+'''
+
+
+def test_a_fresh_childs_quick_job_shows_its_handlers_start(project: Project) -> None:
+    """A quick job on a fresh child whose import takes 2 s: its started_at is its handler's
+    start, not its claim 2 s before (the run's start mark went no further than the settle
+    that also held its end, and the outcome kept the claim's time)."""
+    project.add_function("slow_import", SLOW_IMPORT)
+    project.spawn_worker("fast")
+    c = project.client
+    job = c.enqueue("slow_import", {}).id
+    done = c.wait(job, 60).as_dict()
+    assert done["status"] == "done" and done["attempt"] == 1, done
+    early = done["result"] - done["started_at"]
+    assert -0.5 < early < 0.5, f"started_at is {early:.2f} s before the handler began"
 
 ONLY_V1 = '''"""Knows payload v1 only."""
 QUEUE = "fast"

@@ -235,6 +235,37 @@ def test_an_emit_joins_the_burst_of_its_debounce_key_on_a_partitioned_queue(proj
         assert run["payload"]["via"] == "emit"
 
 
+
+def test_an_emit_absorbed_into_a_burst_is_absorbed_once_however_often_it_is_placed(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An emit's job joins a burst through the outbox, and its entry is placed a second
+    time (its emitter died before taking it off, or a relay read it first): the second
+    placement merges nothing, so a newer enqueue's payload still wins and the burst counts
+    two absorbed enqueues, not three (the emitted payload was merged again); it still
+    names the burst's job, for an emitter whose own placement came second."""
+    from runner import outbox
+    from runner.store.routing import partition_of
+
+    project.write_config(fast="partitions = 4")
+    src = DOC.format(period=30, max_wait=60).replace('QUEUE = "fast"', 'QUEUE = "fast"\nTRIGGERS = ["doc.edited"]')
+    project.add_function("doc", textwrap.dedent(src), SCHEMA)
+    c = project.client
+    home = project.runtime.keys["fast"].partition
+    doc = next(d for d in range(100, 200) if partition_of(f"d:doc:doc:{d}", 4) != home)
+    kept: list[str] = []
+    monkeypatch.setattr(outbox, "remove", lambda rt, k, entries: kept.extend(entries))  # the emitter dies here
+    first = c.enqueue("doc", {"doc_id": doc, "v": "FIRST"}).id
+    [job] = c.emit("doc.edited", {"doc_id": doc, "v": "OLD"}).as_dict()["jobs"]
+    assert job["id"] == first and kept, (job, kept)
+    monkeypatch.undo()
+    assert c.enqueue("doc", {"doc_id": doc, "v": "NEWER"}).id == first
+    named: dict[str, tuple[str, str]] = {}
+    outbox.place(project.runtime, kept, named)  # placed again, as a relay does with what is left
+    view = c.get(first).as_dict()
+    assert (view["payload"]["v"], view["absorbed"]) == ("NEWER", 2), view
+    [entry] = kept
+    assert named == {json.loads(entry)[1]: (first, "scheduled")}  # the burst's job still named
+
 # --- one burst per key and version ----------------------------------------------------
 
 def test_alternating_versions_make_one_burst_each(project: Project) -> None:

@@ -92,6 +92,32 @@ def test_a_sleep_frees_the_worker_and_resumes_past_it(project: Project, isolatio
     assert counters.get("replays|steps") == 1, counters  # the resume replayed a, b and a#2
 
 
+AGED = marked('''def handle(payload, ctx):
+    ctx.step("a", mark, "a", ctx)
+    if payload.get("nap"):
+        ctx.sleep("nap", payload["nap"])
+    ctx.step("b", mark, "b", ctx)
+    return "ok"
+''', options="MAX_AGE = 1\n")
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
+def test_max_age_bounds_the_first_start_only_a_resume_past_it_runs(project: Project, isolation: str) -> None:
+    """MAX_AGE 1 s and a 2 s sleep: the job resumes after the sleep, past its MAX_AGE, and
+    ends done with each step run once, under both isolations (a child's job was buried
+    as expired at its resume, its second step never run)."""
+    project.add_function("aged", AGED.format(isolation=isolation))
+    project.add_function("warm", f'QUEUE = "fast"\n{isolation}\n\ndef handle(payload, ctx):\n    return 1\n')
+    c = project.client
+    project.spawn_worker("fast")
+    warm = c.enqueue("warm", {}).id  # a child ready first: the job's first start is in time
+    assert c.wait(warm, 60).as_dict()["status"] == "done"
+    job = c.enqueue("aged", {"nap": 2}).id
+    done = c.wait(job, 30).as_dict()
+    assert done["status"] == "done", done
+    assert len(runs(project, job, "a")) == 1 and len(runs(project, job, "b")) == 1
+
+
 def test_run_now_cuts_a_sleep_short(project: Project) -> None:
     """An operator's run now of a job in an hour's sleep: the replay returns from ctx.sleep
     and runs on past it (docs/durable.md, docs/http.md), with no attempt spent."""

@@ -5,7 +5,7 @@ result, follow-ups and group count (its stats fields go beside the call, counted
 lands); a retry, a rate-limited hand-back and a deferral, a
 death, a cancel and an expiry each have their history entry, refund and stats; a release
 carries its mode and note; a start mark goes only for a run that does not also end in
-the batch."""
+the batch, whose ack carries the start instead."""
 
 from __future__ import annotations
 
@@ -152,7 +152,8 @@ def test_each_outcome_builds_the_entry_its_script_takes(project: Project) -> Non
                   "done_max": ret.done_max}
     a0, a1, a2, a13 = acks
     assert a0 == Ack("j0", "w.0", "", "noop|1", "", 0, (), None, READY - 5)
-    assert a13 == Ack("j13", "w.13", "", "noop|1", "", 0, (), None, READY - 5)
+    # Its start mark not sent, its outcome carries its handler's start (not the claim's).
+    assert a13 == Ack("j13", "w.13", "", "noop|1", "", 0, (), None, READY - 5, STARTED)
     (dest,) = a1.followups
     assert (dest.queue, dest.job.id, dest.job.type) == ("fast", "j1.s", "sink")
     assert codec.loads(dest.job.payload)["result"] == {"a": 1}

@@ -104,3 +104,17 @@ def test_redact_hides_the_password_only() -> None:
     assert redact("rediss://:s3cret@host.example:6380/0") == "rediss://:***@host.example:6380/0"
     assert redact("redis://user:pw@h/1") == "redis://user:***@h/1"
     assert redact("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_report_with_a_replay_the_new_code_breaks_gives_no_all_clear() -> None:
+    """A sleeping job whose recorded step the code on disk no longer reaches fails the
+    deploy gate: the report names it and does not also say every waiting job can run,
+    which it still says when nothing stands in the way."""
+    from runner.cli.project import EXIT_OK, EXIT_REFUSED, render_check
+
+    clear = checks.Report(redis_checked=True, scanned=1)
+    assert "deploy gate: every waiting job can run" in render_check(clear, False, EXIT_OK)
+    drifted = checks.Report(redis_checked=True, scanned=1, problems=[checks.Problem(
+        "deploy gate", "1 sleeping or waiting job(s) of dur recorded step 'ship' ... Jobs: j1 (sleeping)")])
+    text = render_check(drifted, False, EXIT_REFUSED)
+    assert "recorded step 'ship'" in text and "every waiting job can run" not in text, text

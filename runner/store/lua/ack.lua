@@ -32,11 +32,13 @@
 -- ARGV[6] the stats fields of the whole batch, summed ("field=N ..."; '' none): counted
 --   at once when every job's ack lands, instead of each job's own (parsing those cost as
 --   much as the rest of an ack); any refusal falls back to the jobs' own fields
--- then per job 8 fields:
+-- then per job 9 fields:
 --   id, token, result (JSON, '' none), "<type>|<version>" (the census field), stats fields
 --   (space-separated), ms to keep the result on its own (KEEP_RESULT; 0 none), the
 --   record's created_ms (the server's clock at its enqueue, as the claim read it; 0 unknown),
---   how many follow-ups the run staged (0 none: its follow-ups, if any, come below)
+--   how many follow-ups the run staged (0 none: its follow-ups, if any, come below), the
+--   handler's start, ms ('' the claim's: a run's start mark, start.lua, writes it there;
+--   set for a run that ends in the same settle as its start, whose mark is not sent)
 -- then m, the follow-ups (ctx.enqueue); per follow-up 15 fields: the index of its parent
 --   in this batch (1-based), its queue ('' this one), the 12 fields of enqueue.lua, its
 --   priority
@@ -82,14 +84,14 @@
 --- @include "ended"
 local now, idem_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
 local done_ttl, done_max = tonumber(ARGV[3]), tonumber(ARGV[4])
-if (tonumber(ARGV[7 + n * 8]) or 0) > 0 then  -- follow-ups: a delayed one goes to scheduled
+if (tonumber(ARGV[7 + n * 9]) or 0) > 0 then  -- follow-ups: a delayed one goes to scheduled
   local damaged = damaged_set({{'scheduled', K.scheduled}})
   if damaged then return damaged end
 end
 local out = {}
 local seen = {}
 local totals = ARGV[6]
-local held = batch_claims(K.claims, 7, 8, n)
+local held = batch_claims(K.claims, 7, 9, n)
 local finished, outcomes, gone = {}, {}, {}
 local done_ids = {}
 local ended = {}  -- waited jobs done in this batch
@@ -175,7 +177,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
 end
 
 for i = 0, n - 1 do
-  local b = 7 + i * 8
+  local b = 7 + i * 9
   local id, token, result, field, fields, keep_ms = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
     tonumber(ARGV[b + 5])
   -- The same claim twice in one batch settles once (seen), refused the second time.
@@ -198,8 +200,10 @@ for i = 0, n - 1 do
       or nil
     if type(got) ~= 'table' or got.err then got = {} end
     local history = type(got[1]) == 'string' and got[1] or nil
-    -- A durable function resumed within this attempt began at its first run (suspend.lua).
-    local started = (got[2] == tostring(c.attempt) and tonumber(got[3]) and got[3]) or c.started
+    -- A durable function resumed within this attempt began at its first run (suspend.lua);
+    -- a run whose start mark was not sent, at its handler's start, as its worker says.
+    local started = (got[2] == tostring(c.attempt) and tonumber(got[3]) and got[3])
+      or (ARGV[b + 8] ~= '' and ARGV[b + 8]) or c.started
     if c.idem or c.res then
       local rec = rec_load(jk)
       if rec then
@@ -241,7 +245,7 @@ if totals ~= '' and not refused then
 else
   for _, fields in ipairs(counted) do bump(fields) end
 end
-local fb = 7 + n * 8
+local fb = 7 + n * 9
 local m = tonumber(ARGV[fb]) or 0
 local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
   claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}

@@ -67,6 +67,10 @@
 --          charges nothing, see reclaim.lua); a job of any other type spends it here. Such
 --          a job claimed ahead is also held ('h', see hold.lua) until its worker hands it
 --          to a child: lost before then, it goes back unspent however often
+-- ARGV[12] the types whose jobs are held ('h') from their claim, among the first k too,
+--          spending their attempt only at their start mark, "<type> ..." ('' none): BATCH
+--          functions, whose jobs wait for their batch to fill (seconds) before any
+--          handler has them, so a worker lost in that wait, however often, charges none
 --
 -- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
 -- scheduled for when its (reserved) token is due, spending no attempt.
@@ -90,7 +94,8 @@
 --   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, its attempt spent;
 --   0 prefetched, or at once with its attempt spent at its start mark (ARGV[11]); 2
 --   expired: bury it; 3 prefetched for a child (ARGV[11]) and held, 'h', until its worker
---   hands it to its child, see hold.lua), meta
+--   hands it to its child, see hold.lua; 4 as 0, for a durable job resumed after a sleep or
+--   a wait, whose MAX_AGE is behind it), meta
 --- @include "clock"
 --- @include "calls"
 --- @include "limits"
@@ -112,6 +117,8 @@ local dead_ttl, done_ttl, done_max = tonumber(ARGV[6]), tonumber(ARGV[7]), tonum
 local floor = tonumber(ARGV[10]) or 0
 local later = {}
 for typ in string.gmatch(ARGV[11] or '', '%S+') do later[typ] = true end
+local gathered = {}
+for typ in string.gmatch(ARGV[12] or '', '%S+') do gathered[typ] = true end
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
@@ -418,11 +425,12 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   leased[n_l + 2] = id
   local n_c = #claimed
   claimed[n_c + 1] = id
-  local spent = starts and not later[rec.type]
+  local spent = starts and not later[rec.type] and not gathered[rec.type]
   -- A child's job claimed ahead is held ('h') from its claim: it waits in its worker until
   -- a child is free and ready, and its worker ends the hold just before the child gets it
-  -- (hold.lua), so a worker lost in the wait, however often, charges it nothing.
-  local held = not starts and later[rec.type] == true
+  -- (hold.lua), so a worker lost in the wait, however often, charges it nothing. So is
+  -- a BATCH function's job (ARGV[12]), until its batch's call.
+  local held = (not starts and later[rec.type] == true) or gathered[rec.type] == true
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
     claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
   taken[id] = true
@@ -439,7 +447,9 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   out[o + 10] = f[3] or ''
   out[o + 11] = rec.created_ms
   out[o + 12] = f[4] or ''
-  out[o + 13] = spent and 1 or (held and 3 or 0)
+  -- (4: a durable job resumed after a sleep or a wait, not started here: its worker must
+  -- not judge its MAX_AGE again at the start, which bounds the first start only)
+  out[o + 13] = spent and 1 or (held and 3 or (f[11] and 4 or 0))
   out[o + 14] = rec.meta or ''
   i = i + 1
 end
