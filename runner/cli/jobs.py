@@ -366,7 +366,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         # The table sums over functions: only --json lists each loaded function.
         figures = read_queues(rt, loaded_functions=as_json)
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
-    rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["dead"],
+    rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["sleeping"], q["waiting"], q["dead"],
              sum(f["succeeded"] for f in q["functions"].values()),
              sum(f["retried"] for f in q["functions"].values()),
              sum(f["cancelled"] for f in q["functions"].values()),  # an outcome apart from dead
@@ -377,10 +377,11 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         at += 1
         for p in q["partitions"]:
             rows.insert(at, (f"  {p['partition']} {{{p['tag']}}}", p["ready"], p["processing"], p["scheduled"],
-                             p["dead"], "", "", "", "draining" if p["draining"] else ""))
+                             "", "", p["dead"], "", "", "", "draining" if p["draining"] else ""))
             at += 1
     human = where.line() + "\n" + table(
-        ("queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried", "cancelled", "paused"), rows)
+        ("queue", "ready", "processing", "scheduled", "sleeping", "waiting", "dead", "succeeded", "retried",
+         "cancelled", "paused"), rows)
     emit({"redis": where.as_dict(), "queues": queues, **down_view(gone)}, as_json, human)
     if gone:
         said_down(gone)

@@ -83,7 +83,8 @@ _GAUGES = (
     ("processing", "runner_queue_in_flight_jobs", "Jobs claimed by a worker."),
     ("lease_expired", "runner_queue_lease_expired_jobs", "In-flight jobs past their lease, not reclaimed yet."),
     ("scheduled", "runner_queue_scheduled_jobs", "Delayed, retrying or deferred jobs."),
-    ("scheduled_due", "runner_queue_scheduled_due_jobs", "Scheduled jobs already due, not promoted yet."),
+    ("scheduled_due", "runner_queue_scheduled_due_jobs", "Jobs of the scheduled set already due, not promoted yet "
+     "(delayed and retrying ones, and sleeping or waiting durable jobs whose time has come)."),
     ("sleeping", "runner_queue_sleeping_jobs", "Durable jobs sleeping (ctx.sleep), not counted as scheduled."),
     ("waiting", "runner_queue_waiting_jobs", "Durable jobs waiting for a signal, an event or a child."),
     ("dead", "runner_queue_dead_jobs", "Jobs in the dead-letter set."),

@@ -377,8 +377,8 @@ class Child:
         live: list[int] = []
         payloads: list[dict[str, Any]] = []
         fn = None
-        if msg.get("now_ms"):
-            joblog.set_server_now(int(msg["now_ms"]))  # (its lines carry the server's time)
+        if "skew_ms" in msg:  # (its lines carry the server's time; this host's clock is the worker's)
+            joblog.set_skew(int(msg["skew_ms"]))
         for i, job in enumerate(jobs):
             resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
             if isinstance(resolved, Done | RetryLater | Dead):
@@ -448,8 +448,8 @@ class Child:
         global _alarmed
         _alarmed = False
         job = Claimed(*row)
-        if msg.get("now_ms"):
-            joblog.set_server_now(int(msg["now_ms"]))  # (its lines carry the server's time)
+        if "skew_ms" in msg:  # (its lines carry the server's time; this host's clock is the worker's)
+            joblog.set_skew(int(msg["skew_ms"]))
         resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
         if isinstance(resolved, Done | RetryLater | Dead):
             if first:

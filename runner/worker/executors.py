@@ -60,7 +60,7 @@ from runner.worker.execute import (
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
 from runner.worker.isolation import EXITED, ExecutorCrashed, Generations, describe_exit
-from runner.worker.joblog import JobLogger, batch_loggers
+from runner.worker.joblog import JobLogger, batch_loggers, skew_ms
 from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
 from runner.worker.lifeline import vital
@@ -1015,7 +1015,7 @@ class Executors:
         return {"unknown_grace_s": self.rt.config.worker.unknown_grace_s, "now_ms": self._server_now(job),
                 "max_result_bytes": self.rt.config.worker.max_result_bytes,
                 "max_step_bytes": self.rt.config.worker.max_step_bytes, "lease_s": self.q.visibility_timeout_s,
-                "log_bounds": self._log_bounds}
+                "log_bounds": self._log_bounds, "skew_ms": skew_ms()}
 
     @property
     def _log_bounds(self) -> tuple[int, int]:

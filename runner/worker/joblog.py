@@ -48,6 +48,17 @@ def set_server_now(server_ms: int) -> None:
     _skew_ms = int(server_ms) - int(time.time() * 1000)
 
 
+def skew_ms() -> int:
+    """The server's clock less this host's, in ms (for a child, which shares the host's
+    clock: a server time sent to it would age by its start-up before it read it)."""
+    return _skew_ms
+
+
+def set_skew(ms: int) -> None:
+    global _skew_ms
+    _skew_ms = int(ms)
+
+
 def server_ms() -> int:
     """Now, by the server's clock (this host's, corrected by the last claim's)."""
     return int(time.time() * 1000) + _skew_ms

@@ -129,8 +129,8 @@ def test_job_and_stats_show_tables_or_json(project: Project, run: Invoke) -> Non
     assert out_json(stats)["queues"][0]["name"] == "fast" and out_json(stats)["queues"][0]["ready"] == 1
     table = run("stats").stdout.splitlines()
     assert table[0].startswith(f"redis: {project.server.url} (REDIS_URL)")
-    assert table[1].split() == ["queue", "ready", "processing", "scheduled", "dead", "succeeded", "retried",
-                                "cancelled", "paused"]
+    assert table[1].split() == ["queue", "ready", "processing", "scheduled", "sleeping", "waiting", "dead",
+                                "succeeded", "retried", "cancelled", "paused"]
     assert table[2].split()[:2] == ["fast", "1"]
 
 

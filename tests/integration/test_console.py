@@ -392,6 +392,10 @@ def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> Non
             forms = [f.get_attribute("id") for f in d.find_elements(By.CSS_SELECTOR, "main form") if f.is_displayed()]
             assert set(forms) <= {"job-filters"}, (hash_, forms)
         assert "read-only" in text(d, "#scope-note")
+        go(d, "#jobs/sleeping")  # each tab counts its own: the sleeper and the waiter apart from scheduled
+        for status in ("scheduled", "sleeping", "waiting"):
+            until(f"the {status} tab's count",
+                  lambda s=status: text(d, f'#status-tabs [data-count="{s}"]') == "1")  # type: ignore[misc]
         go(d, "#function/pay")
         until("the function page says why it has no form", lambda: "may not enqueue" in text(d, "#function-view"))
         assert script_errors(d) == []
@@ -476,7 +480,8 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         project.spawn_worker("fast")
         figures = lambda: {q["name"]: q for q in web.get("/queues").json()["queues"]}  # noqa: E731
         wait_for(lambda: figures()["fast"]["dead"] == n and figures()["fast"]["ready"] == 0
-                 and figures()["fast"]["processing"] == 0 and figures()["fast"]["scheduled"] == 3 * n, timeout=600,
+                 and figures()["fast"]["processing"] == 0 and figures()["fast"]["scheduled"] == n
+                 and figures()["fast"]["sleeping"] == n and figures()["fast"]["waiting"] == n, timeout=600,
                  interval=1, what="10,000 done, dead, sleeping and waiting")
         assert figures()["slow"]["processing"] == n and figures()["slow"]["ready"] == n
         d = browser
@@ -498,6 +503,8 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         assert max(took.values()) < 2, took
         go(d, "#jobs/queued")
         until("the queued count", lambda: text(d, '#status-tabs [data-count="queued"]') == str(n))
+        for status in ("scheduled", "sleeping", "waiting"):  # counted apart, each its own tab's
+            until(f"the {status} count", lambda s=status: text(d, f'#status-tabs [data-count="{s}"]') == str(n))
         c.enqueue("slow", {"seconds": 1})
         until("the new job counted, pushed",
               lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)

@@ -921,3 +921,32 @@ def test_a_follower_yields_every_line_of_a_tight_loop(project: Project) -> None:
         job = client.enqueue("ticker", {"n": 50_000}).id
         followed = list(client.follow_logs(job, timeout_s=60, poll_s=0.05))
         assert len(followed) == 50_000
+
+
+SLOW_CHILD = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+import __main__
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    time.sleep(2)  # heavy imports, in the child only
+
+def handle(payload, ctx):
+    ctx.logger.info("first line")
+'''
+
+
+def test_a_fresh_childs_first_lines_are_not_stamped_before_its_start(project: Project) -> None:
+    """A job run by a child that took 2 s to start: its log lines carry the server's time
+    at the handler's run, not seconds before its own start (the child took its clock from
+    a server time sent to it, aged by its start-up)."""
+    project.add_function("slowchild", SLOW_CHILD)
+    project.write_config(concurrency=1, prefetch=0)
+    c = project.client
+    job = c.enqueue("slowchild", {}).id
+    project.spawn_worker("fast")
+    view = c.wait(job, 60).as_dict()
+    assert view["status"] == "done", view
+    (line,) = [x for x in c.logs(job)["lines"] if x["msg"] == "first line"]
+    assert line["ts"] / 1000 >= view["started_at"] - 0.25, (line, view["started_at"])
+    assert line["ts"] / 1000 <= view["finished_at"] + 0.25, (line, view["finished_at"])

@@ -145,7 +145,7 @@ function renderQueuePage(name) {
   }
   const base = `queue=${encodeURIComponent(name)}`;
   const statusLinks = [["queued", q.ready], ["scheduled", q.scheduled], ["processing", q.processing], ["deferred", null],
-    ["sleeping", null], ["waiting", null], ["done", null], ["cancelled", q.cancelled]].map(([s, n]) =>
+    ["sleeping", q.sleeping], ["waiting", q.waiting], ["done", null], ["cancelled", q.cancelled]].map(([s, n]) =>
     el("a", { href: `#jobs/${s}?${base}`, class: "chip", "data-status-link": s }, s, n === null || n === undefined ? null : ` ${n}`));
   const fns = Object.entries(q.functions).map(([fn, f]) => {
     const paused = (q.paused_functions || []).includes(fn);
