@@ -521,18 +521,28 @@ def is_delay(value: Any) -> bool:
 
 def seconds(value: Any, call: str) -> float:
     """A delay a handler asked for, as seconds (see is_delay), else a ValueError naming the
-    call, raised where the handler raised its exception (so the attempt fails saying so,
-    rather than retrying at once or leaving the job unsettled)."""
-    if not is_delay(value):
-        raise ValueError(f"{call}={value!r}): it must be {DELAY_RANGE}")
+    call (``refusal`` says it without raising)."""
+    why = refusal(value, call)
+    if why is not None:
+        raise ValueError(why)
     return float(value)
 
 
+def refusal(value: Any, call: str) -> str | None:
+    """Why ``value`` is no delay a handler may ask for (None: it is one)."""
+    return None if is_delay(value) else f"{call}={value!r}): it must be {DELAY_RANGE}"
+
+
 class Retry(Exception):
-    """Raise from a handler to try again after ``delay`` seconds (None: the backoff)."""
+    """Raise from a handler to try again after ``delay`` seconds (None: the backoff).
+
+    A delay that is no number of seconds within the bound does not raise here (in a
+    batch's BatchFailures that would fail every item): the attempt it ends fails saying so
+    (``refused``), on the function's backoff, and only that job's."""
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
-        self.delay = None if delay is None else seconds(delay, "Retry(delay")
+        self.refused = None if delay is None else refusal(delay, "Retry(delay")
+        self.delay = None if delay is None or self.refused else float(delay)
         self.reason = reason
         super().__init__(reason)
 
@@ -543,7 +553,8 @@ class RateLimited(Exception):
     up to 100 times per job (see retry.lua); past that each counts as an attempt, as a Retry."""
 
     def __init__(self, retry_after: float = 1.0, reason: str = "rate limited") -> None:
-        self.retry_after = seconds(retry_after, "RateLimited(retry_after")
+        self.refused = refusal(retry_after, "RateLimited(retry_after")  # (as Retry's)
+        self.retry_after = 1.0 if self.refused else float(retry_after)
         self.reason = reason
         super().__init__(reason)
 

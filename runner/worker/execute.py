@@ -218,6 +218,9 @@ def as_asked(outcome: T, cancel_asked: bool) -> T | Dead:
 def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] | None = None) -> Outcome:
     """Classify a handler's exception (or an executor's verdict on it)."""
     err = err or describe(exc)
+    refused = getattr(exc, "refused", None) if isinstance(exc, Retry | RateLimited) else None
+    if refused:  # a delay that is no number of seconds in range: a plain failure, saying so
+        return _failed(fn, job, {**err, "message": refused})
     if isinstance(exc, JobTimeout) and not str(exc):
         err["message"] = f"ran past TIMEOUT {fn.timeout_s:g} s"
     if isinstance(exc, PermanentFailure):
@@ -228,10 +231,15 @@ def failure(fn: Function, job: Claimed, exc: BaseException, err: dict[str, Any] 
     if isinstance(exc, RateLimited) and job.attempt <= job.max_attempts and asked is not None:
         # Not a failure of the job: back for retry_after, spending nothing (bounded in retry.lua).
         return RetryLater(delay_s=asked, error=err, refund=True, rate_limited=True)
+    if isinstance(exc, Retry) and asked is not None and job.attempt < job.max_attempts:
+        return RetryLater(delay_s=asked, error=err)
+    return _failed(fn, job, err)
+
+
+def _failed(fn: Function, job: Claimed, err: dict[str, Any]) -> Outcome:
+    """A failed attempt: dead on the job's last, else again on the function's backoff."""
     if job.attempt >= job.max_attempts:
         return Dead(reason="max attempts reached", error=err, refund=False)
-    if isinstance(exc, Retry) and asked is not None:
-        return RetryLater(delay_s=asked, error=err)
     return RetryLater(delay_s=backoff.delay_s(fn.backoff, job.attempt, _rnd), error=err)
 
 

@@ -111,12 +111,12 @@ def test_client_enqueue_refuses_a_delay_or_run_at_that_cannot_be_kept(project: P
 
 def test_run_inline_refuses_what_a_worker_refuses(project: Project) -> None:
     """run_inline applies the same bounds: Retry or RateLimited past a year and a day
-    raises at construction, and ctx.enqueue's delay past it fails the job for good."""
-    for make in (lambda: Retry(delay=1e308), lambda: RateLimited(retry_after=1e15),
-                 lambda: Retry(delay=MAX_DELAY_S + 1)):
-        with pytest.raises(ValueError, match="a year and a day"):
-            make()
-    assert Retry(delay=MAX_DELAY_S).delay == MAX_DELAY_S
+    fails its attempt naming the bound (the exception says why: ``refused``; raising at
+    construction would fail every item of a batch's BatchFailures), and ctx.enqueue's
+    delay past it fails the job for good."""
+    for made in (Retry(delay=1e308), RateLimited(retry_after=1e15), Retry(delay=MAX_DELAY_S + 1)):
+        assert made.refused is not None and "a year and a day" in made.refused, made
+    assert Retry(delay=MAX_DELAY_S).delay == MAX_DELAY_S and Retry(delay=MAX_DELAY_S).refused is None
     project.add_function("huge", HUGE.format(isolation="thread"))
     out = run_inline("huge", {"how": "rate"}, project=project.root)
     assert out.status == "retry" and "a year and a day" in out.error["message"], out
@@ -126,3 +126,32 @@ def test_run_inline_refuses_what_a_worker_refuses(project: Project) -> None:
         assert out.status == "dead" and out.reason == "permanent failure", (d, out)
         assert "it must be a number of seconds from 0 to 31622400" in out.error["message"], (d, out)
     assert run_inline("chain", {"delay": MAX_DELAY_S}, project=project.root).status == "done"
+
+
+BATCH_RETRY = '''
+import runner
+QUEUE = "fast"
+MAX_ATTEMPTS = 2
+BATCH = {"size": 4, "wait": 0.3}
+
+def handle_batch(payloads, ctx):
+    failures = {i: runner.Retry(delay=1e308) for i, p in enumerate(payloads) if p.get("bad")}
+    if failures:
+        raise runner.BatchFailures(failures, results=[{"n": p["n"]} for p in payloads])
+    return [{"n": p["n"]} for p in payloads]
+'''
+
+
+def test_one_items_bad_retry_delay_in_a_batch_fails_that_item_only(project: Project) -> None:
+    """BatchFailures({0: Retry(delay=1e308)}): item 0 fails its attempt naming the bound,
+    and the batch's other items are done (the constructor raised inside handle_batch, and
+    every item failed with item 0's error)."""
+    from runner.client import Request
+
+    project.add_function("bulk", BATCH_RETRY)
+    c = project.client
+    ids = [e.id for e in c.enqueue_many([Request("bulk", {"n": i, "bad": i == 0}) for i in range(4)])]
+    project.spawn_worker("fast")
+    views = [c.wait(i, timeout_s=30).as_dict() for i in ids]
+    assert views[0]["status"] == "dead" and "a year and a day" in views[0]["last_error"]["message"], views[0]
+    assert [v["status"] for v in views[1:]] == ["done"] * 3, views
