@@ -48,7 +48,7 @@ from runner.web.offload import Offload
 from runner.web.openapi import OpenApi
 from runner.web.pauses import FunctionPause, QueuePause
 from runner.web.schedules import Schedules, ScheduleTrigger
-from runner.web.watching import JobLogs, JobStream
+from runner.web.watching import FOLLOWERS, JobLogs, JobStream
 from runner.web.workers import Workers
 
 log = logging.getLogger("runner.web")
@@ -118,6 +118,9 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     app.add_route("/events", Events(hub))
     app.add_route("/events/{name}", Emit(client, offload))
     waits = Waits(api.max_connections)
+    # One bound on every request that holds its connection, whatever its kind.
+    waits.others += [lambda: len(hub.streams), lambda: sum(FOLLOWERS.open.values())]
+    hub.full = FOLLOWERS.full = waits.full
     app.add_route("/jobs/{name}", Jobs(client, offload, waits))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/jobs/{name}/signals/{signal}", JobSignal(client, offload))

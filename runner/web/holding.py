@@ -9,12 +9,19 @@ reset for the wait's length. So one token holds at most TOKEN_PART of the connec
 waits, and all tokens together at most PROCESS_PART: the rest always serve everything
 else. Past a bound, the route answers at once as without the wait (jobs.py, groups.py).
 The open API (no token) counts as one token, as for the event streams (hub.py).
+
+The shares are of the connections the process really takes: ``max_connections``, or
+fewer under a low open-file limit (open_file_room; server.py caps the server alike). And
+the process's share bounds every request that holds its connection, waits, event streams
+(hub.py) and follows (watching.py) together: each kind's per-token cap alone let a few
+tokens fill the process.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import resource
+from collections.abc import Callable, Iterator
 
 import falcon.asgi
 
@@ -28,22 +35,51 @@ PROCESS_PART = 2
 RETRY_AFTER_S = 5
 
 
+# What the process keeps of its open files for Redis connections, the log and threads.
+SPARE_FILES = 64
+
+
+def open_file_room(max_connections: int) -> int:
+    """The connections this process can take: ``max_connections``, or its open-file limit
+    less SPARE_FILES when that is lower (past it, accept() fails for every client)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, soft - SPARE_FILES))
+
+
 class Waits:
-    """The waits held on this process, per token (one per app: its event loop's)."""
+    """The waits held on this process, per token (one per app: its event loop's), and the
+    process's bound on every request holding its connection (``others``: how many event
+    streams and follows are open; ``full``)."""
 
     def __init__(self, max_connections: int) -> None:
-        self.per_token = max(1, max_connections // TOKEN_PART)
-        self.most = max(1, max_connections // PROCESS_PART)
+        room = open_file_room(max_connections)
+        self.per_token = max(1, room // TOKEN_PART)
+        self.most = max(1, room // PROCESS_PART)
         self.held: dict[str, int] = {}
+        self.others: list[Callable[[], int]] = []
+
+    def total(self) -> int:
+        """Requests holding their connection now: waits, event streams and follows."""
+        return sum(self.held.values()) + sum(count() for count in self.others)
+
+    def full(self) -> str | None:
+        """Why one more held request (of any kind) is refused, or None."""
+        if self.total() >= self.most:
+            return (f"this web process already holds {self.most} requests open (waits, event streams and "
+                    "follows of every token together), the most it holds so that other requests are served; "
+                    "retry shortly")
+        return None
 
     def refusal(self, owner: str) -> str | None:
         """Why one more wait of this token is refused, or None."""
         if self.held.get(owner, 0) >= self.per_token:
             return (f"this token already holds {self.per_token} requests waiting (?wait=) on this web process, "
                     "the most one token may; ask again without ?wait=, or once one of them answered")
-        if sum(self.held.values()) >= self.most:
-            return (f"this web process already holds {self.most} requests waiting (?wait=), the most it "
-                    "holds for every token together; ask again without ?wait=, or shortly")
+        if self.total() >= self.most:
+            return (f"this web process already holds {self.most} requests waiting (?wait=) or streaming, the "
+                    "most it holds for every token together; ask again without ?wait=, or shortly")
         return None
 
     @contextlib.contextmanager

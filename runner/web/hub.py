@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +104,8 @@ class Hub:
         self.offload = offload
         self.tick_s = tick_s
         self.streams: set[Stream] = set()
+        # The process's bound on every request holding its connection (holding.Waits.full).
+        self.full: Callable[[], str | None] = lambda: None
         self.draining = False
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,7 +141,7 @@ class Hub:
         if sum(1 for s in self.streams if s.owner == owner) >= STREAMS_PER_TOKEN:
             return (f"this token already holds {STREAMS_PER_TOKEN} event streams open on this web process (the "
                     "most one token may): close a page or tab that shows live updates, or use another token")
-        return None
+        return self.full()
 
     def too_many(self, jobs: Iterable[str], owner: str = "") -> str | None:
         """Why watching these too is refused, or None. A token may watch more than its

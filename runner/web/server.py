@@ -449,13 +449,16 @@ def _limits(app: Any) -> Limits:
     limits = Limits.of(runtime.config.api) if runtime is not None else Limits()
     import resource
 
+    from runner.web.holding import open_file_room
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             soft = hard
-    # Room for Redis connections, the log, the offload threads' sockets.
-    room = soft - 64 if soft != resource.RLIM_INFINITY else limits.max_connections
+    # Room for Redis connections, the log, the offload threads' sockets (the app's bounds
+    # on held requests are shares of the same room: holding.py).
+    room = open_file_room(limits.max_connections)
     if limits.max_connections > room:
         log.warning("api.max_connections (%d) is over this process's open-file limit (%d): capped at %d",
                     limits.max_connections, soft, max(room, 1))

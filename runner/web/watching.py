@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import falcon
@@ -48,15 +48,22 @@ class Followers:
 
     def __init__(self) -> None:
         self.open: dict[str, int] = {}
+        # The process's bound on every request holding its connection (holding.Waits.full).
+        self.full: Callable[[], str | None] = lambda: None
 
     def admit(self, req: falcon.asgi.Request) -> str:
-        """The stream's owner, or a 429 when it holds its share already."""
+        """The stream's owner, or a 429 when it holds its share already (or the process
+        holds its bound of open requests)."""
         owner = _owner(req)
         if self.open.get(owner, 0) >= STREAMS_PER_TOKEN:
             raise Problem(429, "too-many-streams", f"this token already holds {STREAMS_PER_TOKEN} follow streams "
                           "open on this web process; close one (a page or a `runner logs --follow`) and retry",
                           title="Too many follow streams", headers={"Retry-After": "30"},
                           max_streams=STREAMS_PER_TOKEN)
+        full = self.full()
+        if full is not None:
+            raise Problem(429, "too-many-streams", full, title="Too many open requests",
+                          headers={"Retry-After": "30"}, max_streams=STREAMS_PER_TOKEN)
         return owner
 
     async def held(self, owner: str, body: AsyncIterator[falcon.asgi.SSEvent | None]

@@ -40,3 +40,44 @@ def test_a_token_holds_its_part_and_the_process_half_of_the_connections() -> Non
     assert waits.held == {}
     with waits.admit(_req("a")) as again:
         assert again
+
+
+def test_the_bounds_are_parts_of_the_connections_the_open_file_limit_allows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under an open-file limit of 180, the server takes 116 connections, not the 1,000
+    configured: a token's part and the process's are of those (one token's 125 waits took
+    all 116, and an operator's request was reset)."""
+    import resource
+
+    from runner.web import holding
+
+    monkeypatch.setattr(holding.resource, "getrlimit", lambda which: (180, 180))
+    assert holding.open_file_room(1000) == 180 - holding.SPARE_FILES
+    waits = Waits(1000)
+    assert (waits.per_token, waits.most) == (116 // 8, 116 // 2)
+    monkeypatch.setattr(holding.resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    assert holding.open_file_room(1000) == 1000
+
+
+def test_event_streams_and_follows_count_against_the_process_bound_with_the_waits() -> None:
+    """max_connections 40: the process holds at most 20 requests open, waits, event streams
+    and follows together (each kind's per-token cap alone let four tokens' waits and one
+    token's 25 streams fill the 40); past it a wait answers at once and a stream is
+    refused naming the bound."""
+    from runner.web.hub import Hub
+
+    waits = Waits(40)
+    streams = {"n": 0}
+    waits.others.append(lambda: streams["n"])
+    hub = Hub.__new__(Hub)
+    hub.streams = set()
+    hub.full = waits.full
+    with contextlib.ExitStack() as held:
+        for name in ("a", "b"):
+            for _ in range(5):
+                assert held.enter_context(waits.holding(_req(name)))
+        assert hub.too_many_streams("c") is None
+        streams["n"] = 10  # ten event streams or follows open
+        assert waits.total() == 20
+        assert "requests open" in (hub.too_many_streams("c") or "")
+        with waits.holding(_req("c")) as more:
+            assert more is False
