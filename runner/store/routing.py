@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import random
 import time
 import zlib
 from collections.abc import Sequence
@@ -98,9 +99,12 @@ class Spread:
 
     AWAY_S = 2.0
 
-    def __init__(self) -> None:
-        self._turn = itertools.count()
-        self._now = 0  # the turn of the jobs picked one at a time (``current``)
+    def __init__(self, start: int | None = None) -> None:
+        # A random first turn: each client (a process per job, a CLI call) starts at its own
+        # partition, not every one at partition 0, which loaded one master.
+        first = random.randrange(1 << 30) if start is None else start
+        self._turn = itertools.count(first)
+        self._now = first  # the turn of the jobs picked one at a time (``current``)
         self._away: dict[int, float] = {}  # partition -> monotonic time it is tried again
 
     def avoid(self, partition: int) -> None:

@@ -60,7 +60,7 @@ def test_routing_takes_the_first_lock_key_then_the_idempotency_key() -> None:
 def test_a_batch_goes_one_call_per_partition_and_keyless_jobs_together() -> None:
     """Keyed jobs go where their key sends them; the keyless jobs of one batch go together
     to one partition, the next batch's to the next."""
-    spread = routing.Spread()
+    spread = routing.Spread(start=0)
     jobs = [_job(idem=f"k{i}") for i in range(50)] + [_job() for _ in range(20)]
     first = routing.split(jobs, 6, spread)
     assert sorted(i for idx in first.values() for i in idx) == list(range(70))
@@ -80,7 +80,7 @@ def test_keyless_jobs_picked_one_by_one_share_a_partition_until_a_round_trip_is_
     to the current partition until a round trip is sent, then to the next; a partition
     passed over (unreachable, short of replicas) is skipped; the loose jobs of a batch
     sent to a chosen partition go there."""
-    spread = routing.Spread()
+    spread = routing.Spread(start=0)
     assert [spread.current(6) for _ in range(5)] == [0] * 5
     spread.advance()
     assert spread.current(6) == 1
@@ -88,6 +88,14 @@ def test_keyless_jobs_picked_one_by_one_share_a_partition_until_a_round_trip_is_
     spread.advance()
     assert spread.current(6) == 3
     assert routing.split([_job(), _job(idem="k1"), _job()], 6, spread, 4)[4] == [0, 2]
+
+
+def test_each_new_spread_starts_at_a_partition_of_its_own() -> None:
+    """A client made per job (a CLI call, a process per job) sends its first keyless job
+    to a partition drawn at random, not always partition 0 (30 fresh clients put 30 of 30
+    jobs on one master)."""
+    firsts = {routing.Spread().current(6) for _ in range(60)}
+    assert len(firsts) >= 4, firsts  # (all six, but for one chance in millions)
 
 
 @settings(max_examples=2000, deadline=None)
