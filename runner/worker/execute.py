@@ -210,7 +210,9 @@ def as_asked(outcome: T, cancel_asked: bool) -> T | Dead:
         return outcome
     if isinstance(outcome, Dead) and not outcome.refund and outcome.reason not in (CANCELLED, EXPIRED):
         return Dead(reason=CANCELLED, error=outcome.error, refund=False)
-    if isinstance(outcome, RetryLater) and not outcome.refund:
+    if isinstance(outcome, RetryLater) and (not outcome.refund or outcome.rate_limited):
+        # (a RateLimited too: the handler's doing, though it spends nothing; a deferral
+        # for a type or version this worker does not know yet is not)
         return Dead(reason=CANCELLED, error=outcome.error, refund=False)
     return outcome
 

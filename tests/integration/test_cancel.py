@@ -335,34 +335,40 @@ def test_runner_cancel_all_of_a_type_in_a_status(project: Project) -> None:
 
 RAISES_ON_CANCEL = '''
 import time
+import runner
 QUEUE = "fast"
 MAX_ATTEMPTS = 3
 
 def handle(payload, ctx):
     while not ctx.cancelled:
         time.sleep(0.02)
+    if payload.get("rate"):
+        raise runner.RateLimited(retry_after=120)
     raise RuntimeError("ignored the cancel")
 '''
 
 
+@pytest.mark.parametrize("rate", [False, True], ids=["error", "rate-limited"])
 def test_a_run_asked_to_stop_that_raises_on_an_early_attempt_ends_cancelled_never_retried(
-        project: Project) -> None:
-    """Attempts left, a handler asked to stop raises instead: the job ends cancelled at
-    once, its error in the history under "cancelled", counted cancelled and never retried
-    (it was counted as retried, with a "retry" entry, and only ended at its next claim)."""
+        project: Project, rate: bool) -> None:
+    """Attempts left, a handler asked to stop raises instead (an error, or RateLimited
+    with 120 s to wait): the job ends cancelled at once, its error in the history under
+    "cancelled", counted cancelled and never retried (it was counted as retried, with a
+    "retry" entry, and only ended at its next claim; a RateLimited sat scheduled for its
+    120 s)."""
     from runner.observe.figures import read_queues
 
     project.add_function("raises", RAISES_ON_CANCEL)
     client = project.client
     project.spawn_worker("fast")
-    job_id = client.enqueue("raises", {}).id
+    job_id = client.enqueue("raises", {"rate": rate}).id
     wait_for(lambda: client.get(job_id).status == "processing", timeout=20, what="the handler to start")
     assert client.cancel(job_id) == "requested"
     ended = client.settle(job_id, 20).as_dict()
     assert ended["status"] == "cancelled", ended
     outcomes = [h.get("outcome") for h in ended["history"]]
     assert "retry" not in outcomes and outcomes[-1] == "cancelled", ended["history"]
-    assert "ignored the cancel" in ended["history"][-1]["error"]["message"]
+    assert ended["history"][-1]["error"]["type"] == ("RateLimited" if rate else "RuntimeError"), ended["history"]
     q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "fast")
     counters = q.function("raises").counters
     assert (counters["retried"], counters["cancelled"], counters["dead"]) == (0, 1, 0), counters

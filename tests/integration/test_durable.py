@@ -101,12 +101,17 @@ AGED = marked('''def handle(payload, ctx):
 ''', options="MAX_AGE = 1\n")
 
 
+@pytest.mark.parametrize("rate", [False, True], ids=["plain", "rate-limited"])
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_max_age_bounds_the_first_start_only_a_resume_past_it_runs(project: Project, isolation: str) -> None:
+def test_max_age_bounds_the_first_start_only_a_resume_past_it_runs(project: Project, isolation: str,
+                                                                   rate: bool) -> None:
     """MAX_AGE 1 s and a 2 s sleep: the job resumes after the sleep, past its MAX_AGE, and
     ends done with each step run once, under both isolations (a child's job was buried
-    as expired at its resume, its second step never run)."""
-    project.add_function("aged", AGED.format(isolation=isolation))
+    as expired at its resume, its second step never run), with a RATE_LIMIT too (its
+    token's wait was still held to the first start's MAX_AGE: buried at the resume)."""
+    aged = AGED.replace("MAX_AGE = 1\n", "MAX_AGE = 1\nRATE_LIMIT = {{\"limit\": 5, \"period\": 1}}\n") \
+        if rate else AGED
+    project.add_function("aged", aged.format(isolation=isolation))
     project.add_function("warm", f'QUEUE = "fast"\n{isolation}\n\ndef handle(payload, ctx):\n    return 1\n')
     c = project.client
     project.spawn_worker("fast")

@@ -367,7 +367,9 @@ local function rate_token(id, rec, f, sk, rates)
   if not sound_keys('scheduled') then return false end
   local typ = rec.type
   local due = 0
-  local not_after = max_age[typ] and tonumber(rec.created_ms) + max_age[typ] or nil
+  -- (f[11]: a resumed durable function: MAX_AGE bounds its first start only, its rate
+  -- token's wait too)
+  local not_after = max_age[typ] and not f[11] and tonumber(rec.created_ms) + max_age[typ] or nil
   for _, r in ipairs(rates) do
     local at = take_rate(K.lim_prefix, r, now, not_after)
     if at < 0 then
