@@ -170,7 +170,7 @@ class Worker:
         signal.signal(signal.SIGINT, self._on_signal)
         # A process a thread handler forks must not inherit the stop handler above (its
         # Process.terminate() would do nothing): default actions in the fork.
-        isolation.default_signals_after_fork()
+        isolation.default_signals_after_fork(own_group=True)
         # What handlers start outside their child's group dies with that child; this
         # process is their subreaper only while it runs no handler itself (isolation.py).
         isolation.contain(self._only_children)

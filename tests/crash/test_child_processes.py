@@ -190,6 +190,39 @@ def test_a_handlers_forks_and_tools_get_the_default_signal_actions(project: Proj
     assert view.as_dict()["result"] == {"terminated": -signal.SIGTERM, "interrupted": -signal.SIGINT}, view.as_dict()
 
 
+POOLED = '''
+import multiprocessing, os, time
+QUEUE = "fast"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write("started\\n")
+    with multiprocessing.get_context("fork").Pool(2) as pool:  # (time.sleep: a function it can pickle)
+        return {{"naps": len(pool.map(time.sleep, [2, 2]))}}
+'''
+
+
+def test_a_thread_handlers_pool_goes_on_through_a_stop_to_the_workers_group(project: Project) -> None:
+    """A thread handler whose work runs in a fork Pool, and a stop's SIGTERM to the
+    worker's process group (honcho, kill -TERM -- -PGID): the Pool's processes are in a
+    group of their own, so the work goes on and the job is done within the grace period
+    (with the default SIGTERM action that lets Process.terminate() work, they died with
+    the stop, and the job with them)."""
+    project.add_function("pooled", POOLED.format())
+    project.write_config(vt=5, grace=15, concurrency=1, prefetch=0, max_attempts=1)
+    c = project.client
+    job = c.enqueue("pooled", {}).id
+    w = spawn_leader(project, "fast")
+    wait_for(lambda: project.runs(job), timeout=30, what="the handler to start")
+    time.sleep(0.5)  # into the pool's work
+    os.killpg(w.pid, signal.SIGTERM)
+    assert w.wait(timeout=30) == 0
+    final = rec(project, job)
+    assert final["status"] == "done", final
+
+
 EXITS = '''
 import os, sys
 QUEUE = "fast"
