@@ -100,6 +100,19 @@ def test_a_worker_and_an_enqueue_started_while_a_shard_is_down_wait(dproject: Pr
     assert job_id
 
 
+LONGRUN = '''
+import os, time
+QUEUE = "fast"
+TIMEOUT = 10
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{ctx.attempt} {os.getpid()} {time.time()}\\n")
+    time.sleep(payload.get("sleep", 2.5))
+    return payload.get("n")
+'''
+
+
 def test_a_worker_running_when_a_shard_dies_goes_on_with_the_live_ones(dproject: Project,
                                                                        shards: list[Server]) -> None:
     """A worker holding runs in every partition when one master of three dies: its
@@ -107,17 +120,21 @@ def test_a_worker_running_when_a_shard_dies_goes_on_with_the_live_ones(dproject:
     ones, and claims there: no live job runs twice (its lease would lapse if renewals
     stalled), and 60 keyless jobs sent after the death run within seconds."""
     p = dproject
+    # Runs longer than the 2 s lease, well within their TIMEOUT (the fixture's record
+    # function times out at 2 s: a 2.5 s run was a timeout and a retry, not a lapse).
+    p.add_function("longrun", LONGRUN)
     c = p.client
     w = p.spawn_worker("fast")
     dead = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(
         p.runtime.parts["fast"][0].ready).port)
-    ids = [j.id for j in c.enqueue_many([Request("record", {"n": i, "sleep": 2.5}) for i in range(48)])
+    ids = [j.id for batch in range(6)  # (each call's keyless jobs go to the next partition)
+           for j in c.enqueue_many([Request("longrun", {"n": batch * 8 + i}) for i in range(8)])
            if not isinstance(j, Exception)]
     assert len(ids) == 48
     wait_for(lambda: sum(1 for i in ids if p.runs(i)) >= 16, timeout=30, what="16 jobs running")
     dead.stop(kill=True)
     t0 = time.monotonic()
-    later = [c.enqueue("record", {"n": 1000 + i}).id for i in range(60)]  # keyless: live partitions
+    later = [c.enqueue("longrun", {"n": 1000 + i, "sleep": 0}).id for i in range(60)]  # keyless: live partitions
     wait_for(lambda: all(p.runs(i) for i in later), timeout=30, interval=0.2,
              what="the jobs sent after the death")
     took = time.monotonic() - t0
