@@ -121,6 +121,9 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     # One bound on every request that holds its connection, whatever its kind.
     waits.others += [lambda: len(hub.streams), lambda: sum(FOLLOWERS.open.values())]
     hub.full = FOLLOWERS.full = waits.full
+    # A token's streams of each kind: 32, or its part of a small process's room (one token
+    # filled the process bound with 32 streams of 40 connections).
+    hub.room_cap = FOLLOWERS.room_cap = waits.per_token
     app.add_route("/jobs/{name}", Jobs(client, offload, waits))
     app.add_route("/jobs/{name}/batch", JobBatch(client, offload))
     app.add_route("/jobs/{name}/signals/{signal}", JobSignal(client, offload))

@@ -29,7 +29,7 @@ import falcon.asgi
 from runner.web import emits
 from runner.web.auth import ANONYMOUS
 from runner.web.body import only_params
-from runner.web.hub import MAX_WATCHED, STREAMS_PER_TOKEN, Hub, TooManyWatched
+from runner.web.hub import MAX_WATCHED, Hub, TooManyWatched
 from runner.web.problems import Problem
 
 STREAM_S = 300.0
@@ -62,7 +62,7 @@ class Events:
         crowded = self.hub.too_many_streams(owner)
         if crowded:
             raise Problem(429, "too-many-streams", crowded, title="Too many event streams",
-                          headers={"Retry-After": "30"}, max_streams=STREAMS_PER_TOKEN)
+                          headers={"Retry-After": "30"}, max_streams=self.hub.per_token)
         refused = self.hub.too_many(jobs, owner)
         if refused:
             raise Problem(503, "too-many-watched", refused, title="Too many watched jobs",

@@ -104,14 +104,20 @@ class Hub:
         self.offload = offload
         self.tick_s = tick_s
         self.streams: set[Stream] = set()
-        # The process's bound on every request holding its connection (holding.Waits.full).
+        # The process's bound on every request holding its connection (holding.Waits.full),
+        # and a token's streams: STREAMS_PER_TOKEN, or its part of a small process's room.
         self.full: Callable[[], str | None] = lambda: None
+        self.room_cap = 1 << 30  # (create_app: a token's part of the process's room)
         self.draining = False
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._queues: dict[str, dict[str, Any]] = {}  # the figures of the last tick, by queue
         self._redis = "ok"
+
+    @property
+    def per_token(self) -> int:
+        return min(STREAMS_PER_TOKEN, self.room_cap)
 
     def open(self, jobs: Iterable[str], owner: str = "") -> Stream:
         """A stream for a request (on the event loop); ends at once while draining."""
@@ -138,8 +144,8 @@ class Hub:
 
     def too_many_streams(self, owner: str = "") -> str | None:
         """Why one more stream of this token is refused (it holds STREAMS_PER_TOKEN), or None."""
-        if sum(1 for s in self.streams if s.owner == owner) >= STREAMS_PER_TOKEN:
-            return (f"this token already holds {STREAMS_PER_TOKEN} event streams open on this web process (the "
+        if sum(1 for s in self.streams if s.owner == owner) >= self.per_token:
+            return (f"this token already holds {self.per_token} event streams open on this web process (the "
                     "most one token may): close a page or tab that shows live updates, or use another token")
         return self.full()
 

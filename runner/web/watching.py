@@ -48,22 +48,28 @@ class Followers:
 
     def __init__(self) -> None:
         self.open: dict[str, int] = {}
-        # The process's bound on every request holding its connection (holding.Waits.full).
+        # The process's bound on every request holding its connection (holding.Waits.full),
+        # and a token's follows: STREAMS_PER_TOKEN, or its part of a small process's room.
         self.full: Callable[[], str | None] = lambda: None
+        self.room_cap = 1 << 30  # (create_app: a token's part of the process's room)
+
+    @property
+    def per_token(self) -> int:
+        return min(STREAMS_PER_TOKEN, self.room_cap)
 
     def admit(self, req: falcon.asgi.Request) -> str:
         """The stream's owner, or a 429 when it holds its share already (or the process
         holds its bound of open requests)."""
         owner = _owner(req)
-        if self.open.get(owner, 0) >= STREAMS_PER_TOKEN:
-            raise Problem(429, "too-many-streams", f"this token already holds {STREAMS_PER_TOKEN} follow streams "
+        if self.open.get(owner, 0) >= self.per_token:
+            raise Problem(429, "too-many-streams", f"this token already holds {self.per_token} follow streams "
                           "open on this web process; close one (a page or a `runner logs --follow`) and retry",
                           title="Too many follow streams", headers={"Retry-After": "30"},
-                          max_streams=STREAMS_PER_TOKEN)
+                          max_streams=self.per_token)
         full = self.full()
         if full is not None:
             raise Problem(429, "too-many-streams", full, title="Too many open requests",
-                          headers={"Retry-After": "30"}, max_streams=STREAMS_PER_TOKEN)
+                          headers={"Retry-After": "30"}, max_streams=self.per_token)
         return owner
 
     async def held(self, owner: str, body: AsyncIterator[falcon.asgi.SSEvent | None]

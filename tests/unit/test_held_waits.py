@@ -71,6 +71,7 @@ def test_event_streams_and_follows_count_against_the_process_bound_with_the_wait
     hub = Hub.__new__(Hub)
     hub.streams = set()
     hub.full = waits.full
+    hub.room_cap = waits.per_token
     with contextlib.ExitStack() as held:
         for name in ("a", "b"):
             for _ in range(5):
@@ -81,3 +82,27 @@ def test_event_streams_and_follows_count_against_the_process_bound_with_the_wait
         assert "requests open" in (hub.too_many_streams("c") or "")
         with waits.holding(_req("c")) as more:
             assert more is False
+
+
+def test_a_tokens_streams_are_held_to_its_part_of_a_small_processs_room() -> None:
+    """max_connections 40: a token's event streams and follows are held to its part of
+    the room (5), as its waits are, not to the fixed 32 (one token's 20 streams filled
+    the process's bound of 20, refusing every other token's live feed)."""
+    from runner.web.hub import STREAMS_PER_TOKEN, Hub, Stream
+    from runner.web.watching import Followers
+
+    waits = Waits(40)
+    hub = Hub.__new__(Hub)
+    hub.streams = {Stream(frozenset(), "a") for _ in range(5)}
+    hub.full = waits.full
+    hub.room_cap = 1 << 30
+    assert hub.per_token == STREAMS_PER_TOKEN and hub.too_many_streams("a") is None
+    hub.room_cap = waits.per_token
+    assert "already holds 5 event streams" in (hub.too_many_streams("a") or "")
+    assert hub.too_many_streams("b") is None
+    followers = Followers()
+    followers.room_cap = waits.per_token
+    followers.open["a"] = 5
+    with pytest.raises(Problem) as refused:
+        followers.admit(_req("a"))
+    assert refused.value.status_code == 429 and "5 follow streams" in str(refused.value.to_dict())

@@ -111,7 +111,7 @@ function renderOverview() {
       alerts.push(["warn", ["function ", el("a", { href: `#function/${encodeURIComponent(f)}`, text: f }), ` is paused (queue ${q.name})`]]);
     }
     if (q.lease_expired) alerts.push(["bad", ["queue ", link, ` has ${q.lease_expired} job(s) past their lease: is their worker alive?`]]);
-    if (q.scheduled_due) alerts.push(["warn", ["queue ", link, ` has ${q.scheduled_due} scheduled job(s) due but not promoted: is a worker running?`]]);
+    if (q.scheduled_due) alerts.push(["warn", ["queue ", link, ` has ${q.scheduled_due} job(s) due but not promoted: is a worker running?`]]);
     if (q.dead) alerts.push(["bad", ["queue ", link, ` holds ${q.dead} dead letter(s): `, el("a", { href: `#dead/${encodeURIComponent(q.name)}`, text: "see why" })]]);
   }
   fill($("#overview-alerts"), alerts.length
