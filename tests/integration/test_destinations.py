@@ -298,6 +298,9 @@ def test_a_damaged_requeue_count_reads_as_zero_and_loses_no_job(project: Project
     jobs = [c.enqueue("source", {"fail": True}).id for _ in range(3)]
     w = project.spawn_worker("fast")
     wait_for(lambda: all(c.get(j).status == "dead" for j in jobs), timeout=20, what="the jobs dead")
+    # (their ON_FAILURE jobs, in this queue too, run before the worker goes: the ready
+    # list then holds only the requeued jobs)
+    wait_for(lambda: all(c.get(f"{j}.f").status == "done" for j in jobs), timeout=20, what="the failure records")
     w.terminate()
     assert w.wait(timeout=20) == 0
     for job, damaged in zip(jobs, ("x", "-1", "1.5"), strict=True):
