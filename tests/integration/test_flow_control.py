@@ -223,7 +223,9 @@ def handle(payload, ctx):
 def claimed_ahead(project: Project, n: int) -> tuple[str, list[str]]:
     """One executor (prefetch 8) held by a busy job until $RECORD_DIR/release appears, and
     ``n`` jobs of `limited` that the worker claimed ahead of it: (busy id, their ids)."""
-    project.write_config(concurrency=1, prefetch=8)
+    # (a lease of 10 s: the busy job's renewals on a loaded host never let it lapse, which
+    # would send it back to ready, where the pause keeps it)
+    project.write_config(vt=10, concurrency=1, prefetch=8)
     add_function(project, "busy", BUSY)
     add_limited(project, "None")
     c = project.client
