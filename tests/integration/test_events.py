@@ -336,6 +336,7 @@ def test_one_token_opens_a_bounded_number_of_streams(project: Project, monkeypat
     429 with Retry-After saying to close a page (1,005 streams of one token filled the
     server's connection cap), and another token still opens its own."""
     monkeypatch.setattr(hub, "STREAMS_PER_TOKEN", 3)
+    monkeypatch.setattr(events, "HEARTBEAT_S", 0.2)  # closed streams are let go at once, not in 5 s each
     rt, app, server = _token_app(project)
     try:
         url = f"http://127.0.0.1:{server.port}"
