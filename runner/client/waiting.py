@@ -98,9 +98,11 @@ def settle(client: Client, job_id: str, timeout_s: float, *, watch: bool = True)
 
 
 def wait(client: Client, job_id: str, timeout_s: float = 10.0,
-         statuses: Sequence[str] = ("done", "dead")) -> records.Job:
-    """The job once it reaches one of ``statuses``, or as it is when ``timeout_s`` passes
-    (tests, scripts and the CLI): ``settle``'s pushed wait, for chosen statuses."""
+         statuses: Sequence[str] = records.ENDED) -> records.Job:
+    """The job once it reaches one of ``statuses`` (by default any end: done, dead or
+    cancelled; a cancelled job was waited for to the timeout), or as it is when
+    ``timeout_s`` passes (tests, scripts and the CLI): ``settle``'s pushed wait, for
+    chosen statuses."""
     return wait_for(client, job_id, timeout_s, statuses)
 
 

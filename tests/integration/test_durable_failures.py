@@ -164,6 +164,9 @@ def test_cancelling_a_parent_cancels_the_child_it_waits_for(project: Project) ->
     kid = f"{job}.c0"
     wait_for(lambda: (project.records / f"{kid}-started").exists(), timeout=20, what="the child to start")
     assert c.cancel(job) == "cancelled"
+    t0 = time.monotonic()
     assert c.wait(kid, 20).as_dict()["status"] == "cancelled"
+    # (client.wait ends at any end: it waited a cancelled job out to its timeout)
+    assert time.monotonic() - t0 < 10, "the wait missed the child's end"
     assert not (project.records / f"{kid}-shipped").exists()
     assert_no_job_in_two_structures(project)
