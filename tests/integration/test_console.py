@@ -396,6 +396,10 @@ def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> Non
         for status in ("scheduled", "sleeping", "waiting"):
             until(f"the {status} tab's count",
                   lambda s=status: text(d, f'#status-tabs [data-count="{s}"]') == "1")  # type: ignore[misc]
+        go(d, "#queues")  # and the queues table's columns
+        for field in ("sleeping", "waiting"):
+            until(f"the {field} column", lambda f=field: text(  # type: ignore[misc]
+                d, f'#queue-table tr[data-queue="fast"] td[data-field="{f}"]') == "1")
         go(d, "#function/pay")
         until("the function page says why it has no form", lambda: "may not enqueue" in text(d, "#function-view"))
         assert script_errors(d) == []

@@ -285,7 +285,7 @@ function partitionRows(q) {
     el("td", { "data-field": "processing", text: p.processing }),
     el("td", {}),
     el("td", { "data-field": "scheduled", text: p.scheduled }),
-    el("td", {}),
+    el("td", {}), el("td", {}), el("td", {}),
     el("td", { "data-field": "dead", class: p.dead ? "bad" : null, text: p.dead }),
     el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", {}), el("td", { class: "operate-only" })));
 }
@@ -304,6 +304,8 @@ function renderQueues(data) {
       el("td", { "data-field": "lease_expired", class: q.lease_expired ? "bad" : null, text: q.lease_expired }),
       el("td", { "data-field": "scheduled", text: q.scheduled }),
       el("td", { "data-field": "scheduled_due", class: q.scheduled_due ? "warn" : null, text: q.scheduled_due }),
+      el("td", { "data-field": "sleeping", text: q.sleeping }),
+      el("td", { "data-field": "waiting", text: q.waiting }),
       el("td", { "data-field": "dead", class: q.dead ? "bad" : null, text: q.dead }),
       el("td", { "data-field": "oldest", text: age(q.oldest_ready_age_s) }),
       el("td", { "data-field": "done_per_min", text: perMin }),
