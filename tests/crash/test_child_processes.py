@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -135,16 +136,22 @@ def test_a_handler_blocked_in_c_goes_on_through_a_stop_to_every_process(project:
     and the job is done within the grace period under both isolations (under process
     isolation the child's no-op handler interrupted the read: the job went dead)."""
     project.add_function("blocked", BLOCKED_IN_C.format(isolation=isolation))
+    final = _stopped_mid_run(project, "blocked", sigterm_everything)
+    assert final["status"] == "done", final
+
+
+def _stopped_mid_run(project: Project, name: str, stop: Callable[[int], None]) -> dict[str, str]:
+    """One job of ``name`` on a worker leading its own process group, ``stop`` sent to the
+    worker's pid half a second into the handler's run: the job's record once the worker
+    exited (cleanly, as a stop lets it)."""
     project.write_config(vt=5, grace=15, concurrency=1, prefetch=0, max_attempts=1)
-    c = project.client
-    job = c.enqueue("blocked", {}).id
+    job = project.client.enqueue(name, {}).id
     w = spawn_leader(project, "fast")
     wait_for(lambda: project.runs(job), timeout=30, what="the handler to start")
-    time.sleep(0.5)  # into the read
-    sigterm_everything(w.pid)
+    time.sleep(0.5)  # into the handler's blocking work
+    stop(w.pid)
     assert w.wait(timeout=30) == 0
-    final = rec(project, job)
-    assert final["status"] == "done", final
+    return rec(project, job)
 
 
 FORKS = '''
@@ -211,15 +218,7 @@ def test_a_thread_handlers_pool_goes_on_through_a_stop_to_the_workers_group(proj
     (with the default SIGTERM action that lets Process.terminate() work, they died with
     the stop, and the job with them)."""
     project.add_function("pooled", POOLED.format())
-    project.write_config(vt=5, grace=15, concurrency=1, prefetch=0, max_attempts=1)
-    c = project.client
-    job = c.enqueue("pooled", {}).id
-    w = spawn_leader(project, "fast")
-    wait_for(lambda: project.runs(job), timeout=30, what="the handler to start")
-    time.sleep(0.5)  # into the pool's work
-    os.killpg(w.pid, signal.SIGTERM)
-    assert w.wait(timeout=30) == 0
-    final = rec(project, job)
+    final = _stopped_mid_run(project, "pooled", lambda pid: os.killpg(pid, signal.SIGTERM))
     assert final["status"] == "done", final
 
 
