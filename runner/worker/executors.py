@@ -606,22 +606,26 @@ class Executors:
                                      batching.jobs_of(claimed, [r.flags for r in runs], members), fn.timeout_s,
                                      shared, extend=lambda: all([self.renew_one(j) for j in claimed]))
 
+    def _handed_off(self, live: list[tuple[Run, dict[str, Any]]]) -> list[tuple[Run, dict[str, Any]]]:
+        """The members whose claims' wait for the call ended (held from their claim, in a
+        thread or a child alike); one whose lease was lost in the wait goes back unrun,
+        and the call goes on without it."""
+        go = self.hand_off([r for r, _ in live])
+        for (r, _), ok in zip(live, go, strict=True):
+            if not ok:
+                self._settle_unrun(r, Release())
+        return [m for m, ok in zip(live, go, strict=True) if ok]
+
     def _batch_in_thread(self, fn: Function, live: list[tuple[Run, dict[str, Any]]],
                          loop: asyncio.AbstractEventLoop | None) -> bool:
         """One handle_batch call in this thread, each member settled with its own outcome.
         TIMEOUT bounds the call: the renewer times the first member (every member's
         thread is this one), and raises JobTimeout here past it. True when the call was
         abandoned (stuck past TIMEOUT plus the grace: a new thread has the slot)."""
+        live = self._handed_off(live)
+        if not live:
+            return False
         runs = [r for r, _ in live]
-        go = self.hand_off(runs)  # their claims' wait for the call ends (held from their claim)
-        if not all(go):  # (a lease lost in the wait: that member goes back, the call goes on)
-            for r, ok in zip(runs, go, strict=True):
-                if not ok:
-                    self._settle_unrun(r, Release())
-            live = [(r, p) for (r, p), ok in zip(live, go, strict=True) if ok]
-            runs = [r for r, _ in live]
-            if not runs:
-                return False
         for r in runs:
             if not r.job.started:  # claimed ahead or held: its attempt counts from here
                 self.outcomes.put(Settlement(r, START))
@@ -691,15 +695,10 @@ class Executors:
             for r in runs:
                 self._settle_unrun(r, Release())
             return
-        go = self.hand_off(runs)
-        if not all(go):  # (a lease lost in the wait: that member goes back, the call goes on)
-            for r, ok in zip(runs, go, strict=True):
-                if not ok:
-                    self._settle_unrun(r, Release())
-            live = [(r, p) for (r, p), ok in zip(live, go, strict=True) if ok]
-            runs = [r for r, _ in live]
-            if not runs:
-                return
+        live = self._handed_off(live)
+        if not live:
+            return
+        runs = [r for r, _ in live]
         for r in runs:
             if not r.job.started:
                 self.outcomes.put(Settlement(r, START))
