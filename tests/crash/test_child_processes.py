@@ -940,6 +940,13 @@ def test_prefetched_jobs_waiting_for_a_starting_child_go_back_unspent_however_of
         only_functions(project, "pwork")
     project.write_config(vt=1, concurrency=1, prefetch=4, max_attempts=1, fast="max_timeout = 600")
     jobs = [project.client.enqueue("pwork", {}).id for _ in range(5)]
+    _killed_three_times_while_its_child_starts(project, jobs, held=False)
+
+
+def _killed_three_times_while_its_child_starts(project: Project, jobs: list[str], held: bool) -> None:
+    """Three workers, each SIGKILLed (its whole group) once it claimed every job anew
+    (``held``: and holds each claim) while its child still imports: no job is dead or
+    run meanwhile; then a worker with a quick child runs each once, at attempt 1."""
     before: dict[str, str] = {}
     for _ in range(3):
         w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "60"})
@@ -948,9 +955,10 @@ def test_prefetched_jobs_waiting_for_a_starting_child_go_back_unspent_however_of
             now = _tokens(project, jobs)
             dead = [r for j in jobs if (r := rec(project, j))["status"] == "dead"]
             assert not dead, dead  # (its handler never ran: no run is recorded)
-            return len(now) == len(jobs) and all(now[i] != old.get(i) for i in jobs)
+            return len(now) == len(jobs) and all(now[i] != old.get(i) and (not held or _held(project, i))
+                                                 for i in jobs)
 
-        wait_for(claimed_anew, timeout=30, what="every job's claim by this worker")
+        wait_for(claimed_anew, timeout=30, what="every job claimed" + (" and held" if held else "") + " anew")
         before = _tokens(project, jobs)
         os.killpg(w.pid, signal.SIGKILL)
         w.wait(timeout=10)
@@ -1023,23 +1031,4 @@ def test_a_batch_waiting_for_its_child_goes_back_unspent_however_often(project: 
         only_functions(project, "pbatch")
     project.write_config(vt=1, concurrency=1, prefetch=prefetch, max_attempts=1, fast="max_timeout = 600")
     jobs = [project.client.enqueue("pbatch", {}).id for _ in range(3)]
-    before: dict[str, str] = {}
-    for _ in range(3):
-        w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "60"})
-
-        def held_anew(old: dict[str, str] = before) -> bool:
-            now = _tokens(project, jobs)
-            dead = [r for j in jobs if (r := rec(project, j))["status"] == "dead"]
-            assert not dead, dead
-            return len(now) == len(jobs) and all(now[i] != old.get(i) and _held(project, i) for i in jobs)
-
-        wait_for(held_anew, timeout=30, what="every member held by this worker, its child starting")
-        before = _tokens(project, jobs)
-        os.killpg(w.pid, signal.SIGKILL)
-        w.wait(timeout=10)
-        assert not any(project.runs(j) for j in jobs)
-    spawn_leader(project, "fast")
-    final = wait_final(project, jobs, timeout=60)
-    for j in jobs:
-        assert final[j]["status"] == "done" and final[j]["attempt"] == 1, final[j]
-        assert len(project.runs(j)) == 1
+    _killed_three_times_while_its_child_starts(project, jobs, held=True)
