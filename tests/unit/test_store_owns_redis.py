@@ -1,49 +1,66 @@
 """The store is the only code that talks to Redis: no module outside runner/store/ issues a
 Redis command, read off the source with ``ast`` as test_layers.py reads the imports.
 
-A Redis command is a method of redis-py's client, pipeline or cluster client called (or
-taken, as ``offload(rt.redis.ping)`` does) on one. Names Python's own types share (``get``,
+A Redis command is a method of a client called (or taken, as ``offload(rt.redis.ping)``
+does) on one. The clients are redis-py's client, pipeline, pubsub and cluster client, and
+the store's own links (link.py, aiolink.py). Names Python's own types share (``get``,
 ``set``, ``append``, ``close``, ``info``, ``execute``...) count only on a receiver known to
-be a client: ``<anything>.redis``, or a name bound to one, to ``.pipeline(...)`` or to
-``connect(...)``. Handing the client to a store function (``roster.read(rt.redis, ...)``)
-is how the rest of the code reaches Redis, and is no command.
+be a client: ``<anything>.redis``, ``<anything>.scripts.client``, or a name bound to one,
+to ``.pipeline(...)`` or to ``connect(...)``. A method only a client has counts on any
+receiver, called or merely named (``partial(conn.hset, k)``, a dict of methods), unless
+runner binds an attribute of that name to a value of its own (a ``lock``, a ``client``).
+Handing the client to a store function (``roster.read(rt.redis, ...)``) is how the rest of
+the code reaches Redis, and is no command.
 
 A name is bound to a client however it is assigned: plainly, annotated, by a walrus,
-pairwise in a tuple (a starred target too), by a loop over clients, or as an attribute
-(``self.conn = rt.redis``, and then ``<anything>.conn``); a client made by redis-py's
-classes, a pool's ``get_connection`` or a function of the module that returns one is one,
-and so is a parameter of a function of the module that is handed one. ``getattr(rt.redis,
-"hset")`` (or any computed name) is a command too, and so are a bound method kept in a name
-and called, redis-py's methods called on the class (``Redis.get(c, k)``),
-``operator.methodcaller("hset", ...)``, a connection's ``send_command`` and
-``read_response``, and any method of what a helper named ``*pipe`` or ``*pipeline``
-returns. Not seen, on purpose: ``get``/``set`` on a parameter that is
-not a known client (``def f(client: Any)``): runner's own ``Client`` is handed around as
-``client``, and its ``get`` is no Redis command. Such code is left to review."""
+pairwise in a tuple (a starred target too), by a loop over clients, through a list, tuple
+or dict that holds one, by ``setattr``, or as an attribute (``self.conn = rt.redis``, and
+then ``<anything>.conn``); what ``closing``, ``nullcontext``, ``cast`` and ``type`` hand
+back of a client is one. A client made by redis-py's classes or makers (under any name
+they are imported as), a pool's ``get_connection``, a function of the module that returns
+one, or a function of another module of the package that returns one (by its annotation
+or its body) is one, and so is a parameter of a function or lambda of the module that is
+handed one. ``getattr(rt.redis, "hset")`` (or any computed name) is a command too, and
+``getattr(rt, "redis")`` a client; so are a bound method kept in a name and called,
+redis-py's methods called on a class (``Redis.get(c, k)``, a command mixin such as
+``CoreCommands``, the asyncio client), ``operator.methodcaller("hset", ...)``, a
+connection's ``send_command`` and ``read_response``, and any method of what a helper named
+``*pipe`` or ``*pipeline`` returns. What is not seen, on purpose, is listed in
+test_the_walk_sees_the_forms_that_once_slipped_past."""
 
 from __future__ import annotations
 
 import ast
 import collections
+import functools
 import io
 import logging
 import pathlib
 import queue
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 import redis.client
 import redis.cluster
 
+from runner.store import aiolink, link
+
 PACKAGE = Path(__file__).parents[2] / "runner"
 
 
 # A connection's own sends (one taken from a pool) are commands too.
 RAW = frozenset({"send_command", "send_packed_command", "read_response"})
-COMMANDS = frozenset(n for t in (redis.Redis, redis.client.Pipeline, redis.cluster.RedisCluster)
-                     for n in dir(t) if not n.startswith("_")) | RAW
+# Closing a client sends Redis nothing: the one who made the connection may close it; nor
+# does asking a link whether it is usable.
+NOT_SENT = frozenset({"close", "usable", "where"})
+# The store's own connections (link.py, aiolink.py) are clients as redis-py's are: each of
+# their public methods but those is a command.
+CLIENT_CLASSES = (redis.Redis, redis.client.Pipeline, redis.client.PubSub, redis.cluster.RedisCluster, link.Link,
+                  link.Pipeline, aiolink.AsyncLink)
+COMMANDS = frozenset(n for t in CLIENT_CLASSES for n in dir(t) if not n.startswith("_")) - NOT_SENT | RAW
 # Method names Python's own objects (and click, a logger, an event loop) share: a command
 # only on a receiver known to be a client.
 _OWN = frozenset(n for t in (list, dict, set, str, bytes, threading.Event, threading.Thread, queue.Queue,
@@ -51,19 +68,26 @@ _OWN = frozenset(n for t in (list, dict, set, str, bytes, threading.Event, threa
                  for n in dir(t))
 GENERIC = (COMMANDS & _OWN) | {"command", "echo", "time", "select", "save", "reset", "execute", "wait",
                               # runner's own methods of those names: an HTTP connection's
-                              # expire (web/server.py), the scripts' watch (store/scripts.py)
-                              "expire", "watch"}
-# Closing a client sends Redis nothing: the one who made the connection may close it.
-NOT_SENT = frozenset({"close"})
+                              # expire (web/server.py), the scripts' watch (store/scripts.py);
+                              # a generator's and a socket's send (a link's too)
+                              "expire", "watch", "send"}
 # Calls that hand back a client, a pipeline or a connection: a name bound to one is a
 # client; so is a parameter of these names (the store's own spelling of a client handed
 # in), or one annotated with a redis-py type. A call whose name ends in "pipe" or
 # "pipeline" (a helper handing one back) makes one too, and so does a function of the
 # module that returns a client.
-CLASSES = frozenset({"Redis", "StrictRedis", "RedisCluster", "Pipeline", "ClusterPipeline"})
-MAKERS = frozenset({"pipeline", "connect", "from_url", "get_connection", "master_for", "slave_for"}) | CLASSES
+CLASSES = frozenset({"Redis", "StrictRedis", "RedisCluster", "Pipeline", "ClusterPipeline", "PubSub", "Link",
+                     "AsyncLink"})
+# Attributes of the store's own objects that hold a client, by the attribute they hang
+# from: the script transport's (``rt.scripts.client``).
+HELD = frozenset({("scripts", "client")})
+MAKERS = frozenset({"pipeline", "pubsub", "connect", "from_url", "get_connection", "master_for", "slave_for"}) | CLASSES
 CLIENT_PARAMS = frozenset({"redis", "pipe"})
-CLIENT_TYPES = ("Redis", "Pipeline", "StrictRedis")
+# A parameter or a cast to one of these types (the last name of each name in the
+# annotation, a string annotation read too) holds a client.
+CLIENT_TYPES = CLASSES | {"Connection", "SSLConnection", "UnixDomainSocketConnection"}
+# Calls that hand back what they are given (or, ``cast``, a value of the type named).
+PASS_THROUGH = frozenset({"closing", "nullcontext", "enter_context", "enter_async_context", "cast", "type"})
 
 
 def _name(node: ast.expr) -> str:
@@ -71,33 +95,137 @@ def _name(node: ast.expr) -> str:
     return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
 
 
+def _root(node: ast.expr) -> str:
+    """The first name of ``a.b.c``, ``a.b[0].c`` or ``a().b``; '' for anything else."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def _types(annotation: ast.expr | None) -> set[str]:
+    """The last name of each name an annotation mentions (a string annotation read too)."""
+    if annotation is None:
+        return set()
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        try:
+            annotation = ast.parse(annotation.value, mode="eval").body
+        except SyntaxError:
+            return set()
+    return {_name(n) for n in ast.walk(annotation) if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _client_arg(arg: ast.arg) -> bool:
+    return arg.arg in CLIENT_PARAMS or bool(_types(arg.annotation) & CLIENT_TYPES)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the whole package says about clients, for a module that only imports it: the
+    functions of each module that return a client (by their annotation, or a client
+    returned), and the attribute names runner binds to its own values (a ``lock``, a
+    ``client``: names redis-py's methods share, so not a command when merely named)."""
+
+    makers: dict[str, frozenset[str]]
+    fields: frozenset[str]
+
+
+@functools.cache
+def package_facts() -> Facts:
+    makers: dict[str, set[str]] = collections.defaultdict(set)
+    fields: set[str] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        walk = _Walk(tree, Facts({}, frozenset()))
+        walk.run()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _types(node.returns) & CLIENT_TYPES:
+                walk.makers.add(node.name)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                fields.add(node.attr)
+            if isinstance(node, ast.ClassDef):
+                fields |= {t.id for b in node.body if isinstance(b, (ast.Assign, ast.AnnAssign))
+                           for t in (b.targets if isinstance(b, ast.Assign) else [b.target]) if isinstance(t, ast.Name)}
+        makers[path.stem] |= walk.makers
+    return Facts({m: frozenset(f) for m, f in makers.items()}, frozenset(fields))
+
+
 class _Walk:
     """What a module binds to a client: names and attributes (``self.conn``; any
-    ``<x>.conn`` then), the functions of the module that return one, and the parameters
-    of its functions that are handed one."""
+    ``<x>.conn`` then), the containers that hold one, the functions of the module (and of
+    the modules it imports) that return one, and the parameters of its functions (and
+    lambdas) that are handed one."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, facts: Facts) -> None:
         self.tree = tree
+        self.facts = facts
         self.clients: set[str] = set()
-        self.makers: set[str] = set()  # the module's functions that return a client
+        self.holders: set[str] = set()  # names and attributes bound to a list/tuple/dict holding a client
+        self.makers: set[str] = set()  # the module's functions that return a client, and makers imported
         self.attrs: set[str] = set()  # the last names of the attributes bound to one
-        self.defs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.holder_attrs: set[str] = set()
+        self.defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda] = {
+            n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.defs |= {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                      and isinstance(n.value, ast.Lambda) for t in n.targets if isinstance(t, ast.Name)}
         self.owner = {id(r): name for name, fn in self.defs.items() for r in ast.walk(fn) if isinstance(r, ast.Return)}
+        # Imports: a client class or maker under another name (``from redis import Redis as
+        # Conn``), the package's modules by their local name, and every name bound to
+        # redis-py (its classes' methods called unbound are commands).
+        self.modules: dict[str, str] = {}
+        self.redis_names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    local = a.asname or a.name.split(".")[0]
+                    if a.name.split(".")[0] == "redis":
+                        self.redis_names.add(local)
+                    self.modules[local] = a.name.rsplit(".", 1)[-1] if a.asname else local
+            elif isinstance(node, ast.ImportFrom):
+                source = node.module or ""
+                for a in node.names:
+                    local = a.asname or a.name
+                    if source.split(".")[0] == "redis":
+                        self.redis_names.add(local)
+                    if a.name in MAKERS or a.name in facts.makers.get(source.rsplit(".", 1)[-1], ()):
+                        self.makers.add(local)
+                    self.modules[local] = a.name
+
+    def _maker(self, call: ast.Call) -> bool:
+        name = _name(call.func)
+        if name in MAKERS or name in self.makers or name.endswith(("pipe", "pipeline")):
+            return True
+        func = call.func  # ``link.from_config(...)``: a function of an imported module that returns one
+        return (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                and func.attr in self.facts.makers.get(self.modules.get(func.value.id, ""), ()))
 
     def is_client(self, node: ast.expr) -> bool:
         if isinstance(node, ast.Attribute):
             return (node.attr == "redis" or node.attr in CLASSES or node.attr in self.attrs
-                    or ast.unparse(node) in self.clients)
+                    or (_name(node.value), node.attr) in HELD or ast.unparse(node) in self.clients)
         if isinstance(node, ast.Name):
-            return node.id in self.clients or node.id in CLASSES
-        if isinstance(node, ast.NamedExpr):
+            return node.id in self.clients or node.id in CLASSES or node.id in self.makers
+        if isinstance(node, (ast.NamedExpr, ast.Starred, ast.Await)):
             return self.is_client(node.value)
-        if isinstance(node, ast.Starred):
-            return self.is_client(node.value)
+        if isinstance(node, ast.Subscript):  # ``conns[0]``, ``self.conns["a"]``
+            return self.is_holder(node.value)
         if isinstance(node, ast.Call):
             name = _name(node.func)
-            return name in MAKERS or name in self.makers or name.endswith(("pipe", "pipeline"))
+            if name in PASS_THROUGH:  # ``closing(rt.redis)``, ``cast(Redis, x)``, ``type(rt.redis)``
+                return any(self.is_client(a) for a in node.args) or (
+                    name == "cast" and bool(node.args) and bool(_types(node.args[0]) & CLIENT_TYPES))
+            if name == "getattr" and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+                return node.args[1].value == "redis" or node.args[1].value in self.attrs  # getattr(rt, "redis")
+            return self._maker(node)
         return False
+
+    def is_holder(self, node: ast.expr) -> bool:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("values", "copy"):
+            return self.is_holder(node.func.value)  # ``for c in self.conns.values()``
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return any(self.is_client(e) for e in node.elts)
+        if isinstance(node, ast.Dict):
+            return any(self.is_client(v) for v in node.values)
+        return ast.unparse(node) in self.holders or (isinstance(node, ast.Attribute) and node.attr in self.holder_attrs)
 
     def bound(self, target: ast.expr, value: ast.expr) -> set[str]:
         """What an assignment of ``value`` to ``target`` binds to a client: a name or an
@@ -116,10 +244,16 @@ class _Walk:
             return set()
         if isinstance(target, (ast.Name, ast.Attribute)) and self.is_client(value):
             return {ast.unparse(target)}
+        if isinstance(target, (ast.Name, ast.Attribute)) and self.is_holder(value):
+            self.holders.add(ast.unparse(target))
         return set()
 
     def handed(self, call: ast.Call) -> set[str]:
-        """The parameters of a function of the module a call hands a client to."""
+        """The parameters of a function of the module a call hands a client to, and what a
+        ``setattr`` binds to one."""
+        if _name(call.func) == "setattr" and len(call.args) == 3 and isinstance(call.args[1], ast.Constant) \
+                and self.is_client(call.args[2]):
+            return {f"{ast.unparse(call.args[0])}.{call.args[1].value}"}
         fn = self.defs.get(_name(call.func))
         if fn is None:
             return set()
@@ -140,8 +274,7 @@ class _Walk:
         if isinstance(node, ast.withitem) and node.optional_vars is not None:
             return self.bound(node.optional_vars, node.context_expr)
         if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and isinstance(node.target, ast.Name):
-            over = node.iter.elts if isinstance(node.iter, (ast.Tuple, ast.List, ast.Set)) else []
-            return {node.target.id} if any(self.is_client(e) for e in over) else set()
+            return {node.target.id} if self.is_holder(node.iter) else set()
         if isinstance(node, ast.Call):
             return self.handed(node)
         if isinstance(node, ast.Return) and id(node) in self.owner and node.value is not None \
@@ -151,29 +284,29 @@ class _Walk:
 
     def run(self) -> set[str]:
         while True:  # to a fixed point: an alias of an alias, a helper's helper
-            before = (len(self.clients), len(self.makers), len(self.attrs))
+            before = (len(self.clients), len(self.makers), len(self.attrs), len(self.holders))
             for node in ast.walk(self.tree):
                 self.clients |= self.step(node)
             self.attrs = {c.rsplit(".", 1)[1] for c in self.clients if "." in c}
-            if (len(self.clients), len(self.makers), len(self.attrs)) == before:
+            self.holder_attrs = {c.rsplit(".", 1)[1] for c in self.holders if "." in c}
+            if (len(self.clients), len(self.makers), len(self.attrs), len(self.holders)) == before:
                 return self.clients
 
 
-def _client_arg(arg: ast.arg) -> bool:
-    if arg.arg in CLIENT_PARAMS:
-        return True
-    return arg.annotation is not None and any(t in ast.unparse(arg.annotation) for t in CLIENT_TYPES)
-
-
-def commands(source: str) -> list[tuple[int, str]]:
+def commands(source: str, facts: Facts | None = None) -> list[tuple[int, str]]:
     """Each Redis command the source issues: (line, the expression)."""
+    facts = package_facts() if facts is None else facts
     tree = ast.parse(source)
-    walk = _Walk(tree)
+    walk = _Walk(tree, facts)
     walk.run()
     # Names an import binds are modules and classes: ``census.scan(...)`` is a store
-    # function, not SCAN (redis-py's own classes excepted: ``Redis.get(c, k)`` is GET).
+    # function, not SCAN (redis-py's own classes excepted: ``Redis.get(c, k)`` is GET, and
+    # so is ``CoreCommands.get(c, k)`` or any name imported from redis-py).
     imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
                 if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names} - CLASSES
+    # A method only redis-py's clients have, named anywhere (``partial(conn.hset, k)``, a
+    # dict of methods), is a command; names runner binds to values of its own are not.
+    strong = COMMANDS - GENERIC - facts.fields
     called, kept = _called_or_kept(tree)
     out = []
     for node in ast.walk(tree):
@@ -187,11 +320,16 @@ def commands(source: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Call) and _name(node.func) == "methodcaller" and node.args \
                 and isinstance(node.args[0], ast.Constant) and node.args[0].value in COMMANDS:
             out.append((node.lineno, ast.unparse(node)))  # operator.methodcaller("hset", ...)
-        if not isinstance(node, ast.Attribute) or node.attr not in COMMANDS or node.attr in NOT_SENT:
+        if not isinstance(node, ast.Attribute) or node.attr not in COMMANDS:
+            continue
+        if _root(node.value) in walk.redis_names:  # redis.Redis.get(c, k), CoreCommands.hset(c, ...)
+            if node.attr not in MAKERS:  # (redis.from_url(...) makes a client)
+                out.append((node.lineno, ast.unparse(node)))
             continue
         if isinstance(node.value, ast.Name) and node.value.id in imported:
             continue
-        if walk.is_client(node.value) or (node.attr not in GENERIC and (node in called or node in kept)):
+        if walk.is_client(node.value) or (node.attr not in GENERIC and (node in called or node in kept)) \
+                or (node.attr in strong and isinstance(node.ctx, ast.Load)):
             out.append((node.lineno, ast.unparse(node)))
     return sorted(set(out))
 
@@ -327,3 +465,69 @@ def test_the_walk_sees_every_plausible_form() -> None:
     function or method defined in the same module is a client there."""
     missed = [name for name, src in MORE_FORMS.items() if not commands(src)]
     assert missed == []
+
+
+# Forms the walk above once let through, each a fixture module text: an uncalled method
+# handed on (partial, an executor, a dict of methods), redis-py's names under another
+# name (an aliased class or maker, a command mixin, the asyncio client), a client kept in
+# a container or a context manager that hands it back, a client from a function another
+# module declares, the store's own links, and a client reached by getattr, setattr,
+# cast, type or a lambda.
+SLIPPED_FORMS = {
+    "a method handed to partial": "import functools\ndef f(conn, k):\n    return functools.partial(conn.hset, k)\n",
+    "a dict of methods": "def f(conn, k):\n    ops = {'put': conn.hset}\n    ops['put'](k, 'a', 1)\n",
+    "a method handed to an executor": "def f(pool, conn, k):\n    pool.submit(conn.lpush, k, 1)\n",
+    "an aliased class": "from redis import Redis as Conn\ndef f(k):\n    c = Conn()\n    c.get(k)\n",
+    "an aliased maker": "from redis import from_url as open_url\ndef f(u, k):\n    open_url(u).get(k)\n",
+    "a command mixin, unbound":
+        "from redis.commands.core import BasicKeyCommands\ndef f(c, k):\n    BasicKeyCommands.get(c, k)\n",
+    "the asyncio class, aliased, awaited":
+        "from redis.asyncio import Redis as R\nasync def f(c, k):\n    await R.get(c, k)\n",
+    "a list of clients": "def f(rt, k):\n    cs = [rt.redis]\n    cs[0].get(k)\n",
+    "a dict of clients on an attribute":
+        "class A:\n    def __init__(self, rt):\n        self.conns = {'a': rt.redis}\n"
+        "    def f(self, k):\n        for c in self.conns.values():\n            c.get(k)\n",
+    "contextlib.closing":
+        "import contextlib\ndef f(rt, k):\n    with contextlib.closing(rt.redis) as c:\n        c.get(k)\n",
+    "a maker of the store, aliased":
+        "from runner.store.connection import connect as open_\ndef f(cfg, k):\n    c = open_(cfg)\n    c.get(k)\n",
+    "a maker the store declares":
+        "from runner.store import link\ndef f(cfg, k):\n    c = link.from_config(cfg)\n    c.get(k)\n",
+    "the event loop's link": "from runner.store.aiolink import AsyncLink\nasync def f(w, k):\n"
+                             "    c = AsyncLink(w)\n    await c.send([('GET', k)])\n",
+    "getattr of the runtime's client": "def f(rt, k):\n    c = getattr(rt, 'redis')\n    c.get(k)\n",
+    "setattr": "def f(rt, o, k):\n    setattr(o, 'c', rt.redis)\n    o.c.get(k)\n",
+    "cast": "from typing import Any, cast\nfrom redis import Redis\ndef f(x: Any, k):\n    cast(Redis, x).get(k)\n",
+    "type(client)": "def f(rt, k):\n    type(rt.redis).get(rt.redis, k)\n",
+    "a lambda handed a client": "def f(rt, k):\n    g = lambda c: c.get(k)\n    g(rt.redis)\n",
+    "the transport's client": "def f(rt, k):\n    c = rt.scripts.client\n    c.get(k)\n",
+    "a pubsub from a helper": "def f(ps, ch):\n    ps.subscribe(ch)\n    return ps.get_message()\n",
+}
+
+
+def test_the_walk_sees_the_forms_that_once_slipped_past() -> None:
+    """Each form in SLIPPED_FORMS is flagged, and the lookalikes runner writes are not: its
+    own attributes named as redis-py's methods (a ``lock``, a ``client``), a link asked
+    whether it is usable and closed, a store function of a module imported under its name.
+
+    Not seen, on purpose, and left to review: a method of a name Python's own objects
+    share (``get``, ``set``, ``delete``...) on a receiver not known to be a client, awaited
+    or not (``await conn.get(k)`` on a parameter: an asyncio.Queue's get reads the same),
+    and a parameter typed ``Any``; a client reached through ``vars()``, ``__dict__`` or
+    ``*args``; and an attribute bound to a client in another module (``self.client``:
+    runner's own Client is handed around under that name)."""
+    missed = [name for name, src in SLIPPED_FORMS.items() if not commands(src)]
+    assert missed == []
+    fine = (
+        "from runner.store import census, link\n"
+        "def f(rt, d, job, w):\n"
+        "    with job.lock:\n"
+        "        pass\n"
+        "    run(job.client)\n"
+        "    aio = link.AsyncLink(w)\n"
+        "    if aio.usable():\n"
+        "        aio.close()\n"
+        "    census.scan(rt.redis, d)\n"
+        "    q = asyncio.Queue()\n"
+    )
+    assert commands(fine) == []
