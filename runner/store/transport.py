@@ -82,11 +82,14 @@ DURABLE = frozenset({"enqueue", "emit", "group", "tick", "relay"})
 
 def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
     """A call answered NOSCRIPT sent again with its source (EVAL), behind a SCRIPT LOAD in
-    the same write. EVAL cannot answer NOSCRIPT, so the call runs on this try even while
+    the same write. Sending it again is safe for every script, idempotent or not: Redis
+    answers NOSCRIPT when it looks the SHA up, before it runs a line, so the call ran
+    nowhere. EVAL cannot answer NOSCRIPT, so the call runs on this one re-send even while
     another client flushes the script cache over and over (a load and an EVALSHA after it
-    could each time be parted by a flush: a SCRIPT FLUSH every 2 ms did so six times in
-    a row); the load keeps the script for the calls after it (a script only EVAL loaded
-    may be evicted by Redis 7.4 and later)."""
+    could each time be parted by a flush: a SCRIPT FLUSH every 2 ms did so six times in a
+    row): there is no second try to bound. Every path's re-send goes by source at once,
+    never by SHA again. The load keeps the script for the calls after it (a script only
+    EVAL loaded may be evicted by Redis 7.4 and later)."""
     return ("EVAL", source, len(keys), *keys, *args)
 
 
@@ -209,7 +212,7 @@ class Batch:
                 # fails, as the pipelined calls all ran: the error is raised at the end.
                 name, keys, args, durable = self.calls[i]
                 try:
-                    replies[i], n = sc.counted(name, keys, args, durable=durable)
+                    replies[i], n = sc.counted(name, keys, args, durable=durable, by_source=True)
                 except Exception as exc:
                     if raise_on_error and not isinstance(exc, ResponseError):
                         raise  # an outage: the calls after it would meet it too
@@ -427,8 +430,8 @@ class Stream:
         try:
             try:
                 reply, acked = self.scripts._read(self.conn, durable)
-            except NoScriptError:  # it did not run: load, run alone
-                reply, acked = self.scripts.counted(name, keys, args, durable=durable)
+            except NoScriptError:  # it did not run: load, run alone by its source
+                reply, acked = self.scripts.counted(name, keys, args, durable=durable, by_source=True)
         except ResponseError as exc:
             self._read_behind(exc)  # read whole: the calls behind it say what they did
             raise
@@ -682,26 +685,29 @@ class Transport:
             raise NotReplicated(min(acked), self.replicas, self.replica_timeout_s, replies=replies)
 
     def call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
-             durable: bool = False, late: Callable[[Any], object] | None = None) -> Any:
+             durable: bool = False, late: Callable[[Any], object] | None = None, by_source: bool = False) -> Any:
         """One script call. With ``spin``, wait for the reply by polling for a moment
         before sleeping on it (see _Spin): for a caller that makes one call at a time.
         With ``durable``, confirmed by the replicas (NotReplicated when it is not).
-        ``late``: the reply of a call given up on a stalled master (``node_wait_s``)."""
-        reply, acked = self.counted(name, keys, args, spin=spin, durable=durable,
+        ``late``: the reply of a call given up on a stalled master (``node_wait_s``).
+        ``by_source``: the call was answered NOSCRIPT already: it goes by its source at
+        once (``_eval``), not by SHA a second time."""
+        reply, acked = self.counted(name, keys, args, spin=spin, durable=durable, by_source=by_source,
                                     late=None if late is None else lambda got: late(got[0]))
         self.confirm([] if acked is None else [acked], [reply])
         return reply
 
     def counted(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
-                durable: bool = False, late: Callable[[tuple[Any, int | None]], object] | None = None
-                ) -> tuple[Any, int | None]:
+                durable: bool = False, late: Callable[[tuple[Any, int | None]], object] | None = None,
+                by_source: bool = False) -> tuple[Any, int | None]:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
-        (None: no WAIT was sent)."""
+        (None: no WAIT was sent). ``by_source``: as for ``call``."""
         durable = durable or name in DURABLE
         if self.node_wait_s is not None and not durable and not self.one_server:
-            return self.nodes.bounded(self.nodes.node(keys), lambda: self._counted(name, keys, args, spin, durable),
+            return self.nodes.bounded(self.nodes.node(keys),
+                                      lambda: self._counted(name, keys, args, spin, durable, by_source),
                                       self.node_wait_s, late)
-        return self._counted(name, keys, args, spin, durable)
+        return self._counted(name, keys, args, spin, durable, by_source)
 
     def bounded(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``, a read of its own on Redis Cluster (a pipeline over several masters),
@@ -712,14 +718,15 @@ class Transport:
         return self.nodes.bounded(what, fn, self.node_wait_s)
 
     def _counted(self, name: str, keys: Sequence[str], args: Sequence[Any], spin: bool,
-                 durable: bool) -> tuple[Any, int | None]:
+                 durable: bool, by_source: bool = False) -> tuple[Any, int | None]:
         if self._lanes is None:
             if durable and self.wait is not None:
-                return self._call_on_node(name, keys, args)
+                return self._call_on_node(name, keys, args, by_source)
             try:
-                return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-            except NoScriptError:  # nothing ran: load it where the call goes, run it from its source
-                self._load(name, keys)
+                if not by_source:
+                    with contextlib.suppress(NoScriptError):  # nothing ran: by its source below
+                        return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
+                self._load(name, keys)  # where the call goes
                 return self.client.execute_command(*_eval(self.sources[name], keys, args)), None
             except ResponseError:
                 self.error_replies += 1
@@ -727,13 +734,16 @@ class Transport:
         lanes = self._lanes
         conn = lanes.take()
         try:
-            try:
-                self._send(conn, name, keys, args, durable)
-                if spin:
-                    self._spin.wait(conn)
-                out = self._read(conn, durable)
-            except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
+            if by_source:
                 out = self._reload(conn, name, keys, args, durable)
+            else:
+                try:
+                    self._send(conn, name, keys, args, durable)
+                    if spin:
+                        self._spin.wait(conn)
+                    out = self._read(conn, durable)
+                except NoScriptError:  # Redis restarted or flushed its scripts: nothing ran
+                    out = self._reload(conn, name, keys, args, durable)
         except ResponseError:
             self.error_replies += 1
             lanes.give(conn)  # an error reply was read whole: the connection is in step
@@ -812,8 +822,8 @@ class Transport:
             lanes.give(conn)
             raise
         lanes.give(conn)
-        if reply is _MISSING:
-            reply = self.call(name, keys, args)
+        if reply is _MISSING:  # answered NOSCRIPT
+            reply = self.call(name, keys, args, by_source=True)
         return first, reply
 
     def _blocking(self, conn: Any, block: Sequence[Any], on: Sequence[str], behind: Sequence[Any] = ()) -> Any:
@@ -883,7 +893,7 @@ class Transport:
         for i, (c, reply) in enumerate(zip(calls, replies, strict=True)):
             if isinstance(c, ScriptCall) and isinstance(reply, NoScriptError):
                 try:
-                    replies[i] = self.call(c.name, c.keys, c.args)
+                    replies[i] = self.call(c.name, c.keys, c.args, by_source=True)
                 except ResponseError as exc:
                     replies[i] = exc
         return replies
@@ -948,11 +958,15 @@ class Transport:
         else:
             self.client.script_load(self.sources[name])
 
-    def _call_on_node(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, int]:
+    def _call_on_node(self, name: str, keys: Sequence[str], args: Sequence[Any],
+                      by_source: bool = False) -> tuple[Any, int]:
         """A durable call on Redis Cluster: the script and its WAIT pipelined on one
         connection of the master that holds the slot (RedisCluster would send each on a
         connection of its choosing, and a WAIT elsewhere confirms nothing)."""
         cmd: tuple[Any, ...] = ("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        if by_source:  # answered NOSCRIPT already
+            self._load(name, keys)
+            cmd = _eval(self.sources[name], keys, args)
         assert self.wait is not None
         attempt = 0
         while attempt < 3:

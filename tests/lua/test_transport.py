@@ -481,3 +481,154 @@ def test_a_call_answered_noscript_runs_by_its_source_on_the_first_reload(project
     stats = r.info("commandstats")
     assert int(stats["cmdstat_script|load"]["calls"]) == 5 and int(stats["cmdstat_eval"]["calls"]) == 5
     assert sorted(r.lrange(k.ready, 0, -1)) == list("abcde")
+
+
+def test_a_server_that_flushes_before_every_write_runs_each_call_once_on_its_one_reload(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis forgets every script just before each write reaches it (a SCRIPT FLUSH sent
+    first, on a connection of its own, before every write of redis-py's connections, a
+    Link and the event loop's link): each EVALSHA answers NOSCRIPT, and so would any retry
+    by SHA, however often repeated. The one reload sends the call by its source (EVAL,
+    behind a SCRIPT LOAD in one write), which cannot answer NOSCRIPT even though a flush
+    precedes it too, so every path ends on its first reload: a single call, a batch, a
+    stream, enqueue, enqueue_many, the shared round trip, aenqueue and a Link's batch each
+    write their jobs once, no NoScriptError reaches the caller, and no call goes out a
+    third time (one EVALSHA and one EVAL per call)."""
+    import asyncio
+
+    import redis.connection
+
+    from runner.client import Request
+    from runner.store import aiolink, link, transport
+
+    flusher = link.Link(link.address(project.server.url))  # type: ignore[arg-type]
+    flushes = [0]
+
+    def flush() -> None:
+        flusher.send([("SCRIPT", "FLUSH")])
+        flushes[0] += 1
+
+    packed = redis.connection.AbstractConnection.send_packed_command
+
+    def flushed_first(conn: Any, command: Any, check_health: bool = True) -> None:
+        flush()
+        packed(conn, command, check_health)
+
+    sent = link.Link.send
+
+    def link_flushed_first(self: link.Link, commands: Any) -> list[Any]:
+        if self is not flusher:
+            flush()
+        return sent(self, commands)
+
+    asent = aiolink.AsyncLink.send
+
+    async def aio_flushed_first(self: aiolink.AsyncLink, commands: Any) -> list[Any]:
+        flush()
+        return await asent(self, commands)
+
+    sc, k, client, r = project.runtime.scripts, project.keys(), project.client, project.runtime.redis
+    sc.prepare()
+    r.config_resetstat()
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", flushed_first)
+    monkeypatch.setattr(link.Link, "send", link_flushed_first)
+    monkeypatch.setattr(aiolink.AsyncLink, "send", aio_flushed_first)
+    ids = []
+    assert sc.enqueue(k, [_job("a")], now_ms=NOW)[0] == 1
+    b = sc.batch()
+    sc.enqueue(k, [_job("b")], pipe=b, now_ms=NOW)
+    sc.enqueue(k, [_job("c")], pipe=b, now_ms=NOW)
+    assert [x[0] for x in b.execute()] == [1, 1]
+    st = sc.stream()
+    _send(st, project, "d")
+    _send(st, project, "e")
+    assert [st.read()[1][0] for _ in "de"] == [1, 1]
+    ids += ["a", "b", "c", "d", "e"]
+    ids.append(client.enqueue("record", {"n": 1}).id)
+    ids += [e.id for e in client.enqueue_many([Request("record", {"n": n}) for n in range(3)])]  # type: ignore[union-attr]
+    ids += [e.id for e in client._send_prepared([client.prepare(Request("record", {"n": n})) for n in range(2)])]  # type: ignore[attr-defined]
+
+    async def on_loop() -> list[str]:
+        return [(await client.aenqueue("record", {"n": n})).id for n in range(2)]
+
+    ids += asyncio.run(on_loop())
+    raw = link.Link(link.address(project.server.url))  # type: ignore[arg-type]
+    try:
+        lb = transport.LinkScripts(raw).batch()
+        lb.add(*sc.enqueue_call(k, [_job("f")], NOW))
+        assert lb.execute()[0][0] == 1
+    finally:
+        raw.close()
+    ids.append("f")
+    monkeypatch.undo()
+    flusher.close()
+    stats = r.info("commandstats")
+    # Each call went out by SHA once (one of a batch that loads ahead in its write runs at
+    # once) and, answered NOSCRIPT, once by its source: none was sent by SHA a second time.
+    calls = 11  # single 1, batch 2, stream 2, enqueue 1, enqueue_many 1, shared 1, aenqueue 2, Link 1
+    evalsha, noscript = int(stats["cmdstat_evalsha"]["calls"]), int(stats["cmdstat_evalsha"]["failed_calls"])
+    assert evalsha == calls and noscript == int(stats["cmdstat_eval"]["calls"])
+    assert flushes[0] >= evalsha + noscript
+    assert sorted(r.lrange(k.ready, 0, -1)) == sorted(ids) and len(set(ids)) == 14
+
+
+def test_enqueues_on_every_path_under_a_flush_every_30_ms_are_all_written_once(project: Project) -> None:
+    """SCRIPT FLUSH every 30 ms from another client while 500 jobs go through each enqueue
+    path at once (enqueue one by one, enqueue_many and enqueue_all in tens, the shared
+    round trip in tens, aenqueue one by one): no call fails, no NoScriptError reaches a
+    caller, and every job answered is in ready, once."""
+    import asyncio
+
+    import redis as redis_py
+
+    from runner.client import Request
+
+    client = project.client
+    flusher = redis_py.Redis.from_url(project.server.url)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    ids: list[str] = []
+
+    def flush() -> None:
+        while not stop.wait(0.03):
+            flusher.script_flush()
+
+    def tens(send: Any) -> Any:
+        def run() -> None:
+            for _ in range(50):
+                try:
+                    ids.extend(e.id for e in send([Request("record", {"n": n}) for n in range(10)]))
+                except BaseException as exc:  # counted, then asserted on
+                    errors.append(exc)
+        return run
+
+    def single() -> None:
+        for n in range(500):
+            try:
+                ids.append(client.enqueue("record", {"n": n}).id)
+            except BaseException as exc:
+                errors.append(exc)
+
+    def on_loop() -> None:
+        async def go() -> None:
+            for n in range(500):
+                try:
+                    ids.append((await client.aenqueue("record", {"n": n})).id)
+                except BaseException as exc:
+                    errors.append(exc)
+        asyncio.run(go())
+
+    paths = [single, on_loop, tens(client.enqueue_many), tens(client.enqueue_all),
+             tens(lambda reqs: client._send_prepared([client.prepare(r) for r in reqs]))]
+    flushing = threading.Thread(target=flush)
+    flushing.start()
+    threads = [threading.Thread(target=p) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stop.set()
+    flushing.join()
+    flusher.close()
+    assert errors == [], errors[:3]
+    assert len(ids) == 2500 and sorted(project.runtime.redis.lrange(project.keys().ready, 0, -1)) == sorted(ids)
