@@ -19,13 +19,14 @@ then ``<anything>.conn``); what ``closing``, ``nullcontext``, ``cast`` and ``typ
 back of a client is one. A client made by redis-py's classes or makers (under any name
 they are imported as), a pool's ``get_connection``, a function of the module that returns
 one, or a function of another module of the package that returns one (by its annotation
-or its body) is one, and so is a parameter of a function or lambda of the module that is
-handed one. ``getattr(rt.redis, "hset")`` (or any computed name) is a command too, and
-``getattr(rt, "redis")`` a client; so are a bound method kept in a name and called,
-redis-py's methods called on a class (``Redis.get(c, k)``, a command mixin such as
-``CoreCommands``, the asyncio client), ``operator.methodcaller("hset", ...)``, a
-connection's ``send_command`` and ``read_response``, and any method of what a helper named
-``*pipe`` or ``*pipeline`` returns. What is not seen, on purpose, is listed in
+or its body) is one, and so is a parameter of a function or lambda that is handed one, by
+the module or by any other module of the package (followed to a fixed point).
+``getattr(rt.redis, "hset")`` (or any computed name) is a command too, and ``getattr(rt,
+"redis")`` a client; so are a bound method kept in a name and called, redis-py's methods
+called on a class (``Redis.get(c, k)``, a command mixin such as ``CoreCommands``, the
+asyncio client), ``operator.methodcaller("hset", ...)``, a connection's ``send_command``
+and ``read_response``, and any method of what a helper named ``*pipe`` or ``*pipeline``
+returns. What is not seen, on purpose, is listed in
 test_the_walk_sees_the_forms_that_once_slipped_past."""
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import pathlib
 import queue
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -114,6 +115,37 @@ def _types(annotation: ast.expr | None) -> set[str]:
     return {_name(n) for n in ast.walk(annotation) if isinstance(n, (ast.Name, ast.Attribute))}
 
 
+@functools.cache
+def _parse(source: str) -> ast.Module:
+    """A module's tree, parsed once: the facts and the check read the same modules."""
+    return ast.parse(source)
+
+
+_NODES: dict[int, tuple[ast.AST, list[ast.AST]]] = {}
+
+
+def _nodes(tree: ast.AST) -> list[ast.AST]:
+    """ast.walk(tree) as a list, kept for the tree (the walk goes over it many times)."""
+    kept = _NODES.get(id(tree))
+    if kept is None or kept[0] is not tree:
+        kept = _NODES[id(tree)] = (tree, list(ast.walk(tree)))
+    return kept[1]
+
+
+def _owners(tree: ast.AST) -> dict[int, str]:
+    """The name of the innermost function each ``return`` of the tree belongs to, by id."""
+    out: dict[int, str] = {}
+
+    def visit(node: ast.AST, owner: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Return) and owner:
+                out[id(child)] = owner
+            visit(child, child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else owner)
+
+    visit(tree, "")
+    return out
+
+
 def _client_arg(arg: ast.arg) -> bool:
     return arg.arg in CLIENT_PARAMS or bool(_types(arg.annotation) & CLIENT_TYPES)
 
@@ -122,31 +154,54 @@ def _client_arg(arg: ast.arg) -> bool:
 class Facts:
     """What the whole package says about clients, for a module that only imports it: the
     functions of each module that return a client (by their annotation, or a client
-    returned), and the attribute names runner binds to its own values (a ``lock``, a
-    ``client``: names redis-py's methods share, so not a command when merely named)."""
+    returned), the parameters of each module's functions that another module hands a
+    client to (by position, ``#0``, or by keyword), and the attribute names runner binds
+    to its own values (a ``lock``, a ``client``: names redis-py's methods share, so not a
+    command when merely named). Modules by their dotted name."""
 
-    makers: dict[str, frozenset[str]]
-    fields: frozenset[str]
+    makers: dict[str, frozenset[str]] = field(default_factory=dict)
+    fields: frozenset[str] = frozenset()
+    handed: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def package_sources() -> tuple[tuple[str, str], ...]:
+    return tuple((module_name(p), p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.rglob("*.py")))
 
 
 @functools.cache
-def package_facts() -> Facts:
-    makers: dict[str, set[str]] = collections.defaultdict(set)
+def package_facts(sources: tuple[tuple[str, str], ...] | None = None) -> Facts:
+    """The facts of a package's modules ((dotted name, text) pairs; runner's own by
+    default), to a fixed point: a client handed on from module to module is one in each."""
+    trees = [(m, _parse(text)) for m, text in (package_sources() if sources is None else sources)]
     fields: set[str] = set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        walk = _Walk(tree, Facts({}, frozenset()))
-        walk.run()
+    for _, tree in trees:
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _types(node.returns) & CLIENT_TYPES:
-                walk.makers.add(node.name)
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
                 fields.add(node.attr)
             if isinstance(node, ast.ClassDef):
                 fields |= {t.id for b in node.body if isinstance(b, (ast.Assign, ast.AnnAssign))
                            for t in (b.targets if isinstance(b, ast.Assign) else [b.target]) if isinstance(t, ast.Name)}
-        makers[path.stem] |= walk.makers
-    return Facts({m: frozenset(f) for m, f in makers.items()}, frozenset(fields))
+    facts = Facts(fields=frozenset(fields))
+    for _ in range(8):
+        makers: dict[str, set[str]] = collections.defaultdict(set)
+        handed: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        for module, tree in trees:
+            walk = _Walk(tree, facts, module)
+            walk.run()
+            makers[module] |= walk.makers | {n.name for n in _nodes(tree) if isinstance(
+                n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _types(n.returns) & CLIENT_TYPES}
+            for callee, given in walk.handed_out():
+                handed[callee] |= given
+        found = Facts({m: frozenset(f) for m, f in makers.items()}, facts.fields,
+                      {c: frozenset(g) for c, g in handed.items()})
+        if found == facts:
+            break
+        facts = found
+    return facts
 
 
 class _Walk:
@@ -155,40 +210,52 @@ class _Walk:
     the modules it imports) that return one, and the parameters of its functions (and
     lambdas) that are handed one."""
 
-    def __init__(self, tree: ast.Module, facts: Facts) -> None:
+    def __init__(self, tree: ast.Module, facts: Facts, module: str = "") -> None:
         self.tree = tree
         self.facts = facts
+        self.module = module
         self.clients: set[str] = set()
         self.holders: set[str] = set()  # names and attributes bound to a list/tuple/dict holding a client
         self.makers: set[str] = set()  # the module's functions that return a client, and makers imported
         self.attrs: set[str] = set()  # the last names of the attributes bound to one
         self.holder_attrs: set[str] = set()
         self.defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda] = {
-            n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        self.defs |= {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            n.name: n for n in _nodes(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.defs |= {t.id: n.value for n in _nodes(tree) if isinstance(n, ast.Assign)
                       and isinstance(n.value, ast.Lambda) for t in n.targets if isinstance(t, ast.Name)}
-        self.owner = {id(r): name for name, fn in self.defs.items() for r in ast.walk(fn) if isinstance(r, ast.Return)}
+        self.owner = _owners(tree)
         # Imports: a client class or maker under another name (``from redis import Redis as
         # Conn``), the package's modules by their local name, and every name bound to
         # redis-py (its classes' methods called unbound are commands).
-        self.modules: dict[str, str] = {}
+        self.modules: dict[str, str] = {}  # a local name -> the dotted name it was imported as
+        self.imported_from: dict[str, tuple[str, str]] = {}  # a local name -> (its module, its name)
         self.redis_names: set[str] = set()
-        for node in ast.walk(tree):
+        for node in _nodes(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
                     local = a.asname or a.name.split(".")[0]
                     if a.name.split(".")[0] == "redis":
                         self.redis_names.add(local)
-                    self.modules[local] = a.name.rsplit(".", 1)[-1] if a.asname else local
+                    self.modules[local] = a.name if a.asname else local
             elif isinstance(node, ast.ImportFrom):
                 source = node.module or ""
                 for a in node.names:
                     local = a.asname or a.name
                     if source.split(".")[0] == "redis":
                         self.redis_names.add(local)
-                    if a.name in MAKERS or a.name in facts.makers.get(source.rsplit(".", 1)[-1], ()):
+                    if a.name in MAKERS or a.name in facts.makers.get(source, ()):
                         self.makers.add(local)
-                    self.modules[local] = a.name
+                    self.modules[local] = f"{source}.{a.name}"
+                    self.imported_from[local] = (source, a.name)
+        # The parameters other modules hand a client to.
+        for name, fn in self.defs.items():
+            params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+            for given in facts.handed.get((module, name), ()):
+                if given.startswith("#"):
+                    i = int(given[1:])
+                    self.clients |= {params[i]} if i < len(params) else set()
+                else:
+                    self.clients.add(given)
 
     def _maker(self, call: ast.Call) -> bool:
         name = _name(call.func)
@@ -197,6 +264,28 @@ class _Walk:
         func = call.func  # ``link.from_config(...)``: a function of an imported module that returns one
         return (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
                 and func.attr in self.facts.makers.get(self.modules.get(func.value.id, ""), ()))
+
+    def callee(self, call: ast.Call) -> tuple[str, str] | None:
+        """(module, function) of a call to a function another module of the package defines:
+        ``waking.forget(...)`` or ``forget(...)`` imported by name; None for anything else."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.modules:
+            return self.modules[func.value.id], func.attr
+        if isinstance(func, ast.Name) and func.id in self.imported_from:
+            return self.imported_from[func.id]
+        return None
+
+    def handed_out(self) -> list[tuple[tuple[str, str], set[str]]]:
+        """Each call that hands a client to another module's function: the callee, and the
+        places the client goes (``#0``, or a keyword's name)."""
+        out = []
+        for call in _nodes(self.tree):
+            if isinstance(call, ast.Call) and (callee := self.callee(call)) is not None:
+                given = {f"#{i}" for i, a in enumerate(call.args) if self.is_client(a)}
+                given |= {k.arg for k in call.keywords if k.arg is not None and self.is_client(k.value)}
+                if given:
+                    out.append((callee, given))
+        return out
 
     def is_client(self, node: ast.expr) -> bool:
         if isinstance(node, ast.Attribute):
@@ -255,7 +344,7 @@ class _Walk:
                 and self.is_client(call.args[2]):
             return {f"{ast.unparse(call.args[0])}.{call.args[1].value}"}
         fn = self.defs.get(_name(call.func))
-        if fn is None:
+        if fn is None or self.callee(call) is not None:  # (``admin.pause(...)``: not this module's pause)
             return set()
         params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
         if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
@@ -285,7 +374,7 @@ class _Walk:
     def run(self) -> set[str]:
         while True:  # to a fixed point: an alias of an alias, a helper's helper
             before = (len(self.clients), len(self.makers), len(self.attrs), len(self.holders))
-            for node in ast.walk(self.tree):
+            for node in _nodes(self.tree):
                 self.clients |= self.step(node)
             self.attrs = {c.rsplit(".", 1)[1] for c in self.clients if "." in c}
             self.holder_attrs = {c.rsplit(".", 1)[1] for c in self.holders if "." in c}
@@ -293,11 +382,12 @@ class _Walk:
                 return self.clients
 
 
-def commands(source: str, facts: Facts | None = None) -> list[tuple[int, str]]:
-    """Each Redis command the source issues: (line, the expression)."""
+def commands(source: str, facts: Facts | None = None, module: str = "") -> list[tuple[int, str]]:
+    """Each Redis command the source issues: (line, the expression); ``module``: its dotted
+    name in the package ``facts`` describe (runner's own by default)."""
     facts = package_facts() if facts is None else facts
-    tree = ast.parse(source)
-    walk = _Walk(tree, facts)
+    tree = _parse(source)
+    walk = _Walk(tree, facts, module)
     walk.run()
     # Names an import binds are modules and classes: ``census.scan(...)`` is a store
     # function, not SCAN (redis-py's own classes excepted: ``Redis.get(c, k)`` is GET, and
@@ -351,7 +441,7 @@ def test_no_module_outside_the_store_issues_a_redis_command() -> None:
         rel = path.relative_to(PACKAGE).as_posix()
         if rel.startswith("store/"):
             continue
-        hits = commands(path.read_text(encoding="utf-8"))
+        hits = commands(path.read_text(encoding="utf-8"), module=module_name(path))
         if hits:
             found[f"runner/{rel}"] = [f"{line}: {what}" for line, what in hits]
     assert found == {}, "move these into a named function of runner/store/"
@@ -511,11 +601,13 @@ def test_the_walk_sees_the_forms_that_once_slipped_past() -> None:
     whether it is usable and closed, a store function of a module imported under its name.
 
     Not seen, on purpose, and left to review: a method of a name Python's own objects
-    share (``get``, ``set``, ``delete``...) on a receiver not known to be a client, awaited
-    or not (``await conn.get(k)`` on a parameter: an asyncio.Queue's get reads the same),
-    and a parameter typed ``Any``; a client reached through ``vars()``, ``__dict__`` or
-    ``*args``; and an attribute bound to a client in another module (``self.client``:
-    runner's own Client is handed around under that name)."""
+    share (``get``, ``set``, ``delete``...) on a receiver nothing marks as a client, awaited
+    or not (``await q.get()`` on a parameter reads the same for an asyncio.Queue); a client
+    reached through ``vars()``, ``__dict__`` or ``*args``; a client handed to a method of
+    an object of another module's class (``waiter.watch(rt.redis)``: what ``waiter`` is
+    takes types, which ``Runtime.redis: Any`` does not give); and an attribute bound to a
+    client in another module (``self.client``: runner's own Client is handed around under
+    that name)."""
     missed = [name for name, src in SLIPPED_FORMS.items() if not commands(src)]
     assert missed == []
     fine = (
@@ -531,3 +623,25 @@ def test_the_walk_sees_the_forms_that_once_slipped_past() -> None:
         "    q = asyncio.Queue()\n"
     )
     assert commands(fine) == []
+
+
+def test_a_client_handed_to_another_module_is_a_client_there() -> None:
+    """A function of one module handed the runtime's client by another (by module, by an
+    imported name, by keyword) issues a command when it calls a method on it, even one
+    whose name Python's own objects share, awaited or not; the same function handed
+    nothing of the kind does not (names are the module's, not a function's: another
+    function's ``conn`` is taken for a client too, which errs on the side of finding)."""
+    callee = "async def put(conn, k):\n    await conn.get(k)\n"
+    callers = {
+        "by module": "from runner.web import b\ndef f(rt, k):\n    b.put(rt.redis, k)\n",
+        "by an imported name": "from runner.web.b import put as store_it\ndef f(rt, k):\n    store_it(rt.redis, k)\n",
+        "by keyword": "from runner.web import b\ndef f(rt, k):\n    b.put(k=k, conn=rt.redis)\n",
+        "through a third module": "from runner.web import c\ndef f(rt, k):\n    c.hand(rt.redis, k)\n",
+    }
+    third = "from runner.web import b\ndef hand(r, k):\n    b.put(r, k)\n"
+    found = {}
+    for name, caller in callers.items():
+        facts = package_facts((("runner.web.a", caller), ("runner.web.b", callee), ("runner.web.c", third)))
+        found[name] = [line for line, _ in commands(callee, facts, "runner.web.b")]
+    assert found == {name: [2] for name in callers}
+    assert commands(callee, package_facts((("runner.web.b", callee),)), "runner.web.b") == []
