@@ -67,14 +67,17 @@ def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Proje
 def test_a_plain_claim_checks_the_sets_and_not_the_done_meta(p: Project) -> None:
     """A claim of plain jobs (records in place, nothing to bury or mark done) checks the
     type of the leases, scheduled and dead sets once per call (a job claimed now may be
-    retried or buried later by a script that gives up its claim before writing there),
-    and not the done meta, which only a settle that reads it checks (test_scripts'
-    damaged-key tests)."""
-    r = p.runtime.redis
+    retried or buried later by a script that gives up its claim before writing there):
+    the leases with a ZSCORE, the two others with one ZINTERCARD, whose empty first input
+    keeps it from reading the sets; and not the done meta, which only a settle that reads
+    it checks (test_scripts' damaged-key tests)."""
+    r, k = p.runtime.redis, p.keys()
+    r.zadd(k.dead, {f"d{i}": i for i in range(500)})
+    r.zadd(k.scheduled, {f"s{i}": NOW * 2 for i in range(500)})
     enqueue(p, new("a"), new("b"))
     got = sent(r, lambda: claim(p, n=2))
-    assert got["zscore"] == 3 and got["hget"] == 0
-    assert r.hlen(p.keys().claims) == 2
+    assert got["zscore"] == 1 and got["zintercard"] == 1 and got["hget"] == 0
+    assert r.hlen(k.claims) == 2 and not r.exists(k.leases + ":none")
 
 
 def test_a_claim_asks_for_pauses_and_priority_with_one_exists(p: Project) -> None:

@@ -566,9 +566,21 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
     -- a script that gives up its claim before it writes there, and a damaged set would
     -- leave it in no structure; refused here, no job is claimed until the scheduler puts
     -- the damaged key aside. (The done meta: sound_keys, when a settle needs it.)
-    for _, kn in ipairs({'leases', 'scheduled', 'dead'}) do
-      if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
-      sound[kn] = true
+    -- The two sets are checked by one ZINTERCARD, which refuses a key of any type but a
+    -- sorted set or a set before it reads anything; a key never written (K.leases ..
+    -- ':none', empty) is the smallest input, so it reads nothing whatever the sets hold.
+    -- A set passes it: such a set is not marked sound, so a settle in this call checks
+    -- it again (sound_keys), and a later retry or burial refuses (damaged_set) until the
+    -- scheduler puts it aside. An error names its key by a probe of each.
+    if type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
+      damaged = 'leases'
+    else
+      sound.leases = true
+      if type(redis.pcall('ZINTERCARD', 3, K.leases .. ':none', K.scheduled, K.dead, 'LIMIT', 1)) == 'table' then
+        for _, kn in ipairs({'scheduled', 'dead'}) do
+          if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
+        end
+      end
     end
   end
   if damaged then
