@@ -122,3 +122,30 @@ def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> N
     assert [r.hkeys(k.done(g)) for g in range(3)] == [["a", "b"], ["c", "d"], ["e"]]
     assert r.lrange(k.done(1) + ":log", 0, -1) == ["d", "c"]
     assert r.hget(k.done_meta, "gen") == "2"
+
+
+def test_a_claim_that_empties_the_queue_drops_the_wake_ups_left_for_nobody(p: Project) -> None:
+    """Each enqueue call pushes a wake-up and a fetcher takes one per claim: a claim that
+    took the jobs of two enqueues left one for nobody, and a fetcher woke to claim nothing
+    (a third of the claims at light load with one worker). A call that empties the queue,
+    every id it popped claimed, drops them with one DEL; one that leaves jobs behind,
+    takes a single id or settles an id otherwise (a burial here) keeps them, and the next
+    enqueue wakes a fetcher as before."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"))
+    enqueue(p, new("b"))
+    assert r.llen(k.notify) == 2
+    got = sent(r, lambda: claim(p, n=10, base="w.1"))
+    assert got["del"] == 1 and r.llen(k.notify) == 0 and r.hlen(k.claims) == 2
+    enqueue(p, new("c"))
+    enqueue(p, new("d"))
+    enqueue(p, new("e"))
+    assert [g[0] for g in claim(p, n=2, base="w.2")] == ["c", "d"] and r.llen(k.notify) == 3  # e waits
+    got = sent(r, lambda: claim(p, n=10, base="w.3"))
+    assert got["del"] == 0 and r.llen(k.notify) == 3  # one id: a wake-up per job is the usual case
+    r.delete(k.notify)
+    enqueue(p, new("f"))
+    r.lpush(k.ready, "ghost")  # no record: buried by the claim
+    assert [g[0] for g in claim(p, n=10, base="w.4")] == ["f"] and r.llen(k.notify) == 1
+    enqueue(p, new("g"))
+    assert r.llen(k.notify) == 2 and r.lrange(k.ready, 0, -1) == ["g"]

@@ -34,7 +34,8 @@
 -- KEYS[9] claims       HASH  id -> "<token> <attempt> <started_ms> <flags>"
 -- KEYS[10] done_meta   HASH  the current done generation (see done_gen in includes/done.lua)
 -- KEYS[11] limwait     ZSET  limit keys with parked jobs -> next sweep ms
--- KEYS[12] notify      LIST  (a job woken by a freed reserved slot)
+-- KEYS[12] notify      LIST  (a job woken by a freed reserved slot; emptied by a call that
+--                            emptied the queue: see the end)
 -- KEYS[13] done_prefix (string; a generation's hash is prefix .. gen)
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
 -- KEYS[15] paused      HASH  "queue" | "fn:<type>" -> paused since ms (a paused queue
@@ -411,6 +412,7 @@ local function parked_on_full(id, jk, sk, f, limits, token, rated_now, typ)
   return false
 end
 
+local plain = 0  -- ids claimed by claim_job (no gate settled them elsewhere: see the end)
 -- Gate 7, claim it: its lease and claim entry (written by write_leases), and its 14
 -- values in the reply.
 local function claim_job(id, rec, f, sk, token, limits, starts)
@@ -436,6 +438,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
     claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
   taken[id] = true
+  plain = plain + 1
   local o = #out
   out[o + 1] = id
   out[o + 2] = token
@@ -551,11 +554,15 @@ end
 -- Bound the work per call: strays, parked jobs and duplicates do not count as claims.
 -- A job parked on a key already known full (a few writes) widens the bound by one, up
 -- to 256, so one key's backlog in ready is parked in few calls, not n * 4 at a time.
+local emptied = false  -- a pop came back short: ready and the priority set held no more
 while i < n and popped < n * 4 + cheap and not stop and not refused do
   -- Pop no more than can still be claimed, so every id popped is settled here.
   local want = math.min(n - i, n * 4 + cheap - popped)
   local ids = pop(want, popped == 0)
-  if not ids then break end
+  if not ids then
+    emptied = floor == 0
+    break
+  end
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, K.claims, ids)
   local damaged = not ok_h and 'claims' or nil
@@ -610,7 +617,10 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
       end
     end
   end
-  if #ids < want then break end
+  if #ids < want then
+    emptied = floor == 0 and not stop and not refused
+    break
+  end
 end
 if refused then
   if i == 0 then
@@ -625,5 +635,12 @@ elseif not stop and i < n and popped >= n * 4 + cheap then
   out[2] = 2
 end
 write_leases()
+-- Wake-ups left behind: each enqueue call pushes one, and a fetcher takes one per claim,
+-- so a claim that took the jobs of two enqueues left a wake-up for nobody, and a fetcher
+-- woke for it to claim nothing (at light load, about a third of all claims with one
+-- worker). A call that emptied the queue, with every id it popped claimed here (no gate
+-- put a job back in ready or woke a parked one), drops them: there is nothing to claim,
+-- and the next enqueue pushes one again. One DEL, only in a call that took two or more.
+if emptied and popped > 1 and plain == popped then redis.call('DEL', K.notify) end
 flush(K.stats)
 return out
