@@ -14,7 +14,7 @@ from test_scripts import NOW, claim, enqueue, new
 
 from runner.store.scripts import Ack
 
-from conftest import Project
+from conftest import Project, structures
 
 
 @pytest.fixture
@@ -80,28 +80,33 @@ def test_a_plain_claim_checks_the_sets_and_not_the_done_meta(p: Project) -> None
     assert r.hlen(k.claims) == 2 and not r.exists(k.leases + ":none")
 
 
-def test_a_claim_asks_for_pauses_and_priority_with_one_exists(p: Project) -> None:
-    """With nothing paused and no job of priority waiting, a claim learns both from one
-    EXISTS of the two keys (no HGETALL of the pauses, no EXISTS of the priority set);
-    with a pause or a job of priority it reads the pauses as before, serves priority
-    first, and a queue paused since the last claim claims nothing."""
+def test_a_claim_asks_for_pauses_priority_and_state_with_one_exists(p: Project) -> None:
+    """With nothing paused, no job of priority waiting and no state hash for the jobs it
+    pops, a claim learns all three from one EXISTS of the pause hash, the priority set
+    and the popped jobs' state hashes (no HGETALL of the pauses, no EXISTS per job), in a
+    batch too; with a pause or a job of priority it puts the popped ids back in order,
+    reads the pauses as before, serves priority first, and a queue paused since the last
+    claim claims nothing and keeps its order."""
     r, k = p.runtime.redis, p.keys()
     enqueue(p, new("a"), new("b"))
     got = sent(r, lambda: claim(p, n=1))
-    assert got["hgetall"] == 0 and got["exists"] == 2  # the two keys, and a's state hash
+    assert got["hgetall"] == 0 and got["exists"] == 1 and got["rpop"] == 1
     enqueue(p, new("hi", priority=5))
     r.hset(k.paused, "fn:other", NOW)
     taken: list[Any] = []
     got = sent(r, lambda: taken.extend(claim(p, n=1)))
-    assert got["hgetall"] == 1 and got["exists"] == 2  # the two keys, and hi's state hash
-    assert [g[0] for g in taken] == ["hi"]
+    assert got["hgetall"] == 1 and got["rpush"] == 1  # b went back
+    assert [g[0] for g in taken] == ["hi"] and r.lrange(k.ready, 0, -1) == ["b"]
     r.hdel(k.paused, "fn:other")
     assert [g[0] for g in claim(p, n=1)] == ["b"]
-    enqueue(p, new("lo"), new("hi2", priority=3))
+    enqueue(p, new("lo"), new("lo2"), new("hi2", priority=3))
     r.hset(k.paused, "queue", NOW)
-    assert claim(p, n=2) == []
+    assert claim(p, n=2) == [] and r.lrange(k.ready, 0, -1) == ["lo2", "lo"]
     r.hdel(k.paused, "queue")
     assert [g[0] for g in claim(p, n=2)] == ["hi2", "lo"]
+    enqueue(p, *(new(f"j{i}") for i in range(10)))
+    got = sent(r, lambda: claim(p, n=20))
+    assert got["exists"] == 1 and got["get"] == 11 and r.hlen(k.claims) == 16  # lo2 and the ten
 
 
 def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> None:
@@ -149,3 +154,19 @@ def test_a_claim_that_empties_the_queue_drops_the_wake_ups_left_for_nobody(p: Pr
     assert [g[0] for g in claim(p, n=10, base="w.4")] == ["f"] and r.llen(k.notify) == 1
     enqueue(p, new("g"))
     assert r.llen(k.notify) == 2 and r.lrange(k.ready, 0, -1) == ["g"]
+
+
+def test_an_id_twice_in_one_claim_is_read_again_after_a_gate_wrote_its_state(p: Project) -> None:
+    """A claim knows from one EXISTS that the jobs it popped have no state hash; a gate may
+    write one (a full limit parks the job), and the same id popped again in that call is
+    read again: its state says deferred, and it is dropped as a stray, not parked twice
+    (or claimed while it waits on the limit)."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("holder", limits="1 c:x"))
+    assert [g[0] for g in claim(p, n=1, base="w.1")] == ["holder"]  # takes the only slot
+    enqueue(p, new("r", limits="1 c:x"))
+    r.lpush(k.ready, "r")  # the same id twice in ready
+    assert claim(p, n=5, base="w.2") == []
+    waiters = [key for key in r.scan_iter(match=k.lim_prefix + "*:w")]
+    assert [r.lrange(w, 0, -1) for w in waiters] == [["r"]]
+    assert "r" not in structures(p)["ready"] and r.hget(k.claims, "r") is None

@@ -2055,7 +2055,8 @@ def _inside(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server: Server) -> None:
     """The common case (no keys, first attempt succeeds): claim reads each record once (a
-    GET of the record string; a job that waits untouched has no state hash to read) and
+    GET of the record string; a job that waits untouched has no state hash to read, and
+    one EXISTS for the batch says so, with the pauses and the priority set) and
     writes nothing to it; it pops, checks for strays (one HMGET of the claims) and that the
     leases it writes are a sorted set (one ZSCORE), the scheduled and dead sets (one
     ZINTERCARD; the other keys are checked only by a settle that needs them), records
@@ -2086,15 +2087,14 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     finally:
         proj.stop_all()
         proj.runtime.close()
-    # Per job: a GET of the record and an EXISTS of its state (absent for a job that waited
-    # untouched: no HMGET of its fields then); per batch one RPOP, the claims' HMGET, the
+    # Per job: a GET of the record; per batch one RPOP, one EXISTS of the pauses, the
+    # priority set and the popped jobs' state hashes (all absent for jobs that waited
+    # untouched: no HMGET of their fields, no EXISTS each), the claims' HMGET, the
     # type checks of the leases (a ZSCORE) and of the scheduled and dead sets (one
     # ZINTERCARD, its first input an empty key: it reads neither set), one HSET of the
     # claims and one ZADD each of the leases and of their claim times (the processing
-    # list's order);
-    # flow control adds one EXISTS of the pauses and the priority set per call (both
-    # absent: no HGETALL of the pauses), whatever the batch size.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 1, "zintercard": 1, "hset": 1, "zadd": 2, "exists": 11}
+    # list's order), whatever the batch size.
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 1, "zintercard": 1, "hset": 1, "zadd": 2, "exists": 1}
     # + one HINCRBY for the stats field, one HINCRBY for this minute's counter and, as the
     # minute's first ack makes it, its PEXPIRE
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 2, "pexpire": 1, "hincrby": 3}

@@ -142,13 +142,42 @@ end
 local max_age = {}
 for typ, ms in string.gmatch(ARGV[9] or '', '(%S+)=(%d+)') do max_age[typ] = tonumber(ms) end
 
--- Pauses, and whether a job of priority waits: with neither (the common case) one EXISTS
--- of the two keys answers both (an empty hash or set does not exist). Else the pauses
--- are read, one small read, and what is left of the count is the priority set. pcall: a
--- damaged pause hash pauses nothing (it still exists: counted as the pause hash).
+-- Pauses, whether a job of priority waits, and whether the first jobs have state hashes:
+-- the first round's ids are popped from ready first (no priority floor), and one EXISTS
+-- of the pause hash, the priority set and those ids' state hashes answers all three when
+-- none exists (the common case: an empty hash or set does not exist). Else one EXISTS
+-- of the first two: with neither, the ids are kept and each one's state asked for on its
+-- own (read_job); with either, the ids go back to the consumer end of ready, in order,
+-- before anything else is written (no other client runs meanwhile), and the claim goes
+-- on as if it had not popped them. Then the pauses are read, one small read, and what is
+-- left of the count is the priority set. pcall: a damaged pause hash pauses nothing (it
+-- still exists: counted as the pause hash).
 local paused = {}
 local prio_at_start = false  -- the first round's answer for the priority set (see pop)
-local present = redis.call('EXISTS', K.paused, K.prio)
+local early = nil  -- the first round's ids, popped before the pauses were known
+local stateless = {}  -- ids of early whose state hash is known not to exist
+local present = nil
+if floor == 0 and n > 0 then
+  local got = redis.call('RPOP', K.ready, n)
+  if got then
+    local ks = {K.paused, K.prio}
+    for j = 1, #got do ks[j + 2] = K.job_prefix .. got[j] .. ':s' end
+    if redis.call('EXISTS', unpack(ks)) == 0 then
+      present = 0
+      for _, id in ipairs(got) do stateless[id] = true end
+    else
+      present = redis.call('EXISTS', K.paused, K.prio)
+    end
+    if present == 0 then
+      early = got
+    else
+      local back = {}
+      for j = #got, 1, -1 do back[#back + 1] = got[j] end
+      redis.call('RPUSH', K.ready, unpack(back))
+    end
+  end
+end
+if not present then present = redis.call('EXISTS', K.paused, K.prio) end
 if present > 0 then
   local praw = redis.pcall('HGETALL', K.paused)
   local has_pauses = type(praw) ~= 'table' or praw.err ~= nil or #praw > 0
@@ -159,6 +188,8 @@ if present > 0 then
 end
 if paused['queue'] then return out end
 local any_paused = next(paused) ~= nil
+-- (The ready list came back empty, and no job of priority waits: nothing to claim.)
+if floor == 0 and n > 0 and not early and present == 0 then return out end
 
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
@@ -263,7 +294,10 @@ local function read_job(id, jk)
   -- A plain job that waits untouched has no state hash (most jobs of a deep queue): one EXISTS
   -- answers for it, where HMGET of ten fields cost four times as much.
   local f = NO_STATE
-  if redis.call('EXISTS', sk) == 1 then
+  -- (Known once: a gate may write this id's state, and the same id may come twice.)
+  local known = stateless[id]
+  stateless[id] = nil
+  if not known and redis.call('EXISTS', sk) == 1 then
     -- pcall: a state key of another type is a damaged record, buried with its reason.
     f = redis.pcall('HMGET', sk, unpack(STATE))
     if f.err then
@@ -523,7 +557,9 @@ end
 -- (a settle may have put a job of priority back, as give_up_reserved does).
 local function pop(want, first)
   local ids
-  if floor > 0 then
+  if first and early then
+    ids = early
+  elseif floor > 0 then
     -- Priority f or more only: scores below -(f - 1) * 1e13 (see enqueue.lua).
     local got = redis.call('ZRANGEBYSCORE', K.prio, '-inf', '(' .. string.format('%d', -(floor - 1) * 1e13),
       'WITHSCORES', 'LIMIT', 0, want)
