@@ -7,8 +7,6 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:leases         ZSET    claimed job ids -> lease deadline (ms)
     <prefix>:{<queue>}:leases:since   ZSET    the same ids -> when claimed (ms): the processing
                                               list's order, which a renewal does not move
-    <prefix>:{<queue>}:leases:none    (none)  never written: the empty input that keeps the
-                                              claim's one type check of two sets O(1) (claim.lua)
     <prefix>:{<queue>}:claims         HASH    claimed job id -> "<token> <attempt> <started_ms> <flags>"
     <prefix>:{<queue>}:donegen        HASH    the current done generation: gen, since, n (how many it
                                               holds, written at a quarter of the count bound)
