@@ -14,7 +14,7 @@ from test_scripts import NOW, claim, enqueue, new
 
 from runner.store.scripts import Ack
 
-from conftest import Project
+from conftest import Project, structures
 
 
 @pytest.fixture
@@ -67,38 +67,46 @@ def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Proje
 def test_a_plain_claim_checks_the_sets_and_not_the_done_meta(p: Project) -> None:
     """A claim of plain jobs (records in place, nothing to bury or mark done) checks the
     type of the leases, scheduled and dead sets once per call (a job claimed now may be
-    retried or buried later by a script that gives up its claim before writing there),
-    and not the done meta, which only a settle that reads it checks (test_scripts'
-    damaged-key tests)."""
-    r = p.runtime.redis
+    retried or buried later by a script that gives up its claim before writing there):
+    the leases with a ZSCORE, the two others with one ZINTERCARD, whose empty first input
+    keeps it from reading the sets; and not the done meta, which only a settle that reads
+    it checks (test_scripts' damaged-key tests)."""
+    r, k = p.runtime.redis, p.keys()
+    r.zadd(k.dead, {f"d{i}": i for i in range(500)})
+    r.zadd(k.scheduled, {f"s{i}": NOW * 2 for i in range(500)})
     enqueue(p, new("a"), new("b"))
     got = sent(r, lambda: claim(p, n=2))
-    assert got["zscore"] == 3 and got["hget"] == 0
-    assert r.hlen(p.keys().claims) == 2
+    assert got["zscore"] == 1 and got["zintercard"] == 1 and got["hget"] == 0
+    assert r.hlen(k.claims) == 2 and not r.exists(k.leases + ":none")
 
 
-def test_a_claim_asks_for_pauses_and_priority_with_one_exists(p: Project) -> None:
-    """With nothing paused and no job of priority waiting, a claim learns both from one
-    EXISTS of the two keys (no HGETALL of the pauses, no EXISTS of the priority set);
-    with a pause or a job of priority it reads the pauses as before, serves priority
-    first, and a queue paused since the last claim claims nothing."""
+def test_a_claim_asks_for_pauses_priority_and_state_with_one_exists(p: Project) -> None:
+    """With nothing paused, no job of priority waiting and no state hash for the jobs it
+    pops, a claim learns all three from one EXISTS of the pause hash, the priority set
+    and the popped jobs' state hashes (no HGETALL of the pauses, no EXISTS per job), in a
+    batch too; with a pause or a job of priority it puts the popped ids back in order,
+    reads the pauses as before, serves priority first, and a queue paused since the last
+    claim claims nothing and keeps its order."""
     r, k = p.runtime.redis, p.keys()
     enqueue(p, new("a"), new("b"))
     got = sent(r, lambda: claim(p, n=1))
-    assert got["hgetall"] == 0 and got["exists"] == 2  # the two keys, and a's state hash
+    assert got["hgetall"] == 0 and got["exists"] == 1 and got["rpop"] == 1
     enqueue(p, new("hi", priority=5))
     r.hset(k.paused, "fn:other", NOW)
     taken: list[Any] = []
     got = sent(r, lambda: taken.extend(claim(p, n=1)))
-    assert got["hgetall"] == 1 and got["exists"] == 2  # the two keys, and hi's state hash
-    assert [g[0] for g in taken] == ["hi"]
+    assert got["hgetall"] == 1 and got["rpush"] == 1  # b went back
+    assert [g[0] for g in taken] == ["hi"] and r.lrange(k.ready, 0, -1) == ["b"]
     r.hdel(k.paused, "fn:other")
     assert [g[0] for g in claim(p, n=1)] == ["b"]
-    enqueue(p, new("lo"), new("hi2", priority=3))
+    enqueue(p, new("lo"), new("lo2"), new("hi2", priority=3))
     r.hset(k.paused, "queue", NOW)
-    assert claim(p, n=2) == []
+    assert claim(p, n=2) == [] and r.lrange(k.ready, 0, -1) == ["lo2", "lo"]
     r.hdel(k.paused, "queue")
     assert [g[0] for g in claim(p, n=2)] == ["hi2", "lo"]
+    enqueue(p, *(new(f"j{i}") for i in range(10)))
+    got = sent(r, lambda: claim(p, n=20))
+    assert got["exists"] == 1 and got["get"] == 11 and r.hlen(k.claims) == 16  # lo2 and the ten
 
 
 def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> None:
@@ -119,3 +127,46 @@ def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> N
     assert [r.hkeys(k.done(g)) for g in range(3)] == [["a", "b"], ["c", "d"], ["e"]]
     assert r.lrange(k.done(1) + ":log", 0, -1) == ["d", "c"]
     assert r.hget(k.done_meta, "gen") == "2"
+
+
+def test_a_claim_that_empties_the_queue_drops_the_wake_ups_left_for_nobody(p: Project) -> None:
+    """Each enqueue call pushes a wake-up and a fetcher takes one per claim: a claim that
+    took the jobs of two enqueues left one for nobody, and a fetcher woke to claim nothing
+    (a third of the claims at light load with one worker). A call that empties the queue,
+    every id it popped claimed, drops them with one DEL; one that leaves jobs behind,
+    takes a single id or settles an id otherwise (a burial here) keeps them, and the next
+    enqueue wakes a fetcher as before."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"))
+    enqueue(p, new("b"))
+    assert r.llen(k.notify) == 2
+    got = sent(r, lambda: claim(p, n=10, base="w.1"))
+    assert got["del"] == 1 and r.llen(k.notify) == 0 and r.hlen(k.claims) == 2
+    enqueue(p, new("c"))
+    enqueue(p, new("d"))
+    enqueue(p, new("e"))
+    assert [g[0] for g in claim(p, n=2, base="w.2")] == ["c", "d"] and r.llen(k.notify) == 3  # e waits
+    got = sent(r, lambda: claim(p, n=10, base="w.3"))
+    assert got["del"] == 0 and r.llen(k.notify) == 3  # one id: a wake-up per job is the usual case
+    r.delete(k.notify)
+    enqueue(p, new("f"))
+    r.lpush(k.ready, "ghost")  # no record: buried by the claim
+    assert [g[0] for g in claim(p, n=10, base="w.4")] == ["f"] and r.llen(k.notify) == 1
+    enqueue(p, new("g"))
+    assert r.llen(k.notify) == 2 and r.lrange(k.ready, 0, -1) == ["g"]
+
+
+def test_an_id_twice_in_one_claim_is_read_again_after_a_gate_wrote_its_state(p: Project) -> None:
+    """A claim knows from one EXISTS that the jobs it popped have no state hash; a gate may
+    write one (a full limit parks the job), and the same id popped again in that call is
+    read again: its state says deferred, and it is dropped as a stray, not parked twice
+    (or claimed while it waits on the limit)."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("holder", limits="1 c:x"))
+    assert [g[0] for g in claim(p, n=1, base="w.1")] == ["holder"]  # takes the only slot
+    enqueue(p, new("r", limits="1 c:x"))
+    r.lpush(k.ready, "r")  # the same id twice in ready
+    assert claim(p, n=5, base="w.2") == []
+    waiters = [key for key in r.scan_iter(match=k.lim_prefix + "*:w")]
+    assert [r.lrange(w, 0, -1) for w in waiters] == [["r"]]
+    assert "r" not in structures(p)["ready"] and r.hget(k.claims, "r") is None

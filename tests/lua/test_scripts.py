@@ -1384,6 +1384,42 @@ def test_a_set_damaged_while_a_job_runs_refuses_its_settle_and_keeps_the_claim(p
         assert "a.1" in where["scheduled"]
 
 
+@pytest.mark.parametrize("name", ["scheduled", "dead"])
+def test_a_scheduled_or_dead_key_damaged_to_a_set_costs_no_job(p: Project, name: str) -> None:
+    """The claim checks the scheduled and dead sets with one ZINTERCARD, which a plain
+    set passes: a plain job is still claimed beside such a key, but a settle that may
+    write there in the same call (a rate token) refuses with the ids back in order, and
+    a retry or burial of the claimed job later refuses with its claim kept; once the
+    reclaim puts the key aside each of them lands."""
+    from redis.exceptions import ResponseError
+
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    damaged = k.scheduled if name == "scheduled" else k.dead
+    r.sadd(damaged, "x")
+    enqueue(p, new("a"))
+    (job,) = claim(p, n=1)
+    assert job[0] == "a"
+
+    def settle() -> Any:
+        if name == "scheduled":
+            return sc.retry(k, [RetryAt("a", job[1], 500, '{"type":"E"}', "", "")], now_ms=NOW)
+        return sc.bury(k, [Burial("a", job[1], "failed", '{"type":"E"}', "", False, "")], 100_000, now_ms=NOW)
+
+    with pytest.raises(ResponseError, match=f"settle refused: the {name} key of this queue holds the wrong"):
+        settle()
+    assert r.hget(k.claims, "a") is not None and r.zscore(k.leases, "a") is not None
+    enqueue(p, new("rated", limits="1/60000 rl"), new("plain"))
+    if name == "scheduled":
+        with pytest.raises(ResponseError, match="the scheduled key of this queue holds the wrong"):
+            claim(p, n=2)  # a rate token not due would put it in scheduled
+        assert r.lrange(k.ready, 0, -1) == ["plain", "rated"] and r.hget(k.claims, "rated") is None
+    sc.reclaim(k, 100, 10**7, now_ms=NOW + 1)
+    assert r.smembers(damaged + ":corrupt") == {"x"}
+    assert settle() == [1]
+    assert "a" in structures(p)[name]
+    assert sorted(g[0] for g in claim(p, n=2)) == ["plain", "rated"]
+
+
 def test_a_damaged_key_met_after_a_claim_keeps_the_claim_and_refuses_next(p: Project) -> None:
     """A damaged done meta, first needed by an id popped after the call claimed jobs (a
     stray's lookup): those jobs keep their claims and are handed out (nothing of theirs
@@ -2019,16 +2055,18 @@ def _inside(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server: Server) -> None:
     """The common case (no keys, first attempt succeeds): claim reads each record once (a
-    GET of the record string; a job that waits untouched has no state hash to read) and
+    GET of the record string; a job that waits untouched has no state hash to read, and
+    one EXISTS for the batch says so, with the pauses and the priority set) and
     writes nothing to it; it pops, checks for strays (one HMGET of the claims) and that the
-    leases it writes are a sorted set (one ZSCORE; the other keys are checked only by a
-    settle that needs them), records the claims, the leases and their claim times with
-    one command each for the batch. Ack reads no record, whatever the batch size: one
-    HMGET for the fences, one HMGET of the done generation (and, the first time, one HSET
-    to begin it), one HSET and one LPUSH for the outcomes (the push's reply is the
-    generation's count: no HINCRBY of it), one DEL of the records and states, one HDEL and two ZREMs for the claims,
-    leases and claim times, one HINCRBY for the census. On the server's clock each call
-    adds one TIME, nothing else."""
+    leases it writes are a sorted set (one ZSCORE), the scheduled and dead sets (one
+    ZINTERCARD; the other keys are checked only by a settle that needs them), records
+    the claims, the leases and their claim times with one command each for the batch.
+    Ack reads no record, whatever the batch size: one HMGET for the fences, one HMGET of
+    the done generation (and, the first time, one HSET to begin it), one HSET and one
+    LPUSH for the outcomes (the push's reply is the generation's count: no HINCRBY of
+    it), one DEL of the records and states, one HDEL and two ZREMs for the claims, leases
+    and claim times, one HINCRBY for the census. On the server's clock each call adds one
+    TIME, nothing else."""
     proj = make_project(tmp_path / "project", quiet_server)
     try:
         enqueue(proj, *(new(f"j{i}") for i in range(40)))
@@ -2049,14 +2087,14 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     finally:
         proj.stop_all()
         proj.runtime.close()
-    # Per job: a GET of the record and an EXISTS of its state (absent for a job that waited
-    # untouched: no HMGET of its fields then); per batch one RPOP, the claims' HMGET, the
-    # type checks of the leases, scheduled and dead sets (3 ZSCORE), one HSET of the
+    # Per job: a GET of the record; per batch one RPOP, one EXISTS of the pauses, the
+    # priority set and the popped jobs' state hashes (all absent for jobs that waited
+    # untouched: no HMGET of their fields, no EXISTS each), the claims' HMGET, the
+    # type checks of the leases (a ZSCORE) and of the scheduled and dead sets (one
+    # ZINTERCARD, its first input an empty key: it reads neither set), one HSET of the
     # claims and one ZADD each of the leases and of their claim times (the processing
-    # list's order);
-    # flow control adds one EXISTS of the pauses and the priority set per call (both
-    # absent: no HGETALL of the pauses), whatever the batch size.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 3, "hset": 1, "zadd": 2, "exists": 11}
+    # list's order), whatever the batch size.
+    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zscore": 1, "zintercard": 1, "hset": 1, "zadd": 2, "exists": 1}
     # + one HINCRBY for the stats field, one HINCRBY for this minute's counter and, as the
     # minute's first ack makes it, its PEXPIRE
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 2, "pexpire": 1, "hincrby": 3}

@@ -34,7 +34,8 @@
 -- KEYS[9] claims       HASH  id -> "<token> <attempt> <started_ms> <flags>"
 -- KEYS[10] done_meta   HASH  the current done generation (see done_gen in includes/done.lua)
 -- KEYS[11] limwait     ZSET  limit keys with parked jobs -> next sweep ms
--- KEYS[12] notify      LIST  (a job woken by a freed reserved slot)
+-- KEYS[12] notify      LIST  (a job woken by a freed reserved slot; emptied by a call that
+--                            emptied the queue: see the end)
 -- KEYS[13] done_prefix (string; a generation's hash is prefix .. gen)
 -- KEYS[14] census      HASH  jobs not done per "<type>|<version>"
 -- KEYS[15] paused      HASH  "queue" | "fn:<type>" -> paused since ms (a paused queue
@@ -141,13 +142,42 @@ end
 local max_age = {}
 for typ, ms in string.gmatch(ARGV[9] or '', '(%S+)=(%d+)') do max_age[typ] = tonumber(ms) end
 
--- Pauses, and whether a job of priority waits: with neither (the common case) one EXISTS
--- of the two keys answers both (an empty hash or set does not exist). Else the pauses
--- are read, one small read, and what is left of the count is the priority set. pcall: a
--- damaged pause hash pauses nothing (it still exists: counted as the pause hash).
+-- Pauses, whether a job of priority waits, and whether the first jobs have state hashes:
+-- the first round's ids are popped from ready first (no priority floor), and one EXISTS
+-- of the pause hash, the priority set and those ids' state hashes answers all three when
+-- none exists (the common case: an empty hash or set does not exist). Else one EXISTS
+-- of the first two: with neither, the ids are kept and each one's state asked for on its
+-- own (read_job); with either, the ids go back to the consumer end of ready, in order,
+-- before anything else is written (no other client runs meanwhile), and the claim goes
+-- on as if it had not popped them. Then the pauses are read, one small read, and what is
+-- left of the count is the priority set. pcall: a damaged pause hash pauses nothing (it
+-- still exists: counted as the pause hash).
 local paused = {}
 local prio_at_start = false  -- the first round's answer for the priority set (see pop)
-local present = redis.call('EXISTS', K.paused, K.prio)
+local early = nil  -- the first round's ids, popped before the pauses were known
+local stateless = {}  -- ids of early whose state hash is known not to exist
+local present = nil
+if floor == 0 and n > 0 then
+  local got = redis.call('RPOP', K.ready, n)
+  if got then
+    local ks = {K.paused, K.prio}
+    for j = 1, #got do ks[j + 2] = K.job_prefix .. got[j] .. ':s' end
+    if redis.call('EXISTS', unpack(ks)) == 0 then
+      present = 0
+      for _, id in ipairs(got) do stateless[id] = true end
+    else
+      present = redis.call('EXISTS', K.paused, K.prio)
+    end
+    if present == 0 then
+      early = got
+    else
+      local back = {}
+      for j = #got, 1, -1 do back[#back + 1] = got[j] end
+      redis.call('RPUSH', K.ready, unpack(back))
+    end
+  end
+end
+if not present then present = redis.call('EXISTS', K.paused, K.prio) end
 if present > 0 then
   local praw = redis.pcall('HGETALL', K.paused)
   local has_pauses = type(praw) ~= 'table' or praw.err ~= nil or #praw > 0
@@ -158,6 +188,8 @@ if present > 0 then
 end
 if paused['queue'] then return out end
 local any_paused = next(paused) ~= nil
+-- (The ready list came back empty, and no job of priority waits: nothing to claim.)
+if floor == 0 and n > 0 and not early and present == 0 then return out end
 
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
@@ -262,7 +294,10 @@ local function read_job(id, jk)
   -- A plain job that waits untouched has no state hash (most jobs of a deep queue): one EXISTS
   -- answers for it, where HMGET of ten fields cost four times as much.
   local f = NO_STATE
-  if redis.call('EXISTS', sk) == 1 then
+  -- (Known once: a gate may write this id's state, and the same id may come twice.)
+  local known = stateless[id]
+  stateless[id] = nil
+  if not known and redis.call('EXISTS', sk) == 1 then
     -- pcall: a state key of another type is a damaged record, buried with its reason.
     f = redis.pcall('HMGET', sk, unpack(STATE))
     if f.err then
@@ -411,6 +446,7 @@ local function parked_on_full(id, jk, sk, f, limits, token, rated_now, typ)
   return false
 end
 
+local plain = 0  -- ids claimed by claim_job (no gate settled them elsewhere: see the end)
 -- Gate 7, claim it: its lease and claim entry (written by write_leases), and its 14
 -- values in the reply.
 local function claim_job(id, rec, f, sk, token, limits, starts)
@@ -436,6 +472,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
     claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
   taken[id] = true
+  plain = plain + 1
   local o = #out
   out[o + 1] = id
   out[o + 2] = token
@@ -520,7 +557,9 @@ end
 -- (a settle may have put a job of priority back, as give_up_reserved does).
 local function pop(want, first)
   local ids
-  if floor > 0 then
+  if first and early then
+    ids = early
+  elseif floor > 0 then
     -- Priority f or more only: scores below -(f - 1) * 1e13 (see enqueue.lua).
     local got = redis.call('ZRANGEBYSCORE', K.prio, '-inf', '(' .. string.format('%d', -(floor - 1) * 1e13),
       'WITHSCORES', 'LIMIT', 0, want)
@@ -551,11 +590,15 @@ end
 -- Bound the work per call: strays, parked jobs and duplicates do not count as claims.
 -- A job parked on a key already known full (a few writes) widens the bound by one, up
 -- to 256, so one key's backlog in ready is parked in few calls, not n * 4 at a time.
+local emptied = false  -- a pop came back short: ready and the priority set held no more
 while i < n and popped < n * 4 + cheap and not stop and not refused do
   -- Pop no more than can still be claimed, so every id popped is settled here.
   local want = math.min(n - i, n * 4 + cheap - popped)
   local ids = pop(want, popped == 0)
-  if not ids then break end
+  if not ids then
+    emptied = floor == 0
+    break
+  end
   popped = popped + #ids
   local ok_h, held = pcall(hmget_many, K.claims, ids)
   local damaged = not ok_h and 'claims' or nil
@@ -566,9 +609,21 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
     -- a script that gives up its claim before it writes there, and a damaged set would
     -- leave it in no structure; refused here, no job is claimed until the scheduler puts
     -- the damaged key aside. (The done meta: sound_keys, when a settle needs it.)
-    for _, kn in ipairs({'leases', 'scheduled', 'dead'}) do
-      if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
-      sound[kn] = true
+    -- The two sets are checked by one ZINTERCARD, which refuses a key of any type but a
+    -- sorted set or a set before it reads anything; a key never written (K.leases ..
+    -- ':none', empty) is the smallest input, so it reads nothing whatever the sets hold.
+    -- A set passes it: such a set is not marked sound, so a settle in this call checks
+    -- it again (sound_keys), and a later retry or burial refuses (damaged_set) until the
+    -- scheduler puts it aside. An error names its key by a probe of each.
+    if type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
+      damaged = 'leases'
+    else
+      sound.leases = true
+      if type(redis.pcall('ZINTERCARD', 3, K.leases .. ':none', K.scheduled, K.dead, 'LIMIT', 1)) == 'table' then
+        for _, kn in ipairs({'scheduled', 'dead'}) do
+          if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
+        end
+      end
     end
   end
   if damaged then
@@ -598,7 +653,10 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
       end
     end
   end
-  if #ids < want then break end
+  if #ids < want then
+    emptied = floor == 0 and not stop and not refused
+    break
+  end
 end
 if refused then
   if i == 0 then
@@ -613,5 +671,12 @@ elseif not stop and i < n and popped >= n * 4 + cheap then
   out[2] = 2
 end
 write_leases()
+-- Wake-ups left behind: each enqueue call pushes one, and a fetcher takes one per claim,
+-- so a claim that took the jobs of two enqueues left a wake-up for nobody, and a fetcher
+-- woke for it to claim nothing (at light load, about a third of all claims with one
+-- worker). A call that emptied the queue, with every id it popped claimed here (no gate
+-- put a job back in ready or woke a parked one), drops them: there is nothing to claim,
+-- and the next enqueue pushes one again. One DEL, only in a call that took two or more.
+if emptied and popped > 1 and plain == popped then redis.call('DEL', K.notify) end
 flush(K.stats)
 return out
