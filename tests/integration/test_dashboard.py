@@ -374,6 +374,42 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
         assert script_errors(d) == []
 
 
+def test_the_tabs_count_the_queue_filtered_on_as_soon_as_the_filter_changes(project: Project,
+                                                                             browser: Any) -> None:
+    """Choosing a queue in the filter (and going back to all) shows that queue's counts on
+    the status tabs at once, from the figures the page holds, in the same step that shows
+    its list: never the previous queue's counts until the next push of the figures."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    with gunicorn(project, token=TOKEN) as web:
+        for i in range(3):
+            web.post("/jobs/record", json={"n": i})  # fast: 3 queued
+        web.post("/jobs/record?delay=600", json={"n": 9})  # fast: 1 scheduled
+        web.post("/jobs/slow", json={"seconds": 1})  # slow: 1 queued, no worker for either
+        d = browser
+        signed_in(d, web)
+        visit(d, "#jobs/queued")
+        until("the counts of every queue",
+              lambda: (tab_count(d, "queued"), tab_count(d, "scheduled")) == ("4", "1"))
+        # What the tabs show in the very step that routes to the new filter (a listener
+        # added after the page's own runs right after it, before any push can land).
+        d.execute_script("""
+            window.countsShown = [];
+            window.addEventListener('hashchange', () => window.countsShown.push([list.queue,
+              ...['queued', 'scheduled', 'processing', 'dead'].map(
+                (s) => document.querySelector(`#status-tabs [data-count="${s}"]`).textContent)]));""")
+        Select(d.find_element(By.ID, "filter-queue")).select_by_value("slow")
+        until("the filter's route", lambda: len(d.execute_script("return window.countsShown")) == 1)
+        d.back()  # to every queue
+        until("the route back", lambda: len(d.execute_script("return window.countsShown")) == 2)
+        Select(d.find_element(By.ID, "filter-queue")).select_by_value("fast")
+        until("the next filter's route", lambda: len(d.execute_script("return window.countsShown")) == 3)
+        assert d.execute_script("return window.countsShown") == [
+            ["slow", "1", "0", "0", "0"], ["", "4", "1", "0", "0"], ["fast", "3", "1", "0", "0"]]
+        assert script_errors(d) == []
+
+
 def dead_jobs(project: Project, type_: str, n: int, payload: dict[str, Any] | None = None) -> list[str]:
     from runner.worker.worker import Worker
 
