@@ -452,6 +452,7 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
     from selenium.webdriver.common.by import By
 
     from runner.client import Request
+    from runner.worker.fetcher import CLAIM_FIELDS
 
     n = 10_000
     project.add_function("waiter", WAITER)
@@ -513,9 +514,6 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         until("the new job counted, pushed",
               lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)
         assert script_errors(d) == []
-
-
-CLAIM_FIELDS = 14  # values per claimed job in a claim reply, after its time and held-back flag
 
 
 DRIP = '''"""Streams a chunk now and then, then waits to be cancelled."""
