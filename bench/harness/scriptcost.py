@@ -63,6 +63,10 @@ def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
     from runner.runtime import Runtime
     from runner.store.scripts import Ack
 
+    try:
+        from runner.worker.fetcher import CLAIM_FIELDS
+    except ImportError:  # a runner from before the name
+        CLAIM_FIELDS = 14
     toml = _project(env.work / "scripts-project")
     os.environ["REDIS_URL"] = env.url
     rt = Runtime.create(config.load(toml))
@@ -85,7 +89,7 @@ def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
     def claim(label: str, start: int) -> list[tuple[str, str, int]]:
         reply = rt.scripts.claim(k, n=BATCH, start=start, lease_ms=30_000, token_base=label,
                                  dead_ttl_ms=604_800_000, done_ttl_ms=86_400_000)
-        return [(reply[i], reply[i + 1], int(reply[i + 12])) for i in range(2, len(reply), 14)]
+        return [(reply[i], reply[i + 1], int(reply[i + 12])) for i in range(2, len(reply), CLAIM_FIELDS)]
 
     per_job: dict[str, list[float]] = {p: [] for p in PHASES}
     try:

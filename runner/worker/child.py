@@ -487,7 +487,9 @@ class Child:
                                                               on=on).get("value") or {}).get("code", -9)),
             held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
                                                                                                   lease_s),
-            timed_out=lambda: _alarmed)
+            timed_out=lambda: _alarmed, replay_to=job.steps)
+        if job.steps and isinstance(ctx.logger, JobLogger):
+            ctx.logger.replaying = ctx._journal.replaying
 
         def guard(body: Any) -> Any:
             if first:

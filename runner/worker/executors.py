@@ -847,7 +847,9 @@ class Executors:
             listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
             held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
                                            or self._still_held(run)),
-            timed_out=lambda: run.flags.timed_out)
+            timed_out=lambda: run.flags.timed_out, replay_to=job.steps)
+        if job.steps and isinstance(ctx.logger, JobLogger):
+            ctx.logger.replaying = ctx._journal.replaying
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:

@@ -173,13 +173,26 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         self._echoed = 0  # lines and characters echoed to the worker's own log so far
         self._echoed_chars = 0
         self._unechoed = 0  # lines past those bounds, not echoed
+        # A durable function's run that replays what an earlier run did: true until it is
+        # past the recorded steps (journal.py), and its lines and chunks are dropped till
+        # then (that run wrote them). None: the job had no step log at its claim.
+        self.replaying: Callable[[], bool] | None = None
+
+    def quiet(self) -> bool:
+        """Whether what the handler writes now was written by an earlier run (a replay)."""
+        return self.replaying is not None and self.replaying()
 
     def pending(self) -> bool:
         """Lines or chunks not sent yet."""
         return (self.buf is not None and self.buf.pending()) or (self.chunks is not None and self.chunks.pending())
 
     def stream(self, data: Any) -> None:
-        """One chunk of ctx.stream's output (text or JSON), numbered from 0."""
+        """One chunk of ctx.stream's output (text or JSON), numbered from 0. A replayed
+        chunk is dropped but keeps its number, so the chunks after the replay follow those
+        the earlier run wrote."""
+        if self.quiet():
+            self._seq += 1
+            return
         attempt = (self.extra or {}).get("attempt", 0)
         try:
             chunk = json.dumps({"a": attempt, "i": self._seq, "ts": server_ms(), "data": data},
@@ -226,6 +239,8 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
             sink(lines, streamed, dropped)
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self.replaying is not None and self.replaying():
+            return  # (written by the run that recorded this part, to both logs)
         kept = encoded(self.logger, level, msg, args, kwargs)
         if kept is not None:
             self.keep((kept,))
@@ -354,6 +369,8 @@ class Capture(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
+        if self.logger.quiet():  # a replay: the run that recorded this part wrote it
+            return len(text)
         data = self.partial + str(text)
         *whole, self.partial = data.split("\n")
         if len(self.partial) > MAX_LINE_CHARS:  # no newline for a long while: a line of its own

@@ -19,6 +19,11 @@ same name and ``step_key``. Another later step (a ``finally:`` cleanup, an ``exc
 branch) runs its function unrecorded, as plain code would; a later sleep, wait or child
 call raises ``AfterUnrecordedStep``, a transient error, so the attempt ends and is retried.
 
+Output is not replayed: until the run is past the entries recorded before it (``replay_to``,
+counted by the claim), what ``ctx.logger`` and ``ctx.stream`` are given is dropped, as the run
+that recorded those entries wrote it to the job's log and stream already. A chunk dropped so
+still takes its number, so the chunks after the replay follow the ones written before.
+
 Names are numbered as the log would number them (``name#2`` for the second recorded use):
 a call that takes no position (the failed step, the unrecorded runs after it) does not
 count towards the names recorded after it, so a name, and ``step_key``, is the same at the
@@ -111,6 +116,9 @@ class Journal:
     # has failed, so no durable call of it may run a step or write the log any more.
     timed_out: Callable[[], bool] | None = None
     entries: list[dict[str, Any]] | None = None
+    # The entries the runs before recorded, as the claim counted them: until this run is
+    # past them it replays what they did, and its log and stream stay quiet (replaying).
+    replay_to: int = 0
     # The thread that runs the handler (the one that builds the journal): the only one that
     # may make durable calls, as only its calls come in the same order on every run.
     owner: int = field(default_factory=threading.get_ident)
@@ -126,6 +134,12 @@ class Journal:
     # The step of this run that failed without a record (a transient error, a refused
     # record): the log ends before it for the rest of the run (see the module docstring).
     unrecorded: str | None = None
+
+    def replaying(self) -> bool:
+        """Whether this run is still in the part of the handler an earlier run went through
+        (its next durable call meets an entry that run recorded): ctx.logger lines and
+        ctx.stream chunks here were written then, and are not written again."""
+        return self.position < self.replay_to
 
     def server_ms(self) -> int:
         """The server's clock now (a sleep's end is the server's), from the claim's time."""

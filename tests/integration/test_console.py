@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_dashboard import browser, click, screenshot, script_errors, signed_in, until  # noqa: F401
+from test_dashboard import browser, fresh, press, read, screenshot, script_errors, signed_in, until  # noqa: F401
 from test_web_support import Web, gunicorn
 
 from conftest import Project, wait_for
@@ -160,17 +160,8 @@ def has(d: Any, css: str) -> list[Any]:
     return found
 
 
-def one(d: Any, css: str) -> Any:
-    from selenium.webdriver.common.by import By
-
-    return d.find_element(By.CSS_SELECTOR, css)
-
-
 def text(d: Any, css: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    value: str = d.find_element(By.CSS_SELECTOR, css).text
-    return value
+    return read(d, css)
 
 
 PAGES = [  # (hash, page, what shows it has its data, screenshot)
@@ -220,8 +211,8 @@ def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
         until("the waiting job's page", lambda: d.find_elements(By.ID, "signal-form"))
         assert "reserve" in text(d, '#job-view [data-field="steps"]')
         screenshot(d, tmp_path, "console-job-waiting.png")
-        steps = one(d, '#job-view [data-field="steps"]')
-        d.execute_script("arguments[0].scrollIntoView({block: 'center'})", steps)
+        fresh(d, '#job-view [data-field="steps"]',
+              lambda steps: d.execute_script("arguments[0].scrollIntoView({block: 'center'})", steps))
         d.save_screenshot(str(Path(os.environ.get("DASHBOARD_SCREENSHOTS") or tmp_path) / "console-job-steps.png"))
         go(d, f"#group/{group['id']}")
         until("the group page", lambda: has(d, f'#group-view table[data-group-id="{group["id"]}"]'))
@@ -246,7 +237,7 @@ def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
         d.get(f"{web.url}/#jobs/dead?type=perm")
         until("the dead perm jobs", lambda: [r.get_attribute("data-job-id")
                                              for r in has(d, "#job-table tr[data-job-id]")] == [ids["perm"]])
-        assert d.find_element(By.ID, "filter-type").get_attribute("value") == "perm"
+        assert read(d, "#filter-type", "value") == "perm"
         d.get(f"{web.url}/#job/{ids['dead']}")
         until("the dead job from its link", lambda: has(d, f'#job-view table[data-job-id="{ids["dead"]}"]'))
 
@@ -296,30 +287,30 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
 
         # A queue: pause, then resume, from the queues page.
         go(d, "#queues")
-        pause = until("the pause button", lambda: d.find_element(
-            By.CSS_SELECTOR, '#queue-table tr[data-queue="slow"] button[data-action="pause"]'))
-        click(d, pause)
+        pause = '#queue-table tr[data-queue="slow"] button[data-action="pause"]'
+        until("the pause button", lambda: has(d, pause))
+        press(d, pause)
         until("the queue paused", lambda: web.get("/queues").json()["queues"][1]["paused"] is True)
-        resume = until("the resume button", lambda: d.find_element(
-            By.CSS_SELECTOR, '#queue-table tr[data-queue="slow"] button[data-action="resume"]'))
+        resume = '#queue-table tr[data-queue="slow"] button[data-action="resume"]'
+        until("the resume button", lambda: has(d, resume))
         assert text(d, '#queue-table tr[data-queue="slow"] td[data-field="paused"]') == "queue"
-        click(d, resume)
+        press(d, resume)
         until("the queue resumed", lambda: not any(q["paused"] for q in web.get("/queues").json()["queues"]))
 
         # A function: pause and resume from its page.
         go(d, "#function/record")
-        click(d, until("the function's pause", lambda: d.find_element(
-            By.CSS_SELECTOR, '#function-actions button[data-action="pause"]')))
+        until("the function's pause", lambda: has(d, '#function-actions button[data-action="pause"]'))
+        press(d, '#function-actions button[data-action="pause"]')
         until("the function paused", lambda: "record" in web.get("/queues").json()["queues"][0]["paused_functions"])
         until("its paused mark", lambda: text(d, '#function-paused [data-field="paused"]') == "paused")
-        click(d, until("the function's resume", lambda: d.find_element(
-            By.CSS_SELECTOR, '#function-actions button[data-action="resume"]')))
+        until("the function's resume", lambda: has(d, '#function-actions button[data-action="resume"]'))
+        press(d, '#function-actions button[data-action="resume"]')
         until("the function resumed", lambda: not web.get("/queues").json()["queues"][0]["paused_functions"])
 
         # Run now: a sleeping job.
         go(d, f"#job/{sleeping}")
-        run_now = until("the run-now button", lambda: one(d, '#job-view button[data-action="run-now"]'))
-        click(d, run_now)
+        until("the run-now button", lambda: has(d, '#job-view button[data-action="run-now"]'))
+        press(d, '#job-view button[data-action="run-now"]')
         if has_route(web, "post", "/jobs/{id}/run-now"):
             until("the job run now", lambda: c.get(sleeping).status == "done")
         else:
@@ -327,8 +318,9 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
 
         # Trigger a schedule.
         go(d, "#schedules")
-        click(d, until("the trigger button", lambda: d.find_element(
-            By.CSS_SELECTOR, '#schedule-table button[data-action="trigger"][data-schedule="report"]')))
+        trigger = '#schedule-table button[data-action="trigger"][data-schedule="report"]'
+        until("the trigger button", lambda: has(d, trigger))
+        press(d, trigger)
         if has_route(web, "post", "/schedules/{name}/trigger"):
             until("a job of the schedule", lambda: "Triggered report" in toast_text(d))
         else:
@@ -340,21 +332,20 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
         assert '"amount_cents": 0' in box.get_attribute("value")  # the schema's required fields
         box.clear()
         box.send_keys('{"to": "acme", "amount_cents": "ten"}')
-        click(d, d.find_element(By.ID, "invoke-submit"))
+        press(d, "#invoke-submit")
         until("the 422's errors", lambda: "$.amount_cents" in text(d, "#invoke-result"))
         box.clear()
         box.send_keys('{"to": "acme", "amount_cents": 1250}')
-        click(d, d.find_element(By.ID, "invoke-submit"))
+        press(d, "#invoke-submit")
         until("the job's result", lambda: '"paid": 1250' in text(d, '#invoke-result [data-field="result"]'))
         screenshot(d, tmp_path, "console-invoke.png")
 
         # Signal the waiting job from its page.
         go(d, f"#job/{waiting}")
-        body = until("the signal form", lambda: d.find_element(By.ID, "signal-body"))
-        assert d.find_element(By.ID, "signal-name").get_attribute("value") == "approval"
-        body.clear()
-        body.send_keys('{"by": "dana"}')
-        click(d, d.find_element(By.CSS_SELECTOR, '#signal-form button[type="submit"]'))
+        until("the signal form", lambda: has(d, "#signal-body"))
+        assert read(d, "#signal-name", "value") == "approval"
+        fresh(d, "#signal-body", lambda body: (body.clear(), body.send_keys('{"by": "dana"}')))
+        press(d, '#signal-form button[type="submit"]')
         until("the job to finish", lambda: c.get(waiting).status == "done")
         assert c.get(waiting).as_dict()["result"] == {"approved_by": "dana"}
         until("its page to follow",
@@ -409,7 +400,6 @@ def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser
     """A job that logged 1,000 lines and streamed 10,000 chunks: its page shows all of both
     within a second of being opened (measured in the browser, from the page opening to
     both painted; asserted with room for a loaded machine)."""
-    from selenium.webdriver.common.by import By
 
     console_project(project)
     project.spawn_worker("fast")
@@ -426,9 +416,9 @@ def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser
                 "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
             took = d.execute_script("return Math.max(joblog.doneAt, jobstream.doneAt) - page.openedAt")
             timings.append(took)
-            log = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="log"]').get_attribute("textContent")
+            log = read(d, '#job-view [data-field="log"]', "textContent")
             assert len(log.splitlines()) == 1000 and "compiling module_0999" in log
-            stream = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="stream"]').get_attribute("textContent")
+            stream = read(d, '#job-view [data-field="stream"]', "textContent")
             assert stream.startswith("token0 ") and stream.endswith("token9999 ")
             assert text(d, '#job-view [data-field="stream-count"]') == "10,000 chunks"
         print(f"log of 1,000 lines and stream of 10,000 chunks rendered in {sorted(timings)} ms")
@@ -452,6 +442,7 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
     from selenium.webdriver.common.by import By
 
     from runner.client import Request
+    from runner.worker.fetcher import CLAIM_FIELDS
 
     n = 10_000
     project.add_function("waiter", WAITER)
@@ -513,9 +504,6 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         until("the new job counted, pushed",
               lambda: text(d, '#status-tabs [data-count="queued"]') == str(n + 1), timeout=10)
         assert script_errors(d) == []
-
-
-CLAIM_FIELDS = 14  # values per claimed job in a claim reply, after its time and held-back flag
 
 
 DRIP = '''"""Streams a chunk now and then, then waits to be cancelled."""

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,8 @@ def visit(d: Any, hash_: str) -> None:
 
 
 def until(what: str, pred: Callable[[], Any], timeout: float = 20) -> Any:
-    """Poll the page (it refreshes itself) until ``pred`` holds."""
+    """Poll the page (it refreshes itself) until ``pred`` holds; an element the page
+    re-rendered under ``pred`` (stale) or has not drawn yet counts as not yet."""
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     def probe() -> Any:
@@ -68,6 +70,82 @@ def until(what: str, pred: Callable[[], Any], timeout: float = 20) -> Any:
             return None
 
     return wait_for(probe, timeout=timeout, interval=0.05, what=what)
+
+
+def click(d: Any, element: Any) -> None:
+    """Click, with the element first scrolled to the middle of the window (not under the
+    page's sticky header, where the click would land on the header)."""
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    element.click()
+
+
+def fresh(d: Any, css: str, act: Callable[[Any], Any], timeout: float = 10) -> Any:
+    """``act`` on the element ``css`` finds, looked up again whenever the page re-rendered
+    it between the lookup and the act (a push redraws lists, tables and the job page at
+    any moment: an element held across that is stale), or has not drawn it yet."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return act(d.find_element(By.CSS_SELECTOR, css))
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise
+        except NoSuchElementException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def read(d: Any, css: str, attribute: str = "") -> str:
+    """The text (or an attribute) of the element ``css`` finds, as the page shows it now."""
+    value: str = fresh(d, css, lambda e: e.get_attribute(attribute) if attribute else e.text)
+    return value
+
+
+def press(d: Any, css: str) -> None:
+    """Click the element ``css`` finds (see click), looked up again if the page redrew it."""
+    fresh(d, css, lambda e: click(d, e))
+
+
+def choose(d: Any, css: str, value: str) -> None:
+    """Pick ``value`` in the select ``css`` finds (its options are redrawn as queues and
+    functions come and go)."""
+    from selenium.webdriver.support.ui import Select
+
+    fresh(d, css, lambda e: Select(e).select_by_value(value))
+
+
+def test_a_read_or_a_click_looks_the_element_up_again_when_the_page_redrew_it(browser: Any) -> None:
+    """The page redraws an element between its lookup and the read (or the click): the
+    helpers every test here reads and clicks through find it again and read the new one,
+    where a read of the element held raises StaleElementReferenceException."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.get("data:text/html,<main><p id='cell'>old</p></main>"
+          "<script>window.redraw = (text) => { const p = document.createElement('p'); p.id = 'cell';"
+          " p.textContent = text; p.onclick = () => { p.textContent = 'clicked'; };"
+          " document.querySelector('main').replaceChildren(p); };</script>")
+    held = d.find_element(By.ID, "cell")
+    d.execute_script("redraw('new')")
+    with pytest.raises(StaleElementReferenceException):
+        held.text  # noqa: B018
+    redrawn: list[str] = []
+
+    def redraw_once(e: Any) -> str:
+        if not redrawn:  # the page redraws it between the lookup and this read
+            redrawn.append(d.execute_script("redraw('newer'); return 'redrawn'"))
+        text: str = e.text
+        return text
+
+    assert fresh(d, "#cell", redraw_once) == "newer" and redrawn == ["redrawn"]
+    redrawn.clear()
+    fresh(d, "#cell", lambda e: redraw_once(e) and click(d, e))
+    assert read(d, "#cell") == "clicked" and redrawn == ["redrawn"]
 
 
 def test_dashboard_requeues_a_dead_job_with_an_edited_payload(project: Project, browser: Any,
@@ -91,76 +169,66 @@ def test_dashboard_requeues_a_dead_job_with_an_edited_payload(project: Project, 
         login = until("the sign-in prompt", lambda: d.find_element(By.ID, "login"))
         until("the prompt to open", login.is_displayed)
         d.find_element(By.ID, "token").send_keys("wrong")
-        d.find_element(By.ID, "login-submit").click()
+        press(d, "#login-submit")
         until("a refusal", lambda: "refused" in d.find_element(By.ID, "login-error").text)
         field = d.find_element(By.ID, "token")
         field.clear()
         field.send_keys(TOKEN)
-        d.find_element(By.ID, "login-submit").click()
+        press(d, "#login-submit")
         until("the prompt to close", lambda: not login.is_displayed())
         assert TOKEN not in d.current_url
         assert d.execute_script("return sessionStorage.getItem('runner.token')") == TOKEN
 
         def cell(queue: str, field: str) -> str:
-            text: str = d.find_element(By.CSS_SELECTOR, f'#queue-table tr[data-queue="{queue}"] '
-                                                        f'td[data-field="{field}"]').text
-            return text
+            return read(d, f'#queue-table tr[data-queue="{queue}"] td[data-field="{field}"]')
 
         visit(d, "#queues")
         until("the queues with one dead job", lambda: cell("fast", "dead") == "1")
         until("the other figures", lambda: cell("slow", "dead") == "0" and cell("fast", "ready") == "0")
 
         def figures() -> list[str]:
-            row: str = d.find_element(By.CSS_SELECTOR, '#function-figures tr[data-function="record"]').text
-            return row.split()[:5]
+            return read(d, '#function-figures tr[data-function="record"]').split()[:5]
 
         # A success reaches the figures within a second of its ack (the worker sums them).
         until("the success in the figures", lambda: figures()[3] == "1")
         assert figures() == ["record", "fast", "3", "1", "3"]  # enqueued, succeeded, retried
 
         def figure(field: str) -> str:
-            text: str = d.find_element(By.CSS_SELECTOR, f'#function-figures tr[data-function="record"] '
-                                                        f'td[data-field="{field}"]').text
-            return text
+            return read(d, f'#function-figures tr[data-function="record"] td[data-field="{field}"]')
 
         assert (figure("dead"), figure("cancelled")) == ("1", "1")
         visit(d, "#functions")
         until("the functions", lambda: d.find_elements(By.CSS_SELECTOR, '#function-list [data-function="record"]'))
-        fn = d.find_element(By.CSS_SELECTOR, '#function-list [data-function="record"]').text
+        fn = read(d, '#function-list [data-function="record"]')
         assert "max attempts" in fn and "schema v1" in fn
 
         visit(d, "#dead")
         row_css = f'#dead-table tr[data-job-id="{dead}"]'
-        row = until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
-        assert row.find_element(By.CSS_SELECTOR, '[data-field="reason"]').text == "max attempts reached"
-        assert "planned failure on attempt 4" in row.find_element(By.CSS_SELECTOR, '[data-field="error"]').text
-        assert row.find_element(By.CSS_SELECTOR, '[data-field="attempts"]').text == "4 / 4"
-        assert '"fail_times": 99' in row.find_element(By.CSS_SELECTOR, '[data-field="payload"]').text
+        until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
+        assert read(d, f'{row_css} [data-field="reason"]') == "max attempts reached"
+        assert "planned failure on attempt 4" in read(d, f'{row_css} [data-field="error"]')
+        assert read(d, f'{row_css} [data-field="attempts"]') == "4 / 4"
+        assert '"fail_times": 99' in read(d, f'{row_css} [data-field="payload"]')
 
         # An invalid edit is refused with its JSON path, and the job stays dead.
-        row.find_element(By.CSS_SELECTOR, "button.edit").click()
+        press(d, f"{row_css} button.edit")
         editor = d.find_element(By.ID, "edit-payload")
         until("the editor", editor.is_displayed)
         assert '"fail_times": 99' in editor.get_attribute("value")
         editor.clear()
         editor.send_keys('{"n": "five"}')
-        d.find_element(By.ID, "edit-submit").click()
+        press(d, "#edit-submit")
         until("the validation error", lambda: "$.n" in d.find_element(By.ID, "edit-errors").text)
         assert web.get(f"/jobs/{dead}").json()["status"] == "dead"
 
         editor.clear()
         editor.send_keys('{"n": 5, "fail_times": 0}')
-        d.find_element(By.ID, "edit-submit").click()
+        press(d, "#edit-submit")
         until("the editor to close", lambda: not editor.is_displayed())
 
         # The page follows the requeued job until it is done.
-        def status() -> str:
-            text: str = d.find_element(By.CSS_SELECTOR, f'#job-view table[data-job-id="{dead}"] '
-                                                         '[data-field="status"]').text
-            return text
-
-        until("the requeued job to complete", lambda: status() == "done")
-        result = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="result"]').text
+        until("the requeued job to complete", lambda: shown_status(d, dead) == "done")
+        result = read(d, '#job-view [data-field="result"]')
         assert '"attempt": 1' in result and '"n": 5' in result
         d.back()  # to the dead letters, where the requeue began
         until("the dead-letter list to empty", lambda: d.find_element(By.ID, "dead").is_displayed()
@@ -207,7 +275,7 @@ def test_the_page_shows_only_what_the_tokens_scopes_allow(project: Project, brow
             field = d.find_element(By.ID, "token")
             field.clear()
             field.send_keys(secret)
-            d.find_element(By.ID, "login-submit").click()
+            press(d, "#login-submit")
             until("the prompt to close", lambda: not login.is_displayed())
 
         sign_in(SUPPORT)
@@ -215,14 +283,14 @@ def test_the_page_shows_only_what_the_tokens_scopes_allow(project: Project, brow
         until("the token's name and scopes", lambda: who.text == "support · read")
         visit(d, "#dead")
         row_css = f'#dead-table tr[data-job-id="{dead}"]'
-        row = until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
-        assert row.find_element(By.CSS_SELECTOR, '[data-field="reason"]').text == "permanent failure"
-        assert row.find_elements(By.CSS_SELECTOR, "button") == []  # none made, not merely hidden
+        until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
+        assert read(d, f'{row_css} [data-field="reason"]') == "permanent failure"
+        assert d.find_elements(By.CSS_SELECTOR, f"{row_css} button") == []  # none made, not merely hidden
         assert "read-only" in d.find_element(By.ID, "scope-note").text
         visit(d, "#queues")
         assert d.find_element(By.ID, "queues").is_displayed()
 
-        d.find_element(By.ID, "logout").click()
+        press(d, "#logout")
         sign_in(PRODUCER)
         until("the producer's name", lambda: who.text == "producer · enqueue:record")
         assert not d.find_element(By.ID, "queues").is_displayed()
@@ -244,13 +312,6 @@ def screenshot(d: Any, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def click(d: Any, element: Any) -> None:
-    """Click, with the element first scrolled to the middle of the window (not under the
-    page's sticky header, where the click would land on the header)."""
-    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
-    element.click()
-
-
 def script_errors(d: Any) -> list[str]:
     """What the page's scripts logged as errors (a failed fetch the page handles, such as
     a 404 for an unknown id, is the browser's own line, not an error of the page)."""
@@ -265,7 +326,7 @@ def signed_in(d: Any, web: Any, token: str = TOKEN) -> None:
     login = until("the sign-in prompt", lambda: d.find_element(By.ID, "login"))
     until("the prompt to open", login.is_displayed)
     d.find_element(By.ID, "token").send_keys(token)
-    click(d, d.find_element(By.ID, "login-submit"))
+    press(d, "#login-submit")
     until("the prompt to close", lambda: not login.is_displayed())
     until("the event stream", lambda: d.find_element(By.ID, "live").text == "live")
 
@@ -282,15 +343,11 @@ def tab_count(d: Any, status: str) -> str:
 
     if not d.find_element(By.ID, "jobs").is_displayed():
         visit(d, f"#jobs/{status}")
-    text: str = d.find_element(By.CSS_SELECTOR, f'#status-tabs [data-count="{status}"]').text
-    return text
+    return read(d, f'#status-tabs [data-count="{status}"]')
 
 
 def shown_status(d: Any, job_id: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    text: str = d.find_element(By.CSS_SELECTOR, f'#job-view table[data-job-id="{job_id}"] [data-field="status"]').text
-    return text
+    return read(d, f'#job-view table[data-job-id="{job_id}"] [data-field="status"]')
 
 
 def find(d: Any, text: str) -> None:
@@ -301,7 +358,7 @@ def find(d: Any, text: str) -> None:
         visit(d, "#jobs/queued")
     box.clear()
     box.send_keys(text)
-    click(d, d.find_element(By.ID, "search-go"))
+    press(d, "#search-go")
 
 
 def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Project, browser: Any,
@@ -328,16 +385,15 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
         until("the new job at the top of the list", lambda: listed(d)[:1] == [new])
         until("the count to follow", lambda: tab_count(d, "queued") == "5")
         assert d.execute_script("return window.sameDocument") is True  # no reload
-        read = d.execute_script("return performance.getEntriesByType('resource')"
+        fetched = d.execute_script("return performance.getEntriesByType('resource')"
                                 ".map((e) => new URL(e.name).pathname)")
-        assert "/jobs" in read and "/queues" not in read, read  # the list read again; figures pushed
+        assert "/jobs" in fetched and "/queues" not in fetched, fetched  # the list read again; figures pushed
 
         find(d, "order-42")
         until("the keyed job's page", lambda: shown_status(d, keyed) == "queued")
-        key = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="idempotency_key"]').text
-        assert key == "order-42"
+        assert read(d, '#job-view [data-field="idempotency_key"]') == "order-42"
         # One found: its page opens; the list's page keeps what the search found.
-        assert "by idempotency key" in d.find_element(By.ID, "search-result").get_attribute("textContent")
+        assert "by idempotency key" in read(d, "#search-result", "textContent")
         find(d, ids[0])
         until("the job found by id", lambda: shown_status(d, ids[0]) == "queued")
         find(d, "no-such-job-or-key")
@@ -345,17 +401,16 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
               lambda: "No job has the id or idempotency key" in d.find_element(By.ID, "search-result").text)
 
         visit(d, "#jobs/queued")
-        link = f'#job-table a[data-job-link="{ids[1]}"]'
-        click(d, until("the job's link", lambda: d.find_element(By.CSS_SELECTOR, link)))
+        press(d, f'#job-table a[data-job-link="{ids[1]}"]')
         cancel_css = f'#job-view:has(table[data-job-id="{ids[1]}"]) button[data-action="cancel"]'
-        click(d, until("the cancel button", lambda: d.find_element(By.CSS_SELECTOR, cancel_css)))
-        until("the button to arm", lambda: d.find_element(By.CSS_SELECTOR, cancel_css).text == "Confirm cancel")
+        press(d, cancel_css)
+        until("the button to arm", lambda: read(d, cancel_css) == "Confirm cancel")
         assert web.get(f"/jobs/{ids[1]}").json()["status"] == "queued"  # one click changes nothing
-        click(d, d.find_element(By.CSS_SELECTOR, cancel_css))
+        press(d, cancel_css)
         until("the job cancelled", lambda: shown_status(d, ids[1]) == "cancelled")
         assert web.get(f"/jobs/{ids[1]}").json()["status"] == "cancelled"
         visit(d, "#jobs/queued")
-        click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="cancelled"]'))
+        press(d, '#status-tabs [data-status="cancelled"]')
         until("the cancelled list", lambda: listed(d) == [ids[1]])
         until("the cancelled count", lambda: tab_count(d, "cancelled") == "1")
 
@@ -364,13 +419,45 @@ def test_lists_search_cancel_and_updates_pushed_without_a_reload(project: Projec
         project.spawn_worker("fast")
         until("the open job to finish, pushed", lambda: shown_status(d, ids[0]) == "done")
         d.execute_script("window.scrollTo(0, 0)")
-        result = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="result"]').text
-        assert '"n": 0' in result
-        history = d.find_element(By.CSS_SELECTOR, '#job-view [data-field="history"]').text
-        assert "done" in history
+        assert '"n": 0' in read(d, '#job-view [data-field="result"]')
+        assert "done" in read(d, '#job-view [data-field="history"]')
         until("the queued count to drain", lambda: tab_count(d, "queued") == "0")
         assert d.execute_script("return window.sameDocument") is True
         screenshot(d, tmp_path, "dashboard-jobs.png")
+        assert script_errors(d) == []
+
+
+def test_the_tabs_count_the_queue_filtered_on_as_soon_as_the_filter_changes(project: Project,
+                                                                             browser: Any) -> None:
+    """Choosing a queue in the filter (and going back to all) shows that queue's counts on
+    the status tabs at once, from the figures the page holds, in the same step that shows
+    its list: never the previous queue's counts until the next push of the figures."""
+
+    with gunicorn(project, token=TOKEN) as web:
+        for i in range(3):
+            web.post("/jobs/record", json={"n": i})  # fast: 3 queued
+        web.post("/jobs/record?delay=600", json={"n": 9})  # fast: 1 scheduled
+        web.post("/jobs/slow", json={"seconds": 1})  # slow: 1 queued, no worker for either
+        d = browser
+        signed_in(d, web)
+        visit(d, "#jobs/queued")
+        until("the counts of every queue",
+              lambda: (tab_count(d, "queued"), tab_count(d, "scheduled")) == ("4", "1"))
+        # What the tabs show in the very step that routes to the new filter (a listener
+        # added after the page's own runs right after it, before any push can land).
+        d.execute_script("""
+            window.countsShown = [];
+            window.addEventListener('hashchange', () => window.countsShown.push([list.queue,
+              ...['queued', 'scheduled', 'processing', 'dead'].map(
+                (s) => document.querySelector(`#status-tabs [data-count="${s}"]`).textContent)]));""")
+        choose(d, "#filter-queue", "slow")
+        until("the filter's route", lambda: len(d.execute_script("return window.countsShown")) == 1)
+        d.back()  # to every queue
+        until("the route back", lambda: len(d.execute_script("return window.countsShown")) == 2)
+        choose(d, "#filter-queue", "fast")
+        until("the next filter's route", lambda: len(d.execute_script("return window.countsShown")) == 3)
+        assert d.execute_script("return window.countsShown") == [
+            ["slow", "1", "0", "0", "0"], ["", "4", "1", "0", "0"], ["fast", "3", "1", "0", "0"]]
         assert script_errors(d) == []
 
 
@@ -395,7 +482,6 @@ def test_bulk_requeue_and_cancel_of_a_filtered_set_with_confirmation_and_progres
     the audit trail as one entry; the job of another type stays dead. "Cancel all" on the queued list, declined
     at the confirmation, changes nothing; confirmed, cancels every one."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
     perm = dead_jobs(project, "perm", 30)
     other = dead_jobs(project, "record", 1, {"fail_times": 99})[0]
@@ -403,11 +489,11 @@ def test_bulk_requeue_and_cancel_of_a_filtered_set_with_confirmation_and_progres
         d = browser
         signed_in(d, web)
         visit(d, "#jobs/queued")
-        click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="dead"]'))
+        press(d, '#status-tabs [data-status="dead"]')
         until("the dead count", lambda: tab_count(d, "dead") == "31")
         until("the type filter's choices",
               lambda: d.find_elements(By.CSS_SELECTOR, '#filter-type option[value="perm"]'))
-        Select(d.find_element(By.ID, "filter-type")).select_by_value("perm")
+        choose(d, "#filter-type", "perm")
         until("a page of dead perm jobs", lambda: len(listed(d)) == 25 and other not in listed(d))
 
         # Every text the progress shows, in order, as the page shows it.
@@ -415,12 +501,12 @@ def test_bulk_requeue_and_cancel_of_a_filtered_set_with_confirmation_and_progres
             window.progressSeen = [];
             new MutationObserver(() => window.progressSeen.push(document.querySelector('#bulk-text').textContent))
               .observe(document.querySelector('#bulk-text'), {childList: true, characterData: true, subtree: true});""")
-        click(d, d.find_element(By.ID, "bulk-requeue"))
+        press(d, "#bulk-requeue")
         dialog = d.find_element(By.ID, "bulk-dialog")
         until("the confirmation", dialog.is_displayed)
         assert d.find_element(By.ID, "bulk-title").text == "Requeue 30 dead jobs?"
         assert "type perm" in d.find_element(By.ID, "bulk-summary").text
-        click(d, d.find_element(By.ID, "bulk-yes"))
+        press(d, "#bulk-yes")
         until("the bulk requeue to finish", lambda: d.find_element(By.ID, "bulk-text").text == "requeued: 30 of 30")
         counts = [int(m.group(1)) for t in d.execute_script("return window.progressSeen")
                   if (m := re.search(r"(\d+) of 30", t))]
@@ -439,17 +525,17 @@ def test_bulk_requeue_and_cancel_of_a_filtered_set_with_confirmation_and_progres
         until("the emptied list", lambda: "No dead jobs" in d.find_element(By.ID, "job-table").text)
         screenshot(d, tmp_path, "dashboard-bulk.png")
 
-        click(d, d.find_element(By.CSS_SELECTOR, '#status-tabs [data-status="queued"]'))
+        press(d, '#status-tabs [data-status="queued"]')
         until("the requeued jobs, queued", lambda: len(listed(d)) == 25)
-        click(d, d.find_element(By.ID, "bulk-cancel"))
+        press(d, "#bulk-cancel")
         until("the confirmation", dialog.is_displayed)
         assert d.find_element(By.ID, "bulk-title").text == "Cancel 30 queued jobs?"
-        click(d, d.find_element(By.ID, "bulk-no"))
+        press(d, "#bulk-no")
         until("the confirmation to close", lambda: not dialog.is_displayed())
         assert all(web.get(f"/jobs/{i}").json()["status"] == "queued" for i in perm)
-        click(d, d.find_element(By.ID, "bulk-cancel"))
+        press(d, "#bulk-cancel")
         until("the confirmation", dialog.is_displayed)
-        click(d, d.find_element(By.ID, "bulk-yes"))
+        press(d, "#bulk-yes")
         until("the bulk cancel to finish", lambda: d.find_element(By.ID, "bulk-text").text == "cancelled: 30 of 30")
         assert all(web.get(f"/jobs/{i}").json()["status"] == "cancelled" for i in perm)
         trail = web.get("/audit").json()
@@ -477,25 +563,24 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         d = browser
         signed_in(d, web)
         visit(d, "#jobs/queued")
-        row = until("the queued job's row",
-                    lambda: d.find_element(By.CSS_SELECTOR, f'#job-table tr[data-job-id="{queued}"]'))
-        assert row.find_element(By.CSS_SELECTOR, '[data-field="idempotency_key"]').text == HOSTILE
+        row_css = f'#job-table tr[data-job-id="{queued}"]'
+        until("the queued job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
+        assert read(d, f'{row_css} [data-field="idempotency_key"]') == HOSTILE
 
         find(d, HOSTILE)  # a key per function: both hold it
         found = until("both jobs found", lambda: len(d.find_elements(By.CSS_SELECTOR, "#search-result li")) == 2)
         assert found
         assert "by idempotency key (noop)" in d.find_element(By.ID, "search-result").text
-        click(d, d.find_element(By.CSS_SELECTOR, f'#search-result a[data-job-link="{done}"]'))
+        press(d, f'#search-result a[data-job-link="{done}"]')
         until("the done job's page", lambda: shown_status(d, done) == "done")
-        view = d.find_element(By.ID, "job-view")
         as_json = json.dumps(HOSTILE)  # as the page shows a string in JSON
-        assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="result"]').text
+        assert as_json in read(d, '#job-view [data-field="result"]')
         d.back()  # to the list and its search
         other = f'#search-result a[data-job-link="{queued}"]'
-        click(d, until("the other result", lambda: d.find_element(By.CSS_SELECTOR, other)))
+        press(d, other)
         until("the queued job's page", lambda: shown_status(d, queued) == "queued")
-        assert view.find_element(By.CSS_SELECTOR, '[data-field="idempotency_key"]').text == HOSTILE
-        assert as_json in view.find_element(By.CSS_SELECTOR, '[data-field="payload"]').text
+        assert read(d, '#job-view [data-field="idempotency_key"]') == HOSTILE
+        assert as_json in read(d, '#job-view [data-field="payload"]')
         job = queued
 
         # The fields of workflows, as GET /jobs/{id} may carry them: links when they name jobs.
@@ -504,6 +589,7 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         shown = {**web.get(f"/jobs/{job}").json(), "id": "with-workflow-fields", "parent": HOSTILE,
                  "children": ["child-1", {"id": HOSTILE}], "group": {"id": HOSTILE, "size": 3}}
         d.execute_script("page.id = arguments[0].id; onJob(arguments[0]);", shown)
+        view = d.find_element(By.ID, "job-view")
         parents = view.find_elements(By.CSS_SELECTOR, "a[data-job-link]")
         assert [a.text for a in parents] == [HOSTILE, "child-1", HOSTILE]
         for a in parents:
@@ -515,7 +601,7 @@ def test_job_data_is_shown_as_text_never_as_markup(project: Project, browser: An
         assert counted == 0
         assert d.execute_script("return window.injected") is None
 
-        click(d, view.find_element(By.CSS_SELECTOR, 'a[data-job-link="child-1"]'))
+        press(d, '#job-view a[data-job-link="child-1"]')
         until("the child's page (no such job here)",
               lambda: d.find_element(By.CSS_SELECTOR, '#job-view [data-job-gone="child-1"]'))
         assert script_errors(d) == []
@@ -535,14 +621,12 @@ def test_a_partitioned_queue_shows_each_partition_under_its_sums(project: Projec
         visit(d, "#queues")
 
         def ready(css: str) -> str:
-            text: str = d.find_element(By.CSS_SELECTOR, f'#queue-table tr{css} td[data-field="ready"]').text
-            return text
+            return read(d, f'#queue-table tr{css} td[data-field="ready"]')
 
         until("the queue's sums", lambda: ready('[data-queue="fast"]') == "9")
-        rows = [until(f"partition {i}", lambda i=i: d.find_element(   # type: ignore[misc]
-            By.CSS_SELECTOR, f'#queue-table tr[data-queue-partition="fast/{i}"]')) for i in range(3)]
+        rows = [f'#queue-table tr[data-queue-partition="fast/{i}"]' for i in range(3)]
         tags = {k.partition: k.tag for k in project.runtime.parts["fast"]}
-        assert [r.text.split()[2] for r in rows] == ["{" + tags[i] + "}" for i in range(3)]
+        assert [read(d, row).split()[2] for row in rows] == ["{" + tags[i] + "}" for i in range(3)]
         assert sum(int(ready(f'[data-queue-partition="fast/{i}"]')) for i in range(3)) == 9
         assert not d.find_elements(By.CSS_SELECTOR, 'tr[data-queue-partition^="slow/"]')
         assert not script_errors(d)
@@ -566,7 +650,6 @@ def handle(payload, ctx):
 def test_the_job_page_shows_its_log_live_and_as_text(project: Project, browser: Any) -> None:
     """A running job's page shows its log lines as they land, without a reload; a line
     holding markup is shown as text, and nothing of it comes to life."""
-    from selenium.webdriver.common.by import By
 
     project.add_function("logging", LOGGING)
     project.write_config(grace=1)
@@ -576,7 +659,7 @@ def test_the_job_page_shows_its_log_live_and_as_text(project: Project, browser: 
         d = browser
         signed_in(d, web)
         d.execute_script("lookUp(arguments[0]);", job)
-        log = lambda: d.find_element(By.CSS_SELECTOR, '#job-view [data-field="log"]').text  # noqa: E731
+        log = lambda: read(d, '#job-view [data-field="log"]')  # noqa: E731
         until("the first line on the page", lambda: f"first line {HOSTILE}" in log())
         until("the second line, pushed without a reload", lambda: "second line" in log())
         assert d.execute_script("return window.injected") is None

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from runner.client import watching
 from runner.errors import RedisUnavailable
 
 from conftest import Project, make_project, wait_for
@@ -950,3 +951,49 @@ def test_a_fresh_childs_first_lines_are_not_stamped_before_its_start(project: Pr
     (line,) = [x for x in c.logs(job)["lines"] if x["msg"] == "first line"]
     assert line["ts"] / 1000 >= view["started_at"] - 0.25, (line, view["started_at"])
     assert line["ts"] / 1000 <= view["finished_at"] + 0.25, (line, view["finished_at"])
+
+
+REPLAYED = '''"""Logs, prints and streams a line, sleeps, then does it again."""
+QUEUE = "fast"
+{extra}
+
+def handle(payload, ctx):
+    ctx.logger.info("before")
+    print("printed before")
+    ctx.stream("before")
+    ctx.step("first", lambda: 1)
+    if payload.get("fail") and ctx.attempt == 1:
+        raise RuntimeError("transient, once")
+    ctx.logger.info("between")
+    ctx.sleep("nap", 0.2)
+    ctx.logger.info("after")
+    print("printed after")
+    ctx.stream("after")
+    return "ok"
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_durable_functions_replay_writes_no_line_or_chunk_again(project: Project, isolation: str) -> None:
+    """A durable function logs, prints and streams, sleeps, and after the wake-up replays
+    from the top: what it wrote before the sleep is in its log and stream once, not again
+    from the replay, and what it writes after the wake-up follows in order (the chunks'
+    positions rise). A retry after a recorded step replays it quietly too."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("replayed", REPLAYED.format(extra=extra))
+    project.write_config()
+    client = project.client
+    jobs = [client.enqueue("replayed", {}).id, client.enqueue("replayed", {"fail": True}).id]
+    project.spawn_worker("fast")
+    for job in jobs:
+        assert client.settle(job, 60).status == "done"
+        lines = client.logs(job)["lines"]
+        assert [line["msg"] for line in lines if line["src"] == "log"] == ["before", "between", "after"]
+        if isolation == "process":
+            assert [line["msg"] for line in lines if line["src"] == "stdout"] == ["printed before", "printed after"]
+        chunks = watching.stream_chunks(client, job)["chunks"]
+        assert [c["data"] for c in chunks] == ["before", "after"]
+        positions = [(c["a"], c["i"]) for c in chunks]
+        assert positions == sorted(set(positions)), positions
+        assert list(client.stream(job, timeout_s=5)) == ["before", "after"]
+    assert client.get(jobs[1]).as_dict()["attempt"] == 2

@@ -11,7 +11,7 @@ from typing import Any
 
 from click.testing import CliRunner, Result
 from schedulekit import TEST_ENV, add_function, at, log_has, ms, set_clock, ticks
-from test_dashboard import browser, until, visit  # noqa: F401  (the browser fixture)
+from test_dashboard import browser, press, read, until, visit  # noqa: F401  (the browser fixture)
 from test_web_support import gunicorn
 
 from runner.cli import cli
@@ -118,14 +118,13 @@ def test_dashboard_shows_the_schedules(project: Project, browser: Any, tmp_path:
         d.get(web.url + "/")
         until("the page", lambda: d.find_element(By.ID, "token"))
         d.find_element(By.ID, "token").send_keys(TOKEN)
-        d.find_element(By.ID, "login-submit").click()
+        press(d, "#login-submit")
         until("the prompt to close", lambda: not d.find_element(By.ID, "login").is_displayed())
         visit(d, "#schedules")
         row_css = '#schedule-table tr[data-schedule="report"]'
 
         def field(name: str) -> str:
-            text: str = d.find_element(By.CSS_SELECTOR, f'{row_css} td[data-field="{name}"]').text
-            return text
+            return read(d, f'{row_css} td[data-field="{name}"]')
 
         until("the job's status", lambda: field("last_job").endswith("done"), timeout=20)
         assert field("cron") == "*/30 * * * * *" and field("tz") == "UTC"

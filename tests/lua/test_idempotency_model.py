@@ -26,6 +26,7 @@ from runner.errors import IdempotencyConflict
 from runner.runtime import Runtime
 from runner.store import codec, records
 from runner.store.scripts import Ack, Burial, RetryAt
+from runner.worker.fetcher import CLAIM_FIELDS
 
 from conftest import Project, size
 
@@ -103,7 +104,7 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
             self.rt.scripts.promote(self.k, 100, now_ms=self._tick())
             reply = self.rt.scripts.claim(self.k, n=n, start=n, lease_ms=LEASE, token_base=f"w.{next(self.seq)}",
                                           dead_ttl_ms=10**9, done_ttl_ms=10**9, now_ms=self._tick())
-            for i in range(2, len(reply), 14):
+            for i in range(2, len(reply), CLAIM_FIELDS):
                 self.claimed[reply[i]] = reply[i + 1]
 
         def _one(self, data: st.DataObject) -> tuple[str, str] | None:

@@ -11,12 +11,13 @@ import pytest
 
 from runner.store import records
 from runner.store.scripts import Ack, Burial, Member, job_entry
+from runner.worker.fetcher import CLAIM_FIELDS
 
 from conftest import Project, structures
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
-FIELDS = 14
+FIELDS = CLAIM_FIELDS
 
 
 @pytest.fixture

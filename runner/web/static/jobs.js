@@ -92,11 +92,7 @@ const refreshJobsSoon = throttle(quietly(() => refreshJobs()), 1000);
 // newest page read again when the figures behind it moved. A later page stays as it is
 // (positions shift under a live list) and says so.
 function jobsFollowQueues(queues) {
-  const shown = queues.filter((q) => !list.queue || q.name === list.queue);
-  for (const [status, field] of Object.entries(COUNTED)) {
-    const node = document.querySelector(`#status-tabs [data-count="${status}"]`);
-    if (node) node.textContent = shown.reduce((n, q) => n + (q[field] || 0), 0);
-  }
+  const shown = showCounts(queues);
   syncFilter($("#filter-queue"), queues.map((q) => q.name));
   syncFilter($("#filter-type"), [...new Set(queues.flatMap((q) => Object.keys(q.functions)))].sort());
   const moved = JSON.stringify(shown.map((q) => [q.name, q.ready, q.scheduled, q.processing, q.dead, q.cancelled,
@@ -105,6 +101,19 @@ function jobsFollowQueues(queues) {
   list.moved = moved;
   if (!list.cursor) refreshJobsSoon();
   else $("#jobs-page").textContent = `page ${list.back.length + 1} (the list has changed since: Newest reads it again)`;
+}
+
+// The counts on the tabs, of the queue filtered on (or of all): from the figures the page
+// holds, so that a change of the filter shows its queue's counts at once, not the previous
+// queue's until the next push. A queue the figures do not hold yet shows no count.
+function showCounts(queues) {
+  const shown = queues.filter((q) => !list.queue || q.name === list.queue);
+  const known = shown.length > 0 || (!list.queue && queues.length > 0);
+  for (const [status, field] of Object.entries(COUNTED)) {
+    const node = document.querySelector(`#status-tabs [data-count="${status}"]`);
+    if (node) node.textContent = known ? shown.reduce((n, q) => n + (q[field] || 0), 0) : "";
+  }
+  return shown;
 }
 
 function syncFilter(select, names) {
@@ -135,6 +144,7 @@ function showJobs(status, params) {
     select.value = value;
   }
   list.moved = "";
+  showCounts(state.queues || []);
   $("#job-table tbody").replaceChildren(el("tr", {}, el("td", { colSpan: 8, class: "muted", text: "Reading…" })));
   showStatus(status);  // read again: the list was not followed while another page showed
 }
