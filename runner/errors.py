@@ -637,7 +637,8 @@ class JobTimeout(BaseException):
 # 500,000 dead jobs with whole tracebacks took a gigabyte of Redis. The log has them whole.
 MAX_TRACEBACK = 600
 _TB_HEAD = 200  # of the bound: where it started; the rest goes to the frames nearest the raise
-_RUNNER = str(Path(__file__).resolve().parent) + "/"  # runner's own frames start with this
+# Runner's own frames start with one of these (the path as imported, and resolved).
+_RUNNER = tuple({str(Path(__file__).parent) + "/", str(Path(__file__).resolve().parent) + "/"})
 _CARETS = re.compile(r"^ +[~^]+ *\n?$")  # Python 3.11's marks under a frame's source line
 
 
