@@ -4,6 +4,9 @@
   payload of the issue's comparison), enqueued one batch at a time;
 - done: bytes still held per finished job once a worker drained them (default retention,
   well below the count bound), the outcome answering `runner job ID`;
+- dead: bytes of used_memory per dead job, for a handler that fails for good through a
+  20-frame stack (its record, its state with the error and its trimmed traceback, its
+  dead-letter entry), buried by a real worker;
 - steady state: what a queue sustaining 1,000 jobs/s holds under the shipped retention
   (the done count bound times the bytes per done job), and the same for KEEP_RESULT;
 - deploy gate: `runner check` (the census) and `runner check --scan` (every waiting job
@@ -47,18 +50,34 @@ def handle(payload, ctx):
     return None
 '''
 KEPT = NOOP.replace('QUEUE = "fast"', 'QUEUE = "fast"\nKEEP_RESULT = 86400')
+# Fails for good 20 frames deep, in distinct functions with a comment on each line, as a
+# handler calling into a client library does (about 3 KB of traceback whole).
+FAILING = '''"""Fails for good through a 20-frame stack."""
+
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    return layer_0(payload["pad"][:12])
+
+
+''' + "".join(f"def layer_{i}(order_reference):\n    return layer_{i + 1}(order_reference)  # the client's "
+                f"next layer\n\n\n" for i in range(19)) + '''def layer_19(order_reference):
+    raise ConnectionError(f"upstream billing service refused the connection for order {order_reference}")
+'''
 SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
           "properties": {"pad": {"type": "string"}}, "additionalProperties": False}
 
 
 def project(root: Path, url: str) -> Path:
-    for name, src in (("noop", NOOP), ("kept", KEPT)):
+    for name, src in (("noop", NOOP), ("kept", KEPT), ("failing", FAILING)):
         (root / "functions").mkdir(parents=True, exist_ok=True)
         (root / "functions" / f"{name}.py").write_text(src)
         (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
         (root / "schemas" / name / "v1.json").write_text(json.dumps(SCHEMA))
     toml = root / "runner.toml"
-    toml.write_text(f'[redis]\nurl = "{url}"\nprefix = "mem"\n\n[queues.fast]\n\n[log]\nlevel = "WARNING"\n')
+    toml.write_text(f'[redis]\nurl = "{url}"\nprefix = "mem"\n\n[queues.fast]\n\n[log]\nlevel = "ERROR"\n')
     return toml
 
 
@@ -98,6 +117,9 @@ def one_round(url: str, root: Path, n: int, type_: str) -> dict[str, float]:
         queued = (used(rt) - base) / n
         drain(rt)
         done = (used(rt) - base) / n
+        if type_ == "failing":
+            assert rt.redis.zcard(rt.keys["fast"].dead) == n + 10
+            return {"queued": queued, "dead": done}
         return {"queued": queued, "done": done}
     finally:
         rt.close()
@@ -143,8 +165,14 @@ def run(url: str, work: Path, jobs: int, rounds: int, gate_jobs: int) -> dict[st
     work.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                            "jobs": jobs, "payload_bytes": 206}
-    for type_ in ("noop", "kept"):
-        runs = [one_round(url, work, jobs, type_) for _ in range(rounds)]
+    for type_ in ("noop", "kept", "failing"):
+        runs = [one_round(url, work, jobs if type_ != "failing" else min(jobs, 5000), type_) for _ in range(rounds)]
+        if type_ == "failing":
+            res["dead"] = {"median": round(statistics.median(r["dead"] for r in runs), 1),
+                           "min": round(min(r["dead"] for r in runs), 1), "max": round(max(r["dead"] for r in runs), 1),
+                           "jobs": min(jobs, 5000)}
+            print(f"dead (20-frame traceback): {res['dead']['median']:.0f} B/job", flush=True)
+            continue
         res[type_] = {m: {"median": round(statistics.median(r[m] for r in runs), 1),
                           "min": round(min(r[m] for r in runs), 1), "max": round(max(r[m] for r in runs), 1)}
                       for m in ("queued", "done")}
@@ -174,6 +202,9 @@ def markdown(res: dict[str, Any]) -> list[str]:
            "| function | bytes per queued job | bytes still held per finished job |", "|---|---|---|",
            f"| no-op, default retention | {m('noop', 'queued')} | {m('noop', 'done')} |",
            f"| `KEEP_RESULT = 86400` | {m('kept', 'queued')} | {m('kept', 'done')} |", "",
+           *([f"A dead job whose handler failed 20 frames deep holds {res['dead']['median']:,.0f} bytes "
+              f"({res['dead']['min']:,.0f}-{res['dead']['max']:,.0f}; {res['dead']['jobs']:,} jobs a round)", ""]
+             if "dead" in res else []),
            f"A queue finishing 1,000 jobs/s holds {res['steady_1000_per_s_mb']:,.0f} MB of outcomes at the "
            f"default count bound (`done_max = {res['done_max']:,}`).", ""]
     g = res.get("gate")

@@ -635,29 +635,58 @@ class JobTimeout(BaseException):
 
 # A stored traceback's bound, in characters: a dead job's record is mostly its error, and
 # 500,000 dead jobs with whole tracebacks took a gigabyte of Redis. The log has them whole.
-MAX_TRACEBACK = 1200
+MAX_TRACEBACK = 600
 _TB_HEAD = 200  # of the bound: where it started; the rest goes to the frames nearest the raise
+# Runner's own frames start with one of these (the path as imported, and resolved).
+_RUNNER = tuple({str(Path(__file__).parent) + "/", str(Path(__file__).resolve().parent) + "/"})
+_CARETS = re.compile(r"^ +[~^]+ *\n?$")  # Python 3.11's marks under a frame's source line
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
-    """The error record kept on a job: type, message, trimmed traceback (its first lines
-    and its last, which hold the frames nearest the raise and the exception itself)."""
+    """The error record kept on a job: type, message, trimmed traceback.
+
+    The traceback is stored without what every job's would repeat: runner's own frames
+    before the handler's first (the executor's call into it) and the lines of carets
+    under each source line. Past MAX_TRACEBACK characters it keeps its first lines (the
+    handler's first frame), a marker saying how many lines were left out, and its last
+    lines: the frames nearest the raise and the exception itself. The worker's log has
+    the traceback whole."""
     import traceback
 
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    frames = list(te.stack)
+    mine = next((i for i, f in enumerate(frames) if not f.filename.startswith(_RUNNER)), 0)
+    if mine:
+        te.stack = traceback.StackSummary.from_list(frames[mine:])
+    tb = "".join(line for line in "".join(te.format()).splitlines(keepends=True) if not _CARETS.match(line))
     if len(tb) > MAX_TRACEBACK:
-        lines = tb.splitlines(keepends=True)
-        head: list[str] = []
-        while lines and sum(map(len, head)) + len(lines[0]) <= _TB_HEAD:
-            head.append(lines.pop(0))
-        tail: list[str] = []
-        room = MAX_TRACEBACK - sum(map(len, head)) - 40  # the marker
-        while lines and sum(map(len, tail)) + len(lines[-1]) <= room:
-            tail.insert(0, lines.pop())
-        if not tail:  # one line longer than the bound (a huge exception message)
-            tail = [tb[-room:]]
-        tb = "".join(head) + f"  ... {len(lines)} lines, frames left out ...\n" + "".join(tail)
+        tb = _trimmed(tb)
     return {"type": type(exc).__name__, "message": _utf8(str(exc)[:2000]), "traceback": _utf8(tb)}
+
+
+def _trimmed(tb: str) -> str:
+    """``tb`` in at most MAX_TRACEBACK characters: its head, what was cut, its tail, cut
+    between frames (a frame's "File" line with its source line), never inside one."""
+    blocks: list[str] = []
+    for line in tb.splitlines(keepends=True):
+        if blocks and line.startswith(("    ", "  [Previous line")):
+            blocks[-1] += line  # a frame's source line, or a repeat of it
+        else:
+            blocks.append(line)
+    head: list[str] = []
+    while blocks and sum(map(len, head)) + len(blocks[0]) <= _TB_HEAD:
+        head.append(blocks.pop(0))
+    room = MAX_TRACEBACK - sum(map(len, head)) - 64  # the marker
+    tail: list[str] = []
+    while blocks and sum(map(len, tail)) + len(blocks[-1]) <= room:
+        tail.insert(0, blocks.pop())
+    if not tail:  # the last block longer than the bound (a huge exception message)
+        rest = "".join(blocks)
+        tail, blocks = [rest[-room:]], [rest[:-room]]
+    cut = "".join(blocks)
+    frames = sum(b.startswith("  File ") for b in blocks)
+    said = f"{frames} frame(s), {len(cut):,} characters" if frames else f"{len(cut):,} characters"
+    return "".join(head) + f"  ... {said} left out ...\n" + "".join(tail)
 
 
 def _utf8(text: str) -> str:

@@ -4,18 +4,20 @@ The scaffold is a working example rather than a blank page: a docstring, the opt
 function usually sets, a handler that uses ``ctx`` and returns a result, and a schema
 that rejects what the handler cannot take. Nothing outside the two new files is touched,
 except in a folder with no project yet (no runner.toml here or in a parent folder): there
-``new_project`` writes a runner.toml with the defaults first, so the scaffold's QUEUE names
-a queue of a file, and commands run in functions/ find the project.
+``new_project`` writes a runner.toml with the defaults and the queue asked for, so the
+scaffold's QUEUE names a queue of a file, and commands run in functions/ find the project.
 """
 
 from __future__ import annotations
 
 import keyword
+import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.config import Config
-from runner.errors import RunnerError
+from runner.config import Config, parse
+from runner.errors import ConfigError, RunnerError
 
 
 class ScaffoldError(RunnerError):
@@ -75,7 +77,7 @@ PROJECT_TEMPLATE = """# runner's project file: this folder is the project (funct
 #                                  # `runner dev` starts an embedded server of its own.
 prefix = "runner"                  # several apps can share one Redis
 
-[queues.default]                   # the queue a scaffolded function names in QUEUE
+[queues.{queue}]{pad} # the queue a scaffolded function names in QUEUE
 """
 # A folder a project keeps its functions or schemas in: `runner new` there, with no
 # runner.toml found, is a project of old (functions alone) seen from inside.
@@ -90,10 +92,25 @@ def project_missing_here(folder: Path) -> Path | None:
     return None
 
 
-def new_project(folder: Path) -> Path:
-    """Write ``folder``/runner.toml with the defaults (one queue, "default"); returns it."""
+def project_text(queue: str = "default") -> str:
+    """The runner.toml of a new project: the defaults, and one queue, ``queue``."""
+    head = f"[queues.{queue}]"
+    return PROJECT_TEMPLATE.format(queue=queue, pad=" " * max(0, 34 - len(head)))
+
+
+def project_config(folder: Path, queue: str = "default") -> Config:
+    """The config a new project in ``folder`` would load (``project_text(queue)`` with the
+    environment's overrides), before anything is written: a queue name no runner.toml can
+    hold is refused here, as a --queue option rather than a line of a file."""
+    if not queue.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(f"--queue {queue!r}: a queue name is letters, digits, - or _ (e.g. fast)")
+    return parse(tomllib.loads(project_text(queue)), folder.resolve(), "runner.toml", os.environ)
+
+
+def new_project(folder: Path, queue: str = "default") -> Path:
+    """Write ``folder``/runner.toml with the defaults and one queue, ``queue``; returns it."""
     toml = folder / "runner.toml"
-    toml.write_text(PROJECT_TEMPLATE, encoding="utf-8")
+    toml.write_text(project_text(queue), encoding="utf-8")
     return toml
 
 
@@ -111,6 +128,9 @@ def scaffold(config: Config, name: str, queue: str | None = None, force: bool = 
     """Write functions/NAME.py and schemas/NAME/v1.json; refuse to overwrite unless forced."""
     check_name(name)
     queue_name = queue or next(iter(config.queues))
+    if queue_name not in config.queues:
+        raise ConfigError(f"no queue {queue_name!r} in {config.source} (have: {', '.join(config.queues)}): "
+                          f"add a [queues.{queue_name}] table to it, or pass one of those")
     q = config.queue(queue_name)
     fn_path = config.functions_dir / f"{name}.py"
     schema_dir = config.schemas_dir / name

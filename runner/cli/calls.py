@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -100,17 +101,22 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     answers: list[dict[str, str]] = []
     by = operator()
 
-    def one(job_id: str, audited: bool = True) -> None:
-        try:
-            answers.append({"id": job_id, "cancel": client.cancel(job_id, by=by, audited=audited)})
-        except RedisUnavailable:
-            raise
-        except RunnerError as exc:
-            answers.append({"id": job_id, "error": str(exc)})
+    def each(ids: Sequence[str]) -> None:
+        # Several jobs are one action: one audit entry per queue acted in, none for an id
+        # that names no job (each job's history names who); one job is on record as itself.
+        if len(ids) == 1:
+            try:
+                answers.append({"id": ids[0], "cancel": client.cancel(ids[0], by=by)})
+            except RedisUnavailable:
+                raise
+            except RunnerError as exc:
+                answers.append({"id": ids[0], "error": str(exc)})
+            return
+        answers.extend({"id": i, "error": str(a)} if isinstance(a, RunnerError) else {"id": i, "cancel": a}
+                       for i, a in client.cancel_many(ids, by=by))
 
     with redis_errors():
-        for job_id in job_ids:
-            one(job_id)
+        each(job_ids)
         if all_ and status == "deferred":
             # Found and cancelled in one step, a batch at a time (a job found, then woken
             # before its cancel, would run): see Client.cancel_deferred.
@@ -137,14 +143,7 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
                 cursor = page.cursor
                 if cursor is None:
                     break
-            for job_id in found:
-                one(job_id, audited=False)
-            # A bulk action is one audit entry per queue (each job's history names who).
-            done = {a["id"] for a in answers if "cancel" in a}
-            for q in dict.fromkeys(found.values()):
-                ids = [i for i, jq in found.items() if jq == q and i in done]
-                if ids:
-                    client.record_bulk(by, "cancel", q, ids)
+            each(list(found))
     human = "\n".join(f"{a['id']} {a.get('cancel') or a.get('error')}" for a in answers)
     if all_ and not as_json:
         human += ("\n" if human else "") + f"cancelled {sum('cancel' in a for a in answers)} job(s)"

@@ -95,7 +95,7 @@ def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
     import os
     from pathlib import Path
 
-    from runner.catalog.scaffold import ScaffoldError, new_project, project_missing_here, scaffold
+    from runner.catalog.scaffold import ScaffoldError, new_project, project_config, project_missing_here, scaffold
     from runner.config import find
 
     here = Path.cwd()
@@ -108,16 +108,19 @@ def new(ctx: click.Context, name: str, queue: str | None, force: bool) -> None:
         fail(f"no runner.toml here or in a parent folder, and {here} looks like the {here.name} folder of the "
              f"project in {above}: run `runner new {name}` there (it writes runner.toml with the defaults; "
              "commands run here then find it)", EXIT_CONFIG)
-    cfg = load_config(ctx.obj["config"])
+    first = queue or "default"
     try:
+        # A new project's queue is the one asked for (with no runner.toml, the defaults
+        # have one queue, "default", and `--queue fast` named a queue of no file).
+        cfg = project_config(here, first) if fresh else load_config(ctx.obj["config"])
         made = scaffold(cfg, name, queue=queue, force=force)
     except ConfigError as exc:
         fail(str(exc), EXIT_CONFIG)
     except ScaffoldError as exc:
         fail(str(exc), EXIT_REFUSED)
     if fresh:
-        click.echo(f"created {new_project(here)} (the defaults, one queue \"default\": no runner.toml was "
-                   "found here or in a parent folder)")
+        click.echo(f"created {new_project(here, first)} (the defaults, one queue \"{first}\": no runner.toml "
+                   "was found here or in a parent folder)")
     from runner.config import state_dir
 
     state_dir(cfg.root)  # .runner/ ignores itself before anything lands there

@@ -119,6 +119,7 @@ class Client:
     trigger_schedule = administering.trigger
     run_now = administering.run_now
     cancel = administering.cancel
+    cancel_many = administering.cancel_many
     signal = administering.signal
     deliver_signal = administering.deliver_signal
     cancel_deferred = administering.cancel_deferred

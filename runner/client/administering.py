@@ -258,8 +258,9 @@ def _in_batches(
     batch: Callable[[QueueKeys, list[str]], None], progress: Callable[[int], None] | None,
 ) -> None:
     """A bulk action's walk: ``batch`` on each partition's share of every BULK_BATCH ids,
-    the action's one audit entry brought up to date after each (``done`` so far) and
-    ended whatever happens, ``progress(n)`` after each."""
+    the action's one audit entry written after the first batch that acted on a job,
+    brought up to date after each chunk (``done`` so far) and ended whatever happens,
+    ``progress(n)`` after each chunk."""
     parts = client.runtime.parts[queue]
     ok = False
     try:
@@ -272,6 +273,8 @@ def _in_batches(
                     by_part.setdefault(at or 0, []).append(job_id)
                 for p, group in by_part.items():
                     batch(parts[p], group)
+                    if record is not None and done and not record.written:
+                        record.progress(done)  # on record from the first job it acted on
                 if record is not None and start + BULK_BATCH < len(ids):
                     record.progress(done)
                 if progress is not None:
@@ -308,12 +311,12 @@ def _dead_in(client: Client, queue: str, job_id: str) -> QueueKeys:
 
 def purge_dead(client: Client, queue: str, *, by: str | None = None) -> int:
     """Delete every dead job of a queue; returns how many. ``by`` puts the purge on
-    record as one entry with the count."""
+    record as one entry with the count (in the log alone when it found none)."""
     from runner.client.inspecting import dead_ids
 
     done, _ = delete_many(client, queue, dead_ids(client, queue))
-    if by is not None:  # on record even when it found none: the operator did purge
-        on_record(client, by, "purge", queue, **audit_log.bulk(done))
+    if by is not None:
+        record_bulk(client, by, "purge", queue, done)
     return len(done)
 
 
@@ -321,43 +324,52 @@ def purge_dead(client: Client, queue: str, *, by: str | None = None) -> int:
 
 def record_bulk(client: Client, by: str, action: str, queue: str, ids: Sequence[str]) -> None:
     """One action on many jobs of a queue, on the audit trail as one entry: its count
-    and its first ids (store/audit.py MAX_IDS)."""
-    on_record(client, by, action, queue, **audit_log.bulk(ids))
+    and its first ids (store/audit.py MAX_IDS); in the log alone when it acted on none."""
+    (on_record if ids else _on_log)(client, by, action, queue, **audit_log.bulk(ids))
 
 
 def bulk_entry(client: Client, by: str, action: str, queue: str, expected: int) -> audit_log.Bulk:
     """A bulk action of the caller's own (the web's bulk cancel) on the audit trail as
-    one entry, written when it starts and brought up to date as it goes (audit.Bulk)."""
+    one entry, written when it first acts on a job and brought up to date as it goes
+    (audit.Bulk)."""
     record = _bulk_record(client, by, action, queue, expected)
     assert record is not None
     return record
 
 
 def _bulk_record(client: Client, by: str | None, action: str, queue: str, expected: int) -> audit_log.Bulk | None:
-    """A bulk action's one audit entry, written now (see audit.Bulk); logged at its
-    start and its end, not at each batch."""
+    """A bulk action's one audit entry (see audit.Bulk); logged when it first acts on a
+    job and at its end, not at each batch."""
     if by is None:
         return None
 
-    def put(fields: dict[str, Any]) -> None:
-        if fields["state"] != "running" or not fields["count"]:
-            on_record(client, by, action, queue, **fields)
+    def put(fields: dict[str, Any], trail: bool) -> None:
+        if fields["state"] != "running" or not bulk.written:
+            (on_record if trail else _on_log)(client, by, action, queue, **fields)
             return
         with reachable():
             audit_log.record(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix),
                              {"by": by, "action": action, "queue": queue, **fields})
 
-    return audit_log.Bulk(put, expected)
+    bulk = audit_log.Bulk(put, expected)
+    return bulk
 
 
 def on_record(client: Client, by: str, action: str, queue: str, **detail: Any) -> None:
     """An operator's action, after it was done: on the audit trail (at the server's
     time, one more round trip for a rare action) and in the log."""
-    auditlog.info("%s by %s: %s %s", action, by, queue, detail.get("job_id", ""),
-                  extra={"audit": action, "by": by, "queue": queue, **detail})
+    _on_log(client, by, action, queue, **detail)
     entry = {"by": by, "action": action, "queue": queue, **detail}  # at_ms: the script's
     with reachable():
         audit_log.record(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix), entry)
+
+
+def _on_log(client: Client, by: str, action: str, queue: str, **detail: Any) -> None:
+    """An operator's action in the log alone: a bulk action that acted on no job (ids
+    that name none) writes no audit entry, or requests that do nothing would push the
+    real actions off the trail."""
+    auditlog.info("%s by %s: %s %s", action, by, queue, detail.get("job_id", ""),
+                  extra={"audit": action, "by": by, "queue": queue, **detail})
 
 
 # --- schedules -------------------------------------------------------------------------
@@ -453,6 +465,36 @@ def cancel(client: Client, job_id: str, *, by: str | None = None, audited: bool 
     ``audited`` is False: a bulk cancel puts itself on the trail once, see
     ``record_bulk``). With ``queue``, a job of another queue is JobNotFound (a bulk
     request names each job's queue, and its record must say the truth)."""
+    return _cancel(client, job_id, by, audited, queue)[0]
+
+
+def cancel_many(client: Client, ids: Sequence[str], *, by: str | None = None,
+                queue: str | None = None) -> list[tuple[str, str | RunnerError]]:
+    """Cancel each of ``ids`` as ``cancel`` does one: [(id, its answer, or why it was
+    refused)] in order. ``by`` puts the whole action on the audit trail as one entry per
+    queue it acted in (its count and first ids), none for an id that named no job."""
+    out: list[tuple[str, str | RunnerError]] = []
+    acted: dict[str, list[str]] = {}
+    try:
+        for job_id in ids:
+            try:
+                answer, at = _cancel(client, job_id, by, False, queue)
+            except RedisUnavailable:
+                raise
+            except RunnerError as exc:
+                out.append((job_id, exc))
+                continue
+            out.append((job_id, answer))
+            acted.setdefault(at, []).append(job_id)
+    finally:
+        if by is not None:  # (each cancelled job's history names who already)
+            for q, done in acted.items():
+                record_bulk(client, by, "cancel", q, done)
+    return out
+
+
+def _cancel(client: Client, job_id: str, by: str | None, audited: bool, queue: str | None) -> tuple[str, str]:
+    """``cancel``: (its answer, the job's queue)."""
     rt = client.runtime
     k, _ = find(client, job_id)
     if queue is not None and k.queue != queue:
@@ -473,7 +515,7 @@ def cancel(client: Client, job_id: str, *, by: str | None = None, audited: bool 
     answer = _cancelled_ahead(client, k, job_id) if int(code) == 3 else "cancelled" if int(code) == 1 else "requested"
     if answer == "cancelled":
         _cancel_links(client, job_id, by)
-    return answer
+    return answer, k.queue
 
 
 def _cancel_links(client: Client, job_id: str, by: str | None) -> None:

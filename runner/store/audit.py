@@ -4,7 +4,10 @@ Each entry is a JSON object: ``at_ms``, ``by`` (a token's name, or ``cli:<user>`
 ``action`` (requeue, delete, purge, cancel, pause, resume), ``queue`` and, for one job, ``job_id``, plus
 what the action adds (``edited``, ``count``). An action on many jobs at once (a bulk
 requeue or purge) is one entry: its ``count`` and the first MAX_IDS of its ``ids``, so
-one bulk action never pushes the earlier ones out. An entry is pushed and the list
+one bulk action never pushes the earlier ones out. An action on jobs that touched none
+(ids that name no job, a purge of an empty list) writes no entry, only its log line:
+such requests cost a caller nothing, and each one pushed a real action off the trail
+once it was full. An entry is pushed and the list
 trimmed by one script (lua/audit.lua), so the list never holds more than MAX_ENTRIES,
 nor an entry older than MAX_AGE_MS once the next one is written, whatever the writers.
 
@@ -47,24 +50,30 @@ def flow_key(key: str) -> str:
 
 
 class Bulk:
-    """A bulk action's one entry, on the trail from its start ("state": "running", the
-    ``expected`` count) and rewritten in place after each batch (``count`` so far and
-    the first ids) and at its end ("done", or "interrupted" by an error): a bulk action
-    killed half-way (SIGKILL) still shows who started it and how far it got. ``put``
-    writes the entry (a callable taking its fields: the caller's trail and log)."""
+    """A bulk action's one entry, on the trail from the first batch that acted on a job
+    ("state": "running", the ``expected`` count asked for) and rewritten in place after
+    each later batch (``count`` so far and the first ids) and at its end ("done", or
+    "interrupted" by an error): a bulk action killed half-way still shows who started it
+    and how far it got. One that acted on no job never reaches the trail. ``put(fields,
+    trail)`` writes the entry (the caller's trail and log): ``trail`` False at the end of
+    an action that acted on none, for the log alone."""
 
     def __init__(self, put: Any, expected: int) -> None:
         self.put = put
         self.id = os.urandom(8).hex()
         self.expected = expected
-        self.put({"bulk": self.id, "state": "running", "expected": expected, **bulk([])})
+        self.written = False
 
     def progress(self, done: Sequence[str]) -> None:
-        self.put({"bulk": self.id, "state": "running", "expected": self.expected, **bulk(done)})
+        if done:
+            self._put("running", done, True)
 
     def end(self, done: Sequence[str], ok: bool) -> None:
-        self.put({"bulk": self.id, "state": "done" if ok else "interrupted", "expected": self.expected,
-                  **bulk(done)})
+        self._put("done" if ok else "interrupted", done, bool(done) or self.written)
+
+    def _put(self, state: str, done: Sequence[str], trail: bool) -> None:
+        self.put({"bulk": self.id, "state": state, "expected": self.expected, **bulk(done)}, trail)
+        self.written = self.written or trail
 
 
 def read(redis: Any, key: str, offset: int, limit: int) -> tuple[int, list[dict[str, Any]]]:

@@ -44,6 +44,7 @@ class Suspension(NamedTuple):
     child: Followup | None = None  # ctx.invoke's child job, written with the suspension
     hold: bool = False  # HOLD_LOCKS_WHILE_SUSPENDED: its limit slots stay reserved for it
     log_keep_ms: int = 0  # its log's retention: the log and stream are kept until it wakes plus this
+    started_ms: int = 0  # its handler's start when its start mark was not sent (0: the claim's), as Ack's
 
 
 class NewJob(NamedTuple):
@@ -157,6 +158,7 @@ class RetryAt(NamedTuple):
     refund: bool = False  # handed back without spending an attempt
     rate_limited: bool = False  # a handler's RateLimited: a refund up to its bound (retry.lua)
     last: bool = False  # rate_limited on the job's last attempt: past the bound it is not retried
+    started_ms: int = 0  # its handler's start when its start mark was not sent (0: the claim's), as Ack's
 
 
 class Burial(NamedTuple):
@@ -169,6 +171,7 @@ class Burial(NamedTuple):
     stats: str
     followups: tuple[Followup, ...] = ()  # ON_FAILURE: the destination's job
     member: Member | None = None
+    started_ms: int = 0  # its handler's start when its start mark was not sent (0: the claim's), as Ack's
 
 
 class Hand(NamedTuple):
@@ -399,7 +402,7 @@ class Scripts(Transport):
         args: list[Any] = [_clock(now_ms), len(items)]
         for r in items:
             mode = (3 if r.last else 2) if r.rate_limited else 1 if r.refund else 0
-            args += [r.id, r.token, r.delay_ms, r.error, r.history, mode, r.stats]
+            args += [r.id, r.token, r.delay_ms, r.error, r.history, mode, r.stats, r.started_ms or ""]
         args.append(log_keep_ms)
         return self._run("retry", scriptkeys.keys("retry", k), args, pipe)
 
@@ -409,7 +412,7 @@ class Scripts(Transport):
     ) -> Any:
         args: list[Any] = [_clock(now_ms), dead_ttl_ms, len(items)]
         for b in items:
-            args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats]
+            args += [b.id, b.token, b.reason, b.error, b.history, 1 if b.refund else 0, b.stats, b.started_ms or ""]
         args += _followup_args(k, items)
         args += _member_args(items)
         return self._run("bury", scriptkeys.keys("bury", k), args, pipe)
@@ -519,7 +522,7 @@ class Scripts(Transport):
             here = f.queue == k.queue and not k.draining and (
                 k.partitions == 1 or routing.stays(f.job, k.partition, k.partitions))
             args += [1, 1, "" if here else f.queue, *_job_fields(f.job), f.job.priority]
-        args += [1 if s.hold else 0, s.log_keep_ms or ""]
+        args += [1 if s.hold else 0, s.log_keep_ms or "", s.started_ms or ""]
         return self._run("suspend", keys, args, pipe)
 
     def signal(self, k: QueueKeys, job_id: str, name: str, body: str, now_ms: int | None = None, *,

@@ -1,9 +1,11 @@
 """POST /bulk: one operator action (requeue, delete, cancel) on up to MAX_BULK_JOBS jobs
-in one request, on the audit trail as one entry per queue (its count and first ids), not
-one per job: a bulk run of the dashboard, sent a chunk at a time, cannot push the earlier
-operator actions out of the trail. Requeue and delete use the store's batched operations
-(Client.requeue_many, delete_many); a cancel goes job by job and is recorded once. A job
-named twice in one request is acted on once; its later mentions answer "duplicate"."""
+in one request, on the audit trail as one entry per queue it acted in (its count and
+first ids), not one per job, and none for a queue where it acted on no job (ids that name
+none): a bulk run of the dashboard, sent a chunk at a time, cannot push the earlier
+operator actions out of the trail, nor can requests that do nothing. Requeue and delete
+use the store's batched operations (Client.requeue_many, delete_many); a cancel goes job
+by job and is recorded once. A job named twice in one request is acted on once; its later
+mentions answer "duplicate"."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from runner.web.offload import Offload
 from runner.web.problems import Problem, invalid
 
 # Jobs per request: the dashboard's page of a list; a run of 10,000 is 20 requests, so at
-# most 20 audit entries per queue.
+# most 20 audit entries per queue (none for a request that acted on no job).
 MAX_BULK_JOBS = 500
 ACTIONS = ("requeue", "delete", "cancel")
 
@@ -104,8 +106,8 @@ class Bulk:
                 done, _ = self.client.delete_many(q, ids, by=by)
                 out.update(((q, i), {"outcome": "deleted"}) for i in done)
             else:
-                # One entry for the queue's cancels, written before the first (as requeue and
-                # delete write theirs), so a web process killed half-way leaves it on record.
+                # One entry for the queue's cancels, written at the first that acts (as requeue
+                # and delete write theirs), so a web process killed half-way leaves it on record.
                 record = self.client.bulk_entry(by, "cancel", q, len(ids))
                 cancelled: list[str] = []
                 ok = False
@@ -114,6 +116,8 @@ class Bulk:
                         try:
                             out[(q, i)] = {"outcome": self.client.cancel(i, by=by, audited=False, queue=q)}
                             cancelled.append(i)
+                            if not record.written:
+                                record.progress(cancelled)
                         except (JobNotFound, JobEnded):
                             pass
                         except RedisUnavailable:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from runner.catalog.registry import Function
 from runner.client import Client
@@ -21,6 +21,8 @@ from runner.store.scripts import Ack, Batch, Burial, Followup, Hand, Member, Ret
 from runner.worker import journal, relay
 from runner.worker.execute import CANCELLED, EXPIRED, Claimed, Dead, Done, RetryLater, Suspended, group_of
 from runner.worker.ledger import Release, Settlement, Start
+
+_Ends = TypeVar("_Ends", RetryAt, Burial, Suspension)  # an ending's entry that carries its start
 
 # A NamedTuple's own __new__ is a Python function: an ack built with tuple.__new__ costs
 # about 1,600 fewer instructions per done job (bench/hotpath.py, settle).
@@ -142,13 +144,13 @@ class Entries:
                     calls.starts.append((s.run.job.id, s.run.job.token))
                     calls.start_s.append(s)
             elif isinstance(o, RetryLater):
-                calls.retries.append(self.retry_at(s, o, now))
+                calls.retries.append(_began(self.retry_at(s, o, now), s))
                 calls.retry_s.append(s)
             elif isinstance(o, Dead):
-                calls.burials.append(self.burial(s, o, now))
+                calls.burials.append(_began(self.burial(s, o, now), s))
                 calls.bury_s.append(s)
             elif isinstance(o, Suspended):
-                calls.suspends.append(self.suspension(s, o))
+                calls.suspends.append(_began(self.suspension(s, o), s))
                 calls.suspend_s.append(s)
             else:
                 calls.releases.append(self.released(s, o, now))
@@ -334,6 +336,16 @@ class Entries:
             f = relay.destination(self._client, dest, tag, job.id, job.type, int(job.version_raw or 0),
                                   job.attempt, job.queue, body, traceparent)
         return () if f is None else (f,)
+
+
+def _began(entry: _Ends, s: Settlement) -> _Ends:
+    """``entry`` carrying its run's handler start, which the script writes as the
+    attempt's start rather than the claim's time: a run whose start mark was not sent (it
+    ends in the same batch, or in a later one the settler sends again, settler.py
+    ``spent``) has only its claim's there, and a fresh child's first job was claimed
+    seconds before its handler began (the child's imports). As its history entry says;
+    a success's ack carries it only when it must (done: the hot path)."""
+    return entry._replace(started_ms=s.started_ms) if s.started_ms else entry
 
 
 def _mark_settling(batch: Sequence[Settlement]) -> tuple[set[int], set[int]]:

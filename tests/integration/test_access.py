@@ -351,12 +351,12 @@ def test_the_audit_trail_is_bounded_and_newest_first(project: Project, monkeypat
     without ``by`` (library code) puts nothing on record and leaves the history as it was."""
     monkeypatch.setattr(audit, "MAX_ENTRIES", 5)
     c = project.client
-    for i in range(8):
-        assert c.purge_dead("slow", by=f"op{i}") == 0
+    *doomed, job = dead_jobs(project, 9)
+    for i, doomed_id in enumerate(doomed):
+        c.delete_dead("fast", doomed_id, by=f"op{i}")
     total, trail = c.audit()
     assert total == 5 and [e["by"] for e in trail] == ["op7", "op6", "op5", "op4", "op3"]
-    assert all(e["action"] == "purge" and e["queue"] == "slow" and e["count"] == 0 for e in trail)
-    (job,) = dead_jobs(project, 1)
+    assert all(e["action"] == "delete" and e["queue"] == "fast" and e["job_id"] in doomed for e in trail)
     history = c.get(job).as_dict()["history"]
     c.requeue("fast", job)
     assert c.get(job).as_dict()["history"] == history

@@ -97,3 +97,24 @@ def test_a_bulk_cancel_acts_only_on_the_queue_named_and_once_per_job(project: Pr
     cancels = [e for e in trail if e["action"] == "cancel"]
     assert [e["ids"] for e in cancels if e["queue"] == "fast"] == [[b]], cancels
     assert all(a not in e.get("ids", []) for e in cancels), cancels
+
+
+def test_bulk_actions_on_5000_ids_that_do_not_exist_leave_the_audit_trail_as_it_was(project: Project) -> None:
+    """Requeue, delete and cancel of 5,000 ids that name no job, sent as the dashboard
+    sends them (10 requests each): each answers "gone" and acts on nothing, and an action
+    that touched nothing writes no entry. Each request wrote one (30 here), so a caller
+    could push the real operator actions off the trail (it keeps MAX_ENTRIES) with
+    requests that did nothing; the earlier requeue stays, and the trail grows by at most one."""
+    first = bury_many(project, 1)[0]
+    ghosts = [{"queue": "fast", "id": f"nosuch{n:05d}"} for n in range(5000)]
+    with serving(project, "bulk-ghosts") as web:
+        assert call(web, SECRETS["ops"], "POST", f"/dead/fast/{first}/requeue").status_code == 200
+        before = call(web, SECRETS["support"], "GET", "/audit").json()["total"]
+        for action in ("requeue", "delete", "cancel"):
+            for chunk in chunks(ghosts):
+                r = call(web, SECRETS["ops"], "POST", "/bulk", json={"action": action, "jobs": chunk})
+                assert r.status_code == 200, r.text
+                assert r.json()["done"] == 0 and {j["outcome"] for j in r.json()["jobs"]} == {"gone"}
+        trail = call(web, SECRETS["support"], "GET", "/audit?limit=100").json()
+    assert trail["total"] <= before + 1, trail["entries"][:3]
+    assert trail["entries"][-1]["job_id"] == first and trail["entries"][-1]["action"] == "requeue"

@@ -4,6 +4,7 @@ dead ls/requeue/purge, functions, new, and the exit codes of the cli module's do
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -422,3 +423,36 @@ def test_control_characters_of_job_data_print_escaped(project: Project, run: Inv
     assert "\\x1b[2J" in outputs[0].stdout or "\\u001b[2J" in outputs[0].stdout
     assert "fake line" in outputs[0].stdout and "\nfake line" not in outputs[0].stdout
     assert json.loads(outputs[1].stdout)["payload"] == {"s": hostile}
+
+
+def test_new_with_a_queue_in_a_folder_with_no_project_starts_one_with_that_queue(tmp_path: Path) -> None:
+    """`runner new --queue fast hello` in an empty folder starts the project as `runner new
+    hello` does, its runner.toml defining the queue asked for and the function on it (it
+    wrote nothing and said "no queue 'fast' in runner.toml" of a file that did not exist);
+    a queue name no runner.toml can hold is refused, and nothing is written."""
+    env = {k: v for k, v in os.environ.items() if k != "RUNNER_CONFIG"}
+    env["REDIS_URL"] = "redis://127.0.0.1:1/0"
+
+    def runner(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "runner.cli", *args], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    root = tmp_path / "x"
+    (root / ".git").mkdir(parents=True)
+    made = runner(root, "new", "--queue", "fast", "hello")
+    assert made.returncode == 0, made.stderr
+    assert 'one queue "fast"' in made.stdout, made.stdout
+    assert list(config_mod.load(root / "runner.toml", env={}).queues) == ["fast"]
+    listed = runner(root, "functions", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(f["type"], f["queue"]) for f in json.loads(listed.stdout)["functions"]] == [("hello", "fast")]
+    assert runner(root, "check", "--offline").returncode == 0
+    # A second function on another queue of the project now: the error names what to do.
+    other = runner(root, "new", "--queue", "slow", "bye")
+    assert other.returncode == 2 and "[queues.slow]" in other.stderr, other.stderr
+
+    bad = tmp_path / "y"
+    (bad / ".git").mkdir(parents=True)
+    refused = runner(bad, "new", "--queue", "a b", "hello")
+    assert refused.returncode == 2 and "letters, digits" in refused.stderr, refused.stderr
+    assert sorted(p.name for p in bad.iterdir()) == [".git"]

@@ -255,6 +255,57 @@ def test_a_fresh_childs_quick_job_shows_its_handlers_start(project: Project) -> 
     early = done["result"] - done["started_at"]
     assert -0.5 < early < 0.5, f"started_at is {early:.2f} s before the handler began"
 
+SLOW_IMPORT_ENDS = '''
+import os, time
+from runner import Retry
+QUEUE = "fast"
+ISOLATION = "process"
+MAX_ATTEMPTS = {attempts}
+if os.environ.get("RUNNER_CHILD_OF"):  # in the child only: its import takes 2 s
+    time.sleep(2)
+
+
+def handle(payload, ctx):
+{body}
+'''
+ENDS = {
+    # A failed attempt with attempts left (its retry far off, so its record stays to read).
+    "retried": (3, "    raise Retry(600, f'began {time.time():.3f}')"),
+    # The last attempt failed: the dead-letter record. (A Retry: it ends at once, with no
+    # traceback to format, so its end and its start mark reach the same settle.)
+    "buried": (1, "    raise Retry(600, f'began {time.time():.3f}')"),
+    # A durable function's first run ends at a sleep; its next run ends it.
+    "slept": (3, "    began = ctx.step('began', time.time)\n    ctx.sleep('nap', 0.2)\n    return began"),
+}
+
+
+def test_a_fresh_childs_failed_or_suspended_run_shows_its_handlers_start(project: Project) -> None:
+    """A fresh child whose imports take 2 s per function: a run that fails (a retry, a
+    death) or ends at a sleep records its handler's start, as a success does: the view's
+    started_at (GET /jobs/{id}, `runner job`, the dead-letter list) and its history entry.
+    Its start mark went no further than the settle that also held its end, and retry.lua,
+    bury.lua and suspend.lua wrote the claim's time, seconds before the handler began."""
+    for name, (attempts, body) in ENDS.items():
+        project.add_function(name, SLOW_IMPORT_ENDS.format(attempts=attempts, body=body))
+    c = project.client
+    jobs = {name: c.enqueue(name, {}).id for name in ENDS}
+    project.spawn_worker("fast")
+    for name, status in (("retried", "retrying"), ("buried", "dead"), ("slept", "done")):
+        wait_for(lambda i=jobs[name], s=status: c.get(i).status == s, timeout=60, what=f"{name} to be {status}")
+    for name in ("retried", "buried"):
+        view = c.get(jobs[name]).as_dict()
+        began = float(view["last_error"]["message"].split()[-1])
+        (entry,) = view["history"]
+        assert view["attempt"] == entry["attempt"] == 1, view
+        for where, at in (("started_at", view["started_at"]), ("history", entry["started_ms"] / 1000)):
+            assert -0.5 < began - at < 0.5, f"{name}: {where} is {began - at:.2f} s before the handler began"
+    (dead,) = [j for j in c.dead("fast")[1] if j.id == jobs["buried"]]
+    assert -0.5 < float(dead.as_dict()["last_error"]["message"].split()[-1]) - dead.as_dict()["started_at"] < 0.5
+    slept = c.get(jobs["slept"]).as_dict()
+    assert -0.5 < slept["result"] - slept["started_at"] < 0.5, \
+        f"a resumed run's started_at is {slept['result'] - slept['started_at']:.2f} s before its first run began"
+
+
 ONLY_V1 = '''"""Knows payload v1 only."""
 QUEUE = "fast"
 

@@ -177,3 +177,32 @@ def test_a_flood_of_pauses_and_resumes_pushes_no_other_action_off_the_trail(proj
     assert [e["action"] for e in page[:2]] == ["resume", "pause"] and page[-1]["action"] == "purge", page
     assert all(a["at_ms"] >= b["at_ms"] for a, b in itertools.pairwise(page)), page
     assert [e["action"] for e in c.audit(20, 5)[1]] == ["purge"]
+
+
+def test_cli_bulk_actions_on_5000_ids_that_do_not_exist_write_no_audit_entry(project: Project) -> None:
+    """`runner dead requeue`, `dead purge` and `cancel` of 5,000 ids that name no job (with
+    --queue and without), and `--all` runs that find nothing, act on nothing and write no
+    entry: the trail grows by at most one and the earlier action stays. A cancel of
+    several real ids is one entry with its count, not one per job."""
+    c = project.client
+    first = bury_many(project, 1)[0]
+    assert run(project, "dead", "requeue", first).exit_code == 0
+    before, _ = c.audit()
+    ghosts = [f"nosuch{n:05d}" for n in range(5000)]
+    for args in (("dead", "requeue", "--queue", "fast"), ("dead", "requeue"), ("dead", "purge", "--queue", "fast"),
+                 ("dead", "purge"), ("cancel",)):
+        out = run(project, *args, *ghosts, "--json")
+        assert out.exit_code == 1, (args, out.output[-300:])
+    for args in (("dead", "purge", "--all", "--yes"), ("cancel", "--all", "--status", "scheduled"),
+                 ("cancel", "--all", "--status", "deferred")):
+        assert run(project, *args).exit_code == 0, args
+    assert c.purge_dead("fast", by="cli:script") == 0
+    total, entries = c.audit(limit=100)
+    assert total <= before + 1, entries[:3]
+    assert (entries[-1]["action"], entries[-1]["job_id"]) == ("requeue", first)
+
+    real = [c.enqueue("record", {"n": n}, delay=600).id for n in range(3)]
+    assert run(project, "cancel", *real, "nosuch").exit_code == 1
+    total, (bulk, *_) = c.audit(limit=100)
+    assert (bulk["action"], bulk["queue"], bulk["count"], sorted(bulk["ids"])) == ("cancel", "fast", 3, sorted(real))
+    assert {c.get(i).status for i in real} == {"cancelled"}

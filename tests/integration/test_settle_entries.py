@@ -162,15 +162,17 @@ def test_each_outcome_builds_the_entry_its_script_takes(project: Project) -> Non
     assert a2 == Ack("j2", "w.2", '{"a": 2}\n' + member_meta, "noop|1", "", 0, (),
                      Member("g1", 2, "done", '{"id":"j2","status":"done","result":{"a": 2}}', ""), READY - 5)
 
-    # Retries: a failure, a rate limit on the last attempt, a deferral, an abandoned run.
+    # Retries: a failure, a rate limit on the last attempt, a deferral, an abandoned run;
+    # each carries its handler's start, which the script writes as the attempt's.
     retries, _ = by["retry"]
     assert retries == [
-        RetryAt("j3", "w.3", 1500, codec.dumps(ERROR), _history(1, "retry", ERROR), "retried|noop " + _timing("noop")),
+        RetryAt("j3", "w.3", 1500, codec.dumps(ERROR), _history(1, "retry", ERROR), "retried|noop " + _timing("noop"),
+                started_ms=STARTED),
         RetryAt("j4", "w.4", 2000, codec.dumps(ERROR), _history(3, "rate limited", ERROR), "ratelimited|noop",
-                refund=True, rate_limited=True, last=True),
-        RetryAt("j5", "w.5", 30_000, codec.dumps(ERROR), "", "deferred|noop", refund=True),
+                refund=True, rate_limited=True, last=True, started_ms=STARTED),
+        RetryAt("j5", "w.5", 30_000, codec.dumps(ERROR), "", "deferred|noop", refund=True, started_ms=STARTED),
         RetryAt("j6", "w.6", 1500, codec.dumps(ERROR), _history(1, "retry", ERROR),
-                "retried|noop " + _timing("noop") + " abandoned|noop"),
+                "retried|noop " + _timing("noop") + " abandoned|noop", started_ms=STARTED),
     ]
 
     # Burials: dead (with its ON_FAILURE job), dead unrun, cancelled (no ON_FAILURE, its
@@ -181,17 +183,17 @@ def test_each_outcome_builds_the_entry_its_script_takes(project: Project) -> Non
     assert [f.job.id for f in b7.followups] == ["j7.f"] and codec.loads(b7.followups[0].job.payload)["error"] == ERROR
     assert b7 == Burial("j7", "w.7", "max attempts reached", codec.dumps(ERROR),
                         _history(3, "max attempts reached", ERROR), False,
-                        "dead|src " + _timing("src") + " followups|src=1", b7.followups, None)
+                        "dead|src " + _timing("src") + " followups|src=1", b7.followups, None, STARTED)
     assert [f.job.id for f in b8.followups] == ["j8.f"]
     assert b8 == Burial("j8", "w.8", "invalid payload", codec.dumps(ERROR), "", True, "dead|src followups|src=1",
-                        b8.followups, None)
+                        b8.followups, None, STARTED)
     assert b9 == Burial("j9", "w.9", CANCELLED, "", _history(1, CANCELLED), False, "cancelled|noop " + _timing("noop"),
                         (), Member("g1", 2, "cancelled", codec.dumps(
-                            {"id": "j9", "status": "cancelled", "reason": CANCELLED, "error": None}), ""))
+                            {"id": "j9", "status": "cancelled", "reason": CANCELLED, "error": None}), ""), STARTED)
     expired_error = {"type": "Expired", "message": "old"}
     assert [f.job.id for f in b10.followups] == ["j10.f"]
     assert b10 == Burial("j10", "w.10", EXPIRED, codec.dumps(expired_error), _history(1, EXPIRED, expired_error), True,
-                         "dead|src expired|src followups|src=1", b10.followups, None)
+                         "dead|src expired|src followups|src=1", b10.followups, None, STARTED)
 
     # Releases: one handed back at its lease's end with a note, one at once without.
     releases, kw = by["release"]

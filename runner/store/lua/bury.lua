@@ -25,10 +25,11 @@
 --                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] dead retention, ms
--- ARGV[3] n; then per job 7 fields:
+-- ARGV[3] n; then per job 8 fields:
 --   id, token, reason, error (JSON, '' none), history entry (JSON, '' none),
 --   attempt refund (1: the attempt is given back, e.g. the payload never reached
---   a handler; 0: it counts), stats fields (space-separated)
+--   a handler; 0: it counts), stats fields (space-separated), the handler's start, ms
+--   ('' the claim's; set for a run whose start mark was not sent, as in retry.lua)
 -- then m, ON_FAILURE jobs, 15 fields each as ack.lua's follow-ups: written only for a job
 --   buried here, in this step, once by id (their ids go in its state as 'children'); a
 --   job requeued n times gets n + 1 appended to its follow-up's id (<id>.f2, ...)
@@ -57,7 +58,7 @@
 --- @include "groups"
 --- @include "ended"
 local now, dead_ttl, n = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local damaged = damaged_set((tonumber(ARGV[4 + n * 7]) or 0) > 0 and {{'dead', K.dead}, {'scheduled', K.scheduled}}
+local damaged = damaged_set((tonumber(ARGV[4 + n * 8]) or 0) > 0 and {{'dead', K.dead}, {'scheduled', K.scheduled}}
   or {{'dead', K.dead}})
 if damaged then return damaged end
 local out = {}
@@ -68,9 +69,9 @@ local ended = {}  -- waited jobs buried in this batch
 -- requeues plus one; relay.py's lost_destinations names it alike), not the first
 -- death's <id>.f, which would be known already and never written (place -> n).
 local again = {}
-local held = batch_claims(K.claims, 4, 7, n)
+local held = batch_claims(K.claims, 4, 8, n)
 for i = 0, n - 1 do
-  local b = 4 + i * 7
+  local b = 4 + i * 8
   local id, token, reason, err = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], tonumber(ARGV[b + 5]), ARGV[b + 6]
   local jk = K.job_prefix .. id
@@ -84,7 +85,7 @@ for i = 0, n - 1 do
     seen[id] = true
     local cancelled = reason == 'cancelled'
     local set = {'status', cancelled and 'cancelled' or 'dead', 'reason', reason, 'finished_ms', now,
-      'attempt', c.attempt - refund, 'started_ms', c.started}
+      'attempt', c.attempt - refund, 'started_ms', ARGV[b + 7] ~= '' and ARGV[b + 7] or c.started}
     if err ~= '' then
       set[#set + 1] = 'error'
       set[#set + 1] = err
@@ -117,7 +118,7 @@ call_many('ZADD', K.dead, dead_ids, 2)
 for _, s in ipairs(slots) do
   release_limits(K.lim_prefix, s[1], s[2], now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
 end
-local fb = 4 + n * 7
+local fb = 4 + n * 8
 local m = tonumber(ARGV[fb]) or 0
 local Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, prio = K.prio,
   claims = K.claims, done_meta = K.done_meta, done = K.done_prefix}
@@ -129,7 +130,7 @@ if m > 0 then
     local b = fb + 1 + i * 15
     local place = tonumber(ARGV[b])
     if (out[place] or -1) > 0 then
-      local pid = ARGV[4 + (place - 1) * 7]
+      local pid = ARGV[4 + (place - 1) * 8]
       kids[pid] = (kids[pid] and kids[pid] .. ',' or '') .. ARGV[b + 2] .. (again[place] or '')
     end
   end

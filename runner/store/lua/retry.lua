@@ -17,14 +17,16 @@
 -- KEYS[12] log_prefix  (string) the job's log, LIST (joblog.lua)
 -- KEYS[13] stream_prefix (string) the job's stream, LIST (joblog.lua)
 -- ARGV[1] now, ms ('' for the server's clock)
--- ARGV[2] n; then per job 7 fields:
+-- ARGV[2] n; then per job 8 fields:
 --   id, token, delay ms (from now), error (JSON), history entry (JSON, '' none),
 --   refund (1: no attempt spent; the job is counted as a deferral; 2: a handler's
 --   RateLimited, no attempt spent for the first RATE_LIMITED_FREE of the job, the
 --   attempt spent after that, as any retry; 3: the same on the job's last attempt,
 --   where past the bound nothing is written and the code is 2: the worker buries it),
---   stats fields
--- ARGV[3 + 7n] the retention of the job's log, ms ('' or 0: its expiry is left as it is)
+--   stats fields, the handler's start, ms ('' the claim's: a run's start mark, start.lua,
+--   writes it there; set for a run that ends in the same settle as its start, whose mark
+--   is not sent, as in ack.lua: a fresh child's imports came between claim and start)
+-- ARGV[3 + 8n] the retention of the job's log, ms ('' or 0: its expiry is left as it is)
 --
 -- Each job costs one HMGET and one HSET of its state hash (the attempt, its start and the
 -- history move from the claim to the state); the batch's fences, claims, leases and
@@ -43,15 +45,15 @@
 --- @include "claims"
 --- @include "record_keys"
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
-local keep = tonumber(ARGV[3 + 7 * n]) or 0
+local keep = tonumber(ARGV[3 + 8 * n]) or 0
 local damaged = damaged_set({{'scheduled', K.scheduled}})
 if damaged then return damaged end
 local out = {}
 local ids, due_ids, slots = {}, {}, {}
 local seen = {}
-local held = batch_claims(K.claims, 3, 7, n)
+local held = batch_claims(K.claims, 3, 8, n)
 for i = 0, n - 1 do
-  local b = 3 + i * 7
+  local b = 3 + i * 8
   local id, token, delay, err = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]
   local entry, refund, fields = ARGV[b + 4], ARGV[b + 5] == '1', ARGV[b + 6]
   local jk = K.job_prefix .. id
@@ -77,7 +79,7 @@ for i = 0, n - 1 do
       set[#set + 1] = (tonumber(f[2]) or 0) + 1
     else
       for _, kv in ipairs({{'error', err}, {'finished_ms', now}, {'attempt', c.attempt},
-          {'started_ms', c.started}}) do
+          {'started_ms', ARGV[b + 7] ~= '' and ARGV[b + 7] or c.started}}) do
         set[#set + 1] = kv[1]
         set[#set + 1] = kv[2]
       end

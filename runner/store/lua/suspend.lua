@@ -57,6 +57,8 @@
 --          _lib.lua) until 10 s past the wait's end, which its next claim takes over;
 --          '' or 0: released now, the next parked job woken (the default)
 -- ARGV[31] the retention of the job's log, ms ('' or 0: its expiry is left as it is)
+-- ARGV[32] the handler's start, ms ('' the claim's; set for a run whose start mark was
+--          not sent, as in retry.lua): the first run's start when this run is the first
 --
 -- Kind 'invoke' waits as 'signal' does: the child's end is its signal (the worker that
 -- settles the child sends it; a parent due before that looks for the child itself).
@@ -95,7 +97,7 @@ local n, bytes = tonumber(f[1]) or 0, tonumber(f[2]) or 0
 local due = tonumber(ARGV[6]) and now + tonumber(ARGV[6]) or tonumber(ARGV[7])
 local waits = ARGV[11] == 'signal' or ARGV[11] == 'invoke' or ARGV[11] == 'event'
 local ran = redis.call('HMGET', sk, 'run_attempt', 'run_started_ms')
-local first = (ran[1] == tostring(c.attempt) and ran[2]) or c.started
+local first = (ran[1] == tostring(c.attempt) and ran[2]) or (ARGV[32] ~= '' and ARGV[32]) or c.started
 local set = {'status', waits and 'waiting' or 'sleeping', 'ready_ms', due, 'suspended', '1',
   'run_attempt', c.attempt, 'run_started_ms', first}
 if waits then
