@@ -563,7 +563,12 @@ def signal(client: Client, job_id: str, name: str, data: Any = None, *, key: str
     elif (bad := templates.control_character(key)) is not None:
         raise ValueError(f"a signal's key holds a control character ({bad}), which a key cannot carry")
     # Held as a step's value is: its log entry must read back (steps.VALUE_DEPTH).
-    body = codec.dumpb_checked(data, VALUE_DEPTH).decode()
+    try:
+        body = codec.dumpb_checked(data, VALUE_DEPTH).decode()
+    except codec.TooDeep:
+        raise
+    except codec.EncodeError:  # NaN, an integer past 64 bits, a set: named as a payload's are
+        raise ValueError(f"a signal's body must be JSON: {(codec.not_json(data) or ('$', 'not JSON'))[1]}") from None
     if len(body) > MAX_STEP_BYTES:
         raise ValueError(f"a signal's body is at most {MAX_STEP_BYTES:,} bytes of JSON, not {len(body):,}")
     return deliver_signal(client, job_id, name, body, bounded=True, key=key)

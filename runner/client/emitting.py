@@ -103,11 +103,17 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
         if not raw or len(raw) > MAX_KEY_BYTES or control_character(idempotency_key) is not None:
             raise ValidationFailed(name, 0, [FieldError("$", (
                 f"an idempotency key must be 1 to {MAX_KEY_BYTES} bytes, without control characters"))])
-    deep = codec.too_deep(data)
-    if deep is not None:  # held to the payload limit even with no subscriber: waiters read it too
-        raise ValidationFailed(name, 0, [FieldError(deep, (
+    # Held to what a payload may hold even with no subscriber (waiters read it too), by
+    # the encoder every payload takes: NaN was stored as null.
+    try:
+        body = codec.dumpb_checked(data).decode()
+    except codec.TooDeep as exc:
+        raise ValidationFailed(name, 0, [FieldError(exc.path, (
             f"the nesting depth is over the limit of {codec.MAX_DEPTH} levels of arrays and objects; "
-            "flatten the data"))])
+            "flatten the data"))]) from None
+    except codec.EncodeError:
+        path, why = codec.not_json(data) or ("$", "the data is not JSON")
+        raise ValidationFailed(name, 0, [FieldError(path, why)]) from None
     rt = client.runtime
     subscribers = rt.registry.subscribers(name)
     preps: list[Prepared] = []
@@ -123,7 +129,6 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
                                                     "(runner check names the error), then emit again")])
     if rejections:
         raise EventRejected(name, rejections)
-    body = codec.dumps(data)
     queue = subscribers[0].queue if subscribers else next(iter(rt.config.queues))
     home = rt.keys[queue]
     if idempotency_key:

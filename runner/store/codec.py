@@ -130,7 +130,9 @@ def check_depth(value: Any, data: str | bytes, limit: int = MAX_DEPTH, named: in
 def dumpb_checked(obj: Any, limit: int = MAX_DEPTH) -> bytes:
     """orjson.dumps(obj), refused with TooDeep past ``limit`` levels: one encoding in all,
     inside the lists that make the encoder's own limit this one, sliced off after.
-    Any other JSONEncodeError (a set, an integer out of 64 bits) is raised as is."""
+    Any other JSONEncodeError (a set, an integer out of 64 bits, NaN or an infinity) is
+    raised as is (not_json names the path). The one encoder of what a caller hands in: a
+    payload, ctx.enqueue's, an event's data, a signal's body, a step's value, a checkpoint."""
     outer = _ENCODER_DEPTH - limit
     try:
         raw = _wrapped(obj, limit)
@@ -139,7 +141,23 @@ def dumpb_checked(obj: Any, limit: int = MAX_DEPTH) -> bytes:
         if path is not None:
             raise TooDeep(path, limit) from None
         raise
-    return raw[outer:-outer]
+    out = raw[outer:-outer]
+    if b"null" in out and _has_non_finite(obj, out):
+        # orjson writes NaN and infinities as null: a value the caller never sent.
+        raise orjson.JSONEncodeError("NaN and infinities have no JSON form")
+    return out
+
+
+def _has_non_finite(obj: Any, out: bytes) -> bool:
+    """Whether ``obj`` (encoded as ``out``, which holds a null) holds NaN or an infinity.
+    Only then may a null stand for a float: a value that reads back equal (compared in C)
+    holds none; one that does not (a NaN, a tuple, a datetime) is walked."""
+    try:
+        if orjson.loads(out) == obj:
+            return False
+    except orjson.JSONDecodeError:
+        pass
+    return _unstorable(obj, "$") != ""
 
 
 def dumps(obj: Any) -> str:
@@ -404,7 +422,7 @@ def _unstorable(node: Any, path: str, str_keys: bool = False) -> str:
                 return found
         return ""
     if isinstance(node, float) and not math.isfinite(node):
-        return f"the value at {path} is {node!r}, which JSON cannot hold (return None or a string in its place)"
+        return f"the value at {path} is {node!r}, which JSON cannot hold (use None or a string in its place)"
     if isinstance(node, int | str | bool | float) or node is None:
         return ""
     try:

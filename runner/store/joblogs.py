@@ -4,10 +4,18 @@ the lease renewal and the run's settlement (worker/joblog.py)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
+
+from runner.store import codec
 from runner.store.keys import QueueKeys
+
+# Levels a line or a chunk may nest and still encode in every view (orjson's 254, less
+# the levels a view adds around it). One nested deeper (another writer's) reads as a
+# damaged line: json.loads raised RecursionError on one 3,000 levels deep, and each
+# view of the log answered 500.
+ENTRY_DEPTH = 250
 
 
 def read(redis: Any, k: QueueKeys, job_id: str) -> list[dict[str, Any]]:
@@ -59,12 +67,15 @@ def _position(chunk: dict[str, Any]) -> tuple[int, int]:
 
 
 def _objects(raws: Any) -> list[dict[str, Any]]:
+    """Each entry decoded: the one place a log line or a chunk is read. One that is not a
+    JSON object within ENTRY_DEPTH (damage) reads as a line of its text."""
     out: list[dict[str, Any]] = []
     for raw in raws or ():
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         try:
-            one = json.loads(text)
-        except ValueError:
+            one = orjson.loads(text)  # in C: never a RecursionError (past 1,024 levels, a DecodeError)
+            codec.check_depth(one, text, ENTRY_DEPTH)
+        except orjson.JSONDecodeError:  # codec.TooDeep is one
             one = None
         out.append(one if isinstance(one, dict) else {"ts": None, "level": "INFO", "src": "log", "msg": text})
     return out

@@ -91,8 +91,15 @@ def digest_of(match: Mapping[str, Any]) -> str:
 
 
 def digest_for(shape: str, data: Any) -> str | None:
-    """The bucket an event's data falls in for one field list (None: it lacks a field)."""
-    fields = json.loads(shape)
+    """The bucket an event's data falls in for one field list (None: it lacks a field, or
+    the list read back from Redis is damaged: not a JSON list of names, or nested deep
+    enough that json.loads raised RecursionError, which failed the emit)."""
+    try:
+        fields = json.loads(shape)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        return None
     if not fields:
         return digest(shape, [])
     if not isinstance(data, dict) or any(f not in data for f in fields):

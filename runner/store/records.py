@@ -78,6 +78,17 @@ SHOWN_AS = {"payload": "payload", "result": "result", "checkpoint": "checkpoint"
             "progress": "progress", "history": "history"}
 RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "idem_hash", "resource_key",
                  "limits", "meta")
+# A durable function's step log holds at most this many entries (PRODUCT.md; step.lua
+# refuses one more): a count past it, or any count or time past its bound below, is
+# damage (a record another producer wrote), shown as such in the view's "damaged", never
+# expanded or encoded as it is: steps=1000000 built a million-entry step list for every
+# view of the job (48 MB), and a 30-digit attempt failed the JSON encoding of each.
+MAX_STEPS = 1000
+MAX_COUNT = 2**53 - 1  # the largest integer every JSON reader reads exactly
+MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31, the last time a date shows
+# What a view shows for a step log whose count is damaged: one entry, marked unreadable
+# as a damaged entry is, so every reader (the console, `runner job`) shows it as it is.
+DAMAGED_STEP = {"name": None, "kind": None, "status": "unreadable"}
 
 
 def encode(fields: Mapping[str, Any]) -> str:
@@ -273,9 +284,32 @@ def now_ms() -> int:
 
 def _int(v: Any, default: int = 0) -> int:
     try:
-        return int(v)
+        n = int(v)
     except (TypeError, ValueError):
         return default
+    return n if -MAX_COUNT <= n <= MAX_COUNT else default
+
+
+def count_of(raw: Any, most: int = MAX_COUNT) -> int | None:
+    """A count (or a time) read back from Redis: None unless a whole number from 0 to
+    ``most``."""
+    try:
+        n = int(raw) if isinstance(raw, str | int) and not isinstance(raw, bool) else -1
+    except ValueError:
+        return None
+    return n if 0 <= n <= most else None
+
+
+def _count(f: Mapping[str, Any], name: str, damaged: list[str], most: int = MAX_COUNT) -> int | None:
+    """A count (or a time) of the record: None when absent, and when out of its range
+    (then named in ``damaged``)."""
+    raw = f.get(name)
+    if raw is None or raw == "":
+        return None
+    n = count_of(raw, most)
+    if n is None:
+        damaged.append(name)
+    return n
 
 
 def _json(v: Any) -> Any:
@@ -289,7 +323,7 @@ def _json(v: Any) -> Any:
 
 def _ts(v: Any) -> float | None:
     ms = _int(v, 0)
-    return ms / 1000 if ms else None
+    return ms / 1000 if 0 < ms <= MAX_TIME_MS else None
 
 
 def worker_of(token: str) -> str:
@@ -312,15 +346,20 @@ class Job:
             history = codec.loads("[" + history_raw + "]") if history_raw else []
         except codec.DecodeError:
             history = [{"unparsable": history_raw[:200]}]
+        damaged: list[str] = []
+        for name in ("created_ms", "enqueued_ms", "ready_ms", "started_ms", "finished_ms", "lease_ms"):
+            _count(f, name, damaged, MAX_TIME_MS)
+        requeued = _count(f, "requeued", damaged)
+        priority = _count(f, "priority", damaged, 9)
         view = {
             "id": self.id,
             "type": f.get("type"),
-            "version": _int(f.get("version"), 0) or None,
+            "version": _count(f, "version", damaged) or None,
             "queue": self.queue,
             "status": f.get("status"),
-            "attempt": _int(f.get("attempt")),
+            "attempt": _count(f, "attempt", damaged) or 0,
             # A finished job keeps a short outcome, without it: null, not a misleading 0.
-            "max_attempts": _int(f.get("max_attempts")) or None,
+            "max_attempts": _count(f, "max_attempts", damaged) or None,
             "payload": _json(f.get("payload")),
             "created_at": _ts(f.get("created_ms")),
             # The enqueue script leaves out times equal to created_ms.
@@ -330,11 +369,11 @@ class Job:
             "finished_at": _ts(f.get("finished_ms")),
             "idempotency_key": f.get("idem_key") or None,
             "resource_key": f.get("resource_key") or None,
-            "deferrals": _int(f.get("deferrals")),
+            "deferrals": _count(f, "deferrals", damaged) or 0,
             # Times requeued from dead; a done job's short outcome does not keep it.
-            "requeued": max(0, _int(f["requeued"])) if "requeued" in f else None if f.get("status") == "done" else 0,
+            "requeued": requeued if requeued is not None else None if f.get("status") == "done" else 0,
             # 1-9 as long as the job lives; a done job's short outcome does not keep it.
-            "priority": _int(f["priority"]) if "priority" in f else None if f.get("status") == "done" else 0,
+            "priority": priority if priority is not None else None if f.get("status") == "done" else 0,
             "last_error": _json(f.get("error")),
             "reason": f.get("reason") or None,
             "history": history,
@@ -347,7 +386,8 @@ class Job:
             "group": None,
         }
         if "steps" in f:
-            view["steps"] = step_views(f)
+            steps = _count(f, "steps", damaged, MAX_STEPS)
+            view["steps"] = step_views(f, steps) if steps is not None else [dict(DAMAGED_STEP)]
             if f.get("status") == "sleeping":
                 view["sleeping_until"] = _ts(f.get("ready_ms"))
             elif f.get("status") == "waiting":
@@ -378,12 +418,14 @@ class Job:
                 view["group"] = meta[GROUP]
             if isinstance(meta.get(DEBOUNCE), dict):
                 # Enqueues merged into this one job: its state's count, once done its outcome's.
-                view["absorbed"] = _int(f.get("absorbed", meta.get("absorbed")))
+                view["absorbed"] = _count(f if "absorbed" in f else meta, "absorbed", damaged) or 0
             for key, value in meta.items():
                 if key not in (WAITED, CHILDREN, CHILDREN_COUNT, GROUP):  # the waiters' mark is not the producer's
                     view.setdefault(key, value)
         if f.get(CUT):
             self._previews(view)
+        if damaged:
+            view["damaged"] = damaged  # the fields read back out of their range, shown as absent
         return view
 
     def _previews(self, view: dict[str, Any]) -> None:
@@ -454,18 +496,19 @@ def waiting_view(f: Mapping[str, str]) -> dict[str, Any]:
     return {"signal": signal, "timeout_at": until}
 
 
-def step_views(f: Mapping[str, str]) -> list[dict[str, Any]]:
-    """A durable function's step log as a job view shows it: each entry's name, kind,
-    status, times and a result excerpt (its first STEP_EXCERPT characters of JSON)."""
+def step_views(f: Mapping[str, str], count: int) -> list[dict[str, Any]]:
+    """A durable function's step log as a job view shows it, its first ``count`` entries
+    (at most MAX_STEPS: the caller's bound): each entry's name, kind, status, times and
+    a result excerpt (its first STEP_EXCERPT characters of JSON)."""
     out: list[dict[str, Any]] = []
-    for i in range(_int(f.get("steps"))):
+    for i in range(min(count, MAX_STEPS)):
         raw = f.get(f"step:{i}")
         try:
             e = codec.loads(raw) if raw else None
         except codec.DecodeError:
             e = None
         if not isinstance(e, dict):
-            out.append({"name": None, "kind": None, "status": "unreadable"})
+            out.append(dict(DAMAGED_STEP))
             continue
         finished = e.get("finished_ms")
         started = e.get("started_ms")

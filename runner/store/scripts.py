@@ -507,7 +507,8 @@ class Scripts(Transport):
         """A job's step log entries (steps.lua), counting ``stats`` when there is one.
         ``durable`` (a run's replay): returned once the replicas hold every write before it
         on this connection, the log's entries among them (else NotReplicated)."""
-        return self._run("steps", scriptkeys.keys("steps", k, job=k.job(job_id)), (stats,), durable=durable)
+        return self._run("steps", scriptkeys.keys("steps", k, job=k.job(job_id)), (stats, records.MAX_STEPS),
+                         durable=durable)
 
     def suspend(self, k: QueueKeys, s: Suspension, pipe: Batch | None = None, now_ms: int | None = None) -> Any:
         """End a durable function's run at a sleep (suspend.lua): {code, due ms}."""

@@ -14,7 +14,7 @@ from runner.store import codec, records
 from runner.store.keys import QueueKeys
 
 # A job's step log is bounded (PRODUCT.md): entries and bytes of all entries.
-MAX_STEPS = 1000
+MAX_STEPS = records.MAX_STEPS  # (there: a view reads a count past it as damage)
 MAX_LOG_BYTES = 4 * 1024 * 1024
 MAX_STEP_BYTES = 256 * 1024  # [worker] max_step_bytes by default: one step's result
 # Signals one job keeps unread (sent before its waits read them): a bound, so no caller
@@ -128,7 +128,9 @@ def _suspended_of(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[tuple[st
     pipe = redis.pipeline(transaction=False)
     for job_id in ids:
         pipe.execute_command("HMGET", k.state(job_id), "status", "steps")
-    chosen = [(job_id, int(steps or 0), status) for job_id, (status, steps) in zip(ids, pipe.execute(), strict=True)
+    # A count past the log's bound is damage: read as none (it asked a million fields).
+    chosen = [(job_id, records.count_of(steps or 0, MAX_STEPS) or 0, status)
+              for job_id, (status, steps) in zip(ids, pipe.execute(), strict=True)
               if status in ("sleeping", "waiting")]
     if not chosen:
         return []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 # The query options a URL may carry: redis-py's own (a single server), and what
 # connection.py reads for a sentinel set. Anything else failed at the first connection
@@ -98,29 +98,37 @@ def same_server(a: str, b: str) -> bool:
 
 
 def redact(url: str) -> str:
-    """A Redis URL fit for logs: every credential replaced by ***: the password of the
-    userinfo (or the whole userinfo when it has no colon: redis-py may read it as one),
+    """A Redis URL fit for logs: every credential replaced by ***: the userinfo's
+    password (or the whole userinfo when it has no colon: redis-py may read it as one),
     and every query option that names a password (``?password=``,
-    ``?sentinel_password=``). Works on the multi-host netlocs of cluster and sentinel
-    URLs too (``user:pw@h1:p1,h2:p2``), which the standard library cannot parse into a
-    port."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(a malformed URL)"
-    auth, at, hosts = parts.netloc.rpartition("@")
+    ``?sentinel_password=``). Read as text, not parsed, so it holds for a URL that does
+    not parse too: the userinfo is everything between the ``//`` and the last ``@``,
+    whatever it holds (a password with a ``/``, ``?`` or ``#`` not percent-encoded put
+    the start of the host, or the whole path, inside it), and a fragment (a ``#`` and
+    what follows: the rest of such a password) never shows. Works on the multi-host
+    netlocs of cluster and sentinel URLs too (``user:pw@h1:p1,h2:p2``)."""
+    head, slashes, rest = url.partition("//")
+    if not slashes:
+        head, rest = "", url
+    # unix:///path has no userinfo (its path may hold an "@"); unix://user:pw@/path has.
+    auth, at, tail = ("", "", rest) if rest.startswith("/") else rest.rpartition("@")
+    if not at:
+        tail = rest
+    where, hash_, _ = tail.partition("#")
+    place, question, query = where.partition("?")
     # Keys read decoded, as redis-py reads them: ?pass%77ord= is its password too.
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    secret_query = any("password" in k.lower() for k, _ in query)
-    if not at and not secret_query:
-        return url  # as given (urlunsplit would rewrite a unix:/// URL)
+    pairs = parse_qsl(query, keep_blank_values=True)
+    secret_query = any("password" in k.lower() for k, _ in pairs)
+    if not at and not secret_query and not hash_:
+        return url  # as given
     if at:
         user, colon, _ = auth.partition(":")
-        parts = parts._replace(netloc=f"{user}:***@{hosts}" if colon else f"***@{hosts}")
+        # A name that holds a reserved character is a misread URL: hidden with the rest.
+        auth = f"{user}:***" if colon and not any(c in user for c in "/?#[]") else "***"
     if secret_query:
-        shown = [(k, "***" if "password" in k.lower() else v) for k, v in query]
-        parts = parts._replace(query=urlencode(shown, safe="*"))
-    return urlunsplit(parts)
+        query = urlencode([(k, "***" if "password" in k.lower() else v) for k, v in pairs], safe="*")
+    return (head + slashes + (auth + "@" if at else "") + place + (question + query if question else "")
+            + ("#***" if hash_ else ""))
 
 
 # What names a password and its separator (``sentinel_password=``, ``'password': ``); the
@@ -129,7 +137,7 @@ def redact(url: str) -> str:
 # every start in a run of word characters (quadratic: a 32,000-letter word beside an "@"
 # in a log line held the GIL for 4 s).
 _PASSWORD = re.compile(r"""password['"]?\s*[=:]\s*""", re.IGNORECASE)
-_USERINFO = re.compile(r"(://)([^/@\s]+)@")
+_BLANK = re.compile(r"\s")
 # Characters of one log line (or error) scrub reads; past them the line is cut (see scrub).
 SCAN_CHARS = 65_536
 
@@ -243,14 +251,75 @@ def scrub(text: str) -> str:
         head = head[:max(head.rfind(" "), head.rfind("\n"), head.rfind("\t")) + 1]
         cut = f"[{len(text) - len(head):,} more characters cut]"
         text = head
-    text = _hide_passwords(text)
-    return _USERINFO.sub(lambda m: m.group(1) + ("***" if ":" not in m.group(2)
-                                                 else m.group(2).split(":", 1)[0] + ":***") + "@", text) + cut
+    return _hide_userinfo(_hide_passwords(text)) + cut
+
+
+def _hide_userinfo(text: str) -> str:
+    """Every URL's userinfo in ``text`` hidden: from its ``://`` to the last ``@`` before
+    the next blank, whatever it holds (a password with a ``/`` or ``#`` not encoded), as
+    redact reads one URL (``unix:///path`` has none). One pass: each run of non-blanks is
+    read once."""
+    out: list[str] = []
+    copied = 0
+    start = text.find("://")
+    while start >= 0:
+        blank = _BLANK.search(text, start)
+        end = blank.start() if blank else len(text)
+        at = text.rfind("@", start, end)
+        while 0 <= start < at and text.startswith("/", start + 3):
+            start = text.find("://", start + 3, at)
+        if 0 <= start < at:
+            user, colon, _ = text[start + 3:at].partition(":")
+            shown = f"{user}:***" if colon and not any(c in user for c in "/?#[]") else "***"
+            out.append(text[copied:start + 3] + shown)
+            copied = at
+        start = text.find("://", end)
+    out.append(text[copied:])
+    return "".join(out)
+
+
+_ENCODE = ("percent-encode the password ('/' as %2F, '?' as %3F, '#' as %23, '@' as %40, '%' as %25: "
+           "urllib.parse.quote(password, safe=''))")
+
+
+def _reserved_in_userinfo(url: str) -> str | None:
+    """What to say of a user name or password holding a character a URL reserves, not
+    percent-encoded: a ``/``, ``?`` or ``#`` ends the host's part of the URL, so the rest
+    of the password was read as the path or the query, and its start as the host and a bad
+    port. A ``#`` anywhere is one too: a Redis URL has no fragment, and redis-py drops it
+    (a query's password cut short)."""
+    rest = url.partition("//")[2] or url
+    if "#" in rest:
+        return f"{redact(url)}: a Redis URL holds no '#' (it ends the URL there): {_ENCODE}"
+    if rest.startswith("/"):
+        return None  # unix:///path: no userinfo, and a socket's path may hold an "@"
+    at = rest.rfind("@")
+    cut = min((i for i in (rest.find(c) for c in "/?") if i >= 0), default=-1)
+    if at < 0 or not 0 <= cut < at:
+        return None
+    # An "@" in the path (a database number) is never right; one in the query may be an
+    # option's value (?client_name=a@b) when what stands before the path reads as hosts.
+    in_path = rest[cut] == "/" and "@" in rest[cut:].partition("?")[0]
+    if in_path or not _hosts_read(rest[:cut]):
+        return (f"{redact(url)}: the user name or password holds {rest[cut]!r}, which ends the host's part "
+                f"of a URL: {_ENCODE}")
+    return None
+
+
+def _hosts_read(netloc: str) -> bool:
+    """Whether a netloc without userinfo is hosts, each with a port of digits or none."""
+    for host in netloc.split(","):
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if colon and not (name and port.isdigit()):
+            return False
+    return True
 
 
 def problem(url: str) -> str | None:
     """What is wrong with a Redis URL's hosts, ports and options, or None (the scheme is
     connection.py's to check). Said with the URL redacted."""
+    if (reserved := _reserved_in_userinfo(url)) is not None:
+        return reserved
     try:
         parts = urlsplit(url)
     except ValueError as exc:

@@ -102,6 +102,10 @@ COMPONENTS: dict[str, Any] = {
                       "field is null (history empty) and <field>_preview holds the first 4,096 bytes of its "
                       "JSON text; GET /jobs/{id} gives it whole"},
         "payload_preview": _STR, "result_preview": _STR,
+        "damaged": {"type": "array", "items": _STR,
+                    "description": "The record's fields read back out of their range (a count or a time "
+                    "another writer set): each is shown as absent (null, or 0 for attempt and deferrals); a "
+                    "damaged step count shows one unreadable step"},
     } | _JOB_META, required=_JOB_FIELDS, extra=True),
     "GroupRequest": _obj({"members": {"type": "array", "minItems": 1, "items": _GROUP_JOB,
                                       "description": "jobs of one queue"},

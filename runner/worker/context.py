@@ -181,15 +181,21 @@ class Context:
         ``progress`` by GET /jobs/{id} and `runner job` within 2 s. Batched: the latest
         report rides on the next lease renewal, so a call costs no round trip. Never fails
         the job: progress is advice to whoever watches, not state the job depends on. A
-        message is shown cut to its first 1,000 characters; a report that is not JSON, or
-        whose JSON is over 4 KiB even so, is dropped (the first with a warning in the job's
-        log), leaving the last one shown."""
+        message is shown cut to its first 1,000 characters; a report that is not JSON,
+        nested past the limit of 120 levels, or whose JSON is over 4 KiB even so, is dropped
+        (the first with a warning in the job's log), leaving the last one shown."""
         if isinstance(message, str) and len(message) > PROGRESS_MESSAGE_CHARS:
             message = message[:PROGRESS_MESSAGE_CHARS] + "\u2026"
         value = percent if message is None else {"percent": percent, "message": message}
         try:
-            size = len(codec.dumpb(value))  # JSON only, as everything a job leaves behind
-        except TypeError as exc:  # a Decimal, bytes, a lone surrogate: not JSON
+            # JSON only, as everything a job leaves behind, and held to the one nesting
+            # limit, the level of {"percent", "message"} aside: one past it was shown as it
+            # was, or (past what a record reads back) as {"unparsable": ...} in its place.
+            size = len(codec.dumpb_checked(value, codec.MAX_DEPTH + (message is not None)))
+        except codec.TooDeep as exc:
+            return self._drop_progress(f"progress report dropped: nested past the limit of {codec.MAX_DEPTH} "
+                                       f"levels of arrays and objects (at {exc.path})")
+        except TypeError as exc:  # a Decimal, bytes, a lone surrogate, NaN: not JSON
             return self._drop_progress(f"progress report dropped: not JSON ({exc})")
         if size > PROGRESS_MAX_BYTES:
             return self._drop_progress(f"progress report of {size} bytes of JSON dropped (at most "

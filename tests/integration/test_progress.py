@@ -55,3 +55,48 @@ def test_progress_is_visible_within_2_s(project: Project, isolation: str) -> Non
     assert json.loads(shown.stdout)["progress"] == want, shown.stderr
     client.cancel(job_id)
     assert client.settle(job_id, 10).status == "cancelled"
+
+
+DEEP = '''"""Reports progress, then one nested past the limit, then runs until cancelled."""
+import time
+
+QUEUE = "slow"
+TIMEOUT = 60
+{extra}
+
+def handle(payload, ctx):
+    ctx.progress(50, "half way")
+    deep = 1
+    for _ in range(payload["levels"]):
+        deep = [deep]
+    ctx.progress(deep, payload.get("message"))
+    ctx.logger.info("sent")
+    while not ctx.cancelled:
+        time.sleep(0.02)
+    ctx.raise_if_cancelled()
+'''
+
+
+@pytest.mark.parametrize("isolation,levels,message", [("thread", 121, None), ("thread", 140, "deep"),
+                                                      ("process", 125, None)])
+def test_a_report_past_the_nesting_limit_is_dropped_keeping_the_last_one(
+        project: Project, isolation: str, levels: int, message: str | None) -> None:
+    """ctx.progress is held to the one limit (120 levels): a report past it is dropped
+    with a warning in the job's log, and the last good report stays shown. One of 121 to
+    128 levels was shown as it was; one past 128 replaced it with {"unparsable": ...}."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    (project.root / "functions" / "deep.py").write_text(DEEP.format(extra=extra))
+    (project.root / "schemas" / "deep").mkdir(exist_ok=True)
+    (project.root / "schemas" / "deep" / "v1.json").write_text('{"type":"object"}')
+    project.write_config(grace=1)
+    client = project.client
+    job_id = client.enqueue("deep", {"levels": levels, "message": message}).id
+    project.spawn_worker("slow")
+    # The log line after the report rides on a renewal with the latest report.
+    wait_for(lambda: any(line["msg"] == "sent" for line in client.logs(job_id)["lines"]), timeout=60,
+             what="the line after the report")
+    assert client.get(job_id).as_dict()["progress"] == {"percent": 50, "message": "half way"}
+    warnings = [line["msg"] for line in client.logs(job_id)["lines"] if line["level"] == "WARNING"]
+    assert len(warnings) == 1 and "120 levels" in warnings[0], warnings
+    client.cancel(job_id)
+    assert client.settle(job_id, 10).status == "cancelled"

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from runner import config
+from runner.store import urls
 from runner.store.urls import redact, scrub
 
 from conftest import Project, wait_for
@@ -49,6 +50,43 @@ def test_scrub_hides_a_password_with_a_comma_space_or_quote_in_it(secret: str) -
         shown = scrub(text)
         assert "SECRET" not in shown and "***" in shown, shown
     assert scrub("Connection(db=0,password=x,socket_timeout=15.0)").endswith("socket_timeout=15.0)")
+
+
+# A password holding a character a URL reserves, not percent-encoded (a base64 secret's
+# "/"): the URL reads as a host "app:<start of the password>" with a bad port, and the
+# rest of the password as the path, the query or a fragment.
+UNENCODED = ["redis://app:Zq7/{s}@127.0.0.1:1/0", "redis://app:Zq7#{s}@127.0.0.1:1/0",
+             "redis://app:Zq7?{s}@127.0.0.1:1/0", "redis://app:{s}/x#y?z@127.0.0.1:1/0",
+             "rediss+cluster://app:Zq7/{s}@h1:1,h2:2", "redis://127.0.0.1:1/0?password=Zq7#{s}"]
+
+
+@pytest.mark.parametrize("url", UNENCODED)
+def test_a_password_not_percent_encoded_never_prints(url: str) -> None:
+    """redact, scrub and the configuration error read such a URL as text: everything
+    between the ``//`` and the last ``@`` is hidden, whatever it holds, and the error says
+    to percent-encode the password (it said "the port of 'app:Zq7' must be a number")."""
+    url = url.format(s=SECRET)
+    for shown in (redact(url), scrub(f"error: {url}: refused"), urls.problem(url) or ""):
+        assert SECRET not in shown and "Zq7" not in shown and "***" in shown, shown
+    assert "percent-encode" in (urls.problem(url) or ""), urls.problem(url)
+
+
+def test_an_at_sign_outside_the_userinfo_is_no_error() -> None:
+    """A socket's path or an option's value may hold an "@": not a password's."""
+    for url in ("unix:///run/redis@main.sock?db=1", "redis://127.0.0.1:6379/0?client_name=a@b"):
+        assert urls.problem(url) is None, url
+    assert redact("unix:///run/redis@main.sock?db=1") == "unix:///run/redis@main.sock?db=1"
+
+
+@pytest.mark.parametrize("url", UNENCODED[:3])
+def test_every_command_refuses_such_a_url_without_printing_it(project: Project, url: str) -> None:
+    url = url.format(s=SECRET)
+    for args in (("stats",), ("check", "--offline"), ("worker", "--queue", "fast"), ("web", "--port", "1")):
+        out = _run(project, *args, url=url)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, (args, text[-2000:])
+        assert SECRET not in text and "Zq7" not in text and "Traceback" not in text, (args, text[-2000:])
+        assert "percent-encode" in text, (args, text[-2000:])
 
 
 def test_redact_leaves_a_url_without_credentials_alone() -> None:

@@ -139,3 +139,15 @@ def test_signals_kept_unread_are_bounded_and_a_wait_that_reads_one_frees_its_roo
     assert int(code) == 1 and body == '"12345"'
     assert p.runtime.redis.hmget(k.state("a"), "sigs", "sig_bytes") == ["2", "4"]
     assert int(sc.signal(k, "a", "w", "1", most=3, most_bytes=20)[0]) == 1
+
+
+def test_a_damaged_step_count_reads_at_most_the_logs_bound(p: Project) -> None:
+    """Another writer's steps=1000000 made one call build a million field names: the
+    script reads at most the log's bound (MAX_STEPS), the missing entries marked damaged."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert _step(p, job[1], 0) == [1, 1]
+    p.runtime.redis.hset(p.keys().state("a"), "steps", "1000000")
+    log = steps.read(p.runtime.scripts, p.keys(), "a")
+    assert len(log) == steps.MAX_STEPS
+    assert log[0]["name"] == "a" and log[1]["damaged"] and log[-1]["damaged"]

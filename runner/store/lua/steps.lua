@@ -4,12 +4,17 @@
 -- KEYS[1] job          STRING  the record (its state hash, which holds the log, is K.job .. ':s')
 -- KEYS[2] stats        HASH
 -- ARGV[1] the stats field counting a replay ('' none)
+-- ARGV[2] the most entries a log holds (steps.MAX_STEPS; step.lua refuses one more)
 --
--- Returns the entries (JSON each), oldest first; {} for a job without a log.
+-- Returns the entries (JSON each), oldest first; {} for a job without a log. A count
+-- past ARGV[2] is damage (another writer's record): read as that many entries, so the
+-- call's work stays bounded (steps=1000000 built a million field names) and the missing
+-- ones come back '', which the reader marks damaged.
 
 local sk = K.job .. ':s'
 local n = tonumber(redis.pcall('HGET', sk, 'steps')) or 0
 if n <= 0 then return {} end
+n = math.min(math.floor(n), tonumber(ARGV[2]) or 0)
 local names = {}
 for i = 0, n - 1 do names[#names + 1] = 'step:' .. i end
 local out = {}
