@@ -616,19 +616,51 @@ class Executors:
                 self._settle_unrun(r, Release())
         return [m for m, ok in zip(live, go, strict=True) if ok]
 
+    def _started_now(self, live: list[tuple[Run, dict[str, Any]]]) -> list[tuple[Run, dict[str, Any]]]:
+        """A thread batch's members start now, in this thread: each held claim's wait ends
+        and its attempt counts from here, in one start.lua call per partition (a call per
+        batch, where a hand-off and then a start mark per member cost two, and a settlement
+        each). The members whose leases were lost in the wait go back unrun, and the call
+        goes on without them; a cancel that came in the wait reaches the handler. Redis
+        away: they go all the same, and their start marks go with the settler's next batch,
+        as a single run's do."""
+        todo = [r for r, _ in live if not r.job.started]
+        if not todo:
+            return live
+        sc = self.rt.scripts
+        try:
+            codes = self._per_partition(todo, lambda k, owned, pipe: sc.start(k, owned, pipe=pipe))
+        except Exception as exc:
+            log.warning("%d job(s): could not mark the start of their batch's call: %s", len(todo), exc)
+            codes = [exc] * len(todo)
+        refused: set[int] = set()
+        for r, code in zip(todo, codes, strict=True):
+            if isinstance(code, BaseException):
+                self.outcomes.put(Settlement(r, START))  # (marked later: the settler retries it)
+                continue
+            r.held = False
+            if code < 0:
+                refused.add(id(r))
+                continue
+            r.job.started = True
+            if code == 2 and not r.flags.cancelled:  # a cancel in the wait: the handler hears it
+                r.flags.cancelled = True
+                r.cancelled_at = time.monotonic()
+        for r, _ in live:
+            if id(r) in refused:
+                self._settle_unrun(r, Release())
+        return [m for m in live if id(m[0]) not in refused]
+
     def _batch_in_thread(self, fn: Function, live: list[tuple[Run, dict[str, Any]]],
                          loop: asyncio.AbstractEventLoop | None) -> bool:
         """One handle_batch call in this thread, each member settled with its own outcome.
         TIMEOUT bounds the call: the renewer times the first member (every member's
         thread is this one), and raises JobTimeout here past it. True when the call was
         abandoned (stuck past TIMEOUT plus the grace: a new thread has the slot)."""
-        live = self._handed_off(live)
+        live = self._started_now(live)
         if not live:
             return False
         runs = [r for r, _ in live]
-        for r in runs:
-            if not r.job.started:  # claimed ahead or held: its attempt counts from here
-                self.outcomes.put(Settlement(r, START))
         leader = runs[0]
         started_ms = self._server_now(leader.job)
         ctx = self._batch_context(fn, runs)
@@ -890,16 +922,21 @@ class Executors:
             r.held = not isinstance(code, BaseException) and code == 1
 
     def _hold_calls(self, runs: Sequence[Run], off: bool) -> list[int | BaseException]:
-        """hold.lua over ``runs``: one call per partition (a batch's members go in one),
-        all in one round trip -> each run's code, in order (an exception for the runs of a
-        call that failed)."""
+        """hold.lua over ``runs`` (see _per_partition)."""
+        sc = self.rt.scripts
+        return self._per_partition(runs, lambda k, owned, pipe: sc.hold(k, owned, off=off, pipe=pipe))
+
+    def _per_partition(self, runs: Sequence[Run], call: Callable[[Any, list[tuple[str, str]], Any], Any]
+                       ) -> list[int | BaseException]:
+        """A script over many claims (hold.lua, start.lua): one call per partition (a
+        batch's members go in one), all in one round trip -> each run's code, in order (an
+        exception for the runs of a call that failed)."""
         by_part: dict[int, list[int]] = {}
         for i, r in enumerate(runs):
             by_part.setdefault(r.job.partition, []).append(i)
-        sc = self.rt.scripts
-        pipe = sc.batch()
+        pipe = self.rt.scripts.batch()
         for p, idx in by_part.items():
-            sc.hold(self.parts[p], [(runs[i].job.id, runs[i].job.token) for i in idx], off=off, pipe=pipe)
+            call(self.parts[p], [(runs[i].job.id, runs[i].job.token) for i in idx], pipe)
         replies = pipe.execute(raise_on_error=False)
         out: list[int | BaseException] = [0] * len(runs)
         for idx, reply in zip(by_part.values(), replies, strict=True):
