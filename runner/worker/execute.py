@@ -56,6 +56,9 @@ class Claimed:
     meta_raw: str = ""  # extra fields a producer attached (JSON object), kept with the outcome
     traceparent: str = ""  # the producer's W3C trace context (in meta), read only by a worker that traces
     partition: int = 0  # of its queue (docs/partitions.md): where it settles
+    # The entries of its durable step log at the claim (-1 unknown): a run of a job with
+    # none reads no log (nothing else writes it while this claim holds).
+    steps: int = -1
     received: float = field(default_factory=time.monotonic)  # this host's monotonic clock then
 
     def as_row(self) -> tuple[Any, ...]:

@@ -870,7 +870,8 @@ class Executors:
             run.logs = ctx.logger
         part = self.parts[job.partition]
         ctx._journal = Journal(
-            job.id, lambda: steps.read(self.rt.scripts, part, job.id, job.type, durable=True),
+            job.id, lambda: [] if job.steps == 0 else steps.read(self.rt.scripts, part, job.id, job.type,
+                                                                 durable=True),
             lambda pos, body: self._record_step(part, job, pos, body),
             self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
             take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),

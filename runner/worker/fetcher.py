@@ -37,7 +37,7 @@ from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.worker")
 
-CLAIM_FIELDS = 14
+CLAIM_FIELDS = 15
 UNBLOCK_AGAIN_S = 0.05  # a stop wakes the claim's wait again this often until the fetcher ends
 HELD, BOUNDED = 1, 2  # why a claim stopped short (see claim.lua)
 EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (claim.lua)
@@ -47,6 +47,14 @@ FOR_CHILD = 3
 # A claimed job's "started" value when it is not started at its claim and is a durable job
 # resumed after a sleep or a wait: MAX_AGE bounded its first start only (claim.lua).
 RESUMED = 4
+
+
+def _count_or_unknown(value: object) -> int:
+    """A count from a claim reply (0 included); -1 when it cannot be read."""
+    try:
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    except (TypeError, ValueError):
+        return -1
 
 
 def _int_or(value: object, default: int) -> int:
@@ -284,7 +292,7 @@ class Fetcher:
         late: list[Run] = []  # past their MAX_AGE: buried, never run
         for i in range(2, len(reply), CLAIM_FIELDS):
             (job_id, token, attempt, type_, version, payload, max_attempts, idem_key, resource_key, ready,
-             created_raw, checkpoint, started, meta) = reply[i:i + CLAIM_FIELDS]
+             created_raw, checkpoint, started, meta, logged) = reply[i:i + CLAIM_FIELDS]
             # claim.lua vouches for attempt and max_attempts; the timestamps are only
             # figures, so a damaged one must not cost the batch.
             created = _int_or(created_raw, now)
@@ -292,7 +300,7 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition))
+                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition, _count_or_unknown(logged)))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)

@@ -70,13 +70,13 @@ def test_scripts_and_batches_run_and_reload_after_a_script_flush(cproject: Proje
     rt.redis.execute_command("SCRIPT FLUSH", target_nodes=rt.redis.PRIMARIES)
     reply = sc.claim(k, n=3, start=3, lease_ms=5000, token_base="t", dead_ttl_ms=60_000, done_ttl_ms=60_000)
     now, claimed = int(reply[0]), reply[2:]
-    assert len(claimed) == 3 * 14
+    assert len(claimed) == 3 * 15
     assert abs(now - before) < 60_000  # the node's clock, not a test clock
     assert int(rt.redis.zscore(k.leases, claimed[0]) or 0) == now + 5000
     rt.redis.execute_command("SCRIPT FLUSH", target_nodes=rt.redis.PRIMARIES)
     batch = sc.batch()
     sc.start(k, [(claimed[0], claimed[1])], pipe=batch)
-    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 28, 14)], 60_000, pipe=batch)
+    sc.ack(k, [Ack(claimed[i], claimed[i + 1], "", "{}", "") for i in range(0, 30, 15)], 60_000, pipe=batch)
     sc.release(k, [(claimed[28], claimed[29])], pipe=batch)
     sc.renew(rt.keys["slow"], [("nope", "t:0")], 5000, pipe=batch)  # another slot, same pipeline
     replies = batch.execute()

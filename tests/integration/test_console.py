@@ -515,7 +515,7 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         assert script_errors(d) == []
 
 
-CLAIM_FIELDS = 14  # values per claimed job in a claim reply, after its time and held-back flag
+CLAIM_FIELDS = 15  # values per claimed job in a claim reply, after its time and held-back flag
 
 
 DRIP = '''"""Streams a chunk now and then, then waits to be cancelled."""

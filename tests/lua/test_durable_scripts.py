@@ -139,3 +139,17 @@ def test_signals_kept_unread_are_bounded_and_a_wait_that_reads_one_frees_its_roo
     assert int(code) == 1 and body == '"12345"'
     assert p.runtime.redis.hmget(k.state("a"), "sigs", "sig_bytes") == ["2", "4"]
     assert int(sc.signal(k, "a", "w", "1", most=3, most_bytes=20)[0]) == 1
+
+
+def test_a_claim_says_how_many_entries_the_step_log_holds(p: Project) -> None:
+    """The claim reply's last field is the job's step log length: 0 for a job that has
+    none (its run then reads no log, a round trip saved on every first run), the count
+    for a job whose earlier run recorded steps (its run reads them to replay)."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert job[-1] == 0
+    assert _step(p, job[1], 0) == [1, 1]
+    assert _step(p, job[1], 1, '{"name":"b","kind":"step","status":"ok","value":2}') == [1, 2]
+    assert list(p.runtime.scripts.reclaim(p.keys(), 1, 10**7, now_ms=NOW + 2 * LEASE)) == [1, 0]
+    (again,) = claim(p, now=NOW + 3 * LEASE, base="w.2")
+    assert again[0] == "a" and int(again[-1]) == 2

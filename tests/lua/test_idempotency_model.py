@@ -103,7 +103,7 @@ def machine_for(project: Project) -> type[RuleBasedStateMachine]:
             self.rt.scripts.promote(self.k, 100, now_ms=self._tick())
             reply = self.rt.scripts.claim(self.k, n=n, start=n, lease_ms=LEASE, token_base=f"w.{next(self.seq)}",
                                           dead_ttl_ms=10**9, done_ttl_ms=10**9, now_ms=self._tick())
-            for i in range(2, len(reply), 14):
+            for i in range(2, len(reply), 15):
                 self.claimed[reply[i]] = reply[i + 1]
 
         def _one(self, data: st.DataObject) -> tuple[str, str] | None:

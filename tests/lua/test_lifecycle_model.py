@@ -70,10 +70,10 @@ class Lifecycle(RuleBasedStateMachine):
         reply = self.sc.claim(self.k, n=n, start=start, lease_ms=LEASE, token_base=f"c{self.seq}",
                               dead_ttl_ms=10**9, done_ttl_ms=10**9, now_ms=self.now)
         assert reply[0] == self.now and reply[1] in (0, 1)  # time, held back
-        for i in range(2, len(reply), 14):
+        for i in range(2, len(reply), 15):
             jid, token, attempt, started = reply[i], reply[i + 1], int(reply[i + 2]), int(reply[i + 12])
             assert 1 <= attempt <= 3
-            assert started == (1 if (i - 2) // 14 < start else 0)
+            assert started == (1 if (i - 2) // 15 < start else 0)
             assert not (jid in self.limited and not started), f"{jid} is under a limit and was prefetched"
             self.claims[jid] = token
             self.attempts[jid] = attempt

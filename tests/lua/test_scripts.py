@@ -19,7 +19,7 @@ from conftest import Project, assert_no_job_in_two_structures, done_ids, make_pr
 NOW = 1_800_000_000_000
 LEASE = 1_000
 HEAD = 2  # a claim reply starts with its time and whether it held a limited job back
-FIELDS = 14  # values per claimed job in a claim reply, after HEAD
+FIELDS = 15  # values per claimed job in a claim reply, after HEAD
 RESERVE_MS = 10_000  # how long a woken job's slot is kept for it (includes/limits.lua)
 SWEEP_MS = 1_000  # how soon promote looks again at a limit with parked jobs (includes/limits.lua)
 

@@ -290,7 +290,7 @@ def test_a_claim_behind_a_wake_up_runs_when_the_wake_up_comes(project: Project) 
     _enqueue(project, "a")  # (it pushes a wake-up)
     rang, reply = _woken(project)
     assert rang == [project.keys().notify, "1"]
-    assert reply[2] == "a" and len(reply) == 2 + 14
+    assert reply[2] == "a" and len(reply) == 2 + 15
     assert project.runtime.redis.llen(project.keys().notify) == 0
 
 

@@ -16,7 +16,7 @@ from conftest import Project, structures
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
-FIELDS = 14
+FIELDS = 15
 
 
 @pytest.fixture

@@ -88,14 +88,15 @@
 -- executor, not for new jobs), 2 when it stopped at its bound of popped ids short of n
 -- claims (parked jobs, strays: ready may hold more, so the worker claims again at once
 -- rather than wait for a wake-up; or at a key of the queue found damaged after it claimed
--- jobs, which keep their claims: the next call refuses), 0 otherwise; then 14 values per
+-- jobs, which keep their claims: the next call refuses), 0 otherwise; then 15 values per
 -- claimed job:
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
 --   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, its attempt spent;
 --   0 prefetched, or at once with its attempt spent at its start mark (ARGV[11]); 2
 --   expired: bury it; 3 prefetched for a child (ARGV[11]) and held, 'h', until its worker
 --   hands it to its child, see hold.lua; 4 as 0, for a durable job resumed after a sleep or
---   a wait, whose MAX_AGE is behind it), meta
+--   a wait, whose MAX_AGE is behind it), meta, steps (the entries of its durable step log:
+--   0 for a job without one, whose run then makes no round trip to read it)
 --- @include "clock"
 --- @include "calls"
 --- @include "limits"
@@ -123,7 +124,7 @@ local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
 local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated',
-  'cancel_requested', 'priority', 'suspended', 'debounce'}
+  'cancel_requested', 'priority', 'suspended', 'debounce', 'steps'}
 local NO_STATE = {}  -- what HMGET of STATE reads of a job without a state hash
 local NONE = {}  -- the limits of a job under none
 -- Ids popped from the priority set in this call, with their scores (see put_back below).
@@ -319,7 +320,7 @@ local function expire(id, rec, f, sk)
     claim_flags(rec.idem_key ~= '', false, false, false, has_state(f), waited(rec.meta), false))
   taken[id] = true
   for _, v in ipairs({id, token, (tonumber(f[2]) or 0) + 1, rec.type, rec.version, rec.payload, rec.max_attempts,
-      rec.idem_key, rec.resource_key, f[3] or '', rec.created_ms, f[4] or '', 2, rec.meta or ''}) do
+      rec.idem_key, rec.resource_key, f[3] or '', rec.created_ms, f[4] or '', 2, rec.meta or '', f[13] or 0}) do
     out[#out + 1] = v
   end
   i = i + 1
@@ -453,6 +454,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   -- not judge its MAX_AGE again at the start, which bounds the first start only)
   out[o + 13] = spent and 1 or (held and 3 or (f[11] and 4 or 0))
   out[o + 14] = rec.meta or ''
+  out[o + 15] = f[13] or 0
   i = i + 1
 end
 
