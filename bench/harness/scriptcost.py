@@ -82,10 +82,15 @@ def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
             rt.scripts.ack(k, [Ack(job_id, token, "", f"{fn}|1", fields) for job_id, token, _ in batch],
                            86_400_000, 86_400_000, 1_000_000)
 
+    try:  # the values per claimed job of the runner under test (14 before the step log's count)
+        from runner.worker.fetcher import CLAIM_FIELDS as width
+    except ImportError:
+        width = 14
+
     def claim(label: str, start: int) -> list[tuple[str, str, int]]:
         reply = rt.scripts.claim(k, n=BATCH, start=start, lease_ms=30_000, token_base=label,
                                  dead_ttl_ms=604_800_000, done_ttl_ms=86_400_000)
-        return [(reply[i], reply[i + 1], int(reply[i + 12])) for i in range(2, len(reply), 14)]
+        return [(reply[i], reply[i + 1], int(reply[i + 12])) for i in range(2, len(reply), width)]
 
     per_job: dict[str, list[float]] = {p: [] for p in PHASES}
     try:
