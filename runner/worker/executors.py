@@ -629,7 +629,7 @@ class Executors:
             return live
         sc = self.rt.scripts
         try:
-            codes = self._per_partition(todo, lambda k, owned, pipe: sc.start(k, owned, pipe=pipe))
+            codes = self._per_partition(todo, lambda k, owned, into: sc.start(k, owned, pipe=into))
         except Exception as exc:
             log.warning("%d job(s): could not mark the start of their batch's call: %s", len(todo), exc)
             codes = [exc] * len(todo)
@@ -925,7 +925,7 @@ class Executors:
     def _hold_calls(self, runs: Sequence[Run], off: bool) -> list[int | BaseException]:
         """hold.lua over ``runs`` (see _per_partition)."""
         sc = self.rt.scripts
-        return self._per_partition(runs, lambda k, owned, pipe: sc.hold(k, owned, off=off, pipe=pipe))
+        return self._per_partition(runs, lambda k, owned, into: sc.hold(k, owned, off=off, pipe=into))
 
     def _per_partition(self, runs: Sequence[Run], call: Callable[[Any, list[tuple[str, str]], Any], Any]
                        ) -> list[int | BaseException]:
@@ -935,7 +935,8 @@ class Executors:
         by_part: dict[int, list[int]] = {}
         for i, r in enumerate(runs):
             by_part.setdefault(r.job.partition, []).append(i)
-        pipe = self.rt.scripts.batch()
+        sc = self.rt.scripts
+        pipe = sc.batch()
         for p, idx in by_part.items():
             call(self.parts[p], [(runs[i].job.id, runs[i].job.token) for i in idx], pipe)
         replies = pipe.execute(raise_on_error=False)

@@ -22,6 +22,7 @@
 --
 -- Returns one code per job, in order: 1 held (or its hold ended), 2 its hold ended but a
 -- cancel asked it to stop, -1 refused (lease lost: that job is left as it was).
+--- @include "calls"
 --- @include "claims"
 local off = ARGV[1] == 'off'
 local n = tonumber(ARGV[2])
