@@ -65,7 +65,7 @@ def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
 
     try:
         from runner.worker.fetcher import CLAIM_FIELDS
-    except ImportError:  # a runner from before the name
+    except ImportError:  # a runner from before the name (14 values, before the step log's count)
         CLAIM_FIELDS = 14
     toml = _project(env.work / "scripts-project")
     os.environ["REDIS_URL"] = env.url

@@ -178,6 +178,8 @@ class Schema:
         """Every error, or for a payload past what is listed (listing.LIST_BYTES) the first
         and a note."""
         validator = self.compiled if self.compiled is not None else self.validator
+        if not self.backtracks and validator.check.is_valid(payload):
+            return []  # (the file's name below is made only for a payload with errors)
         file = "/".join(Path(self.path).parts[-3:])  # schemas/<type>/v<N>.json, as the project has it
         return listing.errors(validator.check, validator.explain, payload, backtracks=self.backtracks, file=file)
 

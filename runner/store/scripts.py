@@ -296,12 +296,16 @@ class Scripts(Transport):
                 gathered)
         return self.behind(("BLPOP", k.notify, f"{wait_s:g}"), "claim", scriptkeys.keys("claim", k), args)
 
-    def hold(self, k: QueueKeys, job_id: str, token: str, off: bool = False, pipe: Batch | None = None) -> Any:
-        """Mark a claim as waiting for its executor, or (``off``) end that wait (see
-        hold.lua): 1 held (or ended), 2 ended but cancelled, -1 refused (None: queued on
-        ``pipe``)."""
-        reply = self._run("hold", scriptkeys.keys("hold", k), (job_id, token, "off" if off else ""), pipe)
-        return None if pipe is not None else int(reply)
+    def hold(self, k: QueueKeys, owned: Sequence[tuple[str, str]], off: bool = False,
+             pipe: Batch | None = None) -> Any:
+        """Mark claims (id, token) as waiting for their executor, or (``off``) end that wait,
+        all in one call (see hold.lua): per job 1 held (or ended), 2 ended but cancelled,
+        -1 refused (None: queued on ``pipe``)."""
+        args: list[Any] = ["off" if off else "", len(owned)]
+        for job_id, token in owned:
+            args += [job_id, token]
+        reply = self._run("hold", scriptkeys.keys("hold", k), args, pipe)
+        return None if pipe is not None else [int(c) for c in reply]
 
     def start(
         self, k: QueueKeys, owned: Sequence[tuple[str, str]], pipe: Batch | None = None,

@@ -475,7 +475,8 @@ class Child:
                                                                         "chunks": chunks, "dropped": dropped})
             self.logger = ctx.logger
         ctx._journal = Journal(
-            job.id, lambda: list((self.ask(token, "steps").get("value") or {}).get("entries") or []),
+            job.id, lambda: [] if job.steps == 0 else list((self.ask(token, "steps").get("value") or {})
+                                                           .get("entries") or []),
             lambda pos, body: self.record_step(token, pos, body),
             int(msg.get("max_step_bytes") or MAX_STEP_BYTES), clock0=(job.claimed_ms, job.received),
             take=lambda pos, name, head, until: self.take_signal(token, pos, name, head, until),

@@ -56,9 +56,11 @@ class Claimed:
     meta_raw: str = ""  # extra fields a producer attached (JSON object), kept with the outcome
     traceparent: str = ""  # the producer's W3C trace context (in meta), read only by a worker that traces
     partition: int = 0  # of its queue (docs/partitions.md): where it settles
-    # The entries of its step log at the claim: a durable function's run replays that
-    # many durable calls, its log and stream quiet until past them (journal.py).
-    steps: int = 0
+    # The entries of its durable step log at the claim (-1 unknown): a run of a job with
+    # none reads no log (nothing else writes it while this claim holds); a durable
+    # function's run replays that many calls, its log and stream quiet until past them
+    # (journal.py).
+    steps: int = -1
     received: float = field(default_factory=time.monotonic)  # this host's monotonic clock then
 
     def as_row(self) -> tuple[Any, ...]:
@@ -186,6 +188,13 @@ def resolve(job: Claimed, registry: Registry, unknown_grace_s: float = 0.0,
         payload = codec.loads(job.payload_raw)
     except codec.DecodeError as exc:
         return _dead_input("malformed record", f"payload is not JSON: {exc}")
+    if version == fn.versions.newest:
+        # The common case, without the budget's context or the error listing: a payload at
+        # the newest version that a schema without backtracking regexes takes as it is.
+        schema = fn.versions.schemas.get(version)
+        if schema is not None and schema.compiled is not None and not schema.backtracks \
+                and schema.compiled.check.is_valid(payload):
+            return fn, payload, version
     try:
         with keywords.one_budget(keywords.CLAIM_BUDGET_S):
             lifted = fn.versions.lift(payload, version)

@@ -616,19 +616,51 @@ class Executors:
                 self._settle_unrun(r, Release())
         return [m for m, ok in zip(live, go, strict=True) if ok]
 
+    def _started_now(self, live: list[tuple[Run, dict[str, Any]]]) -> list[tuple[Run, dict[str, Any]]]:
+        """A thread batch's members start now, in this thread: each held claim's wait ends
+        and its attempt counts from here, in one start.lua call per partition (a call per
+        batch, where a hand-off and then a start mark per member cost two, and a settlement
+        each). The members whose leases were lost in the wait go back unrun, and the call
+        goes on without them; a cancel that came in the wait reaches the handler. Redis
+        away: they go all the same, and their start marks go with the settler's next batch,
+        as a single run's do."""
+        todo = [r for r, _ in live if not r.job.started]
+        if not todo:
+            return live
+        sc = self.rt.scripts
+        try:
+            codes = self._per_partition(todo, lambda k, owned, into: sc.start(k, owned, pipe=into))
+        except Exception as exc:
+            log.warning("%d job(s): could not mark the start of their batch's call: %s", len(todo), exc)
+            codes = [exc] * len(todo)
+        refused: set[int] = set()
+        for r, code in zip(todo, codes, strict=True):
+            if isinstance(code, BaseException):
+                self.outcomes.put(Settlement(r, START))  # (marked later: the settler retries it)
+                continue
+            r.held = False
+            if code < 0:
+                refused.add(id(r))
+                continue
+            r.job.started = True
+            if code == 2 and not r.flags.cancelled:  # a cancel in the wait: the handler hears it
+                r.flags.cancelled = True
+                r.cancelled_at = time.monotonic()
+        for r, _ in live:
+            if id(r) in refused:
+                self._settle_unrun(r, Release())
+        return [m for m in live if id(m[0]) not in refused]
+
     def _batch_in_thread(self, fn: Function, live: list[tuple[Run, dict[str, Any]]],
                          loop: asyncio.AbstractEventLoop | None) -> bool:
         """One handle_batch call in this thread, each member settled with its own outcome.
         TIMEOUT bounds the call: the renewer times the first member (every member's
         thread is this one), and raises JobTimeout here past it. True when the call was
         abandoned (stuck past TIMEOUT plus the grace: a new thread has the slot)."""
-        live = self._handed_off(live)
+        live = self._started_now(live)
         if not live:
             return False
         runs = [r for r, _ in live]
-        for r in runs:
-            if not r.job.started:  # claimed ahead or held: its attempt counts from here
-                self.outcomes.put(Settlement(r, START))
         leader = runs[0]
         started_ms = self._server_now(leader.job)
         ctx = self._batch_context(fn, runs)
@@ -665,7 +697,7 @@ class Executors:
             return True
         for r, o in zip(runs, outcomes, strict=True):
             self.outcomes.put(Settlement(r, o, run_s, started_ms))
-            self.ledger.returned()
+        self.ledger.returned(len(runs))
         return False
 
     def _batch_in_child(self, fn: Function, live: list[tuple[Run, dict[str, Any]]], index: int) -> None:
@@ -838,7 +870,8 @@ class Executors:
             run.logs = ctx.logger
         part = self.parts[job.partition]
         ctx._journal = Journal(
-            job.id, lambda: steps.read(self.rt.scripts, part, job.id, job.type, durable=True),
+            job.id, lambda: [] if job.steps == 0 else steps.read(self.rt.scripts, part, job.id, job.type,
+                                                                 durable=True),
             lambda pos, body: self._record_step(part, job, pos, body),
             self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
             take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
@@ -878,38 +911,55 @@ class Executors:
 
     def _hold_all(self, runs: Sequence[Run]) -> None:
         """Hold the claims of these runs while they wait for a child to start (hold.lua),
-        in one round trip; one whose attempt was spent at its claim is left as it is.
-        Redis away: they wait as they were claimed."""
+        one script call per partition, in one round trip; one whose attempt was spent at
+        its claim is left as it is. Redis away: they wait as they were claimed."""
         todo = [r for r in runs if not r.held and not r.job.started]
         if not todo:
             return
-        sc = self.rt.scripts
-        pipe = sc.batch()
-        for r in todo:
-            sc.hold(self.parts[r.job.partition], r.job.id, r.job.token, pipe=pipe)
         try:
-            codes = pipe.execute(raise_on_error=False)
+            codes = self._hold_calls(todo, off=False)
         except Exception as exc:
             log.warning("%d job(s): could not mark their claims as waiting for a child process: %s", len(todo), exc)
             return
         for r, code in zip(todo, codes, strict=True):
-            r.held = not isinstance(code, BaseException) and int(code) == 1
+            r.held = not isinstance(code, BaseException) and code == 1
+
+    def _hold_calls(self, runs: Sequence[Run], off: bool) -> list[int | BaseException]:
+        """hold.lua over ``runs`` (see _per_partition)."""
+        sc = self.rt.scripts
+        return self._per_partition(runs, lambda k, owned, into: sc.hold(k, owned, off=off, pipe=into))
+
+    def _per_partition(self, runs: Sequence[Run], call: Callable[[Any, list[tuple[str, str]], Any], Any]
+                       ) -> list[int | BaseException]:
+        """A script over many claims (hold.lua, start.lua): one call per partition (a
+        batch's members go in one), all in one round trip -> each run's code, in order (an
+        exception for the runs of a call that failed)."""
+        by_part: dict[int, list[int]] = {}
+        for i, r in enumerate(runs):
+            by_part.setdefault(r.job.partition, []).append(i)
+        sc = self.rt.scripts
+        pipe = sc.batch()
+        for p, idx in by_part.items():
+            call(self.parts[p], [(runs[i].job.id, runs[i].job.token) for i in idx], pipe)
+        replies = pipe.execute(raise_on_error=False)
+        out: list[int | BaseException] = [0] * len(runs)
+        for idx, reply in zip(by_part.values(), replies, strict=True):
+            for j, i in enumerate(idx):
+                out[i] = reply if isinstance(reply, BaseException) else int(reply[j])
+        return out
 
     def hand_off(self, runs: Sequence[Run]) -> list[bool]:
         """These runs go to a child now: each held claim's wait ends in Redis first (one
-        round trip for them all, hold.lua), so from here a lapse before its start mark
-        gives it back unspent once only, and a handler that kills its worker cannot loop
-        for ever. Per run, False: its lease was lost in the wait, it goes back instead.
-        Redis away: they go all the same, still held, and their start marks end that."""
+        script call per partition, in one round trip for them all, hold.lua), so from here
+        a lapse before its start mark gives it back unspent once only, and a handler that
+        kills its worker cannot loop for ever. Per run, False: its lease was lost in the
+        wait, it goes back instead. Redis away: they go all the same, still held, and
+        their start marks end that."""
         waiting = [r for r in runs if r.held]
         if not waiting:
             return [True] * len(runs)
-        sc = self.rt.scripts
-        pipe = sc.batch()
-        for r in waiting:
-            sc.hold(self.parts[r.job.partition], r.job.id, r.job.token, off=True, pipe=pipe)
         try:
-            codes = pipe.execute(raise_on_error=False)
+            codes = self._hold_calls(waiting, off=True)
         except Exception as exc:
             log.warning("%d job(s): could not mark the end of their wait for a child process: %s", len(waiting), exc)
             return [True] * len(runs)
@@ -919,9 +969,9 @@ class Executors:
                 log.warning("job %s: could not mark the end of its wait for its child process: %s", r.job.id, code)
                 continue
             r.held = False
-            if int(code) < 0:
+            if code < 0:
                 refused.add(id(r))
-            elif int(code) == 2 and not r.flags.cancelled:  # a cancel just now: the handler hears it
+            elif code == 2 and not r.flags.cancelled:  # a cancel just now: the handler hears it
                 r.flags.cancelled = True
                 r.cancelled_at = time.monotonic()
         return [id(r) not in refused for r in runs]
@@ -1146,7 +1196,7 @@ class _ChildRun:
         if run.held:  # claimed ahead: held from its claim
             return True
         try:
-            run.held = self.ex.rt.scripts.hold(self.ex.parts[job.partition], job.id, job.token) == 1
+            run.held = self.ex.rt.scripts.hold(self.ex.parts[job.partition], [(job.id, job.token)]) == [1]
         except Exception as exc:  # Redis away: the claim stays as it was (spent, or claimed ahead)
             log.warning("job %s: could not mark its claim as waiting for its child process: %s", job.id, exc)
         return run.held

@@ -49,6 +49,14 @@ FOR_CHILD = 3
 RESUMED = 4
 
 
+def _count_or_unknown(value: object) -> int:
+    """A count from a claim reply (0 included); -1 when it cannot be read."""
+    try:
+        return int(value)  # type: ignore[call-overload, no-any-return]
+    except (TypeError, ValueError):
+        return -1
+
+
 def _int_or(value: object, default: int) -> int:
     if not value:  # a field at its default comes back empty: no exception for the common case
         return default
@@ -284,7 +292,7 @@ class Fetcher:
         late: list[Run] = []  # past their MAX_AGE: buried, never run
         for i in range(2, len(reply), CLAIM_FIELDS):
             (job_id, token, attempt, type_, version, payload, max_attempts, idem_key, resource_key, ready,
-             created_raw, checkpoint, started, meta, steps) = reply[i:i + CLAIM_FIELDS]
+             created_raw, checkpoint, started, meta, logged) = reply[i:i + CLAIM_FIELDS]
             # claim.lua vouches for attempt and max_attempts; the timestamps are only
             # figures, so a damaged one must not cost the batch.
             created = _int_or(created_raw, now)
@@ -292,8 +300,7 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition,
-                              int(steps) if steps else 0))
+                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition, _count_or_unknown(logged)))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)

@@ -182,13 +182,13 @@ class Ledger:
             if self.waiting == 0 and self._want == _ROOM and self._roomy():
                 self.cond.notify()
 
-    def returned(self) -> None:
-        """A run left its executor (finished, released, abandoned or failed outside the
-        handler). The fetcher, waiting in room() or executor_free(), is woken only when
-        what it waits for holds: waking it for every finished job cost a thread switch
-        per job with handlers that block."""
+    def returned(self, n: int = 1) -> None:
+        """A run (``n`` runs: a batch's members) left its executor (finished, released,
+        abandoned or failed outside the handler). The fetcher, waiting in room() or
+        executor_free(), is woken only when what it waits for holds: waking it for every
+        finished job cost a thread switch per job with handlers that block."""
         with self.cond:
-            self.busy = max(0, self.busy - 1)
+            self.busy = max(0, self.busy - n)
             self.last_return = time.monotonic()
             want = self._want
             if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self.busy < self.concurrency):

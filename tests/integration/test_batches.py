@@ -293,3 +293,37 @@ def test_each_items_lines_go_to_its_own_jobs_log(project: Project, isolation: st
     for n, i in enumerate(ids):
         msgs = [line["msg"] for line in client.logs(i)["lines"] if line["src"] == "log"]
         assert len(msgs) == 2 and msgs[0].startswith("a batch of ") and msgs[1] == f"item {n}", (n, msgs)
+
+
+CLAIMS_SEEN = '''
+import json, os, redis
+QUEUE = "fast"
+BATCH = {{"size": 10, "wait": 0.3}}
+
+def handle_batch(payloads, ctx):
+    r = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
+    claims = r.hmget("{prefix}:{{fast}}:claims", [j.id for j in ctx.jobs])
+    with open(os.path.join(os.environ["RECORD_DIR"], "calls.jsonl"), "a") as f:
+        f.write(json.dumps({{"ids": [j.id for j in ctx.jobs], "claims": claims}}) + "\\n")
+    return None
+'''
+
+
+def test_a_thread_batchs_members_count_their_attempts_from_the_call(project: Project) -> None:
+    """Under threads the call starts in the thread that hands the members off: when
+    handle_batch runs, every member's claim is marked started in Redis (no 'p', no 'h'),
+    so a worker lost in the call spends each member's attempt, as a single job's is
+    spent when its handler starts, and no start mark per member follows."""
+    project.add_function("seen", textwrap.dedent(CLAIMS_SEEN.format(prefix=project.prefix)))
+    client = project.client
+    ids = [e.id for e in client.enqueue_many([Request("seen", {"n": i}) for i in range(25)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=30, what="every job settled")
+    assert all(v["status"] == "done" for v in views.values())
+    got = calls(project)
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids)
+    for c in got:
+        for job_id, claim in zip(c["ids"], c["claims"], strict=True):
+            assert claim is not None, job_id
+            flags = claim.split()[3]
+            assert "p" not in flags and "h" not in flags, (job_id, claim)

@@ -151,3 +151,17 @@ def test_a_damaged_step_count_reads_at_most_the_logs_bound(p: Project) -> None:
     log = steps.read(p.runtime.scripts, p.keys(), "a")
     assert len(log) == steps.MAX_STEPS
     assert log[0]["name"] == "a" and log[1]["damaged"] and log[-1]["damaged"]
+
+
+def test_a_claim_says_how_many_entries_the_step_log_holds(p: Project) -> None:
+    """The claim reply's last field is the job's step log length: 0 for a job that has
+    none (its run then reads no log, a round trip saved on every first run), the count
+    for a job whose earlier run recorded steps (its run reads them to replay)."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert job[-1] == 0
+    assert _step(p, job[1], 0) == [1, 1]
+    assert _step(p, job[1], 1, '{"name":"b","kind":"step","status":"ok","value":2}') == [1, 2]
+    assert list(p.runtime.scripts.reclaim(p.keys(), 1, 10**7, now_ms=NOW + 2 * LEASE)) == [1, 0]
+    (again,) = claim(p, now=NOW + 3 * LEASE, base="w.2")
+    assert again[0] == "a" and int(again[-1]) == 2

@@ -324,11 +324,11 @@ def test_a_held_claim_lapses_without_spending_however_often(p: Project) -> None:
     A cancel meanwhile leaves it to its worker, whose hand-back ends it cancelled."""
     enqueue(p, new("a", max_attempts=1), new("b"))
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
-    assert sc.hold(k, "a", "bogus") == -1
+    assert sc.hold(k, [("a", "bogus")]) == [-1]
     for n in range(3):
         (got,) = claim(p, n=1, start=1, now=NOW + 2 * n * LEASE, base=f"w.{n}")
         assert got[0] == "a" and got[12] == 1
-        assert sc.hold(k, "a", got[1]) == 1
+        assert sc.hold(k, [("a", got[1])]) == [1]
         tok, attempt, _, flags = r.hget(k.claims, "a").split()
         assert (tok, attempt) == (got[1], "1") and {"p", "h"} <= set(flags), flags
         assert list(sc.reclaim(k, 1, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)) == [1, 0]
@@ -336,14 +336,14 @@ def test_a_held_claim_lapses_without_spending_however_often(p: Project) -> None:
         assert ra["status"] == "queued" and ra["attempt"] == "0" and "error" not in ra
         assert "refunds" not in state(p, "a")
     (got,) = claim(p, n=1, start=1, now=NOW + 10 * LEASE, base="w.9")
-    assert sc.hold(k, "a", got[1]) == 1
+    assert sc.hold(k, [("a", got[1])]) == [1]
     assert sc.start(k, [("a", got[1])], now_ms=NOW + 10 * LEASE + 5) == [1]
     assert r.hget(k.claims, "a").split()[2:] == [str(NOW + 10 * LEASE + 5), "s"]
     assert list(sc.reclaim(k, 1, 10**7, now_ms=NOW + 12 * LEASE)) == [0, 1]  # started: it counts
     assert rec(p, "a")["status"] == "dead"
 
     (got,) = claim(p, n=1, start=1, now=NOW + 20 * LEASE, base="w.b")
-    assert sc.hold(k, "b", got[1]) == 1
+    assert sc.hold(k, [("b", got[1])]) == [1]
     assert list(sc.cancel(k, "b", 60_000, now_ms=NOW + 20 * LEASE + 1)) == [3, "queued"]
     assert sc.release(k, [("b", got[1])], now_ms=NOW + 20 * LEASE + 2, done_ttl_ms=60_000) == [1]
     assert rec(p, "b")["status"] == "cancelled"
@@ -376,10 +376,31 @@ def test_a_childs_job_claimed_ahead_is_held_from_its_claim_until_handed_off(p: P
     assert raw(p, "c")["history"].count('"outcome":"lost unstarted"') == 3
     for n in (3, 4):  # handed to its child each time: once back unspent, then it counts
         got = claim_ahead(n)
-        assert sc.hold(k, "c", got["c"][1], off=True) == 1
+        assert sc.hold(k, [("c", got["c"][1])], off=True) == [1]
         assert r.hget(k.claims, "c").split()[3] == "ps"
         sc.reclaim(k, 100, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)
     assert rec(p, "c")["status"] == "dead" and state(p, "c")["refunds"] == "1"
+
+
+def test_one_hold_call_holds_and_hands_off_many_claims_each_fenced_on_its_own(p: Project) -> None:
+    """hold.lua takes many claims (a batch's members) in one call: each is held or handed
+    off by its own token, a stale token is refused for that job alone (-1, its claim left
+    as it was), and a cancel that came in the wait answers 2 for that job only."""
+    enqueue(p, new("a"), new("b"), new("c"))
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    got = {g[0]: g for g in claim(p, n=3, start=0)}
+    before_b = r.hget(k.claims, "b")
+    owned = [("a", got["a"][1]), ("b", "bogus"), ("c", got["c"][1])]
+    assert sc.hold(k, owned) == [1, -1, 1]
+    assert {"p", "h"} <= set(r.hget(k.claims, "a").split()[3]) and {"p", "h"} <= set(r.hget(k.claims, "c").split()[3])
+    assert r.hget(k.claims, "b") == before_b
+    assert list(sc.cancel(k, "c", 60_000, now_ms=NOW + 1)) == [3, "queued"]
+    assert sc.hold(k, owned, off=True) == [1, -1, 2]
+    for job_id in ("a", "c"):
+        flags = r.hget(k.claims, job_id).split()[3]
+        assert "p" in flags and "h" not in flags, (job_id, flags)
+    assert r.hget(k.claims, "b") == before_b
+    assert sc.hold(k, []) == []
 
 
 def test_a_prefetched_job_that_settles_spends_its_attempt(p: Project) -> None:

@@ -96,8 +96,9 @@
 --   0 prefetched, or at once with its attempt spent at its start mark (ARGV[11]); 2
 --   expired: bury it; 3 prefetched for a child (ARGV[11]) and held, 'h', until its worker
 --   hands it to its child, see hold.lua; 4 as 0, for a durable job resumed after a sleep or
---   a wait, whose MAX_AGE is behind it), meta, steps (the entries of its step log, '' none:
---   its handler replays that many durable calls, and keeps its log quiet until past them)
+--   a wait, whose MAX_AGE is behind it), meta, steps (the entries of its durable step log:
+--   0 for a job without one, whose run then makes no round trip to read it; its handler
+--   replays that many durable calls, and keeps its log quiet until past them)
 --- @include "clock"
 --- @include "calls"
 --- @include "limits"
@@ -355,7 +356,7 @@ local function expire(id, rec, f, sk)
     claim_flags(rec.idem_key ~= '', false, false, false, has_state(f), waited(rec.meta), false))
   taken[id] = true
   for _, v in ipairs({id, token, (tonumber(f[2]) or 0) + 1, rec.type, rec.version, rec.payload, rec.max_attempts,
-      rec.idem_key, rec.resource_key, f[3] or '', rec.created_ms, f[4] or '', 2, rec.meta or '', ''}) do
+      rec.idem_key, rec.resource_key, f[3] or '', rec.created_ms, f[4] or '', 2, rec.meta or '', f[13] or 0}) do
     out[#out + 1] = v
   end
   i = i + 1
@@ -491,7 +492,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   -- not judge its MAX_AGE again at the start, which bounds the first start only)
   out[o + 13] = spent and 1 or (held and 3 or (f[11] and 4 or 0))
   out[o + 14] = rec.meta or ''
-  out[o + 15] = f[13] or ''
+  out[o + 15] = f[13] or 0
   i = i + 1
 end
 
