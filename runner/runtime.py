@@ -83,7 +83,21 @@ class Runtime:
             client = connection.connect(config.redis, **redis_overrides)
         keys, parts = layout(config)
         rt = cls(config=config, redis=client, keys=keys, parts=parts, _registry=reg)
-        rt.discover(record=record)
+        if getattr(client, "runner_stalled", None):
+            # A Redis Cluster master stalled (it took the connection, said nothing): the tags
+            # are read on a thread, waited for as long as the probe was, so the process starts
+            # on its own partitions rather than wait out the stall; a later discover_due
+            # reads them again (docs/partitions.md, "A shard down").
+            import threading
+
+            from runner.store.connection import PROBE_S
+
+            aside = threading.Thread(target=rt.discover, kwargs={"record": record}, name="runner-discover",
+                                     daemon=True)
+            aside.start()
+            aside.join(PROBE_S)
+        else:
+            rt.discover(record=record)
         if not lazy:  # a process starts with its functions and scripts ready
             rt.registry  # noqa: B018
             rt.scripts.prepare()

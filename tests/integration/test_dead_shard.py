@@ -431,3 +431,50 @@ def test_a_relay_placement_on_a_stalled_shard_stays_in_the_outbox(dproject: Proj
     assert r.exists(parts[0].job_prefix + to_stalled[1])
     placed = sum(r.lrange(k.ready, 0, -1).count(to_stalled[1]) for k in parts)
     assert placed == 1, f"the follow-up is in ready {placed} times"
+
+
+def test_a_process_started_while_a_shard_stalls_serves_the_live_ones(dproject: Project,
+                                                                     shards: list[Server]) -> None:
+    """The first master of the URL stops answering (SIGSTOP: it takes connections and
+    says nothing): `Client.from_config` returns and a worker started then runs the live
+    partitions' jobs within seconds, during the stall (before, building the cluster
+    client waited out the socket timeout on its layout, its command table and the
+    partition tags: 45 s), and `runner stats` shows the live partitions and names the
+    stalled master. The stall ends once that is seen (or at a deadline of 20 s: a
+    worker's start alone takes seconds on a loaded host)."""
+    import json
+    import os
+    import signal
+
+    p = dproject
+    p.write_config(vt=2, fast="partitions = 3")
+    c = p.client
+    ids = [j.id for b in range(3) for j in c.enqueue_many([Request("record", {"n": 10 * b + i}) for i in range(5)])
+           if not isinstance(j, Exception)]
+    stalled = shards[0]  # (the first seed: the client asks it first)
+    down = _dead_tags(p, stalled)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
+    live = [i for i in ids if where[i] not in down]
+    assert 0 < len(live) < len(ids)
+    code = ("import sys, time; from runner.client import Client; t = time.monotonic(); "
+            "Client.from_config(sys.argv[1]); print(time.monotonic() - t)")
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        w = p.spawn_worker("fast")
+        producer = subprocess.Popen([sys.executable, "-c", code, str(p.root / "runner.toml")], cwd=p.root,
+                                    env=p.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ran = wait_for(lambda: all(p.runs(i) for i in live) or producer.poll() == 1, timeout=20, interval=0.1,
+                       what="the live partitions' jobs to run during the stall")
+        assert ran
+        assert producer.poll() == 0, "Client.from_config did not return during the stall"
+        stats = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), "stats",
+                                "--json"], cwd=p.root, env=p.env, capture_output=True, text=True, timeout=30)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert stats.returncode == 3, stats.stdout + stats.stderr
+    assert [d["node"] for d in json.loads(stats.stdout)["down"]] == [f"127.0.0.1:{stalled.port}"]
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+
