@@ -478,3 +478,55 @@ def test_a_process_started_while_a_shard_stalls_serves_the_live_ones(dproject: P
     log = (p.root / "worker-0.log").read_text()
     assert "Traceback" not in log, log[-3000:]
 
+
+
+def test_every_reading_command_shows_the_live_shards_and_names_the_dead_one(dproject: Project,
+                                                                            shards: list[Server]) -> None:
+    """With one master of three down, `runner dead ls`, `runner events`, `runner workers`
+    and `runner schedules` show what the live masters hold (the live partitions' dead
+    jobs, the worker on the roster) with the master down named (`down` in `--json`),
+    exiting 3 as `runner stats` and `runner jobs` do; before, each said only that Redis
+    was unavailable."""
+    import json
+
+    from runner.store import roster
+
+    p = dproject
+    p.write_config(vt=2, fast="partitions = 3")
+    c = p.client
+    ids = [j.id for b in range(3)
+           for j in c.enqueue_many([Request("record", {"n": 10 * b + i, "fail_times": 9}) for i in range(4)])
+           if not isinstance(j, Exception)]
+    r = p.runtime.redis
+    w = p.spawn_worker("fast")
+    wait_for(lambda: sum(len(r.zrange(k.dead, 0, -1)) for k in p.runtime.parts["fast"]) == len(ids), timeout=60,
+             interval=0.2, what="every job dead")
+    holder = r.get_node_from_key(roster.key(p.prefix)).port
+    dead = next(s for s in shards if s.port != holder and any(
+        r.get_node_from_key(k.ready).port == s.port for k in p.runtime.parts["fast"]))
+    down = _dead_tags(p, dead)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in r.zrange(k.dead, 0, -1)}
+    live = {i for i in ids if where[i] not in down}
+    assert 0 < len(live) < len(ids)
+    dead.stop(kill=True)
+    node = f"127.0.0.1:{dead.port}"
+
+    def run(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+        out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), *args,
+                              "--json"], cwd=p.root, env=p.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 3, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+        assert node in out.stderr and "runner dev" not in out.stderr, out.stderr
+        body = json.loads(out.stdout)
+        assert [d["node"] for d in body.get("down", [])] == [node], body
+        return out, body
+
+    _, listed = run("dead", "ls", "--limit", "100")
+    assert {j["id"] for j in listed["fast"]["jobs"]} == live  # type: ignore[index]
+    _, events = run("events")
+    assert events["events"] == []
+    _, workers = run("workers")
+    assert [m["id"] for m in workers["workers"]]  # type: ignore[union-attr, index]
+    _, scheds = run("schedules")
+    assert "schedules" in scheds
+    assert w.poll() is None
