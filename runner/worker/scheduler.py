@@ -88,13 +88,16 @@ class Scheduler:
         sc = self.rt.scripts
         if self.member is not None and time.monotonic() >= self._next_beat and not self._away.away(("", "")):
             try:
-                # Each call given up on a stalled master (Transport.on_node, keyless), as every
-                # call of a pass is: one master stopped must not hold up the others' timers.
+                # Each call given up on a stalled master, as every call of a pass is: one
+                # master stopped must not hold up the others' timers. The beat writes two
+                # keys of two slots (the roster, the pruner's bid), maybe on two masters: it
+                # is bounded as a read of its own (Transport.bounded), so a stall of either
+                # holds up no other call to the other.
                 prefix = self.rt.config.redis.prefix
                 sec, usec = sc.keyless("TIME")
                 now_ms = int(sec) * 1000 + int(usec) // 1000
-                sc.on_node(roster.key(prefix), lambda: roster.beat(self.rt.redis, prefix, self.member(),  # type: ignore[misc]
-                                                                     self._pulse, now_ms))
+                sc.bounded("the roster's heartbeat", lambda: roster.beat(
+                    self.rt.redis, prefix, self.member(), self._pulse, now_ms))  # type: ignore[misc]
                 self._away.ok(("", ""))
                 self._next_beat = time.monotonic() + roster.HEARTBEAT_S
                 answered = True

@@ -435,8 +435,8 @@ def test_a_relay_placement_on_a_stalled_shard_stays_in_the_outbox(dproject: Proj
 
 def test_a_process_started_while_a_shard_stalls_serves_the_live_ones(dproject: Project,
                                                                      shards: list[Server]) -> None:
-    """The first master of the URL stops answering (SIGSTOP: it takes connections and
-    says nothing): `Client.from_config` returns and a worker started then runs the live
+    """The first master of the URL, the queue's home, stops answering (SIGSTOP: it takes
+    connections and says nothing): `Client.from_config` returns and a worker started then runs the live
     partitions' jobs within seconds, during the stall (before, building the cluster
     client waited out the socket timeout on its layout, its command table and the
     partition tags: 45 s), and `runner stats` shows the live partitions and names the
@@ -451,7 +451,11 @@ def test_a_process_started_while_a_shard_stalls_serves_the_live_ones(dproject: P
     c = p.client
     ids = [j.id for b in range(3) for j in c.enqueue_many([Request("record", {"n": 10 * b + i}) for i in range(5)])
            if not isinstance(j, Exception)]
-    stalled = shards[0]  # (the first seed: the client asks it first)
+    # The master of the queue's home partition (its partition tags are read there at
+    # start), first in the URL (the client asks it first).
+    stalled = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(p.runtime.keys["fast"].ready).port)
+    p.server = Endpoint("redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in
+                                                      sorted(shards, key=lambda s: s is not stalled)))  # type: ignore[assignment]
     down = _dead_tags(p, stalled)
     where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
     live = [i for i in ids if where[i] not in down]
