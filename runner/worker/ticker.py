@@ -287,6 +287,7 @@ class Ticker:
             held.setdefault(e.schedule.queue, []).append(e)
         gone: set[int] = set()
         away: BaseException | None = None
+        stamped = 0
         for queue, entries in held.items():
             for start in range(0, len(entries), ADOPT_CHUNK):
                 part = entries[start:start + ADOPT_CHUNK]
@@ -296,6 +297,7 @@ class Ticker:
                 except OUTAGE as exc:  # that queue's master is away or stalled: the others are stamped
                     away = exc
                     break
+                stamped += 1
                 for e in part:
                     if e.schedule.id in lost and e.seq not in in_flight:
                         gone.add(e.seq)
@@ -303,8 +305,8 @@ class Ticker:
         if gone:
             self._heap = [e for e in self._heap if e.seq not in gone]
             heapq.heapify(self._heap)
-        if away is not None and len(held) == 1:
-            raise away  # (not heard at all)
+        if away is not None and not stamped:
+            raise away  # (not heard at all: the ticker's own outage)
         self._heard_at = time.monotonic()
 
     def _fire(self, due: Sequence[_Entry], now: int) -> None:
