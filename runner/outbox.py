@@ -23,6 +23,7 @@ from runner.errors import NotReplicated
 from runner.runtime import Runtime
 from runner.store import codec, followups, routing
 from runner.store.keys import QueueKeys
+from runner.store.outage import OUTAGE
 
 log = logging.getLogger("runner.scheduler")
 
@@ -54,12 +55,18 @@ def destinations(rt: Runtime, queue: str, jobs: Sequence[routing.Routed]) -> dic
     return groups
 
 
-def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, tuple[str, str]] | None = None) -> list[str]:
+def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, tuple[str, str]] | None = None,
+          held: list[str] | None = None) -> list[str]:
     """Write the jobs of these outbox entries into their queues; returns the entries
     done with (placed, already there, or refused), which may leave the outbox. An entry
     for a queue this process does not know stays for one that does. ``absorbed``, when
     given, gets the entry's job id -> (id, status) of the job that stands for it: the
-    DEBOUNCE burst's job it joined, or the job that holds its idempotency key."""
+    DEBOUNCE burst's job it joined, or the job that holds its idempotency key.
+
+    An entry whose partition's master is away or stalled (an outage of that partition:
+    the placement may even land later) is not done with: it stays for a later pass, which
+    places it once by its id, while the other partitions' entries are placed now; it goes
+    on ``held`` when given."""
     by_queue: dict[str, list[tuple[str, list[str]]]] = {}
     finished: list[str] = []
     for raw in entries:
@@ -81,7 +88,13 @@ def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, tuple[str, st
         parts = rt.parts[queue]
         groups = destinations(rt, queue, [Keyed(f[1], f[7], f[10], f[11]) for _, f in items])
         for p, idx in groups.items():
-            _relay(rt, parts[p], [items[i] for i in idx], finished, absorbed)
+            try:
+                _relay(rt, parts[p], [items[i] for i in idx], finished, absorbed)
+            except OUTAGE as exc:
+                if held is not None:
+                    held += [items[i][0] for i in idx]
+                log.debug("outbox: %d job(s) for queue %s, partition {%s}, not placed now: %s",
+                          len(idx), queue, parts[p].tag, exc)
     return finished
 
 
@@ -111,5 +124,7 @@ def _text(v: object) -> str:
 
 
 def remove(rt: Runtime, k: QueueKeys, entries: Sequence[str]) -> None:
-    """Take placed entries off ``k``'s outbox (one each), in one round trip."""
-    followups.take_off_outbox(rt.redis, k, entries)
+    """Take placed entries off ``k``'s outbox (one each), in one round trip (given up on a
+    stalled master as a worker's script calls are: Transport.on_node)."""
+    if entries:
+        rt.scripts.on_node(k.outbox, lambda: followups.take_off_outbox(rt.redis, k, entries))

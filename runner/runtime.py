@@ -83,7 +83,7 @@ class Runtime:
             client = connection.connect(config.redis, **redis_overrides)
         keys, parts = layout(config)
         rt = cls(config=config, redis=client, keys=keys, parts=parts, _registry=reg)
-        rt.discover(record=record)
+        rt.discover_bounded(record=record)
         if not lazy:  # a process starts with its functions and scripts ready
             rt.registry  # noqa: B018
             rt.scripts.prepare()
@@ -133,6 +133,25 @@ class Runtime:
         if new and self._waiter is not None:
             self._waiter.extend([k.ended for k in new])
         return new
+
+    def discover_bounded(self, *, record: bool = False) -> list[QueueKeys]:
+        """``discover``; while a Redis Cluster master is stalled (it took the client's
+        connection as it was built and said nothing: connection.py's probe), on a thread
+        waited for as long as the probe was, so a process starts on its own partitions
+        rather than wait out the stall: [] when it has not answered by then, and a later
+        discover_due reads the tags again (docs/partitions.md, "A shard down")."""
+        if not getattr(self.redis, "runner_stalled", None):
+            return self.discover(record=record)
+        import threading
+
+        from runner.store.connection import PROBE_S
+
+        found: list[list[QueueKeys]] = []
+        aside = threading.Thread(target=lambda: found.append(self.discover(record=record)),
+                                 name="runner-discover", daemon=True)
+        aside.start()
+        aside.join(PROBE_S)
+        return found[0] if found else []
 
     @property
     def key_life_s(self) -> float:

@@ -16,6 +16,7 @@ from runner.cli.root import (
     RedisCommand,
     build_runtime,
     cli,
+    down_view,
     emit,
     fail,
     operator,
@@ -23,6 +24,8 @@ from runner.cli.root import (
     read_payload,
     redis_errors,
     refusal,
+    said_down,
+    shards_down,
     table,
 )
 from runner.errors import (
@@ -70,6 +73,7 @@ def dead_ls(ctx: click.Context, queue: str | None, limit: int, offset: int, as_j
     data: dict[str, Any] = {}
     rows = []
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down: the live partitions' dead jobs, then exit 3
         for q in _queues(rt, queue):
             total, page = client.dead(q, offset=offset, limit=limit)
             jobs = [j.as_dict() for j in page]
@@ -79,8 +83,10 @@ def dead_ls(ctx: click.Context, queue: str | None, limit: int, offset: int, as_j
                 rows.append((q, j["id"], j["type"], j["version"], _ago(j["finished_at"]), j["reason"],
                              (f"{err.get('type')}: {err.get('message')}" if err else "")[:80]))
     totals = ", ".join(f"{q}: {d['total']}" for q, d in data.items())
-    emit(data, as_json, table(("queue", "id", "type", "v", "died", "reason", "last error"), rows)
-         + f"\ndead jobs: {totals}")
+    emit({**data, **down_view(gone)}, as_json, table(("queue", "id", "type", "v", "died", "reason", "last error"),
+                                                     rows) + f"\ndead jobs: {totals}")
+    if gone:
+        said_down(gone)
 
 
 def _targets(client: Any, rt: Any, ids: tuple[str, ...], queue: str | None, all_: bool) -> list[tuple[str, str]]:

@@ -12,12 +12,15 @@ from runner.cli.root import (
     RedisCommand,
     build_runtime,
     cli,
+    down_view,
     emit,
     fail,
     plain,
     read_payload,
     redis_errors,
     refusal,
+    said_down,
+    shards_down,
     table,
 )
 from runner.errors import EventRejected, NotReplicated, RedisUnavailable, RunnerError
@@ -71,6 +74,7 @@ def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) 
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down: the live partitions' events, then exit 3
         try:
             out = Client(rt).events(limit=limit, name=name)
         except RedisUnavailable:
@@ -80,5 +84,7 @@ def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) 
     rows = [(datetime.fromtimestamp(e.get("at_ms", 0) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"), e.get("id"),
              e.get("name"), str(e.get("waiters_resumed", 0)),
              " ".join(str(j.get("id")) for j in e.get("jobs", [])) or "-") for e in out]
-    emit({"events": out}, as_json,
+    emit({"events": out, **down_view(gone)}, as_json,
          table(("at (UTC)", "id", "name", "resumed", "jobs"), rows) if rows else "no events")
+    if gone:
+        said_down(gone)

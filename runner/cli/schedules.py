@@ -8,7 +8,19 @@ from typing import Any
 
 import click
 
-from runner.cli.root import EXIT_REFUSED, build_runtime, cli, emit, fail, operator, redis_errors, table
+from runner.cli.root import (
+    EXIT_REFUSED,
+    build_runtime,
+    cli,
+    down_view,
+    emit,
+    fail,
+    operator,
+    redis_errors,
+    said_down,
+    shards_down,
+    table,
+)
 from runner.errors import UnknownSchedule
 
 
@@ -37,6 +49,7 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down: named after the list (exit 3)
         rows = Client(rt).schedules()
     # A function file that did not load declares no schedule: say so, or a schedule with a
     # mistake in it (a 6-field cron) would just be missing from the list.
@@ -44,10 +57,12 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
     out: dict[str, Any] = {"schedules": rows}
     if errors:
         out["errors"] = errors
-    emit(out, as_json, _human(rows))
+    emit({**out, **down_view(gone)}, as_json, _human(rows))
     for e in errors:
         click.echo(click.style(f"not loaded, so no schedule of it is listed: {e}", fg="red"),
                    err=True)
+    if gone:
+        said_down(gone)
 
 
 @schedules.command()

@@ -8,7 +8,17 @@ from typing import Any
 
 import click
 
-from runner.cli.root import RedisCommand, build_runtime, cli, emit, redis_errors, table
+from runner.cli.root import (
+    RedisCommand,
+    build_runtime,
+    cli,
+    down_view,
+    emit,
+    redis_errors,
+    said_down,
+    shards_down,
+    table,
+)
 
 
 def _when(seconds: float) -> str:
@@ -35,5 +45,8 @@ def workers(ctx: click.Context, as_json: bool) -> None:
 
     rt = build_runtime(ctx.obj["config"], client_only=True)
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down: named after the list (exit 3)
         rows = Client(rt).workers()
-    emit({"workers": rows}, as_json, _human(rows))
+    emit({"workers": rows, **down_view(gone)}, as_json, _human(rows))
+    if gone:
+        said_down(gone)

@@ -279,28 +279,38 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     if password:
         kwargs["password"] = password
     kwargs.update(overrides)
+    # Which masters answer now, each asked for at most PROBE_S: the client asks a master
+    # that answers for the layout and the command table, rather than wait out a stalled
+    # one's socket timeout (15 s per read) as it is built.
+    answered, stalled = _probe(nodes, kwargs)
+    nodes.sort(key=lambda hp: f"{hp[0]}:{hp[1]}" not in answered)
+
     class Cluster(RedisCluster):
         """The client sends COMMAND once, as it is built, to its first master: with that
-        master down (one dead shard), it asks the others, so a process still starts and
-        serves the live shards (docs/partitions.md, "A shard down")."""
+        master down (one dead shard) or stalled, it asks the others (those that answered
+        the probe first), so a process still starts and serves the live shards
+        (docs/partitions.md, "A shard down")."""
+
+        runner_stalled: set[str]  # the masters that did not answer the probe (set below)
 
         def command(self, **kw: Any) -> Any:
-            try:
+            primaries = sorted(self.get_primaries(), key=lambda n: n.name not in answered)  # type: ignore[no-untyped-call]
+            err: BaseException | None = None
+            for node in primaries:
+                try:
+                    return self.execute_command("COMMAND", target_nodes=node, **kw)  # type: ignore[no-untyped-call]
+                except UNAVAILABLE as exc:
+                    err = exc
+            if err is None:
                 return super().command(**kw)  # type: ignore[no-untyped-call]
-            except UNAVAILABLE:
-                for node in self.get_primaries():  # type: ignore[no-untyped-call]
-                    try:
-                        return self.execute_command("COMMAND", target_nodes=node, **kw)  # type: ignore[no-untyped-call]
-                    except UNAVAILABLE:
-                        continue
-                raise
+            raise err
 
     try:
         # Static startup nodes: the client learns the layout again after any failed call,
         # and closes every connection of the node it asked; with the layout's own nodes as
         # startup nodes (the default) that is every connection in use on a live master, so
         # one dead shard failed the calls of every thread on the others, again and again.
-        return Cluster(
+        client = Cluster(
             startup_nodes=[ClusterNode(h, p) for h, p in nodes], retry=retry,  # type: ignore[no-untyped-call]
             require_full_coverage=True, dynamic_startup_nodes=False, **kwargs,
         )
@@ -308,6 +318,60 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         # The client reads the cluster's layout at once: no node answering is an outage
         # like any other, not a bug.
         raise redis.ConnectionError(str(exc)) from exc
+    live = [n for n in client.get_primaries() if n.name in answered]  # type: ignore[no-untyped-call]
+    if live and client.get_default_node().name not in answered:  # type: ignore[no-untyped-call]
+        client.set_default_node(live[0])  # type: ignore[no-untyped-call]  # (TIME, INFO: commands of no key go to one that answers)
+    # The masters that did not answer the probe in time though their port took the
+    # connection (stopped, hung): what the process starts with (Runtime.create) does not
+    # wait for them.
+    client.runner_stalled = stalled
+    return client
+
+
+PROBE_S = 2.0  # how long a cluster client being built waits for each master's PING
+
+
+def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """Which masters answer a PING within PROBE_S (host:port), and which took the
+    connection and said nothing (stalled): the seeds first, then the masters of the
+    layout a seed that answered gives (CLUSTER SLOTS). All at once, each on a connection
+    of its own with PROBE_S as its timeouts; a refused connection is neither (a master
+    down, which the client's own errors report)."""
+    import threading
+
+    keep = {k: v for k, v in kwargs.items() if k in ("username", "password", "decode_responses")
+            or k.startswith("ssl")}
+    answered: set[str] = set()
+    stalled: set[str] = set()
+    layout: list[Any] = []
+
+    def ask(host: str, port: int, slots: bool) -> None:
+        r = redis.Redis(host=host, port=port, socket_timeout=PROBE_S, socket_connect_timeout=PROBE_S,
+                        retry=Retry(NoBackoff(), 0), **keep)
+        try:
+            r.ping()
+            answered.add(f"{host}:{port}")
+            if slots and not layout:
+                layout.append(r.execute_command("CLUSTER SLOTS"))  # type: ignore[no-untyped-call]
+        except redis.TimeoutError:
+            stalled.add(f"{host}:{port}")
+        except Exception:  # refused, an error reply: the client's own call says why
+            pass
+        finally:
+            r.close()
+
+    def run(targets: list[tuple[str, int]], slots: bool) -> None:
+        threads = [threading.Thread(target=ask, args=(h, p, slots), daemon=True) for h, p in targets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(PROBE_S * 2 + 1)
+
+    run(seeds, True)
+    if layout:
+        masters = {(str(m[2][0]) or seeds[0][0], int(m[2][1])) for m in layout[0]}
+        run([hp for hp in masters if f"{hp[0]}:{hp[1]}" not in answered | stalled], False)
+    return answered, stalled - answered
 
 
 def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:

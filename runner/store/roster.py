@@ -134,13 +134,13 @@ def pruner_key(prefix: str) -> str:
     return f"{prefix}:workers:pruner"
 
 
-def beat(redis: Any, prefix: str, member: Member, pulse: Pulse | None = None) -> None:
+def beat(redis: Any, prefix: str, member: Member, pulse: Pulse | None = None, now_ms: int | None = None) -> None:
     """Write this worker's entry, stamped now by the server's clock, and, when this beat
     wins the bid, prune one page of stale entries. A member without ``started_ms`` (0)
     is on record from its first beat's time (kept in ``pulse``): the server's, as every
-    time a user sees, not its host's."""
+    time a user sees, not its host's (``now_ms``: read already by the caller)."""
     pulse = Pulse() if pulse is None else pulse
-    now = server_ms(redis)
+    now = server_ms(redis) if now_ms is None else now_ms
     started = member.started_ms or pulse.started_ms or now
     pulse.started_ms = started
     entry = {**member.as_dict(), "seen_ms": now, "started_ms": started}

@@ -27,20 +27,23 @@ UNFINISHED = frozenset({"queued", "scheduled", "retrying", "processing"})
 class ServerClock:
     """Epoch milliseconds by the Redis server (the ticker's time source)."""
 
-    def __init__(self, redis: Any, prefix: str) -> None:
+    def __init__(self, redis: Any, prefix: str, scripts: Any = None) -> None:
         self.redis = redis
+        # A worker's Transport: on Redis Cluster, TIME goes to a master that answers within
+        # the node wait (Transport.keyless), so one master stalled stops no ticker.
+        self.scripts = scripts
         self.offset_key = clock_offset(prefix) if os.environ.get(TEST_ENV) == "1" else None
         # The server's clock only moves on (a step of it is rare); the test clock's offset
         # is moved at will, so whoever sleeps by it must look again soon.
         self.steady = self.offset_key is None
 
     def now_ms(self) -> int:
+        sec, usec = self.redis.time() if self.scripts is None else self.scripts.keyless("TIME")
         if self.offset_key is None:
-            sec, usec = self.redis.time()
             return int(sec) * 1000 + int(usec) // 1000
         # Two calls, not a pipeline: a Cluster client refuses TIME in one (tests only).
-        sec, usec = self.redis.time()
-        offset = self.redis.get(self.offset_key)
+        key = self.offset_key
+        offset = self.redis.get(key) if self.scripts is None else self.scripts.on_node(key, lambda: self.redis.get(key))
         return int(sec) * 1000 + int(usec) // 1000 + int(offset or 0)
 
 

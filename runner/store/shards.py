@@ -48,7 +48,12 @@ def down(redis: Any, every: Sequence[QueueKeys]) -> list[Down]:
         return []
     out: list[Down] = []
     live = None
+    stalled: set[str] = getattr(redis, "runner_stalled", set())  # (connection.py's probe, as the client was built)
     for name, (node, parts) in by_node.items():
+        if name in stalled:
+            out.append(Down(name, tuple(parts), f"Redis node {name} took the connection and did not answer "
+                                                "(stopped or hung)"))
+            continue
         try:
             node.redis_connection.ping()
         except UNAVAILABLE as exc:

@@ -79,6 +79,12 @@ def _import_redis() -> None:
 # its replicated outbox only once the job it placed is confirmed. Every other call stays
 # asynchronous.
 DURABLE = frozenset({"enqueue", "emit", "group", "tick", "relay"})
+# The durable calls a worker may give up on a stalled master (Transport.node_wait_s) all
+# the same, as what they write is fenced: a placement by its job's id (relay.lua places
+# each id once, and its entry stays in the outbox until a placement is confirmed), a
+# tick by the schedule's state (tick.lua refuses a tick handled already). One given up
+# that ran after all is found done by the next try, never written twice.
+FENCED = frozenset({"relay", "tick"})
 
 def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
     """A call answered NOSCRIPT sent again with its source (EVAL), behind a SCRIPT LOAD in
@@ -515,8 +521,8 @@ class NodeLanes:
             by_node.setdefault(self.node(keys), []).append(i)
         out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
         wait_s = self.scripts.node_wait_s
-        if wait_s is not None and not any(c[3] for c in calls):
-            return self._send_bounded(calls, by_node, out, wait_s)
+        if wait_s is not None and all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
+            return self._send_bounded(calls, by_node, out, wait_s + self.scripts.wait_s(calls))
         groups = list(by_node.values())
         futures = [self.pool().submit(self._run, calls, g, out) for g in groups[1:]]
         self._run(calls, groups[0], out)
@@ -703,11 +709,54 @@ class Transport:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent). ``by_source``: as for ``call``."""
         durable = durable or name in DURABLE
-        if self.node_wait_s is not None and not durable and not self.one_server:
+        if self.node_wait_s is not None and (not durable or name in FENCED) and not self.one_server:
             return self.nodes.bounded(self.nodes.node(keys),
                                       lambda: self._counted(name, keys, args, spin, durable, by_source),
-                                      self.node_wait_s, late)
+                                      self.node_wait_s + self.wait_s([(name, keys, args, durable)]), late)
         return self._counted(name, keys, args, spin, durable, by_source)
+
+    def wait_s(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]]) -> float:
+        """How much longer than ``node_wait_s`` a bounded round trip of ``calls`` may take:
+        the WAIT's own timeout when one of them is durable (a master short of replicas is
+        slow to answer, not stalled)."""
+        return self.replica_timeout_s if self.wait is not None and any(c[3] for c in calls) else 0.0
+
+    def on_node(self, key: str, fn: Callable[[], T]) -> T:
+        """``fn()``, a command (or a pipeline) of its own to the master of ``key``'s slot,
+        given up past ``node_wait_s`` as a script call to that master is (NodeLanes.bounded):
+        a worker's periodic reads and writes outside scripts (an outbox's head, the
+        roster's heartbeat) wait for a stalled master no longer than its claims do. At
+        once on one server, or without a node wait."""
+        if self.node_wait_s is None or self.one_server:
+            return fn()
+        return self.nodes.bounded(self.nodes.node([key]), fn, self.node_wait_s)
+
+    def keyless(self, *command: Any) -> Any:
+        """A command of no key (TIME), answered by a master that answers: on Redis Cluster
+        with a node wait, the client's default node first, then the other masters, each
+        waited for at most ``node_wait_s`` (one that answers becomes the default); the last
+        error when none does."""
+        if self.node_wait_s is None or self.one_server:
+            return self.client.execute_command(*command)
+        from runner.store.connection import UNAVAILABLE
+
+        client = self.client
+        first = client.get_default_node()
+        err: BaseException | None = None
+        for node in [first, *(n for n in client.get_primaries() if n is not first)]:
+            def ask(n: Any = node) -> Any:
+                return client.execute_command(*command, target_nodes=n)
+
+            try:
+                reply = self.nodes.bounded(node.name, ask, self.node_wait_s)
+            except UNAVAILABLE as exc:
+                err = exc
+                continue
+            if node is not first:
+                client.set_default_node(node)
+            return reply
+        assert err is not None
+        raise err
 
     def bounded(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()``, a read of its own on Redis Cluster (a pipeline over several masters),

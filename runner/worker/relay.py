@@ -23,6 +23,7 @@ from runner.runtime import Runtime
 from runner.store import codec, followups, listeners
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
+from runner.store.outage import OUTAGE
 from runner.store.scripts import STAGED, Followup, followup_id, job_entry
 from runner.worker.faults import fault
 
@@ -38,15 +39,23 @@ COUNT = '["#group",'  # an outbox entry that counts a group's member down (group
 def drain(rt: Runtime, k: QueueKeys) -> int:
     """One pass over a queue's outbox (at most BATCH entries, and BATCH jobs of a committed
     stage); returns how many left it, BATCH while a stage has more to place."""
-    entries = followups.outbox_head(rt.redis, k, BATCH)
+    # Every call is given up on a stalled master as the worker's claims are (Transport.on_node;
+    # the placements, fenced by id, in outbox.place): an entry whose placement could not be
+    # confirmed stays in the outbox for the next pass, which places nothing twice.
+    on = rt.scripts.on_node
+    entries = on(k.outbox, lambda: followups.outbox_head(rt.redis, k, BATCH))
     if not entries:
         return 0
     stages = [e for e in entries if e.startswith(f'["{STAGED}"')]
     fault("before_relay")
     counts = [e for e in entries if e.startswith(COUNT)]
-    finished = outbox.place(rt, [e for e in entries if not e.startswith((f'["{STAGED}"', COUNT))])
+    plain = [e for e in entries if not e.startswith((f'["{STAGED}"', COUNT))]
+    finished = outbox.place(rt, plain) if plain else []
     if counts:
-        finished += _count(rt, k, counts)
+        try:
+            finished += _count(rt, k, counts)
+        except OUTAGE as exc:  # the home partition's master is away: counted by a later pass
+            log.debug("outbox: group counts of queue %s not brought home now: %s", k.queue, exc)
     more = False
     for raw in stages:
         if _unstage(rt, k, raw):
@@ -64,7 +73,8 @@ def tell_waiters(client: Client, k: QueueKeys, seen: dict[tuple[str, int], float
     died, or its event had more waiters than it tells itself): an entry is taken once it
     has been there WAKE_AFTER_S by this process's clock (its emitter tells its own within
     that), a bounded batch of waiters per pass. Returns the entries still waiting."""
-    entries = listeners.wakes_head(client.runtime.redis, k, BATCH)
+    on = client.runtime.scripts.on_node  # (given up on a stalled master: see drain)
+    entries = on(k.wakes, lambda: listeners.wakes_head(client.runtime.redis, k, BATCH))
     now = time.monotonic()
     heads = {(k.tag, hash(raw)) for raw in entries}
     for key in [key for key in seen if key[0] == k.tag and key not in heads]:
@@ -89,7 +99,8 @@ def tell_waiters(client: Client, k: QueueKeys, seen: dict[tuple[str, int], float
             left += 1
         budget -= waking.INLINE
     fault("after_wake")  # told, not yet off the list: the next pass tells nobody twice
-    listeners.drop_wakes(client.runtime.redis, k, finished)
+    if finished:
+        on(k.wakes, lambda: listeners.drop_wakes(client.runtime.redis, k, finished))
     return left
 
 
@@ -102,13 +113,15 @@ def _unstage(rt: Runtime, k: QueueKeys, raw: str) -> bool:
         log.error("outbox: dropping a malformed stage entry %.80r", raw)
         return True
     key = k.job_prefix + str(suffix)
-    chunk = followups.stage_head(rt.redis, key, BATCH)
+    on = rt.scripts.on_node
+    chunk = on(key, lambda: followups.stage_head(rt.redis, key, BATCH))
     if not chunk:
         return True
     finished = set(outbox.place(rt, chunk))
-    # Entries for a queue this worker does not know wait on the outbox for one that does.
+    # Entries for a queue this worker does not know wait on the outbox for one that does,
+    # and so do those whose partition's master is away now (placed by a later pass).
     waiting = [e for e in chunk if e not in finished]
-    followups.advance_stage(rt.redis, k, key, chunk[0], len(chunk), waiting)
+    on(key, lambda: followups.advance_stage(rt.redis, k, key, chunk[0], len(chunk), waiting))
     return False
 
 
@@ -159,7 +172,8 @@ def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
     written here, to the same id a settler would give it (<id>.f, or <id>.f2 for a job
     requeued once, ...) and placed once by that id, so a pass that dies midway, or two
     schedulers at once, write it once. Returns how many ids left the list."""
-    ids = followups.lost_head(rt.redis, k, BATCH)
+    on = rt.scripts.on_node  # (given up on a stalled master: see drain)
+    ids = on(k.lost, lambda: followups.lost_head(rt.redis, k, BATCH))
     for job_id in ids:
         try:
             job = client.get(job_id).as_dict()
@@ -174,6 +188,11 @@ def lost_destinations(rt: Runtime, client: Client, k: QueueKeys) -> int:
             dest = destination(client, fn.on_failure, tag, job_id, str(job["type"]), job["version"] or 0,
                                job["attempt"], k.queue, {"error": job["last_error"]}, traceparent)
         if dest is not None:  # placed as the outbox's entries are: where its keys route it
-            outbox.place(rt, [codec.dumps(job_entry(dest.queue, dest.job))])
-    followups.forget_lost(rt.redis, k, ids)
+            held: list[str] = []
+            outbox.place(rt, [codec.dumps(job_entry(dest.queue, dest.job))], held=held)
+            if held:  # its partition's master is away: this id and those after it, next pass
+                ids = ids[:ids.index(job_id)]
+                break
+    if ids:
+        on(k.lost, lambda: followups.forget_lost(rt.redis, k, ids))
     return len(ids)

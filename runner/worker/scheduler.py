@@ -24,13 +24,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from runner.client import Client
 from runner.runtime import Runtime
 from runner.store import roster, tagset
 from runner.store.connection import UNAVAILABLE
-from runner.store.keys import QueueKeys
+from runner.store.keys import QueueKeys, partition_set
 from runner.store.outage import OUTAGE, Away, Outage
 from runner.worker import relay
 from runner.worker.lifeline import vital
@@ -61,6 +63,8 @@ class Scheduler:
         self._walked: dict[tuple[str, str], int] = {}
         self._pulse = roster.Pulse()  # this worker's start on the roster, where its pruning stopped
         # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
+        self._aside = ThreadPoolExecutor(1, thread_name_prefix="scheduler-discover")
+        self._finding: Future[list[QueueKeys]] | None = None  # a discover under way (_discover)
         self._away: Away[tuple[str, str]] = Away("scheduler", lambda w: f"queue {w[0]}, partition {{{w[1]}}}"
                                                  if w[0] else "roster", log)
 
@@ -70,6 +74,7 @@ class Scheduler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._aside.shutdown(wait=False)
 
     def tick(self) -> float:
         """One pass over every queue (every partition of each); returns seconds until the
@@ -80,15 +85,25 @@ class Scheduler:
         # is away: the loop's own backoff, with its one warning.
         failures: list[tuple[tuple[str, str], BaseException]] = []
         answered = False
+        sc = self.rt.scripts
         if self.member is not None and time.monotonic() >= self._next_beat and not self._away.away(("", "")):
             try:
-                roster.beat(self.rt.redis, self.rt.config.redis.prefix, self.member(), self._pulse)
+                # Each call given up on a stalled master, as every call of a pass is: one
+                # master stopped must not hold up the others' timers. The beat writes two
+                # keys of two slots (the roster, the pruner's bid), maybe on two masters: it
+                # is bounded as a read of its own (Transport.bounded), so a stall of either
+                # holds up no other call to the other.
+                prefix = self.rt.config.redis.prefix
+                sec, usec = sc.keyless("TIME")
+                now_ms = int(sec) * 1000 + int(usec) // 1000
+                sc.bounded("the roster's heartbeat", lambda: roster.beat(
+                    self.rt.redis, prefix, self.member(), self._pulse, now_ms))  # type: ignore[misc]
                 self._away.ok(("", ""))
                 self._next_beat = time.monotonic() + roster.HEARTBEAT_S
                 answered = True
             except OUTAGE as exc:
                 failures.append((("", ""), exc))
-        new = self.rt.discover_due(record=True)
+        new = self._discover()
         if new and self.found is not None:
             self.found(new)
         wait = self.rt.config.worker.scheduler_interval_s
@@ -122,6 +137,23 @@ class Scheduler:
         if trim:
             self._last_trim = time.monotonic() - (every if more else 0.0)
         return wait
+
+    def _discover(self) -> list[QueueKeys]:
+        """Runtime.discover_due, on a thread of its own when due, waited for at most the
+        node wait: the partition tags are read from every master in one round trip, and one
+        master stalled must not hold up the others' timers. What a read that answered late
+        found is told at a later pass (its partitions are served from then on)."""
+        f = self._finding
+        if f is None:
+            if not self.rt.record_due():
+                return []
+            f = self._finding = self._aside.submit(self.rt.discover_due, record=True)
+        try:
+            new = f.result(timeout=self.rt.scripts.node_wait_s)
+        except FutureTimeout:
+            return []
+        self._finding = None
+        return new
 
     def _index(self, k: QueueKeys, where: tuple[str, str]) -> None:
         """Walk a partition's scheduled set once, BATCH ids a pass, putting the jobs that a
@@ -220,12 +252,13 @@ class Scheduler:
         longest of the done and idempotency retentions (by then its done jobs' outcomes and
         its idempotency keys have gone too, so no look-up needs it): processes started
         later leave it out. This one keeps looking at it, which costs a claim now and then."""
-        if not tagset.drained(self.rt.redis, k):
+        on = self.rt.scripts.on_node  # (given up on a stalled master, as every call of a pass)
+        if not on(k.outbox, lambda: tagset.drained(self.rt.redis, k)):
             self._empty_since.pop((k.queue, k.tag), None)
             return
         since = self._empty_since.setdefault((k.queue, k.tag), time.monotonic())
         if time.monotonic() - since >= done_s:
-            tagset.retire(self.rt.redis, k)
+            on(partition_set(k.prefix, k.queue), lambda: tagset.retire(self.rt.redis, k))
             if since != float("-inf"):
                 log.info("queue %s: partition {%s} has drained; no longer recorded", k.queue, k.tag)
             self._empty_since[(k.queue, k.tag)] = float("-inf")  # said once

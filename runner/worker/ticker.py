@@ -85,6 +85,7 @@ STEADY_S = 5.0  # the longest sleep by the server's clock
 BATCH = 250  # tick script calls per pipelined round trip
 LANES = 2  # round trips in flight at once
 ADOPT_CHUNK = 500
+RETRY_MS = 1000  # a tick whose master did not answer is sent again this much later
 LOG_EACH = 10  # a pass that fires more ticks than this logs one summary line
 # Quiet this long (frozen, cut off from Redis), a worker adopts its registry again: the
 # others see a holder quiet only after TAKEOVER_S, so half of it leaves a margin, and
@@ -129,7 +130,7 @@ def _undefined(reg: Registry, index: dict[str, dict[str, str]]) -> dict[str, lis
 class Ticker:
     def __init__(self, runtime: Runtime, clock: Clock | None = None) -> None:
         self.rt = runtime
-        self.clock: Clock = clock or ServerClock(runtime.redis, runtime.config.redis.prefix)
+        self.clock: Clock = clock or ServerClock(runtime.redis, runtime.config.redis.prefix, runtime.scripts)
         self._stop = threading.Event()
         self._wake = threading.Event()  # a registry swapped in, or the stop
         self._unhook: Any = None
@@ -143,6 +144,9 @@ class Ticker:
         self._heard_at = 0.0  # monotonic, the last stamp that reached Redis
         self._seq = 0
         self._lanes = ThreadPoolExecutor(LANES, thread_name_prefix="ticker-send")
+        # The entries of this fire whose tick did not reach their master (away or stalled):
+        # each is tried again RETRY_MS later, while the other masters' ticks go on.
+        self._unsent: set[int] = set()
 
     def start(self) -> None:
         self._unhook = self.rt.on_swap(self._wake.set)
@@ -249,12 +253,21 @@ class Ticker:
         """Say which schedules this worker holds; take back those whose holders went quiet,
         and retire those it does not define once no living worker holds them."""
         self._say_alive(now)
+        try:
+            self._look_around(now)
+        except OUTAGE as exc:
+            # A master away or stalled (every call here is given up on one in the node wait):
+            # the schedules' fires go on, and the next heartbeat looks again.
+            log.debug("schedules: the standby schedules not looked at now: %s", exc)
+
+    def _look_around(self, now: int) -> None:
         for s, floor in self._standby.take_back(now, self._born_ms):
             heapq.heappush(self._heap, self._entry(s, floor))
         if self._registry is not None:
             # A schedule this registry does not define may come back after its adoption (an
             # older worker that defines it started again): retire it too once that one left.
-            index = registered(self.rt.redis, self.rt.keys.values())
+            rt = self.rt
+            index = rt.scripts.bounded("schedules' index", lambda: registered(rt.redis, rt.keys.values()))
             for queue, ids in _undefined(self._registry, index).items():
                 listed = self._standby.undefined.setdefault(queue, [])
                 listed += [i for i in ids if i not in listed]
@@ -273,10 +286,18 @@ class Ticker:
         for e in [*self._heap, *firing]:
             held.setdefault(e.schedule.queue, []).append(e)
         gone: set[int] = set()
+        away: BaseException | None = None
+        stamped = 0
         for queue, entries in held.items():
             for start in range(0, len(entries), ADOPT_CHUNK):
                 part = entries[start:start + ADOPT_CHUNK]
-                lost = dict(rt.scripts.alive(rt.keys[queue], now, [(e.schedule.id, e.schedule.digest) for e in part]))
+                try:
+                    lost = dict(rt.scripts.alive(rt.keys[queue], now,
+                                                 [(e.schedule.id, e.schedule.digest) for e in part]))
+                except OUTAGE as exc:  # that queue's master is away or stalled: the others are stamped
+                    away = exc
+                    break
+                stamped += 1
                 for e in part:
                     if e.schedule.id in lost and e.seq not in in_flight:
                         gone.add(e.seq)
@@ -284,6 +305,8 @@ class Ticker:
         if gone:
             self._heap = [e for e in self._heap if e.seq not in gone]
             heapq.heapify(self._heap)
+        if away is not None and not stamped:
+            raise away  # (not heard at all: the ticker's own outage)
         self._heard_at = time.monotonic()
 
     def _fire(self, due: Sequence[_Entry], now: int) -> None:
@@ -301,6 +324,7 @@ class Ticker:
             calls.extend((e, st) for st in steps)
         fired: list[tuple[Schedule, Step, str]] = []
         dropped: dict[int, str] = {}  # entry seq -> the winning digest ('' removed)
+        self._unsent = set()
         # LANES batches in flight at once, on connections of their own: one is built and
         # sent while Redis runs another (a burst of 10,000 ticks took 0.9 s one batch at a
         # time, about half of it waiting for replies).
@@ -322,6 +346,8 @@ class Ticker:
         for e in due:
             if e.seq not in dropped:
                 e.next_ms = e.line.next_after(e.floor_ms)
+                if e.seq in self._unsent:  # its master was away: tried again in a moment, not at once
+                    e.next_ms = max(e.next_ms, now + RETRY_MS)
                 heapq.heappush(self._heap, e)
             else:
                 self._standby.add(e.schedule, dropped[e.seq])
@@ -332,7 +358,11 @@ class Ticker:
         jobs' creation time and lateness are those of its own round trip."""
         rt = self.rt
         if look:
-            done = handled_ticks(rt.redis, [(rt.keys[e.schedule.queue], e.schedule.id) for e, _ in chunk])
+            pairs = [(rt.keys[e.schedule.queue], e.schedule.id) for e, _ in chunk]
+            try:
+                done: list[int | None] = rt.scripts.bounded("handled ticks", lambda: handled_ticks(rt.redis, pairs))
+            except OUTAGE:  # a master away or stalled: no look this time, the tick scripts decide
+                done = [None] * len(pairs)
             for (e, st), tick in zip(chunk, done, strict=True):
                 if tick is not None and tick >= st.tick_ms:
                     e.floor_ms = max(e.floor_ms, tick)
@@ -358,7 +388,7 @@ class Ticker:
                             seen=seen.get(n, ""))
         fault("before_tick")
         try:
-            replies = batch.execute()
+            replies = batch.execute(raise_on_error=False)
         except NotReplicated as exc:
             # The ticks ran and are recorded on the master; only their copy on the replicas is
             # unconfirmed. Firing them again would be refused as handled, so warn and go on.
@@ -366,8 +396,20 @@ class Ticker:
                         "a failover now could lose them", len(chunk), exc.acked, exc.wanted, exc.timeout_s)
             replies = exc.replies
         fault("after_tick")
+        # Each master's ticks went on their own (Redis Cluster), given up on one that did not
+        # answer in the node wait: those ticks are still unhandled there (or handled late,
+        # which tick.lua then refuses again as handled), and tried again; the rest stand.
+        failed = [r for r in replies if isinstance(r, BaseException)]
+        other = next((r for r in failed if not isinstance(r, OUTAGE)), None)
+        if other is not None:
+            raise other
+        if failed and len(failed) == len(replies):
+            raise failed[0]  # (no master answered: the ticker's own outage)
+        if failed:
+            log.debug("schedules: %d of %d tick(s) not sent now (%s); tried again",
+                      len(failed), len(replies), failed[0])
         self._place([(e.schedule.queue, entry) for (e, _), entry, reply in zip(chunk, entries, replies, strict=True)
-                     if entry and int(reply[0]) == 1])
+                     if entry and not isinstance(reply, BaseException) and int(reply[0]) == 1])
         return [(e, st, job_id, reply) for (e, st), job_id, reply in zip(chunk, ids, replies, strict=True)]
 
     def _away(self, chunk: Sequence[tuple[_Entry, Step]]) -> set[int]:
@@ -421,12 +463,16 @@ class Ticker:
         except OUTAGE as exc:
             log.info("schedules: %d tick job(s) left in the outbox for the relay: %s", len(entries), exc)
 
-    @staticmethod
-    def _apply(answers: list[tuple[_Entry, Step, str, Any]], fired: list[tuple[Schedule, Step, str]],
-                dropped: dict[int, str]) -> bool:
+    def _apply(self, answers: list[tuple[_Entry, Step, str, Any]], fired: list[tuple[Schedule, Step, str]],
+               dropped: dict[int, str]) -> bool:
         """Apply one batch's answers; True when every tick of it was refused as handled."""
         refused = 0
         for e, st, job_id, reply in answers:
+            if isinstance(reply, BaseException):  # its master did not answer: this tick and those after it, later
+                self._unsent.add(e.seq)
+                continue
+            if e.seq in self._unsent:
+                continue  # (a later step of a schedule whose earlier tick is unsent: not past it)
             code = int(reply[0])
             if code == -3:
                 dropped[e.seq] = str(reply[1])

@@ -59,7 +59,7 @@ class Worker:
         runtime.scripts.node_wait_s = min(NODE_WAIT_S, vt / 4)
         # This worker's partition tags recorded, and those of other counts still recorded
         # served too, until they drain (store/tagset.py); the scheduler looks again later.
-        _announce(runtime.discover(record=True))
+        _announce(runtime.discover_bounded(record=True))
         self.runners = [QueueRunner(runtime, runtime.config.queue(q), self.worker_id) for q in self.queues]
         self.started_ms = 0  # on the roster from its first heartbeat (the server's clock)
         self.scheduler = Scheduler(runtime, self._member, self._partitions_found)

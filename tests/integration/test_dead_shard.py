@@ -295,3 +295,242 @@ def test_operator_commands_with_a_shard_down_show_the_live_ones_and_name_it(dpro
     assert node in keyed.stderr and "runner dev" not in keyed.stderr and "Start a Redis" not in keyed.stderr
     for out in (stats, listed, check, keyed):
         assert "Traceback" not in out.stderr, out.stderr
+
+
+TICKING = '''"""Ticks every second on the slow queue; records when each tick ran."""
+import os
+import time
+
+QUEUE = "slow"
+SCHEDULE = "* * * * * *"
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "tick-" + ctx.job_id), "a") as f:
+        f.write(f"{ctx.attempt} {os.getpid()} {time.time()}\\n")
+    return {}
+'''
+
+
+def test_a_stalled_shard_delays_no_live_partition_s_timers(dproject: Project, shards: list[Server]) -> None:
+    """partitions = 3 on 3 masters, and the master of the queue's home partition stops
+    answering (SIGSTOP) for 6 s: the delayed jobs of the two live partitions start when
+    due, and a schedule whose state is on a live master keeps ticking every second. The
+    scheduler and the ticker give up on the stalled master per call, as the fetcher does
+    (before, the roster's heartbeat, the partition tags' read, a relay's placement, the
+    schedules' index and the server's clock each waited out the stall, and every
+    partition's timers with them)."""
+    import json
+    import os
+    import signal
+    import uuid
+
+    from runner.store import roster
+    from runner.store.keys import clock_offset
+
+    p = dproject
+    r = p.runtime.redis
+    home = p.runtime.keys["fast"]
+    stalled = next(s for s in shards if s.port == r.get_node_from_key(home.ready).port)
+    if r.get_node_from_key(p.runtime.keys["slow"].ready).port == stalled.port:
+        pytest.skip("the two queues' home partitions share a master in this layout")
+    # A prefix whose roster lives on the stalled master too (its slot follows the prefix),
+    # the tests' clock offset on a live one (production's clock is TIME, of any master).
+    p.prefix = next(x for x in (f"t{uuid.uuid4().hex[:10]}" for _ in range(1000))
+                    if r.get_node_from_key(roster.key(x)).port == stalled.port
+                    and r.get_node_from_key(clock_offset(x)).port != stalled.port)
+    p.write_config(vt=2, fast="partitions = 3", concurrency=16, prefetch=16)
+    (p.root / "functions" / "ticking.py").write_text(TICKING)
+    folder = p.root / "schemas" / "ticking"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "v1.json").write_text(json.dumps({"type": "object"}))
+    # The roster's and the tickers' heartbeats every second (the schedules' index is read
+    # with the latter, from every queue's home partition).
+    env = {"RUNNER_TEST_SCHEDULES": "1", "RUNNER_TEST_ROSTER": "1,30", "RUNNER_TEST_STANDBY": "1,60"}
+    r = p.runtime.redis
+    w = p.spawn_worker("fast", "slow", env=env)
+    wait_for(lambda: len(list(p.records.glob("tick-*"))) >= 2, timeout=30, what="the schedule ticking")
+    c = p.client
+    due: dict[str, float] = {}
+    for batch in range(3):  # (each call's keyless jobs go to the next partition)
+        sent = time.time()
+        got = c.enqueue_many([Request("record", {"n": 10 * batch + i}, delay_s=1.0 + 0.5 * i) for i in range(10)])
+        due |= {j.id: sent + 1.0 + 0.5 * i for i, j in enumerate(got) if not isinstance(j, Exception)}
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in r.zrange(k.scheduled, 0, -1)}
+    live = {i: t for i, t in due.items() if where.get(i) not in (None, home.tag)}
+    assert len(live) >= 10, where
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        time.sleep(6.0)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    t1 = time.time()
+    starts = {i: float(p.runs(i)[0].split()[2]) for i in live if p.runs(i)}
+    late = {i: starts.get(i, t1) - t for i, t in live.items() if t < t1 - 1.0}
+    assert len(late) >= 10
+    worst = max(late.values())
+    assert worst < 2.0, f"a live partition's delayed job started {worst:.1f} s late during the stall"
+    ticked = sorted(float(ln.split()[2]) for f in p.records.glob("tick-*") for ln in f.read_text().splitlines())
+    during = [t for t in ticked if t0 < t < t1]
+    gaps = [b - a for a, b in zip([t0, *during], [*during, t1], strict=True)]
+    assert max(gaps) < 2.5, f"the live schedule did not tick for {max(gaps):.1f} s during the stall"
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+
+
+def test_a_relay_placement_on_a_stalled_shard_stays_in_the_outbox(dproject: Project, shards: list[Server]) -> None:
+    """A live partition's outbox holds follow-ups for a live partition and for one whose
+    master is stopped (SIGSTOP): a relay pass places the live one and leaves the other in
+    the outbox (its placement given up, never confirmed), instead of waiting out the
+    stall; once the master answers, the next pass takes it off, and each job exists once
+    (the given-up placement may have landed: placing is by id)."""
+    import os
+    import signal
+
+    from runner import outbox
+    from runner.client.enqueuing import prepare
+    from runner.store import codec
+    from runner.store.scripts import job_entry
+    from runner.worker import relay
+
+    p = dproject
+    p.write_config(vt=2, fast="partitions = 3")
+    rt = p.runtime
+    r = rt.redis
+    parts = rt.parts["fast"]
+    port = {k.tag: r.get_node_from_key(k.ready).port for k in parts}
+    stalled = next(s for s in shards if s.port == port[parts[0].tag])
+    live = [k for k in parts if port[k.tag] != stalled.port]
+    source = live[0]
+
+    def entry(key: str) -> tuple[str, str, str]:
+        job = prepare(p.client, Request("record", {"n": 1}, idempotency_key=key)).job
+        raw = codec.dumps(job_entry("fast", job))
+        (at,) = outbox.destinations(rt, "fast", [outbox.Keyed(job.type, job.idem_key, job.limits, job.meta)])
+        return raw, job.id, parts[at].tag
+
+    made = [entry(f"k{i}") for i in range(200)]
+    to_stalled = next(e for e in made if e[2] == parts[0].tag)
+    to_live = next(e for e in made if e[2] == live[1].tag)
+    r.rpush(source.outbox, to_stalled[0], to_live[0])
+    rt.scripts.node_wait_s = 0.5  # as a worker sets it (below its leases)
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        relay.drain(rt, source)
+        left = r.lrange(source.outbox, 0, -1)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert left == [to_stalled[0]], "the placement on the stalled master did not stay in the outbox"
+    assert r.exists(live[1].job_prefix + to_live[1])
+    wait_for(lambda: relay.drain(rt, source) >= 0 and not r.llen(source.outbox), timeout=30, interval=0.2,
+             what="the held entry placed once the master answers")
+    assert r.exists(parts[0].job_prefix + to_stalled[1])
+    placed = sum(r.lrange(k.ready, 0, -1).count(to_stalled[1]) for k in parts)
+    assert placed == 1, f"the follow-up is in ready {placed} times"
+
+
+def test_a_process_started_while_a_shard_stalls_serves_the_live_ones(dproject: Project,
+                                                                     shards: list[Server]) -> None:
+    """The first master of the URL, the queue's home, stops answering (SIGSTOP: it takes
+    connections and says nothing): `Client.from_config` returns and a worker started then runs the live
+    partitions' jobs within seconds, during the stall (before, building the cluster
+    client waited out the socket timeout on its layout, its command table and the
+    partition tags: 45 s), and `runner stats` shows the live partitions and names the
+    stalled master. The stall ends once that is seen (or at a deadline of 20 s: a
+    worker's start alone takes seconds on a loaded host)."""
+    import json
+    import os
+    import signal
+
+    p = dproject
+    p.write_config(vt=2, fast="partitions = 3")
+    c = p.client
+    ids = [j.id for b in range(3) for j in c.enqueue_many([Request("record", {"n": 10 * b + i}) for i in range(5)])
+           if not isinstance(j, Exception)]
+    # The master of the queue's home partition (its partition tags are read there at
+    # start), first in the URL (the client asks it first).
+    stalled = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(p.runtime.keys["fast"].ready).port)
+    p.server = Endpoint("redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in
+                                                      sorted(shards, key=lambda s: s is not stalled)))  # type: ignore[assignment]
+    down = _dead_tags(p, stalled)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
+    live = [i for i in ids if where[i] not in down]
+    assert 0 < len(live) < len(ids)
+    code = ("import sys, time; from runner.client import Client; t = time.monotonic(); "
+            "Client.from_config(sys.argv[1]); print(time.monotonic() - t)")
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        w = p.spawn_worker("fast")
+        producer = subprocess.Popen([sys.executable, "-c", code, str(p.root / "runner.toml")], cwd=p.root,
+                                    env=p.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ran = wait_for(lambda: all(p.runs(i) for i in live) or producer.poll() == 1, timeout=20, interval=0.1,
+                       what="the live partitions' jobs to run during the stall")
+        assert ran
+        assert producer.poll() == 0, "Client.from_config did not return during the stall"
+        stats = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), "stats",
+                                "--json"], cwd=p.root, env=p.env, capture_output=True, text=True, timeout=30)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert stats.returncode == 3, stats.stdout + stats.stderr
+    assert [d["node"] for d in json.loads(stats.stdout)["down"]] == [f"127.0.0.1:{stalled.port}"]
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+
+def test_every_reading_command_shows_the_live_shards_and_names_the_dead_one(dproject: Project,
+                                                                            shards: list[Server]) -> None:
+    """With one master of three down, `runner dead ls`, `runner events`, `runner workers`
+    and `runner schedules` show what the live masters hold (the live partitions' dead
+    jobs, the worker on the roster) with the master down named (`down` in `--json`),
+    exiting 3 as `runner stats` and `runner jobs` do; before, each said only that Redis
+    was unavailable."""
+    import json
+
+    from runner.store import roster
+
+    p = dproject
+    p.write_config(vt=2, fast="partitions = 3")
+    c = p.client
+    ids = [j.id for b in range(3)
+           for j in c.enqueue_many([Request("record", {"n": 10 * b + i, "fail_times": 9}) for i in range(4)])
+           if not isinstance(j, Exception)]
+    r = p.runtime.redis
+    w = p.spawn_worker("fast")
+    wait_for(lambda: sum(len(r.zrange(k.dead, 0, -1)) for k in p.runtime.parts["fast"]) == len(ids), timeout=60,
+             interval=0.2, what="every job dead")
+    holder = r.get_node_from_key(roster.key(p.prefix)).port
+    dead = next(s for s in shards if s.port != holder and any(
+        r.get_node_from_key(k.ready).port == s.port for k in p.runtime.parts["fast"]))
+    down = _dead_tags(p, dead)
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in r.zrange(k.dead, 0, -1)}
+    live = {i for i in ids if where[i] not in down}
+    assert 0 < len(live) < len(ids)
+    dead.stop(kill=True)
+    node = f"127.0.0.1:{dead.port}"
+
+    def run(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+        out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), *args,
+                              "--json"], cwd=p.root, env=p.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 3, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+        assert node in out.stderr and "runner dev" not in out.stderr, out.stderr
+        body = json.loads(out.stdout)
+        assert [d["node"] for d in body.get("down", [])] == [node], body
+        return out, body
+
+    _, listed = run("dead", "ls", "--limit", "100")
+    assert {j["id"] for j in listed["fast"]["jobs"]} == live  # type: ignore[index]
+    _, events = run("events")
+    assert events["events"] == []
+    _, workers = run("workers")
+    assert [m["id"] for m in workers["workers"]]  # type: ignore[union-attr, index]
+    _, scheds = run("schedules")
+    assert "schedules" in scheds
+    assert w.poll() is None
