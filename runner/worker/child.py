@@ -342,7 +342,7 @@ class Child:
             while nxt is not None:
                 job, msg, first = nxt
                 out = self.run_one(job, msg, first)
-                self.signals.restore()  # the next job gets the child's own signal settings (Signals)
+                self.signals.put_back()  # the next job gets the child's own signal settings (Signals)
                 self.jobs += 1
                 self.flags_of.pop(job[1], None)
                 with self.lock:
@@ -424,7 +424,7 @@ class Child:
             got, run_s = batching.run(fn, payloads, claimed, ctx, None, guard, max_result)
             with self.lock:
                 self.token = ""
-            self.signals.restore()
+            self.signals.put_back()
             for i, o in zip(live, got, strict=True):
                 outcomes[i] = o
             for i, m in zip(live, members, strict=True):
@@ -646,7 +646,7 @@ class Signals:
             signal.signal(sig, action)
         self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
-    def restore(self) -> None:
+    def put_back(self) -> None:
         for sig, action in _OWN:
             if _getsignal(sig) is not action:
                 signal.signal(sig, action)
