@@ -14,7 +14,7 @@ most that second's). /metrics, `runner stats` and the dashboard read the same ha
     paused|<type>              claims held back by the function's pause
     ratelimited|<type>         claims held back by RATE_LIMIT (scheduled for their token)
     lost|<type>                lapsed leases put back to ready
-    expired|<type>             jobs buried unrun: not started within the function's MAX_AGE
+    expired|<type>             jobs buried: the function's MAX_AGE passed before they could run (again)
     followups|<type>           follow-ups (ctx.enqueue, ON_SUCCESS, ON_FAILURE) this function's
                                jobs wrote, counted in the step that settled them
     relayed|<type>             jobs of this function placed from another queue's outbox

@@ -66,7 +66,7 @@ _COUNTER_HELP = {
     "paused": "Claims held back without spending an attempt: the function is paused.",
     "ratelimited": "Claims held back without spending an attempt: no RATE_LIMIT token was due.",
     "lost": "Lapsed leases put back to ready (the worker died or stalled).",
-    "expired": "Jobs buried without running: not started within their function's MAX_AGE.",
+    "expired": "Jobs buried because their function's MAX_AGE passed before they could run (again).",
     "followups": "Follow-up jobs (ctx.enqueue, ON_SUCCESS, ON_FAILURE) this function's jobs wrote as they settled.",
     "relayed": "Jobs of this function placed from another queue's outbox by the relay.",
     "abandoned": "Thread runs given up still running TIMEOUT plus the grace past their deadline "

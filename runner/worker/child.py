@@ -99,9 +99,10 @@ def rss_mb() -> float:
 
 
 class Child:
-    def __init__(self, channel: Channel, registry: Registry) -> None:
+    def __init__(self, channel: Channel, registry: Registry, signals: Signals | None = None) -> None:
         self.channel = channel
         self.registry = registry
+        self.signals = signals or Signals()  # (main thread only)
         self.send_lock = threading.Lock()
         self.replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.wake: queue.SimpleQueue[str] = queue.SimpleQueue()  # "run" or "exit", from the reader
@@ -341,6 +342,7 @@ class Child:
             while nxt is not None:
                 job, msg, first = nxt
                 out = self.run_one(job, msg, first)
+                self.signals.put_back()  # the next job gets the child's own signal settings (Signals)
                 self.jobs += 1
                 self.flags_of.pop(job[1], None)
                 with self.lock:
@@ -422,6 +424,7 @@ class Child:
             got, run_s = batching.run(fn, payloads, claimed, ctx, None, guard, max_result)
             with self.lock:
                 self.token = ""
+            self.signals.put_back()
             for i, o in zip(live, got, strict=True):
                 outcomes[i] = o
             for i, m in zip(live, members, strict=True):
@@ -603,6 +606,65 @@ def keep_signals_off_the_handler() -> None:
         signal.siginterrupt(sig, False)
 
 
+# What runner relies on in a child, and Python's own start-up settings of a signal a
+# handler may change: a stop's SIGTERM and SIGINT (the grace period), SIGALRM (TIMEOUT),
+# SIGCHLD at its default (a tool's exit status: SIG_IGN makes every later waitpid fail and
+# subprocess report 0, and exec passes SIG_IGN on), SIGPIPE and SIGXFSZ ignored (an error,
+# not the child's death).
+_OWN: tuple[tuple[signal.Signals, Any], ...] = (
+    (signal.SIGTERM, _on_stop), (signal.SIGINT, _on_stop), (signal.SIGALRM, _on_alarm),
+    (signal.SIGCHLD, signal.SIG_DFL), (signal.SIGPIPE, signal.SIG_IGN), (signal.SIGXFSZ, signal.SIG_IGN))
+
+
+try:  # signal.getsignal without its enum look-up, which raises and catches a ValueError for
+    # a handler that is a function (5 times the cost of the call)
+    from _signal import getsignal as _getsignal
+except ImportError:  # pragma: no cover
+    _getsignal = signal.getsignal
+
+
+class Signals:
+    """The child's own signal settings, put back after every job, before the next starts.
+
+    A handler runs in the child's main thread, so it can change what every later job in
+    this child gets: a SIGTERM handler of its own (``sys.exit`` on SIGTERM, Scrapy's
+    CrawlerProcess) or asyncio's ``add_signal_handler`` then ``remove_signal_handler``
+    (which leaves SIG_DFL) makes a stop kill the next job at once; a SIGALRM handler left
+    behind swallows the next job's JobTimeout; SIGCHLD at SIG_IGN makes a later job's
+    failing tool report exit 0.
+
+    Restored, not the child retired (as one whose job left a thread is): a handler that
+    sets its signals on every run (Scrapy's does, and so does any that uses asyncio's
+    signal handlers) would otherwise cost a child start, seconds of imports, per job; and
+    what runner relies on is this short list, put back whole: each signal's action (with
+    SA_RESTART for SIGTERM and SIGINT), the main thread's signal mask, the interval timers
+    and the wakeup fd. The check reads Python's record of each action (its getsignal),
+    so a job that changed nothing costs three system calls (10 to 20 µs on a busy 2-core
+    machine); an action set from C code past Python's signal module is not seen. Other
+    signals (SIGUSR1, SIGHUP, ...) are the handler's own: runner does not use them."""
+
+    def __init__(self) -> None:
+        keep_signals_off_the_handler()
+        for sig, action in _OWN[2:]:
+            signal.signal(sig, action)
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
+    def put_back(self) -> None:
+        for sig, action in _OWN:
+            if _getsignal(sig) is not action:
+                signal.signal(sig, action)
+                if action is _on_stop:
+                    signal.siginterrupt(sig, False)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+        # (ITIMER_REAL, TIMEOUT's, is stopped as each handler returns.) A profiler's timers
+        # left running would send SIGVTALRM or SIGPROF, whose default action kills.
+        for timer in (signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+            if signal.getitimer(timer) != (0.0, 0.0):
+                signal.setitimer(timer, 0)
+        # An event loop's wakeup fd left set after the loop closed would get a byte per
+        # signal in whatever later takes that number (the socket to the worker).
+        signal.set_wakeup_fd(-1)
+
 
 def main() -> None:
     _die_with_parent()
@@ -616,10 +678,9 @@ def main() -> None:
         os._exit(0)
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
     setup_logs(cfg.log)
-    signal.signal(signal.SIGALRM, _on_alarm)
-    keep_signals_off_the_handler()
+    signals = Signals()
     default_signals_after_fork()
-    child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg))
+    child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg), signals)
     child.serve()
 
 

@@ -146,11 +146,14 @@ def from_message(m: dict[str, Any]) -> Outcome:
 
 def expired(job: Claimed, max_age_s: float | None, now_ms: int | None = None) -> Dead:
     """The end of a job found past its MAX_AGE (by claim.lua, or by its executor when it
-    was claimed ahead, at ``now_ms``): dead, never run, no attempt spent."""
+    was claimed ahead, at ``now_ms``): dead, not run this time, no attempt spent. Its
+    handler may have run before (a retry due past the age, or a run stopped at the end of
+    a stop's grace period and handed back): the message fits both."""
     age_s = max(0.0, ((job.claimed_ms if now_ms is None else now_ms) - job.created_ms) / 1000)
     limit = f"MAX_AGE {max_age_s:g} s" if max_age_s else "its MAX_AGE"
-    return Dead(reason=EXPIRED, error={"type": "Expired", "message": f"not started within {limit} of its "
-                                       f"enqueue (it waited {age_s:.1f} s)"}, refund=True)
+    return Dead(reason=EXPIRED, error={"type": "Expired", "message": f"{limit} passed before it could run (again, "
+                                       f"for a job whose run was retried or stopped): {age_s:.1f} s since its "
+                                       "enqueue"}, refund=True)
 
 
 def _dead_input(reason: str, message: str, **extra: Any) -> Dead:

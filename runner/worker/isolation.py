@@ -141,6 +141,22 @@ def contain(exclusive: Callable[[], bool]) -> bool:
     return _containing
 
 
+def without_init(contained: bool, pid: int | None = None) -> str:
+    """What to say at start when this worker is PID 1 (a container started without an
+    init: an exec-form command, no ``--init``) and runs thread-mode handlers: then it is
+    the init that every orphan of the container goes to, and it reaps none (a reaper here
+    would take the exit status of a thread handler's own ``subprocess.run``), so what a
+    handler's tool leaves in the background stays a zombie, each holding a pid, for the
+    worker's life. "" when all is well: not PID 1, or a worker whose functions all run in
+    child processes (``contained``: it reaps everything it adopts)."""
+    if (os.getpid() if pid is None else pid) != 1 or contained:
+        return ""
+    return ("this worker is PID 1 with no init, and it reaps no orphans: what a thread-mode handler's "
+            "tools leave running in the background stays a zombie until the worker exits. Run it under an "
+            "init: `docker run --init`, `init: true` in compose.yaml, or tini as the image's ENTRYPOINT "
+            "(the shipped Dockerfile does this)")
+
+
 MARK = "RUNNER_CHILD_OF"
 
 

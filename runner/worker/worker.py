@@ -173,7 +173,9 @@ class Worker:
         isolation.default_signals_after_fork(own_group=True)
         # What handlers start outside their child's group dies with that child; this
         # process is their subreaper only while it runs no handler itself (isolation.py).
-        isolation.contain(self._only_children)
+        contained = isolation.contain(self._only_children)
+        if warning := isolation.without_init(contained):
+            log.warning(warning)
         cores = affinity.Affinity() if self.rt.config.worker.cpu_affinity == "auto" else None
         if cores is not None:
             cores.start()  # before any thread of the worker's: each inherits the core

@@ -77,6 +77,20 @@ def test_dockerfile_is_slim_non_root_and_serves_without_an_embedded_server() -> 
     assert ".git" in ignored and "tests" in ignored
 
 
+def test_every_container_runs_under_an_init() -> None:
+    """runner as a container's PID 1 reaps no orphans, so what a thread-mode handler's
+    tools leave in the background would stay its zombies: compose puts an init in front
+    of every service, and the image's own entrypoint is tini (for `docker run` and
+    Kubernetes, which have no compose), which passes SIGTERM to runner alone (no -g)."""
+    services = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    assert all(svc.get("init") is True for svc in services.values()), services
+    ins = _instructions()
+    entry = [rest for word, rest in ins if word == "ENTRYPOINT"]
+    assert entry == ['["tini", "-s", "--"]'], entry
+    runs = " ".join(rest for word, rest in ins if word == "RUN")
+    assert "apt-get install -y --no-install-recommends tini" in runs
+
+
 def test_keda_scales_workers_on_the_oldest_ready_age_from_metrics() -> None:
     exposed = (REPO / "runner" / "web" / "exposition.py").read_text()
     docs = list(yaml.safe_load_all((REPO / "ops" / "keda" / "scaledobject.yaml").read_text()))

@@ -1,0 +1,113 @@
+"""A warm child's signal settings are its own: what one job's handler changes (a SIGTERM
+handler, asyncio's signal handlers, a SIGALRM handler, SIGCHLD ignored) does not carry
+into the next job the same child runs. Real workers, real children; concurrency 1, so
+the second job runs in the first one's child (each test checks the pid)."""
+
+from __future__ import annotations
+
+from crashkit import rec, wait_final
+from test_child_processes import sigterm_everything, spawn_leader
+
+from conftest import Project, wait_for
+
+SIGNALS = '''
+import asyncio, os, signal, subprocess, sys, time
+from runner import JobTimeout
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = {timeout}
+MAX_ATTEMPTS = 1
+
+def _note(ctx, line):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(line + "\\n")
+
+async def _tidy():
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: None)
+    await asyncio.sleep(0.01)
+    loop.remove_signal_handler(signal.SIGTERM)  # (asyncio leaves SIG_DFL behind)
+
+def handle(payload, ctx):
+    k = payload["k"]
+    if k == "exit-on-term":  # the "flush and exit on SIGTERM" idiom
+        signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))
+    elif k == "asyncio":
+        asyncio.run(_tidy())
+    elif k == "alarm":  # a library's own signal.alarm timeout, its handler left behind
+        signal.signal(signal.SIGALRM, lambda s, f: None)
+    elif k == "ignore-children":  # the old "no zombies" idiom
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    elif k == "long":
+        _note(ctx, f"start {{os.getpid()}}")
+        time.sleep(payload["s"])
+    elif k == "spin":
+        _note(ctx, f"start {{os.getpid()}}")
+        try:
+            while True:
+                sum(range(1000))
+        except JobTimeout:
+            _note(ctx, "JobTimeout")
+            raise
+    elif k == "tool":
+        return {{"pid": os.getpid(), "code": subprocess.run(["sh", "-c", "exit 3"]).returncode}}
+    return {{"pid": os.getpid()}}
+'''
+
+
+def _first(project: Project, kind: str, timeout: int = 20) -> int:
+    """A worker (leading its own group) whose one child ran a job of ``kind``: the child's pid."""
+    project.add_function("sig", SIGNALS.format(timeout=timeout))
+    project.write_config(vt=5, grace=15, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("sig", {"k": kind}).id
+    w = spawn_leader(project, "fast")
+    final = wait_final(project, [job])[job]
+    assert final["status"] == "done", final
+    assert w.poll() is None
+    return int(final["result"]["pid"])
+
+
+def _stopped_while_the_next_job_runs(project: Project, kind: str) -> None:
+    """A job of ``kind``, then a 2 s job in the same child, and a stop that signals every
+    process half a second into it: the second job finishes within the grace period."""
+    pid = _first(project, kind)
+    w = project.procs[-1]
+    job = project.client.enqueue("sig", {"k": "long", "s": 2}).id
+    wait_for(lambda: project.runs(job), timeout=30, what="the second job's start")
+    assert project.runs(job) == [f"start {pid}"]  # the same child
+    sigterm_everything(w.pid)
+    assert w.wait(timeout=30) == 0
+    final = rec(project, job)
+    assert final["status"] == "done" and final["attempt"] == 1, final
+
+
+def test_a_sigterm_handler_left_by_a_job_does_not_kill_the_next_one_at_a_stop(project: Project) -> None:
+    """A handler that installed its own SIGTERM handler (sys.exit on SIGTERM) and returned:
+    the next job in its child still gets the grace period at a stop to every process
+    (it went dead at once with SystemExit)."""
+    _stopped_while_the_next_job_runs(project, "exit-on-term")
+
+
+def test_asyncio_signal_handlers_added_and_removed_leave_the_stop_to_the_worker(project: Project) -> None:
+    """asyncio's add_signal_handler then remove_signal_handler leaves SIGTERM at SIG_DFL:
+    the next job in that child still gets the grace period at a stop to every process
+    (it was killed by SIGTERM, "executor crashed")."""
+    _stopped_while_the_next_job_runs(project, "asyncio")
+
+
+def test_a_sigalrm_handler_left_by_a_job_does_not_swallow_the_next_ones_timeout(project: Project) -> None:
+    """A SIGALRM handler a job left behind: the next job in that child still gets
+    JobTimeout at its TIMEOUT (it never did, and was killed after timeout_grace)."""
+    pid = _first(project, "alarm", timeout=1)
+    job = project.client.enqueue("sig", {"k": "spin"}).id
+    final = wait_final(project, [job])[job]
+    assert project.runs(job) == [f"start {pid}", "JobTimeout"], final
+
+
+def test_sigchld_ignored_by_a_job_does_not_hide_a_later_tools_exit_status(project: Project) -> None:
+    """SIGCHLD set to SIG_IGN by one job: a later job's tool in the same child still
+    reports its exit status (subprocess said 0 for ``exit 3``)."""
+    pid = _first(project, "ignore-children")
+    job = project.client.enqueue("sig", {"k": "tool"}).id
+    final = wait_final(project, [job])[job]
+    assert final["status"] == "done" and final["result"] == {"pid": pid, "code": 3}, final
