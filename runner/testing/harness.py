@@ -42,8 +42,10 @@ class JobOutcome:
 
 
 def project_env(url: str, prefix: str) -> dict[str, str]:
-    """The environment that points a project (and the app under test) at the test server."""
-    return {"REDIS_URL": url, "RUNNER_REDIS_PREFIX": prefix}
+    """The environment that points a project (and the app under test) at the test server.
+    That server has no replica: a project's ``wait_replicas`` (production's durability)
+    would fail every write there NotReplicated, so it is 0 for the test."""
+    return {"REDIS_URL": url, "RUNNER_REDIS_PREFIX": prefix, "RUNNER_REDIS_WAIT_REPLICAS": "0"}
 
 
 def load_config(root: Path, env: Mapping[str, str]) -> Config:

@@ -18,7 +18,8 @@ Fixtures:
   pins its client as every integration's shared client (Django's ``enqueue_on_commit``,
   FastAPI's ``RunnerClient``, SQLAlchemy's ``enqueue_on_commit``, whatever their settings
   say or an app start cached) and sets REDIS_URL and RUNNER_REDIS_PREFIX, so the app
-  under test enqueues there, ``Client.from_config()`` included.
+  under test enqueues there, ``Client.from_config()`` included; and
+  RUNNER_REDIS_WAIT_REPLICAS=0, since that server has no replica to wait for.
 - ``runner_client``: a ``Client`` on it. ``runner_worker``: ``drain(timeout=10)`` runs
   every queued job in this process and returns their outcomes.
 - ``assert_enqueued(type, payload_subset=None, *, count=None)``.
@@ -89,9 +90,8 @@ def runner_harness(runner_server: Server, runner_project: Path, runner_session: 
         pytest.fail(problem)
     harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed,
                       prefix=runner_session)
-    for name, value in harness.env.items():
-        if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):
-            monkeypatch.setenv(name, value)
+    for name in project_env(runner_server.url, harness.prefix):
+        monkeypatch.setenv(name, harness.env[name])
     try:
         with pinned(harness.client):
             yield harness

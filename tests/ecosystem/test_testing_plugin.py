@@ -141,6 +141,30 @@ def test_a_project_tests_its_functions_with_the_plugin(pytester: pytest.Pytester
     result.assert_outcomes(passed=6)
 
 
+REPLICATED_TESTS = '''
+from runner import Client
+
+
+def test_enqueue_and_drain(runner_client, runner_worker, assert_enqueued):
+    runner_client.enqueue("notify", {"who": "test"})
+    Client.from_config().enqueue("notify", {"who": "app"})
+    assert_enqueued("notify", count=2)
+    assert [o.status for o in runner_worker.drain(timeout=10)] == ["done", "done"]
+'''
+
+
+def test_the_fixtures_serve_a_project_that_waits_for_replicas(pytester: pytest.Pytester) -> None:
+    """A project whose runner.toml asks every write to reach a replica
+    (``wait_replicas = 1``, as production should) is tested on the private server, which
+    has none: the fixtures wait for no replica there, for the test's client and the app's
+    own. Every enqueue failed NotReplicated."""
+    _project(pytester)
+    (pytester.path / "runner.toml").write_text("[redis]\nwait_replicas = 1\nwait_timeout = 0.2\n" + TOML)
+    pytester.makepyfile(test_replicated=REPLICATED_TESTS)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(passed=1)
+
+
 def _project(pytester: pytest.Pytester) -> None:
     """greet, notify and flaky with their schemas and runner.toml, in pytester's folder."""
     pytester.makefile(".toml", runner=TOML)
