@@ -63,6 +63,17 @@ def config_path() -> str | None:
     return None if os.environ.get("RUNNER_CONFIG") or not named else str(named)
 
 
+def in_transaction() -> bool:
+    """Whether this thread is inside an atomic block of one of its database connections
+    (a test's transaction under pytest-django's ``django_db`` or ``TestCase``): what it
+    wrote there is seen by no other connection, a worker thread's included."""
+    try:
+        conns = connections.all(initialized_only=True)
+    except TypeError:  # (Django before 4.1)
+        conns = connections.all()
+    return any(c.in_atomic_block for c in conns)
+
+
 def client() -> Client:
     """The process's shared client, configured from ``settings.RUNNER`` and the
     environment (which wins)."""
