@@ -49,7 +49,7 @@ def pause(ctx: click.Context, queue: str | None, function: str | None, as_json: 
 @cli.command(cls=RedisCommand)
 @click.argument("queue", required=False)
 @click.option("--function", "function", metavar="TYPE", help="Resume one function: its held jobs go back in order.")
-@click.option("--json", "as_json", is_flag=True, help='{"queue", "function", "paused": false, "moved": held jobs put back}')
+@click.option("--json", "as_json", is_flag=True, help='{"queue", "function", "paused": false, "moved": N}')
 @click.pass_context
 def resume(ctx: click.Context, queue: str | None, function: str | None, as_json: bool) -> None:
     """Lift a pause of a queue (or of one function)."""
