@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from runner.cli.root import EXIT_REFUSED, RedisCommand, build_runtime, cli, fail, operator, redis_errors
+from runner.cli.root import EXIT_REFUSED, RedisCommand, build_runtime, cli, emit, fail, operator, redis_errors
 from runner.errors import UnknownFunction, UnknownQueue
 
 
@@ -25,11 +25,16 @@ def _named(queue: str | None, function: str | None) -> str:
     return f"function {function}" if function else f"queue {queue}"
 
 
+def _queue_of(client: Any, queue: str | None, function: str | None) -> str | None:
+    return client.runtime.registry.get(function).queue if function else queue
+
+
 @cli.command(cls=RedisCommand)
 @click.argument("queue", required=False)
 @click.option("--function", "function", metavar="TYPE", help="Pause one function: its jobs are held, queued.")
+@click.option("--json", "as_json", is_flag=True, help='{"queue", "function", "paused": true}')
 @click.pass_context
-def pause(ctx: click.Context, queue: str | None, function: str | None) -> None:
+def pause(ctx: click.Context, queue: str | None, function: str | None, as_json: bool) -> None:
     """Stop claims from a queue (or of one function's jobs); running jobs finish."""
     client = _client(ctx, queue, function)
     with redis_errors():
@@ -37,14 +42,16 @@ def pause(ctx: click.Context, queue: str | None, function: str | None) -> None:
             client.pause(queue, function=function, by=operator())
         except UnknownFunction as exc:
             fail(str(exc), EXIT_REFUSED)
-    click.echo(f"paused {_named(queue, function)}")
+    emit({"queue": _queue_of(client, queue, function), "function": function, "paused": True}, as_json,
+         f"paused {_named(queue, function)}")
 
 
 @cli.command(cls=RedisCommand)
 @click.argument("queue", required=False)
 @click.option("--function", "function", metavar="TYPE", help="Resume one function: its held jobs go back in order.")
+@click.option("--json", "as_json", is_flag=True, help='{"queue", "function", "paused": false, "moved": N}')
 @click.pass_context
-def resume(ctx: click.Context, queue: str | None, function: str | None) -> None:
+def resume(ctx: click.Context, queue: str | None, function: str | None, as_json: bool) -> None:
     """Lift a pause of a queue (or of one function)."""
     client = _client(ctx, queue, function)
     with redis_errors():
@@ -52,4 +59,5 @@ def resume(ctx: click.Context, queue: str | None, function: str | None) -> None:
             moved = client.resume(queue, function=function, by=operator())
         except UnknownFunction as exc:
             fail(str(exc), EXIT_REFUSED)
-    click.echo(f"resumed {_named(queue, function)}" + (f"; {moved} held job(s) back" if function else ""))
+    emit({"queue": _queue_of(client, queue, function), "function": function, "paused": False, "moved": moved},
+         as_json, f"resumed {_named(queue, function)}" + (f"; {moved} held job(s) back" if function else ""))

@@ -24,10 +24,12 @@ most that second's). /metrics, `runner stats` and the dashboard read the same ha
                                duplicate emit), counted in the emit's own step
     events_jobs                (per queue) the jobs those events started: new jobs of the home
                                queue, and those sent to other queues or partitions
-    lat|<type>|<le_ms>         ready-to-start latency of every run (done, retried or dead),
-                               per bucket (not cumulative)
+    lat|<type>|<le_ms>         ready-to-start latency of each attempt that succeeded, per
+                               bucket (not cumulative); a failed attempt has its own counter
+                               (retried, dead, cancelled) and no timings, so a bucket count
+                               sums to succeeded|<type>
     lat_sum|<type>             sum of those latencies, ms
-    run|<type>|<le_ms>         handler run time, per bucket
+    run|<type>|<le_ms>         handler run time of each attempt that succeeded, per bucket
     run_sum|<type>             sum of run times, ms
 """
 

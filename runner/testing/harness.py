@@ -42,8 +42,10 @@ class JobOutcome:
 
 
 def project_env(url: str, prefix: str) -> dict[str, str]:
-    """The environment that points a project (and the app under test) at the test server."""
-    return {"REDIS_URL": url, "RUNNER_REDIS_PREFIX": prefix}
+    """The environment that points a project (and the app under test) at the test server.
+    That server has no replica: a project's ``wait_replicas`` (production's durability)
+    would fail every write there NotReplicated, so it is 0 for the test."""
+    return {"REDIS_URL": url, "RUNNER_REDIS_PREFIX": prefix, "RUNNER_REDIS_WAIT_REPLICAS": "0"}
 
 
 def load_config(root: Path, env: Mapping[str, str]) -> Config:
@@ -63,11 +65,15 @@ class Harness:
     client the app made before the test, pointed there, sees this test's jobs)."""
 
     def __init__(self, root: Path, url: str, env: Mapping[str, str],
-                 before_look: Callable[[], None] | None = None, prefix: str | None = None) -> None:
+                 before_look: Callable[[], None] | None = None, prefix: str | None = None,
+                 after_drain: Callable[[list[JobOutcome]], None] | None = None) -> None:
         self.root = root
         # Run before every look at the jobs (the plugin's: send what the app's framework
         # holds back until a commit the test never makes).
         self.before_look = before_look
+        # Run with each drain's outcomes (the plugin's: explain a failure the test's own
+        # framework caused).
+        self.after_drain = after_drain
         self.prefix = prefix or fresh_prefix()
         self.env = {**env, **project_env(url, self.prefix)}
         cfg = load_config(root, self.env)
@@ -134,7 +140,9 @@ class Harness:
 
     # --- running them ------------------------------------------------------------
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the in-process worker (once): from here it runs jobs as they arrive, so
+        code that enqueues and waits for the result (``call``, ``acall``) gets it."""
         if self._worker is None:
             self._worker = Worker(self.runtime, list(self.config.queues))
             self._worker.start()
@@ -142,8 +150,9 @@ class Harness:
     def drain(self, timeout: float = 10.0) -> list[JobOutcome]:
         """Run every queued job (and the follow-ups they enqueue, and retries due within
         ``timeout``) until nothing is left to run; returns the outcome of each job that
-        reached a new state, oldest first. Jobs still running at the timeout fail it."""
-        self._start()
+        reached a new state since the last drain (run by it or before it, by the worker
+        ``start`` began), oldest first. Jobs still running at the timeout fail it."""
+        self.start()
         deadline = time.time() + timeout
         while True:
             # The ids are read before the statuses: a parent read as done may have written
@@ -157,7 +166,10 @@ class Harness:
                 raise AssertionError(f"drain: {len(pending)} job(s) still pending after {timeout:g} s: "
                                      + ", ".join(f"{j.id} ({j.status})" for j in pending[:5]))
             time.sleep(0.02)
-        return self._news()
+        news = self._news()
+        if self.after_drain is not None:
+            self.after_drain(news)
+        return news
 
     @staticmethod
     def _settled(job: records.Job, deadline: float) -> bool:

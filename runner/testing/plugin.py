@@ -18,9 +18,12 @@ Fixtures:
   pins its client as every integration's shared client (Django's ``enqueue_on_commit``,
   FastAPI's ``RunnerClient``, SQLAlchemy's ``enqueue_on_commit``, whatever their settings
   say or an app start cached) and sets REDIS_URL and RUNNER_REDIS_PREFIX, so the app
-  under test enqueues there, ``Client.from_config()`` included.
-- ``runner_client``: a ``Client`` on it. ``runner_worker``: ``drain(timeout=10)`` runs
-  every queued job in this process and returns their outcomes.
+  under test enqueues there, ``Client.from_config()`` included; and
+  RUNNER_REDIS_WAIT_REPLICAS=0, since that server has no replica to wait for.
+- ``runner_client``: a ``Client`` on it. ``runner_worker``: a worker in this process,
+  started with the fixture, that runs jobs as they arrive (so ``call`` and ``acall`` in
+  the app get their results); ``drain(timeout=10)`` waits until every queued job has run
+  and returns their outcomes.
 - ``assert_enqueued(type, payload_subset=None, *, count=None)``.
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +41,7 @@ import pytest
 from runner.client import Client
 from runner.contrib.shared import pinned
 from runner.store.embedded import Server
-from runner.testing.harness import Harness, fresh_prefix, project_env
+from runner.testing.harness import Harness, JobOutcome, fresh_prefix, project_env
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,10 +92,9 @@ def runner_harness(runner_server: Server, runner_project: Path, runner_session: 
     if problem:
         pytest.fail(problem)
     harness = Harness(runner_project, runner_server.url, os.environ, before_look=_send_committed,
-                      prefix=runner_session)
-    for name, value in harness.env.items():
-        if name in ("REDIS_URL", "RUNNER_REDIS_PREFIX"):
-            monkeypatch.setenv(name, value)
+                      prefix=runner_session, after_drain=_explain_failures)
+    for name in project_env(runner_server.url, harness.prefix):
+        monkeypatch.setenv(name, harness.env[name])
     try:
         with pinned(harness.client):
             yield harness
@@ -147,6 +150,25 @@ def _send_committed() -> None:
         django.send_committed()
 
 
+UNCOMMITTED = (
+    "runner_worker.drain(): {n} job(s) failed while this test runs inside a database transaction "
+    "that never commits (pytest-django's django_db, Django's TestCase). The worker runs each "
+    "handler on a thread of its own, with a database connection of its own, which cannot see "
+    "the rows this test (or the app under test) wrote and did not commit: SQLite says \"database "
+    "table is locked\", PostgreSQL and MySQL raise DoesNotExist. If the handler reads them, mark "
+    "the test @pytest.mark.django_db(transaction=True) (or use TransactionTestCase): its writes "
+    "then commit, as they do in production before the job is sent."
+)
+
+
+def _explain_failures(outcomes: list[JobOutcome]) -> None:
+    """A failed job under a Django test transaction: say why it may have failed."""
+    django = sys.modules.get("runner.contrib.django")
+    failed = [o for o in outcomes if o.status != "done"]
+    if django is not None and failed and django.in_transaction():
+        warnings.warn(UNCOMMITTED.format(n=len(failed)), UserWarning, stacklevel=3)
+
+
 @pytest.fixture
 def runner_client(runner_harness: Harness) -> Client:
     return runner_harness.client
@@ -154,6 +176,9 @@ def runner_client(runner_harness: Harness) -> Client:
 
 @pytest.fixture
 def runner_worker(runner_harness: Harness) -> Harness:
+    # Started now, not at the first drain: app code that enqueues and waits for the
+    # result (a FastAPI route awaiting acall) gets it while the test waits on the app.
+    runner_harness.start()
     return runner_harness
 
 

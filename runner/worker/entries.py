@@ -236,8 +236,7 @@ class Entries:
         t = job.type
         return RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
                        _history(job.attempt, "retry", s.started_ms, now, o.error),
-                       f"retried|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000)
-                       + _abandoned(s))
+                       f"retried|{t}" + _abandoned(s))
 
     def rate_limited(self, s: Settlement, o: RetryLater, now: int) -> RetryAt:
         """A handler's RateLimited: handed back for later, its attempt refunded up to a bound
@@ -278,12 +277,12 @@ class Entries:
 
     def dead(self, s: Settlement, o: Dead, now: int) -> Burial:
         """Failed for good, or never fit to run (``refund``: no attempt spent, no history
-        entry, no timings); its ON_FAILURE job goes with it."""
+        entry); its ON_FAILURE job goes with it. Like every failed attempt, it adds nothing
+        to the latency and run-time histograms: they are of attempts that succeeded."""
         job = s.run.job
         t = job.type
         entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
-        stats = f"dead|{t}" if o.refund else \
-            f"dead|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + _abandoned(s)
+        stats = f"dead|{t}" + ("" if o.refund else _abandoned(s))
         return self._buried(s, o, entry, stats, self._on_failure(job, o.error, s.run.trace))
 
     def cancelled(self, s: Settlement, o: Dead, now: int) -> Burial:
@@ -291,8 +290,7 @@ class Entries:
         job = s.run.job
         t = job.type
         entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
-        stats = f"cancelled|{t}" if o.refund else \
-            f"cancelled|{t} " + metrics.timing_fields(t, s.started_ms - job.ready_ms, s.run_s * 1000) + _abandoned(s)
+        stats = f"cancelled|{t}" + ("" if o.refund else _abandoned(s))
         return self._buried(s, o, entry, stats, ())
 
     def expired(self, s: Settlement, o: Dead, now: int) -> Burial:

@@ -4,6 +4,7 @@ enqueue_on_commit, and the FastAPI app end to end with a real worker."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,6 +56,44 @@ def test_django_check_reports_a_broken_function(server: Server, tmp_path: Path) 
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "runner.E001" in proc.stderr and "nowhere" in proc.stderr
+
+
+SETTINGS_PROBE = """
+import json, sys
+from django.conf import settings
+settings.configure(INSTALLED_APPS=["runner.contrib.django"], RUNNER=json.loads(sys.argv[1]))
+import django
+django.setup()
+from runner.contrib.django import client
+cfg = client().runtime.config
+print(json.dumps([cfg.redis.url, cfg.redis.prefix, cfg.source]))
+"""
+
+
+@pytest.mark.parametrize("from_env", [True, False], ids=["environment", "settings"])
+def test_django_settings_give_way_to_the_environment(tmp_path: Path, from_env: bool) -> None:
+    """settings.RUNNER's REDIS_URL, PREFIX and CONFIG are defaults: REDIS_URL,
+    RUNNER_REDIS_PREFIX and RUNNER_CONFIG win over them, as for every other setting (a
+    platform's REDIS_URL over a development URL in settings.py); without them the
+    settings apply. The settings won, and enqueue_on_commit went to their server."""
+    pytest.importorskip("django")
+    for name in ("env.toml", "settings.toml"):
+        (tmp_path / name).write_text("[queues.default]\n")
+    settings = {"CONFIG": str(tmp_path / "settings.toml"), "REDIS_URL": "redis://127.0.0.1:9/0",
+                "PREFIX": "fromsettings"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_") and k != "REDIS_URL"}
+    env["PYTHONPATH"] = str(REPO)
+    if from_env:
+        env.update({"REDIS_URL": "redis://127.0.0.1:7/0", "RUNNER_REDIS_PREFIX": "fromenv",
+                    "RUNNER_CONFIG": str(tmp_path / "env.toml")})
+    proc = subprocess.run([sys.executable, "-c", SETTINGS_PROBE, json.dumps(settings)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    url, prefix, source = json.loads(proc.stdout)
+    if from_env:
+        assert (url, prefix, Path(source).name) == ("redis://127.0.0.1:7/0", "fromenv", "env.toml")
+    else:
+        assert (url, prefix, Path(source).name) == ("redis://127.0.0.1:9/0", "fromsettings", "settings.toml")
 
 
 @pytest.fixture

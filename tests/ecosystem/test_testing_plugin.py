@@ -141,6 +141,30 @@ def test_a_project_tests_its_functions_with_the_plugin(pytester: pytest.Pytester
     result.assert_outcomes(passed=6)
 
 
+REPLICATED_TESTS = '''
+from runner import Client
+
+
+def test_enqueue_and_drain(runner_client, runner_worker, assert_enqueued):
+    runner_client.enqueue("notify", {"who": "test"})
+    Client.from_config().enqueue("notify", {"who": "app"})
+    assert_enqueued("notify", count=2)
+    assert [o.status for o in runner_worker.drain(timeout=10)] == ["done", "done"]
+'''
+
+
+def test_the_fixtures_serve_a_project_that_waits_for_replicas(pytester: pytest.Pytester) -> None:
+    """A project whose runner.toml asks every write to reach a replica
+    (``wait_replicas = 1``, as production should) is tested on the private server, which
+    has none: the fixtures wait for no replica there, for the test's client and the app's
+    own. Every enqueue failed NotReplicated."""
+    _project(pytester)
+    (pytester.path / "runner.toml").write_text("[redis]\nwait_replicas = 1\nwait_timeout = 0.2\n" + TOML)
+    pytester.makepyfile(test_replicated=REPLICATED_TESTS)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(passed=1)
+
+
 def _project(pytester: pytest.Pytester) -> None:
     """greet, notify and flaky with their schemas and runner.toml, in pytester's folder."""
     pytester.makefile(".toml", runner=TOML)
@@ -290,6 +314,44 @@ def test_fastapi_dependency_reaches_each_tests_server(pytester: pytest.Pytester)
                                            timeout=240)
     result.assert_outcomes(passed=4, xfailed=1)
 
+
+
+CALL_APP = '''
+from fastapi import FastAPI
+from runner.contrib.fastapi import RunnerClient, lifespan
+
+app = FastAPI(lifespan=lifespan)
+
+
+@app.post("/greet/{name}")
+async def greet(name: str, runner: RunnerClient):
+    return {"result": await runner.acall("notify", {"who": name}, timeout=5)}
+'''
+CALL_TESTS = '''
+from fastapi.testclient import TestClient
+
+from app import app
+
+
+def test_a_route_that_waits_for_its_job(runner_worker):
+    with TestClient(app) as http:
+        assert http.post("/greet/ann").json() == {"result": {"notified": "ann"}}
+    assert [(o.type, o.status) for o in runner_worker.drain(timeout=5)] == [("notify", "done")]
+'''
+
+
+def test_a_fastapi_route_that_calls_and_waits_is_tested_with_the_worker_fixture(
+        pytester: pytest.Pytester) -> None:
+    """A route that awaits ``runner.acall`` (enqueue, then wait for the result) answers
+    under the fixtures: requesting ``runner_worker`` starts its worker, which runs jobs as
+    they arrive, and ``drain`` still reports them. No worker ran until the first drain,
+    so the request waited out its timeout and failed StillRunning."""
+    pytest.importorskip("fastapi")
+    _project(pytester)
+    pytester.makepyfile(app=CALL_APP)
+    pytester.makepyfile(test_greet=CALL_TESTS)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(passed=1)
 
 
 LIFESPAN_APP = '''
@@ -468,6 +530,61 @@ def test_pytest_django_tests_see_what_the_app_committed(pytester: pytest.Pyteste
     pytester.makepyfile(test_orders=PYTEST_DJANGO_TESTS)
     result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
     result.assert_outcomes(passed=7, xfailed=1)
+
+
+LOOKUP = '''
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    from django.contrib.contenttypes.models import ContentType
+    return ContentType.objects.get(app_label="shop", model=payload["model"]).model
+'''
+UNCOMMITTED_TESTS = '''
+import warnings
+
+import pytest
+from django.contrib.contenttypes.models import ContentType
+
+
+@pytest.mark.django_db
+def test_inside_the_tests_transaction_a_failure_is_explained(runner_client, runner_worker):
+    ContentType.objects.create(app_label="shop", model="order")
+    runner_client.enqueue("lookup", {"model": "order"})
+    with pytest.warns(UserWarning, match=r"never commits.*django_db\\(transaction=True\\)"):
+        out = runner_worker.drain(timeout=10)
+    assert [o.status for o in out] == ["dead"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transactional_test_runs_the_handler_on_its_rows(runner_client, runner_worker):
+    ContentType.objects.create(app_label="shop", model="order")
+    runner_client.enqueue("lookup", {"model": "order"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = runner_worker.drain(timeout=10)
+    assert [(o.status, o.result) for o in out] == [("done", "order")]
+'''
+
+
+def test_a_job_failed_by_the_tests_uncommitted_rows_is_explained(pytester: pytest.Pytester) -> None:
+    """Under pytest-django's default django_db the test's writes never commit, and the
+    worker's handler threads, each on a connection of its own, cannot see them: the job
+    fails. drain() then warns with the cause and the fix (django_db(transaction=True)),
+    which the docs show; with it the handler sees the test's rows. The job used to die
+    with only "database table is locked" to go on."""
+    pytest.importorskip("django")
+    pytest.importorskip("pytest_django", reason="pytest-django is not installed (pip install -e '.[test]' installs it)")
+    _project(pytester)
+    (pytester.path / "functions" / "lookup.py").write_text(LOOKUP)
+    (pytester.path / "schemas" / "lookup").mkdir()
+    (pytester.path / "schemas" / "lookup" / "v1.json").write_text(_schema({"model": "string"}))
+    pytester.makepyfile(django_settings=PYTEST_DJANGO_SETTINGS)
+    pytester.makeini("[pytest]\nDJANGO_SETTINGS_MODULE = django_settings\npythonpath = .\n")
+    pytester.makepyfile(test_lookup=UNCOMMITTED_TESTS)
+    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result.assert_outcomes(passed=2)
 
 
 def test_a_project_in_a_subfolder_is_named_in_the_error(pytester: pytest.Pytester) -> None:

@@ -410,6 +410,34 @@ def test_a_cancelled_job_counts_as_cancelled_not_dead(project: Project) -> None:
     assert f"job {running} cancelled" in log and f"job {running} dead" not in log, log
 
 
+
+def test_cancelling_deferred_jobs_counts_each_job_once(project: Project) -> None:
+    """`runner cancel --all --status deferred` of 5 jobs a paused function holds adds 5 to
+    its cancelled counter: in the stats hash, in the per-function figure (`runner stats`,
+    the dashboard) and in runner_jobs_cancelled_total. A batch's cancels were counted 1, 2,
+    3, ... as each job's cancel wrote the batch's running total again (15 for 5 jobs)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from runner.observe.figures import read_queues
+    from runner.web.exposition import RunnerCollector
+
+    client = project.client
+    client.pause(function="noop")
+    ids = [client.enqueue("noop", {"i": i}).id for i in range(5)]
+    project.spawn_worker("fast")
+    wait_for(lambda: {client.get(i).status for i in ids} == {"deferred"}, timeout=20, what="the jobs held")
+    project.stop_all()
+    assert sorted(client.cancel_deferred(type="noop")["fast"]) == sorted(ids)
+    assert {client.get(i).status for i in ids} == {"cancelled"}
+    assert project.runtime.redis.hget(project.keys().stats, "cancelled|noop") == "5"
+    q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "fast")
+    assert q.function("noop").counters["cancelled"] == 5
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunnerCollector(project.runtime))
+    text = generate_latest(registry).decode()
+    assert 'runner_jobs_cancelled_total{function="noop",queue="fast"} 5.0' in text, text
+
+
 PARKED = '''
 import os
 import time

@@ -319,3 +319,61 @@ def test_a_url_setting_the_server_refuses_is_one_line_naming_it(project: Project
         assert out.returncode == 2, (args, out.returncode, said[-600:])
         assert "Traceback" not in said, said[-600:]
         assert ("database" in said) if "client_name" not in tail else ("client_name" in said), said[-600:]
+
+
+# Commands that run until stopped (they print logs, not a result) and `new` (it writes
+# files and says which) print no table to put in JSON.
+NO_TABLE = {"dev", "web", "worker", "new"}
+
+
+def _leaf_commands() -> list[tuple[str, ...]]:
+    import click
+
+    ctx = click.Context(cli)
+    out: list[tuple[str, ...]] = []
+
+    def walk(cmd: click.Command, path: tuple[str, ...]) -> None:
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, name)
+                assert sub is not None
+                walk(sub, (*path, name))
+        else:
+            out.append(path)
+
+    walk(cli, ())
+    return out
+
+
+def test_every_command_that_prints_a_table_takes_json() -> None:
+    """docs/cli.md: every command prints a table, or JSON with --json. A walk of the CLI's
+    commands finds --json on each but the long-running ones and `new` (pause and resume
+    had none: exit 2, "No such option")."""
+    import click
+
+    ctx = click.Context(cli)
+    missing = []
+    for path in _leaf_commands():
+        cmd: click.Command | None = cli
+        for name in path:
+            assert isinstance(cmd, click.Group)
+            cmd = cmd.get_command(ctx, name)
+        assert cmd is not None
+        if path[0] not in NO_TABLE and not any("--json" in p.opts for p in cmd.params):
+            missing.append(" ".join(path))
+    assert not missing, f"commands without --json: {missing}"
+    assert {p[0] for p in _leaf_commands()} >= NO_TABLE | {"pause", "resume", "stats"}
+
+
+def test_pause_and_resume_answer_in_json(project: Project, run: Invoke) -> None:
+    """`runner pause --json` and `runner resume --json` print what they did, as JSON, for
+    a queue and for a function (with the held jobs put back); a refusal is JSON too."""
+    assert json.loads(run("pause", "fast", "--json").stdout) == {"queue": "fast", "function": None,
+                                                                  "paused": True}
+    assert json.loads(run("resume", "fast", "--json").stdout) == {"queue": "fast", "function": None,
+                                                                   "paused": False, "moved": 0}
+    assert json.loads(run("pause", "--function", "record", "--json").stdout) == {
+        "queue": "fast", "function": "record", "paused": True}
+    assert json.loads(run("resume", "--function", "record", "--json").stdout) == {
+        "queue": "fast", "function": "record", "paused": False, "moved": 0}
+    refused_json(run("pause", "fsat", "--json"), 1)

@@ -3,10 +3,12 @@
 Settings (all optional)::
 
     RUNNER = {
-        "CONFIG": BASE_DIR / "runner.toml",   # default: RUNNER_CONFIG or ./runner.toml
-        "REDIS_URL": "redis://...",           # default: REDIS_URL or runner.toml
-        "PREFIX": "shop",                     # default: RUNNER_REDIS_PREFIX or runner.toml
+        "CONFIG": BASE_DIR / "runner.toml",   # RUNNER_CONFIG wins; default ./runner.toml
+        "REDIS_URL": "redis://...",           # REDIS_URL wins; default runner.toml's
+        "PREFIX": "shop",                     # RUNNER_REDIS_PREFIX wins; default runner.toml's
     }
+
+Each is a default under the environment, as runner.toml's values are.
 
 ``manage.py check`` (apps.py; and so ``runserver`` and ``migrate``) then runs the file checks of
 ``runner check``: config, functions and schemas, each problem a check message
@@ -28,6 +30,7 @@ without a rollback. A rolled-back one is dropped by Django itself, as in product
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,19 +45,39 @@ def runner_settings() -> dict[str, Any]:
     return dict(getattr(settings, "RUNNER", {}) or {})
 
 
+# settings.RUNNER's keys and the environment variables that win over them.
+_FROM_ENV = {"REDIS_URL": "REDIS_URL", "PREFIX": "RUNNER_REDIS_PREFIX"}
+
+
 def settings_env() -> dict[str, str]:
+    """The overrides ``settings.RUNNER`` gives, less those the environment sets: a
+    setting is a default (a platform's REDIS_URL wins over a development URL in
+    settings.py), as runner.toml's values are."""
     s = runner_settings()
-    env = {}
-    if s.get("REDIS_URL"):
-        env["REDIS_URL"] = str(s["REDIS_URL"])
-    if s.get("PREFIX"):
-        env["RUNNER_REDIS_PREFIX"] = str(s["PREFIX"])
-    return env
+    return {var: str(s[key]) for key, var in _FROM_ENV.items() if s.get(key) and var not in os.environ}
+
+
+def config_path() -> str | None:
+    """settings.RUNNER["CONFIG"], unless RUNNER_CONFIG names a file (it wins)."""
+    named = runner_settings().get("CONFIG")
+    return None if os.environ.get("RUNNER_CONFIG") or not named else str(named)
+
+
+def in_transaction() -> bool:
+    """Whether this thread is inside an atomic block of one of its database connections
+    (a test's transaction under pytest-django's ``django_db`` or ``TestCase``): what it
+    wrote there is seen by no other connection, a worker thread's included."""
+    try:
+        conns = connections.all(initialized_only=True)
+    except TypeError:  # (Django before 4.1)
+        conns = connections.all()
+    return any(c.in_atomic_block for c in conns)
 
 
 def client() -> Client:
-    """The process's shared client, configured from ``settings.RUNNER``."""
-    return shared_client(runner_settings().get("CONFIG"), settings_env())
+    """The process's shared client, configured from ``settings.RUNNER`` and the
+    environment (which wins)."""
+    return shared_client(config_path(), settings_env())
 
 
 @dataclass(slots=True)

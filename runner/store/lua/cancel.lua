@@ -121,7 +121,6 @@ local function finish(jk, id, rec)
         prio = K.prio,
         done_meta = K.done_meta, done = K.done_prefix}}, now, id, rec)
   end
-  if K.stats then flush(K.stats) end
   return {1, 'cancelled'}
 end
 
@@ -151,6 +150,7 @@ if ARGV[5] ~= nil and ARGV[5] ~= '' then
     end
   end
   if ARGV[8] ~= '' and redis.call('EXISTS', list) == 0 then redis.call('ZREM', K.limwait, ARGV[8]) end
+  if K.stats then flush(K.stats) end  -- once for the batch: one HINCRBY per type
   local more = (count >= n or #entries == 4 * n) and 1 or 0
   local reply = {more, last ~= '' and last or after}
   for _, id in ipairs(out) do reply[#reply + 1] = id end
@@ -187,5 +187,7 @@ do
   if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
   note(sk)
   if status == 'queued' then unready(id) end
-  return finish(jk, id, rec)
+  local out = finish(jk, id, rec)
+  if K.stats then flush(K.stats) end
+  return out
 end

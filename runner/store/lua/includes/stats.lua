@@ -3,7 +3,8 @@
 -- Count every stats field named in a space-separated list ("field" adds 1,
 -- "field=N" adds N); tally() counts one field given whole (it may hold spaces);
 -- flush() writes the totals with one HINCRBY per distinct field, however many jobs
--- the batch held.
+-- the batch held, and starts the count again (a second flush writes only what was
+-- counted since: a script that flushed per job counted a batch's k-th job k times).
 local acc = {}
 local function bump(fields)
   if fields == nil or fields == '' then return end
@@ -25,4 +26,5 @@ local function flush(stats_key)
     -- transition (its writes are made; the scheduler renames the key aside).
     redis.pcall('HINCRBY', stats_key, f, n)
   end
+  acc = {}
 end
