@@ -585,6 +585,18 @@ def test_release_returns_to_front_without_spending_an_attempt(p: Project) -> Non
     assert structures(p)["ready"] == ["b", "a"]
 
 
+def test_jobs_handed_back_together_keep_their_arrival_order(p: Project) -> None:
+    """Jobs claimed ahead and handed back in one release (a pause, a stop) go back to the
+    front of ready in the order they arrived: the first handed back runs first, not the
+    last."""
+    enqueue(p, *(new(f"p{i}") for i in range(5)))
+    got = claim(p, n=4)
+    assert [g[0] for g in got] == ["p0", "p1", "p2", "p3"]
+    assert p.runtime.scripts.release(p.keys(), [(g[0], g[1]) for g in got], now_ms=NOW + 5) == [1] * 4
+    order = [claim(p, n=1, base=f"w.{i}")[0][0] for i in range(5)]
+    assert order == ["p0", "p1", "p2", "p3", "p4"]
+
+
 def test_a_job_keeps_its_priority_wherever_it_waits_again(p: Project) -> None:
     """A job of priority 9 starts before the plain jobs waiting beside it however it came
     back to waiting: due after a delay, a retry's backoff or a refund, a release, a lapsed

@@ -46,7 +46,7 @@
 local now, n = clock(ARGV[1]), tonumber(ARGV[2])
 local done_ttl = tonumber(ARGV[3 + n * 4]) or 86400000
 local out = {}
-local ids, marked = {}, {}
+local ids, marked, back = {}, {}, {}
 local seen = {}
 local held = batch_claims(K.claims, 3, 4, n)
 for i = 0, n - 1 do
@@ -90,15 +90,23 @@ for i = 0, n - 1 do
       end
       redis.pcall('HSET', jk .. ':s', unpack(set))
     end
-    -- The consumer end of ready (or the front of its priority), so a released job runs next.
+    -- The consumer end of ready (or the front of its priority), so a released job runs
+    -- next: pushed after the loop, last first (back).
     local prio = redis.pcall('HGET', jk .. ':s', 'priority')
-    to_ready(K.ready, K.prio, id, type(prio) == 'string' and prio or nil, now, true)
-    if c.res then
-      local rec = rec_load(jk)
-      if rec then release_limits(K.lim_prefix, rec.limits, token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio) end
-    end
+    back[#back + 1] = {id, type(prio) == 'string' and prio or nil, c.res and token or nil}
     ids[#ids + 1] = id
     out[#out + 1] = 1
+  end
+end
+-- Each push goes in front of the one before it, so the jobs are pushed last first: the
+-- first handed back (the first claimed, the first to arrive) runs first, in arrival order.
+for i = #back, 1, -1 do to_ready(K.ready, K.prio, back[i][1], back[i][2], now, true) end
+-- After the pushes, so a job parked on a freed limit runs before the released job takes
+-- the slot again (as in reclaim.lua).
+for _, b in ipairs(back) do
+  if b[3] then
+    local rec = rec_load(K.job_prefix .. b[1])
+    if rec then release_limits(K.lim_prefix, rec.limits, b[3], now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio) end
   end
 end
 call_many('HSET', K.claims, marked, 2)
