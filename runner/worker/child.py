@@ -407,6 +407,9 @@ class Child:
             timeout_s, memory_mb = fn.timeout_s, fn.memory_mb
 
             def guard(body: Any) -> Any:
+                # The members' attempts count from here, not from the send (as a single
+                # job's do from its "began"): the parent marks their start when it reads this.
+                self.send({"op": "began"})
                 if memory_mb:
                     limit = resource.getrlimit(resource.RLIMIT_DATA)
                     resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(memory_mb * 2**20), limit[1]))

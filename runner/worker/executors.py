@@ -606,16 +606,6 @@ class Executors:
                                      batching.jobs_of(claimed, [r.flags for r in runs], members), fn.timeout_s,
                                      shared, extend=lambda: all([self.renew_one(j) for j in claimed]))
 
-    def _handed_off(self, live: list[tuple[Run, dict[str, Any]]]) -> list[tuple[Run, dict[str, Any]]]:
-        """The members whose claims' wait for the call ended (held from their claim, in a
-        thread or a child alike); one whose lease was lost in the wait goes back unrun,
-        and the call goes on without it."""
-        go = self.hand_off([r for r, _ in live])
-        for (r, _), ok in zip(live, go, strict=True):
-            if not ok:
-                self._settle_unrun(r, Release())
-        return [m for m, ok in zip(live, go, strict=True) if ok]
-
     def _started_now(self, live: list[tuple[Run, dict[str, Any]]]) -> list[tuple[Run, dict[str, Any]]]:
         """A thread batch's members start now, in this thread: each held claim's wait ends
         and its attempt counts from here, in one start.lua call per partition (a call per
@@ -727,13 +717,8 @@ class Executors:
             for r in runs:
                 self._settle_unrun(r, Release())
             return
-        live = self._handed_off(live)
-        if not live:
-            return
-        runs = [r for r, _ in live]
-        for r in runs:
-            if not r.job.started:
-                self.outcomes.put(Settlement(r, START))
+        # The members stay held (no attempt spent should this worker die) until the child
+        # says handle_batch starts ("began"), as a single job's claim waits for its start.
         leader = runs[0]
         started_ms = self._server_now(leader.job)
         t0 = time.monotonic()
@@ -744,6 +729,7 @@ class Executors:
         deadline = t0 + fn.timeout_s + self.grace_s
         outcomes: list[Outcome] | None = None
         run_s = 0.0
+        began = False
         try:
             child.send({"op": "batch", "jobs": [r.job.as_row() for r in runs], **self._extra(leader.job)})
             fault("mid_handler")
@@ -763,6 +749,10 @@ class Executors:
                         else:
                             slot.recycle(child, generation)
                         break
+                    if op == "began":
+                        began = True
+                        self._child_batch_began(runs)
+                        continue
                     if op == "rpc":  # ctx.extend_lease renews every member's; no other call is a batch's
                         ok = msg.get("call") == "extend" and msg.get("token") == leader.job.token \
                             and all([self.renew_one(r.job) for r in runs])
@@ -797,9 +787,36 @@ class Executors:
                 for r in runs:
                     r.child_pid = None
         fault("after_handler")
+        if not began:  # (outcomes with no call: a child that died or timed out first, none runnable)
+            for r in runs:
+                if not r.job.started:
+                    self.outcomes.put(Settlement(r, START))
         for r, o in zip(runs, outcomes, strict=True):
             self.outcomes.put(Settlement(r, o, run_s, started_ms))
             self.ledger.returned()
+
+    def _child_batch_began(self, runs: list[Run]) -> None:
+        """The child says handle_batch starts: its members' held claims end and their
+        attempts count from here, in one start.lua call per partition (as a thread batch's
+        do). A worker lost between the send and the call charges none. A member whose
+        lease was lost in the wait is refused here and at its settlement alike; Redis away,
+        the start marks go with the settler's next batch."""
+        todo = [r for r in runs if not r.job.started]
+        if not todo:
+            return
+        sc = self.rt.scripts
+        try:
+            codes = self._per_partition(todo, lambda k, owned, into: sc.start(k, owned, pipe=into))
+        except Exception as exc:
+            log.warning("%d job(s): could not mark the start of their batch's call: %s", len(todo), exc)
+            codes = [exc] * len(todo)
+        for r, code in zip(todo, codes, strict=True):
+            if isinstance(code, BaseException):
+                self.outcomes.put(Settlement(r, START))  # (marked later: the settler retries it)
+                continue
+            r.held = False
+            if code >= 0:
+                r.job.started = True
 
     def _expired_ahead(self, run: Run) -> Settlement | None:
         """A job claimed ahead whose MAX_AGE passed while it waited for an executor: dead

@@ -1032,3 +1032,51 @@ def test_a_batch_waiting_for_its_child_goes_back_unspent_however_often(project: 
     project.write_config(vt=1, concurrency=1, prefetch=prefetch, max_attempts=1, fast="max_timeout = 600")
     jobs = [project.client.enqueue("pbatch", {}).id for _ in range(3)]
     _killed_three_times_while_its_child_starts(project, jobs, held=True)
+
+
+def _child_process_of(worker: int) -> int:
+    """The pid of the worker's child process (runner.worker.child)."""
+    for pid in descendants(worker):
+        with contextlib.suppress(OSError):
+            if b"runner.worker.child" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    return 0
+
+
+def _unread_by(pid: int) -> bool:
+    """Whether a message waits unread in a socket of process ``pid`` (its Recv-Q)."""
+    out = subprocess.run(["ss", "-xpn"], capture_output=True, text=True, check=True).stdout
+    return any(f"pid={pid}," in line and int(line.split()[2]) > 0 for line in out.splitlines()[1:])
+
+
+def test_a_worker_killed_after_sending_its_batch_charges_no_member(project: Project) -> None:
+    """A BATCH function's members count their attempt from handle_batch's start, as its
+    child reports it, not from the worker's send: a worker SIGKILLed after it sent the
+    batch to its child (frozen there, the call not made) charges none of them, and with
+    MAX_ATTEMPTS 1 each runs once, at attempt 1 (each went dead as "worker lost", its
+    handler never run)."""
+    project.add_function("pbatch", BATCH_SLOWSTART)
+    only_functions(project, "pbatch")
+    project.write_config(vt=1, concurrency=1, prefetch=0, max_attempts=1, fast="max_timeout = 600")
+    w = spawn_leader(project, "fast")
+    warm = project.client.enqueue("pbatch", {}).id
+    assert wait_final(project, [warm], timeout=60)[warm]["status"] == "done"
+    child = wait_for(lambda: _child_process_of(w.pid), timeout=10, what="the worker's child process")
+    os.kill(child, signal.SIGSTOP)
+    jobs = [project.client.enqueue("pbatch", {}).id for _ in range(3)]
+    wait_for(lambda: _unread_by(child), timeout=30, interval=0.02, what="the batch sent to the frozen child")
+
+    def settled_in_the_wait() -> bool:  # held (waiting for the call) or marked started
+        entries = project.runtime.redis.hmget(project.keys().claims, jobs)
+        return all(e and ("h" in e.split()[3] or "p" not in e.split()[3]) for e in entries)
+
+    wait_for(settled_in_the_wait, timeout=10, interval=0.02, what="every member held or marked started")
+    os.killpg(w.pid, signal.SIGKILL)
+    os.kill(child, signal.SIGKILL)
+    w.wait(timeout=10)
+    assert not any(project.runs(j) for j in jobs)
+    spawn_leader(project, "fast")
+    final = wait_final(project, jobs, timeout=60)
+    for j in jobs:
+        assert final[j]["status"] == "done" and final[j]["attempt"] == 1, final[j]
+        assert len(project.runs(j)) == 1
