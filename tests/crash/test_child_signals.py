@@ -202,3 +202,51 @@ def test_a_handler_that_put_sigterm_back_leaves_the_next_jobs_c_read_restarted(p
     assert w.wait(timeout=30) == 0
     final = rec(project, job)
     assert final["status"] == "done" and final["attempt"] == 1, final
+
+
+BATCH_SIGNALS = '''
+import os, signal, sys, threading, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+BATCH = {"size": 4, "wait": 0.1}
+
+def _stop_while_encoding(job_id):
+    main = threading.main_thread().ident
+    def watch():
+        for _ in range(20000):
+            f, names = sys._current_frames().get(main), []
+            while f is not None:
+                names.append(f.f_code.co_name)
+                f = f.f_back
+            if "outcome_of" in names:
+                with open(os.path.join(os.environ["RECORD_DIR"], job_id), "a") as out:
+                    out.write("stop\\n")
+                os.kill(os.getppid(), signal.SIGTERM)
+                os.killpg(0, signal.SIGTERM)
+                return
+            time.sleep(0.0005)
+    threading.Thread(target=watch).start()
+
+def handle_batch(payloads, ctx):
+    signal.signal(signal.SIGTERM, lambda s, f: sys.exit(0))
+    _stop_while_encoding(ctx.jobs[0].id)
+    return [[{"k": i, "v": [i, i + 1, "x" * 10]} for i in range(120000)] for _ in payloads]
+'''
+
+
+def test_a_stop_while_runner_encodes_a_batchs_results_leaves_its_jobs_done(project: Project) -> None:
+    """The same for handle_batch: its SIGTERM handler (sys.exit), a 5 MB result, and a
+    stop to every process while the child encodes it: the job is done (it was dead,
+    "executor crashed")."""
+    project.add_function("bsig", BATCH_SIGNALS)
+    project.write_config(vt=5, grace=15, concurrency=1, prefetch=0, max_attempts=1,
+                         worker="max_result_bytes = 20000000")
+    job = project.client.enqueue("bsig", {}).id
+    w = spawn_leader(project, "fast")
+    final = wait_final(project, [job])[job]
+    assert project.runs(job) == ["stop"]
+    assert w.wait(timeout=30) == 0
+    assert final["status"] == "done" and final["attempt"] == 1 and len(final["result"]) == 120000, \
+        {k: v for k, v in final.items() if k != "result"}
