@@ -342,7 +342,6 @@ class Child:
             while nxt is not None:
                 job, msg, first = nxt
                 out = self.run_one(job, msg, first)
-                self.signals.put_back()  # the next job gets the child's own signal settings (Signals)
                 self.jobs += 1
                 self.flags_of.pop(job[1], None)
                 with self.lock:
@@ -392,6 +391,8 @@ class Child:
                 fn = resolved[0]
                 live.append(i)
                 payloads.append(resolved[1])
+        if fn is None or not live:
+            self.signals.put_back()  # (a payload validator of the function's ran)
         run_s = 0.0
         kept: list[list[str]] = [[] for _ in jobs]  # each job's log lines, for its worker to settle with it
         dropped = [0 for _ in jobs]  # and how many its flood lost here (its marker counts them)
@@ -418,6 +419,7 @@ class Child:
                     return body()
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
+                    self.signals.put_back()  # before the results' encoding (Signals)
                     if memory_mb:
                         resource.setrlimit(resource.RLIMIT_DATA, limit)
 
@@ -427,7 +429,6 @@ class Child:
             got, run_s = batching.run(fn, payloads, claimed, ctx, None, guard, max_result)
             with self.lock:
                 self.token = ""
-            self.signals.put_back()
             for i, o in zip(live, got, strict=True):
                 outcomes[i] = o
             for i, m in zip(live, members, strict=True):
@@ -458,6 +459,7 @@ class Child:
             joblog.set_skew(int(msg["skew_ms"]))
         resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
         if isinstance(resolved, Done | RetryLater | Dead):
+            self.signals.put_back()  # (a payload validator of the function's ran)
             if first:
                 self.send({"op": "began", "token": job.token})
             return {"outcome": to_message(resolved), "run_s": 0.0}
@@ -510,7 +512,13 @@ class Child:
             try:
                 # (Traced: the worker's run span is the current span of the handler's own.)
                 with _captured(ctx.logger), tracing.within(msg.get("traceparent")):
-                    return body()
+                    try:
+                        return body()
+                    finally:
+                        # The child's own signal settings back as the handler returns or
+                        # raises, before runner's code after it (the result's encoding, a
+                        # failure's traceback): a stop's SIGTERM there is the worker's.
+                        self.signals.put_back()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 if fn.memory_mb:
@@ -627,7 +635,10 @@ except ImportError:  # pragma: no cover
 
 
 class Signals:
-    """The child's own signal settings, put back after every job, before the next starts.
+    """The child's own signal settings, put back as every handler returns or raises,
+    before runner's own code after it (the result's encoding, the outcome's message) and
+    before the next job starts: a stop's SIGTERM there is the worker's to act on, never a
+    SIGTERM handler the job left (``sys.exit`` in the child: a finished job lost).
 
     A handler runs in the child's main thread, so it can change what every later job in
     this child gets: a SIGTERM handler of its own (``sys.exit`` on SIGTERM, Scrapy's
@@ -640,10 +651,11 @@ class Signals:
     sets its signals on every run (Scrapy's does, and so does any that uses asyncio's
     signal handlers) would otherwise cost a child start, seconds of imports, per job; and
     what runner relies on is this short list, put back whole: each signal's action (with
-    SA_RESTART for SIGTERM and SIGINT), the main thread's signal mask, the interval timers
-    and the wakeup fd. The check reads Python's record of each action (its getsignal),
-    so a job that changed nothing costs three system calls (10 to 20 µs on a busy 2-core
-    machine); an action set from C code past Python's signal module is not seen. Other
+    SA_RESTART for SIGTERM and SIGINT, set again every time), the main thread's signal
+    mask, the interval timers and the wakeup fd. The check reads Python's record of each
+    action (its getsignal), so a job that changed nothing costs seven system calls (10 to
+    20 µs on a busy 2-core machine); an action set from C code past Python's signal module
+    is not seen. Other
     signals (SIGUSR1, SIGHUP, ...) are the handler's own: runner does not use them."""
 
     def __init__(self) -> None:
@@ -656,8 +668,11 @@ class Signals:
         for sig, action in _OWN:
             if _getsignal(sig) is not action:
                 signal.signal(sig, action)
-                if action is _on_stop:
-                    signal.siginterrupt(sig, False)
+        # SA_RESTART every time: Python's record does not show it, and a handler that put
+        # back the action it found (``old = signal.signal(SIGTERM, h)`` ...
+        # ``signal.signal(SIGTERM, old)``) left it off (signal.signal never sets it).
+        signal.siginterrupt(signal.SIGTERM, False)
+        signal.siginterrupt(signal.SIGINT, False)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         # (ITIMER_REAL, TIMEOUT's, is stopped as each handler returns.) A profiler's timers
         # left running would send SIGVTALRM or SIGPROF, whose default action kills.
