@@ -222,6 +222,7 @@ class Child:
         """A durable step's entry, recorded by the parent (fenced there by the claim)."""
         if token != self.token:
             return -1, 0
+        self._send_logs(token)  # ahead of the step: the parent writes them before it (executors._record_step)
         value = self.ask(token, "step", position=position, data=body).get("value") or {}
         return int(value.get("code", -1)), int(value.get("n", 0))
 

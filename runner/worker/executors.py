@@ -64,6 +64,7 @@ from runner.worker.joblog import JobLogger, batch_loggers, skew_ms
 from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
 from runner.worker.lifeline import vital
+from runner.worker.renewer import send_logs
 from runner.worker.slot import Feed, Slot
 
 log = logging.getLogger("runner.worker")
@@ -844,8 +845,13 @@ class Executors:
             run.trace = tracing.context_of(span)
             return settlement
 
-    def _record_step(self, part: QueueKeys, job: Claimed, position: int, body: str) -> tuple[int, int]:
-        """A durable step's entry, recorded fenced by the job's claim (step.lua)."""
+    def _record_step(self, part: QueueKeys, run: Run, position: int, body: str) -> tuple[int, int]:
+        """A durable step's entry, recorded fenced by the job's claim (step.lua). The lines
+        and chunks the run wrote before it are written first: a replay past this step
+        writes none again (journal.py), so they must be in Redis before it is recorded (a
+        kill between the two writes shows them twice, never lost)."""
+        job = run.job
+        send_logs(self.rt, part, [run], wait=True, log_label=self.q.name)
         code, n = self.rt.scripts.step(part, job.id, job.token, position, body, journal.MAX_STEPS,
                                        journal.MAX_LOG_BYTES, stats=f"steps|{job.type}")
         return int(code), int(n)
@@ -889,7 +895,7 @@ class Executors:
         ctx._journal = Journal(
             job.id, lambda: [] if job.steps == 0 else steps.read(self.rt.scripts, part, job.id, job.type,
                                                                  durable=True),
-            lambda pos, body: self._record_step(part, job, pos, body),
+            lambda pos, body: self._record_step(part, run, pos, body),
             self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
             take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
             start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
@@ -1270,7 +1276,7 @@ class _ChildRun:
         if call == "steps":
             return {"entries": steps.read(ex.rt.scripts, ex.parts[job.partition], job.id, job.type, durable=True)}
         if call == "step":
-            code, n = ex._record_step(ex.parts[job.partition], job, int(msg.get("position") or 0),
+            code, n = ex._record_step(ex.parts[job.partition], run, int(msg.get("position") or 0),
                                       str(msg.get("data")))
             return {"code": code, "n": n}
         if call == "wait":

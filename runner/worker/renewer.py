@@ -214,45 +214,7 @@ class Renewer:
         """The lines running handlers logged since the last renewal, in one round trip for
         all of them, so a follower sees a run's log while it runs (a run that logged
         nothing new adds nothing)."""
-        logging_runs = [r for r in runs if r.logs is not None and not r.settling and r.logs.pending()]
-        if not logging_runs:
-            return
-        ret = self.rt.config.retention
-        keep_ms = max(1, int(max(ret.done_s, ret.dead_s) * 1000))
-        calls = self.rt.scripts.batch()
-        held = []
-        sent: list[JobLog] = []  # in the order of the batch's calls
-        try:
-            for r in logging_runs:
-                logs = r.logs
-                assert logs is not None
-                if not logs.sending.acquire(blocking=False):
-                    continue  # its settlement is taking its lines now
-                held.append(logs.sending)
-                if logs.buf is not None and logs.buf.pending():
-                    lines, dropped = logs.buf.take_counted()
-                    self.rt.scripts.append_log(k, r.job.id, lines, ret.log_lines, ret.log_bytes, keep_ms,
-                                               calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
-                    sent.append(logs.buf)
-                if logs.chunks is not None and logs.chunks.pending():
-                    self.rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
-                                               calls, key=k.stream(r.job.id))
-                    sent.append(logs.chunks)
-            try:
-                replies: list[Any] = calls.execute(raise_on_error=False)
-            except Exception:
-                replies = []
-            failed = [buf for i, buf in enumerate(sent) if i >= len(replies) or isinstance(replies[i], BaseException)]
-            # Not written: kept for the next write (the renewal's, or the settlement's),
-            # never dropped, nor the lease lost to it.
-            for buf in failed:
-                buf.put_back()
-            if failed:
-                log.debug("%s renewer: %d running job log write(s) failed; kept for the next write",
-                          self.q.name, len(failed))
-        finally:
-            for lock in held:
-                lock.release()
+        send_logs(self.rt, k, runs, log_label=f"{self.q.name} renewer")
 
     def _enforce_timeouts(self, now: float) -> None:
         late: list[Run] = []
@@ -270,3 +232,47 @@ class Renewer:
                     late.append(r)
         for r in late:
             self.abandon(r)
+
+
+def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False, log_label: str = "") -> None:
+    """The lines and stream chunks running handlers wrote and have not sent, in one round
+    trip for all of them; ``wait``: wait for a settlement taking a run's lines (else that
+    run is left to it). Lines not written are kept for the next write, never dropped."""
+    logging_runs = [r for r in runs if r.logs is not None and not r.settling and r.logs.pending()]
+    if not logging_runs:
+        return
+    ret = rt.config.retention
+    keep_ms = max(1, int(max(ret.done_s, ret.dead_s) * 1000))
+    calls = rt.scripts.batch()
+    held = []
+    sent: list[JobLog] = []  # in the order of the batch's calls
+    try:
+        for r in logging_runs:
+            logs = r.logs
+            assert logs is not None
+            if not logs.sending.acquire(blocking=wait):
+                continue  # its settlement is taking its lines now
+            held.append(logs.sending)
+            if logs.buf is not None and logs.buf.pending():
+                lines, dropped = logs.buf.take_counted()
+                rt.scripts.append_log(k, r.job.id, lines, ret.log_lines, ret.log_bytes, keep_ms,
+                                      calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
+                sent.append(logs.buf)
+            if logs.chunks is not None and logs.chunks.pending():
+                rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
+                                      calls, key=k.stream(r.job.id))
+                sent.append(logs.chunks)
+        try:
+            replies: list[Any] = calls.execute(raise_on_error=False)
+        except Exception:
+            replies = []
+        failed = [buf for i, buf in enumerate(sent) if i >= len(replies) or isinstance(replies[i], BaseException)]
+        # Not written: kept for the next write (the renewal's, or the settlement's),
+        # never dropped, nor the lease lost to it.
+        for buf in failed:
+            buf.put_back()
+        if failed:
+            log.debug("%s: %d running job log write(s) failed; kept for the next write", log_label, len(failed))
+    finally:
+        for lock in held:
+            lock.release()

@@ -997,3 +997,41 @@ def test_a_durable_functions_replay_writes_no_line_or_chunk_again(project: Proje
         assert positions == sorted(set(positions)), positions
         assert list(client.stream(job, timeout_s=5)) == ["before", "after"]
     assert client.get(jobs[1]).as_dict()["attempt"] == 2
+
+
+KILLED_AFTER_A_STEP = '''"""Logs and streams a line, records a step, and the first time kills its worker at once."""
+import os, signal
+QUEUE = "fast"
+{extra}
+
+def handle(payload, ctx):
+    ctx.logger.info("before")
+    ctx.stream("before")
+    ctx.step("first", lambda: 1)
+    mark = os.path.join(os.environ["RECORD_DIR"], ctx.job_id + ".killed")
+    if not os.path.exists(mark):
+        open(mark, "w").close()
+        # The worker, before any renewal or settle took the lines above.
+        os.kill(os.getpid() if {thread} else os.getppid(), signal.SIGKILL)
+    ctx.logger.info("after")
+    return "ok"
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_replay_after_a_kill_keeps_the_lines_written_before_its_recorded_step(
+        project: Project, isolation: str) -> None:
+    """The worker is killed right after a step is recorded: the run after the reclaim
+    replays that step quietly, so the lines and chunks written before it must already be
+    in Redis (they were lost for good: held in the killed worker, and not written again)."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("killed", KILLED_AFTER_A_STEP.format(extra=extra, thread=isolation == "thread"))
+    project.write_config(vt=1)
+    client = project.client
+    job = client.enqueue("killed", {}).id
+    first = project.spawn_worker("fast")
+    assert first.wait(60) != 0  # killed by its handler
+    project.spawn_worker("fast")
+    assert client.settle(job, 60).status == "done"
+    assert [line["msg"] for line in client.logs(job)["lines"] if line["src"] == "log"] == ["before", "after"]
+    assert [c["data"] for c in watching.stream_chunks(client, job)["chunks"]] == ["before"]
