@@ -997,3 +997,42 @@ def test_a_durable_functions_replay_writes_no_line_or_chunk_again(project: Proje
         assert positions == sorted(set(positions)), positions
         assert list(client.stream(job, timeout_s=5)) == ["before", "after"]
     assert client.get(jobs[1]).as_dict()["attempt"] == 2
+
+
+RUNS = '''"""Streams and logs three pieces, then fails for good or not as asked."""
+from runner import PermanentFailure
+{extra}
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        ctx.stream(f"{{payload['run']}}-{{i}}")
+        ctx.logger.info("%s line %d", payload["run"], i)
+    if payload.get("fail"):
+        raise PermanentFailure("not this time")
+    return 1
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_requeued_jobs_new_run_follows_the_old_one_in_its_stream_and_log(project: Project, isolation: str) -> None:
+    """A dead job requeued runs again from attempt 1: its new chunks come after the
+    old run's for a reader that read those (the chunks of each run had the same places,
+    so a follower skipped every chunk of the new run), and so do its log lines."""
+    project.add_function("runs", RUNS.format(extra='ISOLATION = "process"' if isolation == "process" else ""))
+    project.write_config()
+    client = project.client
+    job = client.enqueue("runs", {"run": "first", "fail": True})
+    project.spawn_worker("fast")
+    assert client.settle(job.id, 30).status == "dead"
+    old = watching.stream_chunks(client, job.id)["chunks"]
+    assert [c["data"] for c in old] == ["first-0", "first-1", "first-2"]
+    lines = client.logs(job.id)["lines"]
+    client.requeue("fast", job.id, {"run": "second"})
+    assert client.settle(job.id, 30).status == "done"
+    new = watching.stream_chunks(client, job.id, watching.position(old[-1]))["chunks"]
+    assert [c["data"] for c in new] == ["second-0", "second-1", "second-2"]
+    assert watching.position(new[0]) > watching.position(old[-1]) and new[0]["a"] == 1
+    after = max(line["n"] for line in lines)
+    fresh = [str(line["msg"]) for line in client.logs(job.id)["lines"] if line["n"] > after]
+    assert fresh == ["second line 0", "second line 1", "second line 2"]

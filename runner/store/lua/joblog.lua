@@ -7,7 +7,8 @@
 -- lost lines (trimmed here, or dropped by the worker before they were sent) keeps one
 -- marker line at its head that counts them all: only this script knows how many of
 -- the lines sent before a trim takes, so it keeps the count, in the marker itself.
--- A stream's chunks are numbered by the worker: they are kept as they come.
+-- A stream's chunks are numbered by the worker (attempt, number): they are kept as they
+-- come, with the run of a requeued job marked ("r", below).
 --
 -- KEYS[1] log          LIST  the job's log lines (JSON objects), oldest first
 -- ARGV[1] the most lines kept
@@ -66,7 +67,30 @@ if #ARGV >= FIRST then
       seq = seq + 1
     end
   else
-    for i = FIRST, #ARGV do lines[#lines + 1] = ARGV[i] end
+    -- A chunk's place is (attempt, number), set by the worker; a requeued job starts
+    -- again at attempt 1, so chunks that would not follow the last one kept belong to a
+    -- new run after a requeue: they and that run's later chunks carry "r", one more than
+    -- the last one's, first in their place, so places grow over the job's whole life.
+    local r = 0
+    local last = redis.call('LINDEX', K.log, -1)
+    if last then
+      local lr, la, li = string.match(last, '^{"r": (%d+), "a": (%-?%d+), "i": (%-?%d+)')
+      if not lr then
+        la, li = string.match(last, '^{"a": (%-?%d+), "i": (%-?%d+)')
+        lr = la and 0
+      end
+      local a, i = string.match(ARGV[FIRST], '^{"a": (%-?%d+), "i": (%-?%d+)')
+      if lr and a then
+        r = tonumber(lr)
+        la, li, a, i = tonumber(la), tonumber(li), tonumber(a), tonumber(i)
+        if a < la or (a == la and i <= li) then r = r + 1 end
+      end
+    end
+    for i = FIRST, #ARGV do
+      local chunk = ARGV[i]
+      if r > 0 and string.sub(chunk, 1, 6) == '{"a": ' then chunk = '{"r": ' .. r .. ', ' .. string.sub(chunk, 2) end
+      lines[#lines + 1] = chunk
+    end
   end
   -- In chunks: a stream keeps up to 10,000 chunks, past Lua's unpack limit (about 8,000).
   for s = 1, #lines, 4000 do

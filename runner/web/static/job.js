@@ -387,7 +387,7 @@ async function readStream(id, ctrl) {
           const c = JSON.parse(text);
           jobstream.parts.push(chunkText(c.data));
           jobstream.count += 1;
-          after = `${c.a}.${c.i}`;
+          after = c.r ? `${c.r}.${c.a}.${c.i}` : `${c.a}.${c.i}`;
           paintStream();
         } else if (event === "end") {
           jobstream.endAt = performance.now();
