@@ -1036,3 +1036,22 @@ def test_a_requeued_jobs_new_run_follows_the_old_one_in_its_stream_and_log(proje
     after = max(line["n"] for line in lines)
     fresh = [str(line["msg"]) for line in client.logs(job.id)["lines"] if line["n"] > after]
     assert fresh == ["second line 0", "second line 1", "second line 2"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_lines_n_counts_the_lines_dropped_before_they_were_sent(project: Project, isolation: str) -> None:
+    """2,000 lines in a log that keeps 100: the last line's n is 1,999, its place among
+    every line the handler wrote, counting those the worker (or the child) dropped before
+    they were sent as well as those trimmed since (it was 99)."""
+    _add(project, isolation, "lines = 100, bytes = 1048576", vt=30)
+    client = project.client
+    job = client.enqueue("logger", {"n": 2000})
+    project.spawn_worker("fast")
+    assert client.settle(job.id, 60).status == "done"
+    lines = client.logs(job.id)["lines"]
+    numbers = {str(line["msg"]): line["n"] for line in lines}
+    assert numbers[f"line 1999 of {job.id}"] == 1999, lines[-3:]
+    kept = [line for line in lines if str(line["msg"]).startswith("line ")]
+    assert all(line["n"] == int(str(line["msg"]).split()[1]) for line in kept), kept[:3]
+    said = int(str(lines[0]["msg"]).split()[0].strip("[").replace(",", ""))
+    assert lines[0]["n"] < kept[0]["n"] and said == 2000 - len(kept)

@@ -2,11 +2,12 @@
 -- keep the log as long as the job's outcome is kept.
 --
 -- A log's lines (ARGV[5] given) are numbered: each gets "n", its place among every line
--- written to the log (the last line's n + 1), so a follower resumes after the line it
--- saw last however many were trimmed meanwhile, and whatever lines repeat. A log that
--- lost lines (trimmed here, or dropped by the worker before they were sent) keeps one
--- marker line at its head that counts them all: only this script knows how many of
--- the lines sent before a trim takes, so it keeps the count, in the marker itself.
+-- written to the log (the last line's n + 1, past the lines lost before they were
+-- sent), so a follower resumes after the line it saw last however many were trimmed
+-- meanwhile, and whatever lines repeat. A log that lost lines (trimmed here, or dropped
+-- by the worker before they were sent) keeps one marker line at its head that counts
+-- them all: only this script knows how many of the lines sent before a trim takes, so
+-- it keeps the count, in the marker itself.
 -- A stream's chunks are numbered by the worker (attempt, number): they are kept as they
 -- come, with the run of a requeued job marked ("r", below).
 --
@@ -61,7 +62,9 @@ if #ARGV >= FIRST then
   if marked then
     local last = redis.call('LINDEX', K.log, -1)
     local seq = number_of(last)
-    seq = seq and seq + 1 or redis.call('LLEN', K.log)
+    -- The lines lost before they were sent came ahead of these: they count too, so n
+    -- is the line's place among every line the handler wrote.
+    seq = (seq and seq + 1 or redis.call('LLEN', K.log)) + (tonumber(ARGV[4]) or 0)
     for i = FIRST, #ARGV do
       lines[#lines + 1] = numbered(ARGV[i], seq)
       seq = seq + 1
