@@ -150,13 +150,13 @@ def _away_poll(poll_s: float, away: int) -> float:
     return min(AWAY_POLL_S, poll_s * float(2 ** min(away, 4)))
 
 
-def stream_chunks(client: Client, job_id: str, after: tuple[int, int] = (-1, -1)) -> dict[str, Any]:
-    """{"id", "status", "chunks"}: the chunks kept after position ``after`` (attempt,
-    number), oldest first. Raises JobNotFound for an unknown job."""
+def stream_chunks(client: Client, job_id: str, after: tuple[int, ...] = (-1, -1)) -> dict[str, Any]:
+    """{"id", "status", "chunks"}: the chunks kept after position ``after`` ((run,)
+    attempt, number: see joblogs.position), oldest first. Raises JobNotFound for an unknown job."""
     return stream_if_changed(client, job_id, after, None)[0]
 
 
-def stream_if_changed(client: Client, job_id: str, after: tuple[int, int], mark: Mark | None
+def stream_if_changed(client: Client, job_id: str, after: tuple[int, ...], mark: Mark | None
                       ) -> tuple[dict[str, Any], Mark]:
     """stream_chunks(), for a follower that read them before (``mark``, as for
     logs_if_changed): the job's status is read at its home only when chunks landed or
@@ -177,8 +177,8 @@ def _int(v: Any) -> int:
     return v if isinstance(v, int) else -1
 
 
-def position(chunk: dict[str, Any]) -> tuple[int, int]:
-    return _int(chunk.get("a")), _int(chunk.get("i"))
+def position(chunk: dict[str, Any]) -> tuple[int, int, int]:
+    return joblogs.position(chunk)
 
 
 def stream(client: Client, job_id: str, timeout_s: float | None = None,
@@ -187,7 +187,7 @@ def stream(client: Client, job_id: str, timeout_s: float | None = None,
     lands (about once a second while the job runs), until the job has ended (or
     ``timeout_s`` passed). Raises JobNotFound for an unknown job."""
     until = None if timeout_s is None else time.monotonic() + timeout_s
-    after = (-1, -1)
+    after: tuple[int, ...] = (-1, -1)
     mark: Mark | None = None
     away = 0
     while True:

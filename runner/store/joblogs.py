@@ -40,30 +40,44 @@ def probe(redis: Any, key: str) -> tuple[int, bytes | None]:
     return int(n or 0), last
 
 
-def read_stream_after(redis: Any, k: QueueKeys, job_id: str, after: tuple[int, int]) -> list[dict[str, Any]]:
-    """The chunks kept after position ``after`` (attempt, number), oldest first. A follower
-    asks this every quarter second: when nothing landed it costs the two reads of probe
-    and parses one chunk; when chunks landed in the same attempt only those are read (the
-    numbers say how many), unless a trim or a gap makes the whole list the safe read."""
+def read_stream_after(redis: Any, k: QueueKeys, job_id: str, after: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The chunks kept after position ``after``, oldest first: (run, attempt, number),
+    the run counting the job's requeues (a chunk's "r", absent: 0); (attempt, number)
+    means run 0. A follower asks this every quarter second: when nothing landed it costs
+    the two reads of probe and parses one chunk; when chunks landed in the same run and
+    attempt only those are read (the numbers say how many), unless a trim or a gap makes
+    the whole list the safe read."""
+    after = widened(after)
     key = k.stream(job_id)
     n, last = probe(redis, key)
     if last is None:
         return []
     newest = _objects((last,))[0]
-    at = _position(newest)
+    at = position(newest)
     if at <= after:
         return []
-    if at[0] == after[0] and after[1] >= 0 and at[1] - after[1] < n:
-        fresh = [c for c in _objects(redis.lrange(key, -(at[1] - after[1]), -1)) if "i" in c]
-        if fresh and _position(fresh[0]) == (after[0], after[1] + 1):
+    if at[:2] == after[:2] and after[2] >= 0 and at[2] - after[2] < n:
+        fresh = [c for c in _objects(redis.lrange(key, -(at[2] - after[2]), -1)) if "i" in c]
+        if fresh and position(fresh[0]) == (after[0], after[1], after[2] + 1):
             return fresh
     chunks = [c for c in _objects(redis.lrange(key, 0, -1)) if "i" in c]
-    return [c for c in chunks if _position(c) > after]
+    return [c for c in chunks if position(c) > after]
 
 
-def _position(chunk: dict[str, Any]) -> tuple[int, int]:
-    a, i = chunk.get("a"), chunk.get("i")
-    return (a if isinstance(a, int) else -1, i if isinstance(i, int) else -1)
+def widened(after: tuple[int, ...]) -> tuple[int, int, int]:
+    """A position as (run, attempt, number): an (attempt, number) is run 0's."""
+    return (0, after[0], after[1]) if len(after) == 2 else (after[0], after[1], after[2])
+
+
+def position(chunk: dict[str, Any]) -> tuple[int, int, int]:
+    """A chunk's place: (run, attempt, number); a requeued job's runs after the first
+    carry "r" (lua/joblog.lua), so places grow over the job's whole life."""
+    r, a, i = chunk.get("r", 0), chunk.get("a"), chunk.get("i")
+
+    def whole(v: Any) -> int:
+        return v if isinstance(v, int) and not isinstance(v, bool) else -1
+
+    return whole(r), whole(a), whole(i)
 
 
 def _objects(raws: Any) -> list[dict[str, Any]]:

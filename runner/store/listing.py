@@ -40,15 +40,20 @@ wherever that id went since, found and read by one script call (lua/seek.lua: a 
 landing between the two would shift the page), so a job requeued, claimed or cancelled from
 an earlier page does not make a later one skip or repeat a job that stayed. A job that moves
 between two pages may be shown twice or not at all, as in any live listing; one that
-stays is shown once. In a list (the ready list, the done logs) new jobs come in at the
-head: they can only make a job show twice. A deferred list is read from its tail, where
-jobs are parked, while a limit wakes them from its head, so no count of places holds
-there: its cursor keeps the last id shown and the first not yet shown, and the next page
-starts just before the last id shown, found by a bounded LPOS and read in the same call
-(lua/seek_list.lua); if that job left (cancelled), at the first one not yet shown; if
-both left, the list counts as read (a limit wakes from the head, so the jobs before them
-were woken first; two cancels between two pages can end a list early). A traversal
-always ends, shows every job that stayed deferred throughout, and shows none twice.
+stays is shown once. In the done logs new jobs come in at the head: they can only make
+a job show twice. The ready list takes new jobs at its head too, but a cancel takes one
+from anywhere and moves every older job a place up, so a count of places would step over
+one: its cursor keeps the last id shown and the first not yet shown, with that one's
+place counted from the tail, and the next page starts just after the last id shown,
+found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua).
+A deferred list is read from its tail, where jobs are parked, while a limit wakes them
+from its head, so no count of places holds there: its cursor keeps the last id shown and
+the first not yet shown, and the next page starts just before the last id shown, found
+by a bounded LPOS and read in the same call (lua/seek_list.lua); if that job left
+(cancelled), at the first one not yet shown; if both left, the list counts as read (a
+limit wakes from the head, so the jobs before them were woken first; two cancels between
+two pages can end a list early). A traversal always ends, shows every job that stayed
+deferred throughout, and shows none twice.
 
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
 ``idem:<type>:<key>`` key, whose value starts with the holding job's id, and one of its
@@ -206,33 +211,40 @@ def _source(k: QueueKeys, index: int) -> tuple[str, str] | None:
 
 
 def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int | None,
-             anchor: tuple[float, str] | None = None
-             ) -> tuple[list[str], int, int | None, bool, tuple[float, str] | None]:
+             anchor: tuple[float, str] | None = None, marks: tuple[str, str] | None = None
+             ) -> tuple[list[str], int, int | None, bool, tuple[float, str] | None, tuple[str, str] | None]:
     """Up to n queued ids from the priority set, then ready (see _source); ``gen`` is
-    the index being read."""
+    the index being read. Ready is resumed from the ids the last page ended on
+    (``marks``; ``pos`` is where the first not yet shown was, counted from the tail), not
+    from a count of places from the head: a cancel takes an id from anywhere, and every
+    older job moves one place toward the head (lua/seek_list.lua)."""
     index = gen or 0
     out: list[str] = []
     last: tuple[float, str] | None = None
+    place = (pos, marks[0], marks[1]) if marks is not None else None
     while len(out) < n:
         source = _source(k, index)
         if source is None:
-            return out, 0, index, True, None
+            return out, 0, index, True, None, None
         kind, key = source
         want = n - len(out)
         if kind == "zset":
             pairs, end = _span(scripts, key, pos, want, anchor, newest_first=False)
             got = [m for m, _ in pairs]
             last = (pairs[-1][1], pairs[-1][0]) if pairs else None
-        else:
-            got = redis.lrange(key, pos, pos + want - 1)
-            end, last = pos + len(got), None
-        anchor = None
+            anchor = None
+            out += got
+            if len(got) < want:  # this index is read to its end: the next one
+                index, pos, last = index + 1, 0, None
+            else:
+                pos = end
+            continue
+        place, got = scripts.seek_list(key, want, place, ready=True)
         out += got
-        if len(got) < want:  # this index is read to its end: the next one
-            index, pos, last = index + 1, 0, None
-        else:
-            pos = end
-    return out, pos, index, False, last
+        if place is None:  # read to its end
+            return out, 0, index + 1, True, None, None
+        return out, place[0], index, False, (0.0, ""), (place[1], place[2])
+    return out, pos, index, False, last, None
 
 
 def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
@@ -248,8 +260,8 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
                                                             anchor, marks)
         return ids, pos, index, exhausted, {}, last, marks
     if status == "queued":
-        ids, pos, gen, exhausted, last = _chained(redis, scripts, k, pos, n, gen, anchor)
-        return ids, pos, gen, exhausted, {}, last, None
+        ids, pos, gen, exhausted, last, marks = _chained(redis, scripts, k, pos, n, gen, anchor, marks)
+        return ids, pos, gen, exhausted, {}, last, marks
     if status == "done":
         current = int(redis.hget(k.done_meta, "gen") or 0)
         floor = max(current - DONE_GENS + 1, 0)

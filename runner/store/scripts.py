@@ -604,13 +604,14 @@ class Scripts(Transport):
         reply = self.call("index_delayed", scriptkeys.keys("index_delayed", k), [start, n])
         return int(reply[0]), int(reply[1])
 
-    def seek_list(self, key: str, n: int, place: tuple[int, str, str] | None
+    def seek_list(self, key: str, n: int, place: tuple[int, str, str] | None, ready: bool = False
                   ) -> tuple[tuple[int, str, str] | None, list[str]]:
         """Up to ``n`` ids of deferred list ``key``, newest first, from the tail or, given
         ``place`` (where the first id not yet shown was, that id, the last id shown), from
         just before the last id shown, found and read in one call; and the place of the
-        next page, None when the list is read (see seek_list.lua)."""
-        args: list[Any] = [n] + (list(place) if place is not None else ["", "", ""])
+        next page, None when the list is read (see seek_list.lua). ``ready``: a ready
+        list, newest at the head, read from the head (the place counts from the tail)."""
+        args: list[Any] = [n] + (list(place) if place is not None else ["", "", ""]) + (["1"] if ready else [])
         reply = self.call("seek_list", scriptkeys.keys("seek_list", list=key), args)
         ids = [str(i) for i in reply[2:]]
         at = int(reply[0])

@@ -11,7 +11,8 @@ output (``read`` scope, as reading the job).
 GET /jobs/{id}/stream: server-sent events, the chunks kept first, then each as it lands:
         event: chunk  {"a": attempt, "i": its number in the attempt, "ts", "data"}
         event: end    {"id", "status"}: the job has ended (or the stream's time is up)
-    ?after=A.I: only the chunks after that position (a reader coming back).
+    ?after=A.I: only the chunks after that position (a reader coming back); R.A.I after a
+    chunk of a requeued job's later run, which carries "r".
 
 A stream lasts at most events.STREAM_S; a comment line every HEARTBEAT_S keeps proxies
 from timing it out. Redis away (a restart, a failover) does not end it: a comment line
@@ -152,21 +153,22 @@ class JobStream:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         only_params(req, "after")
-        after = (-1, -1)
+        after: tuple[int, ...] = (-1, -1)
         raw = req.get_param("after")
         if raw is not None:
-            a, _, i = raw.partition(".")
-            if not (a.isascii() and i.isascii() and a.isdigit() and i.isdigit() and len(raw) < 24):
-                raise Problem(400, "invalid-parameter", "query parameter 'after' must be ATTEMPT.NUMBER, as a "
-                              "chunk's a and i (1.41)", title="Invalid parameter", parameter="after")
-            after = (int(a), int(i))
+            parts = raw.split(".")
+            if not (len(parts) in (2, 3) and all(p.isascii() and p.isdigit() for p in parts) and len(raw) < 32):
+                raise Problem(400, "invalid-parameter", "query parameter 'after' must be ATTEMPT.NUMBER or "
+                              "RUN.ATTEMPT.NUMBER, as a chunk's a and i, and its r when it has one (1.41, "
+                              "1.1.41)", title="Invalid parameter", parameter="after")
+            after = tuple(int(p) for p in parts)
         got = await self.offload(watching.stream_chunks, self.client, name, after)  # 404 before a stream opens
         owner = FOLLOWERS.admit(req)
         resp.cache_control = ["no-store"]
         resp.set_header("X-Accel-Buffering", "no")
         resp.sse = FOLLOWERS.held(owner, self._emit(name, got, after))
 
-    async def _emit(self, job_id: str, first: dict[str, Any], after: tuple[int, int]
+    async def _emit(self, job_id: str, first: dict[str, Any], after: tuple[int, ...]
                     ) -> AsyncIterator[falcon.asgi.SSEvent | None]:
         yield falcon.asgi.SSEvent(retry=RETRY_MS)
         loop = asyncio.get_running_loop()

@@ -647,3 +647,44 @@ def test_the_job_page_follows_on_across_a_redis_restart(tmp_path: Path, browser:
     finally:
         project.stop_all()
         srv.stop(kill=True)
+
+
+BIDI = '''"""Logs, streams and returns a producer's text with bidi controls in it."""
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    ctx.logger.info("acct %s", payload["acct"])
+    ctx.stream("total: \\u202e00.001$")
+    return {"acct": payload["acct"]}
+'''
+
+
+def test_bidi_controls_in_a_producers_text_are_shown_escaped(project: Project, browser: Any) -> None:  # noqa: F811
+    """A right-to-left override (and every other bidi control) in a payload, a log line,
+    a stream chunk or a result reaches no page raw, where it turned "00.001$" into
+    "$100.00" on screen: each page shows it escaped, as `runner logs` does."""
+    project.add_function("bidi", BIDI)
+    project.write_config()
+    project.spawn_worker("fast")
+    controls = "\u202e\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/bidi", json={"acct": f"\u202e9876-5432 {controls}"}).json()["id"]
+        wait_for(lambda: project.client.get(job).status == "done", timeout=30, what="the job to end")
+        d = browser
+        signed_in(d, web, TOKEN)
+        go(d, f"#job/{job}")
+        until("the log and the stream", lambda: d.execute_script(
+            "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
+        stream = read(d, '#job-view [data-field="stream"]', "textContent")
+        assert stream == "total: \\u202e00.001$"
+        log = read(d, '#job-view [data-field="log"]', "textContent")
+        assert "acct \\u202e9876-5432" in log and "\\u061c" in log
+        pages = {}
+        for where in (f"#job/{job}", "#jobs/done"):
+            go(d, where)
+            until(f"{where} to show the job", lambda: job in d.execute_script("return document.body.textContent"))
+            pages[where] = d.execute_script("return document.body.textContent")
+        for where, body in pages.items():
+            assert not set(controls) & set(body), (where, sorted(set(controls) & set(body)))
+            assert "\\u202e9876-5432" in body, where
+        assert script_errors(d) == []

@@ -1035,3 +1035,61 @@ def test_a_replay_after_a_kill_keeps_the_lines_written_before_its_recorded_step(
     assert client.settle(job, 60).status == "done"
     assert [line["msg"] for line in client.logs(job)["lines"] if line["src"] == "log"] == ["before", "after"]
     assert [c["data"] for c in watching.stream_chunks(client, job)["chunks"]] == ["before"]
+
+
+RUNS = '''"""Streams and logs three pieces, then fails for good or not as asked."""
+from runner import PermanentFailure
+{extra}
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        ctx.stream(f"{{payload['run']}}-{{i}}")
+        ctx.logger.info("%s line %d", payload["run"], i)
+    if payload.get("fail"):
+        raise PermanentFailure("not this time")
+    return 1
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_requeued_jobs_new_run_follows_the_old_one_in_its_stream_and_log(project: Project, isolation: str) -> None:
+    """A dead job requeued runs again from attempt 1: its new chunks come after the
+    old run's for a reader that read those (the chunks of each run had the same places,
+    so a follower skipped every chunk of the new run), and so do its log lines."""
+    project.add_function("runs", RUNS.format(extra='ISOLATION = "process"' if isolation == "process" else ""))
+    project.write_config()
+    client = project.client
+    job = client.enqueue("runs", {"run": "first", "fail": True})
+    project.spawn_worker("fast")
+    assert client.settle(job.id, 30).status == "dead"
+    old = watching.stream_chunks(client, job.id)["chunks"]
+    assert [c["data"] for c in old] == ["first-0", "first-1", "first-2"]
+    lines = client.logs(job.id)["lines"]
+    client.requeue("fast", job.id, {"run": "second"})
+    assert client.settle(job.id, 30).status == "done"
+    new = watching.stream_chunks(client, job.id, watching.position(old[-1]))["chunks"]
+    assert [c["data"] for c in new] == ["second-0", "second-1", "second-2"]
+    assert watching.position(new[0]) > watching.position(old[-1]) and new[0]["a"] == 1
+    after = max(line["n"] for line in lines)
+    fresh = [str(line["msg"]) for line in client.logs(job.id)["lines"] if line["n"] > after]
+    assert fresh == ["second line 0", "second line 1", "second line 2"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_lines_n_counts_the_lines_dropped_before_they_were_sent(project: Project, isolation: str) -> None:
+    """2,000 lines in a log that keeps 100: the last line's n is 1,999, its place among
+    every line the handler wrote, counting those the worker (or the child) dropped before
+    they were sent as well as those trimmed since (it was 99)."""
+    _add(project, isolation, "lines = 100, bytes = 1048576", vt=30)
+    client = project.client
+    job = client.enqueue("logger", {"n": 2000})
+    project.spawn_worker("fast")
+    assert client.settle(job.id, 60).status == "done"
+    lines = client.logs(job.id)["lines"]
+    numbers = {str(line["msg"]): line["n"] for line in lines}
+    assert numbers[f"line 1999 of {job.id}"] == 1999, lines[-3:]
+    kept = [line for line in lines if str(line["msg"]).startswith("line ")]
+    assert all(line["n"] == int(str(line["msg"]).split()[1]) for line in kept), kept[:3]
+    said = int(str(lines[0]["msg"]).split()[0].strip("[").replace(",", ""))
+    assert lines[0]["n"] < kept[0]["n"] and said == 2000 - len(kept)

@@ -2,12 +2,14 @@
 -- keep the log as long as the job's outcome is kept.
 --
 -- A log's lines (ARGV[5] given) are numbered: each gets "n", its place among every line
--- written to the log (the last line's n + 1), so a follower resumes after the line it
--- saw last however many were trimmed meanwhile, and whatever lines repeat. A log that
--- lost lines (trimmed here, or dropped by the worker before they were sent) keeps one
--- marker line at its head that counts them all: only this script knows how many of
--- the lines sent before a trim takes, so it keeps the count, in the marker itself.
--- A stream's chunks are numbered by the worker: they are kept as they come.
+-- written to the log (the last line's n + 1, past the lines lost before they were
+-- sent), so a follower resumes after the line it saw last however many were trimmed
+-- meanwhile, and whatever lines repeat. A log that lost lines (trimmed here, or dropped
+-- by the worker before they were sent) keeps one marker line at its head that counts
+-- them all: only this script knows how many of the lines sent before a trim takes, so
+-- it keeps the count, in the marker itself.
+-- A stream's chunks are numbered by the worker (attempt, number): they are kept as they
+-- come, with the run of a requeued job marked ("r", below).
 --
 -- KEYS[1] log          LIST  the job's log lines (JSON objects), oldest first
 -- ARGV[1] the most lines kept
@@ -60,13 +62,38 @@ if #ARGV >= FIRST then
   if marked then
     local last = redis.call('LINDEX', K.log, -1)
     local seq = number_of(last)
-    seq = seq and seq + 1 or redis.call('LLEN', K.log)
+    -- The lines lost before they were sent came ahead of these: they count too, so n
+    -- is the line's place among every line the handler wrote.
+    seq = (seq and seq + 1 or redis.call('LLEN', K.log)) + (tonumber(ARGV[4]) or 0)
     for i = FIRST, #ARGV do
       lines[#lines + 1] = numbered(ARGV[i], seq)
       seq = seq + 1
     end
   else
-    for i = FIRST, #ARGV do lines[#lines + 1] = ARGV[i] end
+    -- A chunk's place is (attempt, number), set by the worker; a requeued job starts
+    -- again at attempt 1, so chunks that would not follow the last one kept belong to a
+    -- new run after a requeue: they and that run's later chunks carry "r", one more than
+    -- the last one's, first in their place, so places grow over the job's whole life.
+    local r = 0
+    local last = redis.call('LINDEX', K.log, -1)
+    if last then
+      local lr, la, li = string.match(last, '^{"r": (%d+), "a": (%-?%d+), "i": (%-?%d+)')
+      if not lr then
+        la, li = string.match(last, '^{"a": (%-?%d+), "i": (%-?%d+)')
+        lr = la and 0
+      end
+      local a, i = string.match(ARGV[FIRST], '^{"a": (%-?%d+), "i": (%-?%d+)')
+      if lr and a then
+        r = tonumber(lr)
+        la, li, a, i = tonumber(la), tonumber(li), tonumber(a), tonumber(i)
+        if a < la or (a == la and i <= li) then r = r + 1 end
+      end
+    end
+    for i = FIRST, #ARGV do
+      local chunk = ARGV[i]
+      if r > 0 and string.sub(chunk, 1, 6) == '{"a": ' then chunk = '{"r": ' .. r .. ', ' .. string.sub(chunk, 2) end
+      lines[#lines + 1] = chunk
+    end
   end
   -- In chunks: a stream keeps up to 10,000 chunks, past Lua's unpack limit (about 8,000).
   for s = 1, #lines, 4000 do

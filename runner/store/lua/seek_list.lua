@@ -1,4 +1,5 @@
--- seek_list: one page of a deferred LIST (a held list, a limit's waiters), newest first
+-- seek_list: one page of a deferred LIST (a held list, a limit's waiters; or a ready
+-- list, see ARGV[5]), newest first
 -- (read from the tail toward the head), resuming from the ids the last page ended on
 -- (it reads, never writes). Jobs are parked at the tail and leave from the head (a
 -- wake) or from anywhere (a cancel), so a place counted from either end moves while a
@@ -14,12 +15,43 @@
 -- ARGV[2] where (index from the head) the first id not yet shown was; '' the first page
 -- ARGV[3] the first id not yet shown
 -- ARGV[4] the last id shown
+-- ARGV[5] '1': a ready LIST instead, newest at the head (LPUSH in, claimed from the tail,
+--         cancelled from anywhere), read from the head toward the tail; ARGV[2] then
+--         counts from the tail, the end nothing is added to but a job sent to the front
+--         of the line. The page starts just after the last id shown, found by LPOS from
+--         the tail; if that one left, at the first id not yet shown; if both left, at
+--         that one's old distance from the tail: only jobs older than it can have left
+--         from there, so the jobs that stayed all lie at or past that place (the page may
+--         show again some already shown, never step over one that stayed).
 --
 -- Returns {index of the next id not yet shown or -1, that id or '', id, ...} (newest first).
 local SLACK = 1000
 local key = K.list
 local count = math.min(tonumber(ARGV[1]), 1000)
 local len = redis.call('LLEN', key)
+if ARGV[5] == '1' then
+  local start = 0
+  if ARGV[2] ~= '' then
+    local was = tonumber(ARGV[2])
+    local reach = math.min(was + 2 + SLACK, len)
+    start = len
+    if reach > 0 then
+      local after = redis.call('LPOS', key, ARGV[4], 'RANK', -1, 'MAXLEN', reach)
+      if after then
+        start = after + 1
+      else
+        local at = redis.call('LPOS', key, ARGV[3], 'RANK', -1, 'MAXLEN', reach)
+        start = at or math.max(0, len - 1 - was)
+      end
+    end
+  end
+  if start >= len or count <= 0 then return {-1, ''} end
+  local got = redis.call('LRANGE', key, start, start + count)
+  local out = {-1, ''}
+  if #got > count then out = {len - 1 - (start + count), got[count + 1]} end
+  for i = 1, math.min(#got, count) do out[#out + 1] = got[i] end
+  return out
+end
 local start = len - 1
 if ARGV[2] ~= '' then
   local reach = math.min(tonumber(ARGV[2]) + 2 + SLACK, len)

@@ -32,19 +32,28 @@ const state = {
 
 const $ = (sel) => document.querySelector(sel);
 
+// Bidi controls a producer's text may hold (U+202E turns "00.001$" into "$100.00" on
+// screen): shown escaped, as `runner logs` shows them, by every text the page paints.
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+function plain(text) {
+  return String(text).replace(BIDI, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") node.className = v;
-    else if (k === "text") node.textContent = v;
+    else if (k === "text") node.textContent = plain(v);
+    else if (k === "title") node.title = plain(v);
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else if (k.startsWith("data-")) node.setAttribute(k, v);
     else node[k] = v;
   }
   for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
-    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    node.append(c instanceof Node ? c : document.createTextNode(plain(c)));
   }
   return node;
 }
@@ -625,7 +634,7 @@ async function openEdit(listedJob) {
     ? { ...(await api("GET", `/jobs/${encodeURIComponent(listedJob.id)}`)), queue: listedJob.queue }
     : listedJob;
   state.editing = job;
-  $("#edit-id").textContent = job.id;
+  $("#edit-id").textContent = plain(job.id);
   $("#edit-version").value = job.version || "";
   $("#edit-payload").value = json(job.payload);
   $("#edit-errors").replaceChildren();

@@ -277,6 +277,7 @@ function soon(fn) {
 
 function paintPre(field, text) {
   const pre = $(`#job-view [data-field=${field}]`);
+  text = plain(text);
   if (!pre || pre.textContent === text) return;
   const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   pre.textContent = text;
@@ -387,7 +388,7 @@ async function readStream(id, ctrl) {
           const c = JSON.parse(text);
           jobstream.parts.push(chunkText(c.data));
           jobstream.count += 1;
-          after = `${c.a}.${c.i}`;
+          after = c.r ? `${c.r}.${c.a}.${c.i}` : `${c.a}.${c.i}`;
           paintStream();
         } else if (event === "end") {
           jobstream.endAt = performance.now();
@@ -425,7 +426,7 @@ function signalForm(job) {
         data = JSON.parse(body.value);
       } catch (err) {
         out.className = "error";
-        out.textContent = `Not valid JSON: ${err.message}`;
+        out.textContent = plain(`Not valid JSON: ${err.message}`);
         return;
       }
       try {
@@ -434,7 +435,7 @@ function signalForm(job) {
         out.textContent = r.delivery === "resumed" ? "Delivered: the job resumes." : "Kept: the job reads it when it waits for it.";
       } catch (err) {
         out.className = "error";
-        out.textContent = `Not sent: ${err.message}`;
+        out.textContent = plain(`Not sent: ${err.message}`);
       }
     });
     return form;

@@ -199,7 +199,7 @@ async function search(text) {
 
 function bulkText(text) {
   $("#bulk-progress").hidden = false;
-  $("#bulk-text").textContent = text;
+  $("#bulk-text").textContent = plain(text);
 }
 
 function confirmBulk(spec, n, capped) {
