@@ -700,3 +700,23 @@ def test_a_module_level_client_imported_elsewhere_is_a_client_there() -> None:
     user = "from runner.web.state import CLIENT\n\ndef f(k):\n    CLIENT.hset(k, 'a', 1)\n    CLIENT.get(k)\n"
     facts = package_facts((("runner.web.state", state), ("runner.web.user", user)))
     assert [line for line, _ in commands(user, facts, "runner.web.user")] == [4, 5]
+
+
+def test_the_suite_notes_a_command_sent_from_outside_the_store() -> None:
+    """The guard the suite runs under (tests/redisguard.py): a command sent from a module
+    of runner outside the store is noted, however the client got there; one sent from the
+    store, or from a test, is not. (Nothing listens on the port: the guard looks before
+    the command is sent.)"""
+    import redisguard
+
+    client = redis.Redis(port=1, socket_connect_timeout=0.01)
+    sender = "def send(c):\n    return c.hset('k', 'a', 1)\n"
+    for module in ("runner.web.probe", "runner.store.probe", "tests.probe"):
+        code: dict[str, object] = {"__name__": module}
+        exec(compile(sender, f"{module}.py", "exec"), code)
+        with pytest.raises(redis.ConnectionError):
+            code["send"](client)  # type: ignore[operator]
+    with pytest.raises(redis.ConnectionError):
+        client.pipeline().get("k").execute()  # from here: a test
+    found, redisguard.seen[:] = list(redisguard.seen), []
+    assert found == [("runner.web.probe", 2, "HSET")]
