@@ -709,6 +709,8 @@ def test_the_suite_notes_a_command_sent_from_outside_the_store() -> None:
     the command is sent.)"""
     import redisguard
 
+    from runner.errors import RedisUnavailable
+
     client = redis.Redis(port=1, socket_connect_timeout=0.01)
     sender = "def send(c):\n    return c.hset('k', 'a', 1)\n"
     for module in ("runner.web.probe", "runner.store.probe", "tests.probe"):
@@ -718,5 +720,13 @@ def test_the_suite_notes_a_command_sent_from_outside_the_store() -> None:
             code["send"](client)  # type: ignore[operator]
     with pytest.raises(redis.ConnectionError):
         client.pipeline().get("k").execute()  # from here: a test
+    # The store's own connections too.
+    where = link.address("redis://127.0.0.1:1/0?socket_connect_timeout=0.01")
+    assert where is not None
+    own = link.Link(where)
+    code = {"__name__": "runner.cli.probe"}
+    exec(compile("def send(c):\n    return c.send([['GET', 'k']])\n", "runner.cli.probe.py", "exec"), code)
+    with pytest.raises((OSError, RedisUnavailable)):
+        code["send"](own)  # type: ignore[operator]
     found, redisguard.seen[:] = list(redisguard.seen), []
-    assert found == [("runner.web.probe", 2, "HSET")]
+    assert found == [("runner.web.probe", 2, "HSET"), ("runner.cli.probe", 2, "GET")]
