@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redisguard
 
 from runner import config as config_mod
 from runner.client import Client
@@ -35,6 +36,20 @@ from runner.store.embedded import Server, debian_binary
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
+
+redisguard.install()
+
+
+@pytest.fixture(autouse=True)
+def _store_owns_redis() -> Iterator[None]:
+    """Fail a test during which runner code outside ``runner/store/`` sent Redis a command
+    in this process (redisguard.py): the store owns every command."""
+    redisguard.seen.clear()
+    yield
+    found, redisguard.seen[:] = sorted(set(redisguard.seen)), []
+    if found:
+        pytest.fail("Redis commands sent from outside runner/store/ (module, line, command): "
+                    + "; ".join(f"{m}:{line} {c}" for m, line, c in found), pytrace=False)
 
 
 class LoopTicks:

@@ -35,6 +35,7 @@ from redis.backoff import NoBackoff
 from redis.connection import DefaultParser, HiredisRespSerializer
 from redis.exceptions import (
     ClusterDownError,
+    ClusterError,
     OutOfMemoryError,
     RedisClusterException,
     ResponseError,
@@ -87,6 +88,10 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     ClusterDownError,  # a cluster mid-failover (includes MasterDownError)
     SlotNotCoveredError,
     TryAgainError,  # a slot being migrated
+    # A slot being migrated, once redis-py's cluster client (sync or asyncio) gives up on
+    # TRYAGAIN, MOVED or ASK after RedisClusterRequestTTL tries: "TTL exhausted". Every try
+    # was refused, so the command never ran. (ClusterDownError is a ClusterError too.)
+    ClusterError,
     OutOfMemoryError,  # maxmemory reached under noeviction: refused before it ran, wait it out
     PersistenceFailed,  # MISCONF: writes refused until Redis can persist again
     RedisBusy,  # BUSY: a script runs past the busy threshold; nothing else runs meanwhile
@@ -123,7 +128,7 @@ _REFUSALS: dict[str, str] = {
 _REFUSED_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
     (OutOfMemoryError, "OOM"), (PersistenceFailed, "MISCONF"), (redis.exceptions.ReadOnlyError, "READONLY"),
     (RedisBusy, "BUSY"), (redis.exceptions.BusyLoadingError, "LOADING"), (ClusterDownError, "CLUSTER"),
-    (SlotNotCoveredError, "CLUSTER"), (TryAgainError, "CLUSTER"),
+    (SlotNotCoveredError, "CLUSTER"), (TryAgainError, "CLUSTER"), (ClusterError, "CLUSTER"),
 )
 _REFUSED_CODES = {"OOM": "OOM", "MISCONF": "MISCONF", "READONLY": "READONLY", "BUSY": "BUSY",
                   "LOADING": "LOADING", "CLUSTERDOWN": "CLUSTER", "MASTERDOWN": "CLUSTER", "TRYAGAIN": "CLUSTER"}

@@ -257,3 +257,55 @@ def test_the_consoles_actions_on_a_partitioned_queue_of_the_cluster(cproject: Pr
     assert all(c.get(i).status == "done" for i in delayed)
     for k, job_id in dead.items():
         assert [(j.id, j.status) for j in c.by_idempotency_key(k)] == [(job_id, "dead")]
+
+
+def test_a_slot_being_migrated_is_an_outage_to_every_producer(cproject: Project) -> None:
+    """While the queue's slot moves to another master (MIGRATING on its owner, IMPORTING on
+    the other), the enqueue script, whose keys are partly there and partly not, gets
+    TRYAGAIN until redis-py gives up ("TTL exhausted"): nothing ran, so every producer sees
+    RedisUnavailable and HTTP a 503, and nothing is written. Once the slot is stable again,
+    the same calls go through."""
+    import asyncio
+
+    import falcon.testing
+
+    from runner.errors import RedisUnavailable
+    from runner.web import create_app
+
+    c = cproject.client
+    c.enqueue("record", {"n": 0})
+    k = for_queue(cproject.prefix, "fast")
+    ports = [int(s.rsplit(":", 1)[1]) for s in cproject.server.url.split("//", 1)[1].split(",")]
+    seed = redis.Redis(port=ports[0], decode_responses=True)
+    slot = int(seed.cluster("keyslot", k.ready))
+    owner = next(int(row[2][1]) for row in seed.execute_command("CLUSTER", "SLOTS")
+                 if int(row[0]) <= slot <= int(row[1]))
+    other = next(p for p in ports if p != owner)
+    src, dst = redis.Redis(port=owner, decode_responses=True), redis.Redis(port=other, decode_responses=True)
+    before = int(src.cluster("countkeysinslot", slot))
+    web = falcon.testing.TestClient(create_app(cproject.runtime))
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", dst.cluster("myid"))
+    try:
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst.cluster("myid"))
+        calls = {
+            "enqueue": lambda: c.enqueue("record", {"n": 1}),
+            "aenqueue": lambda: asyncio.run(c.aenqueue("record", {"n": 2})),
+            "enqueue_many": lambda: c.enqueue_many([Request("record", {"n": 3})]),
+            "enqueue_all": lambda: c.enqueue_all([Request("record", {"n": 4})]),
+            "group": lambda: c.group([Request("record", {"n": 8})], Request("record", {"n": 9})),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except RedisUnavailable as exc:
+                assert str(exc).startswith("Redis Cluster cannot serve this now"), (name, exc)
+            else:
+                pytest.fail(f"{name} went through on a slot being migrated")
+        r = web.simulate_post("/jobs/record", json={"n": 5})
+        assert r.status_code == 503, (r.status_code, r.text)
+        assert int(src.cluster("countkeysinslot", slot)) == before
+    finally:
+        for node in (src, dst):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+    assert c.enqueue("record", {"n": 6}).id
+    assert web.simulate_post("/jobs/record", json={"n": 7}).status_code == 202

@@ -43,6 +43,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import redis
 import redis.client
 import redis.cluster
@@ -133,12 +134,13 @@ def _nodes(tree: ast.AST) -> list[ast.AST]:
 
 
 def _owners(tree: ast.AST) -> dict[int, str]:
-    """The name of the innermost function each ``return`` of the tree belongs to, by id."""
+    """The name of the innermost function each ``return`` (or ``yield``: a context manager's)
+    of the tree belongs to, by id."""
     out: dict[int, str] = {}
 
     def visit(node: ast.AST, owner: str) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.Return) and owner:
+            if isinstance(child, (ast.Return, ast.Yield)) and owner:
                 out[id(child)] = owner
             visit(child, child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else owner)
 
@@ -162,6 +164,8 @@ class Facts:
     makers: dict[str, frozenset[str]] = field(default_factory=dict)
     fields: frozenset[str] = frozenset()
     handed: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    # The names each module binds to a client at its top level (another may import them).
+    globals: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def module_name(path: Path) -> str:
@@ -189,15 +193,19 @@ def package_facts(sources: tuple[tuple[str, str], ...] | None = None) -> Facts:
     for _ in range(8):
         makers: dict[str, set[str]] = collections.defaultdict(set)
         handed: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
+        top: dict[str, frozenset[str]] = {}
         for module, tree in trees:
             walk = _Walk(tree, facts, module)
             walk.run()
+            top[module] = frozenset(t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                                    if isinstance(t, ast.Name) and t.id in walk.clients)
             makers[module] |= walk.makers | {n.name for n in _nodes(tree) if isinstance(
                 n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _types(n.returns) & CLIENT_TYPES}
             for callee, given in walk.handed_out():
                 handed[callee] |= given
         found = Facts({m: frozenset(f) for m, f in makers.items()}, facts.fields,
-                      {c: frozenset(g) for c, g in handed.items()})
+                      {c: frozenset(g) for c, g in handed.items()}, top)
         if found == facts:
             break
         facts = found
@@ -224,6 +232,9 @@ class _Walk:
         self.defs |= {t.id: n.value for n in _nodes(tree) if isinstance(n, ast.Assign)
                       and isinstance(n.value, ast.Lambda) for t in n.targets if isinstance(t, ast.Name)}
         self.owner = _owners(tree)
+        # Properties (``self.db``): an attribute read that calls a function of the module.
+        self.properties = {name for name, fn in self.defs.items() if not isinstance(fn, ast.Lambda)
+                           and any(_name(d) in ("property", "cached_property") for d in fn.decorator_list)}
         # Imports: a client class or maker under another name (``from redis import Redis as
         # Conn``), the package's modules by their local name, and every name bound to
         # redis-py (its classes' methods called unbound are commands).
@@ -245,6 +256,8 @@ class _Walk:
                         self.redis_names.add(local)
                     if a.name in MAKERS or a.name in facts.makers.get(source, ()):
                         self.makers.add(local)
+                    if a.name in facts.globals.get(source, ()):  # another module's client
+                        self.clients.add(local)
                     self.modules[local] = f"{source}.{a.name}"
                     self.imported_from[local] = (source, a.name)
         # The parameters other modules hand a client to.
@@ -290,11 +303,16 @@ class _Walk:
     def is_client(self, node: ast.expr) -> bool:
         if isinstance(node, ast.Attribute):
             return (node.attr == "redis" or node.attr in CLASSES or node.attr in self.attrs
+                    or (node.attr in self.properties and node.attr in self.makers)
                     or (_name(node.value), node.attr) in HELD or ast.unparse(node) in self.clients)
         if isinstance(node, ast.Name):
             return node.id in self.clients or node.id in CLASSES or node.id in self.makers
         if isinstance(node, (ast.NamedExpr, ast.Starred, ast.Await)):
             return self.is_client(node.value)
+        if isinstance(node, ast.BoolOp):  # ``r or rt.redis``
+            return any(self.is_client(v) for v in node.values)
+        if isinstance(node, ast.IfExp):
+            return self.is_client(node.body) or self.is_client(node.orelse)
         if isinstance(node, ast.Subscript):  # ``conns[0]``, ``self.conns["a"]``
             return self.is_holder(node.value)
         if isinstance(node, ast.Call):
@@ -364,9 +382,18 @@ class _Walk:
             return self.bound(node.optional_vars, node.context_expr)
         if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and isinstance(node.target, ast.Name):
             return {node.target.id} if self.is_holder(node.iter) else set()
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and isinstance(node.target, ast.Tuple) \
+                and isinstance(node.iter, ast.Call) and _name(node.iter.func) == "enumerate" and node.iter.args \
+                and len(node.target.elts) == 2 and isinstance(node.target.elts[1], ast.Name):
+            return {node.target.elts[1].id} if self.is_holder(node.iter.args[0]) else set()
+        if isinstance(node, ast.arguments):  # a default: ``def g(c=rt.redis)``
+            positional = node.posonlyargs + node.args
+            pairs = list(zip(positional[len(positional) - len(node.defaults):], node.defaults, strict=True))
+            pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults, strict=True) if d is not None]
+            return {a.arg for a, d in pairs if self.is_client(d)}
         if isinstance(node, ast.Call):
             return self.handed(node)
-        if isinstance(node, ast.Return) and id(node) in self.owner and node.value is not None \
+        if isinstance(node, (ast.Return, ast.Yield)) and id(node) in self.owner and node.value is not None \
                 and self.is_client(node.value):
             self.makers.add(self.owner[id(node)])
         return set()
@@ -393,7 +420,7 @@ def commands(source: str, facts: Facts | None = None, module: str = "") -> list[
     # function, not SCAN (redis-py's own classes excepted: ``Redis.get(c, k)`` is GET, and
     # so is ``CoreCommands.get(c, k)`` or any name imported from redis-py).
     imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
-                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names} - CLASSES
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names} - CLASSES - walk.clients
     # A method only redis-py's clients have, named anywhere (``partial(conn.hset, k)``, a
     # dict of methods), is a command; names runner binds to values of its own are not.
     strong = COMMANDS - GENERIC - facts.fields
@@ -645,3 +672,61 @@ def test_a_client_handed_to_another_module_is_a_client_there() -> None:
         found[name] = [line for line, _ in commands(callee, facts, "runner.web.b")]
     assert found == {name: [2] for name in callers}
     assert commands(callee, package_facts((("runner.web.b", callee),)), "runner.web.b") == []
+
+
+# More forms, each a client reached in a way a function of runner might write it.
+INDIRECT_FORMS = {
+    "a fallback client": "def f(rt, k, r=None):\n    r = r or rt.redis\n    return r.get(k)\n",
+    "a property returning the client": (
+        "class View:\n    def __init__(self, rt):\n        self.rt = rt\n\n    @property\n"
+        "    def db(self):\n        return self.rt.redis\n\n    def f(self, k):\n        return self.db.get(k)\n"),
+    "a context manager yielding the client": (
+        "import contextlib\n\n@contextlib.contextmanager\ndef conn(rt):\n    yield rt.redis\n\n"
+        "def f(rt, k):\n    with conn(rt) as c:\n        return c.get(k)\n"),
+    "enumerate over clients": "def f(rt, k):\n    for i, c in enumerate([rt.redis]):\n        c.set(k, i)\n",
+    "a default argument": "def f(rt, k):\n    def g(c=rt.redis):\n        return c.get(k)\n    return g()\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(INDIRECT_FORMS))
+def test_the_walk_sees_a_client_reached_indirectly(form: str) -> None:
+    assert commands(INDIRECT_FORMS[form]) != []
+
+
+def test_a_module_level_client_imported_elsewhere_is_a_client_there() -> None:
+    """A client one module makes at its top level and another imports by name: a method
+    called on it there is a command, whatever its name."""
+    state = "import redis\nCLIENT = redis.Redis.from_url('redis://127.0.0.1:1')\n"
+    user = "from runner.web.state import CLIENT\n\ndef f(k):\n    CLIENT.hset(k, 'a', 1)\n    CLIENT.get(k)\n"
+    facts = package_facts((("runner.web.state", state), ("runner.web.user", user)))
+    assert [line for line, _ in commands(user, facts, "runner.web.user")] == [4, 5]
+
+
+def test_the_suite_notes_a_command_sent_from_outside_the_store() -> None:
+    """The guard the suite runs under (tests/redisguard.py): a command sent from a module
+    of runner outside the store is noted, however the client got there; one sent from the
+    store, or from a test, is not. (Nothing listens on the port: the guard looks before
+    the command is sent.)"""
+    import redisguard
+
+    from runner.errors import RedisUnavailable
+
+    client = redis.Redis(port=1, socket_connect_timeout=0.01)
+    sender = "def send(c):\n    return c.hset('k', 'a', 1)\n"
+    for module in ("runner.web.probe", "runner.store.probe", "tests.probe"):
+        code: dict[str, object] = {"__name__": module}
+        exec(compile(sender, f"{module}.py", "exec"), code)
+        with pytest.raises(redis.ConnectionError):
+            code["send"](client)  # type: ignore[operator]
+    with pytest.raises(redis.ConnectionError):
+        client.pipeline().get("k").execute()  # from here: a test
+    # The store's own connections too.
+    where = link.address("redis://127.0.0.1:1/0?socket_connect_timeout=0.01")
+    assert where is not None
+    own = link.Link(where)
+    code = {"__name__": "runner.cli.probe"}
+    exec(compile("def send(c):\n    return c.send([['GET', 'k']])\n", "runner.cli.probe.py", "exec"), code)
+    with pytest.raises((OSError, RedisUnavailable)):
+        code["send"](own)  # type: ignore[operator]
+    found, redisguard.seen[:] = list(redisguard.seen), []
+    assert found == [("runner.web.probe", 2, "HSET"), ("runner.cli.probe", 2, "GET")]
