@@ -45,7 +45,7 @@ from redis.retry import Retry
 
 from runner.config import RedisConfig
 from runner.errors import ConfigError, RedisUnavailable
-from runner.store import link
+from runner.store import link, urls
 from runner.store.urls import redact
 
 __all__ = ["UNAVAILABLE", "connect", "ping", "reachable", "redact", "refusal", "unreachable"]
@@ -172,8 +172,7 @@ def ping(client: Any) -> bool:
     password) otherwise."""
     return bool(client.ping())
 
-SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",
-           "redis+sentinel://", "rediss+sentinel://")
+SCHEMES = urls.SCHEMES
 
 
 class _Packer(HiredisRespSerializer):
@@ -243,9 +242,7 @@ def connect(cfg: RedisConfig, **overrides: Any) -> Any:
     """A client for ``cfg.url``: redis.Redis, or RedisCluster for a cluster URL."""
     url = cfg.url
     if not url.startswith(SCHEMES):
-        raise ConfigError(
-            f"redis.url must start with one of {', '.join(SCHEMES)}; got {url.split('://')[0]}://"
-        )
+        raise ConfigError(f"redis.url: {urls.problem(url)}")
     if "+cluster://" in url:
         return _cluster(cfg, url, overrides)
     if "+sentinel://" in url:

@@ -12,6 +12,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 # connection.py reads for a sentinel set. Anything else failed at the first connection
 # with a TypeError from deep in redis-py, or was silently ignored. (redis-py also parses
 # ``timeout``, but only its blocking pool takes it: here it was that TypeError.)
+# The schemes connection.py connects to, each with its "//".
+SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",
+           "redis+sentinel://", "rediss+sentinel://")
+_SHAPE = "redis://host:6379/0"
+
 OPTIONS = frozenset({
     "db", "health_check_interval", "max_connections", "retry_on_error", "retry_on_timeout",
     "socket_connect_timeout", "socket_keepalive", "socket_timeout", "ssl_check_hostname",
@@ -318,6 +323,13 @@ def _hosts_read(netloc: str) -> bool:
 def problem(url: str) -> str | None:
     """What is wrong with a Redis URL's hosts, ports and options, or None (the scheme is
     connection.py's to check). Said with the URL redacted."""
+    if not url.startswith(SCHEMES):
+        # Said before anything is parsed: without its "//", a URL's userinfo reads as its
+        # scheme or its path (a database), and was quoted as one.
+        scheme, slashes, _ = url.partition("://")
+        got = f"the scheme {scheme + slashes!r}" if slashes and "@" not in scheme else "no scheme followed by '//'"
+        return (f"{redact(url)}: a Redis URL starts with its scheme and '//' ({', '.join(SCHEMES)}), "
+                f"as in {_SHAPE}; this one has {got}")
     if (reserved := _reserved_in_userinfo(url)) is not None:
         return reserved
     try:

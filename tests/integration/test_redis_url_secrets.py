@@ -89,6 +89,31 @@ def test_every_command_refuses_such_a_url_without_printing_it(project: Project, 
         assert "percent-encode" in text, (args, text[-2000:])
 
 
+# A URL written without its "//": the scheme left out, or its slashes. Read as a path,
+# such a URL's userinfo was quoted as a bad scheme or a bad database.
+NO_SLASHES = ["app:{s}@127.0.0.1:1", "redis:app:{s}@127.0.0.1:1/0", "{s}@127.0.0.1:1", "rediss:/app:{s}@h:1/0"]
+
+
+@pytest.mark.parametrize("url", NO_SLASHES)
+def test_a_url_without_its_slashes_is_refused_without_its_password(url: str) -> None:
+    url = url.format(s=SECRET)
+    wrong = urls.problem(url) or ""
+    for shown in (redact(url), wrong):
+        assert SECRET not in shown, shown
+    assert "as in redis://host:6379/0" in wrong, wrong
+
+
+@pytest.mark.parametrize("url", NO_SLASHES[:2])
+def test_every_command_refuses_a_url_without_its_slashes(project: Project, url: str) -> None:
+    url = url.format(s=SECRET)
+    for args in (("stats",), ("check", "--offline"), ("check",), ("check", "--json"), ("worker", "--queue", "fast")):
+        out = _run(project, *args, url=url)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, (args, text[-2000:])
+        assert SECRET not in text and "Traceback" not in text, (args, text[-2000:])
+        assert "as in redis://host:6379/0" in text, (args, text[-2000:])
+
+
 def test_redact_leaves_a_url_without_credentials_alone() -> None:
     for url in ("unix:///tmp/redis.sock?db=1", "redis://127.0.0.1:6379/0", "redis://[::1]:6379/2"):
         assert redact(url) == url
