@@ -313,8 +313,8 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         )
     except RedisClusterException as exc:
         # The client reads the cluster's layout at once: no node answering is an outage
-        # like any other, not a bug.
-        raise redis.ConnectionError(str(exc)) from exc
+        # like any other, not a bug, and said as one (RedisUnavailable, the CLI's exit 3).
+        raise unreachable(redis.ConnectionError(str(exc))) from exc
     live = [n for n in client.get_primaries() if n.name in answered]  # type: ignore[no-untyped-call]
     if live and client.get_default_node().name not in answered:  # type: ignore[no-untyped-call]
         client.set_default_node(live[0])  # type: ignore[no-untyped-call]  # (TIME, INFO: commands of no key go to one that answers)

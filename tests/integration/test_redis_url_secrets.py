@@ -224,3 +224,33 @@ def test_a_huge_grace_period_from_the_environment_is_refused(project: Project) -
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "Traceback" not in text, text[-2000:]
     assert "RUNNER_GRACE_PERIOD" in text and f"at most {config.MAX_SECONDS:,}" in text, text[-2000:]
+
+
+def test_a_cluster_with_no_node_up_is_an_outage_not_a_traceback(project: Project) -> None:
+    """The cluster client reads the layout as it is made: with no node answering, stats
+    and jobs ended with redis-py's traceback (exit 1) and the worker exited. Now as a
+    single server: exit 3 with advice, and the worker waits for Redis."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed: nothing listens there)
+    url = f"redis+cluster://127.0.0.1:{port}"
+    for args in (("stats",), ("jobs",)):
+        out = _run(project, *args, url=url)
+        text = out.stdout + out.stderr
+        assert out.returncode == 3 and "Traceback" not in text, (args, out.returncode, text[-2000:])
+        assert "Redis unavailable" in text, text[-2000:]
+    log = project.root / "worker.log"
+    with open(log, "wb") as sink:
+        worker = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                                   "worker", "--queue", "fast"], env={**project.env, "REDIS_URL": url},
+                                  stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: worker.poll() is not None or log.read_text().count("retrying in") >= 2, timeout=30,
+                     what="the worker to retry")
+            assert worker.poll() is None, log.read_text()[-2000:]
+        finally:
+            worker.kill()
+            worker.wait()
+    assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
