@@ -254,3 +254,16 @@ def test_a_cluster_with_no_node_up_is_an_outage_not_a_traceback(project: Project
             worker.kill()
             worker.wait()
     assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0?password=Zq7&{s}", "redis://127.0.0.1:1/0?password=Zq7&{s}=x",
+                                 "redis+sentinel://127.0.0.1:1/m?sentinel_password=Zq7&{s}",
+                                 "redis://127.0.0.1:1/0?my_token={s}"])
+def test_the_rest_of_a_query_password_after_an_ampersand_never_prints(url: str) -> None:
+    """An unencoded "&" in a query password made its rest an unknown option's name, shown
+    in the redacted URL and in "unknown option(s)"; an unknown option named for a secret
+    showed its value."""
+    url = url.format(s=SECRET)
+    for shown in (redact(url), urls.problem(url) or ""):
+        assert SECRET not in shown and "Zq7" not in shown, shown
+    assert "unknown option" in (urls.problem(url) or "")
