@@ -48,7 +48,7 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     from runner.observe.logs import setup
     from runner.worker.worker import Worker
 
-    rt = build_runtime(ctx.obj["config"])
+    rt = build_runtime(ctx.obj["config"], retry=True)  # (a cluster with no node up: waited out)
     setup(rt.config.log)
     names = list(queues) or list(rt.config.queues)
     for q in names:

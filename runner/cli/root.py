@@ -84,7 +84,7 @@ def current_target() -> Target | None:
     return where
 
 
-def build_runtime(path: str | None, client_only: bool = False, reader: bool = False) -> Any:
+def build_runtime(path: str | None, client_only: bool = False, reader: bool = False, retry: bool = False) -> Any:
     """The Runtime of a command; client commands follow a running `runner dev`'s embedded
     Redis unless REDIS_URL or the --config file names a server, and load functions/ and
     schemas/ only once they use them (`runner job` never does). ``reader``: a command that
@@ -92,10 +92,25 @@ def build_runtime(path: str | None, client_only: bool = False, reader: bool = Fa
     from runner.runtime import Runtime
 
     cfg, _ = target_config(path, client_only)
-    try:
-        rt = Runtime.create(cfg, lazy=client_only, reader=reader)
-    except ConfigError as exc:
-        fail(f"configuration error: {exc}", EXIT_CONFIG)
+    wait = 0.5
+    while True:
+        try:
+            rt = Runtime.create(cfg, lazy=client_only, reader=reader)
+            break
+        except ConfigError as exc:
+            fail(f"configuration error: {exc}", EXIT_CONFIG)
+        except RedisUnavailable as exc:
+            # A cluster client reads the layout as it is made: no node answering is an
+            # outage at once, where a single server's client fails at its first command.
+            # A command exits 3 as for any outage; ``retry`` (the worker) waits it out.
+            if not retry:
+                unavailable(exc)
+            import logging
+            import time
+
+            logging.getLogger("runner.worker").warning("%s; retrying in %.1fs", urls.scrub(str(exc)), wait)
+            time.sleep(wait)
+            wait = min(wait * 2, 10.0)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.meta[_RUNTIME] = rt

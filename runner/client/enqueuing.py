@@ -240,17 +240,25 @@ def encoded(client: Client, type_: str, version: int, payload: Any, bounded: boo
     written with. Not ``bounded`` (a record runner builds around values already held to
     the limit: a destination's, a stored payload requeued as it is), it is held to what a
     record may hold read back (codec.READ_DEPTH) instead of the user's limit."""
+    raw = checked_json(type_, version, payload, codec.MAX_DEPTH if bounded else codec.READ_DEPTH)
+    limit = client.runtime.config.api.max_body_bytes
+    if bounded and len(raw) > limit:
+        raise ValidationFailed(type_, version, [FieldError("$", _too_large(len(raw), limit))])
+    return raw.decode()
+
+
+def checked_json(type_: str, version: int, payload: Any, limit: int = codec.MAX_DEPTH) -> bytes:
+    """The payload's JSON by the one encoder, or ValidationFailed naming the path: nested
+    past ``limit``, or a part JSON cannot carry (NaN, an infinity, an integer past 64 bits,
+    a set). A process-isolated handler's ctx.enqueue and ctx.invoke call it before their
+    payload crosses the channel to the parent, whose plain encoding wrote NaN as null."""
     try:
-        raw = codec.dumpb_checked(payload, codec.MAX_DEPTH if bounded else codec.READ_DEPTH)
+        return codec.dumpb_checked(payload, limit)
     except codec.TooDeep as exc:
         raise ValidationFailed(type_, version, [FieldError(exc.path, str(exc))]) from None
     except codec.EncodeError:  # an integer past 64 bits, a set...: named as HTTP and the CLI name it
         path, why = codec.not_json(payload) or ("$", "the payload is not JSON")
         raise ValidationFailed(type_, version, [FieldError(path, why)]) from None
-    limit = client.runtime.config.api.max_body_bytes
-    if bounded and len(raw) > limit:
-        raise ValidationFailed(type_, version, [FieldError("$", _too_large(len(raw), limit))])
-    return raw.decode()
 
 
 def _too_large(size: int, limit: int) -> str:

@@ -46,7 +46,7 @@ from redis.retry import Retry
 
 from runner.config import RedisConfig
 from runner.errors import ConfigError, RedisUnavailable
-from runner.store import link
+from runner.store import link, urls
 from runner.store.urls import redact
 
 __all__ = ["UNAVAILABLE", "connect", "ping", "reachable", "redact", "refusal", "unreachable"]
@@ -177,8 +177,7 @@ def ping(client: Any) -> bool:
     password) otherwise."""
     return bool(client.ping())
 
-SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",
-           "redis+sentinel://", "rediss+sentinel://")
+SCHEMES = urls.SCHEMES
 
 
 class _Packer(HiredisRespSerializer):
@@ -248,9 +247,7 @@ def connect(cfg: RedisConfig, **overrides: Any) -> Any:
     """A client for ``cfg.url``: redis.Redis, or RedisCluster for a cluster URL."""
     url = cfg.url
     if not url.startswith(SCHEMES):
-        raise ConfigError(
-            f"redis.url must start with one of {', '.join(SCHEMES)}; got {url.split('://')[0]}://"
-        )
+        raise ConfigError(f"redis.url: {urls.problem(url)}")
     if "+cluster://" in url:
         return _cluster(cfg, url, overrides)
     if "+sentinel://" in url:
@@ -321,8 +318,8 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         )
     except RedisClusterException as exc:
         # The client reads the cluster's layout at once: no node answering is an outage
-        # like any other, not a bug.
-        raise redis.ConnectionError(str(exc)) from exc
+        # like any other, not a bug, and said as one (RedisUnavailable, the CLI's exit 3).
+        raise unreachable(redis.ConnectionError(str(exc))) from exc
     live = [n for n in client.get_primaries() if n.name in answered]  # type: ignore[no-untyped-call]
     if live and client.get_default_node().name not in answered:  # type: ignore[no-untyped-call]
         client.set_default_node(live[0])  # type: ignore[no-untyped-call]  # (TIME, INFO: commands of no key go to one that answers)

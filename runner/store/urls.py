@@ -12,6 +12,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 # connection.py reads for a sentinel set. Anything else failed at the first connection
 # with a TypeError from deep in redis-py, or was silently ignored. (redis-py also parses
 # ``timeout``, but only its blocking pool takes it: here it was that TypeError.)
+# The schemes connection.py connects to, each with its "//".
+SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://",
+           "redis+sentinel://", "rediss+sentinel://")
+_SHAPE = "redis://host:6379/0"
+
 OPTIONS = frozenset({
     "db", "health_check_interval", "max_connections", "retry_on_error", "retry_on_timeout",
     "socket_connect_timeout", "socket_keepalive", "socket_timeout", "ssl_check_hostname",
@@ -97,6 +102,12 @@ def same_server(a: str, b: str) -> bool:
     return na is not None and na == nb
 
 
+def _secret(key: str) -> bool:
+    """Whether a query option's name says it holds a credential (known or not)."""
+    key = key.lower()
+    return any(w in key for w in ("pass", "secret", "token"))
+
+
 def redact(url: str) -> str:
     """A Redis URL fit for logs: every credential replaced by ***: the userinfo's
     password (or the whole userinfo when it has no colon: redis-py may read it as one),
@@ -118,7 +129,7 @@ def redact(url: str) -> str:
     place, question, query = where.partition("?")
     # Keys read decoded, as redis-py reads them: ?pass%77ord= is its password too.
     pairs = parse_qsl(query, keep_blank_values=True)
-    secret_query = any("password" in k.lower() for k, _ in pairs)
+    secret_query = any(_secret(k) for k, _ in pairs)
     if not at and not secret_query and not hash_:
         return url  # as given
     if at:
@@ -126,7 +137,10 @@ def redact(url: str) -> str:
         # A name that holds a reserved character is a misread URL: hidden with the rest.
         auth = f"{user}:***" if colon and not any(c in user for c in "/?#[]") else "***"
     if secret_query:
-        query = urlencode([(k, "***" if "password" in k.lower() else v) for k, v in pairs], safe="*")
+        # A name no option has, beside a password, may be the rest of that password (an
+        # "&" not percent-encoded in it): hidden too.
+        query = urlencode([("***" if k not in OPTIONS else k, "***" if _secret(k) or k not in OPTIONS else v)
+                           for k, v in pairs], safe="*")
     return (head + slashes + (auth + "@" if at else "") + place + (question + query if question else "")
             + ("#***" if hash_ else ""))
 
@@ -318,6 +332,13 @@ def _hosts_read(netloc: str) -> bool:
 def problem(url: str) -> str | None:
     """What is wrong with a Redis URL's hosts, ports and options, or None (the scheme is
     connection.py's to check). Said with the URL redacted."""
+    if not url.startswith(SCHEMES):
+        # Said before anything is parsed: without its "//", a URL's userinfo reads as its
+        # scheme or its path (a database), and was quoted as one.
+        scheme, slashes, _ = url.partition("://")
+        got = f"the scheme {scheme + slashes!r}" if slashes and "@" not in scheme else "no scheme followed by '//'"
+        return (f"{redact(url)}: a Redis URL starts with its scheme and '//' ({', '.join(SCHEMES)}), "
+                f"as in {_SHAPE}; this one has {got}")
     if (reserved := _reserved_in_userinfo(url)) is not None:
         return reserved
     try:
@@ -335,7 +356,13 @@ def problem(url: str) -> str | None:
         if not name or not port.isdigit() or not 1 <= int(port) <= 65535:
             return f"{redact(url)}: the port of {host!r} must be a number from 1 to 65535"
     known = OPTIONS if "sentinel" in parts.scheme else OPTIONS - {"sentinel_username", "sentinel_password"}
-    unknown = sorted({k for k, _ in parse_qsl(parts.query, keep_blank_values=True)} - known)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    unknown = sorted({k for k, _ in pairs} - known)
     if unknown:
+        if any(_secret(k) for k, _ in pairs):
+            # Beside a password, an unknown name may be the rest of it: named by none.
+            return (f"{redact(url)}: {len(unknown)} unknown option(s), not shown as the URL holds a password (one "
+                    f"with an unencoded '&' reads as a password and an option: percent-encode '&' as %26) "
+                    f"(known: {', '.join(sorted(known))})")
         return f"{redact(url)}: unknown option(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
     return _bad_value(url, parts)

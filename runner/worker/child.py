@@ -52,6 +52,7 @@ from runner import config as config_mod
 from runner.catalog import registry as registry_mod
 from runner.catalog.registry import Registry
 from runner.client import Enqueued
+from runner.client.enqueuing import checked_json
 from runner.errors import JobTimeout, RunnerError, raise_refusal
 from runner.observe import tracing
 from runner.observe.logs import setup as setup_logs
@@ -213,6 +214,7 @@ class Child:
 
     def enqueue(self, token: str, type_: str, payload: Any, **options: Any) -> Enqueued:
         """A follow-up job, enqueued by the parent (this process never talks to Redis)."""
+        checked_json(type_, options.get("version") or 0, payload)  # (the channel writes NaN as null)
         value = self.ask(token, "enqueue", type=type_, payload=payload, options=options).get("value") or {}
         if "error" in value:
             raise_refusal(value)
@@ -235,6 +237,7 @@ class Child:
 
     def start_child(self, token: str, child: str, type_: str, payload: Any, options: dict[str, Any]) -> str:
         """ctx.invoke's child, validated and held by the parent (written with the suspension)."""
+        checked_json(type_, options.get("version") or 0, payload)  # (the channel writes NaN as null)
         value = self.ask(token, "invoke", child=child, type=type_, payload=payload, options=options).get("value") or {}
         if "error" in value:
             raise_refusal(value)

@@ -143,6 +143,10 @@ def test_malformed_records_go_dead_with_a_reason_and_the_worker_keeps_going(proj
 # Records whose bookkeeping fields have the wrong type or an unknown status.
 BUGS = {
     "attempt-not-integer": pytest.param(_record(attempt="abc")),
+    # A signed-digit attempt out of range: -1000 ran a handler that succeeds again every
+    # lease; 2**53 + 1 buried it as worker lost.
+    "attempt-negative": pytest.param(_record(attempt="-1000")),
+    "attempt-huge": pytest.param(_record(attempt="9007199254740993")),
     "deferrals-not-integer": pytest.param(
         _record(deferrals="many", resource_key="busy", limits="1 r:busy")
     ),

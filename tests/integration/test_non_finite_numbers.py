@@ -50,3 +50,26 @@ def handle(payload, ctx):
     rec = project.client.wait(job.id, timeout_s=60).as_dict()
     assert (rec["status"], rec["reason"], rec["attempt"]) == ("dead", "permanent failure", 1), rec
     assert "$.n is nan" in rec["last_error"]["message"], rec["last_error"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+@pytest.mark.parametrize("call", ["enqueue", "invoke"])
+def test_a_queue_of_either_isolation_refuses_nan_in_a_follow_up(project: Project, call: str, isolation: str) -> None:
+    """The child sent the payload to its parent with a plain encoding, NaN as null: the
+    follow-up was stored and ran with null. Refused in the child now, as under a thread."""
+    project.write_config(fast=f'isolation = "{isolation}"')
+    project.add_function("nanout", '''
+QUEUE = "fast"
+MAX_ATTEMPTS = 3
+
+
+def handle(payload, ctx):
+    if payload["call"] == "enqueue":
+        return ctx.enqueue("record", {"amount": 1, "list": [float("-inf")]}).id
+    return ctx.invoke("record", {"amount": float("nan")})
+''')
+    job = project.client.enqueue("nanout", {"call": call})
+    project.spawn_worker("fast")
+    rec = project.client.wait(job.id, timeout_s=60).as_dict()
+    assert rec["status"] == "dead", rec
+    assert ("$.list[0] is -inf" if call == "enqueue" else "$.amount is nan") in rec["last_error"]["message"], rec

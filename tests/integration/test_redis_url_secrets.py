@@ -89,6 +89,31 @@ def test_every_command_refuses_such_a_url_without_printing_it(project: Project, 
         assert "percent-encode" in text, (args, text[-2000:])
 
 
+# A URL written without its "//": the scheme left out, or its slashes. Read as a path,
+# such a URL's userinfo was quoted as a bad scheme or a bad database.
+NO_SLASHES = ["app:{s}@127.0.0.1:1", "redis:app:{s}@127.0.0.1:1/0", "{s}@127.0.0.1:1", "rediss:/app:{s}@h:1/0"]
+
+
+@pytest.mark.parametrize("url", NO_SLASHES)
+def test_a_url_without_its_slashes_is_refused_without_its_password(url: str) -> None:
+    url = url.format(s=SECRET)
+    wrong = urls.problem(url) or ""
+    for shown in (redact(url), wrong):
+        assert SECRET not in shown, shown
+    assert "as in redis://host:6379/0" in wrong, wrong
+
+
+@pytest.mark.parametrize("url", NO_SLASHES[:2])
+def test_every_command_refuses_a_url_without_its_slashes(project: Project, url: str) -> None:
+    url = url.format(s=SECRET)
+    for args in (("stats",), ("check", "--offline"), ("check",), ("check", "--json"), ("worker", "--queue", "fast")):
+        out = _run(project, *args, url=url)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0, (args, text[-2000:])
+        assert SECRET not in text and "Traceback" not in text, (args, text[-2000:])
+        assert "as in redis://host:6379/0" in text, (args, text[-2000:])
+
+
 def test_redact_leaves_a_url_without_credentials_alone() -> None:
     for url in ("unix:///tmp/redis.sock?db=1", "redis://127.0.0.1:6379/0", "redis://[::1]:6379/2"):
         assert redact(url) == url
@@ -199,3 +224,46 @@ def test_a_huge_grace_period_from_the_environment_is_refused(project: Project) -
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "Traceback" not in text, text[-2000:]
     assert "RUNNER_GRACE_PERIOD" in text and f"at most {config.MAX_SECONDS:,}" in text, text[-2000:]
+
+
+def test_a_cluster_with_no_node_up_is_an_outage_not_a_traceback(project: Project) -> None:
+    """The cluster client reads the layout as it is made: with no node answering, stats
+    and jobs ended with redis-py's traceback (exit 1) and the worker exited. Now as a
+    single server: exit 3 with advice, and the worker waits for Redis."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed: nothing listens there)
+    url = f"redis+cluster://127.0.0.1:{port}"
+    for args in (("stats",), ("jobs",)):
+        out = _run(project, *args, url=url)
+        text = out.stdout + out.stderr
+        assert out.returncode == 3 and "Traceback" not in text, (args, out.returncode, text[-2000:])
+        assert "Redis unavailable" in text, text[-2000:]
+    log = project.root / "worker.log"
+    with open(log, "wb") as sink:
+        worker = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                                   "worker", "--queue", "fast"], env={**project.env, "REDIS_URL": url},
+                                  stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: worker.poll() is not None or log.read_text().count("retrying in") >= 2, timeout=30,
+                     what="the worker to retry")
+            assert worker.poll() is None, log.read_text()[-2000:]
+        finally:
+            worker.kill()
+            worker.wait()
+    assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0?password=Zq7&{s}", "redis://127.0.0.1:1/0?password=Zq7&{s}=x",
+                                 "redis+sentinel://127.0.0.1:1/m?sentinel_password=Zq7&{s}",
+                                 "redis://127.0.0.1:1/0?my_token={s}"])
+def test_the_rest_of_a_query_password_after_an_ampersand_never_prints(url: str) -> None:
+    """An unencoded "&" in a query password made its rest an unknown option's name, shown
+    in the redacted URL and in "unknown option(s)"; an unknown option named for a secret
+    showed its value."""
+    url = url.format(s=SECRET)
+    for shown in (redact(url), urls.problem(url) or ""):
+        assert SECRET not in shown and "Zq7" not in shown, shown
+    assert "unknown option" in (urls.problem(url) or "")

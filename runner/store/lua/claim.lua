@@ -138,6 +138,7 @@ local now_s, deadline = now_text(now), now + lease
 if deadline == math.floor(deadline) and math.abs(deadline) < 2 ^ 53 then
   deadline = string.format('%d', deadline)
 end
+local MAX_ATTEMPT = 1000000000  -- config.MAX_COUNT: the most max_attempts may be
 local function int_or_absent(v)
   return not v or string.match(v, '^%-?%d+$') ~= nil
 end
@@ -272,6 +273,10 @@ local function malformed(rec, f, status)
       if not int_or_absent(pair[1]) then badint[#badint + 1] = pair[2] end
     end
     return 'malformed record: not an integer: ' .. table.concat(badint, ', ')
+  elseif f[2] and (tonumber(f[2]) < 0 or tonumber(f[2]) > MAX_ATTEMPT) then
+    -- Digits but no attempt runner counts: below 0 the lease's fence never matched (the
+    -- job ran again every lease), past 2^53 the count lost its last digit.
+    return 'malformed record: attempt out of range 0..' .. MAX_ATTEMPT .. ': ' .. string.sub(f[2], 1, 24)
   elseif not KNOWN[status] then
     return 'malformed record: unknown status ' .. string.format('%q', status)
   end
