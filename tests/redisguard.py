@@ -4,10 +4,13 @@ so that a command sent from runner code outside ``runner/store/`` is noted, and 
 that sent it fails at teardown (conftest.py's ``_store_owns_redis``).
 
 The static walk (tests/unit/test_store_owns_redis.py) reads every module but can never see
-every way a client is reached; this guard sees every command the suite runs in its own
-process, however the client got there, and nothing it does not run (a worker or a web
-server in a subprocess is not watched). Cheap: one frame walk per command, up to the first
-frame outside redis-py."""
+every way a client is reached; this guard sees the commands the suite runs in its own
+process, however the client got there, when the sender calls the command in its own
+thread. It does not see what it does not run (a worker or a web server in a subprocess),
+nor a command whose bound method is handed to a thread or an executor
+(``asyncio.to_thread(client.get, k)``, ``Thread(target=client.ping)``): that frame's caller
+is the thread machinery, not the sender; the static walk flags those forms for a client it
+knows. Cheap: one frame walk per command, up to the first frame outside redis-py."""
 
 from __future__ import annotations
 
