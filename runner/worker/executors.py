@@ -618,22 +618,13 @@ class Executors:
         todo = [r for r, _ in live if not r.job.started]
         if not todo:
             return live
-        sc = self.rt.scripts
-        try:
-            codes = self._per_partition(todo, lambda k, owned, into: sc.start(k, owned, pipe=into))
-        except Exception as exc:
-            log.warning("%d job(s): could not mark the start of their batch's call: %s", len(todo), exc)
-            codes = [exc] * len(todo)
         refused: set[int] = set()
-        for r, code in zip(todo, codes, strict=True):
-            if isinstance(code, BaseException):
-                self.outcomes.put(Settlement(r, START))  # (marked later: the settler retries it)
+        for r, code in zip(todo, self._start_members(todo), strict=True):
+            if code is None:
                 continue
-            r.held = False
             if code < 0:
                 refused.add(id(r))
                 continue
-            r.job.started = True
             if code == 2 and not r.flags.cancelled:  # a cancel in the wait: the handler hears it
                 r.flags.cancelled = True
                 r.cancelled_at = time.monotonic()
@@ -803,21 +794,30 @@ class Executors:
         lease was lost in the wait is refused here and at its settlement alike; Redis away,
         the start marks go with the settler's next batch."""
         todo = [r for r in runs if not r.job.started]
-        if not todo:
-            return
+        if todo:
+            self._start_members(todo)
+
+    def _start_members(self, todo: list[Run]) -> list[int | None]:
+        """Mark a batch's members started, one start.lua call per partition: each one's
+        code (started when not below 0: its held claim ended, its attempt counts), or None
+        when Redis did not answer (its start mark then goes with the settler's next batch)."""
         sc = self.rt.scripts
         try:
             codes = self._per_partition(todo, lambda k, owned, into: sc.start(k, owned, pipe=into))
         except Exception as exc:
             log.warning("%d job(s): could not mark the start of their batch's call: %s", len(todo), exc)
             codes = [exc] * len(todo)
+        out: list[int | None] = []
         for r, code in zip(todo, codes, strict=True):
             if isinstance(code, BaseException):
                 self.outcomes.put(Settlement(r, START))  # (marked later: the settler retries it)
+                out.append(None)
                 continue
             r.held = False
             if code >= 0:
                 r.job.started = True
+            out.append(int(code))
+        return out
 
     def _expired_ahead(self, run: Run) -> Settlement | None:
         """A job claimed ahead whose MAX_AGE passed while it waited for an executor: dead
