@@ -287,10 +287,11 @@ def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Projec
     assert rc["status"] == "queued" and sc_["lost_token"].split()[0] == tc
     assert r.hget(k.stats, "lost|noop") == "2" and r.hget(k.stats, "unspent|noop") == "1"
 
-    # c again, prefetched again and lost again: this time the attempt counts.
-    (again,) = claim(p, n=1, start=0, now=NOW + 2 * LEASE, base="w.2")
-    assert again[0] == "c" and again[2] == 1 and again[12] == 0
-    assert list(sc.reclaim(k, 1, 10**7, now_ms=NOW + 3 * LEASE)) == [1, 0]
+    # c again, prefetched again and lost again: this time the attempt counts. (They went
+    # back in the order they were claimed: a and b start, c is claimed ahead.)
+    again = {g[0]: g for g in claim(p, n=3, start=2, now=NOW + 2 * LEASE, base="w.2")}
+    assert again["c"][2] == 1 and again["c"][12] == 0 and again["a"][12] == again["b"][12] == 1
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + 3 * LEASE)) == [3, 0]
     rc = raw(p, "c")
     assert rc["attempt"] == "1" and state(p, "c")["refunds"] == "1" and "WorkerLost" in rc["error"]
     assert rc["history"] == unstarted + f',{{"attempt":1,"outcome":"worker lost","at_ms":{NOW + 3 * LEASE}}}'
@@ -595,6 +596,21 @@ def test_jobs_handed_back_together_keep_their_arrival_order(p: Project) -> None:
     assert p.runtime.scripts.release(p.keys(), [(g[0], g[1]) for g in got], now_ms=NOW + 5) == [1] * 4
     order = [claim(p, n=1, base=f"w.{i}")[0][0] for i in range(5)]
     assert order == ["p0", "p1", "p2", "p3", "p4"]
+
+
+def test_jobs_reclaimed_together_keep_the_order_they_were_claimed_in(p: Project) -> None:
+    """Jobs whose leases lapse together (one worker's claim, its worker dead) go back to
+    the front of ready in the order they were claimed, the first claimed first: not
+    reversed, and not by id where an id sorts before one that arrived ahead of it. Jobs of
+    an earlier claim (an earlier lapse) go before those of a later one."""
+    enqueue(p, *(new(f"p{i}") for i in (4, 3)))
+    enqueue(p, *(new(f"p{i}") for i in (2, 1, 0)), now=NOW + 1)
+    first = claim(p, n=2, start=0)
+    second = claim(p, n=3, start=0, now=NOW + 10, base="w.2")
+    assert [g[0] for g in first + second] == ["p4", "p3", "p2", "p1", "p0"]
+    assert list(p.runtime.scripts.reclaim(p.keys(), 100, 10**7, now_ms=NOW + 10 + LEASE)) == [5, 0]
+    order = [claim(p, n=1, now=NOW + 20 + LEASE, base=f"w.3.{i}")[0][0] for i in range(5)]
+    assert order == ["p4", "p3", "p2", "p1", "p0"]
 
 
 def test_a_job_keeps_its_priority_wherever_it_waits_again(p: Project) -> None:

@@ -64,6 +64,36 @@
 --- @include "groups"
 --- @include "ended"
 local now, limit, dead_ttl = clock(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+-- The lapsed ids in the order their jobs were claimed: by lease deadline (an earlier claim
+-- lapses first), then, among one claim call's jobs (one token base, 'base:i'), by their
+-- index in it (the order they left ready), not by id. Other ties keep the range's order.
+-- ``lapsed``: id, score pairs (WITHSCORES). -> ids, their claim entries.
+local function claim_order(lapsed)
+  local ids = {}
+  for i = 1, #lapsed, 2 do ids[#ids + 1] = lapsed[i] end
+  local held = hmget_many(K.claims, ids)
+  local keys, first = {}, {}
+  for j, id in ipairs(ids) do
+    local base, idx = string.match(type(held[j]) == 'string' and held[j] or '', '^(%S*):(%d+) ')
+    local score = tonumber(lapsed[2 * j])
+    local group = base and (score .. ' ' .. base) or nil
+    if group and not first[group] then first[group] = j end
+    keys[j] = {id = id, held = held[j], score = score, group = group and first[group] or j,
+      idx = tonumber(idx) or 0, pos = j}
+  end
+  table.sort(keys, function(a, b)
+    if a.score ~= b.score then return a.score < b.score end
+    if a.group ~= b.group then return a.group < b.group end
+    if a.idx ~= b.idx then return a.idx < b.idx end
+    return a.pos < b.pos
+  end)
+  local out_ids, out_held = {}, {}
+  for j, e in ipairs(keys) do
+    out_ids[j] = e.id
+    out_held[j] = e.held
+  end
+  return out_ids, out_held
+end
 local relet = false
 for _, kn in ipairs(ARGV[4] == '0' and {} or {{K.stats, 'stats', 'hash'}, {K.claims, 'claims', 'hash'},
     {K.done_meta, 'done meta', 'hash'}, {K.leases, 'leases', 'zset'}, {K.ready, 'ready', 'list'},
@@ -85,16 +115,17 @@ if relet then
   end
   call_many('ZADD', K.leases, lapsed, 2)
 end
-local ids = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now, 'LIMIT', 0, limit)
+local lapsed = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 local requeued, buried = 0, 0
 local ended = {}  -- waited jobs buried as "worker lost"
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
-local held = hmget_many(K.claims, ids)
+local ids, held = claim_order(lapsed)
 unclaim(K.claims, K.leases, ids)
 local G = {group = K.group_prefix, notify = K.notify, census = K.census, outbox = K.outbox,
   Q = {ready = K.ready, scheduled = K.scheduled, delayed = K.delayed, stats = K.stats, job = K.job_prefix, idem = K.idem_prefix, claims = K.claims,
     done_meta = K.done_meta, done = K.done_prefix, prio = K.prio}}
 local lost = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing"}'
+local back = {}  -- the jobs going back to ready: {id, priority, token, limits}
 for j, id in ipairs(ids) do
   local jk = K.job_prefix .. id
   local sk = jk .. ':s'
@@ -174,17 +205,23 @@ for j, id in ipairs(ids) do
         group_settle(G, now, gid, idx, 'dead', '{"id":' .. cjson.encode(id) ..
           ',"status":"dead","reason":"worker lost","error":' .. lost .. '}')
       end
+      if c.token ~= '' then
+        release_limits(K.lim_prefix, f[2], c.token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
+      end
     else
-      to_ready(K.ready, K.prio, id, f[9], now, true)
+      back[#back + 1] = {id, f[9], c.token ~= '' and c.token or nil, f[2]}
       tally((spend and 'lost|' or 'unspent|') .. (f[3] or '?'))
       requeued = requeued + 1
     end
-    -- After the requeue, so a job parked on this limit runs before the reclaimed job
-    -- takes the slot again (the first parked job gets the freed slot reserved).
-    if c.token ~= '' then
-      release_limits(K.lim_prefix, f[2], c.token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
-    end
   end
+end
+-- Each push goes in front of the one before it, so the jobs are pushed last first: the
+-- first claimed runs first again, in the order they were claimed (as release.lua).
+for i = #back, 1, -1 do to_ready(K.ready, K.prio, back[i][1], back[i][2], now, true) end
+-- After the pushes, so a job parked on a freed limit runs before the reclaimed job takes
+-- the slot again (the first parked job gets the freed slot reserved).
+for _, b in ipairs(back) do
+  if b[3] then release_limits(K.lim_prefix, b[4], b[3], now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio) end
 end
 if requeued > 0 then wake(K.notify) end
 flush(K.stats)
