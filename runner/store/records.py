@@ -480,6 +480,46 @@ def _error_start(preview: str) -> dict[str, Any]:
 
 STEP_EXCERPT = 200  # characters of a step's result a job view shows
 
+# A step log entry is a JSON object, or, for the two entries almost every durable job
+# has, a JSON array: a step that returned, ["s", name, value, ms, finished_ms], and a
+# sleep, ["z", name, started_ms, until_ms] (the times appended by step.lua and
+# suspend.lua). Short entries keep a sleeping job's state hash in Redis's compact
+# encoding (a field over 64 bytes turns the whole hash into a table: about 3x the bytes).
+# Objects are read as ever (entries recorded before the arrays, and every other kind).
+STEP_OK, SLEEP = "s", "z"
+
+
+def step_ok_entry(name: str, value_json: str, ms: float) -> str:
+    """A returned step's compact entry, without finished_ms (step.lua appends it)."""
+    return f'["{STEP_OK}",{codec.dumps(name)},{value_json},{codec.dumps(ms)}]'
+
+
+def sleep_entry(name: str, started_ms: int | None = None, until_ms: int | None = None) -> str:
+    """A sleep's compact entry; without its times, suspend.lua appends them."""
+    times = [t for t in (started_ms, until_ms) if t is not None]
+    return codec.dumps([SLEEP, name, *times])
+
+
+def entry_of(value: Any) -> dict[str, Any] | None:
+    """A decoded step log entry as every reader takes it (an object with name, kind,
+    status...): an object as it is, a compact array expanded; None for anything else
+    (damage)."""
+    if isinstance(value, dict):
+        return value
+    if not isinstance(value, list) or len(value) < 2 or not isinstance(value[1], str):
+        return None
+    if value[0] == STEP_OK and 4 <= len(value) <= 5:
+        out = {"name": value[1], "kind": "step", "status": "ok", "ms": value[3], "value": value[2]}
+        if len(value) == 5:
+            out["finished_ms"] = value[4]
+        return out
+    if value[0] == SLEEP and len(value) <= 4:
+        out = {"name": value[1], "kind": "sleep", "status": "ok"}
+        for field, t in zip(("started_ms", "until_ms"), value[2:], strict=False):
+            out[field] = t
+        return out
+    return None
+
 
 def waiting_view(f: Mapping[str, str]) -> dict[str, Any]:
     """What a waiting job waits for: a signal, or an event (ctx.wait_for_event: its name
@@ -504,10 +544,10 @@ def step_views(f: Mapping[str, str], count: int) -> list[dict[str, Any]]:
     for i in range(min(count, MAX_STEPS)):
         raw = f.get(f"step:{i}")
         try:
-            e = codec.loads(raw) if raw else None
+            e = entry_of(codec.loads(raw)) if raw else None
         except codec.DecodeError:
             e = None
-        if not isinstance(e, dict):
+        if e is None:
             out.append(dict(DAMAGED_STEP))
             continue
         finished = e.get("finished_ms")

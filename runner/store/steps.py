@@ -1,5 +1,6 @@
 """Reading a durable function's step log: the entries lua/step.lua and lua/suspend.lua
-recorded in the job's state hash (``steps``, the count; ``step:<i>``, each entry's JSON),
+recorded in the job's state hash (``steps``, the count; ``step:<i>``, each entry's JSON,
+an object or a compact array: records.entry_of),
 for a run's replay (worker/journal.py) and the job's views."""
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def read(scripts: Any, k: QueueKeys, job_id: str, type_: str = "", durable: bool
                 entry = None
         except codec.DecodeError:
             entry = None
-        out.append(entry if isinstance(entry, dict) else
+        entry = records.entry_of(entry)
+        out.append(entry if entry is not None else
                    {"name": f"<damaged entry {i + 1}>", "kind": "?", "damaged": True})
     return out
 
@@ -147,10 +149,10 @@ def _suspended_of(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[tuple[st
         names = []
         for one in entries[1:]:
             try:
-                entry = codec.loads(one or "null")
+                entry = records.entry_of(codec.loads(one or "null"))
             except codec.DecodeError:
                 entry = None
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            if entry is not None and isinstance(entry.get("name"), str):
                 names.append(entry["name"])
         out.append((k.queue, job_id, rec.get("type", ""), status, names))
     return out

@@ -24,7 +24,7 @@ from runner.catalog import templates
 from runner.catalog.registry import Function, Registry
 from runner.config import Config
 from runner.errors import FieldError, ValidationFailed
-from runner.store import codec
+from runner.store import codec, records
 from runner.store.scripts import followup_id
 from runner.worker import batching, journal
 from runner.worker.context import Context, Flags
@@ -89,7 +89,8 @@ class _Recorder:
         """A step's entry, as step.lua would keep it (bounded alike)."""
         if len(self.steps) >= journal.MAX_STEPS:
             return journal.FULL, len(self.steps)
-        self.steps.append(codec.loads(body))
+        decoded = codec.loads(body)
+        self.steps.append(records.entry_of(decoded) or decoded)  # (as a worker's read expands it)
         return journal.RECORDED, len(self.steps)
 
     def save(self, body: str) -> bool:

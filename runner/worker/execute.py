@@ -31,7 +31,7 @@ from runner.errors import (
     describe,
     seconds,
 )
-from runner.store import codec
+from runner.store import codec, records
 from runner.worker import backoff
 from runner.worker.context import Context
 
@@ -316,8 +316,8 @@ def suspended(sus: Suspend) -> Suspended:
     elif sus.kind == "event":
         entry = codec.dumps({"name": sus.name, "kind": "event", "event": sus.event, "match": sus.match or {},
                              "signal": sus.signal, "status": "waiting"})
-    else:
-        entry = codec.dumps({"name": sus.name, "kind": sus.kind, "status": "ok"})
+    else:  # a sleep (suspend.lua appends its start and end)
+        entry = records.sleep_entry(sus.name)
     return Suspended(sus.name, sus.kind, sus.index, entry, sus.delay_ms, sus.at_ms, sus.signal, sus.ends_ms)
 
 

@@ -51,7 +51,7 @@ from runner.errors import (
     StillRunning,
     Suspend,
 )
-from runner.store import codec
+from runner.store import codec, records
 from runner.store.steps import MAX_LOG_BYTES, MAX_STEP_BYTES, MAX_STEPS, VALUE_DEPTH, YEAR_MS, check_signal_name
 
 __all__ = ["MAX_LOG_BYTES", "MAX_STEPS", "MAX_STEP_BYTES", "AfterUnrecordedStep", "Journal", "StepFailed"]
@@ -259,10 +259,9 @@ class Journal:
                 f"step {label!r} returned {len(raw):,} bytes of JSON, over [worker] max_step_bytes = "
                 f"{self.max_step_bytes:,}: store a large result elsewhere and return a reference to it")
         entry = {"name": label, "kind": "step", "status": "ok", "ms": ms}
-        head = codec.dumps(entry)
         # What a replay returns, from the first run too (a tuple comes back a list).
         entry["value"] = shown = codec.loads(raw) if value is not None else None
-        self._write(label, f'{head[:-1]},"value":{raw.decode()}}}', entry)
+        self._write(label, records.step_ok_entry(label, raw.decode(), ms), entry)
         self.ran += 1
         return shown
 
@@ -314,7 +313,7 @@ class Journal:
             now = self.server_ms()
             until = now + delay_ms if delay_ms is not None else due_ms
             entry = {"name": label, "kind": "sleep", "status": "ok", "started_ms": now, "until_ms": until}
-            self._write(label, codec.dumps(entry), entry)
+            self._write(label, records.sleep_entry(label, now, until), entry)
             return
         raise Suspend(label, "sleep", delay_ms=delay_ms, at_ms=due_ms, index=self.position)
 

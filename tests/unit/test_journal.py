@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from runner.errors import NonDeterministicReplay, PermanentFailure, StaleLease, StepTooLarge, Suspend
+from runner.store import records
 from runner.worker import journal
 from runner.worker.journal import Journal, StepFailed
 
@@ -32,7 +33,7 @@ class Log:
             return journal.MOVED, len(self.entries)
         if pos >= self.max_steps:
             return journal.FULL, pos
-        self.entries.append(json.loads(body))
+        self.entries.append(records.entry_of(json.loads(body)) or {})  # as store/steps.py reads it back
         return journal.RECORDED, len(self.entries)
 
     def run(self, **kw: Any) -> Journal:

@@ -45,8 +45,13 @@ local set = {'status', 'queued', 'ready_ms', now}
 if st == 'sleeping' then
   local n = tonumber(f[4]) or 0
   local last = n > 0 and redis.call('HGET', sk, 'step:' .. (n - 1)) or nil
-  if last and string.find(last, '"kind":"sleep"', 1, true) then
-    local cut = string.gsub(last, '"until_ms":%-?%d+}$', '"until_ms":' .. now .. '}')
+  local cut
+  if last and string.sub(last, 1, 5) == '["z",' then  -- a compact sleep: its end is its last element
+    cut = string.gsub(last, ',%-?%d+%]$', ',' .. now .. ']')
+  elseif last and string.find(last, '"kind":"sleep"', 1, true) then
+    cut = string.gsub(last, '"until_ms":%-?%d+}$', '"until_ms":' .. now .. '}')
+  end
+  if cut then
     for _, v in ipairs({'step:' .. (n - 1), cut, 'step_bytes', (tonumber(f[5]) or 0) + #cut - #last}) do
       set[#set + 1] = v
     end

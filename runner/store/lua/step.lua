@@ -12,7 +12,8 @@
 -- ARGV[2] token
 -- ARGV[3] job id
 -- ARGV[4] position (0-based) the entry takes: the log's length as the run read it
--- ARGV[5] entry (a JSON object without its finished_ms, which the server's clock adds)
+-- ARGV[5] entry (a JSON object without its finished_ms, which the server's clock adds;
+--         or a compact array, which gets it as its last element: records.py)
 -- ARGV[6] the most entries of a log (1,000)
 -- ARGV[7] the most bytes of a log (4 MiB)
 -- ARGV[8] the stats field counting this step in K.stats ('' none)

@@ -32,7 +32,8 @@
 -- ARGV[2] job id
 -- ARGV[3] token
 -- ARGV[4] position (0-based) of the sleep's entry in the step log
--- ARGV[5] entry (JSON object without started_ms and until_ms, which this call adds); ''
+-- ARGV[5] entry (JSON object without started_ms and until_ms, which this call adds; a
+--         sleep's compact array gets them as its last two elements, records.py); ''
 --         when the log already holds it (a sleep resumed before its end sleeps again)
 -- ARGV[6] delay, ms from now (ctx.sleep), or '' for ARGV[7]
 -- ARGV[7] due, absolute epoch ms (ctx.sleep_until; also the recorded end of a sleep

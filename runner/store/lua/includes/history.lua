@@ -25,8 +25,10 @@ local function stamped(entry, now)
 end
 
 -- A JSON object with one more field, a time of this call (a step log entry's
--- finished_ms: the server's clock, as every time of a job is).
+-- finished_ms: the server's clock, as every time of a job is). A compact entry (a JSON
+-- array: a returned step, a sleep; see records.py) gets the time as its next element.
 local function stamped_as(entry, field, now)
+  if string.byte(entry, 1) == 91 then return string.sub(entry, 1, -2) .. ',' .. now .. ']' end  -- '['
   if entry == '{}' then return '{"' .. field .. '":' .. now .. '}' end
   return string.sub(entry, 1, -2) .. ',"' .. field .. '":' .. now .. '}'
 end
