@@ -4,8 +4,11 @@
   worker process's CPU time per job (utime + stime), and so per recorded step;
 - signal to resume: a job waiting for a signal with the worker idle; from the signal's
   send to the resumed run's start (p50, p95);
-- sleeping jobs' memory: N jobs asleep (ctx.sleep as their first call) against N jobs
-  queued with the same payload: Redis's used_memory per job beyond the record;
+- sleeping jobs' memory: N jobs that recorded one step and went to sleep (the typical
+  durable job between its steps): Redis's used_memory per job from before their enqueue
+  to all asleep, the same beyond their payload and step log (the issue's target: at most
+  300 bytes), and their state hash's encoding (listpack while every field is at most 64
+  bytes); ``sleeping_memory`` is also bench/run.py's "sleeping" scenario;
 - a mass wake-up: N jobs asleep until the same second, 2 worker processes: how long
   after that second the last one's resumed run started.
 
@@ -22,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -39,7 +43,8 @@ FUNCTIONS = {
               '        with open(os.path.join(os.environ["MARKS"], ctx.job_id), "a") as f:\n'
               '            f.write(repr(time.time()) + "\\n")\n'
               '    ctx.wait_for_signal("go")\n',
-    "sleeper": 'QUEUE = "q"\n\ndef handle(payload, ctx):\n    ctx.sleep("nap", 3600)\n',
+    "sleeper": 'QUEUE = "q"\n\ndef charge():\n    return {"ok": True}\n\n'
+               'def handle(payload, ctx):\n    ctx.step("charge", charge)\n    ctx.sleep("nap", 3600)\n',
     "waker": 'import os, time\nQUEUE = "q"\n\ndef handle(payload, ctx):\n    ctx.sleep_until("at", payload["at"])\n'
              '    with open(os.path.join(os.environ["MARKS"], "woke"), "a") as f:\n'
              '        f.write(repr(time.time()) + "\\n")\n',
@@ -73,6 +78,52 @@ def drain(root: Path, env: dict[str, str], client: Client, type_: str, n: int) -
         proc.kill()
         proc.wait()
     return spent / n
+
+
+def sleeping_memory(n: int = 20000, url: str | None = None) -> dict[str, Any]:
+    """Redis memory of ``n`` jobs asleep after one step (see the module docstring), on
+    the server at ``url`` (else one of its own), with a worker of its own; nothing else
+    may write to the server meanwhile (the figure is a difference of used_memory)."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sleeping-"))
+    server = None if url else Server(tmp / "redis").start()
+    try:
+        root = tmp / "project"
+        (root / "functions").mkdir(parents=True)
+        (root / "functions" / "sleeper.py").write_text(FUNCTIONS["sleeper"])
+        (root / "schemas" / "sleeper").mkdir(parents=True)
+        (root / "schemas" / "sleeper" / "v1.json").write_text('{"type": "object"}')
+        (root / "runner.toml").write_text(TOML.replace('prefix = "bd"', 'prefix = "bsleep"'))
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")},
+               "REDIS_URL": url or (server.url if server else ""),
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        rt = Runtime.create(config_mod.load(root / "runner.toml", env=env))
+        client, r, k = Client(rt), rt.redis, rt.keys["q"]
+        base = int(r.info("memory")["used_memory"])
+        for at in range(0, n, 1000):
+            client.enqueue_many([Request("sleeper", {}) for _ in range(at, min(n, at + 1000))])
+        proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(root / "runner.toml"),
+                                 "worker"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 600
+            while r.zcard(k.sleeping) < n and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            proc.kill()
+            proc.wait()
+        asleep = r.zcard(k.sleeping)
+        used = int(r.info("memory")["used_memory"]) - base
+        one = r.zrange(k.sleeping, 0, 0)[0]
+        log_bytes = int(r.hget(k.state(one), "step_bytes") or 0)
+        payload_bytes = 2  # the payload, {}
+        per_job = used / n
+        out = {"jobs": n, "asleep": asleep, "bytes_per_job": per_job, "step_log_bytes": log_bytes,
+               "beyond_payload_and_log": per_job - log_bytes - payload_bytes,
+               "state_encoding": r.object("encoding", k.state(one))}
+        rt.close()
+        return out
+    finally:
+        if server is not None:
+            server.stop(kill=True)
 
 
 def main() -> None:
@@ -129,26 +180,12 @@ def main() -> None:
 
         r = rt.redis
         r.flushall()
-        base = int(r.info("memory")["used_memory"])
-        client.enqueue_many([Request("sleeper", {}) for _ in range(a.sleepers)])
-        queued = int(r.info("memory")["used_memory"]) - base
-        proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(root / "runner.toml"),
-                                 "worker"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            k = rt.keys["q"]
-            deadline = time.monotonic() + 600
-            while r.zcard(k.scheduled) < a.sleepers and time.monotonic() < deadline:
-                time.sleep(0.1)
-        finally:
-            proc.kill()
-            proc.wait()
-        asleep = int(r.info("memory")["used_memory"]) - base
-        log_bytes = int(r.hget(k.state(r.zrange(k.scheduled, 0, 0)[0]), "step_bytes") or 0)
-        extra = (asleep - queued) / a.sleepers
-        print(f"memory: {a.sleepers:,} queued jobs {queued / a.sleepers:.0f} B each; asleep {asleep / a.sleepers:.0f} "
-              f"B each: {extra:.0f} B more, of which the step log's entry {log_bytes} B -> "
-              f"{extra - log_bytes:.0f} B per sleeping job beyond payload and step log")
+        m = sleeping_memory(a.sleepers, server.url)
+        print(f"memory: {m['asleep']:,} jobs asleep after one step, {m['bytes_per_job']:.0f} B each "
+              f"(step log {m['step_log_bytes']} B): {m['beyond_payload_and_log']:.0f} B per sleeping job beyond "
+              f"payload and step log (target 300); state hash {m['state_encoding']}")
         r.flushall()
+        k = rt.keys["q"]
         at = time.time() + 60  # the workers suspend them all before then
         client.enqueue_many([Request("waker", {"at": at}) for _ in range(a.wakers)])
         procs = [subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(root / "runner.toml"),

@@ -147,6 +147,18 @@ def _events() -> Any:
     return events
 
 
+def _durable() -> Any:
+    import durable  # bench/durable.py: sleeping jobs' memory
+
+    return durable
+
+
+def _batches() -> Any:
+    import batches  # bench/batches.py: a BATCH drain against the same jobs without it
+
+    return batches
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
@@ -157,7 +169,7 @@ def main() -> None:
                     help="handlers that do I/O, each drained by every system: incr,sleep (or none)")
     ap.add_argument("--no-extras", action="store_true", help="skip the runner-only scenarios")
     ap.add_argument("--extras", help="comma-separated subset of the runner-only scenarios: "
-                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup,flow,memory,events")
+                    "validation,guarded,mix,metrics,redis_py,http,schedules,startup,flow,memory,events,sleeping,batches")
     ap.add_argument("--no-profile", action="store_true", help="skip the py-spy profiles")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")
     a = ap.parse_args()
@@ -222,6 +234,9 @@ def main() -> None:
                 "memory": ("memory and the deploy gate", lambda: memory.run(
                     env.url, env.work / "memory", int(cfg["memory_n"]), int(reps), int(cfg["gate_n"]))),
                 "events": ("emit throughput", lambda: _events().run(min(int(cfg["drain_n"]), 5000), env.url)),
+                "sleeping": ("sleeping jobs' memory", lambda: _durable().sleeping_memory(
+                    int(cfg["memory_n"]), env.url)),
+                "batches": ("BATCH drain", lambda: _batches().run(int(cfg["drain_n"]), max(1, reps), url=env.url)),
             }
             only = set(a.extras.split(",")) if a.extras else set(scenarios_x)
             unknown = only - set(scenarios_x)

@@ -288,6 +288,16 @@ def extras_md(x: dict[str, Any]) -> list[str]:
         out += [f"**Events (issue 50)**: one producer thread, {ev['emits']:,} each, same run: enqueue of one job "
                 f"{_num(ev['enqueue_per_s'])}/s; emit to 1 subscriber {_num(ev['emit_1_per_s'])}/s; emit to 5 "
                 f"subscribers on 2 queues {_num(ev['emit_5_per_s'])}/s ({_num(5 * ev['emit_5_per_s'])} jobs/s).", ""]
+    sl = x.get("sleeping")
+    if sl and "error" not in sl:
+        out += [f"**Sleeping durable jobs (issue 49)**: {sl['jobs']:,} jobs asleep after one step: "
+                f"{_num(sl['bytes_per_job'])} B of Redis memory each, {_num(sl['beyond_payload_and_log'])} B beyond "
+                f"payload and step log ({sl['step_log_bytes']} B; target 300); state hash {sl['state_encoding']}.", ""]
+    bt = x.get("batches")
+    if bt and "error" not in bt:
+        out += [f"**BATCH drain (issue 50)**: {bt['jobs']:,} no-op jobs, one worker, median of {bt['reps']}: without "
+                f"BATCH {_num(bt['single_jobs_per_s'])}/s, with BATCH size {bt['size']} wait {bt['wait']} s "
+                f"{_num(bt['batched_jobs_per_s'])}/s: {bt['speedup']:.2f}x.", ""]
     return out
 
 
