@@ -96,8 +96,14 @@ class Fetcher:
         self._down = Away(f"{queue.name} fetcher", self._label)
         self._bell: Bell | None = None
         self._woken = False  # the next claim waits for a wake-up first (see claim)
-        self._held_for: object = runtime.registry  # the registry the ledger's capacity was sized for
+        # The registry the ledger's capacity and the claim size were sized for (none yet: the
+        # first pass sizes them, as the queue's runner has set its sizing functions by then).
+        self._held_for: object = None
         self.capacity_for: Callable[[Runtime, QueueConfig], int] = lambda rt, q: self.ledger.capacity
+        # Jobs asked of one claim (a queue with BATCH functions: up to their size), sized
+        # with the capacity. Set by the queue's runner.
+        self.claim_size_for: Callable[[Runtime, QueueConfig], int] = lambda rt, q: q.batch
+        self._claim_size = queue.batch
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-fetch", daemon=True)
         # How many of the free executors can start a job at once (process isolation: only
         # those whose child is ready; the rest claim ahead, spending nothing until their
@@ -152,6 +158,7 @@ class Fetcher:
             if self._held_for is not self.rt.registry:  # a reload may add or drop a BATCH function
                 self._held_for = self.rt.registry
                 self.ledger.capacity = self.capacity_for(self.rt, self.q)
+                self._claim_size = self.claim_size_for(self.rt, self.q)
             free, idle = self.ledger.room(self.stopping)
             if self.stopping.is_set():
                 break
@@ -173,7 +180,7 @@ class Fetcher:
                 fault("before_claim")
                 p, floor = self._best(p, n)
                 start = self.startable(idle)
-                asked = min(free, self.q.batch)
+                asked = min(free, self._claim_size)
                 got, held = self.claim(asked, start, p, floor)
                 if held == HELD and start < idle and got == 0:
                     # The next job is under limits and must start at once (never claimed

@@ -50,6 +50,14 @@ def capacity_for(runtime: Runtime, queue: QueueConfig) -> int:
     return max(base, min(BATCH_HOLD_MAX, (queue.concurrency + 1) * max(sizes)))
 
 
+def claim_size_for(runtime: Runtime, queue: QueueConfig) -> int:
+    """Jobs asked of one claim: the queue's ``batch``, or for a queue with BATCH functions
+    their largest ``size`` when that is more, so one claim round trip can fill a batch
+    (a batch of 100 took two claims of 64, each a round trip the fetcher waits for)."""
+    sizes = [f.batch.size for f in runtime.registry.for_queue(queue.name) if f.batch is not None]
+    return max([queue.batch, *sizes])
+
+
 class QueueRunner:
     def __init__(self, runtime: Runtime, queue: QueueConfig, worker_id: str) -> None:
         self.q = queue
@@ -68,6 +76,7 @@ class QueueRunner:
         self.fetcher = Fetcher(runtime, queue, self.ledger, inbox, outcomes, worker_id)
         self.fetcher.startable = self.executors.startable
         self.fetcher.capacity_for = capacity_for
+        self.fetcher.claim_size_for = claim_size_for
         self.fetcher.charge_later = self.executors.charge_later
         self.fetcher.hold_claimed = self.executors.hold_claimed
         self.outcomes = outcomes

@@ -55,3 +55,19 @@ def test_a_run_put_back_for_an_idle_executor_that_comes_back_is_kept(monkeypatch
     _, members, stop = got[0]
     assert [r.job.id for r, _ in members] == ["j0"] and not stop
     assert list(pending) == [other]  # kept for this executor's next batch
+
+
+def test_one_claim_asks_for_a_whole_batch() -> None:
+    """A queue with a BATCH function claims up to its largest ``size`` at once when that is
+    more than the queue's ``batch`` (one claim round trip fills a batch: a batch of 100
+    took two claims of 64); a queue without one claims its ``batch``, as before."""
+    from runner.worker.queue import claim_size_for
+
+    def runtime(*sizes: int | None) -> Any:
+        fns = [SimpleNamespace(batch=None if s is None else SimpleNamespace(size=s)) for s in sizes]
+        return SimpleNamespace(registry=SimpleNamespace(for_queue=lambda name: fns))
+
+    q = SimpleNamespace(name="fast", batch=64)
+    assert claim_size_for(runtime(None, 100, 20), q) == 100  # type: ignore[arg-type]
+    assert claim_size_for(runtime(None, 10), q) == 64  # type: ignore[arg-type]
+    assert claim_size_for(runtime(None), q) == 64  # type: ignore[arg-type]
