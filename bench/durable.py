@@ -6,8 +6,9 @@
   send to the resumed run's start (p50, p95);
 - sleeping jobs' memory: N jobs that recorded one step and went to sleep (the typical
   durable job between its steps): Redis's used_memory per job from before their enqueue
-  to all asleep, the same beyond their payload and step log (the issue's target: at most
-  300 bytes), and their state hash's encoding (listpack while every field is at most 64
+  to all asleep, the same beyond their payload and step log, what sleeping costs more than
+  the same job queued beyond its step log (the issue's target: at most 300 bytes), and
+  their state hash's encoding (listpack while every field is at most 64
   bytes); ``sleeping_memory`` is also bench/run.py's "sleeping" scenario;
 - a mass wake-up: N jobs asleep until the same second, 2 worker processes: how long
   after that second the last one's resumed run started.
@@ -101,6 +102,7 @@ def sleeping_memory(n: int = 20000, url: str | None = None) -> dict[str, Any]:
         base = int(r.info("memory")["used_memory"])
         for at in range(0, n, 1000):
             client.enqueue_many([Request("sleeper", {}) for _ in range(at, min(n, at + 1000))])
+        queued = int(r.info("memory")["used_memory"]) - base
         proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(root / "runner.toml"),
                                  "worker"], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -116,8 +118,10 @@ def sleeping_memory(n: int = 20000, url: str | None = None) -> dict[str, Any]:
         log_bytes = int(r.hget(k.state(one), "step_bytes") or 0)
         payload_bytes = 2  # the payload, {}
         per_job = used / n
-        out = {"jobs": n, "asleep": asleep, "bytes_per_job": per_job, "step_log_bytes": log_bytes,
-               "beyond_payload_and_log": per_job - log_bytes - payload_bytes,
+        more = (used - queued) / n  # than the same job queued (its record and its place in ready)
+        out = {"jobs": n, "asleep": asleep, "bytes_per_job": per_job, "queued_bytes_per_job": queued / n,
+               "step_log_bytes": log_bytes, "beyond_payload_and_log": per_job - log_bytes - payload_bytes,
+               "more_than_queued": more, "more_than_queued_beyond_log": more - log_bytes,
                "state_encoding": r.object("encoding", k.state(one))}
         rt.close()
         return out
@@ -183,7 +187,9 @@ def main() -> None:
         m = sleeping_memory(a.sleepers, server.url)
         print(f"memory: {m['asleep']:,} jobs asleep after one step, {m['bytes_per_job']:.0f} B each "
               f"(step log {m['step_log_bytes']} B): {m['beyond_payload_and_log']:.0f} B per sleeping job beyond "
-              f"payload and step log (target 300); state hash {m['state_encoding']}")
+              f"payload and step log; {m['more_than_queued']:.0f} B more than queued, "
+              f"{m['more_than_queued_beyond_log']:.0f} B of it beyond the log (target 300); state hash "
+              f"{m['state_encoding']}")
         r.flushall()
         k = rt.keys["q"]
         at = time.time() + 60  # the workers suspend them all before then

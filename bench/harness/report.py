@@ -292,7 +292,9 @@ def extras_md(x: dict[str, Any]) -> list[str]:
     if sl and "error" not in sl:
         out += [f"**Sleeping durable jobs (issue 49)**: {sl['jobs']:,} jobs asleep after one step: "
                 f"{_num(sl['bytes_per_job'])} B of Redis memory each, {_num(sl['beyond_payload_and_log'])} B beyond "
-                f"payload and step log ({sl['step_log_bytes']} B; target 300); state hash {sl['state_encoding']}.", ""]
+                f"payload and step log ({sl['step_log_bytes']} B); {_num(sl['more_than_queued'])} B more than queued, "
+                f"{_num(sl['more_than_queued_beyond_log'])} B beyond the log (target 300); state hash "
+                f"{sl['state_encoding']}.", ""]
     bt = x.get("batches")
     if bt and "error" not in bt:
         out += [f"**BATCH drain (issue 50)**: {bt['jobs']:,} no-op jobs, one worker, median of {bt['reps']}: without "
