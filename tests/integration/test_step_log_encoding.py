@@ -43,7 +43,8 @@ def test_a_sleeping_job_keeps_its_state_hash_compact(project: Project, isolation
     c = project.client
     project.spawn_worker("fast")
     job = c.enqueue("typical", {"order_id": "1234567890"}).id
-    wait_for(lambda: c.get(job).status == "sleeping", timeout=20, what="the job to sleep")
+    # (60 s: a child process starting on a busy host)
+    wait_for(lambda: c.get(job).status == "sleeping", timeout=60, what="the job to sleep")
     r, k = project.runtime.redis, project.keys()
     state = r.hgetall(k.state(job))
     assert state["steps"] == "2", state
