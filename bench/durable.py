@@ -28,8 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__":  # run by itself: the repository's runner (bench/run.py: its frozen copy)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import runner
 from runner import config as config_mod
 from runner.client import Client, Request
 from runner.runtime import Runtime
@@ -81,6 +83,11 @@ def drain(root: Path, env: dict[str, str], client: Client, type_: str, n: int) -
     return spent / n
 
 
+def _imported_runner() -> str:
+    """The folder of the runner this script imported: its workers run the same one."""
+    return str(Path(runner.__file__).resolve().parent.parent)
+
+
 def sleeping_memory(n: int = 20000, url: str | None = None) -> dict[str, Any]:
     """Redis memory of ``n`` jobs asleep after one step (see the module docstring), on
     the server at ``url`` (else one of its own), with a worker of its own; nothing else
@@ -96,7 +103,7 @@ def sleeping_memory(n: int = 20000, url: str | None = None) -> dict[str, Any]:
         (root / "runner.toml").write_text(TOML.replace('prefix = "bd"', 'prefix = "bsleep"'))
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")},
                "REDIS_URL": url or (server.url if server else ""),
-               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+               "PYTHONPATH": _imported_runner()}
         rt = Runtime.create(config_mod.load(root / "runner.toml", env=env))
         client, r, k = Client(rt), rt.redis, rt.keys["q"]
         base = int(r.info("memory")["used_memory"])
@@ -150,7 +157,7 @@ def main() -> None:
         marks = tmp / "marks"
         marks.mkdir()
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}, "REDIS_URL": server.url,
-               "MARKS": str(marks), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+               "MARKS": str(marks), "PYTHONPATH": _imported_runner()}
         rt = Runtime.create(config_mod.load(root / "runner.toml", env=env))
         client = Client(rt)
         # Warm-up, then side by side (plain, stepped, plain again).
