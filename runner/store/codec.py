@@ -271,6 +271,8 @@ def escaped(text: str, keep_lines: bool = False) -> str:
 def escaped_json(text: str) -> str:
     """JSON text with each such character past C0 (which JSON escapes itself) as a
     ``\\uXXXX`` escape: they occur only inside strings, where it is the same character."""
+    if text.isascii() and "\x7f" not in text:  # (most lines: two scans in C, no match to look for)
+        return text
     return _UNSAFE_PAST_C0.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

@@ -55,6 +55,7 @@ from runner.client import Enqueued
 from runner.client.enqueuing import checked_json
 from runner.errors import JobTimeout, RunnerError, raise_refusal
 from runner.observe import tracing
+from runner.observe.logs import flush_held
 from runner.observe.logs import setup as setup_logs
 from runner.worker import affinity, batching, joblog
 from runner.worker.channel import Channel
@@ -438,6 +439,7 @@ class Child:
             for i, m in zip(live, members, strict=True):
                 m.echo_end()  # (how many of its lines, and the batch's, its flood kept from the output)
                 kept[i], dropped[i] = m.buf.take_counted() if m.buf is not None else ([], 0)
+            flush_held()  # (its lines echoed to this child's output, ahead of its end)
         self.jobs += len(jobs)
         left = self.threads_left()
         procs = self.processes_left() if not left else 0
@@ -543,6 +545,7 @@ class Child:
             ctx.logger.echo_end()
             kept, dropped = ctx.logger.buf.take_counted() if ctx.logger.buf is not None else ([], 0)
             streamed = ctx.logger.chunks.take() if ctx.logger.chunks is not None else []
+            flush_held()  # (its lines echoed to this child's output, ahead of its end)
         return {"outcome": to_message(outcome), "run_s": run_s,
                 **({"log": kept, "log_dropped": dropped} if kept or dropped else {}),
                 **({"stream": streamed} if streamed else {})}

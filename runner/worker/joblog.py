@@ -12,14 +12,18 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import FrameType
 from typing import Any
 
+from runner.observe.logs import HELD, JsonFormatter, plain_json
 from runner.store.codec import shown_text
+from runner.store.urls import scrub
 
 # One line is cut to this many characters (a bound of its own: a single huge line
 # would otherwise push every other line out of the byte budget).
@@ -66,11 +70,25 @@ def server_ms() -> int:
 
 def line(level: str, msg: str, source: str = "log", ts_ms: int | None = None) -> str:
     """One log line as it is kept: a JSON object with its time (ms, the server's clock as
-    the last claim said it), level, source (log, stdout or stderr) and message."""
+    the last claim said it), level, source (log, stdout or stderr) and message.
+
+    Built as text around each string's JSON (what json.dumps writes for the object, key
+    order and spacing too: lua/joblog.lua reads ``{"ts": N, "level": ...`` at a line's
+    head): a line is built per ctx.logger call, and the dict and encoder cost more than
+    the rest of its capture."""
     if len(msg) > MAX_LINE_CHARS:
         msg = f"{msg[:MAX_LINE_CHARS]}... [{len(msg) - MAX_LINE_CHARS:,} characters cut]"
     ts = server_ms() if ts_ms is None else ts_ms
-    return shown_text(json.dumps({"ts": ts, "level": level, "src": source, "msg": msg}, ensure_ascii=False))
+    head = _HEADS.get((level, source))
+    if head is None:
+        head = _HEADS[(level, source)] = f', "level": {_quoted(level)}, "src": {_quoted(source)}, "msg": '
+    return shown_text(f'{{"ts": {int(ts)}{head}{_quoted(msg)}}}')
+
+
+# (level, source) -> the part of a line between its time and its message.
+_HEADS: dict[tuple[str, str], str] = {}
+# A string as json.dumps(..., ensure_ascii=False) writes it (the C encoder).
+_quoted: Callable[[str], str] = json.encoder.encode_basestring
 
 
 class JobLog:
@@ -241,11 +259,19 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         if self.replaying is not None and self.replaying():
             return  # (written by the run that recorded this part, to both logs)
-        kept = encoded(self.logger, level, msg, args, kwargs)
-        if kept is not None:
-            self.keep((kept,))
-            if self.buf is not None and not self.echo(kept):
+        given = _mapping(args)
+        text = message(msg, given)
+        kept = encoded(self.logger, level, text, msg, given, kwargs)
+        if kept is not None and self.bounds[0] > 0:  # (as keep, for one line)
+            if self.buf is None:
+                self.buf = JobLog(*self.bounds)
+            self.buf.add(kept)
+            if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
+                self.flush()
+            if not self.echo(kept):
                 return
+        if not kwargs and echoed(self.logger, level, msg, given, text, self.extra):
+            return
         super().log(level, msg, *args, **kwargs)
 
     def echo(self, kept: str) -> bool:
@@ -278,15 +304,28 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         self._unechoed = 0
 
 
-def encoded(logger: logging.Logger, level: int, msg: object, args: tuple[Any, ...],
+def _mapping(args: tuple[Any, ...]) -> Any:
+    """A call's arguments as a record keeps them: logger.info("%(n)s", {"n": 1}) formats
+    with the mapping itself (as logging.LogRecord does)."""
+    return args[0] if len(args) == 1 and isinstance(args[0], Mapping) and args[0] else args
+
+
+def message(msg: object, args: Any) -> str | None:
+    """A ctx.logger call's message, as LogRecord.getMessage makes it (None: ``msg`` does
+    not format with ``args``)."""
+    try:
+        return str(msg) % args if args else str(msg)
+    except Exception:
+        return None
+
+
+def encoded(logger: logging.Logger, level: int, text: str | None, msg: object, args: Any,
             kwargs: dict[str, Any]) -> str | None:
-    """A ctx.logger call as the job's log keeps it: INFO and above (DEBUG too when the
-    logger is enabled for it), else None."""
+    """A ctx.logger call as the job's log keeps it (``text``: its message): INFO and above
+    (DEBUG too when the logger is enabled for it), else None."""
     if level < logging.INFO and not logger.isEnabledFor(level):
         return None
-    try:
-        text = str(msg) % args if args else str(msg)
-    except Exception:  # a bad format: keep what was given, as logging would show it
+    if text is None:  # a bad format: keep what was given, as logging would show it
         text = f"{msg} {args!r}"
     exc = kwargs.get("exc_info")
     if exc:
@@ -295,6 +334,94 @@ def encoded(logger: logging.Logger, level: int, msg: object, args: tuple[Any, ..
         if info[0] is not None:
             text = f"{text}\n{logging.Formatter().formatException(info)}"
     return line(logging.getLevelName(level), text)
+
+
+# What every record this process echoes shares: the attributes logging.LogRecord sets on
+# this Python, with those of no caller, made at the first echo (again in a forked child:
+# its process differs).
+_base: dict[str, Any] | None = None
+# A caller's code -> (pathname, filename, module, funcName), as LogRecord derives them.
+_callers: dict[Any, tuple[str, str, str, str]] = {}
+_NO_CALLER = ("(unknown file)", 0, "(unknown function)")
+
+
+def _forget_base() -> None:
+    global _base
+    _base = None
+
+
+os.register_at_fork(after_in_child=_forget_base)
+
+
+def echoed(logger: logging.Logger, level: int, msg: object, args: Any, text: str | None,
+           extra: Any) -> bool:
+    """A ctx.logger line echoed to the worker's own log (its handlers, filters and levels
+    as logging.Logger.log would; ``text``: its message, ``args`` as _mapping gives them):
+    whether it was, here (False: the caller goes through logging.Logger.log, for a record
+    factory of the application's own).
+
+    A line is echoed at every ctx.logger call, and LogRecord.__init__, Logger.findCaller
+    and the formatting cost most of it. With nothing but runner's own JSON output to reach
+    (logs.plain_json), the line it would write is built from the message and the fields
+    and held there; otherwise the record is the one Logger.log makes (the same
+    attributes, the caller being the handler's line, not this module's), made from a copy
+    of one made once."""
+    global _base
+    if not logger.isEnabledFor(level):
+        return True
+    if text is not None and (out := plain_json(logger, level)) is not None:
+        now = time.time()
+        fields = {"ts": round(now, 6), "level": logging.getLevelName(level).lower(), "logger": logger.name,
+                  "msg": scrub(text)}
+        if extra:
+            fields.update(extra)
+        out.hold(JsonFormatter.line(fields))
+        return True
+    if logging.getLogRecordFactory() is not logging.LogRecord:
+        return False
+    if _base is None:
+        _base = vars(logging.LogRecord("", logging.INFO, *_NO_CALLER[:2], "", (), None, _NO_CALLER[2]))
+    rec = logging.LogRecord.__new__(logging.LogRecord)
+    d = rec.__dict__
+    d.update(_base)
+    now = time.time()
+    d["name"] = logger.name
+    d["msg"] = msg
+    d["args"] = args
+    d["levelno"] = level
+    d["levelname"] = logging.getLevelName(level)
+    d["created"] = now
+    d["msecs"] = int((now - int(now)) * 1000) + 0.0
+    d["relativeCreated"] = _base["relativeCreated"] + (now - _base["created"]) * 1000
+    if logging.logThreads:
+        d["thread"] = threading.get_ident()
+        d["threadName"] = threading.current_thread().name
+    if "taskName" in d:  # (Python 3.12 on: the asyncio task that logged, if any)
+        d["taskName"] = None
+        aio = sys.modules.get("asyncio")
+        if getattr(logging, "logAsyncioTasks", False) and aio is not None and aio._get_running_loop() is not None:
+            task = aio.current_task()
+            d["taskName"] = task.get_name() if task is not None else None
+    if logging._srcfile is not None:  # (None: callers not looked up)
+        f: FrameType | None = sys._getframe(1)
+        while f is not None and f.f_code.co_filename in _SKIPPED:
+            f = f.f_back
+        if f is not None:
+            code = f.f_code
+            where = _callers.get(code)
+            if where is None:
+                path = code.co_filename
+                name = os.path.basename(path)
+                where = _callers[code] = (path, name, os.path.splitext(name)[0], code.co_name)
+                if len(_callers) > 10_000:  # (code made on the fly, again and again)
+                    _callers.clear()
+            d["pathname"], d["filename"], d["module"], d["funcName"] = where
+            d["lineno"] = f.f_lineno
+    if extra:
+        d.update(extra)
+    d[HELD] = True  # (written with others: observe/logs.py's Output)
+    logger.handle(rec)
+    return True
 
 
 class SharedLogger(logging.LoggerAdapter[logging.Logger]):
@@ -307,7 +434,9 @@ class SharedLogger(logging.LoggerAdapter[logging.Logger]):
         self.members = members
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        kept = encoded(self.logger, level, msg, args, kwargs)
+        given = _mapping(args)
+        text = message(msg, given)
+        kept = encoded(self.logger, level, text, msg, given, kwargs)
         if kept is not None:
             for m in self.members:
                 m.keep((kept,))
@@ -317,6 +446,8 @@ class SharedLogger(logging.LoggerAdapter[logging.Logger]):
             first = self.members[0] if self.members else None
             if first is not None and first.buf is not None and not first.echo(kept):
                 return
+        if not kwargs and echoed(self.logger, level, msg, given, text, self.extra):
+            return
         super().log(level, msg, *args, **kwargs)
 
 
@@ -411,3 +542,8 @@ class _CapturedBytes(io.RawIOBase):
 
     def fileno(self) -> int:
         return self.text.fileno()
+
+
+# Frames a ctx.logger call passes through before its record is made: the caller is the
+# first frame past them (the handler's line).
+_SKIPPED = frozenset({logging.addLevelName.__code__.co_filename, echoed.__code__.co_filename})

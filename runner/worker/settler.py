@@ -16,6 +16,7 @@ from typing import Any
 
 from runner.client import Client
 from runner.config import QueueConfig
+from runner.observe import logs as logs_mod
 from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import records, stats
@@ -267,6 +268,7 @@ class Settler:
         where: list[int] = []  # each group's partition
         # The log lines first: whoever hears of the job's end may read its log at once.
         self._add_logs(batch, pipe)
+        logs_mod.flush_held()  # (and the runs' lines echoed to this worker's output, ahead of their ends)
         logged = len(pipe.calls)
         for p, sub in by_part.items():
             self.entries.add_calls(parts[p], sub, now, pipe, groups, figures)
