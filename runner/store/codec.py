@@ -188,6 +188,20 @@ def _may_hold_non_finite(probe: bytes) -> bool:
     return any(p.search(probe) is not None for p in _NON_FINITE)
 
 
+def payload_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a job's payload, naming the path (nested past MAX_DEPTH,
+    NaN or an infinity, an integer past 64 bits, a part JSON cannot hold), or None: for a
+    payload checked before any enqueue (a SCHEDULE payload, when its file is loaded)."""
+    try:
+        dumpb_checked(value)
+    except TooDeep as exc:
+        return str(exc)
+    except EncodeError:
+        found = not_json(value)
+        return found[1] if found is not None else "the value is not JSON"
+    return None
+
+
 def dumps(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
