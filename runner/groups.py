@@ -49,13 +49,14 @@ from runner.errors import (
     ValidationFailed,
 )
 from runner.store import codec, records, routing
+from runner.store import groups as groups_store
 from runner.store.connection import UNAVAILABLE, unreachable
 from runner.store.scripts import Batch, NewJob, job_entry
 
 if TYPE_CHECKING:
     from runner.client import Client, Prepared, Request
 
-MAX_MEMBERS = 100_000
+MAX_MEMBERS = groups_store.MAX_MEMBERS  # (the store bounds what it reads back by it)
 CHUNK = 500  # members per script call: each call's work stays small
 INLINE_BYTES = 256 * 1024  # outcomes up to this size ride in the then-job's payload
 FIELD = "group"  # the then payload's field that carries the group

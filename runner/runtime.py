@@ -248,8 +248,9 @@ class Runtime:
     def registry(self) -> Registry:
         if self._registry is None:
             from runner.catalog import registry
+            from runner.store import codec
 
-            self._registry = registry.load(self.config)
+            self._registry = registry.load(self.config, payload_check=codec.payload_problem)
         return self._registry
 
     @registry.setter
@@ -267,8 +268,9 @@ class Runtime:
     def reload(self) -> Registry:
         """Load functions/ and schemas/ again; broken files keep their last good version."""
         from runner.catalog import registry
+        from runner.store import codec
 
-        self.registry = registry.load(self.config, previous=self.registry)
+        self.registry = registry.load(self.config, previous=self.registry, payload_check=codec.payload_problem)
         return self.registry
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from runner import config as config_mod
 from runner.catalog import registry as registry_mod
 from runner.catalog.partitioning import Change, split_keys
 from runner.catalog.registry import Function, Registry
+from runner.catalog.schedules import PayloadCheck
 from runner.config import Config
 from runner.errors import ConfigError
 
@@ -92,8 +93,10 @@ class Report:
 # --- config, functions, schemas ----------------------------------------------------
 
 
-def check_files(path: str | Path | None, env: Mapping[str, str] | None = None) -> Report:
-    """Load the config and every function and schema; collect every problem."""
+def check_files(path: str | Path | None, env: Mapping[str, str] | None = None,
+                payload_check: PayloadCheck | None = None) -> Report:
+    """Load the config and every function and schema; collect every problem.
+    ``payload_check``: as registry.load takes it (the caller's codec.payload_problem)."""
     report = Report()
     try:
         cfg = config_mod.load(path, env=os.environ if env is None else env)
@@ -101,7 +104,7 @@ def check_files(path: str | Path | None, env: Mapping[str, str] | None = None) -
         report.problems.append(Problem("config", str(exc)))
         return report
     report.config = cfg
-    reg = registry_mod.load(cfg)
+    reg = registry_mod.load(cfg, payload_check=payload_check)
     report.registry = reg
     for err in reg.errors.values():
         report.problems.append(Problem(f"{err.path}:{err.line}" if err.line else err.path, err.message))

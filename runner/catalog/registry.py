@@ -314,7 +314,8 @@ def _versions(module: ModuleType, path: Path, config: Config, checked: Checked |
     return versions, warnings
 
 
-def load_function(path: Path, config: Config, checked: Checked | None = None) -> tuple[Function, list[str]]:
+def load_function(path: Path, config: Config, checked: Checked | None = None,
+                  payload_check: schedules_mod.PayloadCheck | None = None) -> tuple[Function, list[str]]:
     """Load one function file and its schemas; raise FunctionLoadError naming the file."""
     source = path.read_text(encoding="utf-8", errors="replace")
     lines = _assign_lines(source)
@@ -340,6 +341,7 @@ def load_function(path: Path, config: Config, checked: Checked | None = None) ->
     scheds, sched_warnings = schedules_mod.parse(
         module, function=path.stem, queue=queue.name, max_attempts=int(v["MAX_ATTEMPTS"]), versions=versions,
         flow=flow, fail=fail, max_payload_bytes=config.api.max_body_bytes, priority=v["PRIORITY"],
+        payload_check=payload_check,
     )
     warnings += [f"{p}: {w}" for w in sched_warnings]
     if v["TIMEOUT"] > queue.visibility_timeout_s:
@@ -447,8 +449,11 @@ def _resolved(file: str, dirs: dict[str, str]) -> str:
 NO_FOLDER = "no functions folder"
 
 
-def load(config: Config, previous: Registry | None = None) -> Registry:
-    """Load every ``functions/*.py`` (not starting with ``_``)."""
+def load(config: Config, previous: Registry | None = None,
+         payload_check: schedules_mod.PayloadCheck | None = None) -> Registry:
+    """Load every ``functions/*.py`` (not starting with ``_``). ``payload_check``: the
+    store's refusal of a value no job may carry (codec.payload_problem), for each SCHEDULE
+    payload; every process that runs or checks functions passes it."""
     functions: dict[str, Function] = {}
     errors: dict[str, FunctionLoadError] = {}
     warnings: list[str] = []
@@ -464,7 +469,7 @@ def load(config: Config, previous: Registry | None = None) -> Registry:
             errors[str(path)] = FunctionLoadError(str(path), "the file stem must be a Python identifier")
             continue
         try:
-            fn, w = load_function(path, config, checked)
+            fn, w = load_function(path, config, checked, payload_check)
         except FunctionLoadError as exc:
             errors[str(path)] = exc
             if previous is not None and path.stem in previous.functions:

@@ -239,15 +239,21 @@ def _digest(*parts: Any) -> str:
     return hashlib.blake2b(_canonical(list(parts)), digest_size=8).hexdigest()
 
 
+# Why a value cannot be a job's payload (nested past the limit, NaN, an integer past 64
+# bits: the store's encoder decides, and the layer that loads the registry passes it in,
+# as the catalog imports no store), or None when it can.
+PayloadCheck = Callable[[Any], "str | None"]
+
+
 def parse(
     module: Any, *, function: str, queue: str, max_attempts: int, versions: Versions,
     flow: limits.Flow, fail: Callable[[str, str | None], FunctionLoadError], max_payload_bytes: int,
-    priority: int = 0,
+    priority: int = 0, payload_check: PayloadCheck | None = None,
 ) -> tuple[tuple[Schedule, ...], list[str]]:
     """The schedules a function module declares (none without SCHEDULE), and warnings.
     ``fail(message, option)`` builds the error that names the file and the option's line.
-    A payload is held to ``max_payload_bytes`` of JSON ([api] max_body_bytes), as every
-    producer's is."""
+    A payload is held to ``max_payload_bytes`` of JSON ([api] max_body_bytes) and to
+    ``payload_check``, as every producer's is: each tick enqueues it as it stands."""
     raw = getattr(module, "SCHEDULE", None)
     warnings: list[str] = []
     if raw is None:
@@ -312,6 +318,9 @@ def parse(
             opt, label = "SCHEDULE_PAYLOAD", "SCHEDULE_PAYLOAD"
         else:
             opt, label = "SCHEDULE", f"{where} payload (SCHEDULE_PAYLOAD, default {{}})"
+        why = payload_check(payload) if payload_check is not None else None
+        if why:
+            raise fail(f"{label} cannot be a job's payload: {why}", opt)
         try:
             payload_json = _canonical(payload).decode()
         except TypeError as exc:

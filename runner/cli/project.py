@@ -34,9 +34,10 @@ from runner.store import urls
 def functions(ctx: click.Context, as_json: bool) -> None:
     """Discovered functions, their queues and schema versions, and what failed to load."""
     from runner.catalog import registry
+    from runner.store import codec
 
     cfg = load_config(ctx.obj["config"])
-    reg = registry.load(cfg)
+    reg = registry.load(cfg, payload_check=codec.payload_problem)
     data = {
         "functions": [f.describe() for f in reg.functions.values()],
         "errors": [str(e) for e in reg.errors.values()],
@@ -139,8 +140,9 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
     """Check config, functions and schemas, the Redis settings, and (deploy gate) that every
     job waiting in Redis can be run by the functions on disk. Non-zero on any error."""
     from runner.catalog import checks
+    from runner.store import codec
 
-    report = checks.check_files(ctx.obj["config"])
+    report = checks.check_files(ctx.obj["config"], payload_check=codec.payload_problem)
     code = EXIT_OK
     where = None
     if report.config is None:

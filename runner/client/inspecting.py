@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from runner.errors import GroupNotFound, JobNotFound, UnknownQueue
+from runner.errors import GroupNotFound, JobNotFound, RunnerError, UnknownQueue
 from runner.store import admin, connection, keys, listing, records, roster, routing
 from runner.store import audit as audit_log
 from runner.store import groups as group_store
@@ -219,6 +219,10 @@ def group_outcomes(client: Client, group_id: str) -> list[Any]:
     """Every member's outcome in member order (None for one not finished yet): what the
     then-job's payload carries, read from Redis for a group too big to carry them."""
     state = group_state(client, group_id)
+    if "total" in state.damaged:
+        raise RunnerError(f"group {group_id!r}'s record is damaged (its total, {state.fields.get('total')!r:.40}, "
+                          f"is not 0 to {group_store.MAX_MEMBERS:,}): its outcomes cannot be read; another "
+                          "writer set it, so look for what writes this queue's group keys besides runner")
     with reachable():
         return list(group_store.outcomes(client.runtime.redis, client.runtime.keys[state.queue], group_id,
                                          state.total))

@@ -12,10 +12,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner.store import codec
+from runner.store import codec, records
 from runner.store.keys import QueueKeys
 
 PAGE = 1000  # outcomes read per round trip
+
+
+# A group has 1 to this many members (runner/groups.py refuses more): a count past it,
+# or a time past records.MAX_TIME_MS, is damage (a hash another producer wrote), shown as
+# absent and named in the view's "damaged", never taken as it is (a 400-digit created_ms
+# failed every view; total=3000000 read three million outcomes).
+MAX_MEMBERS = 100_000
+_COUNTS = ("total", "done", "dead", "cancelled")
+_TIMES = ("created_ms", "completed_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +34,20 @@ class GroupState:
     fields: Mapping[str, str]
 
     def _int(self, name: str) -> int:
-        try:
-            return int(self.fields.get(name) or 0)
-        except ValueError:
-            return 0
+        """The field within its range (counts to MAX_MEMBERS, times to a date's last):
+        0 when absent or damaged."""
+        return records.count_of(self.fields.get(name) or 0,
+                                records.MAX_TIME_MS if name in _TIMES else MAX_MEMBERS) or 0
+
+    @property
+    def damaged(self) -> list[str]:
+        """The fields read back out of their range, or unreadable (the then-job's)."""
+        out = [name for name in (*_COUNTS, *_TIMES) if self.fields.get(name)
+               and records.count_of(self.fields[name], records.MAX_TIME_MS if name in _TIMES else MAX_MEMBERS)
+               is None]
+        if self._then() is None:
+            out.append("then")
+        return out
 
     @property
     def total(self) -> int:
@@ -38,25 +57,36 @@ class GroupState:
     def complete(self) -> bool:
         return bool(self.fields.get("completed_ms"))
 
+    def _then(self) -> tuple[str, str, str] | None:
+        try:
+            raw = codec.loads(self.fields.get("then") or "[]")
+        except codec.DecodeError:
+            return None
+        if not isinstance(raw, list) or len(raw) < 3 or not all(isinstance(x, str) for x in raw[:3]):
+            return None
+        return raw[0] or self.queue, raw[1], raw[2]
+
     @property
     def then(self) -> tuple[str, str, str]:
-        """The then-job's (queue, id, type); its queue is the group's when written ''."""
-        raw = codec.loads(self.fields.get("then") or "[]")
-        if not isinstance(raw, list) or len(raw) < 3:
-            return self.queue, "", ""
-        return str(raw[0] or self.queue), str(raw[1]), str(raw[2])
+        """The then-job's (queue, id, type); its queue is the group's when written ''.
+        ("", "") for the id and type when the field is damaged."""
+        return self._then() or (self.queue, "", "")
 
     def view(self) -> dict[str, Any]:
         """Progress as GET /groups/{id} shows it (the then-job's status is the caller's)."""
         finished = self._int("done") + self._int("dead") + self._int("cancelled")
         created, completed = self._int("created_ms"), self._int("completed_ms")
-        return {
+        view: dict[str, Any] = {
             "id": self.id, "queue": self.queue, "total": self.total, "done": self._int("done"),
             "dead": self._int("dead"), "cancelled": self._int("cancelled"),
             "pending": max(0, self.total - finished), "sealed": self.fields.get("sealed") == "1",
             "complete": self.complete, "created_at": created / 1000 if created else None,
             "completed_at": completed / 1000 if completed else None,
         }
+        damaged = self.damaged
+        if damaged:
+            view["damaged"] = damaged  # (as a job view's: the fields shown as absent)
+        return view
 
 
 def read(redis: Any, keys: Mapping[str, QueueKeys], group_id: str) -> GroupState | None:

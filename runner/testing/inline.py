@@ -119,7 +119,7 @@ def load_project(project: str | Path = ".") -> tuple[Config, Registry]:
     root = Path(project)
     toml = root / "runner.toml"
     cfg = config_mod.load(toml) if toml.exists() else config_mod.parse({}, root.resolve(), str(toml), {})
-    return cfg, registry_mod.load(cfg)
+    return cfg, registry_mod.load(cfg, payload_check=codec.payload_problem)
 
 
 def _render(template: templates.Template | None, payload: Any) -> str:

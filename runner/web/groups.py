@@ -110,8 +110,9 @@ class GroupItem:
                 view = await self.offload(self.client.get_group, group_id)
             else:  # once its then-job ended (or the wait passed), as a job's ?wait= answers
                 then = await self.offload(self.client.then_of, group_id)
-                with self.waits.admit(req):  # held to its bound, as a job's ?wait=
-                    await self.client.asettle(then, wait)
+                if then:  # (none when the group's record is damaged: its view says so)
+                    with self.waits.admit(req):  # held to its bound, as a job's ?wait=
+                        await self.client.asettle(then, wait)
                 view = await self.offload(self.client.get_group, group_id)
         except GroupNotFound:
             raise Problem(404, "group-not-found", f"no group {group_id!r}", title="Group not found",

@@ -117,6 +117,10 @@ COMPONENTS: dict[str, Any] = {
         "id": _STR, "queue": _STR, "total": _INT, "done": _INT, "dead": _INT, "cancelled": _INT,
         "pending": _INT, "sealed": {"type": "boolean"}, "complete": {"type": "boolean"},
         "created_at": _OPT_NUM, "completed_at": _OPT_NUM,
+        "damaged": {"type": "array", "items": _STR,
+                    "description": "The group record's fields read back out of their range (a count past "
+                    "100,000 or a time another writer set) or unreadable (then): each is shown as absent "
+                    "(0, or null for a time; an empty then id)"},
         "then": _obj({"id": _STR, "type": _STR, "queue": _STR, "status": {
             "type": ["string", "null"], "description": "waiting until the last member finished, then the "
             "then-job's status (pending while it is relayed to another queue)"}}),

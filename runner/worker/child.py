@@ -57,6 +57,7 @@ from runner.errors import JobTimeout, RunnerError, raise_refusal
 from runner.observe import tracing
 from runner.observe.logs import flush_held
 from runner.observe.logs import setup as setup_logs
+from runner.store import codec
 from runner.worker import affinity, batching, joblog
 from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
@@ -705,7 +706,8 @@ def main() -> None:
     setup_logs(cfg.log)
     signals = Signals()
     default_signals_after_fork()
-    child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg), signals)
+    child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg, payload_check=codec.payload_problem),
+                  signals)
     child.serve()
 
 

@@ -37,9 +37,23 @@ class CheckpointNotJSON(PermanentFailure, ValueError):
 
 
 class FollowUpNotJSON(PermanentFailure, ValueError):
-    """A ``ctx.enqueue`` payload JSON cannot carry (an integer past 64 bits, a set) or
+    """A ``ctx.enqueue`` or ``ctx.invoke`` payload JSON cannot carry (NaN, a set) or
     nested past the limit (codec.MAX_DEPTH): the job goes to the dead letters, as every
     retry would build the same payload."""
+
+
+def _unsendable(call: str, type_: str, payload: Any) -> FollowUpNotJSON | None:
+    """The permanent failure of a ctx.enqueue or ctx.invoke whose payload every retry
+    would build again and see refused: a part JSON cannot carry (NaN, an integer past 64
+    bits), or nesting past the limit, named with its path. None for another refusal (a
+    schema's: the same ValidationFailed, so it is told apart here)."""
+    where = codec.not_json(payload)
+    if where is None:
+        deep = codec.too_deep(payload, codec.MAX_DEPTH)
+        if deep is None:
+            return None
+        where = (deep, str(codec.TooDeep(deep)))
+    return FollowUpNotJSON(f"ctx.{call}({type_!r}): the payload cannot be sent: {where[1]}")
 
 
 class FollowUpDelay(PermanentFailure, ValueError):
@@ -227,16 +241,10 @@ class Context:
             return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
                                  priority=priority)
         except (ValidationFailed, codec.EncodeError):  # (a child process's channel refuses it as it sends)
-            # What every retry would build again fails the job at once: a payload JSON
-            # cannot carry, or one nested past the limit (the same ValidationFailed a
-            # schema refusal raises, so it is told apart here).
-            where = codec.not_json(payload)
-            if where is None:
-                deep = codec.too_deep(payload, codec.MAX_DEPTH)
-                if deep is None:
-                    raise
-                where = (deep, str(codec.TooDeep(deep)))
-            raise FollowUpNotJSON(f"ctx.enqueue({type!r}): the payload cannot be sent: {where[1]}") from None
+            unsendable = _unsendable("enqueue", type, payload)
+            if unsendable is None:
+                raise
+            raise unsendable from None
 
 
     # --- durable calls (docs/durable.md) ---------------------------------------------
@@ -350,7 +358,13 @@ class Context:
         unknown = set(options) - {"version", "delay", "priority"}
         if unknown:
             raise TypeError(f"ctx.invoke: unknown option(s) {sorted(unknown)}; known: delay, priority, version")
-        return self._durable().invoke(type, payload, ms, options)
+        try:
+            return self._durable().invoke(type, payload, ms, options)
+        except (ValidationFailed, codec.EncodeError):  # (as ctx.enqueue's, under either isolation)
+            unsendable = _unsendable("invoke", type, payload)
+            if unsendable is None:
+                raise
+            raise unsendable from None
 
     def group_outcomes(self, group_id: str) -> list[Any]:
         """Every member's outcome of a group, in member order: for a then-job whose payload

@@ -73,3 +73,24 @@ def handle(payload, ctx):
     rec = project.client.wait(job.id, timeout_s=60).as_dict()
     assert rec["status"] == "dead", rec
     assert ("$.list[0] is -inf" if call == "enqueue" else "$.amount is nan") in rec["last_error"]["message"], rec
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_ctx_invoke_of_nan_fails_the_job_once_naming_the_path(project: Project, isolation: str) -> None:
+    """Under a thread, ctx.invoke's refusal was a ValidationFailed, an ordinary error: the
+    job was retried to its last attempt, each building the same payload again."""
+    project.add_function("naninvoke", f'''
+QUEUE = "fast"
+MAX_ATTEMPTS = 3
+ISOLATION = "{isolation}"
+
+
+def handle(payload, ctx):
+    return ctx.invoke("record", {{"amount": 1, "parts": [2.5, float("inf")]}})
+''')
+    job = project.client.enqueue("naninvoke", {})
+    project.spawn_worker("fast")
+    rec = project.client.wait(job.id, timeout_s=60).as_dict()
+    assert (rec["status"], rec["reason"], rec["attempt"]) == ("dead", "permanent failure", 1), rec
+    message = rec["last_error"]["message"]
+    assert "ctx.invoke('record')" in message and "$.parts[1] is inf" in message, rec["last_error"]

@@ -10,11 +10,13 @@ from django.core import checks as django_checks
 
 from runner.catalog import checks
 from runner.contrib.django import config_path, settings_env
+from runner.store import codec
 
 
 def check_runner(app_configs: Any = None, **kwargs: Any) -> list[django_checks.CheckMessage]:
     """``runner check``'s file checks as Django system checks."""
-    report = checks.check_files(config_path(), env={**os.environ, **settings_env()})
+    report = checks.check_files(config_path(), env={**os.environ, **settings_env()},
+                                payload_check=codec.payload_problem)
     out: list[django_checks.CheckMessage] = []
     for p in report.problems:
         if p.severity == "error":
