@@ -267,7 +267,8 @@ class Ticker:
             # A schedule this registry does not define may come back after its adoption (an
             # older worker that defines it started again): retire it too once that one left.
             rt = self.rt
-            index = rt.scripts.bounded("schedules' index", lambda: registered(rt.redis, rt.keys.values()))
+            index = rt.scripts.bounded("the schedules' index", lambda: registered(rt.redis, rt.keys.values()),
+                                       [k.schedules for k in rt.keys.values()])
             for queue, ids in _undefined(self._registry, index).items():
                 listed = self._standby.undefined.setdefault(queue, [])
                 listed += [i for i in ids if i not in listed]
@@ -360,7 +361,8 @@ class Ticker:
         if look:
             pairs = [(rt.keys[e.schedule.queue], e.schedule.id) for e, _ in chunk]
             try:
-                done: list[int | None] = rt.scripts.bounded("handled ticks", lambda: handled_ticks(rt.redis, pairs))
+                done: list[int | None] = rt.scripts.bounded(
+                    "the handled ticks", lambda: handled_ticks(rt.redis, pairs), [k.schedule(sid) for k, sid in pairs])
             except OUTAGE:  # a master away or stalled: no look this time, the tick scripts decide
                 done = [None] * len(pairs)
             for (e, st), tick in zip(chunk, done, strict=True):

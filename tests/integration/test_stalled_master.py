@@ -1,0 +1,98 @@
+"""One master of a 3-master Redis Cluster stalled (SIGSTOP: it takes connections and says
+nothing, so a call to it waits out the 15 s socket timeout) while the others answer
+(docs/partitions.md, "A shard down"): every per-node call of a worker gives up on it
+within its node wait and goes on with the live ones, an operator's command answers
+within seconds naming it, and a process starts in about the probe's time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clusterkit import local_cluster
+
+from runner.client import Request
+from runner.store import roster
+from runner.store.embedded import Server
+
+from conftest import Endpoint, Project, make_project, wait_for
+
+
+@pytest.fixture
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    # Full coverage off: the live shards keep serving their slots while one is stalled.
+    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
+                       extra=["--cluster-require-full-coverage", "no"]) as servers:
+        yield servers
+
+
+@pytest.fixture
+def sproject(tmp_path: Path, shards: list[Server]) -> Iterator[Project]:
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in shards)
+    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
+    p.write_config(vt=10, fast="partitions = 3", concurrency=16, prefetch=16)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+def _home_master(p: Project, shards: list[Server]) -> Server:
+    r = p.runtime.redis
+    return next(s for s in shards if s.port == r.get_node_from_key(p.runtime.keys["fast"].ready).port)
+
+
+def test_a_stalled_master_holds_no_live_partition_s_delayed_jobs(sproject: Project, shards: list[Server]) -> None:
+    """partitions = 3 on 3 masters, a lease of 10 s (the node wait is then its full 2 s),
+    and the master of the queue's home partition, which also holds the roster, stalls for
+    5 s: the delayed jobs of the two live partitions start at most about half a second
+    late. Before, the scheduler's partition tag read and the roster's heartbeat each
+    waited up to the node wait on the stalled master, pass after pass: 1-1.5 s late
+    (median), up to 5 s."""
+    p = sproject
+    r = p.runtime.redis
+    stalled = _home_master(p, shards)
+    # A prefix whose roster lives on the stalled master too (its slot follows the prefix).
+    p.prefix = next(x for x in (f"t{uuid.uuid4().hex[:10]}" for _ in range(1000))
+                    if r.get_node_from_key(roster.key(x)).port == stalled.port)
+    p.write_config(vt=10, fast="partitions = 3", concurrency=16, prefetch=16)
+    r = p.runtime.redis
+    home = p.runtime.keys["fast"]
+    w = p.spawn_worker("fast", env={"RUNNER_TEST_ROSTER": "1,30"})
+    c = p.client
+    first = c.enqueue("record", {"n": -1})
+    wait_for(lambda: p.runs(first.id), timeout=30, what="the worker to start")
+    due: dict[str, float] = {}
+    for batch in range(3):  # (each call's keyless jobs go to the next partition)
+        sent = time.time()
+        got = c.enqueue_many([Request("record", {"n": 20 * batch + i}, delay_s=1.0 + 0.25 * i) for i in range(20)])
+        due |= {j.id: sent + 1.0 + 0.25 * i for i, j in enumerate(got) if not isinstance(j, Exception)}
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in r.zrange(k.scheduled, 0, -1)}
+    live = {i: t for i, t in due.items() if where.get(i) not in (None, home.tag)}
+    assert len(live) >= 30, where
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5.5)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    t1 = time.time()
+    starts = {i: float(p.runs(i)[0].split()[2]) for i in live if p.runs(i)}
+    late = sorted(starts.get(i, t1) - t for i, t in live.items() if t < t1 - 1.0)
+    assert len(late) >= 20
+    print(f"late: median {statistics.median(late):.2f} s, worst {late[-1]:.2f} s over {len(late)}")
+    assert late[-1] < 0.7, f"a live partition's delayed job started {late[-1]:.2f} s late during the stall " \
+                           f"(median {statistics.median(late):.2f} s)"
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+    # The heartbeat's warning names the master (before: "Redis node the roster's heartbeat").
+    beat = [ln for ln in log.splitlines() if "heartbeat" in ln and "Redis unavailable" in ln]
+    assert beat and all(f"Redis node 127.0.0.1:{stalled.port} " in ln for ln in beat), beat or log[-3000:]
+
