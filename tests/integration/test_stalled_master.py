@@ -96,3 +96,43 @@ def test_a_stalled_master_holds_no_live_partition_s_delayed_jobs(sproject: Proje
     beat = [ln for ln in log.splitlines() if "heartbeat" in ln and "Redis unavailable" in ln]
     assert beat and all(f"Redis node 127.0.0.1:{stalled.port} " in ln for ln in beat), beat or log[-3000:]
 
+
+def test_processes_start_in_about_the_probe_s_time_with_the_home_master_stalled(sproject: Project,
+                                                                               shards: list[Server]) -> None:
+    """The master of the queue's home partition (which holds its partition tags) stalls,
+    first in the URL: `Client.from_config` returns, `runner worker` serves and `runner web`
+    answers in about the 2 s of the client's PING probe (and a Python start). Before, the
+    partition tags' read waited out the probe's time again after it (a producer: 4 s), a
+    worker read them twice (8 s), and each web worker process probed again (8 s)."""
+    import subprocess
+    import sys
+
+    from test_web_support import runner_web
+
+    p = sproject
+    stalled = _home_master(p, shards)
+    p.server = Endpoint("redis+cluster://" + ",".join(  # type: ignore[assignment]
+        f"127.0.0.1:{s.port}" for s in sorted(shards, key=lambda s: s is not stalled)))
+    code = ("import sys, time; from runner.client import Client; t = time.monotonic(); "
+            "Client.from_config(sys.argv[1]); print(time.monotonic() - t)")
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(p.root / "runner.toml")], cwd=p.root, env=p.env,
+                             capture_output=True, text=True, timeout=60)
+        producer = float(out.stdout.strip() or "inf")
+        t = time.monotonic()
+        w = p.spawn_worker("fast")
+        wait_for(lambda: "serving" in (p.root / "worker-0.log").read_text(), timeout=30, interval=0.05,
+                 what="the worker serving")
+        worker = time.monotonic() - t
+        t = time.monotonic()
+        with runner_web(p, "web", workers=1):
+            web = time.monotonic() - t
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    print(f"producer {producer:.1f} s, worker {worker:.1f} s, web {web:.1f} s")
+    assert producer < 3.2, f"Client.from_config took {producer:.1f} s: {out.stderr[-2000:]}"
+    assert worker < 5.5, f"the worker served after {worker:.1f} s"
+    assert web < 5.5, f"runner web answered after {web:.1f} s"
+    assert w.poll() is None
