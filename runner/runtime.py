@@ -125,7 +125,10 @@ class Runtime:
                 self._recorded_at = done
             new: list[QueueKeys] = []
             for q, tags in seen.tags.items():
-                extra = tagset.draining_keys(prefix, q, self.parts[q], tags)
+                # (never the current count's own: one a reading command left out as its
+                # master is down stays out)
+                own = set(partition_tags(q, self.config.queues[q].partitions))
+                extra = tagset.draining_keys(prefix, q, self.parts[q], [t for t in tags if t not in own])
                 self.parts[q].extend(extra)
                 new += extra
             self.placements = {**{q: p for q, p in self.placements.items() if q in skip},
