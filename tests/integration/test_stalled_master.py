@@ -193,3 +193,35 @@ def test_processes_start_in_about_the_probe_s_time_with_the_home_master_stalled(
     assert worker < 5.5, f"the worker served after {worker:.1f} s"
     assert web < 5.5, f"runner web answered after {web:.1f} s"
     assert w.poll() is None
+
+
+def test_telling_an_event_s_waiters_gives_up_on_a_stalled_master(sproject: Project, shards: list[Server]) -> None:
+    """A live partition's wakes list holds an event whose waiters' registry (its name's
+    slot) lives on a stalled master: a relay pass gives up on it within the node wait and
+    leaves the entry for a later pass, instead of waiting out the 15 s socket timeout."""
+    from runner.store import codec
+    from runner.store.keys import EventKeys
+    from runner.worker import relay
+
+    p = sproject
+    rt = p.runtime
+    r = rt.redis
+    home = rt.keys["fast"]
+    stalled = _home_master(p, shards)
+    k = next(k for k in rt.parts["fast"] if r.get_node_from_key(k.wakes).port != stalled.port)
+    name = next(n for n in (f"ev{i}" for i in range(1000))
+                if r.get_node_from_key(EventKeys(p.prefix, n).shapes).port == stalled.port)
+    raw = codec.dumps({"name": name, "id": "e1", "ts": int(time.time() * 1000), "data": {}})
+    r.rpush(k.wakes, raw)
+    seen = {(k.tag, hash(raw)): time.monotonic() - 3600}  # (left there by its emitter long ago)
+    rt.scripts.node_wait_s = 0.5  # as a worker sets it (below its leases)
+    assert stalled.proc is not None and home.tag != k.tag
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        left = relay.tell_waiters(p.client, k, seen)
+        took = time.monotonic() - t
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert took < 2.0, f"the relay waited {took:.1f} s on the stalled master"
+    assert left == 1 and r.lrange(k.wakes, 0, -1) == [raw]
