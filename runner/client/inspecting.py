@@ -248,7 +248,8 @@ def schedules(client: Client) -> list[dict[str, Any]]:
     for s in scheds:
         wanted.setdefault(s.queue, (rt.keys[s.queue], []))[1].append(s.id)
     with reachable():
-        now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
+        now = ServerClock(rt.redis, rt.config.redis.prefix, [k.queue for k in rt.keys.values()
+                                                              if k in rt.parts[k.queue]]).now_ms()
         states = read_states(rt.redis, wanted, rt.scripts, rt.parts) if scheds else {}
     return [_schedule_view(s, states.get(s.id), now) for s in scheds]
 
