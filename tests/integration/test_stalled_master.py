@@ -337,3 +337,37 @@ def test_a_worker_started_while_a_master_stalls_ticks_the_live_schedules(sprojec
     assert ticks >= 3, f"{ticks} tick(s) of the live schedule within 10 s of a start during the stall"
     assert w.poll() is None
 
+
+def test_the_cancel_subscription_listens_on_a_master_that_answers(sproject: Project, shards: list[Server]) -> None:
+    """A process starts while the master of its first cancels channel's slot is stalled:
+    its subscriber (worker.py's cancels) subscribes on a master that answers, so it is
+    ready at once and hears what the live masters publish. Before, it subscribed on the
+    first channel's master: not ready in the worker's 2 s start wait, deaf all stall."""
+    import redis
+
+    from runner.runtime import Runtime
+    from runner.store.waiter import Waiter
+
+    p = sproject
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    port = {k.tag: r.get_node_from_key(k.cancels).port for k in parts}
+    stalled = next(s for s in shards if s.port == port[parts[0].tag])
+    live = next(k for k in parts if port[k.tag] != stalled.port)
+    heard: list[list[str]] = []
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        rt = Runtime.create(p.config(), lazy=True)
+        w = Waiter(rt.redis, [k.cancels for k in parts], heard.append)
+        t = time.monotonic()
+        ready = w.ready(2.0)
+        took = time.monotonic() - t
+        redis.Redis(port=port[live.tag]).publish(live.cancels, "job1 token1")
+        wait_for(lambda: heard, timeout=3, what="the cancel published on a live master")
+        w.stop(wait=False)
+        rt.close()
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert ready and took < 1.0, f"the subscription was ready: {ready}, after {took:.1f} s"
+    assert heard == [["job1", "token1"]]
