@@ -155,21 +155,16 @@ class Runtime:
         import threading
 
         from runner.store.connection import PROBE_S
+        from runner.store.shards import node_of
 
-        skip = frozenset(q for q in self.parts if self._node_of(partition_set(self.config.redis.prefix, q)) in stalled)
+        prefix = self.config.redis.prefix
+        skip = frozenset(q for q in self.parts if node_of(self.redis, partition_set(prefix, q)) in stalled)
         found: list[list[QueueKeys]] = []
         aside = threading.Thread(target=lambda: found.append(self.discover(record=record, skip=skip)),
                                  name="runner-discover", daemon=True)
         aside.start()
         aside.join(PROBE_S)
         return found[0] if found else []
-
-    def _node_of(self, key: str) -> str:
-        """The master (host:port) of ``key``'s slot on Redis Cluster ('' when unknown)."""
-        try:
-            return str(self.redis.get_node_from_key(key).name)
-        except Exception:  # no layout now: the read itself says why
-            return ""
 
     @property
     def key_life_s(self) -> float:

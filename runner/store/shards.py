@@ -29,6 +29,15 @@ class Down:
         return f"{self.node} ({held})"
 
 
+def node_of(redis: Any, key: str) -> str:
+    """The master (host:port) of ``key``'s slot on Redis Cluster ('' elsewhere, or when the
+    client has no layout now: the read itself then says why)."""
+    try:
+        return str(redis.get_node_from_key(key).name)
+    except Exception:
+        return ""
+
+
 def down(redis: Any, every: Sequence[QueueKeys]) -> list[Down]:
     """The masters holding partitions of ``every`` that do not answer a PING, when others
     do (each asked on its own connection); [] on a single server or Sentinel, or when no
