@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
 from runner.store import routing, tagset
-from runner.store.keys import QueueKeys, for_partitions, home_partition, partition_tags, place_prefix
+from runner.store.keys import QueueKeys, for_partitions, home_partition, partition_set, partition_tags, place_prefix
 
 if TYPE_CHECKING:
     from runner.catalog.registry import Registry
@@ -89,16 +89,19 @@ class Runtime:
             rt.scripts.prepare()
         return rt
 
-    def discover(self, *, record: bool = False) -> list[QueueKeys]:
+    def discover(self, *, record: bool = False, skip: frozenset[str] = frozenset()) -> list[QueueKeys]:
         """Read the partition tags recorded for every queue (tagset.py), adding this
         process's own with ``record``; the tags of other counts join ``parts`` as draining
-        partitions. Returns those new here. Redis away: nothing new, the next call retries."""
+        partitions. Returns those new here. Redis away: nothing new, the next call retries.
+        ``skip``: queues whose tags are not read now (their set's master is stalled): the
+        next discover_due, a second on, reads every queue's again."""
         prefix = self.config.redis.prefix
         with self._discovering:  # threads of one process (web threads, the scheduler) append once
             now = time.monotonic()
             try:
                 seen = tagset.record_and_read_all(
-                    self.redis, prefix, {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items()},
+                    self.redis, prefix, {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items()
+                                         if q not in skip},
                     {q: c.partitions for q, c in self.config.queues.items()}, record=record,
                     keep_s=self.key_life_s)
             except Exception as exc:  # a damaged set must not stop a process: its own tags serve
@@ -116,16 +119,21 @@ class Runtime:
                 else:
                     log.warning("partition tags of %s not read: %s", ", ".join(self.parts), exc)
                 return []
-            self._discovered_at = now
+            done = now if not skip else now - tagset.RECORD_EVERY_S + RETRY_S  # (the rest: a second on)
+            self._discovered_at = done
             if record:
-                self._recorded_at = now
+                self._recorded_at = done
             new: list[QueueKeys] = []
             for q, tags in seen.tags.items():
-                extra = tagset.draining_keys(prefix, q, self.parts[q], tags)
+                # (never the current count's own: one a reading command left out as its
+                # master is down stays out)
+                own = set(partition_tags(q, self.config.queues[q].partitions))
+                extra = tagset.draining_keys(prefix, q, self.parts[q], [t for t in tags if t not in own])
                 self.parts[q].extend(extra)
                 new += extra
-            self.placements = {q: self._placement(q, others) for q, c in seen.counts.items()
-                               if (others := tuple(n for n in c if n != self.config.queues[q].partitions))}
+            self.placements = {**{q: p for q, p in self.placements.items() if q in skip},
+                               **{q: self._placement(q, others) for q, c in seen.counts.items()
+                                  if (others := tuple(n for n in c if n != self.config.queues[q].partitions))}}
             if self._scripts is not None:
                 self._scripts.changing = frozenset(self.placements)
             if record:
@@ -136,18 +144,23 @@ class Runtime:
 
     def discover_bounded(self, *, record: bool = False) -> list[QueueKeys]:
         """``discover``; while a Redis Cluster master is stalled (it took the client's
-        connection as it was built and said nothing: connection.py's probe), on a thread
-        waited for as long as the probe was, so a process starts on its own partitions
-        rather than wait out the stall: [] when it has not answered by then, and a later
-        discover_due reads the tags again (docs/partitions.md, "A shard down")."""
-        if not getattr(self.redis, "runner_stalled", None):
+        connection as it was built and said nothing: connection.py's probe), the queues
+        whose tag sets live on it are left for a later discover_due (a second on), so a
+        process starts on its own partitions rather than wait out the stall; the others'
+        are read on a thread waited for as long as the probe was ([] when it has not
+        answered by then: docs/partitions.md, "A shard down")."""
+        stalled = getattr(self.redis, "runner_stalled", None)
+        if not stalled:
             return self.discover(record=record)
         import threading
 
         from runner.store.connection import PROBE_S
+        from runner.store.shards import node_of
 
+        prefix = self.config.redis.prefix
+        skip = frozenset(q for q in self.parts if node_of(self.redis, partition_set(prefix, q)) in stalled)
         found: list[list[QueueKeys]] = []
-        aside = threading.Thread(target=lambda: found.append(self.discover(record=record)),
+        aside = threading.Thread(target=lambda: found.append(self.discover(record=record, skip=skip)),
                                  name="runner-discover", daemon=True)
         aside.start()
         aside.join(PROBE_S)
@@ -209,7 +222,7 @@ class Runtime:
                                                name="runner-discover", daemon=True)
                 self._aside.start()
             return []
-        return self.discover(record=record)
+        return self.discover_bounded(record=record)
 
     @property
     def scripts(self) -> Scripts:

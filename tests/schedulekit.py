@@ -71,7 +71,9 @@ def server_ms(project: Project) -> int:
 def set_clock(project: Project, now_ms: int) -> None:
     """Make every scheduler of this project see ``now_ms`` now (and the time run on from it)."""
     r = project.runtime.redis
-    r.set(clock_offset(project.prefix), now_ms - server_ms(project))
+    offset = now_ms - server_ms(project)
+    for queue in project.runtime.keys:  # (one key per queue, under its tag)
+        r.set(clock_offset(project.prefix, queue), offset)
 
 
 def jobs_of(project: Project, queue: str = "fast") -> list[dict[str, Any]]:

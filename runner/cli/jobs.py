@@ -21,6 +21,7 @@ from runner.cli.root import (
     build_runtime,
     cli,
     current_target,
+    down_text,
     down_view,
     emit,
     fail,
@@ -250,8 +251,11 @@ def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
 
     rt = build_runtime(ctx.obj["config"], client_only=True, reader=True)
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down or stalled: looked for on the live ones
         found = records.lookup(rt.read_scripts, [k for parts in rt.parts.values() for k in parts], job_id)
     if found is None:
+        if gone:  # it may live there: not "no such job"
+            fail(f"job {job_id} is not on the masters that answer; {down_text(gone)}", EXIT_REDIS)
         fail(str(JobNotFound(job_id)), EXIT_REFUSED)
     record = found.as_dict()
     emit(record, as_json, "\n".join(f"{k:>16}: {_shown(k, v)}" for k, v in record.items() if v is not None))

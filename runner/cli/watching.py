@@ -12,8 +12,20 @@ from typing import Any
 import click
 
 from runner.cli.jobs import refused_text
-from runner.cli.root import EXIT_OK, EXIT_REFUSED, RedisCommand, build_runtime, cli, emit, fail, redis_errors
-from runner.errors import RedisUnavailable, RunnerError
+from runner.cli.root import (
+    EXIT_OK,
+    EXIT_REDIS,
+    EXIT_REFUSED,
+    RedisCommand,
+    build_runtime,
+    cli,
+    down_text,
+    emit,
+    fail,
+    redis_errors,
+    shards_down,
+)
+from runner.errors import JobNotFound, RedisUnavailable, RunnerError
 
 # A log line's text is a producer's: every control character but the newline is shown
 # escaped, never sent to the terminal (a newline starts an indented continuation).
@@ -47,6 +59,7 @@ def logs(ctx: click.Context, job_id: str, follow: bool, timeout_s: float | None,
     rt = build_runtime(ctx.obj["config"], client_only=True)
     client = Client(rt)
     with redis_errors():
+        gone = shards_down(rt)  # a Cluster master down or stalled: looked for on the live ones
         try:
             if not follow:
                 got = client.logs(job_id)
@@ -58,6 +71,10 @@ def logs(ctx: click.Context, job_id: str, follow: bool, timeout_s: float | None,
                     sys.stdout.flush()
         except RedisUnavailable:
             raise
+        except JobNotFound as exc:
+            if gone:  # it may live there: not "no such job"
+                fail(f"job {job_id} is not on the masters that answer; {down_text(gone)}", EXIT_REDIS)
+            fail(refused_text(exc), EXIT_REFUSED)
         except RunnerError as exc:
             fail(refused_text(exc), EXIT_REFUSED)
         finally:

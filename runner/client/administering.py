@@ -388,7 +388,7 @@ def trigger(client: Client, schedule_id: str, *, by: str | None = None) -> Enque
     from runner.catalog.schedules import iso  # loaded with the registry above
 
     with reachable():
-        now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
+        now = ServerClock(rt.redis, rt.config.redis.prefix, [s.queue]).now_ms()
         meta = codec.dumps({"schedule": s.id, "tick": iso(now), "trigger": "manual"})
         job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
                      max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",

@@ -243,14 +243,17 @@ def audit(client: Client, offset: int = 0, limit: int = 50) -> tuple[int, list[d
 def schedules(client: Client) -> list[dict[str, Any]]:
     """Every schedule of the loaded functions, by id: its definition, the next tick by
     the server's clock, the last tick that fired and the last job with its status,
-    and its counts (see _schedule_view)."""
+    and its counts (see _schedule_view). A schedule whose state lives in a partition left
+    out of the runtime's (its Redis Cluster master is down: cli's shards_down) is left out."""
     rt = client.runtime
-    scheds = rt.registry.schedules()
+    live = {(k.queue, k.tag) for parts in rt.parts.values() for k in parts}
+    scheds = [s for s in rt.registry.schedules() if (s.queue, rt.keys[s.queue].tag) in live]
     wanted: dict[str, tuple[QueueKeys, list[str]]] = {}
     for s in scheds:
         wanted.setdefault(s.queue, (rt.keys[s.queue], []))[1].append(s.id)
     with reachable():
-        now = ServerClock(rt.redis, rt.config.redis.prefix).now_ms()
+        now = ServerClock(rt.redis, rt.config.redis.prefix, [k.queue for k in rt.keys.values()
+                                                              if k in rt.parts[k.queue]]).now_ms()
         states = read_states(rt.redis, wanted, rt.scripts, rt.parts) if scheds else {}
     return [_schedule_view(s, states.get(s.id), now) for s in scheds]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import JobNotFound, RedisUnavailable
@@ -56,13 +57,17 @@ def tell_all(client: Client, raw: str, budget: int) -> bool:
     ek = EventKeys(rt.config.redis.prefix, name)
     data = event.get("data")
     away = 0  # waiters whose job's server did not answer: told by a later pass
-    for shape in listeners.shapes(rt.redis, ek):
+    # The registry's reads given up on a stalled master in a worker's node wait, as its
+    # script calls are (Transport.on_node): the entry waits for a later pass.
+    on = rt.scripts.on_node
+    for shape in on(ek.shapes, lambda: listeners.shapes(rt.redis, ek), "the event's waiters"):
         bucket = listeners.digest_for(shape, data)
         if bucket is None:
             continue
         skipped = 0  # (they stay first in the bucket: every waiter before them left it)
         while True:
-            found = listeners.waiters(rt.redis, ek, bucket, ts, offset=skipped)
+            found = on(ek.shapes, partial(listeners.waiters, rt.redis, ek, bucket, ts, offset=skipped),
+                       "the event's waiters")
             if not found:
                 break
             told: list[tuple[str, str, str]] = []

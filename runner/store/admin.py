@@ -41,7 +41,7 @@ def counts(redis: Any, every: Sequence[QueueKeys]) -> list[dict[str, Any]]:
 def pause(redis: Any, prefix: str, parts: Sequence[QueueKeys], function: str | None) -> None:
     """Pause a queue (``function`` None) or one function of it, in every partition (each
     partition's claim reads its own), at the server's time."""
-    now = ServerClock(redis, prefix).now_ms()
+    now = ServerClock(redis, prefix, [parts[0].queue] if parts else []).now_ms()
     pipe = redis.pipeline(transaction=False)
     for part in parts:
         pipe.hset(part.paused, "queue" if function is None else f"fn:{function}", now)

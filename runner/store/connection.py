@@ -331,6 +331,11 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
 
 
 PROBE_S = 2.0  # how long a cluster client being built waits for each master's PING
+# A probe that found a master stalled is taken as it is by a client built this soon after
+# in the same process or a child forked from it (`runner web`'s workers, forked once its
+# own client checked the settings): a start waits for one probe, not one per process.
+PROBE_KEEP_S = 10.0
+_probed: dict[tuple[Any, ...], tuple[float, set[str], set[str]]] = {}
 
 
 def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]) -> tuple[set[str], set[str]]:
@@ -343,6 +348,12 @@ def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]) -> tuple[set[st
 
     keep = {k: v for k, v in kwargs.items() if k in ("username", "password", "decode_responses")
             or k.startswith("ssl")}
+    import time
+
+    memo = (tuple(seeds), tuple(sorted((k, repr(v)) for k, v in keep.items())))
+    kept = _probed.get(memo)
+    if kept is not None and time.monotonic() - kept[0] < PROBE_KEEP_S:
+        return set(kept[1]), set(kept[2])
     answered: set[str] = set()
     stalled: set[str] = set()
     layout: list[Any] = []
@@ -373,7 +384,10 @@ def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]) -> tuple[set[st
     if layout:
         masters = {(str(m[2][0]) or seeds[0][0], int(m[2][1])) for m in layout[0]}
         run([hp for hp in masters if f"{hp[0]}:{hp[1]}" not in answered | stalled], False)
-    return answered, stalled - answered
+    stalled -= answered
+    if stalled:
+        _probed[memo] = (time.monotonic(), set(answered), set(stalled))
+    return answered, stalled
 
 
 def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:

@@ -69,6 +69,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               definition last said it lives (server ms)
     <prefix>:{<queue>}:schedule:<id>  HASH    one schedule's state: def, def_at, line_at, tick, fired, job, counts,
                                               the outbox entries of its last jobs sent away
+    <prefix>:{<queue>}:test:clock_offset_ms  STRING  tests only: ms added to the server clock of the
+                                              queue's schedules (every queue's set alike)
     <prefix>:{<queue>}:partitions     SET     the hash tags any process routes the queue's jobs to
                                               (tagset.py); kept under the queue's own tag
     <prefix>:{<queue>}:partition_counts ZSET  each count of partitions a process routed by ->
@@ -115,7 +117,6 @@ These keys are global, outside every queue's tag (each in its own slot on Redis 
                                               heartbeat (SET NX, expires with it; roster.py)
     <prefix>:place:<queue>:{<digest>} STRING  the partition a route key was placed in while two
                                               counts of partitions are live (routing.py)
-    <prefix>:test:clock_offset_ms     STRING  tests only: ms added to the server clock of schedules
     <prefix>:{ev:<name>}:shapes       HASH    a match's field names (JSON list) -> waiters with it
     <prefix>:{ev:<name>}:w:<digest>   ZSET    the waiters of one match (the digest of its fields
                                               and values) -> when each began to wait (server ms);
@@ -394,6 +395,8 @@ class EventKeys:
         return self.woke_prefix + event_id
 
 
-def clock_offset(prefix: str) -> str:
-    """Tests only: milliseconds the schedules' clock runs ahead of the server's."""
-    return f"{prefix}:test:clock_offset_ms"
+def clock_offset(prefix: str, queue: str) -> str:
+    """Tests only: milliseconds the schedules' clock runs ahead of the server's, one key per
+    queue under the queue's own tag (on Redis Cluster, on the master of its schedules'
+    states; a test sets every queue's alike)."""
+    return f"{prefix}:{{{queue}}}:test:clock_offset_ms"

@@ -4,6 +4,7 @@ hold and name the one that is down, rather than take all of Redis for unreachabl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,15 @@ class Down:
         return f"{self.node} ({held})"
 
 
+def node_of(redis: Any, key: str) -> str:
+    """The master (host:port) of ``key``'s slot on Redis Cluster ('' elsewhere, or when the
+    client has no layout now: the read itself then says why)."""
+    try:
+        return str(redis.get_node_from_key(key).name)
+    except Exception:
+        return ""
+
+
 def down(redis: Any, every: Sequence[QueueKeys]) -> list[Down]:
     """The masters holding partitions of ``every`` that do not answer a PING, when others
     do (each asked on its own connection); [] on a single server or Sentinel, or when no
@@ -49,15 +59,15 @@ def down(redis: Any, every: Sequence[QueueKeys]) -> list[Down]:
     out: list[Down] = []
     live = None
     stalled: set[str] = getattr(redis, "runner_stalled", set())  # (connection.py's probe, as the client was built)
+    answers = _pings([node for name, (node, _) in by_node.items() if name not in stalled])
     for name, (node, parts) in by_node.items():
         if name in stalled:
             out.append(Down(name, tuple(parts), f"Redis node {name} took the connection and did not answer "
                                                 "(stopped or hung)"))
             continue
-        try:
-            node.redis_connection.ping()
-        except UNAVAILABLE as exc:
-            out.append(Down(name, tuple(parts), str(exc)))
+        said = answers.get(name)
+        if said is not None:
+            out.append(Down(name, tuple(parts), said))
             continue
         live = live or node
     if live is None:
@@ -65,6 +75,39 @@ def down(redis: Any, every: Sequence[QueueKeys]) -> list[Down]:
     if out:
         redis.set_default_node(live)
     return out
+
+
+def _pings(nodes: Sequence[Any]) -> dict[str, str | None]:
+    """Each node's PING, all at once, each waited for at most the probe's PROBE_S (a master
+    that stalled since the client was built takes the PING and says nothing: it would
+    hold the command for the 15 s socket timeout): by name, None for an answer, else
+    why not."""
+    import threading
+
+    from runner.store.connection import PROBE_S, UNAVAILABLE
+
+    said: dict[str, str | None] = {}
+    raised: list[BaseException] = []
+
+    def ping(node: Any) -> None:
+        try:
+            node.redis_connection.ping()
+            said[node.name] = None
+        except UNAVAILABLE as exc:
+            said[node.name] = str(exc)
+        except Exception as exc:  # not an outage (a refused password): the caller's, as before
+            raised.append(exc)
+
+    threads = [threading.Thread(target=ping, args=(n,), name="runner-ping", daemon=True) for n in nodes]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + PROBE_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if raised:
+        raise raised[0]
+    late = f"did not answer a PING within {PROBE_S:g} s (stopped or hung)"
+    return {n.name: said.get(n.name, f"Redis node {n.name} {late}") for n in nodes}
 
 
 def without(parts: dict[str, list[QueueKeys]], gone: Sequence[Down]) -> None:

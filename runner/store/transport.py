@@ -31,7 +31,7 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from runner.errors import NotReplicated, RedisUnavailable
@@ -520,7 +520,7 @@ class NodeLanes:
         for i, (_, keys, _, _) in enumerate(calls):
             by_node.setdefault(self.node(keys), []).append(i)
         out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
-        wait_s = self.scripts.node_wait_s
+        wait_s = self.scripts.node_wait()
         if wait_s is not None and all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
             return self._send_bounded(calls, by_node, out, wait_s + self.scripts.wait_s(calls))
         groups = list(by_node.values())
@@ -554,7 +554,8 @@ class NodeLanes:
         return [mine[i] if i in mine else out[i] for i in range(len(calls))]
 
     def bounded(self, node: str, fn: Callable[[], T], wait_s: float,
-                late: Callable[[T], object] | None = None) -> T:
+                late: Callable[[T], object] | None = None, *, what: str = "",
+                among: Sequence[str] = ()) -> T:
         """``fn()`` (a call to ``node``) on a thread of the pool, waited for at most
         ``wait_s``. A master stopped or hung with its sockets open answers nothing until
         the socket timeout (15 s), longer than a worker's leases: past ``wait_s`` this
@@ -562,10 +563,14 @@ class NodeLanes:
         backs off from while it goes on with the others), and every bounded call to the
         node fails so at once until the call given up ends, so no thread piles up behind
         it. ``late`` gets the result of a call given up, if it comes (a claim's jobs, to
-        hand back)."""
-        stalled = self._stalled_error(node)
-        if stalled is not None:
-            raise stalled
+        hand back). ``what`` names the call in the error. ``among``: the masters a read
+        of several goes to (``node`` is then the read's own name, marked in their
+        stead: which of them held it up is not known); it fails at once while one of
+        them is stalled, and its error names the stalled ones among them."""
+        for n in (node, *among):
+            stalled = self._stalled_error(n, what, among)
+            if stalled is not None:
+                raise stalled
         f = self.pool().submit(fn)
         from concurrent.futures import TimeoutError as WaitedOut
 
@@ -573,19 +578,30 @@ class NodeLanes:
             return f.result(timeout=wait_s)
         except WaitedOut:
             pass
-        err = self._given_up(node, f, wait_s)
+        err = self._given_up(node, f, wait_s, what, among)
         if late is not None:
             f.add_done_callback(lambda done: None if done.exception() is not None else late(done.result()))
         raise err
 
-    def _stalled_error(self, node: str) -> BaseException | None:
+    def _who(self, node: str, among: Sequence[str]) -> str:
+        """The node an error names: ``node``, or for a read of several masters those of
+        ``among`` stalled now (every one of them when none is known to be)."""
+        if not among:
+            return node
+        stalled = [n for n in among if n in self._stalled]
+        return " or ".join(stalled or among)
+
+    def _stalled_error(self, node: str, what: str = "", among: Sequence[str] = ()) -> BaseException | None:
         out = self._stalled.get(node)
         if out is None:
             return None
-        return NodeStalled(f"Redis node {node} has not answered for {time.monotonic() - out[0]:.1f} s "
-                           "(stopped or hung); its partitions wait")
+        who = node if node in among or not among else self._who(node, among)
+        call = f"; {what} not sent" if what else ""
+        return NodeStalled(f"Redis node {who} has not answered for {time.monotonic() - out[0]:.1f} s "
+                           f"(stopped or hung{call}); its partitions wait")
 
-    def _given_up(self, node: str, f: Future[Any], wait_s: float) -> BaseException:
+    def _given_up(self, node: str, f: Future[Any], wait_s: float, what: str = "",
+                  among: Sequence[str] = ()) -> BaseException:
         """Mark ``node`` stalled until ``f`` ends; the error for the call given up."""
         with self._lock:
             since, n = self._stalled.get(node, (time.monotonic(), 0))
@@ -600,8 +616,9 @@ class NodeLanes:
                     self._stalled.pop(node, None)
 
         f.add_done_callback(ended)
-        return NodeStalled(f"Redis node {node} did not answer within {wait_s:g} s (stopped or hung); "
-                           "its partitions wait")
+        call = f" {what}" if what else ""
+        return NodeStalled(f"Redis node {self._who(node, among)} did not answer{call} within {wait_s:g} s "
+                           "(stopped or hung); its partitions wait")
 
     def submit(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool,
                after: dict[str, Future[tuple[Any, int | None]]]) -> Future[tuple[Any, int | None]]:
@@ -659,6 +676,7 @@ class Transport:
         # NodeStalled (NodeLanes.bounded); None waits out the socket timeout. A worker sets
         # it below its leases, so one stalled master cannot stall its other partitions.
         self.node_wait_s: float | None = None
+        self._local = threading.local()  # a thread's shorter node wait (``waiting``)
         self.sources = SOURCES
         self.shas = SHAS
         # The scripts a batch of this Transport loaded (and none answered NOSCRIPT since):
@@ -685,6 +703,24 @@ class Transport:
             ("WAIT", replicas, max(1, round(replica_timeout_s * 1000))) if replicas > 0 else None
         )
 
+    def node_wait(self) -> float | None:
+        """The calling thread's node wait: ``node_wait_s``, or less within ``waiting``."""
+        wait = self.node_wait_s
+        short: float | None = getattr(self._local, "wait_s", None)
+        return wait if wait is None or short is None else min(wait, short)
+
+    @contextlib.contextmanager
+    def waiting(self, wait_s: float) -> Iterator[None]:
+        """The calls this thread makes within give up on a stalled master past ``wait_s``
+        (at most ``node_wait_s``): for a loop whose every call is safe to give up and
+        make again, and whose other masters' work must not wait (the scheduler's)."""
+        before = getattr(self._local, "wait_s", None)
+        self._local.wait_s = wait_s
+        try:
+            yield
+        finally:
+            self._local.wait_s = before
+
     def confirm(self, acked: Sequence[int], replies: Sequence[Any]) -> None:
         """Raise NotReplicated when any WAIT answered fewer replicas than asked."""
         if acked and min(acked) < self.replicas:
@@ -709,10 +745,11 @@ class Transport:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent). ``by_source``: as for ``call``."""
         durable = durable or name in DURABLE
-        if self.node_wait_s is not None and (not durable or name in FENCED) and not self.one_server:
+        wait = self.node_wait()
+        if wait is not None and (not durable or name in FENCED) and not self.one_server:
             return self.nodes.bounded(self.nodes.node(keys),
                                       lambda: self._counted(name, keys, args, spin, durable, by_source),
-                                      self.node_wait_s + self.wait_s([(name, keys, args, durable)]), late)
+                                      wait + self.wait_s([(name, keys, args, durable)]), late)
         return self._counted(name, keys, args, spin, durable, by_source)
 
     def wait_s(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]]) -> float:
@@ -721,22 +758,24 @@ class Transport:
         slow to answer, not stalled)."""
         return self.replica_timeout_s if self.wait is not None and any(c[3] for c in calls) else 0.0
 
-    def on_node(self, key: str, fn: Callable[[], T]) -> T:
+    def on_node(self, key: str, fn: Callable[[], T], what: str = "") -> T:
         """``fn()``, a command (or a pipeline) of its own to the master of ``key``'s slot,
-        given up past ``node_wait_s`` as a script call to that master is (NodeLanes.bounded):
-        a worker's periodic reads and writes outside scripts (an outbox's head, the
-        roster's heartbeat) wait for a stalled master no longer than its claims do. At
-        once on one server, or without a node wait."""
-        if self.node_wait_s is None or self.one_server:
+        given up past ``node_wait_s`` as a script call to that master is (NodeLanes.bounded;
+        ``what`` names it in the error): a worker's periodic reads and writes outside
+        scripts (an outbox's head, the roster's heartbeat) wait for a stalled master no
+        longer than its claims do. At once on one server, or without a node wait."""
+        wait = self.node_wait()
+        if wait is None or self.one_server:
             return fn()
-        return self.nodes.bounded(self.nodes.node([key]), fn, self.node_wait_s)
+        return self.nodes.bounded(self.nodes.node([key]), fn, wait, what=what)
 
     def keyless(self, *command: Any) -> Any:
         """A command of no key (TIME), answered by a master that answers: on Redis Cluster
         with a node wait, the client's default node first, then the other masters, each
         waited for at most ``node_wait_s`` (one that answers becomes the default); the last
         error when none does."""
-        if self.node_wait_s is None or self.one_server:
+        wait = self.node_wait()
+        if wait is None or self.one_server:
             return self.client.execute_command(*command)
         from runner.store.connection import UNAVAILABLE
 
@@ -748,7 +787,7 @@ class Transport:
                 return client.execute_command(*command, target_nodes=n)
 
             try:
-                reply = self.nodes.bounded(node.name, ask, self.node_wait_s)
+                reply = self.nodes.bounded(node.name, ask, wait, what=str(command[0]))
             except UNAVAILABLE as exc:
                 err = exc
                 continue
@@ -758,13 +797,20 @@ class Transport:
         assert err is not None
         raise err
 
-    def bounded(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn()``, a read of its own on Redis Cluster (a pipeline over several masters),
-        given up past ``node_wait_s`` as a script call is (NodeLanes.bounded; ``what``
-        names it while it is out); at once otherwise."""
-        if self.node_wait_s is None or self.one_server:
+    def bounded(self, what: str, fn: Callable[[], T], keys: Sequence[str]) -> T:
+        """``fn()``, a read (or a pipeline) of its own on Redis Cluster over ``keys``, given
+        up past ``node_wait_s`` as a script call is (NodeLanes.bounded); its error names the
+        master (host:port) and ``what``. On one master, it is that master's call (it fails
+        at once while the master is stalled, and a give-up marks it so); over several, it
+        fails at once while one of them is stalled, and names the stalled ones. At once on
+        one server, or without a node wait."""
+        wait = self.node_wait()
+        if wait is None or self.one_server:
             return fn()
-        return self.nodes.bounded(what, fn, self.node_wait_s)
+        nodes = sorted({self.nodes.node([k]) for k in keys})
+        if len(nodes) == 1:
+            return self.nodes.bounded(nodes[0], fn, wait, what=what)
+        return self.nodes.bounded(what, fn, wait, what=what, among=nodes)
 
     def _counted(self, name: str, keys: Sequence[str], args: Sequence[Any], spin: bool,
                  durable: bool, by_source: bool = False) -> tuple[Any, int | None]:

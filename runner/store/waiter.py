@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeout
+
 from runner.errors import RedisUnavailable
 from runner.store.connection import UNAVAILABLE
 
@@ -31,6 +33,9 @@ Poke = Callable[[], None]
 RETRY_S = 0.2  # between reconnection attempts while Redis is away
 RETRY_MAX_S = 2.0  # the longest a wait goes without reading while Redis is away
 READ_S = 1.0  # a read's timeout, so a stop is seen
+# Redis Cluster: a subscription not confirmed this long moves to another master (the one
+# it is on stopped answering with its sockets open: stalled).
+CONFIRM_S = 2.0
 
 
 class Waiter:
@@ -113,11 +118,24 @@ class Waiter:
         for p in pokes:
             p()
 
+    def _subscriber(self, attempt: int) -> Any:
+        """A pub/sub connection: on Redis Cluster, on a master that answered (a PUBLISH
+        reaches every master), the client's default one first, the next at each attempt;
+        those the client's probe found stalled last. Else the client's own."""
+        primaries = getattr(self.redis, "get_primaries", None)
+        if primaries is None:
+            return self.redis.pubsub()
+        stalled: set[str] = getattr(self.redis, "runner_stalled", set())
+        first = self.redis.get_default_node()
+        nodes = sorted(primaries(), key=lambda n: (n.name in stalled, n is not first, n.name))
+        return self.redis.pubsub(node=nodes[attempt % len(nodes)]) if nodes else self.redis.pubsub()
+
     def _run(self) -> None:
+        attempt = 0
         while not self._stopped.is_set():
             pubsub = None
             try:
-                pubsub = self.redis.pubsub()
+                pubsub = self._subscriber(attempt)
                 with self._lock:
                     channels, self._more = self.channels, []
                 pubsub.subscribe(*channels)
@@ -127,6 +145,7 @@ class Waiter:
                     break
                 self._listen(pubsub)
             except UNAVAILABLE as exc:
+                attempt += 1  # (on Redis Cluster, on the next master)
                 log.debug("waiter: Redis unreachable, subscribing again: %s", exc)
             except Exception:  # a stray error must not leave every wait to its timeout
                 log.exception("waiter: subscription failed, subscribing again")
@@ -143,7 +162,12 @@ class Waiter:
 
     def _listen(self, pubsub: Any) -> None:
         confirmed = 0
+        since = time.monotonic()
+        cluster = hasattr(self.redis, "get_primaries")
         while not self._stopped.is_set():
+            if cluster and not self._subscribed.is_set() and time.monotonic() - since > CONFIRM_S:
+                raise RedisTimeout(f"Redis node {getattr(pubsub.node, 'name', '?')} did not confirm the "
+                                   f"subscription within {CONFIRM_S:g} s (stopped or hung)")
             if self._more:  # a pubsub connection is this thread's alone: it subscribes
                 with self._lock:
                     more, self._more = self._more, []

@@ -245,8 +245,9 @@ class Fetcher:
         look = [q for q in range(n) if q == p or not (self._down.away(q) or q in refused)]
         try:
             # Bounded: a look over every master must not wait out a stalled one's socket.
-            tops = self.rt.scripts.bounded(f"{self.q.name} priorities",
-                                           lambda: stats.best_priorities(self.rt.redis, [self.parts[q] for q in look]))
+            tops = self.rt.scripts.bounded(f"queue {self.q.name}'s priorities",
+                                           lambda: stats.best_priorities(self.rt.redis, [self.parts[q] for q in look]),
+                                           [self.parts[q].prio for q in look])
         except OUTAGE:
             return p, 0  # a node away: the claim below finds out which, as without priorities
         best = {q: top for q, top in zip(look, tops, strict=True) if top is not None}

@@ -20,12 +20,12 @@ the scheduled list's index (jobs a release before the index delayed are in the s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from runner.client import Client
@@ -41,6 +41,10 @@ log = logging.getLogger("runner.scheduler")
 
 BATCH = 1000
 TRIM_EVERY_S = 60.0
+# The longest a pass waits for one Redis Cluster master (at most the worker's node wait):
+# every call of a pass re-checks what it moves and may be made again, and the other
+# masters' due jobs must not wait behind a stalled one (a delayed job is due to the ms).
+PASS_WAIT_S = 0.3
 TRIM_ROUNDS = 25  # trim calls per queue and pass, BATCH * 2 done jobs each
 
 
@@ -62,9 +66,13 @@ class Scheduler:
         # and the rank to go on from (_index).
         self._walked: dict[tuple[str, str], int] = {}
         self._pulse = roster.Pulse()  # this worker's start on the roster, where its pruning stopped
-        # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
-        self._aside = ThreadPoolExecutor(1, thread_name_prefix="scheduler-discover")
+        # The partition tags' read and the roster's heartbeat, each on a thread of its own:
+        # on Redis Cluster either may wait for a stalled master, and a pass never waits
+        # for them (_discover, _heartbeat).
+        self._aside = ThreadPoolExecutor(2, thread_name_prefix="scheduler-aside")
         self._finding: Future[list[QueueKeys]] | None = None  # a discover under way (_discover)
+        self._beating: Future[None] | None = None  # a heartbeat under way (_heartbeat)
+        # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
         self._away: Away[tuple[str, str]] = Away("scheduler", lambda w: f"queue {w[0]}, partition {{{w[1]}}}"
                                                  if w[0] else "roster", log)
 
@@ -74,6 +82,10 @@ class Scheduler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        beating = self._beating
+        if beating is not None:  # (ended before the worker leaves the roster: no entry written after)
+            with contextlib.suppress(Exception):
+                beating.result(timeout=5)
         self._aside.shutdown(wait=False)
 
     def tick(self) -> float:
@@ -84,25 +96,7 @@ class Scheduler:
         # a backoff of its own while the others go on. When nothing answers at all, Redis
         # is away: the loop's own backoff, with its one warning.
         failures: list[tuple[tuple[str, str], BaseException]] = []
-        answered = False
-        sc = self.rt.scripts
-        if self.member is not None and time.monotonic() >= self._next_beat and not self._away.away(("", "")):
-            try:
-                # Each call given up on a stalled master, as every call of a pass is: one
-                # master stopped must not hold up the others' timers. The beat writes two
-                # keys of two slots (the roster, the pruner's bid), maybe on two masters: it
-                # is bounded as a read of its own (Transport.bounded), so a stall of either
-                # holds up no other call to the other.
-                prefix = self.rt.config.redis.prefix
-                sec, usec = sc.keyless("TIME")
-                now_ms = int(sec) * 1000 + int(usec) // 1000
-                sc.bounded("the roster's heartbeat", lambda: roster.beat(
-                    self.rt.redis, prefix, self.member(), self._pulse, now_ms))  # type: ignore[misc]
-                self._away.ok(("", ""))
-                self._next_beat = time.monotonic() + roster.HEARTBEAT_S
-                answered = True
-            except OUTAGE as exc:
-                failures.append((("", ""), exc))
+        answered = self._heartbeat(failures)
         new = self._discover()
         if new and self.found is not None:
             self.found(new)
@@ -120,16 +114,20 @@ class Scheduler:
         except OUTAGE as exc:  # the one server is away: every partition with it
             failures += [((k.queue, k.tag), exc) for k in live]
             live, looks = [], {}
-        for k in live:
-            where = (k.queue, k.tag)
-            try:
-                wait, more = self._pass(k, wait, trim, more, check, looks.get(id(k)))
-                self._index(k, where)
-            except OUTAGE as exc:
-                failures.append((where, exc))
-                continue
-            self._away.ok(where)
-            answered = True
+        # Each call given up on a stalled master past PASS_WAIT_S: the pass goes on with the
+        # others' partitions, and the stalled one's wait out a backoff of their own.
+        with self.rt.scripts.waiting(PASS_WAIT_S):
+            for k in live:
+                where = (k.queue, k.tag)
+                try:
+                    wait, more = self._pass(k, wait, trim, more, check, looks.get(id(k)))
+                    self._index(k, where)
+                except OUTAGE as exc:
+                    failures.append((where, exc))
+                    continue
+                self._away.ok(where)
+                answered = True
+        answered = self._heartbeat(failures) or answered  # (one that ended meanwhile)
         if failures and not answered:
             raise failures[-1][1]
         for where, why in failures:
@@ -138,22 +136,58 @@ class Scheduler:
             self._last_trim = time.monotonic() - (every if more else 0.0)
         return wait
 
+    def _heartbeat(self, failures: list[tuple[tuple[str, str], BaseException]]) -> bool:
+        """The roster's heartbeat, every HEARTBEAT_S, on a thread of its own: a pass starts
+        one when due and takes its outcome at a later look, never waiting for it (on Redis
+        Cluster the roster's master may be stalled, and the other masters' due jobs must
+        not wait for it). True when one answered since the last look; a failure joins
+        ``failures`` (the roster's slot, ("", ""), backs off as a partition does)."""
+        f = self._beating
+        if f is not None:
+            if not f.done():
+                return False
+            self._beating = None
+            exc = f.exception()
+            if exc is None:
+                self._away.ok(("", ""))
+                self._next_beat = time.monotonic() + roster.HEARTBEAT_S
+                return True
+            if not isinstance(exc, OUTAGE):
+                raise exc
+            failures.append((("", ""), exc))
+            return False
+        if self.member is not None and time.monotonic() >= self._next_beat and not self._away.away(("", "")):
+            self._beating = self._aside.submit(self._beat)
+        return False
+
+    def _beat(self) -> None:
+        """One heartbeat: the server's clock, then this worker's entry. The beat writes two
+        keys of two slots (the roster, the pruner's bid), maybe on two masters: it is
+        bounded as a read of its own (Transport.bounded), so a stall of either is given
+        up in the node wait and named."""
+        assert self.member is not None
+        sc = self.rt.scripts
+        prefix = self.rt.config.redis.prefix
+        sec, usec = sc.keyless("TIME")
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        member = self.member()
+        sc.bounded("the roster's heartbeat", lambda: roster.beat(self.rt.redis, prefix, member, self._pulse, now_ms),
+                   [roster.key(prefix), roster.pruner_key(prefix)])
+
     def _discover(self) -> list[QueueKeys]:
-        """Runtime.discover_due, on a thread of its own when due, waited for at most the
-        node wait: the partition tags are read from every master in one round trip, and one
-        master stalled must not hold up the others' timers. What a read that answered late
-        found is told at a later pass (its partitions are served from then on)."""
+        """Runtime.discover_due, on a thread of its own when due, never waited for: the
+        partition tags are read from every master in one round trip, and one master
+        stalled must not hold up the others' timers. What a read found is told at the
+        first pass after it answered (its partitions are served from then on)."""
         f = self._finding
         if f is None:
             if not self.rt.record_due():
                 return []
             f = self._finding = self._aside.submit(self.rt.discover_due, record=True)
-        try:
-            new = f.result(timeout=self.rt.scripts.node_wait_s)
-        except FutureTimeout:
+        if not f.done():
             return []
         self._finding = None
-        return new
+        return f.result()
 
     def _index(self, k: QueueKeys, where: tuple[str, str]) -> None:
         """Walk a partition's scheduled set once, BATCH ids a pass, putting the jobs that a

@@ -61,6 +61,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,6 +71,8 @@ from runner.catalog.schedules import Schedule, Step, Timeline, iso, plan
 from runner.errors import NotReplicated
 from runner.runtime import Runtime
 from runner.store import codec, records
+from runner.store.connection import NodeStalled
+from runner.store.keys import QueueKeys
 from runner.store.outage import OUTAGE, Outage
 from runner.store.schedules import TOMBSTONE_S, ServerClock, handled_ticks, last_jobs, registered
 from runner.store.scripts import NewJob, job_entry
@@ -111,6 +114,17 @@ class _Entry:
     floor_ms: int = field(compare=False, default=0)  # ticks at or before it are handled
 
 
+@dataclass(slots=True)
+class _Adopted:
+    """What one queue's adoption gave (Ticker._adopt_queue)."""
+
+    heap: list[_Entry] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    standby: dict[str, Schedule] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
+    retired: int = 0
+
+
 def _undefined(reg: Registry, index: dict[str, dict[str, str]]) -> dict[str, list[str]]:
     """Per queue, the schedules Redis registers there that this registry does not define.
     A file that failed to load keeps its schedules, and a folder that failed (none there:
@@ -130,13 +144,20 @@ def _undefined(reg: Registry, index: dict[str, dict[str, str]]) -> dict[str, lis
 class Ticker:
     def __init__(self, runtime: Runtime, clock: Clock | None = None) -> None:
         self.rt = runtime
-        self.clock: Clock = clock or ServerClock(runtime.redis, runtime.config.redis.prefix, runtime.scripts)
+        self.clock: Clock = clock or ServerClock(runtime.redis, runtime.config.redis.prefix, list(runtime.keys),
+                                                   runtime.scripts)
         self._stop = threading.Event()
         self._wake = threading.Event()  # a registry swapped in, or the stop
         self._unhook: Any = None
         self._thread = threading.Thread(target=vital(self._loop), name="ticker", daemon=True)
         self._registry: Registry | None = None
         self._born_ms = 0
+        self._before: set[str] = set()  # the schedules of the registry before (a reload's removals)
+        # Queues whose schedules the registry's adoption did not reach (their master away
+        # or stalled), tried again from _adopt_at on (monotonic).
+        self._unadopted: set[str] = set()
+        self._adopt_at = 0.0
+        self._said_away: set[str] = set()  # of those, the ones a warning named
         self._heap: list[_Entry] = []
         self._standby = Standby(runtime)
         self._beat_ms = 0
@@ -171,6 +192,8 @@ class Ticker:
         quiet = time.monotonic() - self._heard_at
         if reg is not self._registry:
             self._adopt(reg, now)
+        elif self._unadopted and time.monotonic() >= self._adopt_at:
+            self._adopt_queues()  # (a queue whose master did not answer at the adoption)
         elif quiet >= REHEAR_S:
             # Frozen or cut off this long, this worker may have looked gone: another may
             # have retired or taken over what it defines. Heard again, it adopts its
@@ -197,52 +220,94 @@ class Ticker:
 
     def _adopt(self, reg: Registry, now: int) -> None:
         """Register this registry's definitions (born now), retire what it dropped, and
-        schedule the ones it holds from where Redis says they are."""
-        rt = self.rt
-        scheds = reg.schedules()
-        index = registered(rt.redis, rt.keys.values())
-        undefined = _undefined(reg, index)
+        schedule the ones it holds from where Redis says they are: each queue's on its own
+        (its index and state live in its home partition), so a queue whose master does
+        not answer (away, stalled: each read and call is given up in the node wait) is
+        left for a later step while the others' schedules tick."""
         before = {s.id for s in self._registry.schedules()} if self._registry is not None else set()
+        self._heap, self._registry, self._born_ms, self._before = [], reg, now, before
+        self._standby.reset({}, {})
+        self._unadopted = set(self.rt.keys)
+        self._heard_at = time.monotonic()
+        self._adopt_queues()
+
+    def _adopt_queues(self) -> None:
+        """Adopt the registry in each queue not adopted yet (see _adopt); raises when none
+        answered, and tries the others again RETRY_MS later."""
+        rt, reg = self.rt, self._registry
+        assert reg is not None
+        scheds = reg.schedules()
         heap: list[_Entry] = []
         lost: list[str] = []
-        standby: dict[str, dict[str, Schedule]] = {}
-        kept: dict[str, list[str]] = {}
-        retired = 0
-        for queue, k in rt.keys.items():
-            mine = [s for s in scheds if s.queue == queue]
-            retire = undefined.get(queue, [])
-            retire.sort(key=lambda i: i not in before)  # a reload's own removals first: forced
-            forced = sum(1 for i in retire if i in before)
-            for start in range(0, max(len(mine), len(retire), 1), ADOPT_CHUNK):
-                part = mine[start:start + ADOPT_CHUNK]
-                gone = retire[start:start + ADOPT_CHUNK]
-                if not part and not gone:
-                    break
-                reply = rt.scripts.adopt(k, now, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in part], gone,
-                                         forced=max(0, min(len(gone), forced - start)))
-                for j, sid in enumerate(gone):
-                    if int(reply[3 * len(part) + j]) == 0:
-                        kept.setdefault(queue, []).append(sid)
-                for i, s in enumerate(part):
-                    won, floor = int(reply[3 * i]), int(reply[3 * i + 1])
-                    if not won:
-                        lost.append(s.id)
-                        if reply[3 * i + 2]:  # held by another definition, not removed
-                            standby.setdefault(queue, {})[s.id] = s
-                        continue
-                    heap.append(self._entry(s, floor))
-                retired += sum(int(x) == 1 for x in reply[3 * len(part):])
-        heapq.heapify(heap)
-        self._heap, self._registry, self._born_ms = heap, reg, now
-        self._heard_at = time.monotonic()
-        self._standby.reset(standby, kept)
+        retired = n_kept = 0
+        away: dict[str, BaseException] = {}
+        for queue in sorted(self._unadopted):
+            k = rt.keys[queue]
+            try:
+                index = rt.scripts.on_node(k.schedules, partial(registered, rt.redis, [k]), "the schedules' index")
+                got = self._adopt_queue(k, [s for s in scheds if s.queue == queue],
+                                        _undefined(reg, index).get(queue, []))
+            except OUTAGE as exc:
+                away[queue] = exc
+                continue
+            self._unadopted.discard(queue)
+            heap += got.heap
+            lost += got.lost
+            retired += got.retired
+            n_kept += len(got.kept)
+            self._standby.waiting.pop(queue, None)
+            self._standby.undefined.pop(queue, None)
+            if got.standby:
+                self._standby.waiting[queue] = got.standby
+            if got.kept:
+                self._standby.undefined[queue] = got.kept
+        if away and len(away) == len(rt.keys):
+            raise next(iter(away.values()))  # (no queue's master answered: the ticker's own outage)
+        for e in heap:
+            heapq.heappush(self._heap, e)
+        self._adopt_at = time.monotonic() + RETRY_MS / 1000
         self._beat_ms = 0  # say at once which schedules this registry holds
-        n_kept = sum(len(v) for v in kept.values())
-        if scheds or retired or n_kept:
+        said = [q for q in sorted(away) if q not in self._said_away]  # (once each, not every retry)
+        if said:
+            log.warning("schedules of queue %s not adopted now (%s); tried again every %g s, the other queues' tick",
+                        ", ".join(said), away[said[0]], RETRY_MS / 1000)
+            self._said_away.update(said)
+        back = sorted(self._said_away - away.keys() - self._unadopted)
+        if back:
+            log.info("schedules of queue %s adopted, their master answering again", ", ".join(back))
+            self._said_away.difference_update(back)
+        if heap or lost or retired or n_kept:
             log.info("schedules: %d active%s%s%s", len(heap),
                      f", {len(lost)} held by a newer deploy ({', '.join(lost[:5])})" if lost else "",
                      f", {retired} retired" if retired else "",
                      f", {n_kept} not defined here kept while workers that define them live" if n_kept else "")
+
+    def _adopt_queue(self, k: QueueKeys, mine: list[Schedule], retire: list[str]) -> _Adopted:
+        """One queue's adoption (adopt.lua, ADOPT_CHUNK schedules a call): what it holds,
+        lost, stands by for and keeps, and how many it retired."""
+        out = _Adopted()
+        retire.sort(key=lambda i: i not in self._before)  # a reload's own removals first: forced
+        forced = sum(1 for i in retire if i in self._before)
+        for start in range(0, max(len(mine), len(retire), 1), ADOPT_CHUNK):
+            part = mine[start:start + ADOPT_CHUNK]
+            gone = retire[start:start + ADOPT_CHUNK]
+            if not part and not gone:
+                break
+            reply = self.rt.scripts.adopt(k, self._born_ms, int(TOMBSTONE_S * 1000), [(s.id, s.digest) for s in part],
+                                          gone, forced=max(0, min(len(gone), forced - start)))
+            for j, sid in enumerate(gone):
+                if int(reply[3 * len(part) + j]) == 0:
+                    out.kept.append(sid)
+            for i, s in enumerate(part):
+                won, floor = int(reply[3 * i]), int(reply[3 * i + 1])
+                if not won:
+                    out.lost.append(s.id)
+                    if reply[3 * i + 2]:  # held by another definition, not removed
+                        out.standby[s.id] = s
+                    continue
+                out.heap.append(self._entry(s, floor))
+            out.retired += sum(int(x) == 1 for x in reply[3 * len(part):])
+        return out
 
     def _entry(self, s: Schedule, floor: int) -> _Entry:
         self._seq += 1
@@ -267,7 +332,8 @@ class Ticker:
             # A schedule this registry does not define may come back after its adoption (an
             # older worker that defines it started again): retire it too once that one left.
             rt = self.rt
-            index = rt.scripts.bounded("schedules' index", lambda: registered(rt.redis, rt.keys.values()))
+            index = rt.scripts.bounded("the schedules' index", lambda: registered(rt.redis, rt.keys.values()),
+                                       [k.schedules for k in rt.keys.values()])
             for queue, ids in _undefined(self._registry, index).items():
                 listed = self._standby.undefined.setdefault(queue, [])
                 listed += [i for i in ids if i not in listed]
@@ -360,7 +426,8 @@ class Ticker:
         if look:
             pairs = [(rt.keys[e.schedule.queue], e.schedule.id) for e, _ in chunk]
             try:
-                done: list[int | None] = rt.scripts.bounded("handled ticks", lambda: handled_ticks(rt.redis, pairs))
+                done: list[int | None] = rt.scripts.bounded(
+                    "the handled ticks", lambda: handled_ticks(rt.redis, pairs), [k.schedule(sid) for k, sid in pairs])
             except OUTAGE:  # a master away or stalled: no look this time, the tick scripts decide
                 done = [None] * len(pairs)
             for (e, st), tick in zip(chunk, done, strict=True):
@@ -371,10 +438,14 @@ class Ticker:
                 return []
         sent = self.clock.now_ms()
         away = self._away(chunk)
-        seen = self._seen(chunk)
+        seen, unseen = self._seen(chunk)
         batch = rt.scripts.batch()
         ids, entries = [], []
         for n, (e, st) in enumerate(chunk):
+            if n in unseen:  # not sent: where its last jobs are is not known now
+                ids.append("")
+                entries.append("")
+                continue
             s = e.schedule
             job = NewJob(id=records.new_id(), type=s.function, version=s.version, payload=s.payload_json,
                          max_attempts=s.max_attempts, run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-",
@@ -388,14 +459,16 @@ class Ticker:
                             seen=seen.get(n, ""))
         fault("before_tick")
         try:
-            replies = batch.execute(raise_on_error=False)
+            told = batch.execute(raise_on_error=False)
         except NotReplicated as exc:
             # The ticks ran and are recorded on the master; only their copy on the replicas is
             # unconfirmed. Firing them again would be refused as handled, so warn and go on.
             log.warning("schedules: %d tick(s) written but confirmed by %d of %d replica(s) in %g s; "
                         "a failover now could lose them", len(chunk), exc.acked, exc.wanted, exc.timeout_s)
-            replies = exc.replies
+            told = exc.replies
         fault("after_tick")
+        answers = iter(told)
+        replies = [unseen[n] if n in unseen else next(answers) for n in range(len(chunk))]
         # Each master's ticks went on their own (Redis Cluster), given up on one that did not
         # answer in the node wait: those ticks are still unhandled there (or handled late,
         # which tick.lua then refuses again as handled), and tried again; the rest stand.
@@ -403,8 +476,8 @@ class Ticker:
         other = next((r for r in failed if not isinstance(r, OUTAGE)), None)
         if other is not None:
             raise other
-        if failed and len(failed) == len(replies):
-            raise failed[0]  # (no master answered: the ticker's own outage)
+        if failed and len(failed) == len(replies) and not all(isinstance(r, NodeStalled) for r in failed):
+            raise failed[0]  # (no master answered: the ticker's own outage; a stalled one's wait RETRY_MS)
         if failed:
             log.debug("schedules: %d of %d tick(s) not sent now (%s); tried again",
                       len(failed), len(replies), failed[0])
@@ -430,20 +503,43 @@ class Ticker:
                     out.update(idx[i] for i in which)
         return out
 
-    def _seen(self, chunk: Sequence[tuple[_Entry, Step]]) -> dict[int, str]:
+    def _seen(self, chunk: Sequence[tuple[_Entry, Step]]) -> tuple[dict[int, str], dict[int, BaseException]]:
         """For the fired ticks under OVERLAP = "skip" on a queue of more than one partition,
         by index: what the tick script's ``seen`` says of the schedule's last jobs, which may
-        live in another partition than the schedule's state (schedules.last_jobs)."""
+        live in another partition than the schedule's state (schedules.last_jobs); and the
+        ticks whose queue's read did not answer (its master away or stalled: each queue's
+        is given up in the node wait), with why, to be sent again RETRY_MS later."""
         rt = self.rt
         idx = [n for n, (e, st) in enumerate(chunk)
                if st.fire and e.schedule.overlap == "skip" and len(rt.parts[e.schedule.queue]) > 1]
         if not idx:
-            return {}
+            return {}, {}
         # (a catch-up under MISSED = "all" has many steps of one schedule: read it once)
-        wanted = list(dict.fromkeys((chunk[n][0].schedule.queue, chunk[n][0].schedule.id) for n in idx))
-        seen = dict(zip(wanted, last_jobs(rt.redis, rt.scripts, [(rt.keys[q], sid) for q, sid in wanted], rt.parts),
-                        strict=True))
-        return {n: seen[(chunk[n][0].schedule.queue, chunk[n][0].schedule.id)] for n in idx}
+        by_queue: dict[str, list[str]] = {}
+        for q, sid in dict.fromkeys((chunk[n][0].schedule.queue, chunk[n][0].schedule.id) for n in idx):
+            by_queue.setdefault(q, []).append(sid)
+        seen: dict[tuple[str, str], str] = {}
+        away: dict[str, BaseException] = {}
+        for q, sids in by_queue.items():
+            k = rt.keys[q]
+            wanted = [(k, sid) for sid in sids]
+            try:
+                got = rt.scripts.bounded(f"queue {q}'s schedules' last jobs",
+                                         partial(last_jobs, rt.redis, rt.scripts, wanted, rt.parts),
+                                         [k.schedule(sid) for sid in sids])
+            except OUTAGE as exc:
+                away[q] = exc
+                continue
+            seen.update(zip(((q, sid) for sid in sids), got, strict=True))
+        out: dict[int, str] = {}
+        unseen: dict[int, BaseException] = {}
+        for n in idx:
+            s = chunk[n][0].schedule
+            if s.queue in away:
+                unseen[n] = away[s.queue]
+            else:
+                out[n] = seen[(s.queue, s.id)]
+        return out, unseen
 
     def _place(self, entries: Sequence[tuple[str, str]]) -> None:
         """Place the jobs of fired ticks that went to their queue's outbox (queue, entry)

@@ -29,6 +29,7 @@ import pytest
 from schedulekit import TEST_ENV, add_function, iso, jobs_of, log_has, ms, server_ms, set_clock, ticks
 
 from runner.store import routing
+from runner.store.keys import clock_offset
 from runner.worker.faults import RELAY_POINTS, TICK_POINTS
 
 from conftest import Project, size, wait_for
@@ -119,7 +120,7 @@ def calm(project: Project) -> list[subprocess.Popen[bytes]]:
 
 
 def now_ms(project: Project) -> int:
-    return server_ms(project) + int(project.runtime.redis.get(f"{project.prefix}:test:clock_offset_ms") or 0)
+    return server_ms(project) + int(project.runtime.redis.get(clock_offset(project.prefix, "fast")) or 0)
 
 
 @pytest.mark.timeout(SECONDS + 120)

@@ -326,7 +326,6 @@ def test_a_stalled_shard_delays_no_live_partition_s_timers(dproject: Project, sh
     import uuid
 
     from runner.store import roster
-    from runner.store.keys import clock_offset
 
     p = dproject
     r = p.runtime.redis
@@ -334,11 +333,9 @@ def test_a_stalled_shard_delays_no_live_partition_s_timers(dproject: Project, sh
     stalled = next(s for s in shards if s.port == r.get_node_from_key(home.ready).port)
     if r.get_node_from_key(p.runtime.keys["slow"].ready).port == stalled.port:
         pytest.skip("the two queues' home partitions share a master in this layout")
-    # A prefix whose roster lives on the stalled master too (its slot follows the prefix),
-    # the tests' clock offset on a live one (production's clock is TIME, of any master).
+    # A prefix whose roster lives on the stalled master too (its slot follows the prefix).
     p.prefix = next(x for x in (f"t{uuid.uuid4().hex[:10]}" for _ in range(1000))
-                    if r.get_node_from_key(roster.key(x)).port == stalled.port
-                    and r.get_node_from_key(clock_offset(x)).port != stalled.port)
+                    if r.get_node_from_key(roster.key(x)).port == stalled.port)
     p.write_config(vt=2, fast="partitions = 3", concurrency=16, prefetch=16)
     (p.root / "functions" / "ticking.py").write_text(TICKING)
     folder = p.root / "schemas" / "ticking"

@@ -268,7 +268,7 @@ def test_a_schedule_a_newer_deploy_removed_stays_removed_after_its_tombstone(pro
         # v3 removes "beat": a reload of a worker that defined it retires it at once (v1's
         # living standby would otherwise take it back before any removal: a living worker
         # still defines it).
-        born = server_ms(project) + int(r.get(clock_offset(project.prefix)) or 0)
+        born = server_ms(project) + int(r.get(clock_offset(project.prefix, k.queue)) or 0)
         assert project.runtime.scripts.adopt(k, born, 60_000, [], ["beat"], forced=1) == [1]
         time.sleep(3)
         assert not log_has(project, "holds it again", "v1.log")

@@ -69,3 +69,21 @@ def test_a_node_stays_stalled_until_every_call_given_up_on_it_ends() -> None:
             time.sleep(0.01)
     else:
         raise AssertionError("the node stayed stalled after both calls ended")
+
+
+def test_a_call_given_up_names_its_node_and_what_it_was() -> None:
+    """A call given up names the master (host:port) and the call; a read over several
+    masters names the stalled one among them, and fails at once while it is stalled."""
+    transport._import_redis()
+    lanes = transport.NodeLanes(None)  # type: ignore[arg-type]
+    release = threading.Event()
+    try:
+        with pytest.raises(NodeStalled, match=r"Redis node n1:1 did not answer a claim within 0\.05 s"):
+            lanes.bounded("n1:1", lambda: release.wait(5), 0.05, what="a claim")
+        ran: list[int] = []
+        with pytest.raises(NodeStalled, match=r"Redis node n1:1 has not answered .*the heartbeat not sent") as err:
+            lanes.bounded("the heartbeat", lambda: ran.append(1), 1.0, what="the heartbeat", among=["n1:1", "n2:2"])
+        assert "n2:2" not in str(err.value) and not ran
+        assert lanes.bounded("the index", lambda: "read", 1.0, what="the index", among=["n2:2", "n3:3"]) == "read"
+    finally:
+        release.set()

@@ -112,3 +112,13 @@ def test_the_slot_of_the_cluster_specs_example() -> None:
     assert keys.key_slot(b"123456789") == 0x31C3 % keys.HASH_SLOTS
     assert keys.key_slot(b"{user1000}.following") == keys.key_slot(b"user1000")
     assert keys.key_slot(b"foo{}{bar}") != keys.key_slot(b"bar")  # an empty first tag: the whole key
+
+
+@pytest.mark.parametrize("prefix", ["runner", "t0123456789", "app:prod"])
+@pytest.mark.parametrize("queue", ["fast", "slow", "default", "q-1"])
+def test_the_test_clock_lives_in_its_queue_s_home_slot(prefix: str, queue: str) -> None:
+    """The schedules' test clock offset of a queue is under the queue's own tag, in the
+    slot of its home partition and its schedules' states: on Redis Cluster it is on the
+    master that ticks its schedules, not on any other."""
+    (home,) = for_partitions(prefix, queue, 1)
+    assert key_slot(keys.clock_offset(prefix, queue).encode()) == key_slot(home.schedules.encode())

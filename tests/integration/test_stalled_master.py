@@ -1,0 +1,373 @@
+"""One master of a 3-master Redis Cluster stalled (SIGSTOP: it takes connections and says
+nothing, so a call to it waits out the 15 s socket timeout) while the others answer
+(docs/partitions.md, "A shard down"): every per-node call of a worker gives up on it
+within its node wait and goes on with the live ones, an operator's command answers
+within seconds naming it, and a process starts in about the probe's time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clusterkit import local_cluster
+
+from runner.client import Request
+from runner.store import roster
+from runner.store.embedded import Server
+
+from conftest import Endpoint, Project, make_project, wait_for
+
+
+@pytest.fixture
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    # Full coverage off: the live shards keep serving their slots while one is stalled.
+    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
+                       extra=["--cluster-require-full-coverage", "no"]) as servers:
+        yield servers
+
+
+@pytest.fixture
+def sproject(tmp_path: Path, shards: list[Server]) -> Iterator[Project]:
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in shards)
+    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
+    p.write_config(vt=10, fast="partitions = 3", concurrency=16, prefetch=16)
+    yield p
+    p.stop_all()
+    if p._runtime is not None:
+        p._runtime.close()
+
+
+def _home_master(p: Project, shards: list[Server]) -> Server:
+    r = p.runtime.redis
+    return next(s for s in shards if s.port == r.get_node_from_key(p.runtime.keys["fast"].ready).port)
+
+
+def test_a_stalled_master_holds_no_live_partition_s_delayed_jobs(sproject: Project, shards: list[Server]) -> None:
+    """partitions = 3 on 3 masters, a lease of 10 s (the node wait is then its full 2 s),
+    and the master of the queue's home partition, which also holds the roster, stalls for
+    5 s: the delayed jobs of the two live partitions start at most about half a second
+    late. Before, the scheduler's partition tag read and the roster's heartbeat each
+    waited up to the node wait on the stalled master, pass after pass: 1-1.5 s late
+    (median), up to 5 s."""
+    p = sproject
+    r = p.runtime.redis
+    stalled = _home_master(p, shards)
+    # A prefix whose roster lives on the stalled master too (its slot follows the prefix).
+    p.prefix = next(x for x in (f"t{uuid.uuid4().hex[:10]}" for _ in range(1000))
+                    if r.get_node_from_key(roster.key(x)).port == stalled.port)
+    p.write_config(vt=10, fast="partitions = 3", concurrency=16, prefetch=16)
+    r = p.runtime.redis
+    home = p.runtime.keys["fast"]
+    w = p.spawn_worker("fast", env={"RUNNER_TEST_ROSTER": "1,30"})
+    c = p.client
+    first = c.enqueue("record", {"n": -1})
+    wait_for(lambda: p.runs(first.id), timeout=30, what="the worker to start")
+    due: dict[str, float] = {}
+    for batch in range(3):  # (each call's keyless jobs go to the next partition)
+        sent = time.time()
+        got = c.enqueue_many([Request("record", {"n": 20 * batch + i}, delay_s=1.0 + 0.25 * i) for i in range(20)])
+        due |= {j.id: sent + 1.0 + 0.25 * i for i, j in enumerate(got) if not isinstance(j, Exception)}
+    where = {i: k.tag for k in p.runtime.parts["fast"] for i in r.zrange(k.scheduled, 0, -1)}
+    live = {i: t for i, t in due.items() if where.get(i) not in (None, home.tag)}
+    assert len(live) >= 30, where
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5.5)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    t1 = time.time()
+    starts = {i: float(p.runs(i)[0].split()[2]) for i in live if p.runs(i)}
+    late = sorted(starts.get(i, t1) - t for i, t in live.items() if t < t1 - 1.0)
+    assert len(late) >= 20
+    print(f"late: median {statistics.median(late):.2f} s, worst {late[-1]:.2f} s over {len(late)}")
+    assert late[-1] < 0.7, f"a live partition's delayed job started {late[-1]:.2f} s late during the stall " \
+                           f"(median {statistics.median(late):.2f} s)"
+    assert w.poll() is None
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+    # The heartbeat's warning names the master (before: "Redis node the roster's heartbeat").
+    beat = [ln for ln in log.splitlines() if "heartbeat" in ln and "Redis unavailable" in ln]
+    assert beat and all(f"Redis node 127.0.0.1:{stalled.port} " in ln for ln in beat), beat or log[-3000:]
+
+
+EVERY_MINUTE = '''"""A schedule on the fast queue, whose state lives in the queue's home partition."""
+QUEUE = "fast"
+SCHEDULE = "* * * * *"
+
+
+def handle(payload, ctx):
+    return {}
+'''
+
+
+def test_an_operator_s_commands_answer_within_seconds_naming_the_stalled_master(sproject: Project,
+                                                                                 shards: list[Server]) -> None:
+    """The master of the queue's home partition stalls: `runner job` and `runner logs` of a
+    job that lives there, and `runner schedules` with a schedule whose state lives there,
+    answer within seconds, exit 3 and name the master (host:port); `runner job` of a job
+    on a live master shows it. Before, each waited out the 15 s socket timeout on the
+    stalled master: 19.5 s, 21.3 s and 21 s."""
+    import json
+    import subprocess
+    import sys
+
+    p = sproject
+    p.add_function("every_minute", EVERY_MINUTE)
+    c = p.client
+    r = p.runtime.redis
+    ids = [j.id for b in range(3) for j in c.enqueue_many([Request("record", {"n": b})])]
+    home = p.runtime.keys["fast"]
+    there = next(i for i in ids if i in r.lrange(home.ready, 0, -1))
+    live = next(i for i in ids if i != there and i not in r.lrange(home.ready, 0, -1))
+    stalled = _home_master(p, shards)
+    node = f"127.0.0.1:{stalled.port}"
+
+    def run(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+        t = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), *args],
+                             cwd=p.root, env=p.env, capture_output=True, text=True, timeout=60)
+        return time.monotonic() - t, out
+
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        took_job, job = run("job", there)
+        took_logs, logs = run("logs", there)
+        took_scheds, scheds = run("schedules", "--json")
+        _, shown = run("job", live, "--json")
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    print(f"job {took_job:.1f} s, logs {took_logs:.1f} s, schedules {took_scheds:.1f} s")
+    for what, took, out in (("job", took_job, job), ("logs", took_logs, logs), ("schedules", took_scheds, scheds)):
+        assert out.returncode == 3, f"runner {what}: {out.returncode} {out.stdout} {out.stderr}"
+        assert node in out.stderr and "Traceback" not in out.stderr, f"runner {what}: {out.stderr}"
+        assert took < 6.0, f"runner {what} took {took:.1f} s with a master stalled"
+    assert [d["node"] for d in json.loads(scheds.stdout)["down"]] == [node]
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert json.loads(shown.stdout)["id"] == live
+
+
+def test_processes_start_in_about_the_probe_s_time_with_the_home_master_stalled(sproject: Project,
+                                                                               shards: list[Server]) -> None:
+    """The master of the queue's home partition (which holds its partition tags) stalls,
+    first in the URL: `Client.from_config` returns, `runner worker` serves and `runner web`
+    answers in about the 2 s of the client's PING probe (and a Python start). Before, the
+    partition tags' read waited out the probe's time again after it (a producer: 4.1 s), a
+    worker read them twice (7.7 s), and each web worker process probed again (10.4 s).
+    What is timed is what comes after the probe where it can be told apart (a loaded
+    host stretches a Python start, not these waits)."""
+    import json
+    import subprocess
+    import sys
+
+    from test_web_support import runner_web
+
+    p = sproject
+    stalled = _home_master(p, shards)
+    p.server = Endpoint("redis+cluster://" + ",".join(  # type: ignore[assignment]
+        f"127.0.0.1:{s.port}" for s in sorted(shards, key=lambda s: s is not stalled)))
+    code = ("import sys, time, json; import runner.store.connection as c; from runner.client import Client\n"
+            "spent = []\n"
+            "def timed(*a, probe=c._probe):\n"
+            "    t = time.monotonic(); out = probe(*a); spent.append(time.monotonic() - t); return out\n"
+            "c._probe = timed; t = time.monotonic(); Client.from_config(sys.argv[1])\n"
+            "print(json.dumps([time.monotonic() - t, sum(spent)]))")
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(p.root / "runner.toml")], cwd=p.root, env=p.env,
+                             capture_output=True, text=True, timeout=60)
+        producer, probe = json.loads(out.stdout) if out.returncode == 0 else (float("inf"), 0.0)
+        t = time.monotonic()
+        w = p.spawn_worker("fast")
+        wait_for(lambda: "serving" in (p.root / "worker-0.log").read_text(), timeout=30, interval=0.05,
+                 what="the worker serving")
+        worker = time.monotonic() - t
+        t = time.monotonic()
+        with runner_web(p, "web", workers=1):
+            web = time.monotonic() - t
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    lines = [json.loads(ln) for ln in (p.root / "worker-0.log").read_text().splitlines() if ln.startswith("{")]
+    built = next(x["ts"] for x in lines if x["msg"].startswith("Redis at"))  # (logged once its client is built)
+    serving = next(x["ts"] for x in lines if "serving" in x["msg"])
+    print(f"producer {producer:.1f} s (probe {probe:.1f} s), worker {worker:.1f} s "
+          f"({serving - built:.1f} s after its client), web {web:.1f} s")
+    assert producer - probe < 1.2, f"Client.from_config took {producer:.1f} s, {probe:.1f} s of it the probe: " \
+                                   + out.stderr[-2000:]
+    assert serving - built < 1.0, f"the worker served {serving - built:.1f} s after its client was built"
+    assert worker < 7.0, f"the worker served after {worker:.1f} s"
+    assert web < 7.0, f"runner web answered after {web:.1f} s"
+    assert w.poll() is None
+
+
+def test_telling_an_event_s_waiters_gives_up_on_a_stalled_master(sproject: Project, shards: list[Server]) -> None:
+    """A live partition's wakes list holds an event whose waiters' registry (its name's
+    slot) lives on a stalled master: a relay pass gives up on it within the node wait and
+    leaves the entry for a later pass, instead of waiting out the 15 s socket timeout."""
+    from runner.store import codec
+    from runner.store.keys import EventKeys
+    from runner.worker import relay
+
+    p = sproject
+    rt = p.runtime
+    r = rt.redis
+    home = rt.keys["fast"]
+    stalled = _home_master(p, shards)
+    k = next(k for k in rt.parts["fast"] if r.get_node_from_key(k.wakes).port != stalled.port)
+    name = next(n for n in (f"ev{i}" for i in range(1000))
+                if r.get_node_from_key(EventKeys(p.prefix, n).shapes).port == stalled.port)
+    raw = codec.dumps({"name": name, "id": "e1", "ts": int(time.time() * 1000), "data": {}})
+    r.rpush(k.wakes, raw)
+    seen = {(k.tag, hash(raw)): time.monotonic() - 3600}  # (left there by its emitter long ago)
+    rt.scripts.node_wait_s = 0.5  # as a worker sets it (below its leases)
+    assert stalled.proc is not None and home.tag != k.tag
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        left = relay.tell_waiters(p.client, k, seen)
+        took = time.monotonic() - t
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert took < 2.0, f"the relay waited {took:.1f} s on the stalled master"
+    assert left == 1 and r.lrange(k.wakes, 0, -1) == [raw]
+
+
+TICKING = '''"""Ticks every second on the fast queue; records when each tick ran."""
+import os
+import time
+
+QUEUE = "fast"
+SCHEDULE = "* * * * * *"
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "tick-" + ctx.job_id), "a") as f:
+        f.write(f"{ctx.attempt} {os.getpid()} {time.time()}\\n")
+    return {}
+'''
+
+SKIPPING = '''"""Ticks every second on the slow queue, skipping a tick while the last one runs."""
+QUEUE = "slow"
+SCHEDULE = "* * * * * *"
+OVERLAP = "skip"
+
+
+def handle(payload, ctx):
+    return {}
+'''
+
+
+def _schedules_on(p: Project, shards: list[Server]) -> Server:
+    """Both schedules in the project, the slow queue in 3 partitions; the master of the
+    slow queue's home partition (where its schedule's state lives), which is not the fast
+    queue's."""
+    r = p.runtime.redis
+    stalled = next(s for s in shards if s.port == r.get_node_from_key(p.runtime.keys["slow"].ready).port)
+    assert r.get_node_from_key(p.runtime.keys["fast"].ready).port != stalled.port
+    p.write_config(vt=10, concurrency=16, prefetch=16, extra="")
+    path = p.root / "runner.toml"
+    path.write_text(path.read_text().replace("[queues.slow]\n", "[queues.slow]\npartitions = 3\n", 1))
+    p.add_function("ticking", TICKING)
+    p.add_function("skipping", SKIPPING)
+    return stalled
+
+
+def _ticks_during(p: Project, stalled: Server, stall_s: float) -> list[float]:
+    """The gaps between the fast schedule's runs while ``stalled`` is stopped."""
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        time.sleep(stall_s)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    t1 = time.time()
+    ticked = sorted(float(ln.split()[2]) for f in p.records.glob("tick-*") for ln in f.read_text().splitlines())
+    during = [t for t in ticked if t0 < t < t1]
+    return [b - a for a, b in zip([t0, *during], [*during, t1], strict=True)]
+
+
+def test_a_stalled_master_stops_no_other_schedule_s_ticks(sproject: Project, shards: list[Server]) -> None:
+    """Two schedules tick every second: one on a live master, one with OVERLAP = "skip" on a
+    queue of 3 partitions whose home master (its state's) stalls for 5 s. The live one
+    keeps ticking every second. Before, reading where the skipping schedule's last jobs
+    live waited out the stall without a bound, and every tick of the pass with it."""
+    from schedulekit import set_clock
+
+    p = sproject
+    stalled = _schedules_on(p, shards)
+    env = {"RUNNER_TEST_SCHEDULES": "1"}
+    w = p.spawn_worker("fast", "slow", env=env)
+    set_clock(p, int(time.time() * 1000))
+    wait_for(lambda: len(list(p.records.glob("tick-*"))) >= 2, timeout=30, what="the schedule ticking")
+    gaps = _ticks_during(p, stalled, 5.0)
+    assert max(gaps) < 2.5, f"the live schedule did not tick for {max(gaps):.1f} s during the stall"
+    assert w.poll() is None
+
+
+def test_a_worker_started_while_a_master_stalls_ticks_the_live_schedules(sproject: Project,
+                                                                         shards: list[Server]) -> None:
+    """A worker starts while the master of the slow queue's home partition is stalled: it
+    adopts its schedules on the live masters and the fast one ticks every second during
+    the stall. Before, the adoption read every queue's schedules' index without a bound
+    and retried as a whole, so no schedule ticked until the stall ended."""
+    from schedulekit import set_clock
+
+    p = sproject
+    stalled = _schedules_on(p, shards)
+    set_clock(p, int(time.time() * 1000))
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        w = p.spawn_worker("fast", "slow", env={"RUNNER_TEST_SCHEDULES": "1"})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(list(p.records.glob("tick-*"))) < 3:
+            time.sleep(0.1)
+        ticks = len(list(p.records.glob("tick-*")))
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert ticks >= 3, f"{ticks} tick(s) of the live schedule within 10 s of a start during the stall"
+    assert w.poll() is None
+
+
+def test_the_cancel_subscription_listens_on_a_master_that_answers(sproject: Project, shards: list[Server]) -> None:
+    """A process starts while the master of its first cancels channel's slot is stalled:
+    its subscriber (worker.py's cancels) subscribes on a master that answers, so it is
+    ready at once and hears what the live masters publish. Before, it subscribed on the
+    first channel's master: not ready in the worker's 2 s start wait, deaf all stall."""
+    import redis
+
+    from runner.runtime import Runtime
+    from runner.store.waiter import Waiter
+
+    p = sproject
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    port = {k.tag: r.get_node_from_key(k.cancels).port for k in parts}
+    stalled = next(s for s in shards if s.port == port[parts[0].tag])
+    live = next(k for k in parts if port[k.tag] != stalled.port)
+    heard: list[list[str]] = []
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        rt = Runtime.create(p.config(), lazy=True)
+        w = Waiter(rt.redis, [k.cancels for k in parts], heard.append)
+        t = time.monotonic()
+        ready = w.ready(2.0)
+        took = time.monotonic() - t
+        redis.Redis(port=port[live.tag]).publish(live.cancels, "job1 token1")
+        wait_for(lambda: heard, timeout=3, what="the cancel published on a live master")
+        w.stop(wait=False)
+        rt.close()
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert ready and took < 1.0, f"the subscription was ready: {ready}, after {took:.1f} s"
+    assert heard == [["job1", "token1"]]
