@@ -98,12 +98,21 @@ class Calls:
 class AckFigures:
     """What an ack call's successes add to the stats hash once it lands: not sent with the
     call but summed in the worker (metrics.Pending), the sum when every ack landed, else
-    the landed ones' own fields, as ack.lua counted them."""
+    the landed ones' own fields, as ack.lua counted them; and each landed ack's "done" in
+    the throughput hash of the minute it landed in, by the server's clock (_server_now)."""
 
-    __slots__ = ("fields", "stats_key", "totals")
+    __slots__ = ("fields", "job", "stats_key", "totals", "tput_prefix")
 
-    def __init__(self, stats_key: str, totals: metrics.Totals, fields: list[str]) -> None:
+    def __init__(self, stats_key: str, totals: metrics.Totals, fields: list[str], tput_prefix: str = "",
+                 job: Claimed | None = None) -> None:
         self.stats_key, self.totals, self.fields = stats_key, totals, fields
+        self.tput_prefix, self.job = tput_prefix, job  # (a job of the call: its claim dates the landing)
+
+    def minute_key(self, host_ms: int) -> str:
+        """The throughput hash of the minute now, by the server's clock (the claim's server
+        time and this host's monotonic clock since; ``host_ms`` without a claim time)."""
+        now = _server_now(self.job, host_ms) if self.job is not None else host_ms
+        return f"{self.tput_prefix}{now // 60_000}"
 
 
 class Entries:
@@ -159,7 +168,8 @@ class Entries:
         self._queue(calls, k, pipe, groups)
         figures += [None] * (len(groups) - len(figures))
         if calls.acks:
-            figures[ack_at] = AckFigures(k.stats, calls.totals, calls.ack_fields)
+            figures[ack_at] = AckFigures(k.stats, calls.totals, calls.ack_fields, k.tput_prefix,
+                                         calls.ack_s[-1].run.job)
 
     def _queue(self, calls: Calls, k: QueueKeys, pipe: Batch, groups: list[list[Settlement]]) -> None:
         sc = self.rt.scripts

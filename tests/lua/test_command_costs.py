@@ -36,19 +36,18 @@ def sent(r: Any, call: Any) -> Counter[str]:
     return +got
 
 
-def test_an_ack_in_a_minute_already_counted_leaves_its_expiry_alone(p: Project) -> None:
-    """The minute's throughput hash gets its 6 h expiry when the minute's first ack makes
-    it; a later ack of that minute only adds to it (no PEXPIRE per ack), and the key
-    keeps the expiry it was given."""
+def test_an_ack_writes_no_throughput_minute(p: Project) -> None:
+    """The minute's throughput count ("done") is summed in the worker with a success's
+    other figures and added within a second (tests/integration/test_figure_flush.py): an
+    ack of a plain job sends no HINCRBY or PEXPIRE for it, only the census's HINCRBY, and
+    leaves no minute hash."""
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
-    enqueue(p, new("a"), new("b"))
-    ja, jb = claim(p, n=2)
-    tput = k.throughput(NOW // 60_000)
-    first = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
-    assert first["pexpire"] == 1 and 0 < r.pttl(tput) <= 6 * 3600 * 1000
-    later = sent(r, lambda: sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2))
-    assert later["pexpire"] == 0
-    assert r.hget(tput, "done") == "2" and 0 < r.pttl(tput) <= 6 * 3600 * 1000
+    enqueue(p, new("a"))
+    (ja,) = claim(p, n=1)
+    got = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
+    assert got["hincrby"] == 1 and got["pexpire"] == 0, got
+    assert not r.exists(k.throughput((NOW + 1) // 60_000))
+    assert r.hget(k.census, "noop|1") is None  # the census still goes down in the ack's step
 
 
 def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Project) -> None:
@@ -122,8 +121,8 @@ def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> N
     for n, i in enumerate(ids):
         costs.append(sent(r, lambda i=i, n=n: sc.ack(k, [Ack(i, tokens[i], "", "noop|1", "")], 100_000,
                                                      done_max=8, now_ms=NOW + 1 + n)))
-    # Past the first (the minute's PEXPIRE): one HINCRBY each of the throughput and the census.
-    assert [c["hincrby"] for c in costs[1:]] == [2, 2, 2, 2]
+    # One HINCRBY each, the census's (the throughput minute is the worker's to add).
+    assert [c["hincrby"] for c in costs] == [1, 1, 1, 1, 1]
     assert [r.hkeys(k.done(g)) for g in range(3)] == [["a", "b"], ["c", "d"], ["e"]]
     assert r.lrange(k.done(1) + ":log", 0, -1) == ["d", "c"]
     assert r.hget(k.done_meta, "gen") == "2"

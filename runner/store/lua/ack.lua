@@ -7,7 +7,7 @@
 -- KEYS[3] job_prefix   (string)
 -- KEYS[4] lim_prefix   (string)
 -- KEYS[5] idem_prefix  (string)
--- KEYS[6] tput_prefix       (string; the key of a minute is prefix .. minute)
+-- KEYS[6] tput_prefix  (string; unused: the worker adds the minute's throughput count)
 -- KEYS[7] dead         ZSET  (a late success leaves it)
 -- KEYS[8] ready        LIST  (a job woken by a freed slot goes here)
 -- KEYS[9] notify       LIST
@@ -231,13 +231,8 @@ if #done_ids > 0 then
   done_put(K.done_meta, K.done_prefix, gen, done_ids, outcomes, done_max)
   for s = 1, #gone, 4000 do redis.call('DEL', unpack(gone, s, math.min(s + 3999, #gone))) end
   unclaim(K.claims, K.leases, finished)
-  -- pcall: a damaged counter loses a count, never the acks (their writes are made). Only
-  -- this script writes the minute's hash, so the ack that makes it (its count is this
-  -- batch's alone) gives it its 6 h expiry; later acks of the minute add to it only.
-  local tk = K.tput_prefix .. math.floor(now / 60000)
-  if redis.pcall('HINCRBY', tk, 'done', #done_ids) == #done_ids then
-    redis.call('PEXPIRE', tk, 21600000)
-  end
+  -- (The minute's throughput count is not written here: the worker sums it with a
+  -- success's other figures and adds it within a second, see metrics.Pending.)
 end
 for field, c in pairs(uncounted) do census(K.census, field, -c) end
 if totals ~= '' and not refused then
