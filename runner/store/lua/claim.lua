@@ -197,8 +197,26 @@ if floor == 0 and n > 0 and not early and present == 0 then return out end
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
 local leased, claimed, taken = {}, {}, {}
+local sound = {}  -- the keys found of their type in this call (see sound_keys below)
+-- Write them; false, with nothing written, when the leases key turns out damaged. The
+-- first round's ZINTERCARD refuses a leases key of any type but a sorted set or a set;
+-- a plain set there passes it and fails this write. Until the leases are known sound,
+-- every job claimed so far is plain (a job whose gates write checks them first, see
+-- take()), so a failed first write has changed nothing of theirs: the caller puts them
+-- back and refuses. (A batch past one chunk checks them with a ZSCORE first.)
 local function write_leases()
-  call_many('ZADD', K.leases, leased, 2)
+  if #leased == 0 then return true end
+  local written = false
+  if not sound.leases then
+    if #leased <= 4000 then
+      if type(redis.pcall('ZADD', K.leases, unpack(leased))) == 'table' then return false end
+      written = true
+    elseif type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
+      return false
+    end
+    sound.leases = true
+  end
+  if not written then call_many('ZADD', K.leases, leased, 2) end
   -- Their claim time, the processing list's order (K.leases .. ':since'; see keys.py).
   local since = {}
   for j = 2, #leased, 2 do
@@ -208,6 +226,7 @@ local function write_leases()
   call_many('ZADD', K.leases .. ':since', since, 2)
   call_many('HSET', K.claims, claimed, 2)
   leased, claimed = {}, {}
+  return true
 end
 
 local function bury_raw(jk, id, reason)
@@ -228,11 +247,12 @@ local stop = false  -- set by take() for a job that must go back to ready
 -- anywhere. Each is checked once per call, just before the first settle that needs it
 -- (a plain job needs none of them), and a damaged one is named in `refused`: the id in
 -- hand and the rest go back, and the claim refuses (see the loop below). (The leases,
--- which every claim writes, are checked before the first round; a damaged stats hash
+-- which every claim writes, are checked with the sets before the first round, where a
+-- plain set passes; so a job whose settle writes anything checks them here first, and a
+-- plain job's claim finds out at its lease write: see write_leases. A damaged stats hash
 -- only loses counts: see flush.)
-local PROBE = {scheduled = 'ZSCORE', dead = 'ZSCORE', done_meta = 'HGET'}
-local KEY_NAME = {scheduled = 'scheduled', dead = 'dead', done_meta = 'done generation'}
-local sound = {}
+local PROBE = {leases = 'ZSCORE', scheduled = 'ZSCORE', dead = 'ZSCORE', done_meta = 'HGET'}
+local KEY_NAME = {leases = 'leases', scheduled = 'scheduled', dead = 'dead', done_meta = 'done generation'}
 local refused = nil
 local function sound_keys(...)
   for _, kn in ipairs({...}) do
@@ -512,6 +532,10 @@ local function take(id)
   if not rec then return end
   local typ = rec.type
   if any_paused and paused['fn:' .. typ] then return hold_paused(id, rec, sk) end
+  -- A job with a state, limits or an idempotency key may be written to by the gates
+  -- below before its lease is: the leases are checked first (a plain job's claim writes
+  -- nothing before its lease, see write_leases).
+  if (f ~= NO_STATE or rec.limits ~= '' or rec.idem_key ~= '') and not sound_keys('leases') then return end
   if f[9] then
     -- (Its group's countdown may write any of them.)
     if not sound_keys('scheduled', 'dead', 'done_meta') then return end
@@ -617,20 +641,17 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
     -- a script that gives up its claim before it writes there, and a damaged set would
     -- leave it in no structure; refused here, no job is claimed until the scheduler puts
     -- the damaged key aside. (The done meta: sound_keys, when a settle needs it.)
-    -- The two sets are checked by one ZINTERCARD, which refuses a key of any type but a
+    -- The three are checked by one ZINTERCARD, which refuses a key of any type but a
     -- sorted set or a set before it reads anything; a key never written (K.leases ..
     -- ':none', empty) is the smallest input, so it reads nothing whatever the sets hold.
     -- A set passes it: such a set is not marked sound, so a settle in this call checks
     -- it again (sound_keys), and a later retry or burial refuses (damaged_set) until the
-    -- scheduler puts it aside. An error names its key by a probe of each.
-    if type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
-      damaged = 'leases'
-    else
-      sound.leases = true
-      if type(redis.pcall('ZINTERCARD', 3, K.leases .. ':none', K.scheduled, K.dead, 'LIMIT', 1)) == 'table' then
-        for _, kn in ipairs({'scheduled', 'dead'}) do
-          if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
-        end
+    -- scheduler puts it aside; leases of a plain set fail the lease write, which then
+    -- writes nothing (write_leases). An error names its key by a probe of each.
+    if type(redis.pcall('ZINTERCARD', 4, K.leases .. ':none', K.leases, K.scheduled, K.dead, 'LIMIT', 1))
+        == 'table' then
+      for _, kn in ipairs({'leases', 'scheduled', 'dead'}) do
+        if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
       end
     end
   end
@@ -678,7 +699,14 @@ if refused then
 elseif not stop and i < n and popped >= n * 4 + cheap then
   out[2] = 2
 end
-write_leases()
+if not write_leases() then
+  -- The leases are a plain set (see write_leases): every job claimed here is plain and
+  -- nothing of it is written yet. They go back to the consumer end, in claim order,
+  -- before any id put back above, and the claim refuses.
+  for j = #claimed - 1, 1, -2 do put_back(claimed[j]) end
+  flush(K.stats)
+  return redis.error_reply('claim refused: the leases key of this queue holds the wrong Redis type')
+end
 -- Wake-ups left behind: each enqueue call pushes one, and a fetcher takes one per claim,
 -- so a claim that took the jobs of two enqueues left a wake-up for nobody, and a fetcher
 -- woke for it to claim nothing (at light load, about a third of all claims with one
