@@ -111,3 +111,41 @@ def test_the_throughput_minute_is_counted_by_the_worker_on_the_servers_clock(pro
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(timeout=10)
     assert _done_in_minutes(project, t0, server_ms(r)) in (3, 4)  # the last second's may be lost, no more
+
+
+def test_an_ack_of_a_recent_claim_reads_no_time_and_keeps_the_servers_clock(project: Project) -> None:
+    """An ack of runs claimed within CLOCK_FRESH_S carries the server's time as the worker
+    knows it (the claim's server time plus this host's monotonic clock since), so the
+    script reads no TIME (one command less per ack call at light load); the done job's
+    finish still falls between the server's times around the ack. A run claimed longer
+    ago (a long run, or a host that slept) leaves the time to the script's TIME."""
+    from runner.store.stats import server_ms
+    from runner.worker.entries import CLOCK_FRESH_S
+    from runner.worker.execute import Done
+    from runner.worker.fetcher import Fetcher
+    from runner.worker.ledger import Settlement
+
+    rt, c = project.runtime, project.client
+    q = rt.config.queues["fast"]
+    r = rt.redis
+    ledger = Ledger(q.concurrency, 4, 1)
+    fetcher = Fetcher(rt, q, ledger, stdqueue.SimpleQueue(), stdqueue.SimpleQueue(), "w-clock")
+    settler = Settler(rt, q, ledger, stdqueue.SimpleQueue())
+
+    def times() -> int:
+        return int(r.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
+
+    for stale in (False, True):
+        job = c.enqueue("noop", {}).id
+        assert fetcher.claim(1, 1) == (1, 0)
+        (run,) = ledger.renewable()
+        if stale:
+            run.job.received -= CLOCK_FRESH_S + 1  # claimed (by this host's clock) long ago
+            run.job.claimed_ms -= int((CLOCK_FRESH_S + 1) * 1000)
+        t0, before = server_ms(r), times()
+        settler.send([Settlement(run, Done("null"))])
+        spent, t1 = times() - before, server_ms(r)
+        assert c.get(job).status == "done"
+        finished = int(c.get(job).fields["finished_ms"])
+        assert t0 - 50 <= finished <= t1 + 50, (t0, finished, t1)
+        assert spent == (1 if stale else 0), (stale, spent)
