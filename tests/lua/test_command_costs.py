@@ -47,7 +47,7 @@ def test_an_ack_writes_no_throughput_minute(p: Project) -> None:
     got = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
     assert got["hincrby"] == 1 and got["pexpire"] == 0, got
     assert not r.exists(k.throughput((NOW + 1) // 60_000))
-    assert r.hget(k.census, "noop|1") is None  # the census still goes down in the ack's step
+    assert r.hget(k.census, "noop|1") == "0"  # the census still goes down in the ack's step
 
 
 def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Project) -> None:
@@ -202,3 +202,27 @@ def test_an_id_twice_in_one_claim_is_read_again_after_a_gate_wrote_its_state(p: 
     waiters = [key for key in r.scan_iter(match=k.lim_prefix + "*:w")]
     assert [r.lrange(w, 0, -1) for w in waiters] == [["r"]]
     assert "r" not in structures(p)["ready"] and r.hget(k.claims, "r") is None
+
+
+def test_a_census_field_at_zero_stays_and_counts_nothing(p: Project) -> None:
+    """At light load a job's type goes 1 -> 0 -> 1 in the census as each job is enqueued
+    and done: the ack that takes a field to 0 leaves it there (no HDEL, one command a job
+    at light load), and the deploy gate's readers count a field at 0 as no job (the
+    census counts and the tag set's emptiness); the next enqueue counts from 0, and a
+    field below 0 (damage) is still dropped."""
+    from runner.store import census, tagset
+
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"))
+    (ja,) = claim(p, n=1)
+    got = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
+    assert got["hdel"] == 1, got  # the claim's entry only
+    assert r.hget(k.census, "noop|1") == "0"
+    assert census.counts(r, {"fast": k}) == (0, {})
+    assert tagset.drained(r, k)  # a partition with only a 0 in its census is drained
+    enqueue(p, new("b"))
+    assert r.hget(k.census, "noop|1") == "1" and census.counts(r, {"fast": k})[0] == 1
+    r.hset(k.census, "noop|1", 0)
+    (jb,) = claim(p, n=1)
+    assert sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2) == [1]
+    assert r.hget(k.census, "noop|1") is None  # -1: damage, dropped as before
