@@ -226,3 +226,35 @@ def test_a_census_field_at_zero_stays_and_counts_nothing(p: Project) -> None:
     (jb,) = claim(p, n=1)
     assert sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2) == [1]
     assert r.hget(k.census, "noop|1") is None  # -1: damage, dropped as before
+
+
+def test_a_claim_of_one_id_checks_it_for_a_claim_by_writing_its_own(p: Project) -> None:
+    """At light load a claim asks for many and pops one id: it learns whether that id
+    already holds a claim (a stray, never run twice) from the HSETNX that writes its own
+    claim, not from an HMGET before it. A lone stray, plain or with a state hash or an
+    idempotency key, is dropped with the claim, lease and claim time it holds untouched;
+    with the claims hash damaged the id goes back and the claim refuses, naming it."""
+    from redis.exceptions import ResponseError
+
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"))
+    got = sent(r, lambda: claim(p, n=16, base="w.1"))
+    assert got["hmget"] == 0 and got["hsetnx"] == 1 and got["hset"] == 0, got
+    enqueue(p, new("b", idem="kb", phash="h"))
+    enqueue(p, new("c"))
+    r.hset(k.state("c"), "lost_token", "old 1 1")
+    assert [g[0] for g in claim(p, n=1, base="w.2")] == ["b"]
+    assert [g[0] for g in claim(p, n=1, base="w.3")] == ["c"]
+    held = {i: (r.hget(k.claims, i), r.zscore(k.leases, i), r.zscore(k.leases + ":since", i)) for i in "abc"}
+    for i in "abc":  # each pushed again while it holds its claim, alone in ready
+        r.rpush(k.ready, i)
+        assert claim(p, n=16, now=NOW + 1000, base=f"w.{i}") == [], i
+        assert (r.hget(k.claims, i), r.zscore(k.leases, i), r.zscore(k.leases + ":since", i)) == held[i], i
+    assert r.hget(k.stats, "stray") == "3" and r.llen(k.ready) == 0
+    assert r.hget(k.state("c"), "lost_token") is None  # (its own claim took it, not the stray's)
+    enqueue(p, new("d"))
+    r.delete(k.claims)
+    r.set(k.claims, "clobbered")
+    with pytest.raises(ResponseError, match="the claims key of this queue holds the wrong"):
+        claim(p, n=16, base="w.4")
+    assert r.lrange(k.ready, 0, -1) == ["d"] and r.zscore(k.leases, "d") is None
