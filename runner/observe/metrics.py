@@ -68,19 +68,28 @@ class Totals:
 FLUSH_S = 1.0
 
 
-class Pending:
-    """Landed acks' stats fields, summed per stats hash until they are flushed: at 500
-    jobs/s, five HINCRBY per job inside the ack become a few per second."""
+# How long a minute's throughput hash (<prefix>:{<queue>}:tput:<minute>) is kept.
+THROUGHPUT_KEEP_MS = 6 * 3600 * 1000
 
-    __slots__ = ("rows", "since")
+
+class Pending:
+    """Landed acks' stats fields, and the throughput minutes' "done" counts, summed per
+    hash until they are flushed: at 500 jobs/s, six HINCRBY per job inside the ack become
+    a few per second. ``expiry``: the ms each key is kept after a flush (a throughput
+    minute's), absent for one kept for ever (a stats hash)."""
+
+    __slots__ = ("expiry", "rows", "since")
 
     def __init__(self) -> None:
         self.rows: dict[str, dict[str, int]] = {}
+        self.expiry: dict[str, int] = {}
         self.since = 0.0  # monotonic time of the oldest unflushed figure; 0.0 none
 
-    def add(self, key: str, counts: dict[str, int], now: float) -> None:
+    def add(self, key: str, counts: dict[str, int], now: float, keep_ms: int = 0) -> None:
         if not counts:
             return  # (nothing to add: no flush to schedule)
+        if keep_ms:
+            self.expiry[key] = keep_ms
         row = self.rows.setdefault(key, {})
         for f, n in counts.items():
             row[f] = row.get(f, 0) + n
@@ -99,9 +108,10 @@ class Pending:
         """Seconds until a flush is due (0 when it is), None with nothing pending."""
         return max(0.0, self.since + FLUSH_S - now) if self.since else None
 
-    def take(self) -> dict[str, dict[str, int]]:
-        rows, self.rows, self.since = self.rows, {}, 0.0
-        return rows
+    def take(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        """The sums and the keys' expiries, and start again."""
+        rows, expiry, self.rows, self.expiry, self.since = self.rows, self.expiry, {}, {}, 0.0
+        return rows, expiry
 
 
 class _TypeFields:

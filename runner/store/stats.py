@@ -114,13 +114,16 @@ def _checked(replies: Any) -> list[Any]:
     return checked(replies)
 
 
-def add_counts(redis: Any, rows: dict[str, dict[str, int]]) -> None:
-    """Add the worker's summed figures to their stats hashes (metrics.Pending), in one
-    round trip. A hash damaged to another type loses its counts, never the others' (as
-    the scripts' own pcall'd HINCRBY); an outage (no answer, BUSY, a read-only replica)
-    raises, and the caller keeps them for the next try."""
+def add_counts(redis: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int] | None = None) -> None:
+    """Add the worker's summed figures to their hashes (metrics.Pending: the stats hashes,
+    the throughput minutes), in one round trip; a key in ``expiry`` is given that many ms
+    to live after its add. A hash damaged to another type loses its counts, never the
+    others' (as the scripts' own pcall'd HINCRBY); an outage (no answer, BUSY, a read-only
+    replica) raises, and the caller keeps them for the next try."""
     pipe = redis.pipeline(transaction=False)
     for key, counts in rows.items():
         for field, n in counts.items():
             pipe.execute_command("HINCRBY", key, field, n)
+        if expiry and key in expiry:
+            pipe.execute_command("PEXPIRE", key, expiry[key])
     _checked(pipe.execute(raise_on_error=False))

@@ -38,6 +38,22 @@ def _server_now(job: Claimed, host_now: int) -> int:
     return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
 
 
+# An ack of runs claimed this recently (by this host's monotonic clock) carries the
+# server's time as the worker knows it, _server_now of its newest claim, so the script
+# reads no TIME (at light load, one command of each ack call). Past it (a long run, a
+# host that may have slept: the monotonic clock stops in a suspend) the script reads TIME.
+CLOCK_FRESH_S = 60.0
+
+
+def _ack_clock(settled: Sequence[Settlement]) -> int | None:
+    """The ack call's time: the server's, from the newest claim of ``settled`` when that
+    is fresh; None (the script's TIME) otherwise."""
+    job = max((s.run.job for s in settled), key=lambda j: j.received)
+    if not job.claimed_ms or time.monotonic() - job.received > CLOCK_FRESH_S:
+        return None
+    return _server_now(job, 0)
+
+
 def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: Any = None) -> str:
     entry: dict[str, Any] = {"attempt": attempt, "outcome": outcome, "started_ms": started_ms,
                              "at_ms": now_ms}
@@ -98,12 +114,21 @@ class Calls:
 class AckFigures:
     """What an ack call's successes add to the stats hash once it lands: not sent with the
     call but summed in the worker (metrics.Pending), the sum when every ack landed, else
-    the landed ones' own fields, as ack.lua counted them."""
+    the landed ones' own fields, as ack.lua counted them; and each landed ack's "done" in
+    the throughput hash of the minute it landed in, by the server's clock (_server_now)."""
 
-    __slots__ = ("fields", "stats_key", "totals")
+    __slots__ = ("fields", "job", "stats_key", "totals", "tput_prefix")
 
-    def __init__(self, stats_key: str, totals: metrics.Totals, fields: list[str]) -> None:
+    def __init__(self, stats_key: str, totals: metrics.Totals, fields: list[str], tput_prefix: str = "",
+                 job: Claimed | None = None) -> None:
         self.stats_key, self.totals, self.fields = stats_key, totals, fields
+        self.tput_prefix, self.job = tput_prefix, job  # (a job of the call: its claim dates the landing)
+
+    def minute_key(self, host_ms: int) -> str:
+        """The throughput hash of the minute now, by the server's clock (the claim's server
+        time and this host's monotonic clock since; ``host_ms`` without a claim time)."""
+        now = _server_now(self.job, host_ms) if self.job is not None else host_ms
+        return f"{self.tput_prefix}{now // 60_000}"
 
 
 class Entries:
@@ -159,7 +184,8 @@ class Entries:
         self._queue(calls, k, pipe, groups)
         figures += [None] * (len(groups) - len(figures))
         if calls.acks:
-            figures[ack_at] = AckFigures(k.stats, calls.totals, calls.ack_fields)
+            figures[ack_at] = AckFigures(k.stats, calls.totals, calls.ack_fields, k.tput_prefix,
+                                         calls.ack_s[-1].run.job)
 
     def _queue(self, calls: Calls, k: QueueKeys, pipe: Batch, groups: list[list[Settlement]]) -> None:
         sc = self.rt.scripts
@@ -169,7 +195,8 @@ class Entries:
         if calls.acks:
             # Each ack's stats fields stay '' and no totals go: the settler counts what
             # landed (AckFigures), so the script runs no HINCRBY for a plain success.
-            sc.ack(k, calls.acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe)
+            sc.ack(k, calls.acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe,
+                   now_ms=_ack_clock(calls.ack_s))
             groups.append(calls.ack_s)
         if calls.retries:
             ret = self.rt.config.retention

@@ -121,9 +121,9 @@ class Settler:
         due = self.figures.due_in(time.monotonic())
         if due is None or (due > 0 and not final):
             return
-        rows = self.figures.take()
+        rows, expiry = self.figures.take()
         try:
-            stats.add_counts(self.rt.redis, rows)
+            stats.add_counts(self.rt.redis, rows, expiry)
         except Exception as exc:
             if final:
                 log.warning("%s settler: the figures of the last second's successes were not added to "
@@ -131,7 +131,7 @@ class Settler:
                 return
             log.debug("%s settler: adding figures failed (%s); trying again", self.q.name, exc)
             for key, counts in rows.items():
-                self.figures.add(key, counts, time.monotonic())
+                self.figures.add(key, counts, time.monotonic(), expiry.get(key, 0))
 
     def _parked_wait(self) -> float:
         """Seconds until the first parked partition's backoff ends."""
@@ -394,9 +394,13 @@ class Settler:
 
     def _count(self, fig: AckFigures, codes: Sequence[Any]) -> None:
         """An ack call's figures: the batch's sum when every ack landed (1 done, 2 done
-        late), else each landed ack's own fields."""
+        late), else each landed ack's own fields; and the landed ones in the minute's
+        throughput count."""
         now = time.monotonic()
-        if all(int(c) > 0 for c in codes):
+        landed = sum(1 for c in codes if int(c) > 0)
+        if landed and fig.tput_prefix:
+            self.figures.add(fig.minute_key(records.now_ms()), {"done": landed}, now, metrics.THROUGHPUT_KEEP_MS)
+        if landed == len(codes):
             self.figures.add(fig.stats_key, fig.totals.counts, now)
             return
         for fields, code in zip(fig.fields, codes, strict=True):

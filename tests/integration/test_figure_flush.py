@@ -80,3 +80,72 @@ def test_a_sigkill_loses_at_most_the_last_second(project: Project) -> None:
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(timeout=10)
     assert _succeeded(project) in (5, 6)  # the last success's second may be lost, no more
+
+
+def _done_in_minutes(project: Project, t0_ms: int, t1_ms: int) -> int:
+    r, k = project.runtime.redis, project.keys("fast")
+    return sum(int(r.hget(k.throughput(m), "done") or 0) for m in range(t0_ms // 60_000, t1_ms // 60_000 + 1))
+
+
+def test_the_throughput_minute_is_counted_by_the_worker_on_the_servers_clock(project: Project) -> None:
+    """The per-minute "done" count (the dashboard's and `runner stats`' throughput) is
+    summed in the worker with the other figures, not written by each ack: its minute is
+    the server's (the claim's server time plus this host's monotonic clock since), the
+    count lands within a second, the hash keeps its 6 h expiry, and a SIGKILL loses at
+    most the last second's, as of the other figures."""
+    from runner.store.stats import server_ms
+
+    r, k = project.runtime.redis, project.keys("fast")
+    worker = project.spawn_worker("fast")
+    t0 = server_ms(r)
+    ids = [project.client.enqueue("record", {"n": i}).id for i in range(3)]
+    for job_id in ids:
+        project.client.wait(job_id, timeout_s=15)
+    wait_for(lambda: _done_in_minutes(project, t0, server_ms(r)) == 3, timeout=metrics.FLUSH_S + 1.0,
+             what="the minute's count within a second")
+    minutes = [m for m in range(t0 // 60_000, server_ms(r) // 60_000 + 1) if r.exists(k.throughput(m))]
+    assert minutes and all(0 < r.pttl(k.throughput(m)) <= 6 * 3600 * 1000 for m in minutes)
+    time.sleep(metrics.FLUSH_S + 0.5)
+    last = project.client.enqueue("record", {"n": 99})
+    project.client.wait(last.id, timeout_s=15)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert _done_in_minutes(project, t0, server_ms(r)) in (3, 4)  # the last second's may be lost, no more
+
+
+def test_an_ack_of_a_recent_claim_reads_no_time_and_keeps_the_servers_clock(project: Project) -> None:
+    """An ack of runs claimed within CLOCK_FRESH_S carries the server's time as the worker
+    knows it (the claim's server time plus this host's monotonic clock since), so the
+    script reads no TIME (one command less per ack call at light load); the done job's
+    finish still falls between the server's times around the ack. A run claimed longer
+    ago (a long run, or a host that slept) leaves the time to the script's TIME."""
+    from runner.store.stats import server_ms
+    from runner.worker.entries import CLOCK_FRESH_S
+    from runner.worker.execute import Done
+    from runner.worker.fetcher import Fetcher
+    from runner.worker.ledger import Settlement
+
+    rt, c = project.runtime, project.client
+    q = rt.config.queues["fast"]
+    r = rt.redis
+    ledger = Ledger(q.concurrency, 4, 1)
+    fetcher = Fetcher(rt, q, ledger, stdqueue.SimpleQueue(), stdqueue.SimpleQueue(), "w-clock")
+    settler = Settler(rt, q, ledger, stdqueue.SimpleQueue())
+
+    def times() -> int:
+        return int(r.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
+
+    for stale in (False, True):
+        job = c.enqueue("noop", {}).id
+        assert fetcher.claim(1, 1) == (1, 0)
+        (run,) = ledger.renewable()
+        if stale:
+            run.job.received -= CLOCK_FRESH_S + 1  # claimed (by this host's clock) long ago
+            run.job.claimed_ms -= int((CLOCK_FRESH_S + 1) * 1000)
+        t0, before = server_ms(r), times()
+        settler.send([Settlement(run, Done("null"))])
+        spent, t1 = times() - before, server_ms(r)
+        assert c.get(job).status == "done"
+        finished = int(c.get(job).fields["finished_ms"])
+        assert t0 - 50 <= finished <= t1 + 50, (t0, finished, t1)
+        assert spent == (1 if stale else 0), (stale, spent)

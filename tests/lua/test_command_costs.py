@@ -36,19 +36,18 @@ def sent(r: Any, call: Any) -> Counter[str]:
     return +got
 
 
-def test_an_ack_in_a_minute_already_counted_leaves_its_expiry_alone(p: Project) -> None:
-    """The minute's throughput hash gets its 6 h expiry when the minute's first ack makes
-    it; a later ack of that minute only adds to it (no PEXPIRE per ack), and the key
-    keeps the expiry it was given."""
+def test_an_ack_writes_no_throughput_minute(p: Project) -> None:
+    """The minute's throughput count ("done") is summed in the worker with a success's
+    other figures and added within a second (tests/integration/test_figure_flush.py): an
+    ack of a plain job sends no HINCRBY or PEXPIRE for it, only the census's HINCRBY, and
+    leaves no minute hash."""
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
-    enqueue(p, new("a"), new("b"))
-    ja, jb = claim(p, n=2)
-    tput = k.throughput(NOW // 60_000)
-    first = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
-    assert first["pexpire"] == 1 and 0 < r.pttl(tput) <= 6 * 3600 * 1000
-    later = sent(r, lambda: sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2))
-    assert later["pexpire"] == 0
-    assert r.hget(tput, "done") == "2" and 0 < r.pttl(tput) <= 6 * 3600 * 1000
+    enqueue(p, new("a"))
+    (ja,) = claim(p, n=1)
+    got = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
+    assert got["hincrby"] == 1 and got["pexpire"] == 0, got
+    assert not r.exists(k.throughput((NOW + 1) // 60_000))
+    assert r.hget(k.census, "noop|1") == "0"  # the census still goes down in the ack's step
 
 
 def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Project) -> None:
@@ -67,17 +66,50 @@ def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Proje
 def test_a_plain_claim_checks_the_sets_and_not_the_done_meta(p: Project) -> None:
     """A claim of plain jobs (records in place, nothing to bury or mark done) checks the
     type of the leases, scheduled and dead sets once per call (a job claimed now may be
-    retried or buried later by a script that gives up its claim before writing there):
-    the leases with a ZSCORE, the two others with one ZINTERCARD, whose empty first input
-    keeps it from reading the sets; and not the done meta, which only a settle that reads
-    it checks (test_scripts' damaged-key tests)."""
+    retried or buried later by a script that gives up its claim before writing there)
+    with one ZINTERCARD, whose empty first input keeps it from reading the sets (no
+    ZSCORE of the leases: a plain set there, which ZINTERCARD passes, fails the lease
+    write, and test_a_leases_key_damaged_to_a_set_costs_no_job pins what then holds);
+    and not the done meta, which only a settle that reads it checks (test_scripts'
+    damaged-key tests)."""
     r, k = p.runtime.redis, p.keys()
     r.zadd(k.dead, {f"d{i}": i for i in range(500)})
     r.zadd(k.scheduled, {f"s{i}": NOW * 2 for i in range(500)})
+    r.zadd(k.leases, {f"l{i}": NOW * 2 for i in range(500)})
     enqueue(p, new("a"), new("b"))
     got = sent(r, lambda: claim(p, n=2))
-    assert got["zscore"] == 1 and got["zintercard"] == 1 and got["hget"] == 0
-    assert r.hlen(k.claims) == 2 and not r.exists(k.leases + ":none")
+    assert got["zscore"] == 0 and got["zintercard"] == 1 and got["hget"] == 0, got
+    assert r.hlen(k.claims) == 2 and r.zcard(k.leases) == 502 and not r.exists(k.leases + ":none")
+
+
+def test_a_leases_key_damaged_to_a_set_costs_no_job(p: Project) -> None:
+    """A leases key overwritten with a plain set passes the claim's ZINTERCARD: a claim
+    of plain jobs fails at its lease write, puts every id it popped back in ready in order
+    and refuses, naming the key, with no claim written; a claim that meets a job whose
+    settle writes (a state hash, a limit) checks the leases before that write and refuses
+    the same way, that job's state untouched. Once the reclaim puts the key aside, every
+    job is claimed, once."""
+    from redis.exceptions import ResponseError
+
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"), new("b"))
+    r.sadd(k.leases, "x")
+    for n in (1, 2, 5):
+        with pytest.raises(ResponseError, match="the leases key of this queue holds the wrong"):
+            claim(p, n=n)
+        assert r.lrange(k.ready, 0, -1) == ["b", "a"] and r.hlen(k.claims) == 0, n
+    enqueue(p, new("c", limits="1 c:x"))
+    r.hset(k.state("b"), "lost_token", "old 1 1")
+    for n in (1, 3):
+        with pytest.raises(ResponseError, match="the leases key of this queue holds the wrong"):
+            claim(p, n=n)
+        assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"] and r.hlen(k.claims) == 0, n
+        assert r.hget(k.state("b"), "lost_token") == "old 1 1"
+        assert not [key for key in r.scan_iter(match=k.lim_prefix + "*")]
+    sc.reclaim(k, 100, 10**7, now_ms=NOW + 1)
+    assert r.smembers(k.leases + ":corrupt") == {"x"}
+    assert [g[0] for g in claim(p, n=5)] == ["a", "b", "c"]
+    assert r.zcard(k.leases) == 3 and r.hlen(k.claims) == 3
 
 
 def test_a_claim_asks_for_pauses_priority_and_state_with_one_exists(p: Project) -> None:
@@ -122,8 +154,8 @@ def test_an_ack_counts_its_done_generation_by_the_log_it_pushes(p: Project) -> N
     for n, i in enumerate(ids):
         costs.append(sent(r, lambda i=i, n=n: sc.ack(k, [Ack(i, tokens[i], "", "noop|1", "")], 100_000,
                                                      done_max=8, now_ms=NOW + 1 + n)))
-    # Past the first (the minute's PEXPIRE): one HINCRBY each of the throughput and the census.
-    assert [c["hincrby"] for c in costs[1:]] == [2, 2, 2, 2]
+    # One HINCRBY each, the census's (the throughput minute is the worker's to add).
+    assert [c["hincrby"] for c in costs] == [1, 1, 1, 1, 1]
     assert [r.hkeys(k.done(g)) for g in range(3)] == [["a", "b"], ["c", "d"], ["e"]]
     assert r.lrange(k.done(1) + ":log", 0, -1) == ["d", "c"]
     assert r.hget(k.done_meta, "gen") == "2"
@@ -170,3 +202,59 @@ def test_an_id_twice_in_one_claim_is_read_again_after_a_gate_wrote_its_state(p: 
     waiters = [key for key in r.scan_iter(match=k.lim_prefix + "*:w")]
     assert [r.lrange(w, 0, -1) for w in waiters] == [["r"]]
     assert "r" not in structures(p)["ready"] and r.hget(k.claims, "r") is None
+
+
+def test_a_census_field_at_zero_stays_and_counts_nothing(p: Project) -> None:
+    """At light load a job's type goes 1 -> 0 -> 1 in the census as each job is enqueued
+    and done: the ack that takes a field to 0 leaves it there (no HDEL, one command a job
+    at light load), and the deploy gate's readers count a field at 0 as no job (the
+    census counts and the tag set's emptiness); the next enqueue counts from 0, and a
+    field below 0 (damage) is still dropped."""
+    from runner.store import census, tagset
+
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"))
+    (ja,) = claim(p, n=1)
+    got = sent(r, lambda: sc.ack(k, [Ack("a", ja[1], "", "noop|1", "")], 100_000, now_ms=NOW + 1))
+    assert got["hdel"] == 1, got  # the claim's entry only
+    assert r.hget(k.census, "noop|1") == "0"
+    assert census.counts(r, {"fast": k}) == (0, {})
+    assert tagset.drained(r, k)  # a partition with only a 0 in its census is drained
+    enqueue(p, new("b"))
+    assert r.hget(k.census, "noop|1") == "1" and census.counts(r, {"fast": k})[0] == 1
+    r.hset(k.census, "noop|1", 0)
+    (jb,) = claim(p, n=1)
+    assert sc.ack(k, [Ack("b", jb[1], "", "noop|1", "")], 100_000, now_ms=NOW + 2) == [1]
+    assert r.hget(k.census, "noop|1") is None  # -1: damage, dropped as before
+
+
+def test_a_claim_of_one_id_checks_it_for_a_claim_by_writing_its_own(p: Project) -> None:
+    """At light load a claim asks for many and pops one id: it learns whether that id
+    already holds a claim (a stray, never run twice) from the HSETNX that writes its own
+    claim, not from an HMGET before it. A lone stray, plain or with a state hash or an
+    idempotency key, is dropped with the claim, lease and claim time it holds untouched;
+    with the claims hash damaged the id goes back and the claim refuses, naming it."""
+    from redis.exceptions import ResponseError
+
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"))
+    got = sent(r, lambda: claim(p, n=16, base="w.1"))
+    assert got["hmget"] == 0 and got["hsetnx"] == 1 and got["hset"] == 0, got
+    enqueue(p, new("b", idem="kb", phash="h"))
+    enqueue(p, new("c"))
+    r.hset(k.state("c"), "lost_token", "old 1 1")
+    assert [g[0] for g in claim(p, n=1, base="w.2")] == ["b"]
+    assert [g[0] for g in claim(p, n=1, base="w.3")] == ["c"]
+    held = {i: (r.hget(k.claims, i), r.zscore(k.leases, i), r.zscore(k.leases + ":since", i)) for i in "abc"}
+    for i in "abc":  # each pushed again while it holds its claim, alone in ready
+        r.rpush(k.ready, i)
+        assert claim(p, n=16, now=NOW + 1000, base=f"w.{i}") == [], i
+        assert (r.hget(k.claims, i), r.zscore(k.leases, i), r.zscore(k.leases + ":since", i)) == held[i], i
+    assert r.hget(k.stats, "stray") == "3" and r.llen(k.ready) == 0
+    assert r.hget(k.state("c"), "lost_token") is None  # (its own claim took it, not the stray's)
+    enqueue(p, new("d"))
+    r.delete(k.claims)
+    r.set(k.claims, "clobbered")
+    with pytest.raises(ResponseError, match="the claims key of this queue holds the wrong"):
+        claim(p, n=16, base="w.4")
+    assert r.lrange(k.ready, 0, -1) == ["d"] and r.zscore(k.leases, "d") is None

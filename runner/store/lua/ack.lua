@@ -7,7 +7,7 @@
 -- KEYS[3] job_prefix   (string)
 -- KEYS[4] lim_prefix   (string)
 -- KEYS[5] idem_prefix  (string)
--- KEYS[6] tput_prefix       (string; the key of a minute is prefix .. minute)
+-- KEYS[6] tput_prefix  (string; unused: the worker adds the minute's throughput count)
 -- KEYS[7] dead         ZSET  (a late success leaves it)
 -- KEYS[8] ready        LIST  (a job woken by a freed slot goes here)
 -- KEYS[9] notify       LIST
@@ -24,7 +24,9 @@
 -- KEYS[20] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- KEYS[21] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)
--- ARGV[1] now, ms ('' for the server's clock)
+-- ARGV[1] now, ms ('' for the server's clock, TIME; a worker passes the server's time as
+--         its claims told it, plus its monotonic clock since, when those claims are
+--         recent: entries.py CLOCK_FRESH_S)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
 -- ARGV[4] done count bound (the most done jobs kept)
@@ -231,13 +233,8 @@ if #done_ids > 0 then
   done_put(K.done_meta, K.done_prefix, gen, done_ids, outcomes, done_max)
   for s = 1, #gone, 4000 do redis.call('DEL', unpack(gone, s, math.min(s + 3999, #gone))) end
   unclaim(K.claims, K.leases, finished)
-  -- pcall: a damaged counter loses a count, never the acks (their writes are made). Only
-  -- this script writes the minute's hash, so the ack that makes it (its count is this
-  -- batch's alone) gives it its 6 h expiry; later acks of the minute add to it only.
-  local tk = K.tput_prefix .. math.floor(now / 60000)
-  if redis.pcall('HINCRBY', tk, 'done', #done_ids) == #done_ids then
-    redis.call('PEXPIRE', tk, 21600000)
-  end
+  -- (The minute's throughput count is not written here: the worker sums it with a
+  -- success's other figures and adds it within a second, see metrics.Pending.)
 end
 for field, c in pairs(uncounted) do census(K.census, field, -c) end
 if totals ~= '' and not refused then

@@ -197,8 +197,48 @@ if floor == 0 and n > 0 and not early and present == 0 then return out end
 -- Lease entries (deadline, id, ...) and claims (id, entry, ...) of the jobs claimed so
 -- far, not yet written; taken[id] marks an id claimed in this call.
 local leased, claimed, taken = {}, {}, {}
+local sound = {}  -- the keys found of their type in this call (see sound_keys below)
+-- A lone id (the call popped one, all there was) is not looked up in the claims hash
+-- before it is settled: a plain job's claim is written with HSETNX, whose 0 says the id
+-- holds a claim already (a stray, never run twice), and a job whose settle writes
+-- anything asks first (lone_is_stray). At light load that is an HMGET less per claim.
+local unchecked = nil
+-- Write them; false and the damaged key's name, with nothing written, when the leases
+-- or the claims turn out damaged. The first round's ZINTERCARD refuses a leases key of
+-- any type but a sorted set or a set; a plain set there passes it and fails this write.
+-- Until the leases are known sound, every job claimed so far is plain (a job whose
+-- gates write checks them first, see take()), so a failed first write has changed
+-- nothing of theirs: the caller puts them back and refuses. (A batch past one chunk
+-- checks them with a ZSCORE first.)
 local function write_leases()
-  call_many('ZADD', K.leases, leased, 2)
+  if #leased == 0 then return true end
+  local lone = unchecked ~= nil and claimed[1] == unchecked
+  if lone then
+    unchecked = nil
+    local set = redis.pcall('HSETNX', K.claims, claimed[1], claimed[2])
+    if type(set) == 'table' then return false, 'claims' end
+    if set == 0 then
+      -- A stray: the claim it holds, its lease and claim time stay as they are.
+      tally('stray')
+      for q = #out, #out - 14, -1 do out[q] = nil end
+      leased, claimed = {}, {}
+      return true
+    end
+  end
+  local written = false
+  if not sound.leases then
+    if #leased <= 4000 then
+      if type(redis.pcall('ZADD', K.leases, unpack(leased))) == 'table' then
+        if lone then redis.call('HDEL', K.claims, claimed[1]) end
+        return false, 'leases'
+      end
+      written = true
+    elseif type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
+      return false, 'leases'
+    end
+    sound.leases = true
+  end
+  if not written then call_many('ZADD', K.leases, leased, 2) end
   -- Their claim time, the processing list's order (K.leases .. ':since'; see keys.py).
   local since = {}
   for j = 2, #leased, 2 do
@@ -206,8 +246,9 @@ local function write_leases()
     since[j] = leased[j]
   end
   call_many('ZADD', K.leases .. ':since', since, 2)
-  call_many('HSET', K.claims, claimed, 2)
+  if not lone then call_many('HSET', K.claims, claimed, 2) end
   leased, claimed = {}, {}
+  return true
 end
 
 local function bury_raw(jk, id, reason)
@@ -228,11 +269,12 @@ local stop = false  -- set by take() for a job that must go back to ready
 -- anywhere. Each is checked once per call, just before the first settle that needs it
 -- (a plain job needs none of them), and a damaged one is named in `refused`: the id in
 -- hand and the rest go back, and the claim refuses (see the loop below). (The leases,
--- which every claim writes, are checked before the first round; a damaged stats hash
+-- which every claim writes, are checked with the sets before the first round, where a
+-- plain set passes; so a job whose settle writes anything checks them here first, and a
+-- plain job's claim finds out at its lease write: see write_leases. A damaged stats hash
 -- only loses counts: see flush.)
-local PROBE = {scheduled = 'ZSCORE', dead = 'ZSCORE', done_meta = 'HGET'}
-local KEY_NAME = {scheduled = 'scheduled', dead = 'dead', done_meta = 'done generation'}
-local sound = {}
+local PROBE = {leases = 'ZSCORE', scheduled = 'ZSCORE', dead = 'ZSCORE', done_meta = 'HGET'}
+local KEY_NAME = {leases = 'leases', scheduled = 'scheduled', dead = 'dead', done_meta = 'done generation'}
 local refused = nil
 local function sound_keys(...)
   for _, kn in ipairs({...}) do
@@ -245,6 +287,24 @@ local function sound_keys(...)
     end
   end
   return true
+end
+
+-- Whether the lone id (see unchecked) holds a claim already: asked once, before the first
+-- write of its settle; a damaged claims hash refuses the call (refused), as the HMGET of
+-- a call of several ids does. True when it is a stray or the call refuses.
+local function lone_is_stray(id)
+  if unchecked ~= id then return false end
+  unchecked = nil
+  local c = redis.pcall('HEXISTS', K.claims, id)
+  if type(c) == 'table' then
+    refused = 'claims'
+    return true
+  end
+  if c == 1 then
+    tally('stray')  -- claimed already: never run it twice
+    return true
+  end
+  return false
 end
 -- The gates below settle one popped id each, in claim order (take() runs them): read the
 -- job, hold a paused function's job, end a cancelled one, expire one past its MAX_AGE,
@@ -289,7 +349,7 @@ end
 local function read_job(id, jk)
   local rec, why = rec_load(jk)
   if not rec then
-    if not sound_keys('done_meta', 'dead') then return nil end
+    if lone_is_stray(id) or not sound_keys('done_meta', 'dead') then return nil end
     if done_has(K.done_meta, K.done_prefix, id) then
       tally('stray')  -- done already (its record is gone with it): never run it twice
     else
@@ -308,7 +368,7 @@ local function read_job(id, jk)
     -- pcall: a state key of another type is a damaged record, buried with its reason.
     f = redis.pcall('HMGET', sk, unpack(STATE))
     if f.err then
-      if not sound_keys('dead') then return nil end
+      if lone_is_stray(id) or not sound_keys('dead') then return nil end
       redis.call('RENAME', sk, sk .. ':corrupt')
       bury_raw(jk, id, 'malformed record: its state is not a hash; kept at ' .. sk .. ':corrupt')
       return nil
@@ -317,7 +377,7 @@ local function read_job(id, jk)
   local status = f[1] or 'queued'
   local bad = malformed(rec, f, status)
   if bad then
-    if not sound_keys('dead') then return nil end
+    if lone_is_stray(id) or not sound_keys('dead') then return nil end
     bury_raw(jk, id, bad)
     return nil
   elseif status ~= 'queued' then
@@ -511,7 +571,14 @@ local function take(id)
   local rec, f, sk = read_job(id, jk)
   if not rec then return end
   local typ = rec.type
+  -- A job with a state, limits or an idempotency key, or held by a pause, may be written
+  -- to by the gates below before its lease is: a lone id is looked up in the claims, and
+  -- the leases are checked, first (a plain job's claim writes nothing before its lease
+  -- and its claim, see write_leases).
+  local writes = f ~= NO_STATE or rec.limits ~= '' or rec.idem_key ~= ''
+  if (writes or (any_paused and paused['fn:' .. typ])) and lone_is_stray(id) then return end
   if any_paused and paused['fn:' .. typ] then return hold_paused(id, rec, sk) end
+  if writes and not sound_keys('leases') then return end
   if f[9] then
     -- (Its group's countdown may write any of them.)
     if not sound_keys('scheduled', 'dead', 'done_meta') then return end
@@ -608,7 +675,12 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
     break
   end
   popped = popped + #ids
-  local ok_h, held = pcall(hmget_many, K.claims, ids)
+  local ok_h, held = true, {false}
+  if popped == 1 and #ids == 1 and want > 1 then
+    unchecked = ids[1]  -- all there was: looked up only if need be (see unchecked)
+  else
+    ok_h, held = pcall(hmget_many, K.claims, ids)
+  end
   local damaged = not ok_h and 'claims' or nil
   if popped == #ids and not damaged then
     -- First round: the leases every claim writes, and the scheduled and dead sets, must
@@ -617,20 +689,17 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
     -- a script that gives up its claim before it writes there, and a damaged set would
     -- leave it in no structure; refused here, no job is claimed until the scheduler puts
     -- the damaged key aside. (The done meta: sound_keys, when a settle needs it.)
-    -- The two sets are checked by one ZINTERCARD, which refuses a key of any type but a
+    -- The three are checked by one ZINTERCARD, which refuses a key of any type but a
     -- sorted set or a set before it reads anything; a key never written (K.leases ..
     -- ':none', empty) is the smallest input, so it reads nothing whatever the sets hold.
     -- A set passes it: such a set is not marked sound, so a settle in this call checks
     -- it again (sound_keys), and a later retry or burial refuses (damaged_set) until the
-    -- scheduler puts it aside. An error names its key by a probe of each.
-    if type(redis.pcall('ZSCORE', K.leases, '')) == 'table' then
-      damaged = 'leases'
-    else
-      sound.leases = true
-      if type(redis.pcall('ZINTERCARD', 3, K.leases .. ':none', K.scheduled, K.dead, 'LIMIT', 1)) == 'table' then
-        for _, kn in ipairs({'scheduled', 'dead'}) do
-          if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
-        end
+    -- scheduler puts it aside; leases of a plain set fail the lease write, which then
+    -- writes nothing (write_leases). An error names its key by a probe of each.
+    if type(redis.pcall('ZINTERCARD', 4, K.leases .. ':none', K.leases, K.scheduled, K.dead, 'LIMIT', 1))
+        == 'table' then
+      for _, kn in ipairs({'leases', 'scheduled', 'dead'}) do
+        if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
       end
     end
   end
@@ -678,7 +747,16 @@ if refused then
 elseif not stop and i < n and popped >= n * 4 + cheap then
   out[2] = 2
 end
-write_leases()
+local wrote, bad_key = write_leases()
+if not wrote then
+  -- The leases are a plain set, or the claims hash of a lone id is damaged (see
+  -- write_leases): every job claimed here is plain and nothing of it is written. They go
+  -- back to the consumer end, in claim order, before any id put back above, and the
+  -- claim refuses.
+  for j = #claimed - 1, 1, -2 do put_back(claimed[j]) end
+  flush(K.stats)
+  return redis.error_reply('claim refused: the ' .. bad_key .. ' key of this queue holds the wrong Redis type')
+end
 -- Wake-ups left behind: each enqueue call pushes one, and a fetcher takes one per claim,
 -- so a claim that took the jobs of two enqueues left a wake-up for nobody, and a fetcher
 -- woke for it to claim nothing (at light load, about a third of all claims with one

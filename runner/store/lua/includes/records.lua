@@ -27,9 +27,13 @@ local function rec_encode(t)
 end
 
 -- The census: jobs not done, per "<type>|<version>", for the deploy gate (one HGETALL,
--- whatever the depth). Counted at enqueue, uncounted when a job is done or deleted.
+-- whatever the depth). Counted at enqueue, uncounted when a job is done or deleted. A
+-- field at 0 stays (its readers, census.py and tagset.py, count it as no job): at light
+-- load each job takes its type from 1 to 0 and back, and an HDEL at 0 cost a command a
+-- job. The fields are one per type and version ever enqueued. Below 0 (damage, or jobs
+-- of a release that counted otherwise) the field is dropped, so it counts from 0 again.
 local function census(key, field, n)
   if not field or field == '|' then return end
   local v = redis.pcall('HINCRBY', key, field, n)
-  if type(v) == 'number' and v <= 0 then redis.call('HDEL', key, field) end
+  if type(v) == 'number' and v < 0 then redis.call('HDEL', key, field) end
 end
