@@ -49,6 +49,7 @@ from runner.errors import ConfigError, RunnerError
 from runner.store.connection import UNAVAILABLE, connect, ping, redact
 from runner.store.embedded import ProjectServer
 from runner.store.guard import warn_redis_settings
+from runner.worker.stops import CAUGHT, Stops
 
 log = logging.getLogger("runner.dev")
 
@@ -90,7 +91,7 @@ class Dev:
         self.watcher: Watcher | None = None
         self.changes: stdqueue.Queue[set[Path] | None] = stdqueue.Queue()
         self.stopping = threading.Event()
-        self._signals = 0
+        self.stops = Stops()
         self.parked: stdqueue.Queue[set[str] | None] = stdqueue.Queue()
         self._requeuer = threading.Thread(target=self._requeue_loop, name="requeue-parked", daemon=True)
         # What the last load saw, to catch changes made before the watcher was up.
@@ -103,8 +104,8 @@ class Dev:
 
         setup(self.cfg.log, force_format="text")
         logging.getLogger("watchfiles").setLevel(logging.WARNING)  # we log each reload ourselves
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        for sig in CAUGHT:
+            signal.signal(sig, self._on_signal)
         code = 0
         try:
             self.start()
@@ -117,15 +118,15 @@ class Dev:
         return code
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            log.warning("second signal: exiting now; running jobs go back to their queue when "
-                        "their lease lapses")
+        # SIGTERM stays graceful however often it comes; a second Ctrl-C or SIGQUIT does
+        # not wait (stops.py).
+        if self.stops.at_once(signum):
+            log.warning("%s: exiting now; running jobs go back to their queue when their lease lapses",
+                        signal.Signals(signum).name)
             if self.embedded is not None:
                 self.embedded.stop(kill=False)
             os._exit(130)
-        log.info("%s: shutting down (running jobs finish, within %gs; again to force)",
-                 signal.Signals(signum).name, self.cfg.worker.grace_period_s)
+        log.info(self.stops.words(signum, self.cfg.worker.grace_period_s))
         self.stopping.set()
         self.changes.put(None)
 

@@ -11,8 +11,10 @@ multiprocessing's Connection did.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
+from contextlib import AbstractContextManager
 from typing import Any
 
 import orjson
@@ -23,23 +25,31 @@ READ_BYTES = 65536  # one read's worth: a whole batch of outcomes
 
 class Channel:
     """One end of the socket. ``send`` may be called from several threads if the caller
-    serialises them; ``recv`` and ``fill`` from one thread only."""
+    serialises them; ``recv`` and ``fill`` from one thread only.
 
-    def __init__(self, sock: socket.socket) -> None:
+    ``own_work`` is entered around what this end allocates for a message (encoding and
+    sending one, taking in what was read, decoding one), never around the wait for the
+    other end: a child lifts its handler's MEMORY_MB there (child.MemoryCap). The wait
+    reads into a buffer allocated once, so it allocates nothing under that cap."""
+
+    def __init__(self, sock: socket.socket, own_work: AbstractContextManager[Any] | None = None) -> None:
         self.sock = sock
+        self.own_work: AbstractContextManager[Any] = own_work or contextlib.nullcontext()
         self._buf = bytearray()
         self._at = 0  # where the next message starts in _buf
+        self._read = bytearray(READ_BYTES)  # what one read brings, before it joins _buf
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def send(self, msg: dict[str, Any]) -> None:
-        body = orjson.dumps(msg)
-        if len(body) < READ_BYTES:
-            self.sock.sendall(_HEADER.pack(len(body)) + body)
-        else:  # (a large result or payload: not copied again to join its header)
-            self.sock.sendall(_HEADER.pack(len(body)))
-            self.sock.sendall(body)
+        with self.own_work:
+            body = orjson.dumps(msg)
+            if len(body) < READ_BYTES:
+                self.sock.sendall(_HEADER.pack(len(body)) + body)
+            else:  # (a large result or payload: not copied again to join its header)
+                self.sock.sendall(_HEADER.pack(len(body)))
+                self.sock.sendall(body)
 
     def next(self) -> dict[str, Any] | None:
         """The next whole message already received, or None (reads nothing)."""
@@ -50,7 +60,8 @@ class Channel:
         end = at + 4 + size
         if len(buf) < end:
             return None
-        msg = orjson.loads(buf[at + 4:end])  # (a copy: a view would pin the buffer's size)
+        with self.own_work:
+            msg = orjson.loads(buf[at + 4:end])  # (a copy: a view would pin the buffer's size)
         if end == len(buf):
             buf.clear()
             self._at = 0
@@ -66,10 +77,11 @@ class Channel:
     def fill(self) -> None:
         """Read what the socket holds (blocking until something comes); EOFError once the
         other end is gone."""
-        data = self.sock.recv(READ_BYTES)
-        if not data:
+        n = self.sock.recv_into(self._read)
+        if not n:
             raise EOFError
-        self._buf += data
+        with self.own_work:
+            self._buf += memoryview(self._read)[:n]
 
     def recv(self) -> dict[str, Any]:
         """The next message, waiting for it; EOFError once the other end is gone."""

@@ -87,6 +87,55 @@ def data_bytes() -> int:
     return 0
 
 
+class MemoryCap:
+    """MEMORY_MB: RLIMIT_DATA's soft limit, set MEMORY_MB above what the child uses as a
+    handler starts (``cap``) and put back as it ends (``uncap``). Runner's own work while
+    the handler runs is not the handler's: entered (``with cap:``) around a message's
+    encoding and sending, and around reading and acting on the worker's (the reply to a
+    ctx call), the limit is put back for that while and the cap set again after. A handler
+    that caught the MemoryError at its cap and then logged a line or called
+    ``ctx.extend_lease`` crashed the child with SIGSEGV in the message's encoding, an
+    attempt that read "executor crashed".
+
+    A count, not a lock held across the work: the reader thread and the handler's
+    threads may each be in it at once, and the cap comes back when the last one leaves.
+    (Other threads of the handler may allocate past the cap in that while: a message's
+    length.) A JobTimeout raised in here can leave the count off, which lifts the cap for
+    the rest of the child's life; a job past its TIMEOUT retires its child anyway."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._capped: tuple[int, int] | None = None  # the limits while the handler runs
+        self._saved: tuple[int, int] = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+        self._inside = 0  # runner's own work under way, uncapped
+
+    def cap(self, mb: float) -> None:
+        with self._lock:
+            self._saved = resource.getrlimit(resource.RLIMIT_DATA)
+            self._capped = (data_bytes() + int(mb * 2**20), self._saved[1])
+            if not self._inside:
+                resource.setrlimit(resource.RLIMIT_DATA, self._capped)
+
+    def uncap(self) -> None:
+        with self._lock:
+            if self._capped is not None:
+                self._capped = None
+                if not self._inside:
+                    resource.setrlimit(resource.RLIMIT_DATA, self._saved)
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._inside += 1
+            if self._inside == 1 and self._capped is not None:
+                resource.setrlimit(resource.RLIMIT_DATA, self._saved)
+
+    def __exit__(self, *_exc: object) -> None:
+        with self._lock:
+            self._inside -= 1
+            if not self._inside and self._capped is not None:
+                resource.setrlimit(resource.RLIMIT_DATA, self._capped)
+
+
 _RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
 
 
@@ -104,6 +153,9 @@ def rss_mb() -> float:
 class Child:
     def __init__(self, channel: Channel, registry: Registry, signals: Signals | None = None) -> None:
         self.channel = channel
+        # MEMORY_MB caps the handler, not the channel's work for it (MemoryCap).
+        self.memory = MemoryCap()
+        channel.own_work = self.memory
         self.registry = registry
         self.signals = signals or Signals()  # (main thread only)
         self.send_lock = threading.Lock()
@@ -216,7 +268,8 @@ class Child:
 
     def enqueue(self, token: str, type_: str, payload: Any, **options: Any) -> Enqueued:
         """A follow-up job, enqueued by the parent (this process never talks to Redis)."""
-        checked_json(type_, options.get("version") or 0, payload)  # (the channel writes NaN as null)
+        with self.memory:  # (runner's own work: MemoryCap)
+            checked_json(type_, options.get("version") or 0, payload)  # (the channel writes NaN as null)
         value = self.ask(token, "enqueue", type=type_, payload=payload, options=options).get("value") or {}
         if "error" in value:
             raise_refusal(value)
@@ -239,7 +292,8 @@ class Child:
 
     def start_child(self, token: str, child: str, type_: str, payload: Any, options: dict[str, Any]) -> str:
         """ctx.invoke's child, validated and held by the parent (written with the suspension)."""
-        checked_json(type_, options.get("version") or 0, payload)  # (the channel writes NaN as null)
+        with self.memory:  # (runner's own work: MemoryCap)
+            checked_json(type_, options.get("version") or 0, payload)  # (the channel writes NaN as null)
         value = self.ask(token, "invoke", child=child, type=type_, payload=payload, options=options).get("value") or {}
         if "error" in value:
             raise_refusal(value)
@@ -259,43 +313,48 @@ class Child:
                 msg = self.channel.recv()
             except (EOFError, OSError, ValueError):
                 os._exit(0)
-            op = msg.get("op")
-            if op == "flag":
-                flags = self.flags_of.get(str(msg.get("token")))
-                if flags is not None:  # (a job that has ended: nothing to tell)
-                    flags.lock_lost = bool(msg.get("lock_lost", flags.lock_lost))
-                    flags.cancelled = bool(msg.get("cancelled", flags.cancelled))
-                    flags.lease_until = float(msg.get("lease_until", flags.lease_until))
-            elif op == "reply":
-                self.replies.put(msg)
-            elif op == "logs":  # the running handler's lines so far (none: no answer)
-                self._send_logs(str(msg.get("token")))
-            elif op in ("run", "more"):
-                # "more" tops the queue up while a batch runs: none of its jobs was counted
-                # started at the send (a "run" batch's first was).
-                with self.lock:
-                    for i, job in enumerate(msg["jobs"]):
-                        self.flags_of[job[1]] = Flags()
-                        self.pending.append((job, msg, i == 0 and op == "run"))
-                self.wake.put("run")
-            elif op == "recall":
-                # The jobs sent ahead and not started go back to the parent (a stop, or the
-                # job running now is taking long); what started stays this child's, and so
-                # does a batch's first, which its parent counts as started from the send
-                # (this thread may see it before the main thread takes it).
-                with self.lock:
-                    tokens = [job[1] for job, _, first in self.pending if not first]
-                    kept = [entry for entry in self.pending if entry[2]]
-                    self.pending.clear()
-                    self.pending.extend(kept)
-                    for t in tokens:
-                        self.flags_of.pop(t, None)
-                self.send({"op": "recalled", "tokens": tokens})
-            elif op == "batch":  # one handle_batch call over its jobs (executors._batch_in_child)
-                self.batches.put(msg)
-                self.wake.put("batch")
-            elif op == "exit":
-                self.wake.put("exit")
+            with self.memory:  # (runner's own work, not under the handler's MEMORY_MB)
+                self._take(msg)
+
+    def _take(self, msg: dict[str, Any]) -> None:
+        """Act on one message of the parent's (the reader thread)."""
+        op = msg.get("op")
+        if op == "flag":
+            flags = self.flags_of.get(str(msg.get("token")))
+            if flags is not None:  # (a job that has ended: nothing to tell)
+                flags.lock_lost = bool(msg.get("lock_lost", flags.lock_lost))
+                flags.cancelled = bool(msg.get("cancelled", flags.cancelled))
+                flags.lease_until = float(msg.get("lease_until", flags.lease_until))
+        elif op == "reply":
+            self.replies.put(msg)
+        elif op == "logs":  # the running handler's lines so far (none: no answer)
+            self._send_logs(str(msg.get("token")))
+        elif op in ("run", "more"):
+            # "more" tops the queue up while a batch runs: none of its jobs was counted
+            # started at the send (a "run" batch's first was).
+            with self.lock:
+                for i, job in enumerate(msg["jobs"]):
+                    self.flags_of[job[1]] = Flags()
+                    self.pending.append((job, msg, i == 0 and op == "run"))
+            self.wake.put("run")
+        elif op == "recall":
+            # The jobs sent ahead and not started go back to the parent (a stop, or the
+            # job running now is taking long); what started stays this child's, and so
+            # does a batch's first, which its parent counts as started from the send
+            # (this thread may see it before the main thread takes it).
+            with self.lock:
+                tokens = [job[1] for job, _, first in self.pending if not first]
+                kept = [entry for entry in self.pending if entry[2]]
+                self.pending.clear()
+                self.pending.extend(kept)
+                for t in tokens:
+                    self.flags_of.pop(t, None)
+            self.send({"op": "recalled", "tokens": tokens})
+        elif op == "batch":  # one handle_batch call over its jobs (executors._batch_in_child)
+            self.batches.put(msg)
+            self.wake.put("batch")
+        elif op == "exit":
+            self.wake.put("exit")
 
     def _send_logs(self, token: str) -> None:
         """The running job's lines so far, taken and sent under the send lock: they reach
@@ -418,16 +477,14 @@ class Child:
                 # job's do from its "began"): the parent marks their start when it reads this.
                 self.send({"op": "began"})
                 if memory_mb:
-                    limit = resource.getrlimit(resource.RLIMIT_DATA)
-                    resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(memory_mb * 2**20), limit[1]))
+                    self.memory.cap(memory_mb)
                 signal.setitimer(signal.ITIMER_REAL, max(0.001, timeout_s))
                 try:
                     return body()
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     self.signals.put_back()  # before the results' encoding (Signals)
-                    if memory_mb:
-                        resource.setrlimit(resource.RLIMIT_DATA, limit)
+                    self.memory.uncap()
 
             max_result = int(msg.get("max_result_bytes") or config_mod.MAX_RESULT_BYTES)
             with self.lock:
@@ -485,6 +542,7 @@ class Child:
             _group=lambda group_id: self.group_outcomes(token, group_id),
             _max_bytes=max_result, _log_bounds=tuple(msg.get("log_bounds") or (0, 0)),
         )
+        ctx._own = self.memory
         if isinstance(ctx.logger, JobLogger):  # lines reach the worker while the handler runs
             ctx.logger.sink = lambda lines, chunks, dropped: self.send({"op": "log", "token": token, "lines": lines,
                                                                         "chunks": chunks, "dropped": dropped})
@@ -503,7 +561,7 @@ class Child:
                                                               on=on).get("value") or {}).get("code", -9)),
             held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
                                                                                                   lease_s),
-            timed_out=lambda: _alarmed, replay_to=job.steps)
+            timed_out=lambda: _alarmed, replay_to=job.steps, own_work=self.memory)
         if job.steps and isinstance(ctx.logger, JobLogger):
             ctx.logger.replaying = ctx._journal.replaying
 
@@ -511,10 +569,10 @@ class Child:
             if first:
                 self.send({"op": "began", "token": token})
             # MEMORY_MB caps the handler only: the result's encoding after it (and the
-            # outcome's message) is runner's own work, and failing there read as a crash.
+            # outcome's message) is runner's own work, and failing there read as a crash;
+            # so are the messages of its ctx calls while it runs (MemoryCap).
             if fn.memory_mb:
-                limit = resource.getrlimit(resource.RLIMIT_DATA)
-                resource.setrlimit(resource.RLIMIT_DATA, (data_bytes() + int(fn.memory_mb * 2**20), limit[1]))
+                self.memory.cap(fn.memory_mb)
             signal.setitimer(signal.ITIMER_REAL, max(0.001, fn.timeout_s))
             try:
                 # (Traced: the worker's run span is the current span of the handler's own.)
@@ -528,8 +586,7 @@ class Child:
                         self.signals.put_back()
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                if fn.memory_mb:
-                    resource.setrlimit(resource.RLIMIT_DATA, limit)
+                self.memory.uncap()
 
         outcome, run_s = run(fn, payload, job, ctx, None, guard, max_result)
         if fn.memory_mb and isinstance(outcome, RetryLater | Dead) and outcome.error \

@@ -7,9 +7,11 @@ the callables behind it (Redis and a client there, a recorder in inline mode).""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +117,9 @@ class Context:
     _max_bytes: int = field(default=MAX_RESULT_BYTES, repr=False)
     _progress_warned: bool = field(default=False, repr=False)  # one warning per job, not per call
     _journal: Journal | None = field(default=None, repr=False)  # the step log (durable calls)
+    # Entered around runner's own work in a ctx call (encoding what the handler hands in):
+    # a process-isolated handler's MEMORY_MB does not cap it (child.MemoryCap).
+    _own: AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext, repr=False)
 
     @property
     def checkpoint(self) -> Any:
@@ -126,21 +131,22 @@ class Context:
 
         Raises StaleLease when this worker no longer owns the job: stop working then.
         """
-        try:
-            raw = codec.dumpb_checked(data)  # a retry must be able to read it back
-        except codec.TooDeep as exc:
-            raise CheckpointTooLarge(f"checkpoint: {exc}") from None
-        except codec.EncodeError:
-            _, why = codec.not_json(data) or ("$", "the value at $ is not JSON")
-            raise CheckpointNotJSON(f"checkpoint: {why}") from None
-        if len(raw) > self._max_bytes:
-            raise CheckpointTooLarge(
-                f"checkpoint of {len(raw):,} bytes of JSON is over [worker] max_result_bytes = {self._max_bytes:,}: "
-                "keep a checkpoint to where the work stands (a cursor, an offset, the ids done), or raise "
-                "the limit in runner.toml")
-        body = raw.decode()
-        if self._save is not None and not self._save(body):
-            raise StaleLease(f"job {self.job_id}: lease lost, checkpoint refused")
+        with self._own:
+            try:
+                raw = codec.dumpb_checked(data)  # a retry must be able to read it back
+            except codec.TooDeep as exc:
+                raise CheckpointTooLarge(f"checkpoint: {exc}") from None
+            except codec.EncodeError:
+                _, why = codec.not_json(data) or ("$", "the value at $ is not JSON")
+                raise CheckpointNotJSON(f"checkpoint: {why}") from None
+            if len(raw) > self._max_bytes:
+                raise CheckpointTooLarge(
+                    f"checkpoint of {len(raw):,} bytes of JSON is over [worker] max_result_bytes = "
+                    f"{self._max_bytes:,}: keep a checkpoint to where the work stands (a cursor, an offset, the "
+                    "ids done), or raise the limit in runner.toml")
+            body = raw.decode()
+            if self._save is not None and not self._save(body):
+                raise StaleLease(f"job {self.job_id}: lease lost, checkpoint refused")
         self._checkpoint = data
 
     def extend_lease(self) -> None:
@@ -180,15 +186,16 @@ class Context:
         and 1 MiB are kept for a late reader, as long as the job. Raises TypeError for a
         value that is not JSON, ValueError for a chunk over 64 KiB. Text holding a lone
         surrogate (a name decoded with surrogateescape) goes with U+FFFD in its place."""
-        if isinstance(data, str):
-            data = codec.shown_text(data)
-        try:
-            codec.dumps(data)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"ctx.stream takes text or JSON, not {type(data).__name__} ({exc})") from None
-        logger = self.logger
-        if isinstance(logger, JobLogger):
-            logger.stream(data)
+        with self._own:
+            if isinstance(data, str):
+                data = codec.shown_text(data)
+            try:
+                codec.dumps(data)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"ctx.stream takes text or JSON, not {type(data).__name__} ({exc})") from None
+            logger = self.logger
+            if isinstance(logger, JobLogger):
+                logger.stream(data)
 
     def progress(self, percent: Any, message: str | None = None) -> None:
         """Report progress: a percentage (0 to 100) and an optional message, shown as
@@ -205,7 +212,8 @@ class Context:
             # JSON only, as everything a job leaves behind, and held to the one nesting
             # limit, the level of {"percent", "message"} aside: one past it was shown as it
             # was, or (past what a record reads back) as {"unparsable": ...} in its place.
-            size = len(codec.dumpb_checked(value, codec.MAX_DEPTH + (message is not None)))
+            with self._own:
+                size = len(codec.dumpb_checked(value, codec.MAX_DEPTH + (message is not None)))
         except codec.TooDeep as exc:
             return self._drop_progress(f"progress report dropped: nested past the limit of {codec.MAX_DEPTH} "
                                        f"levels of arrays and objects (at {exc.path})")
@@ -279,14 +287,16 @@ class Context:
         s = float(seconds)
         if not 0 <= s <= 366 * 86400 or s != s:
             raise ValueError(f"ctx.sleep({name!r}, {seconds!r}): seconds from 0 to a year (31,622,400)")
-        self._durable().sleep(name, int(s * 1000), 0)
+        with self._own:
+            self._durable().sleep(name, int(s * 1000), 0)
 
     def sleep_until(self, name: str, when: Any) -> None:
         """ctx.sleep until ``when`` (an aware datetime or epoch seconds)."""
         at = when.timestamp() if hasattr(when, "timestamp") else float(when)
         if at != at or at > time.time() + 366 * 86400:
             raise ValueError(f"ctx.sleep_until({name!r}, {when!r}): a time within a year")
-        self._durable().sleep(name, None, int(at * 1000))
+        with self._own:
+            self._durable().sleep(name, None, int(at * 1000))
 
     def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
         """The body of the signal ``name`` (``POST /jobs/{id}/signals/{name}``,
@@ -300,7 +310,8 @@ class Context:
             if not 0 <= t <= 366 * 86400:
                 raise ValueError(f"ctx.wait_for_signal({name!r}, timeout={timeout!r}): seconds from 0 to a year")
             ms = int(t * 1000)
-        return self._durable().wait(name, ms)
+        with self._own:
+            return self._durable().wait(name, ms)
 
     def wait_for_event(self, name: str, match: dict[str, Any] | None = None,
                        timeout: float | None = None) -> dict[str, Any] | None:
@@ -333,7 +344,8 @@ class Context:
             if not 0 <= t <= 366 * 86400:
                 raise ValueError(f"ctx.wait_for_event({name!r}, timeout={timeout!r}): seconds from 0 to a year")
             ms = int(t * 1000)
-        return self._durable().wait_event(name, match, ms)
+        with self._own:
+            return self._durable().wait_event(name, match, ms)
 
     def invoke(self, type: str, payload: Any, *, timeout: float | None = None, **options: Any) -> Any:
         """Run a child job of ``type`` and return its result: the child is validated now
@@ -358,13 +370,14 @@ class Context:
         unknown = set(options) - {"version", "delay", "priority"}
         if unknown:
             raise TypeError(f"ctx.invoke: unknown option(s) {sorted(unknown)}; known: delay, priority, version")
-        try:
-            return self._durable().invoke(type, payload, ms, options)
-        except (ValidationFailed, codec.EncodeError):  # (as ctx.enqueue's, under either isolation)
-            unsendable = _unsendable("invoke", type, payload)
-            if unsendable is None:
-                raise
-            raise unsendable from None
+        with self._own:
+            try:
+                return self._durable().invoke(type, payload, ms, options)
+            except (ValidationFailed, codec.EncodeError):  # (as ctx.enqueue's, under either isolation)
+                unsendable = _unsendable("invoke", type, payload)
+                if unsendable is None:
+                    raise
+                raise unsendable from None
 
     def group_outcomes(self, group_id: str) -> list[Any]:
         """Every member's outcome of a group, in member order: for a then-job whose payload

@@ -68,14 +68,14 @@ CHILD_MAIN = ("import signal; signal.signal(signal.SIGTERM, lambda signum, frame
 
 
 def default_signals_after_fork(own_group: bool = False) -> None:
-    """A process a handler forks (multiprocessing's fork, os.fork) starts with SIGTERM and
-    SIGINT at their default actions, not runner's handlers: Process.terminate() and
+    """A process a handler forks (multiprocessing's fork, os.fork) starts with SIGTERM,
+    SIGINT and SIGQUIT at their default actions, not runner's handlers: Process.terminate() and
     Pool.terminate() stop it, as they would outside runner. ``own_group`` (a thread
     handler's, forked from the worker itself): in a process group of its own, as a child
     process's forks are in the child's, so a stop's SIGTERM to the worker's group (honcho,
     ``kill -TERM -- -PGID``) does not reach work the handler still has in hand."""
     def reset() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             with contextlib.suppress(ValueError):  # (not the main thread: not so right after a fork)
                 signal.signal(sig, signal.SIG_DFL)
         if own_group:

@@ -37,6 +37,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,9 @@ class Journal:
     # The step of this run that failed without a record (a transient error, a refused
     # record): the log ends before it for the rest of the run (see the module docstring).
     unrecorded: str | None = None
+    # Entered around the recording of a step's value (its encoding): runner's own work,
+    # which a process-isolated handler's MEMORY_MB does not cap (child.MemoryCap).
+    own_work: AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext)
 
     def replaying(self) -> bool:
         """Whether this run is still in the part of the handler an earlier run went through
@@ -242,26 +246,29 @@ class Journal:
         try:
             value = fn(*args, **kwargs)
         except PermanentFailure as exc:  # failed for good: recorded, so a replay fails the same way
-            body = codec.dumps({"name": label, "kind": "step", "status": "error",
-                                "ms": round((time.perf_counter() - started) * 1000, 3),
-                                "error": {"type": type(exc).__name__, "message": str(exc)[:2000]}})
-            self._write(label, body, codec.loads(body))
+            with self.own_work:
+                body = codec.dumps({"name": label, "kind": "step", "status": "error",
+                                    "ms": round((time.perf_counter() - started) * 1000, 3),
+                                    "error": {"type": type(exc).__name__, "message": str(exc)[:2000]}})
+                self._write(label, body, codec.loads(body))
             raise
         finally:
             self.step_key = None
         ms = round((time.perf_counter() - started) * 1000, 3)
-        try:
-            raw = codec.dumpb_checked(value, VALUE_DEPTH) if value is not None else b"null"
-        except (TypeError, codec.TooDeep) as exc:
-            raise StepTooLarge(f"step {label!r} returned a value that cannot be recorded as JSON: {exc}") from None
-        if len(raw) > self.max_step_bytes:
-            raise StepTooLarge(
-                f"step {label!r} returned {len(raw):,} bytes of JSON, over [worker] max_step_bytes = "
-                f"{self.max_step_bytes:,}: store a large result elsewhere and return a reference to it")
-        entry = {"name": label, "kind": "step", "status": "ok", "ms": ms}
-        # What a replay returns, from the first run too (a tuple comes back a list).
-        entry["value"] = shown = codec.loads(raw) if value is not None else None
-        self._write(label, records.step_ok_entry(label, raw.decode(), ms), entry)
+        with self.own_work:
+            try:
+                raw = codec.dumpb_checked(value, VALUE_DEPTH) if value is not None else b"null"
+            except (TypeError, codec.TooDeep) as exc:
+                raise StepTooLarge(f"step {label!r} returned a value that cannot be recorded as JSON: {exc}") \
+                    from None
+            if len(raw) > self.max_step_bytes:
+                raise StepTooLarge(
+                    f"step {label!r} returned {len(raw):,} bytes of JSON, over [worker] max_step_bytes = "
+                    f"{self.max_step_bytes:,}: store a large result elsewhere and return a reference to it")
+            entry = {"name": label, "kind": "step", "status": "ok", "ms": ms}
+            # What a replay returns, from the first run too (a tuple comes back a list).
+            entry["value"] = shown = codec.loads(raw) if value is not None else None
+            self._write(label, records.step_ok_entry(label, raw.decode(), ms), entry)
         self.ran += 1
         return shown
 

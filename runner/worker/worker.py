@@ -1,5 +1,6 @@
 """The worker process: a QueueRunner per queue it serves (queue.py) and one scheduler,
-under one orchestrator; SIGTERM/SIGINT stop it gracefully, a second signal exits at once."""
+under one orchestrator; SIGTERM or SIGINT stops it gracefully, a second SIGINT or a SIGQUIT
+at once (stops.py: a repeated SIGTERM stays graceful)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from runner.store.waiter import Waiter
 from runner.worker import affinity, isolation
 from runner.worker.queue import QueueRunner
 from runner.worker.scheduler import Scheduler
+from runner.worker.stops import CAUGHT, Stops
 from runner.worker.ticker import Ticker
 
 log = logging.getLogger("runner.worker")
@@ -44,8 +46,8 @@ def _announce(found: Sequence[QueueKeys]) -> None:
 
 
 class Worker:
-    """Runs QueueRunners for the given queues and one scheduler; SIGTERM/SIGINT stop it
-    gracefully, a second signal exits at once."""
+    """Runs QueueRunners for the given queues and one scheduler; SIGTERM or SIGINT stops it
+    gracefully (however many SIGTERMs come), a second SIGINT or a SIGQUIT at once."""
 
     def __init__(self, runtime: Runtime, queues: Sequence[str]) -> None:
         self.rt = runtime
@@ -69,7 +71,7 @@ class Worker:
         self.cancels = Waiter(runtime.redis, [k.cancels for r in self.runners for k in r.fetcher.parts],
                               self._cancel_ahead)
         self.stop_event = threading.Event()
-        self._signals = 0
+        self.stops = Stops()
 
     def _partitions_found(self, found: list[QueueKeys]) -> None:
         _announce(found)
@@ -125,11 +127,11 @@ class Worker:
             release=roster.release(), running=sorted(running, key=lambda r: r.started_ms))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            log.warning("second signal: exiting now; running jobs are reclaimed when their lease lapses")
+        if self.stops.at_once(signum):
+            log.warning("signal %s: exiting now; running jobs are reclaimed when their lease lapses",
+                        signal.Signals(signum).name)
             os._exit(1)
-        log.info("signal %s: stopping gracefully", signal.Signals(signum).name)
+        log.info(self.stops.words(signum, self.rt.config.worker.grace_period_s))
         # Only a counter here: Event.set() in a handler can deadlock on the lock the main
         # thread holds inside Event.wait(); the main thread's wait (_wait_for_signal)
         # wakes on the signal itself.
@@ -150,11 +152,11 @@ class Worker:
         except (ValueError, OSError):  # not the main thread: look now and then
             rx.close()
             tx.close()
-            while not self._signals and not self.stop_event.wait(0.2):
+            while not self.stops.count and not self.stop_event.wait(0.2):
                 pass
             return
         try:
-            while not self._signals and not self.stop_event.is_set():
+            while not self.stops.count and not self.stop_event.is_set():
                 # (PEP 475: the select is resumed after the handler ran; the byte ends it.)
                 if select.select([rx], [], [], SIGNAL_LOOK_S)[0]:
                     rx.recv(64)
@@ -166,8 +168,8 @@ class Worker:
     def run(self) -> None:
         """Run until SIGTERM/SIGINT (main thread only). A process of its own, so it keeps
         to one core (affinity.py) unless ``[worker] cpu_affinity = "off"``."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        for sig in CAUGHT:
+            signal.signal(sig, self._on_signal)
         # A process a thread handler forks must not inherit the stop handler above (its
         # Process.terminate() would do nothing): default actions in the fork.
         isolation.default_signals_after_fork(own_group=True)

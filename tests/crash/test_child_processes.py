@@ -479,6 +479,62 @@ def test_memory_cap_does_not_apply_to_encoding_the_result(project: Project) -> N
     assert final["last_error"]["type"] == "ResultTooLarge", final["last_error"]
 
 
+
+AT_THE_CAP = '''
+QUEUE = "fast"
+ISOLATION = "process"
+MEMORY_MB = 40
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def fill(keep, size):
+    try:
+        while True:
+            keep.append(bytearray(size))
+    except MemoryError:  # the refused allocation is the handler's to catch
+        pass
+
+def handle(payload, ctx):
+    keep = []
+    for size in (1 << 20, 4096, 64):  # up to the last bytes under the cap
+        fill(keep, size)
+    call = payload["call"]
+    if call == "log":
+        ctx.logger.info("at the cap, holding %d blocks", len(keep))
+    elif call == "extend_lease":
+        ctx.extend_lease()
+    elif call == "save_checkpoint":
+        ctx.save_checkpoint({"blocks": len(keep)})
+    elif call == "progress":
+        ctx.progress({"blocks": len(keep)})
+    elif call == "stream":
+        ctx.stream({"blocks": len(keep)})
+    elif call == "enqueue":
+        ctx.enqueue("noop", {})
+    elif call == "step":
+        ctx.step("count", lambda: {"blocks": len(keep)})
+    keep.clear()
+    return {"went on": call}
+'''
+
+
+def test_ctx_calls_at_the_memory_cap_are_not_under_it(project: Project) -> None:
+    """A handler that reached MEMORY_MB, caught the MemoryError and goes on may still call
+    its ctx (a log line, extend_lease, save_checkpoint, progress, stream, enqueue, a
+    durable step): encoding what it hands in and the message to the worker are runner's
+    own work, not under the handler's cap. Each job is done with
+    its handler's result. (The child died of SIGSEGV encoding the message, and the
+    attempt read "executor crashed", not even "memory limit".)"""
+    project.add_function("at_the_cap", AT_THE_CAP)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    calls = ["log", "extend_lease", "save_checkpoint", "progress", "stream", "enqueue", "step"]
+    jobs = [project.client.enqueue("at_the_cap", {"call": call}).id for call in calls]
+    spawn_leader(project, "fast")
+    final = wait_final(project, jobs, timeout=90)
+    for call, job in zip(calls, jobs, strict=True):
+        r = final[job]
+        assert r["status"] == "done" and r["result"] == {"went on": call}, (call, r["last_error"])
+
 SESSIONS = '''
 import os, subprocess
 QUEUE = "fast"

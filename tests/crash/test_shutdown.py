@@ -1,6 +1,6 @@
 """Graceful shutdown: SIGTERM stops claiming, lets running jobs finish within the grace
-period, returns what cannot finish without spending an attempt; a second signal exits
-at once and the lease brings the job back."""
+period, returns what cannot finish without spending an attempt, however many SIGTERMs
+come; a second SIGINT or a SIGQUIT exits at once and the lease brings the job back."""
 
 from __future__ import annotations
 
@@ -72,18 +72,43 @@ def test_job_past_the_grace_period_is_released_without_an_attempt(project: Proje
     assert_no_job_in_two_structures(project)
 
 
-def test_second_signal_exits_at_once_and_the_lease_brings_the_job_back(project: Project) -> None:
-    """SIGTERM, then SIGTERM again while a long handler runs: the worker exits at once
-    (code 1); the job is not lost: it keeps its lease and is reclaimed once it lapses."""
+def test_a_repeated_sigterm_keeps_the_grace_period(project: Project) -> None:
+    """SIGTERM, then SIGTERM again while a process-isolated handler runs (a stop that
+    signals every process under honcho or foreman: the platform's SIGTERM, then the
+    manager's): SIGTERM means "stop gracefully" however often it comes. The handler
+    finishes within the grace period, the job is done on its first attempt, the worker
+    exits 0. (A second SIGTERM used to exit at once: the job was left processing, its
+    attempt spent, and came back "worker lost".)"""
+    configure(project, vt=3, concurrency=1, grace=25, isolation="process")
+    c = project.client
+    job = c.enqueue("record", {"n": 1, "sleep": 2.5})
+    w = project.spawn_worker("fast")
+    wait_for(lambda: project.runs(job.id), timeout=30, what="the handler to start")
+    w.send_signal(signal.SIGTERM)
+    wait_log(worker_log(project, w), "stopping gracefully", timeout=5)
+    w.send_signal(signal.SIGTERM)
+    assert wait_exit(w, 20) == 0
+    r = rec(project, job.id)
+    assert r["status"] == "done" and r["attempt"] == 1 and outcomes(r) == ["done"], r
+    assert len(project.runs(job.id)) == 1
+    assert any("already stopping" in str(x.get("msg")) for x in log_records(worker_log(project, w)))
+    assert structures(project)["leases"] == []
+    assert_quiet(project)
+
+
+def test_a_second_sigint_exits_at_once_and_the_lease_brings_the_job_back(project: Project) -> None:
+    """Ctrl-C, then Ctrl-C again while a long handler runs (SIGINT twice): the worker
+    exits at once (code 1); the job is not lost: it keeps its lease and is reclaimed
+    once it lapses."""
     configure(project, vt=3, concurrency=1, grace=25)
     c = project.client
     job = c.enqueue("record", {"n": 1, "sleep": 2.5})
     w = project.spawn_worker("fast")
     wait_for(lambda: project.runs(job.id), timeout=15, what="the handler to start")
-    w.send_signal(signal.SIGTERM)
+    w.send_signal(signal.SIGINT)
     wait_log(worker_log(project, w), "stopping gracefully", timeout=5)
     t0 = time.monotonic()
-    w.send_signal(signal.SIGTERM)
+    w.send_signal(signal.SIGINT)
     assert wait_exit(w, 5) == 1
     assert time.monotonic() - t0 < 1.5
     assert rec(project, job.id)["status"] == "processing"
@@ -93,3 +118,18 @@ def test_second_signal_exits_at_once_and_the_lease_brings_the_job_back(project: 
     assert final["status"] == "done" and outcomes(final) == ["worker lost", "done"]
     assert_quiet(project)
 
+
+def test_sigquit_exits_at_once_after_a_sigterm(project: Project) -> None:
+    """SIGQUIT is the explicit "stop now", also during a graceful stop a SIGTERM began:
+    the worker exits at once (code 1), saying so, and the job keeps its lease."""
+    configure(project, vt=3, concurrency=1, grace=25)
+    job = project.client.enqueue("record", {"n": 1, "sleep": 2.5})
+    w = project.spawn_worker("fast")
+    wait_for(lambda: project.runs(job.id), timeout=15, what="the handler to start")
+    w.send_signal(signal.SIGTERM)
+    wait_log(worker_log(project, w), "stopping gracefully", timeout=5)
+    w.send_signal(signal.SIGQUIT)
+    assert wait_exit(w, 5) == 1
+    assert any("SIGQUIT" in str(x.get("msg")) for x in log_records(worker_log(project, w)))
+    assert rec(project, job.id)["status"] == "processing"
+    assert structures(project)["leases"] == [job.id]

@@ -186,6 +186,32 @@ def test_deleted_function_refuses_new_jobs_and_its_parked_jobs_return_with_it(ex
         assert dev.stop() == 0
 
 
+def test_a_repeated_sigterm_lets_the_running_job_finish_and_a_second_ctrl_c_does_not_wait(
+        examples: Project) -> None:
+    """SIGTERM twice while a job runs (a stop that signals every process, then a process
+    manager's own): dev still stops gracefully, the job finishes on its first attempt and
+    dev exits 0. Ctrl-C twice is the way to stop at once: dev exits 130 without waiting
+    for the running job, which keeps its lease."""
+    dev = Dev(examples.root, examples.env)
+    long_job = dev.post("slowpoke", {"seconds": 2.5}).json()["id"]
+    wait_for(lambda: examples.runs(long_job), what="the long job to start")
+    dev.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "SIGTERM: " in dev.log(), timeout=5, interval=0.02, what="the stop")
+    assert dev.stop(signal.SIGTERM) == 0, dev.log()
+    assert "already stopping gracefully" in dev.log()
+    r = examples.client.get(long_job).as_dict()
+    assert r["status"] == "done" and r["attempt"] == 1 and examples.runs(long_job) == ["1"], r
+
+    dev = Dev(examples.root, examples.env)
+    other = dev.post("slowpoke", {"seconds": 10}).json()["id"]
+    wait_for(lambda: examples.runs(other), what="the other job to start")
+    dev.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "SIGINT: " in dev.log(), timeout=5, interval=0.02, what="the stop")
+    assert dev.stop(signal.SIGINT, timeout=5) == 130, dev.log()
+    assert "SIGINT: exiting now" in dev.log()
+    assert examples.client.get(other).as_dict()["status"] == "processing"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -5,6 +5,7 @@ cleanly (a job running at that moment finishes) well inside the 30 s kill deadli
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -102,3 +103,83 @@ def test_procfile_processes_serve_run_jobs_and_stop_cleanly(tmp_path: Path, serv
     assert out.count(" stopped") >= 2, out  # both workers, gracefully
     finished = p.client.get(report).as_dict()
     assert finished["status"] == "done" and finished["attempt"] == 1, json.dumps(finished)[:500]
+
+
+STOPPED_MID_RUN = '''"""Runs for payload["seconds"] in a child process; one attempt only."""
+import os
+import time
+
+QUEUE = "slow"
+ISOLATION = "process"
+MAX_ATTEMPTS = 1
+TIMEOUT = 60
+
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"start {ctx.attempt}\\n")
+    time.sleep(payload["seconds"])
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write("end\\n")
+    return "finished"
+'''
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process under it (read from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += parents.get(p, [])
+    return out
+
+
+def test_a_stop_that_signals_every_process_under_honcho_lets_the_running_job_finish(
+        tmp_path: Path, server: Server) -> None:
+    """A Procfile's worker under honcho, stopped the way Heroku stops a dyno running
+    `honcho start` (and systemd's KillMode=control-group a unit): SIGTERM to every process
+    at once, and then honcho forwards its own SIGTERM to the worker. The process-isolated
+    job, 1 s into a 4 s run with one attempt allowed, finishes within the 20 s grace period:
+    done on its first attempt, run once; the job queued behind it stays queued with no
+    attempt spent. (The worker read the second SIGTERM as "exit now": the job was left
+    processing with its only attempt spent, and went dead as "worker lost".)"""
+    p = make_project(tmp_path / "app", server)
+    (p.root / "functions" / "stopped_mid_run.py").write_text(STOPPED_MID_RUN)
+    shutil.copytree(p.root / "schemas" / "slow", p.root / "schemas" / "stopped_mid_run")
+    p.write_config(slow_vt=60, grace=20)
+    toml = p.root / "runner.toml"  # one job at a time on slow: the second waits behind the first
+    toml.write_text(toml.read_text().replace("concurrency = 2\n", "concurrency = 1\n"))
+    (p.root / "Procfile").write_text("slow: runner worker --queue slow\n")
+    env = {**p.env, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    log_path = p.root / "honcho.log"
+    honcho = subprocess.Popen([sys.executable, "-m", "honcho", "start", "slow"], cwd=p.root, env=env,
+                              stdout=log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        running = p.client.enqueue("stopped_mid_run", {"seconds": 4}).id
+        wait_for(lambda: p.runs(running), timeout=60, interval=0.05, what="the handler to start")
+        behind = p.client.enqueue("stopped_mid_run", {"seconds": 0}).id
+        time.sleep(1.0)  # a second into its run
+        for pid in descendants(honcho.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        honcho.wait(timeout=40)
+    finally:  # (a failed step leaves nothing running: honcho starts each line in a session of its own)
+        for pid in descendants(honcho.pid) if honcho.poll() is None else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        honcho.wait(timeout=10)
+    out = log_path.read_text(errors="replace")
+    assert "sending SIGTERM to slow" in out, out  # honcho forwarded its own
+    r = p.client.get(running).as_dict()
+    assert r["status"] == "done" and r["attempt"] == 1 and r["result"] == "finished", out
+    assert p.runs(running) == ["start 1", "end"]
+    b = p.client.get(behind).as_dict()
+    assert b["status"] == "queued" and b["attempt"] == 0 and not p.runs(behind), json.dumps(b)[:500]
