@@ -331,8 +331,7 @@ class Scripts(Transport):
         done_max: int = 1_000_000, pipe: Batch | None = None, now_ms: int | None = None, totals: str = "",
     ) -> Any:
         """``totals``: every ack's stats fields summed ("field=N ..."), counted at once when
-        the whole batch lands (see ack.lua); '' counts each ack's own. ``now_ms``: the
-        server's time as a worker knows it from a recent claim (None: the script's TIME)."""
+        the whole batch lands (see ack.lua); '' counts each ack's own."""
         staged = self._stage(k, acks)
         args: list[Any] = [_clock(now_ms), idem_ttl_ms, done_ttl_ms, done_max, len(acks), totals]
         for i, a in enumerate(acks, 1):

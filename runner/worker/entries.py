@@ -38,22 +38,6 @@ def _server_now(job: Claimed, host_now: int) -> int:
     return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
 
 
-# An ack of runs claimed this recently (by this host's monotonic clock) carries the
-# server's time as the worker knows it, _server_now of its newest claim, so the script
-# reads no TIME (at light load, one command of each ack call). Past it (a long run, a
-# host that may have slept: the monotonic clock stops in a suspend) the script reads TIME.
-CLOCK_FRESH_S = 60.0
-
-
-def _ack_clock(settled: Sequence[Settlement]) -> int | None:
-    """The ack call's time: the server's, from the newest claim of ``settled`` when that
-    is fresh; None (the script's TIME) otherwise."""
-    job = max((s.run.job for s in settled), key=lambda j: j.received)
-    if not job.claimed_ms or time.monotonic() - job.received > CLOCK_FRESH_S:
-        return None
-    return _server_now(job, 0)
-
-
 def _history(attempt: int, outcome: str, started_ms: int, now_ms: int, error: Any = None) -> str:
     entry: dict[str, Any] = {"attempt": attempt, "outcome": outcome, "started_ms": started_ms,
                              "at_ms": now_ms}
@@ -195,8 +179,7 @@ class Entries:
         if calls.acks:
             # Each ack's stats fields stay '' and no totals go: the settler counts what
             # landed (AckFigures), so the script runs no HINCRBY for a plain success.
-            sc.ack(k, calls.acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe,
-                   now_ms=_ack_clock(calls.ack_s))
+            sc.ack(k, calls.acks, self.idem_ttl_ms, self.done_ttl_ms, self.done_max, pipe=pipe)
             groups.append(calls.ack_s)
         if calls.retries:
             ret = self.rt.config.retention

@@ -24,9 +24,7 @@
 -- KEYS[20] prio        ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
 -- KEYS[21] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)
--- ARGV[1] now, ms ('' for the server's clock, TIME; a worker passes the server's time as
---         its claims told it, plus its monotonic clock since, when those claims are
---         recent: entries.py CLOCK_FRESH_S)
+-- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] idempotency retention, ms (counted from the completion)
 -- ARGV[3] done retention, ms
 -- ARGV[4] done count bound (the most done jobs kept)
