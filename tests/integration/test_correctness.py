@@ -467,3 +467,53 @@ def test_check_and_dev_name_a_multi_host_url_with_a_password_without_crashing(pr
                                  env={**project.env, "REDIS_URL": url})
         assert out.exit_code == 3, (url, out.output, out.exception)
         assert "s3cret" not in out.output and "***" in out.output
+
+
+FROZEN_PARENT = '''
+import os, time
+import redis
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    r = redis.Redis.from_url(os.environ["REDIS_URL"])
+    sec, usec = r.time()
+    r.set("ran_ms:" + ctx.job_id, int(sec) * 1000 + int(usec) // 1000)
+    return ctx.enqueue("fresh", {}).id
+'''
+
+
+def test_a_worker_frozen_with_its_claim_pending_dates_its_ack_by_the_servers_clock(project: Project) -> None:
+    """An idle worker frozen (SIGSTOP: a container freeze, a paused VM) while its blocking
+    wait and claim are in flight: the server claims a job during the freeze and the worker
+    reads the reply when it thaws. Its ack is dated when it lands, by the server's clock,
+    never by the claim's time plus the worker's own clock since (which cannot see the
+    freeze): the job's finish is not before its handler ran, and a follow-up with a
+    MAX_AGE shorter than the freeze is created fresh and runs."""
+    import signal
+
+    project.add_function("parent", FROZEN_PARENT)
+    project.add_function("fresh", 'QUEUE = "fast"\nMAX_AGE = 2\n\ndef handle(payload, ctx):\n    return "ran"\n')
+    project.write_config(vt=30, prefetch=0)
+    client, r, k = project.client, project.runtime.redis, project.keys()
+    worker = project.spawn_worker("fast")
+    warm = client.enqueue("fresh", {}).id
+    wait_for(lambda: client.get(warm).status == "done", timeout=60, what="the warm-up job")
+    for _ in range(5):  # (the claim must land while the worker is frozen: almost always)
+        time.sleep(1.0)  # idle: the fetcher sits in its blocking wait
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            job = client.enqueue("parent", {}).id
+            time.sleep(0.3)
+            claimed_frozen = r.hexists(k.claims, job)
+            time.sleep(3.0)
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        wait_for(lambda: client.get(job).status == "done", timeout=60, what="the parent")  # noqa: B023
+        if claimed_frozen:
+            break
+    assert claimed_frozen, "the job was never claimed while the worker was frozen"
+    ran = int(r.get(f"ran_ms:{job}"))
+    assert int(client.get(job).fields["finished_ms"]) >= ran
+    child = client.result(job, timeout=10)
+    wait_for(lambda: client.get(child).status in ("done", "dead"), timeout=60, what="the follow-up")
+    assert client.get(child).status == "done", client.get(child).fields
