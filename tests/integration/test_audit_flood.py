@@ -87,6 +87,13 @@ def test_only_the_same_caller_and_target_within_the_window_fold(project: Project
     assert (bulk["action"], bulk["state"], bulk["repeats"], bulk["count"], bulk["expected"]) == \
         ("purge", "done", 2, 2, 18), bulk
     assert bulk["ids"] == ids[3:5]
+    # A name JSON may write another way (a '/', a letter past ASCII) folds as well.
+    for job in ("x1", "x2"):
+        audit.record(project.runtime.scripts, key, {"by": "cli:zoë/x", "action": "delete", "queue": "fast",
+                                                    "job_id": job})
+    total, entries = c.audit(limit=20)
+    assert total == 6 and (entries[0]["by"], entries[0]["repeats"], entries[0]["ids"]) == ("cli:zoë/x", 2,
+                                                                                          ["x1", "x2"])
 
 
 def test_a_pause_or_resume_that_changes_nothing_writes_no_entry(project: Project,
