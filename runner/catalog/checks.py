@@ -16,6 +16,8 @@ from __future__ import annotations
 import ast
 import itertools
 import os
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,12 +114,41 @@ def check_files(path: str | Path | None, env: Mapping[str, str] | None = None,
         where, _, message = w.partition(": ")
         report.problems.append(Problem(where, message, "warning"))
     report.problems.extend(orphan_schemas(cfg))
+    report.problems.extend(install_problems())
     report.problems.extend(token_problems(cfg, reg))
     report.problems.extend(trigger_problems(reg))
     for fn in sorted(reg.functions.values(), key=lambda f: f.name):
         q = cfg.queues.get(fn.queue)
         report.problems.extend(Problem(fn.path, w, "warning") for w in split_keys(fn, q.partitions if q else 1))
     return report
+
+
+def install_problems(path: Sequence[str] | None = None) -> list[Problem]:
+    """The unrelated distribution named ``runner`` on the index (Runner 1.1, 2013)
+    installed beside this one (``runner-redis``): its folder ``Runner/`` differs from our
+    ``runner/`` only by case, so on a case-insensitive file system (macOS, Windows) it
+    writes over our files, and uninstalling it deletes them. Found by its metadata folder
+    (``Runner-1.1.dist-info``, ``runner-1.1-py3.11.egg-info``) in the folders of
+    ``sys.path``: a listing each, not importlib.metadata, which was most of the deploy
+    gate's time."""
+    for folder in sys.path if path is None else path:
+        try:
+            names = os.listdir(folder or ".")
+        except OSError:  # a zip, or a folder that is not there
+            continue
+        for name in names:
+            m = _OTHER_RUNNER.match(name)
+            if m:
+                return [Problem("install", (
+                    f"the distribution Runner {m.group(1)} is installed beside runner-redis ({folder}/{name}): it is "
+                    "an unrelated package (`pip install runner` installs it), whose folder Runner/ is our runner/ on "
+                    "a case-insensitive file system (macOS, Windows), where it overwrites our files; run `pip "
+                    "uninstall runner`, then `pip install --force-reinstall runner-redis`"), "warning")]
+    return []
+
+
+# runner-<version>.dist-info or runner-<version>[-pyX.Y].egg-info, any case (not runner_redis-...).
+_OTHER_RUNNER = re.compile(r"(?i)^runner-([0-9][^-]*)(-py[0-9.]+)?\.(dist-info|egg-info)$")
 
 
 def token_problems(cfg: Config, reg: Registry) -> list[Problem]:

@@ -46,7 +46,7 @@ def emit_cmd(ctx: click.Context, name: str, data: str | None, idempotency_key: s
             raise
         except EventRejected as exc:
             if as_json:
-                emit(refusal(exc), True)
+                emit({**refusal(exc), "exit_code": EXIT_REFUSED}, True)
             click.secho(f"event {name!r} rejected, nothing was enqueued:", fg="red", err=True)
             for fn, (version, errors) in exc.rejections.items():
                 for e in errors:
@@ -54,7 +54,7 @@ def emit_cmd(ctx: click.Context, name: str, data: str | None, idempotency_key: s
             sys.exit(EXIT_REFUSED)
         except RunnerError as exc:
             if as_json:
-                emit(refusal(exc), True)
+                emit({**refusal(exc), "exit_code": EXIT_REFUSED}, True)
             fail(str(exc), EXIT_REFUSED)
     dup = " (duplicate: the key's first emit)" if out.duplicate else ""
     lines = [f"event {out.id} {plain(name)}: {len(out.jobs)} job(s){dup}"]

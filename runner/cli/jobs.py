@@ -81,18 +81,18 @@ def enqueue(
                                      idempotency_key=idempotency_key, priority=priority)
         except ValidationFailed as exc:
             if as_json:
-                emit(refusal(exc), True)
+                emit({**refusal(exc), "exit_code": EXIT_REFUSED}, True)
             print_validation(exc)
             sys.exit(EXIT_REFUSED)
         except RedisUnavailable:
             raise
         except NotReplicated as exc:  # exit 3 (redis_errors); the job id on stdout for --json
             if as_json:
-                emit(refusal(exc), True)
+                emit({**refusal(exc), "exit_code": EXIT_REDIS}, True)
             raise
         except RunnerError as exc:
-            if as_json:
-                emit(refusal(exc), True)
+            if as_json:  # the text with where to look next, as on stderr
+                emit({**refusal(exc), "error": refused_text(exc), "exit_code": EXIT_REFUSED}, True)
             fail(refused_text(exc), EXIT_REFUSED)
     dup = " (duplicate: the key's first job)" if job.duplicate else ""
     emit(job.as_dict(), as_json, f"{job.id} {job.type} v{job.version} -> {job.queue} {job.status}{dup}")

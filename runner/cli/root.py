@@ -22,6 +22,7 @@ from runner.errors import (
     NotReplicated,
     RedisUnavailable,
     RunnerError,
+    UnknownFunction,
     ValidationFailed,
     password_problem,
 )
@@ -288,7 +289,13 @@ def print_refused(label: str, refused: dict[str, Any]) -> None:
 
 
 def refusal(exc: RunnerError) -> dict[str, Any]:
+    """A refusal as --json shows it: "error", "kind" (the error's class; "BrokenFunction"
+    for a function whose file did not load, which is there, not unknown) and its details."""
     out: dict[str, Any] = {"error": str(exc), "kind": type(exc).__name__}
+    if isinstance(exc, UnknownFunction):
+        out["function"] = exc.type
+        if exc.broken:
+            out.update(kind="BrokenFunction", broken=exc.broken)
     if isinstance(exc, ValidationFailed):
         out["errors"] = [e.as_dict() for e in exc.errors]
     if isinstance(exc, NotReplicated):

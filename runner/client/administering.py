@@ -71,30 +71,37 @@ def pause(client: Client, queue: str | None = None, *, function: str | None = No
     """Pause a queue (workers claim nothing from it) or one function (its jobs are held,
     queued, spending nothing); running jobs finish. Every worker obeys at its next claim,
     and hands back at once what it claimed ahead of the pause and has not started.
-    ``by`` (a token's name, ``cli:<user>``) puts the pause on the audit trail and the log."""
+    ``by`` (a token's name, ``cli:<user>``) puts the pause on the audit trail and the log;
+    a pause of what is paused already changes nothing (not even its time) and is in the
+    log alone."""
     k, fn = _pause_target(client, queue, function)
     rt = client.runtime
     with reachable():
-        admin.pause(rt.redis, rt.config.redis.prefix, rt.parts[k.queue], fn)
+        changed = admin.pause(rt.redis, rt.config.redis.prefix, rt.parts[k.queue], fn)
     if by is not None:
-        on_record(client, by, "pause", k.queue, **({"function": fn} if fn else {}))
+        (on_record if changed else _on_log)(client, by, "pause", k.queue, **({"function": fn} if fn else {}),
+                                            **({} if changed else {"changed": False}))
 
 
 def resume(client: Client, queue: str | None = None, *, function: str | None = None, by: str | None = None) -> int:
     """Lift a pause; a function's held jobs go back to the front of ready in their order.
-    Returns how many were put back. ``by`` puts the resume on the audit trail and the log."""
+    Returns how many were put back. ``by`` puts the resume on the audit trail and the log;
+    one of what was not paused, that put nothing back, is in the log alone."""
     k, fn = _pause_target(client, queue, function)
-    moved = 0
+    moved, lifted = 0, False
     with reachable():
         for part in client.runtime.parts[k.queue]:
             first = True
             while True:
-                got, left = client.runtime.scripts.resume(part, fn, first)
-                moved, first = moved + int(got), False
+                got, left, was = client.runtime.scripts.resume(part, fn, first)
+                moved, first, lifted = moved + int(got), False, lifted or bool(int(was))
                 if not int(left):
                     break
     if by is not None:
-        on_record(client, by, "resume", k.queue, count=moved, **({"function": fn} if fn else {}))
+        changed = lifted or moved > 0
+        (on_record if changed else _on_log)(client, by, "resume", k.queue, count=moved,
+                                            **({"function": fn} if fn else {}),
+                                            **({} if changed else {"changed": False}))
     return moved
 
 

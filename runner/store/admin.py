@@ -38,19 +38,22 @@ def counts(redis: Any, every: Sequence[QueueKeys]) -> list[dict[str, Any]]:
     return out
 
 
-def pause(redis: Any, prefix: str, parts: Sequence[QueueKeys], function: str | None) -> None:
+def pause(redis: Any, prefix: str, parts: Sequence[QueueKeys], function: str | None) -> bool:
     """Pause a queue (``function`` None) or one function of it, in every partition (each
-    partition's claim reads its own), at the server's time."""
+    partition's claim reads its own), at the server's time. Returns whether it paused
+    anything: False when every partition was paused already (kept paused since then)."""
     now = ServerClock(redis, prefix, [parts[0].queue] if parts else []).now_ms()
     pipe = redis.pipeline(transaction=False)
     for part in parts:
-        pipe.hset(part.paused, "queue" if function is None else f"fn:{function}", now)
-    pipe.execute()
+        pipe.hsetnx(part.paused, "queue" if function is None else f"fn:{function}", now)
+    if not any(int(set_) for set_ in pipe.execute()):
+        return False
     # Jobs a worker claimed ahead before the pause must not start either: told on the
     # channel its cancels come by, it hands them back (worker.py). (Not in the pipeline: a
     # cluster client refuses a pipelined PUBLISH.)
     for part in parts:
         redis.publish(part.cancels, f"pause {part.queue} {function or '*'}")
+    return True
 
 
 def pauses(redis: Any, homes: Iterable[QueueKeys]) -> list[dict[str, str]]:

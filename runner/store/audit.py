@@ -1,19 +1,31 @@
 """The audit trail: one capped Redis list of who did what to which job, newest first.
 
 Each entry is a JSON object: ``at_ms``, ``by`` (a token's name, or ``cli:<user>``),
-``action`` (requeue, delete, purge, cancel, pause, resume), ``queue`` and, for one job, ``job_id``, plus
-what the action adds (``edited``, ``count``). An action on many jobs at once (a bulk
-requeue or purge) is one entry: its ``count`` and the first MAX_IDS of its ``ids``, so
-one bulk action never pushes the earlier ones out. An action on jobs that touched none
-(ids that name no job, a purge of an empty list) writes no entry, only its log line:
-such requests cost a caller nothing, and each one pushed a real action off the trail
-once it was full. An entry is pushed and the list
-trimmed by one script (lua/audit.lua), so the list never holds more than MAX_ENTRIES,
-nor an entry older than MAX_AGE_MS once the next one is written, whatever the writers.
+``action`` (requeue, delete, purge, cancel, pause, resume, run now, trigger), ``queue``
+and, for one job, ``job_id``, plus what the action adds (``edited``, ``count``). An
+action on many jobs at once (a bulk requeue or purge) is one entry: its ``count`` and
+the first MAX_IDS of its ``ids``, so one bulk action never pushes the earlier ones out.
+An action on jobs that touched none (ids that name no job, a purge of an empty list), or
+a pause or resume that changed nothing, writes no entry, only its log line: such
+requests cost a caller nothing, and each one pushed a real action off the trail once it
+was full.
 
-Pauses and resumes go on a list of their own (``<key>:flow``, bounded alike), read merged
-with the other by time: they need no job and cost nothing to repeat, so 10,000 of them
-from one ``operate`` token pushed every earlier action (a purge) off a single trail.
+An action that repeats one of the same caller on the same target (the same action,
+queue, schedule, function or job type) whose entry is less than FOLD_MS old is folded
+into that entry: ``repeats`` (how many actions it stands for), ``last_at_ms``, ``count``
+summed and the first MAX_IDS ``ids`` (a job's action becomes its id there). 10,001
+triggers of one schedule from one ``operate`` token pushed that token's own earlier
+purge off a trail of 10,000; now they are one entry, and one caller adds at most one
+entry an hour per target however fast it acts. With the bound of MAX_ENTRIES, flushing
+the trail would take one token hundreds of targets, or months at one action an hour on
+each, and every one of those entries in view meanwhile.
+
+An entry is pushed (or folded) and the list trimmed by one script (lua/audit.lua), so
+the list never holds more than MAX_ENTRIES, nor an entry older than MAX_AGE_MS once the
+next one is written, whatever the writers.
+
+Pauses and resumes go on a list of their own (``<key>:flow``, bounded and folded alike),
+read merged with the other by time: they need no job and cost nothing to repeat.
 """
 
 from __future__ import annotations
@@ -24,10 +36,12 @@ from typing import Any
 
 from runner.store import codec
 
-# About 2 MB of Redis at ~200 bytes an entry; older entries are dropped (the log keeps them).
-MAX_ENTRIES = 10_000
+# About 10 MB of Redis at ~200 bytes an entry (a folded or bulk entry naming MAX_IDS
+# ids is ~4 KB); older entries are dropped (the log keeps them).
+MAX_ENTRIES = 50_000
 MAX_AGE_MS = 90 * 86_400_000  # a quarter of a year
 MAX_IDS = 100  # the ids a bulk action's entry names (its count says how many it had)
+FOLD_MS = 3_600_000  # a repeat folds into its entry for an hour after that entry was written
 FLOW = frozenset({"pause", "resume"})  # the actions kept on the flow trail
 
 
@@ -38,10 +52,12 @@ def bulk(ids: Sequence[str]) -> dict[str, Any]:
 
 def record(scripts: Any, key: str, entry: Mapping[str, Any]) -> None:
     """Put an action on the trail at the server's time (``entry`` without at_ms); an
-    entry with a ``bulk`` id replaces that bulk action's entry (see Bulk)."""
+    entry with a ``bulk`` id replaces that bulk action's entry (see Bulk); a repeat of
+    the caller's action on the same target within FOLD_MS is folded into its entry."""
     bulk = entry.get("bulk")
     trail = flow_key(key) if entry.get("action") in FLOW else key
-    scripts.audit(trail, codec.dumps(dict(entry)), MAX_ENTRIES, MAX_AGE_MS, bulk=bulk if isinstance(bulk, str) else "")
+    scripts.audit(trail, codec.dumps(dict(entry)), MAX_ENTRIES, MAX_AGE_MS, bulk=bulk if isinstance(bulk, str) else "",
+                  fold_ms=FOLD_MS, max_ids=MAX_IDS)
 
 
 def flow_key(key: str) -> str:

@@ -108,7 +108,8 @@ is served until it drains: its keys come after the current ones, ``draining``.
 These keys are global, outside every queue's tag (each in its own slot on Redis Cluster)::
 
     <prefix>:audit                    LIST    who did what (requeue, delete, purge, cancel, trigger,
-                                              bulk...), newest first, capped (see audit.py)
+                                              bulk...), newest first, capped, a caller's repeats
+                                              folded (see audit.py)
     <prefix>:audit:flow               LIST    the pauses and resumes, apart (capped alike): cheap
                                               to repeat, they never push the others out
     <prefix>:workers                  HASH    live workers: what they serve, run and know; each entry

@@ -457,7 +457,7 @@ class Scripts(Transport):
 
     def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
         """Lift a pause (a queue's, or one function's: None is the queue) and put back up to
-        ``limit`` held jobs; returns [moved, still held] (see resume.lua)."""
+        ``limit`` held jobs; returns [moved, still held, 1 if it lifted a pause] (see resume.lua)."""
         field = "queue" if function is None else f"fn:{function}"
         # A queue's resume holds no list: the bare held: prefix names none (held lists are
         # held:<type>), so the script finds it empty, and unlike '' it is in the queue's
@@ -573,10 +573,12 @@ class Scripts(Transport):
         return self._run("trim", scriptkeys.keys("trim", k), args)
 
     def audit(self, key: str, entry: str, most: int, max_age_ms: int, now_ms: int | None = None,
-              bulk: str = "") -> int:
+              bulk: str = "", fold_ms: int = 0, max_ids: int = 100) -> int:
         """Put ``entry`` (a JSON object, stamped here) on the audit trail ``key``, or with
-        ``bulk`` replace that bulk action's entry; returns the entries it holds (see audit.lua)."""
-        args = (_clock(now_ms), entry, most, max_age_ms, bulk)
+        ``bulk`` replace that bulk action's entry; with ``fold_ms``, a repeat of an entry
+        written less than that ago is folded into it. Returns the entries the trail holds
+        (see audit.lua)."""
+        args = (_clock(now_ms), entry, most, max_age_ms, bulk, fold_ms, max_ids)
         return int(self.call("audit", scriptkeys.keys("audit", audit=key), args))
 
     def seek(self, key: str, pos: int, n: int, anchor: tuple[float, str] | None,

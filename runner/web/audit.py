@@ -1,5 +1,7 @@
-"""GET /audit: who did what (requeue, delete, purge, cancel, pause, resume), newest first, paginated. The
-trail is a capped list (store/audit.py); every entry is also a log line."""
+"""GET /audit: who did what (requeue, delete, purge, cancel, pause, resume, run now,
+trigger), newest first, paginated. The trail is a capped list (store/audit.py), one
+caller's repeats of an action on one target within an hour folded into one entry
+(``repeats``, ``last_at``); every action is also a log line."""
 
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ MAX_PAGE = 500
 
 
 def _shown(entry: dict[str, object]) -> dict[str, object]:
-    """An entry as the API shows it: times in epoch seconds, as everywhere else."""
+    """An entry as the API shows it: times in epoch seconds, as everywhere else (a folded
+    entry's ``last_at`` too: the time of the last action it stands for)."""
     out = dict(entry)
     at_ms = out.pop("at_ms", None)
     out["at"] = at_ms / 1000 if isinstance(at_ms, int) else None
+    if "last_at_ms" in out:
+        last_ms = out.pop("last_at_ms")
+        out["last_at"] = last_ms / 1000 if isinstance(last_ms, int) else None
     return out
 
 

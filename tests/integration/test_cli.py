@@ -312,19 +312,28 @@ def test_job_prints_the_last_error_as_lines(project: Project, run: Invoke) -> No
 
 
 def test_every_json_error_is_json(project: Project, run: Invoke) -> None:
-    """With --json, a refusal is a JSON object with "error" on stdout (and the text on
-    stderr), whatever refused: an unknown job, a payload that is not JSON, an unknown
-    function, an unreachable Redis."""
+    """With --json, a refusal is a JSON object with "error" and "exit_code" on stdout (and
+    the text on stderr), whatever refused: an unknown job, a payload that is not JSON or
+    not valid, an unknown function, one whose file is broken (kind "BrokenFunction", not
+    "UnknownFunction": it is there), an unreachable Redis."""
+    project.add_function("shaky", "def handle(payload, ctx:\n")
     closed = f"redis://127.0.0.1:{free_port()}/0"
     cases = [(run("job", "no-such-job", "--json"), 1),
              (run("enqueue", "record", "{broken", "--json"), 1),
+             (run("enqueue", "record", '{"n": "x"}', "--json"), 1),
+             (run("enqueue", "recrod", "{}", "--json"), 1),
+             (run("enqueue", "shaky", "{}", "--json"), 1),
              (run("call", "recrod", "{}", "--json"), 1),
              (run("jobs", "--json", "--cursor", "not-a-cursor"), 1),
              (run("stats", "--json", env={"REDIS_URL": closed}), 3)]
     for r, code in cases:
         assert r.exit_code == code, (r.stdout, r.stderr)
         body = json.loads(r.stdout)
-        assert isinstance(body, dict) and body["error"], r.stdout
+        assert isinstance(body, dict) and body["error"] and body["exit_code"] == code, r.stdout
+    unknown, broken = json.loads(cases[3][0].stdout), json.loads(cases[4][0].stdout)
+    assert unknown["kind"] == "UnknownFunction" and "runner functions" in unknown["error"], unknown
+    assert broken["kind"] == "BrokenFunction" and broken["function"] == "shaky", broken
+    assert "is broken" in broken["error"] and "Fix the file" in broken["error"], broken
 
 
 

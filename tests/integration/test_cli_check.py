@@ -174,3 +174,26 @@ def test_the_scan_reads_jobs_held_by_a_pause_or_waiting_on_a_limit(project: Proj
     assert scanned == counted == 4, (scanned, counted, by_scan)
     assert by_scan[("fast", "deferred", "record", "1")] == 2
     assert by_scan[("fast", "deferred", "resource", "1")] == 1
+
+
+def test_the_unrelated_runner_distribution_installed_beside_is_a_warning(project: Project, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install runner` installs an unrelated package (Runner 1.1, its folder
+    `Runner/`): on a case-insensitive file system its files land in our `runner/`. With
+    its dist-info on the path, `runner check --offline` warns and says what to do; without
+    it, no such warning."""
+    clean = check(project, "--offline", "--json")
+    assert clean.exit_code == 0 and not [p for p in json.loads(clean.stdout)["problems"] if p["where"] == "install"]
+    site = tmp_path / "site"
+    info = site / "Runner-1.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: Runner\nVersion: 1.1\n")
+    (info / "RECORD").write_text("Runner/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    out = check(project, "--offline", "--json")
+    assert out.exit_code == 0, out.output
+    (warning,) = [p for p in json.loads(out.stdout)["problems"] if p["where"] == "install"]
+    assert warning["severity"] == "warning"
+    assert "Runner 1.1" in warning["message"] and "pip uninstall runner" in warning["message"], warning
+    assert "runner-redis" in warning["message"]
+    assert check(project, "--offline", "--strict").exit_code != 0

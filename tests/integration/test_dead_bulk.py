@@ -164,17 +164,22 @@ def test_a_flood_of_pauses_and_resumes_pushes_no_other_action_off_the_trail(proj
     """An operate token's pauses and resumes need no job and cost nothing to repeat: past
     the trail's bound (here 20 entries), they pushed an earlier purge off it. They go on a
     trail of their own, bounded alike, and the client's pages (GET /audit) merge the two
-    by time: the purge stays, newest first."""
+    by time: the purge stays, newest first. Each caller's pauses of a queue within the
+    hour are one entry, its resumes another; other callers' are their own."""
     monkeypatch.setattr(audit, "MAX_ENTRIES", 20)
     c = project.client
     bury_many(project, 3)
     assert run(project, "dead", "purge", "--all", "--yes").exit_code == 0
+    for n in range(30):
+        c.pause("fast", by=f"flooder{n}")
+        c.resume("fast", by=f"flooder{n}")
     for _ in range(30):
         c.pause("fast", by="flooder")
         c.resume("fast", by="flooder")
     total, page = c.audit(0, 100)
     assert total == 21, total  # the purge, and the newest 20 pauses and resumes
-    assert [e["action"] for e in page[:2]] == ["resume", "pause"] and page[-1]["action"] == "purge", page
+    assert [(e["action"], e["by"], e.get("repeats")) for e in page[:2]] == [
+        ("resume", "flooder", 30), ("pause", "flooder", 30)] and page[-1]["action"] == "purge", page
     assert all(a["at_ms"] >= b["at_ms"] for a, b in itertools.pairwise(page)), page
     assert [e["action"] for e in c.audit(20, 5)[1]] == ["purge"]
 

@@ -671,7 +671,7 @@ def test_resumed_priority_jobs_come_back_first_in_the_order_they_were_held(p: Pr
     enqueue(p, new("other", type_="other", priority=5), now=NOW + 20)
     first = True
     while True:
-        _, left = sc.resume(k, "noop", first, limit=2)
+        _, left, _ = sc.resume(k, "noop", first, limit=2)
         first = False
         if not int(left):
             break

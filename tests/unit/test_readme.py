@@ -39,14 +39,17 @@ def test_ci_runs_the_readme_test_command_as_written() -> None:
 
 
 def test_the_system_packages_listed_are_the_ones_ci_installs() -> None:
-    """docs/contributing.md's apt-get line is what .ci/run installs for the whole run
-    (besides python3-venv, which the quickstart's own note covers)."""
+    """docs/contributing.md's apt-get line (Debian's) is what .ci/run installs for the whole
+    run (besides python3-venv, which the quickstart's own note covers); Ubuntu's is the
+    same but for its names of the browser and its driver."""
     ci = (REPO / ".ci" / "run").read_text()
     m = re.search(r"apt-get install -y -qq --no-install-recommends ([^>]*)>", ci.replace("\\\n", " "))
     assert m is not None
     installed = set(m.group(1).split()) - {"python3-venv"}
     listed = [c for c in _commands(CONTRIBUTING, "Tests") if c.startswith("sudo apt-get install ")]
-    assert len(listed) == 1 and set(listed[0].split()[3:]) == installed
+    assert len(listed) == 2 and set(listed[0].split()[3:]) == installed
+    ubuntu = installed - {"chromium", "chromium-driver"} | {"chromium-browser", "chromium-chromedriver"}
+    assert set(listed[1].split()[3:]) == ubuntu
 
 
 def test_installs_from_the_index_name_the_distribution() -> None:

@@ -3,6 +3,15 @@
 -- none older than `max_age` (the oldest, at the tail, leave first; at most 1000 per
 -- call, so one call's work stays bounded whatever the trail held before).
 --
+-- An action that repeats an earlier one (the same caller, action, queue and target: the
+-- schedule, function, job type; see fold_key) whose entry was written less than `fold`
+-- ms ago is folded into that entry instead of pushed: `repeats` (how many actions it
+-- stands for), `last_at_ms`, `count` summed (a job's action counts 1), its job ids
+-- gathered in `ids` (the first `max_ids`). So a flood of single actions from one token
+-- is one entry an hour per target, and cannot push that token's own earlier, distinct
+-- actions off the trail. A bulk action is folded at its end ("done"), never while it
+-- runs; an interrupted one stays on its own.
+--
 -- KEYS[1] audit        LIST  JSON entries, newest first
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the entry: a JSON object without at_ms (added here)
@@ -12,6 +21,8 @@
 --         replaced in place as the action goes (its count so far, then how it ended),
 --         keeping its time; looked for among the newest 1000 entries, pushed anew if
 --         it is not there (1000 other actions since)
+-- ARGV[6] the fold window, ms ('' or 0: no folding)
+-- ARGV[7] the most ids a folded entry names
 --
 -- Returns the entries the trail holds after the call.
 --- @include "clock"
@@ -19,7 +30,11 @@
 local now = clock(ARGV[1])
 local most, max_age = tonumber(ARGV[3]), tonumber(ARGV[4])
 local bulk = ARGV[5] or ''
-local placed = false
+local fold = tonumber(ARGV[6] or '') or 0
+local max_ids = tonumber(ARGV[7] or '') or 100
+
+-- The entry's place: a bulk action's own, replaced in place, or a new one at the head.
+local here = nil
 if bulk ~= '' then
   local mark = '"bulk":' .. cjson.encode(bulk)
   for i, old in ipairs(redis.call('LRANGE', K.audit, 0, 999)) do
@@ -27,19 +42,117 @@ if bulk ~= '' then
       local ok, entry = pcall(cjson.decode, old)
       local at = ok and type(entry) == 'table' and tonumber(entry.at_ms) or now
       redis.call('LSET', K.audit, i - 1, stamped(ARGV[2], string.format('%d', at)))
-      placed = true
+      here = i - 1
       break
     end
   end
 end
-if not placed then redis.call('LPUSH', K.audit, stamped(ARGV[2], now)) end
+if here == nil then
+  redis.call('LPUSH', K.audit, stamped(ARGV[2], now))
+  here = 0
+end
+
+local function text(v)
+  if v == nil or v == cjson.null then return '' end
+  return tostring(v)
+end
+
+local FOLD_FIELDS = {'by', 'action', 'queue', 'schedule', 'function', 'type', 'edited', 'unconfirmed'}
+local function fold_key(e)
+  local parts = {e.bulk ~= nil and 'bulk' or 'one'}
+  for _, f in ipairs(FOLD_FIELDS) do parts[#parts + 1] = text(e[f]) end
+  return table.concat(parts, '\0')
+end
+
+local function final(e)
+  return e.state == nil or e.state == 'done'
+end
+
+-- The ids and the job count an entry stands for (a job's action: its one id, count 1).
+local function jobs_of(e)
+  if type(e.ids) == 'table' then return e.ids, tonumber(e.count) or #e.ids end
+  if e.job_id ~= nil and e.job_id ~= cjson.null then return {e.job_id}, 1 end
+  return nil, tonumber(e.count)
+end
+
+local function merged(into, e)
+  into.repeats = (tonumber(into.repeats) or 1) + (tonumber(e.repeats) or 1)
+  into.last_at_ms = now
+  local ids, n = jobs_of(into)
+  local more, m = jobs_of(e)
+  if ids or more then
+    local all = {}
+    for _, list in ipairs({ids or {}, more or {}}) do
+      for _, id in ipairs(list) do
+        if #all < max_ids then all[#all + 1] = id end
+      end
+    end
+    into.ids = #all > 0 and all or nil
+    into.job_id = nil
+  end
+  if n or m then into.count = (n or 0) + (m or 0) end
+  if into.expected ~= nil or e.expected ~= nil then
+    into.expected = (tonumber(into.expected) or 0) + (tonumber(e.expected) or 0)
+  end
+  return cjson.encode(into)
+end
+
+-- Marks an entry of the same caller and action must hold (as JSON writes them), so the
+-- look decodes those alone: a trail with 1000 other entries in the window took ~4 ms a
+-- call decoding them all. A caller's name JSON could write another way (a '/', a letter
+-- past ASCII) is no mark; the action, one of a few words, always is.
+local function marks(e)
+  local out = {'"action":' .. cjson.encode(text(e.action))}
+  local by = text(e.by)
+  if string.match(by, '^[%w%.:_@-]+$') then out[2] = '"by":"' .. by .. '"' end
+  return out
+end
+
+local function has(old, wanted)
+  for _, m in ipairs(wanted) do
+    if not string.find(old, m, 1, true) then return false end
+  end
+  return true
+end
+
+local ok, entry = pcall(cjson.decode, ARGV[2])
+if fold > 0 and ok and type(entry) == 'table' and final(entry) then
+  local key, since, folded, wanted = fold_key(entry), now - fold, false, marks(entry)
+  -- Older entries only (below this one), newest first; the trail is in the order its
+  -- entries were first written, so the first one past the window ends the look.
+  local from = here + 1
+  while not folded and from < here + 1000 do
+    local chunk = redis.call('LRANGE', K.audit, from, from + 99)
+    if #chunk == 0 then break end
+    local past = false
+    for n, old in ipairs(chunk) do
+      -- (at_ms as the script writes it: digits; an entry without is as old as can be)
+      local at = tonumber(string.match(old, '"at_ms":(%d+)')) or 0
+      if at < since then past = true break end
+      local good, prior = false, nil
+      if has(old, wanted) then good, prior = pcall(cjson.decode, old) end
+      if good and type(prior) == 'table' and final(prior) and fold_key(prior) == key then
+        redis.call('LSET', K.audit, from + n - 1, merged(prior, entry))
+        -- This entry goes: marked, then removed (the first such mark from the head).
+        local gone = 'folded:' .. now .. ':' .. redis.call('LLEN', K.audit)
+        redis.call('LSET', K.audit, here, gone)
+        redis.call('LREM', K.audit, 1, gone)
+        folded = true
+        break
+      end
+    end
+    if past then break end
+    from = from + 100
+  end
+end
+
 redis.call('LTRIM', K.audit, 0, most - 1)
 for _ = 1, 1000 do
   local oldest = redis.call('LINDEX', K.audit, -1)
   if not oldest then break end
-  local ok, entry = pcall(cjson.decode, oldest)
+  local good, old = pcall(cjson.decode, oldest)
   -- An entry that is not JSON, or has no time, is as old as can be.
-  local at = ok and type(entry) == 'table' and tonumber(entry.at_ms) or 0
+  local at = good and type(old) == 'table' and tonumber(old.at_ms) or 0
   if at >= now - max_age then break end
   redis.call('RPOP', K.audit)
 end

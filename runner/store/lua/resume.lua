@@ -13,9 +13,10 @@
 -- ARGV[2] first call   1 lifts the pause, 0 only moves more held ids
 -- ARGV[3] the most ids moved in this call
 --
--- Returns {ids moved, ids still held}.
+-- Returns {ids moved, ids still held, 1 if this call lifted a pause else 0}.
 --- @include "ready"
-if ARGV[2] == '1' then redis.call('HDEL', K.paused, ARGV[1]) end
+local lifted = 0
+if ARGV[2] == '1' then lifted = redis.call('HDEL', K.paused, ARGV[1]) end
 local moved = 0
 if K.held ~= '' then
   -- Take the newest first to the consumer end, so the oldest ends up taken first. A job
@@ -40,4 +41,4 @@ if K.held ~= '' then
   end
 end
 wake(K.notify)
-return {moved, K.held ~= '' and redis.call('LLEN', K.held) or 0}
+return {moved, K.held ~= '' and redis.call('LLEN', K.held) or 0, lifted}

@@ -380,7 +380,8 @@ async function showEvents() {
 
 // --- audit ------------------------------------------------------------------------------------
 
-const AUDIT_SHOWN = new Set(["at", "action", "by", "queue", "id", "ids", "count", "target", "function", "name"]);
+const AUDIT_SHOWN = new Set(["at", "last_at", "repeats", "action", "by", "queue", "id", "job_id", "ids", "count",
+  "target", "function", "name"]);
 
 async function showAudit() {
   const data = await api("GET", `/audit?offset=${pages.auditOffset}&limit=${pages.auditLimit}`);
@@ -397,7 +398,8 @@ async function showAudit() {
   fill(view, el("table", { class: "list", id: "audit-table" },
     el("thead", {}, el("tr", {}, ["At", "By", "Action", "On", "Detail"].map((h) => el("th", { text: h })))),
     el("tbody", {}, data.entries.map((e) => {
-      const ids = Array.isArray(e.ids) ? e.ids : e.id ? [e.id] : [];
+      const one = e.job_id || e.id;
+      const ids = Array.isArray(e.ids) ? e.ids : one ? [one] : [];
       const on = [];
       if (e.function) {
         on.push("function ", el("a", { href: `#function/${encodeURIComponent(e.function)}`, text: String(e.function) }), " in ");
@@ -410,8 +412,11 @@ async function showAudit() {
       }
       const rest = Object.fromEntries(Object.entries(e).filter(([k]) => !AUDIT_SHOWN.has(k)));
       return el("tr", { "data-audit-action": e.action },
-        el("td", { class: "nowrap", text: when(e.at) }), el("td", { text: e.by || "—" }),
-        el("td", {}, el("strong", { text: e.action }), e.count > 1 ? ` ×${e.count}` : ""),
+        // A folded entry: the caller's repeats of one action on one target, first to last.
+        el("td", { class: "nowrap", text: e.last_at ? `${when(e.at)} – ${when(e.last_at)}` : when(e.at) }),
+        el("td", { text: e.by || "—" }),
+        el("td", {}, el("strong", { text: e.action }), e.repeats > 1 ? ` ${e.repeats} times` : "",
+          e.count > 1 ? ` ×${e.count}` : ""),
         el("td", {}, on.length ? on : "—"),
         el("td", { class: "muted", text: Object.keys(rest).length ? detailText(rest) : "" }));
     }))));
