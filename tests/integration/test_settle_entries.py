@@ -144,9 +144,8 @@ def test_each_outcome_builds_the_entry_its_script_takes(project: Project) -> Non
     assert fig.totals.counts == totals.counts and fig.fields == fields
     acks, kw = by["ack"]
     ret = rt.config.retention
-    # (now_ms None: runs without a claim time leave the ack's time to the script's TIME.)
     assert kw == {"idem_ttl_ms": int(ret.idempotency_s * 1000), "done_ttl_ms": int(ret.done_s * 1000),
-                  "done_max": ret.done_max, "now_ms": None}
+                  "done_max": ret.done_max}
     a0, a1, a2, a13 = acks
     assert a0 == Ack("j0", "w.0", "", "noop|1", "", 0, (), None, READY - 5)
     # Its start mark not sent, its outcome carries its handler's start (not the claim's).
