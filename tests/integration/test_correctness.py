@@ -493,10 +493,11 @@ def test_a_worker_frozen_with_its_claim_pending_dates_its_ack_by_the_servers_clo
 
     project.add_function("parent", FROZEN_PARENT)
     project.add_function("fresh", 'QUEUE = "fast"\nMAX_AGE = 2\n\ndef handle(payload, ctx):\n    return "ran"\n')
+    project.add_function("warm", 'QUEUE = "fast"\n\ndef handle(payload, ctx):\n    return 1\n')
     project.write_config(vt=30, prefetch=0)
     client, r, k = project.client, project.runtime.redis, project.keys()
     worker = project.spawn_worker("fast")
-    warm = client.enqueue("fresh", {}).id
+    warm = client.enqueue("warm", {}).id  # (not "fresh": its MAX_AGE may pass while the worker starts)
     wait_for(lambda: client.get(warm).status == "done", timeout=60, what="the warm-up job")
     for _ in range(5):  # (the claim must land while the worker is frozen: almost always)
         time.sleep(1.0)  # idle: the fetcher sits in its blocking wait
