@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+from typing import Any
 
 import click
 
@@ -22,6 +22,7 @@ from runner.cli.root import (
     said_down,
     shards_down,
     table,
+    utc,
 )
 from runner.errors import EventRejected, NotReplicated, RedisUnavailable, RunnerError
 
@@ -81,10 +82,17 @@ def events_cmd(ctx: click.Context, name: str | None, limit: int, as_json: bool) 
             raise
         except RunnerError as exc:
             fail(str(exc), EXIT_REFUSED)
-    rows = [(datetime.fromtimestamp(e.get("at_ms", 0) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"), e.get("id"),
+    rows = [(utc(e["at_ms"] / 1000) if isinstance(e.get("at_ms"), int) else "?", e.get("id"),
              e.get("name"), str(e.get("waiters_resumed", 0)),
-             " ".join(str(j.get("id")) for j in e.get("jobs", [])) or "-") for e in out]
+             " ".join(str(j.get("id") if isinstance(j, dict) else j) for j in _listed(e.get("jobs"))) or "-")
+            for e in out]
     emit({"events": out, **down_view(gone)}, as_json,
          table(("at (UTC)", "id", "name", "resumed", "jobs"), rows) if rows else "no events")
     if gone:
         said_down(gone)
+
+
+def _listed(jobs: Any) -> list[Any]:
+    """An event's jobs as a list (the store reads only lists of objects back; this holds
+    for any other reader's record too)."""
+    return jobs if isinstance(jobs, list) else []

@@ -35,6 +35,7 @@ from runner.cli.root import (
     shards_down,
     table,
     target,
+    utc,
 )
 from runner.errors import (
     MAX_DELAY_S,
@@ -265,13 +266,10 @@ def _shown(name: str, value: Any) -> str:
     """One field of `runner job` for people: times (``*_at``, epoch seconds) as UTC dates
     with the epoch beside them, the history an attempt a line with its times as UTC dates,
     an empty list as "none", JSON as JSON."""
-    import datetime
-
     from runner.store import codec
 
     if name.endswith("_at") and isinstance(value, int | float) and not isinstance(value, bool):
-        when = datetime.datetime.fromtimestamp(value, datetime.UTC)
-        return f"{when:%Y-%m-%d %H:%M:%S}.{when.microsecond // 1000:03d} UTC ({value})"
+        return f"{utc(value, '%Y-%m-%d %H:%M:%S.%f')[:23]} UTC ({value})"
     if value == []:  # no history yet, no children: words, not a bracket pair
         return "none"
     if name == "history" and isinstance(value, list):
@@ -302,8 +300,6 @@ def _error(e: dict[str, Any]) -> str:
 
 def _step(i: int, e: Any) -> str:
     """One step of a durable function: ``3. charge (step) ok, finished <date>; {result}``."""
-    import datetime
-
     from runner.store import codec
 
     if not isinstance(e, dict):
@@ -312,8 +308,7 @@ def _step(i: int, e: Any) -> str:
     for key in ("finished_at", "until"):
         t = e.get(key)
         if isinstance(t, int | float) and not isinstance(t, bool):
-            when = datetime.datetime.fromtimestamp(t, datetime.UTC)
-            line += f", {key.replace('_at', '')} {when:%Y-%m-%d %H:%M:%S} UTC"
+            line += f", {key.replace('_at', '')} {utc(t)} UTC"
     for key in ("signal", "child", "event"):
         if e.get(key):
             line += f", {key} {codec.shown_text(str(e[key]))}"
@@ -329,13 +324,10 @@ def _step(i: int, e: Any) -> str:
 def _entry(entry: dict[str, Any]) -> str:
     """One history entry: ``attempt 2: retry, started <date>, at <date>; Type: message``,
     each ``*_ms`` epoch as a UTC ISO date; fields of other shapes as JSON."""
-    import datetime
-
     from runner.store import codec
 
     def iso(ms: int) -> str:
-        when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
-        return f"{when:%Y-%m-%dT%H:%M:%S}.{when.microsecond // 1000:03d}Z"
+        return utc(ms / 1000, "%Y-%m-%dT%H:%M:%S.%f")[:23] + "Z"
 
     parts: list[str] = []
     rest = dict(entry)

@@ -265,6 +265,21 @@ def emit(data: Any, as_json: bool, human: str | None = None) -> None:
         click.echo(_guarded(codec.shown_text(human)))
 
 
+def utc(seconds: Any, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A time in epoch seconds as a UTC date in ``fmt`` ("%f": microseconds); "?" for
+    anything a date cannot show (not a number, NaN, before 1970, past the year 9999): a
+    record another writer put must print, not raise (a time of 1e300 was an
+    OverflowError, 1e14 s a ValueError)."""
+    import datetime
+
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not 0 <= seconds < 253_402_300_800:
+        return "?"
+    try:
+        return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime(fmt)
+    except (OverflowError, ValueError, OSError):
+        return "?"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [["" if c is None else plain(str(c)) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

@@ -3,7 +3,6 @@ with its queues, concurrency, isolation, release and the jobs its handlers run."
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import click
@@ -18,11 +17,12 @@ from runner.cli.root import (
     said_down,
     shards_down,
     table,
+    utc,
 )
 
 
-def _when(seconds: float) -> str:
-    return f"{datetime.datetime.fromtimestamp(seconds, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC"
+def _when(seconds: float | None) -> str:
+    return f"{utc(seconds)} UTC"
 
 
 def _human(rows: list[dict[str, Any]]) -> str:

@@ -206,7 +206,9 @@ def get_group(client: Client, group_id: str) -> dict[str, Any]:
     view = state.view()
     queue, then_id, then_type = state.then
     status: str | None = "waiting"
-    if state.complete:
+    if not then_id:
+        status = None  # an unreadable then-job (another writer's record): none to wait for
+    elif state.complete:
         try:
             status = get(client, then_id).status
         except JobNotFound:

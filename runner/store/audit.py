@@ -34,7 +34,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runner.store import codec
+from runner.store import codec, records
 
 # About 10 MB of Redis at ~200 bytes an entry (a folded or bulk entry naming MAX_IDS
 # ids is ~4 KB); older entries are dropped (the log keeps them).
@@ -110,7 +110,12 @@ def _entry(item: Any) -> dict[str, Any]:
         entry = codec.loads(item)
     except codec.DecodeError:
         entry = None
-    return entry if isinstance(entry, dict) else {"unparsable": str(item)[:200]}
+    if not isinstance(entry, dict):
+        return {"unparsable": str(item)[:200]}
+    if "at_ms" in entry and not (isinstance(entry["at_ms"], int) and 0 < _at(entry) <= records.MAX_TIME_MS):
+        # Another writer's time past the last date (or not a number): shown as absent.
+        entry = {**entry, "at_ms": None, "damaged": ["at_ms"]}
+    return entry
 
 
 def _at(entry: dict[str, Any]) -> int:

@@ -13,6 +13,7 @@ reads as unparseable. The encoder (orjson) stops at 255 levels and the parser at
 from __future__ import annotations
 
 import dataclasses
+import enum
 import marshal
 import math
 import re
@@ -154,22 +155,54 @@ def _has_non_finite(obj: Any, out: bytes) -> bool:
     """Whether ``obj`` (encoded as ``out``, which holds a null) holds NaN or an infinity.
     Only then may a null stand for a float. A value of the built-in types is probed in C
     by marshal, with no second decode (reading ``out`` back and comparing cost 3x the
-    encoding itself: 136 us for a 15 KB payload the encoder writes in 40); one of other
-    types (a dataclass, a datetime, a subclass), which marshal refuses before any code of
-    its own runs, is read back and compared in C. The walk runs only when either finds
-    what may be such a float, and says which."""
-    try:
-        probe = marshal.dumps(obj, 4)
-    except ValueError:  # "unmarshallable object": a type other than the built-in ones
+    encoding itself: 136 us for a 15 KB payload the encoder writes in 40), and walked
+    only when the probe finds what may be such a float. One of other types (a dataclass,
+    an Enum, a datetime, a subclass), which marshal refuses before any code of its own
+    runs, is walked as orjson encodes it (_unstorable). Reading it back and comparing
+    was not sound: a subclass's own __eq__ decided, and an Enum's value or a dataclass's
+    attribute set on the instance compared as nothing."""
+    return _non_finite(obj) and _unstorable(obj, "$") != ""
+
+
+_BUILT_IN = (dict, list, tuple)
+
+
+def _non_finite(node: Any) -> bool:
+    """Whether orjson's encoding of ``node`` writes a NaN or an infinity (as null): a
+    container of the built-in types only is probed in C by marshal, whatever it holds
+    (one that holds another type is refused by marshal at once, and read part by part);
+    any other value is read as orjson encodes it (see _unstorable)."""
+    t = type(node)
+    if t in _BUILT_IN:
         try:
-            if orjson.loads(out) == obj:
-                return False
-        except orjson.JSONDecodeError:
+            return _may_hold_non_finite(marshal.dumps(node, 4))
+        except ValueError:  # "unmarshallable object": it holds a type other than the built-in ones
             pass
-    else:
-        if not _may_hold_non_finite(probe):
-            return False
-    return _unstorable(obj, "$") != ""
+    elif isinstance(node, float):
+        return not math.isfinite(node)
+    elif t is str or t is int or t is bool or node is None:
+        return False
+    if isinstance(node, enum.Enum):
+        return _non_finite(node.value)
+    if isinstance(node, dict):
+        return any(_non_finite(v) for v in dict.values(node))
+    if isinstance(node, list):
+        return any(_non_finite(v) for v in list.__iter__(node))
+    if isinstance(node, tuple):
+        return any(_non_finite(v) for v in tuple.__iter__(node))
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return any(_non_finite(v) for _, v in _dataclass_items(node))
+    return False
+
+
+def _dataclass_items(node: Any) -> list[tuple[str, Any]]:
+    """A dataclass instance's attributes as orjson writes them: its __dict__ (an attribute
+    set on the instance too) or, with __slots__, its fields; none whose name begins with
+    "_"."""
+    attrs = getattr(node, "__dict__", None)
+    items = (list(attrs.items()) if isinstance(attrs, dict)
+             else [(f.name, getattr(node, f.name, None)) for f in dataclasses.fields(node)])
+    return [(k, v) for k, v in items if isinstance(k, str) and not k.startswith("_")]
 
 
 # marshal (version 4) writes a float as TYPE_BINARY_FLOAT, "g" (0xe7 with FLAG_REF, when
@@ -427,8 +460,8 @@ def _json_like(obj: Any) -> bytes:
     import json
 
     def other(o: Any) -> Any:  # what orjson encodes and json does not (datetime, UUID, dataclass)
-        try:
-            return orjson.loads(orjson.dumps(o))
+        try:  # (checked: orjson alone writes a dataclass's NaN as null)
+            return orjson.loads(dumpb_checked(o))
         except orjson.JSONEncodeError:
             raise TypeError from None
 
@@ -443,9 +476,12 @@ def _json_like(obj: Any) -> bytes:
 def _unstorable(node: Any, path: str, str_keys: bool = False) -> str:
     """What in ``node`` JSON cannot hold, with its path ("" for nothing). ``str_keys``: a
     key must be a string (a payload's, a checkpoint's; a result's may be a number, written
-    as json writes it)."""
+    as json writes it). The walk reads what orjson writes: a dict's or a list's own items
+    (whatever a subclass overrides), an Enum's value, a dataclass's public attributes."""
+    if isinstance(node, enum.Enum):
+        return _unstorable(node.value, path, str_keys)
     if isinstance(node, dict):
-        for k, v in node.items():
+        for k, v in dict.items(node):
             if isinstance(k, str):
                 pass
             elif str_keys:
@@ -460,16 +496,16 @@ def _unstorable(node: Any, path: str, str_keys: bool = False) -> str:
                 return found
         return ""
     if isinstance(node, list | tuple):
-        for i, v in enumerate(node):
+        for i, v in enumerate(list.__iter__(node) if isinstance(node, list) else tuple.__iter__(node)):
             found = _unstorable(v, f"{path}[{i}]", str_keys)
             if found:
                 return found
         return ""
     if isinstance(node, float) and not math.isfinite(node):
         return f"the value at {path} is {node!r}, which JSON cannot hold (use None or a string in its place)"
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):  # orjson writes its fields
-        for f in dataclasses.fields(node):
-            found = _unstorable(getattr(node, f.name, None), f"{path}.{f.name}", str_keys)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):  # as orjson writes it
+        for name, v in _dataclass_items(node):
+            found = _unstorable(v, f"{path}.{name}", str_keys)
             if found:
                 return found
         return ""

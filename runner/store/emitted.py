@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from runner.store import codec
+from runner.store import codec, records
 from runner.store.keys import QueueKeys
 
 
@@ -25,9 +25,36 @@ def recent(redis: Any, homes: Iterable[QueueKeys], limit: int, name: str | None 
             except codec.DecodeError:
                 continue
             if isinstance(rec, dict) and (name is None or rec.get("name") == name):
-                out.append(rec)
-    out.sort(key=lambda r: (r.get("at_ms", 0), r.get("id", "")), reverse=True)
+                out.append(_shown(rec))
+    out.sort(key=lambda r: (r["at_ms"] or 0, str(r.get("id", ""))), reverse=True)
     return out[:limit]
+
+
+def _shown(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record as every view takes it: ``at_ms`` a time a date can show (else None), and
+    ``jobs`` a list of objects with a string id (else left out); what was out of shape is
+    named in "damaged". emit.lua writes only such records: another writer's at_ms "soon"
+    made every listing fail (its sort compared a string with numbers), and jobs "abc" or
+    [null] the console's and `runner events`'s."""
+    damaged: list[str] = []
+    at = rec.get("at_ms")
+    at_ms = at if isinstance(at, int) and not isinstance(at, bool) and 0 < at <= records.MAX_TIME_MS else None
+    if at_ms is None:
+        damaged.append("at_ms")
+    jobs = rec.get("jobs", [])
+    if not isinstance(jobs, list):
+        damaged.append("jobs")
+        jobs = []
+    kept = []
+    for i, job in enumerate(jobs):
+        if isinstance(job, dict) and isinstance(job.get("id"), str):
+            kept.append(job)
+        else:
+            damaged.append(f"jobs[{i}]")
+    out = {**rec, "at_ms": at_ms, "jobs": kept}
+    if damaged:
+        out["damaged"] = damaged
+    return out
 
 
 def held(redis: Any, homes: Iterable[QueueKeys], name: str, key: str) -> tuple[str, bytes] | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from runner.store import codec
+from runner.store import codec, records
 from runner.store.keys import QueueKeys
 
 # Levels a line or a chunk may nest and still encode in every view (orjson's 254, less
@@ -91,5 +91,28 @@ def _objects(raws: Any) -> list[dict[str, Any]]:
             codec.check_depth(one, text, ENTRY_DEPTH)
         except orjson.JSONDecodeError:  # codec.TooDeep is one
             one = None
-        out.append(one if isinstance(one, dict) else {"ts": None, "level": "INFO", "src": "log", "msg": text})
+        if not isinstance(one, dict):
+            one = {"ts": None, "level": "INFO", "src": "log", "msg": text}
+        elif not _shown_as_is(one):
+            one = _well_typed(one)
+        out.append(one)
+    return out
+
+
+def _time_ok(ts: Any) -> bool:
+    return ts is None or (isinstance(ts, int) and not isinstance(ts, bool) and 0 <= ts <= records.MAX_TIME_MS)
+
+
+def _shown_as_is(one: dict[str, Any]) -> bool:
+    return _time_ok(one.get("ts")) and isinstance(one.get("msg", ""), str)
+
+
+def _well_typed(one: dict[str, Any]) -> dict[str, Any]:
+    """An entry another writer put with a time a date cannot show (ts 1e300 made the
+    console throw) or a message that is not text: the time None, the message its JSON."""
+    out = dict(one)
+    if not _time_ok(out.get("ts")):
+        out["ts"] = None
+    if "msg" in out and not isinstance(out["msg"], str):
+        out["msg"] = codec.dumps(out["msg"])
     return out

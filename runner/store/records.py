@@ -89,6 +89,10 @@ MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31, the last time a date shows
 # What a view shows for a step log whose count is damaged: one entry, marked unreadable
 # as a damaged entry is, so every reader (the console, `runner job`) shows it as it is.
 DAMAGED_STEP = {"name": None, "kind": None, "status": "unreadable"}
+# The fields a job view gives only some jobs, each of a shape of its own: a meta key of
+# one of these names is never laid on the view (meta {"steps": "abc"} broke the console).
+VIEW_OWN = frozenset({"steps", "sleeping_until", "waiting_for", "worker", "claimed_ahead", "lease_expires_at",
+                      "children_count", "truncated", "damaged"})
 
 
 def encode(fields: Mapping[str, Any]) -> str:
@@ -326,6 +330,43 @@ def _ts(v: Any) -> float | None:
     return ms / 1000 if 0 < ms <= MAX_TIME_MS else None
 
 
+def seconds_of(ms: Any) -> float | None:
+    """A time in ms read back from Redis as the epoch seconds a view shows: None unless a
+    whole number from 1 to MAX_TIME_MS (absent, damaged, or another writer's)."""
+    n = count_of(ms, MAX_TIME_MS)
+    return n / 1000 if n else None
+
+
+def _time_key(key: str) -> int:
+    """The unit a detail field's name gives its value, as every view reads it: 1000 for
+    ms ("*_ms", "ts"), 1 for epoch seconds ("*_at", "*until", "at"), 0 for no time."""
+    if key.endswith("_ms") or key == "ts":
+        return 1000
+    return 1 if key.endswith(("_at", "until")) or key == "at" else 0
+
+
+def time_in_range(key: str, value: Any) -> bool:
+    """Whether a detail field holds no time by its name, or one a date can show: a number
+    from 0 to MAX_TIME_MS ms (a time of 1e300 made the console throw and `runner job`
+    print a traceback)."""
+    unit = _time_key(key)
+    if not unit or not isinstance(value, int | float) or isinstance(value, bool):
+        return True
+    return 0 <= value <= MAX_TIME_MS * unit / 1000
+
+
+def bounded_detail(obj: dict[str, Any], where: str, damaged: list[str]) -> dict[str, Any]:
+    """A detail object read back (a history entry, a log line) with each time out of
+    range shown as absent (None) and named in ``damaged`` as ``<where>.<field>``."""
+    out = obj
+    for key, value in obj.items():
+        if not time_in_range(key, value):
+            out = dict(out) if out is obj else out
+            out[key] = None
+            damaged.append(f"{where}.{key}")
+    return out
+
+
 def worker_of(token: str) -> str:
     """The worker id in a claim token: the worker passes "<worker id>.<claim number>" as
     the token base and claim.lua appends ":<index>" (a host name may hold dots, the
@@ -347,6 +388,8 @@ class Job:
         except codec.DecodeError:
             history = [{"unparsable": history_raw[:200]}]
         damaged: list[str] = []
+        history = [bounded_detail(h, f"history[{i}]", damaged) if isinstance(h, dict) else h
+                   for i, h in enumerate(history)]
         for name in ("created_ms", "enqueued_ms", "ready_ms", "started_ms", "finished_ms", "lease_ms"):
             _count(f, name, damaged, MAX_TIME_MS)
         requeued = _count(f, "requeued", damaged)
@@ -420,8 +463,14 @@ class Job:
                 # Enqueues merged into this one job: its state's count, once done its outcome's.
                 view["absorbed"] = _count(f if "absorbed" in f else meta, "absorbed", damaged) or 0
             for key, value in meta.items():
-                if key not in (WAITED, CHILDREN, CHILDREN_COUNT, GROUP):  # the waiters' mark is not the producer's
-                    view.setdefault(key, value)
+                if key in (WAITED, CHILDREN, CHILDREN_COUNT, GROUP) or key in view:  # (the waiters' mark is
+                    continue  # not the producer's; a field of the view's own is never laid over)
+                if key in VIEW_OWN or key.endswith("_preview") or not time_in_range(key, value):
+                    # A name the view gives a shape of its own (steps: a list), or a time past
+                    # the last date: another writer's, shown as absent.
+                    damaged.append(f"meta.{key}")
+                    continue
+                view[key] = value
         if f.get(CUT):
             self._previews(view)
         if damaged:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.store import codec
+from runner.store import codec, records
 
 
 def _timing() -> tuple[float, float]:
@@ -81,11 +81,14 @@ class Member:
                 "ttl_ms": self.ttl_ms or int(STALE_S * 1000)}
 
     def view(self) -> dict[str, Any]:
-        """As GET /workers shows it: times as epoch seconds, as a job's are."""
+        """As GET /workers shows it: times as epoch seconds, as a job's are (None for one
+        past the last date: another writer's entry, see _member)."""
         return {"id": self.id, "host": self.host, "pid": self.pid, "queues": list(self.queues),
                 "concurrency": self.concurrency, "isolation": self.isolation, "version": self.version,
-                "release": self.release, "started_at": self.started_ms / 1000, "last_seen": self.seen_ms / 1000,
-                "running": [{"id": r.id, "type": r.type, "started": r.started_ms / 1000} for r in self.running],
+                "release": self.release, "started_at": records.seconds_of(self.started_ms),
+                "last_seen": records.seconds_of(self.seen_ms),
+                "running": [{"id": r.id, "type": r.type, "started": records.seconds_of(r.started_ms)}
+                            for r in self.running],
                 "functions": dict(self.functions)}
 
     def live(self, now_ms: int) -> bool:
@@ -196,10 +199,16 @@ def _member(raw: str | bytes) -> Member | None:
         rel = d.get("release")
         return Member(id=str(d["id"]), host=str(d["host"]), pid=int(d["pid"]), queues=tuple(d["queues"]),
                       functions={str(k): int(v) for k, v in d["functions"].items()},
-                      started_ms=int(d["started_ms"]), seen_ms=int(d["seen_ms"]),
+                      started_ms=_ms(d["started_ms"]), seen_ms=int(d["seen_ms"]),
                       concurrency=int(d.get("concurrency") or 0), isolation=str(d.get("isolation") or ""),
                       version=str(d.get("version") or ""), release=None if rel is None else str(rel),
-                      running=tuple(Running(str(i), str(t), int(s)) for i, t, s in d.get("running") or ()),
+                      running=tuple(Running(str(i), str(t), _ms(s)) for i, t, s in d.get("running") or ()),
                       ttl_ms=int(d.get("ttl_ms") or 0))
     except (codec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+def _ms(raw: Any) -> int:
+    """A start time of an entry: 0 (unknown) unless a whole number of ms a date can show
+    (another writer's 1e300 made `runner workers` and the console fail)."""
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw <= records.MAX_TIME_MS else 0

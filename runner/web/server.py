@@ -60,6 +60,13 @@ class _HeadTooLarge(Exception):
     pass
 
 
+def _head_part(data: bytes) -> int:
+    """The bytes of a chunk read between two requests that belong to the next one's head:
+    up to its blank line (CRLF or a bare LF), or all of them."""
+    ends = [i + 4 for i in (data.find(b"\r\n\r\n"),) if i >= 0] + [i + 2 for i in (data.find(b"\n\n"),) if i >= 0]
+    return min(ends) if ends else len(data)
+
+
 def _problem(status: int, reason: bytes, kind: str, title: str, detail: str) -> bytes:
     """A whole response, problem+json, that closes the connection: for what the HTTP layer
     answers itself, before any app sees a request."""
@@ -173,15 +180,21 @@ class HttpProtocol(HttpToolsProtocol):
     Content-Length, a folded header) gets a 400 problem, not plain text.
 
     httptools gathers a header's bytes before it hands the header over, so the bytes are
-    counted as they arrive: every chunk that ends with the head still incomplete counts
-    whole, but the chunk in which the head began does not (it may also hold the end of a
-    pipelined request before it). A head is thus never refused below the cap, and memory
-    stays within the cap plus a chunk or two."""
+    counted as they arrive: a chunk read between two requests counts up to the head's
+    end (a search for the blank line, before the parser sees it), and every later chunk
+    that ends with the head still incomplete counts whole. One read takes up to 256 KiB:
+    not counting the chunk the head began in let heads of twice the cap through. A head
+    that begins inside a chunk, behind a pipelined request, counts by what the parser
+    hands over (the request target, each field's name and value), which leaves out only
+    the blanks before a value. A head is never refused below the cap, and memory stays
+    within the cap plus a chunk or two."""
 
     _held: bytes | None = None
     _in_head = False
     _first_chunk = False
     _head_bytes = 0
+    _parsed_bytes = 0  # the head's bytes as the parser handed them over (see on_url, on_header)
+    _between = True  # no byte of the next request read yet
     _refused = False
     _body_read = False
     _linger_left = 0
@@ -254,13 +267,15 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._first_chunk, self._head_bytes = True, True, 0
+        self._in_head, self._first_chunk, self._head_bytes, self._parsed_bytes = True, True, 0, 0
+        self._between = False
         self._body_read = False
         if self._phase != _HEAD:
             self._phase, self._since = _HEAD, self.loop.time()
 
     def on_message_complete(self) -> None:
         self._body_read = True
+        self._between = True
         self._phase = _APP
         super().on_message_complete()
 
@@ -341,11 +356,22 @@ class HttpProtocol(HttpToolsProtocol):
             self._linger_timer.cancel()
         super().connection_lost(exc)
 
+    def on_url(self, url: bytes) -> None:
+        self._parsed(len(url) + 14)  # + the method, the version, the blanks and the line's end
+        super().on_url(url)
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self.headers) >= MAX_HEADERS:
             self._refused = True
             raise _HeadTooLarge  # httptools stops; uvicorn answers through send_400_response
+        self._parsed(len(name) + len(value) + 4)
         super().on_header(name, value)
+
+    def _parsed(self, n: int) -> None:
+        self._parsed_bytes += n
+        if self._parsed_bytes > MAX_HEAD_BYTES:
+            self._refused = True
+            raise _HeadTooLarge
 
     def data_received(self, data: bytes) -> None:
         if self._linger_timer is not None:
@@ -360,6 +386,10 @@ class HttpProtocol(HttpToolsProtocol):
             self._body_bytes += len(data)
         else:
             self._got_bytes = True
+        if self._between and _head_part(data) > MAX_HEAD_BYTES:
+            self._refused = True  # (before the parser sees it: nothing of it is dispatched)
+            self.send_400_response("")
+            return
         super().data_received(data)
         if not self._in_head or self.transport.is_closing():
             return

@@ -236,8 +236,9 @@ COMPONENTS: dict[str, Any] = {
         "release": {"type": ["string", "null"], "description": "the deploy's release as the platform names it "
                                                               "(RUNNER_RELEASE, HEROKU_RELEASE_VERSION, "
                                                               "SOURCE_VERSION, GIT_COMMIT), if it does"},
-        "started_at": _NUM, "last_seen": {"type": "number", "description": "its last heartbeat (epoch s)"},
-        "running": {"type": "array", "items": _obj({"id": _STR, "type": _STR, "started": _NUM},
+        "started_at": _OPT_NUM, "last_seen": {"type": ["number", "null"], "description": "its last heartbeat "
+                                              "(epoch s; null, as started_at, for a time past the year 9999)"},
+        "running": {"type": "array", "items": _obj({"id": _STR, "type": _STR, "started": _OPT_NUM},
                                                    ["id", "type", "started"]),
                     "description": "the jobs its handlers ran at its last heartbeat"},
         "functions": {"type": "object", "additionalProperties": _INT,

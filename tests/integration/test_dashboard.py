@@ -719,3 +719,58 @@ def test_the_job_page_shows_its_log_live_and_as_text(project: Project, browser: 
         project.client.cancel(job)
         until("the job's end", lambda: shown_status(d, job) == "cancelled")
         assert script_errors(d) == []
+
+
+def test_foreign_records_render_on_every_page(project: Project, browser: Any) -> None:
+    """Records another writer put in Redis (test_foreign_records.plant_foreign: times past
+    the year 9999 in a history entry, the meta, a log line, a roster entry, events and an
+    audit entry; meta steps "abc"; an error and a progress holding objects; events whose
+    jobs are "abc" or [null]; a group whose then-job is unreadable) render on every page:
+    the job page stayed on "Reading job…" and the workers, events and audit pages stayed
+    blank (RangeError: Invalid time value, steps.map is not a function), objects showed as
+    "[object Object]", and the group page named a "waiting" then-job with no id. The page's
+    own formatting holds too, for a view no server bounded."""
+    from selenium.webdriver.common.by import By
+    from test_foreign_records import FOREIGN_GROUP, FOREIGN_JOB, FOREIGN_WORKER, plant_foreign
+
+    plant_foreign(project)
+    with gunicorn(project, token=TOKEN) as web:
+        raw = web.get(f"/jobs/{FOREIGN_JOB}").json()
+        d = browser
+        signed_in(d, web)
+        pages = {f"#job/{FOREIGN_JOB}": ("job-view", f'#job-view table[data-job-id="{FOREIGN_JOB}"]'),
+                 "#workers": ("workers-view", f'#workers-view tr[data-worker="{FOREIGN_WORKER}"]'),
+                 "#events": ("events-view", '#events-view tr[data-event="foreign-ev"]'),
+                 "#audit": ("audit-view", "#audit-view tr[data-audit-action]"),
+                 f"#group/{FOREIGN_GROUP}": ("group-view", f'#group-view table[data-group-id="{FOREIGN_GROUP}"]')}
+        shown = {}
+        for hash_, (view, drawn) in pages.items():
+            visit(d, hash_)
+            until(f"{hash_} drawn", lambda drawn=drawn: d.find_elements(By.CSS_SELECTOR, drawn))
+            if hash_.startswith("#job/"):
+                until("the job's log", lambda: '{"an":"object"}' in read(d, '#job-view [data-field="log"]'))
+                assert read(d, '#job-view [data-field="progress"]') == '{"a":1}'
+                assert read(d, '#job-view [data-field="error"] strong') == '{"a":1}:'
+            if hash_ == "#events":
+                assert len(d.find_elements(By.CSS_SELECTOR, "#events-view tr[data-event]")) == 4
+            shown[hash_] = d.find_element(By.ID, view).text
+        assert script_errors(d) == []
+        for hash_, text in shown.items():
+            assert "[object Object]" not in text and "Reading" not in text, (hash_, text[:400])
+        then = read(d, '#group-view [data-field="then"]')
+        assert "unreadable" in then and "waiting" not in shown[f"#group/{FOREIGN_GROUP}"], then
+
+        # The page's own formatting, handed the record as no server bounded it.
+        assert d.execute_script("return [when(1e300), when(1e14), when(-5), when(NaN), when(86400)]") == [
+            "?", "?", "?", "—", "1970-01-02 00:00:00"]
+        unbounded = {**raw, "id": "unbounded", "history": [{"attempt": 1, "at_ms": 1e17, "foo_at": 1e300}],
+                     "steps": "abc", "lease_expires_at": 1e300, "sleeping_until": 1e300, "invoked_by": 5,
+                     "waiting_for": {"signal": {"a": 1}}}
+        visit(d, f"#job/{FOREIGN_JOB}")
+        until("the job page", lambda: d.find_elements(By.CSS_SELECTOR, f'#job-view table[data-job-id="{FOREIGN_JOB}"]'))
+        d.execute_script("page.id = arguments[0].id; onJob(arguments[0]);", unbounded)
+        text = until("the unbounded view", lambda: d.find_element(By.CSS_SELECTOR,
+                                                                  '#job-view table[data-job-id="unbounded"]')) and \
+            d.find_element(By.ID, "job-view").text
+        assert '"abc"' in text and "?" in text and "[object Object]" not in text, text[:600]
+        assert script_errors(d) == []

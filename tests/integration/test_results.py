@@ -18,12 +18,22 @@ import pytest
 from conftest import Project, assert_no_job_in_two_structures, wait_for
 
 RETURNS = '''
+import dataclasses
+
 QUEUE = "fast"
 ISOLATION = "{isolation}"
 
 
+@dataclasses.dataclass
+class Metrics:
+    count: int = 0
+    mean: float = float("nan")  # the mean of an empty list
+
+
 def handle(payload, ctx):
     n = payload["n"]
+    if payload.get("kind") == "nan-dataclass":
+        return {{"m": Metrics()}}
     if payload.get("kind") == "object":
         return {{"when": object()}}
     if payload.get("kind") == "keys":
@@ -253,6 +263,19 @@ def test_a_result_holding_nan_is_refused_as_not_json(project: Project, isolation
     assert rec["status"] == "dead", rec
     assert rec["last_error"]["type"] == "ResultNotJSON", rec["last_error"]
     assert "$.v[1]" in rec["last_error"]["message"] and "nan" in rec["last_error"]["message"], rec["last_error"]
+
+
+def test_a_result_holding_a_dataclass_with_nan_is_refused_as_not_json(project: Project) -> None:
+    """A metrics dataclass whose mean came from an empty list: the result was stored as
+    {"m": {"count": 0, "mean": null}} and the job ended done (the fallback encoding wrote
+    the dataclass with orjson, NaN as null). It fails as not JSON, naming the path."""
+    _add_returns(project)
+    c = project.client
+    job = c.enqueue("returns", {"n": 0, "kind": "nan-dataclass"})
+    project.spawn_worker("fast")
+    rec = c.wait(job.id, timeout_s=30).as_dict()
+    assert (rec["status"], (rec["last_error"] or {}).get("type")) == ("dead", "ResultNotJSON"), rec
+    assert "$.m.mean" in rec["last_error"]["message"], rec["last_error"]
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])

@@ -174,3 +174,30 @@ def test_oversized_request_heads_get_a_431_and_nothing_is_held(project: Project,
     fine = _head(web, start + b"X-Big: " + b"a" * 60_000 + b"\r\n\r\n")
     assert fine.startswith(b"HTTP/1.1 200"), fine[:200]
     assert web.get("/healthz").status_code == 200
+
+
+def test_a_head_past_the_cap_is_refused_however_it_arrives(web: Web) -> None:
+    """The first chunk a connection read was never counted against the 64 KiB cap: a head
+    of 70 KB got a 200, sent in one write or in 16 KiB writes, and so did 130 KB in one
+    write. Each gets a 431 now; a head under the cap is served, however it is split."""
+    host, port = web.url.split("//")[1].split(":")
+    start = f"GET /queues HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n".encode()
+
+    def head(pad: int) -> bytes:
+        return start + b"X-Pad: " + b"a" * pad + b"\r\n\r\n"
+
+    def status(data: bytes, piece: int) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                for i in range(0, len(data), piece):
+                    s.sendall(data[i:i + piece])
+            out = b""
+            with contextlib.suppress(ConnectionResetError, TimeoutError):
+                while b"\r\n" not in out and (chunk := s.recv(4096)):
+                    out += chunk
+        return out.split(b"\r\n", 1)[0]
+
+    for pad, piece in ((70_000, 1 << 30), (70_000, 16_384), (130_000, 1 << 30)):
+        assert status(head(pad), piece).startswith(b"HTTP/1.1 431"), (pad, piece)
+    assert status(head(60_000), 1 << 30).startswith(b"HTTP/1.1 200")
+    assert status(head(60_000), 16_384).startswith(b"HTTP/1.1 200")

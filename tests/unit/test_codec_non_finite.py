@@ -5,6 +5,9 @@ back or walked; every non-finite float is still refused, whatever holds it."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import enum
+import re
 import struct
 from collections import OrderedDict
 from typing import Any
@@ -67,3 +70,64 @@ def test_every_non_finite_float_is_still_refused(value: Any, where: str) -> None
         codec.dumpb_checked(value)
     found = codec.not_json(value)
     assert found is not None and where in found[1], found
+
+
+class _NanMember(enum.Enum):
+    A = float("nan")
+
+
+class _NanInside(enum.Enum):
+    A = {"k": float("inf")}  # noqa: RUF012  (an Enum member's value, not a class attribute)
+
+
+class _AlwaysEqual(dict):  # type: ignore[type-arg]
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclasses.dataclass
+class _Plain:
+    x: int = 1
+
+
+def _with_extra(value: Any) -> _Plain:
+    p = _Plain()
+    p.extra = value  # type: ignore[attr-defined]  # orjson writes it (the instance's __dict__)
+    return p
+
+
+@pytest.mark.parametrize("value, where", [
+    ({"a": None, "e": _NanMember.A}, "$.e"),  # orjson writes an Enum's value
+    ({"e": _NanInside.A}, "$.e.k"),
+    ({"a": None, "p": _with_extra(float("nan"))}, "$.p.extra"),  # not a declared field
+    (_AlwaysEqual(a=float("nan")), "$.a"),  # passed the decode-and-compare
+])
+def test_what_orjson_writes_of_other_types_is_checked_as_it_writes_it(value: Any, where: str) -> None:
+    """The refusal missed NaN where orjson finds it but the walk did not look (an Enum's
+    value, a dataclass's attribute set on the instance) or where the read-back compare was
+    fooled (a dict subclass's own __eq__): each was stored as null."""
+    with pytest.raises(codec.EncodeError):
+        codec.dumpb_checked(value)
+    assert codec.payload_problem(value) is not None and where in codec.payload_problem(value), \
+        codec.payload_problem(value)
+    with pytest.raises(codec.NotStorable, match=re.escape(where)):
+        codec.dumpb_result(value)
+
+
+def test_a_result_holding_a_dataclass_with_nan_is_refused_not_stored_as_null() -> None:
+    """dumpb_result fell back to json with orjson's encoding of the dataclass, which wrote
+    its NaN as null: {"m": {"x": null}} was stored and the job ended done."""
+    with pytest.raises(codec.NotStorable, match=re.escape("$.m.x")):
+        codec.dumpb_result({"m": _Point(float("nan"))})
+    with pytest.raises(codec.NotStorable, match=re.escape("$.1.m.x")):
+        codec.dumpb_result({1: {"m": _Point(float("inf"))}})  # a key only the fallback takes
+
+
+def test_other_types_without_nan_encode_as_orjson_writes_them() -> None:
+    values = [{"a": None, "e": _Plain(), "p": _with_extra(None)}, _AlwaysEqual(a=None, b=1.5),
+              {"a": None, "d": datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC)}]
+    for value in values:
+        assert codec.dumpb_checked(value) == orjson.dumps(value)
+    assert codec.dumpb_result({1: _Plain(), "n": None}) == b'{"1":{"x":1},"n":null}'

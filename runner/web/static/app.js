@@ -77,10 +77,21 @@ function listed(job, field) {
 
 // One time format on every page: UTC, "2026-05-04 13:02:09" (".123" with ms). Every time
 // the API gives is epoch seconds; none is shown as a number.
+// A time no date can show (another writer's record: 1e300, the year 3,170,843) is "?",
+// never an exception that leaves the page unrendered.
 function when(seconds, withMs) {
   if (typeof seconds !== "number" || !seconds) return "—";
+  if (!(seconds > 0 && seconds < MAX_TIME_S)) return "?";
   const text = new Date(seconds * 1000).toISOString().replace("T", " ");
   return withMs ? text.slice(0, 23) : text.slice(0, 19);
+}
+const MAX_TIME_S = 253402300800;  // 10000-01-01: the first time past a four-digit year
+
+// A value shown as text: a string as it is, anything else (an object another writer put
+// where text belongs) as its JSON, never "[object Object]".
+function textOf(value) {
+  if (value === undefined || value === null) return "";
+  return typeof value === "string" ? value : JSON.stringify(value);
 }
 
 // The time of day alone, in the same format (for "updated ..." and chart axes).
@@ -128,7 +139,7 @@ function progressBar(p) {
   return el("span", { class: "progress", "data-field": "progress" },
     pct === null ? null : el("progress", { max: 100, value: pct }),
     pct === null ? null : ` ${Math.round(pct)}%`,
-    p.message ? el("span", { class: "muted", text: ` ${p.message}` }) : null);
+    p.message ? el("span", { class: "muted", text: ` ${textOf(p.message)}` }) : null);
 }
 
 function toast(text) {

@@ -134,15 +134,16 @@ function detailText(obj) {
 }
 
 function historyTable(entries) {
-  if (!entries || !entries.length) return "—";
+  if (!Array.isArray(entries)) return entries ? el("code", { text: json(entries) }) : "—";
+  if (!entries.length) return "—";
   return el("table", { class: "history", "data-field": "history" },
     el("thead", {}, el("tr", {}, el("th", { text: "At" }), el("th", { text: "Attempt" }), el("th", { text: "Outcome" }),
       el("th", { text: "Detail" }))),
     el("tbody", {}, entries.map((h) => {
-      const { at_ms: at, attempt, outcome, ...rest } = h || {};
+      const { at_ms: at, attempt, outcome, ...rest } = h && typeof h === "object" ? h : { entry: h };
       const detail = Object.keys(rest).length ? el("code", { text: detailText(rest) }) : "";
-      return el("tr", {}, el("td", { text: at ? when(at / 1000) : "—" }), el("td", { text: attempt ?? "—" }),
-        el("td", { text: outcome ?? "—" }), el("td", {}, detail));
+      return el("tr", {}, el("td", { text: typeof at === "number" ? when(at / 1000) : "—" }),
+        el("td", { text: textOf(attempt) || "—" }), el("td", { text: textOf(outcome) || "—" }), el("td", {}, detail));
     })));
 }
 
@@ -150,7 +151,8 @@ function historyTable(entries) {
 // call, in the order the handler reached them (GET /jobs/{id} "steps"), each with a bar
 // placed on the span from the first start to the last end (or now, while it waits).
 function stepsTable(steps) {
-  if (!steps || !steps.length) return "—";
+  if (!Array.isArray(steps)) return steps ? el("code", { text: json(steps) }) : "—";
+  if (!steps.length) return "—";
   const now = Date.now() / 1000;
   const starts = steps.map((s) => s && s.started_at).filter((t) => typeof t === "number");
   const ends = steps.map((s) => s && (s.finished_at || (s.status === "waiting" || s.status === "sleeping" ? now : s.started_at)))
@@ -174,7 +176,7 @@ function stepsTable(steps) {
     el("tbody", {}, steps.map((st, i) => {
       const s = st || {};
       const detail = s.child ? jobLink(s.child)
-        : s.error ? el("code", { text: `${s.error.type}: ${s.error.message}` })
+        : s.error ? el("code", { text: `${textOf(s.error.type)}: ${textOf(s.error.message)}` })
         : s.result !== undefined ? el("code", { text: s.result })
         : s.signal ? el("code", { text: `signal ${s.signal}` }) : "";
       const end = s.finished_at ? when(s.finished_at) : s.until ? `until ${when(s.until)}` : "—";
@@ -189,8 +191,8 @@ function stepsTable(steps) {
 function errorBlock(err) {
   if (!err) return "—";
   return el("div", { "data-field": "error" },
-    el("strong", { text: `${err.type || "error"}: ` }), el("span", { text: err.message || "" }),
-    err.traceback ? el("details", {}, el("summary", { text: "traceback" }), el("pre", { text: err.traceback })) : null,
+    el("strong", { text: `${textOf(err.type) || "error"}: ` }), el("span", { text: textOf(err.message) }),
+    err.traceback ? el("details", {}, el("summary", { text: "traceback" }), el("pre", { text: textOf(err.traceback) })) : null,
     el("details", {}, el("summary", { text: "as JSON" }), el("pre", { text: json(err) })));
 }
 
@@ -253,7 +255,7 @@ function actions(job) {
 
 function logLine(line) {
   const t = typeof line.ts === "number" ? when(line.ts / 1000, true) : "-";
-  return `${t}  ${String(line.level || "").padEnd(7)} ${String(line.src || "").padEnd(6)} ${line.msg}`;
+  return `${t}  ${textOf(line.level).padEnd(7)} ${textOf(line.src).padEnd(6)} ${textOf(line.msg)}`;
 }
 
 // fetch with the token, read as server-sent events (live.js readEvents) until it ends.
@@ -463,7 +465,7 @@ function renderJob(job) {
   if (job.parent) data.push(["parent", links(job.parent, jobLink)]);
   if (job.children && (!Array.isArray(job.children) || job.children.length)) data.push(["children", links(job.children, jobLink)]);
   if (job.group) data.push(["group", links(job.group, groupLink)]);
-  if (job.invoked_by) data.push(["invoked by", jobLink(job.invoked_by.id)]);
+  if (job.invoked_by) data.push(["invoked by", links(job.invoked_by, jobLink)]);
   if (job.schedule) data.push(["schedule", `${job.schedule}${job.tick ? " at " + stamp(job.tick) : ""}`]);
   data.push(["payload", job.payload === null && job.status === "done"
     ? el("span", { class: "muted", "data-field": "payload", text: "— (a done job keeps its result, not its payload)" })
@@ -472,7 +474,7 @@ function renderJob(job) {
   if (job.waiting_for) {
     const what = job.waiting_for.event
       ? `event ${job.waiting_for.event} ${JSON.stringify(job.waiting_for.match || {})}`
-      : `signal ${job.waiting_for.signal}`;
+      : `signal ${textOf(job.waiting_for.signal)}`;
     data.push(["waiting for", what +
       (job.waiting_for.timeout_at ? `, until ${when(job.waiting_for.timeout_at)}` : "")]);
   }

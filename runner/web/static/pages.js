@@ -372,10 +372,17 @@ async function showEvents() {
     el("thead", {}, el("tr", {}, ["At", "Event", "Id", "Data", "Jobs started"].map((h) => el("th", { text: h })))),
     el("tbody", {}, data.events.map((e) => el("tr", { "data-event": e.id || "" },
       el("td", { class: "nowrap", text: when(e.at ?? (e.at_ms ? e.at_ms / 1000 : e.ts)) }),
-      el("td", {}, el("code", { text: e.name })), el("td", {}, el("code", { class: "muted", text: e.id || "—" })),
+      el("td", {}, el("code", { text: textOf(e.name) })), el("td", {}, el("code", { class: "muted", text: textOf(e.id) || "—" })),
       el("td", { class: "payload" }, e.data === undefined ? "—" : el("pre", { class: "payload", text: json(e.data) })),
-      el("td", {}, (e.jobs || []).length ? el("ul", { class: "plain" }, e.jobs.map((j) => el("li", {},
-        jobLink(typeof j === "string" ? j : j.id), typeof j === "object" && j.type ? ` ${j.type}` : ""))) : el("span", { class: "muted", text: "none subscribed" })))))));
+      el("td", {}, eventJobs(e.jobs)))))));
+}
+
+// The jobs an event started: links (the server hands on only objects with an id).
+function eventJobs(jobs) {
+  const listed = (Array.isArray(jobs) ? jobs : []).map((j) => idOf(j) && [j, idOf(j)]).filter(Boolean);
+  return listed.length
+    ? el("ul", { class: "plain" }, listed.map(([j, id]) => el("li", {}, jobLink(id), j.type ? ` ${textOf(j.type)}` : "")))
+    : el("span", { class: "muted", text: "none subscribed" });
 }
 
 // --- audit ------------------------------------------------------------------------------------
@@ -414,8 +421,8 @@ async function showAudit() {
       return el("tr", { "data-audit-action": e.action },
         // A folded entry: the caller's repeats of one action on one target, first to last.
         el("td", { class: "nowrap", text: e.last_at ? `${when(e.at)} – ${when(e.last_at)}` : when(e.at) }),
-        el("td", { text: e.by || "—" }),
-        el("td", {}, el("strong", { text: e.action }), e.repeats > 1 ? ` ${e.repeats} times` : "",
+        el("td", { text: textOf(e.by) || "—" }),
+        el("td", {}, el("strong", { text: textOf(e.action) }), e.repeats > 1 ? ` ${e.repeats} times` : "",
           e.count > 1 ? ` ×${e.count}` : ""),
         el("td", {}, on.length ? on : "—"),
         el("td", { class: "muted", text: Object.keys(rest).length ? detailText(rest) : "" }));
@@ -450,7 +457,11 @@ async function showGroupPage(id) {
   if (g.status) { rows.push(["status", statusBadge(g.status)]); seen.add("status"); }
   const then = g.then || g.then_job;
   if (then) {
-    rows.push(["then", el("span", {}, jobLink(idOf(then) || String(then)), then.status ? [" ", statusBadge(then.status)] : null)]);
+    // A then-job another writer's record leaves unreadable has no id: said so, with no status.
+    const thenId = idOf(then);
+    rows.push(["then", thenId
+      ? el("span", {}, jobLink(thenId), then.status ? [" ", statusBadge(then.status)] : null)
+      : el("span", { class: "muted", "data-field": "then", text: "unreadable (the group's record is damaged)" })]);
     seen.add("then"); seen.add("then_job");
   }
   for (const [k, v] of Object.entries(g)) {
