@@ -112,10 +112,16 @@ def _entry(item: Any) -> dict[str, Any]:
         entry = None
     if not isinstance(entry, dict):
         return {"unparsable": str(item)[:200]}
-    if "at_ms" in entry and not (isinstance(entry["at_ms"], int) and 0 < _at(entry) <= records.MAX_TIME_MS):
-        # Another writer's time past the last date (or not a number): shown as absent.
-        entry = {**entry, "at_ms": None, "damaged": ["at_ms"]}
+    # Another writer's time past the last date (or not a number): shown as absent. A
+    # folded entry's last_at_ms is held to the same range.
+    bad = [f for f in ("at_ms", "last_at_ms") if f in entry and not _in_range(entry[f])]
+    if bad:
+        entry = {**entry, **dict.fromkeys(bad), "damaged": bad}
     return entry
+
+
+def _in_range(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= records.MAX_TIME_MS
 
 
 def _at(entry: dict[str, Any]) -> int:

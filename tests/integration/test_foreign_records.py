@@ -117,7 +117,8 @@ def plant_foreign(project: Project) -> None:
     for change in ({"at_ms": "soon"}, {"at_ms": HUGE_MS}, {"jobs": "abc"}, {"jobs": [None]}):
         r.lpush(k.emitted, json.dumps({**event, **change}))
     r.lpush(keys.audit(project.prefix), json.dumps({"by": "ops", "action": "requeue", "queue": "fast",
-                                                    "job_id": "x", "at_ms": HUGE_MS}))
+                                                    "job_id": "x", "at_ms": HUGE_MS, "repeats": 2,
+                                                    "last_at_ms": HUGE_MS}))
     r.hset(k.group(FOREIGN_GROUP), mapping={"then": '{"a": [', "total": "1", "done": "0", "sealed": "1",
                                             "created_ms": str(now)})
 
@@ -164,7 +165,7 @@ def test_times_and_shapes_out_of_range_reach_no_view(project: Project, web: Web)
                                                    for j in e["jobs"]), e
     assert sorted(d for e in events for d in e.get("damaged", [])) == ["at_ms", "at_ms", "jobs", "jobs[0]"], events
     entry = got["/audit"]["entries"][0]
-    assert entry["at"] is None and entry["damaged"] == ["at_ms"], entry
+    assert entry["at"] is None and entry["last_at"] is None and entry["damaged"] == ["at_ms", "last_at_ms"], entry
     group = got[f"/groups/{FOREIGN_GROUP}"]
     assert group["then"]["status"] is None and "then" in group["damaged"], group  # not "waiting": no job to wait
 
