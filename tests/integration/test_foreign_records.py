@@ -116,6 +116,10 @@ def plant_foreign(project: Project) -> None:
              "jobs": [{"id": "j1", "type": "noop", "status": "queued", "queue": "fast"}]}
     for change in ({"at_ms": "soon"}, {"at_ms": HUGE_MS}, {"jobs": "abc"}, {"jobs": [None]}):
         r.lpush(k.emitted, json.dumps({**event, **change}))
+    # (an entry whose ids and names are no text: its page shows them as JSON, not "[object Object]")
+    r.lpush(keys.audit(project.prefix), json.dumps({"by": "ops", "action": "cancel", "queue": {"q": 1},
+                                                    "function": {"f": 1}, "job_id": {"a": 1}, "ids": 5,
+                                                    "at_ms": now, "repeats": "many"}))
     r.lpush(keys.audit(project.prefix), json.dumps({"by": "ops", "action": "requeue", "queue": "fast",
                                                     "job_id": "x", "at_ms": HUGE_MS, "repeats": 2,
                                                     "last_at_ms": HUGE_MS}))
@@ -164,7 +168,7 @@ def test_times_and_shapes_out_of_range_reach_no_view(project: Project, web: Web)
         assert isinstance(e["jobs"], list) and all(isinstance(j, dict) and isinstance(j["id"], str)
                                                    for j in e["jobs"]), e
     assert sorted(d for e in events for d in e.get("damaged", [])) == ["at_ms", "at_ms", "jobs", "jobs[0]"], events
-    entry = got["/audit"]["entries"][0]
+    entry = next(e for e in got["/audit"]["entries"] if e["action"] == "requeue")
     assert entry["at"] is None and entry["last_at"] is None and entry["damaged"] == ["at_ms", "last_at_ms"], entry
     group = got[f"/groups/{FOREIGN_GROUP}"]
     assert group["then"]["status"] is None and "then" in group["damaged"], group  # not "waiting": no job to wait

@@ -409,12 +409,13 @@ async function showAudit() {
       const ids = Array.isArray(e.ids) ? e.ids : one ? [one] : [];
       const on = [];
       if (e.function) {
-        on.push("function ", el("a", { href: `#function/${encodeURIComponent(e.function)}`, text: String(e.function) }), " in ");
+        on.push("function ", el("a", { href: `#function/${encodeURIComponent(textOf(e.function))}`, text: textOf(e.function) }), " in ");
       }
-      if (e.queue) on.push(el("a", { href: `#queue/${encodeURIComponent(e.queue)}`, text: `queue ${e.queue}` }), " ");
-      for (const k of ["target", "name"]) if (e[k]) on.push(el("code", { text: String(e[k]) }), " ");
+      if (e.queue) on.push(el("a", { href: `#queue/${encodeURIComponent(textOf(e.queue))}`, text: `queue ${textOf(e.queue)}` }), " ");
+      for (const k of ["target", "name"]) if (e[k]) on.push(el("code", { text: textOf(e[k]) }), " ");
       if (ids.length) {
-        on.push(...ids.slice(0, 5).flatMap((i) => [jobLink(i), " "]));
+        // (an id that is no text, from another writer, is shown as its JSON, not linked)
+        on.push(...ids.slice(0, 5).flatMap((i) => [typeof i === "string" ? jobLink(i) : el("code", { text: textOf(i) }), " "]));
         if (ids.length > 5) on.push(el("span", { class: "muted", text: `and ${ids.length - 5} more` }));
       }
       const rest = Object.fromEntries(Object.entries(e).filter(([k]) => !AUDIT_SHOWN.has(k)));
@@ -422,7 +423,7 @@ async function showAudit() {
         // A folded entry: the caller's repeats of one action on one target, first to last.
         el("td", { class: "nowrap", text: e.last_at ? `${when(e.at)} – ${when(e.last_at)}` : when(e.at) }),
         el("td", { text: textOf(e.by) || "—" }),
-        el("td", {}, el("strong", { text: textOf(e.action) }), e.repeats > 1 ? ` ${e.repeats} times` : "",
+        el("td", {}, el("strong", { text: textOf(e.action) }), Number.isInteger(e.repeats) && e.repeats > 1 ? ` ${e.repeats} times` : "",
           e.count > 1 ? ` ×${e.count}` : ""),
         el("td", {}, on.length ? on : "—"),
         el("td", { class: "muted", text: Object.keys(rest).length ? detailText(rest) : "" }));
