@@ -97,6 +97,7 @@ class Output(logging.StreamHandler[TextIO]):
     those are formatted in the thread that logged, outside the handler's lock, and held
     to be written together, at most HOLD_S later (one writer thread per process), ahead
     of any other record, and at flush() (the worker's settlement, the process's exit).
+    A process that holds none (setup's ``hold``: a child process) writes each at once.
     Each write was a system call under the lock that a worker's other threads, logging
     too, waited on: for ten lines a job in sixteen threads, most of a line's CPU."""
 
@@ -110,7 +111,12 @@ class Output(logging.StreamHandler[TextIO]):
         self._held_lock = threading.Lock()  # only to add a line or take them all
 
     def hold(self, text: str) -> None:
-        """A formatted line, to be written with the held ones."""
+        """A formatted line, to be written with the held ones (at once in a process that
+        holds none: setup's ``hold``)."""
+        if not _holding:
+            with self.lock:  # type: ignore[union-attr]  # (StreamHandler's, made in __init__)
+                self._write(text + self.terminator)
+            return
         with self._held_lock:
             self._held.append(text)
             first = len(self._held) == 1
@@ -159,6 +165,8 @@ class Output(logging.StreamHandler[TextIO]):
 
 
 _outputs: weakref.WeakSet[Output] = weakref.WeakSet()
+# Whether this process holds echoed lines to write them together (setup's ``hold``).
+_holding = True
 _wake = threading.Event()
 _writer: threading.Thread | None = None
 _writer_lock = threading.Lock()
@@ -231,12 +239,18 @@ def plain_json(logger: logging.Logger, level: int) -> Output | None:
 def flush_held() -> None:
     """Every held line written now: the worker's settlement calls it, so a job's echoed
     lines are in its output before anyone can see the job ended."""
-    for h in logging.getLogger().handlers:
-        if isinstance(h, Output) and h._held:
+    for h in list(_outputs):
+        if h._held:
             h.flush()
 
 
-def setup(cfg: LogConfig, force_format: str | None = None) -> None:
+def setup(cfg: LogConfig, force_format: str | None = None, hold: bool = True) -> None:
+    """The process's log output, at ``cfg``'s level and format. ``hold``: a job's echoed
+    lines are held to be written together (Output); False writes each at once, with no
+    writer thread: a child process, whose held lines would die with it when its handler
+    kills it, and whose threads left running after a job are its handler's."""
+    global _holding
+    _holding = hold
     fmt = force_format or cfg.format
     handler = Output(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(sys.stderr.isatty()))

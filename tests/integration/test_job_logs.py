@@ -1099,3 +1099,43 @@ def test_a_lines_n_counts_the_lines_dropped_before_they_were_sent(project: Proje
     assert all(line["n"] == int(str(line["msg"]).split()[1]) for line in kept), kept[:3]
     said = int(str(lines[0]["msg"]).split()[0].strip("[").replace(",", ""))
     assert lines[0]["n"] < kept[0]["n"] and said == 2000 - len(kept)
+
+
+DIES = '''"""Logs and prints a few lines, then its child process dies without a word."""
+import os
+import signal
+import sys
+
+ISOLATION = "process"
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        ctx.logger.info("before the crash %d", i)
+        print("printed before the crash", i)
+        print("to stderr before the crash", i, file=sys.stderr)
+    ctx.logger.warning("the last line before the crash")
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_crashed_childs_last_lines_are_in_its_log_and_the_output(project: Project) -> None:
+    """A process-isolated handler that logs and then dies at once (SIGKILL, a segfault, the
+    OOM killer) leaves every line it wrote in its job's log, the last one too, and its
+    ctx.logger lines in the worker's output: a line is with the worker before the
+    handler goes past it (the child held them up to 0.5 s, and its echo 50 ms)."""
+    project.add_function("dies", DIES)
+    project.write_config(vt=5)
+    client = project.client
+    job = client.enqueue("dies", {})
+    worker = project.spawn_worker("fast")
+    wait_for(lambda: client.get(job.id).status == "dead", timeout=60, what="the crashed job's dead letter")
+    wanted = [m for i in range(3) for m in (f"before the crash {i}", f"printed before the crash {i}",
+                                            f"to stderr before the crash {i}")]
+    got = _msgs(project, job.id)
+    log = project.root / f"worker-{project.procs.index(worker)}.log"
+    out = log.read_text(errors="replace")
+    assert all(f"before the crash {i}" in out for i in range(3)), out
+    assert "the last line before the crash" in out, out
+    assert got == [*wanted, "the last line before the crash"]
