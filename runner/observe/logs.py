@@ -96,8 +96,9 @@ class Output(logging.StreamHandler[TextIO]):
     ``ctx.logger`` line echoed here (a record marked HELD, or a line held by hold()):
     those are formatted in the thread that logged, outside the handler's lock, and held
     to be written together, at most HOLD_S later (one writer thread per process), ahead
-    of any other record, and at flush() (the worker's settlement, the process's exit).
-    A process that holds none (setup's ``hold``: a child process) writes each at once.
+    of any other record or write through sys.stderr or sys.stdout (Ordered), and at
+    flush() (the worker's settlement, the process's exit). A process that holds none
+    (setup's ``hold``: a child process) writes each at once.
     Each write was a system call under the lock that a worker's other threads, logging
     too, waited on: for ten lines a job in sixteen threads, most of a line's CPU."""
 
@@ -238,10 +239,46 @@ def plain_json(logger: logging.Logger, level: int) -> Output | None:
 
 def flush_held() -> None:
     """Every held line written now: the worker's settlement calls it, so a job's echoed
-    lines are in its output before anyone can see the job ended."""
+    lines are in its output before anyone can see the job ended; and whatever else writes
+    to sys.stderr or sys.stdout (Ordered), so it comes after them."""
     for h in list(_outputs):
         if h._held:
             h.flush()
+
+
+class Ordered:
+    """sys.stderr or sys.stdout of a process that holds echoed lines (setup): what is
+    written through it by anything but runner's Output (a handler of the application's
+    own, warnings.warn, print, bytes to its ``buffer``) goes after the lines held before
+    it. (Writes to the file descriptor itself, by C code or a subprocess, are not seen.)
+    Everything else is the stream's own."""
+
+    def __init__(self, real: TextIO) -> None:
+        self._real = real
+
+    def write(self, text: str) -> int:
+        flush_held()
+        return self._real.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        flush_held()
+        self._real.writelines(lines)
+
+    def flush(self) -> None:
+        flush_held()
+        self._real.flush()
+
+    @property
+    def buffer(self) -> Any:
+        flush_held()  # (its bytes are written next)
+        return self._real.buffer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _unwrapped(stream: Any) -> Any:
+    return stream._real if isinstance(stream, Ordered) else stream
 
 
 def setup(cfg: LogConfig, force_format: str | None = None, hold: bool = True) -> None:
@@ -252,8 +289,15 @@ def setup(cfg: LogConfig, force_format: str | None = None, hold: bool = True) ->
     global _holding
     _holding = hold
     fmt = force_format or cfg.format
-    handler = Output(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(sys.stderr.isatty()))
+    real = _unwrapped(sys.stderr)
+    handler = Output(real)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(real.isatty()))
+    if hold:  # what else writes to the process's output comes after the lines held before it
+        sys.stderr = Ordered(real)
+        if sys.stdout is not None and not isinstance(sys.stdout, Ordered):
+            sys.stdout = Ordered(sys.stdout)
+    elif isinstance(sys.stderr, Ordered):
+        sys.stderr = real
     root = logging.getLogger()
     for old in root.handlers:
         if isinstance(old, Output):
