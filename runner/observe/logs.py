@@ -281,6 +281,16 @@ def _unwrapped(stream: Any) -> Any:
     return stream._real if isinstance(stream, Ordered) else stream
 
 
+def ordered_output() -> None:
+    """sys.stderr and sys.stdout as Ordered, from here on: a process that will hold
+    echoed lines (a worker) calls it before it loads the application's code, whose
+    handlers take the stream they write to as they are made (setup does it too)."""
+    if sys.stderr is not None and not isinstance(sys.stderr, Ordered):
+        sys.stderr = Ordered(sys.stderr)
+    if sys.stdout is not None and not isinstance(sys.stdout, Ordered):
+        sys.stdout = Ordered(sys.stdout)
+
+
 def setup(cfg: LogConfig, force_format: str | None = None, hold: bool = True) -> None:
     """The process's log output, at ``cfg``'s level and format. ``hold``: a job's echoed
     lines are held to be written together (Output); False writes each at once, with no
@@ -293,9 +303,7 @@ def setup(cfg: LogConfig, force_format: str | None = None, hold: bool = True) ->
     handler = Output(real)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(real.isatty()))
     if hold:  # what else writes to the process's output comes after the lines held before it
-        sys.stderr = Ordered(real)
-        if sys.stdout is not None and not isinstance(sys.stdout, Ordered):
-            sys.stdout = Ordered(sys.stdout)
+        ordered_output()
     elif isinstance(sys.stderr, Ordered):
         sys.stderr = real
     root = logging.getLogger()
