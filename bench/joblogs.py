@@ -8,6 +8,8 @@ with the settlement.
 
     python bench/joblogs.py            # 3 repetitions of 20,000 jobs each way, interleaved
     python bench/joblogs.py --n 2000 --reps 1 --levels INFO
+    python bench/joblogs.py --isolation process   # handlers in child processes: the worker's
+                                                  # CPU, and its children's beside it
 
 One real worker process (the fast queue, its shipped defaults) on a server of its own on
 a free port; each run enqueues N jobs of one kind, then reads the worker's CPU time
@@ -18,6 +20,7 @@ medians and writes bench/results/joblogs.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -59,8 +62,29 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def project(root: Path) -> Path:
+def children(pid: int) -> list[int]:
+    """A process's children (/proc)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def children_cpu_s(pid: int) -> float:
+    """The CPU seconds of a worker's child processes now running (warm: the same ones
+    through a drain)."""
+    total = 0.0
+    for c in children(pid):
+        with contextlib.suppress(OSError):
+            total += cpu_s(c)
+    return total
+
+
+def project(root: Path, isolation: str = "thread") -> Path:
     for name, src in (("quiet", QUIET), ("chatty", CHATTY)):
+        if isolation != "thread":
+            src = f'ISOLATION = "{isolation}"\n' + src
         (root / "functions").mkdir(parents=True, exist_ok=True)
         (root / "functions" / f"{name}.py").write_text(src)
         (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
@@ -69,9 +93,10 @@ def project(root: Path) -> Path:
     return root / "runner.toml"
 
 
-def drain(client: Client, pid: int, type_: str, n: int) -> float:
-    """Worker CPU seconds per job for ``n`` jobs of ``type_``."""
-    before = cpu_s(pid)
+def drain(client: Client, pid: int, type_: str, n: int, kids: list[float] | None = None) -> float:
+    """Worker CPU seconds per job for ``n`` jobs of ``type_`` (``kids``: its children's
+    per job is appended there)."""
+    before, kids_before = cpu_s(pid), children_cpu_s(pid)
     jobs = client.enqueue_many([Request(type_, {}) for _ in range(n)])
     last = jobs[-1]
     assert not isinstance(last, Exception), last
@@ -83,6 +108,8 @@ def drain(client: Client, pid: int, type_: str, n: int) -> float:
     for j in jobs:  # every job of the drain, not only the last, has ended
         assert not isinstance(j, Exception)
     time.sleep(0.2)  # the last settlements' figures
+    if kids is not None:
+        kids.append((children_cpu_s(pid) - kids_before) / n)
     return (cpu_s(pid) - before) / n
 
 
@@ -92,20 +119,22 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each kind (interleaved)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--levels", default="INFO,WARNING", help="worker log levels, comma-separated")
+    ap.add_argument("--isolation", default="thread", choices=("thread", "process"))
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-joblogs-"))
     server = Server(work / "redis", appendonly=False).start()
     try:
-        toml = project(work / "project")
+        toml = project(work / "project", a.isolation)
         os.environ["REDIS_URL"] = server.url
         client = Client(Runtime.create(config_mod.load(toml)))
         out: dict[str, Any] = {"n": a.n, "reps": a.reps, "lines_per_job": LINES, "target_ms_per_line": 0.02,
-                               "levels": {}}
+                               "isolation": a.isolation, "levels": {}}
         for level in a.levels.split(","):
             out["levels"][level] = one_level(client, server.url, toml, work, level, a.n, a.reps)
         if not a.no_write:
             (BENCH / "results").mkdir(exist_ok=True)
-            (BENCH / "results" / "joblogs.json").write_text(json.dumps(out, indent=2) + "\n")
+            name = "joblogs.json" if a.isolation == "thread" else f"joblogs-{a.isolation}.json"
+            (BENCH / "results" / name).write_text(json.dumps(out, indent=2) + "\n")
     finally:
         server.stop()
 
@@ -120,9 +149,10 @@ def one_level(client: Client, url: str, toml: Path, work: Path, level: str, n: i
             drain(client, worker.pid, "quiet", 500)  # warm: imports, children, first claims
             drain(client, worker.pid, "chatty", 500)
             runs: dict[str, list[float]] = {"quiet": [], "chatty": []}
+            kids: dict[str, list[float]] = {"quiet": [], "chatty": []}
             for _ in range(reps):
                 for kind in ("quiet", "chatty"):
-                    runs[kind].append(drain(client, worker.pid, kind, n))
+                    runs[kind].append(drain(client, worker.pid, kind, n, kids[kind]))
         finally:
             worker.terminate()
             worker.wait(30)
@@ -133,10 +163,16 @@ def one_level(client: Client, url: str, toml: Path, work: Path, level: str, n: i
         "runs_ms_per_job": {k: [round(v * 1000, 4) for v in vs] for k, vs in runs.items()},
         "worker_cpu_ms_per_line": round(per_line_ms, 4),
     }
+    kq, kc = statistics.median(kids["quiet"]), statistics.median(kids["chatty"])
+    if kq or kc:  # (process isolation)
+        got["children_cpu_ms_per_job"] = {"no logging": round(kq * 1000, 4), "10 lines": round(kc * 1000, 4)}
+        got["children_cpu_ms_per_line"] = round((kc - kq) / LINES * 1000, 4)
     print(f"worker log level {level}: worker CPU per job, median of {reps} x {n:,} jobs:")
     print(f"  no logging   {quiet * 1000:.4f} ms   runs {got['runs_ms_per_job']['quiet']}")
     print(f"  10 lines     {chatty * 1000:.4f} ms   runs {got['runs_ms_per_job']['chatty']}")
     print(f"  per line     {per_line_ms:.4f} ms   (target <= 0.02 ms)")
+    if "children_cpu_ms_per_line" in got:
+        print(f"  its children: {got['children_cpu_ms_per_job']}, per line {got['children_cpu_ms_per_line']:.4f} ms")
     return got
 
 

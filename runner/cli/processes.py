@@ -45,9 +45,10 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     """Run a production worker (the scheduler runs inside it)."""
     import logging
 
-    from runner.observe.logs import setup
+    from runner.observe.logs import ordered_output, setup
     from runner.worker.worker import Worker
 
+    ordered_output()  # (before the functions load: a handler of theirs writes after held lines)
     rt = build_runtime(ctx.obj["config"], retry=True)  # (a cluster with no node up: waited out)
     setup(rt.config.log)
     names = list(queues) or list(rt.config.queues)

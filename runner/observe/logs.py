@@ -96,7 +96,9 @@ class Output(logging.StreamHandler[TextIO]):
     ``ctx.logger`` line echoed here (a record marked HELD, or a line held by hold()):
     those are formatted in the thread that logged, outside the handler's lock, and held
     to be written together, at most HOLD_S later (one writer thread per process), ahead
-    of any other record, and at flush() (the worker's settlement, the process's exit).
+    of any other record or write through sys.stderr or sys.stdout (Ordered), and at
+    flush() (the worker's settlement, the process's exit). A process that holds none
+    (setup's ``hold``: a child process) writes each at once.
     Each write was a system call under the lock that a worker's other threads, logging
     too, waited on: for ten lines a job in sixteen threads, most of a line's CPU."""
 
@@ -110,7 +112,12 @@ class Output(logging.StreamHandler[TextIO]):
         self._held_lock = threading.Lock()  # only to add a line or take them all
 
     def hold(self, text: str) -> None:
-        """A formatted line, to be written with the held ones."""
+        """A formatted line, to be written with the held ones (at once in a process that
+        holds none: setup's ``hold``)."""
+        if not _holding:
+            with self.lock:  # type: ignore[union-attr]  # (StreamHandler's, made in __init__)
+                self._write(text + self.terminator)
+            return
         with self._held_lock:
             self._held.append(text)
             first = len(self._held) == 1
@@ -159,6 +166,8 @@ class Output(logging.StreamHandler[TextIO]):
 
 
 _outputs: weakref.WeakSet[Output] = weakref.WeakSet()
+# Whether this process holds echoed lines to write them together (setup's ``hold``).
+_holding = True
 _wake = threading.Event()
 _writer: threading.Thread | None = None
 _writer_lock = threading.Lock()
@@ -230,16 +239,73 @@ def plain_json(logger: logging.Logger, level: int) -> Output | None:
 
 def flush_held() -> None:
     """Every held line written now: the worker's settlement calls it, so a job's echoed
-    lines are in its output before anyone can see the job ended."""
-    for h in logging.getLogger().handlers:
-        if isinstance(h, Output) and h._held:
+    lines are in its output before anyone can see the job ended; and whatever else writes
+    to sys.stderr or sys.stdout (Ordered), so it comes after them."""
+    for h in list(_outputs):
+        if h._held:
             h.flush()
 
 
-def setup(cfg: LogConfig, force_format: str | None = None) -> None:
+class Ordered:
+    """sys.stderr or sys.stdout of a process that holds echoed lines (setup): what is
+    written through it by anything but runner's Output (a handler of the application's
+    own, warnings.warn, print, bytes to its ``buffer``) goes after the lines held before
+    it. (Writes to the file descriptor itself, by C code or a subprocess, are not seen.)
+    Everything else is the stream's own."""
+
+    def __init__(self, real: TextIO) -> None:
+        self._real = real
+
+    def write(self, text: str) -> int:
+        flush_held()
+        return self._real.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        flush_held()
+        self._real.writelines(lines)
+
+    def flush(self) -> None:
+        flush_held()
+        self._real.flush()
+
+    @property
+    def buffer(self) -> Any:
+        flush_held()  # (its bytes are written next)
+        return self._real.buffer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _unwrapped(stream: Any) -> Any:
+    return stream._real if isinstance(stream, Ordered) else stream
+
+
+def ordered_output() -> None:
+    """sys.stderr and sys.stdout as Ordered, from here on: a process that will hold
+    echoed lines (a worker) calls it before it loads the application's code, whose
+    handlers take the stream they write to as they are made (setup does it too)."""
+    if sys.stderr is not None and not isinstance(sys.stderr, Ordered):
+        sys.stderr = Ordered(sys.stderr)
+    if sys.stdout is not None and not isinstance(sys.stdout, Ordered):
+        sys.stdout = Ordered(sys.stdout)
+
+
+def setup(cfg: LogConfig, force_format: str | None = None, hold: bool = True) -> None:
+    """The process's log output, at ``cfg``'s level and format. ``hold``: a job's echoed
+    lines are held to be written together (Output); False writes each at once, with no
+    writer thread: a child process, whose held lines would die with it when its handler
+    kills it, and whose threads left running after a job are its handler's."""
+    global _holding
+    _holding = hold
     fmt = force_format or cfg.format
-    handler = Output(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(sys.stderr.isatty()))
+    real = _unwrapped(sys.stderr)
+    handler = Output(real)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(real.isatty()))
+    if hold:  # what else writes to the process's output comes after the lines held before it
+        ordered_output()
+    elif isinstance(sys.stderr, Ordered):
+        sys.stderr = real
     root = logging.getLogger()
     for old in root.handlers:
         if isinstance(old, Output):

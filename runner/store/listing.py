@@ -45,7 +45,10 @@ a job show twice. The ready list takes new jobs at its head too, but a cancel ta
 from anywhere and moves every older job a place up, so a count of places would step over
 one: its cursor keeps the last id shown and the first not yet shown, with that one's
 place counted from the tail, and the next page starts just after the last id shown,
-found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua).
+found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua); if
+that one and the first not yet shown both left (a worker claims from the tail, where the
+pages go), just after the nearest of the ids shown before it that is still queued (the
+cursor keeps up to SEEK_ANCHORS of them), and if all of those left, the list is read.
 A deferred list is read from its tail, where jobs are parked, while a limit wakes them
 from its head, so no count of places holds there: its cursor keeps the last id shown and
 the first not yet shown, and the next page starts just before the last id shown, found
@@ -75,6 +78,7 @@ from redis.exceptions import ResponseError
 from runner.store import codec, records
 from runner.store.keys import QueueKeys
 from runner.store.outage import checked
+from runner.store.scripts import SEEK_ANCHORS
 
 LISTED = ("queued", "scheduled", "processing", "deferred", "sleeping", "waiting", "done", "dead", "cancelled")
 SCAN_MAX = 1000
@@ -99,6 +103,7 @@ MIN_PREVIEW_BYTES = 256
 _CUT_FIELDS = 6  # payload, result, checkpoint, error, progress, history (records.SHOWN_AS)
 DONE_GENS = 4  # as includes/done.lua keeps
 MAX_POS = 2**53  # a position past any index (and within what LRANGE and ZRANGE take)
+MAX_EARLIER = SEEK_ANCHORS - 1  # ids shown before the last a cursor keeps (a ready list's)
 
 
 def preview_bytes(limit: int) -> int:
@@ -113,15 +118,15 @@ class Page:
 
 
 def encode_cursor(queue_index: int, pos: int, gen: int | None = None,
-                  anchor: tuple[float, str] | None = None, marks: tuple[str, str] | None = None) -> str:
+                  anchor: tuple[float, str] | None = None, marks: tuple[str, ...] | None = None) -> str:
     tail: list[Any] = [anchor[0], anchor[1]] if anchor is not None else []
-    if marks is not None:  # a deferred list's ids: the first not yet shown, the last shown
-        tail = [*(tail or [0, ""]), marks[0], marks[1]]
+    if marks is not None:  # a list's ids: the first not yet shown, the last shown (and before it)
+        tail = [*(tail or [0, ""]), *marks]
     raw = codec.dumps([queue_index, pos, gen, *tail])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-Cursor = tuple[int, int, int | None, tuple[float, str] | None, tuple[str, str] | None]
+Cursor = tuple[int, int, int | None, tuple[float, str] | None, tuple[str, ...] | None]
 
 
 def decode_cursor(cursor: str) -> Cursor:
@@ -145,12 +150,12 @@ def decode_cursor(cursor: str) -> Cursor:
 
     score = anchor[0] if len(anchor) == 2 else None
     if not (whole(qi) and whole(pos) and (gen is None or whole(gen)) and len(anchor) in (0, 2)
-            and len(marks) in (0, 2) and (not marks or (anchor and all(name(m, 1) for m in marks)))
+            and (not marks or (2 <= len(marks) <= 2 + MAX_EARLIER and anchor and all(name(m, 1) for m in marks)))
             and (not anchor or (isinstance(score, int | float) and not isinstance(score, bool)
                                 and abs(score) <= MAX_POS and name(anchor[1], 0 if marks else 1)))):
         raise ValueError("not a cursor of this list")
     return (qi, pos, gen, (float(anchor[0]), anchor[1]) if anchor else None,
-            (marks[0], marks[1]) if marks else None)
+            tuple(marks) if marks else None)
 
 
 def _span(scripts: Any, key: str, pos: int, n: int, anchor: tuple[float, str] | None,
@@ -164,8 +169,8 @@ def _span(scripts: Any, key: str, pos: int, n: int, anchor: tuple[float, str] | 
 
 
 def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: int, held_types: Sequence[str],
-              anchor: tuple[float, str] | None, marks: tuple[str, str] | None
-              ) -> tuple[list[str], int, int, bool, tuple[float, str] | None, tuple[str, str] | None]:
+              anchor: tuple[float, str] | None, marks: tuple[str, ...] | None
+              ) -> tuple[list[str], int, int, bool, tuple[float, str] | None, tuple[str, ...] | None]:
     """Up to n deferred ids: each paused function's held list (``index`` names it), then
     each limit's waiters, the limits in the order of their names (the anchor's id names
     the one being read: limwait's scores move with every sweep, its names do not). Each
@@ -175,7 +180,7 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
     while a client pages (lua/seek_list.lua)."""
     out: list[str] = []
     limit = anchor[1] if anchor is not None and anchor[1] and index >= len(held_types) else None
-    place = (pos, marks[0], marks[1]) if marks is not None else None
+    place = (pos, marks[0], marks[1]) if marks is not None else None  # (a deferred list keeps no more)
     names: list[str] | None = None
     while len(out) < n:
         if index < len(held_types):
@@ -211,8 +216,8 @@ def _source(k: QueueKeys, index: int) -> tuple[str, str] | None:
 
 
 def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int | None,
-             anchor: tuple[float, str] | None = None, marks: tuple[str, str] | None = None
-             ) -> tuple[list[str], int, int | None, bool, tuple[float, str] | None, tuple[str, str] | None]:
+             anchor: tuple[float, str] | None = None, marks: tuple[str, ...] | None = None
+             ) -> tuple[list[str], int, int | None, bool, tuple[float, str] | None, tuple[str, ...] | None]:
     """Up to n queued ids from the priority set, then ready (see _source); ``gen`` is
     the index being read. Ready is resumed from the ids the last page ended on
     (``marks``; ``pos`` is where the first not yet shown was, counted from the tail), not
@@ -221,7 +226,7 @@ def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int 
     index = gen or 0
     out: list[str] = []
     last: tuple[float, str] | None = None
-    place = (pos, marks[0], marks[1]) if marks is not None else None
+    place = (pos, *marks) if marks is not None else None
     while len(out) < n:
         source = _source(k, index)
         if source is None:
@@ -243,15 +248,15 @@ def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int 
         out += got
         if place is None:  # read to its end
             return out, 0, index + 1, True, None, None
-        return out, place[0], index, False, (0.0, ""), (place[1], place[2])
+        return out, place[0], index, False, (0.0, ""), tuple(place[1:])
     return out, pos, index, False, last, None
 
 
 def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, gen: int | None,
          held_types: Sequence[str] = (), anchor: tuple[float, str] | None = None,
-         marks: tuple[str, str] | None = None
+         marks: tuple[str, ...] | None = None
          ) -> tuple[list[str], int, int | None, bool, dict[str, float], tuple[float, str] | None,
-                    tuple[str, str] | None]:
+                    tuple[str, ...] | None]:
     """Up to n ids from ``pos`` (or after ``anchor``, or a deferred list's ``marks``): (ids,
     next pos, next gen, exhausted, lease deadlines in ms of processing ids, the anchor and
     the marks of the next page)."""

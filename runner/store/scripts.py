@@ -221,6 +221,11 @@ def _clock(now_ms: int | None) -> int | str:
     return "" if now_ms is None else now_ms
 
 
+# How many of the ids a page of a ready list showed last its cursor keeps (seek_list.lua
+# starts the next page after the nearest one still queued).
+SEEK_ANCHORS = 8
+
+
 class Scripts(Transport):
     """The scripts of one Redis client: one typed method per transition, sent through the
     transport (transport.py).
@@ -606,18 +611,23 @@ class Scripts(Transport):
         reply = self.call("index_delayed", scriptkeys.keys("index_delayed", k), [start, n])
         return int(reply[0]), int(reply[1])
 
-    def seek_list(self, key: str, n: int, place: tuple[int, str, str] | None, ready: bool = False
-                  ) -> tuple[tuple[int, str, str] | None, list[str]]:
+    def seek_list(self, key: str, n: int, place: tuple[Any, ...] | None, ready: bool = False
+                  ) -> tuple[tuple[Any, ...] | None, list[str]]:
         """Up to ``n`` ids of deferred list ``key``, newest first, from the tail or, given
-        ``place`` (where the first id not yet shown was, that id, the last id shown), from
+        ``place`` (where the first id not yet shown was, that id, the last id shown, and
+        for a ready list the ids shown before it, back from the one just before it), from
         just before the last id shown, found and read in one call; and the place of the
         next page, None when the list is read (see seek_list.lua). ``ready``: a ready
         list, newest at the head, read from the head (the place counts from the tail)."""
-        args: list[Any] = [n] + (list(place) if place is not None else ["", "", ""]) + (["1"] if ready else [])
+        head = list(place[:3]) if place is not None else ["", "", ""]
+        args: list[Any] = [n, *head] + (["1", *(place or ())[3:]] if ready else [])
         reply = self.call("seek_list", scriptkeys.keys("seek_list", list=key), args)
         ids = [str(i) for i in reply[2:]]
         at = int(reply[0])
-        return ((at, str(reply[1]), ids[-1]) if at >= 0 and ids else None), ids
+        if at < 0 or not ids:
+            return None, ids
+        earlier = ids[-2:-SEEK_ANCHORS - 1:-1] if ready else []
+        return (at, str(reply[1]), ids[-1], *earlier), ids
 
     def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None, cut: int | None = None) -> Any:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua);

@@ -366,8 +366,7 @@ class Child:
         def sink(lines: list[str], chunks: list[str], dropped: int) -> None:
             self.channel.send({"op": "log", "token": token, "lines": lines, "chunks": chunks, "dropped": dropped})
 
-        with self.send_lock:
-            logger.flush(sink)
+        logger.flush(sink)  # (under the send lock: logger.sink_lock)
 
     def _next(self, skipped: list[str]) -> tuple[list[Any], dict[str, Any], bool] | None:
         """The next job sent ahead, taken to start now (so no recall can take it back);
@@ -544,8 +543,10 @@ class Child:
         )
         ctx._own = self.memory
         if isinstance(ctx.logger, JobLogger):  # lines reach the worker while the handler runs
-            ctx.logger.sink = lambda lines, chunks, dropped: self.send({"op": "log", "token": token, "lines": lines,
-                                                                        "chunks": chunks, "dropped": dropped})
+            # (Taken and sent under the send lock, as _send_logs does.)
+            ctx.logger.sink = lambda lines, chunks, dropped: self.channel.send({
+                "op": "log", "token": token, "lines": lines, "chunks": chunks, "dropped": dropped})
+            ctx.logger.sink_lock = self.send_lock
             self.logger = ctx.logger
         ctx._journal = Journal(
             job.id, lambda: [] if job.steps == 0 else list((self.ask(token, "steps").get("value") or {})
@@ -760,7 +761,7 @@ def main() -> None:
     if str(os.getppid()) != os.environ.get("RUNNER_CHILD_OF", str(os.getppid())):
         os._exit(0)
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
-    setup_logs(cfg.log)
+    setup_logs(cfg.log, hold=False)  # (each echoed line written before the handler goes on)
     signals = Signals()
     default_signals_after_fork()
     child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg, payload_check=codec.payload_problem),

@@ -9,6 +9,7 @@ gigabyte costs the worker CPU, never memory, and Redis gets at most one bounded 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -28,8 +29,12 @@ from runner.store.urls import scrub
 # One line is cut to this many characters (a bound of its own: a single huge line
 # would otherwise push every other line out of the byte budget).
 MAX_LINE_CHARS = 8192
-# A child process hands its handler's lines to the worker at most this often while it runs.
+# A child process hands each of its handler's lines (and ctx.stream's chunks) to the worker
+# as it comes, before the handler goes past it (a child that dies then, killed or crashed,
+# has lost none), up to SINK_BURST of them within SINK_EVERY_S; past that (a flood), the
+# rest wait, bounded there, for the next line after that while, a worker's ask or the end.
 SINK_EVERY_S = 0.5
+SINK_BURST = 200
 # ctx.stream's output is kept within these bounds (the newest chunks) for a late reader.
 STREAM_CHUNKS = 10_000
 STREAM_BYTES = 1_048_576
@@ -178,10 +183,14 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         self.bounds = (max_lines, max_bytes)
         self.buf: JobLog | None = None
         # In a child process: where its lines go while it runs (to the worker, which
-        # sends them on with the lease renewal), at most every SINK_EVERY_S, with how
-        # many were lost here before them (the worker's marker counts them too).
+        # sends them on with the lease renewal), as they come (SINK_BURST), with how
+        # many were lost here before them (the worker's marker counts them too), and
+        # the lock held around a take and its send (the channel's: lines taken by two
+        # threads go in the order they were taken).
         self.sink: Callable[[list[str], list[str], int], None] | None = None
-        self._sunk = 0.0
+        self.sink_lock: threading.Lock | None = None
+        self._sunk = 0.0  # when the current SINK_EVERY_S began
+        self._sunk_n = 0  # lines and chunks handed on since then
         self.chunks: JobLog | None = None  # ctx.stream's output not sent yet, made at its first chunk
         self._seq = 0  # the next chunk's number: a reader's position, whatever was trimmed
         # Held by the renewer from taking a running job's lines until they are in Redis,
@@ -230,7 +239,7 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         if self.chunks is None:
             self.chunks = JobLog(STREAM_CHUNKS, STREAM_BYTES)
         self.chunks.extend(encoded)
-        if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
+        if self.sink is not None and self._due():
             self.flush()
 
     def keep(self, encoded: Iterable[str], dropped: int = 0) -> None:
@@ -241,8 +250,17 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         if self.buf is None:
             self.buf = JobLog(*self.bounds)
         self.buf.extend(encoded, dropped)
-        if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
+        if self.sink is not None and self._due():
             self.flush()
+
+    def _due(self) -> bool:
+        """Whether what was just added goes to the sink now: yes, unless SINK_BURST lines
+        and chunks went within this SINK_EVERY_S (a flood: the worker would decode it
+        all, to keep the newest; the rest go after)."""
+        now = time.monotonic()
+        if now - self._sunk >= SINK_EVERY_S:
+            self._sunk, self._sunk_n = now, 0
+        return self._sunk_n < SINK_BURST
 
     def flush(self, sink: Callable[[list[str], list[str], int], None] | None = None) -> None:
         """The lines not handed on yet go to the sink (a child's, to its worker); ``sink``:
@@ -250,11 +268,12 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         buf, chunks, sink = self.buf, self.chunks, sink or self.sink
         if sink is None:
             return
-        lines, dropped = buf.take_counted() if buf is not None else ([], 0)
-        streamed = chunks.take() if chunks is not None else []
-        if lines or streamed or dropped:
-            self._sunk = time.monotonic()
-            sink(lines, streamed, dropped)
+        with self.sink_lock or contextlib.nullcontext():
+            lines, dropped = buf.take_counted() if buf is not None else ([], 0)
+            streamed = chunks.take() if chunks is not None else []
+            if lines or streamed or dropped:
+                self._sunk_n += len(lines) + len(streamed)
+                sink(lines, streamed, dropped)
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         if self.replaying is not None and self.replaying():
@@ -266,7 +285,7 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
             if self.buf is None:
                 self.buf = JobLog(*self.bounds)
             self.buf.add(kept)
-            if self.sink is not None and time.monotonic() - self._sunk >= SINK_EVERY_S:
+            if self.sink is not None and self._due():
                 self.flush()
             if not self.echo(kept):
                 return

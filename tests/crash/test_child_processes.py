@@ -1136,3 +1136,35 @@ def test_a_worker_killed_after_sending_its_batch_charges_no_member(project: Proj
     for j in jobs:
         assert final[j]["status"] == "done" and final[j]["attempt"] == 1, final[j]
         assert len(project.runs(j)) == 1
+
+
+LOGS_A_LINE = '''
+import os
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    ctx.logger.info("job %s says hello", ctx.job_id)
+    return {"pid": os.getpid()}
+'''
+
+
+def test_a_handler_that_logs_keeps_its_child_for_the_next_job(project: Project) -> None:
+    """A handler that logs through ctx.logger (echoed to the output at INFO, the default)
+    leaves nothing running: runner's own writing of the line is no thread of the handler's,
+    so the same child runs the jobs after it and the worker blames the handler for none."""
+    project.add_function("logsaline", LOGS_A_LINE)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    w = spawn_leader(project, "fast")
+    pids = []
+    for _ in range(3):
+        j = project.client.enqueue("logsaline", {}).id
+        final = wait_final(project, [j], timeout=60)[j]
+        assert final["status"] == "done", final
+        pids.append(final["result"]["pid"])
+    out = (project.root / f"worker-{project.procs.index(w)}.log").read_text(errors="replace")
+    assert "replacing the child" not in out, out
+    assert len(set(pids)) == 1, pids
+    assert out.count("says hello") == 3, out

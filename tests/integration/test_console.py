@@ -688,3 +688,56 @@ def test_bidi_controls_in_a_producers_text_are_shown_escaped(project: Project, b
             assert not set(controls) & set(body), (where, sorted(set(controls) & set(body)))
             assert "\\u202e9876-5432" in body, where
         assert script_errors(d) == []
+
+
+def test_a_dead_letter_with_a_long_unbroken_payload_keeps_its_actions_in_the_card(
+        project: Project, browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """A dead letter whose payload holds a 3,000-character unbroken string nested 25 deep
+    (a base64 blob, a URL): at 1400x1000 the dead-letters table stays within its card and
+    the page does not scroll sideways, so Requeue, Edit and Delete stay on screen (the
+    table grew to 1,415 px and pushed them out); the payload scrolls in its own box."""
+    project.write_config(max_attempts=1)
+    deep: dict[str, Any] = {}
+    cur = deep
+    for _ in range(25):
+        cur["d"] = {}
+        cur = cur["d"]
+    cur["blob"] = "QUJD" * 750
+    project.spawn_worker("fast")
+    with gunicorn(project, token=TOKEN) as web:
+        wide = web.post("/jobs/record", json={"n": 1, "fail_times": 9, "blob": "QUJD" * 750, "deep": deep}).json()["id"]
+        plain = web.post("/jobs/record", json=ORDER).json()["id"]
+        wait_for(lambda: {project.client.get(j).status for j in (wide, plain)} == {"dead"}, timeout=60,
+                 what="the dead letters")
+        d = browser
+        d.set_window_size(1400, 1000)
+        signed_in(d, web, TOKEN)
+        go(d, "#dead/fast")
+        row = f'#dead-table tr[data-job-id="{wide}"]'
+        until("the wide dead letter's actions", lambda: len(has(d, f"{row} td.actions button")) == 3)
+        time.sleep(0.5)  # the list's second read (the queue chosen) lands
+        screenshot(d, tmp_path, "console-dead-wide.png")
+        card, table, buttons, view, scroll = d.execute_script("""
+            const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right]; };
+            return [box(document.querySelector('#dead')), box(document.querySelector('#dead-table')),
+                    [...document.querySelectorAll(arguments[0] + ' td.actions button')].map(box),
+                    document.documentElement.clientWidth, document.documentElement.scrollWidth];""", row)
+        assert scroll <= view, ("the page scrolls sideways", scroll, view)
+        assert card[0] <= table[0] and table[1] <= card[1], ("the table is wider than its card", table, card)
+        assert all(card[0] <= b[0] and b[1] <= card[1] and b[1] <= view for b in buttons), (buttons, card, view)
+        spilt = d.execute_script("""
+            return [...document.querySelectorAll('#dead-table td, #dead-table td.actions button')]
+                .filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.outerHTML.slice(0, 80));""")
+        assert spilt == [], "a cell or a button's label spills out of its box"
+        pre = f'{row} pre[data-field="payload"]'
+        assert d.execute_script("const p = document.querySelector(arguments[0]); return p.scrollWidth > "
+                                "p.clientWidth", pre), "the long line scrolls in the payload's own box"
+        # The plain one still keeps its numbers whole, on one line each.
+        css = f'#dead-table tr[data-job-id="{plain}"] pre[data-field="payload"]'
+        rects = d.execute_script("""
+            const pre = document.querySelector(arguments[0]), range = document.createRange();
+            const node = pre.firstChild, t = node.textContent, i = t.indexOf('1234567890123');
+            range.setStart(node, i); range.setEnd(node, i + 13);
+            return range.getClientRects().length;""", css)
+        assert rects == 1, "the number is split over lines"
+        assert script_errors(d) == []

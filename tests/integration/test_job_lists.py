@@ -539,3 +539,28 @@ def test_the_queued_list_skips_no_job_when_jobs_it_showed_are_cancelled(project:
     stayed = [i for i in ids if c.get(i).status == "queued"]
     assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
     assert len(stayed) >= 370 and not set(stayed) - set(seen), f"never shown: {len(set(stayed) - set(seen))}"
+
+
+@pytest.mark.parametrize("drained", [9, 25])
+def test_the_queued_list_repeats_no_job_while_a_worker_drains_it(project: Project, drained: int) -> None:
+    """120 queued jobs paged in 10s while claims take ``drained`` of the oldest between
+    every two pages (a worker draining the queue, from the end the pages go toward): no
+    job is shown twice, and every job still queued at the end was shown. (Where the last
+    job shown and the first not yet shown were both claimed, the next page started at the
+    second one's old distance from the tail, which the claims had moved: it showed again
+    jobs of the page before.)"""
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    c, rt, k = project.client, project.runtime, project.keys()
+    ids = [m.id for m in c.enqueue_many([Request("record", {"n": i}) for i in range(120)])]  # type: ignore[union-attr]
+    claimed: list[str] = []
+
+    def drain(n: int) -> None:
+        reply = list(rt.scripts.claim(k, n=drained, start=drained, lease_ms=600_000, token_base=f"w.{n}",
+                                      dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+        claimed.extend(reply[i] for i in range(2, len(reply), CLAIM_FIELDS))
+
+    seen = _follow(lambda cursor: c.jobs("queued", queue="fast", limit=10, cursor=cursor), drain)
+    stayed = [i for i in ids if i not in claimed]
+    assert claimed and len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
+    assert not set(stayed) - set(seen), f"never shown: {len(set(stayed) - set(seen))}"

@@ -5,6 +5,7 @@ readable through the client, `runner logs` and GET /jobs/{id}/logs."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -1099,3 +1100,78 @@ def test_a_lines_n_counts_the_lines_dropped_before_they_were_sent(project: Proje
     assert all(line["n"] == int(str(line["msg"]).split()[1]) for line in kept), kept[:3]
     said = int(str(lines[0]["msg"]).split()[0].strip("[").replace(",", ""))
     assert lines[0]["n"] < kept[0]["n"] and said == 2000 - len(kept)
+
+
+DIES = '''"""Logs and prints a few lines, then its child process dies without a word."""
+import os
+import signal
+import sys
+
+ISOLATION = "process"
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        ctx.logger.info("before the crash %d", i)
+        print("printed before the crash", i)
+        print("to stderr before the crash", i, file=sys.stderr)
+    ctx.logger.warning("the last line before the crash")
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_crashed_childs_last_lines_are_in_its_log_and_the_output(project: Project) -> None:
+    """A process-isolated handler that logs and then dies at once (SIGKILL, a segfault, the
+    OOM killer) leaves every line it wrote in its job's log, the last one too, and its
+    ctx.logger lines in the worker's output: a line is with the worker before the
+    handler goes past it (the child held them up to 0.5 s, and its echo 50 ms)."""
+    project.add_function("dies", DIES)
+    project.write_config(vt=5)
+    client = project.client
+    job = client.enqueue("dies", {})
+    worker = project.spawn_worker("fast")
+    wait_for(lambda: client.get(job.id).status == "dead", timeout=60, what="the crashed job's dead letter")
+    wanted = [m for i in range(3) for m in (f"before the crash {i}", f"printed before the crash {i}",
+                                            f"to stderr before the crash {i}")]
+    got = _msgs(project, job.id)
+    log = project.root / f"worker-{project.procs.index(worker)}.log"
+    out = log.read_text(errors="replace")
+    assert all(f"before the crash {i}" in out for i in range(3)), out
+    assert "the last line before the crash" in out, out
+    assert got == [*wanted, "the last line before the crash"]
+
+
+OWN_HANDLER = '''"""Logs through ctx.logger and through a logger of its own with its own handler."""
+import logging
+import sys
+
+mine = logging.getLogger("app.mine")
+if not mine.handlers:  # (made as the function loads, as an application's logging setup is)
+    out = logging.StreamHandler(sys.stderr)
+    out.setFormatter(logging.Formatter("MINE %(message)s"))
+    mine.addHandler(out)
+    mine.propagate = False
+
+
+def handle(payload, ctx):
+    for i in range(5):
+        ctx.logger.info("ECHO%d", i)
+        mine.warning("OWN%d", i)
+    return 1
+'''
+
+
+def test_a_handler_made_as_the_functions_load_writes_after_the_echoed_lines(project: Project) -> None:
+    """A function's module that gives a logger a handler of its own on the worker's stderr
+    as it loads (before the worker sets up its output): in the worker's output each of its
+    lines comes after the ctx.logger line logged before it (it came ahead, 20 rounds in 20)."""
+    project.add_function("ownhandler", OWN_HANDLER)
+    project.write_config()
+    job = project.client.enqueue("ownhandler", {})
+    worker = project.spawn_worker("fast")
+    assert project.client.settle(job.id, 30).status == "done"
+    log = project.root / f"worker-{project.procs.index(worker)}.log"
+    wait_for(lambda: "OWN4" in log.read_text(errors="replace"), timeout=10, what="the last line")
+    order = re.findall(r"\b((?:ECHO|OWN)\d)\b", log.read_text(errors="replace"))
+    assert order == [f"{k}{i}" for i in range(5) for k in ("ECHO", "OWN")], order

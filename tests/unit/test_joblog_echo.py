@@ -212,3 +212,35 @@ def test_lines_held_for_the_output_are_written_while_the_process_runs(tmp_path: 
             timeout=60, check=False)
     assert got.returncode == 0 and got.stdout == "seen\n", output.read_text()
     assert [x["msg"] for x in _json(output.read_text().splitlines())] == ["early"]
+
+
+def test_a_line_written_any_other_way_comes_after_the_echoed_lines_before_it() -> None:
+    """Whatever else writes to the process's output through sys.stderr or sys.stdout (a
+    handler of the application's own on a logger that does not propagate, warnings.warn,
+    print, bytes to sys.stderr.buffer) comes after the ctx.logger lines logged before it,
+    in both formats (it came ahead of the lines still held to be written together)."""
+    for fmt in ("json", "text"):
+        got = subprocess.run([sys.executable, "-c", HEAD + textwrap.dedent('''
+            import warnings
+            lg = job()
+            usr = logging.getLogger("usr.lib")
+            mine = logging.StreamHandler(sys.stderr)
+            mine.setFormatter(logging.Formatter("USR %(message)s"))
+            usr.addHandler(mine)
+            usr.propagate = False
+            warnings.simplefilter("always")
+            for i in range(3):
+                lg.info("A%d", i)
+                usr.warning("U%d", i)
+                lg.info("B%d", i)
+                warnings.warn("W%d" % i)
+                lg.info("C%d", i)
+                print("P%d" % i, flush=True)
+                lg.info("D%d", i)
+                sys.stderr.buffer.write(b"R%d\\n" % i)
+                sys.stderr.buffer.flush()
+        ''')], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO), "FORMAT": fmt}, timeout=60, check=False)
+        assert got.returncode == 0, got.stdout
+        order = re.findall(r"\b([ABCDUWPR]\d)\b", got.stdout)
+        assert order == [f"{k}{i}" for i in range(3) for k in "AUBWCPDR"], (fmt, got.stdout)

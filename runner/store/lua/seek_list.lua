@@ -19,10 +19,14 @@
 --         cancelled from anywhere), read from the head toward the tail; ARGV[2] then
 --         counts from the tail, the end nothing is added to but a job sent to the front
 --         of the line. The page starts just after the last id shown, found by LPOS from
---         the tail; if that one left, at the first id not yet shown; if both left, at
---         that one's old distance from the tail: only jobs older than it can have left
---         from there, so the jobs that stayed all lie at or past that place (the page may
---         show again some already shown, never step over one that stayed).
+--         the tail; if that one left, at the first id not yet shown; if both left, just
+--         after the nearest of the ids shown before the last (ARGV[6], ...) that is still
+--         there: nothing comes between ids in the list, so what follows it was not shown
+--         (a place counted from the tail moves as a worker claims from there: the page
+--         showed again jobs of the page before). If all of them left, the list counts as
+--         read: a worker claims from the tail, so the jobs past them left first (only
+--         cancels of every one of them between two pages can end it early).
+-- ARGV[6...] (a ready LIST) the ids shown before the last, from the one just before it back
 --
 -- Returns {index of the next id not yet shown or -1, that id or '', id, ...} (newest first).
 local SLACK = 1000
@@ -33,7 +37,7 @@ if ARGV[5] == '1' then
   local start = 0
   if ARGV[2] ~= '' then
     local was = tonumber(ARGV[2])
-    local reach = math.min(was + 2 + SLACK, len)
+    local reach = math.min(was + #ARGV + SLACK, len)
     start = len
     if reach > 0 then
       local after = redis.call('LPOS', key, ARGV[4], 'RANK', -1, 'MAXLEN', reach)
@@ -41,7 +45,17 @@ if ARGV[5] == '1' then
         start = after + 1
       else
         local at = redis.call('LPOS', key, ARGV[3], 'RANK', -1, 'MAXLEN', reach)
-        start = at or math.max(0, len - 1 - was)
+        if at then
+          start = at
+        else
+          for i = 6, #ARGV do
+            local shown = redis.call('LPOS', key, ARGV[i], 'RANK', -1, 'MAXLEN', reach)
+            if shown then
+              start = shown + 1
+              break
+            end
+          end
+        end
       end
     end
   end
