@@ -317,3 +317,35 @@ def test_pipelined_requests_are_all_answered_in_order(web: Web) -> None:
             again = _responses(s, 1)
             assert [line.split(b" ")[1] for line, _ in again] == [b"200"], (name, again)
 
+
+def test_requests_sent_before_a_half_close_are_all_answered_in_order(web: Web) -> None:
+    """A client that sends its requests and then shuts its side down (a FIN after the last
+    one: `printf ... | nc -N`, a socket's shutdown(SHUT_WR)) still gets every answer, in
+    order, and then the server closes; a request left half-sent at the FIN is dropped.
+    Before, the FIN closed the connection at once: none of 1, 2 or 3 pipelined requests
+    was answered."""
+    port = _port(web)
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    missing = f"GET /no-such-page HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+    post = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 7}").encode()
+    cases: list[tuple[str, bytes, list[bytes]]] = [
+        ("one", health, [b"200"]),
+        ("two", health + missing, [b"200", b"404"]),
+        ("three", missing + post + health, [b"404", b"202", b"200"]),
+        ("one and the start of the next", health + missing[:20], [b"200"]),
+    ]
+    for name, data, expected in cases:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            got = _responses(s, len(expected) + 1)  # one more than sent: none comes, the server closes
+            assert [line.split(b" ")[1] for line, _ in got] == expected, (name, got)
+            s.settimeout(5)
+            assert s.recv(1) == b"", name  # closed after the last answer, not left to the keep-alive timer
+    half_body = post[:-3]  # the FIN comes before the body is whole: nothing to answer
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(half_body)
+        s.shutdown(socket.SHUT_WR)
+        assert _responses(s, 1) == []
+    assert web.get("/healthz").status_code == 200
