@@ -197,6 +197,7 @@ class HttpProtocol(HttpToolsProtocol):
     _between = True  # no byte of the next request read yet
     _refused = False
     _body_read = False
+    _eof = False  # the client half-closed with requests still to answer (see eof_received)
     _linger_left = 0
     _linger_until = 0.0
     _linger_timer: asyncio.TimerHandle | None = None
@@ -348,7 +349,24 @@ class HttpProtocol(HttpToolsProtocol):
             # Closing: no keep-alive timer, no pipelined request.
             self.server_state.total_requests += 1
             return
+        last = not self.pipeline
         super().on_response_complete()
+        if self._eof and last and not self.transport.is_closing():
+            # The client sends no more: the last answer is out, no keep-alive to wait for.
+            self._unset_keepalive_if_required()
+            self.transport.close()
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's own is bool | None
+        """The client has sent all it will (a half-close: `nc -N`, shutdown(SHUT_WR)).
+        Its requests read whole are answered, in order, and then the connection closes;
+        one left half-sent is dropped. uvicorn's own returns None, and the transport then
+        closed at once: not one of the requests before the FIN got its answer."""
+        pending = (self.cycle is not None and not self.cycle.response_complete) or bool(self.pipeline)
+        mid_body = not self._between and not self._in_head  # the app would wait for it forever
+        if pending and not mid_body and self._linger_timer is None and not self.transport.is_closing():
+            self._eof = True
+            return True  # the write side stays open
+        return None  # closed: nothing to answer (or lingering, and the rest of the body is in)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._held = None

@@ -253,3 +253,99 @@ def test_held_waits_cannot_lock_out_a_real_client(project: Project) -> None:
             for s in held:
                 s.close()
         assert web.get("/queues").status_code == 200
+
+
+def _responses(s: socket.socket, n: int, within: float = 5.0) -> list[tuple[bytes, bytes]]:
+    """Up to ``n`` whole responses (status line, body) read off ``s``, framed by their
+    Content-Length; fewer when the server stops answering within ``within`` seconds."""
+    s.settimeout(within)
+    buf, got = b"", []
+    while len(got) < n:
+        head_end = buf.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = buf[:head_end]
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            end = head_end + 4 + length
+            if len(buf) >= end:
+                got.append((head.split(b"\r\n", 1)[0], buf[head_end + 4:end]))
+                buf = buf[end:]
+                continue
+        try:
+            chunk = s.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return got
+
+
+def test_pipelined_requests_are_all_answered_in_order(web: Web) -> None:
+    """HTTP/1.1 requests sent back to back on one connection, before any answer (two and
+    three in one write, and one followed by the start of the next, its rest in a second
+    write): each gets its answer, in the order sent, and the connection serves on."""
+    port = _port(web)
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    queues = f"GET /queues HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+    missing = f"GET /no-such-page HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+    post = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 7}").encode()
+    cases: list[tuple[str, list[bytes], list[bytes]]] = [
+        ("two in one write", [health + queues], [b"200", b"200"]),
+        ("three in one write", [queues + missing + health], [b"200", b"404", b"200"]),
+        ("a body, then two", [post + missing + health], [b"202", b"404", b"200"]),
+        ("one and the start of the next", [health + missing[:9], missing[9:]], [b"200", b"404"]),
+        ("a head split mid-field", [queues + health[:20], health[20:] + missing], [b"200", b"200", b"404"]),
+    ]
+    for name, writes, expected in cases:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            for i, data in enumerate(writes):
+                if i:
+                    time.sleep(0.2)  # the first request's answer is on its way before the rest arrives
+                s.sendall(data)
+            got = _responses(s, len(expected))
+            statuses = [line.split(b" ")[1] for line, _ in got]
+            assert statuses == expected, (name, got)
+            if expected[0] == b"200" and writes[0].startswith(b"GET /queues"):
+                assert b"queues" in got[0][1], (name, got[0])
+            # And the connection is still open for one more.
+            s.sendall(health)
+            again = _responses(s, 1)
+            assert [line.split(b" ")[1] for line, _ in again] == [b"200"], (name, again)
+
+
+def test_requests_sent_before_a_half_close_are_all_answered_in_order(web: Web) -> None:
+    """A client that sends its requests and then shuts its side down (a FIN after the last
+    one: `printf ... | nc -N`, a socket's shutdown(SHUT_WR)) still gets every answer, in
+    order, and then the server closes; a request left half-sent at the FIN is dropped.
+    Before, the FIN closed the connection at once: none of 1, 2 or 3 pipelined requests
+    was answered."""
+    port = _port(web)
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    missing = f"GET /no-such-page HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+    post = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 7}").encode()
+    cases: list[tuple[str, bytes, list[bytes]]] = [
+        ("one", health, [b"200"]),
+        ("two", health + missing, [b"200", b"404"]),
+        ("three", missing + post + health, [b"404", b"202", b"200"]),
+        ("one and the start of the next", health + missing[:20], [b"200"]),
+    ]
+    for name, data, expected in cases:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            got = _responses(s, len(expected) + 1)  # one more than sent: none comes, the server closes
+            assert [line.split(b" ")[1] for line, _ in got] == expected, (name, got)
+            s.settimeout(5)
+            assert s.recv(1) == b"", name  # closed after the last answer, not left to the keep-alive timer
+    half_body = post[:-3]  # the FIN comes before the body is whole: nothing to answer
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(half_body)
+        s.shutdown(socket.SHUT_WR)
+        assert _responses(s, 1) == []
+    assert web.get("/healthz").status_code == 200
