@@ -90,6 +90,9 @@ FENCED = frozenset({"relay", "tick"})
 # trip: a master that answers in 0.4 s is slow, and waited for; one silent for that long
 # past its usual answer is stalled.
 SLOW_FACTOR = 4.0
+# Redis Cluster: the longest an enqueue waits for its master (Transport.enqueue_wait_s),
+# as a worker's calls wait (its node wait, at most 2 s), plus the WAIT's own timeout.
+ENQUEUE_WAIT_S = 2.0
 RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
 
 
@@ -519,6 +522,11 @@ class NodeLanes:
         # for (up to the node wait) while one that stops answering is given up at once.
         self._rtt: dict[str, float] = {}
 
+    def stalled(self, node: str) -> bool:
+        """Whether a call to ``node`` was given up and neither it nor a probe since has
+        been answered (calls to it fail at once meanwhile)."""
+        return node in self._stalled
+
     def rtt(self, node: str) -> float:
         """``node``'s recent round trip in seconds (0: none timed yet)."""
         return self._rtt.get(node, 0.0)
@@ -548,7 +556,11 @@ class NodeLanes:
             by_node.setdefault(self.node(keys), []).append(i)
         out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
         wait_s = self.scripts.node_wait(*by_node)
-        if wait_s is not None and all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
+        if all(c[0] == "enqueue" for c in calls):
+            wait_s = self.scripts.enqueue_wait_s
+        elif not all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
+            wait_s = None
+        if wait_s is not None:
             return self._send_bounded(calls, by_node, out, wait_s + self.scripts.wait_s(calls))
         groups = list(by_node.values())
         futures = [self.pool().submit(self._run, calls, g, out) for g in groups[1:]]
@@ -628,7 +640,7 @@ class NodeLanes:
         who = node if node in among or not among else self._who(node, among)
         call = f"; {what} not sent" if what else ""
         return NodeStalled(f"Redis node {who} has not answered for {time.monotonic() - out[0]:.1f} s "
-                           f"(stopped or hung{call}); its partitions wait")
+                           f"(stopped or hung{call}); its partitions wait", sent=False)
 
     def _given_up(self, node: str, f: Future[Any], wait_s: float, what: str = "",
                   among: Sequence[str] = ()) -> BaseException:
@@ -637,7 +649,14 @@ class NodeLanes:
             since, n = self._stalled.get(node, (time.monotonic(), 0))
             self._stalled[node] = (since, n + 1)
 
-        def ended(_: Future[Any]) -> None:
+        def ended(done: Future[Any]) -> None:
+            exc = done.exception()
+            if not among and isinstance(exc, RedisTimeoutError) and not isinstance(exc, NodeStalled):
+                # No answer within the socket timeout: still stalled. A PING keeps it
+                # marked until the node answers (or leaves the layout, or refuses).
+                with contextlib.suppress(RuntimeError):  # (the process is ending)
+                    self.pool().submit(self._probe, node).add_done_callback(ended)
+                    return
             with self._lock:
                 since, n = self._stalled.get(node, (0.0, 1))
                 if n > 1:
@@ -649,6 +668,13 @@ class NodeLanes:
         call = f" {what}" if what else ""
         return NodeStalled(f"Redis node {self._who(node, among)} did not answer{call} within {wait_s:g} s "
                            "(stopped or hung); its partitions wait")
+
+    def _probe(self, node: str) -> None:
+        """One PING to ``node`` (host:port), if it is still in the layout."""
+        client = self.scripts.client
+        found = client.get_node(node_name=node)
+        if found is not None:
+            client.get_redis_connection(found).ping()
 
     def submit(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool,
                after: dict[str, Future[tuple[Any, int | None]]]) -> Future[tuple[Any, int | None]]:
@@ -715,6 +741,11 @@ class Transport:
         # One server holds every key (not Redis Cluster): a script may then read a key of
         # another slot that it is given (lua/emit.lua reads an event name's waiters so).
         self.one_server = not isinstance(client, RedisCluster)
+        # Redis Cluster: the longest an enqueue waits for its master before NodeStalled
+        # (its job may then be written or not: the caller is told so). A producer's jobs
+        # without a key go on to another partition meanwhile (a master known stalled is
+        # passed over until it answers again: NodeLanes.stalled).
+        self.enqueue_wait_s: float | None = None if self.one_server else ENQUEUE_WAIT_S
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._watch: Any = getattr(pool, "runner_watch", None)  # Sentinel's events (sentinel.py)
@@ -783,8 +814,8 @@ class Transport:
         (None: no WAIT was sent). ``by_source``: as for ``call``."""
         durable = durable or name in DURABLE
         node = self.nodes.node(keys) if not self.one_server else ""
-        wait = self.node_wait(node)
-        if wait is not None and (not durable or name in FENCED) and not self.one_server:
+        wait = self.node_wait(node) if name != "enqueue" else self.enqueue_wait_s
+        if wait is not None and (not durable or name in FENCED or name == "enqueue") and not self.one_server:
             return self.nodes.bounded(node,
                                       lambda: self._counted(name, keys, args, spin, durable, by_source),
                                       wait + self.wait_s([(name, keys, args, durable)]), late)

@@ -305,7 +305,7 @@ class Scheduler:
         self._finding = None
         return f.result()
 
-    def client(self) -> Client:
+    def _followups(self) -> Client:
         """The client that builds ON_FAILURE jobs and tells waiters, made once."""
         with self._lock:
             if self._client is None:
@@ -389,7 +389,7 @@ class Scheduler:
             wait = 0.002  # more waiting: come back at once
         if wakes:
             seen = self._wakes_seen.setdefault((k.queue, k.tag), {})  # (one per partition: passes run at once)
-            if relay.tell_waiters(self.client(), k, seen):
+            if relay.tell_waiters(self._followups(), k, seen):
                 wait = min(wait, relay.WAKE_AFTER_S / 4)  # (an emitter's own, told by it within that)
         lost = trim  # now and then, for a list a dead scheduler left
         while True:
@@ -402,7 +402,7 @@ class Scheduler:
             if int(requeued) + int(buried) < BATCH:
                 break
         if lost:
-            while relay.lost_destinations(self.rt, self.client(), k) >= relay.BATCH:
+            while relay.lost_destinations(self.rt, self._followups(), k) >= relay.BATCH:
                 pass
         if trim:
             for _ in range(TRIM_ROUNDS):

@@ -461,3 +461,52 @@ def test_a_slow_master_s_partition_is_reclaimed_and_the_others_keep_their_timers
     assert slow_late[-1] < 1.5, f"the slow master's delayed job was moved to ready {slow_late[-1]:.2f} s late"
     assert alive
     assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+
+
+def test_keyless_enqueues_go_on_to_the_live_masters_while_one_stalls(sproject: Project,
+                                                                     shards: list[Server]) -> None:
+    """A producer sends keyless jobs one at a time while one master of three is stalled for
+    6 s: every call is answered within the node wait (2 s) and a little, the calls after
+    the first that met the stall go to the live masters, and a call that cannot know
+    whether its job was written says so ("may have been written", with the next step),
+    while every job answered as written is in Redis. Before, a call landing on the
+    stalled master waited out the stall (up to the 15 s socket timeout), the partition
+    was passed over for 2 s only (the next call there waited again), and a call
+    answered RedisUnavailable had its job written all the same."""
+    from runner.errors import RedisUnavailable
+
+    p = sproject
+    c = p.client
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    for i in range(6):  # (a connection to every master)
+        c.enqueue("record", {"n": -i})
+    stalled = shards[0]
+    on = {k.tag for k in parts if r.get_node_from_key(k.ready).port == stalled.port}
+    assert on and len(on) < len(parts)
+    took: list[float] = []
+    told: list[str] = []
+    ok: list[str] = []
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        end = time.monotonic() + 6.0
+        while time.monotonic() < end:
+            t = time.monotonic()
+            try:
+                ok.append(c.enqueue("record", {"n": 1}).id)
+            except RedisUnavailable as exc:
+                told.append(str(exc))
+            took.append(time.monotonic() - t)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    slow = sorted(x for x in took if x > 0.5)
+    print(f"{len(took)} calls, {len(ok)} written, {len(told)} unknown; over 0.5 s: {[round(x, 2) for x in slow]}")
+    assert max(took) < 3.0, f"a keyless enqueue waited {max(took):.1f} s on the stalled master"
+    assert len(slow) <= 1, f"keyless enqueues met the stalled master {len(slow)} times: {slow}"
+    assert len(ok) >= 20
+    for text in told:
+        assert "may have been written" in text and "idempotency" in text.lower(), text
+    wait_for(lambda: c.get(ok[-1]) is not None, timeout=20, what="the stalled master back")
+    there = {i for k in parts for i in r.lrange(k.ready, 0, -1)}
+    assert set(ok) <= there, "a job answered as written is not in Redis"
