@@ -5,6 +5,7 @@ failover tests' 3 masters with a replica each; and a project on one (the fixture
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -12,6 +13,7 @@ import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -135,3 +137,104 @@ def cproject(tmp_path: Path, cluster: list[Server]) -> Iterator[Project]:
     p = cluster_project(tmp_path / "p", cluster[:2])
     yield p
     close_project(p)
+
+
+# --- a live but slow master -------------------------------------------------------------
+
+
+class _Delayer:
+    """A TCP proxy on a thread of its own that forwards every chunk, each way, ``delay_s``
+    after it came (in order): through it a node answers every call, ``2 * delay_s`` late."""
+
+    def __init__(self, target: int, delay_s: float) -> None:
+        import asyncio
+        import threading
+
+        self.target, self.delay_s = target, delay_s
+        self.writers: set[Any] = set()
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(ready,), daemon=True, name="delayer")
+        self.thread.start()
+        ready.wait(10)
+
+    def _run(self, ready: Any) -> None:
+        import asyncio
+
+        async def serve() -> None:
+            self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+            self.port = self.server.sockets[0].getsockname()[1]
+            ready.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.server.serve_forever()
+            for w in list(self.writers):  # every connection's pumps end at their EOF
+                w.close()
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        self.loop.run_until_complete(serve())
+        self.loop.close()
+
+    async def _pump(self, reader: Any, writer: Any) -> None:
+        import asyncio
+
+        q: asyncio.Queue[tuple[float, bytes | None]] = asyncio.Queue()
+
+        async def out() -> None:
+            while True:
+                due, data = await q.get()
+                if data is None:
+                    break
+                await asyncio.sleep(max(0.0, due - self.loop.time()))
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        task = asyncio.ensure_future(out())
+        with contextlib.suppress(Exception):
+            while data := await reader.read(65536):
+                q.put_nowait((self.loop.time() + self.delay_s, data))
+        q.put_nowait((0.0, None))
+        with contextlib.suppress(Exception):
+            await task
+
+    async def _handle(self, cr: Any, cw: Any) -> None:
+        import asyncio
+
+        try:
+            sr, sw = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            cw.close()
+            return
+        self.writers |= {cw, sw}
+        await asyncio.gather(self._pump(cr, sw), self._pump(sr, cw), return_exceptions=True)
+        self.writers -= {cw, sw}
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.thread.join(5)
+
+
+@contextmanager
+def slow_master(servers: list[Server], slow: Server, delay_s: float) -> Iterator[int]:
+    """``slow`` (a master of ``servers``) announces a proxy that delays each chunk by
+    ``delay_s`` each way (CONFIG SET cluster-announce-port): every client that learns the
+    layout from then on reaches it through the proxy, its every call ``2 * delay_s`` late,
+    while the node itself runs at full speed. Yields the proxy's port."""
+    proxy = _Delayer(slow.port, delay_s)
+    direct = redis.Redis(port=slow.port)
+    try:
+        direct.config_set("cluster-announce-port", proxy.port)
+
+        def announced(c: redis.Redis) -> bool:
+            return any(int(n[1]) == proxy.port for sl in c.cluster("slots") for n in sl[2:3])
+
+        wait_for(lambda: _every([s for s in servers if s is not slow], announced), timeout=30, interval=0.1,
+                 what="the slow master's proxy announced")
+        yield proxy.port
+    finally:
+        with contextlib.suppress(redis.RedisError):
+            direct.config_set("cluster-announce-port", 0)
+        direct.close()
+        proxy.close()

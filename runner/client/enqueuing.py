@@ -21,6 +21,8 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence, S
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from redis import exceptions as redis_errors
+
 from runner import groups
 from runner.catalog import templates
 from runner.catalog.listing import Unlisted, one_request
@@ -40,7 +42,7 @@ from runner.store import codec, records, routing, tracecontext, transport
 from runner.store import link as link_mod
 from runner.store.aiolink import AsyncLink
 from runner.store.combiner import AsyncCombiner, Combiner, LoopCombiner
-from runner.store.connection import UNAVAILABLE, reachable, unreachable
+from runner.store.connection import UNAVAILABLE, NodeStalled, reachable, refusal, unreachable
 from runner.store.keys import QueueKeys
 from runner.store.scripts import NewJob, Stream
 
@@ -531,10 +533,13 @@ class Sender:
                 if isinstance(failure, (*UNAVAILABLE, RedisUnavailable)):
                     # The reply itself as the cause: the HTTP API tells a refused write
                     # (MISCONF, OOM) from a lost connection by it.
-                    failure = unreachable(failure)
+                    failure = unreachable(failure, _unknown(reply))
                     failure.__cause__ = reply
                     if k.partitions > 1:
-                        self.spread.avoid(k.partition)
+                        # A master given up (stalled) is passed over until it answers again.
+                        nodes = self.runtime.scripts.nodes
+                        node = nodes.node([k.ready]) if isinstance(reply, NodeStalled) else ""
+                        self.spread.avoid(k.partition, functools.partial(nodes.stalled, node) if node else None)
                 for index, _ in items:
                     out[index] = failure
                 continue
@@ -737,7 +742,21 @@ def _unconfirmed(exc: NotReplicated, replies: Sequence[Any] | None = None, write
 
 def _never_sent(exc: BaseException) -> bool:
     """Whether an enqueue failed while connecting (refused, or timed out before a
-    connection was made): nothing reached Redis, so its jobs may go elsewhere without
-    being written twice."""
+    connection was made), or was not sent to a master known stalled: nothing reached
+    Redis, so its jobs may go elsewhere without being written twice."""
     cause = exc.__cause__
+    if isinstance(cause, NodeStalled):
+        return not cause.sent
     return cause is not None and " connecting to " in str(cause)
+
+
+def _unknown(reply: BaseException) -> str:
+    """What an enqueue's failure tells of its jobs when the call went out and no answer
+    came (a timeout, a connection lost mid-call, a stalled master given up): they may
+    have been written. Nothing for a refusal, or a call never sent."""
+    if refusal(reply) is not None or isinstance(reply, (link_mod.ReplyError, redis_errors.ResponseError)):
+        return ""
+    if (isinstance(reply, NodeStalled) and not reply.sent) or " connecting to " in str(reply):
+        return ""
+    return ("; the job(s) may have been written (the call went out and no answer came): send again "
+            "with the same idempotency key (never written twice), or look the job up first")

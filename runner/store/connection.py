@@ -64,10 +64,15 @@ class RedisBusy(ResponseError):
 
 
 class NodeStalled(redis.TimeoutError):
-    """A Redis Cluster node that has not answered a worker's call within its node wait
+    """A Redis Cluster node that has not answered a call within its node wait
     (transport.NodeLanes.bounded): stopped, or hung, with its sockets still open, so the
-    call would wait out the whole socket timeout. An outage of that node's partitions;
-    the call may still run there later."""
+    call would wait out the whole socket timeout. An outage of that node's partitions.
+    ``sent``: the call went out and was given up (it may still run there later); False:
+    it was not sent, the node being known stalled already."""
+
+    def __init__(self, *args: object, sent: bool = True) -> None:
+        super().__init__(*args)
+        self.sent = sent
 
 
 class _Parser(DefaultParser):  # type: ignore[misc, valid-type]

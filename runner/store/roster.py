@@ -162,6 +162,15 @@ def _prune(redis: Any, prefix: str, own: str, now_ms: int, pulse: Pulse) -> None
     stale = [(field, raw) for field, raw in page.items() if field != own and not _is_live(raw, now_ms)]
     if not stale:
         return
+    from redis.cluster import RedisCluster  # (here: the roster's readers import no redis-py)
+
+    if isinstance(redis, RedisCluster):
+        # Redis Cluster: its pipeline takes no EVAL. Every call is on the roster's one
+        # key, so each goes on its own to that slot's master (the client follows a
+        # moved slot); a page holds few dead entries (workers that died since the last).
+        for field, raw in stale:
+            redis.eval(_PRUNE_LUA, 1, key(prefix), field, raw)
+        return
     pipe = redis.pipeline(transaction=False)
     for field, raw in stale:
         pipe.eval(_PRUNE_LUA, 1, key(prefix), field, raw)

@@ -21,7 +21,7 @@ import itertools
 import random
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -94,8 +94,9 @@ class Spread:
     round trip to the next, so a batch costs one script call more at most and the
     partitions fill evenly. A partition whose node could not be reached, or whose WAIT
     fell short of ``wait_replicas`` (a promoted master with no replica yet), is passed
-    over for AWAY_S (keyless jobs may go anywhere). Shared by threads: a lost update only
-    repeats a partition."""
+    over for AWAY_S, and one whose master was given up as stalled until it answers again
+    (keyless jobs may go anywhere). Shared by threads: a lost update only repeats a
+    partition."""
 
     AWAY_S = 2.0
 
@@ -105,10 +106,13 @@ class Spread:
         first = random.randrange(1 << 30) if start is None else start
         self._turn = itertools.count(first)
         self._now = first  # the turn of the jobs picked one at a time (``current``)
-        self._away: dict[int, float] = {}  # partition -> monotonic time it is tried again
+        # partition -> (monotonic time it is tried again, and what keeps it passed over past
+        # that: its master known stalled, until it answers again)
+        self._away: dict[int, tuple[float, Callable[[], bool] | None]] = {}
 
-    def avoid(self, partition: int) -> None:
-        self._away[partition] = time.monotonic() + self.AWAY_S
+    def avoid(self, partition: int, still: Callable[[], bool] | None = None) -> None:
+        """Pass ``partition`` over for AWAY_S, and after that while ``still()`` holds."""
+        self._away[partition] = (time.monotonic() + self.AWAY_S, still)
 
     def next(self, n: int) -> int:
         return self._pick(next(self._turn), n)
@@ -132,7 +136,8 @@ class Spread:
         if self._away:
             now = time.monotonic()
             for i in range(n):
-                if self._away.get((p + i) % n, 0.0) <= now:
+                until, still = self._away.get((p + i) % n, (0.0, None))
+                if until <= now and (still is None or not still()):
                     return (p + i) % n
         return p
 

@@ -86,6 +86,16 @@ DURABLE = frozenset({"enqueue", "emit", "group", "tick", "relay"})
 # that ran after all is found done by the next try, never written twice.
 FENCED = frozenset({"relay", "tick"})
 
+# A short wait (Transport.waiting) stretches to this many times a master's recent round
+# trip: a master that answers in 0.4 s is slow, and waited for; one silent for that long
+# past its usual answer is stalled.
+SLOW_FACTOR = 4.0
+# Redis Cluster: the longest an enqueue waits for its master (Transport.enqueue_wait_s),
+# as a worker's calls wait (its node wait, at most 2 s), plus the WAIT's own timeout.
+ENQUEUE_WAIT_S = 2.0
+RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
+
+
 def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
     """A call answered NOSCRIPT sent again with its source (EVAL), behind a SCRIPT LOAD in
     the same write. Sending it again is safe for every script, idempotent or not: Redis
@@ -506,6 +516,31 @@ class NodeLanes:
         # Nodes with bounded calls still out past their wait (see bounded) -> (since when,
         # how many are out): the node is stalled until the last of them ends.
         self._stalled: dict[str, tuple[float, int]] = {}
+        # Each master's recent round trip (a moving average of its bounded calls' times,
+        # those given up included once they end): a short wait (Transport.waiting) is
+        # stretched to SLOW_FACTOR times it, so a master that answers slowly is waited
+        # for (up to the node wait) while one that stops answering is given up at once.
+        self._rtt: dict[str, float] = {}
+
+    def stalled(self, node: str) -> bool:
+        """Whether a call to ``node`` was given up and neither it nor a probe since has
+        been answered (calls to it fail at once meanwhile)."""
+        return node in self._stalled
+
+    def rtt(self, node: str) -> float:
+        """``node``'s recent round trip in seconds (0: none timed yet)."""
+        return self._rtt.get(node, 0.0)
+
+    def _timed(self, node: str, f: Future[Any]) -> None:
+        """Time a bounded call to ``node`` from now until it ends, into its round trip."""
+        started = time.monotonic()
+
+        def ended(_: Future[Any]) -> None:
+            took = min(time.monotonic() - started, self.scripts.node_wait_s or 0.0)
+            before = self._rtt.get(node)
+            self._rtt[node] = took if before is None else before + RTT_WEIGHT * (took - before)
+
+        f.add_done_callback(ended)
 
     def node(self, keys: Sequence[str]) -> str:
         try:
@@ -520,8 +555,12 @@ class NodeLanes:
         for i, (_, keys, _, _) in enumerate(calls):
             by_node.setdefault(self.node(keys), []).append(i)
         out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
-        wait_s = self.scripts.node_wait()
-        if wait_s is not None and all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
+        wait_s = self.scripts.node_wait(*by_node)
+        if all(c[0] == "enqueue" for c in calls):
+            wait_s = self.scripts.enqueue_wait_s
+        elif not all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
+            wait_s = None
+        if wait_s is not None:
             return self._send_bounded(calls, by_node, out, wait_s + self.scripts.wait_s(calls))
         groups = list(by_node.values())
         futures = [self.pool().submit(self._run, calls, g, out) for g in groups[1:]]
@@ -545,6 +584,7 @@ class NodeLanes:
                 mine.update((i, stalled) for i in group)
             else:
                 sent[node] = self.pool().submit(self._run, calls, group, out)
+                self._timed(node, sent[node])
         wait(sent.values(), timeout=wait_s)
         for node, f in sent.items():
             if not f.done():
@@ -572,6 +612,8 @@ class NodeLanes:
             if stalled is not None:
                 raise stalled
         f = self.pool().submit(fn)
+        if not among:
+            self._timed(node, f)
         from concurrent.futures import TimeoutError as WaitedOut
 
         try:
@@ -598,7 +640,7 @@ class NodeLanes:
         who = node if node in among or not among else self._who(node, among)
         call = f"; {what} not sent" if what else ""
         return NodeStalled(f"Redis node {who} has not answered for {time.monotonic() - out[0]:.1f} s "
-                           f"(stopped or hung{call}); its partitions wait")
+                           f"(stopped or hung{call}); its partitions wait", sent=False)
 
     def _given_up(self, node: str, f: Future[Any], wait_s: float, what: str = "",
                   among: Sequence[str] = ()) -> BaseException:
@@ -607,7 +649,14 @@ class NodeLanes:
             since, n = self._stalled.get(node, (time.monotonic(), 0))
             self._stalled[node] = (since, n + 1)
 
-        def ended(_: Future[Any]) -> None:
+        def ended(done: Future[Any]) -> None:
+            exc = done.exception()
+            if not among and isinstance(exc, RedisTimeoutError) and not isinstance(exc, NodeStalled):
+                # No answer within the socket timeout: still stalled. A PING keeps it
+                # marked until the node answers (or leaves the layout, or refuses).
+                with contextlib.suppress(RuntimeError):  # (the process is ending)
+                    self.pool().submit(self._probe, node).add_done_callback(ended)
+                    return
             with self._lock:
                 since, n = self._stalled.get(node, (0.0, 1))
                 if n > 1:
@@ -619,6 +668,13 @@ class NodeLanes:
         call = f" {what}" if what else ""
         return NodeStalled(f"Redis node {self._who(node, among)} did not answer{call} within {wait_s:g} s "
                            "(stopped or hung); its partitions wait")
+
+    def _probe(self, node: str) -> None:
+        """One PING to ``node`` (host:port), if it is still in the layout."""
+        client = self.scripts.client
+        found = client.get_node(node_name=node)
+        if found is not None:
+            client.get_redis_connection(found).ping()
 
     def submit(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool,
                after: dict[str, Future[tuple[Any, int | None]]]) -> Future[tuple[Any, int | None]]:
@@ -685,6 +741,11 @@ class Transport:
         # One server holds every key (not Redis Cluster): a script may then read a key of
         # another slot that it is given (lua/emit.lua reads an event name's waiters so).
         self.one_server = not isinstance(client, RedisCluster)
+        # Redis Cluster: the longest an enqueue waits for its master before NodeStalled
+        # (its job may then be written or not: the caller is told so). A producer's jobs
+        # without a key go on to another partition meanwhile (a master known stalled is
+        # passed over until it answers again: NodeLanes.stalled).
+        self.enqueue_wait_s: float | None = None if self.one_server else ENQUEUE_WAIT_S
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._watch: Any = getattr(pool, "runner_watch", None)  # Sentinel's events (sentinel.py)
@@ -703,17 +764,24 @@ class Transport:
             ("WAIT", replicas, max(1, round(replica_timeout_s * 1000))) if replicas > 0 else None
         )
 
-    def node_wait(self) -> float | None:
-        """The calling thread's node wait: ``node_wait_s``, or less within ``waiting``."""
+    def node_wait(self, *nodes: str) -> float | None:
+        """The calling thread's node wait for a call to ``nodes`` (host:port): ``node_wait_s``,
+        or less within ``waiting``: its short wait, stretched to SLOW_FACTOR times the
+        slowest of those masters' recent round trips."""
         wait = self.node_wait_s
         short: float | None = getattr(self._local, "wait_s", None)
-        return wait if wait is None or short is None else min(wait, short)
+        if wait is None or short is None:
+            return wait
+        slowest = max((self.nodes.rtt(n) for n in nodes), default=0.0)
+        return min(wait, max(short, SLOW_FACTOR * slowest))
 
     @contextlib.contextmanager
     def waiting(self, wait_s: float) -> Iterator[None]:
         """The calls this thread makes within give up on a stalled master past ``wait_s``
-        (at most ``node_wait_s``): for a loop whose every call is safe to give up and
-        make again, and whose other masters' work must not wait (the scheduler's)."""
+        (at most ``node_wait_s``), or past SLOW_FACTOR times the master's recent round
+        trip when that is longer (a master that answers slowly is not stalled): for a
+        loop whose every call is safe to give up and make again, and whose other
+        masters' work must not wait (the scheduler's)."""
         before = getattr(self._local, "wait_s", None)
         self._local.wait_s = wait_s
         try:
@@ -745,9 +813,10 @@ class Transport:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent). ``by_source``: as for ``call``."""
         durable = durable or name in DURABLE
-        wait = self.node_wait()
-        if wait is not None and (not durable or name in FENCED) and not self.one_server:
-            return self.nodes.bounded(self.nodes.node(keys),
+        node = self.nodes.node(keys) if not self.one_server else ""
+        wait = self.node_wait(node) if name != "enqueue" else self.enqueue_wait_s
+        if wait is not None and (not durable or name in FENCED or name == "enqueue") and not self.one_server:
+            return self.nodes.bounded(node,
                                       lambda: self._counted(name, keys, args, spin, durable, by_source),
                                       wait + self.wait_s([(name, keys, args, durable)]), late)
         return self._counted(name, keys, args, spin, durable, by_source)
@@ -764,10 +833,13 @@ class Transport:
         ``what`` names it in the error): a worker's periodic reads and writes outside
         scripts (an outbox's head, the roster's heartbeat) wait for a stalled master no
         longer than its claims do. At once on one server, or without a node wait."""
-        wait = self.node_wait()
-        if wait is None or self.one_server:
+        if self.one_server:
             return fn()
-        return self.nodes.bounded(self.nodes.node([key]), fn, wait, what=what)
+        node = self.nodes.node([key])
+        wait = self.node_wait(node)
+        if wait is None:
+            return fn()
+        return self.nodes.bounded(node, fn, wait, what=what)
 
     def keyless(self, *command: Any) -> Any:
         """A command of no key (TIME), answered by a master that answers: on Redis Cluster
@@ -804,10 +876,11 @@ class Transport:
         at once while the master is stalled, and a give-up marks it so); over several, it
         fails at once while one of them is stalled, and names the stalled ones. At once on
         one server, or without a node wait."""
-        wait = self.node_wait()
-        if wait is None or self.one_server:
+        if self.one_server or self.node_wait_s is None:
             return fn()
         nodes = sorted({self.nodes.node([k]) for k in keys})
+        wait = self.node_wait(*nodes)
+        assert wait is not None
         if len(nodes) == 1:
             return self.nodes.bounded(nodes[0], fn, wait, what=what)
         return self.nodes.bounded(what, fn, wait, what=what, among=nodes)
@@ -992,6 +1065,31 @@ class Transport:
                 except ResponseError as exc:
                     replies[i] = exc
         return replies
+
+    def gather_on_node(self, key: str, calls: Sequence[ScriptCall | tuple[Any, ...]],
+                       what: str = "") -> list[Any] | None:
+        """Redis Cluster: script calls and plain commands on the keys of one slot (``key``'s)
+        in one round trip to its master, given up past the node wait as any call to it is
+        (on_node; ``what`` names it): each reply in its place. None when a reply says a
+        call must go another way (NOSCRIPT: the script is not loaded there; MOVED or ASK:
+        the slot moves; any other error reply): nothing of it is answered, and the caller
+        sends each call on its own, which loads, follows and raises as a single call does
+        (a script that ran then runs again: for calls that re-check what they move, as
+        the scheduler's are). On one server: ``gather``."""
+        if self._lanes is not None:
+            return self.gather(calls)
+        cmds = [("EVALSHA", self.shas[c.name], len(c.keys), *c.keys, *c.args) if isinstance(c, ScriptCall) else c
+                for c in calls]
+
+        def send() -> list[Any]:
+            client = self.client
+            pipe = client.get_redis_connection(client.get_node_from_key(key)).pipeline(transaction=False)
+            for cmd in cmds:
+                pipe.execute_command(*cmd)
+            return list(pipe.execute(raise_on_error=False))
+
+        replies = self.on_node(key, send, what)
+        return None if any(isinstance(r, Exception) for r in replies) else replies
 
     def _reload(self, conn: Any, name: str, keys: Sequence[str], args: Sequence[Any],
                 durable: bool) -> tuple[Any, int | None]:

@@ -16,6 +16,17 @@ reclaim's check of the queue's keys for damage (a TYPE per key) runs at the star
 TRIM_EVERY_S, and after this process saw an error reply (a damaged key causes them).
 The first passes also walk each partition's scheduled set once, BATCH ids a pass, into
 the scheduled list's index (jobs a release before the index delayed are in the set only).
+
+On Redis Cluster each partition's pass runs on a thread of its own, with a timer of its
+own: a pass is started when its partition is due (its next due job, at most
+scheduler_interval after the last pass started) and no pass of it is under way, and the
+loop never waits for one. An idle partition's pass is one round trip to its master (its
+look, _look_one). A call of a pass waits PASS_WAIT_S for a master that answers at its
+usual pace, and a few of its round trips for one that answers slowly (at most the
+worker's node wait: Transport.waiting), so a slow master still gets its whole pass
+(promote, the relay, reclaim), however late, while a stalled one fails the pass fast and
+its partitions back off as a dead node's. The other masters' partitions keep their
+timers meanwhile.
 """
 
 from __future__ import annotations
@@ -39,13 +50,25 @@ from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.scheduler")
 
+# A pass that ended: whether a backlog past retention is left, when its trim started
+# (None: no trim), whether its reclaim checked for damage, and the error that ended it
+# (None: it answered).
+Ended = tuple[bool, float | None, bool, BaseException | None]
+
 BATCH = 1000
 TRIM_EVERY_S = 60.0
-# The longest a pass waits for one Redis Cluster master (at most the worker's node wait):
-# every call of a pass re-checks what it moves and may be made again, and the other
-# masters' due jobs must not wait behind a stalled one (a delayed job is due to the ms).
-PASS_WAIT_S = 0.3
 TRIM_ROUNDS = 25  # trim calls per queue and pass, BATCH * 2 done jobs each
+# Redis Cluster: the longest a pass waits for a master that answers at its usual pace,
+# stretched to a few of its round trips for one that answers slowly (Transport.waiting),
+# at most the worker's node wait: a stalled master is found within it, and its
+# partitions back off, while a slow one's passes go on (each on its own thread).
+PASS_WAIT_S = 0.3
+# Redis Cluster: threads for the partitions' passes (started as needed, one pass per
+# partition at a time); more partitions than this wait for a thread, none for a master.
+PASS_THREADS = 64
+# A pass that ends says when its partition is next due; it wakes the loop only when that
+# is sooner than the loop's own wake by more than this (not for a wake a few ms apart).
+WAKE_SLACK_S = 0.01
 
 
 class Scheduler:
@@ -60,7 +83,8 @@ class Scheduler:
         self._last_trim = 0.0
         self._checked: tuple[int, float] = (-1, 0.0)  # error replies seen, and when, at the last damage check
         self._client: Client | None = None  # builds ON_FAILURE jobs for reclaimed deaths, tells waiters
-        self._wakes_seen: dict[tuple[str, int], float] = {}  # events with waiters to tell -> first seen
+        # Per partition: events with waiters to tell -> first seen.
+        self._wakes_seen: dict[tuple[str, str], dict[tuple[str, int], float]] = {}
         self._next_beat = 0.0
         # Partitions whose scheduled set is still to walk for the scheduled list's index,
         # and the rank to go on from (_index).
@@ -75,13 +99,26 @@ class Scheduler:
         # Partitions (queue, tag) whose shard is away; ("", "") is the roster's slot.
         self._away: Away[tuple[str, str]] = Away("scheduler", lambda w: f"queue {w[0]}, partition {{{w[1]}}}"
                                                  if w[0] else "roster", log)
+        # Redis Cluster: each partition's pass on a thread of its own (_spread).
+        self._passes = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="scheduler-pass")
+        self._lock = threading.Lock()  # guards the four below, written by the passes' threads
+        self._running: set[tuple[str, str]] = set()  # partitions with a pass under way
+        self._ended: dict[tuple[str, str], Ended] = {}  # passes ended since the loop last looked
+        self._due: dict[tuple[str, str], float] = {}  # when each partition's next pass is due
+        self._wake_at = float("inf")  # when the loop wakes by itself
+        self._wake = threading.Event()  # set to wake the loop sooner (a pass ended, a stop)
+        self._trimmed: dict[tuple[str, str], float] = {}  # when each partition's last trim started
+        self._to_check: set[tuple[str, str]] = set()  # partitions whose next reclaim checks for damage
+        self._ok: set[tuple[str, str]] = set()  # partitions whose last pass answered
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
+        self._passes.shutdown(wait=False)
         beating = self._beating
         if beating is not None:  # (ended before the worker leaves the roster: no entry written after)
             with contextlib.suppress(Exception):
@@ -90,7 +127,8 @@ class Scheduler:
 
     def tick(self) -> float:
         """One pass over every queue (every partition of each); returns seconds until the
-        next due job (capped)."""
+        next due job (capped). On Redis Cluster, the passes of the partitions that are
+        due are started, and those that ended are taken in (_spread)."""
         # A shard away fails the calls in its slots only: each partition (and the roster,
         # ("", ""), in a slot of its own) is served on its own, and one that fails waits out
         # a backoff of its own while the others go on. When nothing answers at all, Redis
@@ -100,13 +138,28 @@ class Scheduler:
         new = self._discover()
         if new and self.found is not None:
             self.found(new)
-        wait = self.rt.config.worker.scheduler_interval_s
         ret = self.rt.config.retention
         # A short retention (dev, tests) is honoured to within a quarter of itself.
         every = min(TRIM_EVERY_S, max(0.1, min(ret.done_s, ret.dead_s) / 4))
-        trim = time.monotonic() - self._last_trim > every
         check = self._check_due()
-        more = False
+        if self.rt.scripts.one_server:
+            wait, ok = self._serial(failures, every, check)
+        else:
+            wait, ok = self._spread(failures, every, check)
+        answered = self._heartbeat(failures) or ok or answered  # (one that ended meanwhile)
+        if failures and not answered:
+            raise failures[-1][1]
+        for where, why in failures:
+            self._away.failed(where, why)
+        return wait
+
+    def _serial(self, failures: list[tuple[tuple[str, str], BaseException]], every: float,
+                check: bool) -> tuple[float, bool]:
+        """One server: every partition's pass in turn, from one look at them all; (wait,
+        whether any partition answered)."""
+        wait = self.rt.config.worker.scheduler_interval_s
+        trim = time.monotonic() - self._last_trim > every
+        more = answered = False
         live = [k for parts in self.rt.parts.values() for k in parts  # every partition of every queue
                 if not self._away.away((k.queue, k.tag))]
         try:
@@ -114,27 +167,90 @@ class Scheduler:
         except OUTAGE as exc:  # the one server is away: every partition with it
             failures += [((k.queue, k.tag), exc) for k in live]
             live, looks = [], {}
-        # Each call given up on a stalled master past PASS_WAIT_S: the pass goes on with the
-        # others' partitions, and the stalled one's wait out a backoff of their own.
-        with self.rt.scripts.waiting(PASS_WAIT_S):
-            for k in live:
-                where = (k.queue, k.tag)
-                try:
-                    wait, more = self._pass(k, wait, trim, more, check, looks.get(id(k)))
-                    self._index(k, where)
-                except OUTAGE as exc:
-                    failures.append((where, exc))
-                    continue
-                self._away.ok(where)
-                answered = True
-        answered = self._heartbeat(failures) or answered  # (one that ended meanwhile)
-        if failures and not answered:
-            raise failures[-1][1]
-        for where, why in failures:
-            self._away.failed(where, why)
+        for k in live:
+            where = (k.queue, k.tag)
+            try:
+                wait, more = self._pass(k, wait, trim, more, check, looks.get(id(k)))
+                self._index(k, where)
+            except OUTAGE as exc:
+                failures.append((where, exc))
+                continue
+            self._away.ok(where)
+            answered = True
         if trim:
             self._last_trim = time.monotonic() - (every if more else 0.0)
-        return wait
+        return wait, answered
+
+    def _spread(self, failures: list[tuple[tuple[str, str], BaseException]], every: float,
+                check: bool) -> tuple[float, bool]:
+        """Redis Cluster: take in the passes that ended, start one for each partition that
+        is due (not away, none under way), and return (wait, whether a partition's last
+        pass answered). A pass never waits for another: one on a slow master takes its
+        time, one on a stalled master fails within the node wait."""
+        interval = self.rt.config.worker.scheduler_interval_s
+        parts = [k for ks in self.rt.parts.values() for k in ks]  # every partition of every queue
+        if check:
+            self._to_check = {(k.queue, k.tag) for k in parts}
+        with self._lock:
+            ended, self._ended = self._ended, {}
+        for where, (more, trimmed, checked, err) in ended.items():
+            if err is None:
+                self._away.ok(where)
+                self._ok.add(where)
+                if checked:
+                    self._to_check.discard(where)
+                if trimmed is not None:  # a backlog past retention: trimmed again at its next pass
+                    self._trimmed[where] = float("-inf") if more else trimmed
+                continue
+            self._ok.discard(where)
+            if isinstance(err, OUTAGE):
+                failures.append((where, err))
+            else:
+                log.error("scheduler, queue %s, partition {%s}: unexpected error; continuing", *where,
+                          exc_info=err)
+                with self._lock:
+                    self._due[where] = time.monotonic() + 1.0
+        now = time.monotonic()
+        for k in parts:
+            where = (k.queue, k.tag)
+            if self._away.away(where) or self._stop.is_set():
+                continue
+            with self._lock:
+                if where in self._running or self._due.get(where, 0.0) > now:
+                    continue
+                self._running.add(where)
+            trim = now - self._trimmed.get(where, 0.0) > every
+            self._passes.submit(self._one, k, where, interval, now if trim else None, where in self._to_check)
+        with self._lock:
+            now = time.monotonic()
+            due = [max(d, self._away.until.get(w, 0.0)) for w, d in self._due.items() if w not in self._running]
+            wait = max(0.002, min([interval, *(d - now for d in due)]))
+            self._wake_at = now + wait
+        return wait, bool(self._ok)
+
+    def _one(self, k: QueueKeys, where: tuple[str, str], interval: float, trim: float | None,
+             check: bool) -> None:
+        """One partition's pass, on a thread of its own (_spread): its outcome, and when the
+        partition is next due, left for the loop, which is woken when that is sooner than
+        it would wake by itself (or the pass failed)."""
+        started = time.monotonic()
+        err: BaseException | None = None
+        wait, more = interval, False
+        try:
+            # Each call given up on a master silent past PASS_WAIT_S (or past a few of its
+            # round trips, when it answers slowly): a stall is found fast, and the node's
+            # other calls (the fetcher's, the ticker's) then fail at once while it lasts.
+            with self.rt.scripts.waiting(PASS_WAIT_S):
+                wait, more = self._pass(k, interval, trim is not None, False, check, self._look_one(k, check))
+                self._index(k, where)
+        except BaseException as exc:  # (told to the loop: an outage backs off, a bug is logged)
+            err = exc
+        with self._lock:
+            self._running.discard(where)
+            due = self._due[where] = started + (0.0 if err is not None else wait)
+            self._ended[where] = (more, trim, check, err)
+            if err is not None or due < self._wake_at - WAKE_SLACK_S:
+                self._wake.set()
 
     def _heartbeat(self, failures: list[tuple[tuple[str, str], BaseException]]) -> bool:
         """The roster's heartbeat, every HEARTBEAT_S, on a thread of its own: a pass starts
@@ -189,6 +305,13 @@ class Scheduler:
         self._finding = None
         return f.result()
 
+    def _followups(self) -> Client:
+        """The client that builds ON_FAILURE jobs and tells waiters, made once."""
+        with self._lock:
+            if self._client is None:
+                self._client = Client(self.rt)
+            return self._client
+
     def _index(self, k: QueueKeys, where: tuple[str, str]) -> None:
         """Walk a partition's scheduled set once, BATCH ids a pass, putting the jobs that a
         release before the scheduled list's index delayed in it (index_delayed.lua); one
@@ -231,6 +354,21 @@ class Scheduler:
                 out[id(k)] = (promoted, reclaimed, int(outbox), int(wakes))
         return out
 
+    def _look_one(self, k: QueueKeys, check: bool) -> tuple[Any, Any, int, int] | None:
+        """Redis Cluster: a partition's first promote and reclaim and its outbox's and wakes'
+        lengths in one round trip to its master (all its keys are in one slot), so an idle
+        partition's pass is that one round trip, on a slow master too; None when a reply
+        says its calls must go on their own (Transport.gather_on_node)."""
+        sc = self.rt.scripts
+        dead_ms = int(self.rt.config.retention.dead_s * 1000)
+        calls = [sc.promote_call(k, BATCH), sc.reclaim_call(k, BATCH, dead_ms, check=check),
+                 ("LLEN", k.outbox), ("LLEN", k.wakes)]
+        replies = sc.gather_on_node(k.ready, calls, f"the scheduler's look at queue {k.queue}, partition {{{k.tag}}}")
+        if replies is None:
+            return None
+        promoted, reclaimed, outbox, wakes = replies
+        return promoted, reclaimed, int(outbox), int(wakes)
+
     def _pass(self, k: QueueKeys, wait: float, trim: bool, more: bool, check: bool,
               look: tuple[Any, Any, int, int] | None = None) -> tuple[float, bool]:
         """The passes over one partition, starting from ``look`` (the first promote and
@@ -250,9 +388,8 @@ class Scheduler:
         if outbox and relay.drain(self.rt, k) >= relay.BATCH:
             wait = 0.002  # more waiting: come back at once
         if wakes:
-            if self._client is None:
-                self._client = Client(self.rt)
-            if relay.tell_waiters(self._client, k, self._wakes_seen):
+            seen = self._wakes_seen.setdefault((k.queue, k.tag), {})  # (one per partition: passes run at once)
+            if relay.tell_waiters(self._followups(), k, seen):
                 wait = min(wait, relay.WAKE_AFTER_S / 4)  # (an emitter's own, told by it within that)
         lost = trim  # now and then, for a list a dead scheduler left
         while True:
@@ -265,9 +402,7 @@ class Scheduler:
             if int(requeued) + int(buried) < BATCH:
                 break
         if lost:
-            if self._client is None:
-                self._client = Client(self.rt)
-            while relay.lost_destinations(self.rt, self._client, k) >= relay.BATCH:
+            while relay.lost_destinations(self.rt, self._followups(), k) >= relay.BATCH:
                 pass
         if trim:
             for _ in range(TRIM_ROUNDS):
@@ -309,4 +444,5 @@ class Scheduler:
             except Exception:
                 log.exception("scheduler: unexpected error; continuing")
                 wait = 1.0
-            self._stop.wait(wait)
+            self._wake.wait(wait)
+            self._wake.clear()  # (a pass that ends from here on is taken in by the next tick)

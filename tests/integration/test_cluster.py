@@ -309,3 +309,28 @@ def test_a_slot_being_migrated_is_an_outage_to_every_producer(cproject: Project)
             node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
     assert c.enqueue("record", {"n": 6}).id
     assert web.simulate_post("/jobs/record", json={"n": 7}).status_code == 202
+
+
+def test_a_dead_worker_s_roster_entry_is_pruned_on_the_cluster(cproject: Project) -> None:
+    """A worker died without leaving (its entry went stale): a live worker's heartbeat,
+    winning the pruning bid, deletes the entry on the cluster, and its scheduler logs no
+    error. Before, the pruning sent its compare-and-delete through a cluster pipeline,
+    which takes no EVAL: a TypeError at every bid ("scheduler: unexpected error" with a
+    traceback), the rest of that tick skipped, and the dead entry kept for ever."""
+    import json
+
+    from runner.store import roster
+
+    p = cproject
+    r, prefix = p.runtime.redis, p.runtime.config.redis.prefix
+    now = roster.server_ms(r)
+    dead = {"id": "gone:2:bb", "host": "h", "pid": 2, "queues": ["fast"], "functions": {"record": 1},
+            "started_ms": now - 60_000, "seen_ms": now - 30_000, "ttl_ms": 5_000}
+    r.hset(roster.key(prefix), "gone:2:bb", json.dumps(dead))
+    w = p.spawn_worker("fast", env={"RUNNER_TEST_ROSTER": "0.2,5"})
+    wait_for(lambda: [x["pid"] for x in p.client.workers()] == [w.pid], timeout=20, what="the worker on the roster")
+    wait_for(lambda: "gone:2:bb" not in r.hkeys(roster.key(prefix)), timeout=5, interval=0.1,
+             what="the dead worker's entry pruned")
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+    assert w.poll() is None

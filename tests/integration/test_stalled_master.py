@@ -371,3 +371,142 @@ def test_the_cancel_subscription_listens_on_a_master_that_answers(sproject: Proj
         os.kill(stalled.proc.pid, signal.SIGCONT)
     assert ready and took < 1.0, f"the subscription was ready: {ready}, after {took:.1f} s"
     assert heard == [["job1", "token1"]]
+
+
+def test_a_slow_master_s_partition_is_reclaimed_and_the_others_keep_their_timers(
+        sproject: Project, shards: list[Server]) -> None:
+    """One master of three answers every call 0.4 s late (a delaying proxy: it is slow, not
+    stalled), the lease is 8 s (a node wait of 2 s): a job whose worker was SIGKILLed runs
+    again once its lease lapses on every partition, the slow one's too, and the scheduler
+    moves delayed jobs to ready on time on the live masters, and within a few of the slow
+    one's round trips there. Before, the scheduler gave up every call of a pass past 0.3 s
+    as a stall: on the slow master each pass ended at its first promote, its lapsed leases
+    were never reclaimed (at-least-once broken), and the other masters' passes waited on
+    it."""
+    import threading
+
+    import redis
+    from clusterkit import slow_master
+
+    from runner.client.inspecting import find
+
+    p = sproject
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    port = {k.tag: r.get_node_from_key(k.ready).port for k in parts}
+    slow = next(s for s in shards if s.port == port[parts[-1].tag])
+    assert len(set(port.values())) >= 2, port
+    direct = {s.port: redis.Redis(port=s.port, decode_responses=True) for s in shards}  # (not through the proxy)
+    # Seeded with the live masters only: every process reaches the slow one as announced.
+    p.server = Endpoint("redis+cluster://" + ",".join(  # type: ignore[assignment]
+        f"127.0.0.1:{s.port}" for s in shards if s is not slow))
+    p.write_config(vt=8, fast="partitions = 3", concurrency=16, prefetch=0)
+    promoted: dict[str, float] = {}  # a delayed job -> when it left its scheduled set
+    due: dict[str, float] = {}  # -> when it was due (its score there: the server's clock)
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            t = time.time()
+            now = {j: s for k in parts for j, s in direct[port[k.tag]].zrange(k.scheduled, 0, -1, withscores=True)}
+            promoted.update((j, t) for j in due.keys() - now.keys() if j not in promoted)
+            due.update((j, s / 1000) for j, s in now.items() if j not in due)
+            time.sleep(0.01)
+
+    with slow_master(shards, slow, 0.2):
+        c = p.client
+        doomed = p.spawn_worker("fast")
+        long = [c.enqueue("record", {"n": 1000 + i, "sleep": 60}).id for i in range(3)]  # one per partition
+        where = {j: find(c, j)[0].tag for j in long}
+        assert slow.port in {port[t] for t in where.values()}, where
+        wait_for(lambda: all(p.runs(j) for j in long), timeout=30, interval=0.1, what="the long jobs running")
+        doomed.send_signal(signal.SIGKILL)
+        killed = time.time()
+        w = p.spawn_worker("fast")
+        warm = c.enqueue("record", {"n": -1}).id
+        wait_for(lambda: p.runs(warm), timeout=30, interval=0.05, what="the second worker to start")
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        ids = [j.id for batch in range(3)  # (each call's keyless jobs go to the next partition)
+               for j in c.enqueue_many([Request("record", {"n": 10 * batch + i}, delay_s=1.0 + 0.2 * i)
+                                        for i in range(10)])]
+        wait_for(lambda: all(p.runs(j) for j in ids), timeout=30, interval=0.1, what="the delayed jobs to run")
+        watching.set()
+        watcher.join()
+        on = {j: find(c, j)[0].tag for j in ids}
+        deadline = killed + 8 + 6
+        while time.time() < deadline and not all(len(p.runs(j)) >= 2 for j in long):
+            time.sleep(0.2)
+        again = {where[j]: float(p.runs(j)[1].split()[2]) - killed if len(p.runs(j)) >= 2 else None for j in long}
+        alive = w.poll() is None
+        log = (p.root / "worker-1.log").read_text()
+        p.stop_all()  # (before the proxy goes)
+    late: dict[bool, list[float]] = {True: [], False: []}
+    started: dict[bool, list[float]] = {True: [], False: []}
+    assert set(due) == set(ids), "a delayed job was not seen in its scheduled set"
+    for j, t in due.items():
+        late[port[on[j]] == slow.port].append(promoted.get(j, float("inf")) - t)
+        started[port[on[j]] == slow.port].append(float(p.runs(j)[0].split()[2]) - t)
+    slow_late, live_late = sorted(late[True]), sorted(late[False])
+    print(f"run again after the kill: {again}; moved to ready late, slow master: median "
+          f"{statistics.median(slow_late):.2f} s, worst {slow_late[-1]:.2f} s of {len(slow_late)}, live masters: "
+          f"median {statistics.median(live_late):.2f} s, worst {live_late[-1]:.2f} s of {len(live_late)}; started "
+          f"late, slow: median {statistics.median(started[True]):.2f} s, worst {max(started[True]):.2f} s, live: "
+          f"median {statistics.median(started[False]):.2f} s, worst {max(started[False]):.2f} s")
+    assert all(s is not None for s in again.values()), \
+        f"a lapsed lease was not reclaimed within 6 s of its end: {again} " \
+        f"(on the slow master: {[t for t in again if port[t] == slow.port]})"
+    assert slow_late and live_late
+    assert live_late[-1] < 0.3, f"a live master's delayed job was moved to ready {live_late[-1]:.2f} s late"
+    assert slow_late[-1] < 1.5, f"the slow master's delayed job was moved to ready {slow_late[-1]:.2f} s late"
+    assert alive
+    assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
+
+
+def test_keyless_enqueues_go_on_to_the_live_masters_while_one_stalls(sproject: Project,
+                                                                     shards: list[Server]) -> None:
+    """A producer sends keyless jobs one at a time while one master of three is stalled for
+    6 s: every call is answered within the node wait (2 s) and a little, the calls after
+    the first that met the stall go to the live masters, and a call that cannot know
+    whether its job was written says so ("may have been written", with the next step),
+    while every job answered as written is in Redis. Before, a call landing on the
+    stalled master waited out the stall (up to the 15 s socket timeout), the partition
+    was passed over for 2 s only (the next call there waited again), and a call
+    answered RedisUnavailable had its job written all the same."""
+    from runner.errors import RedisUnavailable
+
+    p = sproject
+    c = p.client
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    for i in range(6):  # (a connection to every master)
+        c.enqueue("record", {"n": -i})
+    stalled = shards[0]
+    on = {k.tag for k in parts if r.get_node_from_key(k.ready).port == stalled.port}
+    assert on and len(on) < len(parts)
+    took: list[float] = []
+    told: list[str] = []
+    ok: list[str] = []
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        end = time.monotonic() + 6.0
+        while time.monotonic() < end:
+            t = time.monotonic()
+            try:
+                ok.append(c.enqueue("record", {"n": 1}).id)
+            except RedisUnavailable as exc:
+                told.append(str(exc))
+            took.append(time.monotonic() - t)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    slow = sorted(x for x in took if x > 0.5)
+    print(f"{len(took)} calls, {len(ok)} written, {len(told)} unknown; over 0.5 s: {[round(x, 2) for x in slow]}")
+    assert max(took) < 3.0, f"a keyless enqueue waited {max(took):.1f} s on the stalled master"
+    assert len(slow) <= 1, f"keyless enqueues met the stalled master {len(slow)} times: {slow}"
+    assert len(ok) >= 20
+    for text in told:
+        assert "may have been written" in text and "idempotency" in text.lower(), text
+    wait_for(lambda: c.get(ok[-1]) is not None, timeout=20, what="the stalled master back")
+    there = {i for k in parts for i in r.lrange(k.ready, 0, -1)}
+    assert set(ok) <= there, "a job answered as written is not in Redis"
