@@ -71,8 +71,10 @@ _OWN = frozenset(n for t in (list, dict, set, str, bytes, threading.Event, threa
 GENERIC = (COMMANDS & _OWN) | {"command", "echo", "time", "select", "save", "reset", "execute", "wait",
                               # runner's own methods of those names: an HTTP connection's
                               # expire (web/server.py), the scripts' watch (store/scripts.py);
-                              # a generator's and a socket's send (a link's too)
-                              "expire", "watch", "send"}
+                              # a generator's and a socket's send (a link's too); uvicorn's
+                              # queue of pipelined requests on an HTTP connection (a
+                              # pipeline a call makes is still a client: MAKERS)
+                              "expire", "watch", "send", "pipeline"}
 # Calls that hand back a client, a pipeline or a connection: a name bound to one is a
 # client; so is a parameter of these names (the store's own spelling of a client handed
 # in), or one annotated with a redis-py type. A call whose name ends in "pipe" or
@@ -526,6 +528,7 @@ def test_the_walk_sees_a_client_however_it_is_named() -> None:
         "typed parameter": "def f(r: redis.Redis, k):\n    r.get(k)\n",
         "helper's pipeline": "def f(rt, k):\n    p = rt.scripts.redis_pipe()\n    p.set(k, 1)\n    p.execute()\n",
         "with": "def f(rt, k):\n    with rt.redis.pipeline() as p:\n        p.get(k)\n",
+        "a pipeline of any receiver": "def f(conn, k):\n    p = conn.pipeline()\n    p.set(k, 1)\n",
     }
     missed = [name for name, src in forms.items() if not commands(src)]
     assert missed == []
@@ -539,6 +542,7 @@ def test_the_walk_sees_a_client_however_it_is_named() -> None:
         "    getattr(d, 'get')('a')\n"
         "    getattr(rt.redis, 'connection_pool')\n"
         "    rt.scripts.batch().execute()\n"
+        "    last = not self.pipeline\n"  # (uvicorn's pipelined requests: web/server.py)
     )
     assert commands(fine) == []
 
