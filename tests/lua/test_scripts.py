@@ -4,7 +4,6 @@ the tests of the server's clock pass none and read TIME around the call."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from runner.store.embedded import Server
 from runner.store.scripts import Ack, Burial, Hand, NewJob, RetryAt
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project, assert_no_job_in_two_structures, done_ids, make_project, structures, view
+from conftest import Project, assert_no_job_in_two_structures, done_ids, keep_functions, make_project, structures, view
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
@@ -116,13 +115,7 @@ def server_ms(p: Project) -> int:
 
 @pytest.fixture
 def p(any_project: Project) -> Project:
-    """A project with the one function these tests enqueue through the client (noop): the
-    scripts read no function, and each test's runtime loads what the folder holds."""
-    for path in (any_project.root / "functions").glob("*.py"):
-        if path.stem != "noop":
-            path.unlink()
-            shutil.rmtree(any_project.root / "schemas" / path.stem, ignore_errors=True)
-    return any_project
+    return keep_functions(any_project, "noop")  # (the one function a test enqueues through the client)
 
 
 # --- enqueue ---------------------------------------------------------------------------
