@@ -298,6 +298,17 @@ def make_project(root: Path, server: Server, examples: bool = False) -> Project:
     return p
 
 
+def keep_functions(project: Project, *names: str) -> Project:
+    """Leave only these fixture functions (and their schemas) in the project's folder, before
+    its runtime is made: tests of the scripts read no function, and each runtime loads what
+    the folder holds."""
+    for path in (project.root / "functions").glob("*.py"):
+        if path.stem not in names:
+            path.unlink()
+            shutil.rmtree(project.root / "schemas" / path.stem, ignore_errors=True)
+    return project
+
+
 def _project_on(root: Path, server: Server) -> Iterator[Project]:
     p = make_project(root, server)
     yield p

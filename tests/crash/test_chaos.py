@@ -58,11 +58,11 @@ def test_chaos_nothing_lost_nothing_doubled(tmp_path: Path, isolation: str) -> N
 
 
 def test_many_workers_thousands_of_jobs_random_failures(tmp_path: Path) -> None:
-    """No faults, only load: three workers and their schedulers over 2500 jobs with a 20 %
+    """No faults, only load: three workers and their schedulers over 1,200 jobs (2,500 at full size) with a 20 %
     transient failure rate (one of 200 resource keys each).
     Every job ends done exactly once (one 'done' in its history,
     one completed run), attempts within limits, each run accounted for by an attempt."""
-    chaos = Chaos(tmp_path, jobs=int(_env("LOAD_JOBS", 2500)), seconds=3, workers=3, faults=False, seed=5,
+    chaos = Chaos(tmp_path, jobs=int(size("LOAD_JOBS", 1200, 2500)), seconds=3, workers=3, faults=False, seed=5,
                   resources=200, slow=False)
     fig = chaos.run()
     print("\n" + fig.table())

@@ -17,7 +17,7 @@ import pytest
 from chaoskit import descendants
 from crashkit import rec, wait_final
 
-from conftest import Project, wait_for
+from conftest import Project, size, wait_for
 
 PWORK = '''
 import os, time
@@ -604,7 +604,7 @@ def test_tools_that_background_something_leave_no_zombies(project: Project, mixe
     """Each job's tool leaves an orphan (``sh -c "cmd &"``): in a thread-mode handler it
     is the worker's to adopt if the worker is a subreaper, in a process-mode one its
     child's. Neither keeps it as a zombie: they used to, one per job, for good."""
-    n = 12
+    n = int(size("ZOMBIE_JOBS", 4, 12))  # jobs per function
     project.add_function("bgp", BACKGROUND)
     project.add_function("bgt", BACKGROUND.replace('QUEUE = "slow"\nISOLATION = "process"', 'QUEUE = "fast"'))
     project.write_config(vt=5, concurrency=1, prefetch=1, max_attempts=1)
@@ -752,7 +752,8 @@ def test_a_worker_killed_right_after_its_claim_spends_no_attempt(project: Projec
     project.add_function("pwork", SLOWSTART)
     only_functions(project, "pwork")
     project.write_config(vt=1, concurrency=2, prefetch=0, max_attempts=1, fast="max_timeout = 600")
-    for _ in range(4):
+    # Each round's kill lands in the child's 3 s start; RUNNER_TEST_FULL=1 runs 4.
+    for _ in range(int(size("CLAIM_KILL_ROUNDS", 2, 4))):
         job = project.client.enqueue("pwork", {}).id
         w = spawn_leader(project, "fast", env={"CHILD_IMPORT_S": "3"})
         deadline = time.monotonic() + 30

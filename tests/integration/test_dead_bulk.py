@@ -17,7 +17,13 @@ from runner.store import audit
 from runner.store.scripts import Burial
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project
+from conftest import Project, size
+
+# Bulk sizes: past the client's batches of BULK_BATCH (500) and the entry's MAX_IDS ids;
+# RUNNER_TEST_FULL=1 runs the sizes the issues gave.
+BULK = int(size("DEAD_BULK_JOBS", 1_200, 3_000))
+GHOSTS = int(size("DEAD_BULK_GHOSTS", 1_200, 5_000))
+KILLED = int(size("DEAD_BULK_KILLED", 8_000, 20_000))
 
 ERROR = json.dumps({"type": "E", "message": "m", "traceback": "Traceback (most recent call last): ..."})
 
@@ -48,21 +54,21 @@ def _multi(project: Project) -> int:
 
 
 def test_bulk_requeue_and_purge_are_batched_and_one_audit_entry_each(project: Project) -> None:
-    """An operator's single requeue stays on the trail after a bulk requeue of 3,000 dead
-    jobs and a bulk purge of 3,000 more: each bulk action is one entry with its count and
+    """An operator's single requeue stays on the trail after a bulk requeue of BULK dead
+    jobs and a bulk purge of BULK more: each bulk action is one entry with its count and
     at most audit.MAX_IDS ids. (Its speed: the slow test below, 500,000 in under a minute.)"""
     c = project.client
     first = bury_many(project, 1)[0]
     assert run(project, "dead", "requeue", first).exit_code == 0
-    ids = bury_many(project, 3000)
+    ids = bury_many(project, BULK)
     out = run(project, "dead", "requeue", "--all", "--json")
     assert out.exit_code == 0, out.output
-    assert json.loads(out.stdout)["requeued"] == 3000
+    assert json.loads(out.stdout)["requeued"] == BULK
     assert c.stats()["fast"]["dead"] == 0 and {c.get(i).status for i in ids[::100]} == {"queued"}
 
     for i in ids:
         c.cancel(i)
-    gone = bury_many(project, 3000)
+    gone = bury_many(project, BULK)
     assert run(project, "dead", "purge", "--all", "--yes").exit_code == 0
     assert c.stats()["fast"]["dead"] == 0 and not project.runtime.redis.exists(project.keys().job(gone[0]))
 
@@ -70,8 +76,8 @@ def test_bulk_requeue_and_purge_are_batched_and_one_audit_entry_each(project: Pr
     assert total == 3, entries
     purge, requeue, single = entries
     assert (single["action"], single["job_id"]) == ("requeue", first)
-    assert (requeue["action"], requeue["count"]) == ("requeue", 3000)
-    assert (purge["action"], purge["count"]) == ("purge", 3000)
+    assert (requeue["action"], requeue["count"]) == ("requeue", BULK)
+    assert (purge["action"], purge["count"]) == ("purge", BULK)
     assert len(requeue["ids"]) == len(purge["ids"]) == audit.MAX_IDS and set(requeue["ids"]) <= set(ids)
     assert all(len(json.dumps(e)) < 20_000 for e in entries)
 
@@ -123,7 +129,7 @@ def test_bulk_requeue_of_500000_dead_jobs_takes_under_a_minute(project: Project)
 
 
 def test_a_bulk_requeue_killed_half_way_is_on_the_trail_with_how_far_it_got(project: Project) -> None:
-    """`runner dead requeue --all` of 20,000 dead jobs, SIGKILLed half-way: its one audit
+    """`runner dead requeue --all` of KILLED dead jobs, SIGKILLed half-way: its one audit
     entry was written when it started (who, how many it meant to requeue) and updated
     after each batch, so the trail shows it "running" with the count it reached; a run
     to its end leaves its one entry "done" with its count."""
@@ -134,29 +140,29 @@ def test_a_bulk_requeue_killed_half_way_is_on_the_trail_with_how_far_it_got(proj
     from conftest import wait_for
 
     c, r, k = project.client, project.runtime.redis, project.keys()
-    bury_many(project, 20_000, type_="noop")
+    bury_many(project, KILLED, type_="noop")
     proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
                              "dead", "requeue", "--all", "--json"], cwd=project.root, env=project.env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: r.zcard(k.dead) < 17_000 or proc.poll() is not None, timeout=60, interval=0.002,
+        wait_for(lambda: r.zcard(k.dead) < KILLED - 2_000 or proc.poll() is not None, timeout=60, interval=0.002,
                  what="the requeue to be under way")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-    moved = 20_000 - r.zcard(k.dead)
-    assert moved < 20_000, "the requeue ended before it was killed"
+    moved = KILLED - r.zcard(k.dead)
+    assert moved < KILLED, "the requeue ended before it was killed"
     total, entries = c.audit(limit=10)
     assert total == 1, entries
     entry = entries[0]
-    assert (entry["action"], entry["state"], entry["expected"]) == ("requeue", "running", 20_000), entry
+    assert (entry["action"], entry["state"], entry["expected"]) == ("requeue", "running", KILLED), entry
     assert entry["by"].startswith("cli:") and 0 < entry["count"] <= moved, (entry["count"], moved)
 
     out = run(project, "dead", "requeue", "--all", "--json")
-    assert out.exit_code == 0 and json.loads(out.stdout)["requeued"] == 20_000 - moved
+    assert out.exit_code == 0 and json.loads(out.stdout)["requeued"] == KILLED - moved
     total, (done, killed) = c.audit(limit=10)
     assert total == 2 and killed["state"] == "running"
-    assert (done["state"], done["count"], done["expected"]) == ("done", 20_000 - moved, 20_000 - moved)
+    assert (done["state"], done["count"], done["expected"]) == ("done", KILLED - moved, KILLED - moved)
 
 
 def test_a_flood_of_pauses_and_resumes_pushes_no_other_action_off_the_trail(project: Project,
@@ -184,8 +190,8 @@ def test_a_flood_of_pauses_and_resumes_pushes_no_other_action_off_the_trail(proj
     assert [e["action"] for e in c.audit(20, 5)[1]] == ["purge"]
 
 
-def test_cli_bulk_actions_on_5000_ids_that_do_not_exist_write_no_audit_entry(project: Project) -> None:
-    """`runner dead requeue`, `dead purge` and `cancel` of 5,000 ids that name no job (with
+def test_cli_bulk_actions_on_many_ids_that_do_not_exist_write_no_audit_entry(project: Project) -> None:
+    """`runner dead requeue`, `dead purge` and `cancel` of GHOSTS ids that name no job (with
     --queue and without), and `--all` runs that find nothing, act on nothing and write no
     entry: the trail grows by at most one and the earlier action stays. A cancel of
     several real ids is one entry with its count, not one per job."""
@@ -193,7 +199,7 @@ def test_cli_bulk_actions_on_5000_ids_that_do_not_exist_write_no_audit_entry(pro
     first = bury_many(project, 1)[0]
     assert run(project, "dead", "requeue", first).exit_code == 0
     before, _ = c.audit()
-    ghosts = [f"nosuch{n:05d}" for n in range(5000)]
+    ghosts = [f"nosuch{n:05d}" for n in range(GHOSTS)]
     for args in (("dead", "requeue", "--queue", "fast"), ("dead", "requeue"), ("dead", "purge", "--queue", "fast"),
                  ("dead", "purge"), ("cancel",)):
         out = run(project, *args, *ghosts, "--json")

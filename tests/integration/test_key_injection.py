@@ -20,8 +20,9 @@ from test_web_support import Web, gunicorn
 
 from runner import ValidationFailed
 from runner.store import records
+from runner.store.embedded import Server
 
-from conftest import Project, wait_for
+from conftest import Project, make_project, wait_for
 
 CALL_API = '''QUEUE = "fast"
 RATE_LIMIT = {"key": "api:{account}", "limit": 5, "period": 1}
@@ -60,6 +61,22 @@ def web(keyed: Project) -> Iterator[Web]:
         yield w
 
 
+@pytest.fixture(scope="module")
+def keyed_web(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
+    """One keyed project and its server for the HTTP refusals: each test compares what is
+    written before and after its own requests."""
+    p = make_project(tmp_path_factory.mktemp("keyed") / "project", server)
+    p.add_function("call_api", CALL_API, ACCOUNT)
+    p.add_function("order", ORDER, ORDER_ID)
+    try:
+        with gunicorn(p) as w:
+            yield p, w
+    finally:
+        p.stop_all()
+        if p._runtime is not None:
+            p._runtime.close()
+
+
 def _written(project: Project) -> list[str]:
     """Every key of the project's prefix in Redis (a refused job leaves none)."""
     return sorted(k.decode() if isinstance(k, bytes) else k
@@ -71,9 +88,10 @@ def _key_errors(problem: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("value", HOSTILE)
-def test_http_refuses_a_control_character_in_a_rendered_key(keyed: Project, web: Web, value: str) -> None:
+def test_http_refuses_a_control_character_in_a_rendered_key(keyed_web: tuple[Project, Web], value: str) -> None:
     """POST /jobs/{type} with a payload value that a key template renders: 422 naming the
     payload field and what to do, and nothing in Redis; a clean value still gets its 202."""
+    keyed, web = keyed_web
     before = _written(keyed)
     for fn, field in (("call_api", "account"), ("order", "order_id")):
         r = web.post(f"/jobs/{fn}", data=json.dumps({field: value}),
@@ -88,8 +106,9 @@ def test_http_refuses_a_control_character_in_a_rendered_key(keyed: Project, web:
     assert ok.status_code == 202, ok.text
 
 
-def test_http_batch_refuses_a_control_character_and_writes_nothing(keyed: Project, web: Web) -> None:
+def test_http_batch_refuses_a_control_character_and_writes_nothing(keyed_web: tuple[Project, Web]) -> None:
     """One hostile payload in a batch: 422 naming it by index, no job of the batch written."""
+    keyed, web = keyed_web
     before = _written(keyed)
     r = web.post("/jobs/call_api/batch", data=json.dumps([{"account": "a"}, {"account": LIMIT_LINE}]),
                  headers={"Content-Type": "application/json"})
@@ -101,10 +120,11 @@ def test_http_batch_refuses_a_control_character_and_writes_nothing(keyed: Projec
 
 # A tab, and U+009B (CSI) as UTF-8 (the bytes c2 9b, sent as latin-1 text).
 @pytest.mark.parametrize("header", ["a\tb", "o1\xc2\x9bx"])
-def test_http_refuses_a_control_character_in_the_idempotency_key_header(keyed: Project, web: Web,
+def test_http_refuses_a_control_character_in_the_idempotency_key_header(keyed_web: tuple[Project, Web],
                                                                          header: str) -> None:
     """An Idempotency-Key header the HTTP layer lets through (a tab, a C1 control) is a 400
     naming the header: the key lands in the record as the template's would."""
+    keyed, web = keyed_web
     before = _written(keyed)
     r = web.post("/jobs/call_api", data=json.dumps({"account": "a"}),
                  headers={"Content-Type": "application/json", "Idempotency-Key": header})

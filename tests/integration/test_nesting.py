@@ -52,24 +52,27 @@ def _names_the_limit(r: requests.Response) -> None:
     assert f"{LIMIT} levels" in r.text, r.text[:300]
 
 
-@pytest.mark.parametrize("levels", [LIMIT, 254, 600, 1023])
-def test_deep_bodies_on_every_route_get_a_problem_naming_the_limit(project: Project, web: Web, levels: int) -> None:
+def test_deep_bodies_on_every_route_get_a_problem_naming_the_limit(project: Project, web: Web) -> None:
     """A payload one level in (the {"free": ...} field of an object payload) past the
-    limit, and around a 20-digit integer: one job, a batch, a group and a requeue with an
-    edit all answer 400/422 naming the limit, and nothing is written."""
-    free = b'{"free":' + deep_body(levels) + b"}"
-    around_int = b'{"free":' + deep_body(levels, b"12345678901234567890") + b"}"
-    for body in (free, around_int):
-        _names_the_limit(_json(web, "/jobs/record", body))
-        _names_the_limit(_json(web, "/jobs/record/batch", b"[" + body + b"]"))
-        group = b'{"members":[{"type":"record","payload":' + body + b'}],"then":{"type":"record","payload":{}}}'
-        _names_the_limit(_json(web, "/groups", group))
+    limit, and around a 20-digit integer, at each depth (the limit, 254, 600, 1023): one
+    job, a batch, a group and a requeue with an edit all answer 400/422 naming the limit,
+    and nothing is written."""
+    depths = [LIMIT, 254, 600, 1023]
+    for levels in depths:
+        free = b'{"free":' + deep_body(levels) + b"}"
+        around_int = b'{"free":' + deep_body(levels, b"12345678901234567890") + b"}"
+        for body in (free, around_int):
+            _names_the_limit(_json(web, "/jobs/record", body))
+            _names_the_limit(_json(web, "/jobs/record/batch", b"[" + body + b"]"))
+            group = b'{"members":[{"type":"record","payload":' + body + b'}],"then":{"type":"record","payload":{}}}'
+            _names_the_limit(_json(web, "/groups", group))
     c = project.client
     assert c.enqueue("perm", {}).id
     job = c.enqueue("perm", {})
     project.spawn_worker("fast")
     wait_for(lambda: c.get(job.id).status == "dead", timeout=20, what="the job to die")
-    _names_the_limit(_json(web, f"/dead/fast/{job.id}/requeue", b'{"payload":' + free + b"}"))
+    for levels in depths:
+        _names_the_limit(_json(web, f"/dead/fast/{job.id}/requeue", b'{"payload":{"free":' + deep_body(levels) + b"}}"))
     assert c.get(job.id).status == "dead"
 
 
@@ -169,11 +172,10 @@ def test_a_foreign_record_past_the_limit_renders_everywhere_and_dies_unparseable
     assert again.status_code == 422 and "edited payload" in again.text, again.text[:300]
 
 
-@pytest.mark.parametrize("number", [b"-9223372036854775809", b"-99999999999999999999", b"18446744073709551616"])
-def test_integers_out_of_64_bits_are_refused_not_turned_into_floats(project: Project, web: Web,
-                                                                    number: bytes) -> None:
-    r = _json(web, "/jobs/record", b'{"n": ' + number + b"}")
-    assert r.status_code == 400 and "64 bits" in r.json()["detail"], r.text
+def test_integers_out_of_64_bits_are_refused_not_turned_into_floats(project: Project, web: Web) -> None:
+    for number in (b"-9223372036854775809", b"-99999999999999999999", b"18446744073709551616"):
+        r = _json(web, "/jobs/record", b'{"n": ' + number + b"}")
+        assert r.status_code == 400 and "64 bits" in r.json()["detail"], (number, r.text)
 
 
 def test_foreign_records_with_invalid_utf8_render_in_every_view(project: Project, web: Web) -> None:

@@ -7,6 +7,7 @@ client, ctx.enqueue, a requeue with an edit and the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -21,8 +22,9 @@ from test_cli_check import check
 from test_web_support import Web, gunicorn
 
 from runner.errors import ValidationFailed
+from runner.store.embedded import Server
 
-from conftest import Project, wait_for
+from conftest import Project, make_project, wait_for
 
 # A common password rule: quadratic on a long string that fails it.
 PASSWORD = "(?=.*[A-Z])(?=.*[0-9]).{8,}"
@@ -83,15 +85,30 @@ def polled(web: Web, send: Callable[[], requests.Response]) -> tuple[requests.Re
     return answer[0], took[0], worst
 
 
-@pytest.fixture
-def web(project: Project) -> Iterator[Web]:
-    project.add_function("signup", SOURCE, SCHEMA)
-    with gunicorn(project) as w:
+@contextlib.contextmanager
+def _served(tmp_path_factory: pytest.TempPathFactory, server: Server,
+            setup: Callable[[Project], None]) -> Iterator[tuple[Project, Web]]:
+    """A project of its own and its gunicorn, for every test of the module that uses them:
+    each test's checks are of its own requests."""
+    p = make_project(tmp_path_factory.mktemp("served") / "project", server)
+    setup(p)
+    try:
+        with gunicorn(p) as w:
+            yield p, w
+    finally:
+        p.stop_all()
+        if p._runtime is not None:
+            p._runtime.close()
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Web]:
+    with _served(tmp_path_factory, server, lambda p: p.add_function("signup", SOURCE, SCHEMA)) as (_, w):
         yield w
 
 
 @pytest.mark.parametrize("field", ["capped", "free", "plain"])
-def test_a_pathological_value_never_stalls_the_other_requests(project: Project, web: Web, field: str) -> None:
+def test_a_pathological_value_never_stalls_the_other_requests(web: Web, field: str) -> None:
     """While a 100,000-character value that fails the pattern is validated, /healthz and
     an ordinary enqueue answer as usual, and the hostile request gets its 422 soon."""
     value = "a" * 100_000 + ("!" if field == "plain" else "")
@@ -127,11 +144,15 @@ def test_check_warns_about_a_backtracking_pattern(project: Project) -> None:
     assert "^(a+)+$" not in out.output  # the linear engine takes it: no backtracking at all
 
 
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
+    with _served(tmp_path_factory, server, add_functions) as served:
+        yield served
+
+
 @pytest.fixture
-def keys_web(project: Project) -> Iterator[Web]:
-    add_functions(project)
-    with gunicorn(project) as w:
-        yield w
+def keys_web(keyed: tuple[Project, Web]) -> Web:
+    return keyed[1]
 
 
 @pytest.mark.parametrize(("function", "body", "status"), [
@@ -255,13 +276,14 @@ def test_check_warns_about_each_backtracking_key_pattern(project: Project) -> No
     assert not any("names/v1.json" in w for w in warned), out.output
 
 
-def test_a_bulk_requeue_shares_one_budget(project: Project, keys_web: Web) -> None:
+def test_a_bulk_requeue_shares_one_budget(keyed: tuple[Project, Web]) -> None:
     """40 dead jobs whose payloads (another producer's) each hold a long name past the
     budget: one bulk requeue answers in about one budget, not one per payload (40 x 0.25 s;
     500 of them held a thread for two minutes), each refused job staying dead and saying
     why, while /healthz answers as usual."""
     from runner.store import records
 
+    project, keys_web = keyed
     r, k = project.runtime.redis, project.keys()
     ids = []
     for i in range(40):

@@ -12,17 +12,46 @@ import requests
 from test_web_support import Web, gunicorn
 
 from runner.store import records
+from runner.store.embedded import Server
 
-from conftest import Project
+from conftest import Project, make_project
 
 TOKEN = "hostile-t0ken"
 
 
+CONFIG = "\n[api]\nmax_body_bytes = 65536\n"
+
+
 @pytest.fixture
 def web(project: Project) -> Iterator[Web]:
-    project.write_config(extra="\n[api]\nmax_body_bytes = 65536\n")
+    project.write_config(extra=CONFIG)
     with gunicorn(project, token=TOKEN) as w:
         yield w
+
+
+@pytest.fixture(scope="module")
+def _shared(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
+    """One project and one server for the requests that are refused and write nothing."""
+    p = make_project(tmp_path_factory.mktemp("hostile") / "project", server)
+    p.write_config(extra=CONFIG)
+    try:
+        with gunicorn(p, token=TOKEN) as w:
+            yield p, w
+    finally:
+        p.stop_all()
+        if p._runtime is not None:
+            p._runtime.close()
+
+
+@pytest.fixture
+def refused(_shared: tuple[Project, Web]) -> Iterator[tuple[Project, Web]]:
+    """The shared project and server; a job a test let through is removed after it (that
+    test fails on it), so the next test starts from nothing written."""
+    project, _ = _shared
+    yield _shared
+    r = project.runtime.redis
+    for key in list(r.scan_iter(match=f"{project.prefix}:*job:*")):
+        r.delete(key)
 
 
 def post_raw(web: Web, body: bytes, content_type: str = "application/json", path: str = "/jobs/record",
@@ -46,7 +75,8 @@ def nothing_written(project: Project) -> bool:
     (b"", "empty"),
     (b"\x00\x01\x02", "JSON"),
 ])
-def test_malformed_json_is_a_400_and_writes_nothing(project: Project, web: Web, body: bytes, needle: str) -> None:
+def test_malformed_json_is_a_400_and_writes_nothing(refused: tuple[Project, Web], body: bytes, needle: str) -> None:
+    project, web = refused
     r = post_raw(web, body)
     assert r.status_code == 400, r.text
     assert r.headers["Content-Type"] == "application/problem+json"
@@ -57,13 +87,15 @@ def test_malformed_json_is_a_400_and_writes_nothing(project: Project, web: Web, 
 @pytest.mark.parametrize("content_type", [
     "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml",
 ])
-def test_wrong_content_type_is_a_415(project: Project, web: Web, content_type: str) -> None:
+def test_wrong_content_type_is_a_415(refused: tuple[Project, Web], content_type: str) -> None:
+    project, web = refused
     r = post_raw(web, b'{"n": 1}', content_type)
     assert r.status_code == 415
     assert nothing_written(project)
 
 
-def test_valid_json_of_the_wrong_shape_is_a_422(project: Project, web: Web) -> None:
+def test_valid_json_of_the_wrong_shape_is_a_422(refused: tuple[Project, Web]) -> None:
+    project, web = refused
     for body in (b"null", b"[1, 2]", b'"text"', b'{"n": 1.5}', b'{"n": 18446744073709551615000}'):
         r = post_raw(web, body)
         assert r.status_code in (400, 422), (body, r.text)
@@ -81,10 +113,11 @@ def test_duplicate_keys_keep_the_last_value_and_store_one(project: Project, web:
 
 @pytest.mark.parametrize("query", ["delay=abc&delay=", "delay=60&delay=0", "version=1&version=9",
                                    "run_at=1&run_at=2", "delay=&delay=&run_at=90588647157"])
-def test_a_query_parameter_given_twice_is_refused(project: Project, web: Web, query: str) -> None:
+def test_a_query_parameter_given_twice_is_refused(refused: tuple[Project, Web], query: str) -> None:
     """``?delay=abc&delay=`` used to pass as no delay at all (one of the two was read, the
     other ignored): a job the caller meant to delay would run at once. A repeated
     parameter is a 400 naming it, on one job and on a batch, and nothing is written."""
+    project, web = refused
     name = query.split("=", 1)[0]
     for path, body in ((f"/jobs/record?{query}", b'{"n": 1}'), (f"/jobs/record/batch?{query}", b'[{"n": 1}]')):
         r = post_raw(web, body, path=path)
@@ -94,9 +127,10 @@ def test_a_query_parameter_given_twice_is_refused(project: Project, web: Web, qu
 
 
 @pytest.mark.parametrize("query", ["delay=", "run_at=", "version=", "delay=&run_at=90588647157"])
-def test_an_empty_number_parameter_is_refused(project: Project, web: Web, query: str) -> None:
+def test_an_empty_number_parameter_is_refused(refused: tuple[Project, Web], query: str) -> None:
     """``?delay=`` names no number: it was read as no delay at all, beside a run_at too,
     though the API document calls it a number. A 400 naming it, and nothing is written."""
+    project, web = refused
     name = query.split("=", 1)[0]
     for path, body in ((f"/jobs/record?{query}", b'{"n": 1}'), (f"/jobs/record/batch?{query}", b'[{"n": 1}]')):
         r = post_raw(web, body, path=path)
@@ -106,7 +140,8 @@ def test_an_empty_number_parameter_is_refused(project: Project, web: Web, query:
     assert nothing_written(project)
 
 
-def test_oversized_idempotency_key_is_refused(project: Project, web: Web) -> None:
+def test_oversized_idempotency_key_is_refused(refused: tuple[Project, Web]) -> None:
+    project, web = refused
     r = post_raw(web, b'{"n": 1}', headers={"Idempotency-Key": "k" * 5000})
     assert r.status_code == 400
     assert r.headers["Content-Type"] == "application/problem+json"

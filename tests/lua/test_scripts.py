@@ -15,7 +15,7 @@ from runner.store.embedded import Server
 from runner.store.scripts import Ack, Burial, Hand, NewJob, RetryAt
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project, assert_no_job_in_two_structures, done_ids, make_project, structures, view
+from conftest import Project, assert_no_job_in_two_structures, done_ids, keep_functions, make_project, structures, view
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
@@ -115,7 +115,7 @@ def server_ms(p: Project) -> int:
 
 @pytest.fixture
 def p(any_project: Project) -> Project:
-    return any_project
+    return keep_functions(any_project, "noop")  # (the one function a test enqueues through the client)
 
 
 # --- enqueue ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from runner.store import records
 from runner.store.scripts import Ack, Burial, Member, job_entry
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project, structures
+from conftest import Project, keep_functions, structures
 
 NOW = 1_800_000_000_000
 LEASE = 1_000
@@ -22,7 +22,7 @@ FIELDS = CLAIM_FIELDS
 
 @pytest.fixture
 def p(any_project: Project) -> Project:
-    return any_project
+    return keep_functions(any_project)  # (the scripts read no function)
 
 
 def enqueue(p: Project, *jobs: Any, now: int = NOW) -> None:

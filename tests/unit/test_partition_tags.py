@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from runner.store import keys, routing
 from runner.store.keys import SLOT_MARGIN, for_partitions, for_queue, home_partition, partition_tags, slot_range
 from runner.store.scripts import NewJob
+
+from conftest import size
 
 
 def _job(limits: str = "", idem: str = "", type_: str = "t") -> NewJob:
@@ -98,7 +100,14 @@ def test_each_new_spread_starts_at_a_partition_of_its_own() -> None:
     assert len(firsts) >= 4, firsts  # (all six, but for one chance in millions)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=int(size("MODEL_EXAMPLES", 300, 2000)), deadline=None)
+@example(b"")
+@example(b"{")
+@example(b"{}")
+@example(b"{}{a}")
+@example(b"a{b}c")
+@example(b"a}{b}")
+@example(b"{a")
 @given(st.one_of(st.binary(max_size=40), st.text(alphabet="{}ab:", max_size=12).map(str.encode)))
 def test_the_store_computes_slots_as_redis_py_does(key: bytes) -> None:
     """keys.key_slot (the store's own, so that the commands that read no redis-py need

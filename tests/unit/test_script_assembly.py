@@ -74,13 +74,13 @@ def test_an_include_declares_what_it_calls(topic: str) -> None:
 def test_a_helper_is_defined_before_the_script_uses_it(name: str) -> None:
     """The includes go dependencies first: a Lua local exists only below its definition,
     so one used above it would be a nil global at run time."""
-    lines = code(assemble(body_of(name))).splitlines()
-    for h in OWNER:
-        use = re.compile(rf"(?<![.:\w]){h}\s*\(" if h.islower() else rf"(?<![.\w]){h}\b")
-        at = [i for i, ln in enumerate(lines) if re.match(rf"local (?:function )?{h}\b", ln)]
-        used = [i for i, ln in enumerate(lines) if use.search(ln)]
-        if used:
-            assert len(at) == 1 and at[0] <= used[0], (name, h)
+    text = code(assemble(body_of(name)))
+    for h in OWNER:  # over the whole text at once, each match within one line as a line's would be
+        use = re.compile(rf"(?<![.:\w]){h}[^\S\n]*\(" if h.islower() else rf"(?<![.\w]){h}\b")
+        at = [text.count("\n", 0, m.start()) for m in re.finditer(rf"^local (?:function )?{h}\b", text, re.M)]
+        first = use.search(text)
+        if first:
+            assert len(at) == 1 and at[0] <= text.count("\n", 0, first.start()), (name, h)
 
 
 def test_a_script_is_sent_with_only_the_includes_it_declares() -> None:

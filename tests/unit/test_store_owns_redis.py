@@ -42,6 +42,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -135,9 +136,44 @@ def _nodes(tree: ast.AST) -> list[ast.AST]:
     return kept[1]
 
 
+# The nodes ``_Walk.step`` can bind a client at: it finds nothing at any other.
+_STEPS = (ast.arg, ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.withitem, ast.For, ast.AsyncFor, ast.comprehension,
+          ast.arguments, ast.Call, ast.Return, ast.Yield)
+_OF: dict[tuple[int, tuple[type, ...]], tuple[ast.AST, list[ast.AST]]] = {}
+
+
+def _of(tree: ast.AST, types: tuple[type, ...]) -> list[Any]:
+    """The nodes of ``_nodes(tree)`` of these types, in the same order, kept for the tree."""
+    kept = _OF.get((id(tree), types))
+    if kept is None or kept[0] is not tree:
+        kept = _OF[(id(tree), types)] = (tree, [n for n in _nodes(tree) if isinstance(n, types)])
+    return kept[1]
+
+
+_TEXT: dict[ast.AST, str] = {}
+
+
+def _unparse(node: ast.AST) -> str:
+    """ast.unparse(node), kept for the node (the trees are parsed once and never changed)."""
+    text = _TEXT.get(node)
+    if text is None:
+        text = _TEXT[node] = ast.unparse(node)
+    return text
+
+
+_OWNERS: dict[int, tuple[ast.AST, dict[int, str]]] = {}
+
+
 def _owners(tree: ast.AST) -> dict[int, str]:
     """The name of the innermost function each ``return`` (or ``yield``: a context manager's)
-    of the tree belongs to, by id."""
+    of the tree belongs to, by id (worked out once a tree)."""
+    kept = _OWNERS.get(id(tree))
+    if kept is None or kept[0] is not tree:
+        kept = _OWNERS[id(tree)] = (tree, _find_owners(tree))
+    return kept[1]
+
+
+def _find_owners(tree: ast.AST) -> dict[int, str]:
     out: dict[int, str] = {}
 
     def visit(node: ast.AST, owner: str) -> None:
@@ -185,7 +221,7 @@ def package_facts(sources: tuple[tuple[str, str], ...] | None = None) -> Facts:
     trees = [(m, _parse(text)) for m, text in (package_sources() if sources is None else sources)]
     fields: set[str] = set()
     for _, tree in trees:
-        for node in ast.walk(tree):
+        for node in _nodes(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
                 fields.add(node.attr)
             if isinstance(node, ast.ClassDef):
@@ -202,8 +238,8 @@ def package_facts(sources: tuple[tuple[str, str], ...] | None = None) -> Facts:
             top[module] = frozenset(t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
                                     if isinstance(t, ast.Name) and t.id in walk.clients)
-            makers[module] |= walk.makers | {n.name for n in _nodes(tree) if isinstance(
-                n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _types(n.returns) & CLIENT_TYPES}
+            makers[module] |= walk.makers | {n.name for n in _of(tree, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                                 if _types(n.returns) & CLIENT_TYPES}
             for callee, given in walk.handed_out():
                 handed[callee] |= given
         found = Facts({m: frozenset(f) for m, f in makers.items()}, facts.fields,
@@ -230,9 +266,9 @@ class _Walk:
         self.attrs: set[str] = set()  # the last names of the attributes bound to one
         self.holder_attrs: set[str] = set()
         self.defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda] = {
-            n.name: n for n in _nodes(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        self.defs |= {t.id: n.value for n in _nodes(tree) if isinstance(n, ast.Assign)
-                      and isinstance(n.value, ast.Lambda) for t in n.targets if isinstance(t, ast.Name)}
+            n.name: n for n in _of(tree, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.defs |= {t.id: n.value for n in _of(tree, (ast.Assign,))
+                      if isinstance(n.value, ast.Lambda) for t in n.targets if isinstance(t, ast.Name)}
         self.owner = _owners(tree)
         # Properties (``self.db``): an attribute read that calls a function of the module.
         self.properties = {name for name, fn in self.defs.items() if not isinstance(fn, ast.Lambda)
@@ -243,7 +279,7 @@ class _Walk:
         self.modules: dict[str, str] = {}  # a local name -> the dotted name it was imported as
         self.imported_from: dict[str, tuple[str, str]] = {}  # a local name -> (its module, its name)
         self.redis_names: set[str] = set()
-        for node in _nodes(tree):
+        for node in _of(tree, (ast.Import, ast.ImportFrom)):
             if isinstance(node, ast.Import):
                 for a in node.names:
                     local = a.asname or a.name.split(".")[0]
@@ -294,8 +330,8 @@ class _Walk:
         """Each call that hands a client to another module's function: the callee, and the
         places the client goes (``#0``, or a keyword's name)."""
         out = []
-        for call in _nodes(self.tree):
-            if isinstance(call, ast.Call) and (callee := self.callee(call)) is not None:
+        for call in _of(self.tree, (ast.Call,)):
+            if (callee := self.callee(call)) is not None:
                 given = {f"#{i}" for i, a in enumerate(call.args) if self.is_client(a)}
                 given |= {k.arg for k in call.keywords if k.arg is not None and self.is_client(k.value)}
                 if given:
@@ -306,7 +342,7 @@ class _Walk:
         if isinstance(node, ast.Attribute):
             return (node.attr == "redis" or node.attr in CLASSES or node.attr in self.attrs
                     or (node.attr in self.properties and node.attr in self.makers)
-                    or (_name(node.value), node.attr) in HELD or ast.unparse(node) in self.clients)
+                    or (_name(node.value), node.attr) in HELD or _unparse(node) in self.clients)
         if isinstance(node, ast.Name):
             return node.id in self.clients or node.id in CLASSES or node.id in self.makers
         if isinstance(node, (ast.NamedExpr, ast.Starred, ast.Await)):
@@ -334,7 +370,7 @@ class _Walk:
             return any(self.is_client(e) for e in node.elts)
         if isinstance(node, ast.Dict):
             return any(self.is_client(v) for v in node.values)
-        return ast.unparse(node) in self.holders or (isinstance(node, ast.Attribute) and node.attr in self.holder_attrs)
+        return _unparse(node) in self.holders or (isinstance(node, ast.Attribute) and node.attr in self.holder_attrs)
 
     def bound(self, target: ast.expr, value: ast.expr) -> set[str]:
         """What an assignment of ``value`` to ``target`` binds to a client: a name or an
@@ -352,9 +388,9 @@ class _Walk:
                 return {b for t, v in pairs for b in self.bound(t, v)}
             return set()
         if isinstance(target, (ast.Name, ast.Attribute)) and self.is_client(value):
-            return {ast.unparse(target)}
+            return {_unparse(target)}
         if isinstance(target, (ast.Name, ast.Attribute)) and self.is_holder(value):
-            self.holders.add(ast.unparse(target))
+            self.holders.add(_unparse(target))
         return set()
 
     def handed(self, call: ast.Call) -> set[str]:
@@ -362,7 +398,7 @@ class _Walk:
         ``setattr`` binds to one."""
         if _name(call.func) == "setattr" and len(call.args) == 3 and isinstance(call.args[1], ast.Constant) \
                 and self.is_client(call.args[2]):
-            return {f"{ast.unparse(call.args[0])}.{call.args[1].value}"}
+            return {f"{_unparse(call.args[0])}.{call.args[1].value}"}
         fn = self.defs.get(_name(call.func))
         if fn is None or self.callee(call) is not None:  # (``admin.pause(...)``: not this module's pause)
             return set()
@@ -403,7 +439,7 @@ class _Walk:
     def run(self) -> set[str]:
         while True:  # to a fixed point: an alias of an alias, a helper's helper
             before = (len(self.clients), len(self.makers), len(self.attrs), len(self.holders))
-            for node in _nodes(self.tree):
+            for node in _of(self.tree, _STEPS):
                 self.clients |= self.step(node)
             self.attrs = {c.rsplit(".", 1)[1] for c in self.clients if "." in c}
             self.holder_attrs = {c.rsplit(".", 1)[1] for c in self.holders if "." in c}
@@ -421,14 +457,14 @@ def commands(source: str, facts: Facts | None = None, module: str = "") -> list[
     # Names an import binds are modules and classes: ``census.scan(...)`` is a store
     # function, not SCAN (redis-py's own classes excepted: ``Redis.get(c, k)`` is GET, and
     # so is ``CoreCommands.get(c, k)`` or any name imported from redis-py).
-    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+    imported = {(a.asname or a.name).split(".")[0] for n in _nodes(tree)
                 if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names} - CLASSES - walk.clients
     # A method only redis-py's clients have, named anywhere (``partial(conn.hset, k)``, a
     # dict of methods), is a command; names runner binds to values of its own are not.
     strong = COMMANDS - GENERIC - facts.fields
     called, kept = _called_or_kept(tree)
     out = []
-    for node in ast.walk(tree):
+    for node in _nodes(tree):
         if isinstance(node, ast.Call) and _name(node.func) == "getattr" and len(node.args) >= 2:
             what = node.args[1]
             named = isinstance(what, ast.Constant) and what.value in COMMANDS
@@ -456,9 +492,9 @@ def commands(source: str, facts: Facts | None = None, module: str = "") -> list[
 def _called_or_kept(tree: ast.AST) -> tuple[set[ast.AST], set[ast.AST]]:
     """The attributes called (``x.hset(...)``), and those kept in a name that is called
     (a bound method: ``h = conn.hset; h(...)``)."""
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    calls = _of(tree, (ast.Call,))
     called_names = {n.func.id for n in calls if isinstance(n.func, ast.Name)}
-    kept = {n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Attribute)
+    kept = {n.value for n in _nodes(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Attribute)
             and any(isinstance(t, ast.Name) and t.id in called_names for t in n.targets)}
     return {n.func for n in calls}, kept
 
