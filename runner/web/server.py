@@ -363,7 +363,12 @@ class HttpProtocol(HttpToolsProtocol):
         closed at once: not one of the requests before the FIN got its answer."""
         pending = (self.cycle is not None and not self.cycle.response_complete) or bool(self.pipeline)
         mid_body = not self._between and not self._in_head  # the app would wait for it forever
-        if pending and not mid_body and self._linger_timer is None and not self.transport.is_closing():
+        # An answer already under way with nothing behind it (an event stream, a follow)
+        # is a client gone, as before: a FIN cannot tell a half-close from a close, and a
+        # stream kept for a closed client would hold its place (a token's share of them).
+        streaming = self.cycle is not None and self.cycle.response_started and not self.pipeline
+        if pending and not mid_body and not streaming and self._linger_timer is None \
+                and not self.transport.is_closing():
             self._eof = True
             return True  # the write side stays open
         return None  # closed: nothing to answer (or lingering, and the rest of the body is in)
