@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from test_web_support import Web, gunicorn
+from test_web_support import Web, gunicorn, served
 
 from runner import ValidationFailed
 from runner.store import records
 from runner.store.embedded import Server
 
-from conftest import Project, make_project, wait_for
+from conftest import Project, wait_for
 
 CALL_API = '''QUEUE = "fast"
 RATE_LIMIT = {"key": "api:{account}", "limit": 5, "period": 1}
@@ -65,16 +65,12 @@ def web(keyed: Project) -> Iterator[Web]:
 def keyed_web(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
     """One keyed project and its server for the HTTP refusals: each test compares what is
     written before and after its own requests."""
-    p = make_project(tmp_path_factory.mktemp("keyed") / "project", server)
-    p.add_function("call_api", CALL_API, ACCOUNT)
-    p.add_function("order", ORDER, ORDER_ID)
-    try:
-        with gunicorn(p) as w:
-            yield p, w
-    finally:
-        p.stop_all()
-        if p._runtime is not None:
-            p._runtime.close()
+    def setup(p: Project) -> None:
+        p.add_function("call_api", CALL_API, ACCOUNT)
+        p.add_function("order", ORDER, ORDER_ID)
+
+    with served(tmp_path_factory, server, setup) as served_web:
+        yield served_web
 
 
 def _written(project: Project) -> list[str]:

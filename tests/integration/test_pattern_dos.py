@@ -7,7 +7,6 @@ client, ctx.enqueue, a requeue with an edit and the CLI."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import subprocess
@@ -19,12 +18,12 @@ from collections.abc import Callable, Iterator
 import pytest
 import requests
 from test_cli_check import check
-from test_web_support import Web, gunicorn
+from test_web_support import Web, gunicorn, served
 
 from runner.errors import ValidationFailed
 from runner.store.embedded import Server
 
-from conftest import Project, make_project, wait_for
+from conftest import Project, wait_for
 
 # A common password rule: quadratic on a long string that fails it.
 PASSWORD = "(?=.*[A-Z])(?=.*[0-9]).{8,}"
@@ -85,25 +84,9 @@ def polled(web: Web, send: Callable[[], requests.Response]) -> tuple[requests.Re
     return answer[0], took[0], worst
 
 
-@contextlib.contextmanager
-def _served(tmp_path_factory: pytest.TempPathFactory, server: Server,
-            setup: Callable[[Project], None]) -> Iterator[tuple[Project, Web]]:
-    """A project of its own and its gunicorn, for every test of the module that uses them:
-    each test's checks are of its own requests."""
-    p = make_project(tmp_path_factory.mktemp("served") / "project", server)
-    setup(p)
-    try:
-        with gunicorn(p) as w:
-            yield p, w
-    finally:
-        p.stop_all()
-        if p._runtime is not None:
-            p._runtime.close()
-
-
 @pytest.fixture(scope="module")
 def web(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Web]:
-    with _served(tmp_path_factory, server, lambda p: p.add_function("signup", SOURCE, SCHEMA)) as (_, w):
+    with served(tmp_path_factory, server, lambda p: p.add_function("signup", SOURCE, SCHEMA)) as (_, w):
         yield w
 
 
@@ -146,8 +129,8 @@ def test_check_warns_about_a_backtracking_pattern(project: Project) -> None:
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
-    with _served(tmp_path_factory, server, add_functions) as served:
-        yield served
+    with served(tmp_path_factory, server, add_functions) as served_web:
+        yield served_web
 
 
 @pytest.fixture

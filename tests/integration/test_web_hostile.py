@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from test_web_support import Web, gunicorn
+from test_web_support import Web, gunicorn, served
 
 from runner.store import records
 from runner.store.embedded import Server
 
-from conftest import Project, make_project
+from conftest import Project
 
 TOKEN = "hostile-t0ken"
 
@@ -32,15 +32,8 @@ def web(project: Project) -> Iterator[Web]:
 @pytest.fixture(scope="module")
 def _shared(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
     """One project and one server for the requests that are refused and write nothing."""
-    p = make_project(tmp_path_factory.mktemp("hostile") / "project", server)
-    p.write_config(extra=CONFIG)
-    try:
-        with gunicorn(p, token=TOKEN) as w:
-            yield p, w
-    finally:
-        p.stop_all()
-        if p._runtime is not None:
-            p._runtime.close()
+    with served(tmp_path_factory, server, lambda p: p.write_config(extra=CONFIG), token=TOKEN) as served_web:
+        yield served_web
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +24,9 @@ import gunicorn.config
 import pytest
 import requests
 
-from runner.store.embedded import free_port
+from runner.store.embedded import Server, free_port
 
-from conftest import Project, wait_for
+from conftest import Project, make_project, wait_for
 
 
 @dataclass
@@ -318,3 +318,19 @@ def _state(pid: int) -> str:
     except FileNotFoundError:
         return "zombie"
     return next((ln for ln in status.splitlines() if ln.startswith("State:")), "").lower()
+
+
+@contextmanager
+def served(tmp_path_factory: pytest.TempPathFactory, server: Server, setup: Callable[[Project], None],
+           token: str | None = None) -> Iterator[tuple[Project, Web]]:
+    """A project of its own (``setup`` adds its functions and config) and its gunicorn, for
+    a module whose tests share them: each test's checks are of its own requests."""
+    p = make_project(tmp_path_factory.mktemp("served") / "project", server)
+    setup(p)
+    try:
+        with gunicorn(p, token=token) as w:
+            yield p, w
+    finally:
+        p.stop_all()
+        if p._runtime is not None:
+            p._runtime.close()
