@@ -116,6 +116,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
         yield servers
 
 
+@pytest.fixture(name="shards")  # (imported as shards_fixture: test parameters named shards then shadow nothing)
+def shards_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """A local Redis Cluster of 3 masters for one test that stops or kills one of them.
+    Full coverage off: the live shards keep serving their slots while one is stalled or
+    down (with it on, every node refuses every slot until the lost one is back)."""
+    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
+                       extra=["--cluster-require-full-coverage", "no"]) as servers:
+        yield servers
+
+
+def shard_project(root: Path, servers: list[Server], partitions: int, vt: float) -> Project:
+    """A project on ``servers`` whose fast queue has ``partitions`` partitions, with room
+    for 16 jobs at once per worker."""
+    p = cluster_project(root, servers)
+    p.write_config(vt=vt, fast=f"partitions = {partitions}", concurrency=16, prefetch=16)
+    return p
+
+
 def cluster_url(servers: list[Server]) -> str:
     return "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in servers)
 

@@ -4,12 +4,10 @@ emit resumes the waiting jobs of every partition."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import clusterkit
-import pytest
-from clusterkit import close_project, cluster_project, local_cluster
+from clusterkit import close_project, cluster_project, local_cluster, shards_fixture  # noqa: F401  (the shards fixture)
 from durable_helpers import ORDER_PAID_WAITER, registered
 
 from runner.store.embedded import Server
@@ -40,14 +38,6 @@ def test_waiters_in_every_partition_resume_on_a_cluster(cproject: Project) -> No
     for n, j in jobs.items():
         assert c.wait(j, 60).as_dict()["result"]["event"]["data"] == {"order_id": n}
     assert registered(p) == 0
-
-
-@pytest.fixture
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    # Full coverage off: the live shards keep serving their slots while one is down.
-    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
-                       extra=["--cluster-require-full-coverage", "no"]) as servers:
-        yield servers
 
 
 def test_a_dead_shard_delays_only_its_own_waiters(tmp_path: Path, shards: list[Server]) -> None:

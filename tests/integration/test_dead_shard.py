@@ -13,32 +13,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusterkit import local_cluster
+from clusterkit import close_project, cluster_project, cluster_url, local_cluster, shard_project, shards_fixture  # noqa: F401  (the shards fixture)
 
 from runner.client import Request
 from runner.store.embedded import Server
 
-from conftest import Endpoint, Project, make_project, wait_for
-
-
-@pytest.fixture
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    # Full coverage off: the live shards keep serving their slots while one is down (with
-    # it on, every node refuses every slot until the dead one is back or replaced).
-    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
-                       extra=["--cluster-require-full-coverage", "no"]) as servers:
-        yield servers
+from conftest import Endpoint, Project, wait_for
 
 
 @pytest.fixture
 def dproject(tmp_path: Path, shards: list[Server]) -> Iterator[Project]:
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in shards)
-    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
-    p.write_config(vt=2, fast="partitions = 6", concurrency=16, prefetch=16)
+    p = shard_project(tmp_path / "p", shards, partitions=6, vt=2)
     yield p
-    p.stop_all()
-    if p._runtime is not None:
-        p._runtime.close()
+    close_project(p)
 
 
 def _dead_tags(p: Project, dead: Server) -> set[str]:
@@ -158,8 +145,7 @@ def test_keyless_jobs_pass_over_a_master_short_of_its_replicas(tmp_path: Path) -
     from runner.errors import NotReplicated
 
     with local_cluster(tmp_path / "c", masters=3, replicas=1) as servers:
-        url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in servers[:3])
-        p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
+        p = cluster_project(tmp_path / "p", servers[:3])
         p.write_config(fast="partitions = 6")
         path = p.root / "runner.toml"
         path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 0.5\n", 1))
@@ -451,8 +437,7 @@ def test_a_process_started_while_a_shard_stalls_serves_the_live_ones(dproject: P
     # The master of the queue's home partition (its partition tags are read there at
     # start), first in the URL (the client asks it first).
     stalled = next(s for s in shards if s.port == p.runtime.redis.get_node_from_key(p.runtime.keys["fast"].ready).port)
-    p.server = Endpoint("redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in
-                                                      sorted(shards, key=lambda s: s is not stalled)))  # type: ignore[assignment]
+    p.server = Endpoint(cluster_url(sorted(shards, key=lambda s: s is not stalled)))  # type: ignore[assignment]
     down = _dead_tags(p, stalled)
     where = {i: k.tag for k in p.runtime.parts["fast"] for i in p.runtime.redis.lrange(k.ready, 0, -1)}
     live = [i for i in ids if where[i] not in down]

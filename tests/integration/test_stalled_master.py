@@ -15,32 +15,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusterkit import local_cluster
+from clusterkit import close_project, cluster_url, local_cluster, shard_project, shards_fixture  # noqa: F401  (the shards fixture)
 
 from runner.client import Request
 from runner.store import roster
 from runner.store.embedded import Server
 
-from conftest import Endpoint, Project, make_project, wait_for
-
-
-@pytest.fixture
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    # Full coverage off: the live shards keep serving their slots while one is stalled.
-    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
-                       extra=["--cluster-require-full-coverage", "no"]) as servers:
-        yield servers
+from conftest import Endpoint, Project, wait_for
 
 
 @pytest.fixture
 def sproject(tmp_path: Path, shards: list[Server]) -> Iterator[Project]:
-    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in shards)
-    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
-    p.write_config(vt=10, fast="partitions = 3", concurrency=16, prefetch=16)
+    p = shard_project(tmp_path / "p", shards, partitions=3, vt=10)
     yield p
-    p.stop_all()
-    if p._runtime is not None:
-        p._runtime.close()
+    close_project(p)
 
 
 def _home_master(p: Project, shards: list[Server]) -> Server:
@@ -171,8 +159,7 @@ def test_processes_start_in_about_the_probe_s_time_with_the_home_master_stalled(
 
     p = sproject
     stalled = _home_master(p, shards)
-    p.server = Endpoint("redis+cluster://" + ",".join(  # type: ignore[assignment]
-        f"127.0.0.1:{s.port}" for s in sorted(shards, key=lambda s: s is not stalled)))
+    p.server = Endpoint(cluster_url(sorted(shards, key=lambda s: s is not stalled)))  # type: ignore[assignment]
     code = ("import sys, time, json; import runner.store.connection as c; from runner.client import Client\n"
             "spent = []\n"
             "def timed(*a, probe=c._probe):\n"
@@ -400,8 +387,7 @@ def test_a_slow_master_s_partition_is_reclaimed_and_the_others_keep_their_timers
     assert len(set(port.values())) >= 2, port
     direct = {s.port: redis.Redis(port=s.port, decode_responses=True) for s in shards}  # (not through the proxy)
     # Seeded with the live masters only: every process reaches the slow one as announced.
-    p.server = Endpoint("redis+cluster://" + ",".join(  # type: ignore[assignment]
-        f"127.0.0.1:{s.port}" for s in shards if s is not slow))
+    p.server = Endpoint(cluster_url([s for s in shards if s is not slow]))  # type: ignore[assignment]
     p.write_config(vt=8, fast="partitions = 3", concurrency=16, prefetch=0)
     promoted: dict[str, float] = {}  # a delayed job -> when it left its scheduled set
     due: dict[str, float] = {}  # -> when it was due (its score there: the server's clock)
