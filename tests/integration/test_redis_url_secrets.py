@@ -136,19 +136,13 @@ def test_query_passwords_never_print(project: Project, where: str) -> None:
         assert SECRET not in text, (args, text[-2000:])
         assert "Traceback" not in text, (args, text[-2000:])
     log = project.root / "worker.log"
-    with open(log, "wb") as sink:
-        worker = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
-                                   "worker", "--queue", "fast"], env={**project.env, "REDIS_URL": url},
-                                  stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            # A query password sent to a server that has none is named as such ("has no
-            # password"); a sentinel URL at a plain server reads as Redis unavailable.
-            wait_for(lambda: worker.poll() is not None or any(
-                w in log.read_text() for w in ("navailable", "has no password")), timeout=30,
-                what="the worker to meet the server")
-        finally:
-            worker.kill()
-            worker.wait()
+    worker = project.spawn_worker("fast", env={"REDIS_URL": url}, log_name=log.name)
+    # A query password sent to a server that has none is named as such ("has no
+    # password"); a sentinel URL at a plain server reads as Redis unavailable.
+    wait_for(lambda: worker.poll() is not None or any(
+        w in log.read_text() for w in ("navailable", "has no password")), timeout=30,
+        what="the worker to meet the server")
+    project.stop_all()
     text = log.read_text()
     assert SECRET not in text and "Traceback" not in text, text[-2000:]
 
@@ -242,17 +236,11 @@ def test_a_cluster_with_no_node_up_is_an_outage_not_a_traceback(project: Project
         assert out.returncode == 3 and "Traceback" not in text, (args, out.returncode, text[-2000:])
         assert "Redis unavailable" in text, text[-2000:]
     log = project.root / "worker.log"
-    with open(log, "wb") as sink:
-        worker = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
-                                   "worker", "--queue", "fast"], env={**project.env, "REDIS_URL": url},
-                                  stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            wait_for(lambda: worker.poll() is not None or log.read_text().count("retrying in") >= 2, timeout=30,
-                     what="the worker to retry")
-            assert worker.poll() is None, log.read_text()[-2000:]
-        finally:
-            worker.kill()
-            worker.wait()
+    worker = project.spawn_worker("fast", env={"REDIS_URL": url}, log_name=log.name)
+    wait_for(lambda: worker.poll() is not None or log.read_text().count("retrying in") >= 2, timeout=30,
+             what="the worker to retry")
+    assert worker.poll() is None, log.read_text()[-2000:]
+    project.stop_all()
     assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
 
 
