@@ -3,7 +3,8 @@
 - queued: bytes of used_memory per waiting job, for a job with a 206-byte payload (the
   payload of the issue's comparison), enqueued one batch at a time;
 - done: bytes still held per finished job once a worker drained them (default retention,
-  well below the count bound), the outcome answering `runner job ID`;
+  well below the count bound), the outcome answering `runner job ID`; split into the
+  outcomes (the done generations' hashes), their logs of ids, and the rest;
 - dead: bytes of used_memory per dead job, for a handler that fails for good through a
   20-frame stack (its record, its state with the error and its trimmed traceback, its
   dead-letter entry), buried by a real worker;
@@ -104,6 +105,21 @@ def drain(rt: Runtime, timeout_s: float = 300) -> None:
         w.stop(5)
 
 
+def split(rt: Runtime, n: int, base: int, after: int) -> dict[str, float]:
+    """Where a finished job's bytes are, per job (the round's last step: it deletes them):
+    its outcome (a field of a done generation's hash, with its share of the hash's table),
+    its id on the generation's log, and the rest (what the drain left beside them: the
+    worker's connections and their buffers, the kept result of KEEP_RESULT)."""
+    r, k = rt.redis, rt.keys["fast"]
+    gen = int(r.hget(k.done_meta, "gen") or 0)
+    hashes = [k.done(g) for g in range(max(0, gen - 3), gen + 1)]
+    r.delete(*hashes)
+    mid = used(rt)
+    r.delete(*(h + ":log" for h in hashes))
+    end = used(rt)
+    return {"outcomes": (after - mid) / n, "logs": (mid - end) / n, "rest": (end - base) / n}
+
+
 def one_round(url: str, root: Path, n: int, type_: str) -> dict[str, float]:
     rt = Runtime.create(config_mod.load(project(root, url)))
     try:
@@ -116,11 +132,12 @@ def one_round(url: str, root: Path, n: int, type_: str) -> dict[str, float]:
         enqueue(c, type_, n)
         queued = (used(rt) - base) / n
         drain(rt)
-        done = (used(rt) - base) / n
+        after = used(rt)
+        done = (after - base) / n
         if type_ == "failing":
             assert rt.redis.zcard(rt.keys["fast"].dead) == n + 10
             return {"queued": queued, "dead": done}
-        return {"queued": queued, "done": done}
+        return {"queued": queued, "done": done, **split(rt, n, base, after)}
     finally:
         rt.close()
 
@@ -175,9 +192,10 @@ def run(url: str, work: Path, jobs: int, rounds: int, gate_jobs: int) -> dict[st
             continue
         res[type_] = {m: {"median": round(statistics.median(r[m] for r in runs), 1),
                           "min": round(min(r[m] for r in runs), 1), "max": round(max(r[m] for r in runs), 1)}
-                      for m in ("queued", "done")}
+                      for m in ("queued", "done", "outcomes", "logs", "rest")}
         print(f"{type_}: queued {res[type_]['queued']['median']:.0f} B/job, "
-              f"done {res[type_]['done']['median']:.0f} B/job", flush=True)
+              f"done {res[type_]['done']['median']:.0f} B/job (outcomes {res[type_]['outcomes']['median']:.0f}, "
+              f"logs {res[type_]['logs']['median']:.0f}, rest {res[type_]['rest']['median']:.0f})", flush=True)
     done_max = config_mod.Retention().done_max
     res["done_max"] = done_max
     res["steady_1000_per_s_mb"] = round(done_max * res["noop"]["done"]["median"] / 1e6, 1)
@@ -202,6 +220,10 @@ def markdown(res: dict[str, Any]) -> list[str]:
            "| function | bytes per queued job | bytes still held per finished job |", "|---|---|---|",
            f"| no-op, default retention | {m('noop', 'queued')} | {m('noop', 'done')} |",
            f"| `KEEP_RESULT = 86400` | {m('kept', 'queued')} | {m('kept', 'done')} |", "",
+           *([f"Of a finished no-op job's bytes: its outcome in a done generation {m('noop', 'outcomes')}, its "
+              f"id on the generation's log {m('noop', 'logs')}, the rest {m('noop', 'rest')} (the worker's "
+              "connections and their buffers).", ""]
+             if "outcomes" in res["noop"] else []),
            *([f"A dead job whose handler failed 20 frames deep holds {res['dead']['median']:,.0f} bytes "
               f"({res['dead']['min']:,.0f}-{res['dead']['max']:,.0f}; {res['dead']['jobs']:,} jobs a round)", ""]
              if "dead" in res else []),

@@ -4,9 +4,10 @@ INFO commandstats. Redis is one thread that every worker and web process shares:
 time per job bounds what one server can drain, whatever the machines in front of it.
 
 Usage: python bench/scripts.py [--quick] [--reps N] [--server auto|redis|valkey]
-[--variant plain|keyed|rated]; full: 5 repetitions of 20,000 jobs, quick: 3 of 5,000.
+[--variant plain|keyed|rated|single]; full: 5 repetitions of 20,000 jobs, quick: 3 of 5,000.
 keyed and rated put the jobs under a per-key CONCURRENCY and a RATE_LIMIT, as bench/flow.py
-does. Prints a table and writes bench/results/scripts[-VARIANT].{json,md}. Run it on two
+does; single runs one job per call, as light load does (each call's own cost paid per
+job). Prints a table and writes bench/results/scripts[-VARIANT].{json,md}. Run it on two
 commits to weigh a change to a script. With --instructions, the server's instructions per
 job instead, counted by callgrind (valgrind): exact from run to run, where a timing on
 these machines wanders by a third.
@@ -35,7 +36,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int)
     ap.add_argument("--server", choices=["auto", "redis", "valkey"], default="auto")
-    ap.add_argument("--variant", choices=["plain", "keyed", "rated"], default="plain")
+    ap.add_argument("--variant", choices=["plain", "keyed", "rated", "single"], default="plain")
     ap.add_argument("--instructions", action="store_true",
                     help="count the server's instructions per job under callgrind (needs valgrind)")
     ap.add_argument("--no-write", action="store_true", help="print only; keep results/ as it is")

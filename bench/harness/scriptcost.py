@@ -2,9 +2,11 @@
 
 The scripts run through runner's own Scripts API against the benchmark's server, on a
 queue of no-op jobs, in the batches a worker sends (claims of 32, 16 of them prefetched
-and marked started later, acks of 32). The time is what the server says it spent in
-EVALSHA (INFO commandstats: the commands a script runs included), over the jobs of the
-phase: the server's CPU for the transition, without the round trips, the client or the
+and marked started later, acks of 32); or, variant "single", one job per call as at light
+load (each job enqueued alone, claimed by a call asking for 32 that finds it alone, acked
+alone), where every per-call cost of a script is paid per job. The time is what the
+server says it spent in EVALSHA (INFO commandstats: the commands a script runs
+included), over the jobs of the phase: the server's CPU for the transition, without the round trips, the client or the
 thread hand-offs that a drain adds. The figure to watch when a script changes.
 """
 
@@ -32,6 +34,7 @@ VARIANTS = {
     "keyed": 'CONCURRENCY = {"key": "tenant:{k}", "limit": 2}\n',
     "rated": 'RATE_LIMIT = {"limit": 1_000_000, "period": 1}\n',
 }
+SINGLE = "single"  # plain no-op jobs, one per call (see above)
 
 
 def _project(root: Path) -> Path:
@@ -53,10 +56,21 @@ def _script_usec(r: Any) -> float:
     return server.script_usec(server.Stats(r).commands())
 
 
-def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
+def _tally(r: Any, spent: dict[str, float], phase: str, since: float, timed: bool) -> float:
+    """Add the scripts' time since ``since`` to ``phase``; the new mark (0 untimed)."""
+    if not timed:
+        return 0.0
+    now = _script_usec(r)
+    spent[phase] += now - since
+    return now
+
+
+def run(env: Env, n: int, reps: int, variant: str = "plain", phases: bool = True) -> dict[str, Any]:
     """``variant``: plain no-op jobs, claimed all first (16 of each 32 prefetched, marked
     started afterwards) and then acked; or keyed / rated (under a limit: never
-    prefetched), each batch of 32 claimed and then acked before the next."""
+    prefetched), each batch of 32 claimed and then acked before the next; or single (plain
+    jobs, one per call). ``phases``: time each phase (single: an INFO read per call, left
+    out under callgrind, which counts the run's total)."""
     from runner import config
     from runner.client import Client, Request
     from runner.observe import metrics
@@ -73,7 +87,7 @@ def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
     k = rt.keys["fast"]
     client = Client(rt)
     r = env.redis.client()
-    fn = "noop" if variant == "plain" else f"noop_{variant}"
+    fn = "noop" if variant in ("plain", SINGLE) else f"noop_{variant}"
 
     def acks_of(batch: list[tuple[str, str, int]]) -> None:
         if hasattr(metrics, "Totals"):
@@ -99,6 +113,19 @@ def run(env: Env, n: int, reps: int, variant: str = "plain") -> dict[str, Any]:
             spent = dict.fromkeys(PHASES, 0.0)
             t = _script_usec(r)
             requests = [Request(fn, {"k": str(i % KEYS)}) for i in range(n)]
+            if variant == SINGLE:
+                for i, req in enumerate(requests):
+                    client.enqueue_all([req])
+                    t = _tally(r, spent, "enqueue", t, phases)
+                    got = claim(f"bench.{rep}.{i}", BATCH)
+                    if len(got) != 1:
+                        raise RuntimeError(f"a claim of one job alone took {len(got)}")
+                    t = _tally(r, spent, "claim", t, phases)
+                    acks_of(got)
+                    t = _tally(r, spent, "ack", t, phases)
+                for phase in PHASES:
+                    per_job[phase].append(spent[phase] / n)
+                continue
             for i in range(0, n, 100):
                 client.enqueue_all(requests[i:i + 100])
             spent["enqueue"], t = _script_usec(r) - t, _script_usec(r)
@@ -144,7 +171,10 @@ def markdown(res: dict[str, Any]) -> list[str]:
         rows.append(f"| {phase} | {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f}) |")
     rows.append(f"| all four | {res['us_per_job_total']:.2f} |")
     variant = res.get("variant", "plain")
-    if variant == "plain":
+    if variant == SINGLE:
+        how = ("one job per call, as at light load: each enqueued alone, claimed by a call asking for "
+               f"{res['batch']} that finds it alone (started at once: no start mark), acked alone")
+    elif variant == "plain":
         how = (f"claims of {res['batch']} with {res['prefetched']} prefetched (start marks later, "
                f"{res['prefetched']} a call), acks of {res['batch']}. The start row is per job of the whole "
                "run (half the jobs get a mark)")
@@ -185,7 +215,7 @@ def _under_callgrind(binary: str, variant: str, n: int, work: Path) -> int:
             def client(self) -> redis.Redis:
                 return redis.Redis.from_url(url, decode_responses=True)
 
-        run(Env(_Server(), work), n, 1, variant)  # type: ignore[arg-type]
+        run(Env(_Server(), work), n, 1, variant, phases=False)  # type: ignore[arg-type]
         redis.Redis(port=port).shutdown(nosave=True)
     except redis.ConnectionError:
         pass  # SHUTDOWN closes the connection: the expected end
