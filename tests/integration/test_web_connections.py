@@ -349,3 +349,25 @@ def test_requests_sent_before_a_half_close_are_all_answered_in_order(web: Web) -
         s.shutdown(socket.SHUT_WR)
         assert _responses(s, 1) == []
     assert web.get("/healthz").status_code == 200
+
+
+def test_a_head_left_partial_behind_a_request_on_the_app_waits_for_its_answer(web: Web) -> None:
+    """header_timeout = 1: a request held on the app for 3 s (a ?wait= on a delayed job),
+    followed on its connection by the first bytes of a second request and then nothing.
+    Before, the header timeout ran for the second request while the first was answered:
+    at 1 to 2 s the 408 went out and the connection closed, and the first request's answer
+    was lost. Now the first answer comes whole, then the 408 for the unfinished head (its
+    timeout counted from that answer), then the close."""
+    port = _port(web)
+    held = (f"POST /jobs/record?delay=600&wait=3 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 1}").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        t0 = time.monotonic()
+        s.sendall(held + b"GET /healthz HTTP/1.1\r\nHo")
+        got = _responses(s, 2, within=10)
+        assert [line.split(b" ")[1] for line, _ in got] == [b"202", b"408"], got
+        assert b'"id"' in got[0][1] and b"request-timeout" in got[1][1], got
+        assert time.monotonic() - t0 > 3.5  # the head's timeout started at the answer (3 s), not before it
+        s.settimeout(5)
+        assert s.recv(1) == b""
+    assert web.get("/healthz").status_code == 200
