@@ -351,23 +351,59 @@ def test_requests_sent_before_a_half_close_are_all_answered_in_order(web: Web) -
     assert web.get("/healthz").status_code == 200
 
 
-def test_a_head_left_partial_behind_a_request_on_the_app_waits_for_its_answer(web: Web) -> None:
-    """header_timeout = 1: a request held on the app for 3 s (a ?wait= on a delayed job),
-    followed on its connection by the first bytes of a second request and then nothing.
-    Before, the header timeout ran for the second request while the first was answered:
-    at 1 to 2 s the 408 went out and the connection closed, and the first request's answer
-    was lost. Now the first answer comes whole, then the 408 for the unfinished head (its
-    timeout counted from that answer), then the close."""
+def _held_request(delay_wait: float) -> bytes:
+    """A request the app holds for ``delay_wait`` seconds: a ?wait= on a delayed job, answered 202."""
+    return (f"POST /jobs/record?delay=600&wait={delay_wait:g} HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n"
+            "{\"n\": 1}").encode()
+
+
+def test_a_request_left_partial_behind_one_on_the_app_waits_for_its_answer(web: Web) -> None:
+    """header_timeout = 1, idle_timeout = 1: a request held on the app for 3 s, followed on
+    its connection by the first bytes of a second request and then nothing. Before, the
+    second request's timeout ran while the first was answered: at 1 to 2 s the 408 went
+    out (or, for a head sent whole and half a body, the connection was dropped) and the
+    first request's answer was lost. Now the first answer comes whole, then the 408 for an
+    unfinished head (its timeout counted from that answer), then the close; a body queued
+    behind it is timed from when its request starts."""
     port = _port(web)
-    held = (f"POST /jobs/record?delay=600&wait=3 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 1}").encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        t0 = time.monotonic()
-        s.sendall(held + b"GET /healthz HTTP/1.1\r\nHo")
-        got = _responses(s, 2, within=10)
-        assert [line.split(b" ")[1] for line, _ in got] == [b"202", b"408"], got
-        assert b'"id"' in got[0][1] and b"request-timeout" in got[1][1], got
-        assert time.monotonic() - t0 > 3.5  # the head's timeout started at the answer (3 s), not before it
-        s.settimeout(5)
-        assert s.recv(1) == b""
+    head = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n").encode()
+    for name, rest, expected in (
+        ("half a head", b"GET /healthz HTTP/1.1\r\nHo", [b"202", b"408"]),
+        ("a head and half a body", head + b"{\"n\"", [b"202"]),
+    ):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            t0 = time.monotonic()
+            s.sendall(_held_request(3) + rest)
+            got = _responses(s, 2, within=10)
+            assert [line.split(b" ")[1] for line, _ in got] == expected, (name, got)
+            assert b'"id"' in got[0][1], (name, got)
+            assert time.monotonic() - t0 > 3.5, name  # the second's timeout started at the answer (3 s)
+            if len(expected) > 1:
+                assert b"request-timeout" in got[1][1], got
+            s.settimeout(5)
+            with contextlib.suppress(ConnectionResetError):
+                assert s.recv(1) == b"", name
     assert web.get("/healthz").status_code == 200
+
+
+def test_a_connection_with_a_request_on_the_app_is_not_closed_to_make_room(project: Project) -> None:
+    """max_connections = 40: a connection whose request is on the app (held 3 s) and that
+    has sent the first bytes of the next one was taken for one holding no request, and
+    was the first closed when the 41st connection came: its answer was lost. Now a silent
+    connection gives way instead, and the held request is answered."""
+    project.write_config(extra="\n[api]\nmax_connections = 40\nheader_timeout = 30\nidle_timeout = 30\n")
+    with gunicorn(project, token=TOKEN) as web:
+        port = _port(web)
+        held = _waiting(port, _held_request(3) + b"GET /healthz HTTP/1.1\r\nHo")
+        assert _answered(held, 0.3) == b""
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(39)]
+        try:
+            assert web.get("/healthz", auth=False).status_code == 200  # the 41st (and 42nd) connection
+            got = _responses(held, 1, within=10)
+            assert [line.split(b" ")[1] for line, _ in got] == [b"202"], got
+        finally:
+            held.close()
+            for s in silent:
+                s.close()
