@@ -62,8 +62,9 @@ class _HeadTooLarge(Exception):
     pass
 
 
-class _Unframed(Exception):
-    """A request began where the framing said none could (see HttpProtocol.data_received)."""
+class _BadRequest(Exception):
+    """A request to answer with the 400: one without an HTTP version, or one that began
+    where the framing said none could (see HttpProtocol.data_received)."""
 
 
 def _blank_end(tail: bytes, data: bytes, pos: int) -> int:
@@ -300,7 +301,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         if not self._may_begin:
-            raise _Unframed  # a request where a body or another head was to be: refused, never served
+            raise _BadRequest  # a request where a body or another head was to be: refused, never served
         self._may_begin = False
         super().on_message_begin()
         self._in_head, self._between, self._body_read = True, False, False
@@ -368,7 +369,7 @@ class HttpProtocol(HttpToolsProtocol):
         if self.parser.get_http_version() not in ("1.1", "1.0"):
             # A request line without a version reads as HTTP/0.9, which ASGI apps refuse
             # (falcon raised: a 500 and a traceback). Raised, the parser stops: a 400.
-            raise _Unframed
+            raise _BadRequest
         self._in_head, self._tail = False, b""
         self._phase, self._since = _BODY, self.loop.time()
         self._body_start, self._body_bytes = self._since, 0

@@ -6,6 +6,7 @@ cannot lock a real client out of a process limited to 1,024 open files."""
 from __future__ import annotations
 
 import contextlib
+import random
 import resource
 import socket
 import subprocess
@@ -407,3 +408,33 @@ def test_a_connection_with_a_request_on_the_app_is_not_closed_to_make_room(proje
             held.close()
             for s in silent:
                 s.close()
+
+
+def test_pipelined_requests_of_every_framing_cut_anywhere_are_all_answered(web: Web) -> None:
+    """The server cuts what it reads where each request ends (a head at its blank line, a
+    body after its Content-Length or its last chunk) to count each head against the cap:
+    requests of each framing (no body, a Content-Length, chunks with an extension and a
+    trailer field, a blank line between two requests), sent back to back and cut at
+    random points into reads of their own, are each answered, in order, and the
+    connection serves on."""
+    port = _port(web)
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    post = (b"POST /jobs/record HTTP/1.1\r\nHost: x\r\n" + auth
+            + b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n{\"n\":\r\n 1}")
+    chunked = (b"POST /jobs/record HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n3;x=1\r\n{\"n\r\n6\r\n\":\r\n\r\n\r\n2\r\n2}\r\n0\r\nX-T: v\r\n\r\n")
+    stream = health + post + b"\r\n" + chunked + health + chunked + post
+    expected = [b"200", b"202", b"202", b"200", b"202", b"202"]
+    rnd = random.Random(47)
+    for _ in range(12):
+        cuts = sorted(rnd.sample(range(1, len(stream)), 5))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                s.sendall(stream[start:end])
+                time.sleep(0.01)  # a read of its own
+            got = _responses(s, len(expected))
+            assert [line.split(b" ")[1] for line, _ in got] == expected, (cuts, got)
+            s.sendall(health)
+            assert [line.split(b" ")[1] for line, _ in _responses(s, 1)] == [b"200"], cuts
