@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -26,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import httptools
 import uvicorn
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
@@ -60,11 +62,23 @@ class _HeadTooLarge(Exception):
     pass
 
 
-def _head_part(data: bytes) -> int:
-    """The bytes of a chunk read between two requests that belong to the next one's head:
-    up to its blank line (CRLF or a bare LF), or all of them."""
-    ends = [i + 4 for i in (data.find(b"\r\n\r\n"),) if i >= 0] + [i + 2 for i in (data.find(b"\n\n"),) if i >= 0]
-    return min(ends) if ends else len(data)
+class _BadRequest(Exception):
+    """A request to answer with the 400: one without an HTTP version, or one that began
+    where the framing said none could (see HttpProtocol.data_received)."""
+
+
+def _blank_end(tail: bytes, data: bytes, pos: int) -> int:
+    """Where the first blank line (CRLF CRLF: the parser takes no bare LF) of data[pos:]
+    ends, ``tail`` being the (up to 3) bytes read just before pos; -1 if there is none."""
+    if tail:
+        i = (tail + data[pos:pos + 3]).find(b"\r\n\r\n")
+        if i >= 0:
+            return pos + i + 4 - len(tail)
+    i = data.find(b"\r\n\r\n", pos)
+    return i + 4 if i >= 0 else -1
+
+
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 def _problem(status: int, reason: bytes, kind: str, title: str, detail: str) -> bytes:
@@ -179,22 +193,35 @@ class HttpProtocol(HttpToolsProtocol):
     A request the parser refuses (no HTTP version, a control character in a header, a bad
     Content-Length, a folded header) gets a 400 problem, not plain text.
 
-    httptools gathers a header's bytes before it hands the header over, so the bytes are
-    counted as they arrive: a chunk read between two requests counts up to the head's
-    end (a search for the blank line, before the parser sees it), and every later chunk
-    that ends with the head still incomplete counts whole. One read takes up to 256 KiB:
-    not counting the chunk the head began in let heads of twice the cap through. A head
-    that begins inside a chunk, behind a pipelined request, counts by what the parser
-    hands over (the request target, each field's name and value), which leaves out only
-    the blanks before a value. A head is never refused below the cap, and memory stays
-    within the cap plus a chunk or two."""
+    The head is counted in bytes as they arrive, before the parser sees them: httptools
+    gathers a header whole before it hands it over, skips the blanks before a value, and
+    tells no offsets, so what it hands over undercounts (a 214 KB head behind a pipelined
+    request was served). A read is fed to the parser in pieces cut where one message ends
+    and the next begins: a head ends at its first blank line, a body after its
+    Content-Length or its last chunk (data_received). So each head's bytes are counted
+    exactly, from the end of the message before it, whoever sent what before it and
+    however its bytes are split across reads, and a head is never refused below the cap.
+
+    A refusal of a head (the 431, a 400, the 408) waits for the answers of the requests
+    before it on the connection: they go out first, in order, then the refusal and the
+    close. The header timeout of a head does not run while the requests before it are on
+    the app (the client may not send more until they are answered), and the connection is
+    not one "holding no request" for max_connections."""
 
     _held: bytes | None = None
     _in_head = False
-    _first_chunk = False
-    _head_bytes = 0
-    _parsed_bytes = 0  # the head's bytes as the parser handed them over (see on_url, on_header)
+    _head_bytes = 0  # of the coming head, from the end of the message before it
+    _tail = b""  # the last bytes read of a head (or a chunked body's trailers): a blank line may span reads
     _between = True  # no byte of the next request read yet
+    _may_begin = True  # the piece being fed may begin a request (see data_received)
+    _in_body = False  # the parser is in a body: it ends after _body_left bytes, or chunked
+    _body_left = 0
+    _chunked = False
+    _chunk_left = 0  # bytes of the current chunk's data and its CRLF still to come
+    _chunk_line = b""  # the start of a chunk-size line split across reads
+    _trailers = False  # past the last chunk: the message ends at the next blank line
+    _no_more = False  # the parser reads no message after this one (Connection: close)
+    _last_word: bytes | None = None  # a refusal waiting for the answers before it (see _refuse)
     _refused = False
     _body_read = False
     _eof = False  # the client half-closed with requests still to answer (see eof_received)
@@ -228,7 +255,7 @@ class HttpProtocol(HttpToolsProtocol):
     def _make_room(self) -> None:
         others = [c for c in self.connections
                   if c is not self and isinstance(c, HttpProtocol) and not c.transport.is_closing()]
-        idle = [c for c in others if c._phase in (_HEAD, _IDLE)]
+        idle = [c for c in others if c._phase in (_HEAD, _IDLE) and not c._answering()]
         if idle:
             min(idle, key=lambda c: c._opened).transport.close()
             return
@@ -236,7 +263,7 @@ class HttpProtocol(HttpToolsProtocol):
         # trickles its body holds a slot as long as an idle one would). A request on the
         # app is never cut; when every one is there, this connection waits its turn.
         now = self.loop.time()
-        reading = [c for c in others if c._phase == _BODY]
+        reading = [c for c in others if c._phase == _BODY and not c.pipeline]  # (pipeline: waits its turn)
         if not reading:
             self.transport.close()
             return
@@ -246,13 +273,15 @@ class HttpProtocol(HttpToolsProtocol):
         """Close this connection if it is past its header or idle timeout."""
         phase = self._phase
         if phase == _HEAD and now - self._since > self.limits.header_timeout_s:
-            if self.transport.is_closing():
-                return
+            if self.transport.is_closing() or self._answering():
+                return  # its clock starts when the answers before it are out (on_response_complete)
             if self._got_bytes:
                 self.transport.write(_problem(
                     408, b"Request Timeout", "request-timeout", "Request Timeout",
                     f"the request line and headers must arrive within {self.limits.header_timeout_s:g} s"))
             self.transport.close()
+        elif phase == _BODY and self.pipeline:
+            return  # queued behind a request on the app, not read meanwhile: its clocks start with it
         elif phase == _BODY and now - self._since > self.limits.idle_timeout_s:
             self.transport.close()  # the app sees a disconnect
         elif phase == _BODY and now - self._body_start > self.limits.body_timeout_s:
@@ -266,17 +295,25 @@ class HttpProtocol(HttpToolsProtocol):
                     "([api] body_timeout)"))
             self.transport.close()  # the app sees a disconnect
 
+    def _answering(self) -> bool:
+        """Whether a request before the coming head (read whole) is still being answered."""
+        return not self._in_body and self.cycle is not None and not self.cycle.response_complete
+
     def on_message_begin(self) -> None:
+        if not self._may_begin:
+            raise _BadRequest  # a request where a body or another head was to be: refused, never served
+        self._may_begin = False
         super().on_message_begin()
-        self._in_head, self._first_chunk, self._head_bytes, self._parsed_bytes = True, True, 0, 0
-        self._between = False
-        self._body_read = False
+        self._in_head, self._between, self._body_read = True, False, False
+        self._body_left, self._chunked = 0, False
         if self._phase != _HEAD:
             self._phase, self._since = _HEAD, self.loop.time()
 
     def on_message_complete(self) -> None:
         self._body_read = True
         self._between = True
+        self._in_body = False
+        self._head_bytes, self._tail = 0, b""
         self._phase = _APP
         super().on_message_complete()
 
@@ -329,15 +366,16 @@ class HttpProtocol(HttpToolsProtocol):
                                                self.transport.close)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._phase, self._since = _BODY, self.loop.time()
-        self._body_start, self._body_bytes = self._since, 0
         if self.parser.get_http_version() not in ("1.1", "1.0"):
             # A request line without a version reads as HTTP/0.9, which ASGI apps refuse
-            # (falcon raised: a 500 and a traceback).
-            self.send_400_response("")
-            return
-        super().on_headers_complete()
+            # (falcon raised: a 500 and a traceback). Raised, the parser stops: a 400.
+            raise _BadRequest
+        self._in_head, self._tail = False, b""
+        self._phase, self._since = _BODY, self.loop.time()
+        self._body_start, self._body_bytes = self._since, 0
+        super().on_headers_complete()  # (a refusal raised in it waits for the answers before)
+        self._in_body, self._no_more = True, not self.parser.should_keep_alive()
+        self._chunk_left, self._chunk_line, self._trailers = 0, b"", False
         if self.cycle is not None and not isinstance(self.cycle.transport, _CycleTransport):
             self.cycle.transport = _CycleTransport(self.transport, self, self.cycle)  # type: ignore[assignment]
 
@@ -349,8 +387,23 @@ class HttpProtocol(HttpToolsProtocol):
             # Closing: no keep-alive timer, no pipelined request.
             self.server_state.total_requests += 1
             return
-        last = not self.pipeline
+        last, queued = not self.pipeline, len(self.pipeline)
         super().on_response_complete()
+        if queued == 1 and self._phase == _BODY:
+            # The request whose body is being read was queued (reading paused): it starts now.
+            self._since = self._body_start = self.loop.time()
+        if self._last_word is not None:
+            if last and not self.transport.is_closing():
+                self.transport.write(self._last_word)
+                self.transport.close()
+            else:
+                self.flow.pause_reading()  # nothing more is read: the refusal ends the connection
+            return
+        if self._phase == _HEAD and last and not self.transport.is_closing():
+            # A head begun while the answers before it were made: its timeout runs from now,
+            # and it, not the keep-alive timer, closes the connection.
+            self._since = self.loop.time()
+            self._unset_keepalive_if_required()
         if self._eof and last and not self.transport.is_closing():
             # The client sends no more: the last answer is out, no keep-alive to wait for.
             self._unset_keepalive_if_required()
@@ -379,22 +432,20 @@ class HttpProtocol(HttpToolsProtocol):
             self._linger_timer.cancel()
         super().connection_lost(exc)
 
-    def on_url(self, url: bytes) -> None:
-        self._parsed(len(url) + 14)  # + the method, the version, the blanks and the line's end
-        super().on_url(url)
-
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self.headers) >= MAX_HEADERS:
             self._refused = True
-            raise _HeadTooLarge  # httptools stops; uvicorn answers through send_400_response
-        self._parsed(len(name) + len(value) + 4)
+            raise _HeadTooLarge  # httptools stops; the 431 goes out through send_400_response
         super().on_header(name, value)
-
-    def _parsed(self, n: int) -> None:
-        self._parsed_bytes += n
-        if self._parsed_bytes > MAX_HEAD_BYTES:
-            self._refused = True
-            raise _HeadTooLarge
+        if not self._in_head:
+            return  # a chunked body's trailer field
+        # The body's framing, as the parser takes it (it refuses a Content-Length beside a
+        # Transfer-Encoding, and a request's Transfer-Encoding whose last coding is not chunked).
+        name, value = self.headers[-1]
+        if name == b"content-length":
+            self._body_left = int(value)
+        elif name == b"transfer-encoding":
+            self._chunked = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
 
     def data_received(self, data: bytes) -> None:
         if self._linger_timer is not None:
@@ -404,35 +455,104 @@ class HttpProtocol(HttpToolsProtocol):
             else:
                 self._linger_rearm()
             return
+        if self._last_word is not None or (self._no_more and not self._in_body):
+            return  # refused, or after a last request (Connection: close): nothing more is parsed
         if self._phase == _BODY:
             self._since = self.loop.time()
             self._body_bytes += len(data)
         else:
             self._got_bytes = True
-        if self._between and _head_part(data) > MAX_HEAD_BYTES:
-            self._refused = True  # (before the parser sees it: nothing of it is dispatched)
-            self.send_400_response("")
-            return
-        super().data_received(data)
-        if not self._in_head or self.transport.is_closing():
-            return
-        if self._first_chunk:
-            self._first_chunk = False
-            return
-        self._head_bytes += len(data)
-        if self._head_bytes > MAX_HEAD_BYTES:
-            self._refused = True
-            self.send_400_response("")
+        self._unset_keepalive_if_required()
+        # Fed in pieces, each cut where a message ends: a piece that starts between two
+        # messages is the only one that may begin a request (on_message_begin checks), so
+        # a head's bytes are those of the pieces from its start to its blank line, counted
+        # before the parser sees them. A read of one request is one piece.
+        pos, size = 0, len(data)
+        while pos < size:
+            self._may_begin = self._between and not self._in_body
+            if self._in_body:
+                end = self._body_end(data, pos)
+            else:
+                end = _blank_end(self._tail, data, pos)
+                if end < 0:
+                    end = size
+                self._head_bytes += end - pos
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._refused = True  # (before the parser sees it: nothing of it is dispatched)
+                    self.send_400_response("")
+                    return
+                self._tail = (self._tail + data[max(pos, end - 3):end])[-3:]
+            try:
+                self.parser.feed_data(data if end - pos == size else data[pos:end])
+            except httptools.HttpParserUpgrade:
+                self._upgrade()
+                return
+            except httptools.HttpParserError:
+                self.send_400_response("")
+                return
+            if self.transport.is_closing() or (self._no_more and not self._in_body):
+                return
+            pos = end
+
+    def _body_end(self, data: bytes, pos: int) -> int:
+        """Where in data the body the parser is in ends (len(data): not in it). Moves the
+        count of the body's bytes still to come past what it returns."""
+        size = len(data)
+        if not self._chunked:
+            end = min(size, pos + self._body_left)
+            self._body_left -= end - pos
+            return end
+        while pos < size:
+            if self._trailers:
+                end = _blank_end(self._tail, data, pos)
+                if end >= 0:
+                    return end
+                self._tail = (self._tail + data[max(pos, size - 3):])[-3:]
+                return size
+            if self._chunk_left:
+                step = min(self._chunk_left, size - pos)
+                self._chunk_left -= step
+                pos += step
+                continue
+            eol = data.find(b"\n", pos)
+            if eol < 0:
+                self._chunk_line = (self._chunk_line + data[pos:pos + 16])[:16]
+                return size
+            line, self._chunk_line = self._chunk_line + data[pos:min(eol, pos + 16)], b""
+            pos = eol + 1
+            digits = _CHUNK_SIZE.match(line)
+            if digits is None:
+                return size  # the parser refuses the line
+            length = int(digits.group(), 16)
+            if length:
+                self._chunk_left = length + 2  # its data and the CRLF after it
+            else:
+                self._trailers, self._tail = True, b"\r\n"  # the last chunk: trailer fields, a blank line
+        return size
+
+    def _upgrade(self) -> None:
+        if self._should_upgrade():
+            self.handle_websocket_upgrade()
+        else:
+            self._unsupported_upgrade_warning()
 
     def send_400_response(self, msg: str) -> None:
         self.flush()
         if not self._refused:
-            self.transport.write(_BAD_REQUEST)
-            self.transport.close()
+            self._refuse(_BAD_REQUEST)
             return
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: %s\r\n"
-                             b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-                             % (MEDIA_TYPE.encode(), len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE))
+        self._refuse(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: %s\r\n"
+                     b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+                     % (MEDIA_TYPE.encode(), len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE))
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer and close; after the answers of the requests before, when a head is
+        refused behind them (pipelined), so each client request gets its own answer."""
+        if self._answering() and not self.transport.is_closing():
+            self._last_word = answer
+            self.flow.pause_reading()
+            return
+        self.transport.write(answer)
         self.transport.close()
 
 

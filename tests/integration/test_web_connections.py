@@ -6,6 +6,7 @@ cannot lock a real client out of a process limited to 1,024 open files."""
 from __future__ import annotations
 
 import contextlib
+import random
 import resource
 import socket
 import subprocess
@@ -349,3 +350,91 @@ def test_requests_sent_before_a_half_close_are_all_answered_in_order(web: Web) -
         s.shutdown(socket.SHUT_WR)
         assert _responses(s, 1) == []
     assert web.get("/healthz").status_code == 200
+
+
+def _held_request(delay_wait: float) -> bytes:
+    """A request the app holds for ``delay_wait`` seconds: a ?wait= on a delayed job, answered 202."""
+    return (f"POST /jobs/record?delay=600&wait={delay_wait:g} HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n"
+            "{\"n\": 1}").encode()
+
+
+def test_a_request_left_partial_behind_one_on_the_app_waits_for_its_answer(web: Web) -> None:
+    """header_timeout = 1, idle_timeout = 1: a request held on the app for 3 s, followed on
+    its connection by the first bytes of a second request and then nothing. Before, the
+    second request's timeout ran while the first was answered: at 1 to 2 s the 408 went
+    out (or, for a head sent whole and half a body, the connection was dropped) and the
+    first request's answer was lost. Now the first answer comes whole, then the 408 for an
+    unfinished head (its timeout counted from that answer), then the close; a body queued
+    behind it is timed from when its request starts."""
+    port = _port(web)
+    head = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n").encode()
+    for name, rest, expected in (
+        ("half a head", b"GET /healthz HTTP/1.1\r\nHo", [b"202", b"408"]),
+        ("a head and half a body", head + b"{\"n\"", [b"202"]),
+    ):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            t0 = time.monotonic()
+            s.sendall(_held_request(3) + rest)
+            got = _responses(s, 2, within=10)
+            assert [line.split(b" ")[1] for line, _ in got] == expected, (name, got)
+            assert b'"id"' in got[0][1], (name, got)
+            assert time.monotonic() - t0 > 3.5, name  # the second's timeout started at the answer (3 s)
+            if len(expected) > 1:
+                assert b"request-timeout" in got[1][1], got
+            s.settimeout(5)
+            with contextlib.suppress(ConnectionResetError):
+                assert s.recv(1) == b"", name
+    assert web.get("/healthz").status_code == 200
+
+
+def test_a_connection_with_a_request_on_the_app_is_not_closed_to_make_room(project: Project) -> None:
+    """max_connections = 40: a connection whose request is on the app (held 3 s) and that
+    has sent the first bytes of the next one was taken for one holding no request, and
+    was the first closed when the 41st connection came: its answer was lost. Now a silent
+    connection gives way instead, and the held request is answered."""
+    project.write_config(extra="\n[api]\nmax_connections = 40\nheader_timeout = 30\nidle_timeout = 30\n")
+    with gunicorn(project, token=TOKEN) as web:
+        port = _port(web)
+        held = _waiting(port, _held_request(3) + b"GET /healthz HTTP/1.1\r\nHo")
+        assert _answered(held, 0.3) == b""
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(39)]
+        try:
+            assert web.get("/healthz", auth=False).status_code == 200  # the 41st (and 42nd) connection
+            got = _responses(held, 1, within=10)
+            assert [line.split(b" ")[1] for line, _ in got] == [b"202"], got
+        finally:
+            held.close()
+            for s in silent:
+                s.close()
+
+
+def test_pipelined_requests_of_every_framing_cut_anywhere_are_all_answered(web: Web) -> None:
+    """The server cuts what it reads where each request ends (a head at its blank line, a
+    body after its Content-Length or its last chunk) to count each head against the cap:
+    requests of each framing (no body, a Content-Length, chunks with an extension and a
+    trailer field, a blank line between two requests), sent back to back and cut at
+    random points into reads of their own, are each answered, in order, and the
+    connection serves on."""
+    port = _port(web)
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    post = (b"POST /jobs/record HTTP/1.1\r\nHost: x\r\n" + auth
+            + b"Content-Type: application/json\r\nContent-Length: 10\r\n\r\n{\"n\":\r\n 1}")
+    chunked = (b"POST /jobs/record HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n3;x=1\r\n{\"n\r\n6\r\n\":\r\n\r\n\r\n2\r\n2}\r\n0\r\nX-T: v\r\n\r\n")
+    stream = health + post + b"\r\n" + chunked + health + chunked + post
+    expected = [b"200", b"202", b"202", b"200", b"202", b"202"]
+    rnd = random.Random(47)
+    for _ in range(12):
+        cuts = sorted(rnd.sample(range(1, len(stream)), 5))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                s.sendall(stream[start:end])
+                time.sleep(0.01)  # a read of its own
+            got = _responses(s, len(expected))
+            assert [line.split(b" ")[1] for line, _ in got] == expected, (cuts, got)
+            s.sendall(health)
+            assert [line.split(b" ")[1] for line, _ in _responses(s, 1)] == [b"200"], cuts

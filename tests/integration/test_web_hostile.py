@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -229,3 +230,72 @@ def test_a_head_past_the_cap_is_refused_however_it_arrives(web: Web) -> None:
         assert status(head(pad), piece).startswith(b"HTTP/1.1 431"), (pad, piece)
     assert status(head(60_000), 1 << 30).startswith(b"HTTP/1.1 200")
     assert status(head(60_000), 16_384).startswith(b"HTTP/1.1 200")
+
+
+def test_the_head_cap_holds_for_every_head_of_a_connection(web: Web) -> None:
+    """A pipelined head that began inside a read, behind an earlier request, was counted
+    only by what the parser handed over: the blanks before a header's value were left out,
+    so a head of 64 KiB and 200 KB of such blanks, in the same write as a small GET, was
+    served. So was a head that ended in the read after the one it began in. Now every head
+    of a connection is held to the cap, whoever sent what before it and however its bytes
+    are split: the requests before it are answered, in order, and then it gets the 431.
+    Heads under the cap are served in each of the same arrangements."""
+    host, port = web.url.split("//")[1].split(":")
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
+    small = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    post = (b"POST /jobs/no-such-type HTTP/1.1\r\nHost: x\r\n" + auth
+            + b"Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 1}")
+    chunked = (b"POST /jobs/no-such-type HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n4\r\n{\"n\"\r\n4\r\n: 1}\r\n0\r\n\r\n")
+
+    def padded(blanks: int, fill: int) -> bytes:
+        """A head of ``fill`` bytes of field values plus ``blanks`` blanks before one of them."""
+        return (b"GET /queues HTTP/1.1\r\nHost: x\r\n" + auth + b"X-Blank:" + b" " * blanks + b"v\r\n"
+                + b"".join(b"X-F%d: %s\r\n" % (i, b"a" * 4000) for i in range(fill // 4000)) + b"\r\n")
+
+    def statuses(writes: list[bytes], count: int) -> list[bytes]:
+        """The statuses of the answers to ``writes`` (each its own read: a pause between
+        them), in order, framed by their Content-Length."""
+        out, got = b"", []
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                for i, data in enumerate(writes):
+                    if i:
+                        time.sleep(0.05)
+                    s.sendall(data)
+            while len(got) < count:
+                head, blank, rest = out.partition(b"\r\n\r\n")
+                length = int(head.lower().partition(b"content-length:")[2].split(b"\r")[0] or 0)
+                if blank and len(rest) >= length:
+                    got.append(head.split(b" ", 2)[1])
+                    out = rest[length:]
+                    continue
+                try:
+                    chunk = s.recv(65536)
+                except (ConnectionResetError, TimeoutError):
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        return got
+
+    heads = [(padded(200_000, 64_000), b"431"), (padded(150_000, 64_000), b"431"), (padded(20_000, 40_000), b"200")]
+    assert len(heads[1][0]) > 210_000 and len(heads[2][0]) < 64_000
+    for head, expected in heads:
+        blanks_at = head.index(b"X-Blank:") + 1000
+        # (what is sent before the head, their statuses, where the writes are cut)
+        for name, before, answers, cut in (
+            ("behind a GET, in one write", small, [b"200"], None),
+            ("behind a body, in one write", post, [b"404"], None),
+            ("behind a chunked body, in one write", chunked, [b"404"], None),
+            ("behind a GET, its end in a later read", small, [b"200"], len(small) + blanks_at),
+            ("behind two, its end in a later read", small + post, [b"200", b"404"], len(small + post) + blanks_at),
+            ("alone, its end in a later read", b"", [], blanks_at),
+        ):
+            data = before + head
+            writes = [data] if cut is None else [data[:cut], data[cut:]]
+            got = statuses(writes, len(answers) + 1)
+            assert got == [*answers, expected], (name, len(head), got)
+        pieces = [head[i:i + 1000] for i in range(0, 20_000, 1000)] + [head[20_000:]]
+        assert statuses(pieces, 1) == [expected], ("in small writes", len(head))
+    assert web.get("/healthz").status_code == 200
