@@ -625,6 +625,22 @@ class NodeLanes:
             f.add_done_callback(lambda done: None if done.exception() is not None else late(done.result()))
         raise err
 
+    def launch(self, node: str, fn: Callable[[], T]) -> Future[T]:
+        """``fn()`` (a call to ``node``) on a thread of the pool, not waited for: the caller
+        waits as long as it likes, and past its node wait says so (``give_up``). Raises
+        NodeStalled at once while ``node`` is stalled, as ``bounded`` does."""
+        stalled = self._stalled_error(node)
+        if stalled is not None:
+            raise stalled
+        f = self.pool().submit(fn)
+        self._timed(node, f)
+        return f
+
+    def give_up(self, node: str, f: Future[Any], wait_s: float, what: str = "") -> BaseException:
+        """A launched call not answered within ``wait_s``: ``node`` is stalled until it
+        ends (as for ``bounded``); returns the error that says so."""
+        return self._given_up(node, f, wait_s, what)
+
     def _who(self, node: str, among: Sequence[str]) -> str:
         """The node an error names: ``node``, or for a read of several masters those of
         ``among`` stalled now (every one of them when none is known to be)."""
@@ -820,6 +836,16 @@ class Transport:
                                       lambda: self._counted(name, keys, args, spin, durable, by_source),
                                       wait + self.wait_s([(name, keys, args, durable)]), late)
         return self._counted(name, keys, args, spin, durable, by_source)
+
+    def launch(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, Future[Any]] | None:
+        """A script call that is not durable, sent on a thread of the pool and not waited
+        for (NodeLanes.launch): its master (host:port) and the future of its reply. None
+        where calls are not bounded (one server, or no node wait): the caller calls."""
+        if self.one_server or self.node_wait_s is None:
+            return None
+        node = self.nodes.node(keys)
+        counted = self._counted
+        return node, self.nodes.launch(node, lambda: counted(name, keys, args, False, False)[0])
 
     def wait_s(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]]) -> float:
         """How much longer than ``node_wait_s`` a bounded round trip of ``calls`` may take:

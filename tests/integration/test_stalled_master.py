@@ -498,3 +498,56 @@ def test_keyless_enqueues_go_on_to_the_live_masters_while_one_stalls(sproject: P
     wait_for(lambda: c.get(ok[-1]) is not None, timeout=20, what="the stalled master back")
     there = {i for k in parts for i in r.lrange(k.ready, 0, -1)}
     assert set(ok) <= there, "a job answered as written is not in Redis"
+
+
+def test_a_slow_master_delays_only_its_own_partitions_jobs(sproject: Project, shards: list[Server]) -> None:
+    """One master of three answers every call 0.4 s late (a delaying proxy), a worker
+    serves the queue's 3 partitions (one on each master) and jobs come one at a time: the
+    jobs of the live masters' partitions start about as soon as they are sent, and the
+    slow master's jobs run too. Before, the fetcher claimed partition by partition, each
+    claim on the slow master waited for, and the live partitions' jobs started 0.6-1 s
+    late (median)."""
+    import redis
+    from clusterkit import slow_master
+
+    from runner.client.inspecting import find
+
+    p = sproject
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    port = {k.tag: r.get_node_from_key(k.ready).port for k in parts}
+    assert len(set(port.values())) == 3, port
+    slow = next(s for s in shards if s.port == port[parts[-1].tag])
+    # Seeded with the live masters only: every process reaches the slow one as announced.
+    p.server = Endpoint(cluster_url([s for s in shards if s is not slow]))  # type: ignore[assignment]
+    p.write_config(vt=8, fast="partitions = 3", concurrency=16, prefetch=16)
+    direct = redis.Redis(port=slow.port)
+    with slow_master(shards, slow, 0.2):
+        c = p.client
+        w = p.spawn_worker("fast")
+        warm = c.enqueue("record", {"n": -1}).id
+        wait_for(lambda: p.runs(warm), timeout=30, interval=0.05, what="the worker to start")
+        sent: dict[str, float] = {}
+        end = time.monotonic() + 6.0  # (a call to the slow master takes 0.4 s of it)
+        n = 0
+        while time.monotonic() < end:
+            t = time.time()
+            sent[c.enqueue("record", {"n": n}).id] = t
+            n += 1
+            time.sleep(0.05)
+        wait_for(lambda: all(p.runs(j) for j in sent), timeout=30, interval=0.1, what="every job to run")
+        on = {j: port[find(c, j)[0].tag] for j in sent}
+        alive = w.poll() is None
+        p.stop_all()  # (before the proxy goes)
+    direct.close()
+    late: dict[bool, list[float]] = {True: [], False: []}
+    for j, t in sent.items():
+        late[on[j] == slow.port].append(float(p.runs(j)[0].split()[2]) - t)
+    live, slowest = sorted(late[False]), sorted(late[True])
+    print(f"started late, live masters: median {statistics.median(live):.2f} s, worst {live[-1]:.2f} s of "
+          f"{len(live)}; slow master: median {statistics.median(slowest):.2f} s, worst {slowest[-1]:.2f} s of "
+          f"{len(slowest)}")
+    assert len(live) >= 8 and slowest
+    assert statistics.median(live) < 0.3, f"the live masters' jobs started {statistics.median(live):.2f} s late " \
+                                          f"(median) beside a slow master"
+    assert alive
