@@ -206,8 +206,6 @@ def test_concurrent_round_trips_to_a_slow_master_are_not_queued_behind_each_othe
     per master."""
     import threading
 
-    from runner.client.inspecting import find
-
     p = cproject
     p.write_config(fast="partitions = 6")
     path = p.root / "runner.toml"
