@@ -11,8 +11,9 @@ reply), the master is marked stalled (NodeLanes: calls to it fail at once, and k
 jobs pass over its partitions) until a PING to it is answered, and the caller gets
 NodeStalled saying the call went out. A call whose connection could not be made never
 reached Redis; one answered MOVED or ASK did not run (the layout is learnt again and it
-goes to the slot's new master); one answered NOSCRIPT did not run (it goes again by its
-source). Nothing that may have run is sent again.
+goes to the slot's new master). An error reply is raised as it came (the transport sends
+a call that lacked its script again by its source). Nothing that may have run is sent
+again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -90,14 +91,10 @@ class NodeCalls:
             if waits and str(replies[-1]).startswith("UNBLOCKED"):
                 self._moved(keys[0], node)  # (demoted in a failover: learn the layout again)
             acked = _acked(replies[-1]) if waits else None
-            if isinstance(reply, NoScriptError) and load is None:  # nothing ran: by its source
-                cmd, load = _eval(sc.sources[name], keys, args), ("SCRIPT", "LOAD", sc.sources[name])
-                continue
             if isinstance(reply, (MovedError, AskError)):  # the slot moved: nothing ran
                 client.nodes_manager.initialize()
                 continue
             if isinstance(reply, ResponseError):
-                sc.error_replies += 1
                 raise reply
             return reply, acked
         raise TryAgainError(f"{name}: the slot of {keys[0]!r} kept moving")  # type: ignore[no-untyped-call]

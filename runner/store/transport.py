@@ -877,8 +877,14 @@ class Transport:
             from runner.store.nodecalls import NodeCalls
 
             calls = self._node_calls = NodeCalls(self)
-        return calls.call(name, keys, args, durable, self.enqueue_wait_s + self.wait_s([(name, keys, args, durable)]),
-                          spin=spin, by_source=by_source)
+        wait_s = self.enqueue_wait_s + self.wait_s([(name, keys, args, durable)])
+        try:
+            return calls.call(name, keys, args, durable, wait_s, spin=spin, by_source=by_source)
+        except NoScriptError:  # nothing ran: by its source, which cannot answer NOSCRIPT
+            return calls.call(name, keys, args, durable, wait_s, by_source=True)
+        except ResponseError:
+            self.error_replies += 1
+            raise
 
     def wait_s(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]]) -> float:
         """How much longer than ``node_wait_s`` a bounded round trip of ``calls`` may take:
