@@ -78,6 +78,11 @@ class Bell:
             except stdqueue.Empty:
                 return first
 
+    def ring(self, i: int) -> None:
+        """Wake ``wait`` as if partition ``i`` had news (a claim in flight that landed
+        full: more may wait there). Redis Cluster with several partitions only."""
+        self.rung.put(i)
+
     def _listen(self, i: int) -> None:
         outage = Outage(f"{self.name} bell {i}", log)
         notify = self.parts[i].notify

@@ -285,9 +285,21 @@ class Scripts(Transport):
         held from their claim until their start mark (BATCH functions); ``late``: the
         reply of a claim given up on a stalled master (transport.NodeLanes.bounded), whose
         jobs must be handed back."""
+        return self._run(*self.claim_call(k, n=n, start=start, lease_ms=lease_ms, token_base=token_base,
+                                          dead_ttl_ms=dead_ttl_ms, done_ttl_ms=done_ttl_ms, done_max=done_max,
+                                          now_ms=now_ms, max_ages=max_ages, floor=floor, later=later,
+                                          gathered=gathered), pipe, late=late)
+
+    @staticmethod
+    def claim_call(
+        k: QueueKeys, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int, done_ttl_ms: int,
+        done_max: int = 1_000_000, now_ms: int | None = None, max_ages: str = "", floor: int = 0, later: str = "",
+        gathered: str = "",
+    ) -> tuple[str, tuple[str, ...], tuple[Any, ...]]:
+        """The claim script's name, keys and arguments (for Transport.launch)."""
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor,
                 later, gathered)
-        return self._run("claim", scriptkeys.keys("claim", k), args, pipe, late=late)
+        return "claim", scriptkeys.keys("claim", k), args
 
     def claim_woken(
         self, k: QueueKeys, wait_s: float, *, n: int, start: int, lease_ms: int, token_base: str, dead_ttl_ms: int,

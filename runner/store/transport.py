@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # (loaded on first use: only a cluster client's round trips n
 
     from runner.store.aiolink import AsyncLink
     from runner.store.connection import NodeStalled
+    from runner.store.nodecalls import NodeCalls
     from runner.store.sources import NAMES, SHAS, SOURCES
 
 
@@ -556,8 +557,9 @@ class NodeLanes:
             by_node.setdefault(self.node(keys), []).append(i)
         out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
         wait_s = self.scripts.node_wait(*by_node)
-        if all(c[0] == "enqueue" for c in calls):
-            wait_s = self.scripts.enqueue_wait_s
+        enqueues = self.scripts.enqueue_wait_s is not None and all(c[0] == "enqueue" for c in calls)
+        if enqueues:
+            wait_s = None  # (each call bounded by its socket's timeout: nodecalls.py)
         elif not all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
             wait_s = None
         if wait_s is not None:
@@ -624,6 +626,32 @@ class NodeLanes:
         if late is not None:
             f.add_done_callback(lambda done: None if done.exception() is not None else late(done.result()))
         raise err
+
+    def launch(self, node: str, fn: Callable[[], T]) -> Future[T]:
+        """``fn()`` (a call to ``node``) on a thread of the pool, not waited for: the caller
+        waits as long as it likes, and past its node wait says so (``give_up``). Raises
+        NodeStalled at once while ``node`` is stalled, as ``bounded`` does."""
+        stalled = self._stalled_error(node)
+        if stalled is not None:
+            raise stalled
+        f = self.pool().submit(fn)
+        self._timed(node, f)
+        return f
+
+    def stalled_error(self, node: str) -> BaseException | None:
+        """NodeStalled (not sent) while ``node`` is stalled; None otherwise."""
+        return self._stalled_error(node) if self._stalled else None
+
+    def stalled_now(self, node: str, wait_s: float) -> BaseException:
+        """A call to ``node`` bounded by its socket's timeout was not answered within
+        ``wait_s`` (nodecalls.py): ``node`` is stalled until a PING to it is answered;
+        returns the error that says so (the call went out)."""
+        return self._given_up(node, self.pool().submit(self._probe, node), wait_s)
+
+    def give_up(self, node: str, f: Future[Any], wait_s: float, what: str = "") -> BaseException:
+        """A launched call not answered within ``wait_s``: ``node`` is stalled until it
+        ends (as for ``bounded``); returns the error that says so."""
+        return self._given_up(node, f, wait_s, what)
 
     def _who(self, node: str, among: Sequence[str]) -> str:
         """The node an error names: ``node``, or for a read of several masters those of
@@ -697,10 +725,14 @@ class NodeLanes:
     def _run(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]], group: list[int],
              out: list[tuple[Any, int | None] | BaseException]) -> None:
         counted = self.scripts._counted  # (on its own thread already: never bounded again)
+        bounded = self.scripts.enqueue_wait_s
         for i in group:
             name, keys, args, durable = calls[i]
             try:
-                out[i] = counted(name, keys, args, False, durable or name in DURABLE)
+                if name == "enqueue" and bounded is not None:
+                    out[i] = self.scripts.timed_call(name, keys, args, durable=True)
+                else:
+                    out[i] = counted(name, keys, args, False, durable or name in DURABLE)
             except Exception as exc:
                 out[i] = exc
 
@@ -746,6 +778,7 @@ class Transport:
         # without a key go on to another partition meanwhile (a master known stalled is
         # passed over until it answers again: NodeLanes.stalled).
         self.enqueue_wait_s: float | None = None if self.one_server else ENQUEUE_WAIT_S
+        self._node_calls: NodeCalls | None = None  # (made at the first call bounded so)
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
         self._watch: Any = getattr(pool, "runner_watch", None)  # Sentinel's events (sentinel.py)
@@ -813,13 +846,45 @@ class Transport:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent). ``by_source``: as for ``call``."""
         durable = durable or name in DURABLE
+        if name == "enqueue" and self.enqueue_wait_s is not None:
+            return self.timed_call(name, keys, args, durable=durable, spin=spin, by_source=by_source)
         node = self.nodes.node(keys) if not self.one_server else ""
-        wait = self.node_wait(node) if name != "enqueue" else self.enqueue_wait_s
-        if wait is not None and (not durable or name in FENCED or name == "enqueue") and not self.one_server:
+        wait = self.node_wait(node)
+        if wait is not None and (not durable or name in FENCED) and not self.one_server:
             return self.nodes.bounded(node,
                                       lambda: self._counted(name, keys, args, spin, durable, by_source),
                                       wait + self.wait_s([(name, keys, args, durable)]), late)
         return self._counted(name, keys, args, spin, durable, by_source)
+
+    def launch(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, Future[Any]] | None:
+        """A script call that is not durable, sent on a thread of the pool and not waited
+        for (NodeLanes.launch): its master (host:port) and the future of its reply. None
+        where calls are not bounded (one server, or no node wait): the caller calls."""
+        if self.one_server or self.node_wait_s is None:
+            return None
+        node = self.nodes.node(keys)
+        counted = self._counted
+        return node, self.nodes.launch(node, lambda: counted(name, keys, args, False, False)[0])
+
+    def timed_call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, durable: bool, spin: bool = False,
+                by_source: bool = False) -> tuple[Any, int | None]:
+        """Redis Cluster: one call (an enqueue) on the caller's thread, straight to its
+        slot's master, answered within ``enqueue_wait_s`` and the WAIT's own timeout or
+        NodeStalled (nodecalls.py)."""
+        assert self.enqueue_wait_s is not None
+        calls = self._node_calls
+        if calls is None:
+            from runner.store.nodecalls import NodeCalls
+
+            calls = self._node_calls = NodeCalls(self)
+        wait_s = self.enqueue_wait_s + self.wait_s([(name, keys, args, durable)])
+        try:
+            return calls.call(name, keys, args, durable, wait_s, spin=spin, by_source=by_source)
+        except NoScriptError:  # nothing ran: by its source, which cannot answer NOSCRIPT
+            return calls.call(name, keys, args, durable, wait_s, by_source=True)
+        except ResponseError:
+            self.error_replies += 1
+            raise
 
     def wait_s(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]]) -> float:
         """How much longer than ``node_wait_s`` a bounded round trip of ``calls`` may take:

@@ -6,7 +6,9 @@ the fetcher one round trip and one wake-up.
 
 A partitioned queue (docs/partitions.md) is claimed from partition by partition in turn,
 so none starves; only after a whole round of empty answers does the fetcher block, on
-every partition at once (store/bell.py).
+every partition at once (store/bell.py). On Redis Cluster a claim that a slow master does
+not answer at once stays in flight while the fetcher claims from the other partitions
+(worker/flights.py).
 
 A claim tells Redis how many of its jobs go to executors that are free now: those spend
 their attempt at once (unless their function runs in a child process: its child says
@@ -32,6 +34,7 @@ from runner.store.outage import OUTAGE, Away
 from runner.worker import joblog
 from runner.worker.execute import Claimed, expired
 from runner.worker.faults import fault
+from runner.worker.flights import Flights
 from runner.worker.ledger import Ledger, Release, Run, Settlement
 from runner.worker.lifeline import vital
 
@@ -95,6 +98,7 @@ class Fetcher:
         self._ranked = False  # whether its last look found a prioritised job waiting
         self._down = Away(f"{queue.name} fetcher", self._label)
         self._bell: Bell | None = None
+        self._flights: Flights | None = None  # a partitioned queue on Redis Cluster (see start)
         self._woken = False  # the next claim waits for a wake-up first (see claim)
         # The registry the ledger's capacity and the claim size were sized for (none yet: the
         # first pass sizes them, as the queue's runner has set its sizing functions by then).
@@ -123,6 +127,10 @@ class Fetcher:
 
     def start(self) -> None:
         self._bell = Bell(self.rt.redis, self.parts, self.q.name, self.rt.scripts)
+        if self._bell.cluster and self.rt.scripts.node_wait_s is not None:
+            # (its partitions may be on several masters, and a queue of one may grow: a
+            # draining partition found later)
+            self._flights = Flights(self.rt.scripts, self.ledger, self._take, self._bell.ring)
         self._thread.start()
 
     def stop(self) -> None:
@@ -146,7 +154,10 @@ class Fetcher:
             self._thread.join(timeout=min(left, UNBLOCK_AGAIN_S))
             if self._thread.is_alive():
                 self._unblock()
-        return not self._thread.is_alive()
+        flights = self._flights
+        while flights is not None and flights.pending() and deadline > time.monotonic():
+            time.sleep(0.01)  # (a claim in flight hands its jobs back as it lands)
+        return not self._thread.is_alive() and not (flights is not None and flights.pending())
 
     def _loop(self) -> None:
         assert self._bell is not None
@@ -159,20 +170,30 @@ class Fetcher:
                 self._held_for = self.rt.registry
                 self.ledger.capacity = self.capacity_for(self.rt, self.q)
                 self._claim_size = self.claim_size_for(self.rt, self.q)
-            free, idle = self.ledger.room(self.stopping)
+            flights = self._flights
+            if flights is not None:
+                self._tend(flights)
+            free, idle = self.ledger.room(self.stopping, None if flights is None else flights.next_deadline_s())
             if self.stopping.is_set():
                 break
+            if free <= 0:  # (a claim in flight is due to be given up)
+                continue
             p = self._down.pick(self._next, n, self.stopping)
             if p is None:  # stopping while every partition was down
                 break
-            if p in self.ledger.refused:
+            flying = flights is not None and p in flights.out
+            if p in self.ledger.refused or flying:
                 # The settler cannot record outcomes there now: claim from the others (a
-                # job run here could not be acked, and would run again).
+                # job run here could not be acked, and would run again). Or its last claim
+                # is still out (a slow master): the others go on meanwhile.
                 self._next = (p + 1) % n
                 skipped += 1
-                if skipped >= n:  # every partition not in a backoff refuses: wait a moment
+                if skipped >= n:  # every partition not in a backoff refuses or is in flight
                     skipped = 0
-                    self.stopping.wait(0.05)
+                    if flights is not None and flights.out:
+                        self._wait_bell(flights, 0.05)  # (a claim that lands full rings it)
+                    else:
+                        self.stopping.wait(0.05)
                 continue
             skipped = 0
             self._next = p
@@ -181,11 +202,18 @@ class Fetcher:
                 p, floor = self._best(p, n)
                 start = self.startable(idle)
                 asked = min(free, self._claim_size)
-                got, held = self.claim(asked, start, p, floor)
-                if held == HELD and start < idle and got == 0:
+                if flights is not None and n > 1 and flights.slow(flights.node([self.parts[p].ready])):
+                    # Its claims stay out a while: a share of the room, so the others can claim.
+                    asked = min(asked, max(1, -(-free // n)))
+                answer = self.claim(asked, start, p, floor)
+                if answer is not None and answer[1] == HELD and start < idle and answer[0] == 0:
                     # The next job is under limits and must start at once (never claimed
                     # ahead): it goes to a free executor whose child may still be starting.
-                    got, held = self.claim(asked, idle, p, floor)
+                    answer = self.claim(asked, idle, p, floor)
+                if answer is None:  # in flight: the next partition meanwhile
+                    self._next = (p + 1) % n
+                    continue
+                got, held = answer
                 self._down.ok(p)
                 if held == BOUNDED:
                     # The claim parked a run of jobs under full limits: what follows them
@@ -204,16 +232,13 @@ class Fetcher:
                     # The next job is under limits and may only be claimed to start at once:
                     # wait for an executor to free up, not for new jobs.
                     self.ledger.executor_free(self.stopping)
-                elif empty >= self._down.live(n):
+                elif empty >= self._down.live(n) - (0 if flights is None else len(flights.out)):
                     empty = 0
                     if n == 1:
                         # The wait goes out with the next claim, in one round trip (claim).
                         self._woken = True
                         continue
-                    rang = self._bell.wait(BELL_S)
-                    self._peek_at = 0.0  # what woke it may be a prioritised job anywhere
-                    if rang is not None:
-                        self._next = rang
+                    self._wait_bell(flights, BELL_S)
             except OUTAGE as exc:
                 # This partition's node is away: the others go on, it is tried again after a
                 # backoff of its own (one dead shard must not stop the worker everywhere).
@@ -222,6 +247,31 @@ class Fetcher:
             except Exception:
                 log.exception("%s fetcher: unexpected error; continuing", self.q.name)
                 self.stopping.wait(0.5)
+
+    def _wait_bell(self, flights: Flights | None, wait_s: float) -> None:
+        """Wait for news from any partition, at most ``wait_s`` (and no later than a claim
+        in flight is due to be given up)."""
+        assert self._bell is not None
+        due = None if flights is None else flights.next_deadline_s()
+        rang = self._bell.wait(wait_s if due is None else min(wait_s, due))
+        self._peek_at = 0.0  # what woke it may be a prioritised job anywhere
+        if rang is not None:
+            self._next = rang
+
+    def _tend(self, flights: Flights) -> None:
+        """The claims in flight that landed, and those given up (past their node wait):
+        each partition's outage or recovery, as for a claim of this thread."""
+        for landing in flights.landed():
+            if landing.given_up:
+                continue  # (its partition's backoff began when it was given up)
+            if landing.error is None:
+                self._down.ok(landing.partition)
+            elif isinstance(landing.error, OUTAGE):
+                self._down.failed(landing.partition, landing.error)
+            else:
+                log.error("%s fetcher: unexpected error; continuing", self.q.name, exc_info=landing.error)
+        for p, exc in flights.overdue():
+            self._down.failed(p, exc)
 
     def _best(self, p: int, n: int) -> tuple[int, int]:
         """Where to claim next, and the priority floor of that claim, so that PRIORITY is
@@ -233,7 +283,11 @@ class Fetcher:
 
         While no partition held a prioritised job at the last look, the next look waits
         until PEEK_S after it (or a wake-up), so a drain of plain jobs pays one look per
-        PEEK_S, not one per claim."""
+        PEEK_S, not one per claim.
+
+        On Redis Cluster, the partitions of a slow master (and those with a claim in
+        flight) are left out of the look, which would wait for it every time: ``p`` among
+        them is claimed from down to the best priority the others hold."""
         if n == 1:
             return p, 0
         now = time.monotonic()
@@ -242,7 +296,11 @@ class Fetcher:
         self._peek_at = now + self.PEEK_S
         self._ranked = False
         refused = self.ledger.refused  # (outcomes refused there: nothing claimed there now)
-        look = [q for q in range(n) if q == p or not (self._down.away(q) or q in refused)]
+        flights = self._flights
+        look = [q for q in range(n) if (q == p or not (self._down.away(q) or q in refused))
+                and not (flights is not None and flights.aside(q, self.parts[q].prio))]
+        if not look:
+            return p, 0
         try:
             # Bounded: a look over every master must not wait out a stalled one's socket.
             tops = self.rt.scripts.bounded(f"queue {self.q.name}'s priorities",
@@ -254,17 +312,26 @@ class Fetcher:
         if not best:
             return p, 0
         self._ranked = True
+        if p not in look:  # (a slow master's: its own priorities unread)
+            return p, max(best.values())
         at = max(best, key=lambda q: (best[q], q == p))
         return at, max((v for q, v in best.items() if q != at), default=0)
 
-    def claim(self, n: int, start: int, partition: int = 0, floor: int = 0) -> tuple[int, int]:
+    def claim(self, n: int, start: int, partition: int = 0, floor: int = 0) -> tuple[int, int] | None:
         """Claim up to ``n`` jobs, ``start`` of them to start at once, from one partition,
         only of priority ``floor`` or more when it is above 0; returns (how many, why it
         stopped: HELD at a job that needs a free executor, BOUNDED at its bound of ids
-        popped, 0 otherwise)."""
+        popped, 0 otherwise), or None while the claim is in flight (a slow Cluster master:
+        flights.py)."""
         self._seq += 1
         k, base = self.parts[partition], f"{self.worker_id}.{self._seq}"
         later, gathered = self.charge_later(), self.hold_claimed()
+        if self._flights is not None and len(self.parts) > 1:
+            call = self.rt.scripts.claim_call(
+                k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,
+                done_ttl_ms=self.done_ttl_ms, done_max=self.done_max, max_ages=self._max_ages(), floor=floor,
+                later=later, gathered=gathered)
+            return self._flights.send(partition, call, n, min(start, n))
         if not self._woken:
             return self._take(self.rt.scripts.claim(
                 k, n=n, start=start, lease_ms=self.lease_ms, token_base=base, dead_ttl_ms=self.dead_ttl_ms,

@@ -102,6 +102,10 @@ class Ledger:
         self.low_water = low_water
         self.busy = 0
         self.waiting = 0
+        # Room held for claims still out on a slow master (worker/flights.py): jobs they may
+        # bring, and of those how many may start at once. No other claim may count on it.
+        self.reserved = 0
+        self.reserved_start = 0
         # When a run last left its executor (monotonic): the renewer, back late, tells a
         # handler that held the GIL through the gap and finished in it from no handler.
         self.last_return = 0.0
@@ -132,16 +136,22 @@ class Ledger:
                 self.refused = self.refused - {partition}
                 self.cond.notify_all()
 
-    def room(self, stop: threading.Event) -> tuple[int, int]:
-        """Block until there is room worth a claim (or ``stop`` is set: then 0); returns
-        (jobs to claim at most, of which this many go to executors free now)."""
+    def room(self, stop: threading.Event, timeout_s: float | None = None) -> tuple[int, int]:
+        """Block until there is room worth a claim (or ``stop`` is set, or ``timeout_s``
+        passes: then 0); returns (jobs to claim at most, of which this many go to executors
+        free now), less what claims in flight hold."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self.cond:
             while not stop.is_set():
                 if self._roomy():
-                    return self.capacity - self.busy, max(0, self.concurrency - self.busy)
+                    return (self.capacity - self.busy - self.reserved,
+                            max(0, self.concurrency - self.busy - self.reserved_start))
+                wait_s = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if wait_s <= 0:
+                    break
                 self._want = _ROOM
                 try:
-                    self.cond.wait(0.5)
+                    self.cond.wait(wait_s)
                 finally:
                     self._want = _NOTHING
             return 0, 0
@@ -150,8 +160,22 @@ class Ledger:
         """Room worth a claim (under cond); none while every partition refuses outcomes."""
         if self.refused and len(self.refused) >= self.partitions:
             return False
-        room = self.capacity - self.busy
+        room = self.capacity - self.busy - self.reserved
         return room >= self.low_water or (room > 0 and self.waiting == 0)
+
+    def reserve(self, n: int, start: int) -> None:
+        """Hold room for a claim still out (``n`` jobs, ``start`` of them to start at once)."""
+        with self.cond:
+            self.reserved += n
+            self.reserved_start += start
+
+    def unreserve(self, n: int, start: int) -> None:
+        """The claim holding that room landed (its jobs counted in ``busy``) or was given up."""
+        with self.cond:
+            self.reserved = max(0, self.reserved - n)
+            self.reserved_start = max(0, self.reserved_start - start)
+            if self._want == _ROOM and self._roomy():
+                self.cond.notify()
 
     def executor_free(self, stop: threading.Event, timeout_s: float = 1.0) -> None:
         """Block until an executor is free with nothing waiting for it (or ``timeout_s``)."""

@@ -334,3 +334,27 @@ def test_a_dead_worker_s_roster_entry_is_pruned_on_the_cluster(cproject: Project
     log = (p.root / "worker-0.log").read_text()
     assert "Traceback" not in log and "unexpected error" not in log, log[-3000:]
     assert w.poll() is None
+
+
+def test_an_enqueue_on_the_cluster_is_sent_by_its_caller(cproject: Project) -> None:
+    """One-at-a-time enqueues on Redis Cluster (keyless, over 3 partitions, so every
+    master), a script flush among them, go out on the calling thread, bounded by their
+    socket's timeout: no thread of the pool is started for them. Before, each call was
+    handed to a pool thread that the caller waited on (about 30% of a call's time)."""
+    import threading
+
+    from runner.client.inspecting import find
+
+    p = cproject
+    p.write_config(fast="partitions = 3")
+    c = p.client
+    rt = p.runtime
+    before = {t.name for t in threading.enumerate()}
+    ids = [c.enqueue("record", {"n": i}).id for i in range(30)]
+    for node in rt.redis.get_primaries():
+        rt.redis.get_redis_connection(node).script_flush()
+    ids += [c.enqueue("record", {"n": i}).id for i in range(30, 60)]
+    started = {t.name for t in threading.enumerate()} - before
+    assert not [t for t in started if t.startswith("redis-send")], started
+    assert len(set(ids)) == 60
+    assert len({find(c, i)[0].tag for i in ids}) == 3

@@ -1,0 +1,130 @@
+"""Redis Cluster: an enqueue sent straight to the master of its slot, on a connection kept
+for it, its answer waited for at most a bound (Transport.enqueue_wait_s).
+
+The bound is the socket's timeout for that call: the caller's thread sends and reads the
+call itself, and a master that does not answer in time (stopped or hung, its sockets
+open) ends the read, not a thread left waiting. Before, each enqueue went to a thread of
+a pool that the caller waited on, which cost one-at-a-time enqueues about 30%.
+
+A call not answered in time may have run: its connection is dropped (it may owe a
+reply), the master is marked stalled (NodeLanes: calls to it fail at once, and keyless
+jobs pass over its partitions) until a PING to it is answered, and the caller gets
+NodeStalled saying the call went out. A call whose connection could not be made never
+reached Redis; one answered MOVED or ASK did not run (the layout is learnt again and it
+goes to the slot's new master). An error reply is raised as it came (the transport sends
+a call that lacked its script again by its source). Nothing that may have run is sent
+again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from runner.store.transport import _acked, _eval, _Lanes
+
+if TYPE_CHECKING:
+    from runner.store.transport import Transport
+
+
+class NodeCalls:
+    """Kept connections to each master of a Redis Cluster, for calls bounded by their
+    socket's timeout. Shared by threads (a connection is popped whole, as _Lanes does)."""
+
+    def __init__(self, scripts: Transport) -> None:
+        self.scripts = scripts
+        self._lanes: dict[str, _Lanes] = {}  # node name (host:port) -> its kept connections
+
+    def _lanes_of(self, node: Any) -> _Lanes:
+        pool = self.scripts.client.get_redis_connection(node).connection_pool
+        lanes = self._lanes.get(node.name)
+        if lanes is None or lanes.pool is not pool:  # (a node that left the layout and came back)
+            lanes = self._lanes[node.name] = _Lanes(pool)
+        return lanes
+
+    def call(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool, wait_s: float,
+             spin: bool = False, by_source: bool = False) -> tuple[Any, int | None]:
+        """One script call (and its WAIT when ``durable`` and the Transport waits for
+        replicas) on the slot's master, answered within ``wait_s`` or NodeStalled (see the
+        module's docstring). Returns (the reply, WAIT's count or None)."""
+        sc = self.scripts
+        client = sc.client
+        waits = durable and sc.wait is not None
+        cmd: tuple[Any, ...] = _eval(sc.sources[name], keys, args) if by_source else (
+            "EVALSHA", sc.shas[name], len(keys), *keys, *args)
+        load: tuple[Any, ...] | None = ("SCRIPT", "LOAD", sc.sources[name]) if by_source else None
+        for attempt in range(3):
+            node = client.get_node_from_key(keys[0])
+            stalled = sc.nodes.stalled_error(node.name)
+            if stalled is not None:
+                raise stalled
+            lanes = self._lanes_of(node)
+            try:
+                conn = lanes.take()  # (connects: a failure here sent nothing)
+            except (RedisConnectionError, RedisTimeoutError):
+                if attempt < 2 and self._moved(keys[0], node):
+                    continue
+                raise
+            wire = [c for c in (load, cmd, sc.wait if waits else None) if c is not None]
+            try:
+                replies = self._round_trip(conn, wire, time.monotonic() + wait_s, spin)
+            except RedisTimeoutError:
+                conn.disconnect()  # (it may owe replies)
+                lanes.give(conn)
+                raise sc.nodes.stalled_now(node.name, wait_s) from None
+            except RedisConnectionError:
+                conn.disconnect()
+                lanes.give(conn)
+                self._moved(keys[0], node)  # (a master gone: the next call goes to its successor)
+                raise
+            except BaseException:
+                conn.disconnect()
+                lanes.give(conn)
+                raise
+            lanes.give(conn)
+            reply = replies[1 if load is not None else 0]
+            if waits and str(replies[-1]).startswith("UNBLOCKED"):
+                self._moved(keys[0], node)  # (demoted in a failover: learn the layout again)
+            acked = _acked(replies[-1]) if waits else None
+            if isinstance(reply, (MovedError, AskError)):  # the slot moved: nothing ran
+                client.nodes_manager.initialize()
+                continue
+            if isinstance(reply, ResponseError):
+                raise reply
+            return reply, acked
+        raise TryAgainError(f"{name}: the slot of {keys[0]!r} kept moving")  # type: ignore[no-untyped-call]
+
+    def _round_trip(self, conn: Any, wire: list[tuple[Any, ...]], deadline: float, spin: bool) -> list[Any]:
+        """Send ``wire`` in one write and read each reply (an error reply in its place),
+        every read within ``deadline`` (the socket's timeout, restored after)."""
+        sock = conn._sock
+        conn.send_packed_command(conn.pack_commands(wire) if len(wire) > 1 else conn.pack_command(*wire[0]))
+        if spin:
+            self.scripts._spin.wait(conn)
+        out: list[Any] = []
+        try:
+            for _ in wire:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                try:
+                    out.append(conn.read_response())
+                except ResponseError as exc:  # read whole: the connection stays in step
+                    out.append(exc)
+        finally:
+            if conn._sock is sock:  # (a timeout drops the socket)
+                sock.settimeout(conn.socket_timeout)
+        return out
+
+    def _moved(self, key: str, node: Any) -> bool:
+        """Learn the layout again (a call failed on ``node``); whether ``key``'s slot now has
+        another master."""
+        client = self.scripts.client
+        try:
+            client.nodes_manager.initialize()
+        except (RedisConnectionError, RedisTimeoutError):
+            return False
+        return client.get_node_from_key(key) is not node

@@ -1,0 +1,176 @@
+"""Claims still out on a slow Redis Cluster master, so one slow master delays only its
+own partitions' jobs.
+
+A fetcher of a partitioned queue on Redis Cluster sends each claim on a thread of the
+transport's pool and waits PATIENCE_S for it. A claim answered by then is the fetcher's
+as before; one that is not stays out, "in flight", and the fetcher goes on with the
+other partitions meanwhile (before, every claim on a master answering in 0.4 s held up
+the claims of every other partition: their jobs started 0.6 to 1 s late). A partition
+has one claim in flight at most; the room its jobs may take is held in the ledger until
+it lands (so the worker never holds more than its capacity, ``prefetch = 0`` included),
+and a partition whose master is known slow asks for its share of the room only, so the
+others keep room to claim. A claim that lands hands its jobs to the executors at once
+(on the pool's thread) and rings the fetcher's bell when more may wait there. One not
+answered within the node wait is given up as a blocking one was: its master is stalled,
+its partition backs off, its room is freed, and jobs it brings later are handed back.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as stdqueue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as WaitedOut
+from dataclasses import dataclass
+from typing import Any
+
+from runner.store.transport import Transport
+from runner.worker.ledger import Ledger
+
+log = logging.getLogger("runner.worker")
+
+# How long a fetcher waits for one claim before it goes on with the other partitions: a
+# master on the same network answers within a few ms, and a claim not answered by then
+# keeps going in the background (a loaded host's occasional late answer costs nothing).
+PATIENCE_S = 0.05
+
+
+@dataclass(slots=True)
+class Flight:
+    partition: int
+    node: str
+    future: Future[Any]
+    n: int  # jobs asked for (held in the ledger until it lands)
+    start: int  # of which to start at once
+    deadline: float  # monotonic: given up past it
+    wait_s: float
+    given_up: bool = False
+    landed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Landing:
+    """What a claim in flight came back with, for the fetcher's own bookkeeping."""
+
+    partition: int
+    error: BaseException | None  # the claim's failure (an outage: the partition backs off)
+    given_up: bool
+
+
+class Flights:
+    """The claims of one fetcher still out, at most one per partition."""
+
+    def __init__(self, scripts: Transport, ledger: Ledger,
+                 take: Callable[[Any, int, bool], tuple[int, int]], ring: Callable[[int], None]) -> None:
+        self.scripts = scripts
+        self.ledger = ledger
+        self.take = take  # the fetcher's hand-over of a claim's reply (Fetcher._take)
+        self.ring = ring  # wakes the fetcher to claim that partition again
+        self.out: dict[int, Flight] = {}  # partition -> its claim in flight (the fetcher's thread only)
+        self.landings: stdqueue.SimpleQueue[Landing] = stdqueue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending = 0  # claims not yet landed, given up ones included (join waits for them)
+
+    def slow(self, node: str) -> bool:
+        """Whether ``node`` answers slower than the patience, of late."""
+        return self.scripts.nodes.rtt(node) > PATIENCE_S
+
+    def aside(self, partition: int, key: str) -> bool:
+        """Whether ``partition`` (``key``: one of its keys) has a claim in flight or a slow
+        master: a read over every partition waits for neither."""
+        return partition in self.out or self.slow(self.scripts.nodes.node([key]))
+
+    def node(self, keys: Sequence[str]) -> str:
+        return self.scripts.nodes.node(keys)
+
+    def send(self, partition: int, call: tuple[str, Sequence[str], Sequence[Any]], n: int,
+             start: int) -> tuple[int, int] | None:
+        """Send a claim of ``n`` jobs (``start`` to start at once) to ``partition``: what
+        Fetcher.claim returns when it is answered within the patience, None when it is in
+        flight. Raises the outage of a master known stalled, or of a claim that failed
+        within the patience. Without bounded calls (one server, no node wait), the call
+        is made here."""
+        launched = self.scripts.launch(*call)
+        if launched is None:
+            return self.take(self.scripts.call(*call), partition, False)
+        node, f = launched
+        try:
+            reply = f.result(timeout=PATIENCE_S)
+        except WaitedOut:
+            pass
+        else:
+            return self.take(reply, partition, False)
+        wait_s = self.scripts.node_wait(node) or 0.0
+        flight = Flight(partition, node, f, n, start, time.monotonic() + wait_s, wait_s)
+        self.ledger.reserve(n, start)
+        self.out[partition] = flight
+        with self._lock:
+            self._pending += 1
+        f.add_done_callback(lambda done: self._landed(flight))
+        return None
+
+    def _landed(self, flight: Flight) -> None:
+        """A claim in flight came back (on the pool's thread): its jobs to the executors,
+        or handed back when it was given up; its room freed; the fetcher told."""
+        with self._lock:
+            flight.landed = True
+            given_up = flight.given_up
+        error = flight.future.exception()
+        got, held = 0, 0
+        try:
+            if error is None:
+                got, held = self.take(flight.future.result(), flight.partition, given_up)
+        except Exception as exc:  # (the fetcher logs it, as a claim of its own thread's)
+            error = exc
+        finally:
+            if not given_up:
+                self.ledger.unreserve(flight.n, flight.start)
+            with self._lock:
+                self._pending -= 1
+            self.landings.put(Landing(flight.partition, error, given_up))
+        if not given_up and error is None and (got >= flight.n or held):
+            self.ring(flight.partition)  # more may wait there (or a limit held it): claim it again
+
+    def landed(self) -> list[Landing]:
+        """The landings since the last call (the fetcher's thread)."""
+        out: list[Landing] = []
+        while True:
+            try:
+                got = self.landings.get_nowait()
+            except stdqueue.Empty:
+                return out
+            if not got.given_up and (f := self.out.get(got.partition)) is not None and f.landed:
+                del self.out[got.partition]
+            out.append(got)
+
+    def overdue(self) -> list[tuple[int, BaseException]]:
+        """Give up the claims out past their node wait (the fetcher's thread): each
+        partition and the error that says its master stalled. Their room is freed now;
+        their jobs, if they come, are handed back."""
+        now = time.monotonic()
+        out: list[tuple[int, BaseException]] = []
+        for p, flight in list(self.out.items()):
+            if flight.deadline > now:
+                continue
+            with self._lock:
+                if flight.landed:
+                    continue  # (its landing is on its way)
+                flight.given_up = True
+            del self.out[p]
+            self.ledger.unreserve(flight.n, flight.start)
+            out.append((p, self.scripts.nodes.give_up(flight.node, flight.future, flight.wait_s, "a claim")))
+        return out
+
+    def next_deadline_s(self) -> float | None:
+        """How long until the first claim out is due to be given up (None: none is out)."""
+        if not self.out:
+            return None
+        return max(0.0, min(f.deadline for f in self.out.values()) - time.monotonic())
+
+    def pending(self) -> bool:
+        """Whether a claim sent is yet to land (given up ones included)."""
+        with self._lock:
+            return self._pending > 0
