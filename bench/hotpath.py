@@ -7,11 +7,14 @@ too small to see through a drain's noise.
     python bench/hotpath.py --no-valgrind    # wall time only (microseconds per job)
     python bench/hotpath.py --phases executor
 
-Four phases, each on one thread with no Redis round trip inside the loop (a server is
+Five phases, each on one thread with no Redis round trip inside the loop (a server is
 started for the runtime's set-up only):
 
 - executor: Executors._loop over N claimed no-op jobs, schema validation on: pick,
   resolve and validate, the Context, the timeout guard, the run, the settlement;
+- batch: the same over N jobs of a BATCH function (size 100, wait 0) returning None:
+  gathering, the batch's ctx, one call per 100, each member's settlement (the members
+  come started, as if their start mark had landed: its round trip is left out);
 - claim: Fetcher.claim turning a 20-job claim reply into runs on the inbox (the script
   call answers from memory);
 - settle: the settler building the script calls of 20 done jobs (Entries.add_calls), and
@@ -43,10 +46,12 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-PHASES = ("executor", "claim", "settle", "process", "process1")
+PHASES = ("executor", "batch", "claim", "settle", "process", "process1")
 BATCH = 20  # jobs per claim reply and per settle batch
 
 HANDLER = 'QUEUE = "fast"\n\n\ndef handle(payload, ctx):\n    return None\n'
+BATCHED = ('QUEUE = "fast"\nBATCH = {"size": 100, "wait": 0}\n\n\n'
+           'def handle_batch(payloads, ctx):\n    return None\n')
 ISOLATED = 'QUEUE = "slow"\n\n\ndef handle(payload, ctx):\n    return None\n'  # (slow: isolation = "process")
 SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
           "properties": {"t": {"type": "number"}}, "additionalProperties": False}
@@ -54,7 +59,7 @@ SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "ob
 
 def project(root: Path, src: Path) -> Path:
     (root / "functions").mkdir(parents=True, exist_ok=True)
-    for name, code in (("noop", HANDLER), ("noop_process", ISOLATED)):
+    for name, code in (("noop", HANDLER), ("noop_process", ISOLATED), ("noop_batch", BATCHED)):
         (root / "functions" / f"{name}.py").write_text(code)
         (root / "schemas" / name).mkdir(parents=True, exist_ok=True)
         (root / "schemas" / name / "v1.json").write_text(json.dumps(SCHEMA))
@@ -79,13 +84,13 @@ def child(phase: str, n: int) -> float:
     q = cfg.queues["fast"]
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     outcomes: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    if phase in ("executor", "process", "process1"):
-        ahead = phase != "executor"
+    if phase in ("executor", "batch", "process", "process1"):
+        ahead = phase.startswith("process")
         if ahead:
             q = cfg.queues["slow"]
         ledger = Ledger(q.concurrency, n + 16, 16)
         ex = Executors(rt, q, ledger, inbox, outcomes, lambda job: True)
-        fn = "noop_process" if ahead else "noop"
+        fn = "noop_process" if ahead else "noop_batch" if phase == "batch" else "noop"
         # A process job is claimed ahead, as in a drain (the claim's few jobs for ready
         # children aside): its start mark is the executor's to send.
         if phase == "process1":
@@ -191,7 +196,7 @@ def main() -> None:
     ap.add_argument("--src", default=str(BENCH.parent), help="a checkout whose runner/ is measured")
     ap.add_argument("--n", type=int, default=1000, help="jobs per phase at the small count (the large is 3x)")
     ap.add_argument("--no-valgrind", action="store_true", help="wall time only")
-    ap.add_argument("--phases", default=",".join(PHASES), help="a subset of executor,claim,settle")
+    ap.add_argument("--phases", default=",".join(PHASES), help="a subset of the phases")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:

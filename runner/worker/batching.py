@@ -32,13 +32,16 @@ from runner.catalog import templates
 from runner.catalog.registry import Function
 from runner.errors import BatchFailures, Cancelled, JobTimeout, PermanentFailure, Suspend
 from runner.worker.context import Flags
-from runner.worker.execute import Claimed, Outcome, failure, outcome_of
+from runner.worker.execute import Claimed, Done, Outcome, failure, outcome_of
 
 
 class BatchResultMismatch(PermanentFailure, TypeError):
     """handle_batch returned something other than one result per payload (or None), or a
     BatchFailures naming an index outside the batch: every item goes to the dead letters,
     as a retry would run the same code over the same items."""
+
+
+NO_RESULT = Done("")  # an item's success whose result is None (as outcome_of makes it)
 
 
 def key_of(fn: Function, payload: Any) -> str:
@@ -69,8 +72,17 @@ class BatchJob:
     max_attempts: int
     idempotency_key: str | None
     _flags: Flags = field(default_factory=Flags, repr=False, compare=False)
-    # This item's own log (``ctx.jobs[i].logger``); ctx.logger's lines go to every item's.
-    logger: Any = field(default=None, repr=False, compare=False)
+    # The batch's members' loggers and this item's index there: its own logger is made at
+    # its first use (see joblog.MemberLoggers).
+    _loggers: Sequence[Any] | None = field(default=None, repr=False, compare=False)
+    _at: int = field(default=0, repr=False, compare=False)
+
+    @property
+    def logger(self) -> Any:
+        """This item's own log (``ctx.jobs[i].logger``); ctx.logger's lines go to every item's."""
+        if self._loggers is None:
+            return logging.LoggerAdapter(logging.getLogger("runner.job"), {"job_id": self.id})
+        return self._loggers[self._at]
 
     @property
     def cancelled(self) -> bool:
@@ -112,18 +124,29 @@ class BatchContext:
     """The ``ctx`` of ``handle_batch``: the function, its deadline, a logger, ``jobs`` (one
     BatchJob per payload, in order) and lease extension for every item."""
 
-    __slots__ = ("_extend", "deadline", "jobs", "logger", "queue", "type", "version")
+    __slots__ = ("_extend", "_jobs", "deadline", "logger", "queue", "type", "version")
 
-    def __init__(self, type_: str, version: int, queue: str, jobs: Sequence[BatchJob], timeout_s: float,
+    def __init__(self, type_: str, version: int, queue: str,
+                 jobs: Sequence[BatchJob] | Callable[[], Sequence[BatchJob]], timeout_s: float,
                  logger: logging.Logger | logging.LoggerAdapter[logging.Logger],
                  extend: Callable[[], bool] | None = None) -> None:
         self.type = type_
         self.version = version  # every payload's: upgraded to the newest before the call
         self.queue = queue
-        self.jobs: list[BatchJob] = list(jobs)
+        # ``jobs`` may come as a maker, called at the first read of ctx.jobs: a handler that
+        # never reads it pays nothing per item for it.
+        self._jobs: list[BatchJob] | Callable[[], Sequence[BatchJob]] = jobs if callable(jobs) else list(jobs)
         self.deadline = time.time() + timeout_s  # epoch seconds: TIMEOUT bounds the whole call
         self.logger = logger
         self._extend = extend
+
+    @property
+    def jobs(self) -> list[BatchJob]:
+        """One BatchJob per payload, in order."""
+        got = self._jobs
+        if callable(got):
+            got = self._jobs = list(got())
+        return got
 
     @property
     def remaining_s(self) -> float:
@@ -156,12 +179,12 @@ class BatchContext:
 
 def jobs_of(claimed: Sequence[Claimed], flags: Sequence[Flags], loggers: Sequence[Any] | None = None
             ) -> list[BatchJob]:
-    """Each item as ctx.jobs shows it; ``loggers``: each one's own (by default one that
-    logs to runner.job, naming the job)."""
-    if loggers is None:
-        loggers = [logging.LoggerAdapter(logging.getLogger("runner.job"), {"job_id": j.id}) for j in claimed]
-    return [BatchJob(j.id, j.attempt, j.max_attempts, j.idem_key or None, f, lg)
-            for j, f, lg in zip(claimed, flags, loggers, strict=True)]
+    """Each item as ctx.jobs shows it; ``loggers``: each one's own, by index (made at its
+    first use; by default one that logs to runner.job, naming the job)."""
+    if loggers is not None and len(loggers) != len(claimed):
+        raise ValueError(f"{len(loggers)} loggers for {len(claimed)} jobs")
+    return [BatchJob(j.id, j.attempt, j.max_attempts, j.idem_key or None, f, loggers, i)
+            for i, (j, f) in enumerate(zip(claimed, flags, strict=True))]
 
 
 def call(fn: Function, payloads: list[dict[str, Any]], ctx: BatchContext,
@@ -214,5 +237,9 @@ def run(fn: Function, payloads: list[dict[str, Any]], claimed: Sequence[Claimed]
         bad = BatchResultMismatch(f"handle_batch returned {what} for a batch of {n} payloads: return one result "
                                   "per payload, in order (or None: every result None), or runner.BatchFailures")
         return [failure(fn, job, bad) for job in claimed], elapsed
-    return [failure(fn, job, failed[i]) if i in failed else outcome_of(fn, job, results[i], max_result_bytes)
+    # A None result is the same success for every item (no JSON to check): one outcome
+    # shared by them all (bulk writes return None; one each cost a sixteenth of a no-op
+    # batch's worker CPU per job).
+    return [failure(fn, job, failed[i]) if i in failed else NO_RESULT if results[i] is None
+            else outcome_of(fn, job, results[i], max_result_bytes)
             for i, job in enumerate(claimed)], elapsed

@@ -493,7 +493,10 @@ class Child:
                 self.token = ""
             for i, o in zip(live, got, strict=True):
                 outcomes[i] = o
-            for i, m in zip(live, members, strict=True):
+            for at, i in enumerate(live):
+                m = members.made(at)
+                if m is None:  # (nothing was logged for it: no logger was made)
+                    continue
                 m.echo_end()  # (how many of its lines, and the batch's, its flood kept from the output)
                 kept[i], dropped[i] = m.buf.take_counted() if m.buf is not None else ([], 0)
             flush_held()  # (its lines echoed to this child's output, ahead of its end)

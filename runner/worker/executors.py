@@ -597,15 +597,17 @@ class Executors:
         """Each member's lines go to its own job's log (its run's, sent as a single job's
         are: with the renewal while it runs and with its settlement), the batch's to all."""
         claimed = [r.job for r in runs]
-        members, shared = batch_loggers(joblog, fn.name, [(j.id, j.attempt) for j in claimed], self._log_bounds)
-        for i, r in enumerate(runs):
-            if r.logs is None:
-                r.logs = members[i]
-            else:  # (lines kept for it already: its logger goes on, and the batch's lines to it)
-                members[i] = r.logs
+
+        def made(i: int, logger: JobLogger) -> None:
+            runs[i].logs = logger  # (the renewal and the settlement send its lines from here on)
+
+        # A member's logger is made at its first line; one with lines kept already (its
+        # run's) goes on, and the batch's lines go to it.
+        members, shared = batch_loggers(joblog, fn.name, [(j.id, j.attempt) for j in claimed], self._log_bounds,
+                                        kept=[r.logs for r in runs], on_made=made)
         return batching.BatchContext(fn.name, fn.versions.newest, self.q.name,
-                                     batching.jobs_of(claimed, [r.flags for r in runs], members), fn.timeout_s,
-                                     shared, extend=lambda: all([self.renew_one(j) for j in claimed]))
+                                     lambda: batching.jobs_of(claimed, [r.flags for r in runs], members),
+                                     fn.timeout_s, shared, extend=lambda: all([self.renew_one(j) for j in claimed]))
 
     def _started_now(self, live: list[tuple[Run, dict[str, Any]]]) -> list[tuple[Run, dict[str, Any]]]:
         """A thread batch's members start now, in this thread: each held claim's wait ends

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -448,7 +448,7 @@ class SharedLogger(logging.LoggerAdapter[logging.Logger]):
     and into the log of every member (``ctx.jobs[i].logger`` writes to one member's), so
     whoever reads any one job's log sees what its batch said."""
 
-    def __init__(self, logger: logging.Logger, extra: dict[str, Any], members: list[JobLogger]) -> None:
+    def __init__(self, logger: logging.Logger, extra: dict[str, Any], members: Sequence[JobLogger]) -> None:
         super().__init__(logger, extra)
         self.members = members
 
@@ -470,11 +470,54 @@ class SharedLogger(logging.LoggerAdapter[logging.Logger]):
         super().log(level, msg, *args, **kwargs)
 
 
-def batch_loggers(logger: logging.Logger, type_: str, jobs: list[tuple[str, int]],
-                  bounds: tuple[int, int]) -> tuple[list[JobLogger], SharedLogger]:
-    """One JobLogger per member of a batch (its id, attempt), and the batch's shared one."""
-    members = [JobLogger(logger, {"job_id": i, "type": type_, "attempt": a, "batch": len(jobs)}, *bounds)
-               for i, a in jobs]
+class MemberLoggers(Sequence[JobLogger]):
+    """A batch's members' loggers (``ctx.jobs[i].logger``), each made at its first use: a
+    member nobody logs for costs no logger (one per member made up front was about a
+    seventh of a no-op batch's worker CPU per job). ``kept``: a member's logger made
+    earlier (its run's, holding lines already), used as it is; ``on_made(i, logger)``
+    hears of each one made here (its run sends its lines)."""
+
+    __slots__ = ("_bounds", "_jobs", "_lock", "_logger", "_made", "_on_made", "_type")
+
+    def __init__(self, logger: logging.Logger, type_: str, jobs: list[tuple[str, int]], bounds: tuple[int, int],
+                 kept: Sequence[JobLogger | None] | None = None,
+                 on_made: Callable[[int, JobLogger], None] | None = None) -> None:
+        self._logger, self._type, self._jobs, self._bounds = logger, type_, jobs, bounds
+        self._made: list[JobLogger | None] = list(kept) if kept is not None else [None] * len(jobs)
+        self._on_made = on_made
+        self._lock = threading.Lock()  # (a handler's own threads may log for the same member)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._jobs)))]
+        made = self._made[i]
+        if made is not None:
+            return made
+        with self._lock:
+            made = self._made[i]
+            if made is None:
+                job_id, attempt = self._jobs[i]
+                made = self._made[i] = JobLogger(self._logger, {"job_id": job_id, "type": self._type,
+                                                                "attempt": attempt, "batch": len(self._jobs)},
+                                                 *self._bounds)
+                if self._on_made is not None:
+                    self._on_made(i, made)
+        return made
+
+    def made(self, i: int) -> JobLogger | None:
+        """Member ``i``'s logger if one was made (None: nothing was logged for it)."""
+        return self._made[i]
+
+
+def batch_loggers(logger: logging.Logger, type_: str, jobs: list[tuple[str, int]], bounds: tuple[int, int],
+                  kept: Sequence[JobLogger | None] | None = None,
+                  on_made: Callable[[int, JobLogger], None] | None = None) -> tuple[MemberLoggers, SharedLogger]:
+    """The members' loggers of a batch (its ids, attempts), each made at its first use
+    (see MemberLoggers), and the batch's shared one."""
+    members = MemberLoggers(logger, type_, jobs, bounds, kept, on_made)
     first = jobs[0][0] if jobs else ""
     return members, SharedLogger(logger, {"job_id": first, "type": type_, "batch": len(jobs)}, members)
 

@@ -2339,3 +2339,34 @@ def test_joblog_numbers_each_line_across_trims(p: Project) -> None:
     kept = [json.loads(x) for x in r.lrange(k.log("m"), 0, -1)]
     assert [x["n"] for x in kept] == [2, 3, 4, 5] and kept[0]["src"] == "runner"
     assert all(x["msg"] == "tick" for x in kept[1:])
+
+
+def test_a_batchs_start_marks_clear_each_members_marks_in_one_call(p: Project) -> None:
+    """start.lua marks a BATCH function's members, claimed held ('p' and 'h'), in one call:
+    a plain member's entry comes back with its token and attempt, the start time and no
+    flag; a member with other flags keeps those (its idempotency key's 'i'); a stale token
+    is refused and its entry left as it was; an entry whose attempt is written with
+    leading zeros (damage) is written back as a number. A plain claim made ahead ('p'
+    alone) is marked as a member's is."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"), new("b"), new("c", idem="k1"), new("d"), new("e"), new("f", type_="other"))
+    reply = list(sc.claim(k, n=5, start=5, lease_ms=LEASE, token_base="w.1", dead_ttl_ms=10_000_000,
+                          done_ttl_ms=10_000_000, now_ms=NOW, gathered="noop"))
+    got = {reply[i]: reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS)}
+    assert sorted(got) == ["a", "b", "c", "d", "e"] and all(j[12] == 3 for j in got.values())
+    assert {i: r.hget(k.claims, i).split()[3] for i in got} == {"a": "ph", "b": "ph", "c": "iph", "d": "ph",
+                                                                 "e": "ph"}
+    tok_e = got["e"][1]
+    r.hset(k.claims, "e", f"{tok_e} 007 {NOW} ph")
+    (f,) = claim(p, n=1, start=0, base="w.2")
+    assert r.hget(k.claims, "f").split()[3] == "p"
+    at = NOW + 7
+    owned = [(i, got[i][1]) for i in ("a", "b", "c")] + [("d", "stale"), ("e", tok_e), ("f", f[1])]
+    assert sc.start(k, owned, now_ms=at) == [1, 1, 1, -1, 1, 1]
+    entries = {i: r.hget(k.claims, i).split() for i in ("a", "b", "c", "d", "e", "f")}
+    assert entries["a"] == [got["a"][1], "1", str(at), "-"] and entries["b"] == [got["b"][1], "1", str(at), "-"]
+    assert entries["c"] == [got["c"][1], "1", str(at), "i"]
+    assert entries["d"] == [got["d"][1], "1", str(NOW), "ph"]
+    assert entries["e"] == [tok_e, "7", str(at), "-"]
+    assert entries["f"] == [f[1], "1", str(at), "-"]
+    assert sc.start(k, owned[:1], now_ms=at + 1) == [0]  # started already: nothing to mark
