@@ -735,7 +735,9 @@ class Signals:
 
     def put_back(self) -> None:
         for sig, action in _OWN:
-            if _getsignal(sig) is not action:
+            # (!=, not "is not": SIG_DFL and SIG_IGN read back as plain ints, never the
+            # enum members, and were set again, a system call each, after every job)
+            if _getsignal(sig) != action:
                 signal.signal(sig, action)
         # SA_RESTART every time: Python's record does not show it, and a handler that put
         # back the action it found (``old = signal.signal(SIGTERM, h)`` ...

@@ -47,9 +47,6 @@ from runner.worker.ledger import Release, Run
 log = logging.getLogger("runner.worker")
 
 BATCH_MAX = 16  # jobs in one message to a child
-# A batch holds about this much work at its function's recent pace: a job that waits
-# behind others in a child waits about this long, at most (see RECALL_AFTER_S).
-BATCH_BUDGET_S = 0.005
 # A job that runs this long hands back the jobs waiting behind it in its child when
 # another executor of the queue has nothing to run; one that runs RECALL_LATE_S, whatever
 # the others do: a batch is made for quick jobs, and one that turned out slow must not
@@ -57,6 +54,14 @@ BATCH_BUDGET_S = 0.005
 # milliseconds for a core, and jobs handed back cost a release and a claim.)
 RECALL_AFTER_S = 0.05
 RECALL_LATE_S = 1.0
+# A batch holds about this much work at its function's recent pace: a job that waits
+# behind others in a child waits about this long (no longer than the recall would let it
+# wait behind one slow job). A fair share of what waits bounds it too, so in a drain it
+# waits no longer than in the inbox. The pace is the handler's wall time, waits for a
+# core and for the handler's own round trips included: at 5 ms, a handler that makes one
+# Redis call on a busy 2-core host (2 to 6 ms each) went alone, one message and one
+# wake-up of the child per job.
+BATCH_BUDGET_S = RECALL_AFTER_S
 # While jobs wait behind the running one, the watch reads the child's outcomes at most
 # this often (each is settled in the settler's next batch, which waits a little longer).
 LINGER_S = 0.001
