@@ -30,18 +30,20 @@ HALF_BYTES = 256 * 1024
 _HEAD = struct.Struct("<IIIIII")
 _LEN = struct.Struct("<I")
 SIZE = _HEAD.size + 2 * HALF_BYTES
+_MAX_LINE = HALF_BYTES - _LEN.size
 
 
 class Spill:
     """The shared memory of one child: written by the child (add, clear), read by its
     worker (read)."""
 
-    __slots__ = ("_dirty", "_mm", "fd")
+    __slots__ = ("_half", "_lost", "_mm", "_n", "_used", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._mm = mmap.mmap(fd, SIZE)
-        self._dirty = True  # (the child's: whether a line went in since the last clear)
+        # The child's own copy of the header (it alone writes): one write per line, no read.
+        self._half, self._used, self._n, self._lost = 0, [0, 0], [0, 0], -1  # (-1: not cleared yet)
 
     @classmethod
     def create(cls) -> Spill | None:
@@ -59,26 +61,24 @@ class Spill:
             raise
 
     def clear(self) -> None:
-        if self._dirty:  # (a line sent at once clears nothing: no write)
+        if self._lost or self._n[0] or self._n[1]:  # (a line sent at once clears nothing: no write)
+            self._half, self._used, self._n, self._lost = 0, [0, 0], [0, 0], 0
             _HEAD.pack_into(self._mm, 0, 0, 0, 0, 0, 0, 0)
-            self._dirty = False
 
     def add(self, line: str) -> None:
         """One held line (the child's)."""
-        self._dirty = True
-        data = line.encode(errors="replace")[:HALF_BYTES - _LEN.size]
-        mm = self._mm
-        half, used_a, n_a, used_b, n_b, lost = _HEAD.unpack_from(mm, 0)
-        used, n = [used_a, used_b], [n_a, n_b]
-        if used[half] + _LEN.size + len(data) > HALF_BYTES:  # the other half, written over
-            half = 1 - half
-            lost += n[half]
+        data = line.encode(errors="replace")
+        size = min(len(data), _MAX_LINE)
+        half, used, n = self._half, self._used, self._n
+        if used[half] + _LEN.size + size > HALF_BYTES:  # the other half, written over
+            half = self._half = 1 - half
+            self._lost += n[half]
             used[half] = n[half] = 0
         at = _HEAD.size + half * HALF_BYTES + used[half]
-        mm[at:at + _LEN.size + len(data)] = _LEN.pack(len(data)) + data
-        used[half] += _LEN.size + len(data)
+        self._mm[at:at + _LEN.size + size] = _LEN.pack(size) + data[:size]
+        used[half] += _LEN.size + size
         n[half] += 1
-        _HEAD.pack_into(mm, 0, half, used[0], n[0], used[1], n[1], lost)
+        _HEAD.pack_into(self._mm, 0, half, used[0], n[0], used[1], n[1], self._lost)
 
     def read(self) -> tuple[list[str], int]:
         """The lines held (oldest first) and how many were written over (the worker's,
