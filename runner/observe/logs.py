@@ -7,6 +7,7 @@ duration_ms and outcome as fields (``extra=``), so they survive either format.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -246,14 +247,18 @@ def flush_held() -> None:
             h.flush()
 
 
-class Ordered:
+class Ordered(io.TextIOBase):
     """sys.stderr or sys.stdout of a process that holds echoed lines (setup): what is
     written through it by anything but runner's Output (a handler of the application's
     own, warnings.warn, print, bytes to its ``buffer``) goes after the lines held before
     it. (Writes to the file descriptor itself, by C code or a subprocess, are not seen.)
-    Everything else is the stream's own."""
+    Everything else is the stream's own. A text stream (io.TextIOBase), as libraries check
+    for: each method io.TextIOBase defines is the wrapped stream's here (else the base's
+    would answer, "not supported"), and letting a wrapper go closes nothing (the base
+    closes a stream it finalises)."""
 
     def __init__(self, real: TextIO) -> None:
+        super().__init__()
         self._real = real
 
     def write(self, text: str) -> int:
@@ -273,7 +278,74 @@ class Ordered:
         flush_held()  # (its bytes are written next)
         return self._real.buffer
 
+    def read(self, size: int | None = -1) -> str:
+        return self._real.read(-1 if size is None else size)
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return self._real.readline(-1 if size is None else size)
+
+    def readlines(self, hint: int | None = -1) -> list[str]:  # type: ignore[override]
+        return self._real.readlines(-1 if hint is None else hint)
+
+    def fileno(self) -> int:
+        return self._real.fileno()
+
+    def isatty(self) -> bool:
+        return self._real.isatty()
+
+    def readable(self) -> bool:
+        return self._real.readable()
+
+    def writable(self) -> bool:
+        return self._real.writable()
+
+    def seekable(self) -> bool:
+        return self._real.seekable()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        flush_held()
+        return self._real.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._real.tell()
+
+    def truncate(self, size: int | None = None) -> int:
+        flush_held()
+        return self._real.truncate(size)
+
+    def detach(self) -> Any:
+        flush_held()
+        return self._real.detach()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        flush_held()
+        self._real.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._real.closed
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._real.encoding
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return self._real.errors
+
+    @property
+    def newlines(self) -> Any:  # type: ignore[override]
+        return self._real.newlines
+
+    def __del__(self) -> None:
+        pass  # the stream is the process's, not this wrapper's: never closed when it goes
+
+    def __copy__(self) -> Ordered:
+        return Ordered(self._real)
+
     def __getattr__(self, name: str) -> Any:
+        if name == "_real":  # (not set yet: copied or unpickled without __init__)
+            raise AttributeError(name)
         return getattr(self._real, name)
 
 

@@ -46,17 +46,25 @@ from anywhere and moves every older job a place up, so a count of places would s
 one: its cursor keeps the last id shown and the first not yet shown, with that one's
 place counted from the tail, and the next page starts just after the last id shown,
 found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua); if
-that one and the first not yet shown both left (a worker claims from the tail, where the
-pages go), just after the nearest of the ids shown before it that is still queued (the
-cursor keeps up to SEEK_ANCHORS of them), and if all of those left, the list is read.
+that one left, at the first not yet shown; if a cancel took that one out of the list
+too, at the id the cancel left in its place (its neighbor toward the tail, kept in the
+cancelled job's state as list_next by lua/cancel.lua), followed through the cancels of
+those in turn. A bulk cancel of every id the cursor keeps is told apart from workers
+claiming past them so: a chain that ends in an id that left otherwise (a worker claims
+from the tail, so the jobs past it left first) goes on just after the nearest of the ids
+shown before the last that is still queued (the cursor keeps up to SEEK_ANCHORS of them),
+and if all of those left, the list is read.
 A deferred list is read from its tail, where jobs are parked, while a limit wakes them
 from its head, so no count of places holds there: its cursor keeps the last id shown and
 the first not yet shown, and the next page starts just before the last id shown, found
 by a bounded LPOS and read in the same call (lua/seek_list.lua); if that job left
-(cancelled), at the first one not yet shown; if both left, the list counts as read (a
-limit wakes from the head, so the jobs before them were woken first; two cancels between
-two pages can end a list early). A traversal always ends, shows every job that stayed
-deferred throughout, and shows none twice.
+(cancelled), at the first one not yet shown, or, if a batch cancel took that one out
+too, at the id it left in its place (its neighbor toward the head, list_next as above);
+if the chain ends in an id that was woken, the list counts as read (a limit wakes from
+the head, so the jobs before it were woken first). A traversal always ends, shows every
+job that stayed queued or deferred throughout, and shows none twice. A chain of more
+cancelled ids than one call follows (lua/seek_list.lua's CHAIN) makes an empty page
+whose cursor goes on from where it stopped.
 
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
 ``idem:<type>:<key>`` key, whose value starts with the holding job's id, and one of its
@@ -194,7 +202,7 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
                     return out, 0, index, True, None, None
                 limit, place = later[0], None
             key = k.waiters(limit)
-        place, got = scripts.seek_list(key, n - len(out), place)
+        place, got = scripts.seek_list(k, key, n - len(out), place)
         out += got
         if place is None:  # this list is read to its end: the next one
             if index < len(held_types):
@@ -244,7 +252,7 @@ def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int 
             else:
                 pos = end
             continue
-        place, got = scripts.seek_list(key, want, place, ready=True)
+        place, got = scripts.seek_list(k, key, want, place, ready=True)
         out += got
         if place is None:  # read to its end
             return out, 0, index + 1, True, None, None

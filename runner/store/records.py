@@ -11,7 +11,9 @@ A job is two keys under its queue's tag (the layout is drawn in lua/includes/rec
                          progress (JSON, the last ctx.progress sent with a renewal),
                          cancel_requested (a running job asked to stop), children (a dead
                          job's ON_FAILURE job, written by its burial), requeued (times
-                         requeued from dead)
+                         requeued from dead), list_next (a cancel that took it out of
+                         ready or a deferred list: the id it left in its place, for a
+                         job list's cursor; see listing.py)
 
 A job that waits untouched is the string alone. While a job is claimed its entry in the
 queue's claims hash holds the token, the attempt and the start. A done job keeps
@@ -130,6 +132,10 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
     return fields
 
 
+# State fields of the scripts' own, never shown.
+_INNER = frozenset({"woken", "lost_token", "refunds", "rated", "list_next"})
+
+
 def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[str], claim: str | None,
           outcome: str | None) -> dict[str, str]:
     if not isinstance(state, Mapping):
@@ -174,7 +180,7 @@ def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[s
         if record is None and not state:
             return {}
         rec = {}
-    fields = {**rec, **{k: v for k, v in state.items() if k not in ("woken", "lost_token", "refunds", "rated")}}
+    fields = {**rec, **{k: v for k, v in state.items() if k not in _INNER}}
     fields.setdefault("status", "queued")
     held = parse_claim(claim) if claim else None
     if held is not None and held.ahead and state.get("run_attempt") == held.attempt and state.get("run_started_ms"):

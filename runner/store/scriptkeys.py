@@ -76,7 +76,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "seek": ("index",),
     "prune": ("index", "job_prefix"),
     "index_delayed": ("scheduled", "job_prefix", "delayed", "sleeping", "waiting"),
-    "seek_list": ("list",),
+    "seek_list": ("list", "job_prefix"),
     "audit": ("audit",),
     # Durable functions (docs/durable.md): the step log lives in the job's state hash.
     "step": ("job", "claims", "stats"),

@@ -623,19 +623,23 @@ class Scripts(Transport):
         reply = self.call("index_delayed", scriptkeys.keys("index_delayed", k), [start, n])
         return int(reply[0]), int(reply[1])
 
-    def seek_list(self, key: str, n: int, place: tuple[Any, ...] | None, ready: bool = False
+    def seek_list(self, k: QueueKeys, key: str, n: int, place: tuple[Any, ...] | None, ready: bool = False
                   ) -> tuple[tuple[Any, ...] | None, list[str]]:
-        """Up to ``n`` ids of deferred list ``key``, newest first, from the tail or, given
-        ``place`` (where the first id not yet shown was, that id, the last id shown, and
-        for a ready list the ids shown before it, back from the one just before it), from
-        just before the last id shown, found and read in one call; and the place of the
-        next page, None when the list is read (see seek_list.lua). ``ready``: a ready
-        list, newest at the head, read from the head (the place counts from the tail)."""
+        """Up to ``n`` ids of deferred list ``key`` (of ``k``'s queue), newest first, from
+        the tail or, given ``place`` (where the first id not yet shown was, that id, the
+        last id shown, and for a ready list the ids shown before it, back from the one
+        just before it), from just before the last id shown, found and read in one call;
+        and the place of the next page, None when the list is read (see seek_list.lua).
+        ``ready``: a ready list, newest at the head, read from the head (the place counts
+        from the tail). No ids and a place: the call followed a long chain of cancelled
+        ids without reaching the list, and the next call goes on from where it stopped."""
         head = list(place[:3]) if place is not None else ["", "", ""]
         args: list[Any] = [n, *head] + (["1", *(place or ())[3:]] if ready else [])
-        reply = self.call("seek_list", scriptkeys.keys("seek_list", list=key), args)
+        reply = self.call("seek_list", scriptkeys.keys("seek_list", k, list=key), args)
         ids = [str(i) for i in reply[2:]]
         at = int(reply[0])
+        if at >= 0 and not ids and place is not None:
+            return (at, str(reply[1]), *place[2:]), ids
         if at < 0 or not ids:
             return None, ids
         earlier = ids[-2:-SEEK_ANCHORS - 1:-1] if ready else []

@@ -65,6 +65,7 @@ from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run,
 from runner.worker.isolation import default_signals_after_fork
 from runner.worker.joblog import Capture, JobLogger, batch_loggers
 from runner.worker.journal import MAX_STEP_BYTES, Journal
+from runner.worker.spill import Spill
 
 log = logging.getLogger("runner.job")
 
@@ -151,8 +152,10 @@ def rss_mb() -> float:
 
 
 class Child:
-    def __init__(self, channel: Channel, registry: Registry, signals: Signals | None = None) -> None:
+    def __init__(self, channel: Channel, registry: Registry, signals: Signals | None = None,
+                 spill: Spill | None = None) -> None:
         self.channel = channel
+        self.spill = spill  # where lines held back in a flood go too (spill.py)
         # MEMORY_MB caps the handler, not the channel's work for it (MemoryCap).
         self.memory = MemoryCap()
         channel.own_work = self.memory
@@ -550,6 +553,9 @@ class Child:
             ctx.logger.sink = lambda lines, chunks, dropped: self.channel.send({
                 "op": "log", "token": token, "lines": lines, "chunks": chunks, "dropped": dropped})
             ctx.logger.sink_lock = self.send_lock
+            if self.spill is not None:
+                self.spill.clear()  # (the job before's lines went with its outcome)
+                ctx.logger.spill = self.spill
             self.logger = ctx.logger
         ctx._journal = Journal(
             job.id, lambda: [] if job.steps == 0 else list((self.ask(token, "steps").get("value") or {})
@@ -606,6 +612,8 @@ class Child:
         if isinstance(ctx.logger, JobLogger):
             ctx.logger.echo_end()
             kept, dropped = ctx.logger.buf.take_counted() if ctx.logger.buf is not None else ([], 0)
+            if self.spill is not None:
+                self.spill.clear()  # (they go with the outcome: never read back for another job)
             streamed = ctx.logger.chunks.take() if ctx.logger.chunks is not None else []
             flush_held()  # (its lines echoed to this child's output, ahead of its end)
         return {"outcome": to_message(outcome), "run_s": run_s,
@@ -769,8 +777,12 @@ def main() -> None:
     setup_logs(cfg.log, hold=False)  # (each echoed line written before the handler goes on)
     signals = Signals()
     default_signals_after_fork()
+    spill = None
+    if len(sys.argv) > 2:  # the worker's shared memory for held lines (spill.py)
+        os.set_inheritable(int(sys.argv[2]), False)
+        spill = Spill(int(sys.argv[2]))
     child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg, payload_check=codec.payload_problem),
-                  signals)
+                  signals, spill)
     child.serve()
 
 

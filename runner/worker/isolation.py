@@ -12,7 +12,8 @@ stop lease renewal or take other jobs down:
   its outcome);
 - a child that dies (segfault, ``os._exit``, the OOM killer) fails only its job's attempt,
   "executor crashed" with the signal or exit code, seen through a pidfd at once (its
-  socket alone would not tell while a tool it started held a copy);
+  socket alone would not tell while a tool it started held a copy); the log lines it held
+  back in a flood are read from memory it shares with the worker (spill.py) into the job's log;
 - children are replaced after ``max_jobs_per_child`` jobs, above ``max_rss_mb``, and when
   the functions were reloaded (`runner dev`), so new jobs run new code while a running
   job finishes on its own.
@@ -53,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.worker.channel import Channel
+from runner.worker.spill import Spill
 
 log = logging.getLogger("runner.worker")
 
@@ -306,11 +308,16 @@ class ChildProcess:
         # The sentry reads sentry_r; this process alone holds the write end (not inherited
         # by any other process), so it closes when this process dies.
         sentry_r, self._sentry_w = os.pipe()
+        # The lines its handler holds back in a flood, read should it die (spill.py).
+        self.spill = Spill.create()
+        self.held: tuple[list[str], int] = ([], 0)  # what it held at its end (read by end)
+        shared = (self.spill.fd,) if self.spill is not None else ()
         try:
             with _known_lock:
                 try:
-                    self.proc = _spawn([sys.executable, "-c", CHILD_MAIN, str(child.fileno())],
-                                       pass_fds=(child.fileno(),), env=env,
+                    self.proc = _spawn([sys.executable, "-c", CHILD_MAIN, str(child.fileno()),
+                                        *(str(fd) for fd in shared)],
+                                       pass_fds=(child.fileno(), *shared), env=env,
                                        stdin=subprocess.DEVNULL, process_group=0)
                 except BaseException:
                     os.close(sentry_r)
@@ -324,6 +331,8 @@ class ChildProcess:
         except BaseException:
             os.close(self._sentry_w)
             parent.close()
+            if self.spill is not None:
+                self.spill.close()
             raise
         finally:
             child.close()
@@ -417,6 +426,8 @@ class ChildProcess:
             _known.discard(self.proc.pid)
             if self.sentry is not None:
                 _known.discard(self.sentry.pid)
+        if self.spill is not None:  # (a header read when it held nothing)
+            self.held = self.spill.read()
         self._close()
         reap_adopted()
         return code
@@ -428,6 +439,9 @@ class ChildProcess:
 
     def _close(self) -> None:
         self.channel.close()
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
         if self._pidfd >= 0:
             os.close(self._pidfd)
             self._pidfd = -1

@@ -189,6 +189,9 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         # threads go in the order they were taken).
         self.sink: Callable[[list[str], list[str], int], None] | None = None
         self.sink_lock: threading.Lock | None = None
+        # A child's lines held back past SINK_BURST are copied here too, where its worker
+        # finds them should the child die before it sends them (spill.py).
+        self.spill: Any = None
         self._sunk = 0.0  # when the current SINK_EVERY_S began
         self._sunk_n = 0  # lines and chunks handed on since then
         self.chunks: JobLog | None = None  # ctx.stream's output not sent yet, made at its first chunk
@@ -249,9 +252,15 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
             return
         if self.buf is None:
             self.buf = JobLog(*self.bounds)
+        if self.spill is not None:
+            encoded = list(encoded)
         self.buf.extend(encoded, dropped)
-        if self.sink is not None and self._due():
-            self.flush()
+        if self.sink is not None:
+            if self._due():
+                self.flush()
+            elif self.spill is not None:
+                for one in encoded:
+                    self.spill.add(one)
 
     def _due(self) -> bool:
         """Whether what was just added goes to the sink now: yes, unless SINK_BURST lines
@@ -271,6 +280,8 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         with self.sink_lock or contextlib.nullcontext():
             lines, dropped = buf.take_counted() if buf is not None else ([], 0)
             streamed = chunks.take() if chunks is not None else []
+            if (lines or dropped) and self.spill is not None:
+                self.spill.clear()  # (before the send: a line is never read back twice)
             if lines or streamed or dropped:
                 self._sunk_n += len(lines) + len(streamed)
                 sink(lines, streamed, dropped)
@@ -285,8 +296,11 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
             if self.buf is None:
                 self.buf = JobLog(*self.bounds)
             self.buf.add(kept)
-            if self.sink is not None and self._due():
-                self.flush()
+            if self.sink is not None:
+                if self._due():
+                    self.flush()
+                elif self.spill is not None:
+                    self.spill.add(kept)
             if not self.echo(kept):
                 return
         if not kwargs and echoed(self.logger, level, msg, given, text, self.extra):

@@ -499,6 +499,9 @@ class _Watch:
             code = child.end()
         current = self.current
         if current is not None:
+            lines, lost = child.held  # held back in a flood when it died: the last ones (spill.py)
+            if lines or lost:
+                current.rpc({"call": "log", "lines": lines, "chunks": [], "dropped": lost})
             crash = ExecutorCrashed(f"executor crashed: the child process running the handler "
                                     f"{why or describe_exit(code)}")
             current.finish(failure(current.fn, current.job, crash), time.monotonic() - self.began)

@@ -357,6 +357,38 @@ def test_every_action_from_its_page(project: Project, browser: Any, tmp_path: Pa
         assert script_errors(d) == []
 
 
+SPAN = " \N{EN DASH} "  # between a folded audit entry's first and last time
+
+
+def test_the_audit_page_shows_a_folded_entry_once_with_its_repeats(
+        project: Project, browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Three triggers of one schedule by one caller are one audit entry (folded): its row
+    says "trigger 3 times" and spans its first to its last time; a single pause beside it
+    says no count."""
+    console_project(project)
+    with gunicorn(project, token=TOKEN) as web:
+        for _ in range(3):
+            assert web.post("/schedules/report/trigger").status_code == 202
+        assert web.post("/queues/slow/pause").status_code in (200, 202, 204)
+        entries = web.get("/audit").json()["entries"]
+        folded = next(e for e in entries if e["action"] == "trigger")
+        assert folded["repeats"] == 3 and folded["last_at"] >= folded["at"], folded
+        d = browser
+        d.set_window_size(1400, 1000)
+        signed_in(d, web, TOKEN)
+        go(d, "#audit")
+        trigger = '#audit-table tr[data-audit-action="trigger"]'
+        until("the folded trigger entry", lambda: has(d, trigger))
+        assert len(has(d, trigger)) == 1
+        cells = has(d, f"{trigger} td")
+        assert cells[2].text == "trigger 3 times", cells[2].text  # (its count, 3, is its repeats': not said)
+        assert SPAN in cells[0].text, cells[0].text  # its first to its last time
+        pause = has(d, '#audit-table tr[data-audit-action="pause"] td')
+        assert pause[2].text == "pause" and SPAN not in pause[0].text, (pause[2].text, pause[0].text)
+        screenshot(d, tmp_path, "console-audit-folded.png")
+        assert script_errors(d) == []
+
+
 def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> None:  # noqa: F811
     """Signed in with a read-only token, no page shows a button or form it cannot use: no
     pause, resume, run now, trigger, requeue, delete, cancel, bulk, invoke or signal."""

@@ -570,3 +570,69 @@ def test_the_queued_list_repeats_no_job_while_a_worker_drains_it(project: Projec
     stayed = [i for i in ids if i not in claimed]
     assert claimed and len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
     assert not set(stayed) - set(seen), f"never shown: {len(set(stayed) - set(seen))}"
+
+
+def test_the_queued_list_goes_on_when_every_id_its_cursor_keeps_is_cancelled(project: Project) -> None:
+    """200 queued jobs paged in 20s; between two pages every job the page showed and the
+    next job not yet shown are cancelled (a bulk cancel: every id the cursor keeps leaves
+    ready). The list is not read yet, and the traversal shows every job that stayed queued,
+    once each. (The next page took the list for read, as if workers had claimed past those
+    ids: 0 of the 179 jobs still queued were listed.)"""
+    c = project.client
+    ids = [m.id for m in c.enqueue_many([Request("record", {"n": i}) for i in range(200)])]  # type: ignore[union-attr]
+    newest_first = list(reversed(ids))
+    shown: list[str] = []
+
+    def page(cursor: str | None) -> Any:
+        got = c.jobs("queued", queue="fast", limit=20, cursor=cursor)
+        shown[:] = [j.id for j in got.jobs]
+        return got
+
+    def cancel_page_and_next(n: int) -> None:
+        if n == 0:
+            nxt = newest_first[newest_first.index(shown[-1]) + 1]
+            for job_id in [*shown, nxt]:
+                c.cancel(job_id)
+
+    seen = _follow(page, cancel_page_and_next)
+    stayed = [i for i in ids if c.get(i).status == "queued"]
+    assert len(stayed) == 179
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
+    assert not set(stayed) - set(seen), f"never shown: {len(set(stayed) - set(seen))} of {len(stayed)}"
+
+
+def test_the_deferred_list_goes_on_when_a_batch_cancel_takes_the_ids_its_cursor_keeps(project: Project) -> None:
+    """30 jobs parked on a CONCURRENCY limit, paged in 4s while a batch cancel takes the
+    last job shown and the first not yet shown out of the waiters list before every next
+    page: the list is not read yet, and every job that stays deferred is shown once.
+    (With both ids gone the list counted as read, as if the limit had woken them.)"""
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
+    (project.root / "schemas" / "one_at_a_time").mkdir()
+    (project.root / "schemas" / "one_at_a_time" / "v1.json").write_text(json.dumps({"type": "object"}))
+    c, rt, k = project.client, project.runtime, project.keys()
+    parked = [c.enqueue("one_at_a_time", {"i": i}).id for i in range(31)]
+    reply = list(rt.scripts.claim(k, n=40, start=40, lease_ms=60_000, token_base="w.1",
+                                  dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
+    running = {reply[i] for i in range(2, len(reply), CLAIM_FIELDS)}
+    assert len(running) == 1
+    limit = rt.redis.zrange(k.limwait, 0, -1)[0]
+    shown: list[str] = []
+
+    def page(cursor: str | None) -> Any:
+        got = c.jobs("deferred", queue="fast", limit=4, cursor=cursor)
+        shown[:] = [j.id for j in got.jobs]
+        return got
+
+    def cancel_last_and_next(n: int) -> None:
+        waiters = rt.redis.lrange(k.waiters(limit), 0, -1)  # oldest first: the pages go toward the head
+        at = waiters.index(shown[-1])
+        if at >= 2:
+            _, _, gone = rt.scripts.cancel_deferred(k, k.waiters(limit), limit, 2, "", waiters[at - 2], 60_000)
+            assert gone == [waiters[at - 1], shown[-1]]
+
+    seen = _follow(page, cancel_last_and_next)
+    stayed = [i for i in parked if c.get(i).status == "deferred"]
+    assert len(seen) == len(set(seen)) and len(stayed) >= 14
+    assert not set(stayed) - set(seen), f"never shown: {len(set(stayed) - set(seen))} of {len(stayed)}"

@@ -1142,6 +1142,45 @@ def test_a_crashed_childs_last_lines_are_in_its_log_and_the_output(project: Proj
     assert got == [*wanted, "the last line before the crash"]
 
 
+FLOODS_AND_DIES = '''"""Logs and prints a flood past the child's send rate, then its child dies at once."""
+import os
+import signal
+
+ISOLATION = "process"
+MAX_ATTEMPTS = 1
+
+
+def handle(payload, ctx):
+    for i in range(payload["n"]):
+        ctx.logger.info("flood %d", i)
+        if i % 10 == 0:
+            print("printed", i)
+    ctx.logger.warning("the last line before the crash")
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_child_that_dies_after_a_flood_leaves_its_last_lines_in_its_log(project: Project) -> None:
+    """A process-isolated handler that logs 3,000 lines at once (past the 200 a child
+    hands its worker each 0.5 s; the rest wait in the child) and then dies (SIGKILL):
+    its log ends with the last lines it wrote, in order, the very last too, and says how
+    many earlier ones it lost. (It kept the first 200 and lost the lines that explain the
+    crash.)"""
+    project.add_function("floods_and_dies", FLOODS_AND_DIES)
+    project.write_config(vt=5)
+    client = project.client
+    job = client.enqueue("floods_and_dies", {"n": 3000})
+    project.spawn_worker("fast")
+    wait_for(lambda: client.get(job.id).status == "dead", timeout=60, what="the crashed job's dead letter")
+    got = _msgs(project, job.id)
+    assert got[-1] == "the last line before the crash", got[-5:]
+    floods = [m for m in got if m.startswith("flood ")]
+    assert floods[-3:] == ["flood 2997", "flood 2998", "flood 2999"], floods[-5:]
+    tail = [int(m.split()[1]) for m in floods[-100:]]
+    assert tail == sorted(tail) and len(set(tail)) == len(tail), tail
+    assert "dropped" in got[0], got[0]
+
+
 OWN_HANDLER = '''"""Logs through ctx.logger and through a logger of its own with its own handler."""
 import logging
 import sys

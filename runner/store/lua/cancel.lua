@@ -90,14 +90,26 @@ end
 -- (bounded: each LPOS reads at most 1,000 entries, and the LREM stops where it found
 -- it), so the ready count and the oldest wait stop counting it at once (with no worker
 -- to pass over it, as on a paused queue, they did for ever). One deeper stays, skipped by
--- the claim as before.
-local function unready(id)
+-- the claim as before. The id it leaves in its place, its neighbor toward the consumer
+-- end ('' at that end), goes in the job's state as list_next: a job list whose cursor
+-- kept this id resumes there (seek_list.lua), where a cancel of every id a cursor keeps
+-- had looked like workers claiming past them.
+local function unready(id, sk)
   if not K.ready then return end
-  if redis.call('LPOS', K.ready, id, 'MAXLEN', 1000) then
-    redis.call('LREM', K.ready, 1, id)
-  elseif redis.call('LPOS', K.ready, id, 'RANK', -1, 'MAXLEN', 1000) then
-    redis.call('LREM', K.ready, -1, id)
+  local at = redis.call('LPOS', K.ready, id, 'MAXLEN', 1000)
+  local from = 1
+  if not at then
+    at = redis.call('LPOS', K.ready, id, 'RANK', -1, 'MAXLEN', 1000)
+    from = -1
   end
+  if not at then return end
+  local len = redis.call('LLEN', K.ready)
+  local nxt = ''
+  if at + 1 < len then  -- (LINDEX from the nearer end: at most 1,000 entries)
+    nxt = redis.call('LINDEX', K.ready, from == 1 and at + 1 or at + 1 - len)
+  end
+  redis.call('HSET', sk, 'list_next', nxt)
+  redis.call('LREM', K.ready, from, id)
 end
 
 local function finish(jk, id, rec)
@@ -134,12 +146,16 @@ if ARGV[5] ~= nil and ARGV[5] ~= '' then
   end
   local entries = redis.call('LRANGE', list, start, start + 4 * n - 1)
   local out, last, count = {}, '', 0
+  -- The id just before each one taken out (toward the head, where a deferred list's pages
+  -- go), kept in its state as list_next for a job list's cursor (see unready above).
+  local before = start > 0 and after or ''
   for _, id in ipairs(entries) do
     if count >= n then break end
     local jk = K.job_prefix .. id
     local st = redis.pcall('HMGET', jk .. ':s', 'status')
     local rec = type(st) == 'table' and st[1] == 'deferred' and rec_load(jk) or nil
     if rec and (only == '' or rec.type == only) then
+      redis.call('HSET', jk .. ':s', 'list_next', before)
       redis.call('LREM', list, 1, id)
       note(jk .. ':s')
       finish(jk, id, rec)
@@ -147,6 +163,7 @@ if ARGV[5] ~= nil and ARGV[5] ~= '' then
       out[#out + 1] = id
     else
       last = id
+      before = id
     end
   end
   if ARGV[8] ~= '' and redis.call('EXISTS', list) == 0 then redis.call('ZREM', K.limwait, ARGV[8]) end
@@ -186,7 +203,7 @@ do
   status = status or 'queued'
   if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
   note(sk)
-  if status == 'queued' then unready(id) end
+  if status == 'queued' then unready(id, sk) end
   local out = finish(jk, id, rec)
   if K.stats then flush(K.stats) end
   return out

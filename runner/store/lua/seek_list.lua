@@ -4,13 +4,18 @@
 -- (it reads, never writes). Jobs are parked at the tail and leave from the head (a
 -- wake) or from anywhere (a cancel), so a place counted from either end moves while a
 -- client pages; an id does not. The page starts just before the last id shown, found by
--- LPOS from the head; if that one left (cancelled), at the first id not yet shown; if
--- both left, the list counts as read (a limit wakes from the head: the jobs before them
--- left first). Finding the place and reading the page are one call. Bounded: LPOS looks
--- at most MAXLEN ids (where the ids were, plus SLACK for woken jobs that went back to
--- the head), then one range of at most ARGV[1] + 1 ids.
+-- LPOS from the head; if that one left, at the first id not yet shown; if that one was
+-- taken out by a cancel too, at the id the cancel left in its place (its state's
+-- list_next, see cancel.lua: the neighbor the pages go toward), followed through cancels
+-- of those in turn; if an id of that chain left otherwise, the list is read (a limit
+-- wakes from the head: the jobs before it left first). Finding the place and reading the
+-- page are one call. Bounded: LPOS looks at most MAXLEN ids (where the ids were, plus
+-- SLACK for woken jobs that went back to the head), the chain at most CHAIN ids (one
+-- HGET each; past them the reply is an empty page whose next place is the chain's last
+-- id, so the next call goes on from there), then one range of at most ARGV[1] + 1 ids.
 --
 -- KEYS[1] list          LIST  oldest at the head
+-- KEYS[2] job_prefix    (string; a job's state is prefix .. id .. ':s', its list_next read)
 -- ARGV[1] how many ids to read (at most 1000)
 -- ARGV[2] where (index from the head) the first id not yet shown was; '' the first page
 -- ARGV[3] the first id not yet shown
@@ -19,18 +24,35 @@
 --         cancelled from anywhere), read from the head toward the tail; ARGV[2] then
 --         counts from the tail, the end nothing is added to but a job sent to the front
 --         of the line. The page starts just after the last id shown, found by LPOS from
---         the tail; if that one left, at the first id not yet shown; if both left, just
---         after the nearest of the ids shown before the last (ARGV[6], ...) that is still
---         there: nothing comes between ids in the list, so what follows it was not shown
---         (a place counted from the tail moves as a worker claims from there: the page
---         showed again jobs of the page before). If all of them left, the list counts as
---         read: a worker claims from the tail, so the jobs past them left first (only
---         cancels of every one of them between two pages can end it early).
+--         the tail; if that one left, at the first id not yet shown or where a cancel
+--         left it (the chain above); if that chain ends in an id a worker took (from the
+--         tail: the jobs past it left first), just after the nearest of the ids shown
+--         before the last (ARGV[6], ...) that is still there: nothing comes between ids
+--         in the list, so what follows it was not shown (a place counted from the tail
+--         moves as a worker claims from there: the page showed again jobs of the page
+--         before). If all of them left, the list is read.
 -- ARGV[6...] (a ready LIST) the ids shown before the last, from the one just before it back
 --
 -- Returns {index of the next id not yet shown or -1, that id or '', id, ...} (newest first).
 local SLACK = 1000
+local CHAIN = 1000
 local key = K.list
+
+-- Where the first id not yet shown is now, following the chain of ids cancels left in
+-- its place (rank: 1 from the head, -1 from the tail): its index; nil if the chain ends
+-- in an id that left otherwise; or false and the chain's last id when CHAIN ran out.
+local function find_next(id, rank, reach)
+  for _ = 1, CHAIN do
+    local nxt = redis.pcall('HGET', K.job_prefix .. id .. ':s', 'list_next')
+    if type(nxt) ~= 'string' then
+      if reach <= 0 then return nil end  -- (MAXLEN 0 would mean the whole list)
+      return redis.call('LPOS', key, id, 'RANK', rank, 'MAXLEN', reach)
+    end
+    if nxt == '' then return nil end  -- it was the last: nothing past it
+    id = nxt
+  end
+  return false, id
+end
 local count = math.min(tonumber(ARGV[1]), 1000)
 local len = redis.call('LLEN', key)
 if ARGV[5] == '1' then
@@ -44,9 +66,11 @@ if ARGV[5] == '1' then
       if after then
         start = after + 1
       else
-        local at = redis.call('LPOS', key, ARGV[3], 'RANK', -1, 'MAXLEN', reach)
+        local at, chained = find_next(ARGV[3], -1, reach)
         if at then
           start = at
+        elseif chained then
+          return {was, chained}
         else
           for i = 6, #ARGV do
             local shown = redis.call('LPOS', key, ARGV[i], 'RANK', -1, 'MAXLEN', reach)
@@ -70,13 +94,15 @@ local start = len - 1
 if ARGV[2] ~= '' then
   local reach = math.min(tonumber(ARGV[2]) + 2 + SLACK, len)
   start = -1
-  if reach > 0 then  -- (MAXLEN 0 would mean the whole list)
-    local after = redis.call('LPOS', key, ARGV[4], 'RANK', 1, 'MAXLEN', reach)
-    if after then
-      start = after - 1
-    else
-      local at = redis.call('LPOS', key, ARGV[3], 'RANK', 1, 'MAXLEN', reach)
-      if at then start = at end
+  local after = reach > 0 and redis.call('LPOS', key, ARGV[4], 'RANK', 1, 'MAXLEN', reach)
+  if after then
+    start = after - 1
+  else
+    local at, chained = find_next(ARGV[3], 1, reach)
+    if at then
+      start = at
+    elseif chained then
+      return {ARGV[2], chained}
     end
   end
 end

@@ -424,7 +424,9 @@ async function showAudit() {
         el("td", { class: "nowrap", text: e.last_at ? `${when(e.at)} – ${when(e.last_at)}` : when(e.at) }),
         el("td", { text: textOf(e.by) || "—" }),
         el("td", {}, el("strong", { text: textOf(e.action) }), Number.isInteger(e.repeats) && e.repeats > 1 ? ` ${e.repeats} times` : "",
-          e.count > 1 ? ` ×${e.count}` : ""),
+          // (the jobs it covered, where more than its repeats: a fold of single cancels
+          // is "cancel 3 times", a fold of bulk ones "bulk 3 times ×1200")
+          e.count > Math.max(1, Number.isInteger(e.repeats) ? e.repeats : 1) ? ` ×${e.count}` : ""),
         el("td", {}, on.length ? on : "—"),
         el("td", { class: "muted", text: Object.keys(rest).length ? detailText(rest) : "" }));
     }))));
