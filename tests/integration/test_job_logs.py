@@ -5,6 +5,7 @@ readable through the client, `runner logs` and GET /jobs/{id}/logs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -1175,3 +1176,57 @@ def test_a_handler_made_as_the_functions_load_writes_after_the_echoed_lines(proj
     wait_for(lambda: "OWN4" in log.read_text(errors="replace"), timeout=10, what="the last line")
     order = re.findall(r"\b((?:ECHO|OWN)\d)\b", log.read_text(errors="replace"))
     assert order == [f"{k}{i}" for i in range(5) for k in ("ECHO", "OWN")], order
+
+
+ECHOES = '''"""Logs three lines and returns its process id."""
+import os
+{extra}
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        ctx.logger.info("line %d", i)
+    return {{"pid": os.getpid()}}
+'''
+
+
+def _unwritable_worker(project: Project, how: str) -> subprocess.Popen[bytes]:
+    """A worker whose output cannot be written: on /dev/full (ENOSPC, a full disk), or on
+    a pipe whose reader has gone (EPIPE, a log shipper that died)."""
+    args = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "worker"]
+    if how == "full":
+        with open("/dev/full", "wb") as out:
+            proc = subprocess.Popen(args, cwd=project.root, env=project.env, stdout=out, stderr=out)
+    else:
+        r, w = os.pipe()
+        proc = subprocess.Popen(args, cwd=project.root, env=project.env, stdout=w, stderr=w)
+        os.close(w)
+        os.close(r)
+    project.procs.append(proc)
+    return proc
+
+
+@pytest.mark.parametrize("how", ["full", "pipe"])
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_job_that_logs_is_done_with_its_log_when_the_output_cannot_be_written(
+        project: Project, isolation: str, how: str) -> None:
+    """The worker's output cannot be written (a full disk, a reader gone): a ctx.logger
+    line's echo there fails, and that never fails the job (a process-isolated job died of
+    ENOSPC or BrokenPipeError) nor costs its log (a thread's job lost every line of it);
+    the next job in the same child is done too."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("echoes", ECHOES.format(extra=extra))
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    worker = _unwritable_worker(project, how)
+    pids = []
+    for _ in range(2):
+        job = project.client.enqueue("echoes", {}).id
+        got = project.client.settle(job, 60).as_dict()
+        assert got["status"] == "done", got["last_error"]
+        pids.append(got["result"]["pid"])
+        lines = project.client.logs(job)["lines"]
+        assert [line["msg"] for line in lines if line["src"] == "log"] == ["line 0", "line 1", "line 2"], lines
+    assert worker.poll() is None
+    if isolation == "process":
+        assert pids[0] == pids[1]
+
