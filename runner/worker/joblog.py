@@ -494,6 +494,7 @@ class Capture(io.TextIOBase):
         self.source = source
         self.real = real
         self.partial = ""
+        self._cut = False  # the last write ended in a long line's chunk, kept with no newline
         self._buffer: _CapturedBytes | None = None
 
     @property
@@ -522,10 +523,17 @@ class Capture(io.TextIOBase):
         if self.logger.quiet():  # a replay: the run that recorded this part wrote it
             return len(text)
         data = self.partial + str(text)
+        if self._cut and data:
+            # A newline right after a long line's chunk ends that line: print writes it
+            # apart, and it made an empty line of its own.
+            self._cut = False
+            if data[0] == "\n":
+                data = data[1:]
         *whole, self.partial = data.split("\n")
         if len(self.partial) > MAX_LINE_CHARS:  # no newline for a long while: a line of its own
             whole.append(self.partial)
             self.partial = ""
+            self._cut = True
         if whole:
             self.logger.keep(line("INFO", w, self.source) for w in whole)
         return len(text)

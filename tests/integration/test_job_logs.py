@@ -1230,3 +1230,34 @@ def test_a_job_that_logs_is_done_with_its_log_when_the_output_cannot_be_written(
     if isolation == "process":
         assert pids[0] == pids[1]
 
+
+LONG_PRINTS = '''"""Prints lines longer than a job log's line bound."""
+import sys
+
+ISOLATION = "process"
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        print(str(i) * 10_000)
+    sys.stdout.write("a" * 9_000)
+    sys.stdout.write("b" * 10 + "\\n")
+    print("short")
+    return 1
+'''
+
+
+def test_a_printed_line_past_the_line_bound_adds_no_empty_line(project: Project) -> None:
+    """A printed line longer than a line's bound (8,192 characters) is one line, cut,
+    never followed by an empty one (print writes its newline apart, and that made a line
+    of its own: half of a flood of long prints was blank lines); a long line written in
+    pieces goes on in the next line."""
+    project.add_function("longprints", LONG_PRINTS)
+    project.write_config()
+    job = project.client.enqueue("longprints", {})
+    project.spawn_worker("fast")
+    assert project.client.settle(job.id, 30).status == "done"
+    got = _msgs(project, job.id)
+    assert [m[:3] for m in got] == ["000", "111", "222", "aaa", "bbb", "sho"], [m[:20] for m in got]
+    assert got[0].endswith("... [1,808 characters cut]") and got[3] == "a" * 8_192 + "... [808 characters cut]"
+    assert got[4] == "b" * 10
