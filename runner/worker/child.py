@@ -158,6 +158,7 @@ class Child:
         channel.own_work = self.memory
         self.registry = registry
         self.signals = signals or Signals()  # (main thread only)
+        self.fds = Descriptors()  # (after the functions' imports: what they set stays)
         self.send_lock = threading.Lock()
         self.replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.wake: queue.SimpleQueue[str] = queue.SimpleQueue()  # "run" or "exit", from the reader
@@ -483,6 +484,7 @@ class Child:
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     self.signals.put_back()  # before the results' encoding (Signals)
+                    self.fds.put_back()
                     self.memory.uncap()
 
             max_result = int(msg.get("max_result_bytes") or config_mod.MAX_RESULT_BYTES)
@@ -585,6 +587,7 @@ class Child:
                         # raises, before runner's code after it (the result's encoding, a
                         # failure's traceback): a stop's SIGTERM there is the worker's.
                         self.signals.put_back()
+                        self.fds.put_back()  # (before the run's last lines are echoed)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self.memory.uncap()
@@ -748,6 +751,34 @@ class Signals:
         # An event loop's wakeup fd left set after the loop closed would get a byte per
         # signal in whatever later takes that number (the socket to the worker).
         signal.set_wakeup_fd(-1)
+
+
+class Descriptors:
+    """The child's fd 0, 1 and 2 (its stdin, and the worker's output, where its echoed
+    lines go), put back as every handler returns or raises: a handler that dup2s over
+    them (silencing a chatty C library) or closes them would otherwise take every later
+    job's echo in this child with it, silently. A job that changed none costs three
+    fstat calls: each is compared with a duplicate kept since the child's start."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[int, int, tuple[int, int]]] = []  # (fd, its duplicate, (device, inode))
+        for fd in (0, 1, 2):
+            try:
+                st = os.fstat(fd)
+                self.kept.append((fd, os.dup(fd), (st.st_dev, st.st_ino)))  # (the duplicate: close-on-exec)
+            except OSError:  # (not open at the start: left to the handler)
+                continue
+
+    def put_back(self) -> None:
+        for fd, dup, ident in self.kept:
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == ident:
+                    continue
+            except OSError:  # closed
+                pass
+            with contextlib.suppress(OSError):
+                os.dup2(dup, fd)  # (inheritable, as it was: the handler's tools get it)
 
 
 def main() -> None:
