@@ -7,6 +7,7 @@ duration_ms and outcome as fields (``extra=``), so they survive either format.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from typing import Any, ClassVar, TextIO
 from runner.config import LogConfig
 from runner.store import codec, urls
 
+_std_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 # Record attributes that are not fields: the standard ones, and the ANSI-coloured copy of
 # the message that uvicorn attaches to its own records.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
@@ -44,6 +46,16 @@ class JsonFormatter(logging.Formatter):
         try:
             return codec.escaped_json(codec.dumps(out))
         except TypeError:  # (a field orjson does not encode)
+            return codec.escaped(str(out))
+
+    @staticmethod
+    def line_within_limits(out: dict[str, Any]) -> str:
+        """line(), the same text, by the stdlib's encoder: where an allocation fails (a
+        child's handler at its MEMORY_MB) it raises MemoryError, where orjson's crashes
+        the process with SIGSEGV."""
+        try:
+            return codec.escaped_json(_std_dumps(out))
+        except (TypeError, ValueError):
             return codec.escaped(str(out))
 
 

@@ -60,3 +60,28 @@ def test_a_long_line_is_split_into_chunks_and_its_newline_adds_no_empty_line() -
     got = [json.loads(x)["msg"] for x in (lg.buf.lines if lg.buf is not None else ())]
     cut = [m.split("...")[0][:1] + str(len(m.split("...")[0])) for m in got]
     assert cut == ["x8192", "y8192", "0", "z8192", "t4", "q8192", "m4", "l4"], cut
+
+
+def test_lines_a_sink_had_no_memory_for_go_once_with_the_next_send() -> None:
+    """A child's handler at its MEMORY_MB: a send that raised MemoryError (the cap is not
+    lifted for a line) leaves its lines and chunks for the next send, once each, in order;
+    the call that logged does not raise."""
+    lg = JobLogger(logging.getLogger("t"), {}, 100, 1 << 20)
+    sent: list[tuple[list[str], list[str]]] = []
+    full = [True]
+
+    def sink(lines: list[str], chunks: list[str], dropped: int) -> None:
+        if full[0]:
+            raise MemoryError
+        sent.append(([json.loads(x)["msg"] for x in lines], chunks))
+
+    lg.sink = sink
+    lg.info("one")
+    lg.stream({"a": 1})
+    lg.info("two")
+    assert sent == []
+    full[0] = False
+    lg.info("three")
+    assert [s[0] for s in sent] == [["one", "two", "three"]] and len(sent[0][1]) == 1
+    lg.flush()
+    assert len(sent) == 1
