@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import sys
@@ -19,6 +20,7 @@ from typing import Any, ClassVar, TextIO
 from runner.config import LogConfig
 from runner.store import codec, urls
 
+_std_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 # Record attributes that are not fields: the standard ones, and the ANSI-coloured copy of
 # the message that uvicorn attaches to its own records.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
@@ -45,6 +47,16 @@ class JsonFormatter(logging.Formatter):
         try:
             return codec.escaped_json(codec.dumps(out))
         except TypeError:  # (a field orjson does not encode)
+            return codec.escaped(str(out))
+
+    @staticmethod
+    def line_within_limits(out: dict[str, Any]) -> str:
+        """line(), the same text, by the stdlib's encoder: where an allocation fails (a
+        child's handler at its MEMORY_MB) it raises MemoryError, where orjson's crashes
+        the process with SIGSEGV."""
+        try:
+            return codec.escaped_json(_std_dumps(out))
+        except (TypeError, ValueError):
             return codec.escaped(str(out))
 
 
@@ -111,13 +123,17 @@ class Output(logging.StreamHandler[TextIO]):
     def _fresh(self) -> None:
         self._held: list[str] = []
         self._held_lock = threading.Lock()  # only to add a line or take them all
+        self._failing = False  # the last write of echoed lines failed (reported once)
 
     def hold(self, text: str) -> None:
         """A formatted line, to be written with the held ones (at once in a process that
-        holds none: setup's ``hold``)."""
+        holds none: setup's ``hold``). Never raises: an echo the output does not take
+        (a full disk, a reader gone) is the output's failure, not the job's."""
         if not _holding:
             with self.lock:  # type: ignore[union-attr]  # (StreamHandler's, made in __init__)
-                self._write(text + self.terminator)
+                failed = self._echo(text + self.terminator)
+            if failed is not None:
+                self._report(failed, text)
             return
         with self._held_lock:
             self._held.append(text)
@@ -152,9 +168,42 @@ class Output(logging.StreamHandler[TextIO]):
             self.handleError(record)
 
     def flush(self) -> None:
-        """The held lines, then the stream's buffer."""
+        """The held lines, then the stream's buffer. Never raises (hold): the worker's
+        settlement calls it between taking its jobs' log lines and writing them."""
         with self.lock:  # type: ignore[union-attr]  # (StreamHandler's, made in __init__)
-            self._write("")
+            failed = self._echo("")
+        if failed is not None:
+            self._report(failed, "")
+
+    def _echo(self, then: str) -> Exception | None:
+        """_write, and what it raised (the lines it took are dropped: the job's own log
+        has them, and an output that keeps failing must not keep them all)."""
+        try:
+            self._write(then)
+        except RecursionError:
+            raise
+        except Exception as exc:
+            return exc
+        self._failing = False
+        return None
+
+    def _report(self, exc: Exception, text: str) -> None:
+        """An echo the output did not take, reported as logging reports a handler's
+        failure (handleError: a traceback on sys.stderr, which may fail as well), once
+        while the output keeps failing, not once per line (a flood of tracebacks, each a
+        write that fails too)."""
+        if self._failing:
+            return
+        self._failing = True
+        record = logging.makeLogRecord({"name": "runner", "levelno": logging.WARNING, "levelname": "WARNING",
+                                        "msg": "a job's echoed line(s) not written to this process's output: %r "
+                                               "(the job's own log keeps them; later failures are not reported "
+                                               "until a write goes through)", "args": (text[:200],)})
+        try:
+            raise exc
+        except Exception:
+            with contextlib.suppress(Exception):  # (a report that fails too: nothing more to do)
+                self.handleError(record)
 
     def _write(self, then: str) -> None:
         """The held lines, then ``then``, in one write (under the handler's lock)."""

@@ -43,13 +43,24 @@ class Channel:
         return self.sock.fileno()
 
     def send(self, msg: dict[str, Any]) -> None:
+        # The sending goes past own_work: a blocking call lets the process's other threads
+        # run, and a child's handler threads would allocate past its MEMORY_MB meanwhile.
         with self.own_work:
             body = orjson.dumps(msg)
-            if len(body) < READ_BYTES:
-                self.sock.sendall(_HEADER.pack(len(body)) + body)
-            else:  # (a large result or payload: not copied again to join its header)
-                self.sock.sendall(_HEADER.pack(len(body)))
-                self.sock.sendall(body)
+            framed = _HEADER.pack(len(body)) + body if len(body) < READ_BYTES else None
+        self._send(body, framed)
+
+    def send_encoded(self, body: bytes) -> None:
+        """A message the caller encoded (JSON), sent with nothing allocated in own_work:
+        framing it may raise MemoryError, and then nothing was sent."""
+        self._send(body, _HEADER.pack(len(body)) + body if len(body) < READ_BYTES else None)
+
+    def _send(self, body: bytes, framed: bytes | None) -> None:
+        if framed is not None:
+            self.sock.sendall(framed)
+        else:  # (a large result or payload: not copied again to join its header)
+            self.sock.sendall(_HEADER.pack(len(body)))
+            self.sock.sendall(body)
 
     def next(self) -> dict[str, Any] | None:
         """The next whole message already received, or None (reads nothing)."""

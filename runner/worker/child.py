@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import queue
@@ -45,7 +46,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from runner import config as config_mod
@@ -92,17 +93,22 @@ class MemoryCap:
     """MEMORY_MB: RLIMIT_DATA's soft limit, set MEMORY_MB above what the child uses as a
     handler starts (``cap``) and put back as it ends (``uncap``). Runner's own work while
     the handler runs is not the handler's: entered (``with cap:``) around a message's
-    encoding and sending, and around reading and acting on the worker's (the reply to a
-    ctx call), the limit is put back for that while and the cap set again after. A handler
-    that caught the MemoryError at its cap and then logged a line or called
-    ``ctx.extend_lease`` crashed the child with SIGSEGV in the message's encoding, an
-    attempt that read "executor crashed".
+    encoding (not its sending), around reading and acting on the worker's (the reply to a
+    ctx call) and around a ctx call's checks, the limit is put back for that while and the
+    cap set again after. A handler that caught the MemoryError at its cap and then called
+    ``ctx.extend_lease`` crashed the child with SIGSEGV in the message's encoding (orjson's,
+    which does not survive a failed allocation), an attempt that read "executor crashed".
+
+    Other threads of the handler may allocate past the cap in that while, so what comes
+    at any time from any thread is not in it: a log line, a print and their sending to the
+    worker stay under the cap, with encoders that raise MemoryError there (Child.log_sink,
+    joblog.echoed); so do the worker's asks for them. A logging thread lifted the cap so
+    often that another thread held 92-162 MB under a cap of 64.
 
     A count, not a lock held across the work: the reader thread and the handler's
     threads may each be in it at once, and the cap comes back when the last one leaves.
-    (Other threads of the handler may allocate past the cap in that while: a message's
-    length.) A JobTimeout raised in here can leave the count off, which lifts the cap for
-    the rest of the child's life; a job past its TIMEOUT retires its child anyway."""
+    A JobTimeout raised in here can leave the count off, which lifts the cap for the rest
+    of the child's life; a job past its TIMEOUT retires its child anyway."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -124,6 +130,11 @@ class MemoryCap:
                 if not self._inside:
                     resource.setrlimit(resource.RLIMIT_DATA, self._saved)
 
+    @property
+    def capped(self) -> bool:
+        """Whether a handler runs under the cap (lifted for runner's own work or not)."""
+        return self._capped is not None
+
     def __enter__(self) -> None:
         with self._lock:
             self._inside += 1
@@ -138,6 +149,8 @@ class MemoryCap:
 
 
 _RUSAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+# A log message's JSON under MEMORY_MB (Child.log_sink): the lines are text already.
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def rss_mb() -> float:
@@ -161,6 +174,7 @@ class Child:
         channel.own_work = self.memory
         self.registry = registry
         self.signals = signals or Signals()  # (main thread only)
+        self.fds = Descriptors()  # (after the functions' imports: what they set stays)
         self.send_lock = threading.Lock()
         self.replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.wake: queue.SimpleQueue[str] = queue.SimpleQueue()  # "run" or "exit", from the reader
@@ -316,6 +330,12 @@ class Child:
                 msg = self.channel.recv()
             except (EOFError, OSError, ValueError):
                 os._exit(0)
+            if msg.get("op") == "logs":  # the running handler's lines so far (none: no answer)
+                # (Not lifting MEMORY_MB: the send keeps under it, log_sink; at the cap the
+                # lines wait for the next ask.)
+                with contextlib.suppress(MemoryError):
+                    self._send_logs(str(msg.get("token")))
+                continue
             with self.memory:  # (runner's own work, not under the handler's MEMORY_MB)
                 self._take(msg)
 
@@ -330,8 +350,6 @@ class Child:
                 flags.lease_until = float(msg.get("lease_until", flags.lease_until))
         elif op == "reply":
             self.replies.put(msg)
-        elif op == "logs":  # the running handler's lines so far (none: no answer)
-            self._send_logs(str(msg.get("token")))
         elif op in ("run", "more"):
             # "more" tops the queue up while a batch runs: none of its jobs was counted
             # started at the send (a "run" batch's first was).
@@ -365,11 +383,27 @@ class Child:
         logger = self.logger
         if logger is None or self.token != token:
             return
+        logger.flush(self.log_sink(token))  # (under the send lock: logger.sink_lock)
+
+    def log_sink(self, token: str) -> Callable[[list[str], list[str], int], None]:
+        """Where a job's lines and chunks go to the worker as it runs (JobLogger.sink).
+
+        Under MEMORY_MB the cap stays while they are sent (MemoryCap lifts it for runner's
+        other work): a line comes at any time, from any thread of the handler, and a
+        logging thread lifted it so often that another thread of the same handler held
+        92-162 MB under a cap of 64. The stdlib's encoder, unlike orjson (which crashes
+        the child with SIGSEGV), raises MemoryError when the handler left no room; the
+        lines then stay for a later send (JobLogger.flush)."""
+        memory, channel = self.memory, self.channel
 
         def sink(lines: list[str], chunks: list[str], dropped: int) -> None:
-            self.channel.send({"op": "log", "token": token, "lines": lines, "chunks": chunks, "dropped": dropped})
+            msg = {"op": "log", "token": token, "lines": lines, "chunks": chunks, "dropped": dropped}
+            if memory.capped:
+                channel.send_encoded(_dumps(msg).encode())
+            else:
+                channel.send(msg)
 
-        logger.flush(sink)  # (under the send lock: logger.sink_lock)
+        return sink
 
     def _next(self, skipped: list[str]) -> tuple[list[Any], dict[str, Any], bool] | None:
         """The next job sent ahead, taken to start now (so no recall can take it back);
@@ -486,6 +520,7 @@ class Child:
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
                     self.signals.put_back()  # before the results' encoding (Signals)
+                    self.fds.put_back()
                     self.memory.uncap()
 
             max_result = int(msg.get("max_result_bytes") or config_mod.MAX_RESULT_BYTES)
@@ -550,8 +585,8 @@ class Child:
         ctx._own = self.memory
         if isinstance(ctx.logger, JobLogger):  # lines reach the worker while the handler runs
             # (Taken and sent under the send lock, as _send_logs does.)
-            ctx.logger.sink = lambda lines, chunks, dropped: self.channel.send({
-                "op": "log", "token": token, "lines": lines, "chunks": chunks, "dropped": dropped})
+            ctx.logger.sink = self.log_sink(token)
+            ctx.logger.limits = self.memory
             ctx.logger.sink_lock = self.send_lock
             if self.spill is not None:
                 self.spill.clear()  # (the job before's lines went with its outcome)
@@ -594,6 +629,7 @@ class Child:
                         # raises, before runner's code after it (the result's encoding, a
                         # failure's traceback): a stop's SIGTERM there is the worker's.
                         self.signals.put_back()
+                        self.fds.put_back()  # (before the run's last lines are echoed)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 self.memory.uncap()
@@ -761,6 +797,34 @@ class Signals:
         # An event loop's wakeup fd left set after the loop closed would get a byte per
         # signal in whatever later takes that number (the socket to the worker).
         signal.set_wakeup_fd(-1)
+
+
+class Descriptors:
+    """The child's fd 0, 1 and 2 (its stdin, and the worker's output, where its echoed
+    lines go), put back as every handler returns or raises: a handler that dup2s over
+    them (silencing a chatty C library) or closes them would otherwise take every later
+    job's echo in this child with it, silently. A job that changed none costs three
+    fstat calls: each is compared with a duplicate kept since the child's start."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[int, int, tuple[int, int]]] = []  # (fd, its duplicate, (device, inode))
+        for fd in (0, 1, 2):
+            try:
+                st = os.fstat(fd)
+                self.kept.append((fd, os.dup(fd), (st.st_dev, st.st_ino)))  # (the duplicate: close-on-exec)
+            except OSError:  # (not open at the start: left to the handler)
+                continue
+
+    def put_back(self) -> None:
+        for fd, dup, ident in self.kept:
+            try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == ident:
+                    continue
+            except OSError:  # closed
+                pass
+            with contextlib.suppress(OSError):
+                os.dup2(dup, fd)  # (inheritable, as it was: the handler's tools get it)
 
 
 def main() -> None:

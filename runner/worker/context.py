@@ -145,8 +145,10 @@ class Context:
                     f"{self._max_bytes:,}: keep a checkpoint to where the work stands (a cursor, an offset, the "
                     "ids done), or raise the limit in runner.toml")
             body = raw.decode()
-            if self._save is not None and not self._save(body):
-                raise StaleLease(f"job {self.job_id}: lease lost, checkpoint refused")
+        # (The round trip to the worker past _own: its wait lets the handler's other
+        # threads run, and they would allocate past a child's MEMORY_MB meanwhile.)
+        if self._save is not None and not self._save(body):
+            raise StaleLease(f"job {self.job_id}: lease lost, checkpoint refused")
         self._checkpoint = data
 
     def extend_lease(self) -> None:
@@ -195,7 +197,9 @@ class Context:
                 raise TypeError(f"ctx.stream takes text or JSON, not {type(data).__name__} ({exc})") from None
             logger = self.logger
             if isinstance(logger, JobLogger):
-                logger.stream(data)
+                logger.stream(data, send=False)
+        if isinstance(logger, JobLogger):
+            logger.send_due()  # (not in _own: a child's handler threads would allocate past MEMORY_MB meanwhile)
 
     def progress(self, percent: Any, message: str | None = None) -> None:
         """Report progress: a percentage (0 to 100) and an optional message, shown as

@@ -207,6 +207,9 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         # past the recorded steps (journal.py), and its lines and chunks are dropped till
         # then (that run wrote them). None: the job had no step log at its claim.
         self.replaying: Callable[[], bool] | None = None
+        # In a child process: its MEMORY_MB (child.MemoryCap), which a line's echo keeps
+        # under too (its ``capped``: the handler runs under it).
+        self.limits: Any = None
 
     def quiet(self) -> bool:
         """Whether what the handler writes now was written by an earlier run (a replay)."""
@@ -216,10 +219,10 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         """Lines or chunks not sent yet."""
         return (self.buf is not None and self.buf.pending()) or (self.chunks is not None and self.chunks.pending())
 
-    def stream(self, data: Any) -> None:
+    def stream(self, data: Any, send: bool = True) -> None:
         """One chunk of ctx.stream's output (text or JSON), numbered from 0. A replayed
         chunk is dropped but keeps its number, so the chunks after the replay follow those
-        the earlier run wrote."""
+        the earlier run wrote. ``send``: False keeps it for the caller's send_due()."""
         if self.quiet():
             self._seq += 1
             return
@@ -236,12 +239,17 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
             raise ValueError(f"ctx.stream: a chunk of {size:,} bytes is over the limit of {STREAM_CHUNK_BYTES:,}; "
                              "send the output in smaller pieces")
         self._seq += 1
-        self.keep_chunks((chunk,))
+        self.keep_chunks((chunk,), send)
 
-    def keep_chunks(self, encoded: Iterable[str]) -> None:
+    def keep_chunks(self, encoded: Iterable[str], send: bool = True) -> None:
         if self.chunks is None:
             self.chunks = JobLog(STREAM_CHUNKS, STREAM_BYTES)
         self.chunks.extend(encoded)
+        if send:
+            self.send_due()
+
+    def send_due(self) -> None:
+        """What was kept goes to the sink now, unless this is a flood (_due)."""
         if self.sink is not None and self._due():
             self.flush()
 
@@ -278,13 +286,25 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
         if sink is None:
             return
         with self.sink_lock or contextlib.nullcontext():
-            lines, dropped = buf.take_counted() if buf is not None else ([], 0)
-            streamed = chunks.take() if chunks is not None else []
-            if (lines or dropped) and self.spill is not None:
-                self.spill.clear()  # (before the send: a line is never read back twice)
-            if lines or streamed or dropped:
-                self._sunk_n += len(lines) + len(streamed)
-                sink(lines, streamed, dropped)
+            lines: list[str] = []
+            streamed: list[str] = []
+            dropped = 0
+            try:
+                lines, dropped = buf.take_counted() if buf is not None else ([], 0)
+                streamed = chunks.take() if chunks is not None else []
+                if (lines or dropped) and self.spill is not None:
+                    self.spill.clear()  # (before the send: a line is never read back twice)
+                if lines or streamed or dropped:
+                    self._sunk_n += len(lines) + len(streamed)
+                    sink(lines, streamed, dropped)
+            except MemoryError:
+                # A child's handler at its MEMORY_MB, which a line's send does not lift
+                # (child.Child.log_sink): what was taken goes with a later send (the next
+                # line's, the worker's ask, the run's end).
+                if buf is not None and (lines or dropped):
+                    buf.put_back()
+                if chunks is not None and streamed:
+                    chunks.put_back()
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
         if self.replaying is not None and self.replaying():
@@ -303,7 +323,8 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
                     self.spill.add(kept)
             if not self.echo(kept):
                 return
-        if not kwargs and echoed(self.logger, level, msg, given, text, self.extra):
+        within = self.limits is not None and self.limits.capped
+        if not kwargs and echoed(self.logger, level, msg, given, text, self.extra, within):
             return
         super().log(level, msg, *args, **kwargs)
 
@@ -387,7 +408,7 @@ os.register_at_fork(after_in_child=_forget_base)
 
 
 def echoed(logger: logging.Logger, level: int, msg: object, args: Any, text: str | None,
-           extra: Any) -> bool:
+           extra: Any, within: bool = False) -> bool:
     """A ctx.logger line echoed to the worker's own log (its handlers, filters and levels
     as logging.Logger.log would; ``text``: its message, ``args`` as _mapping gives them):
     whether it was, here (False: the caller goes through logging.Logger.log, for a record
@@ -398,7 +419,8 @@ def echoed(logger: logging.Logger, level: int, msg: object, args: Any, text: str
     (logs.plain_json), the line it would write is built from the message and the fields
     and held there; otherwise the record is the one Logger.log makes (the same
     attributes, the caller being the handler's line, not this module's), made from a copy
-    of one made once."""
+    of one made once. ``within``: the line is made under a child's MEMORY_MB, by an
+    encoder that fails with MemoryError there (it is then not echoed)."""
     global _base
     if not logger.isEnabledFor(level):
         return True
@@ -408,7 +430,16 @@ def echoed(logger: logging.Logger, level: int, msg: object, args: Any, text: str
                   "msg": scrub(text)}
         if extra:
             fields.update(extra)
-        out.hold(JsonFormatter.line(fields))
+        if not within:
+            out.hold(JsonFormatter.line(fields))
+            return True
+        # (``within`` a child's MEMORY_MB, never lifted for a line: a thread that logs
+        # without a pause lifted it so often that another thread went far past it.)
+        try:
+            formatted = JsonFormatter.line_within_limits(fields)
+        except MemoryError:  # the handler left no room: the job's log has the line, the output goes without
+            return True
+        out.hold(formatted)
         return True
     if logging.getLogRecordFactory() is not logging.LogRecord:
         return False
@@ -551,6 +582,7 @@ class Capture(io.TextIOBase):
         self.source = source
         self.real = real
         self.partial = ""
+        self._cut = False  # the last write ended in a long line's chunk, kept with no newline
         self._buffer: _CapturedBytes | None = None
 
     @property
@@ -579,10 +611,17 @@ class Capture(io.TextIOBase):
         if self.logger.quiet():  # a replay: the run that recorded this part wrote it
             return len(text)
         data = self.partial + str(text)
+        if self._cut and data:
+            # A newline right after a long line's chunk ends that line: print writes it
+            # apart, and it made an empty line of its own.
+            self._cut = False
+            if data[0] == "\n":
+                data = data[1:]
         *whole, self.partial = data.split("\n")
         if len(self.partial) > MAX_LINE_CHARS:  # no newline for a long while: a line of its own
             whole.append(self.partial)
             self.partial = ""
+            self._cut = True
         if whole:
             self.logger.keep(line("INFO", w, self.source) for w in whole)
         return len(text)

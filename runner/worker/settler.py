@@ -266,9 +266,11 @@ class Settler:
         groups: list[list[Settlement]] = []
         figures: list[AckFigures | None] = []  # beside each group: what its landed acks count
         where: list[int] = []  # each group's partition
-        # The log lines first: whoever hears of the job's end may read its log at once.
+        # The runs' lines echoed to this worker's output, ahead of their ends (before their
+        # lines are taken: nothing the output does may cost them), then the log lines
+        # first: whoever hears of the job's end may read its log at once.
+        logs_mod.flush_held()
         self._add_logs(batch, pipe)
-        logs_mod.flush_held()  # (and the runs' lines echoed to this worker's output, ahead of their ends)
         logged = len(pipe.calls)
         for p, sub in by_part.items():
             self.entries.add_calls(parts[p], sub, now, pipe, groups, figures)

@@ -1169,3 +1169,100 @@ def test_a_handler_that_logs_keeps_its_child_for_the_next_job(project: Project) 
     assert "replacing the child" not in out, out
     assert len(set(pids)) == 1, pids
     assert out.count("says hello") == 3, out
+
+
+REDIRECTS = '''
+import os
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    how = payload["how"]
+    if how == "dup2":  # as a handler that silences a chatty C library, and never puts it back
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
+    elif how == "close":
+        os.close(1)
+        os.close(2)
+        os.close(0)
+    ctx.logger.info("%s says hello", payload["tag"])
+    return {"pid": os.getpid()}
+'''
+
+
+@pytest.mark.parametrize("how", ["dup2", "close"])
+def test_a_handlers_redirect_of_its_output_descriptors_ends_with_its_job(project: Project, how: str) -> None:
+    """A handler that points fd 1 and 2 elsewhere (dup2 over them, or closes them, and fd 0)
+    and returns: the jobs after it in the same child echo their ctx.logger lines to the
+    worker's output again (they went to /dev/null for the rest of the child's life)."""
+    project.add_function("redirects", REDIRECTS)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    w = spawn_leader(project, "fast")
+    log = project.root / f"worker-{project.procs.index(w)}.log"
+    pids = []
+    for i, step in enumerate(["plain", how, "plain", "plain"]):
+        j = project.client.enqueue("redirects", {"how": step, "tag": f"TAG{i}"}).id
+        final = wait_final(project, [j], timeout=60)[j]
+        assert final["status"] == "done", (step, final["last_error"])
+        pids.append(final["result"]["pid"])
+        if i != 1:
+            wait_for(lambda: f"TAG{i} says hello" in log.read_text(errors="replace"), timeout=10,  # noqa: B023
+                     what=f"job {i}'s echoed line")
+    assert len(set(pids)) == 1, pids  # (the same warm child ran all four)
+
+
+CHATTY_HOG = '''
+import threading, time
+QUEUE = "fast"
+ISOLATION = "process"
+MEMORY_MB = 64
+TIMEOUT = 30
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    stop = threading.Event()
+    said = [0]
+
+    def chatter():  # a progress logger, as busy as it gets
+        i = 0
+        while not stop.is_set():
+            i += 1
+            ctx.logger.info("progress %d", i)
+            said[0] = i
+            if i % 50 == 0:
+                print("printed", i)
+
+    t = threading.Thread(target=chatter)
+    t.start()
+    hog, refused = [], 0
+    deadline = time.monotonic() + payload["s"]
+    while time.monotonic() < deadline and len(hog) < 1024:
+        try:
+            hog.append(bytearray(1 << 20))
+        except MemoryError:
+            refused += 1
+    stop.set()
+    t.join()
+    return {"held_mb": len(hog), "refused": refused, "said": said[0]}
+'''
+
+
+def test_memory_cap_holds_while_another_thread_of_the_handler_logs(project: Project) -> None:
+    """MEMORY_MB holds for a handler whose other thread logs and prints without a pause:
+    sending its lines lifted the cap each time, and the allocating thread got 92 to 162 MB
+    under a cap of 64 in those whiles. The last line is in the job's log."""
+    project.add_function("chattyhog", CHATTY_HOG)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    spawn_leader(project, "fast")
+    for _ in range(2):
+        j = project.client.enqueue("chattyhog", {"s": 3}).id
+        final = wait_final(project, [j], timeout=90)[j]
+        assert final["status"] == "done", final["last_error"]
+        got = final["result"]
+        assert got["refused"] > 0 and got["held_mb"] <= 64, got
+        lines = [line["msg"] for line in project.client.logs(j)["lines"] if line["src"] == "log"]
+        assert lines[-1] == f"progress {got['said']}", lines[-3:]

@@ -5,6 +5,7 @@ readable through the client, `runner logs` and GET /jobs/{id}/logs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -1214,3 +1215,88 @@ def test_a_handler_made_as_the_functions_load_writes_after_the_echoed_lines(proj
     wait_for(lambda: "OWN4" in log.read_text(errors="replace"), timeout=10, what="the last line")
     order = re.findall(r"\b((?:ECHO|OWN)\d)\b", log.read_text(errors="replace"))
     assert order == [f"{k}{i}" for i in range(5) for k in ("ECHO", "OWN")], order
+
+
+ECHOES = '''"""Logs three lines and returns its process id."""
+import os
+{extra}
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        ctx.logger.info("line %d", i)
+    return {{"pid": os.getpid()}}
+'''
+
+
+def _unwritable_worker(project: Project, how: str) -> subprocess.Popen[bytes]:
+    """A worker whose output cannot be written: on /dev/full (ENOSPC, a full disk), or on
+    a pipe whose reader has gone (EPIPE, a log shipper that died)."""
+    args = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "worker"]
+    if how == "full":
+        with open("/dev/full", "wb") as out:
+            proc = subprocess.Popen(args, cwd=project.root, env=project.env, stdout=out, stderr=out)
+    else:
+        r, w = os.pipe()
+        proc = subprocess.Popen(args, cwd=project.root, env=project.env, stdout=w, stderr=w)
+        os.close(w)
+        os.close(r)
+    project.procs.append(proc)
+    return proc
+
+
+@pytest.mark.parametrize("how", ["full", "pipe"])
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_job_that_logs_is_done_with_its_log_when_the_output_cannot_be_written(
+        project: Project, isolation: str, how: str) -> None:
+    """The worker's output cannot be written (a full disk, a reader gone): a ctx.logger
+    line's echo there fails, and that never fails the job (a process-isolated job died of
+    ENOSPC or BrokenPipeError) nor costs its log (a thread's job lost every line of it);
+    the next job in the same child is done too."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    project.add_function("echoes", ECHOES.format(extra=extra))
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    worker = _unwritable_worker(project, how)
+    pids = []
+    for _ in range(2):
+        job = project.client.enqueue("echoes", {}).id
+        got = project.client.settle(job, 60).as_dict()
+        assert got["status"] == "done", got["last_error"]
+        pids.append(got["result"]["pid"])
+        lines = project.client.logs(job)["lines"]
+        assert [line["msg"] for line in lines if line["src"] == "log"] == ["line 0", "line 1", "line 2"], lines
+    assert worker.poll() is None
+    if isolation == "process":
+        assert pids[0] == pids[1]
+
+
+LONG_PRINTS = '''"""Prints lines longer than a job log's line bound."""
+import sys
+
+ISOLATION = "process"
+
+
+def handle(payload, ctx):
+    for i in range(3):
+        print(str(i) * 10_000)
+    sys.stdout.write("a" * 9_000)
+    sys.stdout.write("b" * 10 + "\\n")
+    print("short")
+    return 1
+'''
+
+
+def test_a_printed_line_past_the_line_bound_adds_no_empty_line(project: Project) -> None:
+    """A printed line longer than a line's bound (8,192 characters) is one line, cut,
+    never followed by an empty one (print writes its newline apart, and that made a line
+    of its own: half of a flood of long prints was blank lines); a long line written in
+    pieces goes on in the next line."""
+    project.add_function("longprints", LONG_PRINTS)
+    project.write_config()
+    job = project.client.enqueue("longprints", {})
+    project.spawn_worker("fast")
+    assert project.client.settle(job.id, 30).status == "done"
+    got = _msgs(project, job.id)
+    assert [m[:3] for m in got] == ["000", "111", "222", "aaa", "bbb", "sho"], [m[:20] for m in got]
+    assert got[0].endswith("... [1,808 characters cut]") and got[3] == "a" * 8_192 + "... [808 characters cut]"
+    assert got[4] == "b" * 10

@@ -244,3 +244,31 @@ def test_a_line_written_any_other_way_comes_after_the_echoed_lines_before_it() -
         assert got.returncode == 0, got.stdout
         order = re.findall(r"\b([ABCDUWPR]\d)\b", got.stdout)
         assert order == [f"{k}{i}" for i in range(3) for k in "AUBWCPDR"], (fmt, got.stdout)
+
+
+def test_an_output_that_fails_is_reported_once_and_never_raises() -> None:
+    """An echoed line the output does not take (ENOSPC on /dev/full) neither raises into
+    the handler that logged it (a process-isolated job died of it) nor reports once per
+    line: one report (logging's handleError, on sys.stderr) while the output keeps
+    failing, again after a write went through and it fails anew; held lines too."""
+    out, err = _run('''
+        full = open("/dev/full", "w")
+        h = logs.Output(full)
+        logs._holding = False  # (a child process: each line written at once)
+        for i in range(100):
+            h.hold(f"line {i}")
+        h.stream = sys.stdout
+        h.hold("through")
+        h.stream = full
+        for i in range(100):
+            h.hold(f"again {i}")
+        logs._holding = True
+        h.hold("held")
+        h.flush()
+        logs.flush_held()
+        print("went on")
+    ''')
+    assert out == ["through", "went on"], out
+    reports = [x for x in err if x == "--- Logging error ---"]
+    assert len(reports) == 2, err
+    assert sum("No space left on device" in x for x in err) == 2, err
