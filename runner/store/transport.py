@@ -1135,12 +1135,16 @@ class Transport:
                        what: str = "") -> list[Any] | None:
         """Redis Cluster: script calls and plain commands on the keys of one slot (``key``'s)
         in one round trip to its master, given up past the node wait as any call to it is
-        (on_node; ``what`` names it): each reply in its place. None when a reply says a
-        call must go another way (NOSCRIPT: the script is not loaded there; MOVED or ASK:
-        the slot moves; any other error reply): nothing of it is answered, and the caller
-        sends each call on its own, which loads, follows and raises as a single call does
-        (a script that ran then runs again: for calls that re-check what they move, as
-        the scheduler's are). On one server: ``gather``."""
+        (on_node; ``what`` names it): each reply in its place. A script answered NOSCRIPT
+        (not loaded there: a process's first call to that master, or after a flush) ran
+        nowhere: it goes again by its source behind a load (``_eval``), in one more round
+        trip within the same wait, after the calls that ran (for calls whose order among
+        themselves does not matter, as the scheduler's look). None when a reply says a
+        call must go another way (MOVED or ASK: the slot moves; any other error reply):
+        nothing of it is answered, and the caller sends each call on its own, which
+        follows and raises as a single call does (a script that ran then runs again: for
+        calls that re-check what they move, as the scheduler's are). On one server:
+        ``gather``."""
         if self._lanes is not None:
             return self.gather(calls)
         cmds = [("EVALSHA", self.shas[c.name], len(c.keys), *c.keys, *c.args) if isinstance(c, ScriptCall) else c
@@ -1148,10 +1152,22 @@ class Transport:
 
         def send() -> list[Any]:
             client = self.client
-            pipe = client.get_redis_connection(client.get_node_from_key(key)).pipeline(transaction=False)
+            conn = client.get_redis_connection(client.get_node_from_key(key))
+            pipe = conn.pipeline(transaction=False)
             for cmd in cmds:
                 pipe.execute_command(*cmd)
-            return list(pipe.execute(raise_on_error=False))
+            replies = list(pipe.execute(raise_on_error=False))
+            lost = [(i, c) for i, (c, r) in enumerate(zip(calls, replies, strict=True))
+                    if isinstance(c, ScriptCall) and isinstance(r, NoScriptError)]
+            if lost:
+                pipe = conn.pipeline(transaction=False)
+                for _, c in lost:
+                    pipe.execute_command("SCRIPT", "LOAD", self.sources[c.name])
+                    pipe.execute_command(*_eval(self.sources[c.name], c.keys, c.args))
+                again = pipe.execute(raise_on_error=False)
+                for n, (i, _) in enumerate(lost):
+                    replies[i] = again[2 * n + 1]
+            return replies
 
         replies = self.on_node(key, send, what)
         return None if any(isinstance(r, Exception) for r in replies) else replies

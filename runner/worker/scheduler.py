@@ -20,13 +20,17 @@ the scheduled list's index (jobs a release before the index delayed are in the s
 On Redis Cluster each partition's pass runs on a thread of its own, with a timer of its
 own: a pass is started when its partition is due (its next due job, at most
 scheduler_interval after the last pass started) and no pass of it is under way, and the
-loop never waits for one. An idle partition's pass is one round trip to its master (its
-look, _look_one). A call of a pass waits PASS_WAIT_S for a master that answers at its
+loop never waits for one. A pass is the partition's look (_look_one: one round trip to
+its master) and the promotes it calls for, nothing more: the rest a look finds to do
+(the relay, the waiters, the reclaims past the first, the lost follow-ups, the trim, the
+index walk) is the partition's upkeep (_tend), on a thread of its own beside its passes,
+one at a time, so a job that falls due while a slow master works through the upkeep is
+promoted by the next look, a round trip or two later, not after all of it. An idle
+partition's pass is its look. A call waits PASS_WAIT_S for a master that answers at its
 usual pace, and a few of its round trips for one that answers slowly (at most the
-worker's node wait: Transport.waiting), so a slow master still gets its whole pass
-(promote, the relay, reclaim), however late, while a stalled one fails the pass fast and
-its partitions back off as a dead node's. The other masters' partitions keep their
-timers meanwhile.
+worker's node wait: Transport.waiting), so a slow master still gets its whole pass and
+upkeep, however late, while a stalled one fails them fast and its partitions back off as
+a dead node's. The other masters' partitions keep their timers meanwhile.
 """
 
 from __future__ import annotations
@@ -50,9 +54,9 @@ from runner.worker.lifeline import vital
 
 log = logging.getLogger("runner.scheduler")
 
-# A pass that ended: whether a backlog past retention is left, when its trim started
-# (None: no trim), whether its reclaim checked for damage, and the error that ended it
-# (None: it answered).
+# A pass or an upkeep that ended (Redis Cluster): whether a backlog past retention is
+# left, when its trim started (None: no trim), whether its reclaim checked for damage,
+# and the error that ended it (None: it answered).
 Ended = tuple[bool, float | None, bool, BaseException | None]
 
 BATCH = 1000
@@ -63,8 +67,9 @@ TRIM_ROUNDS = 25  # trim calls per queue and pass, BATCH * 2 done jobs each
 # at most the worker's node wait: a stalled master is found within it, and its
 # partitions back off, while a slow one's passes go on (each on its own thread).
 PASS_WAIT_S = 0.3
-# Redis Cluster: threads for the partitions' passes (started as needed, one pass per
-# partition at a time); more partitions than this wait for a thread, none for a master.
+# Redis Cluster: threads for the partitions' passes and upkeeps (started as needed, one
+# pass and one upkeep per partition at a time); more than this wait for a thread, none
+# for a master.
 PASS_THREADS = 64
 # A pass that ends says when its partition is next due; it wakes the loop only when that
 # is sooner than the loop's own wake by more than this (not for a wake a few ms apart).
@@ -101,10 +106,12 @@ class Scheduler:
                                                  if w[0] else "roster", log)
         # Redis Cluster: each partition's pass on a thread of its own (_spread).
         self._passes = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="scheduler-pass")
-        self._lock = threading.Lock()  # guards the four below, written by the passes' threads
+        self._lock = threading.Lock()  # guards the six below, written by the passes' threads
         self._running: set[tuple[str, str]] = set()  # partitions with a pass under way
-        self._ended: dict[tuple[str, str], Ended] = {}  # passes ended since the loop last looked
+        self._tending: set[tuple[str, str]] = set()  # partitions with an upkeep under way (_tend)
+        self._ended: list[tuple[tuple[str, str], Ended]] = []  # passes and upkeeps ended since the loop looked
         self._due: dict[tuple[str, str], float] = {}  # when each partition's next pass is due
+        self._soon: dict[tuple[str, str], float] = {}  # an upkeep's call for a pass sooner, while one runs
         self._wake_at = float("inf")  # when the loop wakes by itself
         self._wake = threading.Event()  # set to wake the loop sooner (a pass ended, a stop)
         self._trimmed: dict[tuple[str, str], float] = {}  # when each partition's last trim started
@@ -192,8 +199,8 @@ class Scheduler:
         if check:
             self._to_check = {(k.queue, k.tag) for k in parts}
         with self._lock:
-            ended, self._ended = self._ended, {}
-        for where, (more, trimmed, checked, err) in ended.items():
+            ended, self._ended = self._ended, []
+        for where, (more, trimmed, checked, err) in ended:
             if err is None:
                 self._away.ok(where)
                 self._ok.add(where)
@@ -230,26 +237,88 @@ class Scheduler:
 
     def _one(self, k: QueueKeys, where: tuple[str, str], interval: float, trim: float | None,
              check: bool) -> None:
-        """One partition's pass, on a thread of its own (_spread): its outcome, and when the
-        partition is next due, left for the loop, which is woken when that is sooner than
-        it would wake by itself (or the pass failed)."""
+        """One partition's pass, on a thread of its own (_spread): its look and the promotes
+        it calls for, with the rest the look found to do handed to the partition's upkeep
+        (_tend) unless one is under way. Its outcome, and when the partition is next due,
+        are left for the loop, which is woken when that is sooner than it would wake by
+        itself (or the pass failed)."""
         started = time.monotonic()
         err: BaseException | None = None
-        wait, more = interval, False
+        wait, checked = interval, False
         try:
             # Each call given up on a master silent past PASS_WAIT_S (or past a few of its
             # round trips, when it answers slowly): a stall is found fast, and the node's
             # other calls (the fetcher's, the ticker's) then fail at once while it lasts.
             with self.rt.scripts.waiting(PASS_WAIT_S):
-                wait, more = self._pass(k, interval, trim is not None, False, check, self._look_one(k, check))
-                self._index(k, where)
+                look = self._look_one(k, check)
+                promoted, reclaimed, outbox, wakes = look if look is not None else (None, None, 1, 1)
+                checked = check and look is not None
+                if self._upkeep_due(where, trim, look) and self._hand(where):
+                    self._submit(self._tend, where, k, where, trim, check and look is None, reclaimed, outbox, wakes)
+                wait = self._promote(k, interval, promoted)
         except BaseException as exc:  # (told to the loop: an outage backs off, a bug is logged)
             err = exc
         with self._lock:
             self._running.discard(where)
-            due = self._due[where] = started + (0.0 if err is not None else wait)
-            self._ended[where] = (more, trim, check, err)
+            due = started + (0.0 if err is not None else wait)
+            due = self._due[where] = min(due, self._soon.pop(where, due))
+            self._ended.append((where, (False, None, checked, err)))
             if err is not None or due < self._wake_at - WAKE_SLACK_S:
+                self._wake.set()
+
+    def _upkeep_due(self, where: tuple[str, str], trim: float | None, look: tuple[Any, Any, int, int] | None) -> bool:
+        """Whether a pass's look left its partition more to do than promote: a trim due,
+        the index walk unfinished, an outbox or waiters to tell, leases reclaimed (to log,
+        and to go on from when the batch was full), or no look at all (its calls then go
+        on their own)."""
+        if look is None or trim is not None or self._walked.get(where, 0) >= 0:
+            return True
+        _, reclaimed, outbox, wakes = look
+        requeued, buried = reclaimed
+        return bool(outbox or wakes or int(requeued) or int(buried))
+
+    def _hand(self, where: tuple[str, str]) -> bool:
+        """Take the partition's upkeep on; False when one is under way (what this pass's
+        look found is then left to the next pass that finds it)."""
+        with self._lock:
+            if where in self._tending or self._stop.is_set():
+                return False
+            self._tending.add(where)
+            return True
+
+    def _submit(self, fn: Callable[..., None], where: tuple[str, str], *args: Any) -> None:
+        """``fn(*args)`` on a pass thread; the partition's upkeep is let go when the pool
+        is shut (a stop meanwhile)."""
+        try:
+            self._passes.submit(fn, *args)
+        except RuntimeError:
+            with self._lock:
+                self._tending.discard(where)
+
+    def _tend(self, k: QueueKeys, where: tuple[str, str], trim: float | None, check: bool,
+              reclaimed: Any, outbox: int, wakes: int) -> None:
+        """Redis Cluster: a partition's upkeep, on a thread of its own beside its passes
+        (the relay, the waiters, the reclaims, the lost follow-ups, the trim, the index
+        walk), so a slow master's due jobs never wait for it. Its outcome is left for the
+        loop; when it asks for a pass sooner (more in the outbox, waiters to tell again),
+        the partition is due then."""
+        err: BaseException | None = None
+        wait, more = float("inf"), False
+        try:
+            with self.rt.scripts.waiting(PASS_WAIT_S):
+                wait, more = self._upkeep(k, wait, trim is not None, False, check, reclaimed, outbox, wakes)
+                self._index(k, where)
+        except BaseException as exc:  # (told to the loop, as a pass's)
+            err = exc
+        with self._lock:
+            self._tending.discard(where)
+            self._ended.append((where, (more, trim, check, err)))
+            soon = time.monotonic() + wait  # (inf: the look's own timer stands)
+            if where in self._running and soon < float("inf"):  # (its end sets when the partition is next due)
+                self._soon[where] = min(soon, self._soon.get(where, soon))
+            elif soon < self._due.get(where, soon):
+                self._due[where] = soon
+            if err is not None or soon < self._wake_at - WAKE_SLACK_S:
                 self._wake.set()
 
     def _heartbeat(self, failures: list[tuple[tuple[str, str], BaseException]]) -> bool:
@@ -374,10 +443,14 @@ class Scheduler:
         """The passes over one partition, starting from ``look`` (the first promote and
         reclaim replies and the outbox's length) when the pass looked already; returns
         (wait, more) brought up to date."""
-        sc = self.rt.scripts
-        ret = self.rt.config.retention
-        dead_ms, done_ms = int(ret.dead_s * 1000), int(ret.done_s * 1000)
         promoted, reclaimed, outbox, wakes = look if look is not None else (None, None, 1, 1)
+        wait = self._promote(k, wait, promoted)
+        return self._upkeep(k, wait, trim, more, check, reclaimed, outbox, wakes)
+
+    def _promote(self, k: QueueKeys, wait: float, promoted: Any) -> float:
+        """Move a partition's due jobs to ready, from ``promoted`` (the look's first
+        promote reply, None: no look) on; returns ``wait`` brought up to its next due job."""
+        sc = self.rt.scripts
         while True:
             moved, due_in = promoted if promoted is not None else sc.promote(k, BATCH)
             promoted = None
@@ -385,6 +458,16 @@ class Scheduler:
                 break
         if int(due_in) >= 0:
             wait = min(wait, max(0.002, int(due_in) / 1000))
+        return wait
+
+    def _upkeep(self, k: QueueKeys, wait: float, trim: bool, more: bool, check: bool, reclaimed: Any,
+                outbox: int, wakes: int) -> tuple[float, bool]:
+        """A partition's pass after its promote: the relay, the waiters, the reclaims (from
+        ``reclaimed``, the look's first reply, None: no look), the lost follow-ups and the
+        trim; returns (wait, more) brought up to date."""
+        sc = self.rt.scripts
+        ret = self.rt.config.retention
+        dead_ms, done_ms = int(ret.dead_s * 1000), int(ret.done_s * 1000)
         if outbox and relay.drain(self.rt, k) >= relay.BATCH:
             wait = 0.002  # more waiting: come back at once
         if wakes:

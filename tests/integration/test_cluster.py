@@ -86,6 +86,30 @@ def test_scripts_and_batches_run_and_reload_after_a_script_flush(cproject: Proje
     assert_no_job_in_two_structures(cproject)
 
 
+def test_a_look_at_a_partition_loads_its_scripts_in_one_more_round_trip(cproject: Project) -> None:
+    """The scheduler's look (Transport.gather_on_node) on a master whose script cache is
+    empty (a worker's first look at it, or after SCRIPT FLUSH) answers every call: the
+    scripts answered NOSCRIPT ran nowhere and go again by their source, behind a load,
+    in the same bounded call, and the next look finds them loaded. Before, such a look
+    answered None and each call went on its own (a round trip or two each, on a slow
+    master all of them ahead of its due jobs' promote)."""
+    rt = cproject.runtime
+    sc, k = rt.scripts, rt.keys["fast"]
+    sc.enqueue(k, [NewJob("due", "record", 1, '{"n":1}', 3, 0, 0, "", "-", "", "")])
+    r = rt.redis
+    r.zadd(k.scheduled, {"due": 1})  # (due long ago: a job the promote moves)
+    r.lrem(k.ready, 0, "due")
+    node = r.get_node_from_key(k.ready)
+    r.execute_command("SCRIPT FLUSH", target_nodes=r.PRIMARIES)
+    calls = [sc.promote_call(k, 100), sc.reclaim_call(k, 100, 60_000), ("LLEN", k.outbox)]
+    replies = sc.gather_on_node(k.ready, calls, "a look")
+    assert replies is not None
+    assert int(replies[0][0]) == 1 and [int(x) for x in replies[1][:2]] == [0, 0] and int(replies[2]) == 0
+    assert r.lrange(k.ready, 0, -1) == ["due"] and r.zcard(k.scheduled) == 0
+    assert r.execute_command("SCRIPT EXISTS", sc.shas["promote"], sc.shas["reclaim"], target_nodes=node) == [1, 1]
+    assert sc.gather_on_node(k.ready, calls, "a look") is not None
+
+
 def test_workers_run_both_queues_on_the_cluster(cproject: Project) -> None:
     """A real worker on ``redis+cluster://``: jobs of both queues run once and end done;
     a worker killed after its handler is reclaimed by the scheduler on the cluster."""
