@@ -662,9 +662,10 @@ def _cancelled_ahead(client: Client, k: QueueKeys, job_id: str) -> str:
         with reachable():
             held = admin.claim(client.runtime.redis, k, job_id)
         if held is None:
-            if get(client, job_id).status == "cancelled":
-                return "cancelled"
-        elif not held.ahead:
+            # The claim went: dropped (the same step ended the job cancelled), or it
+            # started and ended in one settlement, its start mark never seen here.
+            return "cancelled" if get(client, job_id).status == "cancelled" else "requested"
+        if not held.ahead:
             return "requested"  # it started: a cancel of a running job
         if time.monotonic() > deadline:
             return "requested"

@@ -13,7 +13,8 @@ Each outcome names the job the child starts next, taken off its queue before the
 outcome goes: the parent always knows which job runs (its TIMEOUT is timed from that
 outcome, and its attempt counts from there), and which wait unstarted. Those the parent
 recalls (a stop, or a job running long ahead of them) are handed back unstarted; one
-cancelled while it waited is left out, never started ("skipped").
+cancelled while it waited is left out, never started ("skipped"), as soon as the reader
+hears of the cancel.
 
 Limits it applies to itself, per job: TIMEOUT as a SIGALRM that raises JobTimeout in the
 handler (the parent kills the child when a C call never lets it run), and MEMORY_MB as
@@ -343,11 +344,14 @@ class Child:
         """Act on one message of the parent's (the reader thread)."""
         op = msg.get("op")
         if op == "flag":
-            flags = self.flags_of.get(str(msg.get("token")))
+            token = str(msg.get("token"))
+            flags = self.flags_of.get(token)
             if flags is not None:  # (a job that has ended: nothing to tell)
                 flags.lock_lost = bool(msg.get("lock_lost", flags.lock_lost))
                 flags.cancelled = bool(msg.get("cancelled", flags.cancelled))
                 flags.lease_until = float(msg.get("lease_until", flags.lease_until))
+                if flags.cancelled:
+                    self._drop(token)
         elif op == "reply":
             self.replies.put(msg)
         elif op in ("run", "more"):
@@ -376,6 +380,24 @@ class Child:
             self.wake.put("batch")
         elif op == "exit":
             self.wake.put("exit")
+
+    def _drop(self, token: str) -> None:
+        """A job cancelled while it waits here is left out now, not when its turn comes:
+        its worker ends it cancelled at once, and its cancel answers at once, rather than
+        after the job ahead (or the recall). Taken out under the lock _next starts jobs
+        with, so the job is either started or left out, never both; a batch's first is
+        never left out (_next)."""
+        with self.lock:
+            for i, (job, _, first) in enumerate(self.pending):
+                if job[1] == token:
+                    if first:
+                        return
+                    del self.pending[i]
+                    self.flags_of.pop(token, None)
+                    break
+            else:
+                return
+        self.send({"op": "skipped", "tokens": [token]})
 
     def _send_logs(self, token: str) -> None:
         """The running job's lines so far, taken and sent under the send lock: they reach

@@ -19,7 +19,9 @@ What holds for a job alone holds in a batch:
 - a job that runs longer than RECALL_AFTER_S, or a stop, recalls the jobs waiting behind
   it: the child hands back those it has not started, and they go back unspent (to the
   front of the queue, where any worker's next claim takes them);
-- a cancel of a job that waits in a child leaves it out, never started (child.py);
+- a cancel of a job that waits in a child leaves it out, never started, as soon as the
+  child hears of it (the flag, TELL_EVERY_S): it goes back at once, which ends it
+  cancelled, not when the child reaches it (child.py);
 - a child whose job ran past TIMEOUT or left threads or processes running starts nothing
   more and is killed; children are recycled between batches (a batch never holds more
   jobs than the child has left before ``max_jobs_per_child``).
@@ -383,7 +385,7 @@ class _Watch:
             return self._ended(current, msg)
         if op in ("recalled", "skipped"):
             for token in msg["tokens"]:
-                self._back(token)
+                self._back(token, op == "skipped")
             return True
         if op == "began":  # a batch's first job: its handler starts now
             if current is not None and msg.get("token") == current.job.token:
@@ -393,7 +395,7 @@ class _Watch:
             if current is not None:
                 raise ValueError(f"{msg['token']!r} started while {current.job.token!r} runs")
             for token in msg.get("skipped") or ():
-                self._back(token)
+                self._back(token, True)
             self._start(self.by_token[msg["token"]], time.monotonic())
             return True
         if current is None or msg.get("token") != current.job.token:
@@ -412,11 +414,14 @@ class _Watch:
                 self.child.send(_answer(current, msg))
         return True
 
-    def _back(self, token: str) -> None:
-        """A job the child handed back (or left out) unstarted."""
+    def _back(self, token: str, skipped: bool = False) -> None:
+        """A job the child handed back (or left out, ``skipped``: cancelled) unstarted."""
         f = self.by_token[token]
         if f in self.waiting:
             self.waiting.remove(f)
+            if skipped:
+                log.info("job %s: cancelled while it waited in its child process; never started", f.job.id,
+                         extra={"job_id": f.job.id})
             f.finish(Release(), 0.0)
 
     def _ended(self, current: Feed, msg: dict[str, Any]) -> bool:
@@ -433,7 +438,7 @@ class _Watch:
         if "rss_mb" in msg:  # (at a batch's end)
             child.rss_mb = float(msg["rss_mb"])
         for token in msg.get("skipped") or ():
-            self._back(token)
+            self._back(token, True)
         nxt = msg.get("next")
         self.current = None
         current.charge()  # (said already with "began", unless its child got no further)

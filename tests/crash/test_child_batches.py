@@ -9,13 +9,16 @@ drains a real worker whose jobs go to its children in batches.
   child, the jobs waiting behind it go back unstarted.
 - A stop, or a job that runs long while another executor has nothing to do, recalls the
   jobs waiting behind it: they go back at once, unstarted, and the running one finishes.
-- A job cancelled while it waits in a child is left out, never started.
+- A job cancelled while it waits in a child is left out, never started, and handed back
+  at once (not when its turn comes), so its cancel answers at once; started or left out,
+  never both.
 - A job that leaves a thread running ends its child's batch: the rest go back.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -25,8 +28,10 @@ from typing import Any
 import pytest
 from crashkit import wait_final
 
+from runner import JobEnded
 from runner.catalog.registry import Function
 from runner.client import Enqueued, Request
+from runner.worker import slot as slot_mod
 from runner.worker.context import Flags
 from runner.worker.execute import Claimed, Done, Outcome, RetryLater
 from runner.worker.ledger import Release, Run
@@ -51,6 +56,8 @@ def handle(payload, ctx):
         time.sleep(30)
     if what == "thread":
         threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+    while payload.get("until") and not os.path.exists(payload["until"]):  # the test lets it end
+        time.sleep(0.01)
     time.sleep(payload.get("s", 0))
     return {"pid": os.getpid()}
 '''
@@ -103,6 +110,7 @@ class Fed:
 @pytest.fixture
 def slot(project: Project, monkeypatch: pytest.MonkeyPatch) -> Any:
     project.add_function("batched", BATCHED)
+    project.add_function("batched_long", BATCHED.replace("TIMEOUT = 2", "TIMEOUT = 15"))
     project.write_config(grace=1)
     for k, v in project.env.items():  # the child inherits this process's environment
         monkeypatch.setenv(k, v)
@@ -113,8 +121,8 @@ def slot(project: Project, monkeypatch: pytest.MonkeyPatch) -> Any:
     s.close()
 
 
-def batch(project: Project, *payloads: dict[str, Any]) -> list[Fed]:
-    fn = project.runtime.registry.functions["batched"]
+def batch(project: Project, *payloads: dict[str, Any], fn_name: str = "batched") -> list[Fed]:
+    fn = project.runtime.registry.functions[fn_name]
     return [Fed(project, fn, f"j{i}", p, i == 0) for i, p in enumerate(payloads)]
 
 
@@ -197,6 +205,30 @@ def test_a_job_cancelled_while_it_waits_in_a_child_never_starts(project: Project
         return False
 
     slot.run(feeds, 1, {}, cancel_soon)
+    assert isinstance(feeds[0].outcome, Done) and isinstance(feeds[2].outcome, Done)
+    assert isinstance(feeds[1].outcome, Release) and not feeds[1].runs() and feeds[1].began == 0.0
+
+
+def test_a_job_cancelled_while_it_waits_in_a_child_goes_back_while_the_one_ahead_runs(
+        project: Project, slot: Slot, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job ahead runs until the test lets it end, and no recall comes (RECALL_LATE_S
+    out of the way): the cancelled job behind it is handed back (never started) while the
+    one ahead still runs, not when the child reaches it; the one after it still runs."""
+    monkeypatch.setattr(slot_mod, "RECALL_LATE_S", 600.0)
+    go = project.root / "go"
+    feeds = batch(project, {"until": str(go)}, {}, {}, fn_name="batched_long")
+    runner = threading.Thread(target=slot.run, args=(feeds, 1, {}, lambda: False), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: feeds[0].runs(), timeout=20, what="the job ahead to start")
+        feeds[1].flags.cancelled = True
+        wait_for(lambda: feeds[1].outcome is not None, timeout=10,
+                 what="the cancelled job to be handed back while the one ahead runs")
+        assert feeds[0].outcome is None and feeds[2].outcome is None
+    finally:
+        go.touch()
+        runner.join(30)
+    assert not runner.is_alive()
     assert isinstance(feeds[0].outcome, Done) and isinstance(feeds[2].outcome, Done)
     assert isinstance(feeds[1].outcome, Release) and not feeds[1].runs() and feeds[1].began == 0.0
 
@@ -312,3 +344,110 @@ def test_a_drain_with_crashes_and_timeouts_in_its_batches_spends_no_attempt_unru
     log = "".join(p.read_text() for p in Path(project.root).glob("worker-*.log"))
     assert "Traceback" not in log, log[-3000:]
 
+
+
+def _final(project: Project, ids: Sequence[str], timeout: float = 60.0) -> dict[str, str]:
+    """Each job's status once every one has ended (done, dead or cancelled)."""
+    out: dict[str, str] = {}
+
+    def ended() -> bool:
+        for job_id in ids:
+            if job_id not in out:
+                st = project.client.get(job_id).status
+                if st in ("done", "dead", "cancelled"):
+                    out[job_id] = st
+        return len(out) == len(ids)
+
+    wait_for(ended, timeout=timeout, interval=0.05, what="every job to end")
+    return out
+
+
+def test_a_cancel_of_a_job_waiting_in_a_childs_queue_answers_while_the_job_ahead_runs(project: Project) -> None:
+    """A worker's child is handed a batch: a job that runs until the test lets it end, then
+    15 quick ones. A cancel of one of those answers "cancelled" while the job ahead still
+    runs, before the recall (RECALL_LATE_S) hands the others back: as it answers, every
+    job behind the running one still holds the claim it went to the child with. The
+    cancelled job never runs; the others run once each."""
+    project.add_function("batched", BATCHED.replace("TIMEOUT = 2", "TIMEOUT = 30"))
+    project.write_config(vt=10, grace=1, concurrency=1, prefetch=32)
+    client, r, k = project.client, project.runtime.redis, project.keys()
+    project.spawn_worker("fast")
+    warm = [e.id for e in client.enqueue_many([Request("batched", {}) for _ in range(40)]) if isinstance(e, Enqueued)]
+    assert set(_final(project, warm).values()) == {"done"}  # the child's pace is known: a batch holds 16
+    go = project.root / "go"
+    made = client.enqueue_many([Request("batched", {"until": str(go)})] + [Request("batched", {}) for _ in range(15)])
+    ids = [e.id for e in made if isinstance(e, Enqueued)]
+    target, behind = ids[8], ids[1:8] + ids[9:]
+    try:
+        wait_for(lambda: project.runs(ids[0]), timeout=20, what="the job ahead to start")
+        wait_for(lambda: all(r.hget(k.claims, i) for i in ids), timeout=10, what="every job's claim")
+        claims = {i: r.hget(k.claims, i).split()[0] for i in behind}
+        answer = client.cancel(target)
+        now = {i: (r.hget(k.claims, i) or " ").split()[0] for i in behind}
+        assert not project.runs(target)
+    finally:
+        go.touch()
+    assert answer == "cancelled"
+    assert now == claims, "the cancel answered only once the jobs behind the running one were handed back"
+    final = _final(project, ids)
+    assert final[target] == "cancelled" and not project.runs(target)
+    for i in ids:
+        if i != target:
+            assert final[i] == "done" and len(project.runs(i)) == 1, (i, final[i], project.runs(i))
+
+
+def test_cancels_timed_around_starts_in_children_never_cancel_a_job_that_ran(project: Project) -> None:
+    """Quick jobs drained through two children in batches while two threads keep
+    cancelling jobs claimed ahead (in the worker's inbox or waiting in a child's queue,
+    the next to start among them): whether a child starts a job or leaves it out is
+    decided once. No job both ran and ended cancelled, an answer "cancelled" means it
+    never ran, and every other job ran once and is done."""
+    project.add_function("batched", BATCHED)
+    project.write_config(vt=10, grace=1, concurrency=2, prefetch=16)
+    client, r, k = project.client, project.runtime.redis, project.keys()
+    project.spawn_worker("fast")
+    ran_and_cancelled: list[str] = []
+    lock = threading.Lock()
+    for round_ in range(3):
+        made = client.enqueue_many([Request("batched", {"s": 0.003}) for _ in range(300)])
+        ids = [e.id for e in made if isinstance(e, Enqueued)]
+        mine = set(ids)
+        answers: dict[str, str] = {}
+
+        def cancel(seed: int, answers: dict[str, str] = answers, mine: set[str] = mine) -> None:
+            rng = random.Random(seed)
+            idle_since = time.monotonic()
+            while len(answers) < 100 and time.monotonic() - idle_since < 1.0:
+                ahead = [i for i, c in r.hgetall(k.claims).items() if i in mine and "p" in c.split()[3]]
+                with lock:
+                    ahead = [i for i in ahead if i not in answers]
+                    job_id = rng.choice(ahead) if ahead else None
+                    if job_id is not None:
+                        answers[job_id] = "asked"
+                if job_id is None:
+                    time.sleep(0.001)
+                    continue
+                idle_since = time.monotonic()
+                try:
+                    answers[job_id] = client.cancel(job_id)
+                except JobEnded:
+                    answers[job_id] = "ended"
+
+        threads = [threading.Thread(target=cancel, args=(round_ * 2 + i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        final = _final(project, ids, timeout=120)
+        for job_id in ids:
+            runs = project.runs(job_id)
+            if final[job_id] == "cancelled" and runs:
+                ran_and_cancelled.append(job_id)
+            if answers.get(job_id) == "cancelled":
+                assert final[job_id] == "cancelled" and not runs, (job_id, final[job_id], runs)
+            if final[job_id] != "cancelled":
+                assert final[job_id] == "done" and len(runs) == 1, (job_id, final[job_id], runs)
+    assert ran_and_cancelled == []
+    log = "".join(p.read_text() for p in Path(project.root).glob("worker-*.log"))
+    assert "Traceback" not in log, log[-3000:]
+    assert "cancelled while it waited in its child process" in log, "no cancel met a job waiting in a child"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -13,7 +14,8 @@ import pytest
 from test_web_support import Web, gunicorn
 
 from runner import JobEnded
-from runner.client import Request
+from runner.client import Request, administering
+from runner.store.scripts import Ack
 
 from conftest import Project, wait_for
 
@@ -160,6 +162,31 @@ def test_a_prefetched_job_cancelled_as_its_executor_frees_never_starts(project: 
         time.sleep(0.3)
         assert project.runs(ahead) == [], f"round {attempt}: a cancelled job started"
         assert status(project, ahead) == "cancelled"
+
+
+def test_a_cancel_of_a_job_claimed_ahead_that_then_runs_to_its_end_answers_at_once(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cancel reaches a job claimed ahead, whose worker then starts it and acks it in
+    one settlement (its start mark never written on its own): the answer is "requested"
+    as soon as the claim is gone with the job done, not after waiting out CANCEL_AHEAD_S
+    (stretched here, so only that wait could hold the answer)."""
+    monkeypatch.setattr(administering, "CANCEL_AHEAD_S", 600.0)
+    client, rt = project.client, project.runtime
+    k = project.keys()
+    job_id = client.enqueue("noop", {}).id
+    reply = rt.scripts.claim(k, n=1, start=0, lease_ms=60_000, token_base="w.ahead", dead_ttl_ms=3_600_000,
+                             done_ttl_ms=3_600_000)
+    token = rt.redis.hget(k.claims, job_id).split()[0]
+    assert len(reply) > 2 and "p" in rt.redis.hget(k.claims, job_id).split()[3]
+    answers: list[str] = []
+    asking = threading.Thread(target=lambda: answers.append(client.cancel(job_id)), daemon=True)
+    asking.start()
+    wait_for(lambda: "c" in rt.redis.hget(k.claims, job_id).split()[3], timeout=10, what="the cancel's mark")
+    assert list(rt.scripts.ack(k, [Ack(job_id, token, "{}", "noop|1", "", started_ms=int(time.time() * 1000))],
+                               3_600_000)) == [1]
+    asking.join(30)
+    assert not asking.is_alive(), "the cancel waited out CANCEL_AHEAD_S for a job that had ended"
+    assert answers == ["requested"] and status(project, job_id) == "done"
 
 
 def test_a_running_job_sees_the_cancel_within_2_s_and_ends_cancelled(project: Project) -> None:
