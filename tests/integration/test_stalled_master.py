@@ -668,9 +668,9 @@ def test_an_enqueue_that_must_reconnect_to_a_stalled_master_is_answered_within_t
     resumes and answers the PING, then stalls again before any call has reconnected: the
     next keyed enqueue there must connect, and is answered within the node wait (2 s)
     saying its job was not sent; the master is known stalled at once, so a keyless
-    enqueue then goes to a live master. Before, the reconnect's handshake waited out the
-    15 s socket timeout twice (30 s), said "may have been written" of a job never sent,
-    and left the master unmarked."""
+    enqueue then goes to a live master. Before, the reconnect's handshake and then a read
+    of the layout each waited out the 15 s socket timeout (30 s), said "may have been
+    written" of a job never sent, and left the master unmarked."""
     from runner.errors import RedisUnavailable
     from runner.store import routing
 
