@@ -9,11 +9,13 @@ a pool that the caller waited on, which cost one-at-a-time enqueues about 30%.
 A call not answered in time may have run: its connection is dropped (it may owe a
 reply), the master is marked stalled (NodeLanes: calls to it fail at once, and keyless
 jobs pass over its partitions) until a PING to it is answered, and the caller gets
-NodeStalled saying the call went out. A call whose connection could not be made never
-reached Redis; one answered MOVED or ASK did not run (the layout is learnt again and it
-goes to the slot's new master). An error reply is raised as it came (the transport sends
-a call that lacked its script again by its source). Nothing that may have run is sent
-again.
+NodeStalled saying the call went out. A connection to be made (the first, or one
+dropped so) is made within the same bound, its handshake included: past it the master
+is marked stalled as well, and NodeStalled says the call was not sent. A call whose
+connection could not be made never reached Redis; one answered MOVED or ASK did not
+run (the layout is learnt again and it goes to the slot's new master). An error reply
+is raised as it came (the transport sends a call that lacked its script again by its
+source). Nothing that may have run is sent again.
 """
 
 from __future__ import annotations
@@ -64,15 +66,18 @@ class NodeCalls:
             if stalled is not None:
                 raise stalled
             lanes = self._lanes_of(node)
+            deadline = time.monotonic() + wait_s  # (a connect to be made counts in it)
             try:
-                conn = lanes.take()  # (connects: a failure here sent nothing)
-            except (RedisConnectionError, RedisTimeoutError):
+                conn = lanes.take(deadline)  # (connects: a failure here sent nothing)
+            except RedisTimeoutError:  # accepted, no handshake answered: stalled, not gone
+                raise sc.nodes.stalled_now(node.name, wait_s, sent=False) from None
+            except RedisConnectionError:
                 if attempt < 2 and self._moved(keys[0], node):
                     continue
                 raise
             wire = [c for c in (load, cmd, sc.wait if waits else None) if c is not None]
             try:
-                replies = self._round_trip(conn, wire, time.monotonic() + wait_s, spin)
+                replies = self._round_trip(conn, wire, deadline, spin)
             except RedisTimeoutError:
                 conn.disconnect()  # (it may owe replies)
                 lanes.give(conn)

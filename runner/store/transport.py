@@ -264,24 +264,81 @@ class _Lanes:
         self.idle: list[Any] = []
         self.pid = os.getpid()
 
-    def take(self) -> Any:
+    def take(self, deadline: float | None = None) -> Any:
+        """An idle connection, connected. ``deadline`` (time.monotonic()): a connection
+        to be made is made by then, its handshake's replies included, or TimeoutError
+        (nothing sent; the connection is kept for the next call); without it the
+        connection's own timeouts apply."""
         if self.pid != os.getpid():  # a fork: the parent's sockets are not ours
             self.idle, self.pid = [], os.getpid()
         try:
             conn = self.idle.pop()
         except IndexError:
-            return self.pool.get_connection()
+            if deadline is None:
+                return self.pool.get_connection()
+            conn = self._made()
         if _closed(conn):
             # Closed while it idled (a Redis restart, a failover, an idle timeout): opened
             # again here, before anything is sent, so no call fails on it (the pool's own
             # check on handing out a connection, which these kept ones skip) and none is
             # sent twice.
             conn.disconnect()
-        conn.connect()  # a no-op when connected
+        if deadline is None:
+            conn.connect()  # a no-op when connected
+            return conn
+        try:
+            _connect_by(conn, deadline)
+        except BaseException:
+            conn.disconnect()
+            self.idle.append(conn)
+            raise
+        return conn
+
+    def _made(self) -> Any:
+        """A connection of the pool's, not yet connected (the first half of the pool's
+        get_connection, whose connect would wait out the connection's own timeouts)."""
+        pool = self.pool
+        with pool._lock:
+            try:
+                conn = pool._available_connections.pop()
+            except IndexError:
+                conn = pool.make_connection()
+            pool._in_use_connections.add(conn)  # (the pool's still: closing it closes this)
         return conn
 
     def give(self, conn: Any) -> None:
         self.idle.append(conn)
+
+
+def _connect_by(conn: Any, deadline: float) -> None:
+    """``conn.connect()`` (a no-op when connected) within ``deadline``: the TCP connect
+    and each reply of the handshake (CLIENT SETNAME, AUTH, its health check's PING) read
+    within what is left, and no retry. A master stopped with its sockets open accepts the
+    connect and answers nothing, so the handshake would wait out the socket timeout, and
+    redis-py's retry would wait it out again."""
+    if conn._sock is not None:
+        return
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    read = conn.read_response
+
+    def read_by(*args: Any, **kwargs: Any) -> Any:
+        if conn._sock is not None:
+            conn._sock.settimeout(max(0.001, deadline - time.monotonic()))
+        return read(*args, **kwargs)
+
+    kept = conn.socket_connect_timeout, conn.retry
+    conn.socket_connect_timeout = max(0.001, deadline - time.monotonic())
+    conn.retry = Retry(NoBackoff(), 0)
+    conn.read_response = read_by  # (the handshake reads through the instance)
+    try:
+        conn.connect()
+    finally:
+        del conn.read_response
+        conn.socket_connect_timeout, conn.retry = kept
+        if conn._sock is not None:
+            conn._sock.settimeout(conn.socket_timeout)
 
 
 def _known_id(conn: Any) -> int | None:
@@ -642,11 +699,12 @@ class NodeLanes:
         """NodeStalled (not sent) while ``node`` is stalled; None otherwise."""
         return self._stalled_error(node) if self._stalled else None
 
-    def stalled_now(self, node: str, wait_s: float) -> BaseException:
+    def stalled_now(self, node: str, wait_s: float, sent: bool = True) -> BaseException:
         """A call to ``node`` bounded by its socket's timeout was not answered within
         ``wait_s`` (nodecalls.py): ``node`` is stalled until a PING to it is answered;
-        returns the error that says so (the call went out)."""
-        return self._given_up(node, self.pool().submit(self._probe, node), wait_s)
+        returns the error that says so (``sent``: the call went out; False: its
+        connection's handshake was not answered, so nothing was sent)."""
+        return self._given_up(node, self.pool().submit(self._probe, node), wait_s, sent=sent)
 
     def give_up(self, node: str, f: Future[Any], wait_s: float, what: str = "") -> BaseException:
         """A launched call not answered within ``wait_s``: ``node`` is stalled until it
@@ -671,7 +729,7 @@ class NodeLanes:
                            f"(stopped or hung{call}); its partitions wait", sent=False)
 
     def _given_up(self, node: str, f: Future[Any], wait_s: float, what: str = "",
-                  among: Sequence[str] = ()) -> BaseException:
+                  among: Sequence[str] = (), sent: bool = True) -> BaseException:
         """Mark ``node`` stalled until ``f`` ends; the error for the call given up."""
         with self._lock:
             since, n = self._stalled.get(node, (time.monotonic(), 0))
@@ -694,6 +752,10 @@ class NodeLanes:
 
         f.add_done_callback(ended)
         call = f" {what}" if what else ""
+        if not sent:
+            return NodeStalled(f"Redis node {self._who(node, among)} did not answer a new connection within "
+                               f"{wait_s:g} s (stopped or hung; the call was not sent); its partitions wait",
+                               sent=False)
         return NodeStalled(f"Redis node {self._who(node, among)} did not answer{call} within {wait_s:g} s "
                            "(stopped or hung); its partitions wait")
 

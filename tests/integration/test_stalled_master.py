@@ -663,3 +663,65 @@ def test_a_slow_master_delays_only_its_own_partitions_jobs(sproject: Project, sh
     assert statistics.median(live) < 0.3, f"the live masters' jobs started {statistics.median(live):.2f} s late " \
                                           f"(median) beside a slow master"
     assert alive
+
+
+def test_an_enqueue_that_must_reconnect_to_a_stalled_master_is_answered_within_the_node_wait(
+        sproject: Project, shards: list[Server]) -> None:
+    """A master stalls, a keyed enqueue to it is given up (its kept connection dropped), it
+    resumes and answers the PING, then stalls again before any call has reconnected: the
+    next keyed enqueue there must connect, and is answered within the node wait (2 s)
+    saying its job was not sent; the master is known stalled at once, so a keyless
+    enqueue then goes to a live master. Before, the reconnect's handshake and then a read
+    of the layout each waited out the 15 s socket timeout (30 s), said "may have been
+    written" of a job never sent, and left the master unmarked."""
+    from runner.errors import RedisUnavailable
+    from runner.store import routing
+
+    p = sproject
+    c = p.client
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    nodes = p.runtime.scripts.nodes
+    stalled = shards[0]
+    assert stalled.proc is not None
+    name = next(r.get_node_from_key(k.ready).name for k in parts
+                if r.get_node_from_key(k.ready).port == stalled.port)
+    ports = [r.get_node_from_key(k.ready).port for k in parts]
+    keys = (f"k{n}" for n in range(10_000)
+            if ports[routing.partition_of(f"i:record:k{n}", len(parts))] == stalled.port)
+
+    def enqueue(key: str | None) -> tuple[float, str]:
+        t = time.monotonic()
+        try:
+            c.enqueue("record", {"n": 1}, idempotency_key=key)
+            out = "ok"
+        except RedisUnavailable as exc:
+            out = str(exc)
+        return time.monotonic() - t, out
+
+    for i in range(6):  # (a connection to every master)
+        c.enqueue("record", {"n": -i})
+    assert enqueue(next(keys))[1] == "ok"
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        took, out = enqueue(next(keys))
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    assert "may have been written" in out and took < 3.0, (took, out)
+    wait_for(lambda: not nodes.stalled(name), timeout=20, what="the PING to the resumed master")
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        took, out = enqueue(next(keys))
+        marked = nodes.stalled(name)
+        t = time.monotonic()
+        written = c.enqueue("record", {"n": 2}).id
+        keyless = time.monotonic() - t
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    print(f"the reconnect to the stalled master: {took:.2f} s -> {out}; a keyless enqueue then {keyless:.2f} s")
+    assert took < 2.5, f"an enqueue that reconnected to the stalled master waited {took:.1f} s (the node wait is 2 s)"
+    assert "not sent" in out and "may have been written" not in out, out
+    assert marked, "a connect to the master given up did not mark it stalled"
+    assert keyless < 1.0, f"a keyless enqueue waited {keyless:.1f} s"
+    live = [k for k in parts if r.get_node_from_key(k.ready).port != stalled.port]
+    assert any(written in r.lrange(k.ready, 0, -1) for k in live), "the keyless job did not go to a live master"
