@@ -268,12 +268,15 @@ def test_shutdown_never_hands_back_a_job_whose_handler_still_runs(crash_project:
     project = crash_project
     configure(project, vt=2, concurrency=1, grace=0.5)
     c = project.client
-    job = c.enqueue("held", {"sleep": 3.0, "beat": True}).id
+    # (6 s: a second worker's start on a loaded host took more than the 3 s this was, and
+    # the handler had ended before the SIGTERM it is here to outlast)
+    job = c.enqueue("held", {"sleep": 6.0, "beat": True}).id
     first = project.spawn_worker("fast")
     wait_for(lambda: marks(project, job, "start"), timeout=15, what="the handler to start")
     second = project.spawn_worker("fast")
     wait_for(lambda: any("serving" in str(x.get("msg")) for x in log_records(worker_log(project, second))),
              timeout=15, what="the second worker to serve")
+    assert not marks(project, job, "end"), "the handler ended before the SIGTERM: the host is too slow for this test"
     first.send_signal(signal.SIGTERM)
     assert wait_exit(first, 15) == 0
     exited = time.time()  # the handler's thread ran until here at the latest
