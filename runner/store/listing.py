@@ -62,7 +62,13 @@ by a bounded LPOS and read in the same call (lua/seek_list.lua); if that job lef
 too, at the id it left in its place (its neighbor toward the head, list_next as above);
 if the chain ends in an id that was woken, the list counts as read (a limit wakes from
 the head, so the jobs before it were woken first). A traversal always ends, shows every
-job that stayed queued or deferred throughout, and shows none twice. A chain of more
+job that stayed queued or deferred throughout, and shows none twice, as long as each page
+comes within the done retention of the cancels it goes past: list_next lives in the
+cancelled job's state, which goes with the job (the scheduler's trim at the done
+retention; its keys expire an hour later should no scheduler run). A cursor kept longer,
+whose ids were all taken by a bulk cancel (the last shown, the first not shown, the
+anchors), finds none of them nor the chain and reads the list as done: the traversal still
+ends and shows none twice, but the jobs not yet shown are not shown. A chain of more
 cancelled ids than one call follows (lua/seek_list.lua's CHAIN) makes an empty page
 whose cursor goes on from where it stopped.
 

@@ -14,8 +14,14 @@ Two halves of HALF_BYTES each: a line goes into the current half; a line that do
 there switches halves, and the lines of the half written over count as lost. So the newest
 HALF_BYTES of held lines, at least, are kept (a job's log keeps 256 KiB by default), at the
 cost of one copy and one header write per held line, and none for a line sent at once.
-A line's bytes go in before the header that counts it, so a child killed in between leaves
-the lines before it whole.
+A child killed at any point leaves lines the worker reads whole, the newest ones in order:
+each header write is one field (the current half, the lines lost) or one half's bytes used
+and lines (only the bytes are read), in an order where every prefix reads right. A line's
+bytes go in before the count that covers them; a switch first empties the other half in
+the header, then names it current, and only then writes the line over it (a line written
+over the old lines while the header still counted them would be read as the oldest, and
+the bytes after it misaligned); a clear empties the older half first. The handler's
+threads may hold lines at once: add and clear take a lock.
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ import contextlib
 import mmap
 import os
 import struct
+import threading
 
 HALF_BYTES = 256 * 1024
 # Header: the current half, then for each half its bytes used and lines, then the lines lost.
 _HEAD = struct.Struct("<IIIIII")
 _LEN = struct.Struct("<I")
+_PAIR = struct.Struct("<II")  # one half's bytes used and lines, in the header at _AT_USED[half]
+_AT_USED = (4, 12)
+_AT_LOST = 20
 SIZE = _HEAD.size + 2 * HALF_BYTES
 _MAX_LINE = HALF_BYTES - _LEN.size
 
@@ -37,13 +47,14 @@ class Spill:
     """The shared memory of one child: written by the child (add, clear), read by its
     worker (read)."""
 
-    __slots__ = ("_half", "_lost", "_mm", "_n", "_used", "fd")
+    __slots__ = ("_half", "_lock", "_lost", "_mm", "_n", "_used", "fd")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._mm = mmap.mmap(fd, SIZE)
         # The child's own copy of the header (it alone writes): one write per line, no read.
         self._half, self._used, self._n, self._lost = 0, [0, 0], [0, 0], -1  # (-1: not cleared yet)
+        self._lock = threading.Lock()
 
     @classmethod
     def create(cls) -> Spill | None:
@@ -61,24 +72,37 @@ class Spill:
             raise
 
     def clear(self) -> None:
-        if self._lost or self._n[0] or self._n[1]:  # (a line sent at once clears nothing: no write)
-            self._half, self._used, self._n, self._lost = 0, [0, 0], [0, 0], 0
-            _HEAD.pack_into(self._mm, 0, 0, 0, 0, 0, 0, 0)
+        with self._lock:
+            if self._lost or self._n[0] or self._n[1]:  # (a line sent at once clears nothing: no write)
+                # The older half empties first (what is left between is the newest lines),
+                # then the current one: nothing is read whatever the other fields say.
+                mm = self._mm
+                _PAIR.pack_into(mm, _AT_USED[1 - self._half], 0, 0)
+                _PAIR.pack_into(mm, _AT_USED[self._half], 0, 0)
+                _LEN.pack_into(mm, 0, 0)
+                _LEN.pack_into(mm, _AT_LOST, 0)
+                self._half, self._used, self._n, self._lost = 0, [0, 0], [0, 0], 0
 
     def add(self, line: str) -> None:
         """One held line (the child's)."""
         data = line.encode(errors="replace")
         size = min(len(data), _MAX_LINE)
-        half, used, n = self._half, self._used, self._n
-        if used[half] + _LEN.size + size > HALF_BYTES:  # the other half, written over
-            half = self._half = 1 - half
-            self._lost += n[half]
-            used[half] = n[half] = 0
-        at = _HEAD.size + half * HALF_BYTES + used[half]
-        self._mm[at:at + _LEN.size + size] = _LEN.pack(size) + data[:size]
-        used[half] += _LEN.size + size
-        n[half] += 1
-        _HEAD.pack_into(self._mm, 0, half, used[0], n[0], used[1], n[1], self._lost)
+        mm = self._mm
+        with self._lock:  # (each write below in the order the module's docstring gives)
+            half, used, n = self._half, self._used, self._n
+            if used[half] + _LEN.size + size > HALF_BYTES:  # the other half, written over
+                half = 1 - half
+                self._lost += n[half]
+                used[half] = n[half] = 0
+                _PAIR.pack_into(mm, _AT_USED[half], 0, 0)
+                _LEN.pack_into(mm, _AT_LOST, self._lost)
+                _LEN.pack_into(mm, 0, half)
+                self._half = half
+            at = _HEAD.size + half * HALF_BYTES + used[half]
+            mm[at:at + _LEN.size + size] = _LEN.pack(size) + data[:size]
+            used[half] += _LEN.size + size
+            n[half] += 1
+            _PAIR.pack_into(mm, _AT_USED[half], used[half], n[half])
 
     def read(self) -> tuple[list[str], int]:
         """The lines held (oldest first) and how many were written over (the worker's,
