@@ -249,6 +249,7 @@ class HttpProtocol(HttpToolsProtocol):
     _paused_at = 0.0  # when the answers last backed up (the transport paused its writer)
     _stall_since = 0.0
     _stall_size = 0
+    _told_gone = False
 
     def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -380,6 +381,8 @@ class HttpProtocol(HttpToolsProtocol):
 
     def write_response(self, data: bytes) -> None:
         """A write of a request's cycle: after the head it holds, if any (see hold)."""
+        if self._gone():
+            return
         held = self._held
         if held is None:
             self.transport.write(data)
@@ -391,7 +394,19 @@ class HttpProtocol(HttpToolsProtocol):
         held = self._held
         if held is not None:
             self._held = None
-            self.transport.write(held)
+            if not self._gone():
+                self.transport.write(held)
+
+    def _gone(self) -> bool:
+        """Whether the connection is closed or closing: an answer still being made for it
+        is dropped. (Written, a closed transport raised, and each client that dropped its
+        connection mid-answer left an ERROR traceback in the log.)"""
+        if not self.transport.is_closing():
+            return False
+        if not self._told_gone:
+            self._told_gone = True
+            self.logger.debug("%s: the connection closed before its answer was written", self.client)
+        return True
 
     def linger(self) -> None:
         """Close once the request's body is in (at once if it is): until then the
@@ -606,8 +621,12 @@ class HttpProtocol(HttpToolsProtocol):
             try:
                 self.parser.feed_data(data if end - pos == size else data[pos:end])
             except httptools.HttpParserUpgrade:
-                self._upgrade()
-                return
+                if self._should_upgrade() or not self._between:
+                    self._upgrade()
+                    return
+                # An upgrade not taken (h2c): answered as HTTP/1.1, and the requests sent
+                # behind it in the same read are parsed too (they were dropped).
+                self._unsupported_upgrade_warning()
             except httptools.HttpParserError:
                 self.send_400_response("")
                 return

@@ -9,6 +9,7 @@ import contextlib
 import random
 import resource
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -287,20 +288,26 @@ def _responses(s: socket.socket, n: int, within: float = 5.0) -> list[tuple[byte
 
 def test_pipelined_requests_are_all_answered_in_order(web: Web) -> None:
     """HTTP/1.1 requests sent back to back on one connection, before any answer (two and
-    three in one write, and one followed by the start of the next, its rest in a second
-    write): each gets its answer, in the order sent, and the connection serves on."""
+    three in one write, one followed by the start of the next, its rest in a second
+    write, and two behind a request asking to upgrade to h2c): each gets its answer, in
+    the order sent, and the connection serves on."""
     port = _port(web)
     health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     queues = f"GET /queues HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
     missing = f"GET /no-such-page HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
     post = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
             "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 7}").encode()
+    # An upgrade the server does not take is answered as HTTP/1.1 (the requests behind it
+    # in the same read were dropped: never answered).
+    h2c = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+           b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
     cases: list[tuple[str, list[bytes], list[bytes]]] = [
         ("two in one write", [health + queues], [b"200", b"200"]),
         ("three in one write", [queues + missing + health], [b"200", b"404", b"200"]),
         ("a body, then two", [post + missing + health], [b"202", b"404", b"200"]),
         ("one and the start of the next", [health + missing[:9], missing[9:]], [b"200", b"404"]),
         ("a head split mid-field", [queues + health[:20], health[20:] + missing], [b"200", b"200", b"404"]),
+        ("two behind an upgrade to h2c", [h2c + missing + health], [b"200", b"404", b"200"]),
     ]
     for name, writes, expected in cases:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -528,3 +535,21 @@ def test_a_bad_body_or_a_fin_behind_answered_requests_comes_after_their_answers(
                 with contextlib.suppress(ConnectionResetError):
                     assert s.recv(1) == b"", name  # and then the close
     assert web.get("/healthz").status_code == 200
+
+
+def test_a_client_gone_mid_answer_leaves_no_traceback(project: Project, web: Web) -> None:
+    """Clients that pipeline requests (no token needed) and reset the connection at once:
+    each answer still being made was written to the closed connection, and the log got an
+    ERROR "Exception in ASGI application" traceback for each. Now such an answer is
+    dropped quietly and the server serves on."""
+    port = _port(web)
+    data = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3 + b"GET /static/app.js HTTP/1.1\r\nHost: x\r\n\r\n" * 3
+    for _ in range(40):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(data)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, not a FIN
+        s.close()
+    time.sleep(1)  # the answers under way are made (and dropped)
+    assert web.get("/healthz").status_code == 200
+    log = b"".join(p.read_bytes() for p in project.root.glob("gunicorn-*.log"))
+    assert b"Traceback" not in log and b"ERROR" not in log, log[-3000:]
