@@ -215,7 +215,13 @@ class HttpProtocol(HttpToolsProtocol):
     before it on the connection: they go out first, in order, then the refusal and the
     close. The header timeout of a head does not run while the requests before it are on
     the app (the client may not send more until they are answered), and the connection is
-    not one "holding no request" for max_connections."""
+    not one "holding no request" for max_connections.
+
+    A client that does not read its answers: at most MAX_AHEAD requests are parsed ahead of
+    their answers, and none while the answers back up (the transport paused its writer);
+    such a connection gives way to a new one past max_connections as an idle one does; and
+    answers that wait idle_timeout_s without the client reading a byte cut the connection
+    (an abort: a close waits for them to be read, and kept the socket for good)."""
 
     _held: bytes | None = None
     _in_head = False
@@ -243,7 +249,8 @@ class HttpProtocol(HttpToolsProtocol):
     _got_bytes = False
     _body_start = 0.0
     _body_bytes = 0
-    _ahead = b""  # read, not yet parsed: held while MAX_AHEAD requests wait, or the answers do
+    _ahead = b""  # read, not yet parsed (from _ahead_pos): held while MAX_AHEAD requests wait, or the answers do
+    _ahead_pos = 0
     _ahead_handle: asyncio.Handle | None = None
     _fin = False  # the client half-closed while bytes were held (see _parse_ahead)
     _paused_at = 0.0  # when the answers last backed up (the transport paused its writer)
@@ -466,7 +473,8 @@ class HttpProtocol(HttpToolsProtocol):
             # send); reading resumes when they are.
             self.flow.pause_reading()
             self._unset_keepalive_if_required()
-            self._parse_ahead_soon()
+            if len(self.pipeline) <= MAX_AHEAD // 2:  # (in batches: not one parse per answer)
+                self._parse_ahead_soon()
         if queued == 1 and self._phase == _BODY:
             # The request whose body is being read was queued (reading paused): it starts now.
             self._since = self._body_start = self.loop.time()
@@ -496,8 +504,8 @@ class HttpProtocol(HttpToolsProtocol):
         self._ahead_handle = None
         if not self._ahead or self.transport.is_closing() or self._last_word is not None:
             return
-        data, self._ahead = self._ahead, b""
-        self._feed(data)
+        data, pos, self._ahead = self._ahead, self._ahead_pos, b""
+        self._feed(data, pos)
         if self._ahead or self.transport.is_closing() or self._last_word is not None:
             return
         if self._fin:
@@ -557,8 +565,8 @@ class HttpProtocol(HttpToolsProtocol):
             self._refused = True
             raise _HeadTooLarge  # httptools stops; the 431 goes out through send_400_response
         super().on_header(name, value)
-        if not self._in_head:
-            return  # a chunked body's trailer field
+        if not self._in_head or len(name) not in (14, 17):
+            return  # a chunked body's trailer field, or not one of the two below
         # The body's framing, as the parser takes it (it refuses a Content-Length beside a
         # Transfer-Encoding, and a request's Transfer-Encoding whose last coding is not chunked).
         name, value = self.headers[-1]
@@ -579,27 +587,29 @@ class HttpProtocol(HttpToolsProtocol):
             return  # refused, or after a last request (Connection: close): nothing more is parsed
         self._unset_keepalive_if_required()
         if self._ahead:
-            self._ahead += data  # after what is held, in order
+            self._ahead, self._ahead_pos = self._ahead[self._ahead_pos:] + data, 0  # after what is held
             self.flow.pause_reading()
             return
         self._feed(data)
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes, pos: int = 0) -> None:
+        """Parse data[pos:] (pos: where the bytes held ahead start)."""
+        size = len(data)
         if self._phase == _BODY:
             self._since = self.loop.time()
-            self._body_bytes += len(data)
+            self._body_bytes += size - pos
         else:
             self._got_bytes = True
         # Fed in pieces, each cut where a message ends: a piece that starts between two
         # messages is the only one that may begin a request (on_message_begin checks), so
         # a head's bytes are those of the pieces from its start to its blank line, counted
         # before the parser sees them. A read of one request is one piece.
-        pos, size = 0, len(data)
+        parser, pipeline = self.parser, self.pipeline
         while pos < size:
-            self._may_begin = self._between and not self._in_body
-            if self._may_begin and (len(self.pipeline) >= MAX_AHEAD or self.flow.write_paused):
+            may_begin = self._may_begin = self._between and not self._in_body
+            if may_begin and (len(pipeline) >= MAX_AHEAD or self.flow.write_paused):
                 # Enough read ahead of the answers: the rest waits (_parse_ahead).
-                self._ahead = data[pos:]
+                self._ahead, self._ahead_pos = data, pos
                 self.flow.pause_reading()
                 return
             if self._in_body:
@@ -609,17 +619,23 @@ class HttpProtocol(HttpToolsProtocol):
                     self.send_400_response("")
                     return
             else:
-                end = _blank_end(self._tail, data, pos)
-                if end < 0:
+                tail = self._tail
+                if tail:
+                    end = _blank_end(tail, data, pos)
+                else:
+                    end = data.find(b"\r\n\r\n", pos)
+                    if end >= 0:
+                        end += 4
+                if end < 0:  # the head goes on in a later read
                     end = size
+                    self._tail = (tail + data[max(pos, size - 3):])[-3:]
                 self._head_bytes += end - pos
                 if self._head_bytes > MAX_HEAD_BYTES:
                     self._refused = True  # (before the parser sees it: nothing of it is dispatched)
                     self.send_400_response("")
                     return
-                self._tail = (self._tail + data[max(pos, end - 3):end])[-3:]
             try:
-                self.parser.feed_data(data if end - pos == size else data[pos:end])
+                parser.feed_data(data if pos == 0 and end == size else data[pos:end])
             except httptools.HttpParserUpgrade:
                 if self._should_upgrade() or not self._between:
                     self._upgrade()
