@@ -405,11 +405,11 @@ class HttpProtocol(HttpToolsProtocol):
                 self.transport.write(held)
 
     def _gone(self) -> bool:
-        """Whether the connection is closed or closing: an answer still being made for it
-        is dropped. (Written, a closed transport raised, and each client that dropped its
+        """Whether the connection is closed or closing (or lingering): an answer still
+        being made for it is dropped. (Written, a closed transport raised, and each client that dropped its
         connection mid-answer left an ERROR traceback in the log.)"""
-        if not self.transport.is_closing():
-            return False
+        if not self.transport.is_closing() and self._linger_timer is None:
+            return False  # (lingering: its answer is out, the write side shut)
         if not self._told_gone:
             self._told_gone = True
             self.logger.debug("%s: the connection closed before its answer was written", self.client)
@@ -468,7 +468,7 @@ class HttpProtocol(HttpToolsProtocol):
             return
         last, queued = not self.pipeline, len(self.pipeline)
         super().on_response_complete()
-        if self._ahead:
+        if self._ahead and not self.transport.is_closing():
             # Held bytes are parsed first (on the loop's next turn, not inside the app's
             # send); reading resumes when they are.
             self.flow.pause_reading()

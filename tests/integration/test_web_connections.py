@@ -308,6 +308,7 @@ def test_pipelined_requests_are_all_answered_in_order(web: Web) -> None:
         ("one and the start of the next", [health + missing[:9], missing[9:]], [b"200", b"404"]),
         ("a head split mid-field", [queues + health[:20], health[20:] + missing], [b"200", b"200", b"404"]),
         ("two behind an upgrade to h2c", [h2c + missing + health], [b"200", b"404", b"200"]),
+        ("40 in one write (more than are parsed ahead)", [(health + missing) * 20], [b"200", b"404"] * 20),
     ]
     for name, writes, expected in cases:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -342,6 +343,7 @@ def test_requests_sent_before_a_half_close_are_all_answered_in_order(web: Web) -
         ("two", health + missing, [b"200", b"404"]),
         ("three", missing + post + health, [b"404", b"202", b"200"]),
         ("one and the start of the next", health + missing[:20], [b"200"]),
+        ("40 (more than are parsed ahead)", (health + missing) * 20, [b"200", b"404"] * 20),
     ]
     for name, data, expected in cases:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
