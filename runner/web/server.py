@@ -467,11 +467,16 @@ class HttpProtocol(HttpToolsProtocol):
             self.server_state.total_requests += 1
             return
         last, queued = not self.pipeline, len(self.pipeline)
+        held = bool(self._ahead)
+        if held:
+            # Reading stays paused: held bytes are parsed first (on the loop's next turn,
+            # not inside the app's send), and reading resumes when they are. (uvicorn's own
+            # resumes it here: two system calls an answer, to pause it again at once.)
+            self.flow.read_paused = False
         super().on_response_complete()
-        if self._ahead and not self.transport.is_closing():
-            # Held bytes are parsed first (on the loop's next turn, not inside the app's
-            # send); reading resumes when they are.
-            self.flow.pause_reading()
+        if held:
+            self.flow.read_paused = True
+        if held and not self.transport.is_closing():
             self._unset_keepalive_if_required()
             if len(self.pipeline) <= MAX_AHEAD // 2:  # (in batches: not one parse per answer)
                 self._parse_ahead_soon()
