@@ -53,7 +53,8 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 _HEAD_TOO_LARGE = codec.dumpb({
     "type": TYPE_PREFIX + "headers-too-large", "title": "Request Header Fields Too Large", "status": 431,
-    "detail": f"the request line and headers must be under {MAX_HEAD_BYTES} bytes, in at most "
+    "detail": f"the request line and headers (and a chunked body's trailer fields) must be under "
+              f"{MAX_HEAD_BYTES} bytes, in at most "
               f"{MAX_HEADERS} fields",
 })
 
@@ -147,6 +148,14 @@ LINGER_S = 10.0
 LINGER_IDLE_S = 2.0
 
 
+# Requests read ahead of their answers on one connection (pipelined): past this many queued,
+# or while the answers already made wait for the client to read them (the transport's
+# buffer over its high-water mark), what else was read is held unparsed and nothing more
+# is read. uvicorn parsed a whole read at once: 300 requests in 12 KB queued 300 requests'
+# state, and their answers, for a client that never read one.
+MAX_AHEAD = 16
+
+
 class _CycleTransport:
     """The transport as a request's cycle sees it: its writes go through the protocol
     (HttpProtocol.write_response, which sends a response's head together with its body), and
@@ -206,7 +215,13 @@ class HttpProtocol(HttpToolsProtocol):
     before it on the connection: they go out first, in order, then the refusal and the
     close. The header timeout of a head does not run while the requests before it are on
     the app (the client may not send more until they are answered), and the connection is
-    not one "holding no request" for max_connections."""
+    not one "holding no request" for max_connections.
+
+    A client that does not read its answers: at most MAX_AHEAD requests are parsed ahead of
+    their answers, and none while the answers back up (the transport paused its writer);
+    such a connection gives way to a new one past max_connections as an idle one does; and
+    answers that wait idle_timeout_s without the client reading a byte cut the connection
+    (an abort: a close waits for them to be read, and kept the socket for good)."""
 
     _held: bytes | None = None
     _in_head = False
@@ -234,6 +249,14 @@ class HttpProtocol(HttpToolsProtocol):
     _got_bytes = False
     _body_start = 0.0
     _body_bytes = 0
+    _ahead = b""  # read, not yet parsed (from _ahead_pos): held while MAX_AHEAD requests wait, or the answers do
+    _ahead_pos = 0
+    _ahead_handle: asyncio.Handle | None = None
+    _fin = False  # the client half-closed while bytes were held (see _parse_ahead)
+    _paused_at = 0.0  # when the answers last backed up (the transport paused its writer)
+    _stall_since = 0.0
+    _stall_size = 0
+    _told_gone = False
 
     def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -257,20 +280,53 @@ class HttpProtocol(HttpToolsProtocol):
                   if c is not self and isinstance(c, HttpProtocol) and not c.transport.is_closing()]
         idle = [c for c in others if c._phase in (_HEAD, _IDLE) and not c._answering()]
         if idle:
-            min(idle, key=lambda c: c._opened).transport.close()
+            min(idle, key=lambda c: c._opened).drop()
+            return
+        # A client that does not read its answers holds its slot as an idle one would:
+        # the one backed up the longest gives way. (A request on the app whose client reads
+        # is never cut.)
+        backed_up = [c for c in others if c.flow.write_paused]
+        if backed_up:
+            min(backed_up, key=lambda c: c._paused_at).drop()
             return
         # None idle: the slowest of the bodies still arriving gives way (a client that
-        # trickles its body holds a slot as long as an idle one would). A request on the
-        # app is never cut; when every one is there, this connection waits its turn.
+        # trickles its body holds a slot as long as an idle one would). When every one is
+        # on the app, this connection waits its turn.
         now = self.loop.time()
         reading = [c for c in others if c._phase == _BODY and not c.pipeline]  # (pipeline: waits its turn)
         if not reading:
             self.transport.close()
             return
-        min(reading, key=lambda c: c._body_bytes / max(now - c._body_start, 1e-3)).transport.close()
+        min(reading, key=lambda c: c._body_bytes / max(now - c._body_start, 1e-3)).drop()
+
+    def drop(self) -> None:
+        """Close at once: a close() waits for the answers written to be read, and a client
+        that reads none held its socket (and their bytes) for good."""
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
+            self.transport.close()
+
+    def _stalled(self, now: float) -> bool:
+        """Whether the answers written have waited idle_timeout_s without the client
+        reading a byte of them (their buffer never shrank)."""
+        size = self.transport.get_write_buffer_size()
+        if not size:
+            self._stall_since = 0.0
+        elif not self._stall_since or size < self._stall_size:
+            self._stall_since = now
+        self._stall_size = size
+        return bool(size) and now - self._stall_since > self.limits.idle_timeout_s
 
     def expire(self, now: float) -> None:
-        """Close this connection if it is past its header or idle timeout."""
+        """Close this connection if it is past its header or idle timeout, or cut it if
+        its answers have waited idle_timeout_s for the client to read them (closing too:
+        a close waits for them)."""
+        if self._stalled(now):
+            self.transport.abort()
+            return
+        if self._linger_timer is not None:
+            return  # closing (bounded by LINGER_S)
         phase = self._phase
         if phase == _HEAD and now - self._since > self.limits.header_timeout_s:
             if self.transport.is_closing() or self._answering():
@@ -280,8 +336,10 @@ class HttpProtocol(HttpToolsProtocol):
                     408, b"Request Timeout", "request-timeout", "Request Timeout",
                     f"the request line and headers must arrive within {self.limits.header_timeout_s:g} s"))
             self.transport.close()
-        elif phase == _BODY and self.pipeline:
-            return  # queued behind a request on the app, not read meanwhile: its clocks start with it
+        elif phase == _BODY and (self.pipeline or self._last_word is not None or self._eof):
+            # Queued behind a request on the app, not read meanwhile: its clocks start with
+            # it. (Or dropped, refused or cut by a FIN: the answers before it go out first.)
+            return
         elif phase == _BODY and now - self._since > self.limits.idle_timeout_s:
             self.transport.close()  # the app sees a disconnect
         elif phase == _BODY and now - self._body_start > self.limits.body_timeout_s:
@@ -330,6 +388,8 @@ class HttpProtocol(HttpToolsProtocol):
 
     def write_response(self, data: bytes) -> None:
         """A write of a request's cycle: after the head it holds, if any (see hold)."""
+        if self._gone():
+            return
         held = self._held
         if held is None:
             self.transport.write(data)
@@ -341,14 +401,33 @@ class HttpProtocol(HttpToolsProtocol):
         held = self._held
         if held is not None:
             self._held = None
-            self.transport.write(held)
+            if not self._gone():
+                self.transport.write(held)
+
+    def _gone(self) -> bool:
+        """Whether the connection is closed or closing (or lingering): an answer still
+        being made for it is dropped. (Written, a closed transport raised, and each client that dropped its
+        connection mid-answer left an ERROR traceback in the log.)"""
+        if not self.transport.is_closing() and self._linger_timer is None:
+            return False  # (lingering: its answer is out, the write side shut)
+        if not self._told_gone:
+            self._told_gone = True
+            self.logger.debug("%s: the connection closed before its answer was written", self.client)
+        return True
 
     def linger(self) -> None:
         """Close once the request's body is in (at once if it is): until then the
         response is followed by a FIN, and whatever else arrives is read and dropped."""
         self.flush()
+        if self._body_read:
+            self.transport.close()
+        else:
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close, reading and dropping what else arrives first (bounded: LINGER_*)."""
         transport = self.transport
-        if self._body_read or transport.is_closing() or not transport.can_write_eof():
+        if transport.is_closing() or not transport.can_write_eof():
             transport.close()
             return
         if self._linger_timer is not None:
@@ -388,14 +467,26 @@ class HttpProtocol(HttpToolsProtocol):
             self.server_state.total_requests += 1
             return
         last, queued = not self.pipeline, len(self.pipeline)
+        held = bool(self._ahead)
+        if held:
+            # Reading stays paused: held bytes are parsed first (on the loop's next turn,
+            # not inside the app's send), and reading resumes when they are. (uvicorn's own
+            # resumes it here: two system calls an answer, to pause it again at once.)
+            self.flow.read_paused = False
         super().on_response_complete()
+        if held:
+            self.flow.read_paused = True
+        if held and not self.transport.is_closing():
+            self._unset_keepalive_if_required()
+            if len(self.pipeline) <= MAX_AHEAD // 2:  # (in batches: not one parse per answer)
+                self._parse_ahead_soon()
         if queued == 1 and self._phase == _BODY:
             # The request whose body is being read was queued (reading paused): it starts now.
             self._since = self._body_start = self.loop.time()
         if self._last_word is not None:
             if last and not self.transport.is_closing():
                 self.transport.write(self._last_word)
-                self.transport.close()
+                self._linger()
             else:
                 self.flow.pause_reading()  # nothing more is read: the refusal ends the connection
             return
@@ -409,13 +500,52 @@ class HttpProtocol(HttpToolsProtocol):
             self._unset_keepalive_if_required()
             self.transport.close()
 
+    def _parse_ahead_soon(self) -> None:
+        if self._ahead_handle is None:
+            self._ahead_handle = self.loop.call_soon(self._parse_ahead)
+
+    def _parse_ahead(self) -> None:
+        """Parse what was held, now that an answer went out or the client read some."""
+        self._ahead_handle = None
+        if not self._ahead or self.transport.is_closing() or self._last_word is not None:
+            return
+        data, pos, self._ahead = self._ahead, self._ahead_pos, b""
+        self._feed(data, pos)
+        if self._ahead or self.transport.is_closing() or self._last_word is not None:
+            return
+        if self._fin:
+            # The FIN came while bytes were held: taken now that they are parsed.
+            self._fin = False
+            if self.eof_received() is None:
+                self.transport.close()
+        elif not self.pipeline:
+            self.flow.resume_reading()  # (with a request queued, its turn resumes it)
+
+    def pause_writing(self) -> None:
+        self._paused_at = self.loop.time()
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._ahead:
+            self._parse_ahead_soon()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self._ahead:  # (bytes held to parse: not idle)
+            super().timeout_keep_alive_handler()
+
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol's own is bool | None
         """The client has sent all it will (a half-close: `nc -N`, shutdown(SHUT_WR)).
         Its requests read whole are answered, in order, and then the connection closes;
         one left half-sent is dropped. uvicorn's own returns None, and the transport then
         closed at once: not one of the requests before the FIN got its answer."""
+        if self._ahead:
+            self._fin = True  # taken when they are parsed (_parse_ahead)
+            return True
         pending = (self.cycle is not None and not self.cycle.response_complete) or bool(self.pipeline)
         mid_body = not self._between and not self._in_head  # the app would wait for it forever
+        if mid_body and self._drop_queued():
+            mid_body = False  # cut in a queued request's body: the ones before it are answered
         # An answer already under way with nothing behind it (an event stream, a follow)
         # is a client gone, as before: a FIN cannot tell a half-close from a close, and a
         # stream kept for a closed client would hold its place (a token's share of them).
@@ -428,6 +558,9 @@ class HttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._held = None
+        self._ahead = b""
+        if self._ahead_handle is not None:
+            self._ahead_handle.cancel()
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         super().connection_lost(exc)
@@ -437,8 +570,8 @@ class HttpProtocol(HttpToolsProtocol):
             self._refused = True
             raise _HeadTooLarge  # httptools stops; the 431 goes out through send_400_response
         super().on_header(name, value)
-        if not self._in_head:
-            return  # a chunked body's trailer field
+        if not self._in_head or len(name) not in (14, 17):
+            return  # a chunked body's trailer field, or not one of the two below
         # The body's framing, as the parser takes it (it refuses a Content-Length beside a
         # Transfer-Encoding, and a request's Transfer-Encoding whose last coding is not chunked).
         name, value = self.headers[-1]
@@ -457,36 +590,64 @@ class HttpProtocol(HttpToolsProtocol):
             return
         if self._last_word is not None or (self._no_more and not self._in_body):
             return  # refused, or after a last request (Connection: close): nothing more is parsed
+        self._unset_keepalive_if_required()
+        if self._ahead:
+            self._ahead, self._ahead_pos = self._ahead[self._ahead_pos:] + data, 0  # after what is held
+            self.flow.pause_reading()
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes, pos: int = 0) -> None:
+        """Parse data[pos:] (pos: where the bytes held ahead start)."""
+        size = len(data)
         if self._phase == _BODY:
             self._since = self.loop.time()
-            self._body_bytes += len(data)
+            self._body_bytes += size - pos
         else:
             self._got_bytes = True
-        self._unset_keepalive_if_required()
         # Fed in pieces, each cut where a message ends: a piece that starts between two
         # messages is the only one that may begin a request (on_message_begin checks), so
         # a head's bytes are those of the pieces from its start to its blank line, counted
         # before the parser sees them. A read of one request is one piece.
-        pos, size = 0, len(data)
+        parser, pipeline = self.parser, self.pipeline
         while pos < size:
-            self._may_begin = self._between and not self._in_body
+            may_begin = self._may_begin = self._between and not self._in_body
+            if may_begin and (len(pipeline) >= MAX_AHEAD or self.flow.write_paused):
+                # Enough read ahead of the answers: the rest waits (_parse_ahead).
+                self._ahead, self._ahead_pos = data, pos
+                self.flow.pause_reading()
+                return
             if self._in_body:
                 end = self._body_end(data, pos)
+                if self._head_bytes > MAX_HEAD_BYTES:  # (its trailers)
+                    self._refused = True
+                    self.send_400_response("")
+                    return
             else:
-                end = _blank_end(self._tail, data, pos)
-                if end < 0:
+                tail = self._tail
+                if tail:
+                    end = _blank_end(tail, data, pos)
+                else:
+                    end = data.find(b"\r\n\r\n", pos)
+                    if end >= 0:
+                        end += 4
+                if end < 0:  # the head goes on in a later read
                     end = size
+                    self._tail = (tail + data[max(pos, size - 3):])[-3:]
                 self._head_bytes += end - pos
                 if self._head_bytes > MAX_HEAD_BYTES:
                     self._refused = True  # (before the parser sees it: nothing of it is dispatched)
                     self.send_400_response("")
                     return
-                self._tail = (self._tail + data[max(pos, end - 3):end])[-3:]
             try:
-                self.parser.feed_data(data if end - pos == size else data[pos:end])
+                parser.feed_data(data if pos == 0 and end == size else data[pos:end])
             except httptools.HttpParserUpgrade:
-                self._upgrade()
-                return
+                if self._should_upgrade() or not self._between:
+                    self._upgrade()
+                    return
+                # An upgrade not taken (h2c): answered as HTTP/1.1, and the requests sent
+                # behind it in the same read are parsed too (they were dropped).
+                self._unsupported_upgrade_warning()
             except httptools.HttpParserError:
                 self.send_400_response("")
                 return
@@ -504,7 +665,10 @@ class HttpProtocol(HttpToolsProtocol):
             return end
         while pos < size:
             if self._trailers:
+                # Trailer fields count against the head's cap (the parser gathers a field
+                # by copying: an endless one held the process).
                 end = _blank_end(self._tail, data, pos)
+                self._head_bytes += (end if end >= 0 else size) - pos
                 if end >= 0:
                     return end
                 self._tail = (self._tail + data[max(pos, size - 3):])[-3:]
@@ -545,15 +709,25 @@ class HttpProtocol(HttpToolsProtocol):
                      b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
                      % (MEDIA_TYPE.encode(), len(_HEAD_TOO_LARGE), _HEAD_TOO_LARGE))
 
+    def _drop_queued(self) -> bool:
+        """Drop the request whose body is being read if it is queued behind others (True):
+        it will not be served, and the answers before it go out first."""
+        if self._in_body and self.pipeline and self.pipeline[0][0] is self.cycle:
+            self.pipeline.popleft()
+            return True
+        return False
+
     def _refuse(self, answer: bytes) -> None:
         """Answer and close; after the answers of the requests before, when a head is
         refused behind them (pipelined), so each client request gets its own answer."""
-        if self._answering() and not self.transport.is_closing():
+        if not self.transport.is_closing() and (self._answering() or self._drop_queued()):
             self._last_word = answer
             self.flow.pause_reading()
             return
         self.transport.write(answer)
-        self.transport.close()
+        # The rest of what the client sends is read and dropped first: a close with unread
+        # bytes is a reset, and the client would lose the answer.
+        self._linger()
 
 
 class Server(uvicorn.Server):

@@ -9,6 +9,7 @@ import contextlib
 import random
 import resource
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -287,20 +288,27 @@ def _responses(s: socket.socket, n: int, within: float = 5.0) -> list[tuple[byte
 
 def test_pipelined_requests_are_all_answered_in_order(web: Web) -> None:
     """HTTP/1.1 requests sent back to back on one connection, before any answer (two and
-    three in one write, and one followed by the start of the next, its rest in a second
-    write): each gets its answer, in the order sent, and the connection serves on."""
+    three in one write, one followed by the start of the next, its rest in a second
+    write, and two behind a request asking to upgrade to h2c): each gets its answer, in
+    the order sent, and the connection serves on."""
     port = _port(web)
     health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     queues = f"GET /queues HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
     missing = f"GET /no-such-page HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
     post = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
             "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 7}").encode()
+    # An upgrade the server does not take is answered as HTTP/1.1 (the requests behind it
+    # in the same read were dropped: never answered).
+    h2c = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+           b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
     cases: list[tuple[str, list[bytes], list[bytes]]] = [
         ("two in one write", [health + queues], [b"200", b"200"]),
         ("three in one write", [queues + missing + health], [b"200", b"404", b"200"]),
         ("a body, then two", [post + missing + health], [b"202", b"404", b"200"]),
         ("one and the start of the next", [health + missing[:9], missing[9:]], [b"200", b"404"]),
         ("a head split mid-field", [queues + health[:20], health[20:] + missing], [b"200", b"200", b"404"]),
+        ("two behind an upgrade to h2c", [h2c + missing + health], [b"200", b"404", b"200"]),
+        ("40 in one write (more than are parsed ahead)", [(health + missing) * 20], [b"200", b"404"] * 20),
     ]
     for name, writes, expected in cases:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -335,6 +343,7 @@ def test_requests_sent_before_a_half_close_are_all_answered_in_order(web: Web) -
         ("two", health + missing, [b"200", b"404"]),
         ("three", missing + post + health, [b"404", b"202", b"200"]),
         ("one and the start of the next", health + missing[:20], [b"200"]),
+        ("40 (more than are parsed ahead)", (health + missing) * 20, [b"200", b"404"] * 20),
     ]
     for name, data, expected in cases:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -438,3 +447,111 @@ def test_pipelined_requests_of_every_framing_cut_anywhere_are_all_answered(web: 
             assert [line.split(b" ")[1] for line, _ in got] == expected, (cuts, got)
             s.sendall(health)
             assert [line.split(b" ")[1] for line, _ in _responses(s, 1)] == [b"200"], cuts
+
+
+def _server_sockets(port: int) -> int:
+    """The sockets still open at the server's end of connections to ``port`` (Linux:
+    /proc/net/tcp; those the server cut or closed are gone or closing)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if int(local.rsplit(":", 1)[1], 16) == port and state == "01":  # established
+                    count += 1
+    return count
+
+
+def _slow_reader(port: int, count: int = 300) -> socket.socket:
+    """A connection that pipelines ``count`` cheap public requests (the dashboard's
+    31 KB script, no token) and never reads an answer."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /static/app.js HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+    return s
+
+
+def test_clients_that_never_read_cannot_lock_out_a_real_client(project: Project) -> None:
+    """max_connections = 20, idle_timeout = 2: 30 connections each pipeline 300 requests
+    for the dashboard's script (no token needed) and never read an answer. Before, each
+    answer waited for a drain that never came, such a connection was never closed to make
+    room (a request on the app) and nothing timed out a stalled write: 20 of them refused
+    every real client for as long as they stayed open. Now a connection whose answers
+    back up gives way to a new one, a write that makes no progress for idle_timeout is
+    cut (the socket freed, not left to flush), and the requests read ahead of their
+    answers are bounded."""
+    project.write_config(extra="\n[api]\nmax_connections = 20\nheader_timeout = 30\nidle_timeout = 2\n")
+    with gunicorn(project, token=TOKEN) as web:
+        port = _port(web)
+        readers = []
+        try:
+            for _ in range(30):
+                with contextlib.suppress(OSError):
+                    readers.append(_slow_reader(port))
+                time.sleep(0.05)
+            time.sleep(1)  # each has its answers backed up
+            for _ in range(5):
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    got = _responses(s, 1, within=10)
+                assert [line.split(b" ")[1] for line, _ in got] == [b"200"], got
+            # And each stalled connection is cut within a few seconds of its timeout (not left to flush).
+            wait_for(lambda: _server_sockets(port) == 0, timeout=20, interval=0.5,
+                     what="the stalled connections to be cut")
+        finally:
+            for s in readers:
+                s.close()
+        assert web.get("/healthz").status_code == 200
+
+
+def test_a_bad_body_or_a_fin_behind_answered_requests_comes_after_their_answers(web: Web) -> None:
+    """A request queued behind others whose body is cut short by a FIN, or whose chunks
+    are malformed: before, the FIN closed at once and the 400 went out at once, and the
+    answers to the whole requests before it were lost (an enqueue was written, its 202
+    never sent: a client retrying without an idempotency key enqueued twice). Now those
+    answers go out first, in order; then the 400 (for bad chunks) and the close."""
+    port = _port(web)
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    post = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 7}").encode()
+    chunked = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+               "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+    cases: list[tuple[str, bytes, bool, list[bytes]]] = [
+        ("a bad chunk size behind a GET", health + chunked + b"ZZ\r\nhello\r\n0\r\n\r\n", False, [b"200", b"400"]),
+        ("chunk data without its CRLF", health + chunked + b"5\r\nhelloXX0\r\n\r\n", False, [b"200", b"400"]),
+        ("a bad chunk size behind an enqueue", post + chunked + b"ZZ\r\n", False, [b"202", b"400"]),
+        ("a FIN in a body behind a GET", health + post[:-3], True, [b"200"]),
+        ("a FIN in chunks behind two", health + post + chunked + b"8\r\n{\"n\"", True, [b"200", b"202"]),
+    ]
+    for name, data, fin, expected in cases:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(data)
+                if fin:
+                    s.shutdown(socket.SHUT_WR)
+                got = _responses(s, len(expected) + 1)
+                assert [line.split(b" ")[1] for line, _ in got] == expected, (name, got)
+                s.settimeout(5)
+                with contextlib.suppress(ConnectionResetError):
+                    assert s.recv(1) == b"", name  # and then the close
+    assert web.get("/healthz").status_code == 200
+
+
+def test_a_client_gone_mid_answer_leaves_no_traceback(project: Project, web: Web) -> None:
+    """Clients that pipeline requests (no token needed) and reset the connection at once:
+    each answer still being made was written to the closed connection, and the log got an
+    ERROR "Exception in ASGI application" traceback for each. Now such an answer is
+    dropped quietly and the server serves on."""
+    port = _port(web)
+    data = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 3 + b"GET /static/app.js HTTP/1.1\r\nHost: x\r\n\r\n" * 3
+    for _ in range(40):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(data)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, not a FIN
+        s.close()
+    time.sleep(1)  # the answers under way are made (and dropped)
+    assert web.get("/healthz").status_code == 200
+    log = b"".join(p.read_bytes() for p in project.root.glob("gunicorn-*.log"))
+    assert b"Traceback" not in log and b"ERROR" not in log, log[-3000:]

@@ -4,6 +4,7 @@ problem body, nothing is written to Redis, and the server keeps serving."""
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -298,4 +299,37 @@ def test_the_head_cap_holds_for_every_head_of_a_connection(web: Web) -> None:
             assert got == [*answers, expected], (name, len(head), got)
         pieces = [head[i:i + 1000] for i in range(0, 20_000, 1000)] + [head[20_000:]]
         assert statuses(pieces, 1) == [expected], ("in small writes", len(head))
+    assert web.get("/healthz").status_code == 200
+
+
+def test_a_chunked_bodys_trailer_fields_are_held_to_the_head_cap(web: Web) -> None:
+    """The trailer fields after a chunked body's last chunk had no cap: the parser gathers
+    a field whole by copying (quadratic), and one endless trailer field held the process
+    for seconds (its other connections' /healthz waited 11 s; the worker was killed for a
+    missed heartbeat). They now count against the 64 KiB head cap: a 431 problem and the
+    close; trailers under the cap are served, and the request before a refused one on the
+    connection still gets its answer."""
+    host, port = web.url.split("//")[1].split(":")
+    chunked = (b"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+               + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n{\"n\": 1}\r\n0\r\n")
+    small = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def statuses(data: bytes) -> list[bytes]:
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                for i in range(0, len(data), 65536):
+                    s.sendall(data[i:i + 65536])
+            out = b""
+            with contextlib.suppress(ConnectionResetError, TimeoutError):
+                while chunk := s.recv(65536):
+                    out += chunk
+                    if out.count(b"HTTP/1.1 ") >= 2:
+                        break
+        return re.findall(rb"HTTP/1\.1 (\d{3}) ", out)
+
+    endless = chunked + b"X-Trailer: " + b"a" * 400_000
+    assert statuses(endless) == [b"431"]
+    assert statuses(small + endless) == [b"200", b"431"]
+    assert statuses(chunked + b"X-T: " + b"a" * 70_000 + b"\r\n\r\n") == [b"431"]
+    assert statuses(chunked + b"X-T: " + b"a" * 30_000 + b"\r\n\r\n" + small) == [b"202", b"200"]
     assert web.get("/healthz").status_code == 200
