@@ -384,10 +384,8 @@ def test_the_deferred_list_ends_under_a_real_worker_while_jobs_are_parked_and_wo
     assert len(stayed) >= 20 and not stayed - set(seen), f"{len(stayed)} stayed, never shown: {stayed - set(seen)}"
 
 
-def test_the_deferred_list_goes_on_when_the_last_job_shown_is_cancelled(project: Project) -> None:
-    """30 jobs parked on a CONCURRENCY limit, paged in 4s while the last job of every page
-    is cancelled and taken out of the list before the next: the next page
-    starts at the first job not yet shown, so each job that stays is shown once."""
+def _park_on_a_limit(project: Project) -> tuple[list[str], set[str]]:
+    """31 jobs of a CONCURRENCY=1 function, one claimed: the id of each, and the running one's."""
     from runner.worker.fetcher import CLAIM_FIELDS
 
     (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
@@ -399,6 +397,15 @@ def test_the_deferred_list_goes_on_when_the_last_job_shown_is_cancelled(project:
                                   dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
     running = {reply[i] for i in range(2, len(reply), CLAIM_FIELDS)}
     assert len(running) == 1
+    return parked, running
+
+
+def test_the_deferred_list_goes_on_when_the_last_job_shown_is_cancelled(project: Project) -> None:
+    """30 jobs parked on a CONCURRENCY limit, paged in 4s while the last job of every page
+    is cancelled and taken out of the list before the next: the next page
+    starts at the first job not yet shown, so each job that stays is shown once."""
+    parked, running = _park_on_a_limit(project)
+    c, rt, k = project.client, project.runtime, project.keys()
     shown: list[str] = []
 
     def page(cursor: str | None) -> Any:
@@ -606,17 +613,8 @@ def test_the_deferred_list_goes_on_when_a_batch_cancel_takes_the_ids_its_cursor_
     last job shown and the first not yet shown out of the waiters list before every next
     page: the list is not read yet, and every job that stays deferred is shown once.
     (With both ids gone the list counted as read, as if the limit had woken them.)"""
-    from runner.worker.fetcher import CLAIM_FIELDS
-
-    (project.root / "functions" / "one_at_a_time.py").write_text(ONE_AT_A_TIME)
-    (project.root / "schemas" / "one_at_a_time").mkdir()
-    (project.root / "schemas" / "one_at_a_time" / "v1.json").write_text(json.dumps({"type": "object"}))
+    parked, _ = _park_on_a_limit(project)
     c, rt, k = project.client, project.runtime, project.keys()
-    parked = [c.enqueue("one_at_a_time", {"i": i}).id for i in range(31)]
-    reply = list(rt.scripts.claim(k, n=40, start=40, lease_ms=60_000, token_base="w.1",
-                                  dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000))
-    running = {reply[i] for i in range(2, len(reply), CLAIM_FIELDS)}
-    assert len(running) == 1
     limit = rt.redis.zrange(k.limwait, 0, -1)[0]
     shown: list[str] = []
 
