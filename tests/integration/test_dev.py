@@ -173,8 +173,8 @@ def test_deleted_function_refuses_new_jobs_and_its_parked_jobs_return_with_it(ex
         path.unlink()
         wait_for(lambda: dev.post("slowpoke", {}).status_code == 404, timeout=5, interval=0.05,
                  what="the type to go")
-        waiting = wait_for(lambda: (j := dev.job(parked))["deferrals"] >= 1 and j, timeout=10,
-                           what="the queued job to be handed back")
+        waiting = wait_for(lambda: (j := dev.job(parked))["deferrals"] >= 1 and j, timeout=30,
+                           what="the queued job to be handed back")  # (10 s ran out on a loaded host)
         assert waiting["status"] == "scheduled" and waiting["attempt"] == 0
         path.write_text(saved)
         back = wait_for(lambda: (j := dev.job(parked))["status"] == "done" and j, timeout=5,
