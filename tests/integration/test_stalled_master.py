@@ -435,6 +435,20 @@ class _Promotions:
 SLOW_ROUND_TRIPS = 4
 
 
+def _delayed_jobs_run(p: Project, parts: Any, port: Any, proxy: Any, step_s: float) -> tuple[list[str], _Promotions]:
+    """30 delayed jobs over the three partitions (each call's keyless jobs go to the next),
+    due 1 s on in steps of step_s, watched from their scheduled sets until each has run."""
+    seen = _Promotions(parts, port, proxy)
+    try:
+        ids = [j.id for batch in range(3)
+               for j in p.client.enqueue_many([Request("record", {"n": 10 * batch + i}, delay_s=1.0 + step_s * i)
+                                               for i in range(10)])]
+        wait_for(lambda: all(p.runs(j) for j in ids), timeout=30, interval=0.1, what="the delayed jobs to run")
+    finally:
+        seen.stop()
+    return ids, seen
+
+
 def test_a_slow_master_s_delayed_jobs_move_to_ready_within_its_round_trips(sproject: Project,
                                                                            shards: list[Server]) -> None:
     """One master of three answers every call 0.4 s late (a delaying proxy): the
@@ -459,14 +473,7 @@ def test_a_slow_master_s_delayed_jobs_move_to_ready_within_its_round_trips(sproj
         c = p.client
         warm = c.enqueue("record", {"n": -1}).id
         wait_for(lambda: p.runs(warm), timeout=30, interval=0.05, what="the worker to start")
-        seen = _Promotions(parts, port, proxy)
-        try:
-            ids = [j.id for batch in range(3)  # (each call's keyless jobs go to the next partition)
-                   for j in c.enqueue_many([Request("record", {"n": 10 * batch + i}, delay_s=1.0 + 0.1 * i)
-                                            for i in range(10)])]
-            wait_for(lambda: all(p.runs(j) for j in ids), timeout=30, interval=0.1, what="the delayed jobs to run")
-        finally:
-            seen.stop()
+        ids, seen = _delayed_jobs_run(p, parts, port, proxy, step_s=0.1)
         alive = w.poll() is None
         log = (p.root / "worker-0.log").read_text()
         p.stop_all()  # (before the proxy goes)
@@ -525,14 +532,7 @@ def test_a_slow_master_s_partition_is_reclaimed_and_the_others_keep_their_timers
         w = p.spawn_worker("fast")
         warm = c.enqueue("record", {"n": -1}).id
         wait_for(lambda: p.runs(warm), timeout=30, interval=0.05, what="the second worker to start")
-        seen = _Promotions(parts, port, proxy)
-        try:
-            ids = [j.id for batch in range(3)  # (each call's keyless jobs go to the next partition)
-                   for j in c.enqueue_many([Request("record", {"n": 10 * batch + i}, delay_s=1.0 + 0.2 * i)
-                                            for i in range(10)])]
-            wait_for(lambda: all(p.runs(j) for j in ids), timeout=30, interval=0.1, what="the delayed jobs to run")
-        finally:
-            seen.stop()
+        ids, seen = _delayed_jobs_run(p, parts, port, proxy, step_s=0.2)
         deadline = killed + 8 + 6
         while time.time() < deadline and not all(len(p.runs(j)) >= 2 for j in long):
             time.sleep(0.2)
