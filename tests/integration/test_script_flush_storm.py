@@ -1,11 +1,11 @@
 """A SCRIPT FLUSH storm: another client empties Redis's script cache every few
-milliseconds while every path that sends a script runs at once, on one server and on
-Redis Cluster. A flush can land between a reload and the call behind it, so a call
-answered NOSCRIPT must go again by its source (EVAL cannot answer NOSCRIPT), never by
-SHA a second time, whichever path sent it: redis-py's kept connections (a single call, a
-batch, a stream, a wake-up's claim behind a BLPOP, the scheduler's look), the raw link
-(a reader's lookups), the event-loop link (aenqueue) and, on Cluster, the calls routed
-to each master."""
+milliseconds while every path that sends a script runs at once, on one server, on a
+master with a replica (durable calls with their WAIT) and on Redis Cluster. A flush can
+land between a reload and the call behind it, so a call answered NOSCRIPT must go again
+by its source (EVAL cannot answer NOSCRIPT), never by SHA a second time, whichever path
+sent it: redis-py's kept connections (a single call, a batch, a stream, a wake-up's claim
+behind a BLPOP, the scheduler's look), the raw link (a reader's lookups), the event-loop
+link (aenqueue) and, on Cluster, the calls routed to each master."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import clusterkit
@@ -22,8 +23,9 @@ import redis
 from runner.client import Enqueued, Request
 from runner.runtime import Runtime
 from runner.store import records
+from runner.store.embedded import Server, bundled_binary
 
-from conftest import Project, wait_for
+from conftest import Project, make_project, wait_for
 
 cluster = clusterkit.cluster
 
@@ -108,7 +110,6 @@ def _run_storm(project: Project, urls: list[str], queue_keys: list[Any]) -> None
     """Enqueue on every path and look jobs up on a reader's raw link while a worker runs
     them, all inside a storm; then every accepted job ran once and is done, no call
     failed, and the worker logged no NOSCRIPT."""
-    project.write_config(vt=5)
     ids: list[str] = []
     errors: list[BaseException] = []
     reader = Runtime.create(project.config(), reader=True)
@@ -152,7 +153,36 @@ def test_a_flush_storm_on_one_server_reaches_no_caller(project: Project) -> None
     them up on its raw link, and a real worker claims (behind its wake-up), starts,
     settles and promotes them: every accepted job runs once and ends done, no call
     fails, and no NOSCRIPT reaches a caller or the worker's log."""
+    project.write_config(vt=5)
     _run_storm(project, [project.server.url], [k for keys in project.runtime.parts.values() for k in keys])
+
+
+def test_a_flush_storm_with_replicas_reaches_no_caller(tmp_path: Path) -> None:
+    """The same storm with ``wait_replicas = 1`` on a master and its replica: each durable
+    call's reload goes with its WAIT behind it in one write (a single call, a batch's, a
+    stream's, the event loop's), and every job is confirmed, runs once and ends done."""
+    binary = bundled_binary()
+    master = Server(tmp_path / "master", binary=binary, extra=["--repl-diskless-sync-delay", "0"]).start()
+    replica = Server(tmp_path / "replica", binary=binary, extra=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    probe = redis.Redis(port=master.port)
+    try:
+        wait_for(lambda: probe.set("probe", 1) and int(probe.wait(1, 100)) == 1, timeout=20, interval=0.05,
+                 what="the replica to sync and acknowledge")
+        p = make_project(tmp_path / "p", master)
+        p.write_config(vt=5)
+        path = p.root / "runner.toml"
+        path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 2\n", 1))
+        try:
+            assert p.runtime.scripts.replicas == 1
+            _run_storm(p, [master.url], [k for keys in p.runtime.parts.values() for k in keys])
+        finally:
+            p.stop_all()
+            if p._runtime is not None:
+                p._runtime.close()
+    finally:
+        probe.close()
+        replica.stop(kill=True)
+        master.stop(kill=True)
 
 
 def test_a_flush_storm_on_every_cluster_master_reaches_no_caller(tmp_path: Any, cluster: list[Any]) -> None:
@@ -161,6 +191,7 @@ def test_a_flush_storm_on_every_cluster_master_reaches_no_caller(tmp_path: Any, 
     a stream, the scheduler's look on one master) all end with no NOSCRIPT, every job
     once."""
     p = clusterkit.cluster_project(tmp_path / "p", cluster[:2])
+    p.write_config(vt=5)
     try:
         rt = p.runtime
         parts = [k for keys in rt.parts.values() for k in keys]
