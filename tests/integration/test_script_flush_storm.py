@@ -1,6 +1,7 @@
 """A SCRIPT FLUSH storm: another client empties Redis's script cache every few
 milliseconds while every path that sends a script runs at once, on one server, on a
-master with a replica (durable calls with their WAIT) and on Redis Cluster. A flush can
+master with a replica (durable calls with their WAIT) and on Redis Cluster (with and
+without replicas). A flush can
 land between a reload and the call behind it, so a call answered NOSCRIPT must go again
 by its source (EVAL cannot answer NOSCRIPT), never by SHA a second time, whichever path
 sent it: redis-py's kept connections (a single call, a batch, a stream, a wake-up's claim
@@ -148,6 +149,15 @@ def _run_storm(project: Project, urls: list[str], queue_keys: list[Any]) -> None
     assert "NOSCRIPT" not in log and "NoScriptError" not in log
 
 
+def _durable(p: Project, fast: str = "") -> Project:
+    """The project's runner.toml with ``wait_replicas = 1`` (``fast``: lines for its fast queue)."""
+    p.write_config(vt=5, fast=fast)
+    path = p.root / "runner.toml"
+    path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 2\n", 1))
+    p._runtime = None
+    return p
+
+
 def test_a_flush_storm_on_one_server_reaches_no_caller(project: Project) -> None:
     """SCRIPT FLUSH every 3 ms while 330 jobs go through every enqueue path, a reader looks
     them up on its raw link, and a real worker claims (behind its wake-up), starts,
@@ -168,10 +178,7 @@ def test_a_flush_storm_with_replicas_reaches_no_caller(tmp_path: Path) -> None:
     try:
         wait_for(lambda: probe.set("probe", 1) and int(probe.wait(1, 100)) == 1, timeout=20, interval=0.05,
                  what="the replica to sync and acknowledge")
-        p = make_project(tmp_path / "p", master)
-        p.write_config(vt=5)
-        path = p.root / "runner.toml"
-        path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 2\n", 1))
+        p = _durable(make_project(tmp_path / "p", master))
         try:
             assert p.runtime.scripts.replicas == 1
             _run_storm(p, [master.url], [k for keys in p.runtime.parts.values() for k in keys])
@@ -198,3 +205,19 @@ def test_a_flush_storm_on_every_cluster_master_reaches_no_caller(tmp_path: Any, 
         _run_storm(p, [s.url for s in cluster], parts)
     finally:
         clusterkit.close_project(p)
+
+
+def test_a_flush_storm_on_a_cluster_with_replicas_reaches_no_caller(tmp_path: Path) -> None:
+    """The storm on a Cluster of 3 masters with a replica each, ``wait_replicas = 1`` and
+    the fast queue in 3 partitions (spread over the masters): the durable calls pipelined
+    with their WAIT on a slot's master (an enqueue's bounded call, a group's and a relay's
+    call on its node) go again by their source with their WAIT behind them; every job runs
+    once."""
+    with clusterkit.local_cluster(tmp_path / "c", masters=3, replicas=1) as servers:
+        wait_for(lambda: clusterkit.replicas_connected(servers[:3]), timeout=30, interval=0.1, what="every replica")
+        p = _durable(clusterkit.cluster_project(tmp_path / "p", servers[:2]), fast="partitions = 3")
+        try:
+            assert p.runtime.scripts.replicas == 1
+            _run_storm(p, [s.url for s in servers[:3]], [k for keys in p.runtime.parts.values() for k in keys])
+        finally:
+            clusterkit.close_project(p)
