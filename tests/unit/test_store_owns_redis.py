@@ -26,14 +26,17 @@ the module or by any other module of the package (followed to a fixed point).
 called on a class (``Redis.get(c, k)``, a command mixin such as ``CoreCommands``, the
 asyncio client), ``operator.methodcaller("hset", ...)`` (under any name), a connection's
 ``send_command`` and ``read_response``, and any method of what a helper named ``*pipe`` or ``*pipeline``
-returns. A client kept in a container (however deep, put there by ``append`` or a queue's
-``put``, copied by ``dict``, ``list``, ``zip`` or ``[*...]``) and read back by a subscript, a
-loop, unpacking, ``get``, ``pop`` or ``next`` is one; so is a client handed on through
-``functools.partial``, a thread, an executor or the event loop, or spread from ``*`` and
-``**``; one bound in a class body or as a dataclass's field; what a lambda or a partial of
-a maker returns; and an instance of a subclass of a client, with ``self`` and ``super()`` in
-its methods. tests/fixtures/redis_forms/ holds a module for each of those forms. What is
-not seen, on purpose, is listed in test_the_walk_sees_the_forms_that_once_slipped_past."""
+returns. A client kept in a container (however deep; put there by a subscript, ``append``,
+``extend``, ``update``, ``+=`` or a queue's ``put``; built by a comprehension; copied by
+``dict``, ``list``, ``zip`` or ``[*...]``; yielded by a generator) and read back by a
+subscript, a loop, unpacking, ``get``, ``pop`` or ``next`` is one; so is a client handed on
+through ``functools.partial``, a thread, an executor or the event loop, spread from ``*``
+and ``**``, or taken by a helper's ``*args`` or ``**kwargs``; one bound in a class body or
+as a dataclass's field; what a lambda (or one called where it is written), a partial of a
+maker or another name for redis-py's class returns; and an instance of a subclass of a
+client, with ``self`` and ``super()`` in its methods. tests/fixtures/redis_forms/ holds a
+module for each of those forms. What is not seen, on purpose, is listed in
+test_the_walk_sees_the_forms_that_once_slipped_past."""
 
 from __future__ import annotations
 
@@ -145,7 +148,7 @@ def _nodes(tree: ast.AST) -> list[ast.AST]:
 
 # The nodes ``_Walk.step`` can bind a client at: it finds nothing at any other.
 _STEPS = (ast.arg, ast.Assign, ast.AnnAssign, ast.NamedExpr, ast.withitem, ast.For, ast.AsyncFor, ast.comprehension,
-          ast.arguments, ast.Call, ast.Return, ast.Yield, ast.ClassDef)
+          ast.arguments, ast.Call, ast.Return, ast.Yield, ast.ClassDef, ast.AugAssign)
 # A container's reads that hand back what it holds (``conns.get("a")``, ``cs.pop()``).
 TAKEN = frozenset({"get", "get_nowait", "pop", "popleft", "setdefault"})
 # Calls that hand back a container of what they are given (``zip(cs, keys)``).
@@ -153,6 +156,8 @@ REPACKED = frozenset({"iter", "list", "tuple", "set", "dict", "reversed", "sorte
 # A container's (a queue's, a context variable's) writes: what is put in a name makes it
 # a container holding a client.
 PUT = frozenset({"append", "appendleft", "add", "put", "put_nowait", "insert", "set"})
+# Writes that add a container's contents (``cs.extend([rt.redis])``).
+PUT_ALL = frozenset({"extend", "extendleft", "update"})
 # Calls that run a function given them with the arguments after it (``submit(put, c)``),
 # and those that skip one argument first (``run_in_executor(None, put, c)``).
 RUNS = frozenset({"submit", "to_thread", "call_soon", "call_soon_threadsafe", "apply_async"})
@@ -456,6 +461,10 @@ class _Walk:
             return any(self.is_client(v) or self.is_holder(v) for v in node.values)
         if isinstance(node, ast.Subscript):  # ``box["conns"]`` of ``{"conns": [rt.redis]}``
             return self.is_holder(node.value)
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):  # ``[rt.redis for _ in ...]``
+            return self.is_client(node.elt) or self.is_holder(node.elt)
+        if isinstance(node, ast.DictComp):
+            return self.is_client(node.value) or self.is_holder(node.value)
         return _unparse(node) in self.holders or (isinstance(node, ast.Attribute) and node.attr in self.holder_attrs)
 
     def bound(self, target: ast.expr, value: ast.expr) -> set[str]:
@@ -477,6 +486,12 @@ class _Walk:
             # ``conn, n = pair``: which place holds the client is not known; each may.
             return {_unparse(t.value if isinstance(t, ast.Starred) else t) for t in target.elts
                     if isinstance(t.value if isinstance(t, ast.Starred) else t, (ast.Name, ast.Attribute))}
+        if isinstance(target, ast.Subscript) and (self.is_client(value) or self.is_holder(value)):
+            self.holders.add(_unparse(target.value))  # ``conns["a"] = rt.redis``
+            return set()
+        if isinstance(target, ast.Name) and isinstance(value, (ast.Name, ast.Attribute)) \
+                and (_name(value) in CLASSES or _name(value) in self.makers):
+            self.makers.add(target.id)  # ``Conn = Redis``
         if isinstance(target, ast.Name) and isinstance(value, ast.Lambda) and self.is_client(value.body):
             self.makers.add(target.id)  # ``conn = lambda: rt.redis``
         if isinstance(target, ast.Name) and isinstance(value, ast.Call) and _name(value.func) in self.partials \
@@ -498,7 +513,7 @@ class _Walk:
         if self.callee(call) is not None:  # (``admin.pause(...)``: not this module's pause)
             return set()
         name = _name(call.func)
-        fn = self.defs.get(name)
+        fn = call.func if isinstance(call.func, ast.Lambda) else self.defs.get(name)  # (``(lambda c: ...)(x)``)
         cls = self.classes.get(name) if fn is None else None
         owner = ""
         if cls is not None:  # a class of the module: its __init__'s parameters, or its fields
@@ -518,6 +533,12 @@ class _Walk:
             return set()
         args, keywords = _spread(call)
         out = {params[i] for i, a in enumerate(args) if i < len(params) and a is not None and self.is_client(a)}
+        if fn is not None:  # more than the named parameters take: ``*args`` and ``**kwargs`` hold it
+            if fn.args.vararg is not None and any(a is not None and self.is_client(a) for a in args[len(params):]):
+                self.holders.add(fn.args.vararg.arg)
+            named = set(params) | {a.arg for a in fn.args.kwonlyargs}
+            if fn.args.kwarg is not None and any(k not in named and self.is_client(v) for k, v in keywords):
+                self.holders.add(fn.args.kwarg.arg)
         # ``put(*args)``, ``take(**kw)`` of a container holding a client: which parameter
         # gets it is not known; each from there may.
         star = next((i for i, a in enumerate(call.args) if isinstance(a, ast.Starred)
@@ -543,6 +564,9 @@ class _Walk:
             return {node.target.id} if self.is_holder(node.iter) else set()
         if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and isinstance(node.target, ast.Tuple):
             return self._looped(node.target.elts, node.iter)
+        if isinstance(node, ast.AugAssign) and self.is_holder(node.value):  # ``cs += [rt.redis]``
+            self.holders.add(_unparse(node.target))
+            return set()
         if isinstance(node, ast.ClassDef):  # ``conn = redis.Redis()`` or ``conn: redis.Redis`` in a class body
             return {f"{node.name}.{b.target.id}" for b in node.body if isinstance(b, ast.AnnAssign)
                     and isinstance(b.target, ast.Name) and (bool(_types(b.annotation) & CLIENT_TYPES)
@@ -558,10 +582,14 @@ class _Walk:
             func = node.func
             if isinstance(func, ast.Attribute) and func.attr in PUT and any(self.is_client(a) for a in node.args):
                 self.holders.add(_unparse(func.value))  # ``q.put(rt.redis)``: q holds one
+            if isinstance(func, ast.Attribute) and func.attr in PUT_ALL and any(self.is_holder(a) for a in node.args):
+                self.holders.add(_unparse(func.value))  # ``cs.extend([rt.redis])``
             return self.handed(node)
         if isinstance(node, (ast.Return, ast.Yield)) and id(node) in self.owner and node.value is not None:
             if self.is_client(node.value):
                 self.makers.add(self.owner[id(node)])
+                if isinstance(node, ast.Yield):  # a generator of clients: looped over, it holds them
+                    self.holder_makers.add(self.owner[id(node)])
             elif isinstance(node.value, (ast.Tuple, ast.List)) and self.is_holder(node.value):
                 self.holder_makers.add(self.owner[id(node)])  # ``return rt.redis, 1``
         return set()
@@ -827,7 +855,9 @@ def test_the_walk_sees_the_forms_that_once_slipped_past() -> None:
       ``importlib``, and ``getattr(rt, name)`` with a computed attribute name (the
       receiver's attribute is not known, and a computed command name on a client is
       already flagged);
-    - a client behind a call of a call (``weakref.ref(rt.redis)()``);
+    - a client behind a call of a call (``weakref.ref(rt.redis)()``), handed to a function
+      by a builtin that calls it (``map``, ``sorted``'s key, ``functools.reduce``), or
+      captured by a ``match`` pattern;
     - a client handed to a method of an object of another module's class
       (``waiter.watch(rt.redis)``: what ``waiter`` is takes types, which ``Runtime.redis:
       Any`` does not give);
@@ -913,7 +943,10 @@ def test_the_walk_sees_each_fixture_form_on_the_lines_it_marks(path: Path) -> No
     methodcaller; a subclass of redis-py's client, its self and super(); handed to a
     thread, an executor or the event loop; put into a queue, a list or a context variable
     and taken back; spread from a name by ``*`` or ``**``; copied by ``dict``, ``[*...]``
-    or ``copy.copy``), and the lookalikes of the same shapes are not."""
+    or ``copy.copy``; stored by a subscript, ``+=``, ``extend`` or ``update``; taken by
+    ``*args`` or ``**kwargs``; a lambda called where it is written; another name for
+    redis-py's class; a generator's clients; a comprehension's), and the lookalikes of the
+    same shapes are not."""
     text = path.read_text(encoding="utf-8")
     marked = [n for n, line in enumerate(text.splitlines(), 1) if line.endswith("# command")]
     assert path.name == "lookalikes.py" or marked, "a form module marks its commands"
