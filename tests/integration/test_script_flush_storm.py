@@ -5,8 +5,9 @@ without replicas). A flush can
 land between a reload and the call behind it, so a call answered NOSCRIPT must go again
 by its source (EVAL cannot answer NOSCRIPT), never by SHA a second time, whichever path
 sent it: redis-py's kept connections (a single call, a batch, a stream, a wake-up's claim
-behind a BLPOP, the scheduler's look), the raw link (a reader's lookups), the event-loop
-link (aenqueue) and, on Cluster, the calls routed to each master."""
+behind a BLPOP, the scheduler's look, a schedule's ticks), the raw link (a reader's
+lookups), the event-loop link (aenqueue) and, on Cluster, the calls routed to each
+master."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import clusterkit
 import redis
+from schedulekit import TEST_ENV, add_function
 
 from runner.client import Enqueued, Request
 from runner.runtime import Runtime
@@ -107,17 +109,25 @@ def _paths(project: Project, ids: list[str], errors: list[BaseException]) -> lis
                                  groups)]
 
 
+def _ticks(project: Project, ids: list[str]) -> list[str]:
+    """The schedule's jobs that ran: the records of ids not enqueued by the test."""
+    enqueued = set(ids)
+    return [p.name for p in project.records.iterdir() if p.name not in enqueued]
+
+
 def _run_storm(project: Project, urls: list[str], queue_keys: list[Any]) -> None:
     """Enqueue on every path and look jobs up on a reader's raw link while a worker runs
-    them, all inside a storm; then every accepted job ran once and is done, no call
-    failed, and the worker logged no NOSCRIPT."""
+    them and a schedule ticks every second, all inside a storm; then every accepted job
+    and every tick's job ran once, the accepted ones are done, no call failed, and the
+    worker logged no NOSCRIPT."""
+    add_function(project, "tick", 'SCHEDULE = "* * * * * *"')  # (a tick a second: the ticker's calls)
     ids: list[str] = []
     errors: list[BaseException] = []
     reader = Runtime.create(project.config(), reader=True)
     looked: list[int] = [0]
     try:
         with storm(urls) as flushes:
-            worker = project.spawn_worker()
+            worker = project.spawn_worker(env=TEST_ENV)
             threads = [threading.Thread(target=p) for p in _paths(project, ids, errors)]
             for t in threads:
                 t.start()
@@ -135,13 +145,15 @@ def _run_storm(project: Project, urls: list[str], queue_keys: list[Any]) -> None
             for t in threads:
                 t.join(120)
             wait_for(lambda: all(project.runs(i) for i in ids), timeout=90, what="every accepted job run")
+            wait_for(lambda: len(_ticks(project, ids)) >= 2, timeout=30, what="two ticks run")
             assert flushes[0] >= 20, "the storm flushed"
         assert worker.poll() is None, "the worker lived through the storm"
     finally:
         reader.close()
     assert errors == [], errors[:3]
     assert len(ids) == 330 and len(set(ids)) == 330 and looked[0] > 0
-    assert {i: len(project.runs(i)) for i in ids if len(project.runs(i)) != 1} == {}, "each job ran once"
+    ran = [*ids, *_ticks(project, ids)]
+    assert {i: len(project.runs(i)) for i in ran if len(project.runs(i)) != 1} == {}, "each job ran once"
     client = project.client
     wait_for(lambda: {j.fields.get("status") for j in client.get_many(ids).values()} == {"done"}
              and len(client.get_many(ids)) == len(ids), timeout=30, what="every job done")
