@@ -599,6 +599,19 @@ class Capture(io.TextIOBase):
             self._buffer = _CapturedBytes(self)
         return self._buffer
 
+    @property
+    def name(self) -> str:
+        return str(getattr(self.real, "name", None) or f"<{self.source}>")
+
+    @property
+    def line_buffering(self) -> bool:
+        return True  # lines go to the log at each newline, whatever was asked
+
+    def reconfigure(self, *, encoding: str | None = None, errors: str | None = None, newline: str | None = None,
+                    line_buffering: bool | None = None, write_through: bool | None = None) -> None:
+        """Taken and let be, as the real stream's keywords: the log is kept in lines of text
+        (bytes through ``buffer`` are decoded as UTF-8, bad ones replaced) however set."""
+
     def fileno(self) -> int:
         if self.real is None:
             raise io.UnsupportedOperation("fileno")
@@ -608,9 +621,13 @@ class Capture(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            # As a text stream does: click.echo (and typer) write b"" to find a binary
+            # stream, then write bytes to ``buffer`` when this refuses them.
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if self.logger.quiet():  # a replay: the run that recorded this part wrote it
             return len(text)
-        data = self.partial + str(text)
+        data = self.partial + text
         if self._cut and data:
             # A newline right after a long line's chunk ends that line: print writes it
             # apart, and it made an empty line of its own.

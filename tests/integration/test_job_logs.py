@@ -467,15 +467,25 @@ STREAM_IDIOMS = '''"""Uses sys.stdout and sys.stderr as handler code does with r
 import subprocess
 import sys
 from typing import Any
+import click
 ISOLATION = "process"
 
 def handle(payload, ctx):
+    click.echo("hello from click")  # probes write(b"") for a binary stream first
+    print("next line")
+    try:
+        sys.stdout.write(b"raw bytes\\n")
+        bytes_write = "accepted"
+    except TypeError:
+        bytes_write = "TypeError"
+    sys.stdout.reconfigure(line_buffering=True)
     sys.stdout.buffer.write("raw bytes \\u00e9\\n".encode())
     print("encoding", sys.stdout.encoding, sys.stdout.errors)
     subprocess.run(["sh", "-c", "echo from a tool; echo tool error >&2"], stdout=sys.stdout,
                    stderr=sys.stderr, check=True)
     sys.stderr.buffer.write(b"bad byte \\xff\\n")
-    return sys.stdout.isatty()
+    return {"tty": sys.stdout.isatty(), "bytes_write": bytes_write, "name": sys.stdout.name,
+            "line_buffering": sys.stdout.line_buffering}
 '''
 
 
@@ -483,7 +493,10 @@ def test_a_childs_captured_output_behaves_as_a_real_stream(project: Project) -> 
     """Under process isolation the captured sys.stdout and sys.stderr keep what handler code
     relies on: ``buffer`` (bytes go to the log, bad ones replaced), ``encoding`` and
     ``errors``, and the real ``fileno()`` for a subprocess (its output goes to the worker's
-    output, not to the job's log)."""
+    output, not to the job's log). A text stream refuses bytes in write() with TypeError, as
+    click.echo (and typer) probe for: they then write to ``buffer``, and the line lands
+    whole, not as a bytes repr merged with the next print; ``name``, ``line_buffering`` and
+    ``reconfigure`` are there as on the real stream."""
     _add(project, "thread")
     project.add_function("idioms", STREAM_IDIOMS)
     client = project.client
@@ -491,8 +504,10 @@ def test_a_childs_captured_output_behaves_as_a_real_stream(project: Project) -> 
     project.spawn_worker("fast")
     done = client.settle(job.id, 30)
     assert done.status == "done", done.as_dict()
-    assert done.as_dict()["result"] is False
+    assert done.as_dict()["result"] == {"tty": False, "bytes_write": "TypeError", "name": "<stdout>",
+                                        "line_buffering": True}
     by_src = [(x["src"], x["msg"]) for x in client.logs(job.id)["lines"]]
+    assert by_src[:2] == [("stdout", "hello from click"), ("stdout", "next line")], by_src
     assert ("stdout", "raw bytes \u00e9") in by_src
     assert any(src == "stdout" and msg.startswith("encoding ") for src, msg in by_src)
     assert ("stderr", "bad byte \ufffd") in by_src
