@@ -167,8 +167,18 @@ class Executors:
                 self.outcomes.put(Settlement(r, Release("later", "interrupted")))
         for r in still:
             if r.child_pid is not None:
-                self._slot_of(r).kill()
-                self.outcomes.put(Settlement(r, Release("now", "interrupted")))
+                # Marked before the kill: the slot watching the child sees it die and
+                # settles the run "executor crashed" (an attempt spent); the settler keeps
+                # only this hand-back for a run so marked. A run that ended first (its
+                # child_pid cleared under the lock) keeps its own outcome.
+                back = Release("now", "interrupted")
+                with self.ledger.lock:
+                    if r.child_pid is None:
+                        continue
+                    r.handed_back = back
+                    slot = self._slot_of(r)
+                slot.kill()
+                self.outcomes.put(Settlement(r, back))
             else:
                 self.outcomes.put(Settlement(r, Release("later", "interrupted")))
         # Claims that reached the inbox after the stop sentinels.

@@ -48,6 +48,9 @@ class Run:
     progress: str = ""  # the latest ctx.progress() not yet sent (JSON), sent with the renewal
     picked: bool = False  # an executor took it: from here a cancel is a request to the handler
     doomed: bool = False  # a cancel or a pause took it while claimed ahead: handed back, never started
+    # The worker's stop killed its child and hands it back (this Release): any other
+    # settlement of the run (its child's death seen as a crash) is dropped by the settler.
+    handed_back: Any = None
     held: bool = False  # its claim waits for an executor (hold.lua), unspent however often it is lost
     resumed: bool = False  # a durable job resumed after a sleep or a wait: its MAX_AGE is behind it
     trace: Any = None  # the run span's context, for the settle span (tracing on only)

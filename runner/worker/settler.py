@@ -104,6 +104,7 @@ class Settler:
                 time.sleep(LINGER_S)
                 done = self._take(batch)
             fault("settle_loop")
+            batch = [s for s in batch if s.run.handed_back is None or s.outcome is s.run.handed_back]
             for s in batch:  # before the send, so the entries, the tally and the log agree
                 s.outcome = as_asked(s.outcome, s.run.flags.cancelled)
             self.send(batch)

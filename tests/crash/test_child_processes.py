@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from chaoskit import descendants
-from crashkit import rec, wait_final
+from crashkit import outcomes, rec, wait_final
 
 from conftest import Project, size, wait_for
 
@@ -81,6 +81,27 @@ def test_a_sigterm_to_every_process_lets_the_running_handler_finish(project: Pro
     back = rec(project, ahead)
     assert back["status"] == "queued" and back["attempt"] == 0, back
     assert not project.runs(ahead)
+
+
+def test_handlers_past_the_grace_period_go_back_unspent_however_their_children_die(project: Project) -> None:
+    """A stop to every process while handlers in children run past the grace period: each
+    child is killed and its job goes back at once, ``interrupted``, no attempt spent. The
+    slot watching a child saw it die and settled the job "executor crashed" (an attempt
+    spent; with MAX_ATTEMPTS 1, dead) whenever it got there before the stop's hand-back: 7
+    of 19 jobs. The stop marks each run handed back before it kills the child, and the
+    settler keeps only the hand-back of a run so marked."""
+    project.add_function("pwork", PWORK)
+    project.write_config(vt=5, grace=1, concurrency=6, max_attempts=1)
+    c = project.client
+    ids = [c.enqueue("pwork", {"s": 60}).id for _ in range(6)]
+    w = spawn_leader(project, "fast")
+    wait_for(lambda: all(project.runs(i) for i in ids), timeout=60, what="the six handlers to start")
+    sigterm_everything(w.pid)
+    assert w.wait(timeout=30) == 0
+    for i in ids:
+        r = rec(project, i)
+        assert r["status"] == "queued" and r["attempt"] == 0, r
+        assert outcomes(r) == ["interrupted"], r
 
 
 def test_a_stop_under_honcho_lets_the_running_handler_finish(project: Project) -> None:
