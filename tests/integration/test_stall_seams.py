@@ -113,3 +113,97 @@ def test_prefetch_0_keeps_starting_the_live_partitions_jobs_through_a_stall(spro
         f"round trips of {rtt * 1000:.2f} ms) while another master stalled"
     assert alive
 
+
+# About 13 s (a worker's start through the slow master): run with -m slow; the bounded
+# variant below runs by default.
+@pytest.mark.slow
+def test_a_slow_master_is_not_taken_for_stalled_at_a_worker_s_first_call(sproject: Project,
+                                                                        shards: list[Server]) -> None:
+    """One master of three answers every call 0.4 s late (a delaying proxy: slow, not
+    stalled) from before a worker starts, with a node wait of 2 s: no call of the worker
+    to it is given up (no warning names it), and its jobs, ready and delayed, run. Before,
+    the scheduler's first call there (no round trip of it timed yet) was given up at
+    0.3 s, the master marked stalled, and its partitions backed off."""
+    from clusterkit import cluster_url, slow_master
+
+    from conftest import Endpoint
+
+    p = sproject
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    port = {k.tag: r.get_node_from_key(k.ready).port for k in parts}
+    slow = next(s for s in shards if s.port == port[parts[-1].tag])
+    # Seeded with the live masters only: every process reaches the slow one as announced.
+    p.server = Endpoint(cluster_url([s for s in shards if s is not slow]))  # type: ignore[assignment]
+    p.write_config(vt=8, fast="partitions = 3", concurrency=4, prefetch=0)
+    with slow_master(shards, slow, 0.2):
+        c = p.client
+        ids = [j.id for b in range(3)  # (each call's keyless jobs go to the next partition)
+               for j in c.enqueue_many([Request("record", {"n": 10 * b + i}, delay_s=0.5 * i) for i in range(3)])]
+        w = p.spawn_worker("fast")
+        wait_for(lambda: all(p.runs(j) for j in ids), timeout=30, interval=0.1, what="every job to run")
+        alive = w.poll() is None
+        log = (p.root / "worker-0.log").read_text()
+        p.stop_all()  # (before the proxy goes)
+    named = [ln for ln in log.splitlines() if "Redis unavailable" in ln or "answer" in ln]
+    assert not named, "a call to the slow master was given up:\n" + "\n".join(named)
+    assert alive
+    assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_first_call_waits_for_a_slow_master_and_gives_up_on_a_stalled_one(sproject: Project,
+                                                                            shards: list[Server]) -> None:
+    """A worker's first calls as the scheduler makes them (a 0.3 s wait stretched for a
+    master known slow, a node wait of 2 s), from a client built while one master answers
+    every call 0.4 s late (a delaying proxy): a command and a script not loaded there yet,
+    each on a connection to be made, are answered, not given up. A master that stalls
+    (SIGSTOP) is still given up at its first call, within about the 0.3 s. Before, a
+    master's first call waited 0.3 s (no round trip of it timed yet), and it takes a
+    handshake of three round trips and a script's load of two more: given up, and the
+    slow master marked stalled."""
+    from clusterkit import cluster_url, slow_master
+
+    from runner.runtime import Runtime
+    from runner.store.outage import OUTAGE
+    from runner.store.records import lookup_keys
+
+    from conftest import Endpoint
+
+    p = sproject
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    port = {k.tag: r.get_node_from_key(k.ready).port for k in parts}
+    slow = next(s for s in shards if s.port == port[parts[-1].tag])
+    stalled = next(s for s in shards if s.port == port[parts[0].tag])
+    p.server = Endpoint(cluster_url([s for s in shards if s is not slow]))  # type: ignore[assignment]
+    p.write_config(vt=8, fast="partitions = 3")
+    with slow_master(shards, slow, 0.2):
+        rt = Runtime.create(p.config())
+        try:
+            rt.scripts.node_wait_s = 2.0
+            on_slow, on_stalled = parts[-1], parts[0]
+            pool = rt.redis.get_redis_connection(rt.redis.get_node_from_key(on_slow.ready)).connection_pool
+            with rt.scripts.waiting(0.3):
+                pool.disconnect()  # (each call makes its connection, as a worker's first calls do)
+                t = time.monotonic()
+                rt.scripts.on_node(on_slow.ready, lambda: rt.redis.llen(on_slow.ready), what="a read")
+                read_s = time.monotonic() - t
+                pool.disconnect()
+                t = time.monotonic()
+                rt.scripts.call("lookup", lookup_keys(on_slow, "none"), ("none",))
+                script_s = time.monotonic() - t
+                assert stalled.proc is not None
+                os.kill(stalled.proc.pid, signal.SIGSTOP)
+                try:
+                    t = time.monotonic()
+                    with pytest.raises(OUTAGE):
+                        rt.scripts.on_node(on_stalled.ready, lambda: rt.redis.llen(on_stalled.ready), what="a read")
+                    given_up_s = time.monotonic() - t
+                finally:
+                    os.kill(stalled.proc.pid, signal.SIGCONT)
+            print(f"slow master: a first read {read_s:.2f} s, a first script {script_s:.2f} s; "
+                  f"a stalled master given up in {given_up_s:.2f} s")
+            assert given_up_s < 1.0, f"a stalled master's first call was given up after {given_up_s:.2f} s"
+        finally:
+            rt.close()
+
