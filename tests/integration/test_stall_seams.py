@@ -207,3 +207,38 @@ def test_a_first_call_waits_for_a_slow_master_and_gives_up_on_a_stalled_one(spro
         finally:
             rt.close()
 
+
+def test_learning_the_layout_again_does_not_wait_out_a_stalled_seed(sproject: Project,
+                                                                    shards: list[Server]) -> None:
+    """The first master of the URL stalls (SIGSTOP), and another master dies (SIGKILL): a
+    keyed enqueue to the dead one, refused as it connects, learns the layout again (the
+    slot may have a new master) and is answered within the enqueue's bound (2 s) and a
+    little. Before, the layout was asked of the URL's masters in turn, the stalled one
+    first, and the enqueue waited out its 15 s socket timeout."""
+    from runner.errors import RedisUnavailable
+    from runner.store import routing
+
+    p = sproject
+    c = p.client
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    stalled = shards[0]  # (the first seed of the project's URL)
+    ports = [r.get_node_from_key(k.ready).port for k in parts]
+    other = next(s for s in shards if s is not stalled and s.port in ports)
+    keys = (f"k{n}" for n in range(10_000) if ports[routing.partition_of(f"i:record:k{n}", len(parts))] == other.port)
+    c.enqueue("record", {"n": 0}, idempotency_key=next(keys))  # (a kept connection to that master)
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        other.stop(kill=True)
+        t = time.monotonic()
+        try:
+            c.enqueue("record", {"n": 1}, idempotency_key=next(keys))
+            out = "written"
+        except RedisUnavailable as exc:
+            out = str(exc)
+        took = time.monotonic() - t
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    print(f"the enqueue to the dead master: {took:.2f} s -> {out}")
+    assert took < 3.0, f"an enqueue waited {took:.1f} s to learn the layout with a seed stalled"
