@@ -578,9 +578,9 @@ class NodeLanes:
         # those given up included once they end): a short wait (Transport.waiting) is
         # stretched to SLOW_FACTOR times it, so a master that answers slowly is waited
         # for (up to the node wait) while one that stops answering is given up at once.
-        # Seeded with the PINGs of the client's probe (connection.py), so a master's first
-        # call is waited for as its round trip asks.
-        self._rtt: dict[str, float] = dict(getattr(scripts.client, "runner_rtt", None) or {})
+        # Seeded with the PINGs of the client's probe (connection.py: Transport), so a
+        # master's first call is waited for as its round trip asks.
+        self._rtt: dict[str, float] = {}
 
     def stalled(self, node: str) -> bool:
         """Whether a call to ``node`` was given up and neither it nor a probe since has
@@ -590,6 +590,11 @@ class NodeLanes:
     def rtt(self, node: str) -> float:
         """``node``'s recent round trip in seconds (0: none timed yet)."""
         return self._rtt.get(node, 0.0)
+
+    def seed(self, rtt: dict[str, float]) -> None:
+        """Round trips timed before any call (the client's probe), for masters none timed."""
+        for node, took in rtt.items():
+            self._rtt.setdefault(node, took)
 
     def _timed(self, node: str, f: Future[Any]) -> None:
         """Time a bounded call to ``node`` from now until it ends, into its round trip."""
@@ -824,6 +829,7 @@ class Transport:
         self.client = client
         _import_redis()
         self.nodes = NodeLanes(self)  # Redis Cluster: calls to the masters at once
+        self.nodes.seed(getattr(client, "runner_rtt", None) or {})  # (its probe's PINGs: connection.py)
         # Redis Cluster: the longest a call that is not durable waits for its master before
         # NodeStalled (NodeLanes.bounded); None waits out the socket timeout. A worker sets
         # it below its leases, so one stalled master cannot stall its other partitions.
