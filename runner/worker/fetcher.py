@@ -205,6 +205,11 @@ class Fetcher:
                 if flights is not None and n > 1 and flights.slow(flights.node([self.parts[p].ready])):
                     # Its claims stay out a while: a share of the room, so the others can claim.
                     asked = min(asked, max(1, -(-free // n)))
+                elif flights is not None and n > 1 and free > 1:
+                    # Any claim may stay out (a master that just stalled holds its room until
+                    # it is given up, the node wait): one executor's room is left to the
+                    # others, or an idle worker with prefetch = 0 started nothing meanwhile.
+                    asked = min(asked, free - 1)
                 answer = self.claim(asked, start, p, floor)
                 if answer is not None and answer[1] == HELD and start < idle and answer[0] == 0:
                     # The next job is under limits and must start at once (never claimed

@@ -242,3 +242,62 @@ def test_learning_the_layout_again_does_not_wait_out_a_stalled_seed(sproject: Pr
         os.kill(stalled.proc.pid, signal.SIGCONT)
     print(f"the enqueue to the dead master: {took:.2f} s -> {out}")
     assert took < 3.0, f"an enqueue waited {took:.1f} s to learn the layout with a seed stalled"
+
+
+
+def test_prefetch_0_starts_live_jobs_sent_one_at_a_time_while_a_claim_waits_on_a_stall(
+        sproject: Project, shards: list[Server]) -> None:
+    """``prefetch = 0``, 4 executors, 3 partitions on 3 masters, a node wait of 2 s, and
+    an idle worker: one master stops answering (SIGSTOP), the worker's next round of
+    claims (at its idle wake-up, within a second) sends one there, which stays out until
+    it is given up, and then jobs sent one at a time to the live partitions start about
+    as soon as they are sent: the longest wait spans at most GAP_ROUND_TRIPS of the
+    test's own round trips to a live master (and under half the node wait). Before, the
+    claim out held the room of every executor (the worker was idle as it was sent), and
+    the live partitions' jobs waited for it to be given up: about 2 s."""
+    from runner.store import roster, routing
+
+    p = sproject
+    p.write_config(vt=10, fast="partitions = 3", concurrency=4, prefetch=0)
+    # The scheduler's passes 10 s apart: none meets the stall (one would mark its master
+    # stalled at once, and the claims there would fail at once, never sent).
+    cfg = p.root / "runner.toml"
+    cfg.write_text(cfg.read_text().replace("scheduler_interval = 0.05", "scheduler_interval = 10"))
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    ports = [r.get_node_from_key(k.ready).port for k in parts]
+    assert len(set(ports)) == 3, ports
+    busy = {r.get_node_from_key(p.runtime.keys["fast"].ready).port, r.get_node_from_key(roster.key(p.prefix)).port}
+    # (neither the home partition's master, which holds the tags read every 10 s, nor the roster's)
+    stalled = next(s for s in shards if s.port in ports and s.port not in busy)
+    live_port = next(s.port for s in shards if s is not stalled)
+    keys = (f"k{n}" for n in range(100_000)  # (keyed to a live partition: the producer never meets the stall)
+            if ports[routing.partition_of(f"i:record:k{n}", len(parts))] != stalled.port)
+    c = p.client
+    w = p.spawn_worker("fast")
+    first = c.enqueue("record", {"n": -1}, idempotency_key=next(keys)).id
+    wait_for(lambda: p.runs(first), timeout=30, interval=0.05, what="the worker to start")
+    sent: dict[str, float] = {}
+    pings = _Pings(live_port)
+    assert stalled.proc is not None
+    os.kill(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.3)  # (the idle worker's round of claims, once a second, meets the stall)
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            t = time.time()
+            sent[c.enqueue("record", {"n": len(sent)}, idempotency_key=next(keys)).id] = t
+            time.sleep(0.05)
+    finally:
+        os.kill(stalled.proc.pid, signal.SIGCONT)
+    rtt = pings.stop()
+    wait_for(lambda: all(p.runs(j) for j in sent), timeout=30, interval=0.1, what="every job to run")
+    alive = w.poll() is None
+    late = sorted(float(p.runs(j)[0].split()[2]) - t for j, t in sent.items())
+    print(f"{len(late)} jobs sent one at a time during the stall: started late, median {late[len(late) // 2]:.3f} s, "
+          f"worst {late[-1]:.3f} s ({late[-1] / rtt:.0f} round trips of {rtt * 1000:.2f} ms)")
+    assert len(late) >= 10
+    assert late[-1] < min(1.0, GAP_ROUND_TRIPS * rtt), \
+        f"a live partition's job started {late[-1]:.2f} s after it was sent ({late[-1] / rtt:.0f} of the test's " \
+        f"round trips of {rtt * 1000:.2f} ms) while a claim waited on a stalled master"
+    assert alive
