@@ -216,6 +216,11 @@ def _base_kwargs() -> dict[str, Any]:
         "health_check_interval": 15,
         "retry": Retry(NoBackoff(), 0),
         "client_name": link.CLIENT_NAME,
+        # No CLIENT SETINFO at connect: redis-py sends each of its two apart, a round trip
+        # each, and a new connection to a master answering in 0.4 s took 1.2 s to make
+        # (the client's name says who it is).
+        "lib_name": None,
+        "lib_version": None,
         # Not passed on by RedisCluster (its nodes keep redis-py's parser): there MISCONF
         # stays a ResponseError, which the loops retry with backoff all the same.
         "parser_class": _Parser,
@@ -289,7 +294,7 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     # Which masters answer now, each asked for at most PROBE_S: the client asks a master
     # that answers for the layout and the command table, rather than wait out a stalled
     # one's socket timeout (15 s per read) as it is built.
-    answered, stalled = _probe(nodes, kwargs)
+    answered, stalled, rtt = _probe(nodes, kwargs)
     nodes.sort(key=lambda hp: f"{hp[0]}:{hp[1]}" not in answered)
 
     class Cluster(RedisCluster):
@@ -299,6 +304,7 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         (docs/partitions.md, "A shard down")."""
 
         runner_stalled: set[str]  # the masters that did not answer the probe (set below)
+        runner_rtt: dict[str, float]  # each master's PING round trip in the probe, in seconds
 
         def command(self, **kw: Any) -> Any:
             primaries = sorted(self.get_primaries(), key=lambda n: n.name not in answered)  # type: ignore[no-untyped-call]
@@ -332,6 +338,9 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     # connection (stopped, hung): what the process starts with (Runtime.create) does not
     # wait for them.
     client.runner_stalled = stalled
+    # A worker's first call to a master waits for it as long as its round trip asks
+    # (Transport.node_wait): a slow master is not taken for a stalled one at its first call.
+    client.runner_rtt = rtt
     return client
 
 
@@ -340,12 +349,14 @@ PROBE_S = 2.0  # how long a cluster client being built waits for each master's P
 # in the same process or a child forked from it (`runner web`'s workers, forked once its
 # own client checked the settings): a start waits for one probe, not one per process.
 PROBE_KEEP_S = 10.0
-_probed: dict[tuple[Any, ...], tuple[float, set[str], set[str]]] = {}
+_probed: dict[tuple[Any, ...], tuple[float, set[str], set[str], dict[str, float]]] = {}
 
 
-def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]) -> tuple[set[str], set[str]]:
-    """Which masters answer a PING within PROBE_S (host:port), and which took the
-    connection and said nothing (stalled): the seeds first, then the masters of the
+def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]
+           ) -> tuple[set[str], set[str], dict[str, float]]:
+    """Which masters answer a PING within PROBE_S (host:port), which took the connection
+    and said nothing (stalled), and the round trip of each PING answered (its connection
+    made first, so the handshake is not in it): the seeds first, then the masters of the
     layout a seed that answered gives (CLUSTER SLOTS). All at once, each on a connection
     of its own with PROBE_S as its timeouts; a refused connection is neither (a master
     down, which the client's own errors report)."""
@@ -358,16 +369,24 @@ def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]) -> tuple[set[st
     memo = (tuple(seeds), tuple(sorted((k, repr(v)) for k, v in keep.items())))
     kept = _probed.get(memo)
     if kept is not None and time.monotonic() - kept[0] < PROBE_KEEP_S:
-        return set(kept[1]), set(kept[2])
+        return set(kept[1]), set(kept[2]), dict(kept[3])
     answered: set[str] = set()
     stalled: set[str] = set()
+    rtt: dict[str, float] = {}
     layout: list[Any] = []
 
     def ask(host: str, port: int, slots: bool) -> None:
         r = redis.Redis(host=host, port=port, socket_timeout=PROBE_S, socket_connect_timeout=PROBE_S,
                         retry=Retry(NoBackoff(), 0), **keep)
         try:
-            r.ping()
+            conn = r.connection_pool.get_connection()  # (connected: its handshake is behind it)
+            try:
+                t = time.monotonic()
+                conn.send_command("PING")  # type: ignore[no-untyped-call]
+                conn.read_response()  # type: ignore[no-untyped-call]
+                rtt[f"{host}:{port}"] = time.monotonic() - t
+            finally:
+                r.connection_pool.release(conn)
             answered.add(f"{host}:{port}")
             if slots and not layout:
                 layout.append(r.execute_command("CLUSTER SLOTS"))  # type: ignore[no-untyped-call]
@@ -391,8 +410,8 @@ def _probe(seeds: list[tuple[str, int]], kwargs: dict[str, Any]) -> tuple[set[st
         run([hp for hp in masters if f"{hp[0]}:{hp[1]}" not in answered | stalled], False)
     stalled -= answered
     if stalled:
-        _probed[memo] = (time.monotonic(), set(answered), set(stalled))
-    return answered, stalled
+        _probed[memo] = (time.monotonic(), set(answered), set(stalled), dict(rtt))
+    return answered, stalled, rtt
 
 
 def _sentinel(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:

@@ -13,9 +13,9 @@ NodeStalled saying the call went out. A connection to be made (the first, or one
 dropped so) is made within the same bound, its handshake included: past it the master
 is marked stalled as well, and NodeStalled says the call was not sent. A call whose
 connection could not be made never reached Redis; one answered MOVED or ASK did not
-run (the layout is learnt again and it goes to the slot's new master). An error reply
-is raised as it came (the transport sends a call that lacked its script again by its
-source). Nothing that may have run is sent again.
+run (the layout is learnt again, within the same bound, and it goes to the slot's new
+master). An error reply is raised as it came (the transport sends a call that lacked its
+script again by its source). Nothing that may have run is sent again.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
+from redis.exceptions import AskError, MovedError, RedisClusterException, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -32,6 +32,11 @@ from runner.store.transport import _acked, _eval, _Lanes
 
 if TYPE_CHECKING:
     from runner.store.transport import Transport
+
+# The name a read of the cluster's layout goes by among the nodes (NodeLanes.bounded).
+LAYOUT = "the cluster's layout"
+# The least a read of the layout is waited for, when the call's own bound has run out.
+MIN_LAYOUT_S = 0.1
 
 
 class NodeCalls:
@@ -72,7 +77,7 @@ class NodeCalls:
             except RedisTimeoutError:  # accepted, no handshake answered: stalled, not gone
                 raise sc.nodes.stalled_now(node.name, wait_s, sent=False) from None
             except RedisConnectionError:
-                if attempt < 2 and self._moved(keys[0], node):
+                if attempt < 2 and self._moved(keys[0], node, deadline):
                     continue
                 raise
             wire = [c for c in (load, cmd, sc.wait if waits else None) if c is not None]
@@ -85,7 +90,7 @@ class NodeCalls:
             except RedisConnectionError:
                 conn.disconnect()
                 lanes.give(conn)
-                self._moved(keys[0], node)  # (a master gone: the next call goes to its successor)
+                self._moved(keys[0], node, deadline)  # (a master gone: the next call goes to its successor)
                 raise
             except BaseException:
                 conn.disconnect()
@@ -94,10 +99,10 @@ class NodeCalls:
             lanes.give(conn)
             reply = replies[1 if load is not None else 0]
             if waits and str(replies[-1]).startswith("UNBLOCKED"):
-                self._moved(keys[0], node)  # (demoted in a failover: learn the layout again)
+                self._moved(keys[0], node, deadline)  # (demoted in a failover: learn the layout again)
             acked = _acked(replies[-1]) if waits else None
             if isinstance(reply, (MovedError, AskError)):  # the slot moved: nothing ran
-                client.nodes_manager.initialize()
+                self._moved(keys[0], node, deadline)
                 continue
             if isinstance(reply, ResponseError):
                 raise reply
@@ -124,12 +129,20 @@ class NodeCalls:
                 sock.settimeout(conn.socket_timeout)
         return out
 
-    def _moved(self, key: str, node: Any) -> bool:
-        """Learn the layout again (a call failed on ``node``); whether ``key``'s slot now has
-        another master."""
+    def _moved(self, key: str, node: Any, deadline: float) -> bool:
+        """Learn the layout again (a call failed on ``node``), waiting no later than the
+        call's ``deadline``; whether ``key``'s slot now has another master.
+
+        redis-py asks the configured masters for the layout one after another, each
+        within the 15 s socket timeout: a stalled one among them held the call that long.
+        So the read goes on a thread of the pool, waited for until ``deadline`` (LAYOUT
+        stands for it among the nodes: while one given up still runs, the next fails at
+        once rather than start another), and a layout not learnt in time is learnt later,
+        by that read or the next call's."""
         client = self.scripts.client
         try:
-            client.nodes_manager.initialize()
-        except (RedisConnectionError, RedisTimeoutError):
+            self.scripts.nodes.bounded(LAYOUT, client.nodes_manager.initialize,
+                                       max(MIN_LAYOUT_S, deadline - time.monotonic()), what="a read of the layout")
+        except (RedisConnectionError, RedisTimeoutError, RedisClusterException):
             return False
         return client.get_node_from_key(key) is not node

@@ -578,6 +578,8 @@ class NodeLanes:
         # those given up included once they end): a short wait (Transport.waiting) is
         # stretched to SLOW_FACTOR times it, so a master that answers slowly is waited
         # for (up to the node wait) while one that stops answering is given up at once.
+        # Seeded with the PINGs of the client's probe (connection.py: Transport), so a
+        # master's first call is waited for as its round trip asks.
         self._rtt: dict[str, float] = {}
 
     def stalled(self, node: str) -> bool:
@@ -588,6 +590,11 @@ class NodeLanes:
     def rtt(self, node: str) -> float:
         """``node``'s recent round trip in seconds (0: none timed yet)."""
         return self._rtt.get(node, 0.0)
+
+    def seed(self, rtt: dict[str, float]) -> None:
+        """Round trips timed before any call (the client's probe), for masters none timed."""
+        for node, took in rtt.items():
+            self._rtt.setdefault(node, took)
 
     def _timed(self, node: str, f: Future[Any]) -> None:
         """Time a bounded call to ``node`` from now until it ends, into its round trip."""
@@ -822,6 +829,7 @@ class Transport:
         self.client = client
         _import_redis()
         self.nodes = NodeLanes(self)  # Redis Cluster: calls to the masters at once
+        self.nodes.seed(getattr(client, "runner_rtt", None) or {})  # (its probe's PINGs: connection.py)
         # Redis Cluster: the longest a call that is not durable waits for its master before
         # NodeStalled (NodeLanes.bounded); None waits out the socket timeout. A worker sets
         # it below its leases, so one stalled master cannot stall its other partitions.
@@ -1021,8 +1029,7 @@ class Transport:
                 if not by_source:
                     with contextlib.suppress(NoScriptError):  # nothing ran: by its source below
                         return self.client.evalsha(self.shas[name], len(keys), *keys, *args), None
-                self._load(name, keys)  # where the call goes
-                return self.client.execute_command(*_eval(self.sources[name], keys, args)), None
+                return self._by_source(name, keys, args), None
             except ResponseError:
                 self.error_replies += 1
                 raise
@@ -1283,6 +1290,26 @@ class Transport:
         if self._watch.demoted(conn.host, conn.port):
             raise RedisConnectionError(f"the reply came from {conn.host}:{conn.port}, a master Sentinel is "
                                        "replacing: it does not count")
+
+    def _by_source(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A call by its source (``_eval``) behind the load of its script, in one write to
+        the master of its keys' slot: a load and then the call were two round trips, and a
+        worker's first calls to a master answering in 0.4 s each took one more. A slot that
+        moved meanwhile (nothing ran there) is followed by the cluster client's own call."""
+        source = self.sources[name]
+        if not isinstance(self.client, RedisCluster) or not keys:
+            self._load(name, keys)
+            return self.client.execute_command(*_eval(source, keys, args))
+        node = self.client.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+        pipe = node.redis_connection.pipeline(transaction=False)
+        pipe.execute_command("SCRIPT", "LOAD", source)
+        pipe.execute_command(*_eval(source, keys, args))
+        reply = pipe.execute(raise_on_error=False)[-1]
+        if isinstance(reply, (MovedError, AskError)):
+            return self.client.execute_command(*_eval(source, keys, args))  # type: ignore[no-untyped-call]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def _load(self, name: str, keys: Sequence[str]) -> None:
         """Load a script where its call goes: on Redis Cluster the master of its keys' slot

@@ -205,6 +205,11 @@ class Fetcher:
                 if flights is not None and n > 1 and flights.slow(flights.node([self.parts[p].ready])):
                     # Its claims stay out a while: a share of the room, so the others can claim.
                     asked = min(asked, max(1, -(-free // n)))
+                elif flights is not None and n > 1 and free > 1:
+                    # Any claim may stay out (a master that just stalled holds its room until
+                    # it is given up, the node wait): one executor's room is left to the
+                    # others, or an idle worker with prefetch = 0 started nothing meanwhile.
+                    asked = min(asked, free - 1)
                 answer = self.claim(asked, start, p, floor)
                 if answer is not None and answer[1] == HELD and start < idle and answer[0] == 0:
                     # The next job is under limits and must start at once (never claimed
@@ -285,9 +290,10 @@ class Fetcher:
         until PEEK_S after it (or a wake-up), so a drain of plain jobs pays one look per
         PEEK_S, not one per claim.
 
-        On Redis Cluster, the partitions of a slow master (and those with a claim in
-        flight) are left out of the look, which would wait for it every time: ``p`` among
-        them is claimed from down to the best priority the others hold."""
+        On Redis Cluster, each master is read on its own, all at once, and the partitions
+        of a slow master (those with a claim in flight, and those of a master whose read
+        did not come back at once) are left out of the look, which would wait for it every
+        time: ``p`` among them is claimed from down to the best priority the others hold."""
         if n == 1:
             return p, 0
         now = time.monotonic()
@@ -301,18 +307,30 @@ class Fetcher:
                 and not (flights is not None and flights.aside(q, self.parts[q].prio))]
         if not look:
             return p, 0
-        try:
-            # Bounded: a look over every master must not wait out a stalled one's socket.
-            tops = self.rt.scripts.bounded(f"queue {self.q.name}'s priorities",
-                                           lambda: stats.best_priorities(self.rt.redis, [self.parts[q] for q in look]),
-                                           [self.parts[q].prio for q in look])
-        except OUTAGE:
-            return p, 0  # a node away: the claim below finds out which, as without priorities
-        best = {q: top for q, top in zip(look, tops, strict=True) if top is not None}
+        if flights is not None:
+            # One read per master, at once: a master that does not answer at once is left
+            # out (flights.look), never waited for while the others' jobs wait.
+            groups: dict[str, list[int]] = {}
+            for q in look:
+                groups.setdefault(flights.node([self.parts[q].prio]), []).append(q)
+            tops = flights.look(groups, lambda qs: stats.best_priorities(self.rt.redis, [self.parts[q] for q in qs]))
+            best = {q: top for q, top in tops.items() if top is not None}
+            looked = p in tops
+        else:
+            try:
+                # Bounded: a look over every master must not wait out a stalled one's socket.
+                read = self.rt.scripts.bounded(
+                    f"queue {self.q.name}'s priorities",
+                    lambda: stats.best_priorities(self.rt.redis, [self.parts[q] for q in look]),
+                    [self.parts[q].prio for q in look])
+            except OUTAGE:
+                return p, 0  # a node away: the claim below finds out which, as without priorities
+            best = {q: top for q, top in zip(look, read, strict=True) if top is not None}
+            looked = p in look
         if not best:
             return p, 0
         self._ranked = True
-        if p not in look:  # (a slow master's: its own priorities unread)
+        if not looked:  # (a slow master's, or one not answering: its own priorities unread)
             return p, max(best.values())
         at = max(best, key=lambda q: (best[q], q == p))
         return at, max((v for q, v in best.items() if q != at), default=0)

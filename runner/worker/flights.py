@@ -17,16 +17,18 @@ its partition backs off, its room is freed, and jobs it brings later are handed 
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue as stdqueue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as WaitedOut
 from dataclasses import dataclass
 from typing import Any
 
+from runner.store.outage import OUTAGE
 from runner.store.transport import Transport
 from runner.worker.ledger import Ledger
 
@@ -51,6 +53,15 @@ class Flight:
     landed: bool = False
 
 
+@dataclass(slots=True)
+class Look:
+    """A master's read of its partitions' best priorities not answered within the patience."""
+
+    future: Future[Any]
+    deadline: float  # monotonic: given up past it
+    wait_s: float
+
+
 @dataclass(frozen=True, slots=True)
 class Landing:
     """What a claim in flight came back with, for the fetcher's own bookkeeping."""
@@ -70,6 +81,7 @@ class Flights:
         self.take = take  # the fetcher's hand-over of a claim's reply (Fetcher._take)
         self.ring = ring  # wakes the fetcher to claim that partition again
         self.out: dict[int, Flight] = {}  # partition -> its claim in flight (the fetcher's thread only)
+        self.looks: dict[str, Look] = {}  # master -> its look at priorities still out (likewise)
         self.landings: stdqueue.SimpleQueue[Landing] = stdqueue.SimpleQueue()
         self._lock = threading.Lock()
         self._pending = 0  # claims not yet landed, given up ones included (join waits for them)
@@ -79,9 +91,49 @@ class Flights:
         return self.scripts.nodes.rtt(node) > PATIENCE_S
 
     def aside(self, partition: int, key: str) -> bool:
-        """Whether ``partition`` (``key``: one of its keys) has a claim in flight or a slow
-        master: a read over every partition waits for neither."""
-        return partition in self.out or self.slow(self.scripts.nodes.node([key]))
+        """Whether ``partition`` (``key``: one of its keys) has a claim in flight, or a
+        master that is slow or has a look still out: a read over every partition waits for
+        none of them."""
+        if partition in self.out:
+            return True
+        node = self.scripts.nodes.node([key])
+        return node in self.looks or self.slow(node)
+
+    def look(self, groups: dict[str, list[int]], read: Callable[[list[int]], list[int | None]]
+             ) -> dict[int, int | None]:
+        """``read`` of each master's partitions (``groups``: master -> partitions), sent at
+        once and waited for PATIENCE_S: the best priority of every partition whose master
+        answered by then (None: none waits there). A master not answered keeps its read
+        out (``aside`` until it lands; given up past its node wait by ``overdue``); one
+        stalled or failing is left out (a claim there finds out and backs off)."""
+        sent: dict[str, tuple[list[int], Future[list[int | None]]]] = {}
+        for node, parts in groups.items():
+            try:
+                sent[node] = (parts, self.scripts.nodes.launch(node, functools.partial(read, parts)))
+            except OUTAGE:
+                continue
+        if sent:
+            wait([f for _, f in sent.values()], timeout=PATIENCE_S)
+        got: dict[int, int | None] = {}
+        for node, (parts, f) in sent.items():
+            if not f.done():
+                wait_s = self.scripts.node_wait(node) or 0.0
+                self.looks[node] = Look(f, time.monotonic() + wait_s, wait_s)
+                f.add_done_callback(functools.partial(self._looked, node))
+                continue
+            exc = f.exception()
+            if isinstance(exc, OUTAGE):
+                continue
+            if exc is not None:
+                raise exc
+            got.update(zip(parts, f.result(), strict=True))
+        return got
+
+    def _looked(self, node: str, f: Future[Any]) -> None:
+        """A look out landed (on the pool's thread): its master is looked at again."""
+        with self._lock:
+            if (out := self.looks.get(node)) is not None and out.future is f:
+                del self.looks[node]
 
     def node(self, keys: Sequence[str]) -> str:
         return self.scripts.nodes.node(keys)
@@ -162,13 +214,21 @@ class Flights:
             del self.out[p]
             self.ledger.unreserve(flight.n, flight.start)
             out.append((p, self.scripts.nodes.give_up(flight.node, flight.future, flight.wait_s, "a claim")))
+        with self._lock:
+            late = [(node, look) for node, look in self.looks.items() if look.deadline <= now]
+            for node, _ in late:
+                del self.looks[node]
+        for node, look in late:  # (its partitions' claims fail at once now, and back off)
+            self.scripts.nodes.give_up(node, look.future, look.wait_s, "a look at priorities")
         return out
 
     def next_deadline_s(self) -> float | None:
-        """How long until the first claim out is due to be given up (None: none is out)."""
-        if not self.out:
+        """How long until the first claim or look out is due to be given up (None: none is
+        out)."""
+        due = [f.deadline for f in self.out.values()] + [look.deadline for look in list(self.looks.values())]
+        if not due:
             return None
-        return max(0.0, min(f.deadline for f in self.out.values()) - time.monotonic())
+        return max(0.0, min(due) - time.monotonic())
 
     def pending(self) -> bool:
         """Whether a claim sent is yet to land (given up ones included)."""

@@ -450,8 +450,10 @@ def test_a_process_started_while_a_shard_stalls_serves_the_live_ones(dproject: P
         w = p.spawn_worker("fast")
         producer = subprocess.Popen([sys.executable, "-c", code, str(p.root / "runner.toml")], cwd=p.root,
                                     env=p.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        ran = wait_for(lambda: all(p.runs(i) for i in live) or producer.poll() == 1, timeout=20, interval=0.1,
-                       what="the live partitions' jobs to run during the stall")
+        # (both: the worker may serve before the producer's Python has started and probed)
+        ran = wait_for(lambda: (all(p.runs(i) for i in live) and producer.poll() is not None) or producer.poll() == 1,
+                       timeout=20, interval=0.1,
+                       what="the live partitions' jobs to run and the producer to start during the stall")
         assert ran
         assert producer.poll() == 0, "Client.from_config did not return during the stall"
         stats = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), "stats",

@@ -439,9 +439,10 @@ def _delayed_jobs_run(p: Project, parts: Any, port: Any, proxy: Any, step_s: flo
     """30 delayed jobs over the three partitions (each call's keyless jobs go to the next),
     due 1 s on in steps of step_s, watched from their scheduled sets until each has run."""
     seen = _Promotions(parts, port, proxy)
+    c = p.client  # (one client: each has its own turn over the partitions, from a random start)
     try:
         ids = [j.id for batch in range(3)
-               for j in p.client.enqueue_many([Request("record", {"n": 10 * batch + i}, delay_s=1.0 + step_s * i)
+               for j in c.enqueue_many([Request("record", {"n": 10 * batch + i}, delay_s=1.0 + step_s * i)
                                                for i in range(10)])]
         wait_for(lambda: all(p.runs(j) for j in ids), timeout=30, interval=0.1, what="the delayed jobs to run")
     finally:
