@@ -118,11 +118,18 @@ def _schema(props: dict[str, str]) -> str:
                        "required": list(props), "additionalProperties": False})
 
 
+# The pytest plugins of this suite's own test tools (schemathesis's, anyio's), which a
+# project's pytest would not have: each pytest run here imported them at its start, about
+# half of a run's CPU. Every other installed plugin, runner's among them, loads as usual.
+NOT_THE_PROJECTS = ["-p", "no:schemathesis", "-p", "no:anyio"]
+
+
 def _plugin_args() -> list[str]:
-    """Nothing when the entry point is installed (pytest loads it itself); a source
-    checkout run without installing names the module instead."""
+    """Runner's plugin by its entry point when that is installed (pytest loads it itself);
+    a source checkout run without installing names the module instead."""
     eps = importlib.metadata.entry_points(group="pytest11")
-    return [] if any(ep.name == "runner_testing" for ep in eps) else ["-p", "runner.testing.plugin"]
+    return NOT_THE_PROJECTS + ([] if any(ep.name == "runner_testing" for ep in eps)
+                               else ["-p", "runner.testing.plugin"])
 
 
 def test_pyproject_registers_the_plugin() -> None:

@@ -32,6 +32,14 @@ def runs(project: Project, doc_id: int) -> list[dict]:
     return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
+def nothing_left_to_run(project: Project) -> bool:
+    """No partition of the queue holds a job ready, leased, scheduled or parked: the runs
+    recorded are all there will be (a fixed wait for "no further run" only sampled that)."""
+    r = project.runtime.redis
+    return not any(r.llen(k.ready) or r.zcard(k.leases) or r.zcard(k.scheduled) or r.zcard(k.limwait)
+                   for k in project.runtime.parts["fast"])
+
+
 def test_a_thousand_enqueues_from_eight_producers_run_once_with_the_last_payload(project: Project) -> None:
     project.add_function("doc", textwrap.dedent(DOC.format(period=1.0, max_wait=120)), SCHEMA)
     answers: list[dict] = []
@@ -56,7 +64,7 @@ def test_a_thousand_enqueues_from_eight_producers_run_once_with_the_last_payload
     assert view["absorbed"] == 1000 and view["status"] == "scheduled"
     project.spawn_worker("fast")
     wait_for(lambda: runs(project, 1), timeout=30, what="the burst's run")
-    time.sleep(1.5)  # no second run comes
+    wait_for(lambda: nothing_left_to_run(project), timeout=15, what="no job left to run")  # no second run comes
     [run] = runs(project, 1)
     assert run["id"] == last["id"] and run["payload"] == {"doc_id": 1, "last": True}
 
@@ -102,7 +110,7 @@ def test_a_burst_on_a_partitioned_queue_is_one_job(project: Project) -> None:
     assert c.get(ids.pop()).as_dict()["absorbed"] == 7
     project.spawn_worker("fast")
     wait_for(lambda: runs(project, 7), timeout=30, what="the burst's run")
-    time.sleep(1.5)  # no second run comes
+    wait_for(lambda: nothing_left_to_run(project), timeout=15, what="no job left to run")  # no second run comes
     [run] = runs(project, 7)
     assert run["payload"]["n"] == 7
     project.stop_all()
@@ -229,7 +237,7 @@ def test_an_emit_joins_the_burst_of_its_debounce_key_on_a_partitioned_queue(proj
         assert c.get(a["id"]).as_dict()["absorbed"] == 1
     project.spawn_worker("fast")
     wait_for(lambda: runs(project, away) and runs(project, here), timeout=30, what="both bursts' runs")
-    time.sleep(1.5)  # no second run comes
+    wait_for(lambda: nothing_left_to_run(project), timeout=15, what="no job left to run")  # no second run comes
     for doc in (away, here):
         [run] = runs(project, doc)
         assert run["payload"]["via"] == "emit"
@@ -280,7 +288,7 @@ def test_alternating_versions_make_one_burst_each(project: Project) -> None:
     assert len(set(ids)) == 2, len(set(ids))
     project.spawn_worker("fast")
     wait_for(lambda: len(runs(project, 5)) == 2, timeout=30, what="the two bursts' runs")
-    time.sleep(1.5)  # no third run comes
+    wait_for(lambda: nothing_left_to_run(project), timeout=15, what="no job left to run")  # no third run comes
     assert sorted(r["payload"]["i"] for r in runs(project, 5)) == [38, 39]
 
 

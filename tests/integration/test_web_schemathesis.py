@@ -8,31 +8,25 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
-from schemathesis import GenerationMode
-from schemathesis.checks import (
-    content_type_conformance,
-    not_a_server_error,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
-from schemathesis.specs.openapi.checks import negative_data_rejection
 from test_web_support import gunicorn
 
 from conftest import FULL, Project, size
+
+if TYPE_CHECKING:
+    import schemathesis
+
+# schemathesis is imported by the tests that use it, not at collection: every test process
+# collects this module, and only the one that runs these tests needs the library.
 
 TOKEN = "fuzz-token"
 EXAMPLES = int(size("FUZZ_EXAMPLES", 6, 50))
 # A guard against a generator that runs away, not a speed check: about 45 s on two quiet
 # cores with the suite beside it, and a loaded machine takes twice that.
 BUDGET_S = 150.0 if not FULL else 600.0
-CONFORMANCE = [not_a_server_error, status_code_conformance, content_type_conformance,
-               response_schema_conformance, response_headers_conformance]
 # An event stream never ends by itself, and a case reads its whole body: test_events.py
 # covers it (its scope too).
 STREAM = "/events"
@@ -41,6 +35,19 @@ STREAM = "/events"
 def test_api_conforms_to_its_openapi_document(project: Project) -> None:
     """Every operation, positive and negative data: no 5xx, nothing outside the spec, and
     data the spec calls invalid is refused with a 4xx."""
+    import schemathesis
+    from schemathesis import GenerationMode
+    from schemathesis.checks import (
+        content_type_conformance,
+        not_a_server_error,
+        response_headers_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+    from schemathesis.specs.openapi.checks import negative_data_rejection
+
+    conformance = [not_a_server_error, status_code_conformance, content_type_conformance,
+                   response_schema_conformance, response_headers_conformance]
     auth = {"Authorization": f"Bearer {TOKEN}"}
     # No worker runs here: a ?wait= holds its request for the whole wait, so keep it short.
     project.write_config(extra="\n[api]\nmax_wait = 0.2\n")
@@ -58,7 +65,7 @@ def test_api_conforms_to_its_openapi_document(project: Project) -> None:
             else:
                 modes = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
             for mode in modes:
-                checks = CONFORMANCE + ([negative_data_rejection] if mode is GenerationMode.NEGATIVE else [])
+                checks = conformance + ([negative_data_rejection] if mode is GenerationMode.NEGATIVE else [])
 
                 @given(case=op.as_strategy(generation_mode=mode))
                 @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
@@ -92,6 +99,8 @@ def _allowed(scopes: list[str], scope: str) -> bool:
 
 def _scoped_run(op: Any, web: Any, name: str, scope: str, refused: dict[str, int]) -> Any:
     """A property over op's valid requests, sent with the token ``name``."""
+    from schemathesis import GenerationMode
+
     ok = _allowed(LACKING[name], scope)
 
     @given(case=op.as_strategy(generation_mode=GenerationMode.POSITIVE))
@@ -114,6 +123,8 @@ def test_no_operation_answers_without_its_scope(project: Project) -> None:
     """Generated valid requests to every operation, sent with tokens that lack one scope
     each: an operation needing that scope answers a 403 problem naming it, whatever the
     request; the others never answer 401 or 403."""
+    import schemathesis
+
     toml = "".join(f'\n[api.tokens.{name}]\nhash = "sha256:{hashlib.sha256(name.encode()).hexdigest()}"\n'
                    f"scopes = {scopes!r}\n".replace("'", '"') for name, scopes in LACKING.items())
     project.write_config(extra="\n[api]\nmax_wait = 0.2\n" + toml)  # no worker: keep ?wait= short
@@ -158,6 +169,7 @@ def test_hostile_bodies_never_get_a_server_error(project: Project) -> None:
     import json as json_mod
 
     import requests
+    import schemathesis
 
     project.add_function("signup", 'QUEUE = "fast"\n\n\ndef handle(payload, ctx):\n    return None\n',
                          json_mod.dumps({"type": "object", "properties": {
