@@ -56,6 +56,7 @@ BATCH_MAX = 16  # jobs in one message to a child
 # milliseconds for a core, and jobs handed back cost a release and a claim.)
 RECALL_AFTER_S = 0.05
 RECALL_LATE_S = 1.0
+RECALL_LOOK_S = 0.01  # between the two, how often an idle executor is looked for
 # A batch holds about this much work at its function's recent pace: a job that waits
 # behind others in a child waits about this long (no longer than the recall would let it
 # wait behind one slow job). A fair share of what waits bounds it too, so in a drain it
@@ -359,7 +360,11 @@ class _Watch:
                 self.child.send({"op": "logs", "token": current.job.token})
         wait = 0.1 if current is None else min(0.1, self.deadline - now)
         if waiting and not self.recall_sent:
-            wait = min(wait, self.began + RECALL_AFTER_S - now)
+            # Past RECALL_AFTER_S the recall waits for an idle executor (looked at every
+            # RECALL_LOOK_S) or RECALL_LATE_S: a wait of 0 there spun, most of a core for
+            # most of a second per slow job.
+            due = self.began + RECALL_AFTER_S
+            wait = min(wait, due - now if now < due else min(RECALL_LOOK_S, self.began + RECALL_LATE_S - now))
         return max(0.0, wait)
 
     def _tell(self) -> None:

@@ -194,6 +194,21 @@ def test_a_slow_job_hands_back_the_jobs_behind_it_when_an_executor_is_idle(
     assert RECALL_AFTER_S < 0.9
 
 
+def test_the_watch_sleeps_while_a_slow_job_runs_with_jobs_behind_it(project: Project, slot: Slot) -> None:
+    """A 3 s job with one behind it in its child, no executor idle (no early recall): the
+    thread watching the batch sleeps while the handler runs, also between RECALL_AFTER_S
+    and RECALL_LATE_S (it spun there, most of a core for most of a second, waiting for a
+    recall it could not yet send); the job behind still goes back at RECALL_LATE_S."""
+    feeds = batch(project, {"s": 3}, {}, fn_name="batched_long")
+    cpu = time.thread_time()
+    slot.run(feeds, 1, {}, lambda: False, lambda: False)
+    used = time.thread_time() - cpu
+    assert isinstance(feeds[0].outcome, Done), feeds[0].outcome
+    assert isinstance(feeds[1].outcome, Release) and not feeds[1].runs(), feeds[1].outcome
+    assert feeds[1].ended - feeds[0].began < 2.5, "handed back only at the slow job's end"
+    assert used < 0.05, f"the watch used {used:.3f} s of CPU over a 3 s handler"
+
+
 def test_a_job_cancelled_while_it_waits_in_a_child_never_starts(project: Project, slot: Slot) -> None:
     """A cancel of the second job while the first (0.5 s) runs: the second is left out,
     never started (handed back, which ends it cancelled), and the third runs."""
