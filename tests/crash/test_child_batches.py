@@ -312,6 +312,31 @@ def test_jobs_that_top_a_childs_queue_up_run_each_from_its_own_start(project: Pr
     assert len({line.split()[0] for f in feeds + extra for line in f.runs()}) == 1  # one child ran all
 
 
+def test_a_child_that_ran_its_queue_dry_gets_the_jobs_that_came_meanwhile_in_the_same_batch(
+        project: Project, slot: Slot) -> None:
+    """No job was claimed ahead while the batch's last job ran (its top-up found none);
+    two came meanwhile: they go to the child as its last job ends, in the same batch (not
+    after the batch's end and a new batch's message), each started and settled on its
+    own, in the one child."""
+    feeds = batch(project, {"s": 0.3})
+    extra = batch(project, {}, {})
+    for i, f in enumerate(extra):  # (ids of their own, both claimed ahead)
+        f.job.id, f.job.token, f.job.started = f"k{i}", f"token-k{i}", False
+    asked: list[bool] = []  # for each ask, whether the first job had ended
+    slot.pace["batched"] = 1e-4
+
+    def more(n: int) -> list[Fed]:
+        ended = feeds[0].outcome is not None
+        asked.append(ended)
+        return extra if ended and asked.count(True) == 1 else []
+
+    slot.run(feeds, 1, {}, lambda: False, more=more)
+    assert False in asked and True in asked, asked
+    assert all(isinstance(f.outcome, Done) for f in feeds + extra), [f.outcome for f in feeds + extra]
+    assert feeds[0].ended <= extra[0].began <= extra[0].ended <= extra[1].began
+    assert len({line.split()[0] for f in feeds + extra for line in f.runs()}) == 1  # one child ran all
+
+
 def test_a_child_idle_when_more_jobs_come_says_when_it_starts_one(project: Project, slot: Slot) -> None:
     """The race a top-up may lose: the child's last outcome already named no next job when
     more arrive. The child then says "started" before the job's outcome, so its parent
