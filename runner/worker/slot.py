@@ -23,7 +23,8 @@ What holds for a job alone holds in a batch:
   child hears of it (the flag, TELL_EVERY_S): it goes back at once, which ends it
   cancelled, not when the child reaches it (child.py);
 - a child whose job ran past TIMEOUT or left threads or processes running starts nothing
-  more and is killed; children are recycled between batches (a batch never holds more
+  more and is killed; children are recycled between batches (a child that ran its queue
+  dry gets the jobs claimed meanwhile in the same batch, unless it is due for recycling) (a batch never holds more
   jobs than the child has left before ``max_jobs_per_child``).
 """
 
