@@ -587,6 +587,7 @@ class Child:
         global _alarmed
         _alarmed = False
         job = Claimed(*row)
+        self.logger = None  # (one the job before made as it ended is not this one's)
         if "skew_ms" in msg:  # (its lines carry the server's time; this host's clock is the worker's)
             joblog.set_skew(int(msg["skew_ms"]))
         resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
@@ -706,12 +707,15 @@ class Child:
         logger.sink = self.log_sink(ctx.token)
         logger.limits = self.memory
         logger.sink_lock = self.send_lock
-        if self.spill is not None:
-            self.spill.clear()  # (the job before's lines went with its outcome)
-            logger.spill = self.spill
         if ctx._journal is not None and ctx._journal.replay_to > 0:
             logger.replaying = ctx._journal.replaying
-        self.logger = logger
+        with self.lock:
+            if self.token != ctx.token:  # (a thread of a job that has ended: its lines are no other job's)
+                return
+            if self.spill is not None:
+                self.spill.clear()  # (the job before's lines went with its outcome)
+                logger.spill = self.spill
+            self.logger = logger
 
 
 _task_dir = -1  # /proc/self/task, opened once (Linux)
