@@ -191,7 +191,7 @@ def run_inline(
         job_id=job.id, type=job.type, version=newest, queue=job.queue, attempt=job.attempt,
         max_attempts=job.max_attempts, token=job.token, deadline=time.time() + fn.timeout_s,
         idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
-        logger=logging.LoggerAdapter(joblog, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
+        _logger=logging.LoggerAdapter(joblog, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
         _checkpoint=ctx_overrides.get("checkpoint"), _save=rec.save, _extend=lambda: True,
         _flags=Flags(lock_lost=bool(ctx_overrides.get("lock_lost")),
                      cancelled=bool(ctx_overrides.get("cancelled"))),

@@ -47,7 +47,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from runner import config as config_mod
@@ -191,6 +191,7 @@ class Child:
         self.logger: JobLogger | None = None  # the running job's, when it keeps a log
         self.threads = 0  # OS threads of the child's own (main, the reader) and of its imports
         self.batches: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # BATCH calls sent here
+        self.main = threading.main_thread().ident or 0  # (the thread handlers run in)
 
     def threads_left(self) -> int:
         """OS threads the handler left running (``_thread`` and C extensions' threads too,
@@ -488,6 +489,9 @@ class Child:
                            **({"reuse": False, "why": why} if why else {})})
             if skipped:  # cancelled while they waited, and nothing ran after them
                 self.send({"op": "skipped", "tokens": skipped})
+        # The last TIMEOUT's timer, left to run out (_on_alarm), stopped: at the
+        # interpreter's exit SIGALRM is back at its default action, which kills.
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
     def run_batch(self, msg: dict[str, Any]) -> None:
         """One handle_batch call over the jobs of ``msg`` (one function, payloads upgraded to
@@ -531,16 +535,18 @@ class Child:
             timeout_s, memory_mb = fn.timeout_s, fn.memory_mb
 
             def guard(body: Any) -> Any:
+                global _timing
                 # The members' attempts count from here, not from the send (as a single
                 # job's do from its "began"): the parent marks their start when it reads this.
                 self.send({"op": "began"})
                 if memory_mb:
                     self.memory.cap(memory_mb)
                 signal.setitimer(signal.ITIMER_REAL, max(0.001, timeout_s))
+                _timing = True  # (the timer is left to run out, as a single job's: _on_alarm)
                 try:
                     return body()
                 finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    _timing = False
                     self.signals.put_back()  # before the results' encoding (Signals)
                     self.fds.put_back()
                     self.memory.uncap()
@@ -581,6 +587,7 @@ class Child:
         global _alarmed
         _alarmed = False
         job = Claimed(*row)
+        self.logger = None  # (one the job before made as it ended is not this one's)
         if "skew_ms" in msg:  # (its lines carry the server's time; this host's clock is the worker's)
             joblog.set_skew(int(msg["skew_ms"]))
         resolved = resolve(job, self.registry, float(msg.get("unknown_grace_s", 0)), int(msg.get("now_ms", 0)))
@@ -603,18 +610,10 @@ class Child:
             _enqueue=lambda type_, payload, **options: self.enqueue(token, type_, payload, **options),
             _group=lambda group_id: self.group_outcomes(token, group_id),
             _max_bytes=max_result, _log_bounds=tuple(msg.get("log_bounds") or (0, 0)),
+            _made=lambda logger: self._logger_made(ctx, logger),
         )
         ctx._own = self.memory
-        if isinstance(ctx.logger, JobLogger):  # lines reach the worker while the handler runs
-            # (Taken and sent under the send lock, as _send_logs does.)
-            ctx.logger.sink = self.log_sink(token)
-            ctx.logger.limits = self.memory
-            ctx.logger.sink_lock = self.send_lock
-            if self.spill is not None:
-                self.spill.clear()  # (the job before's lines went with its outcome)
-                ctx.logger.spill = self.spill
-            self.logger = ctx.logger
-        ctx._journal = Journal(
+        ctx._new_journal = lambda: Journal(
             job.id, lambda: [] if job.steps == 0 else list((self.ask(token, "steps").get("value") or {})
                                                            .get("entries") or []),
             lambda pos, body: self.record_step(token, pos, body),
@@ -628,11 +627,18 @@ class Child:
                                                               on=on).get("value") or {}).get("code", -9)),
             held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
                                                                                                   lease_s),
-            timed_out=lambda: _alarmed, replay_to=job.steps, own_work=self.memory)
-        if job.steps and isinstance(ctx.logger, JobLogger):
-            ctx.logger.replaying = ctx._journal.replaying
+            timed_out=lambda: _alarmed, replay_to=job.steps, own_work=self.memory, owner=self.main)
+        if job.steps > 0:  # a replay: ctx.logger, whenever made, stays quiet through it
+            ctx._durable()
+        traceparent = msg.get("traceparent")
+
+        def logger() -> JobLogger:
+            made = ctx.logger
+            assert isinstance(made, JobLogger)
+            return made
 
         def guard(body: Any) -> Any:
+            global _timing
             if first:
                 self.send({"op": "began", "token": token})
             # MEMORY_MB caps the handler only: the result's encoding after it (and the
@@ -640,20 +646,35 @@ class Child:
             # so are the messages of its ctx calls while it runs (MemoryCap).
             if fn.memory_mb:
                 self.memory.cap(fn.memory_mb)
+            # What the handler writes to sys.stdout and sys.stderr goes to its job's log
+            # (its logger made at the first line). Writes to the file descriptors
+            # themselves, by C code or a tool the handler starts, still go to the worker's
+            # output.
+            saved = sys.stdout, sys.stderr
+            out, err = Capture(logger, "stdout", saved[0]), Capture(logger, "stderr", saved[1])
+            sys.stdout, sys.stderr = out, err
+            # TIMEOUT: one timer call a job. It is not stopped as the handler returns (a
+            # second call): the alarm raises only while a handler runs (_timing), and the
+            # next job's start sets the timer again.
             signal.setitimer(signal.ITIMER_REAL, max(0.001, fn.timeout_s))
+            _timing = True
             try:
-                # (Traced: the worker's run span is the current span of the handler's own.)
-                with _captured(ctx.logger), tracing.within(msg.get("traceparent")):
-                    try:
-                        return body()
-                    finally:
-                        # The child's own signal settings back as the handler returns or
-                        # raises, before runner's code after it (the result's encoding, a
-                        # failure's traceback): a stop's SIGTERM there is the worker's.
-                        self.signals.put_back()
-                        self.fds.put_back()  # (before the run's last lines are echoed)
+                try:
+                    if traceparent:  # (traced: the worker's run span is the current span of the handler's own)
+                        with tracing.within(traceparent):
+                            return body()
+                    return body()
+                finally:
+                    # The child's own signal settings back as the handler returns or
+                    # raises, before runner's code after it (the result's encoding, a
+                    # failure's traceback): a stop's SIGTERM there is the worker's.
+                    self.signals.put_back()
+                    self.fds.put_back()  # (before the run's last lines are echoed)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                _timing = False
+                sys.stdout, sys.stderr = saved
+                out.finish()
+                err.finish()
                 self.memory.uncap()
 
         outcome, run_s = run(fn, payload, job, ctx, None, guard, max_result)
@@ -667,35 +688,34 @@ class Child:
         kept: list[str] = []
         dropped = 0  # lines its flood lost here, ahead of kept (the worker's marker counts them)
         streamed: list[str] = []
-        if isinstance(ctx.logger, JobLogger):
-            ctx.logger.echo_end()
-            kept, dropped = ctx.logger.buf.take_counted() if ctx.logger.buf is not None else ([], 0)
+        made = ctx._logger  # (None: the handler never logged, so there is nothing to send)
+        if isinstance(made, JobLogger):
+            made.echo_end()
+            kept, dropped = made.buf.take_counted() if made.buf is not None else ([], 0)
             if self.spill is not None:
                 self.spill.clear()  # (they go with the outcome: never read back for another job)
-            streamed = ctx.logger.chunks.take() if ctx.logger.chunks is not None else []
+            streamed = made.chunks.take() if made.chunks is not None else []
             flush_held()  # (its lines echoed to this child's output, ahead of its end)
         return {"outcome": to_message(outcome), "run_s": run_s,
                 **({"log": kept, "log_dropped": dropped} if kept or dropped else {}),
                 **({"stream": streamed} if streamed else {})}
 
-
-@contextlib.contextmanager
-def _captured(logger: Any) -> Iterator[None]:
-    """What the handler writes to sys.stdout and sys.stderr goes to its job's log (when
-    the job keeps one) while it runs. (Writes to the file descriptors themselves, by C
-    code or by a tool the handler starts, still go to the worker's output.)"""
-    if not isinstance(logger, JobLogger):
-        yield
-        return
-    saved = sys.stdout, sys.stderr
-    out, err = Capture(logger, "stdout", saved[0]), Capture(logger, "stderr", saved[1])
-    sys.stdout, sys.stderr = out, err
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
-        out.finish()
-        err.finish()
+    def _logger_made(self, ctx: Any, logger: JobLogger) -> None:
+        """The running job's ctx.logger, made at its first use (from any of the handler's
+        threads): its lines reach the worker while the handler runs, taken and sent under
+        the send lock, as _send_logs does."""
+        logger.sink = self.log_sink(ctx.token)
+        logger.limits = self.memory
+        logger.sink_lock = self.send_lock
+        if ctx._journal is not None and ctx._journal.replay_to > 0:
+            logger.replaying = ctx._journal.replaying
+        with self.lock:
+            if self.token != ctx.token:  # (a thread of a job that has ended: its lines are no other job's)
+                return
+            if self.spill is not None:
+                self.spill.clear()  # (the job before's lines went with its outcome)
+                logger.spill = self.spill
+            self.logger = logger
 
 
 _task_dir = -1  # /proc/self/task, opened once (Linux)
@@ -727,10 +747,15 @@ def _children(pid: int | str = "self") -> list[int]:
 
 
 _alarmed = False  # the running job's TIMEOUT fired (its handler may have caught it)
+_timing = False  # a handler runs under its TIMEOUT: an alarm now is its timeout
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
+    """TIMEOUT. An alarm after its handler returned (the timer is left to run out rather
+    than stopped: a system call a job) is no job's: runner's own code goes on."""
     global _alarmed
+    if not _timing:
+        return
     _alarmed = True
     raise JobTimeout("ran past its TIMEOUT")
 
@@ -763,10 +788,13 @@ _OWN: tuple[tuple[signal.Signals, Any], ...] = (
 
 
 try:  # signal.getsignal without its enum look-up, which raises and catches a ValueError for
-    # a handler that is a function (5 times the cost of the call)
+    # a handler that is a function (5 times the cost of the call); and pthread_sigmask
+    # without making an enum of each signal of the mask it answers (read by no one here)
     from _signal import getsignal as _getsignal
+    from _signal import pthread_sigmask as _sigmask
 except ImportError:  # pragma: no cover
     _getsignal = signal.getsignal
+    _sigmask = signal.pthread_sigmask
 
 
 class Signals:
@@ -810,8 +838,8 @@ class Signals:
         # ``signal.signal(SIGTERM, old)``) left it off (signal.signal never sets it).
         signal.siginterrupt(signal.SIGTERM, False)
         signal.siginterrupt(signal.SIGINT, False)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
-        # (ITIMER_REAL, TIMEOUT's, is stopped as each handler returns.) A profiler's timers
+        _sigmask(signal.SIG_SETMASK, self.mask)
+        # (ITIMER_REAL is TIMEOUT's, set again as each handler starts.) A profiler's timers
         # left running would send SIGVTALRM or SIGPROF, whose default action kills.
         for timer in (signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
             if signal.getitimer(timer) != (0.0, 0.0):

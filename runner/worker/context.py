@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -92,6 +93,10 @@ def progress_view(value: Any) -> Any:
     return value
 
 
+_NO_OWN_WORK = contextlib.nullcontext()  # (stateless: one for every context)
+_MAKING = threading.Lock()  # around a context's first ctx.logger or step log
+
+
 @dataclass(slots=True)
 class Context:
     job_id: str
@@ -104,7 +109,9 @@ class Context:
     deadline: float  # epoch seconds after which the attempt is timed out
     idempotency_key: str | None
     resource_key: str | None
-    logger: logging.LoggerAdapter[logging.Logger]
+    # ctx.logger once made (see logger): most handlers never log, and a JobLogger per job
+    # was a sixth of a no-op job's time in a child process.
+    _logger: logging.LoggerAdapter[logging.Logger] | None
     traceparent: str | None = None  # the producer's W3C trace context, when it sent one
     _checkpoint: Any = None
     _save: Callable[[str], bool] | None = field(default=None, repr=False)
@@ -119,7 +126,28 @@ class Context:
     _journal: Journal | None = field(default=None, repr=False)  # the step log (durable calls)
     # Entered around runner's own work in a ctx call (encoding what the handler hands in):
     # a process-isolated handler's MEMORY_MB does not cap it (child.MemoryCap).
-    _own: AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext, repr=False)
+    _own: AbstractContextManager[Any] = field(default=_NO_OWN_WORK, repr=False)
+    # What makes ctx.logger at its first use, and the step log at the first durable call
+    # (a job that makes none builds neither; the journal's owner is the thread that
+    # built the context, which runs the handler).
+    _new_logger: Callable[[], logging.LoggerAdapter[logging.Logger]] | None = field(default=None, repr=False)
+    _new_journal: Callable[[], Journal] | None = field(default=None, repr=False)
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """The job's logger (a JobLogger under a worker): its lines go to the job's log."""
+        got = self._logger
+        if got is None:
+            with _MAKING:  # (a handler's threads may all log first at once: one logger)
+                got = self._logger
+                if got is None:
+                    got = self._logger = self._new_logger() if self._new_logger is not None else \
+                        logging.LoggerAdapter(logging.getLogger("runner.job"), {"job_id": self.job_id})
+        return got
+
+    @logger.setter
+    def logger(self, value: logging.LoggerAdapter[logging.Logger]) -> None:
+        self._logger = value
 
     @property
     def checkpoint(self) -> Any:
@@ -263,7 +291,11 @@ class Context:
 
     def _durable(self) -> Journal:
         if self._journal is None:
-            raise RuntimeError("this context keeps no step log (durable calls need a worker or run_inline)")
+            if self._new_journal is None:
+                raise RuntimeError("this context keeps no step log (durable calls need a worker or run_inline)")
+            with _MAKING:
+                if self._journal is None:
+                    self._journal = self._new_journal()
         return self._journal
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -395,16 +427,24 @@ def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, *,
             _save: Callable[[str], bool] | None = None, _extend: Callable[[], bool] | None = None,
             _flags: Flags | None = None, _progress: Callable[[Any], None] | None = None,
             _enqueue: Callable[..., Any] | None = None, _group: Callable[[str], list[Any]] | None = None,
-            _max_bytes: int = MAX_RESULT_BYTES, _log_bounds: tuple[int, int] = (0, 0)) -> Context:
+            _max_bytes: int = MAX_RESULT_BYTES, _log_bounds: tuple[int, int] = (0, 0),
+            _made: Callable[[JobLogger], None] | None = None) -> Context:
     """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in
     an isolated child alike; the hooks are the ones that differ there. ``_log_bounds``:
-    the job's log (lines, bytes), whose ctx.logger keeps its lines (0 lines: none kept)."""
-    extra = {"job_id": job.id, "type": job.type, "attempt": job.attempt}
+    the job's log (lines, bytes), whose ctx.logger keeps its lines (0 lines: none kept);
+    ``_made`` is told of that logger when the handler first uses it (none: never made)."""
+
+    def new_logger() -> JobLogger:
+        made = JobLogger(logger, {"job_id": job.id, "type": job.type, "attempt": job.attempt}, *_log_bounds)
+        if _made is not None:
+            _made(made)
+        return made
+
     # Positional, in the field order: one per job, and keywords cost twice the rest.
     return Context(
         job.id, job.type, version, job.queue, job.attempt, job.max_attempts, job.token, time.time() + timeout_s,
-        job.idem_key or None, job.resource_key or None,
-        JobLogger(logger, extra, *_log_bounds),
+        job.idem_key or None, job.resource_key or None, None,
         job.traceparent or None, codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
         _save, _extend, _flags if _flags is not None else Flags(), _progress, _enqueue, _group, _max_bytes,
+        False, None, _NO_OWN_WORK, new_logger,
     )

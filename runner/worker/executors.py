@@ -43,7 +43,7 @@ from runner.store import codec, listeners, listing, steps, tracecontext
 from runner.store.keys import QueueKeys
 from runner.store.scripts import Followup, NewJob, followup_id
 from runner.worker import batching, durable, faults, journal
-from runner.worker.context import for_job, progress_view
+from runner.worker.context import Context, for_job, progress_view
 from runner.worker.execute import (
     CANCELLED,
     Claimed,
@@ -900,11 +900,11 @@ class Executors:
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
             _group=lambda group_id: self._client().group_outcomes(group_id),
             _max_bytes=max_result, _log_bounds=self._log_bounds,
+            _made=lambda logger: self._logger_made(run, ctx, logger),
         )
-        if isinstance(ctx.logger, JobLogger):
-            run.logs = ctx.logger
         part = self.parts[job.partition]
-        ctx._journal = Journal(
+        owner = threading.get_ident()  # (the step log's: this thread runs the handler)
+        ctx._new_journal = lambda: Journal(
             job.id, lambda: [] if job.steps == 0 else steps.read(self.rt.scripts, part, job.id, job.type,
                                                                  durable=True),
             lambda pos, body: self._record_step(part, run, pos, body),
@@ -915,9 +915,9 @@ class Executors:
             listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
             held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
                                            or self._still_held(run)),
-            timed_out=lambda: run.flags.timed_out, replay_to=job.steps)
-        if job.steps and isinstance(ctx.logger, JobLogger):
-            ctx.logger.replaying = ctx._journal.replaying
+            timed_out=lambda: run.flags.timed_out, replay_to=job.steps, owner=owner)
+        if job.steps > 0:  # a replay: ctx.logger, whenever made, stays quiet through it
+            ctx._durable()
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:
@@ -943,6 +943,14 @@ class Executors:
         outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
+
+    @staticmethod
+    def _logger_made(run: Run, ctx: Context, logger: JobLogger) -> None:
+        """A thread run's ctx.logger, made at its first use: the renewal and the
+        settlement send its lines from here on."""
+        if ctx._journal is not None and ctx._journal.replay_to > 0:
+            logger.replaying = ctx._journal.replaying
+        run.logs = logger
 
     def _hold_all(self, runs: Sequence[Run]) -> None:
         """Hold the claims of these runs while they wait for a child to start (hold.lua),

@@ -576,14 +576,23 @@ class Capture(io.TextIOBase):
     real ``fileno()``, for a subprocess or faulthandler that writes to the descriptor
     (those writes go to the worker's output, not to the job's log)."""
 
-    def __init__(self, logger: JobLogger, source: str, real: Any = None) -> None:
+    def __init__(self, logger: JobLogger | Callable[[], JobLogger], source: str, real: Any = None) -> None:
         super().__init__()
-        self.logger = logger
+        # The run's logger, or what makes it at the first write (a run that writes
+        # nothing makes none).
+        self._logger = logger
         self.source = source
         self.real = real
         self.partial = ""
         self._cut = False  # the last write ended in a long line's chunk, kept with no newline
         self._buffer: _CapturedBytes | None = None
+
+    @property
+    def logger(self) -> JobLogger:
+        got = self._logger
+        if not isinstance(got, JobLogger):
+            got = self._logger = got()
+        return got
 
     @property
     def encoding(self) -> str:  # type: ignore[override]

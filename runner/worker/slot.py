@@ -23,7 +23,8 @@ What holds for a job alone holds in a batch:
   child hears of it (the flag, TELL_EVERY_S): it goes back at once, which ends it
   cancelled, not when the child reaches it (child.py);
 - a child whose job ran past TIMEOUT or left threads or processes running starts nothing
-  more and is killed; children are recycled between batches (a batch never holds more
+  more and is killed; children are recycled between batches (a child that ran its queue
+  dry gets the jobs claimed meanwhile in the same batch, unless it is due for recycling) (a batch never holds more
   jobs than the child has left before ``max_jobs_per_child``).
 """
 
@@ -56,6 +57,11 @@ BATCH_MAX = 16  # jobs in one message to a child
 # milliseconds for a core, and jobs handed back cost a release and a claim.)
 RECALL_AFTER_S = 0.05
 RECALL_LATE_S = 1.0
+RECALL_LOOK_S = 0.01  # between the two, how often an idle executor is looked for
+# A batch's child that runs its queue dry while jobs claimed ahead wait is sent them in
+# the same batch (_Watch._fill_now), up to this many jobs in all: what a batch sends is
+# held by it until it ends.
+FILL_MAX = 256
 # A batch holds about this much work at its function's recent pace: a job that waits
 # behind others in a child waits about this long (no longer than the recall would let it
 # wait behind one slow job). A fair share of what waits bounds it too, so in a drain it
@@ -277,6 +283,8 @@ class _Watch:
         self.told: dict[str, tuple[bool, bool, float]] = {}  # the flags each job's child was told last
         self.next_tell = 0.0  # when the flags are looked at again (a cancel takes up to TELL_EVERY_S)
         self.asked_logs = 0.0  # when the running job's log lines were last asked for
+        self.sent = len(feeds)  # jobs sent to the child in this batch (FILL_MAX)
+        self.last: Feed | None = None  # the job that ended last
 
     def run(self) -> None:
         child = self.child
@@ -288,6 +296,8 @@ class _Watch:
             except (ValueError, KeyError) as exc:  # a message not of this protocol: never trust the child again
                 return self._lost(f"sent a message runner cannot read ({exc})")
             if self.current is None and not self.waiting:
+                if self._fill_now():
+                    continue
                 self.slot.recycle(child, self.generation)
                 return
             if self.current is not None and len(self.waiting) <= 1 and not self.recall_sent:
@@ -359,7 +369,11 @@ class _Watch:
                 self.child.send({"op": "logs", "token": current.job.token})
         wait = 0.1 if current is None else min(0.1, self.deadline - now)
         if waiting and not self.recall_sent:
-            wait = min(wait, self.began + RECALL_AFTER_S - now)
+            # Past RECALL_AFTER_S the recall waits for an idle executor (looked at every
+            # RECALL_LOOK_S) or RECALL_LATE_S: a wait of 0 there spun, most of a core for
+            # most of a second per slow job.
+            due = self.began + RECALL_AFTER_S
+            wait = min(wait, due - now if now < due else min(RECALL_LOOK_S, self.began + RECALL_LATE_S - now))
         return max(0.0, wait)
 
     def _tell(self) -> None:
@@ -440,7 +454,7 @@ class _Watch:
         for token in msg.get("skipped") or ():
             self._back(token, True)
         nxt = msg.get("next")
-        self.current = None
+        self.current, self.last = None, current
         current.charge()  # (said already with "began", unless its child got no further)
         if msg.get("log") or msg.get("stream") or msg.get("log_dropped"):  # sent with its settlement
             current.rpc({"call": "log", "lines": msg.get("log"), "chunks": msg.get("stream"),
@@ -471,24 +485,45 @@ class _Watch:
         current = self.current
         assert current is not None
         n = self.slot.room(current.fn, self.generation) - 1 - len(self.waiting)
-        if n <= 0 or self.stopping():
-            return
+        if n > 0 and not self.stopping():
+            self._send_more(n)
+
+    def _fill_now(self) -> bool:
+        """The child ran its queue dry, and jobs claimed ahead came meanwhile (a top-up
+        found none while its last job ran): they go to it now, in this batch, rather than
+        after the batch's end, a gathering and a new batch's message, while the child
+        waits. Not once stopping or recalling, nor to a child due for recycling, nor past
+        FILL_MAX jobs in one batch (a batch's jobs are held by it until its end)."""
+        last, child, q = self.last, self.child, self.slot.q
+        if last is None or self.recall_sent or self.sent >= FILL_MAX or self.stopping() \
+                or child.jobs >= q.max_jobs_per_child or child.rss_mb > q.max_rss_mb:
+            return False
+        if not self._send_more(self.slot.room(last.fn, self.generation)):
+            return False
+        # Timed as a batch of its own: the child says which job it starts ("started").
+        self.began, self.stalled = time.monotonic(), 0.0
+        return True
+
+    def _send_more(self, n: int) -> bool:
+        """Up to ``n`` more jobs claimed ahead to the child's queue; whether any went."""
         feeds = self.more(n)
         if not feeds:
-            return
+            return False
         # Each claim's wait ends before its child gets it (a job whose lease was lost
         # meanwhile goes back instead).
         go = feeds[0].start(feeds[1:])
         _release([f for f, ok in zip(feeds, go, strict=True) if not ok])
         feeds = [f for f, ok in zip(feeds, go, strict=True) if ok]
         if not feeds:
-            return
+            return False
         for f in feeds:
             self.by_token[f.job.token] = f
             self.waiting.append(f)
+        self.sent += len(feeds)
         # (A child gone meanwhile: the next wait finds out, and these go back with the rest.)
         with contextlib.suppress(OSError):
             self.child.send({"op": "more", "jobs": [f.job.as_row() for f in feeds], **self.extra})
+        return True
 
     def _lost(self, why: str) -> None:
         """The child died, or broke the protocol (``why``): the running job fails as an

@@ -194,6 +194,21 @@ def test_a_slow_job_hands_back_the_jobs_behind_it_when_an_executor_is_idle(
     assert RECALL_AFTER_S < 0.9
 
 
+def test_the_watch_sleeps_while_a_slow_job_runs_with_jobs_behind_it(project: Project, slot: Slot) -> None:
+    """A 3 s job with one behind it in its child, no executor idle (no early recall): the
+    thread watching the batch sleeps while the handler runs, also between RECALL_AFTER_S
+    and RECALL_LATE_S (it spun there, most of a core for most of a second, waiting for a
+    recall it could not yet send); the job behind still goes back at RECALL_LATE_S."""
+    feeds = batch(project, {"s": 3}, {}, fn_name="batched_long")
+    cpu = time.thread_time()
+    slot.run(feeds, 1, {}, lambda: False, lambda: False)
+    used = time.thread_time() - cpu
+    assert isinstance(feeds[0].outcome, Done), feeds[0].outcome
+    assert isinstance(feeds[1].outcome, Release) and not feeds[1].runs(), feeds[1].outcome
+    assert feeds[1].ended - feeds[0].began < 2.5, "handed back only at the slow job's end"
+    assert used < 0.05, f"the watch used {used:.3f} s of CPU over a 3 s handler"
+
+
 def test_a_job_cancelled_while_it_waits_in_a_child_never_starts(project: Project, slot: Slot) -> None:
     """A cancel of the second job while the first (0.5 s) runs: the second is left out,
     never started (handed back, which ends it cancelled), and the third runs."""
@@ -292,6 +307,31 @@ def test_jobs_that_top_a_childs_queue_up_run_each_from_its_own_start(project: Pr
 
     slot.run(feeds, 1, {}, lambda: False, more=more)
     assert given and given[0] >= 2, given
+    assert all(isinstance(f.outcome, Done) for f in feeds + extra), [f.outcome for f in feeds + extra]
+    assert feeds[0].ended <= extra[0].began <= extra[0].ended <= extra[1].began
+    assert len({line.split()[0] for f in feeds + extra for line in f.runs()}) == 1  # one child ran all
+
+
+def test_a_child_that_ran_its_queue_dry_gets_the_jobs_that_came_meanwhile_in_the_same_batch(
+        project: Project, slot: Slot) -> None:
+    """No job was claimed ahead while the batch's last job ran (its top-up found none);
+    two came meanwhile: they go to the child as its last job ends, in the same batch (not
+    after the batch's end and a new batch's message), each started and settled on its
+    own, in the one child."""
+    feeds = batch(project, {"s": 0.3})
+    extra = batch(project, {}, {})
+    for i, f in enumerate(extra):  # (ids of their own, both claimed ahead)
+        f.job.id, f.job.token, f.job.started = f"k{i}", f"token-k{i}", False
+    asked: list[bool] = []  # for each ask, whether the first job had ended
+    slot.pace["batched"] = 1e-4
+
+    def more(n: int) -> list[Fed]:
+        ended = feeds[0].outcome is not None
+        asked.append(ended)
+        return extra if ended and asked.count(True) == 1 else []
+
+    slot.run(feeds, 1, {}, lambda: False, more=more)
+    assert False in asked and True in asked, asked
     assert all(isinstance(f.outcome, Done) for f in feeds + extra), [f.outcome for f in feeds + extra]
     assert feeds[0].ended <= extra[0].began <= extra[0].ended <= extra[1].began
     assert len({line.split()[0] for f in feeds + extra for line in f.runs()}) == 1  # one child ran all
