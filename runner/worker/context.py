@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -20,6 +21,9 @@ from runner.errors import DELAY_RANGE, Cancelled, PermanentFailure, StaleLease, 
 from runner.store import codec
 from runner.worker.joblog import JobLogger
 from runner.worker.journal import Journal
+
+NO_CAP: AbstractContextManager[Any] = contextlib.nullcontext()  # ctx._own when nothing caps runner's work
+_JOURNAL_BUILT = threading.Lock()  # held while a context builds its journal (Context._durable)
 
 # Progress rides on every lease renewal into the job's state: a message is shown cut to
 # this many characters, and a report whose JSON is still longer is dropped.
@@ -118,8 +122,12 @@ class Context:
     _progress_warned: bool = field(default=False, repr=False)  # one warning per job, not per call
     _journal: Journal | None = field(default=None, repr=False)  # the step log (durable calls)
     # Entered around runner's own work in a ctx call (encoding what the handler hands in):
-    # a process-isolated handler's MEMORY_MB does not cap it (child.MemoryCap).
-    _own: AbstractContextManager[Any] = field(default_factory=contextlib.nullcontext, repr=False)
+    # a process-isolated handler's MEMORY_MB does not cap it (child.MemoryCap). One shared
+    # nullcontext by default (it holds no state): one fewer object per job.
+    _own: AbstractContextManager[Any] = field(default=NO_CAP, repr=False)
+    # Builds _journal at the first durable call: most jobs make none, and a Journal with its
+    # hooks costs a no-op job about a tenth of its executor's work (bench/hotpath.py).
+    _journal_of: Callable[[], Journal] | None = field(default=None, repr=False)
 
     @property
     def checkpoint(self) -> Any:
@@ -262,6 +270,12 @@ class Context:
     # --- durable calls (docs/durable.md) ---------------------------------------------
 
     def _durable(self) -> Journal:
+        if self._journal is None and self._journal_of is not None:
+            # Runner's own work (not under a child's MEMORY_MB, as it was when built before
+            # the handler); two threads' first calls at once share one journal.
+            with self._own, _JOURNAL_BUILT:
+                if self._journal is None:
+                    self._journal = self._journal_of()
         if self._journal is None:
             raise RuntimeError("this context keeps no step log (durable calls need a worker or run_inline)")
         return self._journal

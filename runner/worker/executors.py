@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import queue as stdqueue
 import threading
@@ -377,7 +378,8 @@ class Executors:
                     if not self._batch(run, index, pending, known, loop):
                         return  # the stop's sentinel came, or a new thread has this slot
                     continue
-                gathered = self._gather(run, index)
+                # (a thread function's run, most runs: no look for a child's batch)
+                gathered = self._gather(run, index) if bfn is None or bfn.isolation == "process" else None
                 if gathered is not None:
                     batch, carry, stop = gathered
                     carry = self._run_batch(batch, carry, index)
@@ -893,21 +895,9 @@ class Executors:
         )
         if isinstance(ctx.logger, JobLogger):
             run.logs = ctx.logger
-        part = self.parts[job.partition]
-        ctx._journal = Journal(
-            job.id, lambda: [] if job.steps == 0 else steps.read(self.rt.scripts, part, job.id, job.type,
-                                                                 durable=True),
-            lambda pos, body: self._record_step(part, run, pos, body),
-            self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
-            take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
-            start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
-            collect=lambda child, signal: self._collect(job, child, signal),
-            listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
-            held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
-                                           or self._still_held(run)),
-            timed_out=lambda: run.flags.timed_out, replay_to=job.steps)
-        if job.steps and isinstance(ctx.logger, JobLogger):
-            ctx.logger.replaying = ctx._journal.replaying
+        ctx._journal_of = functools.partial(self._journal_for, run, threading.get_ident())
+        if job.steps > 0 and isinstance(ctx.logger, JobLogger):  # (-1, a count unknown: nothing to replay either)
+            ctx.logger.replaying = ctx._durable().replaying
 
         def guard(body: Callable[[], Any]) -> Any:
             with self.ledger.lock:
@@ -933,6 +923,24 @@ class Executors:
         outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
+
+    def _journal_for(self, run: Run, owner: int) -> Journal:
+        """A thread run's step log, built at its first durable call (or at its start, for
+        a job with steps to replay); ``owner``: the handler's thread."""
+        job = run.job
+        part = self.parts[job.partition]
+        return Journal(
+            job.id, lambda: [] if job.steps == 0 else steps.read(self.rt.scripts, part, job.id, job.type,
+                                                                 durable=True),
+            lambda pos, body: self._record_step(part, run, pos, body),
+            self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
+            take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
+            start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
+            collect=lambda child, signal: self._collect(job, child, signal),
+            listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
+            held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
+                                           or self._still_held(run)),
+            timed_out=lambda: run.flags.timed_out, replay_to=job.steps, owner=owner)
 
     def _hold_all(self, runs: Sequence[Run]) -> None:
         """Hold the claims of these runs while they wait for a child to start (hold.lua),
