@@ -32,6 +32,7 @@ out. Needs valgrind (Debian's package); about two minutes.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import queue
@@ -73,6 +74,7 @@ def child(phase: str, n: int) -> float:
     """Run one phase over ``n`` jobs in this process; microseconds per job."""
     from runner.config import load
     from runner.runtime import Runtime
+    from runner.worker import fetcher as fetcher_mod
     from runner.worker.execute import Claimed, Done
     from runner.worker.executors import Executors
     from runner.worker.fetcher import Fetcher
@@ -126,9 +128,11 @@ def child(phase: str, n: int) -> float:
             child.proc.wait()
         return took / n * 1e6
     reply: list[Any] = [1_700_000_000_000, 0]
+    fields = fetcher_mod.CLAIM_FIELDS  # (a checkout's own claim reply: its fields grow over time)
     for i in range(BATCH):
-        reply += [f"01JHOTPATH{i:016d}", f"w1.5.{i}", 1, "noop", "", '{"t": 1.5}', "", "", "", "",
-                  "1699999999000", "", 1, ""]
+        one = [f"01JHOTPATH{i:016d}", f"w1.5.{i}", 1, "noop", "", '{"t": 1.5}', "", "", "", "",
+               "1699999999000", "", 1, ""]
+        reply += (one + [""] * fields)[:fields]
 
     class Canned:
         """The claim script, answering from memory."""
@@ -160,11 +164,12 @@ def child(phase: str, n: int) -> float:
     # (Settler._add_calls in a checkout from before the builders left settler.py)
     entries = getattr(settler, "entries", None)
     add_calls = entries.add_calls if entries is not None else settler._add_calls
+    figures = ([],) if "figures" in inspect.signature(add_calls).parameters else ()  # (a checkout's own)
     conn = rt.redis.connection_pool.get_connection()
     t0 = time.perf_counter()
     for i in range(0, len(done), BATCH):
         pipe = scripts.batch()
-        add_calls(part, done[i:i + BATCH], 1_700_000_000_002, pipe, [])
+        add_calls(part, done[i:i + BATCH], 1_700_000_000_002, pipe, [], *figures)
         for _name, keys, args, _durable in pipe.calls:
             conn.pack_command("EVALSHA", "0" * 40, len(keys), *keys, *args)
     took = time.perf_counter() - t0

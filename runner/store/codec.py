@@ -254,6 +254,10 @@ def _parse(data: str | bytes) -> Any:
 
 def loads(data: str | bytes) -> Any:
     """Decode JSON; a value past READ_DEPTH is refused as undecodable (TooDeep)."""
+    if len(data) < 20:
+        # Most payloads a job reads (a claim, a meta): fewer characters than the deepest
+        # value a reader refuses has brackets, and than an integer past 64 bits has digits.
+        return _parse(data)
     value = _parse(data)
     check_depth(value, data, READ_DEPTH)
     if _may_hold_long_ints(data):

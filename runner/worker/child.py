@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -579,6 +580,26 @@ class Child:
                    "run_s": run_s or time.perf_counter() - started, "rss_mb": round(rss_mb(), 1),
                    **({"reuse": False, "why": why} if why else {})})
 
+    def journal_for(self, job: Claimed, flags: Flags, lease_s: float, max_step_bytes: int, owner: int) -> Journal:
+        """A run's step log, built at its first durable call (or at its start, for a job
+        with steps to replay); ``owner``: the handler's thread."""
+        token = job.token
+        return Journal(
+            job.id, lambda: [] if job.steps == 0 else list((self.ask(token, "steps").get("value") or {})
+                                                           .get("entries") or []),
+            lambda pos, body: self.record_step(token, pos, body),
+            max_step_bytes, clock0=(job.claimed_ms, job.received),
+            take=lambda pos, name, head, until: self.take_signal(token, pos, name, head, until),
+            start_child=lambda child, type_, payload, options: self.start_child(token, child, type_, payload,
+                                                                                options),
+            collect=lambda child, signal: bool((self.ask(token, "collect", child=child, signal=signal).get("value")
+                                                or {}).get("found")),
+            listen=lambda name, match, pos, on: int((self.ask(token, "listen", name=name, match=match, position=pos,
+                                                              on=on).get("value") or {}).get("code", -9)),
+            held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
+                                                                                                  lease_s),
+            timed_out=lambda: _alarmed, replay_to=job.steps, owner=owner, own_work=self.memory)
+
     def run_one(self, row: list[Any], msg: dict[str, Any], first: bool = False) -> dict[str, Any]:
         """One job's run and its outcome. A batch's ``first`` says when its handler starts
         ("began"; the parent counts its attempt from there, not from the send: a fresh
@@ -613,21 +634,8 @@ class Child:
             _made=lambda logger: self._logger_made(ctx, logger),
         )
         ctx._own = self.memory
-        ctx._new_journal = lambda: Journal(
-            job.id, lambda: [] if job.steps == 0 else list((self.ask(token, "steps").get("value") or {})
-                                                           .get("entries") or []),
-            lambda pos, body: self.record_step(token, pos, body),
-            int(msg.get("max_step_bytes") or MAX_STEP_BYTES), clock0=(job.claimed_ms, job.received),
-            take=lambda pos, name, head, until: self.take_signal(token, pos, name, head, until),
-            start_child=lambda child, type_, payload, options: self.start_child(token, child, type_, payload,
-                                                                                options),
-            collect=lambda child, signal: bool((self.ask(token, "collect", child=child, signal=signal).get("value")
-                                                or {}).get("found")),
-            listen=lambda name, match, pos, on: int((self.ask(token, "listen", name=name, match=match, position=pos,
-                                                              on=on).get("value") or {}).get("code", -9)),
-            held=lambda: not lease_s or flags.lease_held(job.received, lease_s) or self.still_held(token, flags,
-                                                                                                  lease_s),
-            timed_out=lambda: _alarmed, replay_to=job.steps, own_work=self.memory, owner=self.main)
+        ctx._new_journal = functools.partial(self.journal_for, job, flags, lease_s,
+                                             int(msg.get("max_step_bytes") or MAX_STEP_BYTES), self.main)
         if job.steps > 0:  # a replay: ctx.logger, whenever made, stays quiet through it
             ctx._durable()
         traceparent = msg.get("traceparent")

@@ -293,7 +293,9 @@ class Context:
         if self._journal is None:
             if self._new_journal is None:
                 raise RuntimeError("this context keeps no step log (durable calls need a worker or run_inline)")
-            with _MAKING:
+            # Runner's own work (not under a child's MEMORY_MB); two threads' first calls at
+            # once share one journal.
+            with self._own, _MAKING:
                 if self._journal is None:
                     self._journal = self._new_journal()
         return self._journal

@@ -387,7 +387,8 @@ class Executors:
                     if not self._batch(run, index, pending, known, loop):
                         return  # the stop's sentinel came, or a new thread has this slot
                     continue
-                gathered = self._gather(run, index)
+                # (a thread function's run, most runs: no look for a child's batch)
+                gathered = self._gather(run, index) if bfn is None or bfn.isolation == "process" else None
                 if gathered is not None:
                     batch, carry, stop = gathered
                     carry = self._run_batch(batch, carry, index)

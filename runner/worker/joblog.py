@@ -178,38 +178,41 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
     """``ctx.logger``: logs as before, and keeps each line at INFO or above (DEBUG too when
     the logger is enabled for it) in the run's JobLog, made at its first line."""
 
+    # Defaults as class attributes, set on the instance when they change: one is made for
+    # every job, and most jobs log nothing (each attribute set in __init__ cost them all).
+    buf: JobLog | None = None
+    # In a child process: where its lines go while it runs (to the worker, which sends
+    # them on with the lease renewal), as they come (SINK_BURST), with how many were lost
+    # here before them (the worker's marker counts them too), and the lock held around a
+    # take and its send (the channel's: lines taken by two threads go in the order they
+    # were taken).
+    sink: Callable[[list[str], list[str], int], None] | None = None
+    sink_lock: threading.Lock | None = None
+    # A child's lines held back past SINK_BURST are copied here too, where its worker
+    # finds them should the child die before it sends them (spill.py).
+    spill: Any = None
+    _sunk = 0.0  # when the current SINK_EVERY_S began
+    _sunk_n = 0  # lines and chunks handed on since then
+    chunks: JobLog | None = None  # ctx.stream's output not sent yet, made at its first chunk
+    _seq = 0  # the next chunk's number: a reader's position, whatever was trimmed
+    _echoed = 0  # lines and characters echoed to the worker's own log so far
+    _echoed_chars = 0
+    _unechoed = 0  # lines past those bounds, not echoed
+    # A durable function's run that replays what an earlier run did: true until it is
+    # past the recorded steps (journal.py), and its lines and chunks are dropped till
+    # then (that run wrote them). None: the job had no step log at its claim.
+    replaying: Callable[[], bool] | None = None
+    # In a child process: its MEMORY_MB (child.MemoryCap), which a line's echo keeps
+    # under too (its ``capped``: the handler runs under it).
+    limits: Any = None
+
     def __init__(self, logger: logging.Logger, extra: dict[str, Any], max_lines: int, max_bytes: int) -> None:
         super().__init__(logger, extra)
         self.bounds = (max_lines, max_bytes)
-        self.buf: JobLog | None = None
-        # In a child process: where its lines go while it runs (to the worker, which
-        # sends them on with the lease renewal), as they come (SINK_BURST), with how
-        # many were lost here before them (the worker's marker counts them too), and
-        # the lock held around a take and its send (the channel's: lines taken by two
-        # threads go in the order they were taken).
-        self.sink: Callable[[list[str], list[str], int], None] | None = None
-        self.sink_lock: threading.Lock | None = None
-        # A child's lines held back past SINK_BURST are copied here too, where its worker
-        # finds them should the child die before it sends them (spill.py).
-        self.spill: Any = None
-        self._sunk = 0.0  # when the current SINK_EVERY_S began
-        self._sunk_n = 0  # lines and chunks handed on since then
-        self.chunks: JobLog | None = None  # ctx.stream's output not sent yet, made at its first chunk
-        self._seq = 0  # the next chunk's number: a reader's position, whatever was trimmed
         # Held by the renewer from taking a running job's lines until they are in Redis,
         # and by the settler while it takes the rest: the job's end is never visible
         # before lines the renewer took just ahead of it.
         self.sending = threading.Lock()
-        self._echoed = 0  # lines and characters echoed to the worker's own log so far
-        self._echoed_chars = 0
-        self._unechoed = 0  # lines past those bounds, not echoed
-        # A durable function's run that replays what an earlier run did: true until it is
-        # past the recorded steps (journal.py), and its lines and chunks are dropped till
-        # then (that run wrote them). None: the job had no step log at its claim.
-        self.replaying: Callable[[], bool] | None = None
-        # In a child process: its MEMORY_MB (child.MemoryCap), which a line's echo keeps
-        # under too (its ``capped``: the handler runs under it).
-        self.limits: Any = None
 
     def quiet(self) -> bool:
         """Whether what the handler writes now was written by an earlier run (a replay)."""

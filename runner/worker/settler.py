@@ -106,7 +106,8 @@ class Settler:
             fault("settle_loop")
             batch = [s for s in batch if s.run.handed_back is None or s.outcome is s.run.handed_back]
             for s in batch:  # before the send, so the entries, the tally and the log agree
-                s.outcome = as_asked(s.outcome, s.run.flags.cancelled)
+                if s.run.flags.cancelled:  # (as_asked changes nothing for a run not asked to stop)
+                    s.outcome = as_asked(s.outcome, True)
             self.send(batch)
             self.flush_figures()
         if self._parked:  # the stop: one more try for what a dead node refused, then give up
@@ -161,14 +162,30 @@ class Settler:
     def _part(self, s: Settlement) -> int:
         return s.run.job.partition if len(self.rt.parts[self.q.name]) > 1 else 0
 
+    def _by_part(self, batch: Sequence[Settlement]) -> dict[int, list[Settlement]]:
+        """``batch`` by the partition each run settles in (the one it was claimed from), in
+        order; a queue of one partition's at once (the settler's per-job path)."""
+        if len(self.rt.parts[self.q.name]) == 1:
+            return {0: list(batch)} if batch else {}
+        by_part: dict[int, list[Settlement]] = {}
+        for s in batch:
+            by_part.setdefault(s.run.job.partition, []).append(s)
+        return by_part
+
     def _due(self, batch: Sequence[Settlement]) -> list[Settlement]:
         """The settlements to send now: those parked for a partition whose backoff ended,
         then ``batch``'s, less those of a partition still in its backoff (parked)."""
         out: list[Settlement] = []
         for p in [p for p in self._parked if not self._down.away(p)]:
             out += self._parked.pop(p)
+        if len(self.rt.parts[self.q.name]) == 1:  # (the per-job path: one look for the batch)
+            if batch and (0 in self._parked or self._down.away(0)):
+                self._parked.setdefault(0, []).extend(batch)
+            else:
+                out += batch
+            return out
         for s in batch:
-            p = self._part(s)
+            p = s.run.job.partition
             if p in self._parked or self._down.away(p):
                 self._parked.setdefault(p, []).append(s)
             else:
@@ -224,7 +241,7 @@ class Settler:
         otherwise, and their error (None: nothing left to retry)."""
         failures = self._try(pending)
         refused = {p for p, _, e in failures if isinstance(e, OUTAGE)}
-        for p in {self._part(s) for s in pending} - refused - self._parked.keys():
+        for p in self._by_part(pending).keys() - refused - self._parked.keys():
             self._down.ok(p)
             self.ledger.outcomes_taken(p)
         again: list[Settlement] = []
@@ -247,10 +264,7 @@ class Settler:
             with tracing.settle_spans(traced):
                 return self._round_trip(pending)
         except OUTAGE as exc:  # nothing was read back: every partition of the batch failed
-            by_part: dict[int, list[Settlement]] = {}
-            for s in pending:
-                by_part.setdefault(self._part(s), []).append(s)
-            return [(p, sub, exc) for p, sub in by_part.items()]
+            return [(p, sub, exc) for p, sub in self._by_part(pending).items()]
         except Exception as exc:
             return [(-1, list(pending), exc)]
 
@@ -260,9 +274,7 @@ class Settler:
         call goes on its own, so a dead node fails its own partitions' calls only)."""
         now = records.now_ms()  # a fallback only: a history entry's time is the server's (entries.py)
         parts = self.rt.parts[self.q.name]
-        by_part: dict[int, list[Settlement]] = {}
-        for s in batch:  # a run settles in the partition it was claimed from
-            by_part.setdefault(self._part(s), []).append(s)
+        by_part = self._by_part(batch)
         pipe = self.rt.scripts.batch()
         groups: list[list[Settlement]] = []
         figures: list[AckFigures | None] = []  # beside each group: what its landed acks count
@@ -279,10 +291,12 @@ class Settler:
         try:
             replies = pipe.execute(raise_on_error=False)
         except BaseException as exc:
-            self._logs_landed(batch, [exc] * logged)
+            if logged:
+                self._logs_landed(batch, [exc] * logged)
             raise
-        self._logs_landed(batch, replies[:logged])
-        replies = replies[logged:]
+        if logged:  # (most batches: no run logged a line)
+            self._logs_landed(batch, replies[:logged])
+            replies = replies[logged:]
         fault("after_ack")
         failures, spent = self._read(groups, replies, where, figures)
         if spent:
