@@ -256,11 +256,12 @@ def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
             if logs.buf is not None and logs.buf.pending():
                 lines, dropped = logs.buf.take_counted()
                 rt.scripts.append_log(k, r.job.id, lines, ret.log_lines, ret.log_bytes, keep_ms,
-                                      calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
+                                      calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped,
+                                      token=r.job.token)
                 sent.append(logs.buf)
             if logs.chunks is not None and logs.chunks.pending():
                 rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
-                                      calls, key=k.stream(r.job.id))
+                                      calls, key=k.stream(r.job.id), token=r.job.token)
                 sent.append(logs.chunks)
         try:
             replies: list[Any] = calls.execute(raise_on_error=False)
@@ -273,6 +274,9 @@ def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
             buf.put_back()
         if failed:
             log.debug("%s: %d running job log write(s) failed; kept for the next write", log_label, len(failed))
+        refused = sum(1 for reply in replies if reply == -1)
+        if refused:  # the run's lease was lost: its lines are no longer the job's (joblog.lua)
+            log.debug("%s: %d log write(s) of runs whose lease was lost refused", log_label, refused)
     finally:
         for lock in held:
             lock.release()

@@ -320,12 +320,14 @@ class Settler:
                     s.extra["log_lines"] = lines  # put back should the call fail (_logs_landed)
                     self.rt.scripts.append_log(k, s.run.job.id, lines, ret.log_lines, ret.log_bytes,
                                                max(1, int(keep_s * 1000)), calls,
-                                               marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
+                                               marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped,
+                                               token=s.run.job.token)
                 if logs.chunks is not None:
                     chunks = logs.chunks.take()
                     s.extra["stream_chunks"] = chunks
                     self.rt.scripts.append_log(k, s.run.job.id, chunks, STREAM_CHUNKS, STREAM_BYTES,
-                                               max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id))
+                                               max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id),
+                                               token=s.run.job.token)
 
     def _logs_landed(self, batch: Sequence[Settlement], replies: Sequence[Any]) -> None:
         """A log write that failed keeps its lines for the settlement's next try."""
