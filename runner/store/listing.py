@@ -40,8 +40,14 @@ wherever that id went since, found and read by one script call (lua/seek.lua: a 
 landing between the two would shift the page), so a job requeued, claimed or cancelled from
 an earlier page does not make a later one skip or repeat a job that stayed. A job that moves
 between two pages may be shown twice or not at all, as in any live listing; one that
-stays is shown once. In the done logs new jobs come in at the head: they can only make
-a job show twice. The ready list takes new jobs at its head too, but a cancel takes one
+stays is shown once. A done generation's log takes new jobs at its head only and loses
+ids only with the whole generation, so its cursor counts from the tail (the ids left to
+read, read in the same call as the log's length: lua/seek_list.lua), a place no finish
+moves: the next page goes on older than the last job shown however many jobs finish
+between two pages (a count from the head showed newer jobs on each next page once more
+finished meanwhile than a page held, and never reached the older ones). A cursor
+without the anchor (TAIL) that says so is an earlier release's, counted from the head.
+The ready list takes new jobs at its head too, but a cancel takes one
 from anywhere and moves every older job a place up, so a count of places would step over
 one: its cursor keeps the last id shown and the first not yet shown, with that one's
 place counted from the tail, and the next page starts just after the last id shown,
@@ -118,6 +124,8 @@ _CUT_FIELDS = 6  # payload, result, checkpoint, error, progress, history (record
 DONE_GENS = 4  # as includes/done.lua keeps
 MAX_POS = 2**53  # a position past any index (and within what LRANGE and ZRANGE take)
 MAX_EARLIER = SEEK_ANCHORS - 1  # ids shown before the last a cursor keeps (a ready list's)
+# A done cursor's anchor: its position counts the ids left to read from the log's tail.
+TAIL = (0.0, "tail")
 
 
 def preview_bytes(limit: int) -> int:
@@ -285,15 +293,19 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
         current = int(redis.hget(k.done_meta, "gen") or 0)
         floor = max(current - DONE_GENS + 1, 0)
         gen = current if gen is None else min(gen, current)
+        # pos: how many ids of the generation's log are left to read, counted from its
+        # tail (the anchor says so; a cursor without one counted from the head).
+        left: int | None = pos if anchor is not None else None
+        skip = 0 if anchor is not None else pos
         out: list[str] = []
         while len(out) < n and gen >= floor:
-            got = redis.lrange(k.done(gen) + ":log", pos, pos + n - len(out) - 1)
+            left, got = scripts.seek_done(k, k.done(gen) + ":log", n - len(out), left, skip)
             out += got
-            if len(out) < n:  # this generation is read to its end: the next older one
-                gen, pos = gen - 1, 0
-            else:
-                pos += len(got)
-        return out, pos, gen, gen < floor, {}, None, None
+            if not left:  # this generation is read to its end: the next older one
+                gen, left, skip = gen - 1, None, 0
+        if left is None:
+            return out, 0, gen, gen < floor, {}, None, None
+        return out, left, gen, False, {}, TAIL, None
     key = {"scheduled": k.delayed, "dead": k.dead, "cancelled": k.cancelled, "processing": k.running,
            "sleeping": k.sleeping, "waiting": k.waiting}[status]
     # The score comes with the id for nothing: the next page's anchor.

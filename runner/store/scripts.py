@@ -648,6 +648,14 @@ class Scripts(Transport):
         earlier = ids[-2:-SEEK_ANCHORS - 1:-1] if ready else []
         return (at, str(reply[1]), ids[-1], *earlier), ids
 
+    def seek_done(self, k: QueueKeys, key: str, n: int, left: int | None, skip: int = 0) -> tuple[int, list[str]]:
+        """Up to ``n`` ids of done log ``key``, newest first, from the one ``left`` places
+        from the tail (None: ``skip`` from the head, the log's first page), read in one
+        call; and how many are left past them (0: the log is read; see seek_list.lua)."""
+        args: list[Any] = [n, "" if left is None else left, skip, "", "2"]
+        reply = self.call("seek_list", scriptkeys.keys("seek_list", k, list=key), args)
+        return max(int(reply[0]), 0), [str(i) for i in reply[2:]]
+
     def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None, cut: int | None = None) -> Any:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua);
         given ``cut`` (bytes), the big values cut to it and a fifth element naming them."""

@@ -32,6 +32,12 @@
 --         moves as a worker claims from there: the page showed again jobs of the page
 --         before). If all of them left, the list is read.
 -- ARGV[6...] (a ready LIST) the ids shown before the last, from the one just before it back
+--         ARGV[5] '2': a done generation's log instead, newest at the head: ids come in
+--         at the head only and leave only with the whole log (done.lua), so a place
+--         counted from the tail never moves however many jobs finish meanwhile. ARGV[2]
+--         is how many ids are left to read (the next one is that many from the tail),
+--         '' for the first page of the log, which starts ARGV[3] ids from the head (0,
+--         or a place a cursor of an earlier release counted from the head). Two reads.
 --
 -- Returns {index of the next id not yet shown or -1, that id or '', id, ...} (newest first).
 local SLACK = 1000
@@ -55,6 +61,16 @@ local function find_next(id, rank, reach)
 end
 local count = math.min(tonumber(ARGV[1]), 1000)
 local len = redis.call('LLEN', key)
+if ARGV[5] == '2' then
+  local left = len - (tonumber(ARGV[3]) or 0)
+  if ARGV[2] ~= '' then left = math.min(tonumber(ARGV[2]), len) end
+  if left <= 0 or count <= 0 then return {-1, ''} end
+  local got = redis.call('LRANGE', key, -left, math.min(-left + count - 1, -1))
+  local out = {left - #got, ''}
+  if left - #got <= 0 then out[1] = -1 end
+  for i = 1, #got do out[#out + 1] = got[i] end
+  return out
+end
 if ARGV[5] == '1' then
   local start = 0
   if ARGV[2] ~= '' then
