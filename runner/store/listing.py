@@ -51,7 +51,10 @@ The ready list takes new jobs at its head too, but a cancel takes one
 from anywhere and moves every older job a place up, so a count of places would step over
 one: its cursor keeps the last id shown and the first not yet shown, with that one's
 place counted from the tail, and the next page starts just after the last id shown,
-found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua); if
+found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua: it
+looks as far as the ids were from the tail, plus the jobs put at the tail since, which
+ready:tails counts and the cursor keeps as its anchor's score: a resume puts thousands
+there at once, past any fixed reach, and the next page found none of the ids); if
 that one left, at the first not yet shown; if a cancel took that one out of the list
 too, at the id the cancel left in its place (its neighbor toward the tail, kept in the
 cancelled job's state as list_next by lua/cancel.lua), followed through the cancels of
@@ -63,7 +66,8 @@ and if all of those left, the list is read.
 A deferred list is read from its tail, where jobs are parked, while a limit wakes them
 from its head, so no count of places holds there: its cursor keeps the last id shown and
 the first not yet shown, and the next page starts just before the last id shown, found
-by a bounded LPOS and read in the same call (lua/seek_list.lua); if that job left
+by a bounded LPOS and read in the same call (lua/seek_list.lua; woken jobs that went
+back to the head since, counted in the list's :heads, widen its reach); if that job left
 (cancelled), at the first one not yet shown, or, if a batch cancel took that one out
 too, at the id it left in its place (its neighbor toward the head, list_next as above);
 if the chain ends in an id that was woken, the list counts as read (a limit wakes from
@@ -203,6 +207,9 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
     out: list[str] = []
     limit = anchor[1] if anchor is not None and anchor[1] and index >= len(held_types) else None
     place = (pos, marks[0], marks[1]) if marks is not None else None  # (a deferred list keeps no more)
+    # The anchor's score: how many woken jobs had gone back to the list's head (where the
+    # place counts from) when the place was read (seek_list.lua).
+    pushed = int(anchor[0]) if marks is not None and anchor is not None else None
     names: list[str] | None = None
     while len(out) < n:
         if index < len(held_types):
@@ -216,7 +223,7 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
                     return out, 0, index, True, None, None
                 limit, place = later[0], None
             key = k.waiters(limit)
-        place, got = scripts.seek_list(k, key, n - len(out), place)
+        place, got, pushed = scripts.seek_list(k, key, n - len(out), place, pushed=pushed)
         out += got
         if place is None:  # this list is read to its end: the next one
             if index < len(held_types):
@@ -228,7 +235,7 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
                 limit = names[0]
     if place is None:
         return out, 0, index, False, (0.0, limit) if limit is not None else None, None
-    return out, place[0], index, False, (0.0, limit or ""), (place[1], place[2])
+    return out, place[0], index, False, (float(pushed or 0), limit or ""), (place[1], place[2])
 
 
 def _source(k: QueueKeys, index: int) -> tuple[str, str] | None:
@@ -249,6 +256,9 @@ def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int 
     out: list[str] = []
     last: tuple[float, str] | None = None
     place = (pos, *marks) if marks is not None else None
+    # A ready cursor's anchor score: how many jobs had been put at the consumer end (where
+    # its place counts from) when the place was read (seek_list.lua).
+    pushed = int(anchor[0]) if marks is not None and anchor is not None else None
     while len(out) < n:
         source = _source(k, index)
         if source is None:
@@ -266,11 +276,11 @@ def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int 
             else:
                 pos = end
             continue
-        place, got = scripts.seek_list(k, key, want, place, ready=True)
+        place, got, pushed = scripts.seek_list(k, key, want, place, ready=True, pushed=pushed)
         out += got
         if place is None:  # read to its end
             return out, 0, index + 1, True, None, None
-        return out, place[0], index, False, (0.0, ""), tuple(place[1:])
+        return out, place[0], index, False, (float(pushed), ""), tuple(place[1:])
     return out, pos, index, False, last, None
 
 

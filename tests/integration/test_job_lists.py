@@ -650,6 +650,32 @@ def _finish(project: Project, n: int, tag: str) -> list[str]:
     return [job_id for job_id, _ in claimed]
 
 
+def test_the_queued_list_keeps_its_place_when_a_resume_puts_many_jobs_at_the_consumer_end(
+        project: Project) -> None:
+    """300 queued jobs paged in 50s; after the first page, resuming a paused function puts
+    its 1,200 held jobs back at the consumer end of ready (the end the cursor counts from),
+    more than a page's search looked past. Every job queued throughout is still shown,
+    once. (The next page found none of the cursor's ids within its reach and ended the
+    list: 250 of the 300 were never shown.)"""
+    c, rt, k = project.client, project.runtime, project.keys()
+    c.pause(function="noop")
+    held = [m.id for m in c.enqueue_many([Request("noop", {"i": i}) for i in range(1_200)])]  # type: ignore[union-attr]
+    while rt.redis.llen(k.held("noop")) < len(held):  # claims move a paused function's jobs to its held list
+        rt.scripts.claim(k, n=500, start=500, lease_ms=600_000, token_base="h", dead_ttl_ms=10_000_000,
+                         done_ttl_ms=10_000_000)
+    assert {c.get(i).status for i in held[:5]} == {"deferred"}
+    ids = [m.id for m in c.enqueue_many([Request("record", {"n": i}) for i in range(300)])]  # type: ignore[union-attr]
+
+    def resume(n: int) -> None:
+        if n == 0:
+            c.resume(function="noop")
+
+    seen = _follow(lambda cursor: c.jobs("queued", queue="fast", limit=50, cursor=cursor), resume, most=200)
+    assert rt.redis.llen(k.ready) == 1_500
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
+    assert not set(ids) - set(seen), f"never shown: {len(set(ids) - set(seen))} of {len(ids)}"
+
+
 def test_the_done_list_goes_on_to_older_jobs_while_more_than_a_page_finish_between_pages(
         project: Project) -> None:
     """120 done jobs paged in 10s while 30 more finish between every two pages (more than

@@ -104,7 +104,7 @@ def test_a_long_chain_of_cancelled_ids_is_followed_over_bounded_calls(project: P
     for here, nxt in itertools.pairwise([*chain, "stays"]):
         pipe.hset(k.state(here), mapping={"status": "cancelled", "list_next": nxt})
     pipe.execute()
-    place, ids = rt.scripts.seek_list(k, k.ready, 10, (1500, chain[0], "shown"), ready=True)
+    place, ids, _ = rt.scripts.seek_list(k, k.ready, 10, (1500, chain[0], "shown"), ready=True)
     assert ids == [] and place is not None and place[1] in chain[1:] and place[2] == "shown"
-    place, ids = rt.scripts.seek_list(k, k.ready, 10, place, ready=True)
+    place, ids, _ = rt.scripts.seek_list(k, k.ready, 10, place, ready=True)
     assert ids == ["stays"] and place is None
