@@ -9,6 +9,7 @@ import signal
 import time
 from typing import Any
 
+import pytest
 from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_log, worker_log
 
 from runner.store.keys import QueueKeys
@@ -208,13 +209,15 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_frozen_worker_writes_nothing_into_the_log_of_a_job_another_worker_ended(project: Project) -> None:
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_frozen_worker_writes_nothing_into_the_log_of_a_job_another_worker_ended(project: Project,
+                                                                                    isolation: str) -> None:
     """Worker 1 runs a job that logs and streams, and is frozen (SIGSTOP) past its lease;
     worker 2 runs attempt 2 to done; worker 1 is thawed and its handler goes on logging
     and streaming until its settlement is refused. The done job's log ends with attempt
     2's lines and its stream holds what it held when the job ended. (Attempt 1's lines
     and chunks were appended after attempt 2's.)"""
-    configure(project, vt=1, concurrency=1)
+    configure(project, vt=1, concurrency=1, isolation=isolation)
     project.add_function("chatty", CHATTY)
     c = project.client
     job = c.enqueue("chatty", {})
