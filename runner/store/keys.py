@@ -179,6 +179,9 @@ class QueueKeys:
     partitions: int = 1  # of the queue
     base: str = field(init=False)
     ready: str = field(init=False)
+    # The count of ids put at ready's consumer end (lua/includes/ready.lua builds it from
+    # ready, as ready .. ':tails'; lua/seek_list.lua reads it so).
+    ready_tails: str = field(init=False)
     leases: str = field(init=False)
     running: str = field(init=False)
     claims: str = field(init=False)
@@ -220,7 +223,7 @@ class QueueKeys:
         if not self.tag:
             object.__setattr__(self, "tag", self.queue)
         base = f"{self.prefix}:{{{self.tag}}}:"
-        for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
+        for name, suffix in (("base", ""), ("ready", "ready"), ("ready_tails", "ready:tails"), ("leases", "leases"),
                              ("running", "leases:since"),
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),

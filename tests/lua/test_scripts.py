@@ -1047,7 +1047,7 @@ def test_a_woken_job_that_lost_its_reserved_slot_goes_back_to_the_head(p: Projec
     assert p.runtime.scripts.ack(k, [Ack("a", a[1], "", "", "")], 1000, now_ms=NOW + 5) == [1]
     assert state(p, "b")["woken"] == "1"
     # Woken to the consumer end of ready: counted for the queued list's cursors (seek_list.lua).
-    assert r.get(k.ready + ":tails") == "1"
+    assert r.get(k.ready_tails) == "1" and k.ready_tails == k.ready + ":tails"
     later = NOW + 5 + RESERVE_MS + 1
     enqueue(p, new("d", res="r1"), now=later)
     r.delete(k.ready)
