@@ -4,6 +4,9 @@ Every key of one queue carries the queue's hash tag, so each Lua script touches 
 slot and the layout runs unchanged on Redis Cluster::
 
     <prefix>:{<queue>}:ready          LIST    job ids ready to run (LPUSH in, RPOP out)
+    <prefix>:{<queue>}:ready:tails    STRING  how many ids were put at ready's consumer end
+                                              from outside a claim (resumed, handed back,
+                                              woken): how far a list cursor's place moved
     <prefix>:{<queue>}:leases         ZSET    claimed job ids -> lease deadline (ms)
     <prefix>:{<queue>}:leases:since   ZSET    the same ids -> when claimed (ms): the processing
                                               list's order, which a renewal does not move
@@ -49,6 +52,8 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:lim:<key>      ZSET    a limit's holders: claim token -> lease deadline
                                               ms, "=<id>" -> end of a slot reserved for a woken job
     <prefix>:{<queue>}:lim:<key>:w    LIST    ids parked on that limit, oldest first
+    <prefix>:{<queue>}:lim:<key>:w:heads STRING how many woken ids went back to its head
+                                              (expires a day after the last)
     <prefix>:{<queue>}:lim:q:<type>   STRING  a function's RATE_LIMIT bucket: GCRA arrival time (ms),
                                               expires when full
     <prefix>:{<queue>}:lim:qk:<key>   STRING  a keyed RATE_LIMIT bucket, one per rendered key for
@@ -174,6 +179,9 @@ class QueueKeys:
     partitions: int = 1  # of the queue
     base: str = field(init=False)
     ready: str = field(init=False)
+    # The count of ids put at ready's consumer end (lua/includes/ready.lua builds it from
+    # ready, as ready .. ':tails'; lua/seek_list.lua reads it so).
+    ready_tails: str = field(init=False)
     leases: str = field(init=False)
     running: str = field(init=False)
     claims: str = field(init=False)
@@ -215,7 +223,7 @@ class QueueKeys:
         if not self.tag:
             object.__setattr__(self, "tag", self.queue)
         base = f"{self.prefix}:{{{self.tag}}}:"
-        for name, suffix in (("base", ""), ("ready", "ready"), ("leases", "leases"),
+        for name, suffix in (("base", ""), ("ready", "ready"), ("ready_tails", "ready:tails"), ("leases", "leases"),
                              ("running", "leases:since"),
                              ("claims", "claims"), ("done_meta", "donegen"), ("done_prefix", "done:"),
                              ("res_prefix", "res:"), ("census", "census"),

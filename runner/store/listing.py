@@ -40,12 +40,21 @@ wherever that id went since, found and read by one script call (lua/seek.lua: a 
 landing between the two would shift the page), so a job requeued, claimed or cancelled from
 an earlier page does not make a later one skip or repeat a job that stayed. A job that moves
 between two pages may be shown twice or not at all, as in any live listing; one that
-stays is shown once. In the done logs new jobs come in at the head: they can only make
-a job show twice. The ready list takes new jobs at its head too, but a cancel takes one
+stays is shown once. A done generation's log takes new jobs at its head only and loses
+ids only with the whole generation, so its cursor counts from the tail (the ids left to
+read, read in the same call as the log's length: lua/seek_list.lua), a place no finish
+moves: the next page goes on older than the last job shown however many jobs finish
+between two pages (a count from the head showed newer jobs on each next page once more
+finished meanwhile than a page held, and never reached the older ones). A cursor
+without the anchor (TAIL) that says so is an earlier release's, counted from the head.
+The ready list takes new jobs at its head too, but a cancel takes one
 from anywhere and moves every older job a place up, so a count of places would step over
 one: its cursor keeps the last id shown and the first not yet shown, with that one's
 place counted from the tail, and the next page starts just after the last id shown,
-found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua); if
+found by a bounded LPOS from the tail and read in the same call (lua/seek_list.lua: it
+looks as far as the ids were from the tail, plus the jobs put at the tail since, which
+ready:tails counts and the cursor keeps as its anchor's score: a resume puts thousands
+there at once, past any fixed reach, and the next page found none of the ids); if
 that one left, at the first not yet shown; if a cancel took that one out of the list
 too, at the id the cancel left in its place (its neighbor toward the tail, kept in the
 cancelled job's state as list_next by lua/cancel.lua), followed through the cancels of
@@ -57,7 +66,8 @@ and if all of those left, the list is read.
 A deferred list is read from its tail, where jobs are parked, while a limit wakes them
 from its head, so no count of places holds there: its cursor keeps the last id shown and
 the first not yet shown, and the next page starts just before the last id shown, found
-by a bounded LPOS and read in the same call (lua/seek_list.lua); if that job left
+by a bounded LPOS and read in the same call (lua/seek_list.lua; woken jobs that went
+back to the head since, counted in the list's :heads, widen its reach); if that job left
 (cancelled), at the first one not yet shown, or, if a batch cancel took that one out
 too, at the id it left in its place (its neighbor toward the head, list_next as above);
 if the chain ends in an id that was woken, the list counts as read (a limit wakes from
@@ -118,6 +128,8 @@ _CUT_FIELDS = 6  # payload, result, checkpoint, error, progress, history (record
 DONE_GENS = 4  # as includes/done.lua keeps
 MAX_POS = 2**53  # a position past any index (and within what LRANGE and ZRANGE take)
 MAX_EARLIER = SEEK_ANCHORS - 1  # ids shown before the last a cursor keeps (a ready list's)
+# A done cursor's anchor: its position counts the ids left to read from the log's tail.
+TAIL = (0.0, "tail")
 
 
 def preview_bytes(limit: int) -> int:
@@ -195,6 +207,9 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
     out: list[str] = []
     limit = anchor[1] if anchor is not None and anchor[1] and index >= len(held_types) else None
     place = (pos, marks[0], marks[1]) if marks is not None else None  # (a deferred list keeps no more)
+    # The anchor's score: how many woken jobs had gone back to the list's head (where the
+    # place counts from) when the place was read (seek_list.lua).
+    pushed = int(anchor[0]) if marks is not None and anchor is not None else None
     names: list[str] | None = None
     while len(out) < n:
         if index < len(held_types):
@@ -208,7 +223,7 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
                     return out, 0, index, True, None, None
                 limit, place = later[0], None
             key = k.waiters(limit)
-        place, got = scripts.seek_list(k, key, n - len(out), place)
+        place, got, pushed = scripts.seek_list(k, key, n - len(out), place, pushed=pushed)
         out += got
         if place is None:  # this list is read to its end: the next one
             if index < len(held_types):
@@ -220,7 +235,7 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
                 limit = names[0]
     if place is None:
         return out, 0, index, False, (0.0, limit) if limit is not None else None, None
-    return out, place[0], index, False, (0.0, limit or ""), (place[1], place[2])
+    return out, place[0], index, False, (float(pushed or 0), limit or ""), (place[1], place[2])
 
 
 def _source(k: QueueKeys, index: int) -> tuple[str, str] | None:
@@ -241,6 +256,9 @@ def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int 
     out: list[str] = []
     last: tuple[float, str] | None = None
     place = (pos, *marks) if marks is not None else None
+    # A ready cursor's anchor score: how many jobs had been put at the consumer end (where
+    # its place counts from) when the place was read (seek_list.lua).
+    pushed = int(anchor[0]) if marks is not None and anchor is not None else None
     while len(out) < n:
         source = _source(k, index)
         if source is None:
@@ -258,11 +276,11 @@ def _chained(redis: Any, scripts: Any, k: QueueKeys, pos: int, n: int, gen: int 
             else:
                 pos = end
             continue
-        place, got = scripts.seek_list(k, key, want, place, ready=True)
+        place, got, pushed = scripts.seek_list(k, key, want, place, ready=True, pushed=pushed)
         out += got
         if place is None:  # read to its end
             return out, 0, index + 1, True, None, None
-        return out, place[0], index, False, (0.0, ""), tuple(place[1:])
+        return out, place[0], index, False, (float(pushed), ""), tuple(place[1:])
     return out, pos, index, False, last, None
 
 
@@ -285,15 +303,19 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
         current = int(redis.hget(k.done_meta, "gen") or 0)
         floor = max(current - DONE_GENS + 1, 0)
         gen = current if gen is None else min(gen, current)
+        # pos: how many ids of the generation's log are left to read, counted from its
+        # tail (the anchor says so; a cursor without one counted from the head).
+        left: int | None = pos if anchor is not None else None
+        skip = 0 if anchor is not None else pos
         out: list[str] = []
         while len(out) < n and gen >= floor:
-            got = redis.lrange(k.done(gen) + ":log", pos, pos + n - len(out) - 1)
+            left, got = scripts.seek_done(k, k.done(gen) + ":log", n - len(out), left, skip)
             out += got
-            if len(out) < n:  # this generation is read to its end: the next older one
-                gen, pos = gen - 1, 0
-            else:
-                pos += len(got)
-        return out, pos, gen, gen < floor, {}, None, None
+            if not left:  # this generation is read to its end: the next older one
+                gen, left, skip = gen - 1, None, 0
+        if left is None:
+            return out, 0, gen, gen < floor, {}, None, None
+        return out, left, gen, False, {}, TAIL, None
     key = {"scheduled": k.delayed, "dead": k.dead, "cancelled": k.cancelled, "processing": k.running,
            "sleeping": k.sleeping, "waiting": k.waiting}[status]
     # The score comes with the id for nothing: the next page's anchor.

@@ -87,8 +87,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "signal": ("job", "claims", "scheduled", "ready", "notify", "prio", "done_meta", "done_prefix", "stats",
                "waiting"),
     "wait": ("job", "claims"),
-    # Per-job logs (store/joblogs.py): one job's log list, given.
-    "joblog": ("log",),
+    # Per-job logs (store/joblogs.py): one job's log list, given; the claims fence its writes.
+    "joblog": ("log", "claims"),
     # An event name's waiters (store/listeners.py): the name's own slot, given.
     "listen": ("shapes", "bucket"),
     "unlisten": ("shapes", "bucket_prefix", "woke_prefix"),

@@ -506,14 +506,17 @@ class Scripts(Transport):
 
     def append_log(self, k: QueueKeys, job_id: str, lines: Sequence[str], max_lines: int, max_bytes: int,
                    keep_ms: int, pipe: Batch | None = None, key: str = "", marker: str = "",
-                   dropped: int = 0) -> Any:
+                   dropped: int = 0, token: str | None = None) -> Any:
         """Append a job's log lines and bound its log (joblog.lua); no lines: only the
         expiry is set. ``key``: another list of the job's kept the same way (its stream).
         ``marker``: a log's line that counts what it lost (its count as LOST in
         worker/joblog.py), the lines numbered; ``dropped``: lines lost before they were
-        sent, ahead of these. Returns the lines kept."""
-        return self._run("joblog", (key or k.log(job_id),),
-                         (max_lines, max_bytes, keep_ms, dropped if marker else "", marker, *lines), pipe)
+        sent, ahead of these. ``token``: the run's claim, which must still hold the job
+        (None: unfenced, a tool's write). Returns the lines kept, or -1: refused, the run's
+        lease was lost (nothing written)."""
+        fenced = ("", "") if token is None else (job_id, token)
+        return self._run("joblog", scriptkeys.keys("joblog", k, log=key or k.log(job_id)),
+                         (max_lines, max_bytes, keep_ms, dropped if marker else "", marker, *fenced, *lines), pipe)
 
     def step(self, k: QueueKeys, job_id: str, token: str, position: int, entry: str, max_steps: int,
              max_bytes: int, now_ms: int | None = None, stats: str = "") -> Any:
@@ -623,27 +626,38 @@ class Scripts(Transport):
         reply = self.call("index_delayed", scriptkeys.keys("index_delayed", k), [start, n])
         return int(reply[0]), int(reply[1])
 
-    def seek_list(self, k: QueueKeys, key: str, n: int, place: tuple[Any, ...] | None, ready: bool = False
-                  ) -> tuple[tuple[Any, ...] | None, list[str]]:
+    def seek_list(self, k: QueueKeys, key: str, n: int, place: tuple[Any, ...] | None, ready: bool = False,
+                  pushed: int | None = None) -> tuple[tuple[Any, ...] | None, list[str], int]:
         """Up to ``n`` ids of deferred list ``key`` (of ``k``'s queue), newest first, from
         the tail or, given ``place`` (where the first id not yet shown was, that id, the
         last id shown, and for a ready list the ids shown before it, back from the one
         just before it), from just before the last id shown, found and read in one call;
-        and the place of the next page, None when the list is read (see seek_list.lua).
+        the place of the next page, None when the list is read; and the count of ids
+        pushed at the end the place counts from as it stood for that place (see
+        seek_list.lua), which the next call gives back as ``pushed`` (None: unknown).
         ``ready``: a ready list, newest at the head, read from the head (the place counts
         from the tail). No ids and a place: the call followed a long chain of cancelled
         ids without reaching the list, and the next call goes on from where it stopped."""
         head = list(place[:3]) if place is not None else ["", "", ""]
-        args: list[Any] = [n, *head] + (["1", *(place or ())[3:]] if ready else [])
+        args: list[Any] = [n, *head, "1" if ready else "", "" if pushed is None or place is None else pushed,
+                           *((place or ())[3:] if ready else ())]
         reply = self.call("seek_list", scriptkeys.keys("seek_list", k, list=key), args)
-        ids = [str(i) for i in reply[2:]]
-        at = int(reply[0])
+        ids = [str(i) for i in reply[3:]]
+        at, count = int(reply[0]), int(reply[2])
         if at >= 0 and not ids and place is not None:
-            return (at, str(reply[1]), *place[2:]), ids
+            return (at, str(reply[1]), *place[2:]), ids, count
         if at < 0 or not ids:
-            return None, ids
+            return None, ids, count
         earlier = ids[-2:-SEEK_ANCHORS - 1:-1] if ready else []
-        return (at, str(reply[1]), ids[-1], *earlier), ids
+        return (at, str(reply[1]), ids[-1], *earlier), ids, count
+
+    def seek_done(self, k: QueueKeys, key: str, n: int, left: int | None, skip: int = 0) -> tuple[int, list[str]]:
+        """Up to ``n`` ids of done log ``key``, newest first, from the one ``left`` places
+        from the tail (None: ``skip`` from the head, the log's first page), read in one
+        call; and how many are left past them (0: the log is read; see seek_list.lua)."""
+        args: list[Any] = [n, "" if left is None else left, skip, "", "2", ""]
+        reply = self.call("seek_list", scriptkeys.keys("seek_list", k, list=key), args)
+        return max(int(reply[0]), 0), [str(i) for i in reply[3:]]
 
     def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None, cut: int | None = None) -> Any:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua);

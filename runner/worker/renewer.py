@@ -238,7 +238,9 @@ def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
     """The lines and stream chunks running handlers wrote and have not sent, in one round
     trip for all of them; ``wait``: wait for a settlement taking a run's lines (else that
     run is left to it). Lines not written are kept for the next write, never dropped."""
-    logging_runs = [r for r in runs if r.logs is not None and not r.settling and r.logs.pending()]
+    # A run whose lease was lost writes nothing (its writes are fenced): its lines wait for
+    # its settlement, which writes them only if it lands after all (a late success).
+    logging_runs = [r for r in runs if r.logs is not None and not r.settling and not r.lost and r.logs.pending()]
     if not logging_runs:
         return
     ret = rt.config.retention
@@ -256,23 +258,27 @@ def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
             if logs.buf is not None and logs.buf.pending():
                 lines, dropped = logs.buf.take_counted()
                 rt.scripts.append_log(k, r.job.id, lines, ret.log_lines, ret.log_bytes, keep_ms,
-                                      calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
+                                      calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped,
+                                      token=r.job.token)
                 sent.append(logs.buf)
             if logs.chunks is not None and logs.chunks.pending():
                 rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
-                                      calls, key=k.stream(r.job.id))
+                                      calls, key=k.stream(r.job.id), token=r.job.token)
                 sent.append(logs.chunks)
         try:
             replies: list[Any] = calls.execute(raise_on_error=False)
         except Exception:
             replies = []
-        failed = [buf for i, buf in enumerate(sent) if i >= len(replies) or isinstance(replies[i], BaseException)]
-        # Not written: kept for the next write (the renewal's, or the settlement's),
-        # never dropped, nor the lease lost to it.
+        # Not written (failed, or refused: the lease was lost since the last renewal): kept
+        # for the next write (the renewal's, or the settlement's), never dropped, nor the
+        # lease lost to it. A settlement refused in turn drops them with the run.
+        failed = [buf for i, buf in enumerate(sent)
+                  if i >= len(replies) or isinstance(replies[i], BaseException) or replies[i] == -1]
         for buf in failed:
             buf.put_back()
         if failed:
-            log.debug("%s: %d running job log write(s) failed; kept for the next write", log_label, len(failed))
+            log.debug("%s: %d running job log write(s) failed or refused; kept for the next write", log_label,
+                      len(failed))
     finally:
         for lock in held:
             lock.release()

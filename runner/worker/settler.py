@@ -63,6 +63,7 @@ class Settler:
         self.figures = metrics.Pending()  # landed successes' figures, added within FLUSH_S
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-settle", daemon=True)
         self._children: list[Settlement] = []  # ctx.invoke's children settled, their parents not told yet
+        self._refused: list[Settlement] = []  # landed, their log writes refused by the fence (_write_refused)
         self._client: Client | None = None
 
     def _label(self, p: int) -> str:
@@ -299,6 +300,7 @@ class Settler:
             replies = replies[logged:]
         fault("after_ack")
         failures, spent = self._read(groups, replies, where, figures)
+        self._write_refused()
         if spent:
             failures += self._round_trip(spent)  # logged there, as dead
             buried = {id(x.run) for x in spent}
@@ -329,28 +331,36 @@ class Settler:
                 else max(ret.done_s, ret.dead_s)
             k = parts[self._part(s)]
             with logs.sending:  # lines the renewer took are in Redis before this job's end is
+                s.extra["log_keep_ms"] = max(1, int(keep_s * 1000))
                 if logs.buf is not None:
                     lines, dropped = logs.buf.take_counted()
                     s.extra["log_lines"] = lines  # put back should the call fail (_logs_landed)
+                    s.extra["log_dropped"] = dropped
                     self.rt.scripts.append_log(k, s.run.job.id, lines, ret.log_lines, ret.log_bytes,
                                                max(1, int(keep_s * 1000)), calls,
-                                               marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped)
+                                               marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped,
+                                               token=s.run.job.token)
                 if logs.chunks is not None:
                     chunks = logs.chunks.take()
                     s.extra["stream_chunks"] = chunks
                     self.rt.scripts.append_log(k, s.run.job.id, chunks, STREAM_CHUNKS, STREAM_BYTES,
-                                               max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id))
+                                               max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id),
+                                               token=s.run.job.token)
 
     def _logs_landed(self, batch: Sequence[Settlement], replies: Sequence[Any]) -> None:
-        """A log write that failed keeps its lines for the settlement's next try."""
+        """A log write that failed keeps its lines for the settlement's next try; one
+        refused by its fence keeps them should the settlement land (_write_refused)."""
         at = 0
         for s in batch:
             for field in ("log_lines", "stream_chunks"):
                 if field not in s.extra:
                     continue
-                s.extra.pop(field)
+                lines = s.extra.pop(field)
                 reply = replies[at] if at < len(replies) else None
                 at += 1
+                if reply == -1:
+                    s.extra.setdefault("refused_logs", []).append((field, lines))
+                    continue
                 logs = s.run.logs
                 buf = None if logs is None else logs.buf if field == "log_lines" else logs.chunks
                 if isinstance(reply, BaseException) and buf is not None:
@@ -358,6 +368,35 @@ class Settler:
                     # The lines are still in the buffer (a take only marks them sent): they
                     # count as unsent again (extend would add them a second time).
                     buf.put_back()
+
+    def _write_refused(self) -> None:
+        """The lines of runs whose log write its fence refused but whose settlement then
+        landed, written without the fence: the run owned the job after all (a late
+        success, its claim taken back before it ended; or a write answered NOSCRIPT after
+        a Redis restart and sent again once the settlement behind it had ended the claim),
+        so they are the job's last lines. One round trip for the batch, and only then."""
+        landed, self._refused = self._refused, []
+        if not landed:
+            return
+        ret = self.rt.config.retention
+        parts = self.rt.parts[self.q.name]
+        calls = self.rt.scripts.batch()
+        for s in landed:
+            k, job_id, keep_ms = parts[self._part(s)], s.run.job.id, s.extra["log_keep_ms"]
+            for field, lines in s.extra.pop("refused_logs"):
+                if field == "log_lines":
+                    self.rt.scripts.append_log(k, job_id, lines, ret.log_lines, ret.log_bytes, keep_ms, calls,
+                                               marker=marker(ret.log_lines, ret.log_bytes),
+                                               dropped=s.extra.get("log_dropped", 0))
+                else:
+                    self.rt.scripts.append_log(k, job_id, lines, STREAM_CHUNKS, STREAM_BYTES, keep_ms, calls,
+                                               key=k.stream(job_id))
+        try:
+            for reply in calls.execute(raise_on_error=False):
+                if isinstance(reply, BaseException):
+                    raise reply
+        except Exception as exc:
+            log.warning("%d ended job(s): their last log lines were not written (%s)", len(landed), exc)
 
     def _read(self, groups: list[list[Settlement]], replies: list[Any], where: list[int],
               figures: list[AckFigures | None]
@@ -397,6 +436,8 @@ class Settler:
                                             s.extra))
                     continue
                 settled.append(s.run)
+                if int(code) > 0 and "refused_logs" in s.extra:
+                    self._refused.append(s)
                 if int(code) > 0 and s.run.job.meta_raw and durable.INVOKED_BY in s.run.job.meta_raw:
                     self._children.append(s)  # a child of ctx.invoke: its parent hears of its end
                 if int(code) < 0:

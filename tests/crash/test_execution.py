@@ -261,6 +261,47 @@ def test_a_finished_last_attempt_whose_ack_was_refused_is_done(crash_project: Pr
     assert_no_job_in_two_structures(project)
 
 
+LATE_LINES = '''
+import time
+
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+TIMEOUT = 8
+
+
+def handle(payload, ctx):
+    ctx.logger.info("before")
+    ctx.stream("c0")
+    time.sleep(payload["sleep"])
+    ctx.logger.info("after")
+    ctx.stream("c1")
+    return "late"
+'''
+
+
+def test_a_late_success_keeps_the_lines_its_run_wrote_after_its_lease_was_taken_back(
+        crash_project: Project) -> None:
+    """The only attempt's lease is taken back while its handler runs, and nobody runs the
+    job since: its run's lines and chunks written after that land with its late success,
+    as the run that ended the job. (Each write was refused once the claim was gone, and
+    so the last lines of the run that ended the job were lost.)"""
+    project = crash_project
+    configure(project, vt=1, concurrency=1)
+    project.add_function("late_lines", LATE_LINES)
+    c = project.client
+    job = c.enqueue("late_lines", {"sleep": 2.5}).id
+    project.spawn_worker("fast")
+    wait_for(lambda: [ln["msg"] for ln in c.logs(job)["lines"]] == ["before"], timeout=15,
+             what="the first line")
+    force_lease_loss(project)
+    final = wait_for(lambda: (r := rec(project, job))["status"] == "done" and r, timeout=15,
+                     what="the late success to be recorded")
+    assert final["result"] == "late"
+    from runner.client import watching
+    assert [ln["msg"] for ln in c.logs(job)["lines"]] == ["before", "after"]
+    assert [x["data"] for x in watching.stream_chunks(c, job)["chunks"]] == ["c0", "c1"]
+
+
 def test_shutdown_never_hands_back_a_job_whose_handler_still_runs(crash_project: Project) -> None:
     """SIGTERM with a grace period shorter than the running handler (thread isolation): the
     job is not given to another worker while the first one's handler is still running; it

@@ -9,6 +9,7 @@ import signal
 import time
 from typing import Any
 
+import pytest
 from crashkit import assert_quiet, configure, outcomes, rec, wait_final, wait_log, worker_log
 
 from runner.store.keys import QueueKeys
@@ -157,3 +158,83 @@ def test_a_worker_frozen_while_idle_takes_at_most_a_batch_and_loses_nothing(proj
         w1.send_signal(signal.SIGCONT)
     assert_quiet(project)
     assert_no_job_in_two_structures(project)
+
+
+def test_a_stale_claims_log_lines_and_stream_chunks_are_refused(project: Project) -> None:
+    """Claim (token A), lease lapsed, reclaimed, claimed again (token B): a log or stream
+    write under A is refused (-1) and leaves the job's log and stream as they were; one
+    under B lands; once the job is done neither token writes."""
+    sc, r = project.runtime.scripts, project.runtime.redis
+    k = project.keys("fast")
+    job = NewJob(id="job1", type="record", version=1, payload='{"n":1}', max_attempts=5,
+                 run_at_ms=0, delay_ms=0, idem_key="", payload_hash="-", resource_key="", limits="")
+    assert sc.enqueue(k, [job], now_ms=T0)[0] == 1
+    token_a = _claim(sc, k, T0, "w1.1")[1]
+    assert int(sc.append_log(k, "job1", ['{"msg": "a1"}'], 500, 262_144, 60_000, token=token_a)) == 1
+    assert list(sc.reclaim(k, 100, 10**7, now_ms=T0 + LEASE + 1)) == [1, 0]
+    token_b = _claim(sc, k, T0 + LEASE + 2, "w2.1")[1]
+
+    def lists() -> tuple[list[str], list[str]]:
+        return r.lrange(k.log("job1"), 0, -1), r.lrange(k.stream("job1"), 0, -1)
+
+    assert lists() == (['{"msg": "a1"}'], [])
+    for token in (token_a, ""):  # (no token: a write that names no claim is no run's)
+        assert int(sc.append_log(k, "job1", ['{"msg": "stale"}'], 500, 262_144, 60_000, token=token)) == -1
+        assert int(sc.append_log(k, "job1", ['{"a": 1, "i": 5, "data": "stale"}'], 500, 262_144, 60_000,
+                                 key=k.stream("job1"), token=token)) == -1
+    assert lists() == (['{"msg": "a1"}'], [])
+    assert int(sc.append_log(k, "job1", ['{"msg": "b"}'], 500, 262_144, 60_000, token=token_b)) == 2
+    assert int(sc.append_log(k, "job1", ['{"a": 2, "i": 0, "data": "b"}'], 500, 262_144, 60_000,
+                             key=k.stream("job1"), token=token_b)) == 1
+    assert [int(c) for c in sc.ack(k, [Ack("job1", token_b, "", "", "")], 10**7, now_ms=T0 + LEASE + 3)] == [1]
+    done = lists()
+    for token in (token_a, token_b):
+        assert int(sc.append_log(k, "job1", ['{"msg": "late"}'], 500, 262_144, 60_000, token=token)) == -1
+    assert lists() == done
+
+
+CHATTY = '''
+import time
+
+QUEUE = "fast"
+TIMEOUT = 10
+
+
+def handle(payload, ctx):
+    for i in range(60 if ctx.attempt == 1 else 3):
+        ctx.logger.info("a%d line %d", ctx.attempt, i)
+        ctx.stream("a%d c%d" % (ctx.attempt, i))
+        time.sleep(0.05)
+    return ctx.attempt
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_frozen_worker_writes_nothing_into_the_log_of_a_job_another_worker_ended(project: Project,
+                                                                                    isolation: str) -> None:
+    """Worker 1 runs a job that logs and streams, and is frozen (SIGSTOP) past its lease;
+    worker 2 runs attempt 2 to done; worker 1 is thawed and its handler goes on logging
+    and streaming until its settlement is refused. The done job's log ends with attempt
+    2's lines and its stream holds what it held when the job ended. (Attempt 1's lines
+    and chunks were appended after attempt 2's.)"""
+    configure(project, vt=1, concurrency=1, isolation=isolation)
+    project.add_function("chatty", CHATTY)
+    c = project.client
+    job = c.enqueue("chatty", {})
+    w1 = project.spawn_worker("fast")
+    wait_for(lambda: any(ln["msg"].startswith("a1") for ln in c.logs(job.id)["lines"]), timeout=15,
+             what="worker 1's first lines")
+    w1.send_signal(signal.SIGSTOP)
+    try:
+        project.spawn_worker("fast")
+        assert wait_final(project, [job.id], timeout=20)[job.id]["status"] == "done"
+        from runner.client import watching
+        log_then = c.logs(job.id)["lines"]
+        stream_then = watching.stream_chunks(c, job.id)["chunks"]
+        assert log_then[-1]["msg"] == "a2 line 2" and stream_then[-1]["data"] == "a2 c2"
+    finally:
+        w1.send_signal(signal.SIGCONT)
+    wait_log(worker_log(project, w1), "lease lost before it settled", timeout=20)
+    assert c.logs(job.id)["lines"] == log_then
+    assert watching.stream_chunks(c, job.id)["chunks"] == stream_then
+    assert w1.poll() is None

@@ -3,6 +3,7 @@ whatever the depth."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Any
@@ -634,3 +635,73 @@ def test_the_deferred_list_goes_on_when_a_batch_cancel_takes_the_ids_its_cursor_
     stayed = [i for i in parked if c.get(i).status == "deferred"]
     assert len(seen) == len(set(seen)) and len(stayed) >= 14
     assert not set(stayed) - set(seen), f"never shown: {len(set(stayed) - set(seen))} of {len(stayed)}"
+
+
+def _finish(project: Project, n: int, tag: str) -> list[str]:
+    """Claim and ack ``n`` queued jobs at once (a worker finishing them): their ids, in
+    the order they finished."""
+    from runner.worker.fetcher import CLAIM_FIELDS
+
+    rt, k = project.runtime, project.keys()
+    reply = list(rt.scripts.claim(k, n=n, start=n, lease_ms=600_000, token_base=tag, dead_ttl_ms=10_000_000,
+                                  done_ttl_ms=10_000_000))
+    claimed = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+    rt.scripts.ack(k, [Ack(job_id, token, "null", "record|1", "") for job_id, token in claimed], 60_000)
+    return [job_id for job_id, _ in claimed]
+
+
+def test_the_queued_list_keeps_its_place_when_a_resume_puts_many_jobs_at_the_consumer_end(
+        project: Project) -> None:
+    """300 queued jobs paged in 50s; after the first page, resuming a paused function puts
+    its 1,200 held jobs back at the consumer end of ready (the end the cursor counts from),
+    more than a page's search looked past. Every job queued throughout is still shown,
+    once. (The next page found none of the cursor's ids within its reach and ended the
+    list: 250 of the 300 were never shown.)"""
+    c, rt, k = project.client, project.runtime, project.keys()
+    c.pause(function="noop")
+    held = [m.id for m in c.enqueue_many([Request("noop", {"i": i}) for i in range(1_200)])]  # type: ignore[union-attr]
+    while rt.redis.llen(k.held("noop")) < len(held):  # claims move a paused function's jobs to its held list
+        rt.scripts.claim(k, n=500, start=500, lease_ms=600_000, token_base="h", dead_ttl_ms=10_000_000,
+                         done_ttl_ms=10_000_000)
+    assert {c.get(i).status for i in held[:5]} == {"deferred"}
+    ids = [m.id for m in c.enqueue_many([Request("record", {"n": i}) for i in range(300)])]  # type: ignore[union-attr]
+
+    def resume(n: int) -> None:
+        if n == 0:
+            c.resume(function="noop")
+
+    seen = _follow(lambda cursor: c.jobs("queued", queue="fast", limit=50, cursor=cursor), resume, most=200)
+    assert rt.redis.llen(k.ready) == 1_500
+    assert len(seen) == len(set(seen)), f"{len(seen) - len(set(seen))} repeats"
+    assert not set(ids) - set(seen), f"never shown: {len(set(ids) - set(seen))} of {len(ids)}"
+
+
+def test_the_done_list_goes_on_to_older_jobs_while_more_than_a_page_finish_between_pages(
+        project: Project) -> None:
+    """120 done jobs paged in 10s while 30 more finish between every two pages (more than
+    a page): each next page holds only jobs that finished before the last one shown, the
+    traversal ends, and it shows each of the 120 once. (The cursor counted places from
+    the newest: each next page showed jobs newer than the page before, and the older
+    jobs were never reached.)"""
+    c = project.client
+    c.enqueue_many([Request("record", {"n": i}) for i in range(120)])
+    before = _finish(project, 120, "b")
+    order = {job_id: n for n, job_id in enumerate(before)}  # finish order: a later one is newer
+
+    def more(n: int) -> None:
+        c.enqueue_many([Request("record", {"m": n, "i": i}) for i in range(30)])
+        for job_id in _finish(project, 30, f"m{n}"):
+            order[job_id] = len(order)
+
+    pages: list[list[str]] = []
+
+    def page(cursor: str | None) -> Any:
+        got = c.jobs("done", queue="fast", limit=10, cursor=cursor)
+        pages.append([j.id for j in got.jobs])
+        return got
+
+    seen = _follow(page, more, most=40)
+    for earlier, later in itertools.pairwise(pages):
+        if earlier and later:
+            assert max(order[i] for i in later) < min(order[i] for i in earlier), "a next page held newer jobs"
+    assert len(seen) == len(set(seen)) and set(seen) == set(before), f"{len(set(before) - set(seen))} never shown"

@@ -104,7 +104,30 @@ def test_a_long_chain_of_cancelled_ids_is_followed_over_bounded_calls(project: P
     for here, nxt in itertools.pairwise([*chain, "stays"]):
         pipe.hset(k.state(here), mapping={"status": "cancelled", "list_next": nxt})
     pipe.execute()
-    place, ids = rt.scripts.seek_list(k, k.ready, 10, (1500, chain[0], "shown"), ready=True)
+    place, ids, _ = rt.scripts.seek_list(k, k.ready, 10, (1500, chain[0], "shown"), ready=True)
     assert ids == [] and place is not None and place[1] in chain[1:] and place[2] == "shown"
-    place, ids = rt.scripts.seek_list(k, k.ready, 10, place, ready=True)
+    place, ids, _ = rt.scripts.seek_list(k, k.ready, 10, place, ready=True)
     assert ids == ["stays"] and place is None
+
+
+def test_a_deferred_page_finds_its_place_past_many_woken_jobs_sent_back_to_the_head(project: Project) -> None:
+    """A limit's waiters list (oldest at the head) is paged from its tail; between two
+    pages 1,200 woken jobs that lost their reserved slots go back to its head (as
+    parking.lua does: LPUSH, counted in the list's :heads), more than the page's search
+    looked past from the head. The next page goes on just before the last id shown.
+    (It found neither id within its reach, and the list counted as read.)"""
+    rt, k, r = project.runtime, project.keys(), project.runtime.redis
+    key = k.waiters("lim")
+    r.rpush(key, *[f"d{n:04d}" for n in range(300)])
+    pipe = r.pipeline(transaction=False)
+    for n in range(300):
+        pipe.hset(k.state(f"d{n:04d}"), mapping={"status": "deferred"})
+    pipe.execute()
+    place, ids, pushed = rt.scripts.seek_list(k, key, 50, None)
+    assert ids == [f"d{n:04d}" for n in range(299, 249, -1)] and place is not None
+    back = [f"w{n:04d}" for n in range(1_200)]
+    for i in range(0, len(back), 400):
+        r.lpush(key, *back[i:i + 400])
+    r.incrby(key + ":heads", len(back))
+    place, ids, _ = rt.scripts.seek_list(k, key, 50, place, pushed=pushed)
+    assert ids == [f"d{n:04d}" for n in range(249, 199, -1)]

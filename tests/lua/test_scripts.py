@@ -1046,6 +1046,8 @@ def test_a_woken_job_that_lost_its_reserved_slot_goes_back_to_the_head(p: Projec
     r, k = p.runtime.redis, p.keys()
     assert p.runtime.scripts.ack(k, [Ack("a", a[1], "", "", "")], 1000, now_ms=NOW + 5) == [1]
     assert state(p, "b")["woken"] == "1"
+    # Woken to the consumer end of ready: counted for the queued list's cursors (seek_list.lua).
+    assert r.get(k.ready_tails) == "1" and k.ready_tails == k.ready + ":tails"
     later = NOW + 5 + RESERVE_MS + 1
     enqueue(p, new("d", res="r1"), now=later)
     r.delete(k.ready)
@@ -1055,6 +1057,8 @@ def test_a_woken_job_that_lost_its_reserved_slot_goes_back_to_the_head(p: Projec
     assert parked(p, "r:r1") == ["b", "c"]
     rb = raw(p, "b")
     assert rb["status"] == "deferred" and rb["deferrals"] == "2" and "woken" not in state(p, "b")
+    # Back at the head: counted for the deferred list's cursors, for a day.
+    assert r.get(k.waiters("r:r1") + ":heads") == "1" and 0 < r.pttl(k.waiters("r:r1") + ":heads") <= 86_400_000
 
 
 def test_a_woken_job_cancelled_before_its_claim_hands_its_reserved_slot_on(p: Project) -> None:

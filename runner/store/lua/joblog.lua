@@ -11,17 +11,27 @@
 -- A stream's chunks are numbered by the worker (attempt, number): they are kept as they
 -- come, with the run of a requeued job marked ("r", below).
 --
+-- A run writes under its claim's token, fenced as ack and renew are: a run whose lease
+-- was lost (its worker stalled past it, the job reclaimed and run again, maybe ended)
+-- writes nothing, so a job's log and stream hold only the runs that owned it.
+--
 -- KEYS[1] log          LIST  the job's log lines (JSON objects), oldest first
+-- KEYS[2] claims       HASH  id -> claim
 -- ARGV[1] the most lines kept
 -- ARGV[2] the most bytes kept (the sum of the lines' lengths)
 -- ARGV[3] how long the log is kept from now, ms (the retention of the job's state)
 -- ARGV[4] lines lost before they were sent, ahead of these (a count; '' for a stream)
 -- ARGV[5] the marker line (a JSON object, the count as #LOST#; '' for a stream)
--- ARGV[6..] the lines to append, oldest first (none: only the expiry is set)
+-- ARGV[6] the job's id ('' writes unfenced: a tool's, not a run's)
+-- ARGV[7] the run's claim token
+-- ARGV[8..] the lines to append, oldest first (none: only the expiry is set)
 --
--- Returns the number of lines kept. Bounded per call: the list never holds more than
--- ARGV[1] lines (and a marker), and the worker sends at most that many.
-local FIRST = 6
+-- Returns the number of lines kept, or -1: refused, the job is not claimed under this
+-- token (nothing written). Bounded per call: the list never holds more than ARGV[1]
+-- lines (and a marker), and the worker sends at most that many.
+--- @include "claims"
+local FIRST = 8
+if ARGV[6] ~= '' and not fence(redis.call('HGET', K.claims, ARGV[6]), ARGV[7]) then return -1 end
 local most, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
 local marked = ARGV[5] ~= ''
 local HEAD = '"level": "WARNING", "src": "runner", "msg": "%[([%d,]+) earlier line'

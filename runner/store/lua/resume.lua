@@ -17,7 +17,7 @@
 --- @include "ready"
 local lifted = 0
 if ARGV[2] == '1' then lifted = redis.call('HDEL', K.paused, ARGV[1]) end
-local moved = 0
+local moved, tail = 0, 0
 if K.held ~= '' then
   -- Take the newest first to the consumer end, so the oldest ends up taken first. A job
   -- of priority goes to the front of its priority, scored by its place in the held list
@@ -34,11 +34,13 @@ if K.held ~= '' then
         redis.call('ZADD', K.prio, -tonumber(st[2]) * 1e13 + place, id)
       else
         redis.call('RPUSH', K.ready, id)
+        tail = tail + 1
       end
       moved = moved + 1
     end
     place = place - 1
   end
 end
+if tail > 0 then pushed_to_tail(K.ready, tail) end
 wake(K.notify)
 return {moved, K.held ~= '' and redis.call('LLEN', K.held) or 0, lifted}

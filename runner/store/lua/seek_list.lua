@@ -9,10 +9,13 @@
 -- list_next, see cancel.lua: the neighbor the pages go toward), followed through cancels
 -- of those in turn; if an id of that chain left otherwise, the list is read (a limit
 -- wakes from the head: the jobs before it left first). Finding the place and reading the
--- page are one call. Bounded: LPOS looks at most MAXLEN ids (where the ids were, plus
--- SLACK for woken jobs that went back to the head), the chain at most CHAIN ids (one
--- HGET each; past them the reply is an empty page whose next place is the chain's last
--- id, so the next call goes on from there), then one range of at most ARGV[1] + 1 ids.
+-- page are one call. Bounded: LPOS looks at most MAXLEN ids: where the ids were, plus
+-- how many ids were pushed since at the end the place counts from (woken jobs that went
+-- back to the head of a limit's waiters, <list>:heads; jobs put at the consumer end of
+-- ready, <list>:tails: a resume puts thousands there at once), plus SLACK, and never more
+-- than the list holds; the chain at most CHAIN ids (one HGET each; past them the reply is
+-- an empty page whose next place is the chain's last id, so the next call goes on from
+-- there), then one range of at most ARGV[1] + 1 ids.
 --
 -- KEYS[1] list          LIST  oldest at the head
 -- KEYS[2] job_prefix    (string; a job's state is prefix .. id .. ':s', its list_next read)
@@ -27,13 +30,22 @@
 --         the tail; if that one left, at the first id not yet shown or where a cancel
 --         left it (the chain above); if that chain ends in an id a worker took (from the
 --         tail: the jobs past it left first), just after the nearest of the ids shown
---         before the last (ARGV[6], ...) that is still there: nothing comes between ids
+--         before the last (ARGV[7], ...) that is still there: nothing comes between ids
 --         in the list, so what follows it was not shown (a place counted from the tail
 --         moves as a worker claims from there: the page showed again jobs of the page
 --         before). If all of them left, the list is read.
--- ARGV[6...] (a ready LIST) the ids shown before the last, from the one just before it back
+--         ARGV[5] '2': a done generation's log instead, newest at the head: ids come in
+--         at the head only and leave only with the whole log (done.lua), so a place
+--         counted from the tail never moves however many jobs finish meanwhile. ARGV[2]
+--         is how many ids are left to read (the next one is that many from the tail),
+--         '' for the first page of the log, which starts ARGV[3] ids from the head (0,
+--         or a place a cursor of an earlier release counted from the head). Two reads.
+-- ARGV[6] the count of ids pushed at the end the place counts from (the list's :tails or
+--         :heads) when the place was read; '' unknown (then SLACK alone)
+-- ARGV[7...] (a ready LIST) the ids shown before the last, from the one just before it back
 --
--- Returns {index of the next id not yet shown or -1, that id or '', id, ...} (newest first).
+-- Returns {index of the next id not yet shown or -1, that id or '', the count ARGV[6]
+-- names as it stands for that place, id, ...} (newest first).
 local SLACK = 1000
 local CHAIN = 1000
 local key = K.list
@@ -55,11 +67,31 @@ local function find_next(id, rank, reach)
 end
 local count = math.min(tonumber(ARGV[1]), 1000)
 local len = redis.call('LLEN', key)
+-- How many ids were pushed past the place since it was read: a place's reach grows by
+-- them. A count that went back (its key expired: a limit's, a day after its last push)
+-- says nothing: the reach is the whole list.
+local pushed = redis.pcall('GET', key .. (ARGV[5] == '1' and ':tails' or ':heads'))
+pushed = type(pushed) == 'string' and tonumber(pushed) or 0  -- (pcall: another type reads as none)
+local grown = 0
+if tonumber(ARGV[6]) then
+  grown = pushed - tonumber(ARGV[6])
+  if grown < 0 then grown = len end
+end
+if ARGV[5] == '2' then
+  local left = len - (tonumber(ARGV[3]) or 0)
+  if ARGV[2] ~= '' then left = math.min(tonumber(ARGV[2]), len) end
+  if left <= 0 or count <= 0 then return {-1, ''} end
+  local got = redis.call('LRANGE', key, -left, math.min(-left + count - 1, -1))
+  local out = {left - #got, '', 0}
+  if left - #got <= 0 then out[1] = -1 end
+  for i = 1, #got do out[#out + 1] = got[i] end
+  return out
+end
 if ARGV[5] == '1' then
   local start = 0
   if ARGV[2] ~= '' then
     local was = tonumber(ARGV[2])
-    local reach = math.min(was + #ARGV + SLACK, len)
+    local reach = math.min(was + #ARGV + SLACK + grown, len)
     start = len
     if reach > 0 then
       local after = redis.call('LPOS', key, ARGV[4], 'RANK', -1, 'MAXLEN', reach)
@@ -70,9 +102,9 @@ if ARGV[5] == '1' then
         if at then
           start = at
         elseif chained then
-          return {was, chained}
+          return {was, chained, ARGV[6] ~= '' and ARGV[6] or pushed}
         else
-          for i = 6, #ARGV do
+          for i = 7, #ARGV do
             local shown = redis.call('LPOS', key, ARGV[i], 'RANK', -1, 'MAXLEN', reach)
             if shown then
               start = shown + 1
@@ -83,16 +115,16 @@ if ARGV[5] == '1' then
       end
     end
   end
-  if start >= len or count <= 0 then return {-1, ''} end
+  if start >= len or count <= 0 then return {-1, '', pushed} end
   local got = redis.call('LRANGE', key, start, start + count)
-  local out = {-1, ''}
-  if #got > count then out = {len - 1 - (start + count), got[count + 1]} end
+  local out = {-1, '', pushed}
+  if #got > count then out = {len - 1 - (start + count), got[count + 1], pushed} end
   for i = 1, math.min(#got, count) do out[#out + 1] = got[i] end
   return out
 end
 local start = len - 1
 if ARGV[2] ~= '' then
-  local reach = math.min(tonumber(ARGV[2]) + 2 + SLACK, len)
+  local reach = math.min(tonumber(ARGV[2]) + 2 + SLACK + grown, len)
   start = -1
   local after = reach > 0 and redis.call('LPOS', key, ARGV[4], 'RANK', 1, 'MAXLEN', reach)
   if after then
@@ -102,14 +134,14 @@ if ARGV[2] ~= '' then
     if at then
       start = at
     elseif chained then
-      return {ARGV[2], chained}
+      return {ARGV[2], chained, ARGV[6] ~= '' and ARGV[6] or pushed}
     end
   end
 end
-if start < 0 or count <= 0 then return {-1, ''} end
+if start < 0 or count <= 0 then return {-1, '', pushed} end
 local lo = math.max(0, start - count)
 local got = redis.call('LRANGE', key, lo, start)
-local out = {-1, ''}
-if #got > count then out = {lo, got[1]} end
+local out = {-1, '', pushed}
+if #got > count then out = {lo, got[1], pushed} end
 for i = #got, math.max(#got - count + 1, 1), -1 do out[#out + 1] = got[i] end
 return out

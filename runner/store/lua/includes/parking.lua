@@ -89,6 +89,16 @@ local function park(lim_prefix, l, id, jk, deferrals, woken, now, limwait_key)
   local wk = lim_prefix .. l.key .. ':w'
   redis.call('HSET', jk .. ':s', 'status', 'deferred', 'deferrals', deferrals + 1)
   redis.call('HDEL', jk .. ':s', 'woken')
-  if woken then redis.call('LPUSH', wk, id) else redis.call('RPUSH', wk, id) end
+  if woken then
+    redis.call('LPUSH', wk, id)
+    -- Counted, so a page of the deferred list (counting its place from the head) knows how
+    -- far these pushed the ids its cursor keeps (seek_list.lua); kept a day past the last.
+    -- (pcall: a key of another type there, a limit's own name, must not fail the park)
+    if type(redis.pcall('INCR', wk .. ':heads')) == 'number' then
+      redis.call('PEXPIRE', wk .. ':heads', 86400000)
+    end
+  else
+    redis.call('RPUSH', wk, id)
+  end
   redis.call('ZADD', limwait_key, 'NX', now + 1000, l.key)
 end

@@ -14,6 +14,15 @@ local function wake(notify_key)
   end
 end
 
+-- Jobs put at the consumer end (the tail) of ready from outside a claim: counted in
+-- <ready>:tails, so a page of the queued list knows how far past its cursor's place
+-- (counted from the tail) they pushed the ids it keeps (seek_list.lua). A claim that pops
+-- ids and puts some back in its own call moves no other id away from the tail: not
+-- counted.
+local function pushed_to_tail(ready_key, n)
+  redis.pcall('INCRBY', ready_key .. ':tails', n)  -- (pcall: a count is no reason to fail a settle)
+end
+
 -- A job back to waiting for a worker (due after a delay or a backoff, released, its lease
 -- lapsed, woken by a limit, resumed, requeued): one of priority 1-9 (its state's
 -- 'priority', written at enqueue) goes to the priority set, so it keeps its place ahead
@@ -25,6 +34,7 @@ local function to_ready(ready_key, prio_key, id, prio, now, next)
     redis.call('ZADD', prio_key, -p * 1e13 + (next and 0 or now), id)
   elseif next then
     redis.call('RPUSH', ready_key, id)
+    pushed_to_tail(ready_key, 1)
   else
     redis.call('LPUSH', ready_key, id)
   end
