@@ -177,7 +177,14 @@ class Executors:
                         continue
                     r.handed_back = back
                     slot = self._slot_of(r)
-                slot.kill()
+                try:
+                    slot.kill()
+                except Exception:  # (a bug: the other runs still go back)
+                    log.exception("%s: the child running job %s could not be stopped; the job goes back "
+                                  "once its lease lapses", self.q.name, r.job.id)
+                    back = Release("later", "interrupted")
+                    with self.ledger.lock:
+                        r.handed_back = back
                 self.outcomes.put(Settlement(r, back))
             else:
                 self.outcomes.put(Settlement(r, Release("later", "interrupted")))

@@ -338,6 +338,11 @@ class ChildProcess:
             child.close()
         self.channel = Channel(parent)
         self.ready = False
+        # The worker's stop and the slot watching the child can both end it at once: one
+        # does, the other waits and reads its code (a select on the pidfd the first had
+        # closed raised EBADF in the stop's thread, and the jobs after went unreturned).
+        self._end_lock = threading.Lock()
+        self._code: int | None = None
         self._pidfd = -1
         with contextlib.suppress(AttributeError, OSError):  # Linux 5.3 and later
             self._pidfd = os.pidfd_open(self.proc.pid)
@@ -415,6 +420,12 @@ class ChildProcess:
         """How a child that is gone (or going) ended; every way of dropping a child ends
         here: its process group is killed (the tools its handler left, and its sentry), the
         child and its sentry reaped, and its socket, pidfd and sentry pipe closed."""
+        with self._end_lock:
+            if self._code is None:
+                self._code = self._end(timeout_s)
+            return self._code
+
+    def _end(self, timeout_s: float) -> int:
         self._exited(timeout_s)
         _kill_group(self.proc)
         code = self.proc.wait()
