@@ -1,0 +1,84 @@
+"""Big records (payloads up to the accepted 1 MiB) never make one script call's work
+grow with their bytes: a script that reads a whole record into Lua pays about 7 ms of
+Redis per MiB, and every other client waits meanwhile (past 5 s, BUSY). A bulk action
+sends at most BULK_BYTES of records per call; a listing reads only a preview's bytes.
+
+Each test reads what Redis itself saw (SLOWLOG with every command logged, or INFO
+commandstats), not wall time: the hosts these run on are shared and loaded."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from runner.client import Request
+from runner.client.administering import BULK_BYTES
+from runner.store.scripts import Burial
+from runner.worker.fetcher import CLAIM_FIELDS
+
+from conftest import Project
+
+ERROR = '{"type": "E", "message": "m", "traceback": "Traceback (most recent call last): ..."}'
+PAD = 300_000  # a few hundred KiB a record: enough to show a bound by bytes, not by count
+
+
+@contextlib.contextmanager
+def every_command_logged(r: Any) -> Iterator[None]:
+    """SLOWLOG keeps every command (with its first 32 arguments and Redis's own time)
+    while the block runs; the server's settings are put back after."""
+    before = r.config_get("slowlog-*")
+    r.config_set("slowlog-log-slower-than", 0)
+    r.config_set("slowlog-max-len", 100_000)
+    r.slowlog_reset()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            r.config_set(name, value)
+
+
+def script_calls(project: Project, name: str) -> list[dict[str, Any]]:
+    """The SLOWLOG entries of one script's calls on this project's keys, oldest first:
+    each with its arguments (strings) and its duration in microseconds."""
+    r, sha = project.runtime.redis, project.runtime.scripts.shas[name]
+    out = []
+    for e in reversed(r.slowlog_get(100_000)):
+        command = e["command"]
+        args = (command.decode(errors="replace") if isinstance(command, bytes) else str(command)).split(" ")
+        if len(args) > 3 and args[0].upper() == "EVALSHA" and args[1] == sha and project.prefix in args[3]:
+            out.append({"args": args, "usec": e["duration"]})
+    return out
+
+
+def bury_big(project: Project, n: int, pad: int = PAD) -> list[str]:
+    """n dead jobs of the 'perm' function, each with a payload of about ``pad`` bytes."""
+    rt, k = project.runtime, project.keys()
+    made = project.client.enqueue_many([Request("perm", {"i": i, "pad": "p" * pad}) for i in range(n)])
+    reply = list(rt.scripts.claim(k, n=len(made), start=len(made), lease_ms=60_000, token_base="w.big",
+                                  dead_ttl_ms=10**9, done_ttl_ms=10**9))
+    got = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+    rt.scripts.bury(k, [Burial(i, t, "permanent failure", ERROR, "", False, "") for i, t in got], 10**9)
+    assert len(got) == n
+    return [i for i, _ in got]
+
+
+def test_a_bulk_requeue_of_big_dead_jobs_sends_at_most_bulk_bytes_of_records_per_call(project: Project) -> None:
+    """40 dead jobs of 300 KB (12 MB, fewer than a batch's 500 jobs): the bulk requeue
+    sends them in requeue.lua calls of at most BULK_BYTES of records each (one call of
+    all 40 read and rewrote 12 MB in one script; 500 of 1 MiB ran 5-9 s), and every job
+    is requeued, on the trail as one entry."""
+    c, r = project.client, project.runtime.redis
+    ids = bury_big(project, 40)
+    size = r.strlen(project.keys().job(ids[0]))
+    assert size > PAD
+    with every_command_logged(r):
+        done, refused = c.requeue_many("fast", ids, by="ops")
+        calls = script_calls(project, "requeue")
+    assert sorted(done) == sorted(ids) and not refused
+    assert {c.get(i).status for i in ids} == {"queued"}
+    counts = [int(call["args"][3 + int(call["args"][2]) + 1]) for call in calls]  # EVALSHA sha numkeys KEYS now n
+    assert sum(counts) == 40, counts
+    assert len(counts) > 1 and max(counts) * size <= BULK_BYTES, (counts, size)
+    total, (entry,) = c.audit(limit=5)
+    assert total == 1 and (entry["action"], entry["count"]) == ("requeue", 40)
