@@ -642,7 +642,8 @@ def cancel_deferred(client: Client, *, queue: str | None = None, type: str | Non
     (see cancel.lua), so no job it reaches can be woken and run in between; a job is
     covered when it is deferred at the moment its list's batch runs (one woken before
     is queued by then); a list is read once, for at most as many jobs as it held when
-    its turn came. One audit entry per queue (``by``); each job's history names who."""
+    its turn came. A batch reads at most BULK_BYTES of records (the rest go in the
+    next). One audit entry per queue (``by``); each job's history names who."""
     rt = client.runtime
     names = [queue] if queue else list(rt.keys)
     for q in names:
@@ -663,7 +664,8 @@ def cancel_deferred(client: Client, *, queue: str | None = None, type: str | Non
                     more, after, left = True, "", admin.length(rt.redis, list_key)
                     while more and left > 0:
                         more, moved, ids = rt.scripts.cancel_deferred(k, list_key, limit, min(batch, left),
-                                                                      type or "", after, ttl_ms, entry)
+                                                                      type or "", after, ttl_ms, entry,
+                                                                      most_bytes=BULK_BYTES)
                         out.setdefault(q, []).extend(ids)
                         left -= len(ids)
                         if not ids and moved == after:

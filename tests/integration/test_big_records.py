@@ -9,11 +9,12 @@ commandstats), not wall time: the hosts these run on are shared and loaded."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from runner.client import Request
 from runner.client.administering import BULK_BYTES
+from runner.store import scriptkeys
 from runner.store.scripts import Burial
 from runner.worker.fetcher import CLAIM_FIELDS
 
@@ -38,16 +39,20 @@ def every_command_logged(r: Any) -> Iterator[None]:
             r.config_set(name, value)
 
 
-def script_calls(project: Project, name: str) -> list[dict[str, Any]]:
-    """The SLOWLOG entries of one script's calls on this project's keys, oldest first:
-    each with its arguments (strings) and its duration in microseconds."""
-    r, sha = project.runtime.redis, project.runtime.scripts.shas[name]
-    out = []
-    for e in reversed(r.slowlog_get(100_000)):
-        command = e["command"]
-        args = (command.decode(errors="replace") if isinstance(command, bytes) else str(command)).split(" ")
-        if len(args) > 3 and args[0].upper() == "EVALSHA" and args[1] == sha and project.prefix in args[3]:
-            out.append({"args": args, "usec": e["duration"]})
+def script_calls(project: Project, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The SLOWLOG entries of the script calls (EVAL or EVALSHA) on exactly these KEYS,
+    oldest first: each with its arguments after the keys and Redis's own time for it
+    (microseconds). Commands a server logs from inside a script are not counted, nor an
+    EVALSHA the server did not know, sent again as EVAL (its NOSCRIPT answer)."""
+    out: list[dict[str, Any]] = []
+    for e in reversed(project.runtime.redis.execute_command("SLOWLOG", "GET", 100_000)):
+        args = [a.decode(errors="replace") if isinstance(a, bytes) else str(a) for a in e[3]]
+        if len(args) > 2 and args[0].upper() in ("EVAL", "EVALSHA") and args[2].isdigit():
+            n = int(args[2])
+            if args[3:3 + n] == list(keys):
+                if args[0].upper() == "EVAL" and out and out[-1]["sha"] and out[-1]["argv"] == args[3 + n:]:
+                    out.pop()
+                out.append({"argv": args[3 + n:], "usec": int(e[2]), "sha": args[0].upper() == "EVALSHA"})
     return out
 
 
@@ -74,11 +79,35 @@ def test_a_bulk_requeue_of_big_dead_jobs_sends_at_most_bulk_bytes_of_records_per
     assert size > PAD
     with every_command_logged(r):
         done, refused = c.requeue_many("fast", ids, by="ops")
-        calls = script_calls(project, "requeue")
+        calls = script_calls(project, scriptkeys.keys("requeue", project.keys()))
     assert sorted(done) == sorted(ids) and not refused
     assert {c.get(i).status for i in ids} == {"queued"}
-    counts = [int(call["args"][3 + int(call["args"][2]) + 1]) for call in calls]  # EVALSHA sha numkeys KEYS now n
+    counts = [int(call["argv"][1]) for call in calls]  # ARGV: now, n, ...
     assert sum(counts) == 40, counts
     assert len(counts) > 1 and max(counts) * size <= BULK_BYTES, (counts, size)
     total, (entry,) = c.audit(limit=5)
     assert total == 1 and (entry["action"], entry["count"]) == ("requeue", 40)
+
+
+def test_a_cancel_of_big_deferred_jobs_reads_at_most_bulk_bytes_of_records_per_call(project: Project) -> None:
+    """30 jobs of 300 KB held by a paused function (9 MB, fewer than a batch's 200):
+    `runner cancel --all --status deferred` cancels them all in cancel.lua calls that
+    each read at most BULK_BYTES of records (one call read all 30 whole)."""
+    c, r, rt, k = project.client, project.runtime.redis, project.runtime, project.keys()
+    c.pause(function="perm")
+    ids = [m.id for m in c.enqueue_many([Request("perm", {"i": i, "pad": "p" * PAD}) for i in range(30)])]  # type: ignore[union-attr]
+    while rt.scripts.claim(k, n=10, start=10, lease_ms=60_000, token_base="w.held", dead_ttl_ms=10**9,
+                           done_ttl_ms=10**9)[2:]:
+        pass
+    assert {c.get(i).status for i in ids} == {"deferred"}
+    size = r.strlen(k.job(ids[0]))
+    with every_command_logged(r):
+        got = c.cancel_deferred(type="perm")
+        calls = script_calls(project, scriptkeys.keys("cancel", k, job=k.held("perm")))
+    assert sorted(got["fast"]) == sorted(ids)
+    assert {c.get(i).status for i in ids} == {"cancelled"}
+    cancelled = r.hget(k.stats, "cancelled|perm")
+    assert cancelled == "30", cancelled
+    # Each call asked for up to 30 (its ARGV[5]); the bytes made it stop and say "more".
+    assert [call["argv"][4] for call in calls][:1] == ["30"]
+    assert len(calls) >= -(-30 * size // BULK_BYTES), (len(calls), size)
