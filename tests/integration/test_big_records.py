@@ -9,12 +9,13 @@ commandstats), not wall time: the hosts these run on are shared and loaded."""
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from runner.client import Request
 from runner.client.administering import BULK_BYTES
-from runner.store import scriptkeys
+from runner.store import listing, records, scriptkeys
 from runner.store.scripts import Burial
 from runner.worker.fetcher import CLAIM_FIELDS
 
@@ -56,15 +57,17 @@ def script_calls(project: Project, keys: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def bury_big(project: Project, n: int, pad: int = PAD) -> list[str]:
-    """n dead jobs of the 'perm' function, each with a payload of about ``pad`` bytes."""
+def bury_big(project: Project, n: int, pad: int = PAD, payloads: list[dict[str, Any]] | None = None) -> list[str]:
+    """n dead jobs of the 'perm' function, each with a payload of about ``pad`` bytes
+    (or these payloads), in order."""
     rt, k = project.runtime, project.keys()
-    made = project.client.enqueue_many([Request("perm", {"i": i, "pad": "p" * pad}) for i in range(n)])
+    payloads = payloads or [{"i": i, "pad": "p" * pad} for i in range(n)]
+    made = project.client.enqueue_many([Request("perm", p) for p in payloads])
     reply = list(rt.scripts.claim(k, n=len(made), start=len(made), lease_ms=60_000, token_base="w.big",
                                   dead_ttl_ms=10**9, done_ttl_ms=10**9))
     got = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
     rt.scripts.bury(k, [Burial(i, t, "permanent failure", ERROR, "", False, "") for i, t in got], 10**9)
-    assert len(got) == n
+    assert len(got) == len(payloads)
     return [i for i, _ in got]
 
 
@@ -111,3 +114,37 @@ def test_a_cancel_of_big_deferred_jobs_reads_at_most_bulk_bytes_of_records_per_c
     # Each call asked for up to 30 (its ARGV[5]); the bytes made it stop and say "more".
     assert [call["argv"][4] for call in calls][:1] == ["30"]
     assert len(calls) >= -(-30 * size // BULK_BYTES), (len(calls), size)
+
+
+def test_a_page_of_big_jobs_reads_only_their_previews(project: Project) -> None:
+    """A dead-letter page of 20 jobs of 900 KB and 20 small ones, read three times: a
+    big job's lookup costs Redis about what a small one's does (it read the whole record
+    into Lua to cut a preview: 5-7 ms a MiB, every client waiting), interleaved so the
+    host's load weighs on both alike; and each preview keeps its contract: the payload's
+    first bytes, whole characters only (a 2-byte character at the cut), its full size."""
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    payloads = [{"i": i, "pad": ("\u00e9" * 450_000) if i % 2 else "small"} for i in range(40)]
+    ids = bury_big(project, 0, payloads=payloads)
+    big = {i for n, i in enumerate(ids) if n % 2}
+    with every_command_logged(r):
+        for _ in range(3):
+            total, page = c.dead("fast", limit=50)
+            assert total == 40 and len(page) == 40
+        usec: dict[bool, list[int]] = {True: [], False: []}
+        for i in ids:
+            usec[i in big] += [call["usec"] for call in script_calls(project, records.lookup_keys(k, i))]
+    assert len(usec[True]) == len(usec[False]) == 60
+    ratio = statistics.median(usec[True]) / max(1, statistics.median(usec[False]))
+    print(f"lookup median: big {statistics.median(usec[True])} us, small {statistics.median(usec[False])} us")
+    assert ratio < 4, (ratio, sorted(usec[True])[:5], sorted(usec[False])[:5])
+    cut = listing.preview_bytes(50)
+    for job in page:
+        view = job.as_dict()
+        stored = records.parse(r.get(k.job(view["id"])))
+        assert stored is not None
+        if view["id"] not in big:
+            assert view["payload"]["pad"] == "small" and "truncated" not in view
+            continue
+        preview = view["payload_preview"]
+        assert view["payload"] is None and view["truncated"]["payload"] == len(stored["payload"].encode())
+        assert stored["payload"].startswith(preview) and cut - 2 < len(preview.encode()) <= cut, len(preview)
