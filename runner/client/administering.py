@@ -49,10 +49,8 @@ if TYPE_CHECKING:
 
 # Dead jobs a bulk requeue or delete sends per round trip (and per script call).
 BULK_BATCH = 500
-# And at most this many bytes of their stored records: a script reads (and a requeue
-# rewrites) each whole record, about 7 ms of Redis per MiB during which every other
-# client waits; 500 records of 1 MiB in one call blocked Redis 5-9 s, past its busy limit.
-BULK_BYTES = 8 * 1024 * 1024
+# And at most this many bytes of their stored records (a requeue also rewrites each).
+BULK_BYTES = records.SCRIPT_BYTES
 # How long a cancel of a job claimed ahead waits to learn whether its worker dropped it.
 CANCEL_AHEAD_S = 2.0
 

@@ -453,15 +453,17 @@ class Scripts(Transport):
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None,
                 check: bool = True) -> Any:
-        """Returns [requeued, buried]. ``check``: look for queue keys damaged to another
-        type first (a TYPE each; see reclaim.lua), which a caller passing every half
-        second does only now and then, and after an error reply."""
+        """Returns [requeued, buried], and a third element (1) when records.SCRIPT_BYTES of
+        records were read before ``limit`` jobs: more lapsed leases are left for another
+        call. ``check``: look for queue keys damaged to another type first (a TYPE each;
+        see reclaim.lua), which a caller passing every half second does only now and
+        then, and after an error reply."""
         return self._run(*self.reclaim_call(k, limit, dead_ttl_ms, now_ms, check))
 
     @staticmethod
     def reclaim_call(k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None,
                      check: bool = True) -> ScriptCall:
-        args = (_clock(now_ms), limit, dead_ttl_ms, 1 if check else 0)
+        args = (_clock(now_ms), limit, dead_ttl_ms, 1 if check else 0, records.SCRIPT_BYTES)
         return ScriptCall("reclaim", scriptkeys.keys("reclaim", k), args)
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from runner.store import listing, records, scriptkeys
 from runner.store.scripts import Burial
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project
+from conftest import Project, wait_for
 
 ERROR = '{"type": "E", "message": "m", "traceback": "Traceback (most recent call last): ..."}'
 PAD = 300_000  # a few hundred KiB a record: enough to show a bound by bytes, not by count
@@ -148,3 +149,24 @@ def test_a_page_of_big_jobs_reads_only_their_previews(project: Project) -> None:
         preview = view["payload_preview"]
         assert view["payload"] is None and view["truncated"]["payload"] == len(stored["payload"].encode())
         assert stored["payload"].startswith(preview) and cut - 2 < len(preview.encode()) <= cut, len(preview)
+
+
+def test_the_reclaim_of_big_jobs_reads_at_most_bulk_bytes_of_records_per_call(project: Project) -> None:
+    """30 claimed jobs of 300 KB (9 MB) whose leases lapsed, as after a worker's crash:
+    a reclaim call (up to 1,000 jobs, as the scheduler asks) takes back only as many as
+    fit in BULK_BYTES of records and says there are more (one call read all 30 whole);
+    a real worker's scheduler goes on until every one is back and has run once."""
+    c, r, rt, k = project.client, project.runtime.redis, project.runtime, project.keys()
+    ids = [m.id for m in c.enqueue_many([Request("record", {"n": i, "pad": "p" * PAD}) for i in range(30)])]  # type: ignore[union-attr]
+    got = rt.scripts.claim(k, n=30, start=30, lease_ms=60_000, token_base="w.lost", dead_ttl_ms=10**9,
+                           done_ttl_ms=10**9)
+    assert len(got[2:]) == 30 * CLAIM_FIELDS
+    size = r.strlen(k.job(ids[0]))
+    reply = [int(x) for x in rt.scripts.reclaim(k, 1000, 10**9, now_ms=int(time.time() * 1000) + 120_000)]
+    assert reply[0] + reply[1] == BULK_BYTES // size and reply[2:] == [1], (reply, size)
+    assert r.zcard(k.leases) == 30 - BULK_BYTES // size
+    r.zadd(k.leases, {i: 1 for i in r.zrange(k.leases, 0, -1)})  # the rest lapse now for the worker
+    project.spawn_worker("fast")
+    wait_for(lambda: {c.get(i).status for i in ids} == {"done"}, timeout=90, what="the reclaimed jobs run")
+    project.stop_all()
+    assert r.zcard(k.leases) == 0
