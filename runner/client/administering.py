@@ -283,7 +283,7 @@ def _in_batches(
                     by_part.setdefault(at or 0, []).append(job_id)
                 for p, group in by_part.items():
                     sizes = admin.record_sizes(client.runtime.redis, parts[p], group)
-                    for part in by_bytes(group, sizes, BULK_BYTES):
+                    for part in _by_bytes(group, sizes, BULK_BYTES):
                         batch(parts[p], part)
                         if record is not None and done and not record.written:
                             record.progress(done)  # on record from the first job it acted on
@@ -297,7 +297,7 @@ def _in_batches(
             record.end(done, ok)
 
 
-def by_bytes(ids: Sequence[str], sizes: Sequence[int], most: int) -> list[list[str]]:
+def _by_bytes(ids: Sequence[str], sizes: Sequence[int], most: int) -> list[list[str]]:
     """``ids`` in order, cut into runs whose ``sizes`` add up to at most ``most`` bytes (a
     single id past it goes alone)."""
     out: list[list[str]] = []
