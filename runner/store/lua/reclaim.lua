@@ -151,7 +151,7 @@ for j, id in ipairs(ids) do
   local sk = jk .. ':s'
   local c = parse_claim(held[j])
   -- No record (done, or gone), a malformed one, or a job elsewhere: nothing to take back.
-  local rec = rec_load(jk)
+  local rec = rec_head(jk)  -- (its payload is not needed: a big record is not read whole)
   local s = rec and redis.pcall('HMGET', sk, 'history', 'status', 'attempt', 'refunds', 'priority')
   local f = {}
   if rec and not s.err then

@@ -32,6 +32,22 @@ local function rec_load(jk)
   return rec, nil
 end
 
+-- A record's fields without its payload (payload nil), for a script that needs no
+-- payload: a record longer than REC_HEAD bytes is read by its head (GETRANGE) when its
+-- fields fit there, never whole (GET of a 1 MiB record into Lua cost Redis 7-25 ms, every
+-- client waiting). Anything else is read as rec_load reads it, with the same answers.
+local REC_HEAD = 8192
+local REC_HEAD_PATTERN = '^1\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31' ..
+  '([^\31]*)\31([^\31]*)\31([^\31]*)\31'
+local function rec_head(jk)
+  local len = redis.pcall('STRLEN', jk)
+  if type(len) ~= 'number' or len <= REC_HEAD then return rec_load(jk) end
+  local a, b, c, d, e, f, g, h, i = string.match(redis.call('GETRANGE', jk, 0, REC_HEAD - 1), REC_HEAD_PATTERN)
+  if not a then return rec_load(jk) end
+  return {type = a, version = b, max_attempts = c, created_ms = d, idem_key = e, idem_hash = f, resource_key = g,
+    limits = h, meta = i}, nil
+end
+
 -- Both keys of a dead job expire an hour after the dead retention: the scheduler's trim
 -- deletes them at the retention (and uncounts them in the census); the expiry only
 -- bounds their life should no scheduler run.
