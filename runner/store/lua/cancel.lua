@@ -66,9 +66,10 @@
 -- after ARGV[7] (found with LPOS within the first 100,000; from the head if it left).
 -- An entry left in place (another type, or no longer deferred: the wake-up drops it) is
 -- passed over. Bounded by bytes too: each record is read whole (about 7 ms of Redis a
--- MiB), so the batch stops before the job that would take the records it read past
--- ARGV[9] (its STRLEN first), and says there is more. Returns {1 more to read (0: the list is read to its end), the id to go
--- on after ('' from the head), id cancelled, ...}.
+-- MiB), so the batch stops before the record that would take those it read (cancelled
+-- or passed over for their type) past ARGV[9] (a STRLEN first), and says there is more.
+-- Returns {1 more to read (0: the list is read to its end), the id to go on after (''
+-- from the head), id cancelled, ...}.
 --- @include "clock"
 --- @include "history"
 --- @include "limits"
@@ -161,7 +162,7 @@ if ARGV[5] ~= nil and ARGV[5] ~= '' then
     if deferred and most then
       local size = redis.pcall('STRLEN', jk)
       size = type(size) == 'number' and size or 0
-      if count > 0 and read + size > most then
+      if read > 0 and read + size > most then
         full = true
         break
       end
