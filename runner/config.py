@@ -137,6 +137,7 @@ class ApiToken:
     # `runner web` and `runner check` refuse the config.
     digest: bytes | None
     env: str | None = None
+    chars: int | None = None  # the secret's length (None: given by its hash, not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +445,8 @@ def _token(source: str, name: str, raw: Any, env: Mapping[str, str]) -> ApiToken
     if "hash" in t:
         return ApiToken(name, frozenset(t["scopes"]), bytes.fromhex(t["hash"].lower()[len("sha256:"):]))
     secret = env_secret(env, t["env"])
-    return ApiToken(name, frozenset(t["scopes"]), digest(secret) if secret else None, env=t["env"])
+    return ApiToken(name, frozenset(t["scopes"]), digest(secret) if secret else None, env=t["env"],
+                    chars=len(secret) if secret else None)
 
 
 def env_secret(env: Mapping[str, str], name: str) -> str:
@@ -462,7 +464,7 @@ def _tokens(source: str, raw: Mapping[str, Any], env: Mapping[str, str]) -> tupl
             raise ConfigError(f"{source}: api.tokens.{DEFAULT_TOKEN}: the name {DEFAULT_TOKEN!r} is "
                               "RUNNER_API_TOKEN's; rename the table")
         out.append(ApiToken(DEFAULT_TOKEN, frozenset(SCOPES), digest(env_secret(env, "RUNNER_API_TOKEN")),
-                            env="RUNNER_API_TOKEN"))
+                            env="RUNNER_API_TOKEN", chars=len(env_secret(env, "RUNNER_API_TOKEN"))))
     seen: dict[bytes, str] = {}
     for t in out:
         label = "RUNNER_API_TOKEN" if t.env == "RUNNER_API_TOKEN" else f"api.tokens.{t.name}"
@@ -479,6 +481,26 @@ def unset_secrets(cfg: Config) -> list[str]:
     serve with one (no request could use it), and `runner check` reports it."""
     return [f"{cfg.source}: api.tokens.{t.name}.env: the variable {t.env} is not set; set it to the "
             "token, or remove the table" for t in cfg.api.unset()]
+
+
+# A token shorter than this is guessable (`runner token new` makes 43 characters, 256
+# bits); `runner check` and the web app name each one (a warning: it still works).
+MIN_SECRET_CHARS = 16
+
+
+def short_secrets(cfg: Config) -> list[str]:
+    """A line per token whose secret (from its variable) is shorter than MIN_SECRET_CHARS;
+    never the secret itself."""
+    out = []
+    for t in cfg.api.tokens:
+        if t.chars is not None and t.chars < MIN_SECRET_CHARS:
+            own = t.env == "RUNNER_API_TOKEN"
+            label = "RUNNER_API_TOKEN" if own else f"api.tokens.{t.name} ({t.env})"
+            made = "`runner token new NAME --scope ...`" if own else f"`runner token new {t.name} --scope ...`"
+            how = f"{made} prints a random one of 256 bits" + (" (RUNNER_API_TOKEN may take it)" if own else "")
+            out.append(f"{cfg.source}: {label} is {t.chars} character(s), easy to guess; a token should be at "
+                       f"least {MIN_SECRET_CHARS}: {how}")
+    return out
 
 
 def _env_bool(name: str, value: str) -> bool:

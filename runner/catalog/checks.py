@@ -154,8 +154,10 @@ _OTHER_RUNNER = re.compile(r"(?i)^runner-([0-9][^-]*)(-py[0-9.]+)?\.(dist-info|e
 def token_problems(cfg: Config, reg: Registry) -> list[Problem]:
     """API tokens that cannot work as written: a secret's variable not set, or a scope
     ``enqueue:<type>`` naming no function (a function that failed to load is already
-    reported, so it is not named twice)."""
+    reported, so it is not named twice); and, as warnings, secrets short enough to guess."""
     out = [Problem("config", line) for line in config_mod.unset_secrets(cfg)] if cfg.api.auth else []
+    if cfg.api.auth:
+        out += [Problem("config", line, "warning") for line in config_mod.short_secrets(cfg)]
     for t in cfg.api.tokens:
         for scope in sorted(t.scopes):
             if scope.startswith("emit:"):  # an event nobody subscribes to yet is still an event

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 # Dead jobs a bulk requeue or delete sends per round trip (and per script call).
 BULK_BATCH = 500
+# And at most this many bytes of their stored records (a requeue also rewrites each).
+BULK_BYTES = records.SCRIPT_BYTES
 # How long a cancel of a job claimed ahead waits to learn whether its worker dropped it.
 CANCEL_AHEAD_S = 2.0
 
@@ -265,9 +267,10 @@ def _in_batches(
     batch: Callable[[QueueKeys, list[str]], None], progress: Callable[[int], None] | None,
 ) -> None:
     """A bulk action's walk: ``batch`` on each partition's share of every BULK_BATCH ids,
-    the action's one audit entry written after the first batch that acted on a job,
-    brought up to date after each chunk (``done`` so far) and ended whatever happens,
-    ``progress(n)`` after each chunk."""
+    cut into runs of at most BULK_BYTES of stored records (one STRLEN each, one round
+    trip), so no script call or round trip carries more; the action's one audit entry
+    written after the first batch that acted on a job, brought up to date after each
+    chunk (``done`` so far) and ended whatever happens, ``progress(n)`` after each chunk."""
     parts = client.runtime.parts[queue]
     ok = False
     try:
@@ -279,9 +282,11 @@ def _in_batches(
                 for job_id, at in zip(chunk, admin.dead_homes(client.runtime.redis, parts, chunk), strict=True):
                     by_part.setdefault(at or 0, []).append(job_id)
                 for p, group in by_part.items():
-                    batch(parts[p], group)
-                    if record is not None and done and not record.written:
-                        record.progress(done)  # on record from the first job it acted on
+                    sizes = admin.record_sizes(client.runtime.redis, parts[p], group)
+                    for part in _by_bytes(group, sizes, BULK_BYTES):
+                        batch(parts[p], part)
+                        if record is not None and done and not record.written:
+                            record.progress(done)  # on record from the first job it acted on
                 if record is not None and start + BULK_BATCH < len(ids):
                     record.progress(done)
                 if progress is not None:
@@ -290,6 +295,23 @@ def _in_batches(
     finally:
         if record is not None:
             record.end(done, ok)
+
+
+def _by_bytes(ids: Sequence[str], sizes: Sequence[int], most: int) -> list[list[str]]:
+    """``ids`` in order, cut into runs whose ``sizes`` add up to at most ``most`` bytes (a
+    single id past it goes alone)."""
+    out: list[list[str]] = []
+    run: list[str] = []
+    total = 0
+    for job_id, n in zip(ids, sizes, strict=True):
+        if run and total + n > most:
+            out.append(run)
+            run, total = [], 0
+        run.append(job_id)
+        total += n
+    if run:
+        out.append(run)
+    return out
 
 
 def delete_dead(client: Client, queue: str, job_id: str, *, by: str | None = None) -> None:
@@ -618,7 +640,8 @@ def cancel_deferred(client: Client, *, queue: str | None = None, type: str | Non
     (see cancel.lua), so no job it reaches can be woken and run in between; a job is
     covered when it is deferred at the moment its list's batch runs (one woken before
     is queued by then); a list is read once, for at most as many jobs as it held when
-    its turn came. One audit entry per queue (``by``); each job's history names who."""
+    its turn came. A batch reads at most BULK_BYTES of records (the rest go in the
+    next). One audit entry per queue (``by``); each job's history names who."""
     rt = client.runtime
     names = [queue] if queue else list(rt.keys)
     for q in names:
@@ -639,7 +662,8 @@ def cancel_deferred(client: Client, *, queue: str | None = None, type: str | Non
                     more, after, left = True, "", admin.length(rt.redis, list_key)
                     while more and left > 0:
                         more, moved, ids = rt.scripts.cancel_deferred(k, list_key, limit, min(batch, left),
-                                                                      type or "", after, ttl_ms, entry)
+                                                                      type or "", after, ttl_ms, entry,
+                                                                      most_bytes=BULK_BYTES)
                         out.setdefault(q, []).extend(ids)
                         left -= len(ids)
                         if not ids and moved == after:

@@ -118,6 +118,15 @@ def stored(redis: Any, k: QueueKeys, job_id: str) -> dict[str, str]:
     return records.view(job_id, redis.get(k.job(job_id)), redis.hgetall(k.state(job_id)), None, None)
 
 
+def record_sizes(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[int]:
+    """The bytes of each id's stored record, in one round trip (0 when gone or not a
+    string): what a bulk action weighs before it reads or sends any record whole."""
+    pipe = redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.strlen(k.job(job_id))
+    return [n if isinstance(n, int) else 0 for n in pipe.execute(raise_on_error=False)]
+
+
 def record_texts(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[Any]:
     """The stored record of each id, in one round trip: its text, or what else the key
     held (None when gone)."""

@@ -453,15 +453,17 @@ class Scripts(Transport):
 
     def reclaim(self, k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None,
                 check: bool = True) -> Any:
-        """Returns [requeued, buried]. ``check``: look for queue keys damaged to another
-        type first (a TYPE each; see reclaim.lua), which a caller passing every half
-        second does only now and then, and after an error reply."""
+        """Returns [requeued, buried], and a third element (1) when records.SCRIPT_BYTES of
+        records were read before ``limit`` jobs: more lapsed leases are left for another
+        call. ``check``: look for queue keys damaged to another type first (a TYPE each;
+        see reclaim.lua), which a caller passing every half second does only now and
+        then, and after an error reply."""
         return self._run(*self.reclaim_call(k, limit, dead_ttl_ms, now_ms, check))
 
     @staticmethod
     def reclaim_call(k: QueueKeys, limit: int, dead_ttl_ms: int, now_ms: int | None = None,
                      check: bool = True) -> ScriptCall:
-        args = (_clock(now_ms), limit, dead_ttl_ms, 1 if check else 0)
+        args = (_clock(now_ms), limit, dead_ttl_ms, 1 if check else 0, records.SCRIPT_BYTES)
         return ScriptCall("reclaim", scriptkeys.keys("reclaim", k), args)
 
     def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
@@ -680,12 +682,15 @@ class Scripts(Transport):
         return self._run("run_now", scriptkeys.keys("run_now", k, job=k.job(job_id)), (_clock(now_ms), job_id, entry))
 
     def cancel_deferred(self, k: QueueKeys, list_key: str, limit: str, n: int, type_: str, after: str,
-                        retention_ms: int, entry: str = "") -> tuple[bool, str, list[str]]:
+                        retention_ms: int, entry: str = "", most_bytes: int | None = None,
+                        ) -> tuple[bool, str, list[str]]:
         """Cancel up to ``n`` deferred jobs (of ``type_``, '' any) of one deferred list (a
         held list, or the waiters of limit ``limit``) in one step, from just after the id
-        ``after`` (see cancel.lua's batch): (more to read, the next ``after``, ids cancelled)."""
+        ``after``, reading at most ``most_bytes`` of their records (at least one job; see
+        cancel.lua's batch): (more to read, the next ``after``, ids cancelled)."""
         # A batch's KEYS[1] (K.job) is the list of ids, not one job's record (cancel.lua).
-        args = (_clock(None), "", retention_ms, entry, n, type_, after, limit)
+        args = (_clock(None), "", retention_ms, entry, n, type_, after, limit,
+                "" if most_bytes is None else most_bytes)
         reply = self._run("cancel", scriptkeys.keys("cancel", k, job=list_key), args)
         return int(reply[0]) == 1, str(reply[1]), [str(i) for i in reply[2:]]
 

@@ -27,7 +27,7 @@ import falcon
 import falcon.asgi
 
 from runner.client import Client
-from runner.config import Config
+from runner.config import Config, short_secrets
 from runner.errors import ConfigError
 from runner.runtime import Runtime
 from runner.web import auth, problems
@@ -107,6 +107,9 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     api = runtime.config.api
     if not api.secured:
         log.warning("the HTTP API is open: no token (RUNNER_API_TOKEN, [api.tokens]) or auth switched off")
+    else:
+        for line in short_secrets(runtime.config):
+            log.warning("a guessable API token: %s", line)
     access = auth.Access(runtime)
     middleware: list[Any] = [access, _Headers()]
     app = falcon.asgi.App(middleware=middleware)

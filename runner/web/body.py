@@ -8,6 +8,7 @@ reading a body sent without one (chunked), so an oversized body is never held wh
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import falcon
@@ -85,6 +86,14 @@ def send(resp: falcon.Response, obj: Any, status: int = 200) -> None:
     resp.data = codec.dumpb_view(obj)
 
 
+# A number in a query string, as the API document writes it: ASCII digits, a seconds
+# value with at most one dot and an exponent. int() and float() take more ("1_0" is 10,
+# " 5" is 5, a fullwidth or Arabic-Indic digit is a digit): ?delay=1_0 delayed by 10 s.
+_INTEGER = re.compile(r"-?[0-9]+")
+_NATURAL = re.compile(r"[0-9]+")
+_SECONDS = re.compile(r"(?:[0-9]+|[0-9]*\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _bad_param(name: str, expected: str) -> Problem:
     return Problem(400, "invalid-parameter", f"query parameter {name!r} must be {expected}",
                    title="Invalid parameter", parameter=name)
@@ -114,6 +123,8 @@ def int_param(req: falcon.Request, name: str, lo: int, hi: int, default: int | N
     if raw is None:
         return default
     try:
+        if not (_NATURAL if lo >= 0 else _INTEGER).fullmatch(raw):
+            raise ValueError(raw)
         value = int(raw)
     except ValueError:
         raise _bad_param(name, f"an integer from {lo} to {hi}") from None
@@ -127,6 +138,8 @@ def seconds_param(req: falcon.Request, name: str, hi: float) -> float | None:
     if raw is None:
         return None
     try:
+        if not _SECONDS.fullmatch(raw):
+            raise ValueError(raw)
         value = float(raw)
     except ValueError:
         raise _bad_param(name, f"a number of seconds from 0 to {hi:g}") from None

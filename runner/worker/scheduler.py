@@ -274,8 +274,8 @@ class Scheduler:
         if look is None or trim is not None or self._walked.get(where, 0) >= 0:
             return True
         _, reclaimed, outbox, wakes = look
-        requeued, buried = reclaimed
-        return bool(outbox or wakes or int(requeued) or int(buried))
+        requeued, buried = reclaimed[:2]
+        return bool(outbox or wakes or int(requeued) or int(buried) or len(reclaimed) > 2)
 
     def _hand(self, where: tuple[str, str]) -> bool:
         """Take the partition's upkeep on; False when one is under way (what this pass's
@@ -476,13 +476,14 @@ class Scheduler:
                 wait = min(wait, relay.WAKE_AFTER_S / 4)  # (an emitter's own, told by it within that)
         lost = trim  # now and then, for a list a dead scheduler left
         while True:
-            requeued, buried = reclaimed if reclaimed is not None else sc.reclaim(k, BATCH, dead_ms, check=check)
+            reply = reclaimed if reclaimed is not None else sc.reclaim(k, BATCH, dead_ms, check=check)
+            requeued, buried = reply[:2]
             reclaimed = None
             if int(requeued) or int(buried):
                 log.warning("queue %s: reclaimed %s lapsed lease(s), %s buried as worker lost",
                             k.queue, requeued, buried)
             lost = lost or int(buried) > 0
-            if int(requeued) + int(buried) < BATCH:
+            if int(requeued) + int(buried) < BATCH and len(reply) < 3:  # (a third: stopped by bytes)
                 break
         if lost:
             while relay.lost_destinations(self.rt, self._followups(), k) >= relay.BATCH:

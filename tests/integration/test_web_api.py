@@ -179,6 +179,22 @@ def test_every_error_status_has_its_problem_body(web: Web) -> None:
     assert web.get("/queues").json()["queues"][0]["ready"] == 0
 
 
+def test_numeric_query_parameters_are_read_strictly(web: Web) -> None:
+    """A number in the query string is ASCII digits (a seconds value: one dot, an
+    exponent): Python's int() and float() read "1_0" as 10, " 5" as 5 and a fullwidth
+    or Arabic-Indic digit as a digit, so ?delay=1_0 delayed a job 10 s. Each is a 400
+    naming the parameter, and nothing is enqueued."""
+    for query in ("delay=1_0", "delay=%201", "delay=1%20", "delay=%EF%BC%91", "delay=+1", "delay=0x1",
+                  "delay=1.", "delay=.", "delay=1e", "delay=1..0", "version=1_0", "version=%201",
+                  "version=+1", "version=%D9%A1", "priority=0_1", "priority=-0"):
+        body = assert_problem(web.post(f"/jobs/record?{query}", json={}), 400, "invalid-parameter")
+        assert body["parameter"] == query.split("=")[0], (query, body)
+    assert assert_problem(web.get("/dead/fast?limit=1_0"), 400, "invalid-parameter")["parameter"] == "limit"
+    for query in ("delay=1.5", "delay=0.5e1", "delay=2E-1", "delay=.5", "delay=10", "version=1", "priority=9"):
+        assert web.post(f"/jobs/record?{query}", json={}).status_code == 202, query
+    assert web.get("/dead/fast?limit=10&offset=0").status_code == 200
+
+
 def _head_only(web: Web, headers: str) -> bytes:
     """POST the head of a request to /jobs/record (with ``headers``) and never its body;
     what the server answers, read until the 413's problem type."""

@@ -2138,14 +2138,15 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     finally:
         proj.stop_all()
         proj.runtime.close()
-    # Per job: a GET of the record; per batch one RPOP, one EXISTS of the pauses, the
-    # priority set and the popped jobs' state hashes (all absent for jobs that waited
-    # untouched: no HMGET of their fields, no EXISTS each), the claims' HMGET, the
-    # type checks of the leases and of the scheduled and dead sets (one ZINTERCARD, its
-    # first input an empty key: it reads none of them), one HSET of the
-    # claims and one ZADD each of the leases and of their claim times (the processing
-    # list's order), whatever the batch size.
-    claim_cost = {"rpop": 1, "get": 10, "hmget": 1, "zintercard": 1, "hset": 1, "zadd": 2, "exists": 1}
+    # Per job: a GETRANGE of the record (its first 8 KiB: whole when small); per
+    # batch one RPOP, one EXISTS of the pauses, the priority set and the popped
+    # jobs' state hashes (all absent for jobs that waited untouched: no HMGET of
+    # their fields, no EXISTS each), the claims' HMGET, the type checks of the
+    # leases and of the scheduled and dead sets (one ZINTERCARD, its first input an
+    # empty key: it reads none of them), one HSET of the claims and one ZADD each of
+    # the leases and of their claim times (the processing list's order), whatever
+    # the batch size.
+    claim_cost = {"rpop": 1, "getrange": 10, "hmget": 1, "zintercard": 1, "hset": 1, "zadd": 2, "exists": 1}
     # + one HINCRBY for the stats field given here (a worker gives none: it sums them) and
     # one for the census (the minute's throughput count is the worker's to add too)
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 2, "hincrby": 2}

@@ -185,3 +185,35 @@ def test_token_new_prints_lines_that_load(tmp_path: Path, args: list[str]) -> No
     (tmp_path / "runner.toml").write_text(body["toml"])
     cfg = config.load(tmp_path / "runner.toml", env={"RUNNER_TOKEN_OPS": body["token"]})
     assert any(t.name == args[0] for t in cfg.api.tokens)
+
+
+def test_a_short_token_is_named_by_runner_check(tmp_path: Path) -> None:
+    """A token shorter than config.MIN_SECRET_CHARS (16) is guessable: RUNNER_API_TOKEN=a
+    gave every scope with no word from `runner web` or `runner check`. Each short one is
+    named (never its secret), with how to make a good one, as a warning of `runner
+    check` (the web app logs the same lines at start); a token given by its hash cannot
+    be measured and is not named, nor is one of 16 characters or more."""
+    from runner.catalog.checks import token_problems
+    from runner.catalog.registry import Registry
+
+    cfg = load(tmp_path, """
+[api.tokens.ci]
+env = "RUNNER_TOKEN_CI"
+scopes = ["read"]
+[api.tokens.long]
+env = "RUNNER_TOKEN_LONG"
+scopes = ["read"]
+[api.tokens.ops]
+hash = "sha256:{OPS_HASH}"
+scopes = ["read"]
+""".replace("{OPS_HASH}", OPS_HASH), env={"RUNNER_API_TOKEN": "a", "RUNNER_TOKEN_CI": " shortish-secret\n",
+                     "RUNNER_TOKEN_LONG": "x" * 16})
+    lines = config.short_secrets(cfg)
+    assert len(lines) == 2, lines
+    assert any("RUNNER_API_TOKEN is 1 character(s)" in line for line in lines), lines
+    assert any("api.tokens.ci (RUNNER_TOKEN_CI) is 15 character(s)" in line for line in lines), lines
+    assert all("runner token new" in line and "at least 16" in line for line in lines)
+    assert not any("shortish" in line for line in lines)
+    problems = [p for p in token_problems(cfg, Registry()) if "at least 16" in p.message]
+    assert [p.severity for p in problems] == ["warning", "warning"]
+    assert config.short_secrets(load(tmp_path, "", env={"RUNNER_API_TOKEN": "y" * 16})) == []

@@ -52,6 +52,7 @@
 -- ARGV[6] with a batch: only jobs of this type ('' any)
 -- ARGV[7] with a batch: the id the previous batch left in place last ('' from the head)
 -- ARGV[8] with a batch: the limit whose waiters K.job holds ('' a held list)
+-- ARGV[9] with a batch: the most bytes of records it reads ('' no bound; at least one job)
 --
 -- Returns {code, status}: 1 cancelled, 2 stop requested (running), 3 claimed ahead: its
 -- worker drops it (the caller reads the job to learn which way it went), -1 no such job,
@@ -64,8 +65,11 @@
 -- being found and being cancelled. Bounded: at most 4 x ARGV[5] entries read, from just
 -- after ARGV[7] (found with LPOS within the first 100,000; from the head if it left).
 -- An entry left in place (another type, or no longer deferred: the wake-up drops it) is
--- passed over. Returns {1 more to read (0: the list is read to its end), the id to go
--- on after ('' from the head), id cancelled, ...}.
+-- passed over. Bounded by bytes too: each record is read whole (about 7 ms of Redis a
+-- MiB), so the batch stops before the record that would take those it read (cancelled
+-- or passed over for their type) past ARGV[9] (a STRLEN first), and says there is more.
+-- Returns {1 more to read (0: the list is read to its end), the id to go on after (''
+-- from the head), id cancelled, ...}.
 --- @include "clock"
 --- @include "history"
 --- @include "limits"
@@ -139,6 +143,7 @@ end
 
 if ARGV[5] ~= nil and ARGV[5] ~= '' then
   local list, n, only, after = K.job, tonumber(ARGV[5]), ARGV[6], ARGV[7]
+  local most, read, full = tonumber(ARGV[9] or ''), 0, false
   local start = 0
   if after ~= '' then
     local at = redis.call('LPOS', list, after, 'MAXLEN', 100000)
@@ -153,7 +158,17 @@ if ARGV[5] ~= nil and ARGV[5] ~= '' then
     if count >= n then break end
     local jk = K.job_prefix .. id
     local st = redis.pcall('HMGET', jk .. ':s', 'status')
-    local rec = type(st) == 'table' and st[1] == 'deferred' and rec_load(jk) or nil
+    local deferred = type(st) == 'table' and st[1] == 'deferred'
+    if deferred and most then
+      local size = redis.pcall('STRLEN', jk)
+      size = type(size) == 'number' and size or 0
+      if read > 0 and read + size > most then
+        full = true
+        break
+      end
+      read = read + size
+    end
+    local rec = deferred and rec_load(jk) or nil
     if rec and (only == '' or rec.type == only) then
       redis.call('HSET', jk .. ':s', 'list_next', before)
       redis.call('LREM', list, 1, id)
@@ -168,7 +183,7 @@ if ARGV[5] ~= nil and ARGV[5] ~= '' then
   end
   if ARGV[8] ~= '' and redis.call('EXISTS', list) == 0 then redis.call('ZREM', K.limwait, ARGV[8]) end
   if K.stats then flush(K.stats) end  -- once for the batch: one HINCRBY per type
-  local more = (count >= n or #entries == 4 * n) and 1 or 0
+  local more = (full or count >= n or #entries == 4 * n) and 1 or 0
   local reply = {more, last ~= '' and last or after}
   for _, id in ipairs(out) do reply[#reply + 1] = id end
   return reply

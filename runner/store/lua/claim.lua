@@ -347,7 +347,8 @@ end
 -- settled here: a stray (done already, or not queued) is dropped, a missing or malformed
 -- record buried.
 local function read_job(id, jk)
-  local rec, why = rec_load(jk)
+  -- (A big record's payload is read only when the job is claimed: not for a pause's hold.)
+  local rec, why = rec_peek(jk)
   if not rec then
     if lone_is_stray(id) or not sound_keys('done_meta', 'dead') then return nil end
     if done_has(K.done_meta, K.done_prefix, id) then
@@ -420,7 +421,8 @@ local function expire(id, rec, f, sk)
   claimed[#claimed + 1] = claim_entry(token, (tonumber(f[2]) or 0) + 1, now_s,
     claim_flags(rec.idem_key ~= '', false, false, false, has_state(f), waited(rec.meta), false))
   taken[id] = true
-  for _, v in ipairs({id, token, (tonumber(f[2]) or 0) + 1, rec.type, rec.version, rec.payload, rec.max_attempts,
+  for _, v in ipairs({id, token, (tonumber(f[2]) or 0) + 1, rec.type, rec.version,
+      rec_payload(K.job_prefix .. id, rec), rec.max_attempts,
       rec.idem_key, rec.resource_key, f[3] or '', rec.created_ms, f[4] or '', 2, rec.meta or '', f[13] or 0}) do
     out[#out + 1] = v
   end
@@ -546,7 +548,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   out[o + 3] = attempt
   out[o + 4] = rec.type
   out[o + 5] = rec.version
-  out[o + 6] = rec.payload
+  out[o + 6] = rec_payload(K.job_prefix .. id, rec)
   out[o + 7] = rec.max_attempts
   out[o + 8] = rec.idem_key
   out[o + 9] = rec.resource_key

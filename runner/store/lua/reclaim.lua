@@ -43,6 +43,12 @@
 -- ARGV[3] dead retention, ms
 -- ARGV[4] 0: skip the damage check below (its TYPE per key); the scheduler asks for it
 --         now and then and after an error reply, not on every pass (absent: check)
+-- ARGV[5] the most bytes of records to read ('' or absent: no bound; at least one job):
+--         each lapsed job's record is read whole (about 7 ms of Redis a MiB), so the call
+--         stops before the lease whose record would take it past this (a STRLEN each)
+--
+-- Returns {requeued, buried}, and a third element, 1, when ARGV[5] left lapsed leases
+-- for another call.
 --
 -- A key of the queue damaged to another Redis type would stop every claim (or ack, or
 -- reclaim) of the queue; it is renamed aside to <key>:corrupt (kept for inspection,
@@ -116,6 +122,20 @@ if relet then
   call_many('ZADD', K.leases, lapsed, 2)
 end
 local lapsed = redis.call('ZRANGEBYSCORE', K.leases, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local most, more = tonumber(ARGV[5] or ''), false
+if most then
+  local read = 0
+  for i = 1, #lapsed, 2 do
+    local size = redis.pcall('STRLEN', K.job_prefix .. lapsed[i])
+    size = type(size) == 'number' and size or 0
+    if i > 1 and read + size > most then
+      for j = #lapsed, i, -1 do lapsed[j] = nil end
+      more = true
+      break
+    end
+    read = read + size
+  end
+end
 local requeued, buried = 0, 0
 local ended = {}  -- waited jobs buried as "worker lost"
 local err = '{"type":"WorkerLost","message":"the lease lapsed: the worker died or stopped renewing","traceback":""}'
@@ -131,7 +151,7 @@ for j, id in ipairs(ids) do
   local sk = jk .. ':s'
   local c = parse_claim(held[j])
   -- No record (done, or gone), a malformed one, or a job elsewhere: nothing to take back.
-  local rec = rec_load(jk)
+  local rec = rec_head(jk)  -- (its payload is not needed: a big record is not read whole)
   local s = rec and redis.pcall('HMGET', sk, 'history', 'status', 'attempt', 'refunds', 'priority')
   local f = {}
   if rec and not s.err then
@@ -226,4 +246,5 @@ end
 if requeued > 0 then wake(K.notify) end
 flush(K.stats)
 announce(K.ended, ended)
+if more then return {requeued, buried, 1} end
 return {requeued, buried}

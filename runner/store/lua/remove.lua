@@ -14,7 +14,7 @@
 --- @include "records"
 --- @include "record_keys"
 if redis.call('ZREM', K.dead, ARGV[1]) == 0 then return -1 end
-local rec = rec_load(K.job)
+local rec = rec_head(K.job)  -- (its payload is not needed: a big record is not read whole)
 if rec then
   free_idem(K.idem_prefix, rec.type, rec.idem_key, ARGV[1])
   census(K.census, rec.type .. '|' .. rec.version, -1)

@@ -78,7 +78,10 @@ end
 local function requeue(i, id, payload, version, phash, by)
   if seen[id] or not dead[i + 1] then return -1 end
   local jk = K.job_prefix .. id
-  local rec = rec_load(jk)
+  -- Read whole only when it is written back (an edit, or its idempotency key's fields):
+  -- a plain requeue of a big record reads its head alone.
+  local rec = (payload ~= '' or version ~= '') and rec_load(jk) or rec_head(jk)
+  if rec and rec.payload == nil and rec.idem_key ~= '' then rec = rec_load(jk) end
   if not rec then return -1 end
   seen[id] = true
   unburied[#unburied + 1] = id
