@@ -356,7 +356,7 @@ class Scheduler:
         sec, usec = sc.keyless("TIME")
         now_ms = int(sec) * 1000 + int(usec) // 1000
         member = self.member()
-        sc.bounded("the roster's heartbeat", lambda: roster.beat(self.rt.redis, prefix, member, self._pulse, now_ms),
+        sc.bounded("the roster's heartbeat", lambda: roster.beat(sc, prefix, member, self._pulse, now_ms),
                    [roster.key(prefix), roster.pruner_key(prefix)])
 
     def _discover(self) -> list[QueueKeys]:
