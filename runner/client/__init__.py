@@ -57,9 +57,12 @@ class Client:
 
     def close(self) -> None:
         """Let go of Redis: the connections and, behind Sentinel, this client's share of
-        the process's failover watch. A client dropped without it is closed when collected."""
-        self.sender.close()
-        self.runtime.close()
+        the process's failover watch. A client dropped without it is closed when collected.
+        Safe after the event loop of an ``aenqueue`` has ended (``asyncio.run``)."""
+        try:
+            self.sender.close()
+        finally:
+            self.runtime.close()  # (redis-py's connections, whatever became of the loop's)
 
     def __enter__(self) -> Client:
         return self
