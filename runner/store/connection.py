@@ -105,14 +105,6 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def refused_before_running(exc: BaseException) -> bool:
-    """Whether Redis refused the command before it ran (MISCONF: it cannot persist; OOM:
-    maxmemory under noeviction), on redis-py's connection or the event loop's
-    (link.ReplyError): nothing was written, unlike a connection lost mid-call."""
-    return isinstance(exc, (PersistenceFailed, OutOfMemoryError)) or (
-        isinstance(exc, link.ReplyError) and exc.code in ("MISCONF", "OOM"))
-
-
 # What Redis said when it answered but refused (its error code), and the next step for
 # each: unlike a lost connection, checking that Redis runs or where REDIS_URL points
 # helps with none of these.
@@ -143,27 +135,38 @@ def refusal(exc: BaseException | None) -> str | None:
     """How Redis refused while it answered, None for anything else (a connection lost or
     refused): "OOM", "MISCONF", "READONLY", "BUSY", "LOADING" or "CLUSTER". Read off
     redis-py's error classes, an event-loop link's reply code, or the cause of a
-    RedisUnavailable made from either."""
+    RedisUnavailable made from either. A refused command ran nowhere: nothing of it was
+    written."""
+    found = _refused(exc)
+    return None if found is None else found[0]
+
+
+def _refused(exc: BaseException | None) -> tuple[str, BaseException] | None:
+    """The refusal's kind and the error that carries Redis's own words, along a short
+    chain (a RedisUnavailable, worded already or not, <- the reply)."""
     seen = 0
-    while exc is not None and seen < 4:  # a short chain: RedisUnavailable <- the reply
+    while exc is not None and seen < 4:
         for cls, code in _REFUSED_CLASSES:
             if isinstance(exc, cls):
-                return code
+                return code, exc
         if isinstance(exc, link.ReplyError) and exc.code in _REFUSED_CODES:
-            return _REFUSED_CODES[exc.code]
+            return _REFUSED_CODES[exc.code], exc
         exc, seen = exc.__cause__, seen + 1
     return None
 
 
 def unreachable(exc: BaseException, told: str = "") -> RedisUnavailable:
-    """What an outage (one of UNAVAILABLE) becomes for a caller of the public API: one
-    error, RedisUnavailable, in one wording per kind: what happened, ``told`` (what became
-    of a batch), and what to do. Redis refusing while it answers (maxmemory, a read-only
-    replica, a failed save, a long script, loading, a cluster failover) gets its own next
-    step; anything else is unreachable. Raise it ``from exc``."""
-    code = refusal(exc)
-    if code is not None:
-        return RedisUnavailable(_REFUSALS[code].format(exc=exc, told=told))
+    """What an outage (one of UNAVAILABLE) becomes for a caller of the public API, the
+    CLI and HTTP: one error, RedisUnavailable, in one wording per kind: what happened,
+    ``told`` (what became of the call: a batch's count, "nothing was written"), and what
+    to do. Redis refusing while it answers (maxmemory, a read-only replica, a failed
+    save, a long script, loading, a cluster failover) gets its own next step, in Redis's
+    own words (never those of an error worded here already); anything else is
+    unreachable. Raise it ``from exc``."""
+    found = _refused(exc)
+    if found is not None:
+        code, said = found
+        return RedisUnavailable(_REFUSALS[code].format(exc=said, told=told))
     return RedisUnavailable(f"Redis is unreachable: {exc}{told}; retry once it answers (check that it runs "
                             "and that REDIS_URL or [redis] url points at it)")
 
