@@ -26,6 +26,7 @@ settled under its own id.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -141,6 +142,9 @@ def refusal(exc: BaseException | None) -> str | None:
     return None if found is None else found[0]
 
 
+_PIPELINED = re.compile(r"^Command # \d+ \(.*\) of pipeline caused error: ", re.S)
+
+
 def _refused(exc: BaseException | None) -> tuple[str, BaseException] | None:
     """The refusal's kind and the error that carries Redis's own words, along a short
     chain (a RedisUnavailable, worded already or not, <- the reply)."""
@@ -166,7 +170,10 @@ def unreachable(exc: BaseException, told: str = "") -> RedisUnavailable:
     found = _refused(exc)
     if found is not None:
         code, said = found
-        return RedisUnavailable(_REFUSALS[code].format(exc=said, told=told))
+        # (redis-py names the pipeline's command before Redis's words: its keys are no
+        # reader's business)
+        words = _PIPELINED.sub("", str(said))
+        return RedisUnavailable(_REFUSALS[code].format(exc=words, told=told))
     return RedisUnavailable(f"Redis is unreachable: {exc}{told}; retry once it answers (check that it runs "
                             "and that REDIS_URL or [redis] url points at it)")
 
