@@ -469,6 +469,14 @@ class Scripts(Transport):
     def promote_call(k: QueueKeys, limit: int, now_ms: int | None = None) -> ScriptCall:
         return ScriptCall("promote", scriptkeys.keys("promote", k), (_clock(now_ms), limit))
 
+    @classmethod
+    def look_calls(cls, k: QueueKeys, limit: int, dead_ttl_ms: int, check: bool) -> list[ScriptCall | tuple[str, str]]:
+        """A partition's look for the scheduler, for one round trip (Transport.gather,
+        gather_on_node): its first promote and reclaim, then its outbox's and its wakes'
+        lengths."""
+        return [cls.promote_call(k, limit), cls.reclaim_call(k, limit, dead_ttl_ms, check=check),
+                ("LLEN", k.outbox), ("LLEN", k.wakes)]
+
     def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
         """Lift a pause (a queue's, or one function's: None is the queue) and put back up to
         ``limit`` held jobs; returns [moved, still held, 1 if it lifted a pause] (see resume.lua)."""
