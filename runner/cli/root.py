@@ -181,7 +181,7 @@ def unavailable(exc: BaseException) -> NoReturn:
             gone = shards.down(rt.redis, [k for parts in rt.parts.values() for k in parts])
             if gone:  # (the cause alone: the outage's own advice is for a server that is down)
                 fail(f"Redis unavailable{at}: {exc.__cause__ or exc}\n{down_text(gone)}.", EXIT_REDIS)
-    from runner.store.connection import refusal, unreachable
+    from runner.store.refusals import refusal, unreachable
 
     if refusal(exc) is not None:
         # Redis answered and refused (maxmemory, a replica, busy, loading...): the one
