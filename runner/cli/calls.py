@@ -53,7 +53,7 @@ def call(ctx: click.Context, type_: str, payload: str | None, timeout_s: float, 
     with redis_errors():
         try:
             job = client.enqueue(type_, body, version=version, idempotency_key=idempotency_key, waited=True)
-            ended = client.settle(job.id, timeout_s, watch=job.duplicate)
+            ended = client.wait(job.id, timeout_s, watch=job.duplicate)
         except ValidationFailed as exc:
             print_validation(exc)
             sys.exit(EXIT_REFUSED)

@@ -181,8 +181,18 @@ def unavailable(exc: BaseException) -> NoReturn:
             gone = shards.down(rt.redis, [k for parts in rt.parts.values() for k in parts])
             if gone:  # (the cause alone: the outage's own advice is for a server that is down)
                 fail(f"Redis unavailable{at}: {exc.__cause__ or exc}\n{down_text(gone)}.", EXIT_REDIS)
+    from runner.store.refusals import refusal, unreachable
+
+    if refusal(exc) is not None:
+        # Redis answered and refused (maxmemory, a replica, busy, loading...): the one
+        # helper's sentence for that kind, as the client and HTTP say it; starting a
+        # Redis is no remedy for any of them.
+        fail(f"{unreachable(exc)}." + (f"\nRedis{at}." if at else ""), EXIT_REDIS)
+    # Unreachable: what the connection said (never an outage worded already), then how
+    # to get a Redis there.
+    cause = exc.__cause__ if isinstance(exc, RedisUnavailable) and exc.__cause__ is not None else exc
     dev = "unset REDIS_URL and run" if where is not None and where.source == "REDIS_URL" else "run"
-    fail(f"Redis unavailable{at}: {exc}\nStart a Redis there, point REDIS_URL (or [redis] url in "
+    fail(f"Redis unavailable{at}: {cause}\nStart a Redis there, point REDIS_URL (or [redis] url in "
          f"runner.toml) at one that runs, or {dev} `runner dev`, which starts one of its own.", EXIT_REDIS)
 
 

@@ -13,7 +13,7 @@ shells over it; a Django or Flask app uses it directly::
     enqueuing.py       prepare, then ONE send path (Sender) for one, many, asyncio, groups
     inspecting.py      jobs, lists, stats, pauses and flow, dead letters, audit, schedules
     administering.py   pause/resume, requeue/delete/purge, cancel, signal, trigger, the audit trail
-    waiting.py         ONE pushed wait: settle/asettle, result, call, wait, a group's wait
+    waiting.py         ONE pushed wait: wait/await_job, result, call, wait_group
     watching.py        a run's log, read or followed, and its stream
 
 and none of them issues a Redis command: the store does (store/admin.py and the
@@ -57,9 +57,12 @@ class Client:
 
     def close(self) -> None:
         """Let go of Redis: the connections and, behind Sentinel, this client's share of
-        the process's failover watch. A client dropped without it is closed when collected."""
-        self.sender.close()
-        self.runtime.close()
+        the process's failover watch. A client dropped without it is closed when collected.
+        Safe after the event loop of an ``aenqueue`` has ended (``asyncio.run``)."""
+        try:
+            self.sender.close()
+        finally:
+            self.runtime.close()  # (redis-py's connections, whatever became of the loop's)
 
     def __enter__(self) -> Client:
         return self
@@ -124,15 +127,18 @@ class Client:
     deliver_signal = administering.deliver_signal
     cancel_deferred = administering.cancel_deferred
 
-    # Waiting (waiting.py): one pushed wait behind every way to wait.
-    settle = waiting.settle
-    asettle = waiting.asettle
+    # Waiting (waiting.py): one pushed wait behind every way to wait; "wait" its one verb.
     wait = waiting.wait
+    await_job = waiting.await_job
+    wait_group = waiting.wait_group
     result = waiting.result
     aresult = waiting.aresult
     call = waiting.call
     acall = waiting.acall
-    settle_group = waiting.settle_group
+    # The names of earlier releases, kept: "settle" is the worker's write (docs/glossary.md).
+    settle = waiting.wait
+    asettle = waiting.await_job
+    settle_group = waiting.wait_group
 
     def _send_prepared(self, preps: list[Prepared], spin: bool = False) -> list[object]:
         """The round trip that overlapping enqueues share (Sender.send), for tests."""

@@ -297,7 +297,7 @@ def enqueue(
     and raises NotReplicated (the job written, but not confirmed) when they do not.
 
     Safe from many threads at once: calls that overlap share one round trip. With
-    ``waited``, the job's end is published for the waits of ``settle`` and ``call``.
+    ``waited``, the job's end is published for the waits of ``wait`` and ``call``.
     """
     if tracing.enabled():  # one check when tracing is off; the span only when on
         with tracing.enqueue_span(type) as span:
@@ -665,7 +665,7 @@ class Sender:
             if chunk:
                 self._stream_chunk(stream, chunk, results)
             while len(stream):
-                self._settle(stream.read(), results)
+                self._hand_answer(stream.read(), results)
         except UNAVAILABLE as exc:
             raise self._part_way(exc, stream, results) from exc
         except NotReplicated as exc:
@@ -682,9 +682,9 @@ class Sender:
             stream.send(*scripts.enqueue_call(k, [p.job for _, p in items], mark_ms=scripts.mark_for(k)),
                         tag=call, durable=True)
         while len(stream) > STREAM_WINDOW:
-            self._settle(stream.read(), results)
+            self._hand_answer(stream.read(), results)
 
-    def _settle(self, answered: tuple[_Call, Any], results: list[Any]) -> None:
+    def _hand_answer(self, answered: tuple[_Call, Any], results: list[Any]) -> None:
         """Hand each job of one streamed call its answer."""
         call, reply = answered
         self.answer([call], [reply], results)
@@ -696,7 +696,7 @@ class Sender:
         answered, lost = stream.answered()  # (Redis Cluster: the calls still on the masters' threads)
         for tag, reply in [*answered, *getattr(exc, "behind", ())]:
             if not isinstance(reply, BaseException):
-                self._settle((tag, reply), results)
+                self._hand_answer((tag, reply), results)
         unknown = sorted(index for _, _, items in [*getattr(exc, "unknown", ()), *lost] for index, _ in items)
         final = [None if r is _UNSENT else r for r in results]
         n = sum(1 for r in final if r is None or isinstance(r, Enqueued))

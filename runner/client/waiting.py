@@ -1,6 +1,8 @@
-"""Waiting for a job: ONE pushed wait, for threads (``settle``) and event loops
-(``asettle``), behind ``result``, ``call``, ``wait``, a group's wait and the HTTP API's
-``?wait=``.
+"""Waiting for a job: ONE pushed wait, for threads (``wait``) and event loops
+(``await_job``), behind ``result``, ``call``, a group's wait (``wait_group``) and the HTTP
+API's ``?wait=``. "Wait" is the one verb for it; "settle" is the worker's write of an
+outcome (docs/glossary.md). ``settle``, ``asettle`` and ``settle_group``, the names of
+earlier releases, stay as aliases of the same functions.
 
 A wait registers with the process's one subscriber (store/waiter.py) and reads the job
 at once: an outage or an id nothing announced raises then, and a job already in a
@@ -86,29 +88,23 @@ def wait_for(client: Client, job_id: str, timeout_s: float, statuses: Sequence[s
     return wait.last()
 
 
-def settle(client: Client, job_id: str, timeout_s: float, *, watch: bool = True) -> records.Job:
-    """The job once it ended (done, dead or cancelled), or as it is when ``timeout_s``
-    passes.
+def wait(client: Client, job_id: str, timeout_s: float = 10.0, statuses: Sequence[str] = records.ENDED, *,
+         watch: bool = True) -> records.Job:
+    """The job once it reaches one of ``statuses`` (by default any end: done, dead or
+    cancelled), or as it is when ``timeout_s`` passes. The one wait: ``result``,
+    ``call``, ``wait_group`` and HTTP's ``?wait=`` wait through it (or ``await_job``).
 
     Pushed, not polled: the wait registers with the process's one subscriber (see
     store/waiter.py) and reads the job after subscribing and after each notice. With
     ``watch`` the job is marked as waited for first (one round trip), so its end is
     published even when it was enqueued without ``waited``."""
-    return wait_for(client, job_id, timeout_s, watch=watch)
+    return wait_for(client, job_id, timeout_s, statuses, watch=watch)
 
 
-def wait(client: Client, job_id: str, timeout_s: float = 10.0,
-         statuses: Sequence[str] = records.ENDED) -> records.Job:
-    """The job once it reaches one of ``statuses`` (by default any end: done, dead or
-    cancelled; a cancelled job was waited for to the timeout), or as it is when
-    ``timeout_s`` passes (tests, scripts and the CLI): ``settle``'s pushed wait, for
-    chosen statuses."""
-    return wait_for(client, job_id, timeout_s, statuses)
-
-
-async def asettle(client: Client, job_id: str, timeout_s: float, *, watch: bool = True) -> records.Job:
-    """``settle`` for asyncio code: the wait is a future of the event loop, woken by
-    the process's one subscriber; only the reads run on threads."""
+async def await_job(client: Client, job_id: str, timeout_s: float = 10.0, *, watch: bool = True) -> records.Job:
+    """``wait`` for asyncio code, until the job ends (``await`` is Python's keyword, so
+    not ``await``): the wait is a future of the event loop, woken by the process's one
+    subscriber; only the reads run on threads."""
     loop = asyncio.get_running_loop()
     deadline = time.monotonic() + timeout_s
     event = asyncio.Event()
@@ -144,11 +140,11 @@ async def asettle(client: Client, job_id: str, timeout_s: float, *, watch: bool 
 def result(client: Client, job_id: str, timeout: float = 30.0) -> Any:
     """The job's result once it is done; raises JobFailed when it ends dead and
     StillRunning when ``timeout`` seconds pass first."""
-    return _ended(settle(client, job_id, timeout))
+    return _ended(wait(client, job_id, timeout))
 
 
 async def aresult(client: Client, job_id: str, timeout: float = 30.0) -> Any:
-    return _ended(await asettle(client, job_id, timeout))
+    return _ended(await await_job(client, job_id, timeout))
 
 
 def call(client: Client, type: str, payload: Any, *, timeout: float = 30.0, version: int | None = None,
@@ -156,19 +152,19 @@ def call(client: Client, type: str, payload: Any, *, timeout: float = 30.0, vers
     """Enqueue and wait for the result (a serverless invoke): as ``result``."""
     job = client.enqueue(type, payload, version=version, idempotency_key=idempotency_key, waited=True)
     # A duplicate is another request's job: it may not carry the waited mark.
-    return _ended(settle(client, job.id, timeout, watch=job.duplicate))
+    return _ended(wait(client, job.id, timeout, watch=job.duplicate))
 
 
 async def acall(client: Client, type: str, payload: Any, *, timeout: float = 30.0, version: int | None = None,
                 idempotency_key: str | None = None) -> Any:
     job = await client.aenqueue(type, payload, version=version, idempotency_key=idempotency_key, waited=True)
-    return _ended(await asettle(client, job.id, timeout, watch=job.duplicate))
+    return _ended(await await_job(client, job.id, timeout, watch=job.duplicate))
 
 
-def settle_group(client: Client, group_id: str, timeout_s: float) -> dict[str, Any]:
+def wait_group(client: Client, group_id: str, timeout_s: float) -> dict[str, Any]:
     """A group's progress (as ``get_group``) once its then-job ended, or as it is when
     ``timeout_s`` passes; GroupNotFound at once for no such group."""
-    settle(client, then_of(client, group_id), timeout_s)
+    wait(client, then_of(client, group_id), timeout_s)
     return get_group(client, group_id)
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -240,5 +242,22 @@ class AsyncLink:
             proto.transport.abort()
 
     def close(self) -> None:
-        if self._proto is not None:
+        """Let go of the connection, whatever became of the loop it was made on."""
+        loop = self.loop
+        if loop is not None and loop.is_closed():
+            self._drop()
+        elif self._proto is not None:
             self._fail(self._proto, RedisUnavailable("Connection closed by the client."))
+
+    def _drop(self) -> None:
+        """The loop has ended (a client used under ``asyncio.run``, closed after it): it can
+        run no callback, so the transport cannot be closed through it (asyncio raises
+        "Event loop is closed"). The socket is shut down at once, so the server lets go
+        of the connection, and the link forgets it; the loop's objects go with it."""
+        proto = self._live or self._proto
+        self._proto = self._live = self._connecting = self._timer = None
+        self._calls = collections.deque()
+        sock = None if proto is None or proto.transport is None else proto.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # (the server closed it already)
+                sock.shutdown(socket.SHUT_RDWR)

@@ -45,8 +45,10 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from runner.config import RedisConfig
-from runner.errors import ConfigError, RedisUnavailable
+from runner.errors import ConfigError
 from runner.store import link, urls
+from runner.store.refusals import refusal as refusal
+from runner.store.refusals import unreachable as unreachable
 from runner.store.urls import redact
 
 __all__ = ["UNAVAILABLE", "connect", "ping", "reachable", "redact", "refusal", "unreachable"]
@@ -105,67 +107,13 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def refused_before_running(exc: BaseException) -> bool:
-    """Whether Redis refused the command before it ran (MISCONF: it cannot persist; OOM:
-    maxmemory under noeviction), on redis-py's connection or the event loop's
-    (link.ReplyError): nothing was written, unlike a connection lost mid-call."""
-    return isinstance(exc, (PersistenceFailed, OutOfMemoryError)) or (
-        isinstance(exc, link.ReplyError) and exc.code in ("MISCONF", "OOM"))
-
-
-# What Redis said when it answered but refused (its error code), and the next step for
-# each: unlike a lost connection, checking that Redis runs or where REDIS_URL points
-# helps with none of these.
-_REFUSALS: dict[str, str] = {
-    "OOM": "Redis refused the write: {exc}{told}; it is at its maxmemory: free memory (shorter "
-           "retention, drained queues) or raise maxmemory, then retry",
-    "MISCONF": "Redis refused the write: {exc}{told}; it cannot save its data (see its log: a full disk, "
-               "a failing save) and refuses writes until it can: fix that, then retry",
-    "READONLY": "Redis refused the write: {exc}{told}; this server is a read-only replica (a failover "
-                "under way, or REDIS_URL pointing at a replica): retry once the master is back, or point "
-                "REDIS_URL or [redis] url at the master",
-    "BUSY": "Redis is busy: {exc}{told}; a script runs past its time limit and Redis answers nothing "
-            "else: retry once it ends (SCRIPT KILL ends a script that wrote nothing)",
-    "LOADING": "Redis is loading its data: {exc}{told}; retry once it has loaded",
-    "CLUSTER": "Redis Cluster cannot serve this now: {exc}{told}; a failover or slot migration is under "
-               "way: retry shortly (if it lasts, check the cluster with redis-cli --cluster check)",
-}
+# The one wording of an outage per kind (refusals.py, which a command on the raw link
+# reads without redis-py), and the refused error classes it reads off redis-py's errors.
 _REFUSED_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
     (OutOfMemoryError, "OOM"), (PersistenceFailed, "MISCONF"), (redis.exceptions.ReadOnlyError, "READONLY"),
     (RedisBusy, "BUSY"), (redis.exceptions.BusyLoadingError, "LOADING"), (ClusterDownError, "CLUSTER"),
     (SlotNotCoveredError, "CLUSTER"), (TryAgainError, "CLUSTER"), (ClusterError, "CLUSTER"),
 )
-_REFUSED_CODES = {"OOM": "OOM", "MISCONF": "MISCONF", "READONLY": "READONLY", "BUSY": "BUSY",
-                  "LOADING": "LOADING", "CLUSTERDOWN": "CLUSTER", "MASTERDOWN": "CLUSTER", "TRYAGAIN": "CLUSTER"}
-
-
-def refusal(exc: BaseException | None) -> str | None:
-    """How Redis refused while it answered, None for anything else (a connection lost or
-    refused): "OOM", "MISCONF", "READONLY", "BUSY", "LOADING" or "CLUSTER". Read off
-    redis-py's error classes, an event-loop link's reply code, or the cause of a
-    RedisUnavailable made from either."""
-    seen = 0
-    while exc is not None and seen < 4:  # a short chain: RedisUnavailable <- the reply
-        for cls, code in _REFUSED_CLASSES:
-            if isinstance(exc, cls):
-                return code
-        if isinstance(exc, link.ReplyError) and exc.code in _REFUSED_CODES:
-            return _REFUSED_CODES[exc.code]
-        exc, seen = exc.__cause__, seen + 1
-    return None
-
-
-def unreachable(exc: BaseException, told: str = "") -> RedisUnavailable:
-    """What an outage (one of UNAVAILABLE) becomes for a caller of the public API: one
-    error, RedisUnavailable, in one wording per kind: what happened, ``told`` (what became
-    of a batch), and what to do. Redis refusing while it answers (maxmemory, a read-only
-    replica, a failed save, a long script, loading, a cluster failover) gets its own next
-    step; anything else is unreachable. Raise it ``from exc``."""
-    code = refusal(exc)
-    if code is not None:
-        return RedisUnavailable(_REFUSALS[code].format(exc=exc, told=told))
-    return RedisUnavailable(f"Redis is unreachable: {exc}{told}; retry once it answers (check that it runs "
-                            "and that REDIS_URL or [redis] url points at it)")
 
 
 @contextlib.contextmanager

@@ -5,7 +5,9 @@ committed stage (the follow-ups of one ack, placed a batch at a time) and the lo
 
 Reads take a bounded head (``n`` entries); removals take each placed entry off once, in
 one round trip, so an entry leaves its list only after its job is placed (relay.lua
-places once by id, so a pass that dies between the two places nothing twice).
+places once by id, so a pass that dies between the two places nothing twice). A stage's
+placed head leaves it by a script (Scripts.unstage: unstage.lua), as two relays may read
+the same head.
 """
 
 from __future__ import annotations
@@ -33,32 +35,6 @@ def stage_head(redis: Any, key: str, n: int) -> list[str]:
     if not chunk:
         redis.delete(key)
     return chunk
-
-
-# Take a stage's first placed entries off it, and move the entries for queues this process
-# does not know to the outbox, in one step, only while the stage still starts with the
-# entry read: every worker's scheduler relays committed stages, and two that read the same
-# head both placed it (once each by id) and both trimmed it, the second dropping the next
-# entries, unplaced (every loss a multiple of the batch). Entries are unique (each names
-# its follow-up's id), so the first one says whether the head is still the one read.
-# KEYS[1] the stage, KEYS[2] the outbox; ARGV[1] the first entry read, ARGV[2] how many
-# were placed, ARGV[3..] the waiting entries. -> 1 trimmed, 0 another relay was first.
-_ADVANCE_LUA = """
-local K = {stage = KEYS[1], outbox = KEYS[2]}
-if redis.call('LINDEX', K.stage, 0) ~= ARGV[1] then return 0 end
-if #ARGV > 2 then redis.call('RPUSH', K.outbox, unpack(ARGV, 3)) end
-redis.call('LTRIM', K.stage, tonumber(ARGV[2]), -1)
-return 1
-"""
-
-
-def advance_stage(redis: Any, k: QueueKeys, key: str, head: str, placed: int, waiting: Sequence[str]) -> bool:
-    """Drop the first ``placed`` entries of a stage and move ``waiting`` (entries for a
-    queue this process does not know) to ``k``'s outbox, in one step, when the stage still
-    starts with ``head`` (the first entry read): nothing is lost or placed twice whichever
-    of the two a crash would have split, nor when another relay took the same head. False:
-    another relay advanced it first (what this one placed was placed once, by id)."""
-    return bool(redis.eval(_ADVANCE_LUA, 2, key, k.outbox, head, placed, *waiting))
 
 
 def lost_head(redis: Any, k: QueueKeys, n: int) -> list[str]:

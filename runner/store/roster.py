@@ -14,7 +14,7 @@ Dead entries are pruned in bounded work: once per HEARTBEAT_S one worker wins th
 (``<prefix>:workers:pruner``, SET NX with the heartbeat as its expiry) and reads one
 page of PRUNE_PAGE entries with HSCAN, from where the last pruning stopped. It deletes a
 stale one only while the entry still holds the value it read (a compare-and-delete
-script): a worker that beats again between the read and the delete (a host back from a
+script, unroster.lua): a worker that beats again between the read and the delete (a host back from a
 pause) keeps its entry, instead of vanishing from the roster until its next beat.
 
 `GET /workers`, `runner workers` and the dashboard list it; `runner check` reads it to
@@ -27,9 +27,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.store import codec, records
+from runner.store import codec, records, scriptkeys
+
+if TYPE_CHECKING:
+    from runner.store.transport import Transport
 
 
 def _timing() -> tuple[float, float]:
@@ -125,23 +128,18 @@ class Pulse:
 # than workers die, and a reader leaves them out meanwhile anyway.
 PRUNE_PAGE = 100
 
-# Delete an entry only if it still holds the value read: a beat since then keeps it.
-_PRUNE_LUA = """
-local K = {roster = KEYS[1]}
-if redis.call('HGET', K.roster, ARGV[1]) == ARGV[2] then return redis.call('HDEL', K.roster, ARGV[1]) end
-return 0
-"""
-
-
 def pruner_key(prefix: str) -> str:
     return f"{prefix}:workers:pruner"
 
 
-def beat(redis: Any, prefix: str, member: Member, pulse: Pulse | None = None, now_ms: int | None = None) -> None:
+def beat(scripts: Transport, prefix: str, member: Member, pulse: Pulse | None = None,
+         now_ms: int | None = None) -> None:
     """Write this worker's entry, stamped now by the server's clock, and, when this beat
-    wins the bid, prune one page of stale entries. A member without ``started_ms`` (0)
-    is on record from its first beat's time (kept in ``pulse``): the server's, as every
-    time a user sees, not its host's (``now_ms``: read already by the caller)."""
+    wins the bid, prune one page of stale entries (through the script transport: the
+    compare-and-delete is unroster.lua). A member without ``started_ms`` (0) is on record
+    from its first beat's time (kept in ``pulse``): the server's, as every time a user
+    sees, not its host's (``now_ms``: read already by the caller)."""
+    redis = scripts.client
     pulse = Pulse() if pulse is None else pulse
     now = server_ms(redis) if now_ms is None else now_ms
     started = member.started_ms or pulse.started_ms or now
@@ -152,29 +150,23 @@ def beat(redis: Any, prefix: str, member: Member, pulse: Pulse | None = None, no
     pipe.set(pruner_key(prefix), member.id, nx=True, px=max(1, int(HEARTBEAT_S * 1000)))
     _, won = pipe.execute()
     if won:
-        _prune(redis, prefix, member.id, now, pulse)
+        _prune(scripts, prefix, member.id, now, pulse)
 
 
-def _prune(redis: Any, prefix: str, own: str, now_ms: int, pulse: Pulse) -> None:
+def _prune(scripts: Transport, prefix: str, own: str, now_ms: int, pulse: Pulse) -> None:
     """One page of the roster read, and its stale entries deleted unless beaten since."""
-    cursor, page = redis.hscan(key(prefix), pulse.cursor, count=PRUNE_PAGE)
+    cursor, page = scripts.client.hscan(key(prefix), pulse.cursor, count=PRUNE_PAGE)
     pulse.cursor = int(cursor)
     stale = [(field, raw) for field, raw in page.items() if field != own and not _is_live(raw, now_ms)]
     if not stale:
         return
-    from redis.cluster import RedisCluster  # (here: the roster's readers import no redis-py)
-
-    if isinstance(redis, RedisCluster):
-        # Redis Cluster: its pipeline takes no EVAL. Every call is on the roster's one
-        # key, so each goes on its own to that slot's master (the client follows a
-        # moved slot); a page holds few dead entries (workers that died since the last).
-        for field, raw in stale:
-            redis.eval(_PRUNE_LUA, 1, key(prefix), field, raw)
-        return
-    pipe = redis.pipeline(transaction=False)
+    # One round trip on one server; on Redis Cluster each call on its own to the roster's
+    # master, in order (a page holds few dead entries: workers that died since the last).
+    batch = scripts.batch()
+    keys = scriptkeys.keys("unroster", roster=key(prefix))
     for field, raw in stale:
-        pipe.eval(_PRUNE_LUA, 1, key(prefix), field, raw)
-    pipe.execute()
+        batch.add("unroster", keys, [field, raw])
+    batch.execute()
 
 
 def _is_live(raw: str, now_ms: int) -> bool:

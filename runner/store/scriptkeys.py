@@ -92,11 +92,17 @@ KEYS: dict[str, tuple[str, ...]] = {
     # An event name's waiters (store/listeners.py): the name's own slot, given.
     "listen": ("shapes", "bucket"),
     "unlisten": ("shapes", "bucket_prefix", "woke_prefix"),
+    # A run's follow-ups past STAGE_OVER (scripts.py): its stage, given (the job's and
+    # its claim token's), written before its ack and taken off by the relay.
+    "stage": ("stage",),
+    "unstage": ("stage", "outbox"),
+    # The app's roster of workers (store/roster.py): a slot of its own, given.
+    "unroster": ("roster",),
 }
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).
 GIVEN = frozenset({"job", "held", "schedule", "index", "list", "audit", "log", "shapes", "bucket",
-                   "bucket_prefix", "woke_prefix"})
+                   "bucket_prefix", "woke_prefix", "stage", "roster"})
 
 # The keys of a script that takes all of its keys from the queue, in one C call.
 def _getter(names: tuple[str, ...]) -> Callable[[QueueKeys], Any]:

@@ -97,16 +97,6 @@ STAGE_OVER = 500
 STAGE_CHUNK = 1000
 STAGE_TTL_MS = 7 * 86_400_000  # a stage whose ack never came (a lost lease) goes by itself
 STAGED = "@staged"  # an outbox entry naming a committed stage: [STAGED, "<id>:fu:<token>"]
-# One chunk of a stage: (the first: the stage emptied first) appended, and the expiry set
-# in the same step. KEYS[1] the stage; ARGV[1] its ttl ms; ARGV[2] '1' the first chunk;
-# ARGV[3..] the entries (at most STAGE_CHUNK).
-_STAGE_CHUNK_LUA = """
-local K = {stage = KEYS[1]}
-if ARGV[2] == '1' then redis.call('UNLINK', K.stage) end
-redis.call('RPUSH', K.stage, unpack(ARGV, 3))
-redis.call('PEXPIRE', K.stage, ARGV[1])
-return 1
-"""
 
 
 def stage_suffix(job_id: str, token: str) -> str:
@@ -365,18 +355,25 @@ class Scripts(Transport):
         big = [(i, a) for i, a in enumerate(acks, 1) if len(a.followups) > STAGE_OVER]
         if not big:
             return set()
-        pipe = self.client.pipeline(transaction=False)
+        batch = self.batch()  # (Redis Cluster: each call on its own, in order, to the stage's master)
         for _, a in big:
             key = k.job_prefix + stage_suffix(a.id, a.token)
+            keys = scriptkeys.keys("stage", stage=key)
             entries = [json.dumps(job_entry(f.queue, f.job), separators=(",", ":")) for f in a.followups]
             for s in range(0, len(entries), STAGE_CHUNK):
-                # Each chunk sets the expiry with its own write, in one step: a worker
-                # killed mid-way leaves a stage that expires. The first replaces any
-                # earlier stage of this ack (one sent again).
-                pipe.eval(_STAGE_CHUNK_LUA, 1, key, STAGE_TTL_MS, "1" if s == 0 else "0",
-                          *entries[s:s + STAGE_CHUNK])
-        pipe.execute()
+                batch.add("stage", keys, [STAGE_TTL_MS, "1" if s == 0 else "0", *entries[s:s + STAGE_CHUNK]])
+        batch.execute()
         return {i for i, _ in big}
+
+    def unstage(self, k: QueueKeys, stage: str, head: str, placed: int, waiting: Sequence[str]) -> bool:
+        """Drop the first ``placed`` entries of a committed ``stage`` and move ``waiting``
+        (entries for a queue this process does not know) to ``k``'s outbox, in one step,
+        when the stage still starts with ``head`` (the first entry read; see
+        unstage.lua): nothing is lost or placed twice whichever of the two a crash would
+        have split, nor when another relay took the same head. False: another relay
+        advanced it first (what this one placed was placed once, by id)."""
+        keys = scriptkeys.keys("unstage", k, stage=stage)
+        return bool(self._run("unstage", keys, [head, placed, *waiting]))
 
     def emit(
         self, k: QueueKeys, jobs: Sequence[NewJob], *, event_id: str, name: str, data: str, idem_key: str,
@@ -473,6 +470,14 @@ class Scripts(Transport):
     @staticmethod
     def promote_call(k: QueueKeys, limit: int, now_ms: int | None = None) -> ScriptCall:
         return ScriptCall("promote", scriptkeys.keys("promote", k), (_clock(now_ms), limit))
+
+    @classmethod
+    def look_calls(cls, k: QueueKeys, limit: int, dead_ttl_ms: int, check: bool) -> list[ScriptCall | tuple[str, str]]:
+        """A partition's look for the scheduler, for one round trip (Transport.gather,
+        gather_on_node): its first promote and reclaim, then its outbox's and its wakes'
+        lengths."""
+        return [cls.promote_call(k, limit), cls.reclaim_call(k, limit, dead_ttl_ms, check=check),
+                ("LLEN", k.outbox), ("LLEN", k.wakes)]
 
     def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
         """Lift a pause (a queue's, or one function's: None is the queue) and put back up to

@@ -1004,6 +1004,12 @@ class Transport:
         assert err is not None
         raise err
 
+    def server_ms(self) -> int:
+        """Epoch milliseconds by the server's clock (TIME), from a master that answers
+        (``keyless``)."""
+        sec, usec = self.keyless("TIME")
+        return int(sec) * 1000 + int(usec) // 1000
+
     def bounded(self, what: str, fn: Callable[[], T], keys: Sequence[str]) -> T:
         """``fn()``, a read (or a pipeline) of its own on Redis Cluster over ``keys``, given
         up past ``node_wait_s`` as a script call is (NodeLanes.bounded); its error names the

@@ -112,7 +112,7 @@ class GroupItem:
                 then = await self.offload(self.client.then_of, group_id)
                 if then:  # (none when the group's record is damaged: its view says so)
                     with self.waits.admit(req):  # held to its bound, as a job's ?wait=
-                        await self.client.asettle(then, wait)
+                        await self.client.await_job(then, wait)
                 view = await self.offload(self.client.get_group, group_id)
         except GroupNotFound:
             raise Problem(404, "group-not-found", f"no group {group_id!r}", title="Group not found",

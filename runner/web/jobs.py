@@ -102,7 +102,7 @@ class Jobs:
                 if held:
                     # A duplicate is another request's job, enqueued perhaps without the mark.
                     try:
-                        ended = await self.client.asettle(job.id, wait, watch=job.duplicate)
+                        ended = await self.client.await_job(job.id, wait, watch=job.duplicate)
                     except JobNotFound:
                         if not job.duplicate:
                             raise
@@ -125,7 +125,7 @@ class Jobs:
             send(resp, await self.offload(lambda: self.client.get(name).as_dict()))
             return
         with self.waits.admit(req):  # past its bound a 429: the answer is the wait's
-            job = await self.client.asettle(name, wait)
+            job = await self.client.await_job(name, wait)
         send(resp, job.as_dict())
 
 

@@ -12,7 +12,9 @@ payload's first error and a note at its path that more may exist), ``job_id`` (4
 ``max_body_bytes`` (413), ``group_id`` (404 group), ``allowed_methods`` (405), ``scope``
 and ``token_name`` (403: the scope the token lacks), ``job_ids``, ``replicas_acked`` and
 ``replicas_wanted`` (503 not-replicated: the jobs were written to the master, but too few
-replicas confirmed them in time).
+replicas confirmed them in time), ``refusal`` (503 redis-unavailable when Redis answered
+and refused: "OOM", "MISCONF", "READONLY", "BUSY", "LOADING" or "CLUSTER"; absent when it
+is unreachable).
 Falcon's own errors (no route, wrong method, bad header) go through the same serializer.
 """
 
@@ -42,7 +44,7 @@ from runner.errors import (
     password_line,
 )
 from runner.store import codec
-from runner.store.connection import UNAVAILABLE, refused_before_running
+from runner.store.connection import UNAVAILABLE, refusal, unreachable
 
 MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:runner:problem:"
@@ -220,14 +222,20 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
             raise problem
     else:
         log.warning("%s %s: Redis unreachable: %s", req.method, req.path, ex)
-    cause = ex.__cause__ if isinstance(ex, RedisUnavailable) and ex.__cause__ else ex
-    refused = refused_before_running(cause)
-    # A refusal ran nothing; a connection lost after the request went out leaves its
-    # outcome unknown, and the answer must not promise otherwise.
+    kind = refusal(ex)
+    headers = {"Retry-After": "1"}
+    if kind is not None:
+        # Redis answered and refused (maxmemory, a replica, busy, loading...): the one
+        # helper's words for that kind, as the client and the CLI say them. The refused
+        # command ran nowhere, so a write says nothing was written.
+        told = "" if req.method in ("GET", "HEAD") else "; nothing was written"
+        raise Problem(503, "redis-unavailable", str(unreachable(ex, told)), title="Redis unavailable",
+                      headers=headers, refusal=kind)
+    # A connection lost after the request went out leaves its outcome unknown, and the
+    # answer must not promise otherwise. (The words name no address: the caller may be
+    # a stranger, see password_refused.)
     if req.method in ("GET", "HEAD"):  # a read changes nothing: nothing to be unsure of
         detail = "Redis is unreachable. Retry shortly; GET /healthz says when it is back."
-    elif refused:
-        detail = "Redis refuses writes; nothing was written. Retry shortly."
     elif (req.path.startswith("/jobs/") and req.method == "POST") or req.path == "/groups":
         detail = ("Redis is unreachable; the request was not confirmed (one cut off after it was sent may "
                   "have been written). Retry shortly: an enqueue retried with the same Idempotency-Key is "
@@ -235,7 +243,7 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
     else:
         detail = ("Redis is unreachable; the request was not confirmed (one cut off after it was sent may "
                   "have been done). Retry shortly, then check the result: GET /jobs/{id}, GET /audit.")
-    raise Problem(503, "redis-unavailable", detail, title="Redis unavailable", headers={"Retry-After": "1"})
+    raise Problem(503, "redis-unavailable", detail, title="Redis unavailable", headers=headers)
 
 
 async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:

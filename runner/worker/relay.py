@@ -121,7 +121,7 @@ def _unstage(rt: Runtime, k: QueueKeys, raw: str) -> bool:
     # Entries for a queue this worker does not know wait on the outbox for one that does,
     # and so do those whose partition's master is away now (placed by a later pass).
     waiting = [e for e in chunk if e not in finished]
-    on(key, lambda: followups.advance_stage(rt.redis, k, key, chunk[0], len(chunk), waiting))
+    rt.scripts.unstage(k, key, chunk[0], len(chunk), waiting)  # (a script call: bounded as every one is)
     return False
 
 

@@ -353,10 +353,9 @@ class Scheduler:
         assert self.member is not None
         sc = self.rt.scripts
         prefix = self.rt.config.redis.prefix
-        sec, usec = sc.keyless("TIME")
-        now_ms = int(sec) * 1000 + int(usec) // 1000
+        now_ms = sc.server_ms()
         member = self.member()
-        sc.bounded("the roster's heartbeat", lambda: roster.beat(self.rt.redis, prefix, member, self._pulse, now_ms),
+        sc.bounded("the roster's heartbeat", lambda: roster.beat(sc, prefix, member, self._pulse, now_ms),
                    [roster.key(prefix), roster.pruner_key(prefix)])
 
     def _discover(self) -> list[QueueKeys]:
@@ -411,8 +410,7 @@ class Scheduler:
         dead_ms = int(self.rt.config.retention.dead_s * 1000)
         calls: list[Any] = []
         for k in ks:
-            calls += [sc.promote_call(k, BATCH), sc.reclaim_call(k, BATCH, dead_ms, check=check), ("LLEN", k.outbox),
-                      ("LLEN", k.wakes)]
+            calls += sc.look_calls(k, BATCH, dead_ms, check)
         replies = sc.gather(calls)
         if replies is None:
             return {}
@@ -430,8 +428,7 @@ class Scheduler:
         says its calls must go on their own (Transport.gather_on_node)."""
         sc = self.rt.scripts
         dead_ms = int(self.rt.config.retention.dead_s * 1000)
-        calls = [sc.promote_call(k, BATCH), sc.reclaim_call(k, BATCH, dead_ms, check=check),
-                 ("LLEN", k.outbox), ("LLEN", k.wakes)]
+        calls = sc.look_calls(k, BATCH, dead_ms, check)
         replies = sc.gather_on_node(k.ready, calls, f"the scheduler's look at queue {k.queue}, partition {{{k.tag}}}")
         if replies is None:
             return None

@@ -133,7 +133,8 @@ def test_a_stage_cut_off_after_its_first_chunk_expires_and_goes_at_the_reclaim(p
     the worker writes it, so the cut is where the test puts it, not where a race lands."""
     import time
 
-    from runner.store.scripts import _STAGE_CHUNK_LUA, STAGE_CHUNK, STAGE_TTL_MS, stage_suffix
+    from runner.store import scriptkeys
+    from runner.store.scripts import STAGE_CHUNK, STAGE_TTL_MS, stage_suffix
 
     rt, k = project.runtime, project.keys()
     parent = project.client.enqueue("record", {"n": 1}).id
@@ -143,7 +144,8 @@ def test_a_stage_cut_off_after_its_first_chunk_expires_and_goes_at_the_reclaim(p
     stage = k.job_prefix + stage_suffix(parent, token)
     entries = [json.dumps(job_entry("fast", NewJob(f"{parent}.{i}", "noop", 1, "{}", 3, 0, 0, "", "-", "", "")))
                for i in range(STAGE_CHUNK)]
-    rt.redis.eval(_STAGE_CHUNK_LUA, 1, stage, STAGE_TTL_MS, "1", *entries)  # the first chunk; then the kill
+    # The first chunk; then the kill.
+    rt.scripts.call("stage", scriptkeys.keys("stage", stage=stage), [STAGE_TTL_MS, "1", *entries])
     assert 0 < rt.redis.pttl(stage) <= STAGE_TTL_MS
     assert rt.redis.llen(stage) == STAGE_CHUNK
     rt.scripts.reclaim(k, 100, 10**7, now_ms=int(time.time() * 1000) + 10_000)
@@ -192,8 +194,8 @@ def test_two_relays_of_one_stage_place_every_follow_up_once(project: Project) ->
     first = followups.stage_head(r, key, relay.BATCH)
     second = followups.stage_head(r, key, relay.BATCH)
     assert first == second == entries[:relay.BATCH]
-    assert followups.advance_stage(r, k, key, first[0], len(first), []) is True
-    assert followups.advance_stage(r, k, key, second[0], len(second), []) is False
+    assert project.runtime.scripts.unstage(k, key, first[0], len(first), []) is True
+    assert project.runtime.scripts.unstage(k, key, second[0], len(second), []) is False
     assert r.lrange(key, 0, -1) == entries[relay.BATCH:]
 
 

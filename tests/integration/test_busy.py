@@ -75,7 +75,7 @@ def test_a_busy_redis_is_an_outage_to_producers_and_the_web(project: Project) ->
     from test_web_support import gunicorn
 
     c = project.client
-    c.enqueue("record", {"n": 0})  # loaded and connected before
+    first = c.enqueue("record", {"n": 0}).id  # loaded and connected before
     with gunicorn(project) as web:
         assert web.post("/jobs/record", json={"n": 1}).status_code == 202
         with busy(project):
@@ -84,6 +84,16 @@ def test_a_busy_redis_is_an_outage_to_producers_and_the_web(project: Project) ->
             assert "BUSY" in str(caught.value) or "busy" in str(caught.value)
             answer = web.post("/jobs/record", json={"n": 3})
             assert answer.status_code == 503, answer.text
+            # The one helper's words for BUSY (store/connection.py unreachable), as the
+            # client's: Redis refused before running, so nothing was written; not an
+            # unreachable Redis whose enqueue "may have been written".
+            said = answer.json()
+            assert answer.headers["Retry-After"] == "1" and said["refusal"] == "BUSY", said
+            assert "busy" in said["detail"] and "SCRIPT KILL" in said["detail"], said
+            assert "nothing was written" in said["detail"] and "unreachable" not in said["detail"], said
+            read = web.get(f"/jobs/{first}")
+            assert read.status_code == 503 and read.headers["Retry-After"] == "1", read.text
+            assert "busy" in read.json()["detail"] and "unreachable" not in read.json()["detail"], read.text
         assert web.post("/jobs/record", json={"n": 4}).status_code == 202
 
 

@@ -377,3 +377,33 @@ def test_pause_and_resume_answer_in_json(project: Project, run: Invoke) -> None:
     assert json.loads(run("resume", "--function", "record", "--json").stdout) == {
         "queue": "fast", "function": "record", "paused": False, "moved": 0}
     refused_json(run("pause", "fsat", "--json"), 1)
+
+
+def test_a_refusal_of_redis_reads_as_the_one_helper_words_it_in_every_command(project: Project,
+                                                                               run: Invoke) -> None:
+    """Redis at its maxmemory, then busy in a long script: `runner enqueue`, `runner job`
+    and `runner stats` each print the one error helper's sentence for that kind (exit 3),
+    with its next step, and not the advice for a server that is down. Before, enqueue
+    added "Start a Redis there ... or run `runner dev`" after the helper's words, and job
+    and stats printed Redis's bare text with that same line."""
+    from test_busy import busy
+
+    r = project.runtime.redis
+    job = project.client.enqueue("record", {"n": 1}).id
+    was = r.config_get("maxmemory-policy")["maxmemory-policy"]
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", 1)
+    try:
+        said = run("enqueue", "record", '{"n": 2}')
+    finally:
+        r.config_set("maxmemory", 0)
+        r.config_set("maxmemory-policy", was)
+    assert said.exit_code == 3, (said.stdout, said.stderr)
+    assert "raise maxmemory" in said.stderr and "Start a Redis" not in said.stderr, said.stderr
+    with busy(project):
+        for args in (("job", job), ("stats",), ("enqueue", "record", '{"n": 3}')):
+            said = run(*args)
+            assert said.exit_code == 3, (args, said.stdout, said.stderr)
+            text = said.stderr
+            assert "Redis is busy" in text and "retry once it ends" in text, (args, text)
+            assert "Start a Redis" not in text and "of pipeline caused error" not in text, (args, text)

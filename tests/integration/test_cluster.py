@@ -16,7 +16,7 @@ from runner.client import Request
 from runner.errors import NotReplicated
 from runner.store.guard import redis_risks
 from runner.store.keys import for_queue
-from runner.store.scripts import Ack, NewJob
+from runner.store.scripts import STAGE_OVER, Ack, Followup, NewJob
 from runner.worker.fetcher import CLAIM_FIELDS
 
 from conftest import Project, assert_no_job_in_two_structures, wait_for
@@ -191,6 +191,66 @@ def test_a_cross_queue_followup_arrives_once_with_the_relay_killed(cproject: Pro
             assert ran == [kid], (pid, i, ran)
     assert_no_job_in_two_structures(p)
     assert_no_job_in_two_structures(p, "slow")
+
+FAN = """
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    for i in range(payload["n"]):
+        ctx.enqueue("noop", {"i": i})
+    return {"n": payload["n"]}
+"""
+
+
+def test_a_big_fan_out_is_staged_committed_and_relayed_on_the_cluster(cproject: Project) -> None:
+    """A run with more follow-ups than STAGE_OVER on a partitioned queue of the cluster:
+    its stage is written (through the script transport), its ack commits it, and the
+    relay places every follow-up once. Before, the stage went out as EVAL on the client's
+    own pipeline, which on Redis Cluster takes no script: a TypeError at every ack, the
+    run retried until dead and none of its follow-ups ran."""
+    p = cproject
+    (p.root / "functions" / "fan.py").write_text(FAN)
+    (p.root / "schemas" / "fan").mkdir()
+    (p.root / "schemas" / "fan" / "v1.json").write_text('{"type": "object"}')
+    p.write_config(fast="partitions = 3")
+    n = STAGE_OVER + 100
+    c = p.client
+    parent = c.enqueue("fan", {"n": n}).id
+    w = p.spawn_worker("fast")
+    assert c.result(parent, 60) == {"n": n}
+    for i in range(n):
+        assert c.wait(f"{parent}.{i}", timeout_s=30).status == "done", i
+    log = (p.root / "worker-0.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert w.poll() is None
+
+
+def test_a_staged_ack_and_its_relay_on_one_partition_of_the_cluster(cproject: Project) -> None:
+    """The scripts themselves: the ack of a run past STAGE_OVER commits its stage (one
+    entry on the outbox), and the relay places each follow-up once, in batches."""
+    import json
+
+    from runner.worker import relay
+
+    rt, k = cproject.runtime, cproject.keys()
+    parent = cproject.client.enqueue("record", {"n": 1}).id
+    reply = list(rt.scripts.claim(k, n=1, start=1, lease_ms=60_000, token_base="w.1", dead_ttl_ms=10**9,
+                                  done_ttl_ms=10**9))
+    assert len(reply) == 2 + CLAIM_FIELDS
+    n = STAGE_OVER * 2 + 7
+    follow = tuple(Followup("fast", NewJob(f"{parent}.{i}", "noop", 1, json.dumps({"i": i}), 3, 0, 0, "", "-",
+                                           "", "")) for i in range(n))
+    assert rt.scripts.ack(k, [Ack(parent, reply[3], "null", "record|1", "", 0, follow)], 60_000) == [1]
+    r = rt.redis
+    assert r.llen(k.outbox) == 1
+    for _ in range(100):
+        if not r.llen(k.outbox):
+            break
+        relay.drain(rt, k)
+    assert r.llen(k.outbox) == 0 and r.llen(k.ready) == n
+    assert all(r.exists(k.job(f"{parent}.{i}")) for i in (0, n // 2, n - 1))
+
 
 def test_wait_replicas_waits_on_the_master_that_holds_the_queue(cproject: Project) -> None:
     """With wait_replicas on Redis Cluster the WAIT follows the script on a connection of

@@ -280,8 +280,8 @@ def test_a_worker_of_the_release_before_is_listed_and_a_stale_entry_is_not(proje
     (shown,) = project.client.workers()
     assert shown["id"] == "old:1:aa" and shown["running"] == [] and shown["concurrency"] == 0
     assert shown["started_at"] == (now - 5_000) / 1000
-    roster.beat(r, prefix, roster.Member(id="new:3:cc", host="h", pid=3, queues=("fast",), functions={},
-                                         started_ms=0, seen_ms=0))
+    roster.beat(project.runtime.scripts, prefix, roster.Member(id="new:3:cc", host="h", pid=3, queues=("fast",),
+                                                               functions={}, started_ms=0, seen_ms=0))
     assert set(r.hkeys(roster.key(prefix))) == {"old:1:aa", "new:3:cc"}
     new = next(w for w in project.client.workers() if w["id"] == "new:3:cc")
     assert new["started_at"] == new["last_seen"]  # stamped by the server at its first beat
@@ -313,7 +313,7 @@ def test_a_worker_beating_again_is_never_pruned_by_another(project: Project) -> 
 
         def beat(m: roster.Member, go: threading.Barrier) -> None:
             go.wait()
-            roster.beat(r, prefix, m)
+            roster.beat(project.runtime.scripts, prefix, m)
 
         threads = [threading.Thread(target=beat, args=(member(i), go)) for i in [*ids, "pruner:1:aa"]]
         for t in threads:
@@ -347,18 +347,18 @@ def test_a_beat_reads_nothing_of_the_fleet_and_one_prunes_a_page(project: Projec
 
     r.set(roster.pruner_key(prefix), "another", px=60_000)  # another worker prunes this beat
     r.config_resetstat()
-    roster.beat(r, prefix, me)
+    roster.beat(project.runtime.scripts, prefix, me)
     used = calls()
     assert not {"hvals", "hgetall", "hscan", "hdel", "eval", "evalsha"} & set(used), used
     assert used.get("hset") == 1
     r.delete(roster.pruner_key(prefix))
     pulse = roster.Pulse()
-    roster.beat(r, prefix, me, pulse)
+    roster.beat(project.runtime.scripts, prefix, me, pulse)
     assert set(live) | {"me:1:aa"} <= set(r.hkeys(roster.key(prefix)))
     # HSCAN pages through with the cursor the pulse keeps, until every dead entry is gone.
     for _ in range(50):
         if not any(k.startswith("dead:") for k in r.hkeys(roster.key(prefix))):
             break
         r.delete(roster.pruner_key(prefix))
-        roster.beat(r, prefix, me, pulse)
+        roster.beat(project.runtime.scripts, prefix, me, pulse)
     assert set(r.hkeys(roster.key(prefix))) == set(live) | {"me:1:aa"}

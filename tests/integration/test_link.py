@@ -362,8 +362,7 @@ def test_check_prints_the_same_through_either_connection(project: Project, tmp_p
         c.enqueue("record", {"n": i})
     c.enqueue("noop", {}, delay=600)
     (project.root / "functions" / "noop.py").unlink()  # its waiting job is stranded now
-    r = project.runtime.redis
-    roster.beat(r, project.runtime.config.redis.prefix, roster.Member(
+    roster.beat(project.runtime.scripts, project.runtime.config.redis.prefix, roster.Member(
         id="old-worker", host="h", pid=1, queues=("fast",), functions={"record": 1}, started_ms=0, seen_ms=0))
     plain = project.server.url
     via_redis_py = f"{plain}?health_check_interval=15"

@@ -24,7 +24,7 @@ from runner.runtime import Runtime
 from runner.store.embedded import Server
 from runner.store.sources import SHAS
 
-from conftest import LoopTicks, Project, make_project, structures
+from conftest import LoopTicks, Project, make_project, structures, wait_for
 
 
 def _client(project: Project) -> Client:
@@ -227,3 +227,28 @@ def test_a_stalled_redis_fails_the_waiting_enqueues_within_the_timeout(tmp_path:
             os.kill(pid, signal.SIGCONT)
         project.stop_all()
         server.stop(kill=True)
+
+
+def test_a_client_closes_after_its_event_loop_has_ended(project: Project) -> None:
+    """`close()` after an aenqueue under asyncio.run (the loop that made the client's event-
+    loop connection has ended): it raises nothing, and the server holds none of the
+    client's connections after it, the event loop's nor redis-py's. Before, close() raised
+    "Event loop is closed" and left both open; a `with` block ended the same way."""
+    r = project.runtime.redis
+    mine = {c["id"] for c in r.client_list()}
+
+    def theirs() -> int:
+        return sum(1 for c in r.client_list() if c["id"] not in mine and c.get("cmd") != "client|list")
+
+    client = _client(project)
+    client.enqueue("noop", {"sync": 1})  # a connection of redis-py's too
+    assert asyncio.run(client.aenqueue("noop", {"a": 1})).id
+    assert theirs() >= 2
+    client.close()
+    wait_for(lambda: theirs() == 0, timeout=5, what="the client's connections closed")
+
+    mine = {c["id"] for c in r.client_list()}
+    with _client(project) as c:
+        c.enqueue("noop", {"b": 1})
+        asyncio.run(c.aenqueue("noop", {"b": 2}))
+    wait_for(lambda: theirs() == 0, timeout=5, what="the with block's connections closed")

@@ -144,3 +144,44 @@ def test_redis_refusing_writes_it_cannot_persist_is_an_outage(tmp_path: Path) ->
     finally:
         p.stop_all()
         srv.stop()
+
+
+def test_http_words_a_refusal_as_the_client_does_and_says_nothing_was_written(tmp_path: Path) -> None:
+    """Redis made a read-only replica (of a master that is not there): the client and
+    HTTP say the same thing, in the one helper's words for READONLY (store/connection.py
+    unreachable), and HTTP adds that nothing was written, as Redis refused before running
+    the enqueue: a 503 with Retry-After and the kind named. Before, HTTP answered as for a
+    server that is down ("unreachable ... may have been written")."""
+    import socket
+
+    falcon_testing = pytest.importorskip("falcon.testing")
+    from runner.web import create_app
+
+    srv = Server(tmp_path / "redis").start()
+    p = make_project(tmp_path / "p", srv)
+    try:
+        r, c = p.runtime.redis, p.client
+        job = c.enqueue("record", {"n": 1}).id
+        web = falcon_testing.TestClient(create_app(p.runtime))
+        with socket.socket() as s:  # a port nothing listens on: the master never answers
+            s.bind(("127.0.0.1", 0))
+            nowhere = s.getsockname()[1]
+        r.replicaof("127.0.0.1", nowhere)
+        try:
+            with pytest.raises(RedisUnavailable) as caught:
+                c.enqueue("record", {"n": 2})
+            resp = web.simulate_post("/jobs/record", json={"n": 3})
+            assert resp.status_code == 503 and resp.headers["Retry-After"] == "1", resp.text
+            said = resp.json
+            assert said["type"] == "urn:runner:problem:redis-unavailable" and said["refusal"] == "READONLY", said
+            assert "read-only replica" in said["detail"] and "at the master" in said["detail"], said
+            assert "nothing was written" in said["detail"], said
+            assert "unreachable" not in said["detail"] and "may have been" not in said["detail"], said
+            assert "read-only replica" in str(caught.value)
+            assert web.simulate_get(f"/jobs/{job}").status_code == 200  # reads are served
+        finally:
+            r.replicaof("NO", "ONE")
+        assert r.llen(p.keys().ready) == 1  # nothing was written
+    finally:
+        p.stop_all()
+        srv.stop()

@@ -66,3 +66,26 @@ def test_every_outage_outside_the_store_is_worded_by_the_one_helper() -> None:
              for p in sorted(root.rglob("*.py"))
              if p.relative_to(root).parts[0] != "store" and p.name != "errors.py"}
     assert {f: b for f, b in built.items() if b} == {}
+
+
+def test_waiting_has_one_verb_and_the_old_names_are_its_aliases() -> None:
+    """"settle" is the worker's write of an outcome (docs/glossary.md); a caller's wait is
+    "wait": ``wait``, ``await_job`` and ``wait_group``, with ``settle``, ``asettle`` and
+    ``settle_group`` kept as the same functions under the names of earlier releases. The
+    package itself (web, CLI, the client's own waits) waits by the one verb, and the
+    glossary's wait names it."""
+    import re
+
+    from runner.client import Client
+
+    assert Client.settle is Client.wait and Client.asettle is Client.await_job
+    assert Client.settle_group is Client.wait_group
+    root = PACKAGE.parent
+    by_old = {f"{p.relative_to(root).as_posix()}:{i}": ln.strip()
+              for p in sorted(root.rglob("*.py")) for i, ln in enumerate(p.read_text().splitlines(), 1)
+              if re.search(r"\b(a?settle|settle_group)\((client|job|then|name)", ln)
+              or re.search(r"client\.(a?settle|settle_group)\(", ln)}
+    assert by_old == {}
+    glossary = (root.parent / "docs" / "glossary.md").read_text()
+    wait = re.search(r"^- \*\*wait\*\*: (.*)$", glossary, re.M)
+    assert wait is not None and "Client.wait" in wait.group(1) and "Client.settle(" not in wait.group(1)

@@ -49,3 +49,12 @@ def test_a_lost_connection_is_unreachable(exc: BaseException) -> None:
     assert refusal(exc) is None
     text = str(unreachable(exc))
     assert text.startswith("Redis is unreachable: ") and UNREACHABLE in text
+
+
+def test_a_refusal_in_a_pipeline_is_worded_without_redis_py_s_command_prefix() -> None:
+    """redis-py puts the pipeline's command (its keys) before Redis's words: the helper
+    says Redis's words only, as for a single command (client.stats() under BUSY)."""
+    exc = RedisBusy("Command # 1 (LLEN app:{fast}:ready) of pipeline caused error: Redis is busy running a script.")
+    text = str(unreachable(exc))
+    assert text.startswith("Redis is busy: Redis is busy running a script.;"), text
+    assert "pipeline" not in text and "LLEN" not in text, text

@@ -10,7 +10,9 @@ to ``.pipeline(...)`` or to ``connect(...)``. A method only a client has counts 
 receiver, called or merely named (``partial(conn.hset, k)``, a dict of methods), unless
 runner binds an attribute of that name to a value of its own (a ``lock``, a ``client``).
 Handing the client to a store function (``roster.read(rt.redis, ...)``) is how the rest of
-the code reaches Redis, and is no command.
+the code reaches Redis, and is no command. A call of the script transport's pass-throughs
+(``keyless``, ``pipelined``, ``blocking``, ``behind``: each sends the command it is given)
+is one, and so is a raw command written as words outside the store (``("LLEN", k.outbox)``).
 
 A name is bound to a client however it is assigned: plainly, annotated, by a walrus,
 pairwise in a tuple (a starred target too), by a loop over clients, through a list, tuple
@@ -640,6 +642,13 @@ def commands(source: str, facts: Facts | None = None, module: str = "") -> list[
     own = {id(n) for c in walk.subclasses for n in ast.walk(c)}
     out = []
     for node in _nodes(tree):
+        # The script transport's pass-throughs send the command they are given, and a
+        # raw command built as words (a command's name, then a key) is one to be sent.
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in HANDED_ON \
+                and not (isinstance(node.func.value, ast.Name) and node.func.value.id in imported):
+            out.append((node.lineno, ast.unparse(node)))
+        if isinstance(node, (ast.Tuple, ast.List)) and _raw_command(node):
+            out.append((node.lineno, ast.unparse(node)))
         if isinstance(node, ast.Call) and _name(node.func) == "getattr" and len(node.args) >= 2:
             what = node.args[1]
             named = isinstance(what, ast.Constant) and what.value in COMMANDS
@@ -667,6 +676,23 @@ def commands(source: str, facts: Facts | None = None, module: str = "") -> list[
                 or (node.attr in strong and isinstance(node.ctx, ast.Load)):
             out.append((node.lineno, ast.unparse(node)))
     return sorted(set(out))
+
+
+# The script transport's methods that send a raw command they are handed (store/transport.py).
+HANDED_ON = frozenset({"keyless", "pipelined", "blocking", "behind"})
+# Words that name a command as the wire spells it, beyond redis-py's method names.
+WIRE = frozenset({"EVAL", "EVALSHA", "SCRIPT", "WAIT", "CLIENT", "CLUSTER"})
+
+
+def _raw_command(node: ast.Tuple | ast.List) -> bool:
+    """``("LLEN", k.outbox)``: a command's name in capitals, then a value that is not a
+    constant (its key); ``("GET", "HEAD")`` (HTTP methods) and ``("GET", "/healthz",
+    PUBLIC)`` (a route) are not one."""
+    if len(node.elts) < 2:
+        return False
+    first, key = node.elts[0], node.elts[1]
+    return isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.isupper() \
+        and (first.value.lower() in COMMANDS or first.value in WIRE) and not isinstance(key, ast.Constant)
 
 
 def _called_or_kept(tree: ast.AST) -> tuple[set[ast.AST], set[ast.AST]]:
@@ -725,6 +751,34 @@ def test_the_walk_sees_a_command_and_not_a_lookalike() -> None:
         "    client.close()\n"
         "    conn.expire(now)\n"
         "    census.scan(rt.redis, k)\n"
+    )
+    assert commands(fine) == []
+
+
+def test_the_walk_sees_a_command_handed_to_the_script_transport() -> None:
+    """The script transport's pass-throughs send the command they are given (keyless,
+    pipelined, blocking, behind): a call of one is a command, wherever it is made. So is
+    a raw command built as words for it or for a gathered round trip (``("LLEN",
+    k.outbox)``: a command name, then a key); a tuple of constants only (``("GET",
+    "HEAD")``, HTTP methods) is not."""
+    bad = (
+        "def f(rt, k):\n"
+        "    rt.scripts.keyless('FLUSHALL')\n"
+        "    rt.scripts.pipelined([('SET', k, 'v')])\n"
+        "    sc = rt.scripts\n"
+        "    sc.blocking(('BLPOP', k, '1'), [k])\n"
+        "    sc.behind(block, 'claim', keys, args)\n"
+        "    calls = [sc.promote_call(k, 1), ('LLEN', k.outbox)]\n"
+        "    return sc.gather(calls)\n"
+    )
+    assert [line for line, _ in commands(bad)] == [2, 3, 3, 5, 5, 6, 7]
+    fine = (
+        "from runner.catalog import checks\n"
+        "def f(req, sc, k):\n"
+        "    if req.method in ('GET', 'HEAD'):\n"
+        "        return sc.gather(sc.look_calls(k, 10, 1, True))\n"
+        "    checks.behind(reg, members)\n"
+        "    return ('OK', k)\n"
     )
     assert commands(fine) == []
 
