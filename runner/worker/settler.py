@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from runner.client import Client
@@ -40,6 +41,9 @@ LINGER_BELOW = 32
 # and about 10 % more jobs/s (5 interleaved pairs). A worker killed in a backlog re-runs,
 # at least once as always, the jobs that finished in its last few milliseconds.
 LINGER_S = 0.003
+# Redis Cluster: while an add of the figures is out on a thread of its own, how often the
+# loop looks whether it ended.
+FIGURES_POLL_S = 0.05
 
 
 class Settler:
@@ -61,6 +65,10 @@ class Settler:
         self._down: Away[int] = Away(f"{queue.name} settler", self._label)
         self._parked: dict[int, list[Settlement]] = {}
         self.figures = metrics.Pending()  # landed successes' figures, added within FLUSH_S
+        # Redis Cluster: an add of the figures out on a thread of its own (flush_figures):
+        # the rows it could not add, and why.
+        self._adding: Future[tuple[dict[str, dict[str, int]], BaseException | None]] | None = None
+        self._adding_expiry: dict[str, int] = {}
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-settle", daemon=True)
         self._children: list[Settlement] = []  # ctx.invoke's children settled, their parents not told yet
         self._client: Client | None = None
@@ -83,8 +91,8 @@ class Settler:
         while not done:
             # Wake for a partition's settlements that wait out its backoff, and for the
             # figures due; else sleep until an outcome comes.
-            waits = [w for w in (self._parked_wait() if self._parked else None,
-                                 self.figures.due_in(time.monotonic())) if w is not None]
+            waits = [w for w in (self._parked_wait() if self._parked else None, self._figures_wait())
+                     if w is not None]
             try:
                 first = self.outcomes.get(timeout=min(waits)) if waits else self.outcomes.get()
             except stdqueue.Empty:
@@ -119,20 +127,44 @@ class Settler:
         """Add the summed figures of landed successes to the stats hashes once FLUSH_S
         passed since the oldest (at the stop: whatever is pending). A failed add keeps
         them for the next try; at the stop they are given up, with a line that says so."""
+        out = self._adding
+        if out is not None:
+            if not out.done() and not final:
+                return  # (one add out at a time)
+            self._adding = None
+            self._added(*out.result(), self._adding_expiry)
         due = self.figures.due_in(time.monotonic())
         if due is None or (due > 0 and not final):
             return
         rows, expiry = self.figures.take()
-        try:
-            stats.add_counts(self.rt.redis, rows, expiry)
-        except Exception as exc:
-            if final:
+        sc = self.rt.scripts
+        if final or sc.one_server or sc.node_wait_s is None:
+            left, exc = stats.add_counts_by_master(sc, self.rt.redis, rows, expiry)
+            if left and final:
                 log.warning("%s settler: the figures of the last second's successes were not added to "
                             "/metrics (%s)", self.q.name, exc)
                 return
-            log.debug("%s settler: adding figures failed (%s); trying again", self.q.name, exc)
-            for key, counts in rows.items():
-                self.figures.add(key, counts, time.monotonic(), expiry.get(key, 0))
+            self._added(left, exc, expiry)
+            return
+        # Redis Cluster: on a thread of its own, each master's add given up past the node
+        # wait, so a master that has just stalled holds up no settlement (before, one
+        # pipeline over every partition's hashes waited out its 15 s socket timeout here).
+        self._adding_expiry = expiry
+        self._adding = sc.nodes.pool().submit(stats.add_counts_by_master, sc, self.rt.redis, rows, expiry)
+
+    def _added(self, left: dict[str, dict[str, int]], exc: BaseException | None, expiry: dict[str, int]) -> None:
+        """The rows an add left (a master away, an outage) are kept for the next try."""
+        if not left:
+            return
+        log.debug("%s settler: adding figures failed (%s); trying again", self.q.name, exc)
+        for key, counts in left.items():
+            self.figures.add(key, counts, time.monotonic(), expiry.get(key, 0))
+
+    def _figures_wait(self) -> float | None:
+        """Seconds until the figures are due to be added (or an add out is looked at again)."""
+        if self._adding is not None:
+            return 0.0 if self._adding.done() else FIGURES_POLL_S
+        return self.figures.due_in(time.monotonic())
 
     def _parked_wait(self) -> float:
         """Seconds until the first parked partition's backoff ends."""
