@@ -3,7 +3,8 @@
 them into a queue's figures), when the next jobs to run became ready, the per-minute
 throughput hashes, and the best priority waiting in each partition (the fetcher's look
 before a claim of a partitioned queue); and the one write, the worker's summed figures
-of its successes (add_counts).
+of its successes (add_counts; add_counts_by_master on Redis Cluster, a round trip per
+master).
 
 Imports no redis-py: the reading commands run these on their own connection (link.py).
 """
@@ -11,6 +12,7 @@ Imports no redis-py: the reading commands run these on their own connection (lin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from runner.store.keys import QueueKeys
@@ -127,3 +129,22 @@ def add_counts(redis: Any, rows: dict[str, dict[str, int]], expiry: dict[str, in
         if expiry and key in expiry:
             pipe.execute_command("PEXPIRE", key, expiry[key])
     _checked(pipe.execute(raise_on_error=False))
+
+
+def add_counts_by_master(scripts: Any, redis: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int]
+                         ) -> tuple[dict[str, dict[str, int]], BaseException | None]:
+    """``add_counts`` in one round trip per master (on Redis Cluster), each given up past
+    the node wait as a script call to that master is (Transport.bounded): a stalled master
+    holds up no other's add. Returns the rows not added, to try again, and the last error."""
+    by_master: dict[str, dict[str, dict[str, int]]] = {}
+    for key, counts in rows.items():
+        by_master.setdefault("" if scripts.one_server else scripts.nodes.node([key]), {})[key] = counts
+    left: dict[str, dict[str, int]] = {}
+    err: BaseException | None = None
+    for sub in by_master.values():
+        try:
+            scripts.bounded("an add of the figures", partial(add_counts, redis, sub, expiry), list(sub))
+        except Exception as exc:
+            left.update(sub)
+            err = exc
+    return left, err

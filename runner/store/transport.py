@@ -161,6 +161,29 @@ class Batch:
     def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
         self.calls.append((name, keys, args, durable or name in DURABLE))
 
+    def launch(self) -> tuple[str, Future[list[Any]]] | None:
+        """Redis Cluster with a node wait: the calls, all to one master and none durable,
+        sent in order on a thread of the pool and not waited for (NodeLanes.launch): their
+        master (host:port) and the future of their replies, an error in place of a call
+        that failed. The caller waits as long as it likes, and past its node wait says so
+        (NodeLanes.give_up). NodeStalled at once while that master is stalled. None where
+        calls are not bounded (one server, no node wait) or one is durable: execute."""
+        sc = self.scripts
+        if sc.one_server or sc.node_wait_s is None or not self.calls or any(c[3] for c in self.calls):
+            return None
+        nodes = {sc.nodes.node(keys) for _, keys, _, _ in self.calls}
+        if len(nodes) != 1:
+            return None
+        node = nodes.pop()
+        calls = list(self.calls)
+
+        def run() -> list[Any]:
+            out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
+            sc.nodes._run(calls, list(range(len(calls))), out)  # (each call as execute sends it)
+            return [got if isinstance(got, BaseException) else got[0] for got in out]
+
+        return node, sc.nodes.launch(node, run)
+
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """Every call's reply, in order. With ``raise_on_error`` false, a call that failed
         after the round trip went out (an error reply, its reload cut off) has its

@@ -1,6 +1,8 @@
 """The settler: sends finished runs' outcomes (ack, retry, bury, release) and the start
-marks of prefetched runs in batches, one pipeline of fenced scripts per batch, retries
-or parks what did not land, and logs and counts what it settled. A start mark whose run
+marks of prefetched runs in batches, one pipeline of fenced scripts per batch (on Redis
+Cluster one per master, and a master slow to answer is left to answer on its own while
+the others' partitions go on settling), retries or parks what did not land, and logs and
+counts what it settled. A start mark whose run
 settles in the same batch is dropped: the settlement says the run started. What each
 outcome writes is built in entries.py."""
 
@@ -12,6 +14,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
 from typing import Any
 
 from runner.client import Client
@@ -21,6 +25,7 @@ from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import records, stats
 from runner.store.outage import OUTAGE, Away, Outage
+from runner.store.transport import Batch
 from runner.worker import durable, journal
 from runner.worker.entries import AckFigures, Entries
 from runner.worker.execute import CANCELLED, Dead, Done, RetryLater, Suspended, as_asked
@@ -40,6 +45,41 @@ LINGER_BELOW = 32
 # and about 10 % more jobs/s (5 interleaved pairs). A worker killed in a backlog re-runs,
 # at least once as always, the jobs that finished in its last few milliseconds.
 LINGER_S = 0.003
+# Redis Cluster: how long a round trip's masters are waited for together. One that has not
+# answered by then (stalled, or slow) is left to answer on its own (a _Flight): the others'
+# replies are read and the next batches go out at once, its partitions' settlements held
+# until it ends. Before, the settler waited for every master, up to the node wait (2 s) on
+# one that had just stalled, and the live partitions' jobs were recorded done that late.
+HANDOFF_S = 0.02
+# While a round trip is out on its own: how often the loop looks whether it ended (and an
+# add of the figures, FIGURES_POLL_S).
+FLIGHT_POLL_S = 0.002
+FIGURES_POLL_S = 0.05
+
+
+@dataclass
+class _Trip:
+    """One round trip's settlements, its calls, and what to read their replies by."""
+
+    batch: list[Settlement]
+    pipe: Batch
+    groups: list[list[Settlement]]  # each call's settlements
+    figures: list[AckFigures | None]  # beside each call: what its landed acks count
+    where: list[int]  # each call's partition
+    logged: int  # the log writes ahead of the calls
+
+
+@dataclass
+class _Flight:
+    """A round trip to one master not answered within HANDOFF_S, answering on its own:
+    read once it ends, given up past its node wait (``deadline``)."""
+
+    node: str
+    parts: set[int]  # its settlements' partitions (of that master)
+    trip: _Trip
+    future: Future[list[Any]]
+    wait_s: float
+    deadline: float
 
 
 class Settler:
@@ -60,7 +100,16 @@ class Settler:
         # Partitions whose node is away, and the settlements parked until its backoff ends.
         self._down: Away[int] = Away(f"{queue.name} settler", self._label)
         self._parked: dict[int, list[Settlement]] = {}
+        # Redis Cluster: partitions with a round trip out on their own (see HANDOFF_S), and
+        # their settlements held behind it, in order, until it ends.
+        self._flying: dict[int, _Flight] = {}
+        self._held: dict[int, list[Settlement]] = {}
+        self._stopping = False
         self.figures = metrics.Pending()  # landed successes' figures, added within FLUSH_S
+        # Redis Cluster: an add of the figures out on a thread of its own (flush_figures):
+        # the rows it could not add, and why.
+        self._adding: Future[tuple[dict[str, dict[str, int]], BaseException | None]] | None = None
+        self._adding_expiry: dict[str, int] = {}
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-settle", daemon=True)
         self._children: list[Settlement] = []  # ctx.invoke's children settled, their parents not told yet
         self._refused: list[Settlement] = []  # landed, their log writes refused by the fence (_write_refused)
@@ -84,12 +133,13 @@ class Settler:
         while not done:
             # Wake for a partition's settlements that wait out its backoff, and for the
             # figures due; else sleep until an outcome comes.
-            waits = [w for w in (self._parked_wait() if self._parked else None,
-                                 self.figures.due_in(time.monotonic())) if w is not None]
+            waits = [w for w in (self._parked_wait() if self._parked else None, self._figures_wait(),
+                                 FLIGHT_POLL_S if self._flying else None) if w is not None]
             try:
                 first = self.outcomes.get(timeout=min(waits)) if waits else self.outcomes.get()
             except stdqueue.Empty:
-                if self._parked:
+                self._flown()
+                if self._parked or self._held:
                     self.send([])
                 self.flush_figures()
                 continue
@@ -109,8 +159,15 @@ class Settler:
             for s in batch:  # before the send, so the entries, the tally and the log agree
                 if s.run.flags.cancelled:  # (as_asked changes nothing for a run not asked to stop)
                     s.outcome = as_asked(s.outcome, True)
+            self._flown()
             self.send(batch)
             self.flush_figures()
+        self._stopping = True  # (every round trip from now on is waited for)
+        while self._flying or self._held:  # the round trips out end, or are given up
+            self._flown()
+            self.send([])
+            if self._flying:
+                time.sleep(FLIGHT_POLL_S)
         if self._parked:  # the stop: one more try for what a dead node refused, then give up
             self._down.until.clear()
             self.closing.set()
@@ -121,20 +178,44 @@ class Settler:
         """Add the summed figures of landed successes to the stats hashes once FLUSH_S
         passed since the oldest (at the stop: whatever is pending). A failed add keeps
         them for the next try; at the stop they are given up, with a line that says so."""
+        out = self._adding
+        if out is not None:
+            if not out.done() and not final:
+                return  # (one add out at a time)
+            self._adding = None
+            self._added(*out.result(), self._adding_expiry)
         due = self.figures.due_in(time.monotonic())
         if due is None or (due > 0 and not final):
             return
         rows, expiry = self.figures.take()
-        try:
-            stats.add_counts(self.rt.redis, rows, expiry)
-        except Exception as exc:
-            if final:
+        sc = self.rt.scripts
+        if final or sc.one_server or sc.node_wait_s is None:
+            left, exc = stats.add_counts_by_master(sc, self.rt.redis, rows, expiry)
+            if left and final:
                 log.warning("%s settler: the figures of the last second's successes were not added to "
                             "/metrics (%s)", self.q.name, exc)
                 return
-            log.debug("%s settler: adding figures failed (%s); trying again", self.q.name, exc)
-            for key, counts in rows.items():
-                self.figures.add(key, counts, time.monotonic(), expiry.get(key, 0))
+            self._added(left, exc, expiry)
+            return
+        # Redis Cluster: on a thread of its own, each master's add given up past the node
+        # wait, so a master that has just stalled holds up no settlement (before, one
+        # pipeline over every partition's hashes waited out its 15 s socket timeout here).
+        self._adding_expiry = expiry
+        self._adding = sc.nodes.pool().submit(stats.add_counts_by_master, sc, self.rt.redis, rows, expiry)
+
+    def _added(self, left: dict[str, dict[str, int]], exc: BaseException | None, expiry: dict[str, int]) -> None:
+        """The rows an add left (a master away, an outage) are kept for the next try."""
+        if not left:
+            return
+        log.debug("%s settler: adding figures failed (%s); trying again", self.q.name, exc)
+        for key, counts in left.items():
+            self.figures.add(key, counts, time.monotonic(), expiry.get(key, 0))
+
+    def _figures_wait(self) -> float | None:
+        """Seconds until the figures are due to be added (or an add out is looked at again)."""
+        if self._adding is not None:
+            return 0.0 if self._adding.done() else FIGURES_POLL_S
+        return self.figures.due_in(time.monotonic())
 
     def _parked_wait(self) -> float:
         """Seconds until the first parked partition's backoff ends."""
@@ -175,19 +256,17 @@ class Settler:
 
     def _due(self, batch: Sequence[Settlement]) -> list[Settlement]:
         """The settlements to send now: those parked for a partition whose backoff ended,
-        then ``batch``'s, less those of a partition still in its backoff (parked)."""
+        those held behind a round trip that has ended, then ``batch``'s, less those of a
+        partition still in its backoff (parked) or with a round trip out (held)."""
         out: list[Settlement] = []
-        for p in [p for p in self._parked if not self._down.away(p)]:
+        for p in [p for p in self._parked if not self._down.away(p) and p not in self._flying]:
             out += self._parked.pop(p)
-        if len(self.rt.parts[self.q.name]) == 1:  # (the per-job path: one look for the batch)
-            if batch and (0 in self._parked or self._down.away(0)):
-                self._parked.setdefault(0, []).extend(batch)
-            else:
-                out += batch
-            return out
-        for s in batch:
-            p = s.run.job.partition
-            if p in self._parked or self._down.away(p):
+        held = [s for p in [p for p in self._held if p not in self._flying] for s in self._held.pop(p)]
+        for s in [*held, *batch]:
+            p = self._part(s)
+            if p in self._flying:
+                self._held.setdefault(p, []).append(s)
+            elif p in self._parked or self._down.away(p):
                 self._parked.setdefault(p, []).append(s)
             else:
                 out.append(s)
@@ -240,9 +319,13 @@ class Settler:
         """One try at ``pending``: a partition that took its outcomes is well again, one
         whose node is away has its settlements parked; returns the settlements that failed
         otherwise, and their error (None: nothing left to retry)."""
-        failures = self._try(pending)
+        return self._sorted({self._part(s) for s in pending}, self._try(pending))
+
+    def _sorted(self, parts: set[int], failures: list[tuple[int, list[Settlement], BaseException]]
+                ) -> tuple[list[Settlement], BaseException | None]:
+        """What a round trip to ``parts`` left (_land)."""
         refused = {p for p, _, e in failures if isinstance(e, OUTAGE)}
-        for p in self._by_part(pending).keys() - refused - self._parked.keys():
+        for p in parts - refused - self._parked.keys() - self._flying.keys():
             self._down.ok(p)
             self.ledger.outcomes_taken(p)
         again: list[Settlement] = []
@@ -264,43 +347,95 @@ class Settler:
                 if tracing.enabled() else []  # (a batch's members carry its span from their start marks)
             with tracing.settle_spans(traced):
                 return self._round_trip(pending)
-        except OUTAGE as exc:  # nothing was read back: every partition of the batch failed
-            return [(p, sub, exc) for p, sub in self._by_part(pending).items()]
         except Exception as exc:
+            return self._failed(pending, exc)
+
+    def _failed(self, pending: Sequence[Settlement], exc: Exception
+                ) -> list[tuple[int, list[Settlement], BaseException]]:
+        """A round trip of which nothing was read back: an outage fails every partition
+        of it, any other error the whole of it."""
+        if not isinstance(exc, OUTAGE):
             return [(-1, list(pending), exc)]
+        by_part: dict[int, list[Settlement]] = {}
+        for s in pending:
+            by_part.setdefault(self._part(s), []).append(s)
+        return [(p, sub, exc) for p, sub in by_part.items()]
 
     def _round_trip(self, batch: Sequence[Settlement]) -> list[tuple[int, list[Settlement], BaseException]]:
         """Send ``batch`` in one round trip; returns what did not land: (partition, its
         settlements, the error) for each script call that failed (on Redis Cluster each
-        call goes on its own, so a dead node fails its own partitions' calls only)."""
+        call goes on its own, so a dead node fails its own partitions' calls only). On
+        Redis Cluster each master's calls go on their own, and a master that has not
+        answered within HANDOFF_S is left to answer on its own (_fly)."""
+        # The runs' lines echoed to this worker's output, ahead of their ends (before their
+        # lines are taken: nothing the output does may cost them).
+        logs_mod.flush_held()
+        sc = self.rt.scripts
+        if sc.one_server or sc.node_wait_s is None or self._stopping:
+            trip = self._build(batch)
+            try:
+                replies = trip.pipe.execute(raise_on_error=False)
+            except BaseException as exc:
+                self._logs_landed(trip.batch, [exc] * trip.logged)
+                raise
+            return self._finish(trip, replies)
+        parts = self.rt.parts[self.q.name]
+        by_node: dict[str, list[Settlement]] = {}
+        for s in batch:
+            by_node.setdefault(sc.nodes.node([parts[self._part(s)].ready]), []).append(s)
+        failures: list[tuple[int, list[Settlement], BaseException]] = []
+        out: list[tuple[str, _Trip, Future[list[Any]]]] = []
+        for sub in by_node.values():
+            trip = self._build(sub)
+            got: list[Any] | BaseException
+            try:
+                launched = trip.pipe.launch()
+                if launched is not None:
+                    out.append((launched[0], trip, launched[1]))
+                    continue
+                got = trip.pipe.execute(raise_on_error=False)  # (not to be sent so: waited for)
+            except Exception as exc:  # (a stalled master: nothing sent)
+                got = exc
+            failures += self._finish(trip, got)
+        wait([f for _, _, f in out], timeout=HANDOFF_S)
+        for node, trip, f in out:
+            if f.done():
+                failures += self._finish(trip, f.exception() or f.result())
+            else:
+                self._fly(node, trip, f)
+        return failures
+
+    def _build(self, batch: Sequence[Settlement]) -> _Trip:
+        """``batch``'s calls on one pipeline: the log lines first (whoever hears of the
+        job's end may read its log at once), then each partition's settlements."""
         now = records.now_ms()  # a fallback only: a history entry's time is the server's (entries.py)
         parts = self.rt.parts[self.q.name]
         by_part = self._by_part(batch)
-        pipe = self.rt.scripts.batch()
-        groups: list[list[Settlement]] = []
-        figures: list[AckFigures | None] = []  # beside each group: what its landed acks count
-        where: list[int] = []  # each group's partition
-        # The runs' lines echoed to this worker's output, ahead of their ends (before their
-        # lines are taken: nothing the output does may cost them), then the log lines
-        # first: whoever hears of the job's end may read its log at once.
-        logs_mod.flush_held()
-        self._add_logs(batch, pipe)
-        logged = len(pipe.calls)
+        trip = _Trip(list(batch), self.rt.scripts.batch(), [], [], [], 0)
+        self._add_logs(batch, trip.pipe)
+        trip.logged = len(trip.pipe.calls)
         for p, sub in by_part.items():
-            self.entries.add_calls(parts[p], sub, now, pipe, groups, figures)
-            where += [p] * (len(groups) - len(where))
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except BaseException as exc:
-            if logged:
-                self._logs_landed(batch, [exc] * logged)
-            raise
-        if logged:  # (most batches: no run logged a line)
-            self._logs_landed(batch, replies[:logged])
-            replies = replies[logged:]
+            self.entries.add_calls(parts[p], sub, now, trip.pipe, trip.groups, trip.figures)
+            trip.where += [p] * (len(trip.groups) - len(trip.where))
+        return trip
+
+    def _finish(self, trip: _Trip, replies: list[Any] | BaseException
+                ) -> list[tuple[int, list[Settlement], BaseException]]:
+        """Read a round trip's replies (or the error that ended it): the runs settled leave
+        the ledger and are counted; returns what did not land, as _round_trip does."""
+        if isinstance(replies, BaseException):
+            if trip.logged:
+                self._logs_landed(trip.batch, [replies] * trip.logged)
+            if not isinstance(replies, Exception):
+                raise replies
+            return self._failed(trip.batch, replies)
+        if trip.logged:  # (most batches: no run logged a line)
+            self._logs_landed(trip.batch, replies[:trip.logged])
+            replies = replies[trip.logged:]
         fault("after_ack")
-        failures, spent = self._read(groups, replies, where, figures)
+        failures, spent = self._read(trip.groups, replies, trip.where, trip.figures)
         self._write_refused()
+        batch = trip.batch
         if spent:
             failures += self._round_trip(spent)  # logged there, as dead
             buried = {id(x.run) for x in spent}
@@ -315,6 +450,42 @@ class Settler:
             children, self._children = self._children, []
             durable.notify_parents(self._client, children)
         return failures
+
+    def _fly(self, node: str, trip: _Trip, future: Future[list[Any]]) -> None:
+        """A master has not answered within HANDOFF_S: its round trip answers on its own,
+        and its partitions' next settlements are held behind it (so they keep their
+        order), while the other partitions settle at once."""
+        wait_s = self.rt.scripts.node_wait(node) or 0.0
+        fl = _Flight(node, {self._part(s) for s in trip.batch}, trip, future, wait_s,
+                     time.monotonic() + wait_s)
+        for p in fl.parts:
+            self._flying[p] = fl
+
+    def _flown(self) -> None:
+        """Read the round trips out on their own that have ended, and give up those past
+        their node wait (the master is then stalled, and their settlements are parked for
+        a try after its backoff: each call is fenced, so one that ran after all is refused
+        the second time, never applied twice). Their partitions' held settlements go
+        out next."""
+        now = time.monotonic()
+        for fl in {id(f): f for f in self._flying.values()}.values():
+            if fl.future.done():
+                got: list[Any] | BaseException = fl.future.exception() or fl.future.result()
+            elif now >= fl.deadline:
+                got = self.rt.scripts.nodes.give_up(fl.node, fl.future, fl.wait_s, "a settlement")
+            else:
+                continue
+            for p in fl.parts:
+                self._flying.pop(p, None)
+            try:
+                failures = self._finish(fl.trip, got)
+            except Exception as exc:
+                failures = self._failed(fl.trip.batch, exc)
+            again, other = self._sorted(fl.parts, failures)
+            if other is not None:  # (an error not an outage: retried in order, as send does)
+                log.error("%s settler: settling %d job(s) failed (%s); retrying", self.q.name, len(again), other)
+                for s in reversed(again):
+                    self._held.setdefault(self._part(s), []).insert(0, s)
 
     def _add_logs(self, batch: Sequence[Settlement], calls: Any) -> None:
         """The runs' log lines go in the settlement's round trip (a run that logged
