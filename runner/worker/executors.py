@@ -684,6 +684,7 @@ class Executors:
                         r.thread_id = None
                         r.deadline = None
                     raised = leader.timed_out
+                    self.ledger.thread_return = time.monotonic()
                 if raised:  # (as _execute_one: a late timeout must not land in this loop)
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
@@ -942,6 +943,7 @@ class Executors:
                     run.thread_id = None
                     run.deadline = None
                     raised = run.timed_out
+                    self.ledger.thread_return = time.monotonic()
                 if raised:
                     # A timeout raised just as the handler returned must not land in this
                     # loop instead. The renewer raises one only while thread_id is set and

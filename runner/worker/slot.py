@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from runner.catalog.registry import Function
 from runner.config import QueueConfig
-from runner.errors import JobTimeout, RunnerError, refusal_record
+from runner.errors import JobTimeout, RunnerError, StaleLease, refusal_record
 from runner.store.connection import UNAVAILABLE, unreachable
 from runner.worker.context import Flags
 from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, from_message
@@ -330,6 +330,20 @@ class _Watch:
                 timeout = JobTimeout(f"ran past TIMEOUT {current.fn.timeout_s:g} s; its child process was killed "
                                      f"{self.slot.grace_s:g} s later")
                 current.finish(failure(current.fn, current.job, timeout), now - self.began)
+                _release(list(waiting))
+                return None
+            if current.run.lost and current.flags.lock_lost:
+                # Its lease was reclaimed and its resource or concurrency slot released
+                # with it: another job of the resource, or its own retry, may run now.
+                # Nothing it does counts any more (its outcome is refused), so it stops
+                # here rather than run on beside them.
+                log.warning("job %s: its lease and its resource or concurrency slot were lost; its child "
+                            "process %d is killed", current.job.id, self.child.pid,
+                            extra={"job_id": current.job.id})
+                self.slot.kill()
+                lost = StaleLease(f"job {current.job.id}: lease lost (reclaimed elsewhere) while its handler ran; "
+                                  "its child process was killed")
+                current.finish(failure(current.fn, current.job, lost), now - self.began)
                 _release(list(waiting))
                 return None
             if current.flags.cancelled:
