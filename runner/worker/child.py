@@ -65,7 +65,7 @@ from runner.worker import affinity, batching, joblog
 from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
-from runner.worker.isolation import default_signals_after_fork
+from runner.worker.isolation import CODE_ENV, default_signals_after_fork, read_code
 from runner.worker.joblog import Capture, JobLogger, batch_loggers
 from runner.worker.journal import MAX_STEP_BYTES, Journal
 from runner.worker.spill import Spill
@@ -903,8 +903,11 @@ def main() -> None:
     if len(sys.argv) > 2:  # the worker's shared memory for held lines (spill.py)
         os.set_inheritable(int(sys.argv[2]), False)
         spill = Spill(int(sys.argv[2]))
-    child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg, payload_check=codec.payload_problem),
-                  signals, spill)
+    # The function files as the worker loaded them, not as they are on disk now.
+    code = os.environ.pop(CODE_ENV, "")
+    sources = read_code(int(code)) if code else None
+    reg = registry_mod.load(cfg, payload_check=codec.payload_problem, sources=sources)
+    child = Child(Channel(socket.socket(fileno=fd)), reg, signals, spill)
     child.serve()
 
 

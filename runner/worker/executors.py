@@ -91,10 +91,11 @@ class Executors:
         self.abandoned = 0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._slots = [Slot(queue, runtime.config.source, self.grace_s) for _ in range(queue.concurrency)]
+        self._generations = Generations()
+        self._slots = [Slot(queue, runtime.config.source, self.grace_s, self._generations.code)
+                       for _ in range(queue.concurrency)]
         self._free_slots: list[int] = list(range(queue.concurrency))
         self._busy: set[int] = set()  # slots running a job (startable reads it unlocked: a hint)
-        self._generations = Generations()
         self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)
         self._later: tuple[object, str] = (None, "")  # (registry, its functions that run in a child)
         self._gathered: tuple[object, str] = (None, "")  # (registry, its BATCH functions)

@@ -120,9 +120,11 @@ class Slot:
     """The child of one executor slot: started when first needed (or warmed at start),
     replaced when it died, was killed or is due for recycling."""
 
-    def __init__(self, queue: QueueConfig, config_source: str, timeout_grace_s: float) -> None:
+    def __init__(self, queue: QueueConfig, config_source: str, timeout_grace_s: float,
+                 code: Callable[[int], int] = lambda generation: -1) -> None:
         self.q = queue
         self.config_source = config_source
+        self.code = code  # a generation's function files, for its children (Generations.code)
         self.grace_s = timeout_grace_s
         self.child: ChildProcess | None = None
         # The start's background warm-up and the slot's first job may both find no child:
@@ -181,7 +183,7 @@ class Slot:
             else:
                 self.child.end()
             self.child = None
-        self.child = ChildProcess(self.config_source, generation)
+        self.child = ChildProcess(self.config_source, generation, self.code(generation))
 
     def close(self) -> None:
         if self.child is not None:
