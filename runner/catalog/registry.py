@@ -207,15 +207,30 @@ def _assign_lines(source: str) -> dict[str, int]:
     return lines
 
 
+PACKAGE = "runner_functions"  # the function files' modules are its submodules
+
+
+def _package() -> None:
+    """The package of the function files' modules in sys.modules (under _import_lock), so
+    pickle finds what a file defines by name (a ProcessPoolExecutor's function, a
+    dataclass): importing ``runner_functions.<name>`` needs the parent first. Its path is
+    empty: its submodules are the loaded files, never looked for on disk."""
+    if PACKAGE not in sys.modules:
+        pkg = ModuleType(PACKAGE, "The function files runner loaded, each as runner_functions.<file stem>.")
+        pkg.__path__ = []
+        sys.modules[PACKAGE] = pkg
+
+
 def _import(path: Path, raw: bytes) -> ModuleType:
     # One name per function file, replaced by each load: running jobs keep the module they
     # started with through their function's globals, and sys.modules keeps one per file.
-    name = f"runner_functions.{path.stem}"
+    name = f"{PACKAGE}.{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise FunctionLoadError(str(path), "cannot be imported")
     module = importlib.util.module_from_spec(spec)
     with _import_lock:
+        _package()
         before = sys.modules.get(name)
         sys.modules[name] = module
         try:
