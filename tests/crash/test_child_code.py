@@ -40,3 +40,48 @@ def test_a_replacement_child_runs_the_code_its_worker_loaded(project: Project) -
         final = wait_final(project, [job], timeout=60)[job]
         assert final["status"] == "done" and final["result"] == {"v": 1}, (text, final)
         assert not final.get("deferrals"), final
+
+
+FORKER = '''
+import os
+QUEUE = "fast"
+ISOLATION = "process"
+MAX_ATTEMPTS = 1
+TIMEOUT = 15
+
+def handle(payload, ctx):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ctx.save_checkpoint({"forked": 1})
+            said = "saved"
+        except Exception as exc:
+            said = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(write, said.encode() if "said" in locals() else b"?")
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    said = os.read(read, 4096).decode()
+    ctx.save_checkpoint({"parent": 1})  # the handler's own call is answered as ever
+    ctx.extend_lease()
+    return {"fork": said}
+'''
+
+
+def test_a_ctx_call_from_a_process_the_handler_forked_fails_at_once(project: Project) -> None:
+    """Under process isolation a process the handler forks shares its child's channel to
+    the worker, but not the thread that reads the answers: a ctx call that waits for one
+    (save_checkpoint) from it hung the job to its TIMEOUT. It fails at once, saying why,
+    and the handler's own calls are answered as ever."""
+    project.add_function("forker", FORKER)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("forker", {}).id
+    project.spawn_worker("fast")
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done", final.get("last_error")
+    said = final["result"]["fork"]
+    assert said.startswith("RunnerError") and "forked" in said, said
+    took = (final["finished_at"] - final["started_at"])
+    assert took < 10, f"the job took {took:.1f} s"
