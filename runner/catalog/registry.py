@@ -83,6 +83,9 @@ class Function:
     # The line of each option in the file, for errors found after the file itself loaded
     # (a destination checked against the other functions).
     lines: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
+    # The file's bytes as loaded: a child process runs exactly these, never the file on disk
+    # now (which may have changed since, or be broken).
+    source: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def flow(self) -> limits.Flow:
@@ -204,19 +207,34 @@ def _assign_lines(source: str) -> dict[str, int]:
     return lines
 
 
-def _import(path: Path) -> ModuleType:
+PACKAGE = "runner_functions"  # the function files' modules are its submodules
+
+
+def _package() -> None:
+    """The package of the function files' modules in sys.modules (under _import_lock), so
+    pickle finds what a file defines by name (a ProcessPoolExecutor's function, a
+    dataclass): importing ``runner_functions.<name>`` needs the parent first. Its path is
+    empty: its submodules are the loaded files, never looked for on disk."""
+    if PACKAGE not in sys.modules:
+        pkg = ModuleType(PACKAGE, "The function files runner loaded, each as runner_functions.<file stem>.")
+        pkg.__path__ = []
+        sys.modules[PACKAGE] = pkg
+
+
+def _import(path: Path, raw: bytes) -> ModuleType:
     # One name per function file, replaced by each load: running jobs keep the module they
     # started with through their function's globals, and sys.modules keeps one per file.
-    name = f"runner_functions.{path.stem}"
+    name = f"{PACKAGE}.{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise FunctionLoadError(str(path), "cannot be imported")
     module = importlib.util.module_from_spec(spec)
     with _import_lock:
+        _package()
         before = sys.modules.get(name)
         sys.modules[name] = module
         try:
-            return _exec(path, name, module)
+            return _exec(path, name, module, raw)
         except FunctionLoadError:
             # The last good version keeps serving: so does its module entry.
             if before is not None:
@@ -226,11 +244,11 @@ def _import(path: Path) -> ModuleType:
             raise
 
 
-def _exec(path: Path, name: str, module: ModuleType) -> ModuleType:
+def _exec(path: Path, name: str, module: ModuleType, raw: bytes) -> ModuleType:
     try:
         # Compile from the source bytes, never a cached .pyc: the cache is keyed on a
         # whole-second mtime and the size, so two quick saves could load stale code.
-        code = compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        code = compile(raw, str(path), "exec", dont_inherit=True)
         exec(code, module.__dict__)
     except SyntaxError as exc:
         raise FunctionLoadError(str(path), f"syntax error: {exc.msg}", exc.lineno) from None
@@ -315,11 +333,17 @@ def _versions(module: ModuleType, path: Path, config: Config, checked: Checked |
 
 
 def load_function(path: Path, config: Config, checked: Checked | None = None,
-                  payload_check: schedules_mod.PayloadCheck | None = None) -> tuple[Function, list[str]]:
-    """Load one function file and its schemas; raise FunctionLoadError naming the file."""
-    source = path.read_text(encoding="utf-8", errors="replace")
-    lines = _assign_lines(source)
-    module = _import(path)
+                  payload_check: schedules_mod.PayloadCheck | None = None,
+                  raw: bytes | None = None) -> tuple[Function, list[str]]:
+    """Load one function file and its schemas; raise FunctionLoadError naming the file.
+    ``raw``: the file's bytes as another process loaded them (else read now, once)."""
+    if raw is None:
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise FunctionLoadError(str(path), f"cannot be read: {exc.strerror or exc}") from None
+    lines = _assign_lines(raw.decode("utf-8", errors="replace"))
+    module = _import(path, raw)
     p = str(path)
 
     def fail(message: str, name: str | None = None) -> FunctionLoadError:
@@ -358,7 +382,7 @@ def load_function(path: Path, config: Config, checked: Checked | None = None,
         schedules=scheds, on_success=v["ON_SUCCESS"], on_failure=v["ON_FAILURE"], concurrency=v["CONCURRENCY"],
         rate=v["RATE_LIMIT"], priority=v["PRIORITY"], max_age_s=_float_or_none(v["MAX_AGE"]),
         hold_locks=bool(v["HOLD_LOCKS_WHILE_SUSPENDED"]), triggers=v["TRIGGERS"], debounce=v["DEBOUNCE"],
-        batch=v["BATCH"], handle_batch=handle_batch, lines=lines,
+        batch=v["BATCH"], handle_batch=handle_batch, lines=lines, source=raw,
     )
     return fn, warnings
 
@@ -450,26 +474,31 @@ NO_FOLDER = "no functions folder"
 
 
 def load(config: Config, previous: Registry | None = None,
-         payload_check: schedules_mod.PayloadCheck | None = None) -> Registry:
+         payload_check: schedules_mod.PayloadCheck | None = None,
+         sources: Mapping[str, bytes] | None = None) -> Registry:
     """Load every ``functions/*.py`` (not starting with ``_``). ``payload_check``: the
     store's refusal of a value no job may carry (codec.payload_problem), for each SCHEDULE
-    payload; every process that runs or checks functions passes it."""
+    payload; every process that runs or checks functions passes it. ``sources``: the
+    function files to load instead, by path, as another registry loaded them (``code``),
+    so a child process runs what its worker loaded whatever the files hold now."""
     functions: dict[str, Function] = {}
     errors: dict[str, FunctionLoadError] = {}
     warnings: list[str] = []
     folder = config.functions_dir
-    if not folder.is_dir():
+    if not folder.is_dir() and sources is None:
         return Registry(errors={str(folder): FunctionLoadError(str(folder), NO_FOLDER)})
     _fresh_helpers(folder)
     checked = Checked.open(config)
-    for path in sorted(folder.glob("*.py")):
+    paths = sorted(folder.glob("*.py")) if sources is None else sorted(Path(p) for p in sources)
+    for path in paths:
         if path.name.startswith("_"):
             continue
         if not path.stem.isidentifier():
             errors[str(path)] = FunctionLoadError(str(path), "the file stem must be a Python identifier")
             continue
         try:
-            fn, w = load_function(path, config, checked, payload_check)
+            fn, w = load_function(path, config, checked, payload_check,
+                                  None if sources is None else sources[str(path)])
         except FunctionLoadError as exc:
             errors[str(path)] = exc
             if previous is not None and path.stem in previous.functions:
@@ -497,3 +526,12 @@ def load(config: Config, previous: Registry | None = None,
             errors[functions.pop(name).path] = err
     checked.save()
     return Registry(functions=functions, errors=errors, warnings=tuple(warnings))
+
+
+def code(registry: Registry) -> dict[str, bytes] | None:
+    """The bytes of each function file ``registry`` loaded, by path (for ``load``'s
+    ``sources``): a last good version it kept for a broken file is among them. None when a
+    function came from elsewhere (made in code, not loaded from its file)."""
+    if any(not fn.source for fn in registry.functions.values()):
+        return None
+    return {fn.path: fn.source for fn in registry.functions.values()}

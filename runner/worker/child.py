@@ -65,7 +65,7 @@ from runner.worker import affinity, batching, joblog
 from runner.worker.channel import Channel
 from runner.worker.context import Flags, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
-from runner.worker.isolation import default_signals_after_fork
+from runner.worker.isolation import CODE_ENV, default_signals_after_fork, read_code
 from runner.worker.joblog import Capture, JobLogger, batch_loggers
 from runner.worker.journal import MAX_STEP_BYTES, Journal
 from runner.worker.spill import Spill
@@ -166,6 +166,11 @@ def rss_mb() -> float:
     return peak / 1024 if sys.platform != "darwin" else peak / 2**20  # KiB on Linux, bytes on macOS
 
 
+# The ctx method behind each call to the worker, for errors.
+CALL_NAMES = {"checkpoint": "ctx.save_checkpoint()", "extend": "ctx.extend_lease()", "enqueue": "ctx.enqueue()",
+              "invoke": "ctx.invoke()", "step": "ctx.step()"}
+
+
 class Child:
     def __init__(self, channel: Channel, registry: Registry, signals: Signals | None = None,
                  spill: Spill | None = None) -> None:
@@ -193,6 +198,9 @@ class Child:
         self.threads = 0  # OS threads of the child's own (main, the reader) and of its imports
         self.batches: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # BATCH calls sent here
         self.main = threading.main_thread().ident or 0  # (the thread handlers run in)
+        # This child's own process: one its handler forked shares the channel but not the
+        # thread that reads the worker's answers (ask).
+        self.pid = os.getpid()
 
     def threads_left(self) -> int:
         """OS threads the handler left running (``_thread`` and C extensions' threads too,
@@ -260,6 +268,14 @@ class Child:
         handler left) is refused here, never sent: it would land on the next job."""
         if token != self.token:
             raise RunnerError("this job has ended: a thread its handler left running cannot use its ctx")
+        if os.getpid() != self.pid:
+            # The answer would go to this child's reader, not to the fork: it waited for it
+            # until its job's TIMEOUT (and the answer fell to the handler's next call).
+            raise RunnerError(
+                f"{CALL_NAMES.get(call, 'a ctx call that waits for the worker')} cannot be made from a process "
+                "the handler forked "
+                "(os.fork, a fork Pool) under ISOLATION = \"process\": only the handler's own process gets "
+                "the worker's answers; make the call there (ctx.logger and ctx.progress work from a fork)")
         self.send({"op": "rpc", "call": call, "token": token, **args})
         reply = self.replies.get()
         if isinstance(reply.get("failed"), dict):
@@ -903,8 +919,11 @@ def main() -> None:
     if len(sys.argv) > 2:  # the worker's shared memory for held lines (spill.py)
         os.set_inheritable(int(sys.argv[2]), False)
         spill = Spill(int(sys.argv[2]))
-    child = Child(Channel(socket.socket(fileno=fd)), registry_mod.load(cfg, payload_check=codec.payload_problem),
-                  signals, spill)
+    # The function files as the worker loaded them, not as they are on disk now.
+    code = os.environ.pop(CODE_ENV, "")
+    sources = read_code(int(code)) if code else None
+    reg = registry_mod.load(cfg, payload_check=codec.payload_problem, sources=sources)
+    child = Child(Channel(socket.socket(fileno=fd)), reg, signals, spill)
     child.serve()
 
 

@@ -189,9 +189,10 @@ class Context:
 
     @property
     def lock_lost(self) -> bool:
-        """True once the job's resource (or concurrency) slot went to another job: its lease
-        lapsed while this handler ran (a stall longer than the visibility timeout). The
-        exclusion RESOURCE_KEY promised no longer holds; stop, or fence writes with ``token``."""
+        """True once the job's resource (or concurrency) slot went to another job, or was
+        released when another worker reclaimed the job: its lease lapsed while this handler
+        ran (a stall longer than the visibility timeout). The exclusion RESOURCE_KEY
+        promised no longer holds; stop, or fence writes with ``token``."""
         return self._flags.lock_lost
 
     @property

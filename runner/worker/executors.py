@@ -91,10 +91,11 @@ class Executors:
         self.abandoned = 0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._slots = [Slot(queue, runtime.config.source, self.grace_s) for _ in range(queue.concurrency)]
+        self._generations = Generations()
+        self._slots = [Slot(queue, runtime.config.source, self.grace_s, self._generations.code)
+                       for _ in range(queue.concurrency)]
         self._free_slots: list[int] = list(range(queue.concurrency))
         self._busy: set[int] = set()  # slots running a job (startable reads it unlocked: a hint)
-        self._generations = Generations()
         self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)
         self._later: tuple[object, str] = (None, "")  # (registry, its functions that run in a child)
         self._gathered: tuple[object, str] = (None, "")  # (registry, its BATCH functions)
@@ -684,6 +685,7 @@ class Executors:
                         r.thread_id = None
                         r.deadline = None
                     raised = leader.timed_out
+                    self.ledger.thread_return = time.monotonic()
                 if raised:  # (as _execute_one: a late timeout must not land in this loop)
                     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
@@ -942,6 +944,7 @@ class Executors:
                     run.thread_id = None
                     run.deadline = None
                     raised = run.timed_out
+                    self.ledger.thread_return = time.monotonic()
                 if raised:
                     # A timeout raised just as the handler returned must not land in this
                     # loop instead. The renewer raises one only while thread_id is set and

@@ -41,6 +41,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import logging
+import marshal
 import os
 import select
 import signal
@@ -53,12 +54,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.catalog import registry as registry_mod
 from runner.worker.channel import Channel
 from runner.worker.spill import Spill
 
 log = logging.getLogger("runner.worker")
 
 START_TIMEOUT_S = 60.0  # a child imports the functions before it says it is ready
+CODE_ENV = "RUNNER_CHILD_CODE"  # the descriptor of the function files' bytes its worker loaded
 
 # The child's entry point: its first statement makes a stop's SIGTERM (one to every
 # process, at a PaaS stop) the worker's to act on, before runner's own imports (a second
@@ -295,11 +298,16 @@ class ChildProcess:
     """One child, its sentry, the socket to it, and a pidfd that says when it exits (its
     socket alone would not: a process the handler started may hold it open)."""
 
-    def __init__(self, config_source: str, generation: int) -> None:
+    def __init__(self, config_source: str, generation: int, code: int = -1) -> None:
+        """``code``: a descriptor holding the function files' bytes the worker loaded
+        (Generations.code; -1 none: the child reads the files)."""
         parent, child = socket.socketpair()
         env = dict(os.environ)
+        env.pop(CODE_ENV, None)
         if Path(config_source).exists():
             env["RUNNER_CONFIG"] = str(Path(config_source).resolve())
+        if code >= 0:
+            env[CODE_ENV] = str(code)
         env[MARK] = str(os.getpid())  # what the handler starts carries it (see reap_adopted)
         self.generation = generation
         self.jobs = 0
@@ -317,7 +325,7 @@ class ChildProcess:
                 try:
                     self.proc = _spawn([sys.executable, "-c", CHILD_MAIN, str(child.fileno()),
                                         *(str(fd) for fd in shared)],
-                                       pass_fds=(child.fileno(), *shared), env=env,
+                                       pass_fds=(child.fileno(), *shared, *((code,) if code >= 0 else ())), env=env,
                                        stdin=subprocess.DEVNULL, process_group=0)
                 except BaseException:
                     os.close(sentry_r)
@@ -482,14 +490,65 @@ class Generations:
     the registry last seen is held, so ``is`` compares exactly."""
 
     def __init__(self) -> None:
-        self._last: object = None
+        self._last: registry_mod.Registry | None = None
         self._n = 0
         self._lock = threading.Lock()
+        self._code: dict[int, int] = {}  # generation -> its code's descriptor (code)
 
-    def of(self, registry: object) -> int:
+    def of(self, registry: registry_mod.Registry) -> int:
         if registry is self._last:  # every job but the first after a reload
             return self._n
         with self._lock:
             if registry is not self._last:
                 self._last, self._n = registry, self._n + 1
             return self._n
+
+    def code(self, generation: int) -> int:
+        """A descriptor holding the bytes of the function files this generation's registry
+        loaded, for a child to load (child.py) instead of the files, which may have changed
+        or broken since: a child started later (after a crash, a kill, a recycle) runs what
+        its worker loaded, and only a reload brings a new version in. -1: none (no memfd
+        on this platform; the child reads the files). The last two generations' are kept
+        (a child asked for just before a reload)."""
+        with self._lock:
+            fd = self._code.get(generation)
+            last = self._last
+            files = registry_mod.code(last) if fd is None and generation == self._n and last is not None else None
+            if files is not None:
+                fd = _code_fd(files)
+                if fd >= 0:
+                    self._code[generation] = fd
+                for g in [g for g in self._code if g < generation - 1]:
+                    os.close(self._code.pop(g))
+            return -1 if fd is None else fd
+
+
+def _code_fd(files: dict[str, bytes]) -> int:
+    """An anonymous file (memfd) holding ``files`` (marshal: the child is this interpreter)."""
+    try:
+        fd = os.memfd_create("runner-code")
+    except (AttributeError, OSError):
+        return -1
+    data = memoryview(marshal.dumps(files))
+    while data:
+        data = data[os.write(fd, data):]
+    return fd
+
+
+def read_code(fd: int) -> dict[str, bytes]:
+    """The function files a worker handed its child (``_code_fd``); closes ``fd``."""
+    try:
+        size = os.fstat(fd).st_size
+        parts, at = [], 0
+        while at < size:
+            chunk = os.pread(fd, size - at, at)
+            if not chunk:
+                break
+            parts.append(chunk)
+            at += len(chunk)
+    finally:
+        os.close(fd)
+    files = marshal.loads(b"".join(parts))
+    if not isinstance(files, dict):
+        raise ValueError("the worker's code is not a map of files")
+    return files

@@ -109,9 +109,10 @@ class Ledger:
         # bring, and of those how many may start at once. No other claim may count on it.
         self.reserved = 0
         self.reserved_start = 0
-        # When a run last left its executor (monotonic): the renewer, back late, tells a
-        # handler that held the GIL through the gap and finished in it from no handler.
-        self.last_return = 0.0
+        # When a handler running in a thread of this process last returned (monotonic): the
+        # renewer, back late, tells a handler that held the GIL through the gap and
+        # finished in it from no handler (a child's handler never holds this GIL).
+        self.thread_return = 0.0
         self.cond = threading.Condition()
         # What the fetcher waits for in cond, if anything: notified only once it holds (a
         # notify that wakes it to find too little room costs two thread switches).
@@ -216,7 +217,6 @@ class Ledger:
         finished job cost a thread switch per job with handlers that block."""
         with self.cond:
             self.busy = max(0, self.busy - n)
-            self.last_return = time.monotonic()
             want = self._want
             if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self.busy < self.concurrency):
                 self.cond.notify()

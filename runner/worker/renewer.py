@@ -11,7 +11,9 @@ handler starting with a TIMEOUT sooner than its planned wake-up wakes it (``expe
 
 It is a thread of the worker process: a handler that holds the GIL in one long C call
 stops it too. It notices when it comes back late and says so, naming the fix
-(``ISOLATION = "process"``: the worker then never runs handler code).
+(``ISOLATION = "process"``: the worker then never runs handler code) when a handler ran
+in a thread; a stopped worker (SIGSTOP, a paused VM) looks the same from here, and is
+named too.
 """
 
 from __future__ import annotations
@@ -92,19 +94,30 @@ class Renewer:
         every = max(0.2, min(self.q.visibility_timeout_s / 3, CANCEL_S))
         next_renew = time.monotonic() + every
         last = planned = time.monotonic()  # when it last ran, and when it meant to run again
-        ran = False  # a handler was running when it last ran
+        ran = False  # a handler was running in a thread of this process when it last ran
         while not self.stopping.is_set():
             now = time.monotonic()
-            running = bool(self.ledger.running())
+            running = any(r.thread_id is not None for r in self.ledger.running())
             # The handler that held the GIL may have finished by the time this thread
             # runs again (on one core it usually has): it was running before the gap, or
             # it started just after this thread last ran and returned within the gap.
-            if now - planned > LATE_S and (ran or running or self.ledger.last_return > last):
-                log.warning(
-                    "%s: lease renewal ran %.1f s late: a handler held the GIL (a long C call), so this "
-                    "worker could not renew its leases; set ISOLATION = \"process\" on such a function so "
-                    "its handler runs in a child process", self.q.name, now - planned,
-                    extra={"queue": self.q.name, "late_s": round(now - planned, 3)})
+            # Only a handler in a thread of this process can hold its GIL: with none, the
+            # whole worker was stopped or starved, which nothing here tells apart from a
+            # held GIL either, so both are named.
+            late = now - planned
+            if late > LATE_S:
+                extra = {"queue": self.q.name, "late_s": round(late, 3)}
+                if ran or running or self.ledger.thread_return > last:
+                    log.warning(
+                        "%s: lease renewal ran %.1f s late: a handler running in a thread held the GIL (a long "
+                        "C call), or the whole worker was stopped (SIGSTOP, a paused VM), so this worker could "
+                        "not renew its leases; if a handler holds the GIL, set ISOLATION = \"process\" on its "
+                        "function so it runs in a child process", self.q.name, late, extra=extra)
+                elif self.ledger.runs:
+                    log.warning(
+                        "%s: lease renewal ran %.1f s late: the worker was stopped or starved of CPU (SIGSTOP, "
+                        "a paused VM, an overloaded host), so it could not renew its leases (no handler runs "
+                        "in this process)", self.q.name, late, extra=extra)
             ran = running
             fault("renew_loop")
             self._enforce_timeouts(now)
@@ -199,16 +212,31 @@ class Renewer:
                 # one whose ack landed first is known here even before it leaves the ledger;
                 # if its lease was lost after all, the settler's refused ack says so.
                 if c == -1 and not r.lost and not r.settling and self.ledger.holds(r):
-                    r.lost = True
+                    # A reclaimed lease released the run's resource or concurrency slot with
+                    # it: another job may hold it now, as may the job's own retry. The
+                    # handler is told (a process-isolated one is stopped: slot.py).
+                    limited = self._limited(r)
+                    if limited:
+                        r.flags.lock_lost = True
                     r.flags.lease_until = -1.0
+                    r.lost = True
                     log.warning("job %s: lease lost (reclaimed elsewhere); its result will be refused "
-                                "unless nobody ran it since", r.job.id, extra={"job_id": r.job.id})
+                                "unless nobody ran it since%s", r.job.id,
+                                "; its resource or concurrency slot is gone: the handler sees ctx.lock_lost"
+                                if limited else "", extra={"job_id": r.job.id})
                 elif c == 3 and not r.flags.cancelled and not r.doomed:
                     self.cancelled(r)
                 elif c == -2 and not r.flags.lock_lost:
                     r.flags.lock_lost = True
                     log.warning("job %s: its resource slot went to another job (its lease had lapsed); "
                                 "the handler sees ctx.lock_lost", r.job.id, extra={"job_id": r.job.id})
+
+    def _limited(self, r: Run) -> bool:
+        """The run holds a RESOURCE_KEY or CONCURRENCY slot (released with its lease)."""
+        if r.job.resource_key:
+            return True
+        fn = self.rt.registry.functions.get(r.job.type)
+        return fn is not None and fn.concurrency is not None
 
     def _send_logs(self, k: QueueKeys, runs: list[Run]) -> None:
         """The lines running handlers logged since the last renewal, in one round trip for

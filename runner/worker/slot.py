@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from runner.catalog.registry import Function
 from runner.config import QueueConfig
-from runner.errors import JobTimeout, RunnerError, refusal_record
+from runner.errors import JobTimeout, RunnerError, StaleLease, refusal_record
 from runner.store.connection import UNAVAILABLE, unreachable
 from runner.worker.context import Flags
 from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, from_message
@@ -120,9 +120,11 @@ class Slot:
     """The child of one executor slot: started when first needed (or warmed at start),
     replaced when it died, was killed or is due for recycling."""
 
-    def __init__(self, queue: QueueConfig, config_source: str, timeout_grace_s: float) -> None:
+    def __init__(self, queue: QueueConfig, config_source: str, timeout_grace_s: float,
+                 code: Callable[[int], int] = lambda generation: -1) -> None:
         self.q = queue
         self.config_source = config_source
+        self.code = code  # a generation's function files, for its children (Generations.code)
         self.grace_s = timeout_grace_s
         self.child: ChildProcess | None = None
         # The start's background warm-up and the slot's first job may both find no child:
@@ -181,7 +183,7 @@ class Slot:
             else:
                 self.child.end()
             self.child = None
-        self.child = ChildProcess(self.config_source, generation)
+        self.child = ChildProcess(self.config_source, generation, self.code(generation))
 
     def close(self) -> None:
         if self.child is not None:
@@ -279,6 +281,7 @@ class _Watch:
         self.began = time.monotonic()
         self.deadline = self.began + feeds[0].fn.timeout_s + slot.grace_s
         self.cancel_seen = 0.0  # when the running job's cancel was first seen (0: not yet)
+        self.lost_seen = 0.0  # when the running job's lease was first seen lost with its slot (0: not yet)
         self.recall_sent = 0.0  # when the jobs waiting were recalled (0: not yet)
         self.told: dict[str, tuple[bool, bool, float]] = {}  # the flags each job's child was told last
         self.next_tell = 0.0  # when the flags are looked at again (a cancel takes up to TELL_EVERY_S)
@@ -332,6 +335,23 @@ class _Watch:
                 current.finish(failure(current.fn, current.job, timeout), now - self.began)
                 _release(list(waiting))
                 return None
+            if current.run.lost and current.flags.lock_lost:
+                # Its lease was reclaimed and its resource or concurrency slot released
+                # with it: another job of the resource, or its own retry, may run now, and
+                # nothing it does counts any more (its outcome is refused). The handler
+                # sees ctx.lock_lost (told below); one that does not stop within the grace
+                # is killed rather than run on beside them, as for a cancel.
+                self.lost_seen = self.lost_seen or now
+                if now - self.lost_seen > self.slot.grace_s:
+                    log.warning("job %s: its lease and its resource or concurrency slot were lost; its child "
+                                "process %d is killed", current.job.id, self.child.pid,
+                                extra={"job_id": current.job.id})
+                    self.slot.kill()
+                    lost = StaleLease(f"job {current.job.id}: lease lost (reclaimed elsewhere) while its handler "
+                                      f"ran; its child process was killed {self.slot.grace_s:g} s later")
+                    current.finish(failure(current.fn, current.job, lost), now - self.began)
+                    _release(list(waiting))
+                    return None
             if current.flags.cancelled:
                 # Asked to stop: a handler that does not within the grace is killed, and the
                 # job ends cancelled as if it had stopped.

@@ -161,6 +161,38 @@ def test_hot_reload_edits_additions_errors_fixes_and_a_long_job(examples: Projec
     assert "runner dev stopped" in dev.log()
 
 
+CRUNCH = '''"""Says which code ran it, in a child process."""
+QUEUE = "fast"
+ISOLATION = "process"
+
+
+def handle(payload, ctx):
+    return {"code": "good"}
+'''
+
+
+def test_a_broken_edit_of_a_process_function_keeps_its_last_good_version(examples: Project) -> None:
+    """A process-isolated function keeps its last good version through a broken edit, as a
+    thread function does: its new children run the code the worker loaded, not the broken
+    file (they read it, and the function's jobs were handed back in a loop)."""
+    fns = examples.root / "functions"
+    (fns / "crunch.py").write_text(CRUNCH)
+    (examples.root / "schemas" / "crunch").mkdir()
+    (examples.root / "schemas" / "crunch" / "v1.json").write_text(json.dumps({"type": "object"}))
+    dev = Dev(examples.root, examples.env)
+    try:
+        assert dev.run("crunch", {}, timeout=30)["result"] == {"code": "good"}
+        (fns / "crunch.py").write_text(CRUNCH.replace("def handle(payload, ctx):", "def handle(payload, ctx)"))
+        wait_for(lambda: "crunch.py:6: syntax error" in dev.log(), timeout=10, what="the syntax error log line")
+        for _ in range(3):
+            got = dev.run("crunch", {}, timeout=30)
+            assert got["status"] == "done" and got["result"] == {"code": "good"}, got
+        assert "is loaded" not in dev.log(), dev.log()[-3000:]
+    finally:
+        code = dev.stop()
+    assert code == 0, dev.log()
+
+
 def test_deleted_function_refuses_new_jobs_and_its_parked_jobs_return_with_it(examples: Project) -> None:
     """Deleting a file makes its type unknown (404); a job already queued waits for it (handed
     back, no attempt spent) instead of running on code that no longer exists, and runs
