@@ -313,7 +313,7 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
             out += got
             if not left:  # this generation is read to its end: the next older one
                 gen, left, skip = gen - 1, None, 0
-        if left is None:
+        if left is None or gen < floor:  # (a cursor's generation rolled out: older ones went first)
             return out, 0, gen, gen < floor, {}, None, None
         return out, left, gen, False, {}, TAIL, None
     key = {"scheduled": k.delayed, "dead": k.dead, "cancelled": k.cancelled, "processing": k.running,

@@ -650,6 +650,42 @@ def _finish(project: Project, n: int, tag: str) -> list[str]:
     return [job_id for job_id, _ in claimed]
 
 
+def test_a_done_cursor_whose_generation_rolled_out_ends_the_list(project: Project) -> None:
+    """A done cursor kept while its generation falls out of the kept ones (finishes roll
+    them every done_max / 4 jobs): the next page ends the traversal at once, as every
+    traversal ends. (The cursor counted from its generation's tail, and a generation gone
+    gave no ids, the same cursor and "not exhausted": page() read it again for ever, and a
+    web process's threads spun on it.)"""
+    import threading
+
+    c, rt, k = project.client, project.runtime, project.keys()
+
+    def finish(n: int, tag: str) -> None:  # generations of 10 jobs (done_max 40)
+        c.enqueue_many([Request("record", {"t": tag, "i": i}) for i in range(n)])
+        reply = list(rt.scripts.claim(k, n=n, start=n, lease_ms=600_000, token_base=tag, dead_ttl_ms=10_000_000,
+                                      done_ttl_ms=10_000_000))
+        from runner.worker.fetcher import CLAIM_FIELDS
+        claimed = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+        rt.scripts.ack(k, [Ack(job_id, token, "null", "record|1", "") for job_id, token in claimed], 60_000,
+                       done_max=40)
+
+    for i in range(6):
+        finish(5, f"a{i}")
+    got = c.jobs("done", queue="fast", limit=5)
+    for _ in range(2):
+        got = c.jobs("done", queue="fast", limit=5, cursor=got.cursor)
+    assert got.cursor is not None
+    for i in range(12):  # six generations more: the cursor's is gone
+        finish(5, f"b{i}")
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(c.jobs("done", queue="fast", limit=5, cursor=got.cursor)),
+                         daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert out, "the page past a rolled generation never came back"
+    assert out[0].cursor is None and out[0].jobs == []
+
+
 def test_the_queued_list_keeps_its_place_when_a_resume_puts_many_jobs_at_the_consumer_end(
         project: Project) -> None:
     """300 queued jobs paged in 50s; after the first page, resuming a paused function puts
