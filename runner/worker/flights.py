@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.store.outage import OUTAGE
-from runner.store.transport import Transport
+from runner.store.transport import SLOW_FACTOR, Transport
 from runner.worker.ledger import Ledger
 
 log = logging.getLogger("runner.worker")
@@ -38,6 +38,13 @@ log = logging.getLogger("runner.worker")
 # master on the same network answers within a few ms, and a claim not answered by then
 # keeps going in the background (a loaded host's occasional late answer costs nothing).
 PATIENCE_S = 0.05
+# How long a claim out on a master not known slow is waited for when it holds all of the
+# worker's room and other partitions may have work (one executor and ``prefetch = 0``):
+# waited the whole node wait, a master that just stalled stopped every live partition's
+# starts for 2 s. A live master answers within a few ms; one answering later than this
+# (or SLOW_FACTOR times its recent round trip) is given up as stalled, its jobs handed
+# back unspent when they come, and claimed again after its partition's backoff.
+ALONE_WAIT_S = 0.3
 
 
 @dataclass(slots=True)
@@ -156,8 +163,11 @@ class Flights:
         else:
             return self.take(reply, partition, False)
         wait_s = self.scripts.node_wait(node) or 0.0
-        flight = Flight(partition, node, f, n, start, time.monotonic() + wait_s, wait_s)
         self.ledger.reserve(n, start)
+        if self.ledger.partitions > 1 and self.ledger.spare() <= 0 and not self.slow(node):
+            # It holds the only room left: the other partitions' jobs wait on it.
+            wait_s = min(wait_s, max(ALONE_WAIT_S, SLOW_FACTOR * self.scripts.nodes.rtt(node)))
+        flight = Flight(partition, node, f, n, start, time.monotonic() + wait_s, wait_s)
         self.out[partition] = flight
         with self._lock:
             self._pending += 1
