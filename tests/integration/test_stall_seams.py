@@ -6,6 +6,7 @@ out a stalled node's socket timeout."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -113,6 +114,11 @@ def test_prefetch_0_keeps_starting_the_live_partitions_jobs_through_a_stall(spro
     print(f"{len(during)} live starts in the 3 s stall, longest gap {max(gaps):.3f} s "
           f"({max(gaps) / rtt:.0f} round trips of {rtt * 1000:.2f} ms)")
     assert len(during) >= (20 if concurrency > 1 else 10), f"{len(during)} live-partition starts during the stall"
+    every = sorted(float(line.split()[2]) for i in ids for line in p.runs(i))
+    assert all(len(p.runs(i)) <= 1 for i in ids), "a job ran twice"
+    if concurrency == 1:  # (jobs of 20 ms: two starts closer than that ran at once)
+        closest = min(b - a for a, b in itertools.pairwise(every))
+        assert closest >= 0.019, f"two jobs ran at once on one executor ({closest:.3f} s apart)"
     bound = min(1.0, GAP_ROUND_TRIPS * rtt) if concurrency > 1 else 1.0
     assert max(gaps) < bound, \
         f"the live partitions started nothing for {max(gaps):.2f} s ({max(gaps) / rtt:.0f} of the test's " \
