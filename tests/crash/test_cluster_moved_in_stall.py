@@ -6,6 +6,7 @@ raises a raw Redis error (docs/partitions.md, "A shard down")."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -73,7 +74,8 @@ def _replica_of(servers: list[Server], master: int) -> Server:
 @pytest.mark.parametrize("wait_replicas", [0, 1])
 def test_enqueues_follow_a_slot_moved_while_another_master_is_stalled(tmp_path: Path, wait_replicas: int) -> None:
     """A (the URL's first seed) is stopped; 0.5 s later B's replica takes over B's slots.
-    Keyed enqueues to B's partitions, one at a time for 3.5 s: each is written or refused
+    Keyed enqueues to B's partitions (``enqueue`` and ``aenqueue``, the HTTP route's, in
+    turn), one at a time for 3.5 s: each is written or refused
     as an outage (RedisUnavailable, a 503), never a raw ResponseError, and from 1.5 s after
     the takeover every one is written (the layout learnt from the old B, which answered
     MOVED, not asked of the stalled seed first). Before, with ``wait_replicas = 1`` the
@@ -104,7 +106,10 @@ def test_enqueues_follow_a_slot_moved_while_another_master_is_stalled(tmp_path: 
                 while time.monotonic() - took_over < 3.5:
                     t = time.monotonic()
                     try:
-                        c.enqueue("record", {"n": 1}, idempotency_key=next(keys))
+                        if len(calls) % 2:  # (the HTTP route's call)
+                            asyncio.run(c.aenqueue("record", {"n": 1}, idempotency_key=next(keys)))
+                        else:
+                            c.enqueue("record", {"n": 1}, idempotency_key=next(keys))
                         what = "ok"
                     except (NotReplicated, RedisUnavailable) as exc:
                         what = f"{type(exc).__name__}: {str(exc)[:80]}"
