@@ -24,11 +24,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import AskError, MovedError, RedisClusterException, ResponseError, TryAgainError
+from redis.cluster import ClusterNode
+from redis.exceptions import AskError, MovedError, ReadOnlyError, RedisClusterException, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from runner.store.transport import _acked, _eval, _Lanes
+from runner.store.transport import _acked, _eval, _Lanes, demoted
 
 if TYPE_CHECKING:
     from runner.store.transport import Transport
@@ -98,12 +99,20 @@ class NodeCalls:
                 raise
             lanes.give(conn)
             reply = replies[1 if load is not None else 0]
-            if waits and str(replies[-1]).startswith("UNBLOCKED"):
-                self._moved(keys[0], node, deadline)  # (demoted in a failover: learn the layout again)
-            acked = _acked(replies[-1]) if waits else None
-            if isinstance(reply, (MovedError, AskError)):  # the slot moved: nothing ran
-                self._moved(keys[0], node, deadline)
+            # The script's answer first: MOVED or READONLY from a node demoted in a failover
+            # says nothing ran, whatever its WAIT answered ("WAIT cannot be used with
+            # replica instances"); the layout is learnt again, from that node first (it
+            # just answered), and the call goes to the slot's new master.
+            if isinstance(reply, (MovedError, AskError)):
+                self._moved(keys[0], node, deadline, answered=True)
                 continue
+            if isinstance(reply, ReadOnlyError):
+                if attempt < 2 and self._moved(keys[0], node, deadline, answered=True):
+                    continue
+                raise reply
+            if waits and demoted(replies[-1]):  # the script ran, then its master was demoted
+                self._moved(keys[0], node, deadline, answered=True)
+            acked = _acked(replies[-1]) if waits else None
             if isinstance(reply, ResponseError):
                 raise reply
             return reply, acked
@@ -129,7 +138,7 @@ class NodeCalls:
                 sock.settimeout(conn.socket_timeout)
         return out
 
-    def _moved(self, key: str, node: Any, deadline: float) -> bool:
+    def _moved(self, key: str, node: Any, deadline: float, answered: bool = False) -> bool:
         """Learn the layout again (a call failed on ``node``), waiting no later than the
         call's ``deadline``; whether ``key``'s slot now has another master.
 
@@ -138,11 +147,27 @@ class NodeCalls:
         So the read goes on a thread of the pool, waited for until ``deadline`` (LAYOUT
         stands for it among the nodes: while one given up still runs, the next fails at
         once rather than start another), and a layout not learnt in time is learnt later,
-        by that read or the next call's."""
+        by that read or the next call's.
+
+        redis-py stops at the first master whose layout covers every slot, so the masters
+        are asked in an order that puts the ones likely to answer first: ``node`` when it
+        ``answered`` (MOVED: it is up, and knows who took its slots), then the masters not
+        known stalled, then the stalled ones and ``node`` when it did not answer. Asked in
+        the configured order (the URL's masters), a stalled first seed held every read of the layout until it
+        answered again (and each call meanwhile was refused "kept moving")."""
         client = self.scripts.client
+        manager = client.nodes_manager
+        nodes = self.scripts.nodes
+        seeds = manager.startup_nodes
+        if answered and node.name not in seeds:  # (a node of its own: a read closes the connections it used)
+            seeds = {node.name: ClusterNode(node.host, node.port), **seeds}  # type: ignore[no-untyped-call]
+        order = sorted(seeds.items(), key=lambda kv: (
+            0 if kv[0] == node.name and answered else
+            2 if kv[0] == node.name or nodes.stalled(kv[0]) else 1))
+        manager.startup_nodes = dict(order)  # (one assignment: a read under way keeps its own)
         try:
-            self.scripts.nodes.bounded(LAYOUT, client.nodes_manager.initialize,
-                                       max(MIN_LAYOUT_S, deadline - time.monotonic()), what="a read of the layout")
+            nodes.bounded(LAYOUT, manager.initialize, max(MIN_LAYOUT_S, deadline - time.monotonic()),
+                          what="a read of the layout")
         except (RedisConnectionError, RedisTimeoutError, RedisClusterException):
             return False
         return client.get_node_from_key(key) is not node

@@ -110,14 +110,22 @@ def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, .
     return ("EVAL", source, len(keys), *keys, *args)
 
 
+def demoted(reply: Any) -> bool:
+    """Whether WAIT's answer says its master is a replica now: UNBLOCKED (demoted while
+    WAIT blocked) or WAIT refused by a replica (demoted before it came)."""
+    text = str(reply)
+    return text.startswith("UNBLOCKED") or text.startswith("WAIT cannot be used with replica")
+
+
 def _acked(reply: Any) -> int:
     """WAIT's count, or its error reply raised. UNBLOCKED means the master was turned into
     a replica while WAIT blocked (a failover, a CLUSTER FAILOVER TAKEOVER): the write it
     waited for may be wiped by the master's resync, so this is an outage whose outcome is
     unknown, as a connection lost mid-call (raised at once: the new master is not asked
-    for a WAIT on a write it may never have seen)."""
+    for a WAIT on a write it may never have seen). WAIT refused by a replica is the same
+    outage: the master was demoted between the write and its WAIT."""
     if isinstance(reply, Exception):
-        if str(reply).startswith("UNBLOCKED"):
+        if demoted(reply):
             raise RedisConnectionError(
                 f"the master was demoted to a replica while the write waited for its replicas "
                 f"({reply}): the write may be lost with it") from reply

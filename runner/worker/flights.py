@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.store.outage import OUTAGE
-from runner.store.transport import Transport
+from runner.store.transport import SLOW_FACTOR, Transport
 from runner.worker.ledger import Ledger
 
 log = logging.getLogger("runner.worker")
@@ -38,6 +38,14 @@ log = logging.getLogger("runner.worker")
 # master on the same network answers within a few ms, and a claim not answered by then
 # keeps going in the background (a loaded host's occasional late answer costs nothing).
 PATIENCE_S = 0.05
+# How long a claim out on a master not known slow holds its room when that is all of the
+# worker's room (one executor, or the last free one, with ``prefetch = 0``): held for the
+# whole node wait, a master that just stalled stopped every live partition's starts for
+# 2 s. Past this (or SLOW_FACTOR times the master's recent round trip) its room is freed
+# for a claim elsewhere; the claim stays out (its partition claims nothing more, and its
+# master is not taken for stalled before the node wait), and its jobs, when they come,
+# are handed back unspent: the worker never holds more than its capacity.
+ALONE_WAIT_S = 0.3
 
 
 @dataclass(slots=True)
@@ -49,7 +57,9 @@ class Flight:
     start: int  # of which to start at once
     deadline: float  # monotonic: given up past it
     wait_s: float
+    free_at: float = float("inf")  # monotonic: its room freed past it (ALONE_WAIT_S)
     given_up: bool = False
+    freed: bool = False  # its room given to other claims: its jobs are handed back
     landed: bool = False
 
 
@@ -156,8 +166,12 @@ class Flights:
         else:
             return self.take(reply, partition, False)
         wait_s = self.scripts.node_wait(node) or 0.0
-        flight = Flight(partition, node, f, n, start, time.monotonic() + wait_s, wait_s)
+        now = time.monotonic()
+        flight = Flight(partition, node, f, n, start, now + wait_s, wait_s)
         self.ledger.reserve(n, start)
+        if self.ledger.partitions > 1 and self.ledger.spare() <= 0 and not self.slow(node):
+            # It holds the only room left: the other partitions' jobs wait on it.
+            flight.free_at = now + max(ALONE_WAIT_S, SLOW_FACTOR * self.scripts.nodes.rtt(node))
         self.out[partition] = flight
         with self._lock:
             self._pending += 1
@@ -169,16 +183,16 @@ class Flights:
         or handed back when it was given up; its room freed; the fetcher told."""
         with self._lock:
             flight.landed = True
-            given_up = flight.given_up
+            given_up, freed = flight.given_up, flight.freed
         error = flight.future.exception()
         got, held = 0, 0
         try:
             if error is None:
-                got, held = self.take(flight.future.result(), flight.partition, given_up)
+                got, held = self.take(flight.future.result(), flight.partition, given_up or freed)
         except Exception as exc:  # (the fetcher logs it, as a claim of its own thread's)
             error = exc
         finally:
-            if not given_up:
+            if not (given_up or freed):
                 self.ledger.unreserve(flight.n, flight.start)
             with self._lock:
                 self._pending -= 1
@@ -201,18 +215,27 @@ class Flights:
     def overdue(self) -> list[tuple[int, BaseException]]:
         """Give up the claims out past their node wait (the fetcher's thread): each
         partition and the error that says its master stalled. Their room is freed now;
-        their jobs, if they come, are handed back."""
+        their jobs, if they come, are handed back. A claim holding the only room past its
+        ``free_at`` has its room freed (and its jobs handed back) but stays out."""
         now = time.monotonic()
         out: list[tuple[int, BaseException]] = []
         for p, flight in list(self.out.items()):
+            if flight.free_at <= now and not flight.freed:
+                with self._lock:
+                    free = not flight.landed
+                    flight.freed = free
+                if free:  # (its room to a claim elsewhere; its jobs, if they come, handed back)
+                    self.ledger.unreserve(flight.n, flight.start)
             if flight.deadline > now:
                 continue
             with self._lock:
                 if flight.landed:
                     continue  # (its landing is on its way)
                 flight.given_up = True
+                freed = flight.freed
             del self.out[p]
-            self.ledger.unreserve(flight.n, flight.start)
+            if not freed:
+                self.ledger.unreserve(flight.n, flight.start)
             out.append((p, self.scripts.nodes.give_up(flight.node, flight.future, flight.wait_s, "a claim")))
         with self._lock:
             late = [(node, look) for node, look in self.looks.items() if look.deadline <= now]
@@ -225,7 +248,8 @@ class Flights:
     def next_deadline_s(self) -> float | None:
         """How long until the first claim or look out is due to be given up (None: none is
         out)."""
-        due = [f.deadline for f in self.out.values()] + [look.deadline for look in list(self.looks.values())]
+        due = [f.deadline if f.freed else min(f.deadline, f.free_at) for f in self.out.values()]
+        due += [look.deadline for look in list(self.looks.values())]
         if not due:
             return None
         return max(0.0, min(due) - time.monotonic())

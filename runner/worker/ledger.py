@@ -173,6 +173,11 @@ class Ledger:
             self.reserved += n
             self.reserved_start += start
 
+    def spare(self) -> int:
+        """The room no run and no claim in flight holds (0 or less: none)."""
+        with self.cond:
+            return self.capacity - self.busy - self.reserved
+
     def unreserve(self, n: int, start: int) -> None:
         """The claim holding that room landed (its jobs counted in ``busy``) or was given up."""
         with self.cond:
