@@ -9,7 +9,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner import outbox
@@ -34,6 +34,7 @@ from runner.store import admin, codec, keys, records
 from runner.store import audit as audit_log
 from runner.store.connection import UNAVAILABLE, reachable
 from runner.store.keys import QueueKeys
+from runner.store.refusals import unreachable
 from runner.store.schedules import ServerClock
 from runner.store.scripts import NewJob, job_entry
 from runner.store.steps import (
@@ -274,7 +275,7 @@ def _in_batches(
     parts = client.runtime.parts[queue]
     ok = False
     try:
-        with reachable():
+        with acted(ACTED_IN_PART, lambda: bool(done)), reachable():
             for start in range(0, len(ids), BULK_BATCH):
                 chunk = ids[start:start + BULK_BATCH]
                 # Each id to the partition whose dead letters hold it (the first for none).
@@ -376,7 +377,7 @@ def _bulk_record(client: Client, by: str | None, action: str, queue: str, expect
         if fields["state"] != "running" or not bulk.written:
             (on_record if trail else _on_log)(client, by, action, queue, **fields)
             return
-        with reachable():
+        with acted(), reachable():
             audit_log.record(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix),
                              {"by": by, "action": action, "queue": queue, **fields})
 
@@ -389,8 +390,29 @@ def on_record(client: Client, by: str, action: str, queue: str, **detail: Any) -
     time, one more round trip for a rare action) and in the log."""
     _on_log(client, by, action, queue, **detail)
     entry = {"by": by, "action": action, "queue": queue, **detail}  # at_ms: the script's
-    with reachable():
+    with acted(), reachable():
         audit_log.record(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix), entry)
+
+
+ACTED = "; the action was done, but its entry on the audit trail was not written"
+ACTED_IN_PART = "; the action was done in part (GET /audit and the jobs say how far)"
+
+
+@contextlib.contextmanager
+def acted(told: str = ACTED, landed: Callable[[], bool] = lambda: True) -> Iterator[None]:
+    """Around a write made once an action has landed (its audit entry; a bulk action's
+    later batches, once ``landed()``): Redis refusing it (maxmemory takes a delete but
+    not the entry that records it) or going away must not read "nothing was written".
+    The error says so (``told``) and carries ``acted`` for the HTTP answer."""
+    try:
+        yield
+    except RedisUnavailable as exc:
+        if not landed():
+            raise
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        said = unreachable(cause, told)
+        said.acted = True  # type: ignore[attr-defined]
+        raise said from cause
 
 
 def _on_log(client: Client, by: str, action: str, queue: str, **detail: Any) -> None:

@@ -228,6 +228,9 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
         # Redis answered and refused (maxmemory, a replica, busy, loading...): the one
         # helper's words for that kind, as the client and the CLI say them. The refused
         # command ran nowhere, so a write says nothing was written.
+        if getattr(ex, "acted", False):  # an action that landed, then its audit entry (or a later batch) refused
+            raise Problem(503, "redis-unavailable", str(ex), title="Redis unavailable", headers=headers,
+                          refusal=kind)
         told = "" if req.method in ("GET", "HEAD") else "; nothing was written"
         raise Problem(503, "redis-unavailable", str(unreachable(ex, told)), title="Redis unavailable",
                       headers=headers, refusal=kind)

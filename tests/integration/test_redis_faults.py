@@ -185,3 +185,34 @@ def test_http_words_a_refusal_as_the_client_does_and_says_nothing_was_written(tm
     finally:
         p.stop_all()
         srv.stop()
+
+
+def test_an_action_that_landed_before_its_audit_entry_was_refused_says_it_was_done(tmp_path: Path) -> None:
+    """Under maxmemory, run-now moves a scheduled job (a move Redis takes past the limit),
+    then its audit entry, a second call, is refused. The answer, from the client and over
+    HTTP, says the action was done and its entry not written, never "nothing was
+    written" (it said so while the job had moved)."""
+    falcon_testing = pytest.importorskip("falcon.testing")
+    from runner.web import create_app
+
+    srv = Server(tmp_path / "redis").start()
+    p = make_project(tmp_path / "p", srv)
+    try:
+        r, c = p.runtime.redis, p.client
+        first, second = (c.enqueue("record", {"n": i}, delay=3600).id for i in range(2))
+        web = falcon_testing.TestClient(create_app(p.runtime))
+        r.config_set("maxmemory", "1")
+        try:
+            with pytest.raises(RedisUnavailable) as caught:
+                c.run_now(first, by="ops")
+            resp = web.simulate_post(f"/jobs/{second}/run-now")
+        finally:
+            r.config_set("maxmemory", "0")
+        assert "the action was done" in str(caught.value) and "nothing was written" not in str(caught.value)
+        said = resp.json
+        assert resp.status_code == 503 and said["refusal"] == "OOM", said
+        assert "the action was done" in said["detail"] and "nothing was written" not in said["detail"], said
+        assert c.get(first).status == "queued" and c.get(second).status == "queued"  # both moved
+    finally:
+        p.stop_all()
+        srv.stop()
