@@ -323,17 +323,24 @@ class _Watch:
             except (EOFError, OSError):
                 return self._lost("")
 
+    def _killed(self, outcome: Outcome, now: float) -> None:
+        """The running job's child is killed and the job ends with ``outcome``; the jobs
+        waiting behind it go back (the batch has ended here: None for _enforce)."""
+        current = self.current
+        assert current is not None
+        self.slot.kill()
+        current.finish(outcome, now - self.began)
+        _release(list(self.waiting))
+
     def _enforce(self, now: float) -> float | None:
         """TIMEOUT, an unheeded cancel, a recall and the flags the child must know; how
         long to wait for the next message, or None when the batch has ended here."""
         current, waiting = self.current, self.waiting
         if current is not None:
             if now >= self.deadline:
-                self.slot.kill()
                 timeout = JobTimeout(f"ran past TIMEOUT {current.fn.timeout_s:g} s; its child process was killed "
                                      f"{self.slot.grace_s:g} s later")
-                current.finish(failure(current.fn, current.job, timeout), now - self.began)
-                _release(list(waiting))
+                self._killed(failure(current.fn, current.job, timeout), now)
                 return None
             if current.run.lost and current.flags.lock_lost:
                 # Its lease was reclaimed and its resource or concurrency slot released
@@ -346,22 +353,18 @@ class _Watch:
                     log.warning("job %s: its lease and its resource or concurrency slot were lost; its child "
                                 "process %d is killed", current.job.id, self.child.pid,
                                 extra={"job_id": current.job.id})
-                    self.slot.kill()
                     lost = StaleLease(f"job {current.job.id}: lease lost (reclaimed elsewhere) while its handler "
                                       f"ran; its child process was killed {self.slot.grace_s:g} s later")
-                    current.finish(failure(current.fn, current.job, lost), now - self.began)
-                    _release(list(waiting))
+                    self._killed(failure(current.fn, current.job, lost), now)
                     return None
             if current.flags.cancelled:
                 # Asked to stop: a handler that does not within the grace is killed, and the
                 # job ends cancelled as if it had stopped.
                 self.cancel_seen = self.cancel_seen or now
                 if now - self.cancel_seen > self.slot.grace_s:
-                    self.slot.kill()
-                    current.finish(Dead(reason=CANCELLED, error={"type": "Cancelled", "message": "cancelled; its "
-                                        f"child process was killed {self.slot.grace_s:g} s later"}, refund=False),
-                                   now - self.began)
-                    _release(list(waiting))
+                    self._killed(Dead(reason=CANCELLED, error={"type": "Cancelled", "message": "cancelled; "
+                                             f"its child process was killed {self.slot.grace_s:g} s later"},
+                                             refund=False), now)
                     return None
         elif waiting:
             # Nothing runs, yet jobs wait: the child handed them back, or it started one of

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clusterkit import close_project, shard_project, shards_fixture  # noqa: F401  (the shards fixture)
@@ -64,6 +65,26 @@ class _Pings:
 # test's round trips to a live master. Jobs of 20 ms on 4 executors start every few ms; a
 # worker that waits out the node wait (2 s) on the stalled master spans thousands.
 GAP_ROUND_TRIPS = 400
+
+
+def _quiet_master(p: Project, shards: Any, concurrency: int) -> tuple[Any, list[int], Any, int]:
+    """Three partitions, prefetch 0, the scheduler's passes 10 s apart (none meets the
+    stall: one would mark its master stalled at once, and the claims there would fail at
+    once, never sent); the partitions, their masters' ports, a master to stall that holds
+    neither the home partition (its tags are read every 10 s) nor the roster, and a live
+    master's port."""
+    from runner.store import roster
+
+    p.write_config(vt=10, fast="partitions = 3", concurrency=concurrency, prefetch=0)
+    cfg = p.root / "runner.toml"
+    cfg.write_text(cfg.read_text().replace("scheduler_interval = 0.05", "scheduler_interval = 10"))
+    r = p.runtime.redis
+    parts = p.runtime.parts["fast"]
+    ports = [r.get_node_from_key(k.ready).port for k in parts]
+    assert len(set(ports)) == 3, ports
+    busy = {r.get_node_from_key(p.runtime.keys["fast"].ready).port, r.get_node_from_key(roster.key(p.prefix)).port}
+    stalled = next(s for s in shards if s.port in ports and s.port not in busy)
+    return parts, ports, stalled, next(s.port for s in shards if s is not stalled)
 
 
 @pytest.mark.parametrize("concurrency", [4, 1])
@@ -267,22 +288,10 @@ def test_prefetch_0_starts_live_jobs_sent_one_at_a_time_while_a_claim_waits_on_a
     test's own round trips to a live master (and under half the node wait). Before, the
     claim out held the room of every executor (the worker was idle as it was sent), and
     the live partitions' jobs waited for it to be given up: about 2 s."""
-    from runner.store import roster, routing
+    from runner.store import routing
 
     p = sproject
-    p.write_config(vt=10, fast="partitions = 3", concurrency=4, prefetch=0)
-    # The scheduler's passes 10 s apart: none meets the stall (one would mark its master
-    # stalled at once, and the claims there would fail at once, never sent).
-    cfg = p.root / "runner.toml"
-    cfg.write_text(cfg.read_text().replace("scheduler_interval = 0.05", "scheduler_interval = 10"))
-    r = p.runtime.redis
-    parts = p.runtime.parts["fast"]
-    ports = [r.get_node_from_key(k.ready).port for k in parts]
-    assert len(set(ports)) == 3, ports
-    busy = {r.get_node_from_key(p.runtime.keys["fast"].ready).port, r.get_node_from_key(roster.key(p.prefix)).port}
-    # (neither the home partition's master, which holds the tags read every 10 s, nor the roster's)
-    stalled = next(s for s in shards if s.port in ports and s.port not in busy)
-    live_port = next(s.port for s in shards if s is not stalled)
+    parts, ports, stalled, live_port = _quiet_master(p, shards, concurrency=4)
     keys = (f"k{n}" for n in range(100_000)  # (keyed to a live partition: the producer never meets the stall)
             if ports[routing.partition_of(f"i:record:k{n}", len(parts))] != stalled.port)
     c = p.client
@@ -329,19 +338,10 @@ def test_a_stalled_master_holds_up_no_live_partition_s_settles(sproject: Project
     stall (its socket timeout is 15 s). Either alone left live jobs recorded done about
     2 s late (with the two, 2.6 s in this test; a 20 s stall, 6.5 s at the median and up
     to 17 s)."""
-    from runner.store import roster, routing
+    from runner.store import routing
 
     p = sproject
-    p.write_config(vt=10, fast="partitions = 3", concurrency=8, prefetch=0)
-    cfg = p.root / "runner.toml"  # (no scheduler pass meets the stall: this is the settler's)
-    cfg.write_text(cfg.read_text().replace("scheduler_interval = 0.05", "scheduler_interval = 10"))
-    r = p.runtime.redis
-    parts = p.runtime.parts["fast"]
-    ports = [r.get_node_from_key(k.ready).port for k in parts]
-    assert len(set(ports)) == 3, ports
-    busy = {r.get_node_from_key(p.runtime.keys["fast"].ready).port, r.get_node_from_key(roster.key(p.prefix)).port}
-    stalled = next(s for s in shards if s.port in ports and s.port not in busy)
-    live_port = next(s.port for s in shards if s is not stalled)
+    parts, ports, stalled, live_port = _quiet_master(p, shards, concurrency=8)
     victim = ports.index(stalled.port)
 
     def keyed(live: bool) -> Iterator[str]:
