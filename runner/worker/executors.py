@@ -394,6 +394,12 @@ class Executors:
                         loop = asyncio.new_event_loop()
                     if not self._batch(run, index, pending, known, loop):
                         return  # the stop's sentinel came, or a new thread has this slot
+                    # SystemExit or KeyboardInterrupt out of an async handle_batch escapes
+                    # the loop and leaves the call's outer task pending on it: the next call
+                    # on this loop would raise it again
+                    if loop is not None and asyncio.all_tasks(loop):
+                        _left_behind(loop, run.job.id)
+                        loop = None
                     continue
                 # (a thread function's run, most runs: no look for a child's batch)
                 gathered = self._gather(run, index) if bfn is None or bfn.isolation == "process" else None

@@ -62,6 +62,9 @@ class Renewer:
         # parks with nothing held, so a claim or a start then always wakes it).
         self._poke = threading.Event()
         self._wake_at = math.inf
+        # When the first poke since the last wake-up came: a wake-up that follows it late
+        # (a handler took the GIL right after its claim woke this thread) is late too.
+        self._poked_at = math.inf
         self._down: Away[int] = Away(f"{queue.name} renewer", lambda p: f"partition {{{self.parts[p].tag}}}")
         self._thread = threading.Thread(target=vital(self._loop), name=f"{queue.name}-renew", daemon=True)
 
@@ -70,20 +73,24 @@ class Renewer:
 
     def stop(self) -> None:
         self.stopping.set()
-        self._poke.set()
+        self._wake()
         self._thread.join(timeout=2)
 
     def held(self) -> None:
         """Runs were claimed (the ledger's on_hold): a renewer parked with nothing to renew
         wakes to look after them."""
         if self._wake_at == math.inf:
-            self._poke.set()
+            self._wake()
 
     def expect(self, deadline: float) -> None:
         """A handler started in a thread with this TIMEOUT (monotonic): wake the renewer
         for it if it planned to sleep past it."""
         if deadline < self._wake_at:
-            self._poke.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        self._poked_at = min(self._poked_at, time.monotonic())
+        self._poke.set()
 
     def renew_one(self, job: Claimed) -> bool:
         codes = self.rt.scripts.renew(self.parts[job.partition], [(job.id, job.token)], self.lease_ms)
@@ -142,17 +149,18 @@ class Renewer:
         until a claim pokes (at most PARK_S). Returns (when it meant to wake: a poke's
         wake-up is on time, the next renewal)."""
         self._poke.clear()
+        self._poked_at = math.inf
         self._wake_at = math.inf  # planning: a claim or a start meanwhile pokes
         due = self._due(next_renew)
         if due is None:  # nothing held: parked until a claim
             poked = self._poke.wait(PARK_S)
             woke = time.monotonic()
             # A claim's first renewal comes a period after it, as a lease's always did.
-            return woke, woke + every if poked else next_renew
+            return (min(woke, self._poked_at), woke + every) if poked else (woke, next_renew)
         self._wake_at = due
         poked = self._poke.wait(max(0.0, due - now))
         self._wake_at = math.inf
-        return (time.monotonic() if poked else max(due, now)), next_renew
+        return (min(time.monotonic(), self._poked_at) if poked else max(due, now)), next_renew
 
     def _due(self, next_renew: float) -> float | None:
         """When the next renewal or timeout falls due (monotonic); None with nothing held."""

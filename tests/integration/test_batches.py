@@ -267,6 +267,22 @@ def test_a_base_exception_from_handle_batch_fails_the_batch_not_the_worker(proje
     assert [views[i]["result"] for i in good] == [0, 1, 2] and worker.poll() is None, views
 
 
+def test_an_async_batch_that_exits_leaves_no_stale_task_for_the_next_call(project: Project) -> None:
+    """One executor thread: SystemExit out of an async handle_batch escapes its event loop
+    and leaves the call's outer task pending there; the next batch on that thread runs on a
+    clean loop, not into the old call's SystemExit."""
+    project.write_config(concurrency=1)
+    project.add_function("exiting", EXITING)
+    client = project.client
+    worker = project.spawn_worker("fast")
+    bad = [e.id for e in client.enqueue_many([Request("exiting", {"how": "exit", "n": i}) for i in range(2)])]
+    wait_for(lambda: finished(project, bad), timeout=60, what="the exiting items settled")
+    good = [e.id for e in client.enqueue_many([Request("exiting", {"n": i}) for i in range(3)])]
+    views = wait_for(lambda: finished(project, good), timeout=30, what="the next jobs")
+    assert [views[i]["result"] for i in good] == [0, 1, 2], [v.get("last_error") for v in views.values()]
+    assert worker.poll() is None
+
+
 LOGGING = '''
 QUEUE = "fast"
 ISOLATION = "{isolation}"

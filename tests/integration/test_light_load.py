@@ -281,3 +281,41 @@ def test_a_set_damaged_while_a_job_runs_costs_it_nothing(project: Project) -> No
     wait_for(lambda: c.get(job).status == "done", timeout=30, what="the job retried and done")
     assert c.get(job).as_dict()["attempt"] == 2
     assert r.get(k.scheduled + ":corrupt") == "clobbered"
+
+
+def _gil_hold_s(n: int) -> float:
+    t = time.monotonic()
+    re.match(r"(a+)+$", "a" * n + "b")  # one C call: the GIL held throughout
+    return time.monotonic() - t
+
+
+def test_a_gil_hold_that_begins_as_a_claim_wakes_the_renewer_is_reported_late(
+        project: Project, caplog: pytest.LogCaptureFixture) -> None:
+    """The renewer parks with nothing held; a claim pokes it, and the handler takes the GIL
+    before the renewer's thread could run. Its wake-up then came seconds after the poke:
+    late, and said so (it counted a poked wake-up as on time, and said nothing)."""
+    n = 16
+    while _gil_hold_s(n) < 1.4:  # (each "a" more about doubles it)
+        n += 1
+    rt = project.runtime
+    q = rt.config.queues["fast"]
+    project.client.enqueue("noop", {})
+    ledger = Ledger(q.concurrency, 4, 1)
+    fetcher = Fetcher(rt, q, ledger, stdqueue.SimpleQueue(), stdqueue.SimpleQueue(), "w-gil")
+    renewer = Renewer(rt, q, ledger)
+    renewer.start()
+    try:
+        time.sleep(0.2)  # parked: nothing held
+        assert fetcher.claim(1, 1) == (1, 0)
+        (run,) = ledger.renewable()
+        with ledger.lock:
+            run.thread_id = threading.get_ident()
+        with caplog.at_level("WARNING", logger="runner.worker"):
+            renewer.held()
+            held = _gil_hold_s(n)
+            wait_for(lambda: any("lease renewal ran" in r.getMessage() for r in caplog.records),
+                     timeout=5, what=f"the late warning after a {held:.1f} s GIL hold")
+    finally:
+        renewer.stop()
+    msg = next(r.getMessage() for r in caplog.records if "lease renewal ran" in r.getMessage())
+    assert 'ISOLATION = "process"' in msg, msg
