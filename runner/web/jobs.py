@@ -26,6 +26,7 @@ from runner.errors import (
 from runner.store import codec
 from runner.store.listing import LISTED
 from runner.store.records import ENDED
+from runner.store.refusals import refusal, unreachable
 from runner.store.steps import MAX_STEP_BYTES, VALUE_DEPTH, check_signal_name
 from runner.web.auth import caller
 from runner.web.body import int_param, only_params, read_json, seconds_param, send
@@ -322,8 +323,14 @@ def part_way(req: falcon.asgi.Request, exc: RedisUnavailable, what: str = "jobs"
     if unknown:
         told += (f", {len(unknown)} unknown (in flight when the connection went: they may have been "
                  "written; send them again only if the function has an IDEMPOTENCY_KEY)")
-    return Problem(503, "redis-unavailable",
-                   f"Redis {'went away' if unknown else 'refused writes'} part-way through {where}: {told}. "
-                   f"Each entry of '{what}' says which (its 'outcome'); retry shortly with those not written.",
-                   title="Redis unavailable", headers={"Retry-After": "1"},
-                   **{what: jobs, "undetermined": sorted(unknown), **(extra or {})})
+    each = f"Each entry of '{what}' says which (its 'outcome')"
+    kind = None if unknown else refusal(exc)
+    if kind is not None:  # Redis answered and refused: its kind and its next step, as a single call's 503
+        detail = (f"{unreachable(exc, f'; part-way through {where}, {told}')}. "
+                  f"{each}: send only those not written again.")
+    else:
+        detail = (f"Redis {'went away' if unknown else 'refused writes'} part-way through {where}: {told}. "
+                  f"{each}; retry shortly with those not written.")
+    return Problem(503, "redis-unavailable", detail, title="Redis unavailable", headers={"Retry-After": "1"},
+                   **{what: jobs, "undetermined": sorted(unknown), **(extra or {}),
+                      **({"refusal": kind} if kind is not None else {})})

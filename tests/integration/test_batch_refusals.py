@@ -42,6 +42,10 @@ def test_a_batch_refused_part_way_says_which_jobs_were_written(tmp_path: Path) -
             assert {j["id"] for j in jobs if j["outcome"] == "written"} == held
             assert {j["outcome"] for j in jobs} == {"written", "not_written"}
             assert answer["undetermined"] == []
+            # Redis's refusal named as a single enqueue's 503 names it: its kind, and the
+            # next step for maxmemory
+            assert answer["refusal"] == "OOM", answer
+            assert "maxmemory" in answer["detail"] and "raise maxmemory" in answer["detail"], answer["detail"]
     finally:
         srv.stop(kill=True)
 
@@ -101,5 +105,7 @@ def test_a_group_refused_part_way_says_which_members_were_written(tmp_path: Path
             assert len(members) == 3000
             assert {m["id"] for m in members if m["outcome"] == "written"} == held
             assert {m["outcome"] for m in members} == {"written", "not_written"}
+            assert answer["refusal"] == "OOM", answer
+            assert "raise maxmemory" in answer["detail"], answer["detail"]
     finally:
         srv.stop(kill=True)
