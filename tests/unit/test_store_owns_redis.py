@@ -647,6 +647,9 @@ def commands(source: str, facts: Facts | None = None, module: str = "") -> list[
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in HANDED_ON \
                 and not (isinstance(node.func.value, ast.Name) and node.func.value.id in imported):
             out.append((node.lineno, ast.unparse(node)))
+        if isinstance(node, ast.Attribute) and node.attr in HANDED_ON and isinstance(node.ctx, ast.Load) \
+                and node not in called and not (isinstance(node.value, ast.Name) and node.value.id in imported):
+            out.append((node.lineno, ast.unparse(node)))  # taken uncalled: kept, or handed on
         if isinstance(node, (ast.Tuple, ast.List)) and _raw_command(node):
             out.append((node.lineno, ast.unparse(node)))
         if isinstance(node, ast.Call) and _name(node.func) == "getattr" and len(node.args) >= 2:
@@ -757,7 +760,8 @@ def test_the_walk_sees_a_command_and_not_a_lookalike() -> None:
 
 def test_the_walk_sees_a_command_handed_to_the_script_transport() -> None:
     """The script transport's pass-throughs send the command they are given (keyless,
-    pipelined, blocking, behind): a call of one is a command, wherever it is made. So is
+    pipelined, blocking, behind): a call of one is a command, wherever it is made, and so
+    is one taken uncalled (a bound method kept or handed on, as ``send = sc.keyless``). So is
     a raw command built as words for it or for a gathered round trip (``("LLEN",
     k.outbox)``: a command name, then a key); a tuple of constants only (``("GET",
     "HEAD")``, HTTP methods) is not."""
@@ -769,9 +773,12 @@ def test_the_walk_sees_a_command_handed_to_the_script_transport() -> None:
         "    sc.blocking(('BLPOP', k, '1'), [k])\n"
         "    sc.behind(block, 'claim', keys, args)\n"
         "    calls = [sc.promote_call(k, 1), ('LLEN', k.outbox)]\n"
+        "    send = sc.keyless\n"
+        "    send('FLUSHALL')\n"
+        "    offload(partial(rt.scripts.pipelined, [('SET', k, 'v')]))\n"
         "    return sc.gather(calls)\n"
     )
-    assert [line for line, _ in commands(bad)] == [2, 3, 3, 5, 5, 6, 7]
+    assert [line for line, _ in commands(bad)] == [2, 3, 3, 5, 5, 6, 7, 8, 10, 10]
     fine = (
         "from runner.catalog import checks\n"
         "def f(req, sc, k):\n"
