@@ -647,7 +647,7 @@ class Child:
             _enqueue=lambda type_, payload, **options: self.enqueue(token, type_, payload, **options),
             _group=lambda group_id: self.group_outcomes(token, group_id),
             _max_bytes=max_result, _log_bounds=tuple(msg.get("log_bounds") or (0, 0)),
-            _made=lambda logger: self._logger_made(ctx, logger),
+            _made=self._logger_made,
         )
         ctx._own = self.memory
         ctx._new_journal = functools.partial(self.journal_for, job, flags, lease_s,

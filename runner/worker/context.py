@@ -130,7 +130,10 @@ class Context:
     # What makes ctx.logger at its first use, and the step log at the first durable call
     # (a job that makes none builds neither; the journal's owner is the thread that
     # built the context, which runs the handler).
-    _new_logger: Callable[[], logging.LoggerAdapter[logging.Logger]] | None = field(default=None, repr=False)
+    # (Both are handed the context, never close over it: a closure holding the context it
+    # is stored in is a reference cycle, a job's whole context left to the cyclic
+    # collector, whose passes then cost a thread-mode job a tenth of its instructions.)
+    _new_logger: Callable[[Context], logging.LoggerAdapter[logging.Logger]] | None = field(default=None, repr=False)
     _new_journal: Callable[[], Journal] | None = field(default=None, repr=False)
 
     @property
@@ -141,7 +144,7 @@ class Context:
             with _MAKING:  # (a handler's threads may all log first at once: one logger)
                 got = self._logger
                 if got is None:
-                    got = self._logger = self._new_logger() if self._new_logger is not None else \
+                    got = self._logger = self._new_logger(self) if self._new_logger is not None else \
                         logging.LoggerAdapter(logging.getLogger("runner.job"), {"job_id": self.job_id})
         return got
 
@@ -431,16 +434,17 @@ def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, *,
             _flags: Flags | None = None, _progress: Callable[[Any], None] | None = None,
             _enqueue: Callable[..., Any] | None = None, _group: Callable[[str], list[Any]] | None = None,
             _max_bytes: int = MAX_RESULT_BYTES, _log_bounds: tuple[int, int] = (0, 0),
-            _made: Callable[[JobLogger], None] | None = None) -> Context:
+            _made: Callable[[Context, JobLogger], None] | None = None) -> Context:
     """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in
     an isolated child alike; the hooks are the ones that differ there. ``_log_bounds``:
     the job's log (lines, bytes), whose ctx.logger keeps its lines (0 lines: none kept);
-    ``_made`` is told of that logger when the handler first uses it (none: never made)."""
+    ``_made`` is told of that logger (and its context) when the handler first uses it
+    (none: never made)."""
 
-    def new_logger() -> JobLogger:
+    def new_logger(ctx: Context) -> JobLogger:
         made = JobLogger(logger, {"job_id": job.id, "type": job.type, "attempt": job.attempt}, *_log_bounds)
         if _made is not None:
-            _made(made)
+            _made(ctx, made)
         return made
 
     # Positional, in the field order: one per job, and keywords cost twice the rest.

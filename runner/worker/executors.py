@@ -916,7 +916,7 @@ class Executors:
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
             _group=lambda group_id: self._client().group_outcomes(group_id),
             _max_bytes=max_result, _log_bounds=self._log_bounds,
-            _made=lambda logger: self._logger_made(run, ctx, logger),
+            _made=lambda ctx, logger: self._logger_made(run, ctx, logger),
         )
         part = self.parts[job.partition]
         owner = threading.get_ident()  # (the step log's: this thread runs the handler)

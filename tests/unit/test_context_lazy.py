@@ -20,7 +20,8 @@ from runner.worker.journal import Journal
 
 def _ctx(made: list[JobLogger]) -> Context:
     job = Claimed("j1", "t1", 1, "noop", "1", "{}", 3, "", "", 1, 1, "", "fast", 1, steps=0)
-    return for_job(job, 1, 10.0, logging.getLogger("runner.job"), _log_bounds=(10, 10_000), _made=made.append)
+    return for_job(job, 1, 10.0, logging.getLogger("runner.job"), _log_bounds=(10, 10_000),
+                   _made=lambda ctx, logger: made.append(logger))
 
 
 def test_a_logger_is_made_at_its_first_use_and_once_whatever_the_threads() -> None:
