@@ -90,6 +90,92 @@ def default_signals_after_fork(own_group: bool = False) -> None:
     os.register_at_fork(after_in_child=reset)
 
 
+# Processes a thread handler starts by fork and exec (multiprocessing's "spawn" and
+# "forkserver" start methods, ProcessPoolExecutor with either; the forkserver itself is
+# started so, and its forks inherit its group) run no at-fork hook, so the reset above
+# never puts them in a group of their own: a stop's SIGTERM to the worker's group killed
+# them at once, and their handler's work with them, though the worker gives it the grace
+# period. They are started in one group apart (multiprocessing.util.spawnv_passfds, the
+# one call every such start goes through, wrapped) led by a sentry that kills the group
+# when the worker dies, however it dies: in the worker's group they died only with a
+# kill of that whole group, and a worker SIGKILLed alone left them running for good.
+_spawn_group_lock = threading.Lock()
+_spawn_sentry: subprocess.Popen[bytes] | None = None
+_spawn_sentry_w = -1
+_spawn_unguarded = False
+
+
+def _spawn_group() -> int:
+    """The group a process spawned for a thread handler joins (its sentry's pid, the
+    sentry started or restarted as needed); -1: the worker's own (no shell to run)."""
+    global _spawn_sentry, _spawn_sentry_w, _spawn_unguarded
+    with _spawn_group_lock:
+        if _spawn_sentry is not None and _spawn_sentry.poll() is None:
+            return _spawn_sentry.pid
+        if _spawn_unguarded:
+            return -1
+        if _spawn_sentry_w >= 0:
+            os.close(_spawn_sentry_w)
+            _spawn_sentry_w = -1
+        read_fd, write_fd = os.pipe()
+        try:
+            sentry = subprocess.Popen([SENTRY_SHELL, "-c", "trap '' TERM INT; read x; kill -KILL 0"], stdin=read_fd,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+        except OSError as exc:
+            os.close(write_fd)
+            _spawn_unguarded = True
+            log.warning("no sentry for the processes thread handlers spawn (%s: %s): they stay in the worker's "
+                        "process group, and a stop's SIGTERM to that group stops them", SENTRY_SHELL, exc)
+            return -1
+        finally:
+            os.close(read_fd)
+        with _known_lock:
+            _known.add(sentry.pid)
+        _spawn_sentry, _spawn_sentry_w = sentry, write_fd
+        return sentry.pid
+
+
+def _spawnv_passfds(path: str, args: list[str], passfds: Any) -> int:
+    """multiprocessing.util.spawnv_passfds (3.11 to 3.13, the same call) with the child
+    put in the spawn group (_spawn_group) as it starts."""
+    import _posixsubprocess
+
+    group = _spawn_group()
+    passfds = tuple(sorted(map(int, passfds)))
+    errpipe_read, errpipe_write = os.pipe()
+    try:
+        fork_exec: Any = _posixsubprocess.fork_exec  # (typeshed's stub wants a cwd and a preexec_fn)
+        pid: int = fork_exec(
+            args, [path], True, passfds, None, None,
+            -1, -1, -1, -1, -1, -1, errpipe_read, errpipe_write,
+            False, False, group, None, None, None, -1, None,
+            subprocess._USE_VFORK)
+        return pid
+    finally:
+        os.close(errpipe_read)
+        os.close(errpipe_write)
+
+
+def spawn_apart() -> None:
+    """Start what thread handlers spawn (multiprocessing's spawn and forkserver) outside
+    the worker's process group, in one guarded by a sentry (see _spawn_group). A fork of
+    this process drops its copy of the sentry's pipe, which would keep the sentry from
+    seeing this process die; what the fork spawns gets a sentry of its own."""
+    import multiprocessing.util
+
+    if sys.platform.startswith("linux") and (3, 11) <= sys.version_info[:2] <= (3, 13):
+        multiprocessing.util.spawnv_passfds = _spawnv_passfds  # type: ignore[assignment]
+
+        def forget() -> None:
+            global _spawn_sentry, _spawn_sentry_w
+            if _spawn_sentry_w >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(_spawn_sentry_w)
+                _spawn_sentry_w = -1
+            _spawn_sentry = None
+        os.register_at_fork(after_in_child=forget)
+
+
 # The thread every child is started from (see the module docstring). Created at the
 # first child, never shut down: its lifetime is the process's.
 _spawner: concurrent.futures.ThreadPoolExecutor | None = None
