@@ -60,7 +60,7 @@ from runner.worker.execute import (
 )
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
-from runner.worker.isolation import EXITED, ExecutorCrashed, Generations, describe_exit
+from runner.worker.isolation import EXITED, ExecutorCrashed, Generations, Superseded, describe_exit
 from runner.worker.joblog import JobLogger, batch_loggers, skew_ms
 from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
@@ -138,6 +138,8 @@ class Executors:
                 slot.warm(gen)
             except OSError as exc:
                 log.warning("%s: could not start a child process: %s", self.q.name, exc)
+            except Superseded:  # (reloaded meanwhile: the next job starts the child)
+                return
 
     def _spawn(self, index: int) -> None:
         t = threading.Thread(target=vital(lambda: self._loop(index)), name=f"{self.q.name}-exec-{index}",
@@ -727,7 +729,12 @@ class Executors:
                 # Seconds of imports: every member's claim is held in the wait (those
                 # claimed ahead are already), so a worker killed there charges none.
                 self._hold_all(runs)
-                slot.warm(generation)
+                try:
+                    slot.warm(generation)
+                except Superseded:  # reloaded twice since the batch was taken: back, for the code of now
+                    for r in runs:
+                        self._settle_unrun(r, Release())
+                    return
                 child = slot.child
                 assert child is not None
                 if not child.wait_ready(stop=self.releasing.is_set):

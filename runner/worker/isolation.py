@@ -569,6 +569,11 @@ class ChildProcess:
             return False
 
 
+class Superseded(Exception):
+    """A child asked for a generation of the functions whose code is no longer kept (two
+    reloads since): the job goes back, to run under the code loaded now."""
+
+
 class Generations:
     """The functions' generation, for a child to say which code it runs: a number that
     changes with each registry (a reload in `runner dev`). A counter, not the registry's
@@ -579,7 +584,11 @@ class Generations:
         self._last: registry_mod.Registry | None = None
         self._n = 0
         self._lock = threading.Lock()
-        self._code: dict[int, int] = {}  # generation -> its code's descriptor (code)
+        # The last two generations' registries (a child may be asked for the one before
+        # the newest: a reload landed between an executor's look and its child's start),
+        # and the descriptor of each one's code once a child needed it.
+        self._registries: dict[int, registry_mod.Registry] = {}
+        self._code: dict[int, int] = {}
 
     def of(self, registry: registry_mod.Registry) -> int:
         if registry is self._last:  # every job but the first after a reload
@@ -587,26 +596,35 @@ class Generations:
         with self._lock:
             if registry is not self._last:
                 self._last, self._n = registry, self._n + 1
+                self._registries[self._n] = registry
+                for g in [g for g in self._registries if g < self._n - 1]:
+                    del self._registries[g]
+                    if g in self._code:
+                        os.close(self._code.pop(g))
             return self._n
 
     def code(self, generation: int) -> int:
         """A descriptor holding the bytes of the function files this generation's registry
         loaded, for a child to load (child.py) instead of the files, which may have changed
-        or broken since: a child started later (after a crash, a kill, a recycle) runs what
-        its worker loaded, and only a reload brings a new version in. -1: none (no memfd
-        on this platform; the child reads the files). The last two generations' are kept
-        (a child asked for just before a reload)."""
+        or broken since: a child started later (after a crash, a kill, a recycle, or a
+        reload that landed just before its start) runs what its worker loaded for it, and
+        only a reload brings a new version in. -1: none (functions made in code, or no
+        memfd on this platform; the child reads the files). Superseded: a generation two
+        reloads old, whose code is no longer kept."""
         with self._lock:
             fd = self._code.get(generation)
-            last = self._last
-            files = registry_mod.code(last) if fd is None and generation == self._n and last is not None else None
-            if files is not None:
-                fd = _code_fd(files)
-                if fd >= 0:
-                    self._code[generation] = fd
-                for g in [g for g in self._code if g < generation - 1]:
-                    os.close(self._code.pop(g))
-            return -1 if fd is None else fd
+            if fd is not None:
+                return fd
+            registry = self._registries.get(generation)
+            if registry is None:
+                raise Superseded(f"the functions were reloaded twice since generation {generation} was loaded")
+            files = registry_mod.code(registry)
+            if files is None:
+                return -1
+            fd = _code_fd(files)
+            if fd >= 0:
+                self._code[generation] = fd
+            return fd
 
 
 def _code_fd(files: dict[str, bytes]) -> int:
