@@ -263,22 +263,39 @@ def handle(payload, ctx):
 '''
 
 
-@pytest.mark.parametrize(("method", "kind"), [("spawn", "pool"), ("forkserver", "executor")])
+@pytest.mark.parametrize(("method", "kind", "under"), [("spawn", "pool", "killpg"),
+                                                      ("forkserver", "executor", "killpg"),
+                                                      ("spawn", "executor", "honcho")])
 def test_a_thread_handlers_spawned_pool_goes_on_through_a_stop_to_the_workers_group(
-        project: Project, method: str, kind: str) -> None:
+        project: Project, method: str, kind: str, under: str) -> None:
     """A thread handler whose work runs in a "spawn" Pool or a "forkserver"
     ProcessPoolExecutor, and a stop's SIGTERM to the worker's process group 1 s into its
-    3 s of work: the pool's processes (started by fork and exec, which runs no at-fork
-    hook) were in the worker's group and died at once, and the job with them; they are
-    in a group of their own now, so the job is done within the grace period, run once."""
+    3 s of work (``kill -TERM -- -PGID``, or honcho stopping the Procfile's worker): the
+    pool's processes (started by fork and exec, which runs no at-fork hook) were in the
+    worker's group and died at once, and the job with them; they are in a group of their
+    own now, so the job is done within the grace period, run once."""
     project.add_function("spawned", SPAWNED)
     project.write_config(vt=5, grace=10, concurrency=1, prefetch=0, max_attempts=1)
     job = project.client.enqueue("spawned", {"method": method, "kind": kind}).id
-    w = spawn_leader(project, "fast")
+    if under == "honcho":
+        (project.root / "Procfile").write_text("worker: runner worker --queue fast\n")
+        env = {**project.env, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+               "RUNNER_CONFIG": str(project.root / "runner.toml")}
+        log = project.root / "honcho.log"
+        w = subprocess.Popen([sys.executable, "-m", "honcho", "start", "worker"], cwd=project.root, env=env,
+                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        project.procs.append(w)
+    else:
+        w = spawn_leader(project, "fast")
     wait_for(lambda: project.runs(job), timeout=60, what="the pool to start")
     time.sleep(1.0)  # into the pool's work
-    os.killpg(w.pid, signal.SIGTERM)
-    assert w.wait(timeout=30) == 0
+    if under == "honcho":
+        w.send_signal(signal.SIGTERM)
+        w.wait(timeout=30)
+        assert "SIGKILL" not in log.read_text(errors="replace")
+    else:
+        os.killpg(w.pid, signal.SIGTERM)
+        assert w.wait(timeout=30) == 0
     final = rec(project, job)
     assert final["status"] == "done" and final["attempt"] == 1, final
     assert final["result"] == {"naps": 2}, final
