@@ -89,6 +89,12 @@ class BatchJob:
         """Someone asked this item's job to stop (its failure then ends it cancelled)."""
         return self._flags.cancelled
 
+    @property
+    def lock_lost(self) -> bool:
+        """This item's lease was taken back with its CONCURRENCY slot (a worker stopped past
+        its lease): another job of that limit, or this item's own retry, may run now."""
+        return self._flags.lock_lost
+
 
 # What ctx offers a single job and not a batch: each refused with what to do instead.
 _ONE_JOB = {
@@ -115,7 +121,6 @@ _ONE_JOB = {
     "group_outcomes": "groups' outcomes are read by one job; read them with a runner.Client",
     "progress": "progress is one job's; a batch reports none (log it with ctx.logger)",
     "stream": "a stream is one job's; a batch has none (log it with ctx.logger)",
-    "lock_lost": "BATCH functions take no RESOURCE_KEY",
     "traceparent": "a batch has no single producer's trace context",
 }
 
@@ -162,6 +167,13 @@ class BatchContext:
         if self.cancelled:
             raise Cancelled("every job of the batch was cancelled")
 
+    @property
+    def lock_lost(self) -> bool:
+        """True once any item's lease was taken back with its CONCURRENCY slot (as
+        ctx.lock_lost of one job; ctx.jobs[i].lock_lost says which): the call runs beside
+        what may hold those slots now, and should stop."""
+        return any(j.lock_lost for j in self.jobs)
+
     def extend_lease(self) -> None:
         """Renew every item's lease now (they are also renewed in the background)."""
         from runner.errors import StaleLease
@@ -172,8 +184,8 @@ class BatchContext:
     def __getattr__(self, name: str) -> Any:
         why = _ONE_JOB.get(name)
         if why is None:
-            raise AttributeError(f"handle_batch's ctx has no {name!r}; it has type, version, queue, jobs, "
-                                 "deadline, remaining_s, logger, cancelled, raise_if_cancelled, extend_lease")
+            raise AttributeError(f"handle_batch's ctx has no {name!r}; it has type, version, queue, jobs, deadline, "
+                                 "remaining_s, logger, cancelled, raise_if_cancelled, lock_lost, extend_lease")
         raise NotInBatch(f"ctx.{name} in handle_batch: {why}")
 
 

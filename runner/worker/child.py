@@ -394,6 +394,9 @@ class Child:
                     self.flags_of.pop(t, None)
             self.send({"op": "recalled", "tokens": tokens})
         elif op == "batch":  # one handle_batch call over its jobs (executors._batch_in_child)
+            with self.lock:  # (a "flag" may follow at once: the call's ctx sees it from its start)
+                for job in msg["jobs"]:
+                    self.flags_of[job[1]] = Flags()
             self.batches.put(msg)
             self.wake.put("batch")
         elif op == "exit":
@@ -541,8 +544,9 @@ class Child:
         kept: list[list[str]] = [[] for _ in jobs]  # each job's log lines, for its worker to settle with it
         dropped = [0 for _ in jobs]  # and how many its flood lost here (its marker counts them)
         if fn is not None and live:
-            flags = [Flags() for _ in live]
             claimed = [jobs[i] for i in live]
+            with self.lock:  # (told by the parent: a lost lock, a cancel; see _take)
+                flags = [self.flags_of.get(j.token) or Flags() for j in claimed]
             bounds = tuple(msg.get("log_bounds") or (0, 0))
             members, shared = batch_loggers(log, fn.name, [(j.id, j.attempt) for j in claimed],
                                             (int(bounds[0]), int(bounds[1])))
@@ -583,6 +587,9 @@ class Child:
                 m.echo_end()  # (how many of its lines, and the batch's, its flood kept from the output)
                 kept[i], dropped[i] = m.buf.take_counted() if m.buf is not None else ([], 0)
             flush_held()  # (its lines echoed to this child's output, ahead of its end)
+        with self.lock:
+            for job in jobs:
+                self.flags_of.pop(job.token, None)
         self.jobs += len(jobs)
         left = self.threads_left()
         procs = self.processes_left() if not left else 0

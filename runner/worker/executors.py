@@ -34,6 +34,7 @@ from runner.errors import (
     JobTimeout,
     RunnerError,
     SignalPending,
+    StaleLease,
     describe,
     refusal_record,
 )
@@ -59,7 +60,7 @@ from runner.worker.execute import (
 )
 from runner.worker.execute import run as run_handler
 from runner.worker.faults import fault
-from runner.worker.isolation import EXITED, ExecutorCrashed, Generations, describe_exit
+from runner.worker.isolation import EXITED, ExecutorCrashed, Generations, Superseded, describe_exit
 from runner.worker.joblog import JobLogger, batch_loggers, skew_ms
 from runner.worker.journal import Journal
 from runner.worker.ledger import START, Ledger, Release, Run, Settlement
@@ -137,6 +138,8 @@ class Executors:
                 slot.warm(gen)
             except OSError as exc:
                 log.warning("%s: could not start a child process: %s", self.q.name, exc)
+            except Superseded:  # (reloaded meanwhile: the next job starts the child)
+                return
 
     def _spawn(self, index: int) -> None:
         t = threading.Thread(target=vital(lambda: self._loop(index)), name=f"{self.q.name}-exec-{index}",
@@ -714,7 +717,10 @@ class Executors:
         """One handle_batch call in slot ``index``'s child: the batch goes in one message,
         the items' outcomes come back in one (child.py). Past TIMEOUT plus the grace the
         child is killed and every member fails as a timeout; a child that dies fails every
-        member as an executor crash. Cancels reach the call only before it starts."""
+        member as an executor crash. The members' flags reach the call's ctx as they change
+        (a cancel: ctx.jobs[i].cancelled; a lease lost with its CONCURRENCY slot:
+        ctx.lock_lost), and a call whose members' slots went with their leases is killed
+        the grace later, as a single job's (slot._Watch)."""
         runs = [r for r, _ in live]
         slot, generation = self._slots[index], self._generations.of(self.rt.registry)
         try:
@@ -723,7 +729,12 @@ class Executors:
                 # Seconds of imports: every member's claim is held in the wait (those
                 # claimed ahead are already), so a worker killed there charges none.
                 self._hold_all(runs)
-                slot.warm(generation)
+                try:
+                    slot.warm(generation)
+                except Superseded:  # reloaded twice since the batch was taken: back, for the code of now
+                    for r in runs:
+                        self._settle_unrun(r, Release())
+                    return
                 child = slot.child
                 assert child is not None
                 if not child.wait_ready(stop=self.releasing.is_set):
@@ -750,6 +761,8 @@ class Executors:
         outcomes: list[Outcome] | None = None
         run_s = 0.0
         began = False
+        told: dict[str, tuple[bool, bool, float]] = {}  # the flags each member's child was told last
+        lost_seen = 0.0  # when a member's lease was first seen lost with its slot (0: not yet)
         try:
             child.send({"op": "batch", "jobs": [r.job.as_row() for r in runs], **self._extra(leader.job)})
             fault("mid_handler")
@@ -786,6 +799,26 @@ class Executors:
                                       f"{self.grace_s:g} s later")
                     outcomes, run_s = [failure(fn, r.job, late) for r in runs], now - t0
                     break
+                if any(r.lost and r.flags.lock_lost for r in runs):
+                    # A member's lease was reclaimed and its CONCURRENCY slot released with
+                    # it: another job of the limit, or the member's own retry, may run now.
+                    # The call sees ctx.lock_lost (told below); one that does not stop
+                    # within the grace is killed rather than run on beside them.
+                    lost_seen = lost_seen or now
+                    if now - lost_seen > self.grace_s:
+                        log.warning("a batch of %d job(s) of %s: their leases and concurrency slots were lost; its "
+                                    "child process %d is killed", len(runs), fn.name, child.pid)
+                        slot.kill()
+                        lost = StaleLease(f"lease lost (reclaimed elsewhere) while its batch's call ran; its child "
+                                          f"process was killed {self.grace_s:g} s later")
+                        outcomes, run_s = [failure(fn, r.job, lost) for r in runs], now - t0
+                        break
+                for r in runs:
+                    flags = (r.flags.lock_lost, r.flags.cancelled, r.flags.lease_until)
+                    if flags != told.get(r.job.token, (False, False, 0.0)):
+                        told[r.job.token] = flags
+                        child.send({"op": "flag", "token": r.job.token, "lock_lost": flags[0],
+                                    "cancelled": flags[1], "lease_until": flags[2]})
                 seen = child.wait(min(0.1, deadline - now))
                 if seen == EXITED:
                     raise EOFError

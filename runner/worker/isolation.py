@@ -90,6 +90,92 @@ def default_signals_after_fork(own_group: bool = False) -> None:
     os.register_at_fork(after_in_child=reset)
 
 
+# Processes a thread handler starts by fork and exec (multiprocessing's "spawn" and
+# "forkserver" start methods, ProcessPoolExecutor with either; the forkserver itself is
+# started so, and its forks inherit its group) run no at-fork hook, so the reset above
+# never puts them in a group of their own: a stop's SIGTERM to the worker's group killed
+# them at once, and their handler's work with them, though the worker gives it the grace
+# period. They are started in one group apart (multiprocessing.util.spawnv_passfds, the
+# one call every such start goes through, wrapped) led by a sentry that kills the group
+# when the worker dies, however it dies: in the worker's group they died only with a
+# kill of that whole group, and a worker SIGKILLed alone left them running for good.
+_spawn_group_lock = threading.Lock()
+_spawn_sentry: subprocess.Popen[bytes] | None = None
+_spawn_sentry_w = -1
+_spawn_unguarded = False
+
+
+def _spawn_group() -> int:
+    """The group a process spawned for a thread handler joins (its sentry's pid, the
+    sentry started or restarted as needed); -1: the worker's own (no shell to run)."""
+    global _spawn_sentry, _spawn_sentry_w, _spawn_unguarded
+    with _spawn_group_lock:
+        if _spawn_sentry is not None and _spawn_sentry.poll() is None:
+            return _spawn_sentry.pid
+        if _spawn_unguarded:
+            return -1
+        if _spawn_sentry_w >= 0:
+            os.close(_spawn_sentry_w)
+            _spawn_sentry_w = -1
+        read_fd, write_fd = os.pipe()
+        try:
+            sentry = subprocess.Popen([SENTRY_SHELL, "-c", "trap '' TERM INT; read x; kill -KILL 0"], stdin=read_fd,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+        except OSError as exc:
+            os.close(write_fd)
+            _spawn_unguarded = True
+            log.warning("no sentry for the processes thread handlers spawn (%s: %s): they stay in the worker's "
+                        "process group, and a stop's SIGTERM to that group stops them", SENTRY_SHELL, exc)
+            return -1
+        finally:
+            os.close(read_fd)
+        with _known_lock:
+            _known.add(sentry.pid)
+        _spawn_sentry, _spawn_sentry_w = sentry, write_fd
+        return sentry.pid
+
+
+def _spawnv_passfds(path: str, args: list[str], passfds: Any) -> int:
+    """multiprocessing.util.spawnv_passfds (3.11 to 3.13, the same call) with the child
+    put in the spawn group (_spawn_group) as it starts."""
+    import _posixsubprocess
+
+    group = _spawn_group()
+    passfds = tuple(sorted(map(int, passfds)))
+    errpipe_read, errpipe_write = os.pipe()
+    try:
+        fork_exec: Any = _posixsubprocess.fork_exec  # (typeshed's stub wants a cwd and a preexec_fn)
+        pid: int = fork_exec(
+            args, [path], True, passfds, None, None,
+            -1, -1, -1, -1, -1, -1, errpipe_read, errpipe_write,
+            False, False, group, None, None, None, -1, None,
+            subprocess._USE_VFORK)
+        return pid
+    finally:
+        os.close(errpipe_read)
+        os.close(errpipe_write)
+
+
+def spawn_apart() -> None:
+    """Start what thread handlers spawn (multiprocessing's spawn and forkserver) outside
+    the worker's process group, in one guarded by a sentry (see _spawn_group). A fork of
+    this process drops its copy of the sentry's pipe, which would keep the sentry from
+    seeing this process die; what the fork spawns gets a sentry of its own."""
+    import multiprocessing.util
+
+    if sys.platform.startswith("linux") and (3, 11) <= sys.version_info[:2] <= (3, 13):
+        multiprocessing.util.spawnv_passfds = _spawnv_passfds  # type: ignore[assignment]
+
+        def forget() -> None:
+            global _spawn_sentry, _spawn_sentry_w
+            if _spawn_sentry_w >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(_spawn_sentry_w)
+                _spawn_sentry_w = -1
+            _spawn_sentry = None
+        os.register_at_fork(after_in_child=forget)
+
+
 # The thread every child is started from (see the module docstring). Created at the
 # first child, never shut down: its lifetime is the process's.
 _spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -483,6 +569,11 @@ class ChildProcess:
             return False
 
 
+class Superseded(Exception):
+    """A child asked for a generation of the functions whose code is no longer kept (two
+    reloads since): the job goes back, to run under the code loaded now."""
+
+
 class Generations:
     """The functions' generation, for a child to say which code it runs: a number that
     changes with each registry (a reload in `runner dev`). A counter, not the registry's
@@ -493,7 +584,11 @@ class Generations:
         self._last: registry_mod.Registry | None = None
         self._n = 0
         self._lock = threading.Lock()
-        self._code: dict[int, int] = {}  # generation -> its code's descriptor (code)
+        # The last two generations' registries (a child may be asked for the one before
+        # the newest: a reload landed between an executor's look and its child's start),
+        # and the descriptor of each one's code once a child needed it.
+        self._registries: dict[int, registry_mod.Registry] = {}
+        self._code: dict[int, int] = {}
 
     def of(self, registry: registry_mod.Registry) -> int:
         if registry is self._last:  # every job but the first after a reload
@@ -501,26 +596,35 @@ class Generations:
         with self._lock:
             if registry is not self._last:
                 self._last, self._n = registry, self._n + 1
+                self._registries[self._n] = registry
+                for g in [g for g in self._registries if g < self._n - 1]:
+                    del self._registries[g]
+                    if g in self._code:
+                        os.close(self._code.pop(g))
             return self._n
 
     def code(self, generation: int) -> int:
         """A descriptor holding the bytes of the function files this generation's registry
         loaded, for a child to load (child.py) instead of the files, which may have changed
-        or broken since: a child started later (after a crash, a kill, a recycle) runs what
-        its worker loaded, and only a reload brings a new version in. -1: none (no memfd
-        on this platform; the child reads the files). The last two generations' are kept
-        (a child asked for just before a reload)."""
+        or broken since: a child started later (after a crash, a kill, a recycle, or a
+        reload that landed just before its start) runs what its worker loaded for it, and
+        only a reload brings a new version in. -1: none (functions made in code, or no
+        memfd on this platform; the child reads the files). Superseded: a generation two
+        reloads old, whose code is no longer kept."""
         with self._lock:
             fd = self._code.get(generation)
-            last = self._last
-            files = registry_mod.code(last) if fd is None and generation == self._n and last is not None else None
-            if files is not None:
-                fd = _code_fd(files)
-                if fd >= 0:
-                    self._code[generation] = fd
-                for g in [g for g in self._code if g < generation - 1]:
-                    os.close(self._code.pop(g))
-            return -1 if fd is None else fd
+            if fd is not None:
+                return fd
+            registry = self._registries.get(generation)
+            if registry is None:
+                raise Superseded(f"the functions were reloaded twice since generation {generation} was loaded")
+            files = registry_mod.code(registry)
+            if files is None:
+                return -1
+            fd = _code_fd(files)
+            if fd >= 0:
+                self._code[generation] = fd
+            return fd
 
 
 def _code_fd(files: dict[str, bytes]) -> int:

@@ -44,7 +44,7 @@ from runner.errors import JobTimeout, RunnerError, StaleLease, refusal_record
 from runner.store.connection import UNAVAILABLE, unreachable
 from runner.worker.context import Flags
 from runner.worker.execute import CANCELLED, Claimed, Dead, Outcome, failure, from_message
-from runner.worker.isolation import EXITED, ChildProcess, ExecutorCrashed, describe_exit
+from runner.worker.isolation import EXITED, ChildProcess, ExecutorCrashed, Superseded, describe_exit
 from runner.worker.ledger import Release, Run
 
 log = logging.getLogger("runner.worker")
@@ -177,13 +177,14 @@ class Slot:
                 self.replace(generation)
 
     def replace(self, generation: int) -> None:
+        code = self.code(generation)  # (Superseded before the child in place is retired)
         if self.child is not None:
             if self.child.alive():
                 self.child.retire()
             else:
                 self.child.end()
             self.child = None
-        self.child = ChildProcess(self.config_source, generation, self.code(generation))
+        self.child = ChildProcess(self.config_source, generation, code)
 
     def close(self) -> None:
         if self.child is not None:
@@ -220,7 +221,10 @@ class Slot:
                 held = first.hold()
                 if self._paused(lambda: first.stop(held)):
                     return _release(feeds)
-                self.warm(generation)
+                try:
+                    self.warm(generation)
+                except Superseded:  # reloaded twice since the jobs were taken: back, for the code of now
+                    return _release(feeds)
                 child = self.child
                 assert child is not None
                 if not child.wait_ready(stop=lambda: first.stop(held)):
@@ -251,7 +255,8 @@ class Slot:
         if child.jobs >= self.q.max_jobs_per_child or child.rss_mb > self.q.max_rss_mb:
             log.info("recycling the child process %d after %d job(s) at %.0f MB", child.pid,
                      child.jobs, child.rss_mb)
-            self.replace(generation)
+            with contextlib.suppress(Superseded):  # (the next job starts one of the code of now)
+                self.replace(generation)
 
 
 def _release(feeds: Sequence[Feed]) -> None:

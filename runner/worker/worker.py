@@ -173,6 +173,8 @@ class Worker:
         # A process a thread handler forks must not inherit the stop handler above (its
         # Process.terminate() would do nothing): default actions in the fork.
         isolation.default_signals_after_fork(own_group=True)
+        # Nor their spawn and forkserver processes, which fork and exec past those hooks.
+        isolation.spawn_apart()
         # What handlers start outside their child's group dies with that child; this
         # process is their subreaper only while it runs no handler itself (isolation.py).
         contained = isolation.contain(self._only_children)

@@ -6,7 +6,17 @@ loop ("no function ... is loaded"). Only a reload brings a new version in."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from crashkit import wait_final
+from test_child_batches import Fed
+
+from runner.catalog import registry as registry_mod
+from runner.worker.execute import Done
+from runner.worker.isolation import Generations
+from runner.worker.ledger import Release
+from runner.worker.slot import Slot
 
 from conftest import Project
 
@@ -85,3 +95,58 @@ def test_a_ctx_call_from_a_process_the_handler_forked_fails_at_once(project: Pro
     assert said.startswith("RunnerError") and "forked" in said, said
     took = (final["finished_at"] - final["started_at"])
     assert took < 10, f"the job took {took:.1f} s"
+
+
+def test_a_child_started_just_after_a_reload_runs_its_generations_code(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload (`runner dev`) that lands between an executor's look at the functions and
+    its child's start: the child is for the generation the executor validated the job
+    against, and runs that generation's code. Its code was never kept (only the newest
+    generation's was made, on demand), so the child read the files on disk, the newer
+    version, and ran v2 for a job the worker had taken as v1's."""
+    project.add_function("skew", SKEW.format(v=1))
+    project.write_config(grace=1)
+    for k, v in project.env.items():  # the child inherits this process's environment
+        monkeypatch.setenv(k, v)
+    cfg = project.config()
+    generations = Generations()
+    first = registry_mod.load(cfg)
+    g1 = generations.of(first)  # an executor takes a job of v1 ...
+    (project.root / "functions" / "skew.py").write_text(SKEW.format(v=2))
+    assert generations.of(registry_mod.load(cfg, first)) == g1 + 1  # ... and a reload lands
+    slot = Slot(cfg.queues["fast"], str(project.root / "runner.toml"), 1.0, generations.code)
+    try:
+        fed = Fed(project, first.functions["skew"], "j0", {}, True)
+        slot.run([fed], g1, {}, lambda: False)
+        assert isinstance(fed.outcome, Done), fed.outcome
+        assert json.loads(fed.outcome.result) == {"v": 1}, fed.outcome
+    finally:
+        slot.close()
+
+
+def test_a_child_two_reloads_late_is_not_started_and_its_job_goes_back(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two reloads between an executor's look and its child's start: that generation's
+    code is no longer kept, so no child starts for it (it would run code the job was not
+    taken for); the job goes back unspent, to run under the code loaded now."""
+    project.add_function("skew", SKEW.format(v=1))
+    project.write_config(grace=1)
+    for k, v in project.env.items():
+        monkeypatch.setenv(k, v)
+    cfg = project.config()
+    generations = Generations()
+    first = registry_mod.load(cfg)
+    g1 = generations.of(first)
+    latest = first
+    for v in (2, 3):
+        (project.root / "functions" / "skew.py").write_text(SKEW.format(v=v))
+        latest = registry_mod.load(cfg, latest)
+        generations.of(latest)
+    slot = Slot(cfg.queues["fast"], str(project.root / "runner.toml"), 1.0, generations.code)
+    try:
+        fed = Fed(project, first.functions["skew"], "j0", {}, True)
+        slot.run([fed], g1, {}, lambda: False)
+        assert isinstance(fed.outcome, Release), fed.outcome
+        assert slot.child is None and slot.failures == 0
+    finally:
+        slot.close()

@@ -243,6 +243,106 @@ def test_a_thread_handlers_pool_goes_on_through_a_stop_to_the_workers_group(proj
     assert final["status"] == "done", final
 
 
+SPAWNED = '''
+import concurrent.futures, multiprocessing, os, time
+QUEUE = "fast"
+TIMEOUT = 30
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    mp = multiprocessing.get_context(payload["method"])
+    if payload["kind"] == "pool":
+        pool = mp.Pool(2)
+    else:
+        pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=mp)
+    with pool:
+        list(pool.map(abs, [1, 2]))  # its processes are up
+        with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        return {"naps": len(list(pool.map(time.sleep, [3, 3])))}
+'''
+
+
+@pytest.mark.parametrize(("method", "kind", "under"), [("spawn", "pool", "killpg"),
+                                                      ("forkserver", "executor", "killpg"),
+                                                      ("spawn", "executor", "honcho")])
+def test_a_thread_handlers_spawned_pool_goes_on_through_a_stop_to_the_workers_group(
+        project: Project, method: str, kind: str, under: str) -> None:
+    """A thread handler whose work runs in a "spawn" Pool or a "forkserver"
+    ProcessPoolExecutor, and a stop's SIGTERM to the worker's process group 1 s into its
+    3 s of work (``kill -TERM -- -PGID``, or honcho stopping the Procfile's worker): the
+    pool's processes (started by fork and exec, which runs no at-fork hook) were in the
+    worker's group and died at once, and the job with them; they are in a group of their
+    own now, so the job is done within the grace period, run once."""
+    project.add_function("spawned", SPAWNED)
+    project.write_config(vt=5, grace=10, concurrency=1, prefetch=0, max_attempts=1)
+    job = project.client.enqueue("spawned", {"method": method, "kind": kind}).id
+    if under == "honcho":
+        (project.root / "Procfile").write_text("worker: runner worker --queue fast\n")
+        env = {**project.env, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+               "RUNNER_CONFIG": str(project.root / "runner.toml")}
+        log = project.root / "honcho.log"
+        w = subprocess.Popen([sys.executable, "-m", "honcho", "start", "worker"], cwd=project.root, env=env,
+                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        project.procs.append(w)
+    else:
+        w = spawn_leader(project, "fast")
+    wait_for(lambda: project.runs(job), timeout=60, what="the pool to start")
+    time.sleep(1.0)  # into the pool's work
+    if under == "honcho":
+        w.send_signal(signal.SIGTERM)
+        w.wait(timeout=30)
+        assert "SIGKILL" not in log.read_text(errors="replace")
+    else:
+        os.killpg(w.pid, signal.SIGTERM)
+        assert w.wait(timeout=30) == 0
+    final = rec(project, job)
+    assert final["status"] == "done" and final["attempt"] == 1, final
+    assert final["result"] == {"naps": 2}, final
+    assert len(project.runs(job)) == 1
+
+
+SPAWNED_LONG = '''
+import multiprocessing, os, time
+QUEUE = "fast"
+TIMEOUT = 40
+
+def handle(payload, ctx):
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        list(pool.map(abs, [1, 2]))
+        pids = " ".join(str(p.pid) for p in multiprocessing.active_children())
+        with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+            f.write(pids + "\\n")
+        return len(pool.map(time.sleep, [60, 60]))
+'''
+
+
+def _running(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def test_a_thread_handlers_spawned_pool_dies_with_its_worker(project: Project) -> None:
+    """The group a thread handler's spawned processes are put in dies with the worker:
+    a worker SIGKILLed alone leaves none of them running (in the worker's group they ran
+    on, orphaned, until a kill of that whole group)."""
+    project.add_function("spawned", SPAWNED_LONG)
+    project.write_config(vt=5, concurrency=1, prefetch=0)
+    job = project.client.enqueue("spawned", {}).id
+    w = spawn_leader(project, "fast")
+    wait_for(lambda: project.runs(job), timeout=60, what="the pool to start")
+    pids = [int(p) for p in project.runs(job)[0].split()]
+    assert len(pids) == 2 and all(_running(p) for p in pids), pids
+    try:
+        w.kill()
+        w.wait(timeout=10)
+        wait_for(lambda: not any(_running(p) for p in pids), timeout=10, what="the pool's processes to die")
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
 EXITS = '''
 import os, sys
 QUEUE = "fast"

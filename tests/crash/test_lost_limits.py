@@ -85,3 +85,107 @@ def test_a_stale_handler_learns_its_slot_went_with_its_lease(project: Project, i
         assert "its child process" in log and "is killed" in log, log[-3000:]
         # Its late renewal is no handler's doing: no handler runs in the worker's threads.
         assert "held the GIL" not in log and "stopped or starved" in log, log[-3000:]
+
+
+BATCH_HOLDER = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+TIMEOUT = 25
+MAX_ATTEMPTS = 3
+CONCURRENCY = 2
+BATCH = {{"size": 2, "wait": 1.0}}
+
+def handle_batch(payloads, ctx):
+    path = os.path.join(os.environ["RECORD_DIR"], "ticks")
+    end = time.time() + max(p["s"] for p in payloads)
+    while time.time() < end:
+        with open(path, "a") as f:
+            f.write(f"{{os.getpid()}} {{time.time()}} {{ctx.lock_lost and all(j.lock_lost for j in ctx.jobs)}}\\n")
+        time.sleep(0.1)
+    return [{{"pid": os.getpid()}} for _ in payloads]
+'''
+
+
+def force_lease_loss(project: Project, queue: str = "fast") -> None:
+    """Take back every claimed job of the queue now, as the scheduler does once a lease
+    has lapsed (the reclaim run with a clock an hour ahead)."""
+    k = project.keys(queue)
+    requeued, buried = (int(x) for x in project.runtime.scripts.reclaim(
+        k, 100, 10**7, now_ms=int(time.time() * 1000) + 3_600_000))
+    assert requeued + buried >= 1, "no lease to take back"
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_stale_batch_learns_its_slots_went_with_its_leases(project: Project, isolation: str) -> None:
+    """A BATCH call whose members' leases (and CONCURRENCY slots) are taken back while it
+    runs: the call sees ctx.lock_lost (and ctx.jobs[i].lock_lost) turn true at the next
+    renewal, as a single job's handler does, and under process isolation its child is
+    killed timeout_grace later. Before, a batch's ctx had no lock_lost (it raised), and a
+    child's call ran on to its end, beside whatever took its slots."""
+    project.add_function("bholder", BATCH_HOLDER.format(isolation=isolation),
+                         '{"type": "object", "properties": {"s": {"type": "number"}}}')
+    project.write_config(vt=3, concurrency=2, prefetch=0, max_attempts=3, worker="timeout_grace = 1")
+    c = project.client
+    ids = [c.enqueue("bholder", {"s": 18}).id for _ in range(2)]
+    project.spawn_worker("fast")
+    first = wait_for(lambda: ticks(project), timeout=60, what="the batch's call to start")[0][0]
+    time.sleep(0.5)
+    force_lease_loss(project)
+    lost_at = time.time()
+    final = wait_final(project, ids, timeout=90)
+    for i in ids:
+        assert final[i]["status"] == "done", final[i]
+    stale = [(t, lost) for p, t, lost in ticks(project) if p == first and t > lost_at]
+    told = [t for t, lost in stale if lost]
+    assert told, f"ctx.lock_lost never turned true in the stale batch: {stale[-3:]}"
+    assert told[0] - lost_at < 5, f"ctx.lock_lost turned true {told[0] - lost_at:.1f} s after the loss"
+    if isolation == "process":
+        # Run again by a new child: the stale call's results were not kept.
+        assert all(final[i]["result"]["pid"] != first for i in ids), final
+        # Told at the first renewal after the loss (a second), killed timeout_grace later.
+        last = max(t for t, _ in stale)
+        assert last - told[0] < 4, f"the stale child ran on {last - told[0]:.1f} s after it was told"
+        assert last - lost_at < 10, f"the stale child ran on {last - lost_at:.1f} s after the loss"
+        log = (project.root / "worker-0.log").read_text()
+        assert "its child process" in log and "is killed" in log, log[-3000:]
+
+
+BATCH_CANCELLED = '''
+import os, time
+from runner import Cancelled
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+TIMEOUT = 25
+MAX_ATTEMPTS = 3
+BATCH = {{"size": 2, "wait": 1.0}}
+
+def handle_batch(payloads, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], "began"), "a") as f:
+        f.write("began\\n")
+    end = time.time() + 20
+    while time.time() < end and not ctx.cancelled:
+        time.sleep(0.05)
+    ctx.raise_if_cancelled()
+    return [{{"ran": "on"}} for _ in payloads]
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_cancel_reaches_a_running_batch_call(project: Project, isolation: str) -> None:
+    """Both members of a running BATCH call cancelled: the call sees ctx.cancelled and
+    stops, and both end cancelled, under either isolation (a child's call never heard of
+    a cancel that came once it ran, and ran on to its end, done)."""
+    project.add_function("bcancel", BATCH_CANCELLED.format(isolation=isolation))
+    project.write_config(vt=3, concurrency=2, prefetch=0, max_attempts=3)
+    c = project.client
+    ids = [c.enqueue("bcancel", {}).id for _ in range(2)]
+    project.spawn_worker("fast")
+    wait_for(lambda: project.runs("began"), timeout=60, what="the batch's call to start")
+    asked = time.time()
+    for i in ids:
+        c.cancel(i)
+    wait_for(lambda: all(c.get(i).status in ("done", "dead", "cancelled") for i in ids), timeout=60,
+             what="both members to end")
+    assert time.time() - asked < 15, "the call ran on past its cancel"
+    assert [c.get(i).status for i in ids] == ["cancelled", "cancelled"], [c.get(i).as_dict() for i in ids]
