@@ -15,13 +15,15 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from clusterkit import cluster  # noqa: F401  (the cluster fixture)
 
 from runner.client import Request
 from runner.store import records
+from runner.store.embedded import Server
 from runner.store.scripts import NewJob
 from runner.worker.fetcher import BOUNDED, CLAIM_FIELDS
 
-from conftest import Project, assert_no_job_in_two_structures, wait_for
+from conftest import Endpoint, Project, assert_no_job_in_two_structures, make_project, wait_for
 
 CLAIM_BYTES = records.SCRIPT_BYTES  # claim.lua's bound
 PAD = 1_000_000  # about 1 MB a record: the accepted payload is up to 1 MiB
@@ -202,3 +204,22 @@ def test_jobs_left_by_a_bounded_claim_are_claimed_without_waiting_for_a_wake_up(
     # (one may follow the last claim, which found the queue empty)
     assert waits <= 1, f"{waits} claim(s) waited for a wake-up with jobs in ready"
     check_every_job_once_and_calls_bounded(project, ids)
+
+
+def test_partitions_on_a_cluster_are_claimed_in_bounded_calls(tmp_path: Any, cluster: list[Server]) -> None:  # noqa: F811
+    """A queue of 3 partitions on a Redis Cluster (claims in flight per master): 48 jobs
+    of 1 MB, about 16 a partition, each partition's claims bounded, every job run once."""
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in cluster[:2])
+    p = make_project(tmp_path / "p", Endpoint(url))  # type: ignore[arg-type]
+    try:
+        p.write_config(vt=30, fast="partitions = 3", concurrency=2, prefetch=64, batch=64)
+        p.add_function("plainbig", PLAIN)
+        # (in calls of 4 MB: a loaded host moves 48 MB slower than the cluster's node wait)
+        ids = [e.id for e in p.client.enqueue_many([Request("plainbig", {"n": i, "pad": "p" * PAD})
+                                                    for i in range(48)], batch=4)]
+        p.spawn_worker("fast")
+        check_every_job_once_and_calls_bounded(p, ids)
+    finally:
+        p.stop_all()
+        if p._runtime is not None:
+            p._runtime.close()

@@ -17,7 +17,7 @@
 -- duplicate, put back, or dropped as a stray. At most n * 4 ids are popped per call, and
 -- up to 256 more parked on a key already found full in the call.
 --
--- A call sends at most CLAIM_BYTES of records (ARGV[13]; record strings and checkpoints): the
+-- A call sends at most CLAIM_BYTES of records (ARGV[13]; payloads, metas, checkpoints): the
 -- job that would take it past goes back, with the rest, in order and untouched, and the
 -- call says 2 (below) so the worker claims again at once. The first job claimed is sent
 -- whatever its size (a record is bounded at enqueue). Sending a record costs Redis about
@@ -273,7 +273,7 @@ local full_keys = {}
 local cheap = 0  -- ids parked on such a key (see the bound below)
 local i = 0
 local stop = false  -- set by take() for a job that must go back to ready
--- The most bytes of records (record strings and checkpoints) one call sends (ARGV[13],
+-- The most bytes of records (payloads, metas, checkpoints) one call sends (ARGV[13],
 -- records.SCRIPT_BYTES, 8 MiB: about 75 ms of Redis, against 7.6 s for 800 jobs of 1 MiB
 -- unbounded). A claim of 800 small jobs sends well under it (200 KiB at 256 bytes each).
 local CLAIM_BYTES = tonumber(ARGV[13]) or 8 * 1024 * 1024
@@ -588,8 +588,12 @@ local function take(id)
   local rec, f, sk = read_job(id, jk)
   if not rec then return end
   -- The byte bound, before any gate writes: past it the job goes back untouched (the
-  -- first claimed is sent whatever its size).
-  local size = rec_size(jk, rec) + #(f[4] or '')
+  -- first claimed is sent whatever its size). What a job sends is its payload and meta
+  -- (the rest of its record is a few short fields), or for a record rec_peek read by its
+  -- head, the whole record's length; and its checkpoint.
+  local p = rec.payload
+  local size = p and #p + #rec.meta or redis.call('STRLEN', jk)
+  if f[4] then size = size + #f[4] end
   if i > 0 and sent + size > CLAIM_BYTES then
     stop, full = true, true
     return

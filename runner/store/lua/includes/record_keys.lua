@@ -51,15 +51,13 @@ end
 -- rec_load for a script that sends the payload of only some of the jobs it reads (a
 -- claim: not of those it holds for a pause): one GETRANGE of the first REC_HEAD bytes in
 -- place of the GET, no command more. A shorter record is read whole; a longer one gives
--- its fields, its payload nil until rec_payload reads it where it is sent. A record read
--- whole carries its length (size); a longer one's, where needed, is a STRLEN (rec_size).
+-- its fields, its payload nil until rec_payload reads it where it is sent.
 local function rec_peek(jk)
   local s = redis.pcall('GETRANGE', jk, 0, REC_HEAD - 1)
   if type(s) ~= 'string' or s == '' then return rec_load(jk) end  -- (missing, or another type)
   local rec
   if #s < REC_HEAD then
     rec = rec_parse(s)
-    if rec then rec.size = #s end  -- (read whole: its length known without a STRLEN)
   else
     local a, b, c, d, e, f, g, h, i = string.match(s, REC_HEAD_PATTERN)
     if a then
@@ -69,11 +67,6 @@ local function rec_peek(jk)
   end
   if not rec then return rec_load(jk) end  -- (malformed: rec_load says why)
   return rec, nil
-end
-
--- A record's length in bytes, what sending it costs (a claim's byte bound).
-local function rec_size(jk, rec)
-  return rec.size or redis.call('STRLEN', jk)
 end
 
 -- A record's payload, read whole when rec_peek left it out.
