@@ -267,12 +267,15 @@ class Scripts(Transport):
         max_ages: str = "", floor: int = 0, later: str = "", gathered: str = "",
         late: Callable[[Any], object] | None = None,
     ) -> Any:
-        """Returns [server time ms, held back (0|1), then CLAIM_FIELDS values per claimed job]
+        """Returns [server time ms, why it stopped short (0 | 1 held | 2 bounded), then
+        CLAIM_FIELDS values per claimed job]
         (see claim.lua). ``max_ages``: "<type>=<ms> ..." of the functions with a MAX_AGE;
         ``floor``: claim only jobs of this priority or more (0: any); ``later``: "<type>
         ..." of the functions whose jobs, started at once, spend their attempt only at
         their start mark (start.lua); ``gathered``: "<type> ..." of those whose jobs are
-        held from their claim until their start mark (BATCH functions); ``late``: the
+        held from their claim until their start mark (BATCH functions); a call sends at
+        most records.SCRIPT_BYTES of records (the first job whatever its size) and says
+        so (2, bounded) when it left jobs behind for that; ``late``: the
         reply of a claim given up on a stalled master (transport.NodeLanes.bounded), whose
         jobs must be handed back."""
         return self._run(*self.claim_call(k, n=n, start=start, lease_ms=lease_ms, token_base=token_base,
@@ -288,7 +291,7 @@ class Scripts(Transport):
     ) -> tuple[str, tuple[str, ...], tuple[Any, ...]]:
         """The claim script's name, keys and arguments (for Transport.launch)."""
         args = (_clock(now_ms), n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor,
-                later, gathered)
+                later, gathered, records.SCRIPT_BYTES)
         return "claim", scriptkeys.keys("claim", k), args
 
     def claim_woken(
@@ -300,7 +303,7 @@ class Scripts(Transport):
         wake-up comes or ``wait_s`` passes, so an idle worker's wake-up and its claim are one
         round trip. Returns (the BLPOP's reply, or its error; the claim's reply)."""
         args = ("", n, start, lease_ms, token_base, dead_ttl_ms, done_ttl_ms, done_max, max_ages, floor, later,
-                gathered)
+                gathered, records.SCRIPT_BYTES)
         return self.behind(("BLPOP", k.notify, f"{wait_s:g}"), "claim", scriptkeys.keys("claim", k), args)
 
     def hold(self, k: QueueKeys, owned: Sequence[tuple[str, str]], off: bool = False,

@@ -42,7 +42,10 @@ log = logging.getLogger("runner.worker")
 
 CLAIM_FIELDS = 15
 UNBLOCK_AGAIN_S = 0.05  # a stop wakes the claim's wait again this often until the fetcher ends
-HELD, BOUNDED = 1, 2  # why a claim stopped short (see claim.lua)
+# Why a claim stopped short (see claim.lua): HELD at a job under limits that needs a free
+# executor; BOUNDED at its bound of ids popped or of bytes sent (CLAIM_BYTES), with jobs
+# perhaps left in ready that no wake-up will announce: the fetcher claims again at once.
+HELD, BOUNDED = 1, 2
 EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (claim.lua)
 # A claimed job's "started" value when it was claimed ahead for a child process: its claim
 # is held until its executor hands it to the child (claim.lua, hold.lua).
@@ -221,8 +224,8 @@ class Fetcher:
                 got, held = answer
                 self._down.ok(p)
                 if held == BOUNDED:
-                    # The claim parked a run of jobs under full limits: what follows them
-                    # in ready (another key's job) must not wait for a wake-up.
+                    # The claim parked a run of jobs under full limits, or sent its bound of
+                    # bytes (big payloads): what follows in ready must not wait for a wake-up.
                     continue
                 self._next = (p + 1) % n  # the next claim goes to the next partition
                 # A claim short of what it asked for found the partition empty: claim.lua
@@ -339,7 +342,7 @@ class Fetcher:
         """Claim up to ``n`` jobs, ``start`` of them to start at once, from one partition,
         only of priority ``floor`` or more when it is above 0; returns (how many, why it
         stopped: HELD at a job that needs a free executor, BOUNDED at its bound of ids
-        popped, 0 otherwise), or None while the claim is in flight (a slow Cluster master:
+        popped or of bytes sent, 0 otherwise), or None while the claim is in flight (a slow Cluster master:
         flights.py)."""
         self._seq += 1
         k, base = self.parts[partition], f"{self.worker_id}.{self._seq}"

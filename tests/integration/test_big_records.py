@@ -72,12 +72,24 @@ def bury_big(project: Project, n: int, pad: int = PAD, payloads: list[dict[str, 
     rt, k = project.runtime, project.keys()
     payloads = payloads or [{"i": i, "pad": "p" * pad} for i in range(n)]
     made = project.client.enqueue_many([Request("perm", p) for p in payloads])
-    reply = list(rt.scripts.claim(k, n=len(made), start=len(made), lease_ms=60_000, token_base="w.big",
-                                  dead_ttl_ms=10**9, done_ttl_ms=10**9))
-    got = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+    got = claim_all(project, len(made), "w.big")
     rt.scripts.bury(k, [Burial(i, t, "permanent failure", ERROR, "", False, "") for i, t in got], 10**9)
     assert len(got) == len(payloads)
     return [i for i, _ in got]
+
+
+def claim_all(project: Project, n: int, base: str) -> list[tuple[str, str]]:
+    """Claim n queued jobs, (id, token) each in order: in several calls, as each sends at
+    most records.SCRIPT_BYTES of records."""
+    rt, k = project.runtime, project.keys()
+    got: list[tuple[str, str]] = []
+    for call in range(n):
+        reply = list(rt.scripts.claim(k, n=n - len(got), start=n - len(got), lease_ms=60_000,
+                                      token_base=f"{base}.{call}", dead_ttl_ms=10**9, done_ttl_ms=10**9))
+        got += [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+        if len(got) >= n or len(reply) == 2:
+            break
+    return got
 
 
 def test_a_bulk_requeue_of_big_dead_jobs_sends_at_most_bulk_bytes_of_records_per_call(project: Project) -> None:
@@ -167,9 +179,7 @@ def test_the_reclaim_of_big_jobs_reads_at_most_bulk_bytes_of_records_per_call(pr
     a real worker's scheduler goes on until every one is back and has run once."""
     c, r, rt, k = project.client, project.runtime.redis, project.runtime, project.keys()
     ids = [m.id for m in c.enqueue_many([Request("record", {"n": i, "pad": "p" * PAD}) for i in range(30)])]  # type: ignore[union-attr]
-    got = rt.scripts.claim(k, n=30, start=30, lease_ms=60_000, token_base="w.lost", dead_ttl_ms=10**9,
-                           done_ttl_ms=10**9)
-    assert len(got[2:]) == 30 * CLAIM_FIELDS
+    assert len(claim_all(project, 30, "w.lost")) == 30
     size = r.strlen(k.job(ids[0]))
     reply = [int(x) for x in rt.scripts.reclaim(k, 1000, 10**9, now_ms=int(time.time() * 1000) + 120_000)]
     assert reply[0] + reply[1] == BULK_BYTES // size and reply[2:] == [1], (reply, size)
