@@ -552,7 +552,8 @@ def emit_op(event: str, subscribers: list[str]) -> dict[str, Any]:
                     "content": {_JSON: {"schema": {"type": "object"}}}},
             "400": problem("Malformed JSON, or an invalid Idempotency-Key"),
             "409": problem("The Idempotency-Key is held by an emit of other data"),
-            "413": problem("The body is over api.max_body_bytes"),
+            "413": problem("The body is over api.max_body_bytes, or its copies (one per subscriber) over the "
+                           "8 MiB an emit may write: the bound, the subscribers and the bytes; nothing was written"),
             "415": problem("The body is not application/json"),
             "422": problem("Some subscriber rejects the data: each function and every error; nothing was written"),
         },
