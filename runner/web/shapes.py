@@ -100,7 +100,8 @@ COMPONENTS: dict[str, Any] = {
                       "description": "In a job list: the fields too big to list (payload, result, "
                       "checkpoint, last_error, progress, history), each with its full size in bytes. Such a "
                       "field is null (history empty) and <field>_preview holds the first 4,096 bytes of its "
-                      "JSON text; GET /jobs/{id} gives it whole"},
+                      "JSON text (a state value past the page's share of reads: none); GET /jobs/{id} gives "
+                      "it whole. A durable job's steps show their size, not their value"},
         "payload_preview": _STR, "result_preview": _STR,
         "damaged": {"type": "array", "items": _STR,
                     "description": "The record's fields read back out of their range (a count or a time "
