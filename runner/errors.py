@@ -8,6 +8,8 @@
     ├── ValidationFailed           a payload does not match its schema (carries every error)
     │   └── InvalidGroup           a group request that cannot run (members on several
     │                              queues, a member's payload, the then-job...): every error
+    ├── EventTooLarge              an emit whose copies (data x subscribers) pass the bound
+    │                              one emit may write (nothing written)
     ├── IdempotencyConflict        the key is taken by a job with another payload
     ├── JobNotFound                no record for that id
     │   └── UnknownQueue           no queue of that name is configured
@@ -274,6 +276,23 @@ class EventRejected(ValidationFailed):
         detail = "; ".join(f"{fn} v{v}: " + ", ".join(f"{e.path}: {e.message}" for e in errs[:3])
                            for fn, (v, errs) in rejections.items())
         self.args = (f"event {name!r} rejected, nothing was enqueued: {detail}",)
+
+
+class EventTooLarge(RunnerError):
+    """An emit whose data, copied once per subscriber, would write more than ``bound``
+    bytes in one script call (Redis answers nobody meanwhile); nothing written."""
+
+    def __init__(self, name: str, data_bytes: int, subscribers: int, bound: int) -> None:
+        self.name = name
+        self.data_bytes = data_bytes
+        self.subscribers = subscribers
+        self.bound = bound
+        self.bytes = data_bytes * subscribers
+        super().__init__(
+            f"event {name!r} is too large to emit, nothing was enqueued: its {data_bytes:,} bytes of data go to "
+            f"{subscribers} subscriber(s), {self.bytes:,} bytes in one write, over the bound of {bound:,} bytes "
+            f"an emit may write; send data of at most {bound // max(subscribers, 1):,} bytes (store the data "
+            "elsewhere and pass a reference to it), or subscribe fewer functions to the event")
 
 
 class IdempotencyConflict(RunnerError):

@@ -25,6 +25,7 @@ from typing import Any
 
 from runner import config as config_mod
 from runner.catalog import registry as registry_mod
+from runner.catalog.options import MAX_EMIT_BYTES
 from runner.catalog.partitioning import Change, split_keys
 from runner.catalog.registry import Function, Registry
 from runner.catalog.schedules import PayloadCheck
@@ -117,6 +118,7 @@ def check_files(path: str | Path | None, env: Mapping[str, str] | None = None,
     report.problems.extend(install_problems())
     report.problems.extend(token_problems(cfg, reg))
     report.problems.extend(trigger_problems(reg))
+    report.problems.extend(emit_bound_problems(cfg, reg))
     for fn in sorted(reg.functions.values(), key=lambda f: f.name):
         q = cfg.queues.get(fn.queue)
         report.problems.extend(Problem(fn.path, w, "warning") for w in split_keys(fn, q.partitions if q else 1))
@@ -224,6 +226,28 @@ def trigger_problems(reg: Registry) -> list[Problem]:
                                              f"subscriber ({', '.join(f.name for f in subs)}): {why}; every "
                                              "emit of it would be refused (422). Make the schemas agree, or "
                                              "subscribe to different events"))
+    return out
+
+
+def emit_bound_problems(cfg: Config, reg: Registry) -> list[Problem]:
+    """Warnings: an event with so many subscribers that an emit of data the API accepts
+    ([api] max_body_bytes) would pass MAX_EMIT_BYTES, one copy per subscriber, and be
+    refused (413), with the most data an emit of it may carry."""
+    by_event: dict[str, list[Function]] = {}
+    for fn in reg.functions.values():
+        for name in fn.triggers:
+            by_event.setdefault(name, []).append(fn)
+    out = []
+    for name, subs in sorted(by_event.items()):
+        most = MAX_EMIT_BYTES // len(subs)
+        if most < cfg.api.max_body_bytes:
+            subs.sort(key=lambda f: f.name)
+            out.append(Problem(subs[0].path, f"TRIGGERS: event {name!r} has {len(subs)} subscribers "
+                                             f"({', '.join(f.name for f in subs)}): an emit writes its data once "
+                                             f"for each, at most {MAX_EMIT_BYTES:,} bytes in all, so an emit of "
+                                             f"more than {most:,} bytes of data is refused (413) although "
+                                             f"[api] max_body_bytes is {cfg.api.max_body_bytes:,}; pass a "
+                                             "reference to big data, or subscribe fewer functions", "warning"))
     return out
 
 

@@ -101,6 +101,11 @@ _function_name = _check(lambda v: isinstance(v, str) and v.isidentifier(), "must
 
 
 # An event name: what POST /events/{name} carries in its path and `runner emit` takes.
+# The most bytes one emit writes: its data once per subscriber, all in one script call
+# (one partition's atomic step), during which Redis answers nobody (records.SCRIPT_BYTES,
+# the bound of what one call reads whole, on the same grounds). Past it, the emit is
+# refused before anything is written (errors.EventTooLarge: 413).
+MAX_EMIT_BYTES = 8 * 1024 * 1024
 EVENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 

@@ -23,10 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from runner import outbox
 from runner.catalog.listing import one_request
-from runner.catalog.options import EVENT_NAME
+from runner.catalog.options import EVENT_NAME, MAX_EMIT_BYTES
 from runner.catalog.templates import MAX_KEY_BYTES, control_character
 from runner.client import waking
-from runner.errors import EventConflict, EventRejected, FieldError, NotReplicated, RunnerError, ValidationFailed
+from runner.errors import (
+    EventConflict,
+    EventRejected,
+    EventTooLarge,
+    FieldError,
+    NotReplicated,
+    RunnerError,
+    ValidationFailed,
+)
 from runner.observe import tracing
 from runner.store import codec, emitted, listeners, records
 from runner.store.connection import UNAVAILABLE, reachable
@@ -84,7 +92,8 @@ def check_name(name: str) -> None:
 
 def emit(client: Client, name: str, data: Any, *, idempotency_key: str | None = None) -> Emitted:
     """Start one job per function subscribed to ``name`` with ``data`` as its payload.
-    Raises BadEventName, EventRejected (every subscriber's errors; nothing written) or
+    Raises BadEventName, EventRejected (every subscriber's errors; nothing written),
+    EventTooLarge (the data times the subscribers past MAX_EMIT_BYTES; nothing written) or
     EventConflict (the key held by an emit of other data); RedisUnavailable as enqueue.
     Traced, an emit is one enqueue span (as a group's), and every job it starts carries
     its trace context."""
@@ -116,6 +125,12 @@ def _emit(client: Client, name: str, data: Any, idempotency_key: str | None, tp:
         raise ValidationFailed(name, 0, [FieldError(path, why)]) from None
     rt = client.runtime
     subscribers = rt.registry.subscribers(name)
+    # Every copy is written by one script call (the home partition's atomic step, outbox
+    # entries included): bounded, so one emit never holds Redis for long, whatever its
+    # data and however many functions subscribe. Checked before each copy is validated.
+    size = len(body.encode())
+    if size * len(subscribers) > MAX_EMIT_BYTES:
+        raise EventTooLarge(name, size, len(subscribers), MAX_EMIT_BYTES)
     preps: list[Prepared] = []
     rejections: dict[str, tuple[int, list[FieldError]]] = {}
     with one_request():  # the subscribers share one pattern budget and one limit on listed errors

@@ -4,8 +4,9 @@
   queue's ``census`` hash; one HGETALL per queue whatever the depth;
 - ``scan`` and ``waiting_versions``: every job of the priority set, ready, leases,
   scheduled and dead, and the jobs held back (a paused function's held list, a limit's
-  waiters), with some of its fields, read without SCAN (LRANGE/ZRANGE in chunks, then one
-  pipelined read per chunk): the slow, exact answer per state (`runner check --scan`).
+  waiters), with some of its fields (its state's read by name, never whole), read
+  without SCAN (LRANGE/ZRANGE in chunks, then one pipelined read per chunk): the slow,
+  exact answer per state (`runner check --scan`).
   The held lists read are those of the functions paused now. It is a snapshot:
   a job that moves between two structures while it runs may be seen twice or not at all,
   which only matters for jobs that were runnable anyway.
@@ -51,6 +52,9 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
          states: tuple[str, ...] = ("queued", "processing", "scheduled", "deferred", "dead"),
          ) -> Iterator[tuple[str, str, list[str | None]]]:
     """Every waiting job of a queue as (state, id, [field values]); records gone are skipped."""
+    # Only the state fields asked for (and the status): a durable job's state holds its
+    # checkpoint and step log (4 MiB), never read here.
+    wanted = ["status", *(f for f in fields if f not in records.RECORD_FIELDS and f not in ("payload", "status"))]
     structures = [("queued", k.prio, False), ("queued", k.ready, True), ("processing", k.leases, False),
                   ("scheduled", k.scheduled, False), ("dead", k.dead, False)]
     if "deferred" in states:
@@ -62,12 +66,12 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
             pipe = redis.pipeline(transaction=False)
             for job_id in chunk:
                 pipe.get(k.job(job_id))
-                pipe.hgetall(k.state(job_id))
+                pipe.hmget(k.state(job_id), wanted)
             replies = _checked(pipe.execute(raise_on_error=False))
             for n, job_id in enumerate(chunk):
                 rec, st = replies[2 * n], replies[2 * n + 1]
-                view = records.view(job_id, rec if isinstance(rec, str) else None,
-                                    st if isinstance(st, dict) else {}, None, None)
+                held = {f: v for f, v in zip(wanted, st, strict=True) if v is not None} if isinstance(st, list) else {}
+                view = records.view(job_id, rec if isinstance(rec, str) else None, held, None, None)
                 if state == "deferred" and view.get("status") != "deferred":
                     continue  # a stale entry of a held or waiter list: the job is elsewhere
                 values = [view.get(f) for f in fields]

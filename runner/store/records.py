@@ -538,6 +538,11 @@ def _error_start(preview: str) -> dict[str, Any]:
 
 
 STEP_EXCERPT = 200  # characters of a step's result a job view shows
+# A job list reads a step log entry up to this many bytes whole; a longer one, as its
+# summary (stephead:<i>: the entry without its value, with finished_ms and its size),
+# which its writer keeps beside it (step_head, step.lua, wait.lua; lookup.lua). A page
+# then reads a few hundred bytes a step, not the 4 MiB a log may hold.
+STEP_INLINE = 256
 
 # A step log entry is a JSON object, or, for the two entries almost every durable job
 # has, a JSON array: a step that returned, ["s", name, value, ms, finished_ms], and a
@@ -557,6 +562,27 @@ def sleep_entry(name: str, started_ms: int | None = None, until_ms: int | None =
     """A sleep's compact entry; without its times, suspend.lua appends them."""
     times = [t for t in (started_ms, until_ms) if t is not None]
     return codec.dumps([SLEEP, name, *times])
+
+
+def step_head(entry: str) -> str:
+    """A step log entry's summary for job lists, without finished_ms and size (step.lua
+    adds them): the entry without its value, and an error step's error without its
+    traceback; '' for an entry a list reads whole (at most STEP_INLINE bytes, stamped)."""
+    if len(entry.encode()) + 20 <= STEP_INLINE:  # (finished_ms takes up to 20 more)
+        return ""
+    try:
+        e = entry_of(codec.loads(entry))
+    except codec.DecodeError:
+        return ""
+    if e is None:
+        return ""
+    head = {k: v for k, v in e.items() if k not in ("value", "finished_ms")}
+    error = head.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+        head["error"] = {"type": error.get("type"),
+                         "message": message[:STEP_EXCERPT] if isinstance(message, str) else message}
+    return codec.dumps(head)
 
 
 def entry_of(value: Any) -> dict[str, Any] | None:
@@ -630,6 +656,9 @@ def step_views(f: Mapping[str, str], count: int) -> list[dict[str, Any]]:
         if "value" in e:
             text = codec.dumps(e["value"])
             one["result"] = text if len(text) <= STEP_EXCERPT else text[:STEP_EXCERPT] + "\u2026"
+        # The bytes its entry takes in the log (a list's summary says, lookup.lua).
+        size = e.get("size") if "value" not in e else None
+        one["size"] = size if isinstance(size, int) and not isinstance(size, bool) else len((raw or "").encode())
         if isinstance(e.get("error"), dict):
             one["error"] = e["error"]
         out.append(one)

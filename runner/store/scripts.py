@@ -216,6 +216,9 @@ def _clock(now_ms: int | None) -> int | str:
 SEEK_ANCHORS = 8
 
 
+# A lookup's bytes of state values past its cut read whole to cut them, when not given.
+_LOOKUP_READ = 16 * 1024
+
 class Scripts(Transport):
     """The scripts of one Redis client: one typed method per transition, sent through the
     transport (transport.py).
@@ -534,7 +537,8 @@ class Scripts(Transport):
         that counts it. Durable: with replicas set, returns once they hold the record (else
         NotReplicated), so no step's value reaches a handler before a failover keeps it."""
         return self._run("step", scriptkeys.keys("step", k, job=k.job(job_id)),
-                         (_clock(now_ms), token, job_id, position, entry, max_steps, max_bytes, stats),
+                         (_clock(now_ms), token, job_id, position, entry, max_steps, max_bytes, stats,
+                          records.step_head(entry)),
                          durable=True)
 
     def steps(self, k: QueueKeys, job_id: str, stats: str = "", durable: bool = False) -> Any:
@@ -594,7 +598,7 @@ class Scripts(Transport):
         """A wait reads its signal (wait.lua): {code, body}."""
         return self._run("wait", scriptkeys.keys("wait", k, job=k.job(job_id)),
                          (_clock(now_ms), job_id, token, position, name, head, "" if until_ms is None else until_ms,
-                          max_steps, max_bytes))
+                          max_steps, max_bytes, records.STEP_INLINE))
 
     def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, done_max: int = 1_000_000,
              now_ms: int | None = None) -> Any:
@@ -669,10 +673,13 @@ class Scripts(Transport):
         reply = self.call("seek_list", scriptkeys.keys("seek_list", k, list=key), args)
         return max(int(reply[0]), 0), [str(i) for i in reply[3:]]
 
-    def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None, cut: int | None = None) -> Any:
+    def lookup(self, k: QueueKeys, job_id: str, pipe: Batch | None = None, cut: int | None = None,
+               read: int | None = None) -> Any:
         """[record or None, state (flat), claim or None, outcome or None] (see lookup.lua);
-        given ``cut`` (bytes), the big values cut to it and a fifth element naming them."""
-        args = (job_id,) if cut is None else (job_id, cut)
+        given ``cut`` (bytes, a list's), the big values cut to it and a fifth element
+        naming them: state values past it read whole within ``read`` bytes in all (else
+        their size alone), step log entries as their summaries."""
+        args = (job_id,) if cut is None else (job_id, cut, _LOOKUP_READ if read is None else read, records.STEP_INLINE)
         return self._run("lookup", records.lookup_keys(k, job_id), args, pipe)
 
     def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None,

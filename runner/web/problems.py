@@ -31,6 +31,7 @@ import falcon.asgi
 from runner.errors import (
     EventConflict,
     EventRejected,
+    EventTooLarge,
     FieldError,
     IdempotencyConflict,
     InvalidGroup,
@@ -176,6 +177,12 @@ async def _event_rejected(req: falcon.Request, resp: falcon.Response, ex: Except
                   errors=field_errors(ex.errors))
 
 
+async def _event_too_large(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, EventTooLarge)
+    raise Problem(413, "event-too-large", str(ex), title="Event too large", bound=ex.bound,
+                  subscribers=ex.subscribers, data_bytes=ex.data_bytes, bytes=ex.bytes)
+
+
 async def _event_conflict(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, EventConflict)
     raise Problem(409, "idempotency-conflict", str(ex), title="Idempotency conflict", event_id=ex.event_id,
@@ -284,6 +291,7 @@ def install(app: falcon.asgi.App[falcon.asgi.Request, falcon.asgi.Response]) -> 
     app.add_error_handler(IdempotencyConflict, _conflict)
     app.add_error_handler(EventRejected, _event_rejected)
     app.add_error_handler(EventConflict, _event_conflict)
+    app.add_error_handler(EventTooLarge, _event_too_large)
     app.add_error_handler(JobNotFound, _not_found)
     app.add_error_handler(NotReplicated, _not_replicated)
     for exc_type in REDIS_DOWN:

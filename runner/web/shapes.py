@@ -100,7 +100,8 @@ COMPONENTS: dict[str, Any] = {
                       "description": "In a job list: the fields too big to list (payload, result, "
                       "checkpoint, last_error, progress, history), each with its full size in bytes. Such a "
                       "field is null (history empty) and <field>_preview holds the first 4,096 bytes of its "
-                      "JSON text; GET /jobs/{id} gives it whole"},
+                      "JSON text (a state value past the page's share of reads: none); GET /jobs/{id} gives "
+                      "it whole. A durable job's steps show their size, not their value"},
         "payload_preview": _STR, "result_preview": _STR,
         "damaged": {"type": "array", "items": _STR,
                     "description": "The record's fields read back out of their range (a count or a time "
@@ -552,7 +553,8 @@ def emit_op(event: str, subscribers: list[str]) -> dict[str, Any]:
                     "content": {_JSON: {"schema": {"type": "object"}}}},
             "400": problem("Malformed JSON, or an invalid Idempotency-Key"),
             "409": problem("The Idempotency-Key is held by an emit of other data"),
-            "413": problem("The body is over api.max_body_bytes"),
+            "413": problem("The body is over api.max_body_bytes, or its copies (one per subscriber) over the "
+                           "8 MiB an emit may write: the bound, the subscribers and the bytes; nothing was written"),
             "415": problem("The body is not application/json"),
             "422": problem("Some subscriber rejects the data: each function and every error; nothing was written"),
         },

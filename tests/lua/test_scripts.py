@@ -2267,6 +2267,11 @@ def test_lookup_with_a_cut_returns_the_big_values_cut_and_their_sizes(p: Project
     assert state["checkpoint"] == '{"c":"' + "x" * 10 and state["reason"] == "short"
     assert dict(zip(sizes[::2], sizes[1::2], strict=True)) == {"payload": len(payload.encode()), "checkpoint": 48}
     assert len(p.runtime.scripts.lookup(k, "j1")) == 4
+    # Past its read budget a value comes back empty, its size still named.
+    _, state, _, _, sizes = p.runtime.scripts.lookup(k, "j1", cut=16, read=47)
+    state = dict(zip(state[::2], state[1::2], strict=True))
+    assert state["checkpoint"] == "" and state["reason"] == "short"
+    assert dict(zip(sizes[::2], sizes[1::2], strict=True))["checkpoint"] == 48
     result = '{"r":"' + "y" * 40 + '"}'
     r.hset(k.done(0), "j2", f"noop 1 1 {NOW} +5\n\n{result}\n{{\"m\":1}}\n")
     _, _, _, outcome, sizes = p.runtime.scripts.lookup(k, "j2", cut=16)

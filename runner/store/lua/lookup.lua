@@ -12,14 +12,112 @@
 --         value and the outcome's result and payload lines longer than this come back
 --         cut to this many bytes, so a page of big jobs moves kilobytes, not megabytes.
 --
+-- ARGV[3] read (bytes, optional, with a cut): the most bytes of state values past the cut
+--         this call reads whole to cut them (a big error keeps its type and message); a
+--         value past what is left comes back empty, its size alone said.
+-- ARGV[4] inline (bytes, optional, with a cut): a step log entry (step:<i>) up to this
+--         long is read whole; a longer one is read as its summary (stephead:<i>, the
+--         entry without its value, and its size: written beside it by step.lua and
+--         wait.lua), or, for an entry written before summaries were kept, summarised here
+--         within what is left of ARGV[3] (else its size alone).
+--
 -- Returns {record or false, {state field, value, ...}, claim or false, outcome or false};
 -- given a cut, a fifth element: {name, full length in bytes, ...} of what was cut.
+--
+-- Given a cut (a job list), the state hash is never read whole (HGETALL): a durable
+-- function's holds its checkpoint and its step log (4 MiB), which cost Redis 3-12 ms a
+-- job to read into Lua, every client waiting. Its field names are read (HKEYS, at most
+-- about a thousand), each value's size (HSTRLEN, O(1)), then only what the row shows:
+-- kept signals' bodies never, big values within ARGV[3], steps as above.
 --
 -- Given a cut, a big record is not read whole: GET of a 1 MiB record into Lua cost Redis
 -- about 7 ms, during which every client waited (a page of 200 blocked it for a second).
 -- Its first HEAD + cut bytes (GETRANGE) hold its fields and the payload's preview
 -- whenever its fields before the payload take at most HEAD bytes; else it is read whole.
 local HEAD = 8192
+
+-- A step log entry as a list shows it, from the entry itself (one written before
+-- step.lua kept summaries): what it is, without its value, and its size.
+local function summary(entry, len)
+  local ok, e = pcall(cjson.decode, entry)
+  -- (not JSON: damage, which the view shows as an unreadable step, as it would the entry)
+  if not ok or type(e) ~= 'table' then return '\0' end
+  if e[1] == 's' and type(e[2]) == 'string' then  -- a returned step, compact (records.py)
+    e = {name = e[2], kind = 'step', status = 'ok', ms = e[4], finished_ms = e[5]}
+  elseif e[1] == 'z' and type(e[2]) == 'string' then  -- a sleep, compact
+    e = {name = e[2], kind = 'sleep', status = 'ok', started_ms = e[3], until_ms = e[4]}
+  elseif e[1] ~= nil then
+    return '\0'
+  end
+  e.value = nil
+  e.size = len
+  return cjson.encode(e)
+end
+
+-- HMGET of many fields, in chunks (unpack's stack holds a few thousand at most).
+local function hmget(key, fields)
+  local out = {}
+  for from = 1, #fields, 500 do
+    local got = redis.call('HMGET', key, unpack(fields, from, math.min(from + 499, #fields)))
+    for i = 1, #got do out[from + i - 1] = got[i] end
+  end
+  return out
+end
+
+-- The state a list row shows (see the header); big values named in sizes. One HSTRLEN a
+-- field, then one HMGET of what is read whole and one of the steps' summaries.
+local function listed_state(sk, cut, budget, inline, sizes)
+  local names = redis.pcall('HKEYS', sk)
+  if names.err then return {} end
+  local whole, heads, out = {}, {}, {}
+  for _, f in ipairs(names) do
+    if string.sub(f, 1, 4) ~= 'sig:' and string.sub(f, 1, 9) ~= 'stephead:' then
+      -- (not a kept signal's body, never shown; nor a step's summary, read with its step)
+      local len = redis.call('HSTRLEN', sk, f)
+      local step = string.sub(f, 1, 5) == 'step:'
+      if len <= (step and inline or cut) then
+        whole[#whole + 1] = f
+      elseif step then
+        heads[#heads + 1] = f
+        heads[#heads + 1] = len
+      else
+        sizes[#sizes + 1] = f
+        sizes[#sizes + 1] = len
+        local v = ''
+        if len <= budget then
+          budget = budget - len
+          v = string.sub(redis.call('HGET', sk, f), 1, cut)
+        end
+        out[#out + 1] = f
+        out[#out + 1] = v
+      end
+    end
+  end
+  if #whole > 0 then
+    local got = hmget(sk, whole)
+    for i, f in ipairs(whole) do
+      if got[i] then
+        out[#out + 1] = f
+        out[#out + 1] = got[i]
+      end
+    end
+  end
+  if #heads > 0 then
+    local want = {}
+    for i = 1, #heads, 2 do want[#want + 1] = 'stephead:' .. string.sub(heads[i], 6) end
+    local got = hmget(sk, want)
+    for i = 1, #heads, 2 do
+      local f, len, v = heads[i], heads[i + 1], got[(i + 1) / 2]
+      if not v and len <= budget then  -- an entry written before summaries were kept
+        budget = budget - len
+        v = summary(redis.call('HGET', sk, f), len)
+      end
+      out[#out + 1] = f
+      out[#out + 1] = v or ('{"name":null,"status":"not listed","size":' .. len .. '}')
+    end
+  end
+  return out
+end
 local id = ARGV[1]
 local cut = tonumber(ARGV[2])
 local sizes = {}
@@ -45,8 +143,14 @@ if not headed then
   rec = redis.pcall('GET', K.job)
   if type(rec) == 'table' then rec = rec.err and ('\0' .. redis.call('TYPE', K.job)['ok']) or false end
 end
-local state = redis.pcall('HGETALL', K.job .. ':s')
-if state.err then state = {} end
+local sk = K.job .. ':s'
+local state
+if cut then
+  state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0, sizes)
+else
+  state = redis.pcall('HGETALL', sk)
+  if state.err then state = {} end
+end
 local claim = redis.pcall('HGET', K.claims, id)
 if type(claim) ~= 'string' then claim = false end
 local outcome = redis.pcall('GET', K.res_prefix .. id)
@@ -70,13 +174,6 @@ if cut then
       sizes[#sizes + 1] = 'payload'
       sizes[#sizes + 1] = #rec - at
       rec = rec:sub(1, at + cut)
-    end
-  end
-  for i = 2, #state, 2 do
-    if #state[i] > cut then
-      sizes[#sizes + 1] = state[i - 1]
-      sizes[#sizes + 1] = #state[i]
-      state[i] = state[i]:sub(1, cut)
     end
   end
   -- An outcome's lines: head, history, result, meta, payload (records.view).

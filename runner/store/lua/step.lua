@@ -17,6 +17,9 @@
 -- ARGV[6] the most entries of a log (1,000)
 -- ARGV[7] the most bytes of a log (4 MiB)
 -- ARGV[8] the stats field counting this step in K.stats ('' none)
+-- ARGV[9] the entry's summary for job lists ('' none: a short entry, read whole): a JSON
+--         object without the value, to which this call adds finished_ms and size (the
+--         entry's bytes), kept as stephead:<i> (lookup.lua reads it instead of the entry)
 --
 -- Returns {code, n}: 1 recorded; -1 refused (lease lost: nothing changed); -2 another
 -- entry holds that position (n: the log's length); -3 the log is full (n entries); -4
@@ -34,6 +37,9 @@ if n + 1 > tonumber(ARGV[6]) then return {-3, n} end
 local entry = stamped_as(ARGV[5], 'finished_ms', now)
 if bytes + #entry > tonumber(ARGV[7]) then return {-4, bytes} end
 redis.call('HSET', sk, 'step:' .. n, entry, 'steps', n + 1, 'step_bytes', bytes + #entry)
+if ARGV[9] and ARGV[9] ~= '' then
+  redis.call('HSET', sk, 'stephead:' .. n, stamped_as(stamped_as(ARGV[9], 'finished_ms', now), 'size', #entry))
+end
 -- pcall: a stats hash damaged to another type loses the count, never the step.
 if K.stats and ARGV[8] and ARGV[8] ~= '' then redis.pcall('HINCRBY', K.stats, ARGV[8], 1) end
 return {1, n + 1}

@@ -17,6 +17,8 @@
 -- ARGV[7] the wait's end, epoch ms (its recorded until_ms), '' for a first wait
 -- ARGV[8] the most entries of a log
 -- ARGV[9] the most bytes of a log
+-- ARGV[10] the longest entry a job list reads whole (records.STEP_INLINE; '' none): a
+--          longer one gets its summary beside it, stephead:<position> (see step.lua)
 --
 -- Returns {code, body}: 1 a signal taken (its body), 2 timed out, 0 nothing yet (suspend),
 -- -1 refused (lease lost), -2 the log does not stand where the run read it, -3/-4 full.
@@ -41,6 +43,13 @@ local size = bytes + #entry - (old and #old or 0)
 if first and n + 1 > tonumber(ARGV[8]) then return {-3, ''} end
 if size > tonumber(ARGV[9]) then return {-4, ''} end
 redis.call('HSET', sk, 'step:' .. pos, entry, 'steps', first and n + 1 or n, 'step_bytes', size)
+local inline = tonumber(ARGV[10] or '')
+if inline and #entry > inline then
+  redis.call('HSET', sk, 'stephead:' .. pos, ARGV[6] .. ',"status":"' .. (body and 'ok' or 'timeout') ..
+             '","finished_ms":' .. now .. ',"size":' .. #entry .. '}')
+elseif inline then
+  redis.call('HDEL', sk, 'stephead:' .. pos)  -- (none should be there: a summary never outlives its entry)
+end
 if body then
   redis.call('HDEL', sk, 'sig:' .. ARGV[5])
   -- What signal.lua counts kept (never below 0: a signal kept before it counted).

@@ -1,0 +1,125 @@
+"""Job lists read bounded state: a listed job's lookup reads the fields a list row shows,
+never its whole state hash, so a page of durable jobs carrying 4 MiB step logs and big
+checkpoints costs Redis about what a page of small jobs does, and moves kilobytes. A list
+row still says what each step is (its name, status, times and size) without its value,
+and never "unreadable" for a good record whatever its size; GET /jobs/{id} reads it all.
+
+Costs are read from what Redis itself saw (SLOWLOG, reply sizes), never wall time."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from test_big_records import every_command_logged, script_calls
+
+from runner.store import codec, listing, records
+from runner.store.steps import MAX_LOG_BYTES, MAX_STEPS
+from runner.worker.fetcher import CLAIM_FIELDS
+
+from conftest import Project
+
+STEP_VALUE = 290_000  # 14 steps of it: a step log near its 4 MiB bound
+STEPS = 14
+
+
+def _durable_dead(project: Project, n: int, value_bytes: int, steps: int = STEPS,
+                  checkpoint_bytes: int = 0) -> list[str]:
+    """n dead jobs, each with ``steps`` steps recorded as a run records them (step.lua),
+    each step's value a string of ``value_bytes``, and a checkpoint of that many bytes."""
+    rt, k = project.runtime, project.keys()
+    made = project.client.enqueue_many([_req(i) for i in range(n)])
+    reply = list(rt.scripts.claim(k, n=len(made), start=len(made), lease_ms=60_000, token_base="w.steps",
+                                  dead_ttl_ms=10**9, done_ttl_ms=10**9))
+    got = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+    for job_id, token in got:
+        for s in range(steps):
+            body = records.step_ok_entry(f"step-{s}", codec.dumps("v" * value_bytes), 12.5)
+            code, _ = rt.scripts.step(k, job_id, token, s, body, MAX_STEPS, MAX_LOG_BYTES)
+            assert int(code) == 1
+        if checkpoint_bytes:
+            rt.redis.hset(k.state(job_id), "checkpoint", codec.dumps({"c": "c" * checkpoint_bytes}))
+    from runner.store.scripts import Burial
+
+    rt.scripts.bury(k, [Burial(i, t, "permanent failure", '{"type":"E","message":"m"}', "", False, "")
+                        for i, t in got], 10**9)
+    return [i for i, _ in got]
+
+
+def _req(i: int) -> Any:
+    from runner.client import Request
+
+    return Request("perm", {"i": i})
+
+
+def test_a_page_of_durable_jobs_with_big_step_logs_reads_only_what_a_row_shows(project: Project) -> None:
+    """10 dead jobs each with a 4 MiB step log (14 steps of 290 KB) and a 900 KB
+    checkpoint, beside 10 with small steps: each big job's lookup costs Redis at most a few
+    times a small one's (it read the whole hash, HGETALL: 4.9 MB into Lua a job), and the
+    whole page moves under 300 KB; each row names every step with its status and size."""
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    big = _durable_dead(project, 10, STEP_VALUE, checkpoint_bytes=900_000)
+    small = _durable_dead(project, 10, 10)
+    with every_command_logged(r):
+        for _ in range(3):
+            total, page = c.dead("fast", limit=50)
+            assert total == 20 and len(page) == 20
+        usec: dict[bool, list[int]] = {True: [], False: []}
+        for i in big + small:
+            usec[i in big] += [call["usec"] for call in script_calls(project, records.lookup_keys(k, i))]
+    assert len(usec[True]) == len(usec[False]) == 30
+    ratio = statistics.median(usec[True]) / max(1, statistics.median(usec[False]))
+    print(f"lookup median: big {statistics.median(usec[True])} us, small {statistics.median(usec[False])} us")
+    assert ratio < 4, (ratio, sorted(usec[True])[:5], sorted(usec[False])[:5])
+    replies = [project.runtime.scripts.lookup(k, i, cut=listing.preview_bytes(50)) for i in big]
+    shipped = sum(len(codec.dumps(x)) for x in replies)
+    assert shipped < 300_000, shipped
+    for job in page:
+        view = job.as_dict()
+        assert [s["name"] for s in view["steps"]] == [f"step-{s}" for s in range(STEPS)], view["steps"]
+        assert all(s["status"] == "ok" and s["kind"] == "step" and s["finished_at"] for s in view["steps"])
+        sizes = [r.hstrlen(k.state(view["id"]), f"step:{i}") for i in range(STEPS)]
+        assert [s["size"] for s in view["steps"]] == sizes, view["steps"][0]
+        assert sizes[0] > (STEP_VALUE if view["id"] in big else 10)
+        if view["id"] in big:
+            assert view["checkpoint"] is None and view["truncated"]["checkpoint"] > 900_000
+            assert all("result" not in s for s in view["steps"])
+        else:
+            assert view["steps"][0]["result"] == '"' + "v" * 10 + '"'
+    whole = c.get(big[0]).as_dict()
+    assert whole["checkpoint"] == {"c": "c" * 900_000}
+    assert whole["steps"][0]["result"].startswith('"vvv')
+    assert whole["steps"][0]["size"] == r.hstrlen(k.state(big[0]), "step:0")
+
+
+def test_a_step_over_the_preview_size_is_never_unreadable_in_a_list(project: Project) -> None:
+    """A step whose value is 5-20 KB (past the list's 4 KiB preview), recorded by a run or
+    planted as an earlier release wrote it (no summary beside it), shows in the list with
+    its name, status and size, where it showed as "unreadable" (a cut entry parsed)."""
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    [recorded] = _durable_dead(project, 1, 5_000, steps=3)
+    [planted] = _durable_dead(project, 1, 10, steps=0)
+    entry = records.step_ok_entry("old-step", codec.dumps("w" * 20_000), 3.0)[:-1] + ",1700000000000]"
+    r.hset(k.state(planted), mapping={"steps": 1, "step_bytes": len(entry), "step:0": entry})
+    _, page = c.dead("fast", limit=50)
+    rows = {j.id: j.as_dict() for j in page}
+    assert [(s["name"], s["status"], s["size"]) for s in rows[recorded]["steps"]] == [
+        (f"step-{i}", "ok", r.hstrlen(k.state(recorded), f"step:{i}")) for i in range(3)]
+    [old] = rows[planted]["steps"]
+    assert (old["name"], old["status"], old["size"]) == ("old-step", "ok", len(entry)), old
+    assert old["finished_at"] is not None
+
+
+def test_the_deploy_gates_scan_reads_no_state_hash_whole(project: Project) -> None:
+    """`runner check --scan` (census.waiting_versions) counts big durable jobs by type and
+    version reading only the state fields it needs (HMGET), never a whole step log: it
+    sent one HGETALL per job, 4 MiB each here."""
+    from runner.store import census
+
+    r, k = project.runtime.redis, project.keys()
+    _durable_dead(project, 3, STEP_VALUE)
+    r.config_resetstat()
+    read, groups = census.waiting_versions(r, [k])
+    assert read == 3 and groups[("fast", "dead", "perm", "1")] == 3, groups
+    stats = r.info("commandstats")
+    assert "cmdstat_hgetall" not in stats and int(stats["cmdstat_hmget"]["calls"]) >= 3, stats.keys()
