@@ -2098,10 +2098,10 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     """The common case (no keys, first attempt succeeds): claim reads each record once (a
     GET of the record string; a job that waits untouched has no state hash to read, and
     one EXISTS for the batch says so, with the pauses and the priority set) and
-    writes nothing to it; it pops, checks for strays (one HMGET of the claims) and the
-    types of the leases it writes and of the scheduled and dead sets (one ZINTERCARD;
-    the other keys are checked only by a settle that needs them), records
-    the claims, the leases and their claim times with one command each for the batch.
+    writes nothing to it; it pops, checks for strays (one HMGET of the claims; no key's
+    type is checked: the lease write is a pcall, and a settle that writes checks the keys
+    it needs first), records the claims, the leases and their claim times with one
+    command each for the batch.
     Ack reads no record, whatever the batch size: one HMGET for the fences, one HMGET of
     the done generation (and, the first time, one HSET to begin it), one HSET and one
     LPUSH for the outcomes (the push's reply is the generation's count: no HINCRBY of
@@ -2131,11 +2131,9 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     # Per job: a GETRANGE of the record (its first 8 KiB: whole when small); per
     # batch one RPOP, one EXISTS of the pauses, the priority set and the popped
     # jobs' state hashes (all absent for jobs that waited untouched: no HMGET of
-    # their fields, no EXISTS each), the claims' HMGET, the type checks of the
-    # leases and of the scheduled and dead sets (one ZINTERCARD, its first input an
-    # empty key: it reads none of them), one HSET of the claims and one ZADD each of
-    # the leases and of their claim times (the processing list's order), whatever
-    # the batch size.
+    # their fields, no EXISTS each), the claims' HMGET, no type check, one HSET of
+    # the claims and one ZADD each of the leases and of their claim times (the
+    # processing list's order), whatever the batch size.
     claim_cost = {"rpop": 1, "getrange": 10, "hmget": 1, "hset": 1, "zadd": 2, "exists": 1}
     # + one HINCRBY for the stats field given here (a worker gives none: it sums them) and
     # one for the census (the minute's throughput count is the worker's to add too)
