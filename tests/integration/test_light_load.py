@@ -9,6 +9,7 @@ import queue as stdqueue
 import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,11 @@ from runner.errors import JobTimeout
 from runner.store.scripts import Scripts
 from runner.worker import renewer as renewer_mod
 from runner.worker import scheduler as scheduler_mod
+from runner.worker.execute import Done
 from runner.worker.fetcher import Fetcher
-from runner.worker.ledger import Ledger
+from runner.worker.ledger import Ledger, Settlement
 from runner.worker.renewer import Renewer
+from runner.worker.settler import Settler
 from runner.worker.worker import Worker
 
 from conftest import Project, wait_for
@@ -283,6 +286,24 @@ def test_a_set_damaged_while_a_job_runs_costs_it_nothing(project: Project) -> No
     assert r.get(k.scheduled + ":corrupt") == "clobbered"
 
 
+def test_a_job_claimed_beside_a_damaged_set_costs_it_nothing(project: Project) -> None:
+    """The scheduled set overwritten with another type before a job is enqueued: a plain
+    claim checks no key's type (a command per call at light load), so the job is claimed
+    and runs; its retry, which writes the set, is refused whole with the claim kept, the
+    scheduler's pass after the error reply puts the key aside, and the job is retried and
+    done, once more and no more."""
+    project.add_function("gated", GATED_FAIL)
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    (project.records / "go").touch()
+    r.set(k.scheduled, "clobbered")
+    project.spawn_worker("fast")
+    job = c.enqueue("gated", {}).id
+    wait_for(lambda: c.get(job).status == "done", timeout=30, what="the job retried and done")
+    assert c.get(job).as_dict()["attempt"] == 2
+    assert sorted(p.name for p in project.records.glob("started-*")) == ["started-1", "started-2"]
+    assert r.get(k.scheduled + ":corrupt") == "clobbered"
+
+
 def _gil_hold_s(n: int) -> float:
     t = time.monotonic()
     re.match(r"(a+)+$", "a" * n + "b")  # one C call: the GIL held throughout
@@ -343,3 +364,54 @@ def test_a_thread_run_leaves_no_cyclic_garbage(project: Project) -> None:
         gc.garbage.clear()
         w.stop(grace_s=5)
     assert left == [], f"runner objects freed only by the cyclic collector: {left}"
+def _commands(r: Any) -> Counter[str]:
+    """Calls per command so far, from INFO commandstats (it counts a script's commands)."""
+    return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()})
+
+
+def test_a_job_alone_in_its_calls_costs_27_commands(project: Project) -> None:
+    """What one job costs Redis at light load, where each job is its own enqueue call, its
+    own wake-up and claim and its own ack (issue 53; docs/benchmarks.md, "Light load"):
+    counted from INFO commandstats around N jobs sent one at a time through the producer's
+    enqueue, the fetcher's woken claim (BLPOP and the claim in one round trip) and the
+    settler's ack, with no background thread running. Per job: enqueue 7, wake-up 1,
+    claim 8, ack 11 (each script's EVALSHA included). A change that brings a command back
+    to any of them fails here; a cut lowers the pin."""
+    rt = project.runtime
+    q = rt.config.queues["fast"]
+    ledger = Ledger(q.concurrency, 16, 1)
+    inbox: stdqueue.SimpleQueue[Any] = stdqueue.SimpleQueue()
+    fetcher = Fetcher(rt, q, ledger, inbox, stdqueue.SimpleQueue(), "w-count")
+    settler = Settler(rt, q, ledger, stdqueue.SimpleQueue())
+    r, c = rt.redis, project.client
+    by_step: dict[str, Counter[str]] = {"enqueue": Counter(), "claim": Counter(), "ack": Counter()}
+
+    def step(name: str, call: Any) -> Any:
+        before = _commands(r)
+        got = call()
+        spent = _commands(r) - before
+        spent["info"] -= 1
+        by_step[name] += +spent
+        return got
+
+    def one(i: int) -> str:
+        job_id = step("enqueue", lambda: c.enqueue("noop", {"i": i}).id)
+        fetcher._woken = True  # idle: the claim waits behind a BLPOP, as at light load
+        assert step("claim", lambda: fetcher.claim(16, 4)) == (1, 0)
+        run = inbox.get(timeout=5)
+        assert run.job.id == job_id
+        step("ack", lambda: settler.send([Settlement(run, Done("null"), 0.001, run.job.claimed_ms)]))
+        return job_id
+
+    for i in range(3):  # warm: the scripts loaded, the queue's keys made
+        one(i)
+    for name in by_step:
+        by_step[name].clear()
+    ids = [one(i) for i in range(JOBS)]
+    settler.flush_figures(final=True)  # (outside the count: a second's figures, one pipeline)
+
+    assert all(c.get(job_id).status == "done" for job_id in ids)
+    per_job = {name: sum(spent.values()) / JOBS for name, spent in by_step.items()}
+    assert per_job == {"enqueue": 7, "claim": 9, "ack": 11}, (per_job, by_step)
+    assert by_step["claim"]["blpop"] == JOBS and by_step["claim"]["evalsha"] == JOBS
+    assert sum(per_job.values()) == 27

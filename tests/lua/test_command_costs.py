@@ -63,37 +63,41 @@ def test_an_enqueue_wakes_idle_workers_with_one_push_and_a_bounded_list(p: Proje
     assert r.llen(k.ready) == 201
 
 
-def test_a_plain_claim_checks_the_sets_and_not_the_done_meta(p: Project) -> None:
-    """A claim of plain jobs (records in place, nothing to bury or mark done) checks the
-    type of the leases, scheduled and dead sets once per call (a job claimed now may be
-    retried or buried later by a script that gives up its claim before writing there)
-    with one ZINTERCARD, whose empty first input keeps it from reading the sets (no
-    ZSCORE of the leases: a plain set there, which ZINTERCARD passes, fails the lease
-    write, and test_a_leases_key_damaged_to_a_set_costs_no_job pins what then holds);
-    and not the done meta, which only a settle that reads it checks (test_scripts'
-    damaged-key tests)."""
+def test_a_plain_claim_checks_no_key_s_type_before_it_writes(p: Project) -> None:
+    """A claim of plain jobs (records in place, nothing to bury or mark done) sends no
+    type check at all: not of the scheduled and dead sets, which a plain claim does not
+    write (the retry, deferral or burial that later gives up its claim checks the set it
+    writes next and refuses whole, the claim kept: test_scripts,
+    test_a_set_damaged_while_a_job_runs_refuses_its_settle_and_keeps_the_claim), not of
+    the leases, whose write is made with a pcall and refuses with every id back
+    (test_a_leases_key_damaged_costs_no_job), and not of the done meta, which only a
+    settle that reads it checks. Each was a command per claim call, paid per job at
+    light load."""
     r, k = p.runtime.redis, p.keys()
     r.zadd(k.dead, {f"d{i}": i for i in range(500)})
     r.zadd(k.scheduled, {f"s{i}": NOW * 2 for i in range(500)})
     r.zadd(k.leases, {f"l{i}": NOW * 2 for i in range(500)})
     enqueue(p, new("a"), new("b"))
     got = sent(r, lambda: claim(p, n=2))
-    assert got["zscore"] == 0 and got["zintercard"] == 1 and got["hget"] == 0, got
-    assert r.hlen(k.claims) == 2 and r.zcard(k.leases) == 502 and not r.exists(k.leases + ":none")
+    assert got["zscore"] == 0 and got["zintercard"] == 0 and got["hget"] == 0, got
+    assert r.hlen(k.claims) == 2 and r.zcard(k.leases) == 502
+    assert r.zcard(k.scheduled) == 500 and r.zcard(k.dead) == 500
 
 
-def test_a_leases_key_damaged_to_a_set_costs_no_job(p: Project) -> None:
-    """A leases key overwritten with a plain set passes the claim's ZINTERCARD: a claim
-    of plain jobs fails at its lease write, puts every id it popped back in ready in order
-    and refuses, naming the key, with no claim written; a claim that meets a job whose
-    settle writes (a state hash, a limit) checks the leases before that write and refuses
-    the same way, that job's state untouched. Once the reclaim puts the key aside, every
-    job is claimed, once."""
+@pytest.mark.parametrize("kind", ["set", "string", "hash"])
+def test_a_leases_key_damaged_costs_no_job(p: Project, kind: str) -> None:
+    """A leases key overwritten with another type (the claim checks no type first): a
+    claim of plain jobs fails at its lease write, puts every id it popped back in ready
+    in order and refuses, naming the key, with no claim written; a claim that meets a job
+    whose settle writes (a state hash, a limit) checks the leases before that write and
+    refuses the same way, that job's state untouched. Once the reclaim puts the key
+    aside, every job is claimed, once."""
     from redis.exceptions import ResponseError
 
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     enqueue(p, new("a"), new("b"))
-    r.sadd(k.leases, "x")
+    {"set": lambda: r.sadd(k.leases, "x"), "string": lambda: r.set(k.leases, "x"),
+     "hash": lambda: r.hset(k.leases, "x", "1")}[kind]()
     for n in (1, 2, 5):
         with pytest.raises(ResponseError, match="the leases key of this queue holds the wrong"):
             claim(p, n=n)
@@ -107,7 +111,7 @@ def test_a_leases_key_damaged_to_a_set_costs_no_job(p: Project) -> None:
         assert r.hget(k.state("b"), "lost_token") == "old 1 1"
         assert not [key for key in r.scan_iter(match=k.lim_prefix + "*")]
     sc.reclaim(k, 100, 10**7, now_ms=NOW + 1)
-    assert r.smembers(k.leases + ":corrupt") == {"x"}
+    assert r.type(k.leases + ":corrupt") == kind
     assert [g[0] for g in claim(p, n=5)] == ["a", "b", "c"]
     assert r.zcard(k.leases) == 3 and r.hlen(k.claims) == 3
 

@@ -213,8 +213,7 @@ local sound = {}  -- the keys found of their type in this call (see sound_keys b
 -- anything asks first (lone_is_stray). At light load that is an HMGET less per claim.
 local unchecked = nil
 -- Write them; false and the damaged key's name, with nothing written, when the leases
--- or the claims turn out damaged. The first round's ZINTERCARD refuses a leases key of
--- any type but a sorted set or a set; a plain set there passes it and fails this write.
+-- or the claims turn out damaged (a leases key of any other type fails this write).
 -- Until the leases are known sound, every job claimed so far is plain (a job whose
 -- gates write checks them first, see take()), so a failed first write has changed
 -- nothing of theirs: the caller puts them back and refuses. (A batch past one chunk
@@ -284,10 +283,9 @@ local full = false  -- set by take() with stop: the next job would pass CLAIM_BY
 -- anywhere. Each is checked once per call, just before the first settle that needs it
 -- (a plain job needs none of them), and a damaged one is named in `refused`: the id in
 -- hand and the rest go back, and the claim refuses (see the loop below). (The leases,
--- which every claim writes, are checked with the sets before the first round, where a
--- plain set passes; so a job whose settle writes anything checks them here first, and a
--- plain job's claim finds out at its lease write: see write_leases. A damaged stats hash
--- only loses counts: see flush.)
+-- which every claim writes: a job whose settle writes anything, a burial included,
+-- checks them here first, and a plain job's claim finds out at its lease write: see
+-- write_leases. A damaged stats hash only loses counts: see flush.)
 local PROBE = {leases = 'ZSCORE', scheduled = 'ZSCORE', dead = 'ZSCORE', done_meta = 'HGET'}
 local KEY_NAME = {leases = 'leases', scheduled = 'scheduled', dead = 'dead', done_meta = 'done generation'}
 local refused = nil
@@ -365,7 +363,7 @@ local function read_job(id, jk)
   -- (A big record's payload is read only when the job is claimed: not for a pause's hold.)
   local rec, why = rec_peek(jk)
   if not rec then
-    if lone_is_stray(id) or not sound_keys('done_meta', 'dead') then return nil end
+    if lone_is_stray(id) or not sound_keys('leases', 'done_meta', 'dead') then return nil end
     if done_has(K.done_meta, K.done_prefix, id) then
       tally('stray')  -- done already (its record is gone with it): never run it twice
     else
@@ -384,7 +382,7 @@ local function read_job(id, jk)
     -- pcall: a state key of another type is a damaged record, buried with its reason.
     f = redis.pcall('HMGET', sk, unpack(STATE))
     if f.err then
-      if lone_is_stray(id) or not sound_keys('dead') then return nil end
+      if lone_is_stray(id) or not sound_keys('leases', 'dead') then return nil end
       redis.call('RENAME', sk, sk .. ':corrupt')
       bury_raw(jk, id, 'malformed record: its state is not a hash; kept at ' .. sk .. ':corrupt')
       return nil
@@ -393,7 +391,7 @@ local function read_job(id, jk)
   local status = f[1] or 'queued'
   local bad = malformed(rec, f, status)
   if bad then
-    if lone_is_stray(id) or not sound_keys('dead') then return nil end
+    if lone_is_stray(id) or not sound_keys('leases', 'dead') then return nil end
     bury_raw(jk, id, bad)
     return nil
   elseif status ~= 'queued' then
@@ -726,32 +724,19 @@ while i < n and popped < n * 4 + cheap and not stop and not refused do
     ok_h, held = pcall(hmget_many, K.claims, ids)
   end
   local damaged = not ok_h and 'claims' or nil
-  if popped == #ids and not damaged then
-    -- First round: the leases every claim writes, and the scheduled and dead sets, must
-    -- be sorted sets. The leases: or the write would fail with ids popped and not yet
-    -- anywhere. The other two: a job claimed now is later retried, deferred or buried by
-    -- a script that gives up its claim before it writes there, and a damaged set would
-    -- leave it in no structure; refused here, no job is claimed until the scheduler puts
-    -- the damaged key aside. (The done meta: sound_keys, when a settle needs it.)
-    -- The three are checked by one ZINTERCARD, which refuses a key of any type but a
-    -- sorted set or a set before it reads anything; a key never written (K.leases ..
-    -- ':none', empty) is the smallest input, so it reads nothing whatever the sets hold.
-    -- A set passes it: such a set is not marked sound, so a settle in this call checks
-    -- it again (sound_keys), and a later retry or burial refuses (damaged_set) until the
-    -- scheduler puts it aside; leases of a plain set fail the lease write, which then
-    -- writes nothing (write_leases). An error names its key by a probe of each.
-    if type(redis.pcall('ZINTERCARD', 4, K.leases .. ':none', K.leases, K.scheduled, K.dead, 'LIMIT', 1))
-        == 'table' then
-      for _, kn in ipairs({'leases', 'scheduled', 'dead'}) do
-        if type(redis.pcall('ZSCORE', K[kn], '')) == 'table' then damaged = kn break end
-      end
-    end
-  end
+  -- No key's type is checked here before the first settle: the leases are written with
+  -- a pcall before any other write of a plain job (write_leases), and a settle that
+  -- writes anything checks the keys it needs first (sound_keys). The scheduled and dead
+  -- sets are not written by a plain claim at all: the retry, deferral or burial that
+  -- later gives up the claim checks the set it writes next and refuses whole, the claim
+  -- kept (damaged_set in includes/claims.lua), until the scheduler's reclaim, which an
+  -- error reply sends looking, puts the key aside. (A check of the three here, one
+  -- ZINTERCARD, was a command per call, paid per job at light load.)
   if damaged then
-    -- A key of the queue is damaged (another type). Types cannot change within this
-    -- call, so this is the first round and nothing is claimed yet: put the ids back at
-    -- the consumer end, in order, and refuse, rather than lose them. The scheduler's
-    -- reclaim renames the key aside.
+    -- The claims hash is damaged (another type). Types cannot change within this call,
+    -- so this is the first round and nothing is claimed yet: put the ids back at the
+    -- consumer end, in order, and refuse, rather than lose them. The scheduler's reclaim
+    -- renames the key aside.
     for j = #ids, 1, -1 do put_back(ids[j]) end
     return redis.error_reply('claim refused: the ' .. damaged .. ' key of this queue holds the wrong Redis type')
   end
@@ -793,7 +778,7 @@ elseif not stop and i < n and popped >= n * 4 + cheap then
 end
 local wrote, bad_key = write_leases()
 if not wrote then
-  -- The leases are a plain set, or the claims hash of a lone id is damaged (see
+  -- The leases are of another type, or the claims hash of a lone id is damaged (see
   -- write_leases): every job claimed here is plain and nothing of it is written. They go
   -- back to the consumer end, in claim order, before any id put back above, and the
   -- claim refuses.
