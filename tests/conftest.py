@@ -153,6 +153,17 @@ def take_writes_again(r: Any, scratch: Path) -> None:
 
 
 @pytest.fixture(scope="session")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless browser per test process (browserkit.Chromium), each browser test's
+    ``browser`` a fresh tab of it."""
+    from browserkit import Chromium
+
+    c = Chromium(tmp_path_factory.mktemp("chromium-profile"))
+    yield c
+    c.quit()
+
+
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = Server(tmp_path_factory.mktemp("valkey"), appendonly=True).start()
     yield s

@@ -13,72 +13,20 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import browserkit
 import pytest
+from browserkit import INSTALL, browser_programs
 from test_web_support import gunicorn
 
 from conftest import Project, wait_for
 
 TOKEN = "dashboard-token"
-# The browser and its driver, by the names distributions give them (Debian: chromium and
-# chromium-driver's chromedriver; Ubuntu: chromium-browser and chromium-chromedriver,
-# snaps under /snap/bin; Google's: google-chrome), looked for on PATH; CHROME_BIN and
-# CHROMEDRIVER name others.
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
-DRIVERS = ("chromedriver", "chromium.chromedriver")
-INSTALL = ("Debian: sudo apt-get install chromium chromium-driver; "
-           "Ubuntu: sudo apt-get install chromium-browser chromium-chromedriver (snaps); "
-           "Fedora: sudo dnf install chromium chromedriver; Arch: sudo pacman -S chromium; "
-           "Alpine: apk add chromium chromium-chromedriver; elsewhere set CHROME_BIN and CHROMEDRIVER")
-
-
-def browser_programs(env: dict[str, str] | None = None, also: tuple[str, ...] = ("/snap/bin",)
-                     ) -> tuple[str | None, str | None]:
-    """(the Chromium or Chrome binary, its chromedriver), each None when not found: the
-    variable CHROME_BIN / CHROMEDRIVER if set, else the first name on PATH, then in
-    ``also`` (/snap/bin, where Ubuntu's snaps are, which a service's PATH may lack)."""
-    env = dict(os.environ) if env is None else env
-    path = os.pathsep.join(p for p in (env.get("PATH", os.defpath), *also) if p)
-
-    def first(var: str, names: tuple[str, ...]) -> str | None:
-        if env.get(var):
-            return shutil.which(env[var], path=path)
-        return next((found for n in names if (found := shutil.which(n, path=path))), None)
-
-    return first("CHROME_BIN", BROWSERS), first("CHROMEDRIVER", DRIVERS)
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    chrome, driver_path = browser_programs()
-    if not (chrome and driver_path):
-        missing = " and ".join(what for what, got in (("a Chromium browser", chrome), ("its chromedriver", driver_path))
-                               if not got)
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI must install {missing} ({INSTALL})")
-        pytest.skip(f"{missing} not found on PATH: the browser tests need both ({INSTALL})")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chrome
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1400,2400"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for script_errors()
-    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
+browser = browserkit.browser  # the fixture, here for this module's tests and the modules that import it
 def test_the_browser_and_its_driver_are_found_by_every_distribution_s_names(tmp_path: Path) -> None:
     """Ubuntu's chromium-browser and Google's google-chrome are found on PATH as Debian's
     chromium is, and CHROME_BIN / CHROMEDRIVER win; what is missing is None, and the skip
