@@ -525,7 +525,7 @@ class _Watch:
         self.waiting.remove(f)
         self.current, self.began, self.stalled = f, now, 0.0
         self.deadline = now + f.fn.timeout_s + self.slot.grace_s
-        self.cancel_seen = 0.0
+        self.cancel_seen = self.lost_seen = 0.0  # (its own grace: not from the job before's)
         f.started(self.child.pid)
 
     def _top_up(self) -> None:

@@ -181,6 +181,25 @@ def test_a_stop_recalls_the_jobs_waiting_behind_the_running_one(project: Project
     assert slot.child is not None  # the child serves on
 
 
+def test_a_job_whose_lease_is_lost_after_another_in_its_batch_gets_the_whole_grace(
+        project: Project, slot: Slot) -> None:
+    """Two jobs in one child whose leases were lost with their concurrency slots (a worker
+    frozen past its leases): the first ends on its own within the grace (3 s here); the
+    second, which does not, is killed a whole grace after its own start, not a grace after
+    the first's lost lease was seen (which left it about 2.2 s)."""
+    slot.grace_s = 3.0
+    feeds = batch(project, {"s": 0.8}, {"s": 10}, fn_name="batched_long")
+    for f in feeds:
+        f.run.lost = True
+        f.flags.lock_lost = True
+    slot.run(feeds, 1, {}, lambda: False)
+    first, second = feeds
+    assert isinstance(first.outcome, Done), first.outcome
+    assert isinstance(second.outcome, RetryLater) and second.outcome.error["type"] == "StaleLease", second.outcome
+    assert second.ended - second.began >= slot.grace_s, (second.began, second.ended - second.began)
+    assert slot.child is None
+
+
 def test_a_slow_job_hands_back_the_jobs_behind_it_when_an_executor_is_idle(
         project: Project, slot: Slot) -> None:
     """A job that runs long (1 s) in a batch: once it has run RECALL_AFTER_S while another
