@@ -69,6 +69,9 @@ from runner.worker.renewer import send_logs
 from runner.worker.slot import Feed, Slot
 
 log = logging.getLogger("runner.worker")
+# How long the stop waits, once it killed the children still running jobs, for their
+# slots to hand back the jobs waiting behind those (each slot sees its child die at once).
+HAND_BACK_S = 5.0
 LEFT_BEHIND_S = 0.05  # how long tasks a handler left behind get to end once cancelled
 GATHER_LOOK_S = 0.005  # how often a gathering batch looks whether other executors filled it
 joblog = logging.getLogger("runner.job")
@@ -169,6 +172,7 @@ class Executors:
             if r.abandoned and self.ledger.verdict(r) is not None:
                 # Still in its C call: back once its lease lapses, when this process is gone.
                 self.outcomes.put(Settlement(r, Release("later", "interrupted")))
+        killed: list[Slot] = []
         for r in still:
             if r.child_pid is not None:
                 # Marked before the kill: the slot watching the child sees it die and
@@ -181,6 +185,8 @@ class Executors:
                         continue
                     r.handed_back = back
                     slot = self._slot_of(r)
+                    slot.stopped = True
+                killed.append(slot)
                 try:
                     slot.kill()
                 except Exception:  # (a bug: the other runs still go back)
@@ -192,6 +198,14 @@ class Executors:
                 self.outcomes.put(Settlement(r, back))
             else:
                 self.outcomes.put(Settlement(r, Release("later", "interrupted")))
+        # The jobs waiting behind a killed child's job are handed back by its slot, which
+        # sees the child die: queued before the settler's last batch, not left to their
+        # lease (it would bring them back "lost unstarted", their one unspent loss gone).
+        deadline = time.monotonic() + HAND_BACK_S
+        for slot in killed:
+            if not slot.settled(max(0.0, deadline - time.monotonic())):
+                log.warning("%s: the jobs waiting in a stopped child process were not handed back within %g s; "
+                            "they come back when their lease lapses", self.q.name, HAND_BACK_S)
         # Claims that reached the inbox after the stop sentinels.
         while True:
             try:

@@ -133,6 +133,13 @@ class Slot:
         self.failures = 0  # children in a row that died before their handler got a job
         self._pause_until = 0.0  # no new child before then (after such deaths)
         self.pace: dict[str, float] = {}  # seconds each function's handler took here, lately
+        # Clear while a batch runs here (run): set once each of its jobs has its outcome or
+        # went back, which the worker's stop waits for after killing the child.
+        self._idle = threading.Event()
+        self._idle.set()
+        # Set by the worker's stop before it kills the child: the job the child ran then
+        # goes back unspent ("interrupted"), not as a crash.
+        self.stopped = False
 
     def _failed_start(self, exc: BaseException) -> None:
         self.failures += 1
@@ -199,6 +206,11 @@ class Slot:
             self.child.kill()
             self.child = None
 
+    def settled(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the batch running here, if any, to end (every job
+        of it settled or handed back, on the outcomes queue); whether it did."""
+        return self._idle.wait(timeout_s)
+
     def run(self, feeds: Sequence[Feed], generation: int, extra: dict[str, Any], stopping: Callable[[], bool],
             starving: Callable[[], bool] = bool, recalled: Callable[[], None] = lambda: None,
             more: Callable[[int], Sequence[Feed]] = lambda n: ()) -> None:
@@ -210,6 +222,15 @@ class Slot:
         ``recalled`` is told when they are. ``more(n)`` gives up to n more jobs claimed
         ahead to top the child's queue up before it runs dry (none once it is stopping or
         recalling). The slot is ready for the next batch."""
+        self._idle.clear()
+        try:
+            self._run(feeds, generation, extra, stopping, starving, recalled, more)
+        finally:
+            self._idle.set()
+
+    def _run(self, feeds: Sequence[Feed], generation: int, extra: dict[str, Any], stopping: Callable[[], bool],
+             starving: Callable[[], bool], recalled: Callable[[], None],
+             more: Callable[[int], Sequence[Feed]]) -> None:
         first = feeds[0]
         try:
             child = self.child
@@ -504,7 +525,7 @@ class _Watch:
         self.waiting.remove(f)
         self.current, self.began, self.stalled = f, now, 0.0
         self.deadline = now + f.fn.timeout_s + self.slot.grace_s
-        self.cancel_seen = 0.0
+        self.cancel_seen = self.lost_seen = 0.0  # (its own grace: not from the job before's)
         f.started(self.child.pid)
 
     def _top_up(self) -> None:
@@ -566,7 +587,12 @@ class _Watch:
         else:
             code = child.end()
         current = self.current
-        if current is not None:
+        if current is not None and not why and slot.stopped:
+            # The worker's stop killed it past its grace period: the job goes back
+            # unspent, as the stop hands back each job it saw running (this one the child
+            # may have started just after it looked).
+            current.finish(Release("now", "interrupted"), time.monotonic() - self.began)
+        elif current is not None:
             lines, lost = child.held  # held back in a flood when it died: the last ones (spill.py)
             if lines or lost:
                 current.rpc({"call": "log", "lines": lines, "chunks": [], "dropped": lost})

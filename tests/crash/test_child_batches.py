@@ -181,6 +181,41 @@ def test_a_stop_recalls_the_jobs_waiting_behind_the_running_one(project: Project
     assert slot.child is not None  # the child serves on
 
 
+def test_a_job_whose_lease_is_lost_after_another_in_its_batch_gets_the_whole_grace(
+        project: Project, slot: Slot) -> None:
+    """Two jobs in one child whose leases were lost with their concurrency slots (a worker
+    frozen past its leases): the first ends on its own within the grace (3 s here); the
+    second, which does not, is killed a whole grace after its own start, not a grace after
+    the first's lost lease was seen (which left it about 2.2 s)."""
+    slot.grace_s = 3.0
+    feeds = batch(project, {"s": 0.8}, {"s": 10}, fn_name="batched_long")
+    for f in feeds:
+        f.run.lost = True
+        f.flags.lock_lost = True
+    slot.run(feeds, 1, {}, lambda: False)
+    first, second = feeds
+    assert isinstance(first.outcome, Done), first.outcome
+    assert isinstance(second.outcome, RetryLater) and second.outcome.error["type"] == "StaleLease", second.outcome
+    assert second.ended - second.began >= slot.grace_s, (second.began, second.ended - second.began)
+    assert slot.child is None
+
+
+def test_a_job_whose_child_the_stop_killed_goes_back_interrupted(project: Project, slot: Slot) -> None:
+    """The worker's stop, past its grace period, kills a child while a job runs there (one
+    it may have started after the stop looked which jobs ran): that job goes back unspent,
+    "interrupted", not failed as an executor crash; the job behind it goes back too."""
+    feeds = batch(project, {"s": 10}, {}, fn_name="batched_long")
+    t = threading.Thread(target=slot.run, args=(feeds, 1, {}, lambda: False))
+    t.start()
+    wait_for(lambda: feeds[0].runs(), timeout=10, what="the first job to start")
+    slot.stopped = True
+    slot.kill()
+    t.join(timeout=10)
+    assert feeds[0].outcome == Release("now", "interrupted"), feeds[0].outcome
+    assert feeds[1].outcome == Release() and not feeds[1].runs()
+    assert slot.settled(0)
+
+
 def test_a_slow_job_hands_back_the_jobs_behind_it_when_an_executor_is_idle(
         project: Project, slot: Slot) -> None:
     """A job that runs long (1 s) in a batch: once it has run RECALL_AFTER_S while another

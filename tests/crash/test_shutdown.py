@@ -4,9 +4,12 @@ come; a second SIGINT or a SIGQUIT exits at once and the lease brings the job ba
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from typing import Any
 
+import pytest
 from crashkit import (
     assert_quiet,
     configure,
@@ -19,7 +22,26 @@ from crashkit import (
     worker_log,
 )
 
+from runner.client import Enqueued, Request
+
 from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
+
+# A process-isolated function that, asked to, holds its child's GIL in one C call (a
+# backtracking regex: each extra "a" doubles it) or sleeps; each start is recorded.
+BEHIND = '''
+import os, re, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 120
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{os.getpid()} {time.monotonic()}\\n")
+    if payload.get("n"):
+        re.match(r"(a+)+$", "a" * payload["n"] + "b")
+    time.sleep(payload.get("s", 0))
+    return {}
+'''
 
 
 def test_sigterm_finishes_running_jobs_and_leaves_the_rest_untouched(project: Project) -> None:
@@ -133,3 +155,46 @@ def test_sigquit_exits_at_once_after_a_sigterm(project: Project) -> None:
     assert any("SIGQUIT" in str(x.get("msg")) for x in log_records(worker_log(project, w)))
     assert rec(project, job.id)["status"] == "processing"
     assert structures(project)["leases"] == [job.id]
+
+
+def _quick(project: Project, ids: list[str]) -> None:
+    assert all(r["status"] == "done" for r in wait_final(project, ids, timeout=120).values())
+
+
+@pytest.mark.parametrize("how", ["gil", "sigstop", "every process"])
+def test_a_stop_hands_back_the_jobs_waiting_behind_a_child_that_cannot_answer(project: Project, how: str) -> None:
+    """Five jobs wait in a child's queue behind a job whose child cannot answer the stop's
+    recall: its handler holds the GIL in one C call, or the child is SIGSTOPped. Past the
+    grace period the child is killed; when the worker has exited, the job it ran and the
+    five behind it are queued again at once, no attempt spent and none started (not
+    left processing until their lease lapsed, then back "lost unstarted", their one
+    unspent loss used up). Also when the stop's SIGTERM reaches every process."""
+    project.add_function("behind", BEHIND)
+    project.write_config(vt=60, grace=1, concurrency=1, prefetch=16)
+    client, r, k = project.client, project.runtime.redis, project.keys()
+    w = project.spawn_worker("fast")
+    warm = [e.id for e in client.enqueue_many([Request("behind", {}) for _ in range(40)]) if isinstance(e, Enqueued)]
+    _quick(project, warm)  # the function's pace is known: a batch takes the six at once
+    head: dict[str, Any] = {"n": 40} if how != "sigstop" else {"s": 60}
+    made = client.enqueue_many([Request("behind", head)] + [Request("behind", {}) for _ in range(5)])
+    ids = [e.id for e in made if isinstance(e, Enqueued)]
+    first, behind = ids[0], ids[1:]
+    wait_for(lambda: project.runs(first), timeout=30, what="the job ahead to start")
+    wait_for(lambda: all(r.hget(k.claims, i) for i in ids), timeout=10, what="every job's claim")
+    child = int(project.runs(first)[0].split()[0])
+    if how == "sigstop":
+        os.kill(child, signal.SIGSTOP)
+    time.sleep(0.2)
+    assert not any(project.runs(i) for i in behind)
+    w.send_signal(signal.SIGTERM)
+    if how == "every process":
+        os.kill(child, signal.SIGTERM)
+    assert wait_exit(w, 30) == 0
+    for i in ids:
+        got = rec(project, i)
+        assert (got["status"], got["attempt"]) == ("queued", 0), (i == first, got["status"], outcomes(got))
+    assert not any(project.runs(i) for i in behind)
+    s = structures(project)
+    assert s["leases"] == [] and sorted(s["ready"]) == sorted(ids)
+    assert outcomes(rec(project, first)) == ["interrupted"]
+    assert_no_job_in_two_structures(project)
