@@ -581,17 +581,23 @@ end
 -- instructions per job of enqueue, claim, start and ack). A job under limits past the
 -- free executors stops the call (stop): it goes back where the next claim takes it
 -- first.
+-- What a job's claim sends: its payload and meta (the rest of its record is a few short
+-- fields), or for a record rec_peek read by its head, the whole record's length; and its
+-- checkpoint.
+local function size_of(jk, rec, f)
+  local p = rec.payload
+  local size = p and #p + #rec.meta or redis.call('STRLEN', jk)
+  if f[4] then size = size + #f[4] end
+  return size
+end
+
 local function take(id)
   local jk = K.job_prefix .. id
   local rec, f, sk = read_job(id, jk)
   if not rec then return end
   -- The byte bound, before any gate writes: past it the job goes back untouched (the
-  -- first claimed is sent whatever its size). What a job sends is its payload and meta
-  -- (the rest of its record is a few short fields), or for a record rec_peek read by its
-  -- head, the whole record's length; and its checkpoint.
-  local p = rec.payload
-  local size = p and #p + #rec.meta or redis.call('STRLEN', jk)
-  if f[4] then size = size + #f[4] end
+  -- first claimed is sent whatever its size).
+  local size = size_of(jk, rec, f)
   if i > 0 and sent + size > CLAIM_BYTES then
     stop, full = true, true
     return
