@@ -98,6 +98,9 @@ def jobs(client: Client, status: str, *, queue: str | None = None, type: str | N
     if status not in listing.LISTED:
         raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
     rt = client.runtime
+    # A long-lived reader (a web process that never enqueues) learns of the partitions
+    # another count recorded since, as its figures do: else it never lists their jobs.
+    rt.discover_due()
     names = [queue] if queue else list(rt.keys)
     for q in names:
         queue_keys(client, q)  # an unknown queue is refused, naming the configured ones
@@ -179,12 +182,14 @@ def dead(client: Client, queue: str, offset: int = 0, limit: int = 50) -> tuple[
     page); each job's big values come as previews (see store/listing.py)."""
     queue_keys(client, queue)
     rt = client.runtime
+    rt.discover_due()  # (as jobs does)
     with reachable():
         return listing.dead_page(rt.redis, rt.scripts, queue, rt.parts[queue], offset, limit)
 
 
 def dead_ids(client: Client, queue: str) -> list[str]:
     queue_keys(client, queue)
+    client.runtime.discover_due()  # (as jobs does)
     with reachable():
         return admin.dead_ids(client.runtime.redis, client.runtime.parts[queue])
 

@@ -32,7 +32,12 @@ meanwhile stays): one more call for a page that met one, at most one per id it r
 A page reads at most SCAN_MAX ids of its index and one lookup per id, so its work is
 bounded whatever the depth (a deferred page also reads the names of the limits that have
 waiters, one per parked job at most); a type filter may return a short (even empty) page with a
-cursor to go on from. Without ``queue`` the queues are listed one after another.
+cursor to go on from. Without ``queue`` the queues are listed one after another, and a
+partitioned queue's partitions in tag_order, an order of their tags alone: the cursor
+names its partition by tag, so processes on two counts of partitions (a rolling change
+of ``partitions``) read one cursor alike, and a tag the reader has not learned of yet is
+read all the same (an index into the reader's own list named another partition on
+another count: an earlier release's such cursor is refused on a partitioned queue).
 A cursor holds a position in its index and, in a sorted set, the last id read there
 with its score: a position (score, then id) that is unique however many ids share a
 score (the leases of one claim share a deadline), and the next page starts after it
@@ -94,7 +99,7 @@ from __future__ import annotations
 import base64
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -157,26 +162,55 @@ class Page:
     cursor: str | None  # None: the last page
 
 
-def encode_cursor(queue_index: int, pos: int, gen: int | None = None,
+def tag_order(tag: str) -> tuple[int, int, str]:
+    """Where a partition comes in its queue's list: the home tag (the queue's own name)
+    first, then ``<queue>:<s>`` by ``s``. A function of the tag alone, so every process,
+    whatever its count of partitions and whichever of them it knows, reads one order."""
+    _, sep, rest = tag.partition(":")
+    if not sep:
+        return 0, 0, ""
+    return (1, int(rest), "") if rest.isascii() and rest.isdigit() and len(rest) <= 9 else (2, 0, rest)
+
+
+def encode_cursor(tag: str, pos: int, gen: int | None = None,
                   anchor: tuple[float, str] | None = None, marks: tuple[str, ...] | None = None) -> str:
+    """``tag``: the partition being read (its queue's name, or ``<queue>:<s>``), by name:
+    an index into the reader's own list of partitions names another partition on a
+    process of another count."""
     tail: list[Any] = [anchor[0], anchor[1]] if anchor is not None else []
     if marks is not None:  # a list's ids: the first not yet shown, the last shown (and before it)
         tail = [*(tail or [0, ""]), *marks]
-    raw = codec.dumps([queue_index, pos, gen, *tail])
+    raw = codec.dumps([tag, pos, gen, *tail])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-Cursor = tuple[int, int, int | None, tuple[float, str] | None, tuple[str, ...] | None]
+def _is_tag(v: Any) -> bool:
+    """A partition's tag: a queue's name (letters, digits, - or _, as config.py takes
+    them), alone or with ``:<s>`` (keys.partition_tags)."""
+    if not isinstance(v, str) or not 1 <= len(v) <= 1000:
+        return False
+    queue, sep, s = v.partition(":")
+    return (queue.replace("_", "").replace("-", "").isalnum()
+            and (not sep or (s.isascii() and s.isdigit() and len(s) <= 9)))
+
+
+# An earlier release's cursor held an index into the list of partitions of the process that
+# made it: on a partitioned queue, another count numbers them otherwise.
+EARLIER = ("this cursor was made by an earlier release, whose place in a partitioned queue's list "
+           "another process may read elsewhere: start the list again (without a cursor)")
+
+Cursor = tuple[str | int, int, int | None, tuple[float, str] | None, tuple[str, ...] | None]
 
 
 def decode_cursor(cursor: str) -> Cursor:
-    """(queue index, position, index or done generation, anchor, a deferred list's marks);
+    """(partition tag, position, index or done generation, anchor, a deferred list's
+    marks); an earlier release's cursor has the index of its partition instead of the tag.
     ValueError for anything this module did not make (a forged cursor is the caller's 400,
     never a failed read)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         fields = codec.loads(raw)
-        qi, pos, gen = fields[:3]
+        where, pos, gen = fields[:3]
         anchor = fields[3:5]
         marks = fields[5:]
     except Exception as exc:
@@ -189,13 +223,44 @@ def decode_cursor(cursor: str) -> Cursor:
         return isinstance(v, str) and least <= len(v) <= 1000
 
     score = anchor[0] if len(anchor) == 2 else None
-    if not (whole(qi) and whole(pos) and (gen is None or whole(gen)) and len(anchor) in (0, 2)
+    if not ((whole(where) or _is_tag(where))
+            and whole(pos) and (gen is None or whole(gen)) and len(anchor) in (0, 2)
             and (not marks or (2 <= len(marks) <= 2 + MAX_EARLIER and anchor and all(name(m, 1) for m in marks)))
             and (not anchor or (isinstance(score, int | float) and not isinstance(score, bool)
                                 and abs(score) <= MAX_POS and name(anchor[1], 0 if marks else 1)))):
         raise ValueError("not a cursor of this list")
-    return (qi, pos, gen, (float(anchor[0]), anchor[1]) if anchor else None,
+    return (where, pos, gen, (float(anchor[0]), anchor[1]) if anchor else None,
             tuple(marks) if marks else None)
+
+
+def _in_order(queues: Sequence[tuple[str, QueueKeys]], where: str | int | None
+              ) -> tuple[list[tuple[str, QueueKeys]], int]:
+    """The partitions to list, each queue's in tag_order, and the index of the cursor's
+    (``where``) among them. A partition this process does not know (a tag recorded since
+    it last looked) is read all the same: its keys follow from its tag, and skipping it
+    would leave its jobs unshown."""
+    names = list(dict.fromkeys(q for q, _ in queues))
+    order = sorted(queues, key=lambda qk: (names.index(qk[0]), tag_order(qk[1].tag)))
+    if where is None:
+        return order, 0
+    if isinstance(where, int):
+        # One partition per queue: the index names a queue, as it did (the queues come in
+        # the order they did). More: refused, never read from a partition it did not mean.
+        if len(order) != len(names):
+            raise ValueError(EARLIER)
+        return order, where
+    queue = where.partition(":")[0]
+    if queue not in names:
+        raise ValueError(f"not a cursor of this list (it reads queue {queue!r}): start the list again")
+    for i, (q, k) in enumerate(order):
+        if q == queue and k.tag == where:
+            return order, i
+    at = next((i for i, (q, k) in enumerate(order) if q == queue
+               and tag_order(k.tag) > tag_order(where)),
+              max(i for i, (q, _) in enumerate(order) if q == queue) + 1)
+    sibling = next(k for q, k in order if q == queue)
+    order.insert(at, (queue, replace(sibling, tag=where, partition=sibling.partitions)))
+    return order, at
 
 
 def _span(scripts: Any, key: str, pos: int, n: int, anchor: tuple[float, str] | None,
@@ -346,7 +411,8 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
          limit: int, cursor: str | None, types_of: Mapping[str, Sequence[str]] | None = None) -> Page:
     """One page; ``types_of`` names each queue's function types (whose held lists a
     paused function fills)."""
-    qi, pos, gen, anchor, marks = decode_cursor(cursor) if cursor else (0, 0, None, None, None)
+    where, pos, gen, anchor, marks = decode_cursor(cursor) if cursor else (None, 0, None, None, None)
+    queues, qi = _in_order(queues, where)
     jobs: list[records.Job] = []
     budget = SCAN_MAX
     cut, read = preview_bytes(limit), read_bytes(limit)
@@ -381,7 +447,7 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
             qi, pos, gen, anchor, marks = qi + 1, 0, None, None, None
     if qi >= len(queues):
         return Page(jobs, None)
-    return Page(jobs, encode_cursor(qi, pos, gen, anchor, marks))
+    return Page(jobs, encode_cursor(queues[qi][1].tag, pos, gen, anchor, marks))
 
 
 def dead_page(redis: Any, scripts: Any, queue: str, parts: Sequence[QueueKeys], offset: int,
@@ -395,9 +461,12 @@ def dead_page(redis: Any, scripts: Any, queue: str, parts: Sequence[QueueKeys], 
         pipe.zrevrange(part.dead, 0 if len(parts) > 1 else offset, end, withscores=True)
     got = checked(pipe.execute(raise_on_error=False))
     total = sum(int(n) for n in got[::2])
-    # Each partition's newest, merged by time of death; one partition is already a page.
+    # Each partition's newest, merged by time of death, then id, as ZREVRANGE orders each
+    # (deaths of one millisecond are common: a settle buries a batch): an order of the
+    # jobs alone, so processes that know the partitions in another order (another count)
+    # page alike. One partition is already a page.
     merged = sorted(((score, job_id, part) for part, rows in zip(parts, got[1::2], strict=True)
-                     for job_id, score in rows), key=lambda x: -x[0])
+                     for job_id, score in rows), key=lambda x: (x[0], x[1]), reverse=True)
     chosen = merged if len(parts) == 1 else merged[offset:end + 1]
     batch = scripts.batch()
     cut, read = preview_bytes(limit), read_bytes(limit)
