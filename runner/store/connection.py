@@ -65,6 +65,21 @@ class RedisBusy(ResponseError):
     until it ends. The command did not run; an outage like any other, waited out."""
 
 
+class Unconfirmed(redis.ConnectionError):
+    """A worker's claim or settlement ran, but its WAIT ([redis] wait_replicas) did not
+    confirm it: a master Redis Cluster or Sentinel has replaced answers what it had in its
+    socket before it hears of its demotion, and its resync then wipes what the call wrote.
+    Its answer is not acted on: a claim's jobs are handed back (their release is fenced by
+    the claim's token), a settlement is sent again (fenced likewise: refused where it
+    landed, taken where it was wiped). An outage of the call's partition, waited out.
+    ``reply``: the script's own reply; ``acked``: the replicas WAIT counted."""
+
+    def __init__(self, message: str, reply: Any = None, acked: int = 0) -> None:
+        super().__init__(message)
+        self.reply = reply
+        self.acked = acked
+
+
 class NodeStalled(redis.TimeoutError):
     """A Redis Cluster node that has not answered a call within its node wait
     (transport.NodeLanes.bounded): stopped, or hung, with its sockets still open, so the

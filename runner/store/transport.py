@@ -18,9 +18,9 @@ with the script in one write, when the Transport
 was built with ``replicas`` > 0: WAIT counts the replicas that hold every write of its
 own connection, so it must follow the script there, and pipelined it costs no round trip
 of its own. Fewer replicas than asked raise NotReplicated, with the scripts' replies (the
-script did run). With ``replicas`` = 0 no WAIT is ever sent. Every other transition (ack,
-retry, claim...) stays asynchronous: one lost in a failover re-runs a job at most, which
-at-least-once allows.
+script did run). With ``replicas`` = 0 no WAIT is ever sent. A worker's claims and
+settlements (CHECKED) carry their WAIT too, so that an answer from a master being replaced
+is not acted on (see CHECKED). Every other transition stays asynchronous.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # (loaded on first use: only a cluster client's round trips n
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from runner.store.aiolink import AsyncLink
-    from runner.store.connection import NodeStalled
+    from runner.store.connection import NodeStalled, Unconfirmed
     from runner.store.nodecalls import NodeCalls
     from runner.store.sources import NAMES, SHAS, SOURCES
 
@@ -62,10 +62,10 @@ def _import_redis() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from runner.store.connection import NodeStalled
+    from runner.store.connection import NodeStalled, Unconfirmed
     from runner.store.sources import NAMES, SHAS, SOURCES
 
-    globals().update(RedisCluster=RedisCluster, AskError=AskError, MovedError=MovedError,
+    globals().update(Unconfirmed=Unconfirmed, RedisCluster=RedisCluster, AskError=AskError, MovedError=MovedError,
                      ResponseError=ResponseError, TryAgainError=TryAgainError,
                      RedisConnectionError=RedisConnectionError, RedisTimeoutError=RedisTimeoutError,
                      NAMES=NAMES, SHAS=SHAS, SOURCES=SOURCES, NoScriptError=NoScriptError,
@@ -86,6 +86,17 @@ DURABLE = frozenset({"enqueue", "emit", "group", "tick", "relay"})
 # tick by the schedule's state (tick.lua refuses a tick handled already). One given up
 # that ran after all is found done by the next try, never written twice.
 FENCED = frozenset({"relay", "tick"})
+# A worker's claims and settlements, also followed by their WAIT when ``replicas`` > 0:
+# a master Redis Cluster or Sentinel has replaced, stalled and then resumed, answers the
+# calls it had in its socket before it hears of its demotion, and its resync wipes what
+# they wrote. Believed, a claim ran its jobs while they stayed ready on the new master
+# (claimed again: the same attempt twice at once), and an ack wiped let the lease lapse
+# (the job ran again). Their WAIT answers UNBLOCKED there (or counts too few replicas):
+# such a call raises Unconfirmed (or, in a Batch, is listed in ``short``) and its answer
+# is not acted on. Each is fenced by its claim's token, so unlike DURABLE calls they may
+# be given up on a stalled master (and one answered late is handed back or sent again).
+# Sent with the script in one write: a round trip each still; none with ``replicas`` = 0.
+CHECKED = frozenset({"claim", "start", "ack", "retry", "bury", "release", "suspend"})
 
 # A short wait (Transport.waiting) stretches to this many times a master's recent round
 # trip: a master that answers in 0.4 s is slow, and waited for; one silent for that long
@@ -167,7 +178,7 @@ class Batch:
         self.short: list[int] = []
 
     def add(self, name: str, keys: Sequence[str], args: Sequence[Any], durable: bool = False) -> None:
-        self.calls.append((name, keys, args, durable or name in DURABLE))
+        self.calls.append((name, keys, args, durable or name in DURABLE or name in CHECKED))
 
     def launch(self) -> tuple[str, Future[list[Any]]] | None:
         """Redis Cluster with a node wait: the calls, all to one master and none durable,
@@ -175,9 +186,12 @@ class Batch:
         master (host:port) and the future of their replies, an error in place of a call
         that failed. The caller waits as long as it likes, and past its node wait says so
         (NodeLanes.give_up). NodeStalled at once while that master is stalled. None where
-        calls are not bounded (one server, no node wait) or one is durable: execute."""
+        calls are not bounded (one server, no node wait) or one is durable: execute. CHECKED
+        calls go so (fenced), with their WAIT: ``short`` lists, once the future is done,
+        those it did not confirm."""
         sc = self.scripts
-        if sc.one_server or sc.node_wait_s is None or not self.calls or any(c[3] for c in self.calls):
+        if sc.one_server or sc.node_wait_s is None or not self.calls or any(
+                c[3] and c[0] not in CHECKED for c in self.calls):
             return None
         nodes = {sc.nodes.node(keys) for _, keys, _, _ in self.calls}
         if len(nodes) != 1:
@@ -188,15 +202,18 @@ class Batch:
         def run() -> list[Any]:
             out: list[tuple[Any, int | None] | BaseException] = [None] * len(calls)  # type: ignore[list-item]
             sc.nodes._run(calls, list(range(len(calls))), out)  # (each call as execute sends it)
+            self.short = [i for i, got in enumerate(out) if not isinstance(got, BaseException)
+                          and got[1] is not None and got[1] < sc.replicas]
             return [got if isinstance(got, BaseException) else got[0] for got in out]
 
         return node, sc.nodes.launch(node, run)
 
-    def execute(self, raise_on_error: bool = True) -> list[Any]:
+    def execute(self, raise_on_error: bool = True, confirm: bool = True) -> list[Any]:
         """Every call's reply, in order. With ``raise_on_error`` false, a call that failed
         after the round trip went out (an error reply, its reload cut off) has its
         exception in its place, so the calls that ran keep their answers; a failure before
-        any reply was read is raised all the same."""
+        any reply was read is raised all the same. With ``confirm`` false, a WAIT short of
+        its replicas raises nothing: ``short`` lists the calls it did not confirm."""
         if not self.calls:
             return []
         sc = self.scripts
@@ -210,7 +227,8 @@ class Batch:
                 name, keys, args, durable = self.calls[0]
                 reply, n = sc.counted(name, keys, args, durable=durable)
                 self.short = [0] if n is not None and n < sc.replicas else []
-                sc.confirm([] if n is None else [n], [reply])
+                if confirm:
+                    sc.confirm([] if n is None else [n], [reply])
                 return [reply]
             self.short = []
             replies: list[Any] = []
@@ -230,7 +248,8 @@ class Batch:
                     self.short.append(len(replies) - 1)
             if first is not None:  # (raised once every call is answered: none is left in flight)
                 raise first
-            sc.confirm(acked, replies)
+            if confirm:
+                sc.confirm(acked, replies)
             return replies
         wait = sc.wait if any(c[3] for c in self.calls) else None
         # The calls run in order, and a later one may count on an earlier one having run
@@ -252,6 +271,7 @@ class Batch:
             sc.loaded.update(fresh)
         last = replies.pop() if wait is not None else None
         failed: Exception | None = None
+        resent: list[int] = []  # (calls sent again by source whose own WAIT fell short)
         if any(isinstance(r, NoScriptError) for r in replies):
             sc.loaded.clear()  # flushed since they were loaded: load each again before its next batch
         for i, reply in enumerate(replies):
@@ -268,14 +288,19 @@ class Batch:
                     failed = failed or exc
                     continue
                 acked += [] if n is None else [n]
+                if n is not None and n < sc.replicas:
+                    resent.append(i)
             elif isinstance(reply, Exception):
                 failed = failed or reply
         if failed is not None and raise_on_error:
             raise failed
+        self.short = resent
         if last is not None:  # (its error raised after the scripts' own, which say more)
             acked.append(_acked(last))
-            self.short = [i for i, c in enumerate(self.calls) if c[3]] if acked[-1] < sc.replicas else []
-        sc.confirm(acked, replies)
+            if acked[-1] < sc.replicas:
+                self.short = [i for i, c in enumerate(self.calls) if c[3]]
+        if confirm:
+            sc.confirm(acked, replies)
         return replies
 
 
@@ -655,7 +680,7 @@ class NodeLanes:
         enqueues = self.scripts.enqueue_wait_s is not None and all(c[0] == "enqueue" for c in calls)
         if enqueues:
             wait_s = None  # (each call bounded by its socket's timeout: nodecalls.py)
-        elif not all(c[0] in FENCED or not (c[3] or c[0] in DURABLE) for c in calls):
+        elif not all(c[0] in FENCED or c[0] in CHECKED or not (c[3] or c[0] in DURABLE) for c in calls):
             wait_s = None
         if wait_s is not None:
             return self._send_bounded(calls, by_node, out, wait_s + self.scripts.wait_s(calls))
@@ -832,7 +857,7 @@ class NodeLanes:
                 if name == "enqueue" and bounded is not None:
                     out[i] = self.scripts.timed_call(name, keys, args, durable=True)
                 else:
-                    out[i] = counted(name, keys, args, False, durable or name in DURABLE)
+                    out[i] = counted(name, keys, args, False, durable or name in DURABLE or name in CHECKED)
             except Exception as exc:
                 out[i] = exc
 
@@ -938,20 +963,30 @@ class Transport:
         once (``_eval``), not by SHA a second time."""
         reply, acked = self.counted(name, keys, args, spin=spin, durable=durable, by_source=by_source,
                                     late=None if late is None else lambda got: late(got[0]))
-        self.confirm([] if acked is None else [acked], [reply])
+        if name in CHECKED:
+            self.checked(name, reply, acked)
+        else:
+            self.confirm([] if acked is None else [acked], [reply])
         return reply
+
+    def checked(self, name: str, reply: Any, acked: int | None) -> None:
+        """Raise Unconfirmed for a CHECKED call whose WAIT counted too few replicas."""
+        if acked is not None and acked < self.replicas:
+            raise Unconfirmed(f"{name}: {acked} of {self.replicas} replica(s) confirmed it within "
+                              f"{self.replica_timeout_s:g} s (a master being replaced, or short of replicas); "
+                              "its answer is not acted on", reply, acked)
 
     def counted(self, name: str, keys: Sequence[str], args: Sequence[Any], *, spin: bool = False,
                 durable: bool = False, late: Callable[[tuple[Any, int | None]], object] | None = None,
                 by_source: bool = False) -> tuple[Any, int | None]:
         """One script call and, when durable and WAIT is on, the replicas that confirmed it
         (None: no WAIT was sent). ``by_source``: as for ``call``."""
-        durable = durable or name in DURABLE
+        durable = durable or name in DURABLE or name in CHECKED
         if name == "enqueue" and self.enqueue_wait_s is not None:
             return self.timed_call(name, keys, args, durable=durable, spin=spin, by_source=by_source)
         node = self.nodes.node(keys) if not self.one_server else ""
         wait = self.node_wait(node)
-        if wait is not None and (not durable or name in FENCED) and not self.one_server:
+        if wait is not None and (not durable or name in FENCED or name in CHECKED) and not self.one_server:
             return self.nodes.bounded(node,
                                       lambda: self._counted(name, keys, args, spin, durable, by_source),
                                       wait + self.wait_s([(name, keys, args, durable)]), late)
@@ -959,13 +994,21 @@ class Transport:
 
     def launch(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[str, Future[Any]] | None:
         """A script call that is not durable, sent on a thread of the pool and not waited
-        for (NodeLanes.launch): its master (host:port) and the future of its reply. None
-        where calls are not bounded (one server, or no node wait): the caller calls."""
+        for (NodeLanes.launch): its master (host:port) and the future of its reply (a
+        CHECKED call's WAIT short: Unconfirmed). None where calls are not bounded (one
+        server, or no node wait): the caller calls."""
         if self.one_server or self.node_wait_s is None:
             return None
         node = self.nodes.node(keys)
-        counted = self._counted
-        return node, self.nodes.launch(node, lambda: counted(name, keys, args, False, False)[0])
+        counted, checked = self._counted, name in CHECKED
+
+        def run() -> Any:
+            reply, acked = counted(name, keys, args, False, checked)
+            if checked:
+                self.checked(name, reply, acked)
+            return reply
+
+        return node, self.nodes.launch(node, run)
 
     def timed_call(self, name: str, keys: Sequence[str], args: Sequence[Any], *, durable: bool, spin: bool = False,
                 by_source: bool = False) -> tuple[Any, int | None]:
@@ -1142,15 +1185,33 @@ class Transport:
         lanes = self._lanes
         conn = lanes.take()
         reply: Any = _MISSING
+        # A CHECKED call's WAIT goes behind it in the same write (its answer read here).
+        checked = name in CHECKED and self.wait is not None
+        acked: int | None = None
         try:
             try:
                 first = self._blocking(conn, block, [str(block[1])],
-                                       [("EVALSHA", self.shas[name], len(keys), *keys, *args)])
+                                       [("EVALSHA", self.shas[name], len(keys), *keys, *args),
+                                        *([self.wait] if checked and self.wait is not None else [])])
             except ResponseError as exc:  # read whole: the connection stays in step
                 first = exc
                 self.error_replies += 1
-            with contextlib.suppress(NoScriptError):  # nothing ran: loaded and sent alone below
+            failed: ResponseError | None = None
+            try:
                 reply = conn.read_response()
+            except NoScriptError:  # nothing ran: loaded and sent alone below
+                pass
+            except ResponseError as exc:
+                failed = exc
+            if checked:
+                try:
+                    waited: Any = conn.read_response()
+                except ResponseError as exc:  # read whole; UNBLOCKED closes the connection after it
+                    waited = exc
+                if failed is None and reply is not _MISSING:
+                    acked = _acked(waited)
+            if failed is not None:
+                raise failed
             if self._watch is not None:
                 self._trusted(conn)
         except ResponseError:
@@ -1163,6 +1224,8 @@ class Transport:
         lanes.give(conn)
         if reply is _MISSING:  # answered NOSCRIPT
             reply = self.call(name, keys, args, by_source=True)
+        elif checked:
+            self.checked(name, reply, acked)
         return first, reply
 
     def _blocking(self, conn: Any, block: Sequence[Any], on: Sequence[str], behind: Sequence[Any] = ()) -> Any:

@@ -30,6 +30,7 @@ from runner.observe import tracing
 from runner.runtime import Runtime
 from runner.store import stats, tracecontext
 from runner.store.bell import BELL_S, Bell
+from runner.store.connection import Unconfirmed
 from runner.store.outage import OUTAGE, Away
 from runner.worker import joblog
 from runner.worker.execute import Claimed, expired
@@ -344,6 +345,17 @@ class Fetcher:
         stopped: HELD at a job that needs a free executor, BOUNDED at its bound of ids
         popped or of bytes sent, 0 otherwise), or None while the claim is in flight (a slow Cluster master:
         flights.py)."""
+        try:
+            return self._claim(n, start, partition, floor)
+        except Unconfirmed as exc:
+            # Its WAIT did not confirm it (a master being replaced answered it, and its
+            # resync may wipe it, the jobs still ready on the new master): not run, handed
+            # back (a release fenced by the claim's token). The partition backs off.
+            if exc.reply is not None:
+                self._take(exc.reply, partition, given_up=True, why="unconfirmed")
+            raise
+
+    def _claim(self, n: int, start: int, partition: int, floor: int) -> tuple[int, int] | None:
         self._seq += 1
         k, base = self.parts[partition], f"{self.worker_id}.{self._seq}"
         later, gathered = self.charge_later(), self.hold_claimed()
@@ -373,10 +385,11 @@ class Fetcher:
             raise rang  # the wait failed (a damaged notify list): the claim's jobs are taken
         return got
 
-    def _take(self, reply: Any, partition: int, given_up: bool = False) -> tuple[int, int]:
+    def _take(self, reply: Any, partition: int, given_up: bool = False, why: str = "") -> tuple[int, int]:
         """Hand a claim's jobs to the executors (or back, during the stop, or when the claim
         was given up on a stalled master and answered later, ``given_up``: the fetcher has claimed
-        for that room elsewhere meanwhile); returns what claim returns."""
+        for that room elsewhere meanwhile; ``why`` "unconfirmed": its WAIT did not confirm it);
+        returns what claim returns."""
         now, held = int(reply[0]), int(reply[1])  # the server's clock; see claim.lua
         count = (len(reply) - 2) // CLAIM_FIELDS
         if not count:
@@ -418,6 +431,7 @@ class Fetcher:
                 if self.ledger.pick(r):
                     self.outcomes.put(Settlement(r, Release()))
             log.info("%s fetcher: %d job(s) claimed %s; handed back", qname, count,
+                     "unconfirmed by the replicas (a master being replaced?)" if why else
                      "after the claim was given up (a stalled node)" if given_up else "during the stop")
             return count, held
         for r in late:

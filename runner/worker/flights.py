@@ -28,6 +28,7 @@ from concurrent.futures import TimeoutError as WaitedOut
 from dataclasses import dataclass
 from typing import Any
 
+from runner.store.connection import Unconfirmed
 from runner.store.outage import OUTAGE
 from runner.store.transport import SLOW_FACTOR, Transport
 from runner.worker.ledger import Ledger
@@ -165,7 +166,8 @@ class Flights:
             pass
         else:
             return self.take(reply, partition, False)
-        wait_s = self.scripts.node_wait(node) or 0.0
+        # (a claim's WAIT may take its own timeout on a master short of replicas: slow, not stalled)
+        wait_s = (self.scripts.node_wait(node) or 0.0) + self.scripts.wait_s([(call[0], call[1], call[2], True)])
         now = time.monotonic()
         flight = Flight(partition, node, f, n, start, now + wait_s, wait_s)
         self.ledger.reserve(n, start)
@@ -189,6 +191,8 @@ class Flights:
         try:
             if error is None:
                 got, held = self.take(flight.future.result(), flight.partition, given_up or freed)
+            elif isinstance(error, Unconfirmed) and error.reply is not None:
+                self.take(error.reply, flight.partition, True)  # (not run: handed back, see Fetcher.claim)
         except Exception as exc:  # (the fetcher logs it, as a claim of its own thread's)
             error = exc
         finally:

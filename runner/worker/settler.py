@@ -24,6 +24,7 @@ from runner.observe import logs as logs_mod
 from runner.observe import metrics, tracing
 from runner.runtime import Runtime
 from runner.store import records, stats
+from runner.store.connection import Unconfirmed
 from runner.store.outage import OUTAGE, Away, Outage
 from runner.store.transport import Batch
 from runner.worker import durable, journal
@@ -374,7 +375,7 @@ class Settler:
         if sc.one_server or sc.node_wait_s is None or self._stopping:
             trip = self._build(batch)
             try:
-                replies = trip.pipe.execute(raise_on_error=False)
+                replies = trip.pipe.execute(raise_on_error=False, confirm=False)
             except BaseException as exc:
                 self._logs_landed(trip.batch, [exc] * trip.logged)
                 raise
@@ -393,7 +394,7 @@ class Settler:
                 if launched is not None:
                     out.append((launched[0], trip, launched[1]))
                     continue
-                got = trip.pipe.execute(raise_on_error=False)  # (not to be sent so: waited for)
+                got = trip.pipe.execute(raise_on_error=False, confirm=False)  # (not to be sent so: waited for)
             except Exception as exc:  # (a stalled master: nothing sent)
                 got = exc
             failures += self._finish(trip, got)
@@ -429,6 +430,16 @@ class Settler:
             if not isinstance(replies, Exception):
                 raise replies
             return self._failed(trip.batch, replies)
+        if trip.pipe.short:
+            # Settlements their WAIT did not confirm ([redis] wait_replicas): answered by a
+            # master being replaced, perhaps, whose resync wipes them. Not taken for landed:
+            # sent again after their partition's backoff (fenced by the claim's token, one
+            # that did land is refused the second time, one wiped lands on the new master).
+            replies = list(replies)
+            for i in trip.pipe.short:
+                if i >= trip.logged and not isinstance(replies[i], BaseException):
+                    replies[i] = Unconfirmed(f"{self.q.name} settler: the replicas did not confirm a settlement "
+                                             "(a master being replaced, or short of replicas)", replies[i])
         if trip.logged:  # (most batches: no run logged a line)
             self._logs_landed(trip.batch, replies[:trip.logged])
             replies = replies[trip.logged:]
@@ -455,7 +466,8 @@ class Settler:
         """A master has not answered within HANDOFF_S: its round trip answers on its own,
         and its partitions' next settlements are held behind it (so they keep their
         order), while the other partitions settle at once."""
-        wait_s = self.rt.scripts.node_wait(node) or 0.0
+        # (a WAIT behind its settlements may take its own timeout: slow, not stalled)
+        wait_s = (self.rt.scripts.node_wait(node) or 0.0) + self.rt.scripts.wait_s(trip.pipe.calls)
         fl = _Flight(node, {self._part(s) for s in trip.batch}, trip, future, wait_s,
                      time.monotonic() + wait_s)
         for p in fl.parts:
