@@ -494,8 +494,10 @@ class Sender:
         by_queue: dict[str, list[_Item]] = {}
         for item in items:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
-        return [(queue, k, sub) for queue, queued in by_queue.items()
-                for k, sub in self.partitioned(queue, queued, _job_of, discover, to)]
+        # A partition's jobs in calls of at most records.SCRIPT_BYTES of payloads each.
+        return [(queue, k, list(part)) for queue, queued in by_queue.items()
+                for k, sub in self.partitioned(queue, queued, _job_of, discover, to)
+                for part in (records.by_bytes(sub, _payload_bytes) if len(sub) > 1 else (sub,))]
 
     def partitioned(self, queue: str, items: Sequence[_T], job: Callable[[_T], NewJob],
                     discover: bool = True, to: int = -1) -> list[tuple[QueueKeys, list[_T]]]:
@@ -711,6 +713,10 @@ class Sender:
 
 def _job_of(item: _Item) -> NewJob:
     return item[1].job
+
+
+def _payload_bytes(item: _Item) -> int:
+    return records.text_bytes(item[1].job.payload)
 
 
 def _outcome(prep: Prepared, queue: str, reply: Sequence[Any], n: int) -> Enqueued | IdempotencyConflict:
