@@ -441,7 +441,9 @@ class Sender:
         # on first use; None until then, False where the URL or [redis] wait_replicas
         # leaves it to the thread above (Sentinel, Cluster, WAIT).
         self.aiolink: AsyncLink | bool | None = None
-        self._loop_combiner: LoopCombiner[Prepared, _Answer] = LoopCombiner(self._send_on_loop, MAX_BATCH)
+        # (the HTTP fast lane's merged bodies: a round trip of SCRIPT_BYTES of payloads at most)
+        self._loop_combiner: LoopCombiner[Prepared, _Answer] = LoopCombiner(
+            self._send_on_loop, MAX_BATCH, size=_prepared_bytes, max_bytes=records.SCRIPT_BYTES)
         # Redis Cluster: a combiner (and an asyncio one) per queue partition, so one round
         # trip holds one master's calls only: a master slow to answer (a WAIT short of
         # replicas, a stalled process) delays its own callers, never those of the others.
@@ -717,6 +719,10 @@ def _job_of(item: _Item) -> NewJob:
 
 def _payload_bytes(item: _Item) -> int:
     return records.text_bytes(item[1].job.payload)
+
+
+def _prepared_bytes(prep: Prepared) -> int:
+    return records.text_bytes(prep.job.payload)
 
 
 def _outcome(prep: Prepared, queue: str, reply: Sequence[Any], n: int) -> Enqueued | IdempotencyConflict:

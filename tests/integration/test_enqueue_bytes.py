@@ -151,3 +151,37 @@ def test_the_followups_of_one_ack_are_bounded_by_bytes(project: Project) -> None
         wait_for(lambda: c.get(job.id).status == "done", 60, what="the fan job done")
         wait_for(lambda: all(r.exists(k.job(f"{job.id}.{i}")) for i in range(N)), 60, what="every follow-up")
     _bounded(sizes)
+
+
+def test_the_fast_lane_merges_requests_up_to_the_bound(project: Project) -> None:
+    """20 concurrent 1 MiB enqueues on the event loop (POST /jobs/{type}'s fast lane)
+    are merged into round trips of at most SCRIPT_BYTES of payloads each, every caller
+    answered its own job."""
+    _big(project)
+    c = project.client
+    preps = [prepare(c, r) for r in _requests()]
+    combiner = c.sender._loop_combiner
+    trips: list[int] = []
+    send = combiner._send
+
+    async def observed(items: Any) -> Any:
+        trips.append(sum(len(p.job.payload) for p in items))
+        return await send(items)
+
+    combiner._send = observed
+
+    c.enqueue("big", {})  # (this producer's partition tags recorded: the loop's path is taken)
+
+    async def many() -> list[Any]:
+        try:
+            await c.sender.asend(prepare(c, Request("big", {})))  # the loop takes its link
+            trips.clear()
+            return list(await asyncio.gather(*(c.sender.asend(p) for p in preps)))
+        finally:
+            c.sender.close()
+
+    with script_calls(project) as sizes:
+        out = asyncio.run(many())
+    _bounded(sizes)
+    assert len(trips) >= 3 and max(trips) <= records.SCRIPT_BYTES, trips
+    _all_written(project, out)
