@@ -24,7 +24,8 @@ members' queue's outbox and the relay, like a follow-up, and so does a then-job 
 members' queue whose keys route it to another partition (docs/partitions.md).
 
 Everything is validated before anything is written; the members are then written in
-chunks of CHUNK, in one round trip, and the last chunk seals the group (an unsealed group
+chunks of CHUNK (and of records.SCRIPT_BYTES of payloads at most), in one round trip, and
+the last chunk seals the group (an unsealed group
 never fires: a request that failed half-way leaves the members already written to run,
 and no then-job). Members and the then-job take no idempotency key (the group is the
 unit: each member counts once in it), so a function's IDEMPOTENCY_KEY does not apply to
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 
 MAX_MEMBERS = groups_store.MAX_MEMBERS  # (the store bounds what it reads back by it)
 CHUNK = 500  # members per script call: each call's work stays small
+# (and at most records.SCRIPT_BYTES of their payloads: see _calls)
 INLINE_BYTES = 256 * 1024  # outcomes up to this size ride in the then-job's payload
 FIELD = "group"  # the then payload's field that carries the group
 
@@ -163,6 +165,13 @@ def _build(client: Client, members: Sequence[Request], then: Request) -> tuple[G
     return group, jobs, then_job
 
 
+def _calls(jobs: Sequence[NewJob]) -> list[list[NewJob]]:
+    """Members in the runs one script call writes: CHUNK at most, and at most
+    records.SCRIPT_BYTES of payloads (the first whatever its size)."""
+    return [list(run) for i in range(0, len(jobs), CHUNK)
+            for run in records.by_bytes(jobs[i:i + CHUNK], lambda j: records.text_bytes(j.payload))]
+
+
 def _part_way(group: Group, jobs: Sequence[NewJob], written_ids: set[str],
               failed: BaseException) -> RedisUnavailable:
     """RedisUnavailable for a group whose calls Redis refused (maxmemory) part-way: the
@@ -208,7 +217,7 @@ def create(client: Client, members: Sequence[Request], then: Request) -> Group:
             p = routing.partition_of(key, k.partitions) if key else k.partition
             (here_jobs if p == k.partition else away.setdefault(p, [])).append(j)
     also = sum(len(v) for v in away.values())
-    chunks = [here_jobs[i:i + CHUNK] for i in range(0, len(here_jobs), CHUNK)] or [[]]
+    chunks = _calls(here_jobs) or [[]]
     # With [redis] wait_replicas every step is followed by a WAIT (group.lua and enqueue.lua
     # are durable scripts, transport.DURABLE); one short of replicas ran all the same, so
     # the group is written whole and then refused as any enqueue is: NotReplicated.
@@ -239,8 +248,8 @@ def create(client: Client, members: Sequence[Request], then: Request) -> Group:
             batch = rt.scripts.batch()
             parts: list[list[NewJob]] = []
             for p, part in away.items():
-                for i in range(0, len(part), CHUNK):
-                    parts.append(part[i:i + CHUNK])
+                for chunk in _calls(part):
+                    parts.append(chunk)
                     rt.scripts.enqueue(rt.parts[group.queue][p], parts[-1], pipe=batch)
             replies = execute(batch)
             failed = [r for r in replies if isinstance(r, BaseException)]

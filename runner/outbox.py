@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from runner.errors import NotReplicated
 from runner.runtime import Runtime
-from runner.store import codec, followups, routing
+from runner.store import codec, followups, records, routing
 from runner.store.keys import QueueKeys
 from runner.store.outage import OUTAGE
 
@@ -100,6 +100,13 @@ def place(rt: Runtime, entries: Sequence[str], absorbed: dict[str, tuple[str, st
 
 def _relay(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str],
            absorbed: dict[str, tuple[str, str]] | None = None) -> None:
+    # At most records.SCRIPT_BYTES of payloads (field 3) a call, as every enqueue.
+    for run in records.by_bytes(items, lambda item: records.text_bytes(str(item[1][3]))):
+        _relay_call(rt, k, list(run), finished, absorbed)
+
+
+def _relay_call(rt: Runtime, k: QueueKeys, items: list[tuple[str, list[str]]], finished: list[str],
+                absorbed: dict[str, tuple[str, str]] | None = None) -> None:
     try:
         reply = rt.scripts.relay(k, [f for _, f in items])
     except NotReplicated as exc:

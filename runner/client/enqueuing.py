@@ -441,7 +441,9 @@ class Sender:
         # on first use; None until then, False where the URL or [redis] wait_replicas
         # leaves it to the thread above (Sentinel, Cluster, WAIT).
         self.aiolink: AsyncLink | bool | None = None
-        self._loop_combiner: LoopCombiner[Prepared, _Answer] = LoopCombiner(self._send_on_loop, MAX_BATCH)
+        # (the HTTP fast lane's merged bodies: a round trip of SCRIPT_BYTES of payloads at most)
+        self._loop_combiner: LoopCombiner[Prepared, _Answer] = LoopCombiner(
+            self._send_on_loop, MAX_BATCH, size=_prepared_bytes, max_bytes=records.SCRIPT_BYTES)
         # Redis Cluster: a combiner (and an asyncio one) per queue partition, so one round
         # trip holds one master's calls only: a master slow to answer (a WAIT short of
         # replicas, a stalled process) delays its own callers, never those of the others.
@@ -494,8 +496,10 @@ class Sender:
         by_queue: dict[str, list[_Item]] = {}
         for item in items:
             by_queue.setdefault(item[1].fn.queue, []).append(item)
-        return [(queue, k, sub) for queue, queued in by_queue.items()
-                for k, sub in self.partitioned(queue, queued, _job_of, discover, to)]
+        # A partition's jobs in calls of at most records.SCRIPT_BYTES of payloads each.
+        return [(queue, k, list(part)) for queue, queued in by_queue.items()
+                for k, sub in self.partitioned(queue, queued, _job_of, discover, to)
+                for part in (records.by_bytes(sub, _payload_bytes) if len(sub) > 1 else (sub,))]
 
     def partitioned(self, queue: str, items: Sequence[_T], job: Callable[[_T], NewJob],
                     discover: bool = True, to: int = -1) -> list[tuple[QueueKeys, list[_T]]]:
@@ -711,6 +715,14 @@ class Sender:
 
 def _job_of(item: _Item) -> NewJob:
     return item[1].job
+
+
+def _payload_bytes(item: _Item) -> int:
+    return records.text_bytes(item[1].job.payload)
+
+
+def _prepared_bytes(prep: Prepared) -> int:
+    return records.text_bytes(prep.job.payload)
 
 
 def _outcome(prep: Prepared, queue: str, reply: Sequence[Any], n: int) -> Enqueued | IdempotencyConflict:

@@ -186,9 +186,14 @@ class LoopCombiner(Generic[T, R]):
     cancels only its own wait, never a batch that holds other callers' items."""
 
     def __init__(self, send: Callable[[Sequence[T]], Awaitable[Sequence[R]]], max_batch: int = 256,
-                 gather_turns: int = GATHER_TURNS) -> None:
+                 gather_turns: int = GATHER_TURNS, size: Callable[[T], int] | None = None,
+                 max_bytes: int = 0) -> None:
         self._send = send
         self._max = max_batch
+        # With ``size``: a batch also holds at most ``max_bytes`` by it (its first item
+        # whatever its size), so merged request bodies make a bounded round trip.
+        self._size = size
+        self._max_bytes = max_bytes
         self._gather = gather_turns
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
@@ -209,6 +214,19 @@ class LoopCombiner(Generic[T, R]):
             self._task = loop.create_task(self._drain())
         return await fut
 
+    def _cut(self) -> int:
+        """How many of the waiting items the next batch takes: max_batch at most, and
+        max_bytes of them by ``size`` (at least one)."""
+        n = min(len(self._waiting), self._max)
+        if self._size is None or n <= 1:
+            return n
+        total = 0
+        for i in range(n):
+            total += self._size(self._waiting[i][0])
+            if i and total > self._max_bytes:
+                return i
+        return n
+
     async def _drain(self) -> None:
         try:
             while self._waiting:
@@ -220,11 +238,12 @@ class LoopCombiner(Generic[T, R]):
                     # on the same cores. A few turns of a busy loop are tens of
                     # microseconds; a lone caller never waits for them.
                     for _ in range(self._gather):
-                        if len(self._waiting) >= self._max:
+                        if len(self._waiting) >= self._max or self._cut() < len(self._waiting):
                             break
                         await asyncio.sleep(0)
-                batch = self._waiting[: self._max]
-                del self._waiting[: self._max]
+                n = self._cut()
+                batch = self._waiting[:n]
+                del self._waiting[:n]
                 self._loaded = len(batch) > 1
                 try:
                     results = await self._send([item for item, _ in batch])

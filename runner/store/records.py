@@ -49,9 +49,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from runner.store import codec, scriptkeys
 
@@ -62,6 +62,32 @@ if TYPE_CHECKING:
 # cancel, a reclaim): Lua reads a record at about 7 ms of Redis a MiB, every other client
 # waiting; 500 records of 1 MiB in one call blocked Redis 5-9 s, past its busy limit.
 SCRIPT_BYTES = 8 * 1024 * 1024
+
+_T = TypeVar("_T")
+
+
+def text_bytes(text: str) -> int:
+    """The UTF-8 length of ``text``, without encoding an ASCII one (isascii is a flag)."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def by_bytes(items: Sequence[_T], size: Callable[[_T], int], limit: int = SCRIPT_BYTES) -> list[Sequence[_T]]:
+    """``items`` in order, in runs of at most ``limit`` bytes by ``size`` (the first of
+    a run whatever its size): the writes of one script call each, so that a call of many
+    jobs holds Redis about as long as a bulk action's read at most (jobs of 1 MiB, 100 a
+    call, had held it 0.9 to 9.4 s)."""
+    sizes = [size(i) for i in items]
+    if sum(sizes) <= limit:
+        return [items]
+    out: list[Sequence[_T]] = []
+    start = total = 0
+    for n, b in enumerate(sizes):
+        if n > start and total + b > limit:
+            out.append(items[start:n])
+            start, total = n, 0
+        total += b
+    out.append(items[start:])
+    return out
 STATUSES = ("queued", "scheduled", "processing", "retrying", "deferred", "sleeping", "waiting", "done", "dead",
             "cancelled")
 SEP = "\x1f"

@@ -89,10 +89,12 @@ def followup_id(parent_id: str, index: int | str) -> str:
     return f"{parent_id}.{index}"
 
 
-# A run's follow-ups past STAGE_OVER are not sent with its ack: they are staged first, in
-# writes of STAGE_CHUNK entries, in a list of their own that nothing reads until the ack
-# commits it (ack.lua); the relay then places them a batch at a time (worker/relay.py).
-# One script writing 400,000 at once had blocked Redis for 7 s.
+# A run's follow-ups past STAGE_OVER, or past records.SCRIPT_BYTES of payloads with those
+# of the acks before it in the call, are not sent with its ack: they are staged first, in
+# writes of STAGE_CHUNK entries (and SCRIPT_BYTES) at most, in a list of their own that
+# nothing reads until the ack commits it (ack.lua); the relay then places them a batch at
+# a time (worker/relay.py). One script writing 400,000 at once had blocked Redis for 7 s,
+# and an ack writing 60 of 1 MiB for up to 4 s.
 STAGE_OVER = 500
 STAGE_CHUNK = 1000
 STAGE_TTL_MS = 7 * 86_400_000  # a stage whose ack never came (a lost lease) goes by itself
@@ -358,7 +360,19 @@ class Scripts(Transport):
         """Write the follow-ups of each ack past STAGE_OVER to its stage, now (one round
         trip, STAGE_CHUNK entries a command), for the ack to commit; the 1-based places of
         those acks. Written again whole if the same ack is sent again."""
-        big = [(i, a) for i, a in enumerate(acks, 1) if len(a.followups) > STAGE_OVER]
+        big: list[tuple[int, Ack]] = []
+        inline = 0  # bytes of the payloads the ack call itself writes
+        for i, a in enumerate(acks, 1):
+            if not a.followups:
+                continue
+            size = sum(records.text_bytes(f.job.payload) for f in a.followups)
+            # Past SCRIPT_BYTES of them the ack call would hold Redis as long as a bulk
+            # read past its bound: the rest are staged (one follow-up alone is written inline).
+            if len(a.followups) > STAGE_OVER or (inline + size > records.SCRIPT_BYTES
+                                                 and (inline or len(a.followups) > 1)):
+                big.append((i, a))
+            else:
+                inline += size
         if not big:
             return set()
         batch = self.batch()  # (Redis Cluster: each call on its own, in order, to the stage's master)
@@ -366,8 +380,11 @@ class Scripts(Transport):
             key = k.job_prefix + stage_suffix(a.id, a.token)
             keys = scriptkeys.keys("stage", stage=key)
             entries = [json.dumps(job_entry(f.queue, f.job), separators=(",", ":")) for f in a.followups]
+            first = True
             for s in range(0, len(entries), STAGE_CHUNK):
-                batch.add("stage", keys, [STAGE_TTL_MS, "1" if s == 0 else "0", *entries[s:s + STAGE_CHUNK]])
+                for run in records.by_bytes(entries[s:s + STAGE_CHUNK], records.text_bytes):
+                    batch.add("stage", keys, [STAGE_TTL_MS, "1" if first else "0", *run])
+                    first = False
         batch.execute()
         return {i for i, _ in big}
 

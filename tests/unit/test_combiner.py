@@ -424,3 +424,26 @@ def test_loop_gathering_keeps_to_max_batch_and_answers_everyone() -> None:
     assert asyncio.run(main()) == [i + 1000 for i in range(50)]
     assert max(len(b) for b in sent) <= 4
     assert sorted(i for b in sent for i in b) == list(range(50))
+
+
+def test_loop_batches_are_bounded_in_bytes_as_in_count() -> None:
+    """With ``size`` and ``max_bytes``, a batch takes waiting items while their sizes sum
+    to ``max_bytes`` at most (its first whatever its size): the web fast lane's merged
+    request bodies, each up to [api] max_body_bytes, go out a bounded round trip at a time,
+    every caller answered its own."""
+    sent: list[list[int]] = []
+
+    async def main() -> list[int]:
+        async def send(items: Sequence[int]) -> list[int]:
+            sent.append(list(items))
+            await asyncio.sleep(0)
+            return [i * 10 for i in items]
+
+        c: LoopCombiner[int, int] = LoopCombiner(send, max_batch=100, size=lambda i: 4 if i else 20, max_bytes=10)
+        return list(await asyncio.gather(*(c.submit(i) for i in range(12))))
+
+    out = asyncio.run(main())
+    assert out == [i * 10 for i in range(12)]
+    assert [i for batch in sent for i in batch] == list(range(12))
+    assert all(len(b) == 1 or sum(4 if i else 20 for i in b) <= 10 for b in sent), sent
+    assert max(len(b) for b in sent) == 2, sent
