@@ -177,8 +177,13 @@ def test_a_list_row_is_bounded_whatever_steps_the_job_holds(project: Project) ->
         row = rows[job_id]
         assert len(row["steps"]) == records.LIST_STEPS and row["steps_more"] == 120 - records.LIST_STEPS
         first = 120 - records.LIST_STEPS
-        assert [(s["name"], s["status"], s["size"]) for s in row["steps"]] == [
-            (f"paid#{i}", "ok", r.hstrlen(k.state(job_id), f"step:{i}")) for i in range(first, 120)], row["steps"][0]
+        want = [(f"paid#{i}", "ok", r.hstrlen(k.state(job_id), f"step:{i}")) for i in range(first, 120)]
+        got = [(s["name"], s["status"], s["size"]) for s in row["steps"]]
+        if job_id == new:
+            assert got == want, row["steps"][0]
+        else:  # 4 KB summaries: those past the page's read share say their size alone
+            assert all(g in (w, (None, "not listed", w[2])) for g, w in zip(got, want, strict=True)), got
+            assert sum(g == w for g, w in zip(got, want, strict=True)) >= 30, got
         whole = c.get(job_id).as_dict()
         assert len(whole["steps"]) == 120 and "steps_more" not in whole
         assert whole["steps"][0]["match"] == {"order": "m" * 4000}
