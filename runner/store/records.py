@@ -124,7 +124,7 @@ DAMAGED_STEP = {"name": None, "kind": None, "status": "unreadable"}
 # The fields a job view gives only some jobs, each of a shape of its own: a meta key of
 # one of these names is never laid on the view (meta {"steps": "abc"} broke the console).
 VIEW_OWN = frozenset({"steps", "sleeping_until", "waiting_for", "worker", "claimed_ahead", "lease_expires_at",
-                      "children_count", "truncated", "damaged"})
+                      "children_count", "truncated", "damaged", "steps_more"})
 
 
 def encode(fields: Mapping[str, Any]) -> str:
@@ -466,7 +466,10 @@ class Job:
         }
         if "steps" in f:
             steps = _count(f, "steps", damaged, MAX_STEPS)
-            view["steps"] = step_views(f, steps) if steps is not None else [dict(DAMAGED_STEP)]
+            left = self._steps_left_out() if steps is not None else 0
+            view["steps"] = step_views(f, steps, left) if steps is not None else [dict(DAMAGED_STEP)]
+            if left:
+                view["steps_more"] = left  # a list row's: its log's earlier steps, not listed
             if f.get("status") == "sleeping":
                 view["sleeping_until"] = _ts(f.get("ready_ms"))
             elif f.get("status") == "waiting":
@@ -512,6 +515,14 @@ class Job:
         if damaged:
             view["damaged"] = damaged  # the fields read back out of their range, shown as absent
         return view
+
+    def _steps_left_out(self) -> int:
+        """A list row's count of earlier steps lookup.lua left out ("steps" in CUT), else 0."""
+        for part in (self.fields.get(CUT) or "").split(","):
+            name, _, n = part.rpartition(":")
+            if name == "steps":
+                return max(0, _int(n) or 0)
+        return 0
 
     def _previews(self, view: dict[str, Any]) -> None:
         """A listing's entry whose fields came back cut (lookup.lua): each such value is
@@ -569,6 +580,15 @@ STEP_EXCERPT = 200  # characters of a step's result a job view shows
 # which its writer keeps beside it (step_head, step.lua, wait.lua; lookup.lua). A page
 # then reads a few hundred bytes a step, not the 4 MiB a log may hold.
 STEP_INLINE = 256
+# A summary is at most this many bytes (lookup.lua's HEAD_MAX): it keeps no wait's match
+# past MATCH_KEPT bytes, nor long strings. A list row lists the last LIST_STEPS steps of
+# its log (steps_more: how many before them it leaves out), so a row is a few kilobytes
+# whatever the job holds (990 event waits with 4 KiB matches made a 4 MB row).
+STEP_HEAD_MAX = 512
+MATCH_KEPT = 128
+LIST_STEPS = 50
+_HEAD_SCALARS = ("name", "kind", "status", "event", "signal", "child", "ms", "started_ms", "finished_ms",
+                 "until_ms")
 
 # A step log entry is a JSON object, or, for the two entries almost every durable job
 # has, a JSON array: a step that returned, ["s", name, value, ms, finished_ms], and a
@@ -602,13 +622,37 @@ def step_head(entry: str) -> str:
         return ""
     if e is None:
         return ""
-    head = {k: v for k, v in e.items() if k not in ("value", "finished_ms")}
+    return codec.dumps(_bounded_head({k: v for k, v in e.items() if k != "finished_ms"}))
+
+
+def wait_head(head: str) -> str:
+    """A wait's entry head (a JSON object without its closing brace, journal.py) as its
+    summary's head (wait.lua adds status, finished_ms and size): bounded as step_head's
+    summaries are; '' when it is not an object (wait.lua then takes the head as it is)."""
+    try:
+        e = codec.loads(head + "}")
+    except codec.DecodeError:
+        return ""
+    if not isinstance(e, dict):
+        return ""
+    return codec.dumps(_bounded_head(e))[:-1]
+
+
+def _bounded_head(e: dict[str, Any]) -> dict[str, Any]:
+    """An entry without its value, a match past MATCH_KEPT bytes or an error's traceback;
+    past STEP_HEAD_MAX (less what the scripts add), its short scalar fields alone."""
+    head = {k: v for k, v in e.items() if k != "value"}
+    if "match" in head and len(codec.dumps(head["match"]).encode()) > MATCH_KEPT:
+        del head["match"]
     error = head.get("error")
     if isinstance(error, dict):
         message = error.get("message")
         head["error"] = {"type": error.get("type"),
                          "message": message[:STEP_EXCERPT] if isinstance(message, str) else message}
-    return codec.dumps(head)
+    if len(codec.dumps(head).encode()) > STEP_HEAD_MAX - 100:  # (status, finished_ms, size to come)
+        head = {k: v for k, v in head.items() if k in _HEAD_SCALARS and (
+            isinstance(v, int | float) or (isinstance(v, str) and len(v.encode()) <= 128))}
+    return head or {"name": None}
 
 
 def entry_of(value: Any) -> dict[str, Any] | None:
@@ -647,12 +691,12 @@ def waiting_view(f: Mapping[str, str]) -> dict[str, Any]:
     return {"signal": signal, "timeout_at": until}
 
 
-def step_views(f: Mapping[str, str], count: int) -> list[dict[str, Any]]:
-    """A durable function's step log as a job view shows it, its first ``count`` entries
-    (at most MAX_STEPS: the caller's bound): each entry's name, kind, status, times and
-    a result excerpt (its first STEP_EXCERPT characters of JSON)."""
+def step_views(f: Mapping[str, str], count: int, start: int = 0) -> list[dict[str, Any]]:
+    """A durable function's step log as a job view shows it, its entries from ``start``
+    to ``count`` (at most MAX_STEPS: the caller's bound): each entry's name, kind,
+    status, times and a result excerpt (its first STEP_EXCERPT characters of JSON)."""
     out: list[dict[str, Any]] = []
-    for i in range(min(count, MAX_STEPS)):
+    for i in range(max(0, start), min(count, MAX_STEPS)):
         raw = f.get(f"step:{i}")
         try:
             e = entry_of(codec.loads(raw)) if raw else None

@@ -615,7 +615,7 @@ class Scripts(Transport):
         """A wait reads its signal (wait.lua): {code, body}."""
         return self._run("wait", scriptkeys.keys("wait", k, job=k.job(job_id)),
                          (_clock(now_ms), job_id, token, position, name, head, "" if until_ms is None else until_ms,
-                          max_steps, max_bytes, records.STEP_INLINE))
+                          max_steps, max_bytes, records.STEP_INLINE, records.wait_head(head)))
 
     def trim(self, k: QueueKeys, dead_ttl_ms: int, done_ttl_ms: int, limit: int, done_max: int = 1_000_000,
              now_ms: int | None = None) -> Any:
@@ -696,7 +696,8 @@ class Scripts(Transport):
         given ``cut`` (bytes, a list's), the big values cut to it and a fifth element
         naming them: state values past it read whole within ``read`` bytes in all (else
         their size alone), step log entries as their summaries."""
-        args = (job_id,) if cut is None else (job_id, cut, _LOOKUP_READ if read is None else read, records.STEP_INLINE)
+        args = (job_id,) if cut is None else (job_id, cut, _LOOKUP_READ if read is None else read, records.STEP_INLINE,
+                                                   records.LIST_STEPS)
         return self._run("lookup", records.lookup_keys(k, job_id), args, pipe)
 
     def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None,

@@ -123,3 +123,97 @@ def test_the_deploy_gates_scan_reads_no_state_hash_whole(project: Project) -> No
     assert read == 3 and groups[("fast", "dead", "perm", "1")] == 3, groups
     stats = r.info("commandstats")
     assert "cmdstat_hgetall" not in stats and int(stats["cmdstat_hmget"]["calls"]) >= 3, stats.keys()
+
+
+def _event_waits(project: Project, n: int, match_bytes: int) -> str:
+    """A dead job whose step log holds ``n`` taken ctx.wait_for_event waits, each keeping
+    its ``match`` of about ``match_bytes``, recorded as a run records them (wait.lua)."""
+    import json
+
+    from runner.client.administering import deliver_signal
+
+    c, rt, k = project.client, project.runtime, project.keys()
+    c.enqueue_many([_req(0)])
+    reply = list(rt.scripts.claim(k, n=1, start=1, lease_ms=60_000, token_base="w.waits",
+                                  dead_ttl_ms=10**9, done_ttl_ms=10**9))
+    job_id, token = reply[2], reply[3]
+    match = {"order": "m" * match_bytes}
+    for pos in range(n):
+        sig = f"event.{pos}"
+        deliver_signal(c, job_id, sig, json.dumps({"id": "e", "name": "x", "data": {}, "ts": 1}), bounded=True)
+        head = codec.dumps({"name": f"paid#{pos}", "kind": "event", "event": "paid", "match": match,
+                            "signal": sig})[:-1]
+        code, _ = rt.scripts.take_signal(k, job_id, token, pos, sig, head, None, MAX_STEPS, MAX_LOG_BYTES)
+        assert int(code) == 1
+    from runner.store.scripts import Burial
+
+    rt.scripts.bury(k, [Burial(job_id, token, "permanent failure", '{"type":"E","message":"m"}', "", False, "")],
+                    10**9)
+    return job_id
+
+
+def test_a_list_row_is_bounded_whatever_steps_the_job_holds(project: Project) -> None:
+    """A job with 120 event waits, each keeping a 4 KB match (a 500 KB log, within every
+    bound), and one whose summaries an earlier release wrote with the match in them: each
+    list row lists its last LIST_STEPS steps (name, status, size; steps_more says how many
+    earlier ones it leaves out) and moves a few kilobytes a row, where it moved every
+    summary whole (4 KB a step: 4 MB a row for 990 waits). GET /jobs/{id} has them all."""
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    new = _event_waits(project, 120, 4000)
+    old = _event_waits(project, 120, 4000)
+    sk = k.state(old)
+    for pos in range(120):  # summaries as the release before wrote them: the match kept
+        head = codec.loads(r.hget(sk, f"step:{pos}"))
+        head.pop("value")
+        head["size"] = r.hstrlen(sk, f"step:{pos}")
+        r.hset(sk, f"stephead:{pos}", codec.dumps(head))
+    assert max(r.hstrlen(k.state(new), f"stephead:{i}") for i in range(120)) <= records.STEP_HEAD_MAX
+    _, page = c.dead("fast", limit=50)
+    rows = {j.id: j.as_dict() for j in page}
+    for job_id in (new, old):
+        reply = project.runtime.scripts.lookup(k, job_id, cut=listing.preview_bytes(50), read=listing.read_bytes(50))
+        shipped = len(codec.dumps(reply))
+        assert shipped < 40_000, shipped
+        row = rows[job_id]
+        assert len(row["steps"]) == records.LIST_STEPS and row["steps_more"] == 120 - records.LIST_STEPS
+        first = 120 - records.LIST_STEPS
+        want = [(f"paid#{i}", "ok", r.hstrlen(k.state(job_id), f"step:{i}")) for i in range(first, 120)]
+        got = [(s["name"], s["status"], s["size"]) for s in row["steps"]]
+        if job_id == new:
+            assert got == want, row["steps"][0]
+        else:  # 4 KB summaries: those past the page's read share say their size alone
+            assert all(g in (w, (None, "not listed", w[2])) for g, w in zip(got, want, strict=True)), got
+            assert sum(g == w for g, w in zip(got, want, strict=True)) >= 30, got
+        whole = c.get(job_id).as_dict()
+        assert len(whole["steps"]) == 120 and "steps_more" not in whole
+        assert whole["steps"][0]["match"] == {"order": "m" * 4000}
+
+
+def test_a_page_of_small_dead_jobs_costs_the_commands_it_did(project: Project) -> None:
+    """A page of 50 small dead jobs (GET /dead/{queue}, GET /jobs?status=dead) costs
+    Redis at most the 11 commands a job it did when a lookup read its state with one
+    HGETALL (552 a page): the careful read (names, sizes, then values) is for big
+    states alone; it cost 18 a job (902 a page)."""
+    from runner.client import Request
+    from runner.store.scripts import Burial
+
+    c, rt, r, k = project.client, project.runtime, project.runtime.redis, project.keys()
+    c.enqueue_many([Request("perm", {"i": i, "s": "abc"}) for i in range(50)])
+    reply = list(rt.scripts.claim(k, n=50, start=50, lease_ms=60_000, token_base="w.s",
+                                  dead_ttl_ms=10**9, done_ttl_ms=10**9))
+    got = [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+    error = '{"type":"ValueError","message":"boom","traceback":"Traceback ...\\n  File x\\nValueError: boom"}'
+    rt.scripts.bury(k, [Burial(i, t, "permanent failure", error, "", False, "") for i, t in got], 10**9)
+
+    def commands(view: Any) -> int:
+        view()  # (scripts loaded)
+        r.config_resetstat()
+        jobs = view()
+        assert len(jobs) == 50 and all(j.as_dict()["last_error"]["message"] == "boom" for j in jobs)
+        stats = r.info("commandstats")
+        return sum(int(v["calls"]) for v in stats.values()) - 1  # (this INFO)
+
+    dead = commands(lambda: c.dead("fast", limit=50)[1])
+    listed = commands(lambda: c.jobs("dead", limit=50).jobs)
+    print("commands a page: dead", dead, "jobs?status=dead", listed)
+    assert dead <= 552 and listed <= 552, (dead, listed)

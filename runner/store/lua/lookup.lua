@@ -19,22 +19,49 @@
 --         long is read whole; a longer one is read as its summary (stephead:<i>, the
 --         entry without its value, and its size: written beside it by step.lua and
 --         wait.lua), or, for an entry written before summaries were kept, summarised here
---         within what is left of ARGV[3] (else its size alone).
+--         within what is left of ARGV[3] (else its size alone). A summary read counts
+--         against ARGV[3] too: past it, the step says its size alone.
+-- ARGV[5] listed (with a cut): a row lists the last this many steps of the log
+--         (records.LIST_STEPS), naming in sizes ('steps') how many before them it leaves out.
 --
 -- Returns {record or false, {state field, value, ...}, claim or false, outcome or false};
 -- given a cut, a fifth element: {name, full length in bytes, ...} of what was cut.
 --
--- Given a cut (a job list), the state hash is never read whole (HGETALL): a durable
+-- Given a cut (a job list), the state hash is read whole (HGETALL) only when it is small
+-- (MEMORY USAGE, SMALL): a durable
 -- function's holds its checkpoint and its step log (4 MiB), which cost Redis 3-12 ms a
 -- job to read into Lua, every client waiting. Its field names are read (HKEYS, at most
 -- about a thousand), each value's size (HSTRLEN, O(1)), then only what the row shows:
 -- kept signals' bodies never, big values within ARGV[3], steps as above.
 --
--- Given a cut, a big record is not read whole: GET of a 1 MiB record into Lua cost Redis
+-- Given a cut, a record's first HEAD + cut bytes are read (GETRANGE: the whole record
+-- when shorter). A big record is not read whole: GET of a 1 MiB record into Lua cost Redis
 -- about 7 ms, during which every client waited (a page of 200 blocked it for a second).
 -- Its first HEAD + cut bytes (GETRANGE) hold its fields and the payload's preview
 -- whenever its fields before the payload take at most HEAD bytes; else it is read whole.
 local HEAD = 8192
+
+-- A step's summary past this many bytes is cut down to its short scalar fields (no
+-- match, no error): one an earlier release wrote kept a wait's match, 4 KiB a step
+-- (records.STEP_HEAD_MAX; step.lua and wait.lua write them within it).
+local HEAD_MAX = 512
+-- A state hash this small (MEMORY USAGE) is read whole, in one command, as before the
+-- careful read below: the common case, a job without a durable log, costs what it did.
+local SMALL = 16384
+
+local function trimmed(head)
+  if #head <= HEAD_MAX then return head end
+  local ok, e = pcall(cjson.decode, head)
+  if not ok or type(e) ~= 'table' then return '\0' end
+  local out = {}
+  for _, key in ipairs({'name', 'kind', 'status', 'event', 'signal', 'child', 'ms', 'started_ms',
+                        'finished_ms', 'until_ms', 'size'}) do
+    local v = e[key]
+    -- (a string is dropped, never cut: a cut could split a character)
+    if type(v) == 'number' or type(v) == 'boolean' or (type(v) == 'string' and #v <= 128) then out[key] = v end
+  end
+  return cjson.encode(out)
+end
 
 -- A step log entry as a list shows it, from the entry itself (one written before
 -- step.lua kept summaries): what it is, without its value, and its size.
@@ -51,7 +78,7 @@ local function summary(entry, len)
   end
   e.value = nil
   e.size = len
-  return cjson.encode(e)
+  return trimmed(cjson.encode(e))
 end
 
 -- HMGET of many fields, in chunks (unpack's stack holds a few thousand at most).
@@ -64,17 +91,54 @@ local function hmget(key, fields)
   return out
 end
 
--- The state a list row shows (see the header); big values named in sizes. One HSTRLEN a
--- field, then one HMGET of what is read whole and one of the steps' summaries.
-local function listed_state(sk, cut, budget, inline, sizes)
-  local names = redis.pcall('HKEYS', sk)
-  if names.err then return {} end
+-- The state a list row shows (see the header); big values named in sizes. Of the step
+-- log, its last ARGV[5] entries (sizes says how many before them it leaves out); each
+-- summary read counts against ARGV[3], so a row is bounded whatever the job holds.
+-- ``all``: the whole hash (HGETALL) when it is small, read from it alike; else one
+-- HSTRLEN a field, then one HMGET of what is read whole and one of the steps' summaries.
+local function listed_state(sk, cut, budget, inline, listed, sizes, all)
+  local names, vals = {}, nil
+  if all then
+    vals = {}
+    for i = 1, #all, 2 do
+      names[#names + 1] = all[i]
+      vals[all[i]] = all[i + 1]
+    end
+  else
+    names = redis.pcall('HKEYS', sk)
+    if names.err then return {} end
+  end
+  local function strlen(f)
+    if vals then return vals[f] and #vals[f] or 0 end
+    return redis.call('HSTRLEN', sk, f)
+  end
+  local function get(f)
+    if vals then return vals[f] or false end
+    return redis.call('HGET', sk, f)
+  end
+  local function mget(fs)
+    if not vals then return hmget(sk, fs) end
+    local out = {}
+    for i, f in ipairs(fs) do out[i] = vals[f] or false end
+    return out
+  end
+  -- The steps listed: [from, count) (none when the count is damaged: the view says so).
+  local count = tonumber(get('steps'))
+  if not count or count ~= math.floor(count) or count < 0 then count = 0 end
+  local from = math.max(0, count - listed)
+  if from > 0 then
+    sizes[#sizes + 1] = 'steps'
+    sizes[#sizes + 1] = from
+  end
   local whole, heads, out = {}, {}, {}
   for _, f in ipairs(names) do
-    if string.sub(f, 1, 4) ~= 'sig:' and string.sub(f, 1, 9) ~= 'stephead:' then
+    local step = string.sub(f, 1, 5) == 'step:'
+    local i = step and tonumber(string.sub(f, 6))
+    if step and not (i and i >= from and i < count) then
+      -- (a step the row does not list)
+    elseif string.sub(f, 1, 4) ~= 'sig:' and string.sub(f, 1, 9) ~= 'stephead:' then
       -- (not a kept signal's body, never shown; nor a step's summary, read with its step)
-      local len = redis.call('HSTRLEN', sk, f)
-      local step = string.sub(f, 1, 5) == 'step:'
+      local len = strlen(f)
       if len <= (step and inline or cut) then
         whole[#whole + 1] = f
       elseif step then
@@ -86,7 +150,7 @@ local function listed_state(sk, cut, budget, inline, sizes)
         local v = ''
         if len <= budget then
           budget = budget - len
-          v = string.sub(redis.call('HGET', sk, f), 1, cut)
+          v = string.sub(get(f), 1, cut)
         end
         out[#out + 1] = f
         out[#out + 1] = v
@@ -94,7 +158,7 @@ local function listed_state(sk, cut, budget, inline, sizes)
     end
   end
   if #whole > 0 then
-    local got = hmget(sk, whole)
+    local got = mget(whole)
     for i, f in ipairs(whole) do
       if got[i] then
         out[#out + 1] = f
@@ -103,14 +167,27 @@ local function listed_state(sk, cut, budget, inline, sizes)
     end
   end
   if #heads > 0 then
-    local want = {}
-    for i = 1, #heads, 2 do want[#want + 1] = 'stephead:' .. string.sub(heads[i], 6) end
-    local got = hmget(sk, want)
+    -- Each summary's size first: those within the budget are read, the rest say their size.
+    local want, read = {}, {}
     for i = 1, #heads, 2 do
-      local f, len, v = heads[i], heads[i + 1], got[(i + 1) / 2]
-      if not v and len <= budget then  -- an entry written before summaries were kept
+      local h = 'stephead:' .. string.sub(heads[i], 6)
+      local hl = strlen(h)
+      if hl > 0 and hl <= budget then
+        budget = budget - hl
+        want[#want + 1] = h
+        read[i] = #want
+      end
+    end
+    local got = #want > 0 and mget(want) or {}
+    for i = 1, #heads, 2 do
+      local f, len = heads[i], heads[i + 1]
+      local v = read[i] and got[read[i]]
+      if v then
+        v = trimmed(v)
+      elseif len <= budget and strlen('stephead:' .. string.sub(f, 6)) == 0 then
+        -- an entry written before summaries were kept
         budget = budget - len
-        v = summary(redis.call('HGET', sk, f), len)
+        v = summary(get(f), len)
       end
       out[#out + 1] = f
       out[#out + 1] = v or ('{"name":null,"status":"not listed","size":' .. len .. '}')
@@ -123,30 +200,46 @@ local cut = tonumber(ARGV[2])
 local sizes = {}
 local rec, headed = nil, false
 if cut then
-  local len = redis.pcall('STRLEN', K.job)
-  if type(len) == 'number' and len > HEAD + cut then
-    local head = redis.call('GETRANGE', K.job, 0, HEAD + cut - 1)
+  -- The first HEAD + cut bytes: the whole record when it is shorter (one command, as GET).
+  local head = redis.pcall('GETRANGE', K.job, 0, HEAD + cut - 1)
+  if type(head) == 'string' and #head > 0 and #head < HEAD + cut then
+    rec = head
+  elseif type(head) == 'string' and #head > 0 then
+    local len = redis.call('STRLEN', K.job)
     local at = 0
     for _ = 1, 10 do
       at = string.find(head, '\31', at + 1, true)
       if not at or at > HEAD then at = nil break end
     end
-    if at then
+    if len > HEAD + cut and at then
       -- As the cut below would have it: len - at > cut, since len > HEAD + cut >= at + cut.
       rec = head:sub(1, at + cut)
       sizes[1], sizes[2] = 'payload', len - at
       headed = true
+    elseif len == HEAD + cut then
+      rec, headed = head, false  -- (whole: cut below as a record read by GET)
     end
   end
 end
-if not headed then
+if not rec then
   rec = redis.pcall('GET', K.job)
   if type(rec) == 'table' then rec = rec.err and ('\0' .. redis.call('TYPE', K.job)['ok']) or false end
 end
 local sk = K.job .. ':s'
 local state
 if cut then
-  state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0, sizes)
+  local all = false
+  local bytes = redis.pcall('MEMORY', 'USAGE', sk, 'SAMPLES', 0)
+  if type(bytes) == 'number' and bytes <= SMALL then
+    all = redis.pcall('HGETALL', sk)
+    if all.err then all = {} end
+  end
+  if type(bytes) == 'number' then
+    state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0,
+                         sizes, all)
+  else
+    state = {}  -- (no state hash)
+  end
 else
   state = redis.pcall('HGETALL', sk)
   if state.err then state = {} end

@@ -19,6 +19,8 @@
 -- ARGV[9] the most bytes of a log
 -- ARGV[10] the longest entry a job list reads whole (records.STEP_INLINE; '' none): a
 --          longer one gets its summary beside it, stephead:<position> (see step.lua)
+-- ARGV[11] the summary's head ('' ARGV[6]): ARGV[6] without what makes it long (an
+--          event wait's match, up to 4 KiB), so a summary stays within a few hundred bytes
 --
 -- Returns {code, body}: 1 a signal taken (its body), 2 timed out, 0 nothing yet (suspend),
 -- -1 refused (lease lost), -2 the log does not stand where the run read it, -3/-4 full.
@@ -45,7 +47,8 @@ if size > tonumber(ARGV[9]) then return {-4, ''} end
 redis.call('HSET', sk, 'step:' .. pos, entry, 'steps', first and n + 1 or n, 'step_bytes', size)
 local inline = tonumber(ARGV[10] or '')
 if inline and #entry > inline then
-  redis.call('HSET', sk, 'stephead:' .. pos, ARGV[6] .. ',"status":"' .. (body and 'ok' or 'timeout') ..
+  local shead = (ARGV[11] and ARGV[11] ~= '') and ARGV[11] or ARGV[6]
+  redis.call('HSET', sk, 'stephead:' .. pos, shead .. ',"status":"' .. (body and 'ok' or 'timeout') ..
              '","finished_ms":' .. now .. ',"size":' .. #entry .. '}')
 elseif inline then
   redis.call('HDEL', sk, 'stephead:' .. pos)  -- (none should be there: a summary never outlives its entry)
