@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 
 from runner.client import watching
 from runner.errors import RedisUnavailable
+from runner.store.embedded import Server
 
 from conftest import Project, make_project, wait_for
 
@@ -44,8 +46,7 @@ def handle(payload, ctx):
 
 
 def _add(project: Project, isolation: str, bounds: str = "", vt: float = 2) -> None:
-    extra = 'ISOLATION = "process"' if isolation == "process" else ""
-    project.add_function("logger", LOGGER.format(extra=extra))
+    project.add_function("logger", LOGGER.format(extra=_iso(isolation)))
     project.add_function("quiet", QUIET)
     project.write_config(vt=vt)
     if bounds:
@@ -62,15 +63,60 @@ def _msgs(project: Project, job_id: str) -> list[str]:
     return [str(line["msg"]) for line in project.client.logs(job_id)["lines"]]
 
 
+def _iso(isolation: str) -> str:
+    return 'ISOLATION = "process"' if isolation == "process" else ""
+
+
+def _shared(root: Path, server: Server, functions: dict[str, str], bounds: str = "",
+            **config: Any) -> Iterator[Project]:
+    """One project, and one worker serving all its queues, for the tests of a module that
+    need no config of their own: each test enqueues its own jobs (of functions named for
+    its isolation) and reads only their logs, chunks and keys, as users' jobs share a
+    worker. A worker per test (its start, imports and first claim) was most of such a
+    test's cost. Every function is there before the worker starts, which loads them all."""
+    project = make_project(root, server)
+    for name, source in functions.items():
+        project.add_function(name, source)
+    project.write_config(**config)
+    if bounds:
+        _bound(project, bounds)
+    project.spawn_worker()
+    yield project
+    project.stop_all()
+    if project._runtime is not None:
+        project._runtime.close()
+
+
+def _both(name: str, source: str) -> dict[str, str]:
+    """A function's thread and process forms, as ``<name>_thread`` and ``<name>_process``."""
+    return {f"{name}_{iso}": source.format(extra=_iso(iso)) for iso in ("thread", "process")}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """The shared project on the default config (grace 1 s: the cancels' tests), both queues."""
+    functions = {**_both("logger", LOGGER), "quiet": QUIET, **_both("live", LIVE), **_both("streamer", STREAMER),
+                 **_both("bigchunk", BIG_CHUNK), "printer": SURROGATE_PRINT, "idioms": STREAM_IDIOMS,
+                 "napper": NAPPER, "later": RETRY_LATER, **_both("replayed", REPLAYED), **_both("runs", RUNS),
+                 "longprints": LONG_PRINTS}
+    yield from _shared(tmp_path_factory.mktemp("served"), server, functions, grace=1)
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """The shared project whose logs keep 50 lines (1 MiB), visibility 30 s (floods)."""
+    yield from _shared(tmp_path_factory.mktemp("bounded"), server, _both("logger", LOGGER),
+                       "lines = 50, bytes = 1048576", vt=30)
+
+
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_jobs_log_lines_are_kept_with_it(project: Project, isolation: str) -> None:
+def test_a_jobs_log_lines_are_kept_with_it(served: Project, isolation: str) -> None:
     """Each ctx.logger line at INFO and above is kept in order; a child's prints go to
     the log too (stdout and stderr told apart); a job that logs nothing keeps no log key."""
-    _add(project, isolation)
+    project = served
     client = project.client
-    job = client.enqueue("logger", {"n": 3})
+    job = client.enqueue(f"logger_{isolation}", {"n": 3})
     quiet = client.enqueue("quiet", {})
-    project.spawn_worker("fast")
     assert client.settle(job.id, 30).status == "done"
     assert client.settle(quiet.id, 30).status == "done"
     got = client.logs(job.id)
@@ -191,16 +237,15 @@ def test_a_flood_is_bounded_and_the_worker_goes_on(project: Project) -> None:
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_floods_marker_counts_every_line_it_lost(project: Project, isolation: str) -> None:
+def test_a_floods_marker_counts_every_line_it_lost(bounded: Project, isolation: str) -> None:
     """A flood leaves one line ("[N earlier line(s) dropped ...]") at the head of its log,
     and N is every line the log lost since it began: those the worker dropped before they
     were sent, those a child dropped before it handed the rest over (the worker's bounds
     pushed out the child's own marker, and the worker's counted only its drops: 2 said
     for 2,501 lost), and those sent and then trimmed in Redis."""
-    _add(project, isolation, "lines = 50, bytes = 1048576", vt=30)
+    project = bounded
     client = project.client
-    flood = client.enqueue("logger", {"n": 20_000})
-    project.spawn_worker("fast")
+    flood = client.enqueue(f"logger_{isolation}", {"n": 20_000})
     assert client.settle(flood.id, 60).status == "done"
     msgs = _msgs(project, flood.id)
     kept = sum(1 for m in msgs if m.startswith("line "))
@@ -245,13 +290,12 @@ def test_lines_sent_live_and_then_trimmed_are_counted_by_the_marker(project: Pro
     assert markers[0].startswith(f"[{200 - kept:,} earlier line(s) dropped"), (markers, kept)
 
 
-def test_a_retried_job_keeps_every_attempts_lines(project: Project) -> None:
+def test_a_retried_job_keeps_every_attempts_lines(served: Project) -> None:
     """A failed attempt's lines stay: the log spans the job's attempts, up to its dead letter,
     and is kept as long as a dead letter is."""
-    _add(project, "thread")
+    project = served
     client = project.client
-    job = client.enqueue("logger", {"n": 1, "fail": True})
-    project.spawn_worker("fast")
+    job = client.enqueue("logger_thread", {"n": 1, "fail": True})
     wait_for(lambda: client.get(job.id).status == "dead", timeout=60, what="the dead letter")
     msgs = _msgs(project, job.id)
     assert msgs.count(f"line 0 of {job.id}") == project.runtime.config.queues["fast"].max_attempts
@@ -260,13 +304,12 @@ def test_a_retried_job_keeps_every_attempts_lines(project: Project) -> None:
     assert dead_ms - 60_000 < ttl <= dead_ms
 
 
-def test_runner_logs_prints_lines_with_control_characters_escaped(project: Project) -> None:
+def test_runner_logs_prints_lines_with_control_characters_escaped(served: Project) -> None:
     """`runner logs ID` prints one line per log line; a producer's control characters are
     shown escaped, never sent to the terminal; --json gives the lines as they are kept."""
-    _add(project, "process")
+    project = served
     client = project.client
-    job = client.enqueue("logger", {"n": 1})
-    project.spawn_worker("fast")
+    job = client.enqueue("logger_process", {"n": 1})
     assert client.settle(job.id, 30).status == "done"
     base = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml")]
     shown = subprocess.run([*base, "logs", job.id], env=project.env, capture_output=True, text=True, timeout=60)
@@ -298,15 +341,12 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_running_jobs_log_is_visible_while_it_runs(project: Project, isolation: str) -> None:
+def test_a_running_jobs_log_is_visible_while_it_runs(served: Project, isolation: str) -> None:
     """Lines reach the log within a lease renewal or so while the handler still runs, and
     a follower gets each line once, in order, and stops when the job ends."""
-    extra = 'ISOLATION = "process"' if isolation == "process" else ""
-    project.add_function("live", LIVE.format(extra=extra))
-    project.write_config(grace=1)
+    project = served
     client = project.client
-    job = client.enqueue("live", {})
-    project.spawn_worker("slow")
+    job = client.enqueue(f"live_{isolation}", {})
     wait_for(lambda: "started" in _msgs(project, job.id), timeout=30, what="the first line while it runs")
     assert client.get(job.id).status == "processing"
     if isolation == "process":
@@ -331,16 +371,14 @@ def _events(body: str) -> list[tuple[str, str]]:
     return out
 
 
-def test_get_jobs_id_logs_reads_and_follows_the_log(project: Project) -> None:
+def test_get_jobs_id_logs_reads_and_follows_the_log(served: Project) -> None:
     """GET /jobs/{id}/logs answers the lines as JSON (404 for no such job, 401 without a
     token); ?follow=1 streams each line once as server-sent events and ends with the job."""
     from test_web_support import gunicorn
 
-    project.add_function("live", LIVE.format(extra=""))
-    project.write_config(grace=1)
+    project = served
     with gunicorn(project, token="t0ken-for-logs") as web:
-        job_id = web.post("/jobs/live", json={}).json()["id"]
-        project.spawn_worker("slow")
+        job_id = web.post("/jobs/live_thread", json={}).json()["id"]
         wait_for(lambda: "started" in _msgs(project, job_id), timeout=30, what="the first line")
         got = web.get(f"/jobs/{job_id}/logs").json()
         assert got["status"] == "processing" and [x["msg"] for x in got["lines"]] == ["started"]
@@ -373,18 +411,15 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_ctx_stream_reaches_a_follower_and_a_late_reader(project: Project, isolation: str) -> None:
+def test_ctx_stream_reaches_a_follower_and_a_late_reader(served: Project, isolation: str) -> None:
     """client.stream yields each chunk once, in order, while the job runs and after; it
     ends with the job. GET /jobs/{id}/stream gives the same chunks as server-sent events
     to a reader who comes after the end, then "end"."""
     from test_web_support import gunicorn
 
-    extra = 'ISOLATION = "process"' if isolation == "process" else ""
-    project.add_function("streamer", STREAMER.format(extra=extra))
-    project.write_config(grace=1)
+    project = served
     client = project.client
-    job = client.enqueue("streamer", {"n": 50})
-    project.spawn_worker("slow")
+    job = client.enqueue(f"streamer_{isolation}", {"n": 50})
     seen: list[object] = []
     for chunk in client.stream(job.id, timeout_s=60):
         seen.append(chunk)
@@ -419,18 +454,14 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_one_stream_chunk_is_bounded(project: Project, isolation: str) -> None:
+def test_one_stream_chunk_is_bounded(served: Project, isolation: str) -> None:
     """A chunk over 64 KiB is refused with a ValueError saying what to do, so no reader is
     served one huge chunk that the bytes bound could never trim; the run goes on."""
-    extra = 'ISOLATION = "process"' if isolation == "process" else ""
-    project.add_function("bigchunk", BIG_CHUNK.format(extra=extra))
-    client = project.client
-    job = client.enqueue("bigchunk", {})
-    project.spawn_worker("slow")
+    client = served.client
+    job = client.enqueue(f"bigchunk_{isolation}", {})
     seen = list(client.stream(job.id, timeout_s=60))
     assert client.get(job.id).status == "done"
     assert len(seen) == 1 and "over the limit of 65,536" in str(seen[0]) and "smaller pieces" in str(seen[0]), seen
-    project.stop_all()
 
 
 SURROGATE_PRINT = '''
@@ -447,20 +478,17 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_lone_surrogate_in_a_childs_output_is_kept_with_a_replacement(project: Project) -> None:
+def test_a_lone_surrogate_in_a_childs_output_is_kept_with_a_replacement(served: Project) -> None:
     """A handler printing a name decoded with surrogateescape: the line is kept with
     U+FFFD in its place, the lines beside it too, and the job ends done (the child's
     channel refused the line, and every attempt died)."""
-    project.add_function("printer", SURROGATE_PRINT)
-    client = project.client
+    client = served.client
     job = client.enqueue("printer", {})
-    project.spawn_worker("slow")
     wait_for(lambda: client.get(job.id).status in ("done", "dead"), timeout=30, what="the job to end")
     assert client.get(job.id).status == "done", client.get(job.id).as_dict()["last_error"]
     msgs = [ln["msg"] for ln in client.logs(job.id)["lines"]]
     assert "opening report-\ufffd.csv" in msgs and "still here" in msgs, msgs
     assert list(client.stream(job.id, timeout_s=5)) == ["chunk report-\ufffd.csv"]
-    project.stop_all()
 
 
 STREAM_IDIOMS = '''"""Uses sys.stdout and sys.stderr as handler code does with real streams."""
@@ -489,7 +517,7 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_childs_captured_output_behaves_as_a_real_stream(project: Project) -> None:
+def test_a_childs_captured_output_behaves_as_a_real_stream(served: Project) -> None:
     """Under process isolation the captured sys.stdout and sys.stderr keep what handler code
     relies on: ``buffer`` (bytes go to the log, bad ones replaced), ``encoding`` and
     ``errors``, and the real ``fileno()`` for a subprocess (its output goes to the worker's
@@ -497,11 +525,9 @@ def test_a_childs_captured_output_behaves_as_a_real_stream(project: Project) -> 
     click.echo (and typer) probe for: they then write to ``buffer``, and the line lands
     whole, not as a bytes repr merged with the next print; ``name``, ``line_buffering`` and
     ``reconfigure`` are there as on the real stream."""
-    _add(project, "thread")
-    project.add_function("idioms", STREAM_IDIOMS)
+    project = served
     client = project.client
     job = client.enqueue("idioms", {})
-    project.spawn_worker("fast")
     done = client.settle(job.id, 30)
     assert done.status == "done", done.as_dict()
     assert done.as_dict()["result"] == {"tty": False, "bytes_write": "TypeError", "name": "<stdout>",
@@ -749,16 +775,15 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_sleeping_or_waiting_jobs_log_lives_until_it_wakes(project: Project) -> None:
+def test_a_sleeping_or_waiting_jobs_log_lives_until_it_wakes(served: Project) -> None:
     """A durable job's log and stream are kept while it sleeps or waits: suspending it
     keeps them until its wake time plus the retention, however much longer the sleep is
     than the retention."""
-    project.add_function("napper", NAPPER)
+    project = served
     c = project.client
     k = project.keys("fast")
     r = project.runtime.redis
     retention_ms = max(project.runtime.config.retention.done_s, project.runtime.config.retention.dead_s) * 1000
-    project.spawn_worker("fast")
     day_ms = 86_400_000
     slept = c.enqueue("napper", {"sleep": 86_400}).id
     waiting = c.enqueue("napper", {"wait": 86_400}).id
@@ -806,14 +831,14 @@ def test_an_idle_follower_of_a_partitioned_queue_polls_only_the_jobs_home(projec
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_flood_is_bounded_in_the_workers_own_output_too(project: Project, isolation: str) -> None:
+def test_a_flood_is_bounded_in_the_workers_own_output_too(bounded: Project, isolation: str) -> None:
     """At INFO a worker echoes a job's ctx.logger lines to its own output only within the
     job log's bounds, then says once that the rest are in the job's log: a flood does not
     go whole to the worker's output (a PaaS log drain)."""
-    _add(project, isolation, "lines = 50, bytes = 1048576", vt=30)
+    project = bounded
     client = project.client
-    flood = client.enqueue("logger", {"n": 3_000})
-    worker = project.spawn_worker("fast")
+    flood = client.enqueue(f"logger_{isolation}", {"n": 3_000})
+    (worker,) = project.procs
     assert client.settle(flood.id, 60).status == "done"
     assert f"line 2999 of {flood.id}" in _msgs(project, flood.id)
     log = project.root / f"worker-{project.procs.index(worker)}.log"
@@ -868,16 +893,15 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_retrying_jobs_log_lives_until_its_retry_is_due(project: Project) -> None:
+def test_a_retrying_jobs_log_lives_until_its_retry_is_due(served: Project) -> None:
     """A job that retries later than the log's retention keeps its log and stream until
     the retry is due plus that retention (they expired with the longer of the done and
     dead retentions, gone before the next attempt ran)."""
-    project.add_function("later", RETRY_LATER)
+    project = served
     c = project.client
     k = project.keys("fast")
     r = project.runtime.redis
     retention_ms = max(project.runtime.config.retention.done_s, project.runtime.config.retention.dead_s) * 1000
-    project.spawn_worker("fast")
     job = c.enqueue("later", {}).id
     wait_for(lambda: c.get(job).status == "retrying", timeout=30, what="the retry")
     assert [x["msg"] for x in c.logs(job)["lines"]] == ["attempt 1"]
@@ -997,17 +1021,14 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_durable_functions_replay_writes_no_line_or_chunk_again(project: Project, isolation: str) -> None:
+def test_a_durable_functions_replay_writes_no_line_or_chunk_again(served: Project, isolation: str) -> None:
     """A durable function logs, prints and streams, sleeps, and after the wake-up replays
     from the top: what it wrote before the sleep is in its log and stream once, not again
     from the replay, and what it writes after the wake-up follows in order (the chunks'
     positions rise). A retry after a recorded step replays it quietly too."""
-    extra = 'ISOLATION = "process"' if isolation == "process" else ""
-    project.add_function("replayed", REPLAYED.format(extra=extra))
-    project.write_config()
-    client = project.client
-    jobs = [client.enqueue("replayed", {}).id, client.enqueue("replayed", {"fail": True}).id]
-    project.spawn_worker("fast")
+    client = served.client
+    name = f"replayed_{isolation}"
+    jobs = [client.enqueue(name, {}).id, client.enqueue(name, {"fail": True}).id]
     for job in jobs:
         assert client.settle(job, 60).status == "done"
         lines = client.logs(job)["lines"]
@@ -1076,15 +1097,12 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_requeued_jobs_new_run_follows_the_old_one_in_its_stream_and_log(project: Project, isolation: str) -> None:
+def test_a_requeued_jobs_new_run_follows_the_old_one_in_its_stream_and_log(served: Project, isolation: str) -> None:
     """A dead job requeued runs again from attempt 1: its new chunks come after the
     old run's for a reader that read those (the chunks of each run had the same places,
     so a follower skipped every chunk of the new run), and so do its log lines."""
-    project.add_function("runs", RUNS.format(extra='ISOLATION = "process"' if isolation == "process" else ""))
-    project.write_config()
-    client = project.client
-    job = client.enqueue("runs", {"run": "first", "fail": True})
-    project.spawn_worker("fast")
+    client = served.client
+    job = client.enqueue(f"runs_{isolation}", {"run": "first", "fail": True})
     assert client.settle(job.id, 30).status == "dead"
     old = watching.stream_chunks(client, job.id)["chunks"]
     assert [c["data"] for c in old] == ["first-0", "first-1", "first-2"]
@@ -1301,15 +1319,13 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_printed_line_past_the_line_bound_adds_no_empty_line(project: Project) -> None:
+def test_a_printed_line_past_the_line_bound_adds_no_empty_line(served: Project) -> None:
     """A printed line longer than a line's bound (8,192 characters) is one line, cut,
     never followed by an empty one (print writes its newline apart, and that made a line
     of its own: half of a flood of long prints was blank lines); a long line written in
     pieces goes on in the next line."""
-    project.add_function("longprints", LONG_PRINTS)
-    project.write_config()
+    project = served
     job = project.client.enqueue("longprints", {})
-    project.spawn_worker("fast")
     assert project.client.settle(job.id, 30).status == "done"
     got = _msgs(project, job.id)
     assert [m[:3] for m in got] == ["000", "111", "222", "aaa", "bbb", "sho"], [m[:20] for m in got]

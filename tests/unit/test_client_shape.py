@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import sourcetrees
+
 PACKAGE = Path(__file__).parents[2] / "runner" / "client"
 MAX_FACADE_LINES = 300
 
@@ -15,7 +17,7 @@ def redis_calls(source: str) -> list[str]:
     """Each call made on a Redis client or a pipeline: ``<x>.redis.<cmd>(...)``,
     ``redis.<cmd>(...)`` and ``<x>.pipeline(...)``, as text."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(sourcetrees.parse(source)):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         owner = node.func.value
@@ -28,7 +30,7 @@ def redis_calls(source: str) -> list[str]:
 
 def built_unavailable(source: str) -> list[str]:
     """Each RedisUnavailable(...) built by hand instead of by connection.unreachable."""
-    return [ast.unparse(n) for n in ast.walk(ast.parse(source))
+    return [ast.unparse(n) for n in ast.walk(sourcetrees.parse(source))
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "RedisUnavailable"]
 
 

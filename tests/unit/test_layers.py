@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+import sourcetrees
 
 PACKAGE = Path(__file__).parents[2] / "runner"
 
@@ -30,7 +31,7 @@ def imported(path: Path) -> set[str]:
     """Every runner module a file imports, as dotted names (``from runner import x``
     counts as runner.x, so a sibling module is caught whichever form is used)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(sourcetrees.tree(path)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -54,7 +55,7 @@ def test_a_layer_imports_nothing_above_it(layer: str) -> None:
 
 def test_every_sub_package_says_what_it_may_import() -> None:
     for init in sorted(PACKAGE.glob("*/__init__.py")):
-        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        doc = ast.get_docstring(sourcetrees.tree(init)) or ""
         assert "import" in doc.lower(), f"{init.parent.name}/__init__.py does not say what it may import"
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import sourcetrees
+
 PACKAGE = Path(__file__).parents[2] / "runner"
 SEAM = PACKAGE / "store" / "transport.py"
 
@@ -36,7 +38,7 @@ def _handles(tree: ast.AST) -> list[int]:
 def test_only_the_transport_handles_a_lost_script() -> None:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        lines = _handles(ast.parse(path.read_text(), str(path)))
+        lines = _handles(sourcetrees.tree(path))
         if lines:
             found[str(path.relative_to(PACKAGE.parent))] = lines
     assert set(found) == {str(SEAM.relative_to(PACKAGE.parent))}, (

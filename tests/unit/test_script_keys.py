@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import sourcetrees
 
 from runner.store import scriptkeys
 from runner.store.keys import QueueKeys
@@ -44,10 +45,10 @@ def test_no_script_is_written_inline() -> None:
 
     found = []
     for path in sorted(Path(runner.__file__).parent.rglob("*.py")):
-        text = path.read_text()
+        text = sourcetrees.text(path)
         if "redis.call" not in text:
             continue
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(sourcetrees.parse(text)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and "redis.call" in code(node.value):
                 found.append(f"{path.relative_to(path.parents[2])}:{node.lineno}")
     assert not found, f"Lua written inline (make it a file of runner/store/lua/): {found}"

@@ -59,6 +59,7 @@ import pytest
 import redis
 import redis.client
 import redis.cluster
+import sourcetrees
 
 from runner.store import aiolink, link
 
@@ -131,10 +132,10 @@ def _types(annotation: ast.expr | None) -> set[str]:
     return {_name(n) for n in ast.walk(annotation) if isinstance(n, (ast.Name, ast.Attribute))}
 
 
-@functools.cache
 def _parse(source: str) -> ast.Module:
-    """A module's tree, parsed once: the facts and the check read the same modules."""
-    return ast.parse(source)
+    """A module's tree, parsed once per test process: the facts, the check and the
+    package's other walks read the same modules."""
+    return sourcetrees.parse(source)
 
 
 _NODES: dict[int, tuple[ast.AST, list[ast.AST]]] = {}
@@ -255,7 +256,7 @@ def module_name(path: Path) -> str:
 
 
 def package_sources() -> tuple[tuple[str, str], ...]:
-    return tuple((module_name(p), p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.rglob("*.py")))
+    return tuple((module_name(p), sourcetrees.text(p)) for p in sorted(PACKAGE.rglob("*.py")))
 
 
 @functools.cache
@@ -715,7 +716,7 @@ def test_no_module_outside_the_store_issues_a_redis_command() -> None:
         rel = path.relative_to(PACKAGE).as_posix()
         if rel.startswith("store/"):
             continue
-        hits = commands(path.read_text(encoding="utf-8"), module=module_name(path))
+        hits = commands(sourcetrees.text(path), module=module_name(path))
         if hits:
             found[f"runner/{rel}"] = [f"{line}: {what}" for line, what in hits]
     assert found == {}, "move these into a named function of runner/store/"
