@@ -117,7 +117,7 @@ _spawn_unguarded = False
 
 
 def _spawn_group() -> int:
-    """The group a process spawned for a thread handler joins (its sentry's pid, the
+    """The group a process spawned or forked for a thread handler joins (its sentry's pid, the
     sentry started or restarted as needed); -1: the worker's own (no shell to run)."""
     global _spawn_sentry, _spawn_sentry_w, _spawn_unguarded
     with _spawn_group_lock:
