@@ -76,18 +76,29 @@ def default_signals_after_fork(own_group: bool = False) -> None:
     """A process a handler forks (multiprocessing's fork, os.fork) starts with SIGTERM,
     SIGINT and SIGQUIT at their default actions, not runner's handlers: Process.terminate() and
     Pool.terminate() stop it, as they would outside runner. ``own_group`` (a thread
-    handler's, forked from the worker itself): in a process group of its own, as a child
-    process's forks are in the child's, so a stop's SIGTERM to the worker's group (honcho,
-    ``kill -TERM -- -PGID``) does not reach work the handler still has in hand."""
+    handler's, forked from the worker itself): out of the worker's process group, as a
+    child process's forks are out of it in the child's, so a stop's SIGTERM to the
+    worker's group (honcho, ``kill -TERM -- -PGID``) does not reach work the handler still
+    has in hand. It joins the group its spawned processes join, whose sentry kills it when
+    the worker dies (_spawn_group): in a group of its own it outlived the worker, whether
+    SIGKILLed alone or with its whole group, and ran on beside the job's retry. A fork of
+    such a fork stays where its parent is."""
+    worker = os.getpid()
+    group = 0  # (set in the parent just before each fork: a child cannot start the sentry)
+
+    def choose() -> None:
+        nonlocal group
+        group = _spawn_group() if own_group and os.getpid() == worker else 0
+
     def reset() -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             with contextlib.suppress(ValueError):  # (not the main thread: not so right after a fork)
                 signal.signal(sig, signal.SIG_DFL)
-        if own_group:
-            with contextlib.suppress(OSError):
-                os.setpgid(0, 0)
+        if group > 0:
+            with contextlib.suppress(OSError):  # (a sentry gone meanwhile: it stays in the worker's group)
+                os.setpgid(0, group)
 
-    os.register_at_fork(after_in_child=reset)
+    os.register_at_fork(before=choose, after_in_child=reset)
 
 
 # Processes a thread handler starts by fork and exec (multiprocessing's "spawn" and
@@ -106,7 +117,7 @@ _spawn_unguarded = False
 
 
 def _spawn_group() -> int:
-    """The group a process spawned for a thread handler joins (its sentry's pid, the
+    """The group a process spawned or forked for a thread handler joins (its sentry's pid, the
     sentry started or restarted as needed); -1: the worker's own (no shell to run)."""
     global _spawn_sentry, _spawn_sentry_w, _spawn_unguarded
     with _spawn_group_lock:
@@ -124,8 +135,8 @@ def _spawn_group() -> int:
         except OSError as exc:
             os.close(write_fd)
             _spawn_unguarded = True
-            log.warning("no sentry for the processes thread handlers spawn (%s: %s): they stay in the worker's "
-                        "process group, and a stop's SIGTERM to that group stops them", SENTRY_SHELL, exc)
+            log.warning("no sentry for the processes thread handlers fork or spawn (%s: %s): they stay in the "
+                        "worker's process group, and a stop's SIGTERM to that group stops them", SENTRY_SHELL, exc)
             return -1
         finally:
             os.close(read_fd)
@@ -166,14 +177,14 @@ def spawn_apart() -> None:
     if sys.platform.startswith("linux") and (3, 11) <= sys.version_info[:2] <= (3, 13):
         multiprocessing.util.spawnv_passfds = _spawnv_passfds  # type: ignore[assignment]
 
-        def forget() -> None:
-            global _spawn_sentry, _spawn_sentry_w
-            if _spawn_sentry_w >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(_spawn_sentry_w)
-                _spawn_sentry_w = -1
-            _spawn_sentry = None
-        os.register_at_fork(after_in_child=forget)
+    def forget() -> None:  # (also for a handler's forks, which join the sentry's group)
+        global _spawn_sentry, _spawn_sentry_w
+        if _spawn_sentry_w >= 0:
+            with contextlib.suppress(OSError):
+                os.close(_spawn_sentry_w)
+            _spawn_sentry_w = -1
+        _spawn_sentry = None
+    os.register_at_fork(after_in_child=forget)
 
 
 # The thread every child is started from (see the module docstring). Created at the

@@ -308,7 +308,7 @@ QUEUE = "fast"
 TIMEOUT = 40
 
 def handle(payload, ctx):
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
+    with multiprocessing.get_context(payload.get("method", "spawn")).Pool(2) as pool:
         list(pool.map(abs, [1, 2]))
         pids = " ".join(str(p.pid) for p in multiprocessing.active_children())
         with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
@@ -322,21 +322,71 @@ def _running(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
-def test_a_thread_handlers_spawned_pool_dies_with_its_worker(project: Project) -> None:
-    """The group a thread handler's spawned processes are put in dies with the worker:
-    a worker SIGKILLed alone leaves none of them running (in the worker's group they ran
-    on, orphaned, until a kill of that whole group)."""
+@pytest.mark.parametrize(("method", "kill"), [("spawn", "worker"), ("fork", "worker"), ("fork", "group")])
+def test_a_thread_handlers_pool_dies_with_its_worker(project: Project, method: str, kill: str) -> None:
+    """The group a thread handler's pool processes are put in dies with the worker: a
+    worker SIGKILLed alone, or with its whole group (a supervisor's last resort), leaves
+    none of them running. Spawned ones ran on, orphaned, in the worker's group until a
+    kill of that whole group; a fork Pool's, each in a group of its own, ran on through
+    both, beside the job's retry."""
     project.add_function("spawned", SPAWNED_LONG)
     project.write_config(vt=5, concurrency=1, prefetch=0)
-    job = project.client.enqueue("spawned", {}).id
+    job = project.client.enqueue("spawned", {"method": method}).id
     w = spawn_leader(project, "fast")
     wait_for(lambda: project.runs(job), timeout=60, what="the pool to start")
     pids = [int(p) for p in project.runs(job)[0].split()]
     assert len(pids) == 2 and all(_running(p) for p in pids), pids
     try:
-        w.kill()
+        if kill == "group":
+            os.killpg(w.pid, signal.SIGKILL)
+        else:
+            w.kill()
         w.wait(timeout=10)
         wait_for(lambda: not any(_running(p) for p in pids), timeout=10, what="the pool's processes to die")
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
+FORKED_TWICE = '''
+import multiprocessing, os, time
+QUEUE = "fast"
+TIMEOUT = 40
+
+def nap(path):
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()} ")
+    time.sleep(60)
+
+def fork_again(path):
+    multiprocessing.get_context("fork").Process(target=nap, args=(path,)).start()
+    nap(path)
+
+def handle(payload, ctx):
+    path = os.path.join(os.environ["RECORD_DIR"], ctx.job_id)
+    p = multiprocessing.get_context("fork").Process(target=fork_again, args=(path,))
+    p.start()
+    p.join()
+'''
+
+
+def test_a_thread_handlers_forks_of_forks_die_with_its_worker_and_not_with_a_stop(project: Project) -> None:
+    """A thread handler's fork and that fork's own fork: both out of the worker's group (a
+    stop's SIGTERM to it does not reach them), in one group, and gone once the worker is
+    SIGKILLed alone."""
+    project.add_function("twice", FORKED_TWICE)
+    project.write_config(vt=5, concurrency=1, prefetch=0)
+    job = project.client.enqueue("twice", {}).id
+    w = spawn_leader(project, "fast")
+    pids = wait_for(lambda: [int(p) for p in project.runs(job)[0].split()] if project.runs(job)
+                    and len(project.runs(job)[0].split()) == 2 else None, timeout=60, what="both forks")
+    try:
+        groups = {os.getpgid(p) for p in pids}
+        assert len(groups) == 1 and w.pid not in groups, (groups, w.pid)
+        w.kill()
+        w.wait(timeout=10)
+        wait_for(lambda: not any(_running(p) for p in pids), timeout=10, what="both forks to die")
     finally:
         for p in pids:
             with contextlib.suppress(ProcessLookupError):
