@@ -96,7 +96,9 @@ end
 -- summary read counts against ARGV[3], so a row is bounded whatever the job holds.
 -- ``all``: the whole hash (HGETALL) when it is small, read from it alike; else one
 -- HSTRLEN a field, then one HMGET of what is read whole and one of the steps' summaries.
-local function listed_state(sk, cut, budget, inline, listed, sizes, all)
+-- The state's field names and its readers: from the HGETALL ``all`` when given, else
+-- from the hash itself (nil when it is no hash).
+local function state_reader(sk, all)
   local names, vals = {}, nil
   if all then
     vals = {}
@@ -106,7 +108,7 @@ local function listed_state(sk, cut, budget, inline, listed, sizes, all)
     end
   else
     names = redis.pcall('HKEYS', sk)
-    if names.err then return {} end
+    if names.err then return nil end
   end
   local function strlen(f)
     if vals then return vals[f] and #vals[f] or 0 end
@@ -118,10 +120,46 @@ local function listed_state(sk, cut, budget, inline, listed, sizes, all)
   end
   local function mget(fs)
     if not vals then return hmget(sk, fs) end
-    local out = {}
-    for i, f in ipairs(fs) do out[i] = vals[f] or false end
-    return out
+    local got = {}
+    for i, f in ipairs(fs) do got[i] = vals[f] or false end
+    return got
   end
+  return names, strlen, get, mget
+end
+
+-- The listed steps' summaries into ``out`` (``heads``: field, size pairs): each summary's
+-- size first, those within the budget read, the rest say their size. Returns the budget left.
+local function listed_heads(heads, budget, strlen, get, mget, out)
+  local want, read = {}, {}
+  for i = 1, #heads, 2 do
+    local h = 'stephead:' .. string.sub(heads[i], 6)
+    local hl = strlen(h)
+    if hl > 0 and hl <= budget then
+      budget = budget - hl
+      want[#want + 1] = h
+      read[i] = #want
+    end
+  end
+  local got = #want > 0 and mget(want) or {}
+  for i = 1, #heads, 2 do
+    local f, len = heads[i], heads[i + 1]
+    local v = read[i] and got[read[i]]
+    if v then
+      v = trimmed(v)
+    elseif len <= budget and strlen('stephead:' .. string.sub(f, 6)) == 0 then
+      -- an entry written before summaries were kept
+      budget = budget - len
+      v = summary(get(f), len)
+    end
+    out[#out + 1] = f
+    out[#out + 1] = v or ('{"name":null,"status":"not listed","size":' .. len .. '}')
+  end
+  return budget
+end
+
+local function listed_state(sk, cut, budget, inline, listed, sizes, all)
+  local names, strlen, get, mget = state_reader(sk, all)
+  if not names then return {} end
   -- The steps listed: [from, count) (none when the count is damaged: the view says so).
   local count = tonumber(get('steps'))
   if not count or count ~= math.floor(count) or count < 0 then count = 0 end
@@ -166,33 +204,7 @@ local function listed_state(sk, cut, budget, inline, listed, sizes, all)
       end
     end
   end
-  if #heads > 0 then
-    -- Each summary's size first: those within the budget are read, the rest say their size.
-    local want, read = {}, {}
-    for i = 1, #heads, 2 do
-      local h = 'stephead:' .. string.sub(heads[i], 6)
-      local hl = strlen(h)
-      if hl > 0 and hl <= budget then
-        budget = budget - hl
-        want[#want + 1] = h
-        read[i] = #want
-      end
-    end
-    local got = #want > 0 and mget(want) or {}
-    for i = 1, #heads, 2 do
-      local f, len = heads[i], heads[i + 1]
-      local v = read[i] and got[read[i]]
-      if v then
-        v = trimmed(v)
-      elseif len <= budget and strlen('stephead:' .. string.sub(f, 6)) == 0 then
-        -- an entry written before summaries were kept
-        budget = budget - len
-        v = summary(get(f), len)
-      end
-      out[#out + 1] = f
-      out[#out + 1] = v or ('{"name":null,"status":"not listed","size":' .. len .. '}')
-    end
-  end
+  if #heads > 0 then listed_heads(heads, budget, strlen, get, mget, out) end
   return out
 end
 local id = ARGV[1]
