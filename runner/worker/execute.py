@@ -351,6 +351,8 @@ def run(
         # ended the child: "executor crashed", no traceback, and a child to start again)
         return failure(fn, job, exc), time.perf_counter() - started
     elapsed = time.perf_counter() - started
+    if result is None:  # most handlers: nothing to encode, check, bound or pass on (outcome_of's b"")
+        return Done(""), elapsed
     return outcome_of(fn, job, result, max_result_bytes), elapsed
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.catalog.registry import Function
+from runner.catalog.registry import Function, Registry
 from runner.client import Client, Enqueued, Request, waking
 from runner.config import QueueConfig
 from runner.errors import (
@@ -354,9 +354,10 @@ class Executors:
             verdict.run_s = time.monotonic() - began[0] if began is not None else 0.0
             self.outcomes.put(verdict)
 
-    def _admit(self, run: Run, index: int) -> bool:
+    def _admit(self, run: Run, index: int, registry: Registry | None = None) -> bool:
         """Take a run off the inbox for slot ``index``: False when it is not to run (taken
-        by a cancel, the stop, a lost lease or its MAX_AGE), and has been seen to."""
+        by a cancel, the stop, a lost lease or its MAX_AGE), and has been seen to.
+        ``registry``: the functions loaded now, when the caller has just read them."""
         if not self.ledger.take(run):
             self.ledger.returned()  # a cancel took it; its hand-back is on its way
             return False
@@ -374,7 +375,7 @@ class Executors:
             faults.fault("exec_loop")
         run.slot = index
         if not run.job.started:
-            late = self._expired_ahead(run)
+            late = self._expired_ahead(run, registry)
             if late is not None:  # claimed ahead in time, but not started in time
                 self.outcomes.put(late)
                 self.ledger.returned()
@@ -390,10 +391,14 @@ class Executors:
         known: dict[int, _Placed] = {}  # the pending runs' payloads, resolved once (by id of the run)
         try:
             while True:
+                # The functions loaded now, read once per run (after the inbox's wait: a
+                # reload meanwhile is the one the run sees), for every look-up below.
                 if carry is not None:
                     run, carry = carry, None
+                    registry = self.rt.registry
                 elif pending:
                     run = pending.popleft()
+                    registry = self.rt.registry
                 else:
                     self._idle += 1  # (a hint for a gathering batch: someone takes what it puts back)
                     try:
@@ -402,10 +407,11 @@ class Executors:
                         self._idle -= 1
                     if got is None:
                         return
-                    if not self._admit(got, index):
+                    registry = self.rt.registry
+                    if not self._admit(got, index, registry):
                         continue
                     run = got
-                bfn = self.rt.registry.functions.get(run.job.type)
+                bfn = registry.functions.get(run.job.type)
                 if bfn is not None and bfn.batch is not None:
                     if loop is None and bfn.isolation != "process":
                         loop = asyncio.new_event_loop()
@@ -433,7 +439,7 @@ class Executors:
                 try:
                     if loop is None:
                         loop = asyncio.new_event_loop()
-                    settlement = self._execute(run, index, loop)
+                    settlement = self._execute(run, index, loop, registry)
                 except BaseException as exc:  # a late timeout, or a bug: never strand a claim
                     settlement = Settlement(run, _unexpected(run.job, exc))
                 finally:
@@ -442,9 +448,9 @@ class Executors:
                     self._settle_abandoned(run)
                     return  # a new thread has this slot
                 # Only after an async handler: asyncio.all_tasks walks a WeakSet, 15,000
-                # instructions a job on this path (18 % more for a no-op job).
-                fn = self.rt.registry.functions.get(run.job.type)
-                if loop is not None and fn is not None and fn.is_async and asyncio.all_tasks(loop):
+                # instructions a job on this path (18 % more for a no-op job). (``bfn`` is
+                # the function that ran: _execute_one looks it up in the same registry.)
+                if loop is not None and bfn is not None and bfn.is_async and asyncio.all_tasks(loop):
                     _left_behind(loop, run.job.id)
                     loop = None  # the next async job gets a fresh loop
                 self.outcomes.put(settlement)
@@ -894,11 +900,11 @@ class Executors:
             out.append(int(code))
         return out
 
-    def _expired_ahead(self, run: Run) -> Settlement | None:
+    def _expired_ahead(self, run: Run, registry: Registry | None = None) -> Settlement | None:
         """A job claimed ahead whose MAX_AGE passed while it waited for an executor: dead
         as "expired", unrun and spending no attempt, as claim.lua buries one claimed late."""
         job = run.job
-        fn = self.rt.registry.functions.get(job.type)
+        fn = (self.rt.registry if registry is None else registry).functions.get(job.type)
         if fn is None or not fn.max_age_s or run.resumed:  # (MAX_AGE bounds the first start only)
             return None
         now = self._server_now(job)
@@ -906,13 +912,13 @@ class Executors:
             return None
         return Settlement(run, expired(job, fn.max_age_s, now), started_ms=now)
 
-    def _execute(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
+    def _execute(self, run: Run, index: int, loop: asyncio.AbstractEventLoop, registry: Registry) -> Settlement:
         if not tracing.enabled():
-            return self._execute_one(run, index, loop)
+            return self._execute_one(run, index, loop, registry)
         job = run.job
         with tracing.run_span(job.traceparent, job.id, job.type, job.attempt, job.queue, job.ready_ms,
                               tracecontext.links(job.meta_raw)) as span:
-            settlement = self._execute_one(run, index, loop)
+            settlement = self._execute_one(run, index, loop, registry)
             o = as_asked(settlement.outcome, run.flags.cancelled)  # as the settler will record it
             name = "done" if isinstance(o, Done) else "retry" if isinstance(o, RetryLater) else \
                 "cancelled" if isinstance(o, Dead) and o.reason == CANCELLED else "dead"  # asked for: no failure
@@ -938,10 +944,12 @@ class Executors:
                                                  journal.MAX_STEPS, journal.MAX_LOG_BYTES)
         return int(code), str(body or "")
 
-    def _execute_one(self, run: Run, index: int, loop: asyncio.AbstractEventLoop) -> Settlement:
+    def _execute_one(self, run: Run, index: int, loop: asyncio.AbstractEventLoop, registry: Registry) -> Settlement:
+        """Run ``run`` with the functions of ``registry``, the loop's one snapshot for the
+        run: a reload never changes it mid-run."""
         job = run.job
-        registry = self.rt.registry  # one snapshot per job: a reload never changes it mid-run
-        grace = self.rt.config.worker.unknown_grace_s
+        config = self.rt.config
+        grace = config.worker.unknown_grace_s
         fn = registry.functions.get(job.type)
         if fn is not None and fn.isolation == "process":
             return self._in_child(run, fn, index, self._generations.of(registry), grace)
@@ -952,7 +960,8 @@ class Executors:
         if not isinstance(resolved, tuple):  # an outcome: Done, RetryLater or Dead
             return Settlement(run, resolved)
         fn, payload, version = resolved
-        max_result = self.rt.config.worker.max_result_bytes
+        max_result = config.worker.max_result_bytes
+        ret = config.retention
         ctx = for_job(
             job, version, fn.timeout_s, joblog,
             _save=lambda body: int(self.rt.scripts.checkpoint(self.parts[job.partition], job.id, job.token,
@@ -962,7 +971,7 @@ class Executors:
             _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
             _group=lambda group_id: self._client().group_outcomes(group_id),
-            _max_bytes=max_result, _log_bounds=self._log_bounds,
+            _max_bytes=max_result, _log_bounds=(ret.log_lines, ret.log_bytes),  # (_log_bounds, inline)
             _made=lambda ctx, logger: self._logger_made(run, ctx, logger),
         )
         part = self.parts[job.partition]

@@ -409,7 +409,8 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition, _count_or_unknown(logged)))
+                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition,
+                              logged if type(logged) is int else _count_or_unknown(logged)))
             batch.append(run)
             if started == EXPIRED:
                 late.append(run)
