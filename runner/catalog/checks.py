@@ -188,15 +188,21 @@ def _clash(a: set[str] | None, b: set[str] | None) -> bool:
     return a is not None and b is not None and not (a & b)
 
 
+def _subscribers(reg: Registry) -> dict[str, list[Function]]:
+    """Each event's subscribing functions (TRIGGERS), by event name."""
+    by_event: dict[str, list[Function]] = {}
+    for fn in reg.functions.values():
+        for name in fn.triggers:
+            by_event.setdefault(name, []).append(fn)
+    return by_event
+
+
 def trigger_problems(reg: Registry) -> list[Problem]:
     """An event no data could satisfy: its subscribers' newest schemas contradict each
     other (the document's type, or the type of a field one of them requires, or a field
     one requires that another's additionalProperties: false forbids), so every emit of it
     would be refused. Checked on the schemas' own words, not on every keyword."""
-    by_event: dict[str, list[Function]] = {}
-    for fn in reg.functions.values():
-        for name in fn.triggers:
-            by_event.setdefault(name, []).append(fn)
+    by_event = _subscribers(reg)
     out = []
     for name, subs in sorted(by_event.items()):
         subs.sort(key=lambda f: f.name)
@@ -233,10 +239,7 @@ def emit_bound_problems(cfg: Config, reg: Registry) -> list[Problem]:
     """Warnings: an event with so many subscribers that an emit of data the API accepts
     ([api] max_body_bytes) would pass MAX_EMIT_BYTES, one copy per subscriber, and be
     refused (413), with the most data an emit of it may carry."""
-    by_event: dict[str, list[Function]] = {}
-    for fn in reg.functions.values():
-        for name in fn.triggers:
-            by_event.setdefault(name, []).append(fn)
+    by_event = _subscribers(reg)
     out = []
     for name, subs in sorted(by_event.items()):
         most = MAX_EMIT_BYTES // len(subs)
