@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chaoskit import descendants
@@ -322,6 +323,22 @@ def _running(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
+def _kill_and_see_gone(w: subprocess.Popen[Any], pids: list[int], *, group: bool, what: str) -> None:
+    """SIGKILL the worker (alone, or with its whole group), then wait for ``pids`` to die;
+    whatever is left is killed, so a failure leaves nothing running."""
+    try:
+        if group:
+            os.killpg(w.pid, signal.SIGKILL)
+        else:
+            w.kill()
+        w.wait(timeout=10)
+        wait_for(lambda: not any(_running(p) for p in pids), timeout=10, what=f"{what} to die")
+    finally:
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
 @pytest.mark.parametrize(("method", "kill"), [("spawn", "worker"), ("fork", "worker"), ("fork", "group")])
 def test_a_thread_handlers_pool_dies_with_its_worker(project: Project, method: str, kill: str) -> None:
     """The group a thread handler's pool processes are put in dies with the worker: a
@@ -336,17 +353,7 @@ def test_a_thread_handlers_pool_dies_with_its_worker(project: Project, method: s
     wait_for(lambda: project.runs(job), timeout=60, what="the pool to start")
     pids = [int(p) for p in project.runs(job)[0].split()]
     assert len(pids) == 2 and all(_running(p) for p in pids), pids
-    try:
-        if kill == "group":
-            os.killpg(w.pid, signal.SIGKILL)
-        else:
-            w.kill()
-        w.wait(timeout=10)
-        wait_for(lambda: not any(_running(p) for p in pids), timeout=10, what="the pool's processes to die")
-    finally:
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+    _kill_and_see_gone(w, pids, group=kill == "group", what="the pool's processes")
 
 
 FORKED_TWICE = '''
@@ -381,16 +388,11 @@ def test_a_thread_handlers_forks_of_forks_die_with_its_worker_and_not_with_a_sto
     w = spawn_leader(project, "fast")
     pids = wait_for(lambda: [int(p) for p in project.runs(job)[0].split()] if project.runs(job)
                     and len(project.runs(job)[0].split()) == 2 else None, timeout=60, what="both forks")
+    groups = {os.getpgid(p) for p in pids}
     try:
-        groups = {os.getpgid(p) for p in pids}
         assert len(groups) == 1 and w.pid not in groups, (groups, w.pid)
-        w.kill()
-        w.wait(timeout=10)
-        wait_for(lambda: not any(_running(p) for p in pids), timeout=10, what="both forks to die")
     finally:
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
+        _kill_and_see_gone(w, pids, group=False, what="both forks")
 
 
 EXITS = '''
