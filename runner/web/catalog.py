@@ -92,9 +92,12 @@ class Health:
         self.rt = runtime
         self.offload = offload
 
+    def _ping(self) -> bool:
+        return ping(self.rt.redis)
+
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         try:
-            await self.offload(ping, self.rt.redis)
+            await self.offload.shared(self._ping)
         except UNAVAILABLE as exc:
             # Why (the server's address, a refused password) only to a caller with a token:
             # the route is public, and that is the inside of the deployment.

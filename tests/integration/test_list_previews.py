@@ -5,9 +5,12 @@ holds the web process's event loop: /healthz answers meanwhile."""
 
 from __future__ import annotations
 
-import threading
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from test_web_support import Web, gunicorn
@@ -36,12 +39,40 @@ def _kill(project: Project, job_id: str) -> None:
     r.zadd(k.dead, {job_id: time.time() * 1000})
 
 
-def _worst_healthz(web: Web, during: threading.Event, out: list[float]) -> None:
-    while not during.is_set():
-        t = time.monotonic()
-        web.session.get(web.url + "/healthz", timeout=60)
-        out.append(time.monotonic() - t)
-        time.sleep(0.01)
+# Probes /healthz from a process of its own until its stdin closes, then prints each
+# answer's time: a thread of the test's process would share a GIL with the threads
+# reading the big pages, and measure its own wait for that lock as the server's.
+_PROBE = """
+import http.client, json, sys, threading, time
+host, port = sys.argv[1], int(sys.argv[2])
+stop, out = threading.Event(), []
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+conn = http.client.HTTPConnection(host, port, timeout=60)
+while not stop.is_set():
+    t = time.monotonic()
+    conn.request("GET", "/healthz")
+    response = conn.getresponse()
+    response.read()
+    assert response.status == 200, response.status
+    out.append(time.monotonic() - t)
+    time.sleep(0.01)
+print(json.dumps(out))
+"""
+
+
+@contextmanager
+def _healthz_times(web: Web) -> Iterator[list[float]]:
+    host, port = web.url.removeprefix("http://").split(":")
+    prober = subprocess.Popen([sys.executable, "-c", _PROBE, host, port], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    times: list[float] = []
+    try:
+        time.sleep(0.2)  # its first answers come before the load
+        yield times
+    finally:
+        out, _ = prober.communicate("", timeout=120)
+    assert prober.returncode == 0, prober.returncode
+    times.extend(json.loads(out))
 
 
 def test_a_list_of_big_jobs_shows_previews_and_keeps_healthz_quick(project: Project, web: Web) -> None:
@@ -69,17 +100,10 @@ def test_a_list_of_big_jobs_shows_previews_and_keeps_healthz_quick(project: Proj
     assert dead["total"] == 25 and all(j["truncated"] == {"payload": full} for j in dead["jobs"])
     assert len(web.get("/dead/fast?limit=50").content) < 25 * 2 * PREVIEW_BYTES
 
-    done = threading.Event()
-    latencies: list[float] = []
-    prober = threading.Thread(target=_worst_healthz, args=(web, done, latencies))
-    prober.start()
-    try:
+    with _healthz_times(web) as latencies:
         for _ in range(4):
             assert web.get("/jobs?status=dead&limit=500").status_code == 200
             assert web.get("/dead/fast?limit=500").status_code == 200
-    finally:
-        done.set()
-        prober.join()
     assert latencies and max(latencies) < 1.0, max(latencies)
 
 
@@ -177,17 +201,57 @@ def test_concurrent_full_pages_of_big_entries_keep_healthz_quick(project: Projec
     small = web.get("/dead/fast?limit=5").json()["jobs"][0]
     assert len(small["payload_preview"].encode()) > PREVIEW_BYTES - 4  # a small page keeps full previews
 
-    done = threading.Event()
-    latencies: list[float] = []
-    prober = threading.Thread(target=_worst_healthz, args=(web, done, latencies))
-    prober.start()
-    try:
-        paths = ["/dead/fast?limit=500", "/jobs?status=dead&limit=500"]
-        with ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(lambda i: web.session.get(web.url + paths[i % 2], timeout=120).status_code,
-                                  range(16)))
-    finally:
-        done.set()
-        prober.join()
+    paths = ["/dead/fast?limit=500", "/jobs?status=dead&limit=500"]
+    with _healthz_times(web) as latencies, ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda i: web.session.get(web.url + paths[i % 2], timeout=120).status_code,
+                              range(16)))
     assert set(codes) == {200}, codes
     assert latencies and max(latencies) < 1.0, max(latencies)
+
+
+def test_healthz_does_not_queue_behind_a_busy_pool(project: Project) -> None:
+    """With every thread of the web process's pool held by slow work (eight big pages, a
+    hung read), /healthz still answers at once, and probes that arrive together while its
+    ping is in flight share that one ping. Before, its ping waited for a free thread:
+    a busy but healthy process answered its load balancer late."""
+    import asyncio
+    import threading
+
+    import falcon.asgi
+    import falcon.testing
+
+    from runner.web.catalog import Health
+    from runner.web.offload import Offload
+
+    offload = Offload(8)
+    health = Health(project.runtime, offload)
+    release = threading.Event()
+    pings: list[float] = []
+    ping = health._ping
+
+    def counted() -> bool:
+        pings.append(time.monotonic())
+        time.sleep(0.1)
+        return ping()
+
+    health._ping = counted  # type: ignore[method-assign]
+
+    async def scenario() -> list[float]:
+        held = [asyncio.ensure_future(offload(release.wait, 30)) for _ in range(8)]
+        await asyncio.sleep(0.1)
+        try:
+            async def probe() -> float:
+                t = time.monotonic()
+                resp = falcon.asgi.Response()
+                await health.on_get(falcon.testing.create_asgi_req(path="/healthz"), resp)
+                assert resp.status in (200, "200 OK"), resp.status
+                return time.monotonic() - t
+
+            return list(await asyncio.wait_for(asyncio.gather(*(probe() for _ in range(5))), timeout=5))
+        finally:
+            release.set()
+            await asyncio.gather(*held)
+
+    took = asyncio.run(scenario())
+    assert max(took) < 1.0, took
+    assert len(pings) == 1, pings  # five probes at once, one ping
