@@ -203,10 +203,14 @@ def test_concurrent_full_pages_of_big_entries_keep_healthz_quick(project: Projec
 
     paths = ["/dead/fast?limit=500", "/jobs?status=dead&limit=500"]
     with _healthz_times(web) as latencies, ThreadPoolExecutor(8) as pool:
+        t = time.monotonic()
         codes = list(pool.map(lambda i: web.session.get(web.url + paths[i % 2], timeout=120).status_code,
                               range(16)))
+        pages_s = time.monotonic() - t
     assert set(codes) == {200}, codes
-    assert latencies and max(latencies) < 1.0, max(latencies)
+    # Under a second; on a machine so busy that the pages themselves take over 4 s, under
+    # a quarter of their time (a probe queued behind them waited about half of it).
+    assert latencies and max(latencies) < max(1.0, pages_s / 4), (max(latencies), pages_s)
 
 
 def test_healthz_does_not_queue_behind_a_busy_pool(project: Project) -> None:

@@ -137,7 +137,9 @@ def test_an_operator_s_commands_answer_within_seconds_naming_the_stalled_master(
     for what, took, out in (("job", took_job, job), ("logs", took_logs, logs), ("schedules", took_scheds, scheds)):
         assert out.returncode == 3, f"runner {what}: {out.returncode} {out.stdout} {out.stderr}"
         assert node in out.stderr and "Traceback" not in out.stderr, f"runner {what}: {out.stderr}"
-        assert took < 6.0, f"runner {what} took {took:.1f} s with a master stalled"
+        # (a command's own start takes seconds on a busy machine; waiting out the socket
+        # timeout took 15 s more)
+        assert took < 10.0, f"runner {what} took {took:.1f} s with a master stalled"
     assert [d["node"] for d in json.loads(scheds.stdout)["down"]] == [node]
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert json.loads(shown.stdout)["id"] == live

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,9 +14,16 @@ from runner.store import transport
 from runner.store.connection import NodeStalled
 
 
+def _lanes() -> transport.NodeLanes:
+    # bounded needs no client; a call's end reads the transport's node wait (its round
+    # trip's bound), so the stand-in has one (without it the end of a call given up
+    # raised in the pool's thread, after the test, into another test's log)
+    return transport.NodeLanes(SimpleNamespace(node_wait_s=None))  # type: ignore[arg-type]
+
+
 def test_a_stalled_node_is_given_up_once_and_its_late_reply_handed_over() -> None:
     transport._import_redis()
-    lanes = transport.NodeLanes(None)  # type: ignore[arg-type]  (bounded needs no client)
+    lanes = _lanes()
     release = threading.Event()
     came: list[str] = []
     t0 = time.monotonic()
@@ -39,7 +47,7 @@ def test_a_node_stays_stalled_until_every_call_given_up_on_it_ends() -> None:
     """Two callers give up on one master at once: it answers one of them, and is still
     stalled for the other; its calls go again once both ended."""
     transport._import_redis()
-    lanes = transport.NodeLanes(None)  # type: ignore[arg-type]
+    lanes = _lanes()
     gates = [threading.Event(), threading.Event()]
     errors: list[BaseException] = []
 
@@ -75,7 +83,7 @@ def test_a_call_given_up_names_its_node_and_what_it_was() -> None:
     """A call given up names the master (host:port) and the call; a read over several
     masters names the stalled one among them, and fails at once while it is stalled."""
     transport._import_redis()
-    lanes = transport.NodeLanes(None)  # type: ignore[arg-type]
+    lanes = _lanes()
     release = threading.Event()
     try:
         with pytest.raises(NodeStalled, match=r"Redis node n1:1 did not answer a claim within 0\.05 s"):
