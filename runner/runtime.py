@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from runner.store.waiter import Waiter
 
 RETRY_S = 1.0  # after the recorded partition tags could not be read
+# A reader (a list, a look-up, a scrape) reads the recorded tags again this often, and
+# again whenever a look-up finds no such job: a process on another count (a rolling
+# deploy's new release) may have placed it on a tag this one has not read yet.
+READ_EVERY_S = 1.0
 # A count of partitions is looked up this long past the done retention after a process
 # last routed by it: its jobs' keys outlive their enqueue by up to their run and a retention.
 KEEP_MARGIN_S = 3600.0
@@ -203,13 +207,13 @@ class Runtime:
 
     def discover_due(self, *, record: bool = False, aside: bool = False) -> list[QueueKeys]:
         """``discover`` when the last one (that recorded, with ``record``) is older than
-        tagset.RECORD_EVERY_S: a producer records its tags at its first enqueue and then
-        that often; the check itself is one clock read. ``aside``: once a first one is
+        tagset.RECORD_EVERY_S (a reader's: READ_EVERY_S): a producer records its tags at
+        its first enqueue and then that often; the check itself is one clock read. ``aside``: once a first one is
         done, the next run on a thread of their own and this call returns at once (an
         enqueue's round trip waits on its own master only: on Redis Cluster the tag sets
         live on every master, and one may be stalled)."""
         last = self._recorded_at if record else self._discovered_at
-        if time.monotonic() - last < tagset.RECORD_EVERY_S:
+        if time.monotonic() - last < (tagset.RECORD_EVERY_S if record else READ_EVERY_S):
             return []
         if self._discovering.locked():
             # Another thread reads them now, and may be waiting out a stalled node: this
@@ -223,6 +227,13 @@ class Runtime:
                 self._aside.start()
             return []
         return self.discover_bounded(record=record)
+
+    def discover_missed(self) -> list[QueueKeys]:
+        """After a look-up found no such job: the recorded tags read again, in case the
+        job is on a tag of another count that this process has not read yet (one round
+        trip per miss; a thread reading them already is waited for, then read after).
+        The partitions new here, or [] (then the job is not there either)."""
+        return self.discover_bounded()
 
     @property
     def scripts(self) -> Scripts:

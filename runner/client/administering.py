@@ -336,6 +336,8 @@ def _dead_in(client: Client, queue: str, job_id: str) -> QueueKeys:
         return k
     with reachable():
         at = admin.dead_homes(client.runtime.redis, parts, [job_id])[0]
+        if at is None and client.runtime.discover_missed():  # (parts grows in place)
+            at = admin.dead_homes(client.runtime.redis, parts, [job_id])[0]
     return k if at is None else parts[at]
 
 

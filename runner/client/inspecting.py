@@ -55,6 +55,8 @@ def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
         raise JobNotFound(job_id)
     with reachable():
         found = records.lookup_many(client.runtime.scripts, every(client), [job_id]).get(job_id)
+        if found is None and (new := client.runtime.discover_missed()):
+            found = records.lookup_many(client.runtime.scripts, new, [job_id]).get(job_id)
     if found is None:
         raise JobNotFound(job_id)
     return found
@@ -62,8 +64,12 @@ def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
 
 def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
     """The jobs of these ids that exist, by id, in one round trip."""
+    wanted = [i for i in job_ids if i and len(i) <= 200]
     with reachable():
-        found = records.lookup_many(client.runtime.scripts, every(client), [i for i in job_ids if i and len(i) <= 200])
+        found = records.lookup_many(client.runtime.scripts, every(client), wanted)
+        missed = [i for i in wanted if i not in found]
+        if missed and (new := client.runtime.discover_missed()):
+            found.update(records.lookup_many(client.runtime.scripts, new, missed))
     return {i: records.Job(i, k.queue, fields) for i, (k, fields) in found.items()}
 
 

@@ -200,8 +200,9 @@ def test_the_recorded_tags_are_looked_for_once_a_second_while_redis_is_away(tmp_
 def test_a_long_lived_reader_learns_of_a_draining_partition(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """A web process started before the change (one that only serves /metrics, say) counts
     the jobs of tags another process recorded later, once it looks again."""
+    from runner import runtime as runtime_mod
     from runner.observe.figures import read_queues
-    from runner.store import records, tagset
+    from runner.store import records
 
     p = project
     p.write_config(fast="partitions = 1")
@@ -209,7 +210,7 @@ def test_a_long_lived_reader_learns_of_a_draining_partition(project: Project, mo
     p._runtime = None
     other = _client_on(p, 3)
     other.enqueue_many([Request("record", {"n": i}) for i in range(30)])
-    monkeypatch.setattr(tagset, "RECORD_EVERY_S", 0.0)  # the next read looks again (10 s in production)
+    monkeypatch.setattr(runtime_mod, "READ_EVERY_S", 0.0)  # the next read looks again (a second in production)
     (fast,) = [q for q in read_queues(reader, records.now_ms()) if q.name == "fast"]
     assert fast.ready == 30 and len(fast.partitions) == 3
     reader.close()

@@ -210,7 +210,7 @@ def test_a_long_lived_reader_lists_a_partition_recorded_after_it_started(
     """A web process on 1 partition started before another process recorded 3: its job
     lists and dead letters include the other count's partitions once it looks again (as
     its figures do), not only after a restart."""
-    from runner.store import tagset
+    from runner import runtime as runtime_mod
 
     project.write_config(fast="partitions = 1")
     reader = Client(Runtime.create(project.config()))
@@ -218,8 +218,42 @@ def test_a_long_lived_reader_lists_a_partition_recorded_after_it_started(
     other = Runtime.create(project.config(), record=True)
     try:
         ids = [Client(other).enqueue("record", {"n": i}, delay=3600).id for i in range(12)]
-        monkeypatch.setattr(tagset, "RECORD_EVERY_S", 0.0)  # the next read looks again (10 s in production)
+        monkeypatch.setattr(runtime_mod, "READ_EVERY_S", 0.0)  # the next read looks again (a second in production)
         assert {j.id for j in reader.jobs("scheduled", queue="fast", limit=50).jobs} == set(ids)
     finally:
         other.close()
         reader.runtime.close()
+
+
+def test_a_reader_finds_a_job_on_a_tag_it_has_not_read_yet(project: Project) -> None:
+    """A web process on 4 partitions read the recorded tags a moment ago; a producer on 6
+    starts and places jobs on tags only 6 has. Looking one up (GET /jobs/{id}, cancel, a
+    signal) finds it at once, and the scheduled list shows every one: a miss reads the
+    tags again. Before, each answered "no job" (404) for up to 10 s, and the list left
+    them out, until the reader's next read of the tags."""
+    project.write_config(fast="partitions = 4")
+    four = Runtime.create(project.config(), record=True)
+    project.write_config(fast="partitions = 6")
+    six = Runtime.create(project.config(), record=True)
+    try:
+        reader, producer = Client(four), Client(six)
+        assert {k.tag for k in four.parts["fast"]} == set(partition_tags("fast", 4))
+        only_six = set(partition_tags("fast", 6)) - set(partition_tags("fast", 4))
+        ids = [producer.enqueue("record", {"n": i}, delay=3600).id for i in range(24)]
+        placed = {j: k.tag for k in six.parts["fast"] for j in six.redis.zrange(k.scheduled, 0, -1)}
+        on_new = [j for j in ids if placed[j] in only_six]
+        assert on_new, placed  # (24 jobs over 6 partitions: some land on the 2 new ones)
+        assert {j: reader.get(j).status for j in on_new} == dict.fromkeys(on_new, "scheduled")
+        seen: set[str] = set()
+        cursor = None
+        while True:
+            page = reader.jobs("scheduled", queue="fast", limit=50, cursor=cursor)
+            seen.update(j.id for j in page.jobs)
+            if (cursor := page.cursor) is None:
+                break
+        assert set(ids) <= seen, set(ids) - seen
+        assert reader.cancel(on_new[0]) is not None
+        assert reader.get(on_new[0]).status == "cancelled"
+    finally:
+        four.close()
+        six.close()
