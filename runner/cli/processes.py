@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Any
 
@@ -62,6 +64,29 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
         logging.getLogger("runner").error("function not loaded: %s", err)
     guard(target(ctx), rt.redis, rt.config.redis.wait_replicas)
     Worker(rt, names).run()
+    _exit_past_handler_threads()
+
+
+def _exit_past_handler_threads() -> None:
+    """The worker has stopped: every job settled or handed back, its own threads ended.
+    A thread-isolated handler may have left threads running (one that is not a daemon, a
+    long task on a module-level ThreadPoolExecutor); Python's exit would wait for them,
+    and the worker would stay up until the platform's SIGKILL, deaf to SIGTERM. So the
+    exit hooks run (log handlers flushed, exporters closed), then the process ends."""
+    import atexit
+    import logging
+    import threading
+
+    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    if left:
+        logging.getLogger("runner.worker").warning(
+            "stopped; %d thread(s) still running (%s; a handler's, most likely): exiting without them",
+            len(left), ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 @cli.command(cls=RedisCommand, follow_dev=False)
