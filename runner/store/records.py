@@ -116,6 +116,20 @@ RECORD_FIELDS = ("type", "version", "max_attempts", "created_ms", "idem_key", "i
 # expanded or encoded as it is: steps=1000000 built a million-entry step list for every
 # view of the job (48 MB), and a 30-digit attempt failed the JSON encoding of each.
 MAX_STEPS = 1000
+# A job's state hash holds at most about 4,100 fields: some 30 of its own, a step and its
+# summary per entry of the log (2 x MAX_STEPS), and per signal name a kept body and the
+# key of its last delivery (a signal is kept until a wait reads it, a step). More fields
+# than this is damage (another writer's): a reader asks HLEN first (O(1)) and then reads
+# only the fields of STATE_SHOWN, by name, never its field names or the hash whole (one
+# of 300,000 fields held Redis 2.5 s in each list that showed it). lookup.lua's MAX_FIELDS.
+MAX_STATE_FIELDS = 10_000
+# The state fields a view shows of a state hash past MAX_STATE_FIELDS (lookup.lua's SHOWN).
+STATE_SHOWN = ("status", "attempt", "reason", "error", "history", "progress", "checkpoint", "children",
+               "priority", "requeued", "deferrals", "absorbed", "enqueued_ms", "ready_ms", "started_ms",
+               "finished_ms", "lease_ms", "run_attempt", "run_started_ms", "token", "cancel_requested")
+# A view's field that says its state hash was past MAX_STATE_FIELDS (its count of fields):
+# the job view names "state" in its "damaged".
+WIDE = "\0wide"
 MAX_COUNT = 2**53 - 1  # the largest integer every JSON reader reads exactly
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31, the last time a date shows
 # What a view shows for a step log whose count is damaged: one entry, marked unreadable
@@ -512,6 +526,8 @@ class Job:
                 view[key] = value
         if f.get(CUT):
             self._previews(view)
+        if f.get(WIDE):
+            damaged.append("state")  # past MAX_STATE_FIELDS: only STATE_SHOWN was read
         if damaged:
             view["damaged"] = damaged  # the fields read back out of their range, shown as absent
         return view

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from test_web_support import Web, gunicorn
@@ -75,6 +76,69 @@ def test_a_log_line_or_chunk_nested_past_every_limit_renders(project: Project, w
                           "logs", "deep1"], env=project.env, capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0 and "Traceback" not in cli.stderr, cli.stderr[-600:]
     assert "before" in cli.stdout
+
+
+# --- a state hash of very many fields -------------------------------------------------------
+
+WIDE = 200_000  # fields, 20 times records.MAX_STATE_FIELDS
+
+
+def _commands(r: Any) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): v["calls"] for name, v in r.info("commandstats").items()}
+
+
+def _plant_wide(project: Project, job_id: str) -> None:
+    """A dead job whose state hash holds WIDE junk fields beside its own."""
+    _plant_dead(project, job_id, attempt="2", error='{"type":"E","message":"boom"}', history='{"attempt":1}')
+    r, k = project.runtime.redis, project.keys()
+    for start in range(0, WIDE, 10_000):
+        r.hset(k.state(job_id), mapping={f"junk{i}": "v" * 20 for i in range(start, start + 10_000)})
+
+
+def test_a_state_hash_of_very_many_fields_is_never_read_whole(project: Project, web: Web) -> None:
+    """One dead job whose state hash held 300,000 fields held Redis 2.5 s in each list that
+    showed it (MEMORY USAGE, HKEYS, one HSTRLEN a field), and its job view read it whole
+    (HGETALL). Each view and command now reads a bounded number of its fields, by name,
+    whatever it holds, and says the state is damaged."""
+    _plant_wide(project, "wide1")
+    r = project.runtime.redis
+    assert r.hlen(project.keys().state("wide1")) > WIDE
+    for path in ("/jobs/wide1", "/dead/fast?limit=10", "/jobs?queue=fast&status=dead&limit=10",
+                 "/jobs/wide1/logs"):
+        r.config_resetstat()
+        got = web.get(path)
+        used = _commands(r)
+        assert got.status_code == 200, (path, got.status_code, got.text[:300])
+        assert not {"hgetall", "hkeys", "hvals", "hscan", "memory"} & set(used), f"{path} {used}"
+        assert sum(used.values()) < 1_000, (path, used)
+    view = web.get("/jobs/wide1").json()
+    assert "state" in view["damaged"], view.get("damaged")
+    assert (view["status"], view["type"], view["attempt"], view["reason"]) == ("dead", "record", 2,
+                                                                               "permanent failure")
+    assert view["last_error"] == {"type": "E", "message": "boom"}
+    listed = web.get("/dead/fast?limit=10").json()["jobs"]
+    assert [j["id"] for j in listed] == ["wide1"] and "state" in listed[0]["damaged"], listed
+    assert listed[0]["status"] == "dead" and listed[0]["attempt"] == 2
+    for args in (("dead", "ls"), ("job", "wide1"), ("logs", "wide1"), ("jobs", "--status", "dead")):
+        r.config_resetstat()
+        cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                              *args], env=project.env, capture_output=True, text=True, timeout=60)
+        used = _commands(r)
+        assert cli.returncode == 0 and "Traceback" not in cli.stderr, (args, cli.stderr[-600:])
+        assert not {"hgetall", "hkeys", "hvals", "hscan", "memory"} & set(used), f"{args} {used}"
+        assert sum(used.values()) < 1_000, (args, used)
+
+
+def test_a_requeue_of_a_job_whose_state_hash_is_very_wide_reads_it_by_name(project: Project) -> None:
+    """An operator's requeue read the dead job's state whole (HGETALL) to find its type."""
+    _plant_wide(project, "wide2")
+    r = project.runtime.redis
+    r.config_resetstat()
+    project.client.requeue("fast", "wide2")
+    used = _commands(r)
+    assert not {"hgetall", "hkeys", "hvals", "hscan"} & set(used), used
+    assert sum(used.values()) < 1_000, used
+    assert project.client.get("wide2").as_dict()["status"] == "queued"
 
 
 # --- times and shapes out of range in every kind of record -----------------------------------

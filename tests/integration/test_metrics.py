@@ -168,3 +168,39 @@ def test_the_oldest_ready_age_sees_a_job_waiting_in_the_priority_set(project: Pr
     assert figures["slow"].ready == 1
     age = figures["slow"].oldest_ready_age_s
     assert age is not None and 4.0 <= age <= 6.0, age
+
+
+def test_a_stats_hash_of_very_many_function_names_keeps_the_scrape_bounded(project: Project) -> None:
+    """Each "<figure>|<type>" name of a queue's stats hash was a series of its own (about 40
+    samples each): 10,000 names another writer put there made a scrape take 18 s (30,000:
+    45 s). The functions loaded here keep their series, and so do the MAX_NAMED busiest
+    other names; the rest are summed in one function="_other" series, nothing lost."""
+    from runner.observe.figures import MAX_NAMED, OTHER
+
+    extra = 5_000
+    r, k = project.runtime.redis, project.keys("fast")
+    r.hset(k.stats, mapping={f"succeeded|junk{i}": i + 1 for i in range(extra)})
+    r.hset(k.stats, mapping={"succeeded|_other": 7, "dead|?": 2})  # (a writer's "_other" is folded too)
+    loaded = {f.name for f in project.runtime.registry.functions.values() if f.queue == "fast"}
+    with gunicorn(project) as web:
+        samples = scrape(web)
+        names = {dict(labels)["function"] for (name, labels) in samples
+                 if name == "runner_jobs_succeeded_total" and dict(labels)["queue"] == "fast"}
+        assert len(names) <= len(loaded) + MAX_NAMED + 2, len(names)
+        assert loaded <= names and "_malformed" in names and OTHER in names
+        busiest = {f"junk{i}" for i in range(extra - MAX_NAMED, extra)}
+        assert busiest <= names and len(names - loaded - busiest - {"_malformed", OTHER}) == 0
+        folded = sum(range(1, extra - MAX_NAMED + 1)) + 7
+        assert fig(samples, "runner_jobs_succeeded_total", queue="fast", function=OTHER) == folded
+        total = sum(v for (name, labels), v in samples.items()
+                    if name == "runner_jobs_succeeded_total" and dict(labels)["queue"] == "fast")
+        assert total == sum(range(1, extra + 1)) + 7
+        assert len(samples) < 100 * (len(loaded) + MAX_NAMED + 2), len(samples)
+        queues = {q["name"]: q for q in web.get("/queues").json()["queues"]}
+        assert len(queues["fast"]["functions"]) <= len(loaded) + MAX_NAMED + 2
+        assert queues["fast"]["functions"][OTHER]["succeeded"] == folded
+    cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                          "stats", "--json"], env=project.env, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr[-600:]
+    fast = next(q for q in json.loads(cli.stdout)["queues"] if q["name"] == "fast")
+    assert len(fast["functions"]) <= len(loaded) + MAX_NAMED + 2 and fast["functions"][OTHER]["succeeded"] == folded

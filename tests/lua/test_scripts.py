@@ -2267,6 +2267,32 @@ def test_lookup_with_a_cut_returns_the_big_values_cut_and_their_sizes(p: Project
     assert sizes == ["result", len(result)]
 
 
+def test_lookup_of_a_state_hash_past_its_bound_reads_only_the_fields_shown(p: Project) -> None:
+    """A state hash of records.MAX_STATE_FIELDS fields is read as ever; one more field and
+    lookup.lua reads only records.STATE_SHOWN, by name, with or without a cut, and says
+    how many fields the hash holds (records.WIDE): the job view names it damaged."""
+    k, r = p.keys(), p.runtime.redis
+    r.set(k.job("w"), records.encode({"type": "noop", "version": 1, "max_attempts": 3, "payload": "{}"}))
+    own = {name: "v" for name in records.STATE_SHOWN}
+    own.update(status="dead", attempt="2", error='{"type":"E","message":"' + "m" * 100 + '"}')
+    junk = records.MAX_STATE_FIELDS - len(own) - 2
+    r.hset(k.state("w"), mapping={**own, "steps": "1", "step:0": '{"name":"a"}'})
+    r.hset(k.state("w"), mapping={f"junk{i}": "j" for i in range(junk)})
+    assert r.hlen(k.state("w")) == records.MAX_STATE_FIELDS
+    assert len(p.runtime.scripts.lookup(k, "w")[1]) == 2 * records.MAX_STATE_FIELDS
+    assert records.WIDE not in p.runtime.scripts.lookup(k, "w", cut=16)[1]
+    r.hset(k.state("w"), "one-more", "j")
+    state = p.runtime.scripts.lookup(k, "w")[1]
+    assert dict(zip(state[::2], state[1::2], strict=True)) == {**own, records.WIDE: str(records.MAX_STATE_FIELDS + 1)}
+    _, state, _, _, sizes = p.runtime.scripts.lookup(k, "w", cut=16)
+    state = dict(zip(state[::2], state[1::2], strict=True))
+    assert set(state) == {*own, records.WIDE} and state["error"] == own["error"][:16]
+    assert dict(zip(sizes[::2], sizes[1::2], strict=True)) == {"error": len(own["error"])}
+    view = p.client.get("w").as_dict()
+    assert view["status"] == "dead" and view["attempt"] == 2 and "steps" not in view
+    assert "state" in view["damaged"]
+
+
 def test_remove_takes_the_jobs_log_and_stream_with_it(p: Project) -> None:
     """A dead job deleted by an operator leaves no log or stream behind (they live as long
     as the job); another job's stay."""

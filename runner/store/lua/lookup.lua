@@ -31,8 +31,12 @@
 -- (MEMORY USAGE, SMALL): a durable
 -- function's holds its checkpoint and its step log (4 MiB), which cost Redis 3-12 ms a
 -- job to read into Lua, every client waiting. Its field names are read (HKEYS, at most
--- about a thousand), each value's size (HSTRLEN, O(1)), then only what the row shows:
+-- MAX_FIELDS), each value's size (HSTRLEN, O(1)), then only what the row shows:
 -- kept signals' bodies never, big values within ARGV[3], steps as above.
+--
+-- A state hash of more than MAX_FIELDS fields (HLEN first, with or without a cut) is
+-- damage: only the fields of SHOWN are read, by name (with a cut, as above), and the
+-- state's reply ends with the pair '\0wide', its count of fields (records.WIDE).
 --
 -- Given a cut, a record's first HEAD + cut bytes are read (GETRANGE: the whole record
 -- when shorter). A big record is not read whole: GET of a 1 MiB record into Lua cost Redis
@@ -48,6 +52,15 @@ local HEAD_MAX = 512
 -- A state hash this small (MEMORY USAGE) is read whole, in one command, as before the
 -- careful read below: the common case, a job without a durable log, costs what it did.
 local SMALL = 16384
+-- A state hash of more fields (HLEN, O(1)) is damage (another writer's): the scripts
+-- write at most about 4,100 (records.MAX_STATE_FIELDS). Its field names are never read,
+-- nor it whole: one of 300,000 fields held Redis 2.5 s a call (MEMORY USAGE, HKEYS, one
+-- HSTRLEN a field). Only the fields a view shows of it are read, by name (SHOWN), and
+-- the reply names it damaged (records.WIDE: its count of fields).
+local MAX_FIELDS = 10000
+local SHOWN = {'status', 'attempt', 'reason', 'error', 'history', 'progress', 'checkpoint', 'children',
+               'priority', 'requeued', 'deferrals', 'absorbed', 'enqueued_ms', 'ready_ms', 'started_ms',
+               'finished_ms', 'lease_ms', 'run_attempt', 'run_started_ms', 'token', 'cancel_requested'}
 
 local function trimmed(head)
   if #head <= HEAD_MAX then return head end
@@ -98,9 +111,11 @@ end
 -- HSTRLEN a field, then one HMGET of what is read whole and one of the steps' summaries.
 -- The state's field names and its readers: from the HGETALL ``all`` when given, else
 -- from the hash itself (nil when it is no hash).
-local function state_reader(sk, all)
+local function state_reader(sk, all, shown)
   local names, vals = {}, nil
-  if all then
+  if shown then
+    names = shown
+  elseif all then
     vals = {}
     for i = 1, #all, 2 do
       names[#names + 1] = all[i]
@@ -157,11 +172,12 @@ local function listed_heads(heads, budget, strlen, get, mget, out)
   return budget
 end
 
-local function listed_state(sk, cut, budget, inline, listed, sizes, all)
-  local names, strlen, get, mget = state_reader(sk, all)
+local function listed_state(sk, cut, budget, inline, listed, sizes, all, shown)
+  local names, strlen, get, mget = state_reader(sk, all, shown)
   if not names then return {} end
   -- The steps listed: [from, count) (none when the count is damaged: the view says so).
-  local count = tonumber(get('steps'))
+  -- (a damaged hash's steps are not listed: its step fields are not among those shown)
+  local count = not shown and tonumber(get('steps'))
   if not count or count ~= math.floor(count) or count < 0 then count = 0 end
   local from = math.max(0, count - listed)
   if from > 0 then
@@ -239,19 +255,33 @@ if not rec then
 end
 local sk = K.job .. ':s'
 local state
-if cut then
+local width = redis.pcall('HLEN', sk)
+if type(width) ~= 'number' or width == 0 then
+  state = {}  -- (no state hash, or a key of another type: damage)
+elseif width > MAX_FIELDS then
+  if cut then
+    state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, 0, 0, sizes, false, SHOWN)
+  else
+    state = {}
+    local got = redis.call('HMGET', sk, unpack(SHOWN))
+    for i, f in ipairs(SHOWN) do
+      if got[i] then
+        state[#state + 1] = f
+        state[#state + 1] = got[i]
+      end
+    end
+  end
+  state[#state + 1] = '\0wide'
+  state[#state + 1] = tostring(width)
+elseif cut then
   local all = false
   local bytes = redis.pcall('MEMORY', 'USAGE', sk, 'SAMPLES', 0)
   if type(bytes) == 'number' and bytes <= SMALL then
     all = redis.pcall('HGETALL', sk)
     if all.err then all = {} end
   end
-  if type(bytes) == 'number' then
-    state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0,
-                         sizes, all)
-  else
-    state = {}  -- (no state hash)
-  end
+  state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0, tonumber(ARGV[5]) or 0,
+                       sizes, all)
 else
   state = redis.pcall('HGETALL', sk)
   if state.err then state = {} end
