@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import queue as stdqueue
 import threading
@@ -98,6 +99,8 @@ class Executors:
         self._generations = Generations()
         self._slots = [Slot(queue, runtime.config.source, self.grace_s, self._generations.code)
                        for _ in range(queue.concurrency)]
+        for i, slot in enumerate(self._slots):
+            slot.backlog = functools.partial(ledger.backlog, i)
         self._free_slots: list[int] = list(range(queue.concurrency))
         self._busy: set[int] = set()  # slots running a job (startable reads it unlocked: a hint)
         self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)

@@ -127,6 +127,11 @@ class Ledger:
         self.partitions = 1  # how many the queue has now (the fetcher keeps it current)
         # Told after runs are claimed (the renewer, which sleeps while nothing is held).
         self.on_hold: Callable[[], None] = lambda: None
+        # Executor slots whose child has jobs waiting in its queue behind its running one
+        # (slot.py: a top-up takes what waits in the inbox). Those jobs wait for a start as
+        # much as the inbox's do: with them, a little room is not worth a claim at once.
+        # (Counted apart from ``waiting``, the inbox's, which the executors' shares read.)
+        self.backlogs: set[int] = set()
 
     def outcomes_refused(self, partition: int = 0) -> None:
         with self.cond:
@@ -165,7 +170,20 @@ class Ledger:
         if self.refused and len(self.refused) >= self.partitions:
             return False
         room = self.capacity - self.busy - self.reserved
-        return room >= self.low_water or (room > 0 and self.waiting == 0)
+        return room >= self.low_water or (room > 0 and self.waiting == 0 and not self.backlogs)
+
+    def backlog(self, slot: int, queued: bool) -> None:
+        """Slot ``slot``'s child has jobs waiting in its queue (``queued``), or none any
+        more: then the fetcher, if it waits for room worth a claim, claims what room there
+        is (a child's queue ran dry with nothing in the inbox)."""
+        if queued:
+            with self.cond:
+                self.backlogs.add(slot)
+            return
+        with self.cond:
+            self.backlogs.discard(slot)
+            if self._want == _ROOM and self._roomy():
+                self.cond.notify()
 
     def reserve(self, n: int, start: int) -> None:
         """Hold room for a claim still out (``n`` jobs, ``start`` of them to start at once)."""

@@ -140,6 +140,11 @@ class Slot:
         # Set by the worker's stop before it kills the child: the job the child ran then
         # goes back unspent ("interrupted"), not as a crash.
         self.stopped = False
+        # Told True when jobs come to wait in the child's queue behind its running one, and
+        # False when none waits there any more: they still wait for a start, so the fetcher
+        # counts them as waiting (Ledger.backlog) and claims in batches, not the few jobs
+        # each top-up left room for.
+        self.backlog: Callable[[bool], None] = lambda queued: None
 
     def _failed_start(self, exc: BaseException) -> None:
         self.failures += 1
@@ -268,7 +273,12 @@ class Slot:
         # Its attempt counts when the child says its handler starts ("began"): a fresh
         # child validates the payload and builds the context first, which took a second.
         first.started(child.pid, charge=False)
-        _Watch(self, child, feeds, generation, extra, stopping, starving, recalled, more).run()
+        watch = _Watch(self, child, feeds, generation, extra, stopping, starving, recalled, more)
+        try:
+            watch.run()
+        finally:
+            if watch.queued:
+                self.backlog(False)
 
     def recycle(self, child: ChildProcess, generation: int) -> None:
         """Between batches: a child past ``max_jobs_per_child`` or ``max_rss_mb`` is
@@ -314,6 +324,7 @@ class _Watch:
         self.asked_logs = 0.0  # when the running job's log lines were last asked for
         self.sent = len(feeds)  # jobs sent to the child in this batch (FILL_MAX)
         self.last: Feed | None = None  # the job that ended last
+        self.queued = False  # jobs wait in the child's queue, as the slot's backlog was last told
 
     def run(self) -> None:
         child = self.child
@@ -331,6 +342,9 @@ class _Watch:
                 return
             if self.current is not None and len(self.waiting) <= 1 and not self.recall_sent:
                 self._top_up()
+            if bool(self.waiting) is not self.queued:  # (before the wait: the fetcher may claim meanwhile)
+                self.queued = not self.queued
+                self.slot.backlog(self.queued)
             now = time.monotonic()
             wait = self._enforce(now)
             if wait is None:
