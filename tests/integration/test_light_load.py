@@ -4,6 +4,7 @@ job costs the worker at light load, counted in script calls (not timed)."""
 
 from __future__ import annotations
 
+import math
 import os
 import queue as stdqueue
 import re
@@ -316,11 +317,16 @@ def test_a_gil_hold_that_begins_as_a_claim_wakes_the_renewer_is_reported_late(
     """The renewer parks with nothing held; a claim pokes it, and the handler takes the GIL
     before the renewer's thread could run. Its wake-up then came seconds after the poke:
     late, and said so (it counted a poked wake-up as on time, and said nothing)."""
-    n = 16
     # Sized by the thread's CPU time, the same from one hold to the next: a wall-clock
-    # size taken while the machine was busy held the GIL only 0.6 s once it was not.
-    while _gil_hold_s(n, time.thread_time) < 1.4:  # (each "a" more about doubles it)
+    # size taken while the machine was busy held the GIL only 0.6 s once it was not. Each
+    # "a" more about doubles it: timed where a hold is short, at n and n + 1, the growth
+    # gives the n of a hold of at least 1.4 s (1.5 s aimed at), without holding it once
+    # more to size it.
+    n = 16
+    while (short := _gil_hold_s(n, time.thread_time)) < 0.05:
         n += 1
+    growth = min(2.0, max(1.5, _gil_hold_s(n + 1, time.thread_time) / short))  # (a guess errs long)
+    n += 1 + max(0, math.ceil(math.log(1.5 / (short * growth)) / math.log(growth)))
     rt = project.runtime
     q = rt.config.queues["fast"]
     project.client.enqueue("noop", {})
