@@ -4,6 +4,7 @@ batch never mixes rendered keys or schema versions; both isolations."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 import time
@@ -356,6 +357,8 @@ BATCH = {{"size": 4, "wait": 1.0}}
 
 def handle_batch(payloads, ctx):
     began = time.time()
+    with open(os.path.join(os.environ["RECORD_DIR"], "began"), "a") as f:
+        f.write("began\\n")
     time.sleep(3)
     with open(os.path.join(os.environ["RECORD_DIR"], "calls.jsonl"), "a") as f:
         f.write(json.dumps({{"ids": [j.id for j in ctx.jobs], "began": began, "ended": time.time()}}) + "\\n")
@@ -382,6 +385,27 @@ def test_a_limit_far_from_full_leaves_no_executor_idle(project: Project, isolati
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_jobs_under_a_limit_that_come_during_a_batch_go_to_the_idle_executor(project: Project,
+                                                                             isolation: str) -> None:
+    """Four jobs of a BATCH function with CONCURRENCY 8 run in one call on one of two
+    executors; four more enqueued while it runs go to the other executor's call at once.
+    Before, the four running members counted as four busy executors: the worker claimed
+    no job under a limit until the call ended."""
+    project.write_config(concurrency=2, prefetch=0)
+    project.add_function("limited", LIMITED.format(isolation=isolation, limit=8))
+    client = project.client
+    ids = [e.id for e in client.enqueue_many([Request("limited", {"n": i}) for i in range(4)])]
+    project.spawn_worker("fast")
+    wait_for(lambda: project.runs("began"), timeout=30, what="the first call")
+    ids += [e.id for e in client.enqueue_many([Request("limited", {"n": i}) for i in range(4, 8)])]
+    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    assert all(v["status"] == "done" for v in views.values()), views
+    got = sorted(calls(project), key=lambda c: c["began"])
+    assert [sorted(c["ids"]) for c in got] == [sorted(ids[:4]), sorted(ids[4:])], got
+    assert got[1]["began"] < got[0]["ended"], "the second call waited for the first: an executor stayed idle"
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_full_limit_still_caps_the_jobs_in_batches(project: Project, isolation: str) -> None:
     """CONCURRENCY 4 and BATCH size 4 on two executors: one call of four runs at a time,
     the next starting only after it ends, though an executor is free (each member holds
@@ -394,5 +418,5 @@ def test_a_full_limit_still_caps_the_jobs_in_batches(project: Project, isolation
     assert all(v["status"] == "done" for v in views.values()), views
     got = sorted(calls(project), key=lambda c: c["began"])
     assert sorted(i for c in got for i in c["ids"]) == sorted(ids), "each job in exactly one call"
-    for a, b in zip(got, got[1:]):
+    for a, b in itertools.pairwise(got):
         assert b["began"] >= a["ended"] - 0.05, f"two calls of a limit of 4 overlapped: {got}"
