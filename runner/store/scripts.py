@@ -278,7 +278,9 @@ class Scripts(Transport):
         ``floor``: claim only jobs of this priority or more (0: any); ``later``: "<type>
         ..." of the functions whose jobs, started at once, spend their attempt only at
         their start mark (start.lua); ``gathered``: "<type> ..." of those whose jobs are
-        held from their claim until their start mark (BATCH functions); a call sends at
+        held from their claim until their start mark (BATCH functions), "<type>=<size>"
+        for one without a key, whose jobs under limits a free executor takes up to size
+        of (one call holds them); a call sends at
         most records.SCRIPT_BYTES of records (the first job whatever its size) and says
         so (2, bounded) when it left jobs behind for that; ``late``: the
         reply of a claim given up on a stalled master (transport.NodeLanes.bounded), whose

@@ -344,7 +344,7 @@ class Executors:
         started_ms = began[1] if began is not None else 0
         with self.ledger.lock:
             run.verdict = Settlement(run, outcome, started_ms=started_ms, extra={"abandoned": True})
-        self.ledger.returned()
+        self.ledger.returned(1, run.rider)
         if index is not None and not self.releasing.is_set():
             self._spawn(index)
 
@@ -472,7 +472,7 @@ class Executors:
         if not isinstance(outcome, Release) and not run.job.started:
             self.outcomes.put(Settlement(run, START))
         self.outcomes.put(Settlement(run, outcome))
-        self.ledger.returned()
+        self.ledger.returned(1, run.rider)
 
     def _gather_members(self, first: Run, index: int, pending: collections.deque[Run],
                         known: dict[int, _Placed]) -> tuple[Function | None, list[tuple[Run, dict[str, Any]]], bool]:
@@ -517,6 +517,7 @@ class Executors:
             g = self._gathering.get(at)
             if g is not None and g.fn is fn and len(g.members) < size:
                 g.members.append((first, first_at.payload))
+                self.ledger.rode(first)  # (this executor goes back to the inbox: free for a claim)
                 return None, [], False
             g = self._gathering[at] = _Gathering(fn, [(first, first_at.payload)])
 
@@ -534,6 +535,7 @@ class Executors:
                     other = self._gathering.get((id(placed.fn), placed.key))
                     if other is not None and other.fn is placed.fn and len(other.members) < placed.fn.batch.size:
                         other.members.append((run, placed.payload))
+                        self.ledger.rode(run)
                         return True
             if self._idle > 0 and not self.releasing.is_set() and id(run) not in bounced:
                 bounced.add(id(run))
@@ -557,6 +559,7 @@ class Executors:
                 elif placed.fn is fn and placed.key == key:
                     with self._lock:
                         g.members.append((run, placed.payload))
+                        self.ledger.rode(run)
                     pending.remove(run)
                 else:
                     known[id(run)] = placed
@@ -588,6 +591,7 @@ class Executors:
                     with self._lock:
                         if len(g.members) < size:
                             g.members.append((nxt, placed.payload))
+                            self.ledger.rode(nxt)
                             continue
                 if not elsewhere(nxt, placed):
                     pending.append(nxt)
@@ -644,6 +648,13 @@ class Executors:
             return False
         return True
 
+    def _holds_executor(self, runs: list[Run]) -> None:
+        """A batch's call takes one executor: held by its first member when every member
+        rides (the run that held it left before the call: cancelled, or its lease lost in
+        the wait), or the fetcher would count this executor free while the call runs."""
+        if all(r.rider for r in runs):
+            self.ledger.rode(runs[0], rides=False)
+
     def _batch_context(self, fn: Function, runs: list[Run]) -> batching.BatchContext:
         """Each member's lines go to its own job's log (its run's, sent as a single job's
         are: with the renewal while it runs and with its settlement), the batch's to all."""
@@ -696,6 +707,7 @@ class Executors:
         if not live:
             return False
         runs = [r for r, _ in live]
+        self._holds_executor(runs)
         leader = runs[0]
         started_ms = self._server_now(leader.job)
         ctx = self._batch_context(fn, runs)
@@ -729,11 +741,11 @@ class Executors:
             exc = JobTimeout(f"abandoned: its batch ran {self.grace_s:g} s past its TIMEOUT")
             for r in runs[1:]:
                 self.outcomes.put(Settlement(r, failure(fn, r.job, exc), run_s, started_ms))
-                self.ledger.returned()
+                self.ledger.returned(1, r.rider)
             return True
         for r, o in zip(runs, outcomes, strict=True):
             self.outcomes.put(Settlement(r, o, run_s, started_ms))
-        self.ledger.returned(len(runs))
+        self.ledger.returned(len(runs), sum(r.rider for r in runs))
         return False
 
     def _batch_in_child(self, fn: Function, live: list[tuple[Run, dict[str, Any]]], index: int) -> None:
@@ -745,6 +757,7 @@ class Executors:
         ctx.lock_lost), and a call whose members' slots went with their leases is killed
         the grace later, as a single job's (slot._Watch)."""
         runs = [r for r, _ in live]
+        self._holds_executor(runs)
         slot, generation = self._slots[index], self._generations.of(self.rt.registry)
         try:
             child = slot.child
@@ -869,7 +882,7 @@ class Executors:
                     self.outcomes.put(Settlement(r, START))
         for r, o in zip(runs, outcomes, strict=True):
             self.outcomes.put(Settlement(r, o, run_s, started_ms))
-            self.ledger.returned()
+            self.ledger.returned(1, r.rider)
 
     def _child_batch_began(self, runs: list[Run]) -> None:
         """The child says handle_batch starts: its members' held claims end and their
@@ -1112,11 +1125,15 @@ class Executors:
     def hold_claimed(self) -> str:
         """The queue's BATCH functions, "<type> ...": their jobs are held from their claim
         (claim.lua, hold.lua) until their batch's call, which they wait for while the batch
-        fills, so a worker lost before it charges them nothing, however often."""
+        fills, so a worker lost before it charges them nothing, however often. One without
+        a key comes as "<type>=<size>": that many of its jobs run in one free executor's
+        call, so a claim takes up to that many under a limit per free executor (one each
+        otherwise: a job under limits is claimed only for a free executor)."""
         reg = self.rt.registry
         if self._gathered[0] is not reg:
-            self._gathered = (reg, " ".join(sorted(f.name for f in reg.for_queue(self.q.name)
-                                                   if f.batch is not None)))
+            self._gathered = (reg, " ".join(sorted(
+                f.name if f.batch.key is not None else f"{f.name}={f.batch.size}"
+                for f in reg.for_queue(self.q.name) if f.batch is not None)))
         return self._gathered[1]
 
     def _process_only(self) -> bool:

@@ -52,6 +52,9 @@ class Run:
     # settlement of the run (its child's death seen as a crash) is dropped by the settler.
     handed_back: Any = None
     held: bool = False  # its claim waits for an executor (hold.lua), unspent however often it is lost
+    # It joined a BATCH call that another run's executor gathers: it takes no executor of
+    # its own (see Ledger.rode).
+    rider: bool = False
     resumed: bool = False  # a durable job resumed after a sleep or a wait: its MAX_AGE is behind it
     trace: Any = None  # the run span's context, for the settle span (tracing on only)
     # ctx.enqueue's jobs, held until the ack, which writes them (a failed run drops them)
@@ -105,6 +108,12 @@ class Ledger:
         self.low_water = low_water
         self.busy = 0
         self.waiting = 0
+        # Of busy, the runs that ride in another run's BATCH call (Run.rider): a batch of
+        # 100 takes one executor, not 100, so they count in the room for claims (capacity)
+        # but not among the busy executors (a job under limits is claimed only for a free
+        # executor: counted by jobs, a batch of two kept the other executor from claiming
+        # while its call ran).
+        self.riders = 0
         # Room held for claims still out on a slow master (worker/flights.py): jobs they may
         # bring, and of those how many may start at once. No other claim may count on it.
         self.reserved = 0
@@ -154,7 +163,7 @@ class Ledger:
             while not stop.is_set():
                 if self._roomy():
                     return (self.capacity - self.busy - self.reserved,
-                            max(0, self.concurrency - self.busy - self.reserved_start))
+                            max(0, self.concurrency - self._executors_busy() - self.reserved_start))
                 wait_s = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
                 if wait_s <= 0:
                     break
@@ -164,6 +173,11 @@ class Ledger:
                 finally:
                     self._want = _NOTHING
             return 0, 0
+
+    def _executors_busy(self) -> int:
+        """Executors that have a run, or that a run waiting in the inbox will take (under
+        cond): each held run but those riding in another's batch."""
+        return self.busy - self.riders
 
     def _roomy(self) -> bool:
         """Room worth a claim (under cond); none while every partition refuses outcomes."""
@@ -209,7 +223,7 @@ class Ledger:
         with self.cond:
             self._want = _EXECUTOR
             try:
-                self.cond.wait_for(lambda: stop.is_set() or self.busy < self.concurrency, timeout_s)
+                self.cond.wait_for(lambda: stop.is_set() or self._executors_busy() < self.concurrency, timeout_s)
             finally:
                 self._want = _NOTHING
 
@@ -233,15 +247,30 @@ class Ledger:
             if self.waiting == 0 and self._want == _ROOM and self._roomy():
                 self.cond.notify()
 
-    def returned(self, n: int = 1) -> None:
-        """A run (``n`` runs: a batch's members) left its executor (finished, released,
-        abandoned or failed outside the handler). The fetcher, waiting in room() or
-        executor_free(), is woken only when what it waits for holds: waking it for every
-        finished job cost a thread switch per job with handlers that block."""
+    def returned(self, n: int = 1, riders: int = 0) -> None:
+        """A run (``n`` runs: a batch's members, ``riders`` of them riding: Run.rider)
+        left its executor (finished, released, abandoned or failed outside the handler).
+        The fetcher, waiting in room() or executor_free(), is woken only when what it waits
+        for holds: waking it for every finished job cost a thread switch per job with
+        handlers that block."""
         with self.cond:
             self.busy = max(0, self.busy - n)
+            self.riders = max(0, self.riders - riders)
             want = self._want
-            if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self.busy < self.concurrency):
+            if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self._executors_busy() < self.concurrency):
+                self.cond.notify()
+
+    def rode(self, run: Run, rides: bool = True) -> None:
+        """``run`` joined a BATCH call another run's executor gathers (``rides`` False:
+        it holds that executor now, the run that held it having left before the call): it
+        counts among the held runs, not among the busy executors, and a fetcher waiting for
+        a free executor is woken when one is."""
+        with self.cond:
+            if run.rider == rides:
+                return
+            run.rider = rides
+            self.riders += 1 if rides else -1
+            if self._want == _EXECUTOR and self._executors_busy() < self.concurrency:
                 self.cond.notify()
 
     def take(self, run: Run) -> bool:

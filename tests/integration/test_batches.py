@@ -4,6 +4,7 @@ batch never mixes rendered keys or schema versions; both isolations."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 import time
@@ -343,3 +344,79 @@ def test_a_thread_batchs_members_count_their_attempts_from_the_call(project: Pro
             assert claim is not None, job_id
             flags = claim.split()[3]
             assert "p" not in flags and "h" not in flags, (job_id, claim)
+
+
+# Each call appends one line when it ends: its items' ids, and when it started and ended.
+LIMITED = '''
+import json, os, time
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+CONCURRENCY = {limit}
+TIMEOUT = 15
+BATCH = {{"size": 4, "wait": 1.0}}
+
+def handle_batch(payloads, ctx):
+    began = time.time()
+    with open(os.path.join(os.environ["RECORD_DIR"], "began"), "a") as f:
+        f.write("began\\n")
+    time.sleep(3)
+    with open(os.path.join(os.environ["RECORD_DIR"], "calls.jsonl"), "a") as f:
+        f.write(json.dumps({{"ids": [j.id for j in ctx.jobs], "began": began, "ended": time.time()}}) + "\\n")
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_limit_far_from_full_leaves_no_executor_idle(project: Project, isolation: str) -> None:
+    """A BATCH function with CONCURRENCY 8, far from full: eight jobs on two executors run
+    in two calls of four side by side. Before, every job under a limit needed an executor
+    of its own at its claim, and a batch of them filled every executor's count: two jobs
+    went into one call, the other executor stayed idle, and the rest waited for that call's
+    end (four calls of two, one after another)."""
+    project.write_config(concurrency=2, prefetch=0)
+    project.add_function("limited", LIMITED.format(isolation=isolation, limit=8))
+    ids = [e.id for e in project.client.enqueue_many([Request("limited", {"n": i}) for i in range(8)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    assert all(v["status"] == "done" for v in views.values()), views
+    got = sorted(calls(project), key=lambda c: c["began"])
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids), "each job in exactly one call"
+    assert [len(c["ids"]) for c in got] == [4, 4], got
+    assert got[1]["began"] < got[0]["ended"], "the second call waited for the first: an executor stayed idle"
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_jobs_under_a_limit_that_come_during_a_batch_go_to_the_idle_executor(project: Project,
+                                                                             isolation: str) -> None:
+    """Four jobs of a BATCH function with CONCURRENCY 8 run in one call on one of two
+    executors; four more enqueued while it runs go to the other executor's call at once.
+    Before, the four running members counted as four busy executors: the worker claimed
+    no job under a limit until the call ended."""
+    project.write_config(concurrency=2, prefetch=0)
+    project.add_function("limited", LIMITED.format(isolation=isolation, limit=8))
+    client = project.client
+    ids = [e.id for e in client.enqueue_many([Request("limited", {"n": i}) for i in range(4)])]
+    project.spawn_worker("fast")
+    wait_for(lambda: project.runs("began"), timeout=30, what="the first call")
+    ids += [e.id for e in client.enqueue_many([Request("limited", {"n": i}) for i in range(4, 8)])]
+    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    assert all(v["status"] == "done" for v in views.values()), views
+    got = sorted(calls(project), key=lambda c: c["began"])
+    assert [sorted(c["ids"]) for c in got] == [sorted(ids[:4]), sorted(ids[4:])], got
+    assert got[1]["began"] < got[0]["ended"], "the second call waited for the first: an executor stayed idle"
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_full_limit_still_caps_the_jobs_in_batches(project: Project, isolation: str) -> None:
+    """CONCURRENCY 4 and BATCH size 4 on two executors: one call of four runs at a time,
+    the next starting only after it ends, though an executor is free (each member holds
+    its own slot of the limit)."""
+    project.write_config(concurrency=2, prefetch=0)
+    project.add_function("limited", LIMITED.format(isolation=isolation, limit=4))
+    ids = [e.id for e in project.client.enqueue_many([Request("limited", {"n": i}) for i in range(8)])]
+    project.spawn_worker("fast")
+    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    assert all(v["status"] == "done" for v in views.values()), views
+    got = sorted(calls(project), key=lambda c: c["began"])
+    assert sorted(i for c in got for i in c["ids"]) == sorted(ids), "each job in exactly one call"
+    for a, b in itertools.pairwise(got):
+        assert b["began"] >= a["ended"] - 0.05, f"two calls of a limit of 4 overlapped: {got}"

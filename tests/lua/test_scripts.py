@@ -2394,3 +2394,29 @@ def test_a_batchs_start_marks_clear_each_members_marks_in_one_call(p: Project) -
     assert entries["e"] == [tok_e, "7", str(at), "-"]
     assert entries["f"] == [f[1], "1", str(at), "-"]
     assert sc.start(k, owned[:1], now_ms=at + 1) == [0]  # started already: nothing to mark
+
+
+def test_a_free_executor_takes_a_keyless_batch_of_jobs_under_limits(p: Project) -> None:
+    """Jobs under limits are claimed only for the free executors, and a BATCH function
+    without a key ("<type>=<size>") runs up to size of them in one executor's call: two
+    free executors take two batches of four of its jobs under a limit far from full, each
+    with its own slot, and the next one goes back (held). Keyed ("<type>"), or with no
+    free executor, each job still needs an executor of its own."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+
+    def claim_held(start: int, gathered: str) -> tuple[int, list[str]]:
+        reply = list(sc.claim(k, n=20, start=start, lease_ms=LEASE, token_base=f"w.{start}.{gathered}",
+                              dead_ttl_ms=10_000_000, done_ttl_ms=10_000_000, now_ms=NOW, gathered=gathered))
+        return reply[1], [reply[i] for i in range(HEAD, len(reply), FIELDS)]
+
+    enqueue(p, *[new(f"j{i:02d}", limits="20 c:noop") for i in range(10)])
+    held, got = claim_held(2, "noop=4")
+    assert (held, got) == (1, [f"j{i:02d}" for i in range(8)])
+    assert r.zcard(f"{k.lim_prefix}c:noop") == 8  # each holds its own slot of the limit
+    assert claim_held(0, "noop=4") == (1, [])  # no free executor: nothing under a limit
+    assert claim_held(1, "noop") == (1, ["j08"])  # keyed: one job per free executor
+    # A plain job under a limit between two of a batch's takes a free executor of its own.
+    enqueue(p, new("b1", limits="20 c:noop"), new("x", limits="20 c:other", type_="other"),
+            new("b2", limits="20 c:noop"), new("b3", limits="20 c:noop"), now=NOW + 1)
+    assert claim_held(1, "noop=4") == (1, ["j09", "b1"])
+    assert claim_held(2, "noop=4") == (0, ["x", "b2", "b3"])

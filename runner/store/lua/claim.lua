@@ -10,7 +10,13 @@
 -- the child says the handler started, as for a prefetched job. The rest are claimed ahead (prefetched): their claims carry 'p' and spend nothing
 -- until the worker marks them started (start.lua). A job under limits is never
 -- prefetched: reaching one past the first k puts it back at the consumer end of ready
--- and ends the call, so no prefetched job holds a slot it cannot use yet.
+-- and ends the call, so no prefetched job holds a slot it cannot use yet. The first k
+-- count executors, not jobs: a BATCH function without a key (ARGV[12], "<type>=<size>")
+-- runs up to size of its jobs in one executor's call, so the jobs of such a function
+-- claimed after one that took a free executor ride in that executor's batch, up to its
+-- size, and take no executor of their own (each still takes its own limit slot). A
+-- batch with a key cannot be told here (its key is rendered from the upgraded payload):
+-- each of its jobs takes an executor.
 --
 -- Ids are popped from ready in rounds (RPOP with a count of what is still wanted), and
 -- every id popped is settled in this same call: claimed, buried, parked, marked a
@@ -78,7 +84,9 @@
 -- ARGV[12] the types whose jobs are held ('h') from their claim, among the first k too,
 --          spending their attempt only at their start mark, "<type> ..." ('' none): BATCH
 --          functions, whose jobs wait for their batch to fill (seconds) before any
---          handler has them, so a worker lost in that wait, however often, charges none
+--          handler has them, so a worker lost in that wait, however often, charges none.
+--          "<type>=<size>": a BATCH function without a key, whose jobs share an executor
+--          up to size (see above)
 -- ARGV[13] the most bytes of records one call sends, CLAIM_BYTES (see above)
 --
 -- A job under a rate limit (RATE_LIMIT) takes a token to start; with none due now it is
@@ -130,7 +138,16 @@ local floor = tonumber(ARGV[10]) or 0
 local later = {}
 for typ in string.gmatch(ARGV[11] or '', '%S+') do later[typ] = true end
 local gathered = {}
-for typ in string.gmatch(ARGV[12] or '', '%S+') do gathered[typ] = true end
+local shares = {}  -- type -> how many of its jobs one executor's batch takes (keyless BATCH)
+for entry in string.gmatch(ARGV[12] or '', '%S+') do
+  local typ, size = string.match(entry, '^(.+)=(%d+)$')
+  if typ then
+    gathered[typ] = true
+    shares[typ] = tonumber(size)
+  else
+    gathered[entry] = true
+  end
+end
 local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
@@ -272,6 +289,24 @@ local full_keys = {}
 local cheap = 0  -- ids parked on such a key (see the bound below)
 local i = 0
 local stop = false  -- set by take() for a job that must go back to ready
+-- Executors the jobs claimed so far take (of the k free ones first), and for a keyless
+-- BATCH function the jobs that still fit in the batch of the free executor its last
+-- claimed job took (none past the k: a prefetched job's batch is no free executor's).
+local used = 0
+local seats = {}
+-- Whether a job of typ claimed now starts at once: its executor is one of the k free ones.
+local function on_free_executor(typ)
+  return used < k_start or (seats[typ] or 0) > 0
+end
+local function take_executor(typ)
+  local s = seats[typ]
+  if s and s > 0 then
+    seats[typ] = s - 1
+    return
+  end
+  if shares[typ] then seats[typ] = used < k_start and shares[typ] - 1 or 0 end
+  used = used + 1
+end
 -- The most bytes of records (payloads, metas, checkpoints) one call sends (ARGV[13],
 -- records.SCRIPT_BYTES, 8 MiB: about 75 ms of Redis, against 7.6 s for 800 jobs of 1 MiB
 -- unbounded). A claim of 800 small jobs sends well under it (200 KiB at 256 bytes each).
@@ -554,6 +589,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
     claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
   taken[id] = true
+  take_executor(rec.type)
   plain = plain + 1
   local o = #out
   out[o + 1] = id
@@ -625,7 +661,7 @@ local function take(id)
   if rec.limits ~= '' then
     limits, rates = parse_limits(rec.limits), parse_rates(rec.limits)
   end
-  local starts = i < k_start
+  local starts = on_free_executor(typ)
   if (#limits > 0 or #rates > 0 or (f[11] and max_age[typ])) and not starts then
     -- Never prefetch a job under limits, nor a resumed durable function with a MAX_AGE
     -- (its worker would judge its age again at the start, where only the first counts).
