@@ -64,29 +64,38 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
         logging.getLogger("runner").error("function not loaded: %s", err)
     guard(target(ctx), rt.redis, rt.config.redis.wait_replicas)
     Worker(rt, names).run()
-    _exit_past_handler_threads()
+    _exit_past_handler_threads(0)
 
 
-def _exit_past_handler_threads() -> None:
-    """The worker has stopped: every job settled or handed back, its own threads ended.
-    A thread-isolated handler may have left threads running (one that is not a daemon, a
-    long task on a module-level ThreadPoolExecutor); Python's exit would wait for them,
-    and the worker would stay up until the platform's SIGKILL, deaf to SIGTERM. So the
-    exit hooks run (log handlers flushed, exporters closed), then the process ends."""
+# The names of runner's own pool threads (idle by now, harmless): not a handler's to name.
+_OWN_THREADS = ("runner", "ticker-send", "scheduler-aside", "scheduler-pass", "redis-send")
+
+
+def _exit_past_handler_threads(code: int) -> None:
+    """The worker (or `runner dev`) has stopped: every job settled or handed back, its
+    own threads ended. A thread-isolated handler may have left threads running (one that
+    is not a daemon, a long task on a module-level ThreadPoolExecutor); Python's exit
+    would wait for them, and the process would stay up until the platform's SIGKILL,
+    deaf to SIGTERM. So the exit hooks run (log handlers flushed, exporters closed), then
+    the process ends, naming the threads it did not wait for."""
     import atexit
     import logging
     import threading
+    from concurrent.futures import thread as pool_threads
 
-    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    joined = set(getattr(pool_threads, "_threads_queues", {}))  # (what the exit would wait for)
+    left = [t.name for t in threading.enumerate()
+            if t is not threading.main_thread() and t.is_alive() and (not t.daemon or t in joined)
+            and not t.name.startswith(_OWN_THREADS)]
     if left:
         logging.getLogger("runner.worker").warning(
-            "stopped; %d thread(s) still running (%s; a handler's, most likely): exiting without them",
+            "stopped; %d thread(s) a handler started still running (%s): exiting without them",
             len(left), ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 @cli.command(cls=RedisCommand, follow_dev=False)
@@ -145,4 +154,4 @@ def dev(ctx: click.Context, host: str, port: int, embedded: bool) -> None:
 
     cfg = load_config(ctx.obj["config"])
     code = Dev(cfg, ctx.obj["config"], host=host, port=port, force_embedded=embedded).run()
-    sys.exit(code)
+    _exit_past_handler_threads(code)

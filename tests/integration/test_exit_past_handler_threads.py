@@ -43,4 +43,46 @@ def test_a_sigterm_ends_the_worker_though_a_handler_left_a_thread_running(projec
         raise AssertionError(f"the worker was still up {time.monotonic() - t0:.0f} s after SIGTERM") from None
     assert code == 0, code
     log = (project.root / "worker-0.log").read_text()
-    assert "still running" in log and "exiting without them" in log, log[-2000:]
+    warned = [line for line in log.splitlines() if "exiting without them" in line]
+    assert len(warned) == 1 and ("Thread-" in warned[0] or "ThreadPoolExecutor-" in warned[0]), log[-2000:]
+    assert "runner-" not in warned[0] and "scheduler-" not in warned[0], warned  # (never runner's own)
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_plain_stop_names_no_thread(project: Project, isolation: str) -> None:
+    """A worker whose handlers left nothing running stops without the warning (runner's
+    own idle pools are not a handler's threads)."""
+    project.add_function("plain", f'QUEUE = "fast"\nISOLATION = "{isolation}"\n\n'
+                                  "def handle(payload, ctx):\n    return {}\n")
+    job = project.client.enqueue("plain", {}).id
+    w = project.spawn_worker("fast")
+    wait_for(lambda: project.client.get(job).status == "done", timeout=30, what="the job done")
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=15) == 0
+    log = (project.root / "worker-0.log").read_text()
+    assert "exiting without them" not in log, log[-2000:]
+
+
+def test_runner_dev_too_exits_past_a_handler_s_thread(project: Project) -> None:
+    """`runner dev` stopped by SIGTERM exits as the worker does."""
+    import os
+    import sys
+
+    from runner.store.embedded import free_port
+
+    project.add_function("leaves", LEAVES)
+    proc = subprocess.Popen([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                             "dev", "--port", str(free_port())], cwd=project.root, env=project.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        job = project.client.enqueue("leaves", {"how": "thread"}).id
+        wait_for(lambda: project.client.get(job).status == "done", timeout=60, what="the job done under dev")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("runner dev was still up 20 s after SIGTERM") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
