@@ -264,10 +264,12 @@ local function write_leases()
     sound.leases = true
   end
   if not written then call_many('ZADD', K.leases, leased, 2) end
-  -- Their claim time, the processing list's order (K.leases .. ':since'; see keys.py).
+  -- Their claim time, the processing list's order (K.leases .. ':since'; see keys.py):
+  -- now_s, the text of now, as the deadline is sent (a number would be formatted again
+  -- for each job by redis.call).
   local since = {}
   for j = 2, #leased, 2 do
-    since[j - 1] = now
+    since[j - 1] = now_s
     since[j] = leased[j]
   end
   call_many('ZADD', K.leases .. ':since', since, 2)
