@@ -1707,6 +1707,11 @@ def _record(**fields: Any) -> str:
     (lambda r, k: r.set(k.job("x"), "1\x1fnoop\x1f1"), "not a record of this runner", ""),
     (lambda r, k: r.set(k.job("x"), _record(type="")), "missing field(s) type", ""),
     (lambda r, k: r.set(k.job("x"), _record(max_attempts="three")), "not an integer: max_attempts", ""),
+    (lambda r, k: r.set(k.job("x"), _record(created_ms="1.5e12")), "not an integer: created_ms", ""),
+    (lambda r, k: r.set(k.job("x"), _record(max_attempts="-")), "not an integer: max_attempts", ""),
+    # (a record past the 8 KiB its claim reads first: judged from its head alone)
+    (lambda r, k: r.set(k.job("x"), _record(max_attempts=" 3", payload="[" + "0," * 5000 + "0]")),
+     "not an integer: max_attempts", ""),
     (lambda r, k: (r.set(k.job("x"), _record()), r.set(k.state("x"), "s")),
      "its state is not a hash", ":s:corrupt"),
     (lambda r, k: (r.set(k.job("x"), _record()), r.hset(k.state("x"), "attempt", "1.5")),

@@ -374,9 +374,11 @@ end
 local function malformed(rec, f, status)
   if rec.type == '' or rec.version == '' then
     return 'malformed record: missing field(s) ' .. (rec.type == '' and 'type' or 'version')
-  elseif not (int_or_absent(f[2]) and int_or_absent(rec.max_attempts) and int_or_absent(f[3]) and
-      int_or_absent(rec.created_ms) and int_or_absent(f[5])) then
-    -- Counters the scripts do arithmetic on must be integers (absent means 0).
+  elseif not ((rec.ints or (int_or_absent(rec.max_attempts) and int_or_absent(rec.created_ms))) and
+      (f == NO_STATE or (int_or_absent(f[2]) and int_or_absent(f[3]) and int_or_absent(f[5])))) then
+    -- Counters the scripts do arithmetic on must be integers (absent means 0): the
+    -- record's two are known so when its read matched them as such (rec.ints, see
+    -- REC_PATTERN_INTS in includes/records.lua), a job without a state hash has no others.
     local badint = {}
     for _, pair in ipairs({{f[2], 'attempt'}, {rec.max_attempts, 'max_attempts'}, {f[3], 'ready_ms'},
         {rec.created_ms, 'created_ms'}, {f[5], 'deferrals'}}) do
