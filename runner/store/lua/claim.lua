@@ -601,7 +601,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   out[o + 3] = attempt
   out[o + 4] = rec.type
   out[o + 5] = rec.version
-  out[o + 6] = rec_payload(K.job_prefix .. id, rec)
+  out[o + 6] = rec.payload or rec_payload(K.job_prefix .. id, rec)  -- (read whole already, most records)
   out[o + 7] = rec.max_attempts
   out[o + 8] = rec.idem_key
   out[o + 9] = rec.resource_key
