@@ -45,7 +45,7 @@ local function parse_claim(raw)
   -- attempt_s: the attempt as written, for text built from it (formatting a number costs
   -- more than the rest of a settle), unless it has leading zeros (damage: "007" would be
   -- no JSON number in a done job's view). No flags ('-', most claims): every flag field nil.
-  local n = tonumber(attempt)
+  local n = attempt == '1' and 1 or tonumber(attempt)  -- (a first attempt, most: no strtod)
   local c = {token = tok, attempt = n, attempt_s = string.byte(attempt) == 48 and tostring(n) or attempt,
     started = started, flags = flags}
   if flags ~= '-' then
