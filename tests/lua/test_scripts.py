@@ -252,6 +252,19 @@ def test_claim_sets_lease_token_and_attempt(p: Project) -> None:
     assert_no_job_in_two_structures(p)
 
 
+def test_each_claimed_job_gets_the_token_of_its_index_in_the_call(p: Project) -> None:
+    """A call's tokens are its base and each job's index, 0 up, as decimal text past one digit
+    and past two; each lands in the job's claim entry and the processing list's claim time."""
+    ids = [f"j{i:03d}" for i in range(105)]
+    enqueue(p, *(new(i) for i in ids))
+    got = claim(p, n=105)
+    assert [g[0] for g in got] == ids
+    assert [g[1] for g in got] == [f"w.1:{i}" for i in range(105)]
+    r, k = p.runtime.redis, p.keys()
+    assert r.hget(k.claims, "j104") == f"w.1:104 1 {NOW} -"
+    assert r.zrange(k.running, 0, -1, withscores=True) == [(i, NOW) for i in ids]
+
+
 def test_claim_replies_with_its_time_even_when_it_claims_nothing(p: Project) -> None:
     """The first value of a claim reply is the time it ran at, so a worker can date its
     jobs by the server's clock; an empty queue answers with that and "held back: 0"."""
