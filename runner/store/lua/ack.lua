@@ -98,7 +98,7 @@ local ended = {}  -- waited jobs done in this batch
 local uncounted = {}  -- census field -> jobs done in this batch
 local counted, refused = {}, false  -- the stats fields of the jobs whose ack landed; any refused
 local NO_STATE = {}  -- what a job without a state hash reads of it (nothing)
-local split_of = {}  -- census field -> {type, version}: matched once per call (a batch holds a few)
+local last_field, last_typ, last_ver = nil, nil, nil  -- the last census field split (a batch's are alike)
 
 -- The completion mark goes on the key only while the key still names this job. A late
 -- success (its job was buried, which freed the key) takes the key back if it is free.
@@ -117,27 +117,24 @@ end
 
 -- The finish is written as "+<ms after the start>" (a few digits, not thirteen), and
 -- an empty history and result take no bytes at all: a done job's outcome is what a
--- queue keeps most of.
--- A number parsed and one formatted cost a third of an ack of a plain job: the texts of the
--- run and the age are made once per start and per creation in a call (a batch's jobs share
--- a few: the times of their claims or start marks, of their enqueues).
-local ran_text, age_text = {}, {}
+-- queue keeps most of. A number parsed and one formatted cost a third of an ack of a plain job: the texts of the
+-- run and the age are made again only for a start or a creation other than the last job's
+-- (a batch's jobs come in runs that share them: the times of their claim or start mark, of
+-- their enqueue), and no table is built for it (one per call is paid per job at light load).
+local last_started, last_ran, last_created, last_age = nil, nil, nil, nil
 local function outcome(typ, ver, attempt, started, history, result, created)
-  local ran = ran_text[started]
-  if not ran then
-    ran = ' +' .. (now - (tonumber(started) or now))
-    ran_text[started] = ran
+  if started ~= last_started then
+    last_started, last_ran = started, ' +' .. (now - (tonumber(started) or now))
   end
   local age = ''
   if created then
-    age = age_text[created]
-    if not age then
+    if created ~= last_created then
       local ms = tonumber(created)
-      age = (ms and ms > 0 and ms <= now) and ' =' .. (now - ms) or ''
-      age_text[created] = age
+      last_created, last_age = created, (ms and ms > 0 and ms <= now) and ' =' .. (now - ms) or ''
     end
+    age = last_age
   end
-  local head = typ .. ' ' .. ver .. ' ' .. attempt .. ' ' .. started .. ran .. age
+  local head = typ .. ' ' .. ver .. ' ' .. attempt .. ' ' .. started .. last_ran .. age
   if (history or '') == '' and result == '' then return head end
   return head .. '\n' .. (history or '') .. '\n' .. result
 end
@@ -216,12 +213,10 @@ for i = 0, n - 1 do
   else
     seen[id] = true
     local jk = K.job_prefix .. id
-    local tv = split_of[field]
-    if not tv then
-      tv = {string.match(field, '^(.*)|(.*)$')}
-      split_of[field] = tv
+    if field ~= last_field then
+      last_field, last_typ, last_ver = field, string.match(field, '^(.*)|(.*)$')
     end
-    local typ, ver = tv[1], tv[2]
+    local typ, ver = last_typ, last_ver
     -- (A job without a state hash, most of them, reads nothing and builds no table here.)
     local got = NO_STATE
     if c.state then
