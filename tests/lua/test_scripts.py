@@ -252,6 +252,19 @@ def test_claim_sets_lease_token_and_attempt(p: Project) -> None:
     assert_no_job_in_two_structures(p)
 
 
+def test_each_claimed_job_gets_the_token_of_its_index_in_the_call(p: Project) -> None:
+    """A call's tokens are its base and each job's index, 0 up, as decimal text past one digit
+    and past two; each lands in the job's claim entry and the processing list's claim time."""
+    ids = [f"j{i:03d}" for i in range(105)]
+    enqueue(p, *(new(i) for i in ids))
+    got = claim(p, n=105)
+    assert [g[0] for g in got] == ids
+    assert [g[1] for g in got] == [f"w.1:{i}" for i in range(105)]
+    r, k = p.runtime.redis, p.keys()
+    assert r.hget(k.claims, "j104") == f"w.1:104 1 {NOW} -"
+    assert r.zrange(k.running, 0, -1, withscores=True) == [(i, NOW) for i in ids]
+
+
 def test_claim_replies_with_its_time_even_when_it_claims_nothing(p: Project) -> None:
     """The first value of a claim reply is the time it ran at, so a worker can date its
     jobs by the server's clock; an empty queue answers with that and "held back: 0"."""
@@ -1707,6 +1720,11 @@ def _record(**fields: Any) -> str:
     (lambda r, k: r.set(k.job("x"), "1\x1fnoop\x1f1"), "not a record of this runner", ""),
     (lambda r, k: r.set(k.job("x"), _record(type="")), "missing field(s) type", ""),
     (lambda r, k: r.set(k.job("x"), _record(max_attempts="three")), "not an integer: max_attempts", ""),
+    (lambda r, k: r.set(k.job("x"), _record(created_ms="1.5e12")), "not an integer: created_ms", ""),
+    (lambda r, k: r.set(k.job("x"), _record(max_attempts="-")), "not an integer: max_attempts", ""),
+    # (a record past the 8 KiB its claim reads first: judged from its head alone)
+    (lambda r, k: r.set(k.job("x"), _record(max_attempts=" 3", payload="[" + "0," * 5000 + "0]")),
+     "not an integer: max_attempts", ""),
     (lambda r, k: (r.set(k.job("x"), _record()), r.set(k.state("x"), "s")),
      "its state is not a hash", ":s:corrupt"),
     (lambda r, k: (r.set(k.job("x"), _record()), r.hset(k.state("x"), "attempt", "1.5")),

@@ -97,6 +97,8 @@ local done_ids = {}
 local ended = {}  -- waited jobs done in this batch
 local uncounted = {}  -- census field -> jobs done in this batch
 local counted, refused = {}, false  -- the stats fields of the jobs whose ack landed; any refused
+local NO_STATE = {}  -- what a job without a state hash reads of it (nothing)
+local last_field, last_typ, last_ver = nil, nil, nil  -- the last census field split (a batch's are alike)
 
 -- The completion mark goes on the key only while the key still names this job. A late
 -- success (its job was buried, which freed the key) takes the key back if it is free.
@@ -115,11 +117,24 @@ end
 
 -- The finish is written as "+<ms after the start>" (a few digits, not thirteen), and
 -- an empty history and result take no bytes at all: a done job's outcome is what a
--- queue keeps most of.
+-- queue keeps most of. A number parsed and one formatted cost a third of an ack of a plain job: the texts of the
+-- run and the age are made again only for a start or a creation other than the last job's
+-- (a batch's jobs come in runs that share them: the times of their claim or start mark, of
+-- their enqueue), and no table is built for it (one per call is paid per job at light load).
+local last_started, last_ran, last_created, last_age = nil, nil, nil, nil
 local function outcome(typ, ver, attempt, started, history, result, created)
-  local head = typ .. ' ' .. ver .. ' ' .. attempt .. ' ' .. started .. ' +' .. (now - (tonumber(started) or now))
-  created = tonumber(created)
-  if created and created > 0 and created <= now then head = head .. ' =' .. (now - created) end
+  if started ~= last_started then
+    last_started, last_ran = started, ' +' .. (now - (tonumber(started) or now))
+  end
+  local age = ''
+  if created then
+    if created ~= last_created then
+      local ms = tonumber(created)
+      last_created, last_age = created, (ms and ms > 0 and ms <= now) and ' =' .. (now - ms) or ''
+    end
+    age = last_age
+  end
+  local head = typ .. ' ' .. ver .. ' ' .. attempt .. ' ' .. started .. last_ran .. age
   if (history or '') == '' and result == '' then return head end
   return head .. '\n' .. (history or '') .. '\n' .. result
 end
@@ -144,7 +159,10 @@ local function commit_stage(id, token, staged)
   end
 end
 
+-- ms: its text as sent ('0' none, most jobs: nothing to parse).
 local function keep(id, value, ms)
+  if ms == '0' then return end
+  ms = tonumber(ms)
   if ms > 0 then redis.call('SET', K.res_prefix .. id, value, 'PX', ms) end
 end
 
@@ -179,7 +197,7 @@ end
 for i = 0, n - 1 do
   local b = 7 + i * 9
   local id, token, result, field, fields, keep_ms = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
-    tonumber(ARGV[b + 5])
+    ARGV[b + 5]
   -- The same claim twice in one batch settles once (seen), refused the second time.
   local c = not seen[id] and fence(held[i + 1], token)
   if not c then
@@ -195,14 +213,21 @@ for i = 0, n - 1 do
   else
     seen[id] = true
     local jk = K.job_prefix .. id
-    local typ, ver = string.match(field, '^(.*)|(.*)$')
-    local got = c.state and redis.pcall('HMGET', jk .. ':s', 'history', 'run_attempt', 'run_started_ms', 'absorbed')
-      or nil
-    if type(got) ~= 'table' or got.err then got = {} end
+    if field ~= last_field then
+      last_field, last_typ, last_ver = field, string.match(field, '^(.*)|(.*)$')
+    end
+    local typ, ver = last_typ, last_ver
+    -- (A job without a state hash, most of them, reads nothing and builds no table here.)
+    local got = NO_STATE
+    if c.state then
+      got = redis.pcall('HMGET', jk .. ':s', 'history', 'run_attempt', 'run_started_ms', 'absorbed')
+      if type(got) ~= 'table' or got.err then got = NO_STATE end
+    end
     local history = type(got[1]) == 'string' and got[1] or nil
     -- A durable function resumed within this attempt began at its first run (suspend.lua);
     -- a run whose start mark was not sent, at its handler's start, as its worker says.
-    local started = (got[2] == tostring(c.attempt) and tonumber(got[3]) and got[3])
+    -- (got[2] first: tostring of the attempt formats a number, for the jobs that have one.)
+    local started = (got[2] and got[2] == tostring(c.attempt) and tonumber(got[3]) and got[3])
       or (ARGV[b + 8] ~= '' and ARGV[b + 8]) or c.started
     if c.idem or c.res then
       local rec = rec_load(jk)
@@ -211,18 +236,18 @@ for i = 0, n - 1 do
         complete_idem(rec.type, rec.idem_key, id)
       end
     end
-    local value = outcome(typ or '?', ver or '?', c.attempt_s, started, history, with_absorbed(result, got[4]),
-      ARGV[b + 6])
+    local value = outcome(typ or '?', ver or '?', c.attempt_s, started, history,
+      got[4] and with_absorbed(result, got[4]) or result, ARGV[b + 6])
     done_ids[#done_ids + 1] = id
     outcomes[#outcomes + 1] = value
-    keep(id, value, keep_ms)
+    if keep_ms ~= '0' then keep(id, value, keep_ms) end
     finished[#finished + 1] = id
     gone[#gone + 1] = jk
     gone[#gone + 1] = jk .. ':s'
     uncounted[field] = (uncounted[field] or 0) + 1
     if c.waited then ended[#ended + 1] = id end
     counted[#counted + 1] = fields
-    commit_stage(id, token, ARGV[b + 7])
+    if ARGV[b + 7] ~= '0' then commit_stage(id, token, ARGV[b + 7]) end  -- ('0': none staged, most runs)
     out[#out + 1] = 1
   end
 end

@@ -13,7 +13,8 @@ local function batch_put(now, out, each)
   for i = 0, n - 1 do
     local b = 3 + i * 13
     local j = job_fields(ARGV, b)
-    j.priority = tonumber(ARGV[b + 12]) or 0
+    local prio = ARGV[b + 12]
+    j.priority = prio == '0' and 0 or tonumber(prio) or 0
     local code, id, status = job_put(Q, now, j, put)
     out[#out + 1] = code
     out[#out + 1] = id

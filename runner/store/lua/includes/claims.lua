@@ -45,7 +45,7 @@ local function parse_claim(raw)
   -- attempt_s: the attempt as written, for text built from it (formatting a number costs
   -- more than the rest of a settle), unless it has leading zeros (damage: "007" would be
   -- no JSON number in a done job's view). No flags ('-', most claims): every flag field nil.
-  local n = tonumber(attempt)
+  local n = attempt == '1' and 1 or tonumber(attempt)  -- (a first attempt, most: no strtod)
   local c = {token = tok, attempt = n, attempt_s = string.byte(attempt) == 48 and tostring(n) or attempt,
     started = started, flags = flags}
   if flags ~= '-' then
@@ -89,6 +89,8 @@ end
 -- claim_flags (in its order, '-' for none); flags_of(c) gives those of a parsed claim.
 -- The flags go positionally, not in a table: a claim writes an entry for every job.
 local function claim_flags(idem, res, prefetched, exiting, state, waited, cancel, held)
+  -- (Most claims: none but perhaps 'p', no string built.)
+  if not (idem or res or exiting or state or waited or cancel or held) then return prefetched and 'p' or '-' end
   local flags = (idem and 'i' or '') .. (res and 'r' or '') .. (prefetched and 'p' or '') ..
     (exiting and 'x' or '') .. (state and 's' or '') .. (waited and 'w' or '') .. (cancel and 'c' or '') ..
     (held and 'h' or '')

@@ -142,10 +142,13 @@ end
 
 -- The 12 enqueue fields of one job from ARGV at b (the order of enqueue.lua), or from
 -- a list t at b (a relayed outbox entry).
+-- ('0', most jobs' run_at and delay, is 0 without a parse: tonumber is a strtod, and
+-- with the priority's that was about 2,200 server instructions of an enqueue's 43,000.)
 local function job_fields(t, b)
+  local run_at, delay = t[b + 5], t[b + 6]
   return {id = t[b], type = t[b + 1], version = t[b + 2], payload = t[b + 3], max_attempts = t[b + 4],
-    run_at = tonumber(t[b + 5]) or 0, delay = tonumber(t[b + 6]) or 0, ikey = t[b + 7], phash = t[b + 8],
-    rkey = t[b + 9], limits = t[b + 10], meta = t[b + 11]}
+    run_at = run_at == '0' and 0 or tonumber(run_at) or 0, delay = delay == '0' and 0 or tonumber(delay) or 0,
+    ikey = t[b + 7], phash = t[b + 8], rkey = t[b + 9], limits = t[b + 10], meta = t[b + 11]}
 end
 
 local function jobs_flush(Q, put, notify_key, census_key)

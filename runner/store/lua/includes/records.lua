@@ -2,8 +2,13 @@
 
 -- One match for the whole record (a find and a sub per field cost 2.5 times as much, on
 -- every claim): each field runs to the next separator, the payload is the rest.
-local REC_PATTERN = '^1\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31' ..
-  '([^\31]*)\31([^\31]*)\31(.*)$'
+local REC_PATTERN = '^1\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$'
+-- The same match with max_attempts and created_ms integers ('-'?digits), tried first: a
+-- record it reads is known sound there (ints = true: the claim's check of them is free),
+-- any other is read by REC_PATTERN and judged field by field (a damaged one, rare). (Each
+-- pattern one literal: a concatenation is made again on every call of every script that
+-- includes this file.)
+local REC_PATTERN_INTS = '^1\31([^\31]*)\31([^\31]*)\31(%-?%d+)\31(%-?%d+)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(.*)$'
 -- tostring(now), formatted once per call however many jobs a script writes with it.
 local fmt_now_n, fmt_now_s
 local function now_text(now)
@@ -13,7 +18,12 @@ end
 
 local function rec_parse(s)
   if type(s) ~= 'string' then return nil end
-  local a, b, c, d, e, f, g, h, i, p = string.match(s, REC_PATTERN)
+  local a, b, c, d, e, f, g, h, i, p = string.match(s, REC_PATTERN_INTS)
+  if a then
+    return {type = a, version = b, max_attempts = c, created_ms = d, idem_key = e, idem_hash = f, resource_key = g,
+      limits = h, meta = i, payload = p, ints = true}
+  end
+  a, b, c, d, e, f, g, h, i, p = string.match(s, REC_PATTERN)
   if not a then return nil end
   return {type = a, version = b, max_attempts = c, created_ms = d, idem_key = e, idem_hash = f, resource_key = g,
     limits = h, meta = i, payload = p}
