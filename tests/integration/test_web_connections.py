@@ -13,24 +13,43 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import requests
-from test_web_support import _NO_CONTROL, Web, gunicorn
+from test_web_support import _NO_CONTROL, Web, gunicorn, served
 
-from runner.store.embedded import free_port
+from runner.store.embedded import Server, free_port
 
 from conftest import Project, wait_for
 
 TOKEN = "conn-t0ken"
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
+    """One server (header_timeout = 1, idle_timeout = 1) for the tests of what a single
+    connection gets: each opens its own connections and reads only their answers, and
+    the log from its own start (``log_since``). A server each was most of such a test's
+    time (its start, and its stop after the test)."""
+    def setup(p: Project) -> None:
+        p.write_config(extra="\n[api]\nheader_timeout = 1\nidle_timeout = 1\n")
+
+    with served(tmp_path_factory, server, setup, token=TOKEN) as project_web:
+        yield project_web
+
+
 @pytest.fixture
-def web(project: Project) -> Iterator[Web]:
-    project.write_config(extra="\n[api]\nheader_timeout = 1\nidle_timeout = 1\n")
-    with gunicorn(project, token=TOKEN) as w:
-        yield w
+def web(shared: tuple[Project, Web]) -> Web:
+    return shared[1]
+
+
+@pytest.fixture
+def log_since(shared: tuple[Project, Web]) -> Callable[[], bytes]:
+    """What the shared server logged since the test began."""
+    logs = sorted(shared[0].root.glob("gunicorn-*.log"))
+    start = {p: p.stat().st_size for p in logs}
+    return lambda: b"".join(p.read_bytes()[start[p]:] for p in logs)
 
 
 def _port(web: Web) -> int:
@@ -52,14 +71,14 @@ def _answer(port: int, raw: bytes, timeout: float = 10) -> bytes:
     b"POST /jobs/record HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n",      # a bad Content-Length
     b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n",            # a folded header
 ])
-def test_requests_the_parser_refuses_get_a_json_400(project: Project, web: Web, raw: bytes) -> None:
+def test_requests_the_parser_refuses_get_a_json_400(web: Web, log_since: Callable[[], bytes], raw: bytes) -> None:
     out = _answer(_port(web), raw)
     head, _, body = out.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), out[:300]
     assert b"content-type: application/problem+json" in head.lower(), out[:300]
     assert b'"status":400' in body
     assert web.get("/healthz").status_code == 200
-    log = b"".join(p.read_bytes() for p in project.root.glob("gunicorn-*.log"))
+    log = log_since()
     assert b"Traceback" not in log, log[-2000:]
 
 
@@ -539,7 +558,7 @@ def test_a_bad_body_or_a_fin_behind_answered_requests_comes_after_their_answers(
     assert web.get("/healthz").status_code == 200
 
 
-def test_a_client_gone_mid_answer_leaves_no_traceback(project: Project, web: Web) -> None:
+def test_a_client_gone_mid_answer_leaves_no_traceback(web: Web, log_since: Callable[[], bytes]) -> None:
     """Clients that pipeline requests (no token needed) and reset the connection at once:
     each answer still being made was written to the closed connection, and the log got an
     ERROR "Exception in ASGI application" traceback for each. Now such an answer is
@@ -553,5 +572,5 @@ def test_a_client_gone_mid_answer_leaves_no_traceback(project: Project, web: Web
         s.close()
     time.sleep(1)  # the answers under way are made (and dropped)
     assert web.get("/healthz").status_code == 200
-    log = b"".join(p.read_bytes() for p in project.root.glob("gunicorn-*.log"))
+    log = log_since()
     assert b"Traceback" not in log and b"ERROR" not in log, log[-3000:]
