@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -14,8 +15,9 @@ from durable_helpers import ISOLATION_IDS, ISOLATIONS, marked, runs
 from test_web_support import runner_web
 
 from runner.errors import JobEnded, JobNotFound, SignalPending
+from runner.store.embedded import Server
 
-from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
+from conftest import Project, assert_no_job_in_two_structures, make_project, structures, wait_for
 
 STEPS = marked('''def handle(payload, ctx):
     a = ctx.step("a", mark, "a", ctx)
@@ -52,14 +54,13 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_recorded_steps_never_run_again_on_a_retry(project: Project, isolation: str) -> None:
+def test_recorded_steps_never_run_again_on_a_retry(durable: Project, isolation: str) -> None:
     """Three steps (one name twice: recorded as a and a#2) land, the attempt fails
     transiently, and the retry replays them from the log: each fn ran once, and
     step_key is "<job id>:<name as recorded>"."""
-    project.add_function("steps", STEPS.format(isolation=isolation))
+    project = durable
     c = project.client
-    project.spawn_worker("fast")
-    job = c.enqueue("steps", {"fail": True}).id
+    job = c.enqueue(f"steps_{iso_id(isolation)}", {"fail": True}).id
     done = c.wait(job, 30).as_dict()
     assert done["status"] == "done", done
     assert done["result"] == {"a": "A", "b": "B", "again": "A2", "c": "C", "attempt": 2}
@@ -71,13 +72,13 @@ def test_recorded_steps_never_run_again_on_a_retry(project: Project, isolation: 
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_a_sleep_frees_the_worker_and_resumes_past_it(project: Project, isolation: str) -> None:
+def test_a_sleep_frees_the_worker_and_resumes_past_it(durable: Project, isolation: str) -> None:
     """ctx.sleep ends the run: the job is in scheduled alone with status sleeping, holds no
     lease, spent no attempt; it comes back after the sleep and replays past it."""
-    project.add_function("steps", STEPS.format(isolation=isolation))
+    project = durable
     c = project.client
-    project.spawn_worker("fast")
-    job = c.enqueue("steps", {"sleep": 1.5}).id
+    fn = f"naps_{iso_id(isolation)}"  # this test's alone: its counters are its job's
+    job = c.enqueue(fn, {"sleep": 1.5}).id
     wait_for(lambda: c.get(job).status == "sleeping", timeout=20, what="the job to sleep")
     where = structures(project)
     assert job in where["scheduled"] and job not in where["leases"], where
@@ -88,8 +89,8 @@ def test_a_sleep_frees_the_worker_and_resumes_past_it(project: Project, isolatio
     for name in ("a", "b", "a2", "c"):
         assert len(runs(project, job, name)) == 1, name
     counters = c.stats()["fast"]["counters"]
-    assert counters.get("steps|steps") == 4 and counters.get("sleeps|steps") == 1, counters
-    assert counters.get("replays|steps") == 1, counters  # the resume replayed a, b and a#2
+    assert counters.get(f"steps|{fn}") == 4 and counters.get(f"sleeps|{fn}") == 1, counters
+    assert counters.get(f"replays|{fn}") == 1, counters  # the resume replayed a, b and a#2
 
 
 AGED = marked('''def handle(payload, ctx):
@@ -103,21 +104,17 @@ AGED = marked('''def handle(payload, ctx):
 
 @pytest.mark.parametrize("rate", [False, True], ids=["plain", "rate-limited"])
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_max_age_bounds_the_first_start_only_a_resume_past_it_runs(project: Project, isolation: str,
+def test_max_age_bounds_the_first_start_only_a_resume_past_it_runs(durable: Project, isolation: str,
                                                                    rate: bool) -> None:
     """MAX_AGE 1 s and a 2 s sleep: the job resumes after the sleep, past its MAX_AGE, and
     ends done with each step run once, under both isolations (a child's job was buried
     as expired at its resume, its second step never run), with a RATE_LIMIT too (its
     token's wait was still held to the first start's MAX_AGE: buried at the resume)."""
-    aged = AGED.replace("MAX_AGE = 1\n", "MAX_AGE = 1\nRATE_LIMIT = {{\"limit\": 5, \"period\": 1}}\n") \
-        if rate else AGED
-    project.add_function("aged", aged.format(isolation=isolation))
-    project.add_function("warm", f'QUEUE = "fast"\n{isolation}\n\ndef handle(payload, ctx):\n    return 1\n')
+    project = durable
     c = project.client
-    project.spawn_worker("fast")
-    warm = c.enqueue("warm", {}).id  # a child ready first: the job's first start is in time
+    warm = c.enqueue(f"warm_{iso_id(isolation)}", {}).id  # a child ready first: the job's first start is in time
     assert c.wait(warm, 60).as_dict()["status"] == "done"
-    job = c.enqueue("aged", {"nap": 2}).id
+    job = c.enqueue(f"aged{'_rated' if rate else ''}_{iso_id(isolation)}", {"nap": 2}).id
     done = c.wait(job, 30).as_dict()
     assert done["status"] == "done", done
     assert len(runs(project, job, "a")) == 1 and len(runs(project, job, "b")) == 1
@@ -139,13 +136,11 @@ def test_run_now_cuts_a_sleep_short(project: Project) -> None:
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_a_replay_on_another_path_fails_for_good_naming_both_steps(project: Project, isolation: str) -> None:
+def test_a_replay_on_another_path_fails_for_good_naming_both_steps(durable: Project, isolation: str) -> None:
     """The first run records step "one"; its retry reaches "other" at that position:
     dead at once, reason permanent failure, the message naming both."""
-    project.add_function("switch", SWITCH.format(isolation=isolation))
-    c = project.client
-    project.spawn_worker("fast")
-    job = c.enqueue("switch", {}).id
+    c = durable.client
+    job = c.enqueue(f"switch_{iso_id(isolation)}", {}).id
     dead = c.wait(job, 30).as_dict()
     assert dead["status"] == "dead", dead
     assert dead["reason"] == "permanent failure"
@@ -155,11 +150,9 @@ def test_a_replay_on_another_path_fails_for_good_naming_both_steps(project: Proj
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_a_step_past_max_step_bytes_raises_step_too_large(project: Project, isolation: str) -> None:
-    project.add_function("big", BIG.format(isolation=isolation))
-    c = project.client
-    project.spawn_worker("fast")
-    dead = c.wait(c.enqueue("big", {}).id, 30).as_dict()
+def test_a_step_past_max_step_bytes_raises_step_too_large(durable: Project, isolation: str) -> None:
+    c = durable.client
+    dead = c.wait(c.enqueue(f"big_{iso_id(isolation)}", {}).id, 30).as_dict()
     assert dead["status"] == "dead" and dead["attempt"] == 1, dead
     assert dead["last_error"]["type"] == "StepTooLarge"
     assert "max_step_bytes" in dead["last_error"]["message"]
@@ -210,20 +203,19 @@ def test_a_wait_frees_the_worker_and_a_signal_resumes_it(project: Project, isola
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_an_early_signal_is_kept_and_a_wait_can_time_out(project: Project, isolation: str) -> None:
+def test_an_early_signal_is_kept_and_a_wait_can_time_out(durable: Project, isolation: str) -> None:
     """A signal sent while the job sleeps before its wait is kept (a second of that name
     is refused while unread) and the wait returns it at once; a wait with a timeout and
     no signal raises SignalTimeout, which the handler catches."""
-    project.add_function("waiter", WAITER.format(isolation=isolation))
-    c = project.client
-    project.spawn_worker("fast")
-    early = c.enqueue("waiter", {"nap": 2}).id
+    c = durable.client
+    waiter = f"waiter_{iso_id(isolation)}"
+    early = c.enqueue(waiter, {"nap": 2}).id
     wait_for(lambda: c.get(early).status == "sleeping", timeout=20, what="the job to sleep")
     assert c.signal(early, "approval", "yes") == "kept"
     with pytest.raises(SignalPending):
         c.signal(early, "approval", "again")
     assert c.wait(early, 30).as_dict()["result"] == {"answer": "yes"}
-    late = c.enqueue("waiter", {"timeout": 0.5}).id
+    late = c.enqueue(waiter, {"timeout": 0.5}).id
     assert c.wait(late, 30).as_dict()["result"] == {"answer": "timed out"}
     steps = c.get(late).as_dict().get("steps")
     assert steps is None or steps[1]["status"] == "timeout"  # (a done job keeps no step log)
@@ -298,15 +290,14 @@ PARENT = marked('''def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_invoke_runs_a_child_and_resumes_with_its_result_or_its_failure(project: Project, isolation: str) -> None:
+def test_invoke_runs_a_child_and_resumes_with_its_result_or_its_failure(durable: Project, isolation: str) -> None:
     """ctx.invoke writes the child with the parent's suspension (status waiting, no slot);
     the child's end resumes the parent with its result, and a dead child raises JobFailed
     there; the lineage shows both ways (the parent's step names the child, the child's
     view its parent)."""
-    project.add_function("parent", PARENT.format(isolation=isolation))
+    project = durable
     c = project.client
-    project.spawn_worker("fast")
-    job = c.enqueue("parent", {"n": 7}).id
+    job = c.enqueue(f"parent_{iso_id(isolation)}", {"n": 7}).id
     done = c.wait(job, 60).as_dict()
     assert done["status"] == "done", done
     child = f"{job}.c1"
@@ -465,3 +456,30 @@ def test_runner_check_passes_a_job_waiting_for_an_event_on_unchanged_code(projec
     (project.root / "functions" / "evwait.py").write_text(EVENT_WAITER.replace('"pre"', '"renamed"'))
     moved = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
     assert moved.returncode != 0 and job in moved.stdout + moved.stderr
+
+
+def iso_id(isolation: str) -> str:
+    """The id of an isolation line ("thread" or "process"), which the shared functions' names end in."""
+    return ISOLATION_IDS[ISOLATIONS.index(isolation)]
+
+
+@pytest.fixture(scope="module")
+def durable(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """One project and one worker on the fast queue for the tests that read only their own
+    jobs (and the counters of a function of their own): each function of theirs in both
+    isolations, named <name>_thread and <name>_process, all there before the worker starts
+    (it loads them all). A worker per test (its start, imports and first claim) was most
+    of such a test's time."""
+    rated = AGED.replace("MAX_AGE = 1\n", "MAX_AGE = 1\nRATE_LIMIT = {{\"limit\": 5, \"period\": 1}}\n")
+    warm = 'QUEUE = "fast"\n{isolation}\n\ndef handle(payload, ctx):\n    return 1\n'
+    sources = {"steps": STEPS, "naps": STEPS, "switch": SWITCH, "big": BIG, "waiter": WAITER, "parent": PARENT,
+               "aged": AGED, "aged_rated": rated, "warm": warm}
+    project = make_project(tmp_path_factory.mktemp("durable") / "project", server)
+    for name, source in sources.items():
+        for isolation in ISOLATIONS:
+            project.add_function(f"{name}_{iso_id(isolation)}", source.format(isolation=isolation))
+    project.spawn_worker("fast")
+    yield project
+    project.stop_all()
+    if project._runtime is not None:
+        project._runtime.close()
