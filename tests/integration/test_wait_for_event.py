@@ -8,25 +8,44 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import requests
 from durable_helpers import ISOLATION_IDS, ISOLATIONS, ORDER_PAID_WAITER, registered, runs, until_waiting
 from test_web_support import runner_web
 
-from conftest import Project, assert_no_job_in_two_structures, structures, wait_for
+from runner.store.embedded import Server
+
+from conftest import Project, assert_no_job_in_two_structures, make_project, structures, wait_for
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_a_matching_emit_resumes_the_waiting_job_with_the_event(project: Project, isolation: str) -> None:
+@pytest.fixture(scope="module")
+def waiting(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """One project and worker (fast queue) for the tests of one job's wait in either
+    isolation: the waiter as ``waiter_thread`` and ``waiter_process``, there before the
+    worker starts. Each test's job is alone in the registry while it runs (the tests of
+    a process run one after the other, and each one's job ends before the next starts). A
+    worker per test, and a first child for each process test, was most of their time."""
+    project = make_project(tmp_path_factory.mktemp("waiting") / "project", server)
+    for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True):
+        project.add_function(f"waiter_{name}", ORDER_PAID_WAITER.format(isolation=isolation))
+    project.spawn_worker("fast")
+    yield project
+    project.stop_all()
+    if project._runtime is not None:
+        project._runtime.close()
+
+
+@pytest.mark.parametrize("isolation", ISOLATION_IDS)
+def test_a_matching_emit_resumes_the_waiting_job_with_the_event(waiting: Project, isolation: str) -> None:
     """The job waits (status waiting, in scheduled alone, its view and `runner job` naming
     the event and match); an emit of another order does not resume it; the matching emit
     does (nobody subscribes to the event: waiters are told all the same), and the wait
     returns {id, name, data, ts}; each step ran once; the registry is empty after."""
-    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=isolation))
+    project = waiting
     c = project.client
-    project.spawn_worker("fast")
-    job = c.enqueue("waiter", {"order_id": 7}).id
+    job = c.enqueue(f"waiter_{isolation}", {"order_id": 7}).id
     until_waiting(c, job)
     view = c.get(job).as_dict()
     assert view["waiting_for"]["event"] == "order.paid" and view["waiting_for"]["match"] == {"order_id": 7}, view
@@ -56,16 +75,15 @@ def test_a_matching_emit_resumes_the_waiting_job_with_the_event(project: Project
     assert listed and listed[0]["waiters_resumed"] == 1, listed
 
 
-@pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_an_emit_before_the_wait_does_not_count_and_a_timeout_returns_none(project: Project,
+@pytest.mark.parametrize("isolation", ISOLATION_IDS)
+def test_an_emit_before_the_wait_does_not_count_and_a_timeout_returns_none(waiting: Project,
                                                                           isolation: str) -> None:
     """An event emitted while the job sleeps before its wait is not delivered to that wait
     (Inngest's rule: only events after the wait began); the wait times out and returns
     None, and its waiter leaves the registry."""
-    project.add_function("waiter", ORDER_PAID_WAITER.format(isolation=isolation))
+    project = waiting
     c = project.client
-    project.spawn_worker("fast")
-    job = c.enqueue("waiter", {"order_id": 1, "nap": 1.5, "timeout": 1.5}).id
+    job = c.enqueue(f"waiter_{isolation}", {"order_id": 1, "nap": 1.5, "timeout": 1.5}).id
     wait_for(lambda: c.get(job).status == "sleeping", timeout=30, what="the job to sleep")
     c.emit("order.paid", {"order_id": 1})
     done = c.wait(job, 30).as_dict()
