@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
-from conftest import Project, assert_no_job_in_two_structures, wait_for
+from runner.store.embedded import Server
+
+from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
 
 RETURNS = '''
 import dataclasses
@@ -50,9 +53,9 @@ def handle(payload, ctx):
 '''
 
 
-def _add_returns(p: Project, isolation: str = "thread") -> None:
-    (p.root / "functions" / "returns.py").write_text(RETURNS.format(isolation=isolation))
-    schema = p.root / "schemas" / "returns"
+def _add_returns(p: Project, isolation: str = "thread", name: str = "returns") -> None:
+    (p.root / "functions" / f"{name}.py").write_text(RETURNS.format(isolation=isolation))
+    schema = p.root / "schemas" / name
     schema.mkdir(parents=True, exist_ok=True)
     (schema / "v1.json").write_text(json.dumps({"type": "object", "required": ["n"]}))
 
@@ -70,16 +73,32 @@ def _big_values(p: Project, limit: int) -> list[str]:
     return out
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """One project on the default config and its worker for the tests that read only their
+    own jobs: ``returns`` and ``saves`` in each isolation (returns_thread, saves_process,
+    ...), there before the worker starts. Nothing of any of them may leave a big value in
+    Redis, so each test's scan of the prefix holds for all. A worker per test (and a first
+    child for each process test) was most of such a test's time."""
+    project = make_project(tmp_path_factory.mktemp("results") / "project", server)
+    for isolation in ("thread", "process"):
+        _add_returns(project, isolation, f"returns_{isolation}")
+        _add_saves(project, isolation, f"saves_{isolation}")
+    project.spawn_worker("fast")
+    yield project
+    project.stop_all()
+    if project._runtime is not None:
+        project._runtime.close()
+
+
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_result_over_the_limit_fails_the_attempt_and_stays_out_of_redis(project: Project, isolation: str) -> None:
+def test_a_result_over_the_limit_fails_the_attempt_and_stays_out_of_redis(shared: Project, isolation: str) -> None:
     """2 MB returned under the default limit: the job is dead at its first attempt (running
     it again would only redo its work and side effects); its last error names the size,
     the setting and what to do; no value near that size is in Redis."""
-    project.write_config(max_attempts=3)
-    _add_returns(project, isolation)
+    project = shared
     c = project.client
-    job = c.enqueue("returns", {"n": 2_000_000})
-    project.spawn_worker("fast")
+    job = c.enqueue(f"returns_{isolation}", {"n": 2_000_000})
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead", rec["status"]
     assert (rec["reason"], rec["attempt"]) == ("permanent failure", 1)
@@ -105,15 +124,12 @@ def test_a_raised_limit_keeps_a_large_result_whole(project: Project) -> None:
     assert rec["result"] == "x" * 2_000_000
 
 
-def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(project: Project) -> None:
+def test_a_result_that_is_not_json_fails_the_attempt_with_a_clear_error(shared: Project) -> None:
     """A return value JSON cannot hold (an object) sends the job to the dead letters at
     once, as an oversized one does (the same code returns the same kind of value), and its
     message says what was wrong."""
-    project.write_config(max_attempts=2)
-    _add_returns(project)
-    c = project.client
-    job = c.enqueue("returns", {"n": 1, "kind": "object"})
-    project.spawn_worker("fast")
+    c = shared.client
+    job = c.enqueue("returns_thread", {"n": 1, "kind": "object"})
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead"
     assert (rec["reason"], rec["attempt"]) == ("permanent failure", 1)
@@ -153,21 +169,18 @@ def handle(payload, ctx):
 '''
 
 
-def _add_saves(p: Project, isolation: str = "thread") -> None:
-    (p.root / "functions" / "saves.py").write_text(SAVES.format(isolation=isolation))
-    schema = p.root / "schemas" / "saves"
+def _add_saves(p: Project, isolation: str = "thread", name: str = "saves") -> None:
+    (p.root / "functions" / f"{name}.py").write_text(SAVES.format(isolation=isolation))
+    schema = p.root / "schemas" / name
     schema.mkdir(parents=True, exist_ok=True)
     (schema / "v1.json").write_text(json.dumps({"type": "object", "required": ["n"]}))
 
 
-def test_a_checkpoint_nested_past_the_limit_is_refused_at_save(project: Project) -> None:
+def test_a_checkpoint_nested_past_the_limit_is_refused_at_save(shared: Project) -> None:
     """A checkpoint 200 levels deep was saved, then every retry failed before its handler
     ran: it is refused at save, naming the limit, and the job is dead at once."""
-    project.write_config(max_attempts=3)
-    _add_saves(project)
-    c = project.client
-    deep, at = c.enqueue("saves", {"n": 1, "deep": 200}), c.enqueue("saves", {"n": 1, "deep": 120})
-    project.spawn_worker("fast")
+    c = shared.client
+    deep, at = c.enqueue("saves_thread", {"n": 1, "deep": 200}), c.enqueue("saves_thread", {"n": 1, "deep": 120})
     rec = c.wait(deep.id, timeout_s=30).as_dict()
     assert (rec["status"], rec["reason"], rec["attempt"]) == ("dead", "permanent failure", 1), rec
     assert rec["checkpoint"] is None and rec["last_error"]["type"] == "CheckpointTooLarge"
@@ -177,16 +190,14 @@ def test_a_checkpoint_nested_past_the_limit_is_refused_at_save(project: Project)
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_checkpoint_over_the_limit_is_refused_with_a_clear_error(project: Project, isolation: str) -> None:
+def test_a_checkpoint_over_the_limit_is_refused_with_a_clear_error(shared: Project, isolation: str) -> None:
     """A checkpoint is kept in Redis with the job, under the same bound as a result: a 2 MB
     one is not saved and the job is dead at once (a retry would resume from the checkpoint
     before and grow it again), with an error that says what to keep instead; a small one
     is saved and the handler goes on."""
-    project.write_config(max_attempts=3)
-    _add_saves(project, isolation)
+    project = shared
     c = project.client
-    big, small = c.enqueue("saves", {"n": 2_000_000}), c.enqueue("saves", {"n": 10})
-    project.spawn_worker("fast")
+    big, small = c.enqueue(f"saves_{isolation}", {"n": 2_000_000}), c.enqueue(f"saves_{isolation}", {"n": 10})
     rec = c.wait(big.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead" and rec["checkpoint"] is None
     assert (rec["reason"], rec["attempt"]) == ("permanent failure", 1)
@@ -216,28 +227,24 @@ def test_a_long_progress_message_is_cut_and_an_oversized_report_dropped(project:
     c.settle(job.id, 15)
 
 
-def test_a_progress_report_json_cannot_hold_never_fails_the_job(project: Project) -> None:
+def test_a_progress_report_json_cannot_hold_never_fails_the_job(shared: Project) -> None:
     """A Decimal percentage, a message with an undecodable file name in it: each report is
     dropped (a warning in the job's log) and the handler goes on to its result."""
-    project.write_config(max_attempts=1)
-    _add_saves(project)
-    c = project.client
-    job = c.enqueue("saves", {"n": 1, "odd": True})
-    project.spawn_worker("fast")
+    c = shared.client
+    job = c.enqueue("saves_thread", {"n": 1, "odd": True})
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert (rec["status"], rec["result"]) == ("done", "went on"), rec["last_error"]
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_result_json_can_hold_is_stored_as_json_would_store_it(project: Project, isolation: str) -> None:
+def test_a_result_json_can_hold_is_stored_as_json_would_store_it(shared: Project, isolation: str) -> None:
     """Integer, float, None and boolean keys become strings and integers past 64 bits keep
     their digits, as Python's json writes them: the job is done, not dead after its side
     effects. A value JSON cannot hold fails with the path of the offending part."""
-    _add_returns(project, isolation)
+    project = shared
     c = project.client
-    good = c.enqueue("returns", {"n": 0, "kind": "keys"})
-    bad = c.enqueue("returns", {"n": 0, "kind": "keyed-object"})
-    project.spawn_worker("fast")
+    good = c.enqueue(f"returns_{isolation}", {"n": 0, "kind": "keys"})
+    bad = c.enqueue(f"returns_{isolation}", {"n": 0, "kind": "keyed-object"})
     rec = c.wait(good.id, timeout_s=30).as_dict()
     assert rec["status"] == "done", rec
     assert rec["result"]["200"] == 3 and rec["result"]["1.5"] == "a" and rec["result"]["true"] == -(2**70)
@@ -251,42 +258,36 @@ def test_a_result_json_can_hold_is_stored_as_json_would_store_it(project: Projec
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_result_holding_nan_is_refused_as_not_json(project: Project, isolation: str) -> None:
+def test_a_result_holding_nan_is_refused_as_not_json(shared: Project, isolation: str) -> None:
     """NaN and infinities are not JSON (a reader's JSON.parse refuses them, and ctx.stream
     refuses them too): a result holding one used to be stored with null in its place,
     without a word. It fails as not JSON, naming the path, in both isolations."""
-    _add_returns(project, isolation)
-    c = project.client
-    job = c.enqueue("returns", {"n": 0, "kind": "nan"})
-    project.spawn_worker("fast")
+    c = shared.client
+    job = c.enqueue(f"returns_{isolation}", {"n": 0, "kind": "nan"})
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead", rec
     assert rec["last_error"]["type"] == "ResultNotJSON", rec["last_error"]
     assert "$.v[1]" in rec["last_error"]["message"] and "nan" in rec["last_error"]["message"], rec["last_error"]
 
 
-def test_a_result_holding_a_dataclass_with_nan_is_refused_as_not_json(project: Project) -> None:
+def test_a_result_holding_a_dataclass_with_nan_is_refused_as_not_json(shared: Project) -> None:
     """A metrics dataclass whose mean came from an empty list: the result was stored as
     {"m": {"count": 0, "mean": null}} and the job ended done (the fallback encoding wrote
     the dataclass with orjson, NaN as null). It fails as not JSON, naming the path."""
-    _add_returns(project)
-    c = project.client
-    job = c.enqueue("returns", {"n": 0, "kind": "nan-dataclass"})
-    project.spawn_worker("fast")
+    c = shared.client
+    job = c.enqueue("returns_thread", {"n": 0, "kind": "nan-dataclass"})
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert (rec["status"], (rec["last_error"] or {}).get("type")) == ("dead", "ResultNotJSON"), rec
     assert "$.m.mean" in rec["last_error"]["message"], rec["last_error"]
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_result_with_a_nan_key_says_what_was_refused_and_what_to_do(project: Project, isolation: str) -> None:
+def test_a_result_with_a_nan_key_says_what_was_refused_and_what_to_do(shared: Project, isolation: str) -> None:
     """A number key is written as json writes it, but NaN has no JSON form: the job used
     to go dead with nothing said of what was refused ("not JSON: ; ..."). Its error names
     the key and its path, and says to use a string key."""
-    _add_returns(project, isolation)
-    c = project.client
-    job = c.enqueue("returns", {"n": 0, "kind": "nan-key"})
-    project.spawn_worker("fast")
+    c = shared.client
+    job = c.enqueue(f"returns_{isolation}", {"n": 0, "kind": "nan-key"})
     rec = c.wait(job.id, timeout_s=30).as_dict()
     assert rec["status"] == "dead", rec
     message = rec["last_error"]["message"]
@@ -294,15 +295,14 @@ def test_a_result_with_a_nan_key_says_what_was_refused_and_what_to_do(project: P
     assert "the key nan at $.ok" in message and "use a string key" in message, message
 
 
-def test_a_result_with_integers_past_64_bits_reads_back_with_every_digit(project: Project) -> None:
+def test_a_result_with_integers_past_64_bits_reads_back_with_every_digit(shared: Project) -> None:
     """Python's json keeps an integer's digits when it stores a result: the client, the job
     view and ``runner job --json`` read them back as integers, never floats."""
     from test_web_support import gunicorn
 
-    _add_returns(project)
+    project = shared
     c = project.client
-    job = c.enqueue("returns", {"n": 0, "kind": "big"})
-    project.spawn_worker("fast")
+    job = c.enqueue("returns_thread", {"n": 0, "kind": "big"})
     want = {"n": 2**70 + 1, "m": [-(10**30) - 7], "s": "12345678901234567890123"}
     assert c.wait(job.id, timeout_s=30).as_dict()["status"] == "done"
     assert c.get(job.id).as_dict()["result"] == want
