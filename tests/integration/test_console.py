@@ -14,12 +14,15 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_dashboard import browser, fresh, press, read, screenshot, script_errors, signed_in, until  # noqa: F401
-from test_web_support import Web, gunicorn
+from test_web_support import Web, gunicorn, served
+
+from runner.store.embedded import Server
 
 from conftest import Project, wait_for
 
@@ -179,88 +182,100 @@ PAGES = [  # (hash, page, what shows it has its data, screenshot)
 ]
 
 
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web, dict[str, str]]]:
+    """The console project with its worker, its server and the realistic jobs, for the
+    tests that only look (every page and its links; a read-only token's pages): neither
+    acts on a job or a queue, and nothing of theirs is scheduled, sleeping or waiting. The
+    setup (a worker, a server, and the jobs: the 10,000-chunk stream among them) was each
+    one's biggest cost after the browser's work."""
+    def setup(project: Project) -> None:
+        console_project(project)
+        project.spawn_worker("fast", "slow")
+
+    with served(tmp_path_factory, server, setup, token=TOKEN) as (project, web):
+        yield project, web, realistic(project, web)
+
+
 def test_every_page_has_its_url_deep_links_open_it_and_back_and_forward_work(
-        project: Project, browser: Any, tmp_path: Path) -> None:  # noqa: F811
+        console: tuple[Project, Web, dict[str, str]], browser: Any, tmp_path: Path) -> None:  # noqa: F811
     """Each page opens from the navigation and from its URL typed in (a deep link, signed in
     already in this tab), shows its data, and is screenshotted at 1400x1000; back and
     forward walk the pages visited, in order, without a reload; a job's and a group's URL
     open readable pages; dead-letter payloads keep their numbers whole."""
     from selenium.webdriver.common.by import By
 
-    console_project(project)
-    project.spawn_worker("fast", "slow")
-    with gunicorn(project, token=TOKEN) as web:
-        ids = realistic(project, web)
-        group = web.post("/groups", json={"members": [{"type": "record", "payload": {"n": i}} for i in range(3)],
-                                          "then": {"type": "record", "payload": {"n": 99}}}).json()
-        d = browser
-        d.set_window_size(1400, 1000)
-        signed_in(d, web, TOKEN)
-        d.execute_script("window.sameDocument = true")
-        for hash_, page, ready, name in PAGES:
-            go(d, hash_)
-            until(f"the {page} page", lambda page=page: shown(d) == page)  # type: ignore[misc]
-            until(f"the {page} page's data", lambda ready=ready: d.find_elements(By.CSS_SELECTOR, ready))  # type: ignore[misc]
-            assert d.current_url.endswith(hash_)
-            screenshot(d, tmp_path, f"console-{name}.png")
-        go(d, f"#job/{ids['chatty']}")
-        until("the job page", lambda: has(d, f'#job-view table[data-job-id="{ids["chatty"]}"]'))
-        until("its stream", lambda: "token9999" in text(d, '#job-view [data-field="stream"]'))
-        screenshot(d, tmp_path, "console-job.png")
-        go(d, f"#job/{ids['waiting']}")
-        until("the waiting job's page", lambda: d.find_elements(By.ID, "signal-form"))
-        assert "reserve" in text(d, '#job-view [data-field="steps"]')
-        screenshot(d, tmp_path, "console-job-waiting.png")
-        fresh(d, '#job-view [data-field="steps"]',
-              lambda steps: d.execute_script("arguments[0].scrollIntoView({block: 'center'})", steps))
-        d.save_screenshot(str(Path(os.environ.get("DASHBOARD_SCREENSHOTS") or tmp_path) / "console-job-steps.png"))
-        go(d, f"#group/{group['id']}")
-        until("the group page", lambda: has(d, f'#group-view table[data-group-id="{group["id"]}"]'))
-        assert not has(d, "#group-view pre") and "3 done" in text(d, "#group-view")  # a page, not raw JSON
-        screenshot(d, tmp_path, "console-group.png")
+    _, web, ids = console
+    group = web.post("/groups", json={"members": [{"type": "record", "payload": {"n": i}} for i in range(3)],
+                                      "then": {"type": "record", "payload": {"n": 99}}}).json()
+    d = browser
+    d.set_window_size(1400, 1000)
+    signed_in(d, web, TOKEN)
+    d.execute_script("window.sameDocument = true")
+    for hash_, page, ready, name in PAGES:
+        go(d, hash_)
+        until(f"the {page} page", lambda page=page: shown(d) == page)  # type: ignore[misc]
+        until(f"the {page} page's data", lambda ready=ready: d.find_elements(By.CSS_SELECTOR, ready))  # type: ignore[misc]
+        assert d.current_url.endswith(hash_)
+        screenshot(d, tmp_path, f"console-{name}.png")
+    go(d, f"#job/{ids['chatty']}")
+    until("the job page", lambda: has(d, f'#job-view table[data-job-id="{ids["chatty"]}"]'))
+    until("its stream", lambda: "token9999" in text(d, '#job-view [data-field="stream"]'))
+    screenshot(d, tmp_path, "console-job.png")
+    go(d, f"#job/{ids['waiting']}")
+    until("the waiting job's page", lambda: d.find_elements(By.ID, "signal-form"))
+    assert "reserve" in text(d, '#job-view [data-field="steps"]')
+    screenshot(d, tmp_path, "console-job-waiting.png")
+    fresh(d, '#job-view [data-field="steps"]',
+          lambda steps: d.execute_script("arguments[0].scrollIntoView({block: 'center'})", steps))
+    d.save_screenshot(str(Path(os.environ.get("DASHBOARD_SCREENSHOTS") or tmp_path) / "console-job-steps.png"))
+    go(d, f"#group/{group['id']}")
+    until("the group page", lambda: has(d, f'#group-view table[data-group-id="{group["id"]}"]'))
+    assert not has(d, "#group-view pre") and "3 done" in text(d, "#group-view")  # a page, not raw JSON
+    screenshot(d, tmp_path, "console-group.png")
 
-        # Back walks the pages visited, newest first; forward comes back.
-        visited = [p[1] for p in PAGES] + ["job", "job", "group"]
-        for page in reversed(visited[-6:-1]):
-            d.back()
-            until(f"back on {page}", lambda page=page: shown(d) == page)  # type: ignore[misc]
-        for page in visited[-5:]:
-            d.forward()
-            until(f"forward to {page}", lambda page=page: shown(d) == page)  # type: ignore[misc]
-        assert d.execute_script("return window.sameDocument") is True  # no reload
+    # Back walks the pages visited, newest first; forward comes back.
+    visited = [p[1] for p in PAGES] + ["job", "job", "group"]
+    for page in reversed(visited[-6:-1]):
+        d.back()
+        until(f"back on {page}", lambda page=page: shown(d) == page)  # type: ignore[misc]
+    for page in visited[-5:]:
+        d.forward()
+        until(f"forward to {page}", lambda page=page: shown(d) == page)  # type: ignore[misc]
+    assert d.execute_script("return window.sameDocument") is True  # no reload
 
-        # A deep link loads its page directly, in a fresh load of the document.
-        for hash_, page, ready, _ in PAGES[1:]:
-            d.get(f"{web.url}/{hash_}")
-            until(f"{page} from its link", lambda page=page, ready=ready: shown(d) == page  # type: ignore[misc]
-                  and d.find_elements(By.CSS_SELECTOR, ready))
-        d.get(f"{web.url}/#jobs/dead?type=perm")
-        until("the dead perm jobs", lambda: [r.get_attribute("data-job-id")
-                                             for r in has(d, "#job-table tr[data-job-id]")] == [ids["perm"]])
-        assert read(d, "#filter-type", "value") == "perm"
-        d.get(f"{web.url}/#job/{ids['dead']}")
-        until("the dead job from its link", lambda: has(d, f'#job-view table[data-job-id="{ids["dead"]}"]'))
+    # A deep link loads its page directly, in a fresh load of the document.
+    for hash_, page, ready, _ in PAGES[1:]:
+        d.get(f"{web.url}/{hash_}")
+        until(f"{page} from its link", lambda page=page, ready=ready: shown(d) == page  # type: ignore[misc]
+              and d.find_elements(By.CSS_SELECTOR, ready))
+    d.get(f"{web.url}/#jobs/dead?type=perm")
+    until("the dead perm jobs", lambda: [r.get_attribute("data-job-id")
+                                         for r in has(d, "#job-table tr[data-job-id]")] == [ids["perm"]])
+    assert read(d, "#filter-type", "value") == "perm"
+    d.get(f"{web.url}/#job/{ids['dead']}")
+    until("the dead job from its link", lambda: has(d, f'#job-view table[data-job-id="{ids["dead"]}"]'))
 
-        # Legibility: the dead letter's payload keeps every number on one line, whole.
-        d.get(f"{web.url}/#dead/fast")
-        css = f'#dead-table tr[data-job-id="{ids["dead"]}"] pre[data-field="payload"]'
-        until("the dead payload", lambda: d.find_elements(By.CSS_SELECTOR, css))
-        time.sleep(0.5)  # the list's second read (the queue chosen) lands
-        width, lines, rects = d.execute_script("""
-            const pre = document.querySelector(arguments[0]), range = document.createRange();
-            const node = pre.firstChild, t = node.textContent, i = t.indexOf('1234567890123');
-            range.setStart(node, i); range.setEnd(node, i + 13);
-            return [pre.getBoundingClientRect().width, t.split('\\n').length, range.getClientRects().length];""", css)
-        assert width >= 300 and lines > 10, (width, lines)
-        assert rects == 1, "the number is split over lines"
-        # One time format, no epoch numbers on any page.
-        for hash_, page, ready, _ in PAGES:
-            go(d, hash_)
-            until(f"{page} again", lambda ready=ready: d.find_elements(By.CSS_SELECTOR, ready))  # type: ignore[misc]
-            body = d.find_element(By.TAG_NAME, "main").text
-            assert not re.search(r"\b1[6-9]\d{8}(\.\d+)?\b", body), (page, body)
-            assert not re.search(r"\d{1,2}/\d{1,2}/\d{4}", body), (page, body)  # no locale dates
-        assert script_errors(d) == []
+    # Legibility: the dead letter's payload keeps every number on one line, whole.
+    d.get(f"{web.url}/#dead/fast")
+    css = f'#dead-table tr[data-job-id="{ids["dead"]}"] pre[data-field="payload"]'
+    until("the dead payload", lambda: d.find_elements(By.CSS_SELECTOR, css))
+    time.sleep(0.5)  # the list's second read (the queue chosen) lands
+    width, lines, rects = d.execute_script("""
+        const pre = document.querySelector(arguments[0]), range = document.createRange();
+        const node = pre.firstChild, t = node.textContent, i = t.indexOf('1234567890123');
+        range.setStart(node, i); range.setEnd(node, i + 13);
+        return [pre.getBoundingClientRect().width, t.split('\\n').length, range.getClientRects().length];""", css)
+    assert width >= 300 and lines > 10, (width, lines)
+    assert rects == 1, "the number is split over lines"
+    # One time format, no epoch numbers on any page.
+    for hash_, page, ready, _ in PAGES:
+        go(d, hash_)
+        until(f"{page} again", lambda ready=ready: d.find_elements(By.CSS_SELECTOR, ready))  # type: ignore[misc]
+        body = d.find_element(By.TAG_NAME, "main").text
+        assert not re.search(r"\b1[6-9]\d{8}(\.\d+)?\b", body), (page, body)
+        assert not re.search(r"\d{1,2}/\d{1,2}/\d{4}", body), (page, body)  # no locale dates
+    assert script_errors(d) == []
 
 
 def toast_text(d: Any) -> str:
@@ -389,43 +404,41 @@ def test_the_audit_page_shows_a_folded_entry_once_with_its_repeats(
         assert script_errors(d) == []
 
 
-def test_a_read_only_token_sees_no_action(project: Project, browser: Any) -> None:  # noqa: F811
+def test_a_read_only_token_sees_no_action(console: tuple[Project, Web, dict[str, str]],
+                                          browser: Any) -> None:  # noqa: F811
     """Signed in with a read-only token, no page shows a button or form it cannot use: no
     pause, resume, run now, trigger, requeue, delete, cancel, bulk, invoke or signal."""
     from selenium.webdriver.common.by import By
 
-    console_project(project)
-    project.spawn_worker("fast", "slow")
-    with gunicorn(project, token=TOKEN) as web:
-        ids = realistic(project, web)
-        d = browser
-        signed_in(d, web, READER)
-        pages = [(p[0], "#function-view dl" if p[1] == "function" else p[2]) for p in PAGES]
-        pages += [("#jobs/queued", "#job-table tbody tr")]
-        pages += [(f"#job/{ids[k]}", f'#job-view table[data-job-id="{ids[k]}"]')
-                  for k in ("dead", "waiting", "sleeping", "scheduled")]
-        for hash_, ready in pages:
-            go(d, hash_)
-            until(f"{hash_} with its data", lambda ready=ready: has(d, ready))  # type: ignore[misc]
-            time.sleep(0.3)  # any later read of the page lands
-            visible = [b.text or b.get_attribute("data-action") for b in has(d, "main button:not([role=tab])")
-                       if b.is_displayed()]
-            allowed = {"Find", "Newer", "Older", "Newest"}
-            assert all(v in allowed for v in visible if v), (hash_, visible)
-            forms = [f.get_attribute("id") for f in d.find_elements(By.CSS_SELECTOR, "main form") if f.is_displayed()]
-            assert set(forms) <= {"job-filters"}, (hash_, forms)
-        assert "read-only" in text(d, "#scope-note")
-        go(d, "#jobs/sleeping")  # each tab counts its own: the sleeper and the waiter apart from scheduled
-        for status in ("scheduled", "sleeping", "waiting"):
-            until(f"the {status} tab's count",
-                  lambda s=status: text(d, f'#status-tabs [data-count="{s}"]') == "1")  # type: ignore[misc]
-        go(d, "#queues")  # and the queues table's columns
-        for field in ("sleeping", "waiting"):
-            until(f"the {field} column", lambda f=field: text(  # type: ignore[misc]
-                d, f'#queue-table tr[data-queue="fast"] td[data-field="{f}"]') == "1")
-        go(d, "#function/pay")
-        until("the function page says why it has no form", lambda: "may not enqueue" in text(d, "#function-view"))
-        assert script_errors(d) == []
+    _, web, ids = console
+    d = browser
+    signed_in(d, web, READER)
+    pages = [(p[0], "#function-view dl" if p[1] == "function" else p[2]) for p in PAGES]
+    pages += [("#jobs/queued", "#job-table tbody tr")]
+    pages += [(f"#job/{ids[k]}", f'#job-view table[data-job-id="{ids[k]}"]')
+              for k in ("dead", "waiting", "sleeping", "scheduled")]
+    for hash_, ready in pages:
+        go(d, hash_)
+        until(f"{hash_} with its data", lambda ready=ready: has(d, ready))  # type: ignore[misc]
+        time.sleep(0.3)  # any later read of the page lands
+        visible = [b.text or b.get_attribute("data-action") for b in has(d, "main button:not([role=tab])")
+                   if b.is_displayed()]
+        allowed = {"Find", "Newer", "Older", "Newest"}
+        assert all(v in allowed for v in visible if v), (hash_, visible)
+        forms = [f.get_attribute("id") for f in d.find_elements(By.CSS_SELECTOR, "main form") if f.is_displayed()]
+        assert set(forms) <= {"job-filters"}, (hash_, forms)
+    assert "read-only" in text(d, "#scope-note")
+    go(d, "#jobs/sleeping")  # each tab counts its own: the sleeper and the waiter apart from scheduled
+    for status in ("scheduled", "sleeping", "waiting"):
+        until(f"the {status} tab's count",
+              lambda s=status: text(d, f'#status-tabs [data-count="{s}"]') == "1")  # type: ignore[misc]
+    go(d, "#queues")  # and the queues table's columns
+    for field in ("sleeping", "waiting"):
+        until(f"the {field} column", lambda f=field: text(  # type: ignore[misc]
+            d, f'#queue-table tr[data-queue="fast"] td[data-field="{f}"]') == "1")
+    go(d, "#function/pay")
+    until("the function page says why it has no form", lambda: "may not enqueue" in text(d, "#function-view"))
+    assert script_errors(d) == []
 
 
 def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser: Any) -> None:  # noqa: F811
