@@ -607,6 +607,14 @@ def test_pytest_django_tests_see_what_the_app_committed_and_a_failure_is_explain
     assert got == {"test_orders": {"passed": 7, "xfailed": 1}, "test_lookup": {"passed": 2}}, got
 
 
+def _refused_here(pytester: pytest.Pytester) -> pytest.RunResult:
+    """The project's pytest run in this process, for a project the fixtures refuse before
+    they start a server or a worker: a pytest of its own (its start and imports) was all
+    of such a test's time. (Without pytest-benchmark, which warns in here that xdist runs
+    this suite.)"""
+    return pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", "-p", "no:benchmark", "-q")
+
+
 def test_a_project_in_a_subfolder_is_named_in_the_error(pytester: pytest.Pytester) -> None:
     """A project whose runner files sit in a subfolder (backend/): the fixtures used to
     fail with only "unknown function 'greet' (no function is loaded)". The error names the
@@ -620,7 +628,7 @@ def test_a_project_in_a_subfolder_is_named_in_the_error(pytester: pytest.Pyteste
 def test_greet(runner_client):
     runner_client.enqueue("greet", {"name": "a"})
 ''')
-    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result = _refused_here(pytester)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*no functions/ nor runner.toml in {pytester.path}:*runner_project = backend*"])
 
@@ -640,7 +648,7 @@ def test_a_project_split_between_folders_is_named_in_the_error(pytester: pytest.
 def test_greet(runner_client):
     runner_client.enqueue("greet", {"name": "a"})
 ''')
-    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
+    result = _refused_here(pytester)
     result.assert_outcomes(errors=1)
     root, out = pytester.path, " ".join(result.stdout.str().split())
     if moved == "functions":
