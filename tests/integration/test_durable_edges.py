@@ -9,15 +9,17 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 import requests
 from durable_helpers import ISOLATION_IDS, ISOLATIONS, marked
 from test_web_support import runner_web
 
+from runner.store.embedded import Server
 from runner.testing import run_inline
 
-from conftest import Project, wait_for
+from conftest import Project, make_project, wait_for
 
 GAP = marked('''def handle(payload, ctx):
     d = os.environ["RECORD_DIR"]
@@ -79,14 +81,13 @@ def handle(payload, ctx):
 '''
 
 
-def test_invoke_refuses_an_idempotency_key_rather_than_wait_for_a_child_never_written(project: Project) -> None:
+def test_invoke_refuses_an_idempotency_key_rather_than_wait_for_a_child_never_written(
+        edges: tuple[Project, str]) -> None:
     """A child held by another job's idempotency key would be deduplicated away and its
     parent would wait for it up to a year: ctx.invoke refuses the option at the call,
     saying why the child's own id already makes it once per call."""
-    project.add_function("keyed", KEYED)
-    c = project.client
+    c = edges[0].client
     c.enqueue("noop", {}, idempotency_key="shared-key")
-    project.spawn_worker("fast")
     done = c.wait(c.enqueue("keyed", {}).id, 30).as_dict()
     assert done["status"] == "done", done
     assert "idempotency_key" in done["result"]["refused"] and ".c" in done["result"]["refused"], done
@@ -100,19 +101,17 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_child_s_signal_name_is_reserved_everywhere(project: Project) -> None:
+def test_a_child_s_signal_name_is_reserved_everywhere(edges: tuple[Project, str]) -> None:
     """child.<n> is the signal a child's end sends its parent: POST /jobs/{id}/signals/child.0
     is a 400 naming the reservation, client.signal and `runner signal` refuse it, and a
     handler's wait_for_signal("child.0") raises; the waiting job gets nothing forged."""
-    project.add_function("waits", WAITS)
+    project, url = edges
     c = project.client
-    project.spawn_worker("fast")
     job = c.enqueue("waits", {"name": "approval"}).id
     wait_for(lambda: c.get(job).status == "waiting", timeout=20, what="the job to wait")
-    with runner_web(project, "web", workers=1) as web:
-        r = requests.post(f"{web.url}/jobs/{job}/signals/child.0", json={"status": "done", "result": 1},
-                          headers={"Authorization": "Bearer t"}, timeout=10)
-        assert r.status_code == 400 and "reserved" in r.json()["detail"], r.text
+    r = requests.post(f"{url}/jobs/{job}/signals/child.0", json={"status": "done", "result": 1},
+                      headers={"Authorization": "Bearer t"}, timeout=10)
+    assert r.status_code == 400 and "reserved" in r.json()["detail"], r.text
     with pytest.raises(ValueError, match="reserved"):
         c.signal(job, "child.0", {"status": "done"})
     cli = [sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "signal"]
@@ -148,15 +147,14 @@ def _nest(n: int) -> list[object]:
     return v
 
 
-def test_every_step_value_and_signal_body_accepted_reads_back(project: Project) -> None:
+def test_every_step_value_and_signal_body_accepted_reads_back(edges: tuple[Project, str]) -> None:
     """One nesting limit, 120 levels, holds at every entry to the step log: a step value of
     120 levels is recorded and replayed past a sleep, one of 121 fails the step for good
     naming the limit; a signal body of 121 levels is a 400 over HTTP and an error from the
     client, one of 120 resumes the job. An entry that cannot be read fails the job saying
     so, not as a non-deterministic replay."""
-    project.add_function("deep", DEEP)
+    project, url = edges
     c = project.client
-    project.spawn_worker("fast")
     ok = c.wait(c.enqueue("deep", {"d": 120}).id, 30).as_dict()
     assert ok["status"] == "done" and ok["result"]["ok"], ok
     over = c.wait(c.enqueue("deep", {"d": 121}).id, 30).as_dict()
@@ -164,13 +162,12 @@ def test_every_step_value_and_signal_body_accepted_reads_back(project: Project) 
     assert "120" in over["last_error"]["message"], over
     job = c.enqueue("deep", {"d": 1, "wait": True}).id
     wait_for(lambda: c.get(job).status == "waiting", timeout=20, what="the job to wait")
-    with runner_web(project, "web", workers=1) as web:
-        r = requests.post(f"{web.url}/jobs/{job}/signals/go", json=_nest(121),
-                          headers={"Authorization": "Bearer t"}, timeout=10)
-        assert r.status_code == 400 and "120" in r.json()["detail"], r.text
-        r = requests.post(f"{web.url}/jobs/{job}/signals/go", json=_nest(200),
-                          headers={"Authorization": "Bearer t"}, timeout=10)
-        assert r.status_code == 400 and "120" in r.json()["detail"] and r.json()["max_depth"] == 120, r.text
+    r = requests.post(f"{url}/jobs/{job}/signals/go", json=_nest(121),
+                      headers={"Authorization": "Bearer t"}, timeout=10)
+    assert r.status_code == 400 and "120" in r.json()["detail"], r.text
+    r = requests.post(f"{url}/jobs/{job}/signals/go", json=_nest(200),
+                      headers={"Authorization": "Bearer t"}, timeout=10)
+    assert r.status_code == 400 and "120" in r.json()["detail"] and r.json()["max_depth"] == 120, r.text
     with pytest.raises(ValueError, match="120"):
         c.signal(job, "go", _nest(121))
     assert c.signal(job, "go", _nest(120)) == "resumed"
@@ -193,14 +190,13 @@ THREADED = marked('''def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)
-def test_a_durable_call_from_another_thread_is_refused(project: Project, isolation: str) -> None:
+def test_a_durable_call_from_another_thread_is_refused(edges: tuple[Project, str], isolation: str) -> None:
     """Steps called from threads the handler started would be recorded in whatever order
     the threads ran, and a replay in another: each such call raises, the job fails for
     good saying why, and none of their functions ran."""
-    project.add_function("threaded", THREADED.format(isolation=isolation))
+    project = edges[0]
     c = project.client
-    project.spawn_worker("fast")
-    job = c.enqueue("threaded", {}).id
+    job = c.enqueue(f"threaded_{ISOLATION_IDS[ISOLATIONS.index(isolation)]}", {}).id
     dead = c.wait(job, 30).as_dict()
     assert dead["status"] == "dead" and dead["attempt"] == 1, dead
     assert "thread" in dead["last_error"]["message"], dead
@@ -208,14 +204,13 @@ def test_a_durable_call_from_another_thread_is_refused(project: Project, isolati
     assert len((project.records / f"{job}-first").read_text().splitlines()) == 1
 
 
-def test_the_signals_a_job_keeps_unread_are_bounded(project: Project) -> None:
+def test_the_signals_a_job_keeps_unread_are_bounded(edges: tuple[Project, str]) -> None:
     """A job keeps at most 32 signals unread and 1 MiB of their bodies: past either the
     client raises SignalsFull and HTTP answers 409 (count) or 413 (bytes), nothing kept."""
     from runner.errors import SignalsFull
 
-    project.add_function("waits", WAITS)
+    project, url = edges
     c = project.client
-    project.spawn_worker("fast")
     job = c.enqueue("waits", {"name": "s0"}, delay=600).id
     for i in range(1, 33):
         assert c.signal(job, f"s{i}", i) == "kept"
@@ -224,12 +219,11 @@ def test_the_signals_a_job_keeps_unread_are_bounded(project: Project) -> None:
     big = c.enqueue("waits", {"name": "b0"}, delay=600).id
     for i in range(4):
         c.signal(big, f"b{i}", "x" * 250_000)
-    with runner_web(project, "web", workers=1) as web:
-        auth = {"Authorization": "Bearer t"}
-        r = requests.post(f"{web.url}/jobs/{big}/signals/b9", json="x" * 250_000, headers=auth, timeout=10)
-        assert r.status_code == 413 and "read" in r.json()["detail"], r.text
-        r = requests.post(f"{web.url}/jobs/{job}/signals/s40", json=1, headers=auth, timeout=10)
-        assert r.status_code == 409 and r.json()["type"].endswith("too-many-signals"), r.text
+    auth = {"Authorization": "Bearer t"}
+    r = requests.post(f"{url}/jobs/{big}/signals/b9", json="x" * 250_000, headers=auth, timeout=10)
+    assert r.status_code == 413 and "read" in r.json()["detail"], r.text
+    r = requests.post(f"{url}/jobs/{job}/signals/s40", json=1, headers=auth, timeout=10)
+    assert r.status_code == 409 and r.json()["type"].endswith("too-many-signals"), r.text
 
 
 ORDERED = '''
@@ -261,3 +255,24 @@ def test_runner_check_names_sleeping_jobs_whose_steps_the_new_code_reaches_in_an
     swapped = subprocess.run(cmd, env=project.env, capture_output=True, text=True, timeout=60, cwd=project.root)
     text = swapped.stdout + swapped.stderr
     assert swapped.returncode != 0 and job in text and "other order" in text, text
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, str]]:
+    """One project, its worker (fast queue) and its `runner web` (token "t", one process)
+    for the tests that read only their own jobs: their functions all there before the
+    worker starts (threaded as threaded_thread and threaded_process). A worker and a web
+    server per test was most of such a test's time."""
+    project = make_project(tmp_path_factory.mktemp("edges") / "project", server)
+    for name, source in {"keyed": KEYED, "waits": WAITS, "deep": DEEP}.items():
+        project.add_function(name, source)
+    for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True):
+        project.add_function(f"threaded_{name}", THREADED.format(isolation=isolation))
+    project.spawn_worker("fast")
+    try:
+        with runner_web(project, "web", workers=1) as web:
+            yield project, web.url
+    finally:
+        project.stop_all()
+        if project._runtime is not None:
+            project._runtime.close()
