@@ -504,8 +504,10 @@ end
 
 -- Gate 5, settle a duplicate: a completed key of another job with this very payload
 -- makes this job its duplicate (two producers raced around an expiry, or one wrote the
--- record itself), done at once. pcall: a damaged key reads as no completion mark
--- instead of failing the call.
+-- record itself, or a dead job was requeued after another completed its key), done at
+-- once, and its end published when a caller waits for it (as every other end is: the
+-- wait ran out its timeout). pcall: a damaged key reads as no completion mark instead
+-- of failing the call.
 local function settled_as_duplicate(id, jk, sk, rec, f, limits)
   local typ = rec.type
   local held = redis.pcall('GET', idem_key(K.idem_prefix, typ, rec.idem_key))
@@ -522,6 +524,7 @@ local function settled_as_duplicate(id, jk, sk, rec, f, limits)
   -- A slot reserved for it when it was woken goes to the next parked job.
   give_up_reserved(K.lim_prefix, limits, id, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
   tally('duplicates|' .. typ)
+  if waited(rec.meta) then announce(K.ended, {id}) end
   return true
 end
 
