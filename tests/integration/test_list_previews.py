@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from test_web_support import Web, gunicorn
+from test_web_support import Web, gunicorn, served
 
 from runner.store import records
+from runner.store.embedded import Server
 from runner.store.listing import PREVIEW_BYTES
 
 from conftest import Project
@@ -28,6 +29,14 @@ def web(project: Project) -> Iterator[Web]:
     project.write_config(extra="\n[api]\nmax_body_bytes = 4194304\n")
     with gunicorn(project) as w:
         yield w
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web]]:
+    """One project and server for the tests that read their own jobs by id (the ones that
+    count a whole list have a server each): a server each was most of their time."""
+    with served(tmp_path_factory, server, lambda p: None) as project_web:
+        yield project_web
 
 
 def _kill(project: Project, job_id: str) -> None:
@@ -107,8 +116,9 @@ def test_a_list_of_big_jobs_shows_previews_and_keeps_healthz_quick(project: Proj
     assert latencies and max(latencies) < 1.0, max(latencies)
 
 
-def test_a_big_result_is_a_preview_in_the_done_list(project: Project, web: Web) -> None:
+def test_a_big_result_is_a_preview_in_the_done_list(one: tuple[Project, Web]) -> None:
     """A done job's result past the bound is a preview in the list and whole in its view."""
+    project, web = one
     k = project.keys()
     r = project.runtime.redis
     job_id = project.client.enqueue("record", {"n": 2}).id
@@ -123,7 +133,7 @@ def test_a_big_result_is_a_preview_in_the_done_list(project: Project, web: Web) 
     assert web.get(f"/jobs/{job_id}").json()["result"] == {"s": "x" * 100_000}
 
 
-def test_a_big_error_keeps_its_type_and_the_start_of_its_message_in_lists(project: Project, web: Web) -> None:
+def test_a_big_error_keeps_its_type_and_the_start_of_its_message_in_lists(one: tuple[Project, Web]) -> None:
     """An error whose JSON passes PREVIEW_BYTES (a message quoting a payload: quotes and
     non-ASCII text) still shows what failed in the dead letters, the job list and
     `runner dead ls`: its type and the start of its message, where the entry's
@@ -133,6 +143,7 @@ def test_a_big_error_keeps_its_type_and_the_start_of_its_message_in_lists(projec
 
     from runner.store import codec
 
+    project, web = one
     job_id = project.client.enqueue("record", {"n": 1}).id
     message = 'bad order "é"ü ' * 400
     error = codec.dumps({"type": "OrderError", "message": message, "traceback": "x" * 1000})
@@ -154,10 +165,11 @@ def test_a_big_error_keeps_its_type_and_the_start_of_its_message_in_lists(projec
     assert "OrderError" in row and "bad order" in row, row
 
 
-def test_a_preview_cut_inside_a_character_keeps_whole_characters(project: Project, web: Web) -> None:
+def test_a_preview_cut_inside_a_character_keeps_whole_characters(one: tuple[Project, Web]) -> None:
     """A preview is the first PREVIEW_BYTES of JSON text, cut at a character boundary:
     never over that many bytes, never ending in a replacement character for the bytes
     of a character cut in two (2-byte and 4-byte characters at odd offsets)."""
+    project, web = one
     ids = [project.client.enqueue("record", {"p": "b" + "é" * 5000}).id,
            project.client.enqueue("record", {"p": "bb" + "\U0001F600" * 2000}).id,
            project.client.enqueue("record", {"p": "b" + "\U0001F600" * 2000}).id]
