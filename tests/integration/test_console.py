@@ -185,14 +185,12 @@ PAGES = [  # (hash, page, what shows it has its data, screenshot)
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web, dict[str, str]]]:
     """The console project with its worker, its server and the realistic jobs, for the
-    tests that look at pages of their own jobs or of these (every page and its links; a
-    read-only token's pages; bidi controls; a wide dead letter): none acts on a queue, a
-    function or another test's job, and nothing of theirs is scheduled, sleeping or
-    waiting. The setup (a worker, a server, and the jobs: the 10,000-chunk stream among
-    them) was each one's biggest cost after the browser's work."""
+    tests that only look (every page and its links; a read-only token's pages): neither
+    acts on a job or a queue, and nothing of theirs is scheduled, sleeping or waiting. The
+    setup (a worker, a server, and the jobs: the 10,000-chunk stream among them) was each
+    one's biggest cost after the browser's work."""
     def setup(project: Project) -> None:
         console_project(project)
-        project.add_function("bidi", BIDI)
         project.spawn_worker("fast", "slow")
 
     with served(tmp_path_factory, server, setup, token=TOKEN) as (project, web):
@@ -706,81 +704,85 @@ def handle(payload, ctx):
 '''
 
 
-def test_bidi_controls_in_a_producers_text_are_shown_escaped(console: tuple[Project, Web, dict[str, str]],
-                                                            browser: Any) -> None:  # noqa: F811
+def test_bidi_controls_in_a_producers_text_are_shown_escaped(project: Project, browser: Any) -> None:  # noqa: F811
     """A right-to-left override (and every other bidi control) in a payload, a log line,
     a stream chunk or a result reaches no page raw, where it turned "00.001$" into
     "$100.00" on screen: each page shows it escaped, as `runner logs` does."""
-    project, web, _ = console
+    project.add_function("bidi", BIDI)
+    project.write_config()
+    project.spawn_worker("fast")
     controls = "\u202e\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
-    job = web.post("/jobs/bidi", json={"acct": f"\u202e9876-5432 {controls}"}).json()["id"]
-    wait_for(lambda: project.client.get(job).status == "done", timeout=30, what="the job to end")
-    d = browser
-    signed_in(d, web, TOKEN)
-    go(d, f"#job/{job}")
-    until("the log and the stream", lambda: d.execute_script(
-        "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
-    stream = read(d, '#job-view [data-field="stream"]', "textContent")
-    assert stream == "total: \\u202e00.001$"
-    log = read(d, '#job-view [data-field="log"]', "textContent")
-    assert "acct \\u202e9876-5432" in log and "\\u061c" in log
-    pages = {}
-    for where in (f"#job/{job}", "#jobs/done"):
-        go(d, where)
-        until(f"{where} to show the job", lambda: job in d.execute_script("return document.body.textContent"))
-        pages[where] = d.execute_script("return document.body.textContent")
-    for where, body in pages.items():
-        assert not set(controls) & set(body), (where, sorted(set(controls) & set(body)))
-        assert "\\u202e9876-5432" in body, where
-    assert script_errors(d) == []
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/bidi", json={"acct": f"\u202e9876-5432 {controls}"}).json()["id"]
+        wait_for(lambda: project.client.get(job).status == "done", timeout=30, what="the job to end")
+        d = browser
+        signed_in(d, web, TOKEN)
+        go(d, f"#job/{job}")
+        until("the log and the stream", lambda: d.execute_script(
+            "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
+        stream = read(d, '#job-view [data-field="stream"]', "textContent")
+        assert stream == "total: \\u202e00.001$"
+        log = read(d, '#job-view [data-field="log"]', "textContent")
+        assert "acct \\u202e9876-5432" in log and "\\u061c" in log
+        pages = {}
+        for where in (f"#job/{job}", "#jobs/done"):
+            go(d, where)
+            until(f"{where} to show the job", lambda: job in d.execute_script("return document.body.textContent"))
+            pages[where] = d.execute_script("return document.body.textContent")
+        for where, body in pages.items():
+            assert not set(controls) & set(body), (where, sorted(set(controls) & set(body)))
+            assert "\\u202e9876-5432" in body, where
+        assert script_errors(d) == []
 
 
 def test_a_dead_letter_with_a_long_unbroken_payload_keeps_its_actions_in_the_card(
-        console: tuple[Project, Web, dict[str, str]], browser: Any, tmp_path: Path) -> None:  # noqa: F811
+        project: Project, browser: Any, tmp_path: Path) -> None:  # noqa: F811
     """A dead letter whose payload holds a 3,000-character unbroken string nested 25 deep
     (a base64 blob, a URL): at 1400x1000 the dead-letters table stays within its card and
     the page does not scroll sideways, so Requeue, Edit and Delete stay on screen (the
     table grew to 1,415 px and pushed them out); the payload scrolls in its own box."""
-    project, web, _ = console
+    project.write_config(max_attempts=1)
     deep: dict[str, Any] = {}
     cur = deep
     for _ in range(25):
         cur["d"] = {}
         cur = cur["d"]
     cur["blob"] = "QUJD" * 750
-    wide = web.post("/jobs/record", json={"n": 1, "fail_times": 9, "blob": "QUJD" * 750, "deep": deep}).json()["id"]
-    plain = web.post("/jobs/record", json=ORDER).json()["id"]
-    wait_for(lambda: {project.client.get(j).status for j in (wide, plain)} == {"dead"}, timeout=60,
-             what="the dead letters")
-    d = browser
-    d.set_window_size(1400, 1000)
-    signed_in(d, web, TOKEN)
-    go(d, "#dead/fast")
-    row = f'#dead-table tr[data-job-id="{wide}"]'
-    until("the wide dead letter's actions", lambda: len(has(d, f"{row} td.actions button")) == 3)
-    time.sleep(0.5)  # the list's second read (the queue chosen) lands
-    screenshot(d, tmp_path, "console-dead-wide.png")
-    card, table, buttons, view, scroll = d.execute_script("""
-        const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right]; };
-        return [box(document.querySelector('#dead')), box(document.querySelector('#dead-table')),
-                [...document.querySelectorAll(arguments[0] + ' td.actions button')].map(box),
-                document.documentElement.clientWidth, document.documentElement.scrollWidth];""", row)
-    assert scroll <= view, ("the page scrolls sideways", scroll, view)
-    assert card[0] <= table[0] and table[1] <= card[1], ("the table is wider than its card", table, card)
-    assert all(card[0] <= b[0] and b[1] <= card[1] and b[1] <= view for b in buttons), (buttons, card, view)
-    spilt = d.execute_script("""
-        return [...document.querySelectorAll('#dead-table td, #dead-table td.actions button')]
-            .filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.outerHTML.slice(0, 80));""")
-    assert spilt == [], "a cell or a button's label spills out of its box"
-    pre = f'{row} pre[data-field="payload"]'
-    assert d.execute_script("const p = document.querySelector(arguments[0]); return p.scrollWidth > "
-                            "p.clientWidth", pre), "the long line scrolls in the payload's own box"
-    # The plain one still keeps its numbers whole, on one line each.
-    css = f'#dead-table tr[data-job-id="{plain}"] pre[data-field="payload"]'
-    rects = d.execute_script("""
-        const pre = document.querySelector(arguments[0]), range = document.createRange();
-        const node = pre.firstChild, t = node.textContent, i = t.indexOf('1234567890123');
-        range.setStart(node, i); range.setEnd(node, i + 13);
-        return range.getClientRects().length;""", css)
-    assert rects == 1, "the number is split over lines"
-    assert script_errors(d) == []
+    project.spawn_worker("fast")
+    with gunicorn(project, token=TOKEN) as web:
+        wide = web.post("/jobs/record", json={"n": 1, "fail_times": 9, "blob": "QUJD" * 750, "deep": deep}).json()["id"]
+        plain = web.post("/jobs/record", json=ORDER).json()["id"]
+        wait_for(lambda: {project.client.get(j).status for j in (wide, plain)} == {"dead"}, timeout=60,
+                 what="the dead letters")
+        d = browser
+        d.set_window_size(1400, 1000)
+        signed_in(d, web, TOKEN)
+        go(d, "#dead/fast")
+        row = f'#dead-table tr[data-job-id="{wide}"]'
+        until("the wide dead letter's actions", lambda: len(has(d, f"{row} td.actions button")) == 3)
+        time.sleep(0.5)  # the list's second read (the queue chosen) lands
+        screenshot(d, tmp_path, "console-dead-wide.png")
+        card, table, buttons, view, scroll = d.execute_script("""
+            const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right]; };
+            return [box(document.querySelector('#dead')), box(document.querySelector('#dead-table')),
+                    [...document.querySelectorAll(arguments[0] + ' td.actions button')].map(box),
+                    document.documentElement.clientWidth, document.documentElement.scrollWidth];""", row)
+        assert scroll <= view, ("the page scrolls sideways", scroll, view)
+        assert card[0] <= table[0] and table[1] <= card[1], ("the table is wider than its card", table, card)
+        assert all(card[0] <= b[0] and b[1] <= card[1] and b[1] <= view for b in buttons), (buttons, card, view)
+        spilt = d.execute_script("""
+            return [...document.querySelectorAll('#dead-table td, #dead-table td.actions button')]
+                .filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.outerHTML.slice(0, 80));""")
+        assert spilt == [], "a cell or a button's label spills out of its box"
+        pre = f'{row} pre[data-field="payload"]'
+        assert d.execute_script("const p = document.querySelector(arguments[0]); return p.scrollWidth > "
+                                "p.clientWidth", pre), "the long line scrolls in the payload's own box"
+        # The plain one still keeps its numbers whole, on one line each.
+        css = f'#dead-table tr[data-job-id="{plain}"] pre[data-field="payload"]'
+        rects = d.execute_script("""
+            const pre = document.querySelector(arguments[0]), range = document.createRange();
+            const node = pre.firstChild, t = node.textContent, i = t.indexOf('1234567890123');
+            range.setStart(node, i); range.setEnd(node, i + 13);
+            return range.getClientRects().length;""", css)
+        assert rects == 1, "the number is split over lines"
+        assert script_errors(d) == []
