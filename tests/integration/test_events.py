@@ -237,6 +237,7 @@ def test_a_process_watches_a_bounded_number_of_jobs(project: Project, monkeypatc
     """Past the process's bound on watched jobs a new stream is a 503 with Retry-After
     (the ids are read every tick); ids already watched by another page cost nothing more."""
     monkeypatch.setattr(hub, "MAX_WATCHED", 2)
+    monkeypatch.setattr(events, "HEARTBEAT_S", 0.2)  # a closed page is noticed at once, not in 5 s each
     app = create_app(project.runtime)
     server = DevServer(app, "127.0.0.1", 0)
     server.start()
