@@ -392,6 +392,7 @@ def test_one_token_follows_a_bounded_number_of_logs_and_streams(project: Project
     from runner.web import watching
 
     monkeypatch.setattr(watching, "STREAMS_PER_TOKEN", 2)
+    monkeypatch.setattr(watching, "HEARTBEAT_S", 0.2)  # a closed follow is noticed at once, not in 5 s
     rt, _app, server = _token_app(project)
     job = project.client.enqueue("record", {"n": 1}).id  # no worker: it stays queued
     try:
