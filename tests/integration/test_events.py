@@ -11,6 +11,7 @@ import hashlib
 import json
 import queue
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -107,6 +108,10 @@ def feed(url: str, token: str | None, query: str = "") -> Iterator[Feed]:
     try:
         yield Feed(resp)
     finally:
+        # Its socket shut first: the reader thread's read returns at once. A close alone
+        # waited for the buffer's lock, held by that read until the next heartbeat (5 s).
+        with contextlib.suppress(AttributeError, OSError):
+            resp.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
         resp.close()
 
 
