@@ -64,6 +64,8 @@ while not stop.is_set():
     response.read()
     assert response.status == 200, response.status
     out.append(time.monotonic() - t)
+    if len(out) == 1:
+        print("up", flush=True)
     time.sleep(0.01)
 print(json.dumps(out))
 """
@@ -76,7 +78,9 @@ def _healthz_times(web: Web) -> Iterator[list[float]]:
                               stdout=subprocess.PIPE, text=True)
     times: list[float] = []
     try:
-        time.sleep(0.2)  # its first answers come before the load
+        # Its first answer comes before the load (a fixed 0.2 s was not enough for its
+        # start on a loaded host: it then measured nothing at all).
+        assert prober.stdout is not None and prober.stdout.readline() == "up\n", "the probe never answered"
         yield times
     finally:
         out, _ = prober.communicate("", timeout=120)
