@@ -224,9 +224,11 @@ def test_concurrent_full_pages_of_big_entries_keep_healthz_quick(project: Projec
                               range(16)))
         pages_s = time.monotonic() - t
     assert set(codes) == {200}, codes
-    # Under a second; on a machine so busy that the pages themselves take over 4 s, under
-    # a quarter of their time (a probe queued behind them waited about half of it).
-    assert latencies and max(latencies) < max(1.0, pages_s / 4), (max(latencies), pages_s)
+    # Under two seconds (a tenth of that on a quiet machine; a machine loaded 13 on two
+    # cores took one probe past a second); on a machine so busy that the pages take over
+    # 8 s, under a quarter of their time (a probe queued behind them waited about half of
+    # it). test_healthz_does_not_queue_behind_a_busy_pool pins the queueing itself.
+    assert latencies and max(latencies) < max(2.0, pages_s / 4), (max(latencies), pages_s)
 
 
 def test_healthz_does_not_queue_behind_a_busy_pool(project: Project) -> None:
