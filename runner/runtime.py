@@ -27,6 +27,9 @@ RETRY_S = 1.0  # after the recorded partition tags could not be read
 # again whenever a look-up finds no such job: a process on another count (a rolling
 # deploy's new release) may have placed it on a tag this one has not read yet.
 READ_EVERY_S = 1.0
+# How long a look-up that missed waits for that read: a Cluster master that holds the set
+# and stalls is not waited out (15 s) by every "no such job".
+MISSED_WAIT_S = 2.0
 # A count of partitions is looked up this long past the done retention after a process
 # last routed by it: its jobs' keys outlive their enqueue by up to their run and a retention.
 KEEP_MARGIN_S = 3600.0
@@ -58,6 +61,7 @@ class Runtime:
     _recorded_at: float = float("-inf")
     _discovering: threading.Lock = field(default_factory=threading.Lock)
     _aside: threading.Thread | None = None  # a discover_due(aside=True) under way
+    _missing: threading.Thread | None = None  # a discover_missed under way
     _swapped: list[Callable[[], None]] = field(default_factory=list)  # told of a registry swap
 
     @classmethod
@@ -111,7 +115,8 @@ class Runtime:
             except Exception as exc:  # a damaged set must not stop a process: its own tags serve
                 # Look again in a second, not on every call: while Redis is away each
                 # enqueue would otherwise wait out a failed connection twice.
-                self._discovered_at = self._recorded_at = now - tagset.RECORD_EVERY_S + RETRY_S
+                self._recorded_at = now - tagset.RECORD_EVERY_S + RETRY_S
+                self._discovered_at = now - READ_EVERY_S + RETRY_S
                 # logging loads here: a CLI command that never fails here never pays its import.
                 import logging
 
@@ -123,10 +128,10 @@ class Runtime:
                 else:
                     log.warning("partition tags of %s not read: %s", ", ".join(self.parts), exc)
                 return []
-            done = now if not skip else now - tagset.RECORD_EVERY_S + RETRY_S  # (the rest: a second on)
-            self._discovered_at = done
+            # (the queues skipped: read again a second on)
+            self._discovered_at = now if not skip else now - READ_EVERY_S + RETRY_S
             if record:
-                self._recorded_at = done
+                self._recorded_at = now if not skip else now - tagset.RECORD_EVERY_S + RETRY_S
             new: list[QueueKeys] = []
             for q, tags in seen.tags.items():
                 # (never the current count's own: one a reading command left out as its
@@ -232,8 +237,18 @@ class Runtime:
         """After a look-up found no such job: the recorded tags read again, in case the
         job is on a tag of another count that this process has not read yet (one round
         trip per miss; a thread reading them already is waited for, then read after).
-        The partitions new here, or [] (then the job is not there either)."""
-        return self.discover_bounded()
+        The partitions new here, or [] (then the job is not there either). On a thread,
+        waited for MISSED_WAIT_S at most, one at a time: a master that holds the recorded
+        set and stalls costs a miss that long, not its socket timeout."""
+        missing = self._missing
+        if missing is not None and missing.is_alive():
+            return []  # (an earlier miss's read still waits on a stalled master)
+        found: list[list[QueueKeys]] = []
+        missing = self._missing = threading.Thread(target=lambda: found.append(self.discover_bounded()),
+                                                   name="runner-discover-missed", daemon=True)
+        missing.start()
+        missing.join(MISSED_WAIT_S)
+        return found[0] if found else []
 
     @property
     def scripts(self) -> Scripts:

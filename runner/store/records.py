@@ -127,8 +127,8 @@ MAX_STATE_FIELDS = 10_000
 STATE_SHOWN = ("status", "attempt", "reason", "error", "history", "progress", "checkpoint", "children",
                "priority", "requeued", "deferrals", "absorbed", "enqueued_ms", "ready_ms", "started_ms",
                "finished_ms", "lease_ms", "run_attempt", "run_started_ms", "token", "cancel_requested")
-# A view's field that says its state hash was past MAX_STATE_FIELDS (its count of fields):
-# the job view names "state" in its "damaged".
+# A view's field that says its state hash was past MAX_STATE_FIELDS (its count of fields),
+# or its state key was of another type (count 0): the job view names "state" in its "damaged".
 WIDE = "\0wide"
 MAX_COUNT = 2**53 - 1  # the largest integer every JSON reader reads exactly
 MAX_TIME_MS = 253_402_300_799_999  # 9999-12-31, the last time a date shows

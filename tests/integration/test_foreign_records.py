@@ -243,3 +243,36 @@ def test_times_and_shapes_out_of_range_reach_no_view(project: Project, web: Web)
         assert cli.returncode == 0 and "Traceback" not in cli.stderr, (args, cli.stderr[-600:])
         if args[0] == "job":
             assert "meta.lease_expires_at" in cli.stdout, cli.stdout
+
+
+def test_a_dead_job_whose_state_key_is_no_hash_is_shown_damaged_and_requeued(project: Project, web: Web) -> None:
+    """Five dead jobs, one of whose state key another writer made a string: its view names
+    the state damaged, and requeues (one by one over HTTP, and `runner dead requeue --all`)
+    put every one back, that one with a fresh state. Before, the script's HMGET raised
+    WRONGTYPE: a 500 over HTTP, and `--all` failed with a traceback, requeuing none of the
+    five (and a call's jobs before the bad one were rewritten yet left dead)."""
+    c, r, k = project.client, project.runtime.redis, project.keys()
+    ids = [c.enqueue("record", {"n": i}).id for i in range(5)]
+    for job_id in ids:
+        r.lrem(k.ready, 0, job_id)
+        r.hset(k.state(job_id), mapping={"status": "dead", "reason": "planned"})
+        r.zadd(k.dead, {job_id: 1})
+    bad = ids[2]
+    r.delete(k.state(bad))
+    r.set(k.state(bad), "junk")
+    view = web.get(f"/jobs/{bad}").json()
+    assert "state" in view.get("damaged", []), view
+    got = web.post(f"/dead/fast/{bad}/requeue")
+    assert got.status_code == 200, (got.status_code, got.text[:500])
+    assert r.type(k.state(bad)) == "hash" and c.get(bad).status == "queued"
+    r.lrem(k.ready, 0, bad)  # dead again, with the damage, beside the other four
+    r.delete(k.state(bad))
+    r.set(k.state(bad), "junk")
+    r.zadd(k.dead, {bad: 1})
+    cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"),
+                          "dead", "requeue", "--all", "--queue", "fast"], env=project.env, capture_output=True,
+                         text=True, timeout=60)
+    assert cli.returncode == 0 and "Traceback" not in cli.stderr, (cli.returncode, cli.stderr[-800:])
+    assert r.zcard(k.dead) == 0
+    assert {c.get(i).status for i in ids} == {"queued"}
+    assert sorted(r.lrange(k.ready, 0, -1)) == sorted(ids)

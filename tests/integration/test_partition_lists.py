@@ -257,3 +257,48 @@ def test_a_reader_finds_a_job_on_a_tag_it_has_not_read_yet(project: Project) -> 
     finally:
         four.close()
         six.close()
+
+
+def test_a_miss_waits_a_bounded_time_for_the_tags_and_an_outage_a_second(project: Project,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look-up that missed waits MISSED_WAIT_S at most for its read of the tags (a Redis
+    Cluster master that holds them and stalls made every 404 wait out its 15 s socket
+    timeout), and a miss while that read still waits starts no other. After a read that
+    failed (Redis away), readers wait a second before the next: with the reader's
+    one-second period, every request read them again first and waited out two timeouts."""
+    import threading
+    import time
+
+    from runner import runtime as runtime_mod
+
+    rt = Runtime.create(project.config())
+    try:
+        release = threading.Event()
+        calls: list[float] = []
+
+        def stalled(self: Runtime, **_: Any) -> list[Any]:
+            calls.append(time.monotonic())
+            release.wait(30)
+            return []
+
+        monkeypatch.setattr(runtime_mod, "MISSED_WAIT_S", 0.3)
+        monkeypatch.setattr(Runtime, "discover_bounded", stalled)
+        t = time.monotonic()
+        assert rt.discover_missed() == []
+        assert rt.discover_missed() == []
+        assert time.monotonic() - t < 0.9 and len(calls) == 1, (time.monotonic() - t, calls)
+        release.set()
+        monkeypatch.undo()
+
+        def away(*_: Any, **__: Any) -> Any:
+            raise ConnectionError("Redis away")
+
+        from runner.store import tagset
+
+        monkeypatch.setattr(tagset, "record_and_read_all", away)
+        assert rt.discover() == []
+        tried: list[int] = []
+        monkeypatch.setattr(Runtime, "discover_bounded", lambda self, **_: tried.append(1) or [])
+        assert rt.discover_due() == [] and not tried  # (within the second: not read again)
+    finally:
+        rt.close()

@@ -36,7 +36,8 @@
 --
 -- A state hash of more than MAX_FIELDS fields (HLEN first, with or without a cut) is
 -- damage: only the fields of SHOWN are read, by name (with a cut, as above), and the
--- state's reply ends with the pair '\0wide', its count of fields (records.WIDE).
+-- state's reply ends with the pair '\0wide', its count of fields (records.WIDE); a state
+-- key of another type is the pair alone, with the count 0.
 --
 -- Given a cut, a record's first HEAD + cut bytes are read (GETRANGE: the whole record
 -- when shorter). A big record is not read whole: GET of a 1 MiB record into Lua cost Redis
@@ -256,8 +257,10 @@ end
 local sk = K.job .. ':s'
 local state
 local width = redis.pcall('HLEN', sk)
-if type(width) ~= 'number' or width == 0 then
-  state = {}  -- (no state hash, or a key of another type: damage)
+if type(width) ~= 'number' then
+  state = {'\0wide', '0'}  -- a key of another type: damage, which the view names (records.WIDE)
+elseif width == 0 then
+  state = {}  -- (no state hash)
 elseif width > MAX_FIELDS then
   if cut then
     state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, 0, 0, sizes, false, SHOWN)

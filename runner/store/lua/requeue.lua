@@ -87,7 +87,15 @@ local function requeue(i, id, payload, version, phash, by)
   unburied[#unburied + 1] = id
   local sk = jk .. ':s'
   local code = 1
-  local history, prio, requeued = unpack(redis.call('HMGET', sk, 'history', 'priority', 'requeued'))
+  local read = redis.pcall('HMGET', sk, 'history', 'priority', 'requeued')
+  if read.err then
+    -- A state key of another type (damage, another writer): the requeue starts the job's
+    -- state afresh. Raised, it failed this call after the jobs before it in the call were
+    -- rewritten but before they left the dead set: every requeue of the queue failed.
+    redis.call('DEL', sk)
+    read = {false, false, false}
+  end
+  local history, prio, requeued = unpack(read)
   -- Counted for readers, and for the next burial: its ON_FAILURE job is <id>.f<requeued + 1>
   -- (a damaged count reads as 0: whole_count, as bury.lua and the job view read it).
   local set = {'attempt', 0, 'ready_ms', now, 'enqueued_ms', now, 'deferrals', 0,
