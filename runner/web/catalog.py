@@ -5,6 +5,7 @@ Each request reads ``runtime.registry`` afresh: `runner dev` swaps it on reload.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import falcon
@@ -83,6 +84,10 @@ class Throughput:
         send(resp, await self.offload(read_throughput, self.rt, minutes))
 
 
+# The longest /healthz waits for Redis's answer to its ping before it answers 503.
+HEALTH_WAIT_S = 3.0
+
+
 class Health:
     """Liveness plus Redis reachability. 503 means the process is alive but cannot reach
     Redis: take it out of rotation, do not restart it (it reconnects by itself). Public;
@@ -97,7 +102,15 @@ class Health:
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         try:
-            await self.offload.shared(self._ping)
+            # Bounded: a Redis that stopped answering (SIGSTOP, a stalled host) is a 503 in
+            # HEALTH_WAIT_S, not a probe hung for the socket timeout (15 s), which a load
+            # balancer or kubelet with a shorter timeout reads as a dead process.
+            await asyncio.wait_for(self.offload.shared(self._ping), HEALTH_WAIT_S)
+        except TimeoutError:
+            raise Problem(503, "redis-unavailable",
+                          f"the web process is up but Redis did not answer within {HEALTH_WAIT_S:g} s",
+                          title="Redis unavailable", headers={"Retry-After": "1"},
+                          checks={"web": "ok", "redis": "unreachable"}) from None
         except UNAVAILABLE as exc:
             # Why (the server's address, a refused password) only to a caller with a token:
             # the route is public, and that is the inside of the deployment.

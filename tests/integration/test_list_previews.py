@@ -277,3 +277,46 @@ def test_healthz_does_not_queue_behind_a_busy_pool(project: Project) -> None:
     took = asyncio.run(scenario())
     assert max(took) < 1.0, took
     assert len(pings) == 1, pings  # five probes at once, one ping
+
+
+def test_healthz_answers_503_in_its_own_time_when_redis_stops_answering(project: Project,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis that stops answering (SIGSTOP, a stalled host) makes /healthz a 503 within
+    HEALTH_WAIT_S; before, the probe hung for the socket timeout (15 s), which a load
+    balancer with a shorter timeout reads as a dead process. Its ping goes on, shared by
+    the probes after it, and the next probe once Redis answers is a 200."""
+    import asyncio
+    import threading
+
+    import falcon.asgi
+    import falcon.testing
+
+    from runner.web import catalog
+    from runner.web.offload import Offload
+    from runner.web.problems import Problem
+
+    monkeypatch.setattr(catalog, "HEALTH_WAIT_S", 0.3)
+    health = catalog.Health(project.runtime, Offload(2))
+    answered = threading.Event()
+    ping = health._ping
+    health._ping = lambda: answered.wait(10) and ping()  # type: ignore[method-assign]
+
+    async def probe() -> int:
+        resp = falcon.asgi.Response()
+        try:
+            await health.on_get(falcon.testing.create_asgi_req(path="/healthz"), resp)
+        except Problem as exc:
+            return int(str(exc.status)[:3])
+        return 200
+
+    async def scenario() -> tuple[list[int], float, int]:
+        t = time.monotonic()
+        stalled = list(await asyncio.gather(probe(), probe()))
+        took = time.monotonic() - t
+        answered.set()
+        await asyncio.sleep(0.1)
+        return stalled, took, await probe()
+
+    stalled, took, after = asyncio.run(scenario())
+    assert stalled == [503, 503] and took < 2.0, (stalled, took)
+    assert after == 200
