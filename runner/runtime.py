@@ -210,13 +210,14 @@ class Runtime:
         """Whether a producer's next enqueue records its partition tags (see discover_due)."""
         return time.monotonic() - self._recorded_at >= tagset.RECORD_EVERY_S
 
-    def discover_due(self, *, record: bool = False, aside: bool = False) -> list[QueueKeys]:
+    def discover_due(self, *, record: bool = False, aside: bool = False, wait_s: float = 0.0) -> list[QueueKeys]:
         """``discover`` when the last one (that recorded, with ``record``) is older than
         tagset.RECORD_EVERY_S (a reader's: READ_EVERY_S): a producer records its tags at
         its first enqueue and then that often; the check itself is one clock read. ``aside``: once a first one is
         done, the next run on a thread of their own and this call returns at once (an
         enqueue's round trip waits on its own master only: on Redis Cluster the tag sets
-        live on every master, and one may be stalled)."""
+        live on every master, and one may be stalled), or once that thread ended or
+        ``wait_s`` passed."""
         last = self._recorded_at if record else self._discovered_at
         if time.monotonic() - last < (tagset.RECORD_EVERY_S if record else READ_EVERY_S):
             return []
@@ -227,11 +228,20 @@ class Runtime:
         if aside and last > float("-inf"):
             aside_run = self._aside
             if aside_run is None or not aside_run.is_alive():
-                self._aside = threading.Thread(target=self.discover, kwargs={"record": record},
-                                               name="runner-discover", daemon=True)
-                self._aside.start()
+                aside_run = self._aside = threading.Thread(target=self.discover, kwargs={"record": record},
+                                                           name="runner-discover", daemon=True)
+                aside_run.start()
+                if wait_s:
+                    aside_run.join(wait_s)
             return []
         return self.discover_bounded(record=record)
+
+    def discover_for_reading(self) -> None:
+        """A reader's discover_due (a list, a look-up, a scrape): on a thread, waited for
+        MISSED_WAIT_S at most, so the read sees the tags recorded a moment ago, yet a Redis
+        that stopped answering costs it its own socket timeout only, not that one too (and
+        while one such read waits, the next readers go on with the tags they have)."""
+        self.discover_due(aside=True, wait_s=MISSED_WAIT_S)
 
     def discover_missed(self) -> list[QueueKeys]:
         """After a look-up found no such job: the recorded tags read again, in case the

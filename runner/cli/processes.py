@@ -67,6 +67,8 @@ def worker(ctx: click.Context, queues: tuple[str, ...]) -> None:
     _exit_past_handler_threads(0)
 
 
+EXIT_HOOKS_S = 3.0  # the longest a stopped worker waits for its exit hooks
+
 # The names of runner's own pool threads (idle by now, harmless): not a handler's to name.
 _OWN_THREADS = ("runner", "ticker-send", "scheduler-aside", "scheduler-pass", "redis-send")
 
@@ -91,7 +93,12 @@ def _exit_past_handler_threads(code: int) -> None:
         logging.getLogger("runner.worker").warning(
             "stopped; %d thread(s) a handler started still running (%s): exiting without them",
             len(left), ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
-    atexit._run_exitfuncs()
+    # The exit hooks on a thread, waited for EXIT_HOOKS_S at most: a handler's module may
+    # have registered one that waits for its own work (a pool's shutdown, multiprocessing
+    # joining its children), which would hold the exit as its threads did.
+    hooks = threading.Thread(target=atexit._run_exitfuncs, name="runner-exit-hooks", daemon=True)
+    hooks.start()
+    hooks.join(EXIT_HOOKS_S)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

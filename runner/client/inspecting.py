@@ -32,7 +32,7 @@ def queue_keys(client: Client, queue: str) -> QueueKeys:
 def every(client: Client) -> list[QueueKeys]:
     """The keys of every queue's every partition (draining ones included: the tags
     recorded are read again every tagset.RECORD_EVERY_S)."""
-    client.runtime.discover_due()
+    client.runtime.discover_for_reading()
     return [k for parts in client.runtime.parts.values() for k in parts]
 
 
@@ -106,7 +106,7 @@ def jobs(client: Client, status: str, *, queue: str | None = None, type: str | N
     rt = client.runtime
     # A long-lived reader (a web process that never enqueues) learns of the partitions
     # another count recorded since, as its figures do: else it never lists their jobs.
-    rt.discover_due()
+    rt.discover_for_reading()
     names = [queue] if queue else list(rt.keys)
     for q in names:
         queue_keys(client, q)  # an unknown queue is refused, naming the configured ones
@@ -188,14 +188,14 @@ def dead(client: Client, queue: str, offset: int = 0, limit: int = 50) -> tuple[
     page); each job's big values come as previews (see store/listing.py)."""
     queue_keys(client, queue)
     rt = client.runtime
-    rt.discover_due()  # (as jobs does)
+    rt.discover_for_reading()  # (as jobs does)
     with reachable():
         return listing.dead_page(rt.redis, rt.scripts, queue, rt.parts[queue], offset, limit)
 
 
 def dead_ids(client: Client, queue: str) -> list[str]:
     queue_keys(client, queue)
-    client.runtime.discover_due()  # (as jobs does)
+    client.runtime.discover_for_reading()  # (as jobs does)
     with reachable():
         return admin.dead_ids(client.runtime.redis, client.runtime.parts[queue])
 

@@ -28,7 +28,7 @@ class Source(Protocol):
     def parts(self) -> Mapping[str, Sequence[Any]]: ...
     @property
     def registry(self) -> Any: ...
-    def discover_due(self) -> Any: ...
+    def discover_for_reading(self) -> Any: ...
 
 # Claims held back, by reason: deferred (a full resource or concurrency limit), paused (a
 # pause), ratelimited (no rate token due yet).
@@ -229,7 +229,7 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
     registry for that.
     """
     keys = rt.keys
-    rt.discover_due()  # a long-lived reader (a /metrics scrape) learns of draining partitions
+    rt.discover_for_reading()  # a long-lived reader (a /metrics scrape) learns of draining partitions
     if now_ms is None:
         now_ms = server_ms(rt.redis)
     every = [k for parts in rt.parts.values() for k in parts]
@@ -330,7 +330,7 @@ def read_throughput(rt: Source, minutes: int, now_ms: int | None = None) -> dict
         now_ms = server_ms(rt.redis)
     last = now_ms // 60_000
     span = list(range(last - minutes + 1, last + 1))
-    rt.discover_due()
+    rt.discover_for_reading()
     every = [k for parts in rt.parts.values() for k in parts]
     per_queue: dict[str, list[dict[str, int]]] = {}
     for k, minutes_of in zip(every, minute_hashes(rt.redis, every, span), strict=True):

@@ -23,13 +23,17 @@ POOL = ThreadPoolExecutor(2)
 def handle(payload, ctx):
     if payload["how"] == "thread":
         threading.Thread(target=time.sleep, args=(120,), daemon=False).start()
+    elif payload["how"] == "atexit":  # an exit hook of the handler's own that waits for its task
+        import atexit
+        POOL.submit(time.sleep, 120)
+        atexit.register(POOL.shutdown)
     else:
         POOL.submit(time.sleep, 120)
     return {}
 '''
 
 
-@pytest.mark.parametrize("how", ["thread", "pool"])
+@pytest.mark.parametrize("how", ["thread", "pool", "atexit"])
 def test_a_sigterm_ends_the_worker_though_a_handler_left_a_thread_running(project: Project, how: str) -> None:
     project.add_function("leaves", LEAVES)
     job = project.client.enqueue("leaves", {"how": how}).id

@@ -302,3 +302,39 @@ def test_a_miss_waits_a_bounded_time_for_the_tags_and_an_outage_a_second(project
         assert rt.discover_due() == [] and not tried  # (within the second: not read again)
     finally:
         rt.close()
+
+
+def test_a_read_waits_a_bounded_time_for_a_due_read_of_the_tags(project: Project,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's read of the tags, when due (every second), waits MISSED_WAIT_S at most:
+    with Redis stopped (SIGSTOP) every GET /jobs/{id} waited out the tags' socket timeout
+    (15 s), then its own: 30 s to its 503. A read of them that answers at once is still
+    seen by the read that started it."""
+    import threading
+    import time
+
+    from runner import runtime as runtime_mod
+    from runner.store import tagset
+
+    client = project.client
+    job = client.enqueue("record", {"n": 1}).id
+    rt = client.runtime
+    monkeypatch.setattr(runtime_mod, "READ_EVERY_S", 0.0)
+    monkeypatch.setattr(runtime_mod, "MISSED_WAIT_S", 0.3)
+    release = threading.Event()
+    real = tagset.record_and_read_all
+
+    def hung(*args: Any, **kw: Any) -> Any:
+        release.wait(10)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tagset, "record_and_read_all", hung)
+    try:
+        t = time.monotonic()
+        assert client.get(job).id == job
+        assert client.get(job).id == job  # (its read still hangs: this one starts none)
+        assert time.monotonic() - t < 1.5, time.monotonic() - t
+    finally:
+        release.set()
+    assert rt._aside is not None
+    rt._aside.join(5)

@@ -728,6 +728,21 @@ def test_renew_extends_only_owned_leases(p: Project) -> None:
     assert p.runtime.redis.zscore(p.keys().leases, "a") == NOW + 900 + LEASE
 
 
+def test_a_renewal_past_a_state_key_of_another_type_renews_the_call_s_other_jobs(p: Project) -> None:
+    """One running job's state key of another type (damage) loses its progress, never
+    the renewal of the call's jobs after it: HSET raised WRONGTYPE mid-call, the jobs
+    after it kept their old leases, which could lapse under their live runs."""
+    enqueue(p, new("a"), new("b"))
+    (ja, jb) = claim(p)
+    r, k = p.runtime.redis, p.keys()
+    r.delete(k.state("a"))
+    r.set(k.state("a"), "junk")
+    got = p.runtime.scripts.renew(k, [("a", ja[1], '{"p":1}'), ("b", jb[1], '{"p":2}')], LEASE, now_ms=NOW + 900)
+    assert list(got) == [1, 1], got
+    assert r.zscore(k.leases, "b") == NOW + 900 + LEASE
+    assert r.hget(k.state("b"), "progress") == '{"p":2}'
+
+
 def test_renew_extends_the_limit_slot_and_reports_one_lost_to_another_holder(p: Project) -> None:
     """A renewal extends the job's limit slots with its lease. When the slot lapsed and
     another job took it (a stalled renewer), the lease is still renewed but the reply is -2:

@@ -30,7 +30,9 @@ for i = 0, n - 1 do
     out[#out + 1] = -1
   else
     redis.call('ZADD', K.leases, 'XX', now + lease, id)
-    if progress ~= '' then redis.call('HSET', K.job_prefix .. id .. ':s', 'progress', progress) end
+    -- (pcall: a state key of another type, damage, loses its progress, never the renewal
+    -- of this call's other jobs, whose leases could then lapse under their live runs)
+    if progress ~= '' then redis.pcall('HSET', K.job_prefix .. id .. ':s', 'progress', progress) end
     local code = 1
     local rec = c.res and rec_load(K.job_prefix .. id) or nil
     for _, l in ipairs(parse_limits(rec and rec.limits or nil)) do
