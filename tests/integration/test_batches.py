@@ -365,6 +365,13 @@ def handle_batch(payloads, ctx):
 '''
 
 
+def _done_calls(project: Project, ids: list[str]) -> list[dict[str, Any]]:
+    """The batch calls that ran ``ids``, in the order they began, once every job is done."""
+    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
+    assert all(v["status"] == "done" for v in views.values()), views
+    return sorted(calls(project), key=lambda c: c["began"])
+
+
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_limit_far_from_full_leaves_no_executor_idle(project: Project, isolation: str) -> None:
     """A BATCH function with CONCURRENCY 8, far from full: eight jobs on two executors run
@@ -376,9 +383,7 @@ def test_a_limit_far_from_full_leaves_no_executor_idle(project: Project, isolati
     project.add_function("limited", LIMITED.format(isolation=isolation, limit=8))
     ids = [e.id for e in project.client.enqueue_many([Request("limited", {"n": i}) for i in range(8)])]
     project.spawn_worker("fast")
-    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
-    assert all(v["status"] == "done" for v in views.values()), views
-    got = sorted(calls(project), key=lambda c: c["began"])
+    got = _done_calls(project, ids)
     assert sorted(i for c in got for i in c["ids"]) == sorted(ids), "each job in exactly one call"
     assert [len(c["ids"]) for c in got] == [4, 4], got
     assert got[1]["began"] < got[0]["ended"], "the second call waited for the first: an executor stayed idle"
@@ -398,9 +403,7 @@ def test_jobs_under_a_limit_that_come_during_a_batch_go_to_the_idle_executor(pro
     project.spawn_worker("fast")
     wait_for(lambda: project.runs("began"), timeout=30, what="the first call")
     ids += [e.id for e in client.enqueue_many([Request("limited", {"n": i}) for i in range(4, 8)])]
-    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
-    assert all(v["status"] == "done" for v in views.values()), views
-    got = sorted(calls(project), key=lambda c: c["began"])
+    got = _done_calls(project, ids)
     assert [sorted(c["ids"]) for c in got] == [sorted(ids[:4]), sorted(ids[4:])], got
     assert got[1]["began"] < got[0]["ended"], "the second call waited for the first: an executor stayed idle"
 
@@ -414,9 +417,7 @@ def test_a_full_limit_still_caps_the_jobs_in_batches(project: Project, isolation
     project.add_function("limited", LIMITED.format(isolation=isolation, limit=4))
     ids = [e.id for e in project.client.enqueue_many([Request("limited", {"n": i}) for i in range(8)])]
     project.spawn_worker("fast")
-    views = wait_for(lambda: finished(project, ids), timeout=60, what="every job settled")
-    assert all(v["status"] == "done" for v in views.values()), views
-    got = sorted(calls(project), key=lambda c: c["began"])
+    got = _done_calls(project, ids)
     assert sorted(i for c in got for i in c["ids"]) == sorted(ids), "each job in exactly one call"
     for a, b in itertools.pairwise(got):
         assert b["began"] >= a["ended"] - 0.05, f"two calls of a limit of 4 overlapped: {got}"
