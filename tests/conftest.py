@@ -338,6 +338,24 @@ def make_project(root: Path, server: Server, examples: bool = False) -> Project:
     return p
 
 
+@contextlib.contextmanager
+def worker_project(root: Path, server: Server, functions: dict[str, str], queue: str = "fast") -> Iterator[Project]:
+    """One project and one worker on ``queue`` for a module's tests that read only their
+    own jobs (and the counters of functions of their own), every function there before
+    the worker starts (it loads them all). A worker per test (its start, imports and first
+    claim, and a first child under process isolation) was most of such a test's time."""
+    project = make_project(root, server)
+    for name, source in functions.items():
+        project.add_function(name, source)
+    project.spawn_worker(queue)
+    try:
+        yield project
+    finally:
+        project.stop_all()
+        if project._runtime is not None:
+            project._runtime.close()
+
+
 def keep_functions(project: Project, *names: str) -> Project:
     """Leave only these fixture functions (and their schemas) in the project's folder, before
     its runtime is made: tests of the scripts read no function, and each runtime loads what

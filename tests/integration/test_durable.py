@@ -17,7 +17,7 @@ from test_web_support import runner_web
 from runner.errors import JobEnded, JobNotFound, SignalPending
 from runner.store.embedded import Server
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, structures, wait_for
+from conftest import Project, assert_no_job_in_two_structures, structures, wait_for, worker_project
 
 STEPS = marked('''def handle(payload, ctx):
     a = ctx.step("a", mark, "a", ctx)
@@ -474,12 +474,7 @@ def durable(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterato
     warm = 'QUEUE = "fast"\n{isolation}\n\ndef handle(payload, ctx):\n    return 1\n'
     sources = {"steps": STEPS, "naps": STEPS, "switch": SWITCH, "big": BIG, "waiter": WAITER, "parent": PARENT,
                "aged": AGED, "aged_rated": rated, "warm": warm}
-    project = make_project(tmp_path_factory.mktemp("durable") / "project", server)
-    for name, source in sources.items():
-        for isolation in ISOLATIONS:
-            project.add_function(f"{name}_{iso_id(isolation)}", source.format(isolation=isolation))
-    project.spawn_worker("fast")
-    yield project
-    project.stop_all()
-    if project._runtime is not None:
-        project._runtime.close()
+    functions = {f"{name}_{iso_id(isolation)}": source.format(isolation=isolation)
+                 for name, source in sources.items() for isolation in ISOLATIONS}
+    with worker_project(tmp_path_factory.mktemp("durable") / "project", server, functions) as project:
+        yield project

@@ -19,7 +19,7 @@ from test_web_support import runner_web
 from runner.store.embedded import Server
 from runner.testing import run_inline
 
-from conftest import Project, make_project, wait_for
+from conftest import Project, wait_for, worker_project
 
 GAP = marked('''def handle(payload, ctx):
     d = os.environ["RECORD_DIR"]
@@ -263,16 +263,9 @@ def edges(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[
     for the tests that read only their own jobs: their functions all there before the
     worker starts (threaded as threaded_thread and threaded_process). A worker and a web
     server per test was most of such a test's time."""
-    project = make_project(tmp_path_factory.mktemp("edges") / "project", server)
-    for name, source in {"keyed": KEYED, "waits": WAITS, "deep": DEEP}.items():
-        project.add_function(name, source)
-    for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True):
-        project.add_function(f"threaded_{name}", THREADED.format(isolation=isolation))
-    project.spawn_worker("fast")
-    try:
-        with runner_web(project, "web", workers=1) as web:
-            yield project, web.url
-    finally:
-        project.stop_all()
-        if project._runtime is not None:
-            project._runtime.close()
+    functions = {"keyed": KEYED, "waits": WAITS, "deep": DEEP,
+                 **{f"threaded_{name}": THREADED.format(isolation=isolation)
+                    for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True)}}
+    with worker_project(tmp_path_factory.mktemp("edges") / "project", server, functions) as project, \
+            runner_web(project, "web", workers=1) as web:
+        yield project, web.url

@@ -17,7 +17,7 @@ from test_web_support import runner_web
 
 from runner.store.embedded import Server
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, structures, wait_for
+from conftest import Project, assert_no_job_in_two_structures, structures, wait_for, worker_project
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +27,10 @@ def waiting(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterato
     worker starts. Each test's job is alone in the registry while it runs (the tests of
     a process run one after the other, and each one's job ends before the next starts). A
     worker per test, and a first child for each process test, was most of their time."""
-    project = make_project(tmp_path_factory.mktemp("waiting") / "project", server)
-    for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True):
-        project.add_function(f"waiter_{name}", ORDER_PAID_WAITER.format(isolation=isolation))
-    project.spawn_worker("fast")
-    yield project
-    project.stop_all()
-    if project._runtime is not None:
-        project._runtime.close()
+    functions = {f"waiter_{name}": ORDER_PAID_WAITER.format(isolation=isolation)
+                 for isolation, name in zip(ISOLATIONS, ISOLATION_IDS, strict=True)}
+    with worker_project(tmp_path_factory.mktemp("waiting") / "project", server, functions) as project:
+        yield project
 
 
 @pytest.mark.parametrize("isolation", ISOLATION_IDS)
