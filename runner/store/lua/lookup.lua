@@ -173,6 +173,17 @@ local function listed_heads(heads, budget, strlen, get, mget, out)
   return budget
 end
 
+-- ``out`` with each field of ``names`` that ``got`` (an HMGET's reply) holds, and its value.
+local function found_pairs(out, names, got)
+  for i, f in ipairs(names) do
+    if got[i] then
+      out[#out + 1] = f
+      out[#out + 1] = got[i]
+    end
+  end
+  return out
+end
+
 local function listed_state(sk, cut, budget, inline, listed, sizes, all, shown)
   local names, strlen, get, mget = state_reader(sk, all, shown)
   if not names then return {} end
@@ -212,15 +223,7 @@ local function listed_state(sk, cut, budget, inline, listed, sizes, all, shown)
       end
     end
   end
-  if #whole > 0 then
-    local got = mget(whole)
-    for i, f in ipairs(whole) do
-      if got[i] then
-        out[#out + 1] = f
-        out[#out + 1] = got[i]
-      end
-    end
-  end
+  if #whole > 0 then found_pairs(out, whole, mget(whole)) end
   if #heads > 0 then listed_heads(heads, budget, strlen, get, mget, out) end
   return out
 end
@@ -265,14 +268,7 @@ elseif width > MAX_FIELDS then
   if cut then
     state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, 0, 0, sizes, false, SHOWN)
   else
-    state = {}
-    local got = redis.call('HMGET', sk, unpack(SHOWN))
-    for i, f in ipairs(SHOWN) do
-      if got[i] then
-        state[#state + 1] = f
-        state[#state + 1] = got[i]
-      end
-    end
+    state = found_pairs({}, SHOWN, redis.call('HMGET', sk, unpack(SHOWN)))
   end
   state[#state + 1] = '\0wide'
   state[#state + 1] = tostring(width)
