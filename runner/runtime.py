@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -243,22 +243,23 @@ class Runtime:
         while one such read waits, the next readers go on with the tags they have)."""
         self.discover_due(aside=True, wait_s=MISSED_WAIT_S)
 
-    def discover_missed(self) -> list[QueueKeys]:
-        """After a look-up found no such job: the recorded tags read again, in case the
-        job is on a tag of another count that this process has not read yet (one round
-        trip per miss; a thread reading them already is waited for, then read after).
-        The partitions new here, or [] (then the job is not there either). On a thread,
-        waited for MISSED_WAIT_S at most, one at a time: a master that holds the recorded
-        set and stalls costs a miss that long, not its socket timeout."""
+    def discover_missed(self, searched: Collection[QueueKeys]) -> list[QueueKeys]:
+        """After a look-up in ``searched`` found no such job: the recorded tags read again,
+        in case the job is on a tag of another count that this process had not read yet.
+        The partitions known now that the look-up did not search, or [] (then the job is
+        not there either): whichever thread's read found them, as a read under way in
+        another thread when the look-up started may add them before this one's.
+        A read is on a thread, waited for MISSED_WAIT_S at most, one at a time (a miss
+        while one is under way waits for that one): a master that holds the recorded set
+        and stalls costs a miss that long, not its socket timeout."""
         missing = self._missing
-        if missing is not None and missing.is_alive():
-            return []  # (an earlier miss's read still waits on a stalled master)
-        found: list[list[QueueKeys]] = []
-        missing = self._missing = threading.Thread(target=lambda: found.append(self.discover_bounded()),
-                                                   name="runner-discover-missed", daemon=True)
-        missing.start()
+        if missing is None or not missing.is_alive():
+            missing = self._missing = threading.Thread(target=self.discover_bounded,
+                                                       name="runner-discover-missed", daemon=True)
+            missing.start()
         missing.join(MISSED_WAIT_S)
-        return found[0] if found else []
+        known = {(k.queue, k.tag) for k in searched}
+        return [k for parts in self.parts.values() for k in parts if (k.queue, k.tag) not in known]
 
     @property
     def scripts(self) -> Scripts:

@@ -335,10 +335,15 @@ def _dead_in(client: Client, queue: str, job_id: str) -> QueueKeys:
     if len(parts) == 1:
         return k
     with reachable():
-        at = admin.dead_homes(client.runtime.redis, parts, [job_id])[0]
-        if at is None and client.runtime.discover_missed():  # (parts grows in place)
-            at = admin.dead_homes(client.runtime.redis, parts, [job_id])[0]
-    return k if at is None else parts[at]
+        searched = list(parts)
+        at = admin.dead_homes(client.runtime.redis, searched, [job_id])[0]
+        if at is not None:
+            return searched[at]
+        if new := [p for p in client.runtime.discover_missed(searched) if p.queue == queue]:
+            at = admin.dead_homes(client.runtime.redis, new, [job_id])[0]
+            if at is not None:
+                return new[at]
+    return k
 
 
 def purge_dead(client: Client, queue: str, *, by: str | None = None) -> int:

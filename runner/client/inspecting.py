@@ -54,8 +54,9 @@ def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
     if not job_id or len(job_id) > 200:
         raise JobNotFound(job_id)
     with reachable():
-        found = records.lookup_many(client.runtime.scripts, every(client), [job_id]).get(job_id)
-        if found is None and (new := client.runtime.discover_missed()):
+        searched = every(client)
+        found = records.lookup_many(client.runtime.scripts, searched, [job_id]).get(job_id)
+        if found is None and (new := client.runtime.discover_missed(searched)):
             found = records.lookup_many(client.runtime.scripts, new, [job_id]).get(job_id)
     if found is None:
         raise JobNotFound(job_id)
@@ -66,9 +67,10 @@ def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
     """The jobs of these ids that exist, by id, in one round trip."""
     wanted = [i for i in job_ids if i and len(i) <= 200]
     with reachable():
-        found = records.lookup_many(client.runtime.scripts, every(client), wanted)
+        searched = every(client)
+        found = records.lookup_many(client.runtime.scripts, searched, wanted)
         missed = [i for i in wanted if i not in found]
-        if missed and (new := client.runtime.discover_missed()):
+        if missed and (new := client.runtime.discover_missed(searched)):
             found.update(records.lookup_many(client.runtime.scripts, new, missed))
     return {i: records.Job(i, k.queue, fields) for i, (k, fields) in found.items()}
 

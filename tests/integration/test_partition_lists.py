@@ -283,9 +283,10 @@ def test_a_miss_waits_a_bounded_time_for_the_tags_and_an_outage_a_second(project
 
         monkeypatch.setattr(runtime_mod, "MISSED_WAIT_S", 0.3)
         monkeypatch.setattr(Runtime, "discover_bounded", stalled)
+        searched = [k for parts in rt.parts.values() for k in parts]
         t = time.monotonic()
-        assert rt.discover_missed() == []
-        assert rt.discover_missed() == []
+        assert rt.discover_missed(searched) == []
+        assert rt.discover_missed(searched) == []  # (waits for the same read)
         assert time.monotonic() - t < 0.9 and len(calls) == 1, (time.monotonic() - t, calls)
         release.set()
         monkeypatch.undo()
@@ -338,3 +339,59 @@ def test_a_read_waits_a_bounded_time_for_a_due_read_of_the_tags(project: Project
         release.set()
     assert rt._aside is not None
     rt._aside.join(5)
+
+
+def test_a_miss_finds_a_job_on_a_tag_another_thread_read_meanwhile(project: Project,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a 4 -> 6 change, a look-up that missed looks again on every partition it did
+    not search, whichever thread read their tags: a request that looked with the old tags
+    while another thread's read of them was under way (a due read, or an earlier miss's)
+    answered 404 for an accepted job, since its own read found nothing new to it, and a
+    404 to a cancel left the job to run."""
+    import threading
+    import time
+
+    from runner.store import tagset
+
+    project.write_config(fast="partitions = 4")
+    four = Runtime.create(project.config(), record=True)
+    project.write_config(fast="partitions = 6")
+    six = Runtime.create(project.config(), record=True)
+    real = tagset.record_and_read_all
+    gate = threading.Event()
+    held = threading.Event()
+
+    def first_read_waits(*args: Any, **kw: Any) -> Any:
+        if not held.is_set():
+            held.set()
+            gate.wait(10)
+        return real(*args, **kw)
+
+    try:
+        reader, producer = Client(four), Client(six)
+        only_six = set(partition_tags("fast", 6)) - set(partition_tags("fast", 4))
+        ids = [producer.enqueue("record", {"n": i}, delay=3600).id for i in range(24)]
+        placed = {j: k.tag for k in six.parts["fast"] for j in six.redis.zrange(k.scheduled, 0, -1)}
+        on_new = [j for j in ids if placed[j] in only_six]
+        assert len(on_new) >= 2, placed
+        monkeypatch.setattr(tagset, "record_and_read_all", first_read_waits)
+        for start in (lambda: four.discover(), lambda: reader.get(on_new[0])):
+            # another thread's read holds the tags (a due read, then an earlier miss's)
+            held.clear()
+            gate.clear()
+            other = threading.Thread(target=start, daemon=True)
+            other.start()
+            assert held.wait(5)
+            got: list[Any] = []
+            looking = threading.Thread(target=lambda seen=got: seen.append(reader.get(on_new[1]).status),
+                                       daemon=True)
+            looking.start()
+            time.sleep(0.5)  # (its look-up with the old tags missed; its read of them waits)
+            gate.set()
+            looking.join(10)
+            other.join(10)
+            assert got == ["scheduled"], got
+            four.parts["fast"][:] = [k for k in four.parts["fast"] if k.tag not in only_six]  # old tags again
+    finally:
+        four.close()
+        six.close()
