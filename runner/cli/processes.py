@@ -78,8 +78,9 @@ def _exit_past_handler_threads(code: int) -> None:
     own threads ended. A thread-isolated handler may have left threads running (one that
     is not a daemon, a long task on a module-level ThreadPoolExecutor); Python's exit
     would wait for them, and the process would stay up until the platform's SIGKILL,
-    deaf to SIGTERM. So the exit hooks run (log handlers flushed, exporters closed), then
-    the process ends, naming the threads it did not wait for."""
+    deaf to SIGTERM. So the spans of its jobs are sent, the exit hooks run (each step
+    bounded), the log handlers are flushed, and the process ends, naming the threads it
+    did not wait for."""
     import atexit
     import logging
     import threading
@@ -93,12 +94,26 @@ def _exit_past_handler_threads(code: int) -> None:
         logging.getLogger("runner.worker").warning(
             "stopped; %d thread(s) a handler started still running (%s): exiting without them",
             len(left), ", ".join(left[:5]) + (" ..." if len(left) > 5 else ""))
+    # What runner promised is sent first: the spans of the jobs it ran. The exit hooks run
+    # last-registered first on one thread, so a handler's that blocks would keep the
+    # tracing provider's own (registered at start) from running.
+    from runner.observe import tracing
+
+    sent = threading.Thread(target=tracing.flush, args=(EXIT_HOOKS_S,), name="runner-exit-spans", daemon=True)
+    sent.start()
+    sent.join(EXIT_HOOKS_S)
     # The exit hooks on a thread, waited for EXIT_HOOKS_S at most: a handler's module may
     # have registered one that waits for its own work (a pool's shutdown, multiprocessing
     # joining its children), which would hold the exit as its threads did.
     hooks = threading.Thread(target=atexit._run_exitfuncs, name="runner-exit-hooks", daemon=True)
     hooks.start()
     hooks.join(EXIT_HOOKS_S)
+    if hooks.is_alive():  # (a hook blocks: the log handlers' flush, registered first, has not run)
+        for ref in list(getattr(logging, "_handlerList", ())):
+            handler = ref()
+            if handler is not None:
+                with contextlib.suppress(Exception):
+                    handler.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

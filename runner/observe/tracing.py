@@ -60,6 +60,17 @@ def enabled() -> bool:
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
+def flush(timeout_s: float) -> None:
+    """Send the spans the provider still holds (a batch processor's queue), waiting
+    ``timeout_s`` at most: a stopping process does so before its exit hooks, as one of
+    them may block and keep the provider's own shutdown hook from running."""
+    if not enabled():
+        return
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if callable(force_flush):
+        force_flush(int(timeout_s * 1000))
+
+
 def _tracer() -> Any:
     return trace.get_tracer(INSTRUMENTATION)
 
