@@ -262,6 +262,7 @@ def test_a_dead_job_whose_state_key_is_no_hash_is_shown_damaged_and_requeued(pro
     r.set(k.state(bad), "junk")
     view = web.get(f"/jobs/{bad}").json()
     assert "state" in view.get("damaged", []), view
+    assert view["status"] == "dead", view  # (where it is: its state cannot say; it showed "queued")
     got = web.post(f"/dead/fast/{bad}/requeue")
     assert got.status_code == 200, (got.status_code, got.text[:500])
     assert r.type(k.state(bad)) == "hash" and c.get(bad).status == "queued"

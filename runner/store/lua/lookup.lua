@@ -7,6 +7,8 @@
 -- KEYS[3] done_meta    HASH    the current done generation
 -- KEYS[4] done_prefix  (string)
 -- KEYS[5] res_prefix   (string)
+-- KEYS[6] dead         ZSET    id -> time of death ms
+-- KEYS[7] scheduled    ZSET    id -> due ms
 -- ARGV[1] job id
 -- ARGV[2] cut (bytes, optional): a listing's bound. The record's payload, each state
 --         value and the outcome's result and payload lines longer than this come back
@@ -37,7 +39,8 @@
 -- A state hash of more than MAX_FIELDS fields (HLEN first, with or without a cut) is
 -- damage: only the fields of SHOWN are read, by name (with a cut, as above), and the
 -- state's reply ends with the pair '\0wide', its count of fields (records.WIDE); a state
--- key of another type is the pair alone, with the count 0.
+-- key of another type is the pair alone, with the count 0. A damaged state whose status
+-- was not read gets the one its sets say (dead, scheduled), else the view's default.
 --
 -- Given a cut, a record's first HEAD + cut bytes are read (GETRANGE: the whole record
 -- when shorter). A big record is not read whole: GET of a 1 MiB record into Lua cost Redis
@@ -284,6 +287,19 @@ elseif cut then
 else
   state = redis.pcall('HGETALL', sk)
   if state.err then state = {} end
+end
+if state[#state - 1] == '\0wide' then
+  local has = false
+  for i = 1, #state - 2, 2 do
+    if state[i] == 'status' then has = true end
+  end
+  if not has then  -- (its status unread: where the job is says it, else the view's default)
+    if type(redis.pcall('ZSCORE', K.dead, id)) == 'string' then
+      table.insert(state, 1, 'dead'); table.insert(state, 1, 'status')
+    elseif type(redis.pcall('ZSCORE', K.scheduled, id)) == 'string' then
+      table.insert(state, 1, 'scheduled'); table.insert(state, 1, 'status')
+    end
+  end
 end
 local claim = redis.pcall('HGET', K.claims, id)
 if type(claim) ~= 'string' then claim = false end
