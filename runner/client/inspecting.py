@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import GroupNotFound, JobNotFound, RunnerError, UnknownQueue
+from runner.observe import figures
 from runner.store import admin, connection, keys, listing, records, roster, routing
 from runner.store import audit as audit_log
 from runner.store import groups as group_store
@@ -76,18 +77,19 @@ def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
 def stats(client: Client) -> dict[str, dict[str, Any]]:
     """Per queue: ready (plain and priority jobs due now), processing, scheduled, dead,
     and the cluster-wide counters; summed over a partitioned queue's partitions, which
-    "partitions" lists one by one."""
+    "partitions" lists one by one. A stats hash too wide to read whole is read by the
+    names of the functions loaded, and "stats_fields_left_out" counts the rest."""
     rt = client.runtime
     parts = every(client)
     with reachable():
-        counted = admin.counts(rt.redis, parts)
+        counted = admin.counts(rt.redis, parts, lambda: figures.stats_names(list(rt.registry.functions)))
     out: dict[str, dict[str, Any]] = {}
     for k, one in zip(parts, counted, strict=True):
         q = out.get(k.queue)
         if q is None:
             out[k.queue] = q = {**one, "counters": dict(one["counters"])}
         else:
-            for f in ("ready", "processing", "scheduled", "dead"):
+            for f in ("ready", "processing", "scheduled", "dead", "stats_fields_left_out"):
                 q[f] += one[f]
             for name, v in one["counters"].items():
                 q["counters"][name] = q["counters"].get(name, 0) + v

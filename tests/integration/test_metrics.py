@@ -248,6 +248,9 @@ def test_a_stats_hash_too_wide_to_read_whole_is_read_by_name_and_says_what_it_le
     assert fast.functions["?"].counters["dead"] == 2 and fast.functions[OTHER].counters["dead"] == 3
     assert fast.stray == 1 and fast.stats_left_out == junk
     assert queue_view(fast, project.runtime.config.queues["fast"])["stats_fields_left_out"] == junk
+    counted, seen = commands_run(project, project.client.stats)
+    assert not [c for c in seen if c[0].upper() == "HGETALL" and c[1] == k.stats], seen
+    assert counted["fast"]["stats_fields_left_out"] == junk and counted["fast"]["counters"]["succeeded|noop"] == 4
     cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "stats"],
                          env=project.env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr[-600:]
