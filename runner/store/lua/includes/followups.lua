@@ -1,6 +1,7 @@
 -- The follow-ups of a batch of settled jobs, each written once.
 --- @include "done"
 --- @include "jobs"
+--- @include "stats"
 
 -- A follow-up is written once by its id (parent id and index, see scripts.py): one whose
 -- record exists (queued, running, dead) or whose outcome is kept is not written again.
