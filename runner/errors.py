@@ -375,10 +375,14 @@ class NotWaiting(RunnerError):
 class JobEnded(RunnerError):
     """A cancel came too late: the job ended already (done, dead or cancelled)."""
 
-    def __init__(self, job_id: str, status: str) -> None:
+    def __init__(self, job_id: str, status: str, damaged: str = "") -> None:
         self.job_id = job_id
         self.status = status
-        super().__init__(f"job {job_id} has ended already ({status})")
+        # (what of the job's keys held another Redis type: "state", its status then read
+        # from the queue's sets)
+        self.damaged = damaged
+        said = f"; its {damaged} key holds another Redis type (damaged)" if damaged else ""
+        super().__init__(f"job {job_id} has ended already ({status}){said}")
 
 
 class SignalPending(RunnerError):

@@ -23,7 +23,7 @@ METRICS_OFF = [
      "local function tally(field)\n  if true then return end\n"),
     ("store/lua/includes/stats.lua", "local function flush(stats_key)\n",
      "local function flush(stats_key)\n  if true then return end\n"),
-    ("store/lua/includes/jobs.lua", "    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)\n", ""),
+    ("store/lua/includes/jobs.lua", "    stat_add(Q.stats, 'enqueued|' .. typ, c)\n", ""),
     ("worker/settler.py", "        if landed and fig.tput_prefix:\n", "        if False:\n"),
     ("worker/entries.py", 'fields = metrics.succeeded(t, (s.started_ms or now) - job.ready_ms, s.run_s * 1000, totals)',
      'fields = ""'),

@@ -378,6 +378,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     human = where.line() + "\n" + table(
         ("queue", "ready", "processing", "scheduled", "sleeping", "waiting", "dead", "succeeded", "retried",
          "cancelled", "paused"), rows)
+    for q in queues:
+        if q["stats_fields_left_out"]:
+            human += (f"\n{q['name']}: {q['stats_fields_left_out']} fields of its stats hash left out (too many to "
+                      "read whole: only the functions loaded here are read)")
     emit({"redis": where.as_dict(), "queues": queues, **down_view(gone)}, as_json, human)
     if gone:
         said_down(gone)

@@ -56,6 +56,7 @@ BULK_BYTES = records.SCRIPT_BYTES
 CANCEL_AHEAD_S = 2.0
 
 auditlog = logging.getLogger("runner.audit")
+log = logging.getLogger("runner.client")
 
 
 # --- pause and resume ------------------------------------------------------------------
@@ -560,9 +561,12 @@ def _cancel(client: Client, job_id: str, by: str | None, audited: bool, queue: s
     ttl_ms = int(rt.config.retention.done_s * 1000)
     entry = codec.dumps({"outcome": "cancel", "by": by}) if by is not None else ""  # timed by the script
     with reachable():
-        code, status = rt.scripts.cancel(k, job_id, ttl_ms, entry=entry)
+        code, status, *damaged = rt.scripts.cancel(k, job_id, ttl_ms, entry=entry)
+    if damaged:  # (its state key held another Redis type: answered by the queue's sets)
+        log.warning("cancel of job %s: its state key held another Redis type; answered as %s%s", job_id, status,
+                    "" if int(code) == -2 else f", the key set aside as {k.state(job_id)}:corrupt")
     if int(code) == -2:
-        raise JobEnded(job_id, status)
+        raise JobEnded(job_id, status, damaged="state" if damaged else "")
     if int(code) == -1:
         raise JobNotFound(job_id)
     if int(code) == 1:  # (a wait for an event leaves its registry)

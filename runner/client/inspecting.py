@@ -6,10 +6,11 @@ store function's (store/admin.py and its neighbours), and Redis going away is on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import GroupNotFound, JobNotFound, RunnerError, UnknownQueue
+from runner.observe import figures
 from runner.store import admin, connection, keys, listing, records, roster, routing
 from runner.store import audit as audit_log
 from runner.store import groups as group_store
@@ -78,18 +79,19 @@ def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
 def stats(client: Client) -> dict[str, dict[str, Any]]:
     """Per queue: ready (plain and priority jobs due now), processing, scheduled, dead,
     and the cluster-wide counters; summed over a partitioned queue's partitions, which
-    "partitions" lists one by one."""
+    "partitions" lists one by one. A stats hash too wide to read whole is read by the
+    names of the functions loaded, and "stats_fields_left_out" counts the rest."""
     rt = client.runtime
     parts = every(client)
     with reachable():
-        counted = admin.counts(rt.redis, parts)
+        counted = admin.counts(rt.redis, parts, lambda: figures.stats_names(list(rt.registry.functions)))
     out: dict[str, dict[str, Any]] = {}
     for k, one in zip(parts, counted, strict=True):
         q = out.get(k.queue)
         if q is None:
             out[k.queue] = q = {**one, "counters": dict(one["counters"])}
         else:
-            for f in ("ready", "processing", "scheduled", "dead"):
+            for f in ("ready", "processing", "scheduled", "dead", "stats_fields_left_out"):
                 q[f] += one[f]
             for name, v in one["counters"].items():
                 q["counters"][name] = q["counters"].get(name, 0) + v
@@ -230,17 +232,45 @@ def get_group(client: Client, group_id: str) -> dict[str, Any]:
     return view
 
 
-def group_outcomes(client: Client, group_id: str) -> list[Any]:
+# The most bytes of outcomes group_outcomes gathers in one list (iter_group_outcomes holds
+# one page at a time, store/groups.py PAGE_BYTES).
+MAX_OUTCOME_BYTES = 64 * 1024 * 1024
+
+
+def group_outcomes(client: Client, group_id: str, max_bytes: int = MAX_OUTCOME_BYTES) -> list[Any]:
     """Every member's outcome in member order (None for one not finished yet): what the
-    then-job's payload carries, read from Redis for a group too big to carry them."""
+    then-job's payload carries, read from Redis for a group too big to carry them. A group
+    whose outcomes pass ``max_bytes`` together (its hash counts them) is refused, naming
+    iter_group_outcomes, which reads them a page at a time: 1,000 outcomes of 1 MiB were
+    1 GB held at once."""
+    state = _readable_group(client, group_id)
+    held = records.count_of(state.fields.get("bytes") or 0, 2**62) or 0
+    if held > max_bytes:
+        raise RunnerError(f"group {group_id!r}'s outcomes take {held:,} bytes, past the {max_bytes:,} read into one "
+                          "list: read them a page at a time with Client.iter_group_outcomes (or pass max_bytes)")
+    return list(iter_group_outcomes(client, group_id))
+
+
+def iter_group_outcomes(client: Client, group_id: str, page_bytes: int = group_store.PAGE_BYTES) -> Iterator[Any]:
+    """Every member's outcome in member order (None for one not finished yet), read a
+    page at a time (at most 1,000 members and ``page_bytes`` of outcomes a round trip):
+    only that page is held, whatever the group's size."""
+    state = _readable_group(client, group_id)
+    k = client.runtime.keys[state.queue]
+    start = 1
+    while start <= state.total:
+        with reachable():
+            got, start = group_store.outcome_page(client.runtime.redis, k, group_id, state.total, start, page_bytes)
+        yield from got
+
+
+def _readable_group(client: Client, group_id: str) -> group_store.GroupState:
     state = group_state(client, group_id)
     if "total" in state.damaged:
         raise RunnerError(f"group {group_id!r}'s record is damaged (its total, {state.fields.get('total')!r:.40}, "
                           f"is not 0 to {group_store.MAX_MEMBERS:,}): its outcomes cannot be read; another "
                           "writer set it, so look for what writes this queue's group keys besides runner")
-    with reachable():
-        return list(group_store.outcomes(client.runtime.redis, client.runtime.keys[state.queue], group_id,
-                                         state.total))
+    return state
 
 
 def then_of(client: Client, group_id: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from runner.config import QueueConfig
 from runner.observe import metrics
-from runner.store.stats import minute_hashes, partition_rows, ready_since, server_ms
+from runner.store.stats import minute_hashes, partition_rows, ready_since, server_ms, stats_hashes
 
 
 class Source(Protocol):
@@ -35,8 +35,9 @@ class Source(Protocol):
 COUNTERS = ("enqueued", "succeeded", "retried", "dead", "cancelled", "duplicates", "deduplicated", "deferred", "paused",
             "ratelimited", "lost", "expired", "followups", "relayed", "abandoned", "steps", "replays", "sleeps",
             "waits", "signals", "invokes")
-# The stats hash says "?" for jobs buried before their type could be read (malformed).
-MALFORMED = "?"
+# The stats hash says "?" for jobs buried before their type could be read (malformed), and
+# for a type that can be no function's name (metrics.counted).
+MALFORMED = metrics.MALFORMED
 # A queue's figures name each function loaded here, the malformed "?", and at most this
 # many other type names of its stats hash (the busiest: most jobs counted), each a series
 # of about 40 samples in /metrics; the rest are summed under OTHER. Type names reach the
@@ -153,6 +154,9 @@ class QueueFigures:
     paused_functions: list[str] = field(default_factory=list)
     functions: dict[str, FunctionFigures] = field(default_factory=dict)
     partitions: list[PartitionFigures] = field(default_factory=list)  # of a queue of several
+    # Fields of its stats hash not read: a hash too wide to read whole (store/stats.py
+    # STATS_WHOLE) is read by the names of the functions loaded, "?" and OTHER only.
+    stats_left_out: int = 0
 
     def function(self, name: str) -> FunctionFigures:
         f = self.functions.get(name)
@@ -168,23 +172,44 @@ def _int(v: Any) -> int:
         return 0
 
 
+def _split(name: str) -> tuple[str, str, str] | None:
+    """A stats field's (figure, type, bucket), bucket '' but for lat and run; None for a
+    per-queue field. A type another writer gave a "|" is one type (the figure is the
+    first part, a bucket the last), shown as the malformed "?" as metrics.counted counts it."""
+    kind, sep, rest = name.partition("|")
+    if not sep:
+        return None
+    bucket = ""
+    if kind in ("lat", "run"):
+        rest, sep, bucket = rest.rpartition("|")
+        if not sep:
+            return kind, bucket, ""  # (no bucket: a field no writer makes, skipped)
+    return kind, rest, bucket
+
+
 def named(raw: Mapping[str, str], known: Collection[str]) -> Callable[[str], str]:
     """The name each type of a stats hash is shown under: its own for a ``known`` one (the
-    functions loaded), the malformed "?" and the MAX_NAMED others with the most jobs
-    counted (enqueued, succeeded, dead: what every job adds to), else OTHER; a name
-    starting with "_" (no function's) is OTHER too."""
+    functions loaded), the malformed "?" (and any name no function can have: one past
+    metrics.MAX_TYPE_BYTES, or with "|" or a space, as metrics.counted says) and the
+    MAX_NAMED others with the most jobs counted (enqueued, succeeded, dead: what every job
+    adds to), else OTHER; a name starting with "_" (no function's) is OTHER too."""
     activity: dict[str, int] = {}
     for name, value in raw.items():
-        parts = name.split("|")
-        if len(parts) not in (2, 3) or parts[0] == "corrupt":  # (corrupt|<key>: no type)
+        parts = _split(name)
+        if parts is None or parts[0] == "corrupt":  # (corrupt|<key>: no type)
             continue
         fn = parts[1]
-        if fn in known or fn == MALFORMED or fn.startswith("_"):
+        if fn in known or fn == MALFORMED or fn.startswith("_") or metrics.counted(fn) == MALFORMED:
             continue
         activity[fn] = activity.get(fn, 0) + (_int(value) if parts[0] in ("enqueued", "succeeded", "dead") else 0)
     kept = set(activity) if len(activity) <= MAX_NAMED else set(
         heapq.nlargest(MAX_NAMED, activity, key=lambda fn: (activity[fn], fn)))
-    return lambda fn: fn if fn in kept or fn in known or fn == MALFORMED else OTHER
+
+    def shown(fn: str) -> str:
+        if fn in kept or fn in known or fn == MALFORMED:
+            return fn
+        return MALFORMED if not fn.startswith("_") and metrics.counted(fn) == MALFORMED else OTHER
+    return shown
 
 
 def parse_stats(q: QueueFigures, raw: Mapping[str, str], known: Collection[str] = ()) -> None:
@@ -192,8 +217,8 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str], known: Collection[str] 
     Its types past MAX_NAMED beyond the ``known`` are summed under OTHER (``named``)."""
     shown = named(raw, known)
     for name, value in raw.items():
-        parts = name.split("|")
-        if len(parts) == 1:
+        parts = _split(name)
+        if parts is None:
             if name == "stray":
                 q.stray = _int(value)
             elif name == "groups_completed":
@@ -203,25 +228,46 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str], known: Collection[str] 
             elif name == "events_jobs":
                 q.events_jobs = _int(value)
             continue
-        kind, fn = parts[0], shown(parts[1])
-        if len(parts) == 2:
+        kind, typ, le = parts
+        if kind == "corrupt":  # (the key's name, as reclaim.lua counts it, not a type)
+            if typ in CORRUPT_NAMES:  # (another writer's name is no series)
+                q.corrupt[typ] = q.corrupt.get(typ, 0) + _int(value)
+            continue
+        fn = shown(typ)
+        if not le:
             if kind in COUNTERS:
                 q.function(fn).counters[kind] += _int(value)
-            elif kind == "corrupt":  # (the key's name, as reclaim.lua counts it, not a type)
-                q.corrupt[parts[1]] = q.corrupt.get(parts[1], 0) + _int(value)
             elif kind == "lat_sum":
                 q.function(fn).latency.sum_ms += _int(value)
             elif kind == "run_sum":
                 q.function(fn).run.sum_ms += _int(value)
-        elif len(parts) == 3 and kind in ("lat", "run") and parts[2] in _LE_INDEX:
+        elif le in _LE_INDEX:
             f = q.function(fn)
             h = f.latency if kind == "lat" else f.run
-            h.counts[_LE_INDEX[parts[2]]] += _int(value)
+            h.counts[_LE_INDEX[le]] += _int(value)
+
+
+# The names reclaim.lua counts a damaged key under ("corrupt|<name>").
+CORRUPT_NAMES = ("stats", "claims", "done meta", "leases", "ready", "dead", "notify", "scheduled", "limwait",
+                 "delayed", "sleeping", "waiting")
+_QUEUE_FIELDS = ("stray", "groups_completed", "events_emitted", "events_jobs")
+
+
+def stats_names(functions: Collection[str]) -> list[str]:
+    """Every field parse_stats reads of a queue's stats hash for ``functions`` (and the
+    malformed "?" and OTHER): what a reader asks by name of a hash too wide to read whole."""
+    out = [*_QUEUE_FIELDS, *(f"corrupt|{n}" for n in CORRUPT_NAMES)]
+    for fn in sorted({*functions, MALFORMED, OTHER}):
+        out += [f"{c}|{fn}" for c in COUNTERS]
+        out += [f"lat_sum|{fn}", f"run_sum|{fn}"]
+        out += [f"{kind}|{fn}|{le}" for kind in ("lat", "run") for le in _LE_INDEX]
+    return out
 
 
 def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = True) -> list[QueueFigures]:
-    """Every configured queue's figures, in two pipelined round trips (and one for the
-    server's clock, unless ``now_ms`` is given: tests pin it).
+    """Every configured queue's figures, in three pipelined round trips (and one for the
+    server's clock, unless ``now_ms`` is given: tests pin it); a stats hash too wide to
+    read whole is read by name and its fields left out counted (``stats_left_out``).
 
     Functions loaded now appear even before they have run (with zeros), so a scrape sees
     a counter from its first value; ``loaded_functions=False`` leaves them out (only the
@@ -234,6 +280,13 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
         now_ms = server_ms(rt.redis)
     every = [k for parts in rt.parts.values() for k in parts]
     rows = partition_rows(rt.redis, every, now_ms)  # each as store/stats.py's ROW names its fields
+    # The stats hashes in a second round trip, each read whole or by name (by its size).
+    sizes = [row[7] for row in rows]
+    hashes = stats_hashes(rt.redis, every, sizes, lambda: stats_names(list(rt.registry.functions)))
+    left_out: dict[str, int] = {}
+    for k, row, size, h in zip(every, rows, sizes, hashes, strict=True):
+        row[7] = h
+        left_out[k.queue] = left_out.get(k.queue, 0) + size - len(h)
     # A partitioned queue's figures are its partitions' summed: every count and histogram
     # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
     sums: dict[str, list[Any]] = {}
@@ -276,7 +329,7 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
                          scheduled=max(0, sched - sleeping - waiting), scheduled_due=due, sleeping=sleeping,
                          waiting=waiting, dead=dead, cancelled=cancelled, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")),
-                         partitions=each.get(name, []))
+                         partitions=each.get(name, []), stats_left_out=left_out.get(name, 0))
         parse_stats(q, stats, known)
         out.append(q)
         by_name[name] = q
@@ -318,6 +371,7 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "max_attempts": cfg.max_attempts,
         "functions": {name: f.as_dict() for name, f in sorted(q.functions.items())},
         "partitions": [p.as_dict() for p in q.partitions],
+        "stats_fields_left_out": q.stats_left_out,
     }
 
 

@@ -43,6 +43,23 @@ BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000
 _LABELS = (*map(str, BUCKETS_MS), "inf")  # made once: two per settled job
 
 
+# The longest name a function can have: its file's stem (a file name holds 255 bytes).
+MAX_TYPE_BYTES = 252
+# Where the stats hash counts a type that can be no function's name (lua/includes/stats.lua).
+MALFORMED = "?"
+
+
+def counted(type_: str) -> str:
+    """The type name a job's figures are counted under: its own when it could be a
+    function's (an identifier of at most MAX_TYPE_BYTES), else MALFORMED. Another producer's
+    record names any type: one with a space or "=" split into other fields (or added a
+    count to another's), one with "|" into no series, and a 100 KB one made every /metrics
+    scrape carry it in each of its samples."""
+    # (A character is at most 4 bytes of UTF-8: the short names skip the encoding.)
+    fits = type_.isidentifier() and (len(type_) <= MAX_TYPE_BYTES // 4 or len(type_.encode()) <= MAX_TYPE_BYTES)
+    return type_ if fits else MALFORMED
+
+
 def bucket(ms: float) -> str:
     return _LABELS[bisect.bisect_left(BUCKETS_MS, ms)]
 

@@ -417,6 +417,12 @@ class Pipeline:
     def hgetall(self, key: str) -> Pipeline:
         return self._add("HGETALL", key, then=_pairs)
 
+    def hlen(self, key: str) -> Pipeline:
+        return self._add("HLEN", key)
+
+    def hmget(self, key: str, fields: list[str]) -> Pipeline:
+        return self._add("HMGET", key, *fields)
+
     def llen(self, key: str) -> Pipeline:
         return self._add("LLEN", key)
 

@@ -123,6 +123,9 @@ MAX_STEPS = 1000
 # only the fields of STATE_SHOWN, by name, never its field names or the hash whole (one
 # of 300,000 fields held Redis 2.5 s in each list that showed it). lookup.lua's MAX_FIELDS.
 MAX_STATE_FIELDS = 10_000
+# A list row's bound (lookup.lua's LIST_FIELDS), with at most 256 fields apart from the
+# steps sized: a page of 150 rows of 9,990 fields each held Redis 0.35-0.7 s.
+LIST_STATE_FIELDS = 2_200
 # The state fields a view shows of a state hash past MAX_STATE_FIELDS (lookup.lua's SHOWN).
 STATE_SHOWN = ("status", "attempt", "reason", "error", "history", "progress", "checkpoint", "children",
                "priority", "requeued", "deferrals", "absorbed", "enqueued_ms", "ready_ms", "started_ms",

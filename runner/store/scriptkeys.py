@@ -25,7 +25,7 @@ _ENQUEUE = ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix"
             "lim_prefix", "delayed")
 _CANCEL = ("job", "claims", "leases", "scheduled", "done_meta", "done_prefix", "idem_prefix", "census", "ended",
            "cancelled", "cancels", "group_prefix", "job_prefix", "ready", "notify", "stats", "outbox", "prio",
-           "lim_prefix", "limwait", "sleeping", "waiting", "delayed")
+           "lim_prefix", "limwait", "sleeping", "waiting", "delayed", "dead")
 _GROUP = ("ready", "scheduled", "notify", "stats", "job_prefix", "idem_prefix", "claims", "census", "prio",
           "group_prefix", "done_meta", "done_prefix", "outbox", "delayed")
 

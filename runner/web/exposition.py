@@ -23,6 +23,9 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_events_jobs_total                     the jobs those events started, per home queue
     runner_jobs_stray_total                      ready ids dropped because their record was settled
     runner_corrupt_keys_total                    queue keys of another Redis type set aside (key)
+    runner_stats_fields_left_out                 fields of the queue's stats hash this scrape did not
+                                                 read: one too wide to read whole is read by the
+                                                 names of the functions loaded (docs/observability.md)
     runner_job_latency_seconds                   histogram: ready to started (successful attempts)
     runner_job_run_seconds                       histogram: handler run time (successful attempts)
     runner_functions_loaded, runner_function_load_errors
@@ -149,7 +152,11 @@ class RunnerCollector:
                                       "in every queue they went to.", labels=["queue"])
         corrupt = CounterMetricFamily("runner_corrupt_keys", "Keys of the queue found holding another Redis type "
                                       "and set aside as <key>:corrupt (each time).", labels=["queue", "key"])
+        left = GaugeMetricFamily("runner_stats_fields_left_out", "Fields of the queue's stats hash not read: a hash "
+                                 "too wide to read whole is read by the names of the functions loaded.",
+                                 labels=["queue"])
         for q in queues:
+            left.add_metric([q.name], q.stats_left_out)
             age.add_metric([q.name], q.oldest_ready_age_s or 0.0)
             stray.add_metric([q.name], q.stray)
             for name, n in sorted(q.corrupt.items()):
@@ -160,6 +167,7 @@ class RunnerCollector:
         yield age
         yield stray
         yield corrupt
+        yield left
         yield groups
         yield emitted
         yield started

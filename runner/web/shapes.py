@@ -176,6 +176,8 @@ COMPONENTS: dict[str, Any] = {
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
         "partitions": {"type": "array", "items": ref("Partition"),
                        "description": "each partition of a queue of several (empty for one)"},
+        "stats_fields_left_out": {"type": "integer", "description": "fields of the queue's stats hash not read: "
+                                  "one too wide to read whole is read by the names of the functions loaded"},
     }),
     "Partition": _obj({
         "partition": _INT, "tag": _STR,

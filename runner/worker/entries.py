@@ -68,7 +68,7 @@ def _member_dead(job: Claimed, o: Dead, trace: Any = None) -> Member | None:
 
 def _abandoned(s: Settlement) -> str:
     """The stats field of a run given up at TIMEOUT plus the grace, '' for any other."""
-    return f" abandoned|{s.run.job.type}" if s.extra and s.extra.get("abandoned") else ""
+    return f" abandoned|{metrics.counted(s.run.job.type)}" if s.extra and s.extra.get("abandoned") else ""
 
 
 class Calls:
@@ -243,7 +243,7 @@ class Entries:
     def retry(self, s: Settlement, o: RetryLater, now: int) -> RetryAt:
         """A failed attempt with attempts left: again after its backoff."""
         job = s.run.job
-        t = job.type
+        t = metrics.counted(job.type)
         return RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
                        _history(job.attempt, "retry", s.started_ms, now, o.error),
                        f"retried|{t}" + _abandoned(s))
@@ -254,7 +254,7 @@ class Entries:
         job = s.run.job
         return RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error),
                        _history(job.attempt, "rate limited", s.started_ms, now, o.error),
-                       f"ratelimited|{job.type}", refund=True, rate_limited=True,
+                       f"ratelimited|{metrics.counted(job.type)}", refund=True, rate_limited=True,
                        last=job.attempt >= job.max_attempts)
 
     def deferred(self, s: Settlement, o: RetryLater) -> RetryAt:
@@ -262,16 +262,17 @@ class Entries:
         does not know yet): no history entry."""
         job = s.run.job
         return RetryAt(job.id, job.token, int(o.delay_s * 1000), codec.dumps(o.error), "",
-                       f"deferred|{job.type}", refund=True)
+                       f"deferred|{metrics.counted(job.type)}", refund=True)
 
     def suspension(self, s: Settlement, o: Suspended) -> Suspension:
         """A durable function's run ended at a sleep: no attempt spent, no history entry
         (the step log says where it stands)."""
         job = s.run.job
-        stats = f"sleeps|{job.type}" if o.kind == "sleep" else f"waits|{job.type}"
+        t = metrics.counted(job.type)
+        stats = f"sleeps|{t}" if o.kind == "sleep" else f"waits|{t}"
         child = s.run.invoked if o.kind == "invoke" and o.entry else None
         if child is not None:
-            stats += f" invokes|{job.type}"
+            stats += f" invokes|{t}"
         fn = self.rt.registry.functions.get(job.type)
         ret = self.rt.config.retention
         return Suspension(job.id, job.token, o.position, o.entry, o.delay_ms, o.due_ms, journal.MAX_STEPS,
@@ -290,7 +291,7 @@ class Entries:
         entry); its ON_FAILURE job goes with it. Like every failed attempt, it adds nothing
         to the latency and run-time histograms: they are of attempts that succeeded."""
         job = s.run.job
-        t = job.type
+        t = metrics.counted(job.type)
         entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
         stats = f"dead|{t}" + ("" if o.refund else _abandoned(s))
         return self._buried(s, o, entry, stats, self._on_failure(job, o.error, s.run.trace))
@@ -298,7 +299,7 @@ class Entries:
     def cancelled(self, s: Settlement, o: Dead, now: int) -> Burial:
         """Ended on a cancel request: cancelled, never counted dead, nothing for ON_FAILURE."""
         job = s.run.job
-        t = job.type
+        t = metrics.counted(job.type)
         entry = "" if o.refund else _history(job.attempt, o.reason, s.started_ms, now, o.error)
         stats = f"cancelled|{t}" + ("" if o.refund else _abandoned(s))
         return self._buried(s, o, entry, stats, ())
@@ -307,14 +308,14 @@ class Entries:
         """Not started within its MAX_AGE: dead, and though it spent no attempt, the history
         says why it never ran; its ON_FAILURE job goes with it."""
         job = s.run.job
-        t = job.type
+        t = metrics.counted(job.type)
         entry = _history(job.attempt, o.reason, s.started_ms, now, o.error)
         return self._buried(s, o, entry, f"dead|{t} expired|{t}", self._on_failure(job, o.error, s.run.trace))
 
     def _buried(self, s: Settlement, o: Dead, entry: str, stats: str, follow: tuple[Followup, ...]) -> Burial:
         job = s.run.job
         if follow:
-            stats += f" followups|{job.type}={len(follow)}"
+            stats += f" followups|{metrics.counted(job.type)}={len(follow)}"
         return Burial(job.id, job.token, o.reason, codec.dumps(o.error) if o.error else "", entry, o.refund, stats,
                       follow, _member_dead(job, o, s.run.trace))
 

@@ -505,3 +505,26 @@ def test_cancel_all_deferred_cancels_while_limits_wake_and_no_cancelled_job_runs
     assert {a.get("cancel") for a in answers} == {"cancelled"}
     assert {c.get(a["id"]).status for a in answers} == {"cancelled"}
     project.stop_all()
+
+
+def test_a_cancel_of_a_job_whose_state_key_is_damaged_answers_as_for_its_real_status(project: Project) -> None:
+    """A dead job whose state key held another Redis type (another writer's damage) was a
+    404 to a cancel, where a sound dead job is a 409; a queued one was a 404 too. Each is
+    answered by what the queue's sets say of it: the dead one has ended (409, the damage
+    named), the queued one ends cancelled, its damaged state set aside as <key>:corrupt."""
+    from runner.store import records
+
+    r, k = project.runtime.redis, project.keys()
+    r.set(k.job("dmg1"), records.encode({"type": "noop", "version": 1, "payload": "{}", "max_attempts": 3}))
+    r.set(k.state("dmg1"), "clobbered")
+    r.zadd(k.dead, {"dmg1": 1})
+    with pytest.raises(JobEnded) as ended:
+        project.client.cancel("dmg1")
+    assert ended.value.status == "dead" and "state" in str(ended.value), str(ended.value)
+    assert r.get(k.state("dmg1")) == "clobbered"  # (a refusal writes nothing)
+    job = project.client.enqueue("noop", {})
+    r.set(k.state(job.id), "clobbered")
+    assert project.client.cancel(job.id) == "cancelled"
+    assert r.get(k.state(job.id) + ":corrupt") == "clobbered"
+    assert project.client.get(job.id).as_dict()["status"] == "cancelled"
+    assert r.lrange(k.ready, 0, -1) == []

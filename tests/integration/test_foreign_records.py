@@ -5,6 +5,7 @@ line; every view of such a job answers, small, and `runner logs` prints it."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from test_web_support import Web, gunicorn
 
+from runner.errors import JobNotFound
 from runner.store import records
 
 from conftest import Project
@@ -139,6 +141,42 @@ def test_a_requeue_of_a_job_whose_state_hash_is_very_wide_reads_it_by_name(proje
     assert not {"hgetall", "hkeys", "hvals", "hscan"} & set(used), used
     assert sum(used.values()) < 1_000, used
     assert project.client.get("wide2").as_dict()["status"] == "queued"
+
+
+def test_a_requeue_of_a_record_of_the_release_before_grown_very_wide_reads_it_by_name(project: Project) -> None:
+    """A record of the release before is one hash holding record and state; one of 300,000
+    fields was read whole (HGETALL) by requeue, 0.2 s of Redis in one command. It is read
+    by name past records.MAX_STATE_FIELDS, as a wide state hash is."""
+    r, k = project.runtime.redis, project.keys()
+    r.hset(k.job("old1"), mapping={"type": "noop", "version": "1", "payload": "{}", "max_attempts": "3",
+                                   "status": "dead", "attempt": "3"})
+    for start in range(0, 20_000, 10_000):
+        r.hset(k.job("old1"), mapping={f"junk{i}": "v" for i in range(start, start + 10_000)})
+    r.zadd(k.dead, {"old1": 1})
+    r.config_resetstat()
+    with contextlib.suppress(JobNotFound):
+        project.client.requeue("fast", "old1")
+    used = _commands(r)
+    assert not {"hgetall", "hkeys", "hvals", "hscan"} & set(used), used
+    assert sum(used.values()) < 1_000, used
+
+
+def test_a_page_of_dead_jobs_just_under_the_wide_bound_reads_a_bounded_share_of_each(project: Project) -> None:
+    """150 dead jobs whose state hashes held 9,990 fields each (just under the bound past
+    which a hash is read by name) held Redis 0.35-0.7 s for one page of GET /dead/{queue}:
+    each row read every field name and sized every field. A row reads a bounded number of
+    fields whatever the hash holds, and still shows the job."""
+    r, k = project.runtime.redis, project.keys()
+    rows = 20
+    for n in range(rows):
+        _plant_dead(project, f"near{n}", attempt="2", error='{"type":"E","message":"boom"}')
+        r.hset(k.state(f"near{n}"), mapping={f"junk{i}": "v" * 20 for i in range(9_990 - 5)})
+    r.config_resetstat()
+    total, jobs = project.client.dead("fast", limit=rows)
+    used = _commands(r)
+    assert total == rows and sorted(j.id for j in jobs) == sorted(f"near{n}" for n in range(rows))
+    assert all(j.as_dict()["status"] == "dead" and j.as_dict()["attempt"] == 2 for j in jobs)
+    assert sum(used.values()) < rows * 300, used
 
 
 # --- times and shapes out of range in every kind of record -----------------------------------

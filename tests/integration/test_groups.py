@@ -163,3 +163,27 @@ def test_post_groups_and_get_its_progress(fns: Project) -> None:
     assert 'runner_groups_completed_total{queue="fast"} 1.0' in metrics
     missing = client.simulate_get("/groups/gnope")
     assert missing.status_code == 404 and missing.json["type"] == "urn:runner:problem:group-not-found"
+
+
+def test_a_groups_outcomes_are_read_a_bounded_page_at_a_time(fns: Project) -> None:
+    """A group's outcomes were read 1,000 per HMGET and gathered in one list: 1,000
+    outcomes of 1 MiB were 1 GB in one reply and in the reader's memory. Each round trip
+    reads at most 8 MiB of them; iter_group_outcomes holds one page at a time, and
+    group_outcomes refuses a group past 64 MiB, naming iter_group_outcomes."""
+    from runner.errors import RunnerError
+
+    c, r = fns.client, fns.runtime.redis
+    n, big = 66, "x" * (1024 * 1024)
+    g = c.group([Request("part", {"n": i}) for i in range(n)], then=Request("merge", {}))
+    k = fns.keys()
+    for i in range(1, n + 1):
+        r.hset(k.group_outcomes(g.id), str(i), json.dumps({"id": g.members[i - 1], "status": "done", "result": big}))
+    r.hset(k.group(g.id), "bytes", sum(r.hstrlen(k.group_outcomes(g.id), str(i)) for i in range(1, n + 1)))
+    with pytest.raises(RunnerError, match="iter_group_outcomes"):
+        c.group_outcomes(g.id)
+    r.config_resetstat()
+    got = [o["id"] for o in c.iter_group_outcomes(g.id)]
+    assert got == list(g.members)
+    calls = {name: v["calls"] for name, v in r.info("commandstats").items()}
+    assert calls["cmdstat_hmget"] >= n // 8, calls  # (8 MiB a round trip at most: 8 outcomes of 1 MiB)
+    assert len(c.group_outcomes(g.id, max_bytes=100 * 1024 * 1024)) == n

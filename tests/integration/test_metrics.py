@@ -204,3 +204,69 @@ def test_a_stats_hash_of_very_many_function_names_keeps_the_scrape_bounded(proje
     assert cli.returncode == 0, cli.stderr[-600:]
     fast = next(q for q in json.loads(cli.stdout)["queues"] if q["name"] == "fast")
     assert len(fast["functions"]) <= len(loaded) + MAX_NAMED + 2 and fast["functions"][OTHER]["succeeded"] == folded
+
+
+def commands_run(project: Project, call: Any) -> tuple[Any, list[list[str]]]:
+    """``call()``'s value and every command the server ran meanwhile (its SLOWLOG at 0 us),
+    each as its first two words: what a reader asked, whatever its time on this host."""
+    r = project.runtime.redis
+    was = r.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"]
+    size = r.config_get("slowlog-max-len")["slowlog-max-len"]
+    r.config_set("slowlog-max-len", 10_000)
+    r.config_set("slowlog-log-slower-than", 0)
+    r.slowlog_reset()
+    try:
+        value = call()
+        seen = [[w.decode() if isinstance(w, bytes) else str(w) for w in e["command"].split()[:2]]
+                if isinstance(e["command"], bytes) else list(map(str, e["command"][:2]))
+                for e in r.slowlog_get(10_000)]
+    finally:
+        r.config_set("slowlog-log-slower-than", was)
+        r.config_set("slowlog-max-len", size)
+    return value, seen
+
+
+def test_a_stats_hash_too_wide_to_read_whole_is_read_by_name_and_says_what_it_left_out(project: Project) -> None:
+    """Another writer's type names grew a stats hash to 1.44 million fields, and every
+    reader (/metrics, GET /queues, the dashboard, `runner stats`) read it whole: one
+    HGETALL held Redis 0.7-0.85 s per read. A hash past STATS_WHOLE fields is read by the
+    names of the functions loaded (and "?", "_other"), never whole, and the figures say how
+    many fields they left out."""
+    from runner.observe.figures import OTHER, queue_view, read_queues
+
+    r, k = project.runtime.redis, project.keys("fast")
+    junk = 25_000  # (past store/stats.py STATS_WHOLE)
+    pipe = r.pipeline(transaction=False)
+    for i in range(0, junk, 5_000):
+        pipe.hset(k.stats, mapping={f"dead|junk{j}": 1 for j in range(i, i + 5_000)})
+    pipe.hset(k.stats, mapping={"succeeded|noop": 4, "lat|noop|5": 4, "dead|?": 2, f"dead|{OTHER}": 3, "stray": 1})
+    pipe.execute()
+    figures, seen = commands_run(project, lambda: read_queues(project.runtime))
+    fast = next(q for q in figures if q.name == "fast")
+    assert not [c for c in seen if c[0].upper() == "HGETALL" and c[1] == k.stats], seen
+    assert fast.functions["noop"].counters["succeeded"] == 4 and fast.functions["noop"].latency.count == 4
+    assert fast.functions["?"].counters["dead"] == 2 and fast.functions[OTHER].counters["dead"] == 3
+    assert fast.stray == 1 and fast.stats_left_out == junk
+    assert queue_view(fast, project.runtime.config.queues["fast"])["stats_fields_left_out"] == junk
+    counted, seen = commands_run(project, project.client.stats)
+    assert not [c for c in seen if c[0].upper() == "HGETALL" and c[1] == k.stats], seen
+    assert counted["fast"]["stats_fields_left_out"] == junk and counted["fast"]["counters"]["succeeded|noop"] == 4
+    cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(project.root / "runner.toml"), "stats"],
+                         env=project.env, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr[-600:]
+    assert f"fast: {junk} fields of its stats hash left out" in cli.stdout, cli.stdout
+
+
+def test_a_type_name_no_function_can_have_is_counted_and_shown_as_malformed(project: Project) -> None:
+    """A type comes from another producer's record as it wrote it: a 100 KB name made every
+    /metrics scrape 5.7 MB (the name in each of its samples), and one with "|" split into a
+    figure of no series. Any name no function can have is shown as the malformed "?"."""
+    from runner.observe.figures import read_queues
+
+    r, k = project.runtime.redis, project.keys("fast")
+    huge = "x" * 100_000
+    r.hset(k.stats, mapping={f"dead|{huge}": 5, "dead|a|b": 2, "lat|a|b|5": 2, "dead|a b": 1, "dead|noop": 1})
+    fast = next(q for q in read_queues(project.runtime) if q.name == "fast")
+    assert max(map(len, fast.functions)) < 300, sorted(map(len, fast.functions))
+    assert fast.functions["?"].counters["dead"] == 8 and fast.functions["?"].latency.count == 2
+    assert fast.functions["noop"].counters["dead"] == 1

@@ -159,6 +159,29 @@ def test_enqueue_batch_keeps_order_and_counts_once(p: Project) -> None:
     assert p.runtime.redis.hget(p.keys().stats, "enqueued|noop") == "3"
 
 
+def test_a_full_stats_hash_adds_new_names_under_other_and_keeps_counting_its_own(p: Project) -> None:
+    """Another producer's type names grew a stats hash to 1.44 million fields, one per name
+    and figure. Once it holds 10,000 fields, a figure of a name it does not hold yet is
+    added under "_other": the hash stops growing, the count is kept, and the names it holds
+    (the functions that ran before) go on counting under their own."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"))
+    r.hset(k.stats, mapping={f"dead|junk{i}": 1 for i in range(10_000)})
+    enqueue(p, new("b"), new("c", type_="newtype"), new("d", type_="other2"), new("e", type_="other2"))
+    assert r.hget(k.stats, "enqueued|noop") == "2"
+    assert r.hget(k.stats, "enqueued|newtype") is None and r.hget(k.stats, "enqueued|_other") == "3"
+    assert r.hlen(k.stats) == 10_002
+
+
+def test_a_type_no_function_can_have_is_counted_as_malformed(p: Project) -> None:
+    """A type name is another producer's to write: one with "|" made a field that split
+    into no series, one with a space or "=" one that split in two, and one of 100 KB a field
+    that long. A name no function can have is counted under the malformed "?"."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a", type_="a|b"), new("b", type_="x" * 100_000), new("c", type_="a b=5"))
+    assert r.hgetall(k.stats) == {"enqueued|?": "3"}
+
+
 def test_enqueue_writes_meta_only_when_given(p: Project) -> None:
     """A job's meta (a small JSON object) is written to its record only when non-empty, and
     the job view lays its keys at the top level without shadowing a record field."""
@@ -2171,7 +2194,9 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     # + one HINCRBY for the stats field given here (a worker gives none: it sums them) and
     # one for the census (the minute's throughput count is the worker's to add too)
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 2, "hincrby": 2}
-    assert phases[0] == (claim_cost, {**ack_cost, "hset": 2})  # the first ack begins generation 0
+    # The first ack begins generation 0, and its stats field, new to the hash, asks the
+    # hash's size (its bound: includes/stats.lua)
+    assert phases[0] == (claim_cost, {**ack_cost, "hset": 2, "hlen": 1})
     assert phases[1] == ({**claim_cost, "time": 1}, {**ack_cost, "time": 1})
 
 
@@ -2301,7 +2326,8 @@ def test_lookup_with_a_cut_returns_the_big_values_cut_and_their_sizes(p: Project
 
 
 def test_lookup_of_a_state_hash_past_its_bound_reads_only_the_fields_shown(p: Project) -> None:
-    """A state hash of records.MAX_STATE_FIELDS fields is read as ever; one more field and
+    """A state hash of records.MAX_STATE_FIELDS fields is read as ever (by a job's view; a
+    list row's bound is lower); one more field and
     lookup.lua reads only records.STATE_SHOWN, by name, with or without a cut, and says
     how many fields the hash holds (records.WIDE): the job view names it damaged."""
     k, r = p.keys(), p.runtime.redis
@@ -2313,7 +2339,8 @@ def test_lookup_of_a_state_hash_past_its_bound_reads_only_the_fields_shown(p: Pr
     r.hset(k.state("w"), mapping={f"junk{i}": "j" for i in range(junk)})
     assert r.hlen(k.state("w")) == records.MAX_STATE_FIELDS
     assert len(p.runtime.scripts.lookup(k, "w")[1]) == 2 * records.MAX_STATE_FIELDS
-    assert records.WIDE not in p.runtime.scripts.lookup(k, "w", cut=16)[1]
+    # (a list row's bound is lower, records.LIST_STATE_FIELDS: this hash is wide to it)
+    assert records.WIDE in p.runtime.scripts.lookup(k, "w", cut=16)[1]
     r.hset(k.state("w"), "one-more", "j")
     state = p.runtime.scripts.lookup(k, "w")[1]
     assert dict(zip(state[::2], state[1::2], strict=True)) == {**own, records.WIDE: str(records.MAX_STATE_FIELDS + 1)}

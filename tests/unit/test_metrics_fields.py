@@ -34,3 +34,13 @@ def test_the_batch_totals_count_what_every_jobs_fields_count(runs: list[tuple[st
     summed: Counter[str] = Counter()
     _add(summed, totals.text())
     assert summed == one_by_one
+
+
+def test_a_type_no_function_can_have_is_counted_as_malformed() -> None:
+    """The worker's stats fields name a record's type as another producer wrote it: "a b"
+    was counted as "dead|a" and "b", and "x=9" added 9 to "dead|x". A name no function can
+    have (not an identifier, or past the longest file stem) is counted as "?"."""
+    assert metrics.counted("send_email") == "send_email" and metrics.counted("opé") == "opé"
+    for bad in ("a b", "x=9", "a|b", "", "x" * 253, "é" * 127):
+        assert metrics.counted(bad) == metrics.MALFORMED, bad
+    assert metrics.counted("x" * 252) == "x" * 252

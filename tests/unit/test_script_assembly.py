@@ -85,10 +85,11 @@ def test_a_helper_is_defined_before_the_script_uses_it(name: str) -> None:
 
 def test_a_script_is_sent_with_only_the_includes_it_declares() -> None:
     """enqueue takes the clock and the batch writer (with the job writer and what that
-    writes through: records, idempotency keys, waking), not the follow-ups' check by id;
+    writes through: records, idempotency keys, waking, the stats hash's bounded count), not
+    the follow-ups' check by id;
     emit the same batch writer; hold only claims; lookup nothing."""
-    assert includes(_source("enqueue")) == ["clock", "idem", "ready", "records", "jobs", "batch"]
-    assert includes(_source("emit")) == ["clock", "idem", "ready", "records", "jobs", "batch"]
+    assert includes(_source("enqueue")) == ["clock", "idem", "ready", "records", "stats", "jobs", "batch"]
+    assert includes(_source("emit")) == ["clock", "idem", "ready", "records", "stats", "jobs", "batch"]
     assert includes(_source("hold")) == ["calls", "claims"]
     assert includes(_source("lookup")) == []
     assert assemble("return 1") == "return 1"

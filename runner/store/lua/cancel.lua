@@ -42,6 +42,7 @@
 -- KEYS[22] waiting     ZSET  the same for the waiting ones
 -- KEYS[23] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)
+-- KEYS[24] dead        ZSET  (a job whose state key is damaged is dead when it is in it)
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] job id
 -- ARGV[3] retention, ms
@@ -56,7 +57,12 @@
 --
 -- Returns {code, status}: 1 cancelled, 2 stop requested (running), 3 claimed ahead: its
 -- worker drops it (the caller reads the job to learn which way it went), -1 no such job,
--- -2 ended already (status done, dead or cancelled).
+-- -2 ended already (status done, dead or cancelled); and a third value, 'state', when the
+-- job's state key held another Redis type (another writer's damage). Its status is then
+-- what the queue's sets say: dead or cancelled in theirs (-2, the key left as it is), else
+-- the key is set aside as <key>:corrupt before anything is written, and the job is
+-- cancelled as one with no state yet (a claimed one asked to stop). A raise midway left
+-- the claim flagged and the state unwritten.
 --
 -- A batch of deferred jobs (`runner cancel --all --status deferred`): K.job is then a
 -- deferred list (a paused function's held list, or a limit's waiters) and this call
@@ -198,6 +204,18 @@ do
     if done_has(K.done_meta, K.done_prefix, id) then return {-2, 'done'} end
     return {-1, ''}
   end
+  local status = redis.pcall('HGET', sk, 'status')
+  local damaged = type(status) == 'table'
+  if damaged then
+    if K.dead and redis.call('ZSCORE', K.dead, id) then return {-2, 'dead', 'state'} end
+    if redis.call('ZSCORE', K.cancelled, id) then return {-2, 'cancelled', 'state'} end
+    redis.call('RENAME', sk, sk .. ':corrupt')
+    status = false
+  end
+  local function said(out)
+    if damaged then out[3] = 'state' end
+    return out
+  end
   local c = parse_claim(redis.call('HGET', K.claims, id))
   if c then
     if not c.cancel then
@@ -209,17 +227,17 @@ do
     note(sk)
     if c.prefetched then
       redis.call('PUBLISH', K.cancels, id .. ' ' .. c.token)
-      return {3, 'queued'}
+      return said({3, 'queued'})
     end
-    return {2, 'processing'}
+    return said({2, 'processing'})
   end
-  local status = redis.pcall('HGET', sk, 'status')
-  if type(status) == 'table' then return {-1, ''} end
+  -- (a damaged state's job in neither set: queued, or scheduled when that set holds it)
+  if damaged and redis.call('ZSCORE', K.scheduled, id) then status = 'scheduled' end
   status = status or 'queued'
   if status == 'done' or status == 'dead' or status == 'cancelled' then return {-2, status} end
   note(sk)
   if status == 'queued' then unready(id, sk) end
   local out = finish(jk, id, rec)
   if K.stats then flush(K.stats) end
-  return out
+  return said(out)
 end

@@ -36,8 +36,8 @@
 -- MAX_FIELDS), each value's size (HSTRLEN, O(1)), then only what the row shows:
 -- kept signals' bodies never, big values within ARGV[3], steps as above.
 --
--- A state hash of more than MAX_FIELDS fields (HLEN first, with or without a cut) is
--- damage: only the fields of SHOWN are read, by name (with a cut, as above), and the
+-- A state hash of more than MAX_FIELDS fields (HLEN first, with or without a cut; a list
+-- row's bound is LIST_FIELDS) is damage: only the fields of SHOWN are read, by name (with a cut, as above), and the
 -- state's reply ends with the pair '\0wide', its count of fields (records.WIDE); a state
 -- key of another type is the pair alone, with the count 0. A damaged state whose status
 -- was not read gets the one its sets say (dead, scheduled), else the view's default.
@@ -62,6 +62,13 @@ local SMALL = 16384
 -- HSTRLEN a field). Only the fields a view shows of it are read, by name (SHOWN), and
 -- the reply names it damaged (records.WIDE: its count of fields).
 local MAX_FIELDS = 10000
+-- A list row (given a cut) reads the field names of a state hash of at most LIST_FIELDS
+-- fields (a sound one holds about 30 of its own, two per step of its log, MAX_STEPS 1,000,
+-- and two per signal name kept), and sizes at most LIST_OTHER of its fields apart from the
+-- steps: 150 rows of 9,990 fields each (just under MAX_FIELDS) held Redis 0.35-0.7 s for
+-- one page. A wider one is read as a wide one, by name (SHOWN).
+local LIST_FIELDS = 2200
+local LIST_OTHER = 256
 local SHOWN = {'status', 'attempt', 'reason', 'error', 'history', 'progress', 'checkpoint', 'children',
                'priority', 'requeued', 'deferrals', 'absorbed', 'enqueued_ms', 'ready_ms', 'started_ms',
                'finished_ms', 'lease_ms', 'run_attempt', 'run_started_ms', 'token', 'cancel_requested'}
@@ -200,12 +207,16 @@ local function listed_state(sk, cut, budget, inline, listed, sizes, all, shown)
     sizes[#sizes + 1] = from
   end
   local whole, heads, out = {}, {}, {}
+  local other = LIST_OTHER
   for _, f in ipairs(names) do
     local step = string.sub(f, 1, 5) == 'step:'
     local i = step and tonumber(string.sub(f, 6))
     if step and not (i and i >= from and i < count) then
       -- (a step the row does not list)
+    elseif not step and other <= 0 then
+      -- (past the fields a row sizes: another writer's)
     elseif string.sub(f, 1, 4) ~= 'sig:' and string.sub(f, 1, 9) ~= 'stephead:' then
+      if not step then other = other - 1 end
       -- (not a kept signal's body, never shown; nor a step's summary, read with its step)
       local len = strlen(f)
       if len <= (step and inline or cut) then
@@ -267,7 +278,7 @@ if type(width) ~= 'number' then
   state = {'\0wide', '0'}  -- a key of another type: damage, which the view names (records.WIDE)
 elseif width == 0 then
   state = {}  -- (no state hash)
-elseif width > MAX_FIELDS then
+elseif width > MAX_FIELDS or (cut and width > LIST_FIELDS) then
   if cut then
     state = listed_state(sk, cut, tonumber(ARGV[3]) or 0, 0, 0, sizes, false, SHOWN)
   else

@@ -27,6 +27,7 @@
 --- @include "clock"
 --- @include "claims"
 --- @include "history"
+--- @include "stats"
 local now = clock(ARGV[1])
 if not fence(redis.call('HGET', K.claims, ARGV[3]), ARGV[2]) then return {-1, 0} end
 local sk = K.job .. ':s'
@@ -41,5 +42,5 @@ if ARGV[9] and ARGV[9] ~= '' then
   redis.call('HSET', sk, 'stephead:' .. n, stamped_as(stamped_as(ARGV[9], 'finished_ms', now), 'size', #entry))
 end
 -- pcall: a stats hash damaged to another type loses the count, never the step.
-if K.stats and ARGV[8] and ARGV[8] ~= '' then redis.pcall('HINCRBY', K.stats, ARGV[8], 1) end
+if K.stats and ARGV[8] and ARGV[8] ~= '' then stat_add(K.stats, ARGV[8], 1) end
 return {1, n + 1}

@@ -10,6 +10,7 @@
 -- past ARGV[2] is damage (another writer's record): read as that many entries, so the
 -- call's work stays bounded (steps=1000000 built a million field names) and the missing
 -- ones come back '', which the reader marks damaged.
+--- @include "stats"
 
 local sk = K.job .. ':s'
 local n = tonumber(redis.pcall('HGET', sk, 'steps')) or 0
@@ -22,6 +23,6 @@ for s = 1, #names, 1000 do
   local part = redis.call('HMGET', sk, unpack(names, s, math.min(s + 999, #names)))
   for j = 1, #part do out[#out + 1] = part[j] or '' end
 end
--- pcall: a stats hash damaged to another type loses the count, never the read.
-if ARGV[1] ~= '' then redis.pcall('HINCRBY', K.stats, ARGV[1], 1) end
+-- (stat_add: a stats hash damaged to another type loses the count, never the read.)
+if ARGV[1] ~= '' then stat_add(K.stats, ARGV[1], 1) end
 return out

@@ -1,6 +1,7 @@
 -- The follow-ups of a batch of settled jobs, each written once.
 --- @include "done"
 --- @include "jobs"
+--- @include "stats"
 
 -- A follow-up is written once by its id (parent id and index, see scripts.py): one whose
 -- record exists (queued, running, dead) or whose outcome is kept is not written again.
@@ -26,7 +27,7 @@ local function write_followups(Q, now, out, fb, m, outbox_key, notify_key, censu
         if tail then j.id = j.id .. tail end
         if not job_known(Q, j.id) and job_put(Q, now, j, put) == -1 then
           -- Its key was taken by another payload after ctx.enqueue checked it: not written.
-          redis.pcall('HINCRBY', Q.stats, 'followups_refused|' .. j.type, 1)
+          stat_add(Q.stats, 'followups_refused|' .. j.type, 1)
         end
       else
         local e = {unpack(ARGV, b + 1, b + 14)}

@@ -2,6 +2,7 @@
 --- @include "idem"
 --- @include "ready"
 --- @include "records"
+--- @include "stats"
 
 -- Writing a new job, shared by enqueue, the follow-ups an ack writes and the relay. Q
 -- holds the queue's keys: ready, scheduled, delayed (the scheduled list's index, kept with
@@ -86,7 +87,7 @@ local function idem_put(Q, j)
       st = redis.call('HGET', Q.job .. hid .. ':s', 'status') or 'queued'
     end
     if st then
-      if hhash == j.phash then redis.pcall('HINCRBY', Q.stats, 'deduplicated|' .. j.type, 1) end
+      if hhash == j.phash then stat_add(Q.stats, 'deduplicated|' .. j.type, 1) end
       return hhash == j.phash and 0 or -1, hid, st
     end
     -- Else the key names a job that no longer exists: it is stale, and taken over.
@@ -164,7 +165,7 @@ local function jobs_flush(Q, put, notify_key, census_key)
   end
   for typ, c in pairs(put.counts) do
     -- pcall: the jobs are in; a damaged stats hash must not turn that into an error.
-    redis.pcall('HINCRBY', Q.stats, 'enqueued|' .. typ, c)
+    stat_add(Q.stats, 'enqueued|' .. typ, c)
   end
   for field, c in pairs(put.versions) do census(census_key, field, c) end
 end
