@@ -20,7 +20,8 @@ from runner.store.schedules import ServerClock
 
 def counts(redis: Any, every: Sequence[QueueKeys]) -> list[dict[str, Any]]:
     """Per partition, in ``every``'s order, in one round trip: ready (plain and priority
-    jobs due now), processing, scheduled, dead and the counters of its stats hash."""
+    jobs due now), processing, scheduled (sleeping jobs too: they wait in a set of their
+    own, see suspend.lua), dead and the counters of its stats hash."""
     pipe = redis.pipeline(transaction=False)
     for k in every:
         pipe.llen(k.ready)
@@ -29,11 +30,17 @@ def counts(redis: Any, every: Sequence[QueueKeys]) -> list[dict[str, Any]]:
         pipe.zcard(k.dead)
         pipe.hgetall(k.stats)
         pipe.zcard(k.prio)
-    raw = pipe.execute()
+        pipe.zcard(k.sleeping)
+    raw = pipe.execute(raise_on_error=False)
     out = []
     for i in range(len(every)):
-        ready, processing, scheduled, dead, counters, prio = raw[6 * i: 6 * i + 6]
-        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled, "dead": dead,
+        ready, processing, scheduled, dead, counters, prio, sleeping = raw[7 * i: 7 * i + 7]
+        for v in (ready, processing, scheduled, dead, counters, prio):
+            if isinstance(v, Exception):
+                raise v  # (as execute() would)
+        if isinstance(sleeping, Exception):
+            sleeping = 0  # a damaged sleeping set counts nothing; the reclaim puts it aside
+        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled + sleeping, "dead": dead,
                     "counters": {name: int(v) for name, v in counters.items()}})
     return out
 
