@@ -128,7 +128,9 @@ def suspended(redis: Any, keys: Sequence[QueueKeys], limit: int = SUSPENDED_READ
             if held > limit:
                 short.append((k.queue, limit, held))
             for start in range(0, min(held, limit), _CHUNK):
-                ids = [x for x in redis.zrange(key, start, min(start + _CHUNK, limit) - 1) if x not in seen]
+                pipe = redis.pipeline(transaction=False)
+                pipe.zrange(key, start, min(start + _CHUNK, limit) - 1)
+                ids = [x for x in pipe.execute()[0] if x not in seen]
                 seen.update(ids)
                 if ids:
                     out += _suspended_of(redis, k, ids)
