@@ -254,3 +254,22 @@ def test_a_sleeper_of_either_layout_is_cancelled_and_run_now_at_once(p: Project)
     assert list(p.runtime.scripts.run_now(k, "o2", now_ms=NOW + 30)) == [1, "sleeping"]
     assert r.zcard(k.scheduled) == 0 and r.zcard(k.sleeping) == 0 and r.lrange(k.ready, 0, -1) == ["o2"]
     assert state(p, "o2")["steps"] == "1"
+
+
+def test_the_deploy_gates_scan_and_check_read_each_sleeper_once(p: Project) -> None:
+    """`runner check --scan` counts a sleeper of this release (the sleeping set alone) and
+    one of the release before (in both sets) as scheduled, once each; `runner check`'s
+    read of suspended jobs finds each once, with its recorded steps."""
+    from runner.store import census
+
+    k = p.keys()
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert _sleep(p, job[1], delay=60_000) == [1]
+    _asleep_as_the_release_before(p, "o1", NOW + 60_000)
+    scanned = sorted((state_, job_id) for state_, job_id, _ in census.scan(p.runtime.redis, k))
+    assert scanned == [("scheduled", "a"), ("scheduled", "o1")]
+    found, short = steps.suspended(p.runtime.redis, [k])
+    assert sorted((job_id, status, names) for _, job_id, _, status, names in found) == [
+        ("a", "sleeping", ["nap"]), ("o1", "sleeping", ["nap"])]
+    assert short == []
