@@ -1,7 +1,8 @@
 """step.lua and suspend.lua: state before, call, state after, return code. A step lands only
 under the claim's token and at the position the run read; the log is bounded; a sleep
-ends the claim, releases the job's limit slots, spends no attempt, parks the job in
-scheduled as 'sleeping', and promote wakes it as queued; its MAX_AGE no longer applies."""
+ends the claim, releases the job's limit slots, spends no attempt, parks the job in the
+sleeping set alone as 'sleeping' with a small state, and promote wakes it as queued with
+its state's fields written back; its MAX_AGE no longer applies."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sleeping and waiting lists page through their own jobs, not through the scheduled
-set they share with delayed jobs and each other: waiting jobs behind thousands of
+set the waiting ones share with delayed jobs (sleeping ones wait in their own set): waiting jobs behind thousands of
 sleepers come on the first page, and paging through the sleepers while some wake, some
 are run now and some are cancelled shows every one that stayed asleep once, never one
 twice, with no empty page before the last; the scheduled list does the same among
