@@ -21,9 +21,10 @@ from runner.store.stats import stats_hashes
 
 def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[str]]) -> list[dict[str, Any]]:
     """Per partition, in ``every``'s order, in two round trips: ready (plain and priority
-    jobs due now), processing, scheduled, dead and the counters of its stats hash (one too
-    wide to read whole by the fields ``names()`` lists: stats.stats_hashes), with how many
-    of its fields were left out."""
+    jobs due now), processing, scheduled (sleeping jobs too: they wait in a set of their
+    own, see suspend.lua), dead and the counters of its stats hash (one too wide to read
+    whole by the fields ``names()`` lists: stats.stats_hashes), with how many of its
+    fields were left out."""
     pipe = redis.pipeline(transaction=False)
     for k in every:
         pipe.llen(k.ready)
@@ -32,14 +33,21 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
         pipe.zcard(k.dead)
         pipe.hlen(k.stats)
         pipe.zcard(k.prio)
-    raw = pipe.execute()
-    sizes = [int(raw[6 * i + 4]) for i in range(len(every))]
+        pipe.zcard(k.sleeping)
+    raw = pipe.execute(raise_on_error=False)
+    for i in range(len(every)):
+        for v in raw[7 * i: 7 * i + 6]:
+            if isinstance(v, Exception):
+                raise v  # (as execute() would)
+    sizes = [int(raw[7 * i + 4]) for i in range(len(every))]
     hashes = stats_hashes(redis, every, sizes, names)
     out = []
     for i in range(len(every)):
-        ready, processing, scheduled, dead, _, prio = raw[6 * i: 6 * i + 6]
+        ready, processing, scheduled, dead, _, prio, sleeping = raw[7 * i: 7 * i + 7]
+        if isinstance(sleeping, Exception):
+            sleeping = 0  # a damaged sleeping set counts nothing; the reclaim puts it aside
         counters = {name: int(v) for name, v in hashes[i].items() if v.lstrip("-").isdigit()}
-        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled, "dead": dead,
+        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled + sleeping, "dead": dead,
                     "counters": counters, "stats_fields_left_out": sizes[i] - len(hashes[i])})
     return out
 

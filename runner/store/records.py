@@ -183,10 +183,24 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
 _INNER = frozenset({"woken", "lost_token", "refunds", "rated", "list_next"})
 
 
+def asleep_expanded(state: Mapping[str, str]) -> dict[str, str]:
+    """A state as its job's wake writes it back (lua/includes/asleep.lua): a sleeping job
+    keeps its log's count and bytes and its run's first start in one field, 'sleep' =
+    "<steps> <step_bytes> <run_started_ms>"; a damaged one is dropped."""
+    out = {k: v for k, v in state.items() if k != "sleep"}
+    parts = str(state.get("sleep") or "").split(" ")
+    if len(parts) == 3 and all(p.lstrip("-").isdigit() for p in parts):
+        for name, value in zip(("steps", "step_bytes", "run_started_ms"), parts, strict=True):
+            out.setdefault(name, value)
+    return out
+
+
 def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[str], claim: str | None,
           outcome: str | None) -> dict[str, str]:
     if not isinstance(state, Mapping):
         state = dict(zip(state[::2], state[1::2], strict=True))
+    if "sleep" in state:
+        state = asleep_expanded(state)
     if outcome:
         head, _, rest = outcome.partition("\n")
         history, _, rest = rest.partition("\n")
@@ -249,6 +263,9 @@ def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[s
         # Suspended: the attempt it ran and when that run began, kept apart from the state's
         # attempt (the attempts spent before it, which the next claim counts from).
         fields.update(attempt=state["run_attempt"], started_ms=state.get("run_started_ms", ""))
+    elif fields["status"] == "sleeping" and "run_started_ms" in state:
+        # A sleep keeps no run_attempt (suspend.lua): no attempt is spent while it sleeps.
+        fields.update(attempt=str(_int(state.get("attempt")) + 1), started_ms=state["run_started_ms"])
     return fields
 
 
@@ -488,7 +505,7 @@ class Job:
             if left:
                 view["steps_more"] = left  # a list row's: its log's earlier steps, not listed
             if f.get("status") == "sleeping":
-                view["sleeping_until"] = _ts(f.get("ready_ms"))
+                view["sleeping_until"] = _ts(due_ms(f))
             elif f.get("status") == "waiting":
                 # The wait's own step says until when (None: no timeout); the job's due time
                 # may be an earlier check of its own (a ctx.invoke's parent looks at its child
@@ -693,6 +710,21 @@ def entry_of(value: Any) -> dict[str, Any] | None:
             out[field] = t
         return out
     return None
+
+
+def due_ms(f: Mapping[str, str]) -> str | None:
+    """When a job waiting for a time is due, as its fields say: its ready_ms, or for a
+    sleeping job (whose state keeps none, suspend.lua) its sleep's until_ms, the last entry
+    of its step log; None when neither says."""
+    if f.get("ready_ms") or f.get("status") != "sleeping":
+        return f.get("ready_ms")
+    try:
+        last = codec.loads(f.get(f"step:{int(f.get('steps') or 0) - 1}") or "null")
+    except (codec.DecodeError, ValueError):
+        return None
+    e = entry_of(last)
+    until = e.get("until_ms") if e is not None and e.get("kind") == "sleep" else None
+    return str(until) if isinstance(until, int | float) and not isinstance(until, bool) else None
 
 
 def waiting_view(f: Mapping[str, str]) -> dict[str, Any]:
