@@ -6,14 +6,14 @@ store function's (store/admin.py and its neighbours), and Redis going away is on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from runner.errors import GroupNotFound, JobNotFound, RunnerError, UnknownQueue
-from runner.store import admin, connection, keys, listing, records, roster, routing
+from runner.errors import GroupNotFound, JobNotFound, RedisUnavailable, RunnerError, UnknownQueue
+from runner.store import admin, connection, keys, listing, records, roster, routing, shards
 from runner.store import audit as audit_log
 from runner.store import groups as group_store
-from runner.store.connection import UNAVAILABLE, reachable
+from runner.store.connection import UNAVAILABLE, reachable, unreachable
 from runner.store.keys import QueueKeys
 from runner.store.schedules import ServerClock, State, read_states
 
@@ -49,27 +49,67 @@ def get(client: Client, job_id: str) -> records.Job:
     return records.Job(job_id, k.queue, fields)
 
 
+@contextlib.contextmanager
+def reading(client: Client) -> Iterator[None]:
+    """A read of jobs or a page: on Redis Cluster, each master waited for at most
+    READ_WAIT_S (longer for one whose recent round trips are slow), then given up as a
+    worker gives up a call (marked stalled until it answers again: the next reads skip
+    it at once), so the masters that answer are read within that bound
+    (docs/partitions.md, "A shard down"). At once elsewhere."""
+    from runner.store.transport import READ_WAIT_S
+
+    scripts = client.runtime.scripts
+    if scripts.one_server:
+        yield
+        return
+    with scripts.waiting(READ_WAIT_S):
+        yield
+
+
+def left_out(job_ids: Sequence[str], away: Sequence[tuple[QueueKeys, BaseException]],
+             redis: Any) -> RedisUnavailable:
+    """The outage for jobs found on none of the masters that answered while ``away``'s
+    partitions did not: they may be there, so no "no such job" (which a caller takes for
+    good), but the outage's one wording, naming the partitions and their masters."""
+    held = ", ".join(f"{{{k.tag}}}" + (f" on {node}" if (node := shards.node_of(redis, k.ready)) else "")
+                     for k, _ in away)
+    what = f"job {job_ids[0]}" if len(job_ids) == 1 else f"{len(job_ids)} jobs"
+    said = unreachable(away[0][1], f"; {what} not found on the masters that answered, and may be in "
+                                   f"partition {held}")
+    return RedisUnavailable(str(said), left_out=[(k.queue, k.tag) for k, _ in away])
+
+
 def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
-    """The keys of the queue (partition) that holds a job, and the job as readers see it."""
+    """The keys of the queue (partition) that holds a job, and the job as readers see it.
+    On Redis Cluster, a job found on a master that answers is returned while another
+    master is away; one found on none is RedisUnavailable naming the partitions away."""
     if not job_id or len(job_id) > 200:
         raise JobNotFound(job_id)
-    with reachable():
-        found = records.lookup_many(client.runtime.scripts, every(client), [job_id]).get(job_id)
+    away: list[tuple[QueueKeys, BaseException]] = []
+    with reachable(), reading(client):
+        found = records.lookup_many(client.runtime.scripts, every(client), [job_id], away).get(job_id)
         if found is None and (new := client.runtime.discover_missed()):
-            found = records.lookup_many(client.runtime.scripts, new, [job_id]).get(job_id)
+            found = records.lookup_many(client.runtime.scripts, new, [job_id], away).get(job_id)
     if found is None:
+        if away:
+            raise left_out([job_id], away, client.runtime.redis)
         raise JobNotFound(job_id)
     return found
 
 
 def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
-    """The jobs of these ids that exist, by id, in one round trip."""
+    """The jobs of these ids that exist, by id, in one round trip (on Redis Cluster, with
+    a master away: RedisUnavailable when one of them is found on none that answered)."""
     wanted = [i for i in job_ids if i and len(i) <= 200]
-    with reachable():
-        found = records.lookup_many(client.runtime.scripts, every(client), wanted)
+    away: list[tuple[QueueKeys, BaseException]] = []
+    with reachable(), reading(client):
+        found = records.lookup_many(client.runtime.scripts, every(client), wanted, away)
         missed = [i for i in wanted if i not in found]
         if missed and (new := client.runtime.discover_missed()):
-            found.update(records.lookup_many(client.runtime.scripts, new, missed))
+            found.update(records.lookup_many(client.runtime.scripts, new, missed, away))
+    missed = [i for i in wanted if i not in found]
+    if missed and away:
+        raise left_out(missed, away, client.runtime.redis)
     return {i: records.Job(i, k.queue, fields) for i, (k, fields) in found.items()}
 
 
@@ -117,7 +157,7 @@ def jobs(client: Client, status: str, *, queue: str | None = None, type: str | N
     types_of: dict[str, list[str]] = {}  # each queue's function types (a paused one's jobs are held)
     for fn in sorted(rt.registry.functions.values(), key=lambda f: f.name):
         types_of.setdefault(fn.queue, []).append(fn.name)
-    with reachable():
+    with reachable(), reading(client):
         return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor, types_of)
 
 

@@ -105,6 +105,10 @@ SLOW_FACTOR = 4.0
 # Redis Cluster: the longest an enqueue waits for its master (Transport.enqueue_wait_s),
 # as a worker's calls wait (its node wait, at most 2 s), plus the WAIT's own timeout.
 ENQUEUE_WAIT_S = 2.0
+# Redis Cluster: the longest a read of a job or a page (client/inspecting.py) waits for a
+# master (Transport.waiting: longer for one whose recent round trips are slow) before it
+# answers from the others and says which partitions it left out.
+READ_WAIT_S = 2.0
 RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
 
 
@@ -657,7 +661,8 @@ class NodeLanes:
         started = time.monotonic()
 
         def ended(_: Future[Any]) -> None:
-            took = min(time.monotonic() - started, self.scripts.node_wait_s or 0.0)
+            cap = self.scripts.node_wait_s  # (none: a reader's short wait, ``waiting``)
+            took = time.monotonic() - started if cap is None else min(time.monotonic() - started, cap)
             before = self._rtt.get(node)
             self._rtt[node] = took if before is None else before + RTT_WEIGHT * (took - before)
 
@@ -929,18 +934,22 @@ class Transport:
         slowest of those masters' recent round trips."""
         wait = self.node_wait_s
         short: float | None = getattr(self._local, "wait_s", None)
-        if wait is None or short is None:
+        if short is None:
             return wait
         slowest = max((self.nodes.rtt(n) for n in nodes), default=0.0)
-        return min(wait, max(short, SLOW_FACTOR * slowest))
+        stretched = max(short, SLOW_FACTOR * slowest)
+        # Without a node wait (a process that does not work jobs: `runner web`), a reader's
+        # short wait is the bound, stretched so for a master that answers slowly.
+        return stretched if wait is None else min(wait, stretched)
 
     @contextlib.contextmanager
     def waiting(self, wait_s: float) -> Iterator[None]:
         """The calls this thread makes within give up on a stalled master past ``wait_s``
-        (at most ``node_wait_s``), or past SLOW_FACTOR times the master's recent round
-        trip when that is longer (a master that answers slowly is not stalled): for a
-        loop whose every call is safe to give up and make again, and whose other
-        masters' work must not wait (the scheduler's)."""
+        (at most ``node_wait_s``, when there is one), or past SLOW_FACTOR times the
+        master's recent round trip when that is longer (a master that answers slowly is
+        not stalled): for a loop whose every call is safe to give up and make again, and
+        whose other masters' work must not wait (the scheduler's), and for the reads of
+        a job or a page (client/inspecting.py), which answer from the masters that do."""
         before = getattr(self._local, "wait_s", None)
         self._local.wait_s = wait_s
         try:

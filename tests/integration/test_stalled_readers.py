@@ -5,10 +5,13 @@ from the masters that answer within a bound, say what they left out, and never a
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import falcon.testing
 import pytest
@@ -17,7 +20,7 @@ from clusterkit import close_project, shard_project, shards_fixture  # noqa: F40
 from runner.store.embedded import Server
 from runner.web import create_app
 
-from conftest import Project
+from conftest import Project, wait_for
 
 
 @pytest.fixture
@@ -80,3 +83,125 @@ def test_a_layout_no_node_gives_is_an_outage_not_a_bare_cluster_error(sproject: 
     r = web.simulate_get(f"/jobs/{job.id}")
     assert r.status_code == 503, r.text
     assert r.json["type"].endswith("redis-unavailable"), r.json
+
+
+def _stalled_apart(p: Project, shards: list[Server], n: int = 30
+                   ) -> tuple[Server, list[str], list[str], set[str], falcon.testing.TestClient]:
+    """``n`` queued jobs over the queue's 6 partitions, and a master to stall that holds
+    neither the queue's home partition nor the recorded partition tags (so the tags'
+    read, bounded on its own, is not what is measured): (that master, the ids of the jobs
+    on the others, the ids of its own, its partitions' tags, a web client)."""
+    c = p.client
+    ids = [c.enqueue("record", {"n": i}).id for i in range(n)]
+    r = p.runtime.redis
+    home = r.get_node_from_key(p.runtime.keys["fast"].ready).port
+    victim = next(s for s in shards if s.port != home)
+    tags = {k.tag for k in p.runtime.parts["fast"] if r.get_node_from_key(k.ready).port == victim.port}
+    from runner.client.inspecting import find
+
+    where = {i: find(c, i)[0].tag for i in ids}
+    live = [i for i in ids if where[i] not in tags]
+    away = [i for i in ids if where[i] in tags]
+    assert tags and live and away, where
+    web = falcon.testing.TestClient(create_app(p.runtime))
+    for i in ids:  # (every master's connections made)
+        assert web.simulate_get(f"/jobs/{i}").status_code == 200
+    return victim, live, away, tags, web
+
+
+def test_a_job_on_a_live_master_is_read_while_another_stalls(sproject: Project, shards: list[Server]) -> None:
+    """GET /jobs/{id} of a job on a master that answers, while another master stalls,
+    answers 200 within the reader's bound (2 s; before: the look-up asked every
+    partition and waited out the stalled master, up to its 15 s socket timeout, each
+    time). A job not found while a partition was left out is a 503 naming the partition
+    (it may be there; the master's address goes to the log, not to a caller), never a 404
+    that makes a client give up."""
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards)
+    assert victim.proc is not None
+    took: list[float] = []
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        for i in live[:8]:
+            t = time.monotonic()
+            r = web.simulate_get(f"/jobs/{i}")
+            took.append(time.monotonic() - t)
+            assert r.status_code == 200, r.text
+            assert r.json["id"] == i
+            assert took[-1] < 4.0, f"a live master's job took {took[-1]:.1f} s to read: {took}"
+        for i in (away[0], "no-such-job"):
+            t = time.monotonic()
+            r = web.simulate_get(f"/jobs/{i}")
+            took.append(time.monotonic() - t)
+            assert r.status_code == 503, r.text
+            assert r.json["type"].endswith("redis-unavailable"), r.json
+            assert {o["partition"] for o in r.json["left_out"]} == tags, r.json
+            assert all(f"{{{t}}}" in r.json["detail"] for t in tags), r.json["detail"]
+            assert took[-1] < 4.0, took
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    print(f"read in {[round(t, 2) for t in took]} s")
+    # Only the first read waits for the stalled master; the others skip it at once.
+    assert sorted(took)[-2] < 1.0, took
+    # Back: its jobs are found again, and a job that is nowhere is a 404.
+    wait_for(lambda: web.simulate_get(f"/jobs/{away[0]}").status_code == 200, timeout=20,
+             what="the stalled master's job to be read again")
+    assert web.simulate_get("/jobs/no-such-job").status_code == 404
+
+
+def test_a_page_leaves_out_a_stalled_master_s_partitions_and_its_cursor_comes_back(sproject: Project,
+                                                                                  shards: list[Server]) -> None:
+    """GET /jobs while a master stalls answers within the reader's bound from the live
+    masters, names the partitions it left out (``left_out``), and its cursor comes back
+    to them once the others are read: a traversal begun before the stall, paged through
+    it and finished after, shows every job (all stay queued) exactly once. A page with
+    nothing left to read but the stalled master's partitions is a 503."""
+    from runner.store.listing import decode_cursor
+
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards)
+    assert victim.proc is not None
+    shown: list[str] = []
+    said: list[dict[str, Any]] = []
+
+    def page(cursor: str | None) -> tuple[int, str | None, float]:
+        t = time.monotonic()
+        params = {"status": "queued", "limit": "3", **({"cursor": cursor} if cursor else {})}
+        r = web.simulate_get("/jobs", params=params)
+        took = time.monotonic() - t
+        if r.status_code == 200:
+            shown.extend(j["id"] for j in r.json["jobs"])
+            said.extend(r.json.get("left_out", []))
+            return 200, r.json["cursor"], took
+        assert r.status_code == 503, r.text
+        assert r.json["type"].endswith("redis-unavailable"), r.json
+        return 503, cursor, took
+
+    # Up to a page that ends inside one of the stalled master's partitions (or about to read one).
+    status, cursor, _ = page(None)
+    while cursor is not None and decode_cursor(cursor)[0] not in tags:
+        status, cursor, _ = page(cursor)
+    assert cursor is not None
+    times: list[float] = []
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        while cursor is not None:
+            status, cursor, took = page(cursor)
+            times.append(took)
+            assert took < 4.0, f"a page took {took:.1f} s: {times}"
+            if status == 503:
+                break
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    print(f"pages in {[round(t, 2) for t in times]} s; left out {sorted({o['partition'] for o in said})}")
+    assert status == 503, "the traversal ended while the stalled master's partitions were unread"
+    assert {o["partition"] for o in said} == tags, said
+    assert all(o["queue"] == "fast" for o in said), said
+    assert set(live) <= set(shown)
+    # Back: the same cursor reads what was left out, from where each partition was.
+    wait_for(lambda: web.simulate_get(f"/jobs/{away[0]}").status_code == 200, timeout=20,
+             what="the stalled master to answer again")
+    while cursor is not None:
+        status, cursor, _ = page(cursor)
+        assert status == 200
+    assert sorted(shown) == sorted(live + away), (len(shown), len(set(shown)), len(live + away))
