@@ -6,8 +6,8 @@ store function's (store/admin.py and its neighbours), and Redis going away is on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner.errors import GroupNotFound, JobNotFound, RedisUnavailable, RunnerError, UnknownQueue
 from runner.store import admin, connection, keys, listing, records, roster, routing, shards
@@ -20,6 +20,8 @@ from runner.store.schedules import ServerClock, State, read_states
 if TYPE_CHECKING:
     from runner.catalog.schedules import Schedule
     from runner.client import Client
+
+T = TypeVar("T")
 
 
 def queue_keys(client: Client, queue: str) -> QueueKeys:
@@ -49,21 +51,25 @@ def get(client: Client, job_id: str) -> records.Job:
     return records.Job(job_id, k.queue, fields)
 
 
-@contextlib.contextmanager
-def reading(client: Client) -> Iterator[None]:
-    """A read of jobs or a page: on Redis Cluster, each master waited for at most
-    READ_WAIT_S (longer for one whose recent round trips are slow), then given up as a
-    worker gives up a call (marked stalled until it answers again: the next reads skip
-    it at once), so the masters that answer are read within that bound
-    (docs/partitions.md, "A shard down"). At once elsewhere."""
-    from runner.store.transport import READ_WAIT_S
+def reading(client: Client, fn: Callable[[], T]) -> T:
+    """``fn()``, a read of jobs or a page, within a bound: on Redis Cluster each master is
+    waited for at most READ_WAIT_S (longer for one whose recent round trips are slow),
+    then given up as a worker gives up a call (marked stalled until it answers again: the
+    next reads skip it at once), so the masters that answer are read within that bound
+    (docs/partitions.md, "A shard down"). On one server the whole read waits at most
+    ONE_SERVER_READ_WAIT_S (Transport.read_within): an outage past it, answered at once
+    while it lasts. A reader's own connection (a Link) is not bounded so."""
+    from runner.store import link
+    from runner.store.transport import ONE_SERVER_READ_WAIT_S, READ_WAIT_S
 
-    scripts = client.runtime.scripts
-    if scripts.one_server:
-        yield
-        return
-    with scripts.waiting(READ_WAIT_S):
-        yield
+    rt = client.runtime
+    scripts = rt.scripts
+    if not scripts.one_server:
+        with scripts.waiting(READ_WAIT_S):
+            return fn()
+    if isinstance(rt.redis, link.Link):
+        return fn()
+    return scripts.read_within(fn, ONE_SERVER_READ_WAIT_S)
 
 
 def left_out(job_ids: Sequence[str], away: Sequence[tuple[QueueKeys, BaseException]],
@@ -86,10 +92,15 @@ def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
     if not job_id or len(job_id) > 200:
         raise JobNotFound(job_id)
     away: list[tuple[QueueKeys, BaseException]] = []
-    with reachable(), reading(client):
+
+    def read() -> tuple[QueueKeys, dict[str, str]] | None:
         found = records.lookup_many(client.runtime.scripts, every(client), [job_id], away).get(job_id)
         if found is None and (new := client.runtime.discover_missed()):
             found = records.lookup_many(client.runtime.scripts, new, [job_id], away).get(job_id)
+        return found
+
+    with reachable():
+        found = reading(client, read)
     if found is None:
         if away:
             raise left_out([job_id], away, client.runtime.redis)
@@ -102,11 +113,16 @@ def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
     a master away: RedisUnavailable when one of them is found on none that answered)."""
     wanted = [i for i in job_ids if i and len(i) <= 200]
     away: list[tuple[QueueKeys, BaseException]] = []
-    with reachable(), reading(client):
+
+    def read() -> dict[str, tuple[QueueKeys, dict[str, str]]]:
         found = records.lookup_many(client.runtime.scripts, every(client), wanted, away)
         missed = [i for i in wanted if i not in found]
         if missed and (new := client.runtime.discover_missed()):
             found.update(records.lookup_many(client.runtime.scripts, new, missed, away))
+        return found
+
+    with reachable():
+        found = reading(client, read)
     missed = [i for i in wanted if i not in found]
     if missed and away:
         raise left_out(missed, away, client.runtime.redis)
@@ -144,21 +160,25 @@ def jobs(client: Client, status: str, *, queue: str | None = None, type: str | N
     if status not in listing.LISTED:
         raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
     rt = client.runtime
-    # A long-lived reader (a web process that never enqueues) learns of the partitions
-    # another count recorded since, as its figures do: else it never lists their jobs.
-    rt.discover_for_reading()
     names = [queue] if queue else list(rt.keys)
     for q in names:
         queue_keys(client, q)  # an unknown queue is refused, naming the configured ones
     if type is not None:
         rt.registry.get(type)  # a type not loaded (a typo) is refused, naming the loaded ones
-    # A partitioned queue's partitions are listed one after another, as queues are.
-    queues = [(q, k) for q in names for k in rt.parts[q]]
     types_of: dict[str, list[str]] = {}  # each queue's function types (a paused one's jobs are held)
     for fn in sorted(rt.registry.functions.values(), key=lambda f: f.name):
         types_of.setdefault(fn.queue, []).append(fn.name)
-    with reachable(), reading(client):
+
+    def read() -> listing.Page:
+        # A long-lived reader (a web process that never enqueues) learns of the partitions
+        # another count recorded since, as its figures do: else it never lists their jobs.
+        rt.discover_for_reading()
+        # A partitioned queue's partitions are listed one after another, as queues are.
+        queues = [(q, k) for q in names for k in rt.parts[q]]
         return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor, types_of)
+
+    with reachable():
+        return reading(client, read)
 
 
 def by_idempotency_key(client: Client, key: str, *, type: str | None = None) -> list[records.Job]:

@@ -109,6 +109,12 @@ ENQUEUE_WAIT_S = 2.0
 # master (Transport.waiting: longer for one whose recent round trips are slow) before it
 # answers from the others and says which partitions it left out.
 READ_WAIT_S = 2.0
+# One server (not Cluster): the longest a read of a job or a page waits for Redis
+# (Transport.read_within) before it is an outage, answered at once while it lasts. Past
+# Redis's own busy threshold (5 s), after which a Redis held by a long script answers
+# BUSY, an outage too: no read that Redis would answer is given up. (On Cluster the others
+# masters still answer, so a stalled one is given up sooner: READ_WAIT_S.)
+ONE_SERVER_READ_WAIT_S = 5.0
 RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
 
 
@@ -656,13 +662,15 @@ class NodeLanes:
         for node, took in rtt.items():
             self._rtt.setdefault(node, took)
 
-    def _timed(self, node: str, f: Future[Any]) -> None:
-        """Time a bounded call to ``node`` from now until it ends, into its round trip."""
+    def _timed(self, node: str, f: Future[Any], wait_s: float) -> None:
+        """Time a bounded call to ``node`` from now until it ends, into its round trip: at
+        most the node wait (or, without one, the call's own wait, ``wait_s``), so a call
+        given up that ends at the socket timeout does not stretch the next calls' waits."""
         started = time.monotonic()
+        cap = self.scripts.node_wait_s or wait_s
 
         def ended(_: Future[Any]) -> None:
-            cap = self.scripts.node_wait_s  # (none: a reader's short wait, ``waiting``)
-            took = time.monotonic() - started if cap is None else min(time.monotonic() - started, cap)
+            took = min(time.monotonic() - started, cap)
             before = self._rtt.get(node)
             self._rtt[node] = took if before is None else before + RTT_WEIGHT * (took - before)
 
@@ -711,7 +719,7 @@ class NodeLanes:
                 mine.update((i, stalled) for i in group)
             else:
                 sent[node] = self.pool().submit(self._run, calls, group, out)
-                self._timed(node, sent[node])
+                self._timed(node, sent[node], wait_s)
         wait(sent.values(), timeout=wait_s)
         for node, f in sent.items():
             if not f.done():
@@ -740,7 +748,7 @@ class NodeLanes:
                 raise stalled
         f = self.pool().submit(fn)
         if not among:
-            self._timed(node, f)
+            self._timed(node, f, wait_s)
         from concurrent.futures import TimeoutError as WaitedOut
 
         try:
@@ -760,7 +768,7 @@ class NodeLanes:
         if stalled is not None:
             raise stalled
         f = self.pool().submit(fn)
-        self._timed(node, f)
+        self._timed(node, f, self.scripts.node_wait_s or 0.0)
         return f
 
     def stalled_error(self, node: str) -> BaseException | None:
@@ -828,8 +836,12 @@ class NodeLanes:
                            "(stopped or hung); its partitions wait")
 
     def _probe(self, node: str) -> None:
-        """One PING to ``node`` (host:port), if it is still in the layout."""
+        """One PING to ``node`` (host:port), if it is still in the layout (on one server:
+        to the server)."""
         client = self.scripts.client
+        if self.scripts.one_server:
+            client.ping()
+            return
         found = client.get_node(node_name=node)
         if found is not None:
             client.get_redis_connection(found).ping()
@@ -1058,6 +1070,17 @@ class Transport:
         if wait is None:
             return fn()
         return self.nodes.bounded(node, fn, wait, what=what)
+
+    def read_within(self, fn: Callable[[], T], wait_s: float) -> T:
+        """One server (not Cluster): ``fn()``, a reader's whole read, on a thread of the
+        pool, waited for at most ``wait_s`` (longer when its recent reads took longer:
+        SLOW_FACTOR times them), as NodeLanes.bounded waits for a stalled master: past it
+        NodeStalled, and the server is taken for stalled until that read ends (or, if it
+        waited out the socket timeout, until a PING is answered). Reads meanwhile fail at
+        once, so none waits on a server that stopped answering, nor holds a thread."""
+        kw = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
+        node = f"{kw['host']}:{kw['port']}" if "host" in kw and "port" in kw else str(kw.get("path") or "")
+        return self.nodes.bounded(node, fn, max(wait_s, SLOW_FACTOR * self.nodes.rtt(node)), what="a read")
 
     def keyless(self, *command: Any) -> Any:
         """A command of no key (TIME), answered by a master that answers: on Redis Cluster
