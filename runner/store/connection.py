@@ -322,7 +322,10 @@ def _one_read_at_a_time(manager: Any) -> None:
     "Bad file descriptor" or "Connection closed by server" on a live node, until none was
     left to ask: "Redis Cluster cannot be connected", an HTTP 500 during a master's stall).
     A thread that waited while another read it takes that layout, as fresh as its own. A
-    read that finds no layout raises ClusterUnreachable, an outage like any other."""
+    read that finds no layout raises ClusterUnreachable, an outage like any other. The
+    startup nodes known stalled (``runner_stalled``: the Transport's NodeLanes.stalled) are
+    asked last: redis-py asks them one after another, a stalled one for its 15 s socket
+    timeout, and every thread's read would wait behind that one."""
     import threading
 
     read = manager.initialize
@@ -334,6 +337,9 @@ def _one_read_at_a_time(manager: Any) -> None:
         with lock:
             if reads[0] != seen:
                 return
+            stalled = getattr(manager, "runner_stalled", None)
+            if stalled is not None:  # (one assignment: sorted is stable, the order otherwise kept)
+                manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda kv: stalled(kv[0])))
             try:
                 read()
             except RedisClusterException as exc:

@@ -921,6 +921,8 @@ class Transport:
         # without a key go on to another partition meanwhile (a master known stalled is
         # passed over until it answers again: NodeLanes.stalled).
         self.enqueue_wait_s: float | None = None if self.one_server else ENQUEUE_WAIT_S
+        if not self.one_server:  # (its reads of the layout ask the masters known stalled last: connection.py)
+            client.nodes_manager.runner_stalled = self.nodes.stalled
         self._node_calls: NodeCalls | None = None  # (made at the first call bounded so)
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None

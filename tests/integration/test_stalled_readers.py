@@ -85,6 +85,38 @@ def test_a_layout_no_node_gives_is_an_outage_not_a_bare_cluster_error(sproject: 
     assert r.json["type"].endswith("redis-unavailable"), r.json
 
 
+def test_a_read_of_the_layout_asks_a_master_known_stalled_last(sproject: Project, shards: list[Server]) -> None:
+    """Reads of the layout go one at a time, and redis-py asks the startup nodes one after
+    another, a stalled one for its 15 s socket timeout: a read that asked the URL's first
+    master, known stalled, first held every thread's read that long. It asks the masters
+    that answer first, and is done within a second."""
+    from dataclasses import replace
+
+    from runner.store.connection import NodeStalled, connect
+    from runner.store.transport import Transport
+
+    p = sproject
+    victim = shards[1]
+    seeds = [victim, *(s for s in shards if s is not victim)]
+    cfg = replace(p.runtime.config.redis, url="redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in seeds))
+    client = connect(cfg)
+    sc = Transport(client)
+    node = next(n for n in client.get_primaries() if n.port == victim.port)
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(NodeStalled):  # (a call given up: the master is known stalled)
+            sc.nodes.bounded(node.name, lambda: client.get_redis_connection(node).ping(), 0.5)
+        t = time.monotonic()
+        client.nodes_manager.initialize()
+        took = time.monotonic() - t
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+        client.close()
+    assert took < 2.0, f"the layout took {took:.1f} s to read"
+    assert len(client.get_primaries()) == 3
+
+
 def _stalled_apart(p: Project, shards: list[Server], n: int = 30
                    ) -> tuple[Server, list[str], list[str], set[str], falcon.testing.TestClient]:
     """``n`` queued jobs over the queue's 6 partitions, and a master to stall that holds
