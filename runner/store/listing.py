@@ -87,6 +87,11 @@ ends and shows none twice, but the jobs not yet shown are not shown. A chain of 
 cancelled ids than one call follows (lua/seek_list.lua's CHAIN) makes an empty page
 whose cursor goes on from where it stopped.
 
+On Redis Cluster a page leaves out a partition whose master does not answer, and its
+cursor keeps that partition's place (its tag and position, as above) to read once the
+others are read (``page``): a traversal through a stalled master still shows every job
+that stays in its status once, when the master answers again.
+
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
 ``idem:<type>:<key>`` key, whose value starts with the holding job's id, and one of its
 ``idem:~ended:<type>:<key>``, the latest job of the key that died or was cancelled (a key
@@ -475,6 +480,9 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
     else:
         (where, pos, gen, anchor, marks), later, alone = (None, 0, None, None, None), [], False
     order, qi = _in_order(queues, where)
+    tags = [p[0] for p in later]
+    if len(set(tags)) != len(tags) or where in tags or len(tags) > len(order):
+        raise ValueError("not a cursor of this list")  # (each partition left out is read once a page)
     # What this page reads, in turn, each from its place: the cursor's partition, every
     # one after it in the order (unless it was left out before: ``alone``), then those
     # left out before. (queue, keys, place, in the order)
