@@ -110,10 +110,11 @@ ENQUEUE_WAIT_S = 2.0
 # answers from the others and says which partitions it left out.
 READ_WAIT_S = 2.0
 # One server (not Cluster): the longest a read of a job or a page waits for Redis
-# (Transport.read_within) before it is an outage, answered at once while it lasts. Past
-# Redis's own busy threshold (5 s), after which a Redis held by a long script answers
-# BUSY, an outage too: no read that Redis would answer is given up. (On Cluster the others
-# masters still answer, so a stalled one is given up sooner: READ_WAIT_S.)
+# (Transport.read_within) before it is an outage, answered at once while it lasts: as
+# long as Redis's own busy threshold (5 s), past which a Redis held by a long script
+# answers BUSY, an outage too. A page's reads are bounded by design (milliseconds for 100
+# jobs of 900 KB), so a read given up is one Redis would not have answered. (On Cluster
+# the other masters still answer, so a stalled one is given up sooner: READ_WAIT_S.)
 ONE_SERVER_READ_WAIT_S = 5.0
 RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
 
