@@ -812,19 +812,26 @@ def lookup(scripts: ScriptRunner, keys: Iterable[QueueKeys], job_id: str) -> Job
     return Job(job_id, found[0].queue, found[1]) if found else None
 
 
-def lookup_many(scripts: ScriptRunner, keys: Iterable[QueueKeys],
-                job_ids: Sequence[str]) -> dict[str, tuple[QueueKeys, dict[str, str]]]:
+def lookup_many(scripts: ScriptRunner, keys: Iterable[QueueKeys], job_ids: Sequence[str],
+                away: list[tuple[QueueKeys, BaseException]] | None = None,
+                ) -> dict[str, tuple[QueueKeys, dict[str, str]]]:
     """The jobs of these ids that exist, by id: the keys of the queue (partition) that
     holds each, and the job as readers see it, in one round trip. A job lives under
     exactly one tag (its queue's, or one of its queue's partitions'); one read-only script
     per tag returns its record, state, claim and done outcome (lookup.lua). A key of the
-    wrong type (a damaged record) counts as no record. Redis errors are the caller's."""
+    wrong type (a damaged record) counts as no record. Redis errors are the caller's,
+    but for ``away`` on Redis Cluster: a partition whose master did not answer (an
+    outage: stalled, down) is added there with its error, and the jobs found on the
+    others are returned (its jobs are then neither found nor known missing)."""
     every = list(keys)
     batch = scripts.batch()
     for job_id in job_ids:
         for k in every:
             batch.add("lookup", lookup_keys(k, job_id), (job_id,))
-    replies = iter(batch.execute())
+    if away is None or getattr(scripts, "one_server", True):
+        replies = iter(batch.execute())
+    else:
+        replies = iter(_answered(batch, every, len(job_ids), away))
     out: dict[str, tuple[QueueKeys, dict[str, str]]] = {}
     for job_id in job_ids:
         for k in every:
@@ -833,4 +840,32 @@ def lookup_many(scripts: ScriptRunner, keys: Iterable[QueueKeys],
             fields = view(job_id, record, state or [], claim or None, outcome or None)
             if fields and job_id not in out:
                 out[job_id] = (k, fields)
+    return out
+
+
+def _answered(batch: ScriptBatch, every: Sequence[QueueKeys], ids: int,
+              away: list[tuple[QueueKeys, BaseException]]) -> list[Any]:
+    """The replies of lookup_many's batch on Redis Cluster, each master's on its own: an
+    outage of a partition's master is added to ``away`` (once per partition) and its
+    replies read as no job; any other error is raised, as execute raises it."""
+    from runner.store.connection import UNAVAILABLE
+
+    empty = [None, None, None, None]
+    try:
+        replies = batch.execute(raise_on_error=False)  # type: ignore[call-arg]
+    except UNAVAILABLE as exc:  # (a batch of one call raises its error)
+        if len(every) * ids != 1:
+            raise
+        away.append((every[0], exc))
+        return [empty]
+    out: list[Any] = []
+    for i, reply in enumerate(replies):
+        if isinstance(reply, UNAVAILABLE):
+            k = every[i % len(every)]
+            if all(k is not seen for seen, _ in away):
+                away.append((k, reply))
+            reply = empty
+        elif isinstance(reply, BaseException):
+            raise reply
+        out.append(reply)
     return out
