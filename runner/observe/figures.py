@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from runner.config import QueueConfig
 from runner.observe import metrics
+from runner.store.guard import replicas_by_key
 from runner.store.stats import minute_hashes, partition_rows, ready_since, server_ms
 
 
@@ -125,10 +126,11 @@ class PartitionFigures:
     processing: int
     scheduled: int
     dead: int
+    held: bool = False  # its master short of [redis] wait_replicas: nothing of it runs
 
     def as_dict(self) -> dict[str, Any]:
         return {"partition": self.partition, "tag": self.tag, "draining": self.draining, "ready": self.ready,
-                "processing": self.processing, "scheduled": self.scheduled, "dead": self.dead}
+                "processing": self.processing, "scheduled": self.scheduled, "dead": self.dead, "held": self.held}
 
 
 @dataclass(slots=True)
@@ -153,6 +155,15 @@ class QueueFigures:
     paused_functions: list[str] = field(default_factory=list)
     functions: dict[str, FunctionFigures] = field(default_factory=dict)
     partitions: list[PartitionFigures] = field(default_factory=list)  # of a queue of several
+    # Every partition (number, tag, held): held while its master has fewer replicas
+    # connected than [redis] wait_replicas (a master just promoted, its replica not back):
+    # a claim's WAIT falls short there and its jobs are handed back, so none of them runs,
+    # and enqueues to it are refused (NotReplicated).
+    holds: list[tuple[int, str, bool]] = field(default_factory=list)
+
+    @property
+    def held(self) -> list[str]:
+        return [tag for _, tag, held in self.holds if held]
 
     def function(self, name: str) -> FunctionFigures:
         f = self.functions.get(name)
@@ -219,6 +230,12 @@ def parse_stats(q: QueueFigures, raw: Mapping[str, str], known: Collection[str] 
             h.counts[_LE_INDEX[parts[2]]] += _int(value)
 
 
+def _wanted(rt: Source) -> int:
+    """[redis] wait_replicas of the reader's config (0: no partition is ever held)."""
+    config = getattr(rt, "config", None)
+    return int(getattr(getattr(config, "redis", None), "wait_replicas", 0) or 0)
+
+
 def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = True) -> list[QueueFigures]:
     """Every configured queue's figures, in two pipelined round trips (and one for the
     server's clock, unless ``now_ms`` is given: tests pin it).
@@ -234,6 +251,11 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
         now_ms = server_ms(rt.redis)
     every = [k for parts in rt.parts.values() for k in parts]
     rows = partition_rows(rt.redis, every, now_ms)  # each as store/stats.py's ROW names its fields
+    wanted = _wanted(rt)
+    replicas = replicas_by_key(rt.redis, [k.ready for k in every]) if wanted else [None] * len(every)
+    holds: dict[str, list[tuple[int, str, bool]]] = {}
+    for k, have in zip(every, replicas, strict=True):
+        holds.setdefault(k.queue, []).append((k.partition, k.tag, have is not None and have < wanted))
     # A partitioned queue's figures are its partitions' summed: every count and histogram
     # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
     sums: dict[str, list[Any]] = {}
@@ -243,7 +265,8 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
         if len(rt.parts[k.queue]) > 1:
             each.setdefault(k.queue, []).append(PartitionFigures(
                 k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1],
-                scheduled=max(0, row[3] - row[12] - row[13]), dead=row[5]))
+                scheduled=max(0, row[3] - row[12] - row[13]), dead=row[5],
+                held=any(held for _, tag, held in holds[k.queue] if tag == k.tag)))
         if row[6]:
             oldest.append((k.queue, k, row[6]))
         if row[11]:
@@ -276,7 +299,7 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
                          scheduled=max(0, sched - sleeping - waiting), scheduled_due=due, sleeping=sleeping,
                          waiting=waiting, dead=dead, cancelled=cancelled, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")),
-                         partitions=each.get(name, []))
+                         partitions=each.get(name, []), holds=holds.get(name, []))
         parse_stats(q, stats, known)
         out.append(q)
         by_name[name] = q
@@ -318,6 +341,7 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "max_attempts": cfg.max_attempts,
         "functions": {name: f.as_dict() for name, f in sorted(q.functions.items())},
         "partitions": [p.as_dict() for p in q.partitions],
+        "held": q.held,
     }
 
 

@@ -176,11 +176,15 @@ COMPONENTS: dict[str, Any] = {
         "functions": {"type": "object", "additionalProperties": ref("FunctionFigures")},
         "partitions": {"type": "array", "items": ref("Partition"),
                        "description": "each partition of a queue of several (empty for one)"},
+        "held": {"type": "array", "items": _STR,
+                 "description": "the tags of its partitions whose master has fewer replicas than "
+                                "[redis] wait_replicas: none of their jobs runs until a replica is back"},
     }),
     "Partition": _obj({
         "partition": _INT, "tag": _STR,
         "draining": {"type": "boolean", "description": "of another partitions count, served until it drains"},
         "ready": _INT, "processing": _INT, "scheduled": _INT, "dead": _INT,
+        "held": {"type": "boolean", "description": "its master short of [redis] wait_replicas: nothing of it runs"},
     }),
     "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),
     "Throughput": _obj({
