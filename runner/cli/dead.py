@@ -60,31 +60,42 @@ def _ago(ts: float | None) -> str:
 
 @dead.command("ls", cls=RedisCommand)
 @click.option("--queue", "-q", default=None, help="One queue (default: every queue).")
-@click.option("--limit", type=int, default=50, show_default=True)
-@click.option("--offset", type=int, default=0)
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", default=None, help="The cursor a previous page printed (with its --queue).")
+@click.option("--offset", type=click.IntRange(0, 10_000_000), default=None,
+              help="From this place instead (not stable while jobs die: the cursor is).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def dead_ls(ctx: click.Context, queue: str | None, limit: int, offset: int, as_json: bool) -> None:
-    """List dead jobs, newest first, with the reason and last error."""
+def dead_ls(ctx: click.Context, queue: str | None, limit: int, cursor: str | None, offset: int | None,
+            as_json: bool) -> None:
+    """List dead jobs, newest first, with the reason and last error, a page at a time."""
     from runner.client import Client
 
+    if cursor is not None and (queue is None or offset is not None):
+        raise click.UsageError("--cursor goes with the --queue of the page that printed it, and without --offset")
     rt = build_runtime(ctx.obj["config"], client_only=True)
     client = Client(rt)
     data: dict[str, Any] = {}
     rows = []
+    more = []
     with redis_errors():
         gone = shards_down(rt)  # a Cluster master down: the live partitions' dead jobs, then exit 3
         for q in _queues(rt, queue):
-            total, page = client.dead(q, offset=offset, limit=limit)
-            jobs = [j.as_dict() for j in page]
-            data[q] = {"total": total, "jobs": jobs}
+            try:
+                page = client.dead_page(q, limit, cursor=cursor, offset=offset)
+            except ValueError as exc:
+                fail(str(exc), EXIT_REFUSED)
+            jobs = [j.as_dict() for j in page.jobs]
+            data[q] = {"total": page.total, "jobs": jobs, "cursor": page.cursor}
+            if page.cursor:
+                more.append(f"next page: runner dead ls --queue {q} --limit {limit} --cursor {page.cursor}")
             for j in jobs:
                 err = j["last_error"] or {}
                 rows.append((q, j["id"], j["type"], j["version"], _ago(j["finished_at"]), j["reason"],
                              (f"{err.get('type')}: {err.get('message')}" if err else "")[:80]))
     totals = ", ".join(f"{q}: {d['total']}" for q, d in data.items())
     emit({**data, **down_view(gone)}, as_json, table(("queue", "id", "type", "v", "died", "reason", "last error"),
-                                                     rows) + f"\ndead jobs: {totals}")
+                                                     rows) + f"\ndead jobs: {totals}" + "".join(f"\n{m}" for m in more))
     if gone:
         said_down(gone)
 

@@ -382,9 +382,18 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         if q["stats_fields_left_out"]:
             human += (f"\n{q['name']}: {q['stats_fields_left_out']} fields of its stats hash left out (too many to "
                       "read whole: only the functions loaded here are read)")
+    human += held_text(queues, rt.config.redis.wait_replicas)
     emit({"redis": where.as_dict(), "queues": queues, **down_view(gone)}, as_json, human)
     if gone:
         said_down(gone)
+
+
+def held_text(queues: list[dict[str, Any]], wanted: int) -> str:
+    """A line per queue with partitions held for their replicas (none: nothing)."""
+    lines = [f"\n{q['name']}: held {', '.join(f'{{{t}}}' for t in q['held'])}: its master has fewer than "
+             f"{wanted} replica(s) connected ([redis] wait_replicas), so none of its jobs runs and enqueues "
+             "there are refused until a replica is back" for q in queues if q["held"]]
+    return "".join(lines)
 
 
 def delay_s(value: float | None) -> float | None:

@@ -174,6 +174,7 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
             report.problems.extend(checks.Problem("redis", risk, "warning") for risk in
                                    redis_risks(rt.redis, cfg.redis.wait_replicas))
             every = [k for parts in rt.parts.values() for k in parts]  # the gate counts every partition
+            report.problems.extend(checks.Problem("redis", m, "warning") for m in held_partitions(rt, every))
             if scan:
                 report.scanned, groups = waiting_versions(rt.redis, every)
             else:
@@ -209,6 +210,22 @@ def check(ctx: click.Context, strict: bool, offline: bool, scan: bool, as_json: 
     else:
         click.echo(render_check(report, strict, code, where))
     sys.exit(code)
+
+
+def held_partitions(rt: Any, every: list[Any]) -> list[str]:
+    """A line per partition held for its replicas: its master has fewer connected than
+    [redis] wait_replicas, so its claims are not confirmed (none of its jobs runs) and
+    enqueues to it are refused, until a replica is back."""
+    from runner.store.guard import replicas_by_key
+
+    wanted = rt.config.redis.wait_replicas
+    if not wanted:
+        return []
+    have = replicas_by_key(rt.redis, [k.ready for k in every])
+    return [f"partition {{{k.tag}}} of queue {k.queue} is held: its master has {n} of {wanted} replica(s) "
+            "connected ([redis] wait_replicas), so none of its jobs runs and enqueues there are refused "
+            "until a replica is back (a master just promoted: its replica rejoins, or add one)"
+            for k, n in zip(every, have, strict=True) if n is not None and n < wanted]
 
 
 @contextlib.contextmanager

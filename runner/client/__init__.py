@@ -95,12 +95,14 @@ class Client:
     paused = inspecting.paused
     flow = inspecting.flow
     dead = inspecting.dead
+    dead_page = inspecting.dead_page
     dead_ids = inspecting.dead_ids
     get_group = inspecting.get_group
     group_outcomes = inspecting.group_outcomes
     iter_group_outcomes = inspecting.iter_group_outcomes
     then_of = inspecting.then_of
     audit = inspecting.audit
+    audit_page = inspecting.audit_page
     schedules = inspecting.schedules
     workers = inspecting.workers
 

@@ -236,12 +236,26 @@ def flow(client: Client, type_: str) -> dict[str, Any]:
 
 def dead(client: Client, queue: str, offset: int = 0, limit: int = 50) -> tuple[int, list[records.Job]]:
     """The dead-letter list of a queue, newest first (over all its partitions): (total,
-    page); each job's big values come as previews (see store/listing.py)."""
+    page); each job's big values come as previews (see store/listing.py). An offset is
+    not stable while jobs die or leave: dead_page's cursor is."""
+    page = dead_page(client, queue, limit, offset=offset)
+    return page.total, page.jobs
+
+
+def dead_page(client: Client, queue: str, limit: int = 50, cursor: str | None = None,
+              offset: int | None = None) -> listing.DeadPage:
+    """One page of a queue's dead letters, newest first (over all its partitions), and
+    the cursor of the next (None: the last page): pass it back for the page after the
+    last job shown, however many jobs died, left or came back meanwhile
+    (store/listing.py dead_after). ValueError for a cursor it did not make for
+    ``queue``. ``offset`` instead of a cursor: from that place in the list as it is now."""
     queue_keys(client, queue)
     rt = client.runtime
     rt.discover_for_reading()  # (as jobs does)
     with reachable():
-        return listing.dead_page(rt.redis, rt.scripts, queue, rt.parts[queue], offset, limit)
+        if offset:
+            return listing.dead_page(rt.redis, rt.scripts, queue, rt.parts[queue], offset, limit)
+        return listing.dead_after(rt.redis, rt.scripts, queue, rt.parts[queue], limit, cursor)
 
 
 def dead_ids(client: Client, queue: str) -> list[str]:
@@ -330,6 +344,15 @@ def audit(client: Client, offset: int = 0, limit: int = 50) -> tuple[int, list[d
     (store/audit.py MAX_ENTRIES); the log keeps every entry."""
     with reachable():
         return audit_log.read(client.runtime.redis, keys.audit(client.runtime.config.redis.prefix), offset, limit)
+
+
+def audit_page(client: Client, limit: int = 50, cursor: str | None = None) -> audit_log.Page:
+    """Who did what, newest first: one page and the cursor of the next (None: the last
+    page), which goes on after the last entry shown however many actions land meanwhile
+    (store/audit.py read_after). ValueError for a cursor it did not make."""
+    with reachable():
+        return audit_log.read_after(client.runtime.scripts, keys.audit(client.runtime.config.redis.prefix), limit,
+                                    cursor)
 
 
 def schedules(client: Client) -> list[dict[str, Any]]:

@@ -126,10 +126,11 @@ class PartitionFigures:
     processing: int
     scheduled: int
     dead: int
+    held: bool = False  # its master short of [redis] wait_replicas: nothing of it runs
 
     def as_dict(self) -> dict[str, Any]:
         return {"partition": self.partition, "tag": self.tag, "draining": self.draining, "ready": self.ready,
-                "processing": self.processing, "scheduled": self.scheduled, "dead": self.dead}
+                "processing": self.processing, "scheduled": self.scheduled, "dead": self.dead, "held": self.held}
 
 
 @dataclass(slots=True)
@@ -157,6 +158,15 @@ class QueueFigures:
     # Fields of its stats hash not read: a hash too wide to read whole (store/stats.py
     # STATS_WHOLE) is read by the names of the functions loaded, "?" and OTHER only.
     stats_left_out: int = 0
+    # Every partition (number, tag, held): held while its master has fewer replicas
+    # connected than [redis] wait_replicas (a master just promoted, its replica not back):
+    # a claim's WAIT falls short there and its jobs are handed back, so none of them runs,
+    # and enqueues to it are refused (NotReplicated).
+    holds: list[tuple[int, str, bool]] = field(default_factory=list)
+
+    @property
+    def held(self) -> list[str]:
+        return [tag for _, tag, held in self.holds if held]
 
     def function(self, name: str) -> FunctionFigures:
         f = self.functions.get(name)
@@ -264,6 +274,12 @@ def stats_names(functions: Collection[str]) -> list[str]:
     return out
 
 
+def _wanted(rt: Source) -> int:
+    """[redis] wait_replicas of the reader's config (0: no partition is ever held)."""
+    config = getattr(rt, "config", None)
+    return int(getattr(getattr(config, "redis", None), "wait_replicas", 0) or 0)
+
+
 def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = True) -> list[QueueFigures]:
     """Every configured queue's figures, in three pipelined round trips (and one for the
     server's clock, unless ``now_ms`` is given: tests pin it); a stats hash too wide to
@@ -287,6 +303,16 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
     for k, row, size, h in zip(every, rows, sizes, hashes, strict=True):
         row[7] = h
         left_out[k.queue] = left_out.get(k.queue, 0) + size - len(h)
+    wanted = _wanted(rt)
+    if wanted:  # (guard.py loads logging: a reading command without wait_replicas never does)
+        from runner.store.guard import replicas_by_key
+
+        replicas = replicas_by_key(rt.redis, [k.ready for k in every])
+    else:
+        replicas = [None] * len(every)
+    holds: dict[str, list[tuple[int, str, bool]]] = {}
+    for k, have in zip(every, replicas, strict=True):
+        holds.setdefault(k.queue, []).append((k.partition, k.tag, have is not None and have < wanted))
     # A partitioned queue's figures are its partitions' summed: every count and histogram
     # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
     sums: dict[str, list[Any]] = {}
@@ -296,7 +322,8 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
         if len(rt.parts[k.queue]) > 1:
             each.setdefault(k.queue, []).append(PartitionFigures(
                 k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1],
-                scheduled=max(0, row[3] - row[12] - row[13]), dead=row[5]))
+                scheduled=max(0, row[3] - row[12] - row[13]), dead=row[5],
+                held=any(held for _, tag, held in holds[k.queue] if tag == k.tag)))
         if row[6]:
             oldest.append((k.queue, k, row[6]))
         if row[11]:
@@ -329,7 +356,8 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
                          scheduled=max(0, sched - sleeping - waiting), scheduled_due=due, sleeping=sleeping,
                          waiting=waiting, dead=dead, cancelled=cancelled, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")),
-                         partitions=each.get(name, []), stats_left_out=left_out.get(name, 0))
+                         partitions=each.get(name, []), stats_left_out=left_out.get(name, 0),
+                         holds=holds.get(name, []))
         parse_stats(q, stats, known)
         out.append(q)
         by_name[name] = q
@@ -372,6 +400,7 @@ def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
         "functions": {name: f.as_dict() for name, f in sorted(q.functions.items())},
         "partitions": [p.as_dict() for p in q.partitions],
         "stats_fields_left_out": q.stats_left_out,
+        "held": q.held,
     }
 
 

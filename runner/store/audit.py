@@ -24,14 +24,23 @@ An entry is pushed (or folded) and the list trimmed by one script (lua/audit.lua
 the list never holds more than MAX_ENTRIES, nor an entry older than MAX_AGE_MS once the
 next one is written, whatever the writers.
 
+Each entry carries its place number ``n`` (audit.lua: one more than the head's, or the time
+in ms when that is greater; kept when the entry is folded into or rewritten), falling
+strictly from head to tail: a reader's cursor holds the place of the last entry it showed,
+and lua/seek_trail.lua finds where to go on by a binary search however many entries landed
+or left since (read_after). An offset (read) moves with every entry that lands.
+
 Pauses and resumes go on a list of their own (``<key>:flow``, bounded and folded alike),
 read merged with the other by time: they need no job and cost nothing to repeat.
 """
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from runner.store import codec, records
@@ -92,17 +101,104 @@ class Bulk:
         self.written = self.written or trail
 
 
+# Where a reader stopped on one trail: the place number of the last entry shown (audit.lua
+# numbers each; 0 for an earlier release's entry) and how many entries were left past it.
+Place = tuple[int, int]
+_PLACE = re.compile(r'[{,]"n":(\d+)')
+MAX_PLACE = 2**53
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    total: int  # entries held on both trails when the page was read
+    entries: list[dict[str, Any]]
+    cursor: str | None  # None: the last page
+
+
 def read(redis: Any, key: str, offset: int, limit: int) -> tuple[int, list[dict[str, Any]]]:
-    """(entries held on both trails, one page newest first, the two merged by time); an
-    entry that is not JSON is shown as such (and sorts as the oldest)."""
+    """(entries held on both trails, one page newest first, the two merged by time) from
+    ``offset``: not stable while actions land (each moves every later entry a place on);
+    read_after's cursor is. An entry that is not JSON is shown as such (as the oldest)."""
     want = offset + max(limit, 1)
     pipe = redis.pipeline(transaction=False)
     for trail in (key, flow_key(key)):
         pipe.llen(trail)
         pipe.lrange(trail, 0, want - 1)
     total, raw, flow_total, flow_raw = pipe.execute()
-    merged = sorted((_entry(item) for item in [*raw, *flow_raw]), key=_at, reverse=True)
-    return int(total) + int(flow_total), merged[offset:offset + max(limit, 1)]
+    merged = _merged([[str(e) for e in raw], [str(e) for e in flow_raw]], want)
+    return int(total) + int(flow_total), [e for _, e in merged[offset:]]
+
+
+def read_after(scripts: Any, key: str, limit: int, cursor: str | None) -> Page:
+    """One page newest first, both trails merged by time, after the cursor's places (one
+    per trail, found by lua/seek_trail.lua wherever the entries went since): actions that
+    land, fold into an entry or trim the oldest move no place, so an entry that stays on
+    the trail is shown once. ValueError for a cursor this function did not make."""
+    places = decode_cursor(cursor) if cursor else (None, None)
+    n = min(max(limit, 1), 999)  # (seek_trail.lua reads at most 1000 a call: n + 1)
+    read: list[tuple[int, int, list[str]]] = [scripts.seek_trail(trail, place, n + 1)
+                                             for trail, place in zip((key, flow_key(key)), places, strict=True)]
+    merged = _merged([raw for _, _, raw in read], n + 1)
+    shown = merged[:n]
+    if len(merged) <= n:
+        return Page(sum(length for length, _, _ in read), [e for _, e in shown], None)
+    after: list[Place] = []
+    for t, ((length, start, raw), place) in enumerate(zip(read, places, strict=True)):
+        took = sum(1 for trail, _ in shown if trail == t)
+        if took:  # after the last one shown
+            after.append((_place(raw[took - 1]), length - (start + took)))
+        elif place is not None:  # none of this trail on the page: where it was
+            after.append(place)
+        elif raw:  # from the first page: just before its newest entry
+            first = _place(raw[0])
+            after.append((first + 1, 0) if first else (0, length - start))
+        else:
+            after.append((0, 0))  # empty: read to its end
+    return Page(sum(length for length, _, _ in read), [e for _, e in shown], encode_cursor(after[0], after[1]))
+
+
+def _merged(trails: Sequence[Sequence[str]], most: int) -> list[tuple[int, dict[str, Any]]]:
+    """Up to ``most`` (trail, entry) of the trails, each in its own order (newest first),
+    merged by time (the newer first; the main trail's first at a tie)."""
+    entries = [[_entry(raw) for raw in trail] for trail in trails]
+    at = [0] * len(entries)
+    out: list[tuple[int, dict[str, Any]]] = []
+    while len(out) < most:
+        heads = [t for t in range(len(entries)) if at[t] < len(entries[t])]
+        if not heads:
+            break
+        t = max(heads, key=lambda t: (_at(entries[t][at[t]]), -t))
+        out.append((t, entries[t][at[t]]))
+        at[t] += 1
+    return out
+
+
+def _place(raw: str) -> int:
+    m = _PLACE.search(raw)
+    return int(m.group(1)) if m else 0
+
+
+def encode_cursor(main: Place, flow: Place) -> str:
+    raw = codec.dumps(["audit", list(main), list(flow)])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[Place, Place]:
+    """The places on the main trail and on the flow trail; ValueError for anything
+    encode_cursor did not make (the caller's 400)."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, main, flow = codec.loads(raw)
+    except Exception as exc:
+        raise ValueError("not a cursor of this list") from exc
+
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_PLACE
+
+    places = (main, flow)
+    if kind != "audit" or not all(isinstance(p, list) and len(p) == 2 and all(map(whole, p)) for p in places):
+        raise ValueError("not a cursor of this list")
+    return (main[0], main[1]), (flow[0], flow[1])
 
 
 def _entry(item: Any) -> dict[str, Any]:
@@ -112,6 +208,7 @@ def _entry(item: Any) -> dict[str, Any]:
         entry = None
     if not isinstance(entry, dict):
         return {"unparsable": str(item)[:200]}
+    entry.pop("n", None)  # its place on the trail: the cursor's, not the reader's
     # Another writer's time past the last date (or not a number): shown as absent. A
     # folded entry's last_at_ms is held to the same range.
     bad = [f for f in ("at_ms", "last_at_ms") if f in entry and not _in_range(entry[f])]

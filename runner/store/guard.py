@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,35 @@ def connected_replicas(client: Any) -> int:
         per_node: Any = client.info("replication", target_nodes=cluster.RedisCluster.PRIMARIES)
         return min((int(v.get("connected_slaves", 0)) for v in per_node.values()), default=0)
     return int(client.info("replication").get("connected_slaves", 0))
+
+
+def replicas_by_key(client: Any, keys: Sequence[str]) -> list[int | None]:
+    """For each key, the replicas connected to the master that holds it now (None: that
+    master did not answer): one INFO per master. With ``wait_replicas`` above that count,
+    the key's partition is held: its claims and enqueues wait for a replica that is not
+    there (a master just promoted, whose replica has not rejoined)."""
+    cluster = sys.modules.get("redis.cluster")
+    if cluster is None or not isinstance(client, cluster.RedisCluster):
+        try:
+            have = int(client.info("replication").get("connected_slaves", 0))
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            return [None] * len(keys)
+        return [have] * len(keys)
+    nodes = [client.get_node_from_key(k) for k in keys]
+    counts: dict[str, int | None] = {}
+    for node in nodes:
+        if node.name in counts:
+            continue
+        try:
+            info: Any = client.info("replication", target_nodes=node)
+            counts[node.name] = int(info.get("connected_slaves", 0))
+        except Exception as exc:  # a master down: its partitions are down, not held
+            if not is_outage(exc):
+                raise
+            counts[node.name] = None
+    return [counts[node.name] for node in nodes]
 
 
 def warn_redis_settings(client: Any, wait_replicas: int = 0) -> list[str]:

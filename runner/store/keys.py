@@ -116,7 +116,8 @@ These keys are global, outside every queue's tag (each in its own slot on Redis 
 
     <prefix>:audit                    LIST    who did what (requeue, delete, purge, cancel, trigger,
                                               bulk...), newest first, capped, a caller's repeats
-                                              folded (see audit.py)
+                                              folded (see audit.py); each entry's place
+                                              number `n` is a reader's cursor (seek_trail.lua)
     <prefix>:audit:flow               LIST    the pauses and resumes, apart (capped alike): cheap
                                               to repeat, they never push the others out
     <prefix>:workers                  HASH    live workers: what they serve, run and know; each entry

@@ -558,10 +558,80 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
     return Page(jobs, encode_cursor(tag, pos, gen, anchor, marks, later=others, alone=True), tuple(errors))
 
 
+@dataclass(frozen=True, slots=True)
+class DeadPage:
+    total: int  # dead jobs in every partition when the page was read
+    jobs: list[records.Job]
+    cursor: str | None  # None: the last page
+
+
+def dead_cursor(queue: str, score: float, job_id: str) -> str:
+    """A dead-letter page's cursor: the queue and the position (time of death, job id) of
+    the last job shown. A position in an order of the jobs alone, not of any partition:
+    processes on any count of partitions read it alike."""
+    raw = codec.dumps(["dead", queue, int(score) if score == int(score) else score, job_id])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_dead_cursor(cursor: str, queue: str) -> tuple[float, str]:
+    """(time of death, job id) of the last job shown; ValueError for anything
+    dead_cursor did not make for ``queue`` (the caller's 400)."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, of, score, job_id = codec.loads(raw)
+    except Exception as exc:
+        raise ValueError("not a cursor of this list") from exc
+    if not (kind == "dead" and isinstance(of, str) and isinstance(job_id, str) and 1 <= len(job_id) <= 1000
+            and isinstance(score, int | float) and not isinstance(score, bool) and abs(score) <= MAX_POS):
+        raise ValueError("not a cursor of this list")
+    if of != queue:
+        raise ValueError(f"not a cursor of this list (it reads queue {of!r}): start the list again")
+    return float(score), job_id
+
+
+def dead_after(redis: Any, scripts: Any, queue: str, parts: Sequence[QueueKeys], limit: int,
+               cursor: str | None) -> DeadPage:
+    """A queue's dead letters, newest first over all its partitions, after the cursor's
+    position (time of death, then id, as ZREVRANGE orders each partition): each partition's
+    next limit + 1 past that position (lua/seek.lua: found and read in one call, wherever
+    the last job shown went since), merged. Deaths since land before the position and
+    requeues or deletes behind it move nothing, so a job that stays dead is shown once."""
+    anchor = decode_dead_cursor(cursor, queue) if cursor else None
+    n = min(max(limit, 1), 999)  # (seek.lua reads at most 1000 a call: n + 1)
+    pipe = redis.pipeline(transaction=False)
+    for part in parts:
+        pipe.zcard(part.dead)
+    total = sum(int(c) for c in checked(pipe.execute(raise_on_error=False)))
+    rows = [(score, job_id, part) for part in parts
+            for job_id, score in scripts.seek(part.dead, 0, n + 1, anchor, True)[1]]
+    # (ids compare as Redis orders one score's members: by their bytes, which for UTF-8
+    # is the order of their code points, as Python compares them)
+    rows.sort(key=lambda x: (x[0], x[1]), reverse=True)
+    chosen = rows[:n]
+    more = len(rows) > n
+    jobs = _dead_jobs(scripts, queue, [(job_id, part) for _, job_id, part in chosen], n)
+    return DeadPage(total, jobs, dead_cursor(queue, chosen[-1][0], chosen[-1][1]) if more else None)
+
+
+def _dead_jobs(scripts: Any, queue: str, chosen: Sequence[tuple[str, QueueKeys]], limit: int) -> list[records.Job]:
+    batch = scripts.batch()
+    cut, read = preview_bytes(limit), read_bytes(limit)
+    for job_id, k in chosen:
+        scripts.lookup(k, job_id, pipe=batch, cut=cut, read=read)
+    jobs = []
+    for (job_id, _), (rec, state, _claim, _outcome, sizes) in zip(chosen, batch.execute(), strict=True):
+        rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
+        jobs.append(records.Job(job_id, queue, records.view(job_id, rec, state or [], None, None, sizes or ())))
+    return jobs
+
+
 def dead_page(redis: Any, scripts: Any, queue: str, parts: Sequence[QueueKeys], offset: int,
-              limit: int) -> tuple[int, list[records.Job]]:
-    """A queue's dead letters, newest first over all its partitions: (total, the page),
-    each job's big values cut by Redis to the page's preview_bytes (see page)."""
+              limit: int) -> DeadPage:
+    """A queue's dead letters, newest first over all its partitions, from ``offset``: the
+    page, each job's big values cut by Redis to the page's preview_bytes (see page), and a
+    cursor that goes on after its last job (dead_after). An offset is not stable while
+    jobs die, leave or come back (each death before it moves every later job a place
+    on): the earlier releases' way to page, kept for their clients."""
     end = offset + max(limit, 1) - 1
     pipe = redis.pipeline(transaction=False)
     for part in parts:
@@ -576,15 +646,9 @@ def dead_page(redis: Any, scripts: Any, queue: str, parts: Sequence[QueueKeys], 
     merged = sorted(((score, job_id, part) for part, rows in zip(parts, got[1::2], strict=True)
                      for job_id, score in rows), key=lambda x: (x[0], x[1]), reverse=True)
     chosen = merged if len(parts) == 1 else merged[offset:end + 1]
-    batch = scripts.batch()
-    cut, read = preview_bytes(limit), read_bytes(limit)
-    for _, job_id, k in chosen:
-        scripts.lookup(k, job_id, pipe=batch, cut=cut, read=read)
-    jobs = []
-    for (_, job_id, _), (rec, state, _claim, _outcome, sizes) in zip(chosen, batch.execute(), strict=True):
-        rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
-        jobs.append(records.Job(job_id, queue, records.view(job_id, rec, state or [], None, None, sizes or ())))
-    return total, jobs
+    jobs = _dead_jobs(scripts, queue, [(job_id, k) for _, job_id, k in chosen], limit)
+    more = chosen and offset + len(chosen) < total
+    return DeadPage(total, jobs, dead_cursor(queue, chosen[-1][0], chosen[-1][1]) if more else None)
 
 
 def _mark(value: Any) -> tuple[str, str, bool] | None:

@@ -78,6 +78,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "index_delayed": ("scheduled", "job_prefix", "delayed", "sleeping", "waiting"),
     "seek_list": ("list", "job_prefix"),
     "audit": ("audit",),
+    "seek_trail": ("audit",),
     # Durable functions (docs/durable.md): the step log lives in the job's state hash.
     "step": ("job", "claims", "stats"),
     "steps": ("job", "stats"),

@@ -1,5 +1,5 @@
 """GET /audit: who did what (requeue, delete, purge, cancel, pause, resume, run now,
-trigger), newest first, paginated. The trail is a capped list (store/audit.py), one
+trigger), newest first, paged by cursor (or offset). The trail is a capped list (store/audit.py), one
 caller's repeats of an action on one target within an hour folded into one entry
 (``repeats``, ``last_at``); every action is also a log line."""
 
@@ -11,6 +11,7 @@ import falcon.asgi
 from runner.client import Client
 from runner.web.body import int_param, only_params, send
 from runner.web.offload import Offload
+from runner.web.problems import Problem
 
 MAX_PAGE = 500
 
@@ -33,9 +34,24 @@ class Audit:
         self.offload = offload
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
-        only_params(req, "offset", "limit")
-        offset = int_param(req, "offset", 0, 10_000_000, 0) or 0
+        only_params(req, "offset", "limit", "cursor")
+        offset = int_param(req, "offset", 0, 10_000_000)
         limit = int_param(req, "limit", 1, MAX_PAGE, 50) or 50
-        total, entries = await self.offload(self.client.audit, offset, limit)
+        cursor = req.get_param("cursor") or None
+        if cursor is not None and offset is not None:
+            raise Problem(400, "invalid-parameter", "give a cursor or an offset, not both",
+                          title="Invalid parameter", parameter="offset")
         resp.cache_control = ["no-store"]
-        send(resp, {"total": total, "offset": offset, "limit": limit, "entries": [_shown(e) for e in entries]})
+        if offset:  # an earlier release's way to page: not stable while actions land
+            total, entries = await self.offload(self.client.audit, offset, limit)
+            send(resp, {"total": total, "offset": offset, "limit": limit, "entries": [_shown(e) for e in entries],
+                        "cursor": None})
+            return
+        try:
+            page = await self.offload(self.client.audit_page, limit, cursor)
+        except ValueError as exc:
+            raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None
+        # A cursor's page has no offset (actions landed since the first page).
+        where = {"offset": 0} if cursor is None else {}
+        send(resp, {"total": page.total, **where, "limit": limit, "entries": [_shown(e) for e in page.entries],
+                    "cursor": page.cursor})

@@ -1,4 +1,4 @@
-"""The dead-letter views: GET /dead/{queue} (newest first, paginated), POST
+"""The dead-letter views: GET /dead/{queue} (newest first, paged by cursor or offset), POST
 /dead/{queue}/{id}/requeue (optionally with an edited payload and version; an invalid
 one stays dead and gets a 422) and DELETE /dead/{queue}/{id}. A requeue and a delete go
 on record under the caller's token name (see client.Client.requeue)."""
@@ -49,18 +49,28 @@ class DeadList:
         self.offload = offload
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, queue: str) -> None:
-        only_params(req, "offset", "limit")
-        offset = int_param(req, "offset", 0, 10_000_000, 0) or 0
+        only_params(req, "offset", "limit", "cursor")
+        offset = int_param(req, "offset", 0, 10_000_000)
         limit = int_param(req, "limit", 1, MAX_PAGE, 50) or 50
+        cursor = req.get_param("cursor") or None
+        if cursor is not None and offset is not None:
+            raise Problem(400, "invalid-parameter", "give a cursor or an offset, not both",
+                          title="Invalid parameter", parameter="offset")
         name = _queue(self.client, queue)
 
         def listed() -> dict[str, Any]:
             # The views too are built on the pool's thread: nothing of a page decodes on the loop.
-            total, jobs = self.client.dead(name, offset, limit)
-            return {"queue": queue, "total": total, "offset": offset, "limit": limit,
-                    "jobs": [j.as_dict() for j in jobs]}
+            page = self.client.dead_page(name, limit, cursor=cursor, offset=offset)
+            # A cursor's page has no offset (jobs died and left since the first page).
+            where = {"offset": offset or 0} if cursor is None else {}
+            return {"queue": queue, "total": page.total, **where, "limit": limit,
+                    "jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor}
 
-        send(resp, await self.offload(listed))
+        try:
+            body = await self.offload(listed)
+        except ValueError as exc:
+            raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None
+        send(resp, body)
 
 
 class DeadRequeue:

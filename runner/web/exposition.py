@@ -16,6 +16,9 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
     runner_partition_{ready,in_flight,scheduled,dead}_jobs   each partition of a queue of several
                                                  (labels queue, partition, tag, draining); the
                                                  runner_queue_* figures are their sums
+    runner_partition_held                        1 while a partition's master has fewer replicas than
+                                                 [redis] wait_replicas: none of its jobs runs (labels
+                                                 queue, partition, tag; every partition of every queue)
     runner_jobs_{enqueued,succeeded,retried,dead,cancelled,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed,abandoned}_total
     runner_jobs_{steps,replays,sleeps,waits,signals,invokes}_total   durable functions (docs/durable.md)
     runner_groups_completed_total                groups whose last member settled (then-job written), per queue
@@ -185,6 +188,14 @@ class RunnerCollector:
                     g.add_metric([q.name, str(p.partition), p.tag, "1" if p.draining else "0"],
                                  float(getattr(p, attr)))
             yield g
+        held = GaugeMetricFamily("runner_partition_held", "1 while the partition's master has fewer replicas "
+                                 "connected than [redis] wait_replicas: its claims are not confirmed, so none "
+                                 "of its jobs runs, and enqueues to it are refused.",
+                                 labels=["queue", "partition", "tag"])
+        for q in queues:
+            for partition, tag, is_held in q.holds:
+                held.add_metric([q.name, str(partition), tag], 1.0 if is_held else 0.0)
+        yield held
 
     def _function_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
         labels = ["queue", "function"]

@@ -178,11 +178,15 @@ COMPONENTS: dict[str, Any] = {
                        "description": "each partition of a queue of several (empty for one)"},
         "stats_fields_left_out": {"type": "integer", "description": "fields of the queue's stats hash not read: "
                                   "one too wide to read whole is read by the names of the functions loaded"},
+        "held": {"type": "array", "items": _STR,
+                 "description": "the tags of its partitions whose master has fewer replicas than "
+                                "[redis] wait_replicas: none of their jobs runs until a replica is back"},
     }),
     "Partition": _obj({
         "partition": _INT, "tag": _STR,
         "draining": {"type": "boolean", "description": "of another partitions count, served until it drains"},
         "ready": _INT, "processing": _INT, "scheduled": _INT, "dead": _INT,
+        "held": {"type": "boolean", "description": "its master short of [redis] wait_replicas: nothing of it runs"},
     }),
     "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),
     "Throughput": _obj({
@@ -191,7 +195,9 @@ COMPONENTS: dict[str, Any] = {
             "type": "object", "additionalProperties": {"type": "array", "items": _INT}}},
     }),
     "DeadPage": _obj({"queue": _STR, "total": _INT, "offset": _INT, "limit": _INT,
-                      "jobs": {"type": "array", "items": ref("Job")}}),
+                      "jobs": {"type": "array", "items": ref("Job")},
+                      "cursor": {"type": ["string", "null"], "description": "the next page's (null: the last)"}},
+                     required=["queue", "total", "limit", "jobs", "cursor"]),
     "RequeueRequest": _obj({"payload": {"description": "an edited payload (default: the stored one)"},
                             "version": {"type": "integer", "minimum": 1}}, required=[]),
     "BulkRequest": _obj({
@@ -214,7 +220,9 @@ COMPONENTS: dict[str, Any] = {
         "queue": _STR, "job_id": _STR, "type": _STR, "edited": {"type": "boolean"}, "count": _INT,
     }, required=["at", "by", "action"], extra=True),
     "AuditPage": _obj({"total": _INT, "offset": _INT, "limit": _INT,
-                       "entries": {"type": "array", "items": ref("AuditEntry")}}),
+                       "entries": {"type": "array", "items": ref("AuditEntry")},
+                       "cursor": {"type": ["string", "null"], "description": "the next page's (null: the last)"}},
+                      required=["total", "limit", "entries", "cursor"]),
     "WhoAmI": _obj({"name": _STR, "scopes": {"type": "array", "items": _STR},
                     "auth": {"type": "boolean", "description": "false: the API is open to anyone"}}),
     "Schedule": _obj({
@@ -450,7 +458,9 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
         "/dead/{queue}": {"get": {
             "operationId": "list_dead", "tags": ["dead letters"], "summary": "Dead jobs, newest first",
             "parameters": [queue,
-                           _query("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000}, "skip"),
+                           _query("cursor", {"type": "string"}, "the cursor of the previous page"),
+                           _query("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000},
+                                  "skip (not stable while jobs die: the cursor is)"),
                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size")],
             "responses": {"200": ok("One page", "DeadPage"), "400": bad, "404": problem("No such queue")},
         }},
@@ -489,7 +499,9 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
         "/audit": {"get": {
             "operationId": "audit", "tags": ["meta"],
             "summary": "Who did what (requeue, delete, purge), newest first; bounded",
-            "parameters": [_query("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000}, "skip"),
+            "parameters": [_query("cursor", {"type": "string"}, "the cursor of the previous page"),
+                           _query("offset", {"type": "integer", "minimum": 0, "maximum": 10_000_000},
+                                  "skip (not stable while actions land: the cursor is)"),
                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "page size")],
             "responses": {"200": ok("One page of the audit trail", "AuditPage"), "400": bad},
         }},

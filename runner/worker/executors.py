@@ -110,6 +110,11 @@ class Executors:
         # BATCH batches being gathered, by (function, rendered key): see _gather_members.
         self._gathering: dict[tuple[int, str], _Gathering] = {}
         self._idle = 0  # executors waiting on the inbox now (a hint, updated unlocked)
+        # Start marks of runs claimed ahead that executors start now (_start_one): one
+        # sends, for every run waiting when its call goes (a group commit); the others wait.
+        self._marks = threading.Condition()
+        self._marking: list[_Mark] = []
+        self._mark_sent = False  # a thread is sending marks now
 
     def start(self) -> None:
         for i in range(self.q.concurrency):
@@ -970,7 +975,9 @@ class Executors:
         if fn is not None and fn.isolation == "process":
             return self._in_child(run, fn, index, self._generations.of(registry), grace)
         if not job.started:  # claimed ahead: its attempt counts from here (a child's: _in_child)
-            self.outcomes.put(Settlement(run, START))
+            refused = self._start_one(run)
+            if refused is not None:
+                return refused
         started_ms = self._server_now(job)  # (resolving takes microseconds: the same clock)
         resolved = resolve(job, registry, grace, started_ms)
         if not isinstance(resolved, tuple):  # an outcome: Done, RetryLater or Dead
@@ -1032,6 +1039,54 @@ class Executors:
         outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
+
+    def _start_one(self, run: Run) -> Settlement | None:
+        """A job claimed ahead starts in this thread. A first claim ahead is not held: its
+        start mark goes with the settler's next batch (with its ack, often, for nothing),
+        and a loss before it lands gives the job back once (reclaim.lua). A job lost
+        unstarted before is held from its claim (claim.lua): its hold ends and its attempt
+        counts in a start.lua call that lands before its handler runs, so a worker lost
+        while it waited in its inbox charges it nothing however often (no handler of it
+        ran), and one lost from here on charges it (a handler that kills its worker cannot
+        loop). Returns the settlement of a run not to start: its lease was lost in the
+        wait (it goes back unrun). Redis away: it starts all the same, its mark going with
+        the settler's next batch (as a thread batch's do)."""
+        if not run.held:
+            self.outcomes.put(Settlement(run, START))
+            return None
+        code = self._marked(run)
+        if code is not None and code < 0:
+            return Settlement(run, Release())
+        if code == 2 and not run.flags.cancelled:  # a cancel in the wait: the handler hears it
+            run.flags.cancelled = True
+            run.cancelled_at = time.monotonic()
+        return None
+
+    def _marked(self, run: Run) -> int | None:
+        """``run``'s start mark, landed (start.lua's code; None: Redis did not answer, and
+        the mark goes with the settler's next batch). Executors that start jobs claimed
+        ahead at the same time share one call (per partition): the first to come sends
+        the marks of every run waiting then, and the next waiting one sends those that
+        came meanwhile, so a drain costs a call per group of starts, not one per job."""
+        mark = _Mark(run)
+        with self._marks:
+            self._marking.append(mark)
+            while not mark.done and self._mark_sent:
+                self._marks.wait()
+            if mark.done:
+                return mark.code
+            self._mark_sent = True
+            batch, self._marking = self._marking, []
+        codes: list[int | None] = [None] * len(batch)
+        try:
+            codes = self._start_members([m.run for m in batch])
+        finally:
+            with self._marks:
+                for m, code in zip(batch, codes, strict=True):
+                    m.code, m.done = code, True
+                self._mark_sent = False
+                self._marks.notify_all()
+        return mark.code
 
     @staticmethod
     def _logger_made(run: Run, ctx: Context, logger: JobLogger) -> None:
@@ -1291,6 +1346,15 @@ class _Placed:
     payload: dict[str, Any]
     key: str
     taken: float
+
+
+@dataclass(slots=True)
+class _Mark:
+    """A run waiting for its start mark (Executors._marked)."""
+
+    run: Run
+    code: int | None = None
+    done: bool = False
 
 
 @dataclass(slots=True)

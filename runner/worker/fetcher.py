@@ -48,12 +48,15 @@ UNBLOCK_AGAIN_S = 0.05  # a stop wakes the claim's wait again this often until t
 # perhaps left in ready that no wake-up will announce: the fetcher claims again at once.
 HELD, BOUNDED = 1, 2
 EXPIRED = 2  # a claimed job's "started" value when it is past its MAX_AGE (claim.lua)
-# A claimed job's "started" value when it was claimed ahead for a child process: its claim
-# is held until its executor hands it to the child (claim.lua, hold.lua).
+# A claimed job's "started" value when it was claimed ahead (or is a BATCH function's): its
+# claim is held until its executor marks it started before its handler runs (start.lua),
+# or hands it to its child (claim.lua, hold.lua).
 FOR_CHILD = 3
 # A claimed job's "started" value when it is not started at its claim and is a durable job
 # resumed after a sleep or a wait: MAX_AGE bounded its first start only (claim.lua).
 RESUMED = 4
+# Both: claimed ahead and held, and a durable job resumed (claim.lua).
+HELD_RESUMED = 5
 
 
 def _count_or_unknown(value: object) -> int:
@@ -409,7 +412,7 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started not in (0, FOR_CHILD, RESUMED), meta, "", partition,
+                              started not in (0, FOR_CHILD, RESUMED, HELD_RESUMED), meta, "", partition,
                               logged if type(logged) is int else _count_or_unknown(logged)))
             batch.append(run)
             if started == EXPIRED:
@@ -418,6 +421,8 @@ class Fetcher:
                 run.held = True
             elif started == RESUMED:
                 run.resumed = True
+            elif started == HELD_RESUMED:
+                run.held = run.resumed = True
         if self.trace_context and tracing.enabled():
             for r in batch:
                 if r.job.meta_raw:

@@ -7,21 +7,28 @@ demoted master is an outage (RedisUnavailable, an HTTP 503), at once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import falcon.testing
 import pytest
 import redis
+from click.testing import CliRunner
 from clusterkit import cluster_url, local_cluster, replicas_connected
 
+from runner.cli import cli as main
 from runner.client import Client, Enqueued, Request
 from runner.errors import NotReplicated, RedisUnavailable
 from runner.store import keys, routing, tagset
 from runner.store.embedded import Server
+from runner.web import create_app
 
 from conftest import Endpoint, Project, make_project, wait_for
 
@@ -259,3 +266,48 @@ def test_a_stalled_master_delays_only_its_own_producers(tmp_path: Path, monkeypa
             assert after and all(x[2] == "ok" for x in after), after[:5]
         finally:
             _close(p)
+
+
+def test_a_partition_held_for_its_replica_is_named_where_an_operator_looks(
+        tmp_path: Path, short_cluster: tuple[list[Server], int]) -> None:
+    """``wait_replicas = 1`` and one master without its replica (as just after a failover):
+    its partitions run nothing until a replica is back (a claim's WAIT falls short, and
+    its jobs are handed back). GET /queues and `runner stats --json` name those partitions
+    held (and only those), /metrics has runner_partition_held 1 for each and 0 for the
+    others, `runner stats` and `runner check` say so in words."""
+    servers, lone = short_cluster
+    p = _project(tmp_path / "p", servers, wait_replicas=1, wait_timeout_s=0.3)
+    try:
+        rt = p.runtime
+        every = [k for parts in rt.parts.values() for k in parts]
+        on_lone = {k.tag for k in every if rt.redis.get_node_from_key(k.ready).port == lone}
+        fast_held = sorted(k.tag for k in rt.parts["fast"] if k.tag in on_lone)
+        assert fast_held and len(fast_held) < PARTITIONS, fast_held
+        web = falcon.testing.TestClient(create_app(rt))
+        queues = {q["name"]: q for q in web.simulate_get("/queues").json["queues"]}
+        assert sorted(queues["fast"]["held"]) == fast_held
+        assert sorted(x["tag"] for x in queues["fast"]["partitions"] if x["held"]) == fast_held
+        for name, q in queues.items():
+            assert sorted(q["held"]) == sorted(k.tag for k in rt.parts[name] if k.tag in on_lone), name
+        shown = {}
+        for line in web.simulate_get("/metrics").text.splitlines():
+            m = re.match(r'runner_partition_held\{(.*)\} (\S+)$', line)
+            if m:
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+                shown[labels["tag"]] = (labels["queue"], float(m.group(2)))
+        assert shown == {k.tag: (k.queue, 1.0 if k.tag in on_lone else 0.0) for k in every}
+
+        def cli(*args: str) -> Any:
+            return CliRunner().invoke(main, ["--config", str(p.root / "runner.toml"), *args], env=p.env,
+                                      catch_exceptions=False)
+
+        stats = cli("stats", "--json")
+        assert stats.exit_code == 0, stats.output
+        fast = next(q for q in json.loads(stats.stdout)["queues"] if q["name"] == "fast")
+        assert sorted(fast["held"]) == fast_held
+        words = cli("stats").stdout
+        assert all(f"{{{tag}}}" in words for tag in fast_held) and "held" in words, words
+        check = cli("check").output
+        assert "held" in check and all(tag in check for tag in fast_held), check
+    finally:
+        _close(p)

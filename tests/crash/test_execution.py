@@ -241,6 +241,69 @@ def test_prefetched_jobs_of_a_dead_worker_spend_no_attempt(crash_project: Projec
     assert_quiet(project)
 
 
+GATED = '''
+import os, time
+QUEUE = "fast"
+MAX_ATTEMPTS = 1
+TIMEOUT = 10
+
+def handle(payload, ctx):
+    with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+        f.write(f"{ctx.attempt} {os.getpid()}\\n")
+    while not os.path.exists(os.environ["GATE"]):
+        time.sleep(0.02)
+    return {}
+'''
+
+
+def test_prefetched_thread_jobs_that_never_started_spend_nothing_however_often(crash_project: Project) -> None:
+    """Thread isolation, one executor and a prefetch of 8, every job allowed one attempt,
+    each handler blocked on a gate: a worker SIGKILLed three times, each time once it
+    claimed every job left anew (one of them started, the rest waiting in its inbox).
+    The jobs whose handler never ran are charged nothing (the second loss of a job
+    claimed ahead used to count, and it went dead as "worker lost" unrun); with the gate
+    open the next worker runs each of them once, at attempt 1. The ones that did start
+    spent their attempt (dead, "worker lost")."""
+    project = crash_project
+    project.add_function("gated", GATED)
+    configure(project, vt=1, concurrency=1, prefetch=8, max_attempts=1)
+    gate = project.root / "gate"
+    env = {"GATE": str(gate)}
+    jobs = [project.client.enqueue("gated", {"i": i}).id for i in range(9)]
+    before: dict[str, str] = {}
+    for _ in range(3):
+        w = project.spawn_worker("fast", env=env)
+        ran = {j for j in jobs if project.runs(j)}
+
+        def claimed_anew(old: dict[str, str] = before, ran: set[str] = ran) -> bool:
+            dead = set(project.runtime.redis.zrange(project.keys().dead, 0, -1))
+            live = [j for j in jobs if j not in ran and j not in dead]
+            if not live:
+                return True  # (every job left went dead: the assertions below say which)
+            entries = project.runtime.redis.hmget(project.keys().claims, live)
+            now = {i: e.split()[0] for i, e in zip(live, entries, strict=True) if e}
+            return (len(now) == len(live) and all(now[i] != old.get(i) for i in live)
+                    and any(project.runs(j) for j in live))  # (one of them started: the gate holds it)
+
+        wait_for(claimed_anew, timeout=30, what="every job left claimed anew, one started")
+        entries = project.runtime.redis.hmget(project.keys().claims, jobs)
+        before = {i: e.split()[0] for i, e in zip(jobs, entries, strict=True) if e}
+        kill(w)
+    unrun = [j for j in jobs if not project.runs(j)]
+    charged = [outcomes(r) for j in unrun if (r := rec(project, j))["status"] == "dead"]
+    assert not charged, f"{len(charged)} of {len(unrun)} jobs never started went dead: {charged[0]}"
+    assert len(unrun) == len(jobs) - 3, [project.runs(j) for j in jobs]  # (one started a round)
+    gate.write_text("open")
+    project.spawn_worker("fast", env=env)
+    final = wait_final(project, jobs, timeout=60)
+    for j in jobs:
+        if j in unrun:
+            assert final[j]["status"] == "done" and final[j]["attempt"] == 1, (final[j], outcomes(final[j]))
+            assert len(project.runs(j)) == 1
+        else:
+            assert final[j]["status"] == "dead" and final[j]["reason"] == "worker lost", final[j]
+
+
 def test_a_finished_last_attempt_whose_ack_was_refused_is_done(crash_project: Project) -> None:
     """The only attempt's lease is taken back while its handler runs (so it is buried as
     "worker lost"), then the handler finishes: the run is known to have finished, so the

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 
 from runner import config as config_mod
 from runner.cli import cli
+from runner.cli.root import EXIT_REFUSED
 from runner.store.embedded import free_port
 from runner.worker.worker import Worker
 
@@ -160,6 +161,15 @@ def test_dead_ls_requeue_with_an_edited_payload_and_purge(project: Project, run:
     listed = out_json(run("dead", "ls", "--queue", "fast", "--json"))
     assert listed["fast"]["total"] == 3
     assert {j["id"] for j in listed["fast"]["jobs"]} == set(ids)
+    first = run("dead", "ls", "--queue", "fast", "--limit", "2")  # a page, and the command for the next
+    assert "next page: runner dead ls --queue fast --limit 2 --cursor " in first.stdout, first.stdout
+    cursor = first.stdout.rsplit("--cursor ", 1)[1].split()[0]
+    rest = out_json(run("dead", "ls", "--queue", "fast", "--limit", "2", "--cursor", cursor, "--json"))
+    assert rest["fast"]["cursor"] is None and len(rest["fast"]["jobs"]) == 1
+    shown = [j["id"] for j in out_json(run("dead", "ls", "-q", "fast", "--limit", "2", "--json"))["fast"]["jobs"]]
+    assert set(shown) | {rest["fast"]["jobs"][0]["id"]} == set(ids)
+    assert run("dead", "ls", "--queue", "fast", "--cursor", "forged!").exit_code == EXIT_REFUSED
+    assert run("dead", "ls", "--cursor", cursor).exit_code == 2  # (which queue's?)
 
     bad = run("dead", "requeue", ids[0], "--payload", "[1, 2]")
     assert bad.exit_code == 1 and "is not of type" in bad.stderr

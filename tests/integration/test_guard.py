@@ -72,3 +72,27 @@ def test_wait_replicas_without_replicas_is_a_risk(project: Project) -> None:
     assert redis_risks(project.runtime.redis, wait_replicas=0) == []
     (risk,) = redis_risks(project.runtime.redis, wait_replicas=1)
     assert "wait_replicas is 1 but the master has 0 connected replica(s)" in risk and "NotReplicated" in risk
+
+
+def test_every_partition_of_a_master_without_its_replicas_is_shown_held(project: Project) -> None:
+    """One server with wait_replicas = 1 and no replica (as a Sentinel master just
+    promoted): every partition of every queue is held, and GET /queues, /metrics and
+    `runner stats` say so; with wait_replicas = 0 none is."""
+    import falcon.testing
+
+    from runner.observe.figures import read_queues
+    from runner.web import create_app
+
+    project.write_config(fast="partitions = 3")
+    assert all(not q.held for q in read_queues(project.runtime))
+    path = project.root / "runner.toml"
+    path.write_text(path.read_text().replace("[redis]\n", "[redis]\nwait_replicas = 1\nwait_timeout = 0.2\n", 1))
+    project._runtime = None
+    rt = project.runtime
+    assert rt.config.redis.wait_replicas == 1
+    queues = {q["name"]: q for q in falcon.testing.TestClient(create_app(rt)).simulate_get("/queues").json["queues"]}
+    assert queues["fast"]["held"] == [k.tag for k in rt.parts["fast"]] and len(queues["fast"]["held"]) == 3
+    assert all(p["held"] for p in queues["fast"]["partitions"]) and queues["slow"]["held"] == ["slow"]
+    text = falcon.testing.TestClient(create_app(rt)).simulate_get("/metrics").text
+    assert sum(1 for line in text.splitlines() if line.startswith("runner_partition_held{") and line.endswith(" 1.0")) \
+        == sum(len(parts) for parts in rt.parts.values())

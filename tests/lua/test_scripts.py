@@ -301,8 +301,11 @@ def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Projec
     """Of n claimed jobs, the first `start` go to free executors (started 1: the attempt
     counts at once); the rest are claimed ahead (started 0, claim flag 'p'). start.lua marks
     them started (fenced: 1 marked, 0 started already, -1 lease lost). A lapsed lease of
-    a started job counts its attempt; of one still prefetched it is refunded once (record
-    field refunds, history "lost unstarted", no error), and counts the second time."""
+    a started job counts its attempt; of one still prefetched it is refunded (record field
+    refunds, history "lost unstarted", no error). Claimed ahead again, such a job is held
+    (started 3, 'p' and 'h': its worker's start mark lands before its handler runs), and
+    a lapse in that wait spends nothing either, however often; once marked, a lapse
+    counts."""
     enqueue(p, new("a"), new("b"), new("c"))
     got = {g[0]: g for g in claim(p, n=3, start=1)}
     assert {j: (g[2], g[12]) for j, g in got.items()} == {"a": (1, 1), "b": (1, 0), "c": (1, 0)}
@@ -323,14 +326,26 @@ def test_claim_prefetches_beyond_start_without_spending_their_attempts(p: Projec
     assert rc["status"] == "queued" and sc_["lost_token"].split()[0] == tc
     assert r.hget(k.stats, "lost|noop") == "2" and r.hget(k.stats, "unspent|noop") == "1"
 
-    # c again, prefetched again and lost again: this time the attempt counts. (They went
-    # back in the order they were claimed: a and b start, c is claimed ahead.)
-    again = {g[0]: g for g in claim(p, n=3, start=2, now=NOW + 2 * LEASE, base="w.2")}
-    assert again["c"][2] == 1 and again["c"][12] == 0 and again["a"][12] == again["b"][12] == 1
-    assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + 3 * LEASE)) == [3, 0]
+    # c again, prefetched again and lost again: held this time, so still unspent. (They
+    # went back in the order they were claimed: a and b start, c is claimed ahead.)
+    history = unstarted
+    for n in (1, 2):
+        again = {g[0]: g for g in claim(p, n=3, start=2, now=NOW + 2 * n * LEASE, base=f"w.{n + 1}")}
+        assert again["c"][2] == 1 and again["c"][12] == 3 and again["a"][12] == again["b"][12] == 1
+        assert {"p", "h"} <= set(r.hget(k.claims, "c").split()[3])
+        sc.reclaim(k, 100, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)  # (a and b spend theirs: dead at 3)
+        history += f',{{"attempt":1,"outcome":"lost unstarted","at_ms":{NOW + (2 * n + 1) * LEASE}}}'
+        rc = raw(p, "c")
+        assert rc["attempt"] == "0" and state(p, "c")["refunds"] == "1" and "error" not in rc
+        assert rc["history"] == history
+    # Claimed ahead and marked started (its handler about to run), then lost: it counts.
+    assert rec(p, "a")["status"] == rec(p, "b")["status"] == "dead"
+    (again,) = claim(p, n=1, start=0, now=NOW + 6 * LEASE, base="w.4")
+    assert again[0] == "c" and again[12] == 3
+    assert sc.start(k, [("c", again[1])], now_ms=NOW + 6 * LEASE + 1) == [1]
+    sc.reclaim(k, 100, 10**7, now_ms=NOW + 7 * LEASE)
     rc = raw(p, "c")
-    assert rc["attempt"] == "1" and state(p, "c")["refunds"] == "1" and "WorkerLost" in rc["error"]
-    assert rc["history"] == unstarted + f',{{"attempt":1,"outcome":"worker lost","at_ms":{NOW + 3 * LEASE}}}'
+    assert rc["attempt"] == "1" and "WorkerLost" in rc["error"]
 
 
 def test_a_claim_spends_at_once_only_for_the_types_not_named_later(p: Project) -> None:
@@ -391,7 +406,8 @@ def test_a_childs_job_claimed_ahead_is_held_from_its_claim_until_handed_off(p: P
     a free, ready child: its claim is held from the claim ('p' and 'h', started 3), so its
     lease lapsing gives it back spending nothing, however often. Its worker ends the hold
     as the child gets it (hold.lua 'off'): from there a lapse before its start mark gives
-    it back once, and the second counts. Claimed ahead for a thread, a job is not held."""
+    it back once, and the second counts. Claimed ahead for a thread, a job is not held the
+    first time; lost so, it is held from its next claim ahead, never charged in the wait."""
     enqueue(p, new("t", type_="noop", max_attempts=1), new("c", type_="child", max_attempts=1))
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
 
@@ -400,16 +416,16 @@ def test_a_childs_job_claimed_ahead_is_held_from_its_claim_until_handed_off(p: P
                               done_ttl_ms=10_000_000, now_ms=NOW + 2 * n * LEASE, later="child"))
         return {g[0]: g for g in (reply[i:i + FIELDS] for i in range(HEAD, len(reply), FIELDS))}
 
-    for n, lapsed in enumerate(([2, 0], [1, 1], [1, 0])):  # (requeued, buried)
+    for n in range(3):
         got = claim_ahead(n)
         assert got["c"][12] == 3 and {"p", "h"} <= set(r.hget(k.claims, "c").split()[3])
-        if "t" in got:
-            assert got["t"][12] == 0 and "h" not in r.hget(k.claims, "t").split()[3]
-        assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)) == lapsed
+        assert got["t"][12] == (0 if n == 0 else 3)
+        assert ("h" in r.hget(k.claims, "t").split()[3]) == (n > 0)
+        assert list(sc.reclaim(k, 100, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)) == [2, 0]  # (requeued, buried)
         rc = raw(p, "c")
         assert rc["status"] == "queued" and rc["attempt"] == "0" and "error" not in rc
         assert "refunds" not in state(p, "c")
-    assert rec(p, "t")["status"] == "dead"  # the thread job's second loss claimed ahead counted
+    assert rec(p, "t")["status"] == "queued" and raw(p, "t")["attempt"] == "0"  # never charged unstarted
     assert raw(p, "c")["history"].count('"outcome":"lost unstarted"') == 3
     for n in (3, 4):  # handed to its child each time: once back unspent, then it counts
         got = claim_ahead(n)

@@ -24,6 +24,11 @@
 -- ARGV[6] the fold window, ms ('' or 0: no folding)
 -- ARGV[7] the most ids a folded entry names
 --
+-- Each entry gets a place number `n`, one more than the head's (or the time in ms, when
+-- that is greater): the numbers fall strictly from head to tail whatever the clock does,
+-- and an entry keeps its number when it is rewritten or folded into, so a reader's
+-- cursor finds where it stopped however many entries landed since (seek_trail.lua).
+--
 -- Returns the entries the trail holds after the call.
 --- @include "clock"
 --- @include "history"
@@ -33,6 +38,17 @@ local bulk = ARGV[5] or ''
 local fold = tonumber(ARGV[6] or '') or 0
 local max_ids = tonumber(ARGV[7] or '') or 100
 
+-- An entry's place number (as this script writes it: a top-level member, after '{' or
+-- ','; inside a string such a mark is escaped), or nil (an earlier release's entry).
+local function place_of(entry)
+  return tonumber(string.match(entry or '', '[{,]"n":(%d+)'))
+end
+
+local function numbered(entry, n)
+  if n == nil then return entry end
+  return string.sub(entry, 1, -2) .. ',"n":' .. string.format('%d', n) .. '}'
+end
+
 -- The entry's place: a bulk action's own, replaced in place, or a new one at the head.
 local here = nil
 if bulk ~= '' then
@@ -41,14 +57,15 @@ if bulk ~= '' then
     if string.find(old, mark, 1, true) then
       local ok, entry = pcall(cjson.decode, old)
       local at = ok and type(entry) == 'table' and tonumber(entry.at_ms) or now
-      redis.call('LSET', K.audit, i - 1, stamped(ARGV[2], string.format('%d', at)))
+      redis.call('LSET', K.audit, i - 1, numbered(stamped(ARGV[2], string.format('%d', at)), place_of(old)))
       here = i - 1
       break
     end
   end
 end
 if here == nil then
-  redis.call('LPUSH', K.audit, stamped(ARGV[2], now))
+  local n = math.max((place_of(redis.call('LINDEX', K.audit, 0)) or 0) + 1, tonumber(now))
+  redis.call('LPUSH', K.audit, numbered(stamped(ARGV[2], now), n))
   here = 0
 end
 

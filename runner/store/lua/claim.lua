@@ -7,8 +7,10 @@
 --
 -- The first k jobs claimed go to executors that are free now: their attempt is spent at
 -- once, unless their function runs in a child process (ARGV[11]): then it is spent when
--- the child says the handler started, as for a prefetched job. The rest are claimed ahead (prefetched): their claims carry 'p' and spend nothing
--- until the worker marks them started (start.lua). A job under limits is never
+-- the child says the handler started, as for a prefetched job. The rest are claimed
+-- ahead (prefetched): their claims carry 'p' and spend nothing until the worker marks
+-- them started (start.lua); one lost unstarted before is also held ('h', below), and
+-- its mark lands before its handler runs. A job under limits is never
 -- prefetched: reaching one past the first k puts it back at the consumer end of ready
 -- and ends the call, so no prefetched job holds a slot it cannot use yet. The first k
 -- count executors, not jobs: a BATCH function without a key (ARGV[12], "<type>=<size>")
@@ -111,9 +113,10 @@
 --   id, token, attempt, type, version, payload, max_attempts, idem_key,
 --   resource_key, ready_ms, created_ms, checkpoint, started (1 at once, its attempt spent;
 --   0 prefetched, or at once with its attempt spent at its start mark (ARGV[11]); 2
---   expired: bury it; 3 prefetched for a child (ARGV[11]) and held, 'h', until its worker
---   hands it to its child, see hold.lua; 4 as 0, for a durable job resumed after a sleep or
---   a wait, whose MAX_AGE is behind it), meta, steps (the entries of its durable step log:
+--   expired: bury it; 3 prefetched (or a BATCH function's, ARGV[12]) and held, 'h', until
+--   its worker marks it started (start.lua) or hands it to its child (hold.lua): a
+--   child's job, or one lost unstarted before; 4 as 0 and 5 as 3, for a durable job
+--   resumed after a sleep or a wait, whose MAX_AGE is behind it), meta, steps (the entries of its durable step log:
 --   0 for a job without one, whose run then makes no round trip to read it; its handler
 --   replays that many durable calls, and keeps its log quiet until past them)
 --- @include "clock"
@@ -152,7 +155,7 @@ local out = {now, 0}
 local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true,
   done = true, dead = true, deferred = true, cancelled = true}
 local STATE = {'status', 'attempt', 'ready_ms', 'checkpoint', 'deferrals', 'woken', 'lost_token', 'rated',
-  'cancel_requested', 'priority', 'suspended', 'debounce', 'steps'}
+  'cancel_requested', 'priority', 'suspended', 'debounce', 'steps', 'refunds'}
 local NO_STATE = {}  -- what HMGET of STATE reads of a job without a state hash
 local NONE = {}  -- the limits of a job under none
 -- A token's index as text: its digits as characters up to 99, no number formatted
@@ -600,9 +603,15 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   local spent = starts and not later[rec.type] and not gathered[rec.type]
   -- A child's job claimed ahead is held ('h') from its claim: it waits in its worker until
   -- a child is free and ready, and its worker ends the hold just before the child gets it
-  -- (hold.lua), so a worker lost in the wait, however often, charges it nothing. So is
-  -- a BATCH function's job (ARGV[12]), until its batch's call.
-  local held = (not starts and later[rec.type] == true) or gathered[rec.type] == true
+  -- (hold.lua), so a worker lost in the wait, however often, charges it nothing. So is a
+  -- thread job claimed ahead that was lost unstarted before (refunds, f[14]: its once is
+  -- used): its worker's start mark (start.lua) lands before its handler runs, so a loss
+  -- in the wait charges nothing however often, and one after counts. (A first claim
+  -- ahead is not held: its start mark goes with the settler's next batch, often with its
+  -- ack, for nothing; a loss before it lands is given back once.) So is a BATCH
+  -- function's job (ARGV[12]), until its batch's call.
+  local held = (not starts and (later[rec.type] == true or (tonumber(f[14]) or 0) >= 1))
+    or gathered[rec.type] == true
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
     claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
   taken[id] = true
@@ -622,8 +631,9 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   out[o + 11] = rec.created_ms
   out[o + 12] = f[4] or ''
   -- (4: a durable job resumed after a sleep or a wait, not started here: its worker must
-  -- not judge its MAX_AGE again at the start, which bounds the first start only)
-  out[o + 13] = spent and 1 or (held and 3 or (f[11] and 4 or 0))
+  -- not judge its MAX_AGE again at the start, which bounds the first start only; 5: both
+  -- that and held)
+  out[o + 13] = spent and 1 or (held and (f[11] and 5 or 3) or (f[11] and 4 or 0))
   out[o + 14] = rec.meta or ''
   out[o + 15] = f[13] or 0
   i = i + 1

@@ -8,8 +8,9 @@
 --   - for a job its worker gave up at shutdown with the handler still running ('x');
 --   - for a job that was waiting for its executor ('h', hold.lua), however often: a
 --     child's job claimed ahead, held from its claim until its worker hands it to a
---     child, and one whose child was still starting; no handler had the job, so none
---     could have killed its worker (the hold ends just before the hand-off, and from
+--     child, one whose child was still starting, and a thread job claimed ahead again
+--     after such a loss, held until its start mark lands before its handler runs
+--     (claim.lua); no handler had the job, so none could have killed its worker (the hold ends just before the hand-off, and from
 --     there the once-rule above applies).
 -- The lapsed claim's limit slots are released with it, and its token is kept on the
 -- record as lost_token: should that run still finish, its ack is a late success.

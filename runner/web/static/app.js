@@ -17,7 +17,8 @@ const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
   queues: [],
   deadQueue: null,
-  deadOffset: 0,
+  deadCursors: [null],     // the cursor of each page read so far (null: the first)
+  deadNext: null,          // the cursor of the page after the one shown
   deadLimit: 25,
   lastFigures: null,       // previous /queues answer, for live latency deltas
   latency: {},             // queue -> [{t, v}] points since the page opened
@@ -598,17 +599,21 @@ function deadRow(job) {
 async function refreshDead() {
   if (!state.deadQueue || !pageIs("dead")) return;  // read while its page shows
   const q = encodeURIComponent(state.deadQueue);
-  const page = await api("GET", `/dead/${q}?offset=${state.deadOffset}&limit=${state.deadLimit}`);
-  const from = page.total ? page.offset + 1 : 0;
-  $("#dead-total").textContent = `${from}–${page.offset + page.jobs.length} of ${page.total}`;
-  $("#dead-prev").disabled = page.offset === 0;
-  $("#dead-next").disabled = page.offset + page.jobs.length >= page.total;
+  // By cursor: jobs that die meanwhile land before the first page, not on the next one.
+  const cursor = state.deadCursors[state.deadCursors.length - 1];
+  const page = await api("GET", `/dead/${q}?limit=${state.deadLimit}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""));
+  const at = (state.deadCursors.length - 1) * state.deadLimit;
+  const from = page.jobs.length ? at + 1 : 0;
+  $("#dead-total").textContent = `${from}–${at + page.jobs.length} of ${page.total}`;
+  $("#dead-prev").disabled = state.deadCursors.length === 1;
+  $("#dead-next").disabled = !page.cursor;
+  state.deadNext = page.cursor;
   const reasons = {};
   for (const j of page.jobs) reasons[j.reason || "?"] = (reasons[j.reason || "?"] || 0) + 1;
   $("#dead-reasons").replaceChildren(...Object.entries(reasons).map(([r, n]) => el("span", { text: `${r}: ${n}` })));
   const body = $("#dead-table tbody");
   // Re-render only when the page changed, so a row's buttons stay put between refreshes.
-  const signature = `${state.deadQueue} ${page.offset} ${can("operate")} ` + page.jobs.map((j) => `${j.id}:${j.attempt}`).join(",");
+  const signature = `${state.deadQueue} ${cursor} ${can("operate")} ` + page.jobs.map((j) => `${j.id}:${j.attempt}`).join(",");
   if (signature === state.deadSignature) return;
   state.deadSignature = signature;
   if (!page.jobs.length) {
@@ -745,11 +750,11 @@ document.addEventListener("DOMContentLoaded", () => {
     go(`#dead/${encodeURIComponent(e.target.value)}`);
   });
   $("#dead-prev").addEventListener("click", () => {
-    state.deadOffset = Math.max(0, state.deadOffset - state.deadLimit);
+    if (state.deadCursors.length > 1) state.deadCursors.pop();
     quietly(refreshDead)();
   });
   $("#dead-next").addEventListener("click", () => {
-    state.deadOffset += state.deadLimit;
+    if (state.deadNext) state.deadCursors.push(state.deadNext);
     quietly(refreshDead)();
   });
   refreshHealth();

@@ -19,7 +19,7 @@ const PAGES = {
   group: (arg) => (arg ? showGroupPage(arg) : location.replace("#jobs/queued")),
   dead: (arg) => {
     if (arg) state.deadQueue = arg;
-    state.deadOffset = 0;
+    state.deadCursors = [null];
     state.deadSignature = "";
     fill($("#dead-table tbody"), el("tr", {}, el("td", { colSpan: 7, class: "muted", text: "Reading…" })));
     if (state.deadQueue) $("#dead-queue").value = state.deadQueue;
@@ -30,10 +30,11 @@ const PAGES = {
   function: (arg) => (arg ? showFunctionPage(arg) : location.replace("#functions")),
   workers: () => showWorkers(),
   events: () => quietly(showEvents)(),
-  audit: () => { pages.auditOffset = 0; quietly(showAudit)(); },
+  audit: () => { pages.auditCursors = [null]; quietly(showAudit)(); },
 };
 
-const pages = { name: "", arg: "", auditOffset: 0, auditLimit: 50, workersTimer: null };
+// auditCursors: the cursor of each page read so far (null: the first); auditNext: the next page's.
+const pages = { name: "", arg: "", auditCursors: [null], auditNext: null, auditLimit: 50, workersTimer: null };
 
 // "#jobs/dead?queue=fast" -> {name: "jobs", arg: "dead", params}
 function parseHash(hash) {
@@ -391,12 +392,16 @@ const AUDIT_SHOWN = new Set(["at", "last_at", "repeats", "action", "by", "queue"
   "target", "function", "name"]);
 
 async function showAudit() {
-  const data = await api("GET", `/audit?offset=${pages.auditOffset}&limit=${pages.auditLimit}`);
+  // By cursor: actions taken meanwhile land before the first page, not on the next one.
+  const cursor = pages.auditCursors[pages.auditCursors.length - 1];
+  const data = await api("GET", `/audit?limit=${pages.auditLimit}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""));
   if (!pageIs("audit")) return;
-  const from = data.total ? data.offset + 1 : 0;
-  $("#audit-total").textContent = `${from}–${data.offset + data.entries.length} of ${data.total}`;
-  $("#audit-prev").disabled = data.offset === 0;
-  $("#audit-next").disabled = data.offset + data.entries.length >= data.total;
+  const at = (pages.auditCursors.length - 1) * pages.auditLimit;
+  const from = data.entries.length ? at + 1 : 0;
+  $("#audit-total").textContent = `${from}–${at + data.entries.length} of ${data.total}`;
+  $("#audit-prev").disabled = pages.auditCursors.length === 1;
+  $("#audit-next").disabled = !data.cursor;
+  pages.auditNext = data.cursor;
   const view = $("#audit-view");
   if (!data.entries.length) {
     fill(view, el("p", { class: "muted", text: "No operator action yet (requeue, delete, cancel, pause, resume, run now, trigger)." }));
@@ -485,11 +490,11 @@ async function showGroupPage(id) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("#audit-prev").addEventListener("click", () => {
-    pages.auditOffset = Math.max(0, pages.auditOffset - pages.auditLimit);
+    if (pages.auditCursors.length > 1) pages.auditCursors.pop();
     quietly(showAudit)();
   });
   $("#audit-next").addEventListener("click", () => {
-    pages.auditOffset += pages.auditLimit;
+    if (pages.auditNext) pages.auditCursors.push(pages.auditNext);
     quietly(showAudit)();
   });
   // Before signing in, the page the URL names shows (empty) so the view is right at once.

@@ -1,0 +1,208 @@
+"""The dead-letter list and the audit trail paged while they move (docs/http.md,
+"Cursors"): jobs die at the front of the list while a client pages, and others are
+requeued or deleted behind it; actions land on the trail, are folded into earlier
+entries and the oldest are trimmed. A client that follows the cursor sees every entry
+that stays put the whole time exactly once, and the traversal ends."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import falcon.testing
+import pytest
+
+from runner.client import Client
+from runner.runtime import Runtime
+from runner.store import audit as audit_log
+from runner.store import keys
+from runner.web import create_app
+
+from conftest import Project, wait_for
+
+
+@pytest.fixture
+def four(project: Project) -> Iterator[Project]:
+    project.write_config(fast="partitions = 4")
+    yield project
+
+
+def _in_thread(work: Callable[[Client, random.Random], None], project: Project, stop: threading.Event,
+               errors: list[BaseException], seed: int) -> threading.Thread:
+    """``work`` over and over on a client of its own until ``stop``."""
+
+    def run() -> None:
+        rt = Runtime.create(project.config())
+        try:
+            c, rng = Client(rt), random.Random(seed)
+            while not stop.is_set():
+                work(c, rng)
+        except BaseException as exc:  # (the test fails on it below)
+            errors.append(exc)
+        finally:
+            rt.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _follow(web: falcon.testing.TestClient, path: str, rows: str, limit: int, most: int = 400,
+            between: Callable[[], None] = lambda: None) -> Counter[str]:
+    """Every id shown to a client following the cursor of ``path`` from its first page."""
+    seen: Counter[str] = Counter()
+    cursor = None
+    for _ in range(most):
+        r = web.simulate_get(path, params={"limit": limit, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        seen.update(e["id"] if "id" in e else str(e["by"]) for e in r.json[rows])
+        cursor = r.json["cursor"]
+        if cursor is None:
+            return seen
+        between()
+    raise AssertionError(f"the cursor went on past {most} pages")
+
+
+def test_the_dead_list_pages_by_cursor_while_jobs_die_and_leave(four: Project) -> None:
+    """120 dead jobs over 4 partitions; while a client pages through them 7 at a time,
+    other threads bury new jobs (each lands at the front) and requeue or delete some of
+    the 120 (behind the client or ahead of it). Every job that stays dead the whole time
+    is shown exactly once, no job is shown twice, and the traversal ends."""
+    project = four
+    c = project.client
+    first = [c.enqueue("perm", {"i": i}).id for i in range(120)]
+    project.spawn_worker("fast")
+    wait_for(lambda: c.stats()["fast"]["dead"] == len(first), timeout=60, what="120 jobs dead")
+    moved: set[str] = set()
+    lock = threading.Lock()
+
+    def bury(c: Client, rng: random.Random) -> None:
+        c.enqueue("perm", {"later": rng.random()})
+        time.sleep(0.005)
+
+    def move(c: Client, rng: random.Random) -> None:
+        with lock:
+            left = [i for i in first if i not in moved]
+            job_id = rng.choice(left)
+            moved.add(job_id)  # before: a page read meanwhile may not show it
+        if rng.random() < 0.5:
+            c.requeue("fast", job_id)  # it runs again and dies again: a new death at the front
+        else:
+            c.delete_dead("fast", job_id)
+        time.sleep(0.02)
+
+    stop, errors = threading.Event(), []
+    threads = [_in_thread(bury, project, stop, errors, 1), _in_thread(move, project, stop, errors, 2)]
+    web = falcon.testing.TestClient(create_app(project.runtime))
+    try:
+        wait_for(lambda: len(moved) >= 5, timeout=20, what="the first moves")
+        seen = _follow(web, "/dead/fast", "jobs", 7, between=lambda: time.sleep(0.03))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert not errors, errors
+    stayed = [i for i in first if i not in moved]
+    assert len(stayed) > 60 and len(moved) > 10, (len(stayed), len(moved))
+    twice = sorted(i for i, n in seen.items() if n > 1)
+    missing = sorted(set(stayed) - set(seen))
+    assert not twice and not missing, f"{len(twice)} shown twice, {len(missing)} of {len(stayed)} never shown"
+
+
+def test_an_offset_still_pages_and_hands_over_to_a_cursor(four: Project) -> None:
+    """?offset= still reads a page at that place (old clients); its answer carries the
+    cursor that goes on after its last job, and a cursor page carries no offset."""
+    project = four
+    c = project.client
+    ids = [c.enqueue("perm", {"i": i}).id for i in range(20)]
+    project.spawn_worker("fast")
+    wait_for(lambda: c.stats()["fast"]["dead"] == len(ids), timeout=60, what="20 jobs dead")
+    web = falcon.testing.TestClient(create_app(project.runtime))
+    whole = web.simulate_get("/dead/fast", params={"limit": 20}).json
+    assert whole["cursor"] is None and whole["offset"] == 0 and len(whole["jobs"]) == 20
+    order = [j["id"] for j in whole["jobs"]]
+    page = web.simulate_get("/dead/fast", params={"offset": 5, "limit": 5}).json
+    assert [j["id"] for j in page["jobs"]] == order[5:10] and page["offset"] == 5
+    rest = web.simulate_get("/dead/fast", params={"cursor": page["cursor"], "limit": 50}).json
+    assert [j["id"] for j in rest["jobs"]] == order[10:] and rest["cursor"] is None and "offset" not in rest
+    assert c.dead("fast", 15, 10)[1] == [j for j in c.dead_page("fast", 50).jobs][15:]
+
+
+def _b64(raw: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(raw).encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("path", ["/dead/fast", "/audit"])
+def test_a_forged_cursor_is_a_400(four: Project, path: str) -> None:
+    """A cursor the list did not make (garbage, another list's, another queue's, a
+    position of the wrong type, one too long) is a 400 naming the parameter, never a
+    page read from elsewhere; so is a cursor beside an offset."""
+    web = falcon.testing.TestClient(create_app(four.runtime))
+    job_cursor = web.simulate_get("/jobs", params={"status": "dead"}).json["cursor"]
+    forged = ["%%%", "bm90IGpzb24", _b64(["dead", "slow", 1, "x"]), _b64(["dead", "fast", "1", "x"]),
+              _b64(["dead", "fast", 1, ""]), _b64(["audit", "x"]), _b64(["audit", [1, 2], [3]]),
+              _b64(["audit", [-1, 0], [0, 0]]), _b64(["dead", "fast", 1, "x" * 5000]), _b64({"a": 1}),
+              job_cursor or _b64(["fast", 0, None])]
+    for cursor in forged:
+        r = web.simulate_get(path, params={"cursor": cursor})
+        assert r.status_code == 400, (cursor, r.status_code, r.text)
+        assert r.json["parameter"] == "cursor", r.json
+    r = web.simulate_get(path, params={"cursor": _b64(["dead", "fast", 1, "x"]), "offset": 3})
+    assert r.status_code == 400 and r.json["parameter"] == "offset", r.text
+
+
+def test_the_audit_trail_pages_by_cursor_while_actions_land(project: Project) -> None:
+    """A trail of 150 entries and 40 pauses and resumes, 10 of them written by an earlier
+    release (no place number); while a client pages through it 9 at a time, other
+    threads put new actions on both trails, fold repeats into entries already there, and
+    the trail is trimmed to a bound that takes its oldest off. Every entry that stays on
+    the trail the whole time is shown exactly once, and the traversal ends."""
+    rt = project.runtime
+    key = keys.audit(rt.config.redis.prefix)
+    r = rt.redis
+    old = [f"old{i}" for i in range(10)]
+    for i, by in enumerate(old):  # as an earlier release wrote them: no place number
+        r.lpush(key, json.dumps({"by": by, "action": "purge", "queue": "fast", "at_ms": 1_700_000_000_000 + i}))
+    main = [f"m{i}" for i in range(150)]
+    flow = [f"f{i}" for i in range(40)]
+    for i in range(max(len(main), len(flow))):
+        if i < len(main):
+            audit_log.record(rt.scripts, key, {"by": main[i], "action": "purge", "queue": "fast"})
+        if i < len(flow):
+            audit_log.record(rt.scripts, key, {"by": flow[i], "action": "pause", "queue": "fast"})
+    most = 200  # the trail's bound in this test: the oldest entries leave as new ones land
+    gone = set(old[:])  # the trimmed ones may go any time: not counted as staying
+
+    def act(c: Client, rng: random.Random) -> None:
+        n = rng.randrange(1_000_000)
+        trail = key if rng.random() < 0.7 else audit_log.flow_key(key)
+        action = "purge" if trail == key else "resume"
+        c.runtime.scripts.audit(trail, json.dumps({"by": f"new{n}", "action": action, "queue": "fast"}), most,
+                                audit_log.MAX_AGE_MS)
+        # a repeat of an entry already there (same caller, action, queue): folded into it
+        c.runtime.scripts.audit(key, json.dumps({"by": rng.choice(main), "action": "purge", "queue": "fast"}),
+                                most, audit_log.MAX_AGE_MS, fold_ms=audit_log.FOLD_MS)
+        time.sleep(0.003)
+
+    # The oldest main entries may be trimmed while paging (200 kept, ~40 new): not counted.
+    gone |= set(main[:60])
+    stop, errors = threading.Event(), []
+    t = _in_thread(act, project, stop, errors, 3)
+    web = falcon.testing.TestClient(create_app(rt))
+    try:
+        time.sleep(0.05)
+        seen = _follow(web, "/audit", "entries", 9, between=lambda: time.sleep(0.01))
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not errors, errors
+    stayed = [b for b in [*main, *flow] if b not in gone]
+    twice = sorted(b for b, n in seen.items() if n > 1)
+    missing = sorted(set(stayed) - set(seen))
+    assert not twice and not missing, f"{twice[:5]} shown twice, {missing[:5]} of {len(stayed)} never shown"
