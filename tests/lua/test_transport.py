@@ -10,12 +10,14 @@ import time
 from typing import Any
 
 import pytest
+import redis
 from redis.exceptions import ResponseError
 
+from runner.store import transport
 from runner.store.scripts import NewJob
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project
+from conftest import Project, wait_for
 
 NOW = 1_800_000_000_000  # the scripts' test clock
 
@@ -260,6 +262,41 @@ def test_a_batch_after_script_flush_runs_every_call_once(project: Project) -> No
     sc.enqueue(k, [_job("b")], pipe=batch, now_ms=NOW)
     assert batch.execute() == [[1, "a", "queued"], [1, "b", "queued"]]
     assert project.runtime.redis.lrange(k.ready, 0, -1) == ["b", "a"]
+
+
+def test_a_batch_past_the_write_bound_goes_in_writes_each_once_the_last_is_answered(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past transport.WRITE_BYTES a batch goes in several writes on one connection: with
+    writes paused Redis holds the first alone (it reads a held client on, and would run
+    all it read back to back), and once let go every call runs once, in order, each reply
+    in its place, the scripts' loads (after SCRIPT FLUSH) ahead of the first."""
+    sc, k, r = project.runtime.scripts, project.keys(), project.runtime.redis
+    monkeypatch.setattr(transport, "WRITE_BYTES", 10_000)
+    r.script_flush()
+    sc.loaded.clear()
+    batch = sc.batch()
+    pad = "p" * 6000
+    for name in ("a", "b", "c"):
+        sc.enqueue(k, [_job(name)._replace(payload=f'{{"pad":"{pad}"}}')], pipe=batch, now_ms=NOW)
+    out: list[Any] = []
+    own = redis.Redis.from_url(project.server.url)  # (not the pool's: the kept connections come from it)
+    me = own.client_id()
+    own.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+    try:
+        t = threading.Thread(target=lambda: out.append(batch.execute()))
+        t.start()
+
+        def held() -> int:
+            return sum(int(c["qbuf"]) + int(c["argv-mem"]) for c in own.client_list() if int(c["id"]) != me)
+        wait_for(lambda: held() > 6000, what="the first write to wait in the pause")
+        time.sleep(0.2)  # (a second write, were one sent, would be read within it)
+        assert held() < 2 * 6000
+    finally:
+        own.execute_command("CLIENT", "UNPAUSE")
+        own.close()
+    t.join(10)
+    assert out == [[[1, "a", "queued"], [1, "b", "queued"], [1, "c", "queued"]]]
+    assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"]
 
 
 def test_a_batch_with_an_error_reply_raises_it_and_leaves_the_connection_in_step(project: Project) -> None:
