@@ -514,12 +514,16 @@ class Stream:
         self.ready: deque[tuple[Any, Future[tuple[Any, int | None]]]] = deque()
         self.after: dict[str, Future[tuple[Any, int | None]]] = {}  # the last call sent to each master
         self.conn: Any = None
+        self._sizes: deque[int] = deque()  # each call's ``size``, as sent (see held)
 
-    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False) -> None:
+    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False,
+             size: int = 0) -> None:
+        """``size``: the bytes the caller counts the call at, for ``held``."""
         sc = self.scripts
         durable = durable or name in DURABLE
         if sc._lanes is None:
             self.ready.append((tag, sc.nodes.submit(name, keys, args, durable, self.after)))
+            self._sizes.append(size)
             return
         if self.conn is None:
             self.conn = sc._lanes.take()
@@ -530,9 +534,20 @@ class Stream:
             self._drop()
             raise
         self.pending.append((name, keys, args, tag, durable))
+        self._sizes.append(size)
 
     def __len__(self) -> int:
         return len(self.pending) + len(self.ready)
+
+    @property
+    def held(self) -> int:
+        """The bytes of the calls sent and not read yet, by their ``size``. A caller that
+        keeps it within WRITE_BYTES (reading before it sends more) has at most that
+        waiting in Redis for it, whatever Redis does meanwhile (see WRITE_BYTES)."""
+        sizes = self._sizes
+        while len(sizes) > len(self):  # (the oldest were read, or dropped with the connection)
+            sizes.popleft()
+        return sum(sizes)
 
     def read(self) -> tuple[Any, Any]:
         if self.ready:
