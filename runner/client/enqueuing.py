@@ -683,8 +683,14 @@ class Sender:
         scripts = self.runtime.scripts
         for call in self.plan(chunk):
             _, k, items = call
+            size = sum(map(_payload_bytes, items))
+            # Sent once the calls in flight and it hold WRITE_BYTES of payloads at most (or
+            # it is alone): a chunk's 12 calls of 8 MiB, read into a paused server's buffer
+            # (CLIENT PAUSE WRITE), ran back to back once let go, a PING waiting 0.6-0.9 s.
+            while len(stream) and stream.held + size > transport.WRITE_BYTES:
+                self._hand_answer(stream.read(), results)
             stream.send(*scripts.enqueue_call(k, [p.job for _, p in items], mark_ms=scripts.mark_for(k)),
-                        tag=call, durable=True)
+                        tag=call, durable=True, size=size)
         while len(stream) > STREAM_WINDOW:
             self._hand_answer(stream.read(), results)
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from runner.errors import NotReplicated, RedisUnavailable
 from runner.store import link as link_mod
+from runner.store import records
 
 if TYPE_CHECKING:  # (loaded on first use: only a cluster client's round trips need them)
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -98,6 +99,13 @@ FENCED = frozenset({"relay", "tick"})
 # Sent with the script in one write: a round trip each still; none with ``replicas`` = 0.
 CHECKED = frozenset({"claim", "start", "ack", "retry", "bury", "release", "suspend"})
 
+# The most bytes of commands one write of ``pipelined`` carries (one command whatever its
+# size): Redis goes on reading a client it holds back (CLIENT PAUSE WRITE, a failover's
+# pause), and once it lets the client go it runs every command of its query buffer back
+# to back, every other client waiting. 160 settlements of 1 MB parked through an outage
+# and sent again in one write into a paused server held a PING 0.7 s (21 calls of 8 MiB);
+# in writes of this bound, each sent once the last is answered, one call is waiting there.
+WRITE_BYTES = records.SCRIPT_BYTES
 # A short wait (Transport.waiting) stretches to this many times a master's recent round
 # trip: a master that answers in 0.4 s is slow, and waited for; one silent for that long
 # past its usual answer is stalled.
@@ -153,6 +161,11 @@ def _acked(reply: Any) -> int:
                 f"({reply}): the write may be lost with it") from reply
         raise reply
     return int(reply)
+
+
+def _command_bytes(cmd: Sequence[Any]) -> int:
+    """About the bytes a command takes on the wire: its words' lengths."""
+    return sum(len(w) for w in cmd if isinstance(w, (str, bytes)))
 
 
 def _noscript(reply: Any) -> bool:
@@ -512,12 +525,16 @@ class Stream:
         self.ready: deque[tuple[Any, Future[tuple[Any, int | None]]]] = deque()
         self.after: dict[str, Future[tuple[Any, int | None]]] = {}  # the last call sent to each master
         self.conn: Any = None
+        self._sizes: deque[int] = deque()  # each call's ``size``, as sent (see held)
 
-    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False) -> None:
+    def send(self, name: str, keys: Sequence[str], args: Sequence[Any], tag: Any, durable: bool = False,
+             size: int = 0) -> None:
+        """``size``: the bytes the caller counts the call at, for ``held``."""
         sc = self.scripts
         durable = durable or name in DURABLE
         if sc._lanes is None:
             self.ready.append((tag, sc.nodes.submit(name, keys, args, durable, self.after)))
+            self._sizes.append(size)
             return
         if self.conn is None:
             self.conn = sc._lanes.take()
@@ -528,9 +545,20 @@ class Stream:
             self._drop()
             raise
         self.pending.append((name, keys, args, tag, durable))
+        self._sizes.append(size)
 
     def __len__(self) -> int:
         return len(self.pending) + len(self.ready)
+
+    @property
+    def held(self) -> int:
+        """The bytes of the calls sent and not read yet, by their ``size``. A caller that
+        keeps it within WRITE_BYTES (reading before it sends more) has at most that
+        waiting in Redis for it, whatever Redis does meanwhile (see WRITE_BYTES)."""
+        sizes = self._sizes
+        while len(sizes) > len(self):  # (the oldest were read, or dropped with the connection)
+            sizes.popleft()
+        return sum(sizes)
 
     def read(self) -> tuple[Any, Any]:
         if self.ready:
@@ -1176,7 +1204,9 @@ class Transport:
         """Send commands in one write on a kept connection and read every reply; an error
         reply takes its place in the list instead of being raised (a settle batch is one
         or two script calls: redis-py's pipeline object cost more than the calls' own
-        packing). Without kept connections, redis-py's pipeline."""
+        packing). Past WRITE_BYTES, in several writes on the same connection (so a WAIT
+        at the end counts them all), each once the last is answered; a failure in any
+        raises, as in one. Without kept connections, redis-py's pipeline."""
         if self._lanes is None:
             pipe = self.client.pipeline(transaction=False)
             for cmd in cmds:
@@ -1186,14 +1216,12 @@ class Transport:
         conn = lanes.take()
         replies: list[Any] = []
         try:
-            conn.send_packed_command(conn.pack_commands(cmds))
-            for _ in cmds:
-                try:
-                    replies.append(conn.read_response())
-                except ResponseError as exc:  # read whole: the connection stays in step
-                    replies.append(exc)
-                    if not isinstance(exc, NoScriptError):
-                        self.error_replies += 1
+            packed = conn.pack_commands(cmds)
+            if len(cmds) > 1 and sum(map(len, packed)) > WRITE_BYTES:  # (rare: big records)
+                for group in records.by_bytes(cmds, _command_bytes, WRITE_BYTES):
+                    self._exchange(conn, conn.pack_commands(group), len(group), replies)
+            else:
+                self._exchange(conn, packed, len(cmds), replies)
             if self._watch is not None:
                 self._trusted(conn)
         except BaseException:
@@ -1202,6 +1230,17 @@ class Transport:
             raise
         lanes.give(conn)
         return replies
+
+    def _exchange(self, conn: Any, packed: Any, n: int, replies: list[Any]) -> None:
+        """One write of ``n`` packed commands, and their replies read onto ``replies``."""
+        conn.send_packed_command(packed)
+        for _ in range(n):
+            try:
+                replies.append(conn.read_response())
+            except ResponseError as exc:  # read whole: the connection stays in step
+                replies.append(exc)
+                if not isinstance(exc, NoScriptError):
+                    self.error_replies += 1
 
     def behind(self, block: Sequence[Any], name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, Any]:
         """A blocking command (a BLPOP) and a script call behind it, in one write on a kept

@@ -34,12 +34,14 @@ def script_calls(project: Project) -> Iterator[list[int]]:
     assert conn.read_response() in (b"OK", "OK")
     sizes: list[int] = []
     stop = threading.Event()
+    last = [time.monotonic()]  # when the reader last had a line
 
     def read() -> None:
         while not stop.is_set():
             if not conn.can_read(timeout=0.05):
                 continue
             line = conn.read_response()
+            last[0] = time.monotonic()
             text = line if isinstance(line, bytes) else str(line).encode()
             if (b'"EVALSHA"' in text or b'"EVAL"' in text or b'"FCALL"' in text) and project.prefix.encode() in text:
                 sizes.append(len(text))
@@ -49,7 +51,12 @@ def script_calls(project: Project) -> Iterator[list[int]]:
     try:
         yield sizes
     finally:
-        time.sleep(0.3)  # the last lines in flight
+        # The last lines in flight: MONITOR's copy of 20 MiB is read for a while on a
+        # busy machine, so until it has been quiet for half a second (a fixed 0.3 s missed
+        # calls under load).
+        end = time.monotonic() + 20
+        while time.monotonic() < end and time.monotonic() - last[0] < 0.5:
+            time.sleep(0.05)
         stop.set()
         t.join(5)
         conn.disconnect()

@@ -7,15 +7,19 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from redis.exceptions import ResponseError
 
+from runner.client import Request
+from runner.store import transport
 from runner.store.scripts import NewJob
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project
+from conftest import Project, wait_for
 
 NOW = 1_800_000_000_000  # the scripts' test clock
 
@@ -260,6 +264,68 @@ def test_a_batch_after_script_flush_runs_every_call_once(project: Project) -> No
     sc.enqueue(k, [_job("b")], pipe=batch, now_ms=NOW)
     assert batch.execute() == [[1, "a", "queued"], [1, "b", "queued"]]
     assert project.runtime.redis.lrange(k.ready, 0, -1) == ["b", "a"]
+
+
+PAD = "p" * 6000  # a payload's padding: two such calls pass the WRITE_BYTES the tests set
+
+
+def _held_in_pause(p: Project, send: Callable[[], Any]) -> tuple[int, Any]:
+    """Runs ``send`` on a thread while writes are paused: the bytes Redis read of it and
+    holds (the command parsed and held, argv-mem, and those behind it, qbuf; it reads a
+    held client on, and would run all it read back to back), then its result once the
+    pause ends."""
+    own = redis.Redis.from_url(p.server.url)  # (not the pool's: the kept connections come from it)
+    me = own.client_id()
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(send()))
+
+    def held() -> int:
+        return sum(int(c["qbuf"]) + int(c["argv-mem"]) for c in own.client_list() if int(c["id"]) != me)
+
+    own.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+    try:
+        t.start()
+        wait_for(lambda: held() > len(PAD), what="a first write to wait in the pause")
+        time.sleep(0.2)  # (a second write, were one sent, would be read within it)
+        read = held()
+    finally:
+        own.execute_command("CLIENT", "UNPAUSE")
+        own.close()
+    t.join(10)
+    return read, out[0]
+
+
+def test_a_batch_past_the_write_bound_goes_in_writes_each_once_the_last_is_answered(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past transport.WRITE_BYTES a batch goes in several writes on one connection: with
+    writes paused Redis holds the first alone, and once let go every call runs once, in
+    order, each reply in its place, the scripts' loads (after SCRIPT FLUSH) ahead of the
+    first."""
+    sc, k, r = project.runtime.scripts, project.keys(), project.runtime.redis
+    monkeypatch.setattr(transport, "WRITE_BYTES", 10_000)
+    r.script_flush()
+    sc.loaded.clear()
+    batch = sc.batch()
+    for name in ("a", "b", "c"):
+        sc.enqueue(k, [_job(name)._replace(payload=f'{{"pad":"{PAD}"}}')], pipe=batch, now_ms=NOW)
+    held, replies = _held_in_pause(project, batch.execute)
+    assert held < 2 * len(PAD)
+    assert replies == [[1, "a", "queued"], [1, "b", "queued"], [1, "c", "queued"]]
+    assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"]
+
+
+def test_enqueue_many_streams_within_the_write_bound(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """enqueue_many sends a call once those in flight and it hold WRITE_BYTES of payloads
+    at most (one call whatever its size): with writes paused Redis holds one call, not the
+    window's; every job is enqueued once, in order."""
+    monkeypatch.setattr(transport, "WRITE_BYTES", 10_000)
+    client = project.client
+    first = client.enqueue_many([Request("record", {"n": 0})])  # (its producer's tags recorded: a write)
+    held, out = _held_in_pause(project, lambda: client.enqueue_many(
+        [Request("record", {"n": i, "pad": PAD}) for i in range(1, 6)], batch=1))
+    assert held < 2 * len(PAD)
+    assert [o.status for o in out] == ["queued"] * 5
+    assert project.runtime.redis.lrange(project.keys().ready, 0, -1) == [o.id for o in reversed(first + out)]
 
 
 def test_a_batch_with_an_error_reply_raises_it_and_leaves_the_connection_in_step(project: Project) -> None:
