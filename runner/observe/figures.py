@@ -196,7 +196,7 @@ def named(raw: Mapping[str, str], known: Collection[str]) -> Callable[[str], str
     activity: dict[str, int] = {}
     for name, value in raw.items():
         parts = _split(name)
-        if parts is None or parts[0] == "corrupt":  # (corrupt|<key>: no type)
+        if parts is None or parts[0] in ("corrupt", "own"):  # (corrupt|<key>: no type; own|<type>: a mark)
             continue
         fn = parts[1]
         if fn in known or fn == MALFORMED or fn.startswith("_") or metrics.counted(fn) == MALFORMED:
@@ -259,7 +259,7 @@ def stats_names(functions: Collection[str]) -> list[str]:
     out = [*_QUEUE_FIELDS, *(f"corrupt|{n}" for n in CORRUPT_NAMES)]
     for fn in sorted({*functions, MALFORMED, OTHER}):
         out += [f"{c}|{fn}" for c in COUNTERS]
-        out += [f"lat_sum|{fn}", f"run_sum|{fn}"]
+        out += [f"lat_sum|{fn}", f"run_sum|{fn}", f"own|{fn}"]  # (own: its mark, read so not left out)
         out += [f"{kind}|{fn}|{le}" for kind in ("lat", "run") for le in _LE_INDEX]
     return out
 

@@ -38,7 +38,9 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
     out = []
     for i in range(len(every)):
         ready, processing, scheduled, dead, _, prio = raw[6 * i: 6 * i + 6]
-        counters = {name: int(v) for name, v in hashes[i].items() if v.lstrip("-").isdigit()}
+        # (own|<type>: a mark of the types counted under their own names, no figure)
+        counters = {name: int(v) for name, v in hashes[i].items()
+                    if v.lstrip("-").isdigit() and not name.startswith("own|")}
         out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled, "dead": dead,
                     "counters": counters, "stats_fields_left_out": sizes[i] - len(hashes[i])})
     return out

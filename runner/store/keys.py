@@ -37,6 +37,7 @@ slot and the layout runs unchanged on Redis Cluster::
                                               (their worker drops them; see lua/cancel.lua), and
                                               "pause <queue> <function or *>" (Client.pause)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
+                                              (own|<type>: a type counted under its own name)
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after 6 h
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
     <prefix>:{<queue>}:job:<id>:s     HASH    its state once it has one (status, attempt, history,

@@ -98,11 +98,13 @@ KEYS: dict[str, tuple[str, ...]] = {
     "unstage": ("stage", "outbox"),
     # The app's roster of workers (store/roster.py): a slot of its own, given.
     "unroster": ("roster",),
+    # A worker's summed figures (store/stats.py add_counts): the hash each row names, given.
+    "count": ("figures",),
 }
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).
 GIVEN = frozenset({"job", "held", "schedule", "index", "list", "audit", "log", "shapes", "bucket",
-                   "bucket_prefix", "woke_prefix", "stage", "roster"})
+                   "bucket_prefix", "woke_prefix", "stage", "roster", "figures"})
 
 # The keys of a script that takes all of its keys from the queue, in one C call.
 def _getter(names: tuple[str, ...]) -> Callable[[QueueKeys], Any]:

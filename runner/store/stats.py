@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from runner.store import scriptkeys
 from runner.store.keys import QueueKeys
 from runner.store.records import SEP
 
@@ -153,22 +154,32 @@ def _checked(replies: Any) -> list[Any]:
     return checked(replies)
 
 
-def add_counts(redis: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int] | None = None) -> None:
+# Figures per count.lua call (a second's sums of a queue hold far fewer in practice).
+_COUNT_PAIRS = 1_000
+
+
+def add_counts(scripts: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int] | None = None) -> None:
     """Add the worker's summed figures to their hashes (metrics.Pending: the stats hashes,
-    the throughput minutes), in one round trip; a key in ``expiry`` is given that many ms
-    to live after its add. A hash damaged to another type loses its counts, never the
-    others' (as the scripts' own pcall'd HINCRBY); an outage (no answer, BUSY, a read-only
-    replica) raises, and the caller keeps them for the next try."""
-    pipe = redis.pipeline(transaction=False)
+    the throughput minutes), in one round trip of count.lua calls: a stats hash's field
+    names follow the rule every script's figures do (lua/includes/stats.lua), so a
+    function's figures are all its own or all under "_other" whoever adds them. A key in
+    ``expiry`` is a throughput minute, given that many ms to live after its add. A hash
+    damaged to another type loses its counts, never the others' (the scripts' pcall'd
+    HINCRBY); an outage (no answer, BUSY, a read-only replica) raises, and the caller
+    keeps them for the next try."""
+    batch = scripts.batch()
     for key, counts in rows.items():
-        for field, n in counts.items():
-            pipe.execute_command("HINCRBY", key, field, n)
-        if expiry and key in expiry:
-            pipe.execute_command("PEXPIRE", key, expiry[key])
-    _checked(pipe.execute(raise_on_error=False))
+        keep = expiry.get(key) if expiry else None
+        pairs = [x for f, n in counts.items() for x in (f, n)]
+        keys = scriptkeys.keys("count", figures=key)
+        for i in range(0, len(pairs), 2 * _COUNT_PAIRS):
+            last = i + 2 * _COUNT_PAIRS >= len(pairs)
+            batch.add("count", keys, ["" if keep is not None else "1", keep if keep is not None and last else "",
+                                      *pairs[i:i + 2 * _COUNT_PAIRS]])
+    batch.execute()
 
 
-def add_counts_by_master(scripts: Any, redis: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int]
+def add_counts_by_master(scripts: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int]
                          ) -> tuple[dict[str, dict[str, int]], BaseException | None]:
     """``add_counts`` in one round trip per master (on Redis Cluster), each given up past
     the node wait as a script call to that master is (Transport.bounded): a stalled master
@@ -180,7 +191,7 @@ def add_counts_by_master(scripts: Any, redis: Any, rows: dict[str, dict[str, int
     err: BaseException | None = None
     for sub in by_master.values():
         try:
-            scripts.bounded("an add of the figures", partial(add_counts, redis, sub, expiry), list(sub))
+            scripts.bounded("an add of the figures", partial(add_counts, scripts, sub, expiry), list(sub))
         except Exception as exc:
             left.update(sub)
             err = exc
