@@ -282,7 +282,8 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
     rows = partition_rows(rt.redis, every, now_ms)  # each as store/stats.py's ROW names its fields
     # The stats hashes in a second round trip, each read whole or by name (by its size).
     sizes = [row[7] for row in rows]
-    hashes = stats_hashes(rt.redis, every, sizes, lambda: stats_names(list(rt.registry.functions)))
+    hashes = stats_hashes(rt.redis, every, sizes, [row[14] for row in rows],
+                          lambda: stats_names(list(rt.registry.functions)))
     left_out: dict[str, int] = {}
     for k, row, size, h in zip(every, rows, sizes, hashes, strict=True):
         row[7] = h

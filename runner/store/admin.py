@@ -32,12 +32,18 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
         pipe.zcard(k.dead)
         pipe.hlen(k.stats)
         pipe.zcard(k.prio)
-    raw = pipe.execute()
-    sizes = [int(raw[6 * i + 4]) for i in range(len(every))]
-    hashes = stats_hashes(redis, every, sizes, names)
+        pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1); stats_hashes)
+    raw = pipe.execute(raise_on_error=False)
+    for i, value in enumerate(raw):
+        if isinstance(value, Exception):
+            if i % 7 != 6:
+                raise value  # (as execute() would: an outage, or a damaged queue key)
+            raw[i] = 0  # a server that refuses MEMORY USAGE: the hash's size alone decides
+    sizes = [int(raw[7 * i + 4]) for i in range(len(every))]
+    hashes = stats_hashes(redis, every, sizes, [raw[7 * i + 6] for i in range(len(every))], names)
     out = []
     for i in range(len(every)):
-        ready, processing, scheduled, dead, _, prio = raw[6 * i: 6 * i + 6]
+        ready, processing, scheduled, dead, _, prio, _ = raw[7 * i: 7 * i + 7]
         # (own|<type>: a mark of the types counted under their own names, no figure)
         counters = {name: int(v) for name, v in hashes[i].items()
                     if v.lstrip("-").isdigit() and not name.startswith("own|")}

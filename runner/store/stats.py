@@ -21,7 +21,7 @@ from runner.store.records import SEP
 
 # What ``partition_rows`` reads of each partition, in this order.
 ROW = ("ready", "leases", "leases_expired", "scheduled", "scheduled_due", "dead", "next_ready", "stats", "paused",
-       "prio", "cancelled", "next_prio", "sleeping", "waiting")
+       "prio", "cancelled", "next_prio", "sleeping", "waiting", "stats_bytes")
 
 
 def server_ms(redis: Any) -> int:
@@ -37,7 +37,8 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
     structures (leases and scheduled also counted up to ``now_ms``; sleeping and waiting
     from their list indexes, 0 for a damaged one), the id at the RPOP
     end of ready (None when empty) and a list of prio's first id ([] when empty): the
-    next jobs a worker takes; its stats hash's count of fields and its paused hash."""
+    next jobs a worker takes; its stats hash's count of fields and its bytes (as Redis
+    estimates them: stats_hashes) and its paused hash."""
     pipe = redis.pipeline(transaction=False)
     for k in every:
         pipe.llen(k.ready)
@@ -54,6 +55,7 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
         pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
         pipe.zcard(k.sleeping)  # (list indexes: the durable jobs the scheduled set also holds)
         pipe.zcard(k.waiting)
+        pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1) whatever the hash holds)
     raw = pipe.execute(raise_on_error=False)
     n = len(ROW)
     rows = [raw[n * i: n * i + n] for i in range(len(every))]
@@ -66,7 +68,7 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
     return rows
 
 
-_BEST_EFFORT = frozenset({"sleeping", "waiting"})
+_BEST_EFFORT = frozenset({"sleeping", "waiting", "stats_bytes"})
 
 
 # A stats hash of at most this many fields is read whole (HGETALL: about 3 ms of Redis at
@@ -74,20 +76,26 @@ _BEST_EFFORT = frozenset({"sleeping", "waiting"})
 # (lua/includes/stats.lua), so only a hash grown before, or by another writer, is wider:
 # 1.44 million fields held Redis 0.7-0.85 s in one HGETALL.
 STATS_WHOLE = 20_000
+# Nor is a hash Redis estimates past this many bytes (MEMORY USAGE, which samples a few
+# fields: O(1)): 1,000 fields named by 100 KB types, which a worker of the release before
+# counted foreign records under, made each read an HGETALL of 100 MB (0.65-0.97 s a
+# scrape). 20,000 fields of the longest names runner writes take about 2 MB.
+STATS_BYTES = 4 * 1024 * 1024
 # Fields per HMGET of a wide hash (each call bounded, whatever the names asked).
 _HMGET = 2_000
 
 
-def stats_hashes(redis: Any, every: Sequence[QueueKeys], sizes: Sequence[int],
+def stats_hashes(redis: Any, every: Sequence[QueueKeys], sizes: Sequence[int], weights: Sequence[Any],
                  names: Callable[[], Sequence[str]]) -> list[dict[str, str]]:
     """The stats hash of each partition of ``every``, in one pipelined round trip: whole
-    when its size (``sizes``, partition_rows' HLEN) is at most STATS_WHOLE, else only the
-    fields ``names()`` lists (called once, and only for a wide hash), those it holds."""
+    when its size (``sizes``, partition_rows' HLEN) is at most STATS_WHOLE and its bytes
+    (``weights``, MEMORY USAGE: None for no hash, 0 unknown) at most STATS_BYTES, else only
+    the fields ``names()`` lists (called once, and only for such a hash), those it holds."""
     pipe = redis.pipeline(transaction=False)
     plan: list[int] = []
     wanted: Sequence[str] = ()
-    for k, size in zip(every, sizes, strict=True):
-        if size <= STATS_WHOLE:
+    for k, size, weight in zip(every, sizes, weights, strict=True):
+        if size <= STATS_WHOLE and int(weight or 0) <= STATS_BYTES:
             pipe.hgetall(k.stats)
             plan.append(0)
             continue
