@@ -57,7 +57,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "remove": ("dead", "job", "idem_prefix", "census", "log_prefix", "stream_prefix"),
     "checkpoint": ("job", "claims"),
     "trim": ("dead", "done_meta", "done_prefix", "job_prefix", "census", "cancelled"),
-    "lookup": ("job", "claims", "done_meta", "done_prefix", "res_prefix", "dead", "scheduled"),
+    "lookup": ("job", "claims", "done_meta", "done_prefix", "res_prefix", "dead", "scheduled", "cancelled",
+               "sleeping", "waiting"),
     # A schedule's tick runs the enqueue script after its own guard (sources.COMPOSED).
     "tick": (*_ENQUEUE, "outbox", "schedule"),
     # An event's jobs, record and key on its home partition (docs/events.md).
