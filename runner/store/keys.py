@@ -17,7 +17,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               run time, history, result (see includes/records.lua)
     <prefix>:{<queue>}:done:<gen>:log LIST    the generation's done ids, newest first
     <prefix>:{<queue>}:res:<id>       STRING  an outcome kept on its own (KEEP_RESULT), expires
-    <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate)
+    <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate);
+                                              "~<type>|<version>" past its bound (records.lua)
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying, rate-limited and handed-back ids,
                                               and suspended durable functions -> due (ms)
     <prefix>:{<queue>}:sleeping       ZSET    the ids of scheduled that are sleeping durable functions
