@@ -127,7 +127,7 @@ def sleeping_memory(n: int = 20000, url: str | None = None) -> dict[str, Any]:
         # per job (about 40 B a job at 20,000 jobs, 8 at 100,000).
         scripts = sum(int(after.get(f, 0)) - int(before.get(f, 0)) for f in ("used_memory_scripts", "used_memory_lua"))
         one = r.zrange(k.sleeping, 0, 0)[0]
-        log_bytes = int(r.hget(k.state(one), "step_bytes") or 0)
+        log_bytes = r.hstrlen(k.state(one), "step:0") + r.hstrlen(k.state(one), "step:1")  # (its two entries)
         payload_bytes = 2  # the payload, {}
         per_job = used / n
         more = (used - queued) / n  # than the same job queued (its record and its place in ready)

@@ -425,13 +425,18 @@ class RedisUnavailable(RunnerError):
     for a job not written; ``undetermined`` lists the indexes of jobs whose call was in
     flight when the connection went (written or not: retry them with an idempotency key).
     Redis refusing a call (maxmemory, a read-only replica) leaves none undetermined: the
-    calls behind it are read too. ``written`` is the Enqueued entries."""
+    calls behind it are read too. ``written`` is the Enqueued entries.
+
+    A read on Redis Cluster that found no job while masters were away (stalled, down):
+    ``left_out`` lists the (queue, partition tag) pairs it could not read, where the job
+    may be."""
 
     def __init__(self, *args: Any, results: Sequence[Any] | None = None,
-                 undetermined: Sequence[int] = ()) -> None:
+                 undetermined: Sequence[int] = (), left_out: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(*args)
         self.results = list(results) if results is not None else []
         self.undetermined = list(undetermined)
+        self.left_out = list(left_out)
 
     @property
     def written(self) -> list[Any]:

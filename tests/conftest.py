@@ -401,8 +401,9 @@ def done_ids(r: Any, k: Any) -> list[str]:
 
 
 def structures(project: Project, queue: str = "fast") -> dict[str, list[str]]:
-    """Where every job id of a queue is: ready, leases, scheduled, parked (on a limit's
-    waiter list), dead, done (the done outcomes). Claims and leases must hold the same ids."""
+    """Where every job id of a queue is: ready, leases, scheduled (the sleeping set's too:
+    a sleeping job waits there alone), parked (on a limit's waiter list), dead, done (the
+    done outcomes). Claims and leases must hold the same ids."""
     k = project.keys(queue)
     r = project.runtime.redis
     leases, claims = r.zrange(k.leases, 0, -1), r.hkeys(k.claims)
@@ -413,7 +414,7 @@ def structures(project: Project, queue: str = "fast") -> dict[str, list[str]]:
     return {
         "ready": r.lrange(k.ready, 0, -1),
         "leases": leases,
-        "scheduled": r.zrange(k.scheduled, 0, -1),
+        "scheduled": r.zrange(k.scheduled, 0, -1) + r.zrange(k.sleeping, 0, -1),
         "parked": parked,
         "dead": r.zrange(k.dead, 0, -1),
         "done": done_ids(r, k),
@@ -451,11 +452,14 @@ def assert_no_job_in_two_structures(project: Project, queue: str = "fast") -> No
 
 
 def assert_suspended_indexed(project: Project, queue: str = "fast") -> None:
-    """The delayed, sleeping and waiting list indexes hold exactly the scheduled ids of
-    their statuses (delayed: scheduled and retrying), each at its due time there."""
+    """The delayed and waiting list indexes hold exactly the scheduled ids of their statuses
+    (delayed: scheduled and retrying), each at its due time there; the sleeping set holds
+    the sleeping jobs, none of which is in scheduled."""
     r = project.runtime.redis
     for k in project.runtime.parts.get(queue) or [project.keys(queue)]:
+        asleep = dict(r.zrange(k.sleeping, 0, -1, withscores=True))
         due = dict(r.zrange(k.scheduled, 0, -1, withscores=True))
+        due.update(asleep)
         pipe = r.pipeline(transaction=False)
         for job_id in due:
             pipe.hget(k.state(job_id), "status")

@@ -6,12 +6,12 @@ store function's (store/admin.py and its neighbours), and Redis going away is on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runner.errors import GroupNotFound, JobNotFound, RunnerError, UnknownQueue
 from runner.observe import figures
-from runner.store import admin, connection, keys, listing, records, roster, routing
+from runner.store import admin, connection, keys, listing, records, refusals, roster, routing
 from runner.store import audit as audit_log
 from runner.store import groups as group_store
 from runner.store.connection import UNAVAILABLE, reachable
@@ -21,6 +21,8 @@ from runner.store.schedules import ServerClock, State, read_states
 if TYPE_CHECKING:
     from runner.catalog.schedules import Schedule
     from runner.client import Client
+
+T = TypeVar("T")
 
 
 def queue_keys(client: Client, queue: str) -> QueueKeys:
@@ -50,29 +52,70 @@ def get(client: Client, job_id: str) -> records.Job:
     return records.Job(job_id, k.queue, fields)
 
 
+def reading(client: Client, fn: Callable[[], T]) -> T:
+    """``fn()``, a read of jobs or a page, within a bound: on Redis Cluster each master is
+    waited for at most READ_WAIT_S (longer for one whose recent round trips are slow),
+    then given up as a worker gives up a call (marked stalled until it answers again: the
+    next reads skip it at once), so the masters that answer are read within that bound
+    (docs/partitions.md, "A shard down"). On one server the whole read waits at most
+    ONE_SERVER_READ_WAIT_S (Transport.read_within): an outage past it, answered at once
+    while it lasts. A reader's own connection (a Link) is not bounded so."""
+    from runner.store import link
+    from runner.store.transport import ONE_SERVER_READ_WAIT_S, READ_WAIT_S
+
+    rt = client.runtime
+    scripts = rt.scripts
+    if not scripts.one_server:
+        with scripts.waiting(READ_WAIT_S):
+            return fn()
+    if isinstance(rt.redis, link.Link):
+        return fn()
+    return scripts.read_within(fn, ONE_SERVER_READ_WAIT_S)
+
+
 def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
-    """The keys of the queue (partition) that holds a job, and the job as readers see it."""
+    """The keys of the queue (partition) that holds a job, and the job as readers see it.
+    On Redis Cluster, a job found on a master that answers is returned while another
+    master is away; one found on none is RedisUnavailable naming the partitions away."""
     if not job_id or len(job_id) > 200:
         raise JobNotFound(job_id)
-    with reachable():
+    away: list[tuple[QueueKeys, BaseException]] = []
+
+    def read() -> tuple[QueueKeys, dict[str, str]] | None:
         searched = every(client)
-        found = records.lookup_many(client.runtime.scripts, searched, [job_id]).get(job_id)
+        found = records.lookup_many(client.runtime.scripts, searched, [job_id], away).get(job_id)
         if found is None and (new := client.runtime.discover_missed(searched)):
-            found = records.lookup_many(client.runtime.scripts, new, [job_id]).get(job_id)
+            found = records.lookup_many(client.runtime.scripts, new, [job_id], away).get(job_id)
+        return found
+
+    with reachable():
+        found = reading(client, read)
     if found is None:
+        if away:
+            raise refusals.left_out([job_id], away, client.runtime.redis)
         raise JobNotFound(job_id)
     return found
 
 
 def get_many(client: Client, job_ids: Sequence[str]) -> dict[str, records.Job]:
-    """The jobs of these ids that exist, by id, in one round trip."""
+    """The jobs of these ids that exist, by id, in one round trip (on Redis Cluster, with
+    a master away: RedisUnavailable when one of them is found on none that answered)."""
     wanted = [i for i in job_ids if i and len(i) <= 200]
-    with reachable():
+    away: list[tuple[QueueKeys, BaseException]] = []
+
+    def read() -> dict[str, tuple[QueueKeys, dict[str, str]]]:
         searched = every(client)
-        found = records.lookup_many(client.runtime.scripts, searched, wanted)
+        found = records.lookup_many(client.runtime.scripts, searched, wanted, away)
         missed = [i for i in wanted if i not in found]
         if missed and (new := client.runtime.discover_missed(searched)):
-            found.update(records.lookup_many(client.runtime.scripts, new, missed))
+            found.update(records.lookup_many(client.runtime.scripts, new, missed, away))
+        return found
+
+    with reachable():
+        found = reading(client, read)
+    missed = [i for i in wanted if i not in found]
+    if missed and away:
+        raise refusals.left_out(missed, away, client.runtime.redis)
     return {i: records.Job(i, k.queue, fields) for i, (k, fields) in found.items()}
 
 
@@ -108,21 +151,25 @@ def jobs(client: Client, status: str, *, queue: str | None = None, type: str | N
     if status not in listing.LISTED:
         raise ValueError(f"status must be one of {', '.join(listing.LISTED)}")
     rt = client.runtime
-    # A long-lived reader (a web process that never enqueues) learns of the partitions
-    # another count recorded since, as its figures do: else it never lists their jobs.
-    rt.discover_for_reading()
     names = [queue] if queue else list(rt.keys)
     for q in names:
         queue_keys(client, q)  # an unknown queue is refused, naming the configured ones
     if type is not None:
         rt.registry.get(type)  # a type not loaded (a typo) is refused, naming the loaded ones
-    # A partitioned queue's partitions are listed one after another, as queues are.
-    queues = [(q, k) for q in names for k in rt.parts[q]]
     types_of: dict[str, list[str]] = {}  # each queue's function types (a paused one's jobs are held)
     for fn in sorted(rt.registry.functions.values(), key=lambda f: f.name):
         types_of.setdefault(fn.queue, []).append(fn.name)
-    with reachable():
+
+    def read() -> listing.Page:
+        # A long-lived reader (a web process that never enqueues) learns of the partitions
+        # another count recorded since, as its figures do: else it never lists their jobs.
+        rt.discover_for_reading()
+        # A partitioned queue's partitions are listed one after another, as queues are.
+        queues = [(q, k) for q in names for k in rt.parts[q]]
         return listing.page(rt.redis, rt.scripts, queues, status, type, max(1, limit), cursor, types_of)
+
+    with reachable():
+        return reading(client, read)
 
 
 def by_idempotency_key(client: Client, key: str, *, type: str | None = None) -> list[records.Job]:

@@ -21,9 +21,10 @@ from runner.store.stats import stats_hashes
 
 def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[str]]) -> list[dict[str, Any]]:
     """Per partition, in ``every``'s order, in two round trips: ready (plain and priority
-    jobs due now), processing, scheduled, dead and the counters of its stats hash (one too
-    wide to read whole by the fields ``names()`` lists: stats.stats_hashes), with how many
-    of its fields were left out."""
+    jobs due now), processing, scheduled (sleeping jobs too: they wait in a set of their
+    own, see suspend.lua), dead and the counters of its stats hash (one too wide to read
+    whole by the fields ``names()`` lists: stats.stats_hashes), with how many of its
+    fields were left out."""
     pipe = redis.pipeline(transaction=False)
     for k in every:
         pipe.llen(k.ready)
@@ -32,22 +33,26 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
         pipe.zcard(k.dead)
         pipe.hlen(k.stats)
         pipe.zcard(k.prio)
+        pipe.zcard(k.sleeping)
         pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1); stats_hashes)
     raw = pipe.execute(raise_on_error=False)
-    for i, value in enumerate(raw):
-        if isinstance(value, Exception):
-            if i % 7 != 6:
-                raise value  # (as execute() would: an outage, or a damaged queue key)
-            raw[i] = 0  # a server that refuses MEMORY USAGE: the hash's size alone decides
-    sizes = [int(raw[7 * i + 4]) for i in range(len(every))]
-    hashes = stats_hashes(redis, every, sizes, [raw[7 * i + 6] for i in range(len(every))], names)
+    for i in range(len(every)):
+        for v in raw[8 * i: 8 * i + 6]:
+            if isinstance(v, Exception):
+                raise v  # (as execute() would: an outage, or a damaged queue key)
+    sizes = [int(raw[8 * i + 4]) for i in range(len(every))]
+    # (a server that refuses MEMORY USAGE: the hash's size alone decides)
+    weights = [0 if isinstance(raw[8 * i + 7], Exception) else raw[8 * i + 7] for i in range(len(every))]
+    hashes = stats_hashes(redis, every, sizes, weights, names)
     out = []
     for i in range(len(every)):
-        ready, processing, scheduled, dead, _, prio, _ = raw[7 * i: 7 * i + 7]
+        ready, processing, scheduled, dead, _, prio, sleeping, _ = raw[8 * i: 8 * i + 8]
+        if isinstance(sleeping, Exception):
+            sleeping = 0  # a damaged sleeping set counts nothing; the reclaim puts it aside
         # (own|<type>: a mark of the types counted under their own names, no figure)
         counters = {name: int(v) for name, v in hashes[i].items()
                     if v.lstrip("-").isdigit() and not name.startswith("own|")}
-        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled, "dead": dead,
+        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled + sleeping, "dead": dead,
                     "counters": counters, "stats_fields_left_out": sizes[i] - len(hashes[i])})
     return out
 

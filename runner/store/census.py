@@ -55,8 +55,11 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
     # Only the state fields asked for (and the status): a durable job's state holds its
     # checkpoint and step log (4 MiB), never read here.
     wanted = ["status", *(f for f in fields if f not in records.RECORD_FIELDS and f not in ("payload", "status"))]
+    # Sleeping jobs wait in the sleeping set alone (suspend.lua): read as scheduled ones,
+    # once each (one an earlier release suspended is in scheduled too).
     structures = [("queued", k.prio, False), ("queued", k.ready, True), ("processing", k.leases, False),
-                  ("scheduled", k.scheduled, False), ("dead", k.dead, False)]
+                  ("scheduled", k.scheduled, False), ("scheduled", k.sleeping, False), ("dead", k.dead, False)]
+    asleep: set[str] = set()
     if "deferred" in states:
         structures += _held_back(redis, k)
     for state, key, is_list in structures:
@@ -74,6 +77,12 @@ def scan(redis: Any, k: QueueKeys, fields: tuple[str, ...] = ("type", "version")
                 view = records.view(job_id, rec if isinstance(rec, str) else None, held, None, None)
                 if state == "deferred" and view.get("status") != "deferred":
                     continue  # a stale entry of a held or waiter list: the job is elsewhere
+                if view.get("status") == "sleeping":
+                    if job_id in asleep:
+                        continue
+                    asleep.add(job_id)
+                elif key == k.sleeping:
+                    continue  # a stale entry: the job is elsewhere
                 values = [view.get(f) for f in fields]
                 if values[0] is not None:
                     yield state, job_id, values

@@ -51,7 +51,7 @@ from runner.store.refusals import refusal as refusal
 from runner.store.refusals import unreachable as unreachable
 from runner.store.urls import redact
 
-__all__ = ["UNAVAILABLE", "connect", "ping", "reachable", "redact", "refusal", "unreachable"]
+__all__ = ["UNAVAILABLE", "ClusterUnreachable", "connect", "ping", "reachable", "redact", "refusal", "unreachable"]
 
 
 class PersistenceFailed(ResponseError):
@@ -90,6 +90,13 @@ class NodeStalled(redis.TimeoutError):
     def __init__(self, *args: object, sent: bool = True) -> None:
         super().__init__(*args)
         self.sent = sent
+
+
+class ClusterUnreachable(redis.ConnectionError):
+    """redis-py's cluster client could not read the cluster's layout: no node it asked
+    answered ("Redis Cluster cannot be connected"), or those that did left slots uncovered.
+    redis-py raises a bare RedisClusterException for it, which is also its error for a
+    misused command; this one is an outage (UNAVAILABLE), and said as one."""
 
 
 class _Parser(DefaultParser):  # type: ignore[misc, valid-type]
@@ -294,6 +301,7 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
         # The client reads the cluster's layout at once: no node answering is an outage
         # like any other, not a bug, and said as one (RedisUnavailable, the CLI's exit 3).
         raise unreachable(redis.ConnectionError(str(exc))) from exc
+    _one_read_at_a_time(client.nodes_manager)
     live = [n for n in client.get_primaries() if n.name in answered]  # type: ignore[no-untyped-call]
     if live and client.get_default_node().name not in answered:  # type: ignore[no-untyped-call]
         client.set_default_node(live[0])  # type: ignore[no-untyped-call]  # (TIME, INFO: commands of no key go to one that answers)
@@ -305,6 +313,40 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     # (Transport.node_wait): a slow master is not taken for a stalled one at its first call.
     client.runner_rtt = rtt
     return client
+
+
+def _one_read_at_a_time(manager: Any) -> None:
+    """Reads of the layout (redis-py's NodesManager.initialize, after any failed call) one
+    at a time: each closes the connections of the startup node it asked once it has its
+    answer, and two at once closed each other's (a call in another thread's read failed
+    "Bad file descriptor" or "Connection closed by server" on a live node, until none was
+    left to ask: "Redis Cluster cannot be connected", an HTTP 500 during a master's stall).
+    A thread that waited while another read it takes that layout, as fresh as its own. A
+    read that finds no layout raises ClusterUnreachable, an outage like any other. The
+    startup nodes known stalled (``runner_stalled``: the Transport's NodeLanes.stalled) are
+    asked last: redis-py asks them one after another, a stalled one for its 15 s socket
+    timeout, and every thread's read would wait behind that one."""
+    import threading
+
+    read = manager.initialize
+    lock = threading.Lock()
+    reads = [0]  # layouts read so far
+
+    def initialize() -> None:
+        seen = reads[0]
+        with lock:
+            if reads[0] != seen:
+                return
+            stalled = getattr(manager, "runner_stalled", None)
+            if stalled is not None:  # (one assignment: sorted is stable, the order otherwise kept)
+                manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda kv: stalled(kv[0])))
+            try:
+                read()
+            except RedisClusterException as exc:
+                raise ClusterUnreachable(str(exc)) from exc
+            reads[0] += 1
+
+    manager.initialize = initialize
 
 
 PROBE_S = 2.0  # how long a cluster client being built waits for each master's PING

@@ -20,12 +20,13 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate);
                                               "~<type>|<version>" past its bound (records.lua)
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying, rate-limited and handed-back ids,
-                                              and suspended durable functions -> due (ms)
-    <prefix>:{<queue>}:sleeping       ZSET    the ids of scheduled that are sleeping durable functions
-                                              -> due (ms): the sleeping list's own index, so it
-                                              never scans past delayed jobs or waiting ones
-    <prefix>:{<queue>}:waiting        ZSET    the same for the waiting ones (a signal, an event, a
-                                              child) -> due (ms)
+                                              and waiting durable functions -> due (ms)
+    <prefix>:{<queue>}:sleeping       ZSET    sleeping durable functions -> wake time (ms): their
+                                              only place (promote reads it after scheduled) and
+                                              the sleeping list's index
+    <prefix>:{<queue>}:waiting        ZSET    the ids of scheduled that are waiting durable functions
+                                              (a signal, an event, a child) -> due (ms): the waiting
+                                              list's own index
     <prefix>:{<queue>}:delayed        ZSET    the same for the scheduled and retrying ones (delayed,
                                               retrying, rate-limited, handed back) -> due (ms): the
                                               scheduled list's own index
@@ -42,7 +43,8 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after 6 h
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
     <prefix>:{<queue>}:job:<id>:s     HASH    its state once it has one (status, attempt, history,
-                                              error, priority...)
+                                              error, priority...); a sleeping job's: status, its
+                                              step log and 'sleep' (lua/includes/asleep.lua)
     <prefix>:{<queue>}:log:<id>       LIST    the job's log lines (JSON, each numbered "n"), oldest
                                               first, bounded, under one line that counts those
                                               lost; it expires with the job's retention

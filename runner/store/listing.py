@@ -87,6 +87,11 @@ ends and shows none twice, but the jobs not yet shown are not shown. A chain of 
 cancelled ids than one call follows (lua/seek_list.lua's CHAIN) makes an empty page
 whose cursor goes on from where it stopped.
 
+On Redis Cluster a page leaves out a partition whose master does not answer, and its
+cursor keeps that partition's place (its tag and position, as above) to read once the
+others are read (``page``): a traversal through a stalled master still shows every job
+that stays in its status once, when the master answers again.
+
 ``holders`` finds jobs by idempotency key instead: one GET per candidate function of its
 ``idem:<type>:<key>`` key, whose value starts with the holding job's id, and one of its
 ``idem:~ended:<type>:<key>``, the latest job of the key that died or was cancelled (a key
@@ -105,6 +110,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from runner.store import codec, records
+from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.outage import checked
 from runner.store.scripts import SEEK_ANCHORS
@@ -157,9 +163,20 @@ def read_bytes(limit: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class LeftOut:
+    """A partition a page could not read (Redis Cluster: its master stalled or down): the
+    cursor comes back to it once the others are read."""
+
+    queue: str
+    tag: str
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     jobs: list[records.Job]
     cursor: str | None  # None: the last page
+    left_out: tuple[LeftOut, ...] = ()
 
 
 def tag_order(tag: str) -> tuple[int, int, str]:
@@ -172,15 +189,26 @@ def tag_order(tag: str) -> tuple[int, int, str]:
     return (1, int(rest), "") if rest.isascii() and rest.isdigit() and len(rest) <= 9 else (2, 0, rest)
 
 
-def encode_cursor(tag: str, pos: int, gen: int | None = None,
-                  anchor: tuple[float, str] | None = None, marks: tuple[str, ...] | None = None) -> str:
-    """``tag``: the partition being read (its queue's name, or ``<queue>:<s>``), by name:
-    an index into the reader's own list of partitions names another partition on a
-    process of another count."""
+def _place(tag: str, pos: int, gen: int | None, anchor: tuple[float, str] | None,
+           marks: tuple[str, ...] | None) -> list[Any]:
     tail: list[Any] = [anchor[0], anchor[1]] if anchor is not None else []
     if marks is not None:  # a list's ids: the first not yet shown, the last shown (and before it)
         tail = [*(tail or [0, ""]), *marks]
-    raw = codec.dumps([tag, pos, gen, *tail])
+    return [tag, pos, gen, *tail]
+
+
+def encode_cursor(tag: str, pos: int, gen: int | None = None,
+                  anchor: tuple[float, str] | None = None, marks: tuple[str, ...] | None = None,
+                  later: Sequence[Place] = (), alone: bool = False) -> str:
+    """``tag``: the partition being read (its queue's name, or ``<queue>:<s>``), by name:
+    an index into the reader's own list of partitions names another partition on a
+    process of another count. ``later``: the places of partitions a page left out (their
+    master did not answer), read after the others; ``alone``: the partition being read is
+    one of those, and no partition after it in the order is left to read."""
+    fields = _place(tag, pos, gen, anchor, marks)
+    if later or alone:  # (an object, which no place holds: a cursor without one reads as before)
+        fields.append({"later": [_place(*p) for p in later], "alone": alone})
+    raw = codec.dumps(fields)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -200,6 +228,9 @@ EARLIER = ("this cursor was made by an earlier release, whose place in a partiti
            "another process may read elsewhere: start the list again (without a cursor)")
 
 Cursor = tuple[str | int, int, int | None, tuple[float, str] | None, tuple[str, ...] | None]
+# A partition's place in its index: (tag, position, index or done generation, anchor, marks).
+Place = tuple[str, int, int | None, tuple[float, str] | None, tuple[str, ...] | None]
+MAX_LATER = 1000  # places a cursor keeps of partitions left out (more than any deployment has)
 
 
 def decode_cursor(cursor: str) -> Cursor:
@@ -207,9 +238,30 @@ def decode_cursor(cursor: str) -> Cursor:
     marks); an earlier release's cursor has the index of its partition instead of the tag.
     ValueError for anything this module did not make (a forged cursor is the caller's 400,
     never a failed read)."""
+    return _read_cursor(cursor)[0]
+
+
+def _read_cursor(cursor: str) -> tuple[Cursor, list[Place], bool]:
+    """decode_cursor's place, and the places of the partitions left out and ``alone``
+    (encode_cursor)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         fields = codec.loads(raw)
+        extra = fields.pop() if isinstance(fields, list) and fields and isinstance(fields[-1], dict) else None
+        later, alone = ([], False) if extra is None else (extra["later"], extra["alone"])
+        if not (isinstance(later, list) and len(later) <= MAX_LATER and isinstance(alone, bool)
+                and all(isinstance(p, list) for p in later)):
+            raise ValueError("not a cursor of this list")
+    except Exception as exc:
+        raise ValueError("not a cursor of this list") from exc
+    places = [_decode_place(p) for p in later]
+    if any(not isinstance(p[0], str) for p in places):
+        raise ValueError("not a cursor of this list")
+    return _decode_place(fields), places, alone  # type: ignore[return-value]
+
+
+def _decode_place(fields: Any) -> Cursor:
+    try:
         where, pos, gen = fields[:3]
         anchor = fields[3:5]
         marks = fields[5:]
@@ -295,7 +347,8 @@ def _deferred(scripts: Any, redis: Any, k: QueueKeys, pos: int, n: int, index: i
             key = k.held(held_types[index])
         else:
             if names is None:
-                names = sorted(redis.zrange(k.limwait, 0, -1))
+                names = sorted(scripts.on_node(k.limwait, lambda: redis.zrange(k.limwait, 0, -1),
+                                               what="a read of the limits' waiters"))
             if limit is None or limit not in names:  # the first, or the one after a limit left
                 later = [m for m in names if limit is None or m > limit]
                 if not later:
@@ -379,7 +432,8 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
         ids, pos, gen, exhausted, last, marks = _chained(redis, scripts, k, pos, n, gen, anchor, marks)
         return ids, pos, gen, exhausted, {}, last, marks
     if status == "done":
-        current = int(redis.hget(k.done_meta, "gen") or 0)
+        current = int(scripts.on_node(k.done_meta, lambda: redis.hget(k.done_meta, "gen"),
+                                      what="a read of the done generation") or 0)
         floor = max(current - DONE_GENS + 1, 0)
         gen = current if gen is None else min(gen, current)
         # pos: how many ids of the generation's log are left to read, counted from its
@@ -403,31 +457,73 @@ def _ids(redis: Any, scripts: Any, k: QueueKeys, status: str, pos: int, n: int, 
     last = (pairs[-1][1], pairs[-1][0]) if pairs else None
     leases: dict[str, float] = {}
     if status == "processing" and ids:
-        leases = {i: d for i, d in zip(ids, redis.zmscore(k.leases, ids), strict=True) if d is not None}
+        deadlines = scripts.on_node(k.leases, lambda: redis.zmscore(k.leases, ids), what="a read of the leases")
+        leases = {i: d for i, d in zip(ids, deadlines, strict=True) if d is not None}
     return ids, end, None, len(ids) < n, leases, last, None
 
 
 def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: str, type_: str | None,
          limit: int, cursor: str | None, types_of: Mapping[str, Sequence[str]] | None = None) -> Page:
     """One page; ``types_of`` names each queue's function types (whose held lists a
-    paused function fills)."""
-    where, pos, gen, anchor, marks = decode_cursor(cursor) if cursor else (None, 0, None, None, None)
-    queues, qi = _in_order(queues, where)
+    paused function fills).
+
+    On Redis Cluster, a partition whose master does not answer (an outage: stalled or
+    down; a stalled one is given up past the reader's bound, Transport.waiting) is left
+    out: the page goes on with the next, lists it in ``left_out``, and its cursor keeps
+    that partition's place, read once the others are (again and again while its master
+    stays away), so a traversal still shows every job that stays in its status once. A
+    page that could read none of its partitions raises the outage."""
+    if cursor:
+        (where, pos, gen, anchor, marks), later, alone = _read_cursor(cursor)
+        if alone and not isinstance(where, str):
+            raise ValueError("not a cursor of this list")
+    else:
+        (where, pos, gen, anchor, marks), later, alone = (None, 0, None, None, None), [], False
+    order, qi = _in_order(queues, where)
+    tags = [p[0] for p in later]
+    if len(set(tags)) != len(tags) or where in tags or len(tags) > len(order):
+        raise ValueError("not a cursor of this list")  # (each partition left out is read once a page)
+    # What this page reads, in turn, each from its place: the cursor's partition, every
+    # one after it in the order (unless it was left out before: ``alone``), then those
+    # left out before. (queue, keys, place, in the order)
+    todo: list[tuple[str, QueueKeys, tuple[int, int | None, Any, Any], bool]] = []
+    if qi < len(order):
+        todo.append((*order[qi], (pos, gen, anchor, marks), not alone))
+    if not alone:
+        todo += [(q, k, (0, None, None, None), True) for q, k in order[qi + 1:]]
+    for tag, was_pos, was_gen, was_anchor, was_marks in later:
+        found, at = _in_order(queues, tag)
+        todo.append((*found[at], (was_pos, was_gen, was_anchor, was_marks), False))
     jobs: list[records.Job] = []
+    left: list[tuple[str, QueueKeys, tuple[int, int | None, Any, Any]]] = []
+    errors: list[LeftOut] = []
+    read_any = False
     budget = SCAN_MAX
     cut, read = preview_bytes(limit), read_bytes(limit)
-    while qi < len(queues) and len(jobs) < limit and budget > 0:
-        queue, k = queues[qi]
-        # Never more ids than the page has room for, so nothing read is left unshown.
-        ids, pos, gen, exhausted, leases, anchor, marks = _ids(
-            redis, scripts, k, status, pos, min(budget, limit - len(jobs)), gen, (types_of or {}).get(queue, ()),
-            anchor, marks)
+    i = 0
+    while i < len(todo) and len(jobs) < limit and budget > 0:
+        queue, k, (pos, gen, anchor, marks), ordered = todo[i]
+        try:
+            # Never more ids than the page has room for, so nothing read is left unshown.
+            ids, pos, gen, exhausted, leases, anchor, marks = _ids(
+                redis, scripts, k, status, pos, min(budget, limit - len(jobs)), gen,
+                (types_of or {}).get(queue, ()), anchor, marks)
+            batch = scripts.batch()
+            for job_id in ids:
+                scripts.lookup(k, job_id, pipe=batch, cut=cut, read=read)
+            looked = batch.execute()
+        except UNAVAILABLE as exc:
+            if scripts.one_server:
+                raise
+            # Its master is away: the next partitions now, this one from the same place later.
+            left.append((queue, k, todo[i][2]))
+            errors.append(LeftOut(queue, k.tag, exc))
+            i += 1
+            continue
+        read_any = True
         budget -= len(ids)
-        batch = scripts.batch()
-        for job_id in ids:
-            scripts.lookup(k, job_id, pipe=batch, cut=cut, read=read)
         stale: list[str] = []
-        for job_id, (rec, state, claim, outcome, sizes) in zip(ids, batch.execute(), strict=True):
+        for job_id, (rec, state, claim, outcome, sizes) in zip(ids, looked, strict=True):
             rec = rec if isinstance(rec, str) and not rec.startswith("\0") else None
             fields = records.view(job_id, rec, state or [], claim or None, outcome or None, sizes or ())
             if not fields or fields.get("status", "queued") not in SHOWN[status]:
@@ -440,14 +536,26 @@ def page(redis: Any, scripts: Any, queues: list[tuple[str, QueueKeys]], status: 
             jobs.append(records.Job(job_id, queue, fields))
         if stale and status in MIRRORS:
             # Tidying only: a list is a read, and never fails for it (a server refusing
-            # writes, a script not loaded on a read replica); a later page tries again.
-            with contextlib.suppress(ResponseError):
+            # writes, a script not loaded on a read replica, a master that stopped
+            # answering since); a later page tries again.
+            with contextlib.suppress(ResponseError, *UNAVAILABLE):
                 scripts.prune(getattr(k, MIRRORS[status]), k, stale, SHOWN[status])
         if exhausted:
-            qi, pos, gen, anchor, marks = qi + 1, 0, None, None, None
-    if qi >= len(queues):
-        return Page(jobs, None)
-    return Page(jobs, encode_cursor(queues[qi][1].tag, pos, gen, anchor, marks))
+            i += 1
+        else:
+            todo[i] = (queue, k, (pos, gen, anchor, marks), ordered)
+    if errors and not read_any:
+        raise errors[0].error
+    rest = todo[i:]
+    places = [(k.tag, *place) for _, k, place, ordered in rest if not ordered] + \
+             [(k.tag, *place) for _, k, place in left]
+    if rest and rest[0][3]:  # the next is in the order: those after it follow
+        _, k, (pos, gen, anchor, marks), _ = rest[0]
+        return Page(jobs, encode_cursor(k.tag, pos, gen, anchor, marks, later=places), tuple(errors))
+    if not places:
+        return Page(jobs, None, tuple(errors))
+    (tag, pos, gen, anchor, marks), *others = places
+    return Page(jobs, encode_cursor(tag, pos, gen, anchor, marks, later=others, alone=True), tuple(errors))
 
 
 def dead_page(redis: Any, scripts: Any, queue: str, parts: Sequence[QueueKeys], offset: int,

@@ -183,10 +183,24 @@ def view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[st
 _INNER = frozenset({"woken", "lost_token", "refunds", "rated", "list_next"})
 
 
+def asleep_expanded(state: Mapping[str, str]) -> dict[str, str]:
+    """A state as its job's wake writes it back (lua/includes/asleep.lua): a sleeping job
+    keeps its log's count and bytes and its run's first start in one field, 'sleep' =
+    "<steps> <step_bytes> <run_started_ms>"; a damaged one is dropped."""
+    out = {k: v for k, v in state.items() if k != "sleep"}
+    parts = str(state.get("sleep") or "").split(" ")
+    if len(parts) == 3 and all(p.lstrip("-").isdigit() for p in parts):
+        for name, value in zip(("steps", "step_bytes", "run_started_ms"), parts, strict=True):
+            out.setdefault(name, value)
+    return out
+
+
 def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[str], claim: str | None,
           outcome: str | None) -> dict[str, str]:
     if not isinstance(state, Mapping):
         state = dict(zip(state[::2], state[1::2], strict=True))
+    if "sleep" in state:
+        state = asleep_expanded(state)
     if outcome:
         head, _, rest = outcome.partition("\n")
         history, _, rest = rest.partition("\n")
@@ -249,6 +263,9 @@ def _view(job_id: str, record: str | None, state: Mapping[str, str] | Sequence[s
         # Suspended: the attempt it ran and when that run began, kept apart from the state's
         # attempt (the attempts spent before it, which the next claim counts from).
         fields.update(attempt=state["run_attempt"], started_ms=state.get("run_started_ms", ""))
+    elif fields["status"] == "sleeping" and "run_started_ms" in state:
+        # A sleep keeps no run_attempt (suspend.lua): no attempt is spent while it sleeps.
+        fields.update(attempt=str(_int(state.get("attempt")) + 1), started_ms=state["run_started_ms"])
     return fields
 
 
@@ -488,7 +505,7 @@ class Job:
             if left:
                 view["steps_more"] = left  # a list row's: its log's earlier steps, not listed
             if f.get("status") == "sleeping":
-                view["sleeping_until"] = _ts(f.get("ready_ms"))
+                view["sleeping_until"] = _ts(due_ms(f))
             elif f.get("status") == "waiting":
                 # The wait's own step says until when (None: no timeout); the job's due time
                 # may be an earlier check of its own (a ctx.invoke's parent looks at its child
@@ -695,6 +712,21 @@ def entry_of(value: Any) -> dict[str, Any] | None:
     return None
 
 
+def due_ms(f: Mapping[str, str]) -> str | None:
+    """When a job waiting for a time is due, as its fields say: its ready_ms, or for a
+    sleeping job (whose state keeps none, suspend.lua) its sleep's until_ms, the last entry
+    of its step log; None when neither says."""
+    if f.get("ready_ms") or f.get("status") != "sleeping":
+        return f.get("ready_ms")
+    try:
+        last = codec.loads(f.get(f"step:{int(f.get('steps') or 0) - 1}") or "null")
+    except (codec.DecodeError, ValueError):
+        return None
+    e = entry_of(last)
+    until = e.get("until_ms") if e is not None and e.get("kind") == "sleep" else None
+    return str(until) if isinstance(until, int | float) and not isinstance(until, bool) else None
+
+
 def waiting_view(f: Mapping[str, str]) -> dict[str, Any]:
     """What a waiting job waits for: a signal, or an event (ctx.wait_for_event: its name
     and match, read from the wait's entry), and until when."""
@@ -780,19 +812,26 @@ def lookup(scripts: ScriptRunner, keys: Iterable[QueueKeys], job_id: str) -> Job
     return Job(job_id, found[0].queue, found[1]) if found else None
 
 
-def lookup_many(scripts: ScriptRunner, keys: Iterable[QueueKeys],
-                job_ids: Sequence[str]) -> dict[str, tuple[QueueKeys, dict[str, str]]]:
+def lookup_many(scripts: ScriptRunner, keys: Iterable[QueueKeys], job_ids: Sequence[str],
+                away: list[tuple[QueueKeys, BaseException]] | None = None,
+                ) -> dict[str, tuple[QueueKeys, dict[str, str]]]:
     """The jobs of these ids that exist, by id: the keys of the queue (partition) that
     holds each, and the job as readers see it, in one round trip. A job lives under
     exactly one tag (its queue's, or one of its queue's partitions'); one read-only script
     per tag returns its record, state, claim and done outcome (lookup.lua). A key of the
-    wrong type (a damaged record) counts as no record. Redis errors are the caller's."""
+    wrong type (a damaged record) counts as no record. Redis errors are the caller's,
+    but for ``away`` on Redis Cluster: a partition whose master did not answer (an
+    outage: stalled, down) is added there with its error, and the jobs found on the
+    others are returned (its jobs are then neither found nor known missing)."""
     every = list(keys)
     batch = scripts.batch()
     for job_id in job_ids:
         for k in every:
             batch.add("lookup", lookup_keys(k, job_id), (job_id,))
-    replies = iter(batch.execute())
+    if away is None or getattr(scripts, "one_server", True):
+        replies = iter(batch.execute())
+    else:
+        replies = iter(_answered(batch, every, len(job_ids), away))
     out: dict[str, tuple[QueueKeys, dict[str, str]]] = {}
     for job_id in job_ids:
         for k in every:
@@ -801,4 +840,32 @@ def lookup_many(scripts: ScriptRunner, keys: Iterable[QueueKeys],
             fields = view(job_id, record, state or [], claim or None, outcome or None)
             if fields and job_id not in out:
                 out[job_id] = (k, fields)
+    return out
+
+
+def _answered(batch: ScriptBatch, every: Sequence[QueueKeys], ids: int,
+              away: list[tuple[QueueKeys, BaseException]]) -> list[Any]:
+    """The replies of lookup_many's batch on Redis Cluster, each master's on its own: an
+    outage of a partition's master is added to ``away`` (once per partition) and its
+    replies read as no job; any other error is raised, as execute raises it."""
+    from runner.store.connection import UNAVAILABLE
+
+    empty = [None, None, None, None]
+    try:
+        replies = batch.execute(raise_on_error=False)  # type: ignore[call-arg]
+    except UNAVAILABLE as exc:  # (a batch of one call raises its error)
+        if len(every) * ids != 1:
+            raise
+        away.append((every[0], exc))
+        return [empty]
+    out: list[Any] = []
+    for i, reply in enumerate(replies):
+        if isinstance(reply, UNAVAILABLE):
+            k = every[i % len(every)]
+            if all(k is not seen for seen, _ in away):
+                away.append((k, reply))
+            reply = empty
+        elif isinstance(reply, BaseException):
+            raise reply
+        out.append(reply)
     return out

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import RedisUnavailable
 from runner.store import link
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from runner.store.keys import QueueKeys
 
 
 def _classes() -> tuple[tuple[type[BaseException], str], ...]:
@@ -88,3 +94,18 @@ def unreachable(exc: BaseException, told: str = "") -> RedisUnavailable:
         return RedisUnavailable(_REFUSALS[code].format(exc=words, told=told))
     return RedisUnavailable(f"Redis is unreachable: {exc}{told}; retry once it answers (check that it runs "
                             "and that REDIS_URL or [redis] url points at it)")
+
+
+def left_out(job_ids: Sequence[str], away: Sequence[tuple[QueueKeys, BaseException]],
+             redis: Any) -> RedisUnavailable:
+    """The outage for jobs found on none of the masters that answered while ``away``'s
+    partitions did not: they may be there, so no "no such job" (which a caller takes for
+    good), but the outage's one wording, naming the partitions and their masters."""
+    from runner.store.shards import node_of
+
+    held = ", ".join(f"{{{k.tag}}}" + (f" on {node}" if (node := node_of(redis, k.ready)) else "")
+                     for k, _ in away)
+    what = f"job {job_ids[0]}" if len(job_ids) == 1 else f"{len(job_ids)} jobs"
+    said = unreachable(away[0][1], f"; {what} not found on the masters that answered, and may be in "
+                                   f"partition {held}")
+    return RedisUnavailable(str(said), left_out=[(k.queue, k.tag) for k, _ in away])

@@ -21,7 +21,7 @@ from runner.store.records import SEP
 
 # What ``partition_rows`` reads of each partition, in this order.
 ROW = ("ready", "leases", "leases_expired", "scheduled", "scheduled_due", "dead", "next_ready", "stats", "paused",
-       "prio", "cancelled", "next_prio", "sleeping", "waiting", "stats_bytes")
+       "prio", "cancelled", "next_prio", "sleeping", "waiting", "stats_bytes", "sleeping_due")
 
 
 def server_ms(redis: Any) -> int:
@@ -34,8 +34,9 @@ def server_ms(redis: Any) -> int:
 
 def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[list[Any]]:
     """One row per partition of ``every``, as ROW names its fields: the sizes of its
-    structures (leases and scheduled also counted up to ``now_ms``; sleeping and waiting
-    from their list indexes, 0 for a damaged one), the id at the RPOP
+    structures (leases and scheduled also counted up to ``now_ms``; scheduled holds the
+    sleeping set too, where sleeping jobs wait for their wake time; sleeping and waiting
+    from their sets, 0 for a damaged one), the id at the RPOP
     end of ready (None when empty) and a list of prio's first id ([] when empty): the
     next jobs a worker takes; its stats hash's count of fields and its bytes (as Redis
     estimates them: stats_hashes) and its paused hash."""
@@ -53,9 +54,10 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
         pipe.zcard(k.prio)
         pipe.zcard(k.cancelled)
         pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
-        pipe.zcard(k.sleeping)  # (list indexes: the durable jobs the scheduled set also holds)
+        pipe.zcard(k.sleeping)  # (sleeping jobs wait there alone; waiting ones in scheduled too)
         pipe.zcard(k.waiting)
         pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1) whatever the hash holds)
+        pipe.zcount(k.sleeping, "-inf", now_ms)  # (last: taken off the row below)
     raw = pipe.execute(raise_on_error=False)
     n = len(ROW)
     rows = [raw[n * i: n * i + n] for i in range(len(every))]
@@ -65,10 +67,15 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
                 if ROW[j] not in _BEST_EFFORT:
                     raise value  # (as execute() would: an outage, or a damaged queue key)
                 row[j] = 0  # a damaged list index counts nothing; the reclaim puts it aside
+        # Sleeping jobs wait in their own set (suspend.lua), as the scheduled set's: counted
+        # with it. (One an earlier release suspended is in both until a worker's start
+        # moves it: index_delayed.lua.)
+        row[3] += row[12]
+        row[4] += row.pop()
     return rows
 
 
-_BEST_EFFORT = frozenset({"sleeping", "waiting", "stats_bytes"})
+_BEST_EFFORT = frozenset({"sleeping", "waiting", "stats_bytes", "sleeping_due"})
 
 
 # A stats hash of at most this many fields is read whole (HGETALL: about 3 ms of Redis at

@@ -104,35 +104,47 @@ _CHUNK = 1_000
 def suspended(redis: Any, keys: Sequence[QueueKeys], limit: int = SUSPENDED_READ_MAX
               ) -> tuple[list[tuple[str, str, str, str, list[str]]], list[tuple[str, int, int]]]:
     """(queue, job id, type, status, recorded step names) of the sleeping and waiting jobs
-    in each partition's scheduled set (`runner check`), read in chunks of _CHUNK: each
-    job's status first, then the record and steps of the suspended ones only; and the
-    partitions read only in part, as (queue, read, held), when one holds over ``limit``."""
+    of each partition (`runner check`): the scheduled set's (waiting ones, and sleeping ones
+    an earlier release suspended) and the sleeping set's, each read in chunks of _CHUNK:
+    each job's status first, then the record and steps of the suspended ones only, each job
+    once; and the partitions read only in part, as (queue, read, held), when one holds over
+    ``limit``."""
     out: list[tuple[str, str, str, str, list[str]]] = []
     short: list[tuple[str, int, int]] = []
     keys = list(keys)
     pipe = redis.pipeline(transaction=False)
     for k in keys:
         pipe.zcard(k.scheduled)
-    for k, held in zip(keys, pipe.execute(), strict=True):
-        held = int(held or 0)
-        if held > limit:
-            short.append((k.queue, limit, held))
-        for start in range(0, min(held, limit), _CHUNK):
-            pipe = redis.pipeline(transaction=False)
-            pipe.zrange(k.scheduled, start, min(start + _CHUNK, limit) - 1)
-            ids = pipe.execute()[0]
-            if ids:
-                out += _suspended_of(redis, k, ids)
+        pipe.zcard(k.sleeping)
+    sizes = pipe.execute(raise_on_error=False)
+    for i, k in enumerate(keys):
+        seen: set[str] = set()
+        for key, held in ((k.scheduled, sizes[2 * i]), (k.sleeping, sizes[2 * i + 1])):
+            if isinstance(held, Exception):
+                if key == k.scheduled:
+                    raise held
+                continue  # a damaged sleeping set: the reclaim puts it aside
+            held = int(held or 0)
+            if held > limit:
+                short.append((k.queue, limit, held))
+            for start in range(0, min(held, limit), _CHUNK):
+                pipe = redis.pipeline(transaction=False)
+                pipe.zrange(key, start, min(start + _CHUNK, limit) - 1)
+                ids = [x for x in pipe.execute()[0] if x not in seen]
+                seen.update(ids)
+                if ids:
+                    out += _suspended_of(redis, k, ids)
     return out, short
 
 
 def _suspended_of(redis: Any, k: QueueKeys, ids: Sequence[str]) -> list[tuple[str, str, str, str, list[str]]]:
     pipe = redis.pipeline(transaction=False)
     for job_id in ids:
-        pipe.execute_command("HMGET", k.state(job_id), "status", "steps")
-    # A count past the log's bound is damage: read as none (it asked a million fields).
-    chosen = [(job_id, records.count_of(steps or 0, MAX_STEPS) or 0, status)
-              for job_id, (status, steps) in zip(ids, pipe.execute(), strict=True)
+        pipe.execute_command("HMGET", k.state(job_id), "status", "steps", "sleep")
+    # A count past the log's bound is damage: read as none (it asked a million fields). A
+    # sleeping job's count is in its 'sleep' field (records.asleep_expanded).
+    chosen = [(job_id, records.count_of(steps or (sleep or "").split(" ")[0] or 0, MAX_STEPS) or 0, status)
+              for job_id, (status, steps, sleep) in zip(ids, pipe.execute(), strict=True)
               if status in ("sleeping", "waiting")]
     if not chosen:
         return []

@@ -105,6 +105,17 @@ SLOW_FACTOR = 4.0
 # Redis Cluster: the longest an enqueue waits for its master (Transport.enqueue_wait_s),
 # as a worker's calls wait (its node wait, at most 2 s), plus the WAIT's own timeout.
 ENQUEUE_WAIT_S = 2.0
+# Redis Cluster: the longest a read of a job or a page (client/inspecting.py) waits for a
+# master (Transport.waiting: longer for one whose recent round trips are slow) before it
+# answers from the others and says which partitions it left out.
+READ_WAIT_S = 2.0
+# One server (not Cluster): the longest a read of a job or a page waits for Redis
+# (Transport.read_within) before it is an outage, answered at once while it lasts: as
+# long as Redis's own busy threshold (5 s), past which a Redis held by a long script
+# answers BUSY, an outage too. A page's reads are bounded by design (milliseconds for 100
+# jobs of 900 KB), so a read given up is one Redis would not have answered. (On Cluster
+# the other masters still answer, so a stalled one is given up sooner: READ_WAIT_S.)
+ONE_SERVER_READ_WAIT_S = 5.0
 RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
 
 
@@ -652,12 +663,15 @@ class NodeLanes:
         for node, took in rtt.items():
             self._rtt.setdefault(node, took)
 
-    def _timed(self, node: str, f: Future[Any]) -> None:
-        """Time a bounded call to ``node`` from now until it ends, into its round trip."""
+    def _timed(self, node: str, f: Future[Any], wait_s: float) -> None:
+        """Time a bounded call to ``node`` from now until it ends, into its round trip: at
+        most the node wait (or, without one, the call's own wait, ``wait_s``), so a call
+        given up that ends at the socket timeout does not stretch the next calls' waits."""
         started = time.monotonic()
+        cap = self.scripts.node_wait_s or wait_s
 
         def ended(_: Future[Any]) -> None:
-            took = min(time.monotonic() - started, self.scripts.node_wait_s or 0.0)
+            took = min(time.monotonic() - started, cap)
             before = self._rtt.get(node)
             self._rtt[node] = took if before is None else before + RTT_WEIGHT * (took - before)
 
@@ -706,7 +720,7 @@ class NodeLanes:
                 mine.update((i, stalled) for i in group)
             else:
                 sent[node] = self.pool().submit(self._run, calls, group, out)
-                self._timed(node, sent[node])
+                self._timed(node, sent[node], wait_s)
         wait(sent.values(), timeout=wait_s)
         for node, f in sent.items():
             if not f.done():
@@ -735,7 +749,7 @@ class NodeLanes:
                 raise stalled
         f = self.pool().submit(fn)
         if not among:
-            self._timed(node, f)
+            self._timed(node, f, wait_s)
         from concurrent.futures import TimeoutError as WaitedOut
 
         try:
@@ -755,7 +769,7 @@ class NodeLanes:
         if stalled is not None:
             raise stalled
         f = self.pool().submit(fn)
-        self._timed(node, f)
+        self._timed(node, f, self.scripts.node_wait_s or 0.0)
         return f
 
     def stalled_error(self, node: str) -> BaseException | None:
@@ -823,8 +837,12 @@ class NodeLanes:
                            "(stopped or hung); its partitions wait")
 
     def _probe(self, node: str) -> None:
-        """One PING to ``node`` (host:port), if it is still in the layout."""
+        """One PING to ``node`` (host:port), if it is still in the layout (on one server:
+        to the server)."""
         client = self.scripts.client
+        if self.scripts.one_server:
+            client.ping()
+            return
         found = client.get_node(node_name=node)
         if found is not None:
             client.get_redis_connection(found).ping()
@@ -904,6 +922,8 @@ class Transport:
         # without a key go on to another partition meanwhile (a master known stalled is
         # passed over until it answers again: NodeLanes.stalled).
         self.enqueue_wait_s: float | None = None if self.one_server else ENQUEUE_WAIT_S
+        if not self.one_server:  # (its reads of the layout ask the masters known stalled last: connection.py)
+            client.nodes_manager.runner_stalled = self.nodes.stalled
         self._node_calls: NodeCalls | None = None  # (made at the first call bounded so)
         pool = None if isinstance(client, RedisCluster) else getattr(client, "connection_pool", None)
         self._lanes = _Lanes(pool) if pool is not None else None
@@ -929,18 +949,22 @@ class Transport:
         slowest of those masters' recent round trips."""
         wait = self.node_wait_s
         short: float | None = getattr(self._local, "wait_s", None)
-        if wait is None or short is None:
+        if short is None:
             return wait
         slowest = max((self.nodes.rtt(n) for n in nodes), default=0.0)
-        return min(wait, max(short, SLOW_FACTOR * slowest))
+        stretched = max(short, SLOW_FACTOR * slowest)
+        # Without a node wait (a process that does not work jobs: `runner web`), a reader's
+        # short wait is the bound, stretched so for a master that answers slowly.
+        return stretched if wait is None else min(wait, stretched)
 
     @contextlib.contextmanager
     def waiting(self, wait_s: float) -> Iterator[None]:
         """The calls this thread makes within give up on a stalled master past ``wait_s``
-        (at most ``node_wait_s``), or past SLOW_FACTOR times the master's recent round
-        trip when that is longer (a master that answers slowly is not stalled): for a
-        loop whose every call is safe to give up and make again, and whose other
-        masters' work must not wait (the scheduler's)."""
+        (at most ``node_wait_s``, when there is one), or past SLOW_FACTOR times the
+        master's recent round trip when that is longer (a master that answers slowly is
+        not stalled): for a loop whose every call is safe to give up and make again, and
+        whose other masters' work must not wait (the scheduler's), and for the reads of
+        a job or a page (client/inspecting.py), which answer from the masters that do."""
         before = getattr(self._local, "wait_s", None)
         self._local.wait_s = wait_s
         try:
@@ -1049,6 +1073,17 @@ class Transport:
         if wait is None:
             return fn()
         return self.nodes.bounded(node, fn, wait, what=what)
+
+    def read_within(self, fn: Callable[[], T], wait_s: float) -> T:
+        """One server (not Cluster): ``fn()``, a reader's whole read, on a thread of the
+        pool, waited for at most ``wait_s`` (longer when its recent reads took longer:
+        SLOW_FACTOR times them), as NodeLanes.bounded waits for a stalled master: past it
+        NodeStalled, and the server is taken for stalled until that read ends (or, if it
+        waited out the socket timeout, until a PING is answered). Reads meanwhile fail at
+        once, so none waits on a server that stopped answering, nor holds a thread."""
+        kw = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
+        node = f"{kw['host']}:{kw['port']}" if "host" in kw and "port" in kw else str(kw.get("path") or "")
+        return self.nodes.bounded(node, fn, max(wait_s, SLOW_FACTOR * self.nodes.rtt(node)), what="a read")
 
     def keyless(self, *command: Any) -> Any:
         """A command of no key (TIME), answered by a master that answers: on Redis Cluster

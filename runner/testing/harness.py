@@ -176,7 +176,7 @@ class Harness:
         if job.status in FINAL:
             return True
         if job.status in WAITING:
-            due_ms = int(job.fields.get("ready_ms") or 0)
+            due_ms = int(records.due_ms(job.fields) or 0)
             return due_ms > deadline * 1000  # not due before the drain would give up
         return False
 

@@ -241,7 +241,10 @@ class JobList:
         def listed() -> dict[str, Any]:
             # The views too are built on the pool's thread: nothing of a page decodes on the loop.
             page = self.client.jobs(status, queue=queue, type=type_, limit=limit, cursor=cursor)
-            return {"jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor}
+            body: dict[str, Any] = {"jobs": [j.as_dict() for j in page.jobs], "cursor": page.cursor}
+            if page.left_out:  # (Redis Cluster: a master away; the cursor comes back to them)
+                body["left_out"] = [{"queue": o.queue, "partition": o.tag} for o in page.left_out]
+            return body
 
         try:
             body = await self.offload(listed)

@@ -244,6 +244,15 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
     # A connection lost after the request went out leaves its outcome unknown, and the
     # answer must not promise otherwise. (The words name no address: the caller may be
     # a stranger, see password_refused.)
+    left_out = getattr(ex, "left_out", None)
+    if left_out and req.method in ("GET", "HEAD"):
+        # Redis Cluster: found on none of the masters that answered, while others did not;
+        # it may be on those (never a 404 for it). Partitions are named; masters are not.
+        raise Problem(503, "redis-unavailable", "Not found on the Redis masters that answered; the master of "
+                      f"partition {', '.join('{' + tag + '}' for _, tag in left_out)} did not answer (stopped, "
+                      "hung or down), and what was asked for may be there. Retry shortly.",
+                      title="Redis unavailable", headers=headers,
+                      left_out=[{"queue": q, "partition": tag} for q, tag in left_out])
     if req.method in ("GET", "HEAD"):  # a read changes nothing: nothing to be unsure of
         detail = "Redis is unreachable. Retry shortly; GET /healthz says when it is back."
     elif (req.path.startswith("/jobs/") and req.method == "POST") or req.path == "/groups":

@@ -357,10 +357,15 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
                 _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "jobs per page (50)"),
                 _query("cursor", {"type": "string"}, "the cursor of the previous page"),
             ],
-            "responses": {"200": {"description": "The page and the cursor of the next (null: the last)",
+            "responses": {"200": {"description": "The page and the cursor of the next (null: the last); "
+                                                 "left_out (Redis Cluster): the partitions whose master did not "
+                                                 "answer, which the cursor reads once the others are read",
                                   "content": {_JSON: {"schema": _obj({
                                       "jobs": {"type": "array", "items": ref("Job")},
-                                      "cursor": {"type": ["string", "null"]}}, ["jobs", "cursor"])}}},
+                                      "cursor": {"type": ["string", "null"]},
+                                      "left_out": {"type": "array", "items": _obj({
+                                          "queue": {"type": "string"}, "partition": {"type": "string"}})}},
+                                      ["jobs", "cursor"])}}},
                           "400": bad, "404": problem("No such queue")},
         }},
         "/groups": {"post": {

@@ -93,6 +93,10 @@ def test_sleeping_and_waiting_jobs_are_counted_apart_from_scheduled(project: Pro
     q = next(q for q in read_queues(project.runtime) if q.name == "fast")
     view = queue_view(q, project.runtime.config.queues["fast"])
     assert (view["scheduled"], view["sleeping"], view["waiting"]) == (1, 2, 3), view
+    assert view["scheduled_due"] == 0
+    # client.stats() (`runner stats`' counts) keeps counting every job waiting for a time as
+    # scheduled, the sleepers too (in a set of their own: suspend.lua).
+    assert c.stats()["fast"]["scheduled"] == 6
     assert len(c.jobs(status="scheduled", queue="fast").jobs) == 1
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunnerCollector(project.runtime))

@@ -1,7 +1,8 @@
 """step.lua and suspend.lua: state before, call, state after, return code. A step lands only
 under the claim's token and at the position the run read; the log is bounded; a sleep
-ends the claim, releases the job's limit slots, spends no attempt, parks the job in
-scheduled as 'sleeping', and promote wakes it as queued; its MAX_AGE no longer applies."""
+ends the claim, releases the job's limit slots, spends no attempt, parks the job in the
+sleeping set alone as 'sleeping' with a small state, and promote wakes it as queued with
+its state's fields written back; its MAX_AGE no longer applies."""
 
 from __future__ import annotations
 
@@ -59,7 +60,15 @@ def test_a_sleep_ends_the_claim_frees_the_slot_and_spends_no_attempt(p: Project)
     assert _sleep(p, job[1], pos=1) == [-2]
     assert _sleep(p, job[1]) == [1]
     st = state(p, "a")
-    assert st["status"] == "sleeping" and st["ready_ms"] == str(NOW + 10 + 5_000) and st.get("attempt") in (None, "0")
+    assert st["status"] == "sleeping" and st.get("attempt") in (None, "0")
+    # Its state keeps its log, its count and bytes and its first start in one field, and
+    # nothing its wake derives (due time, 'suspended', 'run_attempt'): includes/asleep.lua.
+    assert sorted(st) == ["sleep", "status", "step:0"]
+    n, size, first = st["sleep"].split(" ")
+    assert (n, size) == ("1", str(len(st["step:0"]))) and int(first) > 0
+    # It waits in the sleeping set alone, its score its wake time.
+    assert p.runtime.redis.zscore(p.keys().sleeping, "a") == NOW + 10 + 5_000
+    assert p.runtime.redis.zscore(p.keys().scheduled, "a") is None
     where = structures(p)
     assert where["scheduled"] == ["a"] and where["leases"] == []
     assert_no_job_in_two_structures(p)
@@ -70,8 +79,14 @@ def test_a_sleep_ends_the_claim_frees_the_slot_and_spends_no_attempt(p: Project)
     (other,) = claim(p, now=NOW + 20, base="w.2")
     assert other[0] == "b"
     # Due: promote wakes it queued, and its next claim is attempt 1 again.
+    assert p.runtime.scripts.promote(p.keys(), 100, now_ms=NOW + 5_009)[0] == 0  # not yet due
     p.runtime.scripts.promote(p.keys(), 100, now_ms=NOW + 5_010)
-    assert state(p, "a")["status"] == "queued"
+    woken = state(p, "a")
+    assert woken["status"] == "queued" and "sleep" not in woken
+    assert (woken["steps"], woken["step_bytes"], woken["run_attempt"], woken["suspended"], woken["ready_ms"]) == (
+        "1", str(len(woken["step:0"])), "1", "1", str(NOW + 5_010))
+    assert woken["run_started_ms"] == st["sleep"].split(" ")[2]
+    assert p.runtime.redis.zcard(p.keys().sleeping) == 0
 
 
 def test_a_resumed_sleep_keeps_its_attempt_and_escapes_max_age(p: Project) -> None:
@@ -165,3 +180,97 @@ def test_a_claim_says_how_many_entries_the_step_log_holds(p: Project) -> None:
     assert list(p.runtime.scripts.reclaim(p.keys(), 1, 10**7, now_ms=NOW + 2 * LEASE)) == [1, 0]
     (again,) = claim(p, now=NOW + 3 * LEASE, base="w.2")
     assert again[0] == "a" and int(again[-1]) == 2
+
+
+def _asleep_as_the_release_before(p: Project, job_id: str, due: int) -> None:
+    """What the release before wrote for a sleep: the id in scheduled and in the sleeping
+    index, its state with its due time, 'suspended', 'run_attempt', its log's count."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new(job_id))
+    r.hset(k.state(job_id), mapping={"status": "sleeping", "ready_ms": due, "suspended": "1", "run_attempt": "1",
+                                     "run_started_ms": NOW, "steps": "1", "step_bytes": "40",
+                                     "step:0": f'["z","nap",{NOW},{due}]'})
+    r.lrem(k.ready, 0, job_id)
+    r.zadd(k.scheduled, {job_id: due})
+    r.zadd(k.sleeping, {job_id: due})
+
+
+def test_promote_wakes_sleepers_of_both_layouts_once_each_within_its_bound(p: Project) -> None:
+    """Due at once: 2 delayed jobs, 2 sleepers of this release (the sleeping set alone) and
+    one the release before put to sleep (scheduled and the sleeping index). A promote of 3
+    moves 3, the next the other 2; each job reaches ready once, each sleeper with what its
+    sleep left out written back, and both sets are empty. A stale id in the sleeping set
+    (its job cancelled by hand, as an earlier release's cancel might leave it) is dropped,
+    not moved."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("d1", delay=100), new("d2", delay=100))
+    for job_id in ("s1", "s2"):
+        enqueue(p, new(job_id))
+        (job,) = claim(p, base=f"w.{job_id}")
+        s = Suspension(job_id, job[1], 0, '{"name":"nap","kind":"sleep","status":"ok"}', None, NOW + 100, 1000,
+                       4 << 20, "")
+        assert list(p.runtime.scripts.suspend(k, s, now_ms=NOW + 10)) == [1]
+    _asleep_as_the_release_before(p, "o1", NOW + 100)
+    enqueue(p, new("x"))
+    r.lrem(k.ready, 0, "x")
+    r.hset(k.state("x"), "status", "cancelled")
+    r.zadd(k.sleeping, {"x": NOW + 50})
+    assert r.zcard(k.scheduled) == 3 and r.zcard(k.sleeping) == 4
+    first = p.runtime.scripts.promote(k, 3, now_ms=NOW + 200)
+    assert first[0] == 3
+    second = p.runtime.scripts.promote(k, 3, now_ms=NOW + 200)
+    assert second[0] + first[0] == 5 and list(second)[1] == -1  # none left to wake
+    assert sorted(r.lrange(k.ready, 0, -1)) == ["d1", "d2", "o1", "s1", "s2"]
+    assert r.zcard(k.scheduled) == 0 and r.zcard(k.sleeping) == 0
+    for job_id in ("s1", "s2", "o1"):
+        st = state(p, job_id)
+        assert st["status"] == "queued" and "sleep" not in st, st
+        assert (st["steps"], st["run_attempt"], st["suspended"], st["ready_ms"]) == ("1", "1", "1", str(NOW + 100))
+        assert int(st["step_bytes"]) == len(st["step:0"]) or job_id == "o1"
+    assert state(p, "x")["status"] == "cancelled"
+    assert_no_job_in_two_structures(p)
+
+
+def test_promote_says_when_the_next_sleeper_is_due(p: Project) -> None:
+    """The sleeping set is a due index: promote's answer counts it (the scheduler sleeps
+    until then), with nothing in scheduled."""
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert _sleep(p, job[1], delay=None, due=NOW + 5_000) == [1]
+    assert list(p.runtime.scripts.promote(p.keys(), 100, now_ms=NOW + 1_000)) == [0, 4_000]
+
+
+def test_a_sleeper_of_either_layout_is_cancelled_and_run_now_at_once(p: Project) -> None:
+    """Cancel takes a sleeper out of the sleeping set (and scheduled, for the release
+    before's), at once; run now moves the release before's sleeper too."""
+    r, k = p.runtime.redis, p.keys()
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert _sleep(p, job[1], delay=60_000) == [1]
+    _asleep_as_the_release_before(p, "o1", NOW + 60_000)
+    _asleep_as_the_release_before(p, "o2", NOW + 60_000)
+    assert p.runtime.scripts.cancel(k, "a", 60_000, now_ms=NOW + 20)[0] == 1
+    assert p.runtime.scripts.cancel(k, "o1", 60_000, now_ms=NOW + 20)[0] == 1
+    assert [state(p, i)["status"] for i in ("a", "o1")] == ["cancelled", "cancelled"]
+    assert list(p.runtime.scripts.run_now(k, "o2", now_ms=NOW + 30)) == [1, "sleeping"]
+    assert r.zcard(k.scheduled) == 0 and r.zcard(k.sleeping) == 0 and r.lrange(k.ready, 0, -1) == ["o2"]
+    assert state(p, "o2")["steps"] == "1"
+
+
+def test_the_deploy_gates_scan_and_check_read_each_sleeper_once(p: Project) -> None:
+    """`runner check --scan` counts a sleeper of this release (the sleeping set alone) and
+    one of the release before (in both sets) as scheduled, once each; `runner check`'s
+    read of suspended jobs finds each once, with its recorded steps."""
+    from runner.store import census
+
+    k = p.keys()
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert _sleep(p, job[1], delay=60_000) == [1]
+    _asleep_as_the_release_before(p, "o1", NOW + 60_000)
+    scanned = sorted((state_, job_id) for state_, job_id, _ in census.scan(p.runtime.redis, k))
+    assert scanned == [("scheduled", "a"), ("scheduled", "o1")]
+    found, short = steps.suspended(p.runtime.redis, [k])
+    assert sorted((job_id, status, names) for _, job_id, _, status, names in found) == [
+        ("a", "sleeping", ["nap"]), ("o1", "sleeping", ["nap"])]
+    assert short == []

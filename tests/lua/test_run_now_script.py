@@ -58,13 +58,18 @@ def test_a_sleeping_job_wakes_with_its_sleep_cut_short(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)
     assert _sleep(p, job[1], delay=3_600_000) == [1]
-    before = int(state(p, "a")["step_bytes"])
+    n, before, first = state(p, "a")["sleep"].split(" ")  # (its count, bytes and first start: asleep.lua)
+    assert p.runtime.redis.zscore(p.keys().sleeping, "a") == NOW + 10 + 3_600_000
     assert run_now(p, "a", NOW + 70) == [1, "sleeping"]
     (entry,) = steps.read(p.runtime.scripts, p.keys(), "a")
     assert entry == {"name": "nap", "kind": "sleep", "status": "ok", "started_ms": NOW + 10, "until_ms": NOW + 70}
     st = state(p, "a")
-    assert st["status"] == "queued" and int(st["step_bytes"]) == before  # the same number of digits
-    assert structures(p)["ready"] == ["a"]
+    assert st["status"] == "queued" and st["step_bytes"] == before  # the same number of digits
+    # Woken, its state is as the release before kept it: what its sleep left out is back.
+    assert (st["steps"], st["run_started_ms"], st["run_attempt"], st["suspended"], st["ready_ms"]) == (
+        n, first, "1", "1", str(NOW + 70))
+    assert "sleep" not in st
+    assert structures(p)["ready"] == ["a"] and p.runtime.redis.zcard(p.keys().sleeping) == 0
 
 
 def test_what_waits_for_no_time_is_refused_and_left_as_it_was(p: Project) -> None:

@@ -114,18 +114,22 @@ def test_the_walk_indexes_jobs_delayed_before_the_index(p: Project) -> None:
 def test_the_walk_indexes_jobs_suspended_before_the_indexes(p: Project) -> None:
     """Sleeping and waiting jobs suspended by a release before their indexes were in the
     scheduled set only, and no list showed them until they woke: the walk indexes each
-    in its own index at its due time, as it does delayed ones."""
+    in its own index at its due time, as it does delayed ones, and moves the sleeping
+    ones out of scheduled into the sleeping set (where this release keeps them alone),
+    walking every id although the set shrinks under it."""
     r, k, s = p.runtime.redis, p.keys(), p.runtime.scripts
     _seed(p)
     want = {n: dict(r.zrange(getattr(k, n), 0, -1, withscores=True)) for n in ("delayed", "sleeping", "waiting")}
     assert want["sleeping"] and want["waiting"]
+    r.zadd(k.scheduled, want["sleeping"])  # as the release before left them
     for n in want:
-        r.delete(getattr(k, n))  # as the release before left them
+        r.delete(getattr(k, n))
     at = 0
     while at >= 0:
         at, _ = s.index_delayed(k, at, 5)
     for n, entries in want.items():
         assert dict(r.zrange(getattr(k, n), 0, -1, withscores=True)) == entries, n
+    assert not set(r.zrange(k.scheduled, 0, -1)) & set(want["sleeping"])
     assert_suspended_indexed(p)
 
 

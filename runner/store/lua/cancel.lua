@@ -37,8 +37,8 @@
 -- KEYS[19] lim_prefix   (string; a job woken from a limit's waiters gives its reserved
 --                        slot to the next waiter: see wake_parked in includes/parking.lua)
 -- KEYS[20] limwait     ZSET
--- KEYS[21] sleeping    ZSET  the sleeping ids of scheduled (the sleeping list's index): a
---                            cancelled one leaves it with scheduled
+-- KEYS[21] sleeping    ZSET  sleeping ids -> wake ms (suspend.lua; one the release before
+--                            suspended is in scheduled too): a cancelled one leaves both
 -- KEYS[22] waiting     ZSET  the same for the waiting ones
 -- KEYS[23] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)

@@ -203,7 +203,8 @@ local function listed_state(sk, cut, budget, inline, listed, sizes, all, shown)
   if not names then return {} end
   -- The steps listed: [from, count) (none when the count is damaged: the view says so).
   -- (a damaged hash's steps are not listed: its step fields are not among those shown)
-  local count = not shown and tonumber(get('steps'))
+  -- (a sleeping job's count is the first number of its 'sleep' field: includes/asleep.lua)
+  local count = not shown and (tonumber(get('steps')) or tonumber(string.match(get('sleep') or '', '^(%d+) ')))
   if not count or count ~= math.floor(count) or count < 0 then count = 0 end
   local from = math.max(0, count - listed)
   if from > 0 then

@@ -1,6 +1,9 @@
--- promote: move due jobs (delayed, retrying, handed back) from scheduled to ready, and
--- sweep the limit keys with parked jobs: a key whose holders lapsed without a release
--- (their worker died before any reclaim) wakes its parked jobs here, so none is stranded.
+-- promote: move due jobs (delayed, retrying, handed back, waiting ones at their timeout)
+-- from scheduled, and sleeping ones from sleeping (a sleeping job is in that set alone: see
+-- suspend.lua), to ready, and sweep the limit keys with parked jobs: a key whose holders
+-- lapsed without a release (their worker died before any reclaim) wakes its parked jobs
+-- here, so none is stranded. A sleeping job suspended by the release before is in both
+-- sets: it wakes from scheduled and leaves sleeping with it.
 --
 -- KEYS[1] scheduled    ZSET  id -> due ms
 -- KEYS[2] ready        LIST
@@ -9,13 +12,14 @@
 -- KEYS[5] lim_prefix   (string)
 -- KEYS[6] limwait      ZSET  limit keys with parked jobs -> next sweep ms
 -- KEYS[7] prio         ZSET  (a job of priority 1-9 goes back there: to_ready in includes/ready.lua)
--- KEYS[8] sleeping     ZSET  the sleeping ids of scheduled (the sleeping list's index): a
---                            woken one leaves it with scheduled
--- KEYS[9] waiting      ZSET  the same for the waiting ones (a wait's timeout, a parent's look)
+-- KEYS[8] sleeping     ZSET  sleeping ids -> wake ms: read after scheduled, within the same
+--                            bound; an id there whose job no longer sleeps is dropped
+-- KEYS[9] waiting      ZSET  the waiting ids of scheduled (a wait's timeout, a parent's look)
 -- KEYS[10] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock)
--- ARGV[2] the most jobs to move in this call (and a twentieth as many keys to sweep)
+-- ARGV[2] the most ids to take from scheduled and sleeping together in this call (and a
+--         twentieth as many keys to sweep)
 --
 -- Returns {moved, ms until the next due job (or the next sweep), -1 when none}.
 --- @include "clock"
@@ -23,28 +27,39 @@
 --- @include "limits"
 --- @include "parking"
 --- @include "record_keys"
+--- @include "asleep"
 local now, limit = clock(ARGV[1]), tonumber(ARGV[2])
-local ids = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'LIMIT', 0, limit)
 local moved = 0
-for _, id in ipairs(ids) do
-  redis.call('ZREM', K.scheduled, id)
+-- One due id of scheduled (from_sleeping false) or of sleeping (true) to ready.
+local function promote_one(id, due, from_sleeping)
   local jk = K.job_prefix .. id
   -- pcall: a state key of another type is claim's to bury, with the reason.
-  local f = redis.pcall('HMGET', jk .. ':s', 'status', 'priority')
+  local f = redis.pcall('HMGET', jk .. ':s', 'status', 'priority', 'attempt', 'run_attempt', 'sleep')
   local st, prio = nil, nil
-  if type(f) == 'table' and not f.err then st, prio = f[1], f[2] else st = f end
-  -- (sleeping, waiting: a durable function's sleep or wait ended, see suspend.lua)
-  if st == 'scheduled' or st == 'retrying' or st == 'sleeping' or st == 'waiting' then
-    redis.call('HSET', jk .. ':s', 'status', 'queued')
-  end
-  -- Off its list index with it (any other state's id leaves delayed: a stray there is
-  -- never listed, and this is its last chance to go).
-  if st == 'sleeping' then
-    redis.pcall('ZREM', K.sleeping, id)
-  elseif st == 'waiting' then
-    redis.pcall('ZREM', K.waiting, id)
+  if type(f) == 'table' and not f.err then st, prio = f[1], f[2] else st, f = f, {} end
+  if from_sleeping then
+    redis.call('ZREM', K.sleeping, id)
+    if st ~= 'sleeping' then return end  -- a stale id (its job was cancelled or deleted)
+    redis.call('ZREM', K.scheduled, id)
   else
-    redis.pcall('ZREM', K.delayed, id)
+    redis.call('ZREM', K.scheduled, id)
+    -- Off its list index with it (any other state's id leaves delayed: a stray there is
+    -- never listed, and this is its last chance to go).
+    if st == 'sleeping' then
+      redis.pcall('ZREM', K.sleeping, id)
+    elseif st == 'waiting' then
+      redis.pcall('ZREM', K.waiting, id)
+    else
+      redis.pcall('ZREM', K.delayed, id)
+    end
+  end
+  -- (sleeping, waiting: a durable function's sleep or wait ended, see suspend.lua)
+  if st == 'sleeping' then
+    -- A woken sleeper gets back the fields its sleep left out (includes/asleep.lua).
+    redis.call('HSET', jk .. ':s', unpack(asleep_woken({'status', 'queued'}, due, f[3], f[4], f[5])))
+    if f[5] then redis.call('HDEL', jk .. ':s', 'sleep') end
+  elseif st == 'scheduled' or st == 'retrying' or st == 'waiting' then
+    redis.call('HSET', jk .. ':s', 'status', 'queued')
   end
   -- Any other state is handed to claim, which buries a malformed record with a reason
   -- and drops a stray id; promote never decides that on its own. A job with neither
@@ -54,6 +69,13 @@ for _, id in ipairs(ids) do
     moved = moved + 1
   end
 end
+local ids = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+for i = 1, #ids, 2 do promote_one(ids[i], ids[i + 1], false) end
+-- pcall: a sleeping key of another type wakes nothing here; the reclaim puts it aside.
+local asleep = #ids < 2 * limit and redis.pcall('ZRANGEBYSCORE', K.sleeping, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+  limit - #ids / 2) or {}
+if asleep.err then asleep = {} end
+for i = 1, #asleep, 2 do promote_one(asleep[i], asleep[i + 1], true) end
 if moved > 0 then wake(K.notify) end
 -- The sweep: each due key wakes what its free slots allow; the limit is read off the
 -- first parked job's record.
@@ -79,10 +101,12 @@ for _, key in ipairs(redis.call('ZRANGEBYSCORE', K.limwait, '-inf', now, 'LIMIT'
 end
 local due = -1
 local nxt = redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
-if nxt[2] then due = math.max(0, tonumber(nxt[2]) - now) end
+local wakes = redis.pcall('ZRANGE', K.sleeping, 0, 0, 'WITHSCORES')
 local sweep = redis.call('ZRANGE', K.limwait, 0, 0, 'WITHSCORES')
-if sweep[2] then
-  local s = math.max(0, tonumber(sweep[2]) - now)
-  if due < 0 or s < due then due = s end
+for _, first in ipairs({nxt, wakes.err and {} or wakes, sweep}) do
+  if first[2] then
+    local s = math.max(0, tonumber(first[2]) - now)
+    if due < 0 or s < due then due = s end
+  end
 end
 return {moved, due}

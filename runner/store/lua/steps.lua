@@ -11,9 +11,13 @@
 -- call's work stays bounded (steps=1000000 built a million field names) and the missing
 -- ones come back '', which the reader marks damaged.
 --- @include "stats"
+--- @include "asleep"
 
 local sk = K.job .. ':s'
-local n = tonumber(redis.pcall('HGET', sk, 'steps')) or 0
+local got = redis.pcall('HMGET', sk, 'steps', 'sleep')
+if type(got) ~= 'table' or got.err then got = {} end
+-- (a sleeping job's count is in its 'sleep' field: includes/asleep.lua)
+local n = tonumber(got[1]) or asleep_parts(got[2]) or 0
 if n <= 0 then return {} end
 n = math.min(math.floor(n), tonumber(ARGV[2]) or 0)
 local names = {}

@@ -2,10 +2,15 @@
 -- or a wait (ctx.wait_for_signal), fenced by its claim token: the entry joins the job's
 -- step log (see step.lua),
 -- the claim and lease go, its limit slots (RESOURCE_KEY, CONCURRENCY) are released, and
--- the job waits in scheduled until it is due (promote.lua wakes it: status 'queued'),
--- all in this one step. No attempt is spent (the state's attempt is left as it was, as a
+-- the job waits until it is due (promote.lua wakes it: status 'queued'), all in this one
+-- step: a sleeping job in the sleeping set alone, whose score is its wake time (the set is
+-- its list's index and its due index at once), a waiting one in scheduled and in the
+-- waiting set. No attempt is spent (the state's attempt is left as it was, as a
 -- deferral's), and 'suspended' marks a job that has started once: its MAX_AGE no longer
 -- applies (claim.lua).
+--
+-- A sleeping job's state is kept small (a sleeping job's memory is most of what 100,000 of
+-- them cost): its status, its log, and one 'sleep' field for the rest (includes/asleep.lua).
 --
 -- KEYS[1] leases       ZSET
 -- KEYS[2] scheduled    ZSET  id -> due ms
@@ -22,9 +27,10 @@
 -- KEYS[13] done_prefix (string)
 -- KEYS[14] census      HASH
 -- KEYS[15] outbox      LIST  (the child job of ctx.invoke)
--- KEYS[16] sleeping    ZSET  id -> due ms: the sleeping ids of scheduled, the sleeping
---                            list's own index (a list of them never scans past delayed jobs)
--- KEYS[17] waiting     ZSET  the same for the waiting ones (a signal, an event, a child)
+-- KEYS[16] sleeping    ZSET  id -> due ms: the sleeping jobs, the scheduled set's of their
+--                            kind (promote reads both) and the sleeping list's own index
+-- KEYS[17] waiting     ZSET  the waiting ids of scheduled (a signal, an event, a child) -> due
+--                            ms: the waiting list's own index
 -- KEYS[18] delayed     ZSET  the same for scheduled and retrying ones (a delayed child job)
 -- KEYS[19] log_prefix  (string) the job's log, LIST (joblog.lua)
 -- KEYS[20] stream_prefix (string) the job's stream, LIST (joblog.lua)
@@ -85,25 +91,27 @@
 --- @include "parking"
 --- @include "followups"
 --- @include "stats"
+--- @include "asleep"
 local now = clock(ARGV[1])
 local id, token, pos = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local c = fence(redis.call('HGET', K.claims, id), token)
 if not c then return {-1} end
-local damaged = damaged_set({{'scheduled', K.scheduled}})
+local damaged = damaged_set({{'scheduled', K.scheduled}, {'sleeping', K.sleeping}})
 if damaged then return damaged end
 local jk = K.job_prefix .. id
 local sk = jk .. ':s'
-local f = redis.call('HMGET', sk, 'steps', 'step_bytes')
+local f = redis.call('HMGET', sk, 'steps', 'step_bytes', 'sleep')
 local n, bytes = tonumber(f[1]) or 0, tonumber(f[2]) or 0
+if not f[1] and f[3] then n, bytes = asleep_parts(f[3]) end  -- (not reached: a sleeping job has no claim)
+n, bytes = n or 0, bytes or 0
 local due = tonumber(ARGV[6]) and now + tonumber(ARGV[6]) or tonumber(ARGV[7])
 local waits = ARGV[11] == 'signal' or ARGV[11] == 'invoke' or ARGV[11] == 'event'
 local ran = redis.call('HMGET', sk, 'run_attempt', 'run_started_ms')
 local first = (ran[1] == tostring(c.attempt) and ran[2]) or (ARGV[32] ~= '' and ARGV[32]) or c.started
-local set = {'status', waits and 'waiting' or 'sleeping', 'ready_ms', due, 'suspended', '1',
-  'run_attempt', c.attempt, 'run_started_ms', first}
+local set = {'status', 'sleeping'}
 if waits then
-  set[#set + 1] = 'waiting_for'
-  set[#set + 1] = ARGV[12]
+  set = {'status', 'waiting', 'ready_ms', due, 'suspended', '1', 'run_attempt', c.attempt, 'run_started_ms', first,
+    'waiting_for', ARGV[12]}
 end
 if ARGV[5] ~= '' then
   if n ~= pos then return {-2} end
@@ -111,9 +119,17 @@ if ARGV[5] ~= '' then
   local ends = tonumber(ARGV[13]) and now + tonumber(ARGV[13]) or due
   local entry = stamped_as(stamped_as(ARGV[5], 'started_ms', now), 'until_ms', ends)
   if bytes + #entry > tonumber(ARGV[9]) then return {-4} end
-  for _, v in ipairs({'step:' .. n, entry, 'steps', n + 1, 'step_bytes', bytes + #entry}) do set[#set + 1] = v end
+  for _, v in ipairs({'step:' .. n, entry}) do set[#set + 1] = v end
+  n, bytes = n + 1, bytes + #entry
 elseif n <= pos then
   return {-2}
+end
+if waits then
+  for _, v in ipairs({'steps', n, 'step_bytes', bytes}) do set[#set + 1] = v end
+else
+  for _, v in ipairs({'sleep', n .. ' ' .. bytes .. ' ' .. first}) do set[#set + 1] = v end
+  -- (before the HSET: a listpack that shrank keeps the size it grew to)
+  redis.call('HDEL', sk, 'steps', 'step_bytes', 'run_started_ms', 'ready_ms', 'suspended', 'run_attempt')
 end
 local early = waits and redis.call('HEXISTS', sk, 'sig:' .. ARGV[12]) == 1
 if early then
@@ -125,9 +141,11 @@ unclaim(K.claims, K.leases, {id})
 if early then
   to_ready(K.ready, K.prio, id, redis.call('HGET', sk, 'priority'), now, false)
   wake(K.notify)
-else
+elseif waits then
   redis.call('ZADD', K.scheduled, due, id)
-  redis.pcall('ZADD', waits and K.waiting or K.sleeping, due, id)
+  redis.pcall('ZADD', K.waiting, due, id)
+else
+  redis.call('ZADD', K.sleeping, due, id)
 end
 if c.res then
   local rec = rec_load(jk)

@@ -1,0 +1,272 @@
+"""Readers while a Redis master stalls (SIGSTOP: it takes connections and says nothing, so
+a call to it waits out the 15 s socket timeout): `GET /jobs/{id}` and `GET /jobs` answer
+from the masters that answer within a bound, say what they left out, and never answer
+500 (docs/partitions.md, "A shard down"; docs/http.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import falcon.testing
+import pytest
+from clusterkit import close_project, shard_project, shards_fixture  # noqa: F401  (the shards fixture)
+
+from runner.store.embedded import Server
+from runner.web import create_app
+
+from conftest import Project, make_project, wait_for
+
+
+@pytest.fixture
+def sproject(tmp_path: Path, shards: list[Server]) -> Iterator[Project]:
+    p = shard_project(tmp_path / "p", shards, partitions=6, vt=10)
+    yield p
+    close_project(p)
+
+
+def test_concurrent_reads_of_the_layout_fail_no_call_on_a_live_master(sproject: Project) -> None:
+    """redis-py reads the cluster's layout again after any failed call, and each read
+    closes the connections of the node it asked once it has its answer: two reads at
+    once closed each other's, and a thread's read (or the call behind it) failed
+    "Redis Cluster cannot be connected ... Bad file descriptor" on a live master, a bare
+    RedisClusterException (an HTTP 500). Eight threads reading the layout and looking
+    jobs up at once, every master up: no call fails."""
+    p = sproject
+    c = p.client
+    ids = [c.enqueue("record", {"n": i}).id for i in range(12)]
+    manager = p.runtime.redis.nodes_manager
+    failed: list[BaseException] = []
+    stop = time.monotonic() + 3.0
+
+    def hammer(n: int) -> None:
+        while time.monotonic() < stop and len(failed) < 20:
+            try:
+                manager.initialize()
+                assert c.get(ids[n % len(ids)]).id == ids[n % len(ids)]
+            except Exception as exc:
+                failed.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not failed, f"{len(failed)} calls failed, e.g. {failed[0]!r}"
+
+
+def test_a_layout_no_node_gives_is_an_outage_not_a_bare_cluster_error(sproject: Project,
+                                                                        shards: list[Server]) -> None:
+    """A read of the layout that finds no node answering raises redis-py's
+    RedisClusterException ("Redis Cluster cannot be connected"): it is an outage, the
+    client's RedisUnavailable and HTTP's 503 with its problem shape, never a 500."""
+    p = sproject
+    job = p.client.enqueue("record", {"n": 1})
+    rt = p.runtime
+    web = falcon.testing.TestClient(create_app(rt))
+    assert web.simulate_get(f"/jobs/{job.id}").status_code == 200
+    for s in shards:
+        s.stop(kill=True)
+    try:
+        rt.redis.nodes_manager.initialize()
+    except Exception as exc:
+        from runner.store.connection import UNAVAILABLE
+
+        assert isinstance(exc, UNAVAILABLE), repr(exc)
+    else:
+        raise AssertionError("the layout was read with every node down")
+    r = web.simulate_get(f"/jobs/{job.id}")
+    assert r.status_code == 503, r.text
+    assert r.json["type"].endswith("redis-unavailable"), r.json
+
+
+def test_a_read_of_the_layout_asks_a_master_known_stalled_last(sproject: Project, shards: list[Server]) -> None:
+    """Reads of the layout go one at a time, and redis-py asks the startup nodes one after
+    another, a stalled one for its 15 s socket timeout: a read that asked the URL's first
+    master, known stalled, first held every thread's read that long. It asks the masters
+    that answer first, and is done within a second."""
+    from dataclasses import replace
+
+    from runner.store.connection import NodeStalled, connect
+    from runner.store.transport import Transport
+
+    p = sproject
+    victim = shards[1]
+    seeds = [victim, *(s for s in shards if s is not victim)]
+    cfg = replace(p.runtime.config.redis, url="redis+cluster://" + ",".join(f"127.0.0.1:{s.port}" for s in seeds))
+    client = connect(cfg)
+    sc = Transport(client)
+    node = next(n for n in client.get_primaries() if n.port == victim.port)
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(NodeStalled):  # (a call given up: the master is known stalled)
+            sc.nodes.bounded(node.name, lambda: client.get_redis_connection(node).ping(), 0.5)
+        t = time.monotonic()
+        client.nodes_manager.initialize()
+        took = time.monotonic() - t
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+        client.close()
+    assert took < 2.0, f"the layout took {took:.1f} s to read"
+    assert len(client.get_primaries()) == 3
+
+
+def _stalled_apart(p: Project, shards: list[Server], n: int = 30
+                   ) -> tuple[Server, list[str], list[str], set[str], falcon.testing.TestClient]:
+    """``n`` queued jobs over the queue's 6 partitions, and a master to stall that holds
+    neither the queue's home partition nor the recorded partition tags (so the tags'
+    read, bounded on its own, is not what is measured): (that master, the ids of the jobs
+    on the others, the ids of its own, its partitions' tags, a web client)."""
+    c = p.client
+    ids = [c.enqueue("record", {"n": i}).id for i in range(n)]
+    r = p.runtime.redis
+    home = r.get_node_from_key(p.runtime.keys["fast"].ready).port
+    victim = next(s for s in shards if s.port != home)
+    tags = {k.tag for k in p.runtime.parts["fast"] if r.get_node_from_key(k.ready).port == victim.port}
+    from runner.client.inspecting import find
+
+    where = {i: find(c, i)[0].tag for i in ids}
+    live = [i for i in ids if where[i] not in tags]
+    away = [i for i in ids if where[i] in tags]
+    assert tags and live and away, where
+    web = falcon.testing.TestClient(create_app(p.runtime))
+    for i in ids:  # (every master's connections made)
+        assert web.simulate_get(f"/jobs/{i}").status_code == 200
+    return victim, live, away, tags, web
+
+
+def test_a_job_on_a_live_master_is_read_while_another_stalls(sproject: Project, shards: list[Server]) -> None:
+    """GET /jobs/{id} of a job on a master that answers, while another master stalls,
+    answers 200 within the reader's bound (2 s; before: the look-up asked every
+    partition and waited out the stalled master, up to its 15 s socket timeout, each
+    time). A job not found while a partition was left out is a 503 naming the partition
+    (it may be there; the master's address goes to the log, not to a caller), never a 404
+    that makes a client give up."""
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards)
+    assert victim.proc is not None
+    took: list[float] = []
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        for i in live[:8]:
+            t = time.monotonic()
+            r = web.simulate_get(f"/jobs/{i}")
+            took.append(time.monotonic() - t)
+            assert r.status_code == 200, r.text
+            assert r.json["id"] == i
+            assert took[-1] < 4.0, f"a live master's job took {took[-1]:.1f} s to read: {took}"
+        for i in (away[0], "no-such-job"):
+            t = time.monotonic()
+            r = web.simulate_get(f"/jobs/{i}")
+            took.append(time.monotonic() - t)
+            assert r.status_code == 503, r.text
+            assert r.json["type"].endswith("redis-unavailable"), r.json
+            assert {o["partition"] for o in r.json["left_out"]} == tags, r.json
+            assert all(f"{{{t}}}" in r.json["detail"] for t in tags), r.json["detail"]
+            assert took[-1] < 4.0, took
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    print(f"read in {[round(t, 2) for t in took]} s")
+    # Only the first read waits for the stalled master; the others skip it at once.
+    assert sorted(took)[-2] < 1.0, took
+    # Back: its jobs are found again, and a job that is nowhere is a 404.
+    wait_for(lambda: web.simulate_get(f"/jobs/{away[0]}").status_code == 200, timeout=20,
+             what="the stalled master's job to be read again")
+    assert web.simulate_get("/jobs/no-such-job").status_code == 404
+
+
+def test_a_page_leaves_out_a_stalled_master_s_partitions_and_its_cursor_comes_back(sproject: Project,
+                                                                                  shards: list[Server]) -> None:
+    """GET /jobs while a master stalls answers within the reader's bound from the live
+    masters, names the partitions it left out (``left_out``), and its cursor comes back
+    to them once the others are read: a traversal begun before the stall, paged through
+    it and finished after, shows every job (all stay queued) exactly once. A page with
+    nothing left to read but the stalled master's partitions is a 503."""
+    from runner.store.listing import decode_cursor
+
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards)
+    assert victim.proc is not None
+    shown: list[str] = []
+    said: list[dict[str, Any]] = []
+
+    def page(cursor: str | None) -> tuple[int, str | None, float]:
+        t = time.monotonic()
+        params = {"status": "queued", "limit": "3", **({"cursor": cursor} if cursor else {})}
+        r = web.simulate_get("/jobs", params=params)
+        took = time.monotonic() - t
+        if r.status_code == 200:
+            shown.extend(j["id"] for j in r.json["jobs"])
+            said.extend(r.json.get("left_out", []))
+            return 200, r.json["cursor"], took
+        assert r.status_code == 503, r.text
+        assert r.json["type"].endswith("redis-unavailable"), r.json
+        return 503, cursor, took
+
+    # Up to a page that ends inside one of the stalled master's partitions (or about to read one).
+    status, cursor, _ = page(None)
+    while cursor is not None and decode_cursor(cursor)[0] not in tags:
+        status, cursor, _ = page(cursor)
+    assert cursor is not None
+    times: list[float] = []
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        while cursor is not None:
+            status, cursor, took = page(cursor)
+            times.append(took)
+            assert took < 4.0, f"a page took {took:.1f} s: {times}"
+            if status == 503:
+                break
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    print(f"pages in {[round(t, 2) for t in times]} s; left out {sorted({o['partition'] for o in said})}")
+    assert status == 503, "the traversal ended while the stalled master's partitions were unread"
+    assert {o["partition"] for o in said} == tags, said
+    assert all(o["queue"] == "fast" for o in said), said
+    assert set(live) <= set(shown)
+    # Back: the same cursor reads what was left out, from where each partition was.
+    wait_for(lambda: web.simulate_get(f"/jobs/{away[0]}").status_code == 200, timeout=20,
+             what="the stalled master to answer again")
+    while cursor is not None:
+        status, cursor, _ = page(cursor)
+        assert status == 200
+    assert sorted(shown) == sorted(live + away), (len(shown), len(set(shown)), len(live + away))
+
+
+def test_reads_of_a_stalled_single_redis_answer_503_within_seconds(tmp_path: Path) -> None:
+    """One Redis (not Cluster) stopped: GET /jobs/{id} and GET /jobs answer 503 within the
+    one server's read bound (5 s), then at once while it stays stopped (before: each
+    waited out the 15 s socket timeout, and requests queued behind the web's threads),
+    and 200 again once it answers."""
+    server = Server(tmp_path / "redis").start()
+    try:
+        p = make_project(tmp_path / "p", server)
+        job = p.client.enqueue("record", {"n": 1})
+        web = falcon.testing.TestClient(create_app(p.runtime))
+        assert web.simulate_get(f"/jobs/{job.id}").status_code == 200
+        assert server.proc is not None
+        took: list[float] = []
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for path in (f"/jobs/{job.id}", f"/jobs/{job.id}", "/jobs", "/jobs?status=dead", f"/jobs/{job.id}"):
+                t = time.monotonic()
+                r = web.simulate_get(path)
+                took.append(time.monotonic() - t)
+                assert r.status_code == 503, r.text
+                assert r.json["type"].endswith("redis-unavailable"), r.json
+                assert took[-1] < 8.0, f"{path} took {took[-1]:.1f} s: {took}"
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        print(f"answered in {[round(t, 2) for t in took]} s")
+        assert max(took[1:]) < 1.0, took
+        wait_for(lambda: web.simulate_get(f"/jobs/{job.id}").status_code == 200, timeout=20,
+                 what="the job to be read again")
+        p.runtime.close()
+    finally:
+        server.stop(kill=True)
