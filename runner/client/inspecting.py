@@ -298,15 +298,16 @@ def get_group(client: Client, group_id: str) -> dict[str, Any]:
 MAX_OUTCOME_BYTES = 64 * 1024 * 1024
 
 
-def group_outcomes(client: Client, group_id: str, max_bytes: int = MAX_OUTCOME_BYTES) -> list[Any]:
+def group_outcomes(client: Client, group_id: str, max_bytes: int | None = MAX_OUTCOME_BYTES) -> list[Any]:
     """Every member's outcome in member order (None for one not finished yet): what the
     then-job's payload carries, read from Redis for a group too big to carry them. A group
     whose outcomes pass ``max_bytes`` together (its hash counts them) is refused, naming
     iter_group_outcomes, which reads them a page at a time: 1,000 outcomes of 1 MiB were
-    1 GB held at once."""
+    1 GB held at once in a web process. ``max_bytes=None`` reads any size (a then-handler's
+    ctx.group_outcomes: its memory is its own choice)."""
     state = _readable_group(client, group_id)
     held = records.count_of(state.fields.get("bytes") or 0, 2**62) or 0
-    if held > max_bytes:
+    if max_bytes is not None and held > max_bytes:
         raise RunnerError(f"group {group_id!r}'s outcomes take {held:,} bytes, past the {max_bytes:,} read into one "
                           "list: read them a page at a time with Client.iter_group_outcomes (or pass max_bytes)")
     return list(iter_group_outcomes(client, group_id))
@@ -323,6 +324,21 @@ def iter_group_outcomes(client: Client, group_id: str, page_bytes: int = group_s
         with reachable():
             got, start = group_store.outcome_page(client.runtime.redis, k, group_id, state.total, start, page_bytes)
         yield from got
+
+
+def outcome_page(client: Client, group_id: str, start: int) -> tuple[list[Any], int]:
+    """The outcomes of members ``start``.. (1-based) in one bounded round trip (as
+    iter_group_outcomes pages): (them, the next member to read, 0 when none is left). An
+    isolated then-handler's ctx.iter_group_outcomes asks its worker for one page at a time,
+    so no message between them carries more than a page."""
+    state = _readable_group(client, group_id)
+    if not 1 <= start <= state.total:
+        return [], 0
+    k = client.runtime.keys[state.queue]
+    with reachable():
+        got, after = group_store.outcome_page(client.runtime.redis, k, group_id, state.total, start,
+                                              group_store.PAGE_BYTES)
+    return got, after if after <= state.total else 0
 
 
 def _readable_group(client: Client, group_id: str) -> group_store.GroupState:

@@ -206,7 +206,7 @@ def named(raw: Mapping[str, str], known: Collection[str]) -> Callable[[str], str
     activity: dict[str, int] = {}
     for name, value in raw.items():
         parts = _split(name)
-        if parts is None or parts[0] == "corrupt":  # (corrupt|<key>: no type)
+        if parts is None or parts[0] in ("corrupt", "own"):  # (corrupt|<key>: no type; own|<type>: a mark)
             continue
         fn = parts[1]
         if fn in known or fn == MALFORMED or fn.startswith("_") or metrics.counted(fn) == MALFORMED:
@@ -269,7 +269,7 @@ def stats_names(functions: Collection[str]) -> list[str]:
     out = [*_QUEUE_FIELDS, *(f"corrupt|{n}" for n in CORRUPT_NAMES)]
     for fn in sorted({*functions, MALFORMED, OTHER}):
         out += [f"{c}|{fn}" for c in COUNTERS]
-        out += [f"lat_sum|{fn}", f"run_sum|{fn}"]
+        out += [f"lat_sum|{fn}", f"run_sum|{fn}", f"own|{fn}"]  # (own: its mark, read so not left out)
         out += [f"{kind}|{fn}|{le}" for kind in ("lat", "run") for le in _LE_INDEX]
     return out
 
@@ -298,7 +298,8 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
     rows = partition_rows(rt.redis, every, now_ms)  # each as store/stats.py's ROW names its fields
     # The stats hashes in a second round trip, each read whole or by name (by its size).
     sizes = [row[7] for row in rows]
-    hashes = stats_hashes(rt.redis, every, sizes, lambda: stats_names(list(rt.registry.functions)))
+    hashes = stats_hashes(rt.redis, every, sizes, [row[14] for row in rows],
+                          lambda: stats_names(list(rt.registry.functions)))
     left_out: dict[str, int] = {}
     for k, row, size, h in zip(every, rows, sizes, hashes, strict=True):
         row[7] = h

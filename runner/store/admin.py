@@ -34,19 +34,24 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
         pipe.hlen(k.stats)
         pipe.zcard(k.prio)
         pipe.zcard(k.sleeping)
+        pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1); stats_hashes)
     raw = pipe.execute(raise_on_error=False)
     for i in range(len(every)):
-        for v in raw[7 * i: 7 * i + 6]:
+        for v in raw[8 * i: 8 * i + 6]:
             if isinstance(v, Exception):
-                raise v  # (as execute() would)
-    sizes = [int(raw[7 * i + 4]) for i in range(len(every))]
-    hashes = stats_hashes(redis, every, sizes, names)
+                raise v  # (as execute() would: an outage, or a damaged queue key)
+    sizes = [int(raw[8 * i + 4]) for i in range(len(every))]
+    # (a server that refuses MEMORY USAGE: the hash's size alone decides)
+    weights = [0 if isinstance(raw[8 * i + 7], Exception) else raw[8 * i + 7] for i in range(len(every))]
+    hashes = stats_hashes(redis, every, sizes, weights, names)
     out = []
     for i in range(len(every)):
-        ready, processing, scheduled, dead, _, prio, sleeping = raw[7 * i: 7 * i + 7]
+        ready, processing, scheduled, dead, _, prio, sleeping, _ = raw[8 * i: 8 * i + 8]
         if isinstance(sleeping, Exception):
             sleeping = 0  # a damaged sleeping set counts nothing; the reclaim puts it aside
-        counters = {name: int(v) for name, v in hashes[i].items() if v.lstrip("-").isdigit()}
+        # (own|<type>: a mark of the types counted under their own names, no figure)
+        counters = {name: int(v) for name, v in hashes[i].items()
+                    if v.lstrip("-").isdigit() and not name.startswith("own|")}
         out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled + sleeping, "dead": dead,
                     "counters": counters, "stats_fields_left_out": sizes[i] - len(hashes[i])})
     return out

@@ -17,7 +17,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               run time, history, result (see includes/records.lua)
     <prefix>:{<queue>}:done:<gen>:log LIST    the generation's done ids, newest first
     <prefix>:{<queue>}:res:<id>       STRING  an outcome kept on its own (KEEP_RESULT), expires
-    <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate)
+    <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate);
+                                              "~<type>|<version>" past its bound (records.lua)
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying, rate-limited and handed-back ids,
                                               and waiting durable functions -> due (ms)
     <prefix>:{<queue>}:sleeping       ZSET    sleeping durable functions -> wake time (ms): their
@@ -38,6 +39,7 @@ slot and the layout runs unchanged on Redis Cluster::
                                               (their worker drops them; see lua/cancel.lua), and
                                               "pause <queue> <function or *>" (Client.pause)
     <prefix>:{<queue>}:stats          HASH    cluster-wide counters and histogram buckets
+                                              (own|<type>: a type counted under its own name)
     <prefix>:{<queue>}:tput:<minute>  HASH    per-minute throughput, expires after 6 h
     <prefix>:{<queue>}:job:<id>       STRING  the job record: its fields, then the payload
     <prefix>:{<queue>}:job:<id>:s     HASH    its state once it has one (status, attempt, history,

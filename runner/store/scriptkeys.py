@@ -57,7 +57,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "remove": ("dead", "job", "idem_prefix", "census", "log_prefix", "stream_prefix"),
     "checkpoint": ("job", "claims"),
     "trim": ("dead", "done_meta", "done_prefix", "job_prefix", "census", "cancelled"),
-    "lookup": ("job", "claims", "done_meta", "done_prefix", "res_prefix", "dead", "scheduled"),
+    "lookup": ("job", "claims", "done_meta", "done_prefix", "res_prefix", "dead", "scheduled", "cancelled",
+               "sleeping", "waiting"),
     # A schedule's tick runs the enqueue script after its own guard (sources.COMPOSED).
     "tick": (*_ENQUEUE, "outbox", "schedule"),
     # An event's jobs, record and key on its home partition (docs/events.md).
@@ -99,11 +100,13 @@ KEYS: dict[str, tuple[str, ...]] = {
     "unstage": ("stage", "outbox"),
     # The app's roster of workers (store/roster.py): a slot of its own, given.
     "unroster": ("roster",),
+    # A worker's summed figures (store/stats.py add_counts): the hash each row names, given.
+    "count": ("figures",),
 }
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).
 GIVEN = frozenset({"job", "held", "schedule", "index", "list", "audit", "log", "shapes", "bucket",
-                   "bucket_prefix", "woke_prefix", "stage", "roster"})
+                   "bucket_prefix", "woke_prefix", "stage", "roster", "figures"})
 
 # The keys of a script that takes all of its keys from the queue, in one C call.
 def _getter(names: tuple[str, ...]) -> Callable[[QueueKeys], Any]:

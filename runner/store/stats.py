@@ -15,12 +15,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+from runner.store import scriptkeys
 from runner.store.keys import QueueKeys
 from runner.store.records import SEP
 
 # What ``partition_rows`` reads of each partition, in this order.
 ROW = ("ready", "leases", "leases_expired", "scheduled", "scheduled_due", "dead", "next_ready", "stats", "paused",
-       "prio", "cancelled", "next_prio", "sleeping", "waiting", "sleeping_due")
+       "prio", "cancelled", "next_prio", "sleeping", "waiting", "stats_bytes", "sleeping_due")
 
 
 def server_ms(redis: Any) -> int:
@@ -37,7 +38,8 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
     sleeping set too, where sleeping jobs wait for their wake time; sleeping and waiting
     from their sets, 0 for a damaged one), the id at the RPOP
     end of ready (None when empty) and a list of prio's first id ([] when empty): the
-    next jobs a worker takes; its stats hash's count of fields and its paused hash."""
+    next jobs a worker takes; its stats hash's count of fields and its bytes (as Redis
+    estimates them: stats_hashes) and its paused hash."""
     pipe = redis.pipeline(transaction=False)
     for k in every:
         pipe.llen(k.ready)
@@ -54,7 +56,8 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
         pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
         pipe.zcard(k.sleeping)  # (sleeping jobs wait there alone; waiting ones in scheduled too)
         pipe.zcard(k.waiting)
-        pipe.zcount(k.sleeping, "-inf", now_ms)
+        pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1) whatever the hash holds)
+        pipe.zcount(k.sleeping, "-inf", now_ms)  # (last: taken off the row below)
     raw = pipe.execute(raise_on_error=False)
     n = len(ROW)
     rows = [raw[n * i: n * i + n] for i in range(len(every))]
@@ -72,7 +75,7 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
     return rows
 
 
-_BEST_EFFORT = frozenset({"sleeping", "waiting", "sleeping_due"})
+_BEST_EFFORT = frozenset({"sleeping", "waiting", "stats_bytes", "sleeping_due"})
 
 
 # A stats hash of at most this many fields is read whole (HGETALL: about 3 ms of Redis at
@@ -80,20 +83,26 @@ _BEST_EFFORT = frozenset({"sleeping", "waiting", "sleeping_due"})
 # (lua/includes/stats.lua), so only a hash grown before, or by another writer, is wider:
 # 1.44 million fields held Redis 0.7-0.85 s in one HGETALL.
 STATS_WHOLE = 20_000
+# Nor is a hash Redis estimates past this many bytes (MEMORY USAGE, which samples a few
+# fields: O(1)): 1,000 fields named by 100 KB types, which a worker of the release before
+# counted foreign records under, made each read an HGETALL of 100 MB (0.65-0.97 s a
+# scrape). 20,000 fields of the longest names runner writes take about 2 MB.
+STATS_BYTES = 4 * 1024 * 1024
 # Fields per HMGET of a wide hash (each call bounded, whatever the names asked).
 _HMGET = 2_000
 
 
-def stats_hashes(redis: Any, every: Sequence[QueueKeys], sizes: Sequence[int],
+def stats_hashes(redis: Any, every: Sequence[QueueKeys], sizes: Sequence[int], weights: Sequence[Any],
                  names: Callable[[], Sequence[str]]) -> list[dict[str, str]]:
     """The stats hash of each partition of ``every``, in one pipelined round trip: whole
-    when its size (``sizes``, partition_rows' HLEN) is at most STATS_WHOLE, else only the
-    fields ``names()`` lists (called once, and only for a wide hash), those it holds."""
+    when its size (``sizes``, partition_rows' HLEN) is at most STATS_WHOLE and its bytes
+    (``weights``, MEMORY USAGE: None for no hash, 0 unknown) at most STATS_BYTES, else only
+    the fields ``names()`` lists (called once, and only for such a hash), those it holds."""
     pipe = redis.pipeline(transaction=False)
     plan: list[int] = []
     wanted: Sequence[str] = ()
-    for k, size in zip(every, sizes, strict=True):
-        if size <= STATS_WHOLE:
+    for k, size, weight in zip(every, sizes, weights, strict=True):
+        if size <= STATS_WHOLE and int(weight or 0) <= STATS_BYTES:
             pipe.hgetall(k.stats)
             plan.append(0)
             continue
@@ -160,22 +169,32 @@ def _checked(replies: Any) -> list[Any]:
     return checked(replies)
 
 
-def add_counts(redis: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int] | None = None) -> None:
+# Figures per count.lua call (a second's sums of a queue hold far fewer in practice).
+_COUNT_PAIRS = 1_000
+
+
+def add_counts(scripts: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int] | None = None) -> None:
     """Add the worker's summed figures to their hashes (metrics.Pending: the stats hashes,
-    the throughput minutes), in one round trip; a key in ``expiry`` is given that many ms
-    to live after its add. A hash damaged to another type loses its counts, never the
-    others' (as the scripts' own pcall'd HINCRBY); an outage (no answer, BUSY, a read-only
-    replica) raises, and the caller keeps them for the next try."""
-    pipe = redis.pipeline(transaction=False)
+    the throughput minutes), in one round trip of count.lua calls: a stats hash's field
+    names follow the rule every script's figures do (lua/includes/stats.lua), so a
+    function's figures are all its own or all under "_other" whoever adds them. A key in
+    ``expiry`` is a throughput minute, given that many ms to live after its add. A hash
+    damaged to another type loses its counts, never the others' (the scripts' pcall'd
+    HINCRBY); an outage (no answer, BUSY, a read-only replica) raises, and the caller
+    keeps them for the next try."""
+    batch = scripts.batch()
     for key, counts in rows.items():
-        for field, n in counts.items():
-            pipe.execute_command("HINCRBY", key, field, n)
-        if expiry and key in expiry:
-            pipe.execute_command("PEXPIRE", key, expiry[key])
-    _checked(pipe.execute(raise_on_error=False))
+        keep = expiry.get(key) if expiry else None
+        pairs = [x for f, n in counts.items() for x in (f, n)]
+        keys = scriptkeys.keys("count", figures=key)
+        for i in range(0, len(pairs), 2 * _COUNT_PAIRS):
+            last = i + 2 * _COUNT_PAIRS >= len(pairs)
+            batch.add("count", keys, ["" if keep is not None else "1", keep if keep is not None and last else "",
+                                      *pairs[i:i + 2 * _COUNT_PAIRS]])
+    batch.execute()
 
 
-def add_counts_by_master(scripts: Any, redis: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int]
+def add_counts_by_master(scripts: Any, rows: dict[str, dict[str, int]], expiry: dict[str, int]
                          ) -> tuple[dict[str, dict[str, int]], BaseException | None]:
     """``add_counts`` in one round trip per master (on Redis Cluster), each given up past
     the node wait as a script call to that master is (Transport.bounded): a stalled master
@@ -187,7 +206,7 @@ def add_counts_by_master(scripts: Any, redis: Any, rows: dict[str, dict[str, int
     err: BaseException | None = None
     for sub in by_master.values():
         try:
-            scripts.bounded("an add of the figures", partial(add_counts, redis, sub, expiry), list(sub))
+            scripts.bounded("an add of the figures", partial(add_counts, scripts, sub, expiry), list(sub))
         except Exception as exc:
             left.update(sub)
             err = exc

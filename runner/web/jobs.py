@@ -136,8 +136,8 @@ class Jobs:
         try:
             outcome = await self.offload(self.client.cancel, name, by=caller(req))
         except JobEnded as exc:
-            raise Problem(409, "job-ended", f"job {name} has ended already ({exc.status})",
-                          title="Job ended", job_status=exc.status) from None
+            # (the client's words: they name a damaged key, when one is)
+            raise Problem(409, "job-ended", str(exc), title="Job ended", job_status=exc.status) from None
         send(resp, {"id": name, "cancel": outcome})
 
 

@@ -119,6 +119,7 @@ _ONE_JOB = {
     "enqueue": "follow-up jobs are held on one job's run until its ack; a batch has none: enqueue with a "
                "runner.Client from the handler, or use ON_SUCCESS, which runs for each item",
     "group_outcomes": "groups' outcomes are read by one job; read them with a runner.Client",
+    "iter_group_outcomes": "groups' outcomes are read by one job; read them with a runner.Client",
     "progress": "progress is one job's; a batch reports none (log it with ctx.logger)",
     "stream": "a stream is one job's; a batch has none (log it with ctx.logger)",
     "traceparent": "a batch has no single producer's trace context",

@@ -48,7 +48,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from runner import config as config_mod
@@ -168,7 +168,8 @@ def rss_mb() -> float:
 
 # The ctx method behind each call to the worker, for errors.
 CALL_NAMES = {"checkpoint": "ctx.save_checkpoint()", "extend": "ctx.extend_lease()", "enqueue": "ctx.enqueue()",
-              "invoke": "ctx.invoke()", "step": "ctx.step()"}
+              "invoke": "ctx.invoke()", "step": "ctx.step()",
+              "group_page": "ctx.group_outcomes()"}
 
 
 class Child:
@@ -335,12 +336,15 @@ class Child:
             raise_refusal(value)
         return str(value.get("id") or child)
 
-    def group_outcomes(self, token: str, group_id: str) -> list[Any]:
-        """A group's outcomes, read by the parent."""
-        value = self.ask(token, "group_outcomes", group=group_id).get("value") or {}
-        if "error" in value:
-            raise RunnerError(str(value["error"]))
-        return list(value.get("outcomes") or [])
+    def group_outcomes(self, token: str, group_id: str) -> Iterator[Any]:
+        """A group's outcomes, read by the parent a page at a time (one page a message)."""
+        start = 1
+        while start:
+            value = self.ask(token, "group_page", group=group_id, start=start).get("value") or {}
+            if "error" in value:
+                raise RunnerError(str(value["error"]))
+            yield from value.get("outcomes") or ()
+            start = int(value.get("next") or 0)
 
     def read_loop(self) -> None:
         """The parent's messages, also while a handler runs; EOF means the parent is gone."""

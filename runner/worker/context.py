@@ -11,7 +11,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +119,7 @@ class Context:
     _flags: Flags = field(default_factory=Flags, repr=False)
     _progress: Callable[[Any], None] | None = field(default=None, repr=False)
     _enqueue: Callable[..., Any] | None = field(default=None, repr=False)
-    _group: Callable[[str], list[Any]] | None = field(default=None, repr=False)
+    _group: Callable[[str], Iterator[Any]] | None = field(default=None, repr=False)
     # A checkpoint is kept in Redis with the job: held to [worker] max_result_bytes, as a result.
     _max_bytes: int = field(default=MAX_RESULT_BYTES, repr=False)
     _progress_warned: bool = field(default=False, repr=False)  # one warning per job, not per call
@@ -423,7 +423,14 @@ class Context:
 
     def group_outcomes(self, group_id: str) -> list[Any]:
         """Every member's outcome of a group, in member order: for a then-job whose payload
-        carries ``"outcomes": null`` (a group too big to carry them; see runner/groups.py)."""
+        carries ``"outcomes": null`` (a group too big to carry them; see runner/groups.py).
+        Gathered in one list whatever the group's size: the handler's memory is its own
+        choice (ctx.iter_group_outcomes holds one page at a time)."""
+        return list(self.iter_group_outcomes(group_id))
+
+    def iter_group_outcomes(self, group_id: str) -> Iterator[Any]:
+        """Every member's outcome of a group, in member order, read a page at a time (at
+        most 1,000 outcomes and 8 MiB a round trip): only that page is held."""
         if self._group is None:
             raise RuntimeError("this context cannot read groups (no client was given)")
         return self._group(group_id)
@@ -432,7 +439,7 @@ class Context:
 def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, *,
             _save: Callable[[str], bool] | None = None, _extend: Callable[[], bool] | None = None,
             _flags: Flags | None = None, _progress: Callable[[Any], None] | None = None,
-            _enqueue: Callable[..., Any] | None = None, _group: Callable[[str], list[Any]] | None = None,
+            _enqueue: Callable[..., Any] | None = None, _group: Callable[[str], Iterator[Any]] | None = None,
             _max_bytes: int = MAX_RESULT_BYTES, _log_bounds: tuple[int, int] = (0, 0),
             _made: Callable[[Context, JobLogger], None] | None = None) -> Context:
     """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in

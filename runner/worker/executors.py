@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.catalog.registry import Function, Registry
-from runner.client import Client, Enqueued, Request, waking
+from runner.client import Client, Enqueued, Request, inspecting, waking
 from runner.config import QueueConfig
 from runner.errors import (
     IdempotencyConflict,
@@ -993,7 +993,7 @@ class Executors:
             _flags=run.flags,
             _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
             _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
-            _group=lambda group_id: self._client().group_outcomes(group_id),
+            _group=lambda group_id: self._client().iter_group_outcomes(group_id),
             _max_bytes=max_result, _log_bounds=(ret.log_lines, ret.log_bytes),  # (_log_bounds, inline)
             _made=lambda ctx, logger: self._logger_made(run, ctx, logger),
         )
@@ -1496,9 +1496,10 @@ class _ChildRun:
                 return ex._hold(run, str(msg.get("type")), msg.get("payload"), **(msg.get("options") or {})).as_dict()
             except RunnerError as exc:  # raised again in the child with its class (child.py)
                 return refusal_record(exc)
-        if call == "group_outcomes":
+        if call == "group_page":  # one page a message: a group's outcomes may be gigabytes
             try:
-                return {"outcomes": ex._client().group_outcomes(str(msg.get("group")))}
+                got, after = inspecting.outcome_page(ex._client(), str(msg.get("group")), _count(msg.get("start")))
+                return {"outcomes": got, "next": after}
             except RunnerError as exc:
                 return {"error": str(exc)}
         return False

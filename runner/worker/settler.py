@@ -191,7 +191,7 @@ class Settler:
         rows, expiry = self.figures.take()
         sc = self.rt.scripts
         if final or sc.one_server or sc.node_wait_s is None:
-            left, exc = stats.add_counts_by_master(sc, self.rt.redis, rows, expiry)
+            left, exc = stats.add_counts_by_master(sc, rows, expiry)
             if left and final:
                 log.warning("%s settler: the figures of the last second's successes were not added to "
                             "/metrics (%s)", self.q.name, exc)
@@ -202,7 +202,7 @@ class Settler:
         # wait, so a master that has just stalled holds up no settlement (before, one
         # pipeline over every partition's hashes waited out its 15 s socket timeout here).
         self._adding_expiry = expiry
-        self._adding = sc.nodes.pool().submit(stats.add_counts_by_master, sc, self.rt.redis, rows, expiry)
+        self._adding = sc.nodes.pool().submit(stats.add_counts_by_master, sc, rows, expiry)
 
     def _added(self, left: dict[str, dict[str, int]], exc: BaseException | None, expiry: dict[str, int]) -> None:
         """The rows an add left (a master away, an outage) are kept for the next try."""

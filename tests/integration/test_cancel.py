@@ -528,3 +528,31 @@ def test_a_cancel_of_a_job_whose_state_key_is_damaged_answers_as_for_its_real_st
     assert r.get(k.state(job.id) + ":corrupt") == "clobbered"
     assert project.client.get(job.id).as_dict()["status"] == "cancelled"
     assert r.lrange(k.ready, 0, -1) == []
+
+
+def test_a_job_whose_state_key_is_damaged_shows_the_status_of_the_set_that_holds_it(project: Project,
+                                                                                   web: Web) -> None:
+    """A cancelled job whose state key another writer overwrote showed "queued" beside its
+    damage while a second DELETE answered 409 (cancelled), and that 409's detail dropped
+    the damage the client named. Its status comes from whichever of the queue's sets holds
+    it (cancelled, sleeping and waiting as dead and scheduled did), and the 409 names the
+    damaged key."""
+    from runner.store import records
+
+    r, k = project.runtime.redis, project.keys()
+    job = project.client.enqueue("record", {"n": 1})
+    assert project.client.cancel(job.id) == "cancelled"
+    r.delete(k.state(job.id))
+    r.set(k.state(job.id), "clobbered")
+    shown = web.get(f"/jobs/{job.id}").json()
+    assert shown["status"] == "cancelled" and "state" in shown["damaged"], shown
+    again = web.call("DELETE", f"/jobs/{job.id}")
+    assert again.status_code == 409 and "damaged" in again.json()["detail"], again.text
+    for status in ("sleeping", "waiting"):
+        jid = f"dmg-{status}"
+        r.set(k.job(jid), records.encode({"type": "noop", "version": 1, "payload": "{}", "max_attempts": 3}))
+        r.set(k.state(jid), "clobbered")
+        r.zadd(k.scheduled, {jid: 1})
+        r.zadd(getattr(k, status), {jid: 1})
+        shown = web.get(f"/jobs/{jid}").json()
+        assert shown["status"] == status and "state" in shown["damaged"], shown

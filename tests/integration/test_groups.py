@@ -13,8 +13,8 @@ import falcon.testing
 import pytest
 
 from runner import groups
-from runner.client import Request
-from runner.errors import InvalidGroup
+from runner.client import Client, Request
+from runner.errors import InvalidGroup, JobNotFound
 from runner.web import create_app
 
 from conftest import Project, wait_for
@@ -116,6 +116,55 @@ def test_an_isolated_then_handler_reads_the_outcomes_through_its_worker(fns: Pro
     wait_for(lambda: runs(fns, g.then_id), timeout=30, what="the then-job")
     [run] = runs(fns, g.then_id)
     assert [o["result"]["n"] for o in run["outcomes"]] == [0, 1, 2]
+
+
+BIG_PART = '''
+QUEUE = "fast"
+
+def handle(payload, ctx):
+    return {"n": payload["n"], "pad": "x" * 900_000}
+'''
+
+READ_ALL = '''
+import json, os
+QUEUE = "fast"
+{isolation}
+def handle(payload, ctx):
+    gid = payload["group"]["id"]
+    whole = [o["result"]["n"] for o in ctx.group_outcomes(gid)]
+    paged = [o["result"]["n"] for o in ctx.iter_group_outcomes(gid)]
+    with open(os.path.join(os.environ["RECORD_DIR"], "merge-" + ctx.job_id), "a") as f:
+        f.write(json.dumps({{"payload": payload, "outcomes": [whole, paged]}}) + "\\n")
+'''
+
+
+def ended(c: Client, job_id: str) -> bool:
+    try:
+        return c.get(job_id).status == "dead"
+    except JobNotFound:
+        return False
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_then_handler_reads_a_group_past_the_clients_bound(fns: Project, isolation: str) -> None:
+    """The client's 64 MiB bound on one list (kept for a web process) refused a then-job's
+    own ctx.group_outcomes, which offered no way around it: the then-job died on every
+    attempt. A handler reads its group whole (ctx.group_outcomes) or a page at a time
+    (ctx.iter_group_outcomes), under either isolation; the child asks its worker for one
+    page at a time. Here 12 outcomes of 0.9 MB (two pages), the group's byte count past
+    64 MiB."""
+    write(fns, "bigpart", BIG_PART)
+    write(fns, "readall", READ_ALL.format(isolation='ISOLATION = "process"' if isolation == "process" else ""))
+    c, r = fns.client, fns.runtime.redis
+    g = c.group([Request("bigpart", {"n": i}) for i in range(12)], then=Request("readall", {}))
+    r.hincrby(fns.keys().group(g.id), "bytes", 65 * 1024 * 1024)  # (the count the bound reads)
+    r.config_resetstat()
+    fns.spawn_worker("fast")
+    wait_for(lambda: runs(fns, g.then_id) or ended(c, g.then_id), timeout=60, what="the then-job")
+    [run] = runs(fns, g.then_id)
+    assert run["outcomes"] == [list(range(12)), list(range(12))]
+    calls = {name: v["calls"] for name, v in r.info("commandstats").items()}
+    assert calls["cmdstat_hmget"] >= 4, calls  # (8 MiB a round trip: two pages a read)
 
 
 def test_a_group_that_cannot_run_is_refused_whole(fns: Project) -> None:

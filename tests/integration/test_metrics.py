@@ -257,6 +257,32 @@ def test_a_stats_hash_too_wide_to_read_whole_is_read_by_name_and_says_what_it_le
     assert f"fast: {junk} fields of its stats hash left out" in cli.stdout, cli.stdout
 
 
+def test_a_stats_hash_of_few_fields_but_many_bytes_is_read_by_name(project: Project) -> None:
+    """The read bound counted fields only: 1,000 fields named by 100 KB types (a worker of
+    the release before counted foreign records so) made each scrape, GET /queues and
+    `runner stats` an HGETALL of 100 MB (0.65-0.97 s a scrape). A hash past STATS_BYTES
+    (its size as Redis estimates it, MEMORY USAGE) is read by name as a wide one is."""
+    from runner.observe.figures import read_queues
+    from runner.store.stats import STATS_BYTES
+
+    r, k = project.runtime.redis, project.keys("fast")
+    heavy = 1_000
+    name = "x" * (2 * STATS_BYTES // heavy)
+    pipe = r.pipeline(transaction=False)
+    for i in range(0, heavy, 100):
+        pipe.hset(k.stats, mapping={f"dead|{name}{j}": 1 for j in range(i, i + 100)})
+    pipe.hset(k.stats, mapping={"succeeded|noop": 4, "dead|?": 2})
+    pipe.execute()
+    figures, seen = commands_run(project, lambda: read_queues(project.runtime))
+    fast = next(q for q in figures if q.name == "fast")
+    assert not [c for c in seen if c[0].upper() == "HGETALL" and c[1] == k.stats], seen
+    assert fast.functions["noop"].counters["succeeded"] == 4 and fast.functions["?"].counters["dead"] == 2
+    assert fast.stats_left_out == heavy
+    counted, seen = commands_run(project, project.client.stats)
+    assert not [c for c in seen if c[0].upper() == "HGETALL" and c[1] == k.stats], seen
+    assert counted["fast"]["stats_fields_left_out"] == heavy and counted["fast"]["counters"]["succeeded|noop"] == 4
+
+
 def test_a_type_name_no_function_can_have_is_counted_and_shown_as_malformed(project: Project) -> None:
     """A type comes from another producer's record as it wrote it: a 100 KB name made every
     /metrics scrape 5.7 MB (the name in each of its samples), and one with "|" split into a

@@ -74,11 +74,12 @@ class Lifecycle(RuleBasedStateMachine):
         for i in range(2, len(reply), CLAIM_FIELDS):
             jid, token, attempt, started = reply[i], reply[i + 1], int(reply[i + 2]), int(reply[i + 12])
             assert 1 <= attempt <= 3
-            assert started == (1 if (i - 2) // CLAIM_FIELDS < start else 0)
-            assert not (jid in self.limited and not started), f"{jid} is under a limit and was prefetched"
+            # claimed to start (1), or ahead (0; 3, held, for one lost unstarted before)
+            assert started == 1 if (i - 2) // CLAIM_FIELDS < start else started in (0, 3), started
+            assert not (jid in self.limited and started != 1), f"{jid} is under a limit and was prefetched"
             self.claims[jid] = token
             self.attempts[jid] = attempt
-            if not started:
+            if started != 1:
                 self.unstarted.add(jid)
 
     @precondition(lambda self: bool(self.unstarted))

@@ -170,7 +170,38 @@ def test_a_full_stats_hash_adds_new_names_under_other_and_keeps_counting_its_own
     enqueue(p, new("b"), new("c", type_="newtype"), new("d", type_="other2"), new("e", type_="other2"))
     assert r.hget(k.stats, "enqueued|noop") == "2"
     assert r.hget(k.stats, "enqueued|newtype") is None and r.hget(k.stats, "enqueued|_other") == "3"
-    assert r.hlen(k.stats) == 10_002
+    assert r.hlen(k.stats) == 10_003  # (noop's figure and its mark, the junk, _other)
+
+
+def test_a_functions_figures_are_all_its_own_or_all_folded_whoever_writes_them(p: Project) -> None:
+    """The worker adds a success's figures itself (a second's sums: stats.add_counts), past
+    the bound that folds new names: a function first seen past 10,000 fields showed
+    succeeded and its timings under its own name but enqueued, retried and dead under
+    "_other", and the hash grew. One rule decides for every writer, per function: one
+    counted before the bound keeps every figure under its name (a figure new to it too),
+    one first seen after has every figure under "_other"."""
+    from runner.store import stats
+
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"))
+    r.hset(k.stats, mapping={f"enqueued|junk{i}": 1 for i in range(10_000)})
+    enqueue(p, new("b", type_="fresh"))
+    left, exc = stats.add_counts_by_master(sc, {k.stats: {
+        "succeeded|fresh": 1, "lat|fresh|5": 1, "lat_sum|fresh": 4, "run_sum|fresh": 0, "succeeded|noop": 2,
+        "run|noop|10": 2}}, {})
+    assert not left and exc is None
+    jobs = {j[0]: j for j in claim(p)}
+    assert sc.retry(k, [RetryAt("b", jobs["b"][1], 500, '{"type":"E","message":"m"}', '{"attempt":1}',
+                                "retried|fresh")], now_ms=NOW) == [1]
+    got = r.hgetall(k.stats)
+    assert not [f for f in got if f.endswith("|fresh") or "|fresh|" in f], sorted(f for f in got if "fresh" in f)
+    assert got["enqueued|_other"] == "1" and got["succeeded|_other"] == "1" and got["lat|_other|5"] == "1"
+    assert got["retried|_other"] == "1"
+    assert got["lat_sum|_other"] == "4"
+    assert got["succeeded|noop"] == "2" and got["run|noop|10"] == "2"  # (new to noop, past the bound: its own)
+    before = len(got)
+    stats.add_counts_by_master(sc, {k.stats: {"succeeded|fresh": 1, "dead|fresh2": 1}}, {})
+    assert r.hlen(k.stats) == before + 1  # (dead|_other is new; nothing of fresh or fresh2)
 
 
 def test_a_type_no_function_can_have_is_counted_as_malformed(p: Project) -> None:
@@ -179,7 +210,7 @@ def test_a_type_no_function_can_have_is_counted_as_malformed(p: Project) -> None
     that long. A name no function can have is counted under the malformed "?"."""
     r, k = p.runtime.redis, p.keys()
     enqueue(p, new("a", type_="a|b"), new("b", type_="x" * 100_000), new("c", type_="a b=5"))
-    assert r.hgetall(k.stats) == {"enqueued|?": "3"}
+    assert r.hgetall(k.stats) == {"enqueued|?": "3", "own|?": "1"}  # (and its mark: stats.lua)
 
 
 def test_enqueue_writes_meta_only_when_given(p: Project) -> None:
@@ -2010,13 +2041,13 @@ def test_ack_counts_the_batch_totals_only_when_every_ack_lands(p: Project) -> No
     totals = "succeeded|noop=2 lat|noop|5=2 lat_sum|noop=8 run|noop|1=2 run_sum|noop=2"
     assert sc.ack(k, [Ack("a", got["a"][1], "", "noop|1", fields)], 100_000, now_ms=NOW, totals=totals) == [1]
     assert r.hgetall(k.stats) == {"succeeded|noop": "2", "lat|noop|5": "2", "lat_sum|noop": "8",
-                                  "run|noop|1": "2", "run_sum|noop": "2"}
+                                  "run|noop|1": "2", "run_sum|noop": "2", "own|noop": "1"}
     r.delete(k.stats)
     codes = sc.ack(k, [Ack("b", "not-its-token", "", "noop|1", fields), Ack("c", got["c"][1], "", "noop|1", fields)],
                    100_000, now_ms=NOW, totals="succeeded|noop=100")
     assert codes == [-1, 1]
     assert r.hgetall(k.stats) == {"succeeded|noop": "1", "lat|noop|5": "1", "lat_sum|noop": "4",
-                                  "run|noop|1": "1", "run_sum|noop": "1"}
+                                  "run|noop|1": "1", "run_sum|noop": "1", "own|noop": "1"}
     assert sc.start(k, [("b", "")], now_ms=NOW) == [-1]
     assert sc.release(k, [Hand("b", "", "later")], now_ms=NOW) == [-1]
     assert sc.checkpoint(k, "b", "", "{}") == -1
@@ -2211,8 +2242,8 @@ def test_claim_and_ack_cost_a_few_commands_per_job(tmp_path: Path, quiet_server:
     # one for the census (the minute's throughput count is the worker's to add too)
     ack_cost = {"hmget": 2, "hset": 1, "lpush": 1, "del": 1, "hdel": 1, "zrem": 2, "hincrby": 2}
     # The first ack begins generation 0, and its stats field, new to the hash, asks the
-    # hash's size (its bound: includes/stats.lua)
-    assert phases[0] == (claim_cost, {**ack_cost, "hset": 2, "hlen": 1})
+    # hash's size and marks its type as counted under its own name (includes/stats.lua)
+    assert phases[0] == (claim_cost, {**ack_cost, "hset": 2, "hlen": 1, "hsetnx": 1})
     assert phases[1] == ({**claim_cost, "time": 1}, {**ack_cost, "time": 1})
 
 

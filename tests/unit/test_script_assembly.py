@@ -114,7 +114,7 @@ def test_an_include_cycle_is_refused_by_name(tmp_path: Path, monkeypatch: pytest
 # expiries are relative (the server sets them); emit_named rewrites a record in place, keeping its time.
 TIMELESS = ("remove", "checkpoint", "hold", "lookup", "resume", "tick", "adopt", "alive", "watch", "seek", "seek_list",
             "seek_trail", "prune", "index_delayed", "steps", "joblog", "unlisten", "emit_named", "stage", "unstage",
-            "unroster")
+            "unroster", "count")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in TIMELESS])

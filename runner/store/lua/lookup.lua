@@ -9,6 +9,9 @@
 -- KEYS[5] res_prefix   (string)
 -- KEYS[6] dead         ZSET    id -> time of death ms
 -- KEYS[7] scheduled    ZSET    id -> due ms
+-- KEYS[8] cancelled    ZSET    id -> time of the cancel ms
+-- KEYS[9] sleeping     ZSET    the ids of scheduled that are sleeping durable functions
+-- KEYS[10] waiting     ZSET    the ids of scheduled that wait (a signal, an event, a child)
 -- ARGV[1] job id
 -- ARGV[2] cut (bytes, optional): a listing's bound. The record's payload, each state
 --         value and the outcome's result and payload lines longer than this come back
@@ -40,7 +43,8 @@
 -- row's bound is LIST_FIELDS) is damage: only the fields of SHOWN are read, by name (with a cut, as above), and the
 -- state's reply ends with the pair '\0wide', its count of fields (records.WIDE); a state
 -- key of another type is the pair alone, with the count 0. A damaged state whose status
--- was not read gets the one its sets say (dead, scheduled), else the view's default.
+-- was not read gets the one its sets say (dead, cancelled, sleeping, waiting, scheduled:
+-- a ZSCORE each, O(1)), else the view's default (queued; a claim says processing).
 --
 -- Given a cut, a record's first HEAD + cut bytes are read (GETRANGE: the whole record
 -- when shorter). A big record is not read whole: GET of a 1 MiB record into Lua cost Redis
@@ -306,10 +310,13 @@ if state[#state - 1] == '\0wide' then
     if state[i] == 'status' then has = true end
   end
   if not has then  -- (its status unread: where the job is says it, else the view's default)
-    if type(redis.pcall('ZSCORE', K.dead, id)) == 'string' then
-      table.insert(state, 1, 'dead'); table.insert(state, 1, 'status')
-    elseif type(redis.pcall('ZSCORE', K.scheduled, id)) == 'string' then
-      table.insert(state, 1, 'scheduled'); table.insert(state, 1, 'status')
+    -- (sleeping and waiting before scheduled: their ids are in scheduled too)
+    for _, held in ipairs({{K.dead, 'dead'}, {K.cancelled, 'cancelled'}, {K.sleeping, 'sleeping'},
+                           {K.waiting, 'waiting'}, {K.scheduled, 'scheduled'}}) do
+      if type(redis.pcall('ZSCORE', held[1], id)) == 'string' then
+        table.insert(state, 1, held[2]); table.insert(state, 1, 'status')
+        break
+      end
     end
   end
 end

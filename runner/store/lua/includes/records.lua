@@ -42,8 +42,28 @@ end
 -- load each job takes its type from 1 to 0 and back, and an HDEL at 0 cost a command a
 -- job. The fields are one per type and version ever enqueued. Below 0 (damage, or jobs
 -- of a release that counted otherwise) the field is dropped, so it counts from 0 again.
+-- Another writer's records (an outbox entry) name any type: one no function can have
+-- (past 252 bytes, or holding a space, a control character, "|" or "="; a version not
+-- digits) is counted as "?|<version>" ("?|?"), the same going in and out, so a 100 KB
+-- name is no 100 KB field kept for ever. A field new to a hash of more than CENSUS_FIELDS
+-- fields (HLEN, O(1), asked for a new field only) is kept as "~<field>" instead, which
+-- goes when it falls to 0: past the bound, the hash holds the fields of jobs not done
+-- only. (A job's count taken below 0 where it was not counted looks there.)
+local CENSUS_FIELDS = 10000
 local function census(key, field, n)
   if not field or field == '|' then return end
+  local t, ver = string.match(field, '^(.*)|([^|]*)$')
+  if not t or #t > 252 or string.find(t, '[%s%c|=]') or not string.match(ver, '^%d+$') then
+    field = '?|' .. ((ver and string.match(ver, '^%d+$') and #ver <= 10) and ver or '?')
+  end
   local v = redis.pcall('HINCRBY', key, field, n)
-  if type(v) == 'number' and v < 0 then redis.call('HDEL', key, field) end
+  if type(v) ~= 'number' then return end
+  if v == n and n > 0 and (tonumber(redis.pcall('HLEN', key)) or 0) > CENSUS_FIELDS then
+    redis.pcall('HDEL', key, field)
+    redis.pcall('HINCRBY', key, '~' .. field, n)
+  elseif v < 0 then
+    redis.pcall('HDEL', key, field)
+    local o = redis.pcall('HINCRBY', key, '~' .. field, n)
+    if type(o) == 'number' and o <= 0 then redis.pcall('HDEL', key, '~' .. field) end
+  end
 end
