@@ -311,8 +311,8 @@ class Context:
         if delay is not None and not is_delay(delay):  # (1e308 failed converting to ms, 1e30 never came due)
             raise FollowUpDelay(f"ctx.enqueue({type!r}, delay={delay!r}): it must be {DELAY_RANGE}")
         try:
-            return self._hooks.enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
-                                 priority=priority)
+            return self._hooks.enqueue(type, payload, version=version, delay=delay,
+                                       idempotency_key=idempotency_key, priority=priority)
         except (ValidationFailed, codec.EncodeError):  # (a child process's channel refuses it as it sends)
             unsendable = _unsendable("enqueue", type, payload)
             if unsendable is None:
