@@ -130,8 +130,10 @@ def child(phase: str, n: int) -> float:
     reply: list[Any] = [1_700_000_000_000, 0]
     fields = fetcher_mod.CLAIM_FIELDS  # (a checkout's own claim reply: its fields grow over time)
     for i in range(BATCH):
+        # (the last, the step count, is claim.lua's integer 0 for a job without a step log:
+        # "" sent every job down int()'s exception path, which no real claim takes)
         one = [f"01JHOTPATH{i:016d}", f"w1.5.{i}", 1, "noop", "", '{"t": 1.5}', "", "", "", "",
-               "1699999999000", "", 1, ""]
+               "1699999999000", "", 1, "", 0]
         reply += (one + [""] * fields)[:fields]
 
     class Canned:

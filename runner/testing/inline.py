@@ -27,7 +27,7 @@ from runner.errors import FieldError, ValidationFailed
 from runner.store import codec, records
 from runner.store.scripts import followup_id
 from runner.worker import batching, journal
-from runner.worker.context import Context, Flags
+from runner.worker.context import Context, Flags, Hooks
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, Suspended, resolve
 from runner.worker.execute import run as run_handler
 
@@ -114,6 +114,24 @@ class _Recorder:
         return job
 
 
+class _InlineHooks(Hooks):
+    """The ctx calls of an inline run: recorded (see Outcome), never refused."""
+
+    __slots__ = ("rec",)
+
+    def __init__(self, rec: _Recorder) -> None:
+        self.rec = rec
+
+    def save(self, body: str) -> bool:
+        return self.rec.save(body)
+
+    def progress(self, ctx: Context, value: Any) -> None:
+        self.rec.progress.append(value)
+
+    def enqueue(self, type_: str, payload: Any, **options: Any) -> Followup:
+        return self.rec.enqueue(type_, payload, **options)
+
+
 def load_project(project: str | Path = ".") -> tuple[Config, Registry]:
     """The config (runner.toml, when the project has one) and the functions of a project."""
     root = Path(project)
@@ -192,10 +210,10 @@ def run_inline(
         max_attempts=job.max_attempts, token=job.token, deadline=time.time() + fn.timeout_s,
         idempotency_key=job.idem_key or None, resource_key=job.resource_key or None,
         _logger=logging.LoggerAdapter(joblog, {"job_id": job.id, "type": job.type, "attempt": job.attempt}),
-        _checkpoint=ctx_overrides.get("checkpoint"), _save=rec.save, _extend=lambda: True,
+        _checkpoint=ctx_overrides.get("checkpoint"), _hooks=_InlineHooks(rec),
         _flags=Flags(lock_lost=bool(ctx_overrides.get("lock_lost")),
                      cancelled=bool(ctx_overrides.get("cancelled"))),
-        _progress=rec.progress.append, _enqueue=rec.enqueue, _max_bytes=max_result,
+        _max_bytes=max_result,
     )
     rec.steps = [dict(e) for e in ctx_overrides.get("steps") or ()]
     ctx._journal = journal.Journal(job.id, lambda: list(rec.steps), rec.record_step, max_step, inline=True,

@@ -32,16 +32,13 @@ from runner.catalog import templates
 from runner.catalog.registry import Function
 from runner.errors import BatchFailures, Cancelled, JobTimeout, PermanentFailure, Suspend
 from runner.worker.context import Flags
-from runner.worker.execute import Claimed, Done, Outcome, failure, outcome_of
+from runner.worker.execute import NO_RESULT, Claimed, Outcome, failure, outcome_of
 
 
 class BatchResultMismatch(PermanentFailure, TypeError):
     """handle_batch returned something other than one result per payload (or None), or a
     BatchFailures naming an index outside the batch: every item goes to the dead letters,
     as a retry would run the same code over the same items."""
-
-
-NO_RESULT = Done("")  # an item's success whose result is None (as outcome_of makes it)
 
 
 def key_of(fn: Function, payload: Any) -> str:

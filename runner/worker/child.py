@@ -37,7 +37,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import functools
 import json
 import logging
 import os
@@ -63,7 +62,7 @@ from runner.observe.logs import setup as setup_logs
 from runner.store import codec
 from runner.worker import affinity, batching, joblog
 from runner.worker.channel import Channel
-from runner.worker.context import Flags, for_job
+from runner.worker.context import Context, Flags, Hooks, for_job
 from runner.worker.execute import Claimed, Dead, Done, RetryLater, resolve, run, to_message
 from runner.worker.isolation import CODE_ENV, default_signals_after_fork, read_code
 from runner.worker.joblog import Capture, JobLogger, batch_loggers
@@ -649,20 +648,11 @@ class Child:
         token = job.token
         flags = self.flags_of.get(token) or Flags()
         lease_s = float(msg.get("lease_s") or 0)
-        ctx = for_job(
-            job, version, fn.timeout_s, log,
-            _save=lambda body: self.fenced(token, "checkpoint", data=body),
-            _extend=lambda: self.fenced(token, "extend"),
-            _flags=flags,
-            _progress=lambda value: self.progress(token, value),
-            _enqueue=lambda type_, payload, **options: self.enqueue(token, type_, payload, **options),
-            _group=lambda group_id: self.group_outcomes(token, group_id),
-            _max_bytes=max_result, _log_bounds=tuple(msg.get("log_bounds") or (0, 0)),
-            _made=self._logger_made,
-        )
+        ctx = for_job(job, version, fn.timeout_s,
+                      _ChildHooks(self, job, flags, lease_s, int(msg.get("max_step_bytes") or MAX_STEP_BYTES),
+                                  self.main, tuple(msg.get("log_bounds") or (0, 0))),
+                      flags, max_result)
         ctx._own = self.memory
-        ctx._new_journal = functools.partial(self.journal_for, job, flags, lease_s,
-                                             int(msg.get("max_step_bytes") or MAX_STEP_BYTES), self.main)
         if job.steps > 0:  # a replay: ctx.logger, whenever made, stays quiet through it
             ctx._durable()
         traceparent = msg.get("traceparent")
@@ -830,6 +820,42 @@ try:  # signal.getsignal without its enum look-up, which raises and catches a Va
 except ImportError:  # pragma: no cover
     _getsignal = signal.getsignal
     _sigmask = signal.pthread_sigmask
+
+
+class _ChildHooks(Hooks):
+    """A child's run's ctx calls (context.Hooks), each a message to the parent fenced by
+    the run's claim token: one object per run, where closures were one per call."""
+
+    __slots__ = ("child", "flags", "job", "lease_s", "log_bounds", "max_step_bytes", "owner")
+
+    def __init__(self, child: Child, job: Claimed, flags: Flags, lease_s: float, max_step_bytes: int, owner: int,
+                 log_bounds: tuple[int, ...]) -> None:
+        self.child, self.job, self.flags, self.lease_s = child, job, flags, lease_s
+        self.max_step_bytes, self.owner, self.log_bounds = max_step_bytes, owner, log_bounds
+
+    def save(self, body: str) -> bool:
+        return self.child.fenced(self.job.token, "checkpoint", data=body)
+
+    def extend(self) -> bool:
+        return self.child.fenced(self.job.token, "extend")
+
+    def progress(self, ctx: Context, value: Any) -> None:
+        self.child.progress(self.job.token, value)
+
+    def enqueue(self, type_: str, payload: Any, **options: Any) -> Enqueued:
+        return self.child.enqueue(self.job.token, type_, payload, **options)
+
+    def group(self, group_id: str) -> Iterator[Any]:
+        return self.child.group_outcomes(self.job.token, group_id)
+
+    def logger(self, ctx: Context) -> JobLogger:
+        job = self.job
+        made = JobLogger(log, {"job_id": job.id, "type": job.type, "attempt": job.attempt}, *self.log_bounds)
+        self.child._logger_made(ctx, made)
+        return made
+
+    def journal(self, ctx: Context) -> Journal:
+        return self.child.journal_for(self.job, self.flags, self.lease_s, self.max_step_bytes, self.owner)
 
 
 class Signals:

@@ -3,7 +3,7 @@ extension, a checkpoint that survives a crash, progress, follow-up jobs, and wha
 worker has learnt while the handler runs (a lost resource lock, a cancel request).
 
 The worker and ``runner.testing.run_inline`` build the same Context; they differ only in
-the callables behind it (Redis and a client there, a recorder in inline mode)."""
+its Hooks (Redis and a client there, a recorder in inline mode)."""
 
 from __future__ import annotations
 
@@ -97,6 +97,48 @@ _NO_OWN_WORK = contextlib.nullcontext()  # (stateless: one for every context)
 _MAKING = threading.Lock()  # around a context's first ctx.logger or step log
 
 
+class Hooks:
+    """What a job's ctx asks of whoever runs it (an executor thread, a child process,
+    run_inline), each only when the handler makes that call. One object per run, the run
+    in its fields: a closure per call was a function object and its cells built for
+    every job, about 1,200 instructions each, used by few. These defaults are a bare
+    Context's: nothing to fence, nobody to enqueue for, no step log."""
+
+    __slots__ = ()
+
+    def save(self, body: str) -> bool:
+        """ctx.save_checkpoint's JSON: False when the lease is lost (refused)."""
+        return True
+
+    def extend(self) -> bool:
+        """ctx.extend_lease: False when the lease is lost."""
+        return True
+
+    def progress(self, ctx: Context, value: Any) -> None:
+        """A progress report that fits (ctx.progress checked it)."""
+        ctx.logger.debug("progress %s", value)
+
+    def enqueue(self, type_: str, payload: Any, **options: Any) -> Any:
+        """ctx.enqueue's follow-up (options: version, delay, idempotency_key, priority)."""
+        raise RuntimeError("this context cannot enqueue (no client was given)")
+
+    def group(self, group_id: str) -> Iterator[Any]:
+        """ctx.iter_group_outcomes (and group_outcomes, which lists it)."""
+        raise RuntimeError("this context cannot read groups (no client was given)")
+
+    def logger(self, ctx: Context) -> logging.LoggerAdapter[logging.Logger]:
+        """ctx.logger, made at its first use (never called again for the context)."""
+        return logging.LoggerAdapter(logging.getLogger("runner.job"), {"job_id": ctx.job_id})
+
+    def journal(self, ctx: Context) -> Journal:
+        """The step log, made at the first durable call (never called again for the
+        context); its owner is the thread that built the context, which runs the handler."""
+        raise RuntimeError("this context keeps no step log (durable calls need a worker or run_inline)")
+
+
+NO_HOOKS = Hooks()  # (stateless: one for every bare context)
+
+
 @dataclass(slots=True)
 class Context:
     job_id: str
@@ -114,12 +156,8 @@ class Context:
     _logger: logging.LoggerAdapter[logging.Logger] | None
     traceparent: str | None = None  # the producer's W3C trace context, when it sent one
     _checkpoint: Any = None
-    _save: Callable[[str], bool] | None = field(default=None, repr=False)
-    _extend: Callable[[], bool] | None = field(default=None, repr=False)
+    _hooks: Hooks = field(default=NO_HOOKS, repr=False)  # the calls that reach whoever runs the job
     _flags: Flags = field(default_factory=Flags, repr=False)
-    _progress: Callable[[Any], None] | None = field(default=None, repr=False)
-    _enqueue: Callable[..., Any] | None = field(default=None, repr=False)
-    _group: Callable[[str], Iterator[Any]] | None = field(default=None, repr=False)
     # A checkpoint is kept in Redis with the job: held to [worker] max_result_bytes, as a result.
     _max_bytes: int = field(default=MAX_RESULT_BYTES, repr=False)
     _progress_warned: bool = field(default=False, repr=False)  # one warning per job, not per call
@@ -127,14 +165,11 @@ class Context:
     # Entered around runner's own work in a ctx call (encoding what the handler hands in):
     # a process-isolated handler's MEMORY_MB does not cap it (child.MemoryCap).
     _own: AbstractContextManager[Any] = field(default=_NO_OWN_WORK, repr=False)
-    # What makes ctx.logger at its first use, and the step log at the first durable call
-    # (a job that makes none builds neither; the journal's owner is the thread that
-    # built the context, which runs the handler).
-    # (Both are handed the context, never close over it: a closure holding the context it
-    # is stored in is a reference cycle, a job's whole context left to the cyclic
-    # collector, whose passes then cost a thread-mode job a tenth of its instructions.)
-    _new_logger: Callable[[Context], logging.LoggerAdapter[logging.Logger]] | None = field(default=None, repr=False)
-    _new_journal: Callable[[], Journal] | None = field(default=None, repr=False)
+    # (ctx.logger and the step log are made by the hooks at their first use: a job that
+    # makes none builds neither. The hooks are handed the context, never hold it: a
+    # context reachable from its own fields is a reference cycle, a job's whole context
+    # left to the cyclic collector, whose passes then cost a thread-mode job a tenth of
+    # its instructions.)
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -144,8 +179,7 @@ class Context:
             with _MAKING:  # (a handler's threads may all log first at once: one logger)
                 got = self._logger
                 if got is None:
-                    got = self._logger = self._new_logger(self) if self._new_logger is not None else \
-                        logging.LoggerAdapter(logging.getLogger("runner.job"), {"job_id": self.job_id})
+                    got = self._logger = self._hooks.logger(self)
         return got
 
     @logger.setter
@@ -178,7 +212,7 @@ class Context:
             body = raw.decode()
         # (The round trip to the worker past _own: its wait lets the handler's other
         # threads run, and they would allocate past a child's MEMORY_MB meanwhile.)
-        if self._save is not None and not self._save(body):
+        if not self._hooks.save(body):
             raise StaleLease(f"job {self.job_id}: lease lost, checkpoint refused")
         self._checkpoint = data
 
@@ -187,7 +221,7 @@ class Context:
 
         Raises StaleLease when the lease was already lost.
         """
-        if self._extend is not None and not self._extend():
+        if not self._hooks.extend():
             raise StaleLease(f"job {self.job_id}: lease lost")
 
     @property
@@ -258,10 +292,7 @@ class Context:
         if size > PROGRESS_MAX_BYTES:
             return self._drop_progress(f"progress report of {size} bytes of JSON dropped (at most "
                                        f"{PROGRESS_MAX_BYTES})")
-        if self._progress is not None:
-            self._progress(value)
-        else:
-            self.logger.debug("progress %s", value)
+        self._hooks.progress(self, value)
 
     def _drop_progress(self, why: str) -> None:
         if not self._progress_warned:
@@ -277,13 +308,11 @@ class Context:
         (0-9) overrides its function's PRIORITY, as an enqueue's does. A ``delay`` that
         is no number of seconds from 0 to a year and a day raises FollowUpDelay, which
         fails the job for good."""
-        if self._enqueue is None:
-            raise RuntimeError("this context cannot enqueue (no client was given)")
         if delay is not None and not is_delay(delay):  # (1e308 failed converting to ms, 1e30 never came due)
             raise FollowUpDelay(f"ctx.enqueue({type!r}, delay={delay!r}): it must be {DELAY_RANGE}")
         try:
-            return self._enqueue(type, payload, version=version, delay=delay, idempotency_key=idempotency_key,
-                                 priority=priority)
+            return self._hooks.enqueue(type, payload, version=version, delay=delay,
+                                       idempotency_key=idempotency_key, priority=priority)
         except (ValidationFailed, codec.EncodeError):  # (a child process's channel refuses it as it sends)
             unsendable = _unsendable("enqueue", type, payload)
             if unsendable is None:
@@ -295,13 +324,11 @@ class Context:
 
     def _durable(self) -> Journal:
         if self._journal is None:
-            if self._new_journal is None:
-                raise RuntimeError("this context keeps no step log (durable calls need a worker or run_inline)")
             # Runner's own work (not under a child's MEMORY_MB); two threads' first calls at
             # once share one journal.
             with self._own, _MAKING:
                 if self._journal is None:
-                    self._journal = self._new_journal()
+                    self._journal = self._hooks.journal(self)
         return self._journal
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -431,34 +458,17 @@ class Context:
     def iter_group_outcomes(self, group_id: str) -> Iterator[Any]:
         """Every member's outcome of a group, in member order, read a page at a time (at
         most 1,000 outcomes and 8 MiB a round trip): only that page is held."""
-        if self._group is None:
-            raise RuntimeError("this context cannot read groups (no client was given)")
-        return self._group(group_id)
+        return self._hooks.group(group_id)
 
 
-def for_job(job: Any, version: int, timeout_s: float, logger: logging.Logger, *,
-            _save: Callable[[str], bool] | None = None, _extend: Callable[[], bool] | None = None,
-            _flags: Flags | None = None, _progress: Callable[[Any], None] | None = None,
-            _enqueue: Callable[..., Any] | None = None, _group: Callable[[str], Iterator[Any]] | None = None,
-            _max_bytes: int = MAX_RESULT_BYTES, _log_bounds: tuple[int, int] = (0, 0),
-            _made: Callable[[Context, JobLogger], None] | None = None) -> Context:
+def for_job(job: Any, version: int, timeout_s: float, hooks: Hooks, flags: Flags, max_bytes: int) -> Context:
     """The Context of one claimed job (a worker.execute.Claimed), in a worker thread or in
-    an isolated child alike; the hooks are the ones that differ there. ``_log_bounds``:
-    the job's log (lines, bytes), whose ctx.logger keeps its lines (0 lines: none kept);
-    ``_made`` is told of that logger (and its context) when the handler first uses it
-    (none: never made)."""
-
-    def new_logger(ctx: Context) -> JobLogger:
-        made = JobLogger(logger, {"job_id": job.id, "type": job.type, "attempt": job.attempt}, *_log_bounds)
-        if _made is not None:
-            _made(ctx, made)
-        return made
-
+    an isolated child alike; the ``hooks`` are what differs there. ``max_bytes``: the
+    bound of a checkpoint ([worker] max_result_bytes)."""
     # Positional, in the field order: one per job, and keywords cost twice the rest.
     return Context(
         job.id, job.type, version, job.queue, job.attempt, job.max_attempts, job.token, time.time() + timeout_s,
         job.idem_key or None, job.resource_key or None, None,
         job.traceparent or None, codec.loads(job.checkpoint_raw) if job.checkpoint_raw else None,
-        _save, _extend, _flags if _flags is not None else Flags(), _progress, _enqueue, _group, _max_bytes,
-        False, None, _NO_OWN_WORK, new_logger,
+        hooks, flags, max_bytes,
     )

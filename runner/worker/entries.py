@@ -143,7 +143,7 @@ class Entries:
             o = s.outcome
             if isinstance(o, Done):  # most settlements: first, and with no more work than it needs
                 acks.append(done(s, o, now, functions.get(s.run.job.type), totals, ack_fields,
-                                 s.started_ms if id(s.run) in unmarked else 0))
+                                 s.started_ms if unmarked and id(s.run) in unmarked else 0))
                 ack_s.append(s)
                 continue
             # The history's times are the server's, as every time shown.

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from runner.catalog import keywords
@@ -75,6 +76,9 @@ _wire = operator.attrgetter(*(f for f in Claimed.__slots__ if f != "received"))
 @dataclass(frozen=True, slots=True)
 class Done:
     result: str
+
+
+NO_RESULT = Done("")  # a success whose handler returned None (most): one for every such run
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +345,7 @@ def run(
     dead letters."""
     started = time.perf_counter()
     try:
-        result = guard(lambda: call(fn, payload, ctx, loop))
+        result = guard(partial(call, fn, payload, ctx, loop))  # (a partial: no closure and cells per job)
     except (Exception, JobTimeout) as exc:
         return failure(fn, job, exc), time.perf_counter() - started
     except Suspend as sus:  # a durable call ended the run here: the job sleeps or waits
@@ -352,7 +356,7 @@ def run(
         return failure(fn, job, exc), time.perf_counter() - started
     elapsed = time.perf_counter() - started
     if result is None:  # most handlers: nothing to encode, check, bound or pass on (outcome_of's b"")
-        return Done(""), elapsed
+        return NO_RESULT, elapsed
     return outcome_of(fn, job, result, max_result_bytes), elapsed
 
 

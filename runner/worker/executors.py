@@ -22,7 +22,7 @@ import logging
 import queue as stdqueue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ from runner.store import codec, listeners, listing, steps, tracecontext
 from runner.store.keys import QueueKeys
 from runner.store.scripts import Followup, NewJob, followup_id
 from runner.worker import batching, durable, faults, journal
-from runner.worker.context import Context, for_job, progress_view
+from runner.worker.context import Context, Hooks, for_job, progress_view
 from runner.worker.execute import (
     CANCELLED,
     Claimed,
@@ -102,7 +102,9 @@ class Executors:
         for i, slot in enumerate(self._slots):
             slot.backlog = functools.partial(ledger.backlog, i)
         self._free_slots: list[int] = list(range(queue.concurrency))
-        self._busy: set[int] = set()  # slots running a job (startable reads it unlocked: a hint)
+        # Slots running a job, by index (startable reads it unlocked: a hint); a flag each, as
+        # a store costs no call per job where a set's add and discard cost two.
+        self._busy: list[bool] = [False] * queue.concurrency
         self._only: tuple[object, bool] = (None, False)  # (registry, every function in a child)
         self._later: tuple[object, str] = (None, "")  # (registry, its functions that run in a child)
         self._gathered: tuple[object, str] = (None, "")  # (registry, its BATCH functions)
@@ -137,7 +139,7 @@ class Executors:
         if not fns or any(f.isolation != "process" for f in fns):
             return idle
         gen = self._generations.of(self.rt.registry)
-        ready = sum(1 for i, slot in enumerate(self._slots) if i not in self._busy and slot.ready(gen))
+        ready = sum(1 for i, slot in enumerate(self._slots) if not self._busy[i] and slot.ready(gen))
         return min(idle, ready)
 
     def _warm(self) -> None:
@@ -443,7 +445,7 @@ class Executors:
                             self.ledger.returned()
                         return
                     continue
-                self._busy.add(index)
+                self._busy[index] = True
                 try:
                     if loop is None:
                         loop = asyncio.new_event_loop()
@@ -451,7 +453,7 @@ class Executors:
                 except BaseException as exc:  # a late timeout, or a bug: never strand a claim
                     settlement = Settlement(run, _unexpected(run.job, exc))
                 finally:
-                    self._busy.discard(index)
+                    self._busy[index] = False
                 if run.abandoned:
                     self._settle_abandoned(run)
                     return  # a new thread has this slot
@@ -627,7 +629,7 @@ class Executors:
                 live.append((run, payload))
         if not live or fn is None:
             return True
-        self._busy.add(index)
+        self._busy[index] = True
         traced = tracing.batch_span(fn.name, self.q.name, [(r.job.id, r.job.traceparent) for r, _ in live])
         try:
             with traced as span:
@@ -636,7 +638,7 @@ class Executors:
                         r.trace = tracing.context_of(span)
                 return self._batch_in_span(fn, live, index, pending, known, loop)
         finally:
-            self._busy.discard(index)
+            self._busy[index] = False
 
     def _batch_in_span(self, fn: Function, live: list[tuple[Run, dict[str, Any]]], index: int,
                        pending: collections.deque[Run], known: dict[int, _Placed],
@@ -984,59 +986,11 @@ class Executors:
             return Settlement(run, resolved)
         fn, payload, version = resolved
         max_result = config.worker.max_result_bytes
-        ret = config.retention
-        ctx = for_job(
-            job, version, fn.timeout_s, joblog,
-            _save=lambda body: int(self.rt.scripts.checkpoint(self.parts[job.partition], job.id, job.token,
-                                                              body)) > 0,
-            _extend=lambda: self.renew_one(job),
-            _flags=run.flags,
-            _progress=lambda value: setattr(run, "progress", codec.dumps(progress_view(value))),
-            _enqueue=lambda type_, payload, **options: self._hold(run, type_, payload, **options),
-            _group=lambda group_id: self._client().iter_group_outcomes(group_id),
-            _max_bytes=max_result, _log_bounds=(ret.log_lines, ret.log_bytes),  # (_log_bounds, inline)
-            _made=lambda ctx, logger: self._logger_made(run, ctx, logger),
-        )
-        part = self.parts[job.partition]
-        owner = threading.get_ident()  # (the step log's: this thread runs the handler)
-        ctx._new_journal = lambda: Journal(
-            job.id, lambda: [] if job.steps == 0 else steps.read(self.rt.scripts, part, job.id, job.type,
-                                                                 durable=True),
-            lambda pos, body: self._record_step(part, run, pos, body),
-            self.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
-            take=lambda pos, name, head, until: self._take_signal(part, job, pos, name, head, until),
-            start_child=lambda child, type_, payload, options: self._invoke(run, child, type_, payload, options),
-            collect=lambda child, signal: self._collect(job, child, signal),
-            listen=lambda name, match, pos, on: self._listen(part, job, name, match, pos, on),
-            held=lambda: not run.lost and (run.flags.lease_held(job.received, self.q.visibility_timeout_s)
-                                           or self._still_held(run)),
-            timed_out=lambda: run.flags.timed_out, replay_to=job.steps, owner=owner)
+        hooks = _ThreadHooks(self, run, self.parts[job.partition], threading.get_ident(), fn.timeout_s, started_ms)
+        ctx = for_job(job, version, fn.timeout_s, hooks, run.flags, max_result)
         if job.steps > 0:  # a replay: ctx.logger, whenever made, stays quiet through it
             ctx._durable()
-
-        def guard(body: Callable[[], Any]) -> Any:
-            with self.ledger.lock:
-                run.thread_id = threading.get_ident()
-                now = time.monotonic()
-                run.deadline = deadline = now + fn.timeout_s
-                run.began = (now, started_ms)  # as the attempt's settlement reports it
-            self.expect(deadline)  # the renewer raises the timeout: it must be awake by then
-            try:
-                fault("mid_handler")
-                return body()
-            finally:
-                with self.ledger.lock:
-                    run.thread_id = None
-                    run.deadline = None
-                    raised = run.timed_out
-                    self.ledger.thread_return = time.monotonic()
-                if raised:
-                    # A timeout raised just as the handler returned must not land in this
-                    # loop instead. The renewer raises one only while thread_id is set and
-                    # marks timed_out first, under the lock: no mark, nothing to clear.
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
-
-        outcome, run_s = run_handler(fn, payload, job, ctx, loop, guard, max_result)
+        outcome, run_s = run_handler(fn, payload, job, ctx, loop, hooks.guard, max_result)
         fault("after_handler")
         return Settlement(run, outcome, run_s, started_ms)
 
@@ -1214,7 +1168,7 @@ class Executors:
         if waiting > 0 and self._process_only():
             # At most a fair share of what waits among this slot and those idle now (a busy
             # one gathers its own when its batch ends, by when the fetcher has claimed more).
-            idle = max(0, self.q.concurrency - len(self._busy) - 1)
+            idle = max(0, self.q.concurrency - self._busy.count(True) - 1)
             room = min(self._slots[index].room(fn, self._generations.of(registry)), 1 + -(-waiting // (1 + idle)))
         while len(batch) < room:
             try:
@@ -1240,7 +1194,7 @@ class Executors:
     def _starving(self) -> bool:
         """Another executor has nothing to run (none waits for one): jobs waiting behind a
         slow one in a child would run sooner handed back (a hint, read unlocked)."""
-        return self.ledger.waiting == 0 and len(self._busy) < self.q.concurrency
+        return self.ledger.waiting == 0 and self._busy.count(True) < self.q.concurrency
 
     def _keep_batch_logs(self, runs: list[Run], logs: list[Any], dropped: list[Any]) -> None:
         """Each member's lines from its child (already bounded there; ``dropped``: how many
@@ -1286,7 +1240,7 @@ class Executors:
             if carry is not None or waiting <= 0 or self.releasing.is_set() \
                     or self._generations.of(self.rt.registry) != generation:
                 return []
-            n = min(n, -(-waiting // (1 + max(0, self.q.concurrency - len(self._busy)))))
+            n = min(n, -(-waiting // (1 + max(0, self.q.concurrency - self._busy.count(True)))))
             registry = self.rt.registry
             out: list[_ChildRun] = []
             while len(out) < n:
@@ -1307,7 +1261,7 @@ class Executors:
             batch.extend(out)  # (settled with the batch should anything go wrong)
             return out
 
-        self._busy.add(index)
+        self._busy[index] = True
         try:
             self._slots[index].run(batch, generation, self._extra(batch[0].job), self.releasing.is_set,
                                    self._starving, recalled, more)
@@ -1318,7 +1272,7 @@ class Executors:
                 if cr.settlement is None:
                     cr.finish(_unexpected(cr.job, exc) if cr.began else Release(), 0.0)
         finally:
-            self._busy.discard(index)
+            self._busy[index] = False
         return carry
 
     def _in_child(self, run: Run, fn: Function, index: int, generation: int, grace: float) -> Settlement:
@@ -1335,6 +1289,81 @@ class Executors:
         """The server's clock now, from the claim's server time and the time since (this
         host's clock may be off; its monotonic clock measures the interval well)."""
         return job.claimed_ms + int((time.monotonic() - job.received) * 1000)
+
+
+class _ThreadHooks(Hooks):
+    """A thread run's ctx calls (context.Hooks), and the guard around its handler: one
+    object per run, where closures were one function and its cells per call per job."""
+
+    __slots__ = ("ex", "owner", "part", "run", "started_ms", "timeout_s")
+
+    def __init__(self, ex: Executors, run: Run, part: QueueKeys, owner: int, timeout_s: float,
+                 started_ms: int) -> None:
+        self.ex, self.run, self.part, self.owner = ex, run, part, owner  # (owner: the thread running the handler)
+        self.timeout_s, self.started_ms = timeout_s, started_ms
+
+    def save(self, body: str) -> bool:
+        job = self.run.job
+        return int(self.ex.rt.scripts.checkpoint(self.part, job.id, job.token, body)) > 0
+
+    def extend(self) -> bool:
+        return self.ex.renew_one(self.run.job)
+
+    def progress(self, ctx: Context, value: Any) -> None:
+        self.run.progress = codec.dumps(progress_view(value))  # (it rides on the next renewal)
+
+    def enqueue(self, type_: str, payload: Any, **options: Any) -> Enqueued:
+        return self.ex._hold(self.run, type_, payload, **options)
+
+    def group(self, group_id: str) -> Iterator[Any]:
+        return self.ex._client().iter_group_outcomes(group_id)
+
+    def logger(self, ctx: Context) -> JobLogger:
+        job, ret = self.run.job, self.ex.rt.config.retention
+        made = JobLogger(joblog, {"job_id": job.id, "type": job.type, "attempt": job.attempt},
+                         ret.log_lines, ret.log_bytes)
+        self.ex._logger_made(self.run, ctx, made)
+        return made
+
+    def journal(self, ctx: Context) -> Journal:
+        ex, run, part = self.ex, self.run, self.part
+        job = run.job
+        return Journal(
+            job.id, lambda: [] if job.steps == 0 else steps.read(ex.rt.scripts, part, job.id, job.type, durable=True),
+            lambda pos, body: ex._record_step(part, run, pos, body),
+            ex.rt.config.worker.max_step_bytes, clock0=(job.claimed_ms, job.received),
+            take=lambda pos, name, head, until: ex._take_signal(part, job, pos, name, head, until),
+            start_child=lambda child, type_, payload, options: ex._invoke(run, child, type_, payload, options),
+            collect=lambda child, signal: ex._collect(job, child, signal),
+            listen=lambda name, match, pos, on: ex._listen(part, job, name, match, pos, on),
+            held=lambda: not run.lost and (run.flags.lease_held(job.received, ex.q.visibility_timeout_s)
+                                           or ex._still_held(run)),
+            timed_out=lambda: run.flags.timed_out, replay_to=job.steps, owner=self.owner)
+
+    def guard(self, body: Callable[[], Any]) -> Any:
+        """The handler's call: its TIMEOUT deadline set for the renewer to enforce, and a
+        timeout raised as it returned kept from landing in the executor's loop."""
+        run, ledger = self.run, self.ex.ledger
+        with ledger.lock:
+            run.thread_id = threading.get_ident()
+            now = time.monotonic()
+            run.deadline = deadline = now + self.timeout_s
+            run.began = (now, self.started_ms)  # as the attempt's settlement reports it
+        self.ex.expect(deadline)  # the renewer raises the timeout: it must be awake by then
+        try:
+            fault("mid_handler")
+            return body()
+        finally:
+            with ledger.lock:
+                run.thread_id = None
+                run.deadline = None
+                raised = run.timed_out
+                ledger.thread_return = time.monotonic()
+            if raised:
+                # A timeout raised just as the handler returned must not land in this
+                # loop instead. The renewer raises one only while thread_id is set and
+                # marks timed_out first, under the lock: no mark, nothing to clear.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -415,6 +415,8 @@ class Fetcher:
                               started not in (0, FOR_CHILD, RESUMED, HELD_RESUMED), meta, "", partition,
                               logged if type(logged) is int else _count_or_unknown(logged)))
             batch.append(run)
+            if started == 0 or started == 1:  # (most claims: one comparison a job)
+                continue
             if started == EXPIRED:
                 late.append(run)
             elif started == FOR_CHILD:

@@ -254,8 +254,10 @@ class Ledger:
         for holds: waking it for every finished job cost a thread switch per job with
         handlers that block."""
         with self.cond:
-            self.busy = max(0, self.busy - n)
-            self.riders = max(0, self.riders - riders)
+            busy = self.busy - n
+            self.busy = busy if busy > 0 else 0  # (no max() call: once per job)
+            if riders:
+                self.riders = max(0, self.riders - riders)
             want = self._want
             if (want == _ROOM and self._roomy()) or (want == _EXECUTOR and self._executors_busy() < self.concurrency):
                 self.cond.notify()

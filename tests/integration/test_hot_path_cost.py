@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import queue as stdqueue
 import sys
+import types
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -121,6 +122,18 @@ def test_a_job_that_makes_no_durable_call_builds_no_step_log(noop_project: Any) 
     assert len(seen) == 3
     assert all(ctx._journal is None for ctx in seen)  # never asked for: never built
     assert all(ctx.step_key is None for ctx in seen)
+
+
+def test_a_no_op_jobs_ctx_holds_one_hooks_object_and_no_closures(noop_project: Any) -> None:
+    """What a ctx calls back (checkpoint, lease, progress, enqueue, groups, its logger and
+    step log, the timeout guard) is one object per run: a closure per call was a function
+    and its cells built for every job, most never called."""
+    seen = noop_project.runtime.registry.functions["noop_cost"].handle.__globals__["SEEN"]
+    _loop(noop_project, _runs(2, "noop_cost"))
+    for ctx in seen[-2:]:
+        held = {name: getattr(ctx, name) for name in type(ctx).__slots__}
+        assert not [name for name, v in held.items() if isinstance(v, types.FunctionType | types.MethodType)], held
+        assert type(ctx._hooks).__name__ == "_ThreadHooks" and ctx._hooks.run.job.id == ctx.job_id
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS, ids=ISOLATION_IDS)

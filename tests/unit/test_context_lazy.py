@@ -12,16 +12,28 @@ import pytest
 
 from runner.errors import JobTimeout, PermanentFailure
 from runner.worker import child
-from runner.worker.context import Context, for_job
+from runner.worker.context import Context, Flags, Hooks, for_job
 from runner.worker.execute import Claimed
 from runner.worker.joblog import Capture, JobLogger
 from runner.worker.journal import Journal
 
 
-def _ctx(made: list[JobLogger]) -> Context:
+class _Made(Hooks):
+    """A worker's hooks as far as ctx.logger goes: a JobLogger, told to ``made``."""
+
+    def __init__(self, made: list[JobLogger]) -> None:
+        self.made = made
+
+    def logger(self, ctx: Context) -> JobLogger:
+        logger = JobLogger(logging.getLogger("runner.job"), {"job_id": ctx.job_id, "type": ctx.type,
+                                                             "attempt": ctx.attempt}, 10, 10_000)
+        self.made.append(logger)
+        return logger
+
+
+def _ctx(made: list[JobLogger], hooks: Hooks | None = None) -> Context:
     job = Claimed("j1", "t1", 1, "noop", "1", "{}", 3, "", "", 1, 1, "", "fast", 1, steps=0)
-    return for_job(job, 1, 10.0, logging.getLogger("runner.job"), _log_bounds=(10, 10_000),
-                   _made=lambda ctx, logger: made.append(logger))
+    return for_job(job, 1, 10.0, hooks or _Made(made), Flags(), 1 << 20)
 
 
 def test_a_logger_is_made_at_its_first_use_and_once_whatever_the_threads() -> None:
@@ -61,8 +73,6 @@ def test_a_capture_makes_the_logger_at_its_first_write_only() -> None:
 def test_the_step_log_is_made_at_the_first_durable_call_for_the_thread_that_built_the_ctx() -> None:
     """The journal is built at the first durable call, not per job; its owner is the thread
     that built the ctx (which runs the handler), even when another thread calls first."""
-    made: list[JobLogger] = []
-    ctx = _ctx(made)
     owner = threading.get_ident()
     recorded: list[tuple[int, str]] = []
 
@@ -70,7 +80,11 @@ def test_the_step_log_is_made_at_the_first_durable_call_for_the_thread_that_buil
         recorded.append((pos, body))
         return 1, len(recorded)
 
-    ctx._new_journal = lambda: Journal("j1", list, record, owner=owner)
+    class Steps(Hooks):
+        def journal(self, ctx: Context) -> Journal:
+            return Journal("j1", list, record, owner=owner)
+
+    ctx = _ctx([], Steps())
     assert ctx._journal is None and ctx.step_key is None
     failed: list[BaseException] = []
 
