@@ -304,3 +304,22 @@ def test_the_deploy_gates_scan_and_check_read_each_sleeper_once(p: Project) -> N
     assert sorted((job_id, status, names) for _, job_id, _, status, names in found) == [
         ("a", "sleeping", ["nap"]), ("o1", "sleeping", ["nap"])]
     assert short == []
+
+
+def test_stats_and_queues_count_a_sleeper_of_either_layout_once(p: Project) -> None:
+    """During a rolling deploy a sleeper the release before suspended is in the scheduled
+    set and the sleeping set until a worker's start moves it: `runner stats` (scheduled,
+    sleepers included) and GET /queues and /metrics (scheduled apart from sleeping) count
+    it once, as one of this release is, beside a plain delayed job."""
+    from runner.observe import figures
+
+    enqueue(p, new("d", delay=60_000))
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert _sleep(p, job[1], delay=60_000) == [1]
+    for job_id in ("o1", "o2"):
+        _asleep_as_the_release_before(p, job_id, NOW + 60_000)
+    assert p.client.stats()["fast"]["scheduled"] == 4
+    (q,) = [q for q in figures.read_queues(p.runtime, now_ms=NOW + 100) if q.name == "fast"]
+    assert (q.scheduled, q.sleeping, q.waiting) == (1, 3, 0)
+
