@@ -16,7 +16,7 @@ from runner.store import records
 from runner.store.keys import QueueKeys
 from runner.store.outage import checked
 from runner.store.schedules import ServerClock
-from runner.store.stats import stats_hashes
+from runner.store.stats import both_sets, stats_hashes
 
 
 def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[str]]) -> list[dict[str, Any]]:
@@ -35,25 +35,27 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
         pipe.zcard(k.prio)
         pipe.zcard(k.sleeping)
         pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1); stats_hashes)
+        both_sets(pipe, k)  # (an earlier release's sleepers, in scheduled too: counted once)
     raw = pipe.execute(raise_on_error=False)
+    n = 9
     for i in range(len(every)):
-        for v in raw[8 * i: 8 * i + 6]:
+        for v in raw[n * i: n * i + 6]:
             if isinstance(v, Exception):
                 raise v  # (as execute() would: an outage, or a damaged queue key)
-    sizes = [int(raw[8 * i + 4]) for i in range(len(every))]
+    sizes = [int(raw[n * i + 4]) for i in range(len(every))]
     # (a server that refuses MEMORY USAGE: the hash's size alone decides)
-    weights = [0 if isinstance(raw[8 * i + 7], Exception) else raw[8 * i + 7] for i in range(len(every))]
+    weights = [0 if isinstance(raw[n * i + 7], Exception) else raw[n * i + 7] for i in range(len(every))]
     hashes = stats_hashes(redis, every, sizes, weights, names)
     out = []
     for i in range(len(every)):
-        ready, processing, scheduled, dead, _, prio, sleeping, _ = raw[8 * i: 8 * i + 8]
-        if isinstance(sleeping, Exception):
-            sleeping = 0  # a damaged sleeping set counts nothing; the reclaim puts it aside
+        ready, processing, scheduled, dead, _, prio, sleeping, _, old = raw[n * i: n * i + n]
+        if isinstance(sleeping, Exception) or isinstance(old, Exception):
+            sleeping = old = 0  # a damaged sleeping set counts nothing; the reclaim puts it aside
         # (own|<type>: a mark of the types counted under their own names, no figure)
         counters = {name: int(v) for name, v in hashes[i].items()
                     if v.lstrip("-").isdigit() and not name.startswith("own|")}
-        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled + sleeping, "dead": dead,
-                    "counters": counters, "stats_fields_left_out": sizes[i] - len(hashes[i])})
+        out.append({"ready": ready + prio, "processing": processing, "scheduled": scheduled + sleeping - old,
+                    "dead": dead, "counters": counters, "stats_fields_left_out": sizes[i] - len(hashes[i])})
     return out
 
 

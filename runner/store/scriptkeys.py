@@ -52,7 +52,7 @@ KEYS: dict[str, tuple[str, ...]] = {
                 "done_meta", "limwait", "idem_prefix", "ended", "group_prefix", "done_prefix", "census", "outbox",
                 "lost", "prio", "delayed", "sleeping", "waiting"),
     "promote": ("scheduled", "ready", "notify", "job_prefix", "lim_prefix", "limwait", "prio", "sleeping", "waiting",
-                "delayed"),
+                "delayed", "dead", "stats"),
     "requeue": ("dead", "ready", "notify", "job_prefix", "idem_prefix", "census", "prio"),
     "remove": ("dead", "job", "idem_prefix", "census", "log_prefix", "stream_prefix"),
     "checkpoint": ("job", "claims"),

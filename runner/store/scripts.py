@@ -504,21 +504,22 @@ class Scripts(Transport):
         args = (_clock(now_ms), limit, dead_ttl_ms, 1 if check else 0, records.SCRIPT_BYTES)
         return ScriptCall("reclaim", scriptkeys.keys("reclaim", k), args)
 
-    def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None) -> Any:
-        """Returns [jobs moved, ms until the next due job or sweep (-1: none)]."""
-        return self._run(*self.promote_call(k, limit, now_ms))
+    def promote(self, k: QueueKeys, limit: int, now_ms: int | None = None, dead_ttl_ms: int = 0) -> Any:
+        """Returns [jobs moved, ms until the next due job or sweep (-1: none)]. ``dead_ttl_ms``:
+        the dead retention, for a sleeper it buries (0: its keys get no expiry)."""
+        return self._run(*self.promote_call(k, limit, now_ms, dead_ttl_ms))
 
     @staticmethod
-    def promote_call(k: QueueKeys, limit: int, now_ms: int | None = None) -> ScriptCall:
-        return ScriptCall("promote", scriptkeys.keys("promote", k), (_clock(now_ms), limit))
+    def promote_call(k: QueueKeys, limit: int, now_ms: int | None = None, dead_ttl_ms: int = 0) -> ScriptCall:
+        return ScriptCall("promote", scriptkeys.keys("promote", k), (_clock(now_ms), limit, dead_ttl_ms))
 
     @classmethod
     def look_calls(cls, k: QueueKeys, limit: int, dead_ttl_ms: int, check: bool) -> list[ScriptCall | tuple[str, str]]:
         """A partition's look for the scheduler, for one round trip (Transport.gather,
         gather_on_node): its first promote and reclaim, then its outbox's and its wakes'
         lengths."""
-        return [cls.promote_call(k, limit), cls.reclaim_call(k, limit, dead_ttl_ms, check=check),
-                ("LLEN", k.outbox), ("LLEN", k.wakes)]
+        return [cls.promote_call(k, limit, dead_ttl_ms=dead_ttl_ms),
+                cls.reclaim_call(k, limit, dead_ttl_ms, check=check), ("LLEN", k.outbox), ("LLEN", k.wakes)]
 
     def resume(self, k: QueueKeys, function: str | None, first: bool, limit: int = 10_000) -> Any:
         """Lift a pause (a queue's, or one function's: None is the queue) and put back up to

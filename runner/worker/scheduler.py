@@ -448,8 +448,9 @@ class Scheduler:
         """Move a partition's due jobs to ready, from ``promoted`` (the look's first
         promote reply, None: no look) on; returns ``wait`` brought up to its next due job."""
         sc = self.rt.scripts
+        dead_ms = int(self.rt.config.retention.dead_s * 1000)
         while True:
-            moved, due_in = promoted if promoted is not None else sc.promote(k, BATCH)
+            moved, due_in = promoted if promoted is not None else sc.promote(k, BATCH, dead_ttl_ms=dead_ms)
             promoted = None
             if int(moved) < BATCH:
                 break

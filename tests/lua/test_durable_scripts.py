@@ -231,6 +231,36 @@ def test_promote_wakes_sleepers_of_both_layouts_once_each_within_its_bound(p: Pr
     assert_no_job_in_two_structures(p)
 
 
+def test_a_sleeper_whose_state_was_damaged_is_dead_lettered_with_the_reason(p: Project) -> None:
+    """A sleeper waits in the sleeping set alone, so promote never drops one whose state
+    another writer damaged: a state of another type goes to claim, which buries it with
+    the reason (as the release before did), and a state gone, or left without its status,
+    while the record stays is buried by promote with a reason naming that. Only an id with
+    neither record nor state is dropped. Every damaged sleeper ends in the dead letters."""
+    r, k = p.runtime.redis, p.keys()
+    for job_id in ("s1", "s2", "s3"):
+        enqueue(p, new(job_id))
+        (job,) = claim(p, base=f"w.{job_id}")
+        s = Suspension(job_id, job[1], 0, '{"name":"nap","kind":"sleep","status":"ok"}', None, NOW + 100, 1000,
+                       4 << 20, "")
+        assert list(p.runtime.scripts.suspend(k, s, now_ms=NOW + 10)) == [1]
+    r.delete(k.state("s1"))
+    r.set(k.state("s1"), "garbage")
+    r.delete(k.state("s2"))
+    r.hdel(k.state("s3"), "status")
+    r.zadd(k.sleeping, {"gone": NOW + 50})  # no record, no state: a stale id
+    p.runtime.scripts.promote(k, 100, now_ms=NOW + 200)
+    assert r.zcard(k.sleeping) == 0
+    assert claim(p, now=NOW + 300, base="w.2") == []
+    assert sorted(structures(p)["dead"]) == ["s1", "s2", "s3"]
+    reasons = {job_id: r.hget(k.state(job_id), "reason") or "" for job_id in ("s1", "s2", "s3")}
+    assert "state is not a hash" in reasons["s1"], reasons
+    assert "sleeping" in reasons["s2"] and "state is missing" in reasons["s2"], reasons
+    assert "sleeping" in reasons["s3"] and "no status" in reasons["s3"], reasons
+    assert r.exists(k.job("gone"), k.state("gone")) == 0 and "gone" not in r.lrange(k.ready, 0, -1)
+    assert_no_job_in_two_structures(p)
+
+
 def test_promote_says_when_the_next_sleeper_is_due(p: Project) -> None:
     """The sleeping set is a due index: promote's answer counts it (the scheduler sleeps
     until then), with nothing in scheduled."""
@@ -274,3 +304,22 @@ def test_the_deploy_gates_scan_and_check_read_each_sleeper_once(p: Project) -> N
     assert sorted((job_id, status, names) for _, job_id, _, status, names in found) == [
         ("a", "sleeping", ["nap"]), ("o1", "sleeping", ["nap"])]
     assert short == []
+
+
+def test_stats_and_queues_count_a_sleeper_of_either_layout_once(p: Project) -> None:
+    """During a rolling deploy a sleeper the release before suspended is in the scheduled
+    set and the sleeping set until a worker's start moves it: `runner stats` (scheduled,
+    sleepers included) and GET /queues and /metrics (scheduled apart from sleeping) count
+    it once, as one of this release is, beside a plain delayed job."""
+    from runner.observe import figures
+
+    enqueue(p, new("d", delay=60_000))
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    assert _sleep(p, job[1], delay=60_000) == [1]
+    for job_id in ("o1", "o2"):
+        _asleep_as_the_release_before(p, job_id, NOW + 60_000)
+    assert p.client.stats()["fast"]["scheduled"] == 4
+    (q,) = [q for q in figures.read_queues(p.runtime, now_ms=NOW + 100) if q.name == "fast"]
+    assert (q.scheduled, q.sleeping, q.waiting) == (1, 3, 0)
+

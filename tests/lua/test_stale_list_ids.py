@@ -91,6 +91,27 @@ def test_an_id_whose_job_came_back_keeps_its_place(p: Project) -> None:
     assert_suspended_indexed(p)
 
 
+def test_a_sleeper_whose_state_was_damaged_keeps_its_place(p: Project) -> None:
+    """The sleeping set is a sleeping job's only structure: a page skips a sleeper whose
+    state another writer damaged (another type, gone or without its status, the record
+    still there), and the prune leaves it for promote to bury with the reason; it takes
+    off only the ids whose job is elsewhere (a known status) or gone (no record, no state)."""
+    r, k, s = p.runtime.redis, p.keys(), p.runtime.scripts
+    sleepers = _seed(p)["sleeping"]
+    typed, lost, blank, woken = sleepers[:4]
+    r.delete(k.state(typed))
+    r.set(k.state(typed), "garbage")
+    r.delete(k.state(lost))
+    r.hdel(k.state(blank), "status")
+    _woken_by_an_earlier_release(p, woken)
+    r.zadd(k.sleeping, {"gone": NOW + 100_000})
+    _listed(p, "sleeping", limit=4)
+    assert {typed, lost, blank} <= set(r.zrange(k.sleeping, 0, -1))
+    s.prune(k.sleeping, k, [typed, lost, blank, woken, "gone"], ("sleeping",))
+    assert {typed, lost, blank} <= set(r.zrange(k.sleeping, 0, -1))
+    assert r.zscore(k.sleeping, woken) is None and r.zscore(k.sleeping, "gone") is None
+
+
 def test_the_walk_indexes_jobs_delayed_before_the_index(p: Project) -> None:
     """Jobs delayed by a release before the scheduled list's index are in the scheduled set
     only; walking it (index_delayed.lua, 5 ids a call) puts every scheduled one in the index

@@ -17,9 +17,18 @@
 -- KEYS[9] waiting      ZSET  the waiting ids of scheduled (a wait's timeout, a parent's look)
 -- KEYS[10] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)
+-- KEYS[11] dead        ZSET  id -> time of death ms (a sleeper whose state is gone or lost its status)
+-- KEYS[12] stats       HASH  (its 'dead|?')
 -- ARGV[1] now, ms ('' for the server's clock)
 -- ARGV[2] the most ids to take from scheduled and sleeping together in this call (and a
 --         twentieth as many keys to sweep)
+-- ARGV[3] dead retention, ms ('' or 0: its keys get no expiry; see rec_expire)
+--
+-- A sleeping job is in no other structure, so an id of the sleeping set is dropped only
+-- when its job is elsewhere (a known status other than sleeping) or gone (neither record
+-- nor state). A state of another type, or an unknown status, goes to claim, which buries
+-- it with the reason; a state gone or without its status, the record still there, is
+-- buried here (claim would run it as a fresh queued job, its steps run again).
 --
 -- Returns {moved, ms until the next due job (or the next sweep), -1 when none}.
 --- @include "clock"
@@ -28,8 +37,12 @@
 --- @include "parking"
 --- @include "record_keys"
 --- @include "asleep"
+--- @include "stats"
 local now, limit = clock(ARGV[1]), tonumber(ARGV[2])
+local dead_ttl = tonumber(ARGV[3] or '') or 0
 local moved = 0
+local KNOWN = {queued = true, scheduled = true, processing = true, retrying = true, deferred = true,
+  waiting = true, done = true, dead = true, cancelled = true}
 -- One due id of scheduled (from_sleeping false) or of sleeping (true) to ready.
 local function promote_one(id, due, from_sleeping)
   local jk = K.job_prefix .. id
@@ -39,7 +52,20 @@ local function promote_one(id, due, from_sleeping)
   if type(f) == 'table' and not f.err then st, prio = f[1], f[2] else st, f = f, {} end
   if from_sleeping then
     redis.call('ZREM', K.sleeping, id)
-    if st ~= 'sleeping' then return end  -- a stale id (its job was cancelled or deleted)
+    if KNOWN[st] then return end  -- a stale id: its job was woken, cancelled, ended elsewhere
+    if not st then
+      -- Gone (deleted, or its dead keys expired): nothing to move. Else damaged: buried
+      -- with the reason, as claim buries a record it cannot run.
+      local has_rec, has_state = redis.call('EXISTS', jk) == 1, redis.call('EXISTS', jk .. ':s') == 1
+      if not (has_rec or has_state) then return end
+      local why = has_state and 'its state has no status' or 'its state is missing'
+      redis.call('HSET', jk .. ':s', 'status', 'dead', 'finished_ms', now,
+        'reason', 'malformed record: ' .. why .. ' (a sleeping job; its step log may be lost)')
+      redis.call('ZADD', K.dead, now, id)
+      rec_expire(jk, dead_ttl)
+      stat_add(K.stats, 'dead|?', 1)
+      return
+    end
     redis.call('ZREM', K.scheduled, id)
   else
     redis.call('ZREM', K.scheduled, id)
