@@ -57,21 +57,16 @@ def reading(client: Client, fn: Callable[[], T]) -> T:
     waited for at most READ_WAIT_S (longer for one whose recent round trips are slow),
     then given up as a worker gives up a call (marked stalled until it answers again: the
     next reads skip it at once), so the masters that answer are read within that bound
-    (docs/partitions.md, "A shard down"). On one server the whole read waits at most
-    ONE_SERVER_READ_WAIT_S (Transport.read_within): an outage past it, answered at once
-    while it lasts. A reader's own connection (a Link) is not bounded so."""
-    from runner.store import link
-    from runner.store.transport import ONE_SERVER_READ_WAIT_S, READ_WAIT_S
+    (docs/partitions.md, "A shard down"). On one server, on the caller's thread, bounded
+    by the socket timeout: a bound of its own refused healthy but slow reads (a page of 16
+    partitions at a 140 ms round trip) and cost each read a pool thread's hand-off."""
+    from runner.store.transport import READ_WAIT_S
 
-    rt = client.runtime
-    scripts = rt.scripts
-    if not scripts.one_server:
-        with scripts.waiting(READ_WAIT_S):
-            return fn()
-    if isinstance(rt.redis, link.Link):
+    scripts = client.runtime.scripts
+    if scripts.one_server:
         return fn()
-    return scripts.read_within(fn, ONE_SERVER_READ_WAIT_S)
-
+    with scripts.waiting(READ_WAIT_S):
+        return fn()
 
 def find(client: Client, job_id: str) -> tuple[QueueKeys, dict[str, str]]:
     """The keys of the queue (partition) that holds a job, and the job as readers see it.

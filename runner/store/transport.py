@@ -117,13 +117,6 @@ ENQUEUE_WAIT_S = 2.0
 # master (Transport.waiting: longer for one whose recent round trips are slow) before it
 # answers from the others and says which partitions it left out.
 READ_WAIT_S = 2.0
-# One server (not Cluster): the longest a read of a job or a page waits for Redis
-# (Transport.read_within) before it is an outage, answered at once while it lasts: as
-# long as Redis's own busy threshold (5 s), past which a Redis held by a long script
-# answers BUSY, an outage too. A page's reads are bounded by design (milliseconds for 100
-# jobs of 900 KB), so a read given up is one Redis would not have answered. (On Cluster
-# the other masters still answer, so a stalled one is given up sooner: READ_WAIT_S.)
-ONE_SERVER_READ_WAIT_S = 5.0
 RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
 
 
@@ -1101,17 +1094,6 @@ class Transport:
         if wait is None:
             return fn()
         return self.nodes.bounded(node, fn, wait, what=what)
-
-    def read_within(self, fn: Callable[[], T], wait_s: float) -> T:
-        """One server (not Cluster): ``fn()``, a reader's whole read, on a thread of the
-        pool, waited for at most ``wait_s`` (longer when its recent reads took longer:
-        SLOW_FACTOR times them), as NodeLanes.bounded waits for a stalled master: past it
-        NodeStalled, and the server is taken for stalled until that read ends (or, if it
-        waited out the socket timeout, until a PING is answered). Reads meanwhile fail at
-        once, so none waits on a server that stopped answering, nor holds a thread."""
-        kw = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
-        node = f"{kw['host']}:{kw['port']}" if "host" in kw and "port" in kw else str(kw.get("path") or "")
-        return self.nodes.bounded(node, fn, max(wait_s, SLOW_FACTOR * self.nodes.rtt(node)), what="a read")
 
     def keyless(self, *command: Any) -> Any:
         """A command of no key (TIME), answered by a master that answers: on Redis Cluster
