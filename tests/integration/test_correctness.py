@@ -248,6 +248,7 @@ def test_a_fresh_childs_quick_job_shows_its_handlers_start(project: Project) -> 
     """A quick job on a fresh child whose import takes 2 s: its started_at is its handler's
     start, not its claim 2 s before (the run's start mark went no further than the settle
     that also held its end, and the outcome kept the claim's time)."""
+    project.write_config(concurrency=1)  # one job, one child (each one started is ~0.3 s of CPU)
     project.add_function("slow_import", SLOW_IMPORT)
     project.spawn_worker("fast")
     c = project.client
@@ -287,6 +288,7 @@ def test_a_fresh_childs_failed_or_suspended_run_shows_its_handlers_start(project
     started_at (GET /jobs/{id}, `runner job`, the dead-letter list) and its history entry.
     Its start mark went no further than the settle that also held its end, and retry.lua,
     bury.lua and suspend.lua wrote the claim's time, seconds before the handler began."""
+    project.write_config(concurrency=len(ENDS))  # a fresh child for each job, and no more
     for name, (attempts, body) in ENDS.items():
         project.add_function(name, SLOW_IMPORT_ENDS.format(attempts=attempts, body=body))
     c = project.client

@@ -207,6 +207,7 @@ def test_ctx_enqueue_refuses_an_oversized_follow_up(project: Project, isolation:
     """A handler's ctx.enqueue of a 2 MB payload raises in the handler, in a thread and in
     a child process alike, with the same message; no follow-up is written and nothing of
     it reaches Redis."""
+    project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     (project.root / "functions" / "follows.py").write_text(FOLLOWS.format(isolation=isolation))
     (project.root / "schemas" / "follows").mkdir()
     (project.root / "schemas" / "follows" / "v1.json").write_text(json.dumps({"type": "object"}))
