@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from runner.cli import cli
 from runner.errors import IdempotencyConflict
 
-from conftest import Project, wait_for
+from conftest import SCAN_COUNT, Project, wait_for
 
 SCHEMA = """{{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
  "properties": {{{props}}}}}"""
@@ -437,7 +437,8 @@ def test_jobs_waiting_on_a_resource_start_in_arrival_order(project: Project) -> 
     time.sleep(1.0)
     r = project.runtime.redis
     pattern = project.keys().base.replace("{", "\\{").replace("}", "\\}") + "*waiters*"
-    entries = sum(r.llen(k) if r.type(k) == "list" else r.zcard(k) for k in r.scan_iter(match=pattern))
+    keys = r.scan_iter(count=SCAN_COUNT, match=pattern)
+    entries = sum(r.llen(k) if r.type(k) == "list" else r.zcard(k) for k in keys)
     assert entries <= len(waiters), f"{entries} waiter entries for {len(waiters)} waiting jobs"
     for i in waiters:
         assert final(project, i, timeout=30)["status"] == "done"

@@ -22,7 +22,7 @@ from runner import ValidationFailed
 from runner.store import records
 from runner.store.embedded import Server
 
-from conftest import Project, wait_for
+from conftest import SCAN_COUNT, Project, wait_for
 
 CALL_API = '''QUEUE = "fast"
 RATE_LIMIT = {"key": "api:{account}", "limit": 5, "period": 1}
@@ -76,7 +76,7 @@ def keyed_web(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Itera
 def _written(project: Project) -> list[str]:
     """Every key of the project's prefix in Redis (a refused job leaves none)."""
     return sorted(k.decode() if isinstance(k, bytes) else k
-                  for k in project.runtime.redis.scan_iter(match=f"{project.prefix}*", count=1000))
+                  for k in project.runtime.redis.scan_iter(match=f"{project.prefix}*", count=SCAN_COUNT))
 
 
 def _key_errors(problem: dict[str, Any]) -> list[dict[str, Any]]:

@@ -9,13 +9,13 @@ import pytest
 
 from runner.errors import ValidationFailed
 
-from conftest import Project
+from conftest import SCAN_COUNT, Project
 
 VALUES = [float("nan"), float("inf"), float("-inf")]
 
 
 def _no_job(project: Project) -> bool:
-    return not list(project.runtime.redis.scan_iter(match=f"{project.prefix}:*job:*"))
+    return not list(project.runtime.redis.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}:*job:*"))
 
 
 @pytest.mark.parametrize("value", VALUES)
