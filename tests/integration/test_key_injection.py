@@ -172,6 +172,7 @@ def handle(payload, ctx):
 def test_ctx_enqueue_refuses_a_control_character_in_a_key(keyed: Project, isolation: str) -> None:
     """A handler's follow-up with a hostile key raises ValidationFailed at the call, in a
     thread and in a child process, and no follow-up is written with the job's success."""
+    keyed.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     keyed.add_function("chain", FOLLOWUPS.format(isolation=isolation))
     job = keyed.client.enqueue("chain", {"bad": LIMIT_LINE, "fields": RECORD_FIELDS})
     keyed.spawn_worker("fast")
