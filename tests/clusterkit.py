@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -116,14 +117,76 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
         yield servers
 
 
+def _node_lines_clean(c: redis.Redis) -> bool:
+    """Every node this one knows is connected, past its handshake, and flagged neither
+    failing nor suspected (cluster_state alone stays ok with a shard down when full
+    coverage is off)."""
+    lines = [line.split() for line in str(c.execute_command("CLUSTER", "NODES")).splitlines() if line.strip()]
+    return all(not {"fail", "fail?", "handshake", "noaddr"} & set(f[2].split(",")) and f[7] == "connected"
+               for f in lines)
+
+
+class ShardSet:
+    """A module's local Cluster of 3 masters for its tests that stop or kill one of them
+    (full coverage off: the live shards keep serving their slots while one is stalled or
+    down), made healthy again before each test. Starting a cluster per test was about
+    2 s a test (3 servers, ``redis-cli --cluster create``, its gossip settling); each test
+    has a prefix of its own, so none reads another's keys."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made = 0
+        self.servers: list[Server] = []
+        self._stack = contextlib.ExitStack()
+
+    def _fresh(self) -> list[Server]:
+        self.close()
+        self.made += 1
+        self._stack = contextlib.ExitStack()
+        self.servers = self._stack.enter_context(local_cluster(
+            self.root / f"set{self.made}", masters=3, node_timeout_ms=1000,
+            extra=["--cluster-require-full-coverage", "no"]))
+        return list(self.servers)
+
+    def healthy(self) -> list[Server]:
+        """The set with every master up and answering (one a test killed is started again on
+        its port and data, one it stalled is continued) and every node's view of the others
+        clean; made afresh when that does not come about."""
+        if not self.servers:
+            return self._fresh()
+        try:
+            for s in self.servers:
+                if s.proc is None or s.proc.poll() is not None:
+                    s.stop()
+                    s.start()  # same port, same nodes.conf: it rejoins with its slots
+                else:
+                    os.kill(s.proc.pid, signal.SIGCONT)
+            wait_for(lambda: cluster_ok(self.servers) and _every(self.servers, _node_lines_clean), timeout=20,
+                     interval=0.05, what="the shared cluster to be whole again")
+        except (RuntimeError, AssertionError):
+            return self._fresh()
+        return list(self.servers)
+
+    def close(self) -> None:
+        self._stack.close()
+        self.servers = []
+
+
+@pytest.fixture(scope="module")
+def shard_set(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardSet]:
+    """One ShardSet per module (import it beside ``shards_fixture``)."""
+    s = ShardSet(tmp_path_factory.mktemp("shards"))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 @pytest.fixture(name="shards")  # (imported as shards_fixture: test parameters named shards then shadow nothing)
-def shards_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
-    """A local Redis Cluster of 3 masters for one test that stops or kills one of them.
-    Full coverage off: the live shards keep serving their slots while one is stalled or
-    down (with it on, every node refuses every slot until the lost one is back)."""
-    with local_cluster(tmp_path_factory.mktemp("shards"), masters=3, node_timeout_ms=1000,
-                       extra=["--cluster-require-full-coverage", "no"]) as servers:
-        yield servers
+def shards_fixture(shard_set: ShardSet) -> list[Server]:
+    """A local Redis Cluster of 3 masters for a test that stops or kills one of them: the
+    module's ShardSet, healthy (see there)."""
+    return shard_set.healthy()
 
 
 def shard_project(root: Path, servers: list[Server], partitions: int, vt: float) -> Project:

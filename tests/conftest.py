@@ -103,6 +103,13 @@ class LoopTicks:
             self._task.cancel()
 
 
+# SCAN's page in the tests' look-ups of a prefix's keys (scan_iter(count=SCAN_COUNT, ...)):
+# a test process's session server holds the keys of every test it ran before (hundreds of
+# thousands late in a run), and at SCAN's default of 10 a look for one test's keys took
+# tens of thousands of round trips (4 to 23 s each in test_web_hostile's checks).
+SCAN_COUNT = 10_000
+
+
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while True:

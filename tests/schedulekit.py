@@ -14,7 +14,7 @@ from runner.catalog.schedules import iso
 from runner.store import records
 from runner.store.keys import clock_offset
 
-from conftest import Project, done_ids
+from conftest import SCAN_COUNT, Project, done_ids
 
 TEST_ENV = {"RUNNER_TEST_SCHEDULES": "1"}
 OPEN_SCHEMA = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}
@@ -84,7 +84,7 @@ def jobs_of(project: Project, queue: str = "fast") -> list[dict[str, Any]]:
     out = []
     for k in project.runtime.parts[queue]:
         pattern = k.job_prefix.replace("{", "\\{").replace("}", "\\}") + "*"
-        ids = {key[len(k.job_prefix):] for key in r.scan_iter(match=pattern, count=1000)
+        ids = {key[len(k.job_prefix):] for key in r.scan_iter(match=pattern, count=SCAN_COUNT)
                if not key.endswith(":s")}
         for job_id in sorted(ids | set(done_ids(r, k))):
             rec, state, claim, outcome = project.runtime.scripts.lookup(k, job_id)

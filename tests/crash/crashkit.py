@@ -18,7 +18,7 @@ import orjson
 
 from runner.store.embedded import Server
 
-from conftest import Project, make_project, structures, wait_for
+from conftest import SCAN_COUNT, Project, make_project, structures, wait_for
 
 CRASH_FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -87,7 +87,7 @@ def lock_keys(project: Project, queue: str = "fast") -> list[str]:
     k = project.keys(queue)
     pattern = k.lim_prefix.replace("{", "\\{").replace("}", "\\}") + "*"
     r = project.runtime.redis
-    return [key for key in r.scan_iter(match=pattern, count=1000)
+    return [key for key in r.scan_iter(match=pattern, count=SCAN_COUNT)
             if not key.endswith(":w") and r.type(key) == "zset" and r.zcard(key) > 0]
 
 

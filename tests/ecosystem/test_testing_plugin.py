@@ -21,7 +21,7 @@ from runner.store.bell import BELL_S
 from runner.store.embedded import Server
 from runner.testing.harness import Harness
 
-from conftest import REPO, Project
+from conftest import REPO, SCAN_COUNT, Project
 
 pytest_plugins = ["pytester"]
 
@@ -453,7 +453,7 @@ def test_a_client_the_app_made_before_the_tests_reaches_each_tests_server(
     result.assert_outcomes(passed=4)
     shared_redis = redis.Redis.from_url(server.url)
     try:
-        assert list(shared_redis.scan_iter(match=f"{shared}:*")) == []
+        assert list(shared_redis.scan_iter(count=SCAN_COUNT, match=f"{shared}:*")) == []
     finally:
         shared_redis.close()
 

@@ -359,6 +359,7 @@ def test_an_emit_from_a_handler_is_a_span_of_its_jobs_run(project: Project, isol
     both isolations. In a child process it used to start a trace of its own: the run span
     is the worker's, and nothing made it the handler's current span there."""
     spans_file = project.root / "child-spans.jsonl"
+    project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     project.add_function("emitter", EMITTER.format(isolation=isolation, spans=str(spans_file),
                                                    config=str(project.root / "runner.toml")))
     w = Worker(project.runtime, ["fast"])

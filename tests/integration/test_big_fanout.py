@@ -14,7 +14,7 @@ from runner.store.scripts import STAGE_OVER, Ack, Followup, NewJob, job_entry
 from runner.worker import relay
 from runner.worker.fetcher import CLAIM_FIELDS
 
-from conftest import Project, size, wait_for
+from conftest import SCAN_COUNT, Project, size, wait_for
 
 # The big fan-outs' sizes: bounded by default (each well past STAGE_OVER, so staged and
 # relayed in many batches); RUNNER_TEST_FULL=1 runs the sizes the review measured.
@@ -168,7 +168,7 @@ def test_a_worker_killed_anywhere_in_a_big_fan_out_leaves_every_follow_up_placed
     worker = project.spawn_worker("fast")
     pattern = f"{project.prefix}*{parent}:fu:*"
     wait_for(lambda: c.get(parent).status != "queued", timeout=60, what="the run to start")
-    wait_for(lambda: list(r.scan_iter(pattern, count=1000)) or c.get(parent).status == "done",
+    wait_for(lambda: list(r.scan_iter(pattern, count=SCAN_COUNT)) or c.get(parent).status == "done",
              timeout=60, interval=0.001, what="the stage's first write")
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=10)
@@ -177,7 +177,7 @@ def test_a_worker_killed_anywhere_in_a_big_fan_out_leaves_every_follow_up_placed
     wait_for(lambda: r.llen(k.outbox) == 0 and int(r.hget(k.stats, "succeeded|noop") or 0) >= KILLED,
              timeout=180, what="every follow-up to run")
     assert int(r.hget(k.stats, "succeeded|noop") or 0) == KILLED
-    assert list(r.scan_iter(pattern, count=1000)) == []
+    assert list(r.scan_iter(pattern, count=SCAN_COUNT)) == []
 
 
 def test_two_relays_of_one_stage_place_every_follow_up_once(project: Project) -> None:

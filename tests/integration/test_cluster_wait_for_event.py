@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import clusterkit
-from clusterkit import close_project, cluster_project, local_cluster, shards_fixture  # noqa: F401  (the shards fixture)
+from clusterkit import close_project, cluster_project, local_cluster, shard_set, shards_fixture  # noqa: F401  (the shards fixtures)
 from durable_helpers import ORDER_PAID_WAITER, registered
 
 from runner.store.embedded import Server

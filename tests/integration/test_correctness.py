@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from runner.cli import cli
 from runner.errors import IdempotencyConflict
 
-from conftest import Project, wait_for
+from conftest import SCAN_COUNT, Project, wait_for
 
 SCHEMA = """{{"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
  "properties": {{{props}}}}}"""
@@ -248,6 +248,7 @@ def test_a_fresh_childs_quick_job_shows_its_handlers_start(project: Project) -> 
     """A quick job on a fresh child whose import takes 2 s: its started_at is its handler's
     start, not its claim 2 s before (the run's start mark went no further than the settle
     that also held its end, and the outcome kept the claim's time)."""
+    project.write_config(concurrency=1)  # one job, one child (each one started is ~0.3 s of CPU)
     project.add_function("slow_import", SLOW_IMPORT)
     project.spawn_worker("fast")
     c = project.client
@@ -287,6 +288,7 @@ def test_a_fresh_childs_failed_or_suspended_run_shows_its_handlers_start(project
     started_at (GET /jobs/{id}, `runner job`, the dead-letter list) and its history entry.
     Its start mark went no further than the settle that also held its end, and retry.lua,
     bury.lua and suspend.lua wrote the claim's time, seconds before the handler began."""
+    project.write_config(concurrency=len(ENDS))  # a fresh child for each job, and no more
     for name, (attempts, body) in ENDS.items():
         project.add_function(name, SLOW_IMPORT_ENDS.format(attempts=attempts, body=body))
     c = project.client
@@ -435,7 +437,8 @@ def test_jobs_waiting_on_a_resource_start_in_arrival_order(project: Project) -> 
     time.sleep(1.0)
     r = project.runtime.redis
     pattern = project.keys().base.replace("{", "\\{").replace("}", "\\}") + "*waiters*"
-    entries = sum(r.llen(k) if r.type(k) == "list" else r.zcard(k) for k in r.scan_iter(match=pattern))
+    keys = r.scan_iter(count=SCAN_COUNT, match=pattern)
+    entries = sum(r.llen(k) if r.type(k) == "list" else r.zcard(k) for k in keys)
     assert entries <= len(waiters), f"{entries} waiter entries for {len(waiters)} waiting jobs"
     for i in waiters:
         assert final(project, i, timeout=30)["status"] == "done"

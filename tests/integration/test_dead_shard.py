@@ -12,13 +12,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import clusterkit
 import pytest
-from clusterkit import close_project, cluster_project, cluster_url, local_cluster, shard_project, shards_fixture  # noqa: F401  (the shards fixture)
+from clusterkit import close_project, cluster_project, cluster_url, local_cluster, shard_project
 
 from runner.client import Request
 from runner.store.embedded import Server
 
 from conftest import Endpoint, Project, wait_for
+
+# The module's shared cluster, healthy for each test (clusterkit.py).
+shard_set, shards_fixture = clusterkit.shard_set, clusterkit.shards_fixture
 
 
 @pytest.fixture

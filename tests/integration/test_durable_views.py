@@ -42,6 +42,7 @@ def _cli(project: Project, job_id: str) -> dict[str, Any]:
 def test_a_suspended_job_shows_the_attempt_it_ran_and_its_first_start(project: Project, isolation: str) -> None:
     """Waiting: attempt 1 and a start, in all three views alike; resumed and running, and
     done, the same start (the run's first), not the resumed run's."""
+    project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     project.add_function("waiter", WAITER.format(isolation=isolation))
     c = project.client
     project.spawn_worker("fast")

@@ -56,6 +56,7 @@ def test_a_sigterm_ends_the_worker_though_a_handler_left_a_thread_running(projec
 def test_a_plain_stop_names_no_thread(project: Project, isolation: str) -> None:
     """A worker whose handlers left nothing running stops without the warning (runner's
     own idle pools are not a handler's threads)."""
+    project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     project.add_function("plain", f'QUEUE = "fast"\nISOLATION = "{isolation}"\n\n'
                                   "def handle(payload, ctx):\n    return {}\n")
     job = project.client.enqueue("plain", {}).id

@@ -109,6 +109,7 @@ def test_an_isolated_then_handler_reads_the_outcomes_through_its_worker(fns: Pro
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ISOLATION = "process" the child asks its parent for the outcomes."""
     monkeypatch.setattr(groups, "INLINE_BYTES", 10)
+    fns.write_config(concurrency=2)  # two children (one then-job, three members), not eight
     write(fns, "merge_iso", 'ISOLATION = "process"\n' + MERGE.format(queue="fast"))
     c = fns.client
     g = c.group([Request("part", {"n": i}) for i in range(3)], then=Request("merge_iso", {}))

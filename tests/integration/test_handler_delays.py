@@ -58,6 +58,7 @@ def test_a_huge_retry_delay_fails_its_own_attempt_and_never_the_settle_round(
     """RateLimited(retry_after=1e308), Retry(delay=1e308) and Retry(delay=1e15) fail their
     attempts with a message naming the bound, and die after MAX_ATTEMPTS like any failing
     job; the good jobs run beside them are done, and no settle round fails."""
+    project.write_config(concurrency=2)  # two children under process isolation, not eight
     project.add_function("huge", HUGE.format(isolation=isolation))
     c = project.client
     bad = {how: c.enqueue("huge", {"how": how}).id for how in ("rate", "retry", "eons")}
@@ -79,6 +80,7 @@ def test_ctx_enqueue_refuses_a_delay_past_a_year_at_the_call(project: Project, i
     """ctx.enqueue(delay=1e308) or delay=1e30 raises FollowUpDelay at the call, naming the
     delay and its range, and the job fails for good at its first attempt (every retry
     would ask for the same delay); a year and a day is taken."""
+    project.write_config(concurrency=2)  # two children under process isolation, not eight
     project.add_function("chain", CHAIN.format(isolation=isolation))
     c = project.client
     jobs = {d: c.enqueue("chain", {"delay": d}).id for d in (1e308, 1e30, MAX_DELAY_S)}

@@ -45,10 +45,10 @@ def handle(payload, ctx):
 '''
 
 
-def _add(project: Project, isolation: str, bounds: str = "", vt: float = 2) -> None:
+def _add(project: Project, isolation: str, bounds: str = "", vt: float = 2, concurrency: int = 8) -> None:
     project.add_function("logger", LOGGER.format(extra=_iso(isolation)))
     project.add_function("quiet", QUIET)
-    project.write_config(vt=vt)
+    project.write_config(vt=vt, concurrency=concurrency)
     if bounds:
         _bound(project, bounds)
 
@@ -868,7 +868,7 @@ def test_a_batchs_flood_is_bounded_in_the_workers_own_output(project: Project, i
     22.7 MB in the worker's output), and says once how many more are in the jobs' logs."""
     extra = 'ISOLATION = "process"' if isolation == "process" else ""
     project.add_function("batchflood", BATCH_FLOOD.format(extra=extra))
-    project.write_config(vt=30)
+    project.write_config(vt=30, concurrency=2)  # two jobs: two children, not eight
     _bound(project, "lines = 50, bytes = 1048576")
     client = project.client
     worker = project.spawn_worker("fast")
@@ -1070,7 +1070,7 @@ def test_a_replay_after_a_kill_keeps_the_lines_written_before_its_recorded_step(
     in Redis (they were lost for good: held in the killed worker, and not written again)."""
     extra = 'ISOLATION = "process"' if isolation == "process" else ""
     project.add_function("killed", KILLED_AFTER_A_STEP.format(extra=extra, thread=isolation == "thread"))
-    project.write_config(vt=1)
+    project.write_config(vt=1, concurrency=1)  # one job: one child per worker, not eight
     client = project.client
     job = client.enqueue("killed", {}).id
     first = project.spawn_worker("fast")
@@ -1122,7 +1122,8 @@ def test_a_lines_n_counts_the_lines_dropped_before_they_were_sent(project: Proje
     """2,000 lines in a log that keeps 100: the last line's n is 1,999, its place among
     every line the handler wrote, counting those the worker (or the child) dropped before
     they were sent as well as those trimmed since (it was 99)."""
-    _add(project, isolation, "lines = 100, bytes = 1048576", vt=30)
+    # One job: one child under process isolation (each one started is ~0.3 s of CPU), not eight.
+    _add(project, isolation, "lines = 100, bytes = 1048576", vt=30, concurrency=1)
     client = project.client
     job = client.enqueue("logger", {"n": 2000})
     project.spawn_worker("fast")
@@ -1161,7 +1162,7 @@ def test_a_crashed_childs_last_lines_are_in_its_log_and_the_output(project: Proj
     ctx.logger lines in the worker's output: a line is with the worker before the
     handler goes past it (the child held them up to 0.5 s, and its echo 50 ms)."""
     project.add_function("dies", DIES)
-    project.write_config(vt=5)
+    project.write_config(vt=5, concurrency=1)  # one job: one child, not eight
     client = project.client
     job = client.enqueue("dies", {})
     worker = project.spawn_worker("fast")
@@ -1201,7 +1202,7 @@ def test_a_child_that_dies_after_a_flood_leaves_its_last_lines_in_its_log(projec
     many earlier ones it lost. (It kept the first 200 and lost the lines that explain the
     crash.)"""
     project.add_function("floods_and_dies", FLOODS_AND_DIES)
-    project.write_config(vt=5)
+    project.write_config(vt=5, concurrency=1)  # one job: one child, not eight
     client = project.client
     job = client.enqueue("floods_and_dies", {"n": 3000})
     project.spawn_worker("fast")

@@ -22,7 +22,7 @@ from runner import ValidationFailed
 from runner.store import records
 from runner.store.embedded import Server
 
-from conftest import Project, wait_for
+from conftest import SCAN_COUNT, Project, wait_for
 
 CALL_API = '''QUEUE = "fast"
 RATE_LIMIT = {"key": "api:{account}", "limit": 5, "period": 1}
@@ -76,7 +76,7 @@ def keyed_web(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Itera
 def _written(project: Project) -> list[str]:
     """Every key of the project's prefix in Redis (a refused job leaves none)."""
     return sorted(k.decode() if isinstance(k, bytes) else k
-                  for k in project.runtime.redis.scan_iter(match=f"{project.prefix}*", count=1000))
+                  for k in project.runtime.redis.scan_iter(match=f"{project.prefix}*", count=SCAN_COUNT))
 
 
 def _key_errors(problem: dict[str, Any]) -> list[dict[str, Any]]:
@@ -172,6 +172,7 @@ def handle(payload, ctx):
 def test_ctx_enqueue_refuses_a_control_character_in_a_key(keyed: Project, isolation: str) -> None:
     """A handler's follow-up with a hostile key raises ValidationFailed at the call, in a
     thread and in a child process, and no follow-up is written with the job's success."""
+    keyed.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     keyed.add_function("chain", FOLLOWUPS.format(isolation=isolation))
     job = keyed.client.enqueue("chain", {"bad": LIMIT_LINE, "fields": RECORD_FIELDS})
     keyed.spawn_worker("fast")

@@ -162,7 +162,7 @@ def test_a_job_claimed_by_an_idle_worker_keeps_its_lease(project: Project, monke
     the test runs): the claim wakes it, so a job in a child process (no thread TIMEOUT to
     wake it) that runs past its lease of 1 s is renewed from the start and runs once."""
     monkeypatch.setattr(renewer_mod, "PARK_S", 120.0)
-    project.write_config(vt=1, fast="max_timeout = 10")
+    project.write_config(vt=1, fast="max_timeout = 10", concurrency=1)  # one child: warm, then idle
     project.add_function("napper", NAPPER)
     c = project.client
     w = Worker(project.runtime, ["fast"])

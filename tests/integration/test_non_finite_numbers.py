@@ -9,13 +9,13 @@ import pytest
 
 from runner.errors import ValidationFailed
 
-from conftest import Project
+from conftest import SCAN_COUNT, Project
 
 VALUES = [float("nan"), float("inf"), float("-inf")]
 
 
 def _no_job(project: Project) -> bool:
-    return not list(project.runtime.redis.scan_iter(match=f"{project.prefix}:*job:*"))
+    return not list(project.runtime.redis.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}:*job:*"))
 
 
 @pytest.mark.parametrize("value", VALUES)
@@ -36,6 +36,7 @@ def test_the_client_refuses_nan_and_infinity(project: Project, value: float) -> 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_ctx_enqueue_of_nan_fails_the_job_once_naming_the_path(project: Project, isolation: str) -> None:
     """Under a thread, ctx.enqueue wrote null in its place and the job ended done."""
+    project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     project.add_function("nanout", f'''
 QUEUE = "fast"
 MAX_ATTEMPTS = 3
@@ -57,7 +58,7 @@ def handle(payload, ctx):
 def test_a_queue_of_either_isolation_refuses_nan_in_a_follow_up(project: Project, call: str, isolation: str) -> None:
     """The child sent the payload to its parent with a plain encoding, NaN as null: the
     follow-up was stored and ran with null. Refused in the child now, as under a thread."""
-    project.write_config(fast=f'isolation = "{isolation}"')
+    project.write_config(fast=f'isolation = "{isolation}"', concurrency=1)  # one job: one child, not eight
     project.add_function("nanout", '''
 QUEUE = "fast"
 MAX_ATTEMPTS = 3
@@ -79,6 +80,7 @@ def handle(payload, ctx):
 def test_ctx_invoke_of_nan_fails_the_job_once_naming_the_path(project: Project, isolation: str) -> None:
     """Under a thread, ctx.invoke's refusal was a ValidationFailed, an ordinary error: the
     job was retried to its last attempt, each building the same payload again."""
+    project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     project.add_function("naninvoke", f'''
 QUEUE = "fast"
 MAX_ATTEMPTS = 3

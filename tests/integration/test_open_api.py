@@ -12,7 +12,7 @@ from test_web_support import _NO_CONTROL, open_api
 
 from runner.store.embedded import free_port
 
-from conftest import Project, wait_for
+from conftest import SCAN_COUNT, Project, wait_for
 
 
 def _serve(project: Project, *args: str) -> subprocess.Popen[str]:
@@ -31,7 +31,7 @@ def _gunicorn(port: int) -> tuple[str, ...]:
 
 
 def _nothing_written(project: Project) -> bool:
-    return not list(project.runtime.redis.scan_iter(match=f"{project.prefix}:*job:*"))
+    return not list(project.runtime.redis.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}:*job:*"))
 
 
 def test_uvicorn_and_gunicorn_refuse_to_start_without_a_token(project: Project) -> None:

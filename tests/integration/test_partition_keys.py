@@ -16,7 +16,7 @@ from runner.client import Client, Request
 from runner.store import routing
 from runner.store.keys import partition_tags
 
-from conftest import Project, make_project, wait_for
+from conftest import SCAN_COUNT, Project, make_project, wait_for
 
 
 def _on(p: Project, partitions: int) -> Client:
@@ -163,10 +163,10 @@ def test_a_queue_of_one_partition_marks_no_limit_key(tmp_path: Path) -> None:
         c = p.client
         c.enqueue("resource", {"r": "one", "hold": 0})
         c.enqueue_many([Request("resource", {"r": f"many{i}", "hold": 0}) for i in range(3)])
-        assert not list(p.runtime.redis.scan_iter(match="*:at")), "a marker was written"
+        assert not list(p.runtime.redis.scan_iter(count=SCAN_COUNT, match="*:at")), "a marker was written"
         more = _on(p, 3)
         more.enqueue("resource", {"r": "two", "hold": 0})
-        assert list(p.runtime.redis.scan_iter(match="*:at"))
+        assert list(p.runtime.redis.scan_iter(count=SCAN_COUNT, match="*:at"))
         p.runtime.close()
     finally:
         srv.stop()

@@ -25,7 +25,7 @@ from runner.client import Enqueued, Request
 from runner.errors import InvalidGroup, ValidationFailed
 from runner.worker.worker import Worker
 
-from conftest import Project, wait_for
+from conftest import SCAN_COUNT, Project, wait_for
 
 LIMIT = 1_048_576  # the default [api] max_body_bytes
 BIG = {"blob": "a" * 2_000_000}  # 2,000,011 bytes of JSON
@@ -35,14 +35,14 @@ Invoke = Callable[..., Result]
 
 
 def redis_keys(project: Project) -> list[str]:
-    return sorted(project.runtime.redis.scan_iter(match=f"{project.prefix}:*"))
+    return sorted(project.runtime.redis.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}:*"))
 
 
 def big_values(project: Project, limit: int = 1_000_000) -> list[str]:
     """Keys of the test's prefix holding a string, hash field or list item longer than ``limit``."""
     r = project.runtime.redis
     out = []
-    for key in r.scan_iter(match=f"{project.prefix}*", count=1000):
+    for key in r.scan_iter(match=f"{project.prefix}*", count=SCAN_COUNT):
         kind = r.type(key)
         big_string = kind == "string" and r.strlen(key) > limit
         big_field = kind == "hash" and any(r.hstrlen(key, f) > limit for f in r.hkeys(key))
@@ -207,6 +207,7 @@ def test_ctx_enqueue_refuses_an_oversized_follow_up(project: Project, isolation:
     """A handler's ctx.enqueue of a 2 MB payload raises in the handler, in a thread and in
     a child process alike, with the same message; no follow-up is written and nothing of
     it reaches Redis."""
+    project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     (project.root / "functions" / "follows.py").write_text(FOLLOWS.format(isolation=isolation))
     (project.root / "schemas" / "follows").mkdir()
     (project.root / "schemas" / "follows" / "v1.json").write_text(json.dumps({"type": "object"}))

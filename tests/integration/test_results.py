@@ -18,7 +18,7 @@ import pytest
 
 from runner.store.embedded import Server
 
-from conftest import Project, assert_no_job_in_two_structures, make_project, wait_for
+from conftest import SCAN_COUNT, Project, assert_no_job_in_two_structures, make_project, wait_for
 
 RETURNS = '''
 import dataclasses
@@ -64,7 +64,7 @@ def _big_values(p: Project, limit: int) -> list[str]:
     """Keys of the test's prefix holding a string or hash field longer than ``limit``."""
     r = p.runtime.redis
     out = []
-    for key in r.scan_iter(match=f"{p.prefix}*", count=1000):
+    for key in r.scan_iter(match=f"{p.prefix}*", count=SCAN_COUNT):
         kind = r.type(key)
         big_string = kind in ("string", b"string") and r.strlen(key) > limit
         big_field = kind in ("hash", b"hash") and any(r.hstrlen(key, f) > limit for f in r.hkeys(key))
@@ -249,7 +249,7 @@ def test_a_result_json_can_hold_is_stored_as_json_would_store_it(shared: Project
     assert rec["status"] == "done", rec
     assert rec["result"]["200"] == 3 and rec["result"]["1.5"] == "a" and rec["result"]["true"] == -(2**70)
     r = project.runtime.redis
-    stored = "".join(str(r.hget(k, good.id)) for k in r.scan_iter(match=f"{project.prefix}*:done:*")
+    stored = "".join(str(r.hget(k, good.id)) for k in r.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}*:done:*")
                      if r.type(k) == "hash")
     assert str(10**30) in stored  # every digit, as json writes it (a reader may take it as a float)
     dead = c.wait(bad.id, timeout_s=30).as_dict()

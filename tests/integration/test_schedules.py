@@ -28,7 +28,7 @@ from schedulekit import (
 
 from runner.store.keys import clock_offset
 
-from conftest import Project, wait_for
+from conftest import SCAN_COUNT, Project, wait_for
 
 B = "2030-01-01T00:00"  # a base time: ticks below are B + seconds
 STANDBY_ENV = {**TEST_ENV, "RUNNER_TEST_STANDBY": "0.5,2"}  # heartbeat 0.5 s; quiet 2 s to take over
@@ -314,7 +314,7 @@ def test_a_living_canary_busy_with_a_long_catch_up_keeps_its_schedules(project: 
 
         def caught_up() -> bool:  # every schedule has fired its last tick at or past the jump
             pipe = r.pipeline(transaction=False)
-            for key in r.scan_iter(match=pattern, count=1000):
+            for key in r.scan_iter(match=pattern, count=SCAN_COUNT):
                 pipe.hget(key, "tick")
             return sum(int(t or 0) >= ms(B) + 110_000 for t in pipe.execute()) >= MANY
 

@@ -10,7 +10,7 @@ import pytest
 from runner.errors import UnknownFunction, UnknownVersion, ValidationFailed
 from runner.store import records
 
-from conftest import REPO, Project, wait_for
+from conftest import REPO, SCAN_COUNT, Project, wait_for
 
 
 def use_examples(project: Project) -> None:
@@ -21,7 +21,7 @@ def use_examples(project: Project) -> None:
 
 
 def redis_keys(project: Project) -> list[str]:
-    return sorted(project.runtime.redis.scan_iter(match=f"{project.prefix}:*"))
+    return sorted(project.runtime.redis.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}:*"))
 
 
 def test_invalid_payload_is_refused_and_nothing_is_written(project: Project) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import close_project, shard_project, shards_fixture  # noqa: F401  (the shards fixture)
+from clusterkit import close_project, shard_project, shard_set, shards_fixture  # noqa: F401  (the shards fixtures)
 
 from runner.client import Request
 from runner.store.embedded import Server

@@ -16,7 +16,7 @@ from test_web_support import Web, gunicorn, served
 from runner.store import records
 from runner.store.embedded import Server
 
-from conftest import Project
+from conftest import SCAN_COUNT, Project
 
 TOKEN = "hostile-t0ken"
 
@@ -45,7 +45,7 @@ def refused(_shared: tuple[Project, Web]) -> Iterator[tuple[Project, Web]]:
     project, _ = _shared
     yield _shared
     r = project.runtime.redis
-    for key in list(r.scan_iter(match=f"{project.prefix}:*job:*")):
+    for key in list(r.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}:*job:*")):
         r.delete(key)
 
 
@@ -56,7 +56,7 @@ def post_raw(web: Web, body: bytes, content_type: str = "application/json", path
 
 
 def nothing_written(project: Project) -> bool:
-    return not list(project.runtime.redis.scan_iter(match=f"{project.prefix}:*job:*"))
+    return not list(project.runtime.redis.scan_iter(count=SCAN_COUNT, match=f"{project.prefix}:*job:*"))
 
 
 @pytest.mark.parametrize("body,needle", [

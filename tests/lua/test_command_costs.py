@@ -14,7 +14,7 @@ from test_scripts import NOW, claim, enqueue, new
 
 from runner.store.scripts import Ack
 
-from conftest import Project, keep_functions, structures
+from conftest import SCAN_COUNT, Project, keep_functions, structures
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_a_leases_key_damaged_costs_no_job(p: Project, kind: str) -> None:
             claim(p, n=n)
         assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"] and r.hlen(k.claims) == 0, n
         assert r.hget(k.state("b"), "lost_token") == "old 1 1"
-        assert not [key for key in r.scan_iter(match=k.lim_prefix + "*")]
+        assert not [key for key in r.scan_iter(count=SCAN_COUNT, match=k.lim_prefix + "*")]
     sc.reclaim(k, 100, 10**7, now_ms=NOW + 1)
     assert r.type(k.leases + ":corrupt") == kind
     assert [g[0] for g in claim(p, n=5)] == ["a", "b", "c"]
@@ -204,7 +204,7 @@ def test_an_id_twice_in_one_claim_is_read_again_after_a_gate_wrote_its_state(p: 
     enqueue(p, new("r", limits="1 c:x"))
     r.lpush(k.ready, "r")  # the same id twice in ready
     assert claim(p, n=5, base="w.2") == []
-    waiters = [key for key in r.scan_iter(match=k.lim_prefix + "*:w")]
+    waiters = [key for key in r.scan_iter(count=SCAN_COUNT, match=k.lim_prefix + "*:w")]
     assert [r.lrange(w, 0, -1) for w in waiters] == [["r"]]
     assert "r" not in structures(p)["ready"] and r.hget(k.claims, "r") is None
 
