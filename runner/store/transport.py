@@ -106,6 +106,10 @@ CHECKED = frozenset({"claim", "start", "ack", "retry", "bury", "release", "suspe
 # and sent again in one write into a paused server held a PING 0.7 s (21 calls of 8 MiB);
 # in writes of this bound, each sent once the last is answered, one call is waiting there.
 WRITE_BYTES = records.SCRIPT_BYTES
+# The most lost connections one split round trip (Transport._split) goes on after, each
+# on a fresh connection that connects: a server that takes connections and drops them
+# again costs a few connects, then the caller's own retry with its backoff.
+RESUMES = 3
 # A short wait (Transport.waiting) stretches to this many times a master's recent round
 # trip: a master that answers in 0.4 s is slow, and waited for; one silent for that long
 # past its usual answer is stalled.
@@ -1205,31 +1209,65 @@ class Transport:
         reply takes its place in the list instead of being raised (a settle batch is one
         or two script calls: redis-py's pipeline object cost more than the calls' own
         packing). Past WRITE_BYTES, in several writes on the same connection (so a WAIT
-        at the end counts them all), each once the last is answered; a failure in any
-        raises, as in one. Without kept connections, redis-py's pipeline."""
+        at the end counts them all), each once the last is answered (``_split``: a
+        connection lost after some were answered keeps their replies); a failure raises,
+        as in one. Without kept connections, redis-py's pipeline."""
         if self._lanes is None:
             pipe = self.client.pipeline(transaction=False)
             for cmd in cmds:
                 pipe.execute_command(*cmd)
             return list(pipe.execute(raise_on_error=False))
         lanes = self._lanes
-        conn = lanes.take()
+        held = [lanes.take()]  # (_split may swap a lost connection for a fresh one)
         replies: list[Any] = []
         try:
-            packed = conn.pack_commands(cmds)
+            packed = held[0].pack_commands(cmds)
             if len(cmds) > 1 and sum(map(len, packed)) > WRITE_BYTES:  # (rare: big records)
-                for group in records.by_bytes(cmds, _command_bytes, WRITE_BYTES):
-                    self._exchange(conn, conn.pack_commands(group), len(group), replies)
+                self._split(lanes, held, cmds, replies)
             else:
-                self._exchange(conn, packed, len(cmds), replies)
+                self._exchange(held[0], packed, len(cmds), replies)
             if self._watch is not None:
-                self._trusted(conn)
+                self._trusted(held[0])
         except BaseException:
-            conn.disconnect()  # it may owe replies
-            lanes.give(conn)
+            held[0].disconnect()  # it may owe replies
+            lanes.give(held[0])
             raise
-        lanes.give(conn)
+        lanes.give(held[0])
         return replies
+
+    def _split(self, lanes: _Lanes, held: list[Any], cmds: Sequence[Sequence[Any]], replies: list[Any]) -> None:
+        """``cmds`` in writes of WRITE_BYTES on ``held[0]``, their replies read onto
+        ``replies``. A connection lost once some of its writes were answered: those replies
+        are kept and the calls after them go on a fresh connection (``held[0]`` then) to
+        the same server. (Sent again whole, the calls that had run were refused by their
+        fences: false "lease lost" warnings, successes never counted.) A call whose write
+        went out but whose reply was lost is sent again: unknown, as in one write, its
+        fence decides. A loss with nothing answered yet, the RESUMES+1-th loss, a fresh
+        connection that does not connect, or one to another server (a failover: what the
+        lost one answered may be wiped) raises, and the caller sends the batch again."""
+        start = losses = 0  # (start: the replies kept when the last connection was lost)
+        while True:
+            conn = held[0]
+            try:
+                for group in records.by_bytes(cmds[len(replies):], _command_bytes, WRITE_BYTES):
+                    self._exchange(conn, conn.pack_commands(group), len(group), replies)
+                break
+            except RedisConnectionError:
+                losses += 1
+                if not replies or losses > RESUMES or (
+                        self._watch is not None and self._watch.demoted(conn.host, conn.port)):
+                    raise
+                start, where = len(replies), (conn.host, conn.port)
+                held[0] = lanes.take()  # (taken first: a failure here gives back this one only)
+                conn.disconnect()
+                lanes.give(conn)
+                held[0].connect()
+                if (held[0].host, held[0].port) != where:
+                    raise
+        if start and cmds[-1][0] == "WAIT":
+            # WAIT counts the replicas of its own connection's writes: those of the lost
+            # one are not vouched for (Batch lists the durable calls as short).
+            replies[-1] = 0
 
     def _exchange(self, conn: Any, packed: Any, n: int, replies: list[Any]) -> None:
         """One write of ``n`` packed commands, and their replies read onto ``replies``."""

@@ -314,6 +314,72 @@ def test_a_batch_past_the_write_bound_goes_in_writes_each_once_the_last_is_answe
     assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"]
 
 
+def _cut_before_write(monkeypatch: pytest.MonkeyPatch, r: Any, which: tuple[int, ...],
+                      after_send: bool = False) -> list[int]:
+    """Kills the kept connection (CLIENT KILL by the server) at each ``which``-th write of
+    a split round trip (from 0, the writes sent again counted), before it goes out or,
+    ``after_send``, once it went out and before its reply is read; the list counts the
+    kills."""
+    real = transport.Transport._exchange
+    kills: list[int] = []
+    seen = [0]
+
+    def exchange(self: Any, conn: Any, packed: Any, n: int, replies: list[Any]) -> None:
+        seen[0] += 1
+        if seen[0] - 1 not in which:
+            return real(self, conn, packed, n, replies)
+        host, port = conn._sock.getsockname()[:2]
+        if after_send:
+            conn.send_packed_command(packed)
+        r.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}")
+        kills.append(1)
+        if after_send:
+            conn.read_response()  # (the reply is lost with the connection: this raises)
+        return real(self, conn, packed, n, replies)
+
+    monkeypatch.setattr(transport.Transport, "_exchange", exchange)
+    return kills
+
+
+def test_a_split_round_trip_cut_between_writes_keeps_the_answered_replies_and_sends_the_rest(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection lost after the first writes of a split round trip were answered (and
+    the fresh one lost too, before its first write): their replies are kept, and only the
+    calls not yet sent go out again on a fresh connection,
+    so each call runs once and the caller gets every reply in its place (the whole batch
+    sent again had the landed calls refused by their fences: false "lease lost" warnings
+    and successes never counted)."""
+    sc, k, r = project.runtime.scripts, project.keys(), project.runtime.redis
+    monkeypatch.setattr(transport, "WRITE_BYTES", 10_000)
+    r.script_flush()
+    sc.loaded.clear()  # (the script's load is the first write; the call of "b" the third)
+    kills = _cut_before_write(monkeypatch, r, which=(2, 3))  # (the second before a fresh write)
+    batch = sc.batch()
+    for name in ("a", "b", "c"):
+        sc.enqueue(k, [_job(name)._replace(payload=f'{{"pad":"{PAD}"}}')], pipe=batch, now_ms=NOW)
+    assert batch.execute() == [[1, "a", "queued"], [1, "b", "queued"], [1, "c", "queued"]]
+    assert kills == [1, 1] and r.lrange(k.ready, 0, -1) == ["c", "b", "a"]
+
+
+def test_a_split_round_trip_cut_after_a_write_went_out_sends_its_calls_again_for_the_fence(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that went out and whose reply was lost with the connection: its calls are
+    unknown, sent again, and what guards them decides (here each job's idempotency key:
+    enqueued once whether or not the lost write ran); the replies before it are kept."""
+    sc, k, r = project.runtime.scripts, project.keys(), project.runtime.redis
+    monkeypatch.setattr(transport, "WRITE_BYTES", 10_000)
+    r.script_flush()
+    sc.loaded.clear()  # (the script's load is the first write; the call of "b" the third)
+    kills = _cut_before_write(monkeypatch, r, which=(2,), after_send=True)
+    batch = sc.batch()
+    for name in ("a", "b", "c"):
+        sc.enqueue(k, [_job(name)._replace(payload=f'{{"pad":"{PAD}"}}', idem_key=f"key-{name}")], pipe=batch,
+                   now_ms=NOW)
+    replies = batch.execute()
+    assert kills == [1] and replies[0] == [1, "a", "queued"] and replies[2] == [1, "c", "queued"]
+    assert replies[1][1] == "b" and sorted(r.lrange(k.ready, 0, -1)) == ["a", "b", "c"], replies
+
+
 def test_enqueue_many_streams_within_the_write_bound(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """enqueue_many sends a call once those in flight and it hold WRITE_BYTES of payloads
     at most (one call whatever its size): with writes paused Redis holds one call, not the
