@@ -98,6 +98,13 @@ FENCED = frozenset({"relay", "tick"})
 # be given up on a stalled master (and one answered late is handed back or sent again).
 # Sent with the script in one write: a round trip each still; none with ``replicas`` = 0.
 CHECKED = frozenset({"claim", "start", "ack", "retry", "bury", "release", "suspend"})
+# Calls a split round trip may send again after its connection was lost (Transport._split):
+# each is fenced by its claim's token, so one whose write went out and whose reply was lost
+# is refused if it had run. An enqueue is not (a job without an idempotency key would be
+# written twice), nor a claim (a job leased to nobody who knows it). A run's log lines
+# (joblog) go with its settlement, fenced alike: sent again before their run's end landed,
+# they may show twice in its log, the only cost.
+RESUMABLE = frozenset({"start", "ack", "retry", "bury", "release", "suspend", "joblog"})
 
 # The most bytes of commands one write of ``pipelined`` carries (one command whatever its
 # size): Redis goes on reading a client it holds back (CLIENT PAUSE WRITE, a failover's
@@ -290,7 +297,7 @@ class Batch:
         if wait is not None:
             cmds.append(wait)
         try:
-            replies = sc.pipelined(cmds)
+            replies = sc.pipelined(cmds, resumable=all(name in RESUMABLE for name, *_ in self.calls))
         except BaseException:
             sc.loaded.clear()  # a restart or a failover may come with it: nothing is known loaded
             raise
@@ -1204,14 +1211,15 @@ class Transport:
         lanes.give(conn)
         return out
 
-    def pipelined(self, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+    def pipelined(self, cmds: Sequence[Sequence[Any]], resumable: bool = False) -> list[Any]:
         """Send commands in one write on a kept connection and read every reply; an error
         reply takes its place in the list instead of being raised (a settle batch is one
         or two script calls: redis-py's pipeline object cost more than the calls' own
         packing). Past WRITE_BYTES, in several writes on the same connection (so a WAIT
-        at the end counts them all), each once the last is answered (``_split``: a
-        connection lost after some were answered keeps their replies); a failure raises,
-        as in one. Without kept connections, redis-py's pipeline."""
+        at the end counts them all), each once the last is answered (``_split``: with
+        ``resumable`` calls, a connection lost after some were answered keeps their
+        replies); a failure raises, as in one. Without kept connections, redis-py's
+        pipeline."""
         if self._lanes is None:
             pipe = self.client.pipeline(transaction=False)
             for cmd in cmds:
@@ -1223,7 +1231,7 @@ class Transport:
         try:
             packed = held[0].pack_commands(cmds)
             if len(cmds) > 1 and sum(map(len, packed)) > WRITE_BYTES:  # (rare: big records)
-                self._split(lanes, held, cmds, replies)
+                self._split(lanes, held, cmds, replies, resumable)
             else:
                 self._exchange(held[0], packed, len(cmds), replies)
             if self._watch is not None:
@@ -1235,7 +1243,8 @@ class Transport:
         lanes.give(held[0])
         return replies
 
-    def _split(self, lanes: _Lanes, held: list[Any], cmds: Sequence[Sequence[Any]], replies: list[Any]) -> None:
+    def _split(self, lanes: _Lanes, held: list[Any], cmds: Sequence[Sequence[Any]], replies: list[Any],
+               resumable: bool) -> None:
         """``cmds`` in writes of WRITE_BYTES on ``held[0]``, their replies read onto
         ``replies``. A connection lost once some of its writes were answered: those replies
         are kept and the calls after them go on a fresh connection (``held[0]`` then) to
@@ -1244,7 +1253,8 @@ class Transport:
         went out but whose reply was lost is sent again: unknown, as in one write, its
         fence decides. A loss with nothing answered yet, the RESUMES+1-th loss, a fresh
         connection that does not connect, or one to another server (a failover: what the
-        lost one answered may be wiped) raises, and the caller sends the batch again."""
+        lost one answered may be wiped) raises, and the caller sends the batch again; so
+        does any loss unless every call is ``resumable`` (RESUMABLE: fenced)."""
         start = losses = 0  # (start: the replies kept when the last connection was lost)
         while True:
             conn = held[0]
@@ -1254,7 +1264,7 @@ class Transport:
                 break
             except RedisConnectionError:
                 losses += 1
-                if not replies or losses > RESUMES or (
+                if not resumable or not replies or losses > RESUMES or (
                         self._watch is not None and self._watch.demoted(conn.host, conn.port)):
                     raise
                 start, where = len(replies), (conn.host, conn.port)
