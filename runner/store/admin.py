@@ -16,7 +16,7 @@ from runner.store import records
 from runner.store.keys import QueueKeys
 from runner.store.outage import checked
 from runner.store.schedules import ServerClock
-from runner.store.stats import both_sets, stats_hashes
+from runner.store.stats import both_sets, stats_hashes, weigh
 
 
 def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[str]]) -> list[dict[str, Any]]:
@@ -34,7 +34,7 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
         pipe.hlen(k.stats)
         pipe.zcard(k.prio)
         pipe.zcard(k.sleeping)
-        pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1); stats_hashes)
+        weigh(pipe, k)  # (exact up to STATS_WHOLE fields: stats_hashes)
         both_sets(pipe, k)  # (an earlier release's sleepers, in scheduled too: counted once)
     raw = pipe.execute(raise_on_error=False)
     n = 9
@@ -43,7 +43,7 @@ def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[
             if isinstance(v, Exception):
                 raise v  # (as execute() would: an outage, or a damaged queue key)
     sizes = [int(raw[n * i + 4]) for i in range(len(every))]
-    # (a server that refuses MEMORY USAGE: the hash's size alone decides)
+    # (a server that refuses the script: the hash's size alone decides)
     weights = [0 if isinstance(raw[n * i + 7], Exception) else raw[n * i + 7] for i in range(len(every))]
     hashes = stats_hashes(redis, every, sizes, weights, names)
     out = []

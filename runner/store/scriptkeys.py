@@ -102,6 +102,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "unroster": ("roster",),
     # A worker's summed figures (store/stats.py add_counts): the hash each row names, given.
     "count": ("figures",),
+    # A stats hash's exact bytes for its reader (store/stats.py weigh).
+    "weigh": ("stats",),
 }
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).

@@ -46,8 +46,8 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
     sleeping set too, where sleeping jobs wait for their wake time; sleeping and waiting
     from their sets, 0 for a damaged one), the id at the RPOP
     end of ready (None when empty) and a list of prio's first id ([] when empty): the
-    next jobs a worker takes; its stats hash's count of fields and its bytes (as Redis
-    estimates them: stats_hashes) and its paused hash."""
+    next jobs a worker takes; its stats hash's count of fields and its bytes (weigh) and
+    its paused hash."""
     pipe = redis.pipeline(transaction=False)
     for k in every:
         pipe.llen(k.ready)
@@ -64,7 +64,7 @@ def partition_rows(redis: Any, every: Sequence[QueueKeys], now_ms: int) -> list[
         pipe.zrange(k.prio, 0, 0)  # the next job of priority a worker takes
         pipe.zcard(k.sleeping)  # (sleeping jobs wait there alone; waiting ones in scheduled too)
         pipe.zcard(k.waiting)
-        pipe.execute_command("MEMORY", "USAGE", k.stats)  # (sampled: O(1) whatever the hash holds)
+        weigh(pipe, k)
         pipe.zcount(k.sleeping, "-inf", now_ms)  # (these two last: taken off the row below)
         both_sets(pipe, k)
     raw = pipe.execute(raise_on_error=False)
@@ -94,20 +94,31 @@ _BEST_EFFORT = frozenset({"sleeping", "waiting", "stats_bytes", "sleeping_due", 
 # (lua/includes/stats.lua), so only a hash grown before, or by another writer, is wider:
 # 1.44 million fields held Redis 0.7-0.85 s in one HGETALL.
 STATS_WHOLE = 20_000
-# Nor is a hash Redis estimates past this many bytes (MEMORY USAGE, which samples a few
-# fields: O(1)): 1,000 fields named by 100 KB types, which a worker of the release before
-# counted foreign records under, made each read an HGETALL of 100 MB (0.65-0.97 s a
-# scrape). 20,000 fields of the longest names runner writes take about 2 MB.
+# Nor is a hash of more than this many bytes (weigh): 1,000 fields named by 100 KB types,
+# which a worker of the release before counted foreign records under, made each read an
+# HGETALL of 100 MB (0.65-0.97 s a scrape). 20,000 fields of the longest names runner
+# writes take about 2 MB.
 STATS_BYTES = 4 * 1024 * 1024
 # Fields per HMGET of a wide hash (each call bounded, whatever the names asked).
 _HMGET = 2_000
+
+
+def weigh(pipe: Any, k: QueueKeys) -> None:
+    """Queue the exact bytes of ``k``'s stats hash when it holds at most STATS_WHOLE fields,
+    else 0 (lua/weigh.lua: MEMORY USAGE's default sampling reads 5 entries, and missed 115
+    MB of heavy fields beside ordinary ones). By its source (EVAL): a cluster pipeline
+    refuses EVALSHA, and EVAL cannot answer NOSCRIPT, so the read stays one round trip.
+    An error reply (a server that refuses scripts) counts as 0: the field count decides."""
+    from runner.store.sources import SOURCES  # here: loaded on a read's first use
+
+    pipe.execute_command("EVAL", SOURCES["weigh"], 1, k.stats, STATS_WHOLE)
 
 
 def stats_hashes(redis: Any, every: Sequence[QueueKeys], sizes: Sequence[int], weights: Sequence[Any],
                  names: Callable[[], Sequence[str]]) -> list[dict[str, str]]:
     """The stats hash of each partition of ``every``, in one pipelined round trip: whole
     when its size (``sizes``, partition_rows' HLEN) is at most STATS_WHOLE and its bytes
-    (``weights``, MEMORY USAGE: None for no hash, 0 unknown) at most STATS_BYTES, else only
+    (``weights``, weigh: 0 unknown) at most STATS_BYTES, else only
     the fields ``names()`` lists (called once, and only for such a hash), those it holds."""
     pipe = redis.pipeline(transaction=False)
     plan: list[int] = []

@@ -98,6 +98,13 @@ FENCED = frozenset({"relay", "tick"})
 # be given up on a stalled master (and one answered late is handed back or sent again).
 # Sent with the script in one write: a round trip each still; none with ``replicas`` = 0.
 CHECKED = frozenset({"claim", "start", "ack", "retry", "bury", "release", "suspend"})
+# Calls a split round trip may send again after its connection was lost (Transport._split):
+# each is fenced by its claim's token, so one whose write went out and whose reply was lost
+# is refused if it had run. An enqueue is not (a job without an idempotency key would be
+# written twice), nor a claim (a job leased to nobody who knows it). A run's log lines
+# (joblog) go with its settlement, fenced alike: sent again before their run's end landed,
+# they may show twice in its log, the only cost.
+RESUMABLE = frozenset({"start", "ack", "retry", "bury", "release", "suspend", "joblog"})
 
 # The most bytes of commands one write of ``pipelined`` carries (one command whatever its
 # size): Redis goes on reading a client it holds back (CLIENT PAUSE WRITE, a failover's
@@ -106,6 +113,10 @@ CHECKED = frozenset({"claim", "start", "ack", "retry", "bury", "release", "suspe
 # and sent again in one write into a paused server held a PING 0.7 s (21 calls of 8 MiB);
 # in writes of this bound, each sent once the last is answered, one call is waiting there.
 WRITE_BYTES = records.SCRIPT_BYTES
+# The most lost connections one split round trip (Transport._split) goes on after, each
+# on a fresh connection that connects: a server that takes connections and drops them
+# again costs a few connects, then the caller's own retry with its backoff.
+RESUMES = 3
 # A short wait (Transport.waiting) stretches to this many times a master's recent round
 # trip: a master that answers in 0.4 s is slow, and waited for; one silent for that long
 # past its usual answer is stalled.
@@ -279,7 +290,7 @@ class Batch:
         if wait is not None:
             cmds.append(wait)
         try:
-            replies = sc.pipelined(cmds)
+            replies = sc.pipelined(cmds, resumable=all(name in RESUMABLE for name, *_ in self.calls))
         except BaseException:
             sc.loaded.clear()  # a restart or a failover may come with it: nothing is known loaded
             raise
@@ -1182,36 +1193,73 @@ class Transport:
         lanes.give(conn)
         return out
 
-    def pipelined(self, cmds: Sequence[Sequence[Any]]) -> list[Any]:
+    def pipelined(self, cmds: Sequence[Sequence[Any]], resumable: bool = False) -> list[Any]:
         """Send commands in one write on a kept connection and read every reply; an error
         reply takes its place in the list instead of being raised (a settle batch is one
         or two script calls: redis-py's pipeline object cost more than the calls' own
         packing). Past WRITE_BYTES, in several writes on the same connection (so a WAIT
-        at the end counts them all), each once the last is answered; a failure in any
-        raises, as in one. Without kept connections, redis-py's pipeline."""
+        at the end counts them all), each once the last is answered (``_split``: with
+        ``resumable`` calls, a connection lost after some were answered keeps their
+        replies); a failure raises, as in one. Without kept connections, redis-py's
+        pipeline."""
         if self._lanes is None:
             pipe = self.client.pipeline(transaction=False)
             for cmd in cmds:
                 pipe.execute_command(*cmd)
             return list(pipe.execute(raise_on_error=False))
         lanes = self._lanes
-        conn = lanes.take()
+        held = [lanes.take()]  # (_split may swap a lost connection for a fresh one)
         replies: list[Any] = []
         try:
-            packed = conn.pack_commands(cmds)
+            packed = held[0].pack_commands(cmds)
             if len(cmds) > 1 and sum(map(len, packed)) > WRITE_BYTES:  # (rare: big records)
-                for group in records.by_bytes(cmds, _command_bytes, WRITE_BYTES):
-                    self._exchange(conn, conn.pack_commands(group), len(group), replies)
+                self._split(lanes, held, cmds, replies, resumable)
             else:
-                self._exchange(conn, packed, len(cmds), replies)
+                self._exchange(held[0], packed, len(cmds), replies)
             if self._watch is not None:
-                self._trusted(conn)
+                self._trusted(held[0])
         except BaseException:
-            conn.disconnect()  # it may owe replies
-            lanes.give(conn)
+            held[0].disconnect()  # it may owe replies
+            lanes.give(held[0])
             raise
-        lanes.give(conn)
+        lanes.give(held[0])
         return replies
+
+    def _split(self, lanes: _Lanes, held: list[Any], cmds: Sequence[Sequence[Any]], replies: list[Any],
+               resumable: bool) -> None:
+        """``cmds`` in writes of WRITE_BYTES on ``held[0]``, their replies read onto
+        ``replies``. A connection lost once some of its writes were answered: those replies
+        are kept and the calls after them go on a fresh connection (``held[0]`` then) to
+        the same server. (Sent again whole, the calls that had run were refused by their
+        fences: false "lease lost" warnings, successes never counted.) A call whose write
+        went out but whose reply was lost is sent again: unknown, as in one write, its
+        fence decides. A loss with nothing answered yet, the RESUMES+1-th loss, a fresh
+        connection that does not connect, or one to another server (a failover: what the
+        lost one answered may be wiped) raises, and the caller sends the batch again; so
+        does any loss unless every call is ``resumable`` (RESUMABLE: fenced)."""
+        start = losses = 0  # (start: the replies kept when the last connection was lost)
+        while True:
+            conn = held[0]
+            try:
+                for group in records.by_bytes(cmds[len(replies):], _command_bytes, WRITE_BYTES):
+                    self._exchange(conn, conn.pack_commands(group), len(group), replies)
+                break
+            except RedisConnectionError:
+                losses += 1
+                if not resumable or not replies or losses > RESUMES or (
+                        self._watch is not None and self._watch.demoted(conn.host, conn.port)):
+                    raise
+                start, where = len(replies), (conn.host, conn.port)
+                held[0] = lanes.take()  # (taken first: a failure here gives back this one only)
+                conn.disconnect()
+                lanes.give(conn)
+                held[0].connect()
+                if (held[0].host, held[0].port) != where:
+                    raise
+        if start and cmds[-1][0] == "WAIT":
+            # WAIT counts the replicas of its own connection's writes: those of the lost
+            # one are not vouched for (Batch lists the durable calls as short).
+            replies[-1] = 0
 
     def _exchange(self, conn: Any, packed: Any, n: int, replies: list[Any]) -> None:
         """One write of ``n`` packed commands, and their replies read onto ``replies``."""

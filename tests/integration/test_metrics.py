@@ -283,6 +283,39 @@ def test_a_stats_hash_of_few_fields_but_many_bytes_is_read_by_name(project: Proj
     assert counted["fast"]["stats_fields_left_out"] == heavy and counted["fast"]["counters"]["succeeded|noop"] == 4
 
 
+def test_a_stats_hash_of_many_small_fields_and_a_few_heavy_ones_is_read_by_name(project: Project) -> None:
+    """MEMORY USAGE at its default sampling reads a hash's first 5 entries in table order:
+    5,000 ordinary figures beside 50 fields named by 100 KB types (5 MB) were estimated
+    at about 0.3 MB, so every read took the hash whole, and with 1,000 such fields each
+    read sent 100 MB. The bytes bound is exact for any hash narrow enough to be read whole,
+    so such a hash is read by name whatever its table order."""
+    from runner.observe.figures import read_queues
+    from runner.store.stats import STATS_BYTES
+
+    r, k = project.runtime.redis, project.keys("fast")
+    heavy, name = 50, "x" * 100_000
+    for attempt in range(20):  # a table order whose first entries are small (most are)
+        r.delete(k.stats)
+        pipe = r.pipeline(transaction=False)
+        pipe.hset(k.stats, mapping={f"lat|fn{i // 40}_{attempt}|{i % 40}": 1 for i in range(5_000)})
+        for i in range(heavy):
+            pipe.hset(k.stats, f"dead|{name}{attempt}_{i}", 1)
+        pipe.hset(k.stats, mapping={"succeeded|noop": 4, "dead|?": 2})
+        pipe.execute()
+        if r.memory_usage(k.stats) <= STATS_BYTES < r.memory_usage(k.stats, samples=0):
+            break
+    else:
+        raise AssertionError("every table order had a heavy field among its first entries")
+    figures, seen = commands_run(project, lambda: read_queues(project.runtime))
+    fast = next(q for q in figures if q.name == "fast")
+    assert not [c for c in seen if c[0].upper() == "HGETALL" and c[1] == k.stats], seen
+    assert fast.functions["noop"].counters["succeeded"] == 4 and fast.functions["?"].counters["dead"] == 2
+    assert fast.stats_left_out == 5_000 + heavy
+    counted, seen = commands_run(project, project.client.stats)
+    assert not [c for c in seen if c[0].upper() == "HGETALL" and c[1] == k.stats], seen
+    assert counted["fast"]["stats_fields_left_out"] == 5_000 + heavy
+
+
 def test_a_type_name_no_function_can_have_is_counted_and_shown_as_malformed(project: Project) -> None:
     """A type comes from another producer's record as it wrote it: a 100 KB name made every
     /metrics scrape 5.7 MB (the name in each of its samples), and one with "|" split into a

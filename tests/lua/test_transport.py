@@ -314,6 +314,82 @@ def test_a_batch_past_the_write_bound_goes_in_writes_each_once_the_last_is_answe
     assert r.lrange(k.ready, 0, -1) == ["c", "b", "a"]
 
 
+def _cut_before_write(monkeypatch: pytest.MonkeyPatch, r: Any, which: tuple[int, ...],
+                      after_send: bool = False) -> list[int]:
+    """Kills the kept connection (CLIENT KILL by the server) at each ``which``-th write of
+    a split round trip (from 0, the writes sent again counted), before it goes out or,
+    ``after_send``, once it went out and before its reply is read; the list counts the
+    kills."""
+    real = transport.Transport._exchange
+    kills: list[int] = []
+    seen = [0]
+
+    def exchange(self: Any, conn: Any, packed: Any, n: int, replies: list[Any]) -> None:
+        seen[0] += 1
+        if seen[0] - 1 not in which:
+            return real(self, conn, packed, n, replies)
+        host, port = conn._sock.getsockname()[:2]
+        if after_send:
+            conn.send_packed_command(packed)
+        r.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}")
+        kills.append(1)
+        if after_send:
+            conn.read_response()  # (the reply is lost with the connection: this raises)
+        return real(self, conn, packed, n, replies)
+
+    monkeypatch.setattr(transport.Transport, "_exchange", exchange)
+    return kills
+
+
+def _claimed(project: Project, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Jobs enqueued and claimed to start: (id, token) each."""
+    sc, k = project.runtime.scripts, project.keys()
+    sc.enqueue(k, [_job(n) for n in names], now_ms=NOW)
+    reply = sc.claim(k, n=len(names), start=len(names), lease_ms=60_000, token_base="t", dead_ttl_ms=10**9,
+                     done_ttl_ms=10**9, now_ms=NOW)
+    return [(reply[i], reply[i + 1]) for i in range(2, len(reply), CLAIM_FIELDS)]
+
+
+def test_a_split_settlement_cut_between_writes_keeps_the_answered_replies_and_sends_the_rest(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection lost after the first writes of a split round trip of settlements were
+    answered (and the fresh one lost too, before its first write): their replies are kept,
+    and only the calls not yet answered go out again on a fresh connection, so each ack
+    lands once and the caller gets every reply in its place (the whole batch sent again
+    had the landed acks refused by their fences: false "lease lost" warnings, and
+    successes never counted)."""
+    from runner.store.scripts import Ack
+
+    sc, k, r = project.runtime.scripts, project.keys(), project.runtime.redis
+    held = _claimed(project, ("a", "b", "c"))
+    monkeypatch.setattr(transport, "WRITE_BYTES", 10_000)
+    r.script_flush()
+    sc.loaded.clear()  # (the script's load is the first write; the ack of "b" the third)
+    kills = _cut_before_write(monkeypatch, r, which=(2, 3))  # (the second before a fresh write)
+    batch = sc.batch()
+    for jid, token in held:
+        sc.ack(k, [Ack(jid, token, f'{{"pad":"{PAD}"}}', "", "")], 10**9, pipe=batch, now_ms=NOW)
+    replies = batch.execute()
+    assert kills == [1, 1] and [int(x[0]) if isinstance(x, list) else int(x) for x in replies] == [1, 1, 1], replies
+
+
+def test_a_split_enqueue_cut_between_writes_is_not_sent_again(project: Project,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enqueues are not fenced: a split round trip of them cut after some were answered
+    raises (the caller says which jobs are undetermined), never sends a call again (a
+    job without an idempotency key would be written twice)."""
+    sc, k, r = project.runtime.scripts, project.keys(), project.runtime.redis
+    monkeypatch.setattr(transport, "WRITE_BYTES", 10_000)
+    kills = _cut_before_write(monkeypatch, r, which=(1,), after_send=True)
+    batch = sc.batch()
+    for name in ("a", "b", "c"):
+        sc.enqueue(k, [_job(name)._replace(payload=f'{{"pad":"{PAD}"}}')], pipe=batch, now_ms=NOW)
+    with pytest.raises(redis.ConnectionError):
+        batch.execute()
+    assert kills == [1]
+    assert sorted(r.lrange(k.ready, 0, -1)) in (["a"], ["a", "b"])  # (each at most once; "c" never sent)
+
+
 def test_enqueue_many_streams_within_the_write_bound(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
     """enqueue_many sends a call once those in flight and it hold WRITE_BYTES of payloads
     at most (one call whatever its size): with writes paused Redis holds one call, not the
