@@ -10,6 +10,7 @@ a durable call) is transport.py's.
 from __future__ import annotations
 
 import json
+import math
 import operator
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
@@ -667,7 +668,11 @@ class Scripts(Transport):
         position, found and read in one call; and the rank of the first one (see seek.lua)."""
         args: list[Any] = ["1" if newest_first else "0", pos, n]
         if anchor is not None:
-            args += [repr(anchor[0]) if anchor[0] != int(anchor[0]) else str(int(anchor[0])), anchor[1]]
+            score = anchor[0]
+            # (a whole number of ms as digits; any other score as Redis reads a float back)
+            mark = str(int(score)) if math.isfinite(score) and abs(score) < 2**53 and score == int(score) else (
+                ("+inf" if score > 0 else "-inf") if math.isinf(score) else repr(score))
+            args += [mark, anchor[1]]
         reply = self.call("seek", scriptkeys.keys("seek", index=key), args)
         return int(reply[0]), [(reply[i], float(reply[i + 1])) for i in range(1, len(reply) - 1, 2)]
 
