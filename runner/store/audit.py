@@ -24,11 +24,13 @@ An entry is pushed (or folded) and the list trimmed by one script (lua/audit.lua
 the list never holds more than MAX_ENTRIES, nor an entry older than MAX_AGE_MS once the
 next one is written, whatever the writers.
 
-Each entry carries its place number ``n`` (audit.lua: one more than the head's, or the time
-in ms when that is greater; kept when the entry is folded into or rewritten), falling
-strictly from head to tail: a reader's cursor holds the place of the last entry it showed,
-and lua/seek_trail.lua finds where to go on by a binary search however many entries landed
-or left since (read_after). An offset (read) moves with every entry that lands.
+Each entry carries its place number ``n`` (audit.lua: one more than the newest numbered
+entry's, or the time in ms when that is greater; kept when the entry is folded into or
+rewritten), falling strictly from head to tail: a reader's cursor holds the last numbered
+entry at or above the last one it showed and the entries shown past it, and
+lua/seek_trail.lua finds where to go on by a binary search however many entries landed or
+left since, among entries of an earlier release (no number) too (read_after). An offset
+(read) moves with every entry that lands.
 
 Pauses and resumes go on a list of their own (``<key>:flow``, bounded and folded alike),
 read merged with the other by time: they need no job and cost nothing to repeat.
@@ -101,11 +103,15 @@ class Bulk:
         self.written = self.written or trail
 
 
-# Where a reader stopped on one trail: the place number of the last entry shown (audit.lua
-# numbers each; 0 for an earlier release's entry) and how many entries were left past it.
+# Where a reader stopped on one trail: the place number of the last numbered entry at or
+# above the last one shown (audit.lua numbers each) and how many entries past it were
+# shown; (0, how many entries were left past it) on a trail with no numbered entry.
 Place = tuple[int, int]
 _PLACE = re.compile(r'[{,]"n":(\d+)')
 MAX_PLACE = 2**53
+# The largest place number audit.lua writes or seek_trail.lua reads; another writer's past
+# it is no number (near 2**53 Lua's doubles make n + 1 == n).
+PLACE_BOUND = 2**50
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,25 +142,41 @@ def read_after(scripts: Any, key: str, limit: int, cursor: str | None) -> Page:
     the trail is shown once. ValueError for a cursor this function did not make."""
     places = decode_cursor(cursor) if cursor else (None, None)
     n = min(max(limit, 1), 999)  # (seek_trail.lua reads at most 1000 a call: n + 1)
-    read: list[tuple[int, int, list[str]]] = [scripts.seek_trail(trail, place, n + 1)
-                                             for trail, place in zip((key, flow_key(key)), places, strict=True)]
-    merged = _merged([raw for _, _, raw in read], n + 1)
+    read = [scripts.seek_trail(trail, place, n + 1) for trail, place in zip((key, flow_key(key)), places, strict=True)]
+    merged = _merged([raw for _, _, _, raw in read], n + 1)
     shown = merged[:n]
+    total = sum(length for length, _, _, _ in read)
     if len(merged) <= n:
-        return Page(sum(length for length, _, _ in read), [e for _, e in shown], None)
-    after: list[Place] = []
-    for t, ((length, start, raw), place) in enumerate(zip(read, places, strict=True)):
-        took = sum(1 for trail, _ in shown if trail == t)
-        if took:  # after the last one shown
-            after.append((_place(raw[took - 1]), length - (start + took)))
-        elif place is not None:  # none of this trail on the page: where it was
-            after.append(place)
-        elif raw:  # from the first page: just before its newest entry
-            first = _place(raw[0])
-            after.append((first + 1, 0) if first else (0, length - start))
-        else:
-            after.append((0, 0))  # empty: read to its end
-    return Page(sum(length for length, _, _ in read), [e for _, e in shown], encode_cursor(after[0], after[1]))
+        return Page(total, [e for _, e in shown], None)
+    after = [_after(place, start, length, head, raw, sum(1 for trail, _ in shown if trail == t))
+             for t, ((length, start, head, raw), place) in enumerate(zip(read, places, strict=True))]
+    return Page(total, [e for _, e in shown], encode_cursor(after[0], after[1]))
+
+
+def _after(place: Place | None, start: int, length: int, head: Place, raw: Sequence[str], took: int) -> Place:
+    """Where a trail's next page starts, ``took`` of its entries ``raw`` (read from index
+    ``start``) shown on this one: anchored at the last numbered entry shown, else at the
+    place's own anchor, else at the trail's newest numbered entry ``head`` (number,
+    index) if it lies above; a count from the tail only on a trail with none."""
+    if not took:
+        if place is not None:  # none of this trail on the page: where it was
+            return place
+        if head[0] and raw:  # from the first page: just before its newest entry
+            return head[0] + 1, 0
+        return 0, length - start
+    last = start + took - 1
+    numbered = [j for j in range(took) if _place(raw[j])]
+    if place is not None and place[0] > 0:
+        mine = (place[0], place[1] + took)
+        # The numbers fall as the pages go on; one that does not (another writer's) is no
+        # anchor: the old one holds, so the place only moves on and the walk ends.
+        if not numbered or _place(raw[numbered[-1]]) >= place[0]:
+            return mine
+    if numbered:
+        return _place(raw[numbered[-1]]), took - 1 - numbered[-1]
+    if head[0] and 0 <= head[1] <= last:
+        return head[0], last - head[1]
+    return 0, length - (start + took)
 
 
 def _merged(trails: Sequence[Sequence[str]], most: int) -> list[tuple[int, dict[str, Any]]]:
@@ -174,8 +196,10 @@ def _merged(trails: Sequence[Sequence[str]], most: int) -> list[tuple[int, dict[
 
 
 def _place(raw: str) -> int:
+    """An entry's place number as seek_trail.lua reads it: 0 for none or one out of range."""
     m = _PLACE.search(raw)
-    return int(m.group(1)) if m else 0
+    n = int(m.group(1)[:20]) if m else 0
+    return n if 1 <= n <= PLACE_BOUND else 0
 
 
 def encode_cursor(main: Place, flow: Place) -> str:

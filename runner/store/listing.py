@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -569,8 +570,22 @@ def dead_cursor(queue: str, score: float, job_id: str) -> str:
     """A dead-letter page's cursor: the queue and the position (time of death, job id) of
     the last job shown. A position in an order of the jobs alone, not of any partition:
     processes on any count of partitions read it alike."""
-    raw = codec.dumps(["dead", queue, int(score) if score == int(score) else score, job_id])
+    raw = codec.dumps(["dead", queue, _score_mark(score), job_id[:MAX_DEAD_ID]])
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+# A cursor's id holds at most this many characters. Another writer's longer member is
+# held by its first MAX_DEAD_ID: the next page goes on after that prefix, skipping only
+# members of the same time of death that share it and sort below the one shown.
+MAX_DEAD_ID = 1000
+
+
+def _score_mark(score: float) -> int | float | str:
+    """A time of death as the cursor holds it: a whole number of ms as an int, any other
+    finite score as a float (another writer's: ns, 1e300), an infinite one as a word."""
+    if math.isinf(score):
+        return "+inf" if score > 0 else "-inf"
+    return int(score) if abs(score) <= MAX_POS and score == int(score) else float(score)
 
 
 def decode_dead_cursor(cursor: str, queue: str) -> tuple[float, str]:
@@ -581,8 +596,13 @@ def decode_dead_cursor(cursor: str, queue: str) -> tuple[float, str]:
         kind, of, score, job_id = codec.loads(raw)
     except Exception as exc:
         raise ValueError("not a cursor of this list") from exc
-    if not (kind == "dead" and isinstance(of, str) and isinstance(job_id, str) and 1 <= len(job_id) <= 1000
-            and isinstance(score, int | float) and not isinstance(score, bool) and abs(score) <= MAX_POS):
+    if score in ("+inf", "-inf"):
+        score = float(score)
+    elif isinstance(score, int) and not isinstance(score, bool) and abs(score) <= MAX_POS:
+        pass
+    elif not (isinstance(score, float) and math.isfinite(score)):
+        raise ValueError("not a cursor of this list")
+    if not (kind == "dead" and isinstance(of, str) and isinstance(job_id, str) and 1 <= len(job_id) <= MAX_DEAD_ID):
         raise ValueError("not a cursor of this list")
     if of != queue:
         raise ValueError(f"not a cursor of this list (it reads queue {of!r}): start the list again")

@@ -10,6 +10,7 @@ a durable call) is transport.py's.
 from __future__ import annotations
 
 import json
+import math
 import operator
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
@@ -651,14 +652,16 @@ class Scripts(Transport):
         args = (_clock(now_ms), entry, most, max_age_ms, bulk, fold_ms, max_ids)
         return int(self.call("audit", scriptkeys.keys("audit", audit=key), args))
 
-    def seek_trail(self, key: str, place: tuple[int, int] | None, n: int) -> tuple[int, int, list[str]]:
-        """Up to ``n`` entries of audit trail ``key`` after ``place`` (the place number of
-        the last entry shown, and the count of entries left past it, which places an
-        earlier release's entry: number 0), or from its head; found and read in one call.
-        Returns (the trail's length, the index of the first entry read, the entries)."""
+    def seek_trail(self, key: str, place: tuple[int, int] | None,
+                   n: int) -> tuple[int, int, tuple[int, int], list[str]]:
+        """Up to ``n`` entries of audit trail ``key`` after ``place`` (an anchor's place
+        number and the entries after it already shown; with no anchor, number 0, the count
+        of entries left past the last one shown), or from its head; found and read in one
+        call. Returns (the trail's length, the index of the first entry read, (number,
+        index) of the newest numbered entry, (0, -1) if none, the entries)."""
         args: list[Any] = ["", 0, n] if place is None else [place[0], place[1], n]
         reply = self.call("seek_trail", scriptkeys.keys("seek_trail", audit=key), args)
-        return int(reply[0]), int(reply[1]), [str(e) for e in reply[2:]]
+        return int(reply[0]), int(reply[1]), (int(reply[2]), int(reply[3])), [str(e) for e in reply[4:]]
 
     def seek(self, key: str, pos: int, n: int, anchor: tuple[float, str] | None,
              newest_first: bool) -> tuple[int, list[tuple[str, float]]]:
@@ -667,7 +670,11 @@ class Scripts(Transport):
         position, found and read in one call; and the rank of the first one (see seek.lua)."""
         args: list[Any] = ["1" if newest_first else "0", pos, n]
         if anchor is not None:
-            args += [repr(anchor[0]) if anchor[0] != int(anchor[0]) else str(int(anchor[0])), anchor[1]]
+            score = anchor[0]
+            # (a whole number of ms as digits; any other score as Redis reads a float back)
+            mark = str(int(score)) if math.isfinite(score) and abs(score) < 2**53 and score == int(score) else (
+                ("+inf" if score > 0 else "-inf") if math.isinf(score) else repr(score))
+            args += [mark, anchor[1]]
         reply = self.call("seek", scriptkeys.keys("seek", index=key), args)
         return int(reply[0]), [(reply[i], float(reply[i + 1])) for i in range(1, len(reply) - 1, 2)]
 

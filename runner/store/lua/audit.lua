@@ -24,8 +24,8 @@
 -- ARGV[6] the fold window, ms ('' or 0: no folding)
 -- ARGV[7] the most ids a folded entry names
 --
--- Each entry gets a place number `n`, one more than the head's (or the time in ms, when
--- that is greater): the numbers fall strictly from head to tail whatever the clock does,
+-- Each entry gets a place number `n`, one more than the newest numbered entry's (or the
+-- time in ms, when that is greater): the numbers fall strictly from head to tail whatever the clock does,
 -- and an entry keeps its number when it is rewritten or folded into, so a reader's
 -- cursor finds where it stopped however many entries landed since (seek_trail.lua).
 --
@@ -39,9 +39,13 @@ local fold = tonumber(ARGV[6] or '') or 0
 local max_ids = tonumber(ARGV[7] or '') or 100
 
 -- An entry's place number (as this script writes it: a top-level member, after '{' or
--- ','; inside a string such a mark is escaped), or nil (an earlier release's entry).
+-- ','; inside a string such a mark is escaped), or nil: an earlier release's entry, or
+-- another writer's number outside 1..2^50 (audit.PLACE_BOUND; past 2^53 Lua's doubles
+-- give n + 1 == n, and every later entry would share one number).
 local function place_of(entry)
-  return tonumber(string.match(entry or '', '[{,]"n":(%d+)'))
+  local n = tonumber(string.match(entry or '', '[{,]"n":(%d+)'))
+  if n == nil or n < 1 or n > 1125899906842624 then return nil end
+  return n
 end
 
 local function numbered(entry, n)
@@ -64,7 +68,15 @@ if bulk ~= '' then
   end
 end
 if here == nil then
-  local n = math.max((place_of(redis.call('LINDEX', K.audit, 0)) or 0) + 1, tonumber(now))
+  -- One more than the newest numbered entry (an earlier release's, unnumbered, may have
+  -- landed above it during a rolling deploy; the newest 64 are looked at).
+  local head = 0
+  for _, e in ipairs(redis.call('LRANGE', K.audit, 0, 63)) do
+    head = place_of(e) or 0
+    if head > 0 then break end
+  end
+  local n = math.max(head + 1, tonumber(now))
+  if n > 1125899906842624 then n = nil end  -- (only past another writer's number)
   redis.call('LPUSH', K.audit, numbered(stamped(ARGV[2], now), n))
   here = 0
 end
