@@ -263,3 +263,24 @@ def test_a_claim_of_one_id_checks_it_for_a_claim_by_writing_its_own(p: Project) 
     with pytest.raises(ResponseError, match="the claims key of this queue holds the wrong"):
         claim(p, n=16, base="w.4")
     assert r.lrange(k.ready, 0, -1) == ["d"] and r.zscore(k.leases, "d") is None
+
+
+def test_an_idle_promote_reads_each_due_set_s_head_once(p: Project) -> None:
+    """The scheduler calls promote every interval, and most calls find nothing due: such a
+    call reads the head of scheduled, sleeping and limwait once each (a ZRANGE, whose score
+    is also the answer's next-due time) and runs no ZRANGEBYSCORE, empty sets or not. A
+    call that finds one due runs it for that set and answers from the set as it is left."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    got = sent(r, lambda: sc.promote(k, 100, now_ms=NOW))
+    assert got["zrangebyscore"] == 0 and got["zrange"] == 3, got
+    r.zadd(k.scheduled, {"later": NOW + 500})
+    r.zadd(k.sleeping, {"nap": NOW + 300})
+    r.zadd(k.limwait, {"r:x": NOW + 700})
+    answer: list[Any] = []
+    got = sent(r, lambda: answer.extend(sc.promote(k, 100, now_ms=NOW)))
+    assert got["zrangebyscore"] == 0 and got["zrange"] == 3, got
+    assert answer == [0, 300]
+    enqueue(p, new("d", delay=100))
+    got = sent(r, lambda: answer.__setitem__(slice(None), sc.promote(k, 100, now_ms=NOW + 150)))
+    assert got["zrangebyscore"] == 1 and answer == [1, 150], got  # 'nap' at NOW + 300 next
+    assert structures(p)["ready"] == ["d"] and r.zcard(k.scheduled) == 1

@@ -95,17 +95,34 @@ local function promote_one(id, due, from_sleeping)
     moved = moved + 1
   end
 end
-local ids = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-for i = 1, #ids, 2 do promote_one(ids[i], ids[i + 1], false) end
+-- Each due set's head is read first: most calls find nothing due, and then that read is
+-- all the call sends for the set (its score is also the next-due time in the answer).
+-- A set a call moved jobs from is read again for the answer.
+local function is_due(first) return first[2] ~= nil and tonumber(first[2]) <= now end
+local nxt = redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+local taken = 0
+if is_due(nxt) then
+  local ids = redis.call('ZRANGEBYSCORE', K.scheduled, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+  for i = 1, #ids, 2 do promote_one(ids[i], ids[i + 1], false) end
+  taken, nxt = #ids / 2, nil
+end
 -- pcall: a sleeping key of another type wakes nothing here; the reclaim puts it aside.
-local asleep = #ids < 2 * limit and redis.pcall('ZRANGEBYSCORE', K.sleeping, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
-  limit - #ids / 2) or {}
-if asleep.err then asleep = {} end
-for i = 1, #asleep, 2 do promote_one(asleep[i], asleep[i + 1], true) end
+-- Read after scheduled's moves (a sleeper of the release before leaves both sets).
+local wakes = redis.pcall('ZRANGE', K.sleeping, 0, 0, 'WITHSCORES')
+if wakes.err then wakes = {} end
+if taken < limit and is_due(wakes) then
+  local asleep = redis.call('ZRANGEBYSCORE', K.sleeping, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit - taken)
+  for i = 1, #asleep, 2 do promote_one(asleep[i], asleep[i + 1], true) end
+  wakes, nxt = nil, nil  -- (such a sleeper of the release before left scheduled too)
+end
 if moved > 0 then wake(K.notify) end
 -- The sweep: each due key wakes what its free slots allow; the limit is read off the
 -- first parked job's record.
-for _, key in ipairs(redis.call('ZRANGEBYSCORE', K.limwait, '-inf', now, 'LIMIT', 0, math.max(1, math.floor(limit / 20)))) do
+local sweep = redis.call('ZRANGE', K.limwait, 0, 0, 'WITHSCORES')
+local swept = is_due(sweep) and
+  redis.call('ZRANGEBYSCORE', K.limwait, '-inf', now, 'LIMIT', 0, math.max(1, math.floor(limit / 20))) or {}
+if #swept > 0 then sweep = nil end
+for _, key in ipairs(swept) do
   heal_limit(K.lim_prefix .. key)
   local first = redis.call('LINDEX', K.lim_prefix .. key .. ':w', 0)
   local n = nil
@@ -126,10 +143,13 @@ for _, key in ipairs(redis.call('ZRANGEBYSCORE', K.limwait, '-inf', now, 'LIMIT'
   end
 end
 local due = -1
-local nxt = redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
-local wakes = redis.pcall('ZRANGE', K.sleeping, 0, 0, 'WITHSCORES')
-local sweep = redis.call('ZRANGE', K.limwait, 0, 0, 'WITHSCORES')
-for _, first in ipairs({nxt, wakes.err and {} or wakes, sweep}) do
+nxt = nxt or redis.call('ZRANGE', K.scheduled, 0, 0, 'WITHSCORES')
+if not wakes then
+  wakes = redis.pcall('ZRANGE', K.sleeping, 0, 0, 'WITHSCORES')
+  if wakes.err then wakes = {} end
+end
+sweep = sweep or redis.call('ZRANGE', K.limwait, 0, 0, 'WITHSCORES')
+for _, first in ipairs({nxt, wakes, sweep}) do
   if first[2] then
     local s = math.max(0, tonumber(first[2]) - now)
     if due < 0 or s < due then due = s end
