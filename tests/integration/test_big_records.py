@@ -133,9 +133,10 @@ def test_a_cancel_of_big_deferred_jobs_reads_at_most_bulk_bytes_of_records_per_c
     assert {c.get(i).status for i in ids} == {"cancelled"}
     cancelled = r.hget(k.stats, "cancelled|perm")
     assert cancelled == "30", cancelled
-    # Each call asked for up to 30 (its ARGV[5]); the bytes made it stop and say "more".
-    assert [call["argv"][4] for call in calls][:1] == ["30"]
-    assert len(calls) >= -(-30 * size // BULK_BYTES), (len(calls), size)
+    # The 30 fit one call's count (a batch's 200): the bytes made each call stop and say
+    # "more". (Its ARGV[5], the count asked, is past the 32 words SLOWLOG keeps of a call
+    # since cancel.lua takes 24 keys.)
+    assert len(calls) >= -(-30 * size // BULK_BYTES) >= 2, (len(calls), size)
 
 
 def test_a_page_of_big_jobs_reads_only_their_previews(project: Project) -> None:

@@ -217,4 +217,6 @@ def test_a_page_of_small_dead_jobs_costs_the_commands_it_did(project: Project) -
     dead = commands(lambda: c.dead("fast", limit=50)[1])
     listed = commands(lambda: c.jobs("dead", limit=50).jobs)
     print("commands a page: dead", dead, "jobs?status=dead", listed)
-    assert dead <= 602 and listed <= 602, (dead, listed)
+    # (the dead-letter page pays one command a page more since it answers a cursor: per
+    # page, never per job)
+    assert dead <= 603 and listed <= 602, (dead, listed)

@@ -45,11 +45,8 @@ end
 -- Another writer's records (an outbox entry) name any type: one no function can have
 -- (past 252 bytes, or holding a space, a control character, "|" or "="; a version not
 -- digits) is counted as "?|<version>" ("?|?"), the same going in and out, so a 100 KB
--- name is no 100 KB field kept for ever. A field new to a hash of more than CENSUS_FIELDS
--- fields (HLEN, O(1), asked for a new field only) is kept as "~<field>" instead, which
--- goes when it falls to 0: past the bound, the hash holds the fields of jobs not done
--- only. (A job's count taken below 0 where it was not counted looks there.)
-local CENSUS_FIELDS = 10000
+-- name is no 100 KB field kept for ever. (A field per well-formed name stays: bounding
+-- their count asked HLEN whenever a type's count left 0, every job at light load.)
 local function census(key, field, n)
   if not field or field == '|' then return end
   local t, ver = string.match(field, '^(.*)|([^|]*)$')
@@ -58,12 +55,5 @@ local function census(key, field, n)
   end
   local v = redis.pcall('HINCRBY', key, field, n)
   if type(v) ~= 'number' then return end
-  if v == n and n > 0 and (tonumber(redis.pcall('HLEN', key)) or 0) > CENSUS_FIELDS then
-    redis.pcall('HDEL', key, field)
-    redis.pcall('HINCRBY', key, '~' .. field, n)
-  elseif v < 0 then
-    redis.pcall('HDEL', key, field)
-    local o = redis.pcall('HINCRBY', key, '~' .. field, n)
-    if type(o) == 'number' and o <= 0 then redis.pcall('HDEL', key, '~' .. field) end
-  end
+  if v < 0 then redis.pcall('HDEL', key, field) end
 end
