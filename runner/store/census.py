@@ -120,8 +120,7 @@ def counts(redis: Any, keys: Keys) -> tuple[int, Counter[tuple[str, str, str, st
     for k, fields in zip(each, pipe.execute(), strict=True):
         queue = k.queue
         for field, n in fields.items():
-            # ("~<type>|<version>": a field the scripts keep apart past the census's bound)
-            type_, _, version = field.removeprefix("~").rpartition("|")
+            type_, _, version = field.rpartition("|")
             if int(n) > 0:
                 groups[(queue, "waiting", type_, version)] += int(n)
                 total += int(n)
