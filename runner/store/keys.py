@@ -18,7 +18,7 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:done:<gen>:log LIST    the generation's done ids, newest first
     <prefix>:{<queue>}:res:<id>       STRING  an outcome kept on its own (KEEP_RESULT), expires
     <prefix>:{<queue>}:census         HASH    "<type>|<version>" -> jobs not done (deploy gate);
-                                              "~<type>|<version>" past its bound (records.lua)
+                                              "?|<version>" for a name no function can have
     <prefix>:{<queue>}:scheduled      ZSET    delayed, retrying, rate-limited and handed-back ids,
                                               and waiting durable functions -> due (ms)
     <prefix>:{<queue>}:sleeping       ZSET    sleeping durable functions -> wake time (ms): their
