@@ -107,7 +107,7 @@ class Bulk:
 # above the last one shown (audit.lua numbers each) and how many entries past it were
 # shown; (0, how many entries were left past it) on a trail with no numbered entry.
 Place = tuple[int, int]
-_PLACE = re.compile(r'[{,]"n":(\d+)')
+_PLACE = re.compile(r'[{,]"n":(\d+)[,}]')
 MAX_PLACE = 2**53
 # The largest place number audit.lua writes or seek_trail.lua reads; another writer's past
 # it is no number (near 2**53 Lua's doubles make n + 1 == n).

@@ -290,14 +290,17 @@ def test_a_foreign_place_number_never_fails_or_stalls_the_audit_cursor(project: 
         now_ms = int(r.time()[0]) * 1000
         r.lpush(key, f'{{"by":"{by}","action":"delete","queue":"fast","job_id":"x","at_ms":{now_ms},"n":{n}}}')
 
-    for _ in range(2):
+    # (and numbers that are no whole number, read by their leading digits as 1: the page
+    # after them went on from the trail's end, 41 of 110 never shown)
+    for n, limit in (("99999999999999999999", 50), ("99999999999999999999", 50), ("1e300", 7), ("1.5", 7),
+                     ("5e3", 7)):
         for i in range(60):
             act(f"a{i}")
-        crafted("huge", "99999999999999999999")
+        crafted("huge", n)
         for i in range(49):
             act(f"b{i}")
-        seen = _follow(web, "/audit", "entries", 50)
-        assert seen["huge"] == 1 and len(seen) == 110 and set(seen.values()) == {1}, seen
+        seen = _follow(web, "/audit", "entries", limit)
+        assert seen["huge"] == 1 and len(seen) == 110 and set(seen.values()) == {1}, (n, len(seen), seen)
         r.delete(key)
     for i in range(5):
         act(f"c{i}")

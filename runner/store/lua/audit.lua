@@ -43,7 +43,7 @@ local max_ids = tonumber(ARGV[7] or '') or 100
 -- another writer's number outside 1..2^50 (audit.PLACE_BOUND; past 2^53 Lua's doubles
 -- give n + 1 == n, and every later entry would share one number).
 local function place_of(entry)
-  local n = tonumber(string.match(entry or '', '[{,]"n":(%d+)'))
+  local n = tonumber(string.match(entry or '', '[{,]"n":(%d+)[,}]'))
   if n == nil or n < 1 or n > 1125899906842624 then return nil end
   return n
 end

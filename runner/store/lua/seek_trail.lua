@@ -34,7 +34,7 @@ local len = redis.call('LLEN', key)
 local W = 64
 
 local function number(entry)
-  local n = tonumber(string.match(entry or '', '[{,]"n":(%d+)'))
+  local n = tonumber(string.match(entry or '', '[{,]"n":(%d+)[,}]'))
   if n == nil or n < 1 or n > 1125899906842624 then return nil end
   return n
 end
