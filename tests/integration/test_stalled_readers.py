@@ -15,7 +15,7 @@ from typing import Any
 
 import falcon.testing
 import pytest
-from clusterkit import close_project, shard_project, shards_fixture  # noqa: F401  (the shards fixture)
+from clusterkit import close_project, shard_project, shard_set, shards_fixture  # noqa: F401  (the shards fixtures)
 
 from runner.store.embedded import Server
 from runner.web import create_app
