@@ -18,12 +18,13 @@ named too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from runner.config import QueueConfig
@@ -195,7 +196,12 @@ class Renewer:
             self._down.ok(p)
 
     def _renew(self, k: QueueKeys, runs: list[Run]) -> None:
-        self._send_logs(k, runs)
+        # The lines are taken before the progress and written after it: a follower who
+        # sees a line sees the progress reported before it.
+        with taken_logs(self.rt, k, runs, log_label=f"{self.q.name} renewer"):
+            self._renew_leases(k, runs)
+
+    def _renew_leases(self, k: QueueKeys, runs: list[Run]) -> None:
         for i in range(0, len(runs), CHUNK):
             chunk = runs[i:i + CHUNK]
             # The latest progress of each run rides along (ctx.progress is batched here).
@@ -246,12 +252,6 @@ class Renewer:
         fn = self.rt.registry.functions.get(r.job.type)
         return fn is not None and fn.concurrency is not None
 
-    def _send_logs(self, k: QueueKeys, runs: list[Run]) -> None:
-        """The lines running handlers logged since the last renewal, in one round trip for
-        all of them, so a follower sees a run's log while it runs (a run that logged
-        nothing new adds nothing)."""
-        send_logs(self.rt, k, runs, log_label=f"{self.q.name} renewer")
-
     def _enforce_timeouts(self, now: float) -> None:
         late: list[Run] = []
         with self.ledger.lock:
@@ -274,10 +274,21 @@ def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
     """The lines and stream chunks running handlers wrote and have not sent, in one round
     trip for all of them; ``wait``: wait for a settlement taking a run's lines (else that
     run is left to it). Lines not written are kept for the next write, never dropped."""
+    with taken_logs(rt, k, runs, wait=wait, log_label=log_label):
+        pass
+
+
+@contextlib.contextmanager
+def taken_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
+               log_label: str = "") -> Iterator[None]:
+    """send_logs in two halves: the lines are taken on entry and written on exit, so what
+    the body writes meanwhile (a renewal's progress) lands first. A reader who sees a line
+    then sees every progress report made before it."""
     # A run whose lease was lost writes nothing (its writes are fenced): its lines wait for
     # its settlement, which writes them only if it lands after all (a late success).
     logging_runs = [r for r in runs if r.logs is not None and not r.settling and not r.lost and r.logs.pending()]
     if not logging_runs:
+        yield
         return
     ret = rt.config.retention
     keep_ms = max(1, int(max(ret.done_s, ret.dead_s) * 1000))
@@ -301,20 +312,23 @@ def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
                 rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
                                       calls, key=k.stream(r.job.id), token=r.job.token)
                 sent.append(logs.chunks)
+        replies: list[Any] = []
         try:
-            replies: list[Any] = calls.execute(raise_on_error=False)
-        except Exception:
-            replies = []
-        # Not written (failed, or refused: the lease was lost since the last renewal): kept
-        # for the next write (the renewal's, or the settlement's), never dropped, nor the
-        # lease lost to it. A settlement refused in turn drops them with the run.
-        failed = [buf for i, buf in enumerate(sent)
-                  if i >= len(replies) or isinstance(replies[i], BaseException) or replies[i] == -1]
-        for buf in failed:
-            buf.put_back()
-        if failed:
-            log.debug("%s: %d running job log write(s) failed or refused; kept for the next write", log_label,
-                      len(failed))
+            yield
+            # (A body that raised, a renewal in an outage, writes nothing: kept for the next.)
+            with contextlib.suppress(Exception):
+                replies = calls.execute(raise_on_error=False) if sent else []
+        finally:
+            # Not written (failed, or refused: the lease was lost since the last renewal):
+            # kept for the next write (the renewal's, or the settlement's), never dropped,
+            # nor the lease lost to it. A settlement refused in turn drops them with the run.
+            failed = [buf for i, buf in enumerate(sent)
+                      if i >= len(replies) or isinstance(replies[i], BaseException) or replies[i] == -1]
+            for buf in failed:
+                buf.put_back()
+            if failed:
+                log.debug("%s: %d running job log write(s) failed or refused; kept for the next write",
+                          log_label, len(failed))
     finally:
         for lock in held:
             lock.release()
