@@ -250,7 +250,7 @@ def test_jobs_claimed_ahead_do_not_start_after_a_pause(project: Project, what: s
         c.pause(function="limited")
     else:
         c.pause("fast")
-    wait_for(lambda: not any(r.hexists(claims, i) for i in held), timeout=5, what="the claims handed back")
+    wait_for(lambda: not any(r.hexists(claims, i) for i in held), timeout=15, what="the claims handed back")
     (project.records / "release").touch()
     assert c.wait(busy, 10).status == "done"
     time.sleep(1.0)  # a start would have come by now
