@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runner.config import Config
-from runner.store import routing, tagset
+from runner.store import routing, shards, tagset
 from runner.store.keys import QueueKeys, for_partitions, home_partition, partition_set, partition_tags, place_prefix
 
 if TYPE_CHECKING:
@@ -30,6 +30,11 @@ READ_EVERY_S = 1.0
 # How long a look-up that missed waits for that read: a Cluster master that holds the set
 # and stalls is not waited out (15 s) by every "no such job".
 MISSED_WAIT_S = 2.0
+# A reader waits for a read of the tags this much longer: on Redis Cluster that read gives
+# a stalled master up itself at 2 s (Transport.each_master), and the reader goes on once
+# it is marked, so its own read skips it, rather than meet it unmarked a moment early and
+# wait 2 s more.
+MARK_MARGIN_S = 0.25
 # A count of partitions is looked up this long past the done retention after a process
 # last routed by it: its jobs' keys outlive their enqueue by up to their run and a retention.
 KEEP_MARGIN_S = 3600.0
@@ -107,11 +112,10 @@ class Runtime:
         with self._discovering:  # threads of one process (web threads, the scheduler) append once
             now = time.monotonic()
             try:
-                seen = tagset.record_and_read_all(
-                    self.redis, prefix, {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items()
-                                         if q not in skip},
-                    {q: c.partitions for q, c in self.config.queues.items()}, record=record,
-                    keep_s=self.key_life_s)
+                seen, away = self._record_and_read(
+                    {q: [k.tag for k in p if not k.draining] for q, p in self.parts.items() if q not in skip},
+                    record=record)
+                skip |= away
             except Exception as exc:  # a damaged set must not stop a process: its own tags serve
                 # Look again in a second, not on every call: while Redis is away each
                 # enqueue would otherwise wait out a failed connection twice.
@@ -150,6 +154,37 @@ class Runtime:
         if new and self._waiter is not None:
             self._waiter.extend([k.ended for k in new])
         return new
+
+    def _record_and_read(self, tags: dict[str, list[str]], *, record: bool) -> tuple[tagset.Recorded, frozenset[str]]:
+        """tagset.record_and_read_all of the queues of ``tags``, and the queues whose tags
+        were not read. On Redis Cluster each master's sets on their own, every master at
+        once and each waited for at most a reader's bound (Transport.each_master): a master
+        that does not answer (stalled) is marked, its queues come back unread (read again a
+        second on, at once skipped while it stays marked), and the reads of jobs and
+        figures after it skip it at once too, rather than each wait 2 s for it again."""
+        prefix, counts = self.config.redis.prefix, {q: c.partitions for q, c in self.config.queues.items()}
+        if not shards.on_cluster(self.redis):  # (one server, Sentinel, a reader's link)
+            return tagset.record_and_read_all(self.redis, prefix, tags, counts, record=record,
+                                              keep_s=self.key_life_s), frozenset()
+        from runner.store.transport import READ_WAIT_S
+
+        names = list(tags)
+
+        def read(idx: list[int]) -> list[tagset.Recorded]:
+            return [tagset.record_and_read_all(self.redis, prefix, {names[i]: tags[names[i]] for i in idx}, counts,
+                                               record=record, keep_s=self.key_life_s)] * len(idx)
+
+        scripts = self.scripts
+        with scripts.waiting(READ_WAIT_S):
+            got, away = scripts.each_master([partition_set(prefix, q) for q in names], read,
+                                            "a read of the partition tags")
+        seen = tagset.Recorded({}, {})
+        for q, one in zip(names, got, strict=True):
+            if one is not None:
+                seen.tags[q] = one.tags[q]
+                if q in one.counts:
+                    seen.counts[q] = one.counts[q]
+        return seen, frozenset(names[i] for i in away)
 
     def discover_bounded(self, *, record: bool = False) -> list[QueueKeys]:
         """``discover``; while a Redis Cluster master is stalled (it took the client's
@@ -241,7 +276,7 @@ class Runtime:
         MISSED_WAIT_S at most, so the read sees the tags recorded a moment ago, yet a Redis
         that stopped answering costs it its own socket timeout only, not that one too (and
         while one such read waits, the next readers go on with the tags they have)."""
-        self.discover_due(aside=True, wait_s=MISSED_WAIT_S)
+        self.discover_due(aside=True, wait_s=MISSED_WAIT_S + MARK_MARGIN_S)
 
     def discover_missed(self, searched: Collection[QueueKeys]) -> list[QueueKeys]:
         """After a look-up in ``searched`` found no such job: the recorded tags read again,
@@ -257,7 +292,7 @@ class Runtime:
             missing = self._missing = threading.Thread(target=self.discover_bounded,
                                                        name="runner-discover-missed", daemon=True)
             missing.start()
-        missing.join(MISSED_WAIT_S)
+        missing.join(MISSED_WAIT_S + MARK_MARGIN_S)
         known = {(k.queue, k.tag) for k in searched}
         return [k for parts in self.parts.values() for k in parts if (k.queue, k.tag) not in known]
 

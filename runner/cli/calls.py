@@ -16,6 +16,7 @@ from runner.cli.jobs import refused_text
 from runner.cli.root import (
     EXIT_OK,
     EXIT_PENDING,
+    EXIT_REDIS,
     EXIT_REFUSED,
     RedisCommand,
     build_runtime,
@@ -90,7 +91,8 @@ def call(ctx: click.Context, type_: str, payload: str | None, timeout_s: float, 
 def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str, type_: str | None,
            queue: str | None, as_json: bool) -> None:
     """Cancel jobs: one not started ends cancelled at once, a running one is asked to stop.
-    Exit 1 when any was refused (ended already, no such job)."""
+    Exit 1 when any was refused (ended already, no such job); exit 3 when any could not be
+    reached (Redis Cluster: its master did not answer; the others were cancelled)."""
     from runner.client import Client
 
     if bool(job_ids) == all_:
@@ -99,6 +101,7 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     rt = build_runtime(ctx.obj["config"], client_only=True)
     client = Client(rt)
     answers: list[dict[str, str]] = []
+    unreached = [False]
     by = operator()
 
     def each(ids: Sequence[str]) -> None:
@@ -112,8 +115,10 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
             except RunnerError as exc:
                 answers.append({"id": ids[0], "error": str(exc)})
             return
-        answers.extend({"id": i, "error": str(a)} if isinstance(a, RunnerError) else {"id": i, "cancel": a}
-                       for i, a in client.cancel_many(ids, by=by))
+        for i, a in client.cancel_many(ids, by=by):
+            answers.append({"id": i, "error": str(a)} if isinstance(a, RunnerError) else {"id": i, "cancel": a})
+            # (Redis Cluster: a job on a master that did not answer; the others went on)
+            unreached[0] |= isinstance(a, RedisUnavailable)
 
     with redis_errors():
         each(job_ids)
@@ -148,7 +153,7 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     if all_ and not as_json:
         human += ("\n" if human else "") + f"cancelled {sum('cancel' in a for a in answers)} job(s)"
     emit(answers, as_json, human)
-    sys.exit(EXIT_REFUSED if any("error" in a for a in answers) else EXIT_OK)
+    sys.exit(EXIT_REDIS if unreached[0] else EXIT_REFUSED if any("error" in a for a in answers) else EXIT_OK)
 
 
 @cli.command(cls=RedisCommand)

@@ -25,6 +25,7 @@ from runner.cli.root import (
     down_view,
     emit,
     fail,
+    left_down,
     plain,
     print_refused,
     print_validation,
@@ -353,7 +354,7 @@ def _entry(entry: dict[str, Any]) -> str:
 def stats(ctx: click.Context, as_json: bool) -> None:
     """Queue figures (cluster-wide), and which Redis they come from."""
 
-    from runner.observe.figures import queue_view, read_queues
+    from runner.observe.figures import left_out_view, queue_view, read_queues
 
     rt = build_runtime(ctx.obj["config"], client_only=True, reader=True)
     where = target(ctx)
@@ -361,7 +362,10 @@ def stats(ctx: click.Context, as_json: bool) -> None:
         gone = shards_down(rt)  # a Cluster master down: the live ones' figures, then exit 3
         # The table sums over functions: only --json lists each loaded function.
         figures = read_queues(rt, loaded_functions=as_json)
+        # (and one that stopped answering since, given up past a reader's bound)
+        gone += left_down(rt, left_out_view(figures))
     queues = [queue_view(q, rt.config.queues[q.name]) for q in figures]
+    left_out = [{"queue": k.queue, "partition": k.tag} for d in gone for k in d.parts]
     rows = [(q["name"], q["ready"], q["processing"], q["scheduled"], q["sleeping"], q["waiting"], q["dead"],
              sum(f["succeeded"] for f in q["functions"].values()),
              sum(f["retried"] for f in q["functions"].values()),
@@ -383,7 +387,8 @@ def stats(ctx: click.Context, as_json: bool) -> None:
             human += (f"\n{q['name']}: {q['stats_fields_left_out']} fields of its stats hash left out (too many to "
                       "read whole: only the functions loaded here are read)")
     human += held_text(queues, rt.config.redis.wait_replicas)
-    emit({"redis": where.as_dict(), "queues": queues, **down_view(gone)}, as_json, human)
+    emit({"redis": where.as_dict(), "queues": queues, **down_view(gone),
+          **({"left_out": left_out} if left_out else {})}, as_json, human)
     if gone:
         said_down(gone)
 

@@ -129,6 +129,19 @@ def shards_down(rt: Any) -> list[Any]:
     return gone
 
 
+def left_down(rt: Any, left_out: Sequence[dict[str, str]]) -> list[Any]:
+    """The masters of the partitions a read left out (figures.left_out_view: on Redis
+    Cluster, a master that stopped answering since the command's probe, given up past a
+    reader's bound), as ``shards_down`` names the masters down."""
+    if not left_out:
+        return []
+    from runner.store import shards
+
+    keys = {(k.queue, k.tag): k for parts in rt.parts.values() for k in parts}
+    return shards.by_master(rt.redis, [keys[o["queue"], o["partition"]] for o in left_out],
+                            "did not answer within 2 s (stopped or hung)")
+
+
 def down_text(gone: Sequence[Any]) -> str:
     """The words for masters down while others answer (every command says them so)."""
     which = "; ".join(d.line() for d in gone)

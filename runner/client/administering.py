@@ -531,15 +531,25 @@ def cancel_many(client: Client, ids: Sequence[str], *, by: str | None = None,
                 queue: str | None = None) -> list[tuple[str, str | RunnerError]]:
     """Cancel each of ``ids`` as ``cancel`` does one: [(id, its answer, or why it was
     refused)] in order. ``by`` puts the whole action on the audit trail as one entry per
-    queue it acted in (its count and first ids), none for an id that named no job."""
+    queue it acted in (its count and first ids), none for an id that named no job.
+
+    On Redis Cluster a job found on none of the masters that answered while others did
+    not (stalled, down) is refused with that RedisUnavailable (its ``left_out`` names the
+    partitions: it may be there, not cancelled; retry it) and the others go on; when no
+    job could be reached at all, that outage is raised, as any other is."""
     out: list[tuple[str, str | RunnerError]] = []
     acted: dict[str, list[str]] = {}
+    unreached: list[RedisUnavailable] = []
     try:
         for job_id in ids:
             try:
                 answer, at = _cancel(client, job_id, by, False, queue)
-            except RedisUnavailable:
-                raise
+            except RedisUnavailable as exc:
+                if not exc.left_out:
+                    raise
+                unreached.append(exc)
+                out.append((job_id, exc))
+                continue
             except RunnerError as exc:
                 out.append((job_id, exc))
                 continue
@@ -549,6 +559,8 @@ def cancel_many(client: Client, ids: Sequence[str], *, by: str | None = None,
         if by is not None:  # (each cancelled job's history names who already)
             for q, done in acted.items():
                 record_bulk(client, by, "cancel", q, done)
+    if unreached and len(unreached) == len(out):
+        raise unreached[0]
     return out
 
 

@@ -7,14 +7,18 @@ queue's figures, for GET /queues and `runner stats --json` alike.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from runner.config import QueueConfig
 from runner.observe import metrics
+from runner.store.shards import on_cluster
 from runner.store.stats import minute_hashes, partition_rows, ready_since, server_ms, stats_hashes
+
+T = TypeVar("T")
 
 
 class Source(Protocol):
@@ -163,6 +167,11 @@ class QueueFigures:
     # a claim's WAIT falls short there and its jobs are handed back, so none of them runs,
     # and enqueues to it are refused (NotReplicated).
     holds: list[tuple[int, str, bool]] = field(default_factory=list)
+    # Redis Cluster: the partitions (number, tag) this read left out, their master stalled,
+    # down or refusing (read_queues); the figures above are the others'. ``unread``: every
+    # one of them was left out, so the figures above are no reading at all.
+    left_out: list[tuple[int, str]] = field(default_factory=list)
+    unread: bool = False
 
     @property
     def held(self) -> list[str]:
@@ -289,46 +298,65 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
     a counter from its first value; ``loaded_functions=False`` leaves them out (only the
     functions with counts appear) for a reader that sums them and should not load the
     registry for that.
+
+    On Redis Cluster each round trip goes to every master at once, each master waited
+    for at most a reader's bound (2 s, longer for one whose recent round trips are slow),
+    as a read of jobs is (Transport.each_master): a master that does not answer within it
+    (stalled, down, refusing) is marked and its partitions left out, the reads after it
+    skip it at once, and the figures are the others' with each queue's ``left_out``
+    naming them (docs/partitions.md, "A shard down"). A read that left out every
+    partition raises the outage. On one server, on the caller's thread as before.
     """
     keys = rt.keys
     rt.discover_for_reading()  # a long-lived reader (a /metrics scrape) learns of draining partitions
-    if now_ms is None:
-        now_ms = server_ms(rt.redis)
     every = [k for parts in rt.parts.values() for k in parts]
-    rows = partition_rows(rt.redis, every, now_ms)  # each as store/stats.py's ROW names its fields
-    # The stats hashes in a second round trip, each read whole or by name (by its size).
-    sizes = [row[7] for row in rows]
-    hashes = stats_hashes(rt.redis, every, sizes, [row[14] for row in rows],
-                          lambda: stats_names(list(rt.registry.functions)))
-    left_out: dict[str, int] = {}
-    for k, row, size, h in zip(every, rows, sizes, hashes, strict=True):
-        row[7] = h
-        left_out[k.queue] = left_out.get(k.queue, 0) + size - len(h)
-    wanted = _wanted(rt)
-    if wanted:  # (guard.py loads logging: a reading command without wait_replicas never does)
-        from runner.store.guard import replicas_by_key
+    bound = cluster_scripts(rt)
+    with bounded_reads(bound):
+        if now_ms is None:
+            now_ms = server_ms(rt.redis) if bound is None else int(bound.server_ms())
+        at = now_ms
+        reads = ByMaster(bound, every)
+        # Each as store/stats.py's ROW names its fields.
+        rows = reads.each(range(len(every)), lambda idx: partition_rows(rt.redis, [every[i] for i in idx], at))
+        if every and not rows:
+            raise next(iter(reads.away.values()))
+        # The stats hashes in a second round trip, each read whole or by name (by its size).
+        hashes = reads.each(sorted(rows), lambda idx: stats_hashes(
+            rt.redis, [every[i] for i in idx], [rows[i][7] for i in idx], [rows[i][14] for i in idx],
+            lambda: stats_names(list(rt.registry.functions))))
+        wanted = _wanted(rt)
+        replicas: dict[int, int | None] = {}
+        if wanted:  # (guard.py loads logging: a reading command without wait_replicas never does)
+            from runner.store.guard import replicas_by_key
 
-        replicas = replicas_by_key(rt.redis, [k.ready for k in every])
-    else:
-        replicas = [None] * len(every)
+            replicas = reads.each(sorted(hashes), lambda idx: replicas_by_key(rt.redis, [every[i].ready for i in idx]))
+        # The next jobs to run: when each became ready, for the oldest one's age.
+        heads = {i: [j for j in (rows[i][6], rows[i][11][0] if rows[i][11] else None) if j]
+                 for i in hashes if i not in reads.away}
+        since = reads.each([i for i in sorted(heads) if heads[i]], lambda idx: _grouped(
+            ready_since(rt.redis, [(every[i], j) for i in idx for j in heads[i]]), [len(heads[i]) for i in idx]))
+    live = [i for i in range(len(every)) if i not in reads.away]
+    if every and not live:
+        raise next(iter(reads.away.values()))
+    left_out: dict[str, int] = {}
     holds: dict[str, list[tuple[int, str, bool]]] = {}
-    for k, have in zip(every, replicas, strict=True):
+    for i in live:
+        k, row, h = every[i], rows[i], hashes[i]
+        left_out[k.queue] = left_out.get(k.queue, 0) + row[7] - len(h)
+        row[7] = h
+        have = replicas.get(i) if wanted else None
         holds.setdefault(k.queue, []).append((k.partition, k.tag, have is not None and have < wanted))
     # A partitioned queue's figures are its partitions' summed: every count and histogram
     # bucket of the stats hashes adds up; its pause is its home partition's (written to all).
     sums: dict[str, list[Any]] = {}
-    oldest: list[tuple[str, Any, str]] = []
     each: dict[str, list[PartitionFigures]] = {}
-    for k, row in zip(every, rows, strict=True):
+    for i in live:
+        k, row = every[i], rows[i]
         if len(rt.parts[k.queue]) > 1:
             each.setdefault(k.queue, []).append(PartitionFigures(
                 k.partition, k.tag, k.draining, ready=row[0] + row[9], processing=row[1],
                 scheduled=max(0, row[3] - row[12] - row[13]), dead=row[5],
                 held=any(held for _, tag, held in holds[k.queue] if tag == k.tag)))
-        if row[6]:
-            oldest.append((k.queue, k, row[6]))
-        if row[11]:
-            oldest.append((k.queue, k, row[11][0]))
         acc = sums.get(k.queue)
         if acc is None:
             sums[k.queue] = [*row[:6], dict(row[7]), row[8], row[9], row[10], row[12], row[13]]
@@ -343,12 +371,15 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
         acc[11] += row[13]
         if k is keys[k.queue]:
             acc[7] = row[8]
+    away: dict[str, list[tuple[int, str]]] = {}
+    for i in sorted(reads.away):
+        away.setdefault(every[i].queue, []).append((every[i].partition, every[i].tag))
     out: list[QueueFigures] = []
     by_name: dict[str, QueueFigures] = {}
     known = frozenset(rt.registry.functions) if loaded_functions else frozenset()
     for name in keys:
-        if name not in sums:  # every partition left out (its shard down: cli shards_down)
-            out.append(by_name.setdefault(name, QueueFigures(name)))
+        if name not in sums:  # every partition left out (its shard down: cli shards_down; or away now)
+            out.append(by_name.setdefault(name, QueueFigures(name, left_out=away.get(name, []), unread=True)))
             continue
         ready, leases, expired, sched, due, dead, stats, paused, prio, cancelled, sleeping, waiting = sums[name]
         # The scheduled set also holds the sleeping and waiting durable jobs (their wake-up
@@ -358,7 +389,7 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
                          waiting=waiting, dead=dead, cancelled=cancelled, paused="queue" in paused,
                          paused_functions=sorted(f[3:] for f in paused if f.startswith("fn:")),
                          partitions=each.get(name, []), stats_left_out=left_out.get(name, 0),
-                         holds=holds.get(name, []))
+                         holds=holds.get(name, []), left_out=away.get(name, []))
         parse_stats(q, stats, known)
         out.append(q)
         by_name[name] = q
@@ -366,14 +397,70 @@ def read_queues(rt: Source, now_ms: int | None = None, loaded_functions: bool = 
         for q in out:
             if q.name == fn.queue:
                 q.function(fn.name)
-    if oldest:
-        since = ready_since(rt.redis, [(k, job_id) for _, k, job_id in oldest])
-        for (name, _, _), ready_ms in zip(oldest, since, strict=True):
+    for i in live:
+        for ready_ms in since.get(i, ()):
             if ready_ms:
-                q = by_name[name]
+                q = by_name[every[i].queue]
                 age = max(0.0, (now_ms - _int(ready_ms)) / 1000)
                 q.oldest_ready_age_s = max(q.oldest_ready_age_s or 0.0, age)
     return out
+
+
+def left_out_view(figures: Sequence[QueueFigures]) -> list[dict[str, str]]:
+    """The partitions a read of the figures left out, as GET /queues and `runner stats
+    --json` list them (and GET /jobs its pages'): ``[{"queue", "partition"}]``."""
+    return [{"queue": q.name, "partition": tag} for q in figures for _, tag in q.left_out]
+
+
+def cluster_scripts(rt: Source) -> Any:
+    """The Transport that bounds each master's read on Redis Cluster; None elsewhere (one
+    server, Sentinel, a reading command's own link: read on the caller's thread)."""
+    if not on_cluster(rt.redis):
+        return None
+    return getattr(rt, "scripts", None)
+
+
+def bounded_reads(scripts: Any) -> Any:
+    """A reader's bound on each master (Transport.waiting), on Redis Cluster."""
+    if scripts is None:
+        return contextlib.nullcontext()
+    from runner.store.transport import READ_WAIT_S
+
+    return scripts.waiting(READ_WAIT_S)
+
+
+def _grouped(flat: Sequence[T], sizes: Sequence[int]) -> list[list[T]]:
+    """``flat`` cut into consecutive lists of ``sizes``."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(list(flat[at:at + n]))
+        at += n
+    return out
+
+
+class ByMaster:
+    """Round trips over the partitions of ``every``, on Redis Cluster a master at a time
+    (``scripts``: its Transport, each_master; None: one read on the caller's thread),
+    keeping the partitions left out so far (``away``, by index: the outage of each) out
+    of the next."""
+
+    def __init__(self, scripts: Any, every: Sequence[Any], what: str = "a read of the queue figures") -> None:
+        self.scripts, self.every, self.what = scripts, every, what
+        self.away: dict[int, BaseException] = {}
+
+    def each(self, idx: Iterable[int], read: Callable[[list[int]], Sequence[T]]) -> dict[int, T]:
+        """``read`` of the partitions at ``idx`` not left out yet (it answers one result for
+        each index it is given, in order): by index, the results of those read."""
+        todo = [i for i in idx if i not in self.away]
+        if not todo:
+            return {}
+        if self.scripts is None:
+            return dict(zip(todo, read(todo), strict=True))
+        got, away = self.scripts.each_master([self.every[i].ready for i in todo],
+                                             lambda sub: read([todo[j] for j in sub]), self.what)
+        for j, exc in away.items():
+            self.away[todo[j]] = exc
+        return {todo[j]: one for j, one in enumerate(got) if j not in away}
 
 
 def queue_view(q: QueueFigures, cfg: QueueConfig) -> dict[str, Any]:
@@ -409,16 +496,24 @@ def read_throughput(rt: Source, minutes: int, now_ms: int | None = None) -> dict
     """Per queue, each field of the per-minute hashes ("done", and any other the writers
     add) as a series over the last ``minutes`` minutes by the server's clock (unless
     ``now_ms`` is given), oldest first, with ``times`` the start of each minute in epoch
-    seconds; a minute with no hash counts 0."""
-    if now_ms is None:
-        now_ms = server_ms(rt.redis)
-    last = now_ms // 60_000
-    span = list(range(last - minutes + 1, last + 1))
+    seconds; a minute with no hash counts 0. On Redis Cluster a master that does not
+    answer within a reader's bound is left out as read_queues leaves it out: the series
+    are the other partitions' sums, and ``left_out`` (there only then) names its partitions."""
     rt.discover_for_reading()
     every = [k for parts in rt.parts.values() for k in parts]
-    per_queue: dict[str, list[dict[str, int]]] = {}
-    for k, minutes_of in zip(every, minute_hashes(rt.redis, every, span), strict=True):
-        acc = per_queue.setdefault(k.queue, [{} for _ in span])  # a partitioned queue's minutes add up
+    bound = cluster_scripts(rt)
+    with bounded_reads(bound):
+        if now_ms is None:
+            now_ms = server_ms(rt.redis) if bound is None else int(bound.server_ms())
+        last = now_ms // 60_000
+        span = list(range(last - minutes + 1, last + 1))
+        reads = ByMaster(bound, every, "a read of the throughput")
+        got = reads.each(range(len(every)), lambda idx: minute_hashes(rt.redis, [every[i] for i in idx], span))
+    if every and not got:
+        raise next(iter(reads.away.values()))
+    per_queue: dict[str, list[dict[str, int]]] = {q: [{} for _ in span] for q in rt.keys}
+    for i, minutes_of in sorted(got.items()):
+        acc = per_queue[every[i].queue]  # a partitioned queue's minutes add up
         for m, h in enumerate(minutes_of):
             for f, v in h.items():
                 acc[m][f] = acc[m].get(f, 0) + _int(v)
@@ -427,4 +522,7 @@ def read_throughput(rt: Source, minutes: int, now_ms: int | None = None) -> dict
         hashes = per_queue[name]
         fields = {"done"} | {f for h in hashes for f in h}
         queues[name] = {f: [h.get(f, 0) for h in hashes] for f in sorted(fields)}
-    return {"times": [m * 60 for m in span], "queues": queues}
+    out: dict[str, Any] = {"times": [m * 60 for m in span], "queues": queues}
+    if reads.away:
+        out["left_out"] = [{"queue": every[i].queue, "partition": every[i].tag} for i in sorted(reads.away)]
+    return out

@@ -29,6 +29,13 @@ class Down:
         return f"{self.node} ({held})"
 
 
+def on_cluster(redis: Any) -> bool:
+    """Whether ``redis`` is a Redis Cluster client: its partitions on several masters,
+    each read on its own within a reader's bound (Transport.each_master). Not a reading
+    command's own link, one server or Sentinel."""
+    return getattr(redis, "get_node_from_key", None) is not None
+
+
 def node_of(redis: Any, key: str) -> str:
     """The master (host:port) of ``key``'s slot on Redis Cluster ('' elsewhere, or when the
     client has no layout now: the read itself then says why)."""
@@ -75,6 +82,15 @@ def down(redis: Any, every: Sequence[QueueKeys]) -> list[Down]:
     if out:
         redis.set_default_node(live)
     return out
+
+
+def by_master(redis: Any, parts: Sequence[QueueKeys], error: str) -> list[Down]:
+    """``parts``, left out of a read as their masters did not answer it (``error`` says
+    how), as the masters that hold them, for a command to name as ``down`` names them."""
+    held: dict[str, list[QueueKeys]] = {}
+    for k in parts:
+        held.setdefault(node_of(redis, k.ready) or "?", []).append(k)
+    return [Down(node, tuple(ks), error) for node, ks in held.items()]
 
 
 def _pings(nodes: Sequence[Any]) -> dict[str, str | None]:

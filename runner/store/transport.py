@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from runner.errors import NotReplicated, RedisUnavailable
@@ -42,7 +43,14 @@ if TYPE_CHECKING:  # (loaded on first use: only a cluster client's round trips n
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from redis.cluster import RedisCluster
-    from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
+    from redis.exceptions import (
+        AskError,
+        MovedError,
+        NoScriptError,
+        RedisClusterException,
+        ResponseError,
+        TryAgainError,
+    )
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -59,7 +67,14 @@ def _import_redis() -> None:
     if "NoScriptError" in globals():
         return
     from redis.cluster import RedisCluster
-    from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
+    from redis.exceptions import (
+        AskError,
+        MovedError,
+        NoScriptError,
+        RedisClusterException,
+        ResponseError,
+        TryAgainError,
+    )
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -67,7 +82,8 @@ def _import_redis() -> None:
     from runner.store.sources import NAMES, SHAS, SOURCES
 
     globals().update(Unconfirmed=Unconfirmed, RedisCluster=RedisCluster, AskError=AskError, MovedError=MovedError,
-                     ResponseError=ResponseError, TryAgainError=TryAgainError,
+                     ResponseError=ResponseError, RedisClusterException=RedisClusterException,
+                     TryAgainError=TryAgainError,
                      RedisConnectionError=RedisConnectionError, RedisTimeoutError=RedisTimeoutError,
                      NAMES=NAMES, SHAS=SHAS, SOURCES=SOURCES, NoScriptError=NoScriptError,
                      NodeStalled=NodeStalled)
@@ -186,6 +202,7 @@ class ScriptCall(NamedTuple):
 
 _MISSING = object()  # a reply not read (see Transport.behind)
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Batch:
@@ -751,7 +768,7 @@ class NodeLanes:
             if stalled is not None:
                 mine.update((i, stalled) for i in group)
             else:
-                sent[node] = self.pool().submit(self._run, calls, group, out)
+                sent[node] = self.pool().submit(self._run_raising, calls, group, out)
                 self._timed(node, sent[node], wait_s)
         wait(sent.values(), timeout=wait_s)
         for node, f in sent.items():
@@ -793,15 +810,16 @@ class NodeLanes:
             f.add_done_callback(lambda done: None if done.exception() is not None else late(done.result()))
         raise err
 
-    def launch(self, node: str, fn: Callable[[], T]) -> Future[T]:
+    def launch(self, node: str, fn: Callable[[], T], wait_s: float | None = None) -> Future[T]:
         """``fn()`` (a call to ``node``) on a thread of the pool, not waited for: the caller
-        waits as long as it likes, and past its node wait says so (``give_up``). Raises
-        NodeStalled at once while ``node`` is stalled, as ``bounded`` does."""
+        waits as long as it likes, and past its node wait (``wait_s``, when the caller's is
+        not the process's) says so (``give_up``). Raises NodeStalled at once while ``node``
+        is stalled, as ``bounded`` does."""
         stalled = self._stalled_error(node)
         if stalled is not None:
             raise stalled
         f = self.pool().submit(fn)
-        self._timed(node, f, self.scripts.node_wait_s or 0.0)
+        self._timed(node, f, wait_s if wait_s is not None else self.scripts.node_wait_s or 0.0)
         return f
 
     def stalled_error(self, node: str) -> BaseException | None:
@@ -844,13 +862,17 @@ class NodeLanes:
             since, n = self._stalled.get(node, (time.monotonic(), 0))
             self._stalled[node] = (since, n + 1)
 
-        def ended(done: Future[Any]) -> None:
+        def ended(done: Future[Any], probe: bool = False) -> None:
             exc = done.exception()
-            if not among and isinstance(exc, RedisTimeoutError) and not isinstance(exc, NodeStalled):
-                # No answer within the socket timeout: still stalled. A PING keeps it
-                # marked until the node answers (or leaves the layout, or refuses).
+            # The call given up: no answer within the socket timeout, or its connection
+            # lost, or no layout read meanwhile (redis-py reads it again after such a call);
+            # a PING since: no answer within the socket timeout.
+            lost = RedisTimeoutError if probe else (RedisTimeoutError, RedisConnectionError, RedisClusterException)
+            if not among and isinstance(exc, lost) and not isinstance(exc, NodeStalled):
+                # Still stalled, perhaps: a PING keeps it marked until the node answers (or
+                # leaves the layout, or refuses the connection: down, and said so at once).
                 with contextlib.suppress(RuntimeError):  # (the process is ending)
-                    self.pool().submit(self._probe, node).add_done_callback(ended)
+                    self.pool().submit(self._probe, node).add_done_callback(lambda d: ended(d, True))
                     return
             with self._lock:
                 since, n = self._stalled.get(node, (0.0, 1))
@@ -896,6 +918,18 @@ class NodeLanes:
 
         sent = after[node] = self.pool().submit(call)
         return sent
+
+    def _run_raising(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]], group: list[int],
+                   out: list[tuple[Any, int | None] | BaseException]) -> None:
+        """``_run``, raising the first call's lost or unanswered connection once every call
+        ended: a round trip given up on a stalled master (``_send_bounded``) keeps its mark
+        while PINGs to it go unanswered (``_given_up``), not only until its calls end (each
+        at its socket timeout; before, the next read then waited 2 s for the master again)."""
+        self._run(calls, group, out)
+        lost = next((r for i in group if isinstance(r := out[i], (RedisTimeoutError, RedisConnectionError))
+                     and not isinstance(r, NodeStalled)), None)
+        if lost is not None:
+            raise lost
 
     def _run(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any], bool]], group: list[int],
              out: list[tuple[Any, int | None] | BaseException]) -> None:
@@ -1155,6 +1189,64 @@ class Transport:
         if len(nodes) == 1:
             return self.nodes.bounded(nodes[0], fn, wait, what=what)
         return self.nodes.bounded(what, fn, wait, what=what, among=nodes)
+
+    def each_master(self, keys: Sequence[str], read: Callable[[list[int]], Sequence[R]], what: str
+                    ) -> tuple[list[R | None], dict[int, BaseException]]:
+        """A read of items, ``keys[i]`` the key of item ``i``: on Redis Cluster ``read`` once
+        per master, given the indexes of the items whose slots it holds (in order) and
+        answering one result for each, every master's read on a thread of the pool at once
+        and each waited for at most the calling thread's node wait (``waiting``: a reader's
+        2 s, longer for a master whose recent round trips are slow), then given up as a call
+        to that master is (NodeLanes: marked stalled until it answers a PING, so the reads
+        after it skip its items at once). Returns each item's result (None for one left
+        out) and, by index, the outage that left each out (its master stalled, down or
+        refusing; ``what`` names the read in a stall's error); any other error is raised.
+        Without a node wait each master's read runs on the caller's thread, one after
+        another, its outage leaving its items out all the same. On one server, ``read`` of
+        every item on the caller's thread, as the caller would make it, its errors raised."""
+        if self.one_server:
+            return list(read(list(range(len(keys))))), {}
+        from concurrent.futures import TimeoutError as WaitedOut
+
+        from runner.store.connection import UNAVAILABLE, ClusterUnreachable
+        from runner.store.outage import OUTAGE
+
+        def outage(exc: BaseException) -> BaseException:
+            # (redis-py's bare RedisClusterException for a master gone with no layout read
+            # since: an outage, raised as one by a caller that leaves every item out)
+            return exc if isinstance(exc, UNAVAILABLE) else ClusterUnreachable(str(exc))
+
+        by_node: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_node.setdefault(self.nodes.node([key]), []).append(i)
+        out: list[R | None] = [None] * len(keys)
+        away: dict[int, BaseException] = {}
+        sent: list[tuple[str, list[int], Future[Sequence[R]], float, float]] = []
+        for node, idx in by_node.items():
+            wait = self.node_wait(node)
+            try:
+                if wait is not None:  # (NodeStalled at once while the master is known stalled)
+                    f = self.nodes.launch(node, partial(read, idx), wait)
+                    sent.append((node, idx, f, wait, time.monotonic() + wait))
+                    continue
+                got = read(idx)
+            except OUTAGE as exc:
+                away.update(dict.fromkeys(idx, outage(exc)))
+                continue
+            for i, one in zip(idx, got, strict=True):
+                out[i] = one
+        for node, idx, f, wait, deadline in sent:
+            try:
+                got = f.result(timeout=max(0.0, deadline - time.monotonic()))
+            except WaitedOut:
+                away.update(dict.fromkeys(idx, self.nodes.give_up(node, f, wait, what)))
+                continue
+            except OUTAGE as exc:
+                away.update(dict.fromkeys(idx, outage(exc)))
+                continue
+            for i, one in zip(idx, got, strict=True):
+                out[i] = one
+        return out, away
 
     def _counted(self, name: str, keys: Sequence[str], args: Sequence[Any], spin: bool,
                  durable: bool, by_source: bool = False) -> tuple[Any, int | None]:

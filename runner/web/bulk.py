@@ -5,7 +5,8 @@ none): a bulk run of the dashboard, sent a chunk at a time, cannot push the earl
 operator actions out of the trail, nor can requests that do nothing. Requeue and delete
 use the store's batched operations (Client.requeue_many, delete_many); a cancel goes job
 by job and is recorded once. A job named twice in one request is acted on once; its later
-mentions answer "duplicate"."""
+mentions answer "duplicate". On Redis Cluster, a cancel of a job whose partition's master
+did not answer (stalled, down) is refused, saying so and to retry, and the others go on."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from runner.errors import FieldError, JobEnded, JobNotFound, RedisUnavailable, R
 from runner.web.auth import caller
 from runner.web.body import only_params, read_json, send
 from runner.web.offload import Offload
-from runner.web.problems import Problem, invalid
+from runner.web.problems import Problem, invalid, unanswered
 
 # Jobs per request: the dashboard's page of a list; a run of 10,000 is 20 requests, so at
 # most 20 audit entries per queue (none for a request that acted on no job).
@@ -95,6 +96,9 @@ class Bulk:
             if i not in by_queue.setdefault(q, []):
                 by_queue[q].append(i)
         out: dict[tuple[str, str], dict[str, str]] = {}
+        # Redis Cluster: the cancels of jobs on a master that did not answer (stalled, down),
+        # each refused while the others go on; none reached at all is the outage's 503.
+        unreached: list[RedisUnavailable] = []
         for q, ids in by_queue.items():
             if action == "requeue":
                 done, refused = self.client.requeue_many(q, ids, by=by)
@@ -120,11 +124,17 @@ class Bulk:
                                 record.progress(cancelled)
                         except (JobNotFound, JobEnded):
                             pass
-                        except RedisUnavailable:
-                            raise
+                        except RedisUnavailable as exc:
+                            if not exc.left_out:
+                                raise
+                            unreached.append(exc)
+                            out[(q, i)] = {"outcome": "refused", "error": f"{unanswered(exc.left_out)}: the job "
+                                           "may be there and was not cancelled; retry shortly"}
                         except RunnerError as exc:
                             out[(q, i)] = {"outcome": "refused", "error": str(exc)}
                     ok = True
                 finally:
                     record.end(cancelled, ok)
+        if unreached and len(unreached) == sum(len(ids) for ids in by_queue.values()):
+            raise unreached[0]
         return out

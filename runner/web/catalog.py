@@ -13,7 +13,7 @@ import falcon.asgi
 
 from runner.catalog.registry import Function, Registry
 from runner.client import Client
-from runner.observe.figures import queue_view, read_queues, read_throughput
+from runner.observe.figures import left_out_view, queue_view, read_queues, read_throughput
 from runner.runtime import Runtime
 from runner.store.connection import UNAVAILABLE, ping
 from runner.web.body import int_param, only_params, send
@@ -70,7 +70,10 @@ class Queues:
         rt = self.rt
         figures = await self.offload(read_queues, rt)
         out = [queue_view(q, rt.config.queues[q.name]) for q in figures]
-        send(resp, {"queues": out})
+        body: dict[str, Any] = {"queues": out}
+        if left_out := left_out_view(figures):  # (Redis Cluster: a master away; its partitions' figures are not in)
+            body["left_out"] = left_out
+        send(resp, body)
 
 
 class Throughput:

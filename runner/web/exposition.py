@@ -18,7 +18,14 @@ restart loses nothing. Names (label ``queue``, and ``function`` where per functi
                                                  runner_queue_* figures are their sums
     runner_partition_held                        1 while a partition's master has fewer replicas than
                                                  [redis] wait_replicas: none of its jobs runs (labels
-                                                 queue, partition, tag; every partition of every queue)
+                                                 queue, partition, tag; every partition read)
+    runner_partition_unreachable                 1 for a partition this scrape left out (Redis Cluster: its
+                                                 master stalled, down or refusing, given up past 2 s), else
+                                                 0 (labels queue, partition, tag; every partition of every
+                                                 queue). A queue with one left out has its gauges summed over
+                                                 the others and no counter or histogram this scrape (a sum
+                                                 short of a partition would read as a counter reset); one
+                                                 with all left out has no series but this one
     runner_jobs_{enqueued,succeeded,retried,dead,cancelled,duplicates,deduplicated,deferred,paused,ratelimited,lost,expired,followups,relayed,abandoned}_total
     runner_jobs_{steps,replays,sleeps,waits,signals,invokes}_total   durable functions (docs/durable.md)
     runner_groups_completed_total                groups whose last member settled (then-job written), per queue
@@ -50,7 +57,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
-from runner.observe.figures import COUNTERS, MALFORMED, Histogram, QueueFigures, read_queues
+from runner.observe.figures import (
+    COUNTERS,
+    MALFORMED,
+    ByMaster,
+    Histogram,
+    QueueFigures,
+    bounded_reads,
+    cluster_scripts,
+    read_queues,
+)
 from runner.runtime import Runtime
 from runner.store import codec
 from runner.store.connection import UNAVAILABLE
@@ -129,7 +145,7 @@ class RunnerCollector:
         yield up
         yield from self._queue_metrics(queues)
         yield from self._function_metrics(queues)
-        yield from self._schedule_metrics()
+        yield from self._schedule_metrics(queues)
         loaded = GaugeMetricFamily("runner_functions_loaded", "Functions loaded by this web process.")
         loaded.add_metric([], len(reg.functions))
         yield loaded
@@ -137,7 +153,11 @@ class RunnerCollector:
         errors.add_metric([], len(reg.errors))
         yield errors
 
-    def _queue_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
+    def _queue_metrics(self, every: list[QueueFigures]) -> Iterator[Metric]:
+        # (a queue none of whose partitions was read has no figures to show, only its
+        # partitions' runner_partition_unreachable; one read in part, no counters)
+        queues = [q for q in every if not q.unread]
+        whole = [q for q in queues if not q.left_out]
         for attr, name, doc in _GAUGES:
             g = GaugeMetricFamily(name, doc, labels=["queue"])
             for q in queues:
@@ -161,6 +181,7 @@ class RunnerCollector:
         for q in queues:
             left.add_metric([q.name], q.stats_left_out)
             age.add_metric([q.name], q.oldest_ready_age_s or 0.0)
+        for q in whole:
             stray.add_metric([q.name], q.stray)
             for name, n in sorted(q.corrupt.items()):
                 corrupt.add_metric([q.name, name], n)
@@ -174,7 +195,7 @@ class RunnerCollector:
         yield groups
         yield emitted
         yield started
-        yield from self._partition_metrics(queues)
+        yield from self._partition_metrics(every)
 
     def _partition_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
         labels = ["queue", "partition", "tag", "draining"]
@@ -192,10 +213,17 @@ class RunnerCollector:
                                  "connected than [redis] wait_replicas: its claims are not confirmed, so none "
                                  "of its jobs runs, and enqueues to it are refused.",
                                  labels=["queue", "partition", "tag"])
+        unreachable = GaugeMetricFamily("runner_partition_unreachable", "1 while the partition's master is "
+                                        "left out of this scrape (Redis Cluster: stalled, down or refusing, "
+                                        "given up past the reader's bound), else 0.",
+                                        labels=["queue", "partition", "tag"])
         for q in queues:
             for partition, tag, is_held in q.holds:
                 held.add_metric([q.name, str(partition), tag], 1.0 if is_held else 0.0)
+            for partition, tag in sorted([*((p, t) for p, t, _ in q.holds), *q.left_out]):
+                unreachable.add_metric([q.name, str(partition), tag], 1.0 if (partition, tag) in q.left_out else 0.0)
         yield held
+        yield unreachable
 
     def _function_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
         labels = ["queue", "function"]
@@ -206,6 +234,8 @@ class RunnerCollector:
         run = HistogramMetricFamily("runner_job_run_seconds", "Handler run time of attempts that succeeded.",
                                     labels=labels)
         for q in queues:
+            if q.left_out or q.unread:  # (its sums short of a partition would read as a counter reset)
+                continue
             for fn in sorted(q.functions.values(), key=lambda f: f.name):
                 lv = [q.name, _label(fn.name)]
                 for c in COUNTERS:
@@ -217,15 +247,23 @@ class RunnerCollector:
         yield run
 
 
-    def _schedule_metrics(self) -> Iterator[Metric]:
+    def _schedule_metrics(self, queues: list[QueueFigures]) -> Iterator[Metric]:
         rt = self.rt
-        scheds = rt.registry.schedules()
+        # A schedule's state lives in its queue's home partition: none of one left out.
+        away = {q.name for q in queues if (rt.keys[q.name].partition, rt.keys[q.name].tag) in q.left_out}
+        scheds = [sc for sc in rt.registry.schedules() if sc.queue not in away]
         if not scheds:
             return
         wanted: dict[str, tuple[QueueKeys, list[str]]] = {}
         for sc in scheds:
             wanted.setdefault(sc.queue, (rt.keys[sc.queue], []))[1].append(sc.id)
-        states = read_states(rt.redis, wanted, rt.scripts)
+        homes = [k for k, _ in wanted.values()]
+        bound = cluster_scripts(rt)
+        with bounded_reads(bound):  # (each master's states, as the figures: a master given up now is left out)
+            got = ByMaster(bound, homes, "a read of the schedules").each(range(len(homes)), lambda idx: [
+                read_states(rt.redis, {homes[i].queue: wanted[homes[i].queue] for i in idx}, rt.scripts)] * len(idx))
+        states = {sid: st for one in got.values() for sid, st in one.items()}
+        scheds = [sc for sc in scheds if sc.id in states]
         labels = ["schedule", "function"]
         fired = CounterMetricFamily("runner_schedule_ticks_fired", "Schedule ticks that enqueued their job.",
                                     labels=labels)

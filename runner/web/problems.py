@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import http
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import falcon
@@ -248,9 +248,8 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
     if left_out and req.method in ("GET", "HEAD"):
         # Redis Cluster: found on none of the masters that answered, while others did not;
         # it may be on those (never a 404 for it). Partitions are named; masters are not.
-        raise Problem(503, "redis-unavailable", "Not found on the Redis masters that answered; the master of "
-                      f"partition {', '.join('{' + tag + '}' for _, tag in left_out)} did not answer (stopped, "
-                      "hung or down), and what was asked for may be there. Retry shortly.",
+        raise Problem(503, "redis-unavailable", "Not found on the Redis masters that answered; "
+                      f"{unanswered(left_out)}, and what was asked for may be there. Retry shortly.",
                       title="Redis unavailable", headers=headers,
                       left_out=[{"queue": q, "partition": tag} for q, tag in left_out])
     if req.method in ("GET", "HEAD"):  # a read changes nothing: nothing to be unsure of
@@ -263,6 +262,14 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
         detail = ("Redis is unreachable; the request was not confirmed (one cut off after it was sent may "
                   "have been done). Retry shortly, then check the result: GET /jobs/{id}, GET /audit.")
     raise Problem(503, "redis-unavailable", detail, title="Redis unavailable", headers=headers)
+
+
+def unanswered(left_out: Sequence[tuple[str, str]]) -> str:
+    """The words for partitions (queue, tag) whose Redis Cluster master did not answer a
+    read: named by their tags, never by the master's address (the caller may be a
+    stranger, see password_refused; the address goes to the log)."""
+    return (f"the master of partition {', '.join('{' + tag + '}' for _, tag in left_out)} did not answer "
+            "(stopped, hung or down)")
 
 
 async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:

@@ -18,6 +18,13 @@ _OPT_STR = {"type": ["string", "null"]}
 _OPT_INT = {"type": ["integer", "null"]}
 _OPT_NUM = {"type": ["number", "null"]}
 _ANY: dict[str, Any] = {}
+# Redis Cluster: the partitions a read left out, their master stalled or down (GET /queues,
+# /throughput; there only then): the figures are the other partitions'.
+_LEFT_OUT: dict[str, Any] = {
+    "type": "array", "description": "Redis Cluster: the partitions left out (their master did not answer within "
+    "2 s, or is down); the figures are the others'. There only then.",
+    "items": {"type": "object", "properties": {"queue": _STR, "partition": _STR}, "required": ["queue", "partition"],
+              "additionalProperties": False}}
 
 
 def _obj(props: dict[str, Any], required: list[str] | None = None, extra: bool = False) -> dict[str, Any]:
@@ -188,12 +195,13 @@ COMPONENTS: dict[str, Any] = {
         "ready": _INT, "processing": _INT, "scheduled": _INT, "dead": _INT,
         "held": {"type": "boolean", "description": "its master short of [redis] wait_replicas: nothing of it runs"},
     }),
-    "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}}),
+    "QueueList": _obj({"queues": {"type": "array", "items": ref("Queue")}, "left_out": _LEFT_OUT}, ["queues"]),
     "Throughput": _obj({
         "times": {"type": "array", "items": _INT, "description": "start of each minute, epoch seconds"},
         "queues": {"type": "object", "additionalProperties": {
             "type": "object", "additionalProperties": {"type": "array", "items": _INT}}},
-    }),
+        "left_out": _LEFT_OUT,
+    }, ["times", "queues"]),
     "DeadPage": _obj({"queue": _STR, "total": _INT, "offset": _INT, "limit": _INT,
                       "jobs": {"type": "array", "items": ref("Job")},
                       "cursor": {"type": ["string", "null"], "description": "the next page's (null: the last)"}},

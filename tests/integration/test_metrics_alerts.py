@@ -98,6 +98,11 @@ def test_alert_rules_fire_on_what_they_name(tmp_path: Path) -> None:
         _case("RunnerEnqueueToStartLatencyHigh", "20m", _latency("0+10x60", "0+10x60"), False),
         _case("RunnerRedisUnreachable", "5m", [_series("runner_redis_up", "0x10")], True),
         _case("RunnerRedisUnreachable", "5m", [_series("runner_redis_up", "1x10")], False),
+        # (a master of a Redis Cluster stalled: Redis answers, one partition does not)
+        _case("RunnerPartitionUnreachable", "5m",
+              [_series("runner_partition_unreachable", "1x10", queue="fast", partition="2", tag="fast:2")], True),
+        _case("RunnerPartitionUnreachable", "5m",
+              [_series("runner_partition_unreachable", "0x10", queue="fast", partition="2", tag="fast:2")], False),
     ]
     spec = tmp_path / "alerts_test.yml"
     spec.write_text(json.dumps({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": tests}))

@@ -117,17 +117,18 @@ def test_a_read_of_the_layout_asks_a_master_known_stalled_last(sproject: Project
     assert len(client.get_primaries()) == 3
 
 
-def _stalled_apart(p: Project, shards: list[Server], n: int = 30
+def _stalled_apart(p: Project, shards: list[Server], n: int = 30, avoid: tuple[str, ...] = ()
                    ) -> tuple[Server, list[str], list[str], set[str], falcon.testing.TestClient]:
     """``n`` queued jobs over the queue's 6 partitions, and a master to stall that holds
     neither the queue's home partition nor the recorded partition tags (so the tags'
-    read, bounded on its own, is not what is measured): (that master, the ids of the jobs
-    on the others, the ids of its own, its partitions' tags, a web client)."""
+    read, bounded on its own, is not what is measured), nor the keys ``avoid``: (that
+    master, the ids of the jobs on the others, the ids of its own, its partitions' tags, a
+    web client)."""
     c = p.client
     ids = [c.enqueue("record", {"n": i}).id for i in range(n)]
     r = p.runtime.redis
-    home = r.get_node_from_key(p.runtime.keys["fast"].ready).port
-    victim = next(s for s in shards if s.port != home)
+    homes = {r.get_node_from_key(k).port for k in (p.runtime.keys["fast"].ready, *avoid)}
+    victim = next(s for s in shards if s.port not in homes)
     tags = {k.tag for k in p.runtime.parts["fast"] if r.get_node_from_key(k.ready).port == victim.port}
     from runner.client.inspecting import find
 
@@ -237,3 +238,213 @@ def test_a_page_leaves_out_a_stalled_master_s_partitions_and_its_cursor_comes_ba
         status, cursor, _ = page(cursor)
         assert status == 200
     assert sorted(shown) == sorted(live + away), (len(shown), len(set(shown)), len(live + away))
+
+
+def _partitions_on(p: Project, victim: Server) -> set[tuple[str, str]]:
+    """(queue, tag) of every partition of every queue whose master is ``victim``."""
+    r = p.runtime.redis
+    return {(k.queue, k.tag) for parts in p.runtime.parts.values() for k in parts
+            if r.get_node_from_key(k.ready).port == victim.port}
+
+
+def _scraped(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """A scrape's samples: by name, by their sorted labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_queue_figures_and_the_scrape_leave_out_a_stalled_master_within_the_bound(sproject: Project,
+                                                                                 shards: list[Server]) -> None:
+    """GET /queues, GET /metrics and GET /throughput while a master stalls answer within the
+    reader's bound (2 s per master, then it is skipped at once) from the masters that
+    answer. /queues (and /throughput) shows the live partitions' figures and lists the
+    partitions it left out (`left_out`);
+    /metrics answers 200 with the live partitions' figures, runner_partition_unreachable 1
+    for each partition left out (0 for the others), and no figure made up for a queue it
+    could not read at all. Before, each waited out the stalled master's socket timeout
+    (15 s; /queues then a 503), and a few pollers held every web thread."""
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards)
+    gone = _partitions_on(p, victim)
+    before = web.simulate_get("/queues").json
+    (fast,) = [q for q in before["queues"] if q["name"] == "fast"]
+    ready = {x["tag"]: x["ready"] for x in fast["partitions"]}
+    assert sum(ready.values()) == len(live) + len(away) and "left_out" not in before
+    whole = {q for q in p.runtime.parts if all((q, k.tag) in gone for k in p.runtime.parts[q])}
+    assert victim.proc is not None
+    took: list[float] = []
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            t = time.monotonic()
+            r = web.simulate_get("/queues")
+            took.append(time.monotonic() - t)
+            assert r.status_code == 200, r.text
+            assert {(o["queue"], o["partition"]) for o in r.json["left_out"]} == gone, r.json.get("left_out")
+            (fast,) = [q for q in r.json["queues"] if q["name"] == "fast"]
+            assert {x["tag"]: x["ready"] for x in fast["partitions"]} == \
+                {t: n for t, n in ready.items() if t not in tags}
+            assert fast["ready"] == len(live)
+            t = time.monotonic()
+            m = web.simulate_get("/metrics")
+            took.append(time.monotonic() - t)
+            assert m.status_code == 200, m.text
+            got = _scraped(m.text)
+            assert got["runner_redis_up"] == {(): 1.0}
+            unreachable = {(dict(labels)["queue"], dict(labels)["tag"]): v
+                           for labels, v in got["runner_partition_unreachable"].items()}
+            every = {(k.queue, k.tag) for parts in p.runtime.parts.values() for k in parts}
+            assert unreachable == {qt: 1.0 if qt in gone else 0.0 for qt in every}, unreachable
+            shown = {dict(labels)["tag"]: v for labels, v in got["runner_partition_ready_jobs"].items()
+                     if dict(labels)["queue"] == "fast"}
+            assert shown == {t: float(n) for t, n in ready.items() if t not in tags}
+            queues = {dict(labels)["queue"] for labels in got["runner_queue_ready_jobs"]}
+            assert queues == set(p.runtime.parts) - whole
+            assert got["runner_queue_ready_jobs"][(("queue", "fast"),)] == float(len(live))
+        t = time.monotonic()
+        tp = web.simulate_get("/throughput", params={"minutes": "5"})
+        took.append(time.monotonic() - t)
+        assert tp.status_code == 200, tp.text
+        assert {(o["queue"], o["partition"]) for o in tp.json["left_out"]} == gone
+        assert set(tp.json["queues"]) == set(p.runtime.parts)
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    print(f"/queues, /metrics and /throughput in {[round(t, 2) for t in took]} s")
+    assert max(took) < 4.0, took
+    # The first read waits for the stalled master; the others skip it at once.
+    assert sorted(took)[-2] < 1.0, took
+    # Back: nothing left out.
+    wait_for(lambda: "left_out" not in web.simulate_get("/queues").json, timeout=20,
+             what="the stalled master's partitions to be read again")
+    m = _scraped(web.simulate_get("/metrics").text)
+    assert set(m["runner_partition_unreachable"].values()) == {0.0}
+
+
+def test_runner_stats_names_the_partitions_it_left_out(sproject: Project, shards: list[Server]) -> None:
+    """`runner stats` while a master stalls shows the live partitions' figures within
+    seconds, names the partitions left out (`left_out` in --json, as GET /queues lists
+    them; the master in `down`), and exits 3: what it showed is not all of Redis."""
+    import json
+    import subprocess
+    import sys
+
+    p = sproject
+    victim, live, _, _, _ = _stalled_apart(p, shards)
+    gone = _partitions_on(p, victim)
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        stats = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"), "stats",
+                                "--json"], cwd=p.root, env=p.env, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    assert stats.returncode == 3, stats.stdout + stats.stderr
+    body = json.loads(stats.stdout)
+    assert {(o["queue"], o["partition"]) for o in body["left_out"]} == gone, body.get("left_out")
+    (fast,) = [q for q in body["queues"] if q["name"] == "fast"]
+    assert fast["ready"] == len(live)
+    assert "Traceback" not in stats.stderr, stats.stderr
+    assert took < 15.0, f"runner stats took {took:.1f} s"
+
+
+def test_a_bulk_cancel_goes_on_past_a_stalled_master_s_jobs(sproject: Project, shards: list[Server]) -> None:
+    """A bulk cancel (POST /bulk, Client.cancel_many) while a master stalls cancels the
+    jobs of the masters that answer and refuses each job it could not reach, saying its
+    partition did not answer and to retry, rather than stop at the first of them (before:
+    a 503 for the whole request, the jobs after it left as they were). (The master
+    stalled holds no key of the audit trail, which a bulk action writes once.)"""
+    from runner.store import keys
+
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards, avoid=(keys.audit(p.prefix),))
+    order = [i for pair in zip(away, live, strict=False) for i in pair] + live[len(away):] + away[len(live):]
+    half = len(order) // 2
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        r = web.simulate_post("/bulk", json={"action": "cancel",
+                                             "jobs": [{"queue": "fast", "id": i} for i in order[:half]]})
+        took = time.monotonic() - t
+        assert r.status_code == 200, r.text
+        said = {j["id"]: j for j in r.json["jobs"]}
+        for i in order[:half]:
+            if i in live:
+                assert said[i]["outcome"] == "cancelled", said[i]
+            else:
+                assert said[i]["outcome"] == "refused", said[i]
+                assert any(f"{{{t}}}" in said[i]["error"] for t in tags), said[i]
+                assert "retry" in said[i]["error"].lower() and "did not answer" in said[i]["error"], said[i]
+        assert r.json["done"] == sum(1 for i in order[:half] if i in live)
+        answers = dict(p.client.cancel_many(order[half:]))
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    assert took < 6.0, f"the bulk cancel took {took:.1f} s"
+    from runner.errors import RedisUnavailable
+
+    for i in order[half:]:
+        if i in live:
+            assert answers[i] == "cancelled", answers[i]
+        else:
+            assert isinstance(answers[i], RedisUnavailable), answers[i]
+            assert any((q, t) in answers[i].left_out for q, t in (("fast", t) for t in tags)), answers[i]
+    # Back: the jobs refused were left as they were, and a retry cancels them.
+    wait_for(lambda: web.simulate_get(f"/jobs/{away[0]}").status_code == 200, timeout=20,
+             what="the stalled master to answer again")
+    assert {web.simulate_get(f"/jobs/{i}").json["status"] for i in away} == {"queued"}
+    assert {a for _, a in p.client.cancel_many(away)} == {"cancelled"}
+
+
+def test_a_stalled_master_holding_the_home_tag_costs_one_read_the_bound(tmp_path: Path,
+                                                                       shards: list[Server]) -> None:
+    """The master of the queue's home tag (where the partition tags are read first)
+    stalls: the first read that meets it waits the reader's bound (2 s) and marks it, and
+    the reads after it skip it at once for as long as it does not answer, past the socket
+    timeout of the calls given up (4 s here; 15 s by default). Before, the read of the
+    partition tags did not know of the mark (a second read waited 2 s), and the mark ended
+    with the call given up (another 2 s every socket timeout)."""
+    from runner.runtime import Runtime
+
+    p = shard_project(tmp_path / "p", shards, partitions=6, vt=10)
+    try:
+        c = p.client
+        ids = [c.enqueue("record", {"n": i}).id for i in range(30)]
+        rt = Runtime.create(p.config(), socket_timeout=4)
+        r = rt.redis
+        home = r.get_node_from_key(rt.keys["fast"].ready).port
+        victim = next(s for s in shards if s.port == home)
+        tags = {k.tag for k in rt.parts["fast"] if r.get_node_from_key(k.ready).port == home}
+        from runner.client import Client
+        from runner.client.inspecting import find
+
+        live = [i for i in ids if find(Client(rt), i)[0].tag not in tags]
+        web = falcon.testing.TestClient(create_app(rt))
+        for i in ids:
+            assert web.simulate_get(f"/jobs/{i}").status_code == 200
+        assert victim.proc is not None
+        took: list[float] = []
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        try:
+            end = time.monotonic() + 10.0  # past two socket timeouts of 4 s
+            while time.monotonic() < end:
+                i = live[len(took) % len(live)]
+                t = time.monotonic()
+                got = web.simulate_get(f"/jobs/{i}")
+                took.append(time.monotonic() - t)
+                assert got.status_code == 200, got.text
+                time.sleep(0.25)  # (a reader reads the partition tags again each second)
+        finally:
+            os.kill(victim.proc.pid, signal.SIGCONT)
+        print(f"{len(took)} reads; over 0.5 s: {[round(t, 2) for t in took if t > 0.5]}")
+        assert max(took) < 4.0, took
+        assert sorted(took)[-2] < 0.5, [round(t, 2) for t in took]
+        rt.close()
+    finally:
+        close_project(p)
