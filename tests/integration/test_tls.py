@@ -82,8 +82,10 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tls]:
         "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",
     ]).start()
     admin = redis.Redis(port=s.port)
-    admin.acl_setuser("runner", enabled=True, passwords=[f"+{PASSWORD}"], keys=["~*"], channels=["&*"],
+    admin.acl_setuser("runner", enabled=True, passwords=[f"+{PASSWORD}"], keys=["~*"], channels=["*"],
                       commands=["+@all"])
+    # (redis-py writes the "&" of each channel pattern itself: "&*" allowed only the channel
+    # named "&*", so the user could subscribe to none and each wait ran out its timeout.)
     admin.acl_setuser("default", enabled=False)  # no anonymous access from here on
     admin.close()
     yield Tls(s, tls_port, ca)

@@ -64,7 +64,7 @@ def test_async_handler_and_timeout(project: Project) -> None:
     """An async handler runs; a sync handler past TIMEOUT is interrupted and retried."""
     c = project.client
     a = c.enqueue("asyncfn", {"sleep": 0.01})
-    t = c.enqueue("sleepy", {"sleep": 3})
+    t = c.enqueue("sleepy", {"sleep": 1.5})  # three times its TIMEOUT
     project.spawn_worker("fast")
     assert c.wait(a.id, timeout_s=15).as_dict()["result"] == {"async": True, "attempt": 1}
     rec = c.wait(t.id, timeout_s=20).as_dict()
