@@ -123,7 +123,7 @@ async def await_job(client: Client, job_id: str, timeout_s: float = 10.0, *, wat
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            soon = retry_after(wait.poll(), failures)
+            soon = waiter.pull_after(retry_after(wait.poll(), failures))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), left if soon is None else min(left, soon))
             event.clear()

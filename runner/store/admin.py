@@ -9,14 +9,19 @@ with connection.reachable, in one place, to RedisUnavailable.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from redis.exceptions import NoPermissionError
 
 from runner.store import records
 from runner.store.keys import QueueKeys
 from runner.store.outage import checked
 from runner.store.schedules import ServerClock
 from runner.store.stats import both_sets, stats_hashes, weigh
+
+log = logging.getLogger("runner.admin")
 
 
 def counts(redis: Any, every: Sequence[QueueKeys], names: Callable[[], Sequence[str]]) -> list[dict[str, Any]]:
@@ -73,7 +78,13 @@ def pause(redis: Any, prefix: str, parts: Sequence[QueueKeys], function: str | N
     # channel its cancels come by, it hands them back (worker.py). (Not in the pipeline: a
     # cluster client refuses a pipelined PUBLISH.)
     for part in parts:
-        redis.publish(part.cancels, f"pause {part.queue} {function or '*'}")
+        try:
+            redis.publish(part.cancels, f"pause {part.queue} {function or '*'}")
+        except NoPermissionError as exc:  # (an ACL user with no channels: paused all the same)
+            log.warning("paused; the Redis user may not publish on runner's channels (%s), so jobs a "
+                        "worker claimed ahead (at most its prefetch) may still start; grant them: ACL "
+                        "SETUSER <user> '&%s:*' (or allchannels)", exc, prefix)
+            break
     return True
 
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import NoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from runner.errors import RedisUnavailable
@@ -36,6 +37,11 @@ READ_S = 1.0  # a read's timeout, so a stop is seen
 # Redis Cluster: a subscription not confirmed this long moves to another master (the one
 # it is on stopped answering with its sockets open: stalled).
 CONFIRM_S = 2.0
+# A Redis user that may not subscribe (an ACL user with no channels: Redis 7's default for
+# a new user) hears of no end: each wait reads its job this often instead, and the
+# subscription is tried again this seldom (the user may be granted them meanwhile).
+DEAF_POLL_S = 0.25
+DEAF_RETRY_S = 30.0
 
 
 class Waiter:
@@ -54,6 +60,15 @@ class Waiter:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._pubsub: Any = None  # the listening thread's, for stop to wake its read
+        # Set while the server refuses this user the channels: the waits read on a timer.
+        self.deaf = False
+
+    def pull_after(self, soon: float | None) -> float | None:
+        """How soon a wait reads again: ``soon``, or at most DEAF_POLL_S while nothing
+        can be heard."""
+        if not self.deaf:
+            return soon
+        return DEAF_POLL_S if soon is None else min(soon, DEAF_POLL_S)
 
     def add(self, job_id: str, poke: Poke) -> None:
         with self._lock:
@@ -147,6 +162,17 @@ class Waiter:
             except UNAVAILABLE as exc:
                 attempt += 1  # (on Redis Cluster, on the next master)
                 log.debug("waiter: Redis unreachable, subscribing again: %s", exc)
+            except NoPermissionError as exc:
+                if not self.deaf:
+                    self.deaf = True
+                    user = getattr(getattr(self.redis, "connection_pool", None), "connection_kwargs", {}).get(
+                        "username") or "<user>"
+                    log.warning("the Redis user may not subscribe to runner's channels (%s): waits read "
+                                "their jobs every %g s instead, and a worker hears no cancel of a job it "
+                                "claimed ahead until it starts it; grant them: ACL SETUSER %s resetchannels "
+                                "'&<prefix>:*' (or allchannels)", exc, DEAF_POLL_S, user)
+                self._poke(None)  # the waits start reading on their timer now
+                self._stopped.wait(DEAF_RETRY_S)
             except Exception:  # a stray error must not leave every wait to its timeout
                 log.exception("waiter: subscription failed, subscribing again")
             finally:
@@ -178,6 +204,7 @@ class Waiter:
             kind = msg.get("type")
             if kind == "subscribe":
                 confirmed += 1
+                self.deaf = False
                 # ">=": the connection may subscribe again by itself after a reconnection
                 # (a Redis restart), confirming every channel once more.
                 if confirmed >= len(self.channels):
@@ -226,7 +253,7 @@ def wait_until(waiter: Waiter, deadline: float, check: Callable[[], bool], job_i
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            soon = retry_after(poll() if poll is not None else None, failures)
+            soon = waiter.pull_after(retry_after(poll() if poll is not None else None, failures))
             event.wait(left if soon is None else min(left, soon))
             event.clear()
             try:

@@ -226,7 +226,7 @@ do
     redis.call('HSET', sk, 'cancel_requested', '1')
     note(sk)
     if c.prefetched then
-      redis.call('PUBLISH', K.cancels, id .. ' ' .. c.token)
+      redis.pcall('PUBLISH', K.cancels, id .. ' ' .. c.token)  -- (refused channels: the worker sees it at start)
       return said({3, 'queued'})
     end
     return said({2, 'processing'})

@@ -13,7 +13,9 @@ end
 
 -- Publish the ids of jobs that ended in this call, one message for the batch.
 local function announce(channel, ids)
-  if #ids > 0 then redis.call('PUBLISH', channel, table.concat(ids, ' ')) end
+  -- (pcall: a user refused the channels, an ACL user with none, still ends its jobs;
+  -- its waits read them on a timer, store/waiter.py)
+  if #ids > 0 then redis.pcall('PUBLISH', channel, table.concat(ids, ' ')) end
 end
 
 -- A job that never ran (or whose run stopped) ends cancelled: a terminal status in its
