@@ -6,6 +6,7 @@ grant the channels), not out its whole timeout with a traceback every 0.2 s."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -48,6 +49,11 @@ def test_a_user_without_channels_waits_for_its_jobs_on_a_timer(nochan: Project,
     slow = c.enqueue("sleepy", {"sleep": 0.3}).id
     t0 = time.monotonic()
     assert c.wait(slow, 20).status == "done"
+    assert time.monotonic() - t0 < 3
+    # And an asyncio wait.
+    later = c.enqueue("sleepy", {"sleep": 0.3}).id
+    t0 = time.monotonic()
+    assert asyncio.run(c.asettle(later, 20)).status == "done"
     assert time.monotonic() - t0 < 3
     told = [r.getMessage() for r in caplog.records if "channel" in r.getMessage()]
     assert len(told) == 1 and "ACL SETUSER" in told[0], told
