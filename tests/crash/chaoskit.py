@@ -121,6 +121,8 @@ class Chaos:
         self._producer_done = threading.Event()
         self._producer_error: BaseException | None = None
         self._redis_lock = threading.Lock()
+        self._next_restart = 0.0
+        self._restart_gap = (3.0, 7.0)
 
     # --- load ------------------------------------------------------------------------
 
@@ -208,6 +210,9 @@ class Chaos:
 
     def _act(self) -> None:
         roll = self.rnd.random()
+        # The first two faults are a SIGKILL and a SIGTERM: a short run has both kinds
+        # whatever its rolls.
+        roll = 0.0 if not self.fig.sigkills else 0.5 if not self.fig.sigterms else roll
         self.workers = [w for w in self.workers if w.poll() is None]
         if roll < 0.45 and self.workers:
             w = self.rnd.choice(self.workers)
@@ -227,7 +232,7 @@ class Chaos:
             self.fig.redis_restarts += 1
             self.fig.redis_sigkills += int(kill)
             self.server.start(timeout_s=60)
-            self._next_restart = time.monotonic() + self.rnd.uniform(3, 7)
+            self._next_restart = time.monotonic() + self.rnd.uniform(*self._restart_gap)
         while len(self.workers) < self.n_workers:
             self._spawn()
 
@@ -244,7 +249,11 @@ class Chaos:
                 self._spawn()
             producer = threading.Thread(target=self._produce, name="producer", daemon=True)
             producer.start()
-            self._next_restart = time.monotonic() + self.rnd.uniform(2, 5)
+            # A short run restarts Redis sooner and more often: a graceful restart and a
+            # SIGKILL within its first seconds.
+            short = self.seconds < 30
+            self._restart_gap = (2.0, 3.5) if short else (3.0, 7.0)
+            self._next_restart = time.monotonic() + (self.rnd.uniform(1.5, 2.5) if short else self.rnd.uniform(2, 5))
             end = time.monotonic() + self.seconds
             while time.monotonic() < end:
                 time.sleep(self.rnd.uniform(0.3, 1.5))  # the time between two faults

@@ -84,8 +84,17 @@ class Group:
             return False
 
 
+# Sentinel's periods for the default run (SENTINEL DEBUG): it looks at a returning master
+# every INFO_PERIOD_MS and demotes it PUBLISH_PERIOD_MS * 4 after it reported itself master,
+# about 3 s instead of about 10 s. The old master still takes writes for those seconds: a
+# connection or a worker that did not leave it writes there thousands of times all the
+# same. The full runs keep Sentinel's own periods (the tables docs/deploy.md reports).
+QUICK_PERIODS = {"info-period": 1000, "publish-period": 500}
+
+
 @contextmanager
-def sentinel_group(root: Path, down_after_ms: int = 500, replicas: int = 1) -> Iterator[Group]:
+def sentinel_group(root: Path, down_after_ms: int = 500, replicas: int = 1,
+                   periods: dict[str, int] | None = None) -> Iterator[Group]:
     binary = bundled_binary()
     # No 5 s wait for more replicas before a full sync (the first, and the one after a failover).
     sync = ["--repl-diskless-sync-delay", "0"]
@@ -116,6 +125,11 @@ def sentinel_group(root: Path, down_after_ms: int = 500, replicas: int = 1) -> I
             log.close()
             ports.append(port)
         g = Group(master, replica, procs, ports, others)
+        if periods:
+            args = [str(x) for kv in periods.items() for x in kv]
+            for port in ports:
+                wait_for(lambda port=port: _answers(g, port, "SENTINEL", "DEBUG", *args), timeout=30,
+                         interval=0.05, what=f"sentinel {port} to take its periods")
         wait_for(g.ready, timeout=30, interval=0.1, what="three sentinels that see master and replica")
         yield g
     finally:
@@ -128,6 +142,14 @@ def sentinel_group(root: Path, down_after_ms: int = 500, replicas: int = 1) -> I
                 with suppress(ProcessLookupError):
                     os.kill(s.proc.pid, signal.SIGCONT)
             s.stop(kill=True)
+
+
+def _answers(g: Group, port: int, *args: Any) -> bool:
+    try:
+        g.ask(port, *args)
+    except redis.ConnectionError:
+        return False
+    return True
 
 
 @dataclass
@@ -215,13 +237,13 @@ def missing_on(port: int, p: Project, ids: list[str]) -> int:
 
 def failover_round(root: Path, wait_replicas: int, how: str = "kill", warmup: int = 2000,
                    timeout_s: float = 0.5, stall_s: float = 3.0, replicas: int = 1,
-                   resume_after_s: float | None = None) -> Round:
+                   resume_after_s: float | None = None, periods: dict[str, int] | None = None) -> Round:
     """One round on a fresh group. ``how``: "kill" SIGKILLs the master; "stall" stops it
     (SIGSTOP) until Sentinel has promoted a replica, for at least ``stall_s`` (or for
     ``resume_after_s`` after the promotion), then lets it run on: it comes back believing
     it is the master until Sentinel demotes it."""
     out = Round(wait_replicas, how, replicas, resume_after_s)
-    with sentinel_group(root / "group", replicas=replicas) as g:
+    with sentinel_group(root / "group", replicas=replicas, periods=periods) as g:
         p = make_project(root / "p", Endpoint(g.url))  # type: ignore[arg-type]
         _durable(p, wait_replicas, timeout_s)
         client = p.client
@@ -309,13 +331,14 @@ def _runs(p: Project) -> Counter[str]:
     return Counter({f.name: len(f.read_text().splitlines()) for f in p.records.iterdir()})
 
 
-def worker_round(root: Path, stall_s: float = 3.0, jobs: int = 12_000) -> WorkerRound:
+def worker_round(root: Path, stall_s: float = 3.0, jobs: int = 12_000,
+                 periods: dict[str, int] | None = None) -> WorkerRound:
     """``jobs`` queued (wait_replicas = 1, one replica), a worker running them, and the
     master stopped (SIGSTOP) for ``stall_s`` mid-way: Sentinel promotes the replica, the
     old master resumes, and the worker must not go on settling there (its acks would be
     wiped by the resync, and the jobs run again). Counts the jobs that ran twice."""
     out = WorkerRound(jobs)
-    with sentinel_group(root / "group") as g:
+    with sentinel_group(root / "group", periods=periods) as g:
         p = make_project(root / "p", Endpoint(g.url))  # type: ignore[arg-type]
         p.write_config(vt=5, concurrency=8, prefetch=8, batch=64)
         _durable(p, 1, 1.0)

@@ -374,7 +374,8 @@ def test_shutdown_never_hands_back_a_job_whose_handler_still_runs(crash_project:
     c = project.client
     # (6 s: a second worker's start on a loaded host took more than the 3 s this was, and
     # the handler had ended before the SIGTERM it is here to outlast)
-    job = c.enqueue("held", {"sleep": 6.0, "beat": True}).id
+    # The run after the shutdown need not sleep: it only has to start after the first ended.
+    job = c.enqueue("held", {"sleep": 6.0, "again_sleep": 0.0, "beat": True}).id
     first = project.spawn_worker("fast")
     wait_for(lambda: marks(project, job, "start"), timeout=15, what="the handler to start")
     second = project.spawn_worker("fast")

@@ -10,9 +10,11 @@ Sentinel's failover events (store/sentinel.py), so none writes there, and a work
 not settle there either (its acks would be wiped, and the jobs run again).
 
 The default run does one SIGKILL round for each setting, two stalls with two replicas
-and one worker through a stall. The full runs (the rounds of each fault and setting, and
-the stall swept from 0 to 5 s after the promotion; about 12 minutes) are marked slow and
-print the tables that docs/deploy.md reports:
+and one worker through a stall, with Sentinel's periods shortened (failoverkit.QUICK_PERIODS:
+a returning master is demoted in about 2 s instead of about 10 s; it takes writes all the
+same meanwhile). The full runs, with Sentinel's own periods (the rounds of each fault
+and setting, and the stall swept from 0 to 5 s after the promotion; about 12 minutes),
+are marked slow and print the tables that docs/deploy.md reports:
 ``python -m pytest -s -m slow tests/crash/test_failover.py`` (``FAILOVER_REPORT=path``
 appends the tables to a file too).
 """
@@ -23,7 +25,7 @@ import os
 from pathlib import Path
 
 import pytest
-from failoverkit import Round, failover_round, worker_round
+from failoverkit import QUICK_PERIODS, Round, failover_round, worker_round
 
 ROUNDS = int(os.environ.get("FAILOVER_ROUNDS", 5))
 
@@ -32,7 +34,7 @@ ROUNDS = int(os.environ.get("FAILOVER_ROUNDS", 5))
 def test_a_killed_master_loses_no_job_answered_with_wait_replicas(tmp_path: Path, wait_replicas: int) -> None:
     """SIGKILL the master under load: Sentinel promotes the replica; with wait_replicas = 1
     every job answered OK is on the new master (with 0 the count is reported, not held)."""
-    r = failover_round(tmp_path, wait_replicas, "kill")
+    r = failover_round(tmp_path, wait_replicas, "kill", periods=QUICK_PERIODS)
     print("\n" + Round.HEADER + "\n" + r.row())
     assert r.ok >= 2000
     if wait_replicas:
@@ -68,7 +70,7 @@ def test_a_master_stalled_past_the_promotion_loses_no_job_with_two_replicas(tmp_
     stops (SIGSTOP), Sentinel promotes a replica, and the old master resumes soon after,
     while the other replica is still attached to it. Its WAIT is answered by that replica,
     but it is a demoted master: no job answered OK may be missing once it resynced."""
-    r = failover_round(tmp_path, 1, "stall", replicas=2, resume_after_s=resume_after_s)
+    r = failover_round(tmp_path, 1, "stall", replicas=2, resume_after_s=resume_after_s, periods=QUICK_PERIODS)
     print("\n" + Round.HEADER + "\n" + r.row())
     assert r.ok >= 2000
     assert r.missing == 0, r.row()
@@ -92,10 +94,11 @@ def test_stalls_from_0_to_5_s_after_the_promotion(tmp_path: Path) -> None:
 
 def test_a_worker_leaves_a_stalled_master_at_once(tmp_path: Path) -> None:
     """One replica, the master stopped 3 s under a worker's load: Sentinel promotes the
-    replica, the old master resumes and takes writes until Sentinel demotes it (about
-    10 s). The worker must have left it at the failover: its acks there would be wiped
-    by the resync, and their jobs run again (thousands did). Only the runs in flight at
-    the stall may run twice (at least once, as any lease that lapses)."""
-    r = worker_round(tmp_path, stall_s=3.0)
+    replica, the old master resumes and takes writes until Sentinel demotes it (about 2 s
+    with the periods of the default run, 10 s with Sentinel's own). The worker must have
+    left it at the failover: its acks there would be wiped by the resync, and their jobs
+    run again (thousands did). Only the runs in flight at the stall may run twice (at
+    least once, as any lease that lapses)."""
+    r = worker_round(tmp_path, stall_s=3.0, periods=QUICK_PERIODS)
     print("\n| jobs | ran twice | failover s | old master writable s |\n|---|---|---|---|\n" + r.row())
     assert r.twice <= 100, r.row()

@@ -359,7 +359,7 @@ def handle_batch(payloads, ctx):
     began = time.time()
     with open(os.path.join(os.environ["RECORD_DIR"], "began"), "a") as f:
         f.write("began\\n")
-    time.sleep(3)
+    time.sleep({sleep})
     with open(os.path.join(os.environ["RECORD_DIR"], "calls.jsonl"), "a") as f:
         f.write(json.dumps({{"ids": [j.id for j in ctx.jobs], "began": began, "ended": time.time()}}) + "\\n")
 '''
@@ -380,7 +380,7 @@ def test_a_limit_far_from_full_leaves_no_executor_idle(project: Project, isolati
     went into one call, the other executor stayed idle, and the rest waited for that call's
     end (four calls of two, one after another)."""
     project.write_config(concurrency=2, prefetch=0)
-    project.add_function("limited", LIMITED.format(isolation=isolation, limit=8))
+    project.add_function("limited", LIMITED.format(isolation=isolation, limit=8, sleep=3))
     ids = [e.id for e in project.client.enqueue_many([Request("limited", {"n": i}) for i in range(8)])]
     project.spawn_worker("fast")
     got = _done_calls(project, ids)
@@ -397,7 +397,7 @@ def test_jobs_under_a_limit_that_come_during_a_batch_go_to_the_idle_executor(pro
     Before, the four running members counted as four busy executors: the worker claimed
     no job under a limit until the call ended."""
     project.write_config(concurrency=2, prefetch=0)
-    project.add_function("limited", LIMITED.format(isolation=isolation, limit=8))
+    project.add_function("limited", LIMITED.format(isolation=isolation, limit=8, sleep=3))
     client = project.client
     ids = [e.id for e in client.enqueue_many([Request("limited", {"n": i}) for i in range(4)])]
     project.spawn_worker("fast")
@@ -414,7 +414,8 @@ def test_a_full_limit_still_caps_the_jobs_in_batches(project: Project, isolation
     the next starting only after it ends, though an executor is free (each member holds
     its own slot of the limit)."""
     project.write_config(concurrency=2, prefetch=0)
-    project.add_function("limited", LIMITED.format(isolation=isolation, limit=4))
+    # (1.5 s calls: two calls the limit did not cap would start together, and overlap by all of it)
+    project.add_function("limited", LIMITED.format(isolation=isolation, limit=4, sleep=1.5))
     ids = [e.id for e in project.client.enqueue_many([Request("limited", {"n": i}) for i in range(8)])]
     project.spawn_worker("fast")
     got = _done_calls(project, ids)

@@ -144,7 +144,8 @@ def test_a_wait_on_a_read_only_replica_reads_and_polls(tmp_path: Path) -> None:
     """A client pointed at a read-only replica can wait: a job already in a wanted status
     answers without a write, and a wait whose mark the replica refuses polls instead of
     raising."""
-    with Server(tmp_path / "master", appendonly=False) as master, \
+    # (no 5 s wait for more replicas before the full sync)
+    with Server(tmp_path / "master", appendonly=False, extra=["--repl-diskless-sync-delay", "0"]) as master, \
             Server(tmp_path / "replica", appendonly=False) as replica:
         project = make_project(tmp_path / "p", master)
         r = redis.Redis(port=replica.port)

@@ -5,6 +5,7 @@ cannot lock a real client out of a process limited to 1,024 open files."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import random
 import resource
@@ -398,10 +399,8 @@ def test_a_request_left_partial_behind_one_on_the_app_waits_for_its_answer(web: 
     port = _port(web)
     head = (f"POST /jobs/record HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
             "Content-Type: application/json\r\nContent-Length: 8\r\n\r\n").encode()
-    for name, rest, expected in (
-        ("half a head", b"GET /healthz HTTP/1.1\r\nHo", [b"202", b"408"]),
-        ("a head and half a body", head + b"{\"n\"", [b"202"]),
-    ):
+
+    def case(name: str, rest: bytes, expected: list[bytes]) -> None:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             t0 = time.monotonic()
             s.sendall(_held_request(3) + rest)
@@ -414,6 +413,15 @@ def test_a_request_left_partial_behind_one_on_the_app_waits_for_its_answer(web: 
             s.settimeout(5)
             with contextlib.suppress(ConnectionResetError):
                 assert s.recv(1) == b"", name
+
+    # The two connections at once (each on its own timeline; a failure in either is raised).
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(case, *c) for c in (
+            ("half a head", b"GET /healthz HTTP/1.1\r\nHo", [b"202", b"408"]),
+            ("a head and half a body", head + b"{\"n\"", [b"202"]),
+        )]
+        for f in futures:
+            f.result()
     assert web.get("/healthz").status_code == 200
 
 
