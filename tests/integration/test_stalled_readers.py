@@ -486,3 +486,16 @@ def test_a_layout_read_during_a_stall_keeps_the_default_node_on_a_master_that_an
             assert _scraped(m.text)["runner_redis_up"] == {(): 1.0}
     finally:
         os.kill(victim.proc.pid, signal.SIGCONT)
+
+
+def test_a_read_of_the_layout_refills_the_startup_nodes_redis_py_dropped(sproject: Project) -> None:
+    """redis-py drops a startup node on each lost connection or timeout of a call to it,
+    and with static startup nodes none came back: after outages of a few masters no node
+    was left to ask, and a later failover was never learnt until a restart. A read of the
+    layout refills them (the URL's seeds and the last layout's masters)."""
+    r = sproject.runtime.redis
+    manager = r.nodes_manager
+    manager.startup_nodes.clear()  # (as after a call failed on each of them)
+    manager.initialize()
+    assert {n.name for n in r.get_primaries()} <= set(manager.startup_nodes)
+    assert all(n is not manager.nodes_cache.get(n.name) for n in manager.startup_nodes.values())
