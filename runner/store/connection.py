@@ -26,7 +26,7 @@ settled under its own id.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -329,6 +329,7 @@ def _one_read_at_a_time(manager: Any) -> None:
     import threading
 
     read = manager.initialize
+    seeds = [(n.host, n.port) for n in manager.startup_nodes.values()]
     lock = threading.Lock()
     reads = [0]  # layouts read so far
 
@@ -337,16 +338,53 @@ def _one_read_at_a_time(manager: Any) -> None:
         with lock:
             if reads[0] != seen:
                 return
+            _refill(manager, seeds)
             stalled = getattr(manager, "runner_stalled", None)
             if stalled is not None:  # (one assignment: sorted is stable, the order otherwise kept)
                 manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda kv: stalled(kv[0])))
+            before = manager.default_node
             try:
                 read()
             except RedisClusterException as exc:
                 raise ClusterUnreachable(str(exc)) from exc
             reads[0] += 1
+            _keep_default(manager, before, stalled)
 
     manager.initialize = initialize
+
+
+def _keep_default(manager: Any, before: Any, stalled: Callable[[str], bool] | None) -> None:
+    """After a read of the layout, the default node (redis-py makes it the first master of
+    the layout on each read: the master of slot 0) is the one before if it is still a
+    master, else a master not known stalled. A pipeline asks the default node for the keys
+    of some commands (COMMAND GETKEYS): with a stalled master as default node every read
+    of a live master waited on it, was given up, and marked the live master too."""
+    masters = [n for n in list(manager.nodes_cache.values()) if n.server_type == "primary"]
+    names = {n.name: n for n in masters}
+    if before is not None and before.name in names and not (stalled is not None and stalled(before.name)):
+        manager.default_node = names[before.name]
+        return
+    live = [n for n in masters if stalled is None or not stalled(n.name)]
+    if live:
+        manager.default_node = live[0]
+
+
+def _refill(manager: Any, seeds: list[tuple[str, int]]) -> None:
+    """The startup nodes a read of the layout asks, refilled: redis-py drops the node of
+    every call that failed on a lost connection or a timeout from them, and with static
+    startup nodes none is ever added back, so after outages of a few masters no node was
+    left to ask and a failover was never learnt ("Redis Cluster cannot be connected")
+    until the process restarted. The seeds of the URL and the masters of the last layout
+    read are added back, each a node of its own (its connections closed after each read,
+    never those of the node the calls use)."""
+    from redis.cluster import ClusterNode
+
+    nodes = manager.startup_nodes
+    known = [(n.host, n.port) for n in list(manager.nodes_cache.values()) if n.server_type == "primary"]
+    for host, port in [*seeds, *known]:
+        name = f"{host}:{port}"
+        if name not in nodes:
+            nodes[name] = ClusterNode(host, port)  # type: ignore[no-untyped-call]
 
 
 PROBE_S = 2.0  # how long a cluster client being built waits for each master's PING

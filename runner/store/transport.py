@@ -861,6 +861,7 @@ class NodeLanes:
         with self._lock:
             since, n = self._stalled.get(node, (time.monotonic(), 0))
             self._stalled[node] = (since, n + 1)
+        self._off_default(node)
 
         def ended(done: Future[Any], probe: bool = False) -> None:
             exc = done.exception()
@@ -889,6 +890,21 @@ class NodeLanes:
                                sent=False)
         return NodeStalled(f"Redis node {self._who(node, among)} did not answer{call} within {wait_s:g} s "
                            "(stopped or hung); its partitions wait")
+
+    def _off_default(self, node: str) -> None:
+        """The client's default node moved off ``node``, marked stalled, to a master not
+        marked: a pipeline asks the default node for the keys of some commands (COMMAND
+        GETKEYS), so a read of a live master would wait on the stalled one and be given
+        up, marking the live master too."""
+        client = self.scripts.client
+        if self.scripts.one_server:
+            return
+        with contextlib.suppress(Exception):  # (no layout now: the next read of it chooses)
+            if client.get_default_node().name != node:
+                return
+            live = [n for n in client.get_primaries() if n.name not in self._stalled]
+            if live:
+                client.set_default_node(live[0])
 
     def _probe(self, node: str) -> None:
         """One PING to ``node`` (host:port), if it is still in the layout (on one server:

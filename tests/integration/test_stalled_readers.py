@@ -448,3 +448,54 @@ def test_a_stalled_master_holding_the_home_tag_costs_one_read_the_bound(tmp_path
         rt.close()
     finally:
         close_project(p)
+
+
+def test_a_layout_read_during_a_stall_keeps_the_default_node_on_a_master_that_answers(
+        sproject: Project, shards: list[Server]) -> None:
+    """The master of slot 0 (the one redis-py makes the default node on every read of the
+    layout) stalls, and the layout is read again (as redis-py does after a call that ran
+    out its socket timeout). The default node stays on a master that answers: a pipeline
+    asks the default node for the keys of some commands (COMMAND GETKEYS), and with the
+    stalled master as default node every read of a live master hung on it, was given up,
+    and marked that live master too (/queues left out, or 503 for, partitions on masters
+    that answer; runner_redis_up 0)."""
+    p = sproject
+    r = p.runtime.redis
+    web = falcon.testing.TestClient(create_app(p.runtime))
+    for i in range(12):
+        p.client.enqueue("record", {"n": i})
+    r.nodes_manager.initialize()
+    first = r.get_default_node().port  # (the node redis-py makes the default on each read of the layout)
+    victim = next(s for s in shards if s.port == first)
+    gone = _partitions_on(p, victim)
+    assert web.simulate_get("/queues").status_code == 200
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        web.simulate_get("/queues")  # waits the bound once and marks the stalled master
+        r.nodes_manager.initialize()
+        assert r.get_default_node().port != victim.port
+        for _ in range(3):
+            t = time.monotonic()
+            got = web.simulate_get("/queues")
+            took = time.monotonic() - t
+            assert got.status_code == 200, got.text
+            assert {(o["queue"], o["partition"]) for o in got.json["left_out"]} == gone, got.json["left_out"]
+            assert took < 1.0
+            m = web.simulate_get("/metrics")
+            assert _scraped(m.text)["runner_redis_up"] == {(): 1.0}
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+
+
+def test_a_read_of_the_layout_refills_the_startup_nodes_redis_py_dropped(sproject: Project) -> None:
+    """redis-py drops a startup node on each lost connection or timeout of a call to it,
+    and with static startup nodes none came back: after outages of a few masters no node
+    was left to ask, and a later failover was never learnt until a restart. A read of the
+    layout refills them (the URL's seeds and the last layout's masters)."""
+    r = sproject.runtime.redis
+    manager = r.nodes_manager
+    manager.startup_nodes.clear()  # (as after a call failed on each of them)
+    manager.initialize()
+    assert {n.name for n in r.get_primaries()} <= set(manager.startup_nodes)
+    assert all(n is not manager.nodes_cache.get(n.name) for n in manager.startup_nodes.values())
