@@ -7,8 +7,7 @@ With ``wait_replicas = 1`` no job answered OK is ever missing: each partition's 
 call is confirmed by that partition's master's replica before it is answered. With 0 the
 count is reported, not held.
 
-The default run does one round per setting, its producers warmed up by 500 jobs before
-the kill (2,000 with RUNNER_TEST_FULL=1, or FAILOVER_WARMUP); the full run, 5 rounds of each (about two
+The default run does one round per setting; the full run, 5 rounds of each (about two
 minutes), is marked slow and prints the table docs/deploy.md reports:
 ``python -m pytest -s -m slow tests/crash/test_cluster_failover.py`` (``FAILOVER_ROUNDS``
 sets the rounds, ``FAILOVER_REPORT=path`` writes the table to a file too).
@@ -31,11 +30,10 @@ from runner.errors import NotReplicated, RedisUnavailable
 from runner.store import routing
 from runner.store.embedded import Server
 
-from conftest import Endpoint, Project, make_project, size, wait_for
+from conftest import Endpoint, Project, make_project, wait_for
 
 ROUNDS = int(os.environ.get("FAILOVER_ROUNDS", 5))
-WARMUP = 2000  # the jobs answered before the kill, in the rounds of the table
-DEFAULT_WARMUP = int(size("FAILOVER_WARMUP", 500, WARMUP))  # in the default run's round
+WARMUP = 2000
 HEADER = ("| wait_replicas | answered OK | missing after | NotReplicated | RedisUnavailable | failover s "
           "| home partition answered again after s |\n|---|---|---|---|---|---|---|")
 
@@ -107,7 +105,7 @@ def _reaches_the_heir(client: Client, wait_replicas: int) -> float:
     return time.monotonic() - t0
 
 
-def cluster_round(root: Path, wait_replicas: int, warmup: int = WARMUP) -> ClusterRound:
+def cluster_round(root: Path, wait_replicas: int) -> ClusterRound:
     out = ClusterRound(wait_replicas, "kill")
     with local_cluster(root / "cluster", masters=3, replicas=1, node_timeout_ms=1000) as servers:
         masters, replicas = servers[:3], servers[3:]
@@ -121,7 +119,7 @@ def cluster_round(root: Path, wait_replicas: int, warmup: int = WARMUP) -> Clust
         heir = next(s for s in replicas if _role(s) == ("slave", victim.port))
         try:
             with Producers(client) as prod:
-                wait_for(lambda: len(prod.ok) >= warmup, timeout=30, interval=0.01, what="the warm-up")
+                wait_for(lambda: len(prod.ok) >= WARMUP, timeout=30, interval=0.01, what="the warm-up")
                 t0 = time.monotonic()
                 victim.stop(kill=True)
                 wait_for(lambda: _role(heir)[0] == "master" and cluster_ok([s for s in servers if s is not victim]),
@@ -146,9 +144,9 @@ def test_a_killed_cluster_master_loses_no_job_answered_with_wait_replicas(tmp_pa
     its replica and the producers carry on by themselves (the other two partitions are
     never refused), reaching the heir within seconds; with wait_replicas = 1 every job
     answered OK is still there."""
-    r = cluster_round(tmp_path, wait_replicas, DEFAULT_WARMUP)
+    r = cluster_round(tmp_path, wait_replicas)
     print("\n" + HEADER + "\n" + row(r))
-    assert r.ok >= DEFAULT_WARMUP
+    assert r.ok >= WARMUP
     assert r.ok_after > 0  # two masters of three were never down: enqueues went on
     # The killed master's partition is answered by its heir soon after the promotion (a
     # durable call that kept the old layout went to the dead master for 8 to 9 s).
