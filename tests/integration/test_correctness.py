@@ -235,8 +235,8 @@ SLOW_IMPORT = '''
 import os, time
 QUEUE = "fast"
 ISOLATION = "process"
-if os.environ.get("RUNNER_CHILD_OF"):  # in the child only: its import takes 2 s
-    time.sleep(2)
+if os.environ.get("RUNNER_CHILD_OF"):  # in the child only: its import takes 1.2 s
+    time.sleep(1.2)
 
 
 def handle(payload, ctx):
@@ -245,8 +245,8 @@ def handle(payload, ctx):
 
 
 def test_a_fresh_childs_quick_job_shows_its_handlers_start(project: Project) -> None:
-    """A quick job on a fresh child whose import takes 2 s: its started_at is its handler's
-    start, not its claim 2 s before (the run's start mark went no further than the settle
+    """A quick job on a fresh child whose import takes 1.2 s: its started_at is its handler's
+    start, not its claim 1.2 s before (the run's start mark went no further than the settle
     that also held its end, and the outcome kept the claim's time)."""
     project.write_config(concurrency=1)  # one job, one child (each one started is ~0.3 s of CPU)
     project.add_function("slow_import", SLOW_IMPORT)
@@ -264,8 +264,8 @@ from runner import Retry
 QUEUE = "fast"
 ISOLATION = "process"
 MAX_ATTEMPTS = {attempts}
-if os.environ.get("RUNNER_CHILD_OF"):  # in the child only: its import takes 2 s
-    time.sleep(2)
+if os.environ.get("RUNNER_CHILD_OF"):  # in the child only: its import takes 1.2 s
+    time.sleep(1.2)
 
 
 def handle(payload, ctx):
@@ -283,7 +283,7 @@ ENDS = {
 
 
 def test_a_fresh_childs_failed_or_suspended_run_shows_its_handlers_start(project: Project) -> None:
-    """A fresh child whose imports take 2 s per function: a run that fails (a retry, a
+    """A fresh child whose imports take 1.2 s per function (past the 0.5 s bound): a run that fails (a retry, a
     death) or ends at a sleep records its handler's start, as a success does: the view's
     started_at (GET /jobs/{id}, `runner job`, the dead-letter list) and its history entry.
     Its start mark went no further than the settle that also held its end, and retry.lua,
