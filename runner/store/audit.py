@@ -107,7 +107,9 @@ class Bulk:
 # above the last one shown (audit.lua numbers each) and how many entries past it were
 # shown; (0, how many entries were left past it) on a trail with no numbered entry.
 Place = tuple[int, int]
-_PLACE = re.compile(r'[{,]"n":(\d+)[,}]')
+# (ASCII digits, no leading zero, at most 16 of them: Lua's %d reads no other digits, and
+# a number written any other way is another writer's, read by both as none)
+_PLACE = re.compile(r'[{,]"n":([1-9][0-9]{0,15})[,}]')
 MAX_PLACE = 2**53
 # The largest place number audit.lua writes or seek_trail.lua reads; another writer's past
 # it is no number (near 2**53 Lua's doubles make n + 1 == n).
@@ -198,7 +200,7 @@ def _merged(trails: Sequence[Sequence[str]], most: int) -> list[tuple[int, dict[
 def _place(raw: str) -> int:
     """An entry's place number as seek_trail.lua reads it: 0 for none or one out of range."""
     m = _PLACE.search(raw)
-    n = int(m.group(1)[:20]) if m else 0
+    n = int(m.group(1)) if m else 0
     return n if 1 <= n <= PLACE_BOUND else 0
 
 

@@ -53,6 +53,11 @@ def _in_thread(work: Callable[[Client, random.Random], None], project: Project, 
     return t
 
 
+def _by(raw: str) -> str:
+    """The "by" of an entry shown unparsable (no JSON: another writer's)."""
+    return raw.split('"by":"', 1)[1].split('"', 1)[0]
+
+
 def _follow(web: falcon.testing.TestClient, path: str, rows: str, limit: int, most: int = 400,
             between: Callable[[], None] = lambda: None) -> Counter[str]:
     """Every id shown to a client following the cursor of ``path`` from its first page."""
@@ -61,7 +66,8 @@ def _follow(web: falcon.testing.TestClient, path: str, rows: str, limit: int, mo
     for _ in range(most):
         r = web.simulate_get(path, params={"limit": limit, **({"cursor": cursor} if cursor else {})})
         assert r.status_code == 200, r.text
-        seen.update(e["id"] if "id" in e else str(e["by"]) for e in r.json[rows])
+        seen.update(e["id"] if "id" in e else str(e["by"]) if "by" in e else _by(e["unparsable"])
+                    for e in r.json[rows])
         cursor = r.json["cursor"]
         if cursor is None:
             return seen
@@ -292,8 +298,11 @@ def test_a_foreign_place_number_never_fails_or_stalls_the_audit_cursor(project: 
 
     # (and numbers that are no whole number, read by their leading digits as 1: the page
     # after them went on from the trail's end, 41 of 110 never shown)
+    # (and leading zeros or digits of other scripts, which Lua and Python read differently:
+    # 60 never shown, or 49 twice)
     for n, limit in (("99999999999999999999", 50), ("99999999999999999999", 50), ("1e300", 7), ("1.5", 7),
-                     ("5e3", 7)):
+                     ("5e3", 7), ("0000000000000000000999999999999999", 7), ("00000000000000000001", 7),
+                     ("\uff11\uff17\uff19\uff16", 7), ("1796\u0661", 7)):
         for i in range(60):
             act(f"a{i}")
         crafted("huge", n)

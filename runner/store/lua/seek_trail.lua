@@ -33,8 +33,16 @@ local count = math.min(tonumber(ARGV[3]) or 0, 1000)
 local len = redis.call('LLEN', key)
 local W = 64
 
+-- A place number as written here: ASCII digits, no leading zero, at most 16 of them
+-- (audit.py's _PLACE reads the same; any other spelling is another writer's: none).
+local function place_digits(entry)
+  local d = string.match(entry or '', '[{,]"n":([1-9]%d*)[,}]')
+  if d == nil or #d > 16 then return nil end
+  return tonumber(d)
+end
+
 local function number(entry)
-  local n = tonumber(string.match(entry or '', '[{,]"n":(%d+)[,}]'))
+  local n = place_digits(entry)
   if n == nil or n < 1 or n > 1125899906842624 then return nil end
   return n
 end
