@@ -280,7 +280,7 @@ def unanswered(left_out: Sequence[tuple[str, str]]) -> str:
     read: named by their tags, never by the master's address (the caller may be a
     stranger, see password_refused; the address goes to the log)."""
     return (f"the master of partition {', '.join('{' + tag + '}' for _, tag in left_out)} did not answer "
-            "(stopped, hung or down)")
+            "(stopped, hung, down, or busy in a long script)")
 
 
 async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:

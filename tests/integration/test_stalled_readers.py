@@ -5,6 +5,7 @@ from the masters that answer within a bound, say what they left out, and never a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -502,3 +503,58 @@ def test_a_stalled_master_holding_the_home_tag_costs_one_read_the_bound(tmp_path
         rt.close()
     finally:
         close_project(p)
+
+
+def test_a_busy_master_is_left_out_as_a_stalled_one_is(sproject: Project, shards: list[Server]) -> None:
+    """A master busy in a long script (it answers BUSY to everything, the handshake of a
+    new connection included) is an outage of its partitions, as a stalled one is: the
+    figures (GET /queues, /metrics) and a page leave them out and name them, a job on
+    another master is read, one on none that answered is a 503 naming its partition with
+    Retry-After, and a bulk cancel goes on past it. Before, redis-py's cluster nodes kept
+    its own reply parser, so BUSY was a bare ResponseError: every reader a 500."""
+    import redis
+    from test_busy import _is_busy, _kill
+
+    from runner.store import keys
+
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards, avoid=(keys.audit(p.prefix),))
+    probe = redis.Redis(port=victim.port)
+    probe.config_set("busy-reply-threshold", 100)
+    side = redis.Redis(port=victim.port)
+    spinner = threading.Thread(target=lambda: _spin(side), daemon=True)
+    spinner.start()
+    wait_for(lambda: _is_busy(probe), timeout=10, what="the master to answer BUSY")
+    try:
+        p.runtime.redis.nodes_manager.initialize()  # (new connections: their handshake meets BUSY too)
+        queues = web.simulate_get("/queues")
+        metrics = web.simulate_get("/metrics")
+        one = web.simulate_get(f"/jobs/{live[0]}")
+        gone = web.simulate_get(f"/jobs/{away[0]}")
+        page = web.simulate_get("/jobs?queue=fast&status=queued&limit=100")
+        bulk = web.simulate_post("/bulk", json={"action": "cancel",
+                                                "jobs": [{"queue": "fast", "id": i} for i in (live[1], away[1])]})
+    finally:
+        wait_for(lambda: _kill(probe), timeout=10, what="the script to be killed")
+        spinner.join(timeout=10)
+        probe.config_set("busy-reply-threshold", 5000)
+    assert queues.status_code == 200, queues.text
+    assert {x["partition"] for x in queues.json["left_out"] if x["queue"] == "fast"} == tags, queues.json
+    assert metrics.status_code == 200, metrics.text
+    assert "runner_partition_unreachable{" in metrics.text, metrics.text[-2000:]
+    assert one.status_code == 200, one.text
+    assert gone.status_code == 503 and gone.headers.get("Retry-After") == "1", gone.text
+    assert tags <= {x["partition"] for x in gone.json["left_out"]} and "busy" in gone.json["detail"], gone.json
+    assert page.status_code in (200, 503), page.text
+    if page.status_code == 200:
+        assert {x["partition"] for x in page.json["left_out"] if x["queue"] == "fast"} == tags, page.json
+    assert bulk.status_code == 200, bulk.text
+    assert [j["outcome"] for j in bulk.json["jobs"]] == ["cancelled", "refused"], bulk.json
+
+
+def _spin(side: Any) -> None:
+    import redis
+    from test_busy import SPIN
+
+    with contextlib.suppress(redis.RedisError):  # the script killed: its caller's error
+        side.eval(SPIN, 0, 20_000)
