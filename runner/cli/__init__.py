@@ -26,6 +26,9 @@ from runner.cli.root import cli
 def main() -> None:
     try:
         cli()
+    except SystemExit as done:
+        _past_calls_given_up(done)
+        raise
     except Exception as exc:
         # A setting of the URL the server refused as the connection opened (any command,
         # the worker's start-up check included): one line naming it, not a traceback.
@@ -42,6 +45,25 @@ def main() -> None:
         # to free memory the exit frees anyway; frozen, they skip them. atexit handlers,
         # the flush of the streams and the join of threads still run.
         gc.freeze()
+
+
+
+def _past_calls_given_up(done: SystemExit) -> None:
+    """Redis Cluster: a call given up on a stalled master (within a reader's bound) waits
+    on a pool thread until the master answers or its socket times out, again after each
+    read of the layout; Python's exit joins that thread, and a `runner cancel` that had
+    printed its answers in 4 s held its caller for the whole stall (43 s of a 45 s one).
+    With the command's answer given, the process ends without those threads, its exit
+    hooks run and its streams flushed as a stopped worker's are."""
+    import threading
+
+    code = done.code
+    if not (code is None or isinstance(code, int)):
+        return
+    if any(t.name.startswith("redis-send") and t.is_alive() for t in threading.enumerate()):
+        from runner.cli.processes import _exit_past_handler_threads
+
+        _exit_past_handler_threads(code or 0)
 
 
 __all__ = ["cli", "main"]

@@ -92,7 +92,8 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
            queue: str | None, as_json: bool) -> None:
     """Cancel jobs: one not started ends cancelled at once, a running one is asked to stop.
     Exit 1 when any was refused (ended already, no such job); exit 3 when any could not be
-    reached (Redis Cluster: its master did not answer; the others were cancelled)."""
+    reached (Redis Cluster: its master did not answer; the others were cancelled), or when
+    the audit entry could not be written (each job's answer is printed all the same)."""
     from runner.client import Client
 
     if bool(job_ids) == all_:
@@ -102,6 +103,7 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     client = Client(rt)
     answers: list[dict[str, str]] = []
     unreached = [False]
+    unwritten: list[str] = []  # (Redis Cluster: the audit trail's master did not answer)
     by = operator()
 
     def each(ids: Sequence[str]) -> None:
@@ -115,7 +117,17 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
             except RunnerError as exc:
                 answers.append({"id": ids[0], "error": str(exc)})
             return
-        for i, a in client.cancel_many(ids, by=by):
+        try:
+            got = client.cancel_many(ids, by=by)
+        except RedisUnavailable as exc:
+            # The jobs were acted on, their audit entry not written: each one's answer,
+            # then the entry's outage (exit 3).
+            if getattr(exc, "answers", None) is None:
+                raise
+            got = exc.answers  # type: ignore[attr-defined]
+            unwritten.append(str(exc))
+            unreached[0] = True
+        for i, a in got:
             answers.append({"id": i, "error": str(a)} if isinstance(a, RunnerError) else {"id": i, "cancel": a})
             # (Redis Cluster: a job on a master that did not answer; the others went on)
             unreached[0] |= isinstance(a, RedisUnavailable)
@@ -153,6 +165,8 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...], all_: bool, status: str
     if all_ and not as_json:
         human += ("\n" if human else "") + f"cancelled {sum('cancel' in a for a in answers)} job(s)"
     emit(answers, as_json, human)
+    for said in unwritten:
+        click.echo(f"error: {said}", err=True)
     sys.exit(EXIT_REDIS if unreached[0] else EXIT_REFUSED if any("error" in a for a in answers) else EXIT_OK)
 
 

@@ -420,6 +420,7 @@ def acted(told: str = ACTED, landed: Callable[[], bool] = lambda: True) -> Itera
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         said = unreachable(cause, told)
         said.acted = True  # type: ignore[attr-defined]
+        said.told = told  # type: ignore[attr-defined]  # (HTTP's words: they name no master)
         raise said from cause
 
 
@@ -536,10 +537,16 @@ def cancel_many(client: Client, ids: Sequence[str], *, by: str | None = None,
     On Redis Cluster a job found on none of the masters that answered while others did
     not (stalled, down) is refused with that RedisUnavailable (its ``left_out`` names the
     partitions: it may be there, not cancelled; retry it) and the others go on; when no
-    job could be reached at all, that outage is raised, as any other is."""
+    job could be reached at all, that outage is raised, as any other is.
+
+    Every job is tried before the audit entries are written. One that could not be (its
+    master did not answer within a reader's bound, or refused) is the RedisUnavailable
+    that says the action was done and its entry not written (``acted``), raised once the
+    others are written, carrying the answers above as ``answers``."""
     out: list[tuple[str, str | RunnerError]] = []
     acted: dict[str, list[str]] = {}
     unreached: list[RedisUnavailable] = []
+    unwritten: list[RedisUnavailable] = []
     try:
         for job_id in ids:
             try:
@@ -558,7 +565,15 @@ def cancel_many(client: Client, ids: Sequence[str], *, by: str | None = None,
     finally:
         if by is not None:  # (each cancelled job's history names who already)
             for q, done in acted.items():
-                record_bulk(client, by, "cancel", q, done)
+                try:
+                    record_bulk(client, by, "cancel", q, done)
+                except RedisUnavailable as exc:
+                    if not getattr(exc, "acted", False):
+                        raise
+                    unwritten.append(exc)
+    if unwritten:
+        unwritten[0].answers = out  # type: ignore[attr-defined]
+        raise unwritten[0]
     if unreached and len(unreached) == len(out):
         raise unreached[0]
     return out

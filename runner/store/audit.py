@@ -39,6 +39,7 @@ read merged with the other by time: they need no job and cost nothing to repeat.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -67,8 +68,23 @@ def record(scripts: Any, key: str, entry: Mapping[str, Any]) -> None:
     the caller's action on the same target within FOLD_MS is folded into its entry."""
     bulk = entry.get("bulk")
     trail = flow_key(key) if entry.get("action") in FLOW else key
-    scripts.audit(trail, codec.dumps(dict(entry)), MAX_ENTRIES, MAX_AGE_MS, bulk=bulk if isinstance(bulk, str) else "",
-                  fold_ms=FOLD_MS, max_ids=MAX_IDS)
+    with _bounded(scripts):
+        scripts.audit(trail, codec.dumps(dict(entry)), MAX_ENTRIES, MAX_AGE_MS,
+                      bulk=bulk if isinstance(bulk, str) else "", fold_ms=FOLD_MS, max_ids=MAX_IDS)
+
+
+def _bounded(scripts: Any) -> Any:
+    """On Redis Cluster, the trail's master waited for at most a reader's bound
+    (Transport.waiting), then given up and marked stalled as a read's is (NodeStalled, an
+    outage: the caller says the action was done and its entry not written), so an action
+    on jobs of the masters that answer is not held for a whole stall of the trail's. On
+    one server (or a link of its own), the call as it is, bounded by the socket timeout."""
+    waiting = getattr(scripts, "waiting", None)
+    if waiting is None or getattr(scripts, "one_server", True):
+        return contextlib.nullcontext()
+    from runner.store.transport import READ_WAIT_S
+
+    return waiting(READ_WAIT_S)
 
 
 def flow_key(key: str) -> str:

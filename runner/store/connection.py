@@ -191,8 +191,8 @@ def _base_kwargs() -> dict[str, Any]:
         # (the client's name says who it is).
         "lib_name": None,
         "lib_version": None,
-        # Not passed on by RedisCluster (its nodes keep redis-py's parser): there MISCONF
-        # stays a ResponseError, which the loops retry with backoff all the same.
+        # Not taken by RedisCluster: its nodes' connections get it as they connect
+        # (_cluster's Cluster.on_connect).
         "parser_class": _Parser,
     }
 
@@ -256,6 +256,7 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
     kwargs.pop("command_packer", None)
     if url.startswith("rediss+"):
         kwargs.update(_tls_kwargs(cfg))
+    kwargs.pop("parser_class")  # (its nodes' connections get it in Cluster.on_connect)
     if user:
         kwargs["username"] = user
     if password:
@@ -275,6 +276,17 @@ def _cluster(cfg: RedisConfig, url: str, overrides: dict[str, Any]) -> Any:
 
         runner_stalled: set[str]  # the masters that did not answer the probe (set below)
         runner_rtt: dict[str, float]  # each master's PING round trip in the probe, in seconds
+
+        def on_connect(self, connection: Any) -> None:
+            """Each node's connection with this module's reply parser, set before its
+            handshake (RedisCluster passes no ``parser_class`` on to its nodes): BUSY and
+            MISCONF are RedisBusy and PersistenceFailed there too, outages of that
+            master's partitions (a reader leaves them out, as a stalled master's), not
+            bare ResponseErrors (an HTTP 500). A new connection to a busy master meets
+            BUSY at its handshake first."""
+            if not isinstance(getattr(connection, "_parser", None), _Parser):
+                connection.set_parser(_Parser)
+            super().on_connect(connection)  # type: ignore[no-untyped-call]
 
         def command(self, **kw: Any) -> Any:
             primaries = sorted(self.get_primaries(), key=lambda n: n.name not in answered)  # type: ignore[no-untyped-call]

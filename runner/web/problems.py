@@ -244,6 +244,10 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
     # A connection lost after the request went out leaves its outcome unknown, and the
     # answer must not promise otherwise. (The words name no address: the caller may be
     # a stranger, see password_refused.)
+    if getattr(ex, "acted", False):  # the action landed; its audit entry (or a later batch) did not
+        raise Problem(503, "redis-unavailable", f"Redis did not answer (stopped, hung or down){told_of(ex)}. "
+                      "Check what was done (GET /jobs/{id}, GET /audit) before any retry.",
+                      title="Redis unavailable", headers=headers, acted=True)
     left_out = getattr(ex, "left_out", None)
     if left_out and req.method in ("GET", "HEAD"):
         # Redis Cluster: found on none of the masters that answered, while others did not;
@@ -264,12 +268,19 @@ async def _redis_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
     raise Problem(503, "redis-unavailable", detail, title="Redis unavailable", headers=headers)
 
 
+def told_of(ex: BaseException) -> str:
+    """What became of an action that landed before Redis stopped answering (the ``told``
+    of client.administering.acted): its words, without the master's address."""
+    told = getattr(ex, "told", "")
+    return told if isinstance(told, str) else ""
+
+
 def unanswered(left_out: Sequence[tuple[str, str]]) -> str:
     """The words for partitions (queue, tag) whose Redis Cluster master did not answer a
     read: named by their tags, never by the master's address (the caller may be a
     stranger, see password_refused; the address goes to the log)."""
     return (f"the master of partition {', '.join('{' + tag + '}' for _, tag in left_out)} did not answer "
-            "(stopped, hung or down)")
+            "(stopped, hung, down, or busy in a long script)")
 
 
 async def _not_replicated(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:

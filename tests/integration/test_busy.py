@@ -121,7 +121,8 @@ def test_a_busy_redis_is_an_outage_to_every_read_not_a_missing_group_or_a_500(pr
     """While Redis answers BUSY, a group that exists and its then-job are not "not found"
     (GET /groups/{id} and its ?wait=, GET /jobs/{then}?wait=, client.result(then_id)), and
     the dashboard's figures (GET /queues, GET /throughput) and lists are not a 500: each
-    is a 503 (RedisUnavailable in Python), as every other read."""
+    is a 503 (RedisUnavailable in Python), as every other read; /metrics answers with
+    runner_redis_up 0."""
     from test_web_support import gunicorn
 
     from runner.client import Request
@@ -135,8 +136,11 @@ def test_a_busy_redis_is_an_outage_to_every_read_not_a_missing_group_or_a_500(pr
         assert web.get(f"/groups/{group.id}").status_code == 200
         with busy(project):
             answers = {path: web.get(path).status_code for path in paths}
+            scrape = web.get("/metrics")
             with pytest.raises(RedisUnavailable):
                 c.get_group(group.id)
             with pytest.raises(RedisUnavailable):
                 c.result(then_id, timeout=1)
     assert answers == {path: 503 for path in paths}, answers
+    # The scrape answers, saying Redis is not up (an alert's input), never a 500.
+    assert scrape.status_code == 200 and "\nrunner_redis_up 0" in scrape.text, scrape.text[-2000:]

@@ -5,8 +5,12 @@ from the masters that answer within a bound, say what they left out, and never a
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -117,25 +121,28 @@ def test_a_read_of_the_layout_asks_a_master_known_stalled_last(sproject: Project
     assert len(client.get_primaries()) == 3
 
 
-def _stalled_apart(p: Project, shards: list[Server], n: int = 30, avoid: tuple[str, ...] = ()
+def _stalled_apart(p: Project, shards: list[Server], n: int = 30, avoid: tuple[str, ...] = (),
+                   holding: str | None = None
                    ) -> tuple[Server, list[str], list[str], set[str], falcon.testing.TestClient]:
     """``n`` queued jobs over the queue's 6 partitions, and a master to stall that holds
     neither the queue's home partition nor the recorded partition tags (so the tags'
-    read, bounded on its own, is not what is measured), nor the keys ``avoid``: (that
-    master, the ids of the jobs on the others, the ids of its own, its partitions' tags, a
-    web client)."""
+    read, bounded on its own, is not what is measured), nor the keys ``avoid`` (or, with
+    ``holding``, the master of that key, whatever else it holds): (that master, the ids of
+    the jobs on the others, the ids of its own, its partitions' tags, a web client)."""
     c = p.client
     ids = [c.enqueue("record", {"n": i}).id for i in range(n)]
     r = p.runtime.redis
     homes = {r.get_node_from_key(k).port for k in (p.runtime.keys["fast"].ready, *avoid)}
-    victim = next(s for s in shards if s.port not in homes)
+    victim = next(s for s in shards if (s.port not in homes if holding is None
+                                         else s.port == r.get_node_from_key(holding).port))
     tags = {k.tag for k in p.runtime.parts["fast"] if r.get_node_from_key(k.ready).port == victim.port}
     from runner.client.inspecting import find
 
     where = {i: find(c, i)[0].tag for i in ids}
     live = [i for i in ids if where[i] not in tags]
     away = [i for i in ids if where[i] in tags]
-    assert tags and live and away, where
+    assert live and (away or holding is not None), where
+    assert tags or holding is not None, where
     web = falcon.testing.TestClient(create_app(p.runtime))
     for i in ids:  # (every master's connections made)
         assert web.simulate_get(f"/jobs/{i}").status_code == 200
@@ -402,6 +409,68 @@ def test_a_bulk_cancel_goes_on_past_a_stalled_master_s_jobs(sproject: Project, s
     assert {a for _, a in p.client.cancel_many(away)} == {"cancelled"}
 
 
+def test_a_bulk_cancel_goes_on_past_a_stalled_master_holding_the_audit_trail(sproject: Project,
+                                                                              shards: list[Server]) -> None:
+    """The master that holds the audit trail stalls: a bulk cancel (POST /bulk,
+    Client.cancel_many) of jobs on the masters that answer cancels every one of them
+    within the bound, and its answer says per job what happened and that the action's
+    audit entry was not written (the action is on the trail, or the caller is told it is
+    not). A single job's cancel says it was done and its entry not written. Before, the
+    audit write waited out the whole stall (the 15 s socket timeout, then again at the
+    end), the jobs after the first were never tried, and the answer was a 503 "not
+    confirmed" for jobs that were cancelled."""
+    from runner.errors import RedisUnavailable
+    from runner.store import keys
+
+    p = sproject
+    trail = keys.audit(p.prefix)
+    victim, live, _, _, web = _stalled_apart(p, shards, holding=trail)
+    assert len(live) >= 10, live
+    assert victim.proc is not None
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        t = time.monotonic()
+        r = web.simulate_post("/bulk", json={"action": "cancel", "jobs": [{"queue": "fast", "id": i}
+                                                                          for i in live[:3]]})
+        took_bulk = time.monotonic() - t
+        assert r.status_code == 200, r.text
+        assert [j["outcome"] for j in r.json["jobs"]] == ["cancelled"] * 3, r.json
+        assert r.json["done"] == 3, r.json
+        assert r.json["audited"] is False, r.json
+        assert "audit trail" in r.json["audit_error"] and "cancel" in r.json["audit_error"], r.json
+        t = time.monotonic()
+        with pytest.raises(RedisUnavailable) as raised:
+            p.client.cancel_many(live[3:6], by="cli:test")
+        took_many = time.monotonic() - t
+        assert getattr(raised.value, "acted", False), raised.value
+        assert "audit trail" in str(raised.value), raised.value
+        assert getattr(raised.value, "answers", None) == [(i, "cancelled") for i in live[3:6]], raised.value
+        t = time.monotonic()
+        one = web.simulate_delete(f"/jobs/{live[6]}")
+        took_one = time.monotonic() - t
+        assert one.status_code == 503, one.text
+        assert "was done" in one.json["detail"] and "audit trail" in one.json["detail"], one.json
+        # The command: each job's answer, the entry's error, exit 3, and the process ends
+        # then (not once the calls it gave up on the stalled master end).
+        t = time.monotonic()
+        cli = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"),
+                              "cancel", *live[7:10], "--json"], env=p.env, capture_output=True, text=True,
+                             timeout=60)
+        took_cli = time.monotonic() - t
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    assert took_bulk < 6.0, f"the bulk cancel took {took_bulk:.1f} s"
+    assert took_many < 6.0, f"cancel_many took {took_many:.1f} s"
+    assert took_one < 6.0, f"the cancel took {took_one:.1f} s"
+    assert cli.returncode == 3, (cli.stdout, cli.stderr)
+    assert json.loads(cli.stdout) == [{"id": i, "cancel": "cancelled"} for i in live[7:10]], cli.stdout
+    assert "audit trail" in cli.stderr, cli.stderr
+    assert took_cli < 12.0, f"runner cancel took {took_cli:.1f} s"
+    wait_for(lambda: web.simulate_get(f"/jobs/{live[0]}").status_code == 200, timeout=20,
+             what="the stalled master to answer again")
+    assert {web.simulate_get(f"/jobs/{i}").json["status"] for i in live[:10]} == {"cancelled"}
+
+
 def test_a_stalled_master_holding_the_home_tag_costs_one_read_the_bound(tmp_path: Path,
                                                                        shards: list[Server]) -> None:
     """The master of the queue's home tag (where the partition tags are read first)
@@ -499,3 +568,58 @@ def test_a_read_of_the_layout_refills_the_startup_nodes_redis_py_dropped(sprojec
     manager.initialize()
     assert {n.name for n in r.get_primaries()} <= set(manager.startup_nodes)
     assert all(n is not manager.nodes_cache.get(n.name) for n in manager.startup_nodes.values())
+
+
+def test_a_busy_master_is_left_out_as_a_stalled_one_is(sproject: Project, shards: list[Server]) -> None:
+    """A master busy in a long script (it answers BUSY to everything, the handshake of a
+    new connection included) is an outage of its partitions, as a stalled one is: the
+    figures (GET /queues, /metrics) and a page leave them out and name them, a job on
+    another master is read, one on none that answered is a 503 naming its partition with
+    Retry-After, and a bulk cancel goes on past it. Before, redis-py's cluster nodes kept
+    its own reply parser, so BUSY was a bare ResponseError: every reader a 500."""
+    import redis
+    from test_busy import _is_busy, _kill
+
+    from runner.store import keys
+
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards, avoid=(keys.audit(p.prefix),))
+    probe = redis.Redis(port=victim.port)
+    probe.config_set("busy-reply-threshold", 100)
+    side = redis.Redis(port=victim.port)
+    spinner = threading.Thread(target=lambda: _spin(side), daemon=True)
+    spinner.start()
+    wait_for(lambda: _is_busy(probe), timeout=10, what="the master to answer BUSY")
+    try:
+        p.runtime.redis.nodes_manager.initialize()  # (new connections: their handshake meets BUSY too)
+        queues = web.simulate_get("/queues")
+        metrics = web.simulate_get("/metrics")
+        one = web.simulate_get(f"/jobs/{live[0]}")
+        gone = web.simulate_get(f"/jobs/{away[0]}")
+        page = web.simulate_get("/jobs?queue=fast&status=queued&limit=100")
+        bulk = web.simulate_post("/bulk", json={"action": "cancel",
+                                                "jobs": [{"queue": "fast", "id": i} for i in (live[1], away[1])]})
+    finally:
+        wait_for(lambda: _kill(probe), timeout=10, what="the script to be killed")
+        spinner.join(timeout=10)
+        probe.config_set("busy-reply-threshold", 5000)
+    assert queues.status_code == 200, queues.text
+    assert {x["partition"] for x in queues.json["left_out"] if x["queue"] == "fast"} == tags, queues.json
+    assert metrics.status_code == 200, metrics.text
+    assert "runner_partition_unreachable{" in metrics.text, metrics.text[-2000:]
+    assert one.status_code == 200, one.text
+    assert gone.status_code == 503 and gone.headers.get("Retry-After") == "1", gone.text
+    assert tags <= {x["partition"] for x in gone.json["left_out"]} and "busy" in gone.json["detail"], gone.json
+    assert page.status_code in (200, 503), page.text
+    if page.status_code == 200:
+        assert {x["partition"] for x in page.json["left_out"] if x["queue"] == "fast"} == tags, page.json
+    assert bulk.status_code == 200, bulk.text
+    assert [j["outcome"] for j in bulk.json["jobs"]] == ["cancelled", "refused"], bulk.json
+
+
+def _spin(side: Any) -> None:
+    import redis
+    from test_busy import SPIN
+
+    with contextlib.suppress(redis.RedisError):  # the script killed: its caller's error
+        side.eval(SPIN, 0, 20_000)
