@@ -89,8 +89,9 @@ KEYS: dict[str, tuple[str, ...]] = {
     "signal": ("job", "claims", "scheduled", "ready", "notify", "prio", "done_meta", "done_prefix", "stats",
                "waiting"),
     "wait": ("job", "claims"),
-    # Per-job logs (store/joblogs.py): one job's log list, given; the claims fence its writes.
-    "joblog": ("log", "claims"),
+    # Per-job logs (store/joblogs.py): one job's log list, given; the claims fence its writes,
+    # and a run's progress goes to the job's state hash with its lines.
+    "joblog": ("log", "claims", "job"),
     # An event name's waiters (store/listeners.py): the name's own slot, given.
     "listen": ("shapes", "bucket"),
     "unlisten": ("shapes", "bucket_prefix", "woke_prefix"),

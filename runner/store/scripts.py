@@ -556,17 +556,19 @@ class Scripts(Transport):
 
     def append_log(self, k: QueueKeys, job_id: str, lines: Sequence[str], max_lines: int, max_bytes: int,
                    keep_ms: int, pipe: Batch | None = None, key: str = "", marker: str = "",
-                   dropped: int = 0, token: str | None = None) -> Any:
+                   dropped: int = 0, token: str | None = None, progress: str = "") -> Any:
         """Append a job's log lines and bound its log (joblog.lua); no lines: only the
         expiry is set. ``key``: another list of the job's kept the same way (its stream).
         ``marker``: a log's line that counts what it lost (its count as LOST in
         worker/joblog.py), the lines numbered; ``dropped``: lines lost before they were
         sent, ahead of these. ``token``: the run's claim, which must still hold the job
-        (None: unfenced, a tool's write). Returns the lines kept, or -1: refused, the run's
-        lease was lost (nothing written)."""
+        (None: unfenced, a tool's write). ``progress``: the run's latest ctx.progress (JSON),
+        written ahead of the lines, fenced (a run's only). Returns the lines kept, or -1:
+        refused, the run's lease was lost (nothing written)."""
         fenced = ("", "") if token is None else (job_id, token)
-        return self._run("joblog", scriptkeys.keys("joblog", k, log=key or k.log(job_id)),
-                         (max_lines, max_bytes, keep_ms, dropped if marker else "", marker, *fenced, *lines), pipe)
+        return self._run("joblog", scriptkeys.keys("joblog", k, log=key or k.log(job_id), job=k.job(job_id)),
+                         (max_lines, max_bytes, keep_ms, dropped if marker else "", marker, *fenced,
+                          progress if token is not None else "", *lines), pipe)
 
     def step(self, k: QueueKeys, job_id: str, token: str, position: int, entry: str, max_steps: int,
              max_bytes: int, now_ms: int | None = None, stats: str = "") -> Any:

@@ -272,18 +272,21 @@ class Renewer:
 
 def send_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False, log_label: str = "") -> None:
     """The lines and stream chunks running handlers wrote and have not sent, in one round
-    trip for all of them; ``wait``: wait for a settlement taking a run's lines (else that
-    run is left to it). Lines not written are kept for the next write, never dropped."""
-    with taken_logs(rt, k, runs, wait=wait, log_label=log_label):
+    trip for all of them, each run's latest progress ahead of its lines; ``wait``: wait
+    for a settlement taking a run's lines (else that run is left to it). Lines not
+    written are kept for the next write, never dropped."""
+    with taken_logs(rt, k, runs, wait=wait, log_label=log_label, progress=True):
         pass
 
 
 @contextlib.contextmanager
 def taken_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False,
-               log_label: str = "") -> Iterator[None]:
+               log_label: str = "", progress: bool = False) -> Iterator[None]:
     """send_logs in two halves: the lines are taken on entry and written on exit, so what
     the body writes meanwhile (a renewal's progress) lands first. A reader who sees a line
-    then sees every progress report made before it."""
+    then sees every progress report made before it. ``progress``: each run's progress goes
+    in its first call, which writes it ahead of the lines (joblog.lua); without it, the
+    body sends it."""
     # A run whose lease was lost writes nothing (its writes are fenced): its lines wait for
     # its settlement, which writes them only if it lands after all (a late success).
     logging_runs = [r for r in runs if r.logs is not None and not r.settling and not r.lost and r.logs.pending()]
@@ -295,6 +298,7 @@ def taken_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False
     calls = rt.scripts.batch()
     held = []
     sent: list[JobLog] = []  # in the order of the batch's calls
+    reported: list[tuple[Run, str, int]] = []  # (a run, its progress, its call's place in sent)
     try:
         for r in logging_runs:
             logs = r.logs
@@ -302,15 +306,21 @@ def taken_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False
             if not logs.sending.acquire(blocking=wait):
                 continue  # its settlement is taking its lines now
             held.append(logs.sending)
+            # The run's latest progress rides in its first call (none reported: nothing).
+            p = r.progress if progress else ""
+            if p:
+                r.progress = ""
+                reported.append((r, p, len(sent)))
             if logs.buf is not None and logs.buf.pending():
                 lines, dropped = logs.buf.take_counted()
                 rt.scripts.append_log(k, r.job.id, lines, ret.log_lines, ret.log_bytes, keep_ms,
                                       calls, marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped,
-                                      token=r.job.token)
+                                      token=r.job.token, progress=p)
                 sent.append(logs.buf)
+                p = ""
             if logs.chunks is not None and logs.chunks.pending():
                 rt.scripts.append_log(k, r.job.id, logs.chunks.take(), STREAM_CHUNKS, STREAM_BYTES, keep_ms,
-                                      calls, key=k.stream(r.job.id), token=r.job.token)
+                                      calls, key=k.stream(r.job.id), token=r.job.token, progress=p)
                 sent.append(logs.chunks)
         replies: list[Any] = []
         try:
@@ -326,6 +336,9 @@ def taken_logs(rt: Runtime, k: QueueKeys, runs: list[Run], *, wait: bool = False
                       if i >= len(replies) or isinstance(replies[i], BaseException) or replies[i] == -1]
             for buf in failed:
                 buf.put_back()
+            for r, p, at in reported:
+                if at >= len(replies) or isinstance(replies[at], BaseException):
+                    r.progress = r.progress or p  # not written: the next write takes it
             if failed:
                 log.debug("%s: %d running job log write(s) failed or refused; kept for the next write",
                           log_label, len(failed))

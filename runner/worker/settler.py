@@ -517,45 +517,65 @@ class Settler:
     def _add_logs(self, batch: Sequence[Settlement], calls: Any) -> None:
         """The runs' log lines go in the settlement's round trip (a run that logged
         nothing adds nothing), kept as long as the job's outcome: a success's as done
-        jobs are, a dead letter's as dead ones, a run still to go again the longer."""
+        jobs are, a dead letter's as dead ones, a run still to go again the longer. A run
+        not done (a retry, a sleep, a wait, a dead letter) writes its latest progress with
+        them, ahead of them (joblog.lua), or in a call of its own when it logged nothing:
+        its job shows it while it waits. A success's state goes with its ack."""
         ret = self.rt.config.retention
         parts = self.rt.parts[self.q.name]
         for s in batch:
             logs = s.run.logs
-            if logs is None or (logs.buf is None and logs.chunks is None) or type(s.outcome) is Start:
+            kind = type(s.outcome)
+            if kind is Start:
+                continue
+            p = "" if kind is Done else s.run.progress  # (most runs: none)
+            if (logs is None or (logs.buf is None and logs.chunks is None)) and not p:
+                continue
+            keep_s = ret.done_s if kind is Done else ret.dead_s if kind is Dead else max(ret.done_s, ret.dead_s)
+            keep_ms = max(1, int(keep_s * 1000))
+            k = parts[self._part(s)]
+            job_id, token = s.run.job.id, s.run.job.token
+            if p:
+                s.run.progress = ""
+                s.extra["progress"] = p  # put back should the call fail (_logs_landed)
+            if logs is None or (logs.buf is None and logs.chunks is None):
+                s.extra["progress_call"] = True
+                self.rt.scripts.append_log(k, job_id, (), ret.log_lines, ret.log_bytes, keep_ms, calls,
+                                           token=token, progress=p)
                 continue
             logs.echo_end()  # (a thread's run: how many lines its flood kept from this worker's output)
-            keep_s = ret.done_s if type(s.outcome) is Done else ret.dead_s if type(s.outcome) is Dead \
-                else max(ret.done_s, ret.dead_s)
-            k = parts[self._part(s)]
             with logs.sending:  # lines the renewer took are in Redis before this job's end is
-                s.extra["log_keep_ms"] = max(1, int(keep_s * 1000))
+                s.extra["log_keep_ms"] = keep_ms
                 if logs.buf is not None:
                     lines, dropped = logs.buf.take_counted()
                     s.extra["log_lines"] = lines  # put back should the call fail (_logs_landed)
                     s.extra["log_dropped"] = dropped
-                    self.rt.scripts.append_log(k, s.run.job.id, lines, ret.log_lines, ret.log_bytes,
-                                               max(1, int(keep_s * 1000)), calls,
+                    self.rt.scripts.append_log(k, job_id, lines, ret.log_lines, ret.log_bytes, keep_ms, calls,
                                                marker=marker(ret.log_lines, ret.log_bytes), dropped=dropped,
-                                               token=s.run.job.token)
+                                               token=token, progress=p)
+                    p = ""
                 if logs.chunks is not None:
                     chunks = logs.chunks.take()
                     s.extra["stream_chunks"] = chunks
-                    self.rt.scripts.append_log(k, s.run.job.id, chunks, STREAM_CHUNKS, STREAM_BYTES,
-                                               max(1, int(keep_s * 1000)), calls, key=k.stream(s.run.job.id),
-                                               token=s.run.job.token)
+                    self.rt.scripts.append_log(k, job_id, chunks, STREAM_CHUNKS, STREAM_BYTES, keep_ms, calls,
+                                               key=k.stream(job_id), token=token, progress=p)
 
     def _logs_landed(self, batch: Sequence[Settlement], replies: Sequence[Any]) -> None:
-        """A log write that failed keeps its lines for the settlement's next try; one
-        refused by its fence keeps them should the settlement land (_write_refused)."""
+        """A log write that failed keeps its lines (and the progress that went with them)
+        for the settlement's next try; one refused by its fence keeps them should the
+        settlement land (_write_refused)."""
         at = 0
         for s in batch:
-            for field in ("log_lines", "stream_chunks"):
+            for field in ("progress_call", "log_lines", "stream_chunks"):
                 if field not in s.extra:
                     continue
                 lines = s.extra.pop(field)
                 reply = replies[at] if at < len(replies) else None
                 at += 1
+                if isinstance(reply, BaseException) and "progress" in s.extra:
+                    s.run.progress = s.run.progress or s.extra["progress"]  # (not written: sent again)
+                if field == "progress_call":
+                    continue
                 if reply == -1:
                     s.extra.setdefault("refused_logs", []).append((field, lines))
                     continue
@@ -566,6 +586,7 @@ class Settler:
                     # The lines are still in the buffer (a take only marks them sent): they
                     # count as unsent again (extend would add them a second time).
                     buf.put_back()
+            s.extra.pop("progress", None)
 
     def _write_refused(self) -> None:
         """The lines of runs whose log write its fence refused but whose settlement then

@@ -100,3 +100,62 @@ def test_a_report_past_the_nesting_limit_is_dropped_keeping_the_last_one(
     assert len(warnings) == 1 and "120 levels" in warnings[0], warnings
     client.cancel(job_id)
     assert client.settle(job_id, 10).status == "cancelled"
+
+
+ENDS = '''"""Reports progress, logs a line after it, then: a durable step, a retry, a sleep or a wait."""
+import time
+
+from runner import Retry
+
+QUEUE = "slow"
+TIMEOUT = 60
+MAX_ATTEMPTS = 3
+{extra}
+
+def handle(payload, ctx):
+    ctx.progress(10, "early")
+    ctx.progress(90, "final")
+    ctx.logger.info("after the final report")
+    mode = payload["mode"]
+    if mode == "step":
+        ctx.step("s1", lambda: 1)
+        time.sleep(3)  # (a renewal would send the progress by now: the line was seen before)
+        return None
+    if mode == "sleep":
+        ctx.sleep("nap", 120)
+    if mode == "signal":
+        ctx.wait_for_signal("go", timeout=600)
+    raise Retry(delay=120)
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_line_is_seen_with_the_progress_reported_before_it_whatever_ends_the_run(
+        project: Project, isolation: str) -> None:
+    """The progress reported before a log line goes with the line, however the run's lines
+    are written: a durable step writes them ahead of its record, and a run that ends in a
+    retry, a durable sleep or a signal wait writes them with its settlement. Such a run's
+    last report was never written (the job showed the one before it for as long as it
+    waited), and a step's came only with the next renewal, after the line."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    (project.root / "functions" / "ends.py").write_text(ENDS.format(extra=extra))
+    (project.root / "schemas" / "ends").mkdir(exist_ok=True)
+    (project.root / "schemas" / "ends" / "v1.json").write_text('{"type":"object"}')
+    project.write_config(grace=1)
+    client = project.client
+    modes = ("step", "retry", "sleep", "signal")
+    ids = {mode: client.enqueue("ends", {"mode": mode}).id for mode in modes}
+    project.spawn_worker("slow")
+    seen: dict[str, object] = {}
+
+    def look() -> bool:
+        for mode, job_id in ids.items():
+            if mode in seen:
+                continue
+            if any(line["msg"] == "after the final report" for line in client.logs(job_id)["lines"]):
+                seen[mode] = client.get(job_id).as_dict().get("progress")
+        return len(seen) == len(ids)
+
+    wait_for(look, timeout=60, interval=0.01, what="every job's line")
+    final = {"percent": 90, "message": "final"}
+    assert seen == {mode: final for mode in modes}

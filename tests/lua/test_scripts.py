@@ -2429,6 +2429,22 @@ def test_joblog_keeps_the_newest_lines_within_both_bounds(p: Project) -> None:
     assert sc.append_log(k, "none", [], 3, 1000, 60_000) == 0 and r.exists(k.log("none")) == 0
 
 
+def test_joblog_writes_a_runs_progress_ahead_of_its_lines_fenced(p: Project) -> None:
+    """A run's progress goes to the job's state in its lines' call (or a call with no
+    lines), under its claim's token: a run whose lease was lost writes neither."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, new("a"))
+    token = claim(p, n=1)[0][1]
+    assert sc.append_log(k, "a", ["l1"], 10, 1000, 60_000, token=token, progress='{"percent": 5}') == 1
+    assert r.hget(k.job("a") + ":s", "progress") == '{"percent": 5}' and r.lrange(k.log("a"), 0, -1) == ["l1"]
+    assert sc.append_log(k, "a", [], 10, 1000, 60_000, token=token, progress='{"percent": 9}') == 1
+    assert r.hget(k.job("a") + ":s", "progress") == '{"percent": 9}'
+    assert sc.append_log(k, "a", ["l2"], 10, 1000, 60_000, token="w.9:9", progress='{"percent": 70}') == -1
+    assert r.hget(k.job("a") + ":s", "progress") == '{"percent": 9}' and r.lrange(k.log("a"), 0, -1) == ["l1"]
+    sc.append_log(k, "a", ["l3"], 10, 1000, 60_000, token=token)  # (none reported: left as it was)
+    assert r.hget(k.job("a") + ":s", "progress") == '{"percent": 9}'
+
+
 def _marked(sc: Any, k: Any, lines: list[str], dropped: int = 0, most: int = 4, budget: int = 100_000) -> Any:
     from runner.worker.joblog import marker
     return sc.append_log(k, "m", lines, most, budget, 60_000, marker=marker(most, budget), dropped=dropped)

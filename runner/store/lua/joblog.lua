@@ -17,6 +17,7 @@
 --
 -- KEYS[1] log          LIST  the job's log lines (JSON objects), oldest first
 -- KEYS[2] claims       HASH  id -> claim
+-- KEYS[3] job          STRING  the job's record (its state hash is K.job .. ':s')
 -- ARGV[1] the most lines kept
 -- ARGV[2] the most bytes kept (the sum of the lines' lengths)
 -- ARGV[3] how long the log is kept from now, ms (the retention of the job's state)
@@ -24,14 +25,19 @@
 -- ARGV[5] the marker line (a JSON object, the count as #LOST#; '' for a stream)
 -- ARGV[6] the job's id ('' writes unfenced: a tool's, not a run's)
 -- ARGV[7] the run's claim token
--- ARGV[8..] the lines to append, oldest first (none: only the expiry is set)
+-- ARGV[8] the run's latest progress (JSON written to the state's progress field, fenced,
+--   ahead of the lines: a follower who sees a line sees the progress reported before
+--   it; '' none, most calls)
+-- ARGV[9..] the lines to append, oldest first (none: only the expiry is set)
 --
 -- Returns the number of lines kept, or -1: refused, the job is not claimed under this
 -- token (nothing written). Bounded per call: the list never holds more than ARGV[1]
 -- lines (and a marker), and the worker sends at most that many.
 --- @include "claims"
-local FIRST = 8
+local FIRST = 9
 if ARGV[6] ~= '' and not fence(redis.call('HGET', K.claims, ARGV[6]), ARGV[7]) then return -1 end
+-- (pcall: a state key of another type, damage, loses the progress, never the lines)
+if ARGV[8] ~= '' then redis.pcall('HSET', K.job .. ':s', 'progress', ARGV[8]) end
 local most, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
 local marked = ARGV[5] ~= ''
 local HEAD = '"level": "WARNING", "src": "runner", "msg": "%[([%d,]+) earlier line'
