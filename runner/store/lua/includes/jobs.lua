@@ -15,14 +15,27 @@ local function jobs_acc()
 end
 
 -- Mark that a job under limit key `first` was enqueued in this partition (Q.mark: the
--- limits' prefix, Q.mark_ms: how long; once a batch per key): after a change of the count
--- of partitions, producers on the new count look for it and send the key's jobs here
--- while it lives (routing.py), so the limit keeps holding across the change.
-local function mark_placed(Q, put, limits)
+-- limits' prefix, Q.mark_ms: how long at most): after a change of the count of
+-- partitions, producers on the new count look for it and send the key's jobs here while
+-- it lives (routing.py), so the limit keeps holding across the change. The marker counts
+-- the key's jobs here not yet done, and goes with the last (unmark in records.lua, where
+-- the census counts a job out); mark_ms (the done retention and a margin, renewed once a
+-- batch per key) only bounds one whose count an end missed.
+local function mark_placed(Q, put, limits, by)
   local first = string.match(limits, '^[%d/]+ ([^\n]+)')
-  if first and not put.marked[first] then
+  if not first then return end
+  local mk = Q.mark .. first .. ':at'
+  by = by or 1
+  -- A key's first job here: one SET. A marker that is there counts one more (a marker
+  -- damaged to another type starts afresh), its TTL renewed once a batch.
+  if by > 0 and redis.call('SET', mk, by, 'NX', 'PX', Q.mark_ms) then
     put.marked[first] = true
-    redis.call('SET', Q.mark .. first .. ':at', '1', 'PX', Q.mark_ms)
+    return
+  end
+  if by > 0 and type(redis.pcall('INCRBY', mk, by)) ~= 'number' then redis.call('SET', mk, by, 'PX', Q.mark_ms) end
+  if not put.marked[first] then
+    put.marked[first] = true
+    redis.call('PEXPIRE', mk, Q.mark_ms)
   end
 end
 
@@ -50,11 +63,20 @@ local function debounce_put(Q, now, j, put)
     local jk = Q.job .. hid
     local rec = rec_parse(redis.call('GET', jk))
     if rec and tostring(rec.version) == v then
+      local was = rec.limits
       rec.payload = j.payload
       rec.resource_key = j.rkey
       rec.limits = j.limits
       redis.call('SET', jk, rec_encode(rec))
-      if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
+      -- The same one job, maybe under another key now: counted out of its old key's
+      -- marker, into the new key's (or the marker kept, when the key is the same).
+      if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then
+        local first = string.match(j.limits, '^[%d/]+ ([^\n]+)')
+        local old = type(was) == 'string' and string.match(was, '^[%d/]+ ([^\n]+)')
+        local kept = first and first == old and redis.call('EXISTS', Q.mark .. first .. ':at') == 1
+        if old and not kept then unplace(Q.mark .. old .. ':at') end
+        mark_placed(Q, put, j.limits, kept and 0 or 1)
+      end
       local due = math.min(now + tonumber(d.period_ms), tonumber(held[2]) + tonumber(d.max_wait_ms))
       redis.call('ZADD', Q.scheduled, due, hid)
       redis.pcall('ZADD', Q.delayed, due, hid)

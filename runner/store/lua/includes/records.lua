@@ -47,6 +47,29 @@ end
 -- digits) is counted as "?|<version>" ("?|?"), the same going in and out, so a 100 KB
 -- name is no 100 KB field kept for ever. (A field per well-formed name stays: bounding
 -- their count asked HLEN whenever a type's count left 0, every job at light load.)
+-- A limit key's placement marker, "<lim prefix><key>:at" (jobs.lua, mark_placed): the
+-- count of this partition's jobs under that first key not yet done, counted in and out
+-- where the census counts them (a dead job stays in until it is deleted: it may be
+-- requeued here). unplace counts one job out of marker `mk`: one GETDEL when it was the
+-- last (or the job was never marked: one partition), and a SET of the rest when others
+-- remain, their TTL a day again (a bound for a count some end missed; the next enqueue
+-- of the key sets the retention's).
+local PLACED_KEEP_MS = 25 * 3600000
+local function unplace(mk)
+  local v = redis.pcall('GETDEL', mk)
+  if type(v) ~= 'string' then return end  -- absent (or damaged: the next mark replaces it)
+  local n = tonumber(v)
+  if n and n > 1 then redis.call('SET', mk, n - 1, 'PX', PLACED_KEEP_MS) end
+end
+
+-- unplace for a job of `limits` (its record's field) counted out of the census `census_key`
+-- (the marker sits under the same queue tag: "<base>census" and "<base>lim:").
+local function unmark(census_key, limits)
+  if type(limits) ~= 'string' or limits == '' or string.sub(census_key, -6) ~= 'census' then return end
+  local first = string.match(limits, '^[%d/]+ ([^\n]+)')
+  if first then unplace(string.sub(census_key, 1, -7) .. 'lim:' .. first .. ':at') end
+end
+
 local function census(key, field, n)
   if not field or field == '|' then return end
   local t, ver = string.match(field, '^(.*)|([^|]*)$')
