@@ -297,3 +297,23 @@ def test_the_census_holds_no_name_no_function_can_have(p: Project) -> None:
     (f1,) = claim(p, NOW)
     assert sc.ack(k, [Ack(f1[0], f1[1], "null", f"{huge}|1", "")], 100_000, now_ms=NOW) == [1]
     assert r.hgetall(k.census) == {"?|1": "0"}
+
+
+def test_a_dead_job_counts_in_its_limit_keys_marker_until_it_is_deleted(p: Project) -> None:
+    """The placement marker of a limit key counts its jobs here not yet done: a job that
+    dies stays counted (it may be requeued here, where its key must still be found after a
+    change of the count of partitions); deleting it counts it out, and the last one out
+    deletes the marker."""
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    sc.changing = frozenset({k.queue})  # another count recorded: a queue of one partition marks
+    enqueue(p, new("old", limits="1 r:x"), new("older", limits="1 r:x"))
+    assert r.get(k.placed("r:x")) == "2"
+    got = claim(p, NOW + 1000, "noop=500")
+    assert sorted(g[0] for g in got) == ["old", "older"]
+    assert sc.bury(k, [Burial(g[0], g[1], "expired", '{"type":"Expired"}', '{"attempt":1,"outcome":"expired"}',
+                              True, "dead|noop expired|noop") for g in got], 10_000_000, now_ms=NOW + 1001) == [1, 1]
+    assert r.get(k.placed("r:x")) == "2"  # dead, still counted
+    assert sc.remove(k, "old") == 1
+    assert r.get(k.placed("r:x")) == "1"
+    assert sc.remove(k, "older") == 1
+    assert not r.exists(k.placed("r:x"))
