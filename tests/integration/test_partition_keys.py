@@ -208,8 +208,8 @@ def test_a_debounced_resend_after_a_change_joins_its_pending_burst(project: Proj
 
 
 def _markers(p: Project) -> dict[str, int]:
-    r = p.runtime.redis
-    keys = list(r.scan_iter(count=SCAN_COUNT, match="*:lim:*:at"))
+    r, prefix = p.runtime.redis, p.runtime.parts["fast"][0].prefix
+    keys = list(r.scan_iter(count=SCAN_COUNT, match=prefix + ":*:lim:*:at"))  # (this project's: a shared server)
     return {k.decode() if isinstance(k, bytes) else k: int(r.get(k) or 0) for k in keys}
 
 
