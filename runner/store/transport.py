@@ -896,9 +896,9 @@ class NodeLanes:
         marked: a pipeline asks the default node for the keys of some commands (COMMAND
         GETKEYS), so a read of a live master would wait on the stalled one and be given
         up, marking the live master too."""
-        client = self.scripts.client
         if self.scripts.one_server:
             return
+        client = self.scripts.client
         with contextlib.suppress(Exception):  # (no layout now: the next read of it chooses)
             if client.get_default_node().name != node:
                 return

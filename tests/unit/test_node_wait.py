@@ -18,7 +18,7 @@ def _lanes() -> transport.NodeLanes:
     # bounded needs no client; a call's end reads the transport's node wait (its round
     # trip's bound), so the stand-in has one (without it the end of a call given up
     # raised in the pool's thread, after the test, into another test's log)
-    return transport.NodeLanes(SimpleNamespace(node_wait_s=None))  # type: ignore[arg-type]
+    return transport.NodeLanes(SimpleNamespace(node_wait_s=None, one_server=True))  # type: ignore[arg-type]
 
 
 def test_a_stalled_node_is_given_up_once_and_its_late_reply_handed_over() -> None:

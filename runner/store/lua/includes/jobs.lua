@@ -67,7 +67,7 @@ local function debounce_put(Q, now, j, put)
     if rec and tostring(rec.version) == v then
       -- The same one job, maybe under another key now: counted out of its old key's
       -- marker (if it was counted), into the new key's (or kept, when the key is the same).
-      local lims = j.limits ~= '' and uncounted(j.limits) or ''
+      local lims = j.limits ~= '' and unflagged_limits(j.limits) or ''
       local old = counted_key(rec.limits)
       local first = Q.mark and (Q.mark_ms or 0) > 0 and string.match(lims, '^[%d/]+ ([^\n]+)')
       local kept = first and first == old and redis.call('EXISTS', Q.mark .. first .. ':at') == 1
@@ -133,7 +133,7 @@ local function job_put(Q, now, j, put)
   end
   local lims = j.limits
   if lims ~= '' then
-    lims = uncounted(lims)
+    lims = unflagged_limits(lims)
     if Q.mark and (Q.mark_ms or 0) > 0 and mark_placed(Q, put, lims) then lims = lims .. '\n' end
   end
   -- The record is one string; a plain job due now has no state hash at all (see above).

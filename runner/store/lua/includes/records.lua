@@ -74,7 +74,7 @@ end
 
 -- A job's limits as rendered, without that flag (another writer's entry that carries it is
 -- counted by this enqueue alone).
-local function uncounted(limits)
+local function unflagged_limits(limits)
   if string.byte(limits, -1) ~= 10 then return limits end
   return (string.match(limits, '^(.-)\n*$'))
 end
