@@ -185,12 +185,14 @@ PAGES = [  # (hash, page, what shows it has its data, screenshot)
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[tuple[Project, Web, dict[str, str]]]:
     """The console project with its worker, its server and the realistic jobs, for the
-    tests that only look (every page and its links; a read-only token's pages): neither
-    acts on a job or a queue, and nothing of theirs is scheduled, sleeping or waiting. The
-    setup (a worker, a server, and the jobs: the 10,000-chunk stream among them) was each
-    one's biggest cost after the browser's work."""
+    tests that only look (every page and its links; a read-only token's pages; the big
+    log's and stream's page; a done job's text with bidi controls): none acts on a job or
+    a queue, and nothing of theirs is scheduled, sleeping or waiting. The setup (a worker,
+    a server, and the jobs: the 10,000-chunk stream among them) was each one's biggest
+    cost after the browser's work."""
     def setup(project: Project) -> None:
         console_project(project)
+        project.add_function("bidi", BIDI)
         project.spawn_worker("fast", "slow")
 
     with served(tmp_path_factory, server, setup, token=TOKEN) as (project, web):
@@ -441,36 +443,33 @@ def test_a_read_only_token_sees_no_action(console: tuple[Project, Web, dict[str,
     assert script_errors(d) == []
 
 
-def test_a_big_log_and_stream_render_in_under_a_second(project: Project, browser: Any) -> None:  # noqa: F811
-    """A job that logged 1,000 lines and streamed 10,000 chunks: its page shows all of both
-    within a second of being opened (measured in the browser, from the page opening to
-    both painted; asserted with room for a loaded machine)."""
-
-    console_project(project)
-    project.spawn_worker("fast")
-    with gunicorn(project, token=TOKEN) as web:
-        job = web.post("/jobs/chatty", json={"lines": 1000, "chunks": 10000}).json()["id"]
-        wait_for(lambda: project.client.get(job).status == "done", timeout=60, what="the job to end")
-        d = browser
-        signed_in(d, web, TOKEN)
-        timings = []
-        for _ in range(3):
-            go(d, "#overview")
-            go(d, f"#job/{job}")
-            until("the log and the stream", lambda: d.execute_script(
-                "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
-            took = d.execute_script("return Math.max(joblog.doneAt, jobstream.doneAt) - page.openedAt")
-            timings.append(took)
-            log = read(d, '#job-view [data-field="log"]', "textContent")
-            assert len(log.splitlines()) == 1000 and "compiling module_0999" in log
-            stream = read(d, '#job-view [data-field="stream"]', "textContent")
-            assert stream.startswith("token0 ") and stream.endswith("token9999 ")
-            assert text(d, '#job-view [data-field="stream-count"]') == "10,000 chunks"
-        print(f"log of 1,000 lines and stream of 10,000 chunks rendered in {sorted(timings)} ms")
-        # About 0.3-0.5 s on a quiet 2-core machine, most of it the 10,000 events on the
-        # wire; the bound is generous for a loaded one.
-        assert min(timings) < 2000, timings
-        assert script_errors(d) == []
+def test_a_big_log_and_stream_render_in_under_a_second(console: tuple[Project, Web, dict[str, str]],
+                                                       browser: Any) -> None:  # noqa: F811
+    """A job that logged 1,000 lines and streamed 10,000 chunks (the console's, done): its
+    page shows all of both within a second of being opened (measured in the browser, from
+    the page opening to both painted; asserted with room for a loaded machine)."""
+    _, web, ids = console
+    job = ids["chatty"]
+    d = browser
+    signed_in(d, web, TOKEN)
+    timings = []
+    for _ in range(3):
+        go(d, "#overview")
+        go(d, f"#job/{job}")
+        until("the log and the stream", lambda: d.execute_script(
+            "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
+        took = d.execute_script("return Math.max(joblog.doneAt, jobstream.doneAt) - page.openedAt")
+        timings.append(took)
+        log = read(d, '#job-view [data-field="log"]', "textContent")
+        assert len(log.splitlines()) == 1000 and "compiling module_0999" in log
+        stream = read(d, '#job-view [data-field="stream"]', "textContent")
+        assert stream.startswith("token0 ") and stream.endswith("token9999 ")
+        assert text(d, '#job-view [data-field="stream-count"]') == "10,000 chunks"
+    print(f"log of 1,000 lines and stream of 10,000 chunks rendered in {sorted(timings)} ms")
+    # About 0.3-0.5 s on a quiet 2-core machine, most of it the 10,000 events on the
+    # wire; the bound is generous for a loaded one.
+    assert min(timings) < 2000, timings
+    assert script_errors(d) == []
 
 
 @pytest.mark.slow
@@ -704,35 +703,34 @@ def handle(payload, ctx):
 '''
 
 
-def test_bidi_controls_in_a_producers_text_are_shown_escaped(project: Project, browser: Any) -> None:  # noqa: F811
+def test_bidi_controls_in_a_producers_text_are_shown_escaped(console: tuple[Project, Web, dict[str, str]],
+                                                             browser: Any) -> None:  # noqa: F811
     """A right-to-left override (and every other bidi control) in a payload, a log line,
     a stream chunk or a result reaches no page raw, where it turned "00.001$" into
-    "$100.00" on screen: each page shows it escaped, as `runner logs` does."""
-    project.add_function("bidi", BIDI)
-    project.write_config()
-    project.spawn_worker("fast")
+    "$100.00" on screen: each page shows it escaped, as `runner logs` does (the
+    console's project, which has the function bidi)."""
+    project, web, _ = console
     controls = "\u202e\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
-    with gunicorn(project, token=TOKEN) as web:
-        job = web.post("/jobs/bidi", json={"acct": f"\u202e9876-5432 {controls}"}).json()["id"]
-        wait_for(lambda: project.client.get(job).status == "done", timeout=30, what="the job to end")
-        d = browser
-        signed_in(d, web, TOKEN)
-        go(d, f"#job/{job}")
-        until("the log and the stream", lambda: d.execute_script(
-            "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
-        stream = read(d, '#job-view [data-field="stream"]', "textContent")
-        assert stream == "total: \\u202e00.001$"
-        log = read(d, '#job-view [data-field="log"]', "textContent")
-        assert "acct \\u202e9876-5432" in log and "\\u061c" in log
-        pages = {}
-        for where in (f"#job/{job}", "#jobs/done"):
-            go(d, where)
-            until(f"{where} to show the job", lambda: job in d.execute_script("return document.body.textContent"))
-            pages[where] = d.execute_script("return document.body.textContent")
-        for where, body in pages.items():
-            assert not set(controls) & set(body), (where, sorted(set(controls) & set(body)))
-            assert "\\u202e9876-5432" in body, where
-        assert script_errors(d) == []
+    job = web.post("/jobs/bidi", json={"acct": f"\u202e9876-5432 {controls}"}).json()["id"]
+    wait_for(lambda: project.client.get(job).status == "done", timeout=30, what="the job to end")
+    d = browser
+    signed_in(d, web, TOKEN)
+    go(d, f"#job/{job}")
+    until("the log and the stream", lambda: d.execute_script(
+        "return joblog.doneAt > 0 && jobstream.doneAt > 0 && page.id === arguments[0]", job))
+    stream = read(d, '#job-view [data-field="stream"]', "textContent")
+    assert stream == "total: \\u202e00.001$"
+    log = read(d, '#job-view [data-field="log"]', "textContent")
+    assert "acct \\u202e9876-5432" in log and "\\u061c" in log
+    pages = {}
+    for where in (f"#job/{job}", "#jobs/done"):
+        go(d, where)
+        until(f"{where} to show the job", lambda: job in d.execute_script("return document.body.textContent"))
+        pages[where] = d.execute_script("return document.body.textContent")
+    for where, body in pages.items():
+        assert not set(controls) & set(body), (where, sorted(set(controls) & set(body)))
+        assert "\\u202e9876-5432" in body, where
+    assert script_errors(d) == []
 
 
 def test_a_dead_letter_with_a_long_unbroken_payload_keeps_its_actions_in_the_card(
