@@ -149,11 +149,7 @@ def go(d: Any, hash_: str) -> None:
 
 def shown(d: Any) -> str:
     """The page on show, by its section."""
-    from selenium.webdriver.common.by import By
-
-    visible = [s.get_attribute("data-page") for s in d.find_elements(By.CSS_SELECTOR, "main > section[data-page]")
-               if s.is_displayed()]
-    return ",".join(visible)
+    return ",".join(page for _, page in displayed(d, "main > section[data-page]", "data-page", with_text=False))
 
 
 def has(d: Any, css: str) -> list[Any]:
@@ -165,6 +161,22 @@ def has(d: Any, css: str) -> list[Any]:
 
 def text(d: Any, css: str) -> str:
     return read(d, css)
+
+
+def displayed(d: Any, css: str, attribute: str, with_text: bool = True) -> list[tuple[str, str]]:
+    """(text, or "" if not ``with_text``; ``attribute``) of each element ``css`` finds that WebDriver calls displayed
+    (its own isDisplayed check), read in one round trip: a call per element for each of a
+    page's many hidden buttons was most of a look at a page."""
+    from selenium.webdriver.remote import webelement
+
+    if webelement.isDisplayed_js is None:
+        webelement._load_js()
+    found: list[list[str]] = d.execute_script(
+        f"const shown = ({webelement.isDisplayed_js});"
+        "return [...document.querySelectorAll(arguments[0])].filter((e) => shown(e))"
+        "  .map((e) => [arguments[2] ? e.innerText.trim() : '', e.getAttribute(arguments[1]) || ''])",
+        css, attribute, with_text)
+    return [(t, a) for t, a in found]
 
 
 PAGES = [  # (hash, page, what shows it has its data, screenshot)
@@ -410,7 +422,6 @@ def test_a_read_only_token_sees_no_action(console: tuple[Project, Web, dict[str,
                                           browser: Any) -> None:  # noqa: F811
     """Signed in with a read-only token, no page shows a button or form it cannot use: no
     pause, resume, run now, trigger, requeue, delete, cancel, bulk, invoke or signal."""
-    from selenium.webdriver.common.by import By
 
     _, web, ids = console
     d = browser
@@ -423,11 +434,10 @@ def test_a_read_only_token_sees_no_action(console: tuple[Project, Web, dict[str,
         go(d, hash_)
         until(f"{hash_} with its data", lambda ready=ready: has(d, ready))  # type: ignore[misc]
         time.sleep(0.3)  # any later read of the page lands
-        visible = [b.text or b.get_attribute("data-action") for b in has(d, "main button:not([role=tab])")
-                   if b.is_displayed()]
+        visible = [text or action for text, action in displayed(d, "main button:not([role=tab])", "data-action")]
         allowed = {"Find", "Newer", "Older", "Newest"}
         assert all(v in allowed for v in visible if v), (hash_, visible)
-        forms = [f.get_attribute("id") for f in d.find_elements(By.CSS_SELECTOR, "main form") if f.is_displayed()]
+        forms = [form_id for _, form_id in displayed(d, "main form", "id")]
         assert set(forms) <= {"job-filters"}, (hash_, forms)
     assert "read-only" in text(d, "#scope-note")
     go(d, "#jobs/sleeping")  # each tab counts its own: the sleeper and the waiter apart from scheduled
