@@ -601,15 +601,17 @@ def test_a_running_jobs_stream_shows_live(project: Project, browser: Any) -> Non
 
 
 FLOOD = '''"""Streams and logs far more than the server keeps, while a page follows, then waits."""
+import os
 import time
 QUEUE = "slow"
 TIMEOUT = 60
 
 def handle(payload, ctx):
     ctx.stream("start ")
-    time.sleep(1.5)  # the page opens its follows
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "go")):  # the page follows
+        time.sleep(0.02)
     for i in range(12):
-        for _ in range(8):
+        for _ in range(4):
             ctx.stream("x" * 30_000)
         for j in range(1_200):
             ctx.logger.info("line %d %d", i, j)
@@ -622,7 +624,7 @@ def handle(payload, ctx):
 
 
 def test_a_followed_flood_stays_bounded_in_the_page(project: Project, browser: Any) -> None:  # noqa: F811
-    """A page following a job that streams about 3 MB and logs 14,400 lines keeps about
+    """A page following a job that streams about 1.4 MB and logs 14,400 lines keeps about
     what the server keeps (the newest 1 MiB of output, the newest lines), with a mark that
     older output is not shown, and its newest output whole."""
     project.add_function("flood", FLOOD)
@@ -636,6 +638,8 @@ def test_a_followed_flood_stays_bounded_in_the_page(project: Project, browser: A
         signed_in(d, web, TOKEN)
         go(d, f"#job/{job}")
         stream = lambda: text(d, '#job-view [data-field="stream"]')  # noqa: E731
+        until("the page to follow the job", lambda: stream().startswith("start"))
+        (project.records / "go").write_text("")  # the flood begins
         until("the end of the flood", lambda: stream().endswith(" end"), timeout=60)
         shown = stream()
         assert shown.startswith("… (older output not shown)") and len(shown) <= (1 << 20) + 64, len(shown)
