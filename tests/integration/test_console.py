@@ -560,7 +560,8 @@ def test_the_live_views_hold_with_10000_jobs_in_every_status(project: Project, b
         assert script_errors(d) == []
 
 
-DRIP = '''"""Streams a chunk now and then, then waits to be cancelled."""
+DRIP = '''"""Streams a chunk, another once told to (a file appears), then waits to be cancelled."""
+import os
 import time
 QUEUE = "slow"
 TIMEOUT = 60
@@ -568,7 +569,8 @@ TIMEOUT = 60
 def handle(payload, ctx):
     ctx.stream("first ")
     ctx.logger.info("streamed the first")
-    time.sleep(1.5)
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "go")):
+        time.sleep(0.02)
     ctx.stream("second ")
     while not ctx.cancelled:
         time.sleep(0.02)
@@ -590,6 +592,7 @@ def test_a_running_jobs_stream_shows_live(project: Project, browser: Any) -> Non
         go(d, f"#job/{job}")
         stream = lambda: text(d, '#job-view [data-field="stream"]')  # noqa: E731
         until("the first chunk while it runs", lambda: "first" in stream())
+        (project.records / "go").write_text("")  # the job streams its second chunk now
         until("the second, pushed", lambda: stream().strip() == "first second")
         assert "streamed the first" in text(d, '#job-view [data-field="log"]')
         project.client.cancel(job)

@@ -632,14 +632,16 @@ def test_a_partitioned_queue_shows_each_partition_under_its_sums(project: Projec
         assert not script_errors(d)
 
 
-LOGGING = '''"""Logs a line, then another each time it is told to, until cancelled."""
+LOGGING = '''"""Logs a line, then another once told to (a file appears), until cancelled."""
+import os
 import time
 QUEUE = "slow"
 TIMEOUT = 60
 
 def handle(payload, ctx):
     ctx.logger.info("first line %s", payload["note"])
-    time.sleep(1.5)
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "go")):
+        time.sleep(0.02)
     ctx.logger.info("second line")
     while not ctx.cancelled:
         time.sleep(0.02)
@@ -661,6 +663,7 @@ def test_the_job_page_shows_its_log_live_and_as_text(project: Project, browser: 
         d.execute_script("lookUp(arguments[0]);", job)
         log = lambda: read(d, '#job-view [data-field="log"]')  # noqa: E731
         until("the first line on the page", lambda: f"first line {HOSTILE}" in log())
+        (project.records / "go").write_text("")  # the job logs its second line now
         until("the second line, pushed without a reload", lambda: "second line" in log())
         assert d.execute_script("return window.injected") is None
         assert d.execute_script("return document.querySelectorAll('#job-view img, #job-view script').length") == 0
