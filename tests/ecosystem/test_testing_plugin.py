@@ -121,10 +121,13 @@ def _schema(props: dict[str, str]) -> str:
                        "required": list(props), "additionalProperties": False})
 
 
-# The pytest plugins of this suite's own test tools (schemathesis's, anyio's), which a
-# project's pytest would not have: each pytest run here imported them at its start, about
-# half of a run's CPU. Every other installed plugin, runner's among them, loads as usual.
-NOT_THE_PROJECTS = ["-p", "no:schemathesis", "-p", "no:anyio"]
+# The pytest plugins of this suite's own test tools (schemathesis's, anyio's, hypothesis's,
+# pytest-benchmark's, xdist's), which a project's pytest would not have: each pytest run
+# here imported them at its start (hypothesis alone 1.3 s of CPU; without the five a
+# pytest starts in a third of the CPU). Every other installed plugin, runner's and
+# pytest-django's among them, loads as usual.
+NOT_THE_PROJECTS = ["-p", "no:schemathesis", "-p", "no:anyio", "-p", "no:hypothesispytest", "-p", "no:benchmark",
+                    "-p", "no:xdist", "-p", "no:xdist.looponfail"]
 
 
 def _plugin_args() -> list[str]:
@@ -610,9 +613,8 @@ def test_pytest_django_tests_see_what_the_app_committed_and_a_failure_is_explain
 def _refused_here(pytester: pytest.Pytester) -> pytest.RunResult:
     """The project's pytest run in this process, for a project the fixtures refuse before
     they start a server or a worker: a pytest of its own (its start and imports) was all
-    of such a test's time. (Without pytest-benchmark, which warns in here that xdist runs
-    this suite.)"""
-    return pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", "-p", "no:benchmark", "-q")
+    of such a test's time."""
+    return pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q")
 
 
 def test_a_project_in_a_subfolder_is_named_in_the_error(pytester: pytest.Pytester) -> None:
