@@ -121,10 +121,13 @@ def _schema(props: dict[str, str]) -> str:
                        "required": list(props), "additionalProperties": False})
 
 
-# The pytest plugins of this suite's own test tools (schemathesis's, anyio's), which a
-# project's pytest would not have: each pytest run here imported them at its start, about
-# half of a run's CPU. Every other installed plugin, runner's among them, loads as usual.
-NOT_THE_PROJECTS = ["-p", "no:schemathesis", "-p", "no:anyio"]
+# The pytest plugins of this suite's own test tools (schemathesis's, anyio's, hypothesis's,
+# pytest-benchmark's, xdist's), which a project's pytest would not have: each pytest run
+# here imported them at its start (hypothesis alone 1.3 s of CPU; without the five a
+# pytest starts in a third of the CPU). Every other installed plugin, runner's and
+# pytest-django's among them, loads as usual.
+NOT_THE_PROJECTS = ["-p", "no:schemathesis", "-p", "no:anyio", "-p", "no:hypothesispytest", "-p", "no:benchmark",
+                    "-p", "no:xdist", "-p", "no:xdist.looponfail"]
 
 
 def _plugin_args() -> list[str]:
@@ -162,12 +165,14 @@ def _outcomes(pytester: pytest.Pytester, *args: str) -> dict[str, dict[str, int]
             outcome = "xfailed" if tags["skipped"].get("type") == "pytest.xfail" else "skipped"
         else:
             outcome = "passed"
-        out[case.get("classname", "").split(".")[0]][outcome] += 1
+        # (a file's module, also in a folder: "orders.test_orders" is test_orders)
+        out[next((part for part in case.get("classname", "").split(".") if part.startswith("test_")), "")][outcome] += 1
     return {module: dict(counts) for module, counts in out.items()}
 
 
-@pytest.mark.timeout(480)  # (three or two projects' tests in its one pytest run)
-def test_a_project_tests_its_functions_and_its_fastapi_routes_with_the_plugin(pytester: pytest.Pytester) -> None:
+@pytest.mark.timeout(480)  # (four projects' tests in its one pytest run)
+def test_a_project_tests_its_functions_and_its_fastapi_routes_with_the_plugin(
+        pytester: pytest.Pytester, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """A user's project gets run_inline, a private server, a client, a draining worker
     and assert_enqueued, and its own app code enqueues on that server (test_functions).
 
@@ -178,18 +183,55 @@ def test_a_project_tests_its_functions_and_its_fastapi_routes_with_the_plugin(py
     A route that awaits ``runner.acall`` (enqueue, then wait for the result) answers
     under the fixtures: requesting ``runner_worker`` starts its worker, which runs jobs as
     they arrive, and ``drain`` still reports them. No worker ran until the first drain,
-    so the request waited out its timeout and failed StillRunning (test_greet)."""
+    so the request waited out its timeout and failed StillRunning (test_greet).
+
+    A FastAPI app started once for the session, whose lifespan stores its own
+    Client.from_config(), made before any test's fixtures: its jobs land on the plugin's
+    private server where each test looks (only that test's), and none reaches the Redis
+    runner.toml names (a stand-in for a shared one; by default 127.0.0.1:6379)
+    (test_lifespan).
+
+    A Django project whose settings name a prefix and a server of their own (its
+    conftest, in its folder): from the second test on, enqueue_on_commit still lands
+    under that test's prefix on the private server, with no user code; and a "nothing
+    enqueued" check fails when the app did enqueue (test_orders, run without
+    pytest-django, even where the test extra has it).
+
+    One pytest run for the four: each run started pytest, the plugin's server and its
+    imports again."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("RUNNER_REDIS_PREFIX", raising=False)
     _project(pytester)
+    shared = f"shared{uuid.uuid4().hex[:8]}"
+    toml = pytester.path / "runner.toml"
+    toml.write_text(toml.read_text() + f'\n[redis]\nurl = "{server.url}"\nprefix = "{shared}"\n')
     pytester.makepyfile(test_functions=USER_TESTS)
     fastapi = importlib.util.find_spec("fastapi") is not None
+    django = importlib.util.find_spec("django") is not None
     if fastapi:
         pytester.makepyfile(signup_app=FASTAPI_APP, test_signup=FASTAPI_TESTS, call_app=CALL_APP,
-                            test_greet=CALL_TESTS)
-    got = _outcomes(pytester)
+                            test_greet=CALL_TESTS, app=LIFESPAN_APP, test_lifespan=LIFESPAN_TESTS)
+        pytester.makeconftest(LIFESPAN_CONFTEST)
+    if django:
+        orders = pytester.path / "orders"
+        orders.mkdir()
+        (orders / "conftest.py").write_text(DJANGO_CONFTEST)
+        (orders / "test_orders.py").write_text(DJANGO_TESTS)
+    got = _outcomes(pytester, "-p", "no:django")
+    shared_redis = redis.Redis.from_url(server.url)
+    try:
+        assert list(shared_redis.scan_iter(count=SCAN_COUNT, match=f"{shared}:*")) == []
+    finally:
+        shared_redis.close()
     assert got.pop("test_functions") == {"passed": 6}, got
+    if django:
+        assert got.pop("test_orders") == {"passed": 4, "xfailed": 1}, got
     if not fastapi:
         pytest.skip("fastapi is not installed (pip install -e '.[test]' installs it): its projects' tests did not run")
-    assert got == {"test_signup": {"passed": 4, "xfailed": 1}, "test_greet": {"passed": 1}}, got
+    assert got == {"test_signup": {"passed": 4, "xfailed": 1}, "test_greet": {"passed": 1},
+                   "test_lifespan": {"passed": 4}}, got
+    if not django:
+        pytest.skip("django is not installed (pip install -e '.[test]' installs it): its project's tests did not run")
 
 
 REPLICATED_TESTS = '''
@@ -338,21 +380,6 @@ def test_nothing_enqueued_fails_when_the_app_enqueued(http, assert_enqueued):
 '''
 
 
-def test_django_enqueue_on_commit_reaches_each_tests_server(pytester: pytest.Pytester) -> None:
-    """A Django project whose settings name a prefix and a server of their own: from the
-    second test on, enqueue_on_commit still lands under that test's prefix on the
-    private server, with no user code; and a "nothing enqueued" check fails when the
-    app did enqueue."""
-    pytest.importorskip("django")
-    _project(pytester)
-    pytester.makeconftest(DJANGO_CONFTEST)
-    pytester.makepyfile(test_orders=DJANGO_TESTS)
-    # A project without pytest-django (its test below), even where the test extra has it.
-    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-p", "no:django", "-q",
-                                           timeout=240)
-    result.assert_outcomes(passed=4, xfailed=1)
-
-
 
 
 CALL_APP = '''
@@ -432,30 +459,6 @@ def test_no_request_no_job(http, assert_enqueued):
     assert_enqueued("notify", count=0)
 '''
 
-
-def test_a_client_the_app_made_before_the_tests_reaches_each_tests_server(
-        pytester: pytest.Pytester, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A FastAPI app started once for the session, whose lifespan stores its own
-    Client.from_config(), made before any test's fixtures: its jobs land on the plugin's
-    private server where each test looks (only that test's), and none reaches the Redis
-    runner.toml names (a stand-in for a shared one; by default 127.0.0.1:6379)."""
-    pytest.importorskip("fastapi")
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.delenv("RUNNER_REDIS_PREFIX", raising=False)
-    _project(pytester)
-    shared = f"shared{uuid.uuid4().hex[:8]}"
-    toml = pytester.path / "runner.toml"
-    toml.write_text(toml.read_text() + f'\n[redis]\nurl = "{server.url}"\nprefix = "{shared}"\n')
-    pytester.makepyfile(app=LIFESPAN_APP)
-    pytester.makeconftest(LIFESPAN_CONFTEST)
-    pytester.makepyfile(test_signup=LIFESPAN_TESTS)
-    result = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q", timeout=240)
-    result.assert_outcomes(passed=4)
-    shared_redis = redis.Redis.from_url(server.url)
-    try:
-        assert list(shared_redis.scan_iter(count=SCAN_COUNT, match=f"{shared}:*")) == []
-    finally:
-        shared_redis.close()
 
 PYTEST_DJANGO_SETTINGS = '''
 SECRET_KEY = "tests"
@@ -610,9 +613,8 @@ def test_pytest_django_tests_see_what_the_app_committed_and_a_failure_is_explain
 def _refused_here(pytester: pytest.Pytester) -> pytest.RunResult:
     """The project's pytest run in this process, for a project the fixtures refuse before
     they start a server or a worker: a pytest of its own (its start and imports) was all
-    of such a test's time. (Without pytest-benchmark, which warns in here that xdist runs
-    this suite.)"""
-    return pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", "-p", "no:benchmark", "-q")
+    of such a test's time."""
+    return pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", "-q")
 
 
 def test_a_project_in_a_subfolder_is_named_in_the_error(pytester: pytest.Pytester) -> None:

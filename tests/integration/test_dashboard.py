@@ -461,15 +461,18 @@ def test_the_tabs_count_the_queue_filtered_on_as_soon_as_the_filter_changes(proj
         assert script_errors(d) == []
 
 
-def dead_jobs(project: Project, type_: str, n: int, payload: dict[str, Any] | None = None) -> list[str]:
+def dead_jobs(project: Project, *batches: tuple[str, int, dict[str, Any]]) -> list[list[str]]:
+    """The ids of each batch's jobs (of its type, as many, with its payload), dead: run
+    to their end by one worker in this process."""
     from runner.worker.worker import Worker
 
     c = project.client
-    ids = [c.enqueue(type_, payload or {}).id for _ in range(n)]
+    ids = [[c.enqueue(type_, payload).id for _ in range(n)] for type_, n, payload in batches]
     worker = Worker(project.runtime, ["fast"])
     worker.start()
     try:
-        wait_for(lambda: all(c.get(i).status == "dead" for i in ids), timeout=30, what="the jobs to die")
+        wait_for(lambda: all(c.get(i).status == "dead" for batch in ids for i in batch), timeout=30,
+                 what="the jobs to die")
     finally:
         worker.stop(2)
     return ids
@@ -483,8 +486,7 @@ def test_bulk_requeue_and_cancel_of_a_filtered_set_with_confirmation_and_progres
     at the confirmation, changes nothing; confirmed, cancels every one."""
     from selenium.webdriver.common.by import By
 
-    perm = dead_jobs(project, "perm", 30)
-    other = dead_jobs(project, "record", 1, {"fail_times": 99})[0]
+    perm, [other] = dead_jobs(project, ("perm", 30, {}), ("record", 1, {"fail_times": 99}))
     with gunicorn(project, token=TOKEN) as web:
         d = browser
         signed_in(d, web)
@@ -632,14 +634,16 @@ def test_a_partitioned_queue_shows_each_partition_under_its_sums(project: Projec
         assert not script_errors(d)
 
 
-LOGGING = '''"""Logs a line, then another each time it is told to, until cancelled."""
+LOGGING = '''"""Logs a line, then another once told to (a file appears), until cancelled."""
+import os
 import time
 QUEUE = "slow"
 TIMEOUT = 60
 
 def handle(payload, ctx):
     ctx.logger.info("first line %s", payload["note"])
-    time.sleep(1.5)
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "go")):
+        time.sleep(0.02)
     ctx.logger.info("second line")
     while not ctx.cancelled:
         time.sleep(0.02)
@@ -661,6 +665,7 @@ def test_the_job_page_shows_its_log_live_and_as_text(project: Project, browser: 
         d.execute_script("lookUp(arguments[0]);", job)
         log = lambda: read(d, '#job-view [data-field="log"]')  # noqa: E731
         until("the first line on the page", lambda: f"first line {HOSTILE}" in log())
+        (project.records / "go").write_text("")  # the job logs its second line now
         until("the second line, pushed without a reload", lambda: "second line" in log())
         assert d.execute_script("return window.injected") is None
         assert d.execute_script("return document.querySelectorAll('#job-view img, #job-view script').length") == 0
