@@ -38,11 +38,21 @@ class Web:
     token: str | None
     session: requests.Session
 
+    last: float = 0.0  # when the session's connection was last used
+
     def call(self, method: str, path: str, *, auth: bool = True, **kw: Any) -> requests.Response:
         headers = dict(kw.pop("headers", None) or {})
         if auth and self.token and "Authorization" not in headers:
             headers["Authorization"] = f"Bearer {self.token}"
-        return self.session.request(method, self.url + path, headers=headers, timeout=10, **kw)
+        # The server closes a connection idle for its keep-alive (5 s): one idle nearly that
+        # long is dropped here first, or a request sent as the server closes it fails
+        # (RemoteDisconnected), and a POST is not sent again.
+        if time.monotonic() - self.last > 4.0:
+            self.session.close()
+        try:
+            return self.session.request(method, self.url + path, headers=headers, timeout=10, **kw)
+        finally:
+            self.last = time.monotonic()
 
     def get(self, path: str, **kw: Any) -> requests.Response:
         return self.call("GET", path, **kw)
