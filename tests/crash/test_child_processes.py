@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ import pytest
 from chaoskit import descendants
 from crashkit import outcomes, rec, wait_final
 
-from conftest import Project, size, wait_for
+from runner.store.embedded import Server
+
+from conftest import Project, make_project, size, wait_for
 
 PWORK = '''
 import os, time
@@ -61,6 +63,41 @@ def sigterm_everything(pid: int) -> None:
     for p in descendants(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """One project and one worker (one slot, nothing claimed ahead, one attempt) for the
+    module's tests that only enqueue jobs of functions of their own and read their
+    outcomes (and the lines the worker's output gained meanwhile, see ``_output_since``):
+    a worker per test (its start, imports and first child) was most of such a test's
+    time. Every function is there before the worker starts, which loads them all."""
+    project = make_project(tmp_path_factory.mktemp("served"), server)
+    functions = {"forks_thread": FORKS.format(isolation="thread"), "forks_process": FORKS.format(isolation="process"),
+                 "exits_thread": EXITS.format(isolation="thread"), "exits_process": EXITS.format(isolation="process"),
+                 "threaded": THREADED, "heartbeat": HEARTBEAT, "bigresult": BIGRESULT, "at_the_cap": AT_THE_CAP,
+                 "logsaline": LOGS_A_LINE, "redirects": REDIRECTS}
+    for name, source in functions.items():
+        project.add_function(name, source)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    project.spawn_worker("fast")
+    try:
+        yield project
+    finally:
+        project.stop_all()
+        if project._runtime is not None:
+            project._runtime.close()
+
+
+def _output_since(project: Project, start: int) -> str:
+    """The shared worker's output from byte ``start`` on (what it wrote during a test)."""
+    with open(project.root / "worker-0.log", "rb") as f:
+        f.seek(start)
+        return f.read().decode(errors="replace")
+
+
+def _output_size(project: Project) -> int:
+    return (project.root / "worker-0.log").stat().st_size
 
 
 def test_a_sigterm_to_every_process_lets_the_running_handler_finish(project: Project) -> None:
@@ -205,15 +242,12 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_handlers_forks_and_tools_get_the_default_signal_actions(project: Project, isolation: str) -> None:
+def test_a_handlers_forks_and_tools_get_the_default_signal_actions(served: Project, isolation: str) -> None:
     """A process the handler forks stops on Process.terminate() (it inherited runner's
     SIGTERM handler and ran on), and a tool it starts stops on SIGINT (the child's SIGINT
     was ignored, and a tool inherits that), under both isolations."""
-    project.add_function("forks", FORKS.format(isolation=isolation))
-    project.write_config(concurrency=1, prefetch=0)
-    c = project.client
-    job = c.enqueue("forks", {}).id
-    project.spawn_worker("fast")
+    c = served.client
+    job = c.enqueue(f"forks_{isolation}", {}).id
     view = c.wait(job, 40)
     assert view.status == "done", view.as_dict()
     assert view.as_dict()["result"] == {"terminated": -signal.SIGTERM, "interrupted": -signal.SIGINT}, view.as_dict()
@@ -412,22 +446,19 @@ def handle(payload, ctx):
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_sys_exit_or_keyboard_interrupt_from_a_handler_is_its_failure_with_a_traceback(
-        project: Project, isolation: str) -> None:
+        served: Project, isolation: str) -> None:
     """sys.exit(3) or KeyboardInterrupt raised by a handler fails its attempt with the
     exception's type and traceback under both isolations, and the child lives on for the
     next job (it died: "executor crashed ... exited with code 3", no traceback)."""
-    project.add_function("exits", EXITS.format(isolation=isolation))
-    project.write_config(concurrency=1, prefetch=0)
-    c = project.client
-    project.spawn_worker("fast")
-    before = c.wait(c.enqueue("exits", {"how": "ok"}).id, 30).as_dict()
+    c, name = served.client, f"exits_{isolation}"
+    before = c.wait(c.enqueue(name, {"how": "ok"}).id, 30).as_dict()
     assert before["status"] == "done", before
     for how, kind in (("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")):
-        view = c.wait(c.enqueue("exits", {"how": how}).id, 30).as_dict()
+        view = c.wait(c.enqueue(name, {"how": how}).id, 30).as_dict()
         assert view["status"] == "dead", view
         err = view["last_error"]
         assert err["type"] == kind and "Traceback" in err["traceback"] and "handle" in err["traceback"], err
-    after = c.wait(c.enqueue("exits", {"how": "ok"}).id, 30).as_dict()
+    after = c.wait(c.enqueue(name, {"how": "ok"}).id, 30).as_dict()
     assert after["status"] == "done" and after["result"]["pid"] == before["result"]["pid"], (before, after)
 
 
@@ -570,15 +601,13 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_timeout_kills_work_running_in_the_handlers_threads(project: Project) -> None:
+def test_a_timeout_kills_work_running_in_the_handlers_threads(served: Project) -> None:
     """TIMEOUT 1 s, and the handler's work runs in a thread of its own that would go on
     for 3 s: the job fails as a timeout, the child is killed with the thread in it (the
     work never ends), and the next job runs in a new child."""
-    project.add_function("threaded", THREADED)
-    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    project = served
     c = project.client
     slow = c.enqueue("threaded", {"s": 3}).id
-    spawn_leader(project, "fast")
     final = wait_final(project, [slow], timeout=30)[slow]
     assert final["status"] == "dead" and final["last_error"]["type"] == "JobTimeout", final["last_error"]
     quick = c.enqueue("threaded", {"s": 0}).id
@@ -614,14 +643,12 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_leftover_thread_does_not_write_into_the_next_job(project: Project) -> None:
+def test_a_leftover_thread_does_not_write_into_the_next_job(served: Project) -> None:
     """A handler returns and leaves a thread saving checkpoints: none of them lands on the
     next job (whose retry would resume from another job's checkpoint)."""
-    project.add_function("heartbeat", HEARTBEAT)
-    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=2)
+    project = served  # (HEARTBEAT's own MAX_ATTEMPTS = 2 gives its retry)
     c = project.client
     first = c.enqueue("heartbeat", {"beat": True}).id
-    spawn_leader(project, "fast")
     assert wait_final(project, [first], timeout=30)[first]["status"] == "done"
     other = c.enqueue("heartbeat", {}).id
     assert wait_final(project, [other], timeout=30)[other]["status"] == "done"
@@ -640,15 +667,12 @@ def handle(payload, ctx):
 '''
 
 
-def test_memory_cap_does_not_apply_to_encoding_the_result(project: Project) -> None:
+def test_memory_cap_does_not_apply_to_encoding_the_result(served: Project) -> None:
     """MEMORY_MB caps the handler, not runner's encoding of what it returned: a result
     whose JSON is larger than the cap fails for what it is (over max_result_bytes), not
     as a crashed executor."""
-    project.add_function("bigresult", BIGRESULT)
-    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
-    job = project.client.enqueue("bigresult", {}).id
-    spawn_leader(project, "fast")
-    final = wait_final(project, [job], timeout=60)[job]
+    job = served.client.enqueue("bigresult", {}).id
+    final = wait_final(served, [job], timeout=60)[job]
     assert final["last_error"]["type"] == "ResultTooLarge", final["last_error"]
 
 
@@ -691,19 +715,16 @@ def handle(payload, ctx):
 '''
 
 
-def test_ctx_calls_at_the_memory_cap_are_not_under_it(project: Project) -> None:
+def test_ctx_calls_at_the_memory_cap_are_not_under_it(served: Project) -> None:
     """A handler that reached MEMORY_MB, caught the MemoryError and goes on may still call
     its ctx (a log line, extend_lease, save_checkpoint, progress, stream, enqueue, a
     durable step): encoding what it hands in and the message to the worker are runner's
     own work, not under the handler's cap. Each job is done with
     its handler's result. (The child died of SIGSEGV encoding the message, and the
     attempt read "executor crashed", not even "memory limit".)"""
-    project.add_function("at_the_cap", AT_THE_CAP)
-    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
     calls = ["log", "extend_lease", "save_checkpoint", "progress", "stream", "enqueue", "step"]
-    jobs = [project.client.enqueue("at_the_cap", {"call": call}).id for call in calls]
-    spawn_leader(project, "fast")
-    final = wait_final(project, jobs, timeout=90)
+    jobs = [served.client.enqueue("at_the_cap", {"call": call}).id for call in calls]
+    final = wait_final(served, jobs, timeout=90)
     for call, job in zip(calls, jobs, strict=True):
         r = final[job]
         assert r["status"] == "done" and r["result"] == {"went on": call}, (call, r["last_error"])
@@ -1325,20 +1346,19 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_handler_that_logs_keeps_its_child_for_the_next_job(project: Project) -> None:
+def test_a_handler_that_logs_keeps_its_child_for_the_next_job(served: Project) -> None:
     """A handler that logs through ctx.logger (echoed to the output at INFO, the default)
     leaves nothing running: runner's own writing of the line is no thread of the handler's,
     so the same child runs the jobs after it and the worker blames the handler for none."""
-    project.add_function("logsaline", LOGS_A_LINE)
-    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
-    w = spawn_leader(project, "fast")
+    project = served
+    start = _output_size(project)
     pids = []
     for _ in range(3):
         j = project.client.enqueue("logsaline", {}).id
         final = wait_final(project, [j], timeout=60)[j]
         assert final["status"] == "done", final
         pids.append(final["result"]["pid"])
-    out = (project.root / f"worker-{project.procs.index(w)}.log").read_text(errors="replace")
+    out = _output_since(project, start)
     assert "replacing the child" not in out, out
     assert len(set(pids)) == 1, pids
     assert out.count("says hello") == 3, out
@@ -1368,22 +1388,20 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("how", ["dup2", "close"])
-def test_a_handlers_redirect_of_its_output_descriptors_ends_with_its_job(project: Project, how: str) -> None:
+def test_a_handlers_redirect_of_its_output_descriptors_ends_with_its_job(served: Project, how: str) -> None:
     """A handler that points fd 1 and 2 elsewhere (dup2 over them, or closes them, and fd 0)
     and returns: the jobs after it in the same child echo their ctx.logger lines to the
     worker's output again (they went to /dev/null for the rest of the child's life)."""
-    project.add_function("redirects", REDIRECTS)
-    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
-    w = spawn_leader(project, "fast")
-    log = project.root / f"worker-{project.procs.index(w)}.log"
+    project = served
+    start = _output_size(project)
     pids = []
     for i, step in enumerate(["plain", how, "plain", "plain"]):
-        j = project.client.enqueue("redirects", {"how": step, "tag": f"TAG{i}"}).id
+        j = project.client.enqueue("redirects", {"how": step, "tag": f"TAG{i}-{how}"}).id
         final = wait_final(project, [j], timeout=60)[j]
         assert final["status"] == "done", (step, final["last_error"])
         pids.append(final["result"]["pid"])
         if i != 1:
-            wait_for(lambda: f"TAG{i} says hello" in log.read_text(errors="replace"), timeout=10,  # noqa: B023
+            wait_for(lambda: f"TAG{i}-{how} says hello" in _output_since(project, start), timeout=10,  # noqa: B023
                      what=f"job {i}'s echoed line")
     assert len(set(pids)) == 1, pids  # (the same warm child ran all four)
 
@@ -1428,6 +1446,8 @@ def test_memory_cap_holds_while_another_thread_of_the_handler_logs(project: Proj
     """MEMORY_MB holds for a handler whose other thread logs and prints without a pause:
     sending its lines lifted the cap each time, and the allocating thread got 92 to 162 MB
     under a cap of 64 in those whiles. The last line is in the job's log."""
+    # A worker of its own: a warm child's mapped memory left by the jobs before (another
+    # test's, on a shared worker) is under the cap too (docs/isolation.md, MEMORY_MB).
     project.add_function("chattyhog", CHATTY_HOG)
     project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
     spawn_leader(project, "fast")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,12 +26,15 @@ from crashkit import (
     configure,
     kill,
     log_records,
+    new_project,
     outcomes,
     rec,
     wait_exit,
     wait_final,
     worker_log,
 )
+
+from runner.store.embedded import Server
 
 from conftest import Project, assert_no_job_in_two_structures, wait_for
 
@@ -52,6 +56,22 @@ def force_lease_loss(project: Project, queue: str = "fast") -> None:
 def crash_project(project: Project) -> Project:
     add_crash_fixtures(project)
     return project
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """One crash project and one worker (one slot, 5 s leases) for the module's tests that
+    only enqueue jobs of their own, wait for their outcomes and find the queue quiet after:
+    a worker per test (its start and imports) was much of such a test's time."""
+    project = new_project(tmp_path_factory.mktemp("served"), server)
+    configure(project, vt=5, concurrency=1)
+    project.spawn_worker("fast")
+    try:
+        yield project
+    finally:
+        project.stop_all()
+        if project._runtime is not None:
+            project._runtime.close()
 
 
 def test_a_lease_lost_on_a_healthy_worker_costs_one_more_run(crash_project: Project) -> None:
@@ -106,18 +126,16 @@ def test_thread_mode_says_when_the_gil_held_up_renewal(crash_project: Project) -
 
 
 @pytest.mark.parametrize("mode", ["sleep", "recv", "swallow"])
-def test_timeout_kills_a_stuck_child_and_the_next_job_runs(crash_project: Project, mode: str) -> None:
+def test_timeout_kills_a_stuck_child_and_the_next_job_runs(served: Project, mode: str) -> None:
     """TIMEOUT = 1 under process isolation: a handler asleep for an hour, one blocked in
     recv() and one that catches every Exception are each stopped within TIMEOUT plus the
     kill grace, fail their attempt as a timeout, and the next job runs."""
-    project = crash_project
-    configure(project, vt=5, concurrency=1)
+    project = served
     c = project.client
     # The slot's child warm first: a job claimed while its child still starts is on
     # record as started from the claim, and a child's start took 2 s on a loaded machine.
     # A process-isolated job (gil, instant at n=1) finishes only once the child is up.
     warm = c.enqueue("gil", {"n": 1}).id
-    project.spawn_worker("fast")
     wait_final(project, [warm], timeout=60)
     stuck = c.enqueue("stuck", {"mode": mode}).id
     after = c.enqueue("one", {}).id
@@ -181,15 +199,14 @@ def test_thread_mode_abandons_a_handler_stuck_in_a_c_call(crash_project: Project
     assert w.poll() is None
 
 
-def test_memory_limit_fails_the_attempt_and_other_jobs_run(crash_project: Project) -> None:
+def test_memory_limit_fails_the_attempt_and_other_jobs_run(served: Project) -> None:
     """MEMORY_MB = 128 and a handler that allocates 1 GiB: the attempt fails with "memory
     limit", the worker lives on and the next job runs."""
-    project = crash_project
-    configure(project, vt=5, concurrency=1)
+    project = served
     c = project.client
     hog = c.enqueue("hog", {}).id
     after = c.enqueue("one", {}).id
-    w = project.spawn_worker("fast")
+    (w,) = project.procs
     final = wait_final(project, [hog, after], timeout=30)
     assert final[hog]["status"] == "dead"
     assert "memory limit" in final[hog]["last_error"]["message"], final[hog]["last_error"]
@@ -372,10 +389,12 @@ def test_shutdown_never_hands_back_a_job_whose_handler_still_runs(crash_project:
     project = crash_project
     configure(project, vt=2, concurrency=1, grace=0.5)
     c = project.client
-    # (6 s: a second worker's start on a loaded host took more than the 3 s this was, and
-    # the handler had ended before the SIGTERM it is here to outlast)
-    # The run after the shutdown need not sleep: it only has to start after the first ended.
-    job = c.enqueue("held", {"sleep": 6.0, "again_sleep": 0.0, "beat": True}).id
+    # The handler runs until the test lets it go (up to 7 s, under its TIMEOUT of 8), well
+    # past the SIGTERM it is here to outlast, however long a second worker's start takes on
+    # a loaded host (a fixed 3 s run had ended before it). The run after the shutdown need
+    # not sleep: it only has to start after the first ended.
+    release = project.root / "release"
+    job = c.enqueue("held", {"sleep": 7.0, "again_sleep": 0.0, "beat": True, "until": str(release)}).id
     first = project.spawn_worker("fast")
     wait_for(lambda: marks(project, job, "start"), timeout=15, what="the handler to start")
     second = project.spawn_worker("fast")
@@ -383,6 +402,9 @@ def test_shutdown_never_hands_back_a_job_whose_handler_still_runs(crash_project:
              timeout=15, what="the second worker to serve")
     assert not marks(project, job, "end"), "the handler ended before the SIGTERM: the host is too slow for this test"
     first.send_signal(signal.SIGTERM)
+    time.sleep(1.5)  # three times the grace period: the handler outlasts it
+    assert not marks(project, job, "end")
+    release.touch()
     assert wait_exit(first, 15) == 0
     exited = time.time()  # the handler's thread ran until here at the latest
     final = wait_final(project, [job], timeout=30)[job]

@@ -15,9 +15,10 @@ from test_web_support import Web, gunicorn
 
 from runner import JobEnded
 from runner.client import Request, administering
+from runner.store.embedded import Server
 from runner.store.scripts import Ack
 
-from conftest import Project, wait_for
+from conftest import Project, make_project, wait_for
 
 TOKEN = "t0ken-for-tests"
 
@@ -60,6 +61,27 @@ def one_slot_that_prefetches(project: Project) -> None:
     assert head in toml.read_text()
     toml.write_text(toml.read_text().replace(head, "[queues.slow]\nvisibility_timeout = 10\nconcurrency = 1\n"
                                              "prefetch = 4"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """One project and one worker on both queues (grace 1 s) for the module's tests that
+    only enqueue and cancel jobs of functions of their own and read their outcomes and
+    counters: a worker per test (its start and imports, a child's start) was most of such
+    a test's time. Every function is there before the worker starts, which loads them all."""
+    project = make_project(tmp_path_factory.mktemp("served"), server)
+    for name, extra in (("coop", ""), ("coop_process", 'ISOLATION = "process"')):
+        project.add_function(name, COOP.format(extra=extra), SCHEMA)
+    project.add_function("raises_error", RAISES_ON_CANCEL)
+    project.add_function("raises_rate", RAISES_ON_CANCEL)
+    project.write_config(grace=1)
+    project.spawn_worker()
+    try:
+        yield project
+    finally:
+        project.stop_all()
+        if project._runtime is not None:
+            project._runtime.close()
 
 
 def status(project: Project, job_id: str) -> str | None:
@@ -189,15 +211,14 @@ def test_a_cancel_of_a_job_claimed_ahead_that_then_runs_to_its_end_answers_at_on
     assert answers == ["requested"] and status(project, job_id) == "done"
 
 
-def test_a_running_job_sees_the_cancel_within_2_s_and_ends_cancelled(project: Project) -> None:
+def test_a_running_job_sees_the_cancel_within_2_s_and_ends_cancelled(served: Project) -> None:
     """A running handler that checks ctx.raise_if_cancelled() stops within 2 s of the
     cancel (the request rides on the lease renewal) and the job ends cancelled, not
     retried; a caller waiting on it hears of it (JobFailed). The cancel's history entry
     (who asked) stays before the attempt's own."""
-    add_coop(project)
+    project = served
     client = project.client
     job_id = client.enqueue("coop", {"seconds": 30}).id
-    project.spawn_worker("slow")
     wait_for(lambda: project.runs(job_id), timeout=20, what="the handler to start")
     t0 = time.monotonic()
     assert client.cancel(job_id, by="ops") == "requested"
@@ -297,13 +318,12 @@ def test_a_run_asked_to_stop_that_fails_on_its_last_attempt_ends_cancelled(proje
     assert f"job {job_id} dead" not in (project.root / "worker.log").read_text()
 
 
-def test_a_handler_that_ignores_the_cancel_is_killed_under_process_isolation(project: Project) -> None:
+def test_a_handler_that_ignores_the_cancel_is_killed_under_process_isolation(served: Project) -> None:
     """Under ISOLATION = "process" a handler that never checks is killed once its grace
     passes after the cancel, and the job ends cancelled."""
-    add_coop(project, extra='ISOLATION = "process"')
+    project = served
     client = project.client
-    job_id = client.enqueue("coop", {"seconds": 30, "cooperate": False}).id
-    project.spawn_worker("slow")
+    job_id = client.enqueue("coop_process", {"seconds": 30, "cooperate": False}).id
     wait_for(lambda: project.runs(job_id), timeout=30, what="the handler to start")
     t0 = time.monotonic()
     client.cancel(job_id)
@@ -377,7 +397,7 @@ def handle(payload, ctx):
 
 @pytest.mark.parametrize("rate", [False, True], ids=["error", "rate-limited"])
 def test_a_run_asked_to_stop_that_raises_on_an_early_attempt_ends_cancelled_never_retried(
-        project: Project, rate: bool) -> None:
+        served: Project, rate: bool) -> None:
     """Attempts left, a handler asked to stop raises instead (an error, or RateLimited
     with 120 s to wait): the job ends cancelled at once, its error in the history under
     "cancelled", counted cancelled and never retried (it was counted as retried, with a
@@ -385,10 +405,9 @@ def test_a_run_asked_to_stop_that_raises_on_an_early_attempt_ends_cancelled_neve
     120 s)."""
     from runner.observe.figures import read_queues
 
-    project.add_function("raises", RAISES_ON_CANCEL)
+    project, name = served, "raises_rate" if rate else "raises_error"  # (counters of its own)
     client = project.client
-    project.spawn_worker("fast")
-    job_id = client.enqueue("raises", {"rate": rate}).id
+    job_id = client.enqueue(name, {"rate": rate}).id
     wait_for(lambda: client.get(job_id).status == "processing", timeout=20, what="the handler to start")
     assert client.cancel(job_id) == "requested"
     ended = client.settle(job_id, 20).as_dict()
@@ -397,7 +416,7 @@ def test_a_run_asked_to_stop_that_raises_on_an_early_attempt_ends_cancelled_neve
     assert "retry" not in outcomes and outcomes[-1] == "cancelled", ended["history"]
     assert ended["history"][-1]["error"]["type"] == ("RateLimited" if rate else "RuntimeError"), ended["history"]
     q = next(q for q in read_queues(project.runtime, int(time.time() * 1000)) if q.name == "fast")
-    counters = q.function("raises").counters
+    counters = q.function(name).counters
     assert (counters["retried"], counters["cancelled"], counters["dead"]) == (0, 1, 0), counters
 
 
@@ -412,7 +431,7 @@ def test_a_cancelled_job_counts_as_cancelled_not_dead(project: Project) -> None:
     from runner.observe.figures import read_queues
     from runner.web.exposition import RunnerCollector
 
-    add_coop(project)
+    add_coop(project)  # (its worker starts after the queued job's cancel)
     client = project.client
     queued = client.enqueue("coop", {"seconds": 30}).id
     assert client.cancel(queued) == "cancelled"

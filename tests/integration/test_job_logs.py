@@ -68,7 +68,7 @@ def _iso(isolation: str) -> str:
 
 
 def _shared(root: Path, server: Server, functions: dict[str, str], bounds: str = "",
-            **config: Any) -> Iterator[Project]:
+            env: dict[str, str] | None = None, **config: Any) -> Iterator[Project]:
     """One project, and one worker serving all its queues, for the tests of a module that
     need no config of their own: each test enqueues its own jobs (of functions named for
     its isolation) and reads only their logs, chunks and keys, as users' jobs share a
@@ -80,7 +80,7 @@ def _shared(root: Path, server: Server, functions: dict[str, str], bounds: str =
     project.write_config(**config)
     if bounds:
         _bound(project, bounds)
-    project.spawn_worker()
+    project.spawn_worker(env=env)
     yield project
     project.stop_all()
     if project._runtime is not None:
@@ -104,9 +104,21 @@ def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator
 
 @pytest.fixture(scope="module")
 def bounded(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
-    """The shared project whose logs keep 50 lines (1 MiB), visibility 30 s (floods)."""
+    """The shared project whose logs keep 50 lines (1 MiB), visibility 30 s (floods, and
+    2,000 lines: a renewal starved on a loaded machine must start no second run)."""
     yield from _shared(tmp_path_factory.mktemp("bounded"), server, _both("logger", LOGGER),
                        "lines = 50, bytes = 1048576", vt=30)
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator[Project]:
+    """The shared project whose logs keep 100,000 lines (16 MiB), visibility 30 s (a
+    renewal starved on a loaded machine must not start a second run beside the first: its
+    lines would be lines of the log too), its worker's own output at WARNING (the lines
+    are not echoed there)."""
+    functions = {**_both("tenk", TEN_THOUSAND), "ticker": TICKER}
+    yield from _shared(tmp_path_factory.mktemp("roomy"), server, functions, "lines = 100000, bytes = 16777216",
+                       env={"RUNNER_LOG_LEVEL": "WARNING"}, vt=30)
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -560,19 +572,14 @@ def handle(payload, ctx):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_ten_thousand_chunks_in_one_write_are_kept_and_nan_is_refused(project: Project, isolation: str) -> None:
+def test_ten_thousand_chunks_in_one_write_are_kept_and_nan_is_refused(roomy: Project, isolation: str) -> None:
     """A quick handler streaming 10,000 chunks (the kept bound) and logging 9,000 lines
     hands each over in one write: a late reader gets every chunk and every line, however
     many one write carries. NaN is refused with a TypeError, never sent to a reader's
     JSON parser."""
-    extra = 'ISOLATION = "process"' if isolation == "process" else ""
-    project.add_function("tenk", TEN_THOUSAND.format(extra=extra))
-    toml = project.root / "runner.toml"
-    bounds = "[retention]\nlogs = { lines = 20000, bytes = 4194304 }\n"
-    toml.write_text(toml.read_text().replace("[retention]\n", bounds, 1))
+    project = roomy
     client = project.client
-    job = client.enqueue("tenk", {})
-    project.spawn_worker("slow")
+    job = client.enqueue(f"tenk_{isolation}", {})
     assert client.settle(job.id, 60).status == "done"
     assert list(client.stream(job.id, timeout_s=5)) == list(range(10_000))
     msgs = _msgs(project, job.id)
@@ -951,17 +958,12 @@ def handle(payload, ctx):
 '''
 
 
-def test_a_follower_yields_every_line_of_a_tight_loop(project: Project) -> None:
+def test_a_follower_yields_every_line_of_a_tight_loop(roomy: Project) -> None:
     """A handler logging the same line in a tight loop writes many identical lines a
     millisecond, and each live write ends inside such a run: the follower yields every
     line the log holds, none skipped at a write's seam."""
-    project.add_function("ticker", TICKER)
-    # A long visibility timeout: a renewal starved on a loaded machine must not start a
-    # second run beside the first (its lines would be lines of the log too).
-    project.write_config(vt=30)
-    _bound(project, "lines = 100000, bytes = 16777216")
+    project = roomy  # (visibility 30 s, room for every line, no echo of them)
     client = project.client
-    project.spawn_worker("fast", env={"RUNNER_LOG_LEVEL": "WARNING"})
     for _ in range(4):  # (a seam inside such a run is likely in each, not certain)
         job = client.enqueue("ticker", {"n": 50_000}).id
         followed = list(client.follow_logs(job, timeout_s=90, poll_s=0.05))
@@ -1118,15 +1120,13 @@ def test_a_requeued_jobs_new_run_follows_the_old_one_in_its_stream_and_log(serve
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_lines_n_counts_the_lines_dropped_before_they_were_sent(project: Project, isolation: str) -> None:
-    """2,000 lines in a log that keeps 100: the last line's n is 1,999, its place among
+def test_a_lines_n_counts_the_lines_dropped_before_they_were_sent(bounded: Project, isolation: str) -> None:
+    """2,000 lines in a log that keeps 50: the last line's n is 1,999, its place among
     every line the handler wrote, counting those the worker (or the child) dropped before
-    they were sent as well as those trimmed since (it was 99)."""
-    # One job: one child under process isolation (each one started is ~0.3 s of CPU), not eight.
-    _add(project, isolation, "lines = 100, bytes = 1048576", vt=30, concurrency=1)
+    they were sent as well as those trimmed since (it was 49, its place among the kept)."""
+    project = bounded
     client = project.client
-    job = client.enqueue("logger", {"n": 2000})
-    project.spawn_worker("fast")
+    job = client.enqueue(f"logger_{isolation}", {"n": 2000})
     assert client.settle(job.id, 60).status == "done"
     lines = client.logs(job.id)["lines"]
     numbers = {str(line["msg"]): line["n"] for line in lines}
