@@ -84,12 +84,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               (tagset.py); kept under the queue's own tag
     <prefix>:{<queue>}:partition_counts ZSET  each count of partitions a process routed by ->
                                               when it last said so (ms; tagset.py)
-    <prefix>:{<queue>}:lim:<key>:at   STRING  "<n>": jobs under limit <key> (their first) enqueued in
-                                              this partition and not done yet, a dead one until it is
-                                              deleted (routing.py looks); the last one's end deletes
-                                              it; PX the done retention + 1 h, renewed by its enqueues.
-                                              A counted job's record says so: its limits field ends
-                                              in an empty line (only such a job counts out)
+    <prefix>:{<queue>}:lim:<key>:at   STRING  "1": a job under limit <key> was enqueued in this
+                                              partition within a retention (routing.py looks)
     <prefix>:{<queue>}:events         LIST    recent events whose home is this partition, newest
                                               first, capped (JSON records: id, name, at_ms, data,
                                               jobs; see lua/emit.lua)

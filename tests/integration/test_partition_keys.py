@@ -205,32 +205,3 @@ def test_a_debounced_resend_after_a_change_joins_its_pending_burst(project: Proj
     wrong = [d for d in docs if again.get(d) != first[d]]
     assert not wrong, f"{len(wrong)} of 16 re-sends started a second burst ({len(moved)} keys moved): {wrong}"
     assert after.get(first[docs[0]]).as_dict()["absorbed"] == 1
-
-
-def _markers(p: Project) -> dict[str, int]:
-    r, prefix = p.runtime.redis, p.runtime.parts["fast"][0].prefix
-    keys = list(r.scan_iter(count=SCAN_COUNT, match=prefix + ":*:lim:*:at"))  # (this project's: a shared server)
-    return {k.decode() if isinstance(k, bytes) else k: int(r.get(k) or 0) for k in keys}
-
-
-def test_a_limit_keys_marker_lives_while_its_jobs_do_and_goes_with_the_last(project: Project) -> None:
-    """On partitions = 4, 40 jobs of 30 distinct resources (ten keys twice): while they
-    wait, each key's marker counts its jobs not done (a change of count finds the key);
-    once every job is done, no marker is left (before: one per distinct key for 25 h,
-    whatever the retention of finished jobs, so a producer grew Redis by one marker per
-    key it made up)."""
-    c = _on(project, 4)
-    res = [f"u{i}" for i in range(30)]
-    ids = [j.id for j in c.enqueue_many([Request("resource", {"r": r, "hold": 0}) for r in res])]
-    ids += [c.enqueue("resource", {"r": r, "hold": 0}).id for r in res[:10]]
-    marks = _markers(project)
-    assert len(marks) == 30, len(marks)
-    assert sorted(marks.values()) == [1] * 20 + [2] * 10, marks
-    assert c.cancel(ids[0]) == "cancelled" and c.cancel(ids[29]) == "cancelled"  # u0 has a second job
-    left = _markers(project)
-    assert len(left) == 29 and sorted(left.values()) == [1] * 20 + [2] * 9, left
-    ids = ids[1:29] + ids[30:]
-    project.spawn_worker("fast")
-    for i in ids:
-        assert c.wait(i, timeout_s=30).status == "done", i
-    wait_for(lambda: not _markers(project), timeout=5, interval=0.05, what="the markers to go")
