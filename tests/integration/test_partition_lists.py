@@ -287,7 +287,8 @@ def test_a_miss_waits_a_bounded_time_for_the_tags_and_an_outage_a_second(project
         t = time.monotonic()
         assert rt.discover_missed(searched) == []
         assert rt.discover_missed(searched) == []  # (waits for the same read)
-        assert time.monotonic() - t < 0.9 and len(calls) == 1, (time.monotonic() - t, calls)
+        # (two waits of 0.3 s: 1.1 s on a loaded host; the stalled read holds 30 s)
+        assert time.monotonic() - t < 2.0 and len(calls) == 1, (time.monotonic() - t, calls)
         release.set()
         monkeypatch.undo()
 
