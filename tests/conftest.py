@@ -315,6 +315,12 @@ class Project:
         p = self.records / job_id
         return p.read_text().splitlines() if p.exists() else []
 
+    def close(self) -> None:
+        """Its processes killed and its runtime's connections closed (a fixture's end)."""
+        self.stop_all()
+        if self._runtime is not None:
+            self._runtime.close()
+
     def stop_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -358,9 +364,7 @@ def worker_project(root: Path, server: Server, functions: dict[str, str], queue:
     try:
         yield project
     finally:
-        project.stop_all()
-        if project._runtime is not None:
-            project._runtime.close()
+        project.close()
 
 
 def keep_functions(project: Project, *names: str) -> Project:

@@ -84,9 +84,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator
     try:
         yield project
     finally:
-        project.stop_all()
-        if project._runtime is not None:
-            project._runtime.close()
+        project.close()
 
 
 def _output_since(project: Project, start: int) -> str:

@@ -107,9 +107,7 @@ def _run(tmp_path: Path, server: object, isolation: str, jobs: int, seconds: flo
         assert repeats <= kills, (repeats, kills)
         assert_no_job_in_two_structures(project)
     finally:
-        project.stop_all()
-        if project._runtime is not None:
-            project._runtime.close()
+        project.close()
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])

@@ -69,9 +69,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator
     try:
         yield project
     finally:
-        project.stop_all()
-        if project._runtime is not None:
-            project._runtime.close()
+        project.close()
 
 
 def test_a_lease_lost_on_a_healthy_worker_costs_one_more_run(crash_project: Project) -> None:

@@ -131,6 +131,4 @@ def _run(tmp_path: Path, server: object, isolation: str, count: int, seconds: fl
                  what="every pending event taken off its list")
         assert_no_job_in_two_structures(project)
     finally:
-        project.stop_all()
-        if project._runtime is not None:
-            project._runtime.close()
+        project.close()

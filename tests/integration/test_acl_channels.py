@@ -29,9 +29,7 @@ def nochan(tmp_path: Path, server: Server) -> Iterator[Project]:
     admin.close()
     project = make_project(tmp_path / "p", Endpoint(server.url.replace("redis://", f"redis://{user}:pw@")))  # type: ignore[arg-type]
     yield project
-    project.stop_all()
-    if project._runtime is not None:
-        project._runtime.close()
+    project.close()
 
 
 def test_a_user_without_channels_waits_for_its_jobs_on_a_timer(nochan: Project,

@@ -82,9 +82,7 @@ def _shared(root: Path, server: Server, functions: dict[str, str], bounds: str =
         _bound(project, bounds)
     project.spawn_worker(env=env)
     yield project
-    project.stop_all()
-    if project._runtime is not None:
-        project._runtime.close()
+    project.close()
 
 
 def _both(name: str, source: str) -> dict[str, str]:

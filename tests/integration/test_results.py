@@ -86,9 +86,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator
         _add_saves(project, isolation, f"saves_{isolation}")
     project.spawn_worker("fast")
     yield project
-    project.stop_all()
-    if project._runtime is not None:
-        project._runtime.close()
+    project.close()
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
