@@ -123,8 +123,8 @@ class Bulk:
 # above the last one shown (audit.lua numbers each) and how many entries past it were
 # shown; (0, how many entries were left past it) on a trail with no numbered entry.
 Place = tuple[int, int]
-# (ASCII digits, no leading zero, at most 16 of them: Lua's %d reads no other digits, and
-# a number written any other way is another writer's, read by both as none)
+# (ASCII digits, no leading zero, at most 16 of them, as lua/includes/places.lua reads
+# them: Lua's %d reads no other digits; any other spelling is another writer's, none)
 _PLACE = re.compile(r'[{,]"n":([1-9][0-9]{0,15})[,}]')
 MAX_PLACE = 2**53
 # The largest place number audit.lua writes or seek_trail.lua reads; another writer's past

@@ -32,29 +32,12 @@
 -- Returns the entries the trail holds after the call.
 --- @include "clock"
 --- @include "history"
+--- @include "places"
 local now = clock(ARGV[1])
 local most, max_age = tonumber(ARGV[3]), tonumber(ARGV[4])
 local bulk = ARGV[5] or ''
 local fold = tonumber(ARGV[6] or '') or 0
 local max_ids = tonumber(ARGV[7] or '') or 100
-
--- A place number as written here: ASCII digits, no leading zero, at most 16 of them
--- (audit.py's _PLACE reads the same; any other spelling is another writer's: none).
-local function place_digits(entry)
-  local d = string.match(entry or '', '[{,]"n":([1-9]%d*)[,}]')
-  if d == nil or #d > 16 then return nil end
-  return tonumber(d)
-end
-
--- An entry's place number (as this script writes it: a top-level member, after '{' or
--- ','; inside a string such a mark is escaped), or nil: an earlier release's entry, or
--- another writer's number outside 1..2^50 (audit.PLACE_BOUND; past 2^53 Lua's doubles
--- give n + 1 == n, and every later entry would share one number).
-local function place_of(entry)
-  local n = place_digits(entry)
-  if n == nil or n < 1 or n > 1125899906842624 then return nil end
-  return n
-end
 
 local function numbered(entry, n)
   if n == nil then return entry end

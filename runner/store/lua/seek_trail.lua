@@ -28,31 +28,18 @@
 --
 -- Returns {length of the list, index of the first entry read, the newest numbered entry's
 -- number (0: none among the newest 64), its index, entry, ...}.
+--- @include "places"
 local key = K.audit
 local count = math.min(tonumber(ARGV[3]) or 0, 1000)
 local len = redis.call('LLEN', key)
 local W = 64
 
--- A place number as written here: ASCII digits, no leading zero, at most 16 of them
--- (audit.py's _PLACE reads the same; any other spelling is another writer's: none).
-local function place_digits(entry)
-  local d = string.match(entry or '', '[{,]"n":([1-9]%d*)[,}]')
-  if d == nil or #d > 16 then return nil end
-  return tonumber(d)
-end
-
-local function number(entry)
-  local n = place_digits(entry)
-  if n == nil or n < 1 or n > 1125899906842624 then return nil end
-  return n
-end
-
 -- The number entry i is ordered by: its own, or the first one below it within W.
 local function order_of(i)
-  local n = number(redis.call('LINDEX', key, i))
+  local n = place_of(redis.call('LINDEX', key, i))
   if n then return n end
   for _, e in ipairs(redis.call('LRANGE', key, i + 1, i + W - 1)) do
-    n = number(e)
+    n = place_of(e)
     if n then return n end
   end
   return 0
@@ -74,7 +61,7 @@ elseif after ~= nil then
 end
 local head, at = 0, -1
 for i, e in ipairs(redis.call('LRANGE', key, 0, W - 1)) do
-  local n = number(e)
+  local n = place_of(e)
   if n then head, at = n, i - 1 break end
 end
 local out = {len, start, head, at}
