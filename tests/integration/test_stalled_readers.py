@@ -13,18 +13,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import falcon.testing
 import pytest
-from clusterkit import close_project, shard_project, shard_set, shards_fixture  # noqa: F401  (the shards fixtures)
+from clusterkit import (  # noqa: F401  (the shards fixtures)
+    close_project,
+    cluster_url,
+    local_cluster,
+    replicas_connected,
+    shard_project,
+    shard_set,
+    shards_fixture,
+)
 
 from runner.store.embedded import Server
 from runner.web import create_app
 
-from conftest import Project, wait_for
+from conftest import Endpoint, Project, make_project, wait_for
 
 
 @pytest.fixture
@@ -623,3 +631,141 @@ def _spin(side: Any) -> None:
 
     with contextlib.suppress(redis.RedisError):  # the script killed: its caller's error
         side.eval(SPIN, 0, 20_000)
+
+
+def _slot_master(port: int, slot: int) -> int:
+    """The port of the master of ``slot`` in the CLUSTER SLOTS of the node on ``port`` (0
+    when it does not answer)."""
+    import redis
+
+    c = redis.Redis(port=port, decode_responses=True, socket_timeout=1)
+    try:
+        return next((int(r[2][1]) for r in c.cluster("slots") if r[0] <= slot <= r[1]), 0)
+    except redis.RedisError:
+        return 0
+    finally:
+        c.close()
+
+
+def _whole(got: Any) -> bool:
+    """An answer of GET /queues with every partition in it."""
+    return bool(got.status_code == 200 and "left_out" not in got.json)
+
+
+def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted(tmp_path: Path) -> None:
+    """A master stalls (SIGSTOP) and the cluster promotes its replica (3 masters with a
+    replica each, cluster-node-timeout 2 s): until the promotion, reads of the master's
+    partitions are 503s (its jobs, GET /queues' `left_out`) and enqueues to them fail; once
+    the promotion shows in CLUSTER SLOTS, within 3 s, GET /jobs/{id} of a job there and GET
+    /queues answer 200 with nothing left out, and enqueues routed there (POST /jobs, and a
+    producer's Client of its own that only enqueues) are accepted by the promoted replica;
+    /metrics and `runner stats` leave nothing out. Before, a master marked stalled stayed
+    marked until it answered a PING, and nothing sent to it made redis-py read the layout
+    again: the web's reads and enqueues were 503s for 12-13 s after the promotion (until
+    the calls given up on the stalled master ended at the 15 s socket timeout), and the
+    producer's enqueues failed for as long as the old master stayed stopped."""
+    from runner.client import Client
+    from runner.client.inspecting import find
+    from runner.errors import RedisUnavailable
+    from runner.runtime import Runtime
+    from runner.store import routing
+
+    # (A node timeout of 2 s: the promotion comes 3-5 s into the stall, after the readers'
+    # bound of 2 s has marked the master.)
+    with local_cluster(tmp_path / "cluster", masters=3, replicas=1, node_timeout_ms=2000) as servers:
+        masters = servers[:3]
+        wait_for(lambda: replicas_connected(masters), timeout=30, interval=0.1, what="every master's replica")
+        p = make_project(tmp_path / "p", Endpoint(cluster_url(masters)))  # type: ignore[arg-type]
+        p.write_config(vt=10, fast="partitions = 6")
+        producer = Client(Runtime.create(p.config()))
+        try:
+            rt, c = p.runtime, p.client
+            r = rt.redis
+            ids = [c.enqueue("record", {"n": i}).id for i in range(24)]
+            home = r.get_node_from_key(rt.keys["fast"].ready).port
+            victim = next(s for s in masters if s.port != home)
+            parts = [i for i, k in enumerate(rt.parts["fast"]) if r.get_node_from_key(k.ready).port == victim.port]
+            tags = {rt.parts["fast"][i].tag for i in parts}
+            away = next(i for i in ids if find(c, i)[0].tag in tags)
+            slot = r.keyslot(rt.parts["fast"][parts[0]].ready)
+            witness = next(s for s in masters if s is not victim)
+            # Idempotency keys whose jobs go to the stalled master's partitions: the web's, the producer's.
+            keys = [f"k{i}" for i in range(20_000) if routing.partition_of(f"i:record:k{i}", 6) in parts]
+            web_keys, own_keys = iter(keys[::2]), iter(keys[1::2])
+            web = falcon.testing.TestClient(create_app(rt))
+            assert web.simulate_get(f"/jobs/{away}").status_code == 200
+            assert "left_out" not in web.simulate_get("/queues").json
+            producer.enqueue("record", {"n": -1}, idempotency_key=next(own_keys))  # (its connections made)
+
+            def produced() -> bool:
+                try:
+                    producer.enqueue("record", {"n": -1}, idempotency_key=next(own_keys))
+                except RedisUnavailable:
+                    return False
+                return True
+
+            asks: dict[str, Callable[[], bool]] = {
+                "GET /jobs/{id}": lambda: web.simulate_get(f"/jobs/{away}").status_code == 200,
+                "GET /queues": lambda: _whole(web.simulate_get("/queues")),
+                "POST /jobs": lambda: web.simulate_post("/jobs/record", json={"n": -2}, headers={
+                    "Idempotency-Key": next(web_keys)}).status_code == 202,
+                "Client.enqueue": produced,
+            }
+            seen: dict[str, list[tuple[float, float, bool]]] = {what: [] for what in asks}  # (started, ended, ok)
+            stop = threading.Event()
+            assert victim.proc is not None
+            t0 = time.monotonic()
+
+            def poll(whats: list[str]) -> None:
+                while not stop.is_set():
+                    for what in whats:
+                        t = time.monotonic() - t0
+                        ok = asks[what]()
+                        seen[what].append((t, time.monotonic() - t0, ok))
+                    stop.wait(0.1)
+
+            def answering(at: float) -> bool:
+                return all(len(got) >= 3 and all(ok and t > at for t, _, ok in got[-3:]) for got in seen.values())
+
+            os.kill(victim.proc.pid, signal.SIGSTOP)
+            # The web's requests on one thread (the test client runs the app on one event loop
+            # for the process), the producer's on another: its 2 s wait holds no request.
+            pollers = [threading.Thread(target=poll, args=(whats,), daemon=True)
+                       for whats in ([w for w in asks if w != "Client.enqueue"], ["Client.enqueue"])]
+            for th in pollers:
+                th.start()
+            try:
+                at = 0.0
+                while time.monotonic() - t0 < 40 and not (at and (answering(at) or time.monotonic() - t0 > at + 6)):
+                    if not at and _slot_master(witness.port, slot) not in (0, victim.port):
+                        at = time.monotonic() - t0  # (the promotion shows in a live master's CLUSTER SLOTS)
+                    time.sleep(0.05)
+                stop.set()
+                for th in pollers:
+                    th.join(30)
+                metrics = _scraped(web.simulate_get("/metrics").text)
+                stats = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"),
+                                        "stats", "--json"], cwd=p.root, env=p.env, capture_output=True, text=True,
+                                       timeout=60)
+            finally:
+                stop.set()
+                os.kill(victim.proc.pid, signal.SIGCONT)
+            assert at, "the cluster did not promote the stalled master's replica"
+            print(f"\npromoted at {at:.2f} s")
+            for what, got in seen.items():
+                last = max((end for _, end, ok in got if not ok), default=0.0)
+                again = min((t for t, _, ok in got if ok and t >= last), default=float("nan"))
+                print(f"  {what}: {sum(1 for *_, ok in got if not ok)} of {len(got)} refused, the last ended "
+                      f"{last - at:+.2f} s from the promotion, answered from {again - at:+.2f} s")
+            for what, got in seen.items():
+                assert any(not ok for _, _, ok in got), (what, got)
+                assert all(not ok for _, end, ok in got if end < at), (what, got)  # (the stalled master's)
+                assert len(got) >= 3 and all(ok for _, _, ok in got[-3:]), (what, "not answered again", got)
+                last = max(end for _, end, ok in got if not ok)
+                assert last - at < 3.0, f"{what} answered again {last - at:.1f} s after the promotion: {got}"
+            assert set(metrics["runner_partition_unreachable"].values()) == {0.0}, metrics
+            assert stats.returncode == 0, stats.stdout + stats.stderr
+            assert "left_out" not in json.loads(stats.stdout), stats.stdout
+        finally:
+            producer.runtime.close()
+            close_project(p)
