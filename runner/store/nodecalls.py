@@ -67,6 +67,7 @@ class NodeCalls:
             "EVALSHA", sc.shas[name], len(keys), *keys, *args)
         load: tuple[Any, ...] | None = ("SCRIPT", "LOAD", sc.sources[name]) if by_source else None
         for attempt in range(3):
+            sc.nodes.relearn()  # (a master marked stalled: its replica may hold its slots now)
             node = client.get_node_from_key(keys[0])
             stalled = sc.nodes.stalled_error(node.name)
             if stalled is not None:

@@ -145,6 +145,14 @@ ENQUEUE_WAIT_S = 2.0
 # answers from the others and says which partitions it left out.
 READ_WAIT_S = 2.0
 RTT_WEIGHT = 0.3  # of a call's time in its master's moving average of round trips
+# Redis Cluster: while a master is marked stalled (NodeLanes), the layout is read again
+# from a master that answers at most this often (NodeLanes.relearn), so a replica the
+# cluster promoted in its place is learnt within about that long, and a plain stall costs
+# one CLUSTER SLOTS this often per process.
+RELEARN_S = 1.0
+# How long a call that finds such a read due (or under way) waits for it before it routes
+# by the layout it has (the read asks the masters that answer first: a round trip).
+RELEARN_WAIT_S = 0.5
 
 
 def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
@@ -669,6 +677,14 @@ class Stream:
             self.conn = None
 
 
+class _Mark(NamedTuple):
+    """A node marked stalled (NodeLanes._stalled)."""
+
+    since: float  # monotonic time of its first call given up
+    out: int  # its calls given up and not ended
+    about: tuple[str, ...]  # the masters of the layout it stands for (several for a read of several)
+
+
 class NodeLanes:
     """Redis Cluster: a round trip's script calls to different masters go at once, each
     master's in the order given, sent for the caller that makes the round trip (a cluster
@@ -688,8 +704,13 @@ class NodeLanes:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         # Nodes with bounded calls still out past their wait (see bounded) -> (since when,
-        # how many are out): the node is stalled until the last of them ends.
-        self._stalled: dict[str, tuple[float, int]] = {}
+        # how many are out, the masters the mark stands for): the node is stalled until the
+        # last of them ends, or until a read of the layout finds one of those masters holds
+        # no slot any more (relearn: its replica promoted in its place).
+        self._stalled: dict[str, _Mark] = {}
+        # The last read of the layout while a master was marked (relearn): (its future, when
+        # it was started).
+        self._relearning: tuple[Future[None], float] | None = None
         # Each master's recent round trip (a moving average of its bounded calls' times,
         # those given up included once they end): a short wait (Transport.waiting) is
         # stretched to SLOW_FACTOR times it, so a master that answers slowly is waited
@@ -727,6 +748,7 @@ class NodeLanes:
         f.add_done_callback(ended)
 
     def node(self, keys: Sequence[str]) -> str:
+        self.relearn()
         try:
             return str(self.scripts.client.get_node_from_key(keys[0]).name) if keys else ""
         except Exception:  # no layout now: the call itself says why
@@ -852,15 +874,17 @@ class NodeLanes:
             return None
         who = node if node in among or not among else self._who(node, among)
         call = f"; {what} not sent" if what else ""
-        return NodeStalled(f"Redis node {who} has not answered for {time.monotonic() - out[0]:.1f} s "
+        return NodeStalled(f"Redis node {who} has not answered for {time.monotonic() - out.since:.1f} s "
                            f"(stopped or hung{call}); its partitions wait", sent=False)
 
     def _given_up(self, node: str, f: Future[Any], wait_s: float, what: str = "",
                   among: Sequence[str] = (), sent: bool = True) -> BaseException:
         """Mark ``node`` stalled until ``f`` ends; the error for the call given up."""
+        about = self._masters(among or (node,))
         with self._lock:
-            since, n = self._stalled.get(node, (time.monotonic(), 0))
-            self._stalled[node] = (since, n + 1)
+            mark = self._stalled.get(node) or _Mark(time.monotonic(), 0, about)
+            self._stalled[node] = mark = mark._replace(out=mark.out + 1)
+        since = mark.since  # (the mark this call counts in: one cleared since is not another's)
         self._off_default(node)
 
         def ended(done: Future[Any], probe: bool = False) -> None:
@@ -876,11 +900,13 @@ class NodeLanes:
                     self.pool().submit(self._probe, node).add_done_callback(lambda d: ended(d, True))
                     return
             with self._lock:
-                since, n = self._stalled.get(node, (0.0, 1))
-                if n > 1:
-                    self._stalled[node] = (since, n - 1)
+                now = self._stalled.get(node)
+                if now is None or now.since != since:  # (cleared by relearn: its slots moved)
+                    return
+                if now.out > 1:
+                    self._stalled[node] = now._replace(out=now.out - 1)
                 else:
-                    self._stalled.pop(node, None)
+                    del self._stalled[node]
 
         f.add_done_callback(ended)
         call = f" {what}" if what else ""
@@ -890,6 +916,61 @@ class NodeLanes:
                                sent=False)
         return NodeStalled(f"Redis node {self._who(node, among)} did not answer{call} within {wait_s:g} s "
                            "(stopped or hung); its partitions wait")
+
+    def _masters(self, names: Sequence[str]) -> tuple[str, ...]:
+        """Those of ``names`` that are masters of the layout now (a mark's name may be a
+        read's own: ``bounded``'s ``among``, or a read of the layout)."""
+        if self.scripts.one_server:
+            return ()
+        client = self.scripts.client
+        with contextlib.suppress(Exception):  # (no layout now)
+            return tuple(n for n in names if getattr(client.get_node(node_name=n), "server_type", "") == "primary")
+        return ()
+
+    def relearn(self) -> None:
+        """Redis Cluster, while a master is marked stalled: the layout read again, from a
+        master that answers, at most every RELEARN_S, each read waited for at most
+        RELEARN_WAIT_S (by the calls that find it due or under way; the others route by the
+        layout they have). A stalled master's mark holds until it answers a PING, and its
+        calls fail at once meanwhile; but the cluster may promote its replica, and nothing
+        sent to the stalled master fails to tell redis-py so (the calls given up end at the
+        socket timeout, 15 s on), so its partitions were left out for that long after the
+        promotion, and a producer that only enqueues never learnt it. A mark whose master
+        holds no slot in the layout read is cleared: its calls go to the new master."""
+        if not self._stalled or self.scripts.one_server:
+            return
+        now = time.monotonic()
+        last = self._relearning
+        if last is None or (last[0].done() and now - last[1] >= RELEARN_S):
+            pool = self.pool()
+            with self._lock:
+                last = self._relearning
+                if last is None or (last[0].done() and now - last[1] >= RELEARN_S):
+                    try:
+                        last = self._relearning = (pool.submit(self._relearn), now)
+                    except RuntimeError:  # (the process is ending)
+                        return
+        f, started = last
+        if not f.done():
+            from concurrent.futures import CancelledError
+            from concurrent.futures import TimeoutError as WaitedOut
+
+            with contextlib.suppress(WaitedOut, CancelledError):
+                f.exception(timeout=max(0.0, started + RELEARN_WAIT_S - time.monotonic()))
+
+    def _relearn(self) -> None:
+        """One read of the layout (connection.py: the masters known stalled asked last), then
+        the marks of masters that hold no slot in it cleared."""
+        client = self.scripts.client
+        try:
+            client.nodes_manager.initialize()
+            masters = {n.name for n in client.get_primaries()}
+        except Exception:  # (no master answered: the next read, RELEARN_S on)
+            return
+        with self._lock:
+            for node, mark in list(self._stalled.items()):
+                if any(n not in masters for n in mark.about):
+                    del self._stalled[node]
 
     def _off_default(self, node: str) -> None:
         """The client's default node moved off ``node``, marked stalled, to a master not
@@ -968,6 +1049,7 @@ class NodeLanes:
         with self._lock:
             if self._pid != os.getpid():
                 self._pool, self._pid = None, os.getpid()
+                self._relearning = None  # (the parent's read: no thread here ends it)
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
 

@@ -633,6 +633,53 @@ def _spin(side: Any) -> None:
         side.eval(SPIN, 0, 20_000)
 
 
+def _layout_reads(servers: list[Server]) -> int:
+    """CLUSTER SLOTS calls the running servers of ``servers`` answered so far."""
+    import redis
+
+    n = 0
+    for s in servers:
+        c = redis.Redis(port=s.port, decode_responses=True, socket_timeout=2)
+        try:
+            n += int(c.info("commandstats").get("cmdstat_cluster|slots", {}).get("calls", 0))
+        finally:
+            c.close()
+    return n
+
+
+def test_readers_during_a_plain_stall_read_the_layout_about_once_a_second(sproject: Project,
+                                                                           shards: list[Server]) -> None:
+    """While a master is marked stalled, a process reads the cluster's layout again (to learn
+    of a replica promoted in its place) at most once a second however many reads it
+    serves, and a master that still holds its slots keeps its mark: the reads go on leaving
+    its partitions out at once, within the bound, and never wait on it again."""
+    from runner.store.transport import RELEARN_S
+
+    p = sproject
+    victim, live, away, tags, web = _stalled_apart(p, shards)
+    others = [s for s in shards if s is not victim]
+    assert victim.proc is not None
+    took: list[float] = []
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    try:
+        assert web.simulate_get(f"/jobs/{away[0]}").status_code == 503  # (waits the bound once: marked)
+        before, t0 = _layout_reads(others), time.monotonic()
+        while time.monotonic() - t0 < 4.0:
+            for path in (f"/jobs/{away[0]}", f"/jobs/{live[0]}", "/queues"):
+                t = time.monotonic()
+                got = web.simulate_get(path)
+                took.append(time.monotonic() - t)
+                assert got.status_code == (503 if path.endswith(away[0]) else 200), got.text
+            assert {o["partition"] for o in got.json["left_out"]} == tags, got.json
+        spent, reads = time.monotonic() - t0, _layout_reads(others) - before
+    finally:
+        os.kill(victim.proc.pid, signal.SIGCONT)
+    print(f"{len(took)} reads in {spent:.1f} s; {reads} reads of the layout; slowest {max(took):.2f} s")
+    assert len(took) > 100, len(took)
+    assert 1 <= reads <= spent / RELEARN_S + 2, reads
+    assert max(took) < 1.0, took
+
+
 def _slot_master(port: int, slot: int) -> int:
     """The port of the master of ``slot`` in the CLUSTER SLOTS of the node on ``port`` (0
     when it does not answer)."""
