@@ -336,10 +336,10 @@ def _one_read_at_a_time(manager: Any) -> None:
     A thread that waited while another read it takes that layout, as fresh as its own. A
     read that finds no layout raises ClusterUnreachable, an outage like any other. The
     startup nodes known stalled (``runner_stalled``: the Transport's NodeLanes.stalled) are
-    asked last, and before them those the last layout does not have (a master whose replica
-    was promoted while it stalled, its mark cleared then: NodeLanes.relearn): redis-py asks
-    them one after another, a stalled one for its 15 s socket timeout, and every thread's
-    read would wait behind that one."""
+    asked last: redis-py asks them one after another, a stalled one for its 15 s socket
+    timeout, and every thread's read would wait behind that one. The order is kept from
+    read to read, so a master whose mark was cleared as its replica was promoted
+    (NodeLanes.relearn), and which may still be stopped, stays behind the others."""
     import threading
 
     read = manager.initialize
@@ -355,9 +355,7 @@ def _one_read_at_a_time(manager: Any) -> None:
             _refill(manager, seeds)
             stalled = getattr(manager, "runner_stalled", None)
             if stalled is not None:  # (one assignment: sorted is stable, the order otherwise kept)
-                known = set(manager.nodes_cache)
-                manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda kv: (
-                    stalled(kv[0]), bool(known) and kv[0] not in known)))
+                manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda kv: stalled(kv[0])))
             before = manager.default_node
             try:
                 read()

@@ -710,7 +710,10 @@ def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted
     marked until it answered a PING, and nothing sent to it made redis-py read the layout
     again: the web's reads and enqueues were 503s for 12-13 s after the promotion (until
     the calls given up on the stalled master ended at the 15 s socket timeout), and the
-    producer's enqueues failed for as long as the old master stayed stopped."""
+    producer's enqueues failed for as long as the old master stayed stopped. A read of the
+    layout then, the old master still stopped and first in the URL, asks it last."""
+    from dataclasses import replace
+
     from runner.client import Client
     from runner.client.inspecting import find
     from runner.errors import RedisUnavailable
@@ -724,13 +727,21 @@ def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted
         wait_for(lambda: replicas_connected(masters), timeout=30, interval=0.1, what="every master's replica")
         p = make_project(tmp_path / "p", Endpoint(cluster_url(masters)))  # type: ignore[arg-type]
         p.write_config(vt=10, fast="partitions = 6")
-        producer = Client(Runtime.create(p.config()))
+        opened: list[Runtime] = []
         try:
-            rt, c = p.runtime, p.client
-            r = rt.redis
+            c = p.client
+            r = p.runtime.redis
             ids = [c.enqueue("record", {"n": i}).id for i in range(24)]
-            home = r.get_node_from_key(rt.keys["fast"].ready).port
+            home = r.get_node_from_key(p.runtime.keys["fast"].ready).port
             victim = next(s for s in masters if s.port != home)
+            # The web's and the producer's URL name the master to stall first: a read of the
+            # layout asks the startup nodes in turn, and once the promotion cleared its mark
+            # it must not be asked before the others (it would hold the read 15 s).
+            cfg = p.config()
+            cfg = replace(cfg, redis=replace(cfg.redis, url=cluster_url([victim, *(s for s in masters
+                                                                                    if s is not victim)])))
+            opened += [Runtime.create(cfg), Runtime.create(cfg)]
+            rt, producer = opened[0], Client(opened[1])
             parts = [i for i, k in enumerate(rt.parts["fast"]) if r.get_node_from_key(k.ready).port == victim.port]
             tags = {rt.parts["fast"][i].tag for i in parts}
             away = next(i for i in ids if find(c, i)[0].tag in tags)
@@ -791,6 +802,9 @@ def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted
                 for th in pollers:
                     th.join(30)
                 metrics = _scraped(web.simulate_get("/metrics").text)
+                t = time.monotonic()
+                rt.redis.nodes_manager.initialize()
+                layout_s = time.monotonic() - t
                 stats = subprocess.run([sys.executable, "-m", "runner.cli", "--config", str(p.root / "runner.toml"),
                                         "stats", "--json"], cwd=p.root, env=p.env, capture_output=True, text=True,
                                        timeout=60)
@@ -811,8 +825,10 @@ def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted
                 last = max(end for _, end, ok in got if not ok)
                 assert last - at < 3.0, f"{what} answered again {last - at:.1f} s after the promotion: {got}"
             assert set(metrics["runner_partition_unreachable"].values()) == {0.0}, metrics
+            assert layout_s < 2.0, f"a read of the layout took {layout_s:.1f} s"
             assert stats.returncode == 0, stats.stdout + stats.stderr
             assert "left_out" not in json.loads(stats.stdout), stats.stdout
         finally:
-            producer.runtime.close()
+            for one in opened:
+                one.close()
             close_project(p)
