@@ -326,7 +326,8 @@ class Runtime:
         if self._waiter is None or self._waiter.pid != os.getpid():
             from runner.store.waiter import Waiter
 
-            self._waiter = Waiter(self.redis, [k.ended for parts in self.parts.values() for k in parts])
+            self._waiter = Waiter(self.redis, [k.ended for parts in self.parts.values() for k in parts],
+                                  scripts=lambda: self.read_scripts)
         return self._waiter
 
     @property

@@ -12,7 +12,10 @@ already), so that the script that ends it publishes its end; where Redis refuses
 mark (a read-only replica) the wait polls instead. It reads again after each notice and
 once the subscription is confirmed. What nothing publishes is polled: an id announced
 but not written yet (a group's then-job, a follow-up before its parent's ack) every
-PENDING_POLL_S, a status that is not an end every STATUS_POLL_S.
+PENDING_POLL_S, a status that is not an end every STATUS_POLL_S. A wait for an end tells
+the subscriber where its job lives (``Waiter.place``): where the Redis user may not
+subscribe, the subscriber reads the status of every such job of the process on a timer,
+in one round trip, and pokes a wait once its job ended (store/waiter.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from runner.store.waiter import retry_after, wait_until
 
 if TYPE_CHECKING:
     from runner.client import Client
+    from runner.store.keys import QueueKeys
 
 # A waited id announced but not written yet ("pending": a group's then-job, a follow-up
 # before its parent's ack) is read again this often (nothing publishes its writing).
@@ -56,16 +60,21 @@ class _Wait:
 
     def check(self) -> bool:
         """Read the job; whether it reached a status. Marked as waited for when it has
-        not (and exists): then read again, as it may have ended before the mark."""
-        self.job = _read_waited(self.client, self.job_id, self.named)
+        not (and exists): then read again, as it may have ended before the mark. A job
+        still waited for is placed with the subscriber (read on its timer while deaf)."""
+        self.job, where = _read_waited(self.client, self.job_id, self.named)
         if self.job.status in self.statuses:
             return True
         if self.watch and self.job.status not in (PENDING, *records.ENDED):
             self.watch = False
-            if not _watch(self.client, self.job_id, self.job.queue):
+            if not _watch(self.client, self.job_id, self.job.queue, where):
                 self.pushed = False  # the mark was refused: its end is not published
-            self.job = _read_waited(self.client, self.job_id, self.named)
-        return self.job.status in self.statuses
+            self.job, where = _read_waited(self.client, self.job_id, self.named)
+        if self.job.status in self.statuses:
+            return True
+        if self.pushed and where is not None:
+            self.client.runtime.waiter.place(self.job_id, where)
+        return False
 
     def poll(self) -> float | None:
         """How soon to read again without a notice (None: only on one)."""
@@ -74,7 +83,7 @@ class _Wait:
         return None if self.pushed else STATUS_POLL_S
 
     def last(self) -> records.Job:
-        return self.job if self.job is not None else _read_waited(self.client, self.job_id, self.named)
+        return self.job if self.job is not None else _read_waited(self.client, self.job_id, self.named)[0]
 
 
 def wait_for(client: Client, job_id: str, timeout_s: float, statuses: Sequence[str] = records.ENDED, *,
@@ -123,7 +132,7 @@ async def await_job(client: Client, job_id: str, timeout_s: float = 10.0, *, wat
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            soon = waiter.pull_after(retry_after(wait.poll(), failures))
+            soon = waiter.pull_after(retry_after(wait.poll(), failures), job_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), left if soon is None else min(left, soon))
             event.clear()
@@ -178,21 +187,24 @@ def _ended(job: records.Job) -> Any:
     raise StillRunning(job.id, job.status)
 
 
-def _read_waited(client: Client, job_id: str, named: set[str] | None = None) -> records.Job:
-    """The job, or for an id announced but not written yet (a group's then-job before
-    its last member ended, a follow-up before its parent's ack) a job "pending" in
-    the queue it will be written to; JobNotFound for an id nothing announced. An id in
-    ``named`` was named by its ended parent (it is on its way): the parent is not read
-    again (a fan-out's parent is read once per wait, not once per poll)."""
+def _read_waited(client: Client, job_id: str, named: set[str] | None = None,
+                 ) -> tuple[records.Job, QueueKeys | None]:
+    """The job and the keys of the partition that holds it, or for an id announced but
+    not written yet (a group's then-job before its last member ended, a follow-up before
+    its parent's ack) a job "pending" in the queue it will be written to (and no keys);
+    JobNotFound for an id nothing announced. An id in ``named`` was named by its ended
+    parent (it is on its way): the parent is not read again (a fan-out's parent is read
+    once per wait, not once per poll)."""
     try:
-        return get(client, job_id)
+        k, fields = find(client, job_id)
+        return records.Job(job_id, k.queue, fields), k
     except JobNotFound:
         if named is not None and job_id in named:
-            return records.Job(job_id, "", {"status": PENDING})
+            return records.Job(job_id, "", {"status": PENDING}), None
         queue = _announced(client, job_id, named)
         if queue is None:
             raise
-        return records.Job(job_id, queue, {"status": PENDING})
+        return records.Job(job_id, queue, {"status": PENDING}), None
 
 
 def _announced(client: Client, job_id: str, named: set[str] | None = None) -> str | None:
@@ -221,12 +233,13 @@ def _announced(client: Client, job_id: str, named: set[str] | None = None) -> st
     return None
 
 
-def _watch(client: Client, job_id: str, queue: str) -> bool:
+def _watch(client: Client, job_id: str, queue: str, where: QueueKeys | None = None) -> bool:
     """Mark the job as waited for: False when Redis refused the write while answering
     (a read-only replica, maxmemory): the wait then polls, as reads still answer."""
     rt = client.runtime
-    # A partitioned queue: the mark goes beside the job, in the partition that holds it.
-    k = rt.keys[queue] if len(rt.parts[queue]) == 1 else find(client, job_id)[0]
+    # A partitioned queue: the mark goes beside the job, in the partition that holds it
+    # (``where``, as the read that found it said).
+    k = rt.keys[queue] if len(rt.parts[queue]) == 1 else where if where is not None else find(client, job_id)[0]
     try:
         rt.scripts.watch(k, job_id)
     except UNAVAILABLE as exc:

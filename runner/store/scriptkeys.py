@@ -105,6 +105,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "count": ("figures",),
     # A stats hash's exact bytes for its reader (store/stats.py weigh).
     "weigh": ("stats",),
+    # The statuses of the jobs a process's deaf waits wait for (store/waiter.py).
+    "statuses": ("job_prefix",),
 }
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).

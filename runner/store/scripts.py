@@ -737,6 +737,11 @@ class Scripts(Transport):
                                                    records.LIST_STEPS)
         return self._run("lookup", records.lookup_keys(k, job_id), args, pipe)
 
+    def statuses(self, k: QueueKeys, job_ids: Sequence[str], pipe: Batch | None = None) -> Any:
+        """Each job's status alone, in order (see statuses.lua): its state's status, '' for
+        a record whose state says none, '-' for neither record nor state."""
+        return self._run("statuses", scriptkeys.keys("statuses", k), tuple(job_ids), pipe)
+
     def cancel(self, k: QueueKeys, job_id: str, retention_ms: int, now_ms: int | None = None,
                entry: str = "") -> Any:
         """[code, status] (see cancel.lua): 1 cancelled, 2 stop requested (running), 3

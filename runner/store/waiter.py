@@ -9,6 +9,16 @@ wait reads its job again once the subscription is back.
 
 A worker process uses the same subscriber with ``on_message`` for the queues' cancels
 channels (a cancel of a job it claimed ahead).
+
+A Redis user that may not subscribe (an ACL user without channels) hears of no end: the
+process is "deaf". Its waits then hear from this thread's timer instead: each wait tells
+where its job lives (``place``), and every DEAF_POLL_S the thread reads the status alone
+(statuses.lua: two commands a job) of every wait that is due, in one round trip for all
+of them (a script call per partition), and pokes the waits whose job ended; only those
+read their job whole. A job whose status did not change is read ever less often, its
+pause doubled from DEAF_POLL_S up to DEAF_POLL_MAX_S, and every DEAF_POLL_S again once it
+changed. So an end is answered at most about DEAF_POLL_MAX_S after it (and the round
+trips of the two reads), and a held wait costs about two commands a second.
 """
 
 from __future__ import annotations
@@ -20,13 +30,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from runner.errors import RedisUnavailable
+from runner.store import scriptkeys
 from runner.store.connection import UNAVAILABLE
+
+if TYPE_CHECKING:
+    from runner.store.keys import QueueKeys
+    from runner.store.records import ScriptRunner
 
 log = logging.getLogger("runner.waiter")
 
@@ -38,20 +54,41 @@ READ_S = 1.0  # a read's timeout, so a stop is seen
 # it is on stopped answering with its sockets open: stalled).
 CONFIRM_S = 2.0
 # A Redis user that may not subscribe (an ACL user with no channels: Redis 7's default for
-# a new user) hears of no end: each wait reads its job this often instead, and the
-# subscription is tried again this seldom (the user may be granted them meanwhile).
+# a new user) hears of no end: the waits' jobs' statuses are read on a timer instead, each
+# first DEAF_POLL_S after its wait began, then ever less often while it does not change
+# (the pause doubled up to DEAF_POLL_MAX_S: the longest an end goes unseen), again every
+# DEAF_POLL_S once it changed; the subscription is tried again every DEAF_RETRY_S (the user
+# may be granted them meanwhile). One statuses.lua call reads at most PROBE_IDS jobs.
 DEAF_POLL_S = 0.25
+DEAF_POLL_MAX_S = 1.0
 DEAF_RETRY_S = 30.0
+PROBE_IDS = 1000
+# What statuses.lua says of a job that ended (or is gone: done, or removed): its wait
+# reads it whole. Any other status is one the wait goes on waiting through.
+ENDS = frozenset({"done", "dead", "cancelled", "-"})
+
+
+@dataclass(eq=False, slots=True)
+class _Probe:
+    """Where a deaf wait's job lives, and when its status is read next."""
+
+    keys: QueueKeys
+    due: float  # time.monotonic()
+    pause: float = DEAF_POLL_S
+    last: str | None = None  # the status read last (None: not read yet)
 
 
 class Waiter:
     """The waits of one process: job id -> the pokes of its waits."""
 
     def __init__(self, redis: Any, channels: Sequence[str],
-                 on_message: Callable[[list[str]], None] | None = None) -> None:
+                 on_message: Callable[[list[str]], None] | None = None,
+                 scripts: Callable[[], ScriptRunner] | None = None) -> None:
         self.redis = redis
         self.channels = tuple(channels)
         self.on_message = on_message  # every message's words, instead of poking waits
+        self.scripts = scripts  # what reads the placed waits' statuses while deaf
+        self._probes: dict[str, _Probe] = {}  # job id -> where it lives (placed waits)
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._waits: dict[str, set[Poke]] = {}
@@ -63,16 +100,28 @@ class Waiter:
         # Set while the server refuses this user the channels: the waits read on a timer.
         self.deaf = False
 
-    def pull_after(self, soon: float | None) -> float | None:
-        """How soon a wait reads again: ``soon``, or at most DEAF_POLL_S while nothing
-        can be heard."""
-        if not self.deaf:
+    def pull_after(self, soon: float | None, job_id: str | None = None) -> float | None:
+        """How soon a wait reads again: ``soon``; while nothing can be heard, at most
+        DEAF_POLL_S, unless its job is placed: then this thread reads its status and pokes
+        it once it ended."""
+        if not self.deaf or (job_id is not None and self.scripts is not None and job_id in self._probes):
             return soon
         return DEAF_POLL_S if soon is None else min(soon, DEAF_POLL_S)
 
     def add(self, job_id: str, poke: Poke) -> None:
         with self._lock:
             self._waits.setdefault(job_id, set()).add(poke)
+
+    def place(self, job_id: str, keys: QueueKeys) -> None:
+        """Where a waited job lives (its queue's partition), for reading its status while
+        deaf. Placed again in the same partition, nothing changes; elsewhere (it moved),
+        it is read there from the start."""
+        with self._lock:
+            if job_id not in self._waits:
+                return  # (its waits are over)
+            p = self._probes.get(job_id)
+            if p is None or p.keys.job_prefix != keys.job_prefix:
+                self._probes[job_id] = _Probe(keys, time.monotonic() + DEAF_POLL_S)
 
     def extend(self, channels: Sequence[str]) -> None:
         """Listen to these channels too (a draining partition found after the start)."""
@@ -88,6 +137,7 @@ class Waiter:
                 pokes.discard(poke)
                 if not pokes:
                     del self._waits[job_id]
+                    self._probes.pop(job_id, None)
 
     def start(self) -> None:
         """Start the subscriber if needed, without waiting for it: a wait registered
@@ -149,6 +199,7 @@ class Waiter:
         attempt = 0
         while not self._stopped.is_set():
             pubsub = None
+            refused = False
             try:
                 pubsub = self._subscriber(attempt)
                 with self._lock:
@@ -163,16 +214,21 @@ class Waiter:
                 attempt += 1  # (on Redis Cluster, on the next master)
                 log.debug("waiter: Redis unreachable, subscribing again: %s", exc)
             except NoPermissionError as exc:
+                refused = True
                 if not self.deaf:
                     self.deaf = True
                     user = getattr(getattr(self.redis, "connection_pool", None), "connection_kwargs", {}).get(
                         "username") or "<user>"
                     log.warning("the Redis user may not subscribe to runner's channels (%s): waits read "
-                                "their jobs every %g s instead, and a worker hears no cancel of a job it "
-                                "claimed ahead until it starts it; grant them: ACL SETUSER %s resetchannels "
-                                "'&<prefix>:*' (or allchannels)", exc, DEAF_POLL_S, user)
-                self._poke(None)  # the waits start reading on their timer now
-                self._stopped.wait(DEAF_RETRY_S)
+                                "their jobs' statuses every %g to %g s instead, and a worker hears no cancel "
+                                "of a job it claimed ahead until it starts it; grant them: ACL SETUSER %s "
+                                "resetchannels '&<prefix>:*' (or allchannels)", exc, DEAF_POLL_S,
+                                DEAF_POLL_MAX_S, user)
+                    # The waits read once more, and place their jobs for the timer. (Not at
+                    # each attempt after: each wait's whole read every DEAF_RETRY_S would
+                    # cost more than all its status reads; a placed job's status is read
+                    # again once this thread is back, due at once after an outage.)
+                    self._poke(None)
             except Exception:  # a stray error must not leave every wait to its timeout
                 log.exception("waiter: subscription failed, subscribing again")
             finally:
@@ -182,6 +238,9 @@ class Waiter:
                 if pubsub is not None:
                     with contextlib.suppress(*UNAVAILABLE):
                         pubsub.close()
+            if refused:  # (its connection closed: the statuses go on the client's own)
+                self._read_deaf(DEAF_RETRY_S)
+                continue
             # What ends while we are away is published to nobody: the waits read their jobs
             # again once the subscription is back (see _listen), not before.
             self._stopped.wait(RETRY_S)
@@ -221,6 +280,75 @@ class Waiter:
                     else:
                         self._poke(data.split())
 
+    def _read_deaf(self, for_s: float) -> None:
+        """For ``for_s`` (or until stopped): every DEAF_POLL_S, the statuses of the placed
+        waits that are due, and a poke for those whose job ended. After a tick that met an
+        outage, the next waits longer (RETRY_S doubling up to RETRY_MAX_S)."""
+        if self.scripts is None:  # (a worker's subscriber to the cancels: no waits)
+            self._stopped.wait(for_s)
+            return
+        until = time.monotonic() + for_s
+        failures = 0
+        while not self._stopped.is_set():
+            began = time.monotonic()
+            left = until - began
+            if left <= 0:
+                return
+            try:
+                self._tick(self.scripts())
+                failures = 0
+            except Exception as exc:  # a stray error must not stop the waits' reads either
+                failures += 1
+                if self._stopped.is_set():
+                    return  # (the runtime is closing: its connections with it)
+                if isinstance(exc, (*UNAVAILABLE, RedisUnavailable)):
+                    log.debug("waiter: reading the waited jobs' statuses failed: %s", exc)
+                else:
+                    log.exception("waiter: reading the waited jobs' statuses failed")
+            # (a tick every DEAF_POLL_S from the last one's start: a pause is not stretched
+            # by the reads' round trips)
+            pause = max(began + DEAF_POLL_S - time.monotonic(), DEAF_POLL_S / 5) if not failures else \
+                min(RETRY_S * 2.0 ** failures, RETRY_MAX_S)
+            self._stopped.wait(min(left, pause))
+
+    def _tick(self, scripts: ScriptRunner) -> None:
+        """One read of the statuses of every placed wait due now (or within half a tick:
+        their reads share the round trip), one statuses.lua call per partition (and per
+        PROBE_IDS jobs); then each one's next read, and a poke for each one that ended."""
+        now = time.monotonic()
+        with self._lock:
+            due = [(i, p) for i, p in self._probes.items() if p.due <= now + DEAF_POLL_S / 2]
+        if not due:
+            return
+        by_tag: dict[str, list[tuple[str, _Probe]]] = {}
+        for i, p in due:
+            by_tag.setdefault(p.keys.job_prefix, []).append((i, p))
+        batch = scripts.batch()
+        calls: list[list[tuple[str, _Probe]]] = []
+        for some in by_tag.values():
+            for at in range(0, len(some), PROBE_IDS):
+                chunk = some[at:at + PROBE_IDS]
+                batch.add("statuses", scriptkeys.keys("statuses", chunk[0][1].keys), [i for i, _ in chunk])
+                calls.append(chunk)
+        replies = batch.execute()
+        now = time.monotonic()
+        ended: list[str] = []
+        with self._lock:
+            for chunk, reply in zip(calls, replies, strict=True):
+                for (i, p), raw in zip(chunk, reply, strict=True):
+                    status = raw.decode() if isinstance(raw, bytes) else str(raw)
+                    if self._probes.get(i) is not p:
+                        continue  # its waits are over, or it moved meanwhile
+                    # Something changed: it may change again soon. Else read it less often.
+                    p.pause = DEAF_POLL_S if p.last is not None and status != p.last else \
+                        min(p.pause * 2, DEAF_POLL_MAX_S)
+                    if status in ENDS and status != p.last:
+                        ended.append(i)
+                    p.last = status
+                    p.due = now + p.pause
+        if ended:
+            self._poke(ended)
+
 
 def retry_after(soon: float | None, failures: int) -> float | None:
     """How soon a wait reads again: ``soon`` (None: on a poke only), and after reads that
@@ -253,7 +381,7 @@ def wait_until(waiter: Waiter, deadline: float, check: Callable[[], bool], job_i
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            soon = waiter.pull_after(retry_after(poll() if poll is not None else None, failures))
+            soon = waiter.pull_after(retry_after(poll() if poll is not None else None, failures), job_id)
             event.wait(left if soon is None else min(left, soon))
             event.clear()
             try:

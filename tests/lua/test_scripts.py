@@ -2342,6 +2342,30 @@ def test_a_damaged_claim_attempt_is_written_back_as_a_number(p: Project) -> None
     assert job["status"] == "done" and job["attempt"] == 7
 
 
+def test_statuses_reads_each_jobs_status_alone_in_two_commands_at_most(p: Project) -> None:
+    """statuses.lua (a deaf wait's read, store/waiter.py): per id, in order, its state's
+    status; '' for a record whose state says none (queued or running untouched); '-' for
+    neither record nor state (done, or no such job). A state damaged to another type says
+    nothing: its record does. Two commands a job at most, whatever it holds."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    enqueue(p, *(new(i) for i in ("run", "ok", "dead", "queued", "again", "gone")))
+    got = {j[0]: j[1] for j in claim(p, n=3)}
+    assert set(got) == {"run", "ok", "dead"}  # (the oldest first: the others wait)
+    assert sc.ack(k, [Ack("ok", got["ok"], '"r"', "noop|1", "")], 100_000, now_ms=NOW + 1) == [1]
+    assert sc.bury(k, [Burial("dead", got["dead"], "failed", "", "", False, "")], 100_000, now_ms=NOW + 1) == [1]
+    assert list(sc.cancel(k, "again", 60_000, now_ms=NOW + 2)) == [1, "cancelled"]
+    r.delete(k.job("gone"))
+    r.set(k.state("run"), "damaged")  # (another writer's)
+    ids = ["queued", "run", "ok", "dead", "again", "gone", "never"]
+    before = r.info("commandstats")
+    assert sc.statuses(k, ids) == ["", "", "-", "dead", "cancelled", "-", "-"]
+    after = r.info("commandstats")
+    ran = sum(int(v["calls"]) - int(before.get(c, {"calls": 0})["calls"]) for c, v in after.items()
+              if c in ("cmdstat_hget", "cmdstat_exists"))
+    assert ran <= 2 * len(ids)
+    assert sc.statuses(k, []) == []
+
+
 def test_lookup_with_a_cut_returns_the_big_values_cut_and_their_sizes(p: Project) -> None:
     """lookup.lua given a cut: the record's payload, each state value and the outcome's
     result and payload lines past it come back cut to that many bytes, with their full
