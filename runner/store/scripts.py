@@ -571,13 +571,15 @@ class Scripts(Transport):
                           progress if token is not None else "", *lines), pipe)
 
     def step(self, k: QueueKeys, job_id: str, token: str, position: int, entry: str, max_steps: int,
-             max_bytes: int, now_ms: int | None = None, stats: str = "") -> Any:
+             max_bytes: int, now_ms: int | None = None, stats: str = "", progress: str = "") -> Any:
         """Record a durable function's step (step.lua): {code, n}; ``stats``, the field
-        that counts it. Durable: with replicas set, returns once they hold the record (else
-        NotReplicated), so no step's value reaches a handler before a failover keeps it."""
+        that counts it; ``progress``, the run's latest report not written yet (JSON),
+        written with it under the same fence. Durable: with replicas set, returns once they
+        hold the record (else NotReplicated), so no step's value reaches a handler before a
+        failover keeps it."""
         return self._run("step", scriptkeys.keys("step", k, job=k.job(job_id)),
                          (_clock(now_ms), token, job_id, position, entry, max_steps, max_bytes, stats,
-                          records.step_head(entry)),
+                          records.step_head(entry), progress),
                          durable=True)
 
     def steps(self, k: QueueKeys, job_id: str, stats: str = "", durable: bool = False) -> Any:

@@ -270,7 +270,8 @@ class Context:
     def progress(self, percent: Any, message: str | None = None) -> None:
         """Report progress: a percentage (0 to 100) and an optional message, shown as
         ``progress`` by GET /jobs/{id} and `runner job` within 2 s. Batched: the latest
-        report rides on the next lease renewal, so a call costs no round trip. Never fails
+        report rides on the next lease renewal (or the run's next durable step, or its
+        end, if sooner), so a call costs no round trip. Never fails
         the job: progress is advice to whoever watches, not state the job depends on. A
         message is shown cut to its first 1,000 characters; a report that is not JSON,
         nested past the limit of 120 levels, or whose JSON is over 4 KiB even so, is dropped

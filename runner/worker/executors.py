@@ -953,11 +953,18 @@ class Executors:
         """A durable step's entry, recorded fenced by the job's claim (step.lua). The lines
         and chunks the run wrote before it are written first: a replay past this step
         writes none again (journal.py), so they must be in Redis before it is recorded (a
-        kill between the two writes shows them twice, never lost)."""
+        kill between the two writes shows them twice, never lost). The run's progress
+        goes with its lines, or with none pending, in the step's own call: whoever sees
+        the step sees the progress reported before it (no round trip of its own)."""
         job = run.job
         send_logs(self.rt, part, [run], wait=True, log_label=self.q.name)
-        code, n = self.rt.scripts.step(part, job.id, job.token, position, body, journal.MAX_STEPS,
-                                       journal.MAX_LOG_BYTES, stats=f"steps|{job.type}")
+        progress, run.progress = run.progress, ""  # (most steps: none)
+        try:
+            code, n = self.rt.scripts.step(part, job.id, job.token, position, body, journal.MAX_STEPS,
+                                           journal.MAX_LOG_BYTES, stats=f"steps|{job.type}", progress=progress)
+        except BaseException:
+            run.progress = run.progress or progress  # not written: the next renewal takes it
+            raise
         return int(code), int(n)
 
     def _take_signal(self, part: QueueKeys, job: Claimed, position: int, name: str, head: str,

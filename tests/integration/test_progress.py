@@ -159,3 +159,52 @@ def test_a_line_is_seen_with_the_progress_reported_before_it_whatever_ends_the_r
     wait_for(look, timeout=60, interval=0.01, what="every job's line")
     final = {"percent": 90, "message": "final"}
     assert seen == {mode: final for mode in modes}
+
+
+STEPS = '''"""Reports progress before each of five durable steps, and writes no log line."""
+import time
+
+QUEUE = "slow"
+TIMEOUT = 60
+{extra}
+
+def handle(payload, ctx):
+    for i in range(1, 6):
+        ctx.progress(10 * i, f"step {{i}}")
+        ctx.step(f"s{{i}}", lambda: i)
+        time.sleep(0.2)
+    time.sleep(1.5)
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_step_writes_the_progress_reported_before_it_with_its_record(project: Project, isolation: str) -> None:
+    """A durable step writes the run's pending progress in the same call as its record,
+    fenced by the claim token, whether or not log lines are pending: whoever sees a step
+    sees the progress reported before it. Before, a step with no line pending left it to
+    the next lease renewal (up to a second later), so a reader saw the step beside the
+    progress of the step before it."""
+    extra = 'ISOLATION = "process"' if isolation == "process" else ""
+    (project.root / "functions" / "steps.py").write_text(STEPS.format(extra=extra))
+    (project.root / "schemas" / "steps").mkdir(exist_ok=True)
+    (project.root / "schemas" / "steps" / "v1.json").write_text('{"type":"object"}')
+    project.write_config(grace=1)
+    client = project.client
+    job_id = client.enqueue("steps", {}).id
+    project.spawn_worker("slow")
+    seen: list[tuple[int, object]] = []
+
+    def look() -> bool:
+        view = client.get(job_id).as_dict()
+        steps = len(view.get("steps") or [])
+        if steps:
+            seen.append((steps, view.get("progress")))
+        return steps == 5 or view["status"] in ("done", "dead", "cancelled")
+
+    wait_for(look, timeout=60, interval=0.005, what="every step")
+    assert seen, "no step seen"
+    late = [(steps, shown) for steps, shown in seen
+            if not isinstance(shown, dict) or not isinstance(shown.get("percent"), (int, float))
+            or shown["percent"] < 10 * steps]
+    assert not late, f"steps seen before the progress reported ahead of them: {late[:5]}"
+    assert client.wait(job_id, 30).status == "done"

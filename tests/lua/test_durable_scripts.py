@@ -36,6 +36,24 @@ def test_a_step_is_fenced_by_the_claim_and_its_position(p: Project) -> None:
     assert log == [{"name": "a", "kind": "step", "status": "ok", "value": 1, "finished_ms": NOW + 5}]
 
 
+def test_a_step_writes_the_runs_pending_progress_under_its_fence(p: Project) -> None:
+    """A step carries the run's progress not written yet (executors._record_step, when no
+    log line took it): written in the same call, only under the claim's token, also when
+    the step itself is not recorded (its position taken); none given, none written."""
+    sc, k = p.runtime.scripts, p.keys()
+    enqueue(p, new("a"))
+    (job,) = claim(p)
+    entry = '{"name":"a","kind":"step","status":"ok","value":1}'
+    assert list(sc.step(k, "a", "stale", 0, entry, 1000, 4 << 20, now_ms=NOW + 5, progress='{"percent":5}')) == [-1, 0]
+    assert "progress" not in state(p, "a")
+    assert list(sc.step(k, "a", job[1], 0, entry, 1000, 4 << 20, now_ms=NOW + 5, progress='{"percent":40}')) == [1, 1]
+    assert state(p, "a")["progress"] == '{"percent":40}'
+    assert _step(p, job[1], 1) == [1, 2]  # (none given: the last one stays)
+    assert state(p, "a")["progress"] == '{"percent":40}'
+    assert list(sc.step(k, "a", job[1], 0, entry, 1000, 4 << 20, now_ms=NOW + 5, progress='{"percent":60}')) == [-2, 2]
+    assert state(p, "a")["progress"] == '{"percent":60}'
+
+
 def test_the_step_log_is_bounded_in_entries_and_bytes(p: Project) -> None:
     enqueue(p, new("a"))
     (job,) = claim(p)

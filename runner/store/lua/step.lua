@@ -20,6 +20,10 @@
 -- ARGV[9] the entry's summary for job lists ('' none: a short entry, read whole): a JSON
 --         object without the value, to which this call adds finished_ms and size (the
 --         entry's bytes), kept as stephead:<i> (lookup.lua reads it instead of the entry)
+-- ARGV[10] the run's latest progress not written yet (JSON for the state's progress field,
+--         as joblog.lua writes it with log lines; '' or absent: none, most calls): written
+--         under the fence, whatever else the call answers, so a reader who sees the step
+--         sees the progress reported before it
 --
 -- Returns {code, n}: 1 recorded; -1 refused (lease lost: nothing changed); -2 another
 -- entry holds that position (n: the log's length); -3 the log is full (n entries); -4
@@ -31,6 +35,8 @@
 local now = clock(ARGV[1])
 if not fence(redis.call('HGET', K.claims, ARGV[3]), ARGV[2]) then return {-1, 0} end
 local sk = K.job .. ':s'
+-- (pcall: a state key of another type, damage, loses the progress; the step then fails below)
+if ARGV[10] and ARGV[10] ~= '' then redis.pcall('HSET', sk, 'progress', ARGV[10]) end
 local f = redis.call('HMGET', sk, 'steps', 'step_bytes')
 local n, bytes = tonumber(f[1]) or 0, tonumber(f[2]) or 0
 if n ~= tonumber(ARGV[4]) then return {-2, n} end
