@@ -196,3 +196,40 @@ def test_a_wait_without_channels_answers_within_its_bound_after_a_long_job_ends(
         finished = int(c.get(job_id).fields["finished_ms"]) / 1000  # the server's clock, on this host
         late = answered[job_id] - finished
         assert late < waiter.DEAF_POLL_MAX_S + 0.75, f"answered {late:.2f} s after the job ended"
+
+
+def test_a_deaf_read_backs_off_while_nothing_changes_and_pokes_once_on_an_end(project: Project) -> None:
+    """The subscriber's timer (one tick at a time, each forced due): a placed job whose
+    status stays the same is read at pauses doubling up to DEAF_POLL_MAX_S, without a
+    poke; once it ended, its waits are poked once, and it is read every DEAF_POLL_S again
+    (something changed); an end read again pokes nobody."""
+    rt, c = project.runtime, project.client
+    w = waiter.Waiter(rt.redis, [], scripts=lambda: rt.scripts)
+    pokes: list[int] = []
+    job_id = c.enqueue("noop", {}).id
+
+    def poke() -> None:
+        pokes.append(1)
+
+    w.add(job_id, poke)
+    w.place(job_id, project.keys())
+    probe = w._probes[job_id]
+
+    def tick() -> None:
+        probe.due = 0.0
+        w._tick(rt.scripts)
+
+    pauses = []
+    for _ in range(4):
+        tick()
+        pauses.append(probe.pause)
+    assert pauses == [0.5, 1.0, 1.0, 1.0] and waiter.DEAF_POLL_MAX_S == 1.0 and not pokes
+    c.cancel(job_id)
+    tick()
+    assert pokes == [1] and probe.pause == waiter.DEAF_POLL_S
+    tick()
+    assert pokes == [1] and probe.pause == 2 * waiter.DEAF_POLL_S
+    w.discard(job_id, poke)  # its last wait over: no longer read
+    assert job_id not in w._probes
+    w.place(job_id, project.keys())  # (a late place of a wait that is over places nothing)
+    assert job_id not in w._probes
