@@ -87,8 +87,12 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:partition_counts_since HASH  each of those counts -> when a process first
                                               said it (ms; tagset.py: a count said for less than
                                               LEARN_S is new, routing.Placement)
-    <prefix>:{<queue>}:lim:<key>:at   STRING  "1": a job under limit <key> was enqueued in this
-                                              partition within a retention (routing.py looks)
+    <prefix>:{<queue>}:lim:<key>:at   STRING  "<n>": jobs under limit <key> (their first) enqueued in
+                                              this partition and not done yet, a dead one until it is
+                                              deleted (routing.py looks); the last one's end deletes
+                                              it; PX the done retention + 1 h, renewed by its enqueues.
+                                              A counted job's record says so: its limits field ends
+                                              in an empty line (only such a job counts out)
     <prefix>:{<queue>}:events         LIST    recent events whose home is this partition, newest
                                               first, capped (JSON records: id, name, at_ms, data,
                                               jobs; see lua/emit.lua)

@@ -6,6 +6,7 @@ excludes the new count's jobs of that resource."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from pathlib import Path
 
@@ -247,3 +248,54 @@ def test_a_debounced_resend_after_a_change_joins_its_pending_burst(project: Proj
     wrong = [d for d in docs if again.get(d) != first[d]]
     assert not wrong, f"{len(wrong)} of 16 re-sends started a second burst ({len(moved)} keys moved): {wrong}"
     assert after.get(first[docs[0]]).as_dict()["absorbed"] == 1
+
+
+def _markers(p: Project) -> dict[str, int]:
+    """The limit keys' placement markers of this project (a shared server), each with its
+    count, over every master."""
+    r, prefix = p.runtime.redis, p.runtime.parts["fast"][0].prefix
+    keys = list(r.scan_iter(count=SCAN_COUNT, match=prefix + ":*:lim:*:at"))
+    return {k.decode() if isinstance(k, bytes) else k: int(r.get(k) or 0) for k in keys}
+
+
+def test_a_limit_keys_marker_goes_with_its_last_job_on_a_cluster(cproject: Project) -> None:  # noqa: F811
+    """On a real 3-master Cluster, 6 partitions: 2,000 jobs of distinct resources, and a
+    second job for ten of them. While they wait, each resource has its marker (a change of
+    count finds where its jobs are); once every job is done, none is left (before: one per
+    resource, each for the done retention and an hour whatever the retention kept, so a
+    producer that made up keys grew Redis by about 800 bytes per key for a day)."""
+    p = cproject
+    c = _on(p, 6)
+    res = [f"u{i}" for i in range(2000)]
+    ids = [a.id for a in c.enqueue_many([Request("resource", {"r": r, "hold": 0}) for r in res])]
+    ids += [c.enqueue("resource", {"r": r, "hold": 0}).id for r in res[:10]]
+    assert len(_markers(p)) == 2000
+    p.spawn_worker("fast")
+    wait_for(lambda: all(p.runs(i) for i in ids), timeout=60, interval=0.2, what="every job to run")
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not _markers(p), timeout=20, interval=0.2, what="the markers to go")
+    left = _markers(p)
+    assert not left, f"{len(left)} markers left once every job was done"
+
+
+def test_a_limit_keys_marker_lives_while_its_jobs_do_and_goes_with_the_last(project: Project) -> None:
+    """On partitions = 4, 40 jobs of 30 distinct resources (ten keys twice): while they
+    wait, each key's marker counts its jobs not done (a change of count finds the key);
+    once every job is done, no marker is left (before: one per distinct key for 25 h,
+    whatever the retention of finished jobs, so a producer grew Redis by one marker per
+    key it made up)."""
+    c = _on(project, 4)
+    res = [f"u{i}" for i in range(30)]
+    ids = [j.id for j in c.enqueue_many([Request("resource", {"r": r, "hold": 0}) for r in res])]
+    ids += [c.enqueue("resource", {"r": r, "hold": 0}).id for r in res[:10]]
+    marks = _markers(project)
+    assert len(marks) == 30, len(marks)
+    assert sorted(marks.values()) == [1] * 20 + [2] * 10, marks
+    assert c.cancel(ids[0]) == "cancelled" and c.cancel(ids[29]) == "cancelled"  # u0 has a second job
+    left = _markers(project)
+    assert len(left) == 29 and sorted(left.values()) == [1] * 20 + [2] * 9, left
+    ids = ids[1:29] + ids[30:]
+    project.spawn_worker("fast")
+    for i in ids:
+        assert c.wait(i, timeout_s=30).status == "done", i
+    wait_for(lambda: not _markers(project), timeout=5, interval=0.05, what="the markers to go")

@@ -189,6 +189,7 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
   gone[#gone + 1] = sk
   complete_idem(rec.type, rec.idem_key, id, rec.idem_hash ~= '' and rec.idem_hash or '-')
   uncounted[field] = (uncounted[field] or 0) + 1
+  unmark(K.census, rec.limits)
   tally('late|' .. rec.type)
   if waited(rec.meta) then ended[#ended + 1] = id end
   return true
@@ -234,6 +235,7 @@ for i = 0, n - 1 do
       if rec then
         release_limits(K.lim_prefix, rec.limits, token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
         complete_idem(rec.type, rec.idem_key, id)
+        unmark(K.census, rec.limits)
       end
     end
     local value = outcome(typ or '?', ver or '?', c.attempt_s, started, history,

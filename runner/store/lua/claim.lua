@@ -524,6 +524,7 @@ local function settled_as_duplicate(id, jk, sk, rec, f, limits)
     ' ' .. hid .. ((made and made > 0 and made <= now) and (' =' .. (now - made)) or '') .. '\n\n'}, done_max)
   redis.call('DEL', jk, sk)
   census(K.census, typ .. '|' .. rec.version, -1)
+  unmark(K.census, rec.limits)
   -- A slot reserved for it when it was woken goes to the next parked job.
   give_up_reserved(K.lim_prefix, limits, id, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
   tally('duplicates|' .. typ)
