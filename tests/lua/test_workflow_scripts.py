@@ -339,3 +339,21 @@ def test_only_a_job_counted_into_a_limit_keys_marker_counts_out_of_it(p: Project
     assert r.get(k.placed("r:x")) == "1"  # the counted one still queued here: found
     assert sc.ack(k, [Ack("counted", got["counted"][1], "null", "noop|1", "")], 100_000, now_ms=NOW) == [1]
     assert not r.exists(k.placed("r:x"))
+
+
+def test_a_job_under_a_keyed_rate_limit_alone_counts_out_of_its_marker(p: Project) -> None:
+    """A job under a keyed RATE_LIMIT and no concurrency limit is counted into its key's
+    marker like any other, and its ack counts it out (its claim says so: before, a claim
+    flagged only jobs holding a slot, the ack read no record for it, and its marker stayed
+    for a day per key); two of one key acked in one batch leave none."""
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    sc.changing = frozenset({k.queue})
+    enqueue(p, new("a", limits="5/1000 api:x"), new("b", limits="5/1000 api:x"), new("c", limits="5/1000 api:y"))
+    assert (r.get(k.placed("api:x")), r.get(k.placed("api:y"))) == ("2", "1")
+    got = {g[0]: g for g in claim(p, NOW)}
+    assert sorted(got) == ["a", "b", "c"]
+    assert r.hget(k.claims, "a").split()[3] == "m"
+    assert sc.ack(k, [Ack(i, got[i][1], "null", "noop|1", "") for i in ("a", "b")], 100_000, now_ms=NOW) == [1, 1]
+    assert not r.exists(k.placed("api:x"))
+    assert sc.ack(k, [Ack("c", got["c"][1], "null", "noop|1", "")], 100_000, now_ms=NOW) == [1]
+    assert not r.exists(k.placed("api:y"))

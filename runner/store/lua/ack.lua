@@ -230,7 +230,7 @@ for i = 0, n - 1 do
     -- (got[2] first: tostring of the attempt formats a number, for the jobs that have one.)
     local started = (got[2] and got[2] == tostring(c.attempt) and tonumber(got[3]) and got[3])
       or (ARGV[b + 8] ~= '' and ARGV[b + 8]) or c.started
-    if c.idem or c.res then
+    if c.idem or c.res or c.marked then
       local rec = rec_load(jk)
       if rec then
         release_limits(K.lim_prefix, rec.limits, token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)

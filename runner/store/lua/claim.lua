@@ -614,7 +614,8 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   local held = (not starts and (later[rec.type] == true or (tonumber(f[14]) or 0) >= 1))
     or gathered[rec.type] == true
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
-    claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
+    claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held,
+      counted_in(rec.limits)))
   taken[id] = true
   take_executor(rec.type)
   plain = plain + 1

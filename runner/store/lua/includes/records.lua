@@ -67,8 +67,11 @@ end
 -- ack wrote, a job of a queue of one partition, one of a release before the count) would
 -- take the count of a job that is, and its key would not be found where that job waits.
 -- An old job's marker ("1", never counted out) goes by its TTL.
+local function counted_in(limits)
+  return type(limits) == 'string' and string.byte(limits, -1) == 10
+end
 local function counted_key(limits)
-  if type(limits) ~= 'string' or string.byte(limits, -1) ~= 10 then return nil end
+  if not counted_in(limits) then return nil end
   return string.match(limits, '^[%d/]+ ([^\n]+)')
 end
 
