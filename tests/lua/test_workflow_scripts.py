@@ -297,3 +297,64 @@ def test_the_census_holds_no_name_no_function_can_have(p: Project) -> None:
     (f1,) = claim(p, NOW)
     assert sc.ack(k, [Ack(f1[0], f1[1], "null", f"{huge}|1", "")], 100_000, now_ms=NOW) == [1]
     assert r.hgetall(k.census) == {"?|1": "0"}
+
+
+def test_a_dead_job_counts_in_its_limit_keys_marker_until_it_is_deleted(p: Project) -> None:
+    """The placement marker of a limit key counts its jobs here not yet done: a job that
+    dies stays counted (it may be requeued here, where its key must still be found after a
+    change of the count of partitions); deleting it counts it out, and the last one out
+    deletes the marker."""
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    sc.changing = frozenset({k.queue})  # another count recorded: a queue of one partition marks
+    enqueue(p, new("old", limits="1 r:x"), new("older", limits="1 r:x"))
+    assert r.get(k.placed("r:x")) == "2" and r.pttl(k.placed("r:x")) > 0
+    got = claim(p, NOW + 1000, "noop=500")
+    assert sorted(g[0] for g in got) == ["old", "older"]
+    assert sc.bury(k, [Burial(g[0], g[1], "expired", '{"type":"Expired"}', '{"attempt":1,"outcome":"expired"}',
+                              True, "dead|noop expired|noop") for g in got], 10_000_000, now_ms=NOW + 1001) == [1, 1]
+    assert r.get(k.placed("r:x")) == "2"  # dead, still counted
+    assert sc.remove(k, "old") == 1
+    assert r.get(k.placed("r:x")) == "1"
+    assert 0 < r.pttl(k.placed("r:x")) <= 25 * 3_600_000  # (a count some end misses still goes)
+    assert sc.remove(k, "older") == 1
+    assert not r.exists(k.placed("r:x"))
+
+
+def test_only_a_job_counted_into_a_limit_keys_marker_counts_out_of_it(p: Project) -> None:
+    """A job the marker never counted (one enqueued while the queue of one partition wrote
+    no marker, or by a release before the count; a follow-up its parent's ack wrote) ends
+    without touching it: its end took the marker of the job that is counted, so after a
+    change of the count of partitions that job's key was not found where it is queued. The
+    counted job's end then deletes the marker."""
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    enqueue(p, new("plain", limits="2 r:x"))  # one partition, no other count: not counted
+    assert not r.exists(k.placed("r:x"))
+    sc.changing = frozenset({k.queue})
+    enqueue(p, new("counted", limits="2 r:x"))
+    assert r.get(k.placed("r:x")) == "1"
+    assert records.parse(r.get(k.job("counted")))["limits"] == "2 r:x"  # (the flag is the record's own)
+    got = {g[0]: g for g in claim(p, NOW)}
+    assert sorted(got) == ["counted", "plain"]  # (the flag costs the limit nothing: both hold a slot)
+    assert r.zcard(k.limit("r:x")) == 2
+    assert sc.ack(k, [Ack("plain", got["plain"][1], "null", "noop|1", "")], 100_000, now_ms=NOW) == [1]
+    assert r.get(k.placed("r:x")) == "1"  # the counted one still queued here: found
+    assert sc.ack(k, [Ack("counted", got["counted"][1], "null", "noop|1", "")], 100_000, now_ms=NOW) == [1]
+    assert not r.exists(k.placed("r:x"))
+
+
+def test_a_job_under_a_keyed_rate_limit_alone_counts_out_of_its_marker(p: Project) -> None:
+    """A job under a keyed RATE_LIMIT and no concurrency limit is counted into its key's
+    marker like any other, and its ack counts it out (its claim says so: before, a claim
+    flagged only jobs holding a slot, the ack read no record for it, and its marker stayed
+    for a day per key); two of one key acked in one batch leave none."""
+    sc, k, r = p.runtime.scripts, p.keys(), p.runtime.redis
+    sc.changing = frozenset({k.queue})
+    enqueue(p, new("a", limits="5/1000 api:x"), new("b", limits="5/1000 api:x"), new("c", limits="5/1000 api:y"))
+    assert (r.get(k.placed("api:x")), r.get(k.placed("api:y"))) == ("2", "1")
+    got = {g[0]: g for g in claim(p, NOW)}
+    assert sorted(got) == ["a", "b", "c"]
+    assert r.hget(k.claims, "a").split()[3] == "m"
+    assert sc.ack(k, [Ack(i, got[i][1], "null", "noop|1", "") for i in ("a", "b")], 100_000, now_ms=NOW) == [1, 1]
+    assert not r.exists(k.placed("api:x"))
+    assert sc.ack(k, [Ack("c", got["c"][1], "null", "noop|1", "")], 100_000, now_ms=NOW) == [1]
+    assert not r.exists(k.placed("api:y"))

@@ -47,6 +47,51 @@ end
 -- digits) is counted as "?|<version>" ("?|?"), the same going in and out, so a 100 KB
 -- name is no 100 KB field kept for ever. (A field per well-formed name stays: bounding
 -- their count asked HLEN whenever a type's count left 0, every job at light load.)
+-- A limit key's placement marker, "<lim prefix><key>:at" (jobs.lua, mark_placed): the
+-- count of this partition's jobs under that first key not yet done, counted in and out
+-- where the census counts them (a dead job stays in until it is deleted: it may be
+-- requeued here). unplace counts one job out of marker `mk`: one GETDEL when it was the
+-- last, and a SET of the rest when others remain, their TTL a day again (a bound for a
+-- count some end missed; the next enqueue of the key sets the retention's).
+local PLACED_KEEP_MS = 25 * 3600000
+local function unplace(mk)
+  local v = redis.pcall('GETDEL', mk)
+  if type(v) ~= 'string' then return end  -- absent (or damaged: the next mark replaces it)
+  local n = tonumber(v)
+  if n and n > 1 then redis.call('SET', mk, n - 1, 'PX', PLACED_KEEP_MS) end
+end
+
+-- A job counted into its first key's marker says so in its record: its limits field ends
+-- in an empty line ("\n", one byte written with the record, no command; parse_limits skips
+-- it). Only such a job counts out at its end: one never counted (a follow-up its parent's
+-- ack wrote, a job of a queue of one partition, one of a release before the count) would
+-- take the count of a job that is, and its key would not be found where that job waits.
+-- An old job's marker ("1", never counted out) goes by its TTL.
+local function counted_in(limits)
+  return type(limits) == 'string' and string.byte(limits, -1) == 10
+end
+local function counted_key(limits)
+  if not counted_in(limits) then return nil end
+  return string.match(limits, '^[%d/]+ ([^\n]+)')
+end
+
+-- A job's limits as rendered, without that flag (another writer's entry that carries it is
+-- counted by this enqueue alone).
+local function unflagged_limits(limits)
+  if string.byte(limits, -1) ~= 10 then return limits end
+  return (string.match(limits, '^(.-)\n*$'))
+end
+
+-- unplace for a job of `limits` (its record's field) counted out of the census `census_key`
+-- (the marker sits under the same queue tag: "<base>census" and "<base>lim:"): nothing for a
+-- job never counted in (no command: a queue of one partition pays none).
+local function unmark(census_key, limits)
+  local first = counted_key(limits)
+  if first and string.sub(census_key, -6) == 'census' then
+    unplace(string.sub(census_key, 1, -7) .. 'lim:' .. first .. ':at')
+  end
+end
+
 local function census(key, field, n)
   if not field or field == '|' then return end
   local t, ver = string.match(field, '^(.*)|([^|]*)$')
