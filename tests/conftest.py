@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +39,35 @@ FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).parent.parent
 
 redisguard.install()
+
+
+# No test may reach a Redis it did not start. Without REDIS_URL, runner's default is
+# 127.0.0.1:6379: a client a test forgot to point at its own server (a handler's
+# ``Client.from_config()`` in this process or in a child of a worker started here) wrote
+# into whatever answers there, a developer's or another app's server, and passed. So
+# REDIS_URL of this process, and of every process that inherits its environment
+# (xdist's workers, subprocesses, a worker's children), names a port this process holds
+# bound and never listens on: such a client fails at once with a connection error. A
+# test of what happens without REDIS_URL says so in the environment it passes
+# (``config.load(path, env={})``, a subprocess's ``env=`` without it, monkeypatch.delenv).
+NO_REDIS = "RUNNER_TESTS_NO_REDIS"  # (a RUNNER_ name: Project.env leaves it out of its processes)
+
+
+def _no_redis_here() -> socket.socket | None:
+    """Point REDIS_URL at a port bound here (never listening) unless the process that
+    started this one did (xdist's workers keep their controller's); the socket holds the
+    port for as long as this process lives, so no server a test starts can take it."""
+    url = os.environ.get(NO_REDIS)
+    if url and os.environ.get("REDIS_URL") == url:
+        return None
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    url = f"redis://127.0.0.1:{held.getsockname()[1]}/0"
+    os.environ["REDIS_URL"] = os.environ[NO_REDIS] = url
+    return held
+
+
+_NO_REDIS_PORT = _no_redis_here()
 
 
 def compile_package() -> None:

@@ -2,7 +2,8 @@
 
 Owns every key string (keys.py), the atomic transitions (lua/*.lua, one per file), their
 texts as sent (sources.py) and typed callers (scripts.py), the one place a script meets a
-connection (transport.py: kept connections, NOSCRIPT reloads, Cluster routing, WAIT), the
+connection (transport.py: kept connections, NOSCRIPT reloads, Cluster routing, WAIT; its
+waits on a master count the time the process ran, runclock.py), the
 job record's fields and how a reader sees them (records.py), the JSON codec (codec.py),
 clients for a single server, Cluster and Sentinel (connection.py), the plain connection of
 the one-shot reading commands, which imports no redis-py (link.py), and its twin on an event loop for the web

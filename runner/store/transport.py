@@ -781,7 +781,7 @@ class NodeLanes:
                       wait_s: float) -> list[tuple[Any, int | None] | BaseException]:
         """``send`` with each master waited for at most ``wait_s`` (see bounded): a stalled
         master's calls get NodeStalled in their places, the others keep their answers."""
-        from concurrent.futures import wait
+        from runner.store.runclock import RunClock
 
         mine: dict[int, tuple[Any, int | None] | BaseException] = {}
         sent: dict[str, Future[None]] = {}
@@ -792,7 +792,7 @@ class NodeLanes:
             else:
                 sent[node] = self.pool().submit(self._run_raising, calls, group, out)
                 self._timed(node, sent[node], wait_s)
-        wait(sent.values(), timeout=wait_s)
+        RunClock().wait(sent.values(), wait_s)  # (the time this process ran: runclock.py)
         for node, f in sent.items():
             if not f.done():
                 mine.update((i, self._given_up(node, f, wait_s)) for i in by_node[node])
@@ -818,15 +818,13 @@ class NodeLanes:
             stalled = self._stalled_error(n, what, among)
             if stalled is not None:
                 raise stalled
+        from runner.store.runclock import RunClock
+
         f = self.pool().submit(fn)
         if not among:
             self._timed(node, f, wait_s)
-        from concurrent.futures import TimeoutError as WaitedOut
-
-        try:
-            return f.result(timeout=wait_s)
-        except WaitedOut:
-            pass
+        if RunClock().wait([f], wait_s):  # (the time this process ran: runclock.py)
+            return f.result()
         err = self._given_up(node, f, wait_s, what, among)
         if late is not None:
             f.add_done_callback(lambda done: None if done.exception() is not None else late(done.result()))
@@ -1304,10 +1302,9 @@ class Transport:
         every item on the caller's thread, as the caller would make it, its errors raised."""
         if self.one_server:
             return list(read(list(range(len(keys))))), {}
-        from concurrent.futures import TimeoutError as WaitedOut
-
         from runner.store.connection import UNAVAILABLE, ClusterUnreachable
         from runner.store.outage import OUTAGE
+        from runner.store.runclock import RunClock
 
         def outage(exc: BaseException) -> BaseException:
             # (redis-py's bare RedisClusterException for a master gone with no layout read
@@ -1319,13 +1316,14 @@ class Transport:
             by_node.setdefault(self.nodes.node([key]), []).append(i)
         out: list[R | None] = [None] * len(keys)
         away: dict[int, BaseException] = {}
-        sent: list[tuple[str, list[int], Future[Sequence[R]], float, float]] = []
+        sent: list[tuple[str, list[int], Future[Sequence[R]], float]] = []
+        clock = RunClock()  # (each master's wait in the time this process ran: runclock.py)
         for node, idx in by_node.items():
             wait = self.node_wait(node)
             try:
                 if wait is not None:  # (NodeStalled at once while the master is known stalled)
                     f = self.nodes.launch(node, partial(read, idx), wait)
-                    sent.append((node, idx, f, wait, time.monotonic() + wait))
+                    sent.append((node, idx, f, wait))
                     continue
                 got = read(idx)
             except OUTAGE as exc:
@@ -1333,12 +1331,12 @@ class Transport:
                 continue
             for i, one in zip(idx, got, strict=True):
                 out[i] = one
-        for node, idx, f, wait, deadline in sent:
-            try:
-                got = f.result(timeout=max(0.0, deadline - time.monotonic()))
-            except WaitedOut:
+        for node, idx, f, wait in sent:
+            if not clock.wait([f], wait):
                 away.update(dict.fromkeys(idx, self.nodes.give_up(node, f, wait, what)))
                 continue
+            try:
+                got = f.result()
             except OUTAGE as exc:
                 away.update(dict.fromkeys(idx, outage(exc)))
                 continue

@@ -97,7 +97,7 @@ class Executors:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._generations = Generations()
-        self._slots = [Slot(queue, runtime.config.source, self.grace_s, self._generations.code)
+        self._slots = [Slot(queue, runtime.config, self.grace_s, self._generations.code)
                        for _ in range(queue.concurrency)]
         for i, slot in enumerate(self._slots):
             slot.backlog = functools.partial(ledger.backlog, i)
@@ -328,7 +328,7 @@ class Executors:
         for slot in self._slots:
             if slot.child is not None and slot.child.pid == run.child_pid:
                 return slot
-        return Slot(self.q, self.rt.config.source, self.grace_s)  # already gone: a no-op kill
+        return Slot(self.q, self.rt.config, self.grace_s)  # already gone: a no-op kill
 
     def abandon(self, run: Run) -> None:
         """Give up a thread run stuck TIMEOUT plus the grace past its deadline (see the

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.catalog import registry as registry_mod
+from runner.config import Config
 from runner.worker.channel import Channel
 from runner.worker.spill import Spill
 
@@ -391,18 +392,33 @@ def _guard_group(read_fd: int, group: int, shell: str = SENTRY_SHELL) -> subproc
         os.close(read_fd)
 
 
+def child_env(config: Config) -> dict[str, str]:
+    """What a child's environment says of its worker, over what the worker's own says: the
+    config file the worker loaded (RUNNER_CONFIG: the child loads it too), and the Redis
+    server and prefix the worker runs on (REDIS_URL, RUNNER_REDIS_PREFIX), so a handler's
+    own ``Client.from_config()``, and the tools it starts, reach the worker's jobs. The
+    worker's server is not always its environment's: `runner dev` runs on its embedded
+    server when the one runner.toml names does not answer or ``--embedded`` says so, and
+    a program makes a worker from a config it loaded with an environment of its own. The
+    child's client read the file named by RUNNER_CONFIG as an explicit choice, and went to
+    the server the file names."""
+    env = {"REDIS_URL": config.redis.url, "RUNNER_REDIS_PREFIX": config.redis.prefix}
+    if Path(config.source).exists():
+        env["RUNNER_CONFIG"] = str(Path(config.source).resolve())
+    return env
+
+
 class ChildProcess:
     """One child, its sentry, the socket to it, and a pidfd that says when it exits (its
     socket alone would not: a process the handler started may hold it open)."""
 
-    def __init__(self, config_source: str, generation: int, code: int = -1) -> None:
-        """``code``: a descriptor holding the function files' bytes the worker loaded
-        (Generations.code; -1 none: the child reads the files)."""
+    def __init__(self, config: Config, generation: int, code: int = -1) -> None:
+        """``config``: the worker's (child_env); ``code``: a descriptor holding the function
+        files' bytes the worker loaded (Generations.code; -1 none: the child reads the files)."""
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env.pop(CODE_ENV, None)
-        if Path(config_source).exists():
-            env["RUNNER_CONFIG"] = str(Path(config_source).resolve())
+        env.update(child_env(config))
         if code >= 0:
             env[CODE_ENV] = str(code)
         env[MARK] = str(os.getpid())  # what the handler starts carries it (see reap_adopted)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from runner.catalog.registry import Function
-from runner.config import QueueConfig
+from runner.config import Config, QueueConfig
 from runner.errors import JobTimeout, RunnerError, StaleLease, refusal_record
 from runner.store.connection import UNAVAILABLE, unreachable
 from runner.worker.context import Flags
@@ -120,10 +120,10 @@ class Slot:
     """The child of one executor slot: started when first needed (or warmed at start),
     replaced when it died, was killed or is due for recycling."""
 
-    def __init__(self, queue: QueueConfig, config_source: str, timeout_grace_s: float,
+    def __init__(self, queue: QueueConfig, config: Config, timeout_grace_s: float,
                  code: Callable[[int], int] = lambda generation: -1) -> None:
         self.q = queue
-        self.config_source = config_source
+        self.config = config  # the worker's: its children's (isolation.child_env)
         self.code = code  # a generation's function files, for its children (Generations.code)
         self.grace_s = timeout_grace_s
         self.child: ChildProcess | None = None
@@ -196,7 +196,7 @@ class Slot:
             else:
                 self.child.end()
             self.child = None
-        self.child = ChildProcess(self.config_source, generation, code)
+        self.child = ChildProcess(self.config, generation, code)
 
     def close(self) -> None:
         if self.child is not None:

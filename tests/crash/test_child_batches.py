@@ -114,7 +114,8 @@ def slot(project: Project, monkeypatch: pytest.MonkeyPatch) -> Any:
     project.write_config(grace=1)
     for k, v in project.env.items():  # the child inherits this process's environment
         monkeypatch.setenv(k, v)
-    s = Slot(project.config().queues["fast"], str(project.root / "runner.toml"), 1.0)
+    cfg = project.config()
+    s = Slot(cfg.queues["fast"], cfg, 1.0)
     s.warm(1)
     assert s.child is not None and s.child.wait_ready()
     yield s

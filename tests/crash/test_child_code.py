@@ -114,7 +114,7 @@ def test_a_child_started_just_after_a_reload_runs_its_generations_code(
     g1 = generations.of(first)  # an executor takes a job of v1 ...
     (project.root / "functions" / "skew.py").write_text(SKEW.format(v=2))
     assert generations.of(registry_mod.load(cfg, first)) == g1 + 1  # ... and a reload lands
-    slot = Slot(cfg.queues["fast"], str(project.root / "runner.toml"), 1.0, generations.code)
+    slot = Slot(cfg.queues["fast"], cfg, 1.0, generations.code)
     try:
         fed = Fed(project, first.functions["skew"], "j0", {}, True)
         slot.run([fed], g1, {}, lambda: False)
@@ -142,7 +142,7 @@ def test_a_child_two_reloads_late_is_not_started_and_its_job_goes_back(
         (project.root / "functions" / "skew.py").write_text(SKEW.format(v=v))
         latest = registry_mod.load(cfg, latest)
         generations.of(latest)
-    slot = Slot(cfg.queues["fast"], str(project.root / "runner.toml"), 1.0, generations.code)
+    slot = Slot(cfg.queues["fast"], cfg, 1.0, generations.code)
     try:
         fed = Fed(project, first.functions["skew"], "j0", {}, True)
         slot.run([fed], g1, {}, lambda: False)

@@ -354,10 +354,14 @@ def test_a_batch_call_is_one_span_linked_to_each_jobs_trace(project: Project, is
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_an_emit_from_a_handler_is_a_span_of_its_jobs_run(project: Project, isolation: str) -> None:
+def test_an_emit_from_a_handler_is_a_span_of_its_jobs_run(project: Project, isolation: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A handler's client.emit is one enqueue span, a child of the job's run span, in
     both isolations. In a child process it used to start a trace of its own: the run span
     is the worker's, and nothing made it the handler's current span there."""
+    # The handler's own Client.from_config() reads this process's environment (a thread
+    # handler runs here): the project's server, as a deployment's REDIS_URL names it.
+    monkeypatch.setenv("REDIS_URL", project.server.url)
     spans_file = project.root / "child-spans.jsonl"
     project.write_config(concurrency=1)  # one job: one child under process isolation, not eight
     project.add_function("emitter", EMITTER.format(isolation=isolation, spans=str(spans_file),

@@ -270,6 +270,7 @@ def test_a_function_broken_under_dev_is_broken_not_unknown(project: Project, mon
     env = {k: v for k, v in project.env.items() if k != "REDIS_URL"}
     dev = Dev(project.root, env, ("--embedded",))
     monkeypatch.chdir(project.root)
+    monkeypatch.delenv("REDIS_URL")  # (CliRunner's env= is laid over this process's: a shell without it)
 
     def enqueue() -> Result:
         return CliRunner().invoke(cli, ["enqueue", "hello", '{"name": "x"}'], env=env, catch_exceptions=False)

@@ -248,6 +248,48 @@ def test_the_python_client_follows_a_running_dev_as_the_cli_does(tmp_path: Path,
         assert dev.stop() == 0
 
 
+PROBE = '''"""Enqueues an email with the app's own client, and says where that client went."""
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+
+
+def handle(payload, ctx):
+    from runner import Client
+    with Client.from_config() as client:
+        job = client.enqueue("send_email", payload)
+        return {{"url": client.runtime.config.redis.url, "id": job.id}}
+'''
+
+
+def test_a_handlers_own_client_reaches_the_server_its_worker_runs_on(tmp_path: Path, foreign: Server) -> None:
+    """A handler's own `Client.from_config()` enqueues where its worker runs the jobs, in a
+    child process (ISOLATION = "process") as in a thread: under `runner dev --embedded`,
+    with runner.toml naming another app's server that answers, the child's client went to
+    that server (the child was handed the file as named), where no worker of the project
+    runs; its thread twin followed dev."""
+    root = fresh(tmp_path / "app", f'[redis]\nurl = "{foreign.url}"\n\n')
+    for isolation in ("thread", "process"):
+        (root / "functions" / f"probe_{isolation}.py").write_text(PROBE.format(isolation=isolation))
+        (root / "schemas" / f"probe_{isolation}").mkdir()
+        (root / "schemas" / f"probe_{isolation}" / "v1.json").write_text('{"type": "object"}')
+    env = user_env(root)
+    dev = Dev(root, env, args=("--embedded",))
+    try:
+        embedded = session(root)["url"]
+        for n, isolation in enumerate(("thread", "process"), start=1):
+            enq = cli(root, env, "enqueue", f"probe_{isolation}", json.dumps(email(n)), "--json")
+            assert enq.returncode == 0, enq.stderr
+            probe = dev.finished(json.loads(enq.stdout)["id"], timeout=30)
+            assert probe["status"] == "done", (isolation, probe.get("last_error"))
+            assert probe["result"]["url"] == embedded, (isolation, probe["result"], foreign.url)
+            assert dev.finished(probe["result"]["id"])["status"] == "done", isolation
+    finally:
+        assert dev.stop() == 0
+    r = redis.Redis.from_url(foreign.url)
+    assert sorted(r.scan_iter("runner:*")) == [f"runner:{{fast}}:job:old{i}".encode() for i in range(3)]
+    r.close()
+
+
 # --- 5. an oversized body reaches its 413 --------------------------------------------------
 
 

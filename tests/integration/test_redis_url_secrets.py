@@ -149,22 +149,22 @@ def test_query_passwords_never_print(project: Project, where: str) -> None:
 
 @pytest.mark.parametrize("url,needle", [
     ("redis://127.0.0.1:99999/0", "port"), ("redis://127.0.0.1:abc/0", "port"),
-    ("redis://127.0.0.1:6379/0?bogus=1", "unknown option"),
-    ("redis://127.0.0.1:6379/0?socket_timeout=abc", "socket_timeout"),
-    ("redis://127.0.0.1:6379/0?health_check_interval=-1", "health_check_interval"),
-    ("redis://127.0.0.1:6379/x", "database"), ("redis://127.0.0.1:6379/0?db=x", "db"),
-    ("redis://127.0.0.1:6379/0?max_connections=0", "max_connections"),
-    ("redis://127.0.0.1:6379/0?retry_on_timeout=maybe", "retry_on_timeout"),
-    ("redis://127.0.0.1:6379/0?protocol=9", "protocol"),
-    ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", "rediss://"),
-    ("rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus", "ssl_cert_reqs"),
+    ("redis://127.0.0.1:1/0?bogus=1", "unknown option"),
+    ("redis://127.0.0.1:1/0?socket_timeout=abc", "socket_timeout"),
+    ("redis://127.0.0.1:1/0?health_check_interval=-1", "health_check_interval"),
+    ("redis://127.0.0.1:1/x", "database"), ("redis://127.0.0.1:1/0?db=x", "db"),
+    ("redis://127.0.0.1:1/0?max_connections=0", "max_connections"),
+    ("redis://127.0.0.1:1/0?retry_on_timeout=maybe", "retry_on_timeout"),
+    ("redis://127.0.0.1:1/0?protocol=9", "protocol"),
+    ("redis://127.0.0.1:1/0?ssl_cert_reqs=none", "rediss://"),
+    ("rediss://127.0.0.1:1/0?ssl_cert_reqs=bogus", "ssl_cert_reqs"),
     # Past their bound (an OverflowError or ValueError in redis-py), or an option only
     # redis-py's blocking pool takes (its TypeError).
-    ("redis://127.0.0.1:6379/0?socket_timeout=1e308", "socket_timeout='1e308' must be seconds (a number from 0"),
-    ("redis://127.0.0.1:6379/0?socket_connect_timeout=1e308", "socket_connect_timeout='1e308' must be"),
-    ("redis://127.0.0.1:6379/0?health_check_interval=1e308", "health_check_interval='1e308' must be whole"),
-    ("redis://127.0.0.1:6379/0?health_check_interval=1.5", "health_check_interval='1.5' must be whole"),
-    ("redis://127.0.0.1:6379/0?timeout=5", "unknown option(s) timeout"),
+    ("redis://127.0.0.1:1/0?socket_timeout=1e308", "socket_timeout='1e308' must be seconds (a number from 0"),
+    ("redis://127.0.0.1:1/0?socket_connect_timeout=1e308", "socket_connect_timeout='1e308' must be"),
+    ("redis://127.0.0.1:1/0?health_check_interval=1e308", "health_check_interval='1e308' must be whole"),
+    ("redis://127.0.0.1:1/0?health_check_interval=1.5", "health_check_interval='1.5' must be whole"),
+    ("redis://127.0.0.1:1/0?timeout=5", "unknown option(s) timeout"),
 ])
 def test_a_malformed_redis_url_is_a_clear_error(project: Project, url: str, needle: str) -> None:
     for args in (("check",), ("stats",), ("worker", "--queue", "fast")):

@@ -585,20 +585,11 @@ def test_a_busy_master_is_left_out_as_a_stalled_one_is(sproject: Project, shards
     another master is read, one on none that answered is a 503 naming its partition with
     Retry-After, and a bulk cancel goes on past it. Before, redis-py's cluster nodes kept
     its own reply parser, so BUSY was a bare ResponseError: every reader a 500."""
-    import redis
-    from test_busy import _is_busy, _kill
-
     from runner.store import keys
 
     p = sproject
     victim, live, away, tags, web = _stalled_apart(p, shards, avoid=(keys.audit(p.prefix),))
-    probe = redis.Redis(port=victim.port)
-    probe.config_set("busy-reply-threshold", 100)
-    side = redis.Redis(port=victim.port)
-    spinner = threading.Thread(target=lambda: _spin(side), daemon=True)
-    spinner.start()
-    wait_for(lambda: _is_busy(probe), timeout=10, what="the master to answer BUSY")
-    try:
+    with _busy(victim):
         p.runtime.redis.nodes_manager.initialize()  # (new connections: their handshake meets BUSY too)
         queues = web.simulate_get("/queues")
         metrics = web.simulate_get("/metrics")
@@ -607,10 +598,6 @@ def test_a_busy_master_is_left_out_as_a_stalled_one_is(sproject: Project, shards
         page = web.simulate_get("/jobs?queue=fast&status=queued&limit=100")
         bulk = web.simulate_post("/bulk", json={"action": "cancel",
                                                 "jobs": [{"queue": "fast", "id": i} for i in (live[1], away[1])]})
-    finally:
-        wait_for(lambda: _kill(probe), timeout=10, what="the script to be killed")
-        spinner.join(timeout=10)
-        probe.config_set("busy-reply-threshold", 5000)
     assert queues.status_code == 200, queues.text
     assert {x["partition"] for x in queues.json["left_out"] if x["queue"] == "fast"} == tags, queues.json
     assert metrics.status_code == 200, metrics.text
@@ -623,6 +610,110 @@ def test_a_busy_master_is_left_out_as_a_stalled_one_is(sproject: Project, shards
         assert {x["partition"] for x in page.json["left_out"] if x["queue"] == "fast"} == tags, page.json
     assert bulk.status_code == 200, bulk.text
     assert [j["outcome"] for j in bulk.json["jobs"]] == ["cancelled", "refused"], bulk.json
+
+
+@contextlib.contextmanager
+def _busy(victim: Server) -> Iterator[None]:
+    """``victim`` busy in a long script for the block: BUSY to everything, a new
+    connection's handshake included."""
+    import redis
+    from test_busy import _is_busy, _kill
+
+    probe = redis.Redis(port=victim.port)
+    probe.config_set("busy-reply-threshold", 100)
+    side = redis.Redis(port=victim.port)
+    spinner = threading.Thread(target=lambda: _spin(side), daemon=True)
+    spinner.start()
+    wait_for(lambda: _is_busy(probe), timeout=10, what="the master to answer BUSY")
+    try:
+        yield
+    finally:
+        wait_for(lambda: _kill(probe), timeout=10, what="the script to be killed")
+        spinner.join(timeout=10)
+        probe.config_set("busy-reply-threshold", 5000)
+        probe.close()
+        side.close()
+
+
+def _stopped_once(in_thread: Callable[[], bool], s: float) -> Callable[[], None]:
+    """A step that stops this whole process for ``s`` seconds the first time it runs where
+    ``in_thread()`` says (SIGSTOP, and a shell that sends SIGCONT), and then lets its
+    thread go on 0.2 s after the others: as a host starved of CPU holds a process, its
+    calls to Redis out, and gives its threads their turns again one after another."""
+    armed = [True]
+
+    def stop() -> None:
+        if armed[0] and in_thread():
+            armed[0] = False
+            subprocess.Popen(["sh", "-c", f"sleep {s}; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(0.2)
+
+    return stop
+
+
+def _unreachable(text: str) -> set[str]:
+    """The tags of the fast queue's partitions a /metrics text says this scrape left out."""
+    out = set()
+    for line in text.splitlines():
+        if line.startswith("runner_partition_unreachable{") and 'queue="fast"' in line and line.endswith(" 1.0"):
+            out.add(line.split('tag="', 1)[1].split('"', 1)[0])
+    return out
+
+
+def test_a_scrape_starved_past_its_bound_holds_no_master_to_it(sproject: Project, shards: list[Server],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's bound on a master (2 s) counts the time the reading process ran: a
+    scrape whose process could not run for longer (a loaded host starves it; here it is
+    stopped 2.5 s while its reads of the masters' figures are out) leaves out the
+    partitions of the master that did not answer (one BUSY) and no other, and
+    runner_redis_up stays 1. On the wall clock the bound ran out while the other
+    masters' answers sat unread: every master was given up, and the scrape said Redis
+    was down (once in a loaded run of the suite)."""
+    from runner.observe import figures
+    from runner.store import keys
+
+    p = sproject
+    victim, _, _, tags, web = _stalled_apart(p, shards, avoid=(keys.audit(p.prefix),))
+    stop = _stopped_once(lambda: threading.current_thread() is not threading.main_thread(), 2.5)
+    rows = figures.partition_rows
+
+    def stopped_rows(*args: Any) -> Any:
+        stop()
+        return rows(*args)
+
+    monkeypatch.setattr(figures, "partition_rows", stopped_rows)
+    with _busy(victim):
+        t = time.monotonic()
+        metrics = web.simulate_get("/metrics")
+        took = time.monotonic() - t
+    assert took > 2.5, f"the process was not stopped during the scrape ({took:.2f} s)"
+    assert metrics.status_code == 200, metrics.text
+    assert "runner_redis_up 1.0" in metrics.text, metrics.text[-2000:]
+    assert _unreachable(metrics.text) == tags, metrics.text[-2000:]
+
+
+def test_a_call_starved_past_its_node_wait_is_answered_not_given_up(sproject: Project) -> None:
+    """A worker's call to a master, bounded by its node wait (2 s), while its process
+    could not run for longer (stopped 2.5 s with the call out) is answered, and the
+    master is not marked stalled: the wait counts the time the process ran. On the wall
+    clock the call was given up as a stalled master's ("did not answer within 2 s"), its
+    partitions' work backed off from, though the answer was waiting in the socket."""
+    p = sproject
+    rt = p.runtime
+    rt.scripts.node_wait_s = 2.0  # (as a worker sets it: Worker, NODE_WAIT_S)
+    key = f"{p.prefix}:{{fast}}:starved"
+    rt.redis.set(key, "answered")
+    stop = _stopped_once(lambda: threading.current_thread() is not threading.main_thread(), 2.5)
+
+    def read() -> Any:
+        stop()
+        return rt.redis.get(key)
+
+    t = time.monotonic()
+    assert rt.scripts.on_node(key, read, "a read") == "answered"
+    assert time.monotonic() - t > 2.5, "the process was not stopped during the call"
+    assert not rt.scripts.nodes.stalled(rt.scripts.nodes.node([key]))
 
 
 def _spin(side: Any) -> None:
