@@ -794,7 +794,7 @@ def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted
     """A master stalls (SIGSTOP) and the cluster promotes its replica (3 masters with a
     replica each, cluster-node-timeout 2 s): until the promotion, reads of the master's
     partitions are 503s (its jobs, GET /queues' `left_out`) and enqueues to them fail; once
-    the promotion shows in CLUSTER SLOTS, within 3 s, GET /jobs/{id} of a job there and GET
+    the promotion shows in CLUSTER SLOTS, within 5 s (about 1 s on a quiet host), GET /jobs/{id} of a job there and GET
     /queues answer 200 with nothing left out, and enqueues routed there (POST /jobs, and a
     producer's Client of its own that only enqueues) are accepted by the promoted replica;
     /metrics and `runner stats` leave nothing out. Before, a master marked stalled stayed
@@ -911,10 +911,13 @@ def test_a_stalled_master_s_partitions_answer_again_once_its_replica_is_promoted
                       f"{last - at:+.2f} s from the promotion, answered from {again - at:+.2f} s")
             for what, got in seen.items():
                 assert any(not ok for _, _, ok in got), (what, got)
-                assert all(not ok for _, end, ok in got if end < at), (what, got)  # (the stalled master's)
+                # (The stalled master's; a second's slack: another live master may show the
+                # promotion to the readers a moment before the witness does.)
+                assert all(not ok for _, end, ok in got if end < at - 1.0), (what, got)
                 assert len(got) >= 3 and all(ok for _, _, ok in got[-3:]), (what, "not answered again", got)
                 last = max(end for _, end, ok in got if not ok)
-                assert last - at < 3.0, f"{what} answered again {last - at:.1f} s after the promotion: {got}"
+                # 0.0-1.1 s on a quiet host; 5 s leaves room for a loaded one (it was 12-13 s)
+                assert last - at < 5.0, f"{what} answered again {last - at:.1f} s after the promotion: {got}"
             assert set(metrics["runner_partition_unreachable"].values()) == {0.0}, metrics
             assert layout_s < 2.0, f"a read of the layout took {layout_s:.1f} s"
             assert stats.returncode == 0, stats.stdout + stats.stderr
