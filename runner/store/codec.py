@@ -419,7 +419,8 @@ def not_json(value: Any) -> tuple[str, str] | None:
     try:
         orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
-        return "$", f"the value at $ is not JSON: {exc}"
+        why = _unstorable(value, "$", str_keys=True, texts=True)
+        return "$", why or f"the value at $ is not JSON: {exc}"
     return None
 
 
@@ -478,16 +479,48 @@ def _json_like(obj: Any) -> bytes:
                           ensure_ascii=False).encode()
     except (TypeError, ValueError) as exc:
         # (Never blank: should the walk find nothing, json's own words say what it refused.)
-        raise NotStorable(_unstorable(obj, "$") or f"the value at $ is not JSON ({exc})") from None
+        raise NotStorable(_unstorable(obj, "$", texts=True) or f"the value at $ is not JSON ({exc})") from None
 
 
-def _unstorable(node: Any, path: str, str_keys: bool = False) -> str:
+# An integer past this many bits may be past Python's conversion limit for a decimal
+# string (sys.get_int_max_str_digits, 4,300 digits: about 14,284 bits); only such a one is
+# converted to find out.
+_LONG_INT_BITS = 14_000
+
+
+def _bad_text(node: str | int, path: str) -> str:
+    """Why JSON text cannot hold this string or integer ("" for nothing): a lone surrogate
+    (json writes it as a \\udcxx escape, which orjson and every strict reader of the
+    stored record refuse, so the record would read as unparseable), or an integer past
+    Python's conversion limit."""
+    if isinstance(node, str):
+        if node.isascii():
+            return ""
+        try:
+            node.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (f"the string at {path} holds a lone surrogate ({node[exc.start]!r}, at character {exc.start}), "
+                    "which no JSON reader of the record takes (a file name os.fsdecode read from bytes that are "
+                    "not UTF-8, or a cut escape): store it as text, e.g. .encode('utf-8', 'replace').decode()")
+        return ""
+    if isinstance(node, int) and node.bit_length() > _LONG_INT_BITS:
+        try:
+            str(node)
+        except ValueError:
+            return (f"the integer at {path} has more digits than Python converts to text (sys.get_int_max_str_digits); "
+                    "store it as a string")
+    return ""
+
+
+def _unstorable(node: Any, path: str, str_keys: bool = False, texts: bool = False) -> str:
     """What in ``node`` JSON cannot hold, with its path ("" for nothing). ``str_keys``: a
     key must be a string (a payload's, a checkpoint's; a result's may be a number, written
     as json writes it). The walk reads what orjson writes: a dict's or a list's own items
-    (whatever a subclass overrides), an Enum's value, a dataclass's public attributes."""
+    (whatever a subclass overrides), an Enum's value, a dataclass's public attributes.
+    ``texts``: strings and integers are looked at too (_bad_text: only where an encoder
+    refused, never on the way of a value that encoded)."""
     if isinstance(node, enum.Enum):
-        return _unstorable(node.value, path, str_keys)
+        return _unstorable(node.value, path, str_keys, texts)
     if isinstance(node, dict):
         for k, v in dict.items(node):
             if isinstance(k, str):
@@ -499,13 +532,15 @@ def _unstorable(node: Any, path: str, str_keys: bool = False) -> str:
             elif isinstance(k, float) and not math.isfinite(k):
                 return (f"the key {k!r} at {path} is a number JSON cannot hold (NaN and infinities have no JSON "
                         "form); use a string key in its place")
-            found = _unstorable(v, f"{path}.{k}", str_keys)
+            if texts and isinstance(k, str) and (bad := _bad_text(k, f"{path} (a key)")):
+                return bad
+            found = _unstorable(v, f"{path}.{k}", str_keys, texts)
             if found:
                 return found
         return ""
     if isinstance(node, list | tuple):
         for i, v in enumerate(list.__iter__(node) if isinstance(node, list) else tuple.__iter__(node)):
-            found = _unstorable(v, f"{path}[{i}]", str_keys)
+            found = _unstorable(v, f"{path}[{i}]", str_keys, texts)
             if found:
                 return found
         return ""
@@ -513,12 +548,12 @@ def _unstorable(node: Any, path: str, str_keys: bool = False) -> str:
         return f"the value at {path} is {node!r}, which JSON cannot hold (use None or a string in its place)"
     if dataclasses.is_dataclass(node) and not isinstance(node, type):  # as orjson writes it
         for name, v in _dataclass_items(node):
-            found = _unstorable(v, f"{path}.{name}", str_keys)
+            found = _unstorable(v, f"{path}.{name}", str_keys, texts)
             if found:
                 return found
         return ""
     if isinstance(node, int | str | bool | float) or node is None:
-        return ""
+        return _bad_text(node, path) if texts and isinstance(node, str | int) and not isinstance(node, bool) else ""
     try:
         orjson.dumps(node)
     except orjson.JSONEncodeError:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import json
+import os
 import re
 import struct
 from collections import OrderedDict
@@ -131,3 +133,17 @@ def test_other_types_without_nan_encode_as_orjson_writes_them() -> None:
     for value in values:
         assert codec.dumpb_checked(value) == orjson.dumps(value)
     assert codec.dumpb_result({1: _Plain(), "n": None}) == b'{"1":{"x":1},"n":null}'
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    ({"files": ["ok.txt", json.loads('"caf\\ud83d"')]}, "$.files[1]"),  # a truncated emoji escape
+    ({"files": [os.fsdecode(b"caf\xe9.txt")]}, "$.files[0]"),  # a file name that is not UTF-8
+    ({"n": 1, "big": 10 ** 5000}, "$.big"),  # past Python's 4,300-digit conversion limit
+    ({3: [{"k": "\udce9"}]}, "$.3[0].k"),  # (a number key: json's path)
+])
+def test_a_result_that_cannot_be_stored_names_the_offending_path(value: Any, path: str) -> None:
+    """A lone surrogate in a string (json writes it as a \\udcxx escape, which orjson and
+    every strict reader of the record refuse: the done job would read as unparseable) and
+    an integer past the conversion limit are refused naming where they are, not "$"."""
+    with pytest.raises(codec.NotStorable, match=re.escape(f" at {path} ")):
+        codec.dumpb_result(value)
