@@ -55,7 +55,7 @@ from runner.catalog import registry as registry_mod
 from runner.catalog.registry import Registry
 from runner.client import Enqueued
 from runner.client.enqueuing import checked_json
-from runner.errors import JobTimeout, RunnerError, raise_refusal
+from runner.errors import JobTimeout, RunnerError, StaleLease, raise_refusal
 from runner.observe import tracing
 from runner.observe.logs import flush_held
 from runner.observe.logs import setup as setup_logs
@@ -191,11 +191,16 @@ class Child:
         # (the job's fields, its batch's message, whether it is the batch's first)
         self.pending: collections.deque[tuple[list[Any], dict[str, Any], bool]] = collections.deque()
         self.flags_of: dict[str, Flags] = {}  # by claim token: the flags of each job sent here
+        # The tokens of jobs lost unstarted before: each one's start is asked of the parent
+        # before its handler runs (its claim stays held until then, see run_one).
+        self.confirm: set[str] = set()
         self.spent = False  # a job left something running: the parent kills this child
         self.jobs = 0
         self.token = ""  # the claim token of the job running now ("" between jobs)
         self.logger: JobLogger | None = None  # the running job's, when it keeps a log
-        self.threads = 0  # OS threads of the child's own (main, the reader) and of its imports
+        # The OS threads (ids) of the child's own (main, the reader) and of its imports, less
+        # those that ended since: a thread not among them after a job is the handler's.
+        self.threads: set[str] = set()
         self.batches: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()  # BATCH calls sent here
         self.main = threading.main_thread().ident or 0  # (the thread handlers run in)
         # This child's own process: one its handler forked shares the channel but not the
@@ -204,15 +209,23 @@ class Child:
 
     def threads_left(self) -> int:
         """OS threads the handler left running (``_thread`` and C extensions' threads too,
-        which ``threading`` does not count). A thread just joined may take a moment more
-        to leave /proc."""
-        left = _tasks() - self.threads
-        if left <= 0:
+        which ``threading`` does not count). Told by their ids, not counted: a thread
+        started at import that ended meanwhile must not hide one the handler left. A
+        thread just joined may take a moment more to leave /proc."""
+        left = self._new_threads()
+        if not left:
             return 0
         deadline = time.monotonic() + 0.1
-        while (left := _tasks() - self.threads) > 0 and time.monotonic() < deadline:
+        while (left := self._new_threads()) and time.monotonic() < deadline:
             time.sleep(0.002)
-        return max(0, left)
+        return len(left)
+
+    def _new_threads(self) -> set[str]:
+        """The threads alive now that were not before the job (those of the child's own
+        that ended are forgotten, so an id the kernel gives again is seen as new)."""
+        now = _tasks()
+        self.threads &= now
+        return now - self.threads
 
     def processes_left(self) -> int:
         """Processes the handler left running, its own or adopted (this child is their
@@ -379,6 +392,7 @@ class Child:
             # "more" tops the queue up while a batch runs: none of its jobs was counted
             # started at the send (a "run" batch's first was).
             with self.lock:
+                self.confirm.update(msg.get("confirm") or ())
                 for i, job in enumerate(msg["jobs"]):
                     self.flags_of[job[1]] = Flags()
                     self.pending.append((job, msg, i == 0 and op == "run"))
@@ -395,6 +409,7 @@ class Child:
                 self.pending.extend(kept)
                 for t in tokens:
                     self.flags_of.pop(t, None)
+                    self.confirm.discard(t)
             self.send({"op": "recalled", "tokens": tokens})
         elif op == "batch":  # one handle_batch call over its jobs (executors._batch_in_child)
             with self.lock:  # (a "flag" may follow at once: the call's ctx sees it from its start)
@@ -418,6 +433,7 @@ class Child:
                         return
                     del self.pending[i]
                     self.flags_of.pop(token, None)
+                    self.confirm.discard(token)
                     break
             else:
                 return
@@ -461,6 +477,7 @@ class Child:
                 flags = self.flags_of.get(job[1])
                 if flags is not None and flags.cancelled and not first:
                     del self.flags_of[job[1]]
+                    self.confirm.discard(job[1])
                     skipped.append(job[1])
                     continue
                 self.token = job[1]
@@ -630,10 +647,15 @@ class Child:
         """One job's run and its outcome. A batch's ``first`` says when its handler starts
         ("began"; the parent counts its attempt from there, not from the send: a fresh
         child's first job validates and builds its context for up to a second before). The
-        others' start goes with the previous job's outcome ("next")."""
+        others' start goes with the previous job's outcome ("next"). A job lost unstarted
+        before asks the parent for its start first ("start"): its claim is held until that
+        lands, so a worker lost while it waited here charges it nothing."""
         global _alarmed
         _alarmed = False
         job = Claimed(*row)
+        with self.lock:
+            confirm = job.token in self.confirm
+            self.confirm.discard(job.token)
         self.logger = None  # (one the job before made as it ended is not this one's)
         if "skew_ms" in msg:  # (its lines carry the server's time; this host's clock is the worker's)
             joblog.set_skew(int(msg["skew_ms"]))
@@ -664,6 +686,12 @@ class Child:
 
         def guard(body: Any) -> Any:
             global _timing
+            if confirm:
+                started = self.ask(token, "start")
+                if not started.get("ok"):
+                    raise StaleLease(f"job {job.id}: its lease was lost before its handler started")
+                if (started.get("value") or {}).get("cancelled"):
+                    flags.cancelled = True
             if first:
                 self.send({"op": "began", "token": token})
             # MEMORY_MB caps the handler only: the result's encoding after it (and the
@@ -746,19 +774,19 @@ class Child:
 _task_dir = -1  # /proc/self/task, opened once (Linux)
 
 
-def _tasks() -> int:
-    """This process's OS threads. On Linux the link count of /proc/self/task is 2 plus
-    the threads: one fstat of a descriptor kept open, where listing the folder cost a
-    quarter of a no-op job's time in the child."""
+def _tasks() -> set[str]:
+    """This process's OS threads, by id. On Linux the entries of /proc/self/task, listed
+    through a descriptor kept open (listing it by its path cost three times as much, a
+    quarter of a no-op job's time in the child)."""
     global _task_dir
     if not sys.platform.startswith("linux"):
-        return threading.active_count()
+        return {str(t.ident) for t in threading.enumerate()}
     try:
         if _task_dir < 0:
             _task_dir = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        return os.fstat(_task_dir).st_nlink - 2
+        return set(os.listdir(_task_dir))
     except OSError:
-        return len(os.listdir("/proc/self/task"))
+        return set(os.listdir("/proc/self/task"))
 
 
 def _children(pid: int | str = "self") -> list[int]:

@@ -1100,10 +1100,13 @@ class Executors:
         """These runs go to a child now: each held claim's wait ends in Redis first (one
         script call per partition, in one round trip for them all, hold.lua), so from here
         a lapse before its start mark gives it back unspent once only, and a handler that
-        kills its worker cannot loop for ever. Per run, False: its lease was lost in the
+        kills its worker cannot loop for ever. A run lost unstarted before (``confirm``)
+        stays held: its child asks for its start before its handler runs (rpc "start"),
+        so it is never charged while it waits in the child's queue behind another job,
+        whatever kills the worker, however often. Per run, False: its lease was lost in the
         wait, it goes back instead. Redis away: they go all the same, still held, and
         their start marks end that."""
-        waiting = [r for r in runs if r.held]
+        waiting = [r for r in runs if r.held and not r.confirm]
         if not waiting:
             return [True] * len(runs)
         try:
@@ -1476,6 +1479,8 @@ class _ChildRun:
             # before it imported the function and checked the payload (seconds for heavy
             # imports): the outcome shows it (entries.py: a start mark not sent).
             self._began_now()
+            if self.run.confirm:  # its child asks for its start (rpc "start"), which marks it
+                return
             if self.run.held or not self.job.started:
                 self.ex.outcomes.put(Settlement(self.run, START))
 
@@ -1511,6 +1516,14 @@ class _ChildRun:
             return {"code": ex._listen(ex.parts[job.partition], job, str(msg.get("name")),
                                        match if isinstance(match, dict) else {}, int(msg.get("position") or 0),
                                        bool(msg.get("on")))}
+        if call == "start":  # a job lost unstarted before: its start mark lands before its handler runs
+            mark = ex._marked(run)
+            if mark is not None and mark < 0:  # its lease was lost in the wait: no handler runs
+                return False
+            if mark == 2 and not run.flags.cancelled:  # a cancel in the wait: the handler hears it
+                run.flags.cancelled = True
+                run.cancelled_at = time.monotonic()
+            return {"cancelled": run.flags.cancelled}
         if call == "extend":
             return ex.renew_one(job)
         if call == "progress":

@@ -57,6 +57,9 @@ FOR_CHILD = 3
 RESUMED = 4
 # Both: claimed ahead and held, and a durable job resumed (claim.lua).
 HELD_RESUMED = 5
+# A child's job lost unstarted before: held until its child asks for its start, which
+# lands before its handler runs (claim.lua); and the same for a durable job resumed.
+CONFIRMED, CONFIRMED_RESUMED = 6, 7
 
 
 def _count_or_unknown(value: object) -> int:
@@ -412,7 +415,8 @@ class Fetcher:
             # job's time here (2.7 against 0.9 us each).
             run = Run(Claimed(job_id, token, int(attempt), type_, version, payload, int(max_attempts or 1),
                               idem_key, resource_key, _int_or(ready, created), created, checkpoint, qname, now,
-                              started not in (0, FOR_CHILD, RESUMED, HELD_RESUMED), meta, "", partition,
+                              started not in (0, FOR_CHILD, RESUMED, HELD_RESUMED, CONFIRMED, CONFIRMED_RESUMED),
+                              meta, "", partition,
                               logged if type(logged) is int else _count_or_unknown(logged)))
             batch.append(run)
             if started == 0 or started == 1:  # (most claims: one comparison a job)
@@ -425,6 +429,10 @@ class Fetcher:
                 run.resumed = True
             elif started == HELD_RESUMED:
                 run.held = run.resumed = True
+            elif started == CONFIRMED:
+                run.held = run.confirm = True
+            elif started == CONFIRMED_RESUMED:
+                run.held = run.confirm = run.resumed = True
         if self.trace_context and tracing.enabled():
             for r in batch:
                 if r.job.meta_raw:

@@ -52,6 +52,9 @@ class Run:
     # settlement of the run (its child's death seen as a crash) is dropped by the settler.
     handed_back: Any = None
     held: bool = False  # its claim waits for an executor (hold.lua), unspent however often it is lost
+    # A child's job lost unstarted before: its claim stays held in its child too, until the
+    # child asks for its start before its handler runs (claim.lua, _ChildRun.rpc "start").
+    confirm: bool = False
     # It joined a BATCH call that another run's executor gathers: it takes no executor of
     # its own (see Ledger.rode).
     rider: bool = False

@@ -260,7 +260,7 @@ class Slot:
                 return _release(feeds)
             _release([f for f, ok in zip(feeds, go, strict=True) if not ok])
             feeds = [f for f, ok in zip(feeds, go, strict=True) if ok]
-            child.send({"op": "run", "jobs": [f.job.as_row() for f in feeds], **extra})
+            child.send({"op": "run", "jobs": [f.job.as_row() for f in feeds], **_confirm(feeds), **extra})
         except (ExecutorCrashed, OSError) as exc:
             # The child died (or never started) before its handler got the job: a stop's
             # SIGTERM reaching it while it imports, the OOM killer, its start timeout. The
@@ -288,6 +288,13 @@ class Slot:
                      child.jobs, child.rss_mb)
             with contextlib.suppress(Superseded):  # (the next job starts one of the code of now)
                 self.replace(generation)
+
+
+def _confirm(feeds: Sequence[Feed]) -> dict[str, Any]:
+    """The jobs whose start the child must ask for before their handlers run (lost
+    unstarted before: their claims stay held until then, Run.confirm)."""
+    tokens = [f.job.token for f in feeds if f.run.confirm]
+    return {"confirm": tokens} if tokens else {}
 
 
 def _release(feeds: Sequence[Feed]) -> None:
@@ -585,7 +592,7 @@ class _Watch:
         self.sent += len(feeds)
         # (A child gone meanwhile: the next wait finds out, and these go back with the rest.)
         with contextlib.suppress(OSError):
-            self.child.send({"op": "more", "jobs": [f.job.as_row() for f in feeds], **self.extra})
+            self.child.send({"op": "more", "jobs": [f.job.as_row() for f in feeds], **_confirm(feeds), **self.extra})
         return True
 
     def _lost(self, why: str) -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -1457,3 +1458,74 @@ def test_memory_cap_holds_while_another_thread_of_the_handler_logs(project: Proj
         assert got["refused"] > 0 and got["held_mb"] <= 64, got
         lines = [line["msg"] for line in project.client.logs(j)["lines"] if line["src"] == "log"]
         assert lines[-1] == f"progress {got['said']}", lines[-3:]
+
+
+POISON = '''
+import os, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 3
+
+def handle(payload, ctx):
+    if payload.get("kill"):
+        with open(os.path.join(os.environ["RECORD_DIR"], ctx.job_id), "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(0.2)  # its start mark lands: each of its runs counts
+        os.kill(os.getppid(), 9)  # its worker
+        time.sleep(30)
+'''
+
+
+def test_jobs_waiting_behind_a_handler_that_kills_its_worker_are_never_charged(project: Project) -> None:
+    """With prefetch on and the pace of quick jobs known, a job that SIGKILLs its worker
+    has jobs of another function waiting behind it in its child's queue. Its every run
+    counts, and after MAX_ATTEMPTS it is dead as "worker lost"; the jobs behind it, lost
+    with the worker each time, never started and are never charged, however often
+    (their hold used to end as they were sent to the child, so from their second loss
+    each counted, and all went dead as "worker lost" without a run). Workers restarted as
+    a PaaS does; a stream of quick jobs keeps the pace known."""
+    project.add_function("poison", POISON)
+    project.add_function("pwork", PWORK.replace("MAX_ATTEMPTS = 1", "MAX_ATTEMPTS = 3"))
+    only_functions(project, "poison", "pwork")
+    # (A lease of 3 s: a new worker learns the pace before the lost jobs come back.)
+    project.write_config(vt=3, concurrency=1, prefetch=16, max_attempts=3, fast="max_timeout = 600")
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                project.client.enqueue("poison", {})
+            stop.wait(0.05)
+
+    workers = [spawn_leader(project, "fast")]
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        warm = project.client.enqueue("poison", {}).id
+        wait_final(project, [warm], timeout=60)  # (its child knows the pace of its quick jobs)
+        poison = project.client.enqueue("poison", {"kill": True}).id
+        innocents = [project.client.enqueue("pwork", {"tag": i}).id for i in range(6)]
+        deaths = 0
+
+        def settled() -> bool:
+            nonlocal deaths
+            if workers[-1].poll() is not None:
+                deaths += 1
+                workers.append(spawn_leader(project, "fast"))
+            return all(rec(project, j)["status"] in ("done", "dead") for j in [poison, *innocents])
+
+        wait_for(settled, timeout=120, interval=0.1, what="the poison job and the others to end")
+    finally:
+        stop.set()
+        feeder.join(timeout=5)
+    final = rec(project, poison)
+    assert final["status"] == "dead" and final["reason"] == "worker lost", final
+    assert deaths >= 3 and len(project.runs(poison)) == 3, (deaths, project.runs(poison))
+    losses = 0
+    for j in innocents:
+        r = rec(project, j)
+        assert r["status"] == "done" and r["attempt"] == 1, (r["status"], r["attempt"], outcomes(r))
+        assert len(project.runs(j)) == 1
+        losses += outcomes(r).count("lost unstarted")
+    assert losses >= 2 * len(innocents), losses  # (they waited behind it through its runs)

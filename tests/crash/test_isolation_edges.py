@@ -206,3 +206,45 @@ def test_an_abandoned_thread_keeps_its_resource_until_it_ends(project: Project) 
     assert len(runs) == 3
     overlaps = [(a, b) for a, b in itertools.pairwise(runs) if b[0] < a[1]]
     assert not overlaps, f"runs of one resource overlapped: {project.runs('printer')}"
+
+
+WARMS_UP = '''
+import os, threading, time
+QUEUE = "fast"
+ISOLATION = "process"
+TIMEOUT = 20
+MAX_ATTEMPTS = 1
+DONE = os.path.join(os.environ.get("RECORD_DIR", "."), "warmed")
+
+def _warm_up():  # a library's thread started at import (a warm-up, a credential prefetch)
+    while not os.path.exists(DONE):
+        time.sleep(0.01)
+
+import __main__
+if getattr(getattr(__main__, "__spec__", None), "name", "") == "runner.worker.child":
+    threading.Thread(target=_warm_up, name="warm-up", daemon=True).start()
+
+def handle(payload, ctx):
+    if payload.get("leave"):
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # left running
+        open(DONE, "w").close()  # the warm-up ends meanwhile: the count of threads is as before
+        while any(t.name == "warm-up" for t in threading.enumerate()):
+            time.sleep(0.01)
+    return {"pid": os.getpid()}
+'''
+
+
+def test_a_thread_left_running_retires_its_child_though_an_import_thread_ended_meanwhile(
+        project: Project) -> None:
+    """A handler that leaves a thread running while a thread started at import ends: its
+    child is not used again (the threads were counted, so one ended and one left cancelled
+    out, and the left thread ran on beside the next job in the same child)."""
+    add_function(project, "warms", WARMS_UP)
+    project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
+    project.spawn_worker("fast")
+    a = project.client.enqueue("warms", {"leave": True}).id
+    first = wait_final(project, [a], timeout=60)[a]
+    b = project.client.enqueue("warms", {}).id
+    second = wait_final(project, [b], timeout=60)[b]
+    assert first["status"] == second["status"] == "done", (first["last_error"], second["last_error"])
+    assert first["result"]["pid"] != second["result"]["pid"]

@@ -437,8 +437,10 @@ def test_a_childs_job_claimed_ahead_is_held_from_its_claim_until_handed_off(p: P
     a free, ready child: its claim is held from the claim ('p' and 'h', started 3), so its
     lease lapsing gives it back spending nothing, however often. Its worker ends the hold
     as the child gets it (hold.lua 'off'): from there a lapse before its start mark gives
-    it back once, and the second counts. Claimed ahead for a thread, a job is not held the
-    first time; lost so, it is held from its next claim ahead, never charged in the wait."""
+    it back once; from then on it is held until its start mark (started 6: its child asks
+    for its start before its handler runs), never charged before it, and counts after.
+    Claimed ahead for a thread, a job is not held the first time; lost so, it is held from
+    its next claim ahead, never charged in the wait."""
     enqueue(p, new("t", type_="noop", max_attempts=1), new("c", type_="child", max_attempts=1))
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
 
@@ -458,11 +460,19 @@ def test_a_childs_job_claimed_ahead_is_held_from_its_claim_until_handed_off(p: P
         assert "refunds" not in state(p, "c")
     assert rec(p, "t")["status"] == "queued" and raw(p, "t")["attempt"] == "0"  # never charged unstarted
     assert raw(p, "c")["history"].count('"outcome":"lost unstarted"') == 3
-    for n in (3, 4):  # handed to its child each time: once back unspent, then it counts
+    got = claim_ahead(3)  # handed to its child: lost before its start mark, back unspent once
+    assert sc.hold(k, [("c", got["c"][1])], off=True) == [1]
+    assert r.hget(k.claims, "c").split()[3] == "ps"
+    sc.reclaim(k, 100, 10**7, now_ms=NOW + 7 * LEASE)
+    assert state(p, "c")["refunds"] == "1" and rec(p, "c")["status"] == "queued"
+    for n in (4, 5):  # its once used: held (6) until its child asks for its start, never charged before
         got = claim_ahead(n)
-        assert sc.hold(k, [("c", got["c"][1])], off=True) == [1]
-        assert r.hget(k.claims, "c").split()[3] == "ps"
+        assert got["c"][12] == 6 and {"p", "h"} <= set(r.hget(k.claims, "c").split()[3])
         sc.reclaim(k, 100, 10**7, now_ms=NOW + (2 * n + 1) * LEASE)
+        assert rec(p, "c")["status"] == "queued" and raw(p, "c")["attempt"] == "0"
+    got = claim_ahead(6)
+    assert sc.start(k, [("c", got["c"][1])], now_ms=NOW + 12 * LEASE) == [1]  # its start mark: it counts
+    sc.reclaim(k, 100, 10**7, now_ms=NOW + 13 * LEASE)
     assert rec(p, "c")["status"] == "dead" and state(p, "c")["refunds"] == "1"
 
 

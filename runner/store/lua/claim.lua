@@ -116,7 +116,9 @@
 --   expired: bury it; 3 prefetched (or a BATCH function's, ARGV[12]) and held, 'h', until
 --   its worker marks it started (start.lua) or hands it to its child (hold.lua): a
 --   child's job, or one lost unstarted before; 4 as 0 and 5 as 3, for a durable job
---   resumed after a sleep or a wait, whose MAX_AGE is behind it), meta, steps (the entries of its durable step log:
+--   resumed after a sleep or a wait, whose MAX_AGE is behind it; 6 a child's job lost
+--   unstarted before, held until its child asks for its start before its handler runs
+--   (never handed to a child unheld), 7 as 6 for a durable job resumed), meta, steps (the entries of its durable step log:
 --   0 for a job without one, whose run then makes no round trip to read it; its handler
 --   replays that many durable calls, and keeps its log quiet until past them)
 --- @include "clock"
@@ -611,8 +613,14 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   -- ahead is not held: its start mark goes with the settler's next batch, often with its
   -- ack, for nothing; a loss before it lands is given back once.) So is a BATCH
   -- function's job (ARGV[12]), until its batch's call.
-  local held = (not starts and (later[rec.type] == true or (tonumber(f[14]) or 0) >= 1))
-    or gathered[rec.type] == true
+  -- A child's job lost unstarted before (its once used, as above) is held however it is
+  -- claimed, and stays held in its child until the child asks for its start, which lands
+  -- (start.lua) before its handler runs (started 6): a loss before charges nothing however
+  -- often, also while it waits in the child's queue behind a job that kills the worker,
+  -- and one after counts (a handler that kills its worker cannot loop for ever).
+  local once_used = (tonumber(f[14]) or 0) >= 1
+  local confirm = later[rec.type] == true and once_used and not gathered[rec.type]
+  local held = (not starts and (later[rec.type] == true or once_used)) or gathered[rec.type] == true or confirm
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
     claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held,
       counted_in(rec.limits)))
@@ -635,7 +643,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   -- (4: a durable job resumed after a sleep or a wait, not started here: its worker must
   -- not judge its MAX_AGE again at the start, which bounds the first start only; 5: both
   -- that and held)
-  out[o + 13] = spent and 1 or (held and (f[11] and 5 or 3) or (f[11] and 4 or 0))
+  out[o + 13] = spent and 1 or (confirm and (f[11] and 7 or 6)) or (held and (f[11] and 5 or 3)) or (f[11] and 4 or 0)
   out[o + 14] = rec.meta or ''
   out[o + 15] = f[13] or 0
   i = i + 1
