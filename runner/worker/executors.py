@@ -832,7 +832,7 @@ class Executors:
                     if op == "rpc":  # ctx.extend_lease renews every member's; no other call is a batch's
                         ok = msg.get("call") == "extend" and msg.get("token") == leader.job.token \
                             and all([self.renew_one(r.job) for r in runs])
-                        child.send({"op": "reply", "ok": ok, "value": None})
+                        child.send({"op": "reply", "rid": msg.get("rid"), "ok": ok, "value": None})
                 if outcomes is not None:
                     break
                 now = time.monotonic()
