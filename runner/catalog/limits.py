@@ -10,7 +10,8 @@ manual trigger) builds them here, so a limit means the same whoever enqueued.
 
 A rendered key names one budget, whichever function renders it (as a RESOURCE_KEY names
 one lock): ``"api:{account}"`` in two functions is one quota. So two functions may not
-size one key template differently (``clashes``, refused at load).
+size one key template differently, nor render one key (a RESOURCE_KEY too) from two
+queues, whose limits live apart (``clashes``, refused at load).
 """
 
 from __future__ import annotations
@@ -115,11 +116,15 @@ def shape(t: templates.Template) -> str:
 def clashes(flows: Mapping[str, Flow], queues: Mapping[str, str] | None = None) -> dict[str, str]:
     """Functions (by name) whose keyed CONCURRENCY or RATE_LIMIT renders the keys of a
     template (compared by shape, not by text) that another function sizes differently, or
-    that a function of another queue renders too (``queues``: each function's queue; a
-    queue's limits live in its own partitions, so the two would take from two budgets),
-    each with the error that says so."""
+    whose RESOURCE_KEY or keyed limit a function of another queue renders too (``queues``:
+    each function's queue; a queue's limits live in its own partitions, so the two would
+    take from two budgets, and two jobs holding one RESOURCE_KEY would run at once), each
+    with the error that says so."""
     seen: dict[tuple[str, str], list[tuple[str, Any, str]]] = {}
     for name, flow in sorted(flows.items()):
+        if flow.resource_key is not None:  # (always limit 1: only its queues can clash)
+            t = flow.resource_key
+            seen.setdefault(("RESOURCE_KEY", shape(t)), []).append((name, {"limit": 1}, t.source))
         if flow.concurrency is not None and flow.concurrency.key is not None:
             t = flow.concurrency.key
             seen.setdefault(("CONCURRENCY", shape(t)), []).append((name, {"limit": flow.concurrency.limit}, t.source))
@@ -140,8 +145,13 @@ def clashes(flows: Mapping[str, Flow], queues: Mapping[str, str] | None = None) 
             for name, _, source in users:
                 others = "; ".join(f"function {n} of queue {where.get(n)!r} renders it as {src!r}"
                                    for n, _, src in users if n != name and where.get(n) != where.get(name))
-                out.setdefault(name, f"{option} key {source!r} names one budget for every function that "
-                                     f"renders it, but a queue keeps its limits apart from another queue's, "
-                                     f"and {others} (this one is on queue {where.get(name)!r}): put them on "
-                                     f"one queue, or give each its own key")
+                if option == "RESOURCE_KEY":
+                    why = (f"RESOURCE_KEY {source!r} names one lock for every function that renders it, but a "
+                           f"queue keeps its locks apart from another queue's, so jobs of both would run at once "
+                           f"for one key")
+                else:
+                    why = (f"{option} key {source!r} names one budget for every function that renders it, but a "
+                           f"queue keeps its limits apart from another queue's")
+                out.setdefault(name, f"{why}, and {others} (this one is on queue {where.get(name)!r}): put them "
+                                     f"on one queue, or give each its own key")
     return out

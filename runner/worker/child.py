@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import itertools
 import json
 import logging
 import os
@@ -183,7 +184,10 @@ class Child:
         self.signals = signals or Signals()  # (main thread only)
         self.fds = Descriptors()  # (after the functions' imports: what they set stays)
         self.send_lock = threading.Lock()
-        self.replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        # Each ctx call that waits for the worker's answer, by its request id: the handler's
+        # threads may call at once, and the answers come in the worker's order (ask).
+        self.asks = itertools.count(1)
+        self.waiting: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
         self.wake: queue.SimpleQueue[str] = queue.SimpleQueue()  # "run" or "exit", from the reader
         # Jobs sent ahead of the one running, not started; the reader hands them back at a
         # recall. ``lock`` keeps a job from being both started and handed back.
@@ -289,8 +293,19 @@ class Child:
                 "the handler forked "
                 "(os.fork, a fork Pool) under ISOLATION = \"process\": only the handler's own process gets "
                 "the worker's answers; make the call there (ctx.logger and ctx.progress work from a fork)")
-        self.send({"op": "rpc", "call": call, "token": token, **args})
-        reply = self.replies.get()
+        # Its own request id and waiter: a handler's pool calling ctx from several threads
+        # at once took each other's answers off one shared queue (an enqueue answered with
+        # another's job, or with a checkpoint's ``ok``). The reader hands each reply to the
+        # waiter of the id it carries (_take). (Dict stores and pops are atomic, and
+        # itertools.count's next: no lock.)
+        rid = next(self.asks)
+        waiter: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.waiting[rid] = waiter
+        try:
+            self.send({"op": "rpc", "call": call, "token": token, "rid": rid, **args})
+            reply = waiter.get()
+        finally:
+            self.waiting.pop(rid, None)
         if isinstance(reply.get("failed"), dict):
             raise_refusal(reply["failed"])
         return reply
@@ -387,7 +402,9 @@ class Child:
                 if flags.cancelled:
                     self._drop(token)
         elif op == "reply":
-            self.replies.put(msg)
+            waiter = self.waiting.get(int(msg.get("rid") or 0))
+            if waiter is not None:  # (none: a call whose send failed, which raised there)
+                waiter.put(msg)
         elif op in ("run", "more"):
             # "more" tops the queue up while a batch runs: none of its jobs was counted
             # started at the send (a "run" batch's first was).

@@ -75,6 +75,10 @@ log = logging.getLogger("runner.worker")
 HAND_BACK_S = 5.0
 LEFT_BEHIND_S = 0.05  # how long tasks a handler left behind get to end once cancelled
 GATHER_LOOK_S = 0.005  # how often a gathering batch looks whether other executors filled it
+# A job claimed ahead whose lease has this little left by this host's clock is confirmed in
+# Redis before its handler starts (Executors._lapsed): the claim's lease is counted from its
+# answer, which came a trip after the server set it.
+LAPSE_MARGIN_S = 0.1
 joblog = logging.getLogger("runner.job")
 
 
@@ -832,7 +836,7 @@ class Executors:
                     if op == "rpc":  # ctx.extend_lease renews every member's; no other call is a batch's
                         ok = msg.get("call") == "extend" and msg.get("token") == leader.job.token \
                             and all([self.renew_one(r.job) for r in runs])
-                        child.send({"op": "reply", "ok": ok, "value": None})
+                        child.send({"op": "reply", "rid": msg.get("rid"), "ok": ok, "value": None})
                 if outcomes is not None:
                     break
                 now = time.monotonic()
@@ -1011,7 +1015,11 @@ class Executors:
         ran), and one lost from here on charges it (a handler that kills its worker cannot
         loop). Returns the settlement of a run not to start: its lease was lost in the
         wait (it goes back unrun). Redis away: it starts all the same, its mark going with
-        the settler's next batch (as a thread batch's do)."""
+        the settler's next batch (as a thread batch's do); unless its lease looks lapsed."""
+        if self._lapsed(run):
+            refused = self._confirmed(run)
+            if refused is not None:
+                return refused
         if not run.held:
             self.outcomes.put(Settlement(run, START))
             return None
@@ -1022,6 +1030,33 @@ class Executors:
             run.flags.cancelled = True
             run.cancelled_at = time.monotonic()
         return None
+
+    def _lapsed(self, run: Run) -> bool:
+        """Whether ``run``'s lease has lapsed, or is about to, by this host's clock: the
+        last renewal's (counted from before its call), or else the claim's. A worker frozen
+        (SIGSTOP, a paused VM) or starved past the lease takes a job claimed ahead off its
+        inbox as it wakes, before the renewal that says the lease was lost has landed."""
+        until = run.flags.lease_until or run.job.received + self.q.visibility_timeout_s
+        return until - LAPSE_MARGIN_S <= time.monotonic()
+
+    def _confirmed(self, run: Run) -> Settlement | None:
+        """A job claimed ahead whose lease lapsed in its wait starts only once Redis renews
+        it, fenced by its claim token and taking its RESOURCE_KEY or CONCURRENCY slots
+        again (renew.lua): after a freeze past the lease another worker may have reclaimed
+        and run it, and another job may hold its key. Otherwise (or Redis away, when
+        nothing says it is still this worker's) it goes back unrun: the settlement returned.
+        It started at the thaw, before the renewal marked it lost: a second run of a job
+        finished elsewhere, with ctx.lock_lost False, or a run beside its key's holder."""
+        job = run.job
+        try:
+            if self._still_held(run):
+                return None
+            why = "it was reclaimed, or its resource or concurrency slot went to another job"
+        except Exception as exc:
+            why = f"Redis did not answer to renew it ({exc})"
+        log.warning("job %s: claimed ahead, and its lease lapsed before it started (this worker was stopped or "
+                    "starved past it); %s: handed back, not started here", job.id, why, extra={"job_id": job.id})
+        return Settlement(run, Release())
 
     def _marked(self, run: Run) -> int | None:
         """``run``'s start mark, landed (start.lua's code; None: Redis did not answer, and

@@ -487,7 +487,7 @@ class _Watch:
             # the second line): never applied to another.
             if op == "rpc":
                 with contextlib.suppress(OSError):
-                    self.child.send({"op": "reply", "ok": False, "value": None})
+                    self.child.send({"op": "reply", "rid": msg.get("rid"), "ok": False, "value": None})
         elif op == "progress":  # no reply: the child does not wait for it
             current.rpc({"call": "progress", "value": msg.get("value")})
         elif op == "log":  # the handler's lines so far (no reply), sent on with the renewal
@@ -625,13 +625,14 @@ class _Watch:
 
 def _answer(feed: Feed, msg: dict[str, Any]) -> dict[str, Any]:
     """The reply to a handler's call (the child waits for one, whatever happened)."""
+    rid = msg.get("rid")  # (the child matches each reply to its call by it: Child.ask)
     try:
         answer = feed.rpc(msg)
-        return {"op": "reply", "ok": bool(answer), "value": answer if isinstance(answer, dict) else None}
+        return {"op": "reply", "rid": rid, "ok": bool(answer), "value": answer if isinstance(answer, dict) else None}
     except Exception as exc:
         # Redis away mid-call (or a bug): the handler hears it, as a thread's would, and
         # the child stays in step. Left without a reply, it blocked on, and the next job's
         # outcome was taken for this one's.
-        return {"op": "reply", "ok": False, "value": None, "failed": refusal_record(
+        return {"op": "reply", "rid": rid, "ok": False, "value": None, "failed": refusal_record(
             unreachable(exc) if isinstance(exc, UNAVAILABLE)
             else exc if isinstance(exc, RunnerError) else RunnerError(f"{type(exc).__name__}: {exc}"))}

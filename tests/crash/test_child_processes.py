@@ -77,7 +77,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, server: Server) -> Iterator
     functions = {"forks_thread": FORKS.format(isolation="thread"), "forks_process": FORKS.format(isolation="process"),
                  "exits_thread": EXITS.format(isolation="thread"), "exits_process": EXITS.format(isolation="process"),
                  "threaded": THREADED, "heartbeat": HEARTBEAT, "bigresult": BIGRESULT, "at_the_cap": AT_THE_CAP,
-                 "logsaline": LOGS_A_LINE, "redirects": REDIRECTS}
+                 "logsaline": LOGS_A_LINE, "redirects": REDIRECTS,
+                 "calls_at_once_thread": CALLS_AT_ONCE.format(isolation="thread"),
+                 "calls_at_once_process": CALLS_AT_ONCE.format(isolation="process"),
+                 "parked_a": PARKED, "parked_b": PARKED}
     for name, source in functions.items():
         project.add_function(name, source)
     project.write_config(vt=5, concurrency=1, prefetch=0, max_attempts=1)
@@ -727,6 +730,78 @@ def test_ctx_calls_at_the_memory_cap_are_not_under_it(served: Project) -> None:
     for call, job in zip(calls, jobs, strict=True):
         r = final[job]
         assert r["status"] == "done" and r["result"] == {"went on": call}, (call, r["last_error"])
+
+# Two functions of a queue the served worker does not serve: what a test enqueues to them
+# stays queued, to be read back.
+PARKED = '''
+QUEUE = "slow"
+
+def handle(payload, ctx):
+    return payload
+'''
+
+CALLS_AT_ONCE = '''
+import threading
+from concurrent.futures import ThreadPoolExecutor
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+TIMEOUT = 40
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    rounds = payload["rounds"]
+    go = threading.Barrier(8)
+    def work(i):
+        go.wait()  # all eight threads call at once
+        made, wrong = [], []
+        for k in range(rounds):
+            kind = (i + k) % 4
+            try:
+                if kind in (0, 1):
+                    target = "parked_a" if kind == 0 else "parked_b"
+                    e = ctx.enqueue(target, {{"i": i, "k": k}})
+                    if e.type != target or e.queue != "slow":
+                        wrong.append(f"enqueue {{target}} answered {{e!r}}")
+                    made.append([e.id, i, k, target])
+                elif kind == 2:
+                    ctx.save_checkpoint({{"i": i, "k": k}})  # (StaleLease if refused)
+                else:
+                    ctx.progress({{"i": i, "k": k}})
+                    ctx.logger.info("thread %d call %d", i, k)
+                    ctx.extend_lease()
+            except Exception as exc:
+                wrong.append(f"{{type(exc).__name__}}: {{exc}}")
+        return made, wrong
+    with ThreadPoolExecutor(8) as pool:
+        out = list(pool.map(work, range(8)))
+    return {{"made": [m for made, _ in out for m in made], "wrong": [w for _, wrong in out for w in wrong]}}
+'''
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_ctx_calls_from_many_threads_at_once_each_get_their_own_answer(served: Project, isolation: str) -> None:
+    """A handler whose pool of 8 threads calls ctx at the same time (enqueue to two
+    functions, save_checkpoint, extend_lease, progress, logger): each call gets its own
+    answer, in both isolations, and each enqueued job holds the payload of the call that
+    got its id. Under process isolation every call's answer came off one queue the
+    child shared, so a call could take another's: of 90 calls a job, 3 to 18 enqueues
+    answered another call's type and id and 18 to 26 raised TypeError."""
+    project = served
+    job = project.client.enqueue(f"calls_at_once_{isolation}", {"rounds": 16}).id
+    final = wait_final(project, [job], timeout=60)[job]
+    assert final["status"] == "done", final["last_error"]
+    result = final["result"]
+    assert result["wrong"] == [], result["wrong"][:5]
+    made = result["made"]
+    assert len(made) == 8 * 16 // 2 and len({m[0] for m in made}) == len(made)
+    ids = [m[0] for m in made]
+    wait_for(lambda: len(project.client.get_many(ids)) == len(ids), timeout=30,
+             what="the follow-ups to be written (as their job settles)")
+    written = project.client.get_many(ids)
+    for enqueued, i, k, target in made:  # the job behind each id is the call's own
+        r = written[enqueued].as_dict()
+        assert (r["type"], r["payload"], r["status"]) == (target, {"i": i, "k": k}, "queued"), (i, k, r)
+
 
 SESSIONS = '''
 import os, subprocess

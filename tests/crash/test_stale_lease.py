@@ -131,6 +131,45 @@ def test_a_frozen_worker_loses_its_lease_and_its_ack_is_refused(project: Project
     assert_no_job_in_two_structures(project)
 
 
+def test_a_thawed_worker_never_starts_a_job_it_claimed_ahead_whose_lease_lapsed(project: Project) -> None:
+    """Worker 1 (one executor, three jobs claimed ahead) is frozen (SIGSTOP) past the lease
+    while a job runs; worker 2 reclaims all four and runs each to its end, and stops.
+    Thawed, worker 1 starts none of the jobs it had claimed ahead: each one's lease lapsed
+    in the freeze, and the job ran elsewhere. (Its executor took the next one off its
+    inbox before the renewal said the lease was lost, and started its handler at once:
+    a second run of a finished job, with ctx.lock_lost False.) A job enqueued after the
+    thaw runs on worker 1, behind whatever was left in its inbox."""
+    project.add_function("record_long", (project.root / "functions" / "record.py").read_text()
+                         .replace("MAX_ATTEMPTS = 4", "MAX_ATTEMPTS = 4\nTIMEOUT = 8"))
+    configure(project, vt=1, concurrency=1, prefetch=4)
+    c = project.client
+    first = c.enqueue("record_long", {"n": 0, "sleep": 2}).id
+    w1 = project.spawn_worker("fast")
+    wait_for(lambda: project.runs(first), timeout=15, what="worker 1 to start the first job")
+    ahead = [c.enqueue("record", {"n": i}).id for i in range(1, 4)]
+    wait_for(lambda: all(rec(project, i)["status"] == "processing" for i in ahead), timeout=10,
+             what="worker 1 to claim the others ahead")
+    w1.send_signal(signal.SIGSTOP)
+    try:
+        w2 = project.spawn_worker("fast")
+        done = wait_final(project, [first, *ahead], timeout=30)
+        assert {r["status"] for r in done.values()} == {"done"}, [outcomes(r) for r in done.values()]
+        w2.send_signal(signal.SIGTERM)
+        assert w2.wait(timeout=20) == 0
+        before = {i: view(project, i) for i in ahead}
+    finally:
+        w1.send_signal(signal.SIGCONT)
+    last = c.enqueue("record", {"n": 9}).id
+    assert wait_final(project, [last], timeout=20)[last]["status"] == "done"
+    assert project.runs(last)[0].split()[1] == str(w1.pid)
+    for i in ahead:
+        assert [r.split()[1] for r in project.runs(i)] == [str(w2.pid)], (i, project.runs(i))
+        assert view(project, i) == before[i]
+    assert w1.poll() is None
+    assert_quiet(project)
+    assert_no_job_in_two_structures(project)
+
+
 def test_a_worker_frozen_while_idle_takes_at_most_a_batch_and_loses_nothing(project: Project) -> None:
     """Worker 1 is idle (its claim waits behind a BLPOP) and is frozen; jobs enqueued in
     the next second may be taken by that pending claim. They come back once the lease

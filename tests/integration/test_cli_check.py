@@ -125,6 +125,24 @@ def test_broken_files_and_config_are_listed(project: Project) -> None:
     assert "queues.fast.concurrency must be a positive integer" in bad_config.stdout
 
 
+def test_one_resource_key_on_two_queues_fails_the_check(project: Project) -> None:
+    """Two functions of different queues that render one RESOURCE_KEY would run their
+    jobs at once (each queue keeps its own locks): `runner check` fails (exit 1), naming
+    both functions and both queues; on one queue it passes."""
+    fns, schemas = project.root / "functions", project.root / "schemas"
+    for name, queue in (("send_email", "fast"), ("export_user", "slow")):
+        (fns / f"{name}.py").write_text(f'QUEUE = "{queue}"\nRESOURCE_KEY = "user:{{user_id}}"\n\n'
+                                        "def handle(payload, ctx):\n    pass\n")
+        (schemas / name).mkdir()
+        (schemas / name / "v1.json").write_text('{"type": "object", "properties": {"user_id": {"type": "integer"}}}')
+    failed = check(project, "--offline")
+    assert failed.exit_code == 1, failed.stdout
+    for text in ("send_email.py", "export_user.py", "RESOURCE_KEY", "'fast'", "'slow'", "one queue"):
+        assert text in failed.stdout, (text, failed.stdout)
+    (fns / "export_user.py").write_text((fns / "export_user.py").read_text().replace('"slow"', '"fast"'))
+    assert check(project, "--offline").exit_code == 0
+
+
 def test_a_destination_whose_schema_rejects_the_record_fails_the_check(project: Project) -> None:
     """`runner check` fails (exit 1) on an ON_SUCCESS / ON_FAILURE destination whose newest
     schema cannot take the record it would get ({"job": ..., "result" | "error": ...}),

@@ -131,3 +131,30 @@ def test_one_limit_key_on_two_queues_is_a_load_error(tmp_path: Path) -> None:
     assert set(reg.functions) == {"ok"}
     msgs = {Path(p).stem: str(e) for p, e in reg.errors.items()}
     assert "queue" in msgs["a"] and "function b" in msgs["a"] and "one queue" in msgs["a"]
+
+
+def test_one_resource_key_on_two_queues_is_a_load_error(tmp_path: Path) -> None:
+    """A RESOURCE_KEY is one lock for every function that renders it, but a queue keeps
+    its locks in its own partitions: a thread function on one queue and a process function
+    on another, both ``user:{user_id}``, ran one user's jobs at the same time. Refused at
+    load in both, each error naming the other function, both queues and what to do;
+    templates compared by what they render (``user:{user_id}`` and ``user:{name}``)."""
+    a = 'RESOURCE_KEY = "user:{user_id}"\n' + GOOD
+    b = 'RESOURCE_KEY = "user:{name}"\n' + GOOD.replace('QUEUE = "fast"', 'QUEUE = "slow"')
+    same_queue = 'RESOURCE_KEY = "user:{user_id}"\n' + GOOD
+    reg = registry.load(project(tmp_path, {"a": a, "b": b, "c": same_queue, "ok": GOOD}))
+    assert set(reg.functions) == {"ok"}
+    msgs = {Path(p).stem: str(e) for p, e in reg.errors.items()}
+    assert set(msgs) == {"a", "b", "c"}
+    for name, other in (("a", "b"), ("b", "a"), ("c", "b")):
+        msg = msgs[name]
+        assert "RESOURCE_KEY" in msg and f"function {other}" in msg, msg
+        assert "'fast'" in msg and "'slow'" in msg and "one queue" in msg and "own key" in msg, msg
+    assert "function c" not in msgs["a"]  # (one queue's functions share the lock: no clash)
+
+
+def test_one_resource_key_on_one_queue_loads(tmp_path: Path) -> None:
+    """Functions of one queue rendering one RESOURCE_KEY share its lock: they load."""
+    a = 'RESOURCE_KEY = "user:{user_id}"\n' + GOOD
+    reg = registry.load(project(tmp_path, {"a": a, "b": a, "ok": GOOD}))
+    assert set(reg.functions) == {"a", "b", "ok"} and not reg.errors
