@@ -7,6 +7,7 @@ closed under a pending ``await_job``, a worker whose Redis user may not publish 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -26,6 +27,7 @@ from clusterkit import (  # noqa: F401  (the shards fixtures)
 )
 
 from runner.client.inspecting import find
+from runner.errors import RedisUnavailable
 from runner.store import waiter
 from runner.store.embedded import Server
 
@@ -185,3 +187,47 @@ def test_a_wait_hears_an_end_its_worker_could_not_publish(tmp_path: Path, server
     job = c.wait(slow, 20)
     assert job.status == "done"
     assert time.time() - int(job.fields["finished_ms"]) / 1000 < waiter.PUSHED_POLL_S + 2.0
+
+
+def test_an_event_loop_wait_answers_near_its_deadline_while_redis_is_stopped(tmp_path: Path) -> None:
+    """Redis stopped (SIGSTOP: it takes connections and answers nothing, so a read waits
+    out the 15 s socket timeout): each event loop wait (HTTP's ?wait=) answers within
+    waiting.READ_GRACE_S of its deadline, RedisUnavailable (a 503 naming Redis), not 15 to
+    40 s late with the status it read before (its reads queued on the loop's few threads)."""
+    from runner.client.waiting import READ_GRACE_S
+
+    s = Server(tmp_path / "own").start()
+    p = make_project(tmp_path / "p", s)
+    try:
+        c = p.client
+        ids = [c.enqueue("noop", {"i": i}, delay=120).id for i in range(16)]
+        took: list[float] = []
+        raised: list[BaseException] = []
+
+        async def one(job_id: str) -> None:
+            t0 = time.monotonic()
+            try:
+                await c.await_job(job_id, 4)
+            except RedisUnavailable as exc:
+                raised.append(exc)
+            took.append(time.monotonic() - t0)
+
+        async def every() -> None:
+            waits = asyncio.gather(*(one(i) for i in ids))
+            await asyncio.sleep(1.0)
+            assert s.proc is not None
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            await waits
+
+        try:
+            asyncio.run(every())
+        finally:
+            assert s.proc is not None
+            os.kill(s.proc.pid, signal.SIGCONT)
+        assert len(took) == len(ids)
+        assert max(took) < 4 + READ_GRACE_S + 1.0, sorted(round(t, 1) for t in took)
+        assert len(raised) == len(ids) and "Redis" in str(raised[0]), raised[:1]
+    finally:
+        with contextlib.suppress(Exception):
+            p.close()
+        s.stop()
