@@ -276,9 +276,9 @@ class Waiter:
         cluster = hasattr(self.redis, "get_primaries")
         checked = time.monotonic()
         while not self._stopped.is_set():
-            if self._subscribed.is_set() and time.monotonic() - checked >= PUSHED_POLL_S:
+            if self._subscribed.is_set() and time.monotonic() - checked >= DEAF_POLL_S:
                 checked = time.monotonic()
-                self._read_pushed()
+                self._read_pushed()  # (those due only: most ticks read nothing)
             if cluster and not self._subscribed.is_set() and time.monotonic() - since > CONFIRM_S:
                 raise RedisTimeout(f"Redis node {getattr(pubsub.node, 'name', '?')} did not confirm the "
                                    f"subscription within {CONFIRM_S:g} s (stopped or hung)")
@@ -286,7 +286,8 @@ class Waiter:
                 with self._lock:
                     more, self._more = self._more, []
                 pubsub.subscribe(*more)
-            msg = pubsub.get_message(timeout=READ_S)
+            # (while waits are held, back at least every DEAF_POLL_S for the pushed timer)
+            msg = pubsub.get_message(timeout=DEAF_POLL_S if self._probes else READ_S)
             if msg is None:
                 continue
             kind = msg.get("type")
