@@ -43,6 +43,11 @@ PENDING_POLL_S = 0.1
 # A wait for a status that is not an end (nothing publishes it), or whose mark Redis
 # refused, reads the job this often: a status that lasts a few tens of ms is still seen.
 STATUS_POLL_S = 0.02
+# An event loop's wait reads its job on a thread; a read not answered this long past the
+# wait's deadline (a Redis that stopped answering: SIGSTOP, a stalled host; the socket
+# timeout is 15 s) is given up, and the wait raises RedisUnavailable (HTTP: 503 with
+# Retry-After): a wait answers at most about this long after its deadline.
+READ_GRACE_S = 2.0
 
 
 class _Wait:
@@ -126,7 +131,7 @@ async def await_job(client: Client, job_id: str, timeout_s: float = 10.0, *, wat
     waiter.add(job_id, poke)
     try:
         waiter.start()  # not waited for: the subscription, once confirmed, pokes the wait
-        reached = await asyncio.to_thread(wait.check)  # an outage or no such job: raised at once
+        reached = await _checked(wait, deadline)  # an outage or no such job: raised at once
         failures = 0
         while not reached:
             left = deadline - time.monotonic()
@@ -138,12 +143,25 @@ async def await_job(client: Client, job_id: str, timeout_s: float = 10.0, *, wat
             event.clear()
             # Redis away: read again soon, and once the subscription coming back pokes.
             try:
-                reached, failures = await asyncio.to_thread(wait.check), 0
+                reached, failures = await _checked(wait, deadline), 0
             except RedisUnavailable:
                 failures += 1
+                if time.monotonic() >= deadline:
+                    raise  # (the last read: how the job is now is not known)
         return wait.last()
     finally:
         waiter.discard(job_id, poke)
+
+
+async def _checked(wait: _Wait, deadline: float) -> bool:
+    """``wait.check()`` on a thread, waited for until READ_GRACE_S past the deadline:
+    RedisUnavailable after that (the read goes on on its thread, its answer unused)."""
+    bound = max(deadline - time.monotonic(), 0.0) + READ_GRACE_S
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(wait.check), bound)
+    except TimeoutError:
+        raise RedisUnavailable(f"Redis did not answer a read of job {wait.job_id} within {bound:.1f} s "
+                               "(stopped or hung): how it is now is not known; try again shortly") from None
 
 
 def result(client: Client, job_id: str, timeout: float = 30.0) -> Any:

@@ -18,7 +18,17 @@ of them (a script call per partition), and pokes the waits whose job ended; only
 read their job whole. A job whose status did not change is read ever less often, its
 pause doubled from DEAF_POLL_S up to DEAF_POLL_MAX_S, and every DEAF_POLL_S again once it
 changed. So an end is answered at most about DEAF_POLL_MAX_S after it (and the round
-trips of the two reads), and a held wait costs about two commands a second.
+trips of the two reads), and a held wait costs about two commands a second. On Redis
+Cluster each master's calls are waited for at most READ_WAIT_S (as a reader's are): a
+partition whose master is down or stalled stays due, and the others are read and poked.
+
+An end published to nobody (the scripts publish under pcall: a worker's Redis user
+without channels is refused in silence) is not heard either: while subscribed, the same
+timer reads every PUSHED_POLL_S the status of each wait held longer than that, so no wait
+misses an end by more than about PUSHED_POLL_S, whatever its publisher may do.
+
+A poke that fails (the event loop of an abandoned ``await_job`` closed) drops that wait
+alone, with one warning: the other waits are poked all the same, and this thread goes on.
 """
 
 from __future__ import annotations
@@ -63,6 +73,9 @@ DEAF_POLL_S = 0.25
 DEAF_POLL_MAX_S = 1.0
 DEAF_RETRY_S = 30.0
 PROBE_IDS = 1000
+# While subscribed: a wait held longer than this has its job's status read this often all
+# the same (an end its publisher could not publish is seen this late at most).
+PUSHED_POLL_S = 3.0
 # What statuses.lua says of a job that ended (or is gone: done, or removed): its wait
 # reads it whole. Any other status is one the wait goes on waiting through.
 ENDS = frozenset({"done", "dead", "cancelled", "-"})
@@ -76,6 +89,7 @@ class _Probe:
     due: float  # time.monotonic()
     pause: float = DEAF_POLL_S
     last: str | None = None  # the status read last (None: not read yet)
+    placed: float = 0.0  # time.monotonic() when it was placed
 
 
 class Waiter:
@@ -121,7 +135,8 @@ class Waiter:
                 return  # (its waits are over)
             p = self._probes.get(job_id)
             if p is None or p.keys.job_prefix != keys.job_prefix:
-                self._probes[job_id] = _Probe(keys, time.monotonic() + DEAF_POLL_S)
+                now = time.monotonic()
+                self._probes[job_id] = _Probe(keys, now + DEAF_POLL_S, placed=now)
 
     def extend(self, channels: Sequence[str]) -> None:
         """Listen to these channels too (a draining partition found after the start)."""
@@ -174,14 +189,21 @@ class Waiter:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def _poke(self, job_ids: Sequence[str] | None) -> None:
-        """Poke the waits of these ids (None: of every id)."""
+        """Poke the waits of these ids (None: of every id). A poke that raises (the event
+        loop of an ``await_job`` left pending was closed) drops its wait, with a warning;
+        the other waits are poked all the same."""
         with self._lock:
             if job_ids is None:
-                pokes = [p for ps in self._waits.values() for p in ps]
+                pokes = [(i, p) for i, ps in self._waits.items() for p in ps]
             else:
-                pokes = [p for i in job_ids for p in self._waits.get(i, ())]
-        for p in pokes:
-            p()
+                pokes = [(i, p) for i in job_ids for p in self._waits.get(i, ())]
+        for i, p in pokes:
+            try:
+                p()
+            except Exception as exc:
+                self.discard(i, p)
+                log.warning("waiter: a wait for job %s could not be told of its job (%r): that wait is "
+                            "dropped (an await_job left pending on an event loop that was closed?)", i, exc)
 
     def _subscriber(self, attempt: int) -> Any:
         """A pub/sub connection: on Redis Cluster, on a master that answered (a PUBLISH
@@ -229,6 +251,9 @@ class Waiter:
                     # cost more than all its status reads; a placed job's status is read
                     # again once this thread is back, due at once after an outage.)
                     self._poke(None)
+                    with self._lock:  # (read at the next tick, whatever the pushed timer said)
+                        for p in self._probes.values():
+                            p.due = min(p.due, time.monotonic())
             except Exception:  # a stray error must not leave every wait to its timeout
                 log.exception("waiter: subscription failed, subscribing again")
             finally:
@@ -249,7 +274,11 @@ class Waiter:
         confirmed = 0
         since = time.monotonic()
         cluster = hasattr(self.redis, "get_primaries")
+        checked = time.monotonic()
         while not self._stopped.is_set():
+            if self._subscribed.is_set() and time.monotonic() - checked >= DEAF_POLL_S:
+                checked = time.monotonic()
+                self._read_pushed()  # (those due only: most ticks read nothing)
             if cluster and not self._subscribed.is_set() and time.monotonic() - since > CONFIRM_S:
                 raise RedisTimeout(f"Redis node {getattr(pubsub.node, 'name', '?')} did not confirm the "
                                    f"subscription within {CONFIRM_S:g} s (stopped or hung)")
@@ -257,7 +286,8 @@ class Waiter:
                 with self._lock:
                     more, self._more = self._more, []
                 pubsub.subscribe(*more)
-            msg = pubsub.get_message(timeout=READ_S)
+            # (while waits are held, back at least every DEAF_POLL_S for the pushed timer)
+            msg = pubsub.get_message(timeout=DEAF_POLL_S if self._probes else READ_S)
             if msg is None:
                 continue
             kind = msg.get("type")
@@ -279,6 +309,19 @@ class Waiter:
                         self.on_message(data.split())
                     else:
                         self._poke(data.split())
+
+    def _read_pushed(self) -> None:
+        """While subscribed, the statuses of the waits held longer than PUSHED_POLL_S, and
+        a poke for those whose job ended unheard (its publisher refused the channels)."""
+        if self.scripts is None:
+            return
+        try:
+            self._tick(self.scripts(), pushed=True)
+        except Exception as exc:
+            if isinstance(exc, (*UNAVAILABLE, RedisUnavailable)):
+                log.debug("waiter: reading the held jobs' statuses failed: %s", exc)
+            else:
+                log.exception("waiter: reading the held jobs' statuses failed")
 
     def _read_deaf(self, for_s: float) -> None:
         """For ``for_s`` (or until stopped): every DEAF_POLL_S, the statuses of the placed
@@ -311,13 +354,23 @@ class Waiter:
                 min(RETRY_S * 2.0 ** failures, RETRY_MAX_S)
             self._stopped.wait(min(left, pause))
 
-    def _tick(self, scripts: ScriptRunner) -> None:
+    def _tick(self, scripts: ScriptRunner, pushed: bool = False) -> None:
         """One read of the statuses of every placed wait due now (or within half a tick:
         their reads share the round trip), one statuses.lua call per partition (and per
-        PROBE_IDS jobs); then each one's next read, and a poke for each one that ended."""
+        PROBE_IDS jobs); then each one's next read, and a poke for each one that ended.
+        ``pushed``: while subscribed, those held PUSHED_POLL_S or longer, read again
+        PUSHED_POLL_S later. On Redis Cluster each master is waited for at most
+        READ_WAIT_S: a partition whose call failed is read again at its next tick (within
+        DEAF_POLL_MAX_S), the others are answered and poked."""
+        from runner.store.transport import READ_WAIT_S
+
         now = time.monotonic()
         with self._lock:
-            due = [(i, p) for i, p in self._probes.items() if p.due <= now + DEAF_POLL_S / 2]
+            if pushed:
+                due = [(i, p) for i, p in self._probes.items()
+                       if p.due <= now and now - p.placed >= PUSHED_POLL_S]
+            else:
+                due = [(i, p) for i, p in self._probes.items() if p.due <= now + DEAF_POLL_S / 2]
         if not due:
             return
         by_tag: dict[str, list[tuple[str, _Probe]]] = {}
@@ -330,24 +383,47 @@ class Waiter:
                 chunk = some[at:at + PROBE_IDS]
                 batch.add("statuses", scriptkeys.keys("statuses", chunk[0][1].keys), [i for i, _ in chunk])
                 calls.append(chunk)
-        replies = batch.execute()
+        if getattr(scripts, "one_server", True):  # (one server, or a Link's: one round trip, or an outage)
+            replies = batch.execute()
+        else:  # Redis Cluster: each master's answer on its own, one that does not answer given up
+            with scripts.waiting(READ_WAIT_S):  # type: ignore[attr-defined]
+                replies = batch.execute(raise_on_error=False)  # type: ignore[call-arg]
         now = time.monotonic()
-        ended: list[str] = []
+        ended: dict[str, tuple[_Probe, str]] = {}
+        failed: list[BaseException] = []
         with self._lock:
             for chunk, reply in zip(calls, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    failed.append(reply)
+                    for _, p in chunk:  # read again at its next tick
+                        p.due = now + (PUSHED_POLL_S if pushed else DEAF_POLL_MAX_S)
+                    continue
                 for (i, p), raw in zip(chunk, reply, strict=True):
                     status = raw.decode() if isinstance(raw, bytes) else str(raw)
                     if self._probes.get(i) is not p:
                         continue  # its waits are over, or it moved meanwhile
+                    if pushed:
+                        p.due = now + PUSHED_POLL_S
+                        if status in ENDS:
+                            ended[i] = (p, status)
+                        continue
                     # Something changed: it may change again soon. Else read it less often.
                     p.pause = DEAF_POLL_S if p.last is not None and status != p.last else \
                         min(p.pause * 2, DEAF_POLL_MAX_S)
                     if status in ENDS and status != p.last:
-                        ended.append(i)
-                    p.last = status
+                        ended[i] = (p, status)
+                    else:
+                        p.last = status
                     p.due = now + p.pause
         if ended:
-            self._poke(ended)
+            self._poke(list(ended))
+            with self._lock:  # (recorded once its waits were poked: else poked at the next tick)
+                for p, status in ended.values():
+                    p.last = status
+        if failed and len(failed) == len(calls):
+            raise failed[0]  # (every partition away: the timer backs off)
+        for exc in failed:
+            log.debug("waiter: a partition's statuses were not read: %s", exc)
 
 
 def retry_after(soon: float | None, failures: int) -> float | None:

@@ -25,7 +25,7 @@ from runner.errors import (
 )
 from runner.store import codec
 from runner.store.listing import LISTED
-from runner.store.records import ENDED
+from runner.store.records import ENDED, Job
 from runner.store.refusals import refusal, unreachable
 from runner.store.steps import MAX_STEP_BYTES, VALUE_DEPTH, check_signal_name
 from runner.web.auth import caller
@@ -102,8 +102,11 @@ class Jobs:
             with self.waits.holding(req) as held:
                 if held:
                     # A duplicate is another request's job, enqueued perhaps without the mark.
+                    ended: Job | None = None
                     try:
                         ended = await self.client.await_job(job.id, wait, watch=job.duplicate)
+                    except RedisUnavailable:
+                        pass  # the job is in, Redis stopped answering the wait: the usual answer
                     except JobNotFound:
                         if not job.duplicate:
                             raise
@@ -111,7 +114,7 @@ class Jobs:
                         # duplicate's answer is all there is to give.
                         send(resp, job.as_dict(), 200)
                         return
-                    if ended.status in ENDED:
+                    if ended is not None and ended.status in ENDED:
                         send(resp, ended.as_dict(), 200)
                         return
         if not job.duplicate:
