@@ -727,3 +727,92 @@ def test_foreign_records_render_on_every_page(project: Project, browser: Any) ->
             d.find_element(By.ID, "job-view").text
         assert '"abc"' in text and "?" in text and "[object Object]" not in text, text[:600]
         assert script_errors(d) == []
+
+
+BIG = 9007199254740993  # 2**53 + 1: a double rounds it to ...992; the API takes integers to 2**64 - 1
+ECHO = '''"""Echoes its payload, or dies at once when told to."""
+from runner import PermanentFailure
+
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    if payload.get("die"):
+        raise PermanentFailure("told to die")
+    return payload
+'''
+ASKER = '''"""Waits for a signal, streams its body, and returns it."""
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    answer = ctx.wait_for_signal("go", timeout=120)
+    ctx.stream(answer)
+    return answer
+'''
+
+
+def test_integers_past_2_53_are_shown_and_sent_back_exactly(project: Project, browser: Any) -> None:
+    """An integer the API accepted past 2**53 is shown as it was sent (the dead letters,
+    the job page's payload, result and stream), and whatever the page sends back keeps it:
+    an "Edit & requeue" with nothing edited, an invoke and a signal. The page parsed JSON
+    into doubles and sent them back re-serialized: ...993 showed, and was written back into
+    the job, as ...992."""
+    from selenium.webdriver.common.by import By
+
+    project.add_function("echo", ECHO)
+    project.add_function("asker", ASKER)
+    project.spawn_worker("fast")
+    body = f'{{"die": true, "order_id": {BIG}, "note": "untouched"}}'.encode()
+    with gunicorn(project, token=TOKEN) as web:
+        dead = web.post("/jobs/echo", data=body, headers={"Content-Type": "application/json"}).json()["id"]
+        until("the job to die", lambda: web.get(f"/jobs/{dead}").json()["status"] == "dead")
+        d = browser
+        signed_in(d, web)
+        visit(d, "#dead/fast")
+        row_css = f'#dead-table tr[data-job-id="{dead}"]'
+        until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
+        assert str(BIG) in read(d, f'{row_css} [data-field="payload"]')
+
+        press(d, f"{row_css} button.edit")  # and nothing edited
+        editor = d.find_element(By.ID, "edit-payload")
+        until("the editor", editor.is_displayed)
+        assert str(BIG) in editor.get_attribute("value")
+        press(d, "#edit-submit")
+        until("the requeued job to die again", lambda: len(project.client.get(dead).as_dict()["history"]) > 1
+              and project.client.get(dead).status == "dead", timeout=30)
+        assert project.client.get(dead).as_dict()["payload"] == {"die": True, "order_id": BIG, "note": "untouched"}
+        until("the job page", lambda: shown_status(d, dead) == "dead")
+        assert str(BIG) in read(d, '#job-view [data-field="payload"]')
+
+        visit(d, "#function/echo")
+        box = until("the invoke form", lambda: d.find_element(By.ID, "invoke-payload"))
+        box.clear()
+        box.send_keys(f'{{"order_id": {BIG}}}')
+        press(d, "#invoke-submit")
+        until("the invoked job's result", lambda: str(BIG) in read(d, '#invoke-result [data-field="result"]'))
+        invoked = read(d, "#invoke-result table[data-job-id]", "data-job-id")
+        assert project.client.get(invoked).as_dict()["result"] == {"order_id": BIG}
+
+        asker = web.post("/jobs/asker", json={}).json()["id"]
+        until("the job to wait", lambda: web.get(f"/jobs/{asker}").json()["status"] == "waiting", timeout=30)
+        visit(d, f"#job/{asker}")
+        signal = until("the signal form", lambda: d.find_element(By.ID, "signal-body"))
+        signal.clear()
+        signal.send_keys(f'{{"n": {BIG}}}')
+        press(d, '#signal-form button[type="submit"]')
+        until("the signalled job's end", lambda: shown_status(d, asker) == "done", timeout=30)
+        assert project.client.get(asker).as_dict()["result"] == {"n": BIG}
+        assert str(BIG) in read(d, '#job-view [data-field="result"]')
+        until("the streamed body", lambda: str(BIG) in read(d, '#job-view [data-field="stream"]'))
+        assert str(BIG - 1) not in d.find_element(By.ID, "job-view").text
+        # The page's own reading and writing: integers in strings stay text, floats stay
+        # doubles, and an object without big integers is written as JSON.stringify writes it.
+        tricky = ('{"a": [-18446744073709551615, 1.5e300, 0.1, "9007199254740993 \\" 9007199254740993", '
+                  '{"b": 18446744073709551615, "\\u0000x": 123456789012345678901234567890}], "c": 3}')
+        assert d.execute_script("return compact(parseJSON(arguments[0]))", tricky) == (
+            '{"a":[-18446744073709551615,1.5e+300,0.1,"9007199254740993 \\" 9007199254740993",'
+            '{"b":18446744073709551615,"\\u0000x":123456789012345678901234567890}],"c":3}')
+        assert d.execute_script("return json(parseJSON(arguments[0])) === JSON.stringify(JSON.parse(arguments[0]), null, 2)",
+                                '{"a": [1, {"b": "x"}], "c": null}')
+        assert script_errors(d) == []

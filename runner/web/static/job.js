@@ -68,7 +68,7 @@ function onJob(job) {
   following(job);
   // The stream's first event repeats what the page just read: keep the page (and an armed
   // button) as it is unless something changed.
-  const view = JSON.stringify(job);
+  const view = compact(job);
   if (view === page.shown) return;
   page.shown = view;
   renderJob(job);
@@ -129,7 +129,7 @@ function detailText(obj) {
   return Object.entries(obj).map(([k, v]) => {
     if (typeof v === "number" && /(_at|until|^at)$/.test(k)) return `${k.replace(/_at$/, "")}: ${when(v)}`;
     if (typeof v === "number" && /_ms$/.test(k) && v > 1e12) return `${k.replace(/_at_ms$|_ms$/, "")}: ${when(v / 1000)}`;
-    return `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`;
+    return `${k}: ${typeof v === "string" ? v : compact(v)}`;
   }).join(", ");
 }
 
@@ -303,7 +303,7 @@ async function followLog(id) {
         if (id !== page.id) return;
         if (event === "line") {
           if (!fresh) fresh = joblog.lines = [];
-          fresh.push(logLine(JSON.parse(text)));
+          fresh.push(logLine(parseJSON(text)));
           if (fresh.length > 2 * LOG_KEEP_LINES) fresh.splice(0, fresh.length - LOG_KEEP_LINES);
           paintLog();
         } else if (event === "end") {
@@ -349,7 +349,7 @@ async function refreshLog(id) {
 
 // A chunk as text: a string as it is (a model's tokens run on), anything else as a JSON line.
 function chunkText(data) {
-  return typeof data === "string" ? data : `${JSON.stringify(data)}\n`;
+  return typeof data === "string" ? data : `${compact(data)}\n`;
 }
 
 const paintStream = soon(() => {
@@ -387,7 +387,7 @@ async function readStream(id, ctrl) {
         if (id !== page.id) return;
         if (event === "chunk") {
           if (!jobstream.firstAt) jobstream.firstAt = performance.now();
-          const c = JSON.parse(text);
+          const c = parseJSON(text);
           jobstream.parts.push(chunkText(c.data));
           jobstream.count += 1;
           after = c.r ? `${c.r}.${c.a}.${c.i}` : `${c.a}.${c.i}`;
@@ -423,16 +423,17 @@ function signalForm(job) {
       el("button", { type: "submit", class: "primary", text: "Send signal" }), out);
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
-      let data;
+      // The body goes as the box holds it (Verbatim): parsed only to check it is JSON.
       try {
-        data = JSON.parse(body.value);
+        JSON.parse(body.value);
       } catch (err) {
         out.className = "error";
         out.textContent = plain(`Not valid JSON: ${err.message}`);
         return;
       }
       try {
-        const r = await api("POST", `/jobs/${encodeURIComponent(job.id)}/signals/${encodeURIComponent(name.value.trim())}`, data);
+        const r = await api("POST", `/jobs/${encodeURIComponent(job.id)}/signals/${encodeURIComponent(name.value.trim())}`,
+          new Verbatim(body.value));
         out.className = "muted";
         out.textContent = r.delivery === "resumed" ? "Delivered: the job resumes." : "Kept: the job reads it when it waits for it.";
       } catch (err) {
@@ -473,7 +474,7 @@ function renderJob(job) {
   if (job.status === "done" || job.result !== null) data.push(["result", el("pre", { "data-field": "result", text: json(job.result) })]);
   if (job.waiting_for) {
     const what = job.waiting_for.event
-      ? `event ${job.waiting_for.event} ${JSON.stringify(job.waiting_for.match || {})}`
+      ? `event ${job.waiting_for.event} ${compact(job.waiting_for.match || {})}`
       : `signal ${textOf(job.waiting_for.signal)}`;
     data.push(["waiting for", what +
       (job.waiting_for.timeout_at ? `, until ${when(job.waiting_for.timeout_at)}` : "")]);

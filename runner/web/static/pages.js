@@ -291,9 +291,9 @@ function invokeOutcome(job) {
 }
 
 async function invoke(f, text, version, out) {
-  let payload;
+  // The payload goes as the box holds it (Verbatim): parsed only to check it is JSON.
   try {
-    payload = JSON.parse(text);
+    JSON.parse(text);
   } catch (err) {
     fill(out, el("p", { class: "error", text: `Not valid JSON: ${err.message}` }));
     return;
@@ -301,7 +301,7 @@ async function invoke(f, text, version, out) {
   fill(out, el("p", { class: "muted", text: "Enqueued; waiting for its end…" }));
   let job;
   try {
-    job = await api("POST", `/jobs/${encodeURIComponent(f.type)}?version=${version}&wait=${INVOKE_WAIT_S}`, payload);
+    job = await api("POST", `/jobs/${encodeURIComponent(f.type)}?version=${version}&wait=${INVOKE_WAIT_S}`, new Verbatim(text));
   } catch (err) {
     const p = err.problem || {};
     fill(out, el("p", { class: "error", text: `Not enqueued: ${err.message}` }),
@@ -474,7 +474,7 @@ async function showGroupPage(id) {
   }
   for (const [k, v] of Object.entries(g)) {
     if (seen.has(k)) continue;
-    const text = typeof v === "number" && /(_at|until)$/.test(k) ? when(v) : typeof v === "string" ? v : JSON.stringify(v);
+    const text = typeof v === "number" && /(_at|until)$/.test(k) ? when(v) : typeof v === "string" ? v : compact(v);
     rows.push([k.replace(/_/g, " "), text]);
   }
   const members = Array.isArray(g.members) ? g.members : [];
