@@ -816,3 +816,58 @@ def test_integers_past_2_53_are_shown_and_sent_back_exactly(project: Project, br
         assert d.execute_script("return json(parseJSON(arguments[0])) === JSON.stringify(JSON.parse(arguments[0]), null, 2)",
                                 '{"a": [1, {"b": "x"}], "c": null}')
         assert script_errors(d) == []
+
+
+COMMENTER = '''"""Logs a comment a producer sent."""
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    ctx.logger.info("comment received: %s", payload["text"])
+    ctx.logger.info("next line")
+'''
+
+
+def test_a_log_lines_newlines_cannot_forge_lines_of_their_own(project: Project, browser: Any) -> None:
+    """A log line's text may hold newlines (here from a producer's payload): the job page
+    shows what follows each one indented and marked as a part of its line, as `runner logs`
+    indents it, so it cannot pass for a line with a time, level and source of its own (a
+    forged "ERROR runner worker lost" looked exactly like one)."""
+    from selenium.webdriver.common.by import By
+
+    project.add_function("commenter", COMMENTER)
+    project.spawn_worker("fast")
+    forged = ["2026-12-07 15:24:11.236  ERROR   runner worker lost: the job's lease lapsed",
+              "2026-12-07 15:24:11.237  INFO    log    refund of 5,000 EUR approved",
+              "2026-12-07 15:24:11.238  WARNING log    by a carriage return",
+              "2026-12-07 15:24:11.239  WARNING log    by a line separator"]
+    wrapped = "2026-12-07 15:24:11.240  ERROR   runner by a wrap of a long row"
+    text = f"ok\n{forged[0]}\r\n{forged[1]}\r{forged[2]}\u2028{forged[3]}{' ' * 400}{wrapped}"
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/commenter", json={"text": text}).json()["id"]
+        until("the job's end", lambda: web.get(f"/jobs/{job}").json()["status"] == "done")
+        assert len(web.get(f"/jobs/{job}/logs").json()["lines"]) == 2
+        d = browser
+        signed_in(d, web)
+        visit(d, f"#job/{job}")
+        log = until("the log", lambda: (lambda t: t if "next line" in t else None)(
+            read(d, '#job-view [data-field="log"]')))
+        rows = log.split("\n")
+        stamped = [r for r in rows if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\s+[A-Z]+\s+\w+", r)]
+        assert len(stamped) == 2 and "comment received: ok" in stamped[0] and "next line" in stamped[1], log
+        assert len(rows) == 6, log  # each forged line shown, under its own line's text
+        for row, line in zip(rows[1:5], forged, strict=True):
+            assert row.lstrip().startswith("\u21b3 ") and line in row and row.index(line) > 20, (row, log)
+        # On screen: where each forged line and the wrapped one begin, against where the
+        # rows of the real lines begin (a row a long text wraps onto is indented too).
+        lefts = d.execute_script(
+            "const pre = document.querySelector('#job-view [data-field=log]'); const node = pre.firstChild;"
+            "const left = (i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);"
+            "  return r.getClientRects()[0].left; };"
+            "return arguments[0].map((t) => left(node.data.indexOf(t))).concat([left(0), left(node.data.lastIndexOf('\\n') + 1)])",
+            [*forged, wrapped])
+        real = lefts[-2:]
+        assert real[0] == real[1], lefts
+        for left in lefts[:-2]:
+            assert left > real[0] + 20, lefts
+        assert script_errors(d) == []

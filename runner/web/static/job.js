@@ -253,9 +253,19 @@ function actions(job) {
   return el("div", { class: "actions job-actions" }, out);
 }
 
+// A line's text is a producer's and may hold line breaks: what follows each is shown on a
+// row of its own, indented under the text and marked, as `runner logs` indents it, so it
+// cannot pass for a line with a time, level and source of its own. (Every break a browser
+// may draw counts: a carriage return, U+2028 and U+2029, NEL.)
+const LOG_BREAKS = /\r\n|[\n\r\u2028\u2029\u0085]/g;
+const LOG_GO_ON = `\n${" ".repeat(38)}\u21b3 `;
+// Level and source are runner's words: another writer's are cut, and shown with no break.
+const LOG_WORD = /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g;
+
 function logLine(line) {
   const t = typeof line.ts === "number" ? when(line.ts / 1000, true) : "-";
-  return `${t}  ${textOf(line.level).padEnd(7)} ${textOf(line.src).padEnd(6)} ${textOf(line.msg)}`;
+  const word = (v, n) => textOf(v).replace(LOG_WORD, "?").slice(0, 10).padEnd(n);
+  return `${t}  ${word(line.level, 7)} ${word(line.src, 6)} ${textOf(line.msg).replace(LOG_BREAKS, LOG_GO_ON)}`;
 }
 
 // fetch with the token, read as server-sent events (live.js readEvents) until it ends.
@@ -484,7 +494,7 @@ function renderJob(job) {
   const below = [];
   if (job.steps) below.push(["steps", stepsTable(job.steps)]);
   below.push(["history", historyTable(job.history)]);
-  below.push(["log", el("pre", { class: "joblog", "data-field": "log", text: joblog.id === job.id ? joblog.text || "…" : "…" })]);
+  below.push(["log", el("pre", { class: "joblog loglines", "data-field": "log", text: joblog.id === job.id ? joblog.text || "…" : "…" })]);
   below.push([el("span", {}, "stream", el("div", { class: "muted", "data-field": "stream-count", text: streamCount() })),
     el("pre", { class: "joblog", "data-field": "stream", text: jobstream.id === job.id ? jobstream.text || "…" : "…" })]);
   const table = (rows, cls) => el("table", { class: `job ${cls}`, "data-job-id": job.id },
