@@ -813,8 +813,9 @@ def test_integers_past_2_53_are_shown_and_sent_back_exactly(project: Project, br
         assert d.execute_script("return compact(parseJSON(arguments[0]))", tricky) == (
             '{"a":[-18446744073709551615,1.5e+300,0.1,"9007199254740993 \\" 9007199254740993",'
             '{"b":18446744073709551615,"\\u0000x":123456789012345678901234567890}],"c":3}')
-        assert d.execute_script("return json(parseJSON(arguments[0])) === JSON.stringify(JSON.parse(arguments[0]), null, 2)",
-                                '{"a": [1, {"b": "x"}], "c": null}')
+        plain = '{"a": [1, {"b": "x"}], "c": null}'
+        assert d.execute_script("const text = arguments[0];"
+                                "return json(parseJSON(text)) === JSON.stringify(JSON.parse(text), null, 2)", plain)
         assert script_errors(d) == []
 
 
@@ -833,7 +834,6 @@ def test_a_log_lines_newlines_cannot_forge_lines_of_their_own(project: Project, 
     shows what follows each one indented and marked as a part of its line, as `runner logs`
     indents it, so it cannot pass for a line with a time, level and source of its own (a
     forged "ERROR runner worker lost" looked exactly like one)."""
-    from selenium.webdriver.common.by import By
 
     project.add_function("commenter", COMMENTER)
     project.spawn_worker("fast")
@@ -864,10 +864,74 @@ def test_a_log_lines_newlines_cannot_forge_lines_of_their_own(project: Project, 
             "const pre = document.querySelector('#job-view [data-field=log]'); const node = pre.firstChild;"
             "const left = (i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);"
             "  return r.getClientRects()[0].left; };"
-            "return arguments[0].map((t) => left(node.data.indexOf(t))).concat([left(0), left(node.data.lastIndexOf('\\n') + 1)])",
+            "return arguments[0].map((t) => left(node.data.indexOf(t)))"
+            "  .concat([left(0), left(node.data.lastIndexOf('\\n') + 1)])",
             [*forged, wrapped])
         real = lefts[-2:]
         assert real[0] == real[1], lefts
         for left in lefts[:-2]:
             assert left > real[0] + 20, lefts
+        assert script_errors(d) == []
+
+
+TWO_PARTS = '''"""Logs ten lines, then ten more once told to (a file appears)."""
+import os
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    for i in range(10):
+        ctx.logger.info("line %d", i)
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "go")):
+        time.sleep(0.02)
+    for i in range(10, 20):
+        ctx.logger.info("line %d", i)
+'''
+
+# Passes on the page's first log follow only until its first lines came, then ends its body
+# as a dropped connection would; every follow's URL is kept in window.follows.
+CUT_FIRST_FOLLOW = """
+const real = window.fetch;
+window.follows = [];
+window.fetch = async (url, init) => {
+  const resp = await real(url, init);
+  if (!String(url).includes("/logs?follow=1")) return resp;
+  window.follows.push(String(url));
+  if (window.follows.length > 1) return resp;
+  const reader = resp.body.getReader();
+  let lines = 0;
+  const body = new ReadableStream({ async pull(out) {
+    const { value, done } = lines ? { done: true } : await reader.read();
+    if (done) { reader.cancel(); out.close(); return; }
+    lines += (new TextDecoder().decode(value).match(/event: line/g) || []).length;
+    out.enqueue(value);
+  } });
+  return new Response(body, { status: resp.status, headers: resp.headers });
+};
+"""
+
+
+def test_the_job_page_resumes_its_log_after_the_last_line_it_shows(project: Project, browser: Any) -> None:
+    """A follow of the log that ends before the job does (the server's end of each follow,
+    a dropped connection) is taken up again after the last line the page shows (?after=
+    its number), not read from the start again; each line shows once."""
+    project.add_function("twoparts", TWO_PARTS)
+    project.spawn_worker("slow")
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/twoparts", json={}).json()["id"]
+        until("the first lines", lambda: len(web.get(f"/jobs/{job}/logs").json()["lines"]) == 10)
+        d = browser
+        signed_in(d, web)
+        d.execute_script(CUT_FIRST_FOLLOW)
+        visit(d, f"#job/{job}")
+        until("a second follow", lambda: len(d.execute_script("return window.follows")) >= 2)
+        (project.records / "go").write_text("")
+        until("the job's end", lambda: shown_status(d, job) == "done")
+        until("the last line", lambda: "line 19" in read(d, '#job-view [data-field="log"]'))
+        follows = d.execute_script("return window.follows")
+        assert follows[0].endswith("/logs?follow=1") and follows[1].endswith("/logs?follow=1&after=9"), follows
+        shown = [row.split()[-1] for row in read(d, '#job-view [data-field="log"]').split("\n")]
+        assert shown == [str(i) for i in range(20)], shown
         assert script_errors(d) == []

@@ -305,16 +305,23 @@ async function followLog(id) {
   const ctrl = (joblog.ctrl = new AbortController());
   joblog.active = true;
   try {
-    // A follow lasts a few minutes on the server, and each one sends the log from its
-    // start: follow again, afresh, until the job has ended.
+    // A follow lasts a few minutes on the server (or a connection drops): follow again
+    // from after the last line shown (?after= its number n), until the job has ended. A
+    // line numbered at or before it starts the log afresh (it expired, and the job ran
+    // again).
+    let after = null;
     for (let ended = false; !ended && id === page.id;) {
-      let fresh = null;
-      await followEvents(`/jobs/${encodeURIComponent(id)}/logs?follow=1`, ctrl, (event, text) => {
+      const from = after === null ? "" : `&after=${after}`;
+      await followEvents(`/jobs/${encodeURIComponent(id)}/logs?follow=1${from}`, ctrl, (event, text) => {
         if (id !== page.id) return;
         if (event === "line") {
-          if (!fresh) fresh = joblog.lines = [];
-          fresh.push(logLine(parseJSON(text)));
-          if (fresh.length > 2 * LOG_KEEP_LINES) fresh.splice(0, fresh.length - LOG_KEEP_LINES);
+          const line = parseJSON(text);
+          const n = Number.isInteger(line.n) && line.n >= 0 ? line.n : null;
+          if (n !== null && after !== null && n <= after) joblog.lines = [];
+          if (n !== null) after = n;
+          const lines = joblog.lines;
+          lines.push(logLine(line));
+          if (lines.length > 2 * LOG_KEEP_LINES) lines.splice(0, lines.length - LOG_KEEP_LINES);
           paintLog();
         } else if (event === "end") {
           // Only the job's own end ends the follow: one that ended on its time, or on a
