@@ -935,3 +935,41 @@ def test_the_job_page_resumes_its_log_after_the_last_line_it_shows(project: Proj
         shown = [row.split()[-1] for row in read(d, '#job-view [data-field="log"]').split("\n")]
         assert shown == [str(i) for i in range(20)], shown
         assert script_errors(d) == []
+
+
+def test_the_group_page_lists_its_members_and_leads_to_the_dead_one(project: Project, browser: Any) -> None:
+    """A group's page lists its members, a page at a time, each linked to its job with the
+    outcome the group counted for it; "dead" lists the dead ones only, and one click opens
+    the dead member. The page showed counts only ("1 dead"), with no way to that member."""
+    from selenium.webdriver.common.by import By
+
+    project.spawn_worker("fast")
+    with gunicorn(project, token=TOKEN) as web:
+        members = [{"type": "noop", "payload": {"i": i}} for i in range(52)]
+        members.insert(40, {"type": "perm", "payload": {}})
+        g = web.post("/groups", json={"members": members, "then": {"type": "noop", "payload": {}}}).json()
+        dead = g["members"][40]
+        until("the group's end", lambda: web.get(f"/groups/{g['id']}").json()["complete"], timeout=30)
+        d = browser
+        signed_in(d, web)
+        visit(d, f"#group/{g['id']}")
+        rows = "#member-table tbody tr[data-member]"
+        until("the members", lambda: len(d.find_elements(By.CSS_SELECTOR, rows)) == 50)
+        assert read(d, '#member-table tr[data-member="41"] [data-field="status"]') == "dead"
+        assert read(d, '#member-table tr[data-member="41"] a[data-job-link]') == dead
+        assert read(d, '#member-table tr[data-member="1"] [data-field="status"]') == "done"
+        press(d, "#members-next")
+        def shown_members() -> list[str]:
+            return [r.get_attribute("data-member") for r in d.find_elements(By.CSS_SELECTOR, rows)]
+
+        until("the last members", lambda: shown_members() == ["51", "52", "53"])
+        press(d, '#group-view a[data-member-filter="dead"]')
+        until("the dead member alone", lambda: [r.get_attribute("data-job-id")
+                                                for r in d.find_elements(By.CSS_SELECTOR, rows)] == [dead])
+        assert "dead 1" in read(d, '#group-view a[data-member-filter="dead"]')
+        press(d, f'#member-table a[data-job-link="{dead}"]')
+        until("the dead member's page", lambda: shown_status(d, dead) == "dead")
+        d.back()
+        until("the dead members again", lambda: [r.get_attribute("data-job-id")
+                                                  for r in d.find_elements(By.CSS_SELECTOR, rows)] == [dead])
+        assert script_errors(d) == []
