@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
 MAX_MEMBERS = groups_store.MAX_MEMBERS  # (the store bounds what it reads back by it)
 CHUNK = 500  # members per script call: each call's work stays small
+LISTED = 5000  # member ids a call appends to the group's member list, at most
 # (and at most records.SCRIPT_BYTES of their payloads: see _calls)
 INLINE_BYTES = 256 * 1024  # outcomes up to this size ride in the then-job's payload
 FIELD = "group"  # the then payload's field that carries the group
@@ -218,6 +219,12 @@ def create(client: Client, members: Sequence[Request], then: Request) -> Group:
             (here_jobs if p == k.partition else away.setdefault(p, [])).append(j)
     also = sum(len(v) for v in away.values())
     chunks = _calls(here_jobs) or [[]]
+    # Every member's id goes to the group's member list (its page of members), in member
+    # order, shared out over the calls: more calls (of no member) when they would carry
+    # more than LISTED each, so no call's work grows with the group.
+    chunks += [[] for _ in range(-(-len(jobs) // LISTED) - len(chunks))]
+    share = -(-len(jobs) // len(chunks))
+    listed = [[j.id for j in jobs[n * share:(n + 1) * share]] for n in range(len(chunks))]
     # With [redis] wait_replicas every step is followed by a WAIT (group.lua and enqueue.lua
     # are durable scripts, transport.DURABLE); one short of replicas ran all the same, so
     # the group is written whole and then refused as any enqueue is: NotReplicated.
@@ -234,7 +241,8 @@ def create(client: Client, members: Sequence[Request], then: Request) -> Group:
         batch = rt.scripts.batch()
         for n, chunk in enumerate(chunks):
             rt.scripts.group(k, group.id, chunk, first=n == 0, seal=n == len(chunks) - 1 and not away, then=entry,
-                             inline_bytes=INLINE_BYTES, keep_ms=keep_ms, pipe=batch, also=also if n == 0 else 0)
+                             inline_bytes=INLINE_BYTES, keep_ms=keep_ms, pipe=batch, also=also if n == 0 else 0,
+                             listed=listed[n])
         replies = execute(batch)
         written = {j.id for chunk, r in zip(chunks, replies, strict=True)
                    if not isinstance(r, BaseException) and int(r[0]) >= 0 for j in chunk}

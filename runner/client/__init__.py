@@ -98,6 +98,7 @@ class Client:
     dead_page = inspecting.dead_page
     dead_ids = inspecting.dead_ids
     get_group = inspecting.get_group
+    group_members = inspecting.group_members
     group_outcomes = inspecting.group_outcomes
     iter_group_outcomes = inspecting.iter_group_outcomes
     then_of = inspecting.then_of

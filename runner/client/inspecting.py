@@ -288,6 +288,31 @@ def get_group(client: Client, group_id: str) -> dict[str, Any]:
     return view
 
 
+def group_members(client: Client, group_id: str, cursor: str | None = None, limit: int = 100,
+                  outcomes: Sequence[str] = ()) -> dict[str, Any]:
+    """One page of a group's members (GET /groups/{id}/members): {"id", "total", "members":
+    [{"member", "id", "status"}], "cursor", "listed"}, in member order from ``cursor`` (the
+    last page's; None: the first), at most ``limit`` (500) a page. A member's status is the
+    outcome the group counted for it (done, dead, cancelled), pending until then;
+    ``outcomes``: those of these only (dead, to find the members that failed). "listed" is
+    false for a group written before members were listed (none then). ValueError for a
+    cursor or an outcome it does not know."""
+    start = 1
+    if cursor is not None:
+        if not (cursor.isascii() and cursor.isdigit() and 1 <= int(cursor) <= group_store.MAX_MEMBERS):
+            raise ValueError(f"cursor {cursor!r:.40} is not one this list gave")
+        start = int(cursor)
+    unknown = set(outcomes) - set(group_store.OUTCOMES)
+    if unknown:
+        raise ValueError(f"no outcome {sorted(unknown)[0]!r:.40}: one of {', '.join(group_store.OUTCOMES)}")
+    state = group_state(client, group_id)
+    with reachable():
+        page = group_store.member_page(client.runtime.scripts, client.runtime.keys[state.queue], group_id, start,
+                                       limit, frozenset(outcomes))
+    return {"id": group_id, "total": state.total, "members": page.members,
+            "cursor": str(page.next) if page.next else None, "listed": page.listed > 0 or not state.total}
+
+
 # The most bytes of outcomes group_outcomes gathers in one list (iter_group_outcomes holds
 # one page at a time, store/groups.py PAGE_BYTES).
 MAX_OUTCOME_BYTES = 64 * 1024 * 1024

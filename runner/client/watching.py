@@ -25,13 +25,20 @@ STATUS_EVERY = 4
 AWAY_POLL_S = 2.0
 
 
-def logs(client: Client, job_id: str) -> dict[str, Any]:
-    """{"id", "status", "lines": [{"ts", "level", "src", "msg"}, ...]}, oldest line first.
-    Raises JobNotFound when the job is unknown (or its retention has passed)."""
+def logs(client: Client, job_id: str, after: int | None = None) -> dict[str, Any]:
+    """{"id", "status", "lines": [{"n", "ts", "level", "src", "msg"}, ...]}, oldest line
+    first; ``after``: only the lines after the one numbered so (lines_after). Raises
+    JobNotFound when the job is unknown (or its retention has passed)."""
     k, fields = find(client, job_id)
     with reachable():
         lines = joblogs.read(client.runtime.redis, k, job_id)
-    return {"id": job_id, "status": fields.get("status"), "lines": lines}
+    return {"id": job_id, "status": fields.get("status"), "lines": lines_after(lines, after)}
+
+
+def lines_after(lines: list[dict[str, Any]], after: int | None) -> list[dict[str, Any]]:
+    """The lines a reader who saw the line numbered ``after`` has not seen (all for None):
+    those numbered past it, whatever was trimmed off the front since (new_lines)."""
+    return lines if after is None else new_lines([{"n": after}], lines)
 
 
 class Mark(NamedTuple):

@@ -1,9 +1,10 @@
 """Reading groups (fan-out/fan-in) back: a group's progress and its members' outcomes.
 
 A group lives under its members' queue tag (keys.py): its hash (total, left, done, dead,
-cancelled, sealed, the then-job, created_ms, completed_ms) and its outcomes hash (member
-index -> outcome JSON). The scripts write both (group.lua, and the settling scripts
-through group_settle in includes/groups.lua); this module only reads.
+cancelled, sealed, the then-job, created_ms, completed_ms), its outcomes hash (member
+index -> outcome JSON), its member list (the ids in member order) and its marks (a byte
+a member: the outcome counted for it). The scripts write them (group.lua, and the
+settling scripts through group_settle in includes/groups.lua); this module only reads.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from runner.store import codec, records
 from runner.store.keys import QueueKeys
 
 PAGE = 1000  # outcomes read per round trip, at most
+MEMBERS_PAGE_MAX = 500  # members listed per page (member_page.lua), at most
+# A member's mark (includes/groups.lua MARKS) and the outcome it stands for; "" not finished.
+MARKS = {"d": "done", "x": "dead", "c": "cancelled", "": "pending"}
+OUTCOMES = {v: k or "p" for k, v in MARKS.items()}  # an outcome -> what member_page.lua asks for
 PAGE_BYTES = 8 * 1024 * 1024  # bytes of outcomes read per round trip, at most (one outcome past it: alone)
 
 
@@ -99,6 +104,30 @@ def read(redis: Any, keys: Mapping[str, QueueKeys], group_id: str) -> GroupState
         if isinstance(fields, dict) and fields.get("then"):
             return GroupState(group_id, queue, fields)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberPage:
+    members: list[dict[str, Any]]  # {"member": its 1-based index, "id", "status"}, in member order
+    next: int  # the member the next page starts at; 0: none is left
+    listed: int  # the members the group's list holds (0: a group written before members were listed)
+
+
+def member_page(scripts: Any, k: QueueKeys, group_id: str, start: int, limit: int,
+                outcomes: frozenset[str] = frozenset()) -> MemberPage:
+    """The members from member ``start`` on (1-based), at most ``limit`` (MEMBERS_PAGE_MAX),
+    each with the outcome the group counted for it (MARKS: pending until then); with
+    ``outcomes``, those of these outcomes only (their marks searched in Redis, one call)."""
+    wanted = "".join(sorted(OUTCOMES[o] for o in outcomes))
+    reply = scripts.member_page(k, group_id, start, min(limit, MEMBERS_PAGE_MAX), wanted)
+    rows = [_text(x) for x in reply[2:]]
+    members = [{"member": int(rows[i]), "id": rows[i + 1], "status": MARKS.get(rows[i + 2], "pending")}
+               for i in range(0, len(rows), 3)]
+    return MemberPage(members, int(reply[0]), int(reply[1]))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def outcome_page(redis: Any, k: QueueKeys, group_id: str, total: int, start: int, max_bytes: int

@@ -70,6 +70,8 @@ slot and the layout runs unchanged on Redis Cluster::
     <prefix>:{<queue>}:group:<id>     HASH    a group (fan-in): total, left, done, dead, cancelled,
                                               sealed, then (its then-job), ... (see includes/groups.lua)
     <prefix>:{<queue>}:group:<id>:o   HASH    member index -> its outcome (JSON)
+    <prefix>:{<queue>}:group:<id>:m   LIST    the member ids in member order (a page of them)
+    <prefix>:{<queue>}:group:<id>:f   STRING  a byte per member: the outcome the group counted
     <prefix>:{<queue>}:prio           ZSET    ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
     <prefix>:{<queue>}:paused         HASH    "queue" | "fn:<type>" -> paused since ms
     <prefix>:{<queue>}:held:<type>    LIST    ids of a paused function's jobs, oldest first (at the head)

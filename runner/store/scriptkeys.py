@@ -107,6 +107,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "weigh": ("stats",),
     # The statuses of the jobs a process's deaf waits wait for (store/waiter.py).
     "statuses": ("job_prefix",),
+    # A page of a group's members (store/groups.py): the group's keys, under its prefix.
+    "member_page": ("group_prefix",),
 }
 
 # Keys a caller passes itself (made from an argument, or not a queue's at all).

@@ -774,16 +774,24 @@ class Scripts(Transport):
     def group(
         self, k: QueueKeys, group_id: str, members: Sequence[NewJob], *, first: bool, seal: bool, then: str,
         inline_bytes: int, keep_ms: int, pipe: Batch | None = None, now_ms: int | None = None, also: int = 0,
+        listed: Sequence[str] = (),
     ) -> Any:
         """Write one chunk of a group's members (see group.lua): [code, status per member];
         ``then`` is the then-job as a JSON list (queue, 12 fields, priority), read on the first
-        chunk; ``also``: members counted in but written in other partitions."""
+        chunk; ``also``: members counted in but written in other partitions; ``listed``:
+        member ids to append to the group's member list, in member order."""
         args: list[Any] = [_clock(now_ms), group_id, 1 if first else 0, 1 if seal else 0, then, inline_bytes,
                            keep_ms, len(members)]
         for j in members:
             args += [*_job_fields(j), j.priority]
         args.append(also)
+        args += listed
         return self._run("group", scriptkeys.keys("group", k), args, pipe)
+
+    def member_page(self, k: QueueKeys, group_id: str, start: int, limit: int, marks: str) -> Any:
+        """One page of a group's members from member ``start`` (see member_page.lua):
+        [next, listed, member, id, mark, ...]; ``marks``: the outcomes listed ('' all)."""
+        return self._run("member_page", scriptkeys.keys("member_page", k), (group_id, start, limit, marks))
 
     def group_count(self, k: QueueKeys, counts: Sequence[Sequence[str]], now_ms: int | None = None) -> Any:
         """Count down members that finished in another partition (see group_count.lua):

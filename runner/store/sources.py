@@ -23,7 +23,7 @@ NAMES = (
     "tick", "adopt", "alive", "relay", "resume", "watch", "cancel", "group", "group_count", "seek", "prune",
     "index_delayed", "seek_list", "audit", "seek_trail", "step", "steps", "suspend", "signal", "wait", "emit",
     "emit_named", "joblog", "run_now", "listen", "unlisten", "stage", "unstage", "unroster", "count",
-    "weigh", "statuses",
+    "weigh", "statuses", "member_page",
 )
 # Scripts sent as several files in a row: a schedule's tick is its guard, then the
 # enqueue script itself, so a tick's job is written as every other job is.

@@ -40,7 +40,7 @@ from runner.web.emits import Emit
 from runner.web.events import Events
 from runner.web.exposition import Metrics
 from runner.web.fastlane import FastLane
-from runner.web.groups import GroupItem, Groups
+from runner.web.groups import GroupItem, GroupMembers, Groups
 from runner.web.holding import Waits
 from runner.web.hub import Hub
 from runner.web.jobs import JobBatch, JobList, JobRunNow, Jobs, JobSignal
@@ -135,6 +135,7 @@ def create_app(runtime: Runtime, threads: int = DEFAULT_THREADS) -> FastLane:
     app.add_route("/jobs/{name}/stream", JobStream(client, offload))
     app.add_route("/groups", Groups(client, offload))
     app.add_route("/groups/{group_id}", GroupItem(client, offload, waits))
+    app.add_route("/groups/{group_id}/members", GroupMembers(client, offload))
     app.add_route("/functions", Functions(runtime))
     app.add_route("/functions/{name}", FunctionItem(client, offload))
     app.add_route("/queues", Queues(runtime, offload))

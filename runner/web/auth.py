@@ -83,6 +83,7 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
     ("GET", "/jobs/{}/stream", READ),                # its ctx.stream output
     ("POST", "/groups", "enqueue"),                  # members of any types: no one type in the path
     ("GET", "/groups/{}", READ),
+    ("GET", "/groups/{}/members", READ),
     ("GET", "/functions", READ),
     ("GET", "/functions/{}", READ),
     ("GET", "/queues", READ),

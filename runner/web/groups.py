@@ -1,4 +1,5 @@
-"""POST /groups (fan-out/fan-in; scope enqueue) and GET /groups/{id} (its progress).
+"""POST /groups (fan-out/fan-in; scope enqueue), GET /groups/{id} (its progress) and GET
+/groups/{id}/members (a page of its members, each with the outcome the group counted).
 
 The body names every job as ``{"type", "payload", "version"?, "delay"?, "run_at"?,
 "priority"?}``: ``{"members": [job, ...], "then": job}``. Everything is validated before
@@ -15,7 +16,8 @@ import falcon.asgi
 
 from runner.client import Client, Request
 from runner.errors import MAX_DELAY_S, FieldError, GroupNotFound, InvalidGroup, RedisUnavailable
-from runner.web.body import only_params, read_json, seconds_param, send
+from runner.store.groups import MEMBERS_PAGE_MAX, OUTCOMES
+from runner.web.body import int_param, only_params, read_json, seconds_param, send
 from runner.web.holding import Waits
 from runner.web.jobs import part_way
 from runner.web.offload import Offload
@@ -118,3 +120,30 @@ class GroupItem:
             raise Problem(404, "group-not-found", f"no group {group_id!r}", title="Group not found",
                           group_id=group_id) from None
         send(resp, view)
+
+
+class GroupMembers:
+    """GET /groups/{id}/members?status=&limit=&cursor=: the members in member order, a page
+    at a time, each {"member", "id", "status"} (done, dead, cancelled as the group counted
+    it; pending until then); ?status= (comma-separated) lists those of these only."""
+
+    def __init__(self, client: Client, offload: Offload) -> None:
+        self.client = client
+        self.offload = offload
+
+    async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, group_id: str) -> None:
+        only_params(req, "status", "limit", "cursor")
+        limit = int_param(req, "limit", 1, MEMBERS_PAGE_MAX, 100) or 100
+        raw = req.get_param("status")
+        outcomes = raw.split(",") if raw else []
+        if any(o not in OUTCOMES for o in outcomes):
+            raise Problem(400, "invalid-parameter", f"query parameter 'status' must name outcomes among "
+                          f"{', '.join(OUTCOMES)}, comma-separated", title="Invalid parameter", parameter="status")
+        try:
+            page = await self.offload(self.client.group_members, group_id, req.get_param("cursor"), limit, outcomes)
+        except GroupNotFound:
+            raise Problem(404, "group-not-found", f"no group {group_id!r}", title="Group not found",
+                          group_id=group_id) from None
+        except ValueError as exc:
+            raise Problem(400, "invalid-parameter", str(exc), title="Invalid parameter", parameter="cursor") from None
+        send(resp, page)

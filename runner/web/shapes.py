@@ -133,6 +133,16 @@ COMPONENTS: dict[str, Any] = {
             "type": ["string", "null"], "description": "waiting until the last member finished, then the "
             "then-job's status (pending while it is relayed to another queue)"}}),
     }),
+    "GroupMembers": _obj({
+        "id": _STR, "total": _INT,
+        "members": {"type": "array", "items": _obj({
+            "member": _INT, "id": _STR, "status": {
+                "type": "string", "enum": ["done", "dead", "cancelled", "pending"],
+                "description": "the outcome the group counted for the member; pending until it finished"}})},
+        "cursor": {"type": ["string", "null"], "description": "the next page's (null: the last page)"},
+        "listed": {"type": "boolean", "description": "false for a group written before its members were "
+                                                     "listed (none then)"},
+    }),
     "Function": _obj({
         "type": _STR, "doc": _STR, "queue": _STR, "max_attempts": _INT, "timeout": _NUM,
         "backoff": _obj({"base": _NUM, "cap": _NUM, "jitter": _STR}),
@@ -403,6 +413,18 @@ def paths(queues: list[str], functions: list[str], max_wait_s: float = 30.0) -> 
             "parameters": [_path_param("group_id", {"type": "string", "minLength": 1, "maxLength": 200},
                                        "a group id")],
             "responses": {"200": ok("The group", "Group"), "404": problem("No such group")},
+        }},
+        "/groups/{group_id}/members": {"get": {
+            "operationId": "get_group_members", "tags": ["groups"],
+            "summary": "A group's members in member order, a page at a time, each with its outcome",
+            "parameters": [_path_param("group_id", {"type": "string", "minLength": 1, "maxLength": 200},
+                                       "a group id"),
+                           _query("status", {"type": "string"}, "only the members of these outcomes, "
+                                  "comma-separated: done, dead, cancelled, pending"),
+                           _query("limit", {"type": "integer", "minimum": 1, "maximum": 500},
+                                  "members per page (100)"),
+                           _query("cursor", {"type": "string"}, "the cursor of the previous page")],
+            "responses": {"200": ok("The page", "GroupMembers"), "400": bad, "404": problem("No such group")},
         }},
         "/events": {"get": {
             "operationId": "events", "tags": ["meta"],

@@ -1,18 +1,26 @@
 """GET /jobs/{id}/logs: a job's own log, and GET /jobs/{id}/stream: its ctx.stream
 output (``read`` scope, as reading the job).
 
-    200 {"id", "status", "lines": [{"ts", "level", "src", "msg"}, ...]}, oldest first
+    200 {"id", "status", "lines": [{"n", "ts", "level", "src", "msg"}, ...]}, oldest first
     ?follow=1: server-sent events instead, each line as it lands, until the job ends:
-        event: line   one line (JSON), the lines kept so far first
+        event: line   one line (JSON), the lines kept so far first; its id: the line's n
         event: end    {"id", "status"}: the job has ended (or the stream's time is up,
                       status then as it was: a client follows again; status null: the
                       job was deleted meanwhile)
+    ?after=N: only the lines after the one numbered N (a reader coming back).
 
 GET /jobs/{id}/stream: server-sent events, the chunks kept first, then each as it lands:
-        event: chunk  {"a": attempt, "i": its number in the attempt, "ts", "data"}
+        event: chunk  {"a": attempt, "i": its number in the attempt, "ts", "data"}; its
+                      id: its place, A.I (R.A.I for a requeued job's later run, which
+                      carries "r")
         event: end    {"id", "status"}: the job has ended (or the stream's time is up)
-    ?after=A.I: only the chunks after that position (a reader coming back); R.A.I after a
-    chunk of a requeued job's later run, which carries "r".
+    ?after=A.I (R.A.I): only the chunks after that place (a reader coming back).
+
+A reconnect resumes where the last one left off: the Last-Event-ID header a client sends
+back (an EventSource does, with the id of the last event it read) counts as ?after=, and
+wins over it (a client reconnects to the URL it opened). A line's number is its place
+among every line written to the log, so a resume is exact however many lines were
+trimmed off the front meanwhile (lua/joblog.lua).
 
 A stream lasts at most events.STREAM_S; a comment line every HEARTBEAT_S keeps proxies
 from timing it out. Redis away (a restart, a failover) does not end it: a comment line
@@ -96,32 +104,38 @@ class JobLogs:
         self.offload = offload
 
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
-        only_params(req, "follow")
+        only_params(req, "follow", "after")
         follow = req.get_param("follow")
         if follow not in (None, "0", "1", "true", "false"):
             raise Problem(400, "invalid-parameter", "query parameter 'follow' must be 1 or 0",
                           title="Invalid parameter", parameter="follow")
-        got = await self.offload(self.client.logs, name)  # 404 for no such job, before a stream opens
+        raw = resumed(req, "after")
+        if raw is not None and not (raw.isascii() and raw.isdigit() and len(raw) < 20):
+            raise _bad_resume(req, "a line's number n, as the id of its event (41)")
+        after = None if raw is None else int(raw)
+        got = await self.offload(self.client.logs, name, after)  # 404 for no such job, before a stream opens
         if follow not in ("1", "true"):
             send(resp, got)
             return
         owner = FOLLOWERS.admit(req)
         resp.cache_control = ["no-store"]
         resp.set_header("X-Accel-Buffering", "no")
-        resp.sse = FOLLOWERS.held(owner, self._emit(name, got))
+        resp.sse = FOLLOWERS.held(owner, self._emit(name, got, after))
 
-    async def _emit(self, job_id: str, first: dict[str, Any]) -> AsyncIterator[falcon.asgi.SSEvent | None]:
+    async def _emit(self, job_id: str, first: dict[str, Any], after: int | None
+                    ) -> AsyncIterator[falcon.asgi.SSEvent | None]:
         yield falcon.asgi.SSEvent(retry=RETRY_MS)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STREAM_S
         quiet_since = loop.time()
-        seen: list[dict[str, Any]] = []
+        seen: list[dict[str, Any]] = [] if after is None else [{"n": after}]
         got, mark = first, None
         away = False  # Redis did not answer the last poll
         while True:
             fresh = watching.new_lines(seen, got["lines"]) if got["lines"] is not None else []
             for line in fresh:
-                yield falcon.asgi.SSEvent(event="line", data=json.dumps(line, ensure_ascii=True).encode())
+                yield falcon.asgi.SSEvent(event="line", data=json.dumps(line, ensure_ascii=True).encode(),
+                                          event_id=_line_id(line))
             if fresh:
                 seen = got["lines"]
                 quiet_since = loop.time()
@@ -154,13 +168,12 @@ class JobStream:
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, name: str) -> None:
         only_params(req, "after")
         after: tuple[int, ...] = (-1, -1)
-        raw = req.get_param("after")
+        raw = resumed(req, "after")
         if raw is not None:
             parts = raw.split(".")
             if not (len(parts) in (2, 3) and all(p.isascii() and p.isdigit() for p in parts) and len(raw) < 32):
-                raise Problem(400, "invalid-parameter", "query parameter 'after' must be ATTEMPT.NUMBER or "
-                              "RUN.ATTEMPT.NUMBER, as a chunk's a and i, and its r when it has one (1.41, "
-                              "1.1.41)", title="Invalid parameter", parameter="after")
+                raise _bad_resume(req, "ATTEMPT.NUMBER or RUN.ATTEMPT.NUMBER, as a chunk's a and i, and its r "
+                                  "when it has one, as the id of its event (1.41, 1.1.41)")
             after = tuple(int(p) for p in parts)
         got = await self.offload(watching.stream_chunks, self.client, name, after)  # 404 before a stream opens
         owner = FOLLOWERS.admit(req)
@@ -178,7 +191,8 @@ class JobStream:
         away = False
         while True:
             for chunk in got["chunks"]:
-                yield falcon.asgi.SSEvent(event="chunk", data=json.dumps(chunk, ensure_ascii=True).encode())
+                yield falcon.asgi.SSEvent(event="chunk", data=json.dumps(chunk, ensure_ascii=True).encode(),
+                                          event_id=_chunk_id(chunk))
             if got["chunks"]:
                 after = watching.position(got["chunks"][-1])
                 quiet_since = loop.time()
@@ -201,6 +215,36 @@ class JobStream:
                 if not away:
                     away = True
                     yield _away(exc)
+
+
+def resumed(req: falcon.asgi.Request, param: str) -> str | None:
+    """Where a follow resumes: the Last-Event-ID a reconnecting client sent (the id of the
+    last event it read), else the query parameter; None: from the start."""
+    header = req.get_header("Last-Event-ID")
+    return header if header else req.get_param(param)
+
+
+def _bad_resume(req: falcon.asgi.Request, what: str) -> Problem:
+    if req.get_header("Last-Event-ID"):
+        return Problem(400, "invalid-header", f"header Last-Event-ID must be {what}", title="Invalid header",
+                       header="Last-Event-ID")
+    return Problem(400, "invalid-parameter", f"query parameter 'after' must be {what}", title="Invalid parameter",
+                   parameter="after")
+
+
+def _line_id(line: dict[str, Any]) -> str | None:
+    """A line's event id: its number (none for a line written before lines were numbered,
+    or another writer's without one: a client's last id stays the line's before it)."""
+    n = line.get("n")
+    return str(n) if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def _chunk_id(chunk: dict[str, Any]) -> str | None:
+    """A chunk's event id: its place as ?after= takes it, A.I, or R.A.I in a later run."""
+    r, a, i = watching.position(chunk)
+    if min(r, a, i) < 0:
+        return None
+    return f"{r}.{a}.{i}" if r else f"{a}.{i}"
 
 
 def _away(exc: Exception) -> falcon.asgi.SSEvent:

@@ -727,3 +727,249 @@ def test_foreign_records_render_on_every_page(project: Project, browser: Any) ->
             d.find_element(By.ID, "job-view").text
         assert '"abc"' in text and "?" in text and "[object Object]" not in text, text[:600]
         assert script_errors(d) == []
+
+
+BIG = 9007199254740993  # 2**53 + 1: a double rounds it to ...992; the API takes integers to 2**64 - 1
+ECHO = '''"""Echoes its payload, or dies at once when told to."""
+from runner import PermanentFailure
+
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    if payload.get("die"):
+        raise PermanentFailure("told to die")
+    return payload
+'''
+ASKER = '''"""Waits for a signal, streams its body, and returns it."""
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    answer = ctx.wait_for_signal("go", timeout=120)
+    ctx.stream(answer)
+    return answer
+'''
+
+
+def test_integers_past_2_53_are_shown_and_sent_back_exactly(project: Project, browser: Any) -> None:
+    """An integer the API accepted past 2**53 is shown as it was sent (the dead letters,
+    the job page's payload, result and stream), and whatever the page sends back keeps it:
+    an "Edit & requeue" with nothing edited, an invoke and a signal. The page parsed JSON
+    into doubles and sent them back re-serialized: ...993 showed, and was written back into
+    the job, as ...992."""
+    from selenium.webdriver.common.by import By
+
+    project.add_function("echo", ECHO)
+    project.add_function("asker", ASKER)
+    project.spawn_worker("fast")
+    body = f'{{"die": true, "order_id": {BIG}, "note": "untouched"}}'.encode()
+    with gunicorn(project, token=TOKEN) as web:
+        dead = web.post("/jobs/echo", data=body, headers={"Content-Type": "application/json"}).json()["id"]
+        until("the job to die", lambda: web.get(f"/jobs/{dead}").json()["status"] == "dead")
+        d = browser
+        signed_in(d, web)
+        visit(d, "#dead/fast")
+        row_css = f'#dead-table tr[data-job-id="{dead}"]'
+        until("the dead job's row", lambda: d.find_element(By.CSS_SELECTOR, row_css))
+        assert str(BIG) in read(d, f'{row_css} [data-field="payload"]')
+
+        press(d, f"{row_css} button.edit")  # and nothing edited
+        editor = d.find_element(By.ID, "edit-payload")
+        until("the editor", editor.is_displayed)
+        assert str(BIG) in editor.get_attribute("value")
+        press(d, "#edit-submit")
+        until("the requeued job to die again", lambda: len(project.client.get(dead).as_dict()["history"]) > 1
+              and project.client.get(dead).status == "dead", timeout=30)
+        assert project.client.get(dead).as_dict()["payload"] == {"die": True, "order_id": BIG, "note": "untouched"}
+        until("the job page", lambda: shown_status(d, dead) == "dead")
+        assert str(BIG) in read(d, '#job-view [data-field="payload"]')
+
+        visit(d, "#function/echo")
+        box = until("the invoke form", lambda: d.find_element(By.ID, "invoke-payload"))
+        box.clear()
+        box.send_keys(f'{{"order_id": {BIG}}}')
+        press(d, "#invoke-submit")
+        until("the invoked job's result", lambda: str(BIG) in read(d, '#invoke-result [data-field="result"]'))
+        invoked = read(d, "#invoke-result table[data-job-id]", "data-job-id")
+        assert project.client.get(invoked).as_dict()["result"] == {"order_id": BIG}
+
+        asker = web.post("/jobs/asker", json={}).json()["id"]
+        until("the job to wait", lambda: web.get(f"/jobs/{asker}").json()["status"] == "waiting", timeout=30)
+        visit(d, f"#job/{asker}")
+        signal = until("the signal form", lambda: d.find_element(By.ID, "signal-body"))
+        signal.clear()
+        signal.send_keys(f'{{"n": {BIG}}}')
+        press(d, '#signal-form button[type="submit"]')
+        until("the signalled job's end", lambda: shown_status(d, asker) == "done", timeout=30)
+        assert project.client.get(asker).as_dict()["result"] == {"n": BIG}
+        assert str(BIG) in read(d, '#job-view [data-field="result"]')
+        until("the streamed body", lambda: str(BIG) in read(d, '#job-view [data-field="stream"]'))
+        assert str(BIG - 1) not in d.find_element(By.ID, "job-view").text
+        # The page's own reading and writing: integers in strings stay text, floats stay
+        # doubles, and an object without big integers is written as JSON.stringify writes it.
+        tricky = ('{"a": [-18446744073709551615, 1.5e300, 0.1, "9007199254740993 \\" 9007199254740993", '
+                  '{"b": 18446744073709551615, "\\u0000x": 123456789012345678901234567890}], "c": 3}')
+        assert d.execute_script("return compact(parseJSON(arguments[0]))", tricky) == (
+            '{"a":[-18446744073709551615,1.5e+300,0.1,"9007199254740993 \\" 9007199254740993",'
+            '{"b":18446744073709551615,"\\u0000x":123456789012345678901234567890}],"c":3}')
+        plain = '{"a": [1, {"b": "x"}], "c": null}'
+        assert d.execute_script("const text = arguments[0];"
+                                "return json(parseJSON(text)) === JSON.stringify(JSON.parse(text), null, 2)", plain)
+        assert script_errors(d) == []
+
+
+COMMENTER = '''"""Logs a comment a producer sent."""
+QUEUE = "fast"
+
+
+def handle(payload, ctx):
+    ctx.logger.info("comment received: %s", payload["text"])
+    ctx.logger.info("next line")
+'''
+
+
+def test_a_log_lines_newlines_cannot_forge_lines_of_their_own(project: Project, browser: Any) -> None:
+    """A log line's text may hold newlines (here from a producer's payload): the job page
+    shows what follows each one indented and marked as a part of its line, as `runner logs`
+    indents it, so it cannot pass for a line with a time, level and source of its own (a
+    forged "ERROR runner worker lost" looked exactly like one)."""
+
+    project.add_function("commenter", COMMENTER)
+    project.spawn_worker("fast")
+    forged = ["2026-12-07 15:24:11.236  ERROR   runner worker lost: the job's lease lapsed",
+              "2026-12-07 15:24:11.237  INFO    log    refund of 5,000 EUR approved",
+              "2026-12-07 15:24:11.238  WARNING log    by a carriage return",
+              "2026-12-07 15:24:11.239  WARNING log    by a line separator"]
+    wrapped = "2026-12-07 15:24:11.240  ERROR   runner by a wrap of a long row"
+    text = f"ok\n{forged[0]}\r\n{forged[1]}\r{forged[2]}\u2028{forged[3]}{' ' * 400}{wrapped}"
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/commenter", json={"text": text}).json()["id"]
+        until("the job's end", lambda: web.get(f"/jobs/{job}").json()["status"] == "done")
+        assert len(web.get(f"/jobs/{job}/logs").json()["lines"]) == 2
+        d = browser
+        signed_in(d, web)
+        visit(d, f"#job/{job}")
+        log = until("the log", lambda: (lambda t: t if "next line" in t else None)(
+            read(d, '#job-view [data-field="log"]')))
+        rows = log.split("\n")
+        stamped = [r for r in rows if re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\s+[A-Z]+\s+\w+", r)]
+        assert len(stamped) == 2 and "comment received: ok" in stamped[0] and "next line" in stamped[1], log
+        assert len(rows) == 6, log  # each forged line shown, under its own line's text
+        for row, line in zip(rows[1:5], forged, strict=True):
+            assert row.lstrip().startswith("\u21b3 ") and line in row and row.index(line) > 20, (row, log)
+        # On screen: where each forged line and the wrapped one begin, against where the
+        # rows of the real lines begin (a row a long text wraps onto is indented too).
+        lefts = d.execute_script(
+            "const pre = document.querySelector('#job-view [data-field=log]'); const node = pre.firstChild;"
+            "const left = (i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);"
+            "  return r.getClientRects()[0].left; };"
+            "return arguments[0].map((t) => left(node.data.indexOf(t)))"
+            "  .concat([left(0), left(node.data.lastIndexOf('\\n') + 1)])",
+            [*forged, wrapped])
+        real = lefts[-2:]
+        assert real[0] == real[1], lefts
+        for left in lefts[:-2]:
+            assert left > real[0] + 20, lefts
+        assert script_errors(d) == []
+
+
+TWO_PARTS = '''"""Logs ten lines, then ten more once told to (a file appears)."""
+import os
+import time
+QUEUE = "slow"
+TIMEOUT = 60
+MAX_ATTEMPTS = 1
+
+def handle(payload, ctx):
+    for i in range(10):
+        ctx.logger.info("line %d", i)
+    while not os.path.exists(os.path.join(os.environ["RECORD_DIR"], "go")):
+        time.sleep(0.02)
+    for i in range(10, 20):
+        ctx.logger.info("line %d", i)
+'''
+
+# Passes on the page's first log follow only until its first lines came, then ends its body
+# as a dropped connection would; every follow's URL is kept in window.follows.
+CUT_FIRST_FOLLOW = """
+const real = window.fetch;
+window.follows = [];
+window.fetch = async (url, init) => {
+  const resp = await real(url, init);
+  if (!String(url).includes("/logs?follow=1")) return resp;
+  window.follows.push(String(url));
+  if (window.follows.length > 1) return resp;
+  const reader = resp.body.getReader();
+  let lines = 0;
+  const body = new ReadableStream({ async pull(out) {
+    const { value, done } = lines ? { done: true } : await reader.read();
+    if (done) { reader.cancel(); out.close(); return; }
+    lines += (new TextDecoder().decode(value).match(/event: line/g) || []).length;
+    out.enqueue(value);
+  } });
+  return new Response(body, { status: resp.status, headers: resp.headers });
+};
+"""
+
+
+def test_the_job_page_resumes_its_log_after_the_last_line_it_shows(project: Project, browser: Any) -> None:
+    """A follow of the log that ends before the job does (the server's end of each follow,
+    a dropped connection) is taken up again after the last line the page shows (?after=
+    its number), not read from the start again; each line shows once."""
+    project.add_function("twoparts", TWO_PARTS)
+    project.spawn_worker("slow")
+    with gunicorn(project, token=TOKEN) as web:
+        job = web.post("/jobs/twoparts", json={}).json()["id"]
+        until("the first lines", lambda: len(web.get(f"/jobs/{job}/logs").json()["lines"]) == 10)
+        d = browser
+        signed_in(d, web)
+        d.execute_script(CUT_FIRST_FOLLOW)
+        visit(d, f"#job/{job}")
+        until("a second follow", lambda: len(d.execute_script("return window.follows")) >= 2)
+        (project.records / "go").write_text("")
+        until("the job's end", lambda: shown_status(d, job) == "done")
+        until("the last line", lambda: "line 19" in read(d, '#job-view [data-field="log"]'))
+        follows = d.execute_script("return window.follows")
+        assert follows[0].endswith("/logs?follow=1") and follows[1].endswith("/logs?follow=1&after=9"), follows
+        shown = [row.split()[-1] for row in read(d, '#job-view [data-field="log"]').split("\n")]
+        assert shown == [str(i) for i in range(20)], shown
+        assert script_errors(d) == []
+
+
+def test_the_group_page_lists_its_members_and_leads_to_the_dead_one(project: Project, browser: Any) -> None:
+    """A group's page lists its members, a page at a time, each linked to its job with the
+    outcome the group counted for it; "dead" lists the dead ones only, and one click opens
+    the dead member. The page showed counts only ("1 dead"), with no way to that member."""
+    from selenium.webdriver.common.by import By
+
+    project.spawn_worker("fast")
+    with gunicorn(project, token=TOKEN) as web:
+        members = [{"type": "noop", "payload": {"i": i}} for i in range(52)]
+        members.insert(40, {"type": "perm", "payload": {}})
+        g = web.post("/groups", json={"members": members, "then": {"type": "noop", "payload": {}}}).json()
+        dead = g["members"][40]
+        until("the group's end", lambda: web.get(f"/groups/{g['id']}").json()["complete"], timeout=30)
+        d = browser
+        signed_in(d, web)
+        visit(d, f"#group/{g['id']}")
+        rows = "#member-table tbody tr[data-member]"
+        until("the members", lambda: len(d.find_elements(By.CSS_SELECTOR, rows)) == 50)
+        assert read(d, '#member-table tr[data-member="41"] [data-field="status"]') == "dead"
+        assert read(d, '#member-table tr[data-member="41"] a[data-job-link]') == dead
+        assert read(d, '#member-table tr[data-member="1"] [data-field="status"]') == "done"
+        press(d, "#members-next")
+        def shown_members() -> list[str]:
+            return [r.get_attribute("data-member") for r in d.find_elements(By.CSS_SELECTOR, rows)]
+
+        until("the last members", lambda: shown_members() == ["51", "52", "53"])
+        press(d, '#group-view a[data-member-filter="dead"]')
+        until("the dead member alone", lambda: [r.get_attribute("data-job-id")
+                                                for r in d.find_elements(By.CSS_SELECTOR, rows)] == [dead])
+        assert "dead 1" in read(d, '#group-view a[data-member-filter="dead"]')
+        press(d, f'#member-table a[data-job-link="{dead}"]')
+        until("the dead member's page", lambda: shown_status(d, dead) == "dead")
+        d.back()
+        until("the dead members again", lambda: [r.get_attribute("data-job-id")
+                                                  for r in d.find_elements(By.CSS_SELECTOR, rows)] == [dead])
+        assert script_errors(d) == []

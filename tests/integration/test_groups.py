@@ -237,3 +237,98 @@ def test_a_groups_outcomes_are_read_a_bounded_page_at_a_time(fns: Project) -> No
     calls = {name: v["calls"] for name, v in r.info("commandstats").items()}
     assert calls["cmdstat_hmget"] >= n // 8, calls  # (8 MiB a round trip at most: 8 outcomes of 1 MiB)
     assert len(c.group_outcomes(g.id, max_bytes=100 * 1024 * 1024)) == n
+
+
+ROUTED = '''
+import runner
+QUEUE = "fast"
+RESOURCE_KEY = "res:{r}"
+
+def handle(payload, ctx):
+    if payload.get("fail"):
+        raise runner.PermanentFailure("no " + str(payload["n"]))
+    return {"n": payload["n"]}
+'''
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_a_groups_members_are_listed_a_page_at_a_time_with_their_outcome(project: Project, partitions: int) -> None:
+    """GET /groups/{id}/members lists a group's members in member order, a bounded page at
+    a time, each with the outcome the group counted for it (pending until then); ?status=
+    lists those of one outcome only (the dead ones an operator looks for), found in the
+    group's own record, never by reading every member. GET /groups/{id} gave counts only
+    ("1 dead"), and nothing led to that member. On a partitioned queue too, where members
+    are written where their keys route them."""
+    write(project, "routed", ROUTED, '{"type": "object", "properties": {"r": {"type": "integer"}}}')
+    write(project, "merge", MERGE.format(queue="fast"))
+    project.write_config(fast=f"partitions = {partitions}" if partitions > 1 else "")
+    client = falcon.testing.TestClient(create_app(project.runtime))
+    dead = {2, 5}
+    body = {"members": [{"type": "routed", "payload": {"n": i, "r": i % 3, "fail": i in dead}} for i in range(7)],
+            "then": {"type": "merge", "payload": {}}}
+    r = client.simulate_post("/groups", json=body)
+    assert r.status_code == 202, r.text
+    g = r.json
+    members = g["members"]
+
+    def listed(query: str = "") -> dict:
+        r = client.simulate_get(f"/groups/{g['id']}/members", query_string=query)
+        assert r.status_code == 200, r.text
+        return r.json
+
+    first = listed()
+    assert [(m["member"], m["id"], m["status"]) for m in first["members"]] == [
+        (i + 1, members[i], "pending") for i in range(7)]
+    assert first["cursor"] is None and first["total"] == 7
+    home = project.keys("fast")  # (the group's partition)
+    away = [m for m in members if not project.runtime.redis.exists(home.job(m))]
+    assert bool(away) == (partitions > 1), away  # members written in other partitions are listed too
+    project.spawn_worker("fast")
+    wait_for(lambda: client.simulate_get(f"/groups/{g['id']}").json["complete"], timeout=30, what="the group's end")
+    outcome = ["dead" if i in dead else "done" for i in range(7)]
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = listed(f"limit=3{f'&cursor={cursor}' if cursor else ''}")
+        assert len(page["members"]) <= 3
+        seen += page["members"]
+        pages += 1
+        cursor = page["cursor"]
+        if cursor is None:
+            break
+    assert pages == 3 and [(m["id"], m["status"]) for m in seen] == list(zip(members, outcome, strict=True))
+    assert [m["id"] for m in listed("status=dead")["members"]] == [members[2], members[5]]
+    one = listed("status=dead&limit=1")
+    assert [m["member"] for m in one["members"]] == [3] and one["cursor"]
+    rest = listed(f"status=dead&limit=1&cursor={one['cursor']}")
+    assert [m["member"] for m in rest["members"]] == [6] and rest["cursor"] is None  # (none is left after it)
+    assert len(listed("status=done")["members"]) == 5 and listed("status=pending")["members"] == []
+    assert [m["member"] for m in listed("status=dead,cancelled")["members"]] == [3, 6]
+    for query in ("status=lost", "limit=0", "limit=501", "cursor=x", "cursor=0", "page=2"):
+        assert client.simulate_get(f"/groups/{g['id']}/members", query_string=query).status_code == 400, query
+    assert client.simulate_get("/groups/gnope/members").status_code == 404
+
+
+def test_a_groups_member_list_is_written_in_bounded_calls_and_lives_as_long_as_it(
+        fns: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The member ids go to the group's list over the group's calls, at most LISTED a call
+    (calls of no member added for them), in member order; the list and the marks live while
+    the group does: kept while it runs, then for the group's keep time, as its outcomes. A
+    list or marks of another type (damage) list the members as pending, never fail."""
+    monkeypatch.setattr(groups, "LISTED", 2)
+    c, r, k = fns.client, fns.runtime.redis, fns.keys()
+    g = c.group([Request("part", {"n": i, "fail": i == 3}) for i in range(5)], then=Request("merge", {}))
+    listed = k.group(g.id) + ":m"
+    assert r.lrange(listed, 0, -1) == list(g.members)
+    assert r.pttl(listed) == -1 and r.pttl(k.group(g.id)) == -1  # sealed: kept until its members finish
+    fns.spawn_worker("fast")
+    wait_for(lambda: c.get_group(g.id)["complete"], timeout=30, what="the group's end")
+    keep = r.pttl(k.group(g.id))
+    assert keep > 0 and abs(r.pttl(listed) - keep) < 1000 and abs(r.pttl(k.group(g.id) + ":f") - keep) < 1000
+    assert r.get(k.group(g.id) + ":f") == "dddxd"
+    assert [m["status"] for m in c.group_members(g.id, limit=2, outcomes=["dead"])["members"]] == ["dead"]
+    r.delete(k.group(g.id) + ":f")
+    r.hset(k.group(g.id) + ":f", "x", "y")  # another writer's
+    page = c.group_members(g.id)
+    assert [m["status"] for m in page["members"]] == ["pending"] * 5 and page["listed"]
+    r.delete(listed)
+    assert c.group_members(g.id) == {"id": g.id, "total": 5, "members": [], "cursor": None, "listed": False}

@@ -1330,3 +1330,81 @@ def test_a_printed_line_past_the_line_bound_adds_no_empty_line(served: Project) 
     assert [m[:3] for m in got] == ["000", "111", "222", "aaa", "bbb", "sho"], [m[:20] for m in got]
     assert got[0].endswith("... [1,808 characters cut]") and got[3] == "a" * 8_192 + "... [808 characters cut]"
     assert got[4] == "b" * 10
+
+
+def _sse_read(web: Any, path: str, n: int, headers: dict[str, str] | None = None) -> list[tuple[str | None, str, str]]:
+    """(id, event, data) of the first ``n`` events with data of a follow, read as they come
+    and then left (the connection closed, as a client that drops does)."""
+    out: list[tuple[str | None, str, str]] = []
+    fields: dict[str, str] = {}
+    with web.session.get(web.url + path, headers={"Authorization": f"Bearer {web.token}", **(headers or {})},
+                         stream=True, timeout=10) as r:
+        assert r.status_code == 200, r.text
+        for raw in r.iter_lines(chunk_size=1, decode_unicode=True):
+            if raw == "":
+                if "data" in fields:
+                    out.append((fields.get("id"), fields.get("event", "message"), fields["data"]))
+                fields = {}
+                if len(out) >= n:
+                    break
+            elif not raw.startswith(":"):
+                name, _, value = raw.partition(":")
+                fields[name] = value[1:] if value.startswith(" ") else value
+    return out
+
+
+def test_a_follow_resumes_after_the_last_event_a_client_saw(project: Project) -> None:
+    """Each line of a log follow and each chunk of a stream carries an SSE id (the line's
+    number, the chunk's place), and a reconnect that sends it back (Last-Event-ID, as an
+    EventSource does, or ?after=) resumes right after it: no line or chunk twice and none
+    missed, also when the line last seen was trimmed off the front meanwhile. A standard
+    client got the whole log or stream again on every reconnect (no id, Last-Event-ID
+    ignored, no ?after= for logs)."""
+    from test_web_support import gunicorn
+
+    from runner.worker.joblog import line, marker
+
+    project.add_function("quiet", QUIET)  # (no worker: the log is written here, as a worker's writes do)
+    project.write_config()
+    client, sc, k = project.client, project.runtime.scripts, project.keys("fast")
+    job_id = client.enqueue("quiet", {}).id  # queued, so every follow stays open
+
+    def write(first: int, count: int) -> None:
+        sc.append_log(k, job_id, [line("INFO", f"line {i}") for i in range(first, first + count)], 50, 1 << 20,
+                      60_000, marker=marker(50, 1 << 20))
+
+    def chunks(first: int, count: int) -> None:
+        sc.append_log(k, job_id, [json.dumps({"a": 1, "i": i, "ts": 1_767_225_600_000, "data": f"c{i}"})
+                                  for i in range(first, first + count)], 10_000, 1 << 20, 60_000,
+                      key=k.stream(job_id))
+
+    write(0, 30)
+    chunks(0, 30)
+    with gunicorn(project, token="t0ken-for-resumes") as web:
+        seen = _sse_read(web, f"/jobs/{job_id}/logs?follow=1", 30)
+        assert [(i, json.loads(d)["msg"]) for i, _, d in seen] == [(str(n), f"line {n}") for n in range(30)]
+        write(30, 49)  # past the 50 kept: lines 0-29 trimmed, the last one seen too; a marker heads the rest
+        kept = client.logs(job_id)["lines"]
+        assert kept[0]["n"] == 29 and "dropped" in kept[0]["msg"] and kept[1]["n"] == 30, kept[:2]
+        after = [f"line {n}" for n in range(30, 79)]
+        for how in ({"headers": {"Last-Event-ID": "29"}}, {"path": "&after=29"},
+                    {"path": "&after=3", "headers": {"Last-Event-ID": "29"}}):  # (the reconnect's id wins)
+            again = _sse_read(web, f"/jobs/{job_id}/logs?follow=1{how.get('path', '')}", 49, how.get("headers"))
+            assert [json.loads(d)["msg"] for _, _, d in again] == after, how
+            assert [i for i, _, _ in again] == [str(n) for n in range(30, 79)]
+        assert [x["msg"] for x in web.get(f"/jobs/{job_id}/logs?after=29").json()["lines"]] == after
+        # Lines lost while away (trimmed before they were read): the marker says so, first.
+        lost = _sse_read(web, f"/jobs/{job_id}/logs?follow=1", 50, {"Last-Event-ID": "10"})
+        assert "dropped" in json.loads(lost[0][2])["msg"] and lost[0][0] == "29"
+        assert [json.loads(d)["msg"] for _, _, d in lost[1:]] == after
+
+        first = _sse_read(web, f"/jobs/{job_id}/stream", 20)
+        assert [(i, json.loads(d)["data"]) for i, _, d in first] == [(f"1.{n}", f"c{n}") for n in range(20)]
+        chunks(30, 5)
+        rest = _sse_read(web, f"/jobs/{job_id}/stream", 15, {"Last-Event-ID": first[-1][0] or ""})
+        assert [(i, json.loads(d)["data"]) for i, _, d in rest] == [(f"1.{n}", f"c{n}") for n in range(20, 35)]
+
+        for path, header in ((f"/jobs/{job_id}/logs?follow=1", "1.5"), (f"/jobs/{job_id}/stream", "x")):
+            r = web.get(path, headers={"Last-Event-ID": header})
+            assert r.status_code == 400 and r.json()["header"] == "Last-Event-ID", r.text
+        assert web.get(f"/jobs/{job_id}/logs?after=-1").status_code == 400

@@ -14,7 +14,8 @@
 -- KEYS[7] claims       HASH
 -- KEYS[8] census       HASH
 -- KEYS[9] prio         ZSET
--- KEYS[10] group_prefix (string; the group is prefix .. id, its outcomes prefix .. id .. ':o')
+-- KEYS[10] group_prefix (string; the group is prefix .. id, its outcomes prefix .. id .. ':o',
+--                        its member list prefix .. id .. ':m', its marks prefix .. id .. ':f')
 -- KEYS[11] done_meta   HASH
 -- KEYS[12] done_prefix (string)
 -- KEYS[13] outbox      LIST  (a then-job on another queue)
@@ -32,6 +33,9 @@
 -- ARGV[9 + n * 13] members counted into the group but written in other partitions of the
 --         queue, where their keys route them ('' none; groups.py writes them after this
 --         call and seals the group after them)
+-- ARGV[10 + n * 13 ..] member ids, appended to the group's member list (LIST, the ids in
+--         member order, which member_page.lua pages through): the calls of one group
+--         carry every member's id in turn, in member order, whichever partition it is in
 --
 -- Returns {code, status per member}: 1 written, 2 written and the group complete (its
 -- then-job written), -1 refused: a first chunk for a group that exists, -2 refused: a
@@ -67,11 +71,22 @@ jobs_flush(Q, put, K.notify, K.census)
 local also = tonumber(ARGV[9 + n * 13]) or 0
 redis.call('HINCRBY', gk, 'total', n + also)
 local left = redis.call('HINCRBY', gk, 'left', n + also)
+-- (pcall: a member list of another type, damage, loses the list, never the members)
+local listed = 10 + n * 13
+for s = listed, #ARGV, 4000 do
+  redis.pcall('RPUSH', gk .. ':m', unpack(ARGV, s, math.min(s + 3999, #ARGV)))
+end
+if not seal and #ARGV >= listed then  -- (unsealed, the list lives as long as the group)
+  local ttl = redis.call('PTTL', gk)
+  if ttl > 0 then redis.call('PEXPIRE', gk .. ':m', ttl) end
+end
 if seal then
   redis.call('HSET', gk, 'sealed', 1)
   -- Sealed, it lives until its members finish (then for the keep time: group_fire).
   redis.call('PERSIST', gk)
   redis.call('PERSIST', gk .. ':o')
+  redis.call('PERSIST', gk .. ':m')
+  redis.call('PERSIST', gk .. ':f')
   if left <= 0 then
     group_fire({group = K.group_prefix, Q = Q, notify = K.notify, census = K.census, outbox = K.outbox}, now, ARGV[2])
     out[1] = 2

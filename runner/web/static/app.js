@@ -65,8 +65,75 @@ function fill(node, ...children) {
   return node;
 }
 
+// --- JSON, exactly ------------------------------------------------------------------------
+// The API takes integers to 2^64 - 1, and a double (JSON.parse's number) holds them exactly
+// only to 2^53: 9007199254740993 read into one is 9007199254740992. So every JSON the page
+// reads goes through parseJSON, which keeps such an integer as an Exact (its digits as
+// sent), and every JSON it shows goes through json or compact, which write an Exact's
+// digits back; a payload, an invoke or a signal the page sends is the text in its box,
+// sent as it is (Verbatim), never parsed and written again.
+class Exact {
+  constructor(text) { this.text = text; }
+  valueOf() { return Number(this.text); }
+  toString() { return this.text; }
+}
+
+// A JSON text to send as it is: api() sends it in place of JSON.stringify(body).
+class Verbatim {
+  constructor(text) { this.text = text; }
+}
+
+const LONG_DIGITS = /\d{16}/;  // every integer past 2^53 has 16 digits or more
+// A JSON text's strings and numbers, in order (nothing else in it holds a digit).
+const JSON_TOKENS = /"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g;
+
+let exactSeen = false;  // until the page reads an Exact, stringify is JSON.stringify alone
+
+// 64 random bits: after a NUL, a mark no text the server sent holds.
+function exactMark() {
+  const bits = crypto.getRandomValues(new Uint32Array(2));
+  return `${bits[0].toString(36)}.${bits[1].toString(36)}:`;
+}
+
+// JSON.parse, but an integer a double would round comes back as an Exact.
+function parseJSON(text) {
+  const value = JSON.parse(text);  // (what is no JSON throws here, as ever)
+  if (!LONG_DIGITS.test(text)) return value;
+  const mark = exactMark();
+  let marked = false;
+  // Each such integer becomes a string of the mark and its digits, read back as an Exact.
+  const again = text.replace(JSON_TOKENS, (t) => {
+    if (t[0] === '"' || /[.eE]/.test(t) || Number.isSafeInteger(Number(t))) return t;
+    marked = true;
+    return `"\\u0000${mark}${t}"`;
+  });
+  if (!marked) return value;
+  const tag = `\u0000${mark}`;
+  exactSeen = true;
+  return JSON.parse(again, (k, v) => (typeof v === "string" && v.startsWith(tag) ? new Exact(v.slice(tag.length)) : v));
+}
+// JSON.stringify, but an Exact is written as its digits.
+function stringify(value, indent) {
+  if (!exactSeen) return JSON.stringify(value, null, indent);
+  const mark = exactMark();
+  const held = [];
+  const text = JSON.stringify(value, (k, v) => {
+    if (!(v instanceof Exact)) return v;
+    held.push(v.text);
+    return `\u0000${mark}${held.length - 1}`;
+  }, indent);
+  if (!held.length) return text;
+  const at = new RegExp(`"\\\\u0000${mark.replace(".", "\\.")}(\\d+)"`, "g");
+  return text.replace(at, (_, i) => held[Number(i)]);
+}
+
+// A value as the page shows JSON: indented, or on one line.
 function json(value) {
-  return JSON.stringify(value, null, 2);
+  return stringify(value, 2);
+}
+
+function compact(value) {
+  return stringify(value);
 }
 
 // A list entry's field too big to list comes as a preview (the job's own page has it whole).
@@ -92,7 +159,7 @@ const MAX_TIME_S = 253402300800;  // 10000-01-01: the first time past a four-dig
 // where text belongs) as its JSON, never "[object Object]".
 function textOf(value) {
   if (value === undefined || value === null) return "";
-  return typeof value === "string" ? value : JSON.stringify(value);
+  return typeof value === "string" ? value : compact(value);
 }
 
 // The time of day alone, in the same format (for "updated ..." and chart axes).
@@ -165,11 +232,11 @@ async function api(method, path, body) {
   const init = { method, headers, cache: "no-store" };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
+    init.body = body instanceof Verbatim ? body.text : JSON.stringify(body);
   }
   const resp = await fetch(path, init);
   let data = null;
-  if (resp.status !== 204) data = await resp.json().catch(() => null);
+  if (resp.status !== 204) data = await resp.text().then(parseJSON).catch(() => null);
   if (resp.status === 401) {
     showLogin(state.token ? "That token was refused." : "");
     throw new ApiError(401, data);
@@ -661,16 +728,16 @@ async function submitEdit(event) {
   event.preventDefault();
   const job = state.editing;
   const errors = $("#edit-errors");
-  let payload;
+  // The payload goes as the box holds it (Verbatim): parsed only to check it is JSON.
+  const text = $("#edit-payload").value;
   try {
-    payload = JSON.parse($("#edit-payload").value);
+    JSON.parse(text);
   } catch (err) {
     errors.replaceChildren(el("li", { text: `Not valid JSON: ${err.message}` }));
     return;
   }
-  const body = { payload };
   const version = parseInt($("#edit-version").value, 10);
-  if (version > 0) body.version = version;
+  const body = new Verbatim(`{"payload": ${text}${version > 0 ? `, "version": ${version}` : ""}}`);
   try {
     await requeue(job, body);
   } catch (err) {

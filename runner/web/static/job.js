@@ -68,7 +68,7 @@ function onJob(job) {
   following(job);
   // The stream's first event repeats what the page just read: keep the page (and an armed
   // button) as it is unless something changed.
-  const view = JSON.stringify(job);
+  const view = compact(job);
   if (view === page.shown) return;
   page.shown = view;
   renderJob(job);
@@ -129,7 +129,7 @@ function detailText(obj) {
   return Object.entries(obj).map(([k, v]) => {
     if (typeof v === "number" && /(_at|until|^at)$/.test(k)) return `${k.replace(/_at$/, "")}: ${when(v)}`;
     if (typeof v === "number" && /_ms$/.test(k) && v > 1e12) return `${k.replace(/_at_ms$|_ms$/, "")}: ${when(v / 1000)}`;
-    return `${k}: ${typeof v === "string" ? v : JSON.stringify(v)}`;
+    return `${k}: ${typeof v === "string" ? v : compact(v)}`;
   }).join(", ");
 }
 
@@ -253,9 +253,19 @@ function actions(job) {
   return el("div", { class: "actions job-actions" }, out);
 }
 
+// A line's text is a producer's and may hold line breaks: what follows each is shown on a
+// row of its own, indented under the text and marked, as `runner logs` indents it, so it
+// cannot pass for a line with a time, level and source of its own. (Every break a browser
+// may draw counts: a carriage return, U+2028 and U+2029, NEL.)
+const LOG_BREAKS = /\r\n|[\n\r\u2028\u2029\u0085]/g;
+const LOG_GO_ON = `\n${" ".repeat(38)}\u21b3 `;
+// Level and source are runner's words: another writer's are cut, and shown with no break.
+const LOG_WORD = /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g;
+
 function logLine(line) {
   const t = typeof line.ts === "number" ? when(line.ts / 1000, true) : "-";
-  return `${t}  ${textOf(line.level).padEnd(7)} ${textOf(line.src).padEnd(6)} ${textOf(line.msg)}`;
+  const word = (v, n) => textOf(v).replace(LOG_WORD, "?").slice(0, 10).padEnd(n);
+  return `${t}  ${word(line.level, 7)} ${word(line.src, 6)} ${textOf(line.msg).replace(LOG_BREAKS, LOG_GO_ON)}`;
 }
 
 // fetch with the token, read as server-sent events (live.js readEvents) until it ends.
@@ -295,16 +305,23 @@ async function followLog(id) {
   const ctrl = (joblog.ctrl = new AbortController());
   joblog.active = true;
   try {
-    // A follow lasts a few minutes on the server, and each one sends the log from its
-    // start: follow again, afresh, until the job has ended.
+    // A follow lasts a few minutes on the server (or a connection drops): follow again
+    // from after the last line shown (?after= its number n), until the job has ended. A
+    // line numbered at or before it starts the log afresh (it expired, and the job ran
+    // again).
+    let after = null;
     for (let ended = false; !ended && id === page.id;) {
-      let fresh = null;
-      await followEvents(`/jobs/${encodeURIComponent(id)}/logs?follow=1`, ctrl, (event, text) => {
+      const from = after === null ? "" : `&after=${after}`;
+      await followEvents(`/jobs/${encodeURIComponent(id)}/logs?follow=1${from}`, ctrl, (event, text) => {
         if (id !== page.id) return;
         if (event === "line") {
-          if (!fresh) fresh = joblog.lines = [];
-          fresh.push(logLine(JSON.parse(text)));
-          if (fresh.length > 2 * LOG_KEEP_LINES) fresh.splice(0, fresh.length - LOG_KEEP_LINES);
+          const line = parseJSON(text);
+          const n = Number.isInteger(line.n) && line.n >= 0 ? line.n : null;
+          if (n !== null && after !== null && n <= after) joblog.lines = [];
+          if (n !== null) after = n;
+          const lines = joblog.lines;
+          lines.push(logLine(line));
+          if (lines.length > 2 * LOG_KEEP_LINES) lines.splice(0, lines.length - LOG_KEEP_LINES);
           paintLog();
         } else if (event === "end") {
           // Only the job's own end ends the follow: one that ended on its time, or on a
@@ -349,7 +366,7 @@ async function refreshLog(id) {
 
 // A chunk as text: a string as it is (a model's tokens run on), anything else as a JSON line.
 function chunkText(data) {
-  return typeof data === "string" ? data : `${JSON.stringify(data)}\n`;
+  return typeof data === "string" ? data : `${compact(data)}\n`;
 }
 
 const paintStream = soon(() => {
@@ -387,7 +404,7 @@ async function readStream(id, ctrl) {
         if (id !== page.id) return;
         if (event === "chunk") {
           if (!jobstream.firstAt) jobstream.firstAt = performance.now();
-          const c = JSON.parse(text);
+          const c = parseJSON(text);
           jobstream.parts.push(chunkText(c.data));
           jobstream.count += 1;
           after = c.r ? `${c.r}.${c.a}.${c.i}` : `${c.a}.${c.i}`;
@@ -423,16 +440,17 @@ function signalForm(job) {
       el("button", { type: "submit", class: "primary", text: "Send signal" }), out);
     form.addEventListener("submit", async (e) => {
       e.preventDefault();
-      let data;
+      // The body goes as the box holds it (Verbatim): parsed only to check it is JSON.
       try {
-        data = JSON.parse(body.value);
+        JSON.parse(body.value);
       } catch (err) {
         out.className = "error";
         out.textContent = plain(`Not valid JSON: ${err.message}`);
         return;
       }
       try {
-        const r = await api("POST", `/jobs/${encodeURIComponent(job.id)}/signals/${encodeURIComponent(name.value.trim())}`, data);
+        const r = await api("POST", `/jobs/${encodeURIComponent(job.id)}/signals/${encodeURIComponent(name.value.trim())}`,
+          new Verbatim(body.value));
         out.className = "muted";
         out.textContent = r.delivery === "resumed" ? "Delivered: the job resumes." : "Kept: the job reads it when it waits for it.";
       } catch (err) {
@@ -473,7 +491,7 @@ function renderJob(job) {
   if (job.status === "done" || job.result !== null) data.push(["result", el("pre", { "data-field": "result", text: json(job.result) })]);
   if (job.waiting_for) {
     const what = job.waiting_for.event
-      ? `event ${job.waiting_for.event} ${JSON.stringify(job.waiting_for.match || {})}`
+      ? `event ${job.waiting_for.event} ${compact(job.waiting_for.match || {})}`
       : `signal ${textOf(job.waiting_for.signal)}`;
     data.push(["waiting for", what +
       (job.waiting_for.timeout_at ? `, until ${when(job.waiting_for.timeout_at)}` : "")]);
@@ -483,7 +501,7 @@ function renderJob(job) {
   const below = [];
   if (job.steps) below.push(["steps", stepsTable(job.steps)]);
   below.push(["history", historyTable(job.history)]);
-  below.push(["log", el("pre", { class: "joblog", "data-field": "log", text: joblog.id === job.id ? joblog.text || "…" : "…" })]);
+  below.push(["log", el("pre", { class: "joblog loglines", "data-field": "log", text: joblog.id === job.id ? joblog.text || "…" : "…" })]);
   below.push([el("span", {}, "stream", el("div", { class: "muted", "data-field": "stream-count", text: streamCount() })),
     el("pre", { class: "joblog", "data-field": "stream", text: jobstream.id === job.id ? jobstream.text || "…" : "…" })]);
   const table = (rows, cls) => el("table", { class: `job ${cls}`, "data-job-id": job.id },

@@ -128,7 +128,7 @@ async function readEvents(body, handle) {
 function dispatch(event, text) {
   let data;
   try {
-    data = JSON.parse(text);
+    data = parseJSON(text);
   } catch (err) {
     return;
   }

@@ -5,7 +5,7 @@
 //   #overview             the totals, what needs a look, the charts
 //   #queues, #queue/Q     every queue's figures; one queue's, its partitions and functions
 //   #jobs/S?queue=&type=  the jobs of a status      #job/ID     a job's page (job.js)
-//   #dead, #dead/Q        a queue's dead letters     #group/ID   a group's progress
+//   #dead, #dead/Q        a queue's dead letters     #group/ID?status=  a group, its members
 //   #schedules            #functions, #function/F (with its invoke form)
 //   #workers              #events                    #audit
 "use strict";
@@ -16,7 +16,7 @@ const PAGES = {
   queue: (arg) => (arg ? renderQueuePage(arg) : location.replace("#queues")),
   jobs: (arg, params) => showJobs(arg || "queued", params),
   job: (arg) => (arg ? showJob(arg) : fill($("#job-view"), el("p", { class: "muted", text: "No job open: open one from a list, a search or a link." }))),
-  group: (arg) => (arg ? showGroupPage(arg) : location.replace("#jobs/queued")),
+  group: (arg, params) => (arg ? showGroupPage(arg, params.get("status") || "") : location.replace("#jobs/queued")),
   dead: (arg) => {
     if (arg) state.deadQueue = arg;
     state.deadCursors = [null];
@@ -34,7 +34,8 @@ const PAGES = {
 };
 
 // auditCursors: the cursor of each page read so far (null: the first); auditNext: the next page's.
-const pages = { name: "", arg: "", auditCursors: [null], auditNext: null, auditLimit: 50, workersTimer: null };
+const pages = { name: "", arg: "", auditCursors: [null], auditNext: null, auditLimit: 50, workersTimer: null,
+  memberCursors: [null], memberNext: null };
 
 // "#jobs/dead?queue=fast" -> {name: "jobs", arg: "dead", params}
 function parseHash(hash) {
@@ -158,7 +159,7 @@ function renderQueuePage(name) {
       el("td", { text: `${ms(f.run_time.p50_ms)} / ${ms(f.run_time.p95_ms)}` }),
       el("td", { class: "actions" }, pauseButton("function", fn, paused)));
   });
-  fill(view, 
+  fill(view,
     el("div", { class: "page-head" },
       el("h2", {}, "Queue ", el("code", { text: name }),
         q.paused ? el("span", { class: "pill warn", "data-field": "paused", text: "paused" }) : null),
@@ -218,7 +219,7 @@ async function showFunctionPage(name) {
     }
   }
   const jobs = `type=${encodeURIComponent(f.type)}&queue=${encodeURIComponent(f.queue)}`;
-  fill(view, 
+  fill(view,
     el("div", { class: "page-head" },
       el("h2", {}, "Function ", el("code", { text: f.type }), f.async ? el("span", { class: "muted", text: " async" }) : null,
         el("span", { id: "function-paused" })),
@@ -291,9 +292,9 @@ function invokeOutcome(job) {
 }
 
 async function invoke(f, text, version, out) {
-  let payload;
+  // The payload goes as the box holds it (Verbatim): parsed only to check it is JSON.
   try {
-    payload = JSON.parse(text);
+    JSON.parse(text);
   } catch (err) {
     fill(out, el("p", { class: "error", text: `Not valid JSON: ${err.message}` }));
     return;
@@ -301,7 +302,7 @@ async function invoke(f, text, version, out) {
   fill(out, el("p", { class: "muted", text: "Enqueued; waiting for its end…" }));
   let job;
   try {
-    job = await api("POST", `/jobs/${encodeURIComponent(f.type)}?version=${version}&wait=${INVOKE_WAIT_S}`, payload);
+    job = await api("POST", `/jobs/${encodeURIComponent(f.type)}?version=${version}&wait=${INVOKE_WAIT_S}`, new Verbatim(text));
   } catch (err) {
     const p = err.problem || {};
     fill(out, el("p", { class: "error", text: `Not enqueued: ${err.message}` }),
@@ -439,7 +440,12 @@ async function showAudit() {
 
 // --- a group ----------------------------------------------------------------------------------
 
-async function showGroupPage(id) {
+const MEMBERS_PAGE = 50;
+// The outcomes a group's members are listed by (GET /groups/{id}/members?status=).
+const MEMBER_FILTERS = [["", "all", "total"], ["dead", "dead", "dead"], ["cancelled", "cancelled", "cancelled"],
+  ["done", "done", "done"], ["pending", "pending", "pending"]];
+
+async function showGroupPage(id, status) {
   const view = $("#group-view");
   fill(view, el("h2", {}, "Group ", el("code", { text: id })), el("p", { class: "muted", text: "Reading…" }));
   let g;
@@ -474,18 +480,59 @@ async function showGroupPage(id) {
   }
   for (const [k, v] of Object.entries(g)) {
     if (seen.has(k)) continue;
-    const text = typeof v === "number" && /(_at|until)$/.test(k) ? when(v) : typeof v === "string" ? v : JSON.stringify(v);
+    const text = typeof v === "number" && /(_at|until)$/.test(k) ? when(v) : typeof v === "string" ? v : compact(v);
     rows.push([k.replace(/_/g, " "), text]);
   }
-  const members = Array.isArray(g.members) ? g.members : [];
-  fill(view, 
+  pages.memberCursors = [null];
+  const chips = MEMBER_FILTERS.map(([s, label, field]) => el("a", {
+    class: s === status ? "chip current" : "chip", "data-member-filter": s || "all",
+    href: `#group/${encodeURIComponent(id)}${s ? `?status=${s}` : ""}`,
+  }, `${label} ${typeof g[field] === "number" ? g[field] : ""}`.trim()));
+  fill(view,
     el("h2", {}, "Group ", el("code", { text: id })),
     el("table", { class: "job", "data-group-id": id }, rows.map(([k, v]) => el("tr", {}, el("th", { text: k }), el("td", {}, v)))),
-    members.length ? [el("h3", { text: `Members (${members.length})` }),
-      el("table", { class: "list" }, el("thead", {}, el("tr", {}, ["#", "Job", "Type", "Status"].map((h) => el("th", { text: h })))),
-        el("tbody", {}, members.map((m, i) => el("tr", {}, el("td", { text: String(i + 1) }),
-          el("td", {}, jobLink(idOf(m) || String(m))), el("td", { text: (m && m.type) || "—" }),
-          el("td", {}, m && m.status ? statusBadge(m.status) : "—")))))] : null);
+    el("h3", { text: "Members" }), el("div", { class: "chips" }, chips),
+    el("div", { id: "group-members" }, el("p", { class: "muted", text: "Reading the members…" })),
+    el("div", { class: "toolbar" },
+      el("button", { type: "button", id: "members-first", text: "First page", disabled: true,
+        onclick: () => { pages.memberCursors = [null]; quietly(() => showMembers(id, status))(); } }),
+      el("button", { type: "button", id: "members-next", text: "Next page", disabled: true,
+        onclick: () => { if (pages.memberNext) pages.memberCursors.push(pages.memberNext); quietly(() => showMembers(id, status))(); } })));
+  await showMembers(id, status);
+}
+
+// A page of the group's members (GET /groups/{id}/members), each linked to its job: the
+// outcome the group counted for it (dead, cancelled, done), or pending.
+async function showMembers(id, status) {
+  const cursor = pages.memberCursors[pages.memberCursors.length - 1];
+  const query = new URLSearchParams({ limit: MEMBERS_PAGE });
+  if (status) query.set("status", status);
+  if (cursor) query.set("cursor", cursor);
+  let data;
+  try {
+    data = await api("GET", `/groups/${encodeURIComponent(id)}/members?${query}`);
+  } catch (err) {
+    if (!pageIs("group") || pages.arg !== id || !$("#group-members")) return;
+    fill($("#group-members"), el("p", { class: err.status === 404 || err.status === 405 ? "muted" : "error",
+      text: err.status === 404 || err.status === 405 ? "This server lists no members (an earlier release)."
+        : `Could not read the members: ${err.message}` }));
+    return;
+  }
+  const box = $("#group-members");
+  if (!pageIs("group") || pages.arg !== id || !box) return;
+  pages.memberNext = data.cursor;
+  $("#members-first").disabled = pages.memberCursors.length === 1;
+  $("#members-next").disabled = !data.cursor;
+  if (!data.members.length) {
+    fill(box, el("p", { class: "muted", "data-members": "none", text: data.listed === false
+      ? "Not listed: the group was written by an earlier release, before members were listed."
+      : status ? `No ${status} member${cursor ? " past the last page" : ""}.` : "No member." }));
+    return;
+  }
+  fill(box, el("table", { class: "list", id: "member-table" },
+    el("thead", {}, el("tr", {}, ["#", "Job", "Outcome"].map((h) => el("th", { text: h })))),
+    el("tbody", {}, data.members.map((m) => el("tr", { "data-member": m.member, "data-job-id": m.id },
+      el("td", { text: String(m.member) }), el("td", {}, jobLink(m.id)), el("td", {}, statusBadge(m.status)))))));
 }
 
 document.addEventListener("DOMContentLoaded", () => {

@@ -16,6 +16,11 @@
 --                                 in the order they settled; absent when none traced),
 --                                 linked (how many traced members' runs it was offered)
 --   <group prefix><gid>:o   HASH  member index -> its outcome, {"id","status",...} JSON
+--   <group prefix><gid>:m   LIST  the members' ids in member order (group.lua writes it)
+--   <group prefix><gid>:f   STRING a byte per member, at its index less one: its outcome as
+--                                 counted, d done, x dead, c cancelled (\0, or past the
+--                                 end: not finished), so a page of one outcome's members is
+--                                 found without reading the outcomes (member_page.lua)
 -- A member counts once: its outcome is set with HSETNX, and only the settle that set it
 -- counts down, so a re-delivered ack, a late success after a burial or a requeued dead
 -- member changes nothing. The settle that brings a sealed group to 0 writes its then-job.
@@ -34,6 +39,11 @@ end
 -- settle makes of the list): with the link to its producer, the 128 links a span keeps
 -- under the OpenTelemetry SDK's default limit.
 local GROUP_LINKS = 127
+
+-- A member's mark (the byte of <gid>:f) for the outcome the group counted, and the most
+-- members a group has (groups.MAX_MEMBERS).
+local MARKS = {done = 'd', dead = 'x', cancelled = 'c'}
+local MAX_MEMBERS = 100000
 
 -- Write a complete group's then-job: its payload is the caller's with "group" first,
 -- {"id","total","done","dead","cancelled","outcomes"}; the outcomes are a list in member
@@ -83,6 +93,8 @@ local function group_fire(G, now, gid)
   if keep > 0 then
     redis.call('PEXPIRE', gk, keep)
     redis.call('PEXPIRE', gk .. ':o', keep)
+    redis.call('PEXPIRE', gk .. ':m', keep)
+    redis.call('PEXPIRE', gk .. ':f', keep)
   end
   tally('groups_completed')
 end
@@ -103,6 +115,13 @@ local function group_settle(G, now, gid, idx, status, outcome, link)
   end
   local set = redis.pcall('HSETNX', gk .. ':o', idx, outcome)
   if set ~= 1 then return end
+  -- Its mark (pcall: marks of another type, damage, lose the mark, never the count); an
+  -- index past the most members a group has (another writer's meta) marks nothing, so no
+  -- SETRANGE grows the string far.
+  local at = tonumber(idx)
+  if at and at >= 1 and at <= MAX_MEMBERS and at == math.floor(at) then
+    redis.pcall('SETRANGE', gk .. ':f', at - 1, MARKS[status] or '?')
+  end
   if link and link ~= '' and #link <= 64 and not string.find(link, '%s')
       and redis.call('HINCRBY', gk, 'linked', 1) <= GROUP_LINKS then
     local links = redis.call('HGET', gk, 'links')
@@ -116,7 +135,10 @@ local function group_settle(G, now, gid, idx, status, outcome, link)
   else
     -- Not sealed yet (being written, or its sender failed): its outcomes expire with it.
     local ttl = redis.call('PTTL', gk)
-    if ttl > 0 then redis.call('PEXPIRE', gk .. ':o', ttl) end
+    if ttl > 0 then
+      redis.call('PEXPIRE', gk .. ':o', ttl)
+      redis.call('PEXPIRE', gk .. ':f', ttl)
+    end
   end
 end
 
