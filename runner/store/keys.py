@@ -86,7 +86,7 @@ slot and the layout runs unchanged on Redis Cluster::
                                               (tagset.py); kept under the queue's own tag
     <prefix>:{<queue>}:partition_counts ZSET  each count of partitions a process routed by ->
                                               when it last said so (ms; tagset.py)
-    <prefix>:{<queue>}:partition_counts_since ZSET  each of those counts -> when a process first
+    <prefix>:{<queue>}:partition_counts_since HASH  each of those counts -> when a process first
                                               said it (ms; tagset.py: a count said for less than
                                               LEARN_S is new, routing.Placement)
     <prefix>:{<queue>}:lim:<key>:at   STRING  "<n>": jobs under limit <key> (their first) enqueued in

@@ -45,7 +45,6 @@ RECORD_EVERY_S = 10.0  # how often a process adds its tags again and reads the o
 # without knowing of it: a process reads the counts every RECORD_EVERY_S (a producer idle
 # longer reads them at its next enqueue), and a read may wait out a stalled master.
 LEARN_S = 6 * RECORD_EVERY_S
-SINCE_READ = 64  # first-said times read a refresh (counts live at once: two in a rolling deploy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +89,10 @@ def record_and_read_all(redis: Any, prefix: str, tags: Mapping[str, Sequence[str
             if record and queue in counts:
                 pipe.zadd(key, {str(counts[queue]): now_ms})
                 pipe.zremrangebyscore(key, "-inf", f"({since}")
-                pipe.zadd(first, {str(counts[queue]): now_ms}, nx=True)
+                pipe.hsetnx(first, str(counts[queue]), now_ms)
                 sent += 3
             pipe.execute_command("ZRANGEBYSCORE", key, since, "+inf")
-            # (Bounded: another writer's thousands of members cost one short read.)
-            pipe.zrange(first, 0, SINCE_READ - 1, withscores=True)
+            pipe.hgetall(first)
             sent += 2
         reads.append((at, sent - 2))
     replies = pipe.execute()
@@ -105,7 +103,7 @@ def record_and_read_all(redis: Any, prefix: str, tags: Mapping[str, Sequence[str
         if keep_s > 0:
             text = (_text(c) for c in replies[said] or ())
             out.counts[q] = sorted({int(c) for c in text if c.isdigit() and int(c) > 0})
-            first_ms = {_text(c): str(int(ms)) for c, ms in (replies[said + 1] or ()) if _finite(ms)}
+            first_ms = {_text(c): _text(ms) for c, ms in (replies[said + 1] or {}).items()}
             out.since[q] = {int(c): int(ms) for c, ms in first_ms.items()
                             if c.isdigit() and int(c) in out.counts[q] and ms.isdigit()}
             # Those of counts gone from the set. (A count gone was first said a window ago
@@ -117,16 +115,9 @@ def record_and_read_all(redis: Any, prefix: str, tags: Mapping[str, Sequence[str
         pipe = redis.pipeline(transaction=False)
         for q, fields in stale.items():
             if fields:
-                pipe.zrem(partition_counts_since(prefix, q), *fields)
+                pipe.hdel(partition_counts_since(prefix, q), *fields)
         pipe.execute()
     return out
-
-
-def _finite(ms: Any) -> bool:
-    try:
-        return 0 <= float(ms) < 1e15
-    except (TypeError, ValueError):
-        return False
 
 
 def _text(value: Any) -> str:

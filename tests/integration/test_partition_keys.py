@@ -164,7 +164,7 @@ def _age(c: Client, count: int) -> None:
     """Count ``count`` said first a minute ago (no longer new), as ``c`` reads it now."""
     rt = c.runtime
     since = partition_counts_since(rt.config.redis.prefix, "fast")
-    rt.redis.zadd(since, {str(count): int(rt.redis.zscore(since, str(count)) or 0) - 61_000})
+    rt.redis.hset(since, str(count), int(rt.redis.hget(since, str(count))) - 61_000)
     rt.discover(record=True)
 
 
