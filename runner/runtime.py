@@ -145,8 +145,7 @@ class Runtime:
                 self.parts[q].extend(extra)
                 new += extra
             self.placements = {**{q: p for q, p in self.placements.items() if q in skip},
-                               **{q: self._placement(q, others, seen.since.get(q, {}))
-                                  for q, c in seen.counts.items()
+                               **{q: self._placement(q, others) for q, c in seen.counts.items()
                                   if (others := tuple(n for n in c if n != self.config.queues[q].partitions))}}
             if self._scripts is not None:
                 self._scripts.changing = frozenset(self.placements)
@@ -179,13 +178,12 @@ class Runtime:
         with scripts.waiting(READ_WAIT_S):
             got, away = scripts.each_master([partition_set(prefix, q) for q in names], read,
                                             "a read of the partition tags")
-        seen = tagset.Recorded({}, {}, {})
+        seen = tagset.Recorded({}, {})
         for q, one in zip(names, got, strict=True):
             if one is not None:
                 seen.tags[q] = one.tags[q]
                 if q in one.counts:
                     seen.counts[q] = one.counts[q]
-                    seen.since[q] = one.since.get(q, {})
         return seen, frozenset(names[i] for i in away)
 
     def discover_bounded(self, *, record: bool = False) -> list[QueueKeys]:
@@ -234,22 +232,14 @@ class Runtime:
         if any(keep.values()):
             tagset.say_counts(self.redis, self.config.redis.prefix, keep)
 
-    def _placement(self, queue: str, others: tuple[int, ...], since: dict[int, int]) -> routing.Placement:
+    def _placement(self, queue: str, others: tuple[int, ...]) -> routing.Placement:
         """Where the ``others`` counts put a keyed job of ``queue``: each count's partitions
-        by index, as this process's keys (None for a tag no longer recorded: drained). With
-        ``since`` (each count's first-said time, ms), the count said first before this
-        one, and until when this one is new (tagset.LEARN_S after its own first-said time):
-        while it is, a key found nowhere is claimed where that count puts it."""
+        by index, as this process's keys (None for a tag no longer recorded: drained)."""
         by_tag = {k.tag: k for k in self.parts[queue]}
-        own = since.get(self.config.queues[queue].partitions)
-        earlier = [m for m in others if own is not None and since.get(m, own) < own]
-        before = max(earlier, key=lambda m: since[m]) if earlier else 0
         return routing.Placement(tuple((m, tuple(by_tag.get(t) for t in partition_tags(queue, m)))
                                        for m in others),
                                  claims=place_prefix(self.config.redis.prefix, queue),
-                                 claim_ms=int(self.key_life_s * 1000),
-                                 before=before,
-                                 new_until_ms=(own + int(tagset.LEARN_S * 1000)) if before and own is not None else 0)
+                                 claim_ms=int(self.key_life_s * 1000))
 
     def record_due(self) -> bool:
         """Whether a producer's next enqueue records its partition tags (see discover_due)."""

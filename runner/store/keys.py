@@ -86,15 +86,8 @@ slot and the layout runs unchanged on Redis Cluster::
                                               (tagset.py); kept under the queue's own tag
     <prefix>:{<queue>}:partition_counts ZSET  each count of partitions a process routed by ->
                                               when it last said so (ms; tagset.py)
-    <prefix>:{<queue>}:partition_counts_since HASH  each of those counts -> when a process first
-                                              said it (ms; tagset.py: a count said for less than
-                                              LEARN_S is new, routing.Placement)
-    <prefix>:{<queue>}:lim:<key>:at   STRING  "<n>": jobs under limit <key> (their first) enqueued in
-                                              this partition and not done yet, a dead one until it is
-                                              deleted (routing.py looks); the last one's end deletes
-                                              it; PX the done retention + 1 h, renewed by its enqueues.
-                                              A counted job's record says so: its limits field ends
-                                              in an empty line (only such a job counts out)
+    <prefix>:{<queue>}:lim:<key>:at   STRING  "1": a job under limit <key> was enqueued in this
+                                              partition within a retention (routing.py looks)
     <prefix>:{<queue>}:events         LIST    recent events whose home is this partition, newest
                                               first, capped (JSON records: id, name, at_ms, data,
                                               jobs; see lua/emit.lua)
@@ -387,11 +380,6 @@ def partition_set(prefix: str, queue: str) -> str:
 def partition_counts(prefix: str, queue: str) -> str:
     """The counts of partitions processes route a queue's jobs by (tagset.py)."""
     return f"{prefix}:{{{queue}}}:partition_counts"
-
-
-def partition_counts_since(prefix: str, queue: str) -> str:
-    """When each of those counts was first said (tagset.py)."""
-    return f"{prefix}:{{{queue}}}:partition_counts_since"
 
 
 def place_prefix(prefix: str, queue: str) -> str:

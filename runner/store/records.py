@@ -159,8 +159,6 @@ def parse(record: str | None) -> dict[str, str] | None:
     if len(parts) != len(RECORD_FIELDS) + 1:
         return None
     out = {k: v for k, v in zip(RECORD_FIELDS, parts, strict=False) if v != ""}
-    if out.get("limits", "").endswith("\n"):  # (a job counted into its key's marker: lua/includes/records.lua)
-        out["limits"] = out["limits"].rstrip("\n")
     out["payload"] = parts[-1]
     return out
 

@@ -11,9 +11,7 @@ sends the job to the partition that still holds its key. While two counts are li
 rolling deploy) producers on each must also agree on a key nobody placed yet, or on one
 they placed apart before they knew of each other: the first job of such a key claims its
 partition with one ``SET NX`` (the place key, under a hash tag of its own), and every
-producer, on either count, sends the key's jobs where the claim says. A count said for
-less than a minute claims a key found nowhere where the count before puts it: a process
-still on that count may not have read the new one yet, and routes by its own.
+producer, on either count, sends the key's jobs where the claim says.
 """
 
 from __future__ import annotations
@@ -172,10 +170,6 @@ class Placement:
     # longest a key stays alive in a partition (its idempotency key, a done job's record).
     claims: str = ""
     claim_ms: int = 0
-    # The count said before this process's own (0: none, or not known), and until when (ms,
-    # a host's clock) its own is new: see ``first_place``.
-    before: int = 0
-    new_until_ms: int = 0
 
     def place_key(self, key: str) -> str:
         """Where a route key's claimed partition is kept: under a hash tag of its own, so
@@ -231,30 +225,16 @@ class Placement:
         return out
 
 
-    def first_place(self, key: str, own: str) -> str:
-        """The tag a key found nowhere is claimed in: ``own`` (where this count puts it),
-        but while this count is new, where the count before puts it. A process still on
-        that count may not know of this one yet (it reads the counts every
-        tagset.RECORD_EVERY_S) and sends the key's jobs there; a claim elsewhere would run
-        them beside the jobs this count sends (two runs of one resource at once). Once
-        every process knows both counts, each of them follows the claim."""
-        if not self.before or time.time() * 1000 >= self.new_until_ms:
-            return own
-        theirs = dict(self.others).get(self.before)
-        k = theirs[partition_of(key, self.before)] if theirs else None
-        return k.tag if k is not None else own
-
     def _claim(self, redis: Any, jobs: Sequence[Routed], wanted: Sequence[tuple[int, int, Any]],
                moved: dict[int, int], parts: Sequence[QueueKeys]) -> None:
         """Make ``moved`` send each of the ``wanted`` jobs (keys the counts place apart)
         to its key's claimed partition: the first claim of a key (``SET NX``, the place
-        the look-up found, else ``first_place``) wins, and later ones, from a producer on
+        the look-up found, else this count's) wins, and later ones, from a producer on
         any count, read it back (``GET``). One pipelined round trip."""
         first: dict[str, str] = {}  # route key -> the tag this producer claims for it
         for i, p, _ in wanted:
             key = route(jobs[i])
-            if key not in first:
-                first[key] = parts[moved[i]].tag if i in moved else self.first_place(key, parts[p].tag)
+            first.setdefault(key, parts[moved.get(i, p)].tag)
         pipe = redis.pipeline(transaction=False)
         for key, tag in first.items():
             pipe.set(self.place_key(key), tag, nx=True, px=self.claim_ms, get=True)  # (Redis 7.0: NX with GET)

@@ -14,11 +14,7 @@ is kept while a process said so within ``keep_s`` (the longest of the done and
 idempotency retentions, and an hour: the life of a key after its last job; a host's clock
 is good enough at that scale), and a process says again each old count one of whose
 partitions is still recorded (a job delayed for hours waits there, a busy key keeps going
-there), so the look-up lasts as long as anything keyed may remain in its partitions. When a count
-was first said is kept as well (``keys.partition_counts_since``): for ``LEARN_S`` after a
-count first records itself, a process still on the count before may not have read it yet
-and routes by its own count alone, so a key found nowhere is claimed where that count puts
-it (routing.py, ``Placement``).
+there), so the look-up lasts as long as anything keyed may remain in its partitions.
 
 A worker removes a draining tag once it saw the partition hold nothing (no job waiting,
 running, dead or passing through its outbox) for the longest of the done and idempotency
@@ -35,28 +31,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from runner.store.keys import QueueKeys, partition_counts, partition_counts_since, partition_set
+from runner.store.keys import QueueKeys, partition_counts, partition_set
 
 RECORD_EVERY_S = 10.0  # how often a process adds its tags again and reads the others'
-# How long after a count first records itself a process on another count may still route
-# without knowing of it: a process reads the counts every RECORD_EVERY_S (a producer idle
-# longer reads them at its next enqueue), and a read may wait out a stalled master.
-LEARN_S = 6 * RECORD_EVERY_S
 
 
 @dataclass(frozen=True, slots=True)
 class Recorded:
     """What processes recorded per queue: the tags (sorted: every process orders the
-    draining partitions alike), the counts said within the window (ascending), and when
-    each of those counts was first said (ms; a count recorded by a release that did not
-    keep it has none)."""
+    draining partitions alike) and the counts said within the window (ascending)."""
 
     tags: dict[str, list[str]]
     counts: dict[str, list[int]]
-    since: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 def record_and_read(redis: Any, prefix: str, tags: Mapping[str, Sequence[str]], *,
@@ -68,60 +57,38 @@ def record_and_read(redis: Any, prefix: str, tags: Mapping[str, Sequence[str]], 
 def record_and_read_all(redis: Any, prefix: str, tags: Mapping[str, Sequence[str]], counts: Mapping[str, int], *,
                         record: bool, keep_s: float) -> Recorded:
     """Add each queue's ``tags`` to its set and its count (``counts``) to its counts
-    (``record``, with when it was first said unless it is known), and read them back, in
-    one pipelined round trip. Counts not said for ``keep_s`` leave the set (0: counts are
-    neither kept nor read); their first-said times go with them (one more command, only
-    then)."""
+    (``record``), and read both back, in one pipelined round trip. Counts not said for
+    ``keep_s`` leave the set (0: counts are neither kept nor read)."""
     now_ms = int(time.time() * 1000)
-    since = now_ms - int(keep_s * 1000)
     pipe = redis.pipeline(transaction=False)
-    reads: list[tuple[int, int]] = []  # where each queue's SMEMBERS and ZRANGEBYSCORE replies are
+    reads = []  # where each queue's SMEMBERS reply is
     sent = 0
     for queue, own in tags.items():
         if record:
             pipe.sadd(partition_set(prefix, queue), *own)
             sent += 1
-        at = sent
+        reads.append(sent)
         pipe.smembers(partition_set(prefix, queue))
         sent += 1
         if keep_s > 0:
-            key, first = partition_counts(prefix, queue), partition_counts_since(prefix, queue)
+            key = partition_counts(prefix, queue)
+            since = now_ms - int(keep_s * 1000)
             if record and queue in counts:
                 pipe.zadd(key, {str(counts[queue]): now_ms})
                 pipe.zremrangebyscore(key, "-inf", f"({since}")
-                pipe.hsetnx(first, str(counts[queue]), now_ms)
-                sent += 3
+                sent += 2
             pipe.execute_command("ZRANGEBYSCORE", key, since, "+inf")
-            pipe.hgetall(first)
-            sent += 2
-        reads.append((at, sent - 2))
+            sent += 1
     replies = pipe.execute()
-    out = Recorded({}, {}, {})
-    stale: dict[str, list[str]] = {}
-    for q, (at, said) in zip(tags, reads, strict=True):
-        out.tags[q] = sorted(replies[at] or ())
+    out_tags: dict[str, list[str]] = {}
+    out_counts: dict[str, list[int]] = {}
+    for q, at in zip(tags, reads, strict=True):
+        out_tags[q] = sorted(replies[at] or ())
         if keep_s > 0:
-            text = (_text(c) for c in replies[said] or ())
-            out.counts[q] = sorted({int(c) for c in text if c.isdigit() and int(c) > 0})
-            first_ms = {_text(c): _text(ms) for c, ms in (replies[said + 1] or {}).items()}
-            out.since[q] = {int(c): int(ms) for c, ms in first_ms.items()
-                            if c.isdigit() and int(c) in out.counts[q] and ms.isdigit()}
-            # Those of counts gone from the set. (A count gone was first said a window ago
-            # at least; a younger time is a count said just now, whose ZADD this read
-            # came between.)
-            stale[q] = [c for c, ms in first_ms.items() if not (c.isdigit() and int(c) in out.counts[q])
-                        and not (ms.isdigit() and int(ms) >= since)]
-    if record and any(stale.values()):
-        pipe = redis.pipeline(transaction=False)
-        for q, fields in stale.items():
-            if fields:
-                pipe.hdel(partition_counts_since(prefix, q), *fields)
-        pipe.execute()
-    return out
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+            got = replies[at + (3 if record and q in counts else 1)] or ()
+            text = (c.decode() if isinstance(c, bytes) else str(c) for c in got)
+            out_counts[q] = sorted({int(c) for c in text if c.isdigit() and int(c) > 0})
+    return Recorded(out_tags, out_counts)
 
 
 def say_counts(redis: Any, prefix: str, counts: Mapping[str, Sequence[int]]) -> None:

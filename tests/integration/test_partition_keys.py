@@ -6,7 +6,6 @@ excludes the new count's jobs of that resource."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from clusterkit import cluster, cproject  # noqa: F401  (a project on the local 
 
 from runner.client import Client, Request
 from runner.store import routing
-from runner.store.keys import partition_counts_since, partition_tags
+from runner.store.keys import partition_tags
 
 from conftest import SCAN_COUNT, Project, make_project, wait_for
 
@@ -97,12 +96,10 @@ def test_a_resource_held_under_the_old_count_excludes_the_new_counts_jobs(cproje
 def test_two_live_counts_agree_on_one_partition_per_key(cproject: Project) -> None:  # noqa: F811
     """During a rolling deploy (6 -> 4) a producer on each count sends the jobs of 30 new
     resources. The producer on 6 has not learnt of count 4 yet (it looks every 10 s), so
-    its first jobs go where 6 puts them, the 4-producer's where 4 does: split (count 4 made
-    a minute old, past the time a new count claims where the count before puts a key: see
-    the next test). Once both know both counts, every job of a resource lands in one
-    partition, whichever count sent it, one by one or in a batch (before: each producer
-    found the other's jobs and went there, so a split key stayed split and its resource
-    was held twice at once)."""
+    its first jobs go where 6 puts them, the 4-producer's where 4 does: split. Once both
+    know both counts, every job of a resource lands in one partition, whichever count
+    sent it, one by one or in a batch (before: each producer found the other's jobs and
+    went there, so a split key stayed split and its resource was held twice at once)."""
     p = cproject
     res = [f"fresh{i}" for i in range(30)]
     to6, to4 = partition_tags("fast", 6), partition_tags("fast", 4)
@@ -111,8 +108,6 @@ def test_two_live_counts_agree_on_one_partition_per_key(cproject: Project) -> No
     six = _on(p, 6)
     six.enqueue("record", {"n": 0})
     four = _on(p, 4)
-    four.enqueue("record", {"n": 1})
-    _age(four, 4)
     for r in res:  # (the 4-producer knows both counts; the 6-producer not yet)
         four.enqueue("resource", {"r": r, "hold": 0})
         six.enqueue("resource", {"r": r, "hold": 0})
@@ -128,44 +123,6 @@ def test_two_live_counts_agree_on_one_partition_per_key(cproject: Project) -> No
             ids[r].append(a.id)
     split = [r for r in res if len({four._find(i)[0].tag for i in ids[r]}) > 1]
     assert not split, f"{len(split)} of 30 resources split between partitions: {split[:5]}"
-
-
-def test_a_new_count_claims_a_key_found_nowhere_where_the_count_before_puts_it(cproject: Project) -> None:  # noqa: F811
-    """A rolling deploy from 6 to 4: a producer on 4 (its count first said just now) and one
-    on 6 that has not read count 4 yet (it looks every 10 s) send the jobs of 30 resources
-    nobody used before, the new count first: each resource's jobs land in one partition,
-    where 6 puts them, since the producer on 6 routes by 6 alone (before: the producer on 4
-    claimed its own count's partition, and a resource whose partitions differ was held in
-    two at once until the producer on 6 learnt of 4). Once count 4 is a minute old, a new
-    resource is claimed where 4 puts it."""
-    p = cproject
-    res = [f"new{i}" for i in range(30)]
-    to6, to4 = partition_tags("fast", 6), partition_tags("fast", 4)
-    apart = [r for r in res if to6[routing.partition_of(f"r:res:{r}", 6)] != to4[routing.partition_of(f"r:res:{r}", 4)]]
-    assert len(apart) >= 10
-    six = _on(p, 6)
-    six.enqueue("record", {"n": 0})
-    four = _on(p, 4)
-    four.enqueue("record", {"n": 1})
-    assert "fast" in four.runtime.placements and "fast" not in six.runtime.placements
-    ids = {r: [four.enqueue("resource", {"r": r, "hold": 0}).id, six.enqueue("resource", {"r": r, "hold": 0}).id]
-           for r in res}
-    split = [r for r in res if len({four._find(i)[0].tag for i in ids[r]}) > 1]
-    assert not split, f"{len(split)} of 30 resources split between partitions: {split[:5]}"
-    assert {four._find(ids[r][0])[0].tag for r in apart} <= set(to6)
-    _age(four, 4)
-    later = next(f"later{i}" for i in range(100) if to6[routing.partition_of(f"r:res:later{i}", 6)]
-                 != to4[routing.partition_of(f"r:res:later{i}", 4)])
-    job = four.enqueue("resource", {"r": later, "hold": 0})
-    assert four._find(job.id)[0].tag == to4[routing.partition_of(f"r:res:{later}", 4)]
-
-
-def _age(c: Client, count: int) -> None:
-    """Count ``count`` said first a minute ago (no longer new), as ``c`` reads it now."""
-    rt = c.runtime
-    since = partition_counts_since(rt.config.redis.prefix, "fast")
-    rt.redis.hset(since, str(count), int(rt.redis.hget(since, str(count))) - 61_000)
-    rt.discover(record=True)
 
 
 def _running(p: Project, c: Client) -> int:
@@ -248,54 +205,3 @@ def test_a_debounced_resend_after_a_change_joins_its_pending_burst(project: Proj
     wrong = [d for d in docs if again.get(d) != first[d]]
     assert not wrong, f"{len(wrong)} of 16 re-sends started a second burst ({len(moved)} keys moved): {wrong}"
     assert after.get(first[docs[0]]).as_dict()["absorbed"] == 1
-
-
-def _markers(p: Project) -> dict[str, int]:
-    """The limit keys' placement markers of this project (a shared server), each with its
-    count, over every master."""
-    r, prefix = p.runtime.redis, p.runtime.parts["fast"][0].prefix
-    keys = list(r.scan_iter(count=SCAN_COUNT, match=prefix + ":*:lim:*:at"))
-    return {k.decode() if isinstance(k, bytes) else k: int(r.get(k) or 0) for k in keys}
-
-
-def test_a_limit_keys_marker_goes_with_its_last_job_on_a_cluster(cproject: Project) -> None:  # noqa: F811
-    """On a real 3-master Cluster, 6 partitions: 2,000 jobs of distinct resources, and a
-    second job for ten of them. While they wait, each resource has its marker (a change of
-    count finds where its jobs are); once every job is done, none is left (before: one per
-    resource, each for the done retention and an hour whatever the retention kept, so a
-    producer that made up keys grew Redis by about 800 bytes per key for a day)."""
-    p = cproject
-    c = _on(p, 6)
-    res = [f"u{i}" for i in range(2000)]
-    ids = [a.id for a in c.enqueue_many([Request("resource", {"r": r, "hold": 0}) for r in res])]
-    ids += [c.enqueue("resource", {"r": r, "hold": 0}).id for r in res[:10]]
-    assert len(_markers(p)) == 2000
-    p.spawn_worker("fast")
-    wait_for(lambda: all(p.runs(i) for i in ids), timeout=60, interval=0.2, what="every job to run")
-    with contextlib.suppress(AssertionError):
-        wait_for(lambda: not _markers(p), timeout=20, interval=0.2, what="the markers to go")
-    left = _markers(p)
-    assert not left, f"{len(left)} markers left once every job was done"
-
-
-def test_a_limit_keys_marker_lives_while_its_jobs_do_and_goes_with_the_last(project: Project) -> None:
-    """On partitions = 4, 40 jobs of 30 distinct resources (ten keys twice): while they
-    wait, each key's marker counts its jobs not done (a change of count finds the key);
-    once every job is done, no marker is left (before: one per distinct key for 25 h,
-    whatever the retention of finished jobs, so a producer grew Redis by one marker per
-    key it made up)."""
-    c = _on(project, 4)
-    res = [f"u{i}" for i in range(30)]
-    ids = [j.id for j in c.enqueue_many([Request("resource", {"r": r, "hold": 0}) for r in res])]
-    ids += [c.enqueue("resource", {"r": r, "hold": 0}).id for r in res[:10]]
-    marks = _markers(project)
-    assert len(marks) == 30, len(marks)
-    assert sorted(marks.values()) == [1] * 20 + [2] * 10, marks
-    assert c.cancel(ids[0]) == "cancelled" and c.cancel(ids[29]) == "cancelled"  # u0 has a second job
-    left = _markers(project)
-    assert len(left) == 29 and sorted(left.values()) == [1] * 20 + [2] * 9, left
-    ids = ids[1:29] + ids[30:]
-    project.spawn_worker("fast")
-    for i in ids:
-        assert c.wait(i, timeout_s=30).status == "done", i
-    wait_for(lambda: not _markers(project), timeout=5, interval=0.05, what="the markers to go")

@@ -189,7 +189,6 @@ local function late(id, token, result, field, keep_ms, claimed_by_another)
   gone[#gone + 1] = sk
   complete_idem(rec.type, rec.idem_key, id, rec.idem_hash ~= '' and rec.idem_hash or '-')
   uncounted[field] = (uncounted[field] or 0) + 1
-  unmark(K.census, rec.limits)
   tally('late|' .. rec.type)
   if waited(rec.meta) then ended[#ended + 1] = id end
   return true
@@ -230,12 +229,11 @@ for i = 0, n - 1 do
     -- (got[2] first: tostring of the attempt formats a number, for the jobs that have one.)
     local started = (got[2] and got[2] == tostring(c.attempt) and tonumber(got[3]) and got[3])
       or (ARGV[b + 8] ~= '' and ARGV[b + 8]) or c.started
-    if c.idem or c.res or c.marked then
+    if c.idem or c.res then
       local rec = rec_load(jk)
       if rec then
         release_limits(K.lim_prefix, rec.limits, token, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
         complete_idem(rec.type, rec.idem_key, id)
-        unmark(K.census, rec.limits)
       end
     end
     local value = outcome(typ or '?', ver or '?', c.attempt_s, started, history,

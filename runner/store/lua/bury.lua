@@ -100,10 +100,7 @@ for i = 0, n - 1 do
       redis.call('HDEL', sk, 'cancel_requested')
       redis.pcall('ZADD', K.cancelled, now, id)  -- (a listing only: damaged, it costs no job)
       local r = rec or rec_load(jk)
-      if r then
-        census(K.census, r.type .. '|' .. r.version, -1)
-        unmark(K.census, r.limits)
-      end
+      if r then census(K.census, r.type .. '|' .. r.version, -1) end
     else
       dead_ids[#dead_ids + 1] = now
       dead_ids[#dead_ids + 1] = id

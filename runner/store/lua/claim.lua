@@ -526,7 +526,6 @@ local function settled_as_duplicate(id, jk, sk, rec, f, limits)
     ' ' .. hid .. ((made and made > 0 and made <= now) and (' =' .. (now - made)) or '') .. '\n\n'}, done_max)
   redis.call('DEL', jk, sk)
   census(K.census, typ .. '|' .. rec.version, -1)
-  unmark(K.census, rec.limits)
   -- A slot reserved for it when it was woken goes to the next parked job.
   give_up_reserved(K.lim_prefix, limits, id, now, K.job_prefix, K.ready, K.notify, K.limwait, K.prio)
   tally('duplicates|' .. typ)
@@ -622,8 +621,7 @@ local function claim_job(id, rec, f, sk, token, limits, starts)
   local confirm = later[rec.type] == true and once_used and not gathered[rec.type]
   local held = (not starts and (later[rec.type] == true or once_used)) or gathered[rec.type] == true or confirm
   claimed[n_c + 2] = claim_entry(token, attempt == 1 and '1' or attempt, now_s,
-    claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held,
-      counted_in(rec.limits)))
+    claim_flags(rec.idem_key ~= '', #limits > 0, not spent, false, stateful, waited(rec.meta), false, held))
   taken[id] = true
   take_executor(rec.type)
   plain = plain + 1

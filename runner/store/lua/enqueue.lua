@@ -10,9 +10,8 @@
 -- KEYS[7] claims       HASH  (a duplicate's status: a claimed job is processing)
 -- KEYS[8] census       HASH  "<type>|<version>" -> jobs not done (the deploy gate)
 -- KEYS[9] prio         ZSET  ready ids of priority 1-9 -> -priority * 1e13 + enqueue ms
--- KEYS[10] lim_prefix  (string; a job under limits counts itself into its first key's marker,
---                      "<prefix><key>:at", until it is done, for producers on another count
---                      of partitions: see routing.py and mark_placed in includes/jobs.lua)
+-- KEYS[10] lim_prefix  (string; a job under limits marks its first key, "<prefix><key>:at",
+--                      for producers on another count of partitions: see routing.py)
 -- KEYS[11] delayed     ZSET  the ids of scheduled that are scheduled or retrying -> due (ms): the
 --                            scheduled list's own index (see keys.py)
 -- ARGV[1] now, ms ('' for the server's clock; tests pass their own)
@@ -23,8 +22,7 @@
 --   limits ("<n> <key>" lines, '' none), meta (a JSON object, '' none), priority (0-9; a
 --   job of 1-9 due now goes to the priority set, served before ready, highest first and
 --   in arrival order within a priority; 0 is plain ready)
--- ARGV[3 + 13 n] a limit key's marker's TTL, ms (the done retention and a margin: a bound for
---                a count some end missed; the key's last job's end deletes it)
+-- ARGV[3 + 13 n] how long a limit key's marker lives, ms (the done retention and a margin)
 --
 -- An idempotency key has no expiry while its job is unfinished (so it cannot lapse under a
 -- delayed or retrying job and let a second request in); the ack of that job starts its

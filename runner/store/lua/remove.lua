@@ -18,7 +18,6 @@ local rec = rec_head(K.job)  -- (its payload is not needed: a big record is not 
 if rec then
   free_idem(K.idem_prefix, rec.type, rec.idem_key, ARGV[1])
   census(K.census, rec.type .. '|' .. rec.version, -1)
-  unmark(K.census, rec.limits)
 end
 redis.call('DEL', K.job, K.job .. ':s', K.log_prefix .. ARGV[1], K.stream_prefix .. ARGV[1])
 return 1

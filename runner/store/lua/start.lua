@@ -39,7 +39,7 @@ for i = 0, n - 1 do
     else
       entries[#entries + 1] = id
       entries[#entries + 1] = claim_entry(token, c.attempt_s, now_s,
-        claim_flags(c.idem, c.res, false, c.exiting, c.state, c.waited, c.cancel, false, c.marked))
+        claim_flags(c.idem, c.res, false, c.exiting, c.state, c.waited, c.cancel))
       out[#out + 1] = c.cancel and 2 or 1
     end
   end

@@ -30,10 +30,7 @@ if #dead > 0 then
     local jk = K.job_prefix .. id
     local s = redis.pcall('GET', jk)
     local rec = type(s) == 'string' and rec_parse(s) or nil
-    if rec then
-      census(K.census, rec.type .. '|' .. rec.version, -1)
-      unmark(K.census, rec.limits)
-    end
+    if rec then census(K.census, rec.type .. '|' .. rec.version, -1) end
     gone[#gone + 1] = jk
     gone[#gone + 1] = jk .. ':s'
   end

@@ -11,9 +11,7 @@
 -- script then publishes its id; see waited below), 'c' once a cancel asked the run to stop
 -- (cancel.lua; renew tells the worker), 'h' (with 'p') while it waits for its executor to
 -- be ready to start it (a child's job claimed ahead from its claim, claim.lua; one whose
--- child is starting, hold.lua: a lapse then spends nothing, however often), 'm' when the
--- job is counted into its first limit key's placement marker (unmark in records.lua: the
--- ack then reads its record to count it out, also for a job under a RATE_LIMIT alone)
+-- child is starting, hold.lua: a lapse then spends nothing, however often)
 -- ('-': none of these).
 -- hmget_many() reads the entries of many ids with one HMGET per 4000; parse_claim()
 -- splits one (nil for none or a damaged one).
@@ -59,7 +57,6 @@ local function parse_claim(raw)
     c.waited = string.find(flags, 'w', 1, true) ~= nil
     c.cancel = string.find(flags, 'c', 1, true) ~= nil
     c.held = string.find(flags, 'h', 1, true) ~= nil
-    c.marked = string.find(flags, 'm', 1, true) ~= nil
   end
   return c
 end
@@ -91,18 +88,16 @@ end
 -- A claim entry as written: "<token> <attempt> <started_ms> <flags>", the flags made by
 -- claim_flags (in its order, '-' for none); flags_of(c) gives those of a parsed claim.
 -- The flags go positionally, not in a table: a claim writes an entry for every job.
-local function claim_flags(idem, res, prefetched, exiting, state, waited, cancel, held, marked)
+local function claim_flags(idem, res, prefetched, exiting, state, waited, cancel, held)
   -- (Most claims: none but perhaps 'p', no string built.)
-  if not (idem or res or exiting or state or waited or cancel or held or marked) then
-    return prefetched and 'p' or '-'
-  end
+  if not (idem or res or exiting or state or waited or cancel or held) then return prefetched and 'p' or '-' end
   local flags = (idem and 'i' or '') .. (res and 'r' or '') .. (prefetched and 'p' or '') ..
     (exiting and 'x' or '') .. (state and 's' or '') .. (waited and 'w' or '') .. (cancel and 'c' or '') ..
-    (held and 'h' or '') .. (marked and 'm' or '')
+    (held and 'h' or '')
   return flags == '' and '-' or flags
 end
 local function flags_of(c)
-  return claim_flags(c.idem, c.res, c.prefetched, c.exiting, c.state, c.waited, c.cancel, c.held, c.marked)
+  return claim_flags(c.idem, c.res, c.prefetched, c.exiting, c.state, c.waited, c.cancel, c.held)
 end
 local function claim_entry(token, attempt, started, flags)
   return token .. ' ' .. attempt .. ' ' .. started .. ' ' .. flags

@@ -31,6 +31,5 @@ local function end_cancelled(jk, id, rec, now, ttl, idem_prefix, census_key, can
   rec_expire(jk, ttl)
   free_idem(idem_prefix, rec.type, rec.idem_key, id, ttl)
   census(census_key, rec.type .. '|' .. rec.version, -1)
-  unmark(census_key, rec.limits)
   if waited(rec.meta) then announce(ended, {id}) end
 end

@@ -15,30 +15,15 @@ local function jobs_acc()
 end
 
 -- Mark that a job under limit key `first` was enqueued in this partition (Q.mark: the
--- limits' prefix, Q.mark_ms: how long at most): after a change of the count of
--- partitions, producers on the new count look for it and send the key's jobs here while
--- it lives (routing.py), so the limit keeps holding across the change. The marker counts
--- the key's jobs here not yet done, and goes with the last (unmark in records.lua, where
--- the census counts a job out); mark_ms (the done retention and a margin, renewed once a
--- batch per key) only bounds one whose count an end missed. True when the job is counted
--- (its record then carries the flag that counts it out: counted_key in records.lua).
-local function mark_placed(Q, put, limits, by)
+-- limits' prefix, Q.mark_ms: how long; once a batch per key): after a change of the count
+-- of partitions, producers on the new count look for it and send the key's jobs here
+-- while it lives (routing.py), so the limit keeps holding across the change.
+local function mark_placed(Q, put, limits)
   local first = string.match(limits, '^[%d/]+ ([^\n]+)')
-  if not first then return false end
-  local mk = Q.mark .. first .. ':at'
-  by = by or 1
-  -- A key's first job here: one SET. A marker that is there counts one more (a marker
-  -- damaged to another type starts afresh), its TTL renewed once a batch.
-  if by > 0 and redis.call('SET', mk, by, 'NX', 'PX', Q.mark_ms) then
+  if first and not put.marked[first] then
     put.marked[first] = true
-    return true
+    redis.call('SET', Q.mark .. first .. ':at', '1', 'PX', Q.mark_ms)
   end
-  if by > 0 and type(redis.pcall('INCRBY', mk, by)) ~= 'number' then redis.call('SET', mk, by, 'PX', Q.mark_ms) end
-  if not put.marked[first] then
-    put.marked[first] = true
-    redis.call('PEXPIRE', mk, Q.mark_ms)
-  end
-  return true
 end
 
 -- A DEBOUNCE function's job (its meta holds "debounce": key, period_ms, max_wait_ms): one
@@ -65,18 +50,11 @@ local function debounce_put(Q, now, j, put)
     local jk = Q.job .. hid
     local rec = rec_parse(redis.call('GET', jk))
     if rec and tostring(rec.version) == v then
-      -- The same one job, maybe under another key now: counted out of its old key's
-      -- marker (if it was counted), into the new key's (or kept, when the key is the same).
-      local lims = j.limits ~= '' and unflagged_limits(j.limits) or ''
-      local old = counted_key(rec.limits)
-      local first = Q.mark and (Q.mark_ms or 0) > 0 and string.match(lims, '^[%d/]+ ([^\n]+)')
-      local kept = first and first == old and redis.call('EXISTS', Q.mark .. first .. ':at') == 1
-      if old and not kept then unplace((Q.mark or (string.sub(Q.job, 1, -5) .. 'lim:')) .. old .. ':at') end
-      if first and mark_placed(Q, put, lims, kept and 0 or 1) then lims = lims .. '\n' end
       rec.payload = j.payload
       rec.resource_key = j.rkey
-      rec.limits = lims
+      rec.limits = j.limits
       redis.call('SET', jk, rec_encode(rec))
+      if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
       local due = math.min(now + tonumber(d.period_ms), tonumber(held[2]) + tonumber(d.max_wait_ms))
       redis.call('ZADD', Q.scheduled, due, hid)
       redis.pcall('ZADD', Q.delayed, due, hid)
@@ -131,16 +109,12 @@ local function job_put(Q, now, j, put)
     local code, hid, st = idem_put(Q, j)
     if code then return code, hid, st end
   end
-  local lims = j.limits
-  if lims ~= '' then
-    lims = unflagged_limits(lims)
-    if Q.mark and (Q.mark_ms or 0) > 0 and mark_placed(Q, put, lims) then lims = lims .. '\n' end
-  end
+  if Q.mark and (Q.mark_ms or 0) > 0 and j.limits ~= '' then mark_placed(Q, put, j.limits) end
   -- The record is one string; a plain job due now has no state hash at all (see above).
   local jk = Q.job .. j.id
   redis.call('SET', jk, rec_encode({type = j.type, version = j.version, max_attempts = j.max_attempts,
     created_ms = now_text(now), idem_key = j.ikey, idem_hash = j.ikey ~= '' and j.phash or '', resource_key = j.rkey,
-    limits = lims, meta = j.meta, payload = j.payload}))
+    limits = j.limits, meta = j.meta, payload = j.payload}))
   local status = 'queued'
   local prio = j.priority or 0
   if prio > 0 then

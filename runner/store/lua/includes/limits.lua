@@ -14,15 +14,12 @@ local RESERVE_MS = 10000
 local RATE_LIMITED_FREE = 100
 
 local LIMIT_LINE = '^(%d+) (.+)$'
-local LIMIT_LINE_COUNTED = '^(%d+) (.+)\n$'
 local function parse_limits(raw)
   local out = {}
   if type(raw) ~= 'string' or raw == '' then return out end
-  local nl = string.find(raw, '\n', 1, true)
-  if not nl or nl == #raw then
-    -- One line (a job under one limit, the common case; its "\n" the flag of a job counted
-    -- into its key's marker, see counted_key): the loop's match, without the loop.
-    local n, key = string.match(raw, nl and LIMIT_LINE_COUNTED or LIMIT_LINE)
+  if not string.find(raw, '\n', 1, true) then
+    -- One line (a job under one limit, the common case): the loop's match, without the loop.
+    local n, key = string.match(raw, LIMIT_LINE)
     if n then out[1] = {n = tonumber(n), key = key} end
     return out
   end
