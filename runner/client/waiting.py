@@ -153,15 +153,49 @@ async def await_job(client: Client, job_id: str, timeout_s: float = 10.0, *, wat
         waiter.discard(job_id, poke)
 
 
+# When a read of any wait of this process last answered (or failed): reads queued behind
+# others on the event loop's threads are not given up while the queue moves.
+_answered = [0.0]
+
+
 async def _checked(wait: _Wait, deadline: float) -> bool:
-    """``wait.check()`` on a thread, waited for until READ_GRACE_S past the deadline:
-    RedisUnavailable after that (the read goes on on its thread, its answer unused)."""
-    bound = max(deadline - time.monotonic(), 0.0) + READ_GRACE_S
-    try:
-        return await asyncio.wait_for(asyncio.to_thread(wait.check), bound)
-    except TimeoutError:
-        raise RedisUnavailable(f"Redis did not answer a read of job {wait.job_id} within {bound:.1f} s "
-                               "(stopped or hung): how it is now is not known; try again shortly") from None
+    """``wait.check()`` on a thread. Past READ_GRACE_S after the deadline it is given up
+    (RedisUnavailable; the read goes on on its thread, its answer unused) once it has run
+    READ_GRACE_S itself, or, still queued for a thread, once no read of this process has
+    answered for READ_GRACE_S: many waits that share a deadline queue their last reads
+    behind each other, and a queue that moves is not a Redis that stopped answering."""
+    started: list[float] = []
+
+    def read() -> bool:
+        started.append(time.monotonic())
+        try:
+            return wait.check()
+        finally:
+            _answered[0] = time.monotonic()
+
+    task = asyncio.ensure_future(asyncio.to_thread(read))
+    give_up_at = deadline + READ_GRACE_S
+    while True:
+        left = give_up_at - time.monotonic()
+        done, _ = await asyncio.wait({task}, timeout=max(left, 0.0))
+        if done:
+            return task.result()
+        now = time.monotonic()
+        since = now - started[0] if started else now - _answered[0]
+        if since >= READ_GRACE_S:
+            task.add_done_callback(_unused)
+            waited = now - deadline + READ_GRACE_S if now > deadline else READ_GRACE_S
+            raise RedisUnavailable(f"Redis did not answer a read of job {wait.job_id} within "
+                                   f"{min(since, waited):.1f} s (stopped or hung): how it is now is "
+                                   "not known; try again shortly")
+        give_up_at = now + (READ_GRACE_S - since)
+
+
+def _unused(task: asyncio.Future[bool]) -> None:
+    """A read given up: its answer or error, once it comes, is dropped (not logged as never
+    retrieved)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def result(client: Client, job_id: str, timeout: float = 30.0) -> Any:

@@ -231,3 +231,32 @@ def test_an_event_loop_wait_answers_near_its_deadline_while_redis_is_stopped(tmp
         with contextlib.suppress(Exception):
             p.close()
         s.stop()
+
+
+def test_event_loop_waits_that_share_a_deadline_are_not_given_up_while_their_reads_queue(project: Project) -> None:
+    """Many event loop waits with one deadline read their jobs once more at it, queued on
+    the loop's threads (one here): a read that waits its turn while the others answer is
+    not a Redis that stopped answering; every wait answers its job's status, none raises
+    RedisUnavailable (a 2 s bound counted from the deadline gave the queue's tail up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = project.client
+    job_id = c.enqueue("noop", {}, delay=120).id
+    got: list[str] = []
+    raised: list[BaseException] = []
+
+    async def one() -> None:
+        try:
+            got.append((await c.await_job(job_id, 1.0)).status)
+        except RedisUnavailable as exc:
+            raised.append(exc)
+
+    async def every() -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        await asyncio.gather(*(one() for _ in range(1500)))
+
+    t0 = time.monotonic()
+    asyncio.run(every())
+    took = time.monotonic() - t0
+    assert not raised, (len(raised), took, raised[:1])
+    assert got == ["scheduled"] * 1500
