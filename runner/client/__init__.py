@@ -26,6 +26,7 @@ runner.catalog, runner.observe and the store. Knows no worker, web, CLI or dev.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from runner import config as config_mod
@@ -51,7 +52,16 @@ class Client:
         """A client for ./runner.toml (or ``path``, or $RUNNER_CONFIG) and the environment.
         The Redis is the CLI's: REDIS_URL, else the ``[redis] url`` of a file named; else,
         while `runner dev` runs its embedded server for the project, that one (where dev's
-        worker runs the jobs); else the file's ``[redis] url`` or the default."""
+        worker runs the jobs); else the file's ``[redis] url`` or the default.
+
+        In a handler (a worker's thread or child process), no path, or the worker's own
+        file, is the worker's app: its server and prefix, as the worker runs on them
+        (session.hosted); any other file is another app's, read as above."""
+        worker = session.hosted(path)
+        if worker is not None:
+            own = Path(worker.source)
+            cfg = config_mod.load(own if path is not None or own.exists() else None)
+            return cls(Runtime.create(replace(cfg, redis=worker.redis)))
         named = path is not None or bool(os.environ.get("RUNNER_CONFIG"))
         return cls(Runtime.create(session.follow_dev(config_mod.load(path), named)))
 

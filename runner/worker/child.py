@@ -56,11 +56,12 @@ from runner.catalog import registry as registry_mod
 from runner.catalog.registry import Registry
 from runner.client import Enqueued
 from runner.client.enqueuing import checked_json
+from runner.config import RedisConfig
 from runner.errors import JobTimeout, RunnerError, StaleLease, raise_refusal
 from runner.observe import tracing
 from runner.observe.logs import flush_held
 from runner.observe.logs import setup as setup_logs
-from runner.store import codec
+from runner.store import codec, session
 from runner.worker import affinity, batching, joblog
 from runner.worker.channel import Channel
 from runner.worker.context import Context, Flags, Hooks, for_job
@@ -993,6 +994,12 @@ def main() -> None:
     # container's exec-form command) is this child's parent, alive.
     if str(os.getppid()) != os.environ.get("RUNNER_CHILD_OF", str(os.getppid())):
         os._exit(0)
+    channel = Channel(socket.socket(fileno=fd))
+    try:
+        worker = channel.recv()  # isolation.worker_message
+    except (EOFError, OSError):
+        os._exit(0)  # its worker is gone already
+    session.host(worker["source"], RedisConfig(**worker["redis"]))
     cfg = config_mod.load(os.environ.get("RUNNER_CONFIG") or None)
     setup_logs(cfg.log, hold=False)  # (each echoed line written before the handler goes on)
     signals = Signals()
@@ -1005,7 +1012,7 @@ def main() -> None:
     code = os.environ.pop(CODE_ENV, "")
     sources = read_code(int(code)) if code else None
     reg = registry_mod.load(cfg, payload_check=codec.payload_problem, sources=sources)
-    child = Child(Channel(socket.socket(fileno=fd)), reg, signals, spill)
+    child = Child(channel, reg, signals, spill)
     child.serve()
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import marshal
 import os
@@ -394,18 +395,20 @@ def _guard_group(read_fd: int, group: int, shell: str = SENTRY_SHELL) -> subproc
 
 def child_env(config: Config) -> dict[str, str]:
     """What a child's environment says of its worker, over what the worker's own says: the
-    config file the worker loaded (RUNNER_CONFIG: the child loads it too), and the Redis
-    server and prefix the worker runs on (REDIS_URL, RUNNER_REDIS_PREFIX), so a handler's
-    own ``Client.from_config()``, and the tools it starts, reach the worker's jobs. The
-    worker's server is not always its environment's: `runner dev` runs on its embedded
-    server when the one runner.toml names does not answer or ``--embedded`` says so, and
-    a program makes a worker from a config it loaded with an environment of its own. The
-    child's client read the file named by RUNNER_CONFIG as an explicit choice, and went to
-    the server the file names."""
-    env = {"REDIS_URL": config.redis.url, "RUNNER_REDIS_PREFIX": config.redis.prefix}
-    if Path(config.source).exists():
-        env["RUNNER_CONFIG"] = str(Path(config.source).resolve())
-    return env
+    config file the worker loaded (RUNNER_CONFIG: the child loads it too, and a `runner`
+    command a handler runs finds it). Never the server or prefix the worker runs on: a
+    handler's tools inherit the environment, a password in the URL with it, and there
+    REDIS_URL wins over any file named, another app's too. The child is told them over
+    its socket instead (``worker_message``)."""
+    return {"RUNNER_CONFIG": str(Path(config.source).resolve())} if Path(config.source).exists() else {}
+
+
+def worker_message(config: Config) -> dict[str, Any]:
+    """The first message a child gets: the config file and the Redis settings its worker
+    runs on, which need not be the file's or the environment's (`runner dev` on its
+    embedded server). The child records them (session.host), so a handler's own
+    ``Client.from_config()`` reaches the worker's jobs, and another app's file another app."""
+    return {"op": "worker", "source": config.source, "redis": dataclasses.asdict(config.redis)}
 
 
 class ChildProcess:
@@ -458,6 +461,10 @@ class ChildProcess:
         finally:
             child.close()
         self.channel = Channel(parent)
+        # Read first, before the child loads anything; a child gone already is seen, as
+        # gone, by wait_ready.
+        with contextlib.suppress(OSError):
+            self.channel.send(worker_message(config))
         self.ready = False
         # The worker's stop and the slot watching the child can both end it at once: one
         # does, the other waits and reads its code (a select on the pidfd the first had

@@ -16,7 +16,7 @@ from typing import Any
 
 from runner import __version__
 from runner.runtime import Runtime
-from runner.store import roster
+from runner.store import roster, session
 from runner.store.connection import UNAVAILABLE
 from runner.store.keys import QueueKeys
 from runner.store.waiter import Waiter
@@ -71,6 +71,7 @@ class Worker:
         self.cancels = Waiter(runtime.redis, [k.cancels for r in self.runners for k in r.fetcher.parts],
                               self._cancel_ahead)
         self.stop_event = threading.Event()
+        self._host: session.Host | None = None  # recorded at start (session.host)
         self.stops = Stops()
 
     def _partitions_found(self, found: list[QueueKeys]) -> None:
@@ -89,6 +90,9 @@ class Worker:
     def start(self) -> None:
         # The scheduler first, so due and lapsed jobs move before the first claim;
         # the runners last, once everything they rely on is up.
+        # A thread handler's own Client.from_config() reaches this worker's server and
+        # prefix (a child process's is told at its start: isolation.ChildProcess).
+        self._host = session.host(self.rt.config.source, self.rt.config.redis)
         self.scheduler.start()
         self.ticker.start()  # schedules' ticks: jobs like any other, for the runners to take
         self.cancels.ready(CANCELS_READY_S)
@@ -109,6 +113,7 @@ class Worker:
         self.cancels.stop(wait=False)
         with contextlib.suppress(*UNAVAILABLE):
             roster.leave(self.rt.redis, self.rt.config.redis.prefix, self.worker_id)
+        session.leave(self._host)
         log.info("worker %s stopped", self.worker_id)
 
     def _member(self) -> roster.Member:

@@ -21,6 +21,9 @@ import redis
 from test_dev import Dev, email
 from test_web_support import runner_web
 
+from runner import config as config_mod
+from runner.client import Client
+from runner.runtime import Runtime
 from runner.store.embedded import Server, free_port
 
 from conftest import REPO, Project, wait_for
@@ -288,6 +291,98 @@ def test_a_handlers_own_client_reaches_the_server_its_worker_runs_on(tmp_path: P
     r = redis.Redis.from_url(foreign.url)
     assert sorted(r.scan_iter("runner:*")) == [f"runner:{{fast}}:job:old{i}".encode() for i in range(3)]
     r.close()
+
+
+def test_under_dev_embedded_with_redis_url_set_thread_and_process_handlers_reach_devs_server(
+        tmp_path: Path, foreign: Server) -> None:
+    """`runner dev --embedded` with REDIS_URL naming another server: dev's worker runs on its
+    embedded server, and a handler's own `Client.from_config()` enqueues there, in a thread
+    as in a child process. The thread's client went to REDIS_URL, where no worker of the
+    project runs, while its process twin reached dev's."""
+    root = fresh(tmp_path / "app")
+    for isolation in ("thread", "process"):
+        (root / "functions" / f"probe_{isolation}.py").write_text(PROBE.format(isolation=isolation))
+        (root / "schemas" / f"probe_{isolation}").mkdir()
+        (root / "schemas" / f"probe_{isolation}" / "v1.json").write_text('{"type": "object"}')
+    env = user_env(root)
+    dev = Dev(root, user_env(root, REDIS_URL=foreign.url), args=("--embedded",))
+    try:
+        embedded = session(root)["url"]
+        for n, isolation in enumerate(("thread", "process"), start=1):
+            enq = cli(root, env, "enqueue", f"probe_{isolation}", json.dumps(email(n)), "--json")
+            assert enq.returncode == 0, enq.stderr
+            probe = dev.finished(json.loads(enq.stdout)["id"], timeout=30)
+            assert probe["status"] == "done", (isolation, probe.get("last_error"))
+            assert probe["result"]["url"] == embedded, (isolation, probe["result"], foreign.url)
+            assert dev.finished(probe["result"]["id"])["status"] == "done", isolation
+    finally:
+        assert dev.stop() == 0
+    r = redis.Redis.from_url(foreign.url)
+    assert sorted(r.scan_iter("runner:*")) == [f"runner:{{fast}}:job:old{i}".encode() for i in range(3)]
+    r.close()
+
+
+PASSWORD = "Pw-only-in-runner-toml"
+OTHER_APP = '''"""Enqueues into another app, named by its runner.toml, and says what it saw."""
+import os
+
+QUEUE = "fast"
+ISOLATION = "{isolation}"
+
+
+def handle(payload, ctx):
+    from runner import Client
+    with Client.from_config(payload["config"]) as other:
+        job = other.enqueue("send_email", payload["email"])
+        return {{"id": job.id, "prefix": other.runtime.config.redis.prefix,
+                "password_in_env": sorted(k for k, v in os.environ.items() if "{password}" in v)}}
+'''
+
+
+def test_a_handlers_client_for_another_app_reaches_that_app_and_no_password_is_in_its_environment(
+        tmp_path: Path, server: Server) -> None:
+    """A handler's `Client.from_config("<another app>/runner.toml")` enqueues into that app's
+    server and prefix, in a child process (ISOLATION = "process") as in a thread: the child's
+    environment named its own worker's server and prefix, which won over the file named,
+    and the job landed in the worker's own app. Nor does the child's environment, or a
+    tool's it starts, hold the Redis password that only the worker's runner.toml holds."""
+    own = Server(tmp_path / "own", appendonly=False).start()
+    try:
+        r = redis.Redis.from_url(own.url)
+        r.config_set("requirepass", PASSWORD)
+        r.close()
+        url = f"redis://:{PASSWORD}@127.0.0.1:{own.port}/0"
+        a = fresh(tmp_path / "a", f'[redis]\nurl = "{url}"\nprefix = "appa"\n\n')
+        b = fresh(tmp_path / "b", f'[redis]\nurl = "{server.url}"\nprefix = "appb"\n\n')
+        for isolation in ("thread", "process"):
+            (a / "functions" / f"other_{isolation}.py").write_text(
+                OTHER_APP.format(isolation=isolation, password=PASSWORD))
+            (a / "schemas" / f"other_{isolation}").mkdir()
+            (a / "schemas" / f"other_{isolation}" / "v1.json").write_text('{"type": "object"}')
+        env = user_env(a)
+        log = (tmp_path / "worker.log").open("wb")
+        worker = subprocess.Popen([sys.executable, "-m", "runner.cli", "worker", "--queue", "fast"], cwd=a, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT)
+        ca = Client(Runtime.create(config_mod.load(a / "runner.toml", env={})))
+        cb = Client(Runtime.create(config_mod.load(b / "runner.toml", env={})))
+        try:
+            for isolation in ("thread", "process"):
+                jid = ca.enqueue(f"other_{isolation}", {"config": str(b / "runner.toml"), "email": email(1)}).id
+                got = wait_for(lambda jid=jid: (j := ca.get(jid).as_dict())["status"] in ("done", "dead") and j,
+                               timeout=30, interval=0.05, what=f"the {isolation} probe")
+                assert got["status"] == "done", (isolation, got.get("last_error"))
+                assert got["result"]["prefix"] == "appb", (isolation, got["result"])
+                assert cb.get(got["result"]["id"]) is not None, isolation
+                assert got["result"]["password_in_env"] == [], (isolation, got["result"])
+        finally:
+            ca.close()
+            cb.close()
+            worker.terminate()
+            worker.wait(30)
+            log.close()
+        assert PASSWORD not in (tmp_path / "worker.log").read_text(errors="replace")
+    finally:
+        own.stop(kill=True)
 
 
 # --- 5. an oversized body reaches its 413 --------------------------------------------------
