@@ -141,7 +141,9 @@ def test_a_wait_left_on_a_closed_event_loop_keeps_no_other_wait_from_its_end(noc
     assert {i: s for i, (_, s) in out.items()} == dict.fromkeys(ids, "cancelled"), out
     late = max(t for t, _ in out.values()) - gone
     assert late < waiter.DEAF_POLL_MAX_S + 2.0, f"answered {late:.1f} s after their end"
-    assert orphan not in c.runtime.waiter._probes
+    # (Its own probe may come due a tick later than the others' on a loaded host.)
+    wait_for(lambda: orphan not in c.runtime.waiter._probes, timeout=waiter.DEAF_POLL_MAX_S + 2.0,
+             what="the dead wait dropped")
     assert any("dropped" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
