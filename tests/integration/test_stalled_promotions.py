@@ -7,6 +7,8 @@ learnt (docs/partitions.md, "A shard down")."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -86,6 +88,51 @@ def _first_accepted_after(producer: _Producer, witness: Server, victim: Server, 
             return at, t - at, got
         time.sleep(0.1)
     return at, None, got
+
+
+def test_a_second_master_stalling_holds_no_read_of_the_layout(tmp_path: Path) -> None:
+    """Five masters with a replica each: A stops (SIGSTOP) and the producer marks it; B
+    stops 2.5 s later, first in the producer's URL and never called by it (not marked).
+    Once A's replica is promoted, the producer's enqueues to A's partitions are accepted
+    within about a second (at most 4 s here). Before, the producer's read of the layout
+    asked B first and waited out its 15 s socket timeout, and no read started again
+    until it ended: the promotion was learnt about 14 s late."""
+    with local_cluster(tmp_path / "cluster", masters=5, replicas=1, node_timeout_ms=2000,
+                       extra=["--cluster-require-full-coverage", "no"]) as servers:
+        masters = servers[:5]
+        wait_for(lambda: replicas_connected(masters), timeout=30, interval=0.1, what="every master's replica")
+        p = make_project(tmp_path / "p", Endpoint(cluster_url(masters)))
+        p.write_config(vt=10, fast="partitions = 5")
+        r = p.runtime.redis
+        home = r.get_node_from_key(p.runtime.keys["fast"].ready).port
+        ports = {r.get_node_from_key(k.ready).port for k in p.runtime.parts["fast"]}
+        a = next(s for s in masters if s.port != home and s.port in ports)
+        b = next(s for s in masters if s.port not in (home, a.port))
+        witness = next(s for s in masters if s not in (a, b))
+        producer = _Producer(p, [b, a, *(s for s in masters if s not in (a, b))], a)
+        assert a.proc is not None and b.proc is not None
+        try:
+            assert producer.enqueue() == "ok"  # (its connections made)
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            stopped_b = [False]
+
+            def stop_b() -> None:
+                if not stopped_b[0] and time.monotonic() - t0 > 2.5:
+                    assert producer.runtime.scripts.nodes.stalled(f"127.0.0.1:{a.port}"), "A not marked"
+                    os.kill(b.proc.pid, signal.SIGSTOP)
+                    stopped_b[0] = True
+
+            at, after, got = _first_accepted_after(producer, witness, a, t0, limit_s=8.0, on_tick=stop_b)
+        finally:
+            for s in (a, b):
+                os.kill(s.proc.pid, signal.SIGCONT)
+            producer.close()
+            p.stop_all()
+            p.runtime.close()
+    assert stopped_b[0] and at, ("A's replica was not promoted", got)
+    print(f"\npromoted at {at:.2f} s; first enqueue accepted {after} s after it")
+    assert after is not None and after < 4.0, (at, after, got)
 
 
 SCRIPT = ("local t=redis.call('TIME') local s=tonumber(t[1]) while true do local n=redis.call('TIME') "
