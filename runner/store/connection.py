@@ -339,13 +339,17 @@ def _one_read_at_a_time(manager: Any) -> None:
     asked last: redis-py asks them one after another, a stalled one for its 15 s socket
     timeout, and every thread's read would wait behind that one. The order is kept from
     read to read, so a master whose mark was cleared as its replica was promoted
-    (NodeLanes.relearn), and which may still be stopped, stays behind the others."""
+    (NodeLanes.relearn), and which may still be stopped, stays behind the others. Each
+    node is asked within LAYOUT_NODE_S (``_bounded_source``), so one newly stalled, not
+    yet known, holds a read that long, not its socket timeout; it is asked last by the
+    next reads."""
     import threading
 
     read = manager.initialize
     seeds = [(n.host, n.port) for n in manager.startup_nodes.values()]
     lock = threading.Lock()
     reads = [0]  # layouts read so far
+    slow: set[str] = set()  # the startup nodes that did not answer their last CLUSTER SLOTS in time
 
     def initialize() -> None:
         seen = reads[0]
@@ -353,9 +357,12 @@ def _one_read_at_a_time(manager: Any) -> None:
             if reads[0] != seen:
                 return
             _refill(manager, seeds)
+            for node in list(manager.startup_nodes.values()):
+                _bounded_source(manager, node, slow)
             stalled = getattr(manager, "runner_stalled", None)
-            if stalled is not None:  # (one assignment: sorted is stable, the order otherwise kept)
-                manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda kv: stalled(kv[0])))
+            # (One assignment: sorted is stable, the order otherwise kept.)
+            manager.startup_nodes = dict(sorted(manager.startup_nodes.items(), key=lambda kv: (
+                stalled is not None and stalled(kv[0]), kv[0] in slow)))
             before = manager.default_node
             try:
                 read()
@@ -365,6 +372,41 @@ def _one_read_at_a_time(manager: Any) -> None:
             _keep_default(manager, before, stalled)
 
     manager.initialize = initialize
+
+
+# The longest a read of the layout waits for one startup node's CLUSTER SLOTS (its
+# connection and handshake included) before it asks the next: redis-py asks them one after
+# another, and a master newly stopped or hung (not yet known stalled) held the read, and
+# every read behind it, for its 15 s socket timeout (a second stalled master while the
+# first was marked: the first's promoted replica was learnt about 14 s late).
+LAYOUT_NODE_S = 1.0
+
+
+def _bounded_source(manager: Any, node: Any, slow: set[str]) -> None:
+    """``node``'s (a startup node's) own client for reads of the layout, its timeouts at
+    most LAYOUT_NODE_S: a node that does not answer in time is put in ``slow`` (asked
+    after the others by the next reads) and the read asks the next; one that answers
+    leaves it."""
+    if getattr(node.redis_connection, "runner_layout", False):
+        return
+    kwargs = dict(manager.connection_kwargs)
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        kwargs[name] = min(kwargs.get(name) or LAYOUT_NODE_S, LAYOUT_NODE_S)
+    r = manager.create_redis_node(node.host, node.port, **kwargs)
+    ask = r.execute_command
+
+    def execute_command(*args: Any, **options: Any) -> Any:
+        try:
+            got = ask(*args, **options)
+        except redis.TimeoutError:
+            slow.add(node.name)
+            raise
+        slow.discard(node.name)
+        return got
+
+    r.execute_command = execute_command
+    r.runner_layout = True
+    node.redis_connection = r
 
 
 def _keep_default(manager: Any, before: Any, stalled: Callable[[str], bool] | None) -> None:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # (loaded on first use: only a cluster client's round trips n
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     from runner.store.aiolink import AsyncLink
-    from runner.store.connection import NodeStalled, Unconfirmed
+    from runner.store.connection import NodeStalled, RedisBusy, Unconfirmed
     from runner.store.nodecalls import NodeCalls
     from runner.store.sources import NAMES, SHAS, SOURCES
 
@@ -78,10 +78,11 @@ def _import_redis() -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    from runner.store.connection import NodeStalled, Unconfirmed
+    from runner.store.connection import NodeStalled, RedisBusy, Unconfirmed
     from runner.store.sources import NAMES, SHAS, SOURCES
 
-    globals().update(Unconfirmed=Unconfirmed, RedisCluster=RedisCluster, AskError=AskError, MovedError=MovedError,
+    globals().update(Unconfirmed=Unconfirmed, RedisBusy=RedisBusy, RedisCluster=RedisCluster, AskError=AskError,
+                     MovedError=MovedError,
                      ResponseError=ResponseError, RedisClusterException=RedisClusterException,
                      TryAgainError=TryAgainError,
                      RedisConnectionError=RedisConnectionError, RedisTimeoutError=RedisTimeoutError,
@@ -153,6 +154,9 @@ RELEARN_S = 1.0
 # How long a call that finds such a read due (or under way) waits for it before it routes
 # by the layout it has (the read asks the masters that answer first: a round trip).
 RELEARN_WAIT_S = 0.5
+# How long a master marked stalled that answered its PING with BUSY (a long script) is
+# left before it is asked again: it answers BUSY at once, and stays marked meanwhile.
+BUSY_PROBE_S = 0.2
 
 
 def _eval(source: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
@@ -890,12 +894,19 @@ class NodeLanes:
             # The call given up: no answer within the socket timeout, or its connection
             # lost, or no layout read meanwhile (redis-py reads it again after such a call);
             # a PING since: no answer within the socket timeout.
-            lost = RedisTimeoutError if probe else (RedisTimeoutError, RedisConnectionError, RedisClusterException)
+            # On Redis Cluster BUSY (a long script) is no answer either: the master serves
+            # nothing, and the cluster may promote its replica meanwhile, which only a read of
+            # the layout learns (relearn, while the mark holds): its new connections'
+            # handshakes get BUSY, never MOVED. (One server: its calls say BUSY at once.)
+            busy = () if self.scripts.one_server else (RedisBusy,)
+            lost = ((RedisTimeoutError, *busy) if probe else
+                    (RedisTimeoutError, RedisConnectionError, RedisClusterException, *busy))
             if not among and isinstance(exc, lost) and not isinstance(exc, NodeStalled):
                 # Still stalled, perhaps: a PING keeps it marked until the node answers (or
                 # leaves the layout, or refuses the connection: down, and said so at once).
+                pause = BUSY_PROBE_S if isinstance(exc, RedisBusy) else 0.0
                 with contextlib.suppress(RuntimeError):  # (the process is ending)
-                    self.pool().submit(self._probe, node).add_done_callback(lambda d: ended(d, True))
+                    self.pool().submit(self._probe, node, pause).add_done_callback(lambda d: ended(d, True))
                     return
             with self._lock:
                 now = self._stalled.get(node)
@@ -985,9 +996,11 @@ class NodeLanes:
             if live:
                 client.set_default_node(live[0])
 
-    def _probe(self, node: str) -> None:
+    def _probe(self, node: str, pause: float = 0.0) -> None:
         """One PING to ``node`` (host:port), if it is still in the layout (on one server:
-        to the server)."""
+        to the server), ``pause`` seconds on."""
+        if pause:
+            time.sleep(pause)
         client = self.scripts.client
         if self.scripts.one_server:
             client.ping()
