@@ -35,6 +35,11 @@
 --- @include "places"
 local now = clock(ARGV[1])
 local most, max_age = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- A trail of another Redis type (another program's write, or damage) would refuse every
+-- entry, each action done yet unaudited: it is renamed aside to <key>:corrupt (kept for
+-- inspection) and the trail starts afresh (store/damage.py).
+local kind = redis.call('TYPE', K.audit)['ok']
+if kind ~= 'list' and kind ~= 'none' then redis.call('RENAME', K.audit, K.audit .. ':corrupt') end
 local bulk = ARGV[5] or ''
 local fold = tonumber(ARGV[6] or '') or 0
 local max_ids = tonumber(ARGV[7] or '') or 100

@@ -15,9 +15,15 @@
 -- was lost (its worker stalled past it, the job reclaimed and run again, maybe ended)
 -- writes nothing, so a job's log and stream hold only the runs that owned it.
 --
+-- A log or stream key of another Redis type (another program's write, or damage) would
+-- fail every write, and the run's lines would be lost: it is renamed aside to
+-- <key>:corrupt (kept as long as the log would be, counted as "corrupt|log" or
+-- "corrupt|stream") and the log starts afresh (store/damage.py).
+--
 -- KEYS[1] log          LIST  the job's log lines (JSON objects), oldest first
 -- KEYS[2] claims       HASH  id -> claim
 -- KEYS[3] job          STRING  the job's record (its state hash is K.job .. ':s')
+-- KEYS[4] stats        HASH  (corrupt|log, corrupt|stream: a key set aside)
 -- ARGV[1] the most lines kept
 -- ARGV[2] the most bytes kept (the sum of the lines' lengths)
 -- ARGV[3] how long the log is kept from now, ms (the retention of the job's state)
@@ -40,6 +46,12 @@ if ARGV[6] ~= '' and not fence(redis.call('HGET', K.claims, ARGV[6]), ARGV[7]) t
 if ARGV[8] ~= '' then redis.pcall('HSET', K.job .. ':s', 'progress', ARGV[8]) end
 local most, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
 local marked = ARGV[5] ~= ''
+local held = redis.pcall('LLEN', K.log)
+if type(held) == 'table' and held.err then
+  redis.call('RENAME', K.log, K.log .. ':corrupt')
+  redis.call('PEXPIRE', K.log .. ':corrupt', ARGV[3])
+  redis.pcall('HINCRBY', K.stats, marked and 'corrupt|log' or 'corrupt|stream', 1)
+end
 local HEAD = '"level": "WARNING", "src": "runner", "msg": "%[([%d,]+) earlier line'
 
 -- A line's number, or nil (a chunk, or a line written before lines were numbered).
