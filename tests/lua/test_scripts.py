@@ -2483,6 +2483,45 @@ def test_aside_renames_a_key_of_another_type_and_leaves_any_other(p: Project) ->
     assert sc.aside(key, "hash") == 0 and r.hgetall(key) == {"w": "1"}
 
 
+def _bounded(lines: list[str], most: int, budget: int) -> list[str]:
+    """The newest of ``lines`` within both bounds, never none: what joblog keeps."""
+    kept = lines[-most:]
+    while len(kept) > 1 and sum(map(len, kept)) > budget:
+        kept = kept[1:]
+    return kept
+
+
+def test_joblog_keeps_its_count_beside_the_log_and_counts_again_when_it_does_not_hold(p: Project) -> None:
+    """joblog trims by a count of the log's lines and bytes kept beside it (no write reads
+    the log whole); when the count does not hold for the log as it is (a line written by
+    another writer, the newest or the oldest; the count gone, or of another type), the
+    write counts the log again and keeps both bounds exactly."""
+    r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
+    most, budget, log = 4, 100, k.log("c")
+
+    def write(*lines: str) -> None:
+        expected = _bounded(r.lrange(log, 0, -1) + list(lines), most, budget)
+        sc.append_log(k, "c", list(lines), most, budget, 60_000)
+        held = r.lrange(log, 0, -1)
+        assert held == expected, (held, expected)
+        assert r.get(log + ":size").split()[:2] == [str(len(held)), str(sum(map(len, held)))]
+        assert 0 < r.pttl(log + ":size") <= 60_000
+
+    write("a" * 10, "b" * 10, "c" * 10)
+    write("d" * 30, "e" * 40)
+    r.rpush(log, "z" * 25)  # another writer's newest line: the count does not hold
+    write("f" * 5)
+    r.lpush(log, "y" * 20)  # its oldest: the length differs
+    write("g" * 10)
+    r.delete(log + ":size")
+    write("h" * 10)
+    r.delete(log + ":size")
+    r.hset(log + ":size", "x", "y")  # (another type: counted again, then written over)
+    write("i" * 60, "j" * 60)
+    write("k" * 500)  # past the bytes alone: the newest stays
+    assert r.lrange(log, 0, -1) == ["k" * 500]
+
+
 def test_joblog_writes_a_runs_progress_ahead_of_its_lines_fenced(p: Project) -> None:
     """A run's progress goes to the job's state in its lines' call (or a call with no
     lines), under its claim's token: a run whose lease was lost writes neither."""
