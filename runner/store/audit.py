@@ -1,4 +1,5 @@
-"""The audit trail: one capped Redis list of who did what to which job, newest first.
+"""The audit trail: one capped Redis list of who did what to which job, newest first (by
+each entry's last action).
 
 Each entry is a JSON object: ``at_ms``, ``by`` (a token's name, or ``cli:<user>``),
 ``action`` (requeue, delete, purge, cancel, pause, resume, run now, trigger), ``queue``
@@ -13,7 +14,10 @@ was full.
 An action that repeats one of the same caller on the same target (the same action,
 queue, schedule, function or job type) whose entry is less than FOLD_MS old is folded
 into that entry: ``repeats`` (how many actions it stands for), ``last_at_ms``, ``count``
-summed and the first MAX_IDS ``ids`` (a job's action becomes its id there). 10,001
+summed and the first MAX_IDS ``ids`` (a job's action becomes its id there); the entry
+then stands for the action just made, so it goes to the head (the trail is newest first
+by each entry's last action: it kept its place, and the action just made sat below the
+actions between, off the first page once enough came between). 10,001
 triggers of one schedule from one ``operate`` token pushed that token's own earlier
 purge off a trail of 10,000; now they are one entry, and one caller adds at most one
 entry an hour per target however fast it acts. With the bound of MAX_ENTRIES, flushing
@@ -21,16 +25,19 @@ the trail would take one token hundreds of targets, or months at one action an h
 each, and every one of those entries in view meanwhile.
 
 An entry is pushed (or folded) and the list trimmed by one script (lua/audit.lua), so
-the list never holds more than MAX_ENTRIES, nor an entry older than MAX_AGE_MS once the
-next one is written, whatever the writers.
+the list never holds more than MAX_ENTRIES, nor an entry whose last action is older than
+MAX_AGE_MS once the next one is written, whatever the writers.
 
 Each entry carries its place number ``n`` (audit.lua: one more than the newest numbered
-entry's, or the time in ms when that is greater; kept when the entry is folded into or
-rewritten), falling strictly from head to tail: a reader's cursor holds the last numbered
-entry at or above the last one it showed and the entries shown past it, and
-lua/seek_trail.lua finds where to go on by a binary search however many entries landed or
-left since, among entries of an earlier release (no number) too (read_after). An offset
-(read) moves with every entry that lands.
+entry's, or the time in ms when that is greater; kept when the entry is rewritten in
+place, a new one when it is folded into and goes to the head), falling strictly from head
+to tail: a reader's cursor holds the last numbered entry at or above the last one it
+showed and the entries shown past it, and lua/seek_trail.lua finds where to go on by a
+binary search however many entries landed, moved or left since, among entries of an
+earlier release (no number) too (read_after). An entry that keeps its place is shown once;
+one folded into while a reader pages goes above its cursor, so it is not shown again, nor
+at all when the reader had not reached it (it is on the first page, as the newest). An
+offset (read) moves with every entry that lands.
 
 Pauses and resumes go on a list of their own (``<key>:flow``, bounded and folded alike),
 read merged with the other by time: they need no job and cost nothing to repeat.
@@ -237,7 +244,8 @@ def _after(place: Place | None, start: int, length: int, head: Place, raw: Seque
 
 def _merged(trails: Sequence[Sequence[str]], most: int) -> list[tuple[int, dict[str, Any]]]:
     """Up to ``most`` (trail, entry) of the trails, each in its own order (newest first),
-    merged by time (the newer first; the main trail's first at a tie)."""
+    merged by the time of each entry's last action (the newer first; the main trail's
+    first at a tie)."""
     entries = [[_entry(raw) for raw in trail] for trail in trails]
     at = [0] * len(entries)
     out: list[tuple[int, dict[str, Any]]] = []
@@ -302,5 +310,10 @@ def _in_range(v: Any) -> bool:
 
 
 def _at(entry: dict[str, Any]) -> int:
-    at = entry.get("at_ms")
-    return at if isinstance(at, int) and not isinstance(at, bool) else 0
+    """When an entry's last action was (a folded entry's last_at_ms, else its at_ms): the
+    order of each trail, by which the two are merged."""
+    for field_ in ("last_at_ms", "at_ms"):
+        at = entry.get(field_)
+        if isinstance(at, int) and not isinstance(at, bool):
+            return at
+    return 0
