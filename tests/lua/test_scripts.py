@@ -2494,8 +2494,9 @@ def _bounded(lines: list[str], most: int, budget: int) -> list[str]:
 def test_joblog_keeps_its_count_beside_the_log_and_counts_again_when_it_does_not_hold(p: Project) -> None:
     """joblog trims by a count of the log's lines and bytes kept beside it (no write reads
     the log whole); when the count does not hold for the log as it is (a line written by
-    another writer, the newest or the oldest; the count gone, or of another type), the
-    write counts the log again and keeps both bounds exactly."""
+    another writer, the newest or the oldest, or 5,000 of them; the count gone, or of
+    another type), the write reads the newest lines within the bound again, as it read
+    them on every write before, and keeps both bounds exactly."""
     r, k, sc = p.runtime.redis, p.keys(), p.runtime.scripts
     most, budget, log = 4, 100, k.log("c")
 
@@ -2518,6 +2519,8 @@ def test_joblog_keeps_its_count_beside_the_log_and_counts_again_when_it_does_not
     r.delete(log + ":size")
     r.hset(log + ":size", "x", "y")  # (another type: counted again, then written over)
     write("i" * 60, "j" * 60)
+    r.rpush(log, *[f"w{i}" for i in range(5_000)])  # another writer's long list: its newest read
+    write("l" * 10)
     write("k" * 500)  # past the bytes alone: the newest stays
     assert r.lrange(log, 0, -1) == ["k" * 500]
 

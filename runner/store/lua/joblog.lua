@@ -22,7 +22,9 @@
 -- 10,000 chunks). A count that does not hold for the list as it is (the newest line is
 -- not the one counted, or the length differs: a writer of an earlier release, a list
 -- deleted or expired without it, a retry or a sleep that kept the log longer than its
--- count) is counted again from the list, once.
+-- count) is counted again, once, from the newest ARGV[1] lines as before (the lines past
+-- them go by the count alone), so the work of a call stays bounded by the bounds and by
+-- what it appends whatever another writer left in the list.
 --
 -- A log or stream key of another Redis type (another program's write, or damage) would
 -- fail every write, and the run's lines would be lost: it is renamed aside to
@@ -81,11 +83,13 @@ local function counted(last)
   return {tonumber(lines), tonumber(bytes)}
 end
 
--- The bytes of the whole list, read once (its count did not hold).
-local function recount()
-  local total = 0
-  for _, line in ipairs(redis.call('LRANGE', K.log, 0, -1)) do total = total + #line end
-  return total
+-- The newest ``most`` lines, and their bytes, read once when the count did not hold (as
+-- every write read them before the count was kept: the lines past them go by the count
+-- alone, so another writer's list of any length costs no more).
+local function window()
+  local kept, total = redis.call('LRANGE', K.log, -most, -1), 0
+  for _, line in ipairs(kept) do total = total + #line end
+  return kept, total
 end
 
 -- A line's number, or nil (a chunk, or a line written before lines were numbered).
@@ -191,6 +195,18 @@ local function oldest(n, total, cap, room)
   return drop, total
 end
 
+-- The same for a log whose count did not hold, from its newest lines as read (``kept``, of
+-- ``n``; ``total``, their bytes): the ones before them go whatever their bytes.
+local function oldest_read(n, kept, total, cap, room)
+  local drop = math.max(0, #kept - cap)
+  for i = 1, drop do total = total - #kept[i] end
+  while total > room and drop < #kept - 1 do
+    drop = drop + 1
+    total = total - #kept[drop]
+  end
+  return n - #kept + drop, total
+end
+
 local last = newest()
 local count = counted(last)
 local lost, unmarked = 0, 0
@@ -203,22 +219,24 @@ if marked then
     if (count and count[1] or redis.call('LLEN', K.log)) == 0 then last = false end
   end
 end
-local n, total
+local n, total, kept
 if #ARGV >= FIRST then
   local held = count and count[1] or redis.call('LLEN', K.log)
   local lines = marked and log_lines(last, held) or chunks(last)
   local added
   n, added = append(lines)
   last = lines[#lines]
-  total = count and n == count[1] + #lines and count[2] + added or recount()
+  total = count and n == count[1] + #lines and count[2] + added
 else
   n = redis.call('LLEN', K.log)
   if n == 0 then return 0 end
-  total = count and n == count[1] and count[2] or recount()
+  total = count and n == count[1] and count[2]
 end
+if not total then kept, total = window() end
 -- The marker takes a line and its bytes of the bounds (room for its longest count and
 -- number: 48 bytes past its template), so the trim that makes it needed makes room for
--- it too.
+-- it too. (``total``: the whole list's bytes, or the newest ``most`` lines' when read;
+-- past ``most`` lines the marker is needed either way.)
 local mark = marked and (lost > 0 or n > most or total > budget)
 local cap, room = most, budget
 if mark then
@@ -226,7 +244,7 @@ if mark then
   room = budget - (#ARGV[5] + 48)
 end
 local cut
-cut, total = oldest(n, total, cap, room)
+if kept then cut, total = oldest_read(n, kept, total, cap, room) else cut, total = oldest(n, total, cap, room) end
 if cut > 0 then
   redis.call('LTRIM', K.log, cut, -1)
   n = n - cut
